@@ -518,8 +518,10 @@ DSGD_API void dsgd_dataset_free(dsgd_dataset *ds);
    rest to b (both newly allocated). Errors: first > n, memory. */
 DSGD_API dsgd_result dsgd_dataset_split(dsgd_ctx *ctx, const dsgd_dataset *src, size_t first,
                                         uint64_t seed, dsgd_dataset *a, dsgd_dataset *b);
-/* Copies the samples idx[0..count) into x (count, dim) and y (count, target_dim). */
-DSGD_API void dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count,
+/* Copies the samples idx[0..count) into x (count, dim) and y (count, target_dim).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (NULL, an index >= n; nothing copied).
+   It records no message (it has no context). Thread safety: any thread. */
+DSGD_API dsgd_result dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count,
                                   float *x, float *y);
 
 /* Deterministic epoch order and fixed-size batches. */
@@ -534,7 +536,8 @@ typedef struct dsgd_sampler {
 } dsgd_sampler;
 
 /* Prepares a sampler and sets epoch 0. The permutation of epoch e depends only
-   on (seed, e). Errors: n == 0, batch == 0, memory. */
+   on (seed, e). Errors: DSGD_ERR_INVALID_ARGUMENT when there would be no batch
+   (n == 0, batch == 0, or drop_last with batch > n), DSGD_ERR_OUT_OF_MEMORY. */
 DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch,
                                        uint64_t seed, int shuffle, int drop_last);
 DSGD_API void dsgd_sampler_free(dsgd_sampler *s);
@@ -573,6 +576,7 @@ DSGD_API double dsgd_now(void);
 #include <string.h>
 #include <errno.h>
 #include <time.h>
+#include <sys/stat.h>
 
 #if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
 /* all three overridden */
@@ -869,10 +873,11 @@ static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref 
    vectorises does the arithmetic. The summation order is fixed, so results
    are bitwise reproducible. */
 
-#define DSGD__MR 4
+#ifndef DSGD_USE_CBLAS
+#define DSGD__MR 6
 #define DSGD__NR 16
 #define DSGD__KC 256
-#define DSGD__MC 128
+#define DSGD__MC 120
 #define DSGD__NC 2048
 
 /* Packs the mc x kc block of op(A) at (i0, p0) into MR-row strips. */
@@ -915,6 +920,44 @@ static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0
 }
 
 /* C(mr, nr) += alpha * Ap(MR, kc) * Bp(kc, NR) */
+#if defined(__GNUC__) || defined(__clang__)
+/* GNU vector extensions: twelve 8-wide accumulators stay in registers (gcc
+   does not vectorise the plain loop below with the accumulators in them). */
+typedef float dsgd__v8 __attribute__((vector_size(32)));
+/* loads and zeroing through memcpy/memset: no vector crosses a function
+   boundary, so the ABI does not depend on -mavx */
+#define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
+
+static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+                             float *c, int ldc, int mr, int nr, float alpha) {
+    dsgd__v8 z, b0, b1;
+    dsgd__v8 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+    float acc[DSGD__MR][DSGD__NR];
+    int i, j, p;
+    memset(&z, 0, sizeof(z));
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = z;
+    for (p = 0; p < kc; ++p) {
+        DSGD__V8_LOAD(b0, bp);
+        DSGD__V8_LOAD(b1, bp + 8);
+        c00 += b0 * ap[0]; c01 += b1 * ap[0];
+        c10 += b0 * ap[1]; c11 += b1 * ap[1];
+        c20 += b0 * ap[2]; c21 += b1 * ap[2];
+        c30 += b0 * ap[3]; c31 += b1 * ap[3];
+        c40 += b0 * ap[4]; c41 += b1 * ap[4];
+        c50 += b0 * ap[5]; c51 += b1 * ap[5];
+        ap += DSGD__MR;
+        bp += DSGD__NR;
+    }
+    memcpy(acc[0], &c00, 32); memcpy(acc[0] + 8, &c01, 32);
+    memcpy(acc[1], &c10, 32); memcpy(acc[1] + 8, &c11, 32);
+    memcpy(acc[2], &c20, 32); memcpy(acc[2] + 8, &c21, 32);
+    memcpy(acc[3], &c30, 32); memcpy(acc[3] + 8, &c31, 32);
+    memcpy(acc[4], &c40, 32); memcpy(acc[4] + 8, &c41, 32);
+    memcpy(acc[5], &c50, 32); memcpy(acc[5] + 8, &c51, 32);
+    for (i = 0; i < mr; ++i)
+        for (j = 0; j < nr; ++j) c[(size_t)i * ldc + j] += alpha * acc[i][j];
+}
+#else
 static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                              float *c, int ldc, int mr, int nr, float alpha) {
     float acc[DSGD__MR][DSGD__NR];
@@ -932,6 +975,8 @@ static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float
     for (i = 0; i < mr; ++i)
         for (j = 0; j < nr; ++j) c[(size_t)i * ldc + j] += alpha * acc[i][j];
 }
+#endif
+#endif /* !DSGD_USE_CBLAS */
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                   dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta,
@@ -950,6 +995,12 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
     if (m == 0 || n == 0) return DSGD_OK;
     c = dsgd__cpu_span(cpu, rc, (size_t)(m - 1) * ldc + n, "gemm C");
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    a = b = NULL;
+    if (k > 0) { /* check every range before C is touched */
+        a = dsgd__cpu_span(cpu, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A");
+        b = dsgd__cpu_span(cpu, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B");
+        if (!a || !b) return DSGD_ERR_INVALID_ARGUMENT;
+    }
     /* C = beta * C first; beta == 0 overwrites so NaN in C does not propagate */
     for (i = 0; i < m; ++i) {
         float *row = c + (size_t)i * ldc;
@@ -959,9 +1010,6 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
             for (j = 0; j < n; ++j) row[j] *= beta;
     }
     if (k == 0 || alpha == 0.0f) return DSGD_OK;
-    a = dsgd__cpu_span(cpu, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A");
-    b = dsgd__cpu_span(cpu, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B");
-    if (!a || !b) return DSGD_ERR_INVALID_ARGUMENT;
 #ifdef DSGD_USE_CBLAS
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
                 k, alpha, a, lda, b, ldb, 1.0f, c, ldc);
@@ -1786,14 +1834,17 @@ DSGD_API void dsgd_dataset_free(dsgd_dataset *ds) {
     memset(ds, 0, sizeof(*ds));
 }
 
-DSGD_API void dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count, float *x, float *y) {
+DSGD_API dsgd_result dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count, float *x, float *y) {
     size_t i;
+    if (!ds || (count && (!idx || !x || !y))) return DSGD_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < count; ++i)
+        if (idx[i] >= ds->n) return DSGD_ERR_INVALID_ARGUMENT;
     for (i = 0; i < count; ++i) {
         size_t s = idx[i];
-        DSGD_ASSERT(s < ds->n);
         memcpy(x + i * ds->dim, ds->x + s * ds->dim, sizeof(float) * ds->dim);
         memcpy(y + i * ds->target_dim, ds->y + s * ds->target_dim, sizeof(float) * ds->target_dim);
     }
+    return DSGD_OK;
 }
 
 /* Fisher-Yates shuffle of 0..n-1 driven by seed. */
@@ -1886,6 +1937,7 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
 static FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
     FILE *f;
     long end;
+    struct stat st;
     if (!path) {
         dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "file path is NULL");
         return NULL;
@@ -1893,6 +1945,11 @@ static FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
     f = fopen(path, "rb");
     if (!f) {
         dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: not a regular file", path);
+        fclose(f);
         return NULL;
     }
     if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
@@ -1949,7 +2006,7 @@ DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_pat
                                            int num_classes, dsgd_dataset *out) {
     FILE *fi = NULL, *fl = NULL;
     size_t isize = 0, lsize = 0, items = 0, litems = 0, i, dim;
-    uint32_t idims[3], ldims[1];
+    uint32_t idims[3] = {0, 0, 0}, ldims[1] = {0};
     unsigned char buf[4096];
     dsgd_result r;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_load_idx: out is NULL");
@@ -1970,6 +2027,8 @@ DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_pat
     if (r == DSGD_OK && idims[0] != ldims[0])
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s holds %u images but %s holds %u labels", images_path,
                                (unsigned)idims[0], labels_path, (unsigned)ldims[0]);
+    if (r == DSGD_OK && idims[0] == 0)
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: the header (offset 4) says it holds no images", images_path);
     if (r == DSGD_OK && (idims[1] == 0 || idims[2] == 0 || (size_t)idims[1] * idims[2] > (1u << 24)))
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: image size %ux%u is not supported", images_path,
                                (unsigned)idims[1], (unsigned)idims[2]);

@@ -1,0 +1,219 @@
+# distsgd - build, test, demo and bench (GNU make).
+#
+#   make            build every example, test and bench (build/...)
+#   make test       install/check Debian packages, build the tests plain, with
+#                   ASan+UBSan and (threaded ones) with TSan, compile-check the
+#                   headers as C and C++, run everything, print "N passed, N failed"
+#   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
+#   make bench      build and run bench/*
+#   make clean
+#
+# Layout: examples/NAME.c -> build/examples/NAME, tests/test_NAME.c ->
+# build/tests/test_NAME (+ build/asan/tests/, build/tsan/tests/),
+# bench/NAME.c -> build/bench/NAME. Every binary depends on the top-level
+# headers, so editing distsgd.h rebuilds everything.
+
+MAKEFLAGS += --no-builtin-rules
+.SUFFIXES:
+.DELETE_ON_ERROR:
+
+CC ?= cc
+CXX ?= c++
+# Set with `=` (not `?=`) so a CFLAGS in the environment cannot drop the
+# standard and warning flags; `make CFLAGS=...` still overrides.
+CFLAGS = -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -g
+CPPFLAGS += -I.
+LDFLAGS ?=
+LDLIBS = -lm -lpthread
+
+# Sanitizer builds: the plain build is the warning gate, so these drop -Werror
+# (sanitizers make gcc emit extra false-positive flow warnings) and use -O1.
+SAN_CFLAGS = $(filter-out -Werror -O%,$(CFLAGS)) -O1 -fno-omit-frame-pointer
+ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=all
+TSAN_FLAGS = -fsanitize=thread
+# TSan compiler: $(CC) when it can link a TSan program, else clang. Evaluated
+# once, and only when a TSan binary is built.
+TSAN_CC = $(eval TSAN_CC := $(shell printf 'int main(void){return 0;}\n' | \
+    $(CC) -fsanitize=thread -x c - -o /dev/null >/dev/null 2>&1 && echo '$(CC)' || echo clang))$(TSAN_CC)
+
+# Bench: fast code for this machine only.
+BENCH_CFLAGS = $(CFLAGS) -O3 -march=native
+
+# Header compile check: every top-level header as C (both compilers, C99 and
+# C11) and as C++11 (both compilers), implementation included, warnings fatal.
+CHECK_CC ?= gcc clang
+CHECK_CXX ?= g++ clang++
+CHECK_WARN = -Wall -Wextra -Wpedantic -Werror -O2
+
+# Demo: one place to switch the main example.
+DEMO ?= train_fashion_mnist
+FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
+FMNIST_DIR = build/data/fashion-mnist
+DEMO_ARGS ?= --data $(FMNIST_DIR)
+# Extra flags passed to the demo program: make demo ARGS="..."
+ARGS ?=
+
+# ---------------------------------------------------------------- sources
+
+HEADERS := $(wildcard *.h)
+EXAMPLE_SRCS := $(wildcard examples/*.c)
+TEST_SRCS := $(wildcard tests/test_*.c)
+BENCH_SRCS := $(wildcard bench/*.c)
+ALL_SRCS := $(EXAMPLE_SRCS) $(TEST_SRCS) $(BENCH_SRCS)
+
+# OpenCL sources: a name with a "cl", "opencl" or "clblast" word (test_cl.c,
+# test_cl_gemm.c, mirrored_cl.c; not test_clip.c), or a source that includes
+# distsgd_cl.h, <CL/...> or clblast. Built with pkg-config's OpenCL and CLBlast
+# flags; skipped (with a note) where pkg-config cannot find them.
+cl_by_name = $(foreach f,$(1),$(if $(filter cl opencl clblast,$(subst _, ,$(basename $(notdir $f)))),$f))
+CL_SRCS := $(sort $(call cl_by_name,$(ALL_SRCS)) \
+    $(if $(ALL_SRCS),$(shell grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](distsgd_cl\.h|CL/|clblast)' $(ALL_SRCS) 2>/dev/null)))
+CL_OK := $(shell pkg-config --exists OpenCL clblast 2>/dev/null && echo yes)
+ifeq ($(CL_OK),yes)
+CL_CFLAGS := $(shell pkg-config --cflags OpenCL clblast)
+CL_LIBS := $(shell pkg-config --libs OpenCL clblast)
+CL_SKIPPED :=
+else
+CL_SKIPPED := $(CL_SRCS)
+endif
+is_cl = $(filter $(1),$(CL_SRCS))
+cl_cflags = $(if $(call is_cl,$(1)),$(CL_CFLAGS))
+cl_libs = $(if $(call is_cl,$(1)),$(CL_LIBS))
+
+# OpenBLAS for bench/: pkg-config, else a cblas.h beside a libopenblas the
+# compiler can find.
+OPENBLAS_PC := $(shell pkg-config --exists openblas 2>/dev/null && echo yes)
+ifeq ($(OPENBLAS_PC),yes)
+OPENBLAS_CFLAGS := -DDSGD_HAVE_OPENBLAS $(shell pkg-config --cflags openblas)
+OPENBLAS_LIBS := $(shell pkg-config --libs openblas)
+else
+OPENBLAS_HDR := $(firstword $(wildcard /usr/include/x86_64-linux-gnu/openblas*/cblas.h /usr/include/openblas/cblas.h /usr/include/cblas.h))
+OPENBLAS_LIB := $(filter /%,$(shell $(CC) -print-file-name=libopenblas.so 2>/dev/null))
+ifneq ($(and $(OPENBLAS_HDR),$(OPENBLAS_LIB)),)
+OPENBLAS_CFLAGS := -DDSGD_HAVE_OPENBLAS -I$(patsubst %/,%,$(dir $(OPENBLAS_HDR)))
+OPENBLAS_LIBS := -lopenblas
+endif
+endif
+
+# TSan: the tests that exercise threads.
+TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored%,$(notdir $f))),$f))
+
+BUILD_EXAMPLE_SRCS := $(filter-out $(CL_SKIPPED),$(EXAMPLE_SRCS))
+BUILD_TEST_SRCS := $(filter-out $(CL_SKIPPED),$(TEST_SRCS))
+BUILD_BENCH_SRCS := $(filter-out $(CL_SKIPPED),$(BENCH_SRCS))
+BUILD_TSAN_SRCS := $(filter-out $(CL_SKIPPED),$(TSAN_TEST_SRCS))
+
+EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(BUILD_EXAMPLE_SRCS))
+TESTS := $(patsubst tests/%.c,build/tests/%,$(BUILD_TEST_SRCS))
+ASAN_TESTS := $(patsubst tests/%.c,build/asan/tests/%,$(BUILD_TEST_SRCS))
+TSAN_TESTS := $(patsubst tests/%.c,build/tsan/tests/%,$(BUILD_TSAN_SRCS))
+BENCHES := $(patsubst bench/%.c,build/bench/%,$(BUILD_BENCH_SRCS))
+
+CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h),$(HEADERS))
+HEADER_CHECKS := $(foreach h,$(CHECK_HEADERS),\
+    $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,build/check/$(basename $h).$c.$s.ok)) \
+    $(foreach c,$(CHECK_CXX),build/check/$(basename $h).$c.c++11.ok))
+
+# Environment of test and bench runs.
+TEST_ENV = POCL_CACHE_DIR=$(CURDIR)/build/pocl-cache POCL_MAX_PTHREAD_COUNT=2 \
+    OPENBLAS_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1$${ASAN_OPTIONS:+:$$ASAN_OPTIONS} \
+    TSAN_OPTIONS=halt_on_error=1$${TSAN_OPTIONS:+:$$TSAN_OPTIONS}
+BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
+    POCL_MAX_PTHREAD_COUNT=$${POCL_MAX_PTHREAD_COUNT:-2} \
+    OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1}
+
+# ---------------------------------------------------------------- targets
+
+.PHONY: all examples tests bench-build test test-build test-run check-header \
+    demo demo-run bench bench-run clean cl-note
+
+all: examples tests bench-build
+
+examples: $(EXAMPLES) cl-note
+tests: $(TESTS) cl-note
+bench-build: $(BENCHES) cl-note
+
+cl-note:
+	$(if $(CL_SKIPPED),@echo "note: OpenCL or CLBlast not found by pkg-config; skipping $(CL_SKIPPED) (tools/deps.sh test installs them)")
+
+# The package check runs before a second make reads this file again, so that
+# pkg-config sees what deps.sh installed.
+test:
+	sh tools/deps.sh test
+	@$(MAKE) --no-print-directory test-run
+
+test-build: $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) check-header cl-note
+
+check-header: $(HEADER_CHECKS)
+
+test-run: test-build
+	@mkdir -p build/pocl-cache
+	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
+	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)
+
+demo:
+	sh tools/deps.sh demo
+	@$(MAKE) --no-print-directory demo-run
+
+FMNIST_FILES := train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte
+
+demo-run: build/examples/$(DEMO) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
+	build/examples/$(DEMO) $(DEMO_ARGS) $(ARGS)
+
+$(FMNIST_DIR)/%: $(FMNIST_SRC)/%.gz
+	@mkdir -p $(@D)
+	gzip -dc $< > $@.tmp
+	@mv $@.tmp $@
+
+bench: bench-build
+	$(if $(OPENBLAS_CFLAGS),,@echo "note: OpenBLAS not found: benches run without the cblas_sgemm comparison (tools/deps.sh bench installs libopenblas-dev)")
+	@mkdir -p build/pocl-cache
+	@$(if $(BENCHES),,echo "no benchmarks found in bench/*.c")
+	@set -e; $(foreach b,$(BENCHES),echo "==== $b"; $(BENCH_ENV) $b;)
+
+clean:
+	rm -rf build
+
+# ---------------------------------------------------------------- rules
+
+build/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(LDLIBS)
+
+build/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
+
+build/asan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(SAN_CFLAGS) $(ASAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(ASAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
+
+build/tsan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
+	@mkdir -p $(@D)
+	$(TSAN_CC) $(CPPFLAGS) $(SAN_CFLAGS) $(TSAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(TSAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
+
+build/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(BENCH_CFLAGS) $(OPENBLAS_CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(OPENBLAS_LIBS) $(call cl_libs,$<) $(LDLIBS)
+
+# Header checks: build/check/HEADER.COMPILER.STD.ok
+hc_defs = -DDISTSGD_IMPLEMENTATION $(if $(findstring _cl,$(1)),-DDISTSGD_CL_IMPLEMENTATION $(CL_CFLAGS))
+
+define header_check_rules
+build/check/$(basename $(1)).$(2).c99.ok: $(HEADERS)
+	@mkdir -p $$(@D)
+	$(2) -std=c99 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
+	@touch $$@
+build/check/$(basename $(1)).$(2).c11.ok: $(HEADERS)
+	@mkdir -p $$(@D)
+	$(2) -std=c11 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
+	@touch $$@
+endef
+define header_check_cxx_rule
+build/check/$(basename $(1)).$(2).c++11.ok: $(HEADERS)
+	@mkdir -p $$(@D)
+	$(2) -std=c++11 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c++ -c $(1) -o /dev/null
+	@touch $$@
+endef
+$(foreach h,$(CHECK_HEADERS),$(foreach c,$(CHECK_CC),$(eval $(call header_check_rules,$h,$c))))
+$(foreach h,$(CHECK_HEADERS),$(foreach c,$(CHECK_CXX),$(eval $(call header_check_cxx_rule,$h,$c))))

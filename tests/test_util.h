@@ -1,0 +1,172 @@
+/* test_util.h - small helpers shared by the distsgd tests (static functions only).
+
+   Include after "../distsgd.h" and <cmocka.h>. The including file defines
+   _POSIX_C_SOURCE 200809L before any header (for mkdtemp and dirent). */
+#ifndef DSGD_TEST_UTIL_H
+#define DSGD_TEST_UTIL_H
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TU_FN static __attribute__((unused))
+#else
+#define TU_FN static
+#endif
+
+/* ---------------------------------------------------------------- asserts */
+
+/* Fails the test with both values printed when |got - want| > tol. */
+#define TU_NEAR(got, want, tol)                                                    \
+    do {                                                                           \
+        double tu_g_ = (double)(got), tu_w_ = (double)(want), tu_t_ = (double)(tol); \
+        if (!(fabs(tu_g_ - tu_w_) <= tu_t_))                                       \
+            fail_msg("%s = %.10g, want %.10g (|diff| %.3g > tol %.3g)", #got, tu_g_, \
+                     tu_w_, fabs(tu_g_ - tu_w_), tu_t_);                           \
+    } while (0)
+
+/* Fails with the result name and the context's message unless expr is DSGD_OK. */
+#define TU_OK(ctx, expr)                                                           \
+    do {                                                                           \
+        dsgd_result tu_r_ = (expr);                                                \
+        if (tu_r_ != DSGD_OK)                                                      \
+            fail_msg("%s -> %s (%d): %s", #expr, dsgd_result_string(tu_r_),        \
+                     (int)tu_r_, (ctx) ? dsgd_ctx_last_error(ctx) : "(no ctx)");   \
+    } while (0)
+
+/* Fails unless expr returns `want` and, when ctx is non-NULL, the context's
+   last error message is non-empty. */
+#define TU_ERR(ctx, want, expr)                                                    \
+    do {                                                                           \
+        dsgd_result tu_r_ = (expr);                                                \
+        if (tu_r_ != (want))                                                       \
+            fail_msg("%s -> %s (%d), want %s", #expr, dsgd_result_string(tu_r_),   \
+                     (int)tu_r_, dsgd_result_string(want));                        \
+        if ((ctx) && dsgd_ctx_last_error(ctx)[0] == '\0')                          \
+            fail_msg("%s: failed with an empty last-error message", #expr);        \
+    } while (0)
+
+/* ---------------------------------------------------------------- random */
+
+/* xorshift64* with a SplitMix-style seed scramble: the tests' own generator,
+   independent of the library's, so test data does not move when it changes. */
+typedef struct tu_rng {
+    uint64_t s;
+} tu_rng;
+
+TU_FN tu_rng tu_rng_make(uint64_t seed) {
+    tu_rng r;
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    r.s = z ? z : 1;
+    return r;
+}
+
+TU_FN uint64_t tu_next(tu_rng *r) {
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 0x2545F4914F6CDD1Dull;
+}
+
+/* Uniform double in [0, 1). */
+TU_FN double tu_unit(tu_rng *r) { return (double)(tu_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+TU_FN float tu_uniform(tu_rng *r, float lo, float hi) {
+    return (float)(lo + (hi - lo) * tu_unit(r));
+}
+
+/* Uniform integer in [0, n). */
+TU_FN size_t tu_below(tu_rng *r, size_t n) { return n ? (size_t)(tu_next(r) % n) : 0; }
+
+TU_FN void tu_fill(tu_rng *r, float *x, size_t n, float lo, float hi) {
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = tu_uniform(r, lo, hi);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+TU_FN void *tu_alloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) fail_msg("out of memory (%zu bytes)", bytes);
+    return p;
+}
+
+TU_FN float *tu_floats(size_t n) { return (float *)tu_alloc(n * sizeof(float)); }
+
+/* ---------------------------------------------------------------- context */
+
+TU_FN dsgd_ctx *tu_ctx(void) {
+    dsgd_ctx *ctx = NULL;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    assert_non_null(ctx);
+    return ctx;
+}
+
+/* ---------------------------------------------------------------- files */
+
+/* Creates a fresh directory under /tmp; path must hold 64 chars. */
+TU_FN void tu_mkdtemp(char *path) {
+    strcpy(path, "/tmp/dsgd_test_XXXXXX");
+    if (!mkdtemp(path)) fail_msg("mkdtemp failed");
+}
+
+/* Writes len bytes to dir/name and returns the full path in out (cap bytes). */
+TU_FN void tu_write_file(const char *dir, const char *name, const void *data, size_t len,
+                         char *out, size_t cap) {
+    FILE *f;
+    int w = snprintf(out, cap, "%s/%s", dir, name);
+    if (w < 0 || (size_t)w >= cap) fail_msg("path too long");
+    f = fopen(out, "wb");
+    if (!f) fail_msg("cannot create %s", out);
+    if (len && fwrite(data, 1, len, f) != len) fail_msg("cannot write %s", out);
+    if (fclose(f) != 0) fail_msg("cannot close %s", out);
+}
+
+/* Removes every plain file in dir, then dir itself (the tests create no
+   subdirectories). */
+TU_FN void tu_rmdir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[512];
+    if (!d) return;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* The final path component. */
+TU_FN const char *tu_basename(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+/* Finds a file that tests read from the repository (they normally run from
+   its root via make; also tried: one and two levels below it). Returns 1 and
+   the path in out, or 0. */
+TU_FN int tu_find_repo_file(const char *rel, char *out, size_t cap) {
+    static const char *prefixes[] = {"", "../", "../../"};
+    size_t i;
+    for (i = 0; i < sizeof prefixes / sizeof prefixes[0]; ++i) {
+        FILE *f;
+        snprintf(out, cap, "%s%s", prefixes[i], rel);
+        f = fopen(out, "rb");
+        if (f) {
+            fclose(f);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+#endif /* DSGD_TEST_UTIL_H */
