@@ -1,6 +1,6 @@
 # distsgd - build, test, demo and bench (GNU make).
 #
-#   make            build every example, test and bench (build/...)
+#   make            build every example, test, bench and tool (build/...)
 #   make test       install/check Debian packages, build the tests plain, with
 #                   ASan+UBSan and (threaded ones) with TSan, compile-check the
 #                   headers as C and C++, run everything, print "N passed, N failed"
@@ -10,7 +10,8 @@
 #
 # Layout: examples/NAME.c -> build/examples/NAME, tests/test_NAME.c ->
 # build/tests/test_NAME (+ build/asan/tests/, build/tsan/tests/),
-# bench/NAME.c -> build/bench/NAME. Every binary depends on the top-level
+# bench/NAME.c -> build/bench/NAME, tools/NAME.c -> build/tools/NAME (developer
+# programs). Every binary depends on the top-level
 # headers, so editing distsgd.h rebuilds everything.
 
 MAKEFLAGS += --no-builtin-rules
@@ -46,7 +47,7 @@ CHECK_CXX ?= g++ clang++
 CHECK_WARN = -Wall -Wextra -Wpedantic -Werror -O2
 
 # Demo: one place to switch the main example.
-DEMO ?= train_fashion_mnist
+DEMO ?= mirrored_mlp
 FMNIST_SRC ?= /usr/share/datasets/fashion-mnist
 FMNIST_DIR = build/data/fashion-mnist
 DEMO_ARGS ?= --data $(FMNIST_DIR)
@@ -59,7 +60,8 @@ HEADERS := $(wildcard *.h)
 EXAMPLE_SRCS := $(wildcard examples/*.c)
 TEST_SRCS := $(wildcard tests/test_*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
-ALL_SRCS := $(EXAMPLE_SRCS) $(TEST_SRCS) $(BENCH_SRCS)
+TOOL_SRCS := $(wildcard tools/*.c)
+ALL_SRCS := $(EXAMPLE_SRCS) $(TEST_SRCS) $(BENCH_SRCS) $(TOOL_SRCS)
 
 # OpenCL sources: a name with a "cl", "opencl" or "clblast" word (test_cl.c,
 # test_cl_gemm.c, mirrored_cl.c; not test_clip.c), or a source that includes
@@ -101,6 +103,7 @@ TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdi
 BUILD_EXAMPLE_SRCS := $(filter-out $(CL_SKIPPED),$(EXAMPLE_SRCS))
 BUILD_TEST_SRCS := $(filter-out $(CL_SKIPPED),$(TEST_SRCS))
 BUILD_BENCH_SRCS := $(filter-out $(CL_SKIPPED),$(BENCH_SRCS))
+BUILD_TOOL_SRCS := $(filter-out $(CL_SKIPPED),$(TOOL_SRCS))
 BUILD_TSAN_SRCS := $(filter-out $(CL_SKIPPED),$(TSAN_TEST_SRCS))
 
 EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(BUILD_EXAMPLE_SRCS))
@@ -108,6 +111,7 @@ TESTS := $(patsubst tests/%.c,build/tests/%,$(BUILD_TEST_SRCS))
 ASAN_TESTS := $(patsubst tests/%.c,build/asan/tests/%,$(BUILD_TEST_SRCS))
 TSAN_TESTS := $(patsubst tests/%.c,build/tsan/tests/%,$(BUILD_TSAN_SRCS))
 BENCHES := $(patsubst bench/%.c,build/bench/%,$(BUILD_BENCH_SRCS))
+TOOLS := $(patsubst tools/%.c,build/tools/%,$(BUILD_TOOL_SRCS))
 
 CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h),$(HEADERS))
 HEADER_CHECKS := $(foreach h,$(CHECK_HEADERS),\
@@ -124,14 +128,15 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: all examples tests bench-build test test-build test-run check-header \
+.PHONY: bench-mpi all examples tests bench-build tools test test-build test-run check-header \
     demo demo-run bench bench-run clean cl-note
 
-all: examples tests bench-build
+all: examples tests bench-build tools
 
 examples: $(EXAMPLES) cl-note
 tests: $(TESTS) cl-note
 bench-build: $(BENCHES) cl-note
+tools: $(TOOLS) cl-note
 
 cl-note:
 	$(if $(CL_SKIPPED),@echo "note: OpenCL or CLBlast not found by pkg-config; skipping $(CL_SKIPPED) (tools/deps.sh test installs them)")
@@ -171,6 +176,21 @@ bench: bench-build
 	@$(if $(BENCHES),,echo "no benchmarks found in bench/*.c")
 	@set -e; $(foreach b,$(BENCHES),echo "==== $b"; $(BENCH_ENV) $b;)
 
+# MPI_Allreduce at the sizes of bench/allreduce, beside ours, for comparison
+# (OpenMPI: tools/deps.sh mpi installs libopenmpi-dev and openmpi-bin). Root
+# needs --allow-run-as-root; more ranks than cores need --oversubscribe.
+MPICC ?= mpicc
+MPIRUN ?= mpirun --allow-run-as-root --oversubscribe
+MPI_NP ?= 2 4
+bench-mpi: build/bench/allreduce
+	@sh tools/deps.sh mpi
+	@mkdir -p build/mpi
+	$(MPICC) -std=c99 -O3 -march=native bench/allreduce_mpi.c -o build/mpi/allreduce_mpi
+	@set -e; for n in $(MPI_NP); do echo "==== MPI_Allreduce, $$n processes"; \
+	    $(MPIRUN) -np $$n build/mpi/allreduce_mpi $(ARGS); done
+	@echo "==== distsgd loopback all-reduce"
+	$(BENCH_ENV) build/bench/allreduce -n $(shell echo $(MPI_NP) | tr ' ' ,) $(ARGS)
+
 clean:
 	rm -rf build
 
@@ -195,6 +215,10 @@ build/tsan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 build/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(BENCH_CFLAGS) $(OPENBLAS_CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(OPENBLAS_LIBS) $(call cl_libs,$<) $(LDLIBS)
+
+build/tools/%: tools/%.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(LDLIBS)
 
 # Header checks: build/check/HEADER.COMPILER.STD.ok
 hc_defs = -DDISTSGD_IMPLEMENTATION $(if $(findstring _cl,$(1)),-DDISTSGD_CL_IMPLEMENTATION $(CL_CFLAGS))

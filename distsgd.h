@@ -3,8 +3,9 @@
 
    distsgd trains neural networks with data-parallel SGD, in the style of
    TensorFlow's tf.distribute, from plain C: models whose parameters live in one
-   flat buffer, optimizers, datasets, and (in later versions) replicas,
-   collectives and strategies. It depends on libc, libm and POSIX threads only.
+   flat buffer, optimizers, datasets, replicas that all-reduce their gradients
+   over a transport, per-variable aggregation, and strategies (one_device,
+   mirrored). It depends on libc, libm and POSIX threads only.
 
    USING IT
 
@@ -78,9 +79,25 @@
    THREAD SAFETY
 
      There is no global state. A dsgd_ctx and everything created from it (its
-     backend, models, optimizers) must be used by one thread at a time; give
-     each thread its own context. Datasets are read-only after loading and may
-     be shared between threads.
+     backend, models, optimizers, communicators) must be used by one thread at
+     a time; give each thread its own context. Datasets are read-only after
+     loading and may be shared between threads. A strategy is driven from one
+     thread; it runs its replicas on threads of its own, each with its own
+     context, and returns only when they are done. A logger set on the
+     strategy's context is also called from those threads.
+
+   STRATEGIES
+
+     dsgd_strategy_create(ctx, &desc, &s) builds N replicas (a model, an
+     optimizer, a backend and a communicator each) over a loopback transport;
+     dsgd_strategy_train_step(s, x, y, count, &info) shards the global batch,
+     computes gradients on every replica, agrees on finiteness, all-reduces the
+     flat gradient buffer and applies the same update everywhere, so the
+     replicas stay bitwise identical, and N replicas x batch B with MEAN
+     aggregation give the weights of one replica with batch N*B (up to float
+     reassociation). dsgd_strategy_run(s, fn, user) runs your own function in
+     replica context, where distributed variables (dsgd_strategy_create_variable)
+     follow tf.VariableAggregation / tf.VariableSynchronization semantics.
 
    BACKENDS
 
@@ -92,7 +109,47 @@
 
    TRANSPORTS
 
-     Replicas, transports and collectives arrive in the next version.
+     A transport is a dsgd_transport_i: one endpoint per rank, a table of
+     functions plus an implementation pointer. The collectives need only
+     `send` and `recv` of tagged byte buffers with an absolute deadline; every
+     other member is optional and either speeds things up (sendrecv;
+     sendrecv_reduce, which reduces from a peer's buffer in place; share and
+     unshare, which let ranks in one address space use each other's buffers
+     directly), replaces the library's algorithm (a native allreduce, as MPI
+     would provide), supplies a clock (a simulated-clock transport) or
+     improves error messages (error_message, set_progress/peer_progress). A
+     new transport fills what it can and leaves the rest NULL; the
+     collectives do not change.
+
+     The loopback transport connects N ranks in one process: one thread per
+     rank (the caller's threads), in-process mailboxes per ordered pair of
+     ranks, real time. Messages up to 64 KiB are copied into the mailbox so
+     the sender does not wait; larger ones are posted by pointer and the
+     receiver copies (or reduces) straight from the sender's memory while the
+     sender waits. It also provides share/unshare, so AUTO all-reduces on it
+     run DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
+     yielding the CPU), then sleeps on a condition variable; see
+     dsgd_loopback_set_spin.
+
+   COLLECTIVES
+
+     A dsgd_comm is one rank's view of a group: dsgd_comm_create(ctx,
+     &endpoint, &desc, &comm) in each rank's thread, then every rank calls the
+     same collectives in the same order with the same counts. Each call has a
+     deadline (timeout_s, 0: the communicator's default) and returns
+     DSGD_ERR_TIMEOUT with a message naming the collective, its sequence number
+     and the rank it waited for, e.g.
+         "allreduce #17 (ring): rank 2 timed out waiting for rank 3 after 0.50 s"
+     A communicator whose collective failed mid-way is unusable afterwards
+     (DSGD_ERR_STATE): its peers may be anywhere in the protocol.
+
+     Determinism: each algorithm reduces every element in a fixed order that
+     depends only on (algorithm, N, count), not on timing or the piece size,
+     so the same inputs give the same bits every run. Every rank ends with
+     bitwise identical buffers: each element is reduced by one rank and its
+     bits are copied to the others, except in recursive doubling, where both
+     partners of a step compute the same operation on the same operands in
+     the same order. Different algorithms may differ in the last bits.
 */
 #ifndef DISTSGD_H
 #define DISTSGD_H
@@ -559,6 +616,476 @@ DSGD_API double dsgd_now(void);
 #ifdef __cplusplus
 }
 #endif
+
+/* ======================================================================== */
+/*                        TRANSPORTS AND COLLECTIVES                        */
+/* ======================================================================== */
+#ifndef DSGD__COLLECTIVES_DECL
+#define DSGD__COLLECTIVES_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- transport */
+
+typedef enum dsgd_reduce_op {
+    DSGD_REDUCE_SUM = 0,
+    DSGD_REDUCE_MEAN, /* the sum divided by N (a true division, by the rank that owns the element) */
+    DSGD_REDUCE_MAX,  /* NaN-propagating: a NaN in any input gives NaN */
+    DSGD_REDUCE_MIN   /* NaN-propagating */
+} dsgd_reduce_op;
+
+/* One rank's endpoint of a transport. Fill it with memset(0) first so that
+   optional members added in later versions stay NULL.
+
+   Deadlines are absolute times in seconds on the transport's clock: now() when
+   set, dsgd_now() otherwise. A transport must deliver the messages of one
+   ordered pair (src, dst) in the order they were sent; tags let the receiver
+   check that the message is the one it expects (a transport may check only
+   part of the tag). Every blocking function returns DSGD_ERR_TIMEOUT once the
+   deadline has passed, and never hangs.
+
+   Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT; DSGD_ERR_SHAPE
+   (the message has another size than the receiver expects); DSGD_ERR_STATE
+   (the transport was aborted, the tag does not match, the peer gave up on a
+   message); DSGD_ERR_OUT_OF_MEMORY. They record nothing on any dsgd_ctx: the
+   communicator turns them into messages (with error_message's text if set).
+
+   Thread safety: an endpoint is used by one thread at a time. */
+typedef struct dsgd_transport_i {
+    const char *name; /* "loopback", "mpi", ... */
+    void *impl;       /* passed to every function */
+    int rank;         /* this endpoint's rank, 0 <= rank < size */
+    int size;         /* number of ranks, >= 1 */
+    /* optional: releases the endpoint. The communicator never calls it; the
+       owner of the endpoint does. */
+    void (*destroy)(void *impl);
+
+    /* Sends `bytes` bytes to rank dst. Returns when buf may be reused (the
+       message is buffered or has been received). */
+    dsgd_result (*send)(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes,
+                        double deadline);
+    /* Receives exactly `bytes` bytes from rank src into buf. */
+    dsgd_result (*recv)(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
+                        double deadline);
+
+    /* optional: a send to dst and a receive from src that progress together,
+       so that two ranks may exchange large messages without deadlock. dst or
+       src may be -1 (that half is skipped). On failure *failed_peer is set to
+       the rank the call was waiting for. NULL: the communicator orders a send
+       and a recv so that its patterns (rings, pairs) cannot deadlock, at the
+       cost of serialising them. */
+    dsgd_result (*sendrecv)(void *impl, int dst, uint64_t stag, const void *sbuf,
+                            size_t sbytes, int src, uint64_t rtag, void *rbuf,
+                            size_t rbytes, double deadline, int *failed_peer);
+    /* optional zero-copy hook: as sendrecv, but the rcount received floats are
+       combined into rbuf, rbuf[i] = op(rbuf[i], received[i]) with op SUM, MAX
+       or MIN (MEAN counts as SUM), reading the peer's memory in place where the
+       transport can, without a temporary copy. sbuf and rbuf must not overlap.
+       NULL: the communicator receives into scratch memory and reduces. */
+    dsgd_result (*sendrecv_reduce)(void *impl, int dst, uint64_t stag, const void *sbuf,
+                                   size_t sbytes, int src, uint64_t rtag, float *rbuf,
+                                   size_t rcount, dsgd_reduce_op op, double deadline,
+                                   int *failed_peer);
+
+    /* optional shared-memory hooks, for ranks that share an address space
+       (the loopback; an MPI transport leaves them NULL). share publishes
+       buf and returns once every rank has published a buffer with the same
+       tag, with peers[k] = rank k's buffer (peers[rank] = buf); the caller
+       may then read and write the peers' buffers until it calls unshare.
+       unshare declares that this rank is done with the peers' buffers and
+       returns once every peer is done with this rank's, so buf may be
+       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE) either call
+       withdraws buf and does not return while a peer may still touch it;
+       *failed_peer is the rank waited for, or -1 when unknown. The direct
+       all-reduce needs both. */
+    dsgd_result (*share)(void *impl, uint64_t tag, void *buf, void **peers, double deadline,
+                         int *failed_peer);
+    dsgd_result (*unshare)(void *impl, uint64_t tag, double deadline, int *failed_peer);
+
+    /* optional native collective: in-place all-reduce of count floats over all
+       ranks (an MPI transport maps it to MPI_Allreduce; for MEAN it sums
+       and divides by size, for MAX/MIN it must propagate NaN). When set,
+       dsgd_allreduce with DSGD_ALLREDUCE_AUTO uses it instead of the library's
+       algorithms; an explicit algorithm still runs the library's. */
+    dsgd_result (*allreduce)(void *impl, float *buf, size_t count, dsgd_reduce_op op,
+                             double deadline);
+
+    /* optional clock in seconds (a simulated-clock transport); NULL: dsgd_now(). */
+    double (*now)(void *impl);
+
+    /* optional diagnostics. error_message: text describing the last failure of
+       this endpoint ("" when none). set_progress: the communicator announces
+       that this rank has entered collective number seq. peer_progress: the
+       last seq announced by rank peer (0: none yet). With both progress hooks
+       a timeout message also names the ranks that never entered the
+       collective, which need not be the neighbour that was waited for. */
+    const char *(*error_message)(void *impl);
+    void (*set_progress)(void *impl, uint64_t seq);
+    uint64_t (*peer_progress)(void *impl, int peer);
+} dsgd_transport_i;
+
+/* ---------------------------------------------------------------- loopback */
+
+typedef struct dsgd_loopback dsgd_loopback;
+
+/* Creates a loopback hub for n ranks (n >= 1). ctx receives the errors of
+   create and endpoint and must outlive the hub.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx or out NULL, n < 1 or absurdly
+   large), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object could
+   not be created).
+   Thread safety: any thread (the one that uses ctx). */
+DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out);
+/* Fills *out with the endpoint of `rank`; the endpoint lives as long as the
+   hub (out->destroy is NULL). Each endpoint must be used by one thread.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub or out NULL, rank outside [0, n)).
+   Thread safety: the thread that uses the hub's ctx. */
+DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out);
+/* Marks the hub aborted: every waiting and later transfer returns
+   DSGD_ERR_STATE promptly. Use it when one replica fails so that the others
+   stop without waiting for their deadlines. Irreversible.
+   Thread safety: any thread, at any time while the hub exists. */
+DSGD_API void dsgd_loopback_abort(dsgd_loopback *hub);
+/* Non-zero once dsgd_loopback_abort has been called. Thread safety: any thread. */
+DSGD_API int dsgd_loopback_aborted(dsgd_loopback *hub);
+/* How long a waiting rank spins before it sleeps on a condition variable,
+   in seconds (default 1 ms): first with a pause instruction (4 us, only
+   when the hub has no more ranks than the machine has processors), then
+   with sched_yield() so that ranks sharing a core let each other run.
+   0: sleep at once; negative: back to the default.
+   Thread safety: call before the ranks start. */
+DSGD_API void dsgd_loopback_set_spin(dsgd_loopback *hub, double seconds);
+/* Frees the hub. No rank may be using it any more. */
+DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub);
+
+/* ---------------------------------------------------------------- collectives */
+
+typedef enum dsgd_allreduce_algo {
+    /* AUTO picks, for a message of S bytes on N ranks (dsgd_allreduce_choose
+       tells which; measured with bench/allreduce.c on a 2-vCPU machine):
+         N == 1                  nothing to exchange
+         native hook present     the transport's allreduce
+         share/unshare present   DIRECT (the loopback): fastest or close to it
+                                 at every size and N = 2..8 measured, and the
+                                 least hurt by a busy machine, having no
+                                 step-by-step handshakes
+       otherwise (message passing only):
+         S <= 64 KiB             RECURSIVE_DOUBLING: log2 N exchanges of the
+                                 whole buffer, the fewest round trips
+         N a power of two and
+         S <= 1 MiB              HALVING_DOUBLING: log2 N rounds, each moving
+                                 half as much as the last
+         otherwise               RING: bandwidth-optimal, pipelined in pieces */
+    DSGD_ALLREDUCE_AUTO = 0,
+    /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
+       sending 2(N-1)/N of the buffer. Element e in block b (dsgd_block_range)
+       is summed in ring order starting from rank b+1 and ending at rank b. */
+    DSGD_ALLREDUCE_RING,
+    /* Rabenseifner's recursive halving (reduce-scatter) then recursive
+       doubling (all-gather): 2 log2 N steps. For N not a power of two, with
+       p = 2^floor(log2 N) and r = N - p, the first 2r ranks first fold in
+       pairs (rank 2i's buffer is reduced into rank 2i+1's), p ranks run the
+       algorithm, and the result is sent back to the even ranks. */
+    DSGD_ALLREDUCE_HALVING_DOUBLING,
+    /* binomial-tree reduce to rank 0, then binomial broadcast */
+    DSGD_ALLREDUCE_REDUCE_BROADCAST,
+    /* log2 N pairwise exchanges of the whole buffer (plus a fold for N not a
+       power of two); best for small messages. Needs count floats of scratch
+       (capped by the piece size). */
+    DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
+    /* ranks in one address space (a transport with share/unshare, such as
+       the loopback): each rank sums its block (dsgd_block_range) straight
+       from every rank's buffer, in rank order 0..N-1, and writes the result
+       into every buffer. Each element is read and written once per rank
+       (2 N S bytes in all, the minimum) with no step-by-step handshakes.
+       DSGD_ERR_UNSUPPORTED without the hooks. */
+    DSGD_ALLREDUCE_DIRECT
+} dsgd_allreduce_algo;
+
+/* Names for messages and benchmarks: "sum", "ring", ...; never NULL. */
+DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op);
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
+
+/* The block of `count` elements that rank `index` of n owns in reduce-scatter
+   and all-gather: the first count % n ranks get count / n + 1 elements, the
+   others count / n, in rank order. *offset and *len may not be NULL; n >= 1
+   and 0 <= index < n (otherwise both are set to 0). */
+DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
+
+typedef struct dsgd_comm_desc {
+    double timeout_s;   /* default deadline of each collective in seconds; 0: 30 */
+    size_t piece_bytes; /* large buffers are processed in pieces of this size so
+                           that a step's working set stays in cache; 0: 256 KiB.
+                           Must be equal on all ranks (the results do not
+                           depend on it). */
+} dsgd_comm_desc;
+
+typedef struct dsgd_comm dsgd_comm;
+
+/* Creates rank transport->rank's communicator over the endpoint (copied; it
+   must stay valid until dsgd_comm_destroy). desc may be NULL (defaults).
+   Errors recorded on ctx: DSGD_ERR_INVALID_ARGUMENT (ctx, transport or out
+   NULL, size < 1, rank outside [0, size), send or recv missing, negative or
+   NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the communicator, like ctx, is used by one thread at a time. */
+DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *transport,
+                                      const dsgd_comm_desc *desc, dsgd_comm **out);
+DSGD_API void dsgd_comm_destroy(dsgd_comm *comm);
+DSGD_API int dsgd_comm_rank(const dsgd_comm *comm);
+DSGD_API int dsgd_comm_size(const dsgd_comm *comm);
+DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *comm);
+/* The number of collectives started so far: the first collective is #1, and
+   the number is the same on every rank after the same calls. Calls rejected
+   for a bad argument do not count. */
+DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *comm);
+/* The algorithm AUTO would run for count floats on this communicator
+   (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used). */
+DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t count);
+
+/* All-reduce of buf[0..count) in place: on return every rank holds op over
+   all ranks' inputs, bitwise identical on all ranks. timeout_s: 0 the
+   communicator's default, > 0 this call's deadline, negative invalid.
+   Errors recorded on the communicator's ctx: DSGD_ERR_INVALID_ARGUMENT
+   (comm NULL (nothing recorded), buf NULL with count > 0, unknown op or
+   algorithm, negative timeout), DSGD_ERR_TIMEOUT (names the rank waited
+   for and the sequence number), DSGD_ERR_STATE (transport aborted, protocol
+   mismatch such as different counts on different ranks, communicator broken
+   by an earlier failure), DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: one thread per communicator; all ranks call concurrently. */
+DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *comm, float *buf, size_t count,
+                                    dsgd_reduce_op op, dsgd_allreduce_algo algo,
+                                    double timeout_s);
+/* Reduce-scatter in place (ring): on return this rank's block of buf (see
+   dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
+   for that block; the rest of buf is unspecified. Errors as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t count,
+                                         dsgd_reduce_op op, double timeout_s);
+/* All-gather in place (ring): on entry each rank's block of buf (see
+   dsgd_block_range) holds its contribution; on return buf holds every
+   rank's block on every rank. Errors as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
+                                    double timeout_s);
+/* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
+   in pieces). Errors as dsgd_allreduce, and root outside [0, size). */
+DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
+                                    double timeout_s);
+/* Returns once every rank has entered the barrier (dissemination, ceil(log2
+   N) rounds of empty messages). Errors as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__COLLECTIVES_DECL */
+
+/* ======================================================================== */
+/*                   STRATEGIES AND DISTRIBUTED VARIABLES                   */
+/* ======================================================================== */
+#ifndef DSGD__STRATEGY_DECL
+#define DSGD__STRATEGY_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- variables */
+
+/* How the replicas' values of a variable combine (tf.VariableAggregation). */
+typedef enum dsgd_aggregation {
+    DSGD_AGG_NONE = 0,
+    DSGD_AGG_SUM = 1,
+    DSGD_AGG_MEAN = 2,
+    DSGD_AGG_ONLY_FIRST_REPLICA = 3
+} dsgd_aggregation;
+
+/* When the replicas' copies of a variable are synchronised
+   (tf.VariableSynchronization). */
+typedef enum dsgd_synchronization {
+    DSGD_SYNC_AUTO = 0,     /* ON_WRITE under every strategy here */
+    DSGD_SYNC_NONE = 1,     /* rejected, as tf.distribute rejects it */
+    DSGD_SYNC_ON_WRITE = 2, /* mirrored: every write is aggregated and applied to all copies */
+    DSGD_SYNC_ON_READ = 3   /* each replica writes its own copy; reads from the strategy aggregate */
+} dsgd_synchronization;
+
+/* "SUM", "ON_READ", ...; never NULL. */
+DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a);
+DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
+
+/* ---------------------------------------------------------------- strategies */
+
+typedef enum dsgd_strategy_kind {
+    DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
+    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, loopback all-reduce in lockstep */
+} dsgd_strategy_kind;
+
+/* What a training step does when a gradient holds NaN or infinity on any
+   replica. Every replica checks its own gradient before the exchange and
+   the replicas agree through a MAX all-reduce of a flag, so all of them do
+   the same thing. */
+typedef enum dsgd_nonfinite_policy {
+    DSGD_NONFINITE_SKIP = 0, /* every replica skips the update (weights and
+                                optimizer state unchanged); the step reports
+                                skipped = 1 and returns DSGD_OK */
+    DSGD_NONFINITE_ERROR = 1 /* every replica returns DSGD_ERR_NON_FINITE */
+} dsgd_nonfinite_policy;
+
+/* Creates replica `replica`'s backend, on ctx (the replica's context). */
+typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
+                                            dsgd_backend_i *out);
+
+typedef struct dsgd_strategy_desc {
+    dsgd_strategy_kind kind;        /* default ONE_DEVICE */
+    int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
+    dsgd_model_desc model;          /* every replica's model; max_batch is per replica;
+                                       model.backend is ignored (see backend_factory) */
+    dsgd_optimizer_desc optimizer;  /* every replica's optimizer */
+    dsgd_allreduce_algo algorithm;  /* gradient all-reduce; default AUTO */
+    size_t bucket_bytes;            /* all-reduce the gradient in buckets of this many
+                                       bytes; 0: one bucket (the whole flat buffer) */
+    dsgd_nonfinite_policy nonfinite;
+    double timeout_s;               /* deadline of every collective; default 30 s */
+    dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
+    void *backend_user_data;
+} dsgd_strategy_desc;
+
+/* What one training step did. */
+typedef struct dsgd_step_info {
+    int64_t step;      /* optimizer steps applied before this one */
+    int count;         /* samples in the global batch */
+    int skipped;       /* 1 when the update was skipped (non-finite gradient) */
+    float lr;          /* learning rate the step used */
+} dsgd_step_info;
+
+typedef struct dsgd_strategy dsgd_strategy;
+/* A replica as seen from inside dsgd_strategy_run (replica context). */
+typedef struct dsgd_replica dsgd_replica;
+typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
+
+/* Creates a strategy: N replicas, each with its own context (labelled
+   "replica r", with ctx's logger), backend, model, optimizer and
+   communicator. All replicas start from the same weights (desc->model.seed).
+   Errors recorded on ctx: DSGD_ERR_INVALID_ARGUMENT (NULL, num_replicas < 0
+   or > 256, ONE_DEVICE with more than one replica, bad model or optimizer
+   desc), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a thread could not start).
+   Thread safety: every dsgd_strategy_* function is called from one thread,
+   the one that owns ctx; the replicas' threads are the library's. */
+DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc,
+                                          dsgd_strategy **out);
+DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
+DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
+/* Replica r's model, for inspection between steps (NULL if r is out of range). */
+DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
+
+/* Sets the aggregation of a model variable (by name, e.g. "dense0/kernel", or
+   "*" for all). Model variables are trainable and ON_WRITE; their aggregation
+   says how the replicas' gradients combine before the identical update:
+     MEAN (default)  the mean over every sample of the global batch: each
+                     replica's gradient is scaled by 1 / global count and the
+                     replicas' gradients are summed; with equal shards this is
+                     the mean of the replicas' mean gradients
+     SUM             the sum over replicas of each replica's mean gradient
+     ONLY_FIRST_REPLICA  replica 0's mean gradient, used by all
+   NONE is rejected (a mirrored variable updated in replica context needs an
+   aggregation, as in tf.distribute), and so is ON_READ (only non-trainable
+   variables may be ON_READ). Errors: DSGD_ERR_INVALID_ARGUMENT. */
+DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable,
+                                                   dsgd_aggregation aggregation,
+                                                   dsgd_synchronization synchronization);
+
+/* One synchronous training step on the global batch x (count, input_dim),
+   y (count, target_dim). The batch is sharded in contiguous slices: replica
+   r takes dsgd_block_range(count, N, r) (the first count % N replicas take
+   one sample more). Every replica then computes its gradient, the replicas
+   agree on finiteness, all-reduce the flat gradient buffer (SUM, after the
+   per-variable scaling above), and apply the same optimizer update, so their
+   weights stay bitwise identical. A replica whose slice is empty (count < N)
+   contributes a zero gradient. count may be 1..N * max_batch.
+   Errors: DSGD_ERR_INVALID_ARGUMENT, DSGD_ERR_NON_FINITE (policy ERROR), the
+   first failing replica's error (its message names it), DSGD_ERR_TIMEOUT;
+   after a failed collective the strategy is unusable (DSGD_ERR_STATE). */
+DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y,
+                                              int count, dsgd_step_info *info);
+/* A sharded forward pass; loss and accuracy accumulate per replica in the
+   EVAL metrics (ON_READ variables, read with dsgd_strategy_take_metrics). */
+DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
+                                              int count);
+/* Reads the TRAIN or EVAL metrics: the ON_READ SUM variables
+   "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot "train" or
+   "eval"), summed over replicas in rank order like strategy.reduce(SUM), then
+   resets them on every replica. TRAIN counts every sample a train step
+   computed a loss for, skipped steps included. The accumulators are floats:
+   counts are exact up to 2^24 samples between two takes. */
+DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot,
+                                                dsgd_metrics *out);
+
+/* Runs fn on every replica at once (replica context, like strategy.run):
+   replica 0 on the calling thread, the others on the strategy's threads.
+   Returns DSGD_OK if every call did, else the lowest failing replica's
+   result, its message copied to the strategy's ctx. */
+DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data);
+
+DSGD_API int dsgd_replica_id(const dsgd_replica *r);
+DSGD_API int dsgd_replica_count(const dsgd_replica *r);
+DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r);
+DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r);
+/* The replica's communicator (NULL under ONE_DEVICE). */
+DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
+
+/* ---------------------------------------------------------------- distributed variables */
+
+typedef struct dsgd_dvar_desc {
+    const char *name;
+    size_t count;                        /* floats, >= 1 */
+    dsgd_synchronization synchronization; /* AUTO = ON_WRITE */
+    dsgd_aggregation aggregation;
+    int trainable;                       /* ON_READ requires trainable == 0 */
+    const float *initial_value;          /* count floats, copied to every replica's
+                                            copy (so a cross-replica read of an ON_READ
+                                            SUM variable starts at N x initial); NULL: zeros */
+} dsgd_dvar_desc;
+
+/* Creates a variable with one copy per replica (cross-replica context).
+   Rejected with DSGD_ERR_INVALID_ARGUMENT, as tf.distribute rejects them:
+   synchronization NONE; ON_READ with trainable set; ON_READ with aggregation
+   NONE (tf.distribute fails when such a variable is read across replicas;
+   here it fails at creation); unknown enum values. *id receives the handle. */
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
+                                                   int *id);
+/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
+     ON_WRITE: a collective every replica must call; the replicas' values are
+               combined by the aggregation (SUM: sum; MEAN: mean;
+               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
+               result. NONE: DSGD_ERR_INVALID_ARGUMENT on every replica.
+     ON_READ:  writes this replica's copy only; no communication. */
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
+/* As dsgd_replica_assign, with the copy incremented by the combined delta
+   (ON_WRITE) or by the replica's own delta (ON_READ). */
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
+/* This replica's copy. */
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
+/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
+   variables give replica 0's copy (all copies are equal); ON_READ variables
+   give the SUM or MEAN of the copies in rank order, or replica 0's copy
+   for ONLY_FIRST_REPLICA. */
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
+/* What replica `replica` holds, without aggregation. */
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
+/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
+   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
+   variables get value / N in every copy, so that a read gives value back
+   (as tf.distribute does). */
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
+/* Finds a variable by name (-1 if none). The metrics are the ON_READ SUM
+   variables "metrics/train/loss_sum", "metrics/train/correct",
+   "metrics/train/count" and the same under "metrics/eval/". */
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSGD__STRATEGY_DECL */
 
 #endif /* DISTSGD_H */
 
@@ -2224,3 +2751,2078 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
 }
 
 #endif /* DISTSGD_IMPLEMENTATION */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__COLLECTIVES_IMPL)
+#define DSGD__COLLECTIVES_IMPL
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+/* >>atomics ---------------------------------------------------------------- */
+/* GCC/Clang builtins (C and C++ alike; no <stdatomic.h>, so C++11 users
+   compile this too). Sequentially consistent where a sleeper and a waker
+   must see each other's stores (the "sleeping" flag against the queue
+   indices); acquire/release elsewhere. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD__LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DSGD__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DSGD__LOAD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define DSGD__STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define DSGD__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DSGD__STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define DSGD__CAS(p, expected, desired) \
+    __atomic_compare_exchange_n((p), (expected), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+#else
+#error "distsgd: the loopback transport needs GCC or Clang (__atomic builtins)"
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DSGD__PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__) || defined(__arm__)
+#define DSGD__PAUSE() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define DSGD__PAUSE() ((void)0)
+#endif
+
+/* >>reduce kernels --------------------------------------------------------- */
+/* Unrolled by 8 with restrict pointers so that compilers vectorise them at -O2. */
+
+static void dsgd__sum_into(float *DSGD__RESTRICT d, const float *DSGD__RESTRICT s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        d[i + 0] += s[i + 0]; d[i + 1] += s[i + 1]; d[i + 2] += s[i + 2]; d[i + 3] += s[i + 3];
+        d[i + 4] += s[i + 4]; d[i + 5] += s[i + 5]; d[i + 6] += s[i + 6]; d[i + 7] += s[i + 7];
+    }
+    for (; i < n; ++i) d[i] += s[i];
+}
+
+/* t = a + b */
+static void dsgd__sum2(float *DSGD__RESTRICT t, const float *DSGD__RESTRICT a, const float *DSGD__RESTRICT b,
+                       size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        t[i + 0] = a[i + 0] + b[i + 0]; t[i + 1] = a[i + 1] + b[i + 1];
+        t[i + 2] = a[i + 2] + b[i + 2]; t[i + 3] = a[i + 3] + b[i + 3];
+        t[i + 4] = a[i + 4] + b[i + 4]; t[i + 5] = a[i + 5] + b[i + 5];
+        t[i + 6] = a[i + 6] + b[i + 6]; t[i + 7] = a[i + 7] + b[i + 7];
+    }
+    for (; i < n; ++i) t[i] = a[i] + b[i];
+}
+
+/* max(a, b) and min(a, b) that propagate a NaN in either operand */
+#define DSGD__FMAX(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
+#define DSGD__FMIN(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
+
+/* d[i] = op(d[i], s[i]), or op(s[i], d[i]) when s_first. The operand order
+   matters only for NaN payloads and signed zeros; recursive doubling fixes it
+   so that two ranks reducing the same pair compute the very same operation. */
+static void dsgd__reduce_into(float *DSGD__RESTRICT d, const float *DSGD__RESTRICT s, size_t n,
+                              dsgd_reduce_op op, int s_first) {
+    size_t i;
+    switch (op) {
+    case DSGD_REDUCE_MAX:
+        if (s_first) {
+            for (i = 0; i < n; ++i) d[i] = DSGD__FMAX(s[i], d[i]);
+        } else {
+            for (i = 0; i < n; ++i) d[i] = DSGD__FMAX(d[i], s[i]);
+        }
+        break;
+    case DSGD_REDUCE_MIN:
+        if (s_first) {
+            for (i = 0; i < n; ++i) d[i] = DSGD__FMIN(s[i], d[i]);
+        } else {
+            for (i = 0; i < n; ++i) d[i] = DSGD__FMIN(d[i], s[i]);
+        }
+        break;
+    default: /* SUM, MEAN */
+        if (s_first) {
+            for (i = 0; i < n; ++i) d[i] = s[i] + d[i];
+        } else {
+            dsgd__sum_into(d, s, n);
+        }
+        break;
+    }
+}
+
+static void dsgd__divide(float *d, size_t n, int by) {
+    float k = (float)by;
+    size_t i;
+    for (i = 0; i < n; ++i) d[i] = d[i] / k;
+}
+
+/* >>transport -------------------------------------------------------------- */
+
+DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op) {
+    switch (op) {
+    case DSGD_REDUCE_SUM: return "sum";
+    case DSGD_REDUCE_MEAN: return "mean";
+    case DSGD_REDUCE_MAX: return "max";
+    case DSGD_REDUCE_MIN: return "min";
+    default: return "unknown";
+    }
+}
+
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
+    switch (algo) {
+    case DSGD_ALLREDUCE_AUTO: return "auto";
+    case DSGD_ALLREDUCE_RING: return "ring";
+    case DSGD_ALLREDUCE_HALVING_DOUBLING: return "halving_doubling";
+    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return "reduce_broadcast";
+    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
+    case DSGD_ALLREDUCE_DIRECT: return "direct";
+    default: return "unknown";
+    }
+}
+
+/* >>loopback --------------------------------------------------------------- */
+/* Mailboxes: for every ordered pair (src, dst) a single-producer
+   single-consumer queue of DSGD__LB_QUEUE slots. `tail` counts messages
+   posted (written by src), `head` messages consumed (written by dst). A slot
+   is EAGER (the bytes sit in the slot's own storage) or RDV (rendezvous: the
+   slot points at the sender's buffer and the sender waits until head has
+   passed it). A rendezvous slot is claimed by the receiver (RDV -> TAKEN)
+   before it reads, or withdrawn by a sender that gives up (RDV -> CANCELLED),
+   so a timed-out sender never returns while its buffer is being read.
+
+   Sleeping: each endpoint has one mutex + condition variable and a
+   `sleeping` flag. A waiter spins for hub->spin_ns, then locks, sets
+   sleeping, re-checks its conditions and waits; whoever changes a condition
+   (posts into its inbox, consumes from its outbox, aborts) checks the flag
+   after the change and signals under the mutex. Both sides use sequentially
+   consistent atomics, so a wake-up cannot be lost. */
+
+#define DSGD__LB_QUEUE 8
+#define DSGD__LB_EAGER_MAX ((size_t)64 * 1024)
+#define DSGD__LB_LINE 64
+/* Waiting: a rank whose peer is not ready spins with a pause instruction for
+   DSGD__LB_PAUSE_NS (skipped when the hub has more ranks than CPUs), then
+   calls sched_yield() in a loop until DSGD__LB_SPIN_NS, then sleeps on its
+   condition variable. Why, measured with bench/allreduce.c on a 2-vCPU
+   virtual machine shared with other work:
+   - sleeping is expensive (a wake-up on an idle vCPU took ~50 us, up to ms
+     under load), and once a rank sleeps its peer tends to wait long enough
+     to sleep as well, so every later pipeline step pays a wake-up; a spin
+     budget well above a step's time (10-50 us) avoids that convoy;
+   - pausing for long is worse when two ranks end up on one CPU (or the
+     peer is preempted): the spinner holds the CPU the peer needs; yielding
+     lets the peer (or whatever else) run and costs ~1 us per round;
+   - a short pause phase keeps small-message latency at ~1 us. */
+#ifndef DSGD__LB_PAUSE_NS
+#define DSGD__LB_PAUSE_NS 4000L
+#endif
+#ifndef DSGD__LB_SPIN_NS
+#define DSGD__LB_SPIN_NS 1000000L
+#endif
+
+enum { DSGD__LB_FREE = 0, DSGD__LB_EAGER = 1, DSGD__LB_RDV = 2, DSGD__LB_TAKEN = 3, DSGD__LB_CANCELLED = 4 };
+
+typedef struct dsgd__lb_slot {
+    uint64_t tag;
+    size_t bytes;
+    const void *ptr; /* the payload: `store` (EAGER) or the sender's buffer (RDV) */
+    int state;       /* atomic */
+    void *store;     /* eager storage, owned by the slot, written by the sender */
+    size_t cap;
+} dsgd__lb_slot;
+
+typedef struct dsgd__lb_pair {
+    uint64_t tail; /* atomic; messages posted by src */
+    char pad0[DSGD__LB_LINE - sizeof(uint64_t)];
+    uint64_t head; /* atomic; messages consumed by dst */
+    char pad1[DSGD__LB_LINE - sizeof(uint64_t)];
+    dsgd__lb_slot slot[DSGD__LB_QUEUE];
+    char pad2[DSGD__LB_LINE];
+} dsgd__lb_pair;
+
+typedef struct dsgd__lb_ep {
+    struct dsgd_loopback *hub;
+    int rank;
+    int sleeping;      /* atomic */
+    uint64_t progress; /* atomic; last collective seq entered */
+    /* shared window (share/unshare): win_ptr is published by win_tag (0:
+       none); peers count holds on it: holders = win_acq - win_rel */
+    void *win_ptr;
+    uint64_t win_tag; /* atomic */
+    long win_acq, win_rel; /* atomic */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char err[160];
+    char pad[DSGD__LB_LINE];
+} dsgd__lb_ep;
+
+struct dsgd_loopback {
+    dsgd_ctx *ctx;
+    int n;
+    int aborted; /* atomic */
+    int cond_monotonic;
+    long pause_ns;  /* first spin with a pause instruction this long, */
+    long spin_ns;   /* then with sched_yield() until this long, then sleep */
+    dsgd__lb_ep *ep;     /* n endpoints */
+    dsgd__lb_pair *pair; /* n * n, pair[src * n + dst] */
+    void *ep_mem, *pair_mem;
+};
+
+static void *dsgd__align_up(void *p) {
+    uintptr_t u = (uintptr_t)p;
+    return (void *)((u + DSGD__LB_LINE - 1) & ~(uintptr_t)(DSGD__LB_LINE - 1));
+}
+
+static void dsgd__lb_default_spin(dsgd_loopback *hub) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu < 1) ncpu = 1;
+    hub->pause_ns = (long)hub->n <= ncpu ? DSGD__LB_PAUSE_NS : 0;
+    hub->spin_ns = DSGD__LB_SPIN_NS;
+}
+
+DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out) {
+    dsgd_loopback *hub;
+    pthread_condattr_t ca;
+    size_t npairs;
+    int i, inited = 0;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "loopback_create: out is NULL");
+    *out = NULL;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n < 1 || n > 4096)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "loopback_create: %d ranks (need 1..4096)", n);
+    hub = (dsgd_loopback *)dsgd__alloc(ctx, sizeof(*hub), "loopback_create");
+    if (!hub) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(hub, 0, sizeof(*hub));
+    hub->ctx = ctx;
+    hub->n = n;
+    dsgd__lb_default_spin(hub);
+    npairs = (size_t)n * (size_t)n;
+    hub->ep_mem = dsgd__alloc(ctx, sizeof(dsgd__lb_ep) * (size_t)n + DSGD__LB_LINE, "loopback_create");
+    hub->pair_mem = dsgd__alloc(ctx, sizeof(dsgd__lb_pair) * npairs + DSGD__LB_LINE, "loopback_create");
+    if (!hub->ep_mem || !hub->pair_mem) {
+        DSGD_FREE(hub->ep_mem);
+        DSGD_FREE(hub->pair_mem);
+        DSGD_FREE(hub);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    hub->ep = (dsgd__lb_ep *)dsgd__align_up(hub->ep_mem);
+    hub->pair = (dsgd__lb_pair *)dsgd__align_up(hub->pair_mem);
+    memset(hub->ep, 0, sizeof(dsgd__lb_ep) * (size_t)n);
+    memset(hub->pair, 0, sizeof(dsgd__lb_pair) * npairs);
+
+    /* Timed waits on CLOCK_MONOTONIC where the platform allows it, so that a
+       wall-clock jump neither fires nor stretches a deadline. */
+    if (pthread_condattr_init(&ca) != 0) goto fail;
+#if !defined(__APPLE__)
+    hub->cond_monotonic = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0;
+#endif
+    for (i = 0; i < n; ++i) {
+        dsgd__lb_ep *e = &hub->ep[i];
+        e->hub = hub;
+        e->rank = i;
+        if (pthread_mutex_init(&e->mu, NULL) != 0) break;
+        if (pthread_cond_init(&e->cv, &ca) != 0) {
+            pthread_mutex_destroy(&e->mu);
+            break;
+        }
+        ++inited;
+    }
+    pthread_condattr_destroy(&ca);
+    if (inited < n) {
+        for (i = 0; i < inited; ++i) {
+            pthread_cond_destroy(&hub->ep[i].cv);
+            pthread_mutex_destroy(&hub->ep[i].mu);
+        }
+        goto fail;
+    }
+    *out = hub;
+    return DSGD_OK;
+
+fail:
+    DSGD_FREE(hub->ep_mem);
+    DSGD_FREE(hub->pair_mem);
+    DSGD_FREE(hub);
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "loopback_create: cannot create a pthread mutex or condition");
+}
+
+DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub) {
+    size_t i, npairs;
+    int k;
+    if (!hub) return;
+    npairs = (size_t)hub->n * (size_t)hub->n;
+    for (i = 0; i < npairs; ++i)
+        for (k = 0; k < DSGD__LB_QUEUE; ++k) DSGD_FREE(hub->pair[i].slot[k].store);
+    for (k = 0; k < hub->n; ++k) {
+        pthread_cond_destroy(&hub->ep[k].cv);
+        pthread_mutex_destroy(&hub->ep[k].mu);
+    }
+    DSGD_FREE(hub->ep_mem);
+    DSGD_FREE(hub->pair_mem);
+    DSGD_FREE(hub);
+}
+
+DSGD_API void dsgd_loopback_abort(dsgd_loopback *hub) {
+    int i;
+    if (!hub) return;
+    DSGD__STORE_SC(&hub->aborted, 1);
+    for (i = 0; i < hub->n; ++i) {
+        pthread_mutex_lock(&hub->ep[i].mu);
+        pthread_cond_broadcast(&hub->ep[i].cv);
+        pthread_mutex_unlock(&hub->ep[i].mu);
+    }
+}
+
+DSGD_API int dsgd_loopback_aborted(dsgd_loopback *hub) {
+    return hub ? DSGD__LOAD_SC(&hub->aborted) : 0;
+}
+
+DSGD_API void dsgd_loopback_set_spin(dsgd_loopback *hub, double seconds) {
+    if (!hub) return;
+    dsgd__lb_default_spin(hub);
+    if (seconds >= 0) hub->spin_ns = seconds > 1.0 ? 1000000000L : (long)(seconds * 1e9);
+    if (hub->pause_ns > hub->spin_ns) hub->pause_ns = hub->spin_ns;
+}
+
+/* Wakes e's owner if it is (about to be) asleep. */
+static void dsgd__lb_wake(dsgd__lb_ep *e) {
+    if (DSGD__LOAD_SC(&e->sleeping)) {
+        pthread_mutex_lock(&e->mu);
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+static void dsgd__lb_timedwait(dsgd__lb_ep *e, double deadline) {
+    struct timespec ts;
+    double rem = deadline - dsgd_now();
+    long ns;
+    if (rem > 1.0) rem = 1.0; /* re-check at least every second */
+    if (rem < 0) rem = 0;
+    clock_gettime(e->hub->cond_monotonic ? CLOCK_MONOTONIC : CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)rem;
+    ns = ts.tv_nsec + (long)((rem - (double)(time_t)rem) * 1e9);
+    if (ns >= 1000000000L) {
+        ts.tv_sec += 1;
+        ns -= 1000000000L;
+    }
+    ts.tv_nsec = ns;
+    pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+}
+
+/* Records "loopback rank <me>: ... rank <peer> ..." as the endpoint's error. */
+static dsgd_result dsgd__lb_fail(dsgd__lb_ep *e, dsgd_result r, const char *what, int peer) {
+    snprintf(e->err, sizeof(e->err), "loopback rank %d: %s rank %d", e->rank, what, peer);
+    return r;
+}
+
+/* The one transfer routine: posts a message to dst (dst >= 0) and takes one
+   from src (src >= 0), copying it into rbuf (op < 0) or reducing it into rbuf
+   as floats (op >= 0), until both are done, the deadline passes or the hub
+   is aborted. */
+static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const void *sbuf,
+                                 size_t sbytes, int src, uint64_t rtag, void *rbuf,
+                                 size_t rbytes, int op, double deadline, int *failed_peer) {
+    dsgd_loopback *hub = e->hub;
+    int n = hub->n, me = e->rank;
+    dsgd__lb_pair *out = dst >= 0 ? &hub->pair[(size_t)me * (size_t)n + (size_t)dst] : NULL;
+    dsgd__lb_pair *in = src >= 0 ? &hub->pair[(size_t)src * (size_t)n + (size_t)me] : NULL;
+    int send_state = dst >= 0 ? 1 : 0; /* 1: to post, 2: rendezvous posted, 0: done */
+    int recv_state = src >= 0 ? 1 : 0;
+    uint64_t send_idx = 0;
+    long spun_ns = 0;
+    double spin_start = 0;
+    int spins = 0;
+    dsgd_result r = DSGD_OK;
+    int blame = -1;
+
+    for (;;) {
+        int progressed = 0;
+        if (send_state == 1) {
+            uint64_t tail = DSGD__LOAD_RLX(&out->tail);
+            if (tail - DSGD__LOAD_ACQ(&out->head) < DSGD__LB_QUEUE) {
+                dsgd__lb_slot *s = &out->slot[tail % DSGD__LB_QUEUE];
+                s->tag = stag;
+                s->bytes = sbytes;
+                if (sbytes <= DSGD__LB_EAGER_MAX) {
+                    if (s->cap < sbytes) {
+                        void *p = DSGD_REALLOC(s->store, sbytes);
+                        if (!p) {
+                            blame = dst;
+                            r = dsgd__lb_fail(e, DSGD_ERR_OUT_OF_MEMORY, "out of memory for a message to", dst);
+                            goto fail;
+                        }
+                        s->store = p;
+                        s->cap = sbytes;
+                    }
+                    if (sbytes) memcpy(s->store, sbuf, sbytes);
+                    s->ptr = s->store;
+                    DSGD__STORE_RLX(&s->state, (int)DSGD__LB_EAGER);
+                    send_state = 0;
+                } else {
+                    s->ptr = sbuf;
+                    DSGD__STORE_RLX(&s->state, (int)DSGD__LB_RDV);
+                    send_idx = tail;
+                    send_state = 2;
+                }
+                DSGD__STORE_SC(&out->tail, tail + 1); /* publishes the slot */
+                dsgd__lb_wake(&hub->ep[dst]);
+                progressed = 1;
+            }
+        }
+        if (recv_state == 1) {
+            uint64_t head = DSGD__LOAD_RLX(&in->head);
+            if (DSGD__LOAD_ACQ(&in->tail) > head) {
+                dsgd__lb_slot *s = &in->slot[head % DSGD__LB_QUEUE];
+                int st = DSGD__LOAD_ACQ(&s->state);
+                blame = src;
+                if (st != DSGD__LB_CANCELLED && (s->tag != rtag || s->bytes != rbytes)) {
+                    /* Leave the message in place (unclaimed): the ranks are out of step. */
+                    if (s->tag != rtag) {
+                        snprintf(e->err, sizeof(e->err),
+                                 "loopback rank %d: the message from rank %d has tag %016llx, expected %016llx "
+                                 "(ranks out of step?)",
+                                 me, src, (unsigned long long)s->tag, (unsigned long long)rtag);
+                        r = DSGD_ERR_STATE;
+                    } else {
+                        snprintf(e->err, sizeof(e->err),
+                                 "loopback rank %d: the message from rank %d has %zu bytes, expected %zu "
+                                 "(different counts on different ranks?)",
+                                 me, src, s->bytes, rbytes);
+                        r = DSGD_ERR_SHAPE;
+                    }
+                    goto fail;
+                }
+                if (st == DSGD__LB_RDV) { /* claim it, unless its sender withdraws it first */
+                    int expect = DSGD__LB_RDV;
+                    if (!DSGD__CAS(&s->state, &expect, (int)DSGD__LB_TAKEN)) st = expect;
+                }
+                if (st == DSGD__LB_CANCELLED) {
+                    DSGD__STORE_SC(&in->head, head + 1);
+                    dsgd__lb_wake(&hub->ep[src]);
+                    r = dsgd__lb_fail(e, DSGD_ERR_STATE, "a message was withdrawn (its sender failed) by", src);
+                    goto fail;
+                }
+                if (rbytes) {
+                    if (op < 0) memcpy(rbuf, s->ptr, rbytes);
+                    else dsgd__reduce_into((float *)rbuf, (const float *)s->ptr, rbytes / sizeof(float),
+                                           (dsgd_reduce_op)op, 0);
+                }
+                DSGD__STORE_SC(&in->head, head + 1); /* releases the slot (and a rendezvous sender) */
+                dsgd__lb_wake(&hub->ep[src]);
+                recv_state = 0;
+                progressed = 1;
+            }
+        }
+        if (send_state == 2 && DSGD__LOAD_ACQ(&out->head) > send_idx) {
+            send_state = 0;
+            progressed = 1;
+        }
+        if (!send_state && !recv_state) return DSGD_OK;
+        if (DSGD__LOAD_ACQ(&hub->aborted)) {
+            blame = recv_state ? src : dst;
+            r = dsgd__lb_fail(e, DSGD_ERR_STATE, "the hub was aborted while waiting for", blame);
+            goto fail;
+        }
+        if (progressed) {
+            spins = 0;
+            spun_ns = 0;
+            continue;
+        }
+        /* Spin for spin_ns (reading the clock every 64 pauses), then sleep. */
+        if (spins == 0) spin_start = dsgd_now();
+        if (spun_ns < hub->spin_ns) {
+            if (spun_ns < hub->pause_ns) {
+                DSGD__PAUSE();
+                if ((++spins & 63) == 0) spun_ns = (long)((dsgd_now() - spin_start) * 1e9);
+            } else {
+                sched_yield();
+                ++spins;
+                spun_ns = (long)((dsgd_now() - spin_start) * 1e9);
+            }
+            continue;
+        }
+        if (dsgd_now() >= deadline) {
+            blame = recv_state ? src : dst;
+            r = dsgd__lb_fail(e, DSGD_ERR_TIMEOUT, "the deadline passed while waiting for", blame);
+            goto fail;
+        }
+        pthread_mutex_lock(&e->mu);
+        DSGD__STORE_SC(&e->sleeping, 1);
+        if (!(send_state == 1 && DSGD__LOAD_SC(&out->tail) - DSGD__LOAD_SC(&out->head) < DSGD__LB_QUEUE) &&
+            !(recv_state == 1 && DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head)) &&
+            !(send_state == 2 && DSGD__LOAD_SC(&out->head) > send_idx) && !DSGD__LOAD_SC(&hub->aborted))
+            dsgd__lb_timedwait(e, deadline);
+        DSGD__STORE_SC(&e->sleeping, 0);
+        pthread_mutex_unlock(&e->mu);
+        /* After a wake-up spin again: the next message often follows. */
+        spins = 0;
+        spun_ns = 0;
+    }
+
+fail:
+    if (send_state == 2) {
+        /* Withdraw the posted buffer; if the receiver has claimed it, wait
+           for it to finish reading (one copy, so this is short). */
+        dsgd__lb_slot *s = &out->slot[send_idx % DSGD__LB_QUEUE];
+        for (;;) {
+            int expect = DSGD__LB_RDV;
+            if (DSGD__CAS(&s->state, &expect, (int)DSGD__LB_CANCELLED)) break;
+            if (DSGD__LOAD_ACQ(&out->head) > send_idx) break;
+            sched_yield();
+        }
+    }
+    if (failed_peer) *failed_peer = blame;
+    return r;
+}
+
+/* >>loopback window -------------------------------------------------------- */
+
+typedef int (*dsgd__lb_ready_fn)(dsgd__lb_ep *e, uint64_t tag);
+
+/* Waits with the hub's spin policy until ready(e, tag), the deadline or an
+   abort (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE). ready must use SC loads. */
+static dsgd_result dsgd__lb_wait(dsgd__lb_ep *e, dsgd__lb_ready_fn ready, uint64_t tag, double deadline) {
+    dsgd_loopback *hub = e->hub;
+    double start = dsgd_now();
+    long spun = 0;
+    int spins = 0;
+    for (;;) {
+        if (ready(e, tag)) return DSGD_OK;
+        if (DSGD__LOAD_ACQ(&hub->aborted)) return DSGD_ERR_STATE;
+        if (spun < hub->spin_ns) {
+            if (spun < hub->pause_ns) {
+                DSGD__PAUSE();
+                if ((++spins & 63) == 0) spun = (long)((dsgd_now() - start) * 1e9);
+            } else {
+                sched_yield();
+                spun = (long)((dsgd_now() - start) * 1e9);
+            }
+            continue;
+        }
+        if (dsgd_now() >= deadline) return DSGD_ERR_TIMEOUT;
+        pthread_mutex_lock(&e->mu);
+        DSGD__STORE_SC(&e->sleeping, 1);
+        if (!ready(e, tag) && !DSGD__LOAD_SC(&hub->aborted)) dsgd__lb_timedwait(e, deadline);
+        DSGD__STORE_SC(&e->sleeping, 0);
+        pthread_mutex_unlock(&e->mu);
+        start = dsgd_now();
+        spun = 0;
+        spins = 0;
+    }
+}
+
+/* The first rank that has not published `tag`, or -1. */
+static int dsgd__lb_unpublished(dsgd__lb_ep *e, uint64_t tag) {
+    int k;
+    for (k = 0; k < e->hub->n; ++k)
+        if (k != e->rank && DSGD__LOAD_SC(&e->hub->ep[k].win_tag) != tag) return k;
+    return -1;
+}
+
+static int dsgd__lb_all_published(dsgd__lb_ep *e, uint64_t tag) { return dsgd__lb_unpublished(e, tag) < 0; }
+
+static int dsgd__lb_all_released(dsgd__lb_ep *e, uint64_t tag) {
+    (void)tag;
+    return DSGD__LOAD_SC(&e->win_rel) >= (long)e->hub->n - 1;
+}
+
+/* Takes this rank's buffer back: nobody can acquire it afterwards, and it
+   returns once nobody holds it (holders are copying, so this is short). */
+static void dsgd__lb_withdraw(dsgd__lb_ep *e, uint64_t tag) {
+    uint64_t expect = tag;
+    DSGD__CAS(&e->win_tag, &expect, (uint64_t)0);
+    while (DSGD__LOAD_SC(&e->win_acq) != DSGD__LOAD_SC(&e->win_rel)) sched_yield();
+}
+
+static dsgd_result dsgd__lb_share(void *impl, uint64_t tag, void *buf, void **peers, double deadline,
+                                  int *failed_peer) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    dsgd_loopback *hub = e->hub;
+    dsgd_result r;
+    int n = hub->n, k, j, blame;
+    e->win_ptr = buf;
+    DSGD__STORE_SC(&e->win_acq, 0L);
+    DSGD__STORE_SC(&e->win_rel, 0L);
+    DSGD__STORE_SC(&e->win_tag, tag); /* publishes win_ptr */
+    for (k = 0; k < n; ++k)
+        if (k != e->rank) dsgd__lb_wake(&hub->ep[k]);
+    r = dsgd__lb_wait(e, dsgd__lb_all_published, tag, deadline);
+    if (r != DSGD_OK) {
+        blame = dsgd__lb_unpublished(e, tag);
+        dsgd__lb_fail(e, r, r == DSGD_ERR_TIMEOUT ? "the deadline passed waiting for the buffer of"
+                                                  : "the hub was aborted while waiting for the buffer of",
+                      blame);
+        dsgd__lb_withdraw(e, tag);
+        if (failed_peer) *failed_peer = blame;
+        return r;
+    }
+    for (k = 0; k < n; ++k) {
+        dsgd__lb_ep *p = &hub->ep[k];
+        if (k == e->rank) {
+            peers[k] = buf;
+            continue;
+        }
+        /* hold, then check it was not withdrawn in between */
+        __atomic_add_fetch(&p->win_acq, 1L, __ATOMIC_SEQ_CST);
+        if (DSGD__LOAD_SC(&p->win_tag) != tag) {
+            __atomic_sub_fetch(&p->win_acq, 1L, __ATOMIC_SEQ_CST);
+            for (j = 0; j < k; ++j)
+                if (j != e->rank) __atomic_add_fetch(&hub->ep[j].win_rel, 1L, __ATOMIC_SEQ_CST);
+            dsgd__lb_fail(e, DSGD_ERR_STATE, "a buffer was withdrawn (its rank failed) by", k);
+            dsgd__lb_withdraw(e, tag);
+            if (failed_peer) *failed_peer = k;
+            return DSGD_ERR_STATE;
+        }
+        peers[k] = p->win_ptr;
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__lb_unshare(void *impl, uint64_t tag, double deadline, int *failed_peer) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    dsgd_loopback *hub = e->hub;
+    dsgd_result r;
+    int k;
+    for (k = 0; k < hub->n; ++k) {
+        if (k == e->rank) continue;
+        __atomic_add_fetch(&hub->ep[k].win_rel, 1L, __ATOMIC_SEQ_CST);
+        dsgd__lb_wake(&hub->ep[k]);
+    }
+    r = dsgd__lb_wait(e, dsgd__lb_all_released, tag, deadline);
+    if (r == DSGD_OK) {
+        DSGD__STORE_SC(&e->win_tag, (uint64_t)0);
+        return DSGD_OK;
+    }
+    snprintf(e->err, sizeof(e->err), "loopback rank %d: %s before the other ranks were done with its buffer",
+             e->rank, r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted");
+    dsgd__lb_withdraw(e, tag);
+    if (failed_peer) *failed_peer = -1;
+    return r;
+}
+
+/* peer -1 (no transfer) or another rank of the hub. */
+static dsgd_result dsgd__lb_check(dsgd__lb_ep *e, int peer, int *failed_peer) {
+    if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
+        if (failed_peer) *failed_peer = peer;
+        return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "invalid peer", peer);
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__lb_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes,
+                                 double deadline) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    if (dst < 0) return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "invalid peer", dst);
+    if (dsgd__lb_check(e, dst, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__lb_xfer(e, dst, tag, buf, bytes, -1, 0, NULL, 0, -1, deadline, NULL);
+}
+
+static dsgd_result dsgd__lb_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
+                                 double deadline) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    if (src < 0) return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "invalid peer", src);
+    if (dsgd__lb_check(e, src, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__lb_xfer(e, -1, 0, NULL, 0, src, tag, buf, bytes, -1, deadline, NULL);
+}
+
+static dsgd_result dsgd__lb_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf,
+                                     size_t sbytes, int src, uint64_t rtag, void *rbuf,
+                                     size_t rbytes, double deadline, int *failed_peer) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, -1, deadline, failed_peer);
+}
+
+static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf,
+                                            size_t sbytes, int src, uint64_t rtag, float *rbuf,
+                                            size_t rcount, dsgd_reduce_op op, double deadline,
+                                            int *failed_peer) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if ((int)op < 0 || (int)op > (int)DSGD_REDUCE_MIN)
+        return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "unknown reduce op for a message from", src);
+    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), (int)op,
+                         deadline, failed_peer);
+}
+
+static const char *dsgd__lb_error_message(void *impl) { return ((dsgd__lb_ep *)impl)->err; }
+
+static void dsgd__lb_set_progress(void *impl, uint64_t seq) {
+    DSGD__STORE_REL(&((dsgd__lb_ep *)impl)->progress, seq);
+}
+
+static uint64_t dsgd__lb_peer_progress(void *impl, int peer) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    if (peer < 0 || peer >= e->hub->n) return 0;
+    return DSGD__LOAD_ACQ(&e->hub->ep[peer].progress);
+}
+
+DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out) {
+    if (!hub) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT, "loopback_endpoint: out is NULL");
+    memset(out, 0, sizeof(*out));
+    if (rank < 0 || rank >= hub->n)
+        return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "loopback_endpoint: rank %d outside [0, %d)", rank, hub->n);
+    out->name = "loopback";
+    out->impl = &hub->ep[rank];
+    out->rank = rank;
+    out->size = hub->n;
+    out->destroy = NULL;
+    out->send = dsgd__lb_send;
+    out->recv = dsgd__lb_recv;
+    out->sendrecv = dsgd__lb_sendrecv;
+    out->sendrecv_reduce = dsgd__lb_sendrecv_reduce;
+    out->allreduce = NULL;
+    out->now = NULL;
+    out->error_message = dsgd__lb_error_message;
+    out->set_progress = dsgd__lb_set_progress;
+    out->peer_progress = dsgd__lb_peer_progress;
+    out->share = dsgd__lb_share;
+    out->unshare = dsgd__lb_unshare;
+    return DSGD_OK;
+}
+
+/* >>collectives ------------------------------------------------------------ */
+
+#define DSGD__COMM_DEFAULT_TIMEOUT 30.0
+#define DSGD__COMM_DEFAULT_PIECE ((size_t)256 * 1024)
+#define DSGD__COMM_MAX_TIMEOUT 1e7 /* longer timeouts are clamped (~115 days) */
+/* AUTO thresholds in bytes; see dsgd_allreduce_algo */
+#define DSGD__AUTO_RD_MAX ((size_t)64 * 1024)
+#define DSGD__AUTO_HD_MAX ((size_t)1024 * 1024)
+
+/* A message's tag is (seq << 32) | (piece << 12) | (phase << 10) | step, the
+   same on sender and receiver; transports may check any part of it. */
+enum { DSGD__PH_FOLD = 0, DSGD__PH_RS = 1, DSGD__PH_AG = 2, DSGD__PH_UNFOLD = 3 };
+
+struct dsgd_comm {
+    dsgd_ctx *ctx;
+    dsgd_transport_i t;
+    int rank, size;
+    double timeout;   /* default timeout, s */
+    size_t piece;     /* floats per pipelined piece */
+    uint64_t seq;     /* collectives started */
+    int broken;       /* a collective failed mid-way: the protocol state is unknown */
+    uint64_t broken_seq;
+    /* the collective in progress, for messages */
+    const char *what, *how;
+    int root;
+    double deadline, span;
+    float *scratch;
+    size_t scratch_cap; /* floats */
+    void **peers;       /* size pointers, for the shared-memory hooks */
+};
+
+DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len) {
+    size_t q, rem, i;
+    if (n < 1 || index < 0 || index >= n) {
+        *offset = 0;
+        *len = 0;
+        return;
+    }
+    q = count / (size_t)n;
+    rem = count % (size_t)n;
+    i = (size_t)index;
+    *offset = i * q + (i < rem ? i : rem);
+    *len = q + (i < rem ? 1 : 0);
+}
+
+/* Offset of block b of n (b == n: the end). */
+static size_t dsgd__block_off(size_t count, int n, int b) {
+    size_t q = count / (size_t)n, rem = count % (size_t)n, i = (size_t)b;
+    return i * q + (i < rem ? i : rem);
+}
+
+DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
+                                      const dsgd_comm_desc *desc, dsgd_comm **out) {
+    dsgd_comm *c;
+    double timeout = DSGD__COMM_DEFAULT_TIMEOUT;
+    size_t piece = DSGD__COMM_DEFAULT_PIECE;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: out is NULL");
+    *out = NULL;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!t) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: transport is NULL");
+    if (t->size < 1 || t->rank < 0 || t->rank >= t->size)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "comm_create: rank %d of size %d (need size >= 1 and 0 <= rank < size)",
+                                  t->rank, t->size);
+    if (!t->send || !t->recv)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: transport '%s' lacks send or recv",
+                                  t->name ? t->name : "?");
+    if (desc) {
+        if (!(desc->timeout_s >= 0))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "comm_create: timeout_s %g must be >= 0 (0: default)", desc->timeout_s);
+        if (desc->timeout_s > 0) timeout = desc->timeout_s;
+        if (desc->piece_bytes) piece = desc->piece_bytes;
+    }
+    if (timeout > DSGD__COMM_MAX_TIMEOUT) timeout = DSGD__COMM_MAX_TIMEOUT;
+    piece /= sizeof(float);
+    if (piece < 64) piece = 64;
+    if (piece > ((size_t)1 << 28)) piece = (size_t)1 << 28;
+    c = (dsgd_comm *)dsgd__alloc(ctx, sizeof(*c), "comm_create");
+    if (!c) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(c, 0, sizeof(*c));
+    c->peers = (void **)dsgd__alloc(ctx, sizeof(void *) * (size_t)t->size, "comm_create");
+    if (!c->peers) {
+        DSGD_FREE(c);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    c->ctx = ctx;
+    c->t = *t;
+    c->rank = t->rank;
+    c->size = t->size;
+    c->timeout = timeout;
+    c->piece = piece;
+    c->root = -1;
+    *out = c;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
+    if (!c) return;
+    DSGD_FREE(c->scratch);
+    DSGD_FREE(c->peers);
+    DSGD_FREE(c);
+}
+
+DSGD_API int dsgd_comm_rank(const dsgd_comm *c) { return c ? c->rank : -1; }
+DSGD_API int dsgd_comm_size(const dsgd_comm *c) { return c ? c->size : 0; }
+DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *c) { return c ? c->ctx : NULL; }
+DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *c) { return c ? c->seq : 0; }
+
+static int dsgd__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *c, size_t count) {
+    size_t bytes = count * sizeof(float);
+    if (!c || c->size == 1) return DSGD_ALLREDUCE_RING; /* nothing is exchanged */
+    if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
+    if (c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
+    if (bytes <= DSGD__AUTO_RD_MAX) return DSGD_ALLREDUCE_RECURSIVE_DOUBLING;
+    if (dsgd__is_pow2(c->size) && bytes <= DSGD__AUTO_HD_MAX) return DSGD_ALLREDUCE_HALVING_DOUBLING;
+    return DSGD_ALLREDUCE_RING;
+}
+
+static double dsgd__comm_now(const dsgd_comm *c) { return c->t.now ? c->t.now(c->t.impl) : dsgd_now(); }
+
+/* "allreduce #17 (ring)", "broadcast #3 (root 1)", "barrier #4" */
+static void dsgd__coll_name(const dsgd_comm *c, char *dst, size_t cap) {
+    if (c->how)
+        snprintf(dst, cap, "%s #%llu (%s)", c->what, (unsigned long long)c->seq, c->how);
+    else if (c->root >= 0)
+        snprintf(dst, cap, "%s #%llu (root %d)", c->what, (unsigned long long)c->seq, c->root);
+    else
+        snprintf(dst, cap, "%s #%llu", c->what, (unsigned long long)c->seq);
+}
+
+/* Validation shared by every collective (has_op 0: it takes no op);
+   records the message. */
+static dsgd_result dsgd__coll_check(dsgd_comm *c, const char *what, const float *buf, size_t count, int has_op,
+                                    dsgd_reduce_op op, double timeout_s) {
+    if (buf == NULL && count > 0)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: buf is NULL with count %zu", what,
+                                  count);
+    if (has_op && ((int)op < 0 || (int)op > (int)DSGD_REDUCE_MIN))
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", what, (int)op);
+    if (!(timeout_s >= 0))
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: timeout_s %g must be >= 0 (0: the communicator's default)", what,
+                                  timeout_s);
+    if (count > SIZE_MAX / sizeof(float))
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: count %zu is too large", what, count);
+    if (c->broken)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE,
+                                  "%s: rank %d's communicator failed in collective #%llu and cannot be used "
+                                  "again; create a new transport and communicator",
+                                  what, c->rank, (unsigned long long)c->broken_seq);
+    return DSGD_OK;
+}
+
+/* Starts collective number seq + 1 and its deadline. */
+static void dsgd__coll_begin(dsgd_comm *c, const char *what, const char *how, int root, double timeout_s) {
+    c->seq++;
+    c->what = what;
+    c->how = how;
+    c->root = root;
+    c->span = timeout_s > 0 ? timeout_s : c->timeout;
+    if (c->span > DSGD__COMM_MAX_TIMEOUT) c->span = DSGD__COMM_MAX_TIMEOUT;
+    c->deadline = dsgd__comm_now(c) + c->span;
+    if (c->t.set_progress) c->t.set_progress(c->t.impl, c->seq);
+}
+
+/* Records a failure of the collective in progress, naming the peer waited
+   for (peer < 0: none, the native collective failed) and, when the
+   transport can tell, the ranks that have not entered this collective. */
+static dsgd_result dsgd__coll_fail(dsgd_comm *c, dsgd_result r, int peer) {
+    char name[96], late[160];
+    const char *detail;
+    size_t used = 0;
+    int i, listed = 0;
+    dsgd__coll_name(c, name, sizeof(name));
+    c->broken = 1;
+    c->broken_seq = c->seq;
+    late[0] = '\0';
+    if (c->t.peer_progress) {
+        for (i = 0; i < c->size; ++i) {
+            int k;
+            if (i == c->rank || c->t.peer_progress(c->t.impl, i) >= c->seq) continue;
+            if (listed == 8) {
+                k = snprintf(late + used, sizeof(late) - used, ", ...");
+                used += k > 0 && (size_t)k < sizeof(late) - used ? (size_t)k : 0;
+                break;
+            }
+            k = snprintf(late + used, sizeof(late) - used, "%s%d",
+                         listed ? ", " : "; not yet in this collective: rank ", i);
+            used += k > 0 && (size_t)k < sizeof(late) - used ? (size_t)k : 0;
+            ++listed;
+        }
+    }
+    if (r == DSGD_ERR_TIMEOUT && peer >= 0)
+        return dsgd_ctx_set_error(c->ctx, r, "%s: rank %d timed out waiting for rank %d after %.2f s%s", name,
+                                  c->rank, peer, c->span, late);
+    detail = c->t.error_message ? c->t.error_message(c->t.impl) : "";
+    if (!detail || !detail[0]) detail = dsgd_result_string(r);
+    if (peer < 0) return dsgd_ctx_set_error(c->ctx, r, "%s: rank %d: %s%s", name, c->rank, detail, late);
+    return dsgd_ctx_set_error(c->ctx, r, "%s: rank %d failed exchanging with rank %d: %s%s", name, c->rank, peer,
+                              detail, late);
+}
+
+static dsgd_result dsgd__scratch(dsgd_comm *c, size_t count) {
+    float *p;
+    if (count <= c->scratch_cap) return DSGD_OK;
+    p = (float *)DSGD_REALLOC(c->scratch, count * sizeof(float));
+    if (!p) {
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        c->broken = 1;
+        c->broken_seq = c->seq;
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu floats of scratch",
+                                  name, c->rank, count);
+    }
+    c->scratch = p;
+    c->scratch_cap = count;
+    return DSGD_OK;
+}
+
+static uint64_t dsgd__tag(const dsgd_comm *c, size_t piece, int phase, int step) {
+    return (c->seq << 32) | ((uint64_t)(piece & 0xFFFFF) << 12) | ((uint64_t)phase << 10) |
+           (uint64_t)(step & 0x3FF);
+}
+
+/* One step: send scount floats of sbuf to dst and receive rcount floats from
+   src into rbuf (copied when op < 0, reduced into rbuf otherwise); dst or src
+   -1 skips that half. Both halves carry the same tag. Records the error. */
+static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *sbuf, size_t scount, int src,
+                              float *rbuf, size_t rcount, int op) {
+    const dsgd_transport_i *t = &c->t;
+    size_t sbytes = scount * sizeof(float), rbytes = rcount * sizeof(float);
+    int failed = -1, send_first;
+    dsgd_result r;
+    if (dst < 0 && src < 0) return DSGD_OK;
+    if (op >= 0 && src >= 0) {
+        if (t->sendrecv_reduce) {
+            r = t->sendrecv_reduce(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rcount, (dsgd_reduce_op)op,
+                                   c->deadline, &failed);
+            return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : src);
+        }
+        /* No zero-copy hook: receive into scratch, then reduce. */
+        r = dsgd__scratch(c, rcount);
+        if (r != DSGD_OK) return r;
+        r = dsgd__xchg(c, tag, dst, sbuf, scount, src, c->scratch, rcount, -1);
+        if (r == DSGD_OK) dsgd__reduce_into(rbuf, c->scratch, rcount, (dsgd_reduce_op)op, 0);
+        return r;
+    }
+    if (t->sendrecv) {
+        r = t->sendrecv(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rbytes, c->deadline, &failed);
+        return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : (src >= 0 ? src : dst));
+    }
+    /* Only send and recv: order them so that the pairs and shifts used here
+       cannot deadlock even when a send blocks until it is received. In a pair
+       the lower rank sends first; in a shift by d the ranks below d send
+       first (every cycle of the shift contains one of them). */
+    if (dst < 0) send_first = 0;
+    else if (src < 0) send_first = 1;
+    else if (dst == src) send_first = c->rank < dst;
+    else send_first = c->rank < (dst - c->rank + c->size) % c->size;
+    if (send_first) {
+        r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, dst);
+    }
+    if (src >= 0) {
+        r = t->recv(t->impl, src, tag, rbuf, rbytes, c->deadline);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, src);
+    }
+    if (!send_first && dst >= 0) {
+        r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, dst);
+    }
+    return DSGD_OK;
+}
+
+/* Piece j of block b (count elements in n blocks, pieces of P floats). */
+static void dsgd__piece(size_t count, int n, int b, size_t j, size_t P, size_t *off, size_t *len) {
+    size_t bo, bl, lo;
+    dsgd_block_range(count, n, b, &bo, &bl);
+    lo = j * P;
+    *off = bo + (lo < bl ? lo : bl);
+    *len = lo < bl ? DSGD__MIN(P, bl - lo) : 0;
+}
+
+/* Ring over blocks: phases bit 1 = reduce-scatter (rank r ends owning block
+   r), bit 2 = all-gather. Each block is cut into pieces of P floats, and
+   piece j of every block goes through both phases before piece j + 1, so a
+   step's data is still in cache for the next. Pieces never change which rank
+   reduces an element or in what order, so the bits do not depend on P.
+   Empty pieces (short blocks) are skipped by both sides. */
+static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+    int n = c->size, r = c->rank, next = (r + 1) % n, prev = (r + n - 1) % n, k;
+    size_t P = c->piece, maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
+    dsgd_result res;
+    npieces = (maxlen + P - 1) / P;
+    for (j = 0; j < npieces; ++j) {
+        size_t so, sl, ro, rl;
+        if (phases & 1) {
+            for (k = 0; k < n - 1; ++k) {
+                int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
+                dsgd__piece(count, n, sb, j, P, &so, &sl);
+                dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, buf + so, sl,
+                                 rl ? prev : -1, buf + ro, rl, (int)op);
+                if (res != DSGD_OK) return res;
+            }
+            if (op == DSGD_REDUCE_MEAN) {
+                dsgd__piece(count, n, r, j, P, &ro, &rl);
+                dsgd__divide(buf + ro, rl, n);
+            }
+        }
+        if (phases & 2) {
+            for (k = 0; k < n - 1; ++k) {
+                int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
+                dsgd__piece(count, n, sb, j, P, &so, &sl);
+                dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, k), sl ? next : -1, buf + so, sl,
+                                 rl ? prev : -1, buf + ro, rl, -1);
+                if (res != DSGD_OK) return res;
+            }
+        }
+    }
+    return DSGD_OK;
+}
+
+/* N not a power of two: with p = 2^floor(log2 N) and rem = N - p, the first
+   2 rem ranks fold in pairs (even rank r sends its buffer to r + 1, which
+   reduces it into its own) and only the odd ones take part, as virtual rank
+   r / 2; ranks >= 2 rem are virtual rank r - rem. At the end the odd ranks
+   send the result back (unfold). */
+static int dsgd__vrank(int r, int rem) { return r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem; }
+static int dsgd__real_rank(int q, int rem) { return q < rem ? 2 * q + 1 : q + rem; }
+
+static int dsgd__floor_pow2(int n) {
+    int p = 1;
+    while (p <= n / 2) p *= 2;
+    return p;
+}
+
+static dsgd_result dsgd__fold(dsgd_comm *c, float *seg, size_t len, size_t j, int rem, dsgd_reduce_op op) {
+    int r = c->rank;
+    if (r >= 2 * rem) return DSGD_OK;
+    if (r % 2 == 0) return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_FOLD, 0), r + 1, seg, len, -1, NULL, 0, -1);
+    return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_FOLD, 0), -1, NULL, 0, r - 1, seg, len, (int)op);
+}
+
+static dsgd_result dsgd__unfold(dsgd_comm *c, float *seg, size_t len, size_t j, int rem) {
+    int r = c->rank;
+    if (r >= 2 * rem) return DSGD_OK;
+    if (r % 2 == 1) return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_UNFOLD, 0), r - 1, seg, len, -1, NULL, 0, -1);
+    return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_UNFOLD, 0), -1, NULL, 0, r + 1, seg, len, -1);
+}
+
+/* Rabenseifner's algorithm: recursive halving reduce-scatter over p blocks
+   (partner at distance p/2 first; each rank keeps the half of its range that
+   holds its own block), then recursive doubling all-gather, on contiguous
+   segments of p * P floats. Every element goes through the same butterfly,
+   so segmenting does not change the bits. */
+static dsgd_result dsgd__halving_doubling(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, p = dsgd__floor_pow2(n), rem = n - p, q = dsgd__vrank(c->rank, rem), d, step;
+    size_t seg = c->piece * (size_t)p, base, j;
+    dsgd_result res;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        size_t len = DSGD__MIN(seg, count - base);
+        float *x = buf + base;
+        res = dsgd__fold(c, x, len, j, rem, op);
+        if (res != DSGD_OK) return res;
+        if (q >= 0) {
+            int blo = 0, bhi = p;
+            for (d = p / 2, step = 0; d >= 1; d /= 2, ++step) {
+                int partner = dsgd__real_rank(q ^ d, rem), mid = blo + d;
+                int klo, khi, slo, shi;
+                size_t ko, kn, so, sn;
+                if ((q & d) == 0) {
+                    klo = blo; khi = mid; slo = mid; shi = bhi;
+                } else {
+                    klo = mid; khi = bhi; slo = blo; shi = mid;
+                }
+                ko = dsgd__block_off(len, p, klo);
+                kn = dsgd__block_off(len, p, khi) - ko;
+                so = dsgd__block_off(len, p, slo);
+                sn = dsgd__block_off(len, p, shi) - so;
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, step), sn ? partner : -1, x + so, sn,
+                                 kn ? partner : -1, x + ko, kn, (int)op);
+                if (res != DSGD_OK) return res;
+                blo = klo;
+                bhi = khi;
+            }
+            if (op == DSGD_REDUCE_MEAN) {
+                size_t o = dsgd__block_off(len, p, q);
+                dsgd__divide(x + o, dsgd__block_off(len, p, q + 1) - o, n);
+            }
+            for (d = 1, step = 0; d < p; d *= 2, ++step) {
+                int partner = dsgd__real_rank(q ^ d, rem), plo, phi;
+                size_t mo, mn, po, pn;
+                if ((q & d) == 0) {
+                    plo = bhi; phi = bhi + d;
+                } else {
+                    plo = blo - d; phi = blo;
+                }
+                mo = dsgd__block_off(len, p, blo);
+                mn = dsgd__block_off(len, p, bhi) - mo;
+                po = dsgd__block_off(len, p, plo);
+                pn = dsgd__block_off(len, p, phi) - po;
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, step), mn ? partner : -1, x + mo, mn,
+                                 pn ? partner : -1, x + po, pn, -1);
+                if (res != DSGD_OK) return res;
+                if (plo < blo) blo = plo;
+                else bhi = phi;
+            }
+        }
+        res = dsgd__unfold(c, x, len, j, rem);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+/* Recursive doubling: log2 p exchanges of the whole segment. Both partners
+   reduce the same pair of values, so each computes op(lower group's value,
+   upper group's value) in that operand order and they get the same bits. */
+static dsgd_result dsgd__recursive_doubling(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, p = dsgd__floor_pow2(n), rem = n - p, q = dsgd__vrank(c->rank, rem), d, step;
+    size_t seg = c->piece * (size_t)p, base, j;
+    dsgd_result res;
+    if (count > 0 && q >= 0 && p > 1) {
+        res = dsgd__scratch(c, DSGD__MIN(seg, count));
+        if (res != DSGD_OK) return res;
+    }
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        size_t len = DSGD__MIN(seg, count - base);
+        float *x = buf + base;
+        res = dsgd__fold(c, x, len, j, rem, op);
+        if (res != DSGD_OK) return res;
+        if (q >= 0) {
+            for (d = 1, step = 0; d < p; d *= 2, ++step) {
+                int pq = q ^ d, partner = dsgd__real_rank(pq, rem);
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, step), partner, x, len, partner, c->scratch, len,
+                                 -1);
+                if (res != DSGD_OK) return res;
+                dsgd__reduce_into(x, c->scratch, len, op, pq < q);
+            }
+            if (op == DSGD_REDUCE_MEAN) dsgd__divide(x, len, n);
+        }
+        res = dsgd__unfold(c, x, len, j, rem);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+/* Binomial-tree broadcast of len floats from root (one segment). */
+static dsgd_result dsgd__bcast_seg(dsgd_comm *c, float *x, size_t len, size_t j, int root) {
+    int n = c->size, vr = (c->rank - root + n) % n, mask = 1;
+    dsgd_result res;
+    while (mask < n) {
+        if (vr & mask) {
+            res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, 0), -1, NULL, 0, (vr - mask + root) % n, x, len, -1);
+            if (res != DSGD_OK) return res;
+            break;
+        }
+        mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1) {
+        if (vr + mask < n) {
+            res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, 0), (vr + mask + root) % n, x, len, -1, NULL, 0, -1);
+            if (res != DSGD_OK) return res;
+        }
+    }
+    return DSGD_OK;
+}
+
+/* Direct (shared memory): see DSGD_ALLREDUCE_DIRECT. Rank r owns block r;
+   tile by tile it sums the tile of every rank's buffer in rank order into a
+   small buffer in L1 and copies the result into every rank's buffer. Only
+   rank r touches block r of any buffer, so the ranks never wait for each
+   other between share and unshare. */
+#define DSGD__DIRECT_TILE 2048
+
+static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    const dsgd_transport_i *t = &c->t;
+    uint64_t tag = dsgd__tag(c, 0, DSGD__PH_FOLD, 0);
+    float tmp[DSGD__DIRECT_TILE];
+    size_t off, len, i, m;
+    int n = c->size, k, failed = -1;
+    dsgd_result r;
+    if (!t->share || !t->unshare) {
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_UNSUPPORTED, "%s: transport '%s' cannot share memory",
+                                  name, t->name ? t->name : "?");
+    }
+    r = t->share(t->impl, tag, buf, c->peers, c->deadline, &failed);
+    if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
+    dsgd_block_range(count, n, c->rank, &off, &len);
+    for (i = 0; i < len; i += m) {
+        m = DSGD__MIN((size_t)DSGD__DIRECT_TILE, len - i);
+        if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) { /* the first two in one pass */
+            dsgd__sum2(tmp, (const float *)c->peers[0] + off + i, (const float *)c->peers[1] + off + i, m);
+        } else {
+            memcpy(tmp, (const float *)c->peers[0] + off + i, m * sizeof(float));
+            dsgd__reduce_into(tmp, (const float *)c->peers[1] + off + i, m, op, 0);
+        }
+        for (k = 2; k < n; ++k) dsgd__reduce_into(tmp, (const float *)c->peers[k] + off + i, m, op, 0);
+        if (op == DSGD_REDUCE_MEAN) dsgd__divide(tmp, m, n);
+        for (k = 0; k < n; ++k) memcpy((float *)c->peers[k] + off + i, tmp, m * sizeof(float));
+    }
+    r = t->unshare(t->impl, tag, c->deadline, &failed);
+    return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed);
+}
+
+/* Binomial reduce to rank 0 (rank r reduces r + 1 into its value, then
+   r + 2, r + 4, ..., in that order) and binomial broadcast, per segment of
+   N * P floats. */
+static dsgd_result dsgd__reduce_broadcast(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, r = c->rank, d;
+    size_t seg = c->piece * (size_t)n, base, j;
+    dsgd_result res;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        size_t len = DSGD__MIN(seg, count - base);
+        float *x = buf + base;
+        for (d = 1; d < n; d <<= 1) {
+            if (r & d) {
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, 0), r - d, x, len, -1, NULL, 0, -1);
+                if (res != DSGD_OK) return res;
+                break;
+            }
+            if (r + d < n) {
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, 0), -1, NULL, 0, r + d, x, len, (int)op);
+                if (res != DSGD_OK) return res;
+            }
+        }
+        if (r == 0 && op == DSGD_REDUCE_MEAN) dsgd__divide(x, len, n);
+        res = dsgd__bcast_seg(c, x, len, j, 0);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
+                                    dsgd_allreduce_algo algo, double timeout_s) {
+    dsgd_result res;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
+    if (res != DSGD_OK) return res;
+    if ((int)algo < 0 || (int)algo > (int)DSGD_ALLREDUCE_DIRECT)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "allreduce: unknown algorithm %d", (int)algo);
+    if (algo == DSGD_ALLREDUCE_AUTO) algo = dsgd_allreduce_choose(c, count);
+    dsgd__coll_begin(c, "allreduce", algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo), -1,
+                     timeout_s);
+    if (c->size == 1 || count == 0) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
+    switch (algo) {
+    case DSGD_ALLREDUCE_AUTO: /* the transport's native collective */
+        res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
+        return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
+    case DSGD_ALLREDUCE_HALVING_DOUBLING: return dsgd__halving_doubling(c, buf, count, op);
+    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return dsgd__reduce_broadcast(c, buf, count, op);
+    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return dsgd__recursive_doubling(c, buf, count, op);
+    case DSGD_ALLREDUCE_DIRECT: return dsgd__direct(c, buf, count, op);
+    default: return dsgd__ring(c, buf, count, op, 3);
+    }
+}
+
+DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
+                                         double timeout_s) {
+    dsgd_result res;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "reduce_scatter", buf, count, 1, op, timeout_s);
+    if (res != DSGD_OK) return res;
+    dsgd__coll_begin(c, "reduce_scatter", "ring", -1, timeout_s);
+    if (c->size == 1 || count == 0) return DSGD_OK;
+    return dsgd__ring(c, buf, count, op, 1);
+}
+
+DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, double timeout_s) {
+    dsgd_result res;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "allgather", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
+    if (res != DSGD_OK) return res;
+    dsgd__coll_begin(c, "allgather", "ring", -1, timeout_s);
+    if (c->size == 1 || count == 0) return DSGD_OK;
+    return dsgd__ring(c, buf, count, DSGD_REDUCE_SUM, 2);
+}
+
+DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int root, double timeout_s) {
+    dsgd_result res;
+    size_t seg, base, j;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "broadcast", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
+    if (res != DSGD_OK) return res;
+    if (root < 0 || root >= c->size)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "broadcast: root %d outside [0, %d)", root,
+                                  c->size);
+    dsgd__coll_begin(c, "broadcast", NULL, root, timeout_s);
+    if (c->size == 1) return DSGD_OK;
+    seg = c->piece * 4;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        res = dsgd__bcast_seg(c, buf + base, DSGD__MIN(seg, count - base), j, root);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
+    dsgd_result res;
+    int d, step, n;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "barrier", NULL, 0, 0, DSGD_REDUCE_SUM, timeout_s);
+    if (res != DSGD_OK) return res;
+    dsgd__coll_begin(c, "barrier", NULL, -1, timeout_s);
+    n = c->size;
+    /* Dissemination (Hensgen, Finkel and Manber 1988): in round k rank r
+       signals r + 2^k and waits for r - 2^k, with empty messages. */
+    for (d = 1, step = 0; d < n; d <<= 1, ++step) {
+        res = dsgd__xchg(c, dsgd__tag(c, 0, DSGD__PH_RS, step), (c->rank + d) % n, NULL, 0, (c->rank - d + n) % n,
+                         NULL, 0, -1);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+#endif /* DISTSGD_IMPLEMENTATION && !DSGD__COLLECTIVES_IMPL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__STRATEGY_IMPL)
+#define DSGD__STRATEGY_IMPL
+#include <pthread.h>
+
+/* >>strategy --------------------------------------------------------------- */
+
+typedef struct dsgd__dvar {
+    char name[2 * DSGD_MAX_NAME];
+    size_t count;
+    dsgd_synchronization sync; /* ON_WRITE or ON_READ (AUTO resolved) */
+    dsgd_aggregation agg;
+    int trainable;
+    float *copies; /* num_replicas * count: replica r's copy at r * count */
+} dsgd__dvar;
+
+struct dsgd_replica {
+    dsgd_strategy *s;
+    int rank;
+    dsgd_ctx *ctx;
+    dsgd_backend_i be;
+    int has_be;
+    dsgd_model *model;
+    dsgd_optimizer *opt;
+    dsgd_transport_i ep;
+    dsgd_comm *comm;
+    float *stage; /* host staging: gradients of backends without host pointers, variable writes */
+    size_t stage_cap;
+    pthread_t thread;
+    int thread_started;
+    dsgd_result result; /* of the last job */
+    int own_error;      /* 0: the failure only echoes another replica's */
+    int comm_failed;    /* a collective failed: the transport's state is unknown */
+    int skipped;
+    float lr;
+};
+
+struct dsgd_strategy {
+    dsgd_ctx *ctx;
+    dsgd_strategy_desc d;
+    int n;
+    dsgd_replica *reps;
+    dsgd_loopback *hub;
+    dsgd_aggregation *param_agg; /* per model variable */
+    int all_mean;
+    dsgd__dvar *vars;
+    int num_vars, cap_vars;
+    int metric_var[2]; /* first of the three metric variables of each slot */
+    int broken;
+    /* the worker pool: replicas 1..n-1 wait for a new generation of job */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start, cv_done;
+    int sync_ready;
+    uint64_t gen;
+    int pending, shutdown;
+    dsgd_replica_fn job;
+    void *job_user;
+};
+
+static void *dsgd__replica_main(void *arg) {
+    dsgd_replica *r = (dsgd_replica *)arg;
+    dsgd_strategy *s = r->s;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        dsgd_replica_fn fn;
+        void *user;
+        dsgd_result res;
+        while (s->gen == seen && !s->shutdown) pthread_cond_wait(&s->cv_start, &s->mu);
+        if (s->shutdown) break;
+        seen = s->gen;
+        fn = s->job;
+        user = s->job_user;
+        r->own_error = 1;
+        r->comm_failed = 0;
+        pthread_mutex_unlock(&s->mu);
+        res = fn(r, user);
+        pthread_mutex_lock(&s->mu);
+        r->result = res;
+        if (--s->pending == 0) pthread_cond_signal(&s->cv_done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* How much a replica's failure explains: a local failure (3) over a failed
+   collective (2) over an echo of another replica's failure (1). */
+static int dsgd__error_rank(const dsgd_replica *r) {
+    if (!r->own_error) return 1;
+    return r->comm_failed ? 2 : 3;
+}
+
+/* Runs fn on all replicas and reports the failure that explains most, the
+   lowest replica among equals. */
+static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn, void *user) {
+    int i, pick = -1;
+    dsgd_result r0;
+    if (s->n > 1) {
+        pthread_mutex_lock(&s->mu);
+        s->job = fn;
+        s->job_user = user;
+        s->pending = s->n - 1;
+        ++s->gen;
+        pthread_cond_broadcast(&s->cv_start);
+        pthread_mutex_unlock(&s->mu);
+    }
+    s->reps[0].own_error = 1;
+    s->reps[0].comm_failed = 0;
+    r0 = fn(&s->reps[0], user);
+    if (s->n > 1) {
+        pthread_mutex_lock(&s->mu);
+        while (s->pending > 0) pthread_cond_wait(&s->cv_done, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+    s->reps[0].result = r0;
+    for (i = 0; i < s->n; ++i)
+        if (s->reps[i].result != DSGD_OK && (pick < 0 || dsgd__error_rank(&s->reps[i]) > dsgd__error_rank(&s->reps[pick])))
+            pick = i;
+    if (pick < 0) return DSGD_OK;
+    for (i = 0; i < s->n; ++i)
+        if (s->reps[i].result == DSGD_ERR_TIMEOUT || s->reps[i].comm_failed) s->broken = 1;
+    return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", dsgd_ctx_last_error(s->reps[pick].ctx));
+}
+
+static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
+    if (r->stage_cap < count) {
+        float *p = (float *)DSGD_REALLOC(r->stage, sizeof(float) * (count ? count : 1));
+        if (!p) {
+            dsgd_ctx_set_error(r->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot allocate %zu floats of staging", count);
+            return NULL;
+        }
+        r->stage = p;
+        r->stage_cap = count;
+    }
+    return r->stage;
+}
+
+DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
+    int i;
+    if (!s) return;
+    if (s->sync_ready) {
+        pthread_mutex_lock(&s->mu);
+        s->shutdown = 1;
+        pthread_cond_broadcast(&s->cv_start);
+        pthread_mutex_unlock(&s->mu);
+    }
+    for (i = 0; s->reps && i < s->n; ++i)
+        if (s->reps[i].thread_started) pthread_join(s->reps[i].thread, NULL);
+    for (i = 0; s->reps && i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_comm_destroy(r->comm);
+        dsgd_optimizer_destroy(r->opt);
+        dsgd_model_destroy(r->model);
+        if (r->has_be && r->be.destroy) r->be.destroy(r->be.impl);
+        DSGD_FREE(r->stage);
+        dsgd_ctx_destroy(r->ctx);
+    }
+    if (s->hub) dsgd_loopback_destroy(s->hub);
+    if (s->sync_ready) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv_start);
+        pthread_cond_destroy(&s->cv_done);
+    }
+    for (i = 0; i < s->num_vars; ++i) DSGD_FREE(s->vars[i].copies);
+    DSGD_FREE(s->vars);
+    DSGD_FREE(s->param_agg);
+    DSGD_FREE(s->reps);
+    DSGD_FREE(s);
+}
+
+static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id);
+
+DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
+    dsgd_strategy *s;
+    dsgd_result res = DSGD_OK;
+    int i, n, slot;
+    const char *what = "dsgd_strategy_create";
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
+    *out = NULL;
+    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", what);
+    if (desc->kind != DSGD_STRATEGY_ONE_DEVICE && desc->kind != DSGD_STRATEGY_MIRRORED)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)desc->kind);
+    if (desc->num_replicas < 0 || desc->num_replicas > 256 ||
+        (desc->kind == DSGD_STRATEGY_ONE_DEVICE && desc->num_replicas > 1))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %d replicas (one_device takes 1, mirrored 1..256)", what, desc->num_replicas);
+    if (desc->nonfinite != DSGD_NONFINITE_SKIP && desc->nonfinite != DSGD_NONFINITE_ERROR)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
+                                  (int)desc->nonfinite);
+    if (!(desc->timeout_s >= 0.0) || (int)desc->algorithm < 0 || (int)desc->algorithm > (int)DSGD_ALLREDUCE_RECURSIVE_DOUBLING)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: bad timeout %g or algorithm %d", what,
+                                  desc->timeout_s, (int)desc->algorithm);
+    n = desc->num_replicas ? desc->num_replicas : 1;
+    s = (dsgd_strategy *)dsgd__alloc(ctx, sizeof(*s), what);
+    if (!s) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s, 0, sizeof(*s));
+    s->ctx = ctx;
+    s->d = *desc;
+    s->d.model.backend = NULL;
+    if (s->d.timeout_s == 0.0) s->d.timeout_s = 30.0;
+    s->n = n;
+    s->all_mean = 1;
+    s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * n, what);
+    if (!s->reps) { DSGD_FREE(s); return DSGD_ERR_OUT_OF_MEMORY; }
+    memset(s->reps, 0, sizeof(dsgd_replica) * n);
+    if (n > 1 && (res = dsgd_loopback_create(ctx, n, &s->hub)) != DSGD_OK) {
+        dsgd_strategy_destroy(s);
+        return res;
+    }
+    for (i = 0; i < n && res == DSGD_OK; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_ctx_desc cd;
+        dsgd_model_desc md = s->d.model;
+        char label[32];
+        memset(&cd, 0, sizeof(cd));
+        snprintf(label, sizeof(label), "replica %d", i);
+        cd.label = label;
+        cd.logger = ctx ? ctx->logger : cd.logger;
+        r->s = s;
+        r->rank = i;
+        if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK) {
+            dsgd_ctx_set_error(ctx, res, "%s: cannot create replica %d's context", what, i);
+            break;
+        }
+        res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
+                                   : dsgd_cpu_backend_create(r->ctx, &r->be);
+        if (res != DSGD_OK) break;
+        r->has_be = 1;
+        md.backend = &r->be;
+        if ((res = dsgd_model_create(r->ctx, &md, &r->model)) != DSGD_OK) break;
+        if ((res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt)) != DSGD_OK) break;
+        if (n > 1) {
+            dsgd_comm_desc cdesc;
+            memset(&cdesc, 0, sizeof(cdesc));
+            cdesc.timeout_s = s->d.timeout_s;
+            if ((res = dsgd_loopback_endpoint(s->hub, i, &r->ep)) != DSGD_OK) break;
+            if ((res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm)) != DSGD_OK) break;
+        }
+    }
+    if (res != DSGD_OK) {
+        if (i < n && s->reps[i].ctx && dsgd_ctx_last_result(s->reps[i].ctx) != DSGD_OK)
+            dsgd_ctx_set_error(ctx, res, "%s", dsgd_ctx_last_error(s->reps[i].ctx));
+        dsgd_strategy_destroy(s);
+        return res;
+    }
+    s->param_agg = (dsgd_aggregation *)dsgd__alloc(ctx, sizeof(dsgd_aggregation) *
+                                                        (size_t)dsgd_model_num_variables(s->reps[0].model), what);
+    if (!s->param_agg) { dsgd_strategy_destroy(s); return DSGD_ERR_OUT_OF_MEMORY; }
+    for (i = 0; i < dsgd_model_num_variables(s->reps[0].model); ++i) s->param_agg[i] = DSGD_AGG_MEAN;
+    /* the metrics: ON_READ SUM variables, three per slot */
+    for (slot = 0; slot < 2 && res == DSGD_OK; ++slot) {
+        static const char *const names[3] = {"loss_sum", "correct", "count"};
+        for (i = 0; i < 3 && res == DSGD_OK; ++i) {
+            dsgd_dvar_desc vd;
+            char name[64];
+            int id;
+            memset(&vd, 0, sizeof(vd));
+            snprintf(name, sizeof(name), "metrics/%s/%s", slot == 0 ? "train" : "eval", names[i]);
+            vd.name = name;
+            vd.count = 1;
+            vd.synchronization = DSGD_SYNC_ON_READ;
+            vd.aggregation = DSGD_AGG_SUM;
+            res = dsgd__dvar_add(s, &vd, &id);
+            if (i == 0) s->metric_var[slot] = id;
+        }
+    }
+    if (res != DSGD_OK) { dsgd_strategy_destroy(s); return res; }
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        dsgd_strategy_destroy(s);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_mutex_init failed", what);
+    }
+    if (pthread_cond_init(&s->cv_start, NULL) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        dsgd_strategy_destroy(s);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+    }
+    if (pthread_cond_init(&s->cv_done, NULL) != 0) {
+        pthread_cond_destroy(&s->cv_start);
+        pthread_mutex_destroy(&s->mu);
+        dsgd_strategy_destroy(s);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+    }
+    s->sync_ready = 1;
+    for (i = 1; i < n; ++i) {
+        if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0) {
+            dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: cannot start replica %d's thread", what, i);
+            dsgd_strategy_destroy(s);
+            return DSGD_ERR_STATE;
+        }
+        s->reps[i].thread_started = 1;
+    }
+    *out = s;
+    return DSGD_OK;
+}
+
+DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s) { return s ? s->n : 0; }
+DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
+    return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
+}
+DSGD_API int dsgd_replica_id(const dsgd_replica *r) { return r ? r->rank : -1; }
+DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->n : 0; }
+DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->ctx : NULL; }
+DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->model : NULL; }
+DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r) { return r ? r->comm : NULL; }
+
+static int dsgd__agg_valid(dsgd_aggregation a) {
+    return a == DSGD_AGG_NONE || a == DSGD_AGG_SUM || a == DSGD_AGG_MEAN || a == DSGD_AGG_ONLY_FIRST_REPLICA;
+}
+
+DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a) {
+    switch (a) {
+    case DSGD_AGG_NONE: return "NONE";
+    case DSGD_AGG_SUM: return "SUM";
+    case DSGD_AGG_MEAN: return "MEAN";
+    case DSGD_AGG_ONLY_FIRST_REPLICA: return "ONLY_FIRST_REPLICA";
+    default: return "?";
+    }
+}
+
+DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s) {
+    switch (s) {
+    case DSGD_SYNC_AUTO: return "AUTO";
+    case DSGD_SYNC_NONE: return "NONE";
+    case DSGD_SYNC_ON_WRITE: return "ON_WRITE";
+    case DSGD_SYNC_ON_READ: return "ON_READ";
+    default: return "?";
+    }
+}
+
+DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable, dsgd_aggregation agg,
+                                                   dsgd_synchronization sync) {
+    int i, nv, hit = 0;
+    const char *what = "dsgd_strategy_set_aggregation";
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!variable) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable name is NULL", what);
+    if (sync == DSGD_SYNC_ON_READ)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: model variables are trainable, and ON_READ synchronization is only for "
+                                  "non-trainable variables", what, variable);
+    if (sync != DSGD_SYNC_AUTO && sync != DSGD_SYNC_ON_WRITE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: synchronization %d is not supported under a distribution strategy", what,
+                                  variable, (int)sync);
+    if (!dsgd__agg_valid(agg) || agg == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: a mirrored variable updated in replica context needs an aggregation "
+                                  "(SUM, MEAN or ONLY_FIRST_REPLICA), got %d", what, variable, (int)agg);
+    nv = dsgd_model_num_variables(s->reps[0].model);
+    for (i = 0; i < nv; ++i) {
+        if (!strcmp(variable, "*") || !strcmp(variable, dsgd_model_variable(s->reps[0].model, i)->name)) {
+            s->param_agg[i] = agg;
+            hit = 1;
+        }
+    }
+    if (!hit) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the model has no variable '%s'", what, variable);
+    s->all_mean = 1;
+    for (i = 0; i < nv; ++i) s->all_mean &= s->param_agg[i] == DSGD_AGG_MEAN;
+    return DSGD_OK;
+}
+
+typedef struct dsgd__step_args {
+    const float *x, *y;
+    int count;
+} dsgd__step_args;
+
+/* Scales each variable's gradient slice, computed for the SUM of the
+   replica's losses, to what its aggregation adds up: MEAN 1/global count,
+   SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0 and 0 on
+   the others. */
+static dsgd_result dsgd__replica_prescale(dsgd_replica *r, int global, size_t local) {
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    int i, nv = dsgd_model_num_variables(r->model);
+    dsgd_result res = DSGD_OK;
+    for (i = 0; i < nv && res == DSGD_OK; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(r->model, i);
+        dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
+        float f;
+        switch (r->s->param_agg[i]) {
+        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
+        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
+        default: f = 1.0f / (float)global; break;
+        }
+        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, v->count) : be->scale(be->impl, slice, f, v->count);
+    }
+    return res;
+}
+
+/* All-reduces (SUM) the flat gradient buffer, in place when the backend
+   exposes host memory, through a staging copy otherwise. */
+static dsgd_result dsgd__replica_exchange(dsgd_replica *r) {
+    dsgd_strategy *s = r->s;
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    size_t p = dsgd_model_num_params(r->model), o, bucket;
+    float *host = NULL;
+    dsgd_result res = DSGD_OK;
+    if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
+    if (be->buffer_host_ptr) host = be->buffer_host_ptr(be->impl, g.buf);
+    if (host) {
+        host += g.off;
+    } else {
+        if (!(host = dsgd__replica_stage(r, p))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((res = be->read(be->impl, g, host, p)) != DSGD_OK) return res;
+    }
+    bucket = s->d.bucket_bytes / sizeof(float);
+    if (bucket == 0 || bucket > p) bucket = p;
+    for (o = 0; o < p && res == DSGD_OK; o += bucket)
+        res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    if (res == DSGD_OK && host == r->stage) res = be->write(be->impl, g, host, p);
+    return res;
+}
+
+/* One replica's part of a synchronous training step. */
+static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    dsgd_strategy *s = r->s;
+    dsgd_model *m = r->model;
+    size_t off = 0, len = 0, bad = 0;
+    dsgd_result res;
+    float flag = 0.0f;
+    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
+    r->skipped = 0;
+    r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
+    if (len > 0)
+        res = dsgd_model_compute_gradients(m, a->x + off * (size_t)dsgd_model_input_dim(m),
+                                           a->y + off * (size_t)dsgd_model_target_dim(m), (int)len,
+                                           s->all_mean ? 1.0f / (float)a->count : 1.0f);
+    else
+        res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, dsgd_model_num_params(m));
+    if (res == DSGD_OK) res = r->be.norm_check(r->be.impl, dsgd_model_grads(m), dsgd_model_num_params(m), NULL, &bad);
+    /* agree on the step: 0 go, 1 a non-finite gradient somewhere, 2 + k replica k failed */
+    flag = res != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
+    if (s->n > 1) {
+        dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
+        if (cr != DSGD_OK) {
+            r->comm_failed = 1;
+            return cr;
+        }
+    }
+    if (flag >= 2.0f) {
+        if (res != DSGD_OK) return res;
+        r->own_error = 0;
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "step %lld abandoned: replica %d failed",
+                                  (long long)r->opt->t, (int)flag - 2);
+    }
+    if (flag == 1.0f) {
+        if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
+            r->own_error = bad != 0;
+            return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
+                                      "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
+                                      "every replica stops", (long long)r->opt->t, bad);
+        }
+        r->skipped = 1;
+        return DSGD_OK;
+    }
+    if (!s->all_mean) res = dsgd__replica_prescale(r, a->count, len);
+    if (res == DSGD_OK && s->n > 1) res = dsgd__replica_exchange(r);
+    if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);
+    /* a local failure after the agreement: the others would wait for this
+       replica until their deadline, so stop them now (the strategy is then
+       unusable, as after any failed collective) */
+    if (res != DSGD_OK && !r->comm_failed && s->hub) dsgd_loopback_abort(s->hub);
+    return res;
+}
+
+static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, const float *y, int count,
+                                              int need_y, const char *what) {
+    int max_batch;
+    if (s->broken)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: the strategy is unusable after a failed collective", what);
+    max_batch = s->d.model.max_batch ? s->d.model.max_batch : 256;
+    if (!x || (need_y && !y))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
+    if (count < 1 || (long long)count > (long long)s->n * max_batch)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: global batch of %d outside 1..%lld (replicas x max_batch)", what, count,
+                                  (long long)s->n * max_batch);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y, int count,
+                                              dsgd_step_info *info) {
+    dsgd__step_args a;
+    dsgd_result res;
+    int i;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_batch(s, x, y, count, 1, "dsgd_strategy_train_step")) != DSGD_OK) return res;
+    a.x = x;
+    a.y = y;
+    a.count = count;
+    if (info) {
+        info->step = dsgd_optimizer_steps(s->reps[0].opt);
+        info->count = count;
+    }
+    res = dsgd__strategy_dispatch(s, dsgd__replica_train, &a);
+    if (info) {
+        info->skipped = s->reps[0].skipped;
+        info->lr = s->reps[0].lr;
+        for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
+    }
+    return res;
+}
+
+static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    size_t off = 0, len = 0;
+    dsgd_block_range((size_t)a->count, r->s->n, r->rank, &off, &len);
+    if (len == 0) return DSGD_OK;
+    return dsgd_model_eval_batch(r->model, a->x + off * (size_t)dsgd_model_input_dim(r->model),
+                                 a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL, (int)len);
+}
+
+DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y, int count) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_batch(s, x, y, count, 0, "dsgd_strategy_eval_batch")) != DSGD_OK) return res;
+    a.x = x;
+    a.y = y;
+    a.count = count;
+    return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a);
+}
+
+DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data) {
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!fn) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_run: fn is NULL");
+    if (s->broken)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "dsgd_strategy_run: the strategy is unusable after a failed collective");
+    return dsgd__strategy_dispatch(s, fn, user_data);
+}
+
+/* >>distributed variables -------------------------------------------------- */
+
+static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
+    dsgd__dvar *v;
+    size_t bytes, i;
+    int r;
+    if (s->num_vars == s->cap_vars) {
+        int cap = s->cap_vars ? 2 * s->cap_vars : 16;
+        dsgd__dvar *nv = (dsgd__dvar *)DSGD_REALLOC(s->vars, sizeof(dsgd__dvar) * (size_t)cap);
+        if (!nv) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot grow the variable table");
+        s->vars = nv;
+        s->cap_vars = cap;
+    }
+    if (dsgd__mul_overflows(d->count, (size_t)s->n * sizeof(float), &bytes))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s': %zu floats overflow", d->name, d->count);
+    v = &s->vars[s->num_vars];
+    memset(v, 0, sizeof(*v));
+    v->copies = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_create_variable");
+    if (!v->copies) return DSGD_ERR_OUT_OF_MEMORY;
+    snprintf(v->name, sizeof(v->name), "%s", d->name);
+    v->count = d->count;
+    v->sync = d->synchronization == DSGD_SYNC_ON_READ ? DSGD_SYNC_ON_READ : DSGD_SYNC_ON_WRITE;
+    v->agg = d->aggregation;
+    v->trainable = d->trainable;
+    for (r = 0; r < s->n; ++r)
+        for (i = 0; i < d->count; ++i) v->copies[(size_t)r * d->count + i] = d->initial_value ? d->initial_value[i] : 0.0f;
+    *id = s->num_vars++;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
+    const char *what = "dsgd_strategy_create_variable";
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!d || !id || !d->name || !d->name[0] || d->count == 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: NULL desc or id, empty name or zero count", what);
+    if (dsgd_strategy_find_variable(s, d->name) >= 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
+    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization > (int)DSGD_SYNC_ON_READ)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: '%s': unknown aggregation %d or synchronization %d",
+                                  what, d->name, (int)d->aggregation, (int)d->synchronization);
+    if (d->synchronization == DSGD_SYNC_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': synchronization NONE is not supported under a distribution strategy", what, d->name);
+    if (d->synchronization == DSGD_SYNC_ON_READ && d->trainable)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': ON_READ synchronization is only for non-trainable variables", what, d->name);
+    if (d->synchronization == DSGD_SYNC_ON_READ && d->aggregation == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': an ON_READ variable needs an aggregation (SUM, MEAN or ONLY_FIRST_REPLICA) "
+                                  "to be read across replicas", what, d->name);
+    return dsgd__dvar_add(s, d, id);
+}
+
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name) {
+    int i;
+    if (!s || !name) return -1;
+    for (i = 0; i < s->num_vars; ++i)
+        if (!strcmp(s->vars[i].name, name)) return i;
+    return -1;
+}
+
+static dsgd__dvar *dsgd__dvar_get(dsgd_strategy *s, dsgd_ctx *ctx, int id, const void *buf, const char *what) {
+    if (id < 0 || id >= s->num_vars || !buf) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: no variable %d, or NULL buffer", what, id);
+        return NULL;
+    }
+    return &s->vars[id];
+}
+
+/* Combines the replicas' `value`s of an ON_WRITE variable into out (replica context). */
+static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const float *value, float *out, const char *what) {
+    dsgd_result res = DSGD_OK;
+    if (v->agg == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
+                                  "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
+    memcpy(out, value, sizeof(float) * v->count);
+    if (r->s->n == 1) return DSGD_OK;
+    if (v->agg == DSGD_AGG_ONLY_FIRST_REPLICA)
+        res = dsgd_broadcast(r->comm, out, v->count, 0, 0.0);
+    else
+        res = dsgd_allreduce(r->comm, out, v->count, v->agg == DSGD_AGG_SUM ? DSGD_REDUCE_SUM : DSGD_REDUCE_MEAN,
+                             DSGD_ALLREDUCE_AUTO, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *value, int add, const char *what) {
+    dsgd__dvar *v;
+    float *local, *tmp;
+    size_t i;
+    dsgd_result res;
+    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    local = v->copies + (size_t)r->rank * v->count;
+    if (v->sync == DSGD_SYNC_ON_READ) {
+        tmp = (float *)value;
+    } else {
+        if (!(tmp = dsgd__replica_stage(r, v->count))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((res = dsgd__dvar_combine(r, v, value, tmp, what)) != DSGD_OK) return res;
+    }
+    for (i = 0; i < v->count; ++i) local[i] = add ? local[i] + tmp[i] : tmp[i];
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value) {
+    return dsgd__replica_write(r, id, value, 0, "dsgd_replica_assign");
+}
+
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta) {
+    return dsgd__replica_write(r, id, delta, 1, "dsgd_replica_assign_add");
+}
+
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
+    dsgd__dvar *v;
+    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
+    memcpy(out, v->copies + (size_t)r->rank * v->count, sizeof(float) * v->count);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out) {
+    dsgd__dvar *v;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_local"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (replica < 0 || replica >= s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_read_local: no replica %d", replica);
+    memcpy(out, v->copies + (size_t)replica * v->count, sizeof(float) * v->count);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out) {
+    dsgd__dvar *v;
+    size_t i;
+    int r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (v->sync == DSGD_SYNC_ON_WRITE || v->agg == DSGD_AGG_ONLY_FIRST_REPLICA) {
+        memcpy(out, v->copies, sizeof(float) * v->count);
+        return DSGD_OK;
+    }
+    for (i = 0; i < v->count; ++i) {
+        double acc = 0.0; /* rank order, in double */
+        for (r = 0; r < s->n; ++r) acc += v->copies[(size_t)r * v->count + i];
+        out[i] = (float)(v->agg == DSGD_AGG_MEAN ? acc / s->n : acc);
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value) {
+    dsgd__dvar *v;
+    size_t i;
+    int r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, value, "dsgd_strategy_assign_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
+    for (r = 0; r < s->n; ++r)
+        for (i = 0; i < v->count; ++i)
+            v->copies[(size_t)r * v->count + i] =
+                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->n : value[i];
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot, dsgd_metrics *out) {
+    int r, k;
+    float vals[3];
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out || (slot != DSGD_METRICS_TRAIN && slot != DSGD_METRICS_EVAL))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_take_metrics: bad slot or NULL out");
+    /* move each replica's device-side accumulators into its local copies */
+    for (r = 0; r < s->n; ++r) {
+        dsgd_metrics m;
+        if ((res = dsgd_model_take_metrics(s->reps[r].model, slot, &m)) != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].ctx));
+        vals[0] = (float)m.loss_sum;
+        vals[1] = (float)m.correct;
+        vals[2] = (float)m.count;
+        for (k = 0; k < 3; ++k) s->vars[s->metric_var[slot] + k].copies[r] += vals[k];
+    }
+    /* the cross-replica read (SUM), then reset */
+    for (k = 0; k < 3; ++k) dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k]);
+    out->loss_sum = vals[0];
+    out->correct = vals[1];
+    out->count = vals[2];
+    for (k = 0; k < 3; ++k)
+        for (r = 0; r < s->n; ++r) s->vars[s->metric_var[slot] + k].copies[r] = 0.0f;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__STRATEGY_IMPL */

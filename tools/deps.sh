@@ -6,6 +6,7 @@
 #          (the ICD loader and headers, PoCL, CLBlast, clinfo)
 #   demo   what building the examples needs, plus Debian's dataset-fashion-mnist
 #   bench  the compilers plus OpenBLAS, which bench/ compares against
+#   mpi    the compilers plus OpenMPI, for `make bench-mpi`
 #
 # When every package is installed it only runs dpkg-query (fast, no network).
 # When some are missing:
@@ -18,7 +19,7 @@
 set -eu
 
 usage() {
-    echo "usage: tools/deps.sh test|demo|bench" >&2
+    echo "usage: tools/deps.sh test|demo|bench|mpi" >&2
     exit 2
 }
 
@@ -32,6 +33,7 @@ case "$1" in
 test)  pkgs="$compile_pkgs clang libclang-rt-dev libcmocka-dev $opencl_pkgs clinfo" ;;
 demo)  pkgs="$compile_pkgs $opencl_pkgs dataset-fashion-mnist" ;;
 bench) pkgs="$compile_pkgs libopenblas-dev" ;;
+mpi)   pkgs="$compile_pkgs libopenmpi-dev openmpi-bin" ;;
 *)     usage ;;
 esac
 

@@ -1,0 +1,1136 @@
+/* test_collectives.c - the loopback transport and the collectives.
+
+   Every collective and reduce op for N = 1..8 ranks (one pthread each) at
+   counts {0, 1, N-1, N+1, 1000003}, checked against a serial double-precision
+   computation from the same seeded per-rank inputs; all ranks bitwise
+   identical; same bits run after run and whatever the piece size; a transport
+   with only send/recv gives the same bits as the loopback's zero-copy path;
+   a rank that never calls makes every other rank time out within the
+   deadline, with a message naming it and the sequence number; abort wakes
+   waiters; bad arguments are rejected.
+
+   Worker threads never call cmocka's assertions (they longjmp); they record
+   results that the main thread checks after joining. A watchdog (alarm)
+   ends the program if a test hangs.
+
+   Environment: DSGD_TEST_LARGE=<count> replaces the large count (default
+   1000003, 100003 under ThreadSanitizer, which is ~10x slower). */
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TEST_TSAN 1
+#endif
+#endif
+#ifndef TEST_TSAN
+#define TEST_TSAN 0
+#endif
+
+#define MAXN 8
+#define NUM_ALGOS 6
+static const dsgd_allreduce_algo ALGOS[NUM_ALGOS] = {
+    DSGD_ALLREDUCE_AUTO, DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+    DSGD_ALLREDUCE_REDUCE_BROADCAST, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_DIRECT};
+static const dsgd_reduce_op OPS[4] = {DSGD_REDUCE_SUM, DSGD_REDUCE_MEAN, DSGD_REDUCE_MAX, DSGD_REDUCE_MIN};
+
+static size_t large_count(void) {
+    const char *e = getenv("DSGD_TEST_LARGE");
+    if (e && atol(e) > 0) return (size_t)atol(e);
+    return TEST_TSAN ? 100003 : 1000003;
+}
+
+/* ---------------------------------------------------------------- watchdog */
+
+static void on_alarm(int sig) {
+    static const char msg[] = "test_collectives: watchdog expired, a collective hung\n";
+    (void)sig;
+    if (write(2, msg, sizeof(msg) - 1) < 0) _exit(98);
+    _exit(99);
+}
+
+static void watchdog(unsigned seconds) {
+    signal(SIGALRM, on_alarm);
+    alarm(TEST_TSAN ? seconds * 4 : seconds);
+}
+
+/* ---------------------------------------------------------------- inputs */
+
+/* Input of rank r at element i: uniform in (-scale, scale), the scale
+   varying with r and i so that sums mix magnitudes. */
+static float input_value(uint64_t seed, int r, size_t i) {
+    static const double scale[4] = {1.0, 100.0, 0.01, 3.0};
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(r + 1) << 40) ^ (uint64_t)i;
+    double u = dsgd_rng_uniform(&s);
+    return (float)((2.0 * u - 1.0) * scale[((size_t)r + i) & 3]);
+}
+
+static void fill_inputs(float *buf, uint64_t seed, int r, size_t count) {
+    size_t i;
+    for (i = 0; i < count; ++i) buf[i] = input_value(seed, r, i);
+}
+
+typedef struct ref {
+    size_t count;
+    double *sum, *abs;
+    float *max, *min;
+} ref;
+
+static void ref_compute(ref *rf, uint64_t seed, int n, size_t count) {
+    size_t i;
+    int r;
+    rf->count = count;
+    rf->sum = (double *)calloc(count + 1, sizeof(double));
+    rf->abs = (double *)calloc(count + 1, sizeof(double));
+    rf->max = (float *)malloc((count + 1) * sizeof(float));
+    rf->min = (float *)malloc((count + 1) * sizeof(float));
+    assert_non_null(rf->sum);
+    assert_non_null(rf->abs);
+    assert_non_null(rf->max);
+    assert_non_null(rf->min);
+    for (i = 0; i < count; ++i) {
+        for (r = 0; r < n; ++r) {
+            float x = input_value(seed, r, i);
+            rf->sum[i] += x;
+            rf->abs[i] += fabs(x);
+            if (r == 0 || x > rf->max[i]) rf->max[i] = x;
+            if (r == 0 || x < rf->min[i]) rf->min[i] = x;
+        }
+    }
+}
+
+static void ref_free(ref *rf) {
+    free(rf->sum);
+    free(rf->abs);
+    free(rf->max);
+    free(rf->min);
+}
+
+/* Checks got[lo..hi) against the reference; returns 0 or prints the first
+   mismatch and returns 1. SUM/MEAN: within (N + 2) * FLT_EPSILON * sum|x|
+   (the bound of any summation order, plus the final division); MAX/MIN exact. */
+static int verify(const float *got, const ref *rf, dsgd_reduce_op op, int n, size_t lo, size_t hi,
+                  const char *what) {
+    size_t i;
+    for (i = lo; i < hi; ++i) {
+        double want, tol;
+        switch (op) {
+        case DSGD_REDUCE_MAX: want = rf->max[i]; tol = 0; break;
+        case DSGD_REDUCE_MIN: want = rf->min[i]; tol = 0; break;
+        case DSGD_REDUCE_MEAN:
+            want = rf->sum[i] / n;
+            tol = (n + 2) * FLT_EPSILON * rf->abs[i] / n + 1e-37;
+            break;
+        default:
+            want = rf->sum[i];
+            tol = (n + 2) * FLT_EPSILON * rf->abs[i] + 1e-37;
+            break;
+        }
+        if (!(fabs((double)got[i] - want) <= tol)) {
+            print_error("%s: element %zu = %.9g, want %.9g (tol %.3g), N=%d op=%s\n", what, i, (double)got[i],
+                        want, tol, n, dsgd_reduce_op_name(op));
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- groups */
+
+typedef struct group {
+    int n;
+    dsgd_ctx *main_ctx;
+    dsgd_loopback *hub;
+    dsgd_ctx *ctx[MAXN];
+    dsgd_comm *comm[MAXN];
+    dsgd_transport_i ep[MAXN];
+} group;
+
+/* minimal: strip the endpoints to send/recv, as a plain transport would be. */
+static void group_init(group *g, int n, const dsgd_comm_desc *desc, int minimal) {
+    int r;
+    memset(g, 0, sizeof(*g));
+    g->n = n;
+    assert_int_equal(dsgd_ctx_create(NULL, &g->main_ctx), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(g->main_ctx, n, &g->hub), DSGD_OK);
+    for (r = 0; r < n; ++r) {
+        char label[32];
+        dsgd_ctx_desc cd;
+        memset(&cd, 0, sizeof(cd));
+        snprintf(label, sizeof(label), "replica %d", r);
+        cd.label = label;
+        assert_int_equal(dsgd_ctx_create(&cd, &g->ctx[r]), DSGD_OK);
+        assert_int_equal(dsgd_loopback_endpoint(g->hub, r, &g->ep[r]), DSGD_OK);
+        if (minimal) {
+            g->ep[r].sendrecv = NULL;
+            g->ep[r].sendrecv_reduce = NULL;
+            g->ep[r].set_progress = NULL;
+            g->ep[r].peer_progress = NULL;
+            g->ep[r].share = NULL;
+            g->ep[r].unshare = NULL;
+        }
+        assert_int_equal(dsgd_comm_create(g->ctx[r], &g->ep[r], desc, &g->comm[r]), DSGD_OK);
+    }
+}
+
+static void group_free(group *g) {
+    int r;
+    for (r = 0; r < g->n; ++r) {
+        dsgd_comm_destroy(g->comm[r]);
+        dsgd_ctx_destroy(g->ctx[r]);
+    }
+    dsgd_loopback_destroy(g->hub);
+    dsgd_ctx_destroy(g->main_ctx);
+}
+
+enum { J_ALLREDUCE, J_REDUCE_SCATTER, J_ALLGATHER, J_BROADCAST, J_BARRIER, J_BARRIER_COUNT };
+
+typedef struct job {
+    int kind;
+    dsgd_reduce_op op;
+    dsgd_allreduce_algo algo;
+    int root;
+    double timeout;
+    int skip_rank;        /* this rank never calls; -1: none */
+    size_t count[MAXN];   /* per rank; normally all equal */
+    int rounds;           /* J_BARRIER_COUNT */
+    int late_rank;        /* this rank starts late_s seconds late; -1: none */
+    double late_s;
+    int *counter;         /* J_BARRIER_COUNT: shared */
+} job;
+
+typedef struct worker {
+    group *g;
+    int rank;
+    const job *jb;
+    float *buf;
+    dsgd_result res;
+    double elapsed;
+    char msg[1024];
+    int barrier_bad; /* J_BARRIER_COUNT: rounds where the count was short */
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = (worker *)arg;
+    const job *jb = w->jb;
+    dsgd_comm *c = w->g->comm[w->rank];
+    double t0 = dsgd_now();
+    int k;
+    w->res = DSGD_OK;
+    w->msg[0] = '\0';
+    if (w->rank == jb->skip_rank) return NULL;
+    if (w->rank == jb->late_rank) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)jb->late_s;
+        ts.tv_nsec = (long)((jb->late_s - (double)ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+        t0 = dsgd_now();
+    }
+    switch (jb->kind) {
+    case J_ALLREDUCE:
+        w->res = dsgd_allreduce(c, w->buf, jb->count[w->rank], jb->op, jb->algo, jb->timeout);
+        break;
+    case J_REDUCE_SCATTER:
+        w->res = dsgd_reduce_scatter(c, w->buf, jb->count[w->rank], jb->op, jb->timeout);
+        break;
+    case J_ALLGATHER: w->res = dsgd_allgather(c, w->buf, jb->count[w->rank], jb->timeout); break;
+    case J_BROADCAST: w->res = dsgd_broadcast(c, w->buf, jb->count[w->rank], jb->root, jb->timeout); break;
+    case J_BARRIER: w->res = dsgd_barrier(c, jb->timeout); break;
+    case J_BARRIER_COUNT:
+        for (k = 0; k < jb->rounds && w->res == DSGD_OK; ++k) {
+            __atomic_add_fetch(jb->counter, 1, __ATOMIC_SEQ_CST);
+            w->res = dsgd_barrier(c, jb->timeout);
+            if (__atomic_load_n(jb->counter, __ATOMIC_SEQ_CST) < (k + 1) * w->g->n) w->barrier_bad++;
+        }
+        break;
+    default: break;
+    }
+    w->elapsed = dsgd_now() - t0;
+    if (w->res != DSGD_OK) snprintf(w->msg, sizeof(w->msg), "%s", dsgd_ctx_last_error(w->g->ctx[w->rank]));
+    return NULL;
+}
+
+/* Runs jb on every rank of g, rank r on bufs[r], one thread per rank. */
+static void run_job(group *g, const job *jb, float **bufs, worker *w) {
+    pthread_t th[MAXN];
+    int r;
+    for (r = 0; r < g->n; ++r) {
+        memset(&w[r], 0, sizeof(w[r]));
+        w[r].g = g;
+        w[r].rank = r;
+        w[r].jb = jb;
+        w[r].buf = bufs ? bufs[r] : NULL;
+        assert_int_equal(pthread_create(&th[r], NULL, worker_main, &w[r]), 0);
+    }
+    for (r = 0; r < g->n; ++r) assert_int_equal(pthread_join(th[r], NULL), 0);
+}
+
+static void job_init(job *jb, int kind, size_t count) {
+    int r;
+    memset(jb, 0, sizeof(*jb));
+    jb->kind = kind;
+    jb->skip_rank = -1;
+    jb->late_rank = -1;
+    for (r = 0; r < MAXN; ++r) jb->count[r] = count;
+}
+
+static void assert_all_ok(group *g, worker *w, const char *what) {
+    int r;
+    for (r = 0; r < g->n; ++r) {
+        if (w[r].res != DSGD_OK) print_error("%s: rank %d: %s\n", what, r, w[r].msg);
+        assert_int_equal(w[r].res, DSGD_OK);
+    }
+}
+
+static void assert_ranks_identical(group *g, float **bufs, size_t count, const char *what) {
+    int r;
+    for (r = 1; r < g->n; ++r) {
+        if (count && memcmp(bufs[0], bufs[r], count * sizeof(float)) != 0) {
+            print_error("%s: rank %d differs from rank 0 (N=%d, count %zu)\n", what, r, g->n, count);
+            fail();
+        }
+    }
+}
+
+static float **alloc_bufs(int n, size_t count) {
+    float **b = (float **)calloc((size_t)n, sizeof(float *));
+    int r;
+    assert_non_null(b);
+    for (r = 0; r < n; ++r) {
+        b[r] = (float *)malloc((count + 1) * sizeof(float));
+        assert_non_null(b[r]);
+    }
+    return b;
+}
+
+static void free_bufs(float **b, int n) {
+    int r;
+    for (r = 0; r < n; ++r) free(b[r]);
+    free(b);
+}
+
+/* One all-reduce on g with the given inputs; checks success, the values and
+   that all ranks hold the same bits. Leaves the result in bufs. */
+static void check_allreduce(group *g, float **bufs, const ref *rf, uint64_t seed, size_t count,
+                            dsgd_reduce_op op, dsgd_allreduce_algo algo) {
+    job jb;
+    worker w[MAXN];
+    char what[128];
+    int r;
+    snprintf(what, sizeof(what), "allreduce N=%d count=%zu op=%s algo=%s", g->n, count, dsgd_reduce_op_name(op),
+             dsgd_allreduce_algo_name(algo));
+    for (r = 0; r < g->n; ++r) fill_inputs(bufs[r], seed, r, count);
+    job_init(&jb, J_ALLREDUCE, count);
+    jb.op = op;
+    jb.algo = algo;
+    run_job(g, &jb, bufs, w);
+    assert_all_ok(g, w, what);
+    if (verify(bufs[0], rf, op, g->n, 0, count, what)) fail();
+    assert_ranks_identical(g, bufs, count, what);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void small_counts(int n, size_t *counts, int *num) {
+    int k = 0;
+    counts[k++] = 0;
+    counts[k++] = 1;
+    if (n > 2) counts[k++] = (size_t)n - 1;
+    counts[k++] = (size_t)n + 1;
+    counts[k++] = 1000; /* several blocks, one eager message each */
+    *num = k;
+}
+
+/* Every op and algorithm at small counts, for N = 1..8. */
+static void test_allreduce_small(void **state) {
+    int n;
+    (void)state;
+    watchdog(120);
+    for (n = 1; n <= MAXN; ++n) {
+        group g;
+        size_t counts[8];
+        int nc, ci, oi, ai;
+        group_init(&g, n, NULL, 0);
+        small_counts(n, counts, &nc);
+        for (ci = 0; ci < nc; ++ci) {
+            ref rf;
+            float **bufs = alloc_bufs(n, counts[ci]);
+            uint64_t seed = 100 + (uint64_t)n * 10 + (uint64_t)ci;
+            ref_compute(&rf, seed, n, counts[ci]);
+            for (oi = 0; oi < 4; ++oi)
+                for (ai = 0; ai < NUM_ALGOS; ++ai) check_allreduce(&g, bufs, &rf, seed, counts[ci], OPS[oi], ALGOS[ai]);
+            ref_free(&rf);
+            free_bufs(bufs, n);
+        }
+        /* every rank counted the same collectives */
+        for (oi = 0; oi < n; ++oi) assert_int_equal(dsgd_comm_seq(g.comm[oi]), (uint64_t)(nc * 4 * NUM_ALGOS));
+        group_free(&g);
+    }
+    alarm(0);
+}
+
+/* The large count with every algorithm: SUM, and one other op per N (each
+   op is covered at a count not divisible by N). Small pieces for some N so
+   that many pieces and both eager and rendezvous messages are exercised. */
+static void test_allreduce_large(void **state) {
+    size_t count = large_count();
+    int n;
+    (void)state;
+    watchdog(300);
+    for (n = 1; n <= MAXN; ++n) {
+        group g;
+        dsgd_comm_desc desc;
+        ref rf;
+        float **bufs = alloc_bufs(n, count);
+        uint64_t seed = 7000 + (uint64_t)n;
+        int ai;
+        dsgd_reduce_op other = OPS[1 + n % 3];
+        memset(&desc, 0, sizeof(desc));
+        desc.piece_bytes = n % 2 ? 0 : 16 * 1024;
+        group_init(&g, n, &desc, 0);
+        ref_compute(&rf, seed, n, count);
+        for (ai = 0; ai < NUM_ALGOS; ++ai) {
+            check_allreduce(&g, bufs, &rf, seed, count, DSGD_REDUCE_SUM, ALGOS[ai]);
+            check_allreduce(&g, bufs, &rf, seed, count, other, ALGOS[ai]);
+        }
+        ref_free(&rf);
+        free_bufs(bufs, n);
+        group_free(&g);
+    }
+    alarm(0);
+}
+
+/* Same inputs twice give the same bits; the piece size does not change the
+   bits; a transport with only send/recv (no zero-copy, no sendrecv) gives
+   the same bits as the loopback's own paths. */
+static void test_allreduce_deterministic(void **state) {
+    static const int ns[3] = {3, 4, 5};
+    size_t count = TEST_TSAN ? 50003 : 300007;
+    int ni;
+    (void)state;
+    watchdog(300);
+    for (ni = 0; ni < 3; ++ni) {
+        int n = ns[ni], ai, oi, r;
+        group big, small, minimal;
+        dsgd_comm_desc dsmall;
+        ref rf;
+        uint64_t seed = 31337 + (uint64_t)n;
+        float **a = alloc_bufs(n, count), **b = alloc_bufs(n, count);
+        memset(&dsmall, 0, sizeof(dsmall));
+        dsmall.piece_bytes = 4096;
+        group_init(&big, n, NULL, 0);
+        group_init(&small, n, &dsmall, 0);
+        group_init(&minimal, n, NULL, 1);
+        ref_compute(&rf, seed, n, count);
+        for (ai = 1; ai < NUM_ALGOS; ++ai) {
+            for (oi = 0; oi < 2; ++oi) {
+                dsgd_reduce_op op = OPS[oi];
+                char what[96];
+                snprintf(what, sizeof(what), "N=%d %s %s", n, dsgd_allreduce_algo_name(ALGOS[ai]),
+                         dsgd_reduce_op_name(op));
+                check_allreduce(&big, a, &rf, seed, count, op, ALGOS[ai]);
+                check_allreduce(&big, b, &rf, seed, count, op, ALGOS[ai]);
+                if (memcmp(a[0], b[0], count * sizeof(float)) != 0) {
+                    print_error("%s: two runs differ\n", what);
+                    fail();
+                }
+                check_allreduce(&small, b, &rf, seed, count, op, ALGOS[ai]);
+                if (memcmp(a[0], b[0], count * sizeof(float)) != 0) {
+                    print_error("%s: 4 KiB pieces give other bits than 256 KiB pieces\n", what);
+                    fail();
+                }
+                if (ALGOS[ai] == DSGD_ALLREDUCE_DIRECT) continue; /* needs shared memory */
+                check_allreduce(&minimal, b, &rf, seed, count, op, ALGOS[ai]);
+                if (memcmp(a[0], b[0], count * sizeof(float)) != 0) {
+                    print_error("%s: the send/recv-only transport gives other bits\n", what);
+                    fail();
+                }
+            }
+        }
+        /* the minimal transport also handles small counts and the other collectives */
+        for (r = 0; r < 2; ++r) {
+            size_t c2 = r ? 1 : (size_t)n + 1;
+            ref r2;
+            ref_compute(&r2, seed + 1, n, c2);
+            for (ai = 0; ai < NUM_ALGOS; ++ai)
+                if (ALGOS[ai] != DSGD_ALLREDUCE_DIRECT)
+                    check_allreduce(&minimal, a, &r2, seed + 1, c2, DSGD_REDUCE_MAX, ALGOS[ai]);
+            ref_free(&r2);
+        }
+        /* DIRECT without the shared-memory hooks: unsupported, said so, no hang */
+        {
+            job jb;
+            worker w[MAXN];
+            job_init(&jb, J_ALLREDUCE, count);
+            jb.algo = DSGD_ALLREDUCE_DIRECT;
+            run_job(&minimal, &jb, a, w);
+            for (r = 0; r < n; ++r) {
+                assert_int_equal(w[r].res, DSGD_ERR_UNSUPPORTED);
+                assert_non_null(strstr(w[r].msg, "cannot share memory"));
+            }
+        }
+        ref_free(&rf);
+        free_bufs(a, n);
+        free_bufs(b, n);
+        group_free(&big);
+        group_free(&small);
+        group_free(&minimal);
+    }
+    alarm(0);
+}
+
+/* Reduce-scatter: each rank's block (first count % N ranks one longer) holds
+   the reduction; at the large count its bits equal the ring all-reduce's. */
+static void test_reduce_scatter(void **state) {
+    int n;
+    (void)state;
+    watchdog(300);
+    for (n = 1; n <= MAXN; ++n) {
+        group g;
+        size_t counts[8], big = large_count();
+        int nc, ci, oi, r;
+        group_init(&g, n, NULL, 0);
+        small_counts(n, counts, &nc);
+        counts[nc++] = big;
+        for (ci = 0; ci < nc; ++ci) {
+            size_t count = counts[ci];
+            ref rf;
+            float **bufs = alloc_bufs(n, count);
+            uint64_t seed = 500 + (uint64_t)n * 10 + (uint64_t)ci;
+            ref_compute(&rf, seed, n, count);
+            for (oi = 0; oi < 4; ++oi) {
+                job jb;
+                worker w[MAXN];
+                char what[96];
+                dsgd_reduce_op op = OPS[oi];
+                if (count == big && oi > 1) break; /* SUM and MEAN at the large count */
+                snprintf(what, sizeof(what), "reduce_scatter N=%d count=%zu op=%s", n, count, dsgd_reduce_op_name(op));
+                for (r = 0; r < n; ++r) fill_inputs(bufs[r], seed, r, count);
+                job_init(&jb, J_REDUCE_SCATTER, count);
+                jb.op = op;
+                run_job(&g, &jb, bufs, w);
+                assert_all_ok(&g, w, what);
+                for (r = 0; r < n; ++r) {
+                    size_t off, len;
+                    dsgd_block_range(count, n, r, &off, &len);
+                    assert_int_equal(len, count / (size_t)n + ((size_t)r < count % (size_t)n));
+                    if (verify(bufs[r], &rf, op, n, off, off + len, what)) fail();
+                }
+                if (count == big) {
+                    float **ar = alloc_bufs(n, count);
+                    check_allreduce(&g, ar, &rf, seed, count, op, DSGD_ALLREDUCE_RING);
+                    for (r = 0; r < n; ++r) {
+                        size_t off, len;
+                        dsgd_block_range(count, n, r, &off, &len);
+                        if (len && memcmp(ar[0] + off, bufs[r] + off, len * sizeof(float)) != 0) {
+                            print_error("%s: rank %d's block differs from the ring all-reduce\n", what, r);
+                            fail();
+                        }
+                    }
+                    free_bufs(ar, n);
+                }
+            }
+            ref_free(&rf);
+            free_bufs(bufs, n);
+        }
+        group_free(&g);
+    }
+    alarm(0);
+}
+
+/* All-gather: rank r contributes its block; everyone ends with all blocks. */
+static void test_allgather(void **state) {
+    int n;
+    (void)state;
+    watchdog(300);
+    for (n = 1; n <= MAXN; ++n) {
+        group g;
+        size_t counts[8];
+        int nc, ci, r;
+        group_init(&g, n, NULL, 0);
+        small_counts(n, counts, &nc);
+        counts[nc++] = large_count();
+        for (ci = 0; ci < nc; ++ci) {
+            size_t count = counts[ci], i;
+            float **bufs = alloc_bufs(n, count);
+            job jb;
+            worker w[MAXN];
+            char what[96];
+            snprintf(what, sizeof(what), "allgather N=%d count=%zu", n, count);
+            for (r = 0; r < n; ++r) {
+                size_t off, len;
+                dsgd_block_range(count, n, r, &off, &len);
+                for (i = 0; i < count; ++i) bufs[r][i] = -12345.0f; /* not this rank's data */
+                for (i = off; i < off + len; ++i) bufs[r][i] = input_value(900, r, i);
+            }
+            job_init(&jb, J_ALLGATHER, count);
+            run_job(&g, &jb, bufs, w);
+            assert_all_ok(&g, w, what);
+            for (r = 0; r < n; ++r) {
+                int b;
+                for (b = 0; b < n; ++b) {
+                    size_t off, len;
+                    dsgd_block_range(count, n, b, &off, &len);
+                    for (i = off; i < off + len; ++i) {
+                        if (bufs[r][i] != input_value(900, b, i)) {
+                            print_error("%s: rank %d element %zu of block %d wrong\n", what, r, i, b);
+                            fail();
+                        }
+                    }
+                }
+            }
+            free_bufs(bufs, n);
+        }
+        group_free(&g);
+    }
+    alarm(0);
+}
+
+/* Broadcast from every root at small counts, and from the last rank at the
+   large count. */
+static void test_broadcast(void **state) {
+    int n;
+    (void)state;
+    watchdog(300);
+    for (n = 1; n <= MAXN; ++n) {
+        group g;
+        size_t counts[8];
+        int nc, ci, r, root;
+        group_init(&g, n, NULL, 0);
+        small_counts(n, counts, &nc);
+        counts[nc++] = large_count();
+        for (ci = 0; ci < nc; ++ci) {
+            size_t count = counts[ci], i;
+            float **bufs = alloc_bufs(n, count);
+            for (root = ci == nc - 1 ? n - 1 : 0; root < n; ++root) {
+                job jb;
+                worker w[MAXN];
+                char what[96];
+                snprintf(what, sizeof(what), "broadcast N=%d count=%zu root=%d", n, count, root);
+                for (r = 0; r < n; ++r)
+                    for (i = 0; i < count; ++i) bufs[r][i] = r == root ? input_value(77, root, i) : -1.0f;
+                job_init(&jb, J_BROADCAST, count);
+                jb.root = root;
+                run_job(&g, &jb, bufs, w);
+                assert_all_ok(&g, w, what);
+                for (r = 0; r < n; ++r) {
+                    for (i = 0; i < count; ++i) {
+                        if (bufs[r][i] != input_value(77, root, i)) {
+                            print_error("%s: rank %d element %zu wrong\n", what, r, i);
+                            fail();
+                        }
+                    }
+                }
+            }
+            free_bufs(bufs, n);
+        }
+        group_free(&g);
+    }
+    alarm(0);
+}
+
+/* Barrier: after round k's barrier every rank has counted round k. */
+static void test_barrier(void **state) {
+    int n;
+    (void)state;
+    watchdog(120);
+    for (n = 1; n <= MAXN; ++n) {
+        group g;
+        job jb;
+        worker w[MAXN];
+        int counter = 0, r;
+        group_init(&g, n, NULL, 0);
+        job_init(&jb, J_BARRIER_COUNT, 0);
+        jb.rounds = 50;
+        jb.counter = &counter;
+        run_job(&g, &jb, NULL, w);
+        assert_all_ok(&g, w, "barrier");
+        for (r = 0; r < n; ++r) assert_int_equal(w[r].barrier_bad, 0);
+        assert_int_equal(counter, 50 * n);
+        for (r = 0; r < n; ++r) assert_int_equal(dsgd_comm_seq(g.comm[r]), 50);
+        group_free(&g);
+    }
+    alarm(0);
+}
+
+/* MAX and MIN propagate a NaN from any rank, identically on every rank. */
+static void test_nan_propagates(void **state) {
+    int ai, oi, r;
+    size_t count = 1000, i;
+    group g;
+    float **bufs;
+    (void)state;
+    watchdog(60);
+    group_init(&g, 3, NULL, 0);
+    bufs = alloc_bufs(3, count);
+    for (oi = 2; oi < 4; ++oi) {
+        for (ai = 0; ai < NUM_ALGOS; ++ai) {
+            job jb;
+            worker w[MAXN];
+            for (r = 0; r < 3; ++r) fill_inputs(bufs[r], 5, r, count);
+            bufs[1][17] = NAN;
+            bufs[2][999] = NAN;
+            job_init(&jb, J_ALLREDUCE, count);
+            jb.op = OPS[oi];
+            jb.algo = ALGOS[ai];
+            run_job(&g, &jb, bufs, w);
+            assert_all_ok(&g, w, "nan");
+            for (r = 0; r < 3; ++r) {
+                assert_true(isnan(bufs[r][17]));
+                assert_true(isnan(bufs[r][999]));
+                for (i = 18; i < 999; ++i) assert_false(isnan(bufs[r][i]));
+            }
+            assert_ranks_identical(&g, bufs, count, "nan");
+        }
+    }
+    free_bufs(bufs, 3);
+    group_free(&g);
+    alarm(0);
+}
+
+/* A rank that never calls: every other rank returns DSGD_ERR_TIMEOUT within
+   the deadline plus a margin, with a message naming the missing rank and the
+   collective's sequence number; the communicator is unusable afterwards. */
+static void timeout_case(int n, int skip, int kind, dsgd_allreduce_algo algo, size_t count, int minimal) {
+    group g;
+    job jb;
+    worker w[MAXN];
+    float **bufs = alloc_bufs(n, count);
+    char want_rank[32];
+    int r;
+    group_init(&g, n, NULL, minimal);
+    /* collective #1 succeeds, so the failing one is #2 */
+    job_init(&jb, J_BARRIER, 0);
+    run_job(&g, &jb, NULL, w);
+    assert_all_ok(&g, w, "barrier before the timeout");
+    job_init(&jb, kind, count);
+    jb.algo = algo;
+    jb.op = DSGD_REDUCE_SUM;
+    jb.timeout = 0.3;
+    jb.skip_rank = skip;
+    for (r = 0; r < n; ++r) fill_inputs(bufs[r], 3, r, count);
+    run_job(&g, &jb, bufs, w);
+    snprintf(want_rank, sizeof(want_rank), "rank %d", skip);
+    for (r = 0; r < n; ++r) {
+        if (r == skip) continue;
+        if (w[r].res != DSGD_ERR_TIMEOUT || w[r].elapsed >= 2.0 || (!minimal && !strstr(w[r].msg, want_rank)) ||
+            !strstr(w[r].msg, "#2") || !strstr(w[r].msg, "timed out"))
+            print_error("timeout N=%d skip=%d kind=%d algo=%s: rank %d res %d after %.3f s: '%s'\n", n, skip, kind,
+                        dsgd_allreduce_algo_name(algo), r, (int)w[r].res, w[r].elapsed, w[r].msg);
+        assert_int_equal(w[r].res, DSGD_ERR_TIMEOUT);
+        assert_true(w[r].elapsed >= 0.29);
+        assert_true(w[r].elapsed < 2.0);
+        assert_non_null(strstr(w[r].msg, "timed out"));
+        assert_non_null(strstr(w[r].msg, "#2"));
+        /* the loopback names the missing rank even to ranks that waited for
+           another one; a send/recv-only transport names the rank waited for */
+        if (!minimal) assert_non_null(strstr(w[r].msg, want_rank));
+        assert_int_equal(dsgd_comm_seq(g.comm[r]), 2);
+        /* unusable afterwards, and says so */
+        assert_int_equal(dsgd_barrier(g.comm[r], 0.1), DSGD_ERR_STATE);
+        assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[r]), "#2"));
+    }
+    free_bufs(bufs, n);
+    group_free(&g);
+}
+
+static void test_timeout_missing_rank(void **state) {
+    size_t large = TEST_TSAN ? 100003 : 300007;
+    int ai;
+    (void)state;
+    watchdog(120);
+    for (ai = 0; ai < NUM_ALGOS; ++ai) {
+        timeout_case(4, 3, J_ALLREDUCE, ALGOS[ai], 1000, 0);
+        timeout_case(5, 0, J_ALLREDUCE, ALGOS[ai], 1000, 0);
+    }
+    /* rendezvous messages posted when the deadline passes are withdrawn */
+    timeout_case(4, 3, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 0);
+    timeout_case(3, 1, J_ALLREDUCE, DSGD_ALLREDUCE_HALVING_DOUBLING, large, 0);
+    timeout_case(2, 1, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 0);
+    timeout_case(4, 2, J_REDUCE_SCATTER, DSGD_ALLREDUCE_AUTO, 1000, 0);
+    timeout_case(4, 2, J_ALLGATHER, DSGD_ALLREDUCE_AUTO, 1000, 0);
+    timeout_case(4, 0, J_BROADCAST, DSGD_ALLREDUCE_AUTO, 1000, 0);
+    timeout_case(6, 4, J_BARRIER, DSGD_ALLREDUCE_AUTO, 0, 0);
+    /* through the send/recv-only path */
+    timeout_case(4, 3, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 1);
+    timeout_case(2, 0, J_ALLREDUCE, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 1000, 1);
+    alarm(0);
+}
+
+/* A rank that arrives after the others gave up: everyone times out and, for
+   DIRECT, nobody's buffer is touched (a withdrawn buffer is never written). */
+static void test_late_rank(void **state) {
+    size_t count = 50000, i;
+    int ai, r;
+    (void)state;
+    watchdog(60);
+    for (ai = 1; ai < NUM_ALGOS; ++ai) {
+        group g;
+        job jb;
+        worker w[MAXN];
+        float **bufs = alloc_bufs(3, count);
+        group_init(&g, 3, NULL, 0);
+        job_init(&jb, J_ALLREDUCE, count);
+        jb.algo = ALGOS[ai];
+        jb.timeout = 0.2;
+        jb.late_rank = 2;
+        jb.late_s = 0.5;
+        for (r = 0; r < 3; ++r) fill_inputs(bufs[r], 11, r, count);
+        run_job(&g, &jb, bufs, w);
+        for (r = 0; r < 3; ++r) {
+            /* the punctual ranks time out; the late one times out too, or
+               finds a message its sender withdrew when it gave up */
+            int ok = r < 2 ? w[r].res == DSGD_ERR_TIMEOUT
+                           : (w[r].res == DSGD_ERR_TIMEOUT || w[r].res == DSGD_ERR_STATE);
+            if (!ok)
+                print_error("late %s: rank %d res %d '%s'\n", dsgd_allreduce_algo_name(ALGOS[ai]), r, (int)w[r].res,
+                            w[r].msg);
+            assert_true(ok);
+            assert_true(w[r].elapsed < 2.0);
+            assert_non_null(strstr(w[r].msg, "allreduce #1"));
+        }
+        if (ALGOS[ai] == DSGD_ALLREDUCE_DIRECT)
+            for (r = 0; r < 3; ++r)
+                for (i = 0; i < count; ++i) assert_true(bufs[r][i] == input_value(11, r, i));
+        free_bufs(bufs, 3);
+        group_free(&g);
+    }
+    alarm(0);
+}
+
+/* Different counts on different ranks: an error on every rank, no hang. */
+static void test_mismatched_counts(void **state) {
+    group g;
+    job jb;
+    worker w[MAXN];
+    float **bufs = alloc_bufs(2, 300000);
+    (void)state;
+    watchdog(60);
+    group_init(&g, 2, NULL, 0);
+    job_init(&jb, J_ALLREDUCE, 1000);
+    jb.count[1] = 2000;
+    jb.algo = DSGD_ALLREDUCE_RING;
+    jb.timeout = 1.0;
+    fill_inputs(bufs[0], 1, 0, 2000);
+    fill_inputs(bufs[1], 1, 1, 2000);
+    run_job(&g, &jb, bufs, w);
+    assert_int_not_equal(w[0].res, DSGD_OK);
+    assert_int_not_equal(w[1].res, DSGD_OK);
+    assert_true(w[0].elapsed < 3.0 && w[1].elapsed < 3.0);
+    assert_non_null(strstr(w[0].msg, "allreduce #1 (ring)"));
+    group_free(&g);
+    free_bufs(bufs, 2);
+    alarm(0);
+}
+
+/* dsgd_loopback_abort wakes every waiter long before its deadline. */
+static void abort_case(dsgd_allreduce_algo algo) {
+    group g;
+    job jb;
+    worker w[MAXN];
+    float **bufs = alloc_bufs(3, 100000);
+    pthread_t th[2];
+    int r;
+    group_init(&g, 3, NULL, 0);
+    job_init(&jb, J_ALLREDUCE, 100000);
+    jb.algo = algo;
+    jb.timeout = 20.0;
+    for (r = 0; r < 2; ++r) {
+        memset(&w[r], 0, sizeof(w[r]));
+        w[r].g = &g;
+        w[r].rank = r;
+        w[r].jb = &jb;
+        w[r].buf = bufs[r];
+        fill_inputs(bufs[r], 2, r, 100000);
+        assert_int_equal(pthread_create(&th[r], NULL, worker_main, &w[r]), 0);
+    }
+    {
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_false(dsgd_loopback_aborted(g.hub));
+    dsgd_loopback_abort(g.hub);
+    assert_true(dsgd_loopback_aborted(g.hub));
+    for (r = 0; r < 2; ++r) assert_int_equal(pthread_join(th[r], NULL), 0);
+    for (r = 0; r < 2; ++r) {
+        if (w[r].res != DSGD_ERR_STATE || !strstr(w[r].msg, "abort"))
+            print_error("abort %s: rank %d res %d: '%s'\n", dsgd_allreduce_algo_name(algo), r, (int)w[r].res,
+                        w[r].msg);
+        assert_int_equal(w[r].res, DSGD_ERR_STATE);
+        assert_true(w[r].elapsed < 5.0);
+        assert_non_null(strstr(w[r].msg, "abort"));
+    }
+    /* later calls fail at once */
+    assert_int_equal(dsgd_barrier(g.comm[2], 5.0), DSGD_ERR_STATE);
+    free_bufs(bufs, 3);
+    group_free(&g);
+}
+
+static void test_abort_wakes_waiters(void **state) {
+    (void)state;
+    watchdog(60);
+    abort_case(DSGD_ALLREDUCE_RING);
+    abort_case(DSGD_ALLREDUCE_DIRECT);
+    alarm(0);
+}
+
+/* A native allreduce hook replaces AUTO; explicit algorithms still run the
+   library's code; a native failure is reported with the sequence number. */
+static int native_calls;
+static dsgd_result fake_native(void *impl, float *buf, size_t count, dsgd_reduce_op op, double deadline) {
+    size_t i;
+    (void)impl;
+    (void)op;
+    (void)deadline;
+    ++native_calls;
+    if (count == 7) return DSGD_ERR_TIMEOUT;
+    for (i = 0; i < count; ++i) buf[i] = 42.0f;
+    return DSGD_OK;
+}
+
+static void test_native_hook(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub;
+    dsgd_transport_i t;
+    dsgd_comm *c;
+    float buf[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    (void)state;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(ctx, 2, &hub), DSGD_OK);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 0, &t), DSGD_OK);
+    t.allreduce = fake_native;
+    assert_int_equal(dsgd_comm_create(ctx, &t, NULL, &c), DSGD_OK);
+    assert_int_equal(dsgd_allreduce_choose(c, 8), DSGD_ALLREDUCE_AUTO);
+    native_calls = 0;
+    assert_int_equal(dsgd_allreduce(c, buf, 8, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0), DSGD_OK);
+    assert_int_equal(native_calls, 1);
+    assert_true(buf[0] == 42.0f && buf[7] == 42.0f);
+    /* an explicit algorithm does not use the hook: with no peer it times out */
+    assert_int_equal(dsgd_allreduce(c, buf, 8, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0.05), DSGD_ERR_TIMEOUT);
+    assert_int_equal(native_calls, 1);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "allreduce #2 (ring): rank 0 timed out waiting for rank 1"));
+    dsgd_comm_destroy(c);
+    assert_int_equal(dsgd_comm_create(ctx, &t, NULL, &c), DSGD_OK);
+    assert_int_equal(dsgd_allreduce(c, buf, 7, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0), DSGD_ERR_TIMEOUT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "allreduce #1 (native)"));
+    dsgd_comm_destroy(c);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* N = 1: every collective returns at once with the input unchanged (MEAN
+   divides by 1). */
+static void test_single_rank(void **state) {
+    group g;
+    float buf[5] = {1.5f, -2.0f, 3.25f, 0.0f, 1e30f}, orig[5];
+    int ai, oi;
+    (void)state;
+    memcpy(orig, buf, sizeof(buf));
+    group_init(&g, 1, NULL, 0);
+    for (ai = 0; ai < NUM_ALGOS; ++ai)
+        for (oi = 0; oi < 4; ++oi)
+            assert_int_equal(dsgd_allreduce(g.comm[0], buf, 5, OPS[oi], ALGOS[ai], 0), DSGD_OK);
+    assert_int_equal(dsgd_reduce_scatter(g.comm[0], buf, 5, DSGD_REDUCE_MEAN, 0), DSGD_OK);
+    assert_int_equal(dsgd_allgather(g.comm[0], buf, 5, 0), DSGD_OK);
+    assert_int_equal(dsgd_broadcast(g.comm[0], buf, 5, 0, 0), DSGD_OK);
+    assert_int_equal(dsgd_barrier(g.comm[0], 0), DSGD_OK);
+    assert_memory_equal(buf, orig, sizeof(buf));
+    assert_int_equal(dsgd_comm_rank(g.comm[0]), 0);
+    assert_int_equal(dsgd_comm_size(g.comm[0]), 1);
+    assert_int_equal(dsgd_comm_seq(g.comm[0]), NUM_ALGOS * 4 + 4);
+    assert_ptr_equal(dsgd_comm_ctx(g.comm[0]), g.ctx[0]);
+    group_free(&g);
+}
+
+static void test_block_range(void **state) {
+    size_t off, len, total;
+    int n, b;
+    (void)state;
+    dsgd_block_range(10, 4, 0, &off, &len);
+    assert_true(off == 0 && len == 3);
+    dsgd_block_range(10, 4, 1, &off, &len);
+    assert_true(off == 3 && len == 3);
+    dsgd_block_range(10, 4, 2, &off, &len);
+    assert_true(off == 6 && len == 2);
+    dsgd_block_range(10, 4, 3, &off, &len);
+    assert_true(off == 8 && len == 2);
+    dsgd_block_range(10, 4, 4, &off, &len);
+    assert_true(off == 0 && len == 0);
+    dsgd_block_range(10, 0, 0, &off, &len);
+    assert_true(off == 0 && len == 0);
+    for (n = 1; n <= 9; ++n) {
+        size_t expect_off = 0;
+        total = 0;
+        for (b = 0; b < n; ++b) {
+            dsgd_block_range(1000003, n, b, &off, &len);
+            assert_int_equal(off, expect_off);
+            expect_off += len;
+            total += len;
+        }
+        assert_int_equal(total, 1000003);
+    }
+}
+
+/* Bad arguments: the error code, a message, and no sequence number spent. */
+static void test_bad_arguments(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub;
+    dsgd_transport_i t, bad;
+    dsgd_comm *c;
+    dsgd_comm_desc desc;
+    float buf[4] = {0};
+    (void)state;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+
+    hub = (dsgd_loopback *)&buf; /* must be overwritten */
+    assert_int_equal(dsgd_loopback_create(ctx, 0, &hub), DSGD_ERR_INVALID_ARGUMENT);
+    assert_null(hub);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "0 ranks"));
+    assert_int_equal(dsgd_loopback_create(ctx, -3, &hub), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_loopback_create(ctx, 2, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_loopback_create(NULL, 2, &hub), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_loopback_create(ctx, 2, &hub), DSGD_OK);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 2, &t), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "rank 2"));
+    assert_int_equal(dsgd_loopback_endpoint(hub, -1, &t), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 0, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_loopback_endpoint(NULL, 0, &t), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 0, &t), DSGD_OK);
+    assert_int_equal(t.rank, 0);
+    assert_int_equal(t.size, 2);
+    assert_string_equal(t.name, "loopback");
+
+    /* transport-level checks */
+    assert_int_equal(t.send(t.impl, 0, 1, buf, 4, dsgd_now() + 1), DSGD_ERR_INVALID_ARGUMENT); /* to itself */
+    assert_int_equal(t.recv(t.impl, 5, 1, buf, 4, dsgd_now() + 1), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(t.error_message(t.impl), "invalid peer"));
+
+    /* comm_create */
+    assert_int_equal(dsgd_comm_create(ctx, NULL, NULL, &c), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_comm_create(ctx, &t, NULL, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_comm_create(NULL, &t, NULL, &c), DSGD_ERR_INVALID_ARGUMENT);
+    bad = t;
+    bad.size = 0;
+    assert_int_equal(dsgd_comm_create(ctx, &bad, NULL, &c), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "size 0"));
+    bad = t;
+    bad.rank = 2;
+    assert_int_equal(dsgd_comm_create(ctx, &bad, NULL, &c), DSGD_ERR_INVALID_ARGUMENT);
+    bad = t;
+    bad.recv = NULL;
+    assert_int_equal(dsgd_comm_create(ctx, &bad, NULL, &c), DSGD_ERR_INVALID_ARGUMENT);
+    memset(&desc, 0, sizeof(desc));
+    desc.timeout_s = -1;
+    assert_int_equal(dsgd_comm_create(ctx, &t, &desc, &c), DSGD_ERR_INVALID_ARGUMENT);
+    desc.timeout_s = NAN;
+    assert_int_equal(dsgd_comm_create(ctx, &t, &desc, &c), DSGD_ERR_INVALID_ARGUMENT);
+    assert_null(c);
+
+    desc.timeout_s = 0.05;
+    assert_int_equal(dsgd_comm_create(ctx, &t, &desc, &c), DSGD_OK);
+    /* collectives */
+    assert_int_equal(dsgd_allreduce(NULL, buf, 4, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allreduce(c, NULL, 4, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "buf is NULL"));
+    assert_int_equal(dsgd_allreduce(c, buf, 4, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, -1.0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "timeout"));
+    assert_int_equal(dsgd_allreduce(c, buf, 4, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, NAN), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allreduce(c, buf, 4, (dsgd_reduce_op)9, DSGD_ALLREDUCE_AUTO, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allreduce(c, buf, 4, (dsgd_reduce_op)-1, DSGD_ALLREDUCE_AUTO, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allreduce(c, buf, 4, DSGD_REDUCE_SUM, (dsgd_allreduce_algo)17, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "unknown algorithm"));
+    assert_int_equal(dsgd_reduce_scatter(c, NULL, 4, DSGD_REDUCE_SUM, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_reduce_scatter(NULL, buf, 4, DSGD_REDUCE_SUM, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allgather(c, NULL, 4, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allgather(c, buf, 4, -0.5), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_broadcast(c, buf, 4, 2, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "root 2"));
+    assert_int_equal(dsgd_broadcast(c, buf, 4, -1, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_barrier(c, -2), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_barrier(NULL, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_comm_seq(c), 0); /* nothing started */
+    /* count 0 with a NULL buffer is fine (and starts a collective) */
+    assert_int_equal(dsgd_allreduce(c, NULL, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0), DSGD_OK);
+    assert_int_equal(dsgd_comm_seq(c), 1);
+    /* the default timeout from the desc applies (0.05 s, no peer) */
+    {
+        double t0 = dsgd_now();
+        assert_int_equal(dsgd_barrier(c, 0), DSGD_ERR_TIMEOUT);
+        assert_true(dsgd_now() - t0 < 1.0);
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "barrier #2: rank 0 timed out waiting for rank 1 after 0.05 s"));
+    }
+    assert_null(dsgd_comm_ctx(NULL));
+    assert_int_equal(dsgd_comm_size(NULL), 0);
+    assert_string_equal(dsgd_reduce_op_name(DSGD_REDUCE_MEAN), "mean");
+    assert_string_equal(dsgd_allreduce_algo_name(DSGD_ALLREDUCE_HALVING_DOUBLING), "halving_doubling");
+    dsgd_comm_destroy(c);
+    dsgd_comm_destroy(NULL);
+    dsgd_loopback_abort(NULL);
+    dsgd_loopback_destroy(hub);
+    dsgd_loopback_destroy(NULL);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* AUTO's documented choices. */
+static void test_auto_choice(void **state) {
+    group g2, g3, m2, m3;
+    (void)state;
+    group_init(&g2, 2, NULL, 0);
+    group_init(&g3, 3, NULL, 0);
+    group_init(&m2, 2, NULL, 1);
+    group_init(&m3, 3, NULL, 1);
+    /* the loopback shares memory */
+    assert_int_equal(dsgd_allreduce_choose(g2.comm[0], 1024), DSGD_ALLREDUCE_DIRECT);
+    assert_int_equal(dsgd_allreduce_choose(g3.comm[0], 16 * 1024 * 1024), DSGD_ALLREDUCE_DIRECT);
+    /* message passing only */
+    assert_int_equal(dsgd_allreduce_choose(m2.comm[0], 1024), DSGD_ALLREDUCE_RECURSIVE_DOUBLING);
+    assert_int_equal(dsgd_allreduce_choose(m2.comm[0], 16 * 1024), DSGD_ALLREDUCE_RECURSIVE_DOUBLING);
+    assert_int_equal(dsgd_allreduce_choose(m2.comm[0], 64 * 1024), DSGD_ALLREDUCE_HALVING_DOUBLING);
+    assert_int_equal(dsgd_allreduce_choose(m2.comm[0], 16 * 1024 * 1024), DSGD_ALLREDUCE_RING);
+    assert_int_equal(dsgd_allreduce_choose(m3.comm[0], 64 * 1024), DSGD_ALLREDUCE_RING);
+    group_free(&g2);
+    group_free(&g3);
+    group_free(&m2);
+    group_free(&m3);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_range),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_single_rank),
+        cmocka_unit_test(test_auto_choice),
+        cmocka_unit_test(test_native_hook),
+        cmocka_unit_test(test_allreduce_small),
+        cmocka_unit_test(test_allreduce_large),
+        cmocka_unit_test(test_allreduce_deterministic),
+        cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_allgather),
+        cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_nan_propagates),
+        cmocka_unit_test(test_mismatched_counts),
+        cmocka_unit_test(test_late_rank),
+        cmocka_unit_test(test_abort_wakes_waiters),
+        cmocka_unit_test(test_timeout_missing_rank),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1209 @@
+/* test_mirrored.c - the mirrored strategy: the synchronous contract, per-variable
+   aggregation, distributed variables, metrics, non-finite gradients, failing
+   and vanishing replicas, bad arguments.
+
+   The model throughout is a small MLP, 20 -> 16 relu -> 8 tanh -> 5 with
+   softmax cross-entropy (517 parameters); the data come from the tests' own
+   seeded generator (x uniform in [-1, 1), labels 0..4).
+
+   What is asserted, and how it is measured:
+   - The synchronous contract: MIRRORED with N replicas x per-replica batch B
+     and MEAN aggregation trains the same weights as ONE_DEVICE with batch N*B,
+     after 20 steps, N = 2, 3, 4, for SGD, momentum and Adam, for every
+     all-reduce algorithm and with the gradient all-reduced in several buckets.
+     Error = max_i |mirrored_i - reference_i| / max_i |reference_i| over all
+     parameters (one global relative error), <= 1e-5 for SGD and momentum,
+     <= 1e-4 for Adam. At N = 2 each gradient element is the sum of exactly two
+     floats, so every algorithm and bucketing must give the same bits.
+   - After every step all replicas hold bitwise identical parameters; two runs
+     with the same seed, N and algorithm give the same bits; a backend without
+     host pointers (the strategy's staging path) gives the same bits as the
+     in-place path.
+   - Uneven global batches (count % N != 0, and count < N so that replicas get
+     nothing) follow ONE_DEVICE on the same batches.
+   - Model-variable aggregation: the update of a SUM variable is lr * the sum of
+     the replicas' mean gradients, ONLY_FIRST_REPLICA is replica 0's mean
+     gradient, MEAN is the mean over the global batch; the expected gradients
+     come from separate single models run on each shard
+     (dsgd_model_get_grads). Element tolerance: |got - want| <= 1e-5 * max|want|
+     over the variable + 2^-22 * |parameter| (the rounding of p - lr g).
+   - Distributed variables: every (synchronization x aggregation) pair, written
+     in replica context with assign and assign_add, against the semantics
+     documented in distsgd.h; the rejected combinations.
+   - Metrics equal a ONE_DEVICE evaluation of the same weights on the same data.
+   - A NaN in one replica's shard: every replica skips the step (policy SKIP,
+     and the optimizer state does not move) or returns DSGD_ERR_NON_FINITE
+     (policy ERROR); a label out of range on one replica fails the step on all
+     with that replica's error; so must a device failure on one replica just
+     before the exchange (a backend whose finish fails), not the others'
+     timeouts while they wait for it.
+   - A replica that does not join a collective: the others time out within the
+     deadline (0.3 s) plus a margin, never hang (a watchdog kills the test), and
+     the strategy is unusable afterwards.
+   - Bad arguments return their codes with a message.
+
+   Build: make test (or, from the repository root,
+   cc -std=c99 -I. tests/test_mirrored.c -lcmocka -lm -lpthread). */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <signal.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, MAXN = 8 };
+
+static const dsgd_layer_desc LAYERS[3] = {
+    {16, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+    {8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+    {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO},
+};
+
+#define MODEL_SEED 20240611u
+
+/* ---------------------------------------------------------------- watchdog */
+
+/* Every test runs under an alarm: a hang (a collective that never returns)
+   fails the run with a message instead of blocking CI. */
+static volatile const char *g_test_name = "?";
+
+static void watchdog_fire(int sig) {
+    static const char head[] = "\nwatchdog: test_mirrored hung in ";
+    const char *name = (const char *)g_test_name;
+    size_t len = 0;
+    (void)sig;
+    while (name[len]) ++len;
+    if (write(2, head, sizeof(head) - 1) < 0 || write(2, name, len) < 0 || write(2, "\n", 1) < 0) _exit(1);
+    _exit(1);
+}
+
+static void watchdog_arm(const char *name, unsigned seconds) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = watchdog_fire;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    g_test_name = name;
+    alarm(seconds);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static dsgd_optimizer_desc opt_desc(dsgd_optimizer_kind kind) {
+    dsgd_optimizer_desc od;
+    memset(&od, 0, sizeof(od));
+    od.kind = kind;
+    switch (kind) {
+    case DSGD_OPT_MOMENTUM: od.lr = 0.05f; od.momentum = 0.9f; break;
+    case DSGD_OPT_ADAM: od.lr = 0.005f; break;
+    default: od.lr = 0.1f; break;
+    }
+    return od;
+}
+
+static dsgd_strategy_desc strat_desc(dsgd_strategy_kind kind, int n, int max_batch, dsgd_optimizer_kind opt) {
+    dsgd_strategy_desc d;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.num_replicas = n;
+    d.model.input_dim = IN;
+    d.model.layers = LAYERS;
+    d.model.num_layers = 3;
+    d.model.max_batch = max_batch;
+    d.model.seed = MODEL_SEED;
+    d.optimizer = opt_desc(opt);
+    d.timeout_s = 10.0; /* a broken exchange fails the test in seconds, not the default 30 s */
+    return d;
+}
+
+static dsgd_strategy *strat_make(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    dsgd_strategy *s = NULL;
+    TU_OK(ctx, dsgd_strategy_create(ctx, d, &s));
+    assert_non_null(s);
+    assert_int_equal(dsgd_strategy_num_replicas(s), d->num_replicas ? d->num_replicas : 1);
+    assert_int_equal((int)dsgd_model_num_params(dsgd_strategy_model(s, 0)), NPARAMS);
+    return s;
+}
+
+static void make_batch(tu_rng *r, float *x, float *y, int count) {
+    int i;
+    tu_fill(r, x, (size_t)count * IN, -1.0f, 1.0f);
+    for (i = 0; i < count; ++i) y[i] = (float)tu_below(r, OUT);
+}
+
+static void get_params(dsgd_ctx *ctx, dsgd_strategy *s, int replica, float *dst) {
+    dsgd_model *m = dsgd_strategy_model(s, replica);
+    assert_non_null(m);
+    TU_OK(ctx, dsgd_model_get_params(m, dst, NPARAMS));
+}
+
+/* Every replica's parameters have the same bits as replica 0's. */
+static void assert_replicas_identical(dsgd_ctx *ctx, dsgd_strategy *s) {
+    float p0[NPARAMS], pr[NPARAMS];
+    int r;
+    get_params(ctx, s, 0, p0);
+    for (r = 1; r < dsgd_strategy_num_replicas(s); ++r) {
+        get_params(ctx, s, r, pr);
+        if (memcmp(p0, pr, sizeof(p0)) != 0) fail_msg("replica %d's parameters differ from replica 0's", r);
+    }
+}
+
+/* max |a - b| / max |b| */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double num = 0.0, den = 0.0;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= num)) num = d; /* NaN wins */
+        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+static const char *opt_name(dsgd_optimizer_kind k) {
+    return k == DSGD_OPT_SGD ? "sgd" : k == DSGD_OPT_MOMENTUM ? "momentum" : k == DSGD_OPT_ADAM ? "adam" : "?";
+}
+
+static int contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+/* ---------------------------------------------------------------- backends */
+
+/* The CPU backend without buffer_host_ptr, as a GPU backend looks to the
+   strategy: the gradient goes through the host staging copy. */
+static dsgd_result no_host_ptr_factory(void *user, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
+    dsgd_result r = dsgd_cpu_backend_create(ctx, out);
+    (void)user;
+    (void)replica;
+    out->buffer_host_ptr = NULL;
+    return r;
+}
+
+/* The CPU backend whose `finish` fails on replica 1 while g_fail_armed is
+   set (finish is called just before the gradient exchange). finish gets only
+   the backend's impl, so the factory remembers which impl is replica 1's. */
+static void *g_fail_impl;
+static dsgd_ctx *g_fail_ctx;
+static int g_fail_armed;
+
+static dsgd_result failing_finish(void *impl) {
+    if (g_fail_armed && impl == g_fail_impl)
+        return dsgd_ctx_set_error(g_fail_ctx, DSGD_ERR_BACKEND, "injected device failure in finish");
+    return DSGD_OK;
+}
+
+static dsgd_result failing_factory(void *user, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
+    dsgd_result r = dsgd_cpu_backend_create(ctx, out);
+    (void)user;
+    if (r != DSGD_OK) return r;
+    if (replica == 1) {
+        g_fail_impl = out->impl;
+        g_fail_ctx = ctx;
+    }
+    out->finish = failing_finish;
+    return DSGD_OK;
+}
+
+/* A factory that cannot make replica 2's backend: creation fails after two
+   replicas were built (their cleanup runs under ASan's leak check). */
+static dsgd_result broken_factory(void *user, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
+    (void)user;
+    if (replica == 2) return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND, "no device for this replica");
+    return dsgd_cpu_backend_create(ctx, out);
+}
+
+/* ---------------------------------------------------------------- 1-3: the synchronous contract */
+
+enum { CONTRACT_B = 6, CONTRACT_STEPS = 20 };
+
+typedef struct contract_case {
+    int n;
+    dsgd_optimizer_kind opt;
+    dsgd_allreduce_algo algo;
+    size_t bucket_bytes;
+    int staged; /* replicas' backends without host pointers */
+} contract_case;
+
+/* Trains MIRRORED (c->n x CONTRACT_B) and ONE_DEVICE (batch c->n * CONTRACT_B)
+   side by side on the same global batches; checks the replicas stay bitwise
+   identical after every step and the step infos; returns the relative error
+   of the final weights and copies the mirrored weights to out. */
+static double contract_run(const contract_case *c, float *out) {
+    dsgd_ctx *ctx = tu_ctx();
+    int n = c->n, global = n * CONTRACT_B, step;
+    dsgd_strategy_desc md = strat_desc(DSGD_STRATEGY_MIRRORED, n, CONTRACT_B, c->opt);
+    dsgd_strategy_desc rd = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 1, global, c->opt);
+    dsgd_strategy *ms, *rs;
+    float *x = tu_floats((size_t)global * IN), y[MAXN * CONTRACT_B];
+    float pm[NPARAMS], pr[NPARAMS];
+    tu_rng rng = tu_rng_make(4242);
+    double err;
+    md.algorithm = c->algo;
+    md.bucket_bytes = c->bucket_bytes;
+    if (c->staged) md.backend_factory = no_host_ptr_factory;
+    ms = strat_make(ctx, &md);
+    rs = strat_make(ctx, &rd);
+    get_params(ctx, ms, 0, pm);
+    get_params(ctx, rs, 0, pr);
+    assert_memory_equal(pm, pr, sizeof(pm)); /* same seed, same start */
+    for (step = 0; step < CONTRACT_STEPS; ++step) {
+        dsgd_step_info im, ir;
+        memset(&im, 0xff, sizeof(im));
+        make_batch(&rng, x, y, global);
+        TU_OK(ctx, dsgd_strategy_train_step(ms, x, y, global, &im));
+        TU_OK(ctx, dsgd_strategy_train_step(rs, x, y, global, &ir));
+        assert_int_equal((int)im.step, step);
+        assert_int_equal(im.count, global);
+        assert_int_equal(im.skipped, 0);
+        assert_true(im.lr == md.optimizer.lr);
+        assert_int_equal((int)ir.step, step);
+        assert_replicas_identical(ctx, ms);
+    }
+    get_params(ctx, ms, 0, pm);
+    get_params(ctx, rs, 0, pr);
+    err = rel_err(pm, pr, NPARAMS);
+    printf("    contract N=%d %-8s %-18s bucket %4zu B%s: rel err %.3g\n", n, opt_name(c->opt),
+           c->algo == DSGD_ALLREDUCE_AUTO ? "auto" : dsgd_allreduce_algo_name(c->algo), c->bucket_bytes,
+           c->staged ? " staged" : "", err);
+    if (out) memcpy(out, pm, sizeof(pm));
+    dsgd_strategy_destroy(ms);
+    dsgd_strategy_destroy(rs);
+    dsgd_ctx_destroy(ctx);
+    free(x);
+    return err;
+}
+
+static double contract_tol(dsgd_optimizer_kind k) { return k == DSGD_OPT_ADAM ? 1e-4 : 1e-5; }
+
+static void check_contract(const contract_case *c, float *out) {
+    double err = contract_run(c, out);
+    if (!(err <= contract_tol(c->opt)))
+        fail_msg("N=%d %s algo %d bucket %zu: relative error %.3g > %.0e", c->n, opt_name(c->opt), (int)c->algo,
+                 c->bucket_bytes, err, contract_tol(c->opt));
+}
+
+static void test_contract_optimizers(void **state) {
+    static const dsgd_optimizer_kind opts[3] = {DSGD_OPT_SGD, DSGD_OPT_MOMENTUM, DSGD_OPT_ADAM};
+    int n, k;
+    (void)state;
+    for (n = 2; n <= 4; ++n) {
+        for (k = 0; k < 3; ++k) {
+            contract_case c;
+            memset(&c, 0, sizeof(c));
+            c.n = n;
+            c.opt = opts[k];
+            check_contract(&c, NULL);
+        }
+    }
+}
+
+static void test_contract_algorithms_and_buckets(void **state) {
+    static const dsgd_allreduce_algo algos[4] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+                                                 DSGD_ALLREDUCE_REDUCE_BROADCAST,
+                                                 DSGD_ALLREDUCE_RECURSIVE_DOUBLING};
+    /* 256 B = 64 floats: 9 buckets of the 517; 200 B = 50 floats: 11, the last short */
+    static const size_t buckets[3] = {0, 256, 200};
+    int n, a, b, k;
+    float first[NPARAMS], got[NPARAMS];
+    (void)state;
+    for (n = 3; n <= 4; ++n)
+        for (a = 0; a < 4; ++a)
+            for (b = 0; b < 3; ++b)
+                for (k = 0; k < 2; ++k) {
+                    contract_case c;
+                    memset(&c, 0, sizeof(c));
+                    c.n = n;
+                    c.opt = k == 0 ? DSGD_OPT_SGD : DSGD_OPT_ADAM;
+                    c.algo = algos[a];
+                    c.bucket_bytes = buckets[b];
+                    if (b > 0 && k == 1) continue; /* buckets: SGD is enough */
+                    check_contract(&c, NULL);
+                }
+    /* N = 2: every element is a + b, so all algorithms and buckets agree bitwise */
+    for (a = 0; a < 4; ++a)
+        for (b = 0; b < 3; ++b) {
+            contract_case c;
+            memset(&c, 0, sizeof(c));
+            c.n = 2;
+            c.opt = DSGD_OPT_MOMENTUM;
+            c.algo = algos[a];
+            c.bucket_bytes = buckets[b];
+            check_contract(&c, a == 0 && b == 0 ? first : got);
+            if ((a || b) && memcmp(first, got, sizeof(got)) != 0)
+                fail_msg("N=2: %s with bucket %zu B differs bitwise from ring, one bucket",
+                         dsgd_allreduce_algo_name(algos[a]), buckets[b]);
+        }
+}
+
+/* A backend without host pointers (the staging path) gives the same bits as
+   the in-place path. */
+static void test_contract_staged(void **state) {
+    contract_case c;
+    float a[NPARAMS], b[NPARAMS];
+    int n;
+    (void)state;
+    for (n = 2; n <= 4; n += 2) {
+        memset(&c, 0, sizeof(c));
+        c.n = n;
+        c.opt = DSGD_OPT_ADAM;
+        c.algo = DSGD_ALLREDUCE_RING;
+        c.bucket_bytes = n == 4 ? 256 : 0;
+        check_contract(&c, a);
+        c.staged = 1;
+        check_contract(&c, b);
+        if (memcmp(a, b, sizeof(a)) != 0) fail_msg("N=%d: the staged exchange differs from the in-place one", n);
+    }
+}
+
+static void test_same_seed_bitwise(void **state) {
+    contract_case c[2];
+    float a[NPARAMS], b[NPARAMS];
+    int i;
+    (void)state;
+    memset(c, 0, sizeof(c));
+    c[0].n = 3;
+    c[0].opt = DSGD_OPT_ADAM;
+    c[0].algo = DSGD_ALLREDUCE_RING;
+    c[0].bucket_bytes = 256;
+    c[1].n = 4;
+    c[1].opt = DSGD_OPT_MOMENTUM;
+    c[1].algo = DSGD_ALLREDUCE_HALVING_DOUBLING;
+    for (i = 0; i < 2; ++i) {
+        contract_run(&c[i], a);
+        contract_run(&c[i], b);
+        if (memcmp(a, b, sizeof(a)) != 0) fail_msg("case %d: two runs with the same seed differ", i);
+    }
+}
+
+/* ---------------------------------------------------------------- 4: uneven batches */
+
+static void test_uneven_batches(void **state) {
+    /* N = 4, max 4 per replica: 10 -> 3,3,2,2; 3 -> 1,1,1,0; 1 -> 1,0,0,0 */
+    static const int counts[6] = {10, 3, 1, 9, 16, 7};
+    static const dsgd_optimizer_kind opts[2] = {DSGD_OPT_SGD, DSGD_OPT_ADAM};
+    int k, i;
+    (void)state;
+    for (k = 0; k < 2; ++k) {
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy_desc md = strat_desc(DSGD_STRATEGY_MIRRORED, 4, 4, opts[k]);
+        dsgd_strategy_desc rd = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 0, 16, opts[k]);
+        dsgd_strategy *ms = strat_make(ctx, &md), *rs = strat_make(ctx, &rd);
+        float x[16 * IN], y[16], pm[NPARAMS], pr[NPARAMS];
+        tu_rng rng = tu_rng_make(99);
+        double err, tol = contract_tol(opts[k]);
+        for (i = 0; i < 6; ++i) {
+            dsgd_step_info info;
+            make_batch(&rng, x, y, counts[i]);
+            TU_OK(ctx, dsgd_strategy_train_step(ms, x, y, counts[i], &info));
+            assert_int_equal(info.count, counts[i]);
+            assert_int_equal(info.skipped, 0);
+            TU_OK(ctx, dsgd_strategy_train_step(rs, x, y, counts[i], NULL));
+            assert_replicas_identical(ctx, ms);
+            get_params(ctx, ms, 0, pm);
+            get_params(ctx, rs, 0, pr);
+            err = rel_err(pm, pr, NPARAMS);
+            if (!(err <= tol))
+                fail_msg("%s, step %d (count %d on 4 replicas): relative error %.3g > %.0e", opt_name(opts[k]), i,
+                         counts[i], err, tol);
+        }
+        printf("    uneven %s: rel err %.3g after counts 10,3,1,9,16,7\n", opt_name(opts[k]), err);
+        dsgd_strategy_destroy(ms);
+        dsgd_strategy_destroy(rs);
+        dsgd_ctx_destroy(ctx);
+    }
+}
+
+/* ---------------------------------------------------------------- 5: model-variable aggregation */
+
+/* The mean gradient of each of the n contiguous shards of (x, y, count),
+   from a separate single model with the same initial weights. */
+static void shard_grads(dsgd_ctx *ctx, int n, const float *x, const float *y, int count, float g[][NPARAMS]) {
+    dsgd_model_desc md = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 1, count, DSGD_OPT_SGD).model;
+    int r;
+    for (r = 0; r < n; ++r) {
+        dsgd_model *m = NULL;
+        size_t off, len;
+        dsgd_block_range((size_t)count, n, r, &off, &len);
+        assert_true(len > 0);
+        TU_OK(ctx, dsgd_model_create(ctx, &md, &m));
+        TU_OK(ctx, dsgd_model_compute_gradients(m, x + off * IN, y + off, (int)len, 1.0f / (float)len));
+        TU_OK(ctx, dsgd_model_get_grads(m, g[r], NPARAMS));
+        dsgd_model_destroy(m);
+    }
+}
+
+/* Checks, variable by variable, that p0 - p1 == lr * want. */
+static void check_update(dsgd_strategy *s, const float *p0, const float *p1, float lr, const float *want,
+                         const char *label) {
+    dsgd_model *m = dsgd_strategy_model(s, 0);
+    int v, nv = dsgd_model_num_variables(m);
+    for (v = 0; v < nv; ++v) {
+        const dsgd_variable *var = dsgd_model_variable(m, v);
+        double maxw = 0.0;
+        size_t i;
+        for (i = var->offset; i < var->offset + var->count; ++i)
+            if (fabs(lr * (double)want[i]) > maxw) maxw = fabs(lr * (double)want[i]);
+        assert_true(maxw > 0.0);
+        for (i = var->offset; i < var->offset + var->count; ++i) {
+            double got = (double)p0[i] - (double)p1[i], exp = lr * (double)want[i];
+            double tol = 1e-5 * maxw + ldexp(fabs((double)p0[i]), -22);
+            if (!(fabs(got - exp) <= tol))
+                fail_msg("%s: %s[%zu]: update %.9g, want %.9g (tol %.3g)", label, var->name, i - var->offset, got,
+                         exp, tol);
+        }
+    }
+}
+
+static void test_model_variable_aggregation(void **state) {
+    enum { N = 3, COUNT = 10 }; /* shards of 4, 3, 3: MEAN differs from the mean of the means */
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, N, 4, DSGD_OPT_SGD);
+    dsgd_strategy *s;
+    float x[COUNT * IN], y[COUNT], g[N][NPARAMS], want[NPARAMS], p0[NPARAMS], p1[NPARAMS];
+    tu_rng rng = tu_rng_make(5);
+    const float lr = 1.0f;
+    size_t i;
+    int r, v, round;
+    (void)state;
+    d.optimizer.lr = lr;
+    make_batch(&rng, x, y, COUNT);
+    shard_grads(ctx, N, x, y, COUNT, g);
+
+    /* round 0: dense1/kernel SUM, dense2/bias ONLY_FIRST_REPLICA, the rest MEAN;
+       round 1: "*" SUM; round 2: "*" back to MEAN (the default) */
+    for (round = 0; round < 3; ++round) {
+        s = strat_make(ctx, &d);
+        if (round == 0) {
+            TU_OK(ctx, dsgd_strategy_set_aggregation(s, "dense1/kernel", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
+            TU_OK(ctx, dsgd_strategy_set_aggregation(s, "dense2/bias", DSGD_AGG_ONLY_FIRST_REPLICA,
+                                                     DSGD_SYNC_ON_WRITE));
+        } else {
+            TU_OK(ctx, dsgd_strategy_set_aggregation(s, "*", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
+            if (round == 2) TU_OK(ctx, dsgd_strategy_set_aggregation(s, "*", DSGD_AGG_MEAN, DSGD_SYNC_AUTO));
+        }
+        get_params(ctx, s, 0, p0);
+        TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, NULL));
+        assert_replicas_identical(ctx, s);
+        get_params(ctx, s, 0, p1);
+        for (v = 0; v < dsgd_model_num_variables(dsgd_strategy_model(s, 0)); ++v) {
+            const dsgd_variable *var = dsgd_model_variable(dsgd_strategy_model(s, 0), v);
+            dsgd_aggregation agg = DSGD_AGG_MEAN;
+            if (round == 1) agg = DSGD_AGG_SUM;
+            if (round == 0 && !strcmp(var->name, "dense1/kernel")) agg = DSGD_AGG_SUM;
+            if (round == 0 && !strcmp(var->name, "dense2/bias")) agg = DSGD_AGG_ONLY_FIRST_REPLICA;
+            for (i = var->offset; i < var->offset + var->count; ++i) {
+                double acc = 0.0;
+                for (r = 0; r < N; ++r) {
+                    size_t off, len;
+                    dsgd_block_range(COUNT, N, r, &off, &len);
+                    if (agg == DSGD_AGG_SUM) acc += g[r][i];
+                    else if (agg == DSGD_AGG_ONLY_FIRST_REPLICA) acc += r == 0 ? g[r][i] : 0.0;
+                    else acc += (double)len / COUNT * g[r][i]; /* the global mean */
+                }
+                want[i] = (float)acc;
+            }
+        }
+        check_update(s, p0, p1, lr, want, round == 0 ? "mixed" : round == 1 ? "all SUM" : "all MEAN again");
+        dsgd_strategy_destroy(s);
+    }
+
+    /* rejected: NONE, ON_READ, NONE synchronization, unknown name, NULL name */
+    s = strat_make(ctx, &d);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_set_aggregation(s, "dense0/kernel", DSGD_AGG_NONE, DSGD_SYNC_AUTO));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_set_aggregation(s, "dense0/kernel", DSGD_AGG_SUM, DSGD_SYNC_ON_READ));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_set_aggregation(s, "dense0/kernel", DSGD_AGG_SUM, DSGD_SYNC_NONE));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_set_aggregation(s, "dense9/kernel", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
+    assert_true(contains(dsgd_ctx_last_error(ctx), "dense9/kernel"));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_set_aggregation(s, NULL, DSGD_AGG_SUM, DSGD_SYNC_AUTO));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT,
+           dsgd_strategy_set_aggregation(s, "dense0/kernel", (dsgd_aggregation)9, DSGD_SYNC_AUTO));
+    /* the rejections changed nothing: a step is still the plain MEAN step */
+    get_params(ctx, s, 0, p0);
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, NULL));
+    get_params(ctx, s, 0, p1);
+    for (i = 0; i < NPARAMS; ++i) {
+        double acc = 0.0;
+        for (r = 0; r < N; ++r) {
+            size_t off, len;
+            dsgd_block_range(COUNT, N, r, &off, &len);
+            acc += (double)len / COUNT * g[r][i];
+        }
+        want[i] = (float)acc;
+    }
+    check_update(s, p0, p1, lr, want, "after rejected calls");
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- 6: distributed variables */
+
+enum { DV_K = 3 };
+
+typedef struct dv_job {
+    int id, add;
+    dsgd_result res[MAXN];
+    float local[MAXN][DV_K]; /* dsgd_replica_read after the write */
+} dv_job;
+
+/* Replica r writes (r + 1) * (i + 1) to element i. */
+static dsgd_result dv_write(dsgd_replica *rep, void *user) {
+    dv_job *j = (dv_job *)user;
+    int r = dsgd_replica_id(rep), i;
+    float v[DV_K];
+    dsgd_result res;
+    for (i = 0; i < DV_K; ++i) v[i] = (float)((r + 1) * (i + 1));
+    res = j->add ? dsgd_replica_assign_add(rep, j->id, v) : dsgd_replica_assign(rep, j->id, v);
+    j->res[r] = res;
+    if (dsgd_replica_read(rep, j->id, j->local[r]) != DSGD_OK) j->local[r][0] = -12345.0f;
+    return res;
+}
+
+static void test_distributed_variables(void **state) {
+    static const dsgd_synchronization syncs[2] = {DSGD_SYNC_ON_WRITE, DSGD_SYNC_ON_READ};
+    static const dsgd_aggregation aggs[4] = {DSGD_AGG_SUM, DSGD_AGG_MEAN, DSGD_AGG_ONLY_FIRST_REPLICA, DSGD_AGG_NONE};
+    static const int ns[3] = {1, 3, 4};
+    const float init[DV_K] = {10.0f, 20.0f, 30.0f};
+    int ni;
+    (void)state;
+    for (ni = 0; ni < 3; ++ni) {
+        int n = ns[ni], si, ai, add, r, i;
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy_desc d = strat_desc(n == 1 ? DSGD_STRATEGY_ONE_DEVICE : DSGD_STRATEGY_MIRRORED, n, 4,
+                                          DSGD_OPT_SGD);
+        dsgd_strategy *s = strat_make(ctx, &d);
+        double sum_w = n * (n + 1) / 2.0; /* sum over replicas of (r + 1) */
+        for (si = 0; si < 2; ++si)
+            for (ai = 0; ai < 4; ++ai)
+                for (add = 0; add < 2; ++add) {
+                    dsgd_dvar_desc vd;
+                    dv_job job;
+                    char name[64];
+                    int id = -1;
+                    float got[DV_K];
+                    dsgd_result rr;
+                    memset(&vd, 0, sizeof(vd));
+                    snprintf(name, sizeof(name), "v/%s/%s/%s", dsgd_synchronization_name(syncs[si]),
+                             dsgd_aggregation_name(aggs[ai]), add ? "add" : "assign");
+                    vd.name = name;
+                    vd.count = DV_K;
+                    vd.synchronization = syncs[si];
+                    vd.aggregation = aggs[ai];
+                    vd.initial_value = init;
+                    if (syncs[si] == DSGD_SYNC_ON_READ && aggs[ai] == DSGD_AGG_NONE) {
+                        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+                        assert_int_equal(dsgd_strategy_find_variable(s, name), -1);
+                        continue;
+                    }
+                    TU_OK(ctx, dsgd_strategy_create_variable(s, &vd, &id));
+                    assert_int_equal(dsgd_strategy_find_variable(s, name), id);
+                    /* every copy starts at the initial value */
+                    for (r = 0; r < n; ++r) {
+                        TU_OK(ctx, dsgd_strategy_read_local(s, id, r, got));
+                        for (i = 0; i < DV_K; ++i) TU_NEAR(got[i], init[i], 0.0);
+                    }
+                    memset(&job, 0, sizeof(job));
+                    job.id = id;
+                    job.add = add;
+                    rr = dsgd_strategy_run(s, dv_write, &job);
+                    if (syncs[si] == DSGD_SYNC_ON_WRITE && aggs[ai] == DSGD_AGG_NONE) {
+                        /* rejected on every replica, nothing written */
+                        if (rr != DSGD_ERR_INVALID_ARGUMENT) fail_msg("%s: run -> %d", name, (int)rr);
+                        assert_true(dsgd_ctx_last_error(ctx)[0] != '\0');
+                        for (r = 0; r < n; ++r) {
+                            assert_int_equal(job.res[r], DSGD_ERR_INVALID_ARGUMENT);
+                            TU_OK(ctx, dsgd_strategy_read_local(s, id, r, got));
+                            for (i = 0; i < DV_K; ++i) TU_NEAR(got[i], init[i], 0.0);
+                        }
+                        /* in cross-replica context it may be assigned */
+                        TU_OK(ctx, dsgd_strategy_assign_variable(s, id, init + 0));
+                        continue;
+                    }
+                    if (rr != DSGD_OK) fail_msg("%s: run -> %s: %s", name, dsgd_result_string(rr), dsgd_ctx_last_error(ctx));
+                    for (r = 0; r < n; ++r) {
+                        assert_int_equal(job.res[r], DSGD_OK);
+                        TU_OK(ctx, dsgd_strategy_read_local(s, id, r, got));
+                        for (i = 0; i < DV_K; ++i) {
+                            double w, base = add ? init[i] : 0.0;
+                            if (syncs[si] == DSGD_SYNC_ON_READ) {
+                                w = base + (r + 1) * (i + 1); /* own copy only */
+                            } else if (aggs[ai] == DSGD_AGG_SUM) {
+                                w = base + sum_w * (i + 1);
+                            } else if (aggs[ai] == DSGD_AGG_MEAN) {
+                                w = base + sum_w / n * (i + 1);
+                            } else {
+                                w = base + 1.0 * (i + 1); /* replica 0's */
+                            }
+                            if (!(fabs(got[i] - w) <= 1e-5 * fabs(w)))
+                                fail_msg("N=%d %s: replica %d element %d holds %g, want %g", n, name, r, i,
+                                         (double)got[i], w);
+                            if (!(job.local[r][i] == got[i]))
+                                fail_msg("N=%d %s: replica %d read %g in replica context, %g from outside", n, name,
+                                         r, (double)job.local[r][i], (double)got[i]);
+                        }
+                    }
+                    TU_OK(ctx, dsgd_strategy_read_variable(s, id, got));
+                    for (i = 0; i < DV_K; ++i) {
+                        double w, base = add ? init[i] : 0.0;
+                        if (syncs[si] == DSGD_SYNC_ON_WRITE)
+                            w = base + (aggs[ai] == DSGD_AGG_SUM ? sum_w : aggs[ai] == DSGD_AGG_MEAN ? sum_w / n : 1.0) *
+                                           (i + 1);
+                        else if (aggs[ai] == DSGD_AGG_SUM)
+                            w = n * base + sum_w * (i + 1); /* the sum of the copies */
+                        else if (aggs[ai] == DSGD_AGG_MEAN)
+                            w = base + sum_w / n * (i + 1);
+                        else
+                            w = base + 1.0 * (i + 1); /* replica 0's copy */
+                        if (!(fabs(got[i] - w) <= 1e-5 * fabs(w)))
+                            fail_msg("N=%d %s: cross-replica read of element %d gives %g, want %g", n, name, i,
+                                     (double)got[i], w);
+                    }
+                }
+
+        /* cross-replica assign: ON_READ SUM stores value / N per copy and reads back value */
+        {
+            dsgd_dvar_desc vd;
+            const float val[DV_K] = {3.0f, 6.0f, -9.0f};
+            float got[DV_K];
+            int id, k;
+            for (k = 0; k < 4; ++k) {
+                char name[32];
+                memset(&vd, 0, sizeof(vd));
+                snprintf(name, sizeof(name), "xassign/%d", k);
+                vd.name = name;
+                vd.count = DV_K;
+                vd.synchronization = k < 3 ? DSGD_SYNC_ON_READ : DSGD_SYNC_ON_WRITE;
+                vd.aggregation = k == 0 ? DSGD_AGG_SUM : k == 1 ? DSGD_AGG_MEAN : k == 2 ? DSGD_AGG_ONLY_FIRST_REPLICA
+                                                                                            : DSGD_AGG_SUM;
+                TU_OK(ctx, dsgd_strategy_create_variable(s, &vd, &id));
+                TU_OK(ctx, dsgd_strategy_assign_variable(s, id, val));
+                for (r = 0; r < n; ++r) {
+                    TU_OK(ctx, dsgd_strategy_read_local(s, id, r, got));
+                    for (i = 0; i < DV_K; ++i) TU_NEAR(got[i], k == 0 ? val[i] / n : val[i], 1e-6);
+                }
+                TU_OK(ctx, dsgd_strategy_read_variable(s, id, got));
+                for (i = 0; i < DV_K; ++i) TU_NEAR(got[i], val[i], 1e-5);
+            }
+        }
+
+        /* rejected creations, each with a message */
+        {
+            dsgd_dvar_desc vd;
+            int id = -7, before = dsgd_strategy_find_variable(s, "xassign/0");
+            memset(&vd, 0, sizeof(vd));
+            vd.name = "bad";
+            vd.count = 2;
+            vd.aggregation = DSGD_AGG_SUM;
+            vd.synchronization = DSGD_SYNC_NONE;
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            vd.synchronization = DSGD_SYNC_ON_READ;
+            vd.trainable = 1;
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            vd.trainable = 0;
+            vd.aggregation = DSGD_AGG_NONE;
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            vd.aggregation = (dsgd_aggregation)17;
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            vd.aggregation = DSGD_AGG_SUM;
+            vd.synchronization = (dsgd_synchronization)-1;
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            vd.synchronization = DSGD_SYNC_ON_READ;
+            vd.count = 0;
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            vd.count = 2;
+            vd.name = "";
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            vd.name = "xassign/0"; /* duplicate */
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            assert_true(contains(dsgd_ctx_last_error(ctx), "xassign/0"));
+            vd.name = "metrics/train/count"; /* the library's own */
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, NULL, &id));
+            vd.name = "fine";
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, NULL));
+            assert_int_equal(dsgd_strategy_find_variable(s, "bad"), -1);
+            assert_int_equal(dsgd_strategy_find_variable(s, "xassign/0"), before);
+            /* a trainable ON_WRITE variable is fine */
+            vd.name = "fine";
+            vd.synchronization = DSGD_SYNC_AUTO;
+            vd.trainable = 1;
+            TU_OK(ctx, dsgd_strategy_create_variable(s, &vd, &id));
+            assert_int_equal(dsgd_strategy_find_variable(s, "fine"), id);
+        }
+        dsgd_strategy_destroy(s);
+        dsgd_ctx_destroy(ctx);
+    }
+}
+
+/* ---------------------------------------------------------------- 7: metrics */
+
+static void test_metrics(void **state) {
+    enum { N = 3, STEPS = 3, COUNT = 20, EVALS = 2 };
+    static const int eval_counts[EVALS] = {24, 5};
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc md = strat_desc(DSGD_STRATEGY_MIRRORED, N, 8, DSGD_OPT_MOMENTUM);
+    dsgd_strategy_desc rd = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 1, 24, DSGD_OPT_SGD);
+    dsgd_strategy *ms, *rs;
+    float x[24 * IN], y[24], p[NPARAMS];
+    dsgd_metrics got, want;
+    tu_rng rng = tu_rng_make(31337);
+    int i, slot;
+    (void)state;
+    ms = strat_make(ctx, &md);
+    rs = strat_make(ctx, &rd);
+    assert_true(dsgd_strategy_find_variable(ms, "metrics/train/loss_sum") >= 0);
+    assert_true(dsgd_strategy_find_variable(ms, "metrics/eval/count") >= 0);
+    /* training metrics are taken at the weights before each step */
+    for (i = 0; i < STEPS; ++i) {
+        make_batch(&rng, x, y, COUNT);
+        get_params(ctx, ms, 0, p);
+        TU_OK(ctx, dsgd_model_set_params(dsgd_strategy_model(rs, 0), p, NPARAMS));
+        TU_OK(ctx, dsgd_strategy_eval_batch(rs, x, y, COUNT));
+        TU_OK(ctx, dsgd_strategy_train_step(ms, x, y, COUNT, NULL));
+    }
+    TU_OK(ctx, dsgd_strategy_take_metrics(ms, DSGD_METRICS_TRAIN, &got));
+    TU_OK(ctx, dsgd_strategy_take_metrics(rs, DSGD_METRICS_EVAL, &want));
+    printf("    train metrics: loss_sum %.6f (reference %.6f), correct %g (%g), count %g\n", got.loss_sum,
+           want.loss_sum, got.correct, want.correct, got.count);
+    TU_NEAR(got.count, STEPS * COUNT, 0.0);
+    TU_NEAR(want.count, STEPS * COUNT, 0.0);
+    TU_NEAR(got.correct, want.correct, 0.0);
+    TU_NEAR(got.loss_sum, want.loss_sum, 1e-5 * want.loss_sum);
+    assert_true(want.loss_sum > 0.0);
+
+    /* evaluation at the final weights */
+    get_params(ctx, ms, 0, p);
+    TU_OK(ctx, dsgd_model_set_params(dsgd_strategy_model(rs, 0), p, NPARAMS));
+    for (i = 0; i < EVALS; ++i) {
+        make_batch(&rng, x, y, eval_counts[i]);
+        TU_OK(ctx, dsgd_strategy_eval_batch(ms, x, y, eval_counts[i]));
+        TU_OK(ctx, dsgd_strategy_eval_batch(rs, x, y, eval_counts[i]));
+        TU_OK(ctx, dsgd_strategy_eval_batch(ms, x, NULL, eval_counts[i])); /* no targets: no metrics */
+    }
+    TU_OK(ctx, dsgd_strategy_take_metrics(ms, DSGD_METRICS_EVAL, &got));
+    TU_OK(ctx, dsgd_strategy_take_metrics(rs, DSGD_METRICS_EVAL, &want));
+    printf("    eval metrics:  loss_sum %.6f (reference %.6f), correct %g (%g), count %g\n", got.loss_sum,
+           want.loss_sum, got.correct, want.correct, got.count);
+    TU_NEAR(got.count, 24 + 5, 0.0);
+    TU_NEAR(got.correct, want.correct, 0.0);
+    TU_NEAR(got.loss_sum, want.loss_sum, 1e-5 * want.loss_sum);
+
+    /* taking resets both slots' counters */
+    for (slot = 0; slot < 2; ++slot) {
+        TU_OK(ctx, dsgd_strategy_take_metrics(ms, (dsgd_metrics_slot)slot, &got));
+        TU_NEAR(got.count, 0.0, 0.0);
+        TU_NEAR(got.loss_sum, 0.0, 0.0);
+        TU_NEAR(got.correct, 0.0, 0.0);
+    }
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_take_metrics(ms, (dsgd_metrics_slot)2, &got));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_take_metrics(ms, DSGD_METRICS_TRAIN, NULL));
+    dsgd_strategy_destroy(ms);
+    dsgd_strategy_destroy(rs);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- 8: non-finite and failing replicas */
+
+enum { NF_N = 4, NF_B = 4, NF_COUNT = NF_N * NF_B };
+
+/* Replica 2's shard of a 16-sample batch on 4 replicas is rows 8..11. */
+static void poison_replica(float *x, int count, int n, int replica) {
+    size_t off, len, i;
+    dsgd_block_range((size_t)count, n, replica, &off, &len);
+    for (i = off * IN; i < (off + len) * IN; ++i) x[i] = NAN;
+}
+
+static void all_params(dsgd_ctx *ctx, dsgd_strategy *s, float p[][NPARAMS]) {
+    int r;
+    for (r = 0; r < dsgd_strategy_num_replicas(s); ++r) get_params(ctx, s, r, p[r]);
+}
+
+static void test_nonfinite_skip(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, NF_N, NF_B, DSGD_OPT_ADAM);
+    dsgd_strategy *a, *b;
+    float x1[NF_COUNT * IN], y1[NF_COUNT], x2[NF_COUNT * IN], y2[NF_COUNT], xbad[NF_COUNT * IN];
+    float before[NF_N][NPARAMS], after[NF_N][NPARAMS], pa[NPARAMS], pb[NPARAMS];
+    dsgd_step_info info;
+    tu_rng rng = tu_rng_make(8);
+    (void)state;
+    d.nonfinite = DSGD_NONFINITE_SKIP;
+    make_batch(&rng, x1, y1, NF_COUNT);
+    make_batch(&rng, x2, y2, NF_COUNT);
+    memcpy(xbad, x2, sizeof(xbad));
+    poison_replica(xbad, NF_COUNT, NF_N, 2);
+    a = strat_make(ctx, &d);
+    b = strat_make(ctx, &d);
+
+    /* a: clean, poisoned (skipped), clean; b: clean, clean */
+    TU_OK(ctx, dsgd_strategy_train_step(a, x1, y1, NF_COUNT, &info));
+    assert_int_equal(info.skipped, 0);
+    all_params(ctx, a, before);
+    memset(&info, 0, sizeof(info));
+    TU_OK(ctx, dsgd_strategy_train_step(a, xbad, y2, NF_COUNT, &info));
+    assert_int_equal(info.skipped, 1);
+    assert_int_equal((int)info.step, 1);
+    all_params(ctx, a, after);
+    assert_memory_equal(before, after, sizeof(before)); /* every replica unchanged, bitwise */
+    TU_OK(ctx, dsgd_strategy_train_step(a, x2, y2, NF_COUNT, &info));
+    assert_int_equal(info.skipped, 0);
+    assert_int_equal((int)info.step, 1); /* the skipped step did not advance the optimizer */
+
+    TU_OK(ctx, dsgd_strategy_train_step(b, x1, y1, NF_COUNT, NULL));
+    TU_OK(ctx, dsgd_strategy_train_step(b, x2, y2, NF_COUNT, NULL));
+    /* Adam's moments and step count were untouched by the skip: same bits as b */
+    get_params(ctx, a, 0, pa);
+    get_params(ctx, b, 0, pb);
+    assert_memory_equal(pa, pb, sizeof(pa));
+    assert_replicas_identical(ctx, a);
+    dsgd_strategy_destroy(a);
+    dsgd_strategy_destroy(b);
+
+    /* ONE_DEVICE follows the same policy without a transport */
+    d = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 1, NF_COUNT, DSGD_OPT_ADAM);
+    a = strat_make(ctx, &d);
+    get_params(ctx, a, 0, pa);
+    TU_OK(ctx, dsgd_strategy_train_step(a, xbad, y2, NF_COUNT, &info));
+    assert_int_equal(info.skipped, 1);
+    assert_int_equal((int)info.step, 0);
+    get_params(ctx, a, 0, pb);
+    assert_memory_equal(pa, pb, sizeof(pa));
+    d.nonfinite = DSGD_NONFINITE_ERROR;
+    b = strat_make(ctx, &d);
+    TU_ERR(ctx, DSGD_ERR_NON_FINITE, dsgd_strategy_train_step(b, xbad, y2, NF_COUNT, &info));
+    dsgd_strategy_destroy(a);
+    dsgd_strategy_destroy(b);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_nonfinite_error(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, NF_N, NF_B, DSGD_OPT_MOMENTUM);
+    dsgd_strategy *s;
+    float x[NF_COUNT * IN], y[NF_COUNT], before[NF_N][NPARAMS], after[NF_N][NPARAMS];
+    dsgd_step_info info;
+    tu_rng rng = tu_rng_make(9);
+    (void)state;
+    d.nonfinite = DSGD_NONFINITE_ERROR;
+    s = strat_make(ctx, &d);
+    make_batch(&rng, x, y, NF_COUNT);
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, NF_COUNT, NULL));
+    all_params(ctx, s, before);
+    poison_replica(x, NF_COUNT, NF_N, 2);
+    TU_ERR(ctx, DSGD_ERR_NON_FINITE, dsgd_strategy_train_step(s, x, y, NF_COUNT, &info));
+    printf("    policy ERROR: %s\n", dsgd_ctx_last_error(ctx));
+    assert_true(contains(dsgd_ctx_last_error(ctx), "replica 2"));
+    all_params(ctx, s, after);
+    assert_memory_equal(before, after, sizeof(before));
+    /* the strategy goes on: a clean step works and advances the optimizer once */
+    make_batch(&rng, x, y, NF_COUNT);
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, NF_COUNT, &info));
+    assert_int_equal((int)info.step, 1);
+    assert_int_equal(info.skipped, 0);
+    assert_replicas_identical(ctx, s);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_replica_fails_alone(void **state) {
+    enum { N = 3, COUNT = 9 };
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, N, 4, DSGD_OPT_SGD);
+    dsgd_strategy *s;
+    float x[COUNT * IN], y[COUNT], before[N][NPARAMS], after[N][NPARAMS];
+    size_t off, len;
+    dsgd_step_info info;
+    tu_rng rng = tu_rng_make(10);
+    (void)state;
+    s = strat_make(ctx, &d);
+    make_batch(&rng, x, y, COUNT);
+    dsgd_block_range(COUNT, N, 1, &off, &len);
+    y[off + 1] = 7.0f; /* class 7 of 5, only in replica 1's shard */
+    all_params(ctx, s, before);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, x, y, COUNT, &info));
+    printf("    bad label: %s\n", dsgd_ctx_last_error(ctx));
+    assert_true(contains(dsgd_ctx_last_error(ctx), "replica 1"));
+    all_params(ctx, s, after);
+    assert_memory_equal(before, after, sizeof(before));
+    /* not a transport failure: the next good step trains */
+    y[off + 1] = 2.0f;
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, &info));
+    assert_int_equal((int)info.step, 0);
+    assert_replicas_identical(ctx, s);
+    all_params(ctx, s, after);
+    assert_true(memcmp(before[0], after[0], sizeof(after[0])) != 0);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* A replica whose device fails after the replicas agreed to step (in the
+   backend's finish, just before the gradient exchange). The step must fail
+   with that replica's error, naming it, as dsgd_strategy_train_step
+   documents ("the first failing replica's error (its message names it)"),
+   not with the other replicas' timeouts while they wait for it. */
+static void test_replica_backend_fails_in_exchange(void **state) {
+    enum { N = 4, COUNT = 16 };
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, N, 4, DSGD_OPT_SGD);
+    dsgd_strategy *s;
+    float x[COUNT * IN], y[COUNT];
+    tu_rng rng = tu_rng_make(12);
+    dsgd_result rr;
+    double t0;
+    char msg[1024];
+    (void)state;
+    d.timeout_s = 1.0;
+    d.backend_factory = failing_factory;
+    g_fail_armed = 0;
+    s = strat_make(ctx, &d);
+    make_batch(&rng, x, y, COUNT);
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, NULL));
+    g_fail_armed = 1;
+    t0 = dsgd_now();
+    rr = dsgd_strategy_train_step(s, x, y, COUNT, NULL);
+    g_fail_armed = 0;
+    snprintf(msg, sizeof(msg), "%s", dsgd_ctx_last_error(ctx));
+    printf("    device failure on replica 1: %s after %.2f s: %s\n", dsgd_result_string(rr), dsgd_now() - t0, msg);
+    dsgd_strategy_destroy(s); /* before the asserts, so a failure reports no leaks */
+    dsgd_ctx_destroy(ctx);
+    assert_int_not_equal(rr, DSGD_OK);
+    if (rr != DSGD_ERR_BACKEND || !contains(msg, "replica 1") || !contains(msg, "injected device failure"))
+        fail_msg("want DSGD_ERR_BACKEND from replica 1 (\"injected device failure\"), got %s: %s",
+                 dsgd_result_string(rr), msg);
+}
+
+/* ---------------------------------------------------------------- 9: a replica that stops taking part */
+
+typedef struct absent_job {
+    int absent;
+    dsgd_result res[MAXN];
+    double elapsed[MAXN];
+    char msg[MAXN][1024];
+} absent_job;
+
+static dsgd_result absent_fn(dsgd_replica *rep, void *user) {
+    absent_job *j = (absent_job *)user;
+    int r = dsgd_replica_id(rep);
+    float buf[64];
+    double t0;
+    int i;
+    if (r == j->absent) return DSGD_OK; /* never joins */
+    for (i = 0; i < 64; ++i) buf[i] = (float)r;
+    t0 = dsgd_now();
+    j->res[r] = dsgd_allreduce(dsgd_replica_comm(rep), buf, 64, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.0);
+    j->elapsed[r] = dsgd_now() - t0;
+    snprintf(j->msg[r], sizeof(j->msg[r]), "%s", dsgd_ctx_last_error(dsgd_replica_ctx(rep)));
+    return j->res[r];
+}
+
+static void test_absent_replica_times_out(void **state) {
+    enum { N = 4 };
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, N, 4, DSGD_OPT_SGD);
+    dsgd_strategy *s;
+    absent_job job;
+    dsgd_result rr;
+    double t0, elapsed;
+    float x[N * IN], y[N];
+    const char *msg, *hash;
+    int r;
+    (void)state;
+    d.timeout_s = 0.3;
+    s = strat_make(ctx, &d);
+    memset(&job, 0, sizeof(job));
+    job.absent = 3;
+    watchdog_arm("test_absent_replica_times_out", 20);
+    t0 = dsgd_now();
+    rr = dsgd_strategy_run(s, absent_fn, &job);
+    elapsed = dsgd_now() - t0;
+    watchdog_arm("test_absent_replica_times_out (after the run)", 240);
+    msg = dsgd_ctx_last_error(ctx);
+    printf("    absent replica 3: run -> %s after %.3f s: %s\n", dsgd_result_string(rr), elapsed, msg);
+    for (r = 0; r < N - 1; ++r)
+        printf("      replica %d: %s after %.3f s: %s\n", r, dsgd_result_string(job.res[r]), job.elapsed[r], job.msg[r]);
+    assert_int_equal(rr, DSGD_ERR_TIMEOUT);
+    assert_true(elapsed < 3.0);
+    for (r = 0; r < N - 1; ++r) {
+        assert_int_equal(job.res[r], DSGD_ERR_TIMEOUT);
+        assert_true(job.elapsed[r] < 3.0);
+        assert_true(contains(job.msg[r], "waiting for rank"));
+    }
+    /* the message names the collective's sequence number (#1, the first on
+       this communicator) and a rank */
+    hash = strstr(msg, "#1");
+    assert_non_null(hash);
+    assert_false(hash[2] >= '0' && hash[2] <= '9');
+    assert_true(contains(msg, "rank "));
+
+    /* the strategy is unusable afterwards, and says so */
+    make_batch(&(tu_rng){3}, x, y, N);
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_train_step(s, x, y, N, NULL));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_eval_batch(s, x, y, N));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_run(s, absent_fn, &job));
+    watchdog_arm("dsgd_strategy_destroy after a timeout", 20);
+    dsgd_strategy_destroy(s);
+    watchdog_arm("test_absent_replica_times_out (after destroy)", 240);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- 10: bad arguments */
+
+static dsgd_result noop_fn(dsgd_replica *rep, void *user) {
+    (void)rep;
+    (void)user;
+    return DSGD_OK;
+}
+
+static void test_bad_arguments(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d;
+    dsgd_strategy *s = NULL;
+    float x[8 * IN], y[8], buf[4];
+    dsgd_metrics mt;
+    tu_rng rng = tu_rng_make(1);
+    (void)state;
+    make_batch(&rng, x, y, 8);
+
+    /* replica counts */
+    d = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 0, 4, DSGD_OPT_SGD);
+    s = strat_make(ctx, &d);
+    assert_int_equal(dsgd_strategy_num_replicas(s), 1);
+    assert_non_null(dsgd_strategy_model(s, 0));
+    assert_null(dsgd_strategy_model(s, 1));
+    assert_null(dsgd_strategy_model(s, -1));
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, 4, NULL));
+    dsgd_strategy_destroy(s);
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 0, 4, DSGD_OPT_SGD);
+    s = strat_make(ctx, &d); /* default: one replica */
+    assert_int_equal(dsgd_strategy_num_replicas(s), 1);
+    dsgd_strategy_destroy(s);
+    {
+        static const int bad_n[3] = {-1, 300, 257};
+        int i;
+        for (i = 0; i < 3; ++i) {
+            d = strat_desc(DSGD_STRATEGY_MIRRORED, bad_n[i], 4, DSGD_OPT_SGD);
+            s = (dsgd_strategy *)&d; /* must be overwritten with NULL */
+            TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+            assert_null(s);
+        }
+    }
+    d = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 2, 4, DSGD_OPT_SGD);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = strat_desc((dsgd_strategy_kind)7, 2, 4, DSGD_OPT_SGD);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    d.nonfinite = (dsgd_nonfinite_policy)5;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    d.timeout_s = -1.0;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d.timeout_s = NAN;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    d.algorithm = (dsgd_allreduce_algo)42;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    /* a bad model or optimizer desc: the replica's error reaches ctx */
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    d.model.input_dim = 0;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_null(s);
+    assert_true(contains(dsgd_ctx_last_error(ctx), "replica 0"));
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    d.optimizer.lr = -1.0f;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 4, 4, DSGD_OPT_SGD);
+    d.backend_factory = broken_factory;
+    TU_ERR(ctx, DSGD_ERR_BACKEND, dsgd_strategy_create(ctx, &d, &s));
+    assert_null(s);
+    assert_true(contains(dsgd_ctx_last_error(ctx), "replica 2"));
+    assert_true(contains(dsgd_ctx_last_error(ctx), "no device"));
+    /* NULL desc and out */
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, NULL, &s));
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, NULL));
+
+    /* batches: count 1..N * max_batch, x and y non-NULL */
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    s = strat_make(ctx, &d);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, x, y, 0, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, x, y, -3, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, x, y, 9, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, NULL, y, 4, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, x, NULL, 4, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_eval_batch(s, x, y, 9));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_eval_batch(s, NULL, y, 4));
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, 8, NULL)); /* the largest is fine */
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_run(s, NULL, NULL));
+    TU_OK(ctx, dsgd_strategy_run(s, noop_fn, NULL));
+    assert_null(dsgd_strategy_model(s, 2));
+    assert_null(dsgd_strategy_model(s, -1));
+    {
+        float p[NPARAMS + 1];
+        TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_model_get_params(dsgd_strategy_model(s, 1), p, NPARAMS - 1));
+        TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_model_set_params(dsgd_strategy_model(s, 1), p, NPARAMS + 1));
+    }
+    /* variables: bad ids, NULL buffers, replica out of range */
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_read_variable(s, 999, buf));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_read_variable(s, -1, buf));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_read_variable(s, 0, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_read_local(s, 0, 2, buf));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_read_local(s, 0, -1, buf));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_assign_variable(s, 999, buf));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_take_metrics(s, DSGD_METRICS_EVAL, NULL));
+    assert_int_equal(dsgd_strategy_find_variable(s, NULL), -1);
+    assert_int_equal(dsgd_strategy_find_variable(s, "no such"), -1);
+    dsgd_strategy_destroy(s);
+
+    /* NULL strategy */
+    assert_int_equal(dsgd_strategy_train_step(NULL, x, y, 4, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_eval_batch(NULL, x, y, 4), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_run(NULL, noop_fn, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_take_metrics(NULL, DSGD_METRICS_TRAIN, &mt), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_set_aggregation(NULL, "*", DSGD_AGG_SUM, DSGD_SYNC_AUTO), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_read_variable(NULL, 0, buf), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_num_replicas(NULL), 0);
+    assert_null(dsgd_strategy_model(NULL, 0));
+    assert_int_equal(dsgd_replica_assign(NULL, 0, buf), DSGD_ERR_INVALID_ARGUMENT);
+    dsgd_strategy_destroy(NULL);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- main */
+
+static int watch_setup(void **state) {
+    (void)state;
+    watchdog_arm("a test (global watchdog)", 240);
+    return 0;
+}
+
+static int watch_teardown(void **state) {
+    (void)state;
+    alarm(0);
+    return 0;
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, watch_setup, watch_teardown)
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        T(test_contract_optimizers),
+        T(test_contract_algorithms_and_buckets),
+        T(test_contract_staged),
+        T(test_same_seed_bitwise),
+        T(test_uneven_batches),
+        T(test_model_variable_aggregation),
+        T(test_distributed_variables),
+        T(test_metrics),
+        T(test_nonfinite_skip),
+        T(test_nonfinite_error),
+        T(test_replica_fails_alone),
+        T(test_replica_backend_fails_in_exchange),
+        T(test_absent_replica_times_out),
+        T(test_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
