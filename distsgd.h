@@ -1401,8 +1401,15 @@ static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref 
    are bitwise reproducible. */
 
 #ifndef DSGD_USE_CBLAS
+/* The micro-kernel works on NR = 2 vectors of VW floats: 8 with AVX, else 4
+   (SSE2, NEON), so that no vector operation is split into scalars. */
+#if defined(__AVX__)
+#define DSGD__VW 8
+#else
+#define DSGD__VW 4
+#endif
 #define DSGD__MR 6
-#define DSGD__NR 16
+#define DSGD__NR (2 * DSGD__VW)
 #define DSGD__KC 256
 #define DSGD__MC 120
 #define DSGD__NC 2048
@@ -1448,9 +1455,9 @@ static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0
 
 /* C(mr, nr) += alpha * Ap(MR, kc) * Bp(kc, NR) */
 #if defined(__GNUC__) || defined(__clang__)
-/* GNU vector extensions: twelve 8-wide accumulators stay in registers (gcc
-   does not vectorise the plain loop below with the accumulators in them). */
-typedef float dsgd__v8 __attribute__((vector_size(32)));
+/* GNU vector extensions: twelve accumulators stay in registers (gcc does not
+   vectorise the plain loop below with the accumulators in them). */
+typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
 /* loads and zeroing through memcpy/memset: no vector crosses a function
    boundary, so the ABI does not depend on -mavx */
 #define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
@@ -1465,7 +1472,7 @@ static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = z;
     for (p = 0; p < kc; ++p) {
         DSGD__V8_LOAD(b0, bp);
-        DSGD__V8_LOAD(b1, bp + 8);
+        DSGD__V8_LOAD(b1, bp + DSGD__VW);
         c00 += b0 * ap[0]; c01 += b1 * ap[0];
         c10 += b0 * ap[1]; c11 += b1 * ap[1];
         c20 += b0 * ap[2]; c21 += b1 * ap[2];
@@ -1475,12 +1482,12 @@ static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float
         ap += DSGD__MR;
         bp += DSGD__NR;
     }
-    memcpy(acc[0], &c00, 32); memcpy(acc[0] + 8, &c01, 32);
-    memcpy(acc[1], &c10, 32); memcpy(acc[1] + 8, &c11, 32);
-    memcpy(acc[2], &c20, 32); memcpy(acc[2] + 8, &c21, 32);
-    memcpy(acc[3], &c30, 32); memcpy(acc[3] + 8, &c31, 32);
-    memcpy(acc[4], &c40, 32); memcpy(acc[4] + 8, &c41, 32);
-    memcpy(acc[5], &c50, 32); memcpy(acc[5] + 8, &c51, 32);
+    memcpy(acc[0], &c00, sizeof(z)); memcpy(acc[0] + DSGD__VW, &c01, sizeof(z));
+    memcpy(acc[1], &c10, sizeof(z)); memcpy(acc[1] + DSGD__VW, &c11, sizeof(z));
+    memcpy(acc[2], &c20, sizeof(z)); memcpy(acc[2] + DSGD__VW, &c21, sizeof(z));
+    memcpy(acc[3], &c30, sizeof(z)); memcpy(acc[3] + DSGD__VW, &c31, sizeof(z));
+    memcpy(acc[4], &c40, sizeof(z)); memcpy(acc[4] + DSGD__VW, &c41, sizeof(z));
+    memcpy(acc[5], &c50, sizeof(z)); memcpy(acc[5] + DSGD__VW, &c51, sizeof(z));
     for (i = 0; i < mr; ++i)
         for (j = 0; j < nr; ++j) c[(size_t)i * ldc + j] += alpha * acc[i][j];
 }

@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     dsgd_sampler sampler;
     float *xb, *yb;
     double t_start;
-    size_t nb;
+    size_t nb, eval_chunk;
 
     for (a = 1; a < argc; ++a) {
         if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
@@ -94,6 +94,7 @@ int main(int argc, char **argv) {
     sd.optimizer.schedule.kind = DSGD_SCHEDULE_COSINE;
     sd.optimizer.schedule.warmup_steps = (int64_t)nb / 2;
     sd.optimizer.schedule.total_steps = (int64_t)nb * epochs;
+    eval_chunk = (size_t)replicas * (size_t)sd.model.max_batch;
     if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return fail(ctx);
     printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d\n",
            train.n, test.n, replicas, batch, global);
@@ -121,8 +122,8 @@ int main(int argc, char **argv) {
             skipped += info.skipped;
         }
         dt = dsgd_now() - t0;
-        for (i = 0; i < test.n; i += 4000) {
-            size_t n = test.n - i < 4000 ? test.n - i : 4000;
+        for (i = 0; i < test.n; i += eval_chunk) { /* sharded too: at most max_batch per replica */
+            size_t n = test.n - i < eval_chunk ? test.n - i : eval_chunk;
             if (dsgd_strategy_eval_batch(strategy, test.x + i * test.dim, test.y + i, (int)n) != DSGD_OK) return fail(ctx);
         }
         if (dsgd_strategy_take_metrics(strategy, DSGD_METRICS_TRAIN, &tr) != DSGD_OK ||
