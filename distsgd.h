@@ -360,7 +360,8 @@ typedef struct dsgd_backend_i {
                                     dsgd_ref param, dsgd_ref grad, dsgd_ref m1,
                                     dsgd_ref m2, size_t n);
     /* *sumsq = sum of x^2 over the finite entries (double), *nonfinite = number
-       of NaN and infinite entries. */
+       of NaN and infinite entries. Either pointer may be NULL; with sumsq NULL
+       a backend may take a faster path that only counts non-finite values. */
     dsgd_result (*norm_check)(void *impl, dsgd_ref x, size_t n, double *sumsq,
                               size_t *nonfinite);
     /* optional: wait until all queued operations are done. */
@@ -1802,6 +1803,19 @@ static dsgd_result dsgd__cpu_norm_check(void *impl, dsgd_ref rx, size_t n, doubl
     double s = 0.0;
     size_t bad = 0, i;
     if (!x) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!sumsq) {
+        /* finiteness only (the strategies' check every step): an exponent of
+           all ones is NaN or infinity; an integer OR vectorises */
+        uint32_t any = 0, u;
+        for (i = 0; i < n; ++i) {
+            memcpy(&u, x + i, sizeof(u));
+            any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (!any) {
+            if (nonfinite) *nonfinite = 0;
+            return DSGD_OK;
+        }
+    }
     for (i = 0; i < n; ++i) {
         if (isfinite(x[i]))
             s += (double)x[i] * (double)x[i];
