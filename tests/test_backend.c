@@ -892,6 +892,16 @@ static void test_norm_check(void **state) {
     TU_OK(f->ctx, f->be.norm_check(f->be.impl, mkref(b, OFF), 0, &sumsq, &nonfinite));
     TU_NEAR(sumsq, 0, 0);
     assert_int_equal(nonfinite, 0);
+    /* finiteness only (sumsq NULL: the fast path), with and without bad values */
+    nonfinite = 99;
+    TU_OK(f->ctx, f->be.norm_check(f->be.impl, mkref(b, OFF), N, NULL, &nonfinite));
+    assert_int_equal(nonfinite, 3);
+    nonfinite = 99;
+    TU_OK(f->ctx, f->be.norm_check(f->be.impl, mkref(b, OFF + 11), 400, NULL, &nonfinite));
+    assert_int_equal(nonfinite, 0);
+    nonfinite = 99;
+    TU_OK(f->ctx, f->be.norm_check(f->be.impl, mkref(b, OFF + N - 1), 1, NULL, &nonfinite));
+    assert_int_equal(nonfinite, 1);
     freebuf(f, b);
     free(x);
 }
