@@ -1,0 +1,2485 @@
+/* distsgd_cl.h - v0.1.0 - OpenCL backend for distsgd (GEMM by CLBlast, every
+   other operation by our own OpenCL C kernels).
+   MIT licence (see the end of distsgd.h).
+
+   This header adds a dsgd_backend_i that runs on any OpenCL 1.2 device (AMD,
+   Intel and NVIDIA GPUs, CPUs through PoCL) through the Khronos ICD loader.
+   Matrix products go to CLBlast's C API; bias, activations, losses, optimizer
+   updates, scale/axpy and the non-finite check are kernels embedded below as
+   source and built once per context.
+
+   USING IT
+
+     In exactly one C or C++ file:
+
+         #define DISTSGD_IMPLEMENTATION      (unless another file has it)
+         #define DISTSGD_CL_IMPLEMENTATION
+         #include "distsgd_cl.h"             (it includes distsgd.h)
+
+     Build with the flags of pkg-config's OpenCL and clblast packages:
+
+         cc -std=c99 app.c $(pkg-config --cflags OpenCL clblast) \
+            $(pkg-config --libs OpenCL clblast) -lm -lpthread
+
+     On Debian/Ubuntu: ocl-icd-opencl-dev opencl-headers libclblast-dev, plus a
+     driver (ICD): pocl-opencl-icd for the CPU, or the GPU vendor's (below).
+
+   A COMPLETE PROGRAM (a model on the default OpenCL device)
+
+         #define DISTSGD_IMPLEMENTATION
+         #define DISTSGD_CL_IMPLEMENTATION
+         #include "distsgd_cl.h"
+         #include <stdio.h>
+
+         int main(void) {
+             float x[8] = {0,0, 0,1, 1,0, 1,1}, y[4] = {0, 1, 1, 0};
+             dsgd_layer_desc layers[2] = {{8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+                                          {2, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+             dsgd_model_desc md = {0};
+             dsgd_cl_context_desc cd = {0};
+             dsgd_backend_i be;
+             dsgd_ctx *ctx; dsgd_cl_context *cl; dsgd_model *m;
+             if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+             if (dsgd_cl_context_create(ctx, &cd, &cl) != DSGD_OK ||
+                 dsgd_cl_backend_create(ctx, cl, NULL, &be) != DSGD_OK) {
+                 fprintf(stderr, "%s\n", dsgd_ctx_last_error(ctx)); return 1;
+             }
+             md.input_dim = 2; md.layers = layers; md.num_layers = 2;
+             md.max_batch = 4; md.backend = &be;
+             if (dsgd_model_create(ctx, &md, &m) == DSGD_OK) {
+                 dsgd_model_compute_gradients(m, x, y, 4, 1.0f / 4);
+                 dsgd_model_destroy(m);
+             }
+             be.destroy(be.impl);
+             dsgd_cl_context_destroy(cl);
+             dsgd_ctx_destroy(ctx);
+             return 0;
+         }
+
+   DEVICES
+
+     dsgd_cl_list_devices() lists every device of every platform, numbered in
+     that order (platform 0's devices first). A context opens devices of one
+     platform, chosen by a spec string (dsgd_cl_context_desc.device, or the
+     environment when that is NULL):
+
+         ""  or "default"    the first GPU, else the first device of any type
+         "gpu" "cpu" "accelerator" "all"
+                             the first device of that type
+         "N"                 device N of the list (a number)
+         "P:D"               device D of platform P
+         "P:gpu", "P:cpu"... the first device of that type on platform P
+
+     Environment (read only when desc.device is NULL):
+         DSGD_CL_DEVICE        a spec as above
+         DSGD_CL_PLATFORM      a platform index, when the spec names none
+         DSGD_CL_DEVICE_TYPE   gpu|cpu|accelerator|all, when the spec names no
+                               type and no index
+
+     Several devices: desc.max_devices > 1 opens up to that many devices of
+     the chosen platform (of the chosen device's type) in one cl_context.
+     Replicas go round-robin: replica r's backend uses device
+     r % dsgd_cl_context_num_devices(). Any number of backends may share a
+     context and a device; each has its own in-order command queue.
+
+     Gradients reach a transport through mapped buffers: dsgd_cl_map()
+     returns a host pointer to a range of a buffer. Buffers are allocated with
+     CL_MEM_ALLOC_HOST_PTR where the device shares memory with the host
+     (CL_DEVICE_HOST_UNIFIED_MEMORY: CPUs, integrated GPUs), so mapping there
+     copies nothing. buffer_host_ptr() returns NULL: OpenCL buffers are never
+     permanently host-addressable.
+
+   GEMM TUNING
+
+     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
+     (PoCL on a CPU above all) they can be several times slower than good ones.
+     tools/cl_tune searches CLBlast's Xgemm parameters (and the size below which
+     CLBlast's single-kernel "direct" GEMM is used, XGEMM_MIN_INDIRECT_SIZE) at
+     the shapes a model uses, within a time bound, checks every candidate's
+     results, and writes the winner to a per-device cache file:
+
+         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
+                                        or exists as one)
+         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
+         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
+
+     dsgd_cl_context_desc.tune_cache overrides the environment. At context
+     creation each device's file is read and applied with
+     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
+     made for another device (platform name, device name and driver version are
+     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
+     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
+     (no warning). Overrides are process-wide per device (CLBlast keeps them
+     in a global table and has no call to undo them), so once a context has
+     applied tuned parameters, later contexts on that device in the same
+     process use them too.
+
+   COLD START (PoCL)
+
+     CLBlast compiles its GEMM kernels on the first call with a given set of
+     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
+     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
+     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
+     are built once per context and cached by PoCL the same way. Each tuning
+     candidate is a new compile, which is what bounds the tuner's speed.
+
+   ERRORS
+
+     Every OpenCL and CLBlast failure becomes a dsgd_result recorded on the
+     backend's (or the call's) dsgd_ctx with a message that names the call and
+     the error, e.g. "clEnqueueNDRangeKernel(bias_act_forward):
+     CL_OUT_OF_RESOURCES (-5)". CL_MEM_OBJECT_ALLOCATION_FAILURE,
+     CL_OUT_OF_HOST_MEMORY and CL_INVALID_BUFFER_SIZE (a buffer larger than
+     the device allows) are DSGD_ERR_OUT_OF_MEMORY, everything else
+     DSGD_ERR_BACKEND. A kernel build failure's message carries the build log
+     (the full log is also logged at DSGD_LOG_ERROR). No platform or no
+     matching device is DSGD_ERR_BACKEND with a message saying which and how
+     to get one. Bad arguments (ranges outside a buffer, bad sizes) are
+     DSGD_ERR_INVALID_ARGUMENT, as on the CPU backend.
+
+   PRECISION (against the CPU reference backend)
+
+     Kernels are built with FP_CONTRACT off and, where the device supports it,
+     -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
+     the optimizer updates and relu match the CPU backend bit for bit. tanh,
+     sigmoid and the losses use OpenCL's exp/tanh/log (a few ulp). The losses
+     and norm_check accumulate in double when every device of the context has
+     cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
+     are float, summed in double on the host). Reductions have a fixed order
+     for a given size and device: same inputs, same bits.
+
+   THREAD SAFETY
+
+     A dsgd_cl_context may be shared by backends used from different threads
+     (OpenCL contexts and programs are thread-safe); create and destroy it on
+     one thread while no backend uses it. Each backend (its queue and kernel
+     objects) is used by one thread at a time, like its dsgd_ctx.
+*/
+#ifndef DISTSGD_CL_H
+#define DISTSGD_CL_H
+
+#include "distsgd.h"
+
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#ifndef CL_USE_DEPRECATED_OPENCL_1_2_APIS
+#define CL_USE_DEPRECATED_OPENCL_1_2_APIS /* clCreateCommandQueue under newer targets */
+#endif
+#if defined(__APPLE__)
+#include <OpenCL/opencl.h>
+#else
+#include <CL/cl.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- devices */
+
+#define DSGD_CL_MAX_NAME 128
+#define DSGD_CL_MAX_DEVICES 16
+
+typedef enum dsgd_cl_device_type {
+    DSGD_CL_DEVICE_DEFAULT = 0, /* a GPU if there is one, else any device */
+    DSGD_CL_DEVICE_GPU,
+    DSGD_CL_DEVICE_CPU,
+    DSGD_CL_DEVICE_ACCELERATOR,
+    DSGD_CL_DEVICE_ALL /* any type */
+} dsgd_cl_device_type;
+
+typedef struct dsgd_cl_device_info {
+    int index;          /* position in dsgd_cl_list_devices()'s list */
+    int platform_index; /* the platform's position in clGetPlatformIDs */
+    int device_index;   /* the device's position within its platform */
+    char platform_name[DSGD_CL_MAX_NAME];
+    char platform_version[DSGD_CL_MAX_NAME];
+    char device_name[DSGD_CL_MAX_NAME];
+    char device_vendor[DSGD_CL_MAX_NAME];
+    char device_version[DSGD_CL_MAX_NAME];
+    char driver_version[DSGD_CL_MAX_NAME];
+    dsgd_cl_device_type type; /* GPU, CPU, ACCELERATOR, or ALL for other types */
+    uint64_t global_mem_bytes;
+    uint64_t max_alloc_bytes;
+    uint64_t local_mem_bytes;
+    unsigned compute_units;
+    unsigned max_clock_mhz;
+    size_t max_work_group_size;
+    int fp64;           /* cl_khr_fp64 */
+    int unified_memory; /* CL_DEVICE_HOST_UNIFIED_MEMORY */
+} dsgd_cl_device_info;
+
+/* Lists every device of every platform. Fills out[0 .. min(capacity, total))
+   and sets *count to the total (so capacity 0 with out NULL counts them).
+   No OpenCL platform at all is not an error here: *count is 0.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (count NULL), DSGD_ERR_BACKEND.
+   Thread safety: any thread. */
+DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out,
+                                          int capacity, int *count);
+/* "gpu", "cpu", "accelerator", "all", "default". */
+DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t);
+/* The name of an OpenCL or CLBlast error code ("CL_OUT_OF_RESOURCES",
+   "CLBlastInvalidLeadDimA"); "unknown OpenCL error" otherwise. Never NULL. */
+DSGD_API const char *dsgd_cl_error_string(int code);
+
+/* ---------------------------------------------------------------- context */
+
+typedef enum dsgd_cl_tuning {
+    DSGD_CL_TUNING_AUTO = 0, /* apply the device's tuning cache file if valid */
+    DSGD_CL_TUNING_OFF       /* leave CLBlast's parameters alone, read no file */
+} dsgd_cl_tuning;
+
+typedef struct dsgd_cl_context_desc {
+    const char *device;    /* device spec (see DEVICES); NULL: the environment */
+    int max_devices;       /* devices to open for round-robin placement; 0: 1 */
+    dsgd_cl_tuning tuning; /* default AUTO */
+    const char *tune_cache; /* file or directory; NULL: $DSGD_CL_TUNE_CACHE, else
+                               the user cache directory (see GEMM TUNING) */
+    const char *build_options; /* appended to our kernels' clBuildProgram
+                                  options; NULL: none */
+} dsgd_cl_context_desc;
+
+typedef struct dsgd_cl_context dsgd_cl_context;
+
+/* Opens the chosen device(s) in one cl_context, builds our kernels for them,
+   and applies each device's tuned GEMM parameters (see GEMM TUNING). desc may
+   be NULL (all defaults). Errors: DSGD_ERR_BACKEND (no platform, no matching
+   device, an OpenCL error, a kernel build failure with its log),
+   DSGD_ERR_INVALID_ARGUMENT (bad spec), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread; see THREAD SAFETY for sharing. */
+DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
+                                            dsgd_cl_context **out);
+/* Destroys the context; every backend created from it must be destroyed first. */
+DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c);
+DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c);
+/* Information on the context's device i (NULL when i is out of range). */
+DSGD_API const dsgd_cl_device_info *dsgd_cl_context_device_info(const dsgd_cl_context *c, int i);
+/* 1 when device i runs with tuned GEMM parameters applied by this library
+   (from a cache file or dsgd_cl_apply_gemm_params), else 0. */
+DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i);
+/* 1 when the kernels accumulate in double (every device has cl_khr_fp64). */
+DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
+DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
+DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
+
+/* ---------------------------------------------------------------- backend */
+
+typedef struct dsgd_cl_backend_desc {
+    int device;       /* index into the context's devices; default 0 */
+    int host_visible; /* 0: CL_MEM_ALLOC_HOST_PTR buffers where the device has
+                         unified memory; 1: always; -1: never */
+    int profiling;    /* non-zero: the queue has CL_QUEUE_PROFILING_ENABLE */
+} dsgd_cl_backend_desc;
+
+/* Fills *out with an OpenCL backend on device desc->device of context c, with
+   its own command queue. desc may be NULL. Errors are recorded on ctx, which
+   must outlive the backend, as must c. Destroy with out->destroy(out->impl).
+   Errors: DSGD_ERR_INVALID_ARGUMENT, DSGD_ERR_BACKEND, DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: one backend per thread at a time. */
+DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c,
+                                            const dsgd_cl_backend_desc *desc,
+                                            dsgd_backend_i *out);
+/* 1 when b was made by dsgd_cl_backend_create. */
+DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b);
+/* The backend's queue, device and context (NULL when b is not OpenCL). */
+DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b);
+DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b);
+DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b);
+/* The cl_mem of a buffer made by an OpenCL backend (the ref's offsets are in
+   floats from its start). */
+DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
+
+#define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
+#define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
+
+/* Maps count floats at ref into host memory after all queued work is done
+   (blocking). Zero-copy on devices with unified memory. Each map must be
+   undone by dsgd_cl_unmap before kernels use the range again.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (not an OpenCL backend, range outside the
+   buffer, flags 0), DSGD_ERR_BACKEND. */
+DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *b, dsgd_ref ref, size_t count, int flags,
+                                 float **out);
+/* Unmaps a pointer dsgd_cl_map returned for ref's buffer; the writes become
+   visible to later operations on the backend's queue. */
+DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *b, dsgd_ref ref, float *ptr);
+
+/* ---------------------------------------------------------------- GEMM tuning */
+
+#define DSGD_CL_XGEMM_NPARAMS 16
+#define DSGD_CL_DIRECT_NPARAMS 10
+
+/* A set of CLBlast GEMM parameters for one device (single precision). */
+typedef struct dsgd_cl_gemm_params {
+    int xgemm_set; /* non-zero: xgemm[] holds Xgemm's parameters in the order of
+                      dsgd_cl_xgemm_param_name(): GEMMK KREG KWG KWI MDIMA MDIMC
+                      MWG NDIMB NDIMC NWG SA SB STRM STRN VWM VWN */
+    size_t xgemm[DSGD_CL_XGEMM_NPARAMS];
+    int direct_set; /* XgemmDirect: KWID MDIMAD MDIMCD NDIMBD NDIMCD PADA PADB
+                       VWMD VWND WGD */
+    size_t direct[DSGD_CL_DIRECT_NPARAMS];
+    int min_indirect_set; /* GemmRoutine's XGEMM_MIN_INDIRECT_SIZE: GEMMs with
+                             m*n*k below its cube use the direct kernel */
+    size_t min_indirect;
+} dsgd_cl_gemm_params;
+
+/* Parameter names (NULL when i is out of range). */
+DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
+DSGD_API const char *dsgd_cl_direct_param_name(int i);
+/* Checks the divisibility rules CLBlast's kernels need, and the limits of
+   its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
+   rejected set would fail to build, crash or compute wrong results.
+   Returns 1 when valid. */
+DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
+
+/* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
+   *_set is non-zero). Process-wide for that device; takes effect at the next
+   GEMM (which compiles the kernels for the new parameters).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (invalid set), DSGD_ERR_BACKEND. */
+DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
+                                               const dsgd_cl_gemm_params *p);
+/* The tuning cache file for device i: desc_path (file or directory), else
+   $DSGD_CL_TUNE_CACHE, else the user cache directory. Writes it to buf.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (no HOME and no XDG_CACHE_HOME, buffer
+   too small). */
+DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
+                                             const char *desc_path, char *buf, size_t cap);
+/* Reads a cache file and checks that it was made for device i of c.
+   Errors: DSGD_ERR_IO (missing, unreadable), DSGD_ERR_FORMAT (corrupt:
+   with the line and what is wrong), DSGD_ERR_STATE (made for another device:
+   the message names both). */
+DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, dsgd_cl_gemm_params *out);
+/* Writes a cache file for device i (creating the directory, one level),
+   atomically (temporary file, then rename). note, if non-NULL, is stored as a
+   comment line. Errors: DSGD_ERR_IO, DSGD_ERR_INVALID_ARGUMENT. */
+DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, const dsgd_cl_gemm_params *p,
+                                              const char *note);
+
+/* One GEMM shape: C(m,n) = op(A)(m,k) op(B)(k,n), row-major, dense. */
+typedef struct dsgd_cl_gemm_shape {
+    int trans_a, trans_b;
+    int m, n, k;
+} dsgd_cl_gemm_shape;
+
+/* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
+   the first layer's input gradient (256x784x512 NT): forward NN, weight
+   gradient TN, input gradient NT per layer. Copies up to cap shapes into out
+   (out may be NULL) and returns how many there are (9). */
+DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap);
+
+/* Times b's gemm at each shape: one warm-up call (which compiles), then
+   `repeats` timed calls (each to completion); median_s[i] gets the median.
+   When max_rel_err is non-NULL the warm-up result is checked against a
+   double-precision host product on seeded random inputs and *max_rel_err is
+   the largest |C - ref| / sum_k |a||b| over all shapes. b may be any backend.
+   Errors: DSGD_ERR_INVALID_ARGUMENT, backend errors. */
+DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b,
+                                          const dsgd_cl_gemm_shape *shapes, int num_shapes,
+                                          int repeats, double *median_s, double *max_rel_err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DISTSGD_CL_H */
+
+/* ======================================================================== */
+/*                              IMPLEMENTATION                              */
+/* ======================================================================== */
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__IMPLEMENTED)
+#define DSGD_CL__IMPLEMENTED
+
+#include <clblast_c.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
+#define DSGD_CL__MALLOC(sz) DSGD_MALLOC(sz)
+#define DSGD_CL__FREE(p) DSGD_FREE(p)
+#else
+#define DSGD_CL__MALLOC(sz) malloc(sz)
+#define DSGD_CL__FREE(p) free(p)
+#endif
+
+#define DSGD_CL__UNUSED(x) ((void)(x))
+
+/* >>error names ------------------------------------------------------------- */
+
+#define DSGD_CL__ERROR_LIST(X)                                                 \
+    X(0, "CL_SUCCESS")                                                         \
+    X(-1, "CL_DEVICE_NOT_FOUND")                                               \
+    X(-2, "CL_DEVICE_NOT_AVAILABLE")                                           \
+    X(-3, "CL_COMPILER_NOT_AVAILABLE")                                         \
+    X(-4, "CL_MEM_OBJECT_ALLOCATION_FAILURE")                                  \
+    X(-5, "CL_OUT_OF_RESOURCES")                                               \
+    X(-6, "CL_OUT_OF_HOST_MEMORY")                                             \
+    X(-7, "CL_PROFILING_INFO_NOT_AVAILABLE")                                   \
+    X(-8, "CL_MEM_COPY_OVERLAP")                                               \
+    X(-9, "CL_IMAGE_FORMAT_MISMATCH")                                          \
+    X(-10, "CL_IMAGE_FORMAT_NOT_SUPPORTED")                                    \
+    X(-11, "CL_BUILD_PROGRAM_FAILURE")                                         \
+    X(-12, "CL_MAP_FAILURE")                                                   \
+    X(-13, "CL_MISALIGNED_SUB_BUFFER_OFFSET")                                  \
+    X(-14, "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST")                     \
+    X(-15, "CL_COMPILE_PROGRAM_FAILURE")                                       \
+    X(-16, "CL_LINKER_NOT_AVAILABLE")                                          \
+    X(-17, "CL_LINK_PROGRAM_FAILURE")                                          \
+    X(-18, "CL_DEVICE_PARTITION_FAILED")                                       \
+    X(-19, "CL_KERNEL_ARG_INFO_NOT_AVAILABLE")                                 \
+    X(-30, "CL_INVALID_VALUE")                                                 \
+    X(-31, "CL_INVALID_DEVICE_TYPE")                                           \
+    X(-32, "CL_INVALID_PLATFORM")                                              \
+    X(-33, "CL_INVALID_DEVICE")                                                \
+    X(-34, "CL_INVALID_CONTEXT")                                               \
+    X(-35, "CL_INVALID_QUEUE_PROPERTIES")                                      \
+    X(-36, "CL_INVALID_COMMAND_QUEUE")                                         \
+    X(-37, "CL_INVALID_HOST_PTR")                                              \
+    X(-38, "CL_INVALID_MEM_OBJECT")                                            \
+    X(-39, "CL_INVALID_IMAGE_FORMAT_DESCRIPTOR")                               \
+    X(-40, "CL_INVALID_IMAGE_SIZE")                                            \
+    X(-41, "CL_INVALID_SAMPLER")                                               \
+    X(-42, "CL_INVALID_BINARY")                                                \
+    X(-43, "CL_INVALID_BUILD_OPTIONS")                                         \
+    X(-44, "CL_INVALID_PROGRAM")                                               \
+    X(-45, "CL_INVALID_PROGRAM_EXECUTABLE")                                    \
+    X(-46, "CL_INVALID_KERNEL_NAME")                                           \
+    X(-47, "CL_INVALID_KERNEL_DEFINITION")                                     \
+    X(-48, "CL_INVALID_KERNEL")                                                \
+    X(-49, "CL_INVALID_ARG_INDEX")                                             \
+    X(-50, "CL_INVALID_ARG_VALUE")                                             \
+    X(-51, "CL_INVALID_ARG_SIZE")                                              \
+    X(-52, "CL_INVALID_KERNEL_ARGS")                                           \
+    X(-53, "CL_INVALID_WORK_DIMENSION")                                        \
+    X(-54, "CL_INVALID_WORK_GROUP_SIZE")                                       \
+    X(-55, "CL_INVALID_WORK_ITEM_SIZE")                                        \
+    X(-56, "CL_INVALID_GLOBAL_OFFSET")                                         \
+    X(-57, "CL_INVALID_EVENT_WAIT_LIST")                                       \
+    X(-58, "CL_INVALID_EVENT")                                                 \
+    X(-59, "CL_INVALID_OPERATION")                                             \
+    X(-60, "CL_INVALID_GL_OBJECT")                                             \
+    X(-61, "CL_INVALID_BUFFER_SIZE")                                           \
+    X(-62, "CL_INVALID_MIP_LEVEL")                                             \
+    X(-63, "CL_INVALID_GLOBAL_WORK_SIZE")                                      \
+    X(-64, "CL_INVALID_PROPERTY")                                              \
+    X(-65, "CL_INVALID_IMAGE_DESCRIPTOR")                                      \
+    X(-66, "CL_INVALID_COMPILER_OPTIONS")                                      \
+    X(-67, "CL_INVALID_LINKER_OPTIONS")                                        \
+    X(-68, "CL_INVALID_DEVICE_PARTITION_COUNT")                                \
+    X(-69, "CL_INVALID_PIPE_SIZE")                                             \
+    X(-70, "CL_INVALID_DEVICE_QUEUE")                                          \
+    X(-71, "CL_INVALID_SPEC_ID")                                               \
+    X(-72, "CL_MAX_SIZE_RESTRICTION_EXCEEDED")                                 \
+    X(-1001, "CL_PLATFORM_NOT_FOUND_KHR")                                      \
+    X(-1024, "CLBlastNotImplemented")                                          \
+    X(-1022, "CLBlastInvalidMatrixA")                                          \
+    X(-1021, "CLBlastInvalidMatrixB")                                          \
+    X(-1020, "CLBlastInvalidMatrixC")                                          \
+    X(-1019, "CLBlastInvalidVectorX")                                          \
+    X(-1018, "CLBlastInvalidVectorY")                                          \
+    X(-1017, "CLBlastInvalidDimension")                                        \
+    X(-1016, "CLBlastInvalidLeadDimA")                                         \
+    X(-1015, "CLBlastInvalidLeadDimB")                                         \
+    X(-1014, "CLBlastInvalidLeadDimC")                                         \
+    X(-1013, "CLBlastInvalidIncrementX")                                       \
+    X(-1012, "CLBlastInvalidIncrementY")                                       \
+    X(-1011, "CLBlastInsufficientMemoryA")                                     \
+    X(-1010, "CLBlastInsufficientMemoryB")                                     \
+    X(-1009, "CLBlastInsufficientMemoryC")                                     \
+    X(-1008, "CLBlastInsufficientMemoryX")                                     \
+    X(-1007, "CLBlastInsufficientMemoryY")                                     \
+    X(-2050, "CLBlastInsufficientMemoryTemp")                                  \
+    X(-2049, "CLBlastInvalidBatchCount")                                       \
+    X(-2048, "CLBlastInvalidOverrideKernel")                                   \
+    X(-2047, "CLBlastMissingOverrideParameter")                                \
+    X(-2046, "CLBlastInvalidLocalMemUsage")                                    \
+    X(-2045, "CLBlastNoHalfPrecision")                                         \
+    X(-2044, "CLBlastNoDoublePrecision")                                       \
+    X(-2043, "CLBlastInvalidVectorScalar")                                     \
+    X(-2042, "CLBlastInsufficientMemoryScalar")                                \
+    X(-2041, "CLBlastDatabaseError")                                           \
+    X(-2040, "CLBlastUnknownError")                                            \
+    X(-2039, "CLBlastUnexpectedError")
+
+DSGD_API const char *dsgd_cl_error_string(int code) {
+    switch (code) {
+#define DSGD_CL__ERROR_CASE(value, text) \
+    case value:                          \
+        return text;
+        DSGD_CL__ERROR_LIST(DSGD_CL__ERROR_CASE)
+#undef DSGD_CL__ERROR_CASE
+    default:
+        return "unknown OpenCL error";
+    }
+}
+
+/* Records an OpenCL or CLBlast failure as "call(what): NAME (code)". */
+static dsgd_result dsgd_cl__fail(dsgd_ctx *ctx, int err, const char *call, const char *what) {
+    dsgd_result r = DSGD_ERR_BACKEND;
+    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY ||
+        err == CL_INVALID_BUFFER_SIZE)
+        r = DSGD_ERR_OUT_OF_MEMORY;
+    return dsgd_ctx_set_error(ctx, r, "%s(%s): %s (%d)", call, what ? what : "",
+                              dsgd_cl_error_string(err), err);
+}
+
+/* >>kernels ----------------------------------------------------------------- */
+/* Our OpenCL C 1.2 kernels. Offsets and counts travel as ulong (size_t is not
+   a valid kernel argument type); every kernel checks its index against the
+   size, so global sizes are rounded up to whole work-groups. The source is an
+   array of pieces because C99 compilers need only support 4095-character
+   string literals. */
+
+static const char *const dsgd_cl__source[] = {
+    "#pragma OPENCL FP_CONTRACT OFF\n"
+    "#ifdef DSGD_CL_FP64\n"
+    "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+    "typedef double acc_t;\n"
+    "#else\n"
+    "typedef float acc_t;\n"
+    "#endif\n"
+    "#ifdef DSGD_CL_SELFTEST_BUILD_ERROR\n"
+    "#error \"deliberate build failure requested by DSGD_CL_SELFTEST_BUILD_ERROR\"\n"
+    "#endif\n"
+    "\n"
+    "float dsgd_act(int act, float v) {\n"
+    "    if (act == 1) return v > 0.0f ? v : 0.0f;\n"
+    "    if (act == 2) return tanh(v);\n"
+    "    if (act == 3) return 1.0f / (1.0f + exp(-v));\n"
+    "    return v;\n"
+    "}\n"
+    "\n"
+    "__kernel void dsgd_scale(__global float *x, ulong off, float alpha, ulong n) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < n) x[off + i] = x[off + i] * alpha;\n"
+    "}\n"
+    "\n"
+    "__kernel void dsgd_axpy(__global float *y, ulong yoff, float alpha,\n"
+    "                        __global const float *x, ulong xoff, ulong n) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < n) y[yoff + i] = y[yoff + i] + alpha * x[xoff + i];\n"
+    "}\n"
+    "\n"
+    "/* y(m,n) = act(y + bias) over total = m*n entries */\n"
+    "__kernel void dsgd_bias_act(__global float *y, ulong yoff, __global const float *b,\n"
+    "                            ulong boff, int has_bias, int act, uint n, ulong total) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < total) {\n"
+    "        float v = y[yoff + i];\n"
+    "        if (has_bias) v = v + b[boff + i % n];\n"
+    "        y[yoff + i] = dsgd_act(act, v);\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* dy *= act'(y), written in terms of the activation's output y */\n"
+    "__kernel void dsgd_act_backward(__global float *dy, ulong dyoff, __global const float *y,\n"
+    "                                ulong yoff, int act, ulong n) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < n) {\n"
+    "        float d = dy[dyoff + i], v = y[yoff + i];\n"
+    "        if (act == 1) d = v > 0.0f ? d : 0.0f;\n"
+    "        else if (act == 2) d = d * (1.0f - v * v);\n"
+    "        else if (act == 3) d = d * (v * (1.0f - v));\n"
+    "        dy[dyoff + i] = d;\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* db(n) = column sums of dy(m,n): one work-item per column, rows in order */\n"
+    "__kernel void dsgd_bias_backward(__global float *db, ulong dboff, __global const float *dy,\n"
+    "                                 ulong dyoff, uint m, uint n) {\n"
+    "    uint j = get_global_id(0);\n"
+    "    if (j < n) {\n"
+    "        float s = 0.0f;\n"
+    "        for (uint i = 0; i < m; ++i) s = s + dy[dyoff + (ulong)i * n + j];\n"
+    "        db[dboff + j] = s;\n"
+    "    }\n"
+    "}\n",
+
+    "/* Softmax cross-entropy, one work-item per sample. rows[2i] = the sample's\n"
+    "   loss, rows[2i+1] = 1 when argmax == class, else 0; -1 marks a class that\n"
+    "   is not an integer in [0, c). */\n"
+    "__kernel void dsgd_xent_rows(uint m, uint c, __global const float *pred, ulong poff,\n"
+    "                             __global const float *tgt, ulong toff, float gs,\n"
+    "                             __global float *dpred, ulong doff, int want_grad,\n"
+    "                             __global acc_t *rows) {\n"
+    "    uint i = get_global_id(0);\n"
+    "    if (i >= m) return;\n"
+    "    __global const float *z = pred + poff + (ulong)i * c;\n"
+    "    float t = tgt[toff + i];\n"
+    "    if (!(t >= 0.0f && t < (float)c) || t != floor(t)) {\n"
+    "        rows[2 * i] = 0; rows[2 * i + 1] = -1; return;\n"
+    "    }\n"
+    "    uint cls = (uint)t, best = 0;\n"
+    "    for (uint j = 1; j < c; ++j) if (z[j] > z[best]) best = j;\n"
+    "    acc_t mx = z[best], sum = 0;\n"
+    "    for (uint j = 0; j < c; ++j) sum += exp((acc_t)z[j] - mx);\n"
+    "    acc_t lse = mx + log(sum);\n"
+    "    rows[2 * i] = lse - (acc_t)z[cls];\n"
+    "    rows[2 * i + 1] = best == cls ? 1 : 0;\n"
+    "    if (want_grad) {\n"
+    "        __global float *d = dpred + doff + (ulong)i * c;\n"
+    "        for (uint j = 0; j < c; ++j) {\n"
+    "            acc_t p = exp((acc_t)z[j] - lse);\n"
+    "            d[j] = (float)((acc_t)gs * (p - (j == cls ? (acc_t)1 : (acc_t)0)));\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* Mean squared error, one work-item per sample (rows as above). */\n"
+    "__kernel void dsgd_mse_rows(uint m, uint c, __global const float *pred, ulong poff,\n"
+    "                            __global const float *tgt, ulong toff, float gs,\n"
+    "                            __global float *dpred, ulong doff, int want_grad,\n"
+    "                            __global acc_t *rows) {\n"
+    "    uint i = get_global_id(0);\n"
+    "    if (i >= m) return;\n"
+    "    __global const float *p = pred + poff + (ulong)i * c;\n"
+    "    __global const float *t = tgt + toff + (ulong)i * c;\n"
+    "    acc_t s = 0;\n"
+    "    uint bp = 0, bt = 0;\n"
+    "    for (uint j = 0; j < c; ++j) {\n"
+    "        acc_t e = (acc_t)p[j] - (acc_t)t[j];\n"
+    "        s += e * e;\n"
+    "        if (want_grad) dpred[doff + (ulong)i * c + j] = (float)((acc_t)gs * (acc_t)2 * e / (acc_t)c);\n"
+    "        if (p[j] > p[bp]) bp = j;\n"
+    "        if (t[j] > t[bt]) bt = j;\n"
+    "    }\n"
+    "    rows[2 * i] = s / (acc_t)c;\n"
+    "    rows[2 * i + 1] = bp == bt ? 1 : 0;\n"
+    "}\n"
+    "\n"
+    "/* One work-group (power-of-two size) sums the rows in a fixed order and, when\n"
+    "   no sample was bad, adds loss and correct count to stats. status[0] = bad\n"
+    "   samples, status[1] = the first bad sample (m when none). */\n"
+    "__kernel void dsgd_loss_reduce(uint m, __global const acc_t *rows, __global float *stats,\n"
+    "                               ulong soff, __global int *status, __local acc_t *sl,\n"
+    "                               __local acc_t *sc, __local uint *sb, __local uint *sf) {\n"
+    "    uint lid = get_local_id(0), L = get_local_size(0);\n"
+    "    acc_t a = 0, b = 0;\n"
+    "    uint bad = 0, first = m;\n"
+    "    for (uint i = lid; i < m; i += L) {\n"
+    "        acc_t cr = rows[2 * i + 1];\n"
+    "        if (cr < 0) { ++bad; if (i < first) first = i; }\n"
+    "        else { a += rows[2 * i]; b += cr; }\n"
+    "    }\n"
+    "    sl[lid] = a; sc[lid] = b; sb[lid] = bad; sf[lid] = first;\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (uint s = L / 2; s > 0; s >>= 1) {\n"
+    "        if (lid < s) {\n"
+    "            sl[lid] += sl[lid + s]; sc[lid] += sc[lid + s]; sb[lid] += sb[lid + s];\n"
+    "            sf[lid] = min(sf[lid], sf[lid + s]);\n"
+    "        }\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "    if (lid == 0) {\n"
+    "        status[0] = (int)sb[0]; status[1] = (int)sf[0];\n"
+    "        if (sb[0] == 0) {\n"
+    "            stats[soff] = stats[soff] + (float)sl[0];\n"
+    "            stats[soff + 1] = stats[soff + 1] + (float)sc[0];\n"
+    "        }\n"
+    "    }\n"
+    "}\n",
+
+    "/* One optimizer step per parameter; the arithmetic is the CPU backend's,\n"
+    "   operation for operation. kind: 0 SGD, 1 momentum, 2 Adam, 3 AdamW. */\n"
+    "__kernel void dsgd_opt_update(__global float *p, ulong poff, __global const float *g,\n"
+    "                              ulong goff, __global float *m1, ulong m1off,\n"
+    "                              __global float *m2, ulong m2off, ulong n, int kind,\n"
+    "                              float lr, float mu, int nesterov, float b1, float b2,\n"
+    "                              float eps, float wd, float bc1, float bc2, float gs) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i >= n) return;\n"
+    "    float pi = p[poff + i];\n"
+    "    if (kind == 0) {\n"
+    "        float gi = g[goff + i] * gs + wd * pi;\n"
+    "        pi = pi - lr * gi;\n"
+    "    } else if (kind == 1) {\n"
+    "        float gi = g[goff + i] * gs + wd * pi;\n"
+    "        float v = mu * m1[m1off + i] + gi;\n"
+    "        m1[m1off + i] = v;\n"
+    "        pi = pi - lr * (nesterov ? gi + mu * v : v);\n"
+    "    } else {\n"
+    "        int dec = kind == 3;\n"
+    "        float gi = g[goff + i] * gs + (dec ? 0.0f : wd * pi);\n"
+    "        float mi = b1 * m1[m1off + i] + (1.0f - b1) * gi;\n"
+    "        float vi = b2 * m2[m2off + i] + (1.0f - b2) * gi * gi;\n"
+    "        float mhat = mi / bc1, vhat = vi / bc2;\n"
+    "        m1[m1off + i] = mi;\n"
+    "        m2[m2off + i] = vi;\n"
+    "        pi = pi - lr * (mhat / (sqrt(vhat) + eps) + (dec ? wd * pi : 0.0f));\n"
+    "    }\n"
+    "    p[poff + i] = pi;\n"
+    "}\n"
+    "\n"
+    "/* First pass of norm_check: work-group g sums the squares of the finite\n"
+    "   entries of [g*chunk, (g+1)*chunk) and counts the others, in a fixed\n"
+    "   order (power-of-two work-group size). */\n"
+    "__kernel void dsgd_norm_partial(__global const float *x, ulong off, ulong n, ulong chunk,\n"
+    "                                __global acc_t *psum, __global ulong *pbad,\n"
+    "                                __local acc_t *ls, __local ulong *lb) {\n"
+    "    uint lid = get_local_id(0), L = get_local_size(0), g = get_group_id(0);\n"
+    "    ulong start = (ulong)g * chunk, end = min(start + chunk, n);\n"
+    "    acc_t s = 0;\n"
+    "    ulong bad = 0;\n"
+    "    for (ulong i = start + lid; i < end; i += L) {\n"
+    "        float v = x[off + i];\n"
+    "        if (isfinite(v)) s += (acc_t)v * (acc_t)v; else ++bad;\n"
+    "    }\n"
+    "    ls[lid] = s; lb[lid] = bad;\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (uint h = L / 2; h > 0; h >>= 1) {\n"
+    "        if (lid < h) { ls[lid] += ls[lid + h]; lb[lid] += lb[lid + h]; }\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "    if (lid == 0) { psum[g] = ls[0]; pbad[g] = lb[0]; }\n"
+    "}\n"};
+
+#define DSGD_CL__NSOURCE ((cl_uint)(sizeof(dsgd_cl__source) / sizeof(dsgd_cl__source[0])))
+
+enum {
+    DSGD_CL__K_SCALE = 0,
+    DSGD_CL__K_AXPY,
+    DSGD_CL__K_BIAS_ACT,
+    DSGD_CL__K_ACT_BWD,
+    DSGD_CL__K_BIAS_BWD,
+    DSGD_CL__K_XENT,
+    DSGD_CL__K_MSE,
+    DSGD_CL__K_LOSS_REDUCE,
+    DSGD_CL__K_OPT,
+    DSGD_CL__K_NORM,
+    DSGD_CL__K_COUNT
+};
+
+/* Kernel function names, and the operation names used in error messages. */
+static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
+    "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
+    "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
+    "dsgd_opt_update", "dsgd_norm_partial"};
+static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
+    "scale",        "axpy",          "bias_act_forward", "act_backward",
+    "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
+    "optimizer_update", "norm_check"};
+
+/* >>context ----------------------------------------------------------------- */
+
+struct dsgd_cl_context {
+    cl_platform_id platform;
+    cl_context context;
+    cl_program program;
+    int num_devices;
+    cl_device_id devices[DSGD_CL_MAX_DEVICES];
+    dsgd_cl_device_info info[DSGD_CL_MAX_DEVICES];
+    int tuned[DSGD_CL_MAX_DEVICES];
+    int fp64;
+};
+
+static void dsgd_cl__copy_str(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static void dsgd_cl__dev_str(cl_device_id d, cl_device_info what, char *dst, size_t cap) {
+    size_t got = 0;
+    dst[0] = '\0';
+    if (clGetDeviceInfo(d, what, cap - 1, dst, &got) != CL_SUCCESS) {
+        /* a longer value than cap: fetch it whole, keep the head */
+        size_t need = 0;
+        char *tmp;
+        if (clGetDeviceInfo(d, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
+        tmp = (char *)DSGD_CL__MALLOC(need + 1);
+        if (!tmp) return;
+        if (clGetDeviceInfo(d, what, need, tmp, NULL) == CL_SUCCESS) {
+            tmp[need] = '\0';
+            dsgd_cl__copy_str(dst, cap, tmp);
+        }
+        DSGD_CL__FREE(tmp);
+        return;
+    }
+    dst[cap - 1] = '\0';
+}
+
+static void dsgd_cl__plat_str(cl_platform_id p, cl_platform_info what, char *dst, size_t cap) {
+    dst[0] = '\0';
+    if (clGetPlatformInfo(p, what, cap - 1, dst, NULL) != CL_SUCCESS) {
+        size_t need = 0;
+        char *tmp;
+        if (clGetPlatformInfo(p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
+        tmp = (char *)DSGD_CL__MALLOC(need + 1);
+        if (!tmp) return;
+        if (clGetPlatformInfo(p, what, need, tmp, NULL) == CL_SUCCESS) {
+            tmp[need] = '\0';
+            dsgd_cl__copy_str(dst, cap, tmp);
+        }
+        DSGD_CL__FREE(tmp);
+        return;
+    }
+    dst[cap - 1] = '\0';
+}
+
+static int dsgd_cl__has_extension(cl_device_id d, const char *ext) {
+    size_t need = 0, n = strlen(ext);
+    char *s, *p;
+    int found = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &need) != CL_SUCCESS || need == 0) return 0;
+    s = (char *)DSGD_CL__MALLOC(need + 1);
+    if (!s) return 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, need, s, NULL) == CL_SUCCESS) {
+        s[need] = '\0';
+        for (p = strstr(s, ext); p; p = strstr(p + 1, ext)) {
+            if ((p == s || p[-1] == ' ') && (p[n] == '\0' || p[n] == ' ')) {
+                found = 1;
+                break;
+            }
+        }
+    }
+    DSGD_CL__FREE(s);
+    return found;
+}
+
+static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_info *info) {
+    cl_device_type t = 0;
+    cl_ulong u = 0;
+    cl_uint v = 0;
+    size_t z = 0;
+    cl_bool unified = CL_FALSE;
+    dsgd_cl__plat_str(p, CL_PLATFORM_NAME, info->platform_name, sizeof(info->platform_name));
+    dsgd_cl__plat_str(p, CL_PLATFORM_VERSION, info->platform_version, sizeof(info->platform_version));
+    dsgd_cl__dev_str(d, CL_DEVICE_NAME, info->device_name, sizeof(info->device_name));
+    dsgd_cl__dev_str(d, CL_DEVICE_VENDOR, info->device_vendor, sizeof(info->device_vendor));
+    dsgd_cl__dev_str(d, CL_DEVICE_VERSION, info->device_version, sizeof(info->device_version));
+    dsgd_cl__dev_str(d, CL_DRIVER_VERSION, info->driver_version, sizeof(info->driver_version));
+    clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof(t), &t, NULL);
+    info->type = (t & CL_DEVICE_TYPE_GPU)           ? DSGD_CL_DEVICE_GPU
+                 : (t & CL_DEVICE_TYPE_CPU)         ? DSGD_CL_DEVICE_CPU
+                 : (t & CL_DEVICE_TYPE_ACCELERATOR) ? DSGD_CL_DEVICE_ACCELERATOR
+                                                    : DSGD_CL_DEVICE_ALL;
+    if (clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
+        info->global_mem_bytes = u;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
+        info->max_alloc_bytes = u;
+    if (clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
+        info->local_mem_bytes = u;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(v), &v, NULL) == CL_SUCCESS)
+        info->compute_units = v;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_CLOCK_FREQUENCY, sizeof(v), &v, NULL) == CL_SUCCESS)
+        info->max_clock_mhz = v;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof(z), &z, NULL) == CL_SUCCESS)
+        info->max_work_group_size = z;
+    if (clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified, NULL) == CL_SUCCESS)
+        info->unified_memory = unified == CL_TRUE;
+    info->fp64 = dsgd_cl__has_extension(d, "cl_khr_fp64");
+}
+
+/* Every (platform, device) pair in enumeration order. */
+typedef struct dsgd_cl__enum {
+    int count;
+    int num_platforms;
+    cl_platform_id *platforms;
+    cl_platform_id *dev_platform; /* per device */
+    cl_device_id *devices;
+    int *plat_index, *dev_index;
+} dsgd_cl__enum;
+
+static void dsgd_cl__enum_free(dsgd_cl__enum *e) {
+    DSGD_CL__FREE(e->platforms);
+    DSGD_CL__FREE(e->dev_platform);
+    DSGD_CL__FREE(e->devices);
+    DSGD_CL__FREE(e->plat_index);
+    DSGD_CL__FREE(e->dev_index);
+    memset(e, 0, sizeof(*e));
+}
+
+/* Enumerates all devices. No platform: DSGD_OK with count 0 and
+   *platform_err the clGetPlatformIDs code. */
+static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *platform_err) {
+    cl_uint np = 0, p;
+    cl_int err;
+    int total = 0, k = 0;
+    memset(e, 0, sizeof(*e));
+    err = clGetPlatformIDs(0, NULL, &np);
+    if (platform_err) *platform_err = err;
+    if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0)) return DSGD_OK;
+    if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "count");
+    e->platforms = (cl_platform_id *)DSGD_CL__MALLOC(np * sizeof(cl_platform_id));
+    if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: platform list");
+    err = clGetPlatformIDs(np, e->platforms, NULL);
+    if (err != CL_SUCCESS) {
+        dsgd_cl__enum_free(e);
+        return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "list");
+    }
+    e->num_platforms = (int)np;
+    for (p = 0; p < np; ++p) {
+        cl_uint nd = 0;
+        err = clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd);
+        if (err == CL_SUCCESS) total += (int)nd;
+    }
+    if (total > 0) {
+        size_t t = (size_t)total;
+        e->dev_platform = (cl_platform_id *)DSGD_CL__MALLOC(t * sizeof(cl_platform_id));
+        e->devices = (cl_device_id *)DSGD_CL__MALLOC(t * sizeof(cl_device_id));
+        e->plat_index = (int *)DSGD_CL__MALLOC(t * sizeof(int));
+        e->dev_index = (int *)DSGD_CL__MALLOC(t * sizeof(int));
+        if (!e->dev_platform || !e->devices || !e->plat_index || !e->dev_index) {
+            dsgd_cl__enum_free(e);
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: device list");
+        }
+        for (p = 0; p < np && k < total; ++p) {
+            cl_uint nd = 0, d;
+            if (clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0)
+                continue;
+            if ((int)nd > total - k) nd = (cl_uint)(total - k);
+            if (clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, nd, e->devices + k, &nd) != CL_SUCCESS)
+                continue;
+            for (d = 0; d < nd; ++d) {
+                e->dev_platform[k + (int)d] = e->platforms[p];
+                e->plat_index[k + (int)d] = (int)p;
+                e->dev_index[k + (int)d] = (int)d;
+            }
+            k += (int)nd;
+        }
+    }
+    e->count = k;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out, int capacity,
+                                          int *count) {
+    dsgd_cl__enum e;
+    dsgd_result r;
+    int i;
+    if (!count || capacity < 0 || (capacity > 0 && !out))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_list_devices: bad arguments");
+    *count = 0;
+    r = dsgd_cl__enumerate(ctx, &e, NULL);
+    if (r != DSGD_OK) return r;
+    for (i = 0; i < e.count && i < capacity; ++i) {
+        memset(&out[i], 0, sizeof(out[i]));
+        dsgd_cl__fill_info(e.dev_platform[i], e.devices[i], &out[i]);
+        out[i].index = i;
+        out[i].platform_index = e.plat_index[i];
+        out[i].device_index = e.dev_index[i];
+    }
+    *count = e.count;
+    dsgd_cl__enum_free(&e);
+    return DSGD_OK;
+}
+
+DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t) {
+    switch (t) {
+    case DSGD_CL_DEVICE_GPU: return "gpu";
+    case DSGD_CL_DEVICE_CPU: return "cpu";
+    case DSGD_CL_DEVICE_ACCELERATOR: return "accelerator";
+    case DSGD_CL_DEVICE_ALL: return "all";
+    default: return "default";
+    }
+}
+
+/* A parsed device spec: -1 means "not given". */
+typedef struct dsgd_cl__spec {
+    int platform;
+    int index;
+    int type_given;
+    dsgd_cl_device_type type;
+} dsgd_cl__spec;
+
+static int dsgd_cl__parse_uint(const char *s, size_t n, int *out) {
+    size_t i;
+    long v = 0;
+    if (n == 0 || n > 6) return 0;
+    for (i = 0; i < n; ++i) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = (int)v;
+    return 1;
+}
+
+static int dsgd_cl__parse_type(const char *s, size_t n, dsgd_cl_device_type *out) {
+    static const char *const names[] = {"default", "gpu", "cpu", "accelerator", "all"};
+    int i;
+    size_t j;
+    for (i = 0; i < 5; ++i) {
+        if (strlen(names[i]) != n) continue;
+        for (j = 0; j < n; ++j) {
+            char ch = s[j];
+            if (ch >= 'A' && ch <= 'Z') ch = (char)(ch - 'A' + 'a');
+            if (ch != names[i][j]) break;
+        }
+        if (j == n) {
+            *out = (dsgd_cl_device_type)i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* spec := "" | TYPE | N | P ":" N | P ":" TYPE */
+static int dsgd_cl__parse_spec(const char *s, dsgd_cl__spec *sp) {
+    const char *colon;
+    const char *rest = s;
+    size_t n;
+    sp->platform = -1;
+    sp->index = -1;
+    sp->type_given = 0;
+    sp->type = DSGD_CL_DEVICE_DEFAULT;
+    if (!s) return 1;
+    while (*rest == ' ') ++rest;
+    n = strlen(rest);
+    while (n > 0 && rest[n - 1] == ' ') --n;
+    if (n == 0) return 1;
+    colon = (const char *)memchr(rest, ':', n);
+    if (colon) {
+        if (!dsgd_cl__parse_uint(rest, (size_t)(colon - rest), &sp->platform)) return 0;
+        n -= (size_t)(colon - rest) + 1;
+        rest = colon + 1;
+        if (n == 0) return 0;
+    }
+    if (rest[0] >= '0' && rest[0] <= '9') return dsgd_cl__parse_uint(rest, n, &sp->index);
+    if (!dsgd_cl__parse_type(rest, n, &sp->type)) return 0;
+    sp->type_given = sp->type != DSGD_CL_DEVICE_DEFAULT;
+    return 1;
+}
+
+static int dsgd_cl__type_matches(cl_device_id d, dsgd_cl_device_type t) {
+    cl_device_type dt = 0;
+    if (t == DSGD_CL_DEVICE_ALL || t == DSGD_CL_DEVICE_DEFAULT) return 1;
+    if (clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof(dt), &dt, NULL) != CL_SUCCESS) return 0;
+    if (t == DSGD_CL_DEVICE_GPU) return (dt & CL_DEVICE_TYPE_GPU) != 0;
+    if (t == DSGD_CL_DEVICE_CPU) return (dt & CL_DEVICE_TYPE_CPU) != 0;
+    return (dt & CL_DEVICE_TYPE_ACCELERATOR) != 0;
+}
+
+/* >>program ----------------------------------------------------------------- */
+
+static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char *user_options) {
+    cl_int err;
+    char *options;
+    size_t olen;
+    int correctly_rounded = 1, i;
+    dsgd_result r;
+    c->program = clCreateProgramWithSource(c->context, DSGD_CL__NSOURCE, (const char **)dsgd_cl__source, NULL, &err);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clCreateProgramWithSource", "distsgd kernels");
+    for (i = 0; i < c->num_devices; ++i) {
+        cl_device_fp_config fp = 0;
+        if (clGetDeviceInfo(c->devices[i], CL_DEVICE_SINGLE_FP_CONFIG, sizeof(fp), &fp, NULL) != CL_SUCCESS ||
+            !(fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT))
+            correctly_rounded = 0;
+    }
+    olen = 96 + (user_options ? strlen(user_options) : 0);
+    options = (char *)DSGD_CL__MALLOC(olen);
+    if (!options) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "clBuildProgram options");
+    snprintf(options, olen, "%s%s%s", c->fp64 ? "-DDSGD_CL_FP64=1 " : "",
+             correctly_rounded ? "-cl-fp32-correctly-rounded-divide-sqrt " : "", user_options ? user_options : "");
+    err = clBuildProgram(c->program, (cl_uint)c->num_devices, c->devices, options, NULL, NULL);
+    if (err == CL_SUCCESS) {
+        DSGD_CL__FREE(options);
+        return DSGD_OK;
+    }
+    {
+        /* The log of the first device that has one goes into the message;
+           every device's full log goes to the logger. */
+        char head[640];
+        head[0] = '\0';
+        for (i = 0; i < c->num_devices; ++i) {
+            size_t need = 0;
+            char *log;
+            if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, 0, NULL, &need) != CL_SUCCESS ||
+                need <= 1)
+                continue;
+            log = (char *)DSGD_CL__MALLOC(need + 1);
+            if (!log) continue;
+            if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, need, log, NULL) == CL_SUCCESS) {
+                log[need] = '\0';
+                dsgd_ctx_log(ctx, DSGD_LOG_ERROR, "OpenCL build log of the distsgd kernels for %s:\n%s",
+                             c->info[i].device_name, log);
+                if (!head[0]) dsgd_cl__copy_str(head, sizeof(head), log);
+            }
+            DSGD_CL__FREE(log);
+        }
+        clReleaseProgram(c->program);
+        c->program = NULL;
+        r = dsgd_ctx_set_error(ctx, err == CL_OUT_OF_HOST_MEMORY ? DSGD_ERR_OUT_OF_MEMORY : DSGD_ERR_BACKEND,
+                               "clBuildProgram(distsgd kernels, options \"%s\"): %s (%d); build log: %s", options,
+                               dsgd_cl_error_string(err), err, head[0] ? head : "(empty)");
+        DSGD_CL__FREE(options);
+        return r;
+    }
+}
+
+static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const char *desc_path);
+
+DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
+                                            dsgd_cl_context **out) {
+    dsgd_cl_context_desc d;
+    dsgd_cl__spec sp;
+    dsgd_cl__enum e;
+    dsgd_cl_context *c;
+    dsgd_result r;
+    cl_int err, plat_err = CL_SUCCESS;
+    cl_context_properties props[3];
+    const char *spec_src = "desc.device";
+    const char *spec;
+    int i, chosen = -1, want, seen = 0, any_gpu = 0;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_context_create: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof(d));
+    if (desc) d = *desc;
+    if (d.max_devices < 0 || d.max_devices > DSGD_CL_MAX_DEVICES)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_context_create: max_devices %d outside 0..%d", d.max_devices,
+                                  DSGD_CL_MAX_DEVICES);
+    want = d.max_devices ? d.max_devices : 1;
+
+    /* the spec: desc first, else the environment */
+    spec = d.device;
+    if (!spec) {
+        spec = getenv("DSGD_CL_DEVICE");
+        spec_src = "DSGD_CL_DEVICE";
+    }
+    if (!dsgd_cl__parse_spec(spec, &sp))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "OpenCL device spec '%s' (%s) is not one of: default, gpu, cpu, "
+                                  "accelerator, all, N, P:N, P:TYPE",
+                                  spec, spec_src);
+    if (!d.device) {
+        const char *ep = getenv("DSGD_CL_PLATFORM"), *et = getenv("DSGD_CL_DEVICE_TYPE");
+        if (sp.platform < 0 && ep && *ep) {
+            if (!dsgd_cl__parse_uint(ep, strlen(ep), &sp.platform))
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                          "DSGD_CL_PLATFORM='%s' is not a platform index", ep);
+        }
+        if (!sp.type_given && sp.index < 0 && et && *et) {
+            if (!dsgd_cl__parse_type(et, strlen(et), &sp.type))
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                          "DSGD_CL_DEVICE_TYPE='%s' is not gpu, cpu, accelerator or all", et);
+            sp.type_given = sp.type != DSGD_CL_DEVICE_DEFAULT;
+        }
+    }
+
+    r = dsgd_cl__enumerate(ctx, &e, &plat_err);
+    if (r != DSGD_OK) return r;
+    if (e.num_platforms == 0) {
+        dsgd_cl__enum_free(&e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
+                                  "no OpenCL platform found (clGetPlatformIDs: %s (%d)): install an "
+                                  "OpenCL driver (ICD), e.g. the GPU vendor's or pocl-opencl-icd, and "
+                                  "check /etc/OpenCL/vendors",
+                                  dsgd_cl_error_string(plat_err), plat_err);
+    }
+    if (sp.platform >= e.num_platforms) {
+        int np = e.num_platforms;
+        dsgd_cl__enum_free(&e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND, "OpenCL platform %d requested, but there %s %d",
+                                  sp.platform, np == 1 ? "is" : "are", np);
+    }
+    /* DEFAULT without an index: a GPU when the platform(s) in question have one */
+    if (!sp.type_given && sp.index < 0) {
+        for (i = 0; i < e.count; ++i)
+            if ((sp.platform < 0 || e.plat_index[i] == sp.platform) &&
+                dsgd_cl__type_matches(e.devices[i], DSGD_CL_DEVICE_GPU))
+                any_gpu = 1;
+        sp.type = any_gpu ? DSGD_CL_DEVICE_GPU : DSGD_CL_DEVICE_ALL;
+    }
+    for (i = 0; i < e.count && chosen < 0; ++i) {
+        int pos;
+        if (sp.platform >= 0 && e.plat_index[i] != sp.platform) continue;
+        if (!dsgd_cl__type_matches(e.devices[i], sp.type)) continue;
+        pos = sp.platform >= 0 ? e.dev_index[i] : i;
+        if (sp.index >= 0) {
+            /* an index counts devices of the platform (P:N) or of the list (N) */
+            if (sp.type_given ? seen++ == sp.index : pos == sp.index) chosen = i;
+        } else {
+            chosen = i;
+        }
+    }
+    if (chosen < 0) {
+        int n = e.count;
+        dsgd_cl__enum_free(&e);
+        if (sp.index >= 0)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
+                                      "no OpenCL device %d%s (%d device%s found; dsgd_cl_list_devices or "
+                                      "examples/list_devices_cl lists them)",
+                                      sp.index, sp.platform >= 0 ? " on the requested platform" : "", n,
+                                      n == 1 ? "" : "s");
+        if (n == 0)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
+                                      "no OpenCL device found (the platforms list none; on PoCL a missing "
+                                      "device often means POCL_CACHE_DIR is not writable: POCL_DEBUG=err says "
+                                      "why)");
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
+                                  "no OpenCL device of type %s%s (%d device%s found; dsgd_cl_list_devices or "
+                                  "examples/list_devices_cl lists them)",
+                                  dsgd_cl_device_type_name(sp.type),
+                                  sp.platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
+    }
+
+    c = (dsgd_cl_context *)DSGD_CL__MALLOC(sizeof(*c));
+    if (!c) {
+        dsgd_cl__enum_free(&e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create");
+    }
+    memset(c, 0, sizeof(*c));
+    c->platform = e.dev_platform[chosen];
+    c->devices[0] = e.devices[chosen];
+    c->info[0].index = chosen;
+    c->info[0].platform_index = e.plat_index[chosen];
+    c->info[0].device_index = e.dev_index[chosen];
+    c->num_devices = 1;
+    /* more devices of the same platform and type, in list order */
+    for (i = 0; i < e.count && c->num_devices < want; ++i) {
+        dsgd_cl_device_type t = sp.type;
+        if (i == chosen || e.dev_platform[i] != c->platform) continue;
+        if (t == DSGD_CL_DEVICE_DEFAULT || (!sp.type_given && sp.index >= 0)) {
+            /* same type as the chosen device */
+            cl_device_type a = 0, b = 0;
+            clGetDeviceInfo(e.devices[chosen], CL_DEVICE_TYPE, sizeof(a), &a, NULL);
+            clGetDeviceInfo(e.devices[i], CL_DEVICE_TYPE, sizeof(b), &b, NULL);
+            if (a != b) continue;
+        } else if (!dsgd_cl__type_matches(e.devices[i], t)) {
+            continue;
+        }
+        c->devices[c->num_devices] = e.devices[i];
+        c->info[c->num_devices].index = i;
+        c->info[c->num_devices].platform_index = e.plat_index[i];
+        c->info[c->num_devices].device_index = e.dev_index[i];
+        ++c->num_devices;
+    }
+    dsgd_cl__enum_free(&e);
+    c->fp64 = 1;
+    for (i = 0; i < c->num_devices; ++i) {
+        int idx = c->info[i].index, pi = c->info[i].platform_index, di = c->info[i].device_index;
+        dsgd_cl__fill_info(c->platform, c->devices[i], &c->info[i]);
+        c->info[i].index = idx;
+        c->info[i].platform_index = pi;
+        c->info[i].device_index = di;
+        if (!c->info[i].fp64) c->fp64 = 0;
+    }
+
+    props[0] = (cl_context_properties)CL_CONTEXT_PLATFORM;
+    props[1] = (cl_context_properties)c->platform;
+    props[2] = 0;
+    c->context = clCreateContext(props, (cl_uint)c->num_devices, c->devices, NULL, NULL, &err);
+    if (err != CL_SUCCESS) {
+        r = dsgd_cl__fail(ctx, err, "clCreateContext", c->info[0].device_name);
+        DSGD_CL__FREE(c);
+        return r;
+    }
+    r = dsgd_cl__build(ctx, c, d.build_options);
+    if (r != DSGD_OK) {
+        clReleaseContext(c->context);
+        DSGD_CL__FREE(c);
+        return r;
+    }
+    for (i = 0; i < c->num_devices; ++i) {
+        dsgd_ctx_log(ctx, DSGD_LOG_INFO, "OpenCL device %d: %s (%s, %s, driver %s)%s", i,
+                     c->info[i].device_name, dsgd_cl_device_type_name(c->info[i].type),
+                     c->info[i].platform_name, c->info[i].driver_version,
+                     c->fp64 ? "" : "; no cl_khr_fp64: losses and norms accumulate in float");
+        if (d.tuning == DSGD_CL_TUNING_AUTO) dsgd_cl__apply_cache(ctx, c, i, d.tune_cache);
+    }
+    *out = c;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c) {
+    if (!c) return;
+    if (c->program) clReleaseProgram(c->program);
+    if (c->context) clReleaseContext(c->context);
+    DSGD_CL__FREE(c);
+}
+
+DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c) { return c ? c->num_devices : 0; }
+
+DSGD_API const dsgd_cl_device_info *dsgd_cl_context_device_info(const dsgd_cl_context *c, int i) {
+    return (c && i >= 0 && i < c->num_devices) ? &c->info[i] : NULL;
+}
+
+DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i) {
+    return (c && i >= 0 && i < c->num_devices) ? c->tuned[i] : 0;
+}
+
+DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c) { return c ? c->fp64 : 0; }
+
+DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c) { return c ? c->context : NULL; }
+
+DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i) {
+    return (c && i >= 0 && i < c->num_devices) ? c->devices[i] : NULL;
+}
+
+/* >>backend ----------------------------------------------------------------- */
+
+/* The OpenCL buffer behind a dsgd_buffer pointer (dsgd_buffer itself is never
+   defined; each backend casts its own type). */
+typedef struct dsgd_cl__buffer {
+    uint32_t magic; /* first: a foreign buffer (another backend's) is caught */
+    cl_mem mem;
+    size_t count;
+    const dsgd_cl_context *cl; /* buffers are usable by every backend of it */
+} dsgd_cl__buffer;
+
+#define DSGD_CL__MAGIC 0x6473636cu /* "dscl" */
+
+typedef struct dsgd_cl__backend {
+    dsgd_ctx *ctx;
+    dsgd_cl_context *cl;
+    int dev;
+    cl_device_id device;
+    cl_command_queue queue;
+    cl_kernel kernels[DSGD_CL__K_COUNT];
+    size_t local; /* work-group size of the element-wise kernels */
+    size_t reduce_local; /* power-of-two work-group size of the reductions */
+    size_t acc_size;     /* sizeof(acc_t) in the kernels */
+    cl_mem scratch;      /* loss rows, norm partials */
+    size_t scratch_bytes;
+    cl_mem status; /* small int / ulong results */
+    cl_mem_flags alloc_flags;
+} dsgd_cl__backend;
+
+#define DSGD_CL__STATUS_BYTES 4096
+#define DSGD_CL__NORM_MAX_GROUPS 64
+
+static void dsgd_cl__destroy(void *impl);
+static dsgd_result dsgd_cl__finish(void *impl);
+
+/* A dsgd_ref's buffer, or NULL when it is not one of b's. */
+static dsgd_cl__buffer *dsgd_cl__buf(dsgd_ref r) { return (dsgd_cl__buffer *)(void *)r.buf; }
+
+/* Checks [r.off, r.off + n) against r's buffer; records an error otherwise. */
+static int dsgd_cl__span(dsgd_cl__backend *b, dsgd_ref r, size_t n, const char *op) {
+    dsgd_cl__buffer *buf = dsgd_cl__buf(r);
+    if (!buf) {
+        dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl %s: NULL buffer", op);
+        return 0;
+    }
+    if (buf->magic != DSGD_CL__MAGIC || buf->cl != b->cl) {
+        dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                           "opencl %s: the buffer was not made by an OpenCL backend of this context", op);
+        return 0;
+    }
+    if (r.off > buf->count || n > buf->count - r.off) {
+        dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                           "opencl %s: range [%lu, %lu) outside a buffer of %lu floats", op,
+                           (unsigned long)r.off, (unsigned long)(r.off + n), (unsigned long)buf->count);
+        return 0;
+    }
+    return 1;
+}
+
+/* Sets kernel arguments from (size, pointer) pairs. */
+#define DSGD_CL__A(x) sizeof(x), (const void *)&(x)
+#define DSGD_CL__LOCAL(bytes) (size_t)(bytes), (const void *)NULL
+
+static dsgd_result dsgd_cl__args(dsgd_cl__backend *b, int k, int n, ...) {
+    va_list ap;
+    int i;
+    va_start(ap, n);
+    for (i = 0; i < n; ++i) {
+        size_t size = va_arg(ap, size_t);
+        const void *ptr = va_arg(ap, const void *);
+        cl_int err = clSetKernelArg(b->kernels[k], (cl_uint)i, size, ptr);
+        if (err != CL_SUCCESS) {
+            char what[96];
+            va_end(ap);
+            snprintf(what, sizeof(what), "%s, argument %d", dsgd_cl__kernel_op[k], i);
+            return dsgd_cl__fail(b->ctx, err, "clSetKernelArg", what);
+        }
+    }
+    va_end(ap);
+    return DSGD_OK;
+}
+
+/* Enqueues kernel k over `items` work-items in groups of `local`. */
+static dsgd_result dsgd_cl__run(dsgd_cl__backend *b, int k, size_t items, size_t local) {
+    size_t global = (items + local - 1) / local * local;
+    cl_int err;
+    if (items == 0) return DSGD_OK;
+    err = clEnqueueNDRangeKernel(b->queue, b->kernels[k], 1, NULL, &global, &local, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueNDRangeKernel", dsgd_cl__kernel_op[k]);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__ensure_scratch(dsgd_cl__backend *b, size_t bytes) {
+    cl_int err;
+    if (bytes <= b->scratch_bytes) return DSGD_OK;
+    if (bytes < 4096) bytes = 4096;
+    if (b->scratch) clReleaseMemObject(b->scratch); /* freed once queued work is done */
+    b->scratch = NULL;
+    b->scratch_bytes = 0;
+    b->scratch = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", "scratch");
+    b->scratch_bytes = bytes;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer **out) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    dsgd_cl__buffer *buf;
+    size_t bytes = (count ? count : 1) * sizeof(float);
+    cl_int err;
+    char what[64];
+    if (!out) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl buffer_create: out is NULL");
+    *out = NULL;
+    if (count > (size_t)-1 / sizeof(float))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY,
+                                  "opencl buffer_create: %lu floats overflow size_t", (unsigned long)count);
+    buf = (dsgd_cl__buffer *)DSGD_CL__MALLOC(sizeof(*buf));
+    if (!buf) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY, "opencl buffer_create");
+    buf->mem = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
+    if (err != CL_SUCCESS) {
+        DSGD_CL__FREE(buf);
+        snprintf(what, sizeof(what), "%lu floats", (unsigned long)count);
+        return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", what);
+    }
+    buf->magic = DSGD_CL__MAGIC;
+    buf->count = count;
+    buf->cl = b->cl;
+    /* zero-initialised, like the CPU backend's buffers */
+    {
+        cl_float zero = 0.0f;
+        err = clEnqueueFillBuffer(b->queue, buf->mem, &zero, sizeof(zero), 0, bytes, 0, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            clReleaseMemObject(buf->mem);
+            DSGD_CL__FREE(buf);
+            return dsgd_cl__fail(b->ctx, err, "clEnqueueFillBuffer", "buffer_create");
+        }
+    }
+    *out = (dsgd_buffer *)(void *)buf;
+    return DSGD_OK;
+}
+
+static void dsgd_cl__buffer_destroy(void *impl, dsgd_buffer *buffer) {
+    dsgd_cl__buffer *buf = (dsgd_cl__buffer *)(void *)buffer;
+    DSGD_CL__UNUSED(impl);
+    if (!buf) return;
+    clReleaseMemObject(buf->mem);
+    buf->magic = 0;
+    DSGD_CL__FREE(buf);
+}
+
+static float *dsgd_cl__buffer_host_ptr(void *impl, dsgd_buffer *buf) {
+    DSGD_CL__UNUSED(impl);
+    DSGD_CL__UNUSED(buf);
+    return NULL;
+}
+
+static dsgd_result dsgd_cl__write(void *impl, dsgd_ref dst, const float *src, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err;
+    if (!dsgd_cl__span(b, dst, count, "write")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0) return DSGD_OK;
+    if (!src) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl write: src is NULL");
+    err = clEnqueueWriteBuffer(b->queue, dsgd_cl__buf(dst)->mem, CL_TRUE, dst.off * sizeof(float),
+                               count * sizeof(float), src, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueWriteBuffer", "write");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__read(void *impl, dsgd_ref src, float *dst, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err;
+    if (!dsgd_cl__span(b, src, count, "read")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0) return dsgd_cl__finish(b);
+    if (!dst) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl read: dst is NULL");
+    err = clEnqueueReadBuffer(b->queue, dsgd_cl__buf(src)->mem, CL_TRUE, src.off * sizeof(float),
+                              count * sizeof(float), dst, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "read");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    dsgd_cl__buffer *d, *s;
+    cl_int err;
+    if (!dsgd_cl__span(b, dst, count, "copy") || !dsgd_cl__span(b, src, count, "copy"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0 || (dst.buf == src.buf && dst.off == src.off)) return DSGD_OK;
+    d = dsgd_cl__buf(dst);
+    s = dsgd_cl__buf(src);
+    if (d == s && (dst.off < src.off + count && src.off < dst.off + count)) {
+        /* overlapping ranges (memmove semantics): go through the scratch buffer */
+        dsgd_result r = dsgd_cl__ensure_scratch(b, count * sizeof(float));
+        if (r != DSGD_OK) return r;
+        err = clEnqueueCopyBuffer(b->queue, s->mem, b->scratch, src.off * sizeof(float), 0,
+                                  count * sizeof(float), 0, NULL, NULL);
+        if (err == CL_SUCCESS)
+            err = clEnqueueCopyBuffer(b->queue, b->scratch, d->mem, 0, dst.off * sizeof(float),
+                                      count * sizeof(float), 0, NULL, NULL);
+    } else {
+        err = clEnqueueCopyBuffer(b->queue, s->mem, d->mem, src.off * sizeof(float),
+                                  dst.off * sizeof(float), count * sizeof(float), 0, NULL, NULL);
+    }
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueCopyBuffer", "copy");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__fill(void *impl, dsgd_ref dst, float value, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_float v = value;
+    cl_int err;
+    if (!dsgd_cl__span(b, dst, count, "fill")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0) return DSGD_OK;
+    err = clEnqueueFillBuffer(b->queue, dsgd_cl__buf(dst)->mem, &v, sizeof(v), dst.off * sizeof(float),
+                              count * sizeof(float), 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueFillBuffer", "fill");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__scale(void *impl, dsgd_ref x, float alpha, size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong off = x.off, nn = n;
+    cl_float a = alpha;
+    dsgd_result r;
+    if (!dsgd_cl__span(b, x, n, "scale")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_SCALE, 4, DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(off),
+                      DSGD_CL__A(a), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_SCALE, n, b->local);
+}
+
+static dsgd_result dsgd_cl__axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref x, size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong yoff = y.off, xoff = x.off, nn = n;
+    cl_float a = alpha;
+    dsgd_result r;
+    if (!dsgd_cl__span(b, y, n, "axpy") || !dsgd_cl__span(b, x, n, "axpy")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_AXPY, 6, DSGD_CL__A(dsgd_cl__buf(y)->mem), DSGD_CL__A(yoff),
+                      DSGD_CL__A(a), DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(xoff), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_AXPY, n, b->local);
+}
+
+/* C = beta * C for the m x n matrix at c (row stride ldc): beta == 0
+   overwrites (NaN does not propagate), beta == 1 leaves C alone. */
+static dsgd_result dsgd_cl__scale_matrix(dsgd_cl__backend *b, dsgd_ref c, int m, int n, int ldc,
+                                         float beta) {
+    int i;
+    dsgd_result r = DSGD_OK;
+    if (beta == 1.0f) return DSGD_OK;
+    if (ldc == n) {
+        return beta == 0.0f ? dsgd_cl__fill(b, c, 0.0f, (size_t)m * n)
+                            : dsgd_cl__scale(b, c, beta, (size_t)m * n);
+    }
+    for (i = 0; i < m && r == DSGD_OK; ++i) {
+        dsgd_ref row = c;
+        row.off += (size_t)i * ldc;
+        r = beta == 0.0f ? dsgd_cl__fill(b, row, 0.0f, (size_t)n) : dsgd_cl__scale(b, row, beta, (size_t)n);
+    }
+    return r;
+}
+
+static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
+                                 dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta, dsgd_ref rc,
+                                 int ldc) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    CLBlastStatusCode st;
+    char what[96];
+    if (m < 0 || n < 0 || k < 0 || lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (n > 1 ? n : 1))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "opencl gemm: bad sizes m=%d n=%d k=%d lda=%d ldb=%d ldc=%d", m, n, k,
+                                  lda, ldb, ldc);
+    if (m == 0 || n == 0) return DSGD_OK;
+    if (!dsgd_cl__span(b, rc, (size_t)(m - 1) * ldc + n, "gemm C")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (k == 0 || alpha == 0.0f) return dsgd_cl__scale_matrix(b, rc, m, n, ldc, beta);
+    if (!dsgd_cl__span(b, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A") ||
+        !dsgd_cl__span(b, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    st = CLBlastSgemm(CLBlastLayoutRowMajor, ta ? CLBlastTransposeYes : CLBlastTransposeNo,
+                      tb ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)m, (size_t)n, (size_t)k, alpha,
+                      dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda, dsgd_cl__buf(rb)->mem, rb.off, (size_t)ldb,
+                      beta, dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue, NULL);
+    if (st != CLBlastSuccess) {
+        snprintf(what, sizeof(what), "%s%s %dx%dx%d", ta ? "T" : "N", tb ? "T" : "N", m, n, k);
+        return dsgd_cl__fail(b->ctx, (int)st, "CLBlastSgemm", what);
+    }
+    return DSGD_OK;
+}
+
+static int dsgd_cl__act_valid(dsgd_activation act) {
+    return act == DSGD_ACT_NONE || act == DSGD_ACT_RELU || act == DSGD_ACT_TANH || act == DSGD_ACT_SIGMOID;
+}
+
+static dsgd_result dsgd_cl__bias_act_forward(void *impl, dsgd_activation act, dsgd_ref y, dsgd_ref bias,
+                                             int m, int n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong yoff = y.off, boff = bias.off, total;
+    cl_int has_bias = bias.buf != NULL, a = (cl_int)act;
+    cl_uint nn = (cl_uint)n;
+    cl_mem bmem;
+    dsgd_result r;
+    if (m < 0 || n < 0 || !dsgd_cl__act_valid(act))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "opencl bias_act_forward: bad arguments m=%d n=%d act=%d", m, n, (int)act);
+    total = (cl_ulong)m * (cl_ulong)n;
+    if (!dsgd_cl__span(b, y, (size_t)total, "bias_act_forward y")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (has_bias && !dsgd_cl__span(b, bias, (size_t)n, "bias_act_forward bias")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (total == 0 || (!has_bias && act == DSGD_ACT_NONE)) return DSGD_OK;
+    bmem = has_bias ? dsgd_cl__buf(bias)->mem : NULL;
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_ACT, 8, DSGD_CL__A(dsgd_cl__buf(y)->mem), DSGD_CL__A(yoff),
+                      DSGD_CL__A(bmem), DSGD_CL__A(boff), DSGD_CL__A(has_bias), DSGD_CL__A(a), DSGD_CL__A(nn),
+                      DSGD_CL__A(total));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_ACT, (size_t)total, b->local);
+}
+
+static dsgd_result dsgd_cl__act_backward(void *impl, dsgd_activation act, dsgd_ref dy, dsgd_ref y,
+                                         size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong dyoff = dy.off, yoff = y.off, nn = n;
+    cl_int a = (cl_int)act;
+    dsgd_result r;
+    if (!dsgd_cl__act_valid(act))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl act_backward: bad activation %d",
+                                  (int)act);
+    if (!dsgd_cl__span(b, dy, n, "act_backward dy") || !dsgd_cl__span(b, y, n, "act_backward y"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0 || act == DSGD_ACT_NONE) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_ACT_BWD, 6, DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff),
+                      DSGD_CL__A(dsgd_cl__buf(y)->mem), DSGD_CL__A(yoff), DSGD_CL__A(a), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_ACT_BWD, n, b->local);
+}
+
+static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, int m, int n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong dboff = db.off, dyoff = dy.off;
+    cl_uint mm = (cl_uint)m, nn = (cl_uint)n;
+    dsgd_result r;
+    if (m < 0 || n < 0)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl bias_backward: m=%d n=%d", m, n);
+    if (!dsgd_cl__span(b, db, (size_t)n, "bias_backward db") ||
+        !dsgd_cl__span(b, dy, (size_t)m * (size_t)n, "bias_backward dy"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_BWD, 6, DSGD_CL__A(dsgd_cl__buf(db)->mem), DSGD_CL__A(dboff),
+                      DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff), DSGD_CL__A(mm), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_BWD, (size_t)n, b->local);
+}
+
+static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_ref pred, dsgd_ref target,
+                                 float grad_scale, dsgd_ref dpred, dsgd_ref stats) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    int xent = loss == DSGD_LOSS_SOFTMAX_XENT, kid;
+    cl_uint mm = (cl_uint)m, cc = (cl_uint)c;
+    cl_ulong poff = pred.off, toff = target.off, doff = dpred.off, soff = stats.off;
+    cl_float gs = grad_scale;
+    cl_int want = dpred.buf != NULL, status[2];
+    cl_mem dmem;
+    size_t L = b->reduce_local;
+    dsgd_result r;
+    cl_int err;
+    if (m < 0 || c < 1 || (loss != DSGD_LOSS_SOFTMAX_XENT && loss != DSGD_LOSS_MSE))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl loss: bad arguments m=%d c=%d loss=%d",
+                                  m, c, (int)loss);
+    if (!dsgd_cl__span(b, pred, (size_t)m * c, "loss pred") ||
+        !dsgd_cl__span(b, target, xent ? (size_t)m : (size_t)m * c, "loss target") ||
+        !dsgd_cl__span(b, stats, 2, "loss stats"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (want && !dsgd_cl__span(b, dpred, (size_t)m * c, "loss dpred")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (m == 0) return DSGD_OK;
+    r = dsgd_cl__ensure_scratch(b, 2 * (size_t)m * b->acc_size);
+    if (r != DSGD_OK) return r;
+    dmem = want ? dsgd_cl__buf(dpred)->mem : NULL;
+    kid = xent ? DSGD_CL__K_XENT : DSGD_CL__K_MSE;
+    r = dsgd_cl__args(b, kid, 11, DSGD_CL__A(mm), DSGD_CL__A(cc), DSGD_CL__A(dsgd_cl__buf(pred)->mem),
+                      DSGD_CL__A(poff), DSGD_CL__A(dsgd_cl__buf(target)->mem), DSGD_CL__A(toff), DSGD_CL__A(gs),
+                      DSGD_CL__A(dmem), DSGD_CL__A(doff), DSGD_CL__A(want), DSGD_CL__A(b->scratch));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, kid, (size_t)m, b->local);
+    if (r == DSGD_OK)
+        r = dsgd_cl__args(b, DSGD_CL__K_LOSS_REDUCE, 9, DSGD_CL__A(mm), DSGD_CL__A(b->scratch),
+                          DSGD_CL__A(dsgd_cl__buf(stats)->mem), DSGD_CL__A(soff), DSGD_CL__A(b->status),
+                          DSGD_CL__LOCAL(L * b->acc_size), DSGD_CL__LOCAL(L * b->acc_size),
+                          DSGD_CL__LOCAL(L * sizeof(cl_uint)), DSGD_CL__LOCAL(L * sizeof(cl_uint)));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_LOSS_REDUCE, L, L);
+    if (r != DSGD_OK) return r;
+    if (!xent) return DSGD_OK; /* MSE has no invalid targets: no need to wait */
+    /* The class check needs the device's answer: a blocking read. */
+    err = clEnqueueReadBuffer(b->queue, b->status, CL_TRUE, 0, sizeof(status), status, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "loss status");
+    if (status[0] != 0) {
+        float t = 0.0f;
+        if (status[1] >= 0 && status[1] < m)
+            clEnqueueReadBuffer(b->queue, dsgd_cl__buf(target)->mem, CL_TRUE,
+                                (toff + (size_t)status[1]) * sizeof(float), sizeof(float), &t, 0, NULL, NULL);
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "softmax cross-entropy: class %g of sample %d is not an integer in [0, %d) "
+                                  "(%d bad sample%s; stats unchanged, dpred unspecified)",
+                                  (double)t, (int)status[1], c, (int)status[0], status[0] == 1 ? "" : "s");
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *u, dsgd_ref p, dsgd_ref g,
+                                             dsgd_ref m1, dsgd_ref m2, size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong poff = p.off, goff = g.off, m1off = m1.off, m2off = m2.off, nn = n;
+    cl_int kind, nesterov;
+    cl_float lr, mu, b1, b2, eps, wd, bc1, bc2, gs;
+    cl_mem m1mem = NULL, m2mem = NULL;
+    dsgd_result r;
+    if (!u) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: bad arguments");
+    if (!dsgd_cl__span(b, p, n, "optimizer_update param") || !dsgd_cl__span(b, g, n, "optimizer_update grad"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (u->kind != DSGD_OPT_SGD && u->kind != DSGD_OPT_MOMENTUM && u->kind != DSGD_OPT_ADAM &&
+        u->kind != DSGD_OPT_ADAMW)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: unknown kind %d",
+                                  (int)u->kind);
+    if (u->kind != DSGD_OPT_SGD) {
+        if (!dsgd_cl__span(b, m1, n, "optimizer_update state m1")) return DSGD_ERR_INVALID_ARGUMENT;
+        m1mem = dsgd_cl__buf(m1)->mem;
+    }
+    if (u->kind == DSGD_OPT_ADAM || u->kind == DSGD_OPT_ADAMW) {
+        if (!dsgd_cl__span(b, m2, n, "optimizer_update state m2")) return DSGD_ERR_INVALID_ARGUMENT;
+        m2mem = dsgd_cl__buf(m2)->mem;
+    }
+    if (n == 0) return DSGD_OK;
+    kind = (cl_int)u->kind;
+    nesterov = u->nesterov != 0;
+    lr = u->lr;
+    mu = u->momentum;
+    b1 = u->beta1;
+    b2 = u->beta2;
+    eps = u->eps;
+    wd = u->weight_decay;
+    bc1 = u->bias_correction1;
+    bc2 = u->bias_correction2;
+    gs = u->grad_scale;
+    r = dsgd_cl__args(b, DSGD_CL__K_OPT, 20, DSGD_CL__A(dsgd_cl__buf(p)->mem), DSGD_CL__A(poff),
+                      DSGD_CL__A(dsgd_cl__buf(g)->mem), DSGD_CL__A(goff), DSGD_CL__A(m1mem), DSGD_CL__A(m1off),
+                      DSGD_CL__A(m2mem), DSGD_CL__A(m2off), DSGD_CL__A(nn), DSGD_CL__A(kind), DSGD_CL__A(lr),
+                      DSGD_CL__A(mu), DSGD_CL__A(nesterov), DSGD_CL__A(b1), DSGD_CL__A(b2), DSGD_CL__A(eps),
+                      DSGD_CL__A(wd), DSGD_CL__A(bc1), DSGD_CL__A(bc2), DSGD_CL__A(gs));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_OPT, n, b->local);
+}
+
+static dsgd_result dsgd_cl__norm_check(void *impl, dsgd_ref x, size_t n, double *sumsq, size_t *nonfinite) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    size_t L = b->reduce_local, groups, chunk, i;
+    cl_ulong off = x.off, nn = n, ch;
+    double psum_d[DSGD_CL__NORM_MAX_GROUPS];
+    float psum_f[DSGD_CL__NORM_MAX_GROUPS];
+    cl_ulong pbad[DSGD_CL__NORM_MAX_GROUPS];
+    double s = 0.0;
+    size_t bad = 0;
+    dsgd_result r;
+    cl_int err;
+    cl_mem status;
+    if (!dsgd_cl__span(b, x, n, "norm_check")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) {
+        if (sumsq) *sumsq = 0.0;
+        if (nonfinite) *nonfinite = 0;
+        return DSGD_OK;
+    }
+    /* Fixed for a given n and device: the same bits every run. */
+    groups = (n + L * 16 - 1) / (L * 16);
+    if (groups > DSGD_CL__NORM_MAX_GROUPS) groups = DSGD_CL__NORM_MAX_GROUPS;
+    if (groups < 1) groups = 1;
+    chunk = (n + groups - 1) / groups;
+    ch = chunk;
+    r = dsgd_cl__ensure_scratch(b, groups * b->acc_size);
+    if (r != DSGD_OK) return r;
+    status = b->status;
+    r = dsgd_cl__args(b, DSGD_CL__K_NORM, 8, DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(off), DSGD_CL__A(nn),
+                      DSGD_CL__A(ch), DSGD_CL__A(b->scratch), DSGD_CL__A(status), DSGD_CL__LOCAL(L * b->acc_size),
+                      DSGD_CL__LOCAL(L * sizeof(cl_ulong)));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_NORM, groups * L, L);
+    if (r != DSGD_OK) return r;
+    err = clEnqueueReadBuffer(b->queue, b->scratch, CL_FALSE, 0, groups * b->acc_size,
+                              b->acc_size == sizeof(double) ? (void *)psum_d : (void *)psum_f, 0, NULL, NULL);
+    if (err == CL_SUCCESS)
+        err = clEnqueueReadBuffer(b->queue, b->status, CL_TRUE, 0, groups * sizeof(cl_ulong), pbad, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "norm_check partials");
+    /* second pass on the host, in group order, in double */
+    for (i = 0; i < groups; ++i) {
+        s += b->acc_size == sizeof(double) ? psum_d[i] : (double)psum_f[i];
+        bad += (size_t)pbad[i];
+    }
+    if (sumsq) *sumsq = s;
+    if (nonfinite) *nonfinite = bad;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__finish(void *impl) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err = clFinish(b->queue);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clFinish", "finish");
+    return DSGD_OK;
+}
+
+static void dsgd_cl__destroy(void *impl) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    int k;
+    if (!b) return;
+    if (b->queue) clFinish(b->queue);
+    for (k = 0; k < DSGD_CL__K_COUNT; ++k)
+        if (b->kernels[k]) clReleaseKernel(b->kernels[k]);
+    if (b->scratch) clReleaseMemObject(b->scratch);
+    if (b->status) clReleaseMemObject(b->status);
+    if (b->queue) clReleaseCommandQueue(b->queue);
+    DSGD_CL__FREE(b);
+}
+
+DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
+                                            dsgd_backend_i *out) {
+    dsgd_cl_backend_desc d;
+    dsgd_cl__backend *b;
+    cl_int err;
+    int k;
+    size_t kmax = (size_t)-1, local_mem;
+    if (!out || !c)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_backend_create: %s is NULL",
+                                  out ? "the context" : "out");
+    memset(out, 0, sizeof(*out));
+    memset(&d, 0, sizeof(d));
+    if (desc) d = *desc;
+    if (d.device < 0 || d.device >= c->num_devices)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
+                                  "dsgd_cl_context_num_devices())",
+                                  d.device, c->num_devices - 1);
+    b = (dsgd_cl__backend *)DSGD_CL__MALLOC(sizeof(*b));
+    if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
+    memset(b, 0, sizeof(*b));
+    b->ctx = ctx;
+    b->cl = c;
+    b->dev = d.device;
+    b->device = c->devices[d.device];
+    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
+    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
+        b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
+    b->queue = clCreateCommandQueue(c->context, b->device, d.profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+    if (err != CL_SUCCESS) {
+        dsgd_cl__destroy(b);
+        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[d.device].device_name);
+    }
+    /* Each backend has its own kernel objects: clSetKernelArg is not
+       thread-safe on a shared cl_kernel. */
+    for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
+        size_t wg = 0;
+        b->kernels[k] = clCreateKernel(c->program, dsgd_cl__kernel_fn[k], &err);
+        if (err != CL_SUCCESS) {
+            dsgd_cl__destroy(b);
+            return dsgd_cl__fail(ctx, err, "clCreateKernel", dsgd_cl__kernel_fn[k]);
+        }
+        err = clGetKernelWorkGroupInfo(b->kernels[k], b->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg, NULL);
+        if (err != CL_SUCCESS) {
+            dsgd_cl__destroy(b);
+            return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
+        }
+        if (wg < kmax) kmax = wg;
+    }
+    /* One work-group size for every element-wise kernel keeps the number of
+       compiled variants (PoCL compiles one per size) small. */
+    b->local = kmax < 256 ? kmax : 256;
+    if (b->local < 1) b->local = 1;
+    /* Reductions: the largest power of two that fits, at most 256, and whose
+       local arrays fit in local memory. */
+    local_mem = (size_t)c->info[d.device].local_mem_bytes;
+    b->reduce_local = 1;
+    while (b->reduce_local * 2 <= b->local &&
+           b->reduce_local * 2 * (2 * b->acc_size + 2 * sizeof(cl_ulong)) <= local_mem)
+        b->reduce_local *= 2;
+    b->status = clCreateBuffer(c->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
+    if (err != CL_SUCCESS) {
+        dsgd_cl__destroy(b);
+        return dsgd_cl__fail(ctx, err, "clCreateBuffer", "status");
+    }
+    out->name = "opencl";
+    out->impl = b;
+    out->destroy = dsgd_cl__destroy;
+    out->buffer_create = dsgd_cl__buffer_create;
+    out->buffer_destroy = dsgd_cl__buffer_destroy;
+    out->buffer_host_ptr = dsgd_cl__buffer_host_ptr;
+    out->write = dsgd_cl__write;
+    out->read = dsgd_cl__read;
+    out->copy = dsgd_cl__copy;
+    out->fill = dsgd_cl__fill;
+    out->scale = dsgd_cl__scale;
+    out->axpy = dsgd_cl__axpy;
+    out->gemm = dsgd_cl__gemm;
+    out->bias_act_forward = dsgd_cl__bias_act_forward;
+    out->act_backward = dsgd_cl__act_backward;
+    out->bias_backward = dsgd_cl__bias_backward;
+    out->loss = dsgd_cl__loss;
+    out->optimizer_update = dsgd_cl__optimizer_update;
+    out->norm_check = dsgd_cl__norm_check;
+    out->finish = dsgd_cl__finish;
+    return DSGD_OK;
+}
+
+DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b) {
+    return b && b->impl && b->destroy == dsgd_cl__destroy;
+}
+
+DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->queue : NULL;
+}
+
+DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->device : NULL;
+}
+
+DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->cl : NULL;
+}
+
+DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
+    return buf ? ((const dsgd_cl__buffer *)(const void *)buf)->mem : NULL;
+}
+
+DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t count, int flags, float **out) {
+    dsgd_cl__backend *b;
+    cl_map_flags mf = 0;
+    cl_int err;
+    void *p;
+    if (out) *out = NULL;
+    if (!dsgd_cl_is_backend(be) || !out)
+        return DSGD_ERR_INVALID_ARGUMENT; /* no context to record on */
+    b = (dsgd_cl__backend *)be->impl;
+    if (!(flags & (DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)) || (flags & ~(DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: flags %d", flags);
+    if (count == 0) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: count 0");
+    if (!dsgd_cl__span(b, ref, count, "map")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (flags & DSGD_CL_MAP_READ) mf |= CL_MAP_READ;
+    if (flags & DSGD_CL_MAP_WRITE) mf |= CL_MAP_WRITE;
+    p = clEnqueueMapBuffer(b->queue, dsgd_cl__buf(ref)->mem, CL_TRUE, mf, ref.off * sizeof(float),
+                           count * sizeof(float), 0, NULL, NULL, &err);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueMapBuffer", "dsgd_cl_map");
+    *out = (float *)p;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *be, dsgd_ref ref, float *ptr) {
+    dsgd_cl__backend *b;
+    cl_int err;
+    if (!dsgd_cl_is_backend(be)) return DSGD_ERR_INVALID_ARGUMENT;
+    b = (dsgd_cl__backend *)be->impl;
+    if (!ptr || !dsgd_cl__span(b, ref, 0, "unmap")) {
+        if (!ptr) dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_unmap: NULL pointer");
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    err = clEnqueueUnmapMemObject(b->queue, dsgd_cl__buf(ref)->mem, ptr, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueUnmapMemObject", "dsgd_cl_unmap");
+    return DSGD_OK;
+}
+
+/* >>tuning ------------------------------------------------------------------ */
+
+static const char *const dsgd_cl__xgemm_names[DSGD_CL_XGEMM_NPARAMS] = {
+    "GEMMK", "KREG", "KWG", "KWI", "MDIMA", "MDIMC", "MWG", "NDIMB",
+    "NDIMC", "NWG",  "SA",  "SB",  "STRM",  "STRN",  "VWM", "VWN"};
+static const char *const dsgd_cl__direct_names[DSGD_CL_DIRECT_NPARAMS] = {
+    "KWID", "MDIMAD", "MDIMCD", "NDIMBD", "NDIMCD", "PADA", "PADB", "VWMD", "VWND", "WGD"};
+
+enum {
+    DSGD_CL__GEMMK = 0, DSGD_CL__KREG, DSGD_CL__KWG, DSGD_CL__KWI, DSGD_CL__MDIMA, DSGD_CL__MDIMC,
+    DSGD_CL__MWG, DSGD_CL__NDIMB, DSGD_CL__NDIMC, DSGD_CL__NWG, DSGD_CL__SA, DSGD_CL__SB,
+    DSGD_CL__STRM, DSGD_CL__STRN, DSGD_CL__VWM, DSGD_CL__VWN
+};
+enum {
+    DSGD_CL__KWID = 0, DSGD_CL__MDIMAD, DSGD_CL__MDIMCD, DSGD_CL__NDIMBD, DSGD_CL__NDIMCD,
+    DSGD_CL__PADA, DSGD_CL__PADB, DSGD_CL__VWMD, DSGD_CL__VWND, DSGD_CL__WGD
+};
+
+DSGD_API const char *dsgd_cl_xgemm_param_name(int i) {
+    return i >= 0 && i < DSGD_CL_XGEMM_NPARAMS ? dsgd_cl__xgemm_names[i] : NULL;
+}
+
+DSGD_API const char *dsgd_cl_direct_param_name(int i) {
+    return i >= 0 && i < DSGD_CL_DIRECT_NPARAMS ? dsgd_cl__direct_names[i] : NULL;
+}
+
+static int dsgd_cl__pow2(size_t v) { return v >= 1 && v <= 1024 && (v & (v - 1)) == 0; }
+
+DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p) {
+    if (!p) return 0;
+    if (p->xgemm_set) {
+        const size_t *x = p->xgemm;
+        int i;
+        static const int pow2_params[] = {DSGD_CL__KWG, DSGD_CL__KWI, DSGD_CL__MDIMA, DSGD_CL__MDIMC,
+                                          DSGD_CL__MWG, DSGD_CL__NDIMB, DSGD_CL__NDIMC, DSGD_CL__NWG,
+                                          DSGD_CL__VWM, DSGD_CL__VWN, DSGD_CL__KREG};
+        for (i = 0; i < (int)(sizeof(pow2_params) / sizeof(pow2_params[0])); ++i)
+            if (!dsgd_cl__pow2(x[pow2_params[i]])) return 0;
+        if (x[DSGD_CL__GEMMK] > 1 || x[DSGD_CL__SA] > 1 || x[DSGD_CL__SB] > 1 || x[DSGD_CL__STRM] > 1 ||
+            x[DSGD_CL__STRN] > 1 || x[DSGD_CL__VWM] > 16 || x[DSGD_CL__VWN] > 16)
+            return 0;
+        if (x[DSGD_CL__KWG] % x[DSGD_CL__KWI]) return 0;
+        if (x[DSGD_CL__MWG] % (x[DSGD_CL__MDIMC] * x[DSGD_CL__VWM])) return 0;
+        if (x[DSGD_CL__NWG] % (x[DSGD_CL__NDIMC] * x[DSGD_CL__VWN])) return 0;
+        if (x[DSGD_CL__MWG] % (x[DSGD_CL__MDIMA] * x[DSGD_CL__VWM])) return 0;
+        if (x[DSGD_CL__NWG] % (x[DSGD_CL__NDIMB] * x[DSGD_CL__VWN])) return 0;
+        if (x[DSGD_CL__GEMMK] == 0) {
+            size_t t = x[DSGD_CL__MDIMC] * x[DSGD_CL__NDIMC];
+            if (t % x[DSGD_CL__MDIMA] || t % x[DSGD_CL__NDIMB]) return 0;
+            if (x[DSGD_CL__KWG] % (t / x[DSGD_CL__MDIMA]) || x[DSGD_CL__KWG] % (t / x[DSGD_CL__NDIMB])) return 0;
+        } else {
+            if (x[DSGD_CL__KREG] % x[DSGD_CL__VWN]) return 0;
+            if (x[DSGD_CL__MDIMA] != x[DSGD_CL__MDIMC] || x[DSGD_CL__NDIMB] != x[DSGD_CL__NDIMC]) return 0;
+            /* CLBlast 1.5.3's GEMMK=1 path computes wrong values on padded
+               (non-multiple) sizes unless the tile is square, and crashes
+               with tiles below 16 (found by tools/cl_tune's checks on PoCL) */
+            if (x[DSGD_CL__MWG] != x[DSGD_CL__NWG] || x[DSGD_CL__MWG] < 16) return 0;
+        }
+    }
+    if (p->direct_set) {
+        const size_t *x = p->direct;
+        int i;
+        for (i = 0; i < DSGD_CL_DIRECT_NPARAMS; ++i) {
+            if (i == DSGD_CL__PADA || i == DSGD_CL__PADB) {
+                if (x[i] > 1) return 0;
+            } else if (!dsgd_cl__pow2(x[i])) {
+                return 0;
+            }
+        }
+        if (x[DSGD_CL__WGD] % x[DSGD_CL__KWID]) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__MDIMCD] * x[DSGD_CL__VWMD])) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__NDIMCD] * x[DSGD_CL__VWND])) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__MDIMAD] * x[DSGD_CL__VWMD])) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__NDIMBD] * x[DSGD_CL__VWND])) return 0;
+        {
+            size_t t = x[DSGD_CL__MDIMCD] * x[DSGD_CL__NDIMCD];
+            if (t % x[DSGD_CL__MDIMAD] || t % x[DSGD_CL__NDIMBD]) return 0;
+            if (x[DSGD_CL__WGD] % (t / x[DSGD_CL__MDIMAD]) || x[DSGD_CL__WGD] % (t / x[DSGD_CL__NDIMBD])) return 0;
+        }
+    }
+    if (p->min_indirect_set && p->min_indirect > 100000) return 0;
+    return 1;
+}
+
+DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
+                                               const dsgd_cl_gemm_params *p) {
+    CLBlastStatusCode st;
+    if (!c || !p || device < 0 || device >= c->num_devices)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_apply_gemm_params: bad arguments");
+    if (!dsgd_cl_gemm_params_valid(p))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_apply_gemm_params: the parameters break CLBlast's rules");
+    if (p->xgemm_set) {
+        st = CLBlastOverrideParameters(c->devices[device], "Xgemm", CLBlastPrecisionSingle, DSGD_CL_XGEMM_NPARAMS,
+                                       (const char **)dsgd_cl__xgemm_names, p->xgemm);
+        if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "Xgemm");
+    }
+    if (p->direct_set) {
+        st = CLBlastOverrideParameters(c->devices[device], "XgemmDirect", CLBlastPrecisionSingle,
+                                       DSGD_CL_DIRECT_NPARAMS, (const char **)dsgd_cl__direct_names, p->direct);
+        if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "XgemmDirect");
+    }
+    if (p->min_indirect_set) {
+        const char *name[1];
+        size_t v[1];
+        name[0] = "XGEMM_MIN_INDIRECT_SIZE";
+        v[0] = p->min_indirect;
+        st = CLBlastOverrideParameters(c->devices[device], "GemmRoutine", CLBlastPrecisionSingle, 1, name, v);
+        if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "GemmRoutine");
+    }
+    if (p->xgemm_set || p->direct_set || p->min_indirect_set) c->tuned[device] = 1;
+    return DSGD_OK;
+}
+
+/* FNV-1a, 64-bit: names the cache file after the device's identity. */
+static uint64_t dsgd_cl__fnv(uint64_t h, const char *s) {
+    if (h == 0) h = 1469598103934665603ull;
+    for (; *s; ++s) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ull;
+    }
+    h ^= 0xff; /* field separator */
+    h *= 1099511628211ull;
+    return h;
+}
+
+static int dsgd_cl__is_dir(const char *path) {
+    struct stat st;
+    size_t n = strlen(path);
+    if (n > 0 && path[n - 1] == '/') return 1;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device, const char *desc_path,
+                                             char *buf, size_t cap) {
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
+    const char *base = desc_path, *sep;
+    char dir[1024], name[96];
+    uint64_t h;
+    size_t j = 0;
+    const char *s;
+    int k;
+    if (!info || !buf || cap == 0) return DSGD_ERR_INVALID_ARGUMENT;
+    buf[0] = '\0';
+    if (!base || !*base) base = getenv("DSGD_CL_TUNE_CACHE");
+    if (base && *base && !dsgd_cl__is_dir(base)) {
+        k = snprintf(buf, cap, "%s", base);
+        return (k < 0 || (size_t)k >= cap) ? DSGD_ERR_INVALID_ARGUMENT : DSGD_OK;
+    }
+    if (base && *base) {
+        k = snprintf(dir, sizeof(dir), "%s", base);
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && xdg[0] == '/')
+            k = snprintf(dir, sizeof(dir), "%s/distsgd", xdg);
+        else if (home && *home)
+            k = snprintf(dir, sizeof(dir), "%s/.cache/distsgd", home);
+        else
+            return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if (k < 0 || (size_t)k >= sizeof(dir)) return DSGD_ERR_INVALID_ARGUMENT;
+    /* a readable slug of the device name, then a hash of its identity */
+    for (s = info->device_name; *s && j < 40; ++s) {
+        char ch = *s;
+        if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '-')
+            name[j++] = ch;
+        else if (ch >= 'A' && ch <= 'Z')
+            name[j++] = (char)(ch - 'A' + 'a');
+        else if (j > 0 && name[j - 1] != '_')
+            name[j++] = '_';
+    }
+    name[j] = '\0';
+    h = dsgd_cl__fnv(0, info->platform_name);
+    h = dsgd_cl__fnv(h, info->device_name);
+    h = dsgd_cl__fnv(h, info->driver_version);
+    sep = (dir[0] && dir[strlen(dir) - 1] == '/') ? "" : "/";
+    k = snprintf(buf, cap, "%s%sclblast-gemm-%s-%08lx%08lx.txt", dir, sep, name,
+                 (unsigned long)(h >> 32), (unsigned long)(h & 0xffffffffu));
+    return (k < 0 || (size_t)k >= cap) ? DSGD_ERR_INVALID_ARGUMENT : DSGD_OK;
+}
+
+#define DSGD_CL__CACHE_MAGIC "distsgd-clblast-gemm-cache 1"
+
+/* Parses "NAME=VALUE NAME=VALUE ..." into vals[] following names[]; every
+   name exactly once. */
+static int dsgd_cl__parse_kv(const char *s, const char *const *names, int count, size_t *vals) {
+    int seen[32], i, total = 0;
+    memset(seen, 0, sizeof(seen));
+    while (*s) {
+        const char *eq, *end;
+        size_t n;
+        unsigned long v = 0;
+        int digits = 0;
+        while (*s == ' ') ++s;
+        if (!*s) break;
+        eq = strchr(s, '=');
+        if (!eq) return 0;
+        n = (size_t)(eq - s);
+        for (i = 0; i < count; ++i)
+            if (strlen(names[i]) == n && strncmp(names[i], s, n) == 0) break;
+        if (i == count || seen[i]) return 0;
+        for (end = eq + 1; *end >= '0' && *end <= '9'; ++end) {
+            if (++digits > 6) return 0;
+            v = v * 10 + (unsigned long)(*end - '0');
+        }
+        if (digits == 0 || (*end != ' ' && *end != '\0')) return 0;
+        vals[i] = (size_t)v;
+        seen[i] = 1;
+        ++total;
+        s = end;
+    }
+    return total == count;
+}
+
+DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device, const char *path,
+                                              dsgd_cl_gemm_params *out) {
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
+    FILE *f;
+    char line[1024], plat[DSGD_CL_MAX_NAME], dev[DSGD_CL_MAX_NAME], drv[DSGD_CL_MAX_NAME];
+    int lineno = 0, have_end = 0, have_plat = 0, have_dev = 0, have_drv = 0;
+    dsgd_cl_gemm_params p;
+    if (!info || !path || !out)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_load_gemm_params: bad arguments");
+    memset(&p, 0, sizeof(p));
+    memset(out, 0, sizeof(*out));
+    f = fopen(path, "r");
+    if (!f) return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+#define DSGD_CL__BAD(why)                                                                         \
+    do {                                                                                          \
+        fclose(f);                                                                                \
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s:%d: %s", path, lineno, why);          \
+    } while (0)
+    while (fgets(line, sizeof(line), f)) {
+        size_t n = strlen(line);
+        ++lineno;
+        if (n == sizeof(line) - 1 && line[n - 1] != '\n') DSGD_CL__BAD("line too long");
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        if (have_end) {
+            if (n) DSGD_CL__BAD("text after 'end'");
+            continue;
+        }
+        if (lineno == 1) {
+            if (strcmp(line, DSGD_CL__CACHE_MAGIC) != 0)
+                DSGD_CL__BAD("not a distsgd CLBlast tuning file (first line is not '" DSGD_CL__CACHE_MAGIC "')");
+            continue;
+        }
+        if (n == 0 || line[0] == '#') continue;
+        if (strncmp(line, "platform ", 9) == 0) {
+            dsgd_cl__copy_str(plat, sizeof(plat), line + 9);
+            have_plat = 1;
+        } else if (strncmp(line, "device ", 7) == 0) {
+            dsgd_cl__copy_str(dev, sizeof(dev), line + 7);
+            have_dev = 1;
+        } else if (strncmp(line, "driver ", 7) == 0) {
+            dsgd_cl__copy_str(drv, sizeof(drv), line + 7);
+            have_drv = 1;
+        } else if (strncmp(line, "clblast ", 8) == 0) {
+            /* informational */
+        } else if (strncmp(line, "Xgemm ", 6) == 0) {
+            if (p.xgemm_set || !dsgd_cl__parse_kv(line + 6, dsgd_cl__xgemm_names, DSGD_CL_XGEMM_NPARAMS, p.xgemm))
+                DSGD_CL__BAD("bad Xgemm line (want each of GEMMK KREG KWG KWI MDIMA MDIMC MWG NDIMB NDIMC NWG SA SB "
+                             "STRM STRN VWM VWN once, as NAME=VALUE)");
+            p.xgemm_set = 1;
+        } else if (strncmp(line, "XgemmDirect ", 12) == 0) {
+            if (p.direct_set ||
+                !dsgd_cl__parse_kv(line + 12, dsgd_cl__direct_names, DSGD_CL_DIRECT_NPARAMS, p.direct))
+                DSGD_CL__BAD("bad XgemmDirect line");
+            p.direct_set = 1;
+        } else if (strncmp(line, "GemmRoutine ", 12) == 0) {
+            static const char *const mi[1] = {"XGEMM_MIN_INDIRECT_SIZE"};
+            if (p.min_indirect_set || !dsgd_cl__parse_kv(line + 12, mi, 1, &p.min_indirect))
+                DSGD_CL__BAD("bad GemmRoutine line");
+            p.min_indirect_set = 1;
+        } else if (strcmp(line, "end") == 0) {
+            have_end = 1;
+        } else {
+            DSGD_CL__BAD("unknown line");
+        }
+    }
+    if (ferror(f)) DSGD_CL__BAD("read error");
+    if (lineno == 0) DSGD_CL__BAD("empty file");
+    if (!have_end) DSGD_CL__BAD("no 'end' line (truncated?)");
+    if (!have_plat || !have_dev || !have_drv) DSGD_CL__BAD("missing platform, device or driver line");
+    if (!dsgd_cl_gemm_params_valid(&p)) DSGD_CL__BAD("parameters break CLBlast's divisibility rules");
+#undef DSGD_CL__BAD
+    fclose(f);
+    if (strcmp(plat, info->platform_name) != 0 || strcmp(dev, info->device_name) != 0 ||
+        strcmp(drv, info->driver_version) != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE,
+                                  "%s was tuned for '%s' (driver %s, platform '%s'), not for this device '%s' "
+                                  "(driver %s, platform '%s')",
+                                  path, dev, drv, plat, info->device_name, info->driver_version,
+                                  info->platform_name);
+    *out = p;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device, const char *path,
+                                              const dsgd_cl_gemm_params *p, const char *note) {
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
+    char tmp[1100], dir[1024];
+    FILE *f;
+    int i, ok;
+    char *slash;
+    if (!info || !path || !p || strlen(path) >= sizeof(dir))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_save_gemm_params: bad arguments");
+    if (!dsgd_cl_gemm_params_valid(p))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_save_gemm_params: the parameters break CLBlast's rules");
+    dsgd_cl__copy_str(dir, sizeof(dir), path);
+    slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        /* mkdir -p of the file's directory */
+        char *q;
+        *slash = '\0';
+        for (q = dir + 1;; ++q) {
+            if (*q == '/' || *q == '\0') {
+                char keep = *q;
+                *q = '\0';
+                if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+                    return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot create the directory: %s", dir,
+                                              strerror(errno));
+                *q = keep;
+                if (keep == '\0') break;
+            }
+        }
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    f = fopen(tmp, "w");
+    if (!f) return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    fprintf(f, "%s\n", DSGD_CL__CACHE_MAGIC);
+    fprintf(f, "# CLBlast GEMM parameters for one OpenCL device, written by distsgd's tuner.\n");
+    if (note) {
+        const char *s = note;
+        fputs("# ", f);
+        for (; *s; ++s) fputc(*s == '\n' ? ' ' : *s, f);
+        fputc('\n', f);
+    }
+    fprintf(f, "platform %s\ndevice %s\ndriver %s\nclblast %d.%d.%d\n", info->platform_name, info->device_name,
+            info->driver_version, CLBLAST_VERSION_MAJOR, CLBLAST_VERSION_MINOR, CLBLAST_VERSION_PATCH);
+    if (p->xgemm_set) {
+        fputs("Xgemm", f);
+        for (i = 0; i < DSGD_CL_XGEMM_NPARAMS; ++i)
+            fprintf(f, " %s=%lu", dsgd_cl__xgemm_names[i], (unsigned long)p->xgemm[i]);
+        fputc('\n', f);
+    }
+    if (p->direct_set) {
+        fputs("XgemmDirect", f);
+        for (i = 0; i < DSGD_CL_DIRECT_NPARAMS; ++i)
+            fprintf(f, " %s=%lu", dsgd_cl__direct_names[i], (unsigned long)p->direct[i]);
+        fputc('\n', f);
+    }
+    if (p->min_indirect_set) fprintf(f, "GemmRoutine XGEMM_MIN_INDIRECT_SIZE=%lu\n", (unsigned long)p->min_indirect);
+    fputs("end\n", f);
+    ok = !ferror(f);
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return DSGD_OK;
+}
+
+/* Context creation: reads device i's cache file and applies it, or logs a
+   warning saying why not and leaves CLBlast's defaults. The failure is not
+   recorded as the caller's error: a scratch context collects its message. */
+static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const char *desc_path) {
+    char path[1100];
+    dsgd_cl_gemm_params p;
+    dsgd_ctx *scratch = NULL;
+    dsgd_result r;
+    const char *dev = c->info[i].device_name, *why;
+    if (dsgd_cl_tune_cache_path(c, i, desc_path, path, sizeof(path)) != DSGD_OK) {
+        dsgd_ctx_log(ctx, DSGD_LOG_WARN,
+                     "no GEMM tuning cache location for %s (set DSGD_CL_TUNE_CACHE or HOME); using CLBlast's "
+                     "default GEMM parameters",
+                     dev);
+        return;
+    }
+    if (dsgd_ctx_create(NULL, &scratch) != DSGD_OK) scratch = NULL;
+    r = dsgd_cl_load_gemm_params(scratch, c, i, path, &p);
+    if (r == DSGD_OK) r = dsgd_cl_apply_gemm_params(scratch, c, i, &p);
+    if (r == DSGD_OK) {
+        dsgd_ctx_log(ctx, DSGD_LOG_INFO, "applied tuned CLBlast GEMM parameters for %s from %s", dev, path);
+    } else {
+        why = r == DSGD_ERR_IO ? "missing" : r == DSGD_ERR_STATE ? "for another device" : "corrupt";
+        dsgd_ctx_log(ctx, DSGD_LOG_WARN,
+                     "GEMM tuning cache %s (%s): %s; using CLBlast's default GEMM parameters for %s (tools/cl_tune "
+                     "tunes this device)",
+                     why, dsgd_result_string(r), scratch ? dsgd_ctx_last_error(scratch) : path, dev);
+    }
+    dsgd_ctx_destroy(scratch);
+}
+
+DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap) {
+    /* trans_a, trans_b, m, n, k */
+    static const int s[9][5] = {{0, 0, 256, 512, 784}, {1, 0, 784, 512, 256}, {0, 1, 256, 784, 512},
+                                {0, 0, 256, 512, 512}, {1, 0, 512, 512, 256}, {0, 1, 256, 512, 512},
+                                {0, 0, 256, 10, 512},  {1, 0, 512, 10, 256},  {0, 1, 256, 512, 10}};
+    int i;
+    for (i = 0; out && i < 9 && i < cap; ++i) {
+        out[i].trans_a = s[i][0];
+        out[i].trans_b = s[i][1];
+        out[i].m = s[i][2];
+        out[i].n = s[i][3];
+        out[i].k = s[i][4];
+    }
+    return 9;
+}
+
+static int dsgd_cl__cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *be, const dsgd_cl_gemm_shape *shapes,
+                                          int num_shapes, int repeats, double *median_s, double *max_rel_err) {
+    size_t amax = 0, bmax = 0, cmax = 0, i;
+    dsgd_buffer *ba = NULL, *bb = NULL, *bc = NULL;
+    float *ha = NULL, *hb = NULL, *hc = NULL;
+    double *times = NULL, worst = 0.0;
+    dsgd_result r = DSGD_OK;
+    uint64_t rng = 12345;
+    int s, t;
+    if (!be || !shapes || num_shapes < 1 || repeats < 1 || !median_s)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_gemm_measure: bad arguments");
+    for (s = 0; s < num_shapes; ++s) {
+        const dsgd_cl_gemm_shape *g = &shapes[s];
+        if (g->m < 1 || g->n < 1 || g->k < 1)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_gemm_measure: shape %d is empty", s);
+        if ((size_t)g->m * g->k > amax) amax = (size_t)g->m * g->k;
+        if ((size_t)g->k * g->n > bmax) bmax = (size_t)g->k * g->n;
+        if ((size_t)g->m * g->n > cmax) cmax = (size_t)g->m * g->n;
+    }
+    ha = (float *)DSGD_CL__MALLOC(amax * sizeof(float));
+    hb = (float *)DSGD_CL__MALLOC(bmax * sizeof(float));
+    hc = (float *)DSGD_CL__MALLOC(cmax * sizeof(float));
+    times = (double *)DSGD_CL__MALLOC((size_t)repeats * sizeof(double));
+    if (!ha || !hb || !hc || !times) {
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_gemm_measure");
+        goto done;
+    }
+    for (i = 0; i < amax; ++i) ha[i] = (float)(dsgd_rng_uniform(&rng) * 2.0 - 1.0);
+    for (i = 0; i < bmax; ++i) hb[i] = (float)(dsgd_rng_uniform(&rng) * 2.0 - 1.0);
+    if ((r = be->buffer_create(be->impl, amax, &ba)) != DSGD_OK ||
+        (r = be->buffer_create(be->impl, bmax, &bb)) != DSGD_OK ||
+        (r = be->buffer_create(be->impl, cmax, &bc)) != DSGD_OK)
+        goto done;
+    {
+        dsgd_ref ra, rb;
+        ra.buf = ba;
+        ra.off = 0;
+        rb.buf = bb;
+        rb.off = 0;
+        if ((r = be->write(be->impl, ra, ha, amax)) != DSGD_OK || (r = be->write(be->impl, rb, hb, bmax)) != DSGD_OK)
+            goto done;
+    }
+    for (s = 0; s < num_shapes; ++s) {
+        const dsgd_cl_gemm_shape *g = &shapes[s];
+        int lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
+        dsgd_ref ra, rb, rc;
+        ra.buf = ba;
+        ra.off = 0;
+        rb.buf = bb;
+        rb.off = 0;
+        rc.buf = bc;
+        rc.off = 0;
+        /* warm-up (compiles), then check it */
+        r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc, g->n);
+        if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
+        if (r != DSGD_OK) goto done;
+        if (max_rel_err) {
+            int row, col, p;
+            if ((r = be->read(be->impl, rc, hc, (size_t)g->m * g->n)) != DSGD_OK) goto done;
+            for (row = 0; row < g->m; ++row) {
+                for (col = 0; col < g->n; ++col) {
+                    double acc = 0.0, mag = 0.0, e;
+                    for (p = 0; p < g->k; ++p) {
+                        double av = g->trans_a ? ha[(size_t)p * lda + row] : ha[(size_t)row * lda + p];
+                        double bv = g->trans_b ? hb[(size_t)col * ldb + p] : hb[(size_t)p * ldb + col];
+                        acc += av * bv;
+                        mag += fabs(av * bv);
+                    }
+                    e = fabs((double)hc[(size_t)row * g->n + col] - acc) / (mag > 1e-30 ? mag : 1e-30);
+                    if (!(e <= worst)) worst = e; /* NaN becomes the worst */
+                }
+            }
+        }
+        for (t = 0; t < repeats; ++t) {
+            double t0 = dsgd_now();
+            r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc, g->n);
+            if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
+            if (r != DSGD_OK) goto done;
+            times[t] = dsgd_now() - t0;
+        }
+        qsort(times, (size_t)repeats, sizeof(double), dsgd_cl__cmp_double);
+        median_s[s] = repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
+    }
+    if (max_rel_err) *max_rel_err = worst;
+done:
+    if (ba) be->buffer_destroy(be->impl, ba);
+    if (bb) be->buffer_destroy(be->impl, bb);
+    if (bc) be->buffer_destroy(be->impl, bc);
+    DSGD_CL__FREE(ha);
+    DSGD_CL__FREE(hb);
+    DSGD_CL__FREE(hc);
+    DSGD_CL__FREE(times);
+    return r;
+}
+
+#endif /* DISTSGD_CL_IMPLEMENTATION */

@@ -1,0 +1,1257 @@
+/* test_cl.c - the OpenCL backend (distsgd_cl.h) against the CPU reference.
+
+   Every test calls skip() when no OpenCL device is found (reported as
+   skipped, not passed). Otherwise each operation runs on both backends from
+   the same seeded random inputs and the results are compared, at sizes that
+   are and are not multiples of the work-group sizes (1, 255, 256, 257, ...)
+   and at non-zero offsets. Tolerances, per operation:
+     exact (bit for bit): write/read/copy/fill, scale, axpy, bias_backward,
+         act_backward, bias_act_forward with NONE and RELU, every optimizer
+         update (the kernels repeat the CPU's float arithmetic in order, with
+         FP_CONTRACT off and correctly rounded divide and sqrt);
+     bias_act_forward TANH and SIGMOID: 1e-6 absolute (OpenCL's tanh and exp
+         are accurate to a few ulp; values lie in (-1, 1));
+     gemm: 1e-5 * (|alpha| sum_k |a||b| + |beta c|) per element (float
+         rounding of a length-k dot product in a different order);
+     losses: dpred 1e-6 * grad_scale absolute, stats 1e-6 relative when the
+         device has fp64 (both backends then accumulate in double), 1e-4 and
+         1e-4 relative otherwise;
+     norm_check: nonfinite exact, sumsq 1e-12 relative with fp64, 1e-5 with
+         float partial sums.
+   Also: 20 training steps of two small MLPs on OpenCL and on the CPU (same
+   weights within 1e-4 relative), errors that name the failing call, device
+   selection by spec and environment, mapped buffers, several backends on one
+   context (also from three threads at once, as replicas), and the GEMM tuning cache (missing, corrupt and other-device
+   files fall back to CLBlast's defaults with a logged warning; a valid one is
+   applied). The valid-cache test runs last: CLBlast's parameter overrides are
+   process-wide, and it compiles CLBlast's GEMM once more for them.
+
+   Cold start: our kernels and one set of CLBlast GEMM kernels (plus one for
+   the tuned parameters) are compiled; PoCL caches them in POCL_CACHE_DIR
+   (the Makefile sets build/pocl-cache), so later runs take seconds.
+
+   Build: make test, or
+     cc -std=c99 tests/test_cl.c $(pkg-config --cflags --libs OpenCL clblast) -lcmocka -lm -lpthread */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#define DISTSGD_CL_IMPLEMENTATION
+#include "../distsgd_cl.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+/* ---------------------------------------------------------------- fixture */
+
+static struct {
+    int have_cl;
+    dsgd_ctx *ctx;
+    dsgd_cl_context *cl;
+    dsgd_backend_i clb, cpu;
+    int fp64;
+} G;
+
+static int group_setup(void **state) {
+    int n = 0;
+    (void)state;
+    if (dsgd_ctx_create(NULL, &G.ctx) != DSGD_OK) return -1;
+    if (dsgd_cl_list_devices(G.ctx, NULL, 0, &n) != DSGD_OK) {
+        fprintf(stderr, "test_cl: listing OpenCL devices failed: %s\n", dsgd_ctx_last_error(G.ctx));
+        return -1;
+    }
+    if (n == 0) {
+        fprintf(stderr, "test_cl: no OpenCL device found: every test is skipped\n");
+        return 0;
+    }
+    {
+        dsgd_cl_context_desc cd;
+        memset(&cd, 0, sizeof cd);
+        cd.tuning = DSGD_CL_TUNING_OFF; /* hermetic: no user tuning file */
+        if (dsgd_cl_context_create(G.ctx, &cd, &G.cl) != DSGD_OK ||
+            dsgd_cl_backend_create(G.ctx, G.cl, NULL, &G.clb) != DSGD_OK ||
+            dsgd_cpu_backend_create(G.ctx, &G.cpu) != DSGD_OK) {
+            fprintf(stderr, "test_cl: %d OpenCL device(s) but the backend failed: %s\n", n,
+                    dsgd_ctx_last_error(G.ctx));
+            return -1;
+        }
+    }
+    G.fp64 = dsgd_cl_context_fp64(G.cl);
+    G.have_cl = 1;
+    fprintf(stderr, "test_cl: OpenCL device: %s (%s), fp64 %s\n",
+            dsgd_cl_context_device_info(G.cl, 0)->device_name,
+            dsgd_cl_context_device_info(G.cl, 0)->platform_name, G.fp64 ? "yes" : "no");
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    if (G.clb.destroy) G.clb.destroy(G.clb.impl);
+    if (G.cpu.destroy) G.cpu.destroy(G.cpu.impl);
+    dsgd_cl_context_destroy(G.cl);
+    dsgd_ctx_destroy(G.ctx);
+    memset(&G, 0, sizeof G);
+    return 0;
+}
+
+#define NEED_CL()                   \
+    do {                            \
+        if (!G.have_cl) skip();     \
+        dsgd_ctx_clear_error(G.ctx); \
+    } while (0)
+
+static dsgd_ref R(dsgd_buffer *b, size_t off) {
+    dsgd_ref r;
+    r.buf = b;
+    r.off = off;
+    return r;
+}
+
+static dsgd_ref NOREF(void) { return R(NULL, 0); }
+
+/* The same buffer on both backends. */
+typedef struct pbuf {
+    dsgd_buffer *cpu, *cl;
+    size_t n;
+} pbuf;
+
+static pbuf pb_make(size_t n, const float *init) {
+    pbuf p;
+    p.n = n;
+    TU_OK(G.ctx, G.cpu.buffer_create(G.cpu.impl, n, &p.cpu));
+    TU_OK(G.ctx, G.clb.buffer_create(G.clb.impl, n, &p.cl));
+    if (init && n) {
+        TU_OK(G.ctx, G.cpu.write(G.cpu.impl, R(p.cpu, 0), init, n));
+        TU_OK(G.ctx, G.clb.write(G.clb.impl, R(p.cl, 0), init, n));
+    }
+    return p;
+}
+
+static pbuf pb_rand(size_t n, tu_rng *rng, float lo, float hi) {
+    float *h = tu_floats(n);
+    pbuf p;
+    tu_fill(rng, h, n, lo, hi);
+    p = pb_make(n, h);
+    free(h);
+    return p;
+}
+
+static void pb_free(pbuf *p) {
+    G.cpu.buffer_destroy(G.cpu.impl, p->cpu);
+    G.clb.buffer_destroy(G.clb.impl, p->cl);
+}
+
+/* Reads both copies; the caller frees *cpu_out and *cl_out. */
+static void pb_read(const pbuf *p, float **cpu_out, float **cl_out) {
+    *cpu_out = tu_floats(p->n);
+    *cl_out = tu_floats(p->n);
+    TU_OK(G.ctx, G.cpu.read(G.cpu.impl, R(p->cpu, 0), *cpu_out, p->n));
+    TU_OK(G.ctx, G.clb.read(G.clb.impl, R(p->cl, 0), *cl_out, p->n));
+}
+
+/* Fails unless |cl - cpu| <= abs_tol + rel_tol * |cpu| everywhere (NaN
+   matches NaN; tolerance 0 means bit-for-bit equal values). */
+static void expect_close(const float *cl, const float *cpu, size_t n, double abs_tol, double rel_tol,
+                         const char *what) {
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        double a = cl[i], b = cpu[i];
+        if (isnan(a) && isnan(b)) continue;
+        if (abs_tol == 0.0 && rel_tol == 0.0) {
+            if (memcmp(&cl[i], &cpu[i], sizeof(float)) != 0 && !(a == 0.0 && b == 0.0))
+                fail_msg("%s[%zu]: opencl %.9g, cpu %.9g (want bit-for-bit equal)", what, i, a, b);
+        } else if (!(fabs(a - b) <= abs_tol + rel_tol * fabs(b))) {
+            fail_msg("%s[%zu]: opencl %.9g, cpu %.9g, |diff| %.3g > %.3g", what, i, a, b, fabs(a - b),
+                     abs_tol + rel_tol * fabs(b));
+        }
+    }
+}
+
+static void pb_expect(const pbuf *p, double abs_tol, double rel_tol, const char *what) {
+    float *a, *b;
+    pb_read(p, &b, &a);
+    expect_close(a, b, p->n, abs_tol, rel_tol, what);
+    free(a);
+    free(b);
+}
+
+/* A logger that keeps count and the last message per level. */
+typedef struct logcap {
+    int count[4];
+    char last[4][1024];
+} logcap;
+
+static void cap_log(void *ud, dsgd_log_level level, const char *msg) {
+    logcap *c = (logcap *)ud;
+    if ((int)level < 0 || (int)level > 3) return;
+    c->count[level]++;
+    snprintf(c->last[level], sizeof c->last[level], "%s", msg);
+}
+
+static dsgd_ctx *cap_ctx(logcap *cap) {
+    dsgd_ctx_desc d;
+    dsgd_ctx *ctx = NULL;
+    memset(cap, 0, sizeof *cap);
+    memset(&d, 0, sizeof d);
+    d.logger.func = cap_log;
+    d.logger.user_data = cap;
+    TU_OK(NULL, dsgd_ctx_create(&d, &ctx));
+    return ctx;
+}
+
+#define EXPECT_SUBSTR(hay, needle)                                                  \
+    do {                                                                            \
+        if (!strstr((hay), (needle))) fail_msg("'%s' not found in: %s", (needle), (hay)); \
+    } while (0)
+
+/* ---------------------------------------------------------------- devices */
+
+static void test_list_devices(void **state) {
+    dsgd_cl_device_info info[8];
+    int n = -1, i;
+    (void)state;
+    NEED_CL();
+    TU_OK(G.ctx, dsgd_cl_list_devices(G.ctx, info, 8, &n));
+    assert_true(n >= 1);
+    for (i = 0; i < n && i < 8; ++i) {
+        assert_int_equal(info[i].index, i);
+        assert_true(info[i].device_name[0] != '\0');
+        assert_true(info[i].platform_name[0] != '\0');
+        assert_true(info[i].global_mem_bytes > 0);
+        assert_true(info[i].max_work_group_size >= 1);
+        assert_true(info[i].type >= DSGD_CL_DEVICE_GPU && info[i].type <= DSGD_CL_DEVICE_ALL);
+    }
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cl_list_devices(G.ctx, NULL, 0, NULL));
+    assert_string_equal(dsgd_cl_device_type_name(DSGD_CL_DEVICE_GPU), "gpu");
+    assert_string_equal(dsgd_cl_error_string(-5), "CL_OUT_OF_RESOURCES");
+    assert_string_equal(dsgd_cl_error_string(-61), "CL_INVALID_BUFFER_SIZE");
+    assert_string_equal(dsgd_cl_error_string(-1016), "CLBlastInvalidLeadDimA");
+    assert_string_equal(dsgd_cl_error_string(-1001), "CL_PLATFORM_NOT_FOUND_KHR");
+    assert_string_equal(dsgd_cl_error_string(12345), "unknown OpenCL error");
+}
+
+/* Opens a context for spec (desc) and returns the result; *name gets the
+   device's name on success. */
+static dsgd_result open_spec(dsgd_ctx *ctx, const char *spec, char *name, size_t cap) {
+    dsgd_cl_context_desc cd;
+    dsgd_cl_context *c = NULL;
+    dsgd_result r;
+    memset(&cd, 0, sizeof cd);
+    cd.device = spec;
+    cd.tuning = DSGD_CL_TUNING_OFF;
+    r = dsgd_cl_context_create(ctx, &cd, &c);
+    if (r == DSGD_OK) {
+        if (name) snprintf(name, cap, "%s", dsgd_cl_context_device_info(c, 0)->device_name);
+        dsgd_cl_context_destroy(c);
+    }
+    return r;
+}
+
+static void test_device_selection(void **state) {
+    dsgd_cl_device_info info[16];
+    char name[DSGD_CL_MAX_NAME], spec[32];
+    int n = 0, i, have_acc = 0;
+    (void)state;
+    NEED_CL();
+    TU_OK(G.ctx, dsgd_cl_list_devices(G.ctx, info, 16, &n));
+    if (n > 16) n = 16;
+    for (i = 0; i < n; ++i) have_acc |= info[i].type == DSGD_CL_DEVICE_ACCELERATOR;
+    /* by list index and by platform:device, the same device */
+    TU_OK(G.ctx, open_spec(G.ctx, "0", name, sizeof name));
+    assert_string_equal(name, info[0].device_name);
+    snprintf(spec, sizeof spec, "%d:%d", info[n - 1].platform_index, info[n - 1].device_index);
+    TU_OK(G.ctx, open_spec(G.ctx, spec, name, sizeof name));
+    assert_string_equal(name, info[n - 1].device_name);
+    /* by type: the first device of that type */
+    TU_OK(G.ctx, open_spec(G.ctx, dsgd_cl_device_type_name(info[0].type == DSGD_CL_DEVICE_ALL
+                                                               ? DSGD_CL_DEVICE_ALL
+                                                               : info[0].type),
+                           name, sizeof name));
+    /* bad specs */
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, open_spec(G.ctx, "bogus", NULL, 0));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "bogus");
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, open_spec(G.ctx, "0:", NULL, 0));
+    TU_ERR(G.ctx, DSGD_ERR_BACKEND, open_spec(G.ctx, "99", NULL, 0));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "no OpenCL device 99");
+    TU_ERR(G.ctx, DSGD_ERR_BACKEND, open_spec(G.ctx, "77:0", NULL, 0));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "platform 77");
+    if (!have_acc) {
+        TU_ERR(G.ctx, DSGD_ERR_BACKEND, open_spec(G.ctx, "accelerator", NULL, 0));
+        EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "no OpenCL device of type accelerator");
+    }
+    /* the environment, read only when desc.device is NULL */
+    setenv("DSGD_CL_DEVICE", "99", 1);
+    TU_ERR(G.ctx, DSGD_ERR_BACKEND, open_spec(G.ctx, NULL, NULL, 0));
+    TU_OK(G.ctx, open_spec(G.ctx, "0", NULL, 0)); /* desc wins over the environment */
+    setenv("DSGD_CL_DEVICE", "nonsense", 1);
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, open_spec(G.ctx, NULL, NULL, 0));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "DSGD_CL_DEVICE");
+    unsetenv("DSGD_CL_DEVICE");
+    snprintf(spec, sizeof spec, "%d", info[0].platform_index);
+    setenv("DSGD_CL_PLATFORM", spec, 1);
+    TU_OK(G.ctx, open_spec(G.ctx, NULL, NULL, 0));
+    setenv("DSGD_CL_PLATFORM", "x", 1);
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, open_spec(G.ctx, NULL, NULL, 0));
+    unsetenv("DSGD_CL_PLATFORM");
+    if (!have_acc) {
+        setenv("DSGD_CL_DEVICE_TYPE", "accelerator", 1);
+        TU_ERR(G.ctx, DSGD_ERR_BACKEND, open_spec(G.ctx, NULL, NULL, 0));
+        unsetenv("DSGD_CL_DEVICE_TYPE");
+    }
+}
+
+/* ---------------------------------------------------------------- buffers */
+
+static void test_buffer_ops(void **state) {
+    static const size_t sizes[] = {1, 255, 256, 257, 1000};
+    tu_rng rng = tu_rng_make(11);
+    size_t s;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+        size_t n = sizes[s], total = 3 * n + 5;
+        pbuf a = pb_rand(total, &rng, -2, 2), b = pb_rand(total, &rng, -2, 2);
+        float *h = tu_floats(n), *got = tu_floats(n);
+        tu_fill(&rng, h, n, -1, 1);
+        /* write at an offset, read it back */
+        TU_OK(G.ctx, G.clb.write(G.clb.impl, R(a.cl, n + 3), h, n));
+        TU_OK(G.ctx, G.cpu.write(G.cpu.impl, R(a.cpu, n + 3), h, n));
+        TU_OK(G.ctx, G.clb.read(G.clb.impl, R(a.cl, n + 3), got, n));
+        expect_close(got, h, n, 0, 0, "read after write");
+        /* copy between buffers, fill, and copies inside one buffer that
+           overlap forwards and backwards (memmove semantics) */
+        TU_OK(G.ctx, G.clb.copy(G.clb.impl, R(b.cl, 2), R(a.cl, n + 1), n));
+        TU_OK(G.ctx, G.cpu.copy(G.cpu.impl, R(b.cpu, 2), R(a.cpu, n + 1), n));
+        TU_OK(G.ctx, G.clb.fill(G.clb.impl, R(a.cl, 1), 0.25f, n));
+        TU_OK(G.ctx, G.cpu.fill(G.cpu.impl, R(a.cpu, 1), 0.25f, n));
+        TU_OK(G.ctx, G.clb.copy(G.clb.impl, R(b.cl, n / 2 + 1), R(b.cl, 0), n + 2));
+        TU_OK(G.ctx, G.cpu.copy(G.cpu.impl, R(b.cpu, n / 2 + 1), R(b.cpu, 0), n + 2));
+        TU_OK(G.ctx, G.clb.copy(G.clb.impl, R(b.cl, 0), R(b.cl, 1), 2 * n));
+        TU_OK(G.ctx, G.cpu.copy(G.cpu.impl, R(b.cpu, 0), R(b.cpu, 1), 2 * n));
+        pb_expect(&a, 0, 0, "a");
+        pb_expect(&b, 0, 0, "b");
+        /* out of range */
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.fill(G.clb.impl, R(a.cl, total - n + 1), 0.0f, n));
+        EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "outside a buffer");
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.read(G.clb.impl, R(a.cl, total), got, 1));
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.copy(G.clb.impl, R(a.cl, 0), R(b.cl, 3 * n + 1), 5));
+        free(h);
+        free(got);
+        pb_free(&a);
+        pb_free(&b);
+    }
+    assert_null(G.clb.buffer_host_ptr(G.clb.impl, NULL));
+}
+
+static void test_scale_axpy(void **state) {
+    static const size_t sizes[] = {1, 7, 255, 256, 257, 4099};
+    tu_rng rng = tu_rng_make(12);
+    size_t s;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+        size_t n = sizes[s];
+        pbuf x = pb_rand(n + 9, &rng, -3, 3), y = pb_rand(n + 4, &rng, -3, 3);
+        TU_OK(G.ctx, G.clb.scale(G.clb.impl, R(x.cl, 9), -0.37f, n));
+        TU_OK(G.ctx, G.cpu.scale(G.cpu.impl, R(x.cpu, 9), -0.37f, n));
+        TU_OK(G.ctx, G.clb.axpy(G.clb.impl, R(y.cl, 3), 1.0f / 3.0f, R(x.cl, 5), n));
+        TU_OK(G.ctx, G.cpu.axpy(G.cpu.impl, R(y.cpu, 3), 1.0f / 3.0f, R(x.cpu, 5), n));
+        pb_expect(&x, 0, 0, "scale");
+        pb_expect(&y, 0, 0, "axpy");
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.axpy(G.clb.impl, R(y.cl, 5), 1.0f, R(x.cl, 0), n));
+        pb_free(&x);
+        pb_free(&y);
+    }
+}
+
+/* ---------------------------------------------------------------- gemm */
+
+typedef struct gcase {
+    int ta, tb, m, n, k, pad;
+    float alpha, beta;
+} gcase;
+
+/* Runs one GEMM on both backends (A, B, C with padded strides and offsets)
+   and compares C with the per-element bound of the file comment. */
+static void gemm_case(const gcase *g, tu_rng *rng, int nan_c) {
+    int a_rows = g->ta ? g->k : g->m, a_cols = g->ta ? g->m : g->k;
+    int b_rows = g->tb ? g->n : g->k, b_cols = g->tb ? g->k : g->n;
+    int lda = a_cols + g->pad, ldb = b_cols + g->pad, ldc = g->n + g->pad;
+    size_t offa = 3, offb = 5, offc = 7;
+    size_t na = offa + (size_t)a_rows * lda, nb = offb + (size_t)b_rows * ldb, nc = offc + (size_t)g->m * ldc;
+    float *ha = tu_floats(na), *hb = tu_floats(nb), *hc = tu_floats(nc), *gcpu, *gcl;
+    pbuf A, B, C;
+    int i, j, p;
+    char what[96];
+    tu_fill(rng, ha, na, -1, 1);
+    tu_fill(rng, hb, nb, -1, 1);
+    tu_fill(rng, hc, nc, -1, 1);
+    if (nan_c)
+        for (i = 0; i < g->m; ++i)
+            for (j = 0; j < g->n; ++j) hc[offc + (size_t)i * ldc + j] = NAN;
+    A = pb_make(na, ha);
+    B = pb_make(nb, hb);
+    C = pb_make(nc, hc);
+    TU_OK(G.ctx, G.clb.gemm(G.clb.impl, g->ta, g->tb, g->m, g->n, g->k, g->alpha, R(A.cl, offa), lda, R(B.cl, offb),
+                            ldb, g->beta, R(C.cl, offc), ldc));
+    TU_OK(G.ctx, G.cpu.gemm(G.cpu.impl, g->ta, g->tb, g->m, g->n, g->k, g->alpha, R(A.cpu, offa), lda,
+                            R(B.cpu, offb), ldb, g->beta, R(C.cpu, offc), ldc));
+    pb_read(&C, &gcpu, &gcl);
+    snprintf(what, sizeof what, "gemm %s%s %dx%dx%d pad %d C", g->ta ? "T" : "N", g->tb ? "T" : "N", g->m, g->n,
+             g->k, g->pad);
+    for (i = 0; i < g->m; ++i) {
+        for (j = 0; j < g->n; ++j) {
+            size_t ci = offc + (size_t)i * ldc + j;
+            double mag = 0.0, cold = nan_c ? 0.0 : hc[ci];
+            for (p = 0; p < g->k; ++p) {
+                double av = g->ta ? ha[offa + (size_t)p * lda + i] : ha[offa + (size_t)i * lda + p];
+                double bv = g->tb ? hb[offb + (size_t)j * ldb + p] : hb[offb + (size_t)p * ldb + j];
+                mag += fabs(av * bv);
+            }
+            mag = fabs(g->alpha) * mag + (g->beta != 0.0f ? fabs(g->beta * cold) : 0.0);
+            if (isnan(gcl[ci])) fail_msg("%s[%d,%d] is NaN", what, i, j);
+            if (!(fabs((double)gcl[ci] - gcpu[ci]) <= 1e-5 * mag + 1e-30))
+                fail_msg("%s[%d,%d]: opencl %.9g, cpu %.9g, bound %.3g", what, i, j, gcl[ci], gcpu[ci], 1e-5 * mag);
+        }
+    }
+    /* padding and the space around C untouched */
+    for (i = 0; i < (int)nc; ++i) {
+        size_t ui = (size_t)i;
+        int inside = ui >= offc && (int)((ui - offc) % ldc) < g->n && ui < offc + (size_t)g->m * ldc;
+        if (!inside && memcmp(&gcl[ui], &hc[ui], sizeof(float)) != 0)
+            fail_msg("%s: element %d outside C changed", what, i);
+    }
+    free(gcpu);
+    free(gcl);
+    free(ha);
+    free(hb);
+    free(hc);
+    pb_free(&A);
+    pb_free(&B);
+    pb_free(&C);
+}
+
+static void test_gemm(void **state) {
+    static const gcase cases[] = {
+        {0, 0, 37, 53, 29, 3, 0.7f, 0.3f}, {0, 1, 37, 53, 29, 3, 0.7f, 0.3f}, {1, 0, 37, 53, 29, 3, 0.7f, 0.3f},
+        {1, 1, 37, 53, 29, 3, 0.7f, 0.3f}, {0, 0, 1, 1, 1, 0, 1.0f, 0.0f},     {0, 0, 1, 300, 7, 0, -1.0f, 1.0f},
+        {0, 0, 32, 20, 16, 0, 1.0f, 0.0f}, {1, 0, 20, 16, 32, 0, 1.0f, 0.0f},  {0, 1, 32, 20, 16, 0, 1.0f, 0.0f},
+        /* large enough for CLBlast's padded (indirect) path, not multiples of its tiles */
+        {0, 0, 129, 257, 300, 0, 1.0f, 0.0f}, {1, 0, 300, 129, 257, 1, 0.5f, 1.0f},
+        {0, 1, 257, 300, 129, 0, 1.0f, 0.0f}};
+    tu_rng rng = tu_rng_make(13);
+    size_t i;
+    (void)state;
+    NEED_CL();
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) gemm_case(&cases[i], &rng, 0);
+}
+
+static void test_gemm_edge_cases(void **state) {
+    static const gcase nan_cases[] = {{0, 0, 37, 53, 29, 2, 1.0f, 0.0f}, {0, 1, 129, 257, 300, 0, 1.0f, 0.0f}};
+    gcase k0 = {0, 0, 5, 7, 0, 2, 1.0f, 0.5f};
+    tu_rng rng = tu_rng_make(14);
+    pbuf A;
+    size_t i;
+    (void)state;
+    NEED_CL();
+    /* beta == 0 overwrites C: NaN there does not propagate */
+    for (i = 0; i < sizeof nan_cases / sizeof nan_cases[0]; ++i) gemm_case(&nan_cases[i], &rng, 1);
+    /* k == 0: C = beta C */
+    gemm_case(&k0, &rng, 0);
+    k0.beta = 0.0f;
+    gemm_case(&k0, &rng, 1);
+    /* bad sizes and ranges are argument errors, as on the CPU */
+    A = pb_rand(100, &rng, -1, 1);
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT,
+           G.clb.gemm(G.clb.impl, 0, 0, 5, 5, 5, 1.0f, R(A.cl, 0), 4, R(A.cl, 0), 5, 0.0f, R(A.cl, 0), 5));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "bad sizes");
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT,
+           G.clb.gemm(G.clb.impl, 0, 0, 10, 10, 10, 1.0f, R(A.cl, 0), 10, R(A.cl, 0), 10, 0.0f, R(A.cl, 1), 10));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "gemm C");
+    pb_free(&A);
+}
+
+/* ---------------------------------------------------------------- activations */
+
+static void test_bias_act_forward(void **state) {
+    static const int shapes[][2] = {{1, 1}, {3, 7}, {17, 300}, {5, 257}};
+    tu_rng rng = tu_rng_make(15);
+    int s, act, with_bias;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < 4; ++s) {
+        int m = shapes[s][0], n = shapes[s][1];
+        for (act = DSGD_ACT_NONE; act <= DSGD_ACT_SIGMOID; ++act) {
+            for (with_bias = 0; with_bias < 2; ++with_bias) {
+                pbuf y = pb_rand((size_t)m * n + 4, &rng, -4, 4), b = pb_rand((size_t)n + 2, &rng, -1, 1);
+                double tol = (act == DSGD_ACT_TANH || act == DSGD_ACT_SIGMOID) ? 1e-6 : 0.0;
+                char what[64];
+                TU_OK(G.ctx, G.clb.bias_act_forward(G.clb.impl, (dsgd_activation)act, R(y.cl, 4),
+                                                    with_bias ? R(b.cl, 2) : NOREF(), m, n));
+                TU_OK(G.ctx, G.cpu.bias_act_forward(G.cpu.impl, (dsgd_activation)act, R(y.cpu, 4),
+                                                    with_bias ? R(b.cpu, 2) : NOREF(), m, n));
+                snprintf(what, sizeof what, "bias_act_forward act %d bias %d %dx%d", act, with_bias, m, n);
+                pb_expect(&y, tol, 0, what);
+                pb_free(&y);
+                pb_free(&b);
+            }
+        }
+    }
+    {
+        pbuf y = pb_rand(10, &rng, -1, 1);
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT,
+               G.clb.bias_act_forward(G.clb.impl, (dsgd_activation)9, R(y.cl, 0), NOREF(), 2, 5));
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT,
+               G.clb.bias_act_forward(G.clb.impl, DSGD_ACT_RELU, R(y.cl, 0), R(y.cl, 8), 2, 5));
+        pb_free(&y);
+    }
+}
+
+static void test_act_backward(void **state) {
+    static const size_t sizes[] = {1, 255, 257, 3000};
+    tu_rng rng = tu_rng_make(16);
+    size_t s;
+    int act;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+        size_t n = sizes[s];
+        for (act = DSGD_ACT_NONE; act <= DSGD_ACT_SIGMOID; ++act) {
+            pbuf dy = pb_rand(n + 1, &rng, -2, 2), y = pb_rand(n + 3, &rng, -1, 1);
+            char what[64];
+            TU_OK(G.ctx, G.clb.act_backward(G.clb.impl, (dsgd_activation)act, R(dy.cl, 1), R(y.cl, 3), n));
+            TU_OK(G.ctx, G.cpu.act_backward(G.cpu.impl, (dsgd_activation)act, R(dy.cpu, 1), R(y.cpu, 3), n));
+            snprintf(what, sizeof what, "act_backward act %d n %zu", act, n);
+            pb_expect(&dy, 0, 0, what);
+            pb_free(&dy);
+            pb_free(&y);
+        }
+    }
+}
+
+static void test_bias_backward(void **state) {
+    static const int shapes[][2] = {{1, 1}, {300, 7}, {33, 513}, {256, 10}};
+    tu_rng rng = tu_rng_make(17);
+    int s;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < 4; ++s) {
+        int m = shapes[s][0], n = shapes[s][1];
+        pbuf db = pb_rand((size_t)n + 2, &rng, -1, 1), dy = pb_rand((size_t)m * n + 1, &rng, -1, 1);
+        TU_OK(G.ctx, G.clb.bias_backward(G.clb.impl, R(db.cl, 2), R(dy.cl, 1), m, n));
+        TU_OK(G.ctx, G.cpu.bias_backward(G.cpu.impl, R(db.cpu, 2), R(dy.cpu, 1), m, n));
+        pb_expect(&db, 0, 0, "bias_backward");
+        pb_free(&db);
+        pb_free(&dy);
+    }
+}
+
+/* ---------------------------------------------------------------- losses */
+
+static void loss_case(dsgd_loss loss, int m, int c, int want_grad, tu_rng *rng) {
+    size_t nt = loss == DSGD_LOSS_MSE ? (size_t)m * c : (size_t)m;
+    float *ht = tu_floats(nt + 1), stats0[4] = {1.5f, 2.0f, 0.0f, 0.0f}, sc[4], sl[4];
+    pbuf pred = pb_rand((size_t)m * c + 1, rng, -5, 5), tgt, dpred, stats;
+    float gs = 1.0f / (float)m;
+    double stol = G.fp64 ? 1e-6 : 1e-4, dtol = (G.fp64 ? 1e-6 : 1e-4) * gs;
+    size_t i;
+    char what[64];
+    ht[0] = 0.0f;
+    for (i = 0; i < nt; ++i)
+        ht[i + 1] = loss == DSGD_LOSS_MSE ? tu_uniform(rng, -2, 2) : (float)tu_below(rng, (size_t)c);
+    tgt = pb_make(nt + 1, ht);
+    dpred = pb_rand((size_t)m * c + 2, rng, -1, 1);
+    stats = pb_make(4, stats0);
+    TU_OK(G.ctx, G.clb.loss(G.clb.impl, loss, m, c, R(pred.cl, 1), R(tgt.cl, 1), gs,
+                            want_grad ? R(dpred.cl, 2) : NOREF(), R(stats.cl, 1)));
+    TU_OK(G.ctx, G.cpu.loss(G.cpu.impl, loss, m, c, R(pred.cpu, 1), R(tgt.cpu, 1), gs,
+                            want_grad ? R(dpred.cpu, 2) : NOREF(), R(stats.cpu, 1)));
+    snprintf(what, sizeof what, "loss %d m %d c %d dpred", (int)loss, m, c);
+    pb_expect(&dpred, dtol, 0, what);
+    TU_OK(G.ctx, G.cpu.read(G.cpu.impl, R(stats.cpu, 0), sc, 4));
+    TU_OK(G.ctx, G.clb.read(G.clb.impl, R(stats.cl, 0), sl, 4));
+    assert_true(sc[0] == sl[0] && sc[3] == sl[3]); /* outside the range: untouched */
+    TU_NEAR(sl[1], sc[1], stol * fabs(sc[1]));
+    assert_true(sl[2] == sc[2]); /* correct count: an exact small integer */
+    if (c > 1 || loss == DSGD_LOSS_MSE) assert_true(sc[1] > stats0[1]); /* losses were added (one class: 0) */
+    free(ht);
+    pb_free(&pred);
+    pb_free(&tgt);
+    pb_free(&dpred);
+    pb_free(&stats);
+}
+
+static void test_loss_softmax_xent(void **state) {
+    static const int shapes[][2] = {{1, 1}, {1, 10}, {37, 10}, {300, 37}, {257, 3}};
+    tu_rng rng = tu_rng_make(18);
+    int s;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < 5; ++s) {
+        loss_case(DSGD_LOSS_SOFTMAX_XENT, shapes[s][0], shapes[s][1], 1, &rng);
+        loss_case(DSGD_LOSS_SOFTMAX_XENT, shapes[s][0], shapes[s][1], 0, &rng);
+    }
+}
+
+static void test_loss_mse(void **state) {
+    static const int shapes[][2] = {{1, 1}, {37, 10}, {300, 37}, {257, 3}};
+    tu_rng rng = tu_rng_make(19);
+    int s;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < 4; ++s) {
+        loss_case(DSGD_LOSS_MSE, shapes[s][0], shapes[s][1], 1, &rng);
+        loss_case(DSGD_LOSS_MSE, shapes[s][0], shapes[s][1], 0, &rng);
+    }
+}
+
+static void test_loss_bad_class(void **state) {
+    static const float bad[] = {10.0f, -1.0f, 2.5f, NAN};
+    tu_rng rng = tu_rng_make(20);
+    float st[2] = {3.0f, 4.0f}, got[2];
+    size_t b;
+    (void)state;
+    NEED_CL();
+    for (b = 0; b < sizeof bad / sizeof bad[0]; ++b) {
+        float ht[40];
+        pbuf pred = pb_rand(40 * 10, &rng, -1, 1), tgt, stats = pb_make(2, st);
+        int i;
+        for (i = 0; i < 40; ++i) ht[i] = (float)(i % 10);
+        ht[17] = bad[b];
+        tgt = pb_make(40, ht);
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT,
+               G.clb.loss(G.clb.impl, DSGD_LOSS_SOFTMAX_XENT, 40, 10, R(pred.cl, 0), R(tgt.cl, 0), 1.0f, NOREF(),
+                          R(stats.cl, 0)));
+        EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "of sample 17 is not an integer in [0, 10)");
+        TU_OK(G.ctx, G.clb.read(G.clb.impl, R(stats.cl, 0), got, 2));
+        assert_true(got[0] == st[0] && got[1] == st[1]); /* stats unchanged */
+        pb_free(&pred);
+        pb_free(&tgt);
+        pb_free(&stats);
+    }
+}
+
+/* ---------------------------------------------------------------- optimizers */
+
+static void test_optimizer_update(void **state) {
+    static const size_t sizes[] = {1, 1000, 4099};
+    tu_rng rng = tu_rng_make(21);
+    size_t s;
+    int kind, nesterov, step;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+        size_t n = sizes[s];
+        for (kind = DSGD_OPT_SGD; kind <= DSGD_OPT_ADAMW; ++kind) {
+            for (nesterov = 0; nesterov <= (kind == DSGD_OPT_MOMENTUM); ++nesterov) {
+                pbuf p = pb_rand(n + 1, &rng, -1, 1), g = pb_rand(n + 2, &rng, -1, 1);
+                pbuf m1 = pb_make(n + 3, NULL), m2 = pb_make(n, NULL);
+                int needs1 = kind != DSGD_OPT_SGD, needs2 = kind >= DSGD_OPT_ADAM;
+                char what[64];
+                for (step = 1; step <= 3; ++step) {
+                    dsgd_opt_update u;
+                    memset(&u, 0, sizeof u);
+                    u.kind = (dsgd_optimizer_kind)kind;
+                    u.lr = 0.01f * (float)step;
+                    u.momentum = 0.9f;
+                    u.nesterov = nesterov;
+                    u.beta1 = 0.9f;
+                    u.beta2 = 0.999f;
+                    u.eps = 1e-8f;
+                    u.weight_decay = 0.01f;
+                    u.bias_correction1 = 1.0f - powf(0.9f, (float)step);
+                    u.bias_correction2 = 1.0f - powf(0.999f, (float)step);
+                    u.grad_scale = 0.5f;
+                    TU_OK(G.ctx, G.clb.optimizer_update(G.clb.impl, &u, R(p.cl, 1), R(g.cl, 2),
+                                                        needs1 ? R(m1.cl, 3) : NOREF(), needs2 ? R(m2.cl, 0) : NOREF(),
+                                                        n));
+                    TU_OK(G.ctx, G.cpu.optimizer_update(G.cpu.impl, &u, R(p.cpu, 1), R(g.cpu, 2),
+                                                        needs1 ? R(m1.cpu, 3) : NOREF(),
+                                                        needs2 ? R(m2.cpu, 0) : NOREF(), n));
+                }
+                snprintf(what, sizeof what, "optimizer kind %d nesterov %d n %zu", kind, nesterov, n);
+                pb_expect(&p, 0, 0, what);
+                pb_expect(&m1, 0, 0, "m1");
+                pb_expect(&m2, 0, 0, "m2");
+                pb_free(&p);
+                pb_free(&g);
+                pb_free(&m1);
+                pb_free(&m2);
+            }
+        }
+    }
+}
+
+static void test_norm_check(void **state) {
+    static const size_t sizes[] = {1, 1000, 4097, 100003};
+    tu_rng rng = tu_rng_make(22);
+    size_t s;
+    (void)state;
+    NEED_CL();
+    for (s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+        size_t n = sizes[s], bad_cpu = 0, bad_cl = 0, i, k;
+        float *h = tu_floats(n + 5);
+        double ss_cpu = 0, ss_cl = 0;
+        pbuf x;
+        tu_fill(&rng, h, n + 5, -3, 3);
+        for (k = 0; k < 3 && n > 10; ++k) h[5 + tu_below(&rng, n)] = k == 0 ? NAN : (k == 1 ? INFINITY : -INFINITY);
+        x = pb_make(n + 5, h);
+        TU_OK(G.ctx, G.clb.norm_check(G.clb.impl, R(x.cl, 5), n, &ss_cl, &bad_cl));
+        TU_OK(G.ctx, G.cpu.norm_check(G.cpu.impl, R(x.cpu, 5), n, &ss_cpu, &bad_cpu));
+        assert_int_equal(bad_cl, bad_cpu);
+        TU_NEAR(ss_cl, ss_cpu, (G.fp64 ? 1e-12 : 1e-5) * ss_cpu);
+        /* deterministic: the same bits again */
+        {
+            double again = 0;
+            size_t bad2 = 0;
+            TU_OK(G.ctx, G.clb.norm_check(G.clb.impl, R(x.cl, 5), n, &again, &bad2));
+            assert_true(memcmp(&again, &ss_cl, sizeof again) == 0);
+        }
+        for (i = 0; i < 1; ++i) (void)i;
+        free(h);
+        pb_free(&x);
+    }
+}
+
+/* ---------------------------------------------------------------- mapping, queues */
+
+static void test_map_unmap(void **state) {
+    tu_rng rng = tu_rng_make(23);
+    dsgd_buffer *buf;
+    float *p, h[300], got[300];
+    size_t i;
+    (void)state;
+    NEED_CL();
+    assert_true(dsgd_cl_is_backend(&G.clb));
+    assert_false(dsgd_cl_is_backend(&G.cpu));
+    assert_non_null(dsgd_cl_backend_queue(&G.clb));
+    assert_null(dsgd_cl_backend_queue(&G.cpu));
+    TU_OK(G.ctx, G.clb.buffer_create(G.clb.impl, 300, &buf));
+    assert_non_null(dsgd_cl_buffer_mem(buf));
+    tu_fill(&rng, h, 300, -1, 1);
+    /* the host writes through a mapping; kernels see it after unmap */
+    TU_OK(G.ctx, dsgd_cl_map(&G.clb, R(buf, 50), 200, DSGD_CL_MAP_WRITE, &p));
+    for (i = 0; i < 200; ++i) p[i] = h[i];
+    TU_OK(G.ctx, dsgd_cl_unmap(&G.clb, R(buf, 50), p));
+    TU_OK(G.ctx, G.clb.scale(G.clb.impl, R(buf, 50), 2.0f, 200));
+    /* and reads a kernel's result through one */
+    TU_OK(G.ctx, dsgd_cl_map(&G.clb, R(buf, 0), 300, DSGD_CL_MAP_READ, &p));
+    for (i = 0; i < 300; ++i) got[i] = p[i];
+    TU_OK(G.ctx, dsgd_cl_unmap(&G.clb, R(buf, 0), p));
+    for (i = 0; i < 300; ++i) assert_true(got[i] == (i >= 50 && i < 250 ? 2.0f * h[i - 50] : 0.0f));
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cl_map(&G.clb, R(buf, 200), 101, DSGD_CL_MAP_READ, &p));
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cl_map(&G.clb, R(buf, 0), 1, 0, &p));
+    assert_int_equal(dsgd_cl_map(&G.cpu, R(buf, 0), 1, DSGD_CL_MAP_READ, &p), DSGD_ERR_INVALID_ARGUMENT);
+    G.clb.buffer_destroy(G.clb.impl, buf);
+}
+
+/* Two backends (two queues) on one context, as two replicas on one device. */
+static void test_backends_share_context(void **state) {
+    dsgd_backend_i b2;
+    dsgd_cl_backend_desc bd;
+    dsgd_ctx *ctx2 = tu_ctx();
+    dsgd_buffer *x1, *x2;
+    float h[1000], g1[1000], g2[1000];
+    size_t i;
+    (void)state;
+    if (!G.have_cl) {
+        dsgd_ctx_destroy(ctx2);
+        skip();
+    }
+    memset(&bd, 0, sizeof bd);
+    bd.device = dsgd_cl_context_num_devices(G.cl); /* one past the end */
+    TU_ERR(ctx2, DSGD_ERR_INVALID_ARGUMENT, dsgd_cl_backend_create(ctx2, G.cl, &bd, &b2));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(ctx2), "outside the context");
+    bd.device = 1 % dsgd_cl_context_num_devices(G.cl); /* round-robin placement of replica 1 */
+    TU_OK(ctx2, dsgd_cl_backend_create(ctx2, G.cl, &bd, &b2));
+    assert_true(dsgd_cl_backend_queue(&b2) != dsgd_cl_backend_queue(&G.clb));
+    assert_true(dsgd_cl_backend_context(&b2) == G.cl);
+    for (i = 0; i < 1000; ++i) h[i] = (float)i;
+    TU_OK(G.ctx, G.clb.buffer_create(G.clb.impl, 1000, &x1));
+    TU_OK(ctx2, b2.buffer_create(b2.impl, 1000, &x2));
+    TU_OK(G.ctx, G.clb.write(G.clb.impl, R(x1, 0), h, 1000));
+    TU_OK(ctx2, b2.write(b2.impl, R(x2, 0), h, 1000));
+    for (i = 0; i < 5; ++i) {
+        TU_OK(G.ctx, G.clb.scale(G.clb.impl, R(x1, 0), 2.0f, 1000));
+        TU_OK(ctx2, b2.axpy(b2.impl, R(x2, 0), 1.0f, R(x2, 0), 1000));
+    }
+    TU_OK(G.ctx, G.clb.read(G.clb.impl, R(x1, 0), g1, 1000));
+    TU_OK(ctx2, b2.read(b2.impl, R(x2, 0), g2, 1000));
+    for (i = 0; i < 1000; ++i) {
+        assert_true(g1[i] == 32.0f * h[i]);
+        assert_true(g2[i] == 32.0f * h[i]);
+    }
+    G.clb.buffer_destroy(G.clb.impl, x1);
+    b2.buffer_destroy(b2.impl, x2);
+    b2.destroy(b2.impl);
+    dsgd_ctx_destroy(ctx2);
+}
+
+/* ---------------------------------------------------------------- training */
+
+/* Trains the same model on the CPU backend and on OpenCL for 20 steps and
+   compares every weight: |cl - cpu| <= 1e-4 * max(|cpu|, mean |cpu|). */
+static void train_pair(const dsgd_layer_desc *layers, int nl, dsgd_loss loss, const dsgd_optimizer_desc *od,
+                       int batch) {
+    enum { IN = 20, STEPS = 20 };
+    dsgd_model_desc md;
+    dsgd_model *mc = NULL, *ml = NULL;
+    dsgd_optimizer *oc = NULL, *ol = NULL;
+    dsgd_metrics tc, tl;
+    tu_rng rng = tu_rng_make(24);
+    int out = layers[nl - 1].units, tdim = loss == DSGD_LOSS_MSE ? out : 1, step, i;
+    float *x = tu_floats((size_t)batch * IN), *y = tu_floats((size_t)batch * tdim), *pc, *pl;
+    size_t np, k;
+    double mean = 0, worst = 0;
+    memset(&md, 0, sizeof md);
+    md.input_dim = IN;
+    md.layers = layers;
+    md.num_layers = nl;
+    md.loss = loss;
+    md.max_batch = batch;
+    md.seed = 42;
+    md.backend = &G.cpu;
+    TU_OK(G.ctx, dsgd_model_create(G.ctx, &md, &mc));
+    md.backend = &G.clb;
+    TU_OK(G.ctx, dsgd_model_create(G.ctx, &md, &ml));
+    TU_OK(G.ctx, dsgd_optimizer_create(mc, od, &oc));
+    TU_OK(G.ctx, dsgd_optimizer_create(ml, od, &ol));
+    np = dsgd_model_num_params(mc);
+    assert_int_equal(np, dsgd_model_num_params(ml));
+    for (step = 0; step < STEPS; ++step) {
+        tu_fill(&rng, x, (size_t)batch * IN, -1, 1);
+        for (i = 0; i < batch; ++i) {
+            if (loss == DSGD_LOSS_MSE) {
+                int j;
+                for (j = 0; j < out; ++j) y[i * out + j] = 0.5f * x[i * IN + j] - 0.25f * x[i * IN + j + 1];
+            } else {
+                y[i] = (float)((x[i * IN] > 0) + 2 * (x[i * IN + 1] > 0)) * (float)(out > 3) +
+                       (float)(out <= 3 ? (x[i * IN] > 0) : 0);
+            }
+        }
+        TU_OK(G.ctx, dsgd_model_compute_gradients(mc, x, y, batch, 1.0f / batch));
+        TU_OK(G.ctx, dsgd_model_compute_gradients(ml, x, y, batch, 1.0f / batch));
+        TU_OK(G.ctx, dsgd_optimizer_step(oc));
+        TU_OK(G.ctx, dsgd_optimizer_step(ol));
+    }
+    pc = tu_floats(np);
+    pl = tu_floats(np);
+    TU_OK(G.ctx, dsgd_model_get_params(mc, pc, np));
+    TU_OK(G.ctx, dsgd_model_get_params(ml, pl, np));
+    for (k = 0; k < np; ++k) mean += fabs(pc[k]) / (double)np;
+    for (k = 0; k < np; ++k) {
+        double scale = fabs(pc[k]) > mean ? fabs(pc[k]) : mean, e = fabs((double)pl[k] - pc[k]) / scale;
+        if (!(e <= 1e-4)) fail_msg("weight %zu after %d steps: opencl %.9g, cpu %.9g (rel %.3g)", k, STEPS, pl[k], pc[k], e);
+        if (e > worst) worst = e;
+    }
+    /* the weights moved, so the comparison means something */
+    {
+        dsgd_model *m0 = NULL;
+        float *p0 = tu_floats(np);
+        double moved = 0;
+        md.backend = &G.cpu;
+        TU_OK(G.ctx, dsgd_model_create(G.ctx, &md, &m0));
+        TU_OK(G.ctx, dsgd_model_get_params(m0, p0, np));
+        for (k = 0; k < np; ++k) moved += fabs((double)p0[k] - pc[k]);
+        assert_true(moved / (double)np > 1e-3);
+        dsgd_model_destroy(m0);
+        free(p0);
+    }
+    TU_OK(G.ctx, dsgd_model_take_metrics(mc, DSGD_METRICS_TRAIN, &tc));
+    TU_OK(G.ctx, dsgd_model_take_metrics(ml, DSGD_METRICS_TRAIN, &tl));
+    TU_NEAR(tl.loss_sum, tc.loss_sum, 1e-4 * tc.loss_sum);
+    TU_NEAR(tl.count, tc.count, 0);
+    print_message("    %d steps: worst relative weight difference %.3g over %zu weights\n", STEPS, worst, np);
+    free(x);
+    free(y);
+    free(pc);
+    free(pl);
+    dsgd_optimizer_destroy(oc);
+    dsgd_optimizer_destroy(ol);
+    dsgd_model_destroy(mc);
+    dsgd_model_destroy(ml);
+}
+
+static void test_train_20_steps_xent_adam(void **state) {
+    dsgd_layer_desc layers[3] = {{48, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+                                 {32, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+                                 {4, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+    dsgd_optimizer_desc od;
+    (void)state;
+    NEED_CL();
+    memset(&od, 0, sizeof od);
+    od.kind = DSGD_OPT_ADAM;
+    od.lr = 0.01f;
+    od.weight_decay = 1e-4f;
+    train_pair(layers, 3, DSGD_LOSS_SOFTMAX_XENT, &od, 37);
+}
+
+static void test_train_20_steps_mse_momentum_clip(void **state) {
+    dsgd_layer_desc layers[2] = {{300, DSGD_ACT_SIGMOID, DSGD_INIT_AUTO}, {3, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+    dsgd_optimizer_desc od;
+    (void)state;
+    NEED_CL();
+    memset(&od, 0, sizeof od);
+    od.kind = DSGD_OPT_MOMENTUM;
+    od.nesterov = 1;
+    od.lr = 0.05f;
+    od.clip_norm = 0.5f; /* exercises norm_check every step */
+    train_pair(layers, 2, DSGD_LOSS_MSE, &od, 64);
+}
+
+/* Replicas on threads: each thread has its own dsgd_ctx and backend (own
+   queue) on the shared context and trains the same model on the same data;
+   every replica must end with the same weights, bit for bit (the kernels and
+   CLBlast are deterministic, and sharing a context must not mix them up). */
+typedef struct replica {
+    dsgd_cl_context *cl;
+    int device;
+    float *params;
+    size_t np;
+    dsgd_result r;
+    char err[1100];
+} replica;
+
+static void *replica_main(void *arg) {
+    replica *rep = (replica *)arg;
+    dsgd_layer_desc layers[2] = {{64, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {5, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+    dsgd_model_desc md;
+    dsgd_optimizer_desc od;
+    dsgd_cl_backend_desc bd;
+    dsgd_backend_i be;
+    dsgd_ctx *ctx = NULL;
+    dsgd_model *m = NULL;
+    dsgd_optimizer *opt = NULL;
+    tu_rng rng = tu_rng_make(26);
+    float x[40 * 30], y[40];
+    int step, i;
+    memset(&be, 0, sizeof be);
+    rep->r = dsgd_ctx_create(NULL, &ctx);
+    if (rep->r != DSGD_OK) return NULL;
+    memset(&bd, 0, sizeof bd);
+    bd.device = rep->device;
+    memset(&md, 0, sizeof md);
+    md.input_dim = 30;
+    md.layers = layers;
+    md.num_layers = 2;
+    md.max_batch = 40;
+    md.seed = 5;
+    md.backend = &be;
+    memset(&od, 0, sizeof od);
+    od.kind = DSGD_OPT_ADAMW;
+    od.lr = 0.01f;
+    od.weight_decay = 0.01f;
+    if ((rep->r = dsgd_cl_backend_create(ctx, rep->cl, &bd, &be)) == DSGD_OK &&
+        (rep->r = dsgd_model_create(ctx, &md, &m)) == DSGD_OK &&
+        (rep->r = dsgd_optimizer_create(m, &od, &opt)) == DSGD_OK) {
+        for (step = 0; step < 10 && rep->r == DSGD_OK; ++step) {
+            tu_fill(&rng, x, 40 * 30, -1, 1);
+            for (i = 0; i < 40; ++i) y[i] = (float)(i % 5);
+            rep->r = dsgd_model_compute_gradients(m, x, y, 40, 1.0f / 40);
+            if (rep->r == DSGD_OK) rep->r = dsgd_optimizer_step(opt);
+        }
+        rep->np = dsgd_model_num_params(m);
+        rep->params = (float *)malloc(rep->np * sizeof(float));
+        if (rep->r == DSGD_OK && rep->params) rep->r = dsgd_model_get_params(m, rep->params, rep->np);
+    }
+    if (rep->r != DSGD_OK) snprintf(rep->err, sizeof rep->err, "%s", dsgd_ctx_last_error(ctx));
+    dsgd_optimizer_destroy(opt);
+    dsgd_model_destroy(m);
+    if (be.destroy) be.destroy(be.impl);
+    dsgd_ctx_destroy(ctx);
+    return NULL;
+}
+
+static void test_replicas_on_threads(void **state) {
+    enum { N = 3 };
+    replica reps[N];
+    pthread_t th[N];
+    int i;
+    (void)state;
+    NEED_CL();
+    memset(reps, 0, sizeof reps);
+    for (i = 0; i < N; ++i) {
+        reps[i].cl = G.cl;
+        reps[i].device = i % dsgd_cl_context_num_devices(G.cl); /* round-robin placement */
+        assert_int_equal(pthread_create(&th[i], NULL, replica_main, &reps[i]), 0);
+    }
+    for (i = 0; i < N; ++i) pthread_join(th[i], NULL);
+    for (i = 0; i < N; ++i) {
+        if (reps[i].r != DSGD_OK) fail_msg("replica %d: %s: %s", i, dsgd_result_string(reps[i].r), reps[i].err);
+        assert_non_null(reps[i].params);
+    }
+    for (i = 1; i < N; ++i) {
+        assert_int_equal(reps[i].np, reps[0].np);
+        if (memcmp(reps[i].params, reps[0].params, reps[0].np * sizeof(float)) != 0)
+            fail_msg("replica %d's weights differ from replica 0's", i);
+    }
+    for (i = 0; i < N; ++i) free(reps[i].params);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static void test_errors_name_the_call(void **state) {
+    dsgd_buffer *buf = NULL;
+    dsgd_cl_context_desc cd;
+    dsgd_cl_context *c = NULL;
+    logcap cap;
+    dsgd_ctx *ctx;
+    (void)state;
+    NEED_CL();
+    /* an absurd buffer: the device refuses it, the message names the call */
+    TU_ERR(G.ctx, DSGD_ERR_OUT_OF_MEMORY, G.clb.buffer_create(G.clb.impl, (size_t)1 << 42, &buf));
+    assert_null(buf);
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "clCreateBuffer(4398046511104 floats): CL_");
+    TU_ERR(G.ctx, DSGD_ERR_OUT_OF_MEMORY, G.clb.buffer_create(G.clb.impl, (size_t)-1, &buf));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "overflow");
+    /* a kernel build failure carries the build log */
+    ctx = cap_ctx(&cap);
+    memset(&cd, 0, sizeof cd);
+    cd.tuning = DSGD_CL_TUNING_OFF;
+    cd.build_options = "-DDSGD_CL_SELFTEST_BUILD_ERROR";
+    TU_ERR(ctx, DSGD_ERR_BACKEND, dsgd_cl_context_create(ctx, &cd, &c));
+    assert_null(c);
+    EXPECT_SUBSTR(dsgd_ctx_last_error(ctx), "clBuildProgram(distsgd kernels");
+    EXPECT_SUBSTR(dsgd_ctx_last_error(ctx), "CL_BUILD_PROGRAM_FAILURE (-11)");
+    EXPECT_SUBSTR(dsgd_ctx_last_error(ctx), "deliberate build failure");
+    assert_true(cap.count[DSGD_LOG_ERROR] >= 2); /* the full log, then the error */
+    /* unknown build option: a different OpenCL error, also named */
+    cd.build_options = "-no-such-option-xyz";
+    assert_true(dsgd_cl_context_create(ctx, &cd, &c) != DSGD_OK);
+    EXPECT_SUBSTR(dsgd_ctx_last_error(ctx), "clBuildProgram(");
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- tuning cache */
+
+/* Known-valid Xgemm parameters (found by tools/cl_tune on PoCL). */
+static dsgd_cl_gemm_params sample_params(void) {
+    static const size_t x[DSGD_CL_XGEMM_NPARAMS] = {1, 8, 1, 1, 1, 1, 16, 2, 2, 16, 0, 0, 0, 0, 8, 8};
+    dsgd_cl_gemm_params p;
+    memset(&p, 0, sizeof p);
+    p.xgemm_set = 1;
+    memcpy(p.xgemm, x, sizeof x);
+    p.min_indirect_set = 1;
+    p.min_indirect = 64;
+    return p;
+}
+
+/* Creates a context with tuning AUTO reading `path`; returns it. */
+static dsgd_cl_context *open_with_cache(dsgd_ctx *ctx, const char *path) {
+    dsgd_cl_context_desc cd;
+    dsgd_cl_context *c = NULL;
+    memset(&cd, 0, sizeof cd);
+    cd.tune_cache = path;
+    TU_OK(ctx, dsgd_cl_context_create(ctx, &cd, &c));
+    return c;
+}
+
+static void test_tune_cache_path(void **state) {
+    char dir[64], path[1100], want[1100];
+    const dsgd_cl_device_info *info;
+    (void)state;
+    NEED_CL();
+    tu_mkdtemp(dir);
+    info = dsgd_cl_context_device_info(G.cl, 0);
+    /* an explicit file is used as is; a directory gets the per-device name */
+    TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, "/x/y.txt", path, sizeof path));
+    assert_string_equal(path, "/x/y.txt");
+    TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, dir, path, sizeof path));
+    snprintf(want, sizeof want, "%s/clblast-gemm-", dir);
+    assert_true(strncmp(path, want, strlen(want)) == 0);
+    assert_non_null(strstr(path, ".txt"));
+    (void)info;
+    /* the environment is the fallback, the desc wins */
+    setenv("DSGD_CL_TUNE_CACHE", "/from/env.txt", 1);
+    TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, NULL, path, sizeof path));
+    assert_string_equal(path, "/from/env.txt");
+    TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, "/from/desc.txt", path, sizeof path));
+    assert_string_equal(path, "/from/desc.txt");
+    unsetenv("DSGD_CL_TUNE_CACHE");
+    setenv("XDG_CACHE_HOME", dir, 1);
+    TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, NULL, path, sizeof path));
+    snprintf(want, sizeof want, "%s/distsgd/clblast-gemm-", dir);
+    assert_true(strncmp(path, want, strlen(want)) == 0);
+    unsetenv("XDG_CACHE_HOME");
+    assert_int_equal(dsgd_cl_tune_cache_path(G.cl, 0, dir, path, 8), DSGD_ERR_INVALID_ARGUMENT);
+    tu_rmdir(dir);
+}
+
+static void test_tune_cache_roundtrip_and_corrupt(void **state) {
+    static const char *const corrupt[] = {
+        "", /* empty */
+        "\x01\x02garbage\xff\n",
+        "distsgd-clblast-gemm-cache 1\nplatform P\ndevice D\ndriver V\n", /* no end */
+        "distsgd-clblast-gemm-cache 1\nplatform P\ndevice D\ndriver V\nXgemm GEMMK=1\nend\n",
+        "distsgd-clblast-gemm-cache 1\nplatform P\ndevice D\ndriver V\nsomething else\nend\n",
+        "distsgd-clblast-gemm-cache 2\nend\n"};
+    char dir[64], path[1100], text[2048];
+    dsgd_cl_gemm_params p = sample_params(), q;
+    const dsgd_cl_device_info *info;
+    size_t i;
+    (void)state;
+    NEED_CL();
+    info = dsgd_cl_context_device_info(G.cl, 0);
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/sub/dir/cache.txt", dir);
+    TU_OK(G.ctx, dsgd_cl_save_gemm_params(G.ctx, G.cl, 0, path, &p, "test note"));
+    TU_OK(G.ctx, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
+    assert_true(q.xgemm_set && !q.direct_set && q.min_indirect_set && q.min_indirect == 64);
+    assert_memory_equal(q.xgemm, p.xgemm, sizeof p.xgemm);
+    /* corrupt files: DSGD_ERR_FORMAT naming file and line */
+    for (i = 0; i < sizeof corrupt / sizeof corrupt[0]; ++i) {
+        char name[32];
+        snprintf(name, sizeof name, "bad%zu.txt", i);
+        tu_write_file(dir, name, corrupt[i], strlen(corrupt[i]), path, sizeof path);
+        TU_ERR(G.ctx, DSGD_ERR_FORMAT, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
+        EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), path);
+    }
+    /* parameters that break CLBlast's rules (MWG not a multiple of MDIMC*VWM) */
+    snprintf(text, sizeof text,
+             "distsgd-clblast-gemm-cache 1\nplatform %s\ndevice %s\ndriver %s\n"
+             "Xgemm GEMMK=1 KREG=4 KWG=1 KWI=1 MDIMA=1 MDIMC=1 MWG=4 NDIMB=1 NDIMC=1 NWG=4 SA=0 SB=0 STRM=0 STRN=0 "
+             "VWM=8 VWN=4\nend\n",
+             info->platform_name, info->device_name, info->driver_version);
+    tu_write_file(dir, "rules.txt", text, strlen(text), path, sizeof path);
+    TU_ERR(G.ctx, DSGD_ERR_FORMAT, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "divisibility");
+    /* missing */
+    snprintf(path, sizeof path, "%s/none.txt", dir);
+    TU_ERR(G.ctx, DSGD_ERR_IO, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
+    tu_rmdir(dir); /* best effort: sub/dir stays behind in /tmp */
+}
+
+/* Missing, corrupt and other-device files: a WARN naming the reason, CLBlast's
+   defaults stay (gemm_tuned 0), and the context works. */
+static void test_tune_cache_fallbacks_warn(void **state) {
+    char dir[64], path[1100], text[2048];
+    const dsgd_cl_device_info *info;
+    logcap cap;
+    dsgd_ctx *ctx;
+    dsgd_cl_context *c;
+    (void)state;
+    NEED_CL();
+    info = dsgd_cl_context_device_info(G.cl, 0);
+    tu_mkdtemp(dir);
+    ctx = cap_ctx(&cap);
+
+    snprintf(path, sizeof path, "%s/missing.txt", dir);
+    c = open_with_cache(ctx, path);
+    assert_int_equal(cap.count[DSGD_LOG_WARN], 1);
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "GEMM tuning cache missing");
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], path);
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "using CLBlast's default GEMM parameters");
+    assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 0);
+    assert_int_equal(dsgd_ctx_last_result(ctx), DSGD_OK); /* a warning, not an error */
+    dsgd_cl_context_destroy(c);
+
+    tu_write_file(dir, "corrupt.txt", "distsgd-clblast-gemm-cache 1\nXgemm MWG=\n", 41, path, sizeof path);
+    c = open_with_cache(ctx, path);
+    assert_int_equal(cap.count[DSGD_LOG_WARN], 2);
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "GEMM tuning cache corrupt");
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "corrupt.txt:2");
+    assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 0);
+    dsgd_cl_context_destroy(c);
+
+    snprintf(text, sizeof text,
+             "distsgd-clblast-gemm-cache 1\nplatform %s\ndevice Some Other GPU 9000\ndriver %s\n"
+             "Xgemm GEMMK=1 KREG=8 KWG=1 KWI=1 MDIMA=1 MDIMC=1 MWG=16 NDIMB=2 NDIMC=2 NWG=16 SA=0 SB=0 STRM=0 STRN=0 "
+             "VWM=8 VWN=8\nend\n",
+             info->platform_name, info->driver_version);
+    tu_write_file(dir, "other.txt", text, strlen(text), path, sizeof path);
+    c = open_with_cache(ctx, path);
+    assert_int_equal(cap.count[DSGD_LOG_WARN], 3);
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "for another device");
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "Some Other GPU 9000");
+    assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 0);
+    dsgd_cl_context_destroy(c);
+
+    /* the same device with another driver version is another device too */
+    snprintf(text, sizeof text,
+             "distsgd-clblast-gemm-cache 1\nplatform %s\ndevice %s\ndriver %s-older\nend\n",
+             info->platform_name, info->device_name, info->driver_version);
+    tu_write_file(dir, "driver.txt", text, strlen(text), path, sizeof path);
+    c = open_with_cache(ctx, path);
+    assert_int_equal(cap.count[DSGD_LOG_WARN], 4);
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "for another device");
+    dsgd_cl_context_destroy(c);
+
+    /* TUNING_OFF reads nothing and says nothing */
+    {
+        dsgd_cl_context_desc cd;
+        memset(&cd, 0, sizeof cd);
+        cd.tuning = DSGD_CL_TUNING_OFF;
+        cd.tune_cache = path;
+        TU_OK(ctx, dsgd_cl_context_create(ctx, &cd, &c));
+        assert_int_equal(cap.count[DSGD_LOG_WARN], 4);
+        dsgd_cl_context_destroy(c);
+    }
+    dsgd_ctx_destroy(ctx);
+    tu_rmdir(dir);
+}
+
+/* Runs last (see the file comment): a valid file is applied, and GEMM is
+   still right with the tuned parameters. */
+static void test_tune_cache_valid_applied(void **state) {
+    static const gcase cases[] = {{0, 0, 37, 53, 29, 3, 0.7f, 0.3f},
+                                  {0, 0, 129, 257, 300, 0, 1.0f, 0.0f},
+                                  {1, 0, 300, 129, 257, 1, 0.5f, 1.0f},
+                                  {0, 1, 257, 300, 129, 0, 1.0f, 0.0f}};
+    char dir[64], path[1100];
+    dsgd_cl_gemm_params p = sample_params();
+    tu_rng rng = tu_rng_make(25);
+    logcap cap;
+    dsgd_ctx *ctx;
+    dsgd_cl_context *c;
+    size_t i;
+    (void)state;
+    NEED_CL();
+    tu_mkdtemp(dir);
+    ctx = cap_ctx(&cap);
+    TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, dir, path, sizeof path));
+    TU_OK(G.ctx, dsgd_cl_save_gemm_params(G.ctx, G.cl, 0, path, &p, NULL));
+    c = open_with_cache(ctx, dir); /* a directory: the per-device file inside */
+    assert_int_equal(cap.count[DSGD_LOG_WARN], 0);
+    EXPECT_SUBSTR(cap.last[DSGD_LOG_INFO], "applied tuned CLBlast GEMM parameters");
+    assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 1);
+    dsgd_cl_context_destroy(c);
+    dsgd_ctx_destroy(ctx);
+    /* the overrides are per device for the whole process: G's backend now
+       runs them too */
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) gemm_case(&cases[i], &rng, 0);
+    tu_rmdir(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_list_devices),
+        cmocka_unit_test(test_device_selection),
+        cmocka_unit_test(test_buffer_ops),
+        cmocka_unit_test(test_scale_axpy),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_edge_cases),
+        cmocka_unit_test(test_bias_act_forward),
+        cmocka_unit_test(test_act_backward),
+        cmocka_unit_test(test_bias_backward),
+        cmocka_unit_test(test_loss_softmax_xent),
+        cmocka_unit_test(test_loss_mse),
+        cmocka_unit_test(test_loss_bad_class),
+        cmocka_unit_test(test_optimizer_update),
+        cmocka_unit_test(test_norm_check),
+        cmocka_unit_test(test_map_unmap),
+        cmocka_unit_test(test_backends_share_context),
+        cmocka_unit_test(test_train_20_steps_xent_adam),
+        cmocka_unit_test(test_train_20_steps_mse_momentum_clip),
+        cmocka_unit_test(test_replicas_on_threads),
+        cmocka_unit_test(test_errors_name_the_call),
+        cmocka_unit_test(test_tune_cache_path),
+        cmocka_unit_test(test_tune_cache_roundtrip_and_corrupt),
+        cmocka_unit_test(test_tune_cache_fallbacks_warn),
+        cmocka_unit_test(test_tune_cache_valid_applied), /* last: process-wide overrides */
+    };
+    return cmocka_run_group_tests_name("opencl backend", tests, group_setup, group_teardown);
+}
