@@ -69,7 +69,7 @@ ALL_SRCS := $(EXAMPLE_SRCS) $(TEST_SRCS) $(BENCH_SRCS) $(TOOL_SRCS)
 # flags; skipped (with a note) where pkg-config cannot find them.
 cl_by_name = $(foreach f,$(1),$(if $(filter cl opencl clblast,$(subst _, ,$(basename $(notdir $f)))),$f))
 CL_SRCS := $(sort $(call cl_by_name,$(ALL_SRCS)) \
-    $(if $(ALL_SRCS),$(shell grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](distsgd_cl\.h|CL/|clblast)' $(ALL_SRCS) 2>/dev/null)))
+    $(if $(ALL_SRCS),$(shell grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]*/)?(distsgd_cl\.h|CL/|clblast)' $(ALL_SRCS) 2>/dev/null)))
 CL_OK := $(shell pkg-config --exists OpenCL clblast 2>/dev/null && echo yes)
 ifeq ($(CL_OK),yes)
 CL_CFLAGS := $(shell pkg-config --cflags OpenCL clblast)
@@ -128,7 +128,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: bench-mpi all examples tests bench-build tools test test-build test-run check-header \
+.PHONY: tune bench-mpi all examples tests bench-build tools test test-build test-run check-header \
     demo demo-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -175,6 +175,13 @@ bench: bench-build
 	@mkdir -p build/pocl-cache
 	@$(if $(BENCHES),,echo "no benchmarks found in bench/*.c")
 	@set -e; $(foreach b,$(BENCHES),echo "==== $b"; $(BENCH_ENV) $b;)
+
+# Tunes CLBlast's GEMM for the chosen OpenCL device (DSGD_CL_DEVICE) and
+# writes the per-device cache the backend applies at start-up; make tune
+# ARGS="--time 240" passes flags (see tools/cl_tune.c).
+tune: build/tools/cl_tune
+	@mkdir -p build/pocl-cache
+	$(BENCH_ENV) build/tools/cl_tune $(ARGS)
 
 # MPI_Allreduce at the sizes of bench/allreduce, beside ours, for comparison
 # (OpenMPI: tools/deps.sh mpi installs libopenmpi-dev and openmpi-bin). Root

@@ -7,13 +7,21 @@
    bitwise identical. The learning rate follows the linear scaling rule with
    gradual warmup (Goyal et al. 2017): lr = base_lr * global_batch / 128.
 
-   Run:  make demo
+   Run:  make demo                 (CPU backend)
+         make demo ARGS="--backend opencl"
    or:   ./build/examples/mirrored_mlp --data DIR [--replicas N] [--batch B]
-           [--algo auto|ring|hd|rb|rd] [--epochs E] [--lr BASE_LR] [--seed S]
+           [--algo auto|ring|hd|rb|rd|direct] [--epochs E] [--lr BASE_LR]
+           [--seed S] [--backend cpu|opencl] [--device SPEC]
    --batch is the per-replica batch (global batch = B x N). DIR holds the
-   uncompressed Fashion-MNIST IDX files (make demo prepares build/data/fashion-mnist). */
+   uncompressed Fashion-MNIST IDX files (make demo prepares build/data/fashion-mnist).
+   With --backend opencl every replica gets its own OpenCL backend (its own
+   command queue) on one shared context; --device takes a device spec of
+   distsgd_cl.h ("gpu", "cpu", "N", "P:D"; default: DSGD_CL_DEVICE or the
+   first GPU, else the first device), and replicas are placed round-robin on
+   the devices the context opened. */
 #define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+#define DISTSGD_CL_IMPLEMENTATION
+#include "../distsgd_cl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,10 +39,20 @@ static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset
     return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
 }
 
+/* The strategy's backend factory for --backend opencl: one backend (and
+   command queue) per replica, devices taken round-robin. */
+static dsgd_result opencl_backend(void *user_data, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
+    dsgd_cl_context *cl = (dsgd_cl_context *)user_data;
+    dsgd_cl_backend_desc bd = {0};
+    bd.device = replica % dsgd_cl_context_num_devices(cl);
+    return dsgd_cl_backend_create(ctx, cl, &bd, out);
+}
+
 static int parse_algo(const char *s, dsgd_allreduce_algo *out) {
     static const struct { const char *name; dsgd_allreduce_algo algo; } table[] = {
         {"auto", DSGD_ALLREDUCE_AUTO}, {"ring", DSGD_ALLREDUCE_RING}, {"hd", DSGD_ALLREDUCE_HALVING_DOUBLING},
-        {"rb", DSGD_ALLREDUCE_REDUCE_BROADCAST}, {"rd", DSGD_ALLREDUCE_RECURSIVE_DOUBLING}};
+        {"rb", DSGD_ALLREDUCE_REDUCE_BROADCAST}, {"rd", DSGD_ALLREDUCE_RECURSIVE_DOUBLING},
+        {"direct", DSGD_ALLREDUCE_DIRECT}};
     size_t i;
     for (i = 0; i < sizeof(table) / sizeof(table[0]); ++i)
         if (!strcmp(s, table[i].name)) { *out = table[i].algo; return 1; }
@@ -42,7 +60,8 @@ static int parse_algo(const char *s, dsgd_allreduce_algo *out) {
 }
 
 int main(int argc, char **argv) {
-    const char *dir = "build/data/fashion-mnist";
+    const char *dir = "build/data/fashion-mnist", *backend = "cpu", *device = NULL;
+    dsgd_cl_context *cl = NULL;
     int replicas = 4, batch = 64, epochs = 5, a, e, global;
     float base_lr = 0.05f;
     uint64_t seed = 1;
@@ -67,9 +86,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--lr") && a + 1 < argc) base_lr = (float)atof(argv[++a]);
         else if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--algo") && a + 1 < argc && parse_algo(argv[a + 1], &algo)) ++a;
+        else if (!strcmp(argv[a], "--backend") && a + 1 < argc &&
+                 (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) backend = argv[++a];
+        else if (!strcmp(argv[a], "--device") && a + 1 < argc) device = argv[++a];
         else {
-            fprintf(stderr, "usage: %s [--data DIR] [--replicas N] [--batch B] [--algo auto|ring|hd|rb|rd] "
-                            "[--epochs E] [--lr BASE_LR] [--seed S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--data DIR] [--replicas N] [--batch B] [--algo auto|ring|hd|rb|rd|direct] "
+                            "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -95,12 +118,24 @@ int main(int argc, char **argv) {
     sd.optimizer.schedule.warmup_steps = (int64_t)nb / 2;
     sd.optimizer.schedule.total_steps = (int64_t)nb * epochs;
     eval_chunk = (size_t)replicas * (size_t)sd.model.max_batch;
+    if (!strcmp(backend, "opencl")) {
+        dsgd_cl_context_desc cd = {0};
+        int d;
+        cd.device = device;
+        cd.max_devices = replicas;
+        if (dsgd_cl_context_create(ctx, &cd, &cl) != DSGD_OK) return fail(ctx);
+        for (d = 0; d < dsgd_cl_context_num_devices(cl); ++d)
+            printf("OpenCL device %d: %s (%s GEMM parameters)\n", d, dsgd_cl_context_device_info(cl, d)->device_name,
+                   dsgd_cl_context_gemm_tuned(cl, d) ? "tuned" : "stock CLBlast");
+        sd.backend_factory = opencl_backend;
+        sd.backend_user_data = cl;
+    }
     if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return fail(ctx);
     printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d\n",
            train.n, test.n, replicas, batch, global);
-    printf("model 784-256-128-10 (%zu parameters), SGD+Nesterov, lr %.4g (linear scaling of %.3g at 128), "
-           "warmup %lld steps + cosine, all-reduce %s\n",
-           dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), (double)sd.optimizer.lr, (double)base_lr,
+    printf("model 784-256-128-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
+           "%.3g at 128), warmup %lld steps + cosine, all-reduce %s\n",
+           dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), backend, (double)sd.optimizer.lr, (double)base_lr,
            (long long)sd.optimizer.schedule.warmup_steps, dsgd_allreduce_algo_name(algo));
 
     xb = (float *)malloc(sizeof(float) * (size_t)global * train.dim);
@@ -142,6 +177,7 @@ int main(int argc, char **argv) {
     free(yb);
     dsgd_sampler_free(&sampler);
     dsgd_strategy_destroy(strategy);
+    dsgd_cl_context_destroy(cl); /* after the replicas' backends */
     dsgd_dataset_free(&train);
     dsgd_dataset_free(&test);
     dsgd_ctx_destroy(ctx);
