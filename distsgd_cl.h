@@ -153,7 +153,9 @@
      A dsgd_cl_context may be shared by backends used from different threads
      (OpenCL contexts and programs are thread-safe); create and destroy it on
      one thread while no backend uses it. Each backend (its queue and kernel
-     objects) is used by one thread at a time, like its dsgd_ctx.
+     objects) is used by one thread at a time, like its dsgd_ctx. CLBlast is
+     not safe for concurrent first calls, so every CLBlast call goes through
+     one process-wide mutex (the only global state of distsgd).
 */
 #ifndef DISTSGD_CL_H
 #define DISTSGD_CL_H
@@ -392,6 +394,7 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
 #define DSGD_CL__IMPLEMENTED
 
 #include <clblast_c.h>
+#include <pthread.h>
 
 #include <errno.h>
 #include <math.h>
@@ -401,6 +404,14 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+
+/* CLBlast 1.5 is not safe when several threads make their first calls at once
+   (its routine database is built and freed concurrently: a use-after-free
+   seen under ASan with one replica thread per backend). Every CLBlast call
+   of this file is therefore made under one process-wide lock, the only
+   global state of distsgd. The calls only enqueue work, so the lock is held
+   briefly, except during CLBlast's first compile of a routine. */
+static pthread_mutex_t dsgd_cl__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
 #define DSGD_CL__MALLOC(sz) DSGD_MALLOC(sz)
@@ -1594,10 +1605,12 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     if (!dsgd_cl__span(b, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A") ||
         !dsgd_cl__span(b, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B"))
         return DSGD_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&dsgd_cl__clblast_lock);
     st = CLBlastSgemm(CLBlastLayoutRowMajor, ta ? CLBlastTransposeYes : CLBlastTransposeNo,
                       tb ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)m, (size_t)n, (size_t)k, alpha,
                       dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda, dsgd_cl__buf(rb)->mem, rb.off, (size_t)ldb,
                       beta, dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue, NULL);
+    pthread_mutex_unlock(&dsgd_cl__clblast_lock);
     if (st != CLBlastSuccess) {
         snprintf(what, sizeof(what), "%s%s %dx%dx%d", ta ? "T" : "N", tb ? "T" : "N", m, n, k);
         return dsgd_cl__fail(b->ctx, (int)st, "CLBlastSgemm", what);
@@ -2064,13 +2077,17 @@ DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_cl_apply_gemm_params: the parameters break CLBlast's rules");
     if (p->xgemm_set) {
+        pthread_mutex_lock(&dsgd_cl__clblast_lock);
         st = CLBlastOverrideParameters(c->devices[device], "Xgemm", CLBlastPrecisionSingle, DSGD_CL_XGEMM_NPARAMS,
                                        (const char **)dsgd_cl__xgemm_names, p->xgemm);
+        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "Xgemm");
     }
     if (p->direct_set) {
+        pthread_mutex_lock(&dsgd_cl__clblast_lock);
         st = CLBlastOverrideParameters(c->devices[device], "XgemmDirect", CLBlastPrecisionSingle,
                                        DSGD_CL_DIRECT_NPARAMS, (const char **)dsgd_cl__direct_names, p->direct);
+        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "XgemmDirect");
     }
     if (p->min_indirect_set) {
@@ -2078,7 +2095,9 @@ DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c
         size_t v[1];
         name[0] = "XGEMM_MIN_INDIRECT_SIZE";
         v[0] = p->min_indirect;
+        pthread_mutex_lock(&dsgd_cl__clblast_lock);
         st = CLBlastOverrideParameters(c->devices[device], "GemmRoutine", CLBlastPrecisionSingle, 1, name, v);
+        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "GemmRoutine");
     }
     if (p->xgemm_set || p->direct_set || p->min_indirect_set) c->tuned[device] = 1;

@@ -1,0 +1,306 @@
+/* test_cl_strategy.c - the synchronous contract of the mirrored strategy with
+   the OpenCL backend (distsgd_cl.h).
+
+   Every test calls skip() when no OpenCL device is found (reported as
+   skipped, not passed).
+
+   The model is a small MLP, 20 -> 16 relu -> 8 tanh -> 5 with softmax
+   cross-entropy (517 parameters), on the tests' own seeded random data
+   (x uniform in [-1, 1), labels 0..4). Each replica's backend comes from a
+   backend_factory that calls dsgd_cl_backend_create on one shared
+   dsgd_cl_context (its user_data), on device replica % num_devices.
+
+   What is asserted:
+   - MIRRORED with N replicas x per-replica batch B = 8 on OpenCL trains,
+     after 20 steps, the same weights as ONE_DEVICE on the CPU backend with
+     batch N*B, at N = 2 and 4, for SGD with momentum and for Adam.
+     Error = max_i |opencl_i - cpu_i| / max_i |cpu_i| over all parameters,
+     <= 1e-4 for both. (The two differ by float rounding: the OpenCL GEMMs sum
+     in another order, tanh and the softmax use OpenCL's exp/tanh, and the
+     gradient is a sum of N shard gradients instead of one batch sum.)
+   - After every step all replicas hold bitwise identical parameters (they
+     all apply the same all-reduced gradient with the same kernels).
+   - Every replica's model really runs on an OpenCL backend, on the device
+     the round-robin placement names.
+   - The train metrics (loss sum, correct, count) over the 20 steps equal the
+     CPU reference's: count exactly, loss within 1e-4 relative, correct
+     within 2 samples (a near-tie in the argmax may flip with rounding).
+
+   Cold start: the context is built with tuning off (no cache file is read,
+   no warning). At these sizes CLBlast takes its direct GEMM path, one
+   routine for all transpose cases, so one CLBlast program is compiled (about
+   7 s on PoCL the first time, then cached in POCL_CACHE_DIR).
+
+   Build: make test, or from the repository root
+     cc -std=c99 -I. tests/test_cl_strategy.c $(pkg-config --cflags --libs OpenCL clblast) \
+        -lcmocka -lm -lpthread */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#define DISTSGD_CL_IMPLEMENTATION
+#include "../distsgd_cl.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, STEPS = 20, MAXN = 4 };
+
+static const dsgd_layer_desc LAYERS[3] = {
+    {16, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+    {8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+    {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO},
+};
+
+#define MODEL_SEED 20240611u
+
+/* ---------------------------------------------------------------- fixture */
+
+static struct {
+    int have_cl;
+    dsgd_ctx *ctx;
+    dsgd_cl_context *cl;
+    int factory_calls;
+} G;
+
+static int group_setup(void **state) {
+    int n = 0;
+    (void)state;
+    if (dsgd_ctx_create(NULL, &G.ctx) != DSGD_OK) return -1;
+    if (dsgd_cl_list_devices(G.ctx, NULL, 0, &n) != DSGD_OK) {
+        fprintf(stderr, "test_cl_strategy: listing OpenCL devices failed: %s\n", dsgd_ctx_last_error(G.ctx));
+        return -1;
+    }
+    if (n == 0) {
+        fprintf(stderr, "test_cl_strategy: no OpenCL device found: every test is skipped\n");
+        return 0;
+    }
+    {
+        dsgd_cl_context_desc cd;
+        memset(&cd, 0, sizeof cd);
+        cd.tuning = DSGD_CL_TUNING_OFF; /* hermetic: no user tuning file, no warning */
+        cd.max_devices = MAXN;          /* round-robin over several devices where there are */
+        if (dsgd_cl_context_create(G.ctx, &cd, &G.cl) != DSGD_OK) {
+            fprintf(stderr, "test_cl_strategy: %d OpenCL device(s) but the context failed: %s\n", n,
+                    dsgd_ctx_last_error(G.ctx));
+            return -1;
+        }
+    }
+    G.have_cl = 1;
+    fprintf(stderr, "test_cl_strategy: %d device(s) in the context, device 0: %s (%s)\n",
+            dsgd_cl_context_num_devices(G.cl), dsgd_cl_context_device_info(G.cl, 0)->device_name,
+            dsgd_cl_context_device_info(G.cl, 0)->platform_name);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    dsgd_cl_context_destroy(G.cl);
+    dsgd_ctx_destroy(G.ctx);
+    memset(&G, 0, sizeof G);
+    return 0;
+}
+
+/* A hang in a collective fails the run instead of blocking CI. */
+static void watchdog_fire(int sig) {
+    static const char msg[] = "\nwatchdog: test_cl_strategy hung\n";
+    (void)sig;
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(1);
+    _exit(1);
+}
+
+#define NEED_CL()                                 \
+    do {                                          \
+        if (!G.have_cl) skip();                   \
+        dsgd_ctx_clear_error(G.ctx);              \
+        signal(SIGALRM, watchdog_fire);           \
+        alarm(300);                               \
+    } while (0)
+
+/* The strategy's backend_factory: replica r on device r % num_devices of the
+   shared context passed as user_data. Called on the creating thread. */
+static dsgd_result cl_factory(void *user_data, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
+    dsgd_cl_context *c = (dsgd_cl_context *)user_data;
+    dsgd_cl_backend_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.device = replica % dsgd_cl_context_num_devices(c);
+    G.factory_calls++;
+    return dsgd_cl_backend_create(ctx, c, &bd, out);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static dsgd_optimizer_desc opt_desc(dsgd_optimizer_kind kind) {
+    dsgd_optimizer_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = kind;
+    if (kind == DSGD_OPT_MOMENTUM) {
+        od.lr = 0.05f;
+        od.momentum = 0.9f;
+    } else {
+        od.lr = 0.005f;
+    }
+    return od;
+}
+
+static dsgd_strategy *strat_make(dsgd_strategy_kind kind, int n, int max_batch, dsgd_optimizer_kind opt,
+                                 int opencl) {
+    dsgd_strategy_desc d;
+    dsgd_strategy *s = NULL;
+    memset(&d, 0, sizeof d);
+    d.kind = kind;
+    d.num_replicas = n;
+    d.model.input_dim = IN;
+    d.model.layers = LAYERS;
+    d.model.num_layers = 3;
+    d.model.max_batch = max_batch;
+    d.model.seed = MODEL_SEED;
+    d.optimizer = opt_desc(opt);
+    d.timeout_s = 60.0; /* first use may compile kernels */
+    if (opencl) {
+        d.backend_factory = cl_factory;
+        d.backend_user_data = G.cl;
+    }
+    TU_OK(G.ctx, dsgd_strategy_create(G.ctx, &d, &s));
+    assert_non_null(s);
+    assert_int_equal((int)dsgd_model_num_params(dsgd_strategy_model(s, 0)), NPARAMS);
+    return s;
+}
+
+static void get_params(dsgd_strategy *s, int replica, float *dst) {
+    dsgd_model *m = dsgd_strategy_model(s, replica);
+    assert_non_null(m);
+    TU_OK(G.ctx, dsgd_model_get_params(m, dst, NPARAMS));
+}
+
+static void assert_replicas_identical(dsgd_strategy *s, int n, int step) {
+    float p0[NPARAMS], pr[NPARAMS];
+    int r;
+    get_params(s, 0, p0);
+    for (r = 1; r < n; ++r) {
+        get_params(s, r, pr);
+        if (memcmp(p0, pr, sizeof p0) != 0)
+            fail_msg("after step %d replica %d's parameters differ from replica 0's", step, r);
+    }
+}
+
+static double rel_err(const float *got, const float *want, size_t n) {
+    double md = 0.0, mw = 0.0;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > md) md = d;
+        if (fabs((double)want[i]) > mw) mw = fabs((double)want[i]);
+    }
+    return mw > 0.0 ? md / mw : md;
+}
+
+/* 20 steps of MIRRORED(n) on OpenCL against ONE_DEVICE(batch n*B) on the CPU. */
+static void contract(int n, dsgd_optimizer_kind opt, double tol) {
+    enum { GB = MAXN * B };
+    static float x[GB * IN], y[GB];
+    float pm[NPARAMS], pr[NPARAMS];
+    tu_rng rng = tu_rng_make(1000u + (unsigned)n * 10u + (unsigned)opt);
+    dsgd_strategy *ms, *ref;
+    dsgd_metrics mm, mr;
+    int step, i, r, calls0 = G.factory_calls;
+    double err;
+
+    ms = strat_make(DSGD_STRATEGY_MIRRORED, n, B, opt, 1);
+    ref = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, n * B, opt, 0);
+    assert_int_equal(G.factory_calls - calls0, n);
+    for (r = 0; r < n; ++r) {
+        const dsgd_backend_i *be = dsgd_model_backend(dsgd_strategy_model(ms, r));
+        assert_non_null(be);
+        assert_true(dsgd_cl_is_backend(be));
+        assert_ptr_equal(dsgd_cl_backend_context(be), G.cl);
+        assert_true(dsgd_cl_backend_device(be) ==
+                    dsgd_cl_context_device(G.cl, r % dsgd_cl_context_num_devices(G.cl)));
+    }
+    assert_false(dsgd_cl_is_backend(dsgd_model_backend(dsgd_strategy_model(ref, 0))));
+
+    /* same start */
+    get_params(ms, 0, pm);
+    get_params(ref, 0, pr);
+    assert_memory_equal(pm, pr, sizeof pm);
+    assert_replicas_identical(ms, n, 0);
+
+    for (step = 1; step <= STEPS; ++step) {
+        dsgd_step_info im, ir;
+        tu_fill(&rng, x, (size_t)(n * B) * IN, -1.0f, 1.0f);
+        for (i = 0; i < n * B; ++i) y[i] = (float)tu_below(&rng, OUT);
+        TU_OK(G.ctx, dsgd_strategy_train_step(ms, x, y, n * B, &im));
+        TU_OK(G.ctx, dsgd_strategy_train_step(ref, x, y, n * B, &ir));
+        assert_int_equal(im.skipped, 0);
+        assert_int_equal(ir.skipped, 0);
+        assert_int_equal(im.count, n * B);
+        assert_replicas_identical(ms, n, step);
+    }
+
+    get_params(ms, 0, pm);
+    get_params(ref, 0, pr);
+    err = rel_err(pm, pr, NPARAMS);
+    fprintf(stderr, "test_cl_strategy: N=%d %s: max|opencl-cpu|/max|cpu| = %.3g (tol %.0e)\n", n,
+            opt == DSGD_OPT_ADAM ? "adam" : "momentum", err, tol);
+    if (!(err <= tol)) fail_msg("N=%d: relative error %.3g > %.0e", n, err, tol);
+    /* the weights did move (so the comparison is not of two initial states) */
+    {
+        float p0[NPARAMS];
+        dsgd_strategy *fresh = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, B, opt, 0);
+        get_params(fresh, 0, p0);
+        assert_true(rel_err(pr, p0, NPARAMS) > 100.0 * tol);
+        dsgd_strategy_destroy(fresh);
+    }
+
+    TU_OK(G.ctx, dsgd_strategy_take_metrics(ms, DSGD_METRICS_TRAIN, &mm));
+    TU_OK(G.ctx, dsgd_strategy_take_metrics(ref, DSGD_METRICS_TRAIN, &mr));
+    assert_true(mm.count == (double)(STEPS * n * B));
+    assert_true(mr.count == mm.count);
+    TU_NEAR(mm.loss_sum, mr.loss_sum, 1e-4 * fabs(mr.loss_sum));
+    TU_NEAR(mm.correct, mr.correct, 2.0);
+
+    dsgd_strategy_destroy(ms);
+    dsgd_strategy_destroy(ref);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_contract_momentum_n2(void **state) {
+    (void)state;
+    NEED_CL();
+    contract(2, DSGD_OPT_MOMENTUM, 1e-4);
+}
+
+static void test_contract_momentum_n4(void **state) {
+    (void)state;
+    NEED_CL();
+    contract(4, DSGD_OPT_MOMENTUM, 1e-4);
+}
+
+static void test_contract_adam_n2(void **state) {
+    (void)state;
+    NEED_CL();
+    contract(2, DSGD_OPT_ADAM, 1e-4);
+}
+
+static void test_contract_adam_n4(void **state) {
+    (void)state;
+    NEED_CL();
+    contract(4, DSGD_OPT_ADAM, 1e-4);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_contract_momentum_n2),
+        cmocka_unit_test(test_contract_momentum_n4),
+        cmocka_unit_test(test_contract_adam_n2),
+        cmocka_unit_test(test_contract_adam_n4),
+    };
+    return cmocka_run_group_tests_name("opencl mirrored strategy", tests, group_setup, group_teardown);
+}
