@@ -173,7 +173,11 @@
 
 #ifndef DSGD_API
 #ifdef DISTSGD_STATIC
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD_API static __attribute__((unused)) /* a program need not call every function */
+#else
 #define DSGD_API static
+#endif
 #else
 #define DSGD_API extern
 #endif
