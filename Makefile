@@ -6,6 +6,10 @@
 #                   headers as C and C++, run everything, print "N passed, N failed"
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
 #   make bench      build and run bench/*
+#   make amalgamate / check-amalgamation   single_include/distsgd.h
+#   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs
+#   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
+#   make test-consumers   pkg-config and CMake consumers of an install
 #   make clean
 #
 # Layout: examples/NAME.c -> build/examples/NAME, tests/test_NAME.c ->
@@ -151,7 +155,9 @@ test-build: $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) check-header cl-note
 
 check-header: $(HEADER_CHECKS)
 
-test-run: test-build
+# The amalgamation check, the compile matrix and the packaging consumers run
+# first, so that the last line of make test is the test binaries' summary.
+test-run: test-build check-amalgamation compile-matrix test-consumers
 	@mkdir -p build/pocl-cache
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
 	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)
@@ -248,3 +254,9 @@ build/check/$(basename $(1)).$(2).c++11.ok: $(HEADERS)
 endef
 $(foreach h,$(CHECK_HEADERS),$(foreach c,$(CHECK_CC),$(eval $(call header_check_rules,$h,$c))))
 $(foreach h,$(CHECK_HEADERS),$(foreach c,$(CHECK_CXX),$(eval $(call header_check_cxx_rule,$h,$c))))
+
+# ---------------------------------------------------------------- shipping
+
+# After `all` so that neither fragment provides the default target.
+include tools/amalgamation.mk
+include tools/install.mk

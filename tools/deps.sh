@@ -30,7 +30,7 @@ usage() {
 compile_pkgs="build-essential pkg-config"
 opencl_pkgs="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev"
 case "$1" in
-test)  pkgs="$compile_pkgs clang libclang-rt-dev libcmocka-dev $opencl_pkgs clinfo" ;;
+test)  pkgs="$compile_pkgs clang libclang-rt-dev libcmocka-dev $opencl_pkgs clinfo cmake python3" ;;
 demo)  pkgs="$compile_pkgs $opencl_pkgs dataset-fashion-mnist" ;;
 bench) pkgs="$compile_pkgs libopenblas-dev" ;;
 mpi)   pkgs="$compile_pkgs libopenmpi-dev openmpi-bin" ;;

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Compile matrix for distsgd's headers (issue 5), run from any directory:
+#   for H in distsgd.h and single_include/distsgd.h:
+#     gcc/clang -std=c99,c11 and g++/clang++ -std=c++11,c++17, warnings fatal:
+#       one TU with the implementation (built, linked and run);
+#       DISTSGD_STATIC + DISTSGD_IMPLEMENTATION in one TU;
+#       two TUs, one with the implementation, linked together and run;
+#   single include only: a TU with DISTSGD_WITH_OPENCL + DISTSGD_CL_IMPLEMENTATION
+#   (skipped when pkg-config has no OpenCL/clblast), a check that without
+#   DISTSGD_WITH_OPENCL it pulls in no OpenCL header, and examples/train_digits.c
+#   built against it alone must print what build/examples/train_digits prints.
+# Prints one line per configuration and "N passed, N failed"; exit 1 on failure.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/distsgd-matrix.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+WARN="-Wall -Wextra -Wpedantic -Werror"
+LIBS="-lm -lpthread"
+CCS=${MATRIX_CC:-"gcc clang"}
+CXXS=${MATRIX_CXX:-"g++ clang++"}
+passed=0
+failed=0
+
+# run_case NAME LOGFILE CMD... (CMD runs under `if`, where set -e is off, so
+# the helper functions below return on each failing step explicitly).
+# run_case NAME LOGFILE CMD...: runs CMD, prints "ok NAME" or "FAIL NAME" and the log.
+run_case() {
+    local name=$1 log=$2
+    shift 2
+    if "$@" >"$log" 2>&1; then
+        printf 'ok    %s\n' "$name"
+        passed=$((passed + 1))
+    else
+        printf 'FAIL  %s\n' "$name"
+        sed 's/^/      /' "$log" | head -n 30
+        failed=$((failed + 1))
+    fi
+}
+
+# ---------------------------------------------------------------- test sources
+# Written as C that is also valid C++ (no designated initializers, casts on
+# void*), so the same files compile as .c and .cpp.
+
+cat >"$TMP/use.inc" <<'SRC'
+/* Trains a 2-8-2 MLP on XOR for a few Adam steps; returns 0 when every call
+   succeeds and the parameter count is the closed form 2*8+8 + 8*2+2 = 42. */
+static int use_api(void) {
+    float x[8] = {0, 0, 0, 1, 1, 0, 1, 1}, y[4] = {0, 1, 1, 0};
+    dsgd_layer_desc layers[2];
+    dsgd_model_desc md;
+    dsgd_optimizer_desc od;
+    dsgd_ctx *ctx = NULL;
+    dsgd_model *m = NULL;
+    dsgd_optimizer *opt = NULL;
+    dsgd_metrics mt;
+    int step, rc = 1;
+    memset(layers, 0, sizeof layers);
+    memset(&md, 0, sizeof md);
+    memset(&od, 0, sizeof od);
+    layers[0].units = 8; layers[0].activation = DSGD_ACT_TANH;
+    layers[1].units = 2; layers[1].activation = DSGD_ACT_NONE;
+    md.input_dim = 2; md.layers = layers; md.num_layers = 2; md.max_batch = 4; md.seed = 1;
+    od.kind = DSGD_OPT_ADAM; od.lr = 0.05f;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    if (dsgd_model_create(ctx, &md, &m) != DSGD_OK) goto done;
+    if (dsgd_optimizer_create(m, &od, &opt) != DSGD_OK) goto done;
+    if (dsgd_model_num_params(m) != 42) goto done;
+    for (step = 0; step < 5; ++step) {
+        if (dsgd_model_compute_gradients(m, x, y, 4, 1.0f / 4) != DSGD_OK) goto done;
+        if (dsgd_optimizer_step(opt) != DSGD_OK) goto done;
+    }
+    if (dsgd_optimizer_steps(opt) != 5) goto done;
+    if (dsgd_model_eval_batch(m, x, y, 4) != DSGD_OK) goto done;
+    if (dsgd_model_take_metrics(m, DSGD_METRICS_EVAL, &mt) != DSGD_OK) goto done;
+    if (mt.count != 4.0) goto done;
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "use_api: %s\n", dsgd_ctx_last_error(ctx));
+    dsgd_optimizer_destroy(opt);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    return rc;
+}
+SRC
+
+# one.c: a single TU with the implementation. HEADER is substituted per variant.
+write_sources() { # DIR HEADER
+    local d=$1 h=$2
+    mkdir -p "$d"
+    cat >"$d/one.c" <<SRC
+#define DISTSGD_IMPLEMENTATION
+#include "$h"
+#include <stdio.h>
+#include <string.h>
+#include "$TMP/use.inc"
+int main(void) { return use_api(); }
+SRC
+    cat >"$d/static.c" <<SRC
+#define DISTSGD_STATIC
+#define DISTSGD_IMPLEMENTATION
+#include "$h"
+#include <stdio.h>
+#include <string.h>
+#include "$TMP/use.inc"
+int main(void) { return use_api(); }
+SRC
+    cat >"$d/impl.c" <<SRC
+#define DISTSGD_IMPLEMENTATION
+#include "$h"
+#include <stdio.h>
+#include <string.h>
+#include "$TMP/use.inc"
+int run_in_impl_tu(void);
+int run_in_impl_tu(void) { return use_api(); }
+SRC
+    cat >"$d/main.c" <<SRC
+#include "$h"
+#include <stdio.h>
+#include <string.h>
+#include "$TMP/use.inc"
+int run_in_impl_tu(void);
+int main(void) {
+    if (strcmp(dsgd_result_string(DSGD_OK), dsgd_result_string(DSGD_OK)) != 0) return 1;
+    return run_in_impl_tu() | use_api();
+}
+SRC
+    local f
+    for f in one static impl main; do cp "$d/$f.c" "$d/$f.cpp"; done
+}
+
+# build_run DIR OUT COMPILER STD SRC...: compile SRCs, link, run.
+build_run() {
+    local d=$1 out=$2 cc=$3 std=$4
+    shift 4
+    "$cc" -std="$std" $WARN -O1 "$@" -o "$d/$out" $LIBS && "$d/$out"
+}
+
+HEADERS_UNDER_TEST="$ROOT/distsgd.h $ROOT/single_include/distsgd.h"
+for H in $HEADERS_UNDER_TEST; do
+    [ -f "$H" ] || { printf 'FAIL  %s missing (run make amalgamate)\n' "$H"; failed=$((failed + 1)); continue; }
+    tag=${H#"$ROOT"/}
+    d="$TMP/$(echo "$tag" | tr '/.' '__')"
+    write_sources "$d" "$H"
+    for cc in $CCS; do
+        for std in c99 c11; do
+            run_case "$tag $cc -std=$std" "$d/log" build_run "$d" "one.$cc.$std" "$cc" "$std" "$d/one.c"
+        done
+        run_case "$tag $cc -std=c99 DISTSGD_STATIC" "$d/log" build_run "$d" "static.$cc" "$cc" c99 "$d/static.c"
+        run_case "$tag $cc -std=c99 two TUs" "$d/log" build_run "$d" "two.$cc" "$cc" c99 "$d/impl.c" "$d/main.c"
+    done
+    for cxx in $CXXS; do
+        for std in c++11 c++17; do
+            run_case "$tag $cxx -std=$std" "$d/log" build_run "$d" "one.$cxx.$std" "$cxx" "$std" "$d/one.cpp"
+        done
+        run_case "$tag $cxx -std=c++11 DISTSGD_STATIC" "$d/log" build_run "$d" "static.$cxx" "$cxx" c++11 "$d/static.cpp"
+        run_case "$tag $cxx -std=c++11 two TUs" "$d/log" build_run "$d" "two.$cxx" "$cxx" c++11 "$d/impl.cpp" "$d/main.cpp"
+    done
+done
+
+SI="$ROOT/single_include/distsgd.h"
+if [ -f "$SI" ]; then
+    # Without DISTSGD_WITH_OPENCL the single include must not reach any OpenCL header.
+    no_cl() {
+        printf '#define DISTSGD_IMPLEMENTATION\n#include "%s"\n' "$SI" >"$TMP/nocl.c"
+        gcc -std=c99 -E -H "$TMP/nocl.c" -o /dev/null 2>"$TMP/nocl.inc" || { cat "$TMP/nocl.inc"; return 1; }
+        grep -q 'stddef.h' "$TMP/nocl.inc" || { echo "gcc -H listed no headers"; return 1; }
+        if grep -E '(CL/|OpenCL/|clblast)' "$TMP/nocl.inc"; then return 1; fi
+    }
+    run_case "single_include/distsgd.h without DISTSGD_WITH_OPENCL includes no OpenCL header" "$TMP/log" no_cl
+
+    if pkg-config --exists OpenCL clblast 2>/dev/null; then
+        cat >"$TMP/cl.c" <<SRC
+#define DISTSGD_WITH_OPENCL
+#define DISTSGD_IMPLEMENTATION
+#define DISTSGD_CL_IMPLEMENTATION
+#include "$SI"
+#include <string.h>
+int main(void) {
+    /* no device needed: names only */
+    return strcmp(dsgd_cl_device_type_name(DSGD_CL_DEVICE_GPU), "") == 0 ||
+           dsgd_cl_error_string(0) == NULL || dsgd_result_string(DSGD_OK) == NULL;
+}
+SRC
+        cp "$TMP/cl.c" "$TMP/cl.cpp"
+        # shellcheck disable=SC2046
+        run_case "single_include/distsgd.h gcc -std=c99 DISTSGD_WITH_OPENCL" "$TMP/log" \
+            gcc -std=c99 $WARN -O1 $(pkg-config --cflags OpenCL clblast) "$TMP/cl.c" -o "$TMP/cl_c" \
+            $(pkg-config --libs OpenCL clblast) $LIBS
+        # shellcheck disable=SC2046
+        run_case "single_include/distsgd.h g++ -std=c++11 DISTSGD_WITH_OPENCL" "$TMP/log" \
+            g++ -std=c++11 $WARN -O1 $(pkg-config --cflags OpenCL clblast) "$TMP/cl.cpp" -o "$TMP/cl_cxx" \
+            $(pkg-config --libs OpenCL clblast) $LIBS
+    else
+        echo "skip  single_include/distsgd.h DISTSGD_WITH_OPENCL (pkg-config finds no OpenCL clblast)"
+    fi
+
+    # examples/train_digits.c against the single include alone: same output.
+    digits() {
+        local ref="$ROOT/build/examples/train_digits"
+        make --no-print-directory -s -C "$ROOT" build/examples/train_digits || return 1
+        sed 's|^#include "../distsgd.h"|#include "'"$SI"'"|' examples/train_digits.c >"$TMP/train_digits.c" || return 1
+        grep -q "^#include \"$SI\"" "$TMP/train_digits.c" || { echo "include line not rewritten"; return 1; }
+        gcc -std=c99 $WARN -O2 -g "$TMP/train_digits.c" -o "$TMP/train_digits" $LIBS || return 1
+        "$ref" | sed -E 's/in [0-9.]+ s/in T s/g' >"$TMP/digits.ref" || return 1
+        "$TMP/train_digits" | sed -E 's/in [0-9.]+ s/in T s/g' >"$TMP/digits.single" || return 1
+        grep -q 'test accuracy' "$TMP/digits.ref" || { echo "reference printed no test accuracy"; return 1; }
+        diff "$TMP/digits.ref" "$TMP/digits.single"
+    }
+    run_case "examples/train_digits.c on single_include/distsgd.h: same output" "$TMP/log" digits
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
