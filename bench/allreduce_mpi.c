@@ -18,7 +18,7 @@
 #include <stdio.h>
 
 /* Plain `cc` (as `make bench` builds every bench program) does not see mpi.h;
-   then this is a stub that says how to run the real thing. */
+   then the program only prints how to build and run the MPI benchmark. */
 #if defined(__has_include)
 #if __has_include(<mpi.h>)
 #define HAVE_MPI 1
