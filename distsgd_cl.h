@@ -210,6 +210,8 @@ typedef struct dsgd_cl_device_info {
     size_t max_work_group_size;
     int fp64;           /* cl_khr_fp64 */
     int unified_memory; /* CL_DEVICE_HOST_UNIFIED_MEMORY */
+    unsigned vector_width; /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT (16 on
+                              PoCL with AVX-512, usually 1 on GPUs) */
 } dsgd_cl_device_info;
 
 /* Lists every device of every platform. Fills out[0 .. min(capacity, total))
@@ -372,7 +374,9 @@ typedef struct dsgd_cl_gemm_shape {
 DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap);
 
 /* Times b's gemm at each shape: one warm-up call (which compiles), then
-   `repeats` timed calls (each to completion); median_s[i] gets the median.
+   `repeats` samples, each the mean time of as many back-to-back calls
+   (one finish at the end) as last about 10 ms; median_s[i] gets the
+   median sample, in seconds per call.
    When max_rel_err is non-NULL the warm-up result is checked against a
    double-precision host product on seeded random inputs and *max_rel_err is
    the largest |C - ref| / sum_k |a||b| over all shapes. b may be any backend.
@@ -887,6 +891,8 @@ static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_
         info->max_work_group_size = z;
     if (clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified, NULL) == CL_SUCCESS)
         info->unified_memory = unified == CL_TRUE;
+    if (clGetDeviceInfo(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof(v), &v, NULL) == CL_SUCCESS)
+        info->vector_width = v;
     info->fp64 = dsgd_cl__has_extension(d, "cl_khr_fp64");
 }
 
@@ -1352,6 +1358,8 @@ typedef struct dsgd_cl__backend {
     cl_mem scratch;      /* loss rows, norm partials */
     size_t scratch_bytes;
     cl_mem status; /* small int / ulong results */
+    cl_mem gemm_temp; /* CLBlast's temporary buffer for transposed/padded operands */
+    size_t gemm_temp_bytes;
     cl_mem_flags alloc_flags;
 } dsgd_cl__backend;
 
@@ -1592,6 +1600,8 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
                                  int ldc) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    CLBlastTranspose tra = ta ? CLBlastTransposeYes : CLBlastTransposeNo, trb = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
+    size_t temp_bytes = 0;
     CLBlastStatusCode st;
     char what[96];
     if (m < 0 || n < 0 || k < 0 || lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
@@ -1605,11 +1615,35 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     if (!dsgd_cl__span(b, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A") ||
         !dsgd_cl__span(b, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B"))
         return DSGD_ERR_INVALID_ARGUMENT;
+    /* CLBlast's indirect GEMM transposes and pads operands into a temporary
+       buffer; left to itself it creates and frees one per call. The backend
+       keeps one, grown when a call needs more (the in-order queue keeps
+       consecutive GEMMs from overlapping in it). */
     pthread_mutex_lock(&dsgd_cl__clblast_lock);
-    st = CLBlastSgemm(CLBlastLayoutRowMajor, ta ? CLBlastTransposeYes : CLBlastTransposeNo,
-                      tb ? CLBlastTransposeYes : CLBlastTransposeNo, (size_t)m, (size_t)n, (size_t)k, alpha,
-                      dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda, dsgd_cl__buf(rb)->mem, rb.off, (size_t)ldb,
-                      beta, dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue, NULL);
+    st = CLBlastSGemmTempBufferSize(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n, (size_t)k, ra.off,
+                                    (size_t)lda, rb.off, (size_t)ldb, rc.off, (size_t)ldc, &b->queue, &temp_bytes);
+    if (st == CLBlastSuccess && temp_bytes > b->gemm_temp_bytes) {
+        cl_int err;
+        if (b->gemm_temp) clReleaseMemObject(b->gemm_temp); /* freed once queued work is done */
+        b->gemm_temp_bytes = 0;
+        b->gemm_temp = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, temp_bytes, NULL, &err);
+        if (err != CL_SUCCESS) {
+            pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+            b->gemm_temp = NULL;
+            return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", "gemm temporary buffer");
+        }
+        b->gemm_temp_bytes = temp_bytes;
+    }
+    if (st == CLBlastSuccess)
+        st = b->gemm_temp ? CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n,
+                                                      (size_t)k, alpha, dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda,
+                                                      dsgd_cl__buf(rb)->mem, rb.off, (size_t)ldb, beta,
+                                                      dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue, NULL,
+                                                      b->gemm_temp)
+                          : CLBlastSgemm(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n, (size_t)k, alpha,
+                                         dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda, dsgd_cl__buf(rb)->mem, rb.off,
+                                         (size_t)ldb, beta, dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue,
+                                         NULL);
     pthread_mutex_unlock(&dsgd_cl__clblast_lock);
     if (st != CLBlastSuccess) {
         snprintf(what, sizeof(what), "%s%s %dx%dx%d", ta ? "T" : "N", tb ? "T" : "N", m, n, k);
@@ -1835,6 +1869,7 @@ static void dsgd_cl__destroy(void *impl) {
     for (k = 0; k < DSGD_CL__K_COUNT; ++k)
         if (b->kernels[k]) clReleaseKernel(b->kernels[k]);
     if (b->scratch) clReleaseMemObject(b->scratch);
+    if (b->gemm_temp) clReleaseMemObject(b->gemm_temp);
     if (b->status) clReleaseMemObject(b->status);
     if (b->queue) clReleaseCommandQueue(b->queue);
     DSGD_CL__FREE(b);
@@ -2406,6 +2441,8 @@ static int dsgd_cl__cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+#define DSGD_CL__SAMPLE_S 0.01 /* seconds of back-to-back GEMMs per timed sample */
+
 DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *be, const dsgd_cl_gemm_shape *shapes,
                                           int num_shapes, int repeats, double *median_s, double *max_rel_err) {
     size_t amax = 0, bmax = 0, cmax = 0, i;
@@ -2414,7 +2451,7 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
     double *times = NULL, worst = 0.0;
     dsgd_result r = DSGD_OK;
     uint64_t rng = 12345;
-    int s, t;
+    int s, t, calls;
     if (!be || !shapes || num_shapes < 1 || repeats < 1 || !median_s)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_gemm_measure: bad arguments");
     for (s = 0; s < num_shapes; ++s) {
@@ -2479,12 +2516,30 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
                 }
             }
         }
-        for (t = 0; t < repeats; ++t) {
-            double t0 = dsgd_now();
+        /* A sample is the mean of `calls` back-to-back calls with one finish
+           at the end, as in a training step whose queue stays full; timing
+           single calls to completion would add the device's wake-up and
+           dispatch latency to every call (on PoCL, more than the variation
+           between good candidates). calls is sized from one timed call so
+           that a sample lasts about DSGD_CL__SAMPLE_S. */
+        {
+            double t0 = dsgd_now(), one;
             r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc, g->n);
             if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
             if (r != DSGD_OK) goto done;
-            times[t] = dsgd_now() - t0;
+            one = dsgd_now() - t0;
+            calls = one >= DSGD_CL__SAMPLE_S ? 1 : (int)(DSGD_CL__SAMPLE_S / (one > 1e-6 ? one : 1e-6));
+            if (calls > 1000) calls = 1000;
+        }
+        for (t = 0; t < repeats; ++t) {
+            double t0 = dsgd_now();
+            int c;
+            for (c = 0; c < calls && r == DSGD_OK; ++c)
+                r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc,
+                             g->n);
+            if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
+            if (r != DSGD_OK) goto done;
+            times[t] = (dsgd_now() - t0) / calls;
         }
         qsort(times, (size_t)repeats, sizeof(double), dsgd_cl__cmp_double);
         median_s[s] = repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);

@@ -56,8 +56,9 @@ int main(void) {
                dsgd_cl_device_type_name(d->type), d->compute_units, d->max_clock_mhz,
                (double)d->global_mem_bytes / (1u << 30), (double)d->max_alloc_bytes / (1u << 30),
                (unsigned long)(d->local_mem_bytes / 1024));
-        printf("    fp64 %s, host-unified memory %s, max work-group size %lu\n", d->fp64 ? "yes" : "no",
-               d->unified_memory ? "yes (mapping is zero-copy)" : "no", (unsigned long)d->max_work_group_size);
+        printf("    fp64 %s, host-unified memory %s, max work-group size %lu, float vector width %u\n",
+               d->fp64 ? "yes" : "no", d->unified_memory ? "yes (mapping is zero-copy)" : "no",
+               (unsigned long)d->max_work_group_size, d->vector_width);
     }
 
     /* the device the environment selects, and its tuning file */
