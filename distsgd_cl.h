@@ -754,6 +754,35 @@ static const char *const dsgd_cl__source[] = {
     "        barrier(CLK_LOCAL_MEM_FENCE);\n"
     "    }\n"
     "    if (lid == 0) { psum[g] = ls[0]; pbad[g] = lb[0]; }\n"
+    "}\n",
+
+    "/* Device-side reduction across replicas (sum_across), up to 8 buffers\n"
+    "   a launch: v = [d +] s0 + s1 + ... + s(k-1), in that order, written to\n"
+    "   d, or with put to every s(j) (each work-item reads its entry of every\n"
+    "   buffer before it writes them). */\n"
+    "#define DSGD_SRC(j) , __global float *s##j, ulong o##j\n"
+    "#define DSGD_DST(j) , __global float *d##j, ulong o##j\n"
+    "#define DSGD_8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)\n"
+    "__kernel void dsgd_sum8(__global float *d, ulong doff, int acc, int put, uint k, ulong n\n"
+    "                        DSGD_8(DSGD_SRC)) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i >= n) return;\n"
+    "    float v = acc ? d[doff + i] + s0[o0 + i] : s0[o0 + i];\n"
+    "#define DSGD_ADD(j) if (j > 0 && k > j) v = v + s##j[o##j + i];\n"
+    "    DSGD_8(DSGD_ADD)\n"
+    "    if (!put) { d[doff + i] = v; return; }\n"
+    "#define DSGD_BACK(j) if (k > j) s##j[o##j + i] = v;\n"
+    "    DSGD_8(DSGD_BACK)\n"
+    "}\n"
+    "\n"
+    "/* d0 .. d(k-1) = s, up to 8 destinations a launch. */\n"
+    "__kernel void dsgd_copy8(__global const float *s, ulong soff, uint k, ulong n\n"
+    "                         DSGD_8(DSGD_DST)) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i >= n) return;\n"
+    "    float v = s[soff + i];\n"
+    "#define DSGD_PUT(j) if (k > j) d##j[o##j + i] = v;\n"
+    "    DSGD_8(DSGD_PUT)\n"
     "}\n"};
 
 #define DSGD_CL__NSOURCE ((cl_uint)(sizeof(dsgd_cl__source) / sizeof(dsgd_cl__source[0])))
@@ -769,6 +798,8 @@ enum {
     DSGD_CL__K_LOSS_REDUCE,
     DSGD_CL__K_OPT,
     DSGD_CL__K_NORM,
+    DSGD_CL__K_SUM8,
+    DSGD_CL__K_COPY8,
     DSGD_CL__K_COUNT
 };
 
@@ -776,11 +807,11 @@ enum {
 static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
     "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
-    "dsgd_opt_update", "dsgd_norm_partial"};
+    "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
     "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
-    "optimizer_update", "norm_check"};
+    "optimizer_update", "norm_check", "sum_across", "sum_across(copy)"};
 
 /* >>context ----------------------------------------------------------------- */
 
@@ -1368,6 +1399,8 @@ typedef struct dsgd_cl__backend {
 
 static void dsgd_cl__destroy(void *impl);
 static dsgd_result dsgd_cl__finish(void *impl);
+static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out);
+static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float *ptr);
 
 /* A dsgd_ref's buffer, or NULL when it is not one of b's. */
 static dsgd_cl__buffer *dsgd_cl__buf(dsgd_ref r) { return (dsgd_cl__buffer *)(void *)r.buf; }
@@ -1397,23 +1430,29 @@ static int dsgd_cl__span(dsgd_cl__backend *b, dsgd_ref r, size_t n, const char *
 #define DSGD_CL__A(x) sizeof(x), (const void *)&(x)
 #define DSGD_CL__LOCAL(bytes) (size_t)(bytes), (const void *)NULL
 
+/* Sets argument i of kernel k. */
+static dsgd_result dsgd_cl__arg(dsgd_cl__backend *b, int k, int i, size_t size, const void *ptr) {
+    cl_int err = clSetKernelArg(b->kernels[k], (cl_uint)i, size, ptr);
+    if (err != CL_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof(what), "%s, argument %d", dsgd_cl__kernel_op[k], i);
+        return dsgd_cl__fail(b->ctx, err, "clSetKernelArg", what);
+    }
+    return DSGD_OK;
+}
+
 static dsgd_result dsgd_cl__args(dsgd_cl__backend *b, int k, int n, ...) {
     va_list ap;
     int i;
+    dsgd_result r = DSGD_OK;
     va_start(ap, n);
-    for (i = 0; i < n; ++i) {
+    for (i = 0; i < n && r == DSGD_OK; ++i) {
         size_t size = va_arg(ap, size_t);
         const void *ptr = va_arg(ap, const void *);
-        cl_int err = clSetKernelArg(b->kernels[k], (cl_uint)i, size, ptr);
-        if (err != CL_SUCCESS) {
-            char what[96];
-            va_end(ap);
-            snprintf(what, sizeof(what), "%s, argument %d", dsgd_cl__kernel_op[k], i);
-            return dsgd_cl__fail(b->ctx, err, "clSetKernelArg", what);
-        }
+        r = dsgd_cl__arg(b, k, i, size, ptr);
     }
     va_end(ap);
-    return DSGD_OK;
+    return r;
 }
 
 /* Enqueues kernel k over `items` work-items in groups of `local`. */
@@ -1854,6 +1893,84 @@ static dsgd_result dsgd_cl__norm_check(void *impl, dsgd_ref x, size_t n, double 
     return DSGD_OK;
 }
 
+/* Sets kernel k's 8 (buffer, offset) pairs from argument `first` on to
+   refs[0 .. count), shifted by lo; the unused pairs repeat refs[0] (never
+   touched: the kernel stops at count). Not NULL: PoCL 3.1 ran these kernels
+   about 80x slower with NULL buffer arguments. */
+static dsgd_result dsgd_cl__args8(dsgd_cl__backend *b, int k, int first, const dsgd_ref *refs, int count,
+                                  size_t lo) {
+    int j;
+    dsgd_result r = DSGD_OK;
+    for (j = 0; j < 8 && r == DSGD_OK; ++j) {
+        cl_mem mem = dsgd_cl__buf(refs[j < count ? j : 0])->mem;
+        cl_ulong off = j < count ? (cl_ulong)(refs[j].off + lo) : 0;
+        r = dsgd_cl__arg(b, k, first + 2 * j, sizeof(mem), &mem);
+        if (r == DSGD_OK) r = dsgd_cl__arg(b, k, first + 2 * j + 1, sizeof(off), &off);
+    }
+    return r;
+}
+
+static int dsgd_cl__host_shared(void *impl) {
+    return (((dsgd_cl__backend *)impl)->alloc_flags & CL_MEM_ALLOC_HOST_PTR) != 0;
+}
+
+static int dsgd_cl__can_access(void *impl, const dsgd_backend_i *other) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    return dsgd_cl_is_backend(other) && ((const dsgd_cl__backend *)other->impl)->cl == b->cl;
+}
+
+/* Sums [lo, hi) of the n ranges in index order and writes the sum to all
+   of them: up to 8 ranges in one launch, in place; more into the scratch
+   buffer 8 sources a launch, then copied back to all of them. */
+static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong count = hi - lo, zero = 0;
+    int j;
+    dsgd_result r;
+    if (!refs || n < 1 || hi < lo)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl sum_across: bad arguments");
+    for (j = 0; j < n; ++j) {
+        dsgd_ref x = refs[j];
+        x.off += lo;
+        if (!dsgd_cl__span(b, x, (size_t)count, "sum_across")) return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if (count == 0) return DSGD_OK;
+    if (n <= 8) {
+        cl_int acc = 0, put = 1;
+        cl_uint k = (cl_uint)n;
+        cl_mem d = dsgd_cl__buf(refs[0])->mem; /* unused with put */
+        r = dsgd_cl__args(b, DSGD_CL__K_SUM8, 6, DSGD_CL__A(d), DSGD_CL__A(zero), DSGD_CL__A(acc), DSGD_CL__A(put),
+                          DSGD_CL__A(k), DSGD_CL__A(count));
+        if (r == DSGD_OK) r = dsgd_cl__args8(b, DSGD_CL__K_SUM8, 6, refs, n, lo);
+        return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_SUM8, (size_t)count, b->local);
+    }
+    if ((r = dsgd_cl__ensure_scratch(b, (size_t)count * sizeof(float))) != DSGD_OK) return r;
+    for (j = 0; j < n && r == DSGD_OK; j += 8) {
+        cl_int acc = j > 0, put = 0;
+        cl_uint k = (cl_uint)(n - j < 8 ? n - j : 8);
+        r = dsgd_cl__args(b, DSGD_CL__K_SUM8, 6, DSGD_CL__A(b->scratch), DSGD_CL__A(zero), DSGD_CL__A(acc),
+                          DSGD_CL__A(put), DSGD_CL__A(k), DSGD_CL__A(count));
+        if (r == DSGD_OK) r = dsgd_cl__args8(b, DSGD_CL__K_SUM8, 6, refs + j, (int)k, lo);
+        if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_SUM8, (size_t)count, b->local);
+    }
+    for (j = 0; j < n && r == DSGD_OK; j += 8) {
+        cl_uint k = (cl_uint)(n - j < 8 ? n - j : 8);
+        r = dsgd_cl__args(b, DSGD_CL__K_COPY8, 4, DSGD_CL__A(b->scratch), DSGD_CL__A(zero), DSGD_CL__A(k),
+                          DSGD_CL__A(count));
+        if (r == DSGD_OK) r = dsgd_cl__args8(b, DSGD_CL__K_COPY8, 4, refs + j, (int)k, lo);
+        if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_COPY8, (size_t)count, b->local);
+    }
+    return r;
+}
+
+static dsgd_result dsgd_cl__map_rw(void *impl, dsgd_ref ref, size_t count, float **out) {
+    return dsgd_cl__map_impl((dsgd_cl__backend *)impl, ref, count, DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE, out);
+}
+
+static dsgd_result dsgd_cl__unmap_rw(void *impl, dsgd_ref ref, float *ptr) {
+    return dsgd_cl__unmap_impl((dsgd_cl__backend *)impl, ref, ptr);
+}
+
 static dsgd_result dsgd_cl__finish(void *impl) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     cl_int err = clFinish(b->queue);
@@ -1960,6 +2077,11 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     out->optimizer_update = dsgd_cl__optimizer_update;
     out->norm_check = dsgd_cl__norm_check;
     out->finish = dsgd_cl__finish;
+    out->map = dsgd_cl__map_rw;
+    out->unmap = dsgd_cl__unmap_rw;
+    out->host_shared = dsgd_cl__host_shared;
+    out->can_access = dsgd_cl__can_access;
+    out->sum_across = dsgd_cl__sum_across;
     return DSGD_OK;
 }
 
@@ -1984,14 +2106,17 @@ DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
 }
 
 DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t count, int flags, float **out) {
-    dsgd_cl__backend *b;
-    cl_map_flags mf = 0;
-    cl_int err;
-    void *p;
     if (out) *out = NULL;
     if (!dsgd_cl_is_backend(be) || !out)
         return DSGD_ERR_INVALID_ARGUMENT; /* no context to record on */
-    b = (dsgd_cl__backend *)be->impl;
+    return dsgd_cl__map_impl((dsgd_cl__backend *)be->impl, ref, count, flags, out);
+}
+
+static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out) {
+    cl_map_flags mf = 0;
+    cl_int err;
+    void *p;
+    *out = NULL;
     if (!(flags & (DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)) || (flags & ~(DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)))
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: flags %d", flags);
     if (count == 0) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: count 0");
@@ -2006,10 +2131,12 @@ DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t 
 }
 
 DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *be, dsgd_ref ref, float *ptr) {
-    dsgd_cl__backend *b;
-    cl_int err;
     if (!dsgd_cl_is_backend(be)) return DSGD_ERR_INVALID_ARGUMENT;
-    b = (dsgd_cl__backend *)be->impl;
+    return dsgd_cl__unmap_impl((dsgd_cl__backend *)be->impl, ref, ptr);
+}
+
+static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float *ptr) {
+    cl_int err;
     if (!ptr || !dsgd_cl__span(b, ref, 0, "unmap")) {
         if (!ptr) dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_unmap: NULL pointer");
         return DSGD_ERR_INVALID_ARGUMENT;

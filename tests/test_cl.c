@@ -749,6 +749,62 @@ static void test_map_unmap(void **state) {
     G.clb.buffer_destroy(G.clb.impl, buf);
 }
 
+/* The vtable's map/unmap (what the strategies use) and the device-side
+   reduction across buffers: sum_across against a serial float sum in index
+   order, bit for bit, for 3 and 11 buffers (11: two launches of up to 8),
+   on a sub-range, with the entries outside [lo, hi) untouched. */
+static void test_map_and_sum_across(void **state) {
+    enum { NB = 11, CNT = 1037, OFF = 5, LO = 3, HI = 1001 };
+    tu_rng rng = tu_rng_make(29);
+    dsgd_buffer *bufs[NB];
+    dsgd_ref refs[NB];
+    static float h[NB][CNT];
+    float got[CNT], *p;
+    int nb, j;
+    size_t i;
+    (void)state;
+    NEED_CL();
+    assert_non_null(G.clb.map);
+    assert_non_null(G.clb.unmap);
+    assert_true(G.clb.can_access(G.clb.impl, &G.clb));
+    assert_false(G.clb.can_access(G.clb.impl, &G.cpu));
+    assert_null(G.cpu.sum_across);
+    for (j = 0; j < NB; ++j) {
+        TU_OK(G.ctx, G.clb.buffer_create(G.clb.impl, OFF + CNT, &bufs[j]));
+        refs[j] = R(bufs[j], OFF);
+    }
+    for (nb = 3; nb <= NB; nb += NB - 3) {
+        for (j = 0; j < nb; ++j) {
+            tu_fill(&rng, h[j], CNT, -1, 1);
+            /* written through the vtable's mapping */
+            TU_OK(G.ctx, G.clb.map(G.clb.impl, refs[j], CNT, &p));
+            memcpy(p, h[j], sizeof h[j]);
+            TU_OK(G.ctx, G.clb.unmap(G.clb.impl, refs[j], p));
+        }
+        TU_OK(G.ctx, G.clb.sum_across(G.clb.impl, refs, nb, LO, HI));
+        for (j = 0; j < nb; ++j) {
+            TU_OK(G.ctx, G.clb.read(G.clb.impl, refs[j], got, CNT));
+            for (i = 0; i < CNT; ++i) {
+                float want = h[j][i];
+                if (i >= LO && i < HI) {
+                    int k;
+                    want = h[0][i];
+                    for (k = 1; k < nb; ++k) want = want + h[k][i];
+                }
+                if (memcmp(&got[i], &want, sizeof want) != 0)
+                    fail_msg("%d buffers: buffer %d entry %zu is %.9g, want %.9g", nb, j, i, (double)got[i],
+                             (double)want);
+            }
+        }
+    }
+    /* bad ranges and buffers */
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.sum_across(G.clb.impl, refs, 2, 0, CNT + 1));
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.sum_across(G.clb.impl, refs, 2, 9, 8));
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.sum_across(G.clb.impl, refs, 0, 0, 1));
+    TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.map(G.clb.impl, refs[0], CNT + 1, &p));
+    for (j = 0; j < NB; ++j) G.clb.buffer_destroy(G.clb.impl, bufs[j]);
+}
+
 /* Two backends (two queues) on one context, as two replicas on one device. */
 static void test_backends_share_context(void **state) {
     dsgd_backend_i b2;
@@ -1246,6 +1302,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer_update),
         cmocka_unit_test(test_norm_check),
         cmocka_unit_test(test_map_unmap),
+        cmocka_unit_test(test_map_and_sum_across),
         cmocka_unit_test(test_backends_share_context),
         cmocka_unit_test(test_train_20_steps_xent_adam),
         cmocka_unit_test(test_train_20_steps_mse_momentum_clip),

@@ -22,6 +22,14 @@
      all apply the same all-reduced gradient with the same kernels).
    - Every replica's model really runs on an OpenCL backend, on the device
      the round-robin placement names.
+   - Both gradient paths: DEVICE (sum_across kernels, no host copy) and
+     HOST (mapped buffers, then the loopback all-reduce), N = 2, 4 and 9 (9:
+     the device sums in two launches of 8 and 1). AUTO resolves to HOST
+     when every backend's buffers are in host-shared memory (PoCL), to
+     DEVICE otherwise (backends made with host_visible = -1, as on a
+     discrete GPU); asserted. With the host's DIRECT algorithm the two paths sum in the same
+     order, so they give bitwise identical weights after every step (N = 3
+     and 9).
    - The train metrics (loss sum, correct, count) over the 20 steps equal the
      CPU reference's: count exactly, loss within 1e-4 relative, correct
      within 2 samples (a near-tie in the argmax may flip with rounding).
@@ -48,7 +56,7 @@
 
 #include "test_util.h"
 
-enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, STEPS = 20, MAXN = 4 };
+enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, STEPS = 20, MAXN = 9 };
 
 static const dsgd_layer_desc LAYERS[3] = {
     {16, DSGD_ACT_RELU, DSGD_INIT_AUTO},
@@ -65,6 +73,8 @@ static struct {
     dsgd_ctx *ctx;
     dsgd_cl_context *cl;
     int factory_calls;
+    dsgd_allreduce_algo algorithm; /* of the strategies strat_make makes */
+    int host_visible;              /* cl_factory's dsgd_cl_backend_desc.host_visible */
 } G;
 
 static int group_setup(void **state) {
@@ -128,6 +138,7 @@ static dsgd_result cl_factory(void *user_data, dsgd_ctx *ctx, int replica, dsgd_
     dsgd_cl_backend_desc bd;
     memset(&bd, 0, sizeof bd);
     bd.device = replica % dsgd_cl_context_num_devices(c);
+    bd.host_visible = G.host_visible;
     G.factory_calls++;
     return dsgd_cl_backend_create(ctx, c, &bd, out);
 }
@@ -148,7 +159,7 @@ static dsgd_optimizer_desc opt_desc(dsgd_optimizer_kind kind) {
 }
 
 static dsgd_strategy *strat_make(dsgd_strategy_kind kind, int n, int max_batch, dsgd_optimizer_kind opt,
-                                 int opencl) {
+                                 int opencl, dsgd_gradient_path path) {
     dsgd_strategy_desc d;
     dsgd_strategy *s = NULL;
     memset(&d, 0, sizeof d);
@@ -161,6 +172,8 @@ static dsgd_strategy *strat_make(dsgd_strategy_kind kind, int n, int max_batch, 
     d.model.seed = MODEL_SEED;
     d.optimizer = opt_desc(opt);
     d.timeout_s = 60.0; /* first use may compile kernels */
+    d.gradient_path = path;
+    d.algorithm = G.algorithm;
     if (opencl) {
         d.backend_factory = cl_factory;
         d.backend_user_data = G.cl;
@@ -200,8 +213,9 @@ static double rel_err(const float *got, const float *want, size_t n) {
     return mw > 0.0 ? md / mw : md;
 }
 
-/* 20 steps of MIRRORED(n) on OpenCL against ONE_DEVICE(batch n*B) on the CPU. */
-static void contract(int n, dsgd_optimizer_kind opt, double tol) {
+/* 20 steps of MIRRORED(n) on OpenCL, gradients summed by `path`, against
+   ONE_DEVICE(batch n*B) on the CPU. */
+static void contract(int n, dsgd_optimizer_kind opt, double tol, dsgd_gradient_path path) {
     enum { GB = MAXN * B };
     static float x[GB * IN], y[GB];
     float pm[NPARAMS], pr[NPARAMS];
@@ -211,8 +225,20 @@ static void contract(int n, dsgd_optimizer_kind opt, double tol) {
     int step, i, r, calls0 = G.factory_calls;
     double err;
 
-    ms = strat_make(DSGD_STRATEGY_MIRRORED, n, B, opt, 1);
-    ref = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, n * B, opt, 0);
+    ms = strat_make(DSGD_STRATEGY_MIRRORED, n, B, opt, 1, path);
+    if (path == DSGD_GRADIENTS_AUTO) {
+        /* every backend is on the one context: AUTO takes the device path
+           unless all buffers are in host-shared memory */
+        int shared = 1;
+        for (r = 0; r < n; ++r) {
+            const dsgd_backend_i *be = dsgd_model_backend(dsgd_strategy_model(ms, r));
+            shared &= be->host_shared(be->impl);
+        }
+        assert_int_equal(shared, G.host_visible >= 0 && dsgd_cl_context_device_info(G.cl, 0)->unified_memory);
+        path = shared ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE;
+    }
+    assert_int_equal(dsgd_strategy_gradient_path(ms), path);
+    ref = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, n * B, opt, 0, DSGD_GRADIENTS_AUTO);
     assert_int_equal(G.factory_calls - calls0, n);
     for (r = 0; r < n; ++r) {
         const dsgd_backend_i *be = dsgd_model_backend(dsgd_strategy_model(ms, r));
@@ -245,13 +271,14 @@ static void contract(int n, dsgd_optimizer_kind opt, double tol) {
     get_params(ms, 0, pm);
     get_params(ref, 0, pr);
     err = rel_err(pm, pr, NPARAMS);
-    fprintf(stderr, "test_cl_strategy: N=%d %s: max|opencl-cpu|/max|cpu| = %.3g (tol %.0e)\n", n,
-            opt == DSGD_OPT_ADAM ? "adam" : "momentum", err, tol);
+    fprintf(stderr, "test_cl_strategy: N=%d %s, %s gradients: max|opencl-cpu|/max|cpu| = %.3g (tol %.0e)\n", n,
+            opt == DSGD_OPT_ADAM ? "adam" : "momentum", dsgd_gradient_path_name(dsgd_strategy_gradient_path(ms)),
+            err, tol);
     if (!(err <= tol)) fail_msg("N=%d: relative error %.3g > %.0e", n, err, tol);
     /* the weights did move (so the comparison is not of two initial states) */
     {
         float p0[NPARAMS];
-        dsgd_strategy *fresh = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, B, opt, 0);
+        dsgd_strategy *fresh = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, B, opt, 0, DSGD_GRADIENTS_AUTO);
         get_params(fresh, 0, p0);
         assert_true(rel_err(pr, p0, NPARAMS) > 100.0 * tol);
         dsgd_strategy_destroy(fresh);
@@ -274,25 +301,83 @@ static void contract(int n, dsgd_optimizer_kind opt, double tol) {
 static void test_contract_momentum_n2(void **state) {
     (void)state;
     NEED_CL();
-    contract(2, DSGD_OPT_MOMENTUM, 1e-4);
+    contract(2, DSGD_OPT_MOMENTUM, 1e-4, DSGD_GRADIENTS_AUTO);
 }
 
 static void test_contract_momentum_n4(void **state) {
     (void)state;
     NEED_CL();
-    contract(4, DSGD_OPT_MOMENTUM, 1e-4);
+    contract(4, DSGD_OPT_MOMENTUM, 1e-4, DSGD_GRADIENTS_DEVICE);
 }
 
+static void test_contract_momentum_n4_host(void **state) {
+    (void)state;
+    NEED_CL();
+    contract(4, DSGD_OPT_MOMENTUM, 1e-4, DSGD_GRADIENTS_HOST);
+}
+
+/* Buffers outside host-shared memory (as on a discrete GPU): AUTO is DEVICE. */
 static void test_contract_adam_n2(void **state) {
     (void)state;
     NEED_CL();
-    contract(2, DSGD_OPT_ADAM, 1e-4);
+    G.host_visible = -1;
+    contract(2, DSGD_OPT_ADAM, 1e-4, DSGD_GRADIENTS_AUTO);
+    G.host_visible = 0;
 }
 
 static void test_contract_adam_n4(void **state) {
     (void)state;
     NEED_CL();
-    contract(4, DSGD_OPT_ADAM, 1e-4);
+    contract(4, DSGD_OPT_ADAM, 1e-4, DSGD_GRADIENTS_DEVICE);
+}
+
+/* More replicas than one device-side launch sums (8). */
+static void test_contract_momentum_n9(void **state) {
+    (void)state;
+    NEED_CL();
+    contract(9, DSGD_OPT_MOMENTUM, 1e-4, DSGD_GRADIENTS_DEVICE);
+}
+
+/* The device path sums block r of every replica's gradient in rank order,
+   as the host's DIRECT all-reduce does, so the two paths give the same
+   bits, step after step (N = 3, and N = 9 where the device sums in two
+   launches). */
+static void paths_bitwise(int n) {
+    enum { GB = MAXN * B };
+    static float x[GB * IN], y[GB];
+    float pd[NPARAMS], ph[NPARAMS], p0[NPARAMS];
+    tu_rng rng = tu_rng_make(77u + (unsigned)n);
+    dsgd_strategy *dev, *host;
+    int step, i;
+    G.algorithm = DSGD_ALLREDUCE_DIRECT; /* the host path's order of summation */
+    dev = strat_make(DSGD_STRATEGY_MIRRORED, n, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_DEVICE);
+    host = strat_make(DSGD_STRATEGY_MIRRORED, n, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_HOST);
+    assert_int_equal(dsgd_strategy_gradient_path(dev), DSGD_GRADIENTS_DEVICE);
+    assert_int_equal(dsgd_strategy_gradient_path(host), DSGD_GRADIENTS_HOST);
+    get_params(dev, 0, p0);
+    for (step = 1; step <= STEPS; ++step) {
+        tu_fill(&rng, x, (size_t)(n * B) * IN, -1.0f, 1.0f);
+        for (i = 0; i < n * B; ++i) y[i] = (float)tu_below(&rng, OUT);
+        TU_OK(G.ctx, dsgd_strategy_train_step(dev, x, y, n * B, NULL));
+        TU_OK(G.ctx, dsgd_strategy_train_step(host, x, y, n * B, NULL));
+        assert_replicas_identical(dev, n, step);
+        get_params(dev, n - 1, pd);
+        get_params(host, n - 1, ph);
+        if (memcmp(pd, ph, sizeof pd) != 0)
+            fail_msg("N=%d step %d: device and host paths differ (max rel %.3g)", n, step, rel_err(pd, ph, NPARAMS));
+    }
+    assert_true(rel_err(pd, p0, NPARAMS) > 1e-3); /* they trained */
+    dsgd_strategy_destroy(dev);
+    dsgd_strategy_destroy(host);
+    G.algorithm = DSGD_ALLREDUCE_AUTO;
+    alarm(0);
+}
+
+static void test_paths_bitwise_equal(void **state) {
+    (void)state;
+    NEED_CL();
+    paths_bitwise(3);
+    paths_bitwise(9);
 }
 
 int main(void) {
@@ -301,6 +386,9 @@ int main(void) {
         cmocka_unit_test(test_contract_momentum_n4),
         cmocka_unit_test(test_contract_adam_n2),
         cmocka_unit_test(test_contract_adam_n4),
+        cmocka_unit_test(test_contract_momentum_n4_host),
+        cmocka_unit_test(test_contract_momentum_n9),
+        cmocka_unit_test(test_paths_bitwise_equal),
     };
     return cmocka_run_group_tests_name("opencl mirrored strategy", tests, group_setup, group_teardown);
 }

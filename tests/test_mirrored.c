@@ -303,16 +303,16 @@ static void test_contract_optimizers(void **state) {
 }
 
 static void test_contract_algorithms_and_buckets(void **state) {
-    static const dsgd_allreduce_algo algos[4] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+    static const dsgd_allreduce_algo algos[5] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
                                                  DSGD_ALLREDUCE_REDUCE_BROADCAST,
-                                                 DSGD_ALLREDUCE_RECURSIVE_DOUBLING};
+                                                 DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_DIRECT};
     /* 256 B = 64 floats: 9 buckets of the 517; 200 B = 50 floats: 11, the last short */
     static const size_t buckets[3] = {0, 256, 200};
     int n, a, b, k;
     float first[NPARAMS], got[NPARAMS];
     (void)state;
     for (n = 3; n <= 4; ++n)
-        for (a = 0; a < 4; ++a)
+        for (a = 0; a < 5; ++a)
             for (b = 0; b < 3; ++b)
                 for (k = 0; k < 2; ++k) {
                     contract_case c;
@@ -325,7 +325,7 @@ static void test_contract_algorithms_and_buckets(void **state) {
                     check_contract(&c, NULL);
                 }
     /* N = 2: every element is a + b, so all algorithms and buckets agree bitwise */
-    for (a = 0; a < 4; ++a)
+    for (a = 0; a < 5; ++a)
         for (b = 0; b < 3; ++b) {
             contract_case c;
             memset(&c, 0, sizeof(c));
@@ -1106,6 +1106,20 @@ static void test_bad_arguments(void **state) {
     d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
     d.algorithm = (dsgd_allreduce_algo)42;
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
+    d.gradient_path = (dsgd_gradient_path)9;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    /* CPU backends have no device-side reduction: DEVICE is refused, AUTO is HOST */
+    d.gradient_path = DSGD_GRADIENTS_DEVICE;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_null(s);
+    assert_true(contains(dsgd_ctx_last_error(ctx), "gradient_path DEVICE"));
+    d.gradient_path = DSGD_GRADIENTS_AUTO;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    assert_int_equal(dsgd_strategy_gradient_path(s), DSGD_GRADIENTS_HOST);
+    assert_string_equal(dsgd_gradient_path_name(dsgd_strategy_gradient_path(s)), "host");
+    dsgd_strategy_destroy(s);
+    s = NULL;
     /* a bad model or optimizer desc: the replica's error reaches ctx */
     d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
     d.model.input_dim = 0;
