@@ -7,7 +7,8 @@
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
 #   make bench      build and run bench/*
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
-#   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs
+#   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs, examples
+#                         on the single include
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
 #   make test-consumers   pkg-config and CMake consumers of an install
 #   make clean
