@@ -7,6 +7,7 @@
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
 #   make bench      build and run bench/*
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
+#   make check-docs every DSGD_API declaration documented (tools/check_docs.py)
 #   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs, examples
 #                         on the single include
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
@@ -133,7 +134,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: tune bench-mpi all examples tests bench-build tools test test-build test-run check-header \
+.PHONY: tune bench-mpi all examples tests bench-build tools test test-build test-run check-header check-docs \
     demo demo-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -156,9 +157,15 @@ test-build: $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) check-header cl-note
 
 check-header: $(HEADER_CHECKS)
 
-# The amalgamation check, the compile matrix and the packaging consumers run
-# first, so that the last line of make test is the test binaries' summary.
-test-run: test-build check-amalgamation compile-matrix test-consumers
+# Every DSGD_API declaration has a comment that gives its thread safety and,
+# when it returns dsgd_result, its errors (see tools/check_docs.py).
+check-docs:
+	$(PYTHON) tools/check_docs.py $(HEADERS)
+
+# The amalgamation, documentation and compile-matrix checks and the packaging
+# consumers run first, so that the last line of make test is the test
+# binaries' summary.
+test-run: test-build check-amalgamation check-docs compile-matrix test-consumers
 	@mkdir -p build/pocl-cache
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
 	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)

@@ -1,12 +1,12 @@
 /* distsgd_cl.h - v0.1.0 - OpenCL backend for distsgd (GEMM by CLBlast, every
-   other operation by our own OpenCL C kernels).
+   other computation by our own OpenCL C kernels).
    MIT licence (see the end of distsgd.h).
 
    This header adds a dsgd_backend_i that runs on any OpenCL 1.2 device (AMD,
    Intel and NVIDIA GPUs, CPUs through PoCL) through the Khronos ICD loader.
    Matrix products go to CLBlast's C API; bias, activations, losses, optimizer
-   updates, scale/axpy and the non-finite check are kernels embedded below as
-   source and built once per context.
+   updates, scale/axpy, the non-finite check and the cross-replica gradient
+   sum are kernels embedded below as source and built once per context.
 
    USING IT
 
@@ -24,7 +24,7 @@
      On Debian/Ubuntu: ocl-icd-opencl-dev opencl-headers libclblast-dev, plus a
      driver (ICD): pocl-opencl-icd for the CPU, or the GPU vendor's (below).
 
-   A COMPLETE PROGRAM (a model on the default OpenCL device)
+   A COMPLETE PROGRAM (C99; a model on the default OpenCL device)
 
          #define DISTSGD_IMPLEMENTATION
          #define DISTSGD_CL_IMPLEMENTATION
@@ -56,6 +56,19 @@
              return 0;
          }
 
+   CONFIGURATION
+
+     dsgd_cl_context_desc (which devices, GEMM tuning, extra kernel build
+     options) and dsgd_cl_backend_desc (device index, buffer placement,
+     profiling), where zero means the default as in distsgd.h; either may be
+     passed as NULL. Environment: DSGD_CL_DEVICE, DSGD_CL_PLATFORM and
+     DSGD_CL_DEVICE_TYPE when desc.device is NULL (see DEVICES);
+     DSGD_CL_TUNE_CACHE, XDG_CACHE_HOME and HOME (see GEMM TUNING);
+     POCL_CACHE_DIR (see COLD START). Compile time: CL_TARGET_OPENCL_VERSION
+     (default 120) and CL_USE_DEPRECATED_OPENCL_1_2_APIS are defined unless
+     already set; when distsgd.h's allocator is replaced (DSGD_MALLOC,
+     DSGD_REALLOC, DSGD_FREE) this file's host allocations use it too.
+
    DEVICES
 
      dsgd_cl_list_devices() lists every device of every platform, numbered in
@@ -77,26 +90,67 @@
                                type and no index
 
      Several devices: desc.max_devices > 1 opens up to that many devices of
-     the chosen platform (of the chosen device's type) in one cl_context.
-     Replicas go round-robin: replica r's backend uses device
-     r % dsgd_cl_context_num_devices(). Any number of backends may share a
-     context and a device; each has its own in-order command queue.
+     the chosen platform (of the chosen device's type) in one cl_context. A
+     backend runs on one of them (dsgd_cl_backend_desc.device); a strategy's
+     backend_factory usually places replica r on device
+     r % dsgd_cl_context_num_devices() (examples/mirrored_mlp.c does). Any
+     number of backends may share a context and a device; each has its own
+     in-order command queue.
 
-     Gradients reach a transport through mapped buffers: dsgd_cl_map()
-     returns a host pointer to a range of a buffer. Buffers are allocated with
-     CL_MEM_ALLOC_HOST_PTR where the device shares memory with the host
-     (CL_DEVICE_HOST_UNIFIED_MEMORY: CPUs, integrated GPUs), so mapping there
-     copies nothing. buffer_host_ptr() returns NULL: OpenCL buffers are never
-     permanently host-addressable.
+   BACKENDS
+
+     dsgd_cl_backend_create fills every member of dsgd_backend_i, the
+     optional ones included (buffer_host_ptr always answers NULL: OpenCL
+     buffers are never permanently host-addressable). Among them:
+       finish        clFinish on the backend's queue
+       map, unmap    blocking clEnqueueMapBuffer (read and write) and
+                     clEnqueueUnmapMemObject (also dsgd_cl_map/dsgd_cl_unmap)
+       host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
+                     so that mapping copies nothing: by default on devices
+                     with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
+                     GPUs); dsgd_cl_backend_desc.host_visible forces it
+                     either way
+       can_access    1 for every OpenCL backend of the same dsgd_cl_context
+                     (a cl_mem works on every device of its context)
+       sum_across    our kernels: up to 8 buffers summed and written back in
+                     one launch; more through the backend's scratch buffer, 8
+                     a launch, in the same order
+     So a strategy over OpenCL backends of one context (see BACKENDS in
+     distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
+     backend's buffers are the device's own (a discrete GPU, or host_visible
+     = -1): each replica sums its block of every replica's gradient on its
+     device between two barriers and nothing is copied to the host. On PoCL
+     and integrated GPUs it takes the HOST path, where map is zero-copy and
+     the host's all-reduce is as fast. Backends of different contexts can
+     only use HOST.
+
+     GEMM: CLBlast's indirect GEMM transposes and pads its operands into a
+     temporary buffer, which CLBlast would create and free on every call.
+     Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
+     the largest size a call has needed (CLBlastSGemmTempBufferSize); its
+     in-order queue keeps two GEMMs from using it at once.
+
+   TRANSPORTS
+
+     This header adds no transport: replicas on OpenCL backends synchronise
+     over distsgd.h's (the loopback, in one process). On the HOST gradient
+     path the gradients reach the transport through map: zero-copy with
+     host-shared buffers, else a device-to-host copy and a copy back per
+     step. On the DEVICE path only the finiteness flag and two barriers
+     cross the transport.
 
    GEMM TUNING
 
      CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
      (PoCL on a CPU above all) they can be several times slower than good ones.
-     tools/cl_tune searches CLBlast's Xgemm parameters (and the size below which
-     CLBlast's single-kernel "direct" GEMM is used, XGEMM_MIN_INDIRECT_SIZE) at
-     the shapes a model uses, within a time bound, checks every candidate's
-     results, and writes the winner to a per-device cache file:
+     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
+     candidates made for the device's float vector width,
+     dsgd_cl_device_info.vector_width, among them) and the size below which
+     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
+     at the shapes a model uses, within a time bound. It times candidates
+     with dsgd_cl_gemm_measure (back-to-back GEMMs with one finish per
+     sample, as in a training step), checks every candidate's results, and
+     writes the winner to a per-device cache file:
 
          $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
                                         or exists as one)
@@ -134,8 +188,10 @@
      DSGD_ERR_BACKEND. A kernel build failure's message carries the build log
      (the full log is also logged at DSGD_LOG_ERROR). No platform or no
      matching device is DSGD_ERR_BACKEND with a message saying which and how
-     to get one. Bad arguments (ranges outside a buffer, bad sizes) are
-     DSGD_ERR_INVALID_ARGUMENT, as on the CPU backend.
+     to get one. Bad arguments (ranges outside a buffer, a buffer of another
+     context or backend, bad sizes) are DSGD_ERR_INVALID_ARGUMENT, as on the
+     CPU backend. dsgd_cl_map and dsgd_cl_unmap given a non-OpenCL backend,
+     and dsgd_cl_tune_cache_path, have no context and return the code alone.
 
    PRECISION (against the CPU reference backend)
 
@@ -146,16 +202,25 @@
      and norm_check accumulate in double when every device of the context has
      cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
      are float, summed in double on the host). Reductions have a fixed order
-     for a given size and device: same inputs, same bits.
+     for a given size and device: same inputs, same bits. sum_across adds in
+     float in rank order, as the host's DSGD_ALLREDUCE_DIRECT does, so the
+     DEVICE and HOST gradient paths give the same bits with that algorithm.
 
    THREAD SAFETY
 
      A dsgd_cl_context may be shared by backends used from different threads
      (OpenCL contexts and programs are thread-safe); create and destroy it on
-     one thread while no backend uses it. Each backend (its queue and kernel
-     objects) is used by one thread at a time, like its dsgd_ctx. CLBlast is
-     not safe for concurrent first calls, so every CLBlast call goes through
-     one process-wide mutex (the only global state of distsgd).
+     one thread while no backend uses it. Each backend (its queue, kernel
+     objects, scratch and GEMM temporary buffers) is used by one thread at a
+     time, like its dsgd_ctx. A backend's sum_across reads and writes other
+     backends' buffers: every backend involved must have finished the work
+     that touches those ranges before it runs, and they may use them again
+     only once it has finished (the strategy's DEVICE path does this with
+     finish and two barriers). CLBlast is not safe for concurrent first
+     calls, so every CLBlast call (with the growth of a backend's GEMM
+     temporary buffer) goes through one process-wide mutex, the only global
+     state of distsgd. Functions of their arguments alone (names, error
+     strings, dsgd_cl_gemm_params_valid, ...) run on any thread.
 */
 #ifndef DISTSGD_CL_H
 #define DISTSGD_CL_H
@@ -211,20 +276,26 @@ typedef struct dsgd_cl_device_info {
     int fp64;           /* cl_khr_fp64 */
     int unified_memory; /* CL_DEVICE_HOST_UNIFIED_MEMORY */
     unsigned vector_width; /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT (16 on
-                              PoCL with AVX-512, usually 1 on GPUs) */
+                              PoCL with AVX-512, usually 1 on GPUs; 0 when
+                              the driver does not answer); tools/cl_tune
+                              makes register-tiled GEMM candidates for it */
 } dsgd_cl_device_info;
 
 /* Lists every device of every platform. Fills out[0 .. min(capacity, total))
    and sets *count to the total (so capacity 0 with out NULL counts them).
    No OpenCL platform at all is not an error here: *count is 0.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (count NULL), DSGD_ERR_BACKEND.
-   Thread safety: any thread. */
+   Errors (recorded on ctx, which may be NULL): DSGD_ERR_INVALID_ARGUMENT
+   (count NULL, capacity < 0, out NULL with capacity > 0), DSGD_ERR_BACKEND
+   (clGetPlatformIDs failed), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx). */
 DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out,
                                           int capacity, int *count);
-/* "gpu", "cpu", "accelerator", "all", "default". */
+/* "gpu", "cpu", "accelerator", "all"; "default" for DEFAULT and any other
+   value. Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t);
 /* The name of an OpenCL or CLBlast error code ("CL_OUT_OF_RESOURCES",
-   "CLBlastInvalidLeadDimA"); "unknown OpenCL error" otherwise. Never NULL. */
+   "CLBlastInvalidLeadDimA"); "unknown OpenCL error" otherwise. Never NULL.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_error_string(int code);
 
 /* ---------------------------------------------------------------- context */
@@ -236,7 +307,8 @@ typedef enum dsgd_cl_tuning {
 
 typedef struct dsgd_cl_context_desc {
     const char *device;    /* device spec (see DEVICES); NULL: the environment */
-    int max_devices;       /* devices to open for round-robin placement; 0: 1 */
+    int max_devices;       /* open up to this many devices (see DEVICES); 0: 1;
+                              at most DSGD_CL_MAX_DEVICES */
     dsgd_cl_tuning tuning; /* default AUTO */
     const char *tune_cache; /* file or directory; NULL: $DSGD_CL_TUNE_CACHE, else
                                the user cache directory (see GEMM TUNING) */
@@ -248,21 +320,38 @@ typedef struct dsgd_cl_context dsgd_cl_context;
 
 /* Opens the chosen device(s) in one cl_context, builds our kernels for them,
    and applies each device's tuned GEMM parameters (see GEMM TUNING). desc may
-   be NULL (all defaults). Errors: DSGD_ERR_BACKEND (no platform, no matching
-   device, an OpenCL error, a kernel build failure with its log),
-   DSGD_ERR_INVALID_ARGUMENT (bad spec), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: any thread; see THREAD SAFETY for sharing. */
+   be NULL (all defaults). ctx receives errors and log messages; the context
+   keeps no pointer to it. A tuning file that cannot be applied is not an
+   error: it is a DSGD_LOG_WARN message.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, max_devices
+   outside 0..DSGD_CL_MAX_DEVICES, a device spec, DSGD_CL_PLATFORM or
+   DSGD_CL_DEVICE_TYPE that does not parse), DSGD_ERR_BACKEND (no platform,
+   a platform index out of range, no matching device, an OpenCL error, a
+   kernel build failure with its log), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx); see THREAD SAFETY for
+   sharing the context. */
 DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
                                             dsgd_cl_context **out);
-/* Destroys the context; every backend created from it must be destroyed first. */
+/* Destroys the context (c NULL: nothing); every backend created from it must
+   be destroyed first.
+   Thread safety: one thread, once no backend of c exists. */
 DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c);
+/* Getters (c NULL, or i out of range: 0 or NULL):
+     dsgd_cl_context_num_devices  devices opened (1..DSGD_CL_MAX_DEVICES)
+     dsgd_cl_context_device_info  information on the context's device i
+     dsgd_cl_context_gemm_tuned   1 when device i runs with tuned GEMM
+                                  parameters applied by this library (from a
+                                  cache file or dsgd_cl_apply_gemm_params)
+     dsgd_cl_context_fp64         1 when the kernels accumulate in double
+                                  (every device has cl_khr_fp64)
+     dsgd_cl_context_handle, dsgd_cl_context_device
+                                  the OpenCL context and device i, for your
+                                  own OpenCL calls (owned by c)
+   Errors: none. Thread safety: any thread while c lives (fixed at creation;
+   gemm_tuned also changes with dsgd_cl_apply_gemm_params). */
 DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c);
-/* Information on the context's device i (NULL when i is out of range). */
 DSGD_API const dsgd_cl_device_info *dsgd_cl_context_device_info(const dsgd_cl_context *c, int i);
-/* 1 when device i runs with tuned GEMM parameters applied by this library
-   (from a cache file or dsgd_cl_apply_gemm_params), else 0. */
 DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i);
-/* 1 when the kernels accumulate in double (every device has cl_khr_fp64). */
 DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
@@ -272,40 +361,64 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 typedef struct dsgd_cl_backend_desc {
     int device;       /* index into the context's devices; default 0 */
     int host_visible; /* 0: CL_MEM_ALLOC_HOST_PTR buffers where the device has
-                         unified memory; 1: always; -1: never */
+                         unified memory; 1 (> 0): always; -1 (< 0): never.
+                         host_shared answers accordingly, which steers a
+                         strategy's AUTO gradient path (see BACKENDS) */
     int profiling;    /* non-zero: the queue has CL_QUEUE_PROFILING_ENABLE */
 } dsgd_cl_backend_desc;
 
 /* Fills *out with an OpenCL backend on device desc->device of context c, with
-   its own command queue. desc may be NULL. Errors are recorded on ctx, which
-   must outlive the backend, as must c. Destroy with out->destroy(out->impl).
-   Errors: DSGD_ERR_INVALID_ARGUMENT, DSGD_ERR_BACKEND, DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: one backend per thread at a time. */
+   its own in-order command queue, kernel objects and buffers (see BACKENDS
+   for the members it sets). desc may be NULL. Errors are recorded on ctx,
+   which must outlive the backend, as must c. Destroy with
+   out->destroy(out->impl).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or c NULL, device
+   outside the context's devices), DSGD_ERR_BACKEND (creating the queue, a
+   kernel or a buffer), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx); the backend is then used by
+   one thread at a time. */
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c,
                                             const dsgd_cl_backend_desc *desc,
                                             dsgd_backend_i *out);
-/* 1 when b was made by dsgd_cl_backend_create. */
+/* dsgd_cl_is_backend: 1 when b was made by dsgd_cl_backend_create, else 0.
+   dsgd_cl_backend_queue, _device, _context: its queue, device and context
+   (NULL when b is NULL or not OpenCL), for your own OpenCL calls; the
+   backend owns them.
+   Errors: none. Thread safety: any thread while b lives (fixed at creation;
+   commands you enqueue on the queue follow the backend's thread rule). */
 DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b);
-/* The backend's queue, device and context (NULL when b is not OpenCL). */
 DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b);
 DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b);
 DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b);
-/* The cl_mem of a buffer made by an OpenCL backend (the ref's offsets are in
-   floats from its start). */
+/* The cl_mem of a buffer made by an OpenCL backend (a ref's offset counts
+   floats from its start); NULL for NULL or for another backend's buffer
+   (recognised by a tag the OpenCL backend's buffers start with).
+   Errors: none. Thread safety: any thread while the buffer lives. */
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
 
 #define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
 #define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
 
 /* Maps count floats at ref into host memory after all queued work is done
-   (blocking). Zero-copy on devices with unified memory. Each map must be
-   undone by dsgd_cl_unmap before kernels use the range again.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (not an OpenCL backend, range outside the
-   buffer, flags 0), DSGD_ERR_BACKEND. */
+   (blocking); *out is NULL on failure. Zero-copy when the buffer is
+   CL_MEM_ALLOC_HOST_PTR (see host_visible), else a copy to the host (and
+   back at unmap, with DSGD_CL_MAP_WRITE). Each map must be undone by
+   dsgd_cl_unmap before kernels use the range again. The backend's map
+   member is this with READ|WRITE.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend or out NULL:
+   nothing recorded; flags 0 or with other bits; count 0; the range outside
+   ref's buffer, or a buffer of another context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueMapBuffer), recorded on b's ctx.
+   Thread safety: the backend's thread. */
 DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *b, dsgd_ref ref, size_t count, int flags,
                                  float **out);
 /* Unmaps a pointer dsgd_cl_map returned for ref's buffer; the writes become
-   visible to later operations on the backend's queue. */
+   visible to later operations on the backend's queue (other backends' queues
+   see them after a finish of this one).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend: nothing
+   recorded; ptr NULL; ref's buffer not of this context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueUnmapMemObject), recorded on b's ctx.
+   Thread safety: the backend's thread. */
 DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *b, dsgd_ref ref, float *ptr);
 
 /* ---------------------------------------------------------------- GEMM tuning */
@@ -327,36 +440,59 @@ typedef struct dsgd_cl_gemm_params {
     size_t min_indirect;
 } dsgd_cl_gemm_params;
 
-/* Parameter names (NULL when i is out of range). */
+/* Parameter names ("GEMMK", ...; "KWID", ...), NULL when i is out of range.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
 DSGD_API const char *dsgd_cl_direct_param_name(int i);
 /* Checks the divisibility rules CLBlast's kernels need, and the limits of
    its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
    rejected set would fail to build, crash or compute wrong results.
-   Returns 1 when valid. */
+   Returns 1 when valid, 0 otherwise (and for p NULL).
+   Errors: none. Thread safety: any thread. */
 DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
 
 /* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
-   *_set is non-zero). Process-wide for that device; takes effect at the next
-   GEMM (which compiles the kernels for the new parameters).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (invalid set), DSGD_ERR_BACKEND. */
+   *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
+   Process-wide for that device; takes effect at the next GEMM (which
+   compiles the kernels for the new parameters).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
+   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
+   (CLBlast refused; parts applied before stay applied).
+   Thread safety: any thread (that may use ctx); CLBlast calls are
+   serialised by the library's lock, but not concurrently with another
+   apply on c or with dsgd_cl_context_gemm_tuned. */
 DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
                                                const dsgd_cl_gemm_params *p);
-/* The tuning cache file for device i: desc_path (file or directory), else
-   $DSGD_CL_TUNE_CACHE, else the user cache directory. Writes it to buf.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (no HOME and no XDG_CACHE_HOME, buffer
-   too small). */
+/* The tuning cache file for device i: desc_path, else $DSGD_CL_TUNE_CACHE,
+   taken as is when it names a file, or a directory (it ends with '/' or
+   exists as one) that gets the device's file name; else that name in
+   $XDG_CACHE_HOME/distsgd (when absolute) or ~/.cache/distsgd. Writes it,
+   NUL-terminated, to buf.
+   Errors (nothing recorded: no context): DSGD_ERR_INVALID_ARGUMENT (c NULL
+   or no device i, buf NULL or cap 0, no HOME and no absolute
+   XDG_CACHE_HOME, a path that does not fit in buf).
+   Thread safety: any thread (it reads the environment). */
 DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
                                              const char *desc_path, char *buf, size_t cap);
-/* Reads a cache file and checks that it was made for device i of c.
-   Errors: DSGD_ERR_IO (missing, unreadable), DSGD_ERR_FORMAT (corrupt:
-   with the line and what is wrong), DSGD_ERR_STATE (made for another device:
-   the message names both). */
+/* Reads a cache file and checks that it was made for device i of c; *out is
+   zeroed on failure.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or out NULL), DSGD_ERR_IO (cannot open), DSGD_ERR_FORMAT (corrupt,
+   a read error or parameters dsgd_cl_gemm_params_valid rejects: with the
+   line and what is wrong), DSGD_ERR_STATE (made for another device: the
+   message names both).
+   Thread safety: any thread (that may use ctx). */
 DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
                                               const char *path, dsgd_cl_gemm_params *out);
-/* Writes a cache file for device i (creating the directory, one level),
-   atomically (temporary file, then rename). note, if non-NULL, is stored as a
-   comment line. Errors: DSGD_ERR_IO, DSGD_ERR_INVALID_ARGUMENT. */
+/* Writes a cache file for device i (creating missing directories),
+   atomically (path.tmp, then rename). note, if non-NULL, is stored as a
+   comment line.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or p NULL, a path of 1024 bytes or more, a set
+   dsgd_cl_gemm_params_valid rejects), DSGD_ERR_IO (a directory, the file or
+   the rename failed).
+   Thread safety: any thread (that may use ctx); two writers of one path at
+   once race on path.tmp. */
 DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
                                               const char *path, const dsgd_cl_gemm_params *p,
                                               const char *note);
@@ -370,17 +506,23 @@ typedef struct dsgd_cl_gemm_shape {
 /* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
    the first layer's input gradient (256x784x512 NT): forward NN, weight
    gradient TN, input gradient NT per layer. Copies up to cap shapes into out
-   (out may be NULL) and returns how many there are (9). */
+   (out may be NULL) and returns how many there are (9).
+   Errors: none. Thread safety: any thread. */
 DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap);
 
-/* Times b's gemm at each shape: one warm-up call (which compiles), then
-   `repeats` samples, each the mean time of as many back-to-back calls
-   (one finish at the end) as last about 10 ms; median_s[i] gets the
-   median sample, in seconds per call.
+/* Times b's gemm at each shape: one warm-up call (which compiles), one
+   timed call that sizes the samples, then `repeats` samples, each the mean
+   time per call of back-to-back calls with one finish at the end, as many
+   as last about 10 ms (at most 1000), as in a training step whose queue
+   stays full; median_s[i] gets the median sample, in seconds per call.
    When max_rel_err is non-NULL the warm-up result is checked against a
    double-precision host product on seeded random inputs and *max_rel_err is
-   the largest |C - ref| / sum_k |a||b| over all shapes. b may be any backend.
-   Errors: DSGD_ERR_INVALID_ARGUMENT, backend errors. */
+   the largest |C - ref| / sum_k |a||b| over all shapes (NaN when any
+   entry is NaN). b may be any backend.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b, shapes or median_s NULL, num_shapes
+   or repeats < 1, a shape with m, n or k < 1) and DSGD_ERR_OUT_OF_MEMORY,
+   recorded on ctx; backend errors, recorded on b's context.
+   Thread safety: b's thread. */
 DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b,
                                           const dsgd_cl_gemm_shape *shapes, int num_shapes,
                                           int repeats, double *median_s, double *max_rel_err);
@@ -1641,6 +1783,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
     CLBlastTranspose tra = ta ? CLBlastTransposeYes : CLBlastTransposeNo, trb = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
     size_t temp_bytes = 0;
+    const char *call = "CLBlastSgemm";
     CLBlastStatusCode st;
     char what[96];
     if (m < 0 || n < 0 || k < 0 || lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
@@ -1673,6 +1816,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
         }
         b->gemm_temp_bytes = temp_bytes;
     }
+    if (st != CLBlastSuccess) call = "CLBlastSGemmTempBufferSize";
     if (st == CLBlastSuccess)
         st = b->gemm_temp ? CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n,
                                                       (size_t)k, alpha, dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda,
@@ -1686,7 +1830,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     pthread_mutex_unlock(&dsgd_cl__clblast_lock);
     if (st != CLBlastSuccess) {
         snprintf(what, sizeof(what), "%s%s %dx%dx%d", ta ? "T" : "N", tb ? "T" : "N", m, n, k);
-        return dsgd_cl__fail(b->ctx, (int)st, "CLBlastSgemm", what);
+        return dsgd_cl__fail(b->ctx, (int)st, call, what);
     }
     return DSGD_OK;
 }
@@ -2102,7 +2246,8 @@ DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b) {
 }
 
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
-    return buf ? ((const dsgd_cl__buffer *)(const void *)buf)->mem : NULL;
+    const dsgd_cl__buffer *b = (const dsgd_cl__buffer *)(const void *)buf;
+    return b && b->magic == DSGD_CL__MAGIC ? b->mem : NULL;
 }
 
 DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t count, int flags, float **out) {
@@ -2639,7 +2784,7 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
                         mag += fabs(av * bv);
                     }
                     e = fabs((double)hc[(size_t)row * g->n + col] - acc) / (mag > 1e-30 ? mag : 1e-30);
-                    if (!(e <= worst)) worst = e; /* NaN becomes the worst */
+                    if (worst == worst && !(e <= worst)) worst = e; /* a NaN becomes, and stays, the worst */
                 }
             }
         }

@@ -12,13 +12,18 @@
    or:   ./build/examples/mirrored_mlp --data DIR [--replicas N] [--batch B]
            [--algo auto|ring|hd|rb|rd|direct] [--epochs E] [--lr BASE_LR]
            [--seed S] [--backend cpu|opencl] [--device SPEC]
+           [--gradients auto|host|device]
    --batch is the per-replica batch (global batch = B x N). DIR holds the
    uncompressed Fashion-MNIST IDX files (make demo prepares build/data/fashion-mnist).
    With --backend opencl every replica gets its own OpenCL backend (its own
    command queue) on one shared context; --device takes a device spec of
    distsgd_cl.h ("gpu", "cpu", "N", "P:D"; default: DSGD_CL_DEVICE or the
    first GPU, else the first device), and replicas are placed round-robin on
-   the devices the context opened. */
+   the devices the context opened. --gradients chooses how the replicas'
+   gradients are summed (dsgd_gradient_path): on the host through the
+   transport, or, with OpenCL, by kernels reading every replica's buffer on
+   the device; auto takes the device path when the buffers are not in
+   host-shared memory (a discrete GPU), the host path otherwise (CPUs, PoCL). */
 #define DISTSGD_IMPLEMENTATION
 #define DISTSGD_CL_IMPLEMENTATION
 #include "../distsgd_cl.h"
@@ -59,6 +64,14 @@ static int parse_algo(const char *s, dsgd_allreduce_algo *out) {
     return 0;
 }
 
+static int parse_path(const char *s, dsgd_gradient_path *out) {
+    if (!strcmp(s, "auto")) *out = DSGD_GRADIENTS_AUTO;
+    else if (!strcmp(s, "host")) *out = DSGD_GRADIENTS_HOST;
+    else if (!strcmp(s, "device")) *out = DSGD_GRADIENTS_DEVICE;
+    else return 0;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist", *backend = "cpu", *device = NULL;
     dsgd_cl_context *cl = NULL;
@@ -66,6 +79,7 @@ int main(int argc, char **argv) {
     float base_lr = 0.05f;
     uint64_t seed = 1;
     dsgd_allreduce_algo algo = DSGD_ALLREDUCE_AUTO;
+    dsgd_gradient_path path = DSGD_GRADIENTS_AUTO;
     dsgd_ctx *ctx = NULL;
     dsgd_dataset train, test;
     dsgd_layer_desc layers[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
@@ -89,9 +103,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--backend") && a + 1 < argc &&
                  (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) backend = argv[++a];
         else if (!strcmp(argv[a], "--device") && a + 1 < argc) device = argv[++a];
+        else if (!strcmp(argv[a], "--gradients") && a + 1 < argc && parse_path(argv[a + 1], &path)) ++a;
         else {
             fprintf(stderr, "usage: %s [--data DIR] [--replicas N] [--batch B] [--algo auto|ring|hd|rb|rd|direct] "
-                            "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC]\n",
+                            "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC] "
+                            "[--gradients auto|host|device]\n",
                     argv[0]);
             return 2;
         }
@@ -106,6 +122,7 @@ int main(int argc, char **argv) {
     sd.kind = DSGD_STRATEGY_MIRRORED;
     sd.num_replicas = replicas;
     sd.algorithm = algo;
+    sd.gradient_path = path;
     sd.model.input_dim = train.dim;
     sd.model.layers = layers;
     sd.model.num_layers = 3;
@@ -134,9 +151,11 @@ int main(int argc, char **argv) {
     printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d\n",
            train.n, test.n, replicas, batch, global);
     printf("model 784-256-128-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
-           "%.3g at 128), warmup %lld steps + cosine, all-reduce %s\n",
+           "%.3g at 128), warmup %lld steps + cosine, gradients summed on the %s (all-reduce %s)\n",
            dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), backend, (double)sd.optimizer.lr, (double)base_lr,
-           (long long)sd.optimizer.schedule.warmup_steps, dsgd_allreduce_algo_name(algo));
+           (long long)sd.optimizer.schedule.warmup_steps,
+           dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE ? "device" : "host",
+           dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE ? "unused" : dsgd_allreduce_algo_name(algo));
 
     xb = (float *)malloc(sizeof(float) * (size_t)global * train.dim);
     yb = (float *)malloc(sizeof(float) * (size_t)global);

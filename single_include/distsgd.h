@@ -26,7 +26,7 @@
      (and -lpthread). Define DISTSGD_STATIC before the include to make every
      function static to that translation unit.
 
-   A COMPLETE PROGRAM (it learns XOR)
+   A COMPLETE PROGRAM (C99; it learns XOR)
 
          #define DISTSGD_IMPLEMENTATION
          #include "distsgd.h"
@@ -62,18 +62,28 @@
    CONFIGURATION
 
      Objects are configured by *_desc structs in which a zero field means "the
-     default" (documented beside each field), so `dsgd_x_desc d = {0};` plus the
-     fields you care about is always valid.
+     default" (documented beside each field), so `dsgd_x_desc d = {0};` (`{}`
+     in C++) plus the fields that have no default (a model's input_dim and
+     layers, a variable's name and count) is valid. A function's comment says when its
+     desc pointer may be NULL (all defaults).
 
-     Compile-time options, defined before the include that has
-     DISTSGD_IMPLEMENTATION:
-       DISTSGD_STATIC      make the API static (private to one translation unit)
+     Compile-time options, before every include of the header:
+       DISTSGD_STATIC      make the API static (private to the translation
+                           unit, which must then define DISTSGD_IMPLEMENTATION)
+       DSGD_API            the decoration of every public function (default
+                           extern; static with DISTSGD_STATIC)
+     and before the include that has DISTSGD_IMPLEMENTATION:
        DSGD_USE_CBLAS      the CPU backend's GEMM calls cblas_sgemm (link e.g.
                            -lopenblas); otherwise a portable cache-blocked GEMM
        DSGD_ASSERT(c)      replaces assert() for internal invariants (never used
                            to check user input)
        DSGD_MALLOC(sz), DSGD_REALLOC(p,sz), DSGD_FREE(p)
                            replace the allocator: define all three or none
+                           (#error otherwise); distsgd_cl.h uses them too
+     The implementation needs POSIX.1-2008 (clock_gettime, pthreads). Unless a
+     feature macro is already set it defines _POSIX_C_SOURCE 200809L, which
+     works only when distsgd.h is the first header of that file; otherwise
+     compile it with -D_POSIX_C_SOURCE=200809L.
 
    ERRORS
 
@@ -81,31 +91,69 @@
      dsgd_result_string() names a code. The dsgd_ctx passed to (or owned by) the
      object that failed keeps a message saying what failed, where and why, read
      with dsgd_ctx_last_error(); a logger callback set in dsgd_ctx_desc also
-     receives it. The library never calls exit() or abort() on bad input, and
-     never sizes an allocation from an unchecked file header.
+     receives it. A strategy copies the failing replica's message (which names
+     the replica) to its own context. Calls with nowhere to record return the
+     code alone: a NULL object argument (dsgd_allreduce(NULL, ...)),
+     dsgd_ctx_create, dsgd_dataset_gather. The library never calls exit() or
+     abort() on bad input, and never sizes an allocation from an unchecked
+     file header.
+
+     Above each function, "Errors:" lists the codes it returns and when.
+     "Backend errors" are those of the model's backend, recorded on the
+     backend's context (DSGD_ERR_BACKEND, DSGD_ERR_OUT_OF_MEMORY, or
+     DSGD_ERR_INVALID_ARGUMENT for a range outside a buffer). Getters that
+     cannot fail say what they return for a NULL object or an index out of
+     range.
 
    THREAD SAFETY
 
-     There is no global state. A dsgd_ctx and everything created from it (its
-     backend, models, optimizers, communicators) must be used by one thread at
-     a time; give each thread its own context. Datasets are read-only after
-     loading and may be shared between threads. A strategy is driven from one
-     thread; it runs its replicas on threads of its own, each with its own
-     context, and returns only when they are done. A logger set on the
-     strategy's context is also called from those threads.
+     distsgd.h has no global state (distsgd_cl.h adds one mutex), so many
+     independent runs can share a process. The rules, which the "Thread
+     safety:" line above each function applies:
+       - A dsgd_ctx and everything created with it (backend, model, optimizer,
+         communicator) is used by one thread at a time: "the context's thread"
+         (or the model's, ...). Give each thread its own context. A logger is
+         called on the thread that records the message. (A loopback hub is
+         the exception: each of its endpoints is used by its rank's thread.)
+       - Functions of their arguments alone (names of codes, dsgd_block_range,
+         dsgd_lr_at, the RNG on your own state, dsgd_now) run on any thread.
+         So do getters that read only what creation fixed (dsgd_comm_rank,
+         dsgd_model_num_params, ...), while the object lives.
+       - Datasets are read-only after loading and may be shared between
+         threads; a sampler is used by one thread at a time.
+       - Collectives: each rank's communicator (and transport endpoint) lives
+         on that rank's thread, and all ranks call the same collectives
+         concurrently. dsgd_loopback_abort and dsgd_loopback_aborted may be
+         called from any thread while the hub exists.
+       - A strategy is driven from one thread, the one that owns its ctx. It
+         runs replica 0 on that thread and replicas 1..N-1 on threads of its
+         own, each with its own context (and backend, model, optimizer and
+         communicator), and returns only when they are done. The replicas'
+         contexts share the strategy context's logger, so that logger may be
+         called from several threads at once. Inside dsgd_strategy_run, fn
+         runs on every replica's thread at once and uses that replica's
+         objects (dsgd_replica_*), not the strategy's functions.
+       - Gradient paths (see BACKENDS): on the HOST path each replica touches
+         only its own gradient buffer. On the DEVICE path replica r's backend
+         reads and writes block r of every replica's gradient buffer; the
+         strategy orders this itself: each replica finishes its queue and
+         enters a barrier, sums its block (sum_across) and finishes again, and
+         a second barrier keeps every replica from using its gradient before
+         all blocks are written.
 
    STRATEGIES
 
      dsgd_strategy_create(ctx, &desc, &s) builds N replicas (a model, an
-     optimizer, a backend and a communicator each) over a loopback transport;
-     dsgd_strategy_train_step(s, x, y, count, &info) shards the global batch,
-     computes gradients on every replica, agrees on finiteness, all-reduces the
-     flat gradient buffer and applies the same update everywhere, so the
-     replicas stay bitwise identical, and N replicas x batch B with MEAN
-     aggregation give the weights of one replica with batch N*B (up to float
-     reassociation). dsgd_strategy_run(s, fn, user) runs your own function in
-     replica context, where distributed variables (dsgd_strategy_create_variable)
-     follow tf.VariableAggregation / tf.VariableSynchronization semantics.
+     optimizer, a backend and, for N > 1, a communicator each) over a loopback
+     transport; dsgd_strategy_train_step(s, x, y, count, &info) shards the
+     global batch, computes gradients on every replica, agrees on finiteness,
+     sums the flat gradient buffers (through the host or on the devices: see
+     BACKENDS) and applies the same update everywhere, so the replicas stay
+     bitwise identical, and N replicas x batch B with MEAN aggregation give the
+     weights of one replica with batch N*B (up to float reassociation).
+     dsgd_strategy_run(s, fn, user) runs your own function in replica context,
+     where distributed variables (dsgd_strategy_create_variable) follow
+     tf.VariableAggregation / tf.VariableSynchronization semantics.
 
    BACKENDS
 
@@ -113,7 +161,33 @@
      buffers plus an implementation pointer. Models never touch memory
      directly, so the OpenCL backend (distsgd_cl.h) plugs in unchanged. The CPU
      reference backend, dsgd_cpu_backend_create(), is the one every other
-     backend is tested against.
+     backend is tested against. Optional members may be NULL: destroy,
+     buffer_host_ptr, finish, and those the strategies use to move gradients:
+     map/unmap (a host view of a range, zero-copy where the device shares the
+     host's memory), host_shared (whether it does), and can_access/sum_across
+     (a sum computed on the device over other backends' buffers).
+
+     A synchronous step sums the replicas' gradients along one of two paths,
+     chosen by dsgd_strategy_desc.gradient_path and reported by
+     dsgd_strategy_gradient_path():
+       HOST    each replica exposes its gradient buffer to the host through
+               buffer_host_ptr (the CPU backend), else map (zero-copy on CPUs
+               and integrated GPUs, PoCL included), else a read into a staging
+               copy that is written back afterwards; then dsgd_allreduce over
+               the transport, with the strategy's algorithm and buckets.
+       DEVICE  between two barriers, replica r sums block r (dsgd_block_range)
+               of every replica's gradient buffer in rank order with its
+               backend's sum_across and writes the sum into all of them; the
+               gradients never reach the host. Every backend must reach every
+               other's buffers (can_access: OpenCL backends of one
+               dsgd_cl_context).
+     AUTO, the default, picks DEVICE only when it is possible and some
+     backend's buffers are not host-shared (a discrete GPU, where the HOST path
+     would copy the gradient to the host and back every step). Where mapping
+     copies nothing the host's all-reduce is as fast, so AUTO stays on HOST
+     (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
+     HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
+     (tests/test_cl_strategy.c).
 
    TRANSPORTS
 
@@ -127,15 +201,18 @@
      would provide), supplies a clock (a simulated-clock transport) or
      improves error messages (error_message, set_progress/peer_progress). A
      new transport fills what it can and leaves the rest NULL; the
-     collectives do not change.
+     collectives do not change. A strategy's step sends its gradients over
+     the transport only on the HOST path; on the DEVICE path the transport
+     carries the finiteness flag and the two barriers.
 
      The loopback transport connects N ranks in one process: one thread per
      rank (the caller's threads), in-process mailboxes per ordered pair of
      ranks, real time. Messages up to 64 KiB are copied into the mailbox so
-     the sender does not wait; larger ones are posted by pointer and the
-     receiver copies (or reduces) straight from the sender's memory while the
-     sender waits. It also provides share/unshare, so AUTO all-reduces on it
-     run DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
+     the sender does not wait (unless 8 messages to that receiver are still
+     queued); larger ones are posted by pointer and the receiver copies (or
+     reduces) straight from the sender's memory while the sender waits. It
+     also provides share/unshare, so AUTO all-reduces on it run
+     DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
      yielding the CPU), then sleeps on a condition variable; see
      dsgd_loopback_set_spin.
 
@@ -144,9 +221,9 @@
      A dsgd_comm is one rank's view of a group: dsgd_comm_create(ctx,
      &endpoint, &desc, &comm) in each rank's thread, then every rank calls the
      same collectives in the same order with the same counts. Each call has a
-     deadline (timeout_s, 0: the communicator's default) and returns
-     DSGD_ERR_TIMEOUT with a message naming the collective, its sequence number
-     and the rank it waited for, e.g.
+     deadline (timeout_s, 0: the communicator's default; at most 1e7 s) and
+     returns DSGD_ERR_TIMEOUT with a message naming the collective, its
+     sequence number and the rank it waited for, e.g.
          "allreduce #17 (ring): rank 2 timed out waiting for rank 3 after 0.50 s"
      A communicator whose collective failed mid-way is unusable afterwards
      (DSGD_ERR_STATE): its peers may be anywhere in the protocol.
@@ -218,7 +295,9 @@ typedef enum dsgd_result {
     DSGD__RESULT_LAST_ = -11
 } dsgd_result;
 
-/* The fixed description of a result code ("invalid argument"); never NULL. */
+/* The fixed description of a result code ("invalid argument"); "unknown
+   result code" for any other value. Never NULL.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_result_string(dsgd_result r);
 
 /* ---------------------------------------------------------------- context */
@@ -245,26 +324,44 @@ typedef struct dsgd_ctx_desc {
 
 typedef struct dsgd_ctx dsgd_ctx;
 
-/* Creates a context. desc may be NULL (all defaults).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
+/* Creates a context. desc may be NULL (all defaults); the label is copied
+   (up to 63 bytes).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY;
+   nothing is recorded (there is no context yet).
    Thread safety: any thread; the context is then used by one thread at a time. */
 DSGD_API dsgd_result dsgd_ctx_create(const dsgd_ctx_desc *desc, dsgd_ctx **out);
+/* Frees ctx (NULL: nothing). Objects created with ctx keep a pointer to it:
+   destroy them first.
+   Thread safety: the context's thread. */
 DSGD_API void dsgd_ctx_destroy(dsgd_ctx *ctx);
-/* The message of the last error recorded on ctx ("" when none). The pointer
-   stays valid until the next failing call on ctx. */
+/* The message of the last error recorded on ctx ("" when none, or ctx NULL).
+   The pointer points into ctx: its text changes with the next error recorded
+   on ctx (or dsgd_ctx_clear_error), and it dies with ctx.
+   Errors: none. Thread safety: the context's thread. */
 DSGD_API const char *dsgd_ctx_last_error(const dsgd_ctx *ctx);
-/* The result code of the last error recorded on ctx (DSGD_OK when none). */
+/* The result code of the last error recorded on ctx (DSGD_OK when none, or
+   ctx NULL).
+   Errors: none (it returns the recorded code). Thread safety: the context's
+   thread. */
 DSGD_API dsgd_result dsgd_ctx_last_result(const dsgd_ctx *ctx);
+/* Forgets the last error: dsgd_ctx_last_result gives DSGD_OK and
+   dsgd_ctx_last_error "" until the next one. ctx NULL: nothing.
+   Thread safety: the context's thread. */
 DSGD_API void dsgd_ctx_clear_error(dsgd_ctx *ctx);
-/* Records an error on ctx (printf-style message), logs it, and returns r.
-   Backends and transports written outside this file use it too. ctx may be
-   NULL, then only r is returned. */
+/* Records an error on ctx (printf-style message, prefixed with the context's
+   label and cut at 1023 bytes), passes it to the logger at DSGD_LOG_ERROR,
+   and returns r. Backends and transports written outside this file use it
+   too. ctx may be NULL: then only r is returned.
+   Errors: none of its own: it returns r.
+   Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_ctx_set_error(dsgd_ctx *ctx, dsgd_result r, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-/* Sends a message to the context's logger, if any. */
+/* Sends a message (printf-style, prefixed with the label) to the context's
+   logger at `level`; nothing when ctx is NULL or has no logger. Records
+   nothing. Thread safety: the context's thread. */
 DSGD_API void dsgd_ctx_log(dsgd_ctx *ctx, dsgd_log_level level, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)
     __attribute__((format(printf, 3, 4)))
@@ -317,9 +414,10 @@ typedef struct dsgd_opt_update {
 } dsgd_opt_update;
 
 /* A compute backend. Row-major everywhere. All members but the optional
-   ones must be set. Each operation returns DSGD_OK or an error recorded on the
-   context the backend was created with. Operations may be asynchronous;
-   `read` and `finish` complete all queued work. */
+   ones must be set (dsgd_model_create checks). Each operation returns DSGD_OK
+   or an error recorded on the context the backend was created with. An
+   operation may be queued rather than done; `read` and `finish` complete all
+   queued work. A backend is used by one thread at a time, its context's. */
 typedef struct dsgd_backend_i {
     const char *name;
     void *impl;
@@ -361,7 +459,8 @@ typedef struct dsgd_backend_i {
        If dpred.buf is non-NULL: dpred(m,c) = grad_scale * d(sum of losses)/d pred.
        SOFTMAX_XENT per-sample loss: -log softmax(pred)[class].
        MSE per-sample loss: (1/c) * sum_j (pred_j - target_j)^2.
-       A class index outside [0, c) is DSGD_ERR_INVALID_ARGUMENT. */
+       A class index that is not an integer in [0, c) is
+       DSGD_ERR_INVALID_ARGUMENT. */
     dsgd_result (*loss)(void *impl, dsgd_loss loss, int m, int c, dsgd_ref pred,
                         dsgd_ref target, float grad_scale, dsgd_ref dpred,
                         dsgd_ref stats);
@@ -382,14 +481,16 @@ typedef struct dsgd_backend_i {
     /* optional, both or neither: a host pointer to count floats at ref that
        the host may read and write until unmap (after queued work is done);
        zero-copy where the device shares memory with the host. No other
-       operation may use the range while it is mapped. The strategies
-       all-reduce gradients in place through it rather than through a
-       read/write staging copy. */
+       operation may use the range while it is mapped. On the HOST gradient
+       path the strategies all-reduce gradients in place through it (when
+       buffer_host_ptr gives nothing) rather than through a read/write
+       staging copy. */
     dsgd_result (*map)(void *impl, dsgd_ref ref, size_t count, float **out);
     dsgd_result (*unmap)(void *impl, dsgd_ref ref, float *ptr);
     /* optional: 1 when the buffers live in memory the host shares (map copies
        nothing: CPUs, integrated GPUs), 0 when they are the device's own
-       (discrete GPUs: a host path costs two transfers per step). NULL: 0. */
+       (discrete GPUs: a host path costs two transfers per step). NULL: 0.
+       Only DSGD_GRADIENTS_AUTO asks. */
     int (*host_shared)(void *impl);
     /* optional, both or neither: device-side reduction across replicas.
        can_access(impl, other) is 1 when this backend's operations can read
@@ -399,15 +500,19 @@ typedef struct dsgd_backend_i {
        for every j, where x[j] is the range starting at refs[j]; every refs[j]
        must be on a backend this one can access, and no two may overlap. It
        only enqueues: the caller orders it against the other backends'
-       work (finish, then a barrier). */
+       work (finish, then a barrier). The DEVICE gradient path uses them. */
     int (*can_access)(void *impl, const struct dsgd_backend_i *other);
     dsgd_result (*sum_across)(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi);
 } dsgd_backend_i;
 
-/* Fills *out with the CPU reference backend. Errors are recorded on ctx, which
-   must outlive the backend; destroy with out->destroy(out->impl).
-   Errors: DSGD_ERR_INVALID_ARGUMENT, DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: one backend instance per thread. */
+/* Fills *out with the CPU reference backend. Its operations record errors on
+   ctx, which must outlive the backend; destroy with out->destroy(out->impl).
+   Its buffers are host memory (buffer_host_ptr is set) and every operation
+   is done when it returns, so finish, map, unmap, host_shared, can_access
+   and sum_across are NULL (a strategy on it takes the HOST gradient path).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the backend is then used by one
+   thread at a time. */
 DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out);
 
 /* ---------------------------------------------------------------- model */
@@ -466,29 +571,53 @@ typedef struct dsgd_metrics {
 typedef struct dsgd_model dsgd_model;
 
 /* Creates a model: variables are laid out in layer order (kernel, then bias),
-   initialised on the host from desc->seed and uploaded. Errors recorded on
-   ctx: DSGD_ERR_INVALID_ARGUMENT (bad sizes, no layers, a final activation
-   other than NONE with SOFTMAX_XENT), DSGD_ERR_OUT_OF_MEMORY, backend errors. */
+   initialised on the host from desc->seed and uploaded; gradients start at
+   zero. With desc->backend NULL the model creates (and owns) a CPU backend.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or desc NULL,
+   input_dim <= 0, no layers, an unknown loss, negative max_batch, a layer
+   with units <= 0 or an unknown activation or init, a final activation other
+   than NONE with SOFTMAX_XENT, a backend lacking a required operation),
+   DSGD_ERR_OUT_OF_MEMORY, backend errors (creating and filling its buffers).
+   Thread safety: the context's thread; the model then belongs to it. */
 DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc,
                                        dsgd_model **out);
+/* Frees the model's buffers, and its backend when the model created it;
+   m NULL: nothing. Destroy its optimizers first.
+   Thread safety: the model's thread. */
 DSGD_API void dsgd_model_destroy(dsgd_model *m);
 
+/* Getters. With m NULL they return NULL, 0, or a ref whose buf is NULL.
+     dsgd_model_ctx            the context the model records errors on
+     dsgd_model_backend        the model's backend table (m's own copy)
+     dsgd_model_num_params     floats in the parameter (and gradient) buffer
+     dsgd_model_num_variables  2 per layer
+     dsgd_model_variable       the i-th variable ("dense0/kernel",
+                               "dense0/bias", ...); NULL when i is out of range
+     dsgd_model_input_dim, dsgd_model_output_dim
+     dsgd_model_target_dim     floats per sample in a target array: 1 for
+                               SOFTMAX_XENT, output_dim for MSE
+     dsgd_model_params, dsgd_model_grads
+                               the device buffers holding all parameters and
+                               all gradients (offset 0)
+   Errors: none. Thread safety: any thread while m lives (they read what
+   creation fixed; what the refs point at is the model thread's). */
 DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m);
 DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m);
 DSGD_API size_t dsgd_model_num_params(const dsgd_model *m);
 DSGD_API int dsgd_model_num_variables(const dsgd_model *m);
-/* The i-th variable, NULL when i is out of range. */
 DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i);
 DSGD_API int dsgd_model_input_dim(const dsgd_model *m);
 DSGD_API int dsgd_model_output_dim(const dsgd_model *m);
-/* Floats per sample in a target array: 1 for SOFTMAX_XENT, output_dim for MSE. */
 DSGD_API int dsgd_model_target_dim(const dsgd_model *m);
-/* The device buffers holding all parameters and all gradients. */
 DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m);
 DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m);
 
-/* Copies all parameters (or gradients) between the model and host memory;
-   count must equal dsgd_model_num_params(). Errors: DSGD_ERR_SHAPE, backend. */
+/* Copy all parameters (or gradients) between the model and host memory;
+   count must equal dsgd_model_num_params(). The get functions wait for
+   queued work.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; the host
+   pointer NULL), DSGD_ERR_SHAPE (count), backend errors.
+   Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_get_params(dsgd_model *m, float *dst, size_t count);
 DSGD_API dsgd_result dsgd_model_set_params(dsgd_model *m, const float *src, size_t count);
 DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t count);
@@ -498,18 +627,30 @@ DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t coun
    grad_scale * d(sum of per-sample losses)/d params: pass 1/count for the
    batch mean, 1/global_count when batches are split across replicas. The
    batch's loss and accuracy accumulate in the TRAIN metrics slot.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (count outside 1..max_batch, NULL,
-   a class index out of range), backend errors. */
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x or y NULL;
+   count outside 1..max_batch; a class index out of range, found by the
+   backend's loss), backend errors.
+   Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
                                                   const float *y, int count,
                                                   float grad_scale);
 /* Forward pass only; the loss and accuracy accumulate in the EVAL slot. y may
-   be NULL (no metrics; use dsgd_model_read_output for predictions). */
+   be NULL (no metrics; use dsgd_model_read_output for predictions).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x NULL; count
+   outside 1..max_batch; a class index out of range), backend errors.
+   Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x,
                                            const float *y, int count);
-/* Copies the last forward pass's outputs (count, output_dim), before softmax. */
+/* Copies the first count rows of the last forward pass's outputs (count,
+   output_dim), before softmax.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; dst NULL;
+   count outside 1..the last pass's batch, or no pass yet), backend errors.
+   Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_read_output(dsgd_model *m, float *dst, int count);
-/* Reads a metrics slot and resets it to zero. */
+/* Reads a metrics slot and resets it to zero.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; out NULL;
+   an unknown slot), backend errors.
+   Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot slot,
                                              dsgd_metrics *out);
 
@@ -549,23 +690,45 @@ typedef struct dsgd_optimizer_desc {
 
 typedef struct dsgd_optimizer dsgd_optimizer;
 
-/* Creates an optimizer for m (its state lives on m's backend). Errors:
-   DSGD_ERR_INVALID_ARGUMENT (negative lr, beta outside [0,1), ...), memory. */
+/* Creates an optimizer for m with desc's zero fields set to their defaults;
+   its state (MOMENTUM: one buffer, ADAM and ADAMW: two, SGD: none) lives on
+   m's backend, zeroed.
+   Errors (recorded on m's ctx): DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing
+   recorded; desc or out NULL; an unknown kind; lr <= 0 or not finite;
+   negative weight_decay or clip_norm; momentum, beta1 or beta2 outside
+   [0, 1); eps <= 0; a bad schedule: unknown kind, negative warmup_steps,
+   STEP with step_size <= 0, COSINE with total_steps <= warmup_steps),
+   DSGD_ERR_OUT_OF_MEMORY, backend errors.
+   Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc,
                                            dsgd_optimizer **out);
+/* Frees the optimizer's state through its model's backend, so destroy it
+   before the model; opt NULL: nothing.
+   Thread safety: the model's thread. */
 DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *opt);
 /* Applies one update from the model's gradient buffer: clipping (if set), then
    the optimizer's rule with the scheduled learning rate; advances the step.
-   Errors: DSGD_ERR_NON_FINITE when clipping is on and the gradient holds NaN
-   or infinity (nothing is updated), backend errors. */
+   Without clipping the gradient is not checked for NaN or infinity.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (opt NULL, nothing recorded),
+   DSGD_ERR_NON_FINITE when clipping is on and the gradient holds NaN or
+   infinity (nothing is updated), backend errors.
+   Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *opt);
-/* Number of steps applied so far. */
+/* dsgd_optimizer_steps: the number of steps applied so far.
+   dsgd_optimizer_last_grad_norm: the global L2 norm of the gradient at the
+   last step with clipping on (clip_norm > 0), scaled or not; 0 before, or
+   without clipping.
+   Errors: none (opt NULL: 0). Thread safety: the model's thread (a step
+   changes them). */
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *opt);
-/* The global L2 norm of the last gradient clipping saw (0 before). */
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *opt);
-/* The learning rate the schedule gives at step t, peak lr `lr`. */
+/* The learning rate the schedule gives at step t (t < 0 counts as 0), peak
+   lr `lr`; s NULL: lr. A STEP schedule with step_size <= 0 gives lr.
+   Errors: none. Thread safety: any thread. */
 DSGD_API float dsgd_lr_at(const dsgd_lr_schedule *s, float lr, int64_t t);
-/* The linear scaling rule (Goyal et al. 2017): base_lr * global_batch / base_batch. */
+/* The linear scaling rule (Goyal et al. 2017): base_lr * global_batch /
+   base_batch; base_batch <= 0: base_lr.
+   Errors: none. Thread safety: any thread. */
 DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_batch);
 
 /* ---------------------------------------------------------------- data */
@@ -583,9 +746,16 @@ typedef struct dsgd_dataset {
 
 /* Loads an IDX image file (magic 0x00000803, unsigned bytes) and its IDX label
    file (0x00000801) as MNIST and Fashion-MNIST ship them, uncompressed. Pixels
-   are scaled to [0, 1]. num_classes: 0 means 10. Every malformed input is
-   DSGD_ERR_FORMAT (or DSGD_ERR_IO) with a message naming the file, the byte
-   offset or sample, and what is wrong. */
+   are scaled to [0, 1]; y holds the labels (target_dim 1). num_classes: 0
+   means 10. On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or a path NULL,
+   num_classes outside 0..256), DSGD_ERR_IO (cannot open, not a regular file,
+   a failed read), DSGD_ERR_FORMAT (every malformed input: magic, dimensions,
+   sizes that disagree with the file's, image and label counts that differ,
+   no images, more than 2^24 pixels an image, a label >= num_classes), with
+   a message naming the file, the byte offset or sample, and what is wrong;
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_path,
                                            const char *labels_path, int num_classes,
                                            dsgd_dataset *out);
@@ -599,17 +769,33 @@ typedef struct dsgd_csv_desc {
 } dsgd_csv_desc;
 
 /* Loads a comma-separated file of numbers, one sample per line, all lines with
-   the same number of fields. desc may be NULL. Errors: DSGD_ERR_IO,
-   DSGD_ERR_FORMAT with file, line and column (non-numeric field, ragged line,
-   non-integer or out-of-range label, empty file). */
+   the same number of fields (2 or more); blank lines are skipped. desc may be
+   NULL (defaults). On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or path NULL, a
+   negative field in desc), DSGD_ERR_IO (cannot open or read), DSGD_ERR_FORMAT
+   with file, line and column (a field that is not a finite number, a ragged
+   line, a NUL byte, fewer than 2 fields, a label column beyond the fields, a
+   label that is not an integer in [0, num_classes), no data lines),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path,
                                            const dsgd_csv_desc *desc, dsgd_dataset *out);
-/* Allocates an empty dataset of n samples (x and y zeroed). */
+/* Allocates a dataset of n samples (n may be 0), x (n, dim) and y (n,
+   target_dim) zeroed. On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, dim or
+   target_dim <= 0, num_classes < 0), DSGD_ERR_OUT_OF_MEMORY (also when the
+   sizes overflow size_t).
+   Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_dataset_alloc(dsgd_ctx *ctx, size_t n, int dim, int target_dim,
                                         int num_classes, dsgd_dataset *out);
+/* Frees a dataset's arrays and zeroes *ds; ds NULL: nothing.
+   Thread safety: any thread, once no other thread uses ds. */
 DSGD_API void dsgd_dataset_free(dsgd_dataset *ds);
-/* Shuffles src by seed and splits it: the first `first` samples go to a, the
-   rest to b (both newly allocated). Errors: first > n, memory. */
+/* Shuffles src's samples by seed and splits them: the first `first` go to a,
+   the rest to b (both newly allocated; free them with dsgd_dataset_free).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (a NULL argument, src
+   without data, first > n), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; other threads may read src. */
 DSGD_API dsgd_result dsgd_dataset_split(dsgd_ctx *ctx, const dsgd_dataset *src, size_t first,
                                         uint64_t seed, dsgd_dataset *a, dsgd_dataset *b);
 /* Copies the samples idx[0..count) into x (count, dim) and y (count, target_dim).
@@ -630,24 +816,38 @@ typedef struct dsgd_sampler {
 } dsgd_sampler;
 
 /* Prepares a sampler and sets epoch 0. The permutation of epoch e depends only
-   on (seed, e). Errors: DSGD_ERR_INVALID_ARGUMENT when there would be no batch
-   (n == 0, batch == 0, or drop_last with batch > n), DSGD_ERR_OUT_OF_MEMORY. */
+   on (seed, e) (the identity when shuffle is 0). Free it with
+   dsgd_sampler_free.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (s NULL, or there would
+   be no batch: n == 0, batch == 0, or drop_last with batch > n),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the sampler is then used by one
+   thread at a time. */
 DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch,
                                        uint64_t seed, int shuffle, int drop_last);
+/* dsgd_sampler_free: frees the permutation and zeroes *s.
+   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation.
+   dsgd_sampler_num_batches: batches per epoch (the last one partial unless
+   drop_last).
+   dsgd_sampler_batch: sets *idx (if idx is not NULL) to the indices of batch
+   b of the current epoch, valid until the next set_epoch or free, and
+   returns their count; 0 when b is out of range.
+   Errors: none (s NULL or not initialised: nothing, or 0).
+   Thread safety: one thread at a time per sampler. */
 DSGD_API void dsgd_sampler_free(dsgd_sampler *s);
 DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch);
 DSGD_API size_t dsgd_sampler_num_batches(const dsgd_sampler *s);
-/* Indices of batch b of the current epoch; returns their count (the last
-   batch may be short unless drop_last), 0 when b is out of range. */
 DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t **idx);
 
 /* ---------------------------------------------------------------- utilities */
 
-/* SplitMix64 (Steele et al. 2014): the library's only random number source. */
+/* dsgd_rng_next: SplitMix64 (Steele et al. 2014), the library's only random
+   number source: advances *state and returns the next 64 bits.
+   dsgd_rng_uniform: a double uniform in [0, 1) (53 bits) from the same stream.
+   dsgd_now: CLOCK_MONOTONIC in seconds.
+   Errors: none. Thread safety: any thread (the state is the caller's). */
 DSGD_API uint64_t dsgd_rng_next(uint64_t *state);
-/* Uniform in [0, 1). */
 DSGD_API double dsgd_rng_uniform(uint64_t *state);
-/* Monotonic clock in seconds. */
 DSGD_API double dsgd_now(void);
 
 #ifdef __cplusplus
@@ -686,7 +886,8 @@ typedef enum dsgd_reduce_op {
    Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT; DSGD_ERR_SHAPE
    (the message has another size than the receiver expects); DSGD_ERR_STATE
    (the transport was aborted, the tag does not match, the peer gave up on a
-   message); DSGD_ERR_OUT_OF_MEMORY. They record nothing on any dsgd_ctx: the
+   message); DSGD_ERR_OUT_OF_MEMORY; DSGD_ERR_INVALID_ARGUMENT (a peer outside
+   the group, or this rank itself). They record nothing on any dsgd_ctx: the
    communicator turns them into messages (with error_message's text if set).
 
    Thread safety: an endpoint is used by one thread at a time. */
@@ -767,33 +968,39 @@ typedef struct dsgd_transport_i {
 
 typedef struct dsgd_loopback dsgd_loopback;
 
-/* Creates a loopback hub for n ranks (n >= 1). ctx receives the errors of
-   create and endpoint and must outlive the hub.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx or out NULL, n < 1 or absurdly
-   large), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object could
-   not be created).
-   Thread safety: any thread (the one that uses ctx). */
+/* Creates a loopback hub for n ranks. ctx receives the errors of create and
+   endpoint and must outlive the hub.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx or out NULL, nothing recorded when
+   ctx is; n outside 1..4096), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a
+   pthread mutex or condition variable could not be created).
+   Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out);
 /* Fills *out with the endpoint of `rank`; the endpoint lives as long as the
-   hub (out->destroy is NULL). Each endpoint must be used by one thread.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (hub or out NULL, rank outside [0, n)).
-   Thread safety: the thread that uses the hub's ctx. */
+   hub (out->destroy is NULL). Each endpoint must be used by one thread at a
+   time. Every member but destroy, allreduce and now is set.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; out NULL;
+   rank outside [0, n)).
+   Thread safety: the thread of the hub's ctx. */
 DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out);
 /* Marks the hub aborted: every waiting and later transfer returns
    DSGD_ERR_STATE promptly. Use it when one replica fails so that the others
-   stop without waiting for their deadlines. Irreversible.
+   stop without waiting for their deadlines. Irreversible. hub NULL: nothing.
    Thread safety: any thread, at any time while the hub exists. */
 DSGD_API void dsgd_loopback_abort(dsgd_loopback *hub);
-/* Non-zero once dsgd_loopback_abort has been called. Thread safety: any thread. */
+/* Non-zero once dsgd_loopback_abort has been called (hub NULL: 0).
+   Errors: none. Thread safety: any thread. */
 DSGD_API int dsgd_loopback_aborted(dsgd_loopback *hub);
 /* How long a waiting rank spins before it sleeps on a condition variable,
    in seconds (default 1 ms): first with a pause instruction (4 us, only
    when the hub has no more ranks than the machine has processors), then
    with sched_yield() so that ranks sharing a core let each other run.
-   0: sleep at once; negative: back to the default.
-   Thread safety: call before the ranks start. */
+   0: sleep at once; negative (or NaN): back to the default; more than 1 s
+   counts as 1 s. hub NULL: nothing.
+   Thread safety: one thread, before the ranks start. */
 DSGD_API void dsgd_loopback_set_spin(dsgd_loopback *hub, double seconds);
-/* Frees the hub. No rank may be using it any more. */
+/* Frees the hub; its endpoints are invalid afterwards. hub NULL: nothing.
+   Thread safety: one thread, once no rank uses the hub (join the ranks'
+   threads first). */
 DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub);
 
 /* ---------------------------------------------------------------- collectives */
@@ -840,75 +1047,108 @@ typedef enum dsgd_allreduce_algo {
     DSGD_ALLREDUCE_DIRECT
 } dsgd_allreduce_algo;
 
-/* Names for messages and benchmarks: "sum", "ring", ...; never NULL. */
+/* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
+   values. Never NULL.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op);
 DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
 
 /* The block of `count` elements that rank `index` of n owns in reduce-scatter
    and all-gather: the first count % n ranks get count / n + 1 elements, the
-   others count / n, in rank order. *offset and *len may not be NULL; n >= 1
-   and 0 <= index < n (otherwise both are set to 0). */
+   others count / n, in rank order. *offset and *len may not be NULL.
+   Errors: none (n < 1 or index outside [0, n): both are set to 0).
+   Thread safety: any thread. */
 DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
 
 typedef struct dsgd_comm_desc {
-    double timeout_s;   /* default deadline of each collective in seconds; 0: 30 */
+    double timeout_s;   /* default deadline of each collective in seconds; 0: 30;
+                           at most 1e7 */
     size_t piece_bytes; /* large buffers are processed in pieces of this size so
-                           that a step's working set stays in cache; 0: 256 KiB.
-                           Must be equal on all ranks (the results do not
-                           depend on it). */
+                           that a step's working set stays in cache; 0: 256 KiB;
+                           clamped to 256 B..1 GiB. Must be equal on all ranks
+                           (the results do not depend on it). */
 } dsgd_comm_desc;
 
 typedef struct dsgd_comm dsgd_comm;
 
-/* Creates rank transport->rank's communicator over the endpoint (copied; it
-   must stay valid until dsgd_comm_destroy). desc may be NULL (defaults).
-   Errors recorded on ctx: DSGD_ERR_INVALID_ARGUMENT (ctx, transport or out
-   NULL, size < 1, rank outside [0, size), send or recv missing, negative or
-   NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: the communicator, like ctx, is used by one thread at a time. */
+/* Creates rank transport->rank's communicator over the endpoint (the table
+   is copied; its impl must stay valid until dsgd_comm_destroy). desc may be
+   NULL (defaults).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
+   recorded; transport or out NULL; size < 1; rank outside [0, size); send or
+   recv missing; a negative or NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the communicator, like ctx, is then
+   used by one thread at a time (the rank's). */
 DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *transport,
                                       const dsgd_comm_desc *desc, dsgd_comm **out);
+/* Frees the communicator, not the endpoint (its owner frees that); comm
+   NULL: nothing.
+   Thread safety: the communicator's thread. */
 DSGD_API void dsgd_comm_destroy(dsgd_comm *comm);
+/* dsgd_comm_rank, dsgd_comm_size: this rank and the group's size (comm NULL:
+   -1 and 0). dsgd_comm_ctx: the context errors are recorded on (NULL).
+   Errors: none. Thread safety: any thread while comm lives (fixed at
+   creation). */
 DSGD_API int dsgd_comm_rank(const dsgd_comm *comm);
 DSGD_API int dsgd_comm_size(const dsgd_comm *comm);
 DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *comm);
 /* The number of collectives started so far: the first collective is #1, and
    the number is the same on every rank after the same calls. Calls rejected
-   for a bad argument do not count. */
+   before they start (a bad argument, a broken communicator) do not count.
+   Errors: none (comm NULL: 0). Thread safety: the communicator's thread. */
 DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *comm);
 /* The algorithm AUTO would run for count floats on this communicator
-   (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used). */
+   (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used;
+   DSGD_ALLREDUCE_RING for one rank or comm NULL, where nothing is exchanged).
+   Errors: none. Thread safety: any thread while comm lives. */
 DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t count);
 
 /* All-reduce of buf[0..count) in place: on return every rank holds op over
    all ranks' inputs, bitwise identical on all ranks. timeout_s: 0 the
-   communicator's default, > 0 this call's deadline, negative invalid.
-   Errors recorded on the communicator's ctx: DSGD_ERR_INVALID_ARGUMENT
-   (comm NULL (nothing recorded), buf NULL with count > 0, unknown op or
-   algorithm, negative timeout), DSGD_ERR_TIMEOUT (names the rank waited
-   for and the sequence number), DSGD_ERR_STATE (transport aborted, protocol
-   mismatch such as different counts on different ranks, communicator broken
-   by an earlier failure), DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: one thread per communicator; all ranks call concurrently. */
+   communicator's default, > 0 this call's deadline, negative invalid. With
+   one rank or count 0 it returns at once (and still counts in
+   dsgd_comm_seq).
+   Errors (recorded on the communicator's ctx): DSGD_ERR_INVALID_ARGUMENT
+   (comm NULL, nothing recorded; buf NULL with count > 0; an unknown op or
+   algorithm; a negative or NaN timeout; count * 4 bytes overflowing size_t),
+   DSGD_ERR_UNSUPPORTED (DIRECT on a transport without share/unshare),
+   DSGD_ERR_TIMEOUT (names the rank waited for and the sequence number),
+   DSGD_ERR_STATE (transport aborted, protocol mismatch such as different
+   counts on different ranks, communicator broken by an earlier failure),
+   DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce
+   hook returns. A failure in the exchange (all but the argument checks and
+   DSGD_ERR_UNSUPPORTED) breaks the communicator: later collectives return
+   DSGD_ERR_STATE.
+   Thread safety: the communicator's thread; all ranks call concurrently. */
 DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *comm, float *buf, size_t count,
                                     dsgd_reduce_op op, dsgd_allreduce_algo algo,
                                     double timeout_s);
 /* Reduce-scatter in place (ring): on return this rank's block of buf (see
    dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
-   for that block; the rest of buf is unspecified. Errors as dsgd_allreduce. */
+   for that block; the rest of buf is unspecified.
+   Errors: as dsgd_allreduce, without the algorithm and DSGD_ERR_UNSUPPORTED.
+   Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t count,
                                          dsgd_reduce_op op, double timeout_s);
 /* All-gather in place (ring): on entry each rank's block of buf (see
    dsgd_block_range) holds its contribution; on return buf holds every
-   rank's block on every rank. Errors as dsgd_allreduce. */
+   rank's block on every rank.
+   Errors: as dsgd_allreduce, without the op, the algorithm and
+   DSGD_ERR_UNSUPPORTED.
+   Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
                                     double timeout_s);
 /* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
-   in pieces). Errors as dsgd_allreduce, and root outside [0, size). */
+   in pieces); every rank passes the same root.
+   Errors: as dsgd_allgather, and DSGD_ERR_INVALID_ARGUMENT for root outside
+   [0, size).
+   Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
                                     double timeout_s);
 /* Returns once every rank has entered the barrier (dissemination, ceil(log2
-   N) rounds of empty messages). Errors as dsgd_allreduce. */
+   N) rounds of empty messages).
+   Errors: as dsgd_allgather (no buffer).
+   Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
 
 #ifdef __cplusplus
@@ -946,7 +1186,8 @@ typedef enum dsgd_synchronization {
     DSGD_SYNC_ON_READ = 3   /* each replica writes its own copy; reads from the strategy aggregate */
 } dsgd_synchronization;
 
-/* "SUM", "ON_READ", ...; never NULL. */
+/* "SUM", "ON_READ", ...; "?" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a);
 DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
 
@@ -954,7 +1195,8 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
 
 typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
-    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, loopback all-reduce in lockstep */
+    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
+                                     lockstep (see dsgd_gradient_path) */
 } dsgd_strategy_kind;
 
 /* What a training step does when a gradient holds NaN or infinity on any
@@ -968,8 +1210,8 @@ typedef enum dsgd_nonfinite_policy {
     DSGD_NONFINITE_ERROR = 1 /* every replica returns DSGD_ERR_NON_FINITE */
 } dsgd_nonfinite_policy;
 
-/* Creates replica `replica`'s backend, on ctx (the replica's context). */
-/* How a synchronous step's gradients are summed across replicas. */
+/* How a synchronous step's gradients are summed across replicas (see
+   BACKENDS at the top of this file). */
 typedef enum dsgd_gradient_path {
     DSGD_GRADIENTS_AUTO = 0, /* DEVICE when every replica's backend can reach
                                 every other's buffers (OpenCL backends on one
@@ -979,11 +1221,11 @@ typedef enum dsgd_gradient_path {
                                 all-reduce is as fast (measured on PoCL:
                                 bench/mirrored_cl) */
     DSGD_GRADIENTS_HOST,     /* through host memory and the transport: each
-                                replica maps its gradient buffer (zero-copy on
-                                devices that share memory), or else copies it
-                                to a host staging buffer and back; then
-                                dsgd_allreduce with the strategy's algorithm
-                                and buckets */
+                                replica uses its gradient buffer's host pointer
+                                (CPU backend), or maps it (zero-copy on devices
+                                that share memory), or else copies it to a host
+                                staging buffer and back; then dsgd_allreduce
+                                with the strategy's algorithm and buckets */
     DSGD_GRADIENTS_DEVICE    /* on the devices, with no host copy: after a
                                 barrier, replica r sums block r (see
                                 dsgd_block_range) of every replica's gradient
@@ -991,11 +1233,18 @@ typedef enum dsgd_gradient_path {
                                 of them (backend sum_across; 2*N*S bytes moved
                                 for S bytes of gradient in all), then a second
                                 barrier. algorithm and bucket_bytes are unused.
-                                dsgd_strategy_create fails with
+                                Gives the bits of HOST with the DIRECT
+                                algorithm. dsgd_strategy_create fails with
                                 DSGD_ERR_INVALID_ARGUMENT when the backends
-                                cannot do it */
+                                cannot do it (with one replica nothing is
+                                exchanged and the path resolves to HOST) */
 } dsgd_gradient_path;
 
+/* Creates replica `replica`'s backend in *out, recording errors on ctx (the
+   replica's context, which outlives the backend). Called by
+   dsgd_strategy_create on its thread, for replicas 0..N-1 in order; the
+   strategy destroys each backend with its destroy member. A result other
+   than DSGD_OK makes dsgd_strategy_create fail with it. */
 typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
                                             dsgd_backend_i *out);
 
@@ -1005,10 +1254,11 @@ typedef struct dsgd_strategy_desc {
     dsgd_model_desc model;          /* every replica's model; max_batch is per replica;
                                        model.backend is ignored (see backend_factory) */
     dsgd_optimizer_desc optimizer;  /* every replica's optimizer */
-    dsgd_allreduce_algo algorithm;  /* gradient all-reduce; default AUTO */
-    size_t bucket_bytes;            /* all-reduce the gradient in buckets of this many
-                                       bytes; 0: one bucket (the whole flat buffer) */
-    dsgd_nonfinite_policy nonfinite;
+    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (HOST path); default AUTO */
+    size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
+                                       this many bytes; 0: one bucket (the whole flat
+                                       buffer) */
+    dsgd_nonfinite_policy nonfinite; /* default SKIP */
     double timeout_s;               /* deadline of every collective; default 30 s */
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
     void *backend_user_data;
@@ -1029,23 +1279,40 @@ typedef struct dsgd_replica dsgd_replica;
 typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
 
 /* Creates a strategy: N replicas, each with its own context (labelled
-   "replica r", with ctx's logger), backend, model, optimizer and
-   communicator. All replicas start from the same weights (desc->model.seed).
-   Errors recorded on ctx: DSGD_ERR_INVALID_ARGUMENT (NULL, num_replicas < 0
-   or > 256, ONE_DEVICE with more than one replica, bad model or optimizer
-   desc), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a thread could not start).
-   Thread safety: every dsgd_strategy_* function is called from one thread,
-   the one that owns ctx; the replicas' threads are the library's. */
+   "replica r", with ctx's logger), backend, model, optimizer and, for N > 1,
+   communicator over one loopback hub, and N - 1 threads that run replicas
+   1..N-1. All replicas start from the same weights (desc->model.seed). The
+   gradient path is resolved here (dsgd_strategy_gradient_path).
+   Errors (recorded on ctx; a replica's failure is copied from its context):
+   DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
+   policy, algorithm or gradient path; num_replicas < 0 or > 256; ONE_DEVICE
+   with more than one replica; a negative or NaN timeout; a bad model or
+   optimizer desc; gradient_path DEVICE with several replicas when a backend
+   lacks sum_across or cannot reach another's buffers),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object or thread could
+   not be created), backend errors and whatever backend_factory returns.
+   Thread safety: the context's thread, which then drives the strategy:
+   every dsgd_strategy_* function is called from it. */
 DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc,
                                           dsgd_strategy **out);
+/* Stops and joins the replicas' threads and frees everything the strategy
+   created (backends through their destroy member); s NULL: nothing.
+   Thread safety: the strategy's thread, not inside dsgd_strategy_run. */
 DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
+/* dsgd_strategy_num_replicas: N (s NULL: 0).
+   dsgd_strategy_gradient_path: the path resolved at creation, HOST or DEVICE
+   (HOST with one replica, where nothing is exchanged; s NULL: HOST).
+   Errors: none. Thread safety: any thread while s lives (fixed at
+   creation). */
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
-/* The gradient path the strategy resolved (HOST or DEVICE; HOST with one
-   replica, where nothing is exchanged). */
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
-/* "auto", "host", "device". */
+/* "auto", "host", "device"; "unknown" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
-/* Replica r's model, for inspection between steps (NULL if r is out of range). */
+/* Replica r's model, for inspection between steps (NULL when s is NULL or r
+   is out of range).
+   Errors: none. Thread safety: any thread while s lives (fixed at creation);
+   use the model itself only from the strategy's thread, between calls. */
 DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
 
 /* Sets the aggregation of a model variable (by name, e.g. "dense0/kernel", or
@@ -1059,7 +1326,11 @@ DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
      ONLY_FIRST_REPLICA  replica 0's mean gradient, used by all
    NONE is rejected (a mirrored variable updated in replica context needs an
    aggregation, as in tf.distribute), and so is ON_READ (only non-trainable
-   variables may be ON_READ). Errors: DSGD_ERR_INVALID_ARGUMENT. */
+   variables may be ON_READ).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; variable NULL
+   or not a model variable; aggregation NONE or unknown; synchronization
+   other than AUTO or ON_WRITE).
+   Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable,
                                                    dsgd_aggregation aggregation,
                                                    dsgd_synchronization synchronization);
@@ -1068,39 +1339,75 @@ DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char 
    y (count, target_dim). The batch is sharded in contiguous slices: replica
    r takes dsgd_block_range(count, N, r) (the first count % N replicas take
    one sample more). Every replica then computes its gradient, the replicas
-   agree on finiteness, all-reduce the flat gradient buffer (SUM, after the
-   per-variable scaling above), and apply the same optimizer update, so their
+   agree on finiteness, sum the flat gradient buffers (SUM, after the
+   per-variable scaling above; on the host or on the devices, see
+   dsgd_gradient_path), and apply the same optimizer update, so their
    weights stay bitwise identical. A replica whose slice is empty (count < N)
-   contributes a zero gradient. count may be 1..N * max_batch.
-   Errors: DSGD_ERR_INVALID_ARGUMENT, DSGD_ERR_NON_FINITE (policy ERROR), the
-   first failing replica's error (its message names it), DSGD_ERR_TIMEOUT;
-   after a failed collective the strategy is unusable (DSGD_ERR_STATE). */
+   contributes a zero gradient. count may be 1..N * max_batch. info may be
+   NULL.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; x or y NULL; count out of range),
+   DSGD_ERR_NON_FINITE (policy ERROR), DSGD_ERR_TIMEOUT, DSGD_ERR_STATE (the
+   strategy is unusable), or the error of the replica whose failure explains
+   most (its own before a failed collective before an echo of another's;
+   the lowest replica among equals), with its message, which names it. A
+   replica's failure before the exchange (e.g. a class index out of range)
+   fails the step everywhere and leaves the strategy usable; after a failed
+   collective or a timeout it is unusable: later calls return
+   DSGD_ERR_STATE.
+   Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y,
                                               int count, dsgd_step_info *info);
 /* A sharded forward pass; loss and accuracy accumulate per replica in the
-   EVAL metrics (ON_READ variables, read with dsgd_strategy_take_metrics). */
+   EVAL metrics (read with dsgd_strategy_take_metrics). y may be NULL (no
+   metrics).
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; x NULL; count outside 1..N * max_batch; a class
+   index out of range), DSGD_ERR_STATE (the strategy is unusable), a
+   replica's backend error.
+   Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
                                               int count);
-/* Reads the TRAIN or EVAL metrics: the ON_READ SUM variables
-   "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot "train" or
-   "eval"), summed over replicas in rank order like strategy.reduce(SUM), then
-   resets them on every replica. TRAIN counts every sample a train step
-   computed a loss for, skipped steps included. The accumulators are floats:
-   counts are exact up to 2^24 samples between two takes. */
+/* Reads the TRAIN or EVAL metrics and resets them. They are the ON_READ SUM
+   variables "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot
+   "train" or "eval"): each replica's model accumulators are first moved into
+   its copies, then the copies are summed over replicas in rank order like
+   strategy.reduce(SUM) and reset on every replica. TRAIN counts every sample
+   a train step computed a loss for, skipped steps included. The
+   accumulators are floats: counts are exact up to 2^24 samples between two
+   takes.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL; an
+   unknown slot), a replica's backend error (copied to the strategy's ctx).
+   Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot,
                                                 dsgd_metrics *out);
 
 /* Runs fn on every replica at once (replica context, like strategy.run):
-   replica 0 on the calling thread, the others on the strategy's threads.
-   Returns DSGD_OK if every call did, else the lowest failing replica's
-   result, its message copied to the strategy's ctx. */
+   replica 0 on the calling thread, the others on the strategy's threads; it
+   returns when all have returned. A collective in fn must be called by every
+   replica, or the others wait until their deadline.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL),
+   DSGD_ERR_STATE (the strategy is unusable), else DSGD_OK if every call
+   returned it, or the lowest failing replica's result (a failure of its own
+   preferred over one in a collective), its message copied to the
+   strategy's ctx. A failed collective or a DSGD_ERR_TIMEOUT makes the
+   strategy unusable.
+   Thread safety: the strategy's thread; fn runs on N threads at once. */
 DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data);
 
+/* Replica context getters (r NULL: -1, 0 or NULL):
+     dsgd_replica_id     the replica's rank, 0..N-1
+     dsgd_replica_count  N
+     dsgd_replica_ctx, dsgd_replica_model, dsgd_replica_comm
+                         the replica's own context, model and communicator
+                         (comm NULL with one replica)
+   Errors: none. Thread safety: the replica's thread, inside
+   dsgd_strategy_run; the objects they return belong to that thread while fn
+   runs. */
 DSGD_API int dsgd_replica_id(const dsgd_replica *r);
 DSGD_API int dsgd_replica_count(const dsgd_replica *r);
 DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r);
 DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r);
-/* The replica's communicator (NULL under ONE_DEVICE). */
 DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
 
 /* ---------------------------------------------------------------- distributed variables */
@@ -1120,7 +1427,11 @@ typedef struct dsgd_dvar_desc {
    Rejected with DSGD_ERR_INVALID_ARGUMENT, as tf.distribute rejects them:
    synchronization NONE; ON_READ with trainable set; ON_READ with aggregation
    NONE (tf.distribute fails when such a variable is read across replicas;
-   here it fails at creation); unknown enum values. *id receives the handle. */
+   here it fails at creation); unknown enum values. *id receives the handle.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
+   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
+   name in use; count 0), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
                                                    int *id);
 /* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
@@ -1128,28 +1439,50 @@ DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_
                combined by the aggregation (SUM: sum; MEAN: mean;
                ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
                result. NONE: DSGD_ERR_INVALID_ARGUMENT on every replica.
-     ON_READ:  writes this replica's copy only; no communication. */
+     ON_READ:  writes this replica's copy only; no communication.
+   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
+   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
+   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
+   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE, ...).
+   Thread safety: the replica's thread, inside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
 /* As dsgd_replica_assign, with the copy incremented by the combined delta
-   (ON_WRITE) or by the replica's own delta (ON_READ). */
+   (ON_WRITE) or by the replica's own delta (ON_READ).
+   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
 DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
-/* This replica's copy. */
+/* Copies this replica's copy to out (count floats).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
+   id; out NULL). Thread safety: the replica's thread, inside
+   dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
 /* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
    variables give replica 0's copy (all copies are equal); ON_READ variables
-   give the SUM or MEAN of the copies in rank order, or replica 0's copy
-   for ONLY_FIRST_REPLICA. */
+   give the SUM or MEAN of the copies in rank order (added in double), or
+   replica 0's copy for ONLY_FIRST_REPLICA.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
-/* What replica `replica` holds, without aggregation. */
+/* What replica `replica` holds, without aggregation.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL; replica outside [0, N)). Thread safety: the strategy's
+   thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
 /* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
    ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
    variables get value / N in every copy, so that a read gives value back
-   (as tf.distribute does). */
+   (as tf.distribute does).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; value NULL). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
-/* Finds a variable by name (-1 if none). The metrics are the ON_READ SUM
-   variables "metrics/train/loss_sum", "metrics/train/correct",
-   "metrics/train/count" and the same under "metrics/eval/". */
+/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
+   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
+   "metrics/train/count" and the same under "metrics/eval/"; between two
+   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
+   there (the models' own accumulators are added in by the take).
+   Errors: none. Thread safety: the strategy's thread, or any replica's
+   inside dsgd_strategy_run (no variable is created then). */
 DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
 
 #ifdef __cplusplus
@@ -2761,7 +3094,7 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
                                   d.label_column, d.num_classes, d.header_lines);
     scale = d.feature_scale == 0.0f ? 1.0f : d.feature_scale;
     text = dsgd__read_text(ctx, path, &len);
-    if (!text) return dsgd_ctx_last_result(ctx);
+    if (!text) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
     stop = text + len;
 
     /* pass 1: shape */
@@ -4372,8 +4705,12 @@ static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int
    sum_across and to reach every other replica's buffers; AUTO also wants
    some replica's buffers outside host-shared memory. */
 static dsgd_result dsgd__strategy_resolve_path(dsgd_strategy *s) {
-    int i, j, ok = s->n > 1;
-    const char *why = "there is one replica";
+    int i, j, ok = 1;
+    const char *why = "";
+    if (s->n == 1) { /* nothing to exchange, whatever the desc asks */
+        s->path = DSGD_GRADIENTS_HOST;
+        return DSGD_OK;
+    }
     for (i = 0; i < s->n && ok; ++i) {
         const dsgd_backend_i *bi = &s->reps[i].be;
         if (!bi->sum_across || !bi->can_access) {
@@ -5004,17 +5341,43 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
 
 #endif /* DSGD__STRATEGY_IMPL */
 
+/* ------------------------------------------------------------------------
+   LICENCE (also in the file LICENSE)
+
+   MIT License
+
+   Copyright (c) 2026 the distsgd authors
+
+   Permission is hereby granted, free of charge, to any person obtaining a copy
+   of this software and associated documentation files (the "Software"), to deal
+   in the Software without restriction, including without limitation the rights
+   to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+   copies of the Software, and to permit persons to whom the Software is
+   furnished to do so, subject to the following conditions:
+
+   The above copyright notice and this permission notice shall be included in all
+   copies or substantial portions of the Software.
+
+   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+   IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+   FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+   AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+   LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+   OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+   SOFTWARE.
+*/
+
 /* ======== distsgd_cl.h (only with DISTSGD_WITH_OPENCL) ======== */
 #ifdef DISTSGD_WITH_OPENCL
 /* distsgd_cl.h - v0.1.0 - OpenCL backend for distsgd (GEMM by CLBlast, every
-   other operation by our own OpenCL C kernels).
+   other computation by our own OpenCL C kernels).
    MIT licence (see the end of distsgd.h).
 
    This header adds a dsgd_backend_i that runs on any OpenCL 1.2 device (AMD,
    Intel and NVIDIA GPUs, CPUs through PoCL) through the Khronos ICD loader.
    Matrix products go to CLBlast's C API; bias, activations, losses, optimizer
-   updates, scale/axpy and the non-finite check are kernels embedded below as
-   source and built once per context.
+   updates, scale/axpy, the non-finite check and the cross-replica gradient
+   sum are kernels embedded below as source and built once per context.
 
    USING IT
 
@@ -5032,7 +5395,7 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      On Debian/Ubuntu: ocl-icd-opencl-dev opencl-headers libclblast-dev, plus a
      driver (ICD): pocl-opencl-icd for the CPU, or the GPU vendor's (below).
 
-   A COMPLETE PROGRAM (a model on the default OpenCL device)
+   A COMPLETE PROGRAM (C99; a model on the default OpenCL device)
 
          #define DISTSGD_IMPLEMENTATION
          #define DISTSGD_CL_IMPLEMENTATION
@@ -5064,6 +5427,19 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
              return 0;
          }
 
+   CONFIGURATION
+
+     dsgd_cl_context_desc (which devices, GEMM tuning, extra kernel build
+     options) and dsgd_cl_backend_desc (device index, buffer placement,
+     profiling), where zero means the default as in distsgd.h; either may be
+     passed as NULL. Environment: DSGD_CL_DEVICE, DSGD_CL_PLATFORM and
+     DSGD_CL_DEVICE_TYPE when desc.device is NULL (see DEVICES);
+     DSGD_CL_TUNE_CACHE, XDG_CACHE_HOME and HOME (see GEMM TUNING);
+     POCL_CACHE_DIR (see COLD START). Compile time: CL_TARGET_OPENCL_VERSION
+     (default 120) and CL_USE_DEPRECATED_OPENCL_1_2_APIS are defined unless
+     already set; when distsgd.h's allocator is replaced (DSGD_MALLOC,
+     DSGD_REALLOC, DSGD_FREE) this file's host allocations use it too.
+
    DEVICES
 
      dsgd_cl_list_devices() lists every device of every platform, numbered in
@@ -5085,26 +5461,67 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
                                type and no index
 
      Several devices: desc.max_devices > 1 opens up to that many devices of
-     the chosen platform (of the chosen device's type) in one cl_context.
-     Replicas go round-robin: replica r's backend uses device
-     r % dsgd_cl_context_num_devices(). Any number of backends may share a
-     context and a device; each has its own in-order command queue.
+     the chosen platform (of the chosen device's type) in one cl_context. A
+     backend runs on one of them (dsgd_cl_backend_desc.device); a strategy's
+     backend_factory usually places replica r on device
+     r % dsgd_cl_context_num_devices() (examples/mirrored_mlp.c does). Any
+     number of backends may share a context and a device; each has its own
+     in-order command queue.
 
-     Gradients reach a transport through mapped buffers: dsgd_cl_map()
-     returns a host pointer to a range of a buffer. Buffers are allocated with
-     CL_MEM_ALLOC_HOST_PTR where the device shares memory with the host
-     (CL_DEVICE_HOST_UNIFIED_MEMORY: CPUs, integrated GPUs), so mapping there
-     copies nothing. buffer_host_ptr() returns NULL: OpenCL buffers are never
-     permanently host-addressable.
+   BACKENDS
+
+     dsgd_cl_backend_create fills every member of dsgd_backend_i, the
+     optional ones included (buffer_host_ptr always answers NULL: OpenCL
+     buffers are never permanently host-addressable). Among them:
+       finish        clFinish on the backend's queue
+       map, unmap    blocking clEnqueueMapBuffer (read and write) and
+                     clEnqueueUnmapMemObject (also dsgd_cl_map/dsgd_cl_unmap)
+       host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
+                     so that mapping copies nothing: by default on devices
+                     with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
+                     GPUs); dsgd_cl_backend_desc.host_visible forces it
+                     either way
+       can_access    1 for every OpenCL backend of the same dsgd_cl_context
+                     (a cl_mem works on every device of its context)
+       sum_across    our kernels: up to 8 buffers summed and written back in
+                     one launch; more through the backend's scratch buffer, 8
+                     a launch, in the same order
+     So a strategy over OpenCL backends of one context (see BACKENDS in
+     distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
+     backend's buffers are the device's own (a discrete GPU, or host_visible
+     = -1): each replica sums its block of every replica's gradient on its
+     device between two barriers and nothing is copied to the host. On PoCL
+     and integrated GPUs it takes the HOST path, where map is zero-copy and
+     the host's all-reduce is as fast. Backends of different contexts can
+     only use HOST.
+
+     GEMM: CLBlast's indirect GEMM transposes and pads its operands into a
+     temporary buffer, which CLBlast would create and free on every call.
+     Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
+     the largest size a call has needed (CLBlastSGemmTempBufferSize); its
+     in-order queue keeps two GEMMs from using it at once.
+
+   TRANSPORTS
+
+     This header adds no transport: replicas on OpenCL backends synchronise
+     over distsgd.h's (the loopback, in one process). On the HOST gradient
+     path the gradients reach the transport through map: zero-copy with
+     host-shared buffers, else a device-to-host copy and a copy back per
+     step. On the DEVICE path only the finiteness flag and two barriers
+     cross the transport.
 
    GEMM TUNING
 
      CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
      (PoCL on a CPU above all) they can be several times slower than good ones.
-     tools/cl_tune searches CLBlast's Xgemm parameters (and the size below which
-     CLBlast's single-kernel "direct" GEMM is used, XGEMM_MIN_INDIRECT_SIZE) at
-     the shapes a model uses, within a time bound, checks every candidate's
-     results, and writes the winner to a per-device cache file:
+     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
+     candidates made for the device's float vector width,
+     dsgd_cl_device_info.vector_width, among them) and the size below which
+     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
+     at the shapes a model uses, within a time bound. It times candidates
+     with dsgd_cl_gemm_measure (back-to-back GEMMs with one finish per
+     sample, as in a training step), checks every candidate's results, and
+     writes the winner to a per-device cache file:
 
          $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
                                         or exists as one)
@@ -5142,8 +5559,10 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      DSGD_ERR_BACKEND. A kernel build failure's message carries the build log
      (the full log is also logged at DSGD_LOG_ERROR). No platform or no
      matching device is DSGD_ERR_BACKEND with a message saying which and how
-     to get one. Bad arguments (ranges outside a buffer, bad sizes) are
-     DSGD_ERR_INVALID_ARGUMENT, as on the CPU backend.
+     to get one. Bad arguments (ranges outside a buffer, a buffer of another
+     context or backend, bad sizes) are DSGD_ERR_INVALID_ARGUMENT, as on the
+     CPU backend. dsgd_cl_map and dsgd_cl_unmap given a non-OpenCL backend,
+     and dsgd_cl_tune_cache_path, have no context and return the code alone.
 
    PRECISION (against the CPU reference backend)
 
@@ -5154,16 +5573,25 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      and norm_check accumulate in double when every device of the context has
      cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
      are float, summed in double on the host). Reductions have a fixed order
-     for a given size and device: same inputs, same bits.
+     for a given size and device: same inputs, same bits. sum_across adds in
+     float in rank order, as the host's DSGD_ALLREDUCE_DIRECT does, so the
+     DEVICE and HOST gradient paths give the same bits with that algorithm.
 
    THREAD SAFETY
 
      A dsgd_cl_context may be shared by backends used from different threads
      (OpenCL contexts and programs are thread-safe); create and destroy it on
-     one thread while no backend uses it. Each backend (its queue and kernel
-     objects) is used by one thread at a time, like its dsgd_ctx. CLBlast is
-     not safe for concurrent first calls, so every CLBlast call goes through
-     one process-wide mutex (the only global state of distsgd).
+     one thread while no backend uses it. Each backend (its queue, kernel
+     objects, scratch and GEMM temporary buffers) is used by one thread at a
+     time, like its dsgd_ctx. A backend's sum_across reads and writes other
+     backends' buffers: every backend involved must have finished the work
+     that touches those ranges before it runs, and they may use them again
+     only once it has finished (the strategy's DEVICE path does this with
+     finish and two barriers). CLBlast is not safe for concurrent first
+     calls, so every CLBlast call (with the growth of a backend's GEMM
+     temporary buffer) goes through one process-wide mutex, the only global
+     state of distsgd. Functions of their arguments alone (names, error
+     strings, dsgd_cl_gemm_params_valid, ...) run on any thread.
 */
 #ifndef DISTSGD_CL_H
 #define DISTSGD_CL_H
@@ -5218,20 +5646,26 @@ typedef struct dsgd_cl_device_info {
     int fp64;           /* cl_khr_fp64 */
     int unified_memory; /* CL_DEVICE_HOST_UNIFIED_MEMORY */
     unsigned vector_width; /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT (16 on
-                              PoCL with AVX-512, usually 1 on GPUs) */
+                              PoCL with AVX-512, usually 1 on GPUs; 0 when
+                              the driver does not answer); tools/cl_tune
+                              makes register-tiled GEMM candidates for it */
 } dsgd_cl_device_info;
 
 /* Lists every device of every platform. Fills out[0 .. min(capacity, total))
    and sets *count to the total (so capacity 0 with out NULL counts them).
    No OpenCL platform at all is not an error here: *count is 0.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (count NULL), DSGD_ERR_BACKEND.
-   Thread safety: any thread. */
+   Errors (recorded on ctx, which may be NULL): DSGD_ERR_INVALID_ARGUMENT
+   (count NULL, capacity < 0, out NULL with capacity > 0), DSGD_ERR_BACKEND
+   (clGetPlatformIDs failed), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx). */
 DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out,
                                           int capacity, int *count);
-/* "gpu", "cpu", "accelerator", "all", "default". */
+/* "gpu", "cpu", "accelerator", "all"; "default" for DEFAULT and any other
+   value. Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t);
 /* The name of an OpenCL or CLBlast error code ("CL_OUT_OF_RESOURCES",
-   "CLBlastInvalidLeadDimA"); "unknown OpenCL error" otherwise. Never NULL. */
+   "CLBlastInvalidLeadDimA"); "unknown OpenCL error" otherwise. Never NULL.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_error_string(int code);
 
 /* ---------------------------------------------------------------- context */
@@ -5243,7 +5677,8 @@ typedef enum dsgd_cl_tuning {
 
 typedef struct dsgd_cl_context_desc {
     const char *device;    /* device spec (see DEVICES); NULL: the environment */
-    int max_devices;       /* devices to open for round-robin placement; 0: 1 */
+    int max_devices;       /* open up to this many devices (see DEVICES); 0: 1;
+                              at most DSGD_CL_MAX_DEVICES */
     dsgd_cl_tuning tuning; /* default AUTO */
     const char *tune_cache; /* file or directory; NULL: $DSGD_CL_TUNE_CACHE, else
                                the user cache directory (see GEMM TUNING) */
@@ -5255,21 +5690,38 @@ typedef struct dsgd_cl_context dsgd_cl_context;
 
 /* Opens the chosen device(s) in one cl_context, builds our kernels for them,
    and applies each device's tuned GEMM parameters (see GEMM TUNING). desc may
-   be NULL (all defaults). Errors: DSGD_ERR_BACKEND (no platform, no matching
-   device, an OpenCL error, a kernel build failure with its log),
-   DSGD_ERR_INVALID_ARGUMENT (bad spec), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: any thread; see THREAD SAFETY for sharing. */
+   be NULL (all defaults). ctx receives errors and log messages; the context
+   keeps no pointer to it. A tuning file that cannot be applied is not an
+   error: it is a DSGD_LOG_WARN message.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, max_devices
+   outside 0..DSGD_CL_MAX_DEVICES, a device spec, DSGD_CL_PLATFORM or
+   DSGD_CL_DEVICE_TYPE that does not parse), DSGD_ERR_BACKEND (no platform,
+   a platform index out of range, no matching device, an OpenCL error, a
+   kernel build failure with its log), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx); see THREAD SAFETY for
+   sharing the context. */
 DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
                                             dsgd_cl_context **out);
-/* Destroys the context; every backend created from it must be destroyed first. */
+/* Destroys the context (c NULL: nothing); every backend created from it must
+   be destroyed first.
+   Thread safety: one thread, once no backend of c exists. */
 DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c);
+/* Getters (c NULL, or i out of range: 0 or NULL):
+     dsgd_cl_context_num_devices  devices opened (1..DSGD_CL_MAX_DEVICES)
+     dsgd_cl_context_device_info  information on the context's device i
+     dsgd_cl_context_gemm_tuned   1 when device i runs with tuned GEMM
+                                  parameters applied by this library (from a
+                                  cache file or dsgd_cl_apply_gemm_params)
+     dsgd_cl_context_fp64         1 when the kernels accumulate in double
+                                  (every device has cl_khr_fp64)
+     dsgd_cl_context_handle, dsgd_cl_context_device
+                                  the OpenCL context and device i, for your
+                                  own OpenCL calls (owned by c)
+   Errors: none. Thread safety: any thread while c lives (fixed at creation;
+   gemm_tuned also changes with dsgd_cl_apply_gemm_params). */
 DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c);
-/* Information on the context's device i (NULL when i is out of range). */
 DSGD_API const dsgd_cl_device_info *dsgd_cl_context_device_info(const dsgd_cl_context *c, int i);
-/* 1 when device i runs with tuned GEMM parameters applied by this library
-   (from a cache file or dsgd_cl_apply_gemm_params), else 0. */
 DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i);
-/* 1 when the kernels accumulate in double (every device has cl_khr_fp64). */
 DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
@@ -5279,40 +5731,64 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 typedef struct dsgd_cl_backend_desc {
     int device;       /* index into the context's devices; default 0 */
     int host_visible; /* 0: CL_MEM_ALLOC_HOST_PTR buffers where the device has
-                         unified memory; 1: always; -1: never */
+                         unified memory; 1 (> 0): always; -1 (< 0): never.
+                         host_shared answers accordingly, which steers a
+                         strategy's AUTO gradient path (see BACKENDS) */
     int profiling;    /* non-zero: the queue has CL_QUEUE_PROFILING_ENABLE */
 } dsgd_cl_backend_desc;
 
 /* Fills *out with an OpenCL backend on device desc->device of context c, with
-   its own command queue. desc may be NULL. Errors are recorded on ctx, which
-   must outlive the backend, as must c. Destroy with out->destroy(out->impl).
-   Errors: DSGD_ERR_INVALID_ARGUMENT, DSGD_ERR_BACKEND, DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: one backend per thread at a time. */
+   its own in-order command queue, kernel objects and buffers (see BACKENDS
+   for the members it sets). desc may be NULL. Errors are recorded on ctx,
+   which must outlive the backend, as must c. Destroy with
+   out->destroy(out->impl).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or c NULL, device
+   outside the context's devices), DSGD_ERR_BACKEND (creating the queue, a
+   kernel or a buffer), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx); the backend is then used by
+   one thread at a time. */
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c,
                                             const dsgd_cl_backend_desc *desc,
                                             dsgd_backend_i *out);
-/* 1 when b was made by dsgd_cl_backend_create. */
+/* dsgd_cl_is_backend: 1 when b was made by dsgd_cl_backend_create, else 0.
+   dsgd_cl_backend_queue, _device, _context: its queue, device and context
+   (NULL when b is NULL or not OpenCL), for your own OpenCL calls; the
+   backend owns them.
+   Errors: none. Thread safety: any thread while b lives (fixed at creation;
+   commands you enqueue on the queue follow the backend's thread rule). */
 DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b);
-/* The backend's queue, device and context (NULL when b is not OpenCL). */
 DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b);
 DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b);
 DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b);
-/* The cl_mem of a buffer made by an OpenCL backend (the ref's offsets are in
-   floats from its start). */
+/* The cl_mem of a buffer made by an OpenCL backend (a ref's offset counts
+   floats from its start); NULL for NULL or for another backend's buffer
+   (recognised by a tag the OpenCL backend's buffers start with).
+   Errors: none. Thread safety: any thread while the buffer lives. */
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
 
 #define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
 #define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
 
 /* Maps count floats at ref into host memory after all queued work is done
-   (blocking). Zero-copy on devices with unified memory. Each map must be
-   undone by dsgd_cl_unmap before kernels use the range again.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (not an OpenCL backend, range outside the
-   buffer, flags 0), DSGD_ERR_BACKEND. */
+   (blocking); *out is NULL on failure. Zero-copy when the buffer is
+   CL_MEM_ALLOC_HOST_PTR (see host_visible), else a copy to the host (and
+   back at unmap, with DSGD_CL_MAP_WRITE). Each map must be undone by
+   dsgd_cl_unmap before kernels use the range again. The backend's map
+   member is this with READ|WRITE.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend or out NULL:
+   nothing recorded; flags 0 or with other bits; count 0; the range outside
+   ref's buffer, or a buffer of another context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueMapBuffer), recorded on b's ctx.
+   Thread safety: the backend's thread. */
 DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *b, dsgd_ref ref, size_t count, int flags,
                                  float **out);
 /* Unmaps a pointer dsgd_cl_map returned for ref's buffer; the writes become
-   visible to later operations on the backend's queue. */
+   visible to later operations on the backend's queue (other backends' queues
+   see them after a finish of this one).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend: nothing
+   recorded; ptr NULL; ref's buffer not of this context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueUnmapMemObject), recorded on b's ctx.
+   Thread safety: the backend's thread. */
 DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *b, dsgd_ref ref, float *ptr);
 
 /* ---------------------------------------------------------------- GEMM tuning */
@@ -5334,36 +5810,59 @@ typedef struct dsgd_cl_gemm_params {
     size_t min_indirect;
 } dsgd_cl_gemm_params;
 
-/* Parameter names (NULL when i is out of range). */
+/* Parameter names ("GEMMK", ...; "KWID", ...), NULL when i is out of range.
+   Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
 DSGD_API const char *dsgd_cl_direct_param_name(int i);
 /* Checks the divisibility rules CLBlast's kernels need, and the limits of
    its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
    rejected set would fail to build, crash or compute wrong results.
-   Returns 1 when valid. */
+   Returns 1 when valid, 0 otherwise (and for p NULL).
+   Errors: none. Thread safety: any thread. */
 DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
 
 /* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
-   *_set is non-zero). Process-wide for that device; takes effect at the next
-   GEMM (which compiles the kernels for the new parameters).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (invalid set), DSGD_ERR_BACKEND. */
+   *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
+   Process-wide for that device; takes effect at the next GEMM (which
+   compiles the kernels for the new parameters).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
+   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
+   (CLBlast refused; parts applied before stay applied).
+   Thread safety: any thread (that may use ctx); CLBlast calls are
+   serialised by the library's lock, but not concurrently with another
+   apply on c or with dsgd_cl_context_gemm_tuned. */
 DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
                                                const dsgd_cl_gemm_params *p);
-/* The tuning cache file for device i: desc_path (file or directory), else
-   $DSGD_CL_TUNE_CACHE, else the user cache directory. Writes it to buf.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (no HOME and no XDG_CACHE_HOME, buffer
-   too small). */
+/* The tuning cache file for device i: desc_path, else $DSGD_CL_TUNE_CACHE,
+   taken as is when it names a file, or a directory (it ends with '/' or
+   exists as one) that gets the device's file name; else that name in
+   $XDG_CACHE_HOME/distsgd (when absolute) or ~/.cache/distsgd. Writes it,
+   NUL-terminated, to buf.
+   Errors (nothing recorded: no context): DSGD_ERR_INVALID_ARGUMENT (c NULL
+   or no device i, buf NULL or cap 0, no HOME and no absolute
+   XDG_CACHE_HOME, a path that does not fit in buf).
+   Thread safety: any thread (it reads the environment). */
 DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
                                              const char *desc_path, char *buf, size_t cap);
-/* Reads a cache file and checks that it was made for device i of c.
-   Errors: DSGD_ERR_IO (missing, unreadable), DSGD_ERR_FORMAT (corrupt:
-   with the line and what is wrong), DSGD_ERR_STATE (made for another device:
-   the message names both). */
+/* Reads a cache file and checks that it was made for device i of c; *out is
+   zeroed on failure.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or out NULL), DSGD_ERR_IO (cannot open), DSGD_ERR_FORMAT (corrupt,
+   a read error or parameters dsgd_cl_gemm_params_valid rejects: with the
+   line and what is wrong), DSGD_ERR_STATE (made for another device: the
+   message names both).
+   Thread safety: any thread (that may use ctx). */
 DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
                                               const char *path, dsgd_cl_gemm_params *out);
-/* Writes a cache file for device i (creating the directory, one level),
-   atomically (temporary file, then rename). note, if non-NULL, is stored as a
-   comment line. Errors: DSGD_ERR_IO, DSGD_ERR_INVALID_ARGUMENT. */
+/* Writes a cache file for device i (creating missing directories),
+   atomically (path.tmp, then rename). note, if non-NULL, is stored as a
+   comment line.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or p NULL, a path of 1024 bytes or more, a set
+   dsgd_cl_gemm_params_valid rejects), DSGD_ERR_IO (a directory, the file or
+   the rename failed).
+   Thread safety: any thread (that may use ctx); two writers of one path at
+   once race on path.tmp. */
 DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
                                               const char *path, const dsgd_cl_gemm_params *p,
                                               const char *note);
@@ -5377,17 +5876,23 @@ typedef struct dsgd_cl_gemm_shape {
 /* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
    the first layer's input gradient (256x784x512 NT): forward NN, weight
    gradient TN, input gradient NT per layer. Copies up to cap shapes into out
-   (out may be NULL) and returns how many there are (9). */
+   (out may be NULL) and returns how many there are (9).
+   Errors: none. Thread safety: any thread. */
 DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap);
 
-/* Times b's gemm at each shape: one warm-up call (which compiles), then
-   `repeats` samples, each the mean time of as many back-to-back calls
-   (one finish at the end) as last about 10 ms; median_s[i] gets the
-   median sample, in seconds per call.
+/* Times b's gemm at each shape: one warm-up call (which compiles), one
+   timed call that sizes the samples, then `repeats` samples, each the mean
+   time per call of back-to-back calls with one finish at the end, as many
+   as last about 10 ms (at most 1000), as in a training step whose queue
+   stays full; median_s[i] gets the median sample, in seconds per call.
    When max_rel_err is non-NULL the warm-up result is checked against a
    double-precision host product on seeded random inputs and *max_rel_err is
-   the largest |C - ref| / sum_k |a||b| over all shapes. b may be any backend.
-   Errors: DSGD_ERR_INVALID_ARGUMENT, backend errors. */
+   the largest |C - ref| / sum_k |a||b| over all shapes (NaN when any
+   entry is NaN). b may be any backend.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b, shapes or median_s NULL, num_shapes
+   or repeats < 1, a shape with m, n or k < 1) and DSGD_ERR_OUT_OF_MEMORY,
+   recorded on ctx; backend errors, recorded on b's context.
+   Thread safety: b's thread. */
 DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b,
                                           const dsgd_cl_gemm_shape *shapes, int num_shapes,
                                           int repeats, double *median_s, double *max_rel_err);
@@ -6648,6 +7153,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
     CLBlastTranspose tra = ta ? CLBlastTransposeYes : CLBlastTransposeNo, trb = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
     size_t temp_bytes = 0;
+    const char *call = "CLBlastSgemm";
     CLBlastStatusCode st;
     char what[96];
     if (m < 0 || n < 0 || k < 0 || lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
@@ -6680,6 +7186,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
         }
         b->gemm_temp_bytes = temp_bytes;
     }
+    if (st != CLBlastSuccess) call = "CLBlastSGemmTempBufferSize";
     if (st == CLBlastSuccess)
         st = b->gemm_temp ? CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n,
                                                       (size_t)k, alpha, dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda,
@@ -6693,7 +7200,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     pthread_mutex_unlock(&dsgd_cl__clblast_lock);
     if (st != CLBlastSuccess) {
         snprintf(what, sizeof(what), "%s%s %dx%dx%d", ta ? "T" : "N", tb ? "T" : "N", m, n, k);
-        return dsgd_cl__fail(b->ctx, (int)st, "CLBlastSgemm", what);
+        return dsgd_cl__fail(b->ctx, (int)st, call, what);
     }
     return DSGD_OK;
 }
@@ -7109,7 +7616,8 @@ DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b) {
 }
 
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
-    return buf ? ((const dsgd_cl__buffer *)(const void *)buf)->mem : NULL;
+    const dsgd_cl__buffer *b = (const dsgd_cl__buffer *)(const void *)buf;
+    return b && b->magic == DSGD_CL__MAGIC ? b->mem : NULL;
 }
 
 DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t count, int flags, float **out) {
@@ -7646,7 +8154,7 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
                         mag += fabs(av * bv);
                     }
                     e = fabs((double)hc[(size_t)row * g->n + col] - acc) / (mag > 1e-30 ? mag : 1e-30);
-                    if (!(e <= worst)) worst = e; /* NaN becomes the worst */
+                    if (worst == worst && !(e <= worst)) worst = e; /* a NaN becomes, and stays, the worst */
                 }
             }
         }

@@ -732,6 +732,12 @@ static void test_map_unmap(void **state) {
     assert_null(dsgd_cl_backend_queue(&G.cpu));
     TU_OK(G.ctx, G.clb.buffer_create(G.clb.impl, 300, &buf));
     assert_non_null(dsgd_cl_buffer_mem(buf));
+    {
+        dsgd_buffer *cpu_buf;
+        TU_OK(G.ctx, G.cpu.buffer_create(G.cpu.impl, 4, &cpu_buf));
+        assert_null(dsgd_cl_buffer_mem(cpu_buf)); /* another backend's buffer */
+        G.cpu.buffer_destroy(G.cpu.impl, cpu_buf);
+    }
     tu_fill(&rng, h, 300, -1, 1);
     /* the host writes through a mapping; kernels see it after unmap */
     TU_OK(G.ctx, dsgd_cl_map(&G.clb, R(buf, 50), 200, DSGD_CL_MAP_WRITE, &p));

@@ -473,6 +473,9 @@ static void test_csv_malformed(void **state) {
     memset(&ds, 0, sizeof ds);
     assert_int_equal(dsgd_dataset_load_csv(f->ctx, p, NULL, &ds), DSGD_ERR_IO);
     assert_non_null(strstr(dsgd_ctx_last_error(f->ctx), "missing.csv"));
+    /* with no context to record on, still an error (it was DSGD_OK once) */
+    assert_int_equal(dsgd_dataset_load_csv(NULL, p, NULL, &ds), DSGD_ERR_IO);
+    assert_null(ds.x);
     /* bad descs */
     d = csv_desc(-1, 0, 0, 0.0f);
     assert_int_equal(load_csv(f, "ok.csv", "1,2,0\n", &d, &ds), DSGD_ERR_INVALID_ARGUMENT);

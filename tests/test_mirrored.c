@@ -1114,6 +1114,12 @@ static void test_bad_arguments(void **state) {
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
     assert_null(s);
     assert_true(contains(dsgd_ctx_last_error(ctx), "gradient_path DEVICE"));
+    /* one replica exchanges nothing: DEVICE is accepted and resolves to HOST */
+    d.num_replicas = 1;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    assert_int_equal(dsgd_strategy_gradient_path(s), DSGD_GRADIENTS_HOST);
+    dsgd_strategy_destroy(s);
+    d.num_replicas = 2;
     d.gradient_path = DSGD_GRADIENTS_AUTO;
     TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
     assert_int_equal(dsgd_strategy_gradient_path(s), DSGD_GRADIENTS_HOST);
