@@ -5430,7 +5430,7 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
    CONFIGURATION
 
      dsgd_cl_context_desc (which devices, GEMM tuning, extra kernel build
-     options) and dsgd_cl_backend_desc (device index, buffer placement,
+     options, the queue policy) and dsgd_cl_backend_desc (device index, buffer placement,
      profiling), where zero means the default as in distsgd.h; either may be
      passed as NULL. Environment: DSGD_CL_DEVICE, DSGD_CL_PLATFORM and
      DSGD_CL_DEVICE_TYPE when desc.device is NULL (see DEVICES);
@@ -5465,8 +5465,23 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      backend runs on one of them (dsgd_cl_backend_desc.device); a strategy's
      backend_factory usually places replica r on device
      r % dsgd_cl_context_num_devices() (examples/mirrored_mlp.c does). Any
-     number of backends may share a context and a device; each has its own
-     in-order command queue.
+     number of backends may share a context and a device (see QUEUES).
+
+   QUEUES
+
+     dsgd_cl_context_desc.queues says which in-order command queue a backend
+     enqueues on. PER_BACKEND: each backend creates its own, so replicas on
+     one device overlap their kernels. PER_DEVICE: the backends on one device
+     share one queue that the context owns, so their commands run one at a
+     time, in the order the threads enqueue them (each backend's own commands
+     stay in its program order; finish waits for all of them). AUTO, the
+     default, is PER_BACKEND except on PoCL: PoCL 3.1 aborts with
+     "pocl_release_dlhandle_cache: Assertion `found->ref_count > 0' failed"
+     when one kernel runs at different grid sizes from several queues at once
+     (2 of 12 runs of the 4-replica demo died so, 0 of 36 with one queue), and
+     its kernels already spread over all of its threads, so one queue costs
+     little there. A backend created with profiling gets a queue of its own
+     whatever the policy. dsgd_cl_context_queues() tells the policy in force.
 
    BACKENDS
 
@@ -5581,9 +5596,10 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
 
      A dsgd_cl_context may be shared by backends used from different threads
      (OpenCL contexts and programs are thread-safe); create and destroy it on
-     one thread while no backend uses it. Each backend (its queue, kernel
-     objects, scratch and GEMM temporary buffers) is used by one thread at a
-     time, like its dsgd_ctx. A backend's sum_across reads and writes other
+     one thread while no backend uses it. Each backend (its kernel objects,
+     scratch and GEMM temporary buffers) is used by one thread at a time,
+     like its dsgd_ctx; backends sharing a device's queue (QUEUES) may be
+     used from different threads, as OpenCL queues are thread-safe. A backend's sum_across reads and writes other
      backends' buffers: every backend involved must have finished the work
      that touches those ranges before it runs, and they may use them again
      only once it has finished (the strategy's DEVICE path does this with
@@ -5675,6 +5691,14 @@ typedef enum dsgd_cl_tuning {
     DSGD_CL_TUNING_OFF       /* leave CLBlast's parameters alone, read no file */
 } dsgd_cl_tuning;
 
+/* Which command queue a backend enqueues on (see QUEUES). */
+typedef enum dsgd_cl_queues {
+    DSGD_CL_QUEUES_AUTO = 0,    /* PER_BACKEND, except on PoCL: PER_DEVICE */
+    DSGD_CL_QUEUES_PER_BACKEND, /* each backend its own in-order queue */
+    DSGD_CL_QUEUES_PER_DEVICE   /* the backends on one device share one
+                                   in-order queue, owned by the context */
+} dsgd_cl_queues;
+
 typedef struct dsgd_cl_context_desc {
     const char *device;    /* device spec (see DEVICES); NULL: the environment */
     int max_devices;       /* open up to this many devices (see DEVICES); 0: 1;
@@ -5684,6 +5708,7 @@ typedef struct dsgd_cl_context_desc {
                                the user cache directory (see GEMM TUNING) */
     const char *build_options; /* appended to our kernels' clBuildProgram
                                   options; NULL: none */
+    dsgd_cl_queues queues; /* default AUTO (see QUEUES) */
 } dsgd_cl_context_desc;
 
 typedef struct dsgd_cl_context dsgd_cl_context;
@@ -5723,6 +5748,10 @@ DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c);
 DSGD_API const dsgd_cl_device_info *dsgd_cl_context_device_info(const dsgd_cl_context *c, int i);
 DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i);
 DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
+/* DSGD_CL_QUEUES_PER_BACKEND or DSGD_CL_QUEUES_PER_DEVICE: how desc.queues
+   was resolved (c NULL: PER_BACKEND). Errors: none. Thread safety: any
+   thread while c lives. */
+DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c);
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 
@@ -5734,11 +5763,13 @@ typedef struct dsgd_cl_backend_desc {
                          unified memory; 1 (> 0): always; -1 (< 0): never.
                          host_shared answers accordingly, which steers a
                          strategy's AUTO gradient path (see BACKENDS) */
-    int profiling;    /* non-zero: the queue has CL_QUEUE_PROFILING_ENABLE */
+    int profiling;    /* non-zero: a queue of its own (whatever the context's
+                         QUEUES policy) with CL_QUEUE_PROFILING_ENABLE */
 } dsgd_cl_backend_desc;
 
 /* Fills *out with an OpenCL backend on device desc->device of context c, with
-   its own in-order command queue, kernel objects and buffers (see BACKENDS
+   an in-order command queue (its own, or its device's shared one: see
+   QUEUES), its own kernel objects and buffers (see BACKENDS
    for the members it sets). desc may be NULL. Errors are recorded on ctx,
    which must outlive the backend, as must c. Destroy with
    out->destroy(out->impl).
@@ -6336,6 +6367,8 @@ struct dsgd_cl_context {
     dsgd_cl_device_info info[DSGD_CL_MAX_DEVICES];
     int tuned[DSGD_CL_MAX_DEVICES];
     int fp64;
+    dsgd_cl_queues queues;                          /* resolved */
+    cl_command_queue dev_queue[DSGD_CL_MAX_DEVICES]; /* PER_DEVICE: shared */
 };
 
 static void dsgd_cl__copy_str(char *dst, size_t cap, const char *src) {
@@ -6839,6 +6872,24 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
         DSGD_CL__FREE(c);
         return r;
     }
+    /* PoCL 3.1 aborts (pocl_release_dlhandle_cache: "Assertion
+       `found->ref_count > 0' failed") when one kernel runs at different grid
+       sizes from several queues at once: its cache of compiled work-group
+       functions takes a reference on one entry and may drop it on another.
+       2 in 12 runs of the 4-replica demo died so. One in-order queue per
+       device runs one command at a time and avoids it. */
+    c->queues = d.queues != DSGD_CL_QUEUES_AUTO ? d.queues
+                : strstr(c->info[0].platform_name, "Portable Computing Language") ? DSGD_CL_QUEUES_PER_DEVICE
+                                                                                   : DSGD_CL_QUEUES_PER_BACKEND;
+    for (i = 0; i < c->num_devices && c->queues == DSGD_CL_QUEUES_PER_DEVICE; ++i) {
+        c->dev_queue[i] = clCreateCommandQueue(c->context, c->devices[i], 0, &err);
+        if (err != CL_SUCCESS) {
+            r = dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[i].device_name);
+            c->dev_queue[i] = NULL;
+            dsgd_cl_context_destroy(c);
+            return r;
+        }
+    }
     for (i = 0; i < c->num_devices; ++i) {
         dsgd_ctx_log(ctx, DSGD_LOG_INFO, "OpenCL device %d: %s (%s, %s, driver %s)%s", i,
                      c->info[i].device_name, dsgd_cl_device_type_name(c->info[i].type),
@@ -6851,7 +6902,10 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
 }
 
 DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c) {
+    int i;
     if (!c) return;
+    for (i = 0; i < c->num_devices; ++i)
+        if (c->dev_queue[i]) clReleaseCommandQueue(c->dev_queue[i]);
     if (c->program) clReleaseProgram(c->program);
     if (c->context) clReleaseContext(c->context);
     DSGD_CL__FREE(c);
@@ -6868,6 +6922,10 @@ DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i) {
 }
 
 DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c) { return c ? c->fp64 : 0; }
+
+DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c) {
+    return c ? c->queues : DSGD_CL_QUEUES_PER_BACKEND;
+}
 
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c) { return c ? c->context : NULL; }
 
@@ -7534,8 +7592,14 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
     if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
         b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
-    b->queue = clCreateCommandQueue(c->context, b->device, d.profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+    if (c->dev_queue[d.device] && !d.profiling) {
+        b->queue = c->dev_queue[d.device]; /* shared (see QUEUES): one more reference */
+        err = clRetainCommandQueue(b->queue);
+    } else {
+        b->queue = clCreateCommandQueue(c->context, b->device, d.profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+    }
     if (err != CL_SUCCESS) {
+        b->queue = NULL;
         dsgd_cl__destroy(b);
         return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[d.device].device_name);
     }

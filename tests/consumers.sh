@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # tests/consumers.sh - builds distsgd the ways its users do, out of tree:
+#   (0) README.md's minimal program is tests/consumer/main.c (the text of the
+#       README's block, after the marker comment, is main.c from its #define
+#       on), and it builds and runs vendored: main.c beside a copy of
+#       single_include/distsgd.h named distsgd.h, with nothing else;
 #   (a) `make install PREFIX=/usr DESTDIR=<tmp>/stage`, then tests/consumer/main.c
 #       (the README's minimal program) with `pkg-config --cflags --libs distsgd`
 #       pointed at the staged .pc (PKG_CONFIG_SYSROOT_DIR + PKG_CONFIG_PATH),
@@ -47,6 +51,37 @@ else
     mk=(make --no-print-directory -C "$root" -f Makefile -f tools/install.mk)
 fi
 unset MAKEFLAGS MFLAGS MAKELEVEL || true
+
+# ---------------------------------------------------------------- (0) README, vendored
+readme_program() {
+    local marker='<!-- minimal program: tests/consumer/main.c'
+    awk -v m="$marker" 'index($0, m) == 1 { found = 1; next }
+        found == 1 && /^```c$/ { found = 2; next }
+        found == 2 && /^```$/ { exit }
+        found == 2 { print }' "$root/README.md" >"$tmp/readme.c"
+    [ -s "$tmp/readme.c" ] || { echo "README.md has no block after '$marker'"; return 1; }
+    sed -n '/^#define DISTSGD_IMPLEMENTATION/,$p' "$root/tests/consumer/main.c" | diff "$tmp/readme.c" -
+}
+check "README.md's minimal program is tests/consumer/main.c" readme_program
+
+vendored() {
+    mkdir -p "$tmp/vendored" && cp "$root/tests/consumer/main.c" "$tmp/vendored/" &&
+        cp "$root/single_include/distsgd.h" "$tmp/vendored/distsgd.h" || return 1
+    # shellcheck disable=SC2086  # word splitting of CC and the flags is wanted
+    (cd "$tmp/vendored" && $CC $CFLAGS_STRICT -I. main.c -o consumer -lm -lpthread) || return 1
+    run_consumer "$tmp/vendored/consumer" "accuracy 1.00"
+}
+
+run_consumer() { # PROGRAM EXPECTED-LINE...
+    local prog=$1 out; shift
+    out=$("$prog") || { echo "$prog failed: $out"; return 1; }
+    echo "$out"
+    local want
+    for want in "distsgd $version" "$@"; do
+        grep -qxF "$want" <<<"$out" || { echo "no line '$want'"; return 1; }
+    done
+}
+check "the minimal program on single_include/distsgd.h alone, vendored, prints 'accuracy 1.00'" vendored
 
 # Files that must survive uninstall (someone else's header and .pc).
 mkdir -p "$stage/usr/include" "$stage/usr/lib/pkgconfig"
@@ -108,15 +143,6 @@ build_pc() { # SRC OUT PACKAGE HEADER
 check "consumer builds via pkg-config against the staged distsgd.h ($CC -std=c99 -Werror)" \
     build_pc main.c consumer distsgd distsgd.h
 
-run_consumer() { # PROGRAM EXPECTED-LINE...
-    local prog=$1 out; shift
-    out=$("$prog") || { echo "$prog failed: $out"; return 1; }
-    echo "$out"
-    local want
-    for want in "distsgd $version" "$@"; do
-        grep -qxF "$want" <<<"$out" || { echo "no line '$want'"; return 1; }
-    done
-}
 check "pkg-config consumer prints 'accuracy 1.00'" run_consumer "$tmp/pc/consumer" "accuracy 1.00"
 
 # ---------------------------------------------------------------- (b) OpenCL

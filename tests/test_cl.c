@@ -830,7 +830,16 @@ static void test_backends_share_context(void **state) {
     EXPECT_SUBSTR(dsgd_ctx_last_error(ctx2), "outside the context");
     bd.device = 1 % dsgd_cl_context_num_devices(G.cl); /* round-robin placement of replica 1 */
     TU_OK(ctx2, dsgd_cl_backend_create(ctx2, G.cl, &bd, &b2));
-    assert_true(dsgd_cl_backend_queue(&b2) != dsgd_cl_backend_queue(&G.clb));
+    /* AUTO: one queue per device on PoCL (see QUEUES), else one per backend */
+    {
+        const dsgd_cl_device_info *d0 = dsgd_cl_context_device_info(G.cl, 0);
+        int pocl;
+        assert_non_null(d0);
+        pocl = strstr(d0->platform_name, "Portable Computing Language") != NULL;
+        assert_int_equal(dsgd_cl_context_queues(G.cl), pocl ? DSGD_CL_QUEUES_PER_DEVICE : DSGD_CL_QUEUES_PER_BACKEND);
+    }
+    assert_int_equal(dsgd_cl_backend_queue(&b2) == dsgd_cl_backend_queue(&G.clb),
+                     dsgd_cl_context_queues(G.cl) == DSGD_CL_QUEUES_PER_DEVICE && bd.device == 0);
     assert_true(dsgd_cl_backend_context(&b2) == G.cl);
     for (i = 0; i < 1000; ++i) h[i] = (float)i;
     TU_OK(G.ctx, G.clb.buffer_create(G.clb.impl, 1000, &x1));
@@ -851,6 +860,47 @@ static void test_backends_share_context(void **state) {
     b2.buffer_destroy(b2.impl, x2);
     b2.destroy(b2.impl);
     dsgd_ctx_destroy(ctx2);
+}
+
+/* The queue policy asked for explicitly: PER_BACKEND gives two backends on
+   one device two queues, PER_DEVICE one, shared, and a backend that asks
+   for profiling always gets its own. Work on a shared queue from either
+   backend completes (destroying one backend leaves the other's queue). */
+static void test_queue_policies(void **state) {
+    dsgd_cl_context_desc cd;
+    dsgd_cl_context *c;
+    dsgd_backend_i b1, b2, bp;
+    dsgd_cl_backend_desc prof;
+    dsgd_buffer *x;
+    float h[64], got[64];
+    int mode, i;
+    (void)state;
+    NEED_CL();
+    memset(&prof, 0, sizeof prof);
+    prof.profiling = 1;
+    for (i = 0; i < 64; ++i) h[i] = (float)i;
+    for (mode = DSGD_CL_QUEUES_PER_BACKEND; mode <= DSGD_CL_QUEUES_PER_DEVICE; ++mode) {
+        memset(&cd, 0, sizeof cd);
+        cd.tuning = DSGD_CL_TUNING_OFF;
+        cd.queues = (dsgd_cl_queues)mode;
+        TU_OK(G.ctx, dsgd_cl_context_create(G.ctx, &cd, &c));
+        assert_int_equal(dsgd_cl_context_queues(c), mode);
+        TU_OK(G.ctx, dsgd_cl_backend_create(G.ctx, c, NULL, &b1));
+        TU_OK(G.ctx, dsgd_cl_backend_create(G.ctx, c, NULL, &b2));
+        TU_OK(G.ctx, dsgd_cl_backend_create(G.ctx, c, &prof, &bp));
+        assert_int_equal(dsgd_cl_backend_queue(&b1) == dsgd_cl_backend_queue(&b2), mode == DSGD_CL_QUEUES_PER_DEVICE);
+        assert_true(dsgd_cl_backend_queue(&bp) != dsgd_cl_backend_queue(&b1));
+        b1.destroy(b1.impl);
+        TU_OK(G.ctx, b2.buffer_create(b2.impl, 64, &x));
+        TU_OK(G.ctx, b2.write(b2.impl, R(x, 0), h, 64));
+        TU_OK(G.ctx, b2.scale(b2.impl, R(x, 0), 3.0f, 64));
+        TU_OK(G.ctx, b2.read(b2.impl, R(x, 0), got, 64));
+        for (i = 0; i < 64; ++i) assert_true(got[i] == 3.0f * h[i]);
+        b2.buffer_destroy(b2.impl, x);
+        b2.destroy(b2.impl);
+        bp.destroy(bp.impl);
+        dsgd_cl_context_destroy(c);
+    }
 }
 
 /* ---------------------------------------------------------------- training */
@@ -1309,6 +1359,7 @@ int main(void) {
         cmocka_unit_test(test_norm_check),
         cmocka_unit_test(test_map_unmap),
         cmocka_unit_test(test_map_and_sum_across),
+        cmocka_unit_test(test_queue_policies),
         cmocka_unit_test(test_backends_share_context),
         cmocka_unit_test(test_train_20_steps_xent_adam),
         cmocka_unit_test(test_train_20_steps_mse_momentum_clip),
