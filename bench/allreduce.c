@@ -39,6 +39,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define MAX_N 64
 #define MAX_SIZES 32
 #define MAX_BATCHES 9
@@ -202,11 +204,6 @@ fail:
     return NULL;
 }
 
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
 static void human(size_t bytes, char *dst, size_t cap) {
     if (bytes >= ((size_t)1 << 20)) snprintf(dst, cap, "%zuM", bytes >> 20);
     else if (bytes >= 1024) snprintf(dst, cap, "%zuK", bytes >> 10);
@@ -280,7 +277,7 @@ static int run_n(plan *pl, int n) {
                 for (r = 0; r < n; ++r)
                     if (args[r].times[si][ai][b] > per_batch[b]) per_batch[b] = args[r].times[si][ai][b];
             }
-            qsort(per_batch, (size_t)nb, sizeof(double), cmp_double);
+            qsort(per_batch, (size_t)nb, sizeof(double), bench_cmp_double);
             t = per_batch[nb / 2];
             algbw = (double)bytes / t;
             busbw = algbw * 2.0 * (n - 1) / n;

@@ -37,6 +37,8 @@ int main(void) {
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define MAX_SIZES 32
 #define MAX_BATCHES 9
 
@@ -52,11 +54,6 @@ static int iters_for(size_t bytes) {
 static int batches_for(size_t bytes, int quick) {
     if (quick) return bytes >= ((size_t)16 << 20) ? 2 : 3;
     return bytes >= ((size_t)16 << 20) ? 3 : bytes >= ((size_t)1 << 20) ? 5 : 7;
-}
-
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
 }
 
 static size_t parse_size(const char *s) {
@@ -166,7 +163,7 @@ int main(int argc, char **argv) {
         if (rank == 0) {
             char hs[16];
             double t, algbw, busbw, frac;
-            qsort(per_batch, (size_t)nb, sizeof(double), cmp_double);
+            qsort(per_batch, (size_t)nb, sizeof(double), bench_cmp_double);
             t = per_batch[nb / 2];
             algbw = (double)bytes / t;
             busbw = algbw * 2.0 * (n - 1) / n;

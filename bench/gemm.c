@@ -30,6 +30,8 @@
 
 #ifdef DSGD_HAVE_OPENBLAS
 #include <cblas.h>
+
+#include "bench_util.h"
 extern void openblas_set_num_threads(int);
 #endif
 
@@ -48,11 +50,6 @@ static const shape shapes[] = {
 };
 
 #define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static void die(dsgd_ctx *ctx, const char *what, dsgd_result r) {
     fprintf(stderr, "gemm bench: %s failed: %s: %s\n", what, dsgd_result_string(r),
@@ -100,7 +97,7 @@ static double time_median(void (*fn)(run_ctx *), run_ctx *r, int repeats) {
         for (j = 0; j < inner; ++j) fn(r);
         samples[i] = (dsgd_now() - t0) / inner;
     }
-    qsort(samples, (size_t)repeats, sizeof samples[0], cmp_double);
+    qsort(samples, (size_t)repeats, sizeof samples[0], bench_cmp_double);
     return samples[repeats / 2];
 }
 

@@ -41,26 +41,18 @@
 
 #ifdef DSGD_HAVE_OPENBLAS
 #include <cblas.h>
+
+#include "bench_util.h"
 extern void openblas_set_num_threads(int);
 #endif
 
 #define MAXS 16
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static double flops(const dsgd_cl_gemm_shape *s) { return 2.0 * s->m * s->n * s->k; }
 
 typedef struct bufs {
     float *a, *b, *c; /* host copies, for OpenBLAS */
 } bufs;
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 /* One phase: `repeats` rounds over the shapes, each shape once on the OpenCL
    backend and (when available) once on OpenBLAS with 1 and 2 threads.
@@ -248,10 +240,10 @@ int main(int argc, char **argv) {
 #endif
     for (i = 0; i < ns; ++i) {
         int nob = have_tuned ? 2 * repeats : repeats;
-        stock[i] = median(tcl[i], repeats);
-        tuned[i] = have_tuned ? median(tcl2[i], repeats) : 0;
-        ob1[i] = median(to1[i], nob);
-        ob2[i] = median(to2[i], nob);
+        stock[i] = bench_median(tcl[i], repeats);
+        tuned[i] = have_tuned ? bench_median(tcl2[i], repeats) : 0;
+        ob1[i] = bench_median(to1[i], nob);
+        ob2[i] = bench_median(to2[i], nob);
     }
 
     printf("\n%-18s %10s %10s %10s %10s %9s %9s\n", "shape (GFLOP/s)", "cl stock", "cl tuned", "oblas 1t",

@@ -35,22 +35,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
+
 #define BATCH 128 /* per replica */
 #define IN 784
 
 static const dsgd_layer_desc g_layers[3] = {{512, DSGD_ACT_RELU, DSGD_INIT_AUTO},
                                             {512, DSGD_ACT_RELU, DSGD_INIT_AUTO},
                                             {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct factory_arg {
     dsgd_cl_context *cl;
@@ -145,7 +137,7 @@ int main(int argc, char **argv) {
             if (r >= 0) t[k][r] = (dsgd_now() - t0) / steps;
         }
     }
-    for (k = 0; k < NV; ++k) med[k] = median(t[k], rounds);
+    for (k = 0; k < NV; ++k) med[k] = bench_median(t[k], rounds);
     printf("%-12s %10s %11s %14s\n", "gradients", "ms/step", "samples/s", "vs host-stage");
     for (k = 0; k < NV; ++k)
         printf("%-12s %10.3f %11.0f %13.3fx\n", names[k], 1e3 * med[k], (double)gb / med[k], med[k] / med[HOST_STAGE]);

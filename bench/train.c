@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench_util.h"
+
 #define GLOBAL 256
 #define STEPS 20
 
@@ -36,16 +38,6 @@ static dsgd_optimizer_desc opt_desc(void) {
     od.kind = DSGD_OPT_MOMENTUM;
     od.lr = 0.01f;
     return od;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static void die(dsgd_ctx *ctx) {
@@ -114,7 +106,7 @@ int main(int argc, char **argv) {
         }
     }
     printf("%-20s %12s %12s %10s\n", "variant", "ms/step", "samples/s", "vs bare");
-    for (v = 0; v < NV; ++v) med[v] = median(t[v], rounds);
+    for (v = 0; v < NV; ++v) med[v] = bench_median(t[v], rounds);
     for (v = 0; v < NV; ++v)
         printf("%-20s %12.3f %12.0f %9.3fx\n", names[v], 1e3 * med[v], GLOBAL / med[v], med[v] / med[BARE]);
     for (v = 0; v < NV; ++v)

@@ -43,6 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
+
 #define BATCH 256
 #define IN 784
 
@@ -64,16 +66,6 @@ static const dsgd_cl_gemm_shape g_out_shapes[3] = {
     {1, 0, 512, 10, BATCH}, /* weight gradient: h2^T dy */
     {0, 1, BATCH, 512, 10}, /* input gradient: dy W3^T */
 };
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(dsgd_ctx *ctx, const char *what) {
     fprintf(stderr, "train_cl: %s: %s\n", what, dsgd_ctx_last_error(ctx));
@@ -190,7 +182,7 @@ int main(int argc, char **argv) {
         }
     }
     for (k = 0; k < nv; ++k) {
-        v[k].med = median(v[k].t, rounds);
+        v[k].med = bench_median(v[k].t, rounds);
         if (dsgd_cl_gemm_measure(ctx, &v[k].be, g_out_shapes, 3, 2 * rounds + 1, v[k].out_gemm_s, NULL) != DSGD_OK)
             die(ctx, "output-layer GEMMs");
     }
