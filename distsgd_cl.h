@@ -2127,8 +2127,10 @@ static int dsgd_cl__can_access(void *impl, const dsgd_backend_i *other) {
 static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     cl_ulong count = hi - lo, zero = 0;
+    cl_int put = n <= 8; /* one launch, in place */
+    cl_mem d;
     int j;
-    dsgd_result r;
+    dsgd_result r = DSGD_OK;
     if (!refs || n < 1 || hi < lo)
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl sum_across: bad arguments");
     for (j = 0; j < n; ++j) {
@@ -2137,25 +2139,17 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
         if (!dsgd_cl__span(b, x, (size_t)count, "sum_across")) return DSGD_ERR_INVALID_ARGUMENT;
     }
     if (count == 0) return DSGD_OK;
-    if (n <= 8) {
-        cl_int acc = 0, put = 1;
-        cl_uint k = (cl_uint)n;
-        cl_mem d = dsgd_cl__buf(refs[0])->mem; /* unused with put */
+    if (!put && (r = dsgd_cl__ensure_scratch(b, (size_t)count * sizeof(float))) != DSGD_OK) return r;
+    d = put ? dsgd_cl__buf(refs[0])->mem : b->scratch; /* d is unused with put */
+    for (j = 0; j < n && r == DSGD_OK; j += 8) {
+        cl_int acc = j > 0;
+        cl_uint k = (cl_uint)(n - j < 8 ? n - j : 8);
         r = dsgd_cl__args(b, DSGD_CL__K_SUM8, 6, DSGD_CL__A(d), DSGD_CL__A(zero), DSGD_CL__A(acc), DSGD_CL__A(put),
                           DSGD_CL__A(k), DSGD_CL__A(count));
-        if (r == DSGD_OK) r = dsgd_cl__args8(b, DSGD_CL__K_SUM8, 6, refs, n, lo);
-        return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_SUM8, (size_t)count, b->local);
-    }
-    if ((r = dsgd_cl__ensure_scratch(b, (size_t)count * sizeof(float))) != DSGD_OK) return r;
-    for (j = 0; j < n && r == DSGD_OK; j += 8) {
-        cl_int acc = j > 0, put = 0;
-        cl_uint k = (cl_uint)(n - j < 8 ? n - j : 8);
-        r = dsgd_cl__args(b, DSGD_CL__K_SUM8, 6, DSGD_CL__A(b->scratch), DSGD_CL__A(zero), DSGD_CL__A(acc),
-                          DSGD_CL__A(put), DSGD_CL__A(k), DSGD_CL__A(count));
         if (r == DSGD_OK) r = dsgd_cl__args8(b, DSGD_CL__K_SUM8, 6, refs + j, (int)k, lo);
         if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_SUM8, (size_t)count, b->local);
     }
-    for (j = 0; j < n && r == DSGD_OK; j += 8) {
+    for (j = 0; j < n && r == DSGD_OK && !put; j += 8) {
         cl_uint k = (cl_uint)(n - j < 8 ? n - j : 8);
         r = dsgd_cl__args(b, DSGD_CL__K_COPY8, 4, DSGD_CL__A(b->scratch), DSGD_CL__A(zero), DSGD_CL__A(k),
                           DSGD_CL__A(count));
