@@ -228,6 +228,24 @@
      A communicator whose collective failed mid-way is unusable afterwards
      (DSGD_ERR_STATE): its peers may be anywhere in the protocol.
 
+     Agreement: before a collective moves any data, the ranks check that
+     they all called the same one: the same collective (kind and sequence
+     number), count, op, root, algorithm and piece size. If any rank differs,
+     every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
+     with a message naming two ranks and what they passed, e.g.
+         "allreduce #9 (ring): rank 0: the ranks disagree on the collective:
+          rank 2 passed count 999; rank 0 passed count 1000; no buffer was
+          touched"
+     No buffer is read or written, and the communicator stays usable (unless
+     the ranks are in collectives of different numbers). So no collective
+     returns DSGD_OK unless every rank agreed, and none touches memory
+     outside the caller's count. Cost: DIRECT publishes the description
+     beside the buffer it already shares (free); the message-passing
+     algorithms and a native hook first run ceil(log2 N) rounds of 128-byte
+     messages (a few microseconds on the loopback, see bench/allreduce.c).
+     Ranks that call different all-reduce algorithms, one of them DIRECT,
+     do not meet in the agreement: they time out instead.
+
      Determinism: each algorithm reduces every element in a fixed order that
      depends only on (algorithm, N, count), not on timing or the piece size,
      so the same inputs give the same bits every run. Every rank ends with
@@ -286,7 +304,8 @@ extern "C" {
     X(DSGD_ERR_TIMEOUT, -7, "deadline expired")                                \
     X(DSGD_ERR_BACKEND, -8, "backend failure")                                 \
     X(DSGD_ERR_UNSUPPORTED, -9, "unsupported operation")                       \
-    X(DSGD_ERR_STATE, -10, "invalid state")
+    X(DSGD_ERR_STATE, -10, "invalid state")                                   \
+    X(DSGD_ERR_DESYNC, -11, "ranks disagree on a collective")
 
 typedef enum dsgd_result {
 #define DSGD__RESULT_ENUM(name, value, text) name = value,
@@ -1066,7 +1085,8 @@ typedef struct dsgd_comm_desc {
     size_t piece_bytes; /* large buffers are processed in pieces of this size so
                            that a step's working set stays in cache; 0: 256 KiB;
                            clamped to 256 B..1 GiB. Must be equal on all ranks
-                           (the results do not depend on it). */
+                           (checked: DSGD_ERR_DESYNC otherwise); the results do
+                           not depend on it. */
 } dsgd_comm_desc;
 
 typedef struct dsgd_comm dsgd_comm;
@@ -1106,15 +1126,19 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t
 /* All-reduce of buf[0..count) in place: on return every rank holds op over
    all ranks' inputs, bitwise identical on all ranks. timeout_s: 0 the
    communicator's default, > 0 this call's deadline, negative invalid. With
-   one rank or count 0 it returns at once (and still counts in
-   dsgd_comm_seq).
+   one rank it returns at once (and still counts in dsgd_comm_seq); count 0
+   still agrees with the other ranks (see COLLECTIVES, Agreement), then
+   returns.
    Errors (recorded on the communicator's ctx): DSGD_ERR_INVALID_ARGUMENT
    (comm NULL, nothing recorded; buf NULL with count > 0; an unknown op or
    algorithm; a negative or NaN timeout; count * 4 bytes overflowing size_t),
    DSGD_ERR_UNSUPPORTED (DIRECT on a transport without share/unshare),
    DSGD_ERR_TIMEOUT (names the rank waited for and the sequence number),
-   DSGD_ERR_STATE (transport aborted, protocol mismatch such as different
-   counts on different ranks, communicator broken by an earlier failure),
+   DSGD_ERR_DESYNC (the ranks passed different counts, ops, algorithms,
+   piece sizes or collectives: returned by every rank, before any buffer
+   is touched, naming two ranks that differ; the communicator stays usable),
+   DSGD_ERR_STATE (transport aborted, messages out of step, communicator
+   broken by an earlier failure),
    DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce
    hook returns. A failure in the exchange (all but the argument checks and
    DSGD_ERR_UNSUPPORTED) breaks the communicator: later collectives return
@@ -1139,14 +1163,16 @@ DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t cou
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
                                     double timeout_s);
 /* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
-   in pieces); every rank passes the same root.
+   in pieces); every rank passes the same root (a different root on some
+   rank is DSGD_ERR_DESYNC on every rank).
    Errors: as dsgd_allgather, and DSGD_ERR_INVALID_ARGUMENT for root outside
    [0, size).
    Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
                                     double timeout_s);
-/* Returns once every rank has entered the barrier (dissemination, ceil(log2
-   N) rounds of empty messages).
+/* Returns once every rank has entered the barrier: the agreement alone
+   (dissemination, ceil(log2 N) rounds of 128-byte messages). A rank in
+   another collective makes it DSGD_ERR_DESYNC on every rank.
    Errors: as dsgd_allgather (no buffer).
    Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
@@ -3926,9 +3952,11 @@ struct dsgd_comm {
     uint64_t seq;     /* collectives started */
     int broken;       /* a collective failed mid-way: the protocol state is unknown */
     uint64_t broken_seq;
-    /* the collective in progress, for messages */
+    /* the collective in progress: its description, which every rank must
+       agree on (dsgd__coll_agree), and its name for messages */
     const char *what, *how;
-    int root;
+    int kind, algo, op, root;
+    size_t count;
     double deadline, span;
     float *scratch;
     size_t scratch_cap; /* floats */
@@ -4060,12 +4088,27 @@ static dsgd_result dsgd__coll_check(dsgd_comm *c, const char *what, const float 
     return DSGD_OK;
 }
 
-/* Starts collective number seq + 1 and its deadline. */
-static void dsgd__coll_begin(dsgd_comm *c, const char *what, const char *how, int root, double timeout_s) {
+/* Collective kinds, as fingerprints carry them. */
+enum { DSGD__K_ALLREDUCE = 1, DSGD__K_REDUCE_SCATTER, DSGD__K_ALLGATHER, DSGD__K_BROADCAST, DSGD__K_BARRIER };
+
+static const char *dsgd__kind_name(uint64_t kind) {
+    static const char *const names[] = {"?", "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"};
+    return kind <= DSGD__K_BARRIER ? names[kind] : "?";
+}
+
+/* Starts collective number seq + 1 and its deadline, and records what this
+   rank thinks the collective is (algo and op -1 where the kind has none,
+   root -1 where it has no root). */
+static void dsgd__coll_begin(dsgd_comm *c, int kind, const char *how, int algo, int op, int root, size_t count,
+                             double timeout_s) {
     c->seq++;
-    c->what = what;
+    c->kind = kind;
+    c->what = dsgd__kind_name((uint64_t)kind);
     c->how = how;
+    c->algo = algo;
+    c->op = op;
     c->root = root;
+    c->count = count;
     c->span = timeout_s > 0 ? timeout_s : c->timeout;
     if (c->span > DSGD__COMM_MAX_TIMEOUT) c->span = DSGD__COMM_MAX_TIMEOUT;
     c->deadline = dsgd__comm_now(c) + c->span;
@@ -4179,6 +4222,154 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
         if (r != DSGD_OK) return dsgd__coll_fail(c, r, dst);
     }
     return DSGD_OK;
+}
+
+/* >>agreement -------------------------------------------------------------- */
+/* Before a collective moves any data, the ranks agree on what it is: every
+   rank's fingerprint (the fields below) must be equal, or every rank returns
+   DSGD_ERR_DESYNC naming two ranks that differ, having touched no buffer.
+   Message passing: a dissemination exchange (ceil(log2 N) rounds, as the
+   barrier) carries the smallest and the largest fingerprint seen so far, with
+   their ranks; after the last round every rank holds the same pair, so every
+   rank reaches the same verdict. Shared memory (DIRECT): each rank publishes
+   its fingerprint beside its buffer and reads the others', at no extra cost.
+   Fields are compared in this order, so seq differences are reported first. */
+enum { DSGD__FP_SEQ, DSGD__FP_KIND, DSGD__FP_COUNT, DSGD__FP_OP, DSGD__FP_ROOT, DSGD__FP_ALGO, DSGD__FP_PIECE,
+       DSGD__FP_N };
+/* the tag's piece field marking the agreement's messages */
+#define DSGD__AGREE_PIECE 0xFFFFF
+
+typedef struct dsgd__fp_range {
+    uint64_t lo[DSGD__FP_N], hi[DSGD__FP_N]; /* smallest and largest fingerprint seen */
+    uint64_t lo_rank, hi_rank;               /* the lowest rank holding each */
+} dsgd__fp_range;
+
+static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
+    fp[DSGD__FP_SEQ] = c->seq;
+    fp[DSGD__FP_KIND] = (uint64_t)c->kind;
+    fp[DSGD__FP_COUNT] = (uint64_t)c->count;
+    fp[DSGD__FP_OP] = (uint64_t)(int64_t)c->op;
+    fp[DSGD__FP_ROOT] = (uint64_t)(int64_t)c->root;
+    fp[DSGD__FP_ALGO] = (uint64_t)(int64_t)c->algo;
+    fp[DSGD__FP_PIECE] = (uint64_t)c->piece;
+}
+
+/* -1, 0, 1: a before, equal to, after b, lexicographically. */
+static int dsgd__fp_cmp(const uint64_t *a, const uint64_t *b) {
+    int i;
+    for (i = 0; i < DSGD__FP_N; ++i)
+        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+    return 0;
+}
+
+/* Takes the smallest and the largest fingerprint of acc and (lo, hi), each
+   with the lowest rank that holds it, so the result does not depend on the
+   order of merging. */
+static void dsgd__fp_merge(dsgd__fp_range *acc, const uint64_t *lo, uint64_t lo_rank, const uint64_t *hi,
+                           uint64_t hi_rank) {
+    int cl = dsgd__fp_cmp(lo, acc->lo), ch = dsgd__fp_cmp(hi, acc->hi);
+    if (cl < 0 || (cl == 0 && lo_rank < acc->lo_rank)) {
+        memcpy(acc->lo, lo, sizeof(acc->lo));
+        acc->lo_rank = lo_rank;
+    }
+    if (ch > 0 || (ch == 0 && hi_rank < acc->hi_rank)) {
+        memcpy(acc->hi, hi, sizeof(acc->hi));
+        acc->hi_rank = hi_rank;
+    }
+}
+
+static void dsgd__fp_init(const dsgd_comm *c, dsgd__fp_range *acc) {
+    dsgd__fp_fill(c, acc->lo);
+    memcpy(acc->hi, acc->lo, sizeof(acc->hi));
+    acc->lo_rank = acc->hi_rank = (uint64_t)c->rank;
+}
+
+/* Appends "rank R passed count 1000, op sum" (the fields where fp differs
+   from other) to dst. */
+static size_t dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64_t *fp, const uint64_t *other) {
+    size_t used = 0;
+    int i, k, first = 1;
+    k = snprintf(dst, cap, "rank %llu", (unsigned long long)rank);
+    used += k > 0 && (size_t)k < cap ? (size_t)k : 0;
+    for (i = 0; i < DSGD__FP_N; ++i) {
+        char v[64];
+        const char *field = "";
+        if (fp[i] == other[i]) continue;
+        switch (i) {
+        case DSGD__FP_SEQ:
+            field = "is in collective";
+            snprintf(v, sizeof(v), "#%llu", (unsigned long long)fp[i]);
+            break;
+        case DSGD__FP_KIND:
+            field = "is in";
+            snprintf(v, sizeof(v), "%s", dsgd__kind_name(fp[i]));
+            break;
+        case DSGD__FP_COUNT:
+            field = "count";
+            snprintf(v, sizeof(v), "%llu", (unsigned long long)fp[i]);
+            break;
+        case DSGD__FP_OP:
+            field = "op";
+            snprintf(v, sizeof(v), "%s", dsgd_reduce_op_name((dsgd_reduce_op)(int64_t)fp[i]));
+            break;
+        case DSGD__FP_ROOT:
+            field = "root";
+            snprintf(v, sizeof(v), "%lld", (long long)(int64_t)fp[i]);
+            break;
+        case DSGD__FP_ALGO:
+            field = "algorithm";
+            snprintf(v, sizeof(v), "%s",
+                     fp[i] == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name((dsgd_allreduce_algo)fp[i]));
+            break;
+        default:
+            field = "piece bytes";
+            snprintf(v, sizeof(v), "%llu", (unsigned long long)(fp[i] * sizeof(float)));
+            break;
+        }
+        k = snprintf(dst + used, cap - used, "%s%s%s %s", first ? " " : ", ",
+                     i >= DSGD__FP_COUNT ? (first ? "passed " : "") : "", field, v);
+        used += k > 0 && (size_t)k < cap - used ? (size_t)k : 0;
+        first = 0;
+        if (i <= DSGD__FP_KIND) break; /* another collective: its other fields mean nothing here */
+    }
+    return used;
+}
+
+/* DSGD_OK when every rank holds the same fingerprint; otherwise records the
+   disagreement and returns DSGD_ERR_DESYNC. The ranks reached the same
+   verdict and moved no data, so the communicator stays usable, unless they
+   are in collectives of different numbers (then it is broken: every later
+   collective would pair them up wrongly). */
+static dsgd_result dsgd__fp_verdict(dsgd_comm *c, const dsgd__fp_range *acc) {
+    char name[96], lo[192], hi[192];
+    if (dsgd__fp_cmp(acc->lo, acc->hi) == 0) return DSGD_OK;
+    dsgd__coll_name(c, name, sizeof(name));
+    dsgd__fp_describe(hi, sizeof(hi), acc->hi_rank, acc->hi, acc->lo);
+    dsgd__fp_describe(lo, sizeof(lo), acc->lo_rank, acc->lo, acc->hi);
+    if (acc->lo[DSGD__FP_SEQ] != acc->hi[DSGD__FP_SEQ]) {
+        c->broken = 1;
+        c->broken_seq = c->seq;
+    }
+    return dsgd_ctx_set_error(c->ctx, DSGD_ERR_DESYNC,
+                              "%s: rank %d: the ranks disagree on the collective: %s; %s; no buffer was touched",
+                              name, c->rank, lo, hi);
+}
+
+/* The message-passing agreement (see above); also the barrier. */
+static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
+    dsgd__fp_range acc, in;
+    int n = c->size, r = c->rank, d, step;
+    dsgd_result res;
+    dsgd__fp_init(c, &acc);
+    for (d = 1, step = 0; d < n; d <<= 1, ++step) {
+        /* 128 bytes of integers, carried as 32 floats and only ever copied */
+        res = dsgd__xchg(c, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), (r + d) % n,
+                         (const float *)(const void *)&acc, sizeof(acc) / sizeof(float), (r - d + n) % n,
+                         (float *)(void *)&in, sizeof(in) / sizeof(float), -1);
+        if (res != DSGD_OK) return res;
+        dsgd__fp_merge(&acc, in.lo, in.lo_rank, in.hi, in.hi_rank);
+    }
+    return dsgd__fp_verdict(c, &acc);
 }
 
 /* Piece j of block b (count elements in n blocks, pieces of P floats). */
@@ -4383,36 +4574,56 @@ static dsgd_result dsgd__bcast_seg(dsgd_comm *c, float *x, size_t len, size_t j,
    other between share and unshare. */
 #define DSGD__DIRECT_TILE 2048
 
+/* What each rank publishes: its buffer and its fingerprint, checked by
+   every rank before any buffer is touched. */
+typedef struct dsgd__direct_pub {
+    float *buf;
+    uint64_t fp[DSGD__FP_N];
+} dsgd__direct_pub;
+
 static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
     const dsgd_transport_i *t = &c->t;
     uint64_t tag = dsgd__tag(c, 0, DSGD__PH_FOLD, 0);
     float tmp[DSGD__DIRECT_TILE];
+    dsgd__direct_pub pub;
+    dsgd__fp_range acc;
     size_t off, len, i, m;
     int n = c->size, k, failed = -1;
-    dsgd_result r;
+    dsgd_result r, agreed;
     if (!t->share || !t->unshare) {
         char name[96];
         dsgd__coll_name(c, name, sizeof(name));
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_UNSUPPORTED, "%s: transport '%s' cannot share memory",
                                   name, t->name ? t->name : "?");
     }
-    r = t->share(t->impl, tag, buf, c->peers, c->deadline, &failed);
+    pub.buf = buf;
+    dsgd__fp_fill(c, pub.fp);
+    r = t->share(t->impl, tag, &pub, c->peers, c->deadline, &failed);
     if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
-    dsgd_block_range(count, n, c->rank, &off, &len);
-    for (i = 0; i < len; i += m) {
-        m = DSGD__MIN((size_t)DSGD__DIRECT_TILE, len - i);
-        if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) { /* the first two in one pass */
-            dsgd__sum2(tmp, (const float *)c->peers[0] + off + i, (const float *)c->peers[1] + off + i, m);
-        } else {
-            memcpy(tmp, (const float *)c->peers[0] + off + i, m * sizeof(float));
-            dsgd__reduce_into(tmp, (const float *)c->peers[1] + off + i, m, op, 0);
+    dsgd__fp_init(c, &acc);
+    for (k = 0; k < n; ++k) {
+        const dsgd__direct_pub *p = (const dsgd__direct_pub *)c->peers[k];
+        dsgd__fp_merge(&acc, p->fp, (uint64_t)k, p->fp, (uint64_t)k);
+    }
+    agreed = dsgd__fp_verdict(c, &acc);
+    if (agreed == DSGD_OK && count > 0) {
+        for (k = 0; k < n; ++k) c->peers[k] = ((const dsgd__direct_pub *)c->peers[k])->buf;
+        dsgd_block_range(count, n, c->rank, &off, &len);
+        for (i = 0; i < len; i += m) {
+            m = DSGD__MIN((size_t)DSGD__DIRECT_TILE, len - i);
+            if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) { /* the first two in one pass */
+                dsgd__sum2(tmp, (const float *)c->peers[0] + off + i, (const float *)c->peers[1] + off + i, m);
+            } else {
+                memcpy(tmp, (const float *)c->peers[0] + off + i, m * sizeof(float));
+                dsgd__reduce_into(tmp, (const float *)c->peers[1] + off + i, m, op, 0);
+            }
+            for (k = 2; k < n; ++k) dsgd__reduce_into(tmp, (const float *)c->peers[k] + off + i, m, op, 0);
+            if (op == DSGD_REDUCE_MEAN) dsgd__divide(tmp, m, n);
+            for (k = 0; k < n; ++k) memcpy((float *)c->peers[k] + off + i, tmp, m * sizeof(float));
         }
-        for (k = 2; k < n; ++k) dsgd__reduce_into(tmp, (const float *)c->peers[k] + off + i, m, op, 0);
-        if (op == DSGD_REDUCE_MEAN) dsgd__divide(tmp, m, n);
-        for (k = 0; k < n; ++k) memcpy((float *)c->peers[k] + off + i, tmp, m * sizeof(float));
     }
     r = t->unshare(t->impl, tag, c->deadline, &failed);
-    return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed);
+    return r == DSGD_OK ? agreed : dsgd__coll_fail(c, r, failed);
 }
 
 /* Binomial reduce to rank 0 (rank r reduces r + 1 into its value, then
@@ -4452,9 +4663,12 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd
     if ((int)algo < 0 || (int)algo > (int)DSGD_ALLREDUCE_DIRECT)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "allreduce: unknown algorithm %d", (int)algo);
     if (algo == DSGD_ALLREDUCE_AUTO) algo = dsgd_allreduce_choose(c, count);
-    dsgd__coll_begin(c, "allreduce", algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo), -1,
-                     timeout_s);
-    if (c->size == 1 || count == 0) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
+    dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
+                     (int)algo, (int)op, -1, count, timeout_s);
+    if (c->size == 1) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
+    if (algo == DSGD_ALLREDUCE_DIRECT) return dsgd__direct(c, buf, count, op); /* agrees through shared memory */
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
     switch (algo) {
     case DSGD_ALLREDUCE_AUTO: /* the transport's native collective */
         res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
@@ -4462,7 +4676,6 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd
     case DSGD_ALLREDUCE_HALVING_DOUBLING: return dsgd__halving_doubling(c, buf, count, op);
     case DSGD_ALLREDUCE_REDUCE_BROADCAST: return dsgd__reduce_broadcast(c, buf, count, op);
     case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return dsgd__recursive_doubling(c, buf, count, op);
-    case DSGD_ALLREDUCE_DIRECT: return dsgd__direct(c, buf, count, op);
     default: return dsgd__ring(c, buf, count, op, 3);
     }
 }
@@ -4473,8 +4686,10 @@ DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count,
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "reduce_scatter", buf, count, 1, op, timeout_s);
     if (res != DSGD_OK) return res;
-    dsgd__coll_begin(c, "reduce_scatter", "ring", -1, timeout_s);
-    if (c->size == 1 || count == 0) return DSGD_OK;
+    dsgd__coll_begin(c, DSGD__K_REDUCE_SCATTER, "ring", -1, (int)op, -1, count, timeout_s);
+    if (c->size == 1) return DSGD_OK;
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
     return dsgd__ring(c, buf, count, op, 1);
 }
 
@@ -4483,8 +4698,10 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, doub
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "allgather", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
-    dsgd__coll_begin(c, "allgather", "ring", -1, timeout_s);
-    if (c->size == 1 || count == 0) return DSGD_OK;
+    dsgd__coll_begin(c, DSGD__K_ALLGATHER, "ring", -1, -1, -1, count, timeout_s);
+    if (c->size == 1) return DSGD_OK;
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
     return dsgd__ring(c, buf, count, DSGD_REDUCE_SUM, 2);
 }
 
@@ -4497,8 +4714,10 @@ DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int 
     if (root < 0 || root >= c->size)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "broadcast: root %d outside [0, %d)", root,
                                   c->size);
-    dsgd__coll_begin(c, "broadcast", NULL, root, timeout_s);
+    dsgd__coll_begin(c, DSGD__K_BROADCAST, NULL, -1, -1, root, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK) return res;
     seg = c->piece * 4;
     for (base = 0, j = 0; base < count; base += seg, ++j) {
         res = dsgd__bcast_seg(c, buf + base, DSGD__MIN(seg, count - base), j, root);
@@ -4509,20 +4728,14 @@ DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int 
 
 DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
     dsgd_result res;
-    int d, step, n;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "barrier", NULL, 0, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
-    dsgd__coll_begin(c, "barrier", NULL, -1, timeout_s);
-    n = c->size;
-    /* Dissemination (Hensgen, Finkel and Manber 1988): in round k rank r
-       signals r + 2^k and waits for r - 2^k, with empty messages. */
-    for (d = 1, step = 0; d < n; d <<= 1, ++step) {
-        res = dsgd__xchg(c, dsgd__tag(c, 0, DSGD__PH_RS, step), (c->rank + d) % n, NULL, 0, (c->rank - d + n) % n,
-                         NULL, 0, -1);
-        if (res != DSGD_OK) return res;
-    }
-    return DSGD_OK;
+    dsgd__coll_begin(c, DSGD__K_BARRIER, NULL, -1, -1, -1, 0, timeout_s);
+    /* The agreement is a dissemination barrier (Hensgen, Finkel and Manber
+       1988): in round k rank r signals r + 2^k and waits for r - 2^k, so
+       after the last round every rank has heard, through others, from all. */
+    return c->size == 1 ? DSGD_OK : dsgd__coll_agree(c);
 }
 
 #endif /* DISTSGD_IMPLEMENTATION && !DSGD__COLLECTIVES_IMPL */

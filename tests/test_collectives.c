@@ -7,7 +7,9 @@
    with only send/recv gives the same bits as the loopback's zero-copy path;
    a rank that never calls makes every other rank time out within the
    deadline, with a message naming it and the sequence number; abort wakes
-   waiters; bad arguments are rejected.
+   waiters; bad arguments are rejected; ranks that disagree on a call (count
+   +-1, +- one piece, 0; op, root, algorithm, collective) all get
+   DSGD_ERR_DESYNC at once with no buffer touched, on every algorithm.
 
    Worker threads never call cmocka's assertions (they longjmp); they record
    results that the main thread checks after joining. A watchdog (alarm)
@@ -215,6 +217,8 @@ typedef struct job {
     int late_rank;        /* this rank starts late_s seconds late; -1: none */
     double late_s;
     int *counter;         /* J_BARRIER_COUNT: shared */
+    const struct job *alt; /* rank alt_rank runs this job instead (NULL: none) */
+    int alt_rank;
 } job;
 
 typedef struct worker {
@@ -230,7 +234,7 @@ typedef struct worker {
 
 static void *worker_main(void *arg) {
     worker *w = (worker *)arg;
-    const job *jb = w->jb;
+    const job *jb = w->jb->alt && w->rank == w->jb->alt_rank ? w->jb->alt : w->jb;
     dsgd_comm *c = w->g->comm[w->rank];
     double t0 = dsgd_now();
     int k;
@@ -816,28 +820,150 @@ static void test_late_rank(void **state) {
     alarm(0);
 }
 
-/* Different counts on different ranks: an error on every rank, no hang. */
-static void test_mismatched_counts(void **state) {
+/* Ranks that disagree on a collective (count, op, root, algorithm, kind):
+   every rank returns DSGD_ERR_DESYNC long before the deadline, with a
+   message naming two ranks and what they passed; no buffer is read or
+   written; and the communicator still works for the next collective. */
+#define MM_CAP 1200 /* floats per buffer, beyond every count used */
+
+/* Runs jb (with its alt) on n ranks whose comms use 256-byte pieces; checks
+   the verdict on every rank, that every message contains want1 and want2,
+   that no buffer changed, then that a matching allreduce succeeds. */
+static void mismatch_case(int n, const job *jb, const char *want1, const char *want2, int minimal) {
     group g;
-    job jb;
+    job ok;
     worker w[MAXN];
-    float **bufs = alloc_bufs(2, 300000);
-    (void)state;
-    watchdog(60);
-    group_init(&g, 2, NULL, 0);
-    job_init(&jb, J_ALLREDUCE, 1000);
-    jb.count[1] = 2000;
-    jb.algo = DSGD_ALLREDUCE_RING;
-    jb.timeout = 1.0;
-    fill_inputs(bufs[0], 1, 0, 2000);
-    fill_inputs(bufs[1], 1, 1, 2000);
-    run_job(&g, &jb, bufs, w);
-    assert_int_not_equal(w[0].res, DSGD_OK);
-    assert_int_not_equal(w[1].res, DSGD_OK);
-    assert_true(w[0].elapsed < 3.0 && w[1].elapsed < 3.0);
-    assert_non_null(strstr(w[0].msg, "allreduce #1 (ring)"));
+    dsgd_comm_desc desc;
+    float **bufs = alloc_bufs(n, MM_CAP);
+    int r;
+    size_t i;
+    memset(&desc, 0, sizeof(desc));
+    desc.piece_bytes = 256;
+    group_init(&g, n, &desc, minimal);
+    for (r = 0; r < n; ++r) fill_inputs(bufs[r], 21, r, MM_CAP);
+    run_job(&g, jb, bufs, w);
+    for (r = 0; r < n; ++r) {
+        int good = w[r].res == DSGD_ERR_DESYNC && w[r].elapsed < 3.0 && strstr(w[r].msg, want1) &&
+                   strstr(w[r].msg, want2) && strstr(w[r].msg, "disagree");
+        if (!good)
+            print_error("mismatch N=%d kind=%d algo=%s count0=%zu alt rank %d: rank %d res %d after %.3f s: '%s' "
+                        "(want '%s', '%s')\n",
+                        n, jb->kind, dsgd_allreduce_algo_name(jb->algo), jb->count[0], jb->alt_rank, r,
+                        (int)w[r].res, w[r].elapsed, w[r].msg, want1, want2);
+        assert_true(good);
+        for (i = 0; i < MM_CAP; ++i)
+            if (bufs[r][i] != input_value(21, r, i)) fail_msg("rank %d: element %zu was touched", r, i);
+    }
+    job_init(&ok, J_ALLREDUCE, 300);
+    ok.algo = jb->algo;
+    ok.timeout = 20.0;
+    run_job(&g, &ok, bufs, w);
+    assert_all_ok(&g, w, "allreduce after a disagreement");
+    assert_ranks_identical(&g, bufs, 300, "allreduce after a disagreement");
+    free_bufs(bufs, n);
     group_free(&g);
-    free_bufs(bufs, 2);
+}
+
+/* Count variants of the issue: one rank passes count +-1, +- one piece (64
+   floats at 256-byte pieces) or 0, on every kind and algorithm, N = 2..4. */
+static void test_mismatched_counts(void **state) {
+    static const long delta[] = {+1, -1, +64, -64, -1000};
+    int n, ki, di;
+    (void)state;
+    watchdog(300);
+    for (n = 2; n <= 4; ++n) {
+        for (ki = 0; ki < NUM_ALGOS + 3; ++ki) {
+            for (di = 0; di < 5; ++di) {
+                job jb, alt;
+                char w1[64], w2[64];
+                int kind = ki < NUM_ALGOS ? J_ALLREDUCE : J_REDUCE_SCATTER + (ki - NUM_ALGOS);
+                job_init(&jb, kind, 1000);
+                jb.algo = ki < NUM_ALGOS ? ALGOS[ki] : DSGD_ALLREDUCE_AUTO;
+                jb.op = DSGD_REDUCE_SUM;
+                jb.root = n - 1;
+                jb.timeout = 20.0;
+                alt = jb;
+                alt.count[0] = (size_t)(1000 + delta[di]);
+                for (alt.alt_rank = 0; alt.alt_rank < MAXN; ++alt.alt_rank) alt.count[alt.alt_rank] = alt.count[0];
+                jb.alt = &alt;
+                jb.alt_rank = (di + ki) % n; /* vary which rank is off */
+                snprintf(w1, sizeof(w1), "rank %d passed count %ld", jb.alt_rank, 1000 + delta[di]);
+                snprintf(w2, sizeof(w2), "passed count 1000");
+                mismatch_case(n, &jb, w1, w2, 0);
+            }
+        }
+    }
+    alarm(0);
+}
+
+/* The cases the outside test pass found, and disagreements other than the
+   count. */
+static void test_mismatched_calls(void **state) {
+    job jb, alt;
+    int r;
+    (void)state;
+    watchdog(120);
+    /* DIRECT (AUTO on the loopback): 1000 against 2000 read past a buffer;
+       300/300/299 left the last element unreduced */
+    job_init(&jb, J_ALLREDUCE, 1000);
+    jb.timeout = 20.0;
+    alt = jb;
+    for (r = 0; r < MAXN; ++r) alt.count[r] = 1100;
+    jb.alt = &alt;
+    jb.alt_rank = 1;
+    mismatch_case(2, &jb, "rank 1 passed count 1100", "rank 0 passed count 1000", 0);
+    for (r = 0; r < MAXN; ++r) alt.count[r] = 299;
+    for (r = 0; r < MAXN; ++r) jb.count[r] = 300;
+    jb.alt_rank = 2;
+    mismatch_case(3, &jb, "rank 2 passed count 299", "rank 0 passed count 300", 0);
+    /* the send/recv-only path, and AUTO choosing by count without sharing */
+    jb.algo = alt.algo = DSGD_ALLREDUCE_RING;
+    mismatch_case(3, &jb, "rank 2 passed count 299", "rank 0 passed count 300", 1);
+    jb.algo = alt.algo = DSGD_ALLREDUCE_AUTO;
+    mismatch_case(4, &jb, "rank 2 passed count 299", "rank 0 passed count 300", 1);
+    /* counts a whole number of pieces apart (128 against 256 floats at
+       256-byte pieces): the ring and the ring all-gather returned OK on the
+       smaller rank with half its block wrong */
+    job_init(&jb, J_ALLREDUCE, 256);
+    jb.algo = DSGD_ALLREDUCE_RING;
+    jb.timeout = 20.0;
+    alt = jb;
+    for (r = 0; r < MAXN; ++r) alt.count[r] = 128;
+    jb.alt = &alt;
+    jb.alt_rank = 0;
+    mismatch_case(2, &jb, "rank 0 passed count 128", "rank 1 passed count 256", 0);
+    jb.kind = alt.kind = J_ALLGATHER;
+    mismatch_case(2, &jb, "rank 0 passed count 128", "rank 1 passed count 256", 0);
+    job_init(&jb, J_ALLREDUCE, 300);
+    jb.timeout = 20.0;
+    alt = jb;
+    jb.alt = &alt;
+    jb.alt_rank = 2;
+    /* another op */
+    for (r = 0; r < MAXN; ++r) alt.count[r] = 300;
+    alt.op = DSGD_REDUCE_MAX;
+    mismatch_case(3, &jb, "rank 2 passed op max", "rank 0 passed op sum", 0);
+    jb.algo = alt.algo = DSGD_ALLREDUCE_HALVING_DOUBLING;
+    mismatch_case(4, &jb, "rank 2 passed op max", "rank 0 passed op sum", 0);
+    /* another algorithm */
+    alt.op = jb.op;
+    alt.algo = DSGD_ALLREDUCE_RING;
+    mismatch_case(4, &jb, "rank 2 passed algorithm ring", "rank 0 passed algorithm halving_doubling", 0);
+    /* another root */
+    job_init(&jb, J_BROADCAST, 500);
+    jb.timeout = 20.0;
+    alt = jb;
+    alt.root = 2;
+    jb.alt = &alt;
+    jb.alt_rank = 1;
+    mismatch_case(3, &jb, "rank 0 passed root 0", "rank 1 passed root 2", 0);
+    /* another collective */
+    job_init(&alt, J_ALLGATHER, 500);
+    alt.timeout = 20.0;
+    mismatch_case(3, &jb, "rank 1 is in allgather", "rank 0 is in broadcast", 0);
+    job_init(&alt, J_BARRIER, 0);
+    alt.timeout = 20.0;
+    mismatch_case(2, &jb, "rank 1 is in barrier", "rank 0 is in broadcast", 1);
     alarm(0);
 }
 
@@ -892,48 +1018,71 @@ static void test_abort_wakes_waiters(void **state) {
     alarm(0);
 }
 
-/* A native allreduce hook replaces AUTO; explicit algorithms still run the
-   library's code; a native failure is reported with the sequence number. */
+/* A native allreduce hook replaces AUTO, after the ranks agreed on the call;
+   explicit algorithms still run the library's code; a native failure is
+   reported with the sequence number. */
 static int native_calls;
 static dsgd_result fake_native(void *impl, float *buf, size_t count, dsgd_reduce_op op, double deadline) {
     size_t i;
     (void)impl;
     (void)op;
     (void)deadline;
-    ++native_calls;
+    __atomic_add_fetch(&native_calls, 1, __ATOMIC_SEQ_CST);
     if (count == 7) return DSGD_ERR_TIMEOUT;
     for (i = 0; i < count; ++i) buf[i] = 42.0f;
     return DSGD_OK;
 }
 
 static void test_native_hook(void **state) {
-    dsgd_ctx *ctx;
-    dsgd_loopback *hub;
-    dsgd_transport_i t;
-    dsgd_comm *c;
-    float buf[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    group g;
+    job jb;
+    worker w[MAXN];
+    float **bufs = alloc_bufs(2, 16);
+    int r;
     (void)state;
-    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
-    assert_int_equal(dsgd_loopback_create(ctx, 2, &hub), DSGD_OK);
-    assert_int_equal(dsgd_loopback_endpoint(hub, 0, &t), DSGD_OK);
-    t.allreduce = fake_native;
-    assert_int_equal(dsgd_comm_create(ctx, &t, NULL, &c), DSGD_OK);
-    assert_int_equal(dsgd_allreduce_choose(c, 8), DSGD_ALLREDUCE_AUTO);
+    watchdog(60);
+    for (r = 0; r < 2; ++r) memset(bufs[r], 0, 16 * sizeof(float));
+    group_init(&g, 2, NULL, 0);
+    for (r = 0; r < 2; ++r) {
+        dsgd_comm_destroy(g.comm[r]);
+        g.ep[r].allreduce = fake_native;
+        assert_int_equal(dsgd_comm_create(g.ctx[r], &g.ep[r], NULL, &g.comm[r]), DSGD_OK);
+    }
+    assert_int_equal(dsgd_allreduce_choose(g.comm[0], 8), DSGD_ALLREDUCE_AUTO);
     native_calls = 0;
-    assert_int_equal(dsgd_allreduce(c, buf, 8, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0), DSGD_OK);
-    assert_int_equal(native_calls, 1);
-    assert_true(buf[0] == 42.0f && buf[7] == 42.0f);
-    /* an explicit algorithm does not use the hook: with no peer it times out */
-    assert_int_equal(dsgd_allreduce(c, buf, 8, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0.05), DSGD_ERR_TIMEOUT);
-    assert_int_equal(native_calls, 1);
-    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "allreduce #2 (ring): rank 0 timed out waiting for rank 1"));
-    dsgd_comm_destroy(c);
-    assert_int_equal(dsgd_comm_create(ctx, &t, NULL, &c), DSGD_OK);
-    assert_int_equal(dsgd_allreduce(c, buf, 7, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0), DSGD_ERR_TIMEOUT);
-    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "allreduce #1 (native)"));
-    dsgd_comm_destroy(c);
-    dsgd_loopback_destroy(hub);
-    dsgd_ctx_destroy(ctx);
+    job_init(&jb, J_ALLREDUCE, 8);
+    run_job(&g, &jb, bufs, w);
+    assert_all_ok(&g, w, "native");
+    assert_int_equal(native_calls, 2);
+    for (r = 0; r < 2; ++r) assert_true(bufs[r][0] == 42.0f && bufs[r][7] == 42.0f && bufs[r][8] == 0.0f);
+    /* an explicit algorithm does not use the hook */
+    jb.algo = DSGD_ALLREDUCE_RING;
+    for (r = 0; r < 2; ++r) bufs[r][0] = (float)(r + 1);
+    run_job(&g, &jb, bufs, w);
+    assert_all_ok(&g, w, "ring beside a native hook");
+    assert_int_equal(native_calls, 2);
+    assert_true(bufs[0][0] == 3.0f && bufs[1][0] == 3.0f && bufs[1][7] == 84.0f);
+    /* different counts: the hook is never called with them */
+    jb.algo = DSGD_ALLREDUCE_AUTO;
+    jb.count[1] = 9;
+    run_job(&g, &jb, bufs, w);
+    for (r = 0; r < 2; ++r) {
+        assert_int_equal(w[r].res, DSGD_ERR_DESYNC);
+        assert_non_null(strstr(w[r].msg, "allreduce #3 (native)"));
+        assert_non_null(strstr(w[r].msg, "rank 1 passed count 9"));
+    }
+    assert_int_equal(native_calls, 2);
+    /* a failure of the hook */
+    job_init(&jb, J_ALLREDUCE, 7);
+    run_job(&g, &jb, bufs, w);
+    for (r = 0; r < 2; ++r) {
+        assert_int_equal(w[r].res, DSGD_ERR_TIMEOUT);
+        assert_non_null(strstr(w[r].msg, "allreduce #4 (native)"));
+    }
+    assert_int_equal(native_calls, 4);
+    free_bufs(bufs, 2);
+    group_free(&g);
+    alarm(0);
 }
 
 /* N = 1: every collective returns at once with the input unchanged (MEAN
@@ -1067,16 +1216,19 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(dsgd_barrier(c, -2), DSGD_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsgd_barrier(NULL, 0), DSGD_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsgd_comm_seq(c), 0); /* nothing started */
-    /* count 0 with a NULL buffer is fine (and starts a collective) */
-    assert_int_equal(dsgd_allreduce(c, NULL, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0), DSGD_OK);
-    assert_int_equal(dsgd_comm_seq(c), 1);
     /* the default timeout from the desc applies (0.05 s, no peer) */
     {
         double t0 = dsgd_now();
         assert_int_equal(dsgd_barrier(c, 0), DSGD_ERR_TIMEOUT);
         assert_true(dsgd_now() - t0 < 1.0);
-        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "barrier #2: rank 0 timed out waiting for rank 1 after 0.05 s"));
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "barrier #1: rank 0 timed out waiting for rank 1 after 0.05 s"));
     }
+    /* count 0 with a NULL buffer passes the checks and starts a collective,
+       which still agrees with the peers (here: none comes, so it times out) */
+    dsgd_comm_destroy(c);
+    assert_int_equal(dsgd_comm_create(ctx, &t, &desc, &c), DSGD_OK);
+    assert_int_equal(dsgd_allreduce(c, NULL, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0), DSGD_ERR_TIMEOUT);
+    assert_int_equal(dsgd_comm_seq(c), 1);
     assert_null(dsgd_comm_ctx(NULL));
     assert_int_equal(dsgd_comm_size(NULL), 0);
     assert_string_equal(dsgd_reduce_op_name(DSGD_REDUCE_MEAN), "mean");
@@ -1128,6 +1280,7 @@ int main(void) {
         cmocka_unit_test(test_barrier),
         cmocka_unit_test(test_nan_propagates),
         cmocka_unit_test(test_mismatched_counts),
+        cmocka_unit_test(test_mismatched_calls),
         cmocka_unit_test(test_late_rank),
         cmocka_unit_test(test_abort_wakes_waiters),
         cmocka_unit_test(test_timeout_missing_rank),
