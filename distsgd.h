@@ -1250,6 +1250,13 @@ typedef struct dsgd_strategy_desc {
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
                                        buffer) */
+    size_t piece_bytes;             /* every replica's communicator pipelines its
+                                       collectives in pieces of this many bytes
+                                       (dsgd_comm_desc.piece_bytes): 0: the default,
+                                       256 KiB; any other value is clamped to
+                                       256 B..1 GiB, never rejected. The same on
+                                       every replica, and the weights do not depend
+                                       on it (only the speed does) */
     dsgd_nonfinite_policy nonfinite; /* default SKIP */
     double timeout_s;               /* deadline of every collective; default 30 s */
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
@@ -4799,6 +4806,7 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
             dsgd_comm_desc cdesc;
             memset(&cdesc, 0, sizeof(cdesc));
             cdesc.timeout_s = s->d.timeout_s;
+            cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
             if ((res = dsgd_loopback_endpoint(s->hub, i, &r->ep)) != DSGD_OK) break;
             if ((res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm)) != DSGD_OK) break;
         }

@@ -40,6 +40,9 @@
    - A replica that does not join a collective: the others time out within the
      deadline (0.3 s) plus a margin, never hang (a watchdog kills the test), and
      the strategy is unusable afterwards.
+   - The pipeline piece size in the strategy desc (256 B, 300 B, and 1 B and
+     SIZE_MAX, which are clamped) gives the bits of the default piece size
+     for ring, halving-doubling and recursive doubling at N = 3, 4.
    - Bad arguments return their codes with a message.
 
    Build: make test (or, from the repository root,
@@ -227,6 +230,7 @@ typedef struct contract_case {
     dsgd_allreduce_algo algo;
     size_t bucket_bytes;
     int staged; /* replicas' backends without host pointers */
+    size_t piece_bytes;
 } contract_case;
 
 /* Trains MIRRORED (c->n x CONTRACT_B) and ONE_DEVICE (batch c->n * CONTRACT_B)
@@ -245,6 +249,7 @@ static double contract_run(const contract_case *c, float *out) {
     double err;
     md.algorithm = c->algo;
     md.bucket_bytes = c->bucket_bytes;
+    md.piece_bytes = c->piece_bytes;
     if (c->staged) md.backend_factory = no_host_ptr_factory;
     ms = strat_make(ctx, &md);
     rs = strat_make(ctx, &rd);
@@ -267,9 +272,9 @@ static double contract_run(const contract_case *c, float *out) {
     get_params(ctx, ms, 0, pm);
     get_params(ctx, rs, 0, pr);
     err = rel_err(pm, pr, NPARAMS);
-    printf("    contract N=%d %-8s %-18s bucket %4zu B%s: rel err %.3g\n", n, opt_name(c->opt),
+    printf("    contract N=%d %-8s %-18s bucket %4zu B%s piece %zu B: rel err %.3g\n", n, opt_name(c->opt),
            c->algo == DSGD_ALLREDUCE_AUTO ? "auto" : dsgd_allreduce_algo_name(c->algo), c->bucket_bytes,
-           c->staged ? " staged" : "", err);
+           c->staged ? " staged" : "", c->piece_bytes, err);
     if (out) memcpy(out, pm, sizeof(pm));
     dsgd_strategy_destroy(ms);
     dsgd_strategy_destroy(rs);
@@ -377,6 +382,38 @@ static void test_same_seed_bitwise(void **state) {
         contract_run(&c[i], a);
         contract_run(&c[i], b);
         if (memcmp(a, b, sizeof(a)) != 0) fail_msg("case %d: two runs with the same seed differ", i);
+    }
+}
+
+/* The pipeline piece size set through the strategy desc, and the weights do
+   not depend on it: each element is reduced in an order fixed by
+   (algorithm, N, count). The 517-float gradient is one piece at the default
+   (256 KiB) and up to 9 pieces of 64 floats at 256 B. 1 B and SIZE_MAX are
+   clamped (to 256 B and 1 GiB), as documented, not rejected; 300 B is 75
+   floats. */
+static void test_piece_bytes(void **state) {
+    static const size_t pieces[4] = {256, 300, 1, (size_t)-1};
+    static const dsgd_allreduce_algo algos[3] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+                                                 DSGD_ALLREDUCE_RECURSIVE_DOUBLING};
+    int n, a, k;
+    (void)state;
+    for (n = 3; n <= 4; ++n) {
+        for (a = 0; a < 3; ++a) {
+            contract_case c;
+            float want[NPARAMS], got[NPARAMS];
+            memset(&c, 0, sizeof(c));
+            c.n = n;
+            c.opt = DSGD_OPT_ADAM;
+            c.algo = algos[a];
+            check_contract(&c, want); /* default piece size */
+            for (k = 0; k < 4; ++k) {
+                c.piece_bytes = pieces[k];
+                check_contract(&c, got);
+                if (memcmp(got, want, sizeof(got)) != 0)
+                    fail_msg("N=%d %s: piece_bytes %zu gives other weights than the default", n,
+                             dsgd_allreduce_algo_name(c.algo), pieces[k]);
+            }
+        }
     }
 }
 
@@ -1213,6 +1250,7 @@ int main(void) {
         T(test_contract_optimizers),
         T(test_contract_algorithms_and_buckets),
         T(test_contract_staged),
+        T(test_piece_bytes),
         T(test_same_seed_bitwise),
         T(test_uneven_batches),
         T(test_model_variable_aggregation),
