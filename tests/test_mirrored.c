@@ -37,9 +37,10 @@
      with that replica's error; so must a device failure on one replica just
      before the exchange (a backend whose finish fails), not the others'
      timeouts while they wait for it.
-   - A replica whose fn fails in dsgd_strategy_run while the others wait in an
-     all-reduce with a 10 s deadline (auto, ring, recursive doubling; replica
-     1 or 3 failing): the run returns that replica's own result and message,
+   - A replica whose fn fails in dsgd_strategy_run (at once, or after 50 ms)
+     while the others wait in an all-reduce with a 10 s deadline (auto, ring,
+     recursive doubling; replica 1 or 3 failing): the run returns that
+     replica's own result and message,
      within 0.5 s (a hang bound: the others are stopped through the
      transport), and the others' results say "aborted because replica k
      failed". The same for a device failure inside a training step.
@@ -1097,10 +1098,12 @@ static dsgd_result noop_fn(dsgd_replica *rep, void *user);
 /* ---------------------------------------------------------------- a failing replica stops the others */
 
 typedef struct fail_job {
-    int failing; /* this replica fails at once; the others enter an all-reduce */
+    int failing; /* this replica fails after delay_s; the others enter an all-reduce */
+    double delay_s;
     dsgd_allreduce_algo algo;
     dsgd_result res[MAXN];
     double elapsed[MAXN];
+    double end[MAXN]; /* dsgd_now() when the replica's fn returned */
 } fail_job;
 
 static dsgd_result fail_fast_fn(dsgd_replica *rep, void *user) {
@@ -1109,29 +1112,36 @@ static dsgd_result fail_fast_fn(dsgd_replica *rep, void *user) {
     float buf[300];
     double t0 = dsgd_now();
     if (r == j->failing) {
+        struct timespec ts;
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)(j->delay_s * 1e9);
+        if (j->delay_s > 0) nanosleep(&ts, NULL); /* the others are asleep in the all-reduce by then */
         j->res[r] = dsgd_ctx_set_error(dsgd_replica_ctx(rep), DSGD_ERR_SHAPE, "injected failure of its own code");
     } else {
         for (i = 0; i < 300; ++i) buf[i] = (float)(r + i);
         j->res[r] = dsgd_allreduce(dsgd_replica_comm(rep), buf, 300, DSGD_REDUCE_SUM, j->algo, 10.0);
     }
-    j->elapsed[r] = dsgd_now() - t0;
+    j->end[r] = dsgd_now();
+    j->elapsed[r] = j->end[r] - t0;
     return j->res[r];
 }
 
-/* Replica k's fn fails at once while the others wait in an all-reduce with
-   a 10 s deadline. The run must return replica k's own error (not replica
-   0's failed collective) and the others must be stopped at once through the
+/* Replica k's fn fails (at once, or after 50 ms, when the others are
+   asleep in the collective) while the others wait in an all-reduce with a
+   10 s deadline. The run must return replica k's own error (not replica 0's
+   failed collective) and the others must be stopped at once through the
    transport, not wait out their deadline. 0.5 s is a hang bound, not a
-   benchmark. */
+   benchmark; the printed lag is how long after the failure each returned. */
 static void test_run_failure_stops_peers(void **state) {
     enum { N = 4 };
     static const dsgd_allreduce_algo algos[3] = {DSGD_ALLREDUCE_AUTO, DSGD_ALLREDUCE_RING,
                                                  DSGD_ALLREDUCE_RECURSIVE_DOUBLING};
     static const int failing[2] = {1, 3};
-    int a, f, r;
+    int a, r, k;
     (void)state;
-    for (f = 0; f < 2; ++f) {
+    for (k = 0; k < 4; ++k) {
         for (a = 0; a < 3; ++a) {
+            int fi = k % 2;
             dsgd_ctx *ctx = tu_ctx();
             dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, N, 4, DSGD_OPT_SGD);
             dsgd_strategy *s;
@@ -1142,24 +1152,27 @@ static void test_run_failure_stops_peers(void **state) {
             d.timeout_s = 10.0;
             s = strat_make(ctx, &d);
             memset(&job, 0, sizeof(job));
-            job.failing = failing[f];
+            job.failing = failing[fi];
+            job.delay_s = k < 2 ? 0.0 : 0.05;
             job.algo = algos[a];
             watchdog_arm("test_run_failure_stops_peers", 60);
             t0 = dsgd_now();
             rr = dsgd_strategy_run(s, fail_fast_fn, &job);
             elapsed = dsgd_now() - t0;
             snprintf(msg, sizeof(msg), "%s", dsgd_ctx_last_error(ctx));
-            printf("    replica %d fails, others in %s: run -> %s after %.4f s: %s\n", job.failing,
-                   job.algo == DSGD_ALLREDUCE_AUTO ? "auto" : dsgd_allreduce_algo_name(job.algo),
+            printf("    replica %d fails after %.2f s, others in %s: run -> %s after %.4f s: %s\n", job.failing,
+                   job.delay_s, job.algo == DSGD_ALLREDUCE_AUTO ? "auto" : dsgd_allreduce_algo_name(job.algo),
                    dsgd_result_string(rr), elapsed, msg);
             for (r = 0; r < N; ++r)
-                printf("      replica %d: fn -> %s after %.4f s\n", r, dsgd_result_string(job.res[r]), job.elapsed[r]);
+                printf("      replica %d: fn -> %s after %.4f s (%.2f ms after the failure)\n", r,
+                       dsgd_result_string(job.res[r]), job.elapsed[r], 1e3 * (job.end[r] - job.end[job.failing]));
             if (rr != DSGD_ERR_SHAPE)
                 fail_msg("run -> %s, want replica %d's own DSGD_ERR_SHAPE: %s", dsgd_result_string(rr), job.failing,
                          msg);
             snprintf(want, sizeof(want), "replica %d: injected failure", job.failing);
             if (!contains(msg, want)) fail_msg("the strategy's message is not replica %d's: %s", job.failing, msg);
-            if (!(elapsed < 0.5)) fail_msg("the run took %.3f s: the peers waited for their deadline", elapsed);
+            if (!(elapsed < job.delay_s + 0.5))
+                fail_msg("the run took %.3f s: the peers waited for their deadline", elapsed);
             for (r = 0; r < N; ++r) {
                 const char *rmsg = NULL;
                 dsgd_result rres = dsgd_strategy_replica_result(s, r, &rmsg);
@@ -1169,7 +1182,7 @@ static void test_run_failure_stops_peers(void **state) {
                     continue;
                 }
                 assert_int_equal(job.res[r], DSGD_ERR_STATE); /* the transport was aborted */
-                assert_true(job.elapsed[r] < 0.5);
+                assert_true(job.end[r] - job.end[job.failing] < 0.5);
                 /* and the strategy says why */
                 snprintf(want, sizeof(want), "aborted because replica %d failed", job.failing);
                 assert_int_equal(rres, DSGD_ERR_STATE);
