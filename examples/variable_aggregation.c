@@ -42,7 +42,11 @@ static dsgd_result write_rank(dsgd_replica *rep, void *user) {
     return j->res[r];
 }
 
-static void row(dsgd_ctx *ctx, dsgd_strategy *s, dsgd_synchronization sync, dsgd_aggregation agg, int add) {
+/* One row of the table. A failed dsgd_strategy_run fails the strategy
+   (dsgd_strategy_failed), so after the rejected write *s is replaced by a
+   new one. Returns 0 when that cannot be created. */
+static int row(dsgd_ctx *ctx, dsgd_strategy **s, const dsgd_strategy_desc *sd, dsgd_synchronization sync,
+               dsgd_aggregation agg, int add) {
     char name[64];
     float init = 10.0f, v;
     dsgd_dvar_desc d = {0};
@@ -57,23 +61,25 @@ static void row(dsgd_ctx *ctx, dsgd_strategy *s, dsgd_synchronization sync, dsgd
     d.initial_value = &init;
     printf("%-9s %-19s %-10s ", dsgd_synchronization_name(sync), dsgd_aggregation_name(agg),
            add ? "assign_add" : "assign");
-    if (dsgd_strategy_create_variable(s, &d, &id) != DSGD_OK) {
+    if (dsgd_strategy_create_variable(*s, &d, &id) != DSGD_OK) {
         printf("creation rejected\n          %s\n", dsgd_ctx_last_error(ctx));
-        return;
+        return 1;
     }
     j.id = id;
     j.add = add;
-    if (dsgd_strategy_run(s, write_rank, &j) != DSGD_OK) {
+    if (dsgd_strategy_run(*s, write_rank, &j) != DSGD_OK) {
         printf("write rejected on every replica (%s)\n          %s\n",
                dsgd_result_string(j.res[0]), dsgd_ctx_last_error(ctx));
-        return;
+        dsgd_strategy_destroy(*s);
+        return dsgd_strategy_create(ctx, sd, s) == DSGD_OK;
     }
     for (r = 0; r < N; ++r) {
-        dsgd_strategy_read_local(s, id, r, &v);
+        dsgd_strategy_read_local(*s, id, r, &v);
         printf("%6g", (double)v);
     }
-    dsgd_strategy_read_variable(s, id, &v);
+    dsgd_strategy_read_variable(*s, id, &v);
     printf("  | %6g\n", (double)v);
+    return 1;
 }
 
 int main(void) {
@@ -107,7 +113,10 @@ int main(void) {
         for (ai = 0; ai < 4; ++ai)
             for (add = 0; add < 2; ++add) {
                 if (aggs[ai] == DSGD_AGG_NONE && add) continue; /* rejected the same way */
-                row(ctx, s, sync, aggs[ai], add);
+                if (!row(ctx, &s, &sd, sync, aggs[ai], add)) {
+                    fprintf(stderr, "%s\n", dsgd_ctx_last_error(ctx));
+                    return 1;
+                }
             }
         printf("\n");
     }

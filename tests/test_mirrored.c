@@ -37,9 +37,26 @@
      with that replica's error; so must a device failure on one replica just
      before the exchange (a backend whose finish fails), not the others'
      timeouts while they wait for it.
+   - A replica whose fn fails in dsgd_strategy_run (at once, or after 50 ms)
+     while the others wait in an all-reduce with a 10 s deadline (auto, ring,
+     recursive doubling; replica 1 or 3 failing): the run returns that
+     replica's own result and message,
+     within 0.5 s (a hang bound: the others are stopped through the
+     transport), and the others' results say "aborted because replica k
+     failed". The same for a device failure inside a training step.
+   - After a failure that can leave the replicas different (replica 1's
+     optimizer update fails at step 2 while the others update, so the
+     weights really differ; any failed run, N = 3 and N = 1) every call that
+     uses the replicas' state returns DSGD_ERR_STATE naming the step and
+     saying to recreate the strategy; a failure agreed on before the update
+     (a bad label) leaves it usable.
    - A replica that does not join a collective: the others time out within the
-     deadline (0.3 s) plus a margin, never hang (a watchdog kills the test), and
-     the strategy is unusable afterwards.
+     deadline (0.3 s) plus a margin, or are stopped by the first timeout's
+     abort, never hang (a watchdog kills the test), and the strategy is
+     unusable afterwards.
+   - The pipeline piece size in the strategy desc (256 B, 300 B, and 1 B and
+     SIZE_MAX, which are clamped) gives the bits of the default piece size
+     for ring, halving-doubling and recursive doubling at N = 3, 4.
    - Bad arguments return their codes with a message.
 
    Build: make test (or, from the repository root,
@@ -209,6 +226,37 @@ static dsgd_result failing_factory(void *user, dsgd_ctx *ctx, int replica, dsgd_
     return DSGD_OK;
 }
 
+/* The CPU backend whose optimizer_update fails on replica 1 at its update
+   number g_opt_fail_at (0-based: that replica's step index) while the other
+   replicas update: the replicas' weights then differ. The counter is only
+   touched by replica 1's thread during a step and by the test between
+   steps (the strategy's dispatch orders the two). */
+static void *g_opt_fail_impl;
+static dsgd_ctx *g_opt_fail_ctx;
+static int g_opt_fail_calls, g_opt_fail_at;
+static dsgd_result (*g_cpu_update)(void *impl, const dsgd_opt_update *u, dsgd_ref param, dsgd_ref grad,
+                                   dsgd_ref m1, dsgd_ref m2, size_t n);
+
+static dsgd_result failing_update(void *impl, const dsgd_opt_update *u, dsgd_ref param, dsgd_ref grad, dsgd_ref m1,
+                                  dsgd_ref m2, size_t n) {
+    if (impl == g_opt_fail_impl && g_opt_fail_calls++ == g_opt_fail_at)
+        return dsgd_ctx_set_error(g_opt_fail_ctx, DSGD_ERR_BACKEND, "injected optimizer failure");
+    return g_cpu_update(impl, u, param, grad, m1, m2, n);
+}
+
+static dsgd_result opt_failing_factory(void *user, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
+    dsgd_result r = dsgd_cpu_backend_create(ctx, out);
+    (void)user;
+    if (r != DSGD_OK) return r;
+    if (replica == 1) {
+        g_opt_fail_impl = out->impl;
+        g_opt_fail_ctx = ctx;
+    }
+    g_cpu_update = out->optimizer_update;
+    out->optimizer_update = failing_update;
+    return DSGD_OK;
+}
+
 /* A factory that cannot make replica 2's backend: creation fails after two
    replicas were built (their cleanup runs under ASan's leak check). */
 static dsgd_result broken_factory(void *user, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
@@ -227,6 +275,7 @@ typedef struct contract_case {
     dsgd_allreduce_algo algo;
     size_t bucket_bytes;
     int staged; /* replicas' backends without host pointers */
+    size_t piece_bytes;
 } contract_case;
 
 /* Trains MIRRORED (c->n x CONTRACT_B) and ONE_DEVICE (batch c->n * CONTRACT_B)
@@ -245,6 +294,7 @@ static double contract_run(const contract_case *c, float *out) {
     double err;
     md.algorithm = c->algo;
     md.bucket_bytes = c->bucket_bytes;
+    md.piece_bytes = c->piece_bytes;
     if (c->staged) md.backend_factory = no_host_ptr_factory;
     ms = strat_make(ctx, &md);
     rs = strat_make(ctx, &rd);
@@ -267,9 +317,9 @@ static double contract_run(const contract_case *c, float *out) {
     get_params(ctx, ms, 0, pm);
     get_params(ctx, rs, 0, pr);
     err = rel_err(pm, pr, NPARAMS);
-    printf("    contract N=%d %-8s %-18s bucket %4zu B%s: rel err %.3g\n", n, opt_name(c->opt),
+    printf("    contract N=%d %-8s %-18s bucket %4zu B%s piece %zu B: rel err %.3g\n", n, opt_name(c->opt),
            c->algo == DSGD_ALLREDUCE_AUTO ? "auto" : dsgd_allreduce_algo_name(c->algo), c->bucket_bytes,
-           c->staged ? " staged" : "", err);
+           c->staged ? " staged" : "", c->piece_bytes, err);
     if (out) memcpy(out, pm, sizeof(pm));
     dsgd_strategy_destroy(ms);
     dsgd_strategy_destroy(rs);
@@ -377,6 +427,38 @@ static void test_same_seed_bitwise(void **state) {
         contract_run(&c[i], a);
         contract_run(&c[i], b);
         if (memcmp(a, b, sizeof(a)) != 0) fail_msg("case %d: two runs with the same seed differ", i);
+    }
+}
+
+/* The pipeline piece size set through the strategy desc, and the weights do
+   not depend on it: each element is reduced in an order fixed by
+   (algorithm, N, count). The 517-float gradient is one piece at the default
+   (256 KiB) and up to 9 pieces of 64 floats at 256 B. 1 B and SIZE_MAX are
+   clamped (to 256 B and 1 GiB), as documented, not rejected; 300 B is 75
+   floats. */
+static void test_piece_bytes(void **state) {
+    static const size_t pieces[4] = {256, 300, 1, (size_t)-1};
+    static const dsgd_allreduce_algo algos[3] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+                                                 DSGD_ALLREDUCE_RECURSIVE_DOUBLING};
+    int n, a, k;
+    (void)state;
+    for (n = 3; n <= 4; ++n) {
+        for (a = 0; a < 3; ++a) {
+            contract_case c;
+            float want[NPARAMS], got[NPARAMS];
+            memset(&c, 0, sizeof(c));
+            c.n = n;
+            c.opt = DSGD_OPT_ADAM;
+            c.algo = algos[a];
+            check_contract(&c, want); /* default piece size */
+            for (k = 0; k < 4; ++k) {
+                c.piece_bytes = pieces[k];
+                check_contract(&c, got);
+                if (memcmp(got, want, sizeof(got)) != 0)
+                    fail_msg("N=%d %s: piece_bytes %zu gives other weights than the default", n,
+                             dsgd_allreduce_algo_name(c.algo), pieces[k]);
+            }
+        }
     }
 }
 
@@ -611,16 +693,27 @@ static void test_distributed_variables(void **state) {
                     job.add = add;
                     rr = dsgd_strategy_run(s, dv_write, &job);
                     if (syncs[si] == DSGD_SYNC_ON_WRITE && aggs[ai] == DSGD_AGG_NONE) {
-                        /* rejected on every replica, nothing written */
+                        /* rejected on every replica, nothing written (each
+                           replica read its copy back in replica context) */
                         if (rr != DSGD_ERR_INVALID_ARGUMENT) fail_msg("%s: run -> %d", name, (int)rr);
                         assert_true(dsgd_ctx_last_error(ctx)[0] != '\0');
                         for (r = 0; r < n; ++r) {
                             assert_int_equal(job.res[r], DSGD_ERR_INVALID_ARGUMENT);
-                            TU_OK(ctx, dsgd_strategy_read_local(s, id, r, got));
-                            for (i = 0; i < DV_K; ++i) TU_NEAR(got[i], init[i], 0.0);
+                            for (i = 0; i < DV_K; ++i) TU_NEAR(job.local[r][i], init[i], 0.0);
                         }
+                        /* a failed run fails the strategy, whatever the cause */
+                        assert_true(dsgd_strategy_failed(s));
+                        TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_read_local(s, id, 0, got));
+                        dsgd_strategy_destroy(s);
+                        s = strat_make(ctx, &d);
                         /* in cross-replica context it may be assigned */
-                        TU_OK(ctx, dsgd_strategy_assign_variable(s, id, init + 0));
+                        TU_OK(ctx, dsgd_strategy_create_variable(s, &vd, &id));
+                        for (i = 0; i < DV_K; ++i) got[i] = -init[i];
+                        TU_OK(ctx, dsgd_strategy_assign_variable(s, id, got));
+                        for (r = 0; r < n; ++r) {
+                            TU_OK(ctx, dsgd_strategy_read_local(s, id, r, got));
+                            for (i = 0; i < DV_K; ++i) TU_NEAR(got[i], -init[i], 0.0);
+                        }
                         continue;
                     }
                     if (rr != DSGD_OK) fail_msg("%s: run -> %s: %s", name, dsgd_result_string(rr), dsgd_ctx_last_error(ctx));
@@ -927,6 +1020,9 @@ static void test_replica_fails_alone(void **state) {
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, x, y, COUNT, &info));
     printf("    bad label: %s\n", dsgd_ctx_last_error(ctx));
     assert_true(contains(dsgd_ctx_last_error(ctx), "replica 1"));
+    assert_false(dsgd_strategy_failed(s)); /* agreed before the update: nothing changed */
+    assert_int_equal(dsgd_strategy_replica_result(s, 1, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_replica_result(s, 0, NULL), DSGD_ERR_STATE); /* "abandoned" */
     all_params(ctx, s, after);
     assert_memory_equal(before, after, sizeof(before));
     /* not a transport failure: the next good step trains */
@@ -952,9 +1048,10 @@ static void test_replica_backend_fails_in_exchange(void **state) {
     dsgd_strategy *s;
     float x[COUNT * IN], y[COUNT];
     tu_rng rng = tu_rng_make(12);
-    dsgd_result rr;
-    double t0;
-    char msg[1024];
+    dsgd_result rr, res[N];
+    double t0, elapsed;
+    char msg[1024], rmsgs[N][1024];
+    int r, failed;
     (void)state;
     d.timeout_s = 1.0;
     d.backend_factory = failing_factory;
@@ -966,14 +1063,256 @@ static void test_replica_backend_fails_in_exchange(void **state) {
     t0 = dsgd_now();
     rr = dsgd_strategy_train_step(s, x, y, COUNT, NULL);
     g_fail_armed = 0;
+    elapsed = dsgd_now() - t0;
     snprintf(msg, sizeof(msg), "%s", dsgd_ctx_last_error(ctx));
-    printf("    device failure on replica 1: %s after %.2f s: %s\n", dsgd_result_string(rr), dsgd_now() - t0, msg);
+    printf("    device failure on replica 1: %s after %.4f s: %s\n", dsgd_result_string(rr), elapsed, msg);
+    /* the others were in the exchange: stopped through the transport at
+       once, not at their 1 s deadline, and they say why */
+    for (r = 0; r < N; ++r) {
+        const char *rmsg = NULL;
+        res[r] = dsgd_strategy_replica_result(s, r, &rmsg);
+        snprintf(rmsgs[r], sizeof(rmsgs[r]), "%s", rmsg);
+        printf("      replica %d: %s: %s\n", r, dsgd_result_string(res[r]), rmsgs[r]);
+    }
+    failed = dsgd_strategy_failed(s);
     dsgd_strategy_destroy(s); /* before the asserts, so a failure reports no leaks */
     dsgd_ctx_destroy(ctx);
     assert_int_not_equal(rr, DSGD_OK);
     if (rr != DSGD_ERR_BACKEND || !contains(msg, "replica 1") || !contains(msg, "injected device failure"))
         fail_msg("want DSGD_ERR_BACKEND from replica 1 (\"injected device failure\"), got %s: %s",
                  dsgd_result_string(rr), msg);
+    assert_true(elapsed < 0.5);
+    assert_true(failed);
+    for (r = 0; r < N; ++r) {
+        if (r == 1) {
+            assert_int_equal(res[r], DSGD_ERR_BACKEND);
+            continue;
+        }
+        assert_int_equal(res[r], DSGD_ERR_STATE);
+        if (!contains(rmsgs[r], "aborted because replica 1 failed")) fail_msg("replica %d: %s", r, rmsgs[r]);
+    }
+}
+
+static dsgd_result noop_fn(dsgd_replica *rep, void *user);
+
+/* ---------------------------------------------------------------- a failing replica stops the others */
+
+typedef struct fail_job {
+    int failing; /* this replica fails after delay_s; the others enter an all-reduce */
+    double delay_s;
+    dsgd_allreduce_algo algo;
+    dsgd_result res[MAXN];
+    double elapsed[MAXN];
+    double end[MAXN]; /* dsgd_now() when the replica's fn returned */
+} fail_job;
+
+static dsgd_result fail_fast_fn(dsgd_replica *rep, void *user) {
+    fail_job *j = (fail_job *)user;
+    int r = dsgd_replica_id(rep), i;
+    float buf[300];
+    double t0 = dsgd_now();
+    if (r == j->failing) {
+        struct timespec ts;
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)(j->delay_s * 1e9);
+        if (j->delay_s > 0) nanosleep(&ts, NULL); /* the others are asleep in the all-reduce by then */
+        j->res[r] = dsgd_ctx_set_error(dsgd_replica_ctx(rep), DSGD_ERR_SHAPE, "injected failure of its own code");
+    } else {
+        for (i = 0; i < 300; ++i) buf[i] = (float)(r + i);
+        j->res[r] = dsgd_allreduce(dsgd_replica_comm(rep), buf, 300, DSGD_REDUCE_SUM, j->algo, 10.0);
+    }
+    j->end[r] = dsgd_now();
+    j->elapsed[r] = j->end[r] - t0;
+    return j->res[r];
+}
+
+/* Replica k's fn fails (at once, or after 50 ms, when the others are
+   asleep in the collective) while the others wait in an all-reduce with a
+   10 s deadline. The run must return replica k's own error (not replica 0's
+   failed collective) and the others must be stopped at once through the
+   transport, not wait out their deadline. 0.5 s is a hang bound, not a
+   benchmark; the printed lag is how long after the failure each returned. */
+static void test_run_failure_stops_peers(void **state) {
+    enum { N = 4 };
+    static const dsgd_allreduce_algo algos[3] = {DSGD_ALLREDUCE_AUTO, DSGD_ALLREDUCE_RING,
+                                                 DSGD_ALLREDUCE_RECURSIVE_DOUBLING};
+    static const int failing[2] = {1, 3};
+    int a, r, k;
+    (void)state;
+    for (k = 0; k < 4; ++k) {
+        for (a = 0; a < 3; ++a) {
+            int fi = k % 2;
+            dsgd_ctx *ctx = tu_ctx();
+            dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, N, 4, DSGD_OPT_SGD);
+            dsgd_strategy *s;
+            fail_job job;
+            dsgd_result rr;
+            double t0, elapsed;
+            char msg[1024], want[64];
+            d.timeout_s = 10.0;
+            s = strat_make(ctx, &d);
+            memset(&job, 0, sizeof(job));
+            job.failing = failing[fi];
+            job.delay_s = k < 2 ? 0.0 : 0.05;
+            job.algo = algos[a];
+            watchdog_arm("test_run_failure_stops_peers", 60);
+            t0 = dsgd_now();
+            rr = dsgd_strategy_run(s, fail_fast_fn, &job);
+            elapsed = dsgd_now() - t0;
+            snprintf(msg, sizeof(msg), "%s", dsgd_ctx_last_error(ctx));
+            printf("    replica %d fails after %.2f s, others in %s: run -> %s after %.4f s: %s\n", job.failing,
+                   job.delay_s, job.algo == DSGD_ALLREDUCE_AUTO ? "auto" : dsgd_allreduce_algo_name(job.algo),
+                   dsgd_result_string(rr), elapsed, msg);
+            for (r = 0; r < N; ++r)
+                printf("      replica %d: fn -> %s after %.4f s (%.2f ms after the failure)\n", r,
+                       dsgd_result_string(job.res[r]), job.elapsed[r], 1e3 * (job.end[r] - job.end[job.failing]));
+            if (rr != DSGD_ERR_SHAPE)
+                fail_msg("run -> %s, want replica %d's own DSGD_ERR_SHAPE: %s", dsgd_result_string(rr), job.failing,
+                         msg);
+            snprintf(want, sizeof(want), "replica %d: injected failure", job.failing);
+            if (!contains(msg, want)) fail_msg("the strategy's message is not replica %d's: %s", job.failing, msg);
+            if (!(elapsed < job.delay_s + 0.5))
+                fail_msg("the run took %.3f s: the peers waited for their deadline", elapsed);
+            for (r = 0; r < N; ++r) {
+                const char *rmsg = NULL;
+                dsgd_result rres = dsgd_strategy_replica_result(s, r, &rmsg);
+                if (r == job.failing) {
+                    assert_int_equal(rres, DSGD_ERR_SHAPE);
+                    assert_true(contains(rmsg, want));
+                    continue;
+                }
+                assert_int_equal(job.res[r], DSGD_ERR_STATE); /* the transport was aborted */
+                assert_true(job.end[r] - job.end[job.failing] < 0.5);
+                /* and the strategy says why */
+                snprintf(want, sizeof(want), "aborted because replica %d failed", job.failing);
+                assert_int_equal(rres, DSGD_ERR_STATE);
+                if (!contains(rmsg, want)) fail_msg("replica %d's result says: %s", r, rmsg);
+                snprintf(want, sizeof(want), "replica %d: injected failure", job.failing);
+            }
+            assert_true(dsgd_strategy_failed(s));
+            dsgd_strategy_destroy(s);
+            dsgd_ctx_destroy(ctx);
+        }
+    }
+}
+
+/* The rule after a failure that can leave the replicas different: every call
+   that uses the replicas' state refuses with DSGD_ERR_STATE and says at
+   which step the strategy failed, until it is recreated. */
+static void assert_strategy_refuses(dsgd_ctx *ctx, dsgd_strategy *s, const char *step_text) {
+    float x[4 * IN], y[4], v[1] = {1.0f};
+    dsgd_metrics mt;
+    dsgd_dvar_desc vd;
+    int id = -1, mid = dsgd_strategy_find_variable(s, "metrics/train/count");
+    tu_rng rng = tu_rng_make(77);
+    make_batch(&rng, x, y, 4);
+    memset(&vd, 0, sizeof(vd));
+    vd.name = "created after the failure";
+    vd.count = 1;
+    assert_true(mid >= 0);
+#define REFUSES(expr)                                                                                 \
+    do {                                                                                              \
+        TU_ERR(ctx, DSGD_ERR_STATE, expr);                                                            \
+        if (!contains(dsgd_ctx_last_error(ctx), step_text) || !contains(dsgd_ctx_last_error(ctx), "recreate")) \
+            fail_msg("%s: message does not name %s and say to recreate: %s", #expr, step_text,       \
+                     dsgd_ctx_last_error(ctx));                                                       \
+    } while (0)
+    REFUSES(dsgd_strategy_eval_batch(s, x, y, 4));
+    REFUSES(dsgd_strategy_run(s, noop_fn, NULL));
+    REFUSES(dsgd_strategy_train_step(s, x, y, 4, NULL));
+    REFUSES(dsgd_strategy_take_metrics(s, DSGD_METRICS_EVAL, &mt));
+    REFUSES(dsgd_strategy_read_variable(s, mid, v));
+    REFUSES(dsgd_strategy_read_local(s, mid, 0, v));
+    REFUSES(dsgd_strategy_assign_variable(s, mid, v));
+    REFUSES(dsgd_strategy_create_variable(s, &vd, &id));
+    REFUSES(dsgd_strategy_set_aggregation(s, "*", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
+#undef REFUSES
+    assert_int_equal(id, -1);
+    assert_int_equal(dsgd_strategy_find_variable(s, "created after the failure"), -1);
+}
+
+/* Replica 1's optimizer update fails at step 2 after the exchange, while the
+   others update: the replicas now hold different weights, and nothing may
+   run on them any more. */
+static void test_optimizer_failure_fails_strategy(void **state) {
+    enum { N = 3, COUNT = 12 };
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, N, 4, DSGD_OPT_MOMENTUM);
+    dsgd_strategy *s;
+    float x[COUNT * IN], y[COUNT], p[N][NPARAMS];
+    tu_rng rng = tu_rng_make(31);
+    dsgd_step_info info;
+    dsgd_result rr;
+    int step;
+    (void)state;
+    d.backend_factory = opt_failing_factory;
+    g_opt_fail_calls = 0;
+    g_opt_fail_at = 2;
+    s = strat_make(ctx, &d);
+    for (step = 0; step < 2; ++step) {
+        make_batch(&rng, x, y, COUNT);
+        TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, &info));
+        assert_replicas_identical(ctx, s);
+    }
+    make_batch(&rng, x, y, COUNT);
+    rr = dsgd_strategy_train_step(s, x, y, COUNT, &info);
+    printf("    optimizer failure on replica 1 at step 2: %s: %s\n", dsgd_result_string(rr), dsgd_ctx_last_error(ctx));
+    assert_int_equal(rr, DSGD_ERR_BACKEND);
+    assert_int_equal((int)info.step, 2);
+    assert_true(contains(dsgd_ctx_last_error(ctx), "replica 1: injected optimizer failure"));
+    assert_true(dsgd_strategy_failed(s));
+    for (step = 0; step < N; ++step)
+        assert_int_equal(dsgd_strategy_replica_result(s, step, NULL), step == 1 ? DSGD_ERR_BACKEND : DSGD_OK);
+    /* the others updated, replica 1 did not: the weights really differ */
+    all_params(ctx, s, p);
+    assert_memory_equal(p[0], p[2], sizeof(p[0]));
+    assert_true(memcmp(p[0], p[1], sizeof(p[0])) != 0);
+    assert_strategy_refuses(ctx, s, "step 2");
+    printf("    afterwards: %s\n", dsgd_ctx_last_error(ctx));
+    assert_strategy_refuses(ctx, s, "step 2"); /* and it stays so */
+    dsgd_strategy_destroy(s);
+    /* a new strategy over the same factory trains again */
+    g_opt_fail_calls = 0;
+    g_opt_fail_at = -1;
+    s = strat_make(ctx, &d);
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, &info));
+    assert_replicas_identical(ctx, s);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* A run whose fn fails on one replica (here before any collective, the others
+   returning OK): the hub is aborted, so the communicators cannot be used
+   again, and the replicas' state is whatever fn left. The strategy refuses
+   every later call, with one replica as with several. */
+static dsgd_result fail_on_1_fn(dsgd_replica *rep, void *user) {
+    (void)user;
+    if (dsgd_replica_id(rep) != 1 % dsgd_replica_count(rep)) return DSGD_OK;
+    return dsgd_ctx_set_error(dsgd_replica_ctx(rep), DSGD_ERR_SHAPE, "injected failure in fn");
+}
+
+static void test_failed_run_fails_strategy(void **state) {
+    static const int ns[2] = {3, 1};
+    int i;
+    (void)state;
+    for (i = 0; i < 2; ++i) {
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy_desc d = strat_desc(ns[i] == 1 ? DSGD_STRATEGY_ONE_DEVICE : DSGD_STRATEGY_MIRRORED, ns[i], 4,
+                                          DSGD_OPT_SGD);
+        dsgd_strategy *s = strat_make(ctx, &d);
+        float x[4 * IN], y[4];
+        tu_rng rng = tu_rng_make(5);
+        make_batch(&rng, x, y, 4);
+        TU_OK(ctx, dsgd_strategy_train_step(s, x, y, 4, NULL));
+        assert_false(dsgd_strategy_failed(s));
+        TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_strategy_run(s, fail_on_1_fn, NULL));
+        assert_true(contains(dsgd_ctx_last_error(ctx), "injected failure in fn"));
+        assert_true(dsgd_strategy_failed(s));
+        assert_strategy_refuses(ctx, s, "step 1");
+        printf("    N=%d after a failed run: %s\n", ns[i], dsgd_ctx_last_error(ctx));
+        dsgd_strategy_destroy(s);
+        dsgd_ctx_destroy(ctx);
+    }
 }
 
 /* ---------------------------------------------------------------- 9: a replica that stops taking part */
@@ -1027,10 +1366,29 @@ static void test_absent_replica_times_out(void **state) {
         printf("      replica %d: %s after %.3f s: %s\n", r, dsgd_result_string(job.res[r]), job.elapsed[r], job.msg[r]);
     assert_int_equal(rr, DSGD_ERR_TIMEOUT);
     assert_true(elapsed < 3.0);
-    for (r = 0; r < N - 1; ++r) {
-        assert_int_equal(job.res[r], DSGD_ERR_TIMEOUT);
-        assert_true(job.elapsed[r] < 3.0);
-        assert_true(contains(job.msg[r], "waiting for rank"));
+    /* the first replica to time out aborts the transport: each of the others
+       either timed out too, at the same deadline, or was stopped by that
+       abort, and then says so */
+    {
+        int timeouts = 0;
+        for (r = 0; r < N - 1; ++r) {
+            const char *rmsg = NULL;
+            dsgd_result rres = dsgd_strategy_replica_result(s, r, &rmsg);
+            printf("      replica %d's result: %s: %s\n", r, dsgd_result_string(rres), rmsg);
+            assert_true(job.elapsed[r] < 3.0);
+            assert_true(contains(job.msg[r], "waiting for"));
+            if (job.res[r] == DSGD_ERR_TIMEOUT) {
+                ++timeouts;
+                assert_int_equal(rres, DSGD_ERR_TIMEOUT);
+                assert_true(contains(rmsg, "timed out waiting for rank"));
+            } else {
+                assert_int_equal(job.res[r], DSGD_ERR_STATE);
+                assert_int_equal(rres, DSGD_ERR_STATE);
+                assert_true(contains(rmsg, "aborted because replica "));
+            }
+        }
+        assert_true(timeouts >= 1);
+        assert_int_equal(dsgd_strategy_replica_result(s, 3, NULL), DSGD_OK); /* the absent one returned OK */
     }
     /* the message names the collective's sequence number (#1, the first on
        this communicator) and a rank */
@@ -1040,6 +1398,7 @@ static void test_absent_replica_times_out(void **state) {
     assert_true(contains(msg, "rank "));
 
     /* the strategy is unusable afterwards, and says so */
+    assert_true(dsgd_strategy_failed(s));
     make_batch(&(tu_rng){3}, x, y, N);
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_train_step(s, x, y, N, NULL));
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_eval_batch(s, x, y, N));
@@ -1159,6 +1518,16 @@ static void test_bad_arguments(void **state) {
     TU_OK(ctx, dsgd_strategy_train_step(s, x, y, 8, NULL)); /* the largest is fine */
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_run(s, NULL, NULL));
     TU_OK(ctx, dsgd_strategy_run(s, noop_fn, NULL));
+    {
+        const char *m = NULL;
+        assert_int_equal(dsgd_strategy_replica_result(s, 1, &m), DSGD_OK);
+        assert_string_equal(m, "");
+        m = NULL;
+        assert_int_equal(dsgd_strategy_replica_result(s, 2, &m), DSGD_ERR_INVALID_ARGUMENT);
+        assert_string_equal(m, "");
+        assert_int_equal(dsgd_strategy_replica_result(s, -1, NULL), DSGD_ERR_INVALID_ARGUMENT);
+        assert_false(dsgd_strategy_failed(s));
+    }
     assert_null(dsgd_strategy_model(s, 2));
     assert_null(dsgd_strategy_model(s, -1));
     {
@@ -1186,6 +1555,8 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(dsgd_strategy_set_aggregation(NULL, "*", DSGD_AGG_SUM, DSGD_SYNC_AUTO), DSGD_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsgd_strategy_read_variable(NULL, 0, buf), DSGD_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsgd_strategy_num_replicas(NULL), 0);
+    assert_int_equal(dsgd_strategy_failed(NULL), 0);
+    assert_int_equal(dsgd_strategy_replica_result(NULL, 0, NULL), DSGD_ERR_INVALID_ARGUMENT);
     assert_null(dsgd_strategy_model(NULL, 0));
     assert_int_equal(dsgd_replica_assign(NULL, 0, buf), DSGD_ERR_INVALID_ARGUMENT);
     dsgd_strategy_destroy(NULL);
@@ -1213,6 +1584,7 @@ int main(void) {
         T(test_contract_optimizers),
         T(test_contract_algorithms_and_buckets),
         T(test_contract_staged),
+        T(test_piece_bytes),
         T(test_same_seed_bitwise),
         T(test_uneven_batches),
         T(test_model_variable_aggregation),
@@ -1222,6 +1594,9 @@ int main(void) {
         T(test_nonfinite_error),
         T(test_replica_fails_alone),
         T(test_replica_backend_fails_in_exchange),
+        T(test_run_failure_stops_peers),
+        T(test_optimizer_failure_fails_strategy),
+        T(test_failed_run_fails_strategy),
         T(test_absent_replica_times_out),
         T(test_bad_arguments),
     };
