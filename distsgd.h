@@ -147,6 +147,18 @@
      where distributed variables (dsgd_strategy_create_variable) follow
      tf.VariableAggregation / tf.VariableSynchronization semantics.
 
+     Failures: when one replica fails, the strategy aborts its transport at
+     once, so the others return within milliseconds ("aborted because
+     replica k failed"), and the call returns the failing replica's own
+     error (dsgd_strategy_replica_result gives each replica's). A failure
+     the replicas agreed on before the update (a bad label, a non-finite
+     gradient under DSGD_NONFINITE_ERROR) changes nothing; any other failure
+     (a collective, a timeout, a backend failing in the exchange or the
+     update, any failed dsgd_strategy_run) may have left the replicas
+     different, so the strategy fails: every later call that uses the
+     replicas returns DSGD_ERR_STATE naming the step and the first error
+     (dsgd_strategy_failed) until you destroy it and create a new one.
+
    BACKENDS
 
      A backend is a dsgd_backend_i: a table of compute operations on device
