@@ -12,6 +12,9 @@
 #                         on the single include
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
 #   make test-consumers   pkg-config and CMake consumers of an install
+#   make build-combos     `make all` with each optional dependency switched off
+#                         (OpenBLAS, OpenCL, both) and the MPI bench with mpicc,
+#                         each in its own build/combo/ directory (CI runs it)
 #   make clean
 #
 # Layout: examples/NAME.c -> build/examples/NAME, tests/test_NAME.c ->
@@ -59,6 +62,8 @@ FMNIST_DIR = build/data/fashion-mnist
 DEMO_ARGS ?= --data $(FMNIST_DIR)
 # Extra flags passed to the demo program: make demo ARGS="..."
 ARGS ?=
+# Where binaries go (make build-combos builds into others).
+BUILD ?= build
 
 # ---------------------------------------------------------------- sources
 
@@ -112,17 +117,17 @@ BUILD_BENCH_SRCS := $(filter-out $(CL_SKIPPED),$(BENCH_SRCS))
 BUILD_TOOL_SRCS := $(filter-out $(CL_SKIPPED),$(TOOL_SRCS))
 BUILD_TSAN_SRCS := $(filter-out $(CL_SKIPPED),$(TSAN_TEST_SRCS))
 
-EXAMPLES := $(patsubst examples/%.c,build/examples/%,$(BUILD_EXAMPLE_SRCS))
-TESTS := $(patsubst tests/%.c,build/tests/%,$(BUILD_TEST_SRCS))
-ASAN_TESTS := $(patsubst tests/%.c,build/asan/tests/%,$(BUILD_TEST_SRCS))
-TSAN_TESTS := $(patsubst tests/%.c,build/tsan/tests/%,$(BUILD_TSAN_SRCS))
-BENCHES := $(patsubst bench/%.c,build/bench/%,$(BUILD_BENCH_SRCS))
-TOOLS := $(patsubst tools/%.c,build/tools/%,$(BUILD_TOOL_SRCS))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(BUILD_EXAMPLE_SRCS))
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(BUILD_TEST_SRCS))
+ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(BUILD_TEST_SRCS))
+TSAN_TESTS := $(patsubst tests/%.c,$(BUILD)/tsan/tests/%,$(BUILD_TSAN_SRCS))
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BUILD_BENCH_SRCS))
+TOOLS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(BUILD_TOOL_SRCS))
 
 CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h),$(HEADERS))
 HEADER_CHECKS := $(foreach h,$(CHECK_HEADERS),\
-    $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,build/check/$(basename $h).$c.$s.ok)) \
-    $(foreach c,$(CHECK_CXX),build/check/$(basename $h).$c.c++11.ok))
+    $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,$(BUILD)/check/$(basename $h).$c.$s.ok)) \
+    $(foreach c,$(CHECK_CXX),$(BUILD)/check/$(basename $h).$c.c++11.ok))
 
 # Environment of test and bench runs.
 TEST_ENV = POCL_CACHE_DIR=$(CURDIR)/build/pocl-cache POCL_MAX_PTHREAD_COUNT=2 \
@@ -134,7 +139,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: tune bench-mpi all examples tests bench-build tools test test-build test-run check-header check-docs \
+.PHONY: build-combos tune bench-mpi all examples tests bench-build tools test test-build test-run check-header check-docs \
     demo demo-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -176,8 +181,8 @@ demo:
 
 FMNIST_FILES := train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte
 
-demo-run: build/examples/$(DEMO) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
-	build/examples/$(DEMO) $(DEMO_ARGS) $(ARGS)
+demo-run: $(BUILD)/examples/$(DEMO) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
+	$(BUILD)/examples/$(DEMO) $(DEMO_ARGS) $(ARGS)
 
 $(FMNIST_DIR)/%: $(FMNIST_SRC)/%.gz
 	@mkdir -p $(@D)
@@ -193,9 +198,9 @@ bench: bench-build
 # Tunes CLBlast's GEMM for the chosen OpenCL device (DSGD_CL_DEVICE) and
 # writes the per-device cache the backend applies at start-up; make tune
 # ARGS="--time 240" passes flags (see tools/cl_tune.c).
-tune: build/tools/cl_tune
+tune: $(BUILD)/tools/cl_tune
 	@mkdir -p build/pocl-cache
-	$(BENCH_ENV) build/tools/cl_tune $(ARGS)
+	$(BENCH_ENV) $(BUILD)/tools/cl_tune $(ARGS)
 
 # MPI_Allreduce at the sizes of bench/allreduce, beside ours, for comparison
 # (OpenMPI: tools/deps.sh mpi installs libopenmpi-dev and openmpi-bin). Root
@@ -203,59 +208,80 @@ tune: build/tools/cl_tune
 MPICC ?= mpicc
 MPIRUN ?= mpirun --allow-run-as-root --oversubscribe
 MPI_NP ?= 2 4
-bench-mpi: build/bench/allreduce
+bench-mpi: $(BUILD)/bench/allreduce
 	@sh tools/deps.sh mpi
-	@mkdir -p build/mpi
-	$(MPICC) -std=c99 -O3 -march=native bench/allreduce_mpi.c -o build/mpi/allreduce_mpi
+	@mkdir -p $(BUILD)/mpi
+	$(MPICC) -std=c99 -O3 -march=native bench/allreduce_mpi.c -o $(BUILD)/mpi/allreduce_mpi
 	@set -e; for n in $(MPI_NP); do echo "==== MPI_Allreduce, $$n processes"; \
-	    $(MPIRUN) -np $$n build/mpi/allreduce_mpi $(ARGS); done
+	    $(MPIRUN) -np $$n $(BUILD)/mpi/allreduce_mpi $(ARGS); done
 	@echo "==== distsgd loopback all-reduce"
-	$(BENCH_ENV) build/bench/allreduce -n $(shell echo $(MPI_NP) | tr ' ' ,) $(ARGS)
+	$(BENCH_ENV) $(BUILD)/bench/allreduce -n $(shell echo $(MPI_NP) | tr ' ' ,) $(ARGS)
+
+# The optional dependencies switched off in turn, each build from scratch in
+# its own directory, so code that compiles only when OpenBLAS, OpenCL or MPI
+# is present fails here. A variable given on the command line overrides the
+# detection above: OPENBLAS_CFLAGS= OPENBLAS_LIBS= drops OpenBLAS, CL_OK=
+# drops OpenCL (its sources are skipped, as on a machine without it). MPI:
+# bench/allreduce_mpi.c is built without it by `all`, and here with $(MPICC)
+# when that is installed (tools/deps.sh mpi installs OpenMPI).
+NO_BLAS = OPENBLAS_CFLAGS= OPENBLAS_LIBS=
+NO_CL = CL_OK=
+build-combos:
+	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas $(NO_BLAS) all
+	$(MAKE) --no-print-directory BUILD=build/combo/no-opencl $(NO_CL) all
+	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas-no-opencl $(NO_BLAS) $(NO_CL) all
+	@if command -v $(firstword $(MPICC)) >/dev/null 2>&1; then \
+	    mkdir -p build/combo/mpi && \
+	    echo "$(MPICC) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi" && \
+	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi $(LDLIBS); \
+	else \
+	    echo "build-combos: $(firstword $(MPICC)) not found, MPI build skipped (tools/deps.sh mpi installs OpenMPI)"; \
+	fi
 
 clean:
 	rm -rf build
 
 # ---------------------------------------------------------------- rules
 
-build/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h)
+$(BUILD)/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(LDLIBS)
 
-build/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
+$(BUILD)/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
 
-build/asan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
+$(BUILD)/asan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(SAN_CFLAGS) $(ASAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(ASAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
 
-build/tsan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
+$(BUILD)/tsan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(@D)
 	$(TSAN_CC) $(CPPFLAGS) $(SAN_CFLAGS) $(TSAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(TSAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
 
-build/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h)
+$(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(BENCH_CFLAGS) $(OPENBLAS_CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(OPENBLAS_LIBS) $(call cl_libs,$<) $(LDLIBS)
 
-build/tools/%: tools/%.c $(HEADERS)
+$(BUILD)/tools/%: tools/%.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(LDLIBS)
 
-# Header checks: build/check/HEADER.COMPILER.STD.ok
+# Header checks: $(BUILD)/check/HEADER.COMPILER.STD.ok
 hc_defs = -DDISTSGD_IMPLEMENTATION $(if $(findstring _cl,$(1)),-DDISTSGD_CL_IMPLEMENTATION $(CL_CFLAGS))
 
 define header_check_rules
-build/check/$(basename $(1)).$(2).c99.ok: $(HEADERS)
+$(BUILD)/check/$(basename $(1)).$(2).c99.ok: $(HEADERS)
 	@mkdir -p $$(@D)
 	$(2) -std=c99 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
 	@touch $$@
-build/check/$(basename $(1)).$(2).c11.ok: $(HEADERS)
+$(BUILD)/check/$(basename $(1)).$(2).c11.ok: $(HEADERS)
 	@mkdir -p $$(@D)
 	$(2) -std=c11 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
 	@touch $$@
 endef
 define header_check_cxx_rule
-build/check/$(basename $(1)).$(2).c++11.ok: $(HEADERS)
+$(BUILD)/check/$(basename $(1)).$(2).c++11.ok: $(HEADERS)
 	@mkdir -p $$(@D)
 	$(2) -std=c++11 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c++ -c $(1) -o /dev/null
 	@touch $$@

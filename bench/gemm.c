@@ -28,10 +28,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
+
 #ifdef DSGD_HAVE_OPENBLAS
 #include <cblas.h>
-
-#include "bench_util.h"
 extern void openblas_set_num_threads(int);
 #endif
 

@@ -39,10 +39,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #ifdef DSGD_HAVE_OPENBLAS
 #include <cblas.h>
-
-#include "bench_util.h"
 extern void openblas_set_num_threads(int);
 #endif
 
