@@ -1487,8 +1487,11 @@ DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
 
 /* ---------------------------------------------------------------- distributed variables */
 
+/* The longest name of a distributed variable, in bytes (without the NUL). */
+#define DSGD_MAX_VARIABLE_NAME 63
+
 typedef struct dsgd_dvar_desc {
-    const char *name;
+    const char *name;                    /* 1..DSGD_MAX_VARIABLE_NAME bytes, unique */
     size_t count;                        /* floats, >= 1 */
     dsgd_synchronization synchronization; /* AUTO = ON_WRITE */
     dsgd_aggregation aggregation;
@@ -1505,7 +1508,9 @@ typedef struct dsgd_dvar_desc {
    here it fails at creation); unknown enum values. *id receives the handle.
    Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
    cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
-   name in use; count 0), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
+   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
+   would not be found again); a name in use; count 0),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
    strategy has failed, see dsgd_strategy_failed).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
@@ -4799,7 +4804,7 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
 /* >>strategy --------------------------------------------------------------- */
 
 typedef struct dsgd__dvar {
-    char name[2 * DSGD_MAX_NAME];
+    char name[DSGD_MAX_VARIABLE_NAME + 1];
     size_t count;
     dsgd_synchronization sync; /* ON_WRITE or ON_READ (AUTO resolved) */
     dsgd_aggregation agg;
@@ -5534,6 +5539,10 @@ DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_
     if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
     if (!d || !id || !d->name || !d->name[0] || d->count == 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: NULL desc or id, empty name or zero count", what);
+    if (strlen(d->name) > DSGD_MAX_VARIABLE_NAME)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: the name '%.40s...' has %zu bytes; at most %d (DSGD_MAX_VARIABLE_NAME)", what,
+                                  d->name, strlen(d->name), DSGD_MAX_VARIABLE_NAME);
     if (dsgd_strategy_find_variable(s, d->name) >= 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
     if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization > (int)DSGD_SYNC_ON_READ)

@@ -155,6 +155,18 @@
      where distributed variables (dsgd_strategy_create_variable) follow
      tf.VariableAggregation / tf.VariableSynchronization semantics.
 
+     Failures: when one replica fails, the strategy aborts its transport at
+     once, so the others return within milliseconds ("aborted because
+     replica k failed"), and the call returns the failing replica's own
+     error (dsgd_strategy_replica_result gives each replica's). A failure
+     the replicas agreed on before the update (a bad label, a non-finite
+     gradient under DSGD_NONFINITE_ERROR) changes nothing; any other failure
+     (a collective, a timeout, a backend failing in the exchange or the
+     update, any failed dsgd_strategy_run) may have left the replicas
+     different, so the strategy fails: every later call that uses the
+     replicas returns DSGD_ERR_STATE naming the step and the first error
+     (dsgd_strategy_failed) until you destroy it and create a new one.
+
    BACKENDS
 
      A backend is a dsgd_backend_i: a table of compute operations on device
@@ -1284,6 +1296,13 @@ typedef struct dsgd_strategy_desc {
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
                                        buffer) */
+    size_t piece_bytes;             /* every replica's communicator pipelines its
+                                       collectives in pieces of this many bytes
+                                       (dsgd_comm_desc.piece_bytes): 0: the default,
+                                       256 KiB; any other value is clamped to
+                                       256 B..1 GiB, never rejected. The same on
+                                       every replica, and the weights do not depend
+                                       on it (only the speed does) */
     dsgd_nonfinite_policy nonfinite; /* default SKIP */
     double timeout_s;               /* deadline of every collective; default 30 s */
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
@@ -1355,7 +1374,8 @@ DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
    variables may be ON_READ).
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; variable NULL
    or not a model variable; aggregation NONE or unknown; synchronization
-   other than AUTO or ON_WRITE).
+   other than AUTO or ON_WRITE), DSGD_ERR_STATE (the strategy has failed,
+   see dsgd_strategy_failed).
    Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable,
                                                    dsgd_aggregation aggregation,
@@ -1374,13 +1394,14 @@ DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char 
    Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
    NULL, nothing recorded; x or y NULL; count out of range),
    DSGD_ERR_NON_FINITE (policy ERROR), DSGD_ERR_TIMEOUT, DSGD_ERR_STATE (the
-   strategy is unusable), or the error of the replica whose failure explains
-   most (its own before a failed collective before an echo of another's;
-   the lowest replica among equals), with its message, which names it. A
-   replica's failure before the exchange (e.g. a class index out of range)
-   fails the step everywhere and leaves the strategy usable; after a failed
-   collective or a timeout it is unusable: later calls return
-   DSGD_ERR_STATE.
+   strategy has failed, see dsgd_strategy_failed), or the error chosen as in
+   dsgd_strategy_run, with its message, which names the replica. A failure
+   the replicas agree on before the update (a class index out of range on
+   one replica, a non-finite gradient under policy ERROR) fails the step on
+   every replica, changes nothing and leaves the strategy usable. Any other
+   failure (in a collective, a timeout, a replica's backend failing in the
+   exchange or in the optimizer update, after which the others may have
+   updated) stops the other replicas at once and fails the strategy.
    Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y,
                                               int count, dsgd_step_info *info);
@@ -1389,8 +1410,10 @@ DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, 
    metrics).
    Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
    NULL, nothing recorded; x NULL; count outside 1..N * max_batch; a class
-   index out of range), DSGD_ERR_STATE (the strategy is unusable), a
-   replica's backend error.
+   index out of range), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed), a replica's backend error. A failure here changes
+   no weights and leaves the strategy usable (the EVAL metrics may hold part
+   of the batch).
    Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
                                               int count);
@@ -1403,7 +1426,8 @@ DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, 
    accumulators are floats: counts are exact up to 2^24 samples between two
    takes.
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL; an
-   unknown slot), a replica's backend error (copied to the strategy's ctx).
+   unknown slot), DSGD_ERR_STATE (the strategy has failed), a replica's
+   backend error (copied to the strategy's ctx).
    Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot,
                                                 dsgd_metrics *out);
@@ -1411,15 +1435,48 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
 /* Runs fn on every replica at once (replica context, like strategy.run):
    replica 0 on the calling thread, the others on the strategy's threads; it
    returns when all have returned. A collective in fn must be called by every
-   replica, or the others wait until their deadline.
+   replica, or the others wait until their deadline (a replica that returns
+   DSGD_OK without joining does not stop them).
+   When fn fails on a replica (returns anything but DSGD_OK), the strategy
+   aborts its transport at once: the replicas waiting in a collective, or
+   entering one later, get DSGD_ERR_STATE within milliseconds instead of
+   waiting out their deadline, and their results become DSGD_ERR_STATE
+   "aborted because replica k failed (...)", k the replica that failed first
+   (see dsgd_strategy_replica_result). The strategy has then failed, as the
+   transport cannot be used again and fn may have left the replicas
+   different: every later call refuses (dsgd_strategy_failed). Recreate it.
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL),
-   DSGD_ERR_STATE (the strategy is unusable), else DSGD_OK if every call
-   returned it, or the lowest failing replica's result (a failure of its own
-   preferred over one in a collective), its message copied to the
-   strategy's ctx. A failed collective or a DSGD_ERR_TIMEOUT makes the
-   strategy unusable.
+   DSGD_ERR_STATE (the strategy has failed), else DSGD_OK if every call
+   returned it, or one replica's result with its message copied to the
+   strategy's ctx, chosen by this rule: the lowest-numbered replica whose
+   own code failed (fn returned an error not from a collective); if none,
+   the lowest-numbered replica whose collective failed other than by the
+   abort (a timeout, a mismatch); if none, the lowest-numbered aborted one.
    Thread safety: the strategy's thread; fn runs on N threads at once. */
 DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data);
+
+/* dsgd_strategy_failed: non-zero once the strategy has failed (s NULL: 0).
+   A strategy fails when a call ends in a failure that may have left its
+   replicas different or stopped its transport: any failed
+   dsgd_strategy_run, and any failed dsgd_strategy_train_step except the
+   failures the replicas agree on before the update (see there). That call
+   returns its own error; from then on every call that uses the replicas'
+   state (train_step, eval_batch, run, take_metrics, set_aggregation and
+   the variable functions) returns DSGD_ERR_STATE with a message that names
+   the step (the optimizer steps applied before the failing call), the call
+   and its error, and says the strategy must be recreated: destroy it and
+   create a new one (the getters, dsgd_strategy_model included, still answer,
+   for a post-mortem). This holds for every N, one replica included.
+   dsgd_strategy_replica_result: replica `replica`'s result in the last call
+   that ran the replicas (train_step, eval_batch or run; DSGD_OK before the
+   first), and in *message (if message is not NULL) its message, "" when it
+   succeeded; the message stays valid until the next such call or destroy.
+   s NULL or replica outside [0, N): DSGD_ERR_INVALID_ARGUMENT and "".
+   Errors: none (dsgd_strategy_replica_result returns a replica's recorded
+   result; nothing is recorded on any context).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
+DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
 
 /* Replica context getters (r NULL: -1, 0 or NULL):
      dsgd_replica_id     the replica's rank, 0..N-1
@@ -1438,8 +1495,11 @@ DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
 
 /* ---------------------------------------------------------------- distributed variables */
 
+/* The longest name of a distributed variable, in bytes (without the NUL). */
+#define DSGD_MAX_VARIABLE_NAME 63
+
 typedef struct dsgd_dvar_desc {
-    const char *name;
+    const char *name;                    /* 1..DSGD_MAX_VARIABLE_NAME bytes, unique */
     size_t count;                        /* floats, >= 1 */
     dsgd_synchronization synchronization; /* AUTO = ON_WRITE */
     dsgd_aggregation aggregation;
@@ -1456,7 +1516,10 @@ typedef struct dsgd_dvar_desc {
    here it fails at creation); unknown enum values. *id receives the handle.
    Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
    cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
-   name in use; count 0), DSGD_ERR_OUT_OF_MEMORY.
+   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
+   would not be found again); a name in use; count 0),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
+   strategy has failed, see dsgd_strategy_failed).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
                                                    int *id);
@@ -1486,21 +1549,23 @@ DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
    give the SUM or MEAN of the copies in rank order (added in double), or
    replica 0's copy for ONLY_FIRST_REPLICA.
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL). Thread safety: the strategy's thread, outside
+   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
    dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
 /* What replica `replica` holds, without aggregation.
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL; replica outside [0, N)). Thread safety: the strategy's
-   thread, outside dsgd_strategy_run. */
+   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
+   failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
 /* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
    ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
    variables get value / N in every copy, so that a read gives value back
    (as tf.distribute does).
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; value NULL). Thread safety: the strategy's thread, outside
-   dsgd_strategy_run. */
+   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
 /* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
    the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
@@ -4747,7 +4812,7 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
 /* >>strategy --------------------------------------------------------------- */
 
 typedef struct dsgd__dvar {
-    char name[2 * DSGD_MAX_NAME];
+    char name[DSGD_MAX_VARIABLE_NAME + 1];
     size_t count;
     dsgd_synchronization sync; /* ON_WRITE or ON_READ (AUTO resolved) */
     dsgd_aggregation agg;
@@ -4770,8 +4835,10 @@ struct dsgd_replica {
     pthread_t thread;
     int thread_started;
     dsgd_result result; /* of the last job */
+    char msg[DSGD__MSG_MAX]; /* its message ("" when it succeeded) */
     int own_error;      /* 0: the failure only echoes another replica's */
     int comm_failed;    /* a collective failed: the transport's state is unknown */
+    int clean_fail;     /* set by the job: its failure left every replica as it was */
     int skipped;
     float lr;
 };
@@ -4789,7 +4856,14 @@ struct dsgd_strategy {
     dsgd_gradient_path path; /* resolved: HOST or DEVICE */
     dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
     int metric_var[2]; /* first of the three metric variables of each slot */
-    int broken;
+    /* failed: a failure may have left the replicas different, or stopped the
+       transport; every call but the getters and destroy refuses (the one
+       check: dsgd__strategy_usable) */
+    int failed;
+    int64_t fail_step;      /* optimizer steps applied before the failing call */
+    const char *fail_in;    /* the failing call */
+    char fail_msg[DSGD__MSG_MAX]; /* the error it returned */
+    int abort_by;           /* the replica that aborted the hub, -1: none (under mu) */
     /* the worker pool: replicas 1..n-1 wait for a new generation of job */
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
@@ -4799,6 +4873,50 @@ struct dsgd_strategy {
     dsgd_replica_fn job;
     void *job_user;
 };
+
+/* Stops every replica's transport at once because replica `rank` failed;
+   the first caller is the one the others' messages name. */
+static void dsgd__strategy_abort(dsgd_strategy *s, int rank) {
+    if (!s->hub) return;
+    pthread_mutex_lock(&s->mu);
+    if (s->abort_by < 0) s->abort_by = rank;
+    pthread_mutex_unlock(&s->mu);
+    dsgd_loopback_abort(s->hub);
+}
+
+/* Runs fn as replica r (on r's thread) and classifies its failure. A
+   failure the job did not mark clean aborts the hub at once, so that the
+   replicas waiting for r in a collective return now instead of at their
+   deadline; theirs, caused by the abort, then say so. */
+static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *user) {
+    dsgd_strategy *s = r->s;
+    dsgd_result res;
+    int by;
+    r->own_error = 1;
+    r->comm_failed = 0;
+    r->clean_fail = 0;
+    res = fn(r, user);
+    if (res == DSGD_OK) {
+        r->msg[0] = '\0';
+        return res;
+    }
+    if (r->comm && r->comm->broken) r->comm_failed = 1; /* also a collective called by a user's fn */
+    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->rank);
+    pthread_mutex_lock(&s->mu);
+    by = s->abort_by;
+    pthread_mutex_unlock(&s->mu);
+    if (by >= 0 && by != r->rank && r->comm_failed && res != DSGD_ERR_TIMEOUT) {
+        char detail[DSGD__MSG_MAX];
+        const char *d = dsgd_ctx_last_error(r->ctx);
+        size_t label = strlen(r->ctx->label);
+        if (label && !strncmp(d, r->ctx->label, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
+        snprintf(detail, sizeof(detail), "%s", d);
+        r->own_error = 0;
+        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "aborted because replica %d failed (%s)", by, detail);
+    }
+    snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->ctx));
+    return res;
+}
 
 static void *dsgd__replica_main(void *arg) {
     dsgd_replica *r = (dsgd_replica *)arg;
@@ -4814,10 +4932,8 @@ static void *dsgd__replica_main(void *arg) {
         seen = s->gen;
         fn = s->job;
         user = s->job_user;
-        r->own_error = 1;
-        r->comm_failed = 0;
         pthread_mutex_unlock(&s->mu);
-        res = fn(r, user);
+        res = dsgd__replica_job(r, fn, user);
         pthread_mutex_lock(&s->mu);
         r->result = res;
         if (--s->pending == 0) pthread_cond_signal(&s->cv_done);
@@ -4833,10 +4949,22 @@ static int dsgd__error_rank(const dsgd_replica *r) {
     return r->comm_failed ? 2 : 3;
 }
 
+/* The one check of a failed strategy, at the top of every call that uses
+   the replicas' state. */
+static dsgd_result dsgd__strategy_usable(dsgd_strategy *s, const char *what) {
+    if (!s->failed) return DSGD_OK;
+    return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
+                              "%s: refused: the strategy failed at step %lld in %s and must be recreated "
+                              "(its replicas may differ, its transport is stopped): %s",
+                              what, (long long)s->fail_step, s->fail_in, s->fail_msg);
+}
+
 /* Runs fn on all replicas and reports the failure that explains most, the
-   lowest replica among equals. */
-static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn, void *user) {
-    int i, pick = -1;
+   lowest replica among equals. A failure that no job marked clean fails the
+   strategy. */
+static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn, void *user, const char *what) {
+    int i, pick = -1, clean = 1;
+    int64_t step = dsgd_optimizer_steps(s->reps[0].opt);
     dsgd_result r0;
     if (s->n > 1) {
         pthread_mutex_lock(&s->mu);
@@ -4847,9 +4975,7 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
         pthread_cond_broadcast(&s->cv_start);
         pthread_mutex_unlock(&s->mu);
     }
-    s->reps[0].own_error = 1;
-    s->reps[0].comm_failed = 0;
-    r0 = fn(&s->reps[0], user);
+    r0 = dsgd__replica_job(&s->reps[0], fn, user);
     if (s->n > 1) {
         pthread_mutex_lock(&s->mu);
         while (s->pending > 0) pthread_cond_wait(&s->cv_done, &s->mu);
@@ -4861,8 +4987,14 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
             pick = i;
     if (pick < 0) return DSGD_OK;
     for (i = 0; i < s->n; ++i)
-        if (s->reps[i].result == DSGD_ERR_TIMEOUT || s->reps[i].comm_failed) s->broken = 1;
-    return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", dsgd_ctx_last_error(s->reps[pick].ctx));
+        if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed)) clean = 0;
+    if (!clean) {
+        s->failed = 1;
+        s->fail_step = step;
+        s->fail_in = what;
+        snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", s->reps[pick].msg);
+    }
+    return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", s->reps[pick].msg);
 }
 
 static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
@@ -4987,6 +5119,7 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (s->d.timeout_s == 0.0) s->d.timeout_s = 30.0;
     s->n = n;
     s->all_mean = 1;
+    s->abort_by = -1;
     s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * n, what);
     if (!s->reps) { DSGD_FREE(s); return DSGD_ERR_OUT_OF_MEMORY; }
     memset(s->reps, 0, sizeof(dsgd_replica) * n);
@@ -5020,6 +5153,7 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
             dsgd_comm_desc cdesc;
             memset(&cdesc, 0, sizeof(cdesc));
             cdesc.timeout_s = s->d.timeout_s;
+            cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
             if ((res = dsgd_loopback_endpoint(s->hub, i, &r->ep)) != DSGD_OK) break;
             if ((res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm)) != DSGD_OK) break;
         }
@@ -5134,6 +5268,7 @@ DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char 
     int i, nv, hit = 0;
     const char *what = "dsgd_strategy_set_aggregation";
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
     if (!variable) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable name is NULL", what);
     if (sync == DSGD_SYNC_ON_READ)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -5271,7 +5406,10 @@ static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
             return cr;
         }
     }
+    /* from here to the update every replica does the same, so a failure
+       agreed on here leaves them all as they were (clean) */
     if (flag >= 2.0f) {
+        r->clean_fail = 1;
         if (res != DSGD_OK) return res;
         r->own_error = 0;
         return dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "step %lld abandoned: replica %d failed",
@@ -5279,6 +5417,7 @@ static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
     }
     if (flag == 1.0f) {
         if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
+            r->clean_fail = 1;
             r->own_error = bad != 0;
             return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
                                       "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
@@ -5290,18 +5429,17 @@ static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
     if (!s->all_mean) res = dsgd__replica_prescale(r, a->count, len);
     if (res == DSGD_OK && s->n > 1) res = dsgd__replica_exchange(r);
     if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);
-    /* a local failure after the agreement: the others would wait for this
-       replica until their deadline, so stop them now (the strategy is then
-       unusable, as after any failed collective) */
-    if (res != DSGD_OK && !r->comm_failed && s->hub) dsgd_loopback_abort(s->hub);
+    /* a failure after the agreement is not clean: the others may have
+       updated, or wait for this replica in the exchange (dsgd__replica_job
+       stops them) */
     return res;
 }
 
 static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, const float *y, int count,
                                               int need_y, const char *what) {
     int max_batch;
-    if (s->broken)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: the strategy is unusable after a failed collective", what);
+    dsgd_result res = dsgd__strategy_usable(s, what);
+    if (res != DSGD_OK) return res;
     max_batch = s->d.model.max_batch ? s->d.model.max_batch : 256;
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
@@ -5326,7 +5464,7 @@ DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, 
         info->step = dsgd_optimizer_steps(s->reps[0].opt);
         info->count = count;
     }
-    res = dsgd__strategy_dispatch(s, dsgd__replica_train, &a);
+    res = dsgd__strategy_dispatch(s, dsgd__replica_train, &a, "dsgd_strategy_train_step");
     if (info) {
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;
@@ -5339,6 +5477,7 @@ static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
     size_t off = 0, len = 0;
     dsgd_block_range((size_t)a->count, r->s->n, r->rank, &off, &len);
+    r->clean_fail = 1; /* no collective, no weight changes */
     if (len == 0) return DSGD_OK;
     return dsgd_model_eval_batch(r->model, a->x + off * (size_t)dsgd_model_input_dim(r->model),
                                  a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL, (int)len);
@@ -5352,15 +5491,24 @@ DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, 
     a.x = x;
     a.y = y;
     a.count = count;
-    return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a);
+    return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a, "dsgd_strategy_eval_batch");
 }
 
 DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data) {
+    dsgd_result res;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_usable(s, "dsgd_strategy_run")) != DSGD_OK) return res;
     if (!fn) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_run: fn is NULL");
-    if (s->broken)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "dsgd_strategy_run: the strategy is unusable after a failed collective");
-    return dsgd__strategy_dispatch(s, fn, user_data);
+    return dsgd__strategy_dispatch(s, fn, user_data, "dsgd_strategy_run");
+}
+
+DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s) { return s ? s->failed : 0; }
+
+DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message) {
+    if (message) *message = "";
+    if (!s || replica < 0 || replica >= s->n) return DSGD_ERR_INVALID_ARGUMENT;
+    if (message) *message = s->reps[replica].msg;
+    return s->reps[replica].result;
 }
 
 /* >>distributed variables -------------------------------------------------- */
@@ -5396,8 +5544,13 @@ static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int
 DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
     const char *what = "dsgd_strategy_create_variable";
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
     if (!d || !id || !d->name || !d->name[0] || d->count == 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: NULL desc or id, empty name or zero count", what);
+    if (strlen(d->name) > DSGD_MAX_VARIABLE_NAME)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: the name '%.40s...' has %zu bytes; at most %d (DSGD_MAX_VARIABLE_NAME)", what,
+                                  d->name, strlen(d->name), DSGD_MAX_VARIABLE_NAME);
     if (dsgd_strategy_find_variable(s, d->name) >= 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
     if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization > (int)DSGD_SYNC_ON_READ)
@@ -5487,6 +5640,7 @@ DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
 DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out) {
     dsgd__dvar *v;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_read_local") != DSGD_OK) return DSGD_ERR_STATE;
     if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_local"))) return DSGD_ERR_INVALID_ARGUMENT;
     if (replica < 0 || replica >= s->n)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_read_local: no replica %d", replica);
@@ -5499,6 +5653,7 @@ DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float
     size_t i;
     int r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_read_variable") != DSGD_OK) return DSGD_ERR_STATE;
     if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
     if (v->sync == DSGD_SYNC_ON_WRITE || v->agg == DSGD_AGG_ONLY_FIRST_REPLICA) {
         memcpy(out, v->copies, sizeof(float) * v->count);
@@ -5517,6 +5672,7 @@ DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, con
     size_t i;
     int r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_assign_variable") != DSGD_OK) return DSGD_ERR_STATE;
     if (!(v = dsgd__dvar_get(s, s->ctx, id, value, "dsgd_strategy_assign_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
     for (r = 0; r < s->n; ++r)
         for (i = 0; i < v->count; ++i)
@@ -5530,6 +5686,7 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
     float vals[3];
     dsgd_result res;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_usable(s, "dsgd_strategy_take_metrics")) != DSGD_OK) return res;
     if (!out || (slot != DSGD_METRICS_TRAIN && slot != DSGD_METRICS_EVAL))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_take_metrics: bad slot or NULL out");
     /* move each replica's device-side accumulators into its local copies */

@@ -826,6 +826,24 @@ static void test_distributed_variables(void **state) {
             vd.trainable = 1;
             TU_OK(ctx, dsgd_strategy_create_variable(s, &vd, &id));
             assert_int_equal(dsgd_strategy_find_variable(s, "fine"), id);
+            /* names: DSGD_MAX_VARIABLE_NAME bytes are kept whole and found;
+               one more is rejected, never cut (a cut name was not found
+               again, and a second create of it succeeded) */
+            {
+                char longname[DSGD_MAX_VARIABLE_NAME + 2];
+                memset(longname, 'v', sizeof(longname));
+                longname[DSGD_MAX_VARIABLE_NAME + 1] = '\0';
+                vd.name = longname;
+                TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+                assert_true(contains(dsgd_ctx_last_error(ctx), "64 bytes; at most 63"));
+                assert_int_equal(dsgd_strategy_find_variable(s, longname), -1);
+                longname[DSGD_MAX_VARIABLE_NAME] = '\0';
+                assert_int_equal(dsgd_strategy_find_variable(s, longname), -1);
+                TU_OK(ctx, dsgd_strategy_create_variable(s, &vd, &id));
+                assert_int_equal(dsgd_strategy_find_variable(s, longname), id);
+                TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create_variable(s, &vd, &id));
+                assert_true(contains(dsgd_ctx_last_error(ctx), "exists"));
+            }
         }
         dsgd_strategy_destroy(s);
         dsgd_ctx_destroy(ctx);
