@@ -14,8 +14,10 @@
                the aggregation is applied when the variable is read across
                replicas (this is how the training metrics are kept).
    Every copy starts at the variable's initial value. Then the combinations
-   distsgd rejects, as tf.distribute does, with their
-   error messages, and the one cross-replica write that is not a plain copy.
+   distsgd rejects, with their error messages (the ON_WRITE write with
+   aggregation NONE is rejected by us, not by TF 2.21, where each replica
+   then updates only its own copy), and the one cross-replica write that is
+   not a plain copy.
    The model is irrelevant here (a tiny one; the strategy needs one).
 
    Build and run from the repository root:

@@ -1207,7 +1207,11 @@ extern "C" {
 
 /* ---------------------------------------------------------------- variables */
 
-/* How the replicas' values of a variable combine (tf.VariableAggregation). */
+/* How the replicas' values of a variable combine. For variables created
+   with dsgd_strategy_create_variable and written in replica context this is
+   tf.VariableAggregation's meaning. For model variables it says how the
+   gradients combine (dsgd_strategy_set_aggregation), which is ours: Keras
+   ignores a variable's aggregation there. */
 typedef enum dsgd_aggregation {
     DSGD_AGG_NONE = 0,
     DSGD_AGG_SUM = 1,
@@ -1219,7 +1223,7 @@ typedef enum dsgd_aggregation {
    (tf.VariableSynchronization). */
 typedef enum dsgd_synchronization {
     DSGD_SYNC_AUTO = 0,     /* ON_WRITE under every strategy here */
-    DSGD_SYNC_NONE = 1,     /* rejected, as tf.distribute rejects it */
+    DSGD_SYNC_NONE = 1,     /* rejected, as tf.distribute rejects it under a strategy */
     DSGD_SYNC_ON_WRITE = 2, /* mirrored: every write is aggregated and applied to all copies */
     DSGD_SYNC_ON_READ = 3   /* each replica writes its own copy; reads from the strategy aggregate */
 } dsgd_synchronization;
@@ -1369,9 +1373,16 @@ DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
                      the mean of the replicas' mean gradients
      SUM             the sum over replicas of each replica's mean gradient
      ONLY_FIRST_REPLICA  replica 0's mean gradient, used by all
-   NONE is rejected (a mirrored variable updated in replica context needs an
-   aggregation, as in tf.distribute), and so is ON_READ (only non-trainable
-   variables may be ON_READ).
+   TensorFlow: Keras's optimizer.apply_gradients (TF 2.x, Keras 3 in TF
+   2.21) ignores a variable's aggregation and always sums the replicas'
+   gradients; with the loss scaled by the global batch, as Keras does, that
+   sum is our MEAN, which is the TF behaviour. SUM and ONLY_FIRST_REPLICA are
+   our extension: they match TF only for a variable updated directly in
+   replica context (v.assign_sub(lr * g) with that aggregation), not for
+   training through apply_gradients.
+   NONE is rejected (ours: a mirrored variable needs an aggregation to stay
+   one value across replicas), and so is ON_READ (only non-trainable
+   variables may be ON_READ, the rule of Keras 2's add_weight).
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; variable NULL
    or not a model variable; aggregation NONE or unknown; synchronization
    other than AUTO or ON_WRITE), DSGD_ERR_STATE (the strategy has failed,
@@ -1510,10 +1521,12 @@ typedef struct dsgd_dvar_desc {
 } dsgd_dvar_desc;
 
 /* Creates a variable with one copy per replica (cross-replica context).
-   Rejected with DSGD_ERR_INVALID_ARGUMENT, as tf.distribute rejects them:
-   synchronization NONE; ON_READ with trainable set; ON_READ with aggregation
-   NONE (tf.distribute fails when such a variable is read across replicas;
-   here it fails at creation); unknown enum values. *id receives the handle.
+   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
+   tf.distribute rejects it under a strategy); ON_READ with trainable set
+   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
+   aggregation NONE (tf.distribute fails when such a variable is read across
+   replicas; here it fails at creation); unknown enum values. *id receives
+   the handle.
    Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
    cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
    name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
@@ -1527,7 +1540,10 @@ DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_
      ON_WRITE: a collective every replica must call; the replicas' values are
                combined by the aggregation (SUM: sum; MEAN: mean;
                ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
-               result. NONE: DSGD_ERR_INVALID_ARGUMENT on every replica.
+               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
+               on every replica. This rejection is ours: TF 2.21 accepts
+               such a write and each replica updates only its own copy, so
+               the copies silently differ (older TF raised an error).
      ON_READ:  writes this replica's copy only; no communication.
    Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
    nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
