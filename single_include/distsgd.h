@@ -780,8 +780,8 @@ typedef struct dsgd_dataset {
    are scaled to [0, 1]; y holds the labels (target_dim 1). num_classes: 0
    means 10. On failure *out is left empty (all zero).
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or a path NULL,
-   num_classes outside 0..256), DSGD_ERR_IO (cannot open, not a regular file,
-   a failed read), DSGD_ERR_FORMAT (every malformed input: magic, dimensions,
+   num_classes outside 0..256), DSGD_ERR_IO (cannot open, not a regular file
+   (a FIFO or a device fails at once, never blocks), a failed read), DSGD_ERR_FORMAT (every malformed input: magic, dimensions,
    sizes that disagree with the file's, image and label counts that differ,
    no images, more than 2^24 pixels an image, a label >= num_classes), with
    a message naming the file, the byte offset or sample, and what is wrong;
@@ -796,17 +796,20 @@ typedef struct dsgd_csv_desc {
     int num_classes;     /* labels must be integers in [0, num_classes);
                             0: num_classes = largest label + 1 */
     int header_lines;    /* lines to skip at the top; default 0 */
-    float feature_scale; /* features are multiplied by this; default 1 */
+    float feature_scale; /* features are multiplied by this; 0: 1; finite, >= 0 */
 } dsgd_csv_desc;
 
 /* Loads a comma-separated file of numbers, one sample per line, all lines with
    the same number of fields (2 or more); blank lines are skipped. desc may be
    NULL (defaults). On failure *out is left empty (all zero).
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or path NULL, a
-   negative field in desc), DSGD_ERR_IO (cannot open or read), DSGD_ERR_FORMAT
-   with file, line and column (a field that is not a finite number, a ragged
-   line, a NUL byte, fewer than 2 fields, a label column beyond the fields, a
-   label that is not an integer in [0, num_classes), no data lines),
+   negative field in desc, a NaN or infinite feature_scale), DSGD_ERR_IO
+   (cannot open or read, not a regular file: a FIFO or a device fails at once,
+   never blocks), DSGD_ERR_FORMAT with file, line and column (a field that is
+   not a finite number, a feature that is not finite as a float once scaled,
+   such as 1e300 or -3.5e38, a ragged line, a NUL byte, fewer than 2 fields,
+   a label column beyond the fields, a label that is not an integer in
+   [0, num_classes), no data lines),
    DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path,
@@ -1613,6 +1616,8 @@ DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *nam
 #include <string.h>
 #include <errno.h>
 #include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
@@ -2990,23 +2995,33 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
 
 /* >>loaders ---------------------------------------------------------------- */
 
-/* Opens path and returns its size, or records an error. */
+/* Opens path and returns its size, or records an error. Only regular files:
+   the open is non-blocking, so a FIFO with no writer (or a device) fails at
+   once instead of blocking in open(); the type is checked on the opened
+   descriptor, so a path swapped after the check cannot slip through. */
 static FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
     FILE *f;
     long end;
     struct stat st;
+    int fd, flags;
     if (!path) {
         dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "file path is NULL");
         return NULL;
     }
-    f = fopen(path, "rb");
-    if (!f) {
+    fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
         dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: not a regular file", path);
-        fclose(f);
+        close(fd);
+        return NULL;
+    }
+    flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
@@ -3199,6 +3214,10 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_dataset_load_csv: label_column %d, num_classes %d, header_lines %d must be >= 0",
                                   d.label_column, d.num_classes, d.header_lines);
+    if (!(d.feature_scale >= 0.0f) || !isfinite(d.feature_scale))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_dataset_load_csv: feature_scale %g must be finite and >= 0 (0: 1)",
+                                  (double)d.feature_scale);
     scale = d.feature_scale == 0.0f ? 1.0f : d.feature_scale;
     text = dsgd__read_text(ctx, path, &len);
     if (!text) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
@@ -3264,8 +3283,19 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
                 out->y[row] = (float)v;
                 if ((int)v > max_label) max_label = (int)v;
             } else {
+                /* in double, then checked: 1e300, or a finite field times a
+                   large scale, would be an infinite float */
+                float xv = (float)(v * (double)scale);
+                if (!isfinite(xv)) {
+                    int shown = (int)DSGD__MIN((size_t)(fe - f), (size_t)40);
+                    r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                           "%s: line %zu, column %zu: '%.*s' times feature_scale %g is outside the "
+                                           "float range",
+                                           path, line_no, col + 1, shown, f, (double)scale);
+                    break;
+                }
                 c = (int)col - ((int)col + 1 > label_col ? 1 : 0);
-                out->x[row * out->dim + (size_t)c] = (float)v * scale;
+                out->x[row * out->dim + (size_t)c] = xv;
             }
             f = fe + 1;
         }

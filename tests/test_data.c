@@ -25,6 +25,9 @@
 
 #include "test_util.h"
 
+#include <signal.h>
+#include <sys/stat.h>
+
 /* ---------------------------------------------------------------- fixture */
 
 typedef struct fx {
@@ -476,7 +479,25 @@ static void test_csv_malformed(void **state) {
     /* with no context to record on, still an error (it was DSGD_OK once) */
     assert_int_equal(dsgd_dataset_load_csv(NULL, p, NULL, &ds), DSGD_ERR_IO);
     assert_null(ds.x);
-    /* bad descs */
+    /* valid numbers that are not finite as floats, or once scaled: an
+       error naming line and column, never +-inf in the features */
+    expect_csv_fail(f, "1,2,0\n1e300,2,1\n", NULL, 2, 1, "1e300 overflows a float");
+    expect_csv_fail(f, "1,2,0\n3,-3.5e38,1\n", NULL, 2, 2, "-3.5e38 overflows a float");
+    d = csv_desc(0, 0, 0, 1e30f);
+    expect_csv_fail(f, "1,2,0\n3,1e10,1\n", &d, 2, 2, "1e10 times scale 1e30");
+    d = csv_desc(0, 0, 0, 1e30f);
+    assert_int_equal(load_csv(f, "ok.csv", "1,2,0\n", &d, &ds), DSGD_OK); /* 1e30 and 2e30 fit */
+    assert_true(ds.x[0] == 1e30f && ds.x[1] == 2e30f);
+    dsgd_dataset_free(&ds);
+    /* bad descs: a negative, NaN or infinite scale */
+    d = csv_desc(0, 0, 0, -2.0f);
+    assert_int_equal(load_csv(f, "ok.csv", "1,2,0\n", &d, &ds), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(f->ctx), "feature_scale"));
+    assert_null(ds.x);
+    d = csv_desc(0, 0, 0, NAN);
+    assert_int_equal(load_csv(f, "ok.csv", "1,2,0\n", &d, &ds), DSGD_ERR_INVALID_ARGUMENT);
+    d = csv_desc(0, 0, 0, INFINITY);
+    assert_int_equal(load_csv(f, "ok.csv", "1,2,0\n", &d, &ds), DSGD_ERR_INVALID_ARGUMENT);
     d = csv_desc(-1, 0, 0, 0.0f);
     assert_int_equal(load_csv(f, "ok.csv", "1,2,0\n", &d, &ds), DSGD_ERR_INVALID_ARGUMENT);
     d = csv_desc(0, -2, 0, 0.0f);
@@ -887,6 +908,40 @@ static void test_not_a_regular_file(void **state) {
     assert_null(ds.x);
 }
 
+/* A FIFO with no writer: open() of it for reading blocks until a writer
+   comes, so a loader that opened before checking the type hung forever. Both
+   must say DSGD_ERR_IO at once; an alarm fails the test instead of hanging. */
+static void on_fifo_alarm(int sig) {
+    static const char msg[] = "test_fifo: a loader blocked on a FIFO for 10 s\n";
+    (void)sig;
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(2);
+    _exit(1);
+}
+
+static void test_fifo(void **state) {
+    fx *f = (fx *)*state;
+    dsgd_dataset ds;
+    bytes gl;
+    char fifo[256], lp[256];
+    good_labels(&gl, 3);
+    tu_write_file(f->dir, "lbls.idx", gl.d, gl.n, lp, sizeof lp);
+    snprintf(fifo, sizeof fifo, "%s/fifo", f->dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    signal(SIGALRM, on_fifo_alarm);
+    alarm(10);
+    memset(&ds, 0, sizeof ds);
+    assert_int_equal(dsgd_dataset_load_csv(f->ctx, fifo, NULL, &ds), DSGD_ERR_IO);
+    assert_non_null(strstr(dsgd_ctx_last_error(f->ctx), "not a regular file"));
+    assert_null(ds.x);
+    assert_int_equal(dsgd_dataset_load_idx(f->ctx, fifo, lp, 0, &ds), DSGD_ERR_IO);
+    assert_non_null(strstr(dsgd_ctx_last_error(f->ctx), "fifo: not a regular file"));
+    assert_int_equal(dsgd_dataset_load_idx(f->ctx, lp, fifo, 0, &ds), DSGD_ERR_IO);
+    assert_null(ds.x);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    unlink(fifo);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_idx_good, setup, teardown),
@@ -898,6 +953,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_sampler, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fuzz_loaders, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_a_regular_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fifo, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
