@@ -753,6 +753,29 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *opt);
    changes them). */
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *opt);
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *opt);
+/* The optimizer's state, read-only (what a checkpoint saves besides the
+   parameters and dsgd_optimizer_steps): its slots, one float per parameter
+   each, in the order of the model's flat parameter buffer.
+     SGD       no slot
+     MOMENTUM  slot 0 "momentum": the velocity v, v = momentum * v + g
+     ADAM(W)   slot 0 "m": the first moment, m = beta1 * m + (1 - beta1) g;
+               slot 1 "v": the second moment, v = beta2 * v + (1 - beta2) g^2
+               (both without bias correction; g includes weight decay for
+               ADAM, not for ADAMW)
+   dsgd_optimizer_num_slots: their number (opt NULL: 0).
+   dsgd_optimizer_slot_name: slot's name, NULL for a slot that does not
+   exist (or opt NULL).
+   dsgd_optimizer_read_slot: copies count floats of slot `slot` from
+   parameter index `offset` to host memory (waits for queued work).
+   Errors: dsgd_optimizer_read_slot: DSGD_ERR_INVALID_ARGUMENT (opt NULL,
+   nothing recorded; dst NULL with count > 0; no such slot), DSGD_ERR_SHAPE
+   (offset + count beyond the parameter count), backend errors. The others:
+   none.
+   Thread safety: the model's thread. */
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *opt);
+DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *opt, int slot);
+DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *opt, int slot, size_t offset, size_t count,
+                                              float *dst);
 /* The learning rate the schedule gives at step t (t < 0 counts as 0), peak
    lr `lr`; s NULL: lr. A STEP schedule with step_size <= 0 gives lr.
    Errors: none. Thread safety: any thread. */
@@ -2858,6 +2881,28 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
 
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
+
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? (o->m1 != NULL) + (o->m2 != NULL) : 0; }
+
+DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot) {
+    if (!o || slot < 0 || slot >= dsgd_optimizer_num_slots(o)) return NULL;
+    if (o->d.kind == DSGD_OPT_MOMENTUM) return "momentum";
+    return slot == 0 ? "m" : "v";
+}
+
+DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {
+    const char *what = "dsgd_optimizer_read_slot";
+    if (!o) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dst && count > 0) return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: dst is NULL", what);
+    if (!dsgd_optimizer_slot_name(o, slot))
+        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: slot %d; this optimizer has %d", what,
+                                  slot, dsgd_optimizer_num_slots(o));
+    if (offset > o->m->num_params || count > o->m->num_params - offset)
+        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_SHAPE, "%s: floats %zu..%zu, the model has %zu parameters",
+                                  what, offset, offset + count, o->m->num_params);
+    if (count == 0) return DSGD_OK;
+    return o->m->be.read(o->m->be.impl, dsgd__ref(slot == 0 ? o->m1 : o->m2, offset), dst, count);
+}
 
 
 /* >>data ------------------------------------------------------------------- */

@@ -182,6 +182,35 @@ static void check_params(lin *L, const ref_state *st, const char *label) {
                      st->p[i]);
 }
 
+/* The optimizer's slots, read through dsgd_optimizer_read_slot, against the
+   reference's m and v: whole, and a window from an offset. */
+static void check_slots(lin *L, dsgd_optimizer *opt, const hyper *h, const ref_state *st, const char *label) {
+    static const char *const names[3][2] = {{NULL, NULL}, {"momentum", NULL}, {"m", "v"}};
+    int kind = h->kind == DSGD_OPT_SGD ? 0 : h->kind == DSGD_OPT_MOMENTUM ? 1 : 2, slot, i;
+    float got[NP];
+    assert_int_equal(dsgd_optimizer_num_slots(opt), kind);
+    for (slot = 0; slot < kind; ++slot) {
+        const double *want = slot == 0 ? st->m : st->v;
+        assert_string_equal(dsgd_optimizer_slot_name(opt, slot), names[kind][slot]);
+        TU_OK(L->ctx, dsgd_optimizer_read_slot(opt, slot, 0, NP, got));
+        for (i = 0; i < NP; ++i)
+            if (!(fabs(got[i] - want[i]) <= 1e-7 + 1e-5 * fabs(want[i])))
+                fail_msg("%s, after step %d: slot %s[%d] = %.9g, want %.9g", label, st->t, names[kind][slot], i,
+                         got[i], want[i]);
+        TU_OK(L->ctx, dsgd_optimizer_read_slot(opt, slot, 2, NP - 3, got));
+        for (i = 0; i < NP - 3; ++i) TU_NEAR(got[i], want[i + 2], 1e-7 + 1e-5 * fabs(want[i + 2]));
+    }
+    assert_null(dsgd_optimizer_slot_name(opt, kind));
+    assert_null(dsgd_optimizer_slot_name(opt, -1));
+    TU_ERR(L->ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_optimizer_read_slot(opt, kind, 0, 1, got));
+    if (kind > 0) {
+        TU_ERR(L->ctx, DSGD_ERR_SHAPE, dsgd_optimizer_read_slot(opt, 0, 1, NP, got));
+        TU_ERR(L->ctx, DSGD_ERR_SHAPE, dsgd_optimizer_read_slot(opt, 0, (size_t)-1, 2, got));
+        TU_ERR(L->ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_optimizer_read_slot(opt, 0, 0, 1, NULL));
+        TU_OK(L->ctx, dsgd_optimizer_read_slot(opt, 0, NP, 0, NULL));
+    }
+}
+
 /* Runs `steps` optimizer steps on the linear model with desc od, mirroring
    them on the host with the effective hyper-parameters h. */
 static void run_rule(const dsgd_optimizer_desc *od, const hyper *h, int steps, const char *label) {
@@ -195,11 +224,13 @@ static void run_rule(const dsgd_optimizer_desc *od, const hyper *h, int steps, c
     for (i = 0; i < NP; ++i) st.p[i] = L.p0[i];
     TU_OK(L.ctx, dsgd_optimizer_create(L.m, od, &opt));
     assert_int_equal(dsgd_optimizer_steps(opt), 0);
+    check_slots(&L, opt, h, &st, label); /* zero before the first step */
     for (t = 0; t < steps; ++t) {
         lin_grad(&L, g);
         TU_OK(L.ctx, dsgd_optimizer_step(opt));
         ref_step(&st, h, &od->schedule, g, 1.0);
         check_params(&L, &st, label);
+        check_slots(&L, opt, h, &st, label);
         assert_int_equal(dsgd_optimizer_steps(opt), t + 1);
     }
     dsgd_optimizer_destroy(opt);
