@@ -4440,55 +4440,38 @@ static void dsgd__fp_init(const dsgd_comm *c, dsgd__fp_range *acc) {
     acc->lo_rank = acc->hi_rank = (uint64_t)c->rank;
 }
 
+/* Field i of a fingerprint as text, after its label. */
+static const char *dsgd__fp_field(int i, uint64_t v, char *buf, size_t cap) {
+    switch (i) {
+    case DSGD__FP_KIND: return dsgd__kind_name(v);
+    case DSGD__FP_OP: return dsgd_reduce_op_name((dsgd_reduce_op)(int64_t)v);
+    case DSGD__FP_ALGO: return v == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name((dsgd_allreduce_algo)v);
+    case DSGD__FP_ROOT: snprintf(buf, cap, "%lld", (long long)(int64_t)v); return buf;
+    case DSGD__FP_PIECE: v *= sizeof(float); break; /* kept in floats, shown in bytes */
+    default: break;
+    }
+    snprintf(buf, cap, "%llu", (unsigned long long)v);
+    return buf;
+}
+
 /* Appends "rank R passed count 1000, op sum" (the fields where fp differs
    from other) to dst. */
-static size_t dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64_t *fp, const uint64_t *other) {
+static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64_t *fp, const uint64_t *other) {
+    static const char *const label[DSGD__FP_N] = {"is in collective #", "is in ", "count ", "op ",
+                                                  "root ", "algorithm ", "piece bytes "};
     size_t used = 0;
     int i, k, first = 1;
     k = snprintf(dst, cap, "rank %llu", (unsigned long long)rank);
     used += k > 0 && (size_t)k < cap ? (size_t)k : 0;
     for (i = 0; i < DSGD__FP_N; ++i) {
-        char v[64];
-        const char *field = "";
+        char v[32];
         if (fp[i] == other[i]) continue;
-        switch (i) {
-        case DSGD__FP_SEQ:
-            field = "is in collective";
-            snprintf(v, sizeof(v), "#%llu", (unsigned long long)fp[i]);
-            break;
-        case DSGD__FP_KIND:
-            field = "is in";
-            snprintf(v, sizeof(v), "%s", dsgd__kind_name(fp[i]));
-            break;
-        case DSGD__FP_COUNT:
-            field = "count";
-            snprintf(v, sizeof(v), "%llu", (unsigned long long)fp[i]);
-            break;
-        case DSGD__FP_OP:
-            field = "op";
-            snprintf(v, sizeof(v), "%s", dsgd_reduce_op_name((dsgd_reduce_op)(int64_t)fp[i]));
-            break;
-        case DSGD__FP_ROOT:
-            field = "root";
-            snprintf(v, sizeof(v), "%lld", (long long)(int64_t)fp[i]);
-            break;
-        case DSGD__FP_ALGO:
-            field = "algorithm";
-            snprintf(v, sizeof(v), "%s",
-                     fp[i] == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name((dsgd_allreduce_algo)fp[i]));
-            break;
-        default:
-            field = "piece bytes";
-            snprintf(v, sizeof(v), "%llu", (unsigned long long)(fp[i] * sizeof(float)));
-            break;
-        }
-        k = snprintf(dst + used, cap - used, "%s%s%s %s", first ? " " : ", ",
-                     i >= DSGD__FP_COUNT ? (first ? "passed " : "") : "", field, v);
+        k = snprintf(dst + used, cap - used, "%s%s%s%s", first ? " " : ", ",
+                     i >= DSGD__FP_COUNT && first ? "passed " : "", label[i], dsgd__fp_field(i, fp[i], v, sizeof(v)));
         used += k > 0 && (size_t)k < cap - used ? (size_t)k : 0;
         first = 0;
         if (i <= DSGD__FP_KIND) break; /* another collective: its other fields mean nothing here */
     }
-    return used;
 }
 
 /* DSGD_OK when every rank holds the same fingerprint; otherwise records the

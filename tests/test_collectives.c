@@ -864,6 +864,12 @@ static void mismatch_case(int n, const job *jb, const char *want1, const char *w
     group_free(&g);
 }
 
+/* Makes every rank of jb's alternative pass count. */
+static void set_counts(job *jb, size_t count) {
+    int r;
+    for (r = 0; r < MAXN; ++r) jb->count[r] = count;
+}
+
 /* Count variants of the issue: one rank passes count +-1, +- one piece (64
    floats at 256-byte pieces) or 0, on every kind and algorithm, N = 2..4. */
 static void test_mismatched_counts(void **state) {
@@ -883,8 +889,7 @@ static void test_mismatched_counts(void **state) {
                 jb.root = n - 1;
                 jb.timeout = 20.0;
                 alt = jb;
-                alt.count[0] = (size_t)(1000 + delta[di]);
-                for (alt.alt_rank = 0; alt.alt_rank < MAXN; ++alt.alt_rank) alt.count[alt.alt_rank] = alt.count[0];
+                set_counts(&alt, (size_t)(1000 + delta[di]));
                 jb.alt = &alt;
                 jb.alt_rank = (di + ki) % n; /* vary which rank is off */
                 snprintf(w1, sizeof(w1), "rank %d passed count %ld", jb.alt_rank, 1000 + delta[di]);
@@ -900,7 +905,6 @@ static void test_mismatched_counts(void **state) {
    count. */
 static void test_mismatched_calls(void **state) {
     job jb, alt;
-    int r;
     (void)state;
     watchdog(120);
     /* DIRECT (AUTO on the loopback): 1000 against 2000 read past a buffer;
@@ -908,12 +912,12 @@ static void test_mismatched_calls(void **state) {
     job_init(&jb, J_ALLREDUCE, 1000);
     jb.timeout = 20.0;
     alt = jb;
-    for (r = 0; r < MAXN; ++r) alt.count[r] = 1100;
+    set_counts(&alt, 1100);
     jb.alt = &alt;
     jb.alt_rank = 1;
     mismatch_case(2, &jb, "rank 1 passed count 1100", "rank 0 passed count 1000", 0);
-    for (r = 0; r < MAXN; ++r) alt.count[r] = 299;
-    for (r = 0; r < MAXN; ++r) jb.count[r] = 300;
+    set_counts(&alt, 299);
+    set_counts(&jb, 300);
     jb.alt_rank = 2;
     mismatch_case(3, &jb, "rank 2 passed count 299", "rank 0 passed count 300", 0);
     /* the send/recv-only path, and AUTO choosing by count without sharing */
@@ -928,7 +932,7 @@ static void test_mismatched_calls(void **state) {
     jb.algo = DSGD_ALLREDUCE_RING;
     jb.timeout = 20.0;
     alt = jb;
-    for (r = 0; r < MAXN; ++r) alt.count[r] = 128;
+    set_counts(&alt, 128);
     jb.alt = &alt;
     jb.alt_rank = 0;
     mismatch_case(2, &jb, "rank 0 passed count 128", "rank 1 passed count 256", 0);
@@ -940,7 +944,7 @@ static void test_mismatched_calls(void **state) {
     jb.alt = &alt;
     jb.alt_rank = 2;
     /* another op */
-    for (r = 0; r < MAXN; ++r) alt.count[r] = 300;
+    set_counts(&alt, 300);
     alt.op = DSGD_REDUCE_MAX;
     mismatch_case(3, &jb, "rank 2 passed op max", "rank 0 passed op sum", 0);
     jb.algo = alt.algo = DSGD_ALLREDUCE_HALVING_DOUBLING;
