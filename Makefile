@@ -67,7 +67,9 @@ BUILD ?= build
 
 # ---------------------------------------------------------------- sources
 
-HEADERS := $(wildcard *.h)
+# The maps (distsgd.h, distsgd_cl.h, ...) and the parts they include.
+MAP_HEADERS := $(wildcard *.h)
+HEADERS := $(MAP_HEADERS) $(wildcard distsgd/*.h distsgd/cl/*.h)
 EXAMPLE_SRCS := $(wildcard examples/*.c)
 TEST_SRCS := $(wildcard tests/test_*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
@@ -124,7 +126,7 @@ TSAN_TESTS := $(patsubst tests/%.c,$(BUILD)/tsan/tests/%,$(BUILD_TSAN_SRCS))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BUILD_BENCH_SRCS))
 TOOLS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(BUILD_TOOL_SRCS))
 
-CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h),$(HEADERS))
+CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h),$(MAP_HEADERS))
 HEADER_CHECKS := $(foreach h,$(CHECK_HEADERS),\
     $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,$(BUILD)/check/$(basename $h).$c.$s.ok)) \
     $(foreach c,$(CHECK_CXX),$(BUILD)/check/$(basename $h).$c.c++11.ok))

@@ -59,6 +59,65 @@
              return 0;
          }
 
+   CONTENTS
+
+     The library is one part per layer under distsgd/, included below in
+     dependency order; each part holds its topic comment, its declarations
+     and its implementation, and uses only the parts above it. To vendor
+     distsgd, copy the one generated file single_include/distsgd.h instead.
+
+   THREAD SAFETY
+
+     distsgd.h has no global state (distsgd_cl.h adds one mutex), so many
+     independent runs can share a process. The rules, which the "Thread
+     safety:" line above each function applies:
+       - A dsgd_ctx and everything created with it (backend, model, optimizer,
+         communicator) is used by one thread at a time: "the context's thread"
+         (or the model's, ...). Give each thread its own context. A logger is
+         called on the thread that records the message. (A loopback hub is
+         the exception: each of its endpoints is used by its rank's thread.)
+       - Functions of their arguments alone (names of codes, dsgd_block_range,
+         dsgd_lr_at, the RNG on your own state, dsgd_now) run on any thread.
+         So do getters that read only what creation fixed (dsgd_comm_rank,
+         dsgd_model_num_params, ...), while the object lives.
+       - Datasets are read-only after loading and may be shared between
+         threads; a sampler is used by one thread at a time.
+       - Collectives: each rank's communicator (and transport endpoint) lives
+         on that rank's thread, and all ranks call the same collectives
+         concurrently. dsgd_loopback_abort and dsgd_loopback_aborted may be
+         called from any thread while the hub exists.
+       - A strategy is driven from one thread, the one that owns its ctx. It
+         runs replica 0 on that thread and replicas 1..N-1 on threads of its
+         own, each with its own context (and backend, model, optimizer and
+         communicator), and returns only when they are done. The replicas'
+         contexts share the strategy context's logger, so that logger may be
+         called from several threads at once. Inside dsgd_strategy_run, fn
+         runs on every replica's thread at once and uses that replica's
+         objects (dsgd_replica_*), not the strategy's functions.
+       - Gradient paths (see BACKENDS): on the HOST path each replica touches
+         only its own gradient buffer. On the DEVICE path replica r's backend
+         reads and writes block r of every replica's gradient buffer; the
+         strategy orders this itself: each replica finishes its queue and
+         enters a barrier, sums its block (sum_across) and finishes again, and
+         a second barrier keeps every replica from using its gradient before
+         all blocks are written.
+*/
+#ifndef DISTSGD_H
+#define DISTSGD_H
+
+#define DISTSGD_VERSION_MAJOR 0
+#define DISTSGD_VERSION_MINOR 1
+#define DISTSGD_VERSION_PATCH 0
+#define DISTSGD_VERSION_STRING "0.1.0"
+
+#endif /* DISTSGD_H */
+
+/* Every part is guarded twice (declarations; implementation when
+   DISTSGD_IMPLEMENTATION is defined), so this file may be included again. */
+/* ---------------------------------------- distsgd/base.h */
+/* distsgd/base.h - API decoration, results, context, RNG, clock
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
    CONFIGURATION
 
      Objects are configured by *_desc structs in which a zero field means "the
@@ -104,175 +163,9 @@
      DSGD_ERR_INVALID_ARGUMENT for a range outside a buffer). Getters that
      cannot fail say what they return for a NULL object or an index out of
      range.
-
-   THREAD SAFETY
-
-     distsgd.h has no global state (distsgd_cl.h adds one mutex), so many
-     independent runs can share a process. The rules, which the "Thread
-     safety:" line above each function applies:
-       - A dsgd_ctx and everything created with it (backend, model, optimizer,
-         communicator) is used by one thread at a time: "the context's thread"
-         (or the model's, ...). Give each thread its own context. A logger is
-         called on the thread that records the message. (A loopback hub is
-         the exception: each of its endpoints is used by its rank's thread.)
-       - Functions of their arguments alone (names of codes, dsgd_block_range,
-         dsgd_lr_at, the RNG on your own state, dsgd_now) run on any thread.
-         So do getters that read only what creation fixed (dsgd_comm_rank,
-         dsgd_model_num_params, ...), while the object lives.
-       - Datasets are read-only after loading and may be shared between
-         threads; a sampler is used by one thread at a time.
-       - Collectives: each rank's communicator (and transport endpoint) lives
-         on that rank's thread, and all ranks call the same collectives
-         concurrently. dsgd_loopback_abort and dsgd_loopback_aborted may be
-         called from any thread while the hub exists.
-       - A strategy is driven from one thread, the one that owns its ctx. It
-         runs replica 0 on that thread and replicas 1..N-1 on threads of its
-         own, each with its own context (and backend, model, optimizer and
-         communicator), and returns only when they are done. The replicas'
-         contexts share the strategy context's logger, so that logger may be
-         called from several threads at once. Inside dsgd_strategy_run, fn
-         runs on every replica's thread at once and uses that replica's
-         objects (dsgd_replica_*), not the strategy's functions.
-       - Gradient paths (see BACKENDS): on the HOST path each replica touches
-         only its own gradient buffer. On the DEVICE path replica r's backend
-         reads and writes block r of every replica's gradient buffer; the
-         strategy orders this itself: each replica finishes its queue and
-         enters a barrier, sums its block (sum_across) and finishes again, and
-         a second barrier keeps every replica from using its gradient before
-         all blocks are written.
-
-   STRATEGIES
-
-     dsgd_strategy_create(ctx, &desc, &s) builds N replicas (a model, an
-     optimizer, a backend and, for N > 1, a communicator each) over a loopback
-     transport; dsgd_strategy_train_step(s, x, y, count, &info) shards the
-     global batch, computes gradients on every replica, agrees on finiteness,
-     sums the flat gradient buffers (through the host or on the devices: see
-     BACKENDS) and applies the same update everywhere, so the replicas stay
-     bitwise identical, and N replicas x batch B with MEAN aggregation give the
-     weights of one replica with batch N*B (up to float reassociation).
-     dsgd_strategy_run(s, fn, user) runs your own function in replica context,
-     where distributed variables (dsgd_strategy_create_variable) follow
-     tf.VariableAggregation / tf.VariableSynchronization semantics.
-
-     Failures: when one replica fails, the strategy aborts its transport at
-     once, so the others return within milliseconds ("aborted because
-     replica k failed"), and the call returns the failing replica's own
-     error (dsgd_strategy_replica_result gives each replica's). A failure
-     the replicas agreed on before the update (a bad label, a non-finite
-     gradient under DSGD_NONFINITE_ERROR) changes nothing; any other failure
-     (a collective, a timeout, a backend failing in the exchange or the
-     update, any failed dsgd_strategy_run) may have left the replicas
-     different, so the strategy fails: every later call that uses the
-     replicas returns DSGD_ERR_STATE naming the step and the first error
-     (dsgd_strategy_failed) until you destroy it and create a new one.
-
-   BACKENDS
-
-     A backend is a dsgd_backend_i: a table of compute operations on device
-     buffers plus an implementation pointer. Models never touch memory
-     directly, so the OpenCL backend (distsgd_cl.h) plugs in unchanged. The CPU
-     reference backend, dsgd_cpu_backend_create(), is the one every other
-     backend is tested against. Optional members may be NULL: destroy,
-     buffer_host_ptr, finish, and those the strategies use to move gradients:
-     map/unmap (a host view of a range, zero-copy where the device shares the
-     host's memory), host_shared (whether it does), and can_access/sum_across
-     (a sum computed on the device over other backends' buffers).
-
-     A synchronous step sums the replicas' gradients along one of two paths,
-     chosen by dsgd_strategy_desc.gradient_path and reported by
-     dsgd_strategy_gradient_path():
-       HOST    each replica exposes its gradient buffer to the host through
-               buffer_host_ptr (the CPU backend), else map (zero-copy on CPUs
-               and integrated GPUs, PoCL included), else a read into a staging
-               copy that is written back afterwards; then dsgd_allreduce over
-               the transport, with the strategy's algorithm and buckets.
-       DEVICE  between two barriers, replica r sums block r (dsgd_block_range)
-               of every replica's gradient buffer in rank order with its
-               backend's sum_across and writes the sum into all of them; the
-               gradients never reach the host. Every backend must reach every
-               other's buffers (can_access: OpenCL backends of one
-               dsgd_cl_context).
-     AUTO, the default, picks DEVICE only when it is possible and some
-     backend's buffers are not host-shared (a discrete GPU, where the HOST path
-     would copy the gradient to the host and back every step). Where mapping
-     copies nothing the host's all-reduce is as fast, so AUTO stays on HOST
-     (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
-     HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
-     (tests/test_cl_strategy.c).
-
-   TRANSPORTS
-
-     A transport is a dsgd_transport_i: one endpoint per rank, a table of
-     functions plus an implementation pointer. The collectives need only
-     `send` and `recv` of tagged byte buffers with an absolute deadline; every
-     other member is optional and either speeds things up (sendrecv;
-     sendrecv_reduce, which reduces from a peer's buffer in place; share and
-     unshare, which let ranks in one address space use each other's buffers
-     directly), replaces the library's algorithm (a native allreduce, as MPI
-     would provide), supplies a clock (a simulated-clock transport) or
-     improves error messages (error_message, set_progress/peer_progress). A
-     new transport fills what it can and leaves the rest NULL; the
-     collectives do not change. A strategy's step sends its gradients over
-     the transport only on the HOST path; on the DEVICE path the transport
-     carries the finiteness flag and the two barriers.
-
-     The loopback transport connects N ranks in one process: one thread per
-     rank (the caller's threads), in-process mailboxes per ordered pair of
-     ranks, real time. Messages up to 64 KiB are copied into the mailbox so
-     the sender does not wait (unless 8 messages to that receiver are still
-     queued); larger ones are posted by pointer and the receiver copies (or
-     reduces) straight from the sender's memory while the sender waits. It
-     also provides share/unshare, so AUTO all-reduces on it run
-     DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
-     yielding the CPU), then sleeps on a condition variable; see
-     dsgd_loopback_set_spin.
-
-   COLLECTIVES
-
-     A dsgd_comm is one rank's view of a group: dsgd_comm_create(ctx,
-     &endpoint, &desc, &comm) in each rank's thread, then every rank calls the
-     same collectives in the same order with the same counts. Each call has a
-     deadline (timeout_s, 0: the communicator's default; at most 1e7 s) and
-     returns DSGD_ERR_TIMEOUT with a message naming the collective, its
-     sequence number and the rank it waited for, e.g.
-         "allreduce #17 (ring): rank 2 timed out waiting for rank 3 after 0.50 s"
-     A communicator whose collective failed mid-way is unusable afterwards
-     (DSGD_ERR_STATE): its peers may be anywhere in the protocol.
-
-     Agreement: before a collective moves any data, the ranks check that
-     they all called the same one: the same collective (kind and sequence
-     number), count, op, root, algorithm and piece size. If any rank differs,
-     every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
-     with a message naming two ranks and what they passed, e.g.
-         "allreduce #9 (ring): rank 0: the ranks disagree on the collective:
-          rank 2 passed count 999; rank 0 passed count 1000; no buffer was
-          touched"
-     No buffer is read or written, and the communicator stays usable (unless
-     the ranks are in collectives of different numbers). So no collective
-     returns DSGD_OK unless every rank agreed, and none touches memory
-     outside the caller's count. Cost: DIRECT publishes the description
-     beside the buffer it already shares (free); the message-passing
-     algorithms and a native hook first run ceil(log2 N) rounds of 128-byte
-     messages (a few microseconds on the loopback, see bench/allreduce.c).
-     Ranks that call different all-reduce algorithms, one of them DIRECT,
-     do not meet in the agreement: they time out instead.
-
-     Determinism: each algorithm reduces every element in a fixed order that
-     depends only on (algorithm, N, count), not on timing or the piece size,
-     so the same inputs give the same bits every run. Every rank ends with
-     bitwise identical buffers: each element is reduced by one rank and its
-     bits are copied to the others, except in recursive doubling, where both
-     partners of a step compute the same operation on the same operands in
-     the same order. Different algorithms may differ in the last bits.
 */
-#ifndef DISTSGD_H
-#define DISTSGD_H
-
-#define DISTSGD_VERSION_MAJOR 0
-#define DISTSGD_VERSION_MINOR 1
-#define DISTSGD_VERSION_PATCH 0
-#define DISTSGD_VERSION_STRING "0.1.0"
+#ifndef DSGD__PART_BASE_DECL
+#define DSGD__PART_BASE_DECL
 
 /* The implementation needs POSIX.1-2008 (clock_gettime, pthreads). Under a
    strict -std=c99 the feature macro must precede the first system header, so
@@ -398,6 +291,298 @@ DSGD_API void dsgd_ctx_log(dsgd_ctx *ctx, dsgd_log_level level, const char *fmt,
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+
+/* ---------------------------------------------------------------- utilities */
+
+/* dsgd_rng_next: SplitMix64 (Steele et al. 2014), the library's only random
+   number source: advances *state and returns the next 64 bits.
+   dsgd_rng_uniform: a double uniform in [0, 1) (53 bits) from the same stream.
+   dsgd_now: CLOCK_MONOTONIC in seconds.
+   Errors: none. Thread safety: any thread (the state is the caller's). */
+DSGD_API uint64_t dsgd_rng_next(uint64_t *state);
+DSGD_API double dsgd_rng_uniform(uint64_t *state);
+DSGD_API double dsgd_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_BASE_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BASE_IMPL)
+#define DSGD__PART_BASE_IMPL
+
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
+/* all three overridden */
+#elif !defined(DSGD_MALLOC) && !defined(DSGD_REALLOC) && !defined(DSGD_FREE)
+#define DSGD_MALLOC(sz) malloc(sz)
+#define DSGD_REALLOC(p, sz) realloc(p, sz)
+#define DSGD_FREE(p) free(p)
+#else
+#error "distsgd: define all of DSGD_MALLOC, DSGD_REALLOC and DSGD_FREE, or none"
+#endif
+
+#ifdef DSGD_USE_CBLAS
+#include <cblas.h>
+#endif
+
+#ifndef DSGD_ASSERT
+#include <assert.h>
+#define DSGD_ASSERT(c) assert(c)
+#endif
+
+#ifdef __cplusplus
+#define DSGD__RESTRICT __restrict
+#define DSGD__ZERO_INIT {}
+#else
+#define DSGD__RESTRICT restrict
+#define DSGD__ZERO_INIT {0}
+#endif
+
+#define DSGD__UNUSED(x) ((void)(x))
+#define DSGD__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define DSGD__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* >>results ---------------------------------------------------------------- */
+
+DSGD_API const char *dsgd_result_string(dsgd_result r) {
+    switch (r) {
+#define DSGD__RESULT_CASE(name, value, text) \
+    case name:                               \
+        return text;
+        DSGD__RESULT_LIST(DSGD__RESULT_CASE)
+#undef DSGD__RESULT_CASE
+    default:
+        return "unknown result code";
+    }
+}
+
+/* >>context ---------------------------------------------------------------- */
+
+#define DSGD__MSG_MAX 1024
+
+struct dsgd_ctx {
+    dsgd_logger logger;
+    char label[64];
+    dsgd_result last_result;
+    char last_error[DSGD__MSG_MAX];
+};
+
+DSGD_API dsgd_result dsgd_ctx_create(const dsgd_ctx_desc *desc, dsgd_ctx **out) {
+    dsgd_ctx *ctx;
+    if (!out) return DSGD_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    ctx = (dsgd_ctx *)DSGD_MALLOC(sizeof(*ctx));
+    if (!ctx) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(ctx, 0, sizeof(*ctx));
+    if (desc) {
+        ctx->logger = desc->logger;
+        if (desc->label) {
+            strncpy(ctx->label, desc->label, sizeof(ctx->label) - 1);
+        }
+    }
+    *out = ctx;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ctx_destroy(dsgd_ctx *ctx) { DSGD_FREE(ctx); }
+
+DSGD_API const char *dsgd_ctx_last_error(const dsgd_ctx *ctx) {
+    return ctx ? ctx->last_error : "";
+}
+
+DSGD_API dsgd_result dsgd_ctx_last_result(const dsgd_ctx *ctx) {
+    return ctx ? ctx->last_result : DSGD_OK;
+}
+
+DSGD_API void dsgd_ctx_clear_error(dsgd_ctx *ctx) {
+    if (!ctx) return;
+    ctx->last_result = DSGD_OK;
+    ctx->last_error[0] = '\0';
+}
+
+static void dsgd__vformat(dsgd_ctx *ctx, char *dst, size_t cap, const char *fmt, va_list ap) {
+    size_t used = 0;
+    if (ctx->label[0]) {
+        int k = snprintf(dst, cap, "%s: ", ctx->label);
+        used = k > 0 ? (size_t)k : 0;
+        if (used >= cap) used = cap - 1;
+    }
+    vsnprintf(dst + used, cap - used, fmt, ap);
+}
+
+DSGD_API dsgd_result dsgd_ctx_set_error(dsgd_ctx *ctx, dsgd_result r, const char *fmt, ...) {
+    va_list ap;
+    if (!ctx) return r;
+    va_start(ap, fmt);
+    dsgd__vformat(ctx, ctx->last_error, sizeof(ctx->last_error), fmt, ap);
+    va_end(ap);
+    ctx->last_result = r;
+    if (ctx->logger.func) ctx->logger.func(ctx->logger.user_data, DSGD_LOG_ERROR, ctx->last_error);
+    return r;
+}
+
+DSGD_API void dsgd_ctx_log(dsgd_ctx *ctx, dsgd_log_level level, const char *fmt, ...) {
+    char msg[DSGD__MSG_MAX];
+    va_list ap;
+    if (!ctx || !ctx->logger.func) return;
+    va_start(ap, fmt);
+    dsgd__vformat(ctx, msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    ctx->logger.func(ctx->logger.user_data, level, msg);
+}
+
+/* >>utilities -------------------------------------------------------------- */
+
+DSGD_API uint64_t dsgd_rng_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+DSGD_API double dsgd_rng_uniform(uint64_t *state) {
+    return (double)(dsgd_rng_next(state) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+DSGD_API double dsgd_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#endif /* DSGD__PART_BASE_IMPL */
+/* ---------------------------------------- distsgd/internal.h */
+/* distsgd/internal.h - private helpers shared by the core and its add-ons
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_INTERNAL_IMPL)
+#define DSGD__PART_INTERNAL_IMPL
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+/* A standard normal deviate (Box-Muller; one of the pair is discarded so the
+   stream position depends only on the number of draws). */
+static double dsgd__rng_normal(uint64_t *state) {
+    double u1 = dsgd_rng_uniform(state), u2 = dsgd_rng_uniform(state);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Uniform integer in [0, n) without modulo bias. */
+static size_t dsgd__rng_below(uint64_t *state, size_t n) {
+    uint64_t limit = UINT64_MAX - UINT64_MAX % (uint64_t)n, r;
+    do {
+        r = dsgd_rng_next(state);
+    } while (r >= limit);
+    return (size_t)(r % (uint64_t)n);
+}
+
+/* A seed derived from a base seed and a stream index. */
+static uint64_t dsgd__seed_mix(uint64_t seed, uint64_t stream) {
+    uint64_t s = seed ^ (stream * 0xD1B54A32D192ED03ull);
+    return dsgd_rng_next(&s);
+}
+
+static void *dsgd__alloc(dsgd_ctx *ctx, size_t bytes, const char *what) {
+    void *p = DSGD_MALLOC(bytes ? bytes : 1);
+    if (!p) dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, bytes);
+    return p;
+}
+
+/* n * size, or 0 on overflow (callers treat 0 from non-zero operands as overflow). */
+static int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return 1;
+    *out = a * b;
+    return 0;
+}
+
+/* >>atomics ---------------------------------------------------------------- */
+/* GCC/Clang builtins (C and C++ alike; no <stdatomic.h>, so C++11 users
+   compile this too). Sequentially consistent where a sleeper and a waker
+   must see each other's stores (the "sleeping" flag against the queue
+   indices); acquire/release elsewhere. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD__LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DSGD__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DSGD__LOAD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define DSGD__STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define DSGD__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DSGD__STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define DSGD__CAS(p, expected, desired) \
+    __atomic_compare_exchange_n((p), (expected), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+#else
+#error "distsgd: the loopback transport needs GCC or Clang (__atomic builtins)"
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DSGD__PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__) || defined(__arm__)
+#define DSGD__PAUSE() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define DSGD__PAUSE() ((void)0)
+#endif
+
+#endif /* DSGD__PART_INTERNAL_IMPL */
+/* ---------------------------------------- distsgd/backend.h */
+/* distsgd/backend.h - the compute interface, dsgd_backend_i
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   BACKENDS
+
+     A backend is a dsgd_backend_i: a table of compute operations on device
+     buffers plus an implementation pointer. Models never touch memory
+     directly, so the OpenCL backend (distsgd_cl.h) plugs in unchanged. The CPU
+     reference backend, dsgd_cpu_backend_create(), is the one every other
+     backend is tested against. Optional members may be NULL: destroy,
+     buffer_host_ptr, finish, and those the strategies use to move gradients:
+     map/unmap (a host view of a range, zero-copy where the device shares the
+     host's memory), host_shared (whether it does), and can_access/sum_across
+     (a sum computed on the device over other backends' buffers).
+
+     A synchronous step sums the replicas' gradients along one of two paths,
+     chosen by dsgd_strategy_desc.gradient_path and reported by
+     dsgd_strategy_gradient_path():
+       HOST    each replica exposes its gradient buffer to the host through
+               buffer_host_ptr (the CPU backend), else map (zero-copy on CPUs
+               and integrated GPUs, PoCL included), else a read into a staging
+               copy that is written back afterwards; then dsgd_allreduce over
+               the transport, with the strategy's algorithm and buckets.
+       DEVICE  between two barriers, replica r sums block r (dsgd_block_range)
+               of every replica's gradient buffer in rank order with its
+               backend's sum_across and writes the sum into all of them; the
+               gradients never reach the host. Every backend must reach every
+               other's buffers (can_access: OpenCL backends of one
+               dsgd_cl_context).
+     AUTO, the default, picks DEVICE only when it is possible and some
+     backend's buffers are not host-shared (a discrete GPU, where the HOST path
+     would copy the gradient to the host and back every step). Where mapping
+     copies nothing the host's all-reduce is as fast, so AUTO stays on HOST
+     (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
+     HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
+     (tests/test_cl_strategy.c).
+*/
+#ifndef DSGD__PART_BACKEND_DECL
+#define DSGD__PART_BACKEND_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---------------------------------------------------------------- backend */
 
@@ -546,1278 +731,18 @@ typedef struct dsgd_backend_i {
    thread at a time. */
 DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out);
 
-/* ---------------------------------------------------------------- model */
-
-typedef enum dsgd_init {
-    DSGD_INIT_AUTO = 0,     /* He normal before ReLU, Glorot uniform otherwise */
-    DSGD_INIT_HE_NORMAL,    /* N(0, 2/fan_in), He et al. 2015 */
-    DSGD_INIT_HE_UNIFORM,   /* U(-sqrt(6/fan_in), +) */
-    DSGD_INIT_GLOROT_UNIFORM, /* U(-sqrt(6/(fan_in+fan_out)), +), Glorot & Bengio 2010 */
-    DSGD_INIT_GLOROT_NORMAL /* N(0, 2/(fan_in+fan_out)) */
-} dsgd_init;
-
-/* One dense layer, y = act(x W + b), W of shape (inputs, units). */
-typedef struct dsgd_layer_desc {
-    int units;
-    dsgd_activation activation; /* default NONE */
-    dsgd_init init;             /* default AUTO; biases start at zero */
-} dsgd_layer_desc;
-
-typedef struct dsgd_model_desc {
-    int input_dim;
-    const dsgd_layer_desc *layers;
-    int num_layers;
-    dsgd_loss loss;             /* default SOFTMAX_XENT */
-    int max_batch;              /* largest batch passed to the model; default 256 */
-    uint64_t seed;              /* initialisation seed (0 is a valid seed) */
-    /* The backend to run on; NULL: a CPU backend owned by the model. The
-       backend must outlive the model and have been created with the same ctx. */
-    const dsgd_backend_i *backend;
-} dsgd_model_desc;
-
-#define DSGD_MAX_NAME 32
-#define DSGD_MAX_RANK 2
-
-/* A variable is a named view into the model's flat parameter buffer; its
-   gradient sits at the same offset of the flat gradient buffer. */
-typedef struct dsgd_variable {
-    char name[DSGD_MAX_NAME]; /* "dense0/kernel", "dense0/bias", ... */
-    size_t offset;            /* in floats, from the start of the flat buffer */
-    size_t count;
-    int rank;
-    int shape[DSGD_MAX_RANK];
-} dsgd_variable;
-
-typedef enum dsgd_metrics_slot {
-    DSGD_METRICS_TRAIN = 0, /* accumulated by dsgd_model_compute_gradients */
-    DSGD_METRICS_EVAL = 1   /* accumulated by dsgd_model_eval_batch */
-} dsgd_metrics_slot;
-
-typedef struct dsgd_metrics {
-    double loss_sum; /* sum of per-sample losses */
-    double correct;  /* number of correct predictions */
-    double count;    /* number of samples */
-} dsgd_metrics;
-
-typedef struct dsgd_model dsgd_model;
-
-/* Creates a model: variables are laid out in layer order (kernel, then bias),
-   initialised on the host from desc->seed and uploaded; gradients start at
-   zero. With desc->backend NULL the model creates (and owns) a CPU backend.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or desc NULL,
-   input_dim <= 0, no layers, an unknown loss, negative max_batch, a layer
-   with units <= 0 or an unknown activation or init, a final activation other
-   than NONE with SOFTMAX_XENT, a backend lacking a required operation),
-   DSGD_ERR_OUT_OF_MEMORY, backend errors (creating and filling its buffers).
-   Thread safety: the context's thread; the model then belongs to it. */
-DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc,
-                                       dsgd_model **out);
-/* Frees the model's buffers, and its backend when the model created it;
-   m NULL: nothing. Destroy its optimizers first.
-   Thread safety: the model's thread. */
-DSGD_API void dsgd_model_destroy(dsgd_model *m);
-
-/* Getters. With m NULL they return NULL, 0, or a ref whose buf is NULL.
-     dsgd_model_ctx            the context the model records errors on
-     dsgd_model_backend        the model's backend table (m's own copy)
-     dsgd_model_num_params     floats in the parameter (and gradient) buffer
-     dsgd_model_num_variables  2 per layer
-     dsgd_model_variable       the i-th variable ("dense0/kernel",
-                               "dense0/bias", ...); NULL when i is out of range
-     dsgd_model_input_dim, dsgd_model_output_dim
-     dsgd_model_target_dim     floats per sample in a target array: 1 for
-                               SOFTMAX_XENT, output_dim for MSE
-     dsgd_model_params, dsgd_model_grads
-                               the device buffers holding all parameters and
-                               all gradients (offset 0)
-   Errors: none. Thread safety: any thread while m lives (they read what
-   creation fixed; what the refs point at is the model thread's). */
-DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m);
-DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m);
-DSGD_API size_t dsgd_model_num_params(const dsgd_model *m);
-DSGD_API int dsgd_model_num_variables(const dsgd_model *m);
-DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i);
-DSGD_API int dsgd_model_input_dim(const dsgd_model *m);
-DSGD_API int dsgd_model_output_dim(const dsgd_model *m);
-DSGD_API int dsgd_model_target_dim(const dsgd_model *m);
-DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m);
-DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m);
-
-/* Copy all parameters (or gradients) between the model and host memory;
-   count must equal dsgd_model_num_params(). The get functions wait for
-   queued work.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; the host
-   pointer NULL), DSGD_ERR_SHAPE (count), backend errors.
-   Thread safety: the model's thread. */
-DSGD_API dsgd_result dsgd_model_get_params(dsgd_model *m, float *dst, size_t count);
-DSGD_API dsgd_result dsgd_model_set_params(dsgd_model *m, const float *src, size_t count);
-DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t count);
-
-/* Forward and backward pass on one batch, x (count, input_dim) and y (count,
-   target_dim) in host memory. The gradient buffer is overwritten with
-   grad_scale * d(sum of per-sample losses)/d params: pass 1/count for the
-   batch mean, 1/global_count when batches are split across replicas. The
-   batch's loss and accuracy accumulate in the TRAIN metrics slot.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x or y NULL;
-   count outside 1..max_batch; a class index out of range, found by the
-   backend's loss), backend errors.
-   Thread safety: the model's thread. */
-DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
-                                                  const float *y, int count,
-                                                  float grad_scale);
-/* Forward pass only; the loss and accuracy accumulate in the EVAL slot. y may
-   be NULL (no metrics; use dsgd_model_read_output for predictions).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x NULL; count
-   outside 1..max_batch; a class index out of range), backend errors.
-   Thread safety: the model's thread. */
-DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x,
-                                           const float *y, int count);
-/* Copies the first count rows of the last forward pass's outputs (count,
-   output_dim), before softmax.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; dst NULL;
-   count outside 1..the last pass's batch, or no pass yet), backend errors.
-   Thread safety: the model's thread. */
-DSGD_API dsgd_result dsgd_model_read_output(dsgd_model *m, float *dst, int count);
-/* Reads a metrics slot and resets it to zero.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; out NULL;
-   an unknown slot), backend errors.
-   Thread safety: the model's thread. */
-DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot slot,
-                                             dsgd_metrics *out);
-
-/* ---------------------------------------------------------------- optimizers */
-
-typedef enum dsgd_schedule_kind {
-    DSGD_SCHEDULE_CONSTANT = 0, /* lr after warmup */
-    DSGD_SCHEDULE_COSINE,       /* cosine from lr to final_lr at total_steps */
-    DSGD_SCHEDULE_STEP          /* lr * gamma^floor((t - warmup) / step_size) */
-} dsgd_schedule_kind;
-
-/* Learning rate at step t (0-based): during the first warmup_steps steps it
-   rises linearly from warmup_start_lr to lr (Goyal et al. 2017, gradual
-   warmup); then it follows the kind. */
-typedef struct dsgd_lr_schedule {
-    dsgd_schedule_kind kind;
-    int64_t warmup_steps;     /* default 0: no warmup */
-    float warmup_start_lr;    /* default 0 */
-    int64_t total_steps;      /* COSINE: the step at which final_lr is reached */
-    float final_lr;           /* COSINE: default 0 */
-    int64_t step_size;        /* STEP: steps between decays (must be > 0) */
-    float gamma;              /* STEP: factor per decay (default 0.1) */
-} dsgd_lr_schedule;
-
-typedef struct dsgd_optimizer_desc {
-    dsgd_optimizer_kind kind; /* default SGD */
-    float lr;                 /* peak learning rate; default 0.01 */
-    float momentum;           /* MOMENTUM: default 0.9 */
-    int nesterov;             /* MOMENTUM */
-    float beta1;              /* ADAM(W): default 0.9 */
-    float beta2;              /* ADAM(W): default 0.999 */
-    float eps;                /* ADAM(W): default 1e-8 */
-    float weight_decay;       /* default 0; see dsgd_opt_update */
-    float clip_norm;          /* > 0: clip gradients to this global L2 norm */
-    dsgd_lr_schedule schedule;
-} dsgd_optimizer_desc;
-
-typedef struct dsgd_optimizer dsgd_optimizer;
-
-/* Creates an optimizer for m with desc's zero fields set to their defaults;
-   its state (MOMENTUM: one buffer, ADAM and ADAMW: two, SGD: none) lives on
-   m's backend, zeroed.
-   Errors (recorded on m's ctx): DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing
-   recorded; desc or out NULL; an unknown kind; lr <= 0 or not finite;
-   negative weight_decay or clip_norm; momentum, beta1 or beta2 outside
-   [0, 1); eps <= 0; a bad schedule: unknown kind, negative warmup_steps,
-   STEP with step_size <= 0, COSINE with total_steps <= warmup_steps),
-   DSGD_ERR_OUT_OF_MEMORY, backend errors.
-   Thread safety: the model's thread. */
-DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc,
-                                           dsgd_optimizer **out);
-/* Frees the optimizer's state through its model's backend, so destroy it
-   before the model; opt NULL: nothing.
-   Thread safety: the model's thread. */
-DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *opt);
-/* Applies one update from the model's gradient buffer: clipping (if set), then
-   the optimizer's rule with the scheduled learning rate; advances the step.
-   Without clipping the gradient is not checked for NaN or infinity.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (opt NULL, nothing recorded),
-   DSGD_ERR_NON_FINITE when clipping is on and the gradient holds NaN or
-   infinity (nothing is updated), backend errors.
-   Thread safety: the model's thread. */
-DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *opt);
-/* dsgd_optimizer_steps: the number of steps applied so far.
-   dsgd_optimizer_last_grad_norm: the global L2 norm of the gradient at the
-   last step with clipping on (clip_norm > 0), scaled or not; 0 before, or
-   without clipping.
-   Errors: none (opt NULL: 0). Thread safety: the model's thread (a step
-   changes them). */
-DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *opt);
-DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *opt);
-/* The optimizer's state, read-only (what a checkpoint saves besides the
-   parameters and dsgd_optimizer_steps): its slots, one float per parameter
-   each, in the order of the model's flat parameter buffer.
-     SGD       no slot
-     MOMENTUM  slot 0 "momentum": the velocity v, v = momentum * v + g
-     ADAM(W)   slot 0 "m": the first moment, m = beta1 * m + (1 - beta1) g;
-               slot 1 "v": the second moment, v = beta2 * v + (1 - beta2) g^2
-               (both without bias correction; g includes weight decay for
-               ADAM, not for ADAMW)
-   dsgd_optimizer_num_slots: their number (opt NULL: 0).
-   dsgd_optimizer_slot_name: slot's name, NULL for a slot that does not
-   exist (or opt NULL).
-   dsgd_optimizer_read_slot: copies count floats of slot `slot` from
-   parameter index `offset` to host memory (waits for queued work).
-   Errors: dsgd_optimizer_read_slot: DSGD_ERR_INVALID_ARGUMENT (opt NULL,
-   nothing recorded; dst NULL with count > 0; no such slot), DSGD_ERR_SHAPE
-   (offset + count beyond the parameter count), backend errors. The others:
-   none.
-   Thread safety: the model's thread. */
-DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *opt);
-DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *opt, int slot);
-DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *opt, int slot, size_t offset, size_t count,
-                                              float *dst);
-/* The learning rate the schedule gives at step t (t < 0 counts as 0), peak
-   lr `lr`; s NULL: lr. A STEP schedule with step_size <= 0 gives lr.
-   Errors: none. Thread safety: any thread. */
-DSGD_API float dsgd_lr_at(const dsgd_lr_schedule *s, float lr, int64_t t);
-/* The linear scaling rule (Goyal et al. 2017): base_lr * global_batch /
-   base_batch; base_batch <= 0: base_lr.
-   Errors: none. Thread safety: any thread. */
-DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_batch);
-
-/* ---------------------------------------------------------------- data */
-
-/* An in-memory dataset. Row i of x is sample i (dim floats); row i of y is its
-   target (target_dim floats; a class index stored as float when num_classes > 0). */
-typedef struct dsgd_dataset {
-    float *x;
-    float *y;
-    size_t n;
-    int dim;
-    int target_dim;
-    int num_classes; /* 0 for regression targets */
-} dsgd_dataset;
-
-/* Loads an IDX image file (magic 0x00000803, unsigned bytes) and its IDX label
-   file (0x00000801) as MNIST and Fashion-MNIST ship them, uncompressed. Pixels
-   are scaled to [0, 1]; y holds the labels (target_dim 1). num_classes: 0
-   means 10. On failure *out is left empty (all zero).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or a path NULL,
-   num_classes outside 0..256), DSGD_ERR_IO (cannot open, not a regular file
-   (a FIFO or a device fails at once, never blocks), a failed read), DSGD_ERR_FORMAT (every malformed input: magic, dimensions,
-   sizes that disagree with the file's, image and label counts that differ,
-   no images, more than 2^24 pixels an image, a label >= num_classes), with
-   a message naming the file, the byte offset or sample, and what is wrong;
-   DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: the context's thread. */
-DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_path,
-                                           const char *labels_path, int num_classes,
-                                           dsgd_dataset *out);
-
-typedef struct dsgd_csv_desc {
-    int label_column;    /* 1-based column holding the class label; 0: the last */
-    int num_classes;     /* labels must be integers in [0, num_classes);
-                            0: num_classes = largest label + 1 */
-    int header_lines;    /* lines to skip at the top; default 0 */
-    float feature_scale; /* features are multiplied by this; 0: 1; finite, >= 0 */
-} dsgd_csv_desc;
-
-/* Loads a comma-separated file of numbers, one sample per line, all lines with
-   the same number of fields (2 or more); blank lines are skipped. desc may be
-   NULL (defaults). On failure *out is left empty (all zero).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or path NULL, a
-   negative field in desc, a NaN or infinite feature_scale), DSGD_ERR_IO
-   (cannot open or read, not a regular file: a FIFO or a device fails at once,
-   never blocks), DSGD_ERR_FORMAT with file, line and column (a field that is
-   not a finite number, a feature that is not finite as a float once scaled,
-   such as 1e300 or -3.5e38, a ragged line, a NUL byte, fewer than 2 fields,
-   a label column beyond the fields, a label that is not an integer in
-   [0, num_classes), no data lines),
-   DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: the context's thread. */
-DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path,
-                                           const dsgd_csv_desc *desc, dsgd_dataset *out);
-/* Allocates a dataset of n samples (n may be 0), x (n, dim) and y (n,
-   target_dim) zeroed. On failure *out is left empty (all zero).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, dim or
-   target_dim <= 0, num_classes < 0), DSGD_ERR_OUT_OF_MEMORY (also when the
-   sizes overflow size_t).
-   Thread safety: the context's thread. */
-DSGD_API dsgd_result dsgd_dataset_alloc(dsgd_ctx *ctx, size_t n, int dim, int target_dim,
-                                        int num_classes, dsgd_dataset *out);
-/* Frees a dataset's arrays and zeroes *ds; ds NULL: nothing.
-   Thread safety: any thread, once no other thread uses ds. */
-DSGD_API void dsgd_dataset_free(dsgd_dataset *ds);
-/* Shuffles src's samples by seed and splits them: the first `first` go to a,
-   the rest to b (both newly allocated; free them with dsgd_dataset_free).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (a NULL argument, src
-   without data, first > n), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: the context's thread; other threads may read src. */
-DSGD_API dsgd_result dsgd_dataset_split(dsgd_ctx *ctx, const dsgd_dataset *src, size_t first,
-                                        uint64_t seed, dsgd_dataset *a, dsgd_dataset *b);
-/* Copies the samples idx[0..count) into x (count, dim) and y (count, target_dim).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (NULL, an index >= n; nothing copied).
-   It records no message (it has no context). Thread safety: any thread. */
-DSGD_API dsgd_result dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count,
-                                  float *x, float *y);
-
-/* Deterministic epoch order and fixed-size batches. */
-typedef struct dsgd_sampler {
-    size_t n;          /* samples */
-    size_t batch;      /* batch size */
-    uint64_t seed;
-    int drop_last;     /* non-zero: the last partial batch is skipped */
-    int shuffle;       /* non-zero: a new permutation every epoch */
-    uint64_t epoch;
-    size_t *order;     /* the epoch's permutation of 0..n-1 */
-} dsgd_sampler;
-
-/* Prepares a sampler and sets epoch 0. The permutation of epoch e depends only
-   on (seed, e) (the identity when shuffle is 0). Free it with
-   dsgd_sampler_free.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (s NULL, or there would
-   be no batch: n == 0, batch == 0, or drop_last with batch > n),
-   DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: the context's thread; the sampler is then used by one
-   thread at a time. */
-DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch,
-                                       uint64_t seed, int shuffle, int drop_last);
-/* dsgd_sampler_free: frees the permutation and zeroes *s.
-   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation.
-   dsgd_sampler_num_batches: batches per epoch (the last one partial unless
-   drop_last).
-   dsgd_sampler_batch: sets *idx (if idx is not NULL) to the indices of batch
-   b of the current epoch, valid until the next set_epoch or free, and
-   returns their count; 0 when b is out of range.
-   Errors: none (s NULL or not initialised: nothing, or 0).
-   Thread safety: one thread at a time per sampler. */
-DSGD_API void dsgd_sampler_free(dsgd_sampler *s);
-DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch);
-DSGD_API size_t dsgd_sampler_num_batches(const dsgd_sampler *s);
-DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t **idx);
-
-/* ---------------------------------------------------------------- utilities */
-
-/* dsgd_rng_next: SplitMix64 (Steele et al. 2014), the library's only random
-   number source: advances *state and returns the next 64 bits.
-   dsgd_rng_uniform: a double uniform in [0, 1) (53 bits) from the same stream.
-   dsgd_now: CLOCK_MONOTONIC in seconds.
-   Errors: none. Thread safety: any thread (the state is the caller's). */
-DSGD_API uint64_t dsgd_rng_next(uint64_t *state);
-DSGD_API double dsgd_rng_uniform(uint64_t *state);
-DSGD_API double dsgd_now(void);
-
 #ifdef __cplusplus
 }
 #endif
 
-/* ======================================================================== */
-/*                        TRANSPORTS AND COLLECTIVES                        */
-/* ======================================================================== */
-#ifndef DSGD__COLLECTIVES_DECL
-#define DSGD__COLLECTIVES_DECL
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/* ---------------------------------------------------------------- transport */
-
-typedef enum dsgd_reduce_op {
-    DSGD_REDUCE_SUM = 0,
-    DSGD_REDUCE_MEAN, /* the sum divided by N (a true division, by the rank that owns the element) */
-    DSGD_REDUCE_MAX,  /* NaN-propagating: a NaN in any input gives NaN */
-    DSGD_REDUCE_MIN   /* NaN-propagating */
-} dsgd_reduce_op;
-
-/* One rank's endpoint of a transport. Fill it with memset(0) first so that
-   optional members added in later versions stay NULL.
-
-   Deadlines are absolute times in seconds on the transport's clock: now() when
-   set, dsgd_now() otherwise. A transport must deliver the messages of one
-   ordered pair (src, dst) in the order they were sent; tags let the receiver
-   check that the message is the one it expects (a transport may check only
-   part of the tag). Every blocking function returns DSGD_ERR_TIMEOUT once the
-   deadline has passed, and never hangs.
-
-   Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT; DSGD_ERR_SHAPE
-   (the message has another size than the receiver expects); DSGD_ERR_STATE
-   (the transport was aborted, the tag does not match, the peer gave up on a
-   message); DSGD_ERR_OUT_OF_MEMORY; DSGD_ERR_INVALID_ARGUMENT (a peer outside
-   the group, or this rank itself). They record nothing on any dsgd_ctx: the
-   communicator turns them into messages (with error_message's text if set).
-
-   Thread safety: an endpoint is used by one thread at a time. */
-typedef struct dsgd_transport_i {
-    const char *name; /* "loopback", "mpi", ... */
-    void *impl;       /* passed to every function */
-    int rank;         /* this endpoint's rank, 0 <= rank < size */
-    int size;         /* number of ranks, >= 1 */
-    /* optional: releases the endpoint. The communicator never calls it; the
-       owner of the endpoint does. */
-    void (*destroy)(void *impl);
-
-    /* Sends `bytes` bytes to rank dst. Returns when buf may be reused (the
-       message is buffered or has been received). */
-    dsgd_result (*send)(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes,
-                        double deadline);
-    /* Receives exactly `bytes` bytes from rank src into buf. */
-    dsgd_result (*recv)(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
-                        double deadline);
-
-    /* optional: a send to dst and a receive from src that progress together,
-       so that two ranks may exchange large messages without deadlock. dst or
-       src may be -1 (that half is skipped). On failure *failed_peer is set to
-       the rank the call was waiting for. NULL: the communicator orders a send
-       and a recv so that its patterns (rings, pairs) cannot deadlock, at the
-       cost of serialising them. */
-    dsgd_result (*sendrecv)(void *impl, int dst, uint64_t stag, const void *sbuf,
-                            size_t sbytes, int src, uint64_t rtag, void *rbuf,
-                            size_t rbytes, double deadline, int *failed_peer);
-    /* optional zero-copy hook: as sendrecv, but the rcount received floats are
-       combined into rbuf, rbuf[i] = op(rbuf[i], received[i]) with op SUM, MAX
-       or MIN (MEAN counts as SUM), reading the peer's memory in place where the
-       transport can, without a temporary copy. sbuf and rbuf must not overlap.
-       NULL: the communicator receives into scratch memory and reduces. */
-    dsgd_result (*sendrecv_reduce)(void *impl, int dst, uint64_t stag, const void *sbuf,
-                                   size_t sbytes, int src, uint64_t rtag, float *rbuf,
-                                   size_t rcount, dsgd_reduce_op op, double deadline,
-                                   int *failed_peer);
-
-    /* optional shared-memory hooks, for ranks that share an address space
-       (the loopback; an MPI transport leaves them NULL). share publishes
-       buf and returns once every rank has published a buffer with the same
-       tag, with peers[k] = rank k's buffer (peers[rank] = buf); the caller
-       may then read and write the peers' buffers until it calls unshare.
-       unshare declares that this rank is done with the peers' buffers and
-       returns once every peer is done with this rank's, so buf may be
-       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE) either call
-       withdraws buf and does not return while a peer may still touch it;
-       *failed_peer is the rank waited for, or -1 when unknown. The direct
-       all-reduce needs both. */
-    dsgd_result (*share)(void *impl, uint64_t tag, void *buf, void **peers, double deadline,
-                         int *failed_peer);
-    dsgd_result (*unshare)(void *impl, uint64_t tag, double deadline, int *failed_peer);
-
-    /* optional native collective: in-place all-reduce of count floats over all
-       ranks (an MPI transport maps it to MPI_Allreduce; for MEAN it sums
-       and divides by size, for MAX/MIN it must propagate NaN). When set,
-       dsgd_allreduce with DSGD_ALLREDUCE_AUTO uses it instead of the library's
-       algorithms; an explicit algorithm still runs the library's. */
-    dsgd_result (*allreduce)(void *impl, float *buf, size_t count, dsgd_reduce_op op,
-                             double deadline);
-
-    /* optional clock in seconds (a simulated-clock transport); NULL: dsgd_now(). */
-    double (*now)(void *impl);
-
-    /* optional diagnostics. error_message: text describing the last failure of
-       this endpoint ("" when none). set_progress: the communicator announces
-       that this rank has entered collective number seq. peer_progress: the
-       last seq announced by rank peer (0: none yet). With both progress hooks
-       a timeout message also names the ranks that never entered the
-       collective, which need not be the neighbour that was waited for. */
-    const char *(*error_message)(void *impl);
-    void (*set_progress)(void *impl, uint64_t seq);
-    uint64_t (*peer_progress)(void *impl, int peer);
-} dsgd_transport_i;
-
-/* ---------------------------------------------------------------- loopback */
-
-typedef struct dsgd_loopback dsgd_loopback;
-
-/* Creates a loopback hub for n ranks. ctx receives the errors of create and
-   endpoint and must outlive the hub.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx or out NULL, nothing recorded when
-   ctx is; n outside 1..4096), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a
-   pthread mutex or condition variable could not be created).
-   Thread safety: the context's thread. */
-DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out);
-/* Fills *out with the endpoint of `rank`; the endpoint lives as long as the
-   hub (out->destroy is NULL). Each endpoint must be used by one thread at a
-   time. Every member but destroy, allreduce and now is set.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; out NULL;
-   rank outside [0, n)).
-   Thread safety: the thread of the hub's ctx. */
-DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out);
-/* Marks the hub aborted: every waiting and later transfer returns
-   DSGD_ERR_STATE promptly. Use it when one replica fails so that the others
-   stop without waiting for their deadlines. Irreversible. hub NULL: nothing.
-   Thread safety: any thread, at any time while the hub exists. */
-DSGD_API void dsgd_loopback_abort(dsgd_loopback *hub);
-/* Non-zero once dsgd_loopback_abort has been called (hub NULL: 0).
-   Errors: none. Thread safety: any thread. */
-DSGD_API int dsgd_loopback_aborted(dsgd_loopback *hub);
-/* How long a waiting rank spins before it sleeps on a condition variable,
-   in seconds (default 1 ms): first with a pause instruction (4 us, only
-   when the hub has no more ranks than the machine has processors), then
-   with sched_yield() so that ranks sharing a core let each other run.
-   0: sleep at once; negative (or NaN): back to the default; more than 1 s
-   counts as 1 s. hub NULL: nothing.
-   Thread safety: one thread, before the ranks start. */
-DSGD_API void dsgd_loopback_set_spin(dsgd_loopback *hub, double seconds);
-/* Frees the hub; its endpoints are invalid afterwards. hub NULL: nothing.
-   Thread safety: one thread, once no rank uses the hub (join the ranks'
-   threads first). */
-DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub);
-
-/* ---------------------------------------------------------------- collectives */
-
-typedef enum dsgd_allreduce_algo {
-    /* AUTO picks, for a message of S bytes on N ranks (dsgd_allreduce_choose
-       tells which; measured with bench/allreduce.c on a 2-vCPU machine):
-         N == 1                  nothing to exchange
-         native hook present     the transport's allreduce
-         share/unshare present   DIRECT (the loopback): fastest or close to it
-                                 at every size and N = 2..8 measured, and the
-                                 least hurt by a busy machine, having no
-                                 step-by-step handshakes
-       otherwise (message passing only):
-         S <= 64 KiB             RECURSIVE_DOUBLING: log2 N exchanges of the
-                                 whole buffer, the fewest round trips
-         N a power of two and
-         S <= 1 MiB              HALVING_DOUBLING: log2 N rounds, each moving
-                                 half as much as the last
-         otherwise               RING: bandwidth-optimal, pipelined in pieces */
-    DSGD_ALLREDUCE_AUTO = 0,
-    /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
-       sending 2(N-1)/N of the buffer. Element e in block b (dsgd_block_range)
-       is summed in ring order starting from rank b+1 and ending at rank b. */
-    DSGD_ALLREDUCE_RING,
-    /* Rabenseifner's recursive halving (reduce-scatter) then recursive
-       doubling (all-gather): 2 log2 N steps. For N not a power of two, with
-       p = 2^floor(log2 N) and r = N - p, the first 2r ranks first fold in
-       pairs (rank 2i's buffer is reduced into rank 2i+1's), p ranks run the
-       algorithm, and the result is sent back to the even ranks. */
-    DSGD_ALLREDUCE_HALVING_DOUBLING,
-    /* binomial-tree reduce to rank 0, then binomial broadcast */
-    DSGD_ALLREDUCE_REDUCE_BROADCAST,
-    /* log2 N pairwise exchanges of the whole buffer (plus a fold for N not a
-       power of two); best for small messages. Needs count floats of scratch
-       (capped by the piece size). */
-    DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
-    /* ranks in one address space (a transport with share/unshare, such as
-       the loopback): each rank sums its block (dsgd_block_range) straight
-       from every rank's buffer, in rank order 0..N-1, and writes the result
-       into every buffer. Each element is read and written once per rank
-       (2 N S bytes in all, the minimum) with no step-by-step handshakes.
-       DSGD_ERR_UNSUPPORTED without the hooks. */
-    DSGD_ALLREDUCE_DIRECT
-} dsgd_allreduce_algo;
-
-/* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
-   values. Never NULL.
-   Errors: none. Thread safety: any thread. */
-DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op);
-DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
-
-/* The block of `count` elements that rank `index` of n owns in reduce-scatter
-   and all-gather: the first count % n ranks get count / n + 1 elements, the
-   others count / n, in rank order. *offset and *len may not be NULL.
-   Errors: none (n < 1 or index outside [0, n): both are set to 0).
-   Thread safety: any thread. */
-DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
-
-typedef struct dsgd_comm_desc {
-    double timeout_s;   /* default deadline of each collective in seconds; 0: 30;
-                           at most 1e7 */
-    size_t piece_bytes; /* large buffers are processed in pieces of this size so
-                           that a step's working set stays in cache; 0: 256 KiB;
-                           clamped to 256 B..1 GiB. Must be equal on all ranks
-                           (checked: DSGD_ERR_DESYNC otherwise); the results do
-                           not depend on it. */
-} dsgd_comm_desc;
-
-typedef struct dsgd_comm dsgd_comm;
-
-/* Creates rank transport->rank's communicator over the endpoint (the table
-   is copied; its impl must stay valid until dsgd_comm_destroy). desc may be
-   NULL (defaults).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
-   recorded; transport or out NULL; size < 1; rank outside [0, size); send or
-   recv missing; a negative or NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: the context's thread; the communicator, like ctx, is then
-   used by one thread at a time (the rank's). */
-DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *transport,
-                                      const dsgd_comm_desc *desc, dsgd_comm **out);
-/* Frees the communicator, not the endpoint (its owner frees that); comm
-   NULL: nothing.
-   Thread safety: the communicator's thread. */
-DSGD_API void dsgd_comm_destroy(dsgd_comm *comm);
-/* dsgd_comm_rank, dsgd_comm_size: this rank and the group's size (comm NULL:
-   -1 and 0). dsgd_comm_ctx: the context errors are recorded on (NULL).
-   Errors: none. Thread safety: any thread while comm lives (fixed at
-   creation). */
-DSGD_API int dsgd_comm_rank(const dsgd_comm *comm);
-DSGD_API int dsgd_comm_size(const dsgd_comm *comm);
-DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *comm);
-/* The number of collectives started so far: the first collective is #1, and
-   the number is the same on every rank after the same calls. Calls rejected
-   before they start (a bad argument, a broken communicator) do not count.
-   Errors: none (comm NULL: 0). Thread safety: the communicator's thread. */
-DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *comm);
-/* The algorithm AUTO would run for count floats on this communicator
-   (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used;
-   DSGD_ALLREDUCE_RING for one rank or comm NULL, where nothing is exchanged).
-   Errors: none. Thread safety: any thread while comm lives. */
-DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t count);
-
-/* All-reduce of buf[0..count) in place: on return every rank holds op over
-   all ranks' inputs, bitwise identical on all ranks. timeout_s: 0 the
-   communicator's default, > 0 this call's deadline, negative invalid. With
-   one rank it returns at once (and still counts in dsgd_comm_seq); count 0
-   still agrees with the other ranks (see COLLECTIVES, Agreement), then
-   returns.
-   Errors (recorded on the communicator's ctx): DSGD_ERR_INVALID_ARGUMENT
-   (comm NULL, nothing recorded; buf NULL with count > 0; an unknown op or
-   algorithm; a negative or NaN timeout; count * 4 bytes overflowing size_t),
-   DSGD_ERR_UNSUPPORTED (DIRECT on a transport without share/unshare),
-   DSGD_ERR_TIMEOUT (names the rank waited for and the sequence number),
-   DSGD_ERR_DESYNC (the ranks passed different counts, ops, algorithms,
-   piece sizes or collectives: returned by every rank, before any buffer
-   is touched, naming two ranks that differ; the communicator stays usable),
-   DSGD_ERR_STATE (transport aborted, messages out of step, communicator
-   broken by an earlier failure),
-   DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce
-   hook returns. A failure in the exchange (all but the argument checks and
-   DSGD_ERR_UNSUPPORTED) breaks the communicator: later collectives return
-   DSGD_ERR_STATE.
-   Thread safety: the communicator's thread; all ranks call concurrently. */
-DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *comm, float *buf, size_t count,
-                                    dsgd_reduce_op op, dsgd_allreduce_algo algo,
-                                    double timeout_s);
-/* Reduce-scatter in place (ring): on return this rank's block of buf (see
-   dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
-   for that block; the rest of buf is unspecified.
-   Errors: as dsgd_allreduce, without the algorithm and DSGD_ERR_UNSUPPORTED.
-   Thread safety: as dsgd_allreduce. */
-DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t count,
-                                         dsgd_reduce_op op, double timeout_s);
-/* All-gather in place (ring): on entry each rank's block of buf (see
-   dsgd_block_range) holds its contribution; on return buf holds every
-   rank's block on every rank.
-   Errors: as dsgd_allreduce, without the op, the algorithm and
-   DSGD_ERR_UNSUPPORTED.
-   Thread safety: as dsgd_allreduce. */
-DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
-                                    double timeout_s);
-/* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
-   in pieces); every rank passes the same root (a different root on some
-   rank is DSGD_ERR_DESYNC on every rank).
-   Errors: as dsgd_allgather, and DSGD_ERR_INVALID_ARGUMENT for root outside
-   [0, size).
-   Thread safety: as dsgd_allreduce. */
-DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
-                                    double timeout_s);
-/* Returns once every rank has entered the barrier: the agreement alone
-   (dissemination, ceil(log2 N) rounds of 128-byte messages). A rank in
-   another collective makes it DSGD_ERR_DESYNC on every rank.
-   Errors: as dsgd_allgather (no buffer).
-   Thread safety: as dsgd_allreduce. */
-DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
-
-#ifdef __cplusplus
-}
-#endif
-
-#endif /* DSGD__COLLECTIVES_DECL */
-
-/* ======================================================================== */
-/*                   STRATEGIES AND DISTRIBUTED VARIABLES                   */
-/* ======================================================================== */
-#ifndef DSGD__STRATEGY_DECL
-#define DSGD__STRATEGY_DECL
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/* ---------------------------------------------------------------- variables */
-
-/* How the replicas' values of a variable combine. For variables created
-   with dsgd_strategy_create_variable and written in replica context this is
-   tf.VariableAggregation's meaning. For model variables it says how the
-   gradients combine (dsgd_strategy_set_aggregation), which is ours: Keras
-   ignores a variable's aggregation there. */
-typedef enum dsgd_aggregation {
-    DSGD_AGG_NONE = 0,
-    DSGD_AGG_SUM = 1,
-    DSGD_AGG_MEAN = 2,
-    DSGD_AGG_ONLY_FIRST_REPLICA = 3
-} dsgd_aggregation;
-
-/* When the replicas' copies of a variable are synchronised
-   (tf.VariableSynchronization). */
-typedef enum dsgd_synchronization {
-    DSGD_SYNC_AUTO = 0,     /* ON_WRITE under every strategy here */
-    DSGD_SYNC_NONE = 1,     /* rejected, as tf.distribute rejects it under a strategy */
-    DSGD_SYNC_ON_WRITE = 2, /* mirrored: every write is aggregated and applied to all copies */
-    DSGD_SYNC_ON_READ = 3   /* each replica writes its own copy; reads from the strategy aggregate */
-} dsgd_synchronization;
-
-/* "SUM", "ON_READ", ...; "?" for other values. Never NULL.
-   Errors: none. Thread safety: any thread. */
-DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a);
-DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
-
-/* ---------------------------------------------------------------- strategies */
-
-typedef enum dsgd_strategy_kind {
-    DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
-    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
-                                     lockstep (see dsgd_gradient_path) */
-} dsgd_strategy_kind;
-
-/* What a training step does when a gradient holds NaN or infinity on any
-   replica. Every replica checks its own gradient before the exchange and
-   the replicas agree through a MAX all-reduce of a flag, so all of them do
-   the same thing. */
-typedef enum dsgd_nonfinite_policy {
-    DSGD_NONFINITE_SKIP = 0, /* every replica skips the update (weights and
-                                optimizer state unchanged); the step reports
-                                skipped = 1 and returns DSGD_OK */
-    DSGD_NONFINITE_ERROR = 1 /* every replica returns DSGD_ERR_NON_FINITE */
-} dsgd_nonfinite_policy;
-
-/* How a synchronous step's gradients are summed across replicas (see
-   BACKENDS at the top of this file). */
-typedef enum dsgd_gradient_path {
-    DSGD_GRADIENTS_AUTO = 0, /* DEVICE when every replica's backend can reach
-                                every other's buffers (OpenCL backends on one
-                                context) and some backend's buffers are not in
-                                host-shared memory (a discrete GPU), else HOST:
-                                where mapping copies nothing the host's
-                                all-reduce is as fast (measured on PoCL:
-                                bench/mirrored_cl) */
-    DSGD_GRADIENTS_HOST,     /* through host memory and the transport: each
-                                replica uses its gradient buffer's host pointer
-                                (CPU backend), or maps it (zero-copy on devices
-                                that share memory), or else copies it to a host
-                                staging buffer and back; then dsgd_allreduce
-                                with the strategy's algorithm and buckets */
-    DSGD_GRADIENTS_DEVICE    /* on the devices, with no host copy: after a
-                                barrier, replica r sums block r (see
-                                dsgd_block_range) of every replica's gradient
-                                buffer in rank order and writes the sum to all
-                                of them (backend sum_across; 2*N*S bytes moved
-                                for S bytes of gradient in all), then a second
-                                barrier. algorithm and bucket_bytes are unused.
-                                Gives the bits of HOST with the DIRECT
-                                algorithm. dsgd_strategy_create fails with
-                                DSGD_ERR_INVALID_ARGUMENT when the backends
-                                cannot do it (with one replica nothing is
-                                exchanged and the path resolves to HOST) */
-} dsgd_gradient_path;
-
-/* Creates replica `replica`'s backend in *out, recording errors on ctx (the
-   replica's context, which outlives the backend). Called by
-   dsgd_strategy_create on its thread, for replicas 0..N-1 in order; the
-   strategy destroys each backend with its destroy member. A result other
-   than DSGD_OK makes dsgd_strategy_create fail with it. */
-typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
-                                            dsgd_backend_i *out);
-
-typedef struct dsgd_strategy_desc {
-    dsgd_strategy_kind kind;        /* default ONE_DEVICE */
-    int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
-    dsgd_model_desc model;          /* every replica's model; max_batch is per replica;
-                                       model.backend is ignored (see backend_factory) */
-    dsgd_optimizer_desc optimizer;  /* every replica's optimizer */
-    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (HOST path); default AUTO */
-    size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
-                                       this many bytes; 0: one bucket (the whole flat
-                                       buffer) */
-    size_t piece_bytes;             /* every replica's communicator pipelines its
-                                       collectives in pieces of this many bytes
-                                       (dsgd_comm_desc.piece_bytes): 0: the default,
-                                       256 KiB; any other value is clamped to
-                                       256 B..1 GiB, never rejected. The same on
-                                       every replica, and the weights do not depend
-                                       on it (only the speed does) */
-    dsgd_nonfinite_policy nonfinite; /* default SKIP */
-    double timeout_s;               /* deadline of every collective; default 30 s */
-    dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
-    void *backend_user_data;
-    dsgd_gradient_path gradient_path; /* default AUTO */
-} dsgd_strategy_desc;
-
-/* What one training step did. */
-typedef struct dsgd_step_info {
-    int64_t step;      /* optimizer steps applied before this one */
-    int count;         /* samples in the global batch */
-    int skipped;       /* 1 when the update was skipped (non-finite gradient) */
-    float lr;          /* learning rate the step used */
-} dsgd_step_info;
-
-typedef struct dsgd_strategy dsgd_strategy;
-/* A replica as seen from inside dsgd_strategy_run (replica context). */
-typedef struct dsgd_replica dsgd_replica;
-typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
-
-/* Creates a strategy: N replicas, each with its own context (labelled
-   "replica r", with ctx's logger), backend, model, optimizer and, for N > 1,
-   communicator over one loopback hub, and N - 1 threads that run replicas
-   1..N-1. All replicas start from the same weights (desc->model.seed). The
-   gradient path is resolved here (dsgd_strategy_gradient_path).
-   Errors (recorded on ctx; a replica's failure is copied from its context):
-   DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
-   policy, algorithm or gradient path; num_replicas < 0 or > 256; ONE_DEVICE
-   with more than one replica; a negative or NaN timeout; a bad model or
-   optimizer desc; gradient_path DEVICE with several replicas when a backend
-   lacks sum_across or cannot reach another's buffers),
-   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object or thread could
-   not be created), backend errors and whatever backend_factory returns.
-   Thread safety: the context's thread, which then drives the strategy:
-   every dsgd_strategy_* function is called from it. */
-DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc,
-                                          dsgd_strategy **out);
-/* Stops and joins the replicas' threads and frees everything the strategy
-   created (backends through their destroy member); s NULL: nothing.
-   Thread safety: the strategy's thread, not inside dsgd_strategy_run. */
-DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
-/* dsgd_strategy_num_replicas: N (s NULL: 0).
-   dsgd_strategy_gradient_path: the path resolved at creation, HOST or DEVICE
-   (HOST with one replica, where nothing is exchanged; s NULL: HOST).
-   Errors: none. Thread safety: any thread while s lives (fixed at
-   creation). */
-DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
-DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
-/* "auto", "host", "device"; "unknown" for other values. Never NULL.
-   Errors: none. Thread safety: any thread. */
-DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
-/* Replica r's model, for inspection between steps (NULL when s is NULL or r
-   is out of range).
-   Errors: none. Thread safety: any thread while s lives (fixed at creation);
-   use the model itself only from the strategy's thread, between calls. */
-DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
-
-/* Sets the aggregation of a model variable (by name, e.g. "dense0/kernel", or
-   "*" for all). Model variables are trainable and ON_WRITE; their aggregation
-   says how the replicas' gradients combine before the identical update:
-     MEAN (default)  the mean over every sample of the global batch: each
-                     replica's gradient is scaled by 1 / global count and the
-                     replicas' gradients are summed; with equal shards this is
-                     the mean of the replicas' mean gradients
-     SUM             the sum over replicas of each replica's mean gradient
-     ONLY_FIRST_REPLICA  replica 0's mean gradient, used by all
-   TensorFlow: Keras's optimizer.apply_gradients (TF 2.x, Keras 3 in TF
-   2.21) ignores a variable's aggregation and always sums the replicas'
-   gradients; with the loss scaled by the global batch, as Keras does, that
-   sum is our MEAN, which is the TF behaviour. SUM and ONLY_FIRST_REPLICA are
-   our extension: they match TF only for a variable updated directly in
-   replica context (v.assign_sub(lr * g) with that aggregation), not for
-   training through apply_gradients.
-   NONE is rejected (ours: a mirrored variable needs an aggregation to stay
-   one value across replicas), and so is ON_READ (only non-trainable
-   variables may be ON_READ, the rule of Keras 2's add_weight).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; variable NULL
-   or not a model variable; aggregation NONE or unknown; synchronization
-   other than AUTO or ON_WRITE), DSGD_ERR_STATE (the strategy has failed,
-   see dsgd_strategy_failed).
-   Thread safety: the strategy's thread. */
-DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable,
-                                                   dsgd_aggregation aggregation,
-                                                   dsgd_synchronization synchronization);
-
-/* One synchronous training step on the global batch x (count, input_dim),
-   y (count, target_dim). The batch is sharded in contiguous slices: replica
-   r takes dsgd_block_range(count, N, r) (the first count % N replicas take
-   one sample more). Every replica then computes its gradient, the replicas
-   agree on finiteness, sum the flat gradient buffers (SUM, after the
-   per-variable scaling above; on the host or on the devices, see
-   dsgd_gradient_path), and apply the same optimizer update, so their
-   weights stay bitwise identical. A replica whose slice is empty (count < N)
-   contributes a zero gradient. count may be 1..N * max_batch. info may be
-   NULL.
-   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
-   NULL, nothing recorded; x or y NULL; count out of range),
-   DSGD_ERR_NON_FINITE (policy ERROR), DSGD_ERR_TIMEOUT, DSGD_ERR_STATE (the
-   strategy has failed, see dsgd_strategy_failed), or the error chosen as in
-   dsgd_strategy_run, with its message, which names the replica. A failure
-   the replicas agree on before the update (a class index out of range on
-   one replica, a non-finite gradient under policy ERROR) fails the step on
-   every replica, changes nothing and leaves the strategy usable. Any other
-   failure (in a collective, a timeout, a replica's backend failing in the
-   exchange or in the optimizer update, after which the others may have
-   updated) stops the other replicas at once and fails the strategy.
-   Thread safety: the strategy's thread. */
-DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y,
-                                              int count, dsgd_step_info *info);
-/* A sharded forward pass; loss and accuracy accumulate per replica in the
-   EVAL metrics (read with dsgd_strategy_take_metrics). y may be NULL (no
-   metrics).
-   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
-   NULL, nothing recorded; x NULL; count outside 1..N * max_batch; a class
-   index out of range), DSGD_ERR_STATE (the strategy has failed, see
-   dsgd_strategy_failed), a replica's backend error. A failure here changes
-   no weights and leaves the strategy usable (the EVAL metrics may hold part
-   of the batch).
-   Thread safety: the strategy's thread. */
-DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
-                                              int count);
-/* Reads the TRAIN or EVAL metrics and resets them. They are the ON_READ SUM
-   variables "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot
-   "train" or "eval"): each replica's model accumulators are first moved into
-   its copies, then the copies are summed over replicas in rank order like
-   strategy.reduce(SUM) and reset on every replica. TRAIN counts every sample
-   a train step computed a loss for, skipped steps included. The
-   accumulators are floats: counts are exact up to 2^24 samples between two
-   takes.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL; an
-   unknown slot), DSGD_ERR_STATE (the strategy has failed), a replica's
-   backend error (copied to the strategy's ctx).
-   Thread safety: the strategy's thread. */
-DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot,
-                                                dsgd_metrics *out);
-
-/* Runs fn on every replica at once (replica context, like strategy.run):
-   replica 0 on the calling thread, the others on the strategy's threads; it
-   returns when all have returned. A collective in fn must be called by every
-   replica, or the others wait until their deadline (a replica that returns
-   DSGD_OK without joining does not stop them).
-   When fn fails on a replica (returns anything but DSGD_OK), the strategy
-   aborts its transport at once: the replicas waiting in a collective, or
-   entering one later, get DSGD_ERR_STATE within milliseconds instead of
-   waiting out their deadline, and their results become DSGD_ERR_STATE
-   "aborted because replica k failed (...)", k the replica that failed first
-   (see dsgd_strategy_replica_result). The strategy has then failed, as the
-   transport cannot be used again and fn may have left the replicas
-   different: every later call refuses (dsgd_strategy_failed). Recreate it.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL),
-   DSGD_ERR_STATE (the strategy has failed), else DSGD_OK if every call
-   returned it, or one replica's result with its message copied to the
-   strategy's ctx, chosen by this rule: the lowest-numbered replica whose
-   own code failed (fn returned an error not from a collective); if none,
-   the lowest-numbered replica whose collective failed other than by the
-   abort (a timeout, a mismatch); if none, the lowest-numbered aborted one.
-   Thread safety: the strategy's thread; fn runs on N threads at once. */
-DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data);
-
-/* dsgd_strategy_failed: non-zero once the strategy has failed (s NULL: 0).
-   A strategy fails when a call ends in a failure that may have left its
-   replicas different or stopped its transport: any failed
-   dsgd_strategy_run, and any failed dsgd_strategy_train_step except the
-   failures the replicas agree on before the update (see there). That call
-   returns its own error; from then on every call that uses the replicas'
-   state (train_step, eval_batch, run, take_metrics, set_aggregation and
-   the variable functions) returns DSGD_ERR_STATE with a message that names
-   the step (the optimizer steps applied before the failing call), the call
-   and its error, and says the strategy must be recreated: destroy it and
-   create a new one (the getters, dsgd_strategy_model included, still answer,
-   for a post-mortem). This holds for every N, one replica included.
-   dsgd_strategy_replica_result: replica `replica`'s result in the last call
-   that ran the replicas (train_step, eval_batch or run; DSGD_OK before the
-   first), and in *message (if message is not NULL) its message, "" when it
-   succeeded; the message stays valid until the next such call or destroy.
-   s NULL or replica outside [0, N): DSGD_ERR_INVALID_ARGUMENT and "".
-   Errors: none (dsgd_strategy_replica_result returns a replica's recorded
-   result; nothing is recorded on any context).
-   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
-DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
-DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
-
-/* Replica context getters (r NULL: -1, 0 or NULL):
-     dsgd_replica_id     the replica's rank, 0..N-1
-     dsgd_replica_count  N
-     dsgd_replica_ctx, dsgd_replica_model, dsgd_replica_comm
-                         the replica's own context, model and communicator
-                         (comm NULL with one replica)
-   Errors: none. Thread safety: the replica's thread, inside
-   dsgd_strategy_run; the objects they return belong to that thread while fn
-   runs. */
-DSGD_API int dsgd_replica_id(const dsgd_replica *r);
-DSGD_API int dsgd_replica_count(const dsgd_replica *r);
-DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r);
-DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r);
-DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
-
-/* ---------------------------------------------------------------- distributed variables */
-
-/* The longest name of a distributed variable, in bytes (without the NUL). */
-#define DSGD_MAX_VARIABLE_NAME 63
-
-typedef struct dsgd_dvar_desc {
-    const char *name;                    /* 1..DSGD_MAX_VARIABLE_NAME bytes, unique */
-    size_t count;                        /* floats, >= 1 */
-    dsgd_synchronization synchronization; /* AUTO = ON_WRITE */
-    dsgd_aggregation aggregation;
-    int trainable;                       /* ON_READ requires trainable == 0 */
-    const float *initial_value;          /* count floats, copied to every replica's
-                                            copy (so a cross-replica read of an ON_READ
-                                            SUM variable starts at N x initial); NULL: zeros */
-} dsgd_dvar_desc;
-
-/* Creates a variable with one copy per replica (cross-replica context).
-   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
-   tf.distribute rejects it under a strategy); ON_READ with trainable set
-   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
-   aggregation NONE (tf.distribute fails when such a variable is read across
-   replicas; here it fails at creation); unknown enum values. *id receives
-   the handle.
-   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
-   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
-   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
-   would not be found again); a name in use; count 0),
-   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
-   strategy has failed, see dsgd_strategy_failed).
-   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
-                                                   int *id);
-/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
-     ON_WRITE: a collective every replica must call; the replicas' values are
-               combined by the aggregation (SUM: sum; MEAN: mean;
-               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
-               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
-               on every replica. This rejection is ours: TF 2.21 accepts
-               such a write and each replica updates only its own copy, so
-               the copies silently differ (older TF raised an error).
-     ON_READ:  writes this replica's copy only; no communication.
-   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
-   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
-   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
-   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE, ...).
-   Thread safety: the replica's thread, inside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
-/* As dsgd_replica_assign, with the copy incremented by the combined delta
-   (ON_WRITE) or by the replica's own delta (ON_READ).
-   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
-DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
-/* Copies this replica's copy to out (count floats).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
-   id; out NULL). Thread safety: the replica's thread, inside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
-/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
-   variables give replica 0's copy (all copies are equal); ON_READ variables
-   give the SUM or MEAN of the copies in rank order (added in double), or
-   replica 0's copy for ONLY_FIRST_REPLICA.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
-   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
-/* What replica `replica` holds, without aggregation.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
-   failed). Thread safety: the strategy's thread, outside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
-/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
-   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
-   variables get value / N in every copy, so that a read gives value back
-   (as tf.distribute does).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
-   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
-/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
-   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
-   "metrics/train/count" and the same under "metrics/eval/"; between two
-   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
-   there (the models' own accumulators are added in by the take).
-   Errors: none. Thread safety: the strategy's thread, or any replica's
-   inside dsgd_strategy_run (no variable is created then). */
-DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
-
-#ifdef __cplusplus
-}
-#endif
-#endif /* DSGD__STRATEGY_DECL */
-
-#endif /* DISTSGD_H */
-
-/* ======================================================================== */
-/*                              IMPLEMENTATION                              */
-/* ======================================================================== */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__IMPLEMENTED)
-#define DSGD__IMPLEMENTED
-
-#include <float.h>
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <errno.h>
-#include <time.h>
-#include <fcntl.h>
-#include <unistd.h>
-#include <sys/stat.h>
-
-#if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
-/* all three overridden */
-#elif !defined(DSGD_MALLOC) && !defined(DSGD_REALLOC) && !defined(DSGD_FREE)
-#define DSGD_MALLOC(sz) malloc(sz)
-#define DSGD_REALLOC(p, sz) realloc(p, sz)
-#define DSGD_FREE(p) free(p)
-#else
-#error "distsgd: define all of DSGD_MALLOC, DSGD_REALLOC and DSGD_FREE, or none"
-#endif
-
-#ifdef DSGD_USE_CBLAS
-#include <cblas.h>
-#endif
-
-#ifndef DSGD_ASSERT
-#include <assert.h>
-#define DSGD_ASSERT(c) assert(c)
-#endif
-
-#ifdef __cplusplus
-#define DSGD__RESTRICT __restrict
-#define DSGD__ZERO_INIT {}
-#else
-#define DSGD__RESTRICT restrict
-#define DSGD__ZERO_INIT {0}
-#endif
-
-#define DSGD__UNUSED(x) ((void)(x))
-#define DSGD__MIN(a, b) ((a) < (b) ? (a) : (b))
-#define DSGD__MAX(a, b) ((a) > (b) ? (a) : (b))
-
-/* >>results ---------------------------------------------------------------- */
-
-DSGD_API const char *dsgd_result_string(dsgd_result r) {
-    switch (r) {
-#define DSGD__RESULT_CASE(name, value, text) \
-    case name:                               \
-        return text;
-        DSGD__RESULT_LIST(DSGD__RESULT_CASE)
-#undef DSGD__RESULT_CASE
-    default:
-        return "unknown result code";
-    }
-}
-
-/* >>context ---------------------------------------------------------------- */
-
-#define DSGD__MSG_MAX 1024
-
-struct dsgd_ctx {
-    dsgd_logger logger;
-    char label[64];
-    dsgd_result last_result;
-    char last_error[DSGD__MSG_MAX];
-};
-
-DSGD_API dsgd_result dsgd_ctx_create(const dsgd_ctx_desc *desc, dsgd_ctx **out) {
-    dsgd_ctx *ctx;
-    if (!out) return DSGD_ERR_INVALID_ARGUMENT;
-    *out = NULL;
-    ctx = (dsgd_ctx *)DSGD_MALLOC(sizeof(*ctx));
-    if (!ctx) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(ctx, 0, sizeof(*ctx));
-    if (desc) {
-        ctx->logger = desc->logger;
-        if (desc->label) {
-            strncpy(ctx->label, desc->label, sizeof(ctx->label) - 1);
-        }
-    }
-    *out = ctx;
-    return DSGD_OK;
-}
-
-DSGD_API void dsgd_ctx_destroy(dsgd_ctx *ctx) { DSGD_FREE(ctx); }
-
-DSGD_API const char *dsgd_ctx_last_error(const dsgd_ctx *ctx) {
-    return ctx ? ctx->last_error : "";
-}
-
-DSGD_API dsgd_result dsgd_ctx_last_result(const dsgd_ctx *ctx) {
-    return ctx ? ctx->last_result : DSGD_OK;
-}
-
-DSGD_API void dsgd_ctx_clear_error(dsgd_ctx *ctx) {
-    if (!ctx) return;
-    ctx->last_result = DSGD_OK;
-    ctx->last_error[0] = '\0';
-}
-
-static void dsgd__vformat(dsgd_ctx *ctx, char *dst, size_t cap, const char *fmt, va_list ap) {
-    size_t used = 0;
-    if (ctx->label[0]) {
-        int k = snprintf(dst, cap, "%s: ", ctx->label);
-        used = k > 0 ? (size_t)k : 0;
-        if (used >= cap) used = cap - 1;
-    }
-    vsnprintf(dst + used, cap - used, fmt, ap);
-}
-
-DSGD_API dsgd_result dsgd_ctx_set_error(dsgd_ctx *ctx, dsgd_result r, const char *fmt, ...) {
-    va_list ap;
-    if (!ctx) return r;
-    va_start(ap, fmt);
-    dsgd__vformat(ctx, ctx->last_error, sizeof(ctx->last_error), fmt, ap);
-    va_end(ap);
-    ctx->last_result = r;
-    if (ctx->logger.func) ctx->logger.func(ctx->logger.user_data, DSGD_LOG_ERROR, ctx->last_error);
-    return r;
-}
-
-DSGD_API void dsgd_ctx_log(dsgd_ctx *ctx, dsgd_log_level level, const char *fmt, ...) {
-    char msg[DSGD__MSG_MAX];
-    va_list ap;
-    if (!ctx || !ctx->logger.func) return;
-    va_start(ap, fmt);
-    dsgd__vformat(ctx, msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    ctx->logger.func(ctx->logger.user_data, level, msg);
-}
-
-/* >>utilities -------------------------------------------------------------- */
-
-DSGD_API uint64_t dsgd_rng_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-DSGD_API double dsgd_rng_uniform(uint64_t *state) {
-    return (double)(dsgd_rng_next(state) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-/* A standard normal deviate (Box-Muller; one of the pair is discarded so the
-   stream position depends only on the number of draws). */
-static double dsgd__rng_normal(uint64_t *state) {
-    double u1 = dsgd_rng_uniform(state), u2 = dsgd_rng_uniform(state);
-    if (u1 < 1e-300) u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-/* Uniform integer in [0, n) without modulo bias. */
-static size_t dsgd__rng_below(uint64_t *state, size_t n) {
-    uint64_t limit = UINT64_MAX - UINT64_MAX % (uint64_t)n, r;
-    do {
-        r = dsgd_rng_next(state);
-    } while (r >= limit);
-    return (size_t)(r % (uint64_t)n);
-}
-
-/* A seed derived from a base seed and a stream index. */
-static uint64_t dsgd__seed_mix(uint64_t seed, uint64_t stream) {
-    uint64_t s = seed ^ (stream * 0xD1B54A32D192ED03ull);
-    return dsgd_rng_next(&s);
-}
-
-DSGD_API double dsgd_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *dsgd__alloc(dsgd_ctx *ctx, size_t bytes, const char *what) {
-    void *p = DSGD_MALLOC(bytes ? bytes : 1);
-    if (!p) dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, bytes);
-    return p;
-}
-
-/* n * size, or 0 on overflow (callers treat 0 from non-zero operands as overflow). */
-static int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
-    if (a != 0 && b > SIZE_MAX / a) return 1;
-    *out = a * b;
-    return 0;
-}
-
+#endif /* DSGD__PART_BACKEND_DECL */
+/* ---------------------------------------- distsgd/backend_cpu.h */
+/* distsgd/backend_cpu.h - the CPU reference backend
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BACKEND_CPU_IMPL)
+#define DSGD__PART_BACKEND_CPU_IMPL
 
 /* >>cpu backend ------------------------------------------------------------ */
 /* dsgd_buffer is never defined: every backend casts its own buffer type. */
@@ -2402,6 +1327,165 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
     return DSGD_OK;
 }
 
+#endif /* DSGD__PART_BACKEND_CPU_IMPL */
+/* ---------------------------------------- distsgd/model.h */
+/* distsgd/model.h - the built-in model: dense layers over flat buffers
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+#ifndef DSGD__PART_MODEL_DECL
+#define DSGD__PART_MODEL_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- model */
+
+typedef enum dsgd_init {
+    DSGD_INIT_AUTO = 0,     /* He normal before ReLU, Glorot uniform otherwise */
+    DSGD_INIT_HE_NORMAL,    /* N(0, 2/fan_in), He et al. 2015 */
+    DSGD_INIT_HE_UNIFORM,   /* U(-sqrt(6/fan_in), +) */
+    DSGD_INIT_GLOROT_UNIFORM, /* U(-sqrt(6/(fan_in+fan_out)), +), Glorot & Bengio 2010 */
+    DSGD_INIT_GLOROT_NORMAL /* N(0, 2/(fan_in+fan_out)) */
+} dsgd_init;
+
+/* One dense layer, y = act(x W + b), W of shape (inputs, units). */
+typedef struct dsgd_layer_desc {
+    int units;
+    dsgd_activation activation; /* default NONE */
+    dsgd_init init;             /* default AUTO; biases start at zero */
+} dsgd_layer_desc;
+
+typedef struct dsgd_model_desc {
+    int input_dim;
+    const dsgd_layer_desc *layers;
+    int num_layers;
+    dsgd_loss loss;             /* default SOFTMAX_XENT */
+    int max_batch;              /* largest batch passed to the model; default 256 */
+    uint64_t seed;              /* initialisation seed (0 is a valid seed) */
+    /* The backend to run on; NULL: a CPU backend owned by the model. The
+       backend must outlive the model and have been created with the same ctx. */
+    const dsgd_backend_i *backend;
+} dsgd_model_desc;
+
+#define DSGD_MAX_NAME 32
+#define DSGD_MAX_RANK 2
+
+/* A variable is a named view into the model's flat parameter buffer; its
+   gradient sits at the same offset of the flat gradient buffer. */
+typedef struct dsgd_variable {
+    char name[DSGD_MAX_NAME]; /* "dense0/kernel", "dense0/bias", ... */
+    size_t offset;            /* in floats, from the start of the flat buffer */
+    size_t count;
+    int rank;
+    int shape[DSGD_MAX_RANK];
+} dsgd_variable;
+
+typedef enum dsgd_metrics_slot {
+    DSGD_METRICS_TRAIN = 0, /* accumulated by dsgd_model_compute_gradients */
+    DSGD_METRICS_EVAL = 1   /* accumulated by dsgd_model_eval_batch */
+} dsgd_metrics_slot;
+
+typedef struct dsgd_metrics {
+    double loss_sum; /* sum of per-sample losses */
+    double correct;  /* number of correct predictions */
+    double count;    /* number of samples */
+} dsgd_metrics;
+
+typedef struct dsgd_model dsgd_model;
+
+/* Creates a model: variables are laid out in layer order (kernel, then bias),
+   initialised on the host from desc->seed and uploaded; gradients start at
+   zero. With desc->backend NULL the model creates (and owns) a CPU backend.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or desc NULL,
+   input_dim <= 0, no layers, an unknown loss, negative max_batch, a layer
+   with units <= 0 or an unknown activation or init, a final activation other
+   than NONE with SOFTMAX_XENT, a backend lacking a required operation),
+   DSGD_ERR_OUT_OF_MEMORY, backend errors (creating and filling its buffers).
+   Thread safety: the context's thread; the model then belongs to it. */
+DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc,
+                                       dsgd_model **out);
+/* Frees the model's buffers, and its backend when the model created it;
+   m NULL: nothing. Destroy its optimizers first.
+   Thread safety: the model's thread. */
+DSGD_API void dsgd_model_destroy(dsgd_model *m);
+
+/* Getters. With m NULL they return NULL, 0, or a ref whose buf is NULL.
+     dsgd_model_ctx            the context the model records errors on
+     dsgd_model_backend        the model's backend table (m's own copy)
+     dsgd_model_num_params     floats in the parameter (and gradient) buffer
+     dsgd_model_num_variables  2 per layer
+     dsgd_model_variable       the i-th variable ("dense0/kernel",
+                               "dense0/bias", ...); NULL when i is out of range
+     dsgd_model_input_dim, dsgd_model_output_dim
+     dsgd_model_target_dim     floats per sample in a target array: 1 for
+                               SOFTMAX_XENT, output_dim for MSE
+     dsgd_model_params, dsgd_model_grads
+                               the device buffers holding all parameters and
+                               all gradients (offset 0)
+   Errors: none. Thread safety: any thread while m lives (they read what
+   creation fixed; what the refs point at is the model thread's). */
+DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m);
+DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m);
+DSGD_API size_t dsgd_model_num_params(const dsgd_model *m);
+DSGD_API int dsgd_model_num_variables(const dsgd_model *m);
+DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i);
+DSGD_API int dsgd_model_input_dim(const dsgd_model *m);
+DSGD_API int dsgd_model_output_dim(const dsgd_model *m);
+DSGD_API int dsgd_model_target_dim(const dsgd_model *m);
+DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m);
+DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m);
+
+/* Copy all parameters (or gradients) between the model and host memory;
+   count must equal dsgd_model_num_params(). The get functions wait for
+   queued work.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; the host
+   pointer NULL), DSGD_ERR_SHAPE (count), backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_model_get_params(dsgd_model *m, float *dst, size_t count);
+DSGD_API dsgd_result dsgd_model_set_params(dsgd_model *m, const float *src, size_t count);
+DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t count);
+
+/* Forward and backward pass on one batch, x (count, input_dim) and y (count,
+   target_dim) in host memory. The gradient buffer is overwritten with
+   grad_scale * d(sum of per-sample losses)/d params: pass 1/count for the
+   batch mean, 1/global_count when batches are split across replicas. The
+   batch's loss and accuracy accumulate in the TRAIN metrics slot.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x or y NULL;
+   count outside 1..max_batch; a class index out of range, found by the
+   backend's loss), backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
+                                                  const float *y, int count,
+                                                  float grad_scale);
+/* Forward pass only; the loss and accuracy accumulate in the EVAL slot. y may
+   be NULL (no metrics; use dsgd_model_read_output for predictions).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x NULL; count
+   outside 1..max_batch; a class index out of range), backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x,
+                                           const float *y, int count);
+/* Copies the first count rows of the last forward pass's outputs (count,
+   output_dim), before softmax.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; dst NULL;
+   count outside 1..the last pass's batch, or no pass yet), backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_model_read_output(dsgd_model *m, float *dst, int count);
+/* Reads a metrics slot and resets it to zero.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; out NULL;
+   an unknown slot), backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot slot,
+                                             dsgd_metrics *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_MODEL_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_MODEL_IMPL)
+#define DSGD__PART_MODEL_IMPL
 
 /* >>model ------------------------------------------------------------------ */
 
@@ -2739,6 +1823,127 @@ DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot sl
     return DSGD_OK;
 }
 
+#endif /* DSGD__PART_MODEL_IMPL */
+/* ---------------------------------------- distsgd/optim.h */
+/* distsgd/optim.h - optimizers, clipping, learning-rate schedules
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+#ifndef DSGD__PART_OPTIM_DECL
+#define DSGD__PART_OPTIM_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- optimizers */
+
+typedef enum dsgd_schedule_kind {
+    DSGD_SCHEDULE_CONSTANT = 0, /* lr after warmup */
+    DSGD_SCHEDULE_COSINE,       /* cosine from lr to final_lr at total_steps */
+    DSGD_SCHEDULE_STEP          /* lr * gamma^floor((t - warmup) / step_size) */
+} dsgd_schedule_kind;
+
+/* Learning rate at step t (0-based): during the first warmup_steps steps it
+   rises linearly from warmup_start_lr to lr (Goyal et al. 2017, gradual
+   warmup); then it follows the kind. */
+typedef struct dsgd_lr_schedule {
+    dsgd_schedule_kind kind;
+    int64_t warmup_steps;     /* default 0: no warmup */
+    float warmup_start_lr;    /* default 0 */
+    int64_t total_steps;      /* COSINE: the step at which final_lr is reached */
+    float final_lr;           /* COSINE: default 0 */
+    int64_t step_size;        /* STEP: steps between decays (must be > 0) */
+    float gamma;              /* STEP: factor per decay (default 0.1) */
+} dsgd_lr_schedule;
+
+typedef struct dsgd_optimizer_desc {
+    dsgd_optimizer_kind kind; /* default SGD */
+    float lr;                 /* peak learning rate; default 0.01 */
+    float momentum;           /* MOMENTUM: default 0.9 */
+    int nesterov;             /* MOMENTUM */
+    float beta1;              /* ADAM(W): default 0.9 */
+    float beta2;              /* ADAM(W): default 0.999 */
+    float eps;                /* ADAM(W): default 1e-8 */
+    float weight_decay;       /* default 0; see dsgd_opt_update */
+    float clip_norm;          /* > 0: clip gradients to this global L2 norm */
+    dsgd_lr_schedule schedule;
+} dsgd_optimizer_desc;
+
+typedef struct dsgd_optimizer dsgd_optimizer;
+
+/* Creates an optimizer for m with desc's zero fields set to their defaults;
+   its state (MOMENTUM: one buffer, ADAM and ADAMW: two, SGD: none) lives on
+   m's backend, zeroed.
+   Errors (recorded on m's ctx): DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing
+   recorded; desc or out NULL; an unknown kind; lr <= 0 or not finite;
+   negative weight_decay or clip_norm; momentum, beta1 or beta2 outside
+   [0, 1); eps <= 0; a bad schedule: unknown kind, negative warmup_steps,
+   STEP with step_size <= 0, COSINE with total_steps <= warmup_steps),
+   DSGD_ERR_OUT_OF_MEMORY, backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc,
+                                           dsgd_optimizer **out);
+/* Frees the optimizer's state through its model's backend, so destroy it
+   before the model; opt NULL: nothing.
+   Thread safety: the model's thread. */
+DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *opt);
+/* Applies one update from the model's gradient buffer: clipping (if set), then
+   the optimizer's rule with the scheduled learning rate; advances the step.
+   Without clipping the gradient is not checked for NaN or infinity.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (opt NULL, nothing recorded),
+   DSGD_ERR_NON_FINITE when clipping is on and the gradient holds NaN or
+   infinity (nothing is updated), backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *opt);
+/* dsgd_optimizer_steps: the number of steps applied so far.
+   dsgd_optimizer_last_grad_norm: the global L2 norm of the gradient at the
+   last step with clipping on (clip_norm > 0), scaled or not; 0 before, or
+   without clipping.
+   Errors: none (opt NULL: 0). Thread safety: the model's thread (a step
+   changes them). */
+DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *opt);
+DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *opt);
+/* The optimizer's state, read-only (what a checkpoint saves besides the
+   parameters and dsgd_optimizer_steps): its slots, one float per parameter
+   each, in the order of the model's flat parameter buffer.
+     SGD       no slot
+     MOMENTUM  slot 0 "momentum": the velocity v, v = momentum * v + g
+     ADAM(W)   slot 0 "m": the first moment, m = beta1 * m + (1 - beta1) g;
+               slot 1 "v": the second moment, v = beta2 * v + (1 - beta2) g^2
+               (both without bias correction; g includes weight decay for
+               ADAM, not for ADAMW)
+   dsgd_optimizer_num_slots: their number (opt NULL: 0).
+   dsgd_optimizer_slot_name: slot's name, NULL for a slot that does not
+   exist (or opt NULL).
+   dsgd_optimizer_read_slot: copies count floats of slot `slot` from
+   parameter index `offset` to host memory (waits for queued work).
+   Errors: dsgd_optimizer_read_slot: DSGD_ERR_INVALID_ARGUMENT (opt NULL,
+   nothing recorded; dst NULL with count > 0; no such slot), DSGD_ERR_SHAPE
+   (offset + count beyond the parameter count), backend errors. The others:
+   none.
+   Thread safety: the model's thread. */
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *opt);
+DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *opt, int slot);
+DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *opt, int slot, size_t offset, size_t count,
+                                              float *dst);
+/* The learning rate the schedule gives at step t (t < 0 counts as 0), peak
+   lr `lr`; s NULL: lr. A STEP schedule with step_size <= 0 gives lr.
+   Errors: none. Thread safety: any thread. */
+DSGD_API float dsgd_lr_at(const dsgd_lr_schedule *s, float lr, int64_t t);
+/* The linear scaling rule (Goyal et al. 2017): base_lr * global_batch /
+   base_batch; base_batch <= 0: base_lr.
+   Errors: none. Thread safety: any thread. */
+DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_batch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_OPTIM_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_OPTIM_IMPL)
+#define DSGD__PART_OPTIM_IMPL
+
 /* >>optimizer -------------------------------------------------------------- */
 
 struct dsgd_optimizer {
@@ -2904,6 +2109,137 @@ DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_
     return o->m->be.read(o->m->be.impl, dsgd__ref(slot == 0 ? o->m1 : o->m2, offset), dst, count);
 }
 
+#endif /* DSGD__PART_OPTIM_IMPL */
+/* ---------------------------------------- distsgd/data.h */
+/* distsgd/data.h - datasets, samplers, the IDX and CSV loaders
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+#ifndef DSGD__PART_DATA_DECL
+#define DSGD__PART_DATA_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- data */
+
+/* An in-memory dataset. Row i of x is sample i (dim floats); row i of y is its
+   target (target_dim floats; a class index stored as float when num_classes > 0). */
+typedef struct dsgd_dataset {
+    float *x;
+    float *y;
+    size_t n;
+    int dim;
+    int target_dim;
+    int num_classes; /* 0 for regression targets */
+} dsgd_dataset;
+
+/* Loads an IDX image file (magic 0x00000803, unsigned bytes) and its IDX label
+   file (0x00000801) as MNIST and Fashion-MNIST ship them, uncompressed. Pixels
+   are scaled to [0, 1]; y holds the labels (target_dim 1). num_classes: 0
+   means 10. On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or a path NULL,
+   num_classes outside 0..256), DSGD_ERR_IO (cannot open, not a regular file
+   (a FIFO or a device fails at once, never blocks), a failed read), DSGD_ERR_FORMAT (every malformed input: magic, dimensions,
+   sizes that disagree with the file's, image and label counts that differ,
+   no images, more than 2^24 pixels an image, a label >= num_classes), with
+   a message naming the file, the byte offset or sample, and what is wrong;
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_path,
+                                           const char *labels_path, int num_classes,
+                                           dsgd_dataset *out);
+
+typedef struct dsgd_csv_desc {
+    int label_column;    /* 1-based column holding the class label; 0: the last */
+    int num_classes;     /* labels must be integers in [0, num_classes);
+                            0: num_classes = largest label + 1 */
+    int header_lines;    /* lines to skip at the top; default 0 */
+    float feature_scale; /* features are multiplied by this; 0: 1; finite, >= 0 */
+} dsgd_csv_desc;
+
+/* Loads a comma-separated file of numbers, one sample per line, all lines with
+   the same number of fields (2 or more); blank lines are skipped. desc may be
+   NULL (defaults). On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or path NULL, a
+   negative field in desc, a NaN or infinite feature_scale), DSGD_ERR_IO
+   (cannot open or read, not a regular file: a FIFO or a device fails at once,
+   never blocks), DSGD_ERR_FORMAT with file, line and column (a field that is
+   not a finite number, a feature that is not finite as a float once scaled,
+   such as 1e300 or -3.5e38, a ragged line, a NUL byte, fewer than 2 fields,
+   a label column beyond the fields, a label that is not an integer in
+   [0, num_classes), no data lines),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path,
+                                           const dsgd_csv_desc *desc, dsgd_dataset *out);
+/* Allocates a dataset of n samples (n may be 0), x (n, dim) and y (n,
+   target_dim) zeroed. On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, dim or
+   target_dim <= 0, num_classes < 0), DSGD_ERR_OUT_OF_MEMORY (also when the
+   sizes overflow size_t).
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_dataset_alloc(dsgd_ctx *ctx, size_t n, int dim, int target_dim,
+                                        int num_classes, dsgd_dataset *out);
+/* Frees a dataset's arrays and zeroes *ds; ds NULL: nothing.
+   Thread safety: any thread, once no other thread uses ds. */
+DSGD_API void dsgd_dataset_free(dsgd_dataset *ds);
+/* Shuffles src's samples by seed and splits them: the first `first` go to a,
+   the rest to b (both newly allocated; free them with dsgd_dataset_free).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (a NULL argument, src
+   without data, first > n), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; other threads may read src. */
+DSGD_API dsgd_result dsgd_dataset_split(dsgd_ctx *ctx, const dsgd_dataset *src, size_t first,
+                                        uint64_t seed, dsgd_dataset *a, dsgd_dataset *b);
+/* Copies the samples idx[0..count) into x (count, dim) and y (count, target_dim).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (NULL, an index >= n; nothing copied).
+   It records no message (it has no context). Thread safety: any thread. */
+DSGD_API dsgd_result dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count,
+                                  float *x, float *y);
+
+/* Deterministic epoch order and fixed-size batches. */
+typedef struct dsgd_sampler {
+    size_t n;          /* samples */
+    size_t batch;      /* batch size */
+    uint64_t seed;
+    int drop_last;     /* non-zero: the last partial batch is skipped */
+    int shuffle;       /* non-zero: a new permutation every epoch */
+    uint64_t epoch;
+    size_t *order;     /* the epoch's permutation of 0..n-1 */
+} dsgd_sampler;
+
+/* Prepares a sampler and sets epoch 0. The permutation of epoch e depends only
+   on (seed, e) (the identity when shuffle is 0). Free it with
+   dsgd_sampler_free.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (s NULL, or there would
+   be no batch: n == 0, batch == 0, or drop_last with batch > n),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the sampler is then used by one
+   thread at a time. */
+DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch,
+                                       uint64_t seed, int shuffle, int drop_last);
+/* dsgd_sampler_free: frees the permutation and zeroes *s.
+   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation.
+   dsgd_sampler_num_batches: batches per epoch (the last one partial unless
+   drop_last).
+   dsgd_sampler_batch: sets *idx (if idx is not NULL) to the indices of batch
+   b of the current epoch, valid until the next set_epoch or free, and
+   returns their count; 0 when b is out of range.
+   Errors: none (s NULL or not initialised: nothing, or 0).
+   Thread safety: one thread at a time per sampler. */
+DSGD_API void dsgd_sampler_free(dsgd_sampler *s);
+DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch);
+DSGD_API size_t dsgd_sampler_num_batches(const dsgd_sampler *s);
+DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t **idx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_DATA_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_DATA_IMPL)
+#define DSGD__PART_DATA_IMPL
 
 /* >>data ------------------------------------------------------------------- */
 
@@ -3355,40 +2691,142 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
     return DSGD_OK;
 }
 
-#endif /* DISTSGD_IMPLEMENTATION */
+#endif /* DSGD__PART_DATA_IMPL */
+/* ---------------------------------------- distsgd/transport.h */
+/* distsgd/transport.h - the transport interface, reduce ops and kernels
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__COLLECTIVES_IMPL)
-#define DSGD__COLLECTIVES_IMPL
+   TRANSPORTS
 
-#include <pthread.h>
-#include <sched.h>
-#include <unistd.h>
+     A transport is a dsgd_transport_i: one endpoint per rank, a table of
+     functions plus an implementation pointer. The collectives need only
+     `send` and `recv` of tagged byte buffers with an absolute deadline; every
+     other member is optional and either speeds things up (sendrecv;
+     sendrecv_reduce, which reduces from a peer's buffer in place; share and
+     unshare, which let ranks in one address space use each other's buffers
+     directly), replaces the library's algorithm (a native allreduce, as MPI
+     would provide), supplies a clock (a simulated-clock transport) or
+     improves error messages (error_message, set_progress/peer_progress). A
+     new transport fills what it can and leaves the rest NULL; the
+     collectives do not change. A strategy's step sends its gradients over
+     the transport only on the HOST path; on the DEVICE path the transport
+     carries the finiteness flag and the two barriers.
+*/
+#ifndef DSGD__PART_TRANSPORT_DECL
+#define DSGD__PART_TRANSPORT_DECL
 
-/* >>atomics ---------------------------------------------------------------- */
-/* GCC/Clang builtins (C and C++ alike; no <stdatomic.h>, so C++11 users
-   compile this too). Sequentially consistent where a sleeper and a waker
-   must see each other's stores (the "sleeping" flag against the queue
-   indices); acquire/release elsewhere. */
-#if defined(__GNUC__) || defined(__clang__)
-#define DSGD__LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
-#define DSGD__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define DSGD__LOAD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
-#define DSGD__STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
-#define DSGD__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define DSGD__STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
-#define DSGD__CAS(p, expected, desired) \
-    __atomic_compare_exchange_n((p), (expected), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
-#else
-#error "distsgd: the loopback transport needs GCC or Clang (__atomic builtins)"
+#ifdef __cplusplus
+extern "C" {
 #endif
 
-#if defined(__x86_64__) || defined(__i386__)
-#define DSGD__PAUSE() __builtin_ia32_pause()
-#elif defined(__aarch64__) || defined(__arm__)
-#define DSGD__PAUSE() __asm__ __volatile__("yield" ::: "memory")
-#else
-#define DSGD__PAUSE() ((void)0)
+/* ---------------------------------------------------------------- transport */
+
+typedef enum dsgd_reduce_op {
+    DSGD_REDUCE_SUM = 0,
+    DSGD_REDUCE_MEAN, /* the sum divided by N (a true division, by the rank that owns the element) */
+    DSGD_REDUCE_MAX,  /* NaN-propagating: a NaN in any input gives NaN */
+    DSGD_REDUCE_MIN   /* NaN-propagating */
+} dsgd_reduce_op;
+
+/* One rank's endpoint of a transport. Fill it with memset(0) first so that
+   optional members added in later versions stay NULL.
+
+   Deadlines are absolute times in seconds on the transport's clock: now() when
+   set, dsgd_now() otherwise. A transport must deliver the messages of one
+   ordered pair (src, dst) in the order they were sent; tags let the receiver
+   check that the message is the one it expects (a transport may check only
+   part of the tag). Every blocking function returns DSGD_ERR_TIMEOUT once the
+   deadline has passed, and never hangs.
+
+   Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT; DSGD_ERR_SHAPE
+   (the message has another size than the receiver expects); DSGD_ERR_STATE
+   (the transport was aborted, the tag does not match, the peer gave up on a
+   message); DSGD_ERR_OUT_OF_MEMORY; DSGD_ERR_INVALID_ARGUMENT (a peer outside
+   the group, or this rank itself). They record nothing on any dsgd_ctx: the
+   communicator turns them into messages (with error_message's text if set).
+
+   Thread safety: an endpoint is used by one thread at a time. */
+typedef struct dsgd_transport_i {
+    const char *name; /* "loopback", "mpi", ... */
+    void *impl;       /* passed to every function */
+    int rank;         /* this endpoint's rank, 0 <= rank < size */
+    int size;         /* number of ranks, >= 1 */
+    /* optional: releases the endpoint. The communicator never calls it; the
+       owner of the endpoint does. */
+    void (*destroy)(void *impl);
+
+    /* Sends `bytes` bytes to rank dst. Returns when buf may be reused (the
+       message is buffered or has been received). */
+    dsgd_result (*send)(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes,
+                        double deadline);
+    /* Receives exactly `bytes` bytes from rank src into buf. */
+    dsgd_result (*recv)(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
+                        double deadline);
+
+    /* optional: a send to dst and a receive from src that progress together,
+       so that two ranks may exchange large messages without deadlock. dst or
+       src may be -1 (that half is skipped). On failure *failed_peer is set to
+       the rank the call was waiting for. NULL: the communicator orders a send
+       and a recv so that its patterns (rings, pairs) cannot deadlock, at the
+       cost of serialising them. */
+    dsgd_result (*sendrecv)(void *impl, int dst, uint64_t stag, const void *sbuf,
+                            size_t sbytes, int src, uint64_t rtag, void *rbuf,
+                            size_t rbytes, double deadline, int *failed_peer);
+    /* optional zero-copy hook: as sendrecv, but the rcount received floats are
+       combined into rbuf, rbuf[i] = op(rbuf[i], received[i]) with op SUM, MAX
+       or MIN (MEAN counts as SUM), reading the peer's memory in place where the
+       transport can, without a temporary copy. sbuf and rbuf must not overlap.
+       NULL: the communicator receives into scratch memory and reduces. */
+    dsgd_result (*sendrecv_reduce)(void *impl, int dst, uint64_t stag, const void *sbuf,
+                                   size_t sbytes, int src, uint64_t rtag, float *rbuf,
+                                   size_t rcount, dsgd_reduce_op op, double deadline,
+                                   int *failed_peer);
+
+    /* optional shared-memory hooks, for ranks that share an address space
+       (the loopback; an MPI transport leaves them NULL). share publishes
+       buf and returns once every rank has published a buffer with the same
+       tag, with peers[k] = rank k's buffer (peers[rank] = buf); the caller
+       may then read and write the peers' buffers until it calls unshare.
+       unshare declares that this rank is done with the peers' buffers and
+       returns once every peer is done with this rank's, so buf may be
+       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE) either call
+       withdraws buf and does not return while a peer may still touch it;
+       *failed_peer is the rank waited for, or -1 when unknown. The direct
+       all-reduce needs both. */
+    dsgd_result (*share)(void *impl, uint64_t tag, void *buf, void **peers, double deadline,
+                         int *failed_peer);
+    dsgd_result (*unshare)(void *impl, uint64_t tag, double deadline, int *failed_peer);
+
+    /* optional native collective: in-place all-reduce of count floats over all
+       ranks (an MPI transport maps it to MPI_Allreduce; for MEAN it sums
+       and divides by size, for MAX/MIN it must propagate NaN). When set,
+       dsgd_allreduce with DSGD_ALLREDUCE_AUTO uses it instead of the library's
+       algorithms; an explicit algorithm still runs the library's. */
+    dsgd_result (*allreduce)(void *impl, float *buf, size_t count, dsgd_reduce_op op,
+                             double deadline);
+
+    /* optional clock in seconds (a simulated-clock transport); NULL: dsgd_now(). */
+    double (*now)(void *impl);
+
+    /* optional diagnostics. error_message: text describing the last failure of
+       this endpoint ("" when none). set_progress: the communicator announces
+       that this rank has entered collective number seq. peer_progress: the
+       last seq announced by rank peer (0: none yet). With both progress hooks
+       a timeout message also names the ranks that never entered the
+       collective, which need not be the neighbour that was waited for. */
+    const char *(*error_message)(void *impl);
+    void (*set_progress)(void *impl, uint64_t seq);
+    uint64_t (*peer_progress)(void *impl, int peer);
+} dsgd_transport_i;
+
+#ifdef __cplusplus
+}
 #endif
+
+#endif /* DSGD__PART_TRANSPORT_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_TRANSPORT_IMPL)
+#define DSGD__PART_TRANSPORT_IMPL
 
 /* >>reduce kernels --------------------------------------------------------- */
 /* Unrolled by 8 with restrict pointers so that compilers vectorise them at -O2. */
@@ -3456,29 +2894,76 @@ static void dsgd__divide(float *d, size_t n, int by) {
     for (i = 0; i < n; ++i) d[i] = d[i] / k;
 }
 
-/* >>transport -------------------------------------------------------------- */
+#endif /* DSGD__PART_TRANSPORT_IMPL */
+/* ---------------------------------------- distsgd/loopback.h */
+/* distsgd/loopback.h - the loopback transport: ranks as threads
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
-DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op) {
-    switch (op) {
-    case DSGD_REDUCE_SUM: return "sum";
-    case DSGD_REDUCE_MEAN: return "mean";
-    case DSGD_REDUCE_MAX: return "max";
-    case DSGD_REDUCE_MIN: return "min";
-    default: return "unknown";
-    }
-}
+     The loopback transport connects N ranks in one process: one thread per
+     rank (the caller's threads), in-process mailboxes per ordered pair of
+     ranks, real time. Messages up to 64 KiB are copied into the mailbox so
+     the sender does not wait (unless 8 messages to that receiver are still
+     queued); larger ones are posted by pointer and the receiver copies (or
+     reduces) straight from the sender's memory while the sender waits. It
+     also provides share/unshare, so AUTO all-reduces on it run
+     DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
+     yielding the CPU), then sleeps on a condition variable; see
+     dsgd_loopback_set_spin.
+*/
+#ifndef DSGD__PART_LOOPBACK_DECL
+#define DSGD__PART_LOOPBACK_DECL
 
-DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
-    switch (algo) {
-    case DSGD_ALLREDUCE_AUTO: return "auto";
-    case DSGD_ALLREDUCE_RING: return "ring";
-    case DSGD_ALLREDUCE_HALVING_DOUBLING: return "halving_doubling";
-    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return "reduce_broadcast";
-    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
-    case DSGD_ALLREDUCE_DIRECT: return "direct";
-    default: return "unknown";
-    }
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- loopback */
+
+typedef struct dsgd_loopback dsgd_loopback;
+
+/* Creates a loopback hub for n ranks. ctx receives the errors of create and
+   endpoint and must outlive the hub.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx or out NULL, nothing recorded when
+   ctx is; n outside 1..4096), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a
+   pthread mutex or condition variable could not be created).
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out);
+/* Fills *out with the endpoint of `rank`; the endpoint lives as long as the
+   hub (out->destroy is NULL). Each endpoint must be used by one thread at a
+   time. Every member but destroy, allreduce and now is set.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; out NULL;
+   rank outside [0, n)).
+   Thread safety: the thread of the hub's ctx. */
+DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out);
+/* Marks the hub aborted: every waiting and later transfer returns
+   DSGD_ERR_STATE promptly. Use it when one replica fails so that the others
+   stop without waiting for their deadlines. Irreversible. hub NULL: nothing.
+   Thread safety: any thread, at any time while the hub exists. */
+DSGD_API void dsgd_loopback_abort(dsgd_loopback *hub);
+/* Non-zero once dsgd_loopback_abort has been called (hub NULL: 0).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_loopback_aborted(dsgd_loopback *hub);
+/* How long a waiting rank spins before it sleeps on a condition variable,
+   in seconds (default 1 ms): first with a pause instruction (4 us, only
+   when the hub has no more ranks than the machine has processors), then
+   with sched_yield() so that ranks sharing a core let each other run.
+   0: sleep at once; negative (or NaN): back to the default; more than 1 s
+   counts as 1 s. hub NULL: nothing.
+   Thread safety: one thread, before the ranks start. */
+DSGD_API void dsgd_loopback_set_spin(dsgd_loopback *hub, double seconds);
+/* Frees the hub; its endpoints are invalid afterwards. hub NULL: nothing.
+   Thread safety: one thread, once no rank uses the hub (join the ranks'
+   threads first). */
+DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub);
+
+#ifdef __cplusplus
 }
+#endif
+
+#endif /* DSGD__PART_LOOPBACK_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_LOOPBACK_IMPL)
+#define DSGD__PART_LOOPBACK_IMPL
 
 /* >>loopback --------------------------------------------------------------- */
 /* Mailboxes: for every ordered pair (src, dst) a single-producer
@@ -4085,6 +3570,245 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->unshare = dsgd__lb_unshare;
     return DSGD_OK;
 }
+
+#endif /* DSGD__PART_LOOPBACK_IMPL */
+/* ---------------------------------------- distsgd/collectives.h */
+/* distsgd/collectives.h - communicators, the agreement, all-reduce and the rest
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   COLLECTIVES
+
+     A dsgd_comm is one rank's view of a group: dsgd_comm_create(ctx,
+     &endpoint, &desc, &comm) in each rank's thread, then every rank calls the
+     same collectives in the same order with the same counts. Each call has a
+     deadline (timeout_s, 0: the communicator's default; at most 1e7 s) and
+     returns DSGD_ERR_TIMEOUT with a message naming the collective, its
+     sequence number and the rank it waited for, e.g.
+         "allreduce #17 (ring): rank 2 timed out waiting for rank 3 after 0.50 s"
+     A communicator whose collective failed mid-way is unusable afterwards
+     (DSGD_ERR_STATE): its peers may be anywhere in the protocol.
+
+     Agreement: before a collective moves any data, the ranks check that
+     they all called the same one: the same collective (kind and sequence
+     number), count, op, root, algorithm and piece size. If any rank differs,
+     every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
+     with a message naming two ranks and what they passed, e.g.
+         "allreduce #9 (ring): rank 0: the ranks disagree on the collective:
+          rank 2 passed count 999; rank 0 passed count 1000; no buffer was
+          touched"
+     No buffer is read or written, and the communicator stays usable (unless
+     the ranks are in collectives of different numbers). So no collective
+     returns DSGD_OK unless every rank agreed, and none touches memory
+     outside the caller's count. Cost: DIRECT publishes the description
+     beside the buffer it already shares (free); the message-passing
+     algorithms and a native hook first run ceil(log2 N) rounds of 128-byte
+     messages (a few microseconds on the loopback, see bench/allreduce.c).
+     Ranks that call different all-reduce algorithms, one of them DIRECT,
+     do not meet in the agreement: they time out instead.
+
+     Determinism: each algorithm reduces every element in a fixed order that
+     depends only on (algorithm, N, count), not on timing or the piece size,
+     so the same inputs give the same bits every run. Every rank ends with
+     bitwise identical buffers: each element is reduced by one rank and its
+     bits are copied to the others, except in recursive doubling, where both
+     partners of a step compute the same operation on the same operands in
+     the same order. Different algorithms may differ in the last bits.
+*/
+#ifndef DSGD__PART_COLLECTIVES_DECL
+#define DSGD__PART_COLLECTIVES_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- collectives */
+
+typedef enum dsgd_allreduce_algo {
+    /* AUTO picks, for a message of S bytes on N ranks (dsgd_allreduce_choose
+       tells which; measured with bench/allreduce.c on a 2-vCPU machine):
+         N == 1                  nothing to exchange
+         native hook present     the transport's allreduce
+         share/unshare present   DIRECT (the loopback): fastest or close to it
+                                 at every size and N = 2..8 measured, and the
+                                 least hurt by a busy machine, having no
+                                 step-by-step handshakes
+       otherwise (message passing only):
+         S <= 64 KiB             RECURSIVE_DOUBLING: log2 N exchanges of the
+                                 whole buffer, the fewest round trips
+         N a power of two and
+         S <= 1 MiB              HALVING_DOUBLING: log2 N rounds, each moving
+                                 half as much as the last
+         otherwise               RING: bandwidth-optimal, pipelined in pieces */
+    DSGD_ALLREDUCE_AUTO = 0,
+    /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
+       sending 2(N-1)/N of the buffer. Element e in block b (dsgd_block_range)
+       is summed in ring order starting from rank b+1 and ending at rank b. */
+    DSGD_ALLREDUCE_RING,
+    /* Rabenseifner's recursive halving (reduce-scatter) then recursive
+       doubling (all-gather): 2 log2 N steps. For N not a power of two, with
+       p = 2^floor(log2 N) and r = N - p, the first 2r ranks first fold in
+       pairs (rank 2i's buffer is reduced into rank 2i+1's), p ranks run the
+       algorithm, and the result is sent back to the even ranks. */
+    DSGD_ALLREDUCE_HALVING_DOUBLING,
+    /* binomial-tree reduce to rank 0, then binomial broadcast */
+    DSGD_ALLREDUCE_REDUCE_BROADCAST,
+    /* log2 N pairwise exchanges of the whole buffer (plus a fold for N not a
+       power of two); best for small messages. Needs count floats of scratch
+       (capped by the piece size). */
+    DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
+    /* ranks in one address space (a transport with share/unshare, such as
+       the loopback): each rank sums its block (dsgd_block_range) straight
+       from every rank's buffer, in rank order 0..N-1, and writes the result
+       into every buffer. Each element is read and written once per rank
+       (2 N S bytes in all, the minimum) with no step-by-step handshakes.
+       DSGD_ERR_UNSUPPORTED without the hooks. */
+    DSGD_ALLREDUCE_DIRECT
+} dsgd_allreduce_algo;
+
+/* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
+   values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op);
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
+
+/* The block of `count` elements that rank `index` of n owns in reduce-scatter
+   and all-gather: the first count % n ranks get count / n + 1 elements, the
+   others count / n, in rank order. *offset and *len may not be NULL.
+   Errors: none (n < 1 or index outside [0, n): both are set to 0).
+   Thread safety: any thread. */
+DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
+
+typedef struct dsgd_comm_desc {
+    double timeout_s;   /* default deadline of each collective in seconds; 0: 30;
+                           at most 1e7 */
+    size_t piece_bytes; /* large buffers are processed in pieces of this size so
+                           that a step's working set stays in cache; 0: 256 KiB;
+                           clamped to 256 B..1 GiB. Must be equal on all ranks
+                           (checked: DSGD_ERR_DESYNC otherwise); the results do
+                           not depend on it. */
+} dsgd_comm_desc;
+
+typedef struct dsgd_comm dsgd_comm;
+
+/* Creates rank transport->rank's communicator over the endpoint (the table
+   is copied; its impl must stay valid until dsgd_comm_destroy). desc may be
+   NULL (defaults).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
+   recorded; transport or out NULL; size < 1; rank outside [0, size); send or
+   recv missing; a negative or NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the communicator, like ctx, is then
+   used by one thread at a time (the rank's). */
+DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *transport,
+                                      const dsgd_comm_desc *desc, dsgd_comm **out);
+/* Frees the communicator, not the endpoint (its owner frees that); comm
+   NULL: nothing.
+   Thread safety: the communicator's thread. */
+DSGD_API void dsgd_comm_destroy(dsgd_comm *comm);
+/* dsgd_comm_rank, dsgd_comm_size: this rank and the group's size (comm NULL:
+   -1 and 0). dsgd_comm_ctx: the context errors are recorded on (NULL).
+   Errors: none. Thread safety: any thread while comm lives (fixed at
+   creation). */
+DSGD_API int dsgd_comm_rank(const dsgd_comm *comm);
+DSGD_API int dsgd_comm_size(const dsgd_comm *comm);
+DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *comm);
+/* The number of collectives started so far: the first collective is #1, and
+   the number is the same on every rank after the same calls. Calls rejected
+   before they start (a bad argument, a broken communicator) do not count.
+   Errors: none (comm NULL: 0). Thread safety: the communicator's thread. */
+DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *comm);
+/* The algorithm AUTO would run for count floats on this communicator
+   (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used;
+   DSGD_ALLREDUCE_RING for one rank or comm NULL, where nothing is exchanged).
+   Errors: none. Thread safety: any thread while comm lives. */
+DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t count);
+
+/* All-reduce of buf[0..count) in place: on return every rank holds op over
+   all ranks' inputs, bitwise identical on all ranks. timeout_s: 0 the
+   communicator's default, > 0 this call's deadline, negative invalid. With
+   one rank it returns at once (and still counts in dsgd_comm_seq); count 0
+   still agrees with the other ranks (see COLLECTIVES, Agreement), then
+   returns.
+   Errors (recorded on the communicator's ctx): DSGD_ERR_INVALID_ARGUMENT
+   (comm NULL, nothing recorded; buf NULL with count > 0; an unknown op or
+   algorithm; a negative or NaN timeout; count * 4 bytes overflowing size_t),
+   DSGD_ERR_UNSUPPORTED (DIRECT on a transport without share/unshare),
+   DSGD_ERR_TIMEOUT (names the rank waited for and the sequence number),
+   DSGD_ERR_DESYNC (the ranks passed different counts, ops, algorithms,
+   piece sizes or collectives: returned by every rank, before any buffer
+   is touched, naming two ranks that differ; the communicator stays usable),
+   DSGD_ERR_STATE (transport aborted, messages out of step, communicator
+   broken by an earlier failure),
+   DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce
+   hook returns. A failure in the exchange (all but the argument checks and
+   DSGD_ERR_UNSUPPORTED) breaks the communicator: later collectives return
+   DSGD_ERR_STATE.
+   Thread safety: the communicator's thread; all ranks call concurrently. */
+DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *comm, float *buf, size_t count,
+                                    dsgd_reduce_op op, dsgd_allreduce_algo algo,
+                                    double timeout_s);
+/* Reduce-scatter in place (ring): on return this rank's block of buf (see
+   dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
+   for that block; the rest of buf is unspecified.
+   Errors: as dsgd_allreduce, without the algorithm and DSGD_ERR_UNSUPPORTED.
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t count,
+                                         dsgd_reduce_op op, double timeout_s);
+/* All-gather in place (ring): on entry each rank's block of buf (see
+   dsgd_block_range) holds its contribution; on return buf holds every
+   rank's block on every rank.
+   Errors: as dsgd_allreduce, without the op, the algorithm and
+   DSGD_ERR_UNSUPPORTED.
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
+                                    double timeout_s);
+/* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
+   in pieces); every rank passes the same root (a different root on some
+   rank is DSGD_ERR_DESYNC on every rank).
+   Errors: as dsgd_allgather, and DSGD_ERR_INVALID_ARGUMENT for root outside
+   [0, size).
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
+                                    double timeout_s);
+/* Returns once every rank has entered the barrier: the agreement alone
+   (dissemination, ceil(log2 N) rounds of 128-byte messages). A rank in
+   another collective makes it DSGD_ERR_DESYNC on every rank.
+   Errors: as dsgd_allgather (no buffer).
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_COLLECTIVES_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COLLECTIVES_IMPL)
+#define DSGD__PART_COLLECTIVES_IMPL
+
+/* >>transport -------------------------------------------------------------- */
+
+DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op) {
+    switch (op) {
+    case DSGD_REDUCE_SUM: return "sum";
+    case DSGD_REDUCE_MEAN: return "mean";
+    case DSGD_REDUCE_MAX: return "max";
+    case DSGD_REDUCE_MIN: return "min";
+    default: return "unknown";
+    }
+}
+
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
+    switch (algo) {
+    case DSGD_ALLREDUCE_AUTO: return "auto";
+    case DSGD_ALLREDUCE_RING: return "ring";
+    case DSGD_ALLREDUCE_HALVING_DOUBLING: return "halving_doubling";
+    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return "reduce_broadcast";
+    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
+    case DSGD_ALLREDUCE_DIRECT: return "direct";
+    default: return "unknown";
+    }
+}
+
 
 /* >>collectives ------------------------------------------------------------ */
 
@@ -4877,10 +4601,485 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
     return c->size == 1 ? DSGD_OK : dsgd__coll_agree(c);
 }
 
-#endif /* DISTSGD_IMPLEMENTATION && !DSGD__COLLECTIVES_IMPL */
+#endif /* DSGD__PART_COLLECTIVES_IMPL */
+/* ---------------------------------------- distsgd/variables.h */
+/* distsgd/variables.h - aggregation and synchronization of distributed variables
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+#ifndef DSGD__PART_VARIABLES_DECL
+#define DSGD__PART_VARIABLES_DECL
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__STRATEGY_IMPL)
-#define DSGD__STRATEGY_IMPL
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- variables */
+
+/* How the replicas' values of a variable combine. For variables created
+   with dsgd_strategy_create_variable and written in replica context this is
+   tf.VariableAggregation's meaning. For model variables it says how the
+   gradients combine (dsgd_strategy_set_aggregation), which is ours: Keras
+   ignores a variable's aggregation there. */
+typedef enum dsgd_aggregation {
+    DSGD_AGG_NONE = 0,
+    DSGD_AGG_SUM = 1,
+    DSGD_AGG_MEAN = 2,
+    DSGD_AGG_ONLY_FIRST_REPLICA = 3
+} dsgd_aggregation;
+
+/* When the replicas' copies of a variable are synchronised
+   (tf.VariableSynchronization). */
+typedef enum dsgd_synchronization {
+    DSGD_SYNC_AUTO = 0,     /* ON_WRITE under every strategy here */
+    DSGD_SYNC_NONE = 1,     /* rejected, as tf.distribute rejects it under a strategy */
+    DSGD_SYNC_ON_WRITE = 2, /* mirrored: every write is aggregated and applied to all copies */
+    DSGD_SYNC_ON_READ = 3   /* each replica writes its own copy; reads from the strategy aggregate */
+} dsgd_synchronization;
+
+/* "SUM", "ON_READ", ...; "?" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a);
+DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_VARIABLES_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_VARIABLES_IMPL)
+#define DSGD__PART_VARIABLES_IMPL
+
+static int dsgd__agg_valid(dsgd_aggregation a) {
+    return a == DSGD_AGG_NONE || a == DSGD_AGG_SUM || a == DSGD_AGG_MEAN || a == DSGD_AGG_ONLY_FIRST_REPLICA;
+}
+
+DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a) {
+    switch (a) {
+    case DSGD_AGG_NONE: return "NONE";
+    case DSGD_AGG_SUM: return "SUM";
+    case DSGD_AGG_MEAN: return "MEAN";
+    case DSGD_AGG_ONLY_FIRST_REPLICA: return "ONLY_FIRST_REPLICA";
+    default: return "?";
+    }
+}
+
+DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s) {
+    switch (s) {
+    case DSGD_SYNC_AUTO: return "AUTO";
+    case DSGD_SYNC_NONE: return "NONE";
+    case DSGD_SYNC_ON_WRITE: return "ON_WRITE";
+    case DSGD_SYNC_ON_READ: return "ON_READ";
+    default: return "?";
+    }
+}
+
+#endif /* DSGD__PART_VARIABLES_IMPL */
+/* ---------------------------------------- distsgd/strategy.h */
+/* distsgd/strategy.h - strategies, replicas, distributed variables, metrics
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   STRATEGIES
+
+     dsgd_strategy_create(ctx, &desc, &s) builds N replicas (a model, an
+     optimizer, a backend and, for N > 1, a communicator each) over a loopback
+     transport; dsgd_strategy_train_step(s, x, y, count, &info) shards the
+     global batch, computes gradients on every replica, agrees on finiteness,
+     sums the flat gradient buffers (through the host or on the devices: see
+     BACKENDS) and applies the same update everywhere, so the replicas stay
+     bitwise identical, and N replicas x batch B with MEAN aggregation give the
+     weights of one replica with batch N*B (up to float reassociation).
+     dsgd_strategy_run(s, fn, user) runs your own function in replica context,
+     where distributed variables (dsgd_strategy_create_variable) follow
+     tf.VariableAggregation / tf.VariableSynchronization semantics.
+
+     Failures: when one replica fails, the strategy aborts its transport at
+     once, so the others return within milliseconds ("aborted because
+     replica k failed"), and the call returns the failing replica's own
+     error (dsgd_strategy_replica_result gives each replica's). A failure
+     the replicas agreed on before the update (a bad label, a non-finite
+     gradient under DSGD_NONFINITE_ERROR) changes nothing; any other failure
+     (a collective, a timeout, a backend failing in the exchange or the
+     update, any failed dsgd_strategy_run) may have left the replicas
+     different, so the strategy fails: every later call that uses the
+     replicas returns DSGD_ERR_STATE naming the step and the first error
+     (dsgd_strategy_failed) until you destroy it and create a new one.
+*/
+#ifndef DSGD__PART_STRATEGY_DECL
+#define DSGD__PART_STRATEGY_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- strategies */
+
+typedef enum dsgd_strategy_kind {
+    DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
+    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
+                                     lockstep (see dsgd_gradient_path) */
+} dsgd_strategy_kind;
+
+/* What a training step does when a gradient holds NaN or infinity on any
+   replica. Every replica checks its own gradient before the exchange and
+   the replicas agree through a MAX all-reduce of a flag, so all of them do
+   the same thing. */
+typedef enum dsgd_nonfinite_policy {
+    DSGD_NONFINITE_SKIP = 0, /* every replica skips the update (weights and
+                                optimizer state unchanged); the step reports
+                                skipped = 1 and returns DSGD_OK */
+    DSGD_NONFINITE_ERROR = 1 /* every replica returns DSGD_ERR_NON_FINITE */
+} dsgd_nonfinite_policy;
+
+/* How a synchronous step's gradients are summed across replicas (see
+   BACKENDS at the top of this file). */
+typedef enum dsgd_gradient_path {
+    DSGD_GRADIENTS_AUTO = 0, /* DEVICE when every replica's backend can reach
+                                every other's buffers (OpenCL backends on one
+                                context) and some backend's buffers are not in
+                                host-shared memory (a discrete GPU), else HOST:
+                                where mapping copies nothing the host's
+                                all-reduce is as fast (measured on PoCL:
+                                bench/mirrored_cl) */
+    DSGD_GRADIENTS_HOST,     /* through host memory and the transport: each
+                                replica uses its gradient buffer's host pointer
+                                (CPU backend), or maps it (zero-copy on devices
+                                that share memory), or else copies it to a host
+                                staging buffer and back; then dsgd_allreduce
+                                with the strategy's algorithm and buckets */
+    DSGD_GRADIENTS_DEVICE    /* on the devices, with no host copy: after a
+                                barrier, replica r sums block r (see
+                                dsgd_block_range) of every replica's gradient
+                                buffer in rank order and writes the sum to all
+                                of them (backend sum_across; 2*N*S bytes moved
+                                for S bytes of gradient in all), then a second
+                                barrier. algorithm and bucket_bytes are unused.
+                                Gives the bits of HOST with the DIRECT
+                                algorithm. dsgd_strategy_create fails with
+                                DSGD_ERR_INVALID_ARGUMENT when the backends
+                                cannot do it (with one replica nothing is
+                                exchanged and the path resolves to HOST) */
+} dsgd_gradient_path;
+
+/* Creates replica `replica`'s backend in *out, recording errors on ctx (the
+   replica's context, which outlives the backend). Called by
+   dsgd_strategy_create on its thread, for replicas 0..N-1 in order; the
+   strategy destroys each backend with its destroy member. A result other
+   than DSGD_OK makes dsgd_strategy_create fail with it. */
+typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
+                                            dsgd_backend_i *out);
+
+typedef struct dsgd_strategy_desc {
+    dsgd_strategy_kind kind;        /* default ONE_DEVICE */
+    int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
+    dsgd_model_desc model;          /* every replica's model; max_batch is per replica;
+                                       model.backend is ignored (see backend_factory) */
+    dsgd_optimizer_desc optimizer;  /* every replica's optimizer */
+    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (HOST path); default AUTO */
+    size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
+                                       this many bytes; 0: one bucket (the whole flat
+                                       buffer) */
+    size_t piece_bytes;             /* every replica's communicator pipelines its
+                                       collectives in pieces of this many bytes
+                                       (dsgd_comm_desc.piece_bytes): 0: the default,
+                                       256 KiB; any other value is clamped to
+                                       256 B..1 GiB, never rejected. The same on
+                                       every replica, and the weights do not depend
+                                       on it (only the speed does) */
+    dsgd_nonfinite_policy nonfinite; /* default SKIP */
+    double timeout_s;               /* deadline of every collective; default 30 s */
+    dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
+    void *backend_user_data;
+    dsgd_gradient_path gradient_path; /* default AUTO */
+} dsgd_strategy_desc;
+
+/* What one training step did. */
+typedef struct dsgd_step_info {
+    int64_t step;      /* optimizer steps applied before this one */
+    int count;         /* samples in the global batch */
+    int skipped;       /* 1 when the update was skipped (non-finite gradient) */
+    float lr;          /* learning rate the step used */
+} dsgd_step_info;
+
+typedef struct dsgd_strategy dsgd_strategy;
+/* A replica as seen from inside dsgd_strategy_run (replica context). */
+typedef struct dsgd_replica dsgd_replica;
+typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
+
+/* Creates a strategy: N replicas, each with its own context (labelled
+   "replica r", with ctx's logger), backend, model, optimizer and, for N > 1,
+   communicator over one loopback hub, and N - 1 threads that run replicas
+   1..N-1. All replicas start from the same weights (desc->model.seed). The
+   gradient path is resolved here (dsgd_strategy_gradient_path).
+   Errors (recorded on ctx; a replica's failure is copied from its context):
+   DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
+   policy, algorithm or gradient path; num_replicas < 0 or > 256; ONE_DEVICE
+   with more than one replica; a negative or NaN timeout; a bad model or
+   optimizer desc; gradient_path DEVICE with several replicas when a backend
+   lacks sum_across or cannot reach another's buffers),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object or thread could
+   not be created), backend errors and whatever backend_factory returns.
+   Thread safety: the context's thread, which then drives the strategy:
+   every dsgd_strategy_* function is called from it. */
+DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc,
+                                          dsgd_strategy **out);
+/* Stops and joins the replicas' threads and frees everything the strategy
+   created (backends through their destroy member); s NULL: nothing.
+   Thread safety: the strategy's thread, not inside dsgd_strategy_run. */
+DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
+/* dsgd_strategy_num_replicas: N (s NULL: 0).
+   dsgd_strategy_gradient_path: the path resolved at creation, HOST or DEVICE
+   (HOST with one replica, where nothing is exchanged; s NULL: HOST).
+   Errors: none. Thread safety: any thread while s lives (fixed at
+   creation). */
+DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
+DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
+/* "auto", "host", "device"; "unknown" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
+/* Replica r's model, for inspection between steps (NULL when s is NULL or r
+   is out of range).
+   Errors: none. Thread safety: any thread while s lives (fixed at creation);
+   use the model itself only from the strategy's thread, between calls. */
+DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
+
+/* Sets the aggregation of a model variable (by name, e.g. "dense0/kernel", or
+   "*" for all). Model variables are trainable and ON_WRITE; their aggregation
+   says how the replicas' gradients combine before the identical update:
+     MEAN (default)  the mean over every sample of the global batch: each
+                     replica's gradient is scaled by 1 / global count and the
+                     replicas' gradients are summed; with equal shards this is
+                     the mean of the replicas' mean gradients
+     SUM             the sum over replicas of each replica's mean gradient
+     ONLY_FIRST_REPLICA  replica 0's mean gradient, used by all
+   TensorFlow: Keras's optimizer.apply_gradients (TF 2.x, Keras 3 in TF
+   2.21) ignores a variable's aggregation and always sums the replicas'
+   gradients; with the loss scaled by the global batch, as Keras does, that
+   sum is our MEAN, which is the TF behaviour. SUM and ONLY_FIRST_REPLICA are
+   our extension: they match TF only for a variable updated directly in
+   replica context (v.assign_sub(lr * g) with that aggregation), not for
+   training through apply_gradients.
+   NONE is rejected (ours: a mirrored variable needs an aggregation to stay
+   one value across replicas), and so is ON_READ (only non-trainable
+   variables may be ON_READ, the rule of Keras 2's add_weight).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; variable NULL
+   or not a model variable; aggregation NONE or unknown; synchronization
+   other than AUTO or ON_WRITE), DSGD_ERR_STATE (the strategy has failed,
+   see dsgd_strategy_failed).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable,
+                                                   dsgd_aggregation aggregation,
+                                                   dsgd_synchronization synchronization);
+
+/* One synchronous training step on the global batch x (count, input_dim),
+   y (count, target_dim). The batch is sharded in contiguous slices: replica
+   r takes dsgd_block_range(count, N, r) (the first count % N replicas take
+   one sample more). Every replica then computes its gradient, the replicas
+   agree on finiteness, sum the flat gradient buffers (SUM, after the
+   per-variable scaling above; on the host or on the devices, see
+   dsgd_gradient_path), and apply the same optimizer update, so their
+   weights stay bitwise identical. A replica whose slice is empty (count < N)
+   contributes a zero gradient. count may be 1..N * max_batch. info may be
+   NULL.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; x or y NULL; count out of range),
+   DSGD_ERR_NON_FINITE (policy ERROR), DSGD_ERR_TIMEOUT, DSGD_ERR_STATE (the
+   strategy has failed, see dsgd_strategy_failed), or the error chosen as in
+   dsgd_strategy_run, with its message, which names the replica. A failure
+   the replicas agree on before the update (a class index out of range on
+   one replica, a non-finite gradient under policy ERROR) fails the step on
+   every replica, changes nothing and leaves the strategy usable. Any other
+   failure (in a collective, a timeout, a replica's backend failing in the
+   exchange or in the optimizer update, after which the others may have
+   updated) stops the other replicas at once and fails the strategy.
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y,
+                                              int count, dsgd_step_info *info);
+/* A sharded forward pass; loss and accuracy accumulate per replica in the
+   EVAL metrics (read with dsgd_strategy_take_metrics). y may be NULL (no
+   metrics).
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; x NULL; count outside 1..N * max_batch; a class
+   index out of range), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed), a replica's backend error. A failure here changes
+   no weights and leaves the strategy usable (the EVAL metrics may hold part
+   of the batch).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
+                                              int count);
+/* Reads the TRAIN or EVAL metrics and resets them. They are the ON_READ SUM
+   variables "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot
+   "train" or "eval"): each replica's model accumulators are first moved into
+   its copies, then the copies are summed over replicas in rank order like
+   strategy.reduce(SUM) and reset on every replica. TRAIN counts every sample
+   a train step computed a loss for, skipped steps included. The
+   accumulators are floats: counts are exact up to 2^24 samples between two
+   takes.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL; an
+   unknown slot), DSGD_ERR_STATE (the strategy has failed), a replica's
+   backend error (copied to the strategy's ctx).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot,
+                                                dsgd_metrics *out);
+
+/* Runs fn on every replica at once (replica context, like strategy.run):
+   replica 0 on the calling thread, the others on the strategy's threads; it
+   returns when all have returned. A collective in fn must be called by every
+   replica, or the others wait until their deadline (a replica that returns
+   DSGD_OK without joining does not stop them).
+   When fn fails on a replica (returns anything but DSGD_OK), the strategy
+   aborts its transport at once: the replicas waiting in a collective, or
+   entering one later, get DSGD_ERR_STATE within milliseconds instead of
+   waiting out their deadline, and their results become DSGD_ERR_STATE
+   "aborted because replica k failed (...)", k the replica that failed first
+   (see dsgd_strategy_replica_result). The strategy has then failed, as the
+   transport cannot be used again and fn may have left the replicas
+   different: every later call refuses (dsgd_strategy_failed). Recreate it.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL),
+   DSGD_ERR_STATE (the strategy has failed), else DSGD_OK if every call
+   returned it, or one replica's result with its message copied to the
+   strategy's ctx, chosen by this rule: the lowest-numbered replica whose
+   own code failed (fn returned an error not from a collective); if none,
+   the lowest-numbered replica whose collective failed other than by the
+   abort (a timeout, a mismatch); if none, the lowest-numbered aborted one.
+   Thread safety: the strategy's thread; fn runs on N threads at once. */
+DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data);
+
+/* dsgd_strategy_failed: non-zero once the strategy has failed (s NULL: 0).
+   A strategy fails when a call ends in a failure that may have left its
+   replicas different or stopped its transport: any failed
+   dsgd_strategy_run, and any failed dsgd_strategy_train_step except the
+   failures the replicas agree on before the update (see there). That call
+   returns its own error; from then on every call that uses the replicas'
+   state (train_step, eval_batch, run, take_metrics, set_aggregation and
+   the variable functions) returns DSGD_ERR_STATE with a message that names
+   the step (the optimizer steps applied before the failing call), the call
+   and its error, and says the strategy must be recreated: destroy it and
+   create a new one (the getters, dsgd_strategy_model included, still answer,
+   for a post-mortem). This holds for every N, one replica included.
+   dsgd_strategy_replica_result: replica `replica`'s result in the last call
+   that ran the replicas (train_step, eval_batch or run; DSGD_OK before the
+   first), and in *message (if message is not NULL) its message, "" when it
+   succeeded; the message stays valid until the next such call or destroy.
+   s NULL or replica outside [0, N): DSGD_ERR_INVALID_ARGUMENT and "".
+   Errors: none (dsgd_strategy_replica_result returns a replica's recorded
+   result; nothing is recorded on any context).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
+DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
+
+/* Replica context getters (r NULL: -1, 0 or NULL):
+     dsgd_replica_id     the replica's rank, 0..N-1
+     dsgd_replica_count  N
+     dsgd_replica_ctx, dsgd_replica_model, dsgd_replica_comm
+                         the replica's own context, model and communicator
+                         (comm NULL with one replica)
+   Errors: none. Thread safety: the replica's thread, inside
+   dsgd_strategy_run; the objects they return belong to that thread while fn
+   runs. */
+DSGD_API int dsgd_replica_id(const dsgd_replica *r);
+DSGD_API int dsgd_replica_count(const dsgd_replica *r);
+DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r);
+DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r);
+DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
+
+/* ---------------------------------------------------------------- distributed variables */
+
+/* The longest name of a distributed variable, in bytes (without the NUL). */
+#define DSGD_MAX_VARIABLE_NAME 63
+
+typedef struct dsgd_dvar_desc {
+    const char *name;                    /* 1..DSGD_MAX_VARIABLE_NAME bytes, unique */
+    size_t count;                        /* floats, >= 1 */
+    dsgd_synchronization synchronization; /* AUTO = ON_WRITE */
+    dsgd_aggregation aggregation;
+    int trainable;                       /* ON_READ requires trainable == 0 */
+    const float *initial_value;          /* count floats, copied to every replica's
+                                            copy (so a cross-replica read of an ON_READ
+                                            SUM variable starts at N x initial); NULL: zeros */
+} dsgd_dvar_desc;
+
+/* Creates a variable with one copy per replica (cross-replica context).
+   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
+   tf.distribute rejects it under a strategy); ON_READ with trainable set
+   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
+   aggregation NONE (tf.distribute fails when such a variable is read across
+   replicas; here it fails at creation); unknown enum values. *id receives
+   the handle.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
+   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
+   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
+   would not be found again); a name in use; count 0),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
+   strategy has failed, see dsgd_strategy_failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
+                                                   int *id);
+/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
+     ON_WRITE: a collective every replica must call; the replicas' values are
+               combined by the aggregation (SUM: sum; MEAN: mean;
+               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
+               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
+               on every replica. This rejection is ours: TF 2.21 accepts
+               such a write and each replica updates only its own copy, so
+               the copies silently differ (older TF raised an error).
+     ON_READ:  writes this replica's copy only; no communication.
+   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
+   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
+   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
+   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE, ...).
+   Thread safety: the replica's thread, inside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
+/* As dsgd_replica_assign, with the copy incremented by the combined delta
+   (ON_WRITE) or by the replica's own delta (ON_READ).
+   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
+/* Copies this replica's copy to out (count floats).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
+   id; out NULL). Thread safety: the replica's thread, inside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
+/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
+   variables give replica 0's copy (all copies are equal); ON_READ variables
+   give the SUM or MEAN of the copies in rank order (added in double), or
+   replica 0's copy for ONLY_FIRST_REPLICA.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
+/* What replica `replica` holds, without aggregation.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
+   failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
+/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
+   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
+   variables get value / N in every copy, so that a read gives value back
+   (as tf.distribute does).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
+/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
+   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
+   "metrics/train/count" and the same under "metrics/eval/"; between two
+   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
+   there (the models' own accumulators are added in by the take).
+   Errors: none. Thread safety: the strategy's thread, or any replica's
+   inside dsgd_strategy_run (no variable is created then). */
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_STRATEGY_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_IMPL)
+#define DSGD__PART_STRATEGY_IMPL
+
 #include <pthread.h>
 
 /* >>strategy --------------------------------------------------------------- */
@@ -5312,30 +5511,6 @@ DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->n : 0;
 DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->ctx : NULL; }
 DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->model : NULL; }
 DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r) { return r ? r->comm : NULL; }
-
-static int dsgd__agg_valid(dsgd_aggregation a) {
-    return a == DSGD_AGG_NONE || a == DSGD_AGG_SUM || a == DSGD_AGG_MEAN || a == DSGD_AGG_ONLY_FIRST_REPLICA;
-}
-
-DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a) {
-    switch (a) {
-    case DSGD_AGG_NONE: return "NONE";
-    case DSGD_AGG_SUM: return "SUM";
-    case DSGD_AGG_MEAN: return "MEAN";
-    case DSGD_AGG_ONLY_FIRST_REPLICA: return "ONLY_FIRST_REPLICA";
-    default: return "?";
-    }
-}
-
-DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s) {
-    switch (s) {
-    case DSGD_SYNC_AUTO: return "AUTO";
-    case DSGD_SYNC_NONE: return "NONE";
-    case DSGD_SYNC_ON_WRITE: return "ON_WRITE";
-    case DSGD_SYNC_ON_READ: return "ON_READ";
-    default: return "?";
-    }
-}
 
 DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable, dsgd_aggregation agg,
                                                    dsgd_synchronization sync) {
@@ -5783,7 +5958,7 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
     return DSGD_OK;
 }
 
-#endif /* DSGD__STRATEGY_IMPL */
+#endif /* DSGD__PART_STRATEGY_IMPL */
 
 /* ------------------------------------------------------------------------
    LICENCE (also in the file LICENSE)
@@ -5884,6 +6059,35 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      already set; when distsgd.h's allocator is replaced (DSGD_MALLOC,
      DSGD_REALLOC, DSGD_FREE) this file's host allocations use it too.
 
+   THREAD SAFETY
+
+     A dsgd_cl_context may be shared by backends used from different threads
+     (OpenCL contexts and programs are thread-safe); create and destroy it on
+     one thread while no backend uses it. Each backend (its kernel objects,
+     scratch and GEMM temporary buffers) is used by one thread at a time,
+     like its dsgd_ctx; backends sharing a device's queue (QUEUES) may be
+     used from different threads, as OpenCL queues are thread-safe. A backend's sum_across reads and writes other
+     backends' buffers: every backend involved must have finished the work
+     that touches those ranges before it runs, and they may use them again
+     only once it has finished (the strategy's DEVICE path does this with
+     finish and two barriers). CLBlast is not safe for concurrent first
+     calls, so every CLBlast call (with the growth of a backend's GEMM
+     temporary buffer) goes through one process-wide mutex, the only global
+     state of distsgd. Functions of their arguments alone (names, error
+     strings, dsgd_cl_gemm_params_valid, ...) run on any thread.
+
+   CONTENTS
+
+     The add-on is one part per layer under distsgd/cl/, included below in
+     dependency order after the core (distsgd.h); each part holds its topic
+     comment, its declarations and its implementation. To vendor it, copy
+     single_include/distsgd.h and define DISTSGD_WITH_OPENCL.
+*/
+
+/* ---------------------------------------- distsgd/cl/context.h */
+/* distsgd/cl/context.h - OpenCL devices, the shared context, queues, our kernels and their program
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+
    DEVICES
 
      dsgd_cl_list_devices() lists every device of every platform, numbered in
@@ -5927,86 +6131,6 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      little there. A backend created with profiling gets a queue of its own
      whatever the policy. dsgd_cl_context_queues() tells the policy in force.
 
-   BACKENDS
-
-     dsgd_cl_backend_create fills every member of dsgd_backend_i, the
-     optional ones included (buffer_host_ptr always answers NULL: OpenCL
-     buffers are never permanently host-addressable). Among them:
-       finish        clFinish on the backend's queue
-       map, unmap    blocking clEnqueueMapBuffer (read and write) and
-                     clEnqueueUnmapMemObject (also dsgd_cl_map/dsgd_cl_unmap)
-       host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
-                     so that mapping copies nothing: by default on devices
-                     with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
-                     GPUs); dsgd_cl_backend_desc.host_visible forces it
-                     either way
-       can_access    1 for every OpenCL backend of the same dsgd_cl_context
-                     (a cl_mem works on every device of its context)
-       sum_across    our kernels: up to 8 buffers summed and written back in
-                     one launch; more through the backend's scratch buffer, 8
-                     a launch, in the same order
-     So a strategy over OpenCL backends of one context (see BACKENDS in
-     distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
-     backend's buffers are the device's own (a discrete GPU, or host_visible
-     = -1): each replica sums its block of every replica's gradient on its
-     device between two barriers and nothing is copied to the host. On PoCL
-     and integrated GPUs it takes the HOST path, where map is zero-copy and
-     the host's all-reduce is as fast. Backends of different contexts can
-     only use HOST.
-
-     GEMM: CLBlast's indirect GEMM transposes and pads its operands into a
-     temporary buffer, which CLBlast would create and free on every call.
-     Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
-     the largest size a call has needed (CLBlastSGemmTempBufferSize); its
-     in-order queue keeps two GEMMs from using it at once.
-
-   TRANSPORTS
-
-     This header adds no transport: replicas on OpenCL backends synchronise
-     over distsgd.h's (the loopback, in one process). On the HOST gradient
-     path the gradients reach the transport through map: zero-copy with
-     host-shared buffers, else a device-to-host copy and a copy back per
-     step. On the DEVICE path only the finiteness flag and two barriers
-     cross the transport.
-
-   GEMM TUNING
-
-     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
-     (PoCL on a CPU above all) they can be several times slower than good ones.
-     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
-     candidates made for the device's float vector width,
-     dsgd_cl_device_info.vector_width, among them) and the size below which
-     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
-     at the shapes a model uses, within a time bound. It times candidates
-     with dsgd_cl_gemm_measure (back-to-back GEMMs with one finish per
-     sample, as in a training step), checks every candidate's results, and
-     writes the winner to a per-device cache file:
-
-         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
-                                        or exists as one)
-         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
-         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
-
-     dsgd_cl_context_desc.tune_cache overrides the environment. At context
-     creation each device's file is read and applied with
-     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
-     made for another device (platform name, device name and driver version are
-     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
-     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
-     (no warning). Overrides are process-wide per device (CLBlast keeps them
-     in a global table and has no call to undo them), so once a context has
-     applied tuned parameters, later contexts on that device in the same
-     process use them too.
-
-   COLD START (PoCL)
-
-     CLBlast compiles its GEMM kernels on the first call with a given set of
-     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
-     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
-     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
-     are built once per context and cached by PoCL the same way. Each tuning
-     candidate is a new compile, which is what bounds the tuner's speed.
-
    ERRORS
 
      Every OpenCL and CLBlast failure becomes a dsgd_result recorded on the
@@ -6035,27 +6159,9 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      for a given size and device: same inputs, same bits. sum_across adds in
      float in rank order, as the host's DSGD_ALLREDUCE_DIRECT does, so the
      DEVICE and HOST gradient paths give the same bits with that algorithm.
-
-   THREAD SAFETY
-
-     A dsgd_cl_context may be shared by backends used from different threads
-     (OpenCL contexts and programs are thread-safe); create and destroy it on
-     one thread while no backend uses it. Each backend (its kernel objects,
-     scratch and GEMM temporary buffers) is used by one thread at a time,
-     like its dsgd_ctx; backends sharing a device's queue (QUEUES) may be
-     used from different threads, as OpenCL queues are thread-safe. A backend's sum_across reads and writes other
-     backends' buffers: every backend involved must have finished the work
-     that touches those ranges before it runs, and they may use them again
-     only once it has finished (the strategy's DEVICE path does this with
-     finish and two barriers). CLBlast is not safe for concurrent first
-     calls, so every CLBlast call (with the growth of a backend's GEMM
-     temporary buffer) goes through one process-wide mutex, the only global
-     state of distsgd. Functions of their arguments alone (names, error
-     strings, dsgd_cl_gemm_params_valid, ...) run on any thread.
 */
-#ifndef DISTSGD_CL_H
-#define DISTSGD_CL_H
-
+#ifndef DSGD_CL__PART_CONTEXT_DECL
+#define DSGD_CL__PART_CONTEXT_DECL
 
 #ifndef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 120
@@ -6199,190 +6305,14 @@ DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c);
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 
-/* ---------------------------------------------------------------- backend */
-
-typedef struct dsgd_cl_backend_desc {
-    int device;       /* index into the context's devices; default 0 */
-    int host_visible; /* 0: CL_MEM_ALLOC_HOST_PTR buffers where the device has
-                         unified memory; 1 (> 0): always; -1 (< 0): never.
-                         host_shared answers accordingly, which steers a
-                         strategy's AUTO gradient path (see BACKENDS) */
-    int profiling;    /* non-zero: a queue of its own (whatever the context's
-                         QUEUES policy) with CL_QUEUE_PROFILING_ENABLE */
-} dsgd_cl_backend_desc;
-
-/* Fills *out with an OpenCL backend on device desc->device of context c, with
-   an in-order command queue (its own, or its device's shared one: see
-   QUEUES), its own kernel objects and buffers (see BACKENDS
-   for the members it sets). desc may be NULL. Errors are recorded on ctx,
-   which must outlive the backend, as must c. Destroy with
-   out->destroy(out->impl).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or c NULL, device
-   outside the context's devices), DSGD_ERR_BACKEND (creating the queue, a
-   kernel or a buffer), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: any thread (that may use ctx); the backend is then used by
-   one thread at a time. */
-DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c,
-                                            const dsgd_cl_backend_desc *desc,
-                                            dsgd_backend_i *out);
-/* dsgd_cl_is_backend: 1 when b was made by dsgd_cl_backend_create, else 0.
-   dsgd_cl_backend_queue, _device, _context: its queue, device and context
-   (NULL when b is NULL or not OpenCL), for your own OpenCL calls; the
-   backend owns them.
-   Errors: none. Thread safety: any thread while b lives (fixed at creation;
-   commands you enqueue on the queue follow the backend's thread rule). */
-DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b);
-DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b);
-DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b);
-DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b);
-/* The cl_mem of a buffer made by an OpenCL backend (a ref's offset counts
-   floats from its start); NULL for NULL or for another backend's buffer
-   (recognised by a tag the OpenCL backend's buffers start with).
-   Errors: none. Thread safety: any thread while the buffer lives. */
-DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
-
-#define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
-#define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
-
-/* Maps count floats at ref into host memory after all queued work is done
-   (blocking); *out is NULL on failure. Zero-copy when the buffer is
-   CL_MEM_ALLOC_HOST_PTR (see host_visible), else a copy to the host (and
-   back at unmap, with DSGD_CL_MAP_WRITE). Each map must be undone by
-   dsgd_cl_unmap before kernels use the range again. The backend's map
-   member is this with READ|WRITE.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend or out NULL:
-   nothing recorded; flags 0 or with other bits; count 0; the range outside
-   ref's buffer, or a buffer of another context), DSGD_ERR_BACKEND or
-   DSGD_ERR_OUT_OF_MEMORY (clEnqueueMapBuffer), recorded on b's ctx.
-   Thread safety: the backend's thread. */
-DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *b, dsgd_ref ref, size_t count, int flags,
-                                 float **out);
-/* Unmaps a pointer dsgd_cl_map returned for ref's buffer; the writes become
-   visible to later operations on the backend's queue (other backends' queues
-   see them after a finish of this one).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend: nothing
-   recorded; ptr NULL; ref's buffer not of this context), DSGD_ERR_BACKEND or
-   DSGD_ERR_OUT_OF_MEMORY (clEnqueueUnmapMemObject), recorded on b's ctx.
-   Thread safety: the backend's thread. */
-DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *b, dsgd_ref ref, float *ptr);
-
-/* ---------------------------------------------------------------- GEMM tuning */
-
-#define DSGD_CL_XGEMM_NPARAMS 16
-#define DSGD_CL_DIRECT_NPARAMS 10
-
-/* A set of CLBlast GEMM parameters for one device (single precision). */
-typedef struct dsgd_cl_gemm_params {
-    int xgemm_set; /* non-zero: xgemm[] holds Xgemm's parameters in the order of
-                      dsgd_cl_xgemm_param_name(): GEMMK KREG KWG KWI MDIMA MDIMC
-                      MWG NDIMB NDIMC NWG SA SB STRM STRN VWM VWN */
-    size_t xgemm[DSGD_CL_XGEMM_NPARAMS];
-    int direct_set; /* XgemmDirect: KWID MDIMAD MDIMCD NDIMBD NDIMCD PADA PADB
-                       VWMD VWND WGD */
-    size_t direct[DSGD_CL_DIRECT_NPARAMS];
-    int min_indirect_set; /* GemmRoutine's XGEMM_MIN_INDIRECT_SIZE: GEMMs with
-                             m*n*k below its cube use the direct kernel */
-    size_t min_indirect;
-} dsgd_cl_gemm_params;
-
-/* Parameter names ("GEMMK", ...; "KWID", ...), NULL when i is out of range.
-   Errors: none. Thread safety: any thread. */
-DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
-DSGD_API const char *dsgd_cl_direct_param_name(int i);
-/* Checks the divisibility rules CLBlast's kernels need, and the limits of
-   its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
-   rejected set would fail to build, crash or compute wrong results.
-   Returns 1 when valid, 0 otherwise (and for p NULL).
-   Errors: none. Thread safety: any thread. */
-DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
-
-/* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
-   *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
-   Process-wide for that device; takes effect at the next GEMM (which
-   compiles the kernels for the new parameters).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
-   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
-   (CLBlast refused; parts applied before stay applied).
-   Thread safety: any thread (that may use ctx); CLBlast calls are
-   serialised by the library's lock, but not concurrently with another
-   apply on c or with dsgd_cl_context_gemm_tuned. */
-DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
-                                               const dsgd_cl_gemm_params *p);
-/* The tuning cache file for device i: desc_path, else $DSGD_CL_TUNE_CACHE,
-   taken as is when it names a file, or a directory (it ends with '/' or
-   exists as one) that gets the device's file name; else that name in
-   $XDG_CACHE_HOME/distsgd (when absolute) or ~/.cache/distsgd. Writes it,
-   NUL-terminated, to buf.
-   Errors (nothing recorded: no context): DSGD_ERR_INVALID_ARGUMENT (c NULL
-   or no device i, buf NULL or cap 0, no HOME and no absolute
-   XDG_CACHE_HOME, a path that does not fit in buf).
-   Thread safety: any thread (it reads the environment). */
-DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
-                                             const char *desc_path, char *buf, size_t cap);
-/* Reads a cache file and checks that it was made for device i of c; *out is
-   zeroed on failure.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
-   i, path or out NULL), DSGD_ERR_IO (cannot open), DSGD_ERR_FORMAT (corrupt,
-   a read error or parameters dsgd_cl_gemm_params_valid rejects: with the
-   line and what is wrong), DSGD_ERR_STATE (made for another device: the
-   message names both).
-   Thread safety: any thread (that may use ctx). */
-DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
-                                              const char *path, dsgd_cl_gemm_params *out);
-/* Writes a cache file for device i (creating missing directories),
-   atomically (path.tmp, then rename). note, if non-NULL, is stored as a
-   comment line.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
-   i, path or p NULL, a path of 1024 bytes or more, a set
-   dsgd_cl_gemm_params_valid rejects), DSGD_ERR_IO (a directory, the file or
-   the rename failed).
-   Thread safety: any thread (that may use ctx); two writers of one path at
-   once race on path.tmp. */
-DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
-                                              const char *path, const dsgd_cl_gemm_params *p,
-                                              const char *note);
-
-/* One GEMM shape: C(m,n) = op(A)(m,k) op(B)(k,n), row-major, dense. */
-typedef struct dsgd_cl_gemm_shape {
-    int trans_a, trans_b;
-    int m, n, k;
-} dsgd_cl_gemm_shape;
-
-/* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
-   the first layer's input gradient (256x784x512 NT): forward NN, weight
-   gradient TN, input gradient NT per layer. Copies up to cap shapes into out
-   (out may be NULL) and returns how many there are (9).
-   Errors: none. Thread safety: any thread. */
-DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap);
-
-/* Times b's gemm at each shape: one warm-up call (which compiles), one
-   timed call that sizes the samples, then `repeats` samples, each the mean
-   time per call of back-to-back calls with one finish at the end, as many
-   as last about 10 ms (at most 1000), as in a training step whose queue
-   stays full; median_s[i] gets the median sample, in seconds per call.
-   When max_rel_err is non-NULL the warm-up result is checked against a
-   double-precision host product on seeded random inputs and *max_rel_err is
-   the largest |C - ref| / sum_k |a||b| over all shapes (NaN when any
-   entry is NaN). b may be any backend.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (b, shapes or median_s NULL, num_shapes
-   or repeats < 1, a shape with m, n or k < 1) and DSGD_ERR_OUT_OF_MEMORY,
-   recorded on ctx; backend errors, recorded on b's context.
-   Thread safety: b's thread. */
-DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b,
-                                          const dsgd_cl_gemm_shape *shapes, int num_shapes,
-                                          int repeats, double *median_s, double *max_rel_err);
-
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* DISTSGD_CL_H */
+#endif /* DSGD_CL__PART_CONTEXT_DECL */
 
-/* ======================================================================== */
-/*                              IMPLEMENTATION                              */
-/* ======================================================================== */
-#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__IMPLEMENTED)
-#define DSGD_CL__IMPLEMENTED
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_CONTEXT_IMPL)
+#define DSGD_CL__PART_CONTEXT_IMPL
 
 #include <clblast_c.h>
 #include <pthread.h>
@@ -7377,6 +7307,136 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i) {
     return (c && i >= 0 && i < c->num_devices) ? c->devices[i] : NULL;
 }
 
+#endif /* DSGD_CL__PART_CONTEXT_IMPL */
+/* ---------------------------------------- distsgd/cl/backend.h */
+/* distsgd/cl/backend.h - the OpenCL backend: CLBlast GEMM and our kernels behind dsgd_backend_i
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+
+   BACKENDS
+
+     dsgd_cl_backend_create fills every member of dsgd_backend_i, the
+     optional ones included (buffer_host_ptr always answers NULL: OpenCL
+     buffers are never permanently host-addressable). Among them:
+       finish        clFinish on the backend's queue
+       map, unmap    blocking clEnqueueMapBuffer (read and write) and
+                     clEnqueueUnmapMemObject (also dsgd_cl_map/dsgd_cl_unmap)
+       host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
+                     so that mapping copies nothing: by default on devices
+                     with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
+                     GPUs); dsgd_cl_backend_desc.host_visible forces it
+                     either way
+       can_access    1 for every OpenCL backend of the same dsgd_cl_context
+                     (a cl_mem works on every device of its context)
+       sum_across    our kernels: up to 8 buffers summed and written back in
+                     one launch; more through the backend's scratch buffer, 8
+                     a launch, in the same order
+     So a strategy over OpenCL backends of one context (see BACKENDS in
+     distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
+     backend's buffers are the device's own (a discrete GPU, or host_visible
+     = -1): each replica sums its block of every replica's gradient on its
+     device between two barriers and nothing is copied to the host. On PoCL
+     and integrated GPUs it takes the HOST path, where map is zero-copy and
+     the host's all-reduce is as fast. Backends of different contexts can
+     only use HOST.
+
+     GEMM: CLBlast's indirect GEMM transposes and pads its operands into a
+     temporary buffer, which CLBlast would create and free on every call.
+     Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
+     the largest size a call has needed (CLBlastSGemmTempBufferSize); its
+     in-order queue keeps two GEMMs from using it at once.
+
+   TRANSPORTS
+
+     This header adds no transport: replicas on OpenCL backends synchronise
+     over distsgd.h's (the loopback, in one process). On the HOST gradient
+     path the gradients reach the transport through map: zero-copy with
+     host-shared buffers, else a device-to-host copy and a copy back per
+     step. On the DEVICE path only the finiteness flag and two barriers
+     cross the transport.
+*/
+#ifndef DSGD_CL__PART_BACKEND_DECL
+#define DSGD_CL__PART_BACKEND_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- backend */
+
+typedef struct dsgd_cl_backend_desc {
+    int device;       /* index into the context's devices; default 0 */
+    int host_visible; /* 0: CL_MEM_ALLOC_HOST_PTR buffers where the device has
+                         unified memory; 1 (> 0): always; -1 (< 0): never.
+                         host_shared answers accordingly, which steers a
+                         strategy's AUTO gradient path (see BACKENDS) */
+    int profiling;    /* non-zero: a queue of its own (whatever the context's
+                         QUEUES policy) with CL_QUEUE_PROFILING_ENABLE */
+} dsgd_cl_backend_desc;
+
+/* Fills *out with an OpenCL backend on device desc->device of context c, with
+   an in-order command queue (its own, or its device's shared one: see
+   QUEUES), its own kernel objects and buffers (see BACKENDS
+   for the members it sets). desc may be NULL. Errors are recorded on ctx,
+   which must outlive the backend, as must c. Destroy with
+   out->destroy(out->impl).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or c NULL, device
+   outside the context's devices), DSGD_ERR_BACKEND (creating the queue, a
+   kernel or a buffer), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx); the backend is then used by
+   one thread at a time. */
+DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c,
+                                            const dsgd_cl_backend_desc *desc,
+                                            dsgd_backend_i *out);
+/* dsgd_cl_is_backend: 1 when b was made by dsgd_cl_backend_create, else 0.
+   dsgd_cl_backend_queue, _device, _context: its queue, device and context
+   (NULL when b is NULL or not OpenCL), for your own OpenCL calls; the
+   backend owns them.
+   Errors: none. Thread safety: any thread while b lives (fixed at creation;
+   commands you enqueue on the queue follow the backend's thread rule). */
+DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b);
+DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b);
+DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b);
+DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b);
+/* The cl_mem of a buffer made by an OpenCL backend (a ref's offset counts
+   floats from its start); NULL for NULL or for another backend's buffer
+   (recognised by a tag the OpenCL backend's buffers start with).
+   Errors: none. Thread safety: any thread while the buffer lives. */
+DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
+
+#define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
+#define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
+
+/* Maps count floats at ref into host memory after all queued work is done
+   (blocking); *out is NULL on failure. Zero-copy when the buffer is
+   CL_MEM_ALLOC_HOST_PTR (see host_visible), else a copy to the host (and
+   back at unmap, with DSGD_CL_MAP_WRITE). Each map must be undone by
+   dsgd_cl_unmap before kernels use the range again. The backend's map
+   member is this with READ|WRITE.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend or out NULL:
+   nothing recorded; flags 0 or with other bits; count 0; the range outside
+   ref's buffer, or a buffer of another context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueMapBuffer), recorded on b's ctx.
+   Thread safety: the backend's thread. */
+DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *b, dsgd_ref ref, size_t count, int flags,
+                                 float **out);
+/* Unmaps a pointer dsgd_cl_map returned for ref's buffer; the writes become
+   visible to later operations on the backend's queue (other backends' queues
+   see them after a finish of this one).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend: nothing
+   recorded; ptr NULL; ref's buffer not of this context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueUnmapMemObject), recorded on b's ctx.
+   Thread safety: the backend's thread. */
+DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *b, dsgd_ref ref, float *ptr);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD_CL__PART_BACKEND_DECL */
+
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_BACKEND_IMPL)
+#define DSGD_CL__PART_BACKEND_IMPL
+
 /* >>backend ----------------------------------------------------------------- */
 
 /* The OpenCL buffer behind a dsgd_buffer pointer (dsgd_buffer itself is never
@@ -8163,6 +8223,171 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
     return DSGD_OK;
 }
 
+#endif /* DSGD_CL__PART_BACKEND_IMPL */
+/* ---------------------------------------- distsgd/cl/tuning.h */
+/* distsgd/cl/tuning.h - GEMM tuning: parameters, measurement, the per-device cache
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+
+   GEMM TUNING
+
+     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
+     (PoCL on a CPU above all) they can be several times slower than good ones.
+     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
+     candidates made for the device's float vector width,
+     dsgd_cl_device_info.vector_width, among them) and the size below which
+     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
+     at the shapes a model uses, within a time bound. It times candidates
+     with dsgd_cl_gemm_measure (back-to-back GEMMs with one finish per
+     sample, as in a training step), checks every candidate's results, and
+     writes the winner to a per-device cache file:
+
+         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
+                                        or exists as one)
+         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
+         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
+
+     dsgd_cl_context_desc.tune_cache overrides the environment. At context
+     creation each device's file is read and applied with
+     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
+     made for another device (platform name, device name and driver version are
+     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
+     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
+     (no warning). Overrides are process-wide per device (CLBlast keeps them
+     in a global table and has no call to undo them), so once a context has
+     applied tuned parameters, later contexts on that device in the same
+     process use them too.
+
+   COLD START (PoCL)
+
+     CLBlast compiles its GEMM kernels on the first call with a given set of
+     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
+     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
+     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
+     are built once per context and cached by PoCL the same way. Each tuning
+     candidate is a new compile, which is what bounds the tuner's speed.
+*/
+#ifndef DSGD_CL__PART_TUNING_DECL
+#define DSGD_CL__PART_TUNING_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- GEMM tuning */
+
+#define DSGD_CL_XGEMM_NPARAMS 16
+#define DSGD_CL_DIRECT_NPARAMS 10
+
+/* A set of CLBlast GEMM parameters for one device (single precision). */
+typedef struct dsgd_cl_gemm_params {
+    int xgemm_set; /* non-zero: xgemm[] holds Xgemm's parameters in the order of
+                      dsgd_cl_xgemm_param_name(): GEMMK KREG KWG KWI MDIMA MDIMC
+                      MWG NDIMB NDIMC NWG SA SB STRM STRN VWM VWN */
+    size_t xgemm[DSGD_CL_XGEMM_NPARAMS];
+    int direct_set; /* XgemmDirect: KWID MDIMAD MDIMCD NDIMBD NDIMCD PADA PADB
+                       VWMD VWND WGD */
+    size_t direct[DSGD_CL_DIRECT_NPARAMS];
+    int min_indirect_set; /* GemmRoutine's XGEMM_MIN_INDIRECT_SIZE: GEMMs with
+                             m*n*k below its cube use the direct kernel */
+    size_t min_indirect;
+} dsgd_cl_gemm_params;
+
+/* Parameter names ("GEMMK", ...; "KWID", ...), NULL when i is out of range.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
+DSGD_API const char *dsgd_cl_direct_param_name(int i);
+/* Checks the divisibility rules CLBlast's kernels need, and the limits of
+   its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
+   rejected set would fail to build, crash or compute wrong results.
+   Returns 1 when valid, 0 otherwise (and for p NULL).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
+
+/* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
+   *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
+   Process-wide for that device; takes effect at the next GEMM (which
+   compiles the kernels for the new parameters).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
+   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
+   (CLBlast refused; parts applied before stay applied).
+   Thread safety: any thread (that may use ctx); CLBlast calls are
+   serialised by the library's lock, but not concurrently with another
+   apply on c or with dsgd_cl_context_gemm_tuned. */
+DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
+                                               const dsgd_cl_gemm_params *p);
+/* The tuning cache file for device i: desc_path, else $DSGD_CL_TUNE_CACHE,
+   taken as is when it names a file, or a directory (it ends with '/' or
+   exists as one) that gets the device's file name; else that name in
+   $XDG_CACHE_HOME/distsgd (when absolute) or ~/.cache/distsgd. Writes it,
+   NUL-terminated, to buf.
+   Errors (nothing recorded: no context): DSGD_ERR_INVALID_ARGUMENT (c NULL
+   or no device i, buf NULL or cap 0, no HOME and no absolute
+   XDG_CACHE_HOME, a path that does not fit in buf).
+   Thread safety: any thread (it reads the environment). */
+DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
+                                             const char *desc_path, char *buf, size_t cap);
+/* Reads a cache file and checks that it was made for device i of c; *out is
+   zeroed on failure.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or out NULL), DSGD_ERR_IO (cannot open), DSGD_ERR_FORMAT (corrupt,
+   a read error or parameters dsgd_cl_gemm_params_valid rejects: with the
+   line and what is wrong), DSGD_ERR_STATE (made for another device: the
+   message names both).
+   Thread safety: any thread (that may use ctx). */
+DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, dsgd_cl_gemm_params *out);
+/* Writes a cache file for device i (creating missing directories),
+   atomically (path.tmp, then rename). note, if non-NULL, is stored as a
+   comment line.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or p NULL, a path of 1024 bytes or more, a set
+   dsgd_cl_gemm_params_valid rejects), DSGD_ERR_IO (a directory, the file or
+   the rename failed).
+   Thread safety: any thread (that may use ctx); two writers of one path at
+   once race on path.tmp. */
+DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, const dsgd_cl_gemm_params *p,
+                                              const char *note);
+
+/* One GEMM shape: C(m,n) = op(A)(m,k) op(B)(k,n), row-major, dense. */
+typedef struct dsgd_cl_gemm_shape {
+    int trans_a, trans_b;
+    int m, n, k;
+} dsgd_cl_gemm_shape;
+
+/* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
+   the first layer's input gradient (256x784x512 NT): forward NN, weight
+   gradient TN, input gradient NT per layer. Copies up to cap shapes into out
+   (out may be NULL) and returns how many there are (9).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap);
+
+/* Times b's gemm at each shape: one warm-up call (which compiles), one
+   timed call that sizes the samples, then `repeats` samples, each the mean
+   time per call of back-to-back calls with one finish at the end, as many
+   as last about 10 ms (at most 1000), as in a training step whose queue
+   stays full; median_s[i] gets the median sample, in seconds per call.
+   When max_rel_err is non-NULL the warm-up result is checked against a
+   double-precision host product on seeded random inputs and *max_rel_err is
+   the largest |C - ref| / sum_k |a||b| over all shapes (NaN when any
+   entry is NaN). b may be any backend.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b, shapes or median_s NULL, num_shapes
+   or repeats < 1, a shape with m, n or k < 1) and DSGD_ERR_OUT_OF_MEMORY,
+   recorded on ctx; backend errors, recorded on b's context.
+   Thread safety: b's thread. */
+DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b,
+                                          const dsgd_cl_gemm_shape *shapes, int num_shapes,
+                                          int repeats, double *median_s, double *max_rel_err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD_CL__PART_TUNING_DECL */
+
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_TUNING_IMPL)
+#define DSGD_CL__PART_TUNING_IMPL
+
 /* >>tuning ------------------------------------------------------------------ */
 
 static const char *const dsgd_cl__xgemm_names[DSGD_CL_XGEMM_NPARAMS] = {
@@ -8700,5 +8925,5 @@ done:
     return r;
 }
 
-#endif /* DISTSGD_CL_IMPLEMENTATION */
+#endif /* DSGD_CL__PART_TUNING_IMPL */
 #endif /* DISTSGD_WITH_OPENCL */

@@ -104,6 +104,9 @@ expect_files() {
     [ -z "$missing" ] || { echo "missing:$missing"; return 1; }
     cmp "$root/distsgd.h" "$stage/usr/include/distsgd.h" || return 1
     cmp "$root/distsgd_cl.h" "$stage/usr/include/distsgd_cl.h" || return 1
+    for f in "$root"/distsgd/*.h "$root"/distsgd/cl/*.h; do
+        cmp "$f" "$stage/usr/include/${f#"$root"/}" || return 1
+    done
     ! grep -q "$stage" "$stage"/usr/lib/pkgconfig/distsgd*.pc || { echo "DESTDIR written into a .pc"; return 1; }
 }
 check "installed headers and .pc files (DESTDIR not in the .pc)" expect_files

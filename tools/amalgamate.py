@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Generate single_include/distsgd.h from distsgd.h and distsgd_cl.h.
 
-The output is distsgd.h verbatim followed by distsgd_cl.h (its
-`#include "distsgd.h"` line removed) inside `#ifdef DISTSGD_WITH_OPENCL`, so a
-CPU-only user needs no OpenCL headers. The output is deterministic: no
-timestamps, no paths, LF line endings.
+The maps distsgd.h and distsgd_cl.h include their parts (distsgd/*.h,
+distsgd/cl/*.h); the output is distsgd.h with every `#include "distsgd/..."`
+line replaced by that part, under a breadcrumb comment naming its source,
+followed by distsgd_cl.h the same way (its `#include "distsgd.h"` line
+removed) inside `#ifdef DISTSGD_WITH_OPENCL`, so a CPU-only user needs no
+OpenCL headers. The output is deterministic: no timestamps, no paths, LF line
+endings.
 
 Usage: python3 tools/amalgamate.py [--out PATH]   (run from anywhere)
 """
@@ -27,6 +30,7 @@ USAGE_NOTE = """\
 """
 
 INCLUDE_CORE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"distsgd\.h"[ \t]*(/\*.*\*/)?[ \t]*$')
+INCLUDE_PART = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"(distsgd/[A-Za-z0-9_/]+\.h)"[ \t]*(/\*.*\*/)?[ \t]*$')
 
 
 def read(name):
@@ -52,9 +56,31 @@ def strip_core_include(text):
     return "\n".join(out)
 
 
+def inline_parts(text, seen):
+    """Replaces each part include of a map by the part, once, with a
+    breadcrumb naming its source file."""
+    out = []
+    for line in text.split("\n"):
+        m = INCLUDE_PART.match(line)
+        if not m:
+            out.append(line)
+            continue
+        name = m.group(1)
+        if name in seen:
+            sys.exit("amalgamate.py: %s included twice" % name)
+        seen.add(name)
+        part = read(name)
+        if any(INCLUDE_PART.match(l) for l in part.split("\n")):
+            sys.exit("amalgamate.py: part %s includes another part; only the maps include parts" % name)
+        out.append("/* ---------------------------------------- %s */" % name)
+        out.append(part.rstrip("\n"))
+    return "\n".join(out)
+
+
 def build():
-    core = read("distsgd.h")
-    cl = strip_core_include(read("distsgd_cl.h"))
+    seen = set()
+    core = inline_parts(read("distsgd.h"), seen)
+    cl = inline_parts(strip_core_include(read("distsgd_cl.h")), seen)
     parts = [
         BANNER,
         USAGE_NOTE,

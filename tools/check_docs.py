@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """check_docs.py - every public function of the headers is documented.
 
-Usage: python3 tools/check_docs.py [HEADER ...]   (default: distsgd.h distsgd_cl.h)
+Usage: python3 tools/check_docs.py [HEADER ...]
+       (default: distsgd.h, distsgd_cl.h and their parts, distsgd/**/*.h)
 
 For every DSGD_API declaration (a DSGD_API statement that ends in ';'; the
 definitions, which end in '{', are skipped):
@@ -15,6 +16,7 @@ definitions, which end in '{', are skipped):
 Each violation is printed as FILE:LINE: NAME: what is missing; the exit status
 is 1 when there is any. Python 3 standard library only.
 """
+import glob
 import re
 import sys
 
@@ -72,7 +74,8 @@ def check(path):
 
 
 def main(argv):
-    paths = argv[1:] or ["distsgd.h", "distsgd_cl.h"]
+    paths = argv[1:] or (["distsgd.h", "distsgd_cl.h"] + sorted(glob.glob("distsgd/*.h")) +
+                         sorted(glob.glob("distsgd/cl/*.h")))
     total, problems = 0, []
     for path in paths:
         n, p = check(path)

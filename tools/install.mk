@@ -35,6 +35,9 @@ DSGD_PC_SED = -e 's|@prefix@|$(PREFIX)|g' -e 's|@includedir@|$(DSGD_PC_INCLUDEDI
     -e 's|@version@|$(DSGD_VERSION)|g'
 
 DSGD_INSTALL_HEADERS := distsgd.h distsgd_cl.h
+# the parts the maps include, installed beside them as distsgd/ and distsgd/cl/
+DSGD_INSTALL_PARTS := $(patsubst $(DSGD_ROOT)/%,%,$(wildcard $(DSGD_ROOT)/distsgd/*.h))
+DSGD_INSTALL_CL_PARTS := $(patsubst $(DSGD_ROOT)/%,%,$(wildcard $(DSGD_ROOT)/distsgd/cl/*.h))
 DSGD_INSTALL_PCS := distsgd.pc distsgd-opencl.pc
 DSGD_SINGLE_DIR = $(INCLUDEDIR)/distsgd/single
 
@@ -44,6 +47,9 @@ install:
 	@test -n "$(DSGD_VERSION)" || { echo "install.mk: no DISTSGD_VERSION_STRING in $(DSGD_ROOT)/distsgd.h" >&2; exit 1; }
 	$(INSTALL) -d '$(DESTDIR)$(INCLUDEDIR)' '$(DESTDIR)$(PKGCONFIGDIR)'
 	$(INSTALL) -m 644 $(addprefix $(DSGD_ROOT)/,$(DSGD_INSTALL_HEADERS)) '$(DESTDIR)$(INCLUDEDIR)/'
+	$(INSTALL) -d '$(DESTDIR)$(INCLUDEDIR)/distsgd/cl'
+	$(INSTALL) -m 644 $(addprefix $(DSGD_ROOT)/,$(DSGD_INSTALL_PARTS)) '$(DESTDIR)$(INCLUDEDIR)/distsgd/'
+	$(INSTALL) -m 644 $(addprefix $(DSGD_ROOT)/,$(DSGD_INSTALL_CL_PARTS)) '$(DESTDIR)$(INCLUDEDIR)/distsgd/cl/'
 	@if [ -f '$(DSGD_ROOT)/single_include/distsgd.h' ]; then \
 	    echo "$(INSTALL) -d '$(DESTDIR)$(DSGD_SINGLE_DIR)'"; \
 	    $(INSTALL) -d '$(DESTDIR)$(DSGD_SINGLE_DIR)' && \
@@ -58,10 +64,11 @@ install:
 	done
 
 uninstall:
-	rm -f $(foreach h,$(DSGD_INSTALL_HEADERS),'$(DESTDIR)$(INCLUDEDIR)/$h') \
+	rm -f $(foreach h,$(DSGD_INSTALL_HEADERS) $(DSGD_INSTALL_PARTS) $(DSGD_INSTALL_CL_PARTS),'$(DESTDIR)$(INCLUDEDIR)/$h') \
 	    '$(DESTDIR)$(DSGD_SINGLE_DIR)/distsgd.h' \
 	    $(foreach p,$(DSGD_INSTALL_PCS),'$(DESTDIR)$(PKGCONFIGDIR)/$p')
 	-@rmdir '$(DESTDIR)$(DSGD_SINGLE_DIR)' 2>/dev/null || true
+	-@rmdir '$(DESTDIR)$(INCLUDEDIR)/distsgd/cl' 2>/dev/null || true
 	-@rmdir '$(DESTDIR)$(INCLUDEDIR)/distsgd' 2>/dev/null || true
 
 test-consumers:

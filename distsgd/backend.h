@@ -1,0 +1,196 @@
+/* distsgd/backend.h - the compute interface, dsgd_backend_i
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   BACKENDS
+
+     A backend is a dsgd_backend_i: a table of compute operations on device
+     buffers plus an implementation pointer. Models never touch memory
+     directly, so the OpenCL backend (distsgd_cl.h) plugs in unchanged. The CPU
+     reference backend, dsgd_cpu_backend_create(), is the one every other
+     backend is tested against. Optional members may be NULL: destroy,
+     buffer_host_ptr, finish, and those the strategies use to move gradients:
+     map/unmap (a host view of a range, zero-copy where the device shares the
+     host's memory), host_shared (whether it does), and can_access/sum_across
+     (a sum computed on the device over other backends' buffers).
+
+     A synchronous step sums the replicas' gradients along one of two paths,
+     chosen by dsgd_strategy_desc.gradient_path and reported by
+     dsgd_strategy_gradient_path():
+       HOST    each replica exposes its gradient buffer to the host through
+               buffer_host_ptr (the CPU backend), else map (zero-copy on CPUs
+               and integrated GPUs, PoCL included), else a read into a staging
+               copy that is written back afterwards; then dsgd_allreduce over
+               the transport, with the strategy's algorithm and buckets.
+       DEVICE  between two barriers, replica r sums block r (dsgd_block_range)
+               of every replica's gradient buffer in rank order with its
+               backend's sum_across and writes the sum into all of them; the
+               gradients never reach the host. Every backend must reach every
+               other's buffers (can_access: OpenCL backends of one
+               dsgd_cl_context).
+     AUTO, the default, picks DEVICE only when it is possible and some
+     backend's buffers are not host-shared (a discrete GPU, where the HOST path
+     would copy the gradient to the host and back every step). Where mapping
+     copies nothing the host's all-reduce is as fast, so AUTO stays on HOST
+     (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
+     HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
+     (tests/test_cl_strategy.c).
+*/
+#ifndef DSGD__PART_BACKEND_DECL
+#define DSGD__PART_BACKEND_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- backend */
+
+typedef enum dsgd_activation {
+    DSGD_ACT_NONE = 0,
+    DSGD_ACT_RELU,
+    DSGD_ACT_TANH,
+    DSGD_ACT_SIGMOID
+} dsgd_activation;
+
+typedef enum dsgd_loss {
+    DSGD_LOSS_SOFTMAX_XENT = 0, /* targets: one class index per sample (as float) */
+    DSGD_LOSS_MSE               /* targets: one value per output */
+} dsgd_loss;
+
+typedef enum dsgd_optimizer_kind {
+    DSGD_OPT_SGD = 0,
+    DSGD_OPT_MOMENTUM,
+    DSGD_OPT_ADAM,
+    DSGD_OPT_ADAMW
+} dsgd_optimizer_kind;
+
+/* A backend-defined device buffer of floats. */
+typedef struct dsgd_buffer dsgd_buffer;
+
+/* A position in a device buffer: buf plus an offset counted in floats. */
+typedef struct dsgd_ref {
+    dsgd_buffer *buf;
+    size_t off;
+} dsgd_ref;
+
+/* The scalars of one optimizer update, computed on the host each step. */
+typedef struct dsgd_opt_update {
+    dsgd_optimizer_kind kind;
+    float lr;            /* learning rate of this step (schedule applied) */
+    float momentum;      /* MOMENTUM: mu */
+    int nesterov;        /* MOMENTUM: Nesterov's variant when non-zero */
+    float beta1, beta2;  /* ADAM, ADAMW */
+    float eps;           /* ADAM, ADAMW */
+    float weight_decay;  /* SGD, MOMENTUM, ADAM: L2 added to the gradient;
+                            ADAMW: decoupled, p -= lr * wd * p */
+    float bias_correction1; /* ADAM, ADAMW: 1 - beta1^t */
+    float bias_correction2; /* ADAM, ADAMW: 1 - beta2^t */
+    float grad_scale;    /* every gradient is multiplied by this first (clipping) */
+} dsgd_opt_update;
+
+/* A compute backend. Row-major everywhere. All members but the optional
+   ones must be set (dsgd_model_create checks). Each operation returns DSGD_OK
+   or an error recorded on the context the backend was created with. An
+   operation may be queued rather than done; `read` and `finish` complete all
+   queued work. A backend is used by one thread at a time, its context's. */
+typedef struct dsgd_backend_i {
+    const char *name;
+    void *impl;
+    void (*destroy)(void *impl); /* optional */
+
+    dsgd_result (*buffer_create)(void *impl, size_t count, dsgd_buffer **out);
+    void (*buffer_destroy)(void *impl, dsgd_buffer *buf);
+    /* optional: host pointer to the buffer's floats when the host can address
+       them directly (the CPU backend); NULL otherwise. */
+    float *(*buffer_host_ptr)(void *impl, dsgd_buffer *buf);
+
+    dsgd_result (*write)(void *impl, dsgd_ref dst, const float *src, size_t count);
+    dsgd_result (*read)(void *impl, dsgd_ref src, float *dst, size_t count);
+    dsgd_result (*copy)(void *impl, dsgd_ref dst, dsgd_ref src, size_t count);
+    dsgd_result (*fill)(void *impl, dsgd_ref dst, float value, size_t count);
+    /* x *= alpha */
+    dsgd_result (*scale)(void *impl, dsgd_ref x, float alpha, size_t n);
+    /* y += alpha * x */
+    dsgd_result (*axpy)(void *impl, dsgd_ref y, float alpha, dsgd_ref x, size_t n);
+
+    /* C(m,n) = alpha * op(A)(m,k) * op(B)(k,n) + beta * C; op transposes when
+       trans_* is non-zero; ld* are the row strides of the matrices as stored.
+       beta == 0 overwrites C (NaN in C does not propagate). */
+    dsgd_result (*gemm)(void *impl, int trans_a, int trans_b, int m, int n, int k,
+                        float alpha, dsgd_ref a, int lda, dsgd_ref b, int ldb,
+                        float beta, dsgd_ref c, int ldc);
+    /* y(m,n) = act(y + bias) in place; bias(n) may have buf NULL (no bias). */
+    dsgd_result (*bias_act_forward)(void *impl, dsgd_activation act, dsgd_ref y,
+                                    dsgd_ref bias, int m, int n);
+    /* dy(n) *= act'(.) in place, the derivative written in terms of the
+       activation's output y(n): relu y>0, tanh 1-y^2, sigmoid y(1-y). */
+    dsgd_result (*act_backward)(void *impl, dsgd_activation act, dsgd_ref dy,
+                                dsgd_ref y, size_t n);
+    /* db(n) = sum over rows of dy(m,n) */
+    dsgd_result (*bias_backward)(void *impl, dsgd_ref db, dsgd_ref dy, int m, int n);
+    /* Loss of pred(m,c) against target (m for SOFTMAX_XENT, (m,c) for MSE).
+       stats[0] += sum of per-sample losses, stats[1] += correct predictions
+       (argmax == class; for MSE argmax(pred) == argmax(target)).
+       If dpred.buf is non-NULL: dpred(m,c) = grad_scale * d(sum of losses)/d pred.
+       SOFTMAX_XENT per-sample loss: -log softmax(pred)[class].
+       MSE per-sample loss: (1/c) * sum_j (pred_j - target_j)^2.
+       A class index that is not an integer in [0, c) is
+       DSGD_ERR_INVALID_ARGUMENT. */
+    dsgd_result (*loss)(void *impl, dsgd_loss loss, int m, int c, dsgd_ref pred,
+                        dsgd_ref target, float grad_scale, dsgd_ref dpred,
+                        dsgd_ref stats);
+    /* One optimizer update of n parameters (see dsgd_opt_update); m1, m2 are
+       the optimizer's state (momentum; Adam's first and second moments) and
+       may have buf NULL when the kind needs none. */
+    dsgd_result (*optimizer_update)(void *impl, const dsgd_opt_update *u,
+                                    dsgd_ref param, dsgd_ref grad, dsgd_ref m1,
+                                    dsgd_ref m2, size_t n);
+    /* *sumsq = sum of x^2 over the finite entries (double), *nonfinite = number
+       of NaN and infinite entries. Either pointer may be NULL; with sumsq NULL
+       a backend may take a faster path that only counts non-finite values. */
+    dsgd_result (*norm_check)(void *impl, dsgd_ref x, size_t n, double *sumsq,
+                              size_t *nonfinite);
+    /* optional: wait until all queued operations are done. */
+    dsgd_result (*finish)(void *impl);
+
+    /* optional, both or neither: a host pointer to count floats at ref that
+       the host may read and write until unmap (after queued work is done);
+       zero-copy where the device shares memory with the host. No other
+       operation may use the range while it is mapped. On the HOST gradient
+       path the strategies all-reduce gradients in place through it (when
+       buffer_host_ptr gives nothing) rather than through a read/write
+       staging copy. */
+    dsgd_result (*map)(void *impl, dsgd_ref ref, size_t count, float **out);
+    dsgd_result (*unmap)(void *impl, dsgd_ref ref, float *ptr);
+    /* optional: 1 when the buffers live in memory the host shares (map copies
+       nothing: CPUs, integrated GPUs), 0 when they are the device's own
+       (discrete GPUs: a host path costs two transfers per step). NULL: 0.
+       Only DSGD_GRADIENTS_AUTO asks. */
+    int (*host_shared)(void *impl);
+    /* optional, both or neither: device-side reduction across replicas.
+       can_access(impl, other) is 1 when this backend's operations can read
+       and write the buffers of backend `other` directly (OpenCL backends of
+       one context), 0 otherwise. sum_across sets, for every e in [lo, hi),
+       x[j][e] = x[0][e] + x[1][e] + ... + x[n-1][e] (summed in that order)
+       for every j, where x[j] is the range starting at refs[j]; every refs[j]
+       must be on a backend this one can access, and no two may overlap. It
+       only enqueues: the caller orders it against the other backends'
+       work (finish, then a barrier). The DEVICE gradient path uses them. */
+    int (*can_access)(void *impl, const struct dsgd_backend_i *other);
+    dsgd_result (*sum_across)(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi);
+} dsgd_backend_i;
+
+/* Fills *out with the CPU reference backend. Its operations record errors on
+   ctx, which must outlive the backend; destroy with out->destroy(out->impl).
+   Its buffers are host memory (buffer_host_ptr is set) and every operation
+   is done when it returns, so finish, map, unmap, host_shared, can_access
+   and sum_across are NULL (a strategy on it takes the HOST gradient path).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the backend is then used by one
+   thread at a time. */
+DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_BACKEND_DECL */

@@ -1,0 +1,915 @@
+/* distsgd/cl/backend.h - the OpenCL backend: CLBlast GEMM and our kernels behind dsgd_backend_i
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+
+   BACKENDS
+
+     dsgd_cl_backend_create fills every member of dsgd_backend_i, the
+     optional ones included (buffer_host_ptr always answers NULL: OpenCL
+     buffers are never permanently host-addressable). Among them:
+       finish        clFinish on the backend's queue
+       map, unmap    blocking clEnqueueMapBuffer (read and write) and
+                     clEnqueueUnmapMemObject (also dsgd_cl_map/dsgd_cl_unmap)
+       host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
+                     so that mapping copies nothing: by default on devices
+                     with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
+                     GPUs); dsgd_cl_backend_desc.host_visible forces it
+                     either way
+       can_access    1 for every OpenCL backend of the same dsgd_cl_context
+                     (a cl_mem works on every device of its context)
+       sum_across    our kernels: up to 8 buffers summed and written back in
+                     one launch; more through the backend's scratch buffer, 8
+                     a launch, in the same order
+     So a strategy over OpenCL backends of one context (see BACKENDS in
+     distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
+     backend's buffers are the device's own (a discrete GPU, or host_visible
+     = -1): each replica sums its block of every replica's gradient on its
+     device between two barriers and nothing is copied to the host. On PoCL
+     and integrated GPUs it takes the HOST path, where map is zero-copy and
+     the host's all-reduce is as fast. Backends of different contexts can
+     only use HOST.
+
+     GEMM: CLBlast's indirect GEMM transposes and pads its operands into a
+     temporary buffer, which CLBlast would create and free on every call.
+     Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
+     the largest size a call has needed (CLBlastSGemmTempBufferSize); its
+     in-order queue keeps two GEMMs from using it at once.
+
+   TRANSPORTS
+
+     This header adds no transport: replicas on OpenCL backends synchronise
+     over distsgd.h's (the loopback, in one process). On the HOST gradient
+     path the gradients reach the transport through map: zero-copy with
+     host-shared buffers, else a device-to-host copy and a copy back per
+     step. On the DEVICE path only the finiteness flag and two barriers
+     cross the transport.
+*/
+#ifndef DSGD_CL__PART_BACKEND_DECL
+#define DSGD_CL__PART_BACKEND_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- backend */
+
+typedef struct dsgd_cl_backend_desc {
+    int device;       /* index into the context's devices; default 0 */
+    int host_visible; /* 0: CL_MEM_ALLOC_HOST_PTR buffers where the device has
+                         unified memory; 1 (> 0): always; -1 (< 0): never.
+                         host_shared answers accordingly, which steers a
+                         strategy's AUTO gradient path (see BACKENDS) */
+    int profiling;    /* non-zero: a queue of its own (whatever the context's
+                         QUEUES policy) with CL_QUEUE_PROFILING_ENABLE */
+} dsgd_cl_backend_desc;
+
+/* Fills *out with an OpenCL backend on device desc->device of context c, with
+   an in-order command queue (its own, or its device's shared one: see
+   QUEUES), its own kernel objects and buffers (see BACKENDS
+   for the members it sets). desc may be NULL. Errors are recorded on ctx,
+   which must outlive the backend, as must c. Destroy with
+   out->destroy(out->impl).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or c NULL, device
+   outside the context's devices), DSGD_ERR_BACKEND (creating the queue, a
+   kernel or a buffer), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx); the backend is then used by
+   one thread at a time. */
+DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c,
+                                            const dsgd_cl_backend_desc *desc,
+                                            dsgd_backend_i *out);
+/* dsgd_cl_is_backend: 1 when b was made by dsgd_cl_backend_create, else 0.
+   dsgd_cl_backend_queue, _device, _context: its queue, device and context
+   (NULL when b is NULL or not OpenCL), for your own OpenCL calls; the
+   backend owns them.
+   Errors: none. Thread safety: any thread while b lives (fixed at creation;
+   commands you enqueue on the queue follow the backend's thread rule). */
+DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b);
+DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b);
+DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b);
+DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b);
+/* The cl_mem of a buffer made by an OpenCL backend (a ref's offset counts
+   floats from its start); NULL for NULL or for another backend's buffer
+   (recognised by a tag the OpenCL backend's buffers start with).
+   Errors: none. Thread safety: any thread while the buffer lives. */
+DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
+
+#define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
+#define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
+
+/* Maps count floats at ref into host memory after all queued work is done
+   (blocking); *out is NULL on failure. Zero-copy when the buffer is
+   CL_MEM_ALLOC_HOST_PTR (see host_visible), else a copy to the host (and
+   back at unmap, with DSGD_CL_MAP_WRITE). Each map must be undone by
+   dsgd_cl_unmap before kernels use the range again. The backend's map
+   member is this with READ|WRITE.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend or out NULL:
+   nothing recorded; flags 0 or with other bits; count 0; the range outside
+   ref's buffer, or a buffer of another context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueMapBuffer), recorded on b's ctx.
+   Thread safety: the backend's thread. */
+DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *b, dsgd_ref ref, size_t count, int flags,
+                                 float **out);
+/* Unmaps a pointer dsgd_cl_map returned for ref's buffer; the writes become
+   visible to later operations on the backend's queue (other backends' queues
+   see them after a finish of this one).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (b not an OpenCL backend: nothing
+   recorded; ptr NULL; ref's buffer not of this context), DSGD_ERR_BACKEND or
+   DSGD_ERR_OUT_OF_MEMORY (clEnqueueUnmapMemObject), recorded on b's ctx.
+   Thread safety: the backend's thread. */
+DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *b, dsgd_ref ref, float *ptr);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD_CL__PART_BACKEND_DECL */
+
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_BACKEND_IMPL)
+#define DSGD_CL__PART_BACKEND_IMPL
+
+/* >>backend ----------------------------------------------------------------- */
+
+/* The OpenCL buffer behind a dsgd_buffer pointer (dsgd_buffer itself is never
+   defined; each backend casts its own type). */
+typedef struct dsgd_cl__buffer {
+    uint32_t magic; /* first: a foreign buffer (another backend's) is caught */
+    cl_mem mem;
+    size_t count;
+    const dsgd_cl_context *cl; /* buffers are usable by every backend of it */
+} dsgd_cl__buffer;
+
+#define DSGD_CL__MAGIC 0x6473636cu /* "dscl" */
+
+typedef struct dsgd_cl__backend {
+    dsgd_ctx *ctx;
+    dsgd_cl_context *cl;
+    int dev;
+    cl_device_id device;
+    cl_command_queue queue;
+    cl_kernel kernels[DSGD_CL__K_COUNT];
+    size_t local; /* work-group size of the element-wise kernels */
+    size_t reduce_local; /* power-of-two work-group size of the reductions */
+    size_t acc_size;     /* sizeof(acc_t) in the kernels */
+    cl_mem scratch;      /* loss rows, norm partials */
+    size_t scratch_bytes;
+    cl_mem status; /* small int / ulong results */
+    cl_mem gemm_temp; /* CLBlast's temporary buffer for transposed/padded operands */
+    size_t gemm_temp_bytes;
+    cl_mem_flags alloc_flags;
+} dsgd_cl__backend;
+
+#define DSGD_CL__STATUS_BYTES 4096
+#define DSGD_CL__NORM_MAX_GROUPS 64
+
+static void dsgd_cl__destroy(void *impl);
+static dsgd_result dsgd_cl__finish(void *impl);
+static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out);
+static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float *ptr);
+
+/* A dsgd_ref's buffer, or NULL when it is not one of b's. */
+static dsgd_cl__buffer *dsgd_cl__buf(dsgd_ref r) { return (dsgd_cl__buffer *)(void *)r.buf; }
+
+/* Checks [r.off, r.off + n) against r's buffer; records an error otherwise. */
+static int dsgd_cl__span(dsgd_cl__backend *b, dsgd_ref r, size_t n, const char *op) {
+    dsgd_cl__buffer *buf = dsgd_cl__buf(r);
+    if (!buf) {
+        dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl %s: NULL buffer", op);
+        return 0;
+    }
+    if (buf->magic != DSGD_CL__MAGIC || buf->cl != b->cl) {
+        dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                           "opencl %s: the buffer was not made by an OpenCL backend of this context", op);
+        return 0;
+    }
+    if (r.off > buf->count || n > buf->count - r.off) {
+        dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                           "opencl %s: range [%lu, %lu) outside a buffer of %lu floats", op,
+                           (unsigned long)r.off, (unsigned long)(r.off + n), (unsigned long)buf->count);
+        return 0;
+    }
+    return 1;
+}
+
+/* Sets kernel arguments from (size, pointer) pairs. */
+#define DSGD_CL__A(x) sizeof(x), (const void *)&(x)
+#define DSGD_CL__LOCAL(bytes) (size_t)(bytes), (const void *)NULL
+
+/* Sets argument i of kernel k. */
+static dsgd_result dsgd_cl__arg(dsgd_cl__backend *b, int k, int i, size_t size, const void *ptr) {
+    cl_int err = clSetKernelArg(b->kernels[k], (cl_uint)i, size, ptr);
+    if (err != CL_SUCCESS) {
+        char what[96];
+        snprintf(what, sizeof(what), "%s, argument %d", dsgd_cl__kernel_op[k], i);
+        return dsgd_cl__fail(b->ctx, err, "clSetKernelArg", what);
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__args(dsgd_cl__backend *b, int k, int n, ...) {
+    va_list ap;
+    int i;
+    dsgd_result r = DSGD_OK;
+    va_start(ap, n);
+    for (i = 0; i < n && r == DSGD_OK; ++i) {
+        size_t size = va_arg(ap, size_t);
+        const void *ptr = va_arg(ap, const void *);
+        r = dsgd_cl__arg(b, k, i, size, ptr);
+    }
+    va_end(ap);
+    return r;
+}
+
+/* Enqueues kernel k over `items` work-items in groups of `local`. */
+static dsgd_result dsgd_cl__run(dsgd_cl__backend *b, int k, size_t items, size_t local) {
+    size_t global = (items + local - 1) / local * local;
+    cl_int err;
+    if (items == 0) return DSGD_OK;
+    err = clEnqueueNDRangeKernel(b->queue, b->kernels[k], 1, NULL, &global, &local, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueNDRangeKernel", dsgd_cl__kernel_op[k]);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__ensure_scratch(dsgd_cl__backend *b, size_t bytes) {
+    cl_int err;
+    if (bytes <= b->scratch_bytes) return DSGD_OK;
+    if (bytes < 4096) bytes = 4096;
+    if (b->scratch) clReleaseMemObject(b->scratch); /* freed once queued work is done */
+    b->scratch = NULL;
+    b->scratch_bytes = 0;
+    b->scratch = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", "scratch");
+    b->scratch_bytes = bytes;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer **out) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    dsgd_cl__buffer *buf;
+    size_t bytes = (count ? count : 1) * sizeof(float);
+    cl_int err;
+    char what[64];
+    if (!out) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl buffer_create: out is NULL");
+    *out = NULL;
+    if (count > (size_t)-1 / sizeof(float))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY,
+                                  "opencl buffer_create: %lu floats overflow size_t", (unsigned long)count);
+    buf = (dsgd_cl__buffer *)DSGD_CL__MALLOC(sizeof(*buf));
+    if (!buf) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY, "opencl buffer_create");
+    buf->mem = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
+    if (err != CL_SUCCESS) {
+        DSGD_CL__FREE(buf);
+        snprintf(what, sizeof(what), "%lu floats", (unsigned long)count);
+        return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", what);
+    }
+    buf->magic = DSGD_CL__MAGIC;
+    buf->count = count;
+    buf->cl = b->cl;
+    /* zero-initialised, like the CPU backend's buffers */
+    {
+        cl_float zero = 0.0f;
+        err = clEnqueueFillBuffer(b->queue, buf->mem, &zero, sizeof(zero), 0, bytes, 0, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            clReleaseMemObject(buf->mem);
+            DSGD_CL__FREE(buf);
+            return dsgd_cl__fail(b->ctx, err, "clEnqueueFillBuffer", "buffer_create");
+        }
+    }
+    *out = (dsgd_buffer *)(void *)buf;
+    return DSGD_OK;
+}
+
+static void dsgd_cl__buffer_destroy(void *impl, dsgd_buffer *buffer) {
+    dsgd_cl__buffer *buf = (dsgd_cl__buffer *)(void *)buffer;
+    DSGD_CL__UNUSED(impl);
+    if (!buf) return;
+    clReleaseMemObject(buf->mem);
+    buf->magic = 0;
+    DSGD_CL__FREE(buf);
+}
+
+static float *dsgd_cl__buffer_host_ptr(void *impl, dsgd_buffer *buf) {
+    DSGD_CL__UNUSED(impl);
+    DSGD_CL__UNUSED(buf);
+    return NULL;
+}
+
+static dsgd_result dsgd_cl__write(void *impl, dsgd_ref dst, const float *src, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err;
+    if (!dsgd_cl__span(b, dst, count, "write")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0) return DSGD_OK;
+    if (!src) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl write: src is NULL");
+    err = clEnqueueWriteBuffer(b->queue, dsgd_cl__buf(dst)->mem, CL_TRUE, dst.off * sizeof(float),
+                               count * sizeof(float), src, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueWriteBuffer", "write");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__read(void *impl, dsgd_ref src, float *dst, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err;
+    if (!dsgd_cl__span(b, src, count, "read")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0) return dsgd_cl__finish(b);
+    if (!dst) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl read: dst is NULL");
+    err = clEnqueueReadBuffer(b->queue, dsgd_cl__buf(src)->mem, CL_TRUE, src.off * sizeof(float),
+                              count * sizeof(float), dst, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "read");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    dsgd_cl__buffer *d, *s;
+    cl_int err;
+    if (!dsgd_cl__span(b, dst, count, "copy") || !dsgd_cl__span(b, src, count, "copy"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0 || (dst.buf == src.buf && dst.off == src.off)) return DSGD_OK;
+    d = dsgd_cl__buf(dst);
+    s = dsgd_cl__buf(src);
+    if (d == s && (dst.off < src.off + count && src.off < dst.off + count)) {
+        /* overlapping ranges (memmove semantics): go through the scratch buffer */
+        dsgd_result r = dsgd_cl__ensure_scratch(b, count * sizeof(float));
+        if (r != DSGD_OK) return r;
+        err = clEnqueueCopyBuffer(b->queue, s->mem, b->scratch, src.off * sizeof(float), 0,
+                                  count * sizeof(float), 0, NULL, NULL);
+        if (err == CL_SUCCESS)
+            err = clEnqueueCopyBuffer(b->queue, b->scratch, d->mem, 0, dst.off * sizeof(float),
+                                      count * sizeof(float), 0, NULL, NULL);
+    } else {
+        err = clEnqueueCopyBuffer(b->queue, s->mem, d->mem, src.off * sizeof(float),
+                                  dst.off * sizeof(float), count * sizeof(float), 0, NULL, NULL);
+    }
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueCopyBuffer", "copy");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__fill(void *impl, dsgd_ref dst, float value, size_t count) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_float v = value;
+    cl_int err;
+    if (!dsgd_cl__span(b, dst, count, "fill")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (count == 0) return DSGD_OK;
+    err = clEnqueueFillBuffer(b->queue, dsgd_cl__buf(dst)->mem, &v, sizeof(v), dst.off * sizeof(float),
+                              count * sizeof(float), 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueFillBuffer", "fill");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__scale(void *impl, dsgd_ref x, float alpha, size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong off = x.off, nn = n;
+    cl_float a = alpha;
+    dsgd_result r;
+    if (!dsgd_cl__span(b, x, n, "scale")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_SCALE, 4, DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(off),
+                      DSGD_CL__A(a), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_SCALE, n, b->local);
+}
+
+static dsgd_result dsgd_cl__axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref x, size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong yoff = y.off, xoff = x.off, nn = n;
+    cl_float a = alpha;
+    dsgd_result r;
+    if (!dsgd_cl__span(b, y, n, "axpy") || !dsgd_cl__span(b, x, n, "axpy")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_AXPY, 6, DSGD_CL__A(dsgd_cl__buf(y)->mem), DSGD_CL__A(yoff),
+                      DSGD_CL__A(a), DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(xoff), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_AXPY, n, b->local);
+}
+
+/* C = beta * C for the m x n matrix at c (row stride ldc): beta == 0
+   overwrites (NaN does not propagate), beta == 1 leaves C alone. */
+static dsgd_result dsgd_cl__scale_matrix(dsgd_cl__backend *b, dsgd_ref c, int m, int n, int ldc,
+                                         float beta) {
+    int i;
+    dsgd_result r = DSGD_OK;
+    if (beta == 1.0f) return DSGD_OK;
+    if (ldc == n) {
+        return beta == 0.0f ? dsgd_cl__fill(b, c, 0.0f, (size_t)m * n)
+                            : dsgd_cl__scale(b, c, beta, (size_t)m * n);
+    }
+    for (i = 0; i < m && r == DSGD_OK; ++i) {
+        dsgd_ref row = c;
+        row.off += (size_t)i * ldc;
+        r = beta == 0.0f ? dsgd_cl__fill(b, row, 0.0f, (size_t)n) : dsgd_cl__scale(b, row, beta, (size_t)n);
+    }
+    return r;
+}
+
+static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
+                                 dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta, dsgd_ref rc,
+                                 int ldc) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    CLBlastTranspose tra = ta ? CLBlastTransposeYes : CLBlastTransposeNo, trb = tb ? CLBlastTransposeYes : CLBlastTransposeNo;
+    size_t temp_bytes = 0;
+    const char *call = "CLBlastSgemm";
+    CLBlastStatusCode st;
+    char what[96];
+    if (m < 0 || n < 0 || k < 0 || lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (n > 1 ? n : 1))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "opencl gemm: bad sizes m=%d n=%d k=%d lda=%d ldb=%d ldc=%d", m, n, k,
+                                  lda, ldb, ldc);
+    if (m == 0 || n == 0) return DSGD_OK;
+    if (!dsgd_cl__span(b, rc, (size_t)(m - 1) * ldc + n, "gemm C")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (k == 0 || alpha == 0.0f) return dsgd_cl__scale_matrix(b, rc, m, n, ldc, beta);
+    if (!dsgd_cl__span(b, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A") ||
+        !dsgd_cl__span(b, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    /* CLBlast's indirect GEMM transposes and pads operands into a temporary
+       buffer; left to itself it creates and frees one per call. The backend
+       keeps one, grown when a call needs more (the in-order queue keeps
+       consecutive GEMMs from overlapping in it). */
+    pthread_mutex_lock(&dsgd_cl__clblast_lock);
+    st = CLBlastSGemmTempBufferSize(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n, (size_t)k, ra.off,
+                                    (size_t)lda, rb.off, (size_t)ldb, rc.off, (size_t)ldc, &b->queue, &temp_bytes);
+    if (st == CLBlastSuccess && temp_bytes > b->gemm_temp_bytes) {
+        cl_int err;
+        if (b->gemm_temp) clReleaseMemObject(b->gemm_temp); /* freed once queued work is done */
+        b->gemm_temp_bytes = 0;
+        b->gemm_temp = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, temp_bytes, NULL, &err);
+        if (err != CL_SUCCESS) {
+            pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+            b->gemm_temp = NULL;
+            return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", "gemm temporary buffer");
+        }
+        b->gemm_temp_bytes = temp_bytes;
+    }
+    if (st != CLBlastSuccess) call = "CLBlastSGemmTempBufferSize";
+    if (st == CLBlastSuccess)
+        st = b->gemm_temp ? CLBlastSgemmWithTempBuffer(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n,
+                                                      (size_t)k, alpha, dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda,
+                                                      dsgd_cl__buf(rb)->mem, rb.off, (size_t)ldb, beta,
+                                                      dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue, NULL,
+                                                      b->gemm_temp)
+                          : CLBlastSgemm(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n, (size_t)k, alpha,
+                                         dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda, dsgd_cl__buf(rb)->mem, rb.off,
+                                         (size_t)ldb, beta, dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue,
+                                         NULL);
+    pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+    if (st != CLBlastSuccess) {
+        snprintf(what, sizeof(what), "%s%s %dx%dx%d", ta ? "T" : "N", tb ? "T" : "N", m, n, k);
+        return dsgd_cl__fail(b->ctx, (int)st, call, what);
+    }
+    return DSGD_OK;
+}
+
+static int dsgd_cl__act_valid(dsgd_activation act) {
+    return act == DSGD_ACT_NONE || act == DSGD_ACT_RELU || act == DSGD_ACT_TANH || act == DSGD_ACT_SIGMOID;
+}
+
+static dsgd_result dsgd_cl__bias_act_forward(void *impl, dsgd_activation act, dsgd_ref y, dsgd_ref bias,
+                                             int m, int n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong yoff = y.off, boff = bias.off, total;
+    cl_int has_bias = bias.buf != NULL, a = (cl_int)act;
+    cl_uint nn = (cl_uint)n;
+    cl_mem bmem;
+    dsgd_result r;
+    if (m < 0 || n < 0 || !dsgd_cl__act_valid(act))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "opencl bias_act_forward: bad arguments m=%d n=%d act=%d", m, n, (int)act);
+    total = (cl_ulong)m * (cl_ulong)n;
+    if (!dsgd_cl__span(b, y, (size_t)total, "bias_act_forward y")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (has_bias && !dsgd_cl__span(b, bias, (size_t)n, "bias_act_forward bias")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (total == 0 || (!has_bias && act == DSGD_ACT_NONE)) return DSGD_OK;
+    bmem = has_bias ? dsgd_cl__buf(bias)->mem : NULL;
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_ACT, 8, DSGD_CL__A(dsgd_cl__buf(y)->mem), DSGD_CL__A(yoff),
+                      DSGD_CL__A(bmem), DSGD_CL__A(boff), DSGD_CL__A(has_bias), DSGD_CL__A(a), DSGD_CL__A(nn),
+                      DSGD_CL__A(total));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_ACT, (size_t)total, b->local);
+}
+
+static dsgd_result dsgd_cl__act_backward(void *impl, dsgd_activation act, dsgd_ref dy, dsgd_ref y,
+                                         size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong dyoff = dy.off, yoff = y.off, nn = n;
+    cl_int a = (cl_int)act;
+    dsgd_result r;
+    if (!dsgd_cl__act_valid(act))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl act_backward: bad activation %d",
+                                  (int)act);
+    if (!dsgd_cl__span(b, dy, n, "act_backward dy") || !dsgd_cl__span(b, y, n, "act_backward y"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0 || act == DSGD_ACT_NONE) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_ACT_BWD, 6, DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff),
+                      DSGD_CL__A(dsgd_cl__buf(y)->mem), DSGD_CL__A(yoff), DSGD_CL__A(a), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_ACT_BWD, n, b->local);
+}
+
+static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, int m, int n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong dboff = db.off, dyoff = dy.off;
+    cl_uint mm = (cl_uint)m, nn = (cl_uint)n;
+    dsgd_result r;
+    if (m < 0 || n < 0)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl bias_backward: m=%d n=%d", m, n);
+    if (!dsgd_cl__span(b, db, (size_t)n, "bias_backward db") ||
+        !dsgd_cl__span(b, dy, (size_t)m * (size_t)n, "bias_backward dy"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) return DSGD_OK;
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_BWD, 6, DSGD_CL__A(dsgd_cl__buf(db)->mem), DSGD_CL__A(dboff),
+                      DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff), DSGD_CL__A(mm), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_BWD, (size_t)n, b->local);
+}
+
+static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_ref pred, dsgd_ref target,
+                                 float grad_scale, dsgd_ref dpred, dsgd_ref stats) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    int xent = loss == DSGD_LOSS_SOFTMAX_XENT, kid;
+    cl_uint mm = (cl_uint)m, cc = (cl_uint)c;
+    cl_ulong poff = pred.off, toff = target.off, doff = dpred.off, soff = stats.off;
+    cl_float gs = grad_scale;
+    cl_int want = dpred.buf != NULL, status[2];
+    cl_mem dmem;
+    size_t L = b->reduce_local;
+    dsgd_result r;
+    cl_int err;
+    if (m < 0 || c < 1 || (loss != DSGD_LOSS_SOFTMAX_XENT && loss != DSGD_LOSS_MSE))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl loss: bad arguments m=%d c=%d loss=%d",
+                                  m, c, (int)loss);
+    if (!dsgd_cl__span(b, pred, (size_t)m * c, "loss pred") ||
+        !dsgd_cl__span(b, target, xent ? (size_t)m : (size_t)m * c, "loss target") ||
+        !dsgd_cl__span(b, stats, 2, "loss stats"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (want && !dsgd_cl__span(b, dpred, (size_t)m * c, "loss dpred")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (m == 0) return DSGD_OK;
+    r = dsgd_cl__ensure_scratch(b, 2 * (size_t)m * b->acc_size);
+    if (r != DSGD_OK) return r;
+    dmem = want ? dsgd_cl__buf(dpred)->mem : NULL;
+    kid = xent ? DSGD_CL__K_XENT : DSGD_CL__K_MSE;
+    r = dsgd_cl__args(b, kid, 11, DSGD_CL__A(mm), DSGD_CL__A(cc), DSGD_CL__A(dsgd_cl__buf(pred)->mem),
+                      DSGD_CL__A(poff), DSGD_CL__A(dsgd_cl__buf(target)->mem), DSGD_CL__A(toff), DSGD_CL__A(gs),
+                      DSGD_CL__A(dmem), DSGD_CL__A(doff), DSGD_CL__A(want), DSGD_CL__A(b->scratch));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, kid, (size_t)m, b->local);
+    if (r == DSGD_OK)
+        r = dsgd_cl__args(b, DSGD_CL__K_LOSS_REDUCE, 9, DSGD_CL__A(mm), DSGD_CL__A(b->scratch),
+                          DSGD_CL__A(dsgd_cl__buf(stats)->mem), DSGD_CL__A(soff), DSGD_CL__A(b->status),
+                          DSGD_CL__LOCAL(L * b->acc_size), DSGD_CL__LOCAL(L * b->acc_size),
+                          DSGD_CL__LOCAL(L * sizeof(cl_uint)), DSGD_CL__LOCAL(L * sizeof(cl_uint)));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_LOSS_REDUCE, L, L);
+    if (r != DSGD_OK) return r;
+    if (!xent) return DSGD_OK; /* MSE has no invalid targets: no need to wait */
+    /* The class check needs the device's answer: a blocking read. */
+    err = clEnqueueReadBuffer(b->queue, b->status, CL_TRUE, 0, sizeof(status), status, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "loss status");
+    if (status[0] != 0) {
+        float t = 0.0f;
+        if (status[1] >= 0 && status[1] < m)
+            clEnqueueReadBuffer(b->queue, dsgd_cl__buf(target)->mem, CL_TRUE,
+                                (toff + (size_t)status[1]) * sizeof(float), sizeof(float), &t, 0, NULL, NULL);
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "softmax cross-entropy: class %g of sample %d is not an integer in [0, %d) "
+                                  "(%d bad sample%s; stats unchanged, dpred unspecified)",
+                                  (double)t, (int)status[1], c, (int)status[0], status[0] == 1 ? "" : "s");
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *u, dsgd_ref p, dsgd_ref g,
+                                             dsgd_ref m1, dsgd_ref m2, size_t n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong poff = p.off, goff = g.off, m1off = m1.off, m2off = m2.off, nn = n;
+    cl_int kind, nesterov;
+    cl_float lr, mu, b1, b2, eps, wd, bc1, bc2, gs;
+    cl_mem m1mem = NULL, m2mem = NULL;
+    dsgd_result r;
+    if (!u) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: bad arguments");
+    if (!dsgd_cl__span(b, p, n, "optimizer_update param") || !dsgd_cl__span(b, g, n, "optimizer_update grad"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (u->kind != DSGD_OPT_SGD && u->kind != DSGD_OPT_MOMENTUM && u->kind != DSGD_OPT_ADAM &&
+        u->kind != DSGD_OPT_ADAMW)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: unknown kind %d",
+                                  (int)u->kind);
+    if (u->kind != DSGD_OPT_SGD) {
+        if (!dsgd_cl__span(b, m1, n, "optimizer_update state m1")) return DSGD_ERR_INVALID_ARGUMENT;
+        m1mem = dsgd_cl__buf(m1)->mem;
+    }
+    if (u->kind == DSGD_OPT_ADAM || u->kind == DSGD_OPT_ADAMW) {
+        if (!dsgd_cl__span(b, m2, n, "optimizer_update state m2")) return DSGD_ERR_INVALID_ARGUMENT;
+        m2mem = dsgd_cl__buf(m2)->mem;
+    }
+    if (n == 0) return DSGD_OK;
+    kind = (cl_int)u->kind;
+    nesterov = u->nesterov != 0;
+    lr = u->lr;
+    mu = u->momentum;
+    b1 = u->beta1;
+    b2 = u->beta2;
+    eps = u->eps;
+    wd = u->weight_decay;
+    bc1 = u->bias_correction1;
+    bc2 = u->bias_correction2;
+    gs = u->grad_scale;
+    r = dsgd_cl__args(b, DSGD_CL__K_OPT, 20, DSGD_CL__A(dsgd_cl__buf(p)->mem), DSGD_CL__A(poff),
+                      DSGD_CL__A(dsgd_cl__buf(g)->mem), DSGD_CL__A(goff), DSGD_CL__A(m1mem), DSGD_CL__A(m1off),
+                      DSGD_CL__A(m2mem), DSGD_CL__A(m2off), DSGD_CL__A(nn), DSGD_CL__A(kind), DSGD_CL__A(lr),
+                      DSGD_CL__A(mu), DSGD_CL__A(nesterov), DSGD_CL__A(b1), DSGD_CL__A(b2), DSGD_CL__A(eps),
+                      DSGD_CL__A(wd), DSGD_CL__A(bc1), DSGD_CL__A(bc2), DSGD_CL__A(gs));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_OPT, n, b->local);
+}
+
+static dsgd_result dsgd_cl__norm_check(void *impl, dsgd_ref x, size_t n, double *sumsq, size_t *nonfinite) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    size_t L = b->reduce_local, groups, chunk, i;
+    cl_ulong off = x.off, nn = n, ch;
+    double psum_d[DSGD_CL__NORM_MAX_GROUPS];
+    float psum_f[DSGD_CL__NORM_MAX_GROUPS];
+    cl_ulong pbad[DSGD_CL__NORM_MAX_GROUPS];
+    double s = 0.0;
+    size_t bad = 0;
+    dsgd_result r;
+    cl_int err;
+    cl_mem status;
+    if (!dsgd_cl__span(b, x, n, "norm_check")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n == 0) {
+        if (sumsq) *sumsq = 0.0;
+        if (nonfinite) *nonfinite = 0;
+        return DSGD_OK;
+    }
+    /* Fixed for a given n and device: the same bits every run. */
+    groups = (n + L * 16 - 1) / (L * 16);
+    if (groups > DSGD_CL__NORM_MAX_GROUPS) groups = DSGD_CL__NORM_MAX_GROUPS;
+    if (groups < 1) groups = 1;
+    chunk = (n + groups - 1) / groups;
+    ch = chunk;
+    r = dsgd_cl__ensure_scratch(b, groups * b->acc_size);
+    if (r != DSGD_OK) return r;
+    status = b->status;
+    r = dsgd_cl__args(b, DSGD_CL__K_NORM, 8, DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(off), DSGD_CL__A(nn),
+                      DSGD_CL__A(ch), DSGD_CL__A(b->scratch), DSGD_CL__A(status), DSGD_CL__LOCAL(L * b->acc_size),
+                      DSGD_CL__LOCAL(L * sizeof(cl_ulong)));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_NORM, groups * L, L);
+    if (r != DSGD_OK) return r;
+    err = clEnqueueReadBuffer(b->queue, b->scratch, CL_FALSE, 0, groups * b->acc_size,
+                              b->acc_size == sizeof(double) ? (void *)psum_d : (void *)psum_f, 0, NULL, NULL);
+    if (err == CL_SUCCESS)
+        err = clEnqueueReadBuffer(b->queue, b->status, CL_TRUE, 0, groups * sizeof(cl_ulong), pbad, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "norm_check partials");
+    /* second pass on the host, in group order, in double */
+    for (i = 0; i < groups; ++i) {
+        s += b->acc_size == sizeof(double) ? psum_d[i] : (double)psum_f[i];
+        bad += (size_t)pbad[i];
+    }
+    if (sumsq) *sumsq = s;
+    if (nonfinite) *nonfinite = bad;
+    return DSGD_OK;
+}
+
+/* Sets kernel k's 8 (buffer, offset) pairs from argument `first` on to
+   refs[0 .. count), shifted by lo; the unused pairs repeat refs[0] (never
+   touched: the kernel stops at count). Not NULL: PoCL 3.1 ran these kernels
+   about 80x slower with NULL buffer arguments. */
+static dsgd_result dsgd_cl__args8(dsgd_cl__backend *b, int k, int first, const dsgd_ref *refs, int count,
+                                  size_t lo) {
+    int j;
+    dsgd_result r = DSGD_OK;
+    for (j = 0; j < 8 && r == DSGD_OK; ++j) {
+        cl_mem mem = dsgd_cl__buf(refs[j < count ? j : 0])->mem;
+        cl_ulong off = j < count ? (cl_ulong)(refs[j].off + lo) : 0;
+        r = dsgd_cl__arg(b, k, first + 2 * j, sizeof(mem), &mem);
+        if (r == DSGD_OK) r = dsgd_cl__arg(b, k, first + 2 * j + 1, sizeof(off), &off);
+    }
+    return r;
+}
+
+static int dsgd_cl__host_shared(void *impl) {
+    return (((dsgd_cl__backend *)impl)->alloc_flags & CL_MEM_ALLOC_HOST_PTR) != 0;
+}
+
+static int dsgd_cl__can_access(void *impl, const dsgd_backend_i *other) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    return dsgd_cl_is_backend(other) && ((const dsgd_cl__backend *)other->impl)->cl == b->cl;
+}
+
+/* Sums [lo, hi) of the n ranges in index order and writes the sum to all
+   of them: up to 8 ranges in one launch, in place; more into the scratch
+   buffer 8 sources a launch, then copied back to all of them. */
+static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong count = hi - lo, zero = 0;
+    cl_int put = n <= 8; /* one launch, in place */
+    cl_mem d;
+    int j;
+    dsgd_result r = DSGD_OK;
+    if (!refs || n < 1 || hi < lo)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl sum_across: bad arguments");
+    for (j = 0; j < n; ++j) {
+        dsgd_ref x = refs[j];
+        x.off += lo;
+        if (!dsgd_cl__span(b, x, (size_t)count, "sum_across")) return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if (count == 0) return DSGD_OK;
+    if (!put && (r = dsgd_cl__ensure_scratch(b, (size_t)count * sizeof(float))) != DSGD_OK) return r;
+    d = put ? dsgd_cl__buf(refs[0])->mem : b->scratch; /* d is unused with put */
+    for (j = 0; j < n && r == DSGD_OK; j += 8) {
+        cl_int acc = j > 0;
+        cl_uint k = (cl_uint)(n - j < 8 ? n - j : 8);
+        r = dsgd_cl__args(b, DSGD_CL__K_SUM8, 6, DSGD_CL__A(d), DSGD_CL__A(zero), DSGD_CL__A(acc), DSGD_CL__A(put),
+                          DSGD_CL__A(k), DSGD_CL__A(count));
+        if (r == DSGD_OK) r = dsgd_cl__args8(b, DSGD_CL__K_SUM8, 6, refs + j, (int)k, lo);
+        if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_SUM8, (size_t)count, b->local);
+    }
+    for (j = 0; j < n && r == DSGD_OK && !put; j += 8) {
+        cl_uint k = (cl_uint)(n - j < 8 ? n - j : 8);
+        r = dsgd_cl__args(b, DSGD_CL__K_COPY8, 4, DSGD_CL__A(b->scratch), DSGD_CL__A(zero), DSGD_CL__A(k),
+                          DSGD_CL__A(count));
+        if (r == DSGD_OK) r = dsgd_cl__args8(b, DSGD_CL__K_COPY8, 4, refs + j, (int)k, lo);
+        if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_COPY8, (size_t)count, b->local);
+    }
+    return r;
+}
+
+static dsgd_result dsgd_cl__map_rw(void *impl, dsgd_ref ref, size_t count, float **out) {
+    return dsgd_cl__map_impl((dsgd_cl__backend *)impl, ref, count, DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE, out);
+}
+
+static dsgd_result dsgd_cl__unmap_rw(void *impl, dsgd_ref ref, float *ptr) {
+    return dsgd_cl__unmap_impl((dsgd_cl__backend *)impl, ref, ptr);
+}
+
+static dsgd_result dsgd_cl__finish(void *impl) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err = clFinish(b->queue);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clFinish", "finish");
+    return DSGD_OK;
+}
+
+static void dsgd_cl__destroy(void *impl) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    int k;
+    if (!b) return;
+    if (b->queue) clFinish(b->queue);
+    for (k = 0; k < DSGD_CL__K_COUNT; ++k)
+        if (b->kernels[k]) clReleaseKernel(b->kernels[k]);
+    if (b->scratch) clReleaseMemObject(b->scratch);
+    if (b->gemm_temp) clReleaseMemObject(b->gemm_temp);
+    if (b->status) clReleaseMemObject(b->status);
+    if (b->queue) clReleaseCommandQueue(b->queue);
+    DSGD_CL__FREE(b);
+}
+
+DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
+                                            dsgd_backend_i *out) {
+    dsgd_cl_backend_desc d;
+    dsgd_cl__backend *b;
+    cl_int err;
+    int k;
+    size_t kmax = (size_t)-1, local_mem;
+    if (!out || !c)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_backend_create: %s is NULL",
+                                  out ? "the context" : "out");
+    memset(out, 0, sizeof(*out));
+    memset(&d, 0, sizeof(d));
+    if (desc) d = *desc;
+    if (d.device < 0 || d.device >= c->num_devices)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
+                                  "dsgd_cl_context_num_devices())",
+                                  d.device, c->num_devices - 1);
+    b = (dsgd_cl__backend *)DSGD_CL__MALLOC(sizeof(*b));
+    if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
+    memset(b, 0, sizeof(*b));
+    b->ctx = ctx;
+    b->cl = c;
+    b->dev = d.device;
+    b->device = c->devices[d.device];
+    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
+    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
+        b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
+    if (c->dev_queue[d.device] && !d.profiling) {
+        b->queue = c->dev_queue[d.device]; /* shared (see QUEUES): one more reference */
+        err = clRetainCommandQueue(b->queue);
+    } else {
+        b->queue = clCreateCommandQueue(c->context, b->device, d.profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+    }
+    if (err != CL_SUCCESS) {
+        b->queue = NULL;
+        dsgd_cl__destroy(b);
+        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[d.device].device_name);
+    }
+    /* Each backend has its own kernel objects: clSetKernelArg is not
+       thread-safe on a shared cl_kernel. */
+    for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
+        size_t wg = 0;
+        b->kernels[k] = clCreateKernel(c->program, dsgd_cl__kernel_fn[k], &err);
+        if (err != CL_SUCCESS) {
+            dsgd_cl__destroy(b);
+            return dsgd_cl__fail(ctx, err, "clCreateKernel", dsgd_cl__kernel_fn[k]);
+        }
+        err = clGetKernelWorkGroupInfo(b->kernels[k], b->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg, NULL);
+        if (err != CL_SUCCESS) {
+            dsgd_cl__destroy(b);
+            return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
+        }
+        if (wg < kmax) kmax = wg;
+    }
+    /* One work-group size for every element-wise kernel keeps the number of
+       compiled variants (PoCL compiles one per size) small. */
+    b->local = kmax < 256 ? kmax : 256;
+    if (b->local < 1) b->local = 1;
+    /* Reductions: the largest power of two that fits, at most 256, and whose
+       local arrays fit in local memory. */
+    local_mem = (size_t)c->info[d.device].local_mem_bytes;
+    b->reduce_local = 1;
+    while (b->reduce_local * 2 <= b->local &&
+           b->reduce_local * 2 * (2 * b->acc_size + 2 * sizeof(cl_ulong)) <= local_mem)
+        b->reduce_local *= 2;
+    b->status = clCreateBuffer(c->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
+    if (err != CL_SUCCESS) {
+        dsgd_cl__destroy(b);
+        return dsgd_cl__fail(ctx, err, "clCreateBuffer", "status");
+    }
+    out->name = "opencl";
+    out->impl = b;
+    out->destroy = dsgd_cl__destroy;
+    out->buffer_create = dsgd_cl__buffer_create;
+    out->buffer_destroy = dsgd_cl__buffer_destroy;
+    out->buffer_host_ptr = dsgd_cl__buffer_host_ptr;
+    out->write = dsgd_cl__write;
+    out->read = dsgd_cl__read;
+    out->copy = dsgd_cl__copy;
+    out->fill = dsgd_cl__fill;
+    out->scale = dsgd_cl__scale;
+    out->axpy = dsgd_cl__axpy;
+    out->gemm = dsgd_cl__gemm;
+    out->bias_act_forward = dsgd_cl__bias_act_forward;
+    out->act_backward = dsgd_cl__act_backward;
+    out->bias_backward = dsgd_cl__bias_backward;
+    out->loss = dsgd_cl__loss;
+    out->optimizer_update = dsgd_cl__optimizer_update;
+    out->norm_check = dsgd_cl__norm_check;
+    out->finish = dsgd_cl__finish;
+    out->map = dsgd_cl__map_rw;
+    out->unmap = dsgd_cl__unmap_rw;
+    out->host_shared = dsgd_cl__host_shared;
+    out->can_access = dsgd_cl__can_access;
+    out->sum_across = dsgd_cl__sum_across;
+    return DSGD_OK;
+}
+
+DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b) {
+    return b && b->impl && b->destroy == dsgd_cl__destroy;
+}
+
+DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->queue : NULL;
+}
+
+DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->device : NULL;
+}
+
+DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->cl : NULL;
+}
+
+DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
+    const dsgd_cl__buffer *b = (const dsgd_cl__buffer *)(const void *)buf;
+    return b && b->magic == DSGD_CL__MAGIC ? b->mem : NULL;
+}
+
+DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t count, int flags, float **out) {
+    if (out) *out = NULL;
+    if (!dsgd_cl_is_backend(be) || !out)
+        return DSGD_ERR_INVALID_ARGUMENT; /* no context to record on */
+    return dsgd_cl__map_impl((dsgd_cl__backend *)be->impl, ref, count, flags, out);
+}
+
+static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out) {
+    cl_map_flags mf = 0;
+    cl_int err;
+    void *p;
+    *out = NULL;
+    if (!(flags & (DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)) || (flags & ~(DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: flags %d", flags);
+    if (count == 0) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: count 0");
+    if (!dsgd_cl__span(b, ref, count, "map")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (flags & DSGD_CL_MAP_READ) mf |= CL_MAP_READ;
+    if (flags & DSGD_CL_MAP_WRITE) mf |= CL_MAP_WRITE;
+    p = clEnqueueMapBuffer(b->queue, dsgd_cl__buf(ref)->mem, CL_TRUE, mf, ref.off * sizeof(float),
+                           count * sizeof(float), 0, NULL, NULL, &err);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueMapBuffer", "dsgd_cl_map");
+    *out = (float *)p;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *be, dsgd_ref ref, float *ptr) {
+    if (!dsgd_cl_is_backend(be)) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd_cl__unmap_impl((dsgd_cl__backend *)be->impl, ref, ptr);
+}
+
+static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float *ptr) {
+    cl_int err;
+    if (!ptr || !dsgd_cl__span(b, ref, 0, "unmap")) {
+        if (!ptr) dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_unmap: NULL pointer");
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    err = clEnqueueUnmapMemObject(b->queue, dsgd_cl__buf(ref)->mem, ptr, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueUnmapMemObject", "dsgd_cl_unmap");
+    return DSGD_OK;
+}
+
+#endif /* DSGD_CL__PART_BACKEND_IMPL */

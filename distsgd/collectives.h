@@ -1,0 +1,1029 @@
+/* distsgd/collectives.h - communicators, the agreement, all-reduce and the rest
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   COLLECTIVES
+
+     A dsgd_comm is one rank's view of a group: dsgd_comm_create(ctx,
+     &endpoint, &desc, &comm) in each rank's thread, then every rank calls the
+     same collectives in the same order with the same counts. Each call has a
+     deadline (timeout_s, 0: the communicator's default; at most 1e7 s) and
+     returns DSGD_ERR_TIMEOUT with a message naming the collective, its
+     sequence number and the rank it waited for, e.g.
+         "allreduce #17 (ring): rank 2 timed out waiting for rank 3 after 0.50 s"
+     A communicator whose collective failed mid-way is unusable afterwards
+     (DSGD_ERR_STATE): its peers may be anywhere in the protocol.
+
+     Agreement: before a collective moves any data, the ranks check that
+     they all called the same one: the same collective (kind and sequence
+     number), count, op, root, algorithm and piece size. If any rank differs,
+     every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
+     with a message naming two ranks and what they passed, e.g.
+         "allreduce #9 (ring): rank 0: the ranks disagree on the collective:
+          rank 2 passed count 999; rank 0 passed count 1000; no buffer was
+          touched"
+     No buffer is read or written, and the communicator stays usable (unless
+     the ranks are in collectives of different numbers). So no collective
+     returns DSGD_OK unless every rank agreed, and none touches memory
+     outside the caller's count. Cost: DIRECT publishes the description
+     beside the buffer it already shares (free); the message-passing
+     algorithms and a native hook first run ceil(log2 N) rounds of 128-byte
+     messages (a few microseconds on the loopback, see bench/allreduce.c).
+     Ranks that call different all-reduce algorithms, one of them DIRECT,
+     do not meet in the agreement: they time out instead.
+
+     Determinism: each algorithm reduces every element in a fixed order that
+     depends only on (algorithm, N, count), not on timing or the piece size,
+     so the same inputs give the same bits every run. Every rank ends with
+     bitwise identical buffers: each element is reduced by one rank and its
+     bits are copied to the others, except in recursive doubling, where both
+     partners of a step compute the same operation on the same operands in
+     the same order. Different algorithms may differ in the last bits.
+*/
+#ifndef DSGD__PART_COLLECTIVES_DECL
+#define DSGD__PART_COLLECTIVES_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- collectives */
+
+typedef enum dsgd_allreduce_algo {
+    /* AUTO picks, for a message of S bytes on N ranks (dsgd_allreduce_choose
+       tells which; measured with bench/allreduce.c on a 2-vCPU machine):
+         N == 1                  nothing to exchange
+         native hook present     the transport's allreduce
+         share/unshare present   DIRECT (the loopback): fastest or close to it
+                                 at every size and N = 2..8 measured, and the
+                                 least hurt by a busy machine, having no
+                                 step-by-step handshakes
+       otherwise (message passing only):
+         S <= 64 KiB             RECURSIVE_DOUBLING: log2 N exchanges of the
+                                 whole buffer, the fewest round trips
+         N a power of two and
+         S <= 1 MiB              HALVING_DOUBLING: log2 N rounds, each moving
+                                 half as much as the last
+         otherwise               RING: bandwidth-optimal, pipelined in pieces */
+    DSGD_ALLREDUCE_AUTO = 0,
+    /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
+       sending 2(N-1)/N of the buffer. Element e in block b (dsgd_block_range)
+       is summed in ring order starting from rank b+1 and ending at rank b. */
+    DSGD_ALLREDUCE_RING,
+    /* Rabenseifner's recursive halving (reduce-scatter) then recursive
+       doubling (all-gather): 2 log2 N steps. For N not a power of two, with
+       p = 2^floor(log2 N) and r = N - p, the first 2r ranks first fold in
+       pairs (rank 2i's buffer is reduced into rank 2i+1's), p ranks run the
+       algorithm, and the result is sent back to the even ranks. */
+    DSGD_ALLREDUCE_HALVING_DOUBLING,
+    /* binomial-tree reduce to rank 0, then binomial broadcast */
+    DSGD_ALLREDUCE_REDUCE_BROADCAST,
+    /* log2 N pairwise exchanges of the whole buffer (plus a fold for N not a
+       power of two); best for small messages. Needs count floats of scratch
+       (capped by the piece size). */
+    DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
+    /* ranks in one address space (a transport with share/unshare, such as
+       the loopback): each rank sums its block (dsgd_block_range) straight
+       from every rank's buffer, in rank order 0..N-1, and writes the result
+       into every buffer. Each element is read and written once per rank
+       (2 N S bytes in all, the minimum) with no step-by-step handshakes.
+       DSGD_ERR_UNSUPPORTED without the hooks. */
+    DSGD_ALLREDUCE_DIRECT
+} dsgd_allreduce_algo;
+
+/* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
+   values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op);
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
+
+/* The block of `count` elements that rank `index` of n owns in reduce-scatter
+   and all-gather: the first count % n ranks get count / n + 1 elements, the
+   others count / n, in rank order. *offset and *len may not be NULL.
+   Errors: none (n < 1 or index outside [0, n): both are set to 0).
+   Thread safety: any thread. */
+DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
+
+typedef struct dsgd_comm_desc {
+    double timeout_s;   /* default deadline of each collective in seconds; 0: 30;
+                           at most 1e7 */
+    size_t piece_bytes; /* large buffers are processed in pieces of this size so
+                           that a step's working set stays in cache; 0: 256 KiB;
+                           clamped to 256 B..1 GiB. Must be equal on all ranks
+                           (checked: DSGD_ERR_DESYNC otherwise); the results do
+                           not depend on it. */
+} dsgd_comm_desc;
+
+typedef struct dsgd_comm dsgd_comm;
+
+/* Creates rank transport->rank's communicator over the endpoint (the table
+   is copied; its impl must stay valid until dsgd_comm_destroy). desc may be
+   NULL (defaults).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
+   recorded; transport or out NULL; size < 1; rank outside [0, size); send or
+   recv missing; a negative or NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the communicator, like ctx, is then
+   used by one thread at a time (the rank's). */
+DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *transport,
+                                      const dsgd_comm_desc *desc, dsgd_comm **out);
+/* Frees the communicator, not the endpoint (its owner frees that); comm
+   NULL: nothing.
+   Thread safety: the communicator's thread. */
+DSGD_API void dsgd_comm_destroy(dsgd_comm *comm);
+/* dsgd_comm_rank, dsgd_comm_size: this rank and the group's size (comm NULL:
+   -1 and 0). dsgd_comm_ctx: the context errors are recorded on (NULL).
+   Errors: none. Thread safety: any thread while comm lives (fixed at
+   creation). */
+DSGD_API int dsgd_comm_rank(const dsgd_comm *comm);
+DSGD_API int dsgd_comm_size(const dsgd_comm *comm);
+DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *comm);
+/* The number of collectives started so far: the first collective is #1, and
+   the number is the same on every rank after the same calls. Calls rejected
+   before they start (a bad argument, a broken communicator) do not count.
+   Errors: none (comm NULL: 0). Thread safety: the communicator's thread. */
+DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *comm);
+/* The algorithm AUTO would run for count floats on this communicator
+   (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used;
+   DSGD_ALLREDUCE_RING for one rank or comm NULL, where nothing is exchanged).
+   Errors: none. Thread safety: any thread while comm lives. */
+DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t count);
+
+/* All-reduce of buf[0..count) in place: on return every rank holds op over
+   all ranks' inputs, bitwise identical on all ranks. timeout_s: 0 the
+   communicator's default, > 0 this call's deadline, negative invalid. With
+   one rank it returns at once (and still counts in dsgd_comm_seq); count 0
+   still agrees with the other ranks (see COLLECTIVES, Agreement), then
+   returns.
+   Errors (recorded on the communicator's ctx): DSGD_ERR_INVALID_ARGUMENT
+   (comm NULL, nothing recorded; buf NULL with count > 0; an unknown op or
+   algorithm; a negative or NaN timeout; count * 4 bytes overflowing size_t),
+   DSGD_ERR_UNSUPPORTED (DIRECT on a transport without share/unshare),
+   DSGD_ERR_TIMEOUT (names the rank waited for and the sequence number),
+   DSGD_ERR_DESYNC (the ranks passed different counts, ops, algorithms,
+   piece sizes or collectives: returned by every rank, before any buffer
+   is touched, naming two ranks that differ; the communicator stays usable),
+   DSGD_ERR_STATE (transport aborted, messages out of step, communicator
+   broken by an earlier failure),
+   DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce
+   hook returns. A failure in the exchange (all but the argument checks and
+   DSGD_ERR_UNSUPPORTED) breaks the communicator: later collectives return
+   DSGD_ERR_STATE.
+   Thread safety: the communicator's thread; all ranks call concurrently. */
+DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *comm, float *buf, size_t count,
+                                    dsgd_reduce_op op, dsgd_allreduce_algo algo,
+                                    double timeout_s);
+/* Reduce-scatter in place (ring): on return this rank's block of buf (see
+   dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
+   for that block; the rest of buf is unspecified.
+   Errors: as dsgd_allreduce, without the algorithm and DSGD_ERR_UNSUPPORTED.
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t count,
+                                         dsgd_reduce_op op, double timeout_s);
+/* All-gather in place (ring): on entry each rank's block of buf (see
+   dsgd_block_range) holds its contribution; on return buf holds every
+   rank's block on every rank.
+   Errors: as dsgd_allreduce, without the op, the algorithm and
+   DSGD_ERR_UNSUPPORTED.
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
+                                    double timeout_s);
+/* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
+   in pieces); every rank passes the same root (a different root on some
+   rank is DSGD_ERR_DESYNC on every rank).
+   Errors: as dsgd_allgather, and DSGD_ERR_INVALID_ARGUMENT for root outside
+   [0, size).
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
+                                    double timeout_s);
+/* Returns once every rank has entered the barrier: the agreement alone
+   (dissemination, ceil(log2 N) rounds of 128-byte messages). A rank in
+   another collective makes it DSGD_ERR_DESYNC on every rank.
+   Errors: as dsgd_allgather (no buffer).
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_COLLECTIVES_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COLLECTIVES_IMPL)
+#define DSGD__PART_COLLECTIVES_IMPL
+
+/* >>transport -------------------------------------------------------------- */
+
+DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op) {
+    switch (op) {
+    case DSGD_REDUCE_SUM: return "sum";
+    case DSGD_REDUCE_MEAN: return "mean";
+    case DSGD_REDUCE_MAX: return "max";
+    case DSGD_REDUCE_MIN: return "min";
+    default: return "unknown";
+    }
+}
+
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
+    switch (algo) {
+    case DSGD_ALLREDUCE_AUTO: return "auto";
+    case DSGD_ALLREDUCE_RING: return "ring";
+    case DSGD_ALLREDUCE_HALVING_DOUBLING: return "halving_doubling";
+    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return "reduce_broadcast";
+    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
+    case DSGD_ALLREDUCE_DIRECT: return "direct";
+    default: return "unknown";
+    }
+}
+
+
+/* >>collectives ------------------------------------------------------------ */
+
+#define DSGD__COMM_DEFAULT_TIMEOUT 30.0
+#define DSGD__COMM_DEFAULT_PIECE ((size_t)256 * 1024)
+#define DSGD__COMM_MAX_TIMEOUT 1e7 /* longer timeouts are clamped (~115 days) */
+/* AUTO thresholds in bytes; see dsgd_allreduce_algo */
+#define DSGD__AUTO_RD_MAX ((size_t)64 * 1024)
+#define DSGD__AUTO_HD_MAX ((size_t)1024 * 1024)
+
+/* A message's tag is (seq << 32) | (piece << 12) | (phase << 10) | step, the
+   same on sender and receiver; transports may check any part of it. */
+enum { DSGD__PH_FOLD = 0, DSGD__PH_RS = 1, DSGD__PH_AG = 2, DSGD__PH_UNFOLD = 3 };
+
+struct dsgd_comm {
+    dsgd_ctx *ctx;
+    dsgd_transport_i t;
+    int rank, size;
+    double timeout;   /* default timeout, s */
+    size_t piece;     /* floats per pipelined piece */
+    uint64_t seq;     /* collectives started */
+    int broken;       /* a collective failed mid-way: the protocol state is unknown */
+    uint64_t broken_seq;
+    /* the collective in progress: its description, which every rank must
+       agree on (dsgd__coll_agree), and its name for messages */
+    const char *what, *how;
+    int kind, algo, op, root;
+    size_t count;
+    double deadline, span;
+    float *scratch;
+    size_t scratch_cap; /* floats */
+    void **peers;       /* size pointers, for the shared-memory hooks */
+};
+
+DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len) {
+    size_t q, rem, i;
+    if (n < 1 || index < 0 || index >= n) {
+        *offset = 0;
+        *len = 0;
+        return;
+    }
+    q = count / (size_t)n;
+    rem = count % (size_t)n;
+    i = (size_t)index;
+    *offset = i * q + (i < rem ? i : rem);
+    *len = q + (i < rem ? 1 : 0);
+}
+
+/* Offset of block b of n (b == n: the end). */
+static size_t dsgd__block_off(size_t count, int n, int b) {
+    size_t q = count / (size_t)n, rem = count % (size_t)n, i = (size_t)b;
+    return i * q + (i < rem ? i : rem);
+}
+
+DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
+                                      const dsgd_comm_desc *desc, dsgd_comm **out) {
+    dsgd_comm *c;
+    double timeout = DSGD__COMM_DEFAULT_TIMEOUT;
+    size_t piece = DSGD__COMM_DEFAULT_PIECE;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: out is NULL");
+    *out = NULL;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!t) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: transport is NULL");
+    if (t->size < 1 || t->rank < 0 || t->rank >= t->size)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "comm_create: rank %d of size %d (need size >= 1 and 0 <= rank < size)",
+                                  t->rank, t->size);
+    if (!t->send || !t->recv)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: transport '%s' lacks send or recv",
+                                  t->name ? t->name : "?");
+    if (desc) {
+        if (!(desc->timeout_s >= 0))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "comm_create: timeout_s %g must be >= 0 (0: default)", desc->timeout_s);
+        if (desc->timeout_s > 0) timeout = desc->timeout_s;
+        if (desc->piece_bytes) piece = desc->piece_bytes;
+    }
+    if (timeout > DSGD__COMM_MAX_TIMEOUT) timeout = DSGD__COMM_MAX_TIMEOUT;
+    piece /= sizeof(float);
+    if (piece < 64) piece = 64;
+    if (piece > ((size_t)1 << 28)) piece = (size_t)1 << 28;
+    c = (dsgd_comm *)dsgd__alloc(ctx, sizeof(*c), "comm_create");
+    if (!c) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(c, 0, sizeof(*c));
+    c->peers = (void **)dsgd__alloc(ctx, sizeof(void *) * (size_t)t->size, "comm_create");
+    if (!c->peers) {
+        DSGD_FREE(c);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    c->ctx = ctx;
+    c->t = *t;
+    c->rank = t->rank;
+    c->size = t->size;
+    c->timeout = timeout;
+    c->piece = piece;
+    c->root = -1;
+    *out = c;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
+    if (!c) return;
+    DSGD_FREE(c->scratch);
+    DSGD_FREE(c->peers);
+    DSGD_FREE(c);
+}
+
+DSGD_API int dsgd_comm_rank(const dsgd_comm *c) { return c ? c->rank : -1; }
+DSGD_API int dsgd_comm_size(const dsgd_comm *c) { return c ? c->size : 0; }
+DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *c) { return c ? c->ctx : NULL; }
+DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *c) { return c ? c->seq : 0; }
+
+static int dsgd__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *c, size_t count) {
+    size_t bytes = count * sizeof(float);
+    if (!c || c->size == 1) return DSGD_ALLREDUCE_RING; /* nothing is exchanged */
+    if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
+    if (c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
+    if (bytes <= DSGD__AUTO_RD_MAX) return DSGD_ALLREDUCE_RECURSIVE_DOUBLING;
+    if (dsgd__is_pow2(c->size) && bytes <= DSGD__AUTO_HD_MAX) return DSGD_ALLREDUCE_HALVING_DOUBLING;
+    return DSGD_ALLREDUCE_RING;
+}
+
+static double dsgd__comm_now(const dsgd_comm *c) { return c->t.now ? c->t.now(c->t.impl) : dsgd_now(); }
+
+/* "allreduce #17 (ring)", "broadcast #3 (root 1)", "barrier #4" */
+static void dsgd__coll_name(const dsgd_comm *c, char *dst, size_t cap) {
+    if (c->how)
+        snprintf(dst, cap, "%s #%llu (%s)", c->what, (unsigned long long)c->seq, c->how);
+    else if (c->root >= 0)
+        snprintf(dst, cap, "%s #%llu (root %d)", c->what, (unsigned long long)c->seq, c->root);
+    else
+        snprintf(dst, cap, "%s #%llu", c->what, (unsigned long long)c->seq);
+}
+
+/* Validation shared by every collective (has_op 0: it takes no op);
+   records the message. */
+static dsgd_result dsgd__coll_check(dsgd_comm *c, const char *what, const float *buf, size_t count, int has_op,
+                                    dsgd_reduce_op op, double timeout_s) {
+    if (buf == NULL && count > 0)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: buf is NULL with count %zu", what,
+                                  count);
+    if (has_op && ((int)op < 0 || (int)op > (int)DSGD_REDUCE_MIN))
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", what, (int)op);
+    if (!(timeout_s >= 0))
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: timeout_s %g must be >= 0 (0: the communicator's default)", what,
+                                  timeout_s);
+    if (count > SIZE_MAX / sizeof(float))
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: count %zu is too large", what, count);
+    if (c->broken)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE,
+                                  "%s: rank %d's communicator failed in collective #%llu and cannot be used "
+                                  "again; create a new transport and communicator",
+                                  what, c->rank, (unsigned long long)c->broken_seq);
+    return DSGD_OK;
+}
+
+/* Collective kinds, as fingerprints carry them. */
+enum { DSGD__K_ALLREDUCE = 1, DSGD__K_REDUCE_SCATTER, DSGD__K_ALLGATHER, DSGD__K_BROADCAST, DSGD__K_BARRIER };
+
+static const char *dsgd__kind_name(uint64_t kind) {
+    static const char *const names[] = {"?", "allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"};
+    return kind <= DSGD__K_BARRIER ? names[kind] : "?";
+}
+
+/* Starts collective number seq + 1 and its deadline, and records what this
+   rank thinks the collective is (algo and op -1 where the kind has none,
+   root -1 where it has no root). */
+static void dsgd__coll_begin(dsgd_comm *c, int kind, const char *how, int algo, int op, int root, size_t count,
+                             double timeout_s) {
+    c->seq++;
+    c->kind = kind;
+    c->what = dsgd__kind_name((uint64_t)kind);
+    c->how = how;
+    c->algo = algo;
+    c->op = op;
+    c->root = root;
+    c->count = count;
+    c->span = timeout_s > 0 ? timeout_s : c->timeout;
+    if (c->span > DSGD__COMM_MAX_TIMEOUT) c->span = DSGD__COMM_MAX_TIMEOUT;
+    c->deadline = dsgd__comm_now(c) + c->span;
+    if (c->t.set_progress) c->t.set_progress(c->t.impl, c->seq);
+}
+
+/* Records a failure of the collective in progress, naming the peer waited
+   for (peer < 0: none, the native collective failed) and, when the
+   transport can tell, the ranks that have not entered this collective. */
+static dsgd_result dsgd__coll_fail(dsgd_comm *c, dsgd_result r, int peer) {
+    char name[96], late[160];
+    const char *detail;
+    size_t used = 0;
+    int i, listed = 0;
+    dsgd__coll_name(c, name, sizeof(name));
+    c->broken = 1;
+    c->broken_seq = c->seq;
+    late[0] = '\0';
+    if (c->t.peer_progress) {
+        for (i = 0; i < c->size; ++i) {
+            int k;
+            if (i == c->rank || c->t.peer_progress(c->t.impl, i) >= c->seq) continue;
+            if (listed == 8) {
+                k = snprintf(late + used, sizeof(late) - used, ", ...");
+                used += k > 0 && (size_t)k < sizeof(late) - used ? (size_t)k : 0;
+                break;
+            }
+            k = snprintf(late + used, sizeof(late) - used, "%s%d",
+                         listed ? ", " : "; not yet in this collective: rank ", i);
+            used += k > 0 && (size_t)k < sizeof(late) - used ? (size_t)k : 0;
+            ++listed;
+        }
+    }
+    if (r == DSGD_ERR_TIMEOUT && peer >= 0)
+        return dsgd_ctx_set_error(c->ctx, r, "%s: rank %d timed out waiting for rank %d after %.2f s%s", name,
+                                  c->rank, peer, c->span, late);
+    detail = c->t.error_message ? c->t.error_message(c->t.impl) : "";
+    if (!detail || !detail[0]) detail = dsgd_result_string(r);
+    if (peer < 0) return dsgd_ctx_set_error(c->ctx, r, "%s: rank %d: %s%s", name, c->rank, detail, late);
+    return dsgd_ctx_set_error(c->ctx, r, "%s: rank %d failed exchanging with rank %d: %s%s", name, c->rank, peer,
+                              detail, late);
+}
+
+static dsgd_result dsgd__scratch(dsgd_comm *c, size_t count) {
+    float *p;
+    if (count <= c->scratch_cap) return DSGD_OK;
+    p = (float *)DSGD_REALLOC(c->scratch, count * sizeof(float));
+    if (!p) {
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        c->broken = 1;
+        c->broken_seq = c->seq;
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu floats of scratch",
+                                  name, c->rank, count);
+    }
+    c->scratch = p;
+    c->scratch_cap = count;
+    return DSGD_OK;
+}
+
+static uint64_t dsgd__tag(const dsgd_comm *c, size_t piece, int phase, int step) {
+    return (c->seq << 32) | ((uint64_t)(piece & 0xFFFFF) << 12) | ((uint64_t)phase << 10) |
+           (uint64_t)(step & 0x3FF);
+}
+
+/* One step: send scount floats of sbuf to dst and receive rcount floats from
+   src into rbuf (copied when op < 0, reduced into rbuf otherwise); dst or src
+   -1 skips that half. Both halves carry the same tag. Records the error. */
+static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *sbuf, size_t scount, int src,
+                              float *rbuf, size_t rcount, int op) {
+    const dsgd_transport_i *t = &c->t;
+    size_t sbytes = scount * sizeof(float), rbytes = rcount * sizeof(float);
+    int failed = -1, send_first;
+    dsgd_result r;
+    if (dst < 0 && src < 0) return DSGD_OK;
+    if (op >= 0 && src >= 0) {
+        if (t->sendrecv_reduce) {
+            r = t->sendrecv_reduce(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rcount, (dsgd_reduce_op)op,
+                                   c->deadline, &failed);
+            return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : src);
+        }
+        /* No zero-copy hook: receive into scratch, then reduce. */
+        r = dsgd__scratch(c, rcount);
+        if (r != DSGD_OK) return r;
+        r = dsgd__xchg(c, tag, dst, sbuf, scount, src, c->scratch, rcount, -1);
+        if (r == DSGD_OK) dsgd__reduce_into(rbuf, c->scratch, rcount, (dsgd_reduce_op)op, 0);
+        return r;
+    }
+    if (t->sendrecv) {
+        r = t->sendrecv(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rbytes, c->deadline, &failed);
+        return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : (src >= 0 ? src : dst));
+    }
+    /* Only send and recv: order them so that the pairs and shifts used here
+       cannot deadlock even when a send blocks until it is received. In a pair
+       the lower rank sends first; in a shift by d the ranks below d send
+       first (every cycle of the shift contains one of them). */
+    if (dst < 0) send_first = 0;
+    else if (src < 0) send_first = 1;
+    else if (dst == src) send_first = c->rank < dst;
+    else send_first = c->rank < (dst - c->rank + c->size) % c->size;
+    if (send_first) {
+        r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, dst);
+    }
+    if (src >= 0) {
+        r = t->recv(t->impl, src, tag, rbuf, rbytes, c->deadline);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, src);
+    }
+    if (!send_first && dst >= 0) {
+        r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, dst);
+    }
+    return DSGD_OK;
+}
+
+/* >>agreement -------------------------------------------------------------- */
+/* Before a collective moves any data, the ranks agree on what it is: every
+   rank's fingerprint (the fields below) must be equal, or every rank returns
+   DSGD_ERR_DESYNC naming two ranks that differ, having touched no buffer.
+   Message passing: a dissemination exchange (ceil(log2 N) rounds, as the
+   barrier) carries the smallest and the largest fingerprint seen so far, with
+   their ranks; after the last round every rank holds the same pair, so every
+   rank reaches the same verdict. Shared memory (DIRECT): each rank publishes
+   its fingerprint beside its buffer and reads the others', at no extra cost.
+   Fields are compared in this order, so seq differences are reported first. */
+enum { DSGD__FP_SEQ, DSGD__FP_KIND, DSGD__FP_COUNT, DSGD__FP_OP, DSGD__FP_ROOT, DSGD__FP_ALGO, DSGD__FP_PIECE,
+       DSGD__FP_N };
+/* the tag's piece field marking the agreement's messages */
+#define DSGD__AGREE_PIECE 0xFFFFF
+
+typedef struct dsgd__fp_range {
+    uint64_t lo[DSGD__FP_N], hi[DSGD__FP_N]; /* smallest and largest fingerprint seen */
+    uint64_t lo_rank, hi_rank;               /* the lowest rank holding each */
+} dsgd__fp_range;
+
+static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
+    fp[DSGD__FP_SEQ] = c->seq;
+    fp[DSGD__FP_KIND] = (uint64_t)c->kind;
+    fp[DSGD__FP_COUNT] = (uint64_t)c->count;
+    fp[DSGD__FP_OP] = (uint64_t)(int64_t)c->op;
+    fp[DSGD__FP_ROOT] = (uint64_t)(int64_t)c->root;
+    fp[DSGD__FP_ALGO] = (uint64_t)(int64_t)c->algo;
+    fp[DSGD__FP_PIECE] = (uint64_t)c->piece;
+}
+
+/* -1, 0, 1: a before, equal to, after b, lexicographically. */
+static int dsgd__fp_cmp(const uint64_t *a, const uint64_t *b) {
+    int i;
+    for (i = 0; i < DSGD__FP_N; ++i)
+        if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+    return 0;
+}
+
+/* Takes the smallest and the largest fingerprint of acc and (lo, hi), each
+   with the lowest rank that holds it, so the result does not depend on the
+   order of merging. */
+static void dsgd__fp_merge(dsgd__fp_range *acc, const uint64_t *lo, uint64_t lo_rank, const uint64_t *hi,
+                           uint64_t hi_rank) {
+    int cl = dsgd__fp_cmp(lo, acc->lo), ch = dsgd__fp_cmp(hi, acc->hi);
+    if (cl < 0 || (cl == 0 && lo_rank < acc->lo_rank)) {
+        memcpy(acc->lo, lo, sizeof(acc->lo));
+        acc->lo_rank = lo_rank;
+    }
+    if (ch > 0 || (ch == 0 && hi_rank < acc->hi_rank)) {
+        memcpy(acc->hi, hi, sizeof(acc->hi));
+        acc->hi_rank = hi_rank;
+    }
+}
+
+static void dsgd__fp_init(const dsgd_comm *c, dsgd__fp_range *acc) {
+    dsgd__fp_fill(c, acc->lo);
+    memcpy(acc->hi, acc->lo, sizeof(acc->hi));
+    acc->lo_rank = acc->hi_rank = (uint64_t)c->rank;
+}
+
+/* Field i of a fingerprint as text, after its label. */
+static const char *dsgd__fp_field(int i, uint64_t v, char *buf, size_t cap) {
+    switch (i) {
+    case DSGD__FP_KIND: return dsgd__kind_name(v);
+    case DSGD__FP_OP: return dsgd_reduce_op_name((dsgd_reduce_op)(int64_t)v);
+    case DSGD__FP_ALGO: return v == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name((dsgd_allreduce_algo)v);
+    case DSGD__FP_ROOT: snprintf(buf, cap, "%lld", (long long)(int64_t)v); return buf;
+    case DSGD__FP_PIECE: v *= sizeof(float); break; /* kept in floats, shown in bytes */
+    default: break;
+    }
+    snprintf(buf, cap, "%llu", (unsigned long long)v);
+    return buf;
+}
+
+/* Appends "rank R passed count 1000, op sum" (the fields where fp differs
+   from other) to dst. */
+static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64_t *fp, const uint64_t *other) {
+    static const char *const label[DSGD__FP_N] = {"is in collective #", "is in ", "count ", "op ",
+                                                  "root ", "algorithm ", "piece bytes "};
+    size_t used = 0;
+    int i, k, first = 1;
+    k = snprintf(dst, cap, "rank %llu", (unsigned long long)rank);
+    used += k > 0 && (size_t)k < cap ? (size_t)k : 0;
+    for (i = 0; i < DSGD__FP_N; ++i) {
+        char v[32];
+        if (fp[i] == other[i]) continue;
+        k = snprintf(dst + used, cap - used, "%s%s%s%s", first ? " " : ", ",
+                     i >= DSGD__FP_COUNT && first ? "passed " : "", label[i], dsgd__fp_field(i, fp[i], v, sizeof(v)));
+        used += k > 0 && (size_t)k < cap - used ? (size_t)k : 0;
+        first = 0;
+        if (i <= DSGD__FP_KIND) break; /* another collective: its other fields mean nothing here */
+    }
+}
+
+/* DSGD_OK when every rank holds the same fingerprint; otherwise records the
+   disagreement and returns DSGD_ERR_DESYNC. The ranks reached the same
+   verdict and moved no data, so the communicator stays usable, unless they
+   are in collectives of different numbers (then it is broken: every later
+   collective would pair them up wrongly). */
+static dsgd_result dsgd__fp_verdict(dsgd_comm *c, const dsgd__fp_range *acc) {
+    char name[96], lo[192], hi[192];
+    if (dsgd__fp_cmp(acc->lo, acc->hi) == 0) return DSGD_OK;
+    dsgd__coll_name(c, name, sizeof(name));
+    dsgd__fp_describe(hi, sizeof(hi), acc->hi_rank, acc->hi, acc->lo);
+    dsgd__fp_describe(lo, sizeof(lo), acc->lo_rank, acc->lo, acc->hi);
+    if (acc->lo[DSGD__FP_SEQ] != acc->hi[DSGD__FP_SEQ]) {
+        c->broken = 1;
+        c->broken_seq = c->seq;
+    }
+    return dsgd_ctx_set_error(c->ctx, DSGD_ERR_DESYNC,
+                              "%s: rank %d: the ranks disagree on the collective: %s; %s; no buffer was touched",
+                              name, c->rank, lo, hi);
+}
+
+/* The message-passing agreement (see above); also the barrier. */
+static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
+    dsgd__fp_range acc, in;
+    int n = c->size, r = c->rank, d, step;
+    dsgd_result res;
+    dsgd__fp_init(c, &acc);
+    for (d = 1, step = 0; d < n; d <<= 1, ++step) {
+        /* 128 bytes of integers, carried as 32 floats and only ever copied */
+        res = dsgd__xchg(c, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), (r + d) % n,
+                         (const float *)(const void *)&acc, sizeof(acc) / sizeof(float), (r - d + n) % n,
+                         (float *)(void *)&in, sizeof(in) / sizeof(float), -1);
+        if (res != DSGD_OK) return res;
+        dsgd__fp_merge(&acc, in.lo, in.lo_rank, in.hi, in.hi_rank);
+    }
+    return dsgd__fp_verdict(c, &acc);
+}
+
+/* Piece j of block b (count elements in n blocks, pieces of P floats). */
+static void dsgd__piece(size_t count, int n, int b, size_t j, size_t P, size_t *off, size_t *len) {
+    size_t bo, bl, lo;
+    dsgd_block_range(count, n, b, &bo, &bl);
+    lo = j * P;
+    *off = bo + (lo < bl ? lo : bl);
+    *len = lo < bl ? DSGD__MIN(P, bl - lo) : 0;
+}
+
+/* Ring over blocks: phases bit 1 = reduce-scatter (rank r ends owning block
+   r), bit 2 = all-gather. Each block is cut into pieces of P floats, and
+   piece j of every block goes through both phases before piece j + 1, so a
+   step's data is still in cache for the next. Pieces never change which rank
+   reduces an element or in what order, so the bits do not depend on P.
+   Empty pieces (short blocks) are skipped by both sides. */
+static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+    int n = c->size, r = c->rank, next = (r + 1) % n, prev = (r + n - 1) % n, k;
+    size_t P = c->piece, maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
+    dsgd_result res;
+    npieces = (maxlen + P - 1) / P;
+    for (j = 0; j < npieces; ++j) {
+        size_t so, sl, ro, rl;
+        if (phases & 1) {
+            for (k = 0; k < n - 1; ++k) {
+                int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
+                dsgd__piece(count, n, sb, j, P, &so, &sl);
+                dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, buf + so, sl,
+                                 rl ? prev : -1, buf + ro, rl, (int)op);
+                if (res != DSGD_OK) return res;
+            }
+            if (op == DSGD_REDUCE_MEAN) {
+                dsgd__piece(count, n, r, j, P, &ro, &rl);
+                dsgd__divide(buf + ro, rl, n);
+            }
+        }
+        if (phases & 2) {
+            for (k = 0; k < n - 1; ++k) {
+                int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
+                dsgd__piece(count, n, sb, j, P, &so, &sl);
+                dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, k), sl ? next : -1, buf + so, sl,
+                                 rl ? prev : -1, buf + ro, rl, -1);
+                if (res != DSGD_OK) return res;
+            }
+        }
+    }
+    return DSGD_OK;
+}
+
+/* N not a power of two: with p = 2^floor(log2 N) and rem = N - p, the first
+   2 rem ranks fold in pairs (even rank r sends its buffer to r + 1, which
+   reduces it into its own) and only the odd ones take part, as virtual rank
+   r / 2; ranks >= 2 rem are virtual rank r - rem. At the end the odd ranks
+   send the result back (unfold). */
+static int dsgd__vrank(int r, int rem) { return r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem; }
+static int dsgd__real_rank(int q, int rem) { return q < rem ? 2 * q + 1 : q + rem; }
+
+static int dsgd__floor_pow2(int n) {
+    int p = 1;
+    while (p <= n / 2) p *= 2;
+    return p;
+}
+
+static dsgd_result dsgd__fold(dsgd_comm *c, float *seg, size_t len, size_t j, int rem, dsgd_reduce_op op) {
+    int r = c->rank;
+    if (r >= 2 * rem) return DSGD_OK;
+    if (r % 2 == 0) return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_FOLD, 0), r + 1, seg, len, -1, NULL, 0, -1);
+    return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_FOLD, 0), -1, NULL, 0, r - 1, seg, len, (int)op);
+}
+
+static dsgd_result dsgd__unfold(dsgd_comm *c, float *seg, size_t len, size_t j, int rem) {
+    int r = c->rank;
+    if (r >= 2 * rem) return DSGD_OK;
+    if (r % 2 == 1) return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_UNFOLD, 0), r - 1, seg, len, -1, NULL, 0, -1);
+    return dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_UNFOLD, 0), -1, NULL, 0, r + 1, seg, len, -1);
+}
+
+/* Rabenseifner's algorithm: recursive halving reduce-scatter over p blocks
+   (partner at distance p/2 first; each rank keeps the half of its range that
+   holds its own block), then recursive doubling all-gather, on contiguous
+   segments of p * P floats. Every element goes through the same butterfly,
+   so segmenting does not change the bits. */
+static dsgd_result dsgd__halving_doubling(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, p = dsgd__floor_pow2(n), rem = n - p, q = dsgd__vrank(c->rank, rem), d, step;
+    size_t seg = c->piece * (size_t)p, base, j;
+    dsgd_result res;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        size_t len = DSGD__MIN(seg, count - base);
+        float *x = buf + base;
+        res = dsgd__fold(c, x, len, j, rem, op);
+        if (res != DSGD_OK) return res;
+        if (q >= 0) {
+            int blo = 0, bhi = p;
+            for (d = p / 2, step = 0; d >= 1; d /= 2, ++step) {
+                int partner = dsgd__real_rank(q ^ d, rem), mid = blo + d;
+                int klo, khi, slo, shi;
+                size_t ko, kn, so, sn;
+                if ((q & d) == 0) {
+                    klo = blo; khi = mid; slo = mid; shi = bhi;
+                } else {
+                    klo = mid; khi = bhi; slo = blo; shi = mid;
+                }
+                ko = dsgd__block_off(len, p, klo);
+                kn = dsgd__block_off(len, p, khi) - ko;
+                so = dsgd__block_off(len, p, slo);
+                sn = dsgd__block_off(len, p, shi) - so;
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, step), sn ? partner : -1, x + so, sn,
+                                 kn ? partner : -1, x + ko, kn, (int)op);
+                if (res != DSGD_OK) return res;
+                blo = klo;
+                bhi = khi;
+            }
+            if (op == DSGD_REDUCE_MEAN) {
+                size_t o = dsgd__block_off(len, p, q);
+                dsgd__divide(x + o, dsgd__block_off(len, p, q + 1) - o, n);
+            }
+            for (d = 1, step = 0; d < p; d *= 2, ++step) {
+                int partner = dsgd__real_rank(q ^ d, rem), plo, phi;
+                size_t mo, mn, po, pn;
+                if ((q & d) == 0) {
+                    plo = bhi; phi = bhi + d;
+                } else {
+                    plo = blo - d; phi = blo;
+                }
+                mo = dsgd__block_off(len, p, blo);
+                mn = dsgd__block_off(len, p, bhi) - mo;
+                po = dsgd__block_off(len, p, plo);
+                pn = dsgd__block_off(len, p, phi) - po;
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, step), mn ? partner : -1, x + mo, mn,
+                                 pn ? partner : -1, x + po, pn, -1);
+                if (res != DSGD_OK) return res;
+                if (plo < blo) blo = plo;
+                else bhi = phi;
+            }
+        }
+        res = dsgd__unfold(c, x, len, j, rem);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+/* Recursive doubling: log2 p exchanges of the whole segment. Both partners
+   reduce the same pair of values, so each computes op(lower group's value,
+   upper group's value) in that operand order and they get the same bits. */
+static dsgd_result dsgd__recursive_doubling(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, p = dsgd__floor_pow2(n), rem = n - p, q = dsgd__vrank(c->rank, rem), d, step;
+    size_t seg = c->piece * (size_t)p, base, j;
+    dsgd_result res;
+    if (count > 0 && q >= 0 && p > 1) {
+        res = dsgd__scratch(c, DSGD__MIN(seg, count));
+        if (res != DSGD_OK) return res;
+    }
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        size_t len = DSGD__MIN(seg, count - base);
+        float *x = buf + base;
+        res = dsgd__fold(c, x, len, j, rem, op);
+        if (res != DSGD_OK) return res;
+        if (q >= 0) {
+            for (d = 1, step = 0; d < p; d *= 2, ++step) {
+                int pq = q ^ d, partner = dsgd__real_rank(pq, rem);
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, step), partner, x, len, partner, c->scratch, len,
+                                 -1);
+                if (res != DSGD_OK) return res;
+                dsgd__reduce_into(x, c->scratch, len, op, pq < q);
+            }
+            if (op == DSGD_REDUCE_MEAN) dsgd__divide(x, len, n);
+        }
+        res = dsgd__unfold(c, x, len, j, rem);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+/* Binomial-tree broadcast of len floats from root (one segment). */
+static dsgd_result dsgd__bcast_seg(dsgd_comm *c, float *x, size_t len, size_t j, int root) {
+    int n = c->size, vr = (c->rank - root + n) % n, mask = 1;
+    dsgd_result res;
+    while (mask < n) {
+        if (vr & mask) {
+            res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, 0), -1, NULL, 0, (vr - mask + root) % n, x, len, -1);
+            if (res != DSGD_OK) return res;
+            break;
+        }
+        mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1) {
+        if (vr + mask < n) {
+            res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, 0), (vr + mask + root) % n, x, len, -1, NULL, 0, -1);
+            if (res != DSGD_OK) return res;
+        }
+    }
+    return DSGD_OK;
+}
+
+/* Direct (shared memory): see DSGD_ALLREDUCE_DIRECT. Rank r owns block r;
+   tile by tile it sums the tile of every rank's buffer in rank order into a
+   small buffer in L1 and copies the result into every rank's buffer. Only
+   rank r touches block r of any buffer, so the ranks never wait for each
+   other between share and unshare. */
+#define DSGD__DIRECT_TILE 2048
+
+/* What each rank publishes: its buffer and its fingerprint, checked by
+   every rank before any buffer is touched. */
+typedef struct dsgd__direct_pub {
+    float *buf;
+    uint64_t fp[DSGD__FP_N];
+} dsgd__direct_pub;
+
+static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    const dsgd_transport_i *t = &c->t;
+    uint64_t tag = dsgd__tag(c, 0, DSGD__PH_FOLD, 0);
+    float tmp[DSGD__DIRECT_TILE];
+    dsgd__direct_pub pub;
+    dsgd__fp_range acc;
+    size_t off, len, i, m;
+    int n = c->size, k, failed = -1;
+    dsgd_result r, agreed;
+    if (!t->share || !t->unshare) {
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_UNSUPPORTED, "%s: transport '%s' cannot share memory",
+                                  name, t->name ? t->name : "?");
+    }
+    pub.buf = buf;
+    dsgd__fp_fill(c, pub.fp);
+    r = t->share(t->impl, tag, &pub, c->peers, c->deadline, &failed);
+    if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
+    dsgd__fp_init(c, &acc);
+    for (k = 0; k < n; ++k) {
+        const dsgd__direct_pub *p = (const dsgd__direct_pub *)c->peers[k];
+        dsgd__fp_merge(&acc, p->fp, (uint64_t)k, p->fp, (uint64_t)k);
+    }
+    agreed = dsgd__fp_verdict(c, &acc);
+    if (agreed == DSGD_OK && count > 0) {
+        for (k = 0; k < n; ++k) c->peers[k] = ((const dsgd__direct_pub *)c->peers[k])->buf;
+        dsgd_block_range(count, n, c->rank, &off, &len);
+        for (i = 0; i < len; i += m) {
+            m = DSGD__MIN((size_t)DSGD__DIRECT_TILE, len - i);
+            if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) { /* the first two in one pass */
+                dsgd__sum2(tmp, (const float *)c->peers[0] + off + i, (const float *)c->peers[1] + off + i, m);
+            } else {
+                memcpy(tmp, (const float *)c->peers[0] + off + i, m * sizeof(float));
+                dsgd__reduce_into(tmp, (const float *)c->peers[1] + off + i, m, op, 0);
+            }
+            for (k = 2; k < n; ++k) dsgd__reduce_into(tmp, (const float *)c->peers[k] + off + i, m, op, 0);
+            if (op == DSGD_REDUCE_MEAN) dsgd__divide(tmp, m, n);
+            for (k = 0; k < n; ++k) memcpy((float *)c->peers[k] + off + i, tmp, m * sizeof(float));
+        }
+    }
+    r = t->unshare(t->impl, tag, c->deadline, &failed);
+    return r == DSGD_OK ? agreed : dsgd__coll_fail(c, r, failed);
+}
+
+/* Binomial reduce to rank 0 (rank r reduces r + 1 into its value, then
+   r + 2, r + 4, ..., in that order) and binomial broadcast, per segment of
+   N * P floats. */
+static dsgd_result dsgd__reduce_broadcast(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, r = c->rank, d;
+    size_t seg = c->piece * (size_t)n, base, j;
+    dsgd_result res;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        size_t len = DSGD__MIN(seg, count - base);
+        float *x = buf + base;
+        for (d = 1; d < n; d <<= 1) {
+            if (r & d) {
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, 0), r - d, x, len, -1, NULL, 0, -1);
+                if (res != DSGD_OK) return res;
+                break;
+            }
+            if (r + d < n) {
+                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, 0), -1, NULL, 0, r + d, x, len, (int)op);
+                if (res != DSGD_OK) return res;
+            }
+        }
+        if (r == 0 && op == DSGD_REDUCE_MEAN) dsgd__divide(x, len, n);
+        res = dsgd__bcast_seg(c, x, len, j, 0);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
+                                    dsgd_allreduce_algo algo, double timeout_s) {
+    dsgd_result res;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
+    if (res != DSGD_OK) return res;
+    if ((int)algo < 0 || (int)algo > (int)DSGD_ALLREDUCE_DIRECT)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "allreduce: unknown algorithm %d", (int)algo);
+    if (algo == DSGD_ALLREDUCE_AUTO) algo = dsgd_allreduce_choose(c, count);
+    dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
+                     (int)algo, (int)op, -1, count, timeout_s);
+    if (c->size == 1) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
+    if (algo == DSGD_ALLREDUCE_DIRECT) return dsgd__direct(c, buf, count, op); /* agrees through shared memory */
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
+    switch (algo) {
+    case DSGD_ALLREDUCE_AUTO: /* the transport's native collective */
+        res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
+        return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
+    case DSGD_ALLREDUCE_HALVING_DOUBLING: return dsgd__halving_doubling(c, buf, count, op);
+    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return dsgd__reduce_broadcast(c, buf, count, op);
+    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return dsgd__recursive_doubling(c, buf, count, op);
+    default: return dsgd__ring(c, buf, count, op, 3);
+    }
+}
+
+DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
+                                         double timeout_s) {
+    dsgd_result res;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "reduce_scatter", buf, count, 1, op, timeout_s);
+    if (res != DSGD_OK) return res;
+    dsgd__coll_begin(c, DSGD__K_REDUCE_SCATTER, "ring", -1, (int)op, -1, count, timeout_s);
+    if (c->size == 1) return DSGD_OK;
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
+    return dsgd__ring(c, buf, count, op, 1);
+}
+
+DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, double timeout_s) {
+    dsgd_result res;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "allgather", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
+    if (res != DSGD_OK) return res;
+    dsgd__coll_begin(c, DSGD__K_ALLGATHER, "ring", -1, -1, -1, count, timeout_s);
+    if (c->size == 1) return DSGD_OK;
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
+    return dsgd__ring(c, buf, count, DSGD_REDUCE_SUM, 2);
+}
+
+DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int root, double timeout_s) {
+    dsgd_result res;
+    size_t seg, base, j;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "broadcast", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
+    if (res != DSGD_OK) return res;
+    if (root < 0 || root >= c->size)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "broadcast: root %d outside [0, %d)", root,
+                                  c->size);
+    dsgd__coll_begin(c, DSGD__K_BROADCAST, NULL, -1, -1, root, count, timeout_s);
+    if (c->size == 1) return DSGD_OK;
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK) return res;
+    seg = c->piece * 4;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        res = dsgd__bcast_seg(c, buf + base, DSGD__MIN(seg, count - base), j, root);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
+    dsgd_result res;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    res = dsgd__coll_check(c, "barrier", NULL, 0, 0, DSGD_REDUCE_SUM, timeout_s);
+    if (res != DSGD_OK) return res;
+    dsgd__coll_begin(c, DSGD__K_BARRIER, NULL, -1, -1, -1, 0, timeout_s);
+    /* The agreement is a dissemination barrier (Hensgen, Finkel and Manber
+       1988): in round k rank r signals r + 2^k and waits for r - 2^k, so
+       after the last round every rank has heard, through others, from all. */
+    return c->size == 1 ? DSGD_OK : dsgd__coll_agree(c);
+}
+
+#endif /* DSGD__PART_COLLECTIVES_IMPL */

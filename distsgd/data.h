@@ -1,0 +1,581 @@
+/* distsgd/data.h - datasets, samplers, the IDX and CSV loaders
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+#ifndef DSGD__PART_DATA_DECL
+#define DSGD__PART_DATA_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- data */
+
+/* An in-memory dataset. Row i of x is sample i (dim floats); row i of y is its
+   target (target_dim floats; a class index stored as float when num_classes > 0). */
+typedef struct dsgd_dataset {
+    float *x;
+    float *y;
+    size_t n;
+    int dim;
+    int target_dim;
+    int num_classes; /* 0 for regression targets */
+} dsgd_dataset;
+
+/* Loads an IDX image file (magic 0x00000803, unsigned bytes) and its IDX label
+   file (0x00000801) as MNIST and Fashion-MNIST ship them, uncompressed. Pixels
+   are scaled to [0, 1]; y holds the labels (target_dim 1). num_classes: 0
+   means 10. On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or a path NULL,
+   num_classes outside 0..256), DSGD_ERR_IO (cannot open, not a regular file
+   (a FIFO or a device fails at once, never blocks), a failed read), DSGD_ERR_FORMAT (every malformed input: magic, dimensions,
+   sizes that disagree with the file's, image and label counts that differ,
+   no images, more than 2^24 pixels an image, a label >= num_classes), with
+   a message naming the file, the byte offset or sample, and what is wrong;
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_path,
+                                           const char *labels_path, int num_classes,
+                                           dsgd_dataset *out);
+
+typedef struct dsgd_csv_desc {
+    int label_column;    /* 1-based column holding the class label; 0: the last */
+    int num_classes;     /* labels must be integers in [0, num_classes);
+                            0: num_classes = largest label + 1 */
+    int header_lines;    /* lines to skip at the top; default 0 */
+    float feature_scale; /* features are multiplied by this; 0: 1; finite, >= 0 */
+} dsgd_csv_desc;
+
+/* Loads a comma-separated file of numbers, one sample per line, all lines with
+   the same number of fields (2 or more); blank lines are skipped. desc may be
+   NULL (defaults). On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or path NULL, a
+   negative field in desc, a NaN or infinite feature_scale), DSGD_ERR_IO
+   (cannot open or read, not a regular file: a FIFO or a device fails at once,
+   never blocks), DSGD_ERR_FORMAT with file, line and column (a field that is
+   not a finite number, a feature that is not finite as a float once scaled,
+   such as 1e300 or -3.5e38, a ragged line, a NUL byte, fewer than 2 fields,
+   a label column beyond the fields, a label that is not an integer in
+   [0, num_classes), no data lines),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path,
+                                           const dsgd_csv_desc *desc, dsgd_dataset *out);
+/* Allocates a dataset of n samples (n may be 0), x (n, dim) and y (n,
+   target_dim) zeroed. On failure *out is left empty (all zero).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, dim or
+   target_dim <= 0, num_classes < 0), DSGD_ERR_OUT_OF_MEMORY (also when the
+   sizes overflow size_t).
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_dataset_alloc(dsgd_ctx *ctx, size_t n, int dim, int target_dim,
+                                        int num_classes, dsgd_dataset *out);
+/* Frees a dataset's arrays and zeroes *ds; ds NULL: nothing.
+   Thread safety: any thread, once no other thread uses ds. */
+DSGD_API void dsgd_dataset_free(dsgd_dataset *ds);
+/* Shuffles src's samples by seed and splits them: the first `first` go to a,
+   the rest to b (both newly allocated; free them with dsgd_dataset_free).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (a NULL argument, src
+   without data, first > n), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; other threads may read src. */
+DSGD_API dsgd_result dsgd_dataset_split(dsgd_ctx *ctx, const dsgd_dataset *src, size_t first,
+                                        uint64_t seed, dsgd_dataset *a, dsgd_dataset *b);
+/* Copies the samples idx[0..count) into x (count, dim) and y (count, target_dim).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (NULL, an index >= n; nothing copied).
+   It records no message (it has no context). Thread safety: any thread. */
+DSGD_API dsgd_result dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count,
+                                  float *x, float *y);
+
+/* Deterministic epoch order and fixed-size batches. */
+typedef struct dsgd_sampler {
+    size_t n;          /* samples */
+    size_t batch;      /* batch size */
+    uint64_t seed;
+    int drop_last;     /* non-zero: the last partial batch is skipped */
+    int shuffle;       /* non-zero: a new permutation every epoch */
+    uint64_t epoch;
+    size_t *order;     /* the epoch's permutation of 0..n-1 */
+} dsgd_sampler;
+
+/* Prepares a sampler and sets epoch 0. The permutation of epoch e depends only
+   on (seed, e) (the identity when shuffle is 0). Free it with
+   dsgd_sampler_free.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (s NULL, or there would
+   be no batch: n == 0, batch == 0, or drop_last with batch > n),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread; the sampler is then used by one
+   thread at a time. */
+DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch,
+                                       uint64_t seed, int shuffle, int drop_last);
+/* dsgd_sampler_free: frees the permutation and zeroes *s.
+   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation.
+   dsgd_sampler_num_batches: batches per epoch (the last one partial unless
+   drop_last).
+   dsgd_sampler_batch: sets *idx (if idx is not NULL) to the indices of batch
+   b of the current epoch, valid until the next set_epoch or free, and
+   returns their count; 0 when b is out of range.
+   Errors: none (s NULL or not initialised: nothing, or 0).
+   Thread safety: one thread at a time per sampler. */
+DSGD_API void dsgd_sampler_free(dsgd_sampler *s);
+DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch);
+DSGD_API size_t dsgd_sampler_num_batches(const dsgd_sampler *s);
+DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t **idx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_DATA_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_DATA_IMPL)
+#define DSGD__PART_DATA_IMPL
+
+/* >>data ------------------------------------------------------------------- */
+
+DSGD_API dsgd_result dsgd_dataset_alloc(dsgd_ctx *ctx, size_t n, int dim, int target_dim, int num_classes,
+                                        dsgd_dataset *out) {
+    size_t xs, ys;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_alloc: out is NULL");
+    memset(out, 0, sizeof(*out));
+    if (dim <= 0 || target_dim <= 0 || num_classes < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_dataset_alloc: dim %d and target_dim %d must be > 0, num_classes %d >= 0", dim,
+                                  target_dim, num_classes);
+    if (dsgd__mul_overflows(n, (size_t)dim, &xs) || dsgd__mul_overflows(xs, sizeof(float), &xs) ||
+        dsgd__mul_overflows(n, (size_t)target_dim, &ys) || dsgd__mul_overflows(ys, sizeof(float), &ys))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_dataset_alloc: %zu samples overflow size_t", n);
+    out->x = (float *)dsgd__alloc(ctx, xs, "dsgd_dataset_alloc");
+    out->y = (float *)dsgd__alloc(ctx, ys, "dsgd_dataset_alloc");
+    if (!out->x || !out->y) {
+        dsgd_dataset_free(out);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(out->x, 0, xs);
+    memset(out->y, 0, ys);
+    out->n = n;
+    out->dim = dim;
+    out->target_dim = target_dim;
+    out->num_classes = num_classes;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_dataset_free(dsgd_dataset *ds) {
+    if (!ds) return;
+    DSGD_FREE(ds->x);
+    DSGD_FREE(ds->y);
+    memset(ds, 0, sizeof(*ds));
+}
+
+DSGD_API dsgd_result dsgd_dataset_gather(const dsgd_dataset *ds, const size_t *idx, size_t count, float *x, float *y) {
+    size_t i;
+    if (!ds || (count && (!idx || !x || !y))) return DSGD_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < count; ++i)
+        if (idx[i] >= ds->n) return DSGD_ERR_INVALID_ARGUMENT;
+    for (i = 0; i < count; ++i) {
+        size_t s = idx[i];
+        memcpy(x + i * ds->dim, ds->x + s * ds->dim, sizeof(float) * ds->dim);
+        memcpy(y + i * ds->target_dim, ds->y + s * ds->target_dim, sizeof(float) * ds->target_dim);
+    }
+    return DSGD_OK;
+}
+
+/* Fisher-Yates shuffle of 0..n-1 driven by seed. */
+static void dsgd__permutation(size_t *order, size_t n, uint64_t seed, int shuffle) {
+    size_t i;
+    uint64_t st = seed;
+    for (i = 0; i < n; ++i) order[i] = i;
+    if (!shuffle) return;
+    for (i = n; i > 1; --i) {
+        size_t j = dsgd__rng_below(&st, i), t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+    }
+}
+
+DSGD_API dsgd_result dsgd_dataset_split(dsgd_ctx *ctx, const dsgd_dataset *src, size_t first, uint64_t seed,
+                                        dsgd_dataset *a, dsgd_dataset *b) {
+    size_t *order;
+    dsgd_result r;
+    if (!src || !a || !b || !src->x || !src->y)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_split: NULL argument");
+    memset(a, 0, sizeof(*a));
+    memset(b, 0, sizeof(*b));
+    if (first > src->n)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_split: first %zu exceeds the %zu samples",
+                                  first, src->n);
+    order = (size_t *)dsgd__alloc(ctx, sizeof(size_t) * src->n, "dsgd_dataset_split");
+    if (!order) return DSGD_ERR_OUT_OF_MEMORY;
+    dsgd__permutation(order, src->n, dsgd__seed_mix(seed, 0x5911u), 1);
+    r = dsgd_dataset_alloc(ctx, first, src->dim, src->target_dim, src->num_classes, a);
+    if (r == DSGD_OK) r = dsgd_dataset_alloc(ctx, src->n - first, src->dim, src->target_dim, src->num_classes, b);
+    if (r == DSGD_OK) {
+        dsgd_dataset_gather(src, order, first, a->x, a->y);
+        dsgd_dataset_gather(src, order + first, src->n - first, b->x, b->y);
+    } else {
+        dsgd_dataset_free(a);
+        dsgd_dataset_free(b);
+    }
+    DSGD_FREE(order);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch, uint64_t seed,
+                                       int shuffle, int drop_last) {
+    if (!s) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_sampler_init: sampler is NULL");
+    memset(s, 0, sizeof(*s));
+    if (n == 0 || batch == 0 || (drop_last && batch > n))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_sampler_init: %zu samples in batches of %zu%s gives no batch", n, batch,
+                                  drop_last ? " (drop_last)" : "");
+    s->order = (size_t *)dsgd__alloc(ctx, sizeof(size_t) * n, "dsgd_sampler_init");
+    if (!s->order) return DSGD_ERR_OUT_OF_MEMORY;
+    s->n = n;
+    s->batch = batch;
+    s->seed = seed;
+    s->shuffle = shuffle;
+    s->drop_last = drop_last;
+    dsgd_sampler_set_epoch(s, 0);
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_sampler_free(dsgd_sampler *s) {
+    if (!s) return;
+    DSGD_FREE(s->order);
+    memset(s, 0, sizeof(*s));
+}
+
+DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch) {
+    if (!s || !s->order) return;
+    s->epoch = epoch;
+    dsgd__permutation(s->order, s->n, dsgd__seed_mix(s->seed, epoch), s->shuffle);
+}
+
+DSGD_API size_t dsgd_sampler_num_batches(const dsgd_sampler *s) {
+    if (!s || !s->batch) return 0;
+    return s->drop_last ? s->n / s->batch : (s->n + s->batch - 1) / s->batch;
+}
+
+DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t **idx) {
+    size_t start;
+    if (!s || b >= dsgd_sampler_num_batches(s)) return 0;
+    start = b * s->batch;
+    if (idx) *idx = s->order + start;
+    return DSGD__MIN(s->batch, s->n - start);
+}
+
+/* >>loaders ---------------------------------------------------------------- */
+
+/* Opens path and returns its size, or records an error. Only regular files:
+   the open is non-blocking, so a FIFO with no writer (or a device) fails at
+   once instead of blocking in open(); the type is checked on the opened
+   descriptor, so a path swapped after the check cannot slip through. */
+static FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
+    FILE *f;
+    long end;
+    struct stat st;
+    int fd, flags;
+    if (!path) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "file path is NULL");
+        return NULL;
+    }
+    fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot determine the file size", path);
+        fclose(f);
+        return NULL;
+    }
+    *size = (size_t)end;
+    return f;
+}
+
+/* Reads an IDX header of unsigned bytes with `want_dims` dimensions; fills
+   dims and checks that the file holds exactly the data the header claims. */
+static dsgd_result dsgd__idx_header(dsgd_ctx *ctx, FILE *f, const char *path, size_t fsize, int want_dims,
+                                    uint32_t *dims, size_t *items) {
+    unsigned char h[4 + 4 * 3];
+    size_t hlen = 4 + 4 * (size_t)want_dims, total = 1, data;
+    int d;
+    if (fsize < 4 || fread(h, 1, 4, f) != 4)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: truncated IDX header: %zu bytes, need at least 4", path, fsize);
+    if (h[0] != 0 || h[1] != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                  "%s: bad IDX magic %02x %02x %02x %02x at offset 0 (the first two bytes must be 0)",
+                                  path, h[0], h[1], h[2], h[3]);
+    if (h[2] != 0x08)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                  "%s: IDX data type 0x%02x at offset 2 is not supported (only 0x08, unsigned byte)",
+                                  path, h[2]);
+    if (h[3] != want_dims)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: IDX file has %d dimensions at offset 3, expected %d", path,
+                                  h[3], want_dims);
+    if (fsize < hlen || fread(h + 4, 1, hlen - 4, f) != hlen - 4)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: truncated IDX header: %zu bytes, need %zu", path, fsize, hlen);
+    for (d = 0; d < want_dims; ++d) {
+        const unsigned char *p = h + 4 + 4 * d;
+        dims[d] = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+        if (dsgd__mul_overflows(total, dims[d], &total))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: IDX dimensions overflow size_t (dimension %d is %u)", path,
+                                      d, (unsigned)dims[d]);
+    }
+    data = fsize - hlen;
+    if (data < total)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                  "%s: truncated: the header (offset 4..%zu) promises %zu data bytes, the file holds %zu",
+                                  path, hlen, total, data);
+    if (data > total)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: %zu unexpected bytes after the data, from offset %zu", path,
+                                  data - total, hlen + total);
+    *items = total;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_path, const char *labels_path,
+                                           int num_classes, dsgd_dataset *out) {
+    FILE *fi = NULL, *fl = NULL;
+    size_t isize = 0, lsize = 0, items = 0, litems = 0, i, dim;
+    uint32_t idims[3] = {0, 0, 0}, ldims[1] = {0};
+    unsigned char buf[4096];
+    dsgd_result r;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_load_idx: out is NULL");
+    memset(out, 0, sizeof(*out));
+    if (num_classes == 0) num_classes = 10;
+    if (num_classes < 0 || num_classes > 256)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_load_idx: num_classes %d outside 1..256",
+                                  num_classes);
+    fi = dsgd__open_sized(ctx, images_path, &isize);
+    if (!fi) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO;
+    fl = dsgd__open_sized(ctx, labels_path, &lsize);
+    if (!fl) {
+        fclose(fi);
+        return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO;
+    }
+    r = dsgd__idx_header(ctx, fi, images_path, isize, 3, idims, &items);
+    if (r == DSGD_OK) r = dsgd__idx_header(ctx, fl, labels_path, lsize, 1, ldims, &litems);
+    if (r == DSGD_OK && idims[0] != ldims[0])
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s holds %u images but %s holds %u labels", images_path,
+                               (unsigned)idims[0], labels_path, (unsigned)ldims[0]);
+    if (r == DSGD_OK && idims[0] == 0)
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: the header (offset 4) says it holds no images", images_path);
+    if (r == DSGD_OK && (idims[1] == 0 || idims[2] == 0 || (size_t)idims[1] * idims[2] > (1u << 24)))
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: image size %ux%u is not supported", images_path,
+                               (unsigned)idims[1], (unsigned)idims[2]);
+    if (r == DSGD_OK) {
+        dim = (size_t)idims[1] * idims[2];
+        /* sizes are now bounded by the file's real size */
+        r = dsgd_dataset_alloc(ctx, idims[0], (int)dim, 1, num_classes, out);
+    }
+    for (i = 0; r == DSGD_OK && i < items;) {
+        size_t k, got = fread(buf, 1, DSGD__MIN(sizeof(buf), items - i), fi);
+        if (got == 0) {
+            r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed at byte %zu", images_path, 16 + i);
+            break;
+        }
+        for (k = 0; k < got; ++k) out->x[i + k] = (float)buf[k] * (1.0f / 255.0f);
+        i += got;
+    }
+    for (i = 0; r == DSGD_OK && i < litems;) {
+        size_t k, got = fread(buf, 1, DSGD__MIN(sizeof(buf), litems - i), fl);
+        if (got == 0) {
+            r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed at byte %zu", labels_path, 8 + i);
+            break;
+        }
+        for (k = 0; k < got && r == DSGD_OK; ++k) {
+            if (buf[k] >= num_classes)
+                r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: label %u of sample %zu (offset %zu) is outside [0, %d)",
+                                       labels_path, buf[k], i + k, 8 + i + k, num_classes);
+            out->y[i + k] = (float)buf[k];
+        }
+        i += got;
+    }
+    fclose(fi);
+    fclose(fl);
+    if (r != DSGD_OK) dsgd_dataset_free(out);
+    return r;
+}
+
+/* Reads a whole text file into a NUL-terminated buffer. */
+static char *dsgd__read_text(dsgd_ctx *ctx, const char *path, size_t *len) {
+    size_t size = 0;
+    char *text;
+    FILE *f = dsgd__open_sized(ctx, path, &size);
+    if (!f) return NULL;
+    if (size == SIZE_MAX) {
+        fclose(f);
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: too large", path);
+        return NULL;
+    }
+    text = (char *)dsgd__alloc(ctx, size + 1, path);
+    if (text && fread(text, 1, size, f) != size) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed", path);
+        DSGD_FREE(text);
+        text = NULL;
+    }
+    fclose(f);
+    if (text) {
+        text[size] = '\0';
+        *len = size;
+    }
+    return text;
+}
+
+/* One CSV line: [p, end) without the line terminator. */
+static const char *dsgd__csv_line(const char *p, const char *stop, const char **end) {
+    const char *e = p;
+    while (e < stop && *e != '\n') ++e;
+    *end = (e > p && e[-1] == '\r') ? e - 1 : e;
+    return e < stop ? e + 1 : stop;
+}
+
+static int dsgd__csv_blank(const char *p, const char *end) {
+    for (; p < end; ++p)
+        if (*p != ' ' && *p != '\t') return 0;
+    return 1;
+}
+
+static size_t dsgd__csv_fields(const char *p, const char *end) {
+    size_t n = 1;
+    for (; p < end; ++p) n += *p == ',';
+    return n;
+}
+
+/* Parses the field [p, end) as a finite number. */
+static int dsgd__csv_number(const char *p, const char *end, double *v) {
+    char tmp[64], *stop;
+    size_t len;
+    while (p < end && (*p == ' ' || *p == '\t')) ++p;
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t')) --end;
+    len = (size_t)(end - p);
+    if (len == 0 || len >= sizeof(tmp)) return 0;
+    memcpy(tmp, p, len);
+    tmp[len] = '\0';
+    *v = strtod(tmp, &stop);
+    return *stop == '\0' && isfinite(*v);
+}
+
+DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, const dsgd_csv_desc *desc,
+                                           dsgd_dataset *out) {
+    dsgd_csv_desc d;
+    size_t len = 0, fields = 0, rows = 0, line_no, row;
+    const char *p, *stop, *end;
+    char *text;
+    int label_col, max_label = -1, c;
+    float scale;
+    dsgd_result r = DSGD_OK;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_load_csv: out is NULL");
+    memset(out, 0, sizeof(*out));
+    memset(&d, 0, sizeof(d));
+    if (desc) d = *desc;
+    if (d.label_column < 0 || d.num_classes < 0 || d.header_lines < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_dataset_load_csv: label_column %d, num_classes %d, header_lines %d must be >= 0",
+                                  d.label_column, d.num_classes, d.header_lines);
+    if (!(d.feature_scale >= 0.0f) || !isfinite(d.feature_scale))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_dataset_load_csv: feature_scale %g must be finite and >= 0 (0: 1)",
+                                  (double)d.feature_scale);
+    scale = d.feature_scale == 0.0f ? 1.0f : d.feature_scale;
+    text = dsgd__read_text(ctx, path, &len);
+    if (!text) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
+    stop = text + len;
+
+    /* pass 1: shape */
+    p = text;
+    for (line_no = 1; p < stop; ++line_no) {
+        const char *line = p;
+        size_t nf;
+        p = dsgd__csv_line(p, stop, &end);
+        if ((int)line_no <= d.header_lines || dsgd__csv_blank(line, end)) continue;
+        if (memchr(line, '\0', (size_t)(end - line))) {
+            r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu holds a NUL byte", path, line_no);
+            break;
+        }
+        nf = dsgd__csv_fields(line, end);
+        if (rows == 0) {
+            fields = nf;
+            if (fields < 2 || fields > (1u << 20)) {
+                r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu has %zu fields; need 2 or more (features and a label)",
+                                       path, line_no, fields);
+                break;
+            }
+        } else if (nf != fields) {
+            r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu has %zu fields, the first data line has %zu", path,
+                                   line_no, nf, fields);
+            break;
+        }
+        ++rows;
+    }
+    if (r == DSGD_OK && rows == 0) r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: no data lines", path);
+    label_col = d.label_column == 0 ? (int)fields : d.label_column;
+    if (r == DSGD_OK && (size_t)label_col > fields)
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: label column %d, but lines have %zu fields", path, label_col, fields);
+    if (r == DSGD_OK) r = dsgd_dataset_alloc(ctx, rows, (int)fields - 1, 1, d.num_classes, out);
+
+    /* pass 2: values */
+    p = text;
+    row = 0;
+    for (line_no = 1; r == DSGD_OK && p < stop; ++line_no) {
+        const char *line = p, *f;
+        size_t col = 0;
+        p = dsgd__csv_line(p, stop, &end);
+        if ((int)line_no <= d.header_lines || dsgd__csv_blank(line, end)) continue;
+        for (f = line; r == DSGD_OK && col < fields; ++col) {
+            const char *fe = f;
+            double v;
+            while (fe < end && *fe != ',') ++fe;
+            if (!dsgd__csv_number(f, fe, &v)) {
+                int shown = (int)DSGD__MIN((size_t)(fe - f), (size_t)40);
+                r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu, column %zu: '%.*s' is not a finite number",
+                                       path, line_no, col + 1, shown, f);
+                break;
+            }
+            if ((int)col + 1 == label_col) {
+                if (v != floor(v) || v < 0 || v >= (d.num_classes ? d.num_classes : (1 << 20))) {
+                    r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                           "%s: line %zu, column %zu: label %g is not an integer in [0, %d)", path, line_no,
+                                           col + 1, v, d.num_classes ? d.num_classes : (1 << 20));
+                    break;
+                }
+                out->y[row] = (float)v;
+                if ((int)v > max_label) max_label = (int)v;
+            } else {
+                /* in double, then checked: 1e300, or a finite field times a
+                   large scale, would be an infinite float */
+                float xv = (float)(v * (double)scale);
+                if (!isfinite(xv)) {
+                    int shown = (int)DSGD__MIN((size_t)(fe - f), (size_t)40);
+                    r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                           "%s: line %zu, column %zu: '%.*s' times feature_scale %g is outside the "
+                                           "float range",
+                                           path, line_no, col + 1, shown, f, (double)scale);
+                    break;
+                }
+                c = (int)col - ((int)col + 1 > label_col ? 1 : 0);
+                out->x[row * out->dim + (size_t)c] = xv;
+            }
+            f = fe + 1;
+        }
+        ++row;
+    }
+    DSGD_FREE(text);
+    if (r != DSGD_OK) {
+        dsgd_dataset_free(out);
+        return r;
+    }
+    if (!d.num_classes) out->num_classes = max_label + 1;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_DATA_IMPL */

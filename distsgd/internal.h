@@ -1,0 +1,74 @@
+/* distsgd/internal.h - private helpers shared by the core and its add-ons
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_INTERNAL_IMPL)
+#define DSGD__PART_INTERNAL_IMPL
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+/* A standard normal deviate (Box-Muller; one of the pair is discarded so the
+   stream position depends only on the number of draws). */
+static double dsgd__rng_normal(uint64_t *state) {
+    double u1 = dsgd_rng_uniform(state), u2 = dsgd_rng_uniform(state);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Uniform integer in [0, n) without modulo bias. */
+static size_t dsgd__rng_below(uint64_t *state, size_t n) {
+    uint64_t limit = UINT64_MAX - UINT64_MAX % (uint64_t)n, r;
+    do {
+        r = dsgd_rng_next(state);
+    } while (r >= limit);
+    return (size_t)(r % (uint64_t)n);
+}
+
+/* A seed derived from a base seed and a stream index. */
+static uint64_t dsgd__seed_mix(uint64_t seed, uint64_t stream) {
+    uint64_t s = seed ^ (stream * 0xD1B54A32D192ED03ull);
+    return dsgd_rng_next(&s);
+}
+
+static void *dsgd__alloc(dsgd_ctx *ctx, size_t bytes, const char *what) {
+    void *p = DSGD_MALLOC(bytes ? bytes : 1);
+    if (!p) dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, bytes);
+    return p;
+}
+
+/* n * size, or 0 on overflow (callers treat 0 from non-zero operands as overflow). */
+static int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
+    if (a != 0 && b > SIZE_MAX / a) return 1;
+    *out = a * b;
+    return 0;
+}
+
+/* >>atomics ---------------------------------------------------------------- */
+/* GCC/Clang builtins (C and C++ alike; no <stdatomic.h>, so C++11 users
+   compile this too). Sequentially consistent where a sleeper and a waker
+   must see each other's stores (the "sleeping" flag against the queue
+   indices); acquire/release elsewhere. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD__LOAD_RLX(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DSGD__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DSGD__LOAD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define DSGD__STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define DSGD__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DSGD__STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define DSGD__CAS(p, expected, desired) \
+    __atomic_compare_exchange_n((p), (expected), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+#else
+#error "distsgd: the loopback transport needs GCC or Clang (__atomic builtins)"
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#define DSGD__PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__) || defined(__arm__)
+#define DSGD__PAUSE() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define DSGD__PAUSE() ((void)0)
+#endif
+
+#endif /* DSGD__PART_INTERNAL_IMPL */

@@ -1,0 +1,285 @@
+/* distsgd/optim.h - optimizers, clipping, learning-rate schedules
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+*/
+#ifndef DSGD__PART_OPTIM_DECL
+#define DSGD__PART_OPTIM_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- optimizers */
+
+typedef enum dsgd_schedule_kind {
+    DSGD_SCHEDULE_CONSTANT = 0, /* lr after warmup */
+    DSGD_SCHEDULE_COSINE,       /* cosine from lr to final_lr at total_steps */
+    DSGD_SCHEDULE_STEP          /* lr * gamma^floor((t - warmup) / step_size) */
+} dsgd_schedule_kind;
+
+/* Learning rate at step t (0-based): during the first warmup_steps steps it
+   rises linearly from warmup_start_lr to lr (Goyal et al. 2017, gradual
+   warmup); then it follows the kind. */
+typedef struct dsgd_lr_schedule {
+    dsgd_schedule_kind kind;
+    int64_t warmup_steps;     /* default 0: no warmup */
+    float warmup_start_lr;    /* default 0 */
+    int64_t total_steps;      /* COSINE: the step at which final_lr is reached */
+    float final_lr;           /* COSINE: default 0 */
+    int64_t step_size;        /* STEP: steps between decays (must be > 0) */
+    float gamma;              /* STEP: factor per decay (default 0.1) */
+} dsgd_lr_schedule;
+
+typedef struct dsgd_optimizer_desc {
+    dsgd_optimizer_kind kind; /* default SGD */
+    float lr;                 /* peak learning rate; default 0.01 */
+    float momentum;           /* MOMENTUM: default 0.9 */
+    int nesterov;             /* MOMENTUM */
+    float beta1;              /* ADAM(W): default 0.9 */
+    float beta2;              /* ADAM(W): default 0.999 */
+    float eps;                /* ADAM(W): default 1e-8 */
+    float weight_decay;       /* default 0; see dsgd_opt_update */
+    float clip_norm;          /* > 0: clip gradients to this global L2 norm */
+    dsgd_lr_schedule schedule;
+} dsgd_optimizer_desc;
+
+typedef struct dsgd_optimizer dsgd_optimizer;
+
+/* Creates an optimizer for m with desc's zero fields set to their defaults;
+   its state (MOMENTUM: one buffer, ADAM and ADAMW: two, SGD: none) lives on
+   m's backend, zeroed.
+   Errors (recorded on m's ctx): DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing
+   recorded; desc or out NULL; an unknown kind; lr <= 0 or not finite;
+   negative weight_decay or clip_norm; momentum, beta1 or beta2 outside
+   [0, 1); eps <= 0; a bad schedule: unknown kind, negative warmup_steps,
+   STEP with step_size <= 0, COSINE with total_steps <= warmup_steps),
+   DSGD_ERR_OUT_OF_MEMORY, backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc,
+                                           dsgd_optimizer **out);
+/* Frees the optimizer's state through its model's backend, so destroy it
+   before the model; opt NULL: nothing.
+   Thread safety: the model's thread. */
+DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *opt);
+/* Applies one update from the model's gradient buffer: clipping (if set), then
+   the optimizer's rule with the scheduled learning rate; advances the step.
+   Without clipping the gradient is not checked for NaN or infinity.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (opt NULL, nothing recorded),
+   DSGD_ERR_NON_FINITE when clipping is on and the gradient holds NaN or
+   infinity (nothing is updated), backend errors.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *opt);
+/* dsgd_optimizer_steps: the number of steps applied so far.
+   dsgd_optimizer_last_grad_norm: the global L2 norm of the gradient at the
+   last step with clipping on (clip_norm > 0), scaled or not; 0 before, or
+   without clipping.
+   Errors: none (opt NULL: 0). Thread safety: the model's thread (a step
+   changes them). */
+DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *opt);
+DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *opt);
+/* The optimizer's state, read-only (what a checkpoint saves besides the
+   parameters and dsgd_optimizer_steps): its slots, one float per parameter
+   each, in the order of the model's flat parameter buffer.
+     SGD       no slot
+     MOMENTUM  slot 0 "momentum": the velocity v, v = momentum * v + g
+     ADAM(W)   slot 0 "m": the first moment, m = beta1 * m + (1 - beta1) g;
+               slot 1 "v": the second moment, v = beta2 * v + (1 - beta2) g^2
+               (both without bias correction; g includes weight decay for
+               ADAM, not for ADAMW)
+   dsgd_optimizer_num_slots: their number (opt NULL: 0).
+   dsgd_optimizer_slot_name: slot's name, NULL for a slot that does not
+   exist (or opt NULL).
+   dsgd_optimizer_read_slot: copies count floats of slot `slot` from
+   parameter index `offset` to host memory (waits for queued work).
+   Errors: dsgd_optimizer_read_slot: DSGD_ERR_INVALID_ARGUMENT (opt NULL,
+   nothing recorded; dst NULL with count > 0; no such slot), DSGD_ERR_SHAPE
+   (offset + count beyond the parameter count), backend errors. The others:
+   none.
+   Thread safety: the model's thread. */
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *opt);
+DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *opt, int slot);
+DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *opt, int slot, size_t offset, size_t count,
+                                              float *dst);
+/* The learning rate the schedule gives at step t (t < 0 counts as 0), peak
+   lr `lr`; s NULL: lr. A STEP schedule with step_size <= 0 gives lr.
+   Errors: none. Thread safety: any thread. */
+DSGD_API float dsgd_lr_at(const dsgd_lr_schedule *s, float lr, int64_t t);
+/* The linear scaling rule (Goyal et al. 2017): base_lr * global_batch /
+   base_batch; base_batch <= 0: base_lr.
+   Errors: none. Thread safety: any thread. */
+DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_batch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_OPTIM_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_OPTIM_IMPL)
+#define DSGD__PART_OPTIM_IMPL
+
+/* >>optimizer -------------------------------------------------------------- */
+
+struct dsgd_optimizer {
+    dsgd_model *m;
+    dsgd_optimizer_desc d; /* defaults filled */
+    dsgd_buffer *m1, *m2;
+    int64_t t;
+    double last_norm;
+};
+
+/* The one place optimizer defaults are filled. */
+static dsgd_optimizer_desc dsgd__optimizer_defaults(const dsgd_optimizer_desc *in) {
+    dsgd_optimizer_desc d = *in;
+    if (d.lr == 0.0f) d.lr = 0.01f;
+    if (d.momentum == 0.0f && d.kind == DSGD_OPT_MOMENTUM) d.momentum = 0.9f;
+    if (d.beta1 == 0.0f) d.beta1 = 0.9f;
+    if (d.beta2 == 0.0f) d.beta2 = 0.999f;
+    if (d.eps == 0.0f) d.eps = 1e-8f;
+    if (d.schedule.gamma == 0.0f) d.schedule.gamma = 0.1f;
+    return d;
+}
+
+DSGD_API float dsgd_lr_at(const dsgd_lr_schedule *s, float lr, int64_t t) {
+    double u, T, gamma;
+    if (!s) return lr;
+    if (t < 0) t = 0;
+    if (t < s->warmup_steps)
+        return (float)(s->warmup_start_lr + ((double)lr - s->warmup_start_lr) * (double)t / (double)s->warmup_steps);
+    u = (double)(t - DSGD__MAX(s->warmup_steps, 0));
+    switch (s->kind) {
+    case DSGD_SCHEDULE_COSINE:
+        T = (double)(s->total_steps - DSGD__MAX(s->warmup_steps, 0));
+        if (T <= 0.0 || u >= T) return s->final_lr;
+        return (float)(s->final_lr + ((double)lr - s->final_lr) * 0.5 * (1.0 + cos(3.141592653589793 * u / T)));
+    case DSGD_SCHEDULE_STEP:
+        if (s->step_size <= 0) return lr;
+        gamma = s->gamma == 0.0f ? 0.1 : (double)s->gamma;
+        return (float)((double)lr * pow(gamma, floor(u / (double)s->step_size)));
+    default:
+        return lr;
+    }
+}
+
+DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_batch) {
+    if (base_batch <= 0) return base_lr;
+    return (float)((double)base_lr * global_batch / base_batch);
+}
+
+DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc, dsgd_optimizer **out) {
+    dsgd_optimizer *o;
+    dsgd_optimizer_desc d;
+    dsgd_result r = DSGD_OK;
+    const char *what = "dsgd_optimizer_create";
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!desc || !out) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
+    *out = NULL;
+    d = dsgd__optimizer_defaults(desc);
+    if ((int)d.kind < 0 || (int)d.kind > (int)DSGD_OPT_ADAMW)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown optimizer kind %d", what, (int)d.kind);
+    if (!(d.lr > 0.0f) || !isfinite(d.lr) || !(d.weight_decay >= 0.0f) || !(d.clip_norm >= 0.0f))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: lr %g must be > 0, weight_decay %g and clip_norm %g >= 0", what, (double)d.lr,
+                                  (double)d.weight_decay, (double)d.clip_norm);
+    if (!(d.momentum >= 0.0f && d.momentum < 1.0f) || !(d.beta1 >= 0.0f && d.beta1 < 1.0f) ||
+        !(d.beta2 >= 0.0f && d.beta2 < 1.0f) || !(d.eps > 0.0f))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: momentum %g, beta1 %g, beta2 %g must lie in [0, 1) and eps %g > 0", what,
+                                  (double)d.momentum, (double)d.beta1, (double)d.beta2, (double)d.eps);
+    if ((int)d.schedule.kind < 0 || (int)d.schedule.kind > (int)DSGD_SCHEDULE_STEP || d.schedule.warmup_steps < 0 ||
+        (d.schedule.kind == DSGD_SCHEDULE_STEP && d.schedule.step_size <= 0) ||
+        (d.schedule.kind == DSGD_SCHEDULE_COSINE && d.schedule.total_steps <= d.schedule.warmup_steps))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: bad schedule (kind %d, warmup_steps %lld, step_size %lld, total_steps %lld)", what,
+                                  (int)d.schedule.kind, (long long)d.schedule.warmup_steps,
+                                  (long long)d.schedule.step_size, (long long)d.schedule.total_steps);
+    o = (dsgd_optimizer *)dsgd__alloc(m->ctx, sizeof(*o), what);
+    if (!o) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(o, 0, sizeof(*o));
+    o->m = m;
+    o->d = d;
+    if (d.kind != DSGD_OPT_SGD) {
+        r = m->be.buffer_create(m->be.impl, m->num_params, &o->m1);
+        if (r == DSGD_OK) r = m->be.fill(m->be.impl, dsgd__ref(o->m1, 0), 0.0f, m->num_params);
+    }
+    if (r == DSGD_OK && (d.kind == DSGD_OPT_ADAM || d.kind == DSGD_OPT_ADAMW)) {
+        r = m->be.buffer_create(m->be.impl, m->num_params, &o->m2);
+        if (r == DSGD_OK) r = m->be.fill(m->be.impl, dsgd__ref(o->m2, 0), 0.0f, m->num_params);
+    }
+    if (r != DSGD_OK) {
+        dsgd_optimizer_destroy(o);
+        return r;
+    }
+    *out = o;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *o) {
+    if (!o) return;
+    if (o->m1) o->m->be.buffer_destroy(o->m->be.impl, o->m1);
+    if (o->m2) o->m->be.buffer_destroy(o->m->be.impl, o->m2);
+    DSGD_FREE(o);
+}
+
+DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
+    dsgd_model *m;
+    dsgd_opt_update u;
+    dsgd_result r;
+    if (!o) return DSGD_ERR_INVALID_ARGUMENT;
+    m = o->m;
+    memset(&u, 0, sizeof(u));
+    u.grad_scale = 1.0f;
+    if (o->d.clip_norm > 0.0f) {
+        /* clip_by_global_norm: g * clip / max(norm, clip) */
+        double sumsq = 0.0;
+        size_t bad = 0;
+        r = m->be.norm_check(m->be.impl, dsgd__ref(m->grads, 0), m->num_params, &sumsq, &bad);
+        if (r != DSGD_OK) return r;
+        if (bad)
+            return dsgd_ctx_set_error(m->ctx, DSGD_ERR_NON_FINITE,
+                                      "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
+                                      (long long)o->t, bad);
+        o->last_norm = sqrt(sumsq);
+        if (o->last_norm > o->d.clip_norm) u.grad_scale = (float)(o->d.clip_norm / o->last_norm);
+    }
+    u.kind = o->d.kind;
+    u.lr = dsgd_lr_at(&o->d.schedule, o->d.lr, o->t);
+    u.momentum = o->d.momentum;
+    u.nesterov = o->d.nesterov;
+    u.beta1 = o->d.beta1;
+    u.beta2 = o->d.beta2;
+    u.eps = o->d.eps;
+    u.weight_decay = o->d.weight_decay;
+    u.bias_correction1 = (float)(1.0 - pow((double)o->d.beta1, (double)(o->t + 1)));
+    u.bias_correction2 = (float)(1.0 - pow((double)o->d.beta2, (double)(o->t + 1)));
+    r = m->be.optimizer_update(m->be.impl, &u, dsgd__ref(m->params, 0), dsgd__ref(m->grads, 0), dsgd__ref(o->m1, 0),
+                               dsgd__ref(o->m2, 0), m->num_params);
+    if (r == DSGD_OK) ++o->t;
+    return r;
+}
+
+DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
+DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
+
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? (o->m1 != NULL) + (o->m2 != NULL) : 0; }
+
+DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot) {
+    if (!o || slot < 0 || slot >= dsgd_optimizer_num_slots(o)) return NULL;
+    if (o->d.kind == DSGD_OPT_MOMENTUM) return "momentum";
+    return slot == 0 ? "m" : "v";
+}
+
+DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {
+    const char *what = "dsgd_optimizer_read_slot";
+    if (!o) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dst && count > 0) return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: dst is NULL", what);
+    if (!dsgd_optimizer_slot_name(o, slot))
+        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: slot %d; this optimizer has %d", what,
+                                  slot, dsgd_optimizer_num_slots(o));
+    if (offset > o->m->num_params || count > o->m->num_params - offset)
+        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_SHAPE, "%s: floats %zu..%zu, the model has %zu parameters",
+                                  what, offset, offset + count, o->m->num_params);
+    if (count == 0) return DSGD_OK;
+    return o->m->be.read(o->m->be.impl, dsgd__ref(slot == 0 ? o->m1 : o->m2, offset), dst, count);
+}
+
+#endif /* DSGD__PART_OPTIM_IMPL */

@@ -1,0 +1,1283 @@
+/* distsgd/strategy.h - strategies, replicas, distributed variables, metrics
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   STRATEGIES
+
+     dsgd_strategy_create(ctx, &desc, &s) builds N replicas (a model, an
+     optimizer, a backend and, for N > 1, a communicator each) over a loopback
+     transport; dsgd_strategy_train_step(s, x, y, count, &info) shards the
+     global batch, computes gradients on every replica, agrees on finiteness,
+     sums the flat gradient buffers (through the host or on the devices: see
+     BACKENDS) and applies the same update everywhere, so the replicas stay
+     bitwise identical, and N replicas x batch B with MEAN aggregation give the
+     weights of one replica with batch N*B (up to float reassociation).
+     dsgd_strategy_run(s, fn, user) runs your own function in replica context,
+     where distributed variables (dsgd_strategy_create_variable) follow
+     tf.VariableAggregation / tf.VariableSynchronization semantics.
+
+     Failures: when one replica fails, the strategy aborts its transport at
+     once, so the others return within milliseconds ("aborted because
+     replica k failed"), and the call returns the failing replica's own
+     error (dsgd_strategy_replica_result gives each replica's). A failure
+     the replicas agreed on before the update (a bad label, a non-finite
+     gradient under DSGD_NONFINITE_ERROR) changes nothing; any other failure
+     (a collective, a timeout, a backend failing in the exchange or the
+     update, any failed dsgd_strategy_run) may have left the replicas
+     different, so the strategy fails: every later call that uses the
+     replicas returns DSGD_ERR_STATE naming the step and the first error
+     (dsgd_strategy_failed) until you destroy it and create a new one.
+*/
+#ifndef DSGD__PART_STRATEGY_DECL
+#define DSGD__PART_STRATEGY_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- strategies */
+
+typedef enum dsgd_strategy_kind {
+    DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
+    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
+                                     lockstep (see dsgd_gradient_path) */
+} dsgd_strategy_kind;
+
+/* What a training step does when a gradient holds NaN or infinity on any
+   replica. Every replica checks its own gradient before the exchange and
+   the replicas agree through a MAX all-reduce of a flag, so all of them do
+   the same thing. */
+typedef enum dsgd_nonfinite_policy {
+    DSGD_NONFINITE_SKIP = 0, /* every replica skips the update (weights and
+                                optimizer state unchanged); the step reports
+                                skipped = 1 and returns DSGD_OK */
+    DSGD_NONFINITE_ERROR = 1 /* every replica returns DSGD_ERR_NON_FINITE */
+} dsgd_nonfinite_policy;
+
+/* How a synchronous step's gradients are summed across replicas (see
+   BACKENDS at the top of this file). */
+typedef enum dsgd_gradient_path {
+    DSGD_GRADIENTS_AUTO = 0, /* DEVICE when every replica's backend can reach
+                                every other's buffers (OpenCL backends on one
+                                context) and some backend's buffers are not in
+                                host-shared memory (a discrete GPU), else HOST:
+                                where mapping copies nothing the host's
+                                all-reduce is as fast (measured on PoCL:
+                                bench/mirrored_cl) */
+    DSGD_GRADIENTS_HOST,     /* through host memory and the transport: each
+                                replica uses its gradient buffer's host pointer
+                                (CPU backend), or maps it (zero-copy on devices
+                                that share memory), or else copies it to a host
+                                staging buffer and back; then dsgd_allreduce
+                                with the strategy's algorithm and buckets */
+    DSGD_GRADIENTS_DEVICE    /* on the devices, with no host copy: after a
+                                barrier, replica r sums block r (see
+                                dsgd_block_range) of every replica's gradient
+                                buffer in rank order and writes the sum to all
+                                of them (backend sum_across; 2*N*S bytes moved
+                                for S bytes of gradient in all), then a second
+                                barrier. algorithm and bucket_bytes are unused.
+                                Gives the bits of HOST with the DIRECT
+                                algorithm. dsgd_strategy_create fails with
+                                DSGD_ERR_INVALID_ARGUMENT when the backends
+                                cannot do it (with one replica nothing is
+                                exchanged and the path resolves to HOST) */
+} dsgd_gradient_path;
+
+/* Creates replica `replica`'s backend in *out, recording errors on ctx (the
+   replica's context, which outlives the backend). Called by
+   dsgd_strategy_create on its thread, for replicas 0..N-1 in order; the
+   strategy destroys each backend with its destroy member. A result other
+   than DSGD_OK makes dsgd_strategy_create fail with it. */
+typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
+                                            dsgd_backend_i *out);
+
+typedef struct dsgd_strategy_desc {
+    dsgd_strategy_kind kind;        /* default ONE_DEVICE */
+    int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
+    dsgd_model_desc model;          /* every replica's model; max_batch is per replica;
+                                       model.backend is ignored (see backend_factory) */
+    dsgd_optimizer_desc optimizer;  /* every replica's optimizer */
+    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (HOST path); default AUTO */
+    size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
+                                       this many bytes; 0: one bucket (the whole flat
+                                       buffer) */
+    size_t piece_bytes;             /* every replica's communicator pipelines its
+                                       collectives in pieces of this many bytes
+                                       (dsgd_comm_desc.piece_bytes): 0: the default,
+                                       256 KiB; any other value is clamped to
+                                       256 B..1 GiB, never rejected. The same on
+                                       every replica, and the weights do not depend
+                                       on it (only the speed does) */
+    dsgd_nonfinite_policy nonfinite; /* default SKIP */
+    double timeout_s;               /* deadline of every collective; default 30 s */
+    dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
+    void *backend_user_data;
+    dsgd_gradient_path gradient_path; /* default AUTO */
+} dsgd_strategy_desc;
+
+/* What one training step did. */
+typedef struct dsgd_step_info {
+    int64_t step;      /* optimizer steps applied before this one */
+    int count;         /* samples in the global batch */
+    int skipped;       /* 1 when the update was skipped (non-finite gradient) */
+    float lr;          /* learning rate the step used */
+} dsgd_step_info;
+
+typedef struct dsgd_strategy dsgd_strategy;
+/* A replica as seen from inside dsgd_strategy_run (replica context). */
+typedef struct dsgd_replica dsgd_replica;
+typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
+
+/* Creates a strategy: N replicas, each with its own context (labelled
+   "replica r", with ctx's logger), backend, model, optimizer and, for N > 1,
+   communicator over one loopback hub, and N - 1 threads that run replicas
+   1..N-1. All replicas start from the same weights (desc->model.seed). The
+   gradient path is resolved here (dsgd_strategy_gradient_path).
+   Errors (recorded on ctx; a replica's failure is copied from its context):
+   DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
+   policy, algorithm or gradient path; num_replicas < 0 or > 256; ONE_DEVICE
+   with more than one replica; a negative or NaN timeout; a bad model or
+   optimizer desc; gradient_path DEVICE with several replicas when a backend
+   lacks sum_across or cannot reach another's buffers),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object or thread could
+   not be created), backend errors and whatever backend_factory returns.
+   Thread safety: the context's thread, which then drives the strategy:
+   every dsgd_strategy_* function is called from it. */
+DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc,
+                                          dsgd_strategy **out);
+/* Stops and joins the replicas' threads and frees everything the strategy
+   created (backends through their destroy member); s NULL: nothing.
+   Thread safety: the strategy's thread, not inside dsgd_strategy_run. */
+DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
+/* dsgd_strategy_num_replicas: N (s NULL: 0).
+   dsgd_strategy_gradient_path: the path resolved at creation, HOST or DEVICE
+   (HOST with one replica, where nothing is exchanged; s NULL: HOST).
+   Errors: none. Thread safety: any thread while s lives (fixed at
+   creation). */
+DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
+DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
+/* "auto", "host", "device"; "unknown" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
+/* Replica r's model, for inspection between steps (NULL when s is NULL or r
+   is out of range).
+   Errors: none. Thread safety: any thread while s lives (fixed at creation);
+   use the model itself only from the strategy's thread, between calls. */
+DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica);
+
+/* Sets the aggregation of a model variable (by name, e.g. "dense0/kernel", or
+   "*" for all). Model variables are trainable and ON_WRITE; their aggregation
+   says how the replicas' gradients combine before the identical update:
+     MEAN (default)  the mean over every sample of the global batch: each
+                     replica's gradient is scaled by 1 / global count and the
+                     replicas' gradients are summed; with equal shards this is
+                     the mean of the replicas' mean gradients
+     SUM             the sum over replicas of each replica's mean gradient
+     ONLY_FIRST_REPLICA  replica 0's mean gradient, used by all
+   TensorFlow: Keras's optimizer.apply_gradients (TF 2.x, Keras 3 in TF
+   2.21) ignores a variable's aggregation and always sums the replicas'
+   gradients; with the loss scaled by the global batch, as Keras does, that
+   sum is our MEAN, which is the TF behaviour. SUM and ONLY_FIRST_REPLICA are
+   our extension: they match TF only for a variable updated directly in
+   replica context (v.assign_sub(lr * g) with that aggregation), not for
+   training through apply_gradients.
+   NONE is rejected (ours: a mirrored variable needs an aggregation to stay
+   one value across replicas), and so is ON_READ (only non-trainable
+   variables may be ON_READ, the rule of Keras 2's add_weight).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; variable NULL
+   or not a model variable; aggregation NONE or unknown; synchronization
+   other than AUTO or ON_WRITE), DSGD_ERR_STATE (the strategy has failed,
+   see dsgd_strategy_failed).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable,
+                                                   dsgd_aggregation aggregation,
+                                                   dsgd_synchronization synchronization);
+
+/* One synchronous training step on the global batch x (count, input_dim),
+   y (count, target_dim). The batch is sharded in contiguous slices: replica
+   r takes dsgd_block_range(count, N, r) (the first count % N replicas take
+   one sample more). Every replica then computes its gradient, the replicas
+   agree on finiteness, sum the flat gradient buffers (SUM, after the
+   per-variable scaling above; on the host or on the devices, see
+   dsgd_gradient_path), and apply the same optimizer update, so their
+   weights stay bitwise identical. A replica whose slice is empty (count < N)
+   contributes a zero gradient. count may be 1..N * max_batch. info may be
+   NULL.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; x or y NULL; count out of range),
+   DSGD_ERR_NON_FINITE (policy ERROR), DSGD_ERR_TIMEOUT, DSGD_ERR_STATE (the
+   strategy has failed, see dsgd_strategy_failed), or the error chosen as in
+   dsgd_strategy_run, with its message, which names the replica. A failure
+   the replicas agree on before the update (a class index out of range on
+   one replica, a non-finite gradient under policy ERROR) fails the step on
+   every replica, changes nothing and leaves the strategy usable. Any other
+   failure (in a collective, a timeout, a replica's backend failing in the
+   exchange or in the optimizer update, after which the others may have
+   updated) stops the other replicas at once and fails the strategy.
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y,
+                                              int count, dsgd_step_info *info);
+/* A sharded forward pass; loss and accuracy accumulate per replica in the
+   EVAL metrics (read with dsgd_strategy_take_metrics). y may be NULL (no
+   metrics).
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; x NULL; count outside 1..N * max_batch; a class
+   index out of range), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed), a replica's backend error. A failure here changes
+   no weights and leaves the strategy usable (the EVAL metrics may hold part
+   of the batch).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
+                                              int count);
+/* Reads the TRAIN or EVAL metrics and resets them. They are the ON_READ SUM
+   variables "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot
+   "train" or "eval"): each replica's model accumulators are first moved into
+   its copies, then the copies are summed over replicas in rank order like
+   strategy.reduce(SUM) and reset on every replica. TRAIN counts every sample
+   a train step computed a loss for, skipped steps included. The
+   accumulators are floats: counts are exact up to 2^24 samples between two
+   takes.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL; an
+   unknown slot), DSGD_ERR_STATE (the strategy has failed), a replica's
+   backend error (copied to the strategy's ctx).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot,
+                                                dsgd_metrics *out);
+
+/* Runs fn on every replica at once (replica context, like strategy.run):
+   replica 0 on the calling thread, the others on the strategy's threads; it
+   returns when all have returned. A collective in fn must be called by every
+   replica, or the others wait until their deadline (a replica that returns
+   DSGD_OK without joining does not stop them).
+   When fn fails on a replica (returns anything but DSGD_OK), the strategy
+   aborts its transport at once: the replicas waiting in a collective, or
+   entering one later, get DSGD_ERR_STATE within milliseconds instead of
+   waiting out their deadline, and their results become DSGD_ERR_STATE
+   "aborted because replica k failed (...)", k the replica that failed first
+   (see dsgd_strategy_replica_result). The strategy has then failed, as the
+   transport cannot be used again and fn may have left the replicas
+   different: every later call refuses (dsgd_strategy_failed). Recreate it.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL),
+   DSGD_ERR_STATE (the strategy has failed), else DSGD_OK if every call
+   returned it, or one replica's result with its message copied to the
+   strategy's ctx, chosen by this rule: the lowest-numbered replica whose
+   own code failed (fn returned an error not from a collective); if none,
+   the lowest-numbered replica whose collective failed other than by the
+   abort (a timeout, a mismatch); if none, the lowest-numbered aborted one.
+   Thread safety: the strategy's thread; fn runs on N threads at once. */
+DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data);
+
+/* dsgd_strategy_failed: non-zero once the strategy has failed (s NULL: 0).
+   A strategy fails when a call ends in a failure that may have left its
+   replicas different or stopped its transport: any failed
+   dsgd_strategy_run, and any failed dsgd_strategy_train_step except the
+   failures the replicas agree on before the update (see there). That call
+   returns its own error; from then on every call that uses the replicas'
+   state (train_step, eval_batch, run, take_metrics, set_aggregation and
+   the variable functions) returns DSGD_ERR_STATE with a message that names
+   the step (the optimizer steps applied before the failing call), the call
+   and its error, and says the strategy must be recreated: destroy it and
+   create a new one (the getters, dsgd_strategy_model included, still answer,
+   for a post-mortem). This holds for every N, one replica included.
+   dsgd_strategy_replica_result: replica `replica`'s result in the last call
+   that ran the replicas (train_step, eval_batch or run; DSGD_OK before the
+   first), and in *message (if message is not NULL) its message, "" when it
+   succeeded; the message stays valid until the next such call or destroy.
+   s NULL or replica outside [0, N): DSGD_ERR_INVALID_ARGUMENT and "".
+   Errors: none (dsgd_strategy_replica_result returns a replica's recorded
+   result; nothing is recorded on any context).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
+DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
+
+/* Replica context getters (r NULL: -1, 0 or NULL):
+     dsgd_replica_id     the replica's rank, 0..N-1
+     dsgd_replica_count  N
+     dsgd_replica_ctx, dsgd_replica_model, dsgd_replica_comm
+                         the replica's own context, model and communicator
+                         (comm NULL with one replica)
+   Errors: none. Thread safety: the replica's thread, inside
+   dsgd_strategy_run; the objects they return belong to that thread while fn
+   runs. */
+DSGD_API int dsgd_replica_id(const dsgd_replica *r);
+DSGD_API int dsgd_replica_count(const dsgd_replica *r);
+DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r);
+DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r);
+DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
+
+/* ---------------------------------------------------------------- distributed variables */
+
+/* The longest name of a distributed variable, in bytes (without the NUL). */
+#define DSGD_MAX_VARIABLE_NAME 63
+
+typedef struct dsgd_dvar_desc {
+    const char *name;                    /* 1..DSGD_MAX_VARIABLE_NAME bytes, unique */
+    size_t count;                        /* floats, >= 1 */
+    dsgd_synchronization synchronization; /* AUTO = ON_WRITE */
+    dsgd_aggregation aggregation;
+    int trainable;                       /* ON_READ requires trainable == 0 */
+    const float *initial_value;          /* count floats, copied to every replica's
+                                            copy (so a cross-replica read of an ON_READ
+                                            SUM variable starts at N x initial); NULL: zeros */
+} dsgd_dvar_desc;
+
+/* Creates a variable with one copy per replica (cross-replica context).
+   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
+   tf.distribute rejects it under a strategy); ON_READ with trainable set
+   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
+   aggregation NONE (tf.distribute fails when such a variable is read across
+   replicas; here it fails at creation); unknown enum values. *id receives
+   the handle.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
+   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
+   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
+   would not be found again); a name in use; count 0),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
+   strategy has failed, see dsgd_strategy_failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
+                                                   int *id);
+/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
+     ON_WRITE: a collective every replica must call; the replicas' values are
+               combined by the aggregation (SUM: sum; MEAN: mean;
+               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
+               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
+               on every replica. This rejection is ours: TF 2.21 accepts
+               such a write and each replica updates only its own copy, so
+               the copies silently differ (older TF raised an error).
+     ON_READ:  writes this replica's copy only; no communication.
+   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
+   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
+   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
+   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE, ...).
+   Thread safety: the replica's thread, inside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
+/* As dsgd_replica_assign, with the copy incremented by the combined delta
+   (ON_WRITE) or by the replica's own delta (ON_READ).
+   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
+/* Copies this replica's copy to out (count floats).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
+   id; out NULL). Thread safety: the replica's thread, inside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
+/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
+   variables give replica 0's copy (all copies are equal); ON_READ variables
+   give the SUM or MEAN of the copies in rank order (added in double), or
+   replica 0's copy for ONLY_FIRST_REPLICA.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
+/* What replica `replica` holds, without aggregation.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
+   failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
+/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
+   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
+   variables get value / N in every copy, so that a read gives value back
+   (as tf.distribute does).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
+/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
+   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
+   "metrics/train/count" and the same under "metrics/eval/"; between two
+   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
+   there (the models' own accumulators are added in by the take).
+   Errors: none. Thread safety: the strategy's thread, or any replica's
+   inside dsgd_strategy_run (no variable is created then). */
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_STRATEGY_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_IMPL)
+#define DSGD__PART_STRATEGY_IMPL
+
+#include <pthread.h>
+
+/* >>strategy --------------------------------------------------------------- */
+
+typedef struct dsgd__dvar {
+    char name[DSGD_MAX_VARIABLE_NAME + 1];
+    size_t count;
+    dsgd_synchronization sync; /* ON_WRITE or ON_READ (AUTO resolved) */
+    dsgd_aggregation agg;
+    int trainable;
+    float *copies; /* num_replicas * count: replica r's copy at r * count */
+} dsgd__dvar;
+
+struct dsgd_replica {
+    dsgd_strategy *s;
+    int rank;
+    dsgd_ctx *ctx;
+    dsgd_backend_i be;
+    int has_be;
+    dsgd_model *model;
+    dsgd_optimizer *opt;
+    dsgd_transport_i ep;
+    dsgd_comm *comm;
+    float *stage; /* host staging: gradients of backends without host pointers, variable writes */
+    size_t stage_cap;
+    pthread_t thread;
+    int thread_started;
+    dsgd_result result; /* of the last job */
+    char msg[DSGD__MSG_MAX]; /* its message ("" when it succeeded) */
+    int own_error;      /* 0: the failure only echoes another replica's */
+    int comm_failed;    /* a collective failed: the transport's state is unknown */
+    int clean_fail;     /* set by the job: its failure left every replica as it was */
+    int skipped;
+    float lr;
+};
+
+struct dsgd_strategy {
+    dsgd_ctx *ctx;
+    dsgd_strategy_desc d;
+    int n;
+    dsgd_replica *reps;
+    dsgd_loopback *hub;
+    dsgd_aggregation *param_agg; /* per model variable */
+    int all_mean;
+    dsgd__dvar *vars;
+    int num_vars, cap_vars;
+    dsgd_gradient_path path; /* resolved: HOST or DEVICE */
+    dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
+    int metric_var[2]; /* first of the three metric variables of each slot */
+    /* failed: a failure may have left the replicas different, or stopped the
+       transport; every call but the getters and destroy refuses (the one
+       check: dsgd__strategy_usable) */
+    int failed;
+    int64_t fail_step;      /* optimizer steps applied before the failing call */
+    const char *fail_in;    /* the failing call */
+    char fail_msg[DSGD__MSG_MAX]; /* the error it returned */
+    int abort_by;           /* the replica that aborted the hub, -1: none (under mu) */
+    /* the worker pool: replicas 1..n-1 wait for a new generation of job */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_start, cv_done;
+    int sync_ready;
+    uint64_t gen;
+    int pending, shutdown;
+    dsgd_replica_fn job;
+    void *job_user;
+};
+
+/* Stops every replica's transport at once because replica `rank` failed;
+   the first caller is the one the others' messages name. */
+static void dsgd__strategy_abort(dsgd_strategy *s, int rank) {
+    if (!s->hub) return;
+    pthread_mutex_lock(&s->mu);
+    if (s->abort_by < 0) s->abort_by = rank;
+    pthread_mutex_unlock(&s->mu);
+    dsgd_loopback_abort(s->hub);
+}
+
+/* Runs fn as replica r (on r's thread) and classifies its failure. A
+   failure the job did not mark clean aborts the hub at once, so that the
+   replicas waiting for r in a collective return now instead of at their
+   deadline; theirs, caused by the abort, then say so. */
+static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *user) {
+    dsgd_strategy *s = r->s;
+    dsgd_result res;
+    int by;
+    r->own_error = 1;
+    r->comm_failed = 0;
+    r->clean_fail = 0;
+    res = fn(r, user);
+    if (res == DSGD_OK) {
+        r->msg[0] = '\0';
+        return res;
+    }
+    if (r->comm && r->comm->broken) r->comm_failed = 1; /* also a collective called by a user's fn */
+    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->rank);
+    pthread_mutex_lock(&s->mu);
+    by = s->abort_by;
+    pthread_mutex_unlock(&s->mu);
+    if (by >= 0 && by != r->rank && r->comm_failed && res != DSGD_ERR_TIMEOUT) {
+        char detail[DSGD__MSG_MAX];
+        const char *d = dsgd_ctx_last_error(r->ctx);
+        size_t label = strlen(r->ctx->label);
+        if (label && !strncmp(d, r->ctx->label, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
+        snprintf(detail, sizeof(detail), "%s", d);
+        r->own_error = 0;
+        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "aborted because replica %d failed (%s)", by, detail);
+    }
+    snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->ctx));
+    return res;
+}
+
+static void *dsgd__replica_main(void *arg) {
+    dsgd_replica *r = (dsgd_replica *)arg;
+    dsgd_strategy *s = r->s;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        dsgd_replica_fn fn;
+        void *user;
+        dsgd_result res;
+        while (s->gen == seen && !s->shutdown) pthread_cond_wait(&s->cv_start, &s->mu);
+        if (s->shutdown) break;
+        seen = s->gen;
+        fn = s->job;
+        user = s->job_user;
+        pthread_mutex_unlock(&s->mu);
+        res = dsgd__replica_job(r, fn, user);
+        pthread_mutex_lock(&s->mu);
+        r->result = res;
+        if (--s->pending == 0) pthread_cond_signal(&s->cv_done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* How much a replica's failure explains: a local failure (3) over a failed
+   collective (2) over an echo of another replica's failure (1). */
+static int dsgd__error_rank(const dsgd_replica *r) {
+    if (!r->own_error) return 1;
+    return r->comm_failed ? 2 : 3;
+}
+
+/* The one check of a failed strategy, at the top of every call that uses
+   the replicas' state. */
+static dsgd_result dsgd__strategy_usable(dsgd_strategy *s, const char *what) {
+    if (!s->failed) return DSGD_OK;
+    return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
+                              "%s: refused: the strategy failed at step %lld in %s and must be recreated "
+                              "(its replicas may differ, its transport is stopped): %s",
+                              what, (long long)s->fail_step, s->fail_in, s->fail_msg);
+}
+
+/* Runs fn on all replicas and reports the failure that explains most, the
+   lowest replica among equals. A failure that no job marked clean fails the
+   strategy. */
+static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn, void *user, const char *what) {
+    int i, pick = -1, clean = 1;
+    int64_t step = dsgd_optimizer_steps(s->reps[0].opt);
+    dsgd_result r0;
+    if (s->n > 1) {
+        pthread_mutex_lock(&s->mu);
+        s->job = fn;
+        s->job_user = user;
+        s->pending = s->n - 1;
+        ++s->gen;
+        pthread_cond_broadcast(&s->cv_start);
+        pthread_mutex_unlock(&s->mu);
+    }
+    r0 = dsgd__replica_job(&s->reps[0], fn, user);
+    if (s->n > 1) {
+        pthread_mutex_lock(&s->mu);
+        while (s->pending > 0) pthread_cond_wait(&s->cv_done, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+    }
+    s->reps[0].result = r0;
+    for (i = 0; i < s->n; ++i)
+        if (s->reps[i].result != DSGD_OK && (pick < 0 || dsgd__error_rank(&s->reps[i]) > dsgd__error_rank(&s->reps[pick])))
+            pick = i;
+    if (pick < 0) return DSGD_OK;
+    for (i = 0; i < s->n; ++i)
+        if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed)) clean = 0;
+    if (!clean) {
+        s->failed = 1;
+        s->fail_step = step;
+        s->fail_in = what;
+        snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", s->reps[pick].msg);
+    }
+    return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", s->reps[pick].msg);
+}
+
+static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
+    if (r->stage_cap < count) {
+        float *p = (float *)DSGD_REALLOC(r->stage, sizeof(float) * (count ? count : 1));
+        if (!p) {
+            dsgd_ctx_set_error(r->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot allocate %zu floats of staging", count);
+            return NULL;
+        }
+        r->stage = p;
+        r->stage_cap = count;
+    }
+    return r->stage;
+}
+
+DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
+    int i;
+    if (!s) return;
+    if (s->sync_ready) {
+        pthread_mutex_lock(&s->mu);
+        s->shutdown = 1;
+        pthread_cond_broadcast(&s->cv_start);
+        pthread_mutex_unlock(&s->mu);
+    }
+    for (i = 0; s->reps && i < s->n; ++i)
+        if (s->reps[i].thread_started) pthread_join(s->reps[i].thread, NULL);
+    for (i = 0; s->reps && i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_comm_destroy(r->comm);
+        dsgd_optimizer_destroy(r->opt);
+        dsgd_model_destroy(r->model);
+        if (r->has_be && r->be.destroy) r->be.destroy(r->be.impl);
+        DSGD_FREE(r->stage);
+        dsgd_ctx_destroy(r->ctx);
+    }
+    if (s->hub) dsgd_loopback_destroy(s->hub);
+    if (s->sync_ready) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv_start);
+        pthread_cond_destroy(&s->cv_done);
+    }
+    for (i = 0; i < s->num_vars; ++i) DSGD_FREE(s->vars[i].copies);
+    DSGD_FREE(s->vars);
+    DSGD_FREE(s->param_agg);
+    DSGD_FREE(s->grad_refs);
+    DSGD_FREE(s->reps);
+    DSGD_FREE(s);
+}
+
+static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id);
+
+/* Resolves desc.gradient_path: DEVICE needs every replica's backend to have
+   sum_across and to reach every other replica's buffers; AUTO also wants
+   some replica's buffers outside host-shared memory. */
+static dsgd_result dsgd__strategy_resolve_path(dsgd_strategy *s) {
+    int i, j, ok = 1;
+    const char *why = "";
+    if (s->n == 1) { /* nothing to exchange, whatever the desc asks */
+        s->path = DSGD_GRADIENTS_HOST;
+        return DSGD_OK;
+    }
+    for (i = 0; i < s->n && ok; ++i) {
+        const dsgd_backend_i *bi = &s->reps[i].be;
+        if (!bi->sum_across || !bi->can_access) {
+            ok = 0;
+            why = "a replica's backend has no device-side reduction (sum_across)";
+        }
+        for (j = 0; j < s->n && ok; ++j) {
+            if (!bi->can_access(bi->impl, &s->reps[j].be)) {
+                ok = 0;
+                why = "a replica's backend cannot reach another replica's buffers (not one OpenCL context)";
+            }
+        }
+    }
+    if (!ok && s->d.gradient_path == DSGD_GRADIENTS_DEVICE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: gradient_path DEVICE, but %s", why);
+    if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO) {
+        int shared = 1;
+        for (i = 0; i < s->n; ++i)
+            shared &= s->reps[i].be.host_shared && s->reps[i].be.host_shared(s->reps[i].be.impl);
+        ok = !shared;
+    }
+    s->path = ok && s->d.gradient_path != DSGD_GRADIENTS_HOST ? DSGD_GRADIENTS_DEVICE : DSGD_GRADIENTS_HOST;
+    if (s->path != DSGD_GRADIENTS_DEVICE) return DSGD_OK;
+    s->grad_refs = (dsgd_ref *)dsgd__alloc(s->ctx, sizeof(dsgd_ref) * (size_t)s->n, "dsgd_strategy_create");
+    if (!s->grad_refs) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].model);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
+    dsgd_strategy *s;
+    dsgd_result res = DSGD_OK;
+    int i, n, slot;
+    const char *what = "dsgd_strategy_create";
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
+    *out = NULL;
+    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", what);
+    if (desc->kind != DSGD_STRATEGY_ONE_DEVICE && desc->kind != DSGD_STRATEGY_MIRRORED)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)desc->kind);
+    if (desc->num_replicas < 0 || desc->num_replicas > 256 ||
+        (desc->kind == DSGD_STRATEGY_ONE_DEVICE && desc->num_replicas > 1))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %d replicas (one_device takes 1, mirrored 1..256)", what, desc->num_replicas);
+    if (desc->nonfinite != DSGD_NONFINITE_SKIP && desc->nonfinite != DSGD_NONFINITE_ERROR)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
+                                  (int)desc->nonfinite);
+    if (!(desc->timeout_s >= 0.0) || (int)desc->algorithm < 0 || (int)desc->algorithm > (int)DSGD_ALLREDUCE_DIRECT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: bad timeout %g or algorithm %d", what,
+                                  desc->timeout_s, (int)desc->algorithm);
+    if ((int)desc->gradient_path < 0 || (int)desc->gradient_path > (int)DSGD_GRADIENTS_DEVICE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
+                                  (int)desc->gradient_path);
+    n = desc->num_replicas ? desc->num_replicas : 1;
+    s = (dsgd_strategy *)dsgd__alloc(ctx, sizeof(*s), what);
+    if (!s) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s, 0, sizeof(*s));
+    s->ctx = ctx;
+    s->d = *desc;
+    s->d.model.backend = NULL;
+    if (s->d.timeout_s == 0.0) s->d.timeout_s = 30.0;
+    s->n = n;
+    s->all_mean = 1;
+    s->abort_by = -1;
+    s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * n, what);
+    if (!s->reps) { DSGD_FREE(s); return DSGD_ERR_OUT_OF_MEMORY; }
+    memset(s->reps, 0, sizeof(dsgd_replica) * n);
+    if (n > 1 && (res = dsgd_loopback_create(ctx, n, &s->hub)) != DSGD_OK) {
+        dsgd_strategy_destroy(s);
+        return res;
+    }
+    for (i = 0; i < n && res == DSGD_OK; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_ctx_desc cd;
+        dsgd_model_desc md = s->d.model;
+        char label[32];
+        memset(&cd, 0, sizeof(cd));
+        snprintf(label, sizeof(label), "replica %d", i);
+        cd.label = label;
+        cd.logger = ctx ? ctx->logger : cd.logger;
+        r->s = s;
+        r->rank = i;
+        if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK) {
+            dsgd_ctx_set_error(ctx, res, "%s: cannot create replica %d's context", what, i);
+            break;
+        }
+        res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
+                                   : dsgd_cpu_backend_create(r->ctx, &r->be);
+        if (res != DSGD_OK) break;
+        r->has_be = 1;
+        md.backend = &r->be;
+        if ((res = dsgd_model_create(r->ctx, &md, &r->model)) != DSGD_OK) break;
+        if ((res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt)) != DSGD_OK) break;
+        if (n > 1) {
+            dsgd_comm_desc cdesc;
+            memset(&cdesc, 0, sizeof(cdesc));
+            cdesc.timeout_s = s->d.timeout_s;
+            cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
+            if ((res = dsgd_loopback_endpoint(s->hub, i, &r->ep)) != DSGD_OK) break;
+            if ((res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm)) != DSGD_OK) break;
+        }
+    }
+    if (res != DSGD_OK) {
+        if (i < n && s->reps[i].ctx && dsgd_ctx_last_result(s->reps[i].ctx) != DSGD_OK)
+            dsgd_ctx_set_error(ctx, res, "%s", dsgd_ctx_last_error(s->reps[i].ctx));
+        dsgd_strategy_destroy(s);
+        return res;
+    }
+    s->param_agg = (dsgd_aggregation *)dsgd__alloc(ctx, sizeof(dsgd_aggregation) *
+                                                        (size_t)dsgd_model_num_variables(s->reps[0].model), what);
+    if (!s->param_agg) { dsgd_strategy_destroy(s); return DSGD_ERR_OUT_OF_MEMORY; }
+    for (i = 0; i < dsgd_model_num_variables(s->reps[0].model); ++i) s->param_agg[i] = DSGD_AGG_MEAN;
+    if ((res = dsgd__strategy_resolve_path(s)) != DSGD_OK) {
+        dsgd_strategy_destroy(s);
+        return res;
+    }
+    /* the metrics: ON_READ SUM variables, three per slot */
+    for (slot = 0; slot < 2 && res == DSGD_OK; ++slot) {
+        static const char *const names[3] = {"loss_sum", "correct", "count"};
+        for (i = 0; i < 3 && res == DSGD_OK; ++i) {
+            dsgd_dvar_desc vd;
+            char name[64];
+            int id;
+            memset(&vd, 0, sizeof(vd));
+            snprintf(name, sizeof(name), "metrics/%s/%s", slot == 0 ? "train" : "eval", names[i]);
+            vd.name = name;
+            vd.count = 1;
+            vd.synchronization = DSGD_SYNC_ON_READ;
+            vd.aggregation = DSGD_AGG_SUM;
+            res = dsgd__dvar_add(s, &vd, &id);
+            if (i == 0) s->metric_var[slot] = id;
+        }
+    }
+    if (res != DSGD_OK) { dsgd_strategy_destroy(s); return res; }
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        dsgd_strategy_destroy(s);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_mutex_init failed", what);
+    }
+    if (pthread_cond_init(&s->cv_start, NULL) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        dsgd_strategy_destroy(s);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+    }
+    if (pthread_cond_init(&s->cv_done, NULL) != 0) {
+        pthread_cond_destroy(&s->cv_start);
+        pthread_mutex_destroy(&s->mu);
+        dsgd_strategy_destroy(s);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+    }
+    s->sync_ready = 1;
+    for (i = 1; i < n; ++i) {
+        if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0) {
+            dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: cannot start replica %d's thread", what, i);
+            dsgd_strategy_destroy(s);
+            return DSGD_ERR_STATE;
+        }
+        s->reps[i].thread_started = 1;
+    }
+    *out = s;
+    return DSGD_OK;
+}
+
+DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s) { return s ? s->n : 0; }
+DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s) {
+    return s ? s->path : DSGD_GRADIENTS_HOST;
+}
+DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p) {
+    switch (p) {
+    case DSGD_GRADIENTS_AUTO: return "auto";
+    case DSGD_GRADIENTS_HOST: return "host";
+    case DSGD_GRADIENTS_DEVICE: return "device";
+    }
+    return "unknown";
+}
+DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
+    return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
+}
+DSGD_API int dsgd_replica_id(const dsgd_replica *r) { return r ? r->rank : -1; }
+DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->n : 0; }
+DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->ctx : NULL; }
+DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->model : NULL; }
+DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r) { return r ? r->comm : NULL; }
+
+DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable, dsgd_aggregation agg,
+                                                   dsgd_synchronization sync) {
+    int i, nv, hit = 0;
+    const char *what = "dsgd_strategy_set_aggregation";
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
+    if (!variable) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable name is NULL", what);
+    if (sync == DSGD_SYNC_ON_READ)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: model variables are trainable, and ON_READ synchronization is only for "
+                                  "non-trainable variables", what, variable);
+    if (sync != DSGD_SYNC_AUTO && sync != DSGD_SYNC_ON_WRITE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: synchronization %d is not supported under a distribution strategy", what,
+                                  variable, (int)sync);
+    if (!dsgd__agg_valid(agg) || agg == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: a mirrored variable updated in replica context needs an aggregation "
+                                  "(SUM, MEAN or ONLY_FIRST_REPLICA), got %d", what, variable, (int)agg);
+    nv = dsgd_model_num_variables(s->reps[0].model);
+    for (i = 0; i < nv; ++i) {
+        if (!strcmp(variable, "*") || !strcmp(variable, dsgd_model_variable(s->reps[0].model, i)->name)) {
+            s->param_agg[i] = agg;
+            hit = 1;
+        }
+    }
+    if (!hit) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the model has no variable '%s'", what, variable);
+    s->all_mean = 1;
+    for (i = 0; i < nv; ++i) s->all_mean &= s->param_agg[i] == DSGD_AGG_MEAN;
+    return DSGD_OK;
+}
+
+typedef struct dsgd__step_args {
+    const float *x, *y;
+    int count;
+} dsgd__step_args;
+
+/* Scales each variable's gradient slice, computed for the SUM of the
+   replica's losses, to what its aggregation adds up: MEAN 1/global count,
+   SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0 and 0 on
+   the others. */
+static dsgd_result dsgd__replica_prescale(dsgd_replica *r, int global, size_t local) {
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    int i, nv = dsgd_model_num_variables(r->model);
+    dsgd_result res = DSGD_OK;
+    for (i = 0; i < nv && res == DSGD_OK; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(r->model, i);
+        dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
+        float f;
+        switch (r->s->param_agg[i]) {
+        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
+        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
+        default: f = 1.0f / (float)global; break;
+        }
+        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, v->count) : be->scale(be->impl, slice, f, v->count);
+    }
+    return res;
+}
+
+/* DEVICE path: every replica's gradients are complete (barrier), replica r
+   sums its block of all of them on its device, and nobody reads a gradient
+   before every block is written (barrier). */
+static dsgd_result dsgd__replica_exchange_device(dsgd_replica *r, size_t p) {
+    const dsgd_backend_i *be = &r->be;
+    size_t lo = 0, len = 0;
+    dsgd_result res = dsgd_barrier(r->comm, 0.0);
+    if (res != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    dsgd_block_range(p, r->s->n, r->rank, &lo, &len);
+    if (len > 0) res = be->sum_across(be->impl, r->s->grad_refs, r->s->n, lo, lo + len);
+    if (res == DSGD_OK && be->finish) res = be->finish(be->impl);
+    if (res != DSGD_OK) return res;
+    res = dsgd_barrier(r->comm, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+/* All-reduces (SUM) the flat gradient buffer: on the devices (DEVICE path),
+   or on the host in place when the backend exposes host memory or maps it,
+   through a staging copy otherwise. */
+static dsgd_result dsgd__replica_exchange(dsgd_replica *r) {
+    dsgd_strategy *s = r->s;
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    size_t p = dsgd_model_num_params(r->model), o, bucket;
+    float *host = NULL, *mapped = NULL;
+    dsgd_result res = DSGD_OK;
+    if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
+    if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__replica_exchange_device(r, p);
+    if (be->buffer_host_ptr) host = be->buffer_host_ptr(be->impl, g.buf);
+    if (host) {
+        host += g.off;
+    } else if (be->map && be->unmap) {
+        if ((res = be->map(be->impl, g, p, &mapped)) != DSGD_OK) return res;
+        host = mapped;
+    } else {
+        if (!(host = dsgd__replica_stage(r, p))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((res = be->read(be->impl, g, host, p)) != DSGD_OK) return res;
+    }
+    bucket = s->d.bucket_bytes / sizeof(float);
+    if (bucket == 0 || bucket > p) bucket = p;
+    for (o = 0; o < p && res == DSGD_OK; o += bucket)
+        res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    if (mapped) {
+        dsgd_result ur = be->unmap(be->impl, g, mapped);
+        if (res == DSGD_OK) res = ur;
+    } else if (res == DSGD_OK && host == r->stage) {
+        res = be->write(be->impl, g, host, p);
+    }
+    return res;
+}
+
+/* One replica's part of a synchronous training step. */
+static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    dsgd_strategy *s = r->s;
+    dsgd_model *m = r->model;
+    size_t off = 0, len = 0, bad = 0;
+    dsgd_result res;
+    float flag = 0.0f;
+    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
+    r->skipped = 0;
+    r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
+    if (len > 0)
+        res = dsgd_model_compute_gradients(m, a->x + off * (size_t)dsgd_model_input_dim(m),
+                                           a->y + off * (size_t)dsgd_model_target_dim(m), (int)len,
+                                           s->all_mean ? 1.0f / (float)a->count : 1.0f);
+    else
+        res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, dsgd_model_num_params(m));
+    if (res == DSGD_OK) res = r->be.norm_check(r->be.impl, dsgd_model_grads(m), dsgd_model_num_params(m), NULL, &bad);
+    /* agree on the step: 0 go, 1 a non-finite gradient somewhere, 2 + k replica k failed */
+    flag = res != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
+    if (s->n > 1) {
+        dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
+        if (cr != DSGD_OK) {
+            r->comm_failed = 1;
+            return cr;
+        }
+    }
+    /* from here to the update every replica does the same, so a failure
+       agreed on here leaves them all as they were (clean) */
+    if (flag >= 2.0f) {
+        r->clean_fail = 1;
+        if (res != DSGD_OK) return res;
+        r->own_error = 0;
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "step %lld abandoned: replica %d failed",
+                                  (long long)r->opt->t, (int)flag - 2);
+    }
+    if (flag == 1.0f) {
+        if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
+            r->clean_fail = 1;
+            r->own_error = bad != 0;
+            return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
+                                      "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
+                                      "every replica stops", (long long)r->opt->t, bad);
+        }
+        r->skipped = 1;
+        return DSGD_OK;
+    }
+    if (!s->all_mean) res = dsgd__replica_prescale(r, a->count, len);
+    if (res == DSGD_OK && s->n > 1) res = dsgd__replica_exchange(r);
+    if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);
+    /* a failure after the agreement is not clean: the others may have
+       updated, or wait for this replica in the exchange (dsgd__replica_job
+       stops them) */
+    return res;
+}
+
+static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, const float *y, int count,
+                                              int need_y, const char *what) {
+    int max_batch;
+    dsgd_result res = dsgd__strategy_usable(s, what);
+    if (res != DSGD_OK) return res;
+    max_batch = s->d.model.max_batch ? s->d.model.max_batch : 256;
+    if (!x || (need_y && !y))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
+    if (count < 1 || (long long)count > (long long)s->n * max_batch)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: global batch of %d outside 1..%lld (replicas x max_batch)", what, count,
+                                  (long long)s->n * max_batch);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y, int count,
+                                              dsgd_step_info *info) {
+    dsgd__step_args a;
+    dsgd_result res;
+    int i;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_batch(s, x, y, count, 1, "dsgd_strategy_train_step")) != DSGD_OK) return res;
+    a.x = x;
+    a.y = y;
+    a.count = count;
+    if (info) {
+        info->step = dsgd_optimizer_steps(s->reps[0].opt);
+        info->count = count;
+    }
+    res = dsgd__strategy_dispatch(s, dsgd__replica_train, &a, "dsgd_strategy_train_step");
+    if (info) {
+        info->skipped = s->reps[0].skipped;
+        info->lr = s->reps[0].lr;
+        for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
+    }
+    return res;
+}
+
+static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    size_t off = 0, len = 0;
+    dsgd_block_range((size_t)a->count, r->s->n, r->rank, &off, &len);
+    r->clean_fail = 1; /* no collective, no weight changes */
+    if (len == 0) return DSGD_OK;
+    return dsgd_model_eval_batch(r->model, a->x + off * (size_t)dsgd_model_input_dim(r->model),
+                                 a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL, (int)len);
+}
+
+DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y, int count) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_batch(s, x, y, count, 0, "dsgd_strategy_eval_batch")) != DSGD_OK) return res;
+    a.x = x;
+    a.y = y;
+    a.count = count;
+    return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a, "dsgd_strategy_eval_batch");
+}
+
+DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data) {
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_usable(s, "dsgd_strategy_run")) != DSGD_OK) return res;
+    if (!fn) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_run: fn is NULL");
+    return dsgd__strategy_dispatch(s, fn, user_data, "dsgd_strategy_run");
+}
+
+DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s) { return s ? s->failed : 0; }
+
+DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message) {
+    if (message) *message = "";
+    if (!s || replica < 0 || replica >= s->n) return DSGD_ERR_INVALID_ARGUMENT;
+    if (message) *message = s->reps[replica].msg;
+    return s->reps[replica].result;
+}
+
+/* >>distributed variables -------------------------------------------------- */
+
+static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
+    dsgd__dvar *v;
+    size_t bytes, i;
+    int r;
+    if (s->num_vars == s->cap_vars) {
+        int cap = s->cap_vars ? 2 * s->cap_vars : 16;
+        dsgd__dvar *nv = (dsgd__dvar *)DSGD_REALLOC(s->vars, sizeof(dsgd__dvar) * (size_t)cap);
+        if (!nv) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot grow the variable table");
+        s->vars = nv;
+        s->cap_vars = cap;
+    }
+    if (dsgd__mul_overflows(d->count, (size_t)s->n * sizeof(float), &bytes))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s': %zu floats overflow", d->name, d->count);
+    v = &s->vars[s->num_vars];
+    memset(v, 0, sizeof(*v));
+    v->copies = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_create_variable");
+    if (!v->copies) return DSGD_ERR_OUT_OF_MEMORY;
+    snprintf(v->name, sizeof(v->name), "%s", d->name);
+    v->count = d->count;
+    v->sync = d->synchronization == DSGD_SYNC_ON_READ ? DSGD_SYNC_ON_READ : DSGD_SYNC_ON_WRITE;
+    v->agg = d->aggregation;
+    v->trainable = d->trainable;
+    for (r = 0; r < s->n; ++r)
+        for (i = 0; i < d->count; ++i) v->copies[(size_t)r * d->count + i] = d->initial_value ? d->initial_value[i] : 0.0f;
+    *id = s->num_vars++;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
+    const char *what = "dsgd_strategy_create_variable";
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
+    if (!d || !id || !d->name || !d->name[0] || d->count == 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: NULL desc or id, empty name or zero count", what);
+    if (strlen(d->name) > DSGD_MAX_VARIABLE_NAME)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: the name '%.40s...' has %zu bytes; at most %d (DSGD_MAX_VARIABLE_NAME)", what,
+                                  d->name, strlen(d->name), DSGD_MAX_VARIABLE_NAME);
+    if (dsgd_strategy_find_variable(s, d->name) >= 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
+    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization > (int)DSGD_SYNC_ON_READ)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: '%s': unknown aggregation %d or synchronization %d",
+                                  what, d->name, (int)d->aggregation, (int)d->synchronization);
+    if (d->synchronization == DSGD_SYNC_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': synchronization NONE is not supported under a distribution strategy", what, d->name);
+    if (d->synchronization == DSGD_SYNC_ON_READ && d->trainable)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': ON_READ synchronization is only for non-trainable variables", what, d->name);
+    if (d->synchronization == DSGD_SYNC_ON_READ && d->aggregation == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': an ON_READ variable needs an aggregation (SUM, MEAN or ONLY_FIRST_REPLICA) "
+                                  "to be read across replicas", what, d->name);
+    return dsgd__dvar_add(s, d, id);
+}
+
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name) {
+    int i;
+    if (!s || !name) return -1;
+    for (i = 0; i < s->num_vars; ++i)
+        if (!strcmp(s->vars[i].name, name)) return i;
+    return -1;
+}
+
+static dsgd__dvar *dsgd__dvar_get(dsgd_strategy *s, dsgd_ctx *ctx, int id, const void *buf, const char *what) {
+    if (id < 0 || id >= s->num_vars || !buf) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: no variable %d, or NULL buffer", what, id);
+        return NULL;
+    }
+    return &s->vars[id];
+}
+
+/* Combines the replicas' `value`s of an ON_WRITE variable into out (replica context). */
+static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const float *value, float *out, const char *what) {
+    dsgd_result res = DSGD_OK;
+    if (v->agg == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
+                                  "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
+    memcpy(out, value, sizeof(float) * v->count);
+    if (r->s->n == 1) return DSGD_OK;
+    if (v->agg == DSGD_AGG_ONLY_FIRST_REPLICA)
+        res = dsgd_broadcast(r->comm, out, v->count, 0, 0.0);
+    else
+        res = dsgd_allreduce(r->comm, out, v->count, v->agg == DSGD_AGG_SUM ? DSGD_REDUCE_SUM : DSGD_REDUCE_MEAN,
+                             DSGD_ALLREDUCE_AUTO, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *value, int add, const char *what) {
+    dsgd__dvar *v;
+    float *local, *tmp;
+    size_t i;
+    dsgd_result res;
+    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    local = v->copies + (size_t)r->rank * v->count;
+    if (v->sync == DSGD_SYNC_ON_READ) {
+        tmp = (float *)value;
+    } else {
+        if (!(tmp = dsgd__replica_stage(r, v->count))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((res = dsgd__dvar_combine(r, v, value, tmp, what)) != DSGD_OK) return res;
+    }
+    for (i = 0; i < v->count; ++i) local[i] = add ? local[i] + tmp[i] : tmp[i];
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value) {
+    return dsgd__replica_write(r, id, value, 0, "dsgd_replica_assign");
+}
+
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta) {
+    return dsgd__replica_write(r, id, delta, 1, "dsgd_replica_assign_add");
+}
+
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
+    dsgd__dvar *v;
+    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
+    memcpy(out, v->copies + (size_t)r->rank * v->count, sizeof(float) * v->count);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out) {
+    dsgd__dvar *v;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_read_local") != DSGD_OK) return DSGD_ERR_STATE;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_local"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (replica < 0 || replica >= s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_read_local: no replica %d", replica);
+    memcpy(out, v->copies + (size_t)replica * v->count, sizeof(float) * v->count);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out) {
+    dsgd__dvar *v;
+    size_t i;
+    int r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_read_variable") != DSGD_OK) return DSGD_ERR_STATE;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (v->sync == DSGD_SYNC_ON_WRITE || v->agg == DSGD_AGG_ONLY_FIRST_REPLICA) {
+        memcpy(out, v->copies, sizeof(float) * v->count);
+        return DSGD_OK;
+    }
+    for (i = 0; i < v->count; ++i) {
+        double acc = 0.0; /* rank order, in double */
+        for (r = 0; r < s->n; ++r) acc += v->copies[(size_t)r * v->count + i];
+        out[i] = (float)(v->agg == DSGD_AGG_MEAN ? acc / s->n : acc);
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value) {
+    dsgd__dvar *v;
+    size_t i;
+    int r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_assign_variable") != DSGD_OK) return DSGD_ERR_STATE;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, value, "dsgd_strategy_assign_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
+    for (r = 0; r < s->n; ++r)
+        for (i = 0; i < v->count; ++i)
+            v->copies[(size_t)r * v->count + i] =
+                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->n : value[i];
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot, dsgd_metrics *out) {
+    int r, k;
+    float vals[3];
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_usable(s, "dsgd_strategy_take_metrics")) != DSGD_OK) return res;
+    if (!out || (slot != DSGD_METRICS_TRAIN && slot != DSGD_METRICS_EVAL))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_take_metrics: bad slot or NULL out");
+    /* move each replica's device-side accumulators into its local copies */
+    for (r = 0; r < s->n; ++r) {
+        dsgd_metrics m;
+        if ((res = dsgd_model_take_metrics(s->reps[r].model, slot, &m)) != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].ctx));
+        vals[0] = (float)m.loss_sum;
+        vals[1] = (float)m.correct;
+        vals[2] = (float)m.count;
+        for (k = 0; k < 3; ++k) s->vars[s->metric_var[slot] + k].copies[r] += vals[k];
+    }
+    /* the cross-replica read (SUM), then reset */
+    for (k = 0; k < 3; ++k) dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k]);
+    out->loss_sum = vals[0];
+    out->correct = vals[1];
+    out->count = vals[2];
+    for (k = 0; k < 3; ++k)
+        for (r = 0; r < s->n; ++r) s->vars[s->metric_var[slot] + k].copies[r] = 0.0f;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_STRATEGY_IMPL */
