@@ -8,6 +8,8 @@
 #   make bench      build and run bench/*
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
 #   make check-docs every DSGD_API declaration documented (tools/check_docs.py)
+#   make check-parts every part of distsgd/ compiles with only the parts above
+#                   it, as C99 and C++11 (tools/check_parts.py): no layer calls up
 #   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs, examples
 #                         on the single include
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
@@ -141,7 +143,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi all examples tests bench-build tools test test-build test-run check-header check-docs \
+.PHONY: build-combos tune bench-mpi all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
     demo demo-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -169,10 +171,15 @@ check-header: $(HEADER_CHECKS)
 check-docs:
 	$(PYTHON) tools/check_docs.py $(HEADERS)
 
+# Every part compiles with only the parts above it in its map (no layer calls
+# up), as C99 and as C++11.
+check-parts:
+	$(PYTHON) tools/check_parts.py $(CC) $(CXX)
+
 # The amalgamation, documentation and compile-matrix checks and the packaging
 # consumers run first, so that the last line of make test is the test
 # binaries' summary.
-test-run: test-build check-amalgamation check-docs compile-matrix test-consumers
+test-run: test-build check-amalgamation check-docs check-parts compile-matrix test-consumers
 	@mkdir -p build/pocl-cache
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
 	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)

@@ -1,4 +1,4 @@
-/* distsgd.h - v0.1.0 - data-parallel distributed SGD in one C99 header.
+/* distsgd.h - v0.1.0 - data-parallel distributed SGD, header-only C99.
    MIT licence (see the end of this file).
 
    distsgd trains neural networks with data-parallel SGD, in the style of
@@ -14,7 +14,10 @@
          #define DISTSGD_IMPLEMENTATION
          #include "distsgd.h"
 
-     Everywhere else, include "distsgd.h" without the define. Link with -lm
+     Everywhere else, include "distsgd.h" without the define. From the
+     repository or an install, distsgd.h includes its parts from distsgd/
+     (keep them beside it); to vendor, copy the one generated file
+     single_include/distsgd.h instead, which holds them all. Link with -lm
      (and -lpthread). Define DISTSGD_STATIC before the include to make every
      function static to that translation unit.
 

@@ -95,6 +95,6 @@
 */
 #include "distsgd.h"
 
-#include "distsgd/cl/context.h" /* OpenCL devices, the shared context, queues, our kernels and their program */
+#include "distsgd/cl/context.h" /* devices, the shared context, queues, our kernels, GEMM parameters */
 #include "distsgd/cl/backend.h" /* the OpenCL backend: CLBlast GEMM and our kernels behind dsgd_backend_i */
-#include "distsgd/cl/tuning.h"  /* GEMM tuning: parameters, measurement, the per-device cache */
+#include "distsgd/cl/tuning.h"  /* the GEMM tuner: shapes, measurement, search helpers */

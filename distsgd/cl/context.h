@@ -1,4 +1,4 @@
-/* distsgd/cl/context.h - OpenCL devices, the shared context, queues, our kernels and their program
+/* distsgd/cl/context.h - devices, the shared context, queues, our kernels, GEMM parameters and their cache
    Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
 
    DEVICES
@@ -217,6 +217,85 @@ DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
 DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c);
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
+
+/* ---------------------------------------------------------------- GEMM parameters */
+
+/* The CLBlast GEMM parameters of a device and their cache file: context
+   creation applies the cache (DSGD_CL_TUNING_AUTO); tuning.h searches for
+   them. */
+#define DSGD_CL_XGEMM_NPARAMS 16
+#define DSGD_CL_DIRECT_NPARAMS 10
+
+/* A set of CLBlast GEMM parameters for one device (single precision). */
+typedef struct dsgd_cl_gemm_params {
+    int xgemm_set; /* non-zero: xgemm[] holds Xgemm's parameters in the order of
+                      dsgd_cl_xgemm_param_name(): GEMMK KREG KWG KWI MDIMA MDIMC
+                      MWG NDIMB NDIMC NWG SA SB STRM STRN VWM VWN */
+    size_t xgemm[DSGD_CL_XGEMM_NPARAMS];
+    int direct_set; /* XgemmDirect: KWID MDIMAD MDIMCD NDIMBD NDIMCD PADA PADB
+                       VWMD VWND WGD */
+    size_t direct[DSGD_CL_DIRECT_NPARAMS];
+    int min_indirect_set; /* GemmRoutine's XGEMM_MIN_INDIRECT_SIZE: GEMMs with
+                             m*n*k below its cube use the direct kernel */
+    size_t min_indirect;
+} dsgd_cl_gemm_params;
+
+/* Parameter names ("GEMMK", ...; "KWID", ...), NULL when i is out of range.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
+DSGD_API const char *dsgd_cl_direct_param_name(int i);
+/* Checks the divisibility rules CLBlast's kernels need, and the limits of
+   its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
+   rejected set would fail to build, crash or compute wrong results.
+   Returns 1 when valid, 0 otherwise (and for p NULL).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
+
+/* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
+   *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
+   Process-wide for that device; takes effect at the next GEMM (which
+   compiles the kernels for the new parameters).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
+   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
+   (CLBlast refused; parts applied before stay applied).
+   Thread safety: any thread (that may use ctx); CLBlast calls are
+   serialised by the library's lock, but not concurrently with another
+   apply on c or with dsgd_cl_context_gemm_tuned. */
+DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
+                                               const dsgd_cl_gemm_params *p);
+/* The tuning cache file for device i: desc_path, else $DSGD_CL_TUNE_CACHE,
+   taken as is when it names a file, or a directory (it ends with '/' or
+   exists as one) that gets the device's file name; else that name in
+   $XDG_CACHE_HOME/distsgd (when absolute) or ~/.cache/distsgd. Writes it,
+   NUL-terminated, to buf.
+   Errors (nothing recorded: no context): DSGD_ERR_INVALID_ARGUMENT (c NULL
+   or no device i, buf NULL or cap 0, no HOME and no absolute
+   XDG_CACHE_HOME, a path that does not fit in buf).
+   Thread safety: any thread (it reads the environment). */
+DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
+                                             const char *desc_path, char *buf, size_t cap);
+/* Reads a cache file and checks that it was made for device i of c; *out is
+   zeroed on failure.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or out NULL), DSGD_ERR_IO (cannot open), DSGD_ERR_FORMAT (corrupt,
+   a read error or parameters dsgd_cl_gemm_params_valid rejects: with the
+   line and what is wrong), DSGD_ERR_STATE (made for another device: the
+   message names both).
+   Thread safety: any thread (that may use ctx). */
+DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, dsgd_cl_gemm_params *out);
+/* Writes a cache file for device i (creating missing directories),
+   atomically (path.tmp, then rename). note, if non-NULL, is stored as a
+   comment line.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or p NULL, a path of 1024 bytes or more, a set
+   dsgd_cl_gemm_params_valid rejects), DSGD_ERR_IO (a directory, the file or
+   the rename failed).
+   Thread safety: any thread (that may use ctx); two writers of one path at
+   once race on path.tmp. */
+DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, const dsgd_cl_gemm_params *p,
+                                              const char *note);
 
 #ifdef __cplusplus
 }
@@ -1218,6 +1297,407 @@ DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c) { return c 
 
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i) {
     return (c && i >= 0 && i < c->num_devices) ? c->devices[i] : NULL;
+}
+
+/* >>gemm parameters --------------------------------------------------------- */
+
+static const char *const dsgd_cl__xgemm_names[DSGD_CL_XGEMM_NPARAMS] = {
+    "GEMMK", "KREG", "KWG", "KWI", "MDIMA", "MDIMC", "MWG", "NDIMB",
+    "NDIMC", "NWG",  "SA",  "SB",  "STRM",  "STRN",  "VWM", "VWN"};
+static const char *const dsgd_cl__direct_names[DSGD_CL_DIRECT_NPARAMS] = {
+    "KWID", "MDIMAD", "MDIMCD", "NDIMBD", "NDIMCD", "PADA", "PADB", "VWMD", "VWND", "WGD"};
+
+enum {
+    DSGD_CL__GEMMK = 0, DSGD_CL__KREG, DSGD_CL__KWG, DSGD_CL__KWI, DSGD_CL__MDIMA, DSGD_CL__MDIMC,
+    DSGD_CL__MWG, DSGD_CL__NDIMB, DSGD_CL__NDIMC, DSGD_CL__NWG, DSGD_CL__SA, DSGD_CL__SB,
+    DSGD_CL__STRM, DSGD_CL__STRN, DSGD_CL__VWM, DSGD_CL__VWN
+};
+enum {
+    DSGD_CL__KWID = 0, DSGD_CL__MDIMAD, DSGD_CL__MDIMCD, DSGD_CL__NDIMBD, DSGD_CL__NDIMCD,
+    DSGD_CL__PADA, DSGD_CL__PADB, DSGD_CL__VWMD, DSGD_CL__VWND, DSGD_CL__WGD
+};
+
+DSGD_API const char *dsgd_cl_xgemm_param_name(int i) {
+    return i >= 0 && i < DSGD_CL_XGEMM_NPARAMS ? dsgd_cl__xgemm_names[i] : NULL;
+}
+
+DSGD_API const char *dsgd_cl_direct_param_name(int i) {
+    return i >= 0 && i < DSGD_CL_DIRECT_NPARAMS ? dsgd_cl__direct_names[i] : NULL;
+}
+
+static int dsgd_cl__pow2(size_t v) { return v >= 1 && v <= 1024 && (v & (v - 1)) == 0; }
+
+DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p) {
+    if (!p) return 0;
+    if (p->xgemm_set) {
+        const size_t *x = p->xgemm;
+        int i;
+        static const int pow2_params[] = {DSGD_CL__KWG, DSGD_CL__KWI, DSGD_CL__MDIMA, DSGD_CL__MDIMC,
+                                          DSGD_CL__MWG, DSGD_CL__NDIMB, DSGD_CL__NDIMC, DSGD_CL__NWG,
+                                          DSGD_CL__VWM, DSGD_CL__VWN, DSGD_CL__KREG};
+        for (i = 0; i < (int)(sizeof(pow2_params) / sizeof(pow2_params[0])); ++i)
+            if (!dsgd_cl__pow2(x[pow2_params[i]])) return 0;
+        if (x[DSGD_CL__GEMMK] > 1 || x[DSGD_CL__SA] > 1 || x[DSGD_CL__SB] > 1 || x[DSGD_CL__STRM] > 1 ||
+            x[DSGD_CL__STRN] > 1 || x[DSGD_CL__VWM] > 16 || x[DSGD_CL__VWN] > 16)
+            return 0;
+        if (x[DSGD_CL__KWG] % x[DSGD_CL__KWI]) return 0;
+        if (x[DSGD_CL__MWG] % (x[DSGD_CL__MDIMC] * x[DSGD_CL__VWM])) return 0;
+        if (x[DSGD_CL__NWG] % (x[DSGD_CL__NDIMC] * x[DSGD_CL__VWN])) return 0;
+        if (x[DSGD_CL__MWG] % (x[DSGD_CL__MDIMA] * x[DSGD_CL__VWM])) return 0;
+        if (x[DSGD_CL__NWG] % (x[DSGD_CL__NDIMB] * x[DSGD_CL__VWN])) return 0;
+        if (x[DSGD_CL__GEMMK] == 0) {
+            size_t t = x[DSGD_CL__MDIMC] * x[DSGD_CL__NDIMC];
+            if (t % x[DSGD_CL__MDIMA] || t % x[DSGD_CL__NDIMB]) return 0;
+            if (x[DSGD_CL__KWG] % (t / x[DSGD_CL__MDIMA]) || x[DSGD_CL__KWG] % (t / x[DSGD_CL__NDIMB])) return 0;
+        } else {
+            if (x[DSGD_CL__KREG] % x[DSGD_CL__VWN]) return 0;
+            if (x[DSGD_CL__MDIMA] != x[DSGD_CL__MDIMC] || x[DSGD_CL__NDIMB] != x[DSGD_CL__NDIMC]) return 0;
+            /* CLBlast 1.5.3's GEMMK=1 path computes wrong values on padded
+               (non-multiple) sizes unless the tile is square, and crashes
+               with tiles below 16 (found by tools/cl_tune's checks on PoCL) */
+            if (x[DSGD_CL__MWG] != x[DSGD_CL__NWG] || x[DSGD_CL__MWG] < 16) return 0;
+        }
+    }
+    if (p->direct_set) {
+        const size_t *x = p->direct;
+        int i;
+        for (i = 0; i < DSGD_CL_DIRECT_NPARAMS; ++i) {
+            if (i == DSGD_CL__PADA || i == DSGD_CL__PADB) {
+                if (x[i] > 1) return 0;
+            } else if (!dsgd_cl__pow2(x[i])) {
+                return 0;
+            }
+        }
+        if (x[DSGD_CL__WGD] % x[DSGD_CL__KWID]) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__MDIMCD] * x[DSGD_CL__VWMD])) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__NDIMCD] * x[DSGD_CL__VWND])) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__MDIMAD] * x[DSGD_CL__VWMD])) return 0;
+        if (x[DSGD_CL__WGD] % (x[DSGD_CL__NDIMBD] * x[DSGD_CL__VWND])) return 0;
+        {
+            size_t t = x[DSGD_CL__MDIMCD] * x[DSGD_CL__NDIMCD];
+            if (t % x[DSGD_CL__MDIMAD] || t % x[DSGD_CL__NDIMBD]) return 0;
+            if (x[DSGD_CL__WGD] % (t / x[DSGD_CL__MDIMAD]) || x[DSGD_CL__WGD] % (t / x[DSGD_CL__NDIMBD])) return 0;
+        }
+    }
+    if (p->min_indirect_set && p->min_indirect > 100000) return 0;
+    return 1;
+}
+
+DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
+                                               const dsgd_cl_gemm_params *p) {
+    CLBlastStatusCode st;
+    if (!c || !p || device < 0 || device >= c->num_devices)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_apply_gemm_params: bad arguments");
+    if (!dsgd_cl_gemm_params_valid(p))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_apply_gemm_params: the parameters break CLBlast's rules");
+    if (p->xgemm_set) {
+        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        st = CLBlastOverrideParameters(c->devices[device], "Xgemm", CLBlastPrecisionSingle, DSGD_CL_XGEMM_NPARAMS,
+                                       (const char **)dsgd_cl__xgemm_names, p->xgemm);
+        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "Xgemm");
+    }
+    if (p->direct_set) {
+        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        st = CLBlastOverrideParameters(c->devices[device], "XgemmDirect", CLBlastPrecisionSingle,
+                                       DSGD_CL_DIRECT_NPARAMS, (const char **)dsgd_cl__direct_names, p->direct);
+        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "XgemmDirect");
+    }
+    if (p->min_indirect_set) {
+        const char *name[1];
+        size_t v[1];
+        name[0] = "XGEMM_MIN_INDIRECT_SIZE";
+        v[0] = p->min_indirect;
+        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        st = CLBlastOverrideParameters(c->devices[device], "GemmRoutine", CLBlastPrecisionSingle, 1, name, v);
+        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "GemmRoutine");
+    }
+    if (p->xgemm_set || p->direct_set || p->min_indirect_set) c->tuned[device] = 1;
+    return DSGD_OK;
+}
+
+/* FNV-1a, 64-bit: names the cache file after the device's identity. */
+static uint64_t dsgd_cl__fnv(uint64_t h, const char *s) {
+    if (h == 0) h = 1469598103934665603ull;
+    for (; *s; ++s) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ull;
+    }
+    h ^= 0xff; /* field separator */
+    h *= 1099511628211ull;
+    return h;
+}
+
+static int dsgd_cl__is_dir(const char *path) {
+    struct stat st;
+    size_t n = strlen(path);
+    if (n > 0 && path[n - 1] == '/') return 1;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device, const char *desc_path,
+                                             char *buf, size_t cap) {
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
+    const char *base = desc_path, *sep;
+    char dir[1024], name[96];
+    uint64_t h;
+    size_t j = 0;
+    const char *s;
+    int k;
+    if (!info || !buf || cap == 0) return DSGD_ERR_INVALID_ARGUMENT;
+    buf[0] = '\0';
+    if (!base || !*base) base = getenv("DSGD_CL_TUNE_CACHE");
+    if (base && *base && !dsgd_cl__is_dir(base)) {
+        k = snprintf(buf, cap, "%s", base);
+        return (k < 0 || (size_t)k >= cap) ? DSGD_ERR_INVALID_ARGUMENT : DSGD_OK;
+    }
+    if (base && *base) {
+        k = snprintf(dir, sizeof(dir), "%s", base);
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && xdg[0] == '/')
+            k = snprintf(dir, sizeof(dir), "%s/distsgd", xdg);
+        else if (home && *home)
+            k = snprintf(dir, sizeof(dir), "%s/.cache/distsgd", home);
+        else
+            return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if (k < 0 || (size_t)k >= sizeof(dir)) return DSGD_ERR_INVALID_ARGUMENT;
+    /* a readable slug of the device name, then a hash of its identity */
+    for (s = info->device_name; *s && j < 40; ++s) {
+        char ch = *s;
+        if ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '-')
+            name[j++] = ch;
+        else if (ch >= 'A' && ch <= 'Z')
+            name[j++] = (char)(ch - 'A' + 'a');
+        else if (j > 0 && name[j - 1] != '_')
+            name[j++] = '_';
+    }
+    name[j] = '\0';
+    h = dsgd_cl__fnv(0, info->platform_name);
+    h = dsgd_cl__fnv(h, info->device_name);
+    h = dsgd_cl__fnv(h, info->driver_version);
+    sep = (dir[0] && dir[strlen(dir) - 1] == '/') ? "" : "/";
+    k = snprintf(buf, cap, "%s%sclblast-gemm-%s-%08lx%08lx.txt", dir, sep, name,
+                 (unsigned long)(h >> 32), (unsigned long)(h & 0xffffffffu));
+    return (k < 0 || (size_t)k >= cap) ? DSGD_ERR_INVALID_ARGUMENT : DSGD_OK;
+}
+
+#define DSGD_CL__CACHE_MAGIC "distsgd-clblast-gemm-cache 1"
+
+/* Parses "NAME=VALUE NAME=VALUE ..." into vals[] following names[]; every
+   name exactly once. */
+static int dsgd_cl__parse_kv(const char *s, const char *const *names, int count, size_t *vals) {
+    int seen[32], i, total = 0;
+    memset(seen, 0, sizeof(seen));
+    while (*s) {
+        const char *eq, *end;
+        size_t n;
+        unsigned long v = 0;
+        int digits = 0;
+        while (*s == ' ') ++s;
+        if (!*s) break;
+        eq = strchr(s, '=');
+        if (!eq) return 0;
+        n = (size_t)(eq - s);
+        for (i = 0; i < count; ++i)
+            if (strlen(names[i]) == n && strncmp(names[i], s, n) == 0) break;
+        if (i == count || seen[i]) return 0;
+        for (end = eq + 1; *end >= '0' && *end <= '9'; ++end) {
+            if (++digits > 6) return 0;
+            v = v * 10 + (unsigned long)(*end - '0');
+        }
+        if (digits == 0 || (*end != ' ' && *end != '\0')) return 0;
+        vals[i] = (size_t)v;
+        seen[i] = 1;
+        ++total;
+        s = end;
+    }
+    return total == count;
+}
+
+DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device, const char *path,
+                                              dsgd_cl_gemm_params *out) {
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
+    FILE *f;
+    char line[1024], plat[DSGD_CL_MAX_NAME], dev[DSGD_CL_MAX_NAME], drv[DSGD_CL_MAX_NAME];
+    int lineno = 0, have_end = 0, have_plat = 0, have_dev = 0, have_drv = 0;
+    dsgd_cl_gemm_params p;
+    if (!info || !path || !out)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_load_gemm_params: bad arguments");
+    memset(&p, 0, sizeof(p));
+    memset(out, 0, sizeof(*out));
+    f = fopen(path, "r");
+    if (!f) return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+#define DSGD_CL__BAD(why)                                                                         \
+    do {                                                                                          \
+        fclose(f);                                                                                \
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s:%d: %s", path, lineno, why);          \
+    } while (0)
+    while (fgets(line, sizeof(line), f)) {
+        size_t n = strlen(line);
+        ++lineno;
+        if (n == sizeof(line) - 1 && line[n - 1] != '\n') DSGD_CL__BAD("line too long");
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        if (have_end) {
+            if (n) DSGD_CL__BAD("text after 'end'");
+            continue;
+        }
+        if (lineno == 1) {
+            if (strcmp(line, DSGD_CL__CACHE_MAGIC) != 0)
+                DSGD_CL__BAD("not a distsgd CLBlast tuning file (first line is not '" DSGD_CL__CACHE_MAGIC "')");
+            continue;
+        }
+        if (n == 0 || line[0] == '#') continue;
+        if (strncmp(line, "platform ", 9) == 0) {
+            dsgd_cl__copy_str(plat, sizeof(plat), line + 9);
+            have_plat = 1;
+        } else if (strncmp(line, "device ", 7) == 0) {
+            dsgd_cl__copy_str(dev, sizeof(dev), line + 7);
+            have_dev = 1;
+        } else if (strncmp(line, "driver ", 7) == 0) {
+            dsgd_cl__copy_str(drv, sizeof(drv), line + 7);
+            have_drv = 1;
+        } else if (strncmp(line, "clblast ", 8) == 0) {
+            /* informational */
+        } else if (strncmp(line, "Xgemm ", 6) == 0) {
+            if (p.xgemm_set || !dsgd_cl__parse_kv(line + 6, dsgd_cl__xgemm_names, DSGD_CL_XGEMM_NPARAMS, p.xgemm))
+                DSGD_CL__BAD("bad Xgemm line (want each of GEMMK KREG KWG KWI MDIMA MDIMC MWG NDIMB NDIMC NWG SA SB "
+                             "STRM STRN VWM VWN once, as NAME=VALUE)");
+            p.xgemm_set = 1;
+        } else if (strncmp(line, "XgemmDirect ", 12) == 0) {
+            if (p.direct_set ||
+                !dsgd_cl__parse_kv(line + 12, dsgd_cl__direct_names, DSGD_CL_DIRECT_NPARAMS, p.direct))
+                DSGD_CL__BAD("bad XgemmDirect line");
+            p.direct_set = 1;
+        } else if (strncmp(line, "GemmRoutine ", 12) == 0) {
+            static const char *const mi[1] = {"XGEMM_MIN_INDIRECT_SIZE"};
+            if (p.min_indirect_set || !dsgd_cl__parse_kv(line + 12, mi, 1, &p.min_indirect))
+                DSGD_CL__BAD("bad GemmRoutine line");
+            p.min_indirect_set = 1;
+        } else if (strcmp(line, "end") == 0) {
+            have_end = 1;
+        } else {
+            DSGD_CL__BAD("unknown line");
+        }
+    }
+    if (ferror(f)) DSGD_CL__BAD("read error");
+    if (lineno == 0) DSGD_CL__BAD("empty file");
+    if (!have_end) DSGD_CL__BAD("no 'end' line (truncated?)");
+    if (!have_plat || !have_dev || !have_drv) DSGD_CL__BAD("missing platform, device or driver line");
+    if (!dsgd_cl_gemm_params_valid(&p)) DSGD_CL__BAD("parameters break CLBlast's divisibility rules");
+#undef DSGD_CL__BAD
+    fclose(f);
+    if (strcmp(plat, info->platform_name) != 0 || strcmp(dev, info->device_name) != 0 ||
+        strcmp(drv, info->driver_version) != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE,
+                                  "%s was tuned for '%s' (driver %s, platform '%s'), not for this device '%s' "
+                                  "(driver %s, platform '%s')",
+                                  path, dev, drv, plat, info->device_name, info->driver_version,
+                                  info->platform_name);
+    *out = p;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device, const char *path,
+                                              const dsgd_cl_gemm_params *p, const char *note) {
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
+    char tmp[1100], dir[1024];
+    FILE *f;
+    int i, ok;
+    char *slash;
+    if (!info || !path || !p || strlen(path) >= sizeof(dir))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_save_gemm_params: bad arguments");
+    if (!dsgd_cl_gemm_params_valid(p))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_save_gemm_params: the parameters break CLBlast's rules");
+    dsgd_cl__copy_str(dir, sizeof(dir), path);
+    slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        /* mkdir -p of the file's directory */
+        char *q;
+        *slash = '\0';
+        for (q = dir + 1;; ++q) {
+            if (*q == '/' || *q == '\0') {
+                char keep = *q;
+                *q = '\0';
+                if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+                    return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot create the directory: %s", dir,
+                                              strerror(errno));
+                *q = keep;
+                if (keep == '\0') break;
+            }
+        }
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    f = fopen(tmp, "w");
+    if (!f) return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    fprintf(f, "%s\n", DSGD_CL__CACHE_MAGIC);
+    fprintf(f, "# CLBlast GEMM parameters for one OpenCL device, written by distsgd's tuner.\n");
+    if (note) {
+        const char *s = note;
+        fputs("# ", f);
+        for (; *s; ++s) fputc(*s == '\n' ? ' ' : *s, f);
+        fputc('\n', f);
+    }
+    fprintf(f, "platform %s\ndevice %s\ndriver %s\nclblast %d.%d.%d\n", info->platform_name, info->device_name,
+            info->driver_version, CLBLAST_VERSION_MAJOR, CLBLAST_VERSION_MINOR, CLBLAST_VERSION_PATCH);
+    if (p->xgemm_set) {
+        fputs("Xgemm", f);
+        for (i = 0; i < DSGD_CL_XGEMM_NPARAMS; ++i)
+            fprintf(f, " %s=%lu", dsgd_cl__xgemm_names[i], (unsigned long)p->xgemm[i]);
+        fputc('\n', f);
+    }
+    if (p->direct_set) {
+        fputs("XgemmDirect", f);
+        for (i = 0; i < DSGD_CL_DIRECT_NPARAMS; ++i)
+            fprintf(f, " %s=%lu", dsgd_cl__direct_names[i], (unsigned long)p->direct[i]);
+        fputc('\n', f);
+    }
+    if (p->min_indirect_set) fprintf(f, "GemmRoutine XGEMM_MIN_INDIRECT_SIZE=%lu\n", (unsigned long)p->min_indirect);
+    fputs("end\n", f);
+    ok = !ferror(f);
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return DSGD_OK;
+}
+
+/* Context creation: reads device i's cache file and applies it, or logs a
+   warning saying why not and leaves CLBlast's defaults. The failure is not
+   recorded as the caller's error: a scratch context collects its message. */
+static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const char *desc_path) {
+    char path[1100];
+    dsgd_cl_gemm_params p;
+    dsgd_ctx *scratch = NULL;
+    dsgd_result r;
+    const char *dev = c->info[i].device_name, *why;
+    if (dsgd_cl_tune_cache_path(c, i, desc_path, path, sizeof(path)) != DSGD_OK) {
+        dsgd_ctx_log(ctx, DSGD_LOG_WARN,
+                     "no GEMM tuning cache location for %s (set DSGD_CL_TUNE_CACHE or HOME); using CLBlast's "
+                     "default GEMM parameters",
+                     dev);
+        return;
+    }
+    if (dsgd_ctx_create(NULL, &scratch) != DSGD_OK) scratch = NULL;
+    r = dsgd_cl_load_gemm_params(scratch, c, i, path, &p);
+    if (r == DSGD_OK) r = dsgd_cl_apply_gemm_params(scratch, c, i, &p);
+    if (r == DSGD_OK) {
+        dsgd_ctx_log(ctx, DSGD_LOG_INFO, "applied tuned CLBlast GEMM parameters for %s from %s", dev, path);
+    } else {
+        why = r == DSGD_ERR_IO ? "missing" : r == DSGD_ERR_STATE ? "for another device" : "corrupt";
+        dsgd_ctx_log(ctx, DSGD_LOG_WARN,
+                     "GEMM tuning cache %s (%s): %s; using CLBlast's default GEMM parameters for %s (tools/cl_tune "
+                     "tunes this device)",
+                     why, dsgd_result_string(r), scratch ? dsgd_ctx_last_error(scratch) : path, dev);
+    }
+    dsgd_ctx_destroy(scratch);
 }
 
 #endif /* DSGD_CL__PART_CONTEXT_IMPL */
