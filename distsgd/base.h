@@ -46,6 +46,19 @@
      DSGD_ERR_INVALID_ARGUMENT for a range outside a buffer). Getters that
      cannot fail say what they return for a NULL object or an index out of
      range.
+
+     What a caller can do about a failure of a group of ranks:
+       DSGD_ERR_TIMEOUT  a peer did not come in time; the message names it.
+                         The group is unusable: recreate it (or give up).
+       DSGD_ERR_ABORTED  the group was aborted (a peer failed and stopped
+                         everyone, or a peer gave up mid-way): recreate it.
+       DSGD_ERR_DESYNC   the ranks disagree on the call (a bug in the
+                         program); the communicator stays usable when the
+                         agreement caught it, and every rank got the same
+                         message.
+       DSGD_ERR_SYSTEM   a thread, lock or other OS resource failed: give up.
+       DSGD_ERR_STATE    the object was misused, e.g. called again after it
+                         failed: recreate it.
 */
 #ifndef DSGD__PART_BASE_DECL
 #define DSGD__PART_BASE_DECL
@@ -93,7 +106,9 @@ extern "C" {
     X(DSGD_ERR_BACKEND, -8, "backend failure")                                 \
     X(DSGD_ERR_UNSUPPORTED, -9, "unsupported operation")                       \
     X(DSGD_ERR_STATE, -10, "invalid state")                                   \
-    X(DSGD_ERR_DESYNC, -11, "ranks disagree on a collective")
+    X(DSGD_ERR_DESYNC, -11, "ranks disagree on a collective")                  \
+    X(DSGD_ERR_ABORTED, -12, "the group was aborted")                          \
+    X(DSGD_ERR_SYSTEM, -13, "system failure")
 
 typedef enum dsgd_result {
 #define DSGD__RESULT_ENUM(name, value, text) name = value,

@@ -161,10 +161,11 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t
    DSGD_ERR_DESYNC (the ranks passed different counts, ops, algorithms,
    piece sizes or collectives: returned by every rank, before any buffer
    is touched, naming two ranks that differ; the communicator stays usable),
-   DSGD_ERR_STATE (transport aborted, messages out of step, communicator
-   broken by an earlier failure),
-   DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce
-   hook returns. A failure in the exchange (all but the argument checks and
+   DSGD_ERR_ABORTED (the group was aborted, through the transport's abort,
+   or a peer gave up mid-way), DSGD_ERR_DESYNC also when messages arrive out
+   of step, DSGD_ERR_STATE (the communicator was broken by an earlier
+   failure), DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce hook
+   returns. A failure in the exchange (all but the argument checks and
    DSGD_ERR_UNSUPPORTED) breaks the communicator: later collectives return
    DSGD_ERR_STATE.
    Thread safety: the communicator's thread; all ranks call concurrently. */

@@ -26,7 +26,7 @@ typedef struct dsgd_loopback dsgd_loopback;
 /* Creates a loopback hub for n ranks. ctx receives the errors of create and
    endpoint and must outlive the hub.
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx or out NULL, nothing recorded when
-   ctx is; n outside 1..4096), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a
+   ctx is; n outside 1..4096), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a
    pthread mutex or condition variable could not be created).
    Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out);
@@ -38,7 +38,7 @@ DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **
    Thread safety: the thread of the hub's ctx. */
 DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out);
 /* Marks the hub aborted: every waiting and later transfer returns
-   DSGD_ERR_STATE promptly. Use it when one replica fails so that the others
+   DSGD_ERR_ABORTED promptly (the endpoints' abort member does the same). Use it when one replica fails so that the others
    stop without waiting for their deadlines. Irreversible. hub NULL: nothing.
    Thread safety: any thread, at any time while the hub exists. */
 DSGD_API void dsgd_loopback_abort(dsgd_loopback *hub);
@@ -230,7 +230,7 @@ fail:
     DSGD_FREE(hub->ep_mem);
     DSGD_FREE(hub->pair_mem);
     DSGD_FREE(hub);
-    return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "loopback_create: cannot create a pthread mutex or condition");
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "loopback_create: cannot create a pthread mutex or condition");
 }
 
 DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub) {
@@ -370,13 +370,13 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
                                  "loopback rank %d: the message from rank %d has tag %016llx, expected %016llx "
                                  "(ranks out of step?)",
                                  me, src, (unsigned long long)s->tag, (unsigned long long)rtag);
-                        r = DSGD_ERR_STATE;
+                        r = DSGD_ERR_DESYNC;
                     } else {
                         snprintf(e->err, sizeof(e->err),
                                  "loopback rank %d: the message from rank %d has %zu bytes, expected %zu "
                                  "(different counts on different ranks?)",
                                  me, src, s->bytes, rbytes);
-                        r = DSGD_ERR_SHAPE;
+                        r = DSGD_ERR_DESYNC;
                     }
                     goto fail;
                 }
@@ -387,7 +387,7 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
                 if (st == DSGD__LB_CANCELLED) {
                     DSGD__STORE_SC(&in->head, head + 1);
                     dsgd__lb_wake(&hub->ep[src]);
-                    r = dsgd__lb_fail(e, DSGD_ERR_STATE, "a message was withdrawn (its sender failed) by", src);
+                    r = dsgd__lb_fail(e, DSGD_ERR_ABORTED, "a message was withdrawn (its sender failed) by", src);
                     goto fail;
                 }
                 if (rbytes) {
@@ -408,7 +408,7 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
         if (!send_state && !recv_state) return DSGD_OK;
         if (DSGD__LOAD_ACQ(&hub->aborted)) {
             blame = recv_state ? src : dst;
-            r = dsgd__lb_fail(e, DSGD_ERR_STATE, "the hub was aborted while waiting for", blame);
+            r = dsgd__lb_fail(e, DSGD_ERR_ABORTED, "the hub was aborted while waiting for", blame);
             goto fail;
         }
         if (progressed) {
@@ -468,7 +468,7 @@ fail:
 typedef int (*dsgd__lb_ready_fn)(dsgd__lb_ep *e, uint64_t tag);
 
 /* Waits with the hub's spin policy until ready(e, tag), the deadline or an
-   abort (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE). ready must use SC loads. */
+   abort (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED). ready must use SC loads. */
 static dsgd_result dsgd__lb_wait(dsgd__lb_ep *e, dsgd__lb_ready_fn ready, uint64_t tag, double deadline) {
     dsgd_loopback *hub = e->hub;
     double start = dsgd_now();
@@ -476,7 +476,7 @@ static dsgd_result dsgd__lb_wait(dsgd__lb_ep *e, dsgd__lb_ready_fn ready, uint64
     int spins = 0;
     for (;;) {
         if (ready(e, tag)) return DSGD_OK;
-        if (DSGD__LOAD_ACQ(&hub->aborted)) return DSGD_ERR_STATE;
+        if (DSGD__LOAD_ACQ(&hub->aborted)) return DSGD_ERR_ABORTED;
         if (spun < hub->spin_ns) {
             if (spun < hub->pause_ns) {
                 DSGD__PAUSE();
@@ -556,10 +556,10 @@ static dsgd_result dsgd__lb_share(void *impl, uint64_t tag, void *buf, void **pe
             __atomic_sub_fetch(&p->win_acq, 1L, __ATOMIC_SEQ_CST);
             for (j = 0; j < k; ++j)
                 if (j != e->rank) __atomic_add_fetch(&hub->ep[j].win_rel, 1L, __ATOMIC_SEQ_CST);
-            dsgd__lb_fail(e, DSGD_ERR_STATE, "a buffer was withdrawn (its rank failed) by", k);
+            dsgd__lb_fail(e, DSGD_ERR_ABORTED, "a buffer was withdrawn (its rank failed) by", k);
             dsgd__lb_withdraw(e, tag);
             if (failed_peer) *failed_peer = k;
-            return DSGD_ERR_STATE;
+            return DSGD_ERR_ABORTED;
         }
         peers[k] = p->win_ptr;
     }
@@ -635,6 +635,8 @@ static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
                          deadline, failed_peer);
 }
 
+static void dsgd__lb_abort(void *impl) { dsgd_loopback_abort(((dsgd__lb_ep *)impl)->hub); }
+
 static const char *dsgd__lb_error_message(void *impl) { return ((dsgd__lb_ep *)impl)->err; }
 
 static void dsgd__lb_set_progress(void *impl, uint64_t seq) {
@@ -664,6 +666,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->sendrecv = dsgd__lb_sendrecv;
     out->sendrecv_reduce = dsgd__lb_sendrecv_reduce;
     out->allreduce = NULL;
+    out->abort = dsgd__lb_abort;
     out->now = NULL;
     out->error_message = dsgd__lb_error_message;
     out->set_progress = dsgd__lb_set_progress;

@@ -139,7 +139,7 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    with more than one replica; a negative or NaN timeout; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers),
-   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object or thread could
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.
    Thread safety: the context's thread, which then drives the strategy:
    every dsgd_strategy_* function is called from it. */
@@ -251,8 +251,8 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
    DSGD_OK without joining does not stop them).
    When fn fails on a replica (returns anything but DSGD_OK), the strategy
    aborts its transport at once: the replicas waiting in a collective, or
-   entering one later, get DSGD_ERR_STATE within milliseconds instead of
-   waiting out their deadline, and their results become DSGD_ERR_STATE
+   entering one later, get DSGD_ERR_ABORTED within milliseconds instead of
+   waiting out their deadline, and their results become DSGD_ERR_ABORTED
    "aborted because replica k failed (...)", k the replica that failed first
    (see dsgd_strategy_replica_result). The strategy has then failed, as the
    transport cannot be used again and fn may have left the replicas
@@ -472,11 +472,12 @@ struct dsgd_strategy {
 /* Stops every replica's transport at once because replica `rank` failed;
    the first caller is the one the others' messages name. */
 static void dsgd__strategy_abort(dsgd_strategy *s, int rank) {
-    if (!s->hub) return;
+    const dsgd_transport_i *t = &s->reps[rank].ep;
+    if (!t->abort) return;
     pthread_mutex_lock(&s->mu);
     if (s->abort_by < 0) s->abort_by = rank;
     pthread_mutex_unlock(&s->mu);
-    dsgd_loopback_abort(s->hub);
+    t->abort(t->impl);
 }
 
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
@@ -507,7 +508,7 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
         if (label && !strncmp(d, r->ctx->label, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
         snprintf(detail, sizeof(detail), "%s", d);
         r->own_error = 0;
-        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "aborted because replica %d failed (%s)", by, detail);
+        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
     }
     snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->ctx));
     return res;
@@ -787,25 +788,25 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (res != DSGD_OK) { dsgd_strategy_destroy(s); return res; }
     if (pthread_mutex_init(&s->mu, NULL) != 0) {
         dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_mutex_init failed", what);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
     }
     if (pthread_cond_init(&s->cv_start, NULL) != 0) {
         pthread_mutex_destroy(&s->mu);
         dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
     }
     if (pthread_cond_init(&s->cv_done, NULL) != 0) {
         pthread_cond_destroy(&s->cv_start);
         pthread_mutex_destroy(&s->mu);
         dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
     }
     s->sync_ready = 1;
     for (i = 1; i < n; ++i) {
         if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0) {
-            dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: cannot start replica %d's thread", what, i);
+            dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
             dsgd_strategy_destroy(s);
-            return DSGD_ERR_STATE;
+            return DSGD_ERR_SYSTEM;
         }
         s->reps[i].thread_started = 1;
     }
@@ -983,7 +984,7 @@ static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
         r->clean_fail = 1;
         if (res != DSGD_OK) return res;
         r->own_error = 0;
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "step %lld abandoned: replica %d failed",
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
                                   (long long)r->opt->t, (int)flag - 2);
     }
     if (flag == 1.0f) {

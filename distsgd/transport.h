@@ -43,11 +43,12 @@ typedef enum dsgd_reduce_op {
    part of the tag). Every blocking function returns DSGD_ERR_TIMEOUT once the
    deadline has passed, and never hangs.
 
-   Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT; DSGD_ERR_SHAPE
-   (the message has another size than the receiver expects); DSGD_ERR_STATE
-   (the transport was aborted, the tag does not match, the peer gave up on a
-   message); DSGD_ERR_OUT_OF_MEMORY; DSGD_ERR_INVALID_ARGUMENT (a peer outside
-   the group, or this rank itself). They record nothing on any dsgd_ctx: the
+   Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT;
+   DSGD_ERR_DESYNC (the message has another tag or size than the receiver
+   expects: the ranks are out of step); DSGD_ERR_ABORTED (the group was
+   aborted, or the peer gave up on a message); DSGD_ERR_OUT_OF_MEMORY;
+   DSGD_ERR_INVALID_ARGUMENT (a peer outside the group, or this rank
+   itself). They record nothing on any dsgd_ctx: the
    communicator turns them into messages (with error_message's text if set).
 
    Thread safety: an endpoint is used by one thread at a time. */
@@ -94,7 +95,7 @@ typedef struct dsgd_transport_i {
        may then read and write the peers' buffers until it calls unshare.
        unshare declares that this rank is done with the peers' buffers and
        returns once every peer is done with this rank's, so buf may be
-       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE) either call
+       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED) either call
        withdraws buf and does not return while a peer may still touch it;
        *failed_peer is the rank waited for, or -1 when unknown. The direct
        all-reduce needs both. */
@@ -109,6 +110,14 @@ typedef struct dsgd_transport_i {
        algorithms; an explicit algorithm still runs the library's. */
     dsgd_result (*allreduce)(void *impl, float *buf, size_t count, dsgd_reduce_op op,
                              double deadline);
+
+    /* optional: stops the whole group at once: every rank's waiting and later
+       transfers return DSGD_ERR_ABORTED promptly. Any rank may call it,
+       from any thread, at any time while the endpoint lives; it cannot be
+       undone (the group must be recreated). A strategy calls it when one
+       replica fails, so the others need not wait out their deadline. NULL:
+       they wait until their deadline. */
+    void (*abort)(void *impl);
 
     /* optional clock in seconds (a simulated-clock transport); NULL: dsgd_now(). */
     double (*now)(void *impl);

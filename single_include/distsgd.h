@@ -166,6 +166,19 @@
      DSGD_ERR_INVALID_ARGUMENT for a range outside a buffer). Getters that
      cannot fail say what they return for a NULL object or an index out of
      range.
+
+     What a caller can do about a failure of a group of ranks:
+       DSGD_ERR_TIMEOUT  a peer did not come in time; the message names it.
+                         The group is unusable: recreate it (or give up).
+       DSGD_ERR_ABORTED  the group was aborted (a peer failed and stopped
+                         everyone, or a peer gave up mid-way): recreate it.
+       DSGD_ERR_DESYNC   the ranks disagree on the call (a bug in the
+                         program); the communicator stays usable when the
+                         agreement caught it, and every rank got the same
+                         message.
+       DSGD_ERR_SYSTEM   a thread, lock or other OS resource failed: give up.
+       DSGD_ERR_STATE    the object was misused, e.g. called again after it
+                         failed: recreate it.
 */
 #ifndef DSGD__PART_BASE_DECL
 #define DSGD__PART_BASE_DECL
@@ -213,7 +226,9 @@ extern "C" {
     X(DSGD_ERR_BACKEND, -8, "backend failure")                                 \
     X(DSGD_ERR_UNSUPPORTED, -9, "unsupported operation")                       \
     X(DSGD_ERR_STATE, -10, "invalid state")                                   \
-    X(DSGD_ERR_DESYNC, -11, "ranks disagree on a collective")
+    X(DSGD_ERR_DESYNC, -11, "ranks disagree on a collective")                  \
+    X(DSGD_ERR_ABORTED, -12, "the group was aborted")                          \
+    X(DSGD_ERR_SYSTEM, -13, "system failure")
 
 typedef enum dsgd_result {
 #define DSGD__RESULT_ENUM(name, value, text) name = value,
@@ -2741,11 +2756,12 @@ typedef enum dsgd_reduce_op {
    part of the tag). Every blocking function returns DSGD_ERR_TIMEOUT once the
    deadline has passed, and never hangs.
 
-   Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT; DSGD_ERR_SHAPE
-   (the message has another size than the receiver expects); DSGD_ERR_STATE
-   (the transport was aborted, the tag does not match, the peer gave up on a
-   message); DSGD_ERR_OUT_OF_MEMORY; DSGD_ERR_INVALID_ARGUMENT (a peer outside
-   the group, or this rank itself). They record nothing on any dsgd_ctx: the
+   Result codes of the transfer functions: DSGD_OK; DSGD_ERR_TIMEOUT;
+   DSGD_ERR_DESYNC (the message has another tag or size than the receiver
+   expects: the ranks are out of step); DSGD_ERR_ABORTED (the group was
+   aborted, or the peer gave up on a message); DSGD_ERR_OUT_OF_MEMORY;
+   DSGD_ERR_INVALID_ARGUMENT (a peer outside the group, or this rank
+   itself). They record nothing on any dsgd_ctx: the
    communicator turns them into messages (with error_message's text if set).
 
    Thread safety: an endpoint is used by one thread at a time. */
@@ -2792,7 +2808,7 @@ typedef struct dsgd_transport_i {
        may then read and write the peers' buffers until it calls unshare.
        unshare declares that this rank is done with the peers' buffers and
        returns once every peer is done with this rank's, so buf may be
-       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE) either call
+       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED) either call
        withdraws buf and does not return while a peer may still touch it;
        *failed_peer is the rank waited for, or -1 when unknown. The direct
        all-reduce needs both. */
@@ -2807,6 +2823,14 @@ typedef struct dsgd_transport_i {
        algorithms; an explicit algorithm still runs the library's. */
     dsgd_result (*allreduce)(void *impl, float *buf, size_t count, dsgd_reduce_op op,
                              double deadline);
+
+    /* optional: stops the whole group at once: every rank's waiting and later
+       transfers return DSGD_ERR_ABORTED promptly. Any rank may call it,
+       from any thread, at any time while the endpoint lives; it cannot be
+       undone (the group must be recreated). A strategy calls it when one
+       replica fails, so the others need not wait out their deadline. NULL:
+       they wait until their deadline. */
+    void (*abort)(void *impl);
 
     /* optional clock in seconds (a simulated-clock transport); NULL: dsgd_now(). */
     double (*now)(void *impl);
@@ -2927,7 +2951,7 @@ typedef struct dsgd_loopback dsgd_loopback;
 /* Creates a loopback hub for n ranks. ctx receives the errors of create and
    endpoint and must outlive the hub.
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx or out NULL, nothing recorded when
-   ctx is; n outside 1..4096), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a
+   ctx is; n outside 1..4096), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a
    pthread mutex or condition variable could not be created).
    Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out);
@@ -2939,7 +2963,7 @@ DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **
    Thread safety: the thread of the hub's ctx. */
 DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out);
 /* Marks the hub aborted: every waiting and later transfer returns
-   DSGD_ERR_STATE promptly. Use it when one replica fails so that the others
+   DSGD_ERR_ABORTED promptly (the endpoints' abort member does the same). Use it when one replica fails so that the others
    stop without waiting for their deadlines. Irreversible. hub NULL: nothing.
    Thread safety: any thread, at any time while the hub exists. */
 DSGD_API void dsgd_loopback_abort(dsgd_loopback *hub);
@@ -3131,7 +3155,7 @@ fail:
     DSGD_FREE(hub->ep_mem);
     DSGD_FREE(hub->pair_mem);
     DSGD_FREE(hub);
-    return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "loopback_create: cannot create a pthread mutex or condition");
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "loopback_create: cannot create a pthread mutex or condition");
 }
 
 DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub) {
@@ -3271,13 +3295,13 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
                                  "loopback rank %d: the message from rank %d has tag %016llx, expected %016llx "
                                  "(ranks out of step?)",
                                  me, src, (unsigned long long)s->tag, (unsigned long long)rtag);
-                        r = DSGD_ERR_STATE;
+                        r = DSGD_ERR_DESYNC;
                     } else {
                         snprintf(e->err, sizeof(e->err),
                                  "loopback rank %d: the message from rank %d has %zu bytes, expected %zu "
                                  "(different counts on different ranks?)",
                                  me, src, s->bytes, rbytes);
-                        r = DSGD_ERR_SHAPE;
+                        r = DSGD_ERR_DESYNC;
                     }
                     goto fail;
                 }
@@ -3288,7 +3312,7 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
                 if (st == DSGD__LB_CANCELLED) {
                     DSGD__STORE_SC(&in->head, head + 1);
                     dsgd__lb_wake(&hub->ep[src]);
-                    r = dsgd__lb_fail(e, DSGD_ERR_STATE, "a message was withdrawn (its sender failed) by", src);
+                    r = dsgd__lb_fail(e, DSGD_ERR_ABORTED, "a message was withdrawn (its sender failed) by", src);
                     goto fail;
                 }
                 if (rbytes) {
@@ -3309,7 +3333,7 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
         if (!send_state && !recv_state) return DSGD_OK;
         if (DSGD__LOAD_ACQ(&hub->aborted)) {
             blame = recv_state ? src : dst;
-            r = dsgd__lb_fail(e, DSGD_ERR_STATE, "the hub was aborted while waiting for", blame);
+            r = dsgd__lb_fail(e, DSGD_ERR_ABORTED, "the hub was aborted while waiting for", blame);
             goto fail;
         }
         if (progressed) {
@@ -3369,7 +3393,7 @@ fail:
 typedef int (*dsgd__lb_ready_fn)(dsgd__lb_ep *e, uint64_t tag);
 
 /* Waits with the hub's spin policy until ready(e, tag), the deadline or an
-   abort (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE). ready must use SC loads. */
+   abort (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED). ready must use SC loads. */
 static dsgd_result dsgd__lb_wait(dsgd__lb_ep *e, dsgd__lb_ready_fn ready, uint64_t tag, double deadline) {
     dsgd_loopback *hub = e->hub;
     double start = dsgd_now();
@@ -3377,7 +3401,7 @@ static dsgd_result dsgd__lb_wait(dsgd__lb_ep *e, dsgd__lb_ready_fn ready, uint64
     int spins = 0;
     for (;;) {
         if (ready(e, tag)) return DSGD_OK;
-        if (DSGD__LOAD_ACQ(&hub->aborted)) return DSGD_ERR_STATE;
+        if (DSGD__LOAD_ACQ(&hub->aborted)) return DSGD_ERR_ABORTED;
         if (spun < hub->spin_ns) {
             if (spun < hub->pause_ns) {
                 DSGD__PAUSE();
@@ -3457,10 +3481,10 @@ static dsgd_result dsgd__lb_share(void *impl, uint64_t tag, void *buf, void **pe
             __atomic_sub_fetch(&p->win_acq, 1L, __ATOMIC_SEQ_CST);
             for (j = 0; j < k; ++j)
                 if (j != e->rank) __atomic_add_fetch(&hub->ep[j].win_rel, 1L, __ATOMIC_SEQ_CST);
-            dsgd__lb_fail(e, DSGD_ERR_STATE, "a buffer was withdrawn (its rank failed) by", k);
+            dsgd__lb_fail(e, DSGD_ERR_ABORTED, "a buffer was withdrawn (its rank failed) by", k);
             dsgd__lb_withdraw(e, tag);
             if (failed_peer) *failed_peer = k;
-            return DSGD_ERR_STATE;
+            return DSGD_ERR_ABORTED;
         }
         peers[k] = p->win_ptr;
     }
@@ -3536,6 +3560,8 @@ static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
                          deadline, failed_peer);
 }
 
+static void dsgd__lb_abort(void *impl) { dsgd_loopback_abort(((dsgd__lb_ep *)impl)->hub); }
+
 static const char *dsgd__lb_error_message(void *impl) { return ((dsgd__lb_ep *)impl)->err; }
 
 static void dsgd__lb_set_progress(void *impl, uint64_t seq) {
@@ -3565,6 +3591,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->sendrecv = dsgd__lb_sendrecv;
     out->sendrecv_reduce = dsgd__lb_sendrecv_reduce;
     out->allreduce = NULL;
+    out->abort = dsgd__lb_abort;
     out->now = NULL;
     out->error_message = dsgd__lb_error_message;
     out->set_progress = dsgd__lb_set_progress;
@@ -3739,10 +3766,11 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t
    DSGD_ERR_DESYNC (the ranks passed different counts, ops, algorithms,
    piece sizes or collectives: returned by every rank, before any buffer
    is touched, naming two ranks that differ; the communicator stays usable),
-   DSGD_ERR_STATE (transport aborted, messages out of step, communicator
-   broken by an earlier failure),
-   DSGD_ERR_SHAPE, DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce
-   hook returns. A failure in the exchange (all but the argument checks and
+   DSGD_ERR_ABORTED (the group was aborted, through the transport's abort,
+   or a peer gave up mid-way), DSGD_ERR_DESYNC also when messages arrive out
+   of step, DSGD_ERR_STATE (the communicator was broken by an earlier
+   failure), DSGD_ERR_OUT_OF_MEMORY, or whatever a native allreduce hook
+   returns. A failure in the exchange (all but the argument checks and
    DSGD_ERR_UNSUPPORTED) breaks the communicator: later collectives return
    DSGD_ERR_STATE.
    Thread safety: the communicator's thread; all ranks call concurrently. */
@@ -4820,7 +4848,7 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    with more than one replica; a negative or NaN timeout; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers),
-   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (a pthread object or thread could
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.
    Thread safety: the context's thread, which then drives the strategy:
    every dsgd_strategy_* function is called from it. */
@@ -4932,8 +4960,8 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
    DSGD_OK without joining does not stop them).
    When fn fails on a replica (returns anything but DSGD_OK), the strategy
    aborts its transport at once: the replicas waiting in a collective, or
-   entering one later, get DSGD_ERR_STATE within milliseconds instead of
-   waiting out their deadline, and their results become DSGD_ERR_STATE
+   entering one later, get DSGD_ERR_ABORTED within milliseconds instead of
+   waiting out their deadline, and their results become DSGD_ERR_ABORTED
    "aborted because replica k failed (...)", k the replica that failed first
    (see dsgd_strategy_replica_result). The strategy has then failed, as the
    transport cannot be used again and fn may have left the replicas
@@ -5153,11 +5181,12 @@ struct dsgd_strategy {
 /* Stops every replica's transport at once because replica `rank` failed;
    the first caller is the one the others' messages name. */
 static void dsgd__strategy_abort(dsgd_strategy *s, int rank) {
-    if (!s->hub) return;
+    const dsgd_transport_i *t = &s->reps[rank].ep;
+    if (!t->abort) return;
     pthread_mutex_lock(&s->mu);
     if (s->abort_by < 0) s->abort_by = rank;
     pthread_mutex_unlock(&s->mu);
-    dsgd_loopback_abort(s->hub);
+    t->abort(t->impl);
 }
 
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
@@ -5188,7 +5217,7 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
         if (label && !strncmp(d, r->ctx->label, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
         snprintf(detail, sizeof(detail), "%s", d);
         r->own_error = 0;
-        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "aborted because replica %d failed (%s)", by, detail);
+        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
     }
     snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->ctx));
     return res;
@@ -5468,25 +5497,25 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (res != DSGD_OK) { dsgd_strategy_destroy(s); return res; }
     if (pthread_mutex_init(&s->mu, NULL) != 0) {
         dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_mutex_init failed", what);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
     }
     if (pthread_cond_init(&s->cv_start, NULL) != 0) {
         pthread_mutex_destroy(&s->mu);
         dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
     }
     if (pthread_cond_init(&s->cv_done, NULL) != 0) {
         pthread_cond_destroy(&s->cv_start);
         pthread_mutex_destroy(&s->mu);
         dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: pthread_cond_init failed", what);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
     }
     s->sync_ready = 1;
     for (i = 1; i < n; ++i) {
         if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0) {
-            dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: cannot start replica %d's thread", what, i);
+            dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
             dsgd_strategy_destroy(s);
-            return DSGD_ERR_STATE;
+            return DSGD_ERR_SYSTEM;
         }
         s->reps[i].thread_started = 1;
     }
@@ -5664,7 +5693,7 @@ static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
         r->clean_fail = 1;
         if (res != DSGD_OK) return res;
         r->own_error = 0;
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_STATE, "step %lld abandoned: replica %d failed",
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
                                   (long long)r->opt->t, (int)flag - 2);
     }
     if (flag == 1.0f) {

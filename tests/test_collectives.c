@@ -803,7 +803,7 @@ static void test_late_rank(void **state) {
             /* the punctual ranks time out; the late one times out too, or
                finds a message its sender withdrew when it gave up */
             int ok = r < 2 ? w[r].res == DSGD_ERR_TIMEOUT
-                           : (w[r].res == DSGD_ERR_TIMEOUT || w[r].res == DSGD_ERR_STATE);
+                           : (w[r].res == DSGD_ERR_TIMEOUT || w[r].res == DSGD_ERR_ABORTED);
             if (!ok)
                 print_error("late %s: rank %d res %d '%s'\n", dsgd_allreduce_algo_name(ALGOS[ai]), r, (int)w[r].res,
                             w[r].msg);
@@ -972,7 +972,7 @@ static void test_mismatched_calls(void **state) {
 }
 
 /* dsgd_loopback_abort wakes every waiter long before its deadline. */
-static void abort_case(dsgd_allreduce_algo algo) {
+static void abort_case(dsgd_allreduce_algo algo, int through_endpoint) {
     group g;
     job jb;
     worker w[MAXN];
@@ -997,19 +997,24 @@ static void abort_case(dsgd_allreduce_algo algo) {
         nanosleep(&ts, NULL);
     }
     assert_false(dsgd_loopback_aborted(g.hub));
-    dsgd_loopback_abort(g.hub);
+    if (through_endpoint) {
+        assert_non_null(g.ep[2].abort); /* the transport interface's abort, as a strategy calls it */
+        g.ep[2].abort(g.ep[2].impl);
+    } else {
+        dsgd_loopback_abort(g.hub);
+    }
     assert_true(dsgd_loopback_aborted(g.hub));
     for (r = 0; r < 2; ++r) assert_int_equal(pthread_join(th[r], NULL), 0);
     for (r = 0; r < 2; ++r) {
-        if (w[r].res != DSGD_ERR_STATE || !strstr(w[r].msg, "abort"))
+        if (w[r].res != DSGD_ERR_ABORTED || !strstr(w[r].msg, "abort"))
             print_error("abort %s: rank %d res %d: '%s'\n", dsgd_allreduce_algo_name(algo), r, (int)w[r].res,
                         w[r].msg);
-        assert_int_equal(w[r].res, DSGD_ERR_STATE);
+        assert_int_equal(w[r].res, DSGD_ERR_ABORTED);
         assert_true(w[r].elapsed < 5.0);
         assert_non_null(strstr(w[r].msg, "abort"));
     }
     /* later calls fail at once */
-    assert_int_equal(dsgd_barrier(g.comm[2], 5.0), DSGD_ERR_STATE);
+    assert_int_equal(dsgd_barrier(g.comm[2], 5.0), DSGD_ERR_ABORTED);
     free_bufs(bufs, 3);
     group_free(&g);
 }
@@ -1017,8 +1022,10 @@ static void abort_case(dsgd_allreduce_algo algo) {
 static void test_abort_wakes_waiters(void **state) {
     (void)state;
     watchdog(60);
-    abort_case(DSGD_ALLREDUCE_RING);
-    abort_case(DSGD_ALLREDUCE_DIRECT);
+    abort_case(DSGD_ALLREDUCE_RING, 0);
+    abort_case(DSGD_ALLREDUCE_DIRECT, 0);
+    abort_case(DSGD_ALLREDUCE_RING, 1);
+    abort_case(DSGD_ALLREDUCE_DIRECT, 1);
     alarm(0);
 }
 

@@ -1040,7 +1040,7 @@ static void test_replica_fails_alone(void **state) {
     assert_true(contains(dsgd_ctx_last_error(ctx), "replica 1"));
     assert_false(dsgd_strategy_failed(s)); /* agreed before the update: nothing changed */
     assert_int_equal(dsgd_strategy_replica_result(s, 1, NULL), DSGD_ERR_INVALID_ARGUMENT);
-    assert_int_equal(dsgd_strategy_replica_result(s, 0, NULL), DSGD_ERR_STATE); /* "abandoned" */
+    assert_int_equal(dsgd_strategy_replica_result(s, 0, NULL), DSGD_ERR_ABORTED); /* "abandoned" */
     all_params(ctx, s, after);
     assert_memory_equal(before, after, sizeof(before));
     /* not a transport failure: the next good step trains */
@@ -1106,7 +1106,7 @@ static void test_replica_backend_fails_in_exchange(void **state) {
             assert_int_equal(res[r], DSGD_ERR_BACKEND);
             continue;
         }
-        assert_int_equal(res[r], DSGD_ERR_STATE);
+        assert_int_equal(res[r], DSGD_ERR_ABORTED);
         if (!contains(rmsgs[r], "aborted because replica 1 failed")) fail_msg("replica %d: %s", r, rmsgs[r]);
     }
 }
@@ -1199,11 +1199,11 @@ static void test_run_failure_stops_peers(void **state) {
                     assert_true(contains(rmsg, want));
                     continue;
                 }
-                assert_int_equal(job.res[r], DSGD_ERR_STATE); /* the transport was aborted */
+                assert_int_equal(job.res[r], DSGD_ERR_ABORTED); /* the transport was aborted */
                 assert_true(job.end[r] - job.end[job.failing] < 0.5);
                 /* and the strategy says why */
                 snprintf(want, sizeof(want), "aborted because replica %d failed", job.failing);
-                assert_int_equal(rres, DSGD_ERR_STATE);
+                assert_int_equal(rres, DSGD_ERR_ABORTED);
                 if (!contains(rmsg, want)) fail_msg("replica %d's result says: %s", r, rmsg);
                 snprintf(want, sizeof(want), "replica %d: injected failure", job.failing);
             }
@@ -1400,8 +1400,8 @@ static void test_absent_replica_times_out(void **state) {
                 assert_int_equal(rres, DSGD_ERR_TIMEOUT);
                 assert_true(contains(rmsg, "timed out waiting for rank"));
             } else {
-                assert_int_equal(job.res[r], DSGD_ERR_STATE);
-                assert_int_equal(rres, DSGD_ERR_STATE);
+                assert_int_equal(job.res[r], DSGD_ERR_ABORTED);
+                assert_int_equal(rres, DSGD_ERR_ABORTED);
                 assert_true(contains(rmsg, "aborted because replica "));
             }
         }
