@@ -103,11 +103,16 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
    Thread safety: any thread. */
 DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
 
+/* The defaults of dsgd_comm_desc (and of the strategies' communicators). */
+#define DSGD_DEFAULT_TIMEOUT_S 30.0
+#define DSGD_DEFAULT_PIECE_BYTES ((size_t)256 * 1024)
+
 typedef struct dsgd_comm_desc {
-    double timeout_s;   /* default deadline of each collective in seconds; 0: 30;
-                           at most 1e7 */
+    double timeout_s;   /* default deadline of each collective in seconds; 0:
+                           DSGD_DEFAULT_TIMEOUT_S; at most 1e7 */
     size_t piece_bytes; /* large buffers are processed in pieces of this size so
-                           that a step's working set stays in cache; 0: 256 KiB;
+                           that a step's working set stays in cache; 0:
+                           DSGD_DEFAULT_PIECE_BYTES (256 KiB);
                            clamped to 256 B..1 GiB. Must be equal on all ranks
                            (checked: DSGD_ERR_DESYNC otherwise); the results do
                            not depend on it. */
@@ -238,8 +243,6 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
 
 /* >>collectives ------------------------------------------------------------ */
 
-#define DSGD__COMM_DEFAULT_TIMEOUT 30.0
-#define DSGD__COMM_DEFAULT_PIECE ((size_t)256 * 1024)
 #define DSGD__COMM_MAX_TIMEOUT 1e7 /* longer timeouts are clamped (~115 days) */
 /* AUTO thresholds in bytes; see dsgd_allreduce_algo */
 #define DSGD__AUTO_RD_MAX ((size_t)64 * 1024)
@@ -292,8 +295,8 @@ static size_t dsgd__block_off(size_t count, int n, int b) {
 DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
                                       const dsgd_comm_desc *desc, dsgd_comm **out) {
     dsgd_comm *c;
-    double timeout = DSGD__COMM_DEFAULT_TIMEOUT;
-    size_t piece = DSGD__COMM_DEFAULT_PIECE;
+    double timeout = DSGD_DEFAULT_TIMEOUT_S;
+    size_t piece = DSGD_DEFAULT_PIECE_BYTES;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: out is NULL");
     *out = NULL;
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;

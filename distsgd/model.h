@@ -25,12 +25,16 @@ typedef struct dsgd_layer_desc {
     dsgd_init init;             /* default AUTO; biases start at zero */
 } dsgd_layer_desc;
 
+/* The default of dsgd_model_desc.max_batch. */
+#define DSGD_DEFAULT_MAX_BATCH 256
+
 typedef struct dsgd_model_desc {
     int input_dim;
     const dsgd_layer_desc *layers;
     int num_layers;
     dsgd_loss loss;             /* default SOFTMAX_XENT */
-    int max_batch;              /* largest batch passed to the model; default 256 */
+    int max_batch;              /* largest batch passed to the model; 0:
+                                   DSGD_DEFAULT_MAX_BATCH */
     uint64_t seed;              /* initialisation seed (0 is a valid seed) */
     /* The backend to run on; NULL: a CPU backend owned by the model. The
        backend must outlive the model and have been created with the same ctx. */
@@ -268,7 +272,7 @@ DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *des
     m->ctx = ctx;
     m->input_dim = desc->input_dim;
     m->num_layers = desc->num_layers;
-    m->max_batch = desc->max_batch ? desc->max_batch : 256;
+    m->max_batch = desc->max_batch ? desc->max_batch : DSGD_DEFAULT_MAX_BATCH;
     m->loss = desc->loss;
     if (desc->backend) {
         m->be = *desc->backend;

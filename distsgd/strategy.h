@@ -91,6 +91,9 @@ typedef enum dsgd_gradient_path {
 typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
                                             dsgd_backend_i *out);
 
+/* The most replicas a strategy runs. */
+#define DSGD_MAX_REPLICAS 256
+
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
     int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
@@ -109,7 +112,8 @@ typedef struct dsgd_strategy_desc {
                                        every replica, and the weights do not depend
                                        on it (only the speed does) */
     dsgd_nonfinite_policy nonfinite; /* default SKIP */
-    double timeout_s;               /* deadline of every collective; default 30 s */
+    double timeout_s;               /* deadline of every collective; 0:
+                                       DSGD_DEFAULT_TIMEOUT_S (30 s) */
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
     void *backend_user_data;
     dsgd_gradient_path gradient_path; /* default AUTO */
@@ -135,7 +139,7 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    gradient path is resolved here (dsgd_strategy_gradient_path).
    Errors (recorded on ctx; a replica's failure is copied from its context):
    DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
-   policy, algorithm or gradient path; num_replicas < 0 or > 256; ONE_DEVICE
+   policy, algorithm or gradient path; num_replicas < 0 or > DSGD_MAX_REPLICAS; ONE_DEVICE
    with more than one replica; a negative or NaN timeout; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers),
@@ -692,10 +696,11 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", what);
     if (desc->kind != DSGD_STRATEGY_ONE_DEVICE && desc->kind != DSGD_STRATEGY_MIRRORED)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)desc->kind);
-    if (desc->num_replicas < 0 || desc->num_replicas > 256 ||
+    if (desc->num_replicas < 0 || desc->num_replicas > DSGD_MAX_REPLICAS ||
         (desc->kind == DSGD_STRATEGY_ONE_DEVICE && desc->num_replicas > 1))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: %d replicas (one_device takes 1, mirrored 1..256)", what, desc->num_replicas);
+                                  "%s: %d replicas (one_device takes 1, mirrored 1..%d)", what, desc->num_replicas,
+                                  DSGD_MAX_REPLICAS);
     if (desc->nonfinite != DSGD_NONFINITE_SKIP && desc->nonfinite != DSGD_NONFINITE_ERROR)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
                                   (int)desc->nonfinite);
@@ -712,7 +717,7 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     s->ctx = ctx;
     s->d = *desc;
     s->d.model.backend = NULL;
-    if (s->d.timeout_s == 0.0) s->d.timeout_s = 30.0;
+    if (s->d.timeout_s == 0.0) s->d.timeout_s = DSGD_DEFAULT_TIMEOUT_S;
     s->n = n;
     s->all_mean = 1;
     s->abort_by = -1;
@@ -1012,7 +1017,7 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
     int max_batch;
     dsgd_result res = dsgd__strategy_usable(s, what);
     if (res != DSGD_OK) return res;
-    max_batch = s->d.model.max_batch ? s->d.model.max_batch : 256;
+    max_batch = s->d.model.max_batch ? s->d.model.max_batch : DSGD_DEFAULT_MAX_BATCH;
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
     if (count < 1 || (long long)count > (long long)s->n * max_batch)

@@ -1374,12 +1374,16 @@ typedef struct dsgd_layer_desc {
     dsgd_init init;             /* default AUTO; biases start at zero */
 } dsgd_layer_desc;
 
+/* The default of dsgd_model_desc.max_batch. */
+#define DSGD_DEFAULT_MAX_BATCH 256
+
 typedef struct dsgd_model_desc {
     int input_dim;
     const dsgd_layer_desc *layers;
     int num_layers;
     dsgd_loss loss;             /* default SOFTMAX_XENT */
-    int max_batch;              /* largest batch passed to the model; default 256 */
+    int max_batch;              /* largest batch passed to the model; 0:
+                                   DSGD_DEFAULT_MAX_BATCH */
     uint64_t seed;              /* initialisation seed (0 is a valid seed) */
     /* The backend to run on; NULL: a CPU backend owned by the model. The
        backend must outlive the model and have been created with the same ctx. */
@@ -1617,7 +1621,7 @@ DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *des
     m->ctx = ctx;
     m->input_dim = desc->input_dim;
     m->num_layers = desc->num_layers;
-    m->max_batch = desc->max_batch ? desc->max_batch : 256;
+    m->max_batch = desc->max_batch ? desc->max_batch : DSGD_DEFAULT_MAX_BATCH;
     m->loss = desc->loss;
     if (desc->backend) {
         m->be = *desc->backend;
@@ -3708,11 +3712,16 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
    Thread safety: any thread. */
 DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
 
+/* The defaults of dsgd_comm_desc (and of the strategies' communicators). */
+#define DSGD_DEFAULT_TIMEOUT_S 30.0
+#define DSGD_DEFAULT_PIECE_BYTES ((size_t)256 * 1024)
+
 typedef struct dsgd_comm_desc {
-    double timeout_s;   /* default deadline of each collective in seconds; 0: 30;
-                           at most 1e7 */
+    double timeout_s;   /* default deadline of each collective in seconds; 0:
+                           DSGD_DEFAULT_TIMEOUT_S; at most 1e7 */
     size_t piece_bytes; /* large buffers are processed in pieces of this size so
-                           that a step's working set stays in cache; 0: 256 KiB;
+                           that a step's working set stays in cache; 0:
+                           DSGD_DEFAULT_PIECE_BYTES (256 KiB);
                            clamped to 256 B..1 GiB. Must be equal on all ranks
                            (checked: DSGD_ERR_DESYNC otherwise); the results do
                            not depend on it. */
@@ -3843,8 +3852,6 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
 
 /* >>collectives ------------------------------------------------------------ */
 
-#define DSGD__COMM_DEFAULT_TIMEOUT 30.0
-#define DSGD__COMM_DEFAULT_PIECE ((size_t)256 * 1024)
 #define DSGD__COMM_MAX_TIMEOUT 1e7 /* longer timeouts are clamped (~115 days) */
 /* AUTO thresholds in bytes; see dsgd_allreduce_algo */
 #define DSGD__AUTO_RD_MAX ((size_t)64 * 1024)
@@ -3897,8 +3904,8 @@ static size_t dsgd__block_off(size_t count, int n, int b) {
 DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
                                       const dsgd_comm_desc *desc, dsgd_comm **out) {
     dsgd_comm *c;
-    double timeout = DSGD__COMM_DEFAULT_TIMEOUT;
-    size_t piece = DSGD__COMM_DEFAULT_PIECE;
+    double timeout = DSGD_DEFAULT_TIMEOUT_S;
+    size_t piece = DSGD_DEFAULT_PIECE_BYTES;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: out is NULL");
     *out = NULL;
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
@@ -4800,6 +4807,9 @@ typedef enum dsgd_gradient_path {
 typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
                                             dsgd_backend_i *out);
 
+/* The most replicas a strategy runs. */
+#define DSGD_MAX_REPLICAS 256
+
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
     int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
@@ -4818,7 +4828,8 @@ typedef struct dsgd_strategy_desc {
                                        every replica, and the weights do not depend
                                        on it (only the speed does) */
     dsgd_nonfinite_policy nonfinite; /* default SKIP */
-    double timeout_s;               /* deadline of every collective; default 30 s */
+    double timeout_s;               /* deadline of every collective; 0:
+                                       DSGD_DEFAULT_TIMEOUT_S (30 s) */
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
     void *backend_user_data;
     dsgd_gradient_path gradient_path; /* default AUTO */
@@ -4844,7 +4855,7 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    gradient path is resolved here (dsgd_strategy_gradient_path).
    Errors (recorded on ctx; a replica's failure is copied from its context):
    DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
-   policy, algorithm or gradient path; num_replicas < 0 or > 256; ONE_DEVICE
+   policy, algorithm or gradient path; num_replicas < 0 or > DSGD_MAX_REPLICAS; ONE_DEVICE
    with more than one replica; a negative or NaN timeout; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers),
@@ -5401,10 +5412,11 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", what);
     if (desc->kind != DSGD_STRATEGY_ONE_DEVICE && desc->kind != DSGD_STRATEGY_MIRRORED)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)desc->kind);
-    if (desc->num_replicas < 0 || desc->num_replicas > 256 ||
+    if (desc->num_replicas < 0 || desc->num_replicas > DSGD_MAX_REPLICAS ||
         (desc->kind == DSGD_STRATEGY_ONE_DEVICE && desc->num_replicas > 1))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: %d replicas (one_device takes 1, mirrored 1..256)", what, desc->num_replicas);
+                                  "%s: %d replicas (one_device takes 1, mirrored 1..%d)", what, desc->num_replicas,
+                                  DSGD_MAX_REPLICAS);
     if (desc->nonfinite != DSGD_NONFINITE_SKIP && desc->nonfinite != DSGD_NONFINITE_ERROR)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
                                   (int)desc->nonfinite);
@@ -5421,7 +5433,7 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     s->ctx = ctx;
     s->d = *desc;
     s->d.model.backend = NULL;
-    if (s->d.timeout_s == 0.0) s->d.timeout_s = 30.0;
+    if (s->d.timeout_s == 0.0) s->d.timeout_s = DSGD_DEFAULT_TIMEOUT_S;
     s->n = n;
     s->all_mean = 1;
     s->abort_by = -1;
@@ -5721,7 +5733,7 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
     int max_batch;
     dsgd_result res = dsgd__strategy_usable(s, what);
     if (res != DSGD_OK) return res;
-    max_batch = s->d.model.max_batch ? s->d.model.max_batch : 256;
+    max_batch = s->d.model.max_batch ? s->d.model.max_batch : DSGD_DEFAULT_MAX_BATCH;
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
     if (count < 1 || (long long)count > (long long)s->n * max_batch)
