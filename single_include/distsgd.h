@@ -4720,10 +4720,11 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s) {
    STRATEGIES
 
      dsgd_strategy_create(ctx, &desc, &s) builds N replicas (a model, an
-     optimizer, a backend and, for N > 1, a communicator each) over a loopback
-     transport; dsgd_strategy_train_step(s, x, y, count, &info) shards the
-     global batch, computes gradients on every replica, agrees on finiteness,
-     sums the flat gradient buffers (through the host or on the devices: see
+     optimizer, a backend and, for N > 1, a communicator each) over a
+     transport (a loopback of its own, or the endpoints you give in
+     dsgd_strategy_desc.endpoints; the strategy never knows which);
+     dsgd_strategy_train_step(s, x, y, count, &info) shards the global batch,
+     computes gradients on every replica, agrees on finiteness, sums the flat gradient buffers (through the host or on the devices: see
      BACKENDS) and applies the same update everywhere, so the replicas stay
      bitwise identical, and N replicas x batch B with MEAN aggregation give the
      weights of one replica with batch N*B (up to float reassociation).
@@ -4833,6 +4834,14 @@ typedef struct dsgd_strategy_desc {
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
     void *backend_user_data;
     dsgd_gradient_path gradient_path; /* default AUTO */
+    /* The transport the replicas communicate over (MIRRORED with N > 1).
+       NULL: a loopback hub of the strategy's own. Otherwise N endpoints of
+       one group, endpoints[i] being replica i's (rank i of size N, with send
+       and recv); the strategy copies the tables, and uses endpoints[i] only
+       from replica i's thread (abort, when set, from any). Their impl must
+       outlive the strategy, which never destroys them. Without abort, the
+       replicas a failing one leaves waiting return at their deadline. */
+    const dsgd_transport_i *endpoints;
 } dsgd_strategy_desc;
 
 /* What one training step did. */
@@ -4850,7 +4859,7 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
 
 /* Creates a strategy: N replicas, each with its own context (labelled
    "replica r", with ctx's logger), backend, model, optimizer and, for N > 1,
-   communicator over one loopback hub, and N - 1 threads that run replicas
+   communicator over one loopback hub (or desc->endpoints), and N - 1 threads that run replicas
    1..N-1. All replicas start from the same weights (desc->model.seed). The
    gradient path is resolved here (dsgd_strategy_gradient_path).
    Errors (recorded on ctx; a replica's failure is copied from its context):
@@ -5440,7 +5449,18 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * n, what);
     if (!s->reps) { DSGD_FREE(s); return DSGD_ERR_OUT_OF_MEMORY; }
     memset(s->reps, 0, sizeof(dsgd_replica) * n);
-    if (n > 1 && (res = dsgd_loopback_create(ctx, n, &s->hub)) != DSGD_OK) {
+    if (n > 1 && desc->endpoints) {
+        for (i = 0; i < n; ++i) {
+            const dsgd_transport_i *t = &desc->endpoints[i];
+            if (t->rank != i || t->size != n || !t->send || !t->recv) {
+                dsgd_strategy_destroy(s);
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                          "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what,
+                                          i, t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
+                                          i, n);
+            }
+        }
+    } else if (n > 1 && (res = dsgd_loopback_create(ctx, n, &s->hub)) != DSGD_OK) {
         dsgd_strategy_destroy(s);
         return res;
     }
@@ -5471,7 +5491,8 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
             memset(&cdesc, 0, sizeof(cdesc));
             cdesc.timeout_s = s->d.timeout_s;
             cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
-            if ((res = dsgd_loopback_endpoint(s->hub, i, &r->ep)) != DSGD_OK) break;
+            if (desc->endpoints) r->ep = desc->endpoints[i];
+            else if ((res = dsgd_loopback_endpoint(s->hub, i, &r->ep)) != DSGD_OK) break;
             if ((res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm)) != DSGD_OK) break;
         }
     }

@@ -276,6 +276,7 @@ typedef struct contract_case {
     size_t bucket_bytes;
     int staged; /* replicas' backends without host pointers */
     size_t piece_bytes;
+    const dsgd_transport_i *endpoints; /* the user's transport; NULL: the strategy's own */
 } contract_case;
 
 /* Trains MIRRORED (c->n x CONTRACT_B) and ONE_DEVICE (batch c->n * CONTRACT_B)
@@ -295,6 +296,7 @@ static double contract_run(const contract_case *c, float *out) {
     md.algorithm = c->algo;
     md.bucket_bytes = c->bucket_bytes;
     md.piece_bytes = c->piece_bytes;
+    md.endpoints = c->endpoints;
     if (c->staged) md.backend_factory = no_host_ptr_factory;
     ms = strat_make(ctx, &md);
     rs = strat_make(ctx, &rd);
@@ -459,6 +461,110 @@ static void test_piece_bytes(void **state) {
                              dsgd_allreduce_algo_name(c.algo), pieces[k]);
             }
         }
+    }
+}
+
+/* The strategy over endpoints the user gives (dsgd_strategy_desc.endpoints):
+   a loopback hub of the user's gives the weights of the strategy's own; a
+   transport with send and recv only (no sendrecv, no shared memory, no abort)
+   gives the same weights for the same algorithm, and AUTO over it keeps the
+   synchronous contract; endpoints that are not ranks 0..N-1 of one group of N
+   are refused. */
+typedef struct user_group {
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub;
+    dsgd_transport_i ep[MAXN];
+} user_group;
+
+/* The send/recv-only transport counts its sends, so the test knows the
+   strategy used it. */
+static long g_user_sends;
+static dsgd_result (*g_lb_send)(void *, int, uint64_t, const void *, size_t, double);
+static dsgd_result counting_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    __atomic_add_fetch(&g_user_sends, 1L, __ATOMIC_SEQ_CST);
+    return g_lb_send(impl, dst, tag, buf, bytes, deadline);
+}
+
+static void user_group_make(user_group *g, int n, int minimal) {
+    int r;
+    g->ctx = tu_ctx();
+    TU_OK(g->ctx, dsgd_loopback_create(g->ctx, n, &g->hub));
+    for (r = 0; r < n; ++r) {
+        TU_OK(g->ctx, dsgd_loopback_endpoint(g->hub, r, &g->ep[r]));
+        if (minimal) {
+            dsgd_transport_i t;
+            memset(&t, 0, sizeof(t));
+            t.name = "send/recv only";
+            t.impl = g->ep[r].impl;
+            t.rank = r;
+            t.size = n;
+            g_lb_send = g->ep[r].send;
+            t.send = counting_send;
+            t.recv = g->ep[r].recv;
+            g->ep[r] = t;
+        }
+    }
+}
+
+static void user_group_free(user_group *g) {
+    dsgd_loopback_destroy(g->hub);
+    dsgd_ctx_destroy(g->ctx);
+}
+
+static void test_user_endpoints(void **state) {
+    static const dsgd_allreduce_algo algos[3] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+                                                 DSGD_ALLREDUCE_AUTO};
+    int n, a, minimal;
+    (void)state;
+    for (n = 2; n <= 3; ++n) {
+        for (a = 0; a < 3; ++a) {
+            contract_case c;
+            float want[NPARAMS], got[NPARAMS];
+            memset(&c, 0, sizeof(c));
+            c.n = n;
+            c.opt = DSGD_OPT_ADAM;
+            c.algo = algos[a];
+            check_contract(&c, want); /* the strategy's own loopback */
+            for (minimal = 0; minimal <= 1; ++minimal) {
+                user_group g;
+                user_group_make(&g, n, minimal);
+                c.endpoints = g.ep;
+                g_user_sends = 0;
+                check_contract(&c, got);
+                if (minimal) assert_true(g_user_sends >= (long)CONTRACT_STEPS); /* it went through them */
+                /* AUTO picks DIRECT where memory is shared and a message-passing
+                   algorithm otherwise: bitwise equal only with the same algorithm */
+                if ((c.algo != DSGD_ALLREDUCE_AUTO || !minimal) && memcmp(got, want, sizeof(got)) != 0)
+                    fail_msg("N=%d %s over the user's %s endpoints: other weights than the strategy's own loopback",
+                             n, dsgd_allreduce_algo_name(c.algo), minimal ? "send/recv-only" : "loopback");
+                user_group_free(&g);
+            }
+        }
+    }
+    {
+        user_group g;
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, 3, 4, DSGD_OPT_SGD);
+        dsgd_strategy *s = NULL;
+        dsgd_transport_i t;
+        user_group_make(&g, 3, 0);
+        d.endpoints = g.ep;
+        t = g.ep[1]; /* ranks swapped */
+        g.ep[1] = g.ep[2];
+        g.ep[2] = t;
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+        assert_true(contains(dsgd_ctx_last_error(ctx), "endpoints[1] is rank 2 of 3"));
+        assert_null(s);
+        g.ep[2] = g.ep[1];
+        g.ep[1] = t;
+        g.ep[2].recv = NULL;
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+        assert_true(contains(dsgd_ctx_last_error(ctx), "without send or recv"));
+        d.num_replicas = 2; /* a group of 3 for 2 replicas */
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+        assert_true(contains(dsgd_ctx_last_error(ctx), "endpoints[0] is rank 0 of 3"));
+        user_group_free(&g);
+        dsgd_ctx_destroy(ctx);
     }
 }
 
@@ -1603,6 +1709,7 @@ int main(void) {
         T(test_contract_algorithms_and_buckets),
         T(test_contract_staged),
         T(test_piece_bytes),
+        T(test_user_endpoints),
         T(test_same_seed_bitwise),
         T(test_uneven_batches),
         T(test_model_variable_aggregation),
