@@ -4,14 +4,15 @@
    STRATEGIES
 
      dsgd_strategy_create(ctx, &desc, &s) builds N replicas (a model, an
-     optimizer, a backend and, for N > 1, a communicator each) over a
-     transport (a loopback of its own, or the endpoints you give in
+     optimizer, a backend and, for N > 1, a communicator each) over a transport
+     (a loopback of its own, or the endpoints you give in
      dsgd_strategy_desc.endpoints; the strategy never knows which);
      dsgd_strategy_train_step(s, x, y, count, &info) shards the global batch,
-     computes gradients on every replica, agrees on finiteness, sums the flat gradient buffers (through the host or on the devices: see
-     BACKENDS) and applies the same update everywhere, so the replicas stay
-     bitwise identical, and N replicas x batch B with MEAN aggregation give the
-     weights of one replica with batch N*B (up to float reassociation).
+     computes gradients on every replica, agrees on finiteness, sums the flat
+     gradient buffers (through the host or on the devices: see BACKENDS) and
+     applies the same update everywhere, so the replicas stay bitwise
+     identical, and N replicas x batch B with MEAN aggregation give the weights
+     of one replica with batch N*B (up to float reassociation).
      dsgd_strategy_run(s, fn, user) runs your own function in replica context,
      where distributed variables (dsgd_strategy_create_variable) follow
      tf.VariableAggregation / tf.VariableSynchronization semantics.
