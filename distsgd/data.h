@@ -60,6 +60,20 @@ typedef struct dsgd_csv_desc {
    Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path,
                                            const dsgd_csv_desc *desc, dsgd_dataset *out);
+/* From memory (stb's _from_memory): dsgd_dataset_parse_csv reads the CSV
+   text [text, text + len) (no NUL needed; text may be NULL when len is 0),
+   dsgd_dataset_parse_idx the two IDX files' bytes, with the rules, results
+   and messages of the loaders above; the messages name "CSV text",
+   "IDX images" and "IDX labels" instead of paths. The inputs are only read
+   (the caller keeps them). The file loaders are these on a file's bytes.
+   Errors (recorded on ctx): as the loaders, without DSGD_ERR_IO, and
+   DSGD_ERR_INVALID_ARGUMENT for a NULL input with a non-zero size.
+   Thread safety: the context's thread; the inputs may be shared. */
+DSGD_API dsgd_result dsgd_dataset_parse_csv(dsgd_ctx *ctx, const char *text, size_t len,
+                                            const dsgd_csv_desc *desc, dsgd_dataset *out);
+DSGD_API dsgd_result dsgd_dataset_parse_idx(dsgd_ctx *ctx, const void *images, size_t images_size,
+                                            const void *labels, size_t labels_size, int num_classes,
+                                            dsgd_dataset *out);
 /* Allocates a dataset of n samples (n may be 0), x (n, dim) and y (n,
    target_dim) zeroed. On failure *out is left empty (all zero).
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, dim or
@@ -303,111 +317,8 @@ static FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
 
 /* Reads an IDX header of unsigned bytes with `want_dims` dimensions; fills
    dims and checks that the file holds exactly the data the header claims. */
-static dsgd_result dsgd__idx_header(dsgd_ctx *ctx, FILE *f, const char *path, size_t fsize, int want_dims,
-                                    uint32_t *dims, size_t *items) {
-    unsigned char h[4 + 4 * 3];
-    size_t hlen = 4 + 4 * (size_t)want_dims, total = 1, data;
-    int d;
-    if (fsize < 4 || fread(h, 1, 4, f) != 4)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: truncated IDX header: %zu bytes, need at least 4", path, fsize);
-    if (h[0] != 0 || h[1] != 0)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
-                                  "%s: bad IDX magic %02x %02x %02x %02x at offset 0 (the first two bytes must be 0)",
-                                  path, h[0], h[1], h[2], h[3]);
-    if (h[2] != 0x08)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
-                                  "%s: IDX data type 0x%02x at offset 2 is not supported (only 0x08, unsigned byte)",
-                                  path, h[2]);
-    if (h[3] != want_dims)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: IDX file has %d dimensions at offset 3, expected %d", path,
-                                  h[3], want_dims);
-    if (fsize < hlen || fread(h + 4, 1, hlen - 4, f) != hlen - 4)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: truncated IDX header: %zu bytes, need %zu", path, fsize, hlen);
-    for (d = 0; d < want_dims; ++d) {
-        const unsigned char *p = h + 4 + 4 * d;
-        dims[d] = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-        if (dsgd__mul_overflows(total, dims[d], &total))
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: IDX dimensions overflow size_t (dimension %d is %u)", path,
-                                      d, (unsigned)dims[d]);
-    }
-    data = fsize - hlen;
-    if (data < total)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
-                                  "%s: truncated: the header (offset 4..%zu) promises %zu data bytes, the file holds %zu",
-                                  path, hlen, total, data);
-    if (data > total)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: %zu unexpected bytes after the data, from offset %zu", path,
-                                  data - total, hlen + total);
-    *items = total;
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_path, const char *labels_path,
-                                           int num_classes, dsgd_dataset *out) {
-    FILE *fi = NULL, *fl = NULL;
-    size_t isize = 0, lsize = 0, items = 0, litems = 0, i, dim;
-    uint32_t idims[3] = {0, 0, 0}, ldims[1] = {0};
-    unsigned char buf[4096];
-    dsgd_result r;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_load_idx: out is NULL");
-    memset(out, 0, sizeof(*out));
-    if (num_classes == 0) num_classes = 10;
-    if (num_classes < 0 || num_classes > 256)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_load_idx: num_classes %d outside 1..256",
-                                  num_classes);
-    fi = dsgd__open_sized(ctx, images_path, &isize);
-    if (!fi) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO;
-    fl = dsgd__open_sized(ctx, labels_path, &lsize);
-    if (!fl) {
-        fclose(fi);
-        return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO;
-    }
-    r = dsgd__idx_header(ctx, fi, images_path, isize, 3, idims, &items);
-    if (r == DSGD_OK) r = dsgd__idx_header(ctx, fl, labels_path, lsize, 1, ldims, &litems);
-    if (r == DSGD_OK && idims[0] != ldims[0])
-        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s holds %u images but %s holds %u labels", images_path,
-                               (unsigned)idims[0], labels_path, (unsigned)ldims[0]);
-    if (r == DSGD_OK && idims[0] == 0)
-        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: the header (offset 4) says it holds no images", images_path);
-    if (r == DSGD_OK && (idims[1] == 0 || idims[2] == 0 || (size_t)idims[1] * idims[2] > (1u << 24)))
-        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: image size %ux%u is not supported", images_path,
-                               (unsigned)idims[1], (unsigned)idims[2]);
-    if (r == DSGD_OK) {
-        dim = (size_t)idims[1] * idims[2];
-        /* sizes are now bounded by the file's real size */
-        r = dsgd_dataset_alloc(ctx, idims[0], (int)dim, 1, num_classes, out);
-    }
-    for (i = 0; r == DSGD_OK && i < items;) {
-        size_t k, got = fread(buf, 1, DSGD__MIN(sizeof(buf), items - i), fi);
-        if (got == 0) {
-            r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed at byte %zu", images_path, 16 + i);
-            break;
-        }
-        for (k = 0; k < got; ++k) out->x[i + k] = (float)buf[k] * (1.0f / 255.0f);
-        i += got;
-    }
-    for (i = 0; r == DSGD_OK && i < litems;) {
-        size_t k, got = fread(buf, 1, DSGD__MIN(sizeof(buf), litems - i), fl);
-        if (got == 0) {
-            r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed at byte %zu", labels_path, 8 + i);
-            break;
-        }
-        for (k = 0; k < got && r == DSGD_OK; ++k) {
-            if (buf[k] >= num_classes)
-                r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: label %u of sample %zu (offset %zu) is outside [0, %d)",
-                                       labels_path, buf[k], i + k, 8 + i + k, num_classes);
-            out->y[i + k] = (float)buf[k];
-        }
-        i += got;
-    }
-    fclose(fi);
-    fclose(fl);
-    if (r != DSGD_OK) dsgd_dataset_free(out);
-    return r;
-}
-
-/* Reads a whole text file into a NUL-terminated buffer. */
-static char *dsgd__read_text(dsgd_ctx *ctx, const char *path, size_t *len) {
+/* Reads a whole file into a buffer with a NUL after its size bytes. */
+static char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len) {
     size_t size = 0;
     char *text;
     FILE *f = dsgd__open_sized(ctx, path, &size);
@@ -429,6 +340,122 @@ static char *dsgd__read_text(dsgd_ctx *ctx, const char *path, size_t *len) {
         *len = size;
     }
     return text;
+}
+
+static dsgd_result dsgd__idx_header(dsgd_ctx *ctx, const unsigned char *h, size_t fsize, const char *path,
+                                    int want_dims, uint32_t *dims, size_t *items) {
+    size_t hlen = 4 + 4 * (size_t)want_dims, total = 1, data;
+    int d;
+    if (fsize < 4)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: truncated IDX header: %zu bytes, need at least 4", path, fsize);
+    if (h[0] != 0 || h[1] != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                  "%s: bad IDX magic %02x %02x %02x %02x at offset 0 (the first two bytes must be 0)",
+                                  path, h[0], h[1], h[2], h[3]);
+    if (h[2] != 0x08)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                  "%s: IDX data type 0x%02x at offset 2 is not supported (only 0x08, unsigned byte)",
+                                  path, h[2]);
+    if (h[3] != want_dims)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: IDX file has %d dimensions at offset 3, expected %d", path,
+                                  h[3], want_dims);
+    if (fsize < hlen)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: truncated IDX header: %zu bytes, need %zu", path, fsize, hlen);
+    for (d = 0; d < want_dims; ++d) {
+        const unsigned char *p = h + 4 + 4 * d;
+        dims[d] = ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+        if (dsgd__mul_overflows(total, dims[d], &total))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: IDX dimensions overflow size_t (dimension %d is %u)", path,
+                                      d, (unsigned)dims[d]);
+    }
+    data = fsize - hlen;
+    if (data < total)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
+                                  "%s: truncated: the header (offset 4..%zu) promises %zu data bytes, the file holds %zu",
+                                  path, hlen, total, data);
+    if (data > total)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: %zu unexpected bytes after the data, from offset %zu", path,
+                                  data - total, hlen + total);
+    *items = total;
+    return DSGD_OK;
+}
+
+/* The IDX pair in memory; iname and lname name them in messages. */
+static dsgd_result dsgd__parse_idx(dsgd_ctx *ctx, const unsigned char *img, size_t isize, const char *iname,
+                                   const unsigned char *lbl, size_t lsize, const char *lname, int num_classes,
+                                   dsgd_dataset *out) {
+    size_t items = 0, litems = 0, i, dim;
+    uint32_t idims[3] = {0, 0, 0}, ldims[1] = {0};
+    const unsigned char *px, *lb;
+    dsgd_result r;
+    r = dsgd__idx_header(ctx, img, isize, iname, 3, idims, &items);
+    if (r == DSGD_OK) r = dsgd__idx_header(ctx, lbl, lsize, lname, 1, ldims, &litems);
+    if (r == DSGD_OK && idims[0] != ldims[0])
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s holds %u images but %s holds %u labels", iname,
+                               (unsigned)idims[0], lname, (unsigned)ldims[0]);
+    if (r == DSGD_OK && idims[0] == 0)
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: the header (offset 4) says it holds no images", iname);
+    if (r == DSGD_OK && (idims[1] == 0 || idims[2] == 0 || (size_t)idims[1] * idims[2] > (1u << 24)))
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: image size %ux%u is not supported", iname,
+                               (unsigned)idims[1], (unsigned)idims[2]);
+    if (r == DSGD_OK) {
+        dim = (size_t)idims[1] * idims[2];
+        /* sizes are now bounded by the input's real size */
+        r = dsgd_dataset_alloc(ctx, idims[0], (int)dim, 1, num_classes, out);
+    }
+    if (r != DSGD_OK) return r;
+    px = img + 16; /* the headers are checked: 16 and 8 bytes, then exactly the data */
+    lb = lbl + 8;
+    for (i = 0; i < items; ++i) out->x[i] = (float)px[i] * (1.0f / 255.0f);
+    for (i = 0; i < litems; ++i) {
+        if (lb[i] >= num_classes) {
+            r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: label %u of sample %zu (offset %zu) is outside [0, %d)",
+                                   lname, lb[i], i, 8 + i, num_classes);
+            dsgd_dataset_free(out);
+            return r;
+        }
+        out->y[i] = (float)lb[i];
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__idx_classes(dsgd_ctx *ctx, int *num_classes, dsgd_dataset *out, const char *what) {
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
+    memset(out, 0, sizeof(*out));
+    if (*num_classes == 0) *num_classes = 10;
+    if (*num_classes < 0 || *num_classes > 256)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: num_classes %d outside 1..256", what,
+                                  *num_classes);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_dataset_parse_idx(dsgd_ctx *ctx, const void *images, size_t images_size, const void *labels,
+                                            size_t labels_size, int num_classes, dsgd_dataset *out) {
+    dsgd_result r = dsgd__idx_classes(ctx, &num_classes, out, "dsgd_dataset_parse_idx");
+    if (r != DSGD_OK) return r;
+    if ((!images && images_size) || (!labels && labels_size))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_parse_idx: NULL data with a size");
+    return dsgd__parse_idx(ctx, (const unsigned char *)images, images_size, "IDX images",
+                           (const unsigned char *)labels, labels_size, "IDX labels", num_classes, out);
+}
+
+DSGD_API dsgd_result dsgd_dataset_load_idx(dsgd_ctx *ctx, const char *images_path, const char *labels_path,
+                                           int num_classes, dsgd_dataset *out) {
+    size_t isize = 0, lsize = 0;
+    char *img, *lbl;
+    dsgd_result r = dsgd__idx_classes(ctx, &num_classes, out, "dsgd_dataset_load_idx");
+    if (r != DSGD_OK) return r;
+    if (!(img = dsgd__read_file(ctx, images_path, &isize)))
+        return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
+    if (!(lbl = dsgd__read_file(ctx, labels_path, &lsize))) {
+        DSGD_FREE(img);
+        return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO;
+    }
+    r = dsgd__parse_idx(ctx, (const unsigned char *)img, isize, images_path, (const unsigned char *)lbl, lsize,
+                        labels_path, num_classes, out);
+    DSGD_FREE(img);
+    DSGD_FREE(lbl);
+    return r;
 }
 
 /* One CSV line: [p, end) without the line terminator. */
@@ -465,31 +492,32 @@ static int dsgd__csv_number(const char *p, const char *end, double *v) {
     return *stop == '\0' && isfinite(*v);
 }
 
-DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, const dsgd_csv_desc *desc,
-                                           dsgd_dataset *out) {
-    dsgd_csv_desc d;
-    size_t len = 0, fields = 0, rows = 0, line_no, row;
-    const char *p, *stop, *end;
-    char *text;
-    int label_col, max_label = -1, c;
-    float scale;
-    dsgd_result r = DSGD_OK;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_load_csv: out is NULL");
+/* Checks desc (NULL: defaults) into *d and clears *out. */
+static dsgd_result dsgd__csv_desc(dsgd_ctx *ctx, const dsgd_csv_desc *desc, dsgd_csv_desc *d, dsgd_dataset *out,
+                                  const char *what) {
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
     memset(out, 0, sizeof(*out));
-    memset(&d, 0, sizeof(d));
-    if (desc) d = *desc;
-    if (d.label_column < 0 || d.num_classes < 0 || d.header_lines < 0)
+    memset(d, 0, sizeof(*d));
+    if (desc) *d = *desc;
+    if (d->label_column < 0 || d->num_classes < 0 || d->header_lines < 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_dataset_load_csv: label_column %d, num_classes %d, header_lines %d must be >= 0",
-                                  d.label_column, d.num_classes, d.header_lines);
-    if (!(d.feature_scale >= 0.0f) || !isfinite(d.feature_scale))
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_dataset_load_csv: feature_scale %g must be finite and >= 0 (0: 1)",
-                                  (double)d.feature_scale);
-    scale = d.feature_scale == 0.0f ? 1.0f : d.feature_scale;
-    text = dsgd__read_text(ctx, path, &len);
-    if (!text) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
-    stop = text + len;
+                                  "%s: label_column %d, num_classes %d, header_lines %d must be >= 0", what,
+                                  d->label_column, d->num_classes, d->header_lines);
+    if (!(d->feature_scale >= 0.0f) || !isfinite(d->feature_scale))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: feature_scale %g must be finite and >= 0 (0: 1)",
+                                  what, (double)d->feature_scale);
+    return DSGD_OK;
+}
+
+/* The CSV text [text, text + len) (no NUL needed), named path in messages. */
+static dsgd_result dsgd__parse_csv(dsgd_ctx *ctx, const char *text, size_t len, const char *path,
+                                   const dsgd_csv_desc *dp, dsgd_dataset *out) {
+    dsgd_csv_desc d = *dp;
+    size_t fields = 0, rows = 0, line_no, row;
+    const char *p, *stop = text + len, *end;
+    int label_col, max_label = -1, c;
+    float scale = d.feature_scale == 0.0f ? 1.0f : d.feature_scale;
+    dsgd_result r = DSGD_OK;
 
     /* pass 1: shape */
     p = text;
@@ -569,13 +597,35 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
         }
         ++row;
     }
-    DSGD_FREE(text);
     if (r != DSGD_OK) {
         dsgd_dataset_free(out);
         return r;
     }
     if (!d.num_classes) out->num_classes = max_label + 1;
     return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_dataset_parse_csv(dsgd_ctx *ctx, const char *text, size_t len, const dsgd_csv_desc *desc,
+                                            dsgd_dataset *out) {
+    dsgd_csv_desc d;
+    dsgd_result r = dsgd__csv_desc(ctx, desc, &d, out, "dsgd_dataset_parse_csv");
+    if (r != DSGD_OK) return r;
+    if (!text && len) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_dataset_parse_csv: text is NULL");
+    return dsgd__parse_csv(ctx, text ? text : "", len, "CSV text", &d, out);
+}
+
+DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, const dsgd_csv_desc *desc,
+                                           dsgd_dataset *out) {
+    dsgd_csv_desc d;
+    size_t len = 0;
+    char *text;
+    dsgd_result r = dsgd__csv_desc(ctx, desc, &d, out, "dsgd_dataset_load_csv");
+    if (r != DSGD_OK) return r;
+    text = dsgd__read_file(ctx, path, &len);
+    if (!text) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
+    r = dsgd__parse_csv(ctx, text, len, path, &d, out);
+    DSGD_FREE(text);
+    return r;
 }
 
 #endif /* DSGD__PART_DATA_IMPL */

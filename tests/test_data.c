@@ -942,6 +942,65 @@ static void test_fifo(void **state) {
     unlink(fifo);
 }
 
+/* The loaders from memory give what the file loaders give on the same bytes
+   (the file loaders now parse a file's bytes with them), read only their
+   len bytes (no NUL needed), and name "CSV text" / "IDX images" in
+   messages. */
+static void same_dataset(const dsgd_dataset *a, const dsgd_dataset *b) {
+    assert_int_equal(a->n, b->n);
+    assert_int_equal(a->dim, b->dim);
+    assert_int_equal(a->target_dim, b->target_dim);
+    assert_int_equal(a->num_classes, b->num_classes);
+    assert_memory_equal(a->x, b->x, a->n * (size_t)a->dim * sizeof(float));
+    assert_memory_equal(a->y, b->y, a->n * (size_t)a->target_dim * sizeof(float));
+}
+
+static void test_parse_from_memory(void **state) {
+    fx *f = (fx *)*state;
+    static const char text[] = "0.5,2,1\n-3,4e-2,0\r\n\n7,8,2\nTRAILING,junk";
+    size_t len = sizeof(text) - 1 - strlen("TRAILING,junk"); /* stop before the junk */
+    dsgd_csv_desc d = csv_desc(0, 0, 0, 2.0f);
+    dsgd_dataset a, b;
+    bytes img, lbl;
+    char copy[64];
+    /* CSV: the same as the file loader on the same bytes */
+    memcpy(copy, text, len);
+    copy[len] = '\0';
+    TU_OK(f->ctx, dsgd_dataset_parse_csv(f->ctx, text, len, &d, &a));
+    TU_OK(f->ctx, load_csv(f, "mem.csv", copy, &d, &b));
+    same_dataset(&a, &b);
+    assert_int_equal(a.n, 3);
+    assert_true(a.x[0] == 1.0f && a.x[3] == 0.08f && a.y[2] == 2.0f && a.num_classes == 3);
+    dsgd_dataset_free(&a);
+    dsgd_dataset_free(&b);
+    /* the whole text, junk included, is an error naming the line */
+    assert_int_equal(dsgd_dataset_parse_csv(f->ctx, text, sizeof(text) - 1, &d, &a), DSGD_ERR_FORMAT);
+    assert_non_null(strstr(dsgd_ctx_last_error(f->ctx), "CSV text: line 5"));
+    assert_null(a.x);
+    assert_int_equal(dsgd_dataset_parse_csv(f->ctx, NULL, 3, NULL, &a), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_dataset_parse_csv(f->ctx, NULL, 0, NULL, &a), DSGD_ERR_FORMAT); /* no data lines */
+    d.feature_scale = -1.0f;
+    assert_int_equal(dsgd_dataset_parse_csv(f->ctx, text, len, &d, &a), DSGD_ERR_INVALID_ARGUMENT);
+    /* IDX */
+    good_images(&img, 4, 3, 2);
+    good_labels(&lbl, 4);
+    TU_OK(f->ctx, dsgd_dataset_parse_idx(f->ctx, img.d, img.n, lbl.d, lbl.n, 0, &a));
+    TU_OK(f->ctx, load_idx(f, &img, &lbl, 0, &b));
+    same_dataset(&a, &b);
+    assert_int_equal(a.n, 4);
+    assert_int_equal(a.dim, 6);
+    dsgd_dataset_free(&a);
+    dsgd_dataset_free(&b);
+    assert_int_equal(dsgd_dataset_parse_idx(f->ctx, img.d, img.n - 1, lbl.d, lbl.n, 0, &a), DSGD_ERR_FORMAT);
+    assert_non_null(strstr(dsgd_ctx_last_error(f->ctx), "IDX images: truncated"));
+    assert_int_equal(dsgd_dataset_parse_idx(f->ctx, img.d, img.n, lbl.d, 3, 0, &a), DSGD_ERR_FORMAT);
+    assert_non_null(strstr(dsgd_ctx_last_error(f->ctx), "IDX labels: truncated IDX header"));
+    assert_int_equal(dsgd_dataset_parse_idx(f->ctx, NULL, 16, lbl.d, lbl.n, 0, &a), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_dataset_parse_idx(f->ctx, NULL, 0, NULL, 0, 0, &a), DSGD_ERR_FORMAT);
+    assert_int_equal(dsgd_dataset_parse_idx(f->ctx, img.d, img.n, lbl.d, lbl.n, 300, &a), DSGD_ERR_INVALID_ARGUMENT);
+    assert_null(a.x);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_idx_good, setup, teardown),
@@ -954,6 +1013,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_fuzz_loaders, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_a_regular_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fifo, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_parse_from_memory, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
