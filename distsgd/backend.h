@@ -62,6 +62,9 @@ typedef enum dsgd_optimizer_kind {
     DSGD_OPT_ADAM,
     DSGD_OPT_ADAMW
 } dsgd_optimizer_kind;
+/* The number of values of each enum: a macro, not an enumerator, so that a
+   switch over the enum in your code stays complete. */
+#define DSGD_OPT_COUNT (DSGD_OPT_ADAMW + 1)
 
 /* A backend-defined device buffer of floats. */
 typedef struct dsgd_buffer dsgd_buffer;

@@ -89,6 +89,7 @@ typedef enum dsgd_allreduce_algo {
        DSGD_ERR_UNSUPPORTED without the hooks. */
     DSGD_ALLREDUCE_DIRECT
 } dsgd_allreduce_algo;
+#define DSGD_ALLREDUCE_COUNT (DSGD_ALLREDUCE_DIRECT + 1) /* AUTO included */
 
 /* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
    values. Never NULL.
@@ -219,25 +220,8 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
 /* >>transport -------------------------------------------------------------- */
 
 DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op) {
-    switch (op) {
-    case DSGD_REDUCE_SUM: return "sum";
-    case DSGD_REDUCE_MEAN: return "mean";
-    case DSGD_REDUCE_MAX: return "max";
-    case DSGD_REDUCE_MIN: return "min";
-    default: return "unknown";
-    }
-}
-
-DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
-    switch (algo) {
-    case DSGD_ALLREDUCE_AUTO: return "auto";
-    case DSGD_ALLREDUCE_RING: return "ring";
-    case DSGD_ALLREDUCE_HALVING_DOUBLING: return "halving_doubling";
-    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return "reduce_broadcast";
-    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
-    case DSGD_ALLREDUCE_DIRECT: return "direct";
-    default: return "unknown";
-    }
+    static const char *const names[DSGD_REDUCE_COUNT] = {"sum", "mean", "max", "min"};
+    return (int)op >= 0 && (int)op < (int)DSGD_REDUCE_COUNT ? names[op] : "unknown";
 }
 
 
@@ -381,7 +365,7 @@ static dsgd_result dsgd__coll_check(dsgd_comm *c, const char *what, const float 
     if (buf == NULL && count > 0)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: buf is NULL with count %zu", what,
                                   count);
-    if (has_op && ((int)op < 0 || (int)op > (int)DSGD_REDUCE_MIN))
+    if (has_op && ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT))
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", what, (int)op);
     if (!(timeout_s >= 0))
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -946,30 +930,54 @@ static dsgd_result dsgd__reduce_broadcast(dsgd_comm *c, float *buf, size_t count
     return DSGD_OK;
 }
 
+/* The transport's native collective (AUTO when the transport has one). */
+static dsgd_result dsgd__native(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    dsgd_result res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
+    return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
+}
+
+static dsgd_result dsgd__ring_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    return dsgd__ring(c, buf, count, op, 3);
+}
+
+/* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
+   algorithm is an enumerator and one line here. agrees_itself: it checks
+   the ranks' agreement on its own (DIRECT, through the memory it shares,
+   count 0 included); the others run after dsgd__coll_agree. */
+static const struct {
+    const char *name;
+    dsgd_result (*run)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
+    int agrees_itself;
+} dsgd__allreduce_algos[DSGD_ALLREDUCE_COUNT] = {
+    /* AUTO, resolved to the native hook */ {"auto", dsgd__native, 0},
+    /* RING */ {"ring", dsgd__ring_allreduce, 0},
+    /* HALVING_DOUBLING */ {"halving_doubling", dsgd__halving_doubling, 0},
+    /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, 0},
+    /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, 0},
+    /* DIRECT */ {"direct", dsgd__direct, 1},
+};
+
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
+    return (int)algo >= 0 && (int)algo < (int)DSGD_ALLREDUCE_COUNT ? dsgd__allreduce_algos[algo].name : "unknown";
+}
+
 DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
                                     dsgd_allreduce_algo algo, double timeout_s) {
     dsgd_result res;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
     if (res != DSGD_OK) return res;
-    if ((int)algo < 0 || (int)algo > (int)DSGD_ALLREDUCE_DIRECT)
+    if ((int)algo < 0 || (int)algo >= (int)DSGD_ALLREDUCE_COUNT)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "allreduce: unknown algorithm %d", (int)algo);
     if (algo == DSGD_ALLREDUCE_AUTO) algo = dsgd_allreduce_choose(c, count);
     dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
                      (int)algo, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
-    if (algo == DSGD_ALLREDUCE_DIRECT) return dsgd__direct(c, buf, count, op); /* agrees through shared memory */
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK || count == 0) return res;
-    switch (algo) {
-    case DSGD_ALLREDUCE_AUTO: /* the transport's native collective */
-        res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
-        return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
-    case DSGD_ALLREDUCE_HALVING_DOUBLING: return dsgd__halving_doubling(c, buf, count, op);
-    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return dsgd__reduce_broadcast(c, buf, count, op);
-    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return dsgd__recursive_doubling(c, buf, count, op);
-    default: return dsgd__ring(c, buf, count, op, 3);
+    if (!dsgd__allreduce_algos[algo].agrees_itself) {
+        res = dsgd__coll_agree(c);
+        if (res != DSGD_OK || count == 0) return res;
     }
+    return dsgd__allreduce_algos[algo].run(c, buf, count, op);
 }
 
 DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,

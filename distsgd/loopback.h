@@ -629,7 +629,7 @@ static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
         return DSGD_ERR_INVALID_ARGUMENT;
-    if ((int)op < 0 || (int)op > (int)DSGD_REDUCE_MIN)
+    if ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT)
         return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "unknown reduce op for a message from", src);
     return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), (int)op,
                          deadline, failed_peer);

@@ -15,6 +15,7 @@ typedef enum dsgd_schedule_kind {
     DSGD_SCHEDULE_COSINE,       /* cosine from lr to final_lr at total_steps */
     DSGD_SCHEDULE_STEP          /* lr * gamma^floor((t - warmup) / step_size) */
 } dsgd_schedule_kind;
+#define DSGD_SCHEDULE_COUNT (DSGD_SCHEDULE_STEP + 1)
 
 /* Learning rate at step t (0-based): during the first warmup_steps steps it
    rises linearly from warmup_start_lr to lr (Goyal et al. 2017, gradual
@@ -174,7 +175,7 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     if (!desc || !out) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
     d = dsgd__optimizer_defaults(desc);
-    if ((int)d.kind < 0 || (int)d.kind > (int)DSGD_OPT_ADAMW)
+    if ((int)d.kind < 0 || (int)d.kind >= (int)DSGD_OPT_COUNT)
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown optimizer kind %d", what, (int)d.kind);
     if (!(d.lr > 0.0f) || !isfinite(d.lr) || !(d.weight_decay >= 0.0f) || !(d.clip_norm >= 0.0f))
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -185,7 +186,7 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: momentum %g, beta1 %g, beta2 %g must lie in [0, 1) and eps %g > 0", what,
                                   (double)d.momentum, (double)d.beta1, (double)d.beta2, (double)d.eps);
-    if ((int)d.schedule.kind < 0 || (int)d.schedule.kind > (int)DSGD_SCHEDULE_STEP || d.schedule.warmup_steps < 0 ||
+    if ((int)d.schedule.kind < 0 || (int)d.schedule.kind >= (int)DSGD_SCHEDULE_COUNT || d.schedule.warmup_steps < 0 ||
         (d.schedule.kind == DSGD_SCHEDULE_STEP && d.schedule.step_size <= 0) ||
         (d.schedule.kind == DSGD_SCHEDULE_COSINE && d.schedule.total_steps <= d.schedule.warmup_steps))
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,

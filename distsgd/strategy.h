@@ -43,6 +43,7 @@ typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
                                      lockstep (see dsgd_gradient_path) */
 } dsgd_strategy_kind;
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_MIRRORED + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -84,6 +85,7 @@ typedef enum dsgd_gradient_path {
                                 cannot do it (with one replica nothing is
                                 exchanged and the path resolves to HOST) */
 } dsgd_gradient_path;
+#define DSGD_GRADIENTS_COUNT (DSGD_GRADIENTS_DEVICE + 1)
 
 /* Creates replica `replica`'s backend in *out, recording errors on ctx (the
    replica's context, which outlives the backend). Called by
@@ -704,7 +706,7 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
     *out = NULL;
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", what);
-    if (desc->kind != DSGD_STRATEGY_ONE_DEVICE && desc->kind != DSGD_STRATEGY_MIRRORED)
+    if ((int)desc->kind < 0 || (int)desc->kind >= (int)DSGD_STRATEGY_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)desc->kind);
     if (desc->num_replicas < 0 || desc->num_replicas > DSGD_MAX_REPLICAS ||
         (desc->kind == DSGD_STRATEGY_ONE_DEVICE && desc->num_replicas > 1))
@@ -714,10 +716,10 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (desc->nonfinite != DSGD_NONFINITE_SKIP && desc->nonfinite != DSGD_NONFINITE_ERROR)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
                                   (int)desc->nonfinite);
-    if (!(desc->timeout_s >= 0.0) || (int)desc->algorithm < 0 || (int)desc->algorithm > (int)DSGD_ALLREDUCE_DIRECT)
+    if (!(desc->timeout_s >= 0.0) || (int)desc->algorithm < 0 || (int)desc->algorithm >= (int)DSGD_ALLREDUCE_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: bad timeout %g or algorithm %d", what,
                                   desc->timeout_s, (int)desc->algorithm);
-    if ((int)desc->gradient_path < 0 || (int)desc->gradient_path > (int)DSGD_GRADIENTS_DEVICE)
+    if ((int)desc->gradient_path < 0 || (int)desc->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
                                   (int)desc->gradient_path);
     n = desc->num_replicas ? desc->num_replicas : 1;
@@ -846,12 +848,8 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s) 
     return s ? s->path : DSGD_GRADIENTS_HOST;
 }
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p) {
-    switch (p) {
-    case DSGD_GRADIENTS_AUTO: return "auto";
-    case DSGD_GRADIENTS_HOST: return "host";
-    case DSGD_GRADIENTS_DEVICE: return "device";
-    }
-    return "unknown";
+    static const char *const names[DSGD_GRADIENTS_COUNT] = {"auto", "host", "device"};
+    return (int)p >= 0 && (int)p < (int)DSGD_GRADIENTS_COUNT ? names[p] : "unknown";
 }
 DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
     return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
@@ -1152,7 +1150,7 @@ DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_
                                   d->name, strlen(d->name), DSGD_MAX_VARIABLE_NAME);
     if (dsgd_strategy_find_variable(s, d->name) >= 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
-    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization > (int)DSGD_SYNC_ON_READ)
+    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization >= (int)DSGD_SYNC_COUNT)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: '%s': unknown aggregation %d or synchronization %d",
                                   what, d->name, (int)d->aggregation, (int)d->synchronization);
     if (d->synchronization == DSGD_SYNC_NONE)

@@ -32,6 +32,7 @@ typedef enum dsgd_reduce_op {
     DSGD_REDUCE_MAX,  /* NaN-propagating: a NaN in any input gives NaN */
     DSGD_REDUCE_MIN   /* NaN-propagating */
 } dsgd_reduce_op;
+#define DSGD_REDUCE_COUNT (DSGD_REDUCE_MIN + 1)
 
 /* One rank's endpoint of a transport. Fill it with memset(0) first so that
    optional members added in later versions stay NULL.

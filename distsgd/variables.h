@@ -21,6 +21,7 @@ typedef enum dsgd_aggregation {
     DSGD_AGG_MEAN = 2,
     DSGD_AGG_ONLY_FIRST_REPLICA = 3
 } dsgd_aggregation;
+#define DSGD_AGG_COUNT (DSGD_AGG_ONLY_FIRST_REPLICA + 1)
 
 /* When the replicas' copies of a variable are synchronised
    (tf.VariableSynchronization). */
@@ -30,6 +31,7 @@ typedef enum dsgd_synchronization {
     DSGD_SYNC_ON_WRITE = 2, /* mirrored: every write is aggregated and applied to all copies */
     DSGD_SYNC_ON_READ = 3   /* each replica writes its own copy; reads from the strategy aggregate */
 } dsgd_synchronization;
+#define DSGD_SYNC_COUNT (DSGD_SYNC_ON_READ + 1)
 
 /* "SUM", "ON_READ", ...; "?" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
@@ -45,28 +47,16 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_VARIABLES_IMPL)
 #define DSGD__PART_VARIABLES_IMPL
 
-static int dsgd__agg_valid(dsgd_aggregation a) {
-    return a == DSGD_AGG_NONE || a == DSGD_AGG_SUM || a == DSGD_AGG_MEAN || a == DSGD_AGG_ONLY_FIRST_REPLICA;
-}
+static int dsgd__agg_valid(dsgd_aggregation a) { return (int)a >= 0 && (int)a < (int)DSGD_AGG_COUNT; }
 
 DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a) {
-    switch (a) {
-    case DSGD_AGG_NONE: return "NONE";
-    case DSGD_AGG_SUM: return "SUM";
-    case DSGD_AGG_MEAN: return "MEAN";
-    case DSGD_AGG_ONLY_FIRST_REPLICA: return "ONLY_FIRST_REPLICA";
-    default: return "?";
-    }
+    static const char *const names[DSGD_AGG_COUNT] = {"NONE", "SUM", "MEAN", "ONLY_FIRST_REPLICA"};
+    return dsgd__agg_valid(a) ? names[a] : "?";
 }
 
-DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s) {
-    switch (s) {
-    case DSGD_SYNC_AUTO: return "AUTO";
-    case DSGD_SYNC_NONE: return "NONE";
-    case DSGD_SYNC_ON_WRITE: return "ON_WRITE";
-    case DSGD_SYNC_ON_READ: return "ON_READ";
-    default: return "?";
-    }
+DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization sy) {
+    static const char *const names[DSGD_SYNC_COUNT] = {"AUTO", "NONE", "ON_WRITE", "ON_READ"};
+    return (int)sy >= 0 && (int)sy < (int)DSGD_SYNC_COUNT ? names[sy] : "?";
 }
 
 #endif /* DSGD__PART_VARIABLES_IMPL */

@@ -622,6 +622,9 @@ typedef enum dsgd_optimizer_kind {
     DSGD_OPT_ADAM,
     DSGD_OPT_ADAMW
 } dsgd_optimizer_kind;
+/* The number of values of each enum: a macro, not an enumerator, so that a
+   switch over the enum in your code stays complete. */
+#define DSGD_OPT_COUNT (DSGD_OPT_ADAMW + 1)
 
 /* A backend-defined device buffer of floats. */
 typedef struct dsgd_buffer dsgd_buffer;
@@ -1864,6 +1867,7 @@ typedef enum dsgd_schedule_kind {
     DSGD_SCHEDULE_COSINE,       /* cosine from lr to final_lr at total_steps */
     DSGD_SCHEDULE_STEP          /* lr * gamma^floor((t - warmup) / step_size) */
 } dsgd_schedule_kind;
+#define DSGD_SCHEDULE_COUNT (DSGD_SCHEDULE_STEP + 1)
 
 /* Learning rate at step t (0-based): during the first warmup_steps steps it
    rises linearly from warmup_start_lr to lr (Goyal et al. 2017, gradual
@@ -2023,7 +2027,7 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     if (!desc || !out) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
     d = dsgd__optimizer_defaults(desc);
-    if ((int)d.kind < 0 || (int)d.kind > (int)DSGD_OPT_ADAMW)
+    if ((int)d.kind < 0 || (int)d.kind >= (int)DSGD_OPT_COUNT)
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown optimizer kind %d", what, (int)d.kind);
     if (!(d.lr > 0.0f) || !isfinite(d.lr) || !(d.weight_decay >= 0.0f) || !(d.clip_norm >= 0.0f))
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -2034,7 +2038,7 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: momentum %g, beta1 %g, beta2 %g must lie in [0, 1) and eps %g > 0", what,
                                   (double)d.momentum, (double)d.beta1, (double)d.beta2, (double)d.eps);
-    if ((int)d.schedule.kind < 0 || (int)d.schedule.kind > (int)DSGD_SCHEDULE_STEP || d.schedule.warmup_steps < 0 ||
+    if ((int)d.schedule.kind < 0 || (int)d.schedule.kind >= (int)DSGD_SCHEDULE_COUNT || d.schedule.warmup_steps < 0 ||
         (d.schedule.kind == DSGD_SCHEDULE_STEP && d.schedule.step_size <= 0) ||
         (d.schedule.kind == DSGD_SCHEDULE_COSINE && d.schedule.total_steps <= d.schedule.warmup_steps))
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -2799,6 +2803,7 @@ typedef enum dsgd_reduce_op {
     DSGD_REDUCE_MAX,  /* NaN-propagating: a NaN in any input gives NaN */
     DSGD_REDUCE_MIN   /* NaN-propagating */
 } dsgd_reduce_op;
+#define DSGD_REDUCE_COUNT (DSGD_REDUCE_MIN + 1)
 
 /* One rank's endpoint of a transport. Fill it with memset(0) first so that
    optional members added in later versions stay NULL.
@@ -3608,7 +3613,7 @@ static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
         return DSGD_ERR_INVALID_ARGUMENT;
-    if ((int)op < 0 || (int)op > (int)DSGD_REDUCE_MIN)
+    if ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT)
         return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "unknown reduce op for a message from", src);
     return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), (int)op,
                          deadline, failed_peer);
@@ -3748,6 +3753,7 @@ typedef enum dsgd_allreduce_algo {
        DSGD_ERR_UNSUPPORTED without the hooks. */
     DSGD_ALLREDUCE_DIRECT
 } dsgd_allreduce_algo;
+#define DSGD_ALLREDUCE_COUNT (DSGD_ALLREDUCE_DIRECT + 1) /* AUTO included */
 
 /* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
    values. Never NULL.
@@ -3878,25 +3884,8 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *comm, double timeout_s);
 /* >>transport -------------------------------------------------------------- */
 
 DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op) {
-    switch (op) {
-    case DSGD_REDUCE_SUM: return "sum";
-    case DSGD_REDUCE_MEAN: return "mean";
-    case DSGD_REDUCE_MAX: return "max";
-    case DSGD_REDUCE_MIN: return "min";
-    default: return "unknown";
-    }
-}
-
-DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
-    switch (algo) {
-    case DSGD_ALLREDUCE_AUTO: return "auto";
-    case DSGD_ALLREDUCE_RING: return "ring";
-    case DSGD_ALLREDUCE_HALVING_DOUBLING: return "halving_doubling";
-    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return "reduce_broadcast";
-    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
-    case DSGD_ALLREDUCE_DIRECT: return "direct";
-    default: return "unknown";
-    }
+    static const char *const names[DSGD_REDUCE_COUNT] = {"sum", "mean", "max", "min"};
+    return (int)op >= 0 && (int)op < (int)DSGD_REDUCE_COUNT ? names[op] : "unknown";
 }
 
 
@@ -4040,7 +4029,7 @@ static dsgd_result dsgd__coll_check(dsgd_comm *c, const char *what, const float 
     if (buf == NULL && count > 0)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: buf is NULL with count %zu", what,
                                   count);
-    if (has_op && ((int)op < 0 || (int)op > (int)DSGD_REDUCE_MIN))
+    if (has_op && ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT))
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", what, (int)op);
     if (!(timeout_s >= 0))
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -4605,30 +4594,54 @@ static dsgd_result dsgd__reduce_broadcast(dsgd_comm *c, float *buf, size_t count
     return DSGD_OK;
 }
 
+/* The transport's native collective (AUTO when the transport has one). */
+static dsgd_result dsgd__native(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    dsgd_result res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
+    return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
+}
+
+static dsgd_result dsgd__ring_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    return dsgd__ring(c, buf, count, op, 3);
+}
+
+/* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
+   algorithm is an enumerator and one line here. agrees_itself: it checks
+   the ranks' agreement on its own (DIRECT, through the memory it shares,
+   count 0 included); the others run after dsgd__coll_agree. */
+static const struct {
+    const char *name;
+    dsgd_result (*run)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
+    int agrees_itself;
+} dsgd__allreduce_algos[DSGD_ALLREDUCE_COUNT] = {
+    /* AUTO, resolved to the native hook */ {"auto", dsgd__native, 0},
+    /* RING */ {"ring", dsgd__ring_allreduce, 0},
+    /* HALVING_DOUBLING */ {"halving_doubling", dsgd__halving_doubling, 0},
+    /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, 0},
+    /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, 0},
+    /* DIRECT */ {"direct", dsgd__direct, 1},
+};
+
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
+    return (int)algo >= 0 && (int)algo < (int)DSGD_ALLREDUCE_COUNT ? dsgd__allreduce_algos[algo].name : "unknown";
+}
+
 DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
                                     dsgd_allreduce_algo algo, double timeout_s) {
     dsgd_result res;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
     if (res != DSGD_OK) return res;
-    if ((int)algo < 0 || (int)algo > (int)DSGD_ALLREDUCE_DIRECT)
+    if ((int)algo < 0 || (int)algo >= (int)DSGD_ALLREDUCE_COUNT)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "allreduce: unknown algorithm %d", (int)algo);
     if (algo == DSGD_ALLREDUCE_AUTO) algo = dsgd_allreduce_choose(c, count);
     dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
                      (int)algo, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
-    if (algo == DSGD_ALLREDUCE_DIRECT) return dsgd__direct(c, buf, count, op); /* agrees through shared memory */
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK || count == 0) return res;
-    switch (algo) {
-    case DSGD_ALLREDUCE_AUTO: /* the transport's native collective */
-        res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
-        return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
-    case DSGD_ALLREDUCE_HALVING_DOUBLING: return dsgd__halving_doubling(c, buf, count, op);
-    case DSGD_ALLREDUCE_REDUCE_BROADCAST: return dsgd__reduce_broadcast(c, buf, count, op);
-    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: return dsgd__recursive_doubling(c, buf, count, op);
-    default: return dsgd__ring(c, buf, count, op, 3);
+    if (!dsgd__allreduce_algos[algo].agrees_itself) {
+        res = dsgd__coll_agree(c);
+        if (res != DSGD_OK || count == 0) return res;
     }
+    return dsgd__allreduce_algos[algo].run(c, buf, count, op);
 }
 
 DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
@@ -4714,6 +4727,7 @@ typedef enum dsgd_aggregation {
     DSGD_AGG_MEAN = 2,
     DSGD_AGG_ONLY_FIRST_REPLICA = 3
 } dsgd_aggregation;
+#define DSGD_AGG_COUNT (DSGD_AGG_ONLY_FIRST_REPLICA + 1)
 
 /* When the replicas' copies of a variable are synchronised
    (tf.VariableSynchronization). */
@@ -4723,6 +4737,7 @@ typedef enum dsgd_synchronization {
     DSGD_SYNC_ON_WRITE = 2, /* mirrored: every write is aggregated and applied to all copies */
     DSGD_SYNC_ON_READ = 3   /* each replica writes its own copy; reads from the strategy aggregate */
 } dsgd_synchronization;
+#define DSGD_SYNC_COUNT (DSGD_SYNC_ON_READ + 1)
 
 /* "SUM", "ON_READ", ...; "?" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
@@ -4738,28 +4753,16 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_VARIABLES_IMPL)
 #define DSGD__PART_VARIABLES_IMPL
 
-static int dsgd__agg_valid(dsgd_aggregation a) {
-    return a == DSGD_AGG_NONE || a == DSGD_AGG_SUM || a == DSGD_AGG_MEAN || a == DSGD_AGG_ONLY_FIRST_REPLICA;
-}
+static int dsgd__agg_valid(dsgd_aggregation a) { return (int)a >= 0 && (int)a < (int)DSGD_AGG_COUNT; }
 
 DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a) {
-    switch (a) {
-    case DSGD_AGG_NONE: return "NONE";
-    case DSGD_AGG_SUM: return "SUM";
-    case DSGD_AGG_MEAN: return "MEAN";
-    case DSGD_AGG_ONLY_FIRST_REPLICA: return "ONLY_FIRST_REPLICA";
-    default: return "?";
-    }
+    static const char *const names[DSGD_AGG_COUNT] = {"NONE", "SUM", "MEAN", "ONLY_FIRST_REPLICA"};
+    return dsgd__agg_valid(a) ? names[a] : "?";
 }
 
-DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s) {
-    switch (s) {
-    case DSGD_SYNC_AUTO: return "AUTO";
-    case DSGD_SYNC_NONE: return "NONE";
-    case DSGD_SYNC_ON_WRITE: return "ON_WRITE";
-    case DSGD_SYNC_ON_READ: return "ON_READ";
-    default: return "?";
-    }
+DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization sy) {
+    static const char *const names[DSGD_SYNC_COUNT] = {"AUTO", "NONE", "ON_WRITE", "ON_READ"};
+    return (int)sy >= 0 && (int)sy < (int)DSGD_SYNC_COUNT ? names[sy] : "?";
 }
 
 #endif /* DSGD__PART_VARIABLES_IMPL */
@@ -4809,6 +4812,7 @@ typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
                                      lockstep (see dsgd_gradient_path) */
 } dsgd_strategy_kind;
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_MIRRORED + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -4850,6 +4854,7 @@ typedef enum dsgd_gradient_path {
                                 cannot do it (with one replica nothing is
                                 exchanged and the path resolves to HOST) */
 } dsgd_gradient_path;
+#define DSGD_GRADIENTS_COUNT (DSGD_GRADIENTS_DEVICE + 1)
 
 /* Creates replica `replica`'s backend in *out, recording errors on ctx (the
    replica's context, which outlives the backend). Called by
@@ -5470,7 +5475,7 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
     *out = NULL;
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", what);
-    if (desc->kind != DSGD_STRATEGY_ONE_DEVICE && desc->kind != DSGD_STRATEGY_MIRRORED)
+    if ((int)desc->kind < 0 || (int)desc->kind >= (int)DSGD_STRATEGY_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)desc->kind);
     if (desc->num_replicas < 0 || desc->num_replicas > DSGD_MAX_REPLICAS ||
         (desc->kind == DSGD_STRATEGY_ONE_DEVICE && desc->num_replicas > 1))
@@ -5480,10 +5485,10 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
     if (desc->nonfinite != DSGD_NONFINITE_SKIP && desc->nonfinite != DSGD_NONFINITE_ERROR)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
                                   (int)desc->nonfinite);
-    if (!(desc->timeout_s >= 0.0) || (int)desc->algorithm < 0 || (int)desc->algorithm > (int)DSGD_ALLREDUCE_DIRECT)
+    if (!(desc->timeout_s >= 0.0) || (int)desc->algorithm < 0 || (int)desc->algorithm >= (int)DSGD_ALLREDUCE_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: bad timeout %g or algorithm %d", what,
                                   desc->timeout_s, (int)desc->algorithm);
-    if ((int)desc->gradient_path < 0 || (int)desc->gradient_path > (int)DSGD_GRADIENTS_DEVICE)
+    if ((int)desc->gradient_path < 0 || (int)desc->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
                                   (int)desc->gradient_path);
     n = desc->num_replicas ? desc->num_replicas : 1;
@@ -5612,12 +5617,8 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s) 
     return s ? s->path : DSGD_GRADIENTS_HOST;
 }
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p) {
-    switch (p) {
-    case DSGD_GRADIENTS_AUTO: return "auto";
-    case DSGD_GRADIENTS_HOST: return "host";
-    case DSGD_GRADIENTS_DEVICE: return "device";
-    }
-    return "unknown";
+    static const char *const names[DSGD_GRADIENTS_COUNT] = {"auto", "host", "device"};
+    return (int)p >= 0 && (int)p < (int)DSGD_GRADIENTS_COUNT ? names[p] : "unknown";
 }
 DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
     return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
@@ -5918,7 +5919,7 @@ DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_
                                   d->name, strlen(d->name), DSGD_MAX_VARIABLE_NAME);
     if (dsgd_strategy_find_variable(s, d->name) >= 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
-    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization > (int)DSGD_SYNC_ON_READ)
+    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization >= (int)DSGD_SYNC_COUNT)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: '%s': unknown aggregation %d or synchronization %d",
                                   what, d->name, (int)d->aggregation, (int)d->synchronization);
     if (d->synchronization == DSGD_SYNC_NONE)
