@@ -67,8 +67,8 @@
    strict -std=c99 the feature macro must precede the first system header, so
    it is set here; include distsgd.h before other headers in the file that
    defines DISTSGD_IMPLEMENTATION, or compile with -D_POSIX_C_SOURCE=200809L. */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && \
-    !defined(_WIN32)
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(_POSIX_C_SOURCE) && \
+    !defined(_GNU_SOURCE) && !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
 #endif
 
@@ -207,8 +207,10 @@ DSGD_API double dsgd_now(void);
 
 #endif /* DSGD__PART_BASE_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BASE_IMPL)
-#define DSGD__PART_BASE_IMPL
+/* Configuration and system headers of every implementation, the core's and
+   the add-ons' (which may be compiled in another file than the core's). */
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(DSGD__PART_BASE_PRIVATE)
+#define DSGD__PART_BASE_PRIVATE
 
 #include <float.h>
 #include <math.h>
@@ -252,6 +254,18 @@ DSGD_API double dsgd_now(void);
 #define DSGD__UNUSED(x) ((void)(x))
 #define DSGD__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DSGD__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* A private helper of the implementation: static, and not a warning in a
+   file that does not call it (an add-on's implementation file). */
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD__PRIVATE static __attribute__((unused))
+#else
+#define DSGD__PRIVATE static
+#endif
+#endif /* DSGD__PART_BASE_PRIVATE */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BASE_IMPL)
+#define DSGD__PART_BASE_IMPL
 
 /* >>results ---------------------------------------------------------------- */
 

@@ -277,46 +277,6 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
 
 /* >>loaders ---------------------------------------------------------------- */
 
-/* Opens path and returns its size, or records an error. Only regular files:
-   the open is non-blocking, so a FIFO with no writer (or a device) fails at
-   once instead of blocking in open(); the type is checked on the opened
-   descriptor, so a path swapped after the check cannot slip through. */
-static FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
-    FILE *f;
-    long end;
-    struct stat st;
-    int fd, flags;
-    if (!path) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "file path is NULL");
-        return NULL;
-    }
-    fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: not a regular file", path);
-        close(fd);
-        return NULL;
-    }
-    flags = fcntl(fd, F_GETFL);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot determine the file size", path);
-        fclose(f);
-        return NULL;
-    }
-    *size = (size_t)end;
-    return f;
-}
-
-/* Reads an IDX header of unsigned bytes with `want_dims` dimensions; fills
-   dims and checks that the file holds exactly the data the header claims. */
 /* Reads a whole file into a buffer with a NUL after its size bytes. */
 static char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len) {
     size_t size = 0;

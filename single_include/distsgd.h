@@ -187,8 +187,8 @@
    strict -std=c99 the feature macro must precede the first system header, so
    it is set here; include distsgd.h before other headers in the file that
    defines DISTSGD_IMPLEMENTATION, or compile with -D_POSIX_C_SOURCE=200809L. */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && \
-    !defined(_WIN32)
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(_POSIX_C_SOURCE) && \
+    !defined(_GNU_SOURCE) && !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
 #endif
 
@@ -327,8 +327,10 @@ DSGD_API double dsgd_now(void);
 
 #endif /* DSGD__PART_BASE_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BASE_IMPL)
-#define DSGD__PART_BASE_IMPL
+/* Configuration and system headers of every implementation, the core's and
+   the add-ons' (which may be compiled in another file than the core's). */
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(DSGD__PART_BASE_PRIVATE)
+#define DSGD__PART_BASE_PRIVATE
 
 #include <float.h>
 #include <math.h>
@@ -372,6 +374,18 @@ DSGD_API double dsgd_now(void);
 #define DSGD__UNUSED(x) ((void)(x))
 #define DSGD__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define DSGD__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* A private helper of the implementation: static, and not a warning in a
+   file that does not call it (an add-on's implementation file). */
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD__PRIVATE static __attribute__((unused))
+#else
+#define DSGD__PRIVATE static
+#endif
+#endif /* DSGD__PART_BASE_PRIVATE */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BASE_IMPL)
+#define DSGD__PART_BASE_IMPL
 
 /* >>results ---------------------------------------------------------------- */
 
@@ -483,11 +497,11 @@ DSGD_API double dsgd_now(void) {
 
 #endif /* DSGD__PART_BASE_IMPL */
 /* ---------------------------------------- distsgd/internal.h */
-/* distsgd/internal.h - private helpers shared by the core and its add-ons
+/* distsgd/internal.h - private helpers shared by the core and its add-ons (compiled for either implementation)
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_INTERNAL_IMPL)
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(DSGD__PART_INTERNAL_IMPL)
 #define DSGD__PART_INTERNAL_IMPL
 
 #include <pthread.h>
@@ -496,14 +510,14 @@ DSGD_API double dsgd_now(void) {
 
 /* A standard normal deviate (Box-Muller; one of the pair is discarded so the
    stream position depends only on the number of draws). */
-static double dsgd__rng_normal(uint64_t *state) {
+DSGD__PRIVATE double dsgd__rng_normal(uint64_t *state) {
     double u1 = dsgd_rng_uniform(state), u2 = dsgd_rng_uniform(state);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 /* Uniform integer in [0, n) without modulo bias. */
-static size_t dsgd__rng_below(uint64_t *state, size_t n) {
+DSGD__PRIVATE size_t dsgd__rng_below(uint64_t *state, size_t n) {
     uint64_t limit = UINT64_MAX - UINT64_MAX % (uint64_t)n, r;
     do {
         r = dsgd_rng_next(state);
@@ -512,19 +526,19 @@ static size_t dsgd__rng_below(uint64_t *state, size_t n) {
 }
 
 /* A seed derived from a base seed and a stream index. */
-static uint64_t dsgd__seed_mix(uint64_t seed, uint64_t stream) {
+DSGD__PRIVATE uint64_t dsgd__seed_mix(uint64_t seed, uint64_t stream) {
     uint64_t s = seed ^ (stream * 0xD1B54A32D192ED03ull);
     return dsgd_rng_next(&s);
 }
 
-static void *dsgd__alloc(dsgd_ctx *ctx, size_t bytes, const char *what) {
+DSGD__PRIVATE void *dsgd__alloc(dsgd_ctx *ctx, size_t bytes, const char *what) {
     void *p = DSGD_MALLOC(bytes ? bytes : 1);
     if (!p) dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", what, bytes);
     return p;
 }
 
 /* n * size, or 0 on overflow (callers treat 0 from non-zero operands as overflow). */
-static int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
+DSGD__PRIVATE int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
     if (a != 0 && b > SIZE_MAX / a) return 1;
     *out = a * b;
     return 0;
@@ -556,6 +570,48 @@ static int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
 #define DSGD__PAUSE() ((void)0)
 #endif
 
+/* >>files ------------------------------------------------------------------ */
+
+/* Opens path and returns its size, or records an error. Only regular files:
+   the open is non-blocking, so a FIFO with no writer (or a device) fails at
+   once instead of blocking in open(); the type is checked on the opened
+   descriptor, so a path swapped after the check cannot slip through. */
+DSGD__PRIVATE FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
+    FILE *f;
+    long end;
+    struct stat st;
+    int fd, flags;
+    if (!path) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "file path is NULL");
+        return NULL;
+    }
+    fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: not a regular file", path);
+        close(fd);
+        return NULL;
+    }
+    flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot determine the file size", path);
+        fclose(f);
+        return NULL;
+    }
+    *size = (size_t)end;
+    return f;
+}
+
+/* Reads an IDX header of unsigned bytes with `want_dims` dimensions; fills
+   dims and checks that the file holds exactly the data the header claims. */
 #endif /* DSGD__PART_INTERNAL_IMPL */
 /* ---------------------------------------- distsgd/backend.h */
 /* distsgd/backend.h - the compute interface, dsgd_backend_i
@@ -2416,46 +2472,6 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
 
 /* >>loaders ---------------------------------------------------------------- */
 
-/* Opens path and returns its size, or records an error. Only regular files:
-   the open is non-blocking, so a FIFO with no writer (or a device) fails at
-   once instead of blocking in open(); the type is checked on the opened
-   descriptor, so a path swapped after the check cannot slip through. */
-static FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *size) {
-    FILE *f;
-    long end;
-    struct stat st;
-    int fd, flags;
-    if (!path) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "file path is NULL");
-        return NULL;
-    }
-    fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: not a regular file", path);
-        close(fd);
-        return NULL;
-    }
-    flags = fcntl(fd, F_GETFL);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot determine the file size", path);
-        fclose(f);
-        return NULL;
-    }
-    *size = (size_t)end;
-    return f;
-}
-
-/* Reads an IDX header of unsigned bytes with `want_dims` dimensions; fills
-   dims and checks that the file holds exactly the data the header claims. */
 /* Reads a whole file into a buffer with a NUL after its size bytes. */
 static char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len) {
     size_t size = 0;
@@ -6530,15 +6546,8 @@ DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
    briefly, except during CLBlast's first compile of a routine. */
 static pthread_mutex_t dsgd_cl__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
-#define DSGD_CL__MALLOC(sz) DSGD_MALLOC(sz)
-#define DSGD_CL__FREE(p) DSGD_FREE(p)
-#else
-#define DSGD_CL__MALLOC(sz) malloc(sz)
-#define DSGD_CL__FREE(p) free(p)
-#endif
-
-#define DSGD_CL__UNUSED(x) ((void)(x))
+/* Allocation (DSGD_MALLOC, DSGD_FREE), DSGD__UNUSED and the file helpers
+   are the core's (distsgd/base.h, distsgd/internal.h). */
 
 /* >>error names ------------------------------------------------------------- */
 
@@ -6956,13 +6965,13 @@ static void dsgd_cl__dev_str(cl_device_id d, cl_device_info what, char *dst, siz
         size_t need = 0;
         char *tmp;
         if (clGetDeviceInfo(d, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-        tmp = (char *)DSGD_CL__MALLOC(need + 1);
+        tmp = (char *)DSGD_MALLOC(need + 1);
         if (!tmp) return;
         if (clGetDeviceInfo(d, what, need, tmp, NULL) == CL_SUCCESS) {
             tmp[need] = '\0';
             dsgd_cl__copy_str(dst, cap, tmp);
         }
-        DSGD_CL__FREE(tmp);
+        DSGD_FREE(tmp);
         return;
     }
     dst[cap - 1] = '\0';
@@ -6974,13 +6983,13 @@ static void dsgd_cl__plat_str(cl_platform_id p, cl_platform_info what, char *dst
         size_t need = 0;
         char *tmp;
         if (clGetPlatformInfo(p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-        tmp = (char *)DSGD_CL__MALLOC(need + 1);
+        tmp = (char *)DSGD_MALLOC(need + 1);
         if (!tmp) return;
         if (clGetPlatformInfo(p, what, need, tmp, NULL) == CL_SUCCESS) {
             tmp[need] = '\0';
             dsgd_cl__copy_str(dst, cap, tmp);
         }
-        DSGD_CL__FREE(tmp);
+        DSGD_FREE(tmp);
         return;
     }
     dst[cap - 1] = '\0';
@@ -6991,7 +7000,7 @@ static int dsgd_cl__has_extension(cl_device_id d, const char *ext) {
     char *s, *p;
     int found = 0;
     if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &need) != CL_SUCCESS || need == 0) return 0;
-    s = (char *)DSGD_CL__MALLOC(need + 1);
+    s = (char *)DSGD_MALLOC(need + 1);
     if (!s) return 0;
     if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, need, s, NULL) == CL_SUCCESS) {
         s[need] = '\0';
@@ -7002,7 +7011,7 @@ static int dsgd_cl__has_extension(cl_device_id d, const char *ext) {
             }
         }
     }
-    DSGD_CL__FREE(s);
+    DSGD_FREE(s);
     return found;
 }
 
@@ -7053,11 +7062,11 @@ typedef struct dsgd_cl__enum {
 } dsgd_cl__enum;
 
 static void dsgd_cl__enum_free(dsgd_cl__enum *e) {
-    DSGD_CL__FREE(e->platforms);
-    DSGD_CL__FREE(e->dev_platform);
-    DSGD_CL__FREE(e->devices);
-    DSGD_CL__FREE(e->plat_index);
-    DSGD_CL__FREE(e->dev_index);
+    DSGD_FREE(e->platforms);
+    DSGD_FREE(e->dev_platform);
+    DSGD_FREE(e->devices);
+    DSGD_FREE(e->plat_index);
+    DSGD_FREE(e->dev_index);
     memset(e, 0, sizeof(*e));
 }
 
@@ -7072,7 +7081,7 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
     if (platform_err) *platform_err = err;
     if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0)) return DSGD_OK;
     if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "count");
-    e->platforms = (cl_platform_id *)DSGD_CL__MALLOC(np * sizeof(cl_platform_id));
+    e->platforms = (cl_platform_id *)DSGD_MALLOC(np * sizeof(cl_platform_id));
     if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: platform list");
     err = clGetPlatformIDs(np, e->platforms, NULL);
     if (err != CL_SUCCESS) {
@@ -7087,10 +7096,10 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
     }
     if (total > 0) {
         size_t t = (size_t)total;
-        e->dev_platform = (cl_platform_id *)DSGD_CL__MALLOC(t * sizeof(cl_platform_id));
-        e->devices = (cl_device_id *)DSGD_CL__MALLOC(t * sizeof(cl_device_id));
-        e->plat_index = (int *)DSGD_CL__MALLOC(t * sizeof(int));
-        e->dev_index = (int *)DSGD_CL__MALLOC(t * sizeof(int));
+        e->dev_platform = (cl_platform_id *)DSGD_MALLOC(t * sizeof(cl_platform_id));
+        e->devices = (cl_device_id *)DSGD_MALLOC(t * sizeof(cl_device_id));
+        e->plat_index = (int *)DSGD_MALLOC(t * sizeof(int));
+        e->dev_index = (int *)DSGD_MALLOC(t * sizeof(int));
         if (!e->dev_platform || !e->devices || !e->plat_index || !e->dev_index) {
             dsgd_cl__enum_free(e);
             return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: device list");
@@ -7238,13 +7247,13 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
             correctly_rounded = 0;
     }
     olen = 96 + (user_options ? strlen(user_options) : 0);
-    options = (char *)DSGD_CL__MALLOC(olen);
+    options = (char *)DSGD_MALLOC(olen);
     if (!options) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "clBuildProgram options");
     snprintf(options, olen, "%s%s%s", c->fp64 ? "-DDSGD_CL_FP64=1 " : "",
              correctly_rounded ? "-cl-fp32-correctly-rounded-divide-sqrt " : "", user_options ? user_options : "");
     err = clBuildProgram(c->program, (cl_uint)c->num_devices, c->devices, options, NULL, NULL);
     if (err == CL_SUCCESS) {
-        DSGD_CL__FREE(options);
+        DSGD_FREE(options);
         return DSGD_OK;
     }
     {
@@ -7258,7 +7267,7 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
             if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, 0, NULL, &need) != CL_SUCCESS ||
                 need <= 1)
                 continue;
-            log = (char *)DSGD_CL__MALLOC(need + 1);
+            log = (char *)DSGD_MALLOC(need + 1);
             if (!log) continue;
             if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, need, log, NULL) == CL_SUCCESS) {
                 log[need] = '\0';
@@ -7266,14 +7275,14 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
                              c->info[i].device_name, log);
                 if (!head[0]) dsgd_cl__copy_str(head, sizeof(head), log);
             }
-            DSGD_CL__FREE(log);
+            DSGD_FREE(log);
         }
         clReleaseProgram(c->program);
         c->program = NULL;
         r = dsgd_ctx_set_error(ctx, err == CL_OUT_OF_HOST_MEMORY ? DSGD_ERR_OUT_OF_MEMORY : DSGD_ERR_BACKEND,
                                "clBuildProgram(distsgd kernels, options \"%s\"): %s (%d); build log: %s", options,
                                dsgd_cl_error_string(err), err, head[0] ? head : "(empty)");
-        DSGD_CL__FREE(options);
+        DSGD_FREE(options);
         return r;
     }
 }
@@ -7385,7 +7394,7 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
                                   sp.platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
     }
 
-    c = (dsgd_cl_context *)DSGD_CL__MALLOC(sizeof(*c));
+    c = (dsgd_cl_context *)DSGD_MALLOC(sizeof(*c));
     if (!c) {
         dsgd_cl__enum_free(&e);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create");
@@ -7433,13 +7442,13 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
     c->context = clCreateContext(props, (cl_uint)c->num_devices, c->devices, NULL, NULL, &err);
     if (err != CL_SUCCESS) {
         r = dsgd_cl__fail(ctx, err, "clCreateContext", c->info[0].device_name);
-        DSGD_CL__FREE(c);
+        DSGD_FREE(c);
         return r;
     }
     r = dsgd_cl__build(ctx, c, d.build_options);
     if (r != DSGD_OK) {
         clReleaseContext(c->context);
-        DSGD_CL__FREE(c);
+        DSGD_FREE(c);
         return r;
     }
     /* PoCL 3.1 aborts (pocl_release_dlhandle_cache: "Assertion
@@ -7478,7 +7487,7 @@ DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c) {
         if (c->dev_queue[i]) clReleaseCommandQueue(c->dev_queue[i]);
     if (c->program) clReleaseProgram(c->program);
     if (c->context) clReleaseContext(c->context);
-    DSGD_CL__FREE(c);
+    DSGD_FREE(c);
 }
 
 DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c) { return c ? c->num_devices : 0; }
@@ -7734,8 +7743,11 @@ DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_load_gemm_params: bad arguments");
     memset(&p, 0, sizeof(p));
     memset(out, 0, sizeof(*out));
-    f = fopen(path, "r");
-    if (!f) return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    {
+        size_t bytes; /* a regular file only: a FIFO fails at once instead of blocking */
+        f = dsgd__open_sized(ctx, path, &bytes);
+    }
+    if (!f) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
 #define DSGD_CL__BAD(why)                                                                         \
     do {                                                                                          \
         fclose(f);                                                                                \
@@ -8160,11 +8172,11 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
     if (count > (size_t)-1 / sizeof(float))
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY,
                                   "opencl buffer_create: %lu floats overflow size_t", (unsigned long)count);
-    buf = (dsgd_cl__buffer *)DSGD_CL__MALLOC(sizeof(*buf));
+    buf = (dsgd_cl__buffer *)DSGD_MALLOC(sizeof(*buf));
     if (!buf) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY, "opencl buffer_create");
     buf->mem = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
     if (err != CL_SUCCESS) {
-        DSGD_CL__FREE(buf);
+        DSGD_FREE(buf);
         snprintf(what, sizeof(what), "%lu floats", (unsigned long)count);
         return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", what);
     }
@@ -8177,7 +8189,7 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
         err = clEnqueueFillBuffer(b->queue, buf->mem, &zero, sizeof(zero), 0, bytes, 0, NULL, NULL);
         if (err != CL_SUCCESS) {
             clReleaseMemObject(buf->mem);
-            DSGD_CL__FREE(buf);
+            DSGD_FREE(buf);
             return dsgd_cl__fail(b->ctx, err, "clEnqueueFillBuffer", "buffer_create");
         }
     }
@@ -8187,16 +8199,16 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
 
 static void dsgd_cl__buffer_destroy(void *impl, dsgd_buffer *buffer) {
     dsgd_cl__buffer *buf = (dsgd_cl__buffer *)(void *)buffer;
-    DSGD_CL__UNUSED(impl);
+    DSGD__UNUSED(impl);
     if (!buf) return;
     clReleaseMemObject(buf->mem);
     buf->magic = 0;
-    DSGD_CL__FREE(buf);
+    DSGD_FREE(buf);
 }
 
 static float *dsgd_cl__buffer_host_ptr(void *impl, dsgd_buffer *buf) {
-    DSGD_CL__UNUSED(impl);
-    DSGD_CL__UNUSED(buf);
+    DSGD__UNUSED(impl);
+    DSGD__UNUSED(buf);
     return NULL;
 }
 
@@ -8656,7 +8668,7 @@ static void dsgd_cl__destroy(void *impl) {
     if (b->gemm_temp) clReleaseMemObject(b->gemm_temp);
     if (b->status) clReleaseMemObject(b->status);
     if (b->queue) clReleaseCommandQueue(b->queue);
-    DSGD_CL__FREE(b);
+    DSGD_FREE(b);
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
@@ -8677,7 +8689,7 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
                                   "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
                                   "dsgd_cl_context_num_devices())",
                                   d.device, c->num_devices - 1);
-    b = (dsgd_cl__backend *)DSGD_CL__MALLOC(sizeof(*b));
+    b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
     if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
     memset(b, 0, sizeof(*b));
     b->ctx = ctx;
@@ -8955,10 +8967,10 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
         if ((size_t)g->k * g->n > bmax) bmax = (size_t)g->k * g->n;
         if ((size_t)g->m * g->n > cmax) cmax = (size_t)g->m * g->n;
     }
-    ha = (float *)DSGD_CL__MALLOC(amax * sizeof(float));
-    hb = (float *)DSGD_CL__MALLOC(bmax * sizeof(float));
-    hc = (float *)DSGD_CL__MALLOC(cmax * sizeof(float));
-    times = (double *)DSGD_CL__MALLOC((size_t)repeats * sizeof(double));
+    ha = (float *)DSGD_MALLOC(amax * sizeof(float));
+    hb = (float *)DSGD_MALLOC(bmax * sizeof(float));
+    hc = (float *)DSGD_MALLOC(cmax * sizeof(float));
+    times = (double *)DSGD_MALLOC((size_t)repeats * sizeof(double));
     if (!ha || !hb || !hc || !times) {
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_gemm_measure");
         goto done;
@@ -9042,10 +9054,10 @@ done:
     if (ba) be->buffer_destroy(be->impl, ba);
     if (bb) be->buffer_destroy(be->impl, bb);
     if (bc) be->buffer_destroy(be->impl, bc);
-    DSGD_CL__FREE(ha);
-    DSGD_CL__FREE(hb);
-    DSGD_CL__FREE(hc);
-    DSGD_CL__FREE(times);
+    DSGD_FREE(ha);
+    DSGD_FREE(hb);
+    DSGD_FREE(hc);
+    DSGD_FREE(times);
     return r;
 }
 

@@ -200,6 +200,22 @@ SRC
             gcc -std=c99 $WARN -O1 $CL_CFLAGS "$TMP/cl.c" -o "$TMP/cl_c" $CL_LIBS $LIBS
         run_case "single_include/distsgd.h g++ -std=c++11 DISTSGD_WITH_OPENCL" "$TMP/log" \
             g++ -std=c++11 $WARN -O1 $CL_CFLAGS "$TMP/cl.cpp" -o "$TMP/cl_cxx" $CL_LIBS $LIBS
+        # The add-on's implementation in a file of its own, the core's in
+        # another (as distsgd_cl.h's USING IT allows): both compile without a
+        # warning (the shared private helpers are there, unused ones quiet)
+        # and link.
+        for hdr in "$ROOT/distsgd_cl.h" "$SI"; do
+            printf '#define DISTSGD_WITH_OPENCL\n#define DISTSGD_CL_IMPLEMENTATION\n#include "%s"\n' "$hdr" \
+                >"$TMP/cl_only.c"
+            printf '#define DISTSGD_WITH_OPENCL\n#define DISTSGD_IMPLEMENTATION\n#include "%s"\n%s\n' "$hdr" \
+                'int main(void) { return dsgd_cl_error_string(0) == NULL || dsgd_result_string(DSGD_OK) == NULL; }' \
+                >"$TMP/core_main.c"
+            for cc in gcc clang; do
+                run_case "${hdr#"$ROOT"/} $cc -std=c99: OpenCL implementation and core implementation in two TUs" \
+                    "$TMP/log" $cc -std=c99 $WARN -O1 $CL_CFLAGS "$TMP/cl_only.c" "$TMP/core_main.c" \
+                    -o "$TMP/cl_two" $CL_LIBS $LIBS
+            done
+        done
     else
         echo "skip  single_include/distsgd.h DISTSGD_WITH_OPENCL (pkg-config finds no OpenCL clblast)"
     fi

@@ -46,6 +46,8 @@
 
 #include "test_util.h"
 
+#include <sys/stat.h>
+
 /* ---------------------------------------------------------------- fixture */
 
 static struct {
@@ -1236,6 +1238,14 @@ static void test_tune_cache_roundtrip_and_corrupt(void **state) {
     /* missing */
     snprintf(path, sizeof path, "%s/none.txt", dir);
     TU_ERR(G.ctx, DSGD_ERR_IO, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
+    /* a FIFO with no writer: an error at once (fopen blocked here forever) */
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(10); /* SIGALRM's default action ends the test program instead of a hang */
+    TU_ERR(G.ctx, DSGD_ERR_IO, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
+    alarm(0);
+    EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "not a regular file");
+    unlink(path);
     tu_rmdir(dir); /* best effort: sub/dir stays behind in /tmp */
 }
 

@@ -252,11 +252,11 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
     if (count > (size_t)-1 / sizeof(float))
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY,
                                   "opencl buffer_create: %lu floats overflow size_t", (unsigned long)count);
-    buf = (dsgd_cl__buffer *)DSGD_CL__MALLOC(sizeof(*buf));
+    buf = (dsgd_cl__buffer *)DSGD_MALLOC(sizeof(*buf));
     if (!buf) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY, "opencl buffer_create");
     buf->mem = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
     if (err != CL_SUCCESS) {
-        DSGD_CL__FREE(buf);
+        DSGD_FREE(buf);
         snprintf(what, sizeof(what), "%lu floats", (unsigned long)count);
         return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", what);
     }
@@ -269,7 +269,7 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
         err = clEnqueueFillBuffer(b->queue, buf->mem, &zero, sizeof(zero), 0, bytes, 0, NULL, NULL);
         if (err != CL_SUCCESS) {
             clReleaseMemObject(buf->mem);
-            DSGD_CL__FREE(buf);
+            DSGD_FREE(buf);
             return dsgd_cl__fail(b->ctx, err, "clEnqueueFillBuffer", "buffer_create");
         }
     }
@@ -279,16 +279,16 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
 
 static void dsgd_cl__buffer_destroy(void *impl, dsgd_buffer *buffer) {
     dsgd_cl__buffer *buf = (dsgd_cl__buffer *)(void *)buffer;
-    DSGD_CL__UNUSED(impl);
+    DSGD__UNUSED(impl);
     if (!buf) return;
     clReleaseMemObject(buf->mem);
     buf->magic = 0;
-    DSGD_CL__FREE(buf);
+    DSGD_FREE(buf);
 }
 
 static float *dsgd_cl__buffer_host_ptr(void *impl, dsgd_buffer *buf) {
-    DSGD_CL__UNUSED(impl);
-    DSGD_CL__UNUSED(buf);
+    DSGD__UNUSED(impl);
+    DSGD__UNUSED(buf);
     return NULL;
 }
 
@@ -748,7 +748,7 @@ static void dsgd_cl__destroy(void *impl) {
     if (b->gemm_temp) clReleaseMemObject(b->gemm_temp);
     if (b->status) clReleaseMemObject(b->status);
     if (b->queue) clReleaseCommandQueue(b->queue);
-    DSGD_CL__FREE(b);
+    DSGD_FREE(b);
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
@@ -769,7 +769,7 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
                                   "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
                                   "dsgd_cl_context_num_devices())",
                                   d.device, c->num_devices - 1);
-    b = (dsgd_cl__backend *)DSGD_CL__MALLOC(sizeof(*b));
+    b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
     if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
     memset(b, 0, sizeof(*b));
     b->ctx = ctx;

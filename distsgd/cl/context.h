@@ -326,15 +326,8 @@ DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
    briefly, except during CLBlast's first compile of a routine. */
 static pthread_mutex_t dsgd_cl__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
 
-#if defined(DSGD_MALLOC) && defined(DSGD_REALLOC) && defined(DSGD_FREE)
-#define DSGD_CL__MALLOC(sz) DSGD_MALLOC(sz)
-#define DSGD_CL__FREE(p) DSGD_FREE(p)
-#else
-#define DSGD_CL__MALLOC(sz) malloc(sz)
-#define DSGD_CL__FREE(p) free(p)
-#endif
-
-#define DSGD_CL__UNUSED(x) ((void)(x))
+/* Allocation (DSGD_MALLOC, DSGD_FREE), DSGD__UNUSED and the file helpers
+   are the core's (distsgd/base.h, distsgd/internal.h). */
 
 /* >>error names ------------------------------------------------------------- */
 
@@ -752,13 +745,13 @@ static void dsgd_cl__dev_str(cl_device_id d, cl_device_info what, char *dst, siz
         size_t need = 0;
         char *tmp;
         if (clGetDeviceInfo(d, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-        tmp = (char *)DSGD_CL__MALLOC(need + 1);
+        tmp = (char *)DSGD_MALLOC(need + 1);
         if (!tmp) return;
         if (clGetDeviceInfo(d, what, need, tmp, NULL) == CL_SUCCESS) {
             tmp[need] = '\0';
             dsgd_cl__copy_str(dst, cap, tmp);
         }
-        DSGD_CL__FREE(tmp);
+        DSGD_FREE(tmp);
         return;
     }
     dst[cap - 1] = '\0';
@@ -770,13 +763,13 @@ static void dsgd_cl__plat_str(cl_platform_id p, cl_platform_info what, char *dst
         size_t need = 0;
         char *tmp;
         if (clGetPlatformInfo(p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-        tmp = (char *)DSGD_CL__MALLOC(need + 1);
+        tmp = (char *)DSGD_MALLOC(need + 1);
         if (!tmp) return;
         if (clGetPlatformInfo(p, what, need, tmp, NULL) == CL_SUCCESS) {
             tmp[need] = '\0';
             dsgd_cl__copy_str(dst, cap, tmp);
         }
-        DSGD_CL__FREE(tmp);
+        DSGD_FREE(tmp);
         return;
     }
     dst[cap - 1] = '\0';
@@ -787,7 +780,7 @@ static int dsgd_cl__has_extension(cl_device_id d, const char *ext) {
     char *s, *p;
     int found = 0;
     if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &need) != CL_SUCCESS || need == 0) return 0;
-    s = (char *)DSGD_CL__MALLOC(need + 1);
+    s = (char *)DSGD_MALLOC(need + 1);
     if (!s) return 0;
     if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, need, s, NULL) == CL_SUCCESS) {
         s[need] = '\0';
@@ -798,7 +791,7 @@ static int dsgd_cl__has_extension(cl_device_id d, const char *ext) {
             }
         }
     }
-    DSGD_CL__FREE(s);
+    DSGD_FREE(s);
     return found;
 }
 
@@ -849,11 +842,11 @@ typedef struct dsgd_cl__enum {
 } dsgd_cl__enum;
 
 static void dsgd_cl__enum_free(dsgd_cl__enum *e) {
-    DSGD_CL__FREE(e->platforms);
-    DSGD_CL__FREE(e->dev_platform);
-    DSGD_CL__FREE(e->devices);
-    DSGD_CL__FREE(e->plat_index);
-    DSGD_CL__FREE(e->dev_index);
+    DSGD_FREE(e->platforms);
+    DSGD_FREE(e->dev_platform);
+    DSGD_FREE(e->devices);
+    DSGD_FREE(e->plat_index);
+    DSGD_FREE(e->dev_index);
     memset(e, 0, sizeof(*e));
 }
 
@@ -868,7 +861,7 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
     if (platform_err) *platform_err = err;
     if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0)) return DSGD_OK;
     if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "count");
-    e->platforms = (cl_platform_id *)DSGD_CL__MALLOC(np * sizeof(cl_platform_id));
+    e->platforms = (cl_platform_id *)DSGD_MALLOC(np * sizeof(cl_platform_id));
     if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: platform list");
     err = clGetPlatformIDs(np, e->platforms, NULL);
     if (err != CL_SUCCESS) {
@@ -883,10 +876,10 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
     }
     if (total > 0) {
         size_t t = (size_t)total;
-        e->dev_platform = (cl_platform_id *)DSGD_CL__MALLOC(t * sizeof(cl_platform_id));
-        e->devices = (cl_device_id *)DSGD_CL__MALLOC(t * sizeof(cl_device_id));
-        e->plat_index = (int *)DSGD_CL__MALLOC(t * sizeof(int));
-        e->dev_index = (int *)DSGD_CL__MALLOC(t * sizeof(int));
+        e->dev_platform = (cl_platform_id *)DSGD_MALLOC(t * sizeof(cl_platform_id));
+        e->devices = (cl_device_id *)DSGD_MALLOC(t * sizeof(cl_device_id));
+        e->plat_index = (int *)DSGD_MALLOC(t * sizeof(int));
+        e->dev_index = (int *)DSGD_MALLOC(t * sizeof(int));
         if (!e->dev_platform || !e->devices || !e->plat_index || !e->dev_index) {
             dsgd_cl__enum_free(e);
             return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: device list");
@@ -1034,13 +1027,13 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
             correctly_rounded = 0;
     }
     olen = 96 + (user_options ? strlen(user_options) : 0);
-    options = (char *)DSGD_CL__MALLOC(olen);
+    options = (char *)DSGD_MALLOC(olen);
     if (!options) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "clBuildProgram options");
     snprintf(options, olen, "%s%s%s", c->fp64 ? "-DDSGD_CL_FP64=1 " : "",
              correctly_rounded ? "-cl-fp32-correctly-rounded-divide-sqrt " : "", user_options ? user_options : "");
     err = clBuildProgram(c->program, (cl_uint)c->num_devices, c->devices, options, NULL, NULL);
     if (err == CL_SUCCESS) {
-        DSGD_CL__FREE(options);
+        DSGD_FREE(options);
         return DSGD_OK;
     }
     {
@@ -1054,7 +1047,7 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
             if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, 0, NULL, &need) != CL_SUCCESS ||
                 need <= 1)
                 continue;
-            log = (char *)DSGD_CL__MALLOC(need + 1);
+            log = (char *)DSGD_MALLOC(need + 1);
             if (!log) continue;
             if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, need, log, NULL) == CL_SUCCESS) {
                 log[need] = '\0';
@@ -1062,14 +1055,14 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
                              c->info[i].device_name, log);
                 if (!head[0]) dsgd_cl__copy_str(head, sizeof(head), log);
             }
-            DSGD_CL__FREE(log);
+            DSGD_FREE(log);
         }
         clReleaseProgram(c->program);
         c->program = NULL;
         r = dsgd_ctx_set_error(ctx, err == CL_OUT_OF_HOST_MEMORY ? DSGD_ERR_OUT_OF_MEMORY : DSGD_ERR_BACKEND,
                                "clBuildProgram(distsgd kernels, options \"%s\"): %s (%d); build log: %s", options,
                                dsgd_cl_error_string(err), err, head[0] ? head : "(empty)");
-        DSGD_CL__FREE(options);
+        DSGD_FREE(options);
         return r;
     }
 }
@@ -1181,7 +1174,7 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
                                   sp.platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
     }
 
-    c = (dsgd_cl_context *)DSGD_CL__MALLOC(sizeof(*c));
+    c = (dsgd_cl_context *)DSGD_MALLOC(sizeof(*c));
     if (!c) {
         dsgd_cl__enum_free(&e);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create");
@@ -1229,13 +1222,13 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
     c->context = clCreateContext(props, (cl_uint)c->num_devices, c->devices, NULL, NULL, &err);
     if (err != CL_SUCCESS) {
         r = dsgd_cl__fail(ctx, err, "clCreateContext", c->info[0].device_name);
-        DSGD_CL__FREE(c);
+        DSGD_FREE(c);
         return r;
     }
     r = dsgd_cl__build(ctx, c, d.build_options);
     if (r != DSGD_OK) {
         clReleaseContext(c->context);
-        DSGD_CL__FREE(c);
+        DSGD_FREE(c);
         return r;
     }
     /* PoCL 3.1 aborts (pocl_release_dlhandle_cache: "Assertion
@@ -1274,7 +1267,7 @@ DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c) {
         if (c->dev_queue[i]) clReleaseCommandQueue(c->dev_queue[i]);
     if (c->program) clReleaseProgram(c->program);
     if (c->context) clReleaseContext(c->context);
-    DSGD_CL__FREE(c);
+    DSGD_FREE(c);
 }
 
 DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c) { return c ? c->num_devices : 0; }
@@ -1530,8 +1523,11 @@ DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_load_gemm_params: bad arguments");
     memset(&p, 0, sizeof(p));
     memset(out, 0, sizeof(*out));
-    f = fopen(path, "r");
-    if (!f) return dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    {
+        size_t bytes; /* a regular file only: a FIFO fails at once instead of blocking */
+        f = dsgd__open_sized(ctx, path, &bytes);
+    }
+    if (!f) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
 #define DSGD_CL__BAD(why)                                                                         \
     do {                                                                                          \
         fclose(f);                                                                                \

@@ -131,10 +131,10 @@ DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b
         if ((size_t)g->k * g->n > bmax) bmax = (size_t)g->k * g->n;
         if ((size_t)g->m * g->n > cmax) cmax = (size_t)g->m * g->n;
     }
-    ha = (float *)DSGD_CL__MALLOC(amax * sizeof(float));
-    hb = (float *)DSGD_CL__MALLOC(bmax * sizeof(float));
-    hc = (float *)DSGD_CL__MALLOC(cmax * sizeof(float));
-    times = (double *)DSGD_CL__MALLOC((size_t)repeats * sizeof(double));
+    ha = (float *)DSGD_MALLOC(amax * sizeof(float));
+    hb = (float *)DSGD_MALLOC(bmax * sizeof(float));
+    hc = (float *)DSGD_MALLOC(cmax * sizeof(float));
+    times = (double *)DSGD_MALLOC((size_t)repeats * sizeof(double));
     if (!ha || !hb || !hc || !times) {
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_gemm_measure");
         goto done;
@@ -218,10 +218,10 @@ done:
     if (ba) be->buffer_destroy(be->impl, ba);
     if (bb) be->buffer_destroy(be->impl, bb);
     if (bc) be->buffer_destroy(be->impl, bc);
-    DSGD_CL__FREE(ha);
-    DSGD_CL__FREE(hb);
-    DSGD_CL__FREE(hc);
-    DSGD_CL__FREE(times);
+    DSGD_FREE(ha);
+    DSGD_FREE(hb);
+    DSGD_FREE(hc);
+    DSGD_FREE(times);
     return r;
 }
 
