@@ -172,12 +172,12 @@ DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **
     pthread_condattr_t ca;
     size_t npairs;
     int i, inited = 0;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "loopback_create: out is NULL");
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_loopback_create: out is NULL");
     *out = NULL;
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
     if (n < 1 || n > 4096)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "loopback_create: %d ranks (need 1..4096)", n);
+                                  "dsgd_loopback_create: %d ranks (need 1..4096)", n);
     hub = (dsgd_loopback *)dsgd__alloc(ctx, sizeof(*hub), "loopback_create");
     if (!hub) return DSGD_ERR_OUT_OF_MEMORY;
     memset(hub, 0, sizeof(*hub));
@@ -230,7 +230,7 @@ fail:
     DSGD_FREE(hub->ep_mem);
     DSGD_FREE(hub->pair_mem);
     DSGD_FREE(hub);
-    return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "loopback_create: cannot create a pthread mutex or condition");
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "dsgd_loopback_create: cannot create a pthread mutex or condition");
 }
 
 DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub) {
@@ -651,11 +651,11 @@ static uint64_t dsgd__lb_peer_progress(void *impl, int peer) {
 
 DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out) {
     if (!hub) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!out) return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT, "loopback_endpoint: out is NULL");
+    if (!out) return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_loopback_endpoint: out is NULL");
     memset(out, 0, sizeof(*out));
     if (rank < 0 || rank >= hub->n)
         return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "loopback_endpoint: rank %d outside [0, %d)", rank, hub->n);
+                                  "dsgd_loopback_endpoint: rank %d outside [0, %d)", rank, hub->n);
     out->name = "loopback";
     out->impl = &hub->ep[rank];
     out->rank = rank;

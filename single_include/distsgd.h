@@ -3172,12 +3172,12 @@ DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **
     pthread_condattr_t ca;
     size_t npairs;
     int i, inited = 0;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "loopback_create: out is NULL");
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_loopback_create: out is NULL");
     *out = NULL;
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
     if (n < 1 || n > 4096)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "loopback_create: %d ranks (need 1..4096)", n);
+                                  "dsgd_loopback_create: %d ranks (need 1..4096)", n);
     hub = (dsgd_loopback *)dsgd__alloc(ctx, sizeof(*hub), "loopback_create");
     if (!hub) return DSGD_ERR_OUT_OF_MEMORY;
     memset(hub, 0, sizeof(*hub));
@@ -3230,7 +3230,7 @@ fail:
     DSGD_FREE(hub->ep_mem);
     DSGD_FREE(hub->pair_mem);
     DSGD_FREE(hub);
-    return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "loopback_create: cannot create a pthread mutex or condition");
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "dsgd_loopback_create: cannot create a pthread mutex or condition");
 }
 
 DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub) {
@@ -3651,11 +3651,11 @@ static uint64_t dsgd__lb_peer_progress(void *impl, int peer) {
 
 DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_transport_i *out) {
     if (!hub) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!out) return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT, "loopback_endpoint: out is NULL");
+    if (!out) return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_loopback_endpoint: out is NULL");
     memset(out, 0, sizeof(*out));
     if (rank < 0 || rank >= hub->n)
         return dsgd_ctx_set_error(hub->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "loopback_endpoint: rank %d outside [0, %d)", rank, hub->n);
+                                  "dsgd_loopback_endpoint: rank %d outside [0, %d)", rank, hub->n);
     out->name = "loopback";
     out->impl = &hub->ep[rank];
     out->rank = rank;
@@ -3689,7 +3689,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      deadline (timeout_s, 0: the communicator's default; at most 1e7 s) and
      returns DSGD_ERR_TIMEOUT with a message naming the collective, its
      sequence number and the rank it waited for, e.g.
-         "allreduce #17 (ring): rank 2 timed out waiting for rank 3 after 0.50 s"
+         "dsgd_allreduce #17 (ring): rank 2 timed out waiting for rank 3 after 0.50 s"
      A communicator whose collective failed mid-way is unusable afterwards
      (DSGD_ERR_STATE): its peers may be anywhere in the protocol.
 
@@ -3698,7 +3698,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      number), count, op, root, algorithm and piece size. If any rank differs,
      every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
      with a message naming two ranks and what they passed, e.g.
-         "allreduce #9 (ring): rank 0: the ranks disagree on the collective:
+         "dsgd_allreduce #9 (ring): rank 0: the ranks disagree on the collective:
           rank 2 passed count 999; rank 0 passed count 1000; no buffer was
           touched"
      No buffer is read or written, and the communicator stays usable (unless
@@ -3961,21 +3961,21 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     dsgd_comm *c;
     double timeout = DSGD_DEFAULT_TIMEOUT_S;
     size_t piece = DSGD_DEFAULT_PIECE_BYTES;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: out is NULL");
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_comm_create: out is NULL");
     *out = NULL;
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!t) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: transport is NULL");
+    if (!t) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_comm_create: transport is NULL");
     if (t->size < 1 || t->rank < 0 || t->rank >= t->size)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "comm_create: rank %d of size %d (need size >= 1 and 0 <= rank < size)",
+                                  "dsgd_comm_create: rank %d of size %d (need size >= 1 and 0 <= rank < size)",
                                   t->rank, t->size);
     if (!t->send || !t->recv)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "comm_create: transport '%s' lacks send or recv",
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_comm_create: transport '%s' lacks send or recv",
                                   t->name ? t->name : "?");
     if (desc) {
         if (!(desc->timeout_s >= 0))
             return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                      "comm_create: timeout_s %g must be >= 0 (0: default)", desc->timeout_s);
+                                      "dsgd_comm_create: timeout_s %g must be >= 0 (0: default)", desc->timeout_s);
         if (desc->timeout_s > 0) timeout = desc->timeout_s;
         if (desc->piece_bytes) piece = desc->piece_bytes;
     }
@@ -4028,14 +4028,15 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *c, size_t co
 
 static double dsgd__comm_now(const dsgd_comm *c) { return c->t.now ? c->t.now(c->t.impl) : dsgd_now(); }
 
-/* "allreduce #17 (ring)", "broadcast #3 (root 1)", "barrier #4" */
+/* "dsgd_allreduce #17 (ring)", "dsgd_broadcast #3 (root 1)", "dsgd_barrier #4": the
+   public function, then the collective's number */
 static void dsgd__coll_name(const dsgd_comm *c, char *dst, size_t cap) {
     if (c->how)
-        snprintf(dst, cap, "%s #%llu (%s)", c->what, (unsigned long long)c->seq, c->how);
+        snprintf(dst, cap, "dsgd_%s #%llu (%s)", c->what, (unsigned long long)c->seq, c->how);
     else if (c->root >= 0)
-        snprintf(dst, cap, "%s #%llu (root %d)", c->what, (unsigned long long)c->seq, c->root);
+        snprintf(dst, cap, "dsgd_%s #%llu (root %d)", c->what, (unsigned long long)c->seq, c->root);
     else
-        snprintf(dst, cap, "%s #%llu", c->what, (unsigned long long)c->seq);
+        snprintf(dst, cap, "dsgd_%s #%llu", c->what, (unsigned long long)c->seq);
 }
 
 /* Validation shared by every collective (has_op 0: it takes no op);
@@ -4043,19 +4044,19 @@ static void dsgd__coll_name(const dsgd_comm *c, char *dst, size_t cap) {
 static dsgd_result dsgd__coll_check(dsgd_comm *c, const char *what, const float *buf, size_t count, int has_op,
                                     dsgd_reduce_op op, double timeout_s) {
     if (buf == NULL && count > 0)
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: buf is NULL with count %zu", what,
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_%s: buf is NULL with count %zu", what,
                                   count);
     if (has_op && ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT))
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown reduce op %d", what, (int)op);
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_%s: unknown reduce op %d", what, (int)op);
     if (!(timeout_s >= 0))
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: timeout_s %g must be >= 0 (0: the communicator's default)", what,
+                                  "dsgd_%s: timeout_s %g must be >= 0 (0: the communicator's default)", what,
                                   timeout_s);
     if (count > SIZE_MAX / sizeof(float))
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: count %zu is too large", what, count);
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_%s: count %zu is too large", what, count);
     if (c->broken)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE,
-                                  "%s: rank %d's communicator failed in collective #%llu and cannot be used "
+                                  "dsgd_%s: rank %d's communicator failed in collective #%llu and cannot be used "
                                   "again; create a new transport and communicator",
                                   what, c->rank, (unsigned long long)c->broken_seq);
     return DSGD_OK;
@@ -4648,7 +4649,7 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd
     res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
     if (res != DSGD_OK) return res;
     if ((int)algo < 0 || (int)algo >= (int)DSGD_ALLREDUCE_COUNT)
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "allreduce: unknown algorithm %d", (int)algo);
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_allreduce: unknown algorithm %d", (int)algo);
     if (algo == DSGD_ALLREDUCE_AUTO) algo = dsgd_allreduce_choose(c, count);
     dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
                      (int)algo, (int)op, -1, count, timeout_s);
@@ -4692,7 +4693,7 @@ DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int 
     res = dsgd__coll_check(c, "broadcast", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
     if (root < 0 || root >= c->size)
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "broadcast: root %d outside [0, %d)", root,
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_broadcast: root %d outside [0, %d)", root,
                                   c->size);
     dsgd__coll_begin(c, DSGD__K_BROADCAST, NULL, -1, -1, root, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
