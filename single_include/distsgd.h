@@ -4932,9 +4932,10 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
 
 /* Creates a strategy: N replicas, each with its own context (labelled
    "replica r", with ctx's logger), backend, model, optimizer and, for N > 1,
-   communicator over one loopback hub (or desc->endpoints), and N - 1 threads that run replicas
-   1..N-1. All replicas start from the same weights (desc->model.seed). The
-   gradient path is resolved here (dsgd_strategy_gradient_path).
+   communicator over one loopback hub (or desc->endpoints), and N - 1
+   threads that run replicas 1..N-1. All replicas start from the same
+   weights (desc->model.seed). The gradient path is resolved here
+   (dsgd_strategy_gradient_path).
    Errors (recorded on ctx; a replica's failure is copied from its context):
    DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
    policy, algorithm or gradient path; num_replicas < 0 or > DSGD_MAX_REPLICAS; ONE_DEVICE
@@ -5151,7 +5152,7 @@ DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_
    Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
    nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
    NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
-   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_STATE, ...).
+   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...).
    Thread safety: the replica's thread, inside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
 /* As dsgd_replica_assign, with the copy incremented by the combined delta
@@ -5260,7 +5261,7 @@ struct dsgd_strategy {
     int64_t fail_step;      /* optimizer steps applied before the failing call */
     const char *fail_in;    /* the failing call */
     char fail_msg[DSGD__MSG_MAX]; /* the error it returned */
-    int abort_by;           /* the replica that aborted the hub, -1: none (under mu) */
+    int abort_by;           /* the replica that aborted the transport, -1: none (under mu) */
     /* the worker pool: replicas 1..n-1 wait for a new generation of job */
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
@@ -5283,7 +5284,7 @@ static void dsgd__strategy_abort(dsgd_strategy *s, int rank) {
 }
 
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
-   failure the job did not mark clean aborts the hub at once, so that the
+   failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
    deadline; theirs, caused by the abort, then say so. */
 static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *user) {
