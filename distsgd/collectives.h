@@ -147,6 +147,14 @@ DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *comm);
    before they start (a bad argument, a broken communicator) do not count.
    Errors: none (comm NULL: 0). Thread safety: the communicator's thread. */
 DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *comm);
+/* Non-zero once a collective failed mid-way on this communicator (a
+   timeout, an abort, messages out of step): its protocol state is unknown
+   and every later collective returns DSGD_ERR_STATE; recreate the group
+   (comm NULL: 0). A DSGD_ERR_DESYNC found by the agreement, before any data
+   moved, does not break it, unless the ranks were at collectives of
+   different numbers (dsgd_comm_seq).
+   Errors: none. Thread safety: the communicator's thread. */
+DSGD_API int dsgd_comm_broken(const dsgd_comm *comm);
 /* The algorithm AUTO would run for count floats on this communicator
    (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used;
    DSGD_ALLREDUCE_RING for one rank or comm NULL, where nothing is exchanged).
@@ -333,6 +341,7 @@ DSGD_API int dsgd_comm_rank(const dsgd_comm *c) { return c ? c->rank : -1; }
 DSGD_API int dsgd_comm_size(const dsgd_comm *c) { return c ? c->size : 0; }
 DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *c) { return c ? c->ctx : NULL; }
 DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *c) { return c ? c->seq : 0; }
+DSGD_API int dsgd_comm_broken(const dsgd_comm *c) { return c ? c->broken : 0; }
 
 static int dsgd__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 

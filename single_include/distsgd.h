@@ -3827,6 +3827,14 @@ DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *comm);
    before they start (a bad argument, a broken communicator) do not count.
    Errors: none (comm NULL: 0). Thread safety: the communicator's thread. */
 DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *comm);
+/* Non-zero once a collective failed mid-way on this communicator (a
+   timeout, an abort, messages out of step): its protocol state is unknown
+   and every later collective returns DSGD_ERR_STATE; recreate the group
+   (comm NULL: 0). A DSGD_ERR_DESYNC found by the agreement, before any data
+   moved, does not break it, unless the ranks were at collectives of
+   different numbers (dsgd_comm_seq).
+   Errors: none. Thread safety: the communicator's thread. */
+DSGD_API int dsgd_comm_broken(const dsgd_comm *comm);
 /* The algorithm AUTO would run for count floats on this communicator
    (DSGD_ALLREDUCE_AUTO itself when the transport's native hook would be used;
    DSGD_ALLREDUCE_RING for one rank or comm NULL, where nothing is exchanged).
@@ -4013,6 +4021,7 @@ DSGD_API int dsgd_comm_rank(const dsgd_comm *c) { return c ? c->rank : -1; }
 DSGD_API int dsgd_comm_size(const dsgd_comm *c) { return c ? c->size : 0; }
 DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *c) { return c ? c->ctx : NULL; }
 DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *c) { return c ? c->seq : 0; }
+DSGD_API int dsgd_comm_broken(const dsgd_comm *c) { return c ? c->broken : 0; }
 
 static int dsgd__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
@@ -4814,6 +4823,14 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization sy) {
      different, so the strategy fails: every later call that uses the
      replicas returns DSGD_ERR_STATE naming the step and the first error
      (dsgd_strategy_failed) until you destroy it and create a new one.
+
+     Inside: a strategy kind is a table of operations (check the desc, set
+     up, one replica's part of a step, tear down: dsgd__strategy_ops, one
+     per kind in dsgd__strategy_kinds); the threads, the transport, failure
+     handling, variables and metrics are common to every kind. one_device
+     and mirrored share the synchronous step (gradients, agree, aggregate,
+     exchange, update: see dsgd__sync_step); mirrored's setup resolves the
+     gradient path.
 */
 #ifndef DSGD__PART_STRATEGY_DECL
 #define DSGD__PART_STRATEGY_DECL
@@ -4962,6 +4979,9 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
+/* "one_device", "mirrored"; "unknown" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
 /* Replica r's model, for inspection between steps (NULL when s is NULL or r
    is out of range).
    Errors: none. Thread safety: any thread while s lives (fixed at creation);
@@ -5241,12 +5261,31 @@ struct dsgd_replica {
     float lr;
 };
 
+/* A strategy kind is a table of these operations; dsgd_strategy_create
+   picks it by desc.kind from dsgd__strategy_kinds. A new kind adds a table
+   and a line there, not branches. Everything else (replicas, their threads,
+   the transport, failure handling, variables, metrics) is common. */
+typedef struct dsgd__strategy_ops {
+    const char *name;
+    /* the kind's rules for the desc, after the common ones; may be NULL */
+    dsgd_result (*check)(dsgd_ctx *ctx, const dsgd_strategy_desc *d);
+    /* after the replicas exist (models, optimizers, communicators), before
+       the threads start; may be NULL */
+    dsgd_result (*setup)(dsgd_strategy *s);
+    /* one replica's part of dsgd_strategy_train_step (user: dsgd__step_args) */
+    dsgd_replica_fn step;
+    /* after the threads stopped, before the replicas go; undoes setup (also
+       a partial one); may be NULL */
+    void (*teardown)(dsgd_strategy *s);
+} dsgd__strategy_ops;
+
 struct dsgd_strategy {
     dsgd_ctx *ctx;
-    dsgd_strategy_desc d;
+    dsgd_strategy_desc d;   /* defaults applied (dsgd__strategy_defaults) */
+    const dsgd__strategy_ops *ops;
     int n;
     dsgd_replica *reps;
-    dsgd_loopback *hub;
+    dsgd_loopback *hub;     /* the strategy's own transport, when desc.endpoints is NULL */
     dsgd_aggregation *param_agg; /* per model variable */
     int all_mean;
     dsgd__dvar *vars;
@@ -5271,6 +5310,8 @@ struct dsgd_strategy {
     dsgd_replica_fn job;
     void *job_user;
 };
+
+/* ---- the replicas' threads and failures */
 
 /* Stops every replica's transport at once because replica `rank` failed;
    the first caller is the one the others' messages name. */
@@ -5299,7 +5340,7 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
         r->msg[0] = '\0';
         return res;
     }
-    if (r->comm && r->comm->broken) r->comm_failed = 1; /* also a collective called by a user's fn */
+    if (dsgd_comm_broken(r->comm)) r->comm_failed = 1; /* also a collective called by a user's fn */
     if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->rank);
     pthread_mutex_lock(&s->mu);
     by = s->abort_by;
@@ -5409,6 +5450,7 @@ static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
     return r->stage;
 }
 
+
 DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     int i;
     if (!s) return;
@@ -5420,6 +5462,7 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     }
     for (i = 0; s->reps && i < s->n; ++i)
         if (s->reps[i].thread_started) pthread_join(s->reps[i].thread, NULL);
+    if (s->ops && s->ops->teardown) s->ops->teardown(s);
     for (i = 0; s->reps && i < s->n; ++i) {
         dsgd_replica *r = &s->reps[i];
         dsgd_comm_destroy(r->comm);
@@ -5438,23 +5481,201 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     for (i = 0; i < s->num_vars; ++i) DSGD_FREE(s->vars[i].copies);
     DSGD_FREE(s->vars);
     DSGD_FREE(s->param_agg);
-    DSGD_FREE(s->grad_refs);
     DSGD_FREE(s->reps);
     DSGD_FREE(s);
 }
 
-static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id);
+/* ---- the synchronous kinds: one_device and mirrored
 
-/* Resolves desc.gradient_path: DEVICE needs every replica's backend to have
-   sum_across and to reach every other replica's buffers; AUTO also wants
-   some replica's buffers outside host-shared memory. */
-static dsgd_result dsgd__strategy_resolve_path(dsgd_strategy *s) {
+   A training step is the same for both (one_device is mirrored with one
+   replica and nothing to exchange). One replica's part of it, in phases:
+
+     1 gradients  the gradient of the sum of its shard's losses, scaled by
+                  1 / global count when every variable is MEAN
+     2 agree      one MAX all-reduce of a flag: go, skip (a non-finite
+                  gradient somewhere), or stop (some replica failed)
+     3 aggregate  unless every variable is MEAN: each variable's slice
+                  scaled to what its aggregation adds up
+     4 exchange   the SUM all-reduce of the flat gradient buffer, on the host
+                  or on the devices (dsgd_gradient_path)
+     5 update     the optimizer step, the same on every replica
+
+   From phase 2 on every replica does the same, so a failure agreed on in
+   phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
+   not clean: the others may have updated, or wait for this replica in the
+   exchange (dsgd__replica_job stops them). */
+
+typedef struct dsgd__step_args {
+    const float *x, *y;
+    int count;
+} dsgd__step_args;
+
+/* Phase 1: replica r's shard [off, off + len) of the batch -> the model's
+   gradient buffer (zero for an empty shard); *bad counts its non-finite
+   values. */
+static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd__step_args *a, size_t off, size_t len,
+                                        size_t *bad) {
+    dsgd_model *m = r->model;
+    size_t p = dsgd_model_num_params(m);
+    dsgd_result res;
+    if (len > 0)
+        res = dsgd_model_compute_gradients(m, a->x + off * (size_t)dsgd_model_input_dim(m),
+                                           a->y + off * (size_t)dsgd_model_target_dim(m), (int)len,
+                                           r->s->all_mean ? 1.0f / (float)a->count : 1.0f);
+    else
+        res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, p);
+    if (res != DSGD_OK) return res;
+    return r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, bad);
+}
+
+/* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,
+   1 a non-finite gradient somewhere (*skip under policy SKIP, an error
+   under ERROR), 2 + k replica k failed in phase 1 (own: this replica's
+   phase 1 result; bad: its non-finite count). */
+static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad, int *skip) {
+    dsgd_strategy *s = r->s;
+    float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
+    *skip = 0;
+    if (s->n > 1) {
+        dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
+        if (cr != DSGD_OK) {
+            r->comm_failed = 1;
+            return cr;
+        }
+    }
+    if (flag >= 2.0f) {
+        r->clean_fail = 1;
+        if (own != DSGD_OK) return own;
+        r->own_error = 0;
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
+                                  (long long)r->opt->t, (int)flag - 2);
+    }
+    if (flag == 1.0f) {
+        if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
+            r->clean_fail = 1;
+            r->own_error = bad != 0;
+            return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
+                                      "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
+                                      "every replica stops", (long long)r->opt->t, bad);
+        }
+        *skip = 1;
+    }
+    return DSGD_OK;
+}
+
+/* Phase 3: scales each variable's gradient slice, computed for the SUM of
+   the replica's losses, to what its aggregation adds up: MEAN 1/global
+   count, SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0
+   and 0 on the others. */
+static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local) {
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    int i, nv = dsgd_model_num_variables(r->model);
+    dsgd_result res = DSGD_OK;
+    for (i = 0; i < nv && res == DSGD_OK; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(r->model, i);
+        dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
+        float f;
+        switch (r->s->param_agg[i]) {
+        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
+        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
+        default: f = 1.0f / (float)global; break;
+        }
+        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, v->count) : be->scale(be->impl, slice, f, v->count);
+    }
+    return res;
+}
+
+/* Phase 4, DEVICE path: every replica's gradients are complete (barrier),
+   replica r sums its block of all of them on its device, and nobody reads a
+   gradient before every block is written (barrier). */
+static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
+    const dsgd_backend_i *be = &r->be;
+    size_t lo = 0, len = 0;
+    dsgd_result res = dsgd_barrier(r->comm, 0.0);
+    if (res != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    dsgd_block_range(p, r->s->n, r->rank, &lo, &len);
+    if (len > 0) res = be->sum_across(be->impl, r->s->grad_refs, r->s->n, lo, lo + len);
+    if (res == DSGD_OK && be->finish) res = be->finish(be->impl);
+    if (res != DSGD_OK) return res;
+    res = dsgd_barrier(r->comm, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+/* Phase 4: all-reduces (SUM) the flat gradient buffer: on the devices
+   (DEVICE path), or on the host in place when the backend exposes host
+   memory or maps it, through a staging copy otherwise, in buckets of
+   desc.bucket_bytes. */
+static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
+    dsgd_strategy *s = r->s;
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    size_t p = dsgd_model_num_params(r->model), o, bucket;
+    float *host = NULL, *mapped = NULL;
+    dsgd_result res = DSGD_OK;
+    if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
+    if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
+    if (be->buffer_host_ptr) host = be->buffer_host_ptr(be->impl, g.buf);
+    if (host) {
+        host += g.off;
+    } else if (be->map && be->unmap) {
+        if ((res = be->map(be->impl, g, p, &mapped)) != DSGD_OK) return res;
+        host = mapped;
+    } else {
+        if (!(host = dsgd__replica_stage(r, p))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((res = be->read(be->impl, g, host, p)) != DSGD_OK) return res;
+    }
+    bucket = s->d.bucket_bytes / sizeof(float);
+    if (bucket == 0 || bucket > p) bucket = p;
+    for (o = 0; o < p && res == DSGD_OK; o += bucket)
+        res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    if (mapped) {
+        dsgd_result ur = be->unmap(be->impl, g, mapped);
+        if (res == DSGD_OK) res = ur;
+    } else if (res == DSGD_OK && host == r->stage) {
+        res = be->write(be->impl, g, host, p);
+    }
+    return res;
+}
+
+/* One replica's part of a synchronous training step: the five phases. */
+static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    dsgd_strategy *s = r->s;
+    size_t off = 0, len = 0, bad = 0;
+    dsgd_result res;
+    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
+    r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
+    res = dsgd__step_gradients(r, a, off, len, &bad);   /* 1 */
+    res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
+    if (res != DSGD_OK || r->skipped) return res;
+    if (!s->all_mean) res = dsgd__step_aggregate(r, a->count, len); /* 3 */
+    if (res == DSGD_OK && s->n > 1) res = dsgd__step_exchange(r);   /* 4 */
+    if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);         /* 5 */
+    return res;
+}
+
+static dsgd_result dsgd__one_device_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    if (d->num_replicas > 1)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: one_device takes 1 replica, not %d", d->num_replicas);
+    return DSGD_OK;
+}
+
+/* Mirrored's setup resolves desc.gradient_path: DEVICE needs every
+   replica's backend to have sum_across and to reach every other replica's
+   buffers; AUTO also wants some replica's buffers outside host-shared
+   memory. One replica has nothing to exchange: HOST. */
+static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     int i, j, ok = 1;
     const char *why = "";
-    if (s->n == 1) { /* nothing to exchange, whatever the desc asks */
-        s->path = DSGD_GRADIENTS_HOST;
-        return DSGD_OK;
-    }
+    s->path = DSGD_GRADIENTS_HOST;
+    if (s->n == 1) return DSGD_OK;
     for (i = 0; i < s->n && ok; ++i) {
         const dsgd_backend_i *bi = &s->reps[i].be;
         if (!bi->sum_across || !bi->can_access) {
@@ -5477,116 +5698,161 @@ static dsgd_result dsgd__strategy_resolve_path(dsgd_strategy *s) {
             shared &= s->reps[i].be.host_shared && s->reps[i].be.host_shared(s->reps[i].be.impl);
         ok = !shared;
     }
-    s->path = ok && s->d.gradient_path != DSGD_GRADIENTS_HOST ? DSGD_GRADIENTS_DEVICE : DSGD_GRADIENTS_HOST;
-    if (s->path != DSGD_GRADIENTS_DEVICE) return DSGD_OK;
+    if (!ok || s->d.gradient_path == DSGD_GRADIENTS_HOST) return DSGD_OK;
     s->grad_refs = (dsgd_ref *)dsgd__alloc(s->ctx, sizeof(dsgd_ref) * (size_t)s->n, "dsgd_strategy_create");
     if (!s->grad_refs) return DSGD_ERR_OUT_OF_MEMORY;
     for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].model);
+    s->path = DSGD_GRADIENTS_DEVICE;
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
-    dsgd_strategy *s;
-    dsgd_result res = DSGD_OK;
-    int i, n, slot;
+static void dsgd__mirrored_teardown(dsgd_strategy *s) {
+    DSGD_FREE(s->grad_refs);
+    s->grad_refs = NULL;
+}
+
+static const dsgd__strategy_ops dsgd__one_device_ops = {
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL,
+};
+static const dsgd__strategy_ops dsgd__mirrored_ops = {
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown,
+};
+
+/* The kinds, indexed by dsgd_strategy_kind. */
+static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT] = {
+    &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
+    &dsgd__mirrored_ops,   /* DSGD_STRATEGY_MIRRORED */
+};
+
+DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
+    return (int)kind >= 0 && (int)kind < (int)DSGD_STRATEGY_COUNT ? dsgd__strategy_kinds[kind]->name : "unknown";
+}
+
+/* ---- creation, in phases */
+
+/* The desc's common rules, then the kind's (ops->check). */
+static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
     const char *what = "dsgd_strategy_create";
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
-    *out = NULL;
-    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", what);
-    if ((int)desc->kind < 0 || (int)desc->kind >= (int)DSGD_STRATEGY_COUNT)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)desc->kind);
-    if (desc->num_replicas < 0 || desc->num_replicas > DSGD_MAX_REPLICAS ||
-        (desc->kind == DSGD_STRATEGY_ONE_DEVICE && desc->num_replicas > 1))
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: %d replicas (one_device takes 1, mirrored 1..%d)", what, desc->num_replicas,
-                                  DSGD_MAX_REPLICAS);
-    if (desc->nonfinite != DSGD_NONFINITE_SKIP && desc->nonfinite != DSGD_NONFINITE_ERROR)
+    const dsgd__strategy_ops *ops;
+    if ((int)d->kind < 0 || (int)d->kind >= (int)DSGD_STRATEGY_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)d->kind);
+    ops = dsgd__strategy_kinds[d->kind];
+    if (d->num_replicas < 0 || d->num_replicas > DSGD_MAX_REPLICAS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d replicas (%s takes 0..%d)", what,
+                                  d->num_replicas, ops->name, DSGD_MAX_REPLICAS);
+    if (d->nonfinite != DSGD_NONFINITE_SKIP && d->nonfinite != DSGD_NONFINITE_ERROR)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
-                                  (int)desc->nonfinite);
-    if (!(desc->timeout_s >= 0.0) || (int)desc->algorithm < 0 || (int)desc->algorithm >= (int)DSGD_ALLREDUCE_COUNT)
+                                  (int)d->nonfinite);
+    if (!(d->timeout_s >= 0.0) || (int)d->algorithm < 0 || (int)d->algorithm >= (int)DSGD_ALLREDUCE_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: bad timeout %g or algorithm %d", what,
-                                  desc->timeout_s, (int)desc->algorithm);
-    if ((int)desc->gradient_path < 0 || (int)desc->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
+                                  d->timeout_s, (int)d->algorithm);
+    if ((int)d->gradient_path < 0 || (int)d->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
-                                  (int)desc->gradient_path);
-    n = desc->num_replicas ? desc->num_replicas : 1;
-    s = (dsgd_strategy *)dsgd__alloc(ctx, sizeof(*s), what);
+                                  (int)d->gradient_path);
+    return ops->check ? ops->check(ctx, d) : DSGD_OK;
+}
+
+/* The desc's defaults, in one place (the desc's comments list them). */
+static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
+    if (d->num_replicas == 0) d->num_replicas = 1;
+    if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
+    d->model.backend = NULL; /* each replica's comes from backend_factory */
+}
+
+/* The strategy and its N replica slots, nothing created yet. */
+static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
+    const char *what = "dsgd_strategy_create";
+    dsgd_strategy *s = (dsgd_strategy *)dsgd__alloc(ctx, sizeof(*s), what);
     if (!s) return DSGD_ERR_OUT_OF_MEMORY;
     memset(s, 0, sizeof(*s));
     s->ctx = ctx;
     s->d = *desc;
-    s->d.model.backend = NULL;
-    if (s->d.timeout_s == 0.0) s->d.timeout_s = DSGD_DEFAULT_TIMEOUT_S;
-    s->n = n;
+    dsgd__strategy_defaults(&s->d);
+    s->ops = dsgd__strategy_kinds[desc->kind];
+    s->n = s->d.num_replicas;
+    s->path = DSGD_GRADIENTS_HOST;
     s->all_mean = 1;
     s->abort_by = -1;
-    s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * n, what);
-    if (!s->reps) { DSGD_FREE(s); return DSGD_ERR_OUT_OF_MEMORY; }
-    memset(s->reps, 0, sizeof(dsgd_replica) * n);
-    if (n > 1 && desc->endpoints) {
-        for (i = 0; i < n; ++i) {
-            const dsgd_transport_i *t = &desc->endpoints[i];
-            if (t->rank != i || t->size != n || !t->send || !t->recv) {
-                dsgd_strategy_destroy(s);
-                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                          "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what,
-                                          i, t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
-                                          i, n);
-            }
-        }
-    } else if (n > 1 && (res = dsgd_loopback_create(ctx, n, &s->hub)) != DSGD_OK) {
-        dsgd_strategy_destroy(s);
-        return res;
+    *out = s;
+    s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * (size_t)s->n, what);
+    if (!s->reps) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s->reps, 0, sizeof(dsgd_replica) * (size_t)s->n);
+    return DSGD_OK;
+}
+
+/* The transport, for N > 1: the desc's endpoints, checked, or a loopback
+   of the strategy's own. */
+static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
+    int i, n = s->n;
+    if (n == 1) return DSGD_OK;
+    if (!s->d.endpoints) return dsgd_loopback_create(s->ctx, n, &s->hub);
+    for (i = 0; i < n; ++i) {
+        const dsgd_transport_i *t = &s->d.endpoints[i];
+        if (t->rank != i || t->size != n || !t->send || !t->recv)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "dsgd_strategy_create: endpoints[%d] is rank %d of %d%s; replica %d needs "
+                                      "rank %d of %d", i, t->rank, t->size,
+                                      t->send && t->recv ? "" : " without send or recv", i, i, n);
     }
-    for (i = 0; i < n && res == DSGD_OK; ++i) {
-        dsgd_replica *r = &s->reps[i];
-        dsgd_ctx_desc cd;
-        dsgd_model_desc md = s->d.model;
-        char label[32];
-        memset(&cd, 0, sizeof(cd));
-        snprintf(label, sizeof(label), "replica %d", i);
-        cd.label = label;
-        cd.logger = ctx ? ctx->logger : cd.logger;
-        r->s = s;
-        r->rank = i;
-        if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK) {
-            dsgd_ctx_set_error(ctx, res, "%s: cannot create replica %d's context", what, i);
-            break;
-        }
-        res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
-                                   : dsgd_cpu_backend_create(r->ctx, &r->be);
-        if (res != DSGD_OK) break;
+    return DSGD_OK;
+}
+
+/* Replica i's context, backend, model, optimizer and communicator; a
+   failure's message is copied to the strategy's context. */
+static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
+    dsgd_replica *r = &s->reps[i];
+    dsgd_ctx_desc cd;
+    dsgd_model_desc md = s->d.model;
+    dsgd_result res;
+    char label[32];
+    memset(&cd, 0, sizeof(cd));
+    snprintf(label, sizeof(label), "replica %d", i);
+    cd.label = label;
+    cd.logger = s->ctx ? s->ctx->logger : cd.logger;
+    r->s = s;
+    r->rank = i;
+    if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, res, "dsgd_strategy_create: cannot create replica %d's context", i);
+    res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
+                               : dsgd_cpu_backend_create(r->ctx, &r->be);
+    if (res == DSGD_OK) {
         r->has_be = 1;
         md.backend = &r->be;
-        if ((res = dsgd_model_create(r->ctx, &md, &r->model)) != DSGD_OK) break;
-        if ((res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt)) != DSGD_OK) break;
-        if (n > 1) {
-            dsgd_comm_desc cdesc;
-            memset(&cdesc, 0, sizeof(cdesc));
-            cdesc.timeout_s = s->d.timeout_s;
-            cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
-            if (desc->endpoints) r->ep = desc->endpoints[i];
-            else if ((res = dsgd_loopback_endpoint(s->hub, i, &r->ep)) != DSGD_OK) break;
-            if ((res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm)) != DSGD_OK) break;
-        }
+        res = dsgd_model_create(r->ctx, &md, &r->model);
     }
-    if (res != DSGD_OK) {
-        if (i < n && s->reps[i].ctx && dsgd_ctx_last_result(s->reps[i].ctx) != DSGD_OK)
-            dsgd_ctx_set_error(ctx, res, "%s", dsgd_ctx_last_error(s->reps[i].ctx));
-        dsgd_strategy_destroy(s);
-        return res;
+    if (res == DSGD_OK) res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt);
+    if (res == DSGD_OK && s->n > 1) {
+        dsgd_comm_desc cdesc;
+        memset(&cdesc, 0, sizeof(cdesc));
+        cdesc.timeout_s = s->d.timeout_s;
+        cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
+        if (s->d.endpoints) r->ep = s->d.endpoints[i];
+        else res = dsgd_loopback_endpoint(s->hub, i, &r->ep);
+        if (res == DSGD_OK) res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm);
     }
-    s->param_agg = (dsgd_aggregation *)dsgd__alloc(ctx, sizeof(dsgd_aggregation) *
-                                                        (size_t)dsgd_model_num_variables(s->reps[0].model), what);
-    if (!s->param_agg) { dsgd_strategy_destroy(s); return DSGD_ERR_OUT_OF_MEMORY; }
-    for (i = 0; i < dsgd_model_num_variables(s->reps[0].model); ++i) s->param_agg[i] = DSGD_AGG_MEAN;
-    if ((res = dsgd__strategy_resolve_path(s)) != DSGD_OK) {
-        dsgd_strategy_destroy(s);
-        return res;
-    }
-    /* the metrics: ON_READ SUM variables, three per slot */
+    if (res != DSGD_OK && dsgd_ctx_last_result(r->ctx) != DSGD_OK)
+        dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->ctx));
+    return res;
+}
+
+/* Every model variable starts MEAN (dsgd_strategy_set_aggregation). */
+static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
+    int i, nv = dsgd_model_num_variables(s->reps[0].model);
+    s->param_agg = (dsgd_aggregation *)dsgd__alloc(s->ctx, sizeof(dsgd_aggregation) * (size_t)(nv ? nv : 1),
+                                                    "dsgd_strategy_create");
+    if (!s->param_agg) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < nv; ++i) s->param_agg[i] = DSGD_AGG_MEAN;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id);
+
+/* The metrics: ON_READ SUM variables, three per slot. */
+static dsgd_result dsgd__strategy_metrics(dsgd_strategy *s) {
+    static const char *const names[3] = {"loss_sum", "correct", "count"};
+    dsgd_result res = DSGD_OK;
+    int slot, i;
     for (slot = 0; slot < 2 && res == DSGD_OK; ++slot) {
-        static const char *const names[3] = {"loss_sum", "correct", "count"};
         for (i = 0; i < 3 && res == DSGD_OK; ++i) {
             dsgd_dvar_desc vd;
             char name[64];
@@ -5601,30 +5867,52 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
             if (i == 0) s->metric_var[slot] = id;
         }
     }
-    if (res != DSGD_OK) { dsgd_strategy_destroy(s); return res; }
-    if (pthread_mutex_init(&s->mu, NULL) != 0) {
-        dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
-    }
+    return res;
+}
+
+/* The worker pool: its lock and conditions, then a thread for each of
+   replicas 1..N-1 (replica 0 runs on the caller's). */
+static dsgd_result dsgd__strategy_start(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    int i;
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
     if (pthread_cond_init(&s->cv_start, NULL) != 0) {
         pthread_mutex_destroy(&s->mu);
-        dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
     }
     if (pthread_cond_init(&s->cv_done, NULL) != 0) {
         pthread_cond_destroy(&s->cv_start);
         pthread_mutex_destroy(&s->mu);
-        dsgd_strategy_destroy(s);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
     }
     s->sync_ready = 1;
-    for (i = 1; i < n; ++i) {
-        if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0) {
-            dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
-            dsgd_strategy_destroy(s);
-            return DSGD_ERR_SYSTEM;
-        }
+    for (i = 1; i < s->n; ++i) {
+        if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
         s->reps[i].thread_started = 1;
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
+    dsgd_strategy *s = NULL;
+    dsgd_result res;
+    int i;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_create: out is NULL");
+    *out = NULL;
+    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_create: desc is NULL");
+    if ((res = dsgd__strategy_check(ctx, desc)) != DSGD_OK) return res;
+    res = dsgd__strategy_alloc(ctx, desc, &s);
+    if (res == DSGD_OK) res = dsgd__strategy_transport(s);
+    for (i = 0; res == DSGD_OK && i < s->n; ++i) res = dsgd__replica_create(s, i);
+    if (res == DSGD_OK) res = dsgd__strategy_param_agg(s);
+    if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
+    if (res == DSGD_OK) res = dsgd__strategy_metrics(s);
+    if (res == DSGD_OK) res = dsgd__strategy_start(s);
+    if (res != DSGD_OK) {
+        dsgd_strategy_destroy(s);
+        return res;
     }
     *out = s;
     return DSGD_OK;
@@ -5679,145 +5967,6 @@ DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char 
     return DSGD_OK;
 }
 
-typedef struct dsgd__step_args {
-    const float *x, *y;
-    int count;
-} dsgd__step_args;
-
-/* Scales each variable's gradient slice, computed for the SUM of the
-   replica's losses, to what its aggregation adds up: MEAN 1/global count,
-   SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0 and 0 on
-   the others. */
-static dsgd_result dsgd__replica_prescale(dsgd_replica *r, int global, size_t local) {
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
-    int i, nv = dsgd_model_num_variables(r->model);
-    dsgd_result res = DSGD_OK;
-    for (i = 0; i < nv && res == DSGD_OK; ++i) {
-        const dsgd_variable *v = dsgd_model_variable(r->model, i);
-        dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
-        float f;
-        switch (r->s->param_agg[i]) {
-        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
-        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
-        default: f = 1.0f / (float)global; break;
-        }
-        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, v->count) : be->scale(be->impl, slice, f, v->count);
-    }
-    return res;
-}
-
-/* DEVICE path: every replica's gradients are complete (barrier), replica r
-   sums its block of all of them on its device, and nobody reads a gradient
-   before every block is written (barrier). */
-static dsgd_result dsgd__replica_exchange_device(dsgd_replica *r, size_t p) {
-    const dsgd_backend_i *be = &r->be;
-    size_t lo = 0, len = 0;
-    dsgd_result res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) {
-        r->comm_failed = 1;
-        return res;
-    }
-    dsgd_block_range(p, r->s->n, r->rank, &lo, &len);
-    if (len > 0) res = be->sum_across(be->impl, r->s->grad_refs, r->s->n, lo, lo + len);
-    if (res == DSGD_OK && be->finish) res = be->finish(be->impl);
-    if (res != DSGD_OK) return res;
-    res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    return res;
-}
-
-/* All-reduces (SUM) the flat gradient buffer: on the devices (DEVICE path),
-   or on the host in place when the backend exposes host memory or maps it,
-   through a staging copy otherwise. */
-static dsgd_result dsgd__replica_exchange(dsgd_replica *r) {
-    dsgd_strategy *s = r->s;
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
-    size_t p = dsgd_model_num_params(r->model), o, bucket;
-    float *host = NULL, *mapped = NULL;
-    dsgd_result res = DSGD_OK;
-    if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
-    if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__replica_exchange_device(r, p);
-    if (be->buffer_host_ptr) host = be->buffer_host_ptr(be->impl, g.buf);
-    if (host) {
-        host += g.off;
-    } else if (be->map && be->unmap) {
-        if ((res = be->map(be->impl, g, p, &mapped)) != DSGD_OK) return res;
-        host = mapped;
-    } else {
-        if (!(host = dsgd__replica_stage(r, p))) return DSGD_ERR_OUT_OF_MEMORY;
-        if ((res = be->read(be->impl, g, host, p)) != DSGD_OK) return res;
-    }
-    bucket = s->d.bucket_bytes / sizeof(float);
-    if (bucket == 0 || bucket > p) bucket = p;
-    for (o = 0; o < p && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    if (mapped) {
-        dsgd_result ur = be->unmap(be->impl, g, mapped);
-        if (res == DSGD_OK) res = ur;
-    } else if (res == DSGD_OK && host == r->stage) {
-        res = be->write(be->impl, g, host, p);
-    }
-    return res;
-}
-
-/* One replica's part of a synchronous training step. */
-static dsgd_result dsgd__replica_train(dsgd_replica *r, void *user) {
-    const dsgd__step_args *a = (const dsgd__step_args *)user;
-    dsgd_strategy *s = r->s;
-    dsgd_model *m = r->model;
-    size_t off = 0, len = 0, bad = 0;
-    dsgd_result res;
-    float flag = 0.0f;
-    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
-    r->skipped = 0;
-    r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
-    if (len > 0)
-        res = dsgd_model_compute_gradients(m, a->x + off * (size_t)dsgd_model_input_dim(m),
-                                           a->y + off * (size_t)dsgd_model_target_dim(m), (int)len,
-                                           s->all_mean ? 1.0f / (float)a->count : 1.0f);
-    else
-        res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, dsgd_model_num_params(m));
-    if (res == DSGD_OK) res = r->be.norm_check(r->be.impl, dsgd_model_grads(m), dsgd_model_num_params(m), NULL, &bad);
-    /* agree on the step: 0 go, 1 a non-finite gradient somewhere, 2 + k replica k failed */
-    flag = res != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
-    if (s->n > 1) {
-        dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
-        if (cr != DSGD_OK) {
-            r->comm_failed = 1;
-            return cr;
-        }
-    }
-    /* from here to the update every replica does the same, so a failure
-       agreed on here leaves them all as they were (clean) */
-    if (flag >= 2.0f) {
-        r->clean_fail = 1;
-        if (res != DSGD_OK) return res;
-        r->own_error = 0;
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
-                                  (long long)r->opt->t, (int)flag - 2);
-    }
-    if (flag == 1.0f) {
-        if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
-            r->clean_fail = 1;
-            r->own_error = bad != 0;
-            return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
-                                      "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
-                                      "every replica stops", (long long)r->opt->t, bad);
-        }
-        r->skipped = 1;
-        return DSGD_OK;
-    }
-    if (!s->all_mean) res = dsgd__replica_prescale(r, a->count, len);
-    if (res == DSGD_OK && s->n > 1) res = dsgd__replica_exchange(r);
-    if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);
-    /* a failure after the agreement is not clean: the others may have
-       updated, or wait for this replica in the exchange (dsgd__replica_job
-       stops them) */
-    return res;
-}
 
 static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, const float *y, int count,
                                               int need_y, const char *what) {
@@ -5848,7 +5997,7 @@ DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, 
         info->step = dsgd_optimizer_steps(s->reps[0].opt);
         info->count = count;
     }
-    res = dsgd__strategy_dispatch(s, dsgd__replica_train, &a, "dsgd_strategy_train_step");
+    res = dsgd__strategy_dispatch(s, s->ops->step, &a, "dsgd_strategy_train_step");
     if (info) {
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;

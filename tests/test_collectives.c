@@ -748,6 +748,7 @@ static void timeout_case(int n, int skip, int kind, dsgd_allreduce_algo algo, si
            another one; a send/recv-only transport names the rank waited for */
         if (!minimal) assert_non_null(strstr(w[r].msg, want_rank));
         assert_int_equal(dsgd_comm_seq(g.comm[r]), 2);
+        assert_true(dsgd_comm_broken(g.comm[r]));
         /* unusable afterwards, and says so */
         assert_int_equal(dsgd_barrier(g.comm[r], 0.1), DSGD_ERR_STATE);
         assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[r]), "#2"));
@@ -851,6 +852,7 @@ static void mismatch_case(int n, const job *jb, const char *want1, const char *w
                         n, jb->kind, dsgd_allreduce_algo_name(jb->algo), jb->count[0], jb->alt_rank, r,
                         (int)w[r].res, w[r].elapsed, w[r].msg, want1, want2);
         assert_true(good);
+        assert_false(dsgd_comm_broken(g.comm[r])); /* same seq: the disagreement leaves it usable */
         for (i = 0; i < MM_CAP; ++i)
             if (bufs[r][i] != input_value(21, r, i)) fail_msg("rank %d: element %zu was touched", r, i);
     }

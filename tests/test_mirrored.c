@@ -1576,8 +1576,14 @@ static void test_bad_arguments(void **state) {
     }
     d = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 2, 4, DSGD_OPT_SGD);
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_true(contains(dsgd_ctx_last_error(ctx), "dsgd_strategy_create: one_device takes 1 replica, not 2"));
     d = strat_desc((dsgd_strategy_kind)7, 2, 4, DSGD_OPT_SGD);
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_true(contains(dsgd_ctx_last_error(ctx), "unknown strategy kind 7"));
+    assert_string_equal(dsgd_strategy_kind_name(DSGD_STRATEGY_ONE_DEVICE), "one_device");
+    assert_string_equal(dsgd_strategy_kind_name(DSGD_STRATEGY_MIRRORED), "mirrored");
+    assert_string_equal(dsgd_strategy_kind_name((dsgd_strategy_kind)DSGD_STRATEGY_COUNT), "unknown");
+    assert_string_equal(dsgd_strategy_kind_name((dsgd_strategy_kind)-1), "unknown");
     d = strat_desc(DSGD_STRATEGY_MIRRORED, 2, 4, DSGD_OPT_SGD);
     d.nonfinite = (dsgd_nonfinite_policy)5;
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
