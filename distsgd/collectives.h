@@ -311,10 +311,10 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     piece /= sizeof(float);
     if (piece < 64) piece = 64;
     if (piece > ((size_t)1 << 28)) piece = (size_t)1 << 28;
-    c = (dsgd_comm *)dsgd__alloc(ctx, sizeof(*c), "comm_create");
+    c = (dsgd_comm *)dsgd__alloc(ctx, sizeof(*c), "dsgd_comm_create");
     if (!c) return DSGD_ERR_OUT_OF_MEMORY;
     memset(c, 0, sizeof(*c));
-    c->peers = (void **)dsgd__alloc(ctx, sizeof(void *) * (size_t)t->size, "comm_create");
+    c->peers = (void **)dsgd__alloc(ctx, sizeof(void *) * (size_t)t->size, "dsgd_comm_create");
     if (!c->peers) {
         DSGD_FREE(c);
         return DSGD_ERR_OUT_OF_MEMORY;

@@ -961,6 +961,7 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
 static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
     if (d->num_replicas == 0) d->num_replicas = 1;
     if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
+    if (d->model.max_batch == 0) d->model.max_batch = DSGD_DEFAULT_MAX_BATCH; /* the model's default, per replica */
     d->model.backend = NULL; /* each replica's comes from backend_factory */
 }
 
@@ -1172,13 +1173,11 @@ DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char 
     return DSGD_OK;
 }
 
-
 static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, const float *y, int count,
                                               int need_y, const char *what) {
-    int max_batch;
+    int max_batch = s->d.model.max_batch; /* per replica, default applied */
     dsgd_result res = dsgd__strategy_usable(s, what);
     if (res != DSGD_OK) return res;
-    max_batch = s->d.model.max_batch ? s->d.model.max_batch : DSGD_DEFAULT_MAX_BATCH;
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
     if (count < 1 || (long long)count > (long long)s->n * max_batch)
