@@ -30,12 +30,13 @@
      (dsgd_strategy_failed) until you destroy it and create a new one.
 
      Inside: a strategy kind is a table of operations (check the desc, set
-     up, one replica's part of a step, tear down: dsgd__strategy_ops, one
-     per kind in dsgd__strategy_kinds); the threads, the transport, failure
-     handling, variables and metrics are common to every kind. one_device
-     and mirrored share the synchronous step (gradients, agree, aggregate,
-     exchange, update: see dsgd__sync_step); mirrored's setup resolves the
-     gradient path.
+     up, one replica's part of a step, tear down: dsgd__strategy_ops). This
+     part holds what every kind shares: the replicas and their threads, the
+     transport, failure handling, variables and metrics. The kinds are parts
+     of their own below it (strategy_sync.h: one_device and mirrored, whose
+     step is gradients, agree, aggregate, exchange, update), and
+     strategy_kinds.h, the last, holds the table of kinds that
+     dsgd_strategy_create picks from.
 */
 #ifndef DSGD__PART_STRATEGY_DECL
 #define DSGD__PART_STRATEGY_DECL
@@ -467,9 +468,10 @@ struct dsgd_replica {
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
-   picks it by desc.kind from dsgd__strategy_kinds. A new kind adds a table
-   and a line there, not branches. Everything else (replicas, their threads,
-   the transport, failure handling, variables, metrics) is common. */
+   picks it by desc.kind from dsgd__strategy_kinds (strategy_kinds.h). A new
+   kind adds a part with its table and a line there, not branches. Everything
+   else (replicas, their threads, the transport, failure handling, variables,
+   metrics) is common, here. */
 typedef struct dsgd__strategy_ops {
     const char *name;
     /* the kind's rules for the desc, after the common ones; may be NULL */
@@ -483,6 +485,12 @@ typedef struct dsgd__strategy_ops {
        a partial one); may be NULL */
     void (*teardown)(dsgd_strategy *s);
 } dsgd__strategy_ops;
+
+/* The argument of a kind's step: the global batch. */
+typedef struct dsgd__step_args {
+    const float *x, *y;
+    int count;
+} dsgd__step_args;
 
 struct dsgd_strategy {
     dsgd_ctx *ctx;
@@ -690,258 +698,14 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     DSGD_FREE(s);
 }
 
-/* ---- the synchronous kinds: one_device and mirrored
-
-   A training step is the same for both (one_device is mirrored with one
-   replica and nothing to exchange). One replica's part of it, in phases:
-
-     1 gradients  the gradient of the sum of its shard's losses, scaled by
-                  1 / global count when every variable is MEAN
-     2 agree      one MAX all-reduce of a flag: go, skip (a non-finite
-                  gradient somewhere), or stop (some replica failed)
-     3 aggregate  unless every variable is MEAN: each variable's slice
-                  scaled to what its aggregation adds up
-     4 exchange   the SUM all-reduce of the flat gradient buffer, on the host
-                  or on the devices (dsgd_gradient_path)
-     5 update     the optimizer step, the same on every replica
-
-   From phase 2 on every replica does the same, so a failure agreed on in
-   phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
-   not clean: the others may have updated, or wait for this replica in the
-   exchange (dsgd__replica_job stops them). */
-
-typedef struct dsgd__step_args {
-    const float *x, *y;
-    int count;
-} dsgd__step_args;
-
-/* Phase 1: replica r's shard [off, off + len) of the batch -> the model's
-   gradient buffer (zero for an empty shard); *bad counts its non-finite
-   values. */
-static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd__step_args *a, size_t off, size_t len,
-                                        size_t *bad) {
-    dsgd_model *m = r->model;
-    size_t p = dsgd_model_num_params(m);
-    dsgd_result res;
-    if (len > 0)
-        res = dsgd_model_compute_gradients(m, a->x + off * (size_t)dsgd_model_input_dim(m),
-                                           a->y + off * (size_t)dsgd_model_target_dim(m), (int)len,
-                                           r->s->all_mean ? 1.0f / (float)a->count : 1.0f);
-    else
-        res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, p);
-    if (res != DSGD_OK) return res;
-    return r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, bad);
-}
-
-/* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,
-   1 a non-finite gradient somewhere (*skip under policy SKIP, an error
-   under ERROR), 2 + k replica k failed in phase 1 (own: this replica's
-   phase 1 result; bad: its non-finite count). */
-static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad, int *skip) {
-    dsgd_strategy *s = r->s;
-    float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
-    *skip = 0;
-    if (s->n > 1) {
-        dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
-        if (cr != DSGD_OK) {
-            r->comm_failed = 1;
-            return cr;
-        }
-    }
-    if (flag >= 2.0f) {
-        r->clean_fail = 1;
-        if (own != DSGD_OK) return own;
-        r->own_error = 0;
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
-                                  (long long)r->opt->t, (int)flag - 2);
-    }
-    if (flag == 1.0f) {
-        if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
-            r->clean_fail = 1;
-            r->own_error = bad != 0;
-            return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
-                                      "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
-                                      "every replica stops", (long long)r->opt->t, bad);
-        }
-        *skip = 1;
-    }
-    return DSGD_OK;
-}
-
-/* Phase 3: scales each variable's gradient slice, computed for the SUM of
-   the replica's losses, to what its aggregation adds up: MEAN 1/global
-   count, SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0
-   and 0 on the others. */
-static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local) {
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
-    int i, nv = dsgd_model_num_variables(r->model);
-    dsgd_result res = DSGD_OK;
-    for (i = 0; i < nv && res == DSGD_OK; ++i) {
-        const dsgd_variable *v = dsgd_model_variable(r->model, i);
-        dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
-        float f;
-        switch (r->s->param_agg[i]) {
-        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
-        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
-        default: f = 1.0f / (float)global; break;
-        }
-        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, v->count) : be->scale(be->impl, slice, f, v->count);
-    }
-    return res;
-}
-
-/* Phase 4, DEVICE path: every replica's gradients are complete (barrier),
-   replica r sums its block of all of them on its device, and nobody reads a
-   gradient before every block is written (barrier). */
-static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
-    const dsgd_backend_i *be = &r->be;
-    size_t lo = 0, len = 0;
-    dsgd_result res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) {
-        r->comm_failed = 1;
-        return res;
-    }
-    dsgd_block_range(p, r->s->n, r->rank, &lo, &len);
-    if (len > 0) res = be->sum_across(be->impl, r->s->grad_refs, r->s->n, lo, lo + len);
-    if (res == DSGD_OK && be->finish) res = be->finish(be->impl);
-    if (res != DSGD_OK) return res;
-    res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    return res;
-}
-
-/* Phase 4: all-reduces (SUM) the flat gradient buffer: on the devices
-   (DEVICE path), or on the host in place when the backend exposes host
-   memory or maps it, through a staging copy otherwise, in buckets of
-   desc.bucket_bytes. */
-static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
-    dsgd_strategy *s = r->s;
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
-    size_t p = dsgd_model_num_params(r->model), o, bucket;
-    float *host = NULL, *mapped = NULL;
-    dsgd_result res = DSGD_OK;
-    if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
-    if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
-    if (be->buffer_host_ptr) host = be->buffer_host_ptr(be->impl, g.buf);
-    if (host) {
-        host += g.off;
-    } else if (be->map && be->unmap) {
-        if ((res = be->map(be->impl, g, p, &mapped)) != DSGD_OK) return res;
-        host = mapped;
-    } else {
-        if (!(host = dsgd__replica_stage(r, p))) return DSGD_ERR_OUT_OF_MEMORY;
-        if ((res = be->read(be->impl, g, host, p)) != DSGD_OK) return res;
-    }
-    bucket = s->d.bucket_bytes / sizeof(float);
-    if (bucket == 0 || bucket > p) bucket = p;
-    for (o = 0; o < p && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    if (mapped) {
-        dsgd_result ur = be->unmap(be->impl, g, mapped);
-        if (res == DSGD_OK) res = ur;
-    } else if (res == DSGD_OK && host == r->stage) {
-        res = be->write(be->impl, g, host, p);
-    }
-    return res;
-}
-
-/* One replica's part of a synchronous training step: the five phases. */
-static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
-    const dsgd__step_args *a = (const dsgd__step_args *)user;
-    dsgd_strategy *s = r->s;
-    size_t off = 0, len = 0, bad = 0;
-    dsgd_result res;
-    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
-    r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
-    res = dsgd__step_gradients(r, a, off, len, &bad);   /* 1 */
-    res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
-    if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, a->count, len); /* 3 */
-    if (res == DSGD_OK && s->n > 1) res = dsgd__step_exchange(r);   /* 4 */
-    if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);         /* 5 */
-    return res;
-}
-
-static dsgd_result dsgd__one_device_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
-    if (d->num_replicas > 1)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_strategy_create: one_device takes 1 replica, not %d", d->num_replicas);
-    return DSGD_OK;
-}
-
-/* Mirrored's setup resolves desc.gradient_path: DEVICE needs every
-   replica's backend to have sum_across and to reach every other replica's
-   buffers; AUTO also wants some replica's buffers outside host-shared
-   memory. One replica has nothing to exchange: HOST. */
-static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
-    int i, j, ok = 1;
-    const char *why = "";
-    s->path = DSGD_GRADIENTS_HOST;
-    if (s->n == 1) return DSGD_OK;
-    for (i = 0; i < s->n && ok; ++i) {
-        const dsgd_backend_i *bi = &s->reps[i].be;
-        if (!bi->sum_across || !bi->can_access) {
-            ok = 0;
-            why = "a replica's backend has no device-side reduction (sum_across)";
-        }
-        for (j = 0; j < s->n && ok; ++j) {
-            if (!bi->can_access(bi->impl, &s->reps[j].be)) {
-                ok = 0;
-                why = "a replica's backend cannot reach another replica's buffers (not one OpenCL context)";
-            }
-        }
-    }
-    if (!ok && s->d.gradient_path == DSGD_GRADIENTS_DEVICE)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_strategy_create: gradient_path DEVICE, but %s", why);
-    if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO) {
-        int shared = 1;
-        for (i = 0; i < s->n; ++i)
-            shared &= s->reps[i].be.host_shared && s->reps[i].be.host_shared(s->reps[i].be.impl);
-        ok = !shared;
-    }
-    if (!ok || s->d.gradient_path == DSGD_GRADIENTS_HOST) return DSGD_OK;
-    s->grad_refs = (dsgd_ref *)dsgd__alloc(s->ctx, sizeof(dsgd_ref) * (size_t)s->n, "dsgd_strategy_create");
-    if (!s->grad_refs) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].model);
-    s->path = DSGD_GRADIENTS_DEVICE;
-    return DSGD_OK;
-}
-
-static void dsgd__mirrored_teardown(dsgd_strategy *s) {
-    DSGD_FREE(s->grad_refs);
-    s->grad_refs = NULL;
-}
-
-static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL,
-};
-static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown,
-};
-
-/* The kinds, indexed by dsgd_strategy_kind. */
-static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT] = {
-    &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
-    &dsgd__mirrored_ops,   /* DSGD_STRATEGY_MIRRORED */
-};
-
-DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
-    return (int)kind >= 0 && (int)kind < (int)DSGD_STRATEGY_COUNT ? dsgd__strategy_kinds[kind]->name : "unknown";
-}
-
 /* ---- creation, in phases */
 
-/* The desc's common rules, then the kind's (ops->check). */
-static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+/* The desc's common rules, then the kind's (ops->check; ops NULL: an
+   unknown kind). */
+static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d, const dsgd__strategy_ops *ops) {
     const char *what = "dsgd_strategy_create";
-    const dsgd__strategy_ops *ops;
-    if ((int)d->kind < 0 || (int)d->kind >= (int)DSGD_STRATEGY_COUNT)
+    if (!ops)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)d->kind);
-    ops = dsgd__strategy_kinds[d->kind];
     if (d->num_replicas < 0 || d->num_replicas > DSGD_MAX_REPLICAS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d replicas (%s takes 0..%d)", what,
                                   d->num_replicas, ops->name, DSGD_MAX_REPLICAS);
@@ -966,7 +730,8 @@ static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
 }
 
 /* The strategy and its N replica slots, nothing created yet. */
-static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
+static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, const dsgd__strategy_ops *ops,
+                                        dsgd_strategy **out) {
     const char *what = "dsgd_strategy_create";
     dsgd_strategy *s = (dsgd_strategy *)dsgd__alloc(ctx, sizeof(*s), what);
     if (!s) return DSGD_ERR_OUT_OF_MEMORY;
@@ -974,7 +739,7 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     s->ctx = ctx;
     s->d = *desc;
     dsgd__strategy_defaults(&s->d);
-    s->ops = dsgd__strategy_kinds[desc->kind];
+    s->ops = ops;
     s->n = s->d.num_replicas;
     s->path = DSGD_GRADIENTS_HOST;
     s->all_mean = 1;
@@ -1101,15 +866,19 @@ static dsgd_result dsgd__strategy_start(dsgd_strategy *s) {
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
+
+/* dsgd_strategy_create of the kind whose table is ops (NULL: desc's kind is
+   unknown), in phases. */
+static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, const dsgd__strategy_ops *ops,
+                                         dsgd_strategy **out) {
     dsgd_strategy *s = NULL;
     dsgd_result res;
     int i;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_create: out is NULL");
     *out = NULL;
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_create: desc is NULL");
-    if ((res = dsgd__strategy_check(ctx, desc)) != DSGD_OK) return res;
-    res = dsgd__strategy_alloc(ctx, desc, &s);
+    if ((res = dsgd__strategy_check(ctx, desc, ops)) != DSGD_OK) return res;
+    res = dsgd__strategy_alloc(ctx, desc, ops, &s);
     if (res == DSGD_OK) res = dsgd__strategy_transport(s);
     for (i = 0; res == DSGD_OK && i < s->n; ++i) res = dsgd__replica_create(s, i);
     if (res == DSGD_OK) res = dsgd__strategy_param_agg(s);

@@ -1,0 +1,30 @@
+/* distsgd/strategy_kinds.h - the table of strategy kinds, and dsgd_strategy_create
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   The kinds' parts come above this one (strategy_sync.h: one_device and
+   mirrored); a new kind is a part above this one and a line in
+   dsgd__strategy_kinds. dsgd_strategy_create and dsgd_strategy_kind_name are
+   declared, with the rest of the strategy's interface, in strategy.h.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_KINDS_IMPL)
+#define DSGD__PART_STRATEGY_KINDS_IMPL
+
+/* >>strategy_kinds ---------------------------------------------------------- */
+
+/* The kinds, indexed by dsgd_strategy_kind. */
+static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT] = {
+    &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
+    &dsgd__mirrored_ops,   /* DSGD_STRATEGY_MIRRORED */
+};
+
+DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
+    return (int)kind >= 0 && (int)kind < (int)DSGD_STRATEGY_COUNT ? dsgd__strategy_kinds[kind]->name : "unknown";
+}
+
+DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
+    const dsgd__strategy_ops *ops = NULL;
+    if (desc && (int)desc->kind >= 0 && (int)desc->kind < (int)DSGD_STRATEGY_COUNT) ops = dsgd__strategy_kinds[desc->kind];
+    return dsgd__strategy_create(ctx, desc, ops, out);
+}
+
+#endif /* DSGD__PART_STRATEGY_KINDS_IMPL */
