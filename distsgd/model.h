@@ -234,14 +234,9 @@ static int dsgd__backend_complete(const dsgd_backend_i *b) {
            b->bias_backward && b->loss && b->optimizer_update && b->norm_check;
 }
 
-DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
-    dsgd_model *m;
-    dsgd_result r;
-    int l, max_dim;
-    size_t off, act_total, i;
-    float *host;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: out is NULL");
-    *out = NULL;
+/* Checks a model desc; every message names dsgd_model_create. */
+static dsgd_result dsgd__model_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
+    int l;
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: desc is NULL");
     if (desc->input_dim <= 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: input_dim %d must be > 0", desc->input_dim);
@@ -265,7 +260,14 @@ DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *des
     if (desc->backend && !dsgd__backend_complete(desc->backend))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: backend '%s' lacks a required operation",
                                   desc->backend->name ? desc->backend->name : "?");
+    return DSGD_OK;
+}
 
+/* The model struct from a checked desc: its backend (the desc's, or a CPU
+   backend it owns) and its host arrays; no device buffer yet. */
+static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
+    dsgd_model *m;
+    dsgd_result r;
     m = (dsgd_model *)dsgd__alloc(ctx, sizeof(*m), "dsgd_model_create");
     if (!m) return DSGD_ERR_OUT_OF_MEMORY;
     memset(m, 0, sizeof(*m));
@@ -288,12 +290,18 @@ DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *des
     if (!m->layers || !m->dims || !m->vars || !m->act_off) { dsgd_model_destroy(m); return DSGD_ERR_OUT_OF_MEMORY; }
     memcpy(m->layers, desc->layers, sizeof(dsgd_layer_desc) * m->num_layers);
     memset(m->vars, 0, sizeof(dsgd_variable) * 2 * m->num_layers);
+    *out = m;
+    return DSGD_OK;
+}
 
-    /* variables: kernel (in, out) then bias (out), layer after layer */
+/* The flat layouts (llm.c's fill_in_parameter_sizes): the variables, kernel
+   (in, out) then bias (out) layer after layer, at the same offsets of params
+   and grads; every layer's activations (max_batch, dims[l]) in acts; the
+   two delta halves. Returns the floats of acts. */
+static size_t dsgd__model_layout(dsgd_model *m) {
+    int l, max_dim = m->input_dim;
+    size_t off = 0, act_total = 0;
     m->dims[0] = m->input_dim;
-    max_dim = m->input_dim;
-    off = 0;
-    act_total = 0;
     for (l = 0; l < m->num_layers; ++l) {
         dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
         m->dims[l + 1] = m->layers[l].units;
@@ -313,31 +321,60 @@ DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *des
         act_total += (size_t)m->max_batch * m->dims[l];
     }
     m->delta_half = (size_t)m->max_batch * max_dim;
+    return act_total;
+}
 
+/* The device buffers of the layout; the statistics and the gradients start
+   at zero. */
+static dsgd_result dsgd__model_buffers(dsgd_model *m, size_t act_total) {
+    dsgd_result r;
     if ((r = dsgd__model_buffer(m, m->num_params, &m->params)) != DSGD_OK ||
         (r = dsgd__model_buffer(m, m->num_params, &m->grads)) != DSGD_OK ||
         (r = dsgd__model_buffer(m, act_total, &m->acts)) != DSGD_OK ||
         (r = dsgd__model_buffer(m, 2 * m->delta_half, &m->delta)) != DSGD_OK ||
         (r = dsgd__model_buffer(m, (size_t)m->max_batch * dsgd_model_target_dim(m), &m->targets)) != DSGD_OK ||
         (r = dsgd__model_buffer(m, 4, &m->stats)) != DSGD_OK ||
-        (r = m->be.fill(m->be.impl, dsgd__ref(m->stats, 0), 0.0f, 4)) != DSGD_OK ||
-        (r = m->be.fill(m->be.impl, dsgd__ref(m->grads, 0), 0.0f, m->num_params)) != DSGD_OK) {
-        dsgd_model_destroy(m);
+        (r = m->be.fill(m->be.impl, dsgd__ref(m->stats, 0), 0.0f, 4)) != DSGD_OK)
         return r;
-    }
+    return m->be.fill(m->be.impl, dsgd__ref(m->grads, 0), 0.0f, m->num_params);
+}
 
-    /* initialise on the host, so every backend starts from the same bits */
-    host = (float *)dsgd__alloc(ctx, m->num_params * sizeof(float), "dsgd_model_create");
-    if (!host) { dsgd_model_destroy(m); return DSGD_ERR_OUT_OF_MEMORY; }
+/* Initialises the parameters on the host, so every backend starts from the
+   same bits (kernels drawn per layer from seed, biases zero), and uploads
+   them. */
+static dsgd_result dsgd__model_init_params(dsgd_model *m, uint64_t seed) {
+    dsgd_result r;
+    size_t i;
+    int l;
+    float *host = (float *)dsgd__alloc(m->ctx, m->num_params * sizeof(float), "dsgd_model_create");
+    if (!host) return DSGD_ERR_OUT_OF_MEMORY;
     for (l = 0; l < m->num_layers; ++l) {
         const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
         dsgd__init_kernel(host + k->offset, k->shape[0], k->shape[1], m->layers[l].init,
-                          m->layers[l].activation, dsgd__seed_mix(desc->seed, (uint64_t)l));
+                          m->layers[l].activation, dsgd__seed_mix(seed, (uint64_t)l));
         for (i = 0; i < b->count; ++i) host[b->offset + i] = 0.0f;
     }
     r = m->be.write(m->be.impl, dsgd__ref(m->params, 0), host, m->num_params);
     DSGD_FREE(host);
-    if (r != DSGD_OK) { dsgd_model_destroy(m); return r; }
+    return r;
+}
+
+/* check the desc, make the struct, lay out the variables, create the
+   buffers, initialise the parameters */
+DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
+    dsgd_model *m = NULL;
+    dsgd_result r;
+    size_t act_total;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: out is NULL");
+    *out = NULL;
+    if ((r = dsgd__model_check(ctx, desc)) != DSGD_OK) return r;
+    if ((r = dsgd__model_new(ctx, desc, &m)) != DSGD_OK) return r;
+    act_total = dsgd__model_layout(m);
+    if ((r = dsgd__model_buffers(m, act_total)) != DSGD_OK ||
+        (r = dsgd__model_init_params(m, desc->seed)) != DSGD_OK) {
+        dsgd_model_destroy(m);
+        return r;
+    }
     *out = m;
     return DSGD_OK;
 }
@@ -394,52 +431,95 @@ static dsgd_result dsgd__model_upload(dsgd_model *m, const float *x, const float
     return r;
 }
 
-/* acts[l+1](M, dims[l+1]) = act(acts[l](M, dims[l]) W_l + b_l), layer by layer */
+/* Layer l's views (llm.c's ParameterTensors and ActivationTensors for one
+   layer): what dsgd__dense_forward and dsgd__dense_backward read and write.
+   M is the batch; in = dims[l], out = dims[l + 1]. */
+typedef struct dsgd__dense {
+    int in, out;
+    dsgd_activation act;
+    dsgd_ref W, b;   /* params: kernel (in, out), bias (out) */
+    dsgd_ref dW, db; /* grads, at the same offsets */
+    dsgd_ref x, y;   /* acts: input (M, in), output (M, out) */
+} dsgd__dense;
+
+static dsgd__dense dsgd__layer(const dsgd_model *m, int l) {
+    dsgd__dense L;
+    const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
+    L.in = m->dims[l];
+    L.out = m->dims[l + 1];
+    L.act = m->layers[l].activation;
+    L.W = dsgd__ref(m->params, k->offset);
+    L.b = dsgd__ref(m->params, b->offset);
+    L.dW = dsgd__ref(m->grads, k->offset);
+    L.db = dsgd__ref(m->grads, b->offset);
+    L.x = dsgd__ref(m->acts, m->act_off[l]);
+    L.y = dsgd__ref(m->acts, m->act_off[l + 1]);
+    return L;
+}
+
+/* y (M, out) = act(x (M, in) · W (in, out) + b (out)) */
+static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__dense *L, int M) {
+    int in = L->in, out = L->out;
+    dsgd_result r = be->gemm(be->impl, 0, 0, M, out, in, 1.0f, L->x, in, L->W, out, 0.0f, L->y, out); /* y = x W */
+    if (r != DSGD_OK) return r;
+    return be->bias_act_forward(be->impl, L->act, L->y, L->b, M, out);                   /* y = act(y + b) */
+}
+
+/* Given dy (M, out), the gradient of the loss with respect to y:
+     dy (M, out)  *= act'(y)              in place (nothing for NONE)
+     dW (in, out)  = x^T (in, M) · dy
+     db (out)      = column sums of dy
+     dx (M, in)    = dy · W^T (out, in)   unless dx.buf is NULL (layer 0) */
+static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L,
+                                        int M) {
+    int in = L->in, out = L->out;
+    dsgd_result r;
+    if (L->act != DSGD_ACT_NONE) {
+        r = be->act_backward(be->impl, L->act, dy, L->y, (size_t)M * out);
+        if (r != DSGD_OK) return r;
+    }
+    r = be->gemm(be->impl, 1, 0, in, out, M, 1.0f, L->x, in, dy, out, 0.0f, L->dW, out);
+    if (r != DSGD_OK) return r;
+    r = be->bias_backward(be->impl, L->db, dy, M, out);
+    if (r != DSGD_OK || !dx.buf) return r;
+    return be->gemm(be->impl, 0, 1, M, in, out, 1.0f, dy, out, L->W, out, 0.0f, dx, in);
+}
+
+/* acts[l+1] (M, dims[l+1]) = act(acts[l] (M, dims[l]) · W_l + b_l), layer by layer */
 static dsgd_result dsgd__model_forward(dsgd_model *m, int M) {
     int l;
     dsgd_result r;
     for (l = 0; l < m->num_layers; ++l) {
-        int in = m->dims[l], out = m->dims[l + 1];
-        const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-        dsgd_ref x = dsgd__ref(m->acts, m->act_off[l]), y = dsgd__ref(m->acts, m->act_off[l + 1]);
-        r = m->be.gemm(m->be.impl, 0, 0, M, out, in, 1.0f, x, in, dsgd__ref(m->params, k->offset), out, 0.0f, y, out);
-        if (r != DSGD_OK) return r;
-        r = m->be.bias_act_forward(m->be.impl, m->layers[l].activation, y, dsgd__ref(m->params, b->offset), M, out);
-        if (r != DSGD_OK) return r;
+        dsgd__dense L = dsgd__layer(m, l);
+        if ((r = dsgd__dense_forward(&m->be, &L, M)) != DSGD_OK) return r;
     }
     m->last_count = M;
     return DSGD_OK;
 }
 
-/* Given dlogits in delta half 0, fills the gradient buffer, layer L-1 down to 0. */
+/* Given dlogits in delta half 0, fills the gradient buffer, layer L-1 down
+   to 0; each layer's dy is the one above's dx, in the two delta halves in
+   turn. */
 static dsgd_result dsgd__model_backward(dsgd_model *m, int M) {
     int l, cur = 0;
     dsgd_result r;
     for (l = m->num_layers - 1; l >= 0; --l) {
-        int in = m->dims[l], out = m->dims[l + 1];
-        const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-        dsgd_ref d = dsgd__ref(m->delta, cur * m->delta_half);            /* (M, out) */
-        dsgd_ref dprev = dsgd__ref(m->delta, (1 - cur) * m->delta_half);  /* (M, in) */
-        dsgd_ref x = dsgd__ref(m->acts, m->act_off[l]);                   /* (M, in) */
-        if (m->layers[l].activation != DSGD_ACT_NONE) {
-            r = m->be.act_backward(m->be.impl, m->layers[l].activation, d,
-                                   dsgd__ref(m->acts, m->act_off[l + 1]), (size_t)M * out);
-            if (r != DSGD_OK) return r;
-        }
-        /* dW(in, out) = x^T d */
-        r = m->be.gemm(m->be.impl, 1, 0, in, out, M, 1.0f, x, in, d, out, 0.0f, dsgd__ref(m->grads, k->offset), out);
-        if (r != DSGD_OK) return r;
-        /* db(out) = column sums of d */
-        r = m->be.bias_backward(m->be.impl, dsgd__ref(m->grads, b->offset), d, M, out);
-        if (r != DSGD_OK) return r;
-        if (l > 0) {
-            /* dx(M, in) = d W^T */
-            r = m->be.gemm(m->be.impl, 0, 1, M, in, out, 1.0f, d, out, dsgd__ref(m->params, k->offset), out, 0.0f, dprev, in);
-            if (r != DSGD_OK) return r;
-            cur = 1 - cur;
-        }
+        dsgd__dense L = dsgd__layer(m, l);
+        dsgd_ref dy = dsgd__ref(m->delta, cur * m->delta_half);                        /* (M, out) */
+        dsgd_ref dx = dsgd__ref(l > 0 ? m->delta : NULL, (1 - cur) * m->delta_half);  /* (M, in) */
+        if ((r = dsgd__dense_backward(&m->be, dx, dy, &L, M)) != DSGD_OK) return r;
+        cur = 1 - cur;
     }
     return DSGD_OK;
+}
+
+/* The loss of the logits (M, output_dim) against the uploaded targets: the
+   loss sum and the correct count accumulate at stats; with dlogits.buf set,
+   dlogits (M, output_dim) = grad_scale * d(sum of losses)/d logits. */
+static dsgd_result dsgd__model_loss(dsgd_model *m, int M, float grad_scale, dsgd_ref dlogits, dsgd_ref stats) {
+    int top = m->num_layers;
+    return m->be.loss(m->be.impl, m->loss, M, m->dims[top], dsgd__ref(m->acts, m->act_off[top]),
+                      dsgd__ref(m->targets, 0), grad_scale, dlogits, stats);
 }
 
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x, const float *y, int count,
@@ -450,8 +530,7 @@ DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
     if (!y) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: y is NULL", what);
     if ((r = dsgd__model_upload(m, x, y, count, what)) != DSGD_OK) return r;
     if ((r = dsgd__model_forward(m, count)) != DSGD_OK) return r;
-    r = m->be.loss(m->be.impl, m->loss, count, m->dims[m->num_layers], dsgd__ref(m->acts, m->act_off[m->num_layers]),
-                   dsgd__ref(m->targets, 0), grad_scale, dsgd__ref(m->delta, 0), dsgd__ref(m->stats, 0));
+    r = dsgd__model_loss(m, count, grad_scale, dsgd__ref(m->delta, 0), dsgd__ref(m->stats, 0)); /* dlogits */
     if (r != DSGD_OK) return r;
     m->count[DSGD_METRICS_TRAIN] += count;
     return dsgd__model_backward(m, count);
@@ -463,8 +542,7 @@ DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x, const 
     if ((r = dsgd__model_upload(m, x, y, count, "dsgd_model_eval_batch")) != DSGD_OK) return r;
     if ((r = dsgd__model_forward(m, count)) != DSGD_OK) return r;
     if (!y) return DSGD_OK;
-    r = m->be.loss(m->be.impl, m->loss, count, m->dims[m->num_layers], dsgd__ref(m->acts, m->act_off[m->num_layers]),
-                   dsgd__ref(m->targets, 0), 0.0f, dsgd__ref(NULL, 0), dsgd__ref(m->stats, 2));
+    r = dsgd__model_loss(m, count, 0.0f, dsgd__ref(NULL, 0), dsgd__ref(m->stats, 2));
     if (r == DSGD_OK) m->count[DSGD_METRICS_EVAL] += count;
     return r;
 }
