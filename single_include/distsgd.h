@@ -2742,99 +2742,150 @@ static dsgd_result dsgd__csv_desc(dsgd_ctx *ctx, const dsgd_csv_desc *desc, dsgd
     return DSGD_OK;
 }
 
-/* The CSV text [text, text + len) (no NUL needed), named path in messages. */
+/* A CSV parse: the text, its name in messages, the checked desc, and what
+   pass 1 (the shape) found for pass 2 (the values). */
+typedef struct dsgd__csv {
+    dsgd_ctx *ctx;
+    const char *text, *stop, *path; /* the text is [text, stop) */
+    dsgd_csv_desc d;
+    float scale;                    /* feature_scale, 0 read as 1 */
+    size_t fields, rows;            /* of every data line; data lines */
+    int label_col;                  /* 1-based */
+    int max_label;                  /* the largest label seen, -1 before any */
+} dsgd__csv;
+
+/* The next data line after *p, skipping header and blank lines: sets
+   [*line, *end) (without its terminator) and *line_no (1-based, counting
+   every line) and moves *p past it; 0 at the end of the text. */
+static int dsgd__csv_next(const dsgd__csv *cs, const char **p, size_t *line_no, const char **line,
+                          const char **end) {
+    while (*p < cs->stop) {
+        *line = *p;
+        ++*line_no;
+        *p = dsgd__csv_line(*p, cs->stop, end);
+        if ((int)*line_no > cs->d.header_lines && !dsgd__csv_blank(*line, *end)) return 1;
+    }
+    return 0;
+}
+
+/* Pass 1, the shape: every data line has the first one's number of fields
+   (2 or more) and no NUL byte; sets rows, fields and label_col. */
+static dsgd_result dsgd__csv_shape(dsgd__csv *cs) {
+    const char *p = cs->text, *line, *end;
+    size_t line_no = 0, nf;
+    while (dsgd__csv_next(cs, &p, &line_no, &line, &end)) {
+        if (memchr(line, '\0', (size_t)(end - line)))
+            return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT, "%s: line %zu holds a NUL byte", cs->path, line_no);
+        nf = dsgd__csv_fields(line, end);
+        if (cs->rows == 0) {
+            cs->fields = nf;
+            if (nf < 2 || nf > (1u << 20))
+                return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT,
+                                          "%s: line %zu has %zu fields; need 2 or more (features and a label)",
+                                          cs->path, line_no, nf);
+        } else if (nf != cs->fields) {
+            return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT, "%s: line %zu has %zu fields, the first data line has %zu",
+                                      cs->path, line_no, nf, cs->fields);
+        }
+        ++cs->rows;
+    }
+    if (cs->rows == 0) return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT, "%s: no data lines", cs->path);
+    cs->label_col = cs->d.label_column == 0 ? (int)cs->fields : cs->d.label_column;
+    if ((size_t)cs->label_col > cs->fields)
+        return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT, "%s: label column %d, but lines have %zu fields", cs->path,
+                                  cs->label_col, cs->fields);
+    return DSGD_OK;
+}
+
+/* How much of the field [f, fe) a message shows. */
+static int dsgd__csv_shown(const char *f, const char *fe) { return (int)DSGD__MIN((size_t)(fe - f), (size_t)40); }
+
+/* The label of a row: v must be an integer in [0, num_classes) (num_classes
+   0: [0, 2^20)). col is 0-based. */
+static dsgd_result dsgd__csv_label(dsgd__csv *cs, double v, size_t line_no, size_t col, float *y) {
+    int limit = cs->d.num_classes ? cs->d.num_classes : (1 << 20);
+    if (v != floor(v) || v < 0 || v >= limit)
+        return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT, "%s: line %zu, column %zu: label %g is not an integer in [0, %d)",
+                                  cs->path, line_no, col + 1, v, limit);
+    *y = (float)v;
+    if ((int)v > cs->max_label) cs->max_label = (int)v;
+    return DSGD_OK;
+}
+
+/* A feature, the field [f, fe) read as v: scaled in double, then checked as
+   a float (1e300, or a finite field times a large scale, would be an
+   infinite float). col is 0-based. */
+static dsgd_result dsgd__csv_feature(const dsgd__csv *cs, double v, const char *f, const char *fe, size_t line_no,
+                                     size_t col, float *x) {
+    float xv = (float)(v * (double)cs->scale);
+    if (!isfinite(xv))
+        return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT,
+                                  "%s: line %zu, column %zu: '%.*s' times feature_scale %g is outside the float range",
+                                  cs->path, line_no, col + 1, dsgd__csv_shown(f, fe), f, (double)cs->scale);
+    *x = xv;
+    return DSGD_OK;
+}
+
+/* Pass 2, one data line [line, end) (pass 1 checked its field count) into
+   row `row` of out: the label into y, the other fields, in order, into x. */
+static dsgd_result dsgd__csv_row(dsgd__csv *cs, const char *line, const char *end, size_t line_no, size_t row,
+                                 dsgd_dataset *out) {
+    const char *f = line, *fe;
+    size_t col, c;
+    double v;
+    dsgd_result r;
+    for (col = 0; col < cs->fields; ++col) {
+        fe = f;
+        while (fe < end && *fe != ',') ++fe;
+        if (!dsgd__csv_number(f, fe, &v))
+            return dsgd_ctx_set_error(cs->ctx, DSGD_ERR_FORMAT, "%s: line %zu, column %zu: '%.*s' is not a finite number",
+                                      cs->path, line_no, col + 1, dsgd__csv_shown(f, fe), f);
+        if ((int)col + 1 == cs->label_col) {
+            r = dsgd__csv_label(cs, v, line_no, col, &out->y[row]);
+        } else {
+            c = (int)col + 1 > cs->label_col ? col - 1 : col; /* x skips the label column */
+            r = dsgd__csv_feature(cs, v, f, fe, line_no, col, &out->x[row * out->dim + c]);
+        }
+        if (r != DSGD_OK) return r;
+        f = fe + 1;
+    }
+    return DSGD_OK;
+}
+
+/* Pass 2, the values: every data line into the next row of out. */
+static dsgd_result dsgd__csv_values(dsgd__csv *cs, dsgd_dataset *out) {
+    const char *p = cs->text, *line, *end;
+    size_t line_no = 0, row = 0;
+    dsgd_result r;
+    while (dsgd__csv_next(cs, &p, &line_no, &line, &end)) {
+        DSGD_ASSERT(row < cs->rows);
+        if ((r = dsgd__csv_row(cs, line, end, line_no, row++, out)) != DSGD_OK) return r;
+    }
+    return DSGD_OK;
+}
+
+/* The CSV text [text, text + len) (no NUL needed), named path in messages:
+   the shape (pass 1), the dataset, the values (pass 2). */
 static dsgd_result dsgd__parse_csv(dsgd_ctx *ctx, const char *text, size_t len, const char *path,
                                    const dsgd_csv_desc *dp, dsgd_dataset *out) {
-    dsgd_csv_desc d = *dp;
-    size_t fields = 0, rows = 0, line_no, row;
-    const char *p, *stop = text + len, *end;
-    int label_col, max_label = -1, c;
-    float scale = d.feature_scale == 0.0f ? 1.0f : d.feature_scale;
-    dsgd_result r = DSGD_OK;
-
-    /* pass 1: shape */
-    p = text;
-    for (line_no = 1; p < stop; ++line_no) {
-        const char *line = p;
-        size_t nf;
-        p = dsgd__csv_line(p, stop, &end);
-        if ((int)line_no <= d.header_lines || dsgd__csv_blank(line, end)) continue;
-        if (memchr(line, '\0', (size_t)(end - line))) {
-            r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu holds a NUL byte", path, line_no);
-            break;
-        }
-        nf = dsgd__csv_fields(line, end);
-        if (rows == 0) {
-            fields = nf;
-            if (fields < 2 || fields > (1u << 20)) {
-                r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu has %zu fields; need 2 or more (features and a label)",
-                                       path, line_no, fields);
-                break;
-            }
-        } else if (nf != fields) {
-            r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu has %zu fields, the first data line has %zu", path,
-                                   line_no, nf, fields);
-            break;
-        }
-        ++rows;
-    }
-    if (r == DSGD_OK && rows == 0) r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: no data lines", path);
-    label_col = d.label_column == 0 ? (int)fields : d.label_column;
-    if (r == DSGD_OK && (size_t)label_col > fields)
-        r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: label column %d, but lines have %zu fields", path, label_col, fields);
-    if (r == DSGD_OK) r = dsgd_dataset_alloc(ctx, rows, (int)fields - 1, 1, d.num_classes, out);
-
-    /* pass 2: values */
-    p = text;
-    row = 0;
-    for (line_no = 1; r == DSGD_OK && p < stop; ++line_no) {
-        const char *line = p, *f;
-        size_t col = 0;
-        p = dsgd__csv_line(p, stop, &end);
-        if ((int)line_no <= d.header_lines || dsgd__csv_blank(line, end)) continue;
-        for (f = line; r == DSGD_OK && col < fields; ++col) {
-            const char *fe = f;
-            double v;
-            while (fe < end && *fe != ',') ++fe;
-            if (!dsgd__csv_number(f, fe, &v)) {
-                int shown = (int)DSGD__MIN((size_t)(fe - f), (size_t)40);
-                r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s: line %zu, column %zu: '%.*s' is not a finite number",
-                                       path, line_no, col + 1, shown, f);
-                break;
-            }
-            if ((int)col + 1 == label_col) {
-                if (v != floor(v) || v < 0 || v >= (d.num_classes ? d.num_classes : (1 << 20))) {
-                    r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
-                                           "%s: line %zu, column %zu: label %g is not an integer in [0, %d)", path, line_no,
-                                           col + 1, v, d.num_classes ? d.num_classes : (1 << 20));
-                    break;
-                }
-                out->y[row] = (float)v;
-                if ((int)v > max_label) max_label = (int)v;
-            } else {
-                /* in double, then checked: 1e300, or a finite field times a
-                   large scale, would be an infinite float */
-                float xv = (float)(v * (double)scale);
-                if (!isfinite(xv)) {
-                    int shown = (int)DSGD__MIN((size_t)(fe - f), (size_t)40);
-                    r = dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT,
-                                           "%s: line %zu, column %zu: '%.*s' times feature_scale %g is outside the "
-                                           "float range",
-                                           path, line_no, col + 1, shown, f, (double)scale);
-                    break;
-                }
-                c = (int)col - ((int)col + 1 > label_col ? 1 : 0);
-                out->x[row * out->dim + (size_t)c] = xv;
-            }
-            f = fe + 1;
-        }
-        ++row;
-    }
+    dsgd__csv cs;
+    dsgd_result r;
+    memset(&cs, 0, sizeof(cs));
+    cs.ctx = ctx;
+    cs.text = text;
+    cs.stop = text + len;
+    cs.path = path;
+    cs.d = *dp;
+    cs.scale = dp->feature_scale == 0.0f ? 1.0f : dp->feature_scale;
+    cs.max_label = -1;
+    r = dsgd__csv_shape(&cs);
+    if (r == DSGD_OK) r = dsgd_dataset_alloc(ctx, cs.rows, (int)cs.fields - 1, 1, cs.d.num_classes, out);
+    if (r == DSGD_OK) r = dsgd__csv_values(&cs, out);
     if (r != DSGD_OK) {
         dsgd_dataset_free(out);
         return r;
     }
-    if (!d.num_classes) out->num_classes = max_label + 1;
+    if (!cs.d.num_classes) out->num_classes = cs.max_label + 1;
     return DSGD_OK;
 }
 
