@@ -2847,7 +2847,7 @@ static dsgd_result dsgd__csv_row(dsgd__csv *cs, const char *line, const char *en
             r = dsgd__csv_feature(cs, v, f, fe, line_no, col, &out->x[row * out->dim + c]);
         }
         if (r != DSGD_OK) return r;
-        f = fe + 1;
+        f = fe < end ? fe + 1 : end; /* past the comma, never beyond end */
     }
     return DSGD_OK;
 }
