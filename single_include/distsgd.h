@@ -3296,44 +3296,18 @@ static void dsgd__lb_default_spin(dsgd_loopback *hub) {
     hub->spin_ns = DSGD__LB_SPIN_NS;
 }
 
-DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out) {
-    dsgd_loopback *hub;
+/* Creates every endpoint's mutex and condition variable; on failure returns 0
+   with none of them left. Timed waits use CLOCK_MONOTONIC where the platform
+   allows it, so that a wall-clock jump neither fires nor stretches a
+   deadline. */
+static int dsgd__lb_sync_init(dsgd_loopback *hub) {
     pthread_condattr_t ca;
-    size_t npairs;
     int i, inited = 0;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_loopback_create: out is NULL");
-    *out = NULL;
-    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
-    if (n < 1 || n > 4096)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_loopback_create: %d ranks (need 1..4096)", n);
-    hub = (dsgd_loopback *)dsgd__alloc(ctx, sizeof(*hub), "loopback_create");
-    if (!hub) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(hub, 0, sizeof(*hub));
-    hub->ctx = ctx;
-    hub->n = n;
-    dsgd__lb_default_spin(hub);
-    npairs = (size_t)n * (size_t)n;
-    hub->ep_mem = dsgd__alloc(ctx, sizeof(dsgd__lb_ep) * (size_t)n + DSGD__LB_LINE, "loopback_create");
-    hub->pair_mem = dsgd__alloc(ctx, sizeof(dsgd__lb_pair) * npairs + DSGD__LB_LINE, "loopback_create");
-    if (!hub->ep_mem || !hub->pair_mem) {
-        DSGD_FREE(hub->ep_mem);
-        DSGD_FREE(hub->pair_mem);
-        DSGD_FREE(hub);
-        return DSGD_ERR_OUT_OF_MEMORY;
-    }
-    hub->ep = (dsgd__lb_ep *)dsgd__align_up(hub->ep_mem);
-    hub->pair = (dsgd__lb_pair *)dsgd__align_up(hub->pair_mem);
-    memset(hub->ep, 0, sizeof(dsgd__lb_ep) * (size_t)n);
-    memset(hub->pair, 0, sizeof(dsgd__lb_pair) * npairs);
-
-    /* Timed waits on CLOCK_MONOTONIC where the platform allows it, so that a
-       wall-clock jump neither fires nor stretches a deadline. */
-    if (pthread_condattr_init(&ca) != 0) goto fail;
+    if (pthread_condattr_init(&ca) != 0) return 0;
 #if !defined(__APPLE__)
     hub->cond_monotonic = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0;
 #endif
-    for (i = 0; i < n; ++i) {
+    for (i = 0; i < hub->n; ++i) {
         dsgd__lb_ep *e = &hub->ep[i];
         e->hub = hub;
         e->rank = i;
@@ -3345,21 +3319,50 @@ DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **
         ++inited;
     }
     pthread_condattr_destroy(&ca);
-    if (inited < n) {
-        for (i = 0; i < inited; ++i) {
-            pthread_cond_destroy(&hub->ep[i].cv);
-            pthread_mutex_destroy(&hub->ep[i].mu);
-        }
-        goto fail;
+    if (inited == hub->n) return 1;
+    for (i = 0; i < inited; ++i) {
+        pthread_cond_destroy(&hub->ep[i].cv);
+        pthread_mutex_destroy(&hub->ep[i].mu);
+    }
+    return 0;
+}
+
+DSGD_API dsgd_result dsgd_loopback_create(dsgd_ctx *ctx, int n, dsgd_loopback **out) {
+    dsgd_loopback *hub;
+    size_t npairs;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_loopback_create: out is NULL");
+    *out = NULL;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (n < 1 || n > 4096)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_loopback_create: %d ranks (need 1..4096)", n);
+    hub = (dsgd_loopback *)dsgd__alloc(ctx, sizeof(*hub), "dsgd_loopback_create");
+    if (!hub) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(hub, 0, sizeof(*hub));
+    hub->ctx = ctx;
+    hub->n = n;
+    dsgd__lb_default_spin(hub);
+    npairs = (size_t)n * (size_t)n;
+    hub->ep_mem = dsgd__alloc(ctx, sizeof(dsgd__lb_ep) * (size_t)n + DSGD__LB_LINE, "dsgd_loopback_create");
+    hub->pair_mem = dsgd__alloc(ctx, sizeof(dsgd__lb_pair) * npairs + DSGD__LB_LINE, "dsgd_loopback_create");
+    if (!hub->ep_mem || !hub->pair_mem) {
+        DSGD_FREE(hub->ep_mem);
+        DSGD_FREE(hub->pair_mem);
+        DSGD_FREE(hub);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    hub->ep = (dsgd__lb_ep *)dsgd__align_up(hub->ep_mem);
+    hub->pair = (dsgd__lb_pair *)dsgd__align_up(hub->pair_mem);
+    memset(hub->ep, 0, sizeof(dsgd__lb_ep) * (size_t)n);
+    memset(hub->pair, 0, sizeof(dsgd__lb_pair) * npairs);
+    if (!dsgd__lb_sync_init(hub)) {
+        DSGD_FREE(hub->ep_mem);
+        DSGD_FREE(hub->pair_mem);
+        DSGD_FREE(hub);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "dsgd_loopback_create: cannot create a pthread mutex or condition");
     }
     *out = hub;
     return DSGD_OK;
-
-fail:
-    DSGD_FREE(hub->ep_mem);
-    DSGD_FREE(hub->pair_mem);
-    DSGD_FREE(hub);
-    return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "dsgd_loopback_create: cannot create a pthread mutex or condition");
 }
 
 DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub) {
@@ -3432,163 +3435,259 @@ static dsgd_result dsgd__lb_fail(dsgd__lb_ep *e, dsgd_result r, const char *what
     return r;
 }
 
+/* >>loopback transfer ------------------------------------------------------ */
+/* One transfer (dsgd__lb_xfer) posts at most one message and takes at most
+   one, each direction in its own phase:
+     send:    TO_POST -> DONE (eager: copied into the slot)
+              TO_POST -> POSTED -> DONE (rendezvous: done once the receiver
+                                        has consumed it)
+     receive: TO_POST -> DONE (taken: copied or reduced, slot released)
+   A direction that is not part of the transfer starts DONE. On failure a
+   POSTED send is withdrawn before returning (dsgd__lb_cancel_send), so the
+   sender's buffer is never read after the transfer returns. */
+typedef enum dsgd__lb_phase { DSGD__LB_DONE = 0, DSGD__LB_TO_POST = 1, DSGD__LB_POSTED = 2 } dsgd__lb_phase;
+
+typedef struct dsgd__lb_transfer {
+    dsgd__lb_ep *e;
+    /* send: to dst through out */
+    int dst;
+    uint64_t stag;
+    const void *sbuf;
+    size_t sbytes;
+    dsgd__lb_pair *out;
+    dsgd__lb_phase send;
+    uint64_t send_idx; /* the POSTED message's index in out */
+    /* receive: from src through in, copied (op < 0) or reduced into rbuf */
+    int src;
+    uint64_t rtag;
+    void *rbuf;
+    size_t rbytes;
+    int op;
+    dsgd__lb_pair *in;
+    dsgd__lb_phase recv;
+    /* waiting: the spin since the last progress */
+    long spun_ns;
+    double spin_start;
+    int spins;
+    int blame; /* the peer a failure is attributed to */
+} dsgd__lb_transfer;
+
+/* The send phase: into the next slot of out if the queue has room; eager
+   messages are copied, larger ones posted by pointer (rendezvous). */
+static dsgd_result dsgd__lb_post_send(dsgd__lb_transfer *x, int *progressed) {
+    dsgd__lb_pair *out = x->out;
+    uint64_t tail = DSGD__LOAD_RLX(&out->tail);
+    dsgd__lb_slot *s;
+    DSGD_ASSERT(x->send == DSGD__LB_TO_POST);
+    if (tail - DSGD__LOAD_ACQ(&out->head) >= DSGD__LB_QUEUE) return DSGD_OK; /* full */
+    s = &out->slot[tail % DSGD__LB_QUEUE];
+    /* head has passed the slot's last message, so its receiver has claimed
+       it (or seen it withdrawn) and is done with it */
+    DSGD_ASSERT(DSGD__LOAD_RLX(&s->state) != DSGD__LB_RDV);
+    s->tag = x->stag;
+    s->bytes = x->sbytes;
+    if (x->sbytes <= DSGD__LB_EAGER_MAX) {
+        if (s->cap < x->sbytes) {
+            void *p = DSGD_REALLOC(s->store, x->sbytes);
+            if (!p) {
+                x->blame = x->dst;
+                return dsgd__lb_fail(x->e, DSGD_ERR_OUT_OF_MEMORY, "out of memory for a message to", x->dst);
+            }
+            s->store = p;
+            s->cap = x->sbytes;
+        }
+        if (x->sbytes) memcpy(s->store, x->sbuf, x->sbytes);
+        s->ptr = s->store;
+        DSGD__STORE_RLX(&s->state, (int)DSGD__LB_EAGER);
+        x->send = DSGD__LB_DONE;
+    } else {
+        s->ptr = x->sbuf;
+        DSGD__STORE_RLX(&s->state, (int)DSGD__LB_RDV);
+        x->send_idx = tail;
+        x->send = DSGD__LB_POSTED;
+    }
+    DSGD__STORE_SC(&out->tail, tail + 1); /* publishes the slot */
+    dsgd__lb_wake(&x->e->hub->ep[x->dst]);
+    *progressed = 1;
+    return DSGD_OK;
+}
+
+/* The receive phase met a message that is not the expected one: it stays in
+   place (unclaimed), since the ranks are out of step. */
+static dsgd_result dsgd__lb_desync(dsgd__lb_transfer *x, const dsgd__lb_slot *s) {
+    dsgd__lb_ep *e = x->e;
+    x->blame = x->src;
+    if (s->tag != x->rtag)
+        snprintf(e->err, sizeof(e->err),
+                 "loopback rank %d: the message from rank %d has tag %016llx, expected %016llx "
+                 "(ranks out of step?)",
+                 e->rank, x->src, (unsigned long long)s->tag, (unsigned long long)x->rtag);
+    else
+        snprintf(e->err, sizeof(e->err),
+                 "loopback rank %d: the message from rank %d has %zu bytes, expected %zu "
+                 "(different counts on different ranks?)",
+                 e->rank, x->src, s->bytes, x->rbytes);
+    return DSGD_ERR_DESYNC;
+}
+
+/* The receive phase: takes the next message of in, if there is one, into
+   rbuf; a rendezvous slot is claimed first (RDV -> TAKEN) unless its sender
+   has withdrawn it. Releasing the slot (head + 1) also completes a
+   rendezvous sender. */
+static dsgd_result dsgd__lb_take(dsgd__lb_transfer *x, int *progressed) {
+    dsgd__lb_pair *in = x->in;
+    uint64_t head = DSGD__LOAD_RLX(&in->head);
+    dsgd__lb_slot *s;
+    int st;
+    DSGD_ASSERT(x->recv == DSGD__LB_TO_POST);
+    if (DSGD__LOAD_ACQ(&in->tail) <= head) return DSGD_OK; /* nothing yet */
+    s = &in->slot[head % DSGD__LB_QUEUE];
+    st = DSGD__LOAD_ACQ(&s->state);
+    /* published and not consumed: only this receiver claims or releases it */
+    DSGD_ASSERT(st == DSGD__LB_EAGER || st == DSGD__LB_RDV || st == DSGD__LB_CANCELLED);
+    if (st != DSGD__LB_CANCELLED && (s->tag != x->rtag || s->bytes != x->rbytes)) return dsgd__lb_desync(x, s);
+    if (st == DSGD__LB_RDV) { /* claim it, unless its sender withdraws it first */
+        int expect = DSGD__LB_RDV;
+        if (!DSGD__CAS(&s->state, &expect, (int)DSGD__LB_TAKEN)) st = expect;
+        DSGD_ASSERT(st == DSGD__LB_RDV || st == DSGD__LB_CANCELLED);
+    }
+    if (st == DSGD__LB_CANCELLED) {
+        DSGD__STORE_SC(&in->head, head + 1);
+        dsgd__lb_wake(&x->e->hub->ep[x->src]);
+        x->blame = x->src;
+        return dsgd__lb_fail(x->e, DSGD_ERR_ABORTED, "a message was withdrawn (its sender failed) by", x->src);
+    }
+    if (x->rbytes) {
+        if (x->op < 0) memcpy(x->rbuf, s->ptr, x->rbytes);
+        else dsgd__reduce_into((float *)x->rbuf, (const float *)s->ptr, x->rbytes / sizeof(float),
+                               (dsgd_reduce_op)x->op, 0);
+    }
+    DSGD__STORE_SC(&in->head, head + 1); /* releases the slot (and a rendezvous sender) */
+    dsgd__lb_wake(&x->e->hub->ep[x->src]);
+    x->recv = DSGD__LB_DONE;
+    *progressed = 1;
+    return DSGD_OK;
+}
+
+/* A POSTED send is DONE once its receiver has released the slot. */
+static int dsgd__lb_send_consumed(dsgd__lb_transfer *x) {
+    DSGD_ASSERT(x->send == DSGD__LB_POSTED);
+    if (DSGD__LOAD_ACQ(&x->out->head) <= x->send_idx) return 0;
+    x->send = DSGD__LB_DONE;
+    return 1;
+}
+
+/* The transfer cannot go on (abort, deadline): blames the peer of the
+   pending receive, else of the pending send. */
+static dsgd_result dsgd__lb_stuck(dsgd__lb_transfer *x, dsgd_result r, const char *what) {
+    DSGD_ASSERT(x->send != DSGD__LB_DONE || x->recv != DSGD__LB_DONE);
+    x->blame = x->recv != DSGD__LB_DONE ? x->src : x->dst;
+    return dsgd__lb_fail(x->e, r, what, x->blame);
+}
+
+/* One round of waiting without progress: spins for spin_ns (a pause
+   instruction up to pause_ns, reading the clock every 64 pauses, then
+   sched_yield()). Returns 0 once the spin budget is spent. */
+static int dsgd__lb_spin(dsgd__lb_transfer *x) {
+    dsgd_loopback *hub = x->e->hub;
+    if (x->spins == 0) x->spin_start = dsgd_now();
+    if (x->spun_ns >= hub->spin_ns) return 0;
+    if (x->spun_ns < hub->pause_ns) {
+        DSGD__PAUSE();
+        if ((++x->spins & 63) == 0) x->spun_ns = (long)((dsgd_now() - x->spin_start) * 1e9);
+    } else {
+        sched_yield();
+        ++x->spins;
+        x->spun_ns = (long)((dsgd_now() - x->spin_start) * 1e9);
+    }
+    return 1;
+}
+
+/* Whether a phase could progress now (or the hub is aborted); SC loads, for
+   the re-check under the endpoint's mutex. */
+static int dsgd__lb_ready(const dsgd__lb_transfer *x) {
+    return (x->send == DSGD__LB_TO_POST &&
+            DSGD__LOAD_SC(&x->out->tail) - DSGD__LOAD_SC(&x->out->head) < DSGD__LB_QUEUE) ||
+           (x->recv == DSGD__LB_TO_POST && DSGD__LOAD_SC(&x->in->tail) > DSGD__LOAD_RLX(&x->in->head)) ||
+           (x->send == DSGD__LB_POSTED && DSGD__LOAD_SC(&x->out->head) > x->send_idx) ||
+           DSGD__LOAD_SC(&x->e->hub->aborted);
+}
+
+/* Sleeps on the endpoint's condition variable until a peer wakes it, the
+   deadline or a second passes; then spins again (the next message often
+   follows). */
+static void dsgd__lb_sleep(dsgd__lb_transfer *x, double deadline) {
+    dsgd__lb_ep *e = x->e;
+    pthread_mutex_lock(&e->mu);
+    DSGD__STORE_SC(&e->sleeping, 1);
+    if (!dsgd__lb_ready(x)) dsgd__lb_timedwait(e, deadline);
+    DSGD__STORE_SC(&e->sleeping, 0);
+    pthread_mutex_unlock(&e->mu);
+    x->spins = 0;
+    x->spun_ns = 0;
+}
+
+/* Withdraws a POSTED send after a failure; if the receiver has claimed it,
+   waits for it to finish reading (one copy, so this is short). */
+static void dsgd__lb_cancel_send(dsgd__lb_transfer *x) {
+    dsgd__lb_slot *s = &x->out->slot[x->send_idx % DSGD__LB_QUEUE];
+    DSGD_ASSERT(x->send == DSGD__LB_POSTED);
+    for (;;) {
+        int expect = DSGD__LB_RDV;
+        if (DSGD__CAS(&s->state, &expect, (int)DSGD__LB_CANCELLED)) break;
+        if (DSGD__LOAD_ACQ(&x->out->head) > x->send_idx) break;
+        sched_yield();
+    }
+}
+
 /* The one transfer routine: posts a message to dst (dst >= 0) and takes one
    from src (src >= 0), copying it into rbuf (op < 0) or reducing it into rbuf
    as floats (op >= 0), until both are done, the deadline passes or the hub
-   is aborted. */
+   is aborted. dst and src are -1 or other ranks of the hub (the callers
+   check). */
 static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const void *sbuf,
                                  size_t sbytes, int src, uint64_t rtag, void *rbuf,
                                  size_t rbytes, int op, double deadline, int *failed_peer) {
     dsgd_loopback *hub = e->hub;
-    int n = hub->n, me = e->rank;
-    dsgd__lb_pair *out = dst >= 0 ? &hub->pair[(size_t)me * (size_t)n + (size_t)dst] : NULL;
-    dsgd__lb_pair *in = src >= 0 ? &hub->pair[(size_t)src * (size_t)n + (size_t)me] : NULL;
-    int send_state = dst >= 0 ? 1 : 0; /* 1: to post, 2: rendezvous posted, 0: done */
-    int recv_state = src >= 0 ? 1 : 0;
-    uint64_t send_idx = 0;
-    long spun_ns = 0;
-    double spin_start = 0;
-    int spins = 0;
+    size_t n = (size_t)hub->n, me = (size_t)e->rank;
+    dsgd__lb_transfer x;
     dsgd_result r = DSGD_OK;
-    int blame = -1;
-
+    DSGD_ASSERT(dst >= -1 && dst < hub->n && dst != e->rank && src >= -1 && src < hub->n && src != e->rank);
+    DSGD_ASSERT(op < (int)DSGD_REDUCE_COUNT && (op < 0 || rbytes % sizeof(float) == 0));
+    memset(&x, 0, sizeof(x));
+    x.e = e;
+    x.dst = dst; x.stag = stag; x.sbuf = sbuf; x.sbytes = sbytes;
+    x.out = dst >= 0 ? &hub->pair[me * n + (size_t)dst] : NULL;
+    x.send = dst >= 0 ? DSGD__LB_TO_POST : DSGD__LB_DONE;
+    x.src = src; x.rtag = rtag; x.rbuf = rbuf; x.rbytes = rbytes; x.op = op;
+    x.in = src >= 0 ? &hub->pair[(size_t)src * n + me] : NULL;
+    x.recv = src >= 0 ? DSGD__LB_TO_POST : DSGD__LB_DONE;
+    x.blame = -1;
     for (;;) {
         int progressed = 0;
-        if (send_state == 1) {
-            uint64_t tail = DSGD__LOAD_RLX(&out->tail);
-            if (tail - DSGD__LOAD_ACQ(&out->head) < DSGD__LB_QUEUE) {
-                dsgd__lb_slot *s = &out->slot[tail % DSGD__LB_QUEUE];
-                s->tag = stag;
-                s->bytes = sbytes;
-                if (sbytes <= DSGD__LB_EAGER_MAX) {
-                    if (s->cap < sbytes) {
-                        void *p = DSGD_REALLOC(s->store, sbytes);
-                        if (!p) {
-                            blame = dst;
-                            r = dsgd__lb_fail(e, DSGD_ERR_OUT_OF_MEMORY, "out of memory for a message to", dst);
-                            goto fail;
-                        }
-                        s->store = p;
-                        s->cap = sbytes;
-                    }
-                    if (sbytes) memcpy(s->store, sbuf, sbytes);
-                    s->ptr = s->store;
-                    DSGD__STORE_RLX(&s->state, (int)DSGD__LB_EAGER);
-                    send_state = 0;
-                } else {
-                    s->ptr = sbuf;
-                    DSGD__STORE_RLX(&s->state, (int)DSGD__LB_RDV);
-                    send_idx = tail;
-                    send_state = 2;
-                }
-                DSGD__STORE_SC(&out->tail, tail + 1); /* publishes the slot */
-                dsgd__lb_wake(&hub->ep[dst]);
-                progressed = 1;
-            }
-        }
-        if (recv_state == 1) {
-            uint64_t head = DSGD__LOAD_RLX(&in->head);
-            if (DSGD__LOAD_ACQ(&in->tail) > head) {
-                dsgd__lb_slot *s = &in->slot[head % DSGD__LB_QUEUE];
-                int st = DSGD__LOAD_ACQ(&s->state);
-                blame = src;
-                if (st != DSGD__LB_CANCELLED && (s->tag != rtag || s->bytes != rbytes)) {
-                    /* Leave the message in place (unclaimed): the ranks are out of step. */
-                    if (s->tag != rtag) {
-                        snprintf(e->err, sizeof(e->err),
-                                 "loopback rank %d: the message from rank %d has tag %016llx, expected %016llx "
-                                 "(ranks out of step?)",
-                                 me, src, (unsigned long long)s->tag, (unsigned long long)rtag);
-                        r = DSGD_ERR_DESYNC;
-                    } else {
-                        snprintf(e->err, sizeof(e->err),
-                                 "loopback rank %d: the message from rank %d has %zu bytes, expected %zu "
-                                 "(different counts on different ranks?)",
-                                 me, src, s->bytes, rbytes);
-                        r = DSGD_ERR_DESYNC;
-                    }
-                    goto fail;
-                }
-                if (st == DSGD__LB_RDV) { /* claim it, unless its sender withdraws it first */
-                    int expect = DSGD__LB_RDV;
-                    if (!DSGD__CAS(&s->state, &expect, (int)DSGD__LB_TAKEN)) st = expect;
-                }
-                if (st == DSGD__LB_CANCELLED) {
-                    DSGD__STORE_SC(&in->head, head + 1);
-                    dsgd__lb_wake(&hub->ep[src]);
-                    r = dsgd__lb_fail(e, DSGD_ERR_ABORTED, "a message was withdrawn (its sender failed) by", src);
-                    goto fail;
-                }
-                if (rbytes) {
-                    if (op < 0) memcpy(rbuf, s->ptr, rbytes);
-                    else dsgd__reduce_into((float *)rbuf, (const float *)s->ptr, rbytes / sizeof(float),
-                                           (dsgd_reduce_op)op, 0);
-                }
-                DSGD__STORE_SC(&in->head, head + 1); /* releases the slot (and a rendezvous sender) */
-                dsgd__lb_wake(&hub->ep[src]);
-                recv_state = 0;
-                progressed = 1;
-            }
-        }
-        if (send_state == 2 && DSGD__LOAD_ACQ(&out->head) > send_idx) {
-            send_state = 0;
-            progressed = 1;
-        }
-        if (!send_state && !recv_state) return DSGD_OK;
+        if (x.send == DSGD__LB_TO_POST && (r = dsgd__lb_post_send(&x, &progressed)) != DSGD_OK) break;
+        if (x.recv == DSGD__LB_TO_POST && (r = dsgd__lb_take(&x, &progressed)) != DSGD_OK) break;
+        if (x.send == DSGD__LB_POSTED) progressed |= dsgd__lb_send_consumed(&x);
+        if (x.send == DSGD__LB_DONE && x.recv == DSGD__LB_DONE) return DSGD_OK;
         if (DSGD__LOAD_ACQ(&hub->aborted)) {
-            blame = recv_state ? src : dst;
-            r = dsgd__lb_fail(e, DSGD_ERR_ABORTED, "the hub was aborted while waiting for", blame);
-            goto fail;
+            r = dsgd__lb_stuck(&x, DSGD_ERR_ABORTED, "the hub was aborted while waiting for");
+            break;
         }
         if (progressed) {
-            spins = 0;
-            spun_ns = 0;
+            x.spins = 0;
+            x.spun_ns = 0;
             continue;
         }
-        /* Spin for spin_ns (reading the clock every 64 pauses), then sleep. */
-        if (spins == 0) spin_start = dsgd_now();
-        if (spun_ns < hub->spin_ns) {
-            if (spun_ns < hub->pause_ns) {
-                DSGD__PAUSE();
-                if ((++spins & 63) == 0) spun_ns = (long)((dsgd_now() - spin_start) * 1e9);
-            } else {
-                sched_yield();
-                ++spins;
-                spun_ns = (long)((dsgd_now() - spin_start) * 1e9);
-            }
-            continue;
-        }
+        if (dsgd__lb_spin(&x)) continue;
         if (dsgd_now() >= deadline) {
-            blame = recv_state ? src : dst;
-            r = dsgd__lb_fail(e, DSGD_ERR_TIMEOUT, "the deadline passed while waiting for", blame);
-            goto fail;
+            r = dsgd__lb_stuck(&x, DSGD_ERR_TIMEOUT, "the deadline passed while waiting for");
+            break;
         }
-        pthread_mutex_lock(&e->mu);
-        DSGD__STORE_SC(&e->sleeping, 1);
-        if (!(send_state == 1 && DSGD__LOAD_SC(&out->tail) - DSGD__LOAD_SC(&out->head) < DSGD__LB_QUEUE) &&
-            !(recv_state == 1 && DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head)) &&
-            !(send_state == 2 && DSGD__LOAD_SC(&out->head) > send_idx) && !DSGD__LOAD_SC(&hub->aborted))
-            dsgd__lb_timedwait(e, deadline);
-        DSGD__STORE_SC(&e->sleeping, 0);
-        pthread_mutex_unlock(&e->mu);
-        /* After a wake-up spin again: the next message often follows. */
-        spins = 0;
-        spun_ns = 0;
+        dsgd__lb_sleep(&x, deadline);
     }
-
-fail:
-    if (send_state == 2) {
-        /* Withdraw the posted buffer; if the receiver has claimed it, wait
-           for it to finish reading (one copy, so this is short). */
-        dsgd__lb_slot *s = &out->slot[send_idx % DSGD__LB_QUEUE];
-        for (;;) {
-            int expect = DSGD__LB_RDV;
-            if (DSGD__CAS(&s->state, &expect, (int)DSGD__LB_CANCELLED)) break;
-            if (DSGD__LOAD_ACQ(&out->head) > send_idx) break;
-            sched_yield();
-        }
-    }
-    if (failed_peer) *failed_peer = blame;
+    DSGD_ASSERT(r != DSGD_OK && x.blame >= 0 && x.blame < hub->n);
+    if (x.send == DSGD__LB_POSTED) dsgd__lb_cancel_send(&x);
+    if (failed_peer) *failed_peer = x.blame;
     return r;
 }
 
