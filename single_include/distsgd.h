@@ -537,7 +537,7 @@ DSGD__PRIVATE void *dsgd__alloc(dsgd_ctx *ctx, size_t bytes, const char *what) {
     return p;
 }
 
-/* n * size, or 0 on overflow (callers treat 0 from non-zero operands as overflow). */
+/* *out = a * b; returns 1 (leaving *out unset) when that overflows size_t, 0 otherwise. */
 DSGD__PRIVATE int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
     if (a != 0 && b > SIZE_MAX / a) return 1;
     *out = a * b;
