@@ -850,9 +850,10 @@ static void dsgd_cl__enum_free(dsgd_cl__enum *e) {
     memset(e, 0, sizeof(*e));
 }
 
-/* Enumerates all devices. No platform: DSGD_OK with count 0 and
-   *platform_err the clGetPlatformIDs code. */
-static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *platform_err) {
+/* Enumerates all devices for the public function fn (allocation failures
+   name it). No platform: DSGD_OK with count 0 and *platform_err the
+   clGetPlatformIDs code. */
+static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, const char *fn, dsgd_cl__enum *e, cl_int *platform_err) {
     cl_uint np = 0, p;
     cl_int err;
     int total = 0, k = 0;
@@ -862,7 +863,7 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
     if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0)) return DSGD_OK;
     if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "count");
     e->platforms = (cl_platform_id *)DSGD_MALLOC(np * sizeof(cl_platform_id));
-    if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: platform list");
+    if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: platform list", fn);
     err = clGetPlatformIDs(np, e->platforms, NULL);
     if (err != CL_SUCCESS) {
         dsgd_cl__enum_free(e);
@@ -882,7 +883,7 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
         e->dev_index = (int *)DSGD_MALLOC(t * sizeof(int));
         if (!e->dev_platform || !e->devices || !e->plat_index || !e->dev_index) {
             dsgd_cl__enum_free(e);
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: device list");
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: device list", fn);
         }
         for (p = 0; p < np && k < total; ++p) {
             cl_uint nd = 0, d;
@@ -911,7 +912,7 @@ DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *ou
     if (!count || capacity < 0 || (capacity > 0 && !out))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_list_devices: bad arguments");
     *count = 0;
-    r = dsgd_cl__enumerate(ctx, &e, NULL);
+    r = dsgd_cl__enumerate(ctx, "dsgd_cl_list_devices", &e, NULL);
     if (r != DSGD_OK) return r;
     for (i = 0; i < e.count && i < capacity; ++i) {
         memset(&out[i], 0, sizeof(out[i]));
@@ -1060,7 +1061,8 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
     }
     olen = 96 + (user_options ? strlen(user_options) : 0);
     options = (char *)DSGD_MALLOC(olen);
-    if (!options) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "clBuildProgram options");
+    if (!options)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create: clBuildProgram options");
     snprintf(options, olen, "%s%s%s", c->fp64 ? "-DDSGD_CL_FP64=1 " : "",
              correctly_rounded ? "-cl-fp32-correctly-rounded-divide-sqrt " : "", user_options ? user_options : "");
     err = clBuildProgram(c->program, (cl_uint)c->num_devices, c->devices, options, NULL, NULL);
@@ -1136,7 +1138,7 @@ static dsgd_result dsgd_cl__no_device(dsgd_ctx *ctx, const dsgd_cl__spec *sp, ds
 static dsgd_result dsgd_cl__pick_device(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_cl__enum *e, int *chosen) {
     cl_int plat_err = CL_SUCCESS;
     int i, seen = 0, any_gpu = 0;
-    dsgd_result r = dsgd_cl__enumerate(ctx, e, &plat_err);
+    dsgd_result r = dsgd_cl__enumerate(ctx, "dsgd_cl_context_create", e, &plat_err);
     if (r != DSGD_OK) return r;
     if (e->num_platforms == 0) {
         dsgd_cl__enum_free(e);
