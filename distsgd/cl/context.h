@@ -60,6 +60,45 @@
      CPU backend. dsgd_cl_map and dsgd_cl_unmap given a non-OpenCL backend,
      and dsgd_cl_tune_cache_path, have no context and return the code alone.
 
+   GEMM TUNING
+
+     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
+     (PoCL on a CPU above all) they can be several times slower than good ones.
+     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
+     candidates made for the device's float vector width,
+     dsgd_cl_device_info.vector_width, among them) and the size below which
+     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
+     at the shapes a model uses, within a time bound. It times candidates
+     with gemm_measure of tools/cl_gemm_measure.h (back-to-back GEMMs with
+     one finish per sample, as in a training step), checks every
+     candidate's results, and writes the winner (dsgd_cl_save_gemm_params)
+     to a per-device cache file:
+
+         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
+                                        or exists as one)
+         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
+         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
+
+     dsgd_cl_context_desc.tune_cache overrides the environment. At context
+     creation each device's file is read and applied with
+     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
+     made for another device (platform name, device name and driver version are
+     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
+     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
+     (no warning). Overrides are process-wide per device (CLBlast keeps them
+     in a global table and has no call to undo them), so once a context has
+     applied tuned parameters, later contexts on that device in the same
+     process use them too.
+
+   COLD START (PoCL)
+
+     CLBlast compiles its GEMM kernels on the first call with a given set of
+     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
+     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
+     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
+     are built once per context and cached by PoCL the same way. Each tuning
+     candidate is a new compile, which is what bounds the tuner's speed.
+
    PRECISION (against the CPU reference backend)
 
      Kernels are built with FP_CONTRACT off and, where the device supports it,
@@ -220,9 +259,9 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 
 /* ---------------------------------------------------------------- GEMM parameters */
 
-/* The CLBlast GEMM parameters of a device and their cache file: context
-   creation applies the cache (DSGD_CL_TUNING_AUTO); tuning.h searches for
-   them. */
+/* The CLBlast GEMM parameters of a device and their cache file (see GEMM
+   TUNING): context creation applies the cache (DSGD_CL_TUNING_AUTO);
+   tools/cl_tune searches for them. */
 #define DSGD_CL_XGEMM_NPARAMS 16
 #define DSGD_CL_DIRECT_NPARAMS 10
 
