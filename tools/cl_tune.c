@@ -1,7 +1,7 @@
 /* tools/cl_tune.c - tunes CLBlast's single-precision GEMM for one OpenCL
    device and writes the winner to distsgd's per-device tuning cache, which
    dsgd_cl_context_create applies at start-up (see GEMM TUNING in
-   distsgd_cl.h).
+   distsgd/cl/context.h).
 
    The search, within a time budget:
      1. baseline: CLBlast's stock parameters as they are;
