@@ -1318,7 +1318,7 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
     dsgd_cl__enum e;
     dsgd_cl_context *c;
     dsgd_result r;
-    int chosen;
+    int chosen = -1; /* set by dsgd_cl__pick_device; initialised for gcc -O1 -Wmaybe-uninitialized */
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_context_create: out is NULL");
     *out = NULL;
     memset(&d, 0, sizeof(d));
