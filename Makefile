@@ -23,7 +23,8 @@
 # build/tests/test_NAME (+ build/asan/tests/, build/tsan/tests/),
 # bench/NAME.c -> build/bench/NAME, tools/NAME.c -> build/tools/NAME (developer
 # programs). Every binary depends on the top-level
-# headers, so editing distsgd.h rebuilds everything.
+# headers, so editing distsgd.h rebuilds everything; tools and benches also
+# depend on tools/*.h (tools/cl_gemm_measure.h is shared by both).
 
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
@@ -268,11 +269,11 @@ $(BUILD)/tsan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(@D)
 	$(TSAN_CC) $(CPPFLAGS) $(SAN_CFLAGS) $(TSAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(TSAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
 
-$(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h)
+$(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(BENCH_CFLAGS) $(OPENBLAS_CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(OPENBLAS_LIBS) $(call cl_libs,$<) $(LDLIBS)
 
-$(BUILD)/tools/%: tools/%.c $(HEADERS)
+$(BUILD)/tools/%: tools/%.c $(HEADERS) $(wildcard tools/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(LDLIBS)
 

@@ -97,4 +97,3 @@
 
 #include "distsgd/cl/context.h" /* devices, the shared context, queues, our kernels, GEMM parameters */
 #include "distsgd/cl/backend.h" /* the OpenCL backend: CLBlast GEMM and our kernels behind dsgd_backend_i */
-#include "distsgd/cl/tuning.h"  /* the GEMM tuner: shapes, measurement, search helpers */

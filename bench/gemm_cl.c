@@ -3,8 +3,9 @@
    beside OpenBLAS on 1 and 2 threads, all in the same run.
 
    Shapes: the GEMMs of one training step of the 784-512-512-10 MLP at batch
-   256 (dsgd_cl_mlp_gemm_shapes: forward NN, weight gradient TN, input
-   gradient NT per layer, plus the first layer's input gradient).
+   256 (mlp_gemm_shapes of tools/cl_gemm_measure.h: forward NN, weight
+   gradient TN, input gradient NT per layer, plus the first layer's input
+   gradient).
 
    Order matters: CLBlast's parameter overrides cannot be undone within a
    process, so the stock parameters are timed first, then the tuned file is
@@ -40,6 +41,7 @@
 #include <time.h>
 
 #include "bench_util.h"
+#include "../tools/cl_gemm_measure.h"
 
 #ifdef DSGD_HAVE_OPENBLAS
 #include <cblas.h>
@@ -48,7 +50,7 @@ extern void openblas_set_num_threads(int);
 
 #define MAXS 16
 
-static double flops(const dsgd_cl_gemm_shape *s) { return 2.0 * s->m * s->n * s->k; }
+static double flops(const gemm_shape *s) { return 2.0 * s->m * s->n * s->k; }
 
 typedef struct bufs {
     float *a, *b, *c; /* host copies, for OpenBLAS */
@@ -62,7 +64,7 @@ static int calls_for(double seconds_per_call) {
     return n < 1 ? 1 : n > 2000 ? 2000 : (int)n;
 }
 
-static int phase(dsgd_ctx *ctx, const dsgd_backend_i *be, const dsgd_cl_gemm_shape *s, int ns, int repeats,
+static int phase(dsgd_ctx *ctx, const dsgd_backend_i *be, const gemm_shape *s, int ns, int repeats,
                  const double *warm, dsgd_buffer *ba, dsgd_buffer *bb, dsgd_buffer *bc, bufs *h, double (*cl)[64],
                  double (*o1)[128], double (*o2)[128], int r0) {
     int r, i, c, inner_ob[MAXS][2];
@@ -144,7 +146,7 @@ static void print_log(void *ud, dsgd_log_level level, const char *msg) {
 int main(int argc, char **argv) {
     const char *device = NULL, *tune_cache = NULL;
     int repeats = 15, ns, i, have_tuned = 0, have_ob = 0;
-    dsgd_cl_gemm_shape s[MAXS];
+    gemm_shape s[MAXS];
     static double tcl[MAXS][64], tcl2[MAXS][64], to1[MAXS][128], to2[MAXS][128];
     double stock[MAXS], tuned[MAXS], ob1[MAXS], ob2[MAXS], warm[MAXS], err = 0, err2 = 0;
     double tot_stock = 0, tot_tuned = 0, tot_ob1 = 0, tot_ob2 = 0, tot_fl = 0, small_tuned = 0;
@@ -173,7 +175,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: gemm_cl [--repeats N (1..64)] [--device SPEC] [--tune-cache PATH]\n");
         return 1;
     }
-    ns = dsgd_cl_mlp_gemm_shapes(s, MAXS);
+    ns = mlp_gemm_shapes(s, MAXS);
     memset(&cdsc, 0, sizeof cdsc);
     cdsc.logger.func = print_log;
     if (dsgd_ctx_create(&cdsc, &ctx) != DSGD_OK) return 1;
@@ -212,7 +214,7 @@ int main(int argc, char **argv) {
     if (be.write(be.impl, ref, h.b, bmax) != DSGD_OK) return 1;
 
     /* phase 1: stock */
-    if (dsgd_cl_gemm_measure(ctx, &be, s, ns, 1, warm, &err) != DSGD_OK ||
+    if (gemm_measure(ctx, &be, s, ns, 1, warm, &err) != DSGD_OK ||
         !phase(ctx, &be, s, ns, repeats, warm, ba, bb, bc, &h, tcl, to1, to2, 0)) {
         fprintf(stderr, "gemm_cl: stock: %s\n", dsgd_ctx_last_error(ctx));
         return 1;
@@ -221,7 +223,7 @@ int main(int argc, char **argv) {
     if (dsgd_cl_tune_cache_path(cl, 0, tune_cache, path, sizeof path) == DSGD_OK &&
         dsgd_cl_load_gemm_params(ctx, cl, 0, path, &p) == DSGD_OK) {
         if (dsgd_cl_apply_gemm_params(ctx, cl, 0, &p) != DSGD_OK ||
-            dsgd_cl_gemm_measure(ctx, &be, s, ns, 1, warm, &err2) != DSGD_OK ||
+            gemm_measure(ctx, &be, s, ns, 1, warm, &err2) != DSGD_OK ||
             !phase(ctx, &be, s, ns, repeats, warm, ba, bb, bc, &h, tcl2, to1, to2, repeats)) {
             fprintf(stderr, "gemm_cl: tuned: %s\n", dsgd_ctx_last_error(ctx));
             return 1;

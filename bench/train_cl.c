@@ -20,8 +20,8 @@
    backend finished at the end of each round; the median per step is reported.
    Also: the time of the three x10 output-layer GEMMs (forward 256x10x512 NN,
    weight gradient 512x10x256 TN, input gradient 256x512x10 NT), each timed
-   alone on the backend to completion (dsgd_cl_gemm_measure), and their share
-   of the step.
+   alone on the backend to completion (gemm_measure of
+   tools/cl_gemm_measure.h), and their share of the step.
 
    Threads: OpenBLAS uses OPENBLAS_NUM_THREADS, PoCL POCL_MAX_PTHREAD_COUNT;
    the built-in GEMM is single-threaded. The issue's target compares the
@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "../tools/cl_gemm_measure.h"
 
 #define BATCH 256
 #define IN 784
@@ -61,7 +62,7 @@ static const dsgd_layer_desc g_layers[3] = {{512, DSGD_ACT_RELU, DSGD_INIT_AUTO}
                                             {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
 
 /* The three GEMMs that touch the 10-wide output layer. */
-static const dsgd_cl_gemm_shape g_out_shapes[3] = {
+static const gemm_shape g_out_shapes[3] = {
     {0, 0, BATCH, 10, 512}, /* forward: h2(256x512) W3(512x10) */
     {1, 0, 512, 10, BATCH}, /* weight gradient: h2^T dy */
     {0, 1, BATCH, 512, 10}, /* input gradient: dy W3^T */
@@ -183,7 +184,7 @@ int main(int argc, char **argv) {
     }
     for (k = 0; k < nv; ++k) {
         v[k].med = bench_median(v[k].t, rounds);
-        if (dsgd_cl_gemm_measure(ctx, &v[k].be, g_out_shapes, 3, 2 * rounds + 1, v[k].out_gemm_s, NULL) != DSGD_OK)
+        if (gemm_measure(ctx, &v[k].be, g_out_shapes, 3, 2 * rounds + 1, v[k].out_gemm_s, NULL) != DSGD_OK)
             die(ctx, "output-layer GEMMs");
     }
 

@@ -6701,6 +6701,45 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
      CPU backend. dsgd_cl_map and dsgd_cl_unmap given a non-OpenCL backend,
      and dsgd_cl_tune_cache_path, have no context and return the code alone.
 
+   GEMM TUNING
+
+     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
+     (PoCL on a CPU above all) they can be several times slower than good ones.
+     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
+     candidates made for the device's float vector width,
+     dsgd_cl_device_info.vector_width, among them) and the size below which
+     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
+     at the shapes a model uses, within a time bound. It times candidates
+     with gemm_measure of tools/cl_gemm_measure.h (back-to-back GEMMs with
+     one finish per sample, as in a training step), checks every
+     candidate's results, and writes the winner (dsgd_cl_save_gemm_params)
+     to a per-device cache file:
+
+         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
+                                        or exists as one)
+         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
+         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
+
+     dsgd_cl_context_desc.tune_cache overrides the environment. At context
+     creation each device's file is read and applied with
+     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
+     made for another device (platform name, device name and driver version are
+     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
+     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
+     (no warning). Overrides are process-wide per device (CLBlast keeps them
+     in a global table and has no call to undo them), so once a context has
+     applied tuned parameters, later contexts on that device in the same
+     process use them too.
+
+   COLD START (PoCL)
+
+     CLBlast compiles its GEMM kernels on the first call with a given set of
+     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
+     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
+     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
+     are built once per context and cached by PoCL the same way. Each tuning
+     candidate is a new compile, which is what bounds the tuner's speed.
+
    PRECISION (against the CPU reference backend)
 
      Kernels are built with FP_CONTRACT off and, where the device supports it,
@@ -6861,9 +6900,9 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 
 /* ---------------------------------------------------------------- GEMM parameters */
 
-/* The CLBlast GEMM parameters of a device and their cache file: context
-   creation applies the cache (DSGD_CL_TUNING_AUTO); tuning.h searches for
-   them. */
+/* The CLBlast GEMM parameters of a device and their cache file (see GEMM
+   TUNING): context creation applies the cache (DSGD_CL_TUNING_AUTO);
+   tools/cl_tune searches for them. */
 #define DSGD_CL_XGEMM_NPARAMS 16
 #define DSGD_CL_DIRECT_NPARAMS 10
 
@@ -7491,9 +7530,10 @@ static void dsgd_cl__enum_free(dsgd_cl__enum *e) {
     memset(e, 0, sizeof(*e));
 }
 
-/* Enumerates all devices. No platform: DSGD_OK with count 0 and
-   *platform_err the clGetPlatformIDs code. */
-static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *platform_err) {
+/* Enumerates all devices for the public function fn (allocation failures
+   name it). No platform: DSGD_OK with count 0 and *platform_err the
+   clGetPlatformIDs code. */
+static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, const char *fn, dsgd_cl__enum *e, cl_int *platform_err) {
     cl_uint np = 0, p;
     cl_int err;
     int total = 0, k = 0;
@@ -7503,7 +7543,7 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
     if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0)) return DSGD_OK;
     if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "count");
     e->platforms = (cl_platform_id *)DSGD_MALLOC(np * sizeof(cl_platform_id));
-    if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: platform list");
+    if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: platform list", fn);
     err = clGetPlatformIDs(np, e->platforms, NULL);
     if (err != CL_SUCCESS) {
         dsgd_cl__enum_free(e);
@@ -7523,7 +7563,7 @@ static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, dsgd_cl__enum *e, cl_int *p
         e->dev_index = (int *)DSGD_MALLOC(t * sizeof(int));
         if (!e->dev_platform || !e->devices || !e->plat_index || !e->dev_index) {
             dsgd_cl__enum_free(e);
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "OpenCL: device list");
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: device list", fn);
         }
         for (p = 0; p < np && k < total; ++p) {
             cl_uint nd = 0, d;
@@ -7552,7 +7592,7 @@ DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *ou
     if (!count || capacity < 0 || (capacity > 0 && !out))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_list_devices: bad arguments");
     *count = 0;
-    r = dsgd_cl__enumerate(ctx, &e, NULL);
+    r = dsgd_cl__enumerate(ctx, "dsgd_cl_list_devices", &e, NULL);
     if (r != DSGD_OK) return r;
     for (i = 0; i < e.count && i < capacity; ++i) {
         memset(&out[i], 0, sizeof(out[i]));
@@ -7653,14 +7693,46 @@ static int dsgd_cl__type_matches(cl_device_id d, dsgd_cl_device_type t) {
 
 /* >>program ----------------------------------------------------------------- */
 
+/* A failed clBuildProgram: logs every device's build log and records the
+   error with the first log in its message. */
+static dsgd_result dsgd_cl__build_failed(dsgd_ctx *ctx, dsgd_cl_context *c, cl_int err, const char *options) {
+    char head[640];
+    int i;
+    head[0] = '\0';
+    for (i = 0; i < c->num_devices; ++i) {
+        size_t need = 0;
+        char *log;
+        if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, 0, NULL, &need) != CL_SUCCESS ||
+            need <= 1)
+            continue;
+        log = (char *)DSGD_MALLOC(need + 1);
+        if (!log) continue;
+        if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, need, log, NULL) == CL_SUCCESS) {
+            log[need] = '\0';
+            dsgd_ctx_log(ctx, DSGD_LOG_ERROR, "OpenCL build log of the distsgd kernels for %s:\n%s",
+                         c->info[i].device_name, log);
+            if (!head[0]) dsgd_cl__copy_str(head, sizeof(head), log);
+        }
+        DSGD_FREE(log);
+    }
+    return dsgd_ctx_set_error(ctx, err == CL_OUT_OF_HOST_MEMORY ? DSGD_ERR_OUT_OF_MEMORY : DSGD_ERR_BACKEND,
+                              "clBuildProgram(distsgd kernels, options \"%s\"): %s (%d); build log: %s", options,
+                              dsgd_cl_error_string(err), err, head[0] ? head : "(empty)");
+}
+
+/* Builds our kernels into c->program for every device of c. On failure
+   c->program may be left for dsgd_cl_context_destroy to release. */
 static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char *user_options) {
     cl_int err;
     char *options;
     size_t olen;
     int correctly_rounded = 1, i;
-    dsgd_result r;
+    dsgd_result r = DSGD_OK;
     c->program = clCreateProgramWithSource(c->context, DSGD_CL__NSOURCE, (const char **)dsgd_cl__source, NULL, &err);
-    if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clCreateProgramWithSource", "distsgd kernels");
+    if (err != CL_SUCCESS) {
+        c->program = NULL;
+        return dsgd_cl__fail(ctx, err, "clCreateProgramWithSource", "distsgd kernels");
+    }
     for (i = 0; i < c->num_devices; ++i) {
         cl_device_fp_config fp = 0;
         if (clGetDeviceInfo(c->devices[i], CL_DEVICE_SINGLE_FP_CONFIG, sizeof(fp), &fp, NULL) != CL_SUCCESS ||
@@ -7669,184 +7741,152 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
     }
     olen = 96 + (user_options ? strlen(user_options) : 0);
     options = (char *)DSGD_MALLOC(olen);
-    if (!options) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "clBuildProgram options");
+    if (!options)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create: clBuildProgram options");
     snprintf(options, olen, "%s%s%s", c->fp64 ? "-DDSGD_CL_FP64=1 " : "",
              correctly_rounded ? "-cl-fp32-correctly-rounded-divide-sqrt " : "", user_options ? user_options : "");
     err = clBuildProgram(c->program, (cl_uint)c->num_devices, c->devices, options, NULL, NULL);
-    if (err == CL_SUCCESS) {
-        DSGD_FREE(options);
-        return DSGD_OK;
-    }
-    {
-        /* The log of the first device that has one goes into the message;
-           every device's full log goes to the logger. */
-        char head[640];
-        head[0] = '\0';
-        for (i = 0; i < c->num_devices; ++i) {
-            size_t need = 0;
-            char *log;
-            if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, 0, NULL, &need) != CL_SUCCESS ||
-                need <= 1)
-                continue;
-            log = (char *)DSGD_MALLOC(need + 1);
-            if (!log) continue;
-            if (clGetProgramBuildInfo(c->program, c->devices[i], CL_PROGRAM_BUILD_LOG, need, log, NULL) == CL_SUCCESS) {
-                log[need] = '\0';
-                dsgd_ctx_log(ctx, DSGD_LOG_ERROR, "OpenCL build log of the distsgd kernels for %s:\n%s",
-                             c->info[i].device_name, log);
-                if (!head[0]) dsgd_cl__copy_str(head, sizeof(head), log);
-            }
-            DSGD_FREE(log);
-        }
+    if (err != CL_SUCCESS) {
+        r = dsgd_cl__build_failed(ctx, c, err, options);
         clReleaseProgram(c->program);
         c->program = NULL;
-        r = dsgd_ctx_set_error(ctx, err == CL_OUT_OF_HOST_MEMORY ? DSGD_ERR_OUT_OF_MEMORY : DSGD_ERR_BACKEND,
-                               "clBuildProgram(distsgd kernels, options \"%s\"): %s (%d); build log: %s", options,
-                               dsgd_cl_error_string(err), err, head[0] ? head : "(empty)");
-        DSGD_FREE(options);
-        return r;
     }
+    DSGD_FREE(options);
+    return r;
 }
 
-static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const char *desc_path);
+/* >>context creation -------------------------------------------------------- */
+/* dsgd_cl_context_create's phases, in order. Each records its error on ctx;
+   once the context struct exists, dsgd_cl_context_destroy releases whatever
+   the phases before the failing one created. */
 
-DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
-                                            dsgd_cl_context **out) {
-    dsgd_cl_context_desc d;
-    dsgd_cl__spec sp;
-    dsgd_cl__enum e;
-    dsgd_cl_context *c;
-    dsgd_result r;
-    cl_int err, plat_err = CL_SUCCESS;
-    cl_context_properties props[3];
-    const char *spec_src = "desc.device";
-    const char *spec;
-    int i, chosen = -1, want, seen = 0, any_gpu = 0;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_context_create: out is NULL");
-    *out = NULL;
-    memset(&d, 0, sizeof(d));
-    if (desc) d = *desc;
-    if (d.max_devices < 0 || d.max_devices > DSGD_CL_MAX_DEVICES)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_cl_context_create: max_devices %d outside 0..%d", d.max_devices,
-                                  DSGD_CL_MAX_DEVICES);
-    want = d.max_devices ? d.max_devices : 1;
-
-    /* the spec: desc first, else the environment */
-    spec = d.device;
+/* The device spec: desc.device, else the environment (see DEVICES). */
+static dsgd_result dsgd_cl__read_spec(dsgd_ctx *ctx, const dsgd_cl_context_desc *d, dsgd_cl__spec *sp) {
+    const char *spec = d->device, *spec_src = "desc.device";
+    const char *ep, *et;
     if (!spec) {
         spec = getenv("DSGD_CL_DEVICE");
         spec_src = "DSGD_CL_DEVICE";
     }
-    if (!dsgd_cl__parse_spec(spec, &sp))
+    if (!dsgd_cl__parse_spec(spec, sp))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "OpenCL device spec '%s' (%s) is not one of: default, gpu, cpu, "
                                   "accelerator, all, N, P:N, P:TYPE",
                                   spec, spec_src);
-    if (!d.device) {
-        const char *ep = getenv("DSGD_CL_PLATFORM"), *et = getenv("DSGD_CL_DEVICE_TYPE");
-        if (sp.platform < 0 && ep && *ep) {
-            if (!dsgd_cl__parse_uint(ep, strlen(ep), &sp.platform))
-                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                          "DSGD_CL_PLATFORM='%s' is not a platform index", ep);
-        }
-        if (!sp.type_given && sp.index < 0 && et && *et) {
-            if (!dsgd_cl__parse_type(et, strlen(et), &sp.type))
-                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                          "DSGD_CL_DEVICE_TYPE='%s' is not gpu, cpu, accelerator or all", et);
-            sp.type_given = sp.type != DSGD_CL_DEVICE_DEFAULT;
-        }
+    if (d->device) return DSGD_OK;
+    ep = getenv("DSGD_CL_PLATFORM");
+    et = getenv("DSGD_CL_DEVICE_TYPE");
+    if (sp->platform < 0 && ep && *ep) {
+        if (!dsgd_cl__parse_uint(ep, strlen(ep), &sp->platform))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "DSGD_CL_PLATFORM='%s' is not a platform index", ep);
     }
+    if (!sp->type_given && sp->index < 0 && et && *et) {
+        if (!dsgd_cl__parse_type(et, strlen(et), &sp->type))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "DSGD_CL_DEVICE_TYPE='%s' is not gpu, cpu, accelerator or all", et);
+        sp->type_given = sp->type != DSGD_CL_DEVICE_DEFAULT;
+    }
+    return DSGD_OK;
+}
 
-    r = dsgd_cl__enumerate(ctx, &e, &plat_err);
+/* No device matches the spec: frees e and says why. */
+static dsgd_result dsgd_cl__no_device(dsgd_ctx *ctx, const dsgd_cl__spec *sp, dsgd_cl__enum *e) {
+    int n = e->count;
+    dsgd_cl__enum_free(e);
+    if (sp->index >= 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
+                                  "no OpenCL device %d%s (%d device%s found; dsgd_cl_list_devices or "
+                                  "examples/list_devices_cl lists them)",
+                                  sp->index, sp->platform >= 0 ? " on the requested platform" : "", n,
+                                  n == 1 ? "" : "s");
+    if (n == 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
+                                  "no OpenCL device found (the platforms list none; on PoCL a missing "
+                                  "device often means POCL_CACHE_DIR is not writable: POCL_DEBUG=err says "
+                                  "why)");
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
+                              "no OpenCL device of type %s%s (%d device%s found; dsgd_cl_list_devices or "
+                              "examples/list_devices_cl lists them)",
+                              dsgd_cl_device_type_name(sp->type),
+                              sp->platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
+}
+
+/* Enumerates the devices into e and picks the one sp names (*chosen, an index
+   into e). A DEFAULT spec without an index becomes GPU when the platform(s)
+   in question have one, else ALL. On failure e holds nothing. */
+static dsgd_result dsgd_cl__pick_device(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_cl__enum *e, int *chosen) {
+    cl_int plat_err = CL_SUCCESS;
+    int i, seen = 0, any_gpu = 0;
+    dsgd_result r = dsgd_cl__enumerate(ctx, "dsgd_cl_context_create", e, &plat_err);
     if (r != DSGD_OK) return r;
-    if (e.num_platforms == 0) {
-        dsgd_cl__enum_free(&e);
+    if (e->num_platforms == 0) {
+        dsgd_cl__enum_free(e);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
                                   "no OpenCL platform found (clGetPlatformIDs: %s (%d)): install an "
                                   "OpenCL driver (ICD), e.g. the GPU vendor's or pocl-opencl-icd, and "
                                   "check /etc/OpenCL/vendors",
                                   dsgd_cl_error_string(plat_err), plat_err);
     }
-    if (sp.platform >= e.num_platforms) {
-        int np = e.num_platforms;
-        dsgd_cl__enum_free(&e);
+    if (sp->platform >= e->num_platforms) {
+        int np = e->num_platforms;
+        dsgd_cl__enum_free(e);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND, "OpenCL platform %d requested, but there %s %d",
-                                  sp.platform, np == 1 ? "is" : "are", np);
+                                  sp->platform, np == 1 ? "is" : "are", np);
     }
-    /* DEFAULT without an index: a GPU when the platform(s) in question have one */
-    if (!sp.type_given && sp.index < 0) {
-        for (i = 0; i < e.count; ++i)
-            if ((sp.platform < 0 || e.plat_index[i] == sp.platform) &&
-                dsgd_cl__type_matches(e.devices[i], DSGD_CL_DEVICE_GPU))
+    if (!sp->type_given && sp->index < 0) {
+        for (i = 0; i < e->count; ++i)
+            if ((sp->platform < 0 || e->plat_index[i] == sp->platform) &&
+                dsgd_cl__type_matches(e->devices[i], DSGD_CL_DEVICE_GPU))
                 any_gpu = 1;
-        sp.type = any_gpu ? DSGD_CL_DEVICE_GPU : DSGD_CL_DEVICE_ALL;
+        sp->type = any_gpu ? DSGD_CL_DEVICE_GPU : DSGD_CL_DEVICE_ALL;
     }
-    for (i = 0; i < e.count && chosen < 0; ++i) {
+    *chosen = -1;
+    for (i = 0; i < e->count && *chosen < 0; ++i) {
         int pos;
-        if (sp.platform >= 0 && e.plat_index[i] != sp.platform) continue;
-        if (!dsgd_cl__type_matches(e.devices[i], sp.type)) continue;
-        pos = sp.platform >= 0 ? e.dev_index[i] : i;
-        if (sp.index >= 0) {
+        if (sp->platform >= 0 && e->plat_index[i] != sp->platform) continue;
+        if (!dsgd_cl__type_matches(e->devices[i], sp->type)) continue;
+        pos = sp->platform >= 0 ? e->dev_index[i] : i;
+        if (sp->index >= 0) {
             /* an index counts devices of the platform (P:N) or of the list (N) */
-            if (sp.type_given ? seen++ == sp.index : pos == sp.index) chosen = i;
+            if (sp->type_given ? seen++ == sp->index : pos == sp->index) *chosen = i;
         } else {
-            chosen = i;
+            *chosen = i;
         }
     }
-    if (chosen < 0) {
-        int n = e.count;
-        dsgd_cl__enum_free(&e);
-        if (sp.index >= 0)
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
-                                      "no OpenCL device %d%s (%d device%s found; dsgd_cl_list_devices or "
-                                      "examples/list_devices_cl lists them)",
-                                      sp.index, sp.platform >= 0 ? " on the requested platform" : "", n,
-                                      n == 1 ? "" : "s");
-        if (n == 0)
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
-                                      "no OpenCL device found (the platforms list none; on PoCL a missing "
-                                      "device often means POCL_CACHE_DIR is not writable: POCL_DEBUG=err says "
-                                      "why)");
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
-                                  "no OpenCL device of type %s%s (%d device%s found; dsgd_cl_list_devices or "
-                                  "examples/list_devices_cl lists them)",
-                                  dsgd_cl_device_type_name(sp.type),
-                                  sp.platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
-    }
+    return *chosen < 0 ? dsgd_cl__no_device(ctx, sp, e) : DSGD_OK;
+}
 
-    c = (dsgd_cl_context *)DSGD_MALLOC(sizeof(*c));
-    if (!c) {
-        dsgd_cl__enum_free(&e);
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create");
-    }
-    memset(c, 0, sizeof(*c));
-    c->platform = e.dev_platform[chosen];
-    c->devices[0] = e.devices[chosen];
-    c->info[0].index = chosen;
-    c->info[0].platform_index = e.plat_index[chosen];
-    c->info[0].device_index = e.dev_index[chosen];
-    c->num_devices = 1;
-    /* more devices of the same platform and type, in list order */
-    for (i = 0; i < e.count && c->num_devices < want; ++i) {
-        dsgd_cl_device_type t = sp.type;
-        if (i == chosen || e.dev_platform[i] != c->platform) continue;
-        if (t == DSGD_CL_DEVICE_DEFAULT || (!sp.type_given && sp.index >= 0)) {
+/* Appends device i of e to c's devices, with its place in the list. */
+static void dsgd_cl__add_device(dsgd_cl_context *c, const dsgd_cl__enum *e, int i) {
+    c->devices[c->num_devices] = e->devices[i];
+    c->info[c->num_devices].index = i;
+    c->info[c->num_devices].platform_index = e->plat_index[i];
+    c->info[c->num_devices].device_index = e->dev_index[i];
+    ++c->num_devices;
+}
+
+/* The chosen device, then more of its platform and type in list order, up to
+   want devices; then their descriptions and whether all have fp64. */
+static void dsgd_cl__take_devices(dsgd_cl_context *c, const dsgd_cl__enum *e, const dsgd_cl__spec *sp, int chosen,
+                                  int want) {
+    int i;
+    c->platform = e->dev_platform[chosen];
+    dsgd_cl__add_device(c, e, chosen);
+    for (i = 0; i < e->count && c->num_devices < want; ++i) {
+        dsgd_cl_device_type t = sp->type;
+        if (i == chosen || e->dev_platform[i] != c->platform) continue;
+        if (t == DSGD_CL_DEVICE_DEFAULT || (!sp->type_given && sp->index >= 0)) {
             /* same type as the chosen device */
             cl_device_type a = 0, b = 0;
-            clGetDeviceInfo(e.devices[chosen], CL_DEVICE_TYPE, sizeof(a), &a, NULL);
-            clGetDeviceInfo(e.devices[i], CL_DEVICE_TYPE, sizeof(b), &b, NULL);
+            clGetDeviceInfo(e->devices[chosen], CL_DEVICE_TYPE, sizeof(a), &a, NULL);
+            clGetDeviceInfo(e->devices[i], CL_DEVICE_TYPE, sizeof(b), &b, NULL);
             if (a != b) continue;
-        } else if (!dsgd_cl__type_matches(e.devices[i], t)) {
+        } else if (!dsgd_cl__type_matches(e->devices[i], t)) {
             continue;
         }
-        c->devices[c->num_devices] = e.devices[i];
-        c->info[c->num_devices].index = i;
-        c->info[c->num_devices].platform_index = e.plat_index[i];
-        c->info[c->num_devices].device_index = e.dev_index[i];
-        ++c->num_devices;
+        dsgd_cl__add_device(c, e, i);
     }
-    dsgd_cl__enum_free(&e);
     c->fp64 = 1;
     for (i = 0; i < c->num_devices; ++i) {
         int idx = c->info[i].index, pi = c->info[i].platform_index, di = c->info[i].device_index;
@@ -7856,47 +7896,96 @@ DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context
         c->info[i].device_index = di;
         if (!c->info[i].fp64) c->fp64 = 0;
     }
+}
 
+/* One cl_context over c's devices. */
+static dsgd_result dsgd_cl__open_context(dsgd_ctx *ctx, dsgd_cl_context *c) {
+    cl_context_properties props[3];
+    cl_int err;
     props[0] = (cl_context_properties)CL_CONTEXT_PLATFORM;
     props[1] = (cl_context_properties)c->platform;
     props[2] = 0;
     c->context = clCreateContext(props, (cl_uint)c->num_devices, c->devices, NULL, NULL, &err);
     if (err != CL_SUCCESS) {
-        r = dsgd_cl__fail(ctx, err, "clCreateContext", c->info[0].device_name);
-        DSGD_FREE(c);
-        return r;
+        c->context = NULL;
+        return dsgd_cl__fail(ctx, err, "clCreateContext", c->info[0].device_name);
     }
-    r = dsgd_cl__build(ctx, c, d.build_options);
-    if (r != DSGD_OK) {
-        clReleaseContext(c->context);
-        DSGD_FREE(c);
-        return r;
-    }
-    /* PoCL 3.1 aborts (pocl_release_dlhandle_cache: "Assertion
-       `found->ref_count > 0' failed") when one kernel runs at different grid
-       sizes from several queues at once: its cache of compiled work-group
-       functions takes a reference on one entry and may drop it on another.
-       2 in 12 runs of the 4-replica demo died so. One in-order queue per
-       device runs one command at a time and avoids it. */
-    c->queues = d.queues != DSGD_CL_QUEUES_AUTO ? d.queues
+    return DSGD_OK;
+}
+
+/* Resolves the queue policy (see QUEUES) and, for PER_DEVICE, creates each
+   device's shared queue.
+   PoCL 3.1 aborts (pocl_release_dlhandle_cache: "Assertion
+   `found->ref_count > 0' failed") when one kernel runs at different grid
+   sizes from several queues at once: its cache of compiled work-group
+   functions takes a reference on one entry and may drop it on another.
+   2 in 12 runs of the 4-replica demo died so. One in-order queue per
+   device runs one command at a time and avoids it. */
+static dsgd_result dsgd_cl__create_queues(dsgd_ctx *ctx, dsgd_cl_context *c, dsgd_cl_queues policy) {
+    cl_int err;
+    int i;
+    c->queues = policy != DSGD_CL_QUEUES_AUTO ? policy
                 : strstr(c->info[0].platform_name, "Portable Computing Language") ? DSGD_CL_QUEUES_PER_DEVICE
                                                                                    : DSGD_CL_QUEUES_PER_BACKEND;
     for (i = 0; i < c->num_devices && c->queues == DSGD_CL_QUEUES_PER_DEVICE; ++i) {
         c->dev_queue[i] = clCreateCommandQueue(c->context, c->devices[i], 0, &err);
         if (err != CL_SUCCESS) {
-            r = dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[i].device_name);
             c->dev_queue[i] = NULL;
-            dsgd_cl_context_destroy(c);
-            return r;
+            return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[i].device_name);
         }
     }
+    return DSGD_OK;
+}
+
+static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const char *desc_path);
+
+/* Logs each device and, with tuning AUTO, applies its tuning cache (a cache
+   that cannot be applied is a warning, not an error). */
+static void dsgd_cl__announce(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_context_desc *d) {
+    int i;
     for (i = 0; i < c->num_devices; ++i) {
         dsgd_ctx_log(ctx, DSGD_LOG_INFO, "OpenCL device %d: %s (%s, %s, driver %s)%s", i,
                      c->info[i].device_name, dsgd_cl_device_type_name(c->info[i].type),
                      c->info[i].platform_name, c->info[i].driver_version,
                      c->fp64 ? "" : "; no cl_khr_fp64: losses and norms accumulate in float");
-        if (d.tuning == DSGD_CL_TUNING_AUTO) dsgd_cl__apply_cache(ctx, c, i, d.tune_cache);
+        if (d->tuning == DSGD_CL_TUNING_AUTO) dsgd_cl__apply_cache(ctx, c, i, d->tune_cache);
     }
+}
+
+DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
+                                            dsgd_cl_context **out) {
+    dsgd_cl_context_desc d;
+    dsgd_cl__spec sp;
+    dsgd_cl__enum e;
+    dsgd_cl_context *c;
+    dsgd_result r;
+    int chosen = -1; /* set by dsgd_cl__pick_device; initialised for gcc -O1 -Wmaybe-uninitialized */
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_context_create: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof(d));
+    if (desc) d = *desc;
+    if (d.max_devices < 0 || d.max_devices > DSGD_CL_MAX_DEVICES)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_context_create: max_devices %d outside 0..%d", d.max_devices,
+                                  DSGD_CL_MAX_DEVICES);
+    if ((r = dsgd_cl__read_spec(ctx, &d, &sp)) != DSGD_OK) return r;
+    if ((r = dsgd_cl__pick_device(ctx, &sp, &e, &chosen)) != DSGD_OK) return r;
+    c = (dsgd_cl_context *)DSGD_MALLOC(sizeof(*c));
+    if (!c) {
+        dsgd_cl__enum_free(&e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create");
+    }
+    memset(c, 0, sizeof(*c));
+    dsgd_cl__take_devices(c, &e, &sp, chosen, d.max_devices ? d.max_devices : 1);
+    dsgd_cl__enum_free(&e);
+    r = dsgd_cl__open_context(ctx, c);
+    if (r == DSGD_OK) r = dsgd_cl__build(ctx, c, d.build_options);
+    if (r == DSGD_OK) r = dsgd_cl__create_queues(ctx, c, d.queues);
+    if (r != DSGD_OK) {
+        dsgd_cl_context_destroy(c);
+        return r;
+    }
+    dsgd_cl__announce(ctx, c, &d);
     *out = c;
     return DSGD_OK;
 }
@@ -9092,59 +9181,43 @@ static void dsgd_cl__destroy(void *impl) {
     DSGD_FREE(b);
 }
 
-DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
-                                            dsgd_backend_i *out) {
-    dsgd_cl_backend_desc d;
-    dsgd_cl__backend *b;
+/* >>backend creation -------------------------------------------------------- */
+/* dsgd_cl_backend_create's phases, in order. Each records its error on ctx
+   and leaves what it created in b, for dsgd_cl__destroy to release. */
+
+/* The device's shared queue (see QUEUES) with one more reference, or a queue
+   of the backend's own (always with profiling). */
+static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int profiling) {
+    dsgd_cl_context *c = b->cl;
     cl_int err;
-    int k;
-    size_t kmax = (size_t)-1, local_mem;
-    if (!out || !c)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_backend_create: %s is NULL",
-                                  out ? "the context" : "out");
-    memset(out, 0, sizeof(*out));
-    memset(&d, 0, sizeof(d));
-    if (desc) d = *desc;
-    if (d.device < 0 || d.device >= c->num_devices)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
-                                  "dsgd_cl_context_num_devices())",
-                                  d.device, c->num_devices - 1);
-    b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
-    if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
-    memset(b, 0, sizeof(*b));
-    b->ctx = ctx;
-    b->cl = c;
-    b->dev = d.device;
-    b->device = c->devices[d.device];
-    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
-    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
-        b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
-    if (c->dev_queue[d.device] && !d.profiling) {
-        b->queue = c->dev_queue[d.device]; /* shared (see QUEUES): one more reference */
+    if (c->dev_queue[b->dev] && !profiling) {
+        b->queue = c->dev_queue[b->dev];
         err = clRetainCommandQueue(b->queue);
     } else {
-        b->queue = clCreateCommandQueue(c->context, b->device, d.profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+        b->queue = clCreateCommandQueue(c->context, b->device, profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
     }
     if (err != CL_SUCCESS) {
         b->queue = NULL;
-        dsgd_cl__destroy(b);
-        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[d.device].device_name);
+        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[b->dev].device_name);
     }
-    /* Each backend has its own kernel objects: clSetKernelArg is not
-       thread-safe on a shared cl_kernel. */
+    return DSGD_OK;
+}
+
+/* The backend's own kernel objects (clSetKernelArg is not thread-safe on a
+   shared cl_kernel) and the work-group sizes it launches them with. */
+static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
+    size_t kmax = (size_t)-1, local_mem = (size_t)b->cl->info[b->dev].local_mem_bytes;
+    cl_int err;
+    int k;
     for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
         size_t wg = 0;
-        b->kernels[k] = clCreateKernel(c->program, dsgd_cl__kernel_fn[k], &err);
+        b->kernels[k] = clCreateKernel(b->cl->program, dsgd_cl__kernel_fn[k], &err);
         if (err != CL_SUCCESS) {
-            dsgd_cl__destroy(b);
+            b->kernels[k] = NULL;
             return dsgd_cl__fail(ctx, err, "clCreateKernel", dsgd_cl__kernel_fn[k]);
         }
         err = clGetKernelWorkGroupInfo(b->kernels[k], b->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg, NULL);
-        if (err != CL_SUCCESS) {
-            dsgd_cl__destroy(b);
-            return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
-        }
+        if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
         if (wg < kmax) kmax = wg;
     }
     /* One work-group size for every element-wise kernel keeps the number of
@@ -9153,16 +9226,26 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     if (b->local < 1) b->local = 1;
     /* Reductions: the largest power of two that fits, at most 256, and whose
        local arrays fit in local memory. */
-    local_mem = (size_t)c->info[d.device].local_mem_bytes;
     b->reduce_local = 1;
     while (b->reduce_local * 2 <= b->local &&
            b->reduce_local * 2 * (2 * b->acc_size + 2 * sizeof(cl_ulong)) <= local_mem)
         b->reduce_local *= 2;
-    b->status = clCreateBuffer(c->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
+    return DSGD_OK;
+}
+
+/* The small buffer of int / ulong results (loss status, norm counts). */
+static dsgd_result dsgd_cl__make_status(dsgd_ctx *ctx, dsgd_cl__backend *b) {
+    cl_int err;
+    b->status = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
     if (err != CL_SUCCESS) {
-        dsgd_cl__destroy(b);
+        b->status = NULL;
         return dsgd_cl__fail(ctx, err, "clCreateBuffer", "status");
     }
+    return DSGD_OK;
+}
+
+/* Every member of dsgd_backend_i, the optional ones included. */
+static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->name = "opencl";
     out->impl = b;
     out->destroy = dsgd_cl__destroy;
@@ -9188,6 +9271,42 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     out->host_shared = dsgd_cl__host_shared;
     out->can_access = dsgd_cl__can_access;
     out->sum_across = dsgd_cl__sum_across;
+}
+
+DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
+                                            dsgd_backend_i *out) {
+    dsgd_cl_backend_desc d;
+    dsgd_cl__backend *b;
+    dsgd_result r;
+    if (!out || !c)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_backend_create: %s is NULL",
+                                  out ? "the context" : "out");
+    memset(out, 0, sizeof(*out));
+    memset(&d, 0, sizeof(d));
+    if (desc) d = *desc;
+    if (d.device < 0 || d.device >= c->num_devices)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
+                                  "dsgd_cl_context_num_devices())",
+                                  d.device, c->num_devices - 1);
+    b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
+    if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
+    memset(b, 0, sizeof(*b));
+    b->ctx = ctx;
+    b->cl = c;
+    b->dev = d.device;
+    b->device = c->devices[d.device];
+    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
+    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
+        b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
+    r = dsgd_cl__open_queue(ctx, b, d.profiling);
+    if (r == DSGD_OK) r = dsgd_cl__make_kernels(ctx, b);
+    if (r == DSGD_OK) r = dsgd_cl__make_status(ctx, b);
+    if (r != DSGD_OK) {
+        dsgd_cl__destroy(b);
+        return r;
+    }
+    dsgd_cl__fill_interface(out, b);
     return DSGD_OK;
 }
 
@@ -9254,233 +9373,4 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
 }
 
 #endif /* DSGD_CL__PART_BACKEND_IMPL */
-/* ---------------------------------------- distsgd/cl/tuning.h */
-/* distsgd/cl/tuning.h - the GEMM tuner: shapes and measurement (the parameters and their cache are in context.h)
-   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
-
-   GEMM TUNING
-
-     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
-     (PoCL on a CPU above all) they can be several times slower than good ones.
-     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
-     candidates made for the device's float vector width,
-     dsgd_cl_device_info.vector_width, among them) and the size below which
-     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
-     at the shapes a model uses, within a time bound. It times candidates
-     with dsgd_cl_gemm_measure (back-to-back GEMMs with one finish per
-     sample, as in a training step), checks every candidate's results, and
-     writes the winner to a per-device cache file:
-
-         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
-                                        or exists as one)
-         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
-         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
-
-     dsgd_cl_context_desc.tune_cache overrides the environment. At context
-     creation each device's file is read and applied with
-     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
-     made for another device (platform name, device name and driver version are
-     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
-     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
-     (no warning). Overrides are process-wide per device (CLBlast keeps them
-     in a global table and has no call to undo them), so once a context has
-     applied tuned parameters, later contexts on that device in the same
-     process use them too.
-
-   COLD START (PoCL)
-
-     CLBlast compiles its GEMM kernels on the first call with a given set of
-     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
-     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
-     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
-     are built once per context and cached by PoCL the same way. Each tuning
-     candidate is a new compile, which is what bounds the tuner's speed.
-*/
-#ifndef DSGD_CL__PART_TUNING_DECL
-#define DSGD_CL__PART_TUNING_DECL
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/* ---------------------------------------------------------------- GEMM tuning */
-
-/* One GEMM shape: C(m,n) = op(A)(m,k) op(B)(k,n), row-major, dense. */
-typedef struct dsgd_cl_gemm_shape {
-    int trans_a, trans_b;
-    int m, n, k;
-} dsgd_cl_gemm_shape;
-
-/* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
-   the first layer's input gradient (256x784x512 NT): forward NN, weight
-   gradient TN, input gradient NT per layer. Copies up to cap shapes into out
-   (out may be NULL) and returns how many there are (9).
-   Errors: none. Thread safety: any thread. */
-DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap);
-
-/* Times b's gemm at each shape: one warm-up call (which compiles), one
-   timed call that sizes the samples, then `repeats` samples, each the mean
-   time per call of back-to-back calls with one finish at the end, as many
-   as last about 10 ms (at most 1000), as in a training step whose queue
-   stays full; median_s[i] gets the median sample, in seconds per call.
-   When max_rel_err is non-NULL the warm-up result is checked against a
-   double-precision host product on seeded random inputs and *max_rel_err is
-   the largest |C - ref| / sum_k |a||b| over all shapes (NaN when any
-   entry is NaN). b may be any backend.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (b, shapes or median_s NULL, num_shapes
-   or repeats < 1, a shape with m, n or k < 1) and DSGD_ERR_OUT_OF_MEMORY,
-   recorded on ctx; backend errors, recorded on b's context.
-   Thread safety: b's thread. */
-DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *b,
-                                          const dsgd_cl_gemm_shape *shapes, int num_shapes,
-                                          int repeats, double *median_s, double *max_rel_err);
-
-#ifdef __cplusplus
-}
-#endif
-
-#endif /* DSGD_CL__PART_TUNING_DECL */
-
-#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_TUNING_IMPL)
-#define DSGD_CL__PART_TUNING_IMPL
-
-/* >>tuning ------------------------------------------------------------------ */
-
-DSGD_API int dsgd_cl_mlp_gemm_shapes(dsgd_cl_gemm_shape *out, int cap) {
-    /* trans_a, trans_b, m, n, k */
-    static const int s[9][5] = {{0, 0, 256, 512, 784}, {1, 0, 784, 512, 256}, {0, 1, 256, 784, 512},
-                                {0, 0, 256, 512, 512}, {1, 0, 512, 512, 256}, {0, 1, 256, 512, 512},
-                                {0, 0, 256, 10, 512},  {1, 0, 512, 10, 256},  {0, 1, 256, 512, 10}};
-    int i;
-    for (i = 0; out && i < 9 && i < cap; ++i) {
-        out[i].trans_a = s[i][0];
-        out[i].trans_b = s[i][1];
-        out[i].m = s[i][2];
-        out[i].n = s[i][3];
-        out[i].k = s[i][4];
-    }
-    return 9;
-}
-
-static int dsgd_cl__cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-#define DSGD_CL__SAMPLE_S 0.01 /* seconds of back-to-back GEMMs per timed sample */
-
-DSGD_API dsgd_result dsgd_cl_gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *be, const dsgd_cl_gemm_shape *shapes,
-                                          int num_shapes, int repeats, double *median_s, double *max_rel_err) {
-    size_t amax = 0, bmax = 0, cmax = 0, i;
-    dsgd_buffer *ba = NULL, *bb = NULL, *bc = NULL;
-    float *ha = NULL, *hb = NULL, *hc = NULL;
-    double *times = NULL, worst = 0.0;
-    dsgd_result r = DSGD_OK;
-    uint64_t rng = 12345;
-    int s, t, calls;
-    if (!be || !shapes || num_shapes < 1 || repeats < 1 || !median_s)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_gemm_measure: bad arguments");
-    for (s = 0; s < num_shapes; ++s) {
-        const dsgd_cl_gemm_shape *g = &shapes[s];
-        if (g->m < 1 || g->n < 1 || g->k < 1)
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_gemm_measure: shape %d is empty", s);
-        if ((size_t)g->m * g->k > amax) amax = (size_t)g->m * g->k;
-        if ((size_t)g->k * g->n > bmax) bmax = (size_t)g->k * g->n;
-        if ((size_t)g->m * g->n > cmax) cmax = (size_t)g->m * g->n;
-    }
-    ha = (float *)DSGD_MALLOC(amax * sizeof(float));
-    hb = (float *)DSGD_MALLOC(bmax * sizeof(float));
-    hc = (float *)DSGD_MALLOC(cmax * sizeof(float));
-    times = (double *)DSGD_MALLOC((size_t)repeats * sizeof(double));
-    if (!ha || !hb || !hc || !times) {
-        r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_gemm_measure");
-        goto done;
-    }
-    for (i = 0; i < amax; ++i) ha[i] = (float)(dsgd_rng_uniform(&rng) * 2.0 - 1.0);
-    for (i = 0; i < bmax; ++i) hb[i] = (float)(dsgd_rng_uniform(&rng) * 2.0 - 1.0);
-    if ((r = be->buffer_create(be->impl, amax, &ba)) != DSGD_OK ||
-        (r = be->buffer_create(be->impl, bmax, &bb)) != DSGD_OK ||
-        (r = be->buffer_create(be->impl, cmax, &bc)) != DSGD_OK)
-        goto done;
-    {
-        dsgd_ref ra, rb;
-        ra.buf = ba;
-        ra.off = 0;
-        rb.buf = bb;
-        rb.off = 0;
-        if ((r = be->write(be->impl, ra, ha, amax)) != DSGD_OK || (r = be->write(be->impl, rb, hb, bmax)) != DSGD_OK)
-            goto done;
-    }
-    for (s = 0; s < num_shapes; ++s) {
-        const dsgd_cl_gemm_shape *g = &shapes[s];
-        int lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
-        dsgd_ref ra, rb, rc;
-        ra.buf = ba;
-        ra.off = 0;
-        rb.buf = bb;
-        rb.off = 0;
-        rc.buf = bc;
-        rc.off = 0;
-        /* warm-up (compiles), then check it */
-        r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc, g->n);
-        if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
-        if (r != DSGD_OK) goto done;
-        if (max_rel_err) {
-            int row, col, p;
-            if ((r = be->read(be->impl, rc, hc, (size_t)g->m * g->n)) != DSGD_OK) goto done;
-            for (row = 0; row < g->m; ++row) {
-                for (col = 0; col < g->n; ++col) {
-                    double acc = 0.0, mag = 0.0, e;
-                    for (p = 0; p < g->k; ++p) {
-                        double av = g->trans_a ? ha[(size_t)p * lda + row] : ha[(size_t)row * lda + p];
-                        double bv = g->trans_b ? hb[(size_t)col * ldb + p] : hb[(size_t)p * ldb + col];
-                        acc += av * bv;
-                        mag += fabs(av * bv);
-                    }
-                    e = fabs((double)hc[(size_t)row * g->n + col] - acc) / (mag > 1e-30 ? mag : 1e-30);
-                    if (worst == worst && !(e <= worst)) worst = e; /* a NaN becomes, and stays, the worst */
-                }
-            }
-        }
-        /* A sample is the mean of `calls` back-to-back calls with one finish
-           at the end, as in a training step whose queue stays full; timing
-           single calls to completion would add the device's wake-up and
-           dispatch latency to every call (on PoCL, more than the variation
-           between good candidates). calls is sized from one timed call so
-           that a sample lasts about DSGD_CL__SAMPLE_S. */
-        {
-            double t0 = dsgd_now(), one;
-            r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc, g->n);
-            if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
-            if (r != DSGD_OK) goto done;
-            one = dsgd_now() - t0;
-            calls = one >= DSGD_CL__SAMPLE_S ? 1 : (int)(DSGD_CL__SAMPLE_S / (one > 1e-6 ? one : 1e-6));
-            if (calls > 1000) calls = 1000;
-        }
-        for (t = 0; t < repeats; ++t) {
-            double t0 = dsgd_now();
-            int c;
-            for (c = 0; c < calls && r == DSGD_OK; ++c)
-                r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc,
-                             g->n);
-            if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
-            if (r != DSGD_OK) goto done;
-            times[t] = (dsgd_now() - t0) / calls;
-        }
-        qsort(times, (size_t)repeats, sizeof(double), dsgd_cl__cmp_double);
-        median_s[s] = repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
-    }
-    if (max_rel_err) *max_rel_err = worst;
-done:
-    if (ba) be->buffer_destroy(be->impl, ba);
-    if (bb) be->buffer_destroy(be->impl, bb);
-    if (bc) be->buffer_destroy(be->impl, bc);
-    DSGD_FREE(ha);
-    DSGD_FREE(hb);
-    DSGD_FREE(hc);
-    DSGD_FREE(times);
-    return r;
-}
-
-#endif /* DSGD_CL__PART_TUNING_IMPL */
 #endif /* DISTSGD_WITH_OPENCL */

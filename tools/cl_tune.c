@@ -1,7 +1,7 @@
 /* tools/cl_tune.c - tunes CLBlast's single-precision GEMM for one OpenCL
    device and writes the winner to distsgd's per-device tuning cache, which
    dsgd_cl_context_create applies at start-up (see GEMM TUNING in
-   distsgd_cl.h).
+   distsgd/cl/context.h).
 
    The search, within a time budget:
      1. baseline: CLBlast's stock parameters as they are;
@@ -31,11 +31,11 @@
 
    Timing: a sample is the mean time of back-to-back GEMMs of one shape
    (about 10 ms of them, one finish at the end), as in a training step;
-   see dsgd_cl_gemm_measure.
+   see gemm_measure in tools/cl_gemm_measure.h.
 
    Objective: the sum over the shapes of the median time of one GEMM, i.e.
    one training step's GEMM time when the shapes are a model's. Default
-   shapes: the 784-512-512-10 MLP at batch 256 (dsgd_cl_mlp_gemm_shapes).
+   shapes: the 784-512-512-10 MLP at batch 256 (mlp_gemm_shapes).
 
    Usage:
      cl_tune [--device SPEC] [--time SECONDS] [--repeats N] [--out PATH]
@@ -57,6 +57,7 @@
 #define DISTSGD_IMPLEMENTATION
 #define DISTSGD_CL_IMPLEMENTATION
 #include "../distsgd_cl.h"
+#include "cl_gemm_measure.h"
 
 #include <errno.h>
 #include <math.h>
@@ -79,7 +80,7 @@
 #define ALL_DIRECT 100000
 
 /* Awkward shapes every run must also get right. */
-static const dsgd_cl_gemm_shape check_shapes[] = {
+static const gemm_shape check_shapes[] = {
     {0, 0, 129, 257, 300}, {1, 0, 300, 129, 257}, {0, 1, 257, 300, 129}};
 #define NCHECK ((int)(sizeof check_shapes / sizeof check_shapes[0]))
 
@@ -88,7 +89,7 @@ static void stderr_log(void *ud, dsgd_log_level level, const char *msg) {
     if (level <= DSGD_LOG_WARN) fprintf(stderr, "cl_tune: %s: %s\n", level == DSGD_LOG_ERROR ? "error" : "warning", msg);
 }
 
-static int parse_shapes(const char *s, dsgd_cl_gemm_shape *out, int cap) {
+static int parse_shapes(const char *s, gemm_shape *out, int cap) {
     int n = 0;
     while (*s) {
         char ta, tb;
@@ -110,7 +111,7 @@ static int parse_shapes(const char *s, dsgd_cl_gemm_shape *out, int cap) {
     return n;
 }
 
-static void format_shapes(const dsgd_cl_gemm_shape *s, int n, char *buf, size_t cap) {
+static void format_shapes(const gemm_shape *s, int n, char *buf, size_t cap) {
     int i;
     size_t used = 0;
     buf[0] = '\0';
@@ -188,7 +189,7 @@ static int cmp_double(const void *a, const void *b) {
 static int eval_main(int argc, char **argv) {
     const char *device = NULL, *shapes_s = NULL;
     int repeats = 5, i, n, nc = 0, rounds, r, c;
-    dsgd_cl_gemm_shape shapes[MAX_SHAPES];
+    gemm_shape shapes[MAX_SHAPES];
     cand cands[MAX_FINALISTS + 2];
     static double t[MAX_FINALISTS + 2][ROUNDS][MAX_SHAPES];
     double err[MAX_FINALISTS + 2], tmp[MAX_SHAPES], ctimes[NCHECK];
@@ -235,8 +236,8 @@ static int eval_main(int argc, char **argv) {
                 p.min_indirect = cands[c].threshold;
             }
             if (dsgd_cl_apply_gemm_params(ctx, cl, 0, &p) != DSGD_OK ||
-                (r == 0 && dsgd_cl_gemm_measure(ctx, &be, check_shapes, NCHECK, 1, ctimes, &e1) != DSGD_OK) ||
-                dsgd_cl_gemm_measure(ctx, &be, shapes, n, repeats, t[c][r], r == 0 ? &e2 : NULL) != DSGD_OK) {
+                (r == 0 && gemm_measure(ctx, &be, check_shapes, NCHECK, 1, ctimes, &e1) != DSGD_OK) ||
+                gemm_measure(ctx, &be, shapes, n, repeats, t[c][r], r == 0 ? &e2 : NULL) != DSGD_OK) {
                 printf("EVAL %d fail %s\n", c, dsgd_ctx_last_error(ctx));
                 return 1;
             }
@@ -465,7 +466,7 @@ static int make_candidates(cand *out, int cap, unsigned w) {
     return n;
 }
 
-static double gflops(const dsgd_cl_gemm_shape *s, int n, const double *t) {
+static double gflops(const gemm_shape *s, int n, const double *t) {
     double flop = 0, sec = 0;
     int i;
     for (i = 0; i < n; ++i) {
@@ -476,7 +477,7 @@ static double gflops(const dsgd_cl_gemm_shape *s, int n, const double *t) {
 }
 
 /* The threshold t minimising the sum over shapes of (mnk < t^3 ? direct : indirect). */
-static size_t best_threshold(const dsgd_cl_gemm_shape *s, int n, const double *direct, const double *indirect,
+static size_t best_threshold(const gemm_shape *s, int n, const double *direct, const double *indirect,
                              double *total_out) {
     size_t cand_t[MAX_SHAPES + 1], best_t = 1;
     double best = 1e300;
@@ -495,7 +496,7 @@ static size_t best_threshold(const dsgd_cl_gemm_shape *s, int n, const double *d
     return best_t;
 }
 
-static void print_row(const char *label, const dsgd_cl_gemm_shape *s, int ns, const result *r) {
+static void print_row(const char *label, const gemm_shape *s, int ns, const result *r) {
     if (r->ok)
         printf("%-46s %8.2f ms %7.1f GFLOP/s\n", label, r->total * 1e3, gflops(s, ns, r->t));
     else
@@ -512,7 +513,7 @@ int main(int argc, char **argv) {
     const char *device = NULL, *out = NULL, *shapes_arg = NULL, *self = argv[0];
     double budget = 180, start = dsgd_now();
     int repeats = 5, dry = 0, maxc = MAX_CANDIDATES, ns, nc, i, c, nf = 0, best_f = -1;
-    dsgd_cl_gemm_shape shapes[MAX_SHAPES];
+    gemm_shape shapes[MAX_SHAPES];
     char shapes_s[2048], path[1100], label[256], note[512];
     cand cands[MAX_CANDIDATES], fin_c[MAX_FINALISTS + 1], win, stock_c;
     static result screen[MAX_CANDIDATES];
@@ -559,7 +560,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     } else {
-        ns = dsgd_cl_mlp_gemm_shapes(shapes, MAX_SHAPES);
+        ns = mlp_gemm_shapes(shapes, MAX_SHAPES);
     }
     format_shapes(shapes, ns, shapes_s, sizeof shapes_s);
     if (strchr(self, '/') == NULL) {

@@ -751,59 +751,43 @@ static void dsgd_cl__destroy(void *impl) {
     DSGD_FREE(b);
 }
 
-DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
-                                            dsgd_backend_i *out) {
-    dsgd_cl_backend_desc d;
-    dsgd_cl__backend *b;
+/* >>backend creation -------------------------------------------------------- */
+/* dsgd_cl_backend_create's phases, in order. Each records its error on ctx
+   and leaves what it created in b, for dsgd_cl__destroy to release. */
+
+/* The device's shared queue (see QUEUES) with one more reference, or a queue
+   of the backend's own (always with profiling). */
+static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int profiling) {
+    dsgd_cl_context *c = b->cl;
     cl_int err;
-    int k;
-    size_t kmax = (size_t)-1, local_mem;
-    if (!out || !c)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_backend_create: %s is NULL",
-                                  out ? "the context" : "out");
-    memset(out, 0, sizeof(*out));
-    memset(&d, 0, sizeof(d));
-    if (desc) d = *desc;
-    if (d.device < 0 || d.device >= c->num_devices)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
-                                  "dsgd_cl_context_num_devices())",
-                                  d.device, c->num_devices - 1);
-    b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
-    if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
-    memset(b, 0, sizeof(*b));
-    b->ctx = ctx;
-    b->cl = c;
-    b->dev = d.device;
-    b->device = c->devices[d.device];
-    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
-    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
-        b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
-    if (c->dev_queue[d.device] && !d.profiling) {
-        b->queue = c->dev_queue[d.device]; /* shared (see QUEUES): one more reference */
+    if (c->dev_queue[b->dev] && !profiling) {
+        b->queue = c->dev_queue[b->dev];
         err = clRetainCommandQueue(b->queue);
     } else {
-        b->queue = clCreateCommandQueue(c->context, b->device, d.profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+        b->queue = clCreateCommandQueue(c->context, b->device, profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
     }
     if (err != CL_SUCCESS) {
         b->queue = NULL;
-        dsgd_cl__destroy(b);
-        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[d.device].device_name);
+        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[b->dev].device_name);
     }
-    /* Each backend has its own kernel objects: clSetKernelArg is not
-       thread-safe on a shared cl_kernel. */
+    return DSGD_OK;
+}
+
+/* The backend's own kernel objects (clSetKernelArg is not thread-safe on a
+   shared cl_kernel) and the work-group sizes it launches them with. */
+static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
+    size_t kmax = (size_t)-1, local_mem = (size_t)b->cl->info[b->dev].local_mem_bytes;
+    cl_int err;
+    int k;
     for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
         size_t wg = 0;
-        b->kernels[k] = clCreateKernel(c->program, dsgd_cl__kernel_fn[k], &err);
+        b->kernels[k] = clCreateKernel(b->cl->program, dsgd_cl__kernel_fn[k], &err);
         if (err != CL_SUCCESS) {
-            dsgd_cl__destroy(b);
+            b->kernels[k] = NULL;
             return dsgd_cl__fail(ctx, err, "clCreateKernel", dsgd_cl__kernel_fn[k]);
         }
         err = clGetKernelWorkGroupInfo(b->kernels[k], b->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg, NULL);
-        if (err != CL_SUCCESS) {
-            dsgd_cl__destroy(b);
-            return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
-        }
+        if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
         if (wg < kmax) kmax = wg;
     }
     /* One work-group size for every element-wise kernel keeps the number of
@@ -812,16 +796,26 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     if (b->local < 1) b->local = 1;
     /* Reductions: the largest power of two that fits, at most 256, and whose
        local arrays fit in local memory. */
-    local_mem = (size_t)c->info[d.device].local_mem_bytes;
     b->reduce_local = 1;
     while (b->reduce_local * 2 <= b->local &&
            b->reduce_local * 2 * (2 * b->acc_size + 2 * sizeof(cl_ulong)) <= local_mem)
         b->reduce_local *= 2;
-    b->status = clCreateBuffer(c->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
+    return DSGD_OK;
+}
+
+/* The small buffer of int / ulong results (loss status, norm counts). */
+static dsgd_result dsgd_cl__make_status(dsgd_ctx *ctx, dsgd_cl__backend *b) {
+    cl_int err;
+    b->status = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
     if (err != CL_SUCCESS) {
-        dsgd_cl__destroy(b);
+        b->status = NULL;
         return dsgd_cl__fail(ctx, err, "clCreateBuffer", "status");
     }
+    return DSGD_OK;
+}
+
+/* Every member of dsgd_backend_i, the optional ones included. */
+static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->name = "opencl";
     out->impl = b;
     out->destroy = dsgd_cl__destroy;
@@ -847,6 +841,42 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     out->host_shared = dsgd_cl__host_shared;
     out->can_access = dsgd_cl__can_access;
     out->sum_across = dsgd_cl__sum_across;
+}
+
+DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
+                                            dsgd_backend_i *out) {
+    dsgd_cl_backend_desc d;
+    dsgd_cl__backend *b;
+    dsgd_result r;
+    if (!out || !c)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_backend_create: %s is NULL",
+                                  out ? "the context" : "out");
+    memset(out, 0, sizeof(*out));
+    memset(&d, 0, sizeof(d));
+    if (desc) d = *desc;
+    if (d.device < 0 || d.device >= c->num_devices)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
+                                  "dsgd_cl_context_num_devices())",
+                                  d.device, c->num_devices - 1);
+    b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
+    if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
+    memset(b, 0, sizeof(*b));
+    b->ctx = ctx;
+    b->cl = c;
+    b->dev = d.device;
+    b->device = c->devices[d.device];
+    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
+    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
+        b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
+    r = dsgd_cl__open_queue(ctx, b, d.profiling);
+    if (r == DSGD_OK) r = dsgd_cl__make_kernels(ctx, b);
+    if (r == DSGD_OK) r = dsgd_cl__make_status(ctx, b);
+    if (r != DSGD_OK) {
+        dsgd_cl__destroy(b);
+        return r;
+    }
+    dsgd_cl__fill_interface(out, b);
     return DSGD_OK;
 }
 

@@ -1,0 +1,187 @@
+/* tools/cl_gemm_measure.h - GEMM shapes and timing for the OpenCL GEMM tuner
+   (tools/cl_tune.c) and the OpenCL benchmarks (bench/gemm_cl.c,
+   bench/train_cl.c). Developer code, not part of the library: every name is
+   static and has no dsgd_ prefix.
+
+   Include it after distsgd.h or distsgd_cl.h (with DISTSGD_IMPLEMENTATION in
+   that file): it uses the core's public API only (dsgd_backend_i,
+   dsgd_ctx_set_error, dsgd_now, dsgd_rng_uniform), so gemm_measure times any
+   backend's gemm, the OpenCL one above all.
+
+   How cl_tune uses it: each candidate's parameters are applied
+   (dsgd_cl_apply_gemm_params), then gemm_measure times the GEMMs at the
+   tuning shapes (back-to-back GEMMs with one finish per sample, as in a
+   training step) and checks their results against a double-precision host
+   product; the winner is written with dsgd_cl_save_gemm_params (see GEMM
+   TUNING in distsgd/cl/context.h). */
+#ifndef DSGD_TOOLS_CL_GEMM_MEASURE_H
+#define DSGD_TOOLS_CL_GEMM_MEASURE_H
+
+#ifndef DISTSGD_H
+#error "include distsgd.h or distsgd_cl.h before tools/cl_gemm_measure.h"
+#endif
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* One GEMM shape: C(m,n) = op(A)(m,k) op(B)(k,n), row-major, dense. */
+typedef struct gemm_shape {
+    int trans_a, trans_b;
+    int m, n, k;
+} gemm_shape;
+
+/* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
+   the first layer's input gradient (256x784x512 NT): forward NN, weight
+   gradient TN, input gradient NT per layer. Copies up to cap shapes into out
+   (out may be NULL) and returns how many there are (9). */
+static inline int mlp_gemm_shapes(gemm_shape *out, int cap) {
+    /* trans_a, trans_b, m, n, k */
+    static const int s[9][5] = {{0, 0, 256, 512, 784}, {1, 0, 784, 512, 256}, {0, 1, 256, 784, 512},
+                                {0, 0, 256, 512, 512}, {1, 0, 512, 512, 256}, {0, 1, 256, 512, 512},
+                                {0, 0, 256, 10, 512},  {1, 0, 512, 10, 256},  {0, 1, 256, 512, 10}};
+    int i;
+    for (i = 0; out && i < 9 && i < cap; ++i) {
+        out[i].trans_a = s[i][0];
+        out[i].trans_b = s[i][1];
+        out[i].m = s[i][2];
+        out[i].n = s[i][3];
+        out[i].k = s[i][4];
+    }
+    return 9;
+}
+
+static inline int gemm_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define GEMM_SAMPLE_S 0.01 /* seconds of back-to-back GEMMs per timed sample */
+
+/* Times be's gemm at each shape: one warm-up call (which compiles), one
+   timed call that sizes the samples, then `repeats` samples, each the mean
+   time per call of back-to-back calls with one finish at the end, as many
+   as last about GEMM_SAMPLE_S (at most 1000), as in a training step whose
+   queue stays full; median_s[i] gets the median sample, in seconds per call.
+   When max_rel_err is non-NULL the warm-up result is checked against a
+   double-precision host product on seeded random inputs and *max_rel_err is
+   the largest |C - ref| / sum_k |a||b| over all shapes (NaN when any
+   entry is NaN). be may be any backend.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (be, shapes or median_s NULL, num_shapes
+   or repeats < 1, a shape with m, n or k < 1) and DSGD_ERR_OUT_OF_MEMORY,
+   recorded on ctx as "gemm_measure: ..."; backend errors, recorded on be's
+   context. */
+static inline dsgd_result gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *be, const gemm_shape *shapes,
+                                       int num_shapes, int repeats, double *median_s, double *max_rel_err) {
+    size_t amax = 0, bmax = 0, cmax = 0, i;
+    dsgd_buffer *ba = NULL, *bb = NULL, *bc = NULL;
+    float *ha = NULL, *hb = NULL, *hc = NULL;
+    double *times = NULL, worst = 0.0;
+    dsgd_result r = DSGD_OK;
+    uint64_t rng = 12345;
+    int s, t, calls;
+    if (!be || !shapes || num_shapes < 1 || repeats < 1 || !median_s)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "gemm_measure: bad arguments");
+    for (s = 0; s < num_shapes; ++s) {
+        const gemm_shape *g = &shapes[s];
+        if (g->m < 1 || g->n < 1 || g->k < 1)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "gemm_measure: shape %d is empty", s);
+        if ((size_t)g->m * g->k > amax) amax = (size_t)g->m * g->k;
+        if ((size_t)g->k * g->n > bmax) bmax = (size_t)g->k * g->n;
+        if ((size_t)g->m * g->n > cmax) cmax = (size_t)g->m * g->n;
+    }
+    ha = (float *)malloc(amax * sizeof(float));
+    hb = (float *)malloc(bmax * sizeof(float));
+    hc = (float *)malloc(cmax * sizeof(float));
+    times = (double *)malloc((size_t)repeats * sizeof(double));
+    if (!ha || !hb || !hc || !times) {
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "gemm_measure");
+        goto done;
+    }
+    for (i = 0; i < amax; ++i) ha[i] = (float)(dsgd_rng_uniform(&rng) * 2.0 - 1.0);
+    for (i = 0; i < bmax; ++i) hb[i] = (float)(dsgd_rng_uniform(&rng) * 2.0 - 1.0);
+    if ((r = be->buffer_create(be->impl, amax, &ba)) != DSGD_OK ||
+        (r = be->buffer_create(be->impl, bmax, &bb)) != DSGD_OK ||
+        (r = be->buffer_create(be->impl, cmax, &bc)) != DSGD_OK)
+        goto done;
+    {
+        dsgd_ref ra, rb;
+        ra.buf = ba;
+        ra.off = 0;
+        rb.buf = bb;
+        rb.off = 0;
+        if ((r = be->write(be->impl, ra, ha, amax)) != DSGD_OK || (r = be->write(be->impl, rb, hb, bmax)) != DSGD_OK)
+            goto done;
+    }
+    for (s = 0; s < num_shapes; ++s) {
+        const gemm_shape *g = &shapes[s];
+        int lda = g->trans_a ? g->m : g->k, ldb = g->trans_b ? g->k : g->n;
+        dsgd_ref ra, rb, rc;
+        ra.buf = ba;
+        ra.off = 0;
+        rb.buf = bb;
+        rb.off = 0;
+        rc.buf = bc;
+        rc.off = 0;
+        /* warm-up (compiles), then check it */
+        r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc, g->n);
+        if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
+        if (r != DSGD_OK) goto done;
+        if (max_rel_err) {
+            int row, col, p;
+            if ((r = be->read(be->impl, rc, hc, (size_t)g->m * g->n)) != DSGD_OK) goto done;
+            for (row = 0; row < g->m; ++row) {
+                for (col = 0; col < g->n; ++col) {
+                    double acc = 0.0, mag = 0.0, e;
+                    for (p = 0; p < g->k; ++p) {
+                        double av = g->trans_a ? ha[(size_t)p * lda + row] : ha[(size_t)row * lda + p];
+                        double bv = g->trans_b ? hb[(size_t)col * ldb + p] : hb[(size_t)p * ldb + col];
+                        acc += av * bv;
+                        mag += fabs(av * bv);
+                    }
+                    e = fabs((double)hc[(size_t)row * g->n + col] - acc) / (mag > 1e-30 ? mag : 1e-30);
+                    if (worst == worst && !(e <= worst)) worst = e; /* a NaN becomes, and stays, the worst */
+                }
+            }
+        }
+        /* A sample is the mean of `calls` back-to-back calls with one finish
+           at the end, as in a training step whose queue stays full; timing
+           single calls to completion would add the device's wake-up and
+           dispatch latency to every call (on PoCL, more than the variation
+           between good candidates). calls is sized from one timed call so
+           that a sample lasts about GEMM_SAMPLE_S. */
+        {
+            double t0 = dsgd_now(), one;
+            r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc, g->n);
+            if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
+            if (r != DSGD_OK) goto done;
+            one = dsgd_now() - t0;
+            calls = one >= GEMM_SAMPLE_S ? 1 : (int)(GEMM_SAMPLE_S / (one > 1e-6 ? one : 1e-6));
+            if (calls > 1000) calls = 1000;
+        }
+        for (t = 0; t < repeats; ++t) {
+            double t0 = dsgd_now();
+            int c;
+            for (c = 0; c < calls && r == DSGD_OK; ++c)
+                r = be->gemm(be->impl, g->trans_a, g->trans_b, g->m, g->n, g->k, 1.0f, ra, lda, rb, ldb, 0.0f, rc,
+                             g->n);
+            if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
+            if (r != DSGD_OK) goto done;
+            times[t] = (dsgd_now() - t0) / calls;
+        }
+        qsort(times, (size_t)repeats, sizeof(double), gemm_cmp_double);
+        median_s[s] = repeats % 2 ? times[repeats / 2] : 0.5 * (times[repeats / 2 - 1] + times[repeats / 2]);
+    }
+    if (max_rel_err) *max_rel_err = worst;
+done:
+    if (ba) be->buffer_destroy(be->impl, ba);
+    if (bb) be->buffer_destroy(be->impl, bb);
+    if (bc) be->buffer_destroy(be->impl, bc);
+    free(ha);
+    free(hb);
+    free(hc);
+    free(times);
+    return r;
+}
+
+#endif /* DSGD_TOOLS_CL_GEMM_MEASURE_H */
