@@ -93,27 +93,6 @@ static void get_params(dsgd_ctx *ctx, dsgd_strategy *s, int replica, float *dst)
     TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, replica), dst, NPARAMS));
 }
 
-static void assert_replicas_identical(dsgd_ctx *ctx, dsgd_strategy *s) {
-    float p0[NPARAMS], pr[NPARAMS];
-    int r;
-    get_params(ctx, s, 0, p0);
-    for (r = 1; r < dsgd_strategy_num_replicas(s); ++r) {
-        get_params(ctx, s, r, pr);
-        if (memcmp(p0, pr, sizeof(p0)) != 0) fail_msg("replica %d's parameters differ from replica 0's", r);
-    }
-}
-
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0.0, den = 0.0;
-    size_t i;
-    for (i = 0; i < n; ++i) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= num)) num = d;
-        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
-    }
-    return den > 0.0 ? num / den : num;
-}
-
 /* The no-host-pointer CPU backend: the gradients go through staging. */
 static dsgd_result no_host_ptr_factory(void *user, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
     dsgd_result r = dsgd_cpu_backend_create(ctx, out);
@@ -148,7 +127,7 @@ static void run_side_by_side(const run_case *c, float out[][NPARAMS]) {
             assert_int_equal((int)info[k].step, step);
             assert_int_equal(info[k].skipped, 0);
             assert_true(info[k].lr == info[0].lr);
-            assert_replicas_identical(ctx, s[k]);
+            tu_assert_replicas_identical(ctx, s[k]);
         }
     }
     for (k = 0; k < c->count; ++k) {
@@ -177,8 +156,8 @@ static void test_matches_mirrored_and_one_device(void **state) {
             c.d[0].optimizer.schedule.warmup_start_lr = 0.001f;
             c.d[1].optimizer = c.d[2].optimizer = c.d[0].optimizer;
             run_side_by_side(&c, w);
-            em = rel_err(w[0], w[1], NPARAMS);
-            e1 = rel_err(w[0], w[2], NPARAMS);
+            em = tu_rel_err(w[0], w[1], NPARAMS);
+            e1 = tu_rel_err(w[0], w[2], NPARAMS);
             printf("    N=%d opt %d: central vs mirrored %.3g, vs one_device %.3g\n", n, (int)opts[k], em, e1);
             if (!(em <= tol) || !(e1 <= tol)) fail_msg("N=%d opt %d: relative errors %.3g, %.3g > %.0e", n, (int)opts[k], em, e1, tol);
             if (n == 2 && memcmp(w[0], w[1], sizeof(w[0])) != 0) fail_msg("N=2 opt %d: central and mirrored differ in bits", (int)opts[k]);
@@ -208,7 +187,7 @@ static void test_bitwise_cases(void **state) {
     c.d[2].optimizer.clip_norm = 0.05f;
     run_side_by_side(&c, w);
     assert_memory_equal(w[0], w[1], sizeof(w[0]));
-    TU_NEAR(rel_err(w[0], w[2], NPARAMS), 0.0, 1e-5);
+    TU_NEAR(tu_rel_err(w[0], w[2], NPARAMS), 0.0, 1e-5);
     alarm(0);
 }
 

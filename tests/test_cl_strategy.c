@@ -204,18 +204,6 @@ static void assert_replicas_identical(dsgd_strategy *s, int n, int step) {
     }
 }
 
-static double rel_err(const float *got, const float *want, size_t n) {
-    double md = 0.0, mw = 0.0;
-    size_t i;
-    for (i = 0; i < n; ++i) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (isnan(d)) return INFINITY;
-        if (d > md) md = d;
-        if (fabs((double)want[i]) > mw) mw = fabs((double)want[i]);
-    }
-    return mw > 0.0 ? md / mw : md;
-}
-
 /* 20 steps of `kind` (MIRRORED, or CENTRAL_STORAGE, whose path is always
    HOST) with n replicas on OpenCL, gradients summed by `path`, against
    ONE_DEVICE(batch n*B) on the CPU. */
@@ -277,7 +265,7 @@ static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind op
 
     get_params(ms, 0, pm);
     get_params(ref, 0, pr);
-    err = rel_err(pm, pr, NPARAMS);
+    err = tu_rel_err(pm, pr, NPARAMS);
     fprintf(stderr, "test_cl_strategy: %s N=%d %s, %s gradients: max|opencl-cpu|/max|cpu| = %.3g (tol %.0e)\n",
             dsgd_strategy_kind_name(kind), n, opt == DSGD_OPT_ADAM ? "adam" : "momentum",
             dsgd_gradient_path_name(dsgd_strategy_gradient_path(ms)), err, tol);
@@ -287,7 +275,7 @@ static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind op
         float p0[NPARAMS];
         dsgd_strategy *fresh = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, B, opt, 0, DSGD_GRADIENTS_AUTO);
         get_params(fresh, 0, p0);
-        assert_true(rel_err(pr, p0, NPARAMS) > 100.0 * tol);
+        assert_true(tu_rel_err(pr, p0, NPARAMS) > 100.0 * tol);
         dsgd_strategy_destroy(fresh);
     }
 
@@ -391,9 +379,9 @@ static void paths_bitwise(int n) {
         get_params(dev, n - 1, pd);
         get_params(host, n - 1, ph);
         if (memcmp(pd, ph, sizeof pd) != 0)
-            fail_msg("N=%d step %d: device and host paths differ (max rel %.3g)", n, step, rel_err(pd, ph, NPARAMS));
+            fail_msg("N=%d step %d: device and host paths differ (max rel %.3g)", n, step, tu_rel_err(pd, ph, NPARAMS));
     }
-    assert_true(rel_err(pd, p0, NPARAMS) > 1e-3); /* they trained */
+    assert_true(tu_rel_err(pd, p0, NPARAMS) > 1e-3); /* they trained */
     dsgd_strategy_destroy(dev);
     dsgd_strategy_destroy(host);
     G.algorithm = DSGD_ALLREDUCE_AUTO;
