@@ -2927,7 +2927,8 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
      sendrecv_reduce, which reduces from a peer's buffer in place; share and
      unshare, which let ranks in one address space use each other's buffers
      directly), replaces the library's algorithm (a native allreduce, as MPI
-     would provide), supplies a clock (a simulated-clock transport) or
+     would provide), receives from any source (probe, for a rank that serves
+     many peers, such as a parameter server), supplies a clock (a simulated-clock transport) or
      improves error messages (error_message, set_progress/peer_progress). A
      new transport fills what it can and leaves the rest NULL; the
      collectives do not change. A strategy's step sends its gradients over
@@ -3049,6 +3050,18 @@ typedef struct dsgd_transport_i {
     const char *(*error_message)(void *impl);
     void (*set_progress)(void *impl, uint64_t seq);
     uint64_t (*peer_progress)(void *impl, int peer);
+    /* optional: receive from any source (MPI_Probe with MPI_ANY_SOURCE).
+       Waits until a message from some rank is ready and reports its source,
+       tag and size without taking it; the caller then takes it with
+       recv(src, tag, ..., bytes). Messages from one source are reported in
+       the order they were sent. When several sources are ready, the report
+       may be any of them, but no source may be passed over forever (the
+       loopback reports them round-robin). A withdrawn message (its sender
+       failed) is reported too, and recv returns DSGD_ERR_ABORTED for it.
+       On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED) *src is -1. A rank
+       that serves many peers in arrival order (a parameter server) needs it;
+       the collectives never call it. */
+    dsgd_result (*probe)(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes);
 } dsgd_transport_i;
 
 #ifdef __cplusplus
@@ -3138,9 +3151,10 @@ static void dsgd__divide(float *d, size_t n, int by) {
      queued); larger ones are posted by pointer and the receiver copies (or
      reduces) straight from the sender's memory while the sender waits. It
      also provides share/unshare, so AUTO all-reduces on it run
-     DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
-     yielding the CPU), then sleeps on a condition variable; see
-     dsgd_loopback_set_spin.
+     DSGD_ALLREDUCE_DIRECT, and probe (receive from any source), which
+     reports the waiting sources round-robin. A waiting rank spins briefly
+     (pausing, then yielding the CPU), then sleeps on a condition variable;
+     see dsgd_loopback_set_spin.
 */
 #ifndef DSGD__PART_LOOPBACK_DECL
 #define DSGD__PART_LOOPBACK_DECL
@@ -3261,6 +3275,7 @@ typedef struct dsgd__lb_ep {
     struct dsgd_loopback *hub;
     int rank;
     int sleeping;      /* atomic */
+    int probe_next;    /* probe: the source looked at first next time */
     uint64_t progress; /* atomic; last collective seq entered */
     /* shared window (share/unshare): win_ptr is published by win_tag (0:
        none); peers count holds on it: holders = win_acq - win_rel */
@@ -3817,6 +3832,56 @@ static dsgd_result dsgd__lb_unshare(void *impl, uint64_t tag, double deadline, i
     return r;
 }
 
+/* >>loopback probe --------------------------------------------------------- */
+
+/* The first source, from e->probe_next on (round-robin), with a message
+   waiting for e; -1 if none. SC loads of the senders' tails. */
+static int dsgd__lb_waiting_source(dsgd__lb_ep *e) {
+    dsgd_loopback *hub = e->hub;
+    size_t n = (size_t)hub->n, me = (size_t)e->rank;
+    int i;
+    for (i = 0; i < hub->n; ++i) {
+        int k = (e->probe_next + i) % hub->n;
+        const dsgd__lb_pair *in = &hub->pair[(size_t)k * n + me];
+        if (k != e->rank && DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head)) return k;
+    }
+    return -1;
+}
+
+static int dsgd__lb_any_waiting(dsgd__lb_ep *e, uint64_t tag) {
+    (void)tag;
+    return dsgd__lb_waiting_source(e) >= 0;
+}
+
+static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    dsgd_loopback *hub = e->hub;
+    const dsgd__lb_pair *in;
+    const dsgd__lb_slot *s;
+    dsgd_result r;
+    int k;
+    if (src) *src = -1;
+    if (!src || !tag || !bytes) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: probe needs src, tag and bytes", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    r = dsgd__lb_wait(e, dsgd__lb_any_waiting, 0, deadline);
+    if (r != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: %s while waiting for a message from any rank", e->rank,
+                 r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted");
+        return r;
+    }
+    k = dsgd__lb_waiting_source(e);
+    DSGD_ASSERT(k >= 0); /* only this rank consumes its inboxes */
+    in = &hub->pair[(size_t)k * (size_t)hub->n + (size_t)e->rank];
+    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
+    *tag = s->tag; /* written before the tail that published it */
+    *bytes = s->bytes;
+    *src = k;
+    e->probe_next = (k + 1) % hub->n;
+    return DSGD_OK;
+}
+
 /* peer -1 (no transfer) or another rank of the hub. */
 static dsgd_result dsgd__lb_check(dsgd__lb_ep *e, int peer, int *failed_peer) {
     if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
@@ -3902,6 +3967,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->peer_progress = dsgd__lb_peer_progress;
     out->share = dsgd__lb_share;
     out->unshare = dsgd__lb_unshare;
+    out->probe = dsgd__lb_probe;
     return DSGD_OK;
 }
 
