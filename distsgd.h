@@ -121,6 +121,7 @@
 #include "distsgd/collectives.h"    /* communicators, the agreement, all-reduce and the rest */
 #include "distsgd/variables.h"      /* aggregation and synchronization of distributed variables */
 #include "distsgd/sharding.h"       /* partitioners and the shard map of the parameter servers */
+#include "distsgd/ps.h"             /* the parameter-server engine: servers apply pushes, workers pull and push */
 #include "distsgd/strategy.h"       /* strategies, replicas, distributed variables, metrics */
 #include "distsgd/strategy_sync.h"  /* the synchronous kinds: one_device, mirrored */
 #include "distsgd/strategy_kinds.h" /* the table of kinds; dsgd_strategy_create */
