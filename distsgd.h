@@ -81,6 +81,9 @@
          on that rank's thread, and all ranks call the same collectives
          concurrently. dsgd_loopback_abort and dsgd_loopback_aborted may be
          called from any thread while the hub exists.
+       - Parameter servers (ps.h): each server and each worker is used by
+         its rank's thread (with its own context); they share only the
+         transport and the read-only shard map.
        - A strategy is driven from one thread, the one that owns its ctx. It
          runs replica 0 on that thread and replicas 1..N-1 on threads of its
          own, each with its own context (and backend, model, optimizer and

@@ -57,10 +57,14 @@
              its accepted set on its own, as each of TF's per-variable
              accumulators does. With b = 0 it is SYNC, bit for bit.
      In SSP, SYNC and BACKUP a worker must pull before each push
-     (DSGD_ERR_STATE otherwise), and in SSP and SYNC every worker must push
-     as many times as the others: a clock that misses a finished worker's
+     (DSGD_ERR_STATE otherwise). In SSP and SYNC every worker must push as
+     many times as the others: a clock that misses a finished worker's
      gradient is never applied, and the workers that wait for it time out.
-     Pushes of a last, incomplete clock or step are never applied.
+     In BACKUP workers stop on the version, as TF's stop on the global step
+     (pull; stop once the version reaches the target; else compute and
+     push): a worker that pushes a fixed number of times may wait for ever
+     on a step the others, finished, no longer complete. Pushes of a last,
+     incomplete clock or step are never applied.
 
    WIRE PROTOCOL
 
@@ -81,8 +85,9 @@
        DONE    worker -> server: seq = the worker's number of pushes
      Exactly once: per worker a server keeps the next push seq it expects
      and the status of the last one. A seq below it is a duplicate (a
-     resend, or a copy the network made): acknowledged again with the same
-     status, counted, never applied. A seq above it is DSGD_ERR_DESYNC.
+     resend, or a copy the network made): acknowledged again (with the last
+     push's status: a worker waits only for its last push's ACK), counted,
+     never applied. A seq above it is DSGD_ERR_DESYNC.
      A worker resends a push (or pull) that got no reply after retry_s,
      backing off (retry_s, 2 retry_s, 4 retry_s, ... at most timeout_s / 8)
      so that a stalled server's queue is not flooded. Workers take every
