@@ -20,6 +20,8 @@
      - Staleness statistics: the histogram sums to the applied pushes; one
        worker pulling before each push has staleness 0; pushes without pulls
        have staleness 0, 1, 2.
+     - Large messages (rendezvous on the loopback), ASYNC with resends and
+       SYNC, end with the exact sums.
      - Errors: bad descs, no probe, a transport of the wrong size, wrong
        roles, push without pull, calls after finish, a missing worker (the
        server times out naming it, a waiting worker names the server).
@@ -911,6 +913,82 @@ static void test_staleness_stats(void **state) {
     alarm(0);
 }
 
+/* ---------------------------------------------------------------- large messages */
+
+/* Slices above the loopback's 64 KiB eager limit go by rendezvous (the
+   sender waits for its receiver): ASYNC over the faulty transport with a
+   1 ms retry (resends of large pushes in flight) and SYNC both finish, with
+   the exact sums. */
+#define LG_VARS 3
+#define LG_EACH 40000
+#define LG_K 12
+static float large_grad(int w, int k, size_t j) { return 4.0f * (float)(w + 1) * (float)((int)((j + (size_t)k) % 5) - 2); }
+
+static dsgd_result body_large(run *R, int w, dsgd_ps_worker *pw) {
+    float *p = (float *)malloc(R->n * sizeof(float)), *g = (float *)malloc(R->n * sizeof(float));
+    dsgd_result r = DSGD_OK;
+    size_t j;
+    int k;
+    for (k = 0; k < LG_K && r == DSGD_OK; ++k) {
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        for (j = 0; j < R->n; ++j) g[j] = large_grad(w, k, j);
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    free(p);
+    free(g);
+    return r;
+}
+
+static void test_large_messages(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    size_t n = (size_t)LG_VARS * LG_EACH, j;
+    float *init = (float *)malloc(n * sizeof(float)), *final = (float *)malloc(n * sizeof(float));
+    int pass, w, k;
+    (void)state;
+    watchdog(300);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 2, LG_VARS, LG_EACH);
+    for (j = 0; j < n; ++j) init[j] = (float)(int)(j % 1000);
+    for (pass = 0; pass < 2; ++pass) {
+        memset(R, 0, sizeof *R);
+        R->n = n;
+        R->map = map;
+        R->init = init;
+        R->final = final;
+        R->d.num_servers = 2;
+        R->d.num_workers = 4;
+        R->d.policy = pass == 0 ? DSGD_PS_ASYNC : DSGD_PS_SYNC;
+        R->d.optimizer.lr = 1.0f;
+        R->d.retry_s = 0.001;
+        R->faulty = pass == 0;
+        R->body = body_large;
+        R->skip_worker = -1;
+        R->seed = 3;
+        run_ps(R);
+        expect_all_ok(R);
+        for (j = 0; j < n; ++j) {
+            float want = init[j];
+            for (k = 0; k < LG_K; ++k) {
+                float step = 0.0f;
+                for (w = 0; w < 4; ++w) step += large_grad(w, k, j);
+                want -= pass == 0 ? step : step / 4.0f;
+            }
+            if (final[j] != want) fail_msg("%s: parameter %zu is %g, want %g", dsgd_ps_policy_name(R->d.policy), j, (double)final[j], (double)want);
+        }
+        print_message("large %s: %lld + %lld duplicates, %lld push resends\n", dsgd_ps_policy_name(R->d.policy),
+                      (long long)R->st[0].duplicates, (long long)R->st[1].duplicates,
+                      (long long)(R->wst[2].push_resends + R->wst[3].push_resends + R->wst[4].push_resends + R->wst[5].push_resends));
+    }
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(init);
+    free(final);
+    free(R);
+    alarm(0);
+}
+
 /* ---------------------------------------------------------------- 6: errors */
 
 static void test_bad_arguments(void **state) {
@@ -1090,6 +1168,7 @@ int main(void) {
         cmocka_unit_test(test_ssp_bound),
         cmocka_unit_test(test_backup_drops_stale),
         cmocka_unit_test(test_exactly_once),
+        cmocka_unit_test(test_large_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
