@@ -6298,7 +6298,11 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     if (r == DSGD_OK && (d.optimizer.kind == DSGD_OPT_ADAM || d.optimizer.kind == DSGD_OPT_ADAMW))
         r = s->be.buffer_create(s->be.impl, s->n, &s->m2);
     if (r == DSGD_OK && d.policy != DSGD_PS_ASYNC) {
-        slots = (size_t)s->ring * (size_t)s->W; /* <= 65537 * INT_MAX / 2: fits a 64-bit size_t */
+        if (dsgd__mul_overflows((size_t)s->ring, (size_t)s->W, &slots) || slots > SIZE_MAX / sizeof(int64_t) - 1) {
+            dsgd_ps_server_destroy(s);
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %d clocks of %d workers overflow size_t", fn,
+                                      s->ring, s->W);
+        }
         s->slot = (dsgd_buffer **)dsgd__alloc(ctx, slots * sizeof *s->slot, fn);
         /* every buffer is in a slot, in the pool, or receiving: slots + 1 */
         s->pool = (dsgd_buffer **)dsgd__alloc(ctx, (slots + 1) * sizeof *s->pool, fn);
@@ -6477,6 +6481,13 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                                           w->index, src, dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "",
                                           dsgd__ps_terr(&w->t));
             memcpy(h, dst, sizeof h);
+            if (h[0] != (uint64_t)type || h[1] != (uint64_t)w->index || DSGD_PS_TAG_SEQ(h[2]) != DSGD_PS_TAG_SEQ(seq) ||
+                (type == DSGD_PS_MSG_PARAMS && h[4] != (uint64_t)w->n[src]))
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                          "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
+                                          "count %llu) that does not match its tag and size", fn, w->index, src,
+                                          (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2],
+                                          (unsigned long long)h[4]);
             if (type == DSGD_PS_MSG_ACK) {
                 w->dropped[src] = h[5] == DSGD_PS_DROPPED;
                 w->pushes_dropped += w->dropped[src];
