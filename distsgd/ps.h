@@ -59,12 +59,13 @@
      In SSP, SYNC and BACKUP a worker must pull before each push
      (DSGD_ERR_STATE otherwise). In SSP and SYNC every worker must push as
      many times as the others: a clock that misses a finished worker's
-     gradient is never applied, and the workers that wait for it time out.
-     In BACKUP workers stop on the version, as TF's stop on the global step
-     (pull; stop once the version reaches the target; else compute and
-     push): a worker that pushes a fixed number of times may wait for ever
-     on a step the others, finished, no longer complete. Pushes of a last,
-     incomplete clock or step are never applied.
+     gradient is never applied. In BACKUP workers stop on the version, as
+     TF's stop on the global step (pull; stop once the version reaches the
+     target; else compute and push): a worker that pushes a fixed number of
+     times may wait for a step the others, finished, no longer complete. A
+     server sees when a deferred pull can never be answered and fails at
+     once with DSGD_ERR_DESYNC naming the workers; the waiting worker times
+     out. Pushes of a last, incomplete clock or step are never applied.
 
    WIRE PROTOCOL
 
@@ -235,7 +236,8 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
    message from some unfinished worker for timeout_s: the message names
    them), DSGD_ERR_DESYNC (a message from a non-worker rank, of an unknown
    type or size, a push seq ahead of the expected one, a clock outside the
-   SSP window), DSGD_ERR_ABORTED and transport errors, DSGD_ERR_OUT_OF_MEMORY,
+   SSP window; a deferred pull that can never be answered, see UPDATE
+   POLICIES), DSGD_ERR_ABORTED and transport errors, DSGD_ERR_OUT_OF_MEMORY,
    backend errors. After a failure the server is unusable (destroy it).
    Thread safety: the server's thread. */
 DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s);
@@ -617,6 +619,43 @@ static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size
     return status ? DSGD_OK : dsgd__ps_apply_clocks(s);
 }
 
+/* Clock modes: fails when a deferred pull can never be answered because
+   the clock (step) the server must apply next cannot complete: SSP and SYNC
+   need a push of it from a worker that has finished; BACKUP has fewer
+   accepted gradients plus workers still able to push (not finished, not
+   waiting, not already in this step) than it needs. Called when a worker
+   finishes and when a pull is deferred; exact, so a run that can go on is
+   never stopped. */
+static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    int k = (int)(s->version % s->ring), w, waiter = -1, missing = -1, can = 0;
+    if (s->d.policy == DSGD_PS_ASYNC) return DSGD_OK;
+    for (w = 0; w < s->W; ++w) {
+        const dsgd__ps_peer *pe = &s->peer[w];
+        int in_step = s->slot[(size_t)k * s->W + w] != NULL;
+        if (pe->pull_pending && waiter < 0) waiter = w;
+        if (pe->done && !in_step && missing < 0 && (s->d.policy == DSGD_PS_BACKUP || pe->next_seq <= (uint64_t)s->version))
+            missing = w;
+        if (!pe->done && !pe->pull_pending && !in_step) can++;
+    }
+    if (waiter < 0) return DSGD_OK;
+    if (s->d.policy != DSGD_PS_BACKUP && missing >= 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld needs "
+                                  "a push of worker %d, which finished after %llu pushes (%s needs every worker's push of "
+                                  "every clock)", fn, s->index, waiter, (long long)s->peer[waiter].pull_min,
+                                  (long long)s->version, missing, (unsigned long long)s->peer[missing].next_seq,
+                                  dsgd_ps_policy_name(s->d.policy));
+    if (s->d.policy == DSGD_PS_BACKUP && s->slot_count[k] + can < s->needed)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: worker %d waits for version %lld, which can never come: step %lld has %d "
+                                  "of %d gradients and %d worker%s can still push (the others finished or wait); stop "
+                                  "BACKUP workers on the version", fn, s->index, waiter,
+                                  (long long)s->peer[waiter].pull_min, (long long)s->version, s->slot_count[k],
+                                  s->needed, can, can == 1 ? "" : "s");
+    return DSGD_OK;
+}
+
 static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
     static const char *const fn = "dsgd_ps_server_serve";
     dsgd__ps_peer *pe = &s->peer[w];
@@ -642,7 +681,7 @@ static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size
     if (s->version >= pe->pull_min) return dsgd__ps_answer_pull(s, w);
     pe->pull_pending = 1;
     s->deferred++;
-    return DSGD_OK;
+    return dsgd__ps_check_stuck(s);
 }
 
 static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
@@ -664,7 +703,7 @@ static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size
         s->peer[w].done = 1;
         s->done_count++;
     }
-    return DSGD_OK;
+    return dsgd__ps_check_stuck(s);
 }
 
 DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {

@@ -24,7 +24,10 @@
        SYNC, end with the exact sums.
      - Errors: bad descs, no probe, a transport of the wrong size, wrong
        roles, push without pull, calls after finish, a missing worker (the
-       server times out naming it, a waiting worker names the server).
+       server times out naming it, a waiting worker names the server), runs
+       that can never finish (SYNC with a worker one clock short, BACKUP
+       workers pushing a fixed number of times) stopped by the server at
+       once.
 
    Worker threads never call cmocka's assertions (they longjmp); they record
    results that the main thread checks after joining. A watchdog (alarm)
@@ -177,6 +180,7 @@ struct run {
     void *user;
     int faulty;
     int skip_worker; /* -1: none; else that worker never starts */
+    int body_finishes; /* the body calls finish itself (or never) */
     uint64_t seed;
     /* results, one slot per rank */
     dsgd_result res[MAXR];
@@ -249,7 +253,7 @@ static void *worker_main(void *arg) {
     }
     r = dsgd_ps_worker_create(ctx, &t, &R->d, R->map, &pw);
     if (r == DSGD_OK) r = R->body(R, w, pw);
-    if (r == DSGD_OK) r = dsgd_ps_worker_finish(pw);
+    if (r == DSGD_OK && !R->body_finishes) r = dsgd_ps_worker_finish(pw);
     dsgd_ps_worker_get_stats(pw, &R->wst[a->rank]);
     if (f) {
         R->dups[a->rank] = f->dups;
@@ -1158,11 +1162,91 @@ static void test_missing_worker(void **state) {
     alarm(0);
 }
 
+/* Runs that can never finish are stopped by the server at once: SYNC where
+   a worker finished one clock early, and BACKUP workers that push a fixed
+   number of times (the straggler's last step can never be completed). */
+typedef struct stuck_data {
+    int finished; /* atomic: workers that called finish */
+} stuck_data;
+
+static dsgd_result body_stuck(run *R, int w, dsgd_ps_worker *pw) {
+    stuck_data *D = (stuck_data *)R->user;
+    int W = R->d.num_workers, k, pushes = w == 0 ? 1 : 2;
+    float p[16], g[16] = {0};
+    dsgd_result r = DSGD_OK;
+    double give_up = dsgd_now() + 20.0;
+    if (R->d.policy == DSGD_PS_BACKUP) {
+        pushes = 1;
+        if (w == W - 1) /* the straggler starts once the others have finished */
+            while (__atomic_load_n(&D->finished, __ATOMIC_SEQ_CST) < W - 1 && dsgd_now() < give_up) sleep_us(100);
+    }
+    for (k = 0; k <= pushes && r == DSGD_OK; ++k) {
+        if (k == pushes && !(R->d.policy == DSGD_PS_SYNC ? w != 0 : w == W - 1)) break;
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK || k == pushes) break;
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    if (r == DSGD_OK && w != W - 1 && (R->d.policy == DSGD_PS_BACKUP || w == 0)) {
+        r = dsgd_ps_worker_finish(pw);
+        __atomic_add_fetch(&D->finished, 1, __ATOMIC_SEQ_CST);
+    }
+    return r;
+}
+
+static void test_stuck_runs_fail_fast(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    stuck_data D;
+    float init[16] = {0}, final[16];
+    int pass;
+    (void)state;
+    watchdog(60);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 1, 2, 8);
+    for (pass = 0; pass < 2; ++pass) {
+        memset(R, 0, sizeof *R);
+        memset(&D, 0, sizeof D);
+        R->n = 16;
+        R->map = map;
+        R->init = init;
+        R->final = final;
+        R->d.num_servers = 1;
+        R->d.num_workers = pass == 0 ? 2 : 3;
+        R->d.policy = pass == 0 ? DSGD_PS_SYNC : DSGD_PS_BACKUP;
+        R->d.backup_workers = pass == 0 ? 0 : 1;
+        R->d.timeout_s = 0.5;
+        R->body = body_stuck;
+        R->user = &D;
+        R->skip_worker = -1;
+        R->body_finishes = 1;
+        run_ps(R);
+        print_message("%s: %s\n", dsgd_ps_policy_name(R->d.policy), R->msg[0]);
+        assert_int_equal(R->res[0], DSGD_ERR_DESYNC);
+        if (pass == 0) {
+            assert_non_null(strstr(R->msg[0], "dsgd_ps_server_serve: server 0: worker 1 waits for version 2, which can "
+                                              "never come: clock 1 needs a push of worker 0, which finished after 1 pushes"));
+            assert_int_equal(R->res[1], DSGD_OK);          /* finished after 1 push */
+            assert_int_equal(R->res[2], DSGD_ERR_TIMEOUT); /* waited for clock 1 */
+        } else {
+            assert_non_null(strstr(R->msg[0], "dsgd_ps_server_serve: server 0: worker 2 waits for version 2, which can "
+                                              "never come: step 1 has 1 of 2 gradients and 0 workers can still push"));
+            assert_int_equal(R->res[1], DSGD_OK);
+            assert_int_equal(R->res[2], DSGD_OK);
+            assert_int_equal(R->res[3], DSGD_ERR_TIMEOUT); /* the straggler */
+        }
+    }
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+    alarm(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_staleness_stats),
         cmocka_unit_test(test_missing_worker),
+        cmocka_unit_test(test_stuck_runs_fail_fast),
         cmocka_unit_test(test_sync_rounds),
         cmocka_unit_test(test_zero_bounds_are_sync),
         cmocka_unit_test(test_ssp_bound),
