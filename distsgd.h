@@ -81,6 +81,9 @@
          on that rank's thread, and all ranks call the same collectives
          concurrently. dsgd_loopback_abort and dsgd_loopback_aborted may be
          called from any thread while the hub exists.
+       - Parameter servers (ps.h): each server and each worker is used by
+         its rank's thread (with its own context); they share only the
+         transport and the read-only shard map.
        - A strategy is driven from one thread, the one that owns its ctx. It
          runs replica 0 on that thread and replicas 1..N-1 on threads of its
          own, each with its own context (and backend, model, optimizer and
@@ -120,6 +123,8 @@
 #include "distsgd/loopback.h"         /* the loopback transport: ranks as threads */
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
 #include "distsgd/variables.h"        /* aggregation and synchronization of distributed variables */
+#include "distsgd/sharding.h"         /* partitioners and the shard map of the parameter servers */
+#include "distsgd/ps.h"               /* the parameter-server engine: servers apply pushes, workers pull and push */
 #include "distsgd/strategy.h"         /* strategies, replicas, distributed variables, metrics */
 #include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored */
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */

@@ -213,6 +213,7 @@ DSGD_API double dsgd_now(void);
 #define DSGD__PART_BASE_PRIVATE
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -8,9 +8,10 @@
      queued); larger ones are posted by pointer and the receiver copies (or
      reduces) straight from the sender's memory while the sender waits. It
      also provides share/unshare, so AUTO all-reduces on it run
-     DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
-     yielding the CPU), then sleeps on a condition variable; see
-     dsgd_loopback_set_spin.
+     DSGD_ALLREDUCE_DIRECT, and probe (receive from any source), which
+     reports the waiting sources round-robin. A waiting rank spins briefly
+     (pausing, then yielding the CPU), then sleeps on a condition variable;
+     see dsgd_loopback_set_spin.
 */
 #ifndef DSGD__PART_LOOPBACK_DECL
 #define DSGD__PART_LOOPBACK_DECL
@@ -131,6 +132,7 @@ typedef struct dsgd__lb_ep {
     struct dsgd_loopback *hub;
     int rank;
     int sleeping;      /* atomic */
+    int probe_next;    /* probe: the source looked at first next time */
     uint64_t progress; /* atomic; last collective seq entered */
     /* shared window (share/unshare): win_ptr is published by win_tag (0:
        none); peers count holds on it: holders = win_acq - win_rel */
@@ -687,6 +689,56 @@ static dsgd_result dsgd__lb_unshare(void *impl, uint64_t tag, double deadline, i
     return r;
 }
 
+/* >>loopback probe --------------------------------------------------------- */
+
+/* The first source, from e->probe_next on (round-robin), with a message
+   waiting for e; -1 if none. SC loads of the senders' tails. */
+static int dsgd__lb_waiting_source(dsgd__lb_ep *e) {
+    dsgd_loopback *hub = e->hub;
+    size_t n = (size_t)hub->n, me = (size_t)e->rank;
+    int i;
+    for (i = 0; i < hub->n; ++i) {
+        int k = (e->probe_next + i) % hub->n;
+        const dsgd__lb_pair *in = &hub->pair[(size_t)k * n + me];
+        if (k != e->rank && DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head)) return k;
+    }
+    return -1;
+}
+
+static int dsgd__lb_any_waiting(dsgd__lb_ep *e, uint64_t tag) {
+    (void)tag;
+    return dsgd__lb_waiting_source(e) >= 0;
+}
+
+static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    dsgd_loopback *hub = e->hub;
+    const dsgd__lb_pair *in;
+    const dsgd__lb_slot *s;
+    dsgd_result r;
+    int k;
+    if (src) *src = -1;
+    if (!src || !tag || !bytes) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: probe needs src, tag and bytes", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    r = dsgd__lb_wait(e, dsgd__lb_any_waiting, 0, deadline);
+    if (r != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: %s while waiting for a message from any rank", e->rank,
+                 r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted");
+        return r;
+    }
+    k = dsgd__lb_waiting_source(e);
+    DSGD_ASSERT(k >= 0); /* only this rank consumes its inboxes */
+    in = &hub->pair[(size_t)k * (size_t)hub->n + (size_t)e->rank];
+    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
+    *tag = s->tag; /* written before the tail that published it */
+    *bytes = s->bytes;
+    *src = k;
+    e->probe_next = (k + 1) % hub->n;
+    return DSGD_OK;
+}
+
 /* peer -1 (no transfer) or another rank of the hub. */
 static dsgd_result dsgd__lb_check(dsgd__lb_ep *e, int peer, int *failed_peer) {
     if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
@@ -772,6 +824,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->peer_progress = dsgd__lb_peer_progress;
     out->share = dsgd__lb_share;
     out->unshare = dsgd__lb_unshare;
+    out->probe = dsgd__lb_probe;
     return DSGD_OK;
 }
 

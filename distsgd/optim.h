@@ -166,6 +166,51 @@ DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_b
     return (float)((double)base_lr * global_batch / base_batch);
 }
 
+/* Checks a desc whose defaults are filled; records the error under `what`
+   (the public function's name). Shared with the parameter servers. */
+static dsgd_result dsgd__optimizer_desc_check(dsgd_ctx *ctx, const dsgd_optimizer_desc *d, const char *what) {
+    if ((int)d->kind < 0 || (int)d->kind >= (int)DSGD_OPT_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown optimizer kind %d", what, (int)d->kind);
+    if (!(d->lr > 0.0f) || !isfinite(d->lr) || !(d->weight_decay >= 0.0f) || !(d->clip_norm >= 0.0f))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: lr %g must be > 0, weight_decay %g and clip_norm %g >= 0", what, (double)d->lr,
+                                  (double)d->weight_decay, (double)d->clip_norm);
+    if (!(d->momentum >= 0.0f && d->momentum < 1.0f) || !(d->beta1 >= 0.0f && d->beta1 < 1.0f) ||
+        !(d->beta2 >= 0.0f && d->beta2 < 1.0f) || !(d->eps > 0.0f))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: momentum %g, beta1 %g, beta2 %g must lie in [0, 1) and eps %g > 0", what,
+                                  (double)d->momentum, (double)d->beta1, (double)d->beta2, (double)d->eps);
+    if ((int)d->schedule.kind < 0 || (int)d->schedule.kind >= (int)DSGD_SCHEDULE_COUNT || d->schedule.warmup_steps < 0 ||
+        (d->schedule.kind == DSGD_SCHEDULE_STEP && d->schedule.step_size <= 0) ||
+        (d->schedule.kind == DSGD_SCHEDULE_COSINE && d->schedule.total_steps <= d->schedule.warmup_steps))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: bad schedule (kind %d, warmup_steps %lld, step_size %lld, total_steps %lld)", what,
+                                  (int)d->schedule.kind, (long long)d->schedule.warmup_steps,
+                                  (long long)d->schedule.step_size, (long long)d->schedule.total_steps);
+    return DSGD_OK;
+}
+
+/* The scalars of update number t (0-based) under d (defaults filled), the
+   gradient scaled by grad_scale: what dsgd_optimizer_step passes to the
+   backend, and what a parameter server passes for its version t, so both
+   compute the very same bits. */
+static dsgd_opt_update dsgd__opt_update_at(const dsgd_optimizer_desc *d, int64_t t, float grad_scale) {
+    dsgd_opt_update u;
+    memset(&u, 0, sizeof(u));
+    u.grad_scale = grad_scale;
+    u.kind = d->kind;
+    u.lr = dsgd_lr_at(&d->schedule, d->lr, t);
+    u.momentum = d->momentum;
+    u.nesterov = d->nesterov;
+    u.beta1 = d->beta1;
+    u.beta2 = d->beta2;
+    u.eps = d->eps;
+    u.weight_decay = d->weight_decay;
+    u.bias_correction1 = (float)(1.0 - pow((double)d->beta1, (double)(t + 1)));
+    u.bias_correction2 = (float)(1.0 - pow((double)d->beta2, (double)(t + 1)));
+    return u;
+}
+
 DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc, dsgd_optimizer **out) {
     dsgd_optimizer *o;
     dsgd_optimizer_desc d;
@@ -175,24 +220,7 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     if (!desc || !out) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
     d = dsgd__optimizer_defaults(desc);
-    if ((int)d.kind < 0 || (int)d.kind >= (int)DSGD_OPT_COUNT)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown optimizer kind %d", what, (int)d.kind);
-    if (!(d.lr > 0.0f) || !isfinite(d.lr) || !(d.weight_decay >= 0.0f) || !(d.clip_norm >= 0.0f))
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: lr %g must be > 0, weight_decay %g and clip_norm %g >= 0", what, (double)d.lr,
-                                  (double)d.weight_decay, (double)d.clip_norm);
-    if (!(d.momentum >= 0.0f && d.momentum < 1.0f) || !(d.beta1 >= 0.0f && d.beta1 < 1.0f) ||
-        !(d.beta2 >= 0.0f && d.beta2 < 1.0f) || !(d.eps > 0.0f))
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: momentum %g, beta1 %g, beta2 %g must lie in [0, 1) and eps %g > 0", what,
-                                  (double)d.momentum, (double)d.beta1, (double)d.beta2, (double)d.eps);
-    if ((int)d.schedule.kind < 0 || (int)d.schedule.kind >= (int)DSGD_SCHEDULE_COUNT || d.schedule.warmup_steps < 0 ||
-        (d.schedule.kind == DSGD_SCHEDULE_STEP && d.schedule.step_size <= 0) ||
-        (d.schedule.kind == DSGD_SCHEDULE_COSINE && d.schedule.total_steps <= d.schedule.warmup_steps))
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: bad schedule (kind %d, warmup_steps %lld, step_size %lld, total_steps %lld)", what,
-                                  (int)d.schedule.kind, (long long)d.schedule.warmup_steps,
-                                  (long long)d.schedule.step_size, (long long)d.schedule.total_steps);
+    if ((r = dsgd__optimizer_desc_check(m->ctx, &d, what)) != DSGD_OK) return r;
     o = (dsgd_optimizer *)dsgd__alloc(m->ctx, sizeof(*o), what);
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
@@ -225,10 +253,9 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
     dsgd_model *m;
     dsgd_opt_update u;
     dsgd_result r;
+    float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
     m = o->m;
-    memset(&u, 0, sizeof(u));
-    u.grad_scale = 1.0f;
     if (o->d.clip_norm > 0.0f) {
         /* clip_by_global_norm: g * clip / max(norm, clip) */
         double sumsq = 0.0;
@@ -240,18 +267,9 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
                                       "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
                                       (long long)o->t, bad);
         o->last_norm = sqrt(sumsq);
-        if (o->last_norm > o->d.clip_norm) u.grad_scale = (float)(o->d.clip_norm / o->last_norm);
+        if (o->last_norm > o->d.clip_norm) grad_scale = (float)(o->d.clip_norm / o->last_norm);
     }
-    u.kind = o->d.kind;
-    u.lr = dsgd_lr_at(&o->d.schedule, o->d.lr, o->t);
-    u.momentum = o->d.momentum;
-    u.nesterov = o->d.nesterov;
-    u.beta1 = o->d.beta1;
-    u.beta2 = o->d.beta2;
-    u.eps = o->d.eps;
-    u.weight_decay = o->d.weight_decay;
-    u.bias_correction1 = (float)(1.0 - pow((double)o->d.beta1, (double)(o->t + 1)));
-    u.bias_correction2 = (float)(1.0 - pow((double)o->d.beta2, (double)(o->t + 1)));
+    u = dsgd__opt_update_at(&o->d, o->t, grad_scale);
     r = m->be.optimizer_update(m->be.impl, &u, dsgd__ref(m->params, 0), dsgd__ref(m->grads, 0), dsgd__ref(o->m1, 0),
                                dsgd__ref(o->m2, 0), m->num_params);
     if (r == DSGD_OK) ++o->t;

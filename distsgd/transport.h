@@ -10,7 +10,8 @@
      sendrecv_reduce, which reduces from a peer's buffer in place; share and
      unshare, which let ranks in one address space use each other's buffers
      directly), replaces the library's algorithm (a native allreduce, as MPI
-     would provide), supplies a clock (a simulated-clock transport) or
+     would provide), receives from any source (probe, for a rank that serves
+     many peers, such as a parameter server), supplies a clock (a simulated-clock transport) or
      improves error messages (error_message, set_progress/peer_progress). A
      new transport fills what it can and leaves the rest NULL; the
      collectives do not change. A strategy's step sends its gradients over
@@ -132,6 +133,18 @@ typedef struct dsgd_transport_i {
     const char *(*error_message)(void *impl);
     void (*set_progress)(void *impl, uint64_t seq);
     uint64_t (*peer_progress)(void *impl, int peer);
+    /* optional: receive from any source (MPI_Probe with MPI_ANY_SOURCE).
+       Waits until a message from some rank is ready and reports its source,
+       tag and size without taking it; the caller then takes it with
+       recv(src, tag, ..., bytes). Messages from one source are reported in
+       the order they were sent. When several sources are ready, the report
+       may be any of them, but no source may be passed over forever (the
+       loopback reports them round-robin). A withdrawn message (its sender
+       failed) is reported too, and recv returns DSGD_ERR_ABORTED for it.
+       On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED) *src is -1. A rank
+       that serves many peers in arrival order (a parameter server) needs it;
+       the collectives never call it. */
+    dsgd_result (*probe)(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes);
 } dsgd_transport_i;
 
 #ifdef __cplusplus

@@ -89,6 +89,9 @@
          on that rank's thread, and all ranks call the same collectives
          concurrently. dsgd_loopback_abort and dsgd_loopback_aborted may be
          called from any thread while the hub exists.
+       - Parameter servers (ps.h): each server and each worker is used by
+         its rank's thread (with its own context); they share only the
+         transport and the read-only shard map.
        - A strategy is driven from one thread, the one that owns its ctx. It
          runs replica 0 on that thread and replicas 1..N-1 on threads of its
          own, each with its own context (and backend, model, optimizer and
@@ -333,6 +336,7 @@ DSGD_API double dsgd_now(void);
 #define DSGD__PART_BASE_PRIVATE
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -2152,6 +2156,51 @@ DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_b
     return (float)((double)base_lr * global_batch / base_batch);
 }
 
+/* Checks a desc whose defaults are filled; records the error under `what`
+   (the public function's name). Shared with the parameter servers. */
+static dsgd_result dsgd__optimizer_desc_check(dsgd_ctx *ctx, const dsgd_optimizer_desc *d, const char *what) {
+    if ((int)d->kind < 0 || (int)d->kind >= (int)DSGD_OPT_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown optimizer kind %d", what, (int)d->kind);
+    if (!(d->lr > 0.0f) || !isfinite(d->lr) || !(d->weight_decay >= 0.0f) || !(d->clip_norm >= 0.0f))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: lr %g must be > 0, weight_decay %g and clip_norm %g >= 0", what, (double)d->lr,
+                                  (double)d->weight_decay, (double)d->clip_norm);
+    if (!(d->momentum >= 0.0f && d->momentum < 1.0f) || !(d->beta1 >= 0.0f && d->beta1 < 1.0f) ||
+        !(d->beta2 >= 0.0f && d->beta2 < 1.0f) || !(d->eps > 0.0f))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: momentum %g, beta1 %g, beta2 %g must lie in [0, 1) and eps %g > 0", what,
+                                  (double)d->momentum, (double)d->beta1, (double)d->beta2, (double)d->eps);
+    if ((int)d->schedule.kind < 0 || (int)d->schedule.kind >= (int)DSGD_SCHEDULE_COUNT || d->schedule.warmup_steps < 0 ||
+        (d->schedule.kind == DSGD_SCHEDULE_STEP && d->schedule.step_size <= 0) ||
+        (d->schedule.kind == DSGD_SCHEDULE_COSINE && d->schedule.total_steps <= d->schedule.warmup_steps))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: bad schedule (kind %d, warmup_steps %lld, step_size %lld, total_steps %lld)", what,
+                                  (int)d->schedule.kind, (long long)d->schedule.warmup_steps,
+                                  (long long)d->schedule.step_size, (long long)d->schedule.total_steps);
+    return DSGD_OK;
+}
+
+/* The scalars of update number t (0-based) under d (defaults filled), the
+   gradient scaled by grad_scale: what dsgd_optimizer_step passes to the
+   backend, and what a parameter server passes for its version t, so both
+   compute the very same bits. */
+static dsgd_opt_update dsgd__opt_update_at(const dsgd_optimizer_desc *d, int64_t t, float grad_scale) {
+    dsgd_opt_update u;
+    memset(&u, 0, sizeof(u));
+    u.grad_scale = grad_scale;
+    u.kind = d->kind;
+    u.lr = dsgd_lr_at(&d->schedule, d->lr, t);
+    u.momentum = d->momentum;
+    u.nesterov = d->nesterov;
+    u.beta1 = d->beta1;
+    u.beta2 = d->beta2;
+    u.eps = d->eps;
+    u.weight_decay = d->weight_decay;
+    u.bias_correction1 = (float)(1.0 - pow((double)d->beta1, (double)(t + 1)));
+    u.bias_correction2 = (float)(1.0 - pow((double)d->beta2, (double)(t + 1)));
+    return u;
+}
+
 DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc, dsgd_optimizer **out) {
     dsgd_optimizer *o;
     dsgd_optimizer_desc d;
@@ -2161,24 +2210,7 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     if (!desc || !out) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
     d = dsgd__optimizer_defaults(desc);
-    if ((int)d.kind < 0 || (int)d.kind >= (int)DSGD_OPT_COUNT)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown optimizer kind %d", what, (int)d.kind);
-    if (!(d.lr > 0.0f) || !isfinite(d.lr) || !(d.weight_decay >= 0.0f) || !(d.clip_norm >= 0.0f))
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: lr %g must be > 0, weight_decay %g and clip_norm %g >= 0", what, (double)d.lr,
-                                  (double)d.weight_decay, (double)d.clip_norm);
-    if (!(d.momentum >= 0.0f && d.momentum < 1.0f) || !(d.beta1 >= 0.0f && d.beta1 < 1.0f) ||
-        !(d.beta2 >= 0.0f && d.beta2 < 1.0f) || !(d.eps > 0.0f))
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: momentum %g, beta1 %g, beta2 %g must lie in [0, 1) and eps %g > 0", what,
-                                  (double)d.momentum, (double)d.beta1, (double)d.beta2, (double)d.eps);
-    if ((int)d.schedule.kind < 0 || (int)d.schedule.kind >= (int)DSGD_SCHEDULE_COUNT || d.schedule.warmup_steps < 0 ||
-        (d.schedule.kind == DSGD_SCHEDULE_STEP && d.schedule.step_size <= 0) ||
-        (d.schedule.kind == DSGD_SCHEDULE_COSINE && d.schedule.total_steps <= d.schedule.warmup_steps))
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: bad schedule (kind %d, warmup_steps %lld, step_size %lld, total_steps %lld)", what,
-                                  (int)d.schedule.kind, (long long)d.schedule.warmup_steps,
-                                  (long long)d.schedule.step_size, (long long)d.schedule.total_steps);
+    if ((r = dsgd__optimizer_desc_check(m->ctx, &d, what)) != DSGD_OK) return r;
     o = (dsgd_optimizer *)dsgd__alloc(m->ctx, sizeof(*o), what);
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
@@ -2211,10 +2243,9 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
     dsgd_model *m;
     dsgd_opt_update u;
     dsgd_result r;
+    float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
     m = o->m;
-    memset(&u, 0, sizeof(u));
-    u.grad_scale = 1.0f;
     if (o->d.clip_norm > 0.0f) {
         /* clip_by_global_norm: g * clip / max(norm, clip) */
         double sumsq = 0.0;
@@ -2226,18 +2257,9 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
                                       "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
                                       (long long)o->t, bad);
         o->last_norm = sqrt(sumsq);
-        if (o->last_norm > o->d.clip_norm) u.grad_scale = (float)(o->d.clip_norm / o->last_norm);
+        if (o->last_norm > o->d.clip_norm) grad_scale = (float)(o->d.clip_norm / o->last_norm);
     }
-    u.kind = o->d.kind;
-    u.lr = dsgd_lr_at(&o->d.schedule, o->d.lr, o->t);
-    u.momentum = o->d.momentum;
-    u.nesterov = o->d.nesterov;
-    u.beta1 = o->d.beta1;
-    u.beta2 = o->d.beta2;
-    u.eps = o->d.eps;
-    u.weight_decay = o->d.weight_decay;
-    u.bias_correction1 = (float)(1.0 - pow((double)o->d.beta1, (double)(o->t + 1)));
-    u.bias_correction2 = (float)(1.0 - pow((double)o->d.beta2, (double)(o->t + 1)));
+    u = dsgd__opt_update_at(&o->d, o->t, grad_scale);
     r = m->be.optimizer_update(m->be.impl, &u, dsgd__ref(m->params, 0), dsgd__ref(m->grads, 0), dsgd__ref(o->m1, 0),
                                dsgd__ref(o->m2, 0), m->num_params);
     if (r == DSGD_OK) ++o->t;
@@ -2926,7 +2948,8 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
      sendrecv_reduce, which reduces from a peer's buffer in place; share and
      unshare, which let ranks in one address space use each other's buffers
      directly), replaces the library's algorithm (a native allreduce, as MPI
-     would provide), supplies a clock (a simulated-clock transport) or
+     would provide), receives from any source (probe, for a rank that serves
+     many peers, such as a parameter server), supplies a clock (a simulated-clock transport) or
      improves error messages (error_message, set_progress/peer_progress). A
      new transport fills what it can and leaves the rest NULL; the
      collectives do not change. A strategy's step sends its gradients over
@@ -3048,6 +3071,18 @@ typedef struct dsgd_transport_i {
     const char *(*error_message)(void *impl);
     void (*set_progress)(void *impl, uint64_t seq);
     uint64_t (*peer_progress)(void *impl, int peer);
+    /* optional: receive from any source (MPI_Probe with MPI_ANY_SOURCE).
+       Waits until a message from some rank is ready and reports its source,
+       tag and size without taking it; the caller then takes it with
+       recv(src, tag, ..., bytes). Messages from one source are reported in
+       the order they were sent. When several sources are ready, the report
+       may be any of them, but no source may be passed over forever (the
+       loopback reports them round-robin). A withdrawn message (its sender
+       failed) is reported too, and recv returns DSGD_ERR_ABORTED for it.
+       On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED) *src is -1. A rank
+       that serves many peers in arrival order (a parameter server) needs it;
+       the collectives never call it. */
+    dsgd_result (*probe)(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes);
 } dsgd_transport_i;
 
 #ifdef __cplusplus
@@ -3137,9 +3172,10 @@ static void dsgd__divide(float *d, size_t n, int by) {
      queued); larger ones are posted by pointer and the receiver copies (or
      reduces) straight from the sender's memory while the sender waits. It
      also provides share/unshare, so AUTO all-reduces on it run
-     DSGD_ALLREDUCE_DIRECT. A waiting rank spins briefly (pausing, then
-     yielding the CPU), then sleeps on a condition variable; see
-     dsgd_loopback_set_spin.
+     DSGD_ALLREDUCE_DIRECT, and probe (receive from any source), which
+     reports the waiting sources round-robin. A waiting rank spins briefly
+     (pausing, then yielding the CPU), then sleeps on a condition variable;
+     see dsgd_loopback_set_spin.
 */
 #ifndef DSGD__PART_LOOPBACK_DECL
 #define DSGD__PART_LOOPBACK_DECL
@@ -3260,6 +3296,7 @@ typedef struct dsgd__lb_ep {
     struct dsgd_loopback *hub;
     int rank;
     int sleeping;      /* atomic */
+    int probe_next;    /* probe: the source looked at first next time */
     uint64_t progress; /* atomic; last collective seq entered */
     /* shared window (share/unshare): win_ptr is published by win_tag (0:
        none); peers count holds on it: holders = win_acq - win_rel */
@@ -3816,6 +3853,56 @@ static dsgd_result dsgd__lb_unshare(void *impl, uint64_t tag, double deadline, i
     return r;
 }
 
+/* >>loopback probe --------------------------------------------------------- */
+
+/* The first source, from e->probe_next on (round-robin), with a message
+   waiting for e; -1 if none. SC loads of the senders' tails. */
+static int dsgd__lb_waiting_source(dsgd__lb_ep *e) {
+    dsgd_loopback *hub = e->hub;
+    size_t n = (size_t)hub->n, me = (size_t)e->rank;
+    int i;
+    for (i = 0; i < hub->n; ++i) {
+        int k = (e->probe_next + i) % hub->n;
+        const dsgd__lb_pair *in = &hub->pair[(size_t)k * n + me];
+        if (k != e->rank && DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head)) return k;
+    }
+    return -1;
+}
+
+static int dsgd__lb_any_waiting(dsgd__lb_ep *e, uint64_t tag) {
+    (void)tag;
+    return dsgd__lb_waiting_source(e) >= 0;
+}
+
+static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    dsgd_loopback *hub = e->hub;
+    const dsgd__lb_pair *in;
+    const dsgd__lb_slot *s;
+    dsgd_result r;
+    int k;
+    if (src) *src = -1;
+    if (!src || !tag || !bytes) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: probe needs src, tag and bytes", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    r = dsgd__lb_wait(e, dsgd__lb_any_waiting, 0, deadline);
+    if (r != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: %s while waiting for a message from any rank", e->rank,
+                 r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted");
+        return r;
+    }
+    k = dsgd__lb_waiting_source(e);
+    DSGD_ASSERT(k >= 0); /* only this rank consumes its inboxes */
+    in = &hub->pair[(size_t)k * (size_t)hub->n + (size_t)e->rank];
+    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
+    *tag = s->tag; /* written before the tail that published it */
+    *bytes = s->bytes;
+    *src = k;
+    e->probe_next = (k + 1) % hub->n;
+    return DSGD_OK;
+}
+
 /* peer -1 (no transfer) or another rank of the hub. */
 static dsgd_result dsgd__lb_check(dsgd__lb_ep *e, int peer, int *failed_peer) {
     if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
@@ -3901,6 +3988,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->peer_progress = dsgd__lb_peer_progress;
     out->share = dsgd__lb_share;
     out->unshare = dsgd__lb_unshare;
+    out->probe = dsgd__lb_probe;
     return DSGD_OK;
 }
 
@@ -5020,6 +5108,1647 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization sy) {
 }
 
 #endif /* DSGD__PART_VARIABLES_IMPL */
+/* ---------------------------------------- distsgd/sharding.h */
+/* distsgd/sharding.h - partitioners and the shard map: which server holds which rows of which variable
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   SHARDING. A parameter-server strategy keeps each variable on the servers,
+   not on the workers. This part decides where, the way TensorFlow's
+   ParameterServerStrategy does, and nothing else: it is pure arithmetic on
+   variable shapes, with no threads and no transport.
+
+   - A partitioner says into how many shards one variable is cut. Shards are
+     cut along the first axis only (rows of a kernel, elements of a bias), and
+     the kinds are tf.distribute.experimental.partitioners' (bytes are the
+     variable's bytes; rows = shape[0]; a row = the product of the other axes):
+
+       NONE          1: whole variables (the default)
+       FIXED_SHARDS  min(num_shards, rows)
+       MIN_SIZE      max(1, min(rows, max_shards, ceil(bytes / min_shard_bytes)))
+                     every shard holds at least min_shard_bytes where it can
+       MAX_SIZE      ceil(rows / max(1, floor(max_shard_bytes / row bytes))),
+                     then at most max_shards when max_shards > 0: every shard
+                     holds at most max_shard_bytes where one row fits
+
+   - k shards of n rows: shard i holds n / k rows, plus one for the first
+     n mod k shards (TF's "div" rule: 10 rows in 4 shards are 3, 3, 2, 2).
+   - Placement is round-robin with one counter for the whole model: the
+     variables in their order, each variable's shards in row order, shard j
+     of the whole list on server j mod P (TF's round-robin placement, where
+     each shard is a variable of its own).
+   - Rows are contiguous in the flat buffer (row-major), so every shard is one
+     contiguous range of it. The gradient buffer and every optimizer slot
+     share the parameters' offsets, so the same map shards them too: a server
+     holds, for each of its shards, the parameters, the optimizer's slots and
+     receives the gradients of the same range.
+*/
+#ifndef DSGD__PART_SHARDING_DECL
+#define DSGD__PART_SHARDING_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- sharding */
+
+typedef enum dsgd_partitioner_kind {
+    DSGD_PARTITIONER_NONE = 0,         /* whole variables */
+    DSGD_PARTITIONER_FIXED_SHARDS = 1, /* FixedShardsPartitioner */
+    DSGD_PARTITIONER_MIN_SIZE = 2,     /* MinSizePartitioner */
+    DSGD_PARTITIONER_MAX_SIZE = 3      /* MaxSizePartitioner */
+} dsgd_partitioner_kind;
+#define DSGD_PARTITIONER_COUNT (DSGD_PARTITIONER_MAX_SIZE + 1)
+
+/* TF's MinSizePartitioner default: 256 KiB per shard at least. */
+#define DSGD_DEFAULT_MIN_SHARD_BYTES ((size_t)256 * 1024)
+
+/* Zero-initialise, set kind and the fields it reads. */
+typedef struct dsgd_partitioner {
+    dsgd_partitioner_kind kind;
+    int num_shards;         /* FIXED_SHARDS: >= 1 */
+    size_t min_shard_bytes; /* MIN_SIZE: 0 means DSGD_DEFAULT_MIN_SHARD_BYTES */
+    size_t max_shard_bytes; /* MAX_SIZE: >= 1 (no default, as in TF) */
+    int max_shards;         /* MIN_SIZE: 0 means 1 (TF's default);
+                               MAX_SIZE: 0 means no limit; never negative */
+} dsgd_partitioner;
+
+/* "NONE", "FIXED_SHARDS", "MIN_SIZE", "MAX_SIZE"; "?" for other values.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_partitioner_kind_name(dsgd_partitioner_kind kind);
+
+/* The number of shards p cuts a variable of the given shape into (the first
+   element of what TF's partitioner returns; the others are always 1).
+   elem_bytes is the size of one element (4 for float); p NULL means NONE.
+   A rank-0 variable (rank 0, shape unused) is never cut, as in TF.
+   Errors (recorded on ctx, which may be NULL): DSGD_ERR_INVALID_ARGUMENT
+   (out NULL; rank < 0 or > 8, shape NULL with rank > 0, an axis <= 0,
+   elem_bytes 0, an unknown kind, a field the kind reads out of range, a size
+   that overflows size_t).
+   Thread safety: any thread. */
+DSGD_API dsgd_result dsgd_partitioner_num_shards(dsgd_ctx *ctx, const dsgd_partitioner *p, int rank,
+                                                 const int *shape, size_t elem_bytes, int *out);
+
+/* One shard: rows [row_begin, row_begin + rows) of variable `variable`,
+   which are floats [offset, offset + count) of the flat buffer. */
+typedef struct dsgd_shard {
+    int variable;   /* index into the variables the map was built from */
+    int part;       /* the variable's shard number, 0..its shards - 1 */
+    int server;     /* 0..num_servers - 1 */
+    int row_begin;  /* along the first axis */
+    int rows;
+    size_t offset;  /* in floats, from the start of the flat buffer */
+    size_t count;   /* floats */
+} dsgd_shard;
+
+typedef struct dsgd_shard_map dsgd_shard_map;
+
+/* Builds the map of vars[0..num_vars) (a model's variables, from
+   dsgd_model_variable, or any views of one flat float buffer) over
+   num_servers servers with partitioner p (NULL: whole variables).
+   The variables must be rank 1 or 2 with every axis > 0, count equal to the
+   product of the shape, and must not overlap. They need not cover the whole
+   buffer; what they leave out belongs to no server.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, vars NULL
+   with num_vars > 0, num_vars < 0, num_servers < 1, a variable as above
+   (the message names it), the partitioner (as dsgd_partitioner_num_shards)),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: ctx's thread; the map is then read-only and may be read
+   from any thread. */
+DSGD_API dsgd_result dsgd_shard_map_create(dsgd_ctx *ctx, const dsgd_variable *vars, int num_vars,
+                                           int num_servers, const dsgd_partitioner *p,
+                                           dsgd_shard_map **out);
+/* Frees the map; m NULL: nothing.
+   Errors: none. Thread safety: the thread that owns m, once no one reads it. */
+DSGD_API void dsgd_shard_map_destroy(dsgd_shard_map *m);
+
+/* Getters. With m NULL (or i out of range) they return 0 or NULL.
+     dsgd_shard_map_num_shards   every variable's shards, in placement order
+     dsgd_shard_map_shard        the i-th shard in that order
+     dsgd_shard_map_num_servers  as created
+     dsgd_shard_map_server_floats
+                                 floats server s holds (the sum of its shards'
+                                 counts; its optimizer slots hold as many each)
+     dsgd_shard_map_variable_shards
+                                 the first shard of variable v (its shards are
+                                 consecutive in the list) and, in *count, how
+                                 many it has
+   Errors: none. Thread safety: any thread while m lives. */
+DSGD_API int dsgd_shard_map_num_shards(const dsgd_shard_map *m);
+DSGD_API const dsgd_shard *dsgd_shard_map_shard(const dsgd_shard_map *m, int i);
+DSGD_API int dsgd_shard_map_num_servers(const dsgd_shard_map *m);
+DSGD_API size_t dsgd_shard_map_server_floats(const dsgd_shard_map *m, int s);
+DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *m, int v, int *count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_SHARDING_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SHARDING_IMPL)
+#define DSGD__PART_SHARDING_IMPL
+
+struct dsgd_shard_map {
+    int num_shards, num_servers, num_vars;
+    dsgd_shard *shards;
+    int *var_first;        /* [num_vars + 1]: variable v's shards are [var_first[v], var_first[v + 1]) */
+    size_t *server_floats; /* [num_servers] */
+};
+
+#define DSGD__MAX_PARTITION_RANK 8
+
+DSGD_API const char *dsgd_partitioner_kind_name(dsgd_partitioner_kind kind) {
+    static const char *const names[DSGD_PARTITIONER_COUNT] = {"NONE", "FIXED_SHARDS", "MIN_SIZE", "MAX_SIZE"};
+    return (int)kind >= 0 && (int)kind < (int)DSGD_PARTITIONER_COUNT ? names[kind] : "?";
+}
+
+/* Bytes of one row (the product of the axes after the first, times
+   elem_bytes); 0 on overflow. */
+static size_t dsgd__row_bytes(int rank, const int *shape, size_t elem_bytes) {
+    size_t b = elem_bytes;
+    int i;
+    for (i = 1; i < rank; i++)
+        if (dsgd__mul_overflows(b, (size_t)shape[i], &b)) return 0;
+    return b;
+}
+
+static dsgd_result dsgd__partitioner_check(dsgd_ctx *ctx, const dsgd_partitioner *p) {
+    static const char *const fn = "dsgd_partitioner_num_shards";
+    switch (p->kind) {
+    case DSGD_PARTITIONER_NONE: return DSGD_OK;
+    case DSGD_PARTITIONER_FIXED_SHARDS:
+        if (p->num_shards < 1)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: FIXED_SHARDS needs num_shards >= 1, not %d",
+                                      fn, p->num_shards);
+        return DSGD_OK;
+    case DSGD_PARTITIONER_MIN_SIZE:
+    case DSGD_PARTITIONER_MAX_SIZE:
+        if (p->max_shards < 0)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s needs max_shards >= 0, not %d", fn,
+                                      dsgd_partitioner_kind_name(p->kind), p->max_shards);
+        if (p->kind == DSGD_PARTITIONER_MAX_SIZE && p->max_shard_bytes == 0)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: MAX_SIZE needs max_shard_bytes >= 1", fn);
+        return DSGD_OK;
+    }
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown partitioner kind %d", fn, (int)p->kind);
+}
+
+/* The kinds' formulas (see SHARDING), in exact integer arithmetic; rows >= 1,
+   row_bytes >= 1, and rows * row_bytes does not overflow. */
+static int dsgd__partition_rows(const dsgd_partitioner *p, int rows, size_t row_bytes) {
+    size_t total = (size_t)rows * row_bytes, k, per_shard, min_bytes;
+    switch (p->kind) {
+    case DSGD_PARTITIONER_FIXED_SHARDS: return p->num_shards < rows ? p->num_shards : rows;
+    case DSGD_PARTITIONER_MIN_SIZE:
+        min_bytes = p->min_shard_bytes ? p->min_shard_bytes : DSGD_DEFAULT_MIN_SHARD_BYTES;
+        k = total / min_bytes + (total % min_bytes != 0);
+        if (k > (size_t)rows) k = (size_t)rows;
+        if (k > (size_t)(p->max_shards ? p->max_shards : 1)) k = (size_t)(p->max_shards ? p->max_shards : 1);
+        return k < 1 ? 1 : (int)k;
+    case DSGD_PARTITIONER_MAX_SIZE:
+        per_shard = p->max_shard_bytes / row_bytes;
+        if (per_shard < 1) per_shard = 1;
+        k = (size_t)rows / per_shard + ((size_t)rows % per_shard != 0);
+        if (p->max_shards > 0 && k > (size_t)p->max_shards) k = (size_t)p->max_shards;
+        return (int)k;
+    default: return 1;
+    }
+}
+
+DSGD_API dsgd_result dsgd_partitioner_num_shards(dsgd_ctx *ctx, const dsgd_partitioner *p, int rank,
+                                                 const int *shape, size_t elem_bytes, int *out) {
+    static const char *const fn = "dsgd_partitioner_num_shards";
+    size_t row_bytes, total;
+    dsgd_result r;
+    int i;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = 0;
+    if (rank < 0 || rank > DSGD__MAX_PARTITION_RANK || (rank > 0 && !shape) || elem_bytes == 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: need 0 <= rank <= %d, a shape when rank > 0 and elem_bytes > 0 (rank %d, "
+                                  "elem_bytes %zu)", fn, DSGD__MAX_PARTITION_RANK, rank, elem_bytes);
+    for (i = 0; i < rank; i++)
+        if (shape[i] <= 0)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: axis %d is %d (must be > 0)", fn, i,
+                                      shape[i]);
+    if (p && (r = dsgd__partitioner_check(ctx, p)) != DSGD_OK) return r;
+    if (rank == 0 || !p || p->kind == DSGD_PARTITIONER_NONE) {
+        *out = 1;
+        return DSGD_OK;
+    }
+    row_bytes = dsgd__row_bytes(rank, shape, elem_bytes);
+    if (row_bytes == 0 || dsgd__mul_overflows(row_bytes, (size_t)shape[0], &total))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the variable's size overflows size_t", fn);
+    *out = dsgd__partition_rows(p, shape[0], row_bytes);
+    return DSGD_OK;
+}
+
+/* A variable the map can shard: rank 1 or 2, axes > 0, count = their
+   product, the range inside size_t; names it otherwise. */
+static dsgd_result dsgd__shard_var_check(dsgd_ctx *ctx, const dsgd_variable *v, int i) {
+    static const char *const fn = "dsgd_shard_map_create";
+    size_t n = 1;
+    int a;
+    if (v->rank < 1 || v->rank > DSGD_MAX_RANK)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable %d (\"%.*s\") has rank %d (need 1..%d)",
+                                  fn, i, DSGD_MAX_NAME, v->name, v->rank, DSGD_MAX_RANK);
+    for (a = 0; a < v->rank; a++)
+        if (v->shape[a] <= 0 || dsgd__mul_overflows(n, (size_t)v->shape[a], &n))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: variable %d (\"%.*s\") has axis %d = %d (must be > 0)", fn, i,
+                                      DSGD_MAX_NAME, v->name, a, v->shape[a]);
+    if (n != v->count || v->offset > SIZE_MAX - v->count)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: variable %d (\"%.*s\") has count %zu but its shape holds %zu", fn, i,
+                                  DSGD_MAX_NAME, v->name, v->count, n);
+    return DSGD_OK;
+}
+
+/* Variables must not share floats: sort their indices by offset (insertion
+   sort; models have few variables) and compare neighbours. */
+static dsgd_result dsgd__shard_vars_disjoint(dsgd_ctx *ctx, const dsgd_variable *vars, int n) {
+    int *order, i, j;
+    dsgd_result r = DSGD_OK;
+    if (n < 2) return DSGD_OK;
+    order = (int *)dsgd__alloc(ctx, (size_t)n * sizeof *order, "dsgd_shard_map_create");
+    if (!order) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n; i++) {
+        int v = i;
+        for (j = i; j > 0 && vars[order[j - 1]].offset > vars[v].offset; j--) order[j] = order[j - 1];
+        order[j] = v;
+    }
+    for (i = 1; i < n && r == DSGD_OK; i++) {
+        const dsgd_variable *a = &vars[order[i - 1]], *b = &vars[order[i]];
+        if (a->offset + a->count > b->offset)
+            r = dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                   "dsgd_shard_map_create: variables %d (\"%.*s\") and %d (\"%.*s\") overlap",
+                                   order[i - 1], DSGD_MAX_NAME, a->name, order[i], DSGD_MAX_NAME, b->name);
+    }
+    DSGD_FREE(order);
+    return r;
+}
+
+/* Cuts variable v into k shards (TF's div rule) placed round-robin from
+   *next (the model-wide counter), appending them at m->shards + *at. */
+static void dsgd__shard_cut(dsgd_shard_map *m, const dsgd_variable *v, int vi, int k, int *at, int *next) {
+    int rows = v->shape[0], base = rows / k, extra = rows % k, row = 0, i;
+    size_t row_floats = v->count / (size_t)rows;
+    for (i = 0; i < k; i++) {
+        dsgd_shard *s = &m->shards[(*at)++];
+        s->variable = vi;
+        s->part = i;
+        s->server = (*next)++ % m->num_servers;
+        s->row_begin = row;
+        s->rows = base + (i < extra);
+        s->offset = v->offset + (size_t)row * row_floats;
+        s->count = (size_t)s->rows * row_floats;
+        m->server_floats[s->server] += s->count;
+        row += s->rows;
+    }
+}
+
+DSGD_API dsgd_result dsgd_shard_map_create(dsgd_ctx *ctx, const dsgd_variable *vars, int num_vars,
+                                           int num_servers, const dsgd_partitioner *p,
+                                           dsgd_shard_map **out) {
+    static const char *const fn = "dsgd_shard_map_create";
+    dsgd_shard_map *m;
+    dsgd_result r;
+    int *parts, i, total = 0, at = 0, next = 0;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if (num_vars < 0 || (num_vars > 0 && !vars) || num_servers < 1)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: need vars (%d of them, >= 0) and num_servers >= 1 (got %d)", fn, num_vars,
+                                  num_servers);
+    for (i = 0; i < num_vars; i++)
+        if ((r = dsgd__shard_var_check(ctx, &vars[i], i)) != DSGD_OK) return r;
+    if ((r = dsgd__shard_vars_disjoint(ctx, vars, num_vars)) != DSGD_OK) return r;
+    parts = (int *)dsgd__alloc(ctx, ((size_t)num_vars + 1) * sizeof *parts, fn);
+    if (!parts) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < num_vars; i++) {
+        if ((r = dsgd_partitioner_num_shards(ctx, p, vars[i].rank, vars[i].shape, sizeof(float), &parts[i])) != DSGD_OK) {
+            DSGD_FREE(parts);
+            return r;
+        }
+        if (parts[i] > INT_MAX - total) {
+            DSGD_FREE(parts);
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: more than %d shards", fn, INT_MAX);
+        }
+        total += parts[i];
+    }
+    m = (dsgd_shard_map *)dsgd__alloc(ctx, sizeof *m, fn);
+    if (m) {
+        memset(m, 0, sizeof *m);
+        m->shards = (dsgd_shard *)dsgd__alloc(ctx, (size_t)total * sizeof *m->shards, fn);
+        m->var_first = (int *)dsgd__alloc(ctx, ((size_t)num_vars + 1) * sizeof *m->var_first, fn);
+        m->server_floats = (size_t *)dsgd__alloc(ctx, (size_t)num_servers * sizeof *m->server_floats, fn);
+    }
+    if (!m || !m->shards || !m->var_first || !m->server_floats) {
+        dsgd_shard_map_destroy(m);
+        DSGD_FREE(parts);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    m->num_shards = total;
+    m->num_servers = num_servers;
+    m->num_vars = num_vars;
+    memset(m->server_floats, 0, (size_t)num_servers * sizeof *m->server_floats);
+    for (i = 0; i < num_vars; i++) {
+        m->var_first[i] = at;
+        dsgd__shard_cut(m, &vars[i], i, parts[i], &at, &next);
+    }
+    m->var_first[num_vars] = at;
+    DSGD_FREE(parts);
+    *out = m;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_shard_map_destroy(dsgd_shard_map *m) {
+    if (!m) return;
+    DSGD_FREE(m->shards);
+    DSGD_FREE(m->var_first);
+    DSGD_FREE(m->server_floats);
+    DSGD_FREE(m);
+}
+
+DSGD_API int dsgd_shard_map_num_shards(const dsgd_shard_map *m) { return m ? m->num_shards : 0; }
+
+DSGD_API const dsgd_shard *dsgd_shard_map_shard(const dsgd_shard_map *m, int i) {
+    return m && i >= 0 && i < m->num_shards ? &m->shards[i] : NULL;
+}
+
+DSGD_API int dsgd_shard_map_num_servers(const dsgd_shard_map *m) { return m ? m->num_servers : 0; }
+
+DSGD_API size_t dsgd_shard_map_server_floats(const dsgd_shard_map *m, int s) {
+    return m && s >= 0 && s < m->num_servers ? m->server_floats[s] : 0;
+}
+
+DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *m, int v, int *count) {
+    if (count) *count = 0;
+    if (!m || v < 0 || v >= m->num_vars) return NULL;
+    if (count) *count = m->var_first[v + 1] - m->var_first[v];
+    return &m->shards[m->var_first[v]];
+}
+
+#endif /* DSGD__PART_SHARDING_IMPL */
+/* ---------------------------------------- distsgd/ps.h */
+/* distsgd/ps.h - the parameter-server engine: servers own the variables and the optimizer state and apply every pushed gradient; workers pull, compute, push
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   PARAMETER SERVERS
+
+     Who applies the update? Here, the servers. The ranks of one transport
+     are split in two roles: ranks 0..P-1 are servers, ranks P..P+W-1 are
+     workers (the transport's size must be P + W; worker w is rank P + w).
+     Each rank runs on its own thread (or process) and talks only through
+     the transport; workers never talk to each other.
+
+       server s  holds the shards the shard map places on it (sharding.h),
+                 concatenated in placement order: their parameters and the
+                 optimizer's slots for them, and a CPU backend that applies
+                 the optimizer with the very code (and bits) of
+                 dsgd_optimizer_step. dsgd_ps_server_serve answers its
+                 workers until every one has finished.
+       worker w  dsgd_ps_worker_pull fetches the whole parameter buffer
+                 (every server's shards), the caller computes a gradient of
+                 the whole buffer, dsgd_ps_worker_push sends each server its
+                 slice, dsgd_ps_worker_finish says goodbye.
+
+     A server's version is the number of optimizer updates it has applied.
+     Every push carries the version of that server the worker computed on
+     (the one it last pulled); a gradient's staleness is the server's
+     version when it is applied minus that version. Servers report mean,
+     max and a histogram of it.
+
+   UPDATE POLICIES (dsgd_ps_policy), modes of one engine
+
+     ASYNC   every push is applied on arrival: one optimizer update with that
+             gradient, version + 1 (Hogwild-free asynchronous SGD, as TF's
+             ParameterServerStrategy). A server is one thread and applies
+             one push at a time to all its shards: that is the per-shard
+             lock. Pulls are answered at once.
+     SSP     stale synchronous parallel with bound s (Ho et al. 2013). A
+             worker's k-th push (k = 0, 1, ...) belongs to clock k. A server
+             applies clock k once it has all W gradients of clock k and has
+             applied clock k - 1: their sum in worker rank order, divided by
+             W, one optimizer update, version + 1. A worker's pull at clock c
+             (after c pushes) waits until clocks 0..c-s-1 are applied
+             (version >= c - s), so no worker runs more than s clocks ahead
+             of the slowest, and what it reads holds every update of clocks
+             <= c - s - 1.
+     SYNC    bulk synchronous: SSP with s = 0, the same code. Every step
+             averages one gradient per worker; a pull for step k waits for
+             version k.
+     BACKUP  N + b backup workers (TF v1 SyncReplicasOptimizer; Chen et al.
+             2016), N = W - b. A push is tagged with the step it was computed
+             on (the version it pulled). The first N pushes tagged with the
+             server's current step are accepted; when the N-th arrives their
+             sum in worker rank order (not arrival order, so a run is
+             reproducible given the accepted set), divided by N, is applied.
+             Pushes for an older step are acknowledged as dropped, counted,
+             and never applied. A worker's pull waits until the step it last
+             pushed for is applied (TF's token queue). Each server decides
+             its accepted set on its own, as each of TF's per-variable
+             accumulators does. With b = 0 it is SYNC, bit for bit.
+     In SSP, SYNC and BACKUP a worker must pull before each push
+     (DSGD_ERR_STATE otherwise). In SSP and SYNC every worker must push as
+     many times as the others: a clock that misses a finished worker's
+     gradient is never applied. In BACKUP workers stop on the version, as
+     TF's stop on the global step (pull; stop once the version reaches the
+     target; else compute and push): a worker that pushes a fixed number of
+     times may wait for a step the others, finished, no longer complete. A
+     server sees when a deferred pull can never be answered and fails at
+     once with DSGD_ERR_DESYNC naming the workers; the waiting worker times
+     out. Pushes of a last, incomplete clock or step are never applied.
+
+   WIRE PROTOCOL
+
+     A message is a header of DSGD_PS_HEADER_WORDS uint64 words (type,
+     worker, seq, version, count, status) followed by count floats; its tag
+     is DSGD_PS_TAG(type, seq). Servers take messages in arrival order with
+     the transport's probe (receive from any source), which both roles
+     need (DSGD_ERR_UNSUPPORTED without it).
+       PUSH    worker -> server: seq = the worker's push number, version =
+               the version computed on, count = the server's floats
+       ACK     server -> worker: seq = that push, status 0 (applied or
+               accepted) or DSGD_PS_DROPPED (BACKUP: stale), version = the
+               server's version
+       PULL    worker -> server: seq = the worker's pull number, version =
+               the version the reply must have at least (the policy's wait)
+       PARAMS  server -> worker: seq = that pull, version = the version sent,
+               count floats of parameters
+       DONE    worker -> server: seq = the worker's number of pushes
+     Exactly once: per worker a server keeps the next push seq it expects
+     and the status of the last one. A seq below it is a duplicate (a
+     resend, or a copy the network made): acknowledged again (with the last
+     push's status: a worker waits only for its last push's ACK), counted,
+     never applied. A seq above it is DSGD_ERR_DESYNC.
+     A worker resends a push (or pull) that got no reply after retry_s,
+     backing off (retry_s, 2 retry_s, 4 retry_s, ... at most timeout_s / 8)
+     so that a stalled server's queue is not flooded. Workers take every
+     message with probe + recv and drop replies to older requests, so an
+     unexpected message never blocks them. A pull is answered once: a
+     resent pull replaces the deferred one, or is dropped when it was
+     answered already. Its reply is never sent twice because a reply the
+     worker no longer waits for could hold both sides of a rendezvous
+     transport (a large message waits for its receiver); so a lost request
+     is recovered by a resend, a lost reply is not (the wait times out).
+     DONE is sent once, after every push was acknowledged, and not
+     acknowledged: the server is gone once every worker said it.
+
+   DEADLINES
+
+     Every wait has one (timeout_s). A worker's pull or push fails with
+     DSGD_ERR_TIMEOUT naming the servers that did not answer; a server's
+     serve fails naming the workers it has heard nothing from (not even a
+     resend) for timeout_s, so every worker must pull or push at least that
+     often. A failed rank does not stop the others: call the transport's
+     abort (dsgd_loopback_abort) to stop them at once.
+*/
+#ifndef DSGD__PART_PS_DECL
+#define DSGD__PART_PS_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- parameter servers */
+
+typedef enum dsgd_ps_policy {
+    DSGD_PS_ASYNC = 0, /* every push applied on arrival */
+    DSGD_PS_SSP = 1,   /* stale synchronous parallel, bound `staleness` */
+    DSGD_PS_SYNC = 2,  /* one averaged update per step from all workers (SSP, s = 0) */
+    DSGD_PS_BACKUP = 3 /* the first N = W - b gradients of each step */
+} dsgd_ps_policy;
+#define DSGD_PS_POLICY_COUNT (DSGD_PS_BACKUP + 1)
+
+/* The defaults of dsgd_ps_desc. */
+#define DSGD_PS_DEFAULT_RETRY_S 0.05
+#define DSGD_PS_DEFAULT_STALENESS_BINS 16
+/* Bounds: SSP's staleness (a server keeps s + 1 clocks of W gradients at
+   most) and the histogram's bins. */
+#define DSGD_PS_MAX_STALENESS 65536
+#define DSGD_PS_MAX_STALENESS_BINS 65536
+
+typedef struct dsgd_ps_desc {
+    int num_servers;       /* P >= 1: ranks 0..P-1 */
+    int num_workers;       /* W >= 1: ranks P..P+W-1 */
+    dsgd_ps_policy policy; /* default ASYNC */
+    int staleness;         /* SSP: the bound s, 0..DSGD_PS_MAX_STALENESS (0 is
+                              SYNC); other policies: must be 0 */
+    int backup_workers;    /* BACKUP: b, 0 <= b < W (N = W - b gradients per
+                              step); other policies: must be 0 */
+    /* What the servers apply (dsgd_optimizer_create's rules and defaults).
+       clip_norm must be 0: a server holds only its shards, so the global
+       norm of a gradient across servers is not defined here. */
+    dsgd_optimizer_desc optimizer;
+    double timeout_s;      /* every wait, in seconds; 0: DSGD_DEFAULT_TIMEOUT_S;
+                              at most 1e7 */
+    double retry_s;        /* a worker resends an unanswered push or pull
+                              after this (then backs off); 0:
+                              DSGD_PS_DEFAULT_RETRY_S */
+    int staleness_bins;    /* histogram bins 0..bins-1, the last one counts
+                              staleness >= bins - 1; 0:
+                              DSGD_PS_DEFAULT_STALENESS_BINS */
+} dsgd_ps_desc;
+
+/* The wire protocol (see WIRE PROTOCOL above), for transports and tests
+   that look at messages. */
+typedef enum dsgd_ps_msg {
+    DSGD_PS_MSG_PUSH = 1,
+    DSGD_PS_MSG_ACK = 2,
+    DSGD_PS_MSG_PULL = 3,
+    DSGD_PS_MSG_PARAMS = 4,
+    DSGD_PS_MSG_DONE = 5
+} dsgd_ps_msg;
+#define DSGD_PS_HEADER_WORDS 6 /* uint64: type, worker, seq, version, count, status */
+#define DSGD_PS_DROPPED 1      /* ACK status: the push was stale and dropped */
+#define DSGD_PS_SEQ_MASK 0x00FFFFFFFFFFFFFFull
+#define DSGD_PS_TAG(type, seq) (((uint64_t)(type) << 56) | ((uint64_t)(seq) & DSGD_PS_SEQ_MASK))
+#define DSGD_PS_TAG_TYPE(tag) ((int)((uint64_t)(tag) >> 56))
+#define DSGD_PS_TAG_SEQ(tag) ((uint64_t)(tag) & DSGD_PS_SEQ_MASK)
+
+/* "ASYNC", "SSP", "SYNC", "BACKUP"; "?" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p);
+
+typedef struct dsgd_ps_server dsgd_ps_server;
+typedef struct dsgd_ps_worker dsgd_ps_worker;
+
+/* What a server did (dsgd_ps_server_get_stats). */
+typedef struct dsgd_ps_server_stats {
+    int64_t version;          /* optimizer updates applied */
+    int64_t pushes_received;  /* new pushes (not duplicates) */
+    int64_t pushes_applied;   /* gradients that went into an update (ASYNC:
+                                 = version; else the accepted pushes of the
+                                 applied clocks) */
+    int64_t duplicates;       /* pushes received again (resends, copies) */
+    int64_t stale_dropped;    /* BACKUP: pushes for an older step, dropped */
+    int64_t pulls_answered;
+    int64_t pulls_deferred;   /* answered later, when the version was reached */
+    int64_t pulls_repeated;   /* resent pulls (replacing or dropped) */
+    double staleness_mean;    /* over the applied pushes; 0 when none */
+    int64_t staleness_max;
+    int staleness_bins;
+    const int64_t *staleness_hist; /* [staleness_bins], sums to pushes_applied;
+                                      points into the server */
+} dsgd_ps_server_stats;
+
+/* What a worker did (dsgd_ps_worker_get_stats). */
+typedef struct dsgd_ps_worker_stats {
+    int64_t clock;          /* pushes completed */
+    int64_t pulls;          /* pulls completed */
+    int64_t push_resends;   /* push messages sent again (to one server each) */
+    int64_t pull_resends;
+    int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
+    int64_t stale_replies;  /* replies to older requests, ignored */
+} dsgd_ps_worker_stats;
+
+/* Creates server t->rank (0 <= rank < P) of desc over endpoint t (copied;
+   it must outlive the server) with the shards `map` places on it (map must
+   outlive it too), their parameters copied from initial_full_params (the
+   whole flat buffer; every server and worker must be given the same map and
+   desc). Its optimizer state lives on a CPU backend created with ctx.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
+   recorded; t, desc, map, initial_full_params or out NULL; a bad desc: P or
+   W < 1, an unknown policy, staleness or backup_workers out of range or set
+   for another policy, the optimizer (as dsgd_optimizer_create), clip_norm
+   > 0, timeout_s, retry_s or staleness_bins out of range; t->size not
+   P + W; t->rank not a server; map built for another number of servers),
+   DSGD_ERR_UNSUPPORTED (t has no probe), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: ctx's thread; the server is then used by one thread at a
+   time, the rank's. */
+DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, const float *initial_full_params,
+                                           dsgd_ps_server **out);
+/* Serves the workers until every one has called dsgd_ps_worker_finish:
+   answers pulls (deferring those the policy makes wait), applies pushes as
+   the policy says, acknowledges each. Called once.
+   Errors (recorded on the server's ctx, "dsgd_ps_server_serve: server s:
+   ..."): DSGD_ERR_STATE (called again, or after a failure; s NULL gives
+   DSGD_ERR_INVALID_ARGUMENT with nothing recorded), DSGD_ERR_TIMEOUT (no
+   message from some unfinished worker for timeout_s: the message names
+   them), DSGD_ERR_DESYNC (a message from a non-worker rank, of an unknown
+   type or size, a push seq ahead of the expected one, a clock outside the
+   SSP window; a deferred pull that can never be answered, see UPDATE
+   POLICIES), DSGD_ERR_ABORTED and transport errors, DSGD_ERR_OUT_OF_MEMORY,
+   backend errors. After a failure the server is unusable (destroy it).
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s);
+/* Fills *out with the server's counters (zeros for s or out NULL).
+   Errors: none. Thread safety: the server's thread. */
+DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out);
+/* Writes the server's parameters into their ranges of full (a buffer of the
+   whole flat size); every other float of full is left as it is.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; full NULL).
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full);
+/* Frees the server (NULL: nothing); not the transport or the map.
+   Thread safety: the server's thread. */
+DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s);
+
+/* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
+   with map; both must outlive it.
+   Errors (recorded on ctx): as dsgd_ps_server_create (t->rank must be a
+   worker's), without initial_full_params.
+   Thread safety: ctx's thread; the worker is then used by one thread at a
+   time, the rank's. */
+DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, dsgd_ps_worker **out);
+/* Fetches every server's parameters into their ranges of full_params (the
+   whole flat buffer; floats no shard holds are left as they are), waiting
+   as the policy says (ASYNC: not at all; SSP at clock c: version >= c - s;
+   SYNC and BACKUP: the last pushed step applied). Records the version read
+   from each server (dsgd_ps_worker_version); a push computes on it.
+   Errors (recorded on the worker's ctx, "dsgd_ps_worker_pull: worker w:
+   ..."): DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
+   NULL), DSGD_ERR_STATE (after finish or a failure), DSGD_ERR_TIMEOUT (the
+   servers that did not answer within timeout_s are named), DSGD_ERR_DESYNC
+   (a message from a non-server rank, or of the wrong size), transport
+   errors. After a failure the worker is unusable.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
+/* Sends each server its slice of full_grads (the whole flat gradient) with
+   (worker, push seq, the version computed on) and waits until every server
+   has acknowledged it, resending after retry_s; applied exactly once per
+   server (or, BACKUP, dropped as stale: see
+   dsgd_ps_worker_last_push_dropped). The clock then advances.
+   Errors: as dsgd_ps_worker_pull ("dsgd_ps_worker_push"), and
+   DSGD_ERR_STATE for a push without a pull since the last one under SSP,
+   SYNC or BACKUP.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads);
+/* Tells every server this worker is done (once; not acknowledged, see WIRE
+   PROTOCOL). The worker can then only be read and destroyed.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded),
+   DSGD_ERR_STATE (after finish or a failure), transport errors.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w);
+/* Fills *out with the worker's counters (zeros for w or out NULL).
+   Errors: none. Thread safety: the worker's thread. */
+DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out);
+/* dsgd_ps_worker_version: the version read from server `server` at the
+   last pull (0 before any; -1 for w NULL or server out of range).
+   dsgd_ps_worker_last_push_dropped: 1 when that server dropped the last
+   push as stale (BACKUP), 0 otherwise.
+   Errors: none. Thread safety: the worker's thread. */
+DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server);
+DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server);
+/* Frees the worker (NULL: nothing); not the transport or the map.
+   Thread safety: the worker's thread. */
+DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_PS_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_IMPL)
+#define DSGD__PART_PS_IMPL
+
+/* >>ps common -------------------------------------------------------------- */
+
+/* The header occupies the first DSGD__PS_H floats of every buffer that goes
+   over the wire, so a message is sent and received in place. */
+#define DSGD__PS_H (DSGD_PS_HEADER_WORDS * 2)
+#define DSGD__PS_HBYTES (DSGD_PS_HEADER_WORDS * sizeof(uint64_t))
+
+enum { DSGD__PS_CREATED = 0, DSGD__PS_DONE = 1, DSGD__PS_FAILED = 2 };
+
+DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p) {
+    static const char *const names[DSGD_PS_POLICY_COUNT] = {"ASYNC", "SSP", "SYNC", "BACKUP"};
+    return (int)p >= 0 && (int)p < (int)DSGD_PS_POLICY_COUNT ? names[p] : "?";
+}
+
+static double dsgd__ps_now(const dsgd_transport_i *t) { return t->now ? t->now(t->impl) : dsgd_now(); }
+
+static const char *dsgd__ps_terr(const dsgd_transport_i *t) {
+    const char *m = t->error_message ? t->error_message(t->impl) : NULL;
+    return m ? m : "";
+}
+
+static void dsgd__ps_hdr_put(void *dst, uint64_t type, uint64_t worker, uint64_t seq, int64_t version, uint64_t count,
+                             uint64_t status) {
+    uint64_t h[DSGD_PS_HEADER_WORDS];
+    h[0] = type;
+    h[1] = worker;
+    h[2] = seq;
+    h[3] = (uint64_t)version;
+    h[4] = count;
+    h[5] = status;
+    memcpy(dst, h, sizeof h);
+}
+
+/* The one place dsgd_ps_desc's defaults are filled and checked, with the
+   transport and the map every role shares. */
+static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *in,
+                                  const dsgd_shard_map *map, const char *fn, dsgd_ps_desc *d) {
+    dsgd_result r;
+    if (!t || !in || !map)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: transport, desc or shard map is NULL", fn);
+    *d = *in;
+    if (d->num_servers < 1 || d->num_workers < 1 || d->num_servers > INT_MAX / 2 || d->num_workers > INT_MAX / 2)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: need num_servers >= 1 and num_workers >= 1 (got %d, %d)",
+                                  fn, d->num_servers, d->num_workers);
+    if ((int)d->policy < 0 || (int)d->policy >= (int)DSGD_PS_POLICY_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown policy %d", fn, (int)d->policy);
+    if (d->policy == DSGD_PS_SSP ? (d->staleness < 0 || d->staleness > DSGD_PS_MAX_STALENESS) : d->staleness != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: staleness %d (SSP: 0..%d; other policies: 0)", fn,
+                                  d->staleness, DSGD_PS_MAX_STALENESS);
+    if (d->policy == DSGD_PS_BACKUP ? (d->backup_workers < 0 || d->backup_workers >= d->num_workers)
+                                    : d->backup_workers != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: backup_workers %d (BACKUP: 0 <= b < num_workers = %d; other policies: 0)", fn,
+                                  d->backup_workers, d->num_workers);
+    d->optimizer = dsgd__optimizer_defaults(&in->optimizer);
+    if ((r = dsgd__optimizer_desc_check(ctx, &d->optimizer, fn)) != DSGD_OK) return r;
+    if (d->optimizer.clip_norm > 0.0f)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: clip_norm %g is not supported: each server holds only its shards, so the global "
+                                  "norm of a gradient across servers is not defined here", fn, (double)d->optimizer.clip_norm);
+    if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
+    if (d->retry_s == 0.0) d->retry_s = DSGD_PS_DEFAULT_RETRY_S;
+    if (d->staleness_bins == 0) d->staleness_bins = DSGD_PS_DEFAULT_STALENESS_BINS;
+    if (!(d->timeout_s > 0.0 && d->timeout_s <= 1e7) || !(d->retry_s > 0.0 && d->retry_s <= 1e7) ||
+        d->staleness_bins < 1 || d->staleness_bins > DSGD_PS_MAX_STALENESS_BINS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: timeout_s %g and retry_s %g must lie in (0, 1e7], staleness_bins %d in 1..%d", fn,
+                                  d->timeout_s, d->retry_s, d->staleness_bins, DSGD_PS_MAX_STALENESS_BINS);
+    if (!t->send || !t->recv)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the transport has no send or recv", fn);
+    if (!t->probe)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
+                                  "%s: transport \"%s\" has no probe (receive from any source), which the parameter "
+                                  "servers need", fn, t->name ? t->name : "?");
+    if (t->size != d->num_servers + d->num_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: the transport has %d ranks; %d servers + %d workers need %d", fn, t->size,
+                                  d->num_servers, d->num_workers, d->num_servers + d->num_workers);
+    if (dsgd_shard_map_num_servers(map) != d->num_servers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the shard map is for %d servers, the desc says %d",
+                                  fn, dsgd_shard_map_num_servers(map), d->num_servers);
+    return DSGD_OK;
+}
+
+/* >>ps server -------------------------------------------------------------- */
+
+typedef struct dsgd__ps_peer {
+    uint64_t next_seq;   /* the push seq expected next */
+    uint64_t last_status;
+    uint64_t pull_next;  /* the pull seq expected next */
+    int pull_pending;    /* a pull (seq pull_next - 1) waits for version >= pull_min */
+    int done;
+    int64_t pull_min;
+    double last_heard;
+} dsgd__ps_peer;
+
+struct dsgd_ps_server {
+    dsgd_ctx *ctx;
+    dsgd_transport_i t;
+    dsgd_ps_desc d; /* defaults filled */
+    const dsgd_shard_map *map;
+    int index, P, W;
+    int ring;   /* clocks buffered at once: SSP s + 1, SYNC and BACKUP 1 */
+    int needed; /* gradients per clock: W, BACKUP N */
+    size_t n;   /* floats this server holds */
+    dsgd_backend_i be;
+    int have_be, state, done_count;
+    dsgd_buffer *params, *grad, *m1, *m2; /* params, grad: [header | n] */
+    float *params_h, *grad_h;
+    /* clock modes: slot[(k % ring) * W + w] holds worker w's gradient of
+       clock k ([header | n]), vcomp the version it was computed on */
+    dsgd_buffer **slot, **pool;
+    int64_t *vcomp;
+    int *slot_count, pool_len;
+    dsgd__ps_peer *peer;
+    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max;
+    double stal_sum;
+    int64_t *hist;
+};
+
+static dsgd_result dsgd__ps_server_fail(dsgd_ps_server *s, dsgd_result r) {
+    s->state = DSGD__PS_FAILED;
+    return r;
+}
+
+static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
+    if (st < 0) st = 0;
+    s->stal_sum += (double)st;
+    if (st > s->stal_max) s->stal_max = st;
+    s->hist[st < s->d.staleness_bins - 1 ? st : s->d.staleness_bins - 1]++;
+}
+
+/* One optimizer update of the server's floats with the gradient in grad. */
+static dsgd_result dsgd__ps_apply(dsgd_ps_server *s) {
+    dsgd_opt_update u = dsgd__opt_update_at(&s->d.optimizer, s->version, 1.0f);
+    dsgd_ref p, g, m1, m2;
+    dsgd_result r;
+    p.buf = s->params;
+    p.off = DSGD__PS_H;
+    g.buf = s->grad;
+    g.off = DSGD__PS_H;
+    m1.buf = s->m1;
+    m1.off = 0;
+    m2.buf = s->m2;
+    m2.off = 0;
+    r = s->be.optimizer_update(s->be.impl, &u, p, g, m1, m2, s->n);
+    if (r == DSGD_OK) s->version++;
+    return r;
+}
+
+static dsgd_result dsgd__ps_send(dsgd_ps_server *s, int w, uint64_t type, uint64_t seq, const void *buf, size_t bytes) {
+    dsgd_result r = s->t.send(s->t.impl, s->P + w, DSGD_PS_TAG(type, seq), buf, bytes, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "dsgd_ps_server_serve: server %d: sending to worker %d (rank %d) failed: %s%s%s",
+                                  s->index, w, s->P + w, dsgd_result_string(r), dsgd__ps_terr(&s->t)[0] ? ": " : "",
+                                  dsgd__ps_terr(&s->t));
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__ps_ack(dsgd_ps_server *s, int w, uint64_t seq, uint64_t status) {
+    uint64_t h[DSGD_PS_HEADER_WORDS];
+    dsgd__ps_hdr_put(h, DSGD_PS_MSG_ACK, (uint64_t)w, seq, s->version, 0, status);
+    return dsgd__ps_send(s, w, DSGD_PS_MSG_ACK, seq, h, sizeof h);
+}
+
+static dsgd_result dsgd__ps_answer_pull(dsgd_ps_server *s, int w) {
+    dsgd__ps_peer *pe = &s->peer[w];
+    uint64_t seq = pe->pull_next - 1;
+    pe->pull_pending = 0;
+    s->pulls++;
+    dsgd__ps_hdr_put(s->params_h, DSGD_PS_MSG_PARAMS, (uint64_t)w, seq, s->version, (uint64_t)s->n, 0);
+    return dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, s->params_h, DSGD__PS_HBYTES + s->n * sizeof(float));
+}
+
+/* After the version moved: answers the deferred pulls it satisfies, in
+   worker order. */
+static dsgd_result dsgd__ps_release_pulls(dsgd_ps_server *s) {
+    dsgd_result r;
+    int w;
+    for (w = 0; w < s->W; ++w)
+        if (s->peer[w].pull_pending && s->version >= s->peer[w].pull_min)
+            if ((r = dsgd__ps_answer_pull(s, w)) != DSGD_OK) return r;
+    return DSGD_OK;
+}
+
+/* Clock modes: applies every complete clock, in order. The sum runs in
+   worker rank order whatever the arrival order. */
+static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
+    dsgd_result r;
+    for (;;) {
+        int k = (int)(s->version % s->ring), w, cnt = 0;
+        float *sum = s->grad_h + DSGD__PS_H;
+        if (s->slot_count[k] < s->needed) return DSGD_OK;
+        for (w = 0; w < s->W; ++w) {
+            dsgd_buffer **b = &s->slot[(size_t)k * s->W + w];
+            const float *g;
+            if (!*b) continue;
+            g = s->be.buffer_host_ptr(s->be.impl, *b) + DSGD__PS_H;
+            if (cnt++ == 0) {
+                if (s->n) memcpy(sum, g, s->n * sizeof(float));
+            } else {
+                dsgd__sum_into(sum, g, s->n);
+            }
+            dsgd__ps_staleness(s, s->version - s->vcomp[(size_t)k * s->W + w]);
+            s->pool[s->pool_len++] = *b;
+            *b = NULL;
+        }
+        dsgd__divide(sum, s->n, cnt);
+        s->slot_count[k] = 0;
+        s->applied += cnt;
+        if ((r = dsgd__ps_apply(s)) != DSGD_OK) return r;
+        if ((r = dsgd__ps_release_pulls(s)) != DSGD_OK) return r;
+    }
+}
+
+/* Checks a received header against what the tag and size promised. */
+static dsgd_result dsgd__ps_check_hdr(dsgd_ps_server *s, const void *buf, int w, uint64_t type, uint64_t seq,
+                                      uint64_t count, uint64_t *h) {
+    memcpy(h, buf, DSGD__PS_HBYTES);
+    if (h[0] != type || h[1] != (uint64_t)w || DSGD_PS_TAG_SEQ(h[2]) != seq || h[4] != count)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "dsgd_ps_server_serve: server %d: worker %d sent a header (type %llu, worker %llu, seq "
+                                  "%llu, count %llu) that does not match its tag and size", s->index, w,
+                                  (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2],
+                                  (unsigned long long)h[4]);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd__ps_peer *pe = &s->peer[w];
+    uint64_t seq = DSGD_PS_TAG_SEQ(tag), h[DSGD_PS_HEADER_WORDS], status = 0;
+    size_t want = DSGD__PS_HBYTES + s->n * sizeof(float);
+    dsgd_buffer *b;
+    float *host;
+    int64_t step, vcomp;
+    dsgd_result r;
+    if (bytes != want)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d has %zu bytes, not %zu",
+                                  fn, s->index, (unsigned long long)seq, w, bytes, want);
+    if (seq > pe->next_seq)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d, but push %llu is next",
+                                  fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->next_seq);
+    /* the buffer to receive into: grad for duplicates and ASYNC, a pooled
+       one for a clock's gradient */
+    if (seq < pe->next_seq || s->d.policy == DSGD_PS_ASYNC) {
+        b = s->grad;
+    } else {
+        if (s->pool_len == 0) {
+            if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->pool[s->pool_len])) != DSGD_OK) return r;
+            s->pool_len++;
+        }
+        b = s->pool[--s->pool_len];
+    }
+    host = s->be.buffer_host_ptr(s->be.impl, b);
+    r = s->t.recv(s->t.impl, s->P + w, tag, host, bytes, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK) {
+        if (b != s->grad) s->pool[s->pool_len++] = b;
+        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving push %llu of worker %d failed: %s%s%s", fn,
+                                  s->index, (unsigned long long)seq, w, dsgd_result_string(r),
+                                  dsgd__ps_terr(&s->t)[0] ? ": " : "", dsgd__ps_terr(&s->t));
+    }
+    if ((r = dsgd__ps_check_hdr(s, host, w, DSGD_PS_MSG_PUSH, seq, (uint64_t)s->n, h)) != DSGD_OK) {
+        if (b != s->grad) s->pool[s->pool_len++] = b;
+        return r;
+    }
+    if (seq < pe->next_seq) { /* a duplicate: acknowledged again, not applied */
+        s->duplicates++;
+        return dsgd__ps_ack(s, w, seq, pe->last_status);
+    }
+    s->received++;
+    pe->next_seq++;
+    vcomp = (int64_t)h[3];
+    if (s->d.policy == DSGD_PS_ASYNC) {
+        dsgd__ps_staleness(s, s->version - vcomp);
+        s->applied++;
+        if ((r = dsgd__ps_apply(s)) != DSGD_OK) return r;
+        pe->last_status = 0;
+        if ((r = dsgd__ps_ack(s, w, seq, 0)) != DSGD_OK) return r;
+        return dsgd__ps_release_pulls(s);
+    }
+    /* clock modes: SSP and SYNC count clocks by push seq, BACKUP by the
+       step (version) the gradient was computed on */
+    step = s->d.policy == DSGD_PS_BACKUP ? vcomp : (int64_t)seq;
+    if (s->d.policy == DSGD_PS_BACKUP && step < s->version) {
+        status = DSGD_PS_DROPPED;
+        s->dropped++;
+        s->pool[s->pool_len++] = b;
+    } else if (step < s->version || step > s->version + (s->ring - 1) ||
+               s->slot[(size_t)(step % s->ring) * s->W + w]) {
+        s->pool[s->pool_len++] = b;
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: push %llu of worker %d is for clock %lld, outside [%lld, %lld] or twice",
+                                  fn, s->index, (unsigned long long)seq, w, (long long)step, (long long)s->version,
+                                  (long long)(s->version + s->ring - 1));
+    } else {
+        size_t i = (size_t)(step % s->ring) * s->W + w;
+        s->slot[i] = b;
+        s->vcomp[i] = vcomp;
+        s->slot_count[step % s->ring]++;
+    }
+    pe->last_status = status;
+    if ((r = dsgd__ps_ack(s, w, seq, status)) != DSGD_OK) return r;
+    return status ? DSGD_OK : dsgd__ps_apply_clocks(s);
+}
+
+/* Clock modes: fails when a deferred pull can never be answered because
+   the clock (step) the server must apply next cannot complete: SSP and SYNC
+   need a push of it from a worker that has finished; BACKUP has fewer
+   accepted gradients plus workers still able to push (not finished, not
+   waiting, not already in this step) than it needs. Called when a worker
+   finishes and when a pull is deferred; exact, so a run that can go on is
+   never stopped. */
+static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    int k = (int)(s->version % s->ring), w, waiter = -1, missing = -1, can = 0;
+    if (s->d.policy == DSGD_PS_ASYNC) return DSGD_OK;
+    for (w = 0; w < s->W; ++w) {
+        const dsgd__ps_peer *pe = &s->peer[w];
+        int in_step = s->slot[(size_t)k * s->W + w] != NULL;
+        if (pe->pull_pending && waiter < 0) waiter = w;
+        if (pe->done && !in_step && missing < 0 && (s->d.policy == DSGD_PS_BACKUP || pe->next_seq <= (uint64_t)s->version))
+            missing = w;
+        if (!pe->done && !pe->pull_pending && !in_step) can++;
+    }
+    if (waiter < 0) return DSGD_OK;
+    if (s->d.policy != DSGD_PS_BACKUP && missing >= 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld needs "
+                                  "a push of worker %d, which finished after %llu pushes (%s needs every worker's push of "
+                                  "every clock)", fn, s->index, waiter, (long long)s->peer[waiter].pull_min,
+                                  (long long)s->version, missing, (unsigned long long)s->peer[missing].next_seq,
+                                  dsgd_ps_policy_name(s->d.policy));
+    if (s->d.policy == DSGD_PS_BACKUP && s->slot_count[k] + can < s->needed)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: worker %d waits for version %lld, which can never come: step %lld has %d "
+                                  "of %d gradients and %d worker%s can still push (the others finished or wait); stop "
+                                  "BACKUP workers on the version", fn, s->index, waiter,
+                                  (long long)s->peer[waiter].pull_min, (long long)s->version, s->slot_count[k],
+                                  s->needed, can, can == 1 ? "" : "s");
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd__ps_peer *pe = &s->peer[w];
+    uint64_t seq = DSGD_PS_TAG_SEQ(tag), h[DSGD_PS_HEADER_WORDS];
+    dsgd_result r;
+    if (bytes != DSGD__PS_HBYTES)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull of worker %d has %zu bytes, not %zu", fn,
+                                  s->index, w, bytes, (size_t)DSGD__PS_HBYTES);
+    r = s->t.recv(s->t.impl, s->P + w, tag, h, sizeof h, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving a pull of worker %d failed: %s%s%s", fn, s->index,
+                                  w, dsgd_result_string(r), dsgd__ps_terr(&s->t)[0] ? ": " : "", dsgd__ps_terr(&s->t));
+    if ((r = dsgd__ps_check_hdr(s, h, w, DSGD_PS_MSG_PULL, seq, 0, h)) != DSGD_OK) return r;
+    if (seq < pe->pull_next) { /* a resend: the deferred pull stays, an answered one is not answered again */
+        s->repeated++;
+        return DSGD_OK;
+    }
+    if (seq > pe->pull_next)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull %llu of worker %d, but pull %llu is next",
+                                  fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->pull_next);
+    pe->pull_next = seq + 1;
+    pe->pull_min = (int64_t)h[3];
+    if (s->version >= pe->pull_min) return dsgd__ps_answer_pull(s, w);
+    pe->pull_pending = 1;
+    s->deferred++;
+    return dsgd__ps_check_stuck(s);
+}
+
+static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    uint64_t h[DSGD_PS_HEADER_WORDS], seq = DSGD_PS_TAG_SEQ(tag);
+    dsgd_result r;
+    if (bytes != DSGD__PS_HBYTES)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: DONE of worker %d has %zu bytes", fn,
+                                  s->index, w, bytes);
+    r = s->t.recv(s->t.impl, s->P + w, tag, h, sizeof h, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving DONE of worker %d failed: %s", fn, s->index, w,
+                                  dsgd_result_string(r));
+    if ((r = dsgd__ps_check_hdr(s, h, w, DSGD_PS_MSG_DONE, seq, 0, h)) != DSGD_OK) return r;
+    if (seq != s->peer[w].next_seq)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d finished after %llu pushes, %llu arrived",
+                                  fn, s->index, w, (unsigned long long)seq, (unsigned long long)s->peer[w].next_seq);
+    if (!s->peer[w].done) {
+        s->peer[w].done = 1;
+        s->done_count++;
+    }
+    return dsgd__ps_check_stuck(s);
+}
+
+DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd_result r = DSGD_OK;
+    double start;
+    int w;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (s->state != DSGD__PS_CREATED)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: server %d: already served%s", fn, s->index,
+                                  s->state == DSGD__PS_FAILED ? " and failed" : "");
+    start = dsgd__ps_now(&s->t);
+    for (w = 0; w < s->W; ++w) s->peer[w].last_heard = start;
+    while (s->done_count < s->W) {
+        double deadline = 0.0, now;
+        int src = -1, first = 1, type;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        for (w = 0; w < s->W; ++w)
+            if (!s->peer[w].done && (first || s->peer[w].last_heard + s->d.timeout_s < deadline)) {
+                deadline = s->peer[w].last_heard + s->d.timeout_s;
+                first = 0;
+            }
+        r = s->t.probe(s->t.impl, deadline, &src, &tag, &bytes);
+        now = dsgd__ps_now(&s->t);
+        if (r == DSGD_ERR_TIMEOUT) {
+            char names[256];
+            size_t used = 0;
+            int late = 0;
+            names[0] = '\0';
+            for (w = 0; w < s->W; ++w)
+                if (!s->peer[w].done && now >= s->peer[w].last_heard + s->d.timeout_s) {
+                    int k = snprintf(names + used, sizeof names - used, "%s%d (rank %d)", late ? ", " : "", w, s->P + w);
+                    if (k > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)k);
+                    late++;
+                }
+            if (!late) continue;
+            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_TIMEOUT, "%s: server %d: no message from worker%s %s within %g s", fn,
+                                   s->index, late > 1 ? "s" : "", names, s->d.timeout_s);
+            break;
+        }
+        if (r != DSGD_OK) {
+            r = dsgd_ctx_set_error(s->ctx, r, "%s: server %d: waiting for a message failed: %s%s%s", fn, s->index,
+                                   dsgd_result_string(r), dsgd__ps_terr(&s->t)[0] ? ": " : "", dsgd__ps_terr(&s->t));
+            break;
+        }
+        if (src < s->P || src >= s->P + s->W) {
+            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: a message from rank %d, which is not a worker",
+                                   fn, s->index, src);
+            break;
+        }
+        w = src - s->P;
+        s->peer[w].last_heard = now;
+        type = DSGD_PS_TAG_TYPE(tag);
+        if (type == DSGD_PS_MSG_PUSH) {
+            r = dsgd__ps_on_push(s, w, tag, bytes);
+        } else if (type == DSGD_PS_MSG_PULL) {
+            r = dsgd__ps_on_pull(s, w, tag, bytes);
+        } else if (type == DSGD_PS_MSG_DONE) {
+            r = dsgd__ps_on_done(s, w, tag, bytes);
+        } else {
+            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d sent a message of type %d", fn,
+                                   s->index, w, type);
+        }
+        if (r != DSGD_OK) break;
+    }
+    if (r != DSGD_OK) return dsgd__ps_server_fail(s, r);
+    s->state = DSGD__PS_DONE;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s) {
+    size_t i;
+    if (!s) return;
+    if (s->have_be) {
+        dsgd_buffer *own[4];
+        int k;
+        own[0] = s->params;
+        own[1] = s->grad;
+        own[2] = s->m1;
+        own[3] = s->m2;
+        for (k = 0; k < 4; ++k)
+            if (own[k]) s->be.buffer_destroy(s->be.impl, own[k]);
+        if (s->slot)
+            for (i = 0; i < (size_t)s->ring * (size_t)s->W; ++i)
+                if (s->slot[i]) s->be.buffer_destroy(s->be.impl, s->slot[i]);
+        if (s->pool)
+            for (k = 0; k < s->pool_len; ++k) s->be.buffer_destroy(s->be.impl, s->pool[k]);
+        if (s->be.destroy) s->be.destroy(s->be.impl);
+    }
+    DSGD_FREE(s->slot);
+    DSGD_FREE(s->pool);
+    DSGD_FREE(s->vcomp);
+    DSGD_FREE(s->slot_count);
+    DSGD_FREE(s->peer);
+    DSGD_FREE(s->hist);
+    DSGD_FREE(s);
+}
+
+DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, const float *initial_full_params,
+                                           dsgd_ps_server **out) {
+    static const char *const fn = "dsgd_ps_server_create";
+    dsgd_ps_server *s;
+    dsgd_ps_desc d;
+    dsgd_result r;
+    size_t slots = 0, at = 0;
+    int i;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = dsgd__ps_setup(ctx, t, desc, map, fn, &d)) != DSGD_OK) return r;
+    if (t->rank < 0 || t->rank >= d.num_servers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a server (servers are ranks 0..%d)",
+                                  fn, t->rank, d.num_servers - 1);
+    if (!initial_full_params)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: initial_full_params is NULL", fn);
+    s = (dsgd_ps_server *)dsgd__alloc(ctx, sizeof *s, fn);
+    if (!s) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    s->t = *t;
+    s->d = d;
+    s->map = map;
+    s->index = t->rank;
+    s->P = d.num_servers;
+    s->W = d.num_workers;
+    s->n = dsgd_shard_map_server_floats(map, s->index);
+    s->ring = d.policy == DSGD_PS_SSP ? d.staleness + 1 : 1;
+    s->needed = d.policy == DSGD_PS_BACKUP ? d.num_workers - d.backup_workers : d.num_workers;
+    r = DSGD_OK;
+    if (s->n > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1)
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %zu floats overflow size_t", fn, s->n);
+    if (r == DSGD_OK && (r = dsgd_cpu_backend_create(ctx, &s->be)) == DSGD_OK) s->have_be = 1;
+    if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->params);
+    if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->grad);
+    if (r == DSGD_OK && d.optimizer.kind != DSGD_OPT_SGD) r = s->be.buffer_create(s->be.impl, s->n, &s->m1);
+    if (r == DSGD_OK && (d.optimizer.kind == DSGD_OPT_ADAM || d.optimizer.kind == DSGD_OPT_ADAMW))
+        r = s->be.buffer_create(s->be.impl, s->n, &s->m2);
+    if (r == DSGD_OK && d.policy != DSGD_PS_ASYNC) {
+        if (dsgd__mul_overflows((size_t)s->ring, (size_t)s->W, &slots) || slots > SIZE_MAX / sizeof(int64_t) - 1) {
+            dsgd_ps_server_destroy(s);
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %d clocks of %d workers overflow size_t", fn,
+                                      s->ring, s->W);
+        }
+        s->slot = (dsgd_buffer **)dsgd__alloc(ctx, slots * sizeof *s->slot, fn);
+        /* every buffer is in a slot, in the pool, or receiving: slots + 1 */
+        s->pool = (dsgd_buffer **)dsgd__alloc(ctx, (slots + 1) * sizeof *s->pool, fn);
+        s->vcomp = (int64_t *)dsgd__alloc(ctx, slots * sizeof *s->vcomp, fn);
+        s->slot_count = (int *)dsgd__alloc(ctx, (size_t)s->ring * sizeof *s->slot_count, fn);
+        if (!s->slot || !s->pool || !s->vcomp || !s->slot_count) {
+            r = DSGD_ERR_OUT_OF_MEMORY;
+        } else {
+            memset(s->slot, 0, slots * sizeof *s->slot);
+            memset(s->slot_count, 0, (size_t)s->ring * sizeof *s->slot_count);
+        }
+    }
+    if (r == DSGD_OK) {
+        s->peer = (dsgd__ps_peer *)dsgd__alloc(ctx, (size_t)s->W * sizeof *s->peer, fn);
+        s->hist = (int64_t *)dsgd__alloc(ctx, (size_t)d.staleness_bins * sizeof *s->hist, fn);
+        if (!s->peer || !s->hist) r = DSGD_ERR_OUT_OF_MEMORY;
+    }
+    if (r != DSGD_OK) {
+        dsgd_ps_server_destroy(s);
+        return r;
+    }
+    memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
+    memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
+    s->params_h = s->be.buffer_host_ptr(s->be.impl, s->params);
+    s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
+    /* the server's shards, concatenated in placement order; slots start at 0 */
+    for (i = 0; i < dsgd_shard_map_num_shards(map); ++i) {
+        const dsgd_shard *sh = dsgd_shard_map_shard(map, i);
+        if (sh->server != s->index) continue;
+        memcpy(s->params_h + DSGD__PS_H + at, initial_full_params + sh->offset, sh->count * sizeof(float));
+        at += sh->count;
+    }
+    *out = s;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!s) return;
+    out->version = s->version;
+    out->pushes_received = s->received;
+    out->pushes_applied = s->applied;
+    out->duplicates = s->duplicates;
+    out->stale_dropped = s->dropped;
+    out->pulls_answered = s->pulls;
+    out->pulls_deferred = s->deferred;
+    out->pulls_repeated = s->repeated;
+    out->staleness_mean = s->applied ? s->stal_sum / (double)s->applied : 0.0;
+    out->staleness_max = s->stal_max;
+    out->staleness_bins = s->d.staleness_bins;
+    out->staleness_hist = s->hist;
+}
+
+DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full) {
+    size_t at = 0;
+    int i;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_ps_server_read_params: full is NULL");
+    for (i = 0; i < dsgd_shard_map_num_shards(s->map); ++i) {
+        const dsgd_shard *sh = dsgd_shard_map_shard(s->map, i);
+        if (sh->server != s->index) continue;
+        memcpy(full + sh->offset, s->params_h + DSGD__PS_H + at, sh->count * sizeof(float));
+        at += sh->count;
+    }
+    return DSGD_OK;
+}
+
+/* >>ps worker -------------------------------------------------------------- */
+
+struct dsgd_ps_worker {
+    dsgd_ctx *ctx;
+    dsgd_transport_i t;
+    dsgd_ps_desc d; /* defaults filled */
+    const dsgd_shard_map *map;
+    int index, P, W, state, pulled;
+    size_t *n;         /* [P] floats of each server */
+    float **buf;       /* [P] [header | n[s]]: a push's slice, then a pull's reply */
+    uint64_t *pull_hdr; /* [P * header words] the pull requests, for resends */
+    float *scratch;    /* stale replies land here */
+    size_t scratch_bytes;
+    int64_t *version, *last_step; /* [P] read at the last pull; BACKUP: step last pushed */
+    int *dropped, *pending;       /* [P] */
+    double *sent_at, *backoff;    /* [P] */
+    uint64_t push_seq, pull_seq;
+    int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
+};
+
+static dsgd_result dsgd__ps_worker_fail(dsgd_ps_worker *w, dsgd_result r) {
+    w->state = DSGD__PS_FAILED;
+    return r;
+}
+
+/* The wait for one reply from every server: probe, take the expected
+   replies, drop stale ones, resend to silent servers with backoff. type is
+   ACK or PARAMS; full receives the parameters of PARAMS. */
+static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int type, uint64_t seq, float *full) {
+    double start = dsgd__ps_now(&w->t), deadline = start + w->d.timeout_s;
+    double max_backoff = DSGD__MAX(w->d.retry_s, w->d.timeout_s / 8);
+    int left = w->P, s;
+    dsgd_result r;
+    for (s = 0; s < w->P; ++s) {
+        w->pending[s] = 1;
+        w->sent_at[s] = start;
+        w->backoff[s] = w->d.retry_s;
+    }
+    while (left > 0) {
+        double wake = deadline, now;
+        int src = -1, mtype;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        for (s = 0; s < w->P; ++s)
+            if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
+        r = w->t.probe(w->t.impl, wake, &src, &tag, &bytes);
+        now = dsgd__ps_now(&w->t);
+        if (r == DSGD_ERR_TIMEOUT) {
+            if (now >= deadline) {
+                char names[256];
+                size_t used = 0;
+                int k = 0;
+                names[0] = '\0';
+                for (s = 0; s < w->P; ++s)
+                    if (w->pending[s]) {
+                        int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
+                        if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
+                    }
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
+                                          "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
+                                          type == DSGD_PS_MSG_ACK ? "acknowledgement" : "parameters", k > 1 ? "s" : "",
+                                          names, w->d.timeout_s, type == DSGD_PS_MSG_ACK ? "push" : "pull",
+                                          (unsigned long long)seq);
+            }
+            for (s = 0; s < w->P; ++s) {
+                const void *msg;
+                size_t mbytes;
+                uint64_t mtag;
+                if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
+                if (type == DSGD_PS_MSG_ACK) {
+                    msg = w->buf[s];
+                    mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
+                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
+                    w->push_resends++;
+                } else {
+                    msg = w->pull_hdr + (size_t)s * DSGD_PS_HEADER_WORDS;
+                    mbytes = DSGD__PS_HBYTES;
+                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PULL, seq);
+                    w->pull_resends++;
+                }
+                r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
+                if (r != DSGD_OK)
+                    return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn,
+                                              w->index, s, dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "",
+                                              dsgd__ps_terr(&w->t));
+                w->sent_at[s] = dsgd__ps_now(&w->t);
+                w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
+            }
+            continue;
+        }
+        if (r != DSGD_OK)
+            return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: waiting for the servers failed: %s%s%s", fn, w->index,
+                                      dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "", dsgd__ps_terr(&w->t));
+        if (src < 0 || src >= w->P)
+            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: a message from rank %d, which is not a server",
+                                      fn, w->index, src);
+        mtype = DSGD_PS_TAG_TYPE(tag);
+        if (mtype == type && DSGD_PS_TAG_SEQ(tag) == (seq & DSGD_PS_SEQ_MASK) && w->pending[src]) {
+            uint64_t h[DSGD_PS_HEADER_WORDS];
+            size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
+            void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)h;
+            if (bytes != want)
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
+                                          w->index, src, bytes, want);
+            r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
+            if (r != DSGD_OK)
+                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn,
+                                          w->index, src, dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "",
+                                          dsgd__ps_terr(&w->t));
+            memcpy(h, dst, sizeof h);
+            if (h[0] != (uint64_t)type || h[1] != (uint64_t)w->index || DSGD_PS_TAG_SEQ(h[2]) != DSGD_PS_TAG_SEQ(seq) ||
+                (type == DSGD_PS_MSG_PARAMS && h[4] != (uint64_t)w->n[src]))
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                          "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
+                                          "count %llu) that does not match its tag and size", fn, w->index, src,
+                                          (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2],
+                                          (unsigned long long)h[4]);
+            if (type == DSGD_PS_MSG_ACK) {
+                w->dropped[src] = h[5] == DSGD_PS_DROPPED;
+                w->pushes_dropped += w->dropped[src];
+            } else {
+                int i;
+                const float *p = w->buf[src] + DSGD__PS_H;
+                w->version[src] = (int64_t)h[3];
+                for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
+                    const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
+                    if (sh->server != src) continue;
+                    memcpy(full + sh->offset, p, sh->count * sizeof(float));
+                    p += sh->count;
+                }
+            }
+            w->pending[src] = 0;
+            left--;
+        } else { /* a reply to an older request (or a copy): dropped */
+            if (bytes > w->scratch_bytes)
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                          "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
+                                          w->index, src, bytes, mtype);
+            r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
+            if (r != DSGD_OK)
+                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index,
+                                          src, dsgd_result_string(r));
+            w->stale++;
+        }
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__ps_worker_usable(dsgd_ps_worker *w, const char *fn) {
+    if (w->state == DSGD__PS_CREATED) return DSGD_OK;
+    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d has %s", fn, w->index,
+                              w->state == DSGD__PS_DONE ? "finished" : "failed");
+}
+
+static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s, uint64_t tag, const void *buf,
+                                        size_t bytes) {
+    dsgd_result r = w->t.send(w->t.impl, s, tag, buf, bytes, dsgd__ps_now(&w->t) + w->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: sending to server %d failed: %s%s%s", fn, w->index, s,
+                                  dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "", dsgd__ps_terr(&w->t));
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
+    static const char *const fn = "dsgd_ps_worker_pull";
+    dsgd_result r;
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!full_params)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
+    for (s = 0; s < w->P; ++s) {
+        uint64_t *h = w->pull_hdr + (size_t)s * DSGD_PS_HEADER_WORDS;
+        int64_t need = 0;
+        if (w->d.policy == DSGD_PS_SSP || w->d.policy == DSGD_PS_SYNC)
+            need = DSGD__MAX((int64_t)w->push_seq - w->d.staleness, (int64_t)0); /* clocks 0..c-s-1 applied */
+        else if (w->d.policy == DSGD_PS_BACKUP)
+            need = w->last_step[s] + 1; /* the step last pushed for is applied */
+        dsgd__ps_hdr_put(h, DSGD_PS_MSG_PULL, (uint64_t)w->index, w->pull_seq, need, 0, 0);
+        if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
+            return dsgd__ps_worker_fail(w, r);
+    }
+    r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_PARAMS, w->pull_seq, full_params);
+    if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+    w->pull_seq++;
+    w->pulls++;
+    w->pulled = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads) {
+    static const char *const fn = "dsgd_ps_worker_push";
+    dsgd_result r;
+    int s, i;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!full_grads) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_grads is NULL", fn, w->index);
+    if (w->d.policy != DSGD_PS_ASYNC && !w->pulled)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s needs a pull before each push (push %llu)",
+                                  fn, w->index, dsgd_ps_policy_name(w->d.policy), (unsigned long long)w->push_seq);
+    for (s = 0; s < w->P; ++s) {
+        float *p = w->buf[s] + DSGD__PS_H;
+        dsgd__ps_hdr_put(w->buf[s], DSGD_PS_MSG_PUSH, (uint64_t)w->index, w->push_seq, w->version[s], (uint64_t)w->n[s], 0);
+        for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
+            const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
+            if (sh->server != s) continue;
+            memcpy(p, full_grads + sh->offset, sh->count * sizeof(float));
+            p += sh->count;
+        }
+        w->dropped[s] = 0;
+        w->last_step[s] = w->version[s];
+        r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PUSH, w->push_seq), w->buf[s],
+                                 DSGD__PS_HBYTES + w->n[s] * sizeof(float));
+        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+    }
+    r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_ACK, w->push_seq, NULL);
+    if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+    w->push_seq++;
+    w->pulled = 0;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w) {
+    static const char *const fn = "dsgd_ps_worker_finish";
+    uint64_t h[DSGD_PS_HEADER_WORDS];
+    dsgd_result r;
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    dsgd__ps_hdr_put(h, DSGD_PS_MSG_DONE, (uint64_t)w->index, w->push_seq, 0, 0, 0);
+    for (s = 0; s < w->P; ++s)
+        if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_DONE, w->push_seq), h, sizeof h)) != DSGD_OK)
+            return dsgd__ps_worker_fail(w, r);
+    w->state = DSGD__PS_DONE;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
+    int s;
+    if (!w) return;
+    if (w->buf)
+        for (s = 0; s < w->P; ++s) DSGD_FREE(w->buf[s]);
+    DSGD_FREE(w->buf);
+    DSGD_FREE(w->n);
+    DSGD_FREE(w->pull_hdr);
+    DSGD_FREE(w->scratch);
+    DSGD_FREE(w->version);
+    DSGD_FREE(w->last_step);
+    DSGD_FREE(w->dropped);
+    DSGD_FREE(w->pending);
+    DSGD_FREE(w->sent_at);
+    DSGD_FREE(w->backoff);
+    DSGD_FREE(w);
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, dsgd_ps_worker **out) {
+    static const char *const fn = "dsgd_ps_worker_create";
+    dsgd_ps_worker *w;
+    dsgd_ps_desc d;
+    dsgd_result r;
+    size_t P, max_n = 0;
+    int s;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = dsgd__ps_setup(ctx, t, desc, map, fn, &d)) != DSGD_OK) return r;
+    if (t->rank < d.num_servers || t->rank >= d.num_servers + d.num_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a worker (workers are ranks %d..%d)",
+                                  fn, t->rank, d.num_servers, d.num_servers + d.num_workers - 1);
+    w = (dsgd_ps_worker *)dsgd__alloc(ctx, sizeof *w, fn);
+    if (!w) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(w, 0, sizeof *w);
+    w->ctx = ctx;
+    w->t = *t;
+    w->d = d;
+    w->map = map;
+    w->P = d.num_servers;
+    w->W = d.num_workers;
+    w->index = t->rank - d.num_servers;
+    P = (size_t)w->P;
+    w->n = (size_t *)dsgd__alloc(ctx, P * sizeof *w->n, fn);
+    w->buf = (float **)dsgd__alloc(ctx, P * sizeof *w->buf, fn);
+    w->pull_hdr = (uint64_t *)dsgd__alloc(ctx, P * DSGD__PS_HBYTES, fn);
+    w->version = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->version, fn);
+    w->last_step = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->last_step, fn);
+    w->dropped = (int *)dsgd__alloc(ctx, P * sizeof *w->dropped, fn);
+    w->pending = (int *)dsgd__alloc(ctx, P * sizeof *w->pending, fn);
+    w->sent_at = (double *)dsgd__alloc(ctx, P * sizeof *w->sent_at, fn);
+    w->backoff = (double *)dsgd__alloc(ctx, P * sizeof *w->backoff, fn);
+    if (!w->n || !w->buf || !w->pull_hdr || !w->version || !w->last_step || !w->dropped || !w->pending || !w->sent_at ||
+        !w->backoff) {
+        dsgd_ps_worker_destroy(w);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(w->buf, 0, P * sizeof *w->buf);
+    for (s = 0; s < w->P; ++s) {
+        w->n[s] = dsgd_shard_map_server_floats(map, s);
+        w->version[s] = 0;
+        w->last_step[s] = -1;
+        w->dropped[s] = 0;
+        if (w->n[s] > max_n) max_n = w->n[s];
+        if (w->n[s] > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1 ||
+            !(w->buf[s] = (float *)dsgd__alloc(ctx, (DSGD__PS_H + w->n[s]) * sizeof(float), fn))) {
+            dsgd_ps_worker_destroy(w);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+    }
+    w->scratch_bytes = (DSGD__PS_H + max_n) * sizeof(float);
+    w->scratch = (float *)dsgd__alloc(ctx, w->scratch_bytes, fn);
+    if (!w->scratch) {
+        dsgd_ps_worker_destroy(w);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    *out = w;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!w) return;
+    out->clock = (int64_t)w->push_seq;
+    out->pulls = w->pulls;
+    out->push_resends = w->push_resends;
+    out->pull_resends = w->pull_resends;
+    out->pushes_dropped = w->pushes_dropped;
+    out->stale_replies = w->stale;
+}
+
+DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
+    return w && server >= 0 && server < w->P ? w->version[server] : -1;
+}
+
+DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server) {
+    return w && server >= 0 && server < w->P ? w->dropped[server] : 0;
+}
+
+#endif /* DSGD__PART_PS_IMPL */
 /* ---------------------------------------- distsgd/strategy.h */
 /* distsgd/strategy.h - strategies, replicas, distributed variables, metrics
    Part of distsgd (see ../distsgd.h, which includes the parts in order).

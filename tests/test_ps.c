@@ -1,0 +1,1258 @@
+/* test_ps.c - the parameter-server engine (distsgd/ps.h).
+
+   Servers and workers are ranks of one loopback hub, one pthread each.
+     - No lost update, no double update: 2 servers, 4 workers x 1000 ASYNC
+       pushes of small integer gradients (SGD, lr 1) over a transport wrapper
+       that drops 10% of the acknowledgements (forcing resends), sends 5% of
+       the pushes twice and delays others; the final parameters equal the
+       initial ones minus the sum of every pushed gradient exactly, and the
+       servers' duplicates equal the injected copies plus the resends.
+     - SYNC: after each round every worker pulls the same bits, equal to the
+       closed form of the integer pushes.
+     - SSP: no pull at clock c returns before every worker started clock
+       c - s; what it reads holds every update of clocks <= c - s - 1 and none
+       of clocks >= c (each (worker, clock) pushes a signature into a float
+       of its own); s = 0 gives SYNC's bits on random float gradients with
+       Adam, and both equal dsgd_optimizer_step on a model fed the rank-order
+       mean.
+     - BACKUP: with a slow worker and b = 1 the stale pushes are dropped,
+       counted, never applied (signatures); b = 0 gives SYNC's bits.
+     - Staleness statistics: the histogram sums to the applied pushes; one
+       worker pulling before each push has staleness 0; pushes without pulls
+       have staleness 0, 1, 2.
+     - Large messages (rendezvous on the loopback), ASYNC with resends and
+       SYNC, end with the exact sums.
+     - Errors: bad descs, no probe, a transport of the wrong size, wrong
+       roles, push without pull, calls after finish, a missing worker (the
+       server times out naming it, a waiting worker names the server), runs
+       that can never finish (SYNC with a worker one clock short, BACKUP
+       workers pushing a fixed number of times) stopped by the server at
+       once.
+
+   Worker threads never call cmocka's assertions (they longjmp); they record
+   results that the main thread checks after joining. A watchdog (alarm)
+   ends the program if a test hangs. */
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TEST_TSAN 1
+#endif
+#endif
+#ifndef TEST_TSAN
+#define TEST_TSAN 0
+#endif
+
+/* ---------------------------------------------------------------- watchdog */
+
+static void on_alarm(int sig) {
+    static const char msg[] = "test_ps: watchdog expired, a test hung\n";
+    (void)sig;
+    if (write(2, msg, sizeof(msg) - 1) < 0) _exit(98);
+    _exit(99);
+}
+
+static void watchdog(unsigned seconds) {
+    signal(SIGALRM, on_alarm);
+    alarm(TEST_TSAN ? seconds * 4 : seconds);
+}
+
+static void sleep_us(long us) {
+    struct timespec ts;
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (us % 1000000) * 1000;
+    nanosleep(&ts, NULL);
+}
+
+static uint64_t seed_of(uint64_t seed, int w, int k) {
+    uint64_t s = seed ^ ((uint64_t)(w + 1) << 48) ^ ((uint64_t)(k + 1) << 20);
+    dsgd_rng_next(&s);
+    return s;
+}
+
+/* ---------------------------------------------------------------- a faulty transport */
+
+/* Wraps a worker's loopback endpoint: drops drop_ack of the ACKs it is
+   about to receive (taking them off the wire), sends dup_push of the
+   pushes twice, and sleeps up to 200 us before another 20% of the pushes.
+   Seeded per worker. */
+typedef struct faulty {
+    dsgd_transport_i in;
+    uint64_t rng;
+    double drop_ack, dup_push;
+    int64_t dups, drops, delays;
+    char scratch[4096];
+} faulty;
+
+static dsgd_result faulty_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    faulty *f = (faulty *)impl;
+    dsgd_result r;
+    if (DSGD_PS_TAG_TYPE(tag) == DSGD_PS_MSG_PUSH) {
+        double u = dsgd_rng_uniform(&f->rng);
+        if (u < f->dup_push) {
+            r = f->in.send(f->in.impl, dst, tag, buf, bytes, deadline);
+            if (r != DSGD_OK) return r;
+            f->dups++;
+        } else if (u < f->dup_push + 0.2) {
+            sleep_us((long)(dsgd_rng_uniform(&f->rng) * 200));
+            f->delays++;
+        }
+    }
+    return f->in.send(f->in.impl, dst, tag, buf, bytes, deadline);
+}
+
+static dsgd_result faulty_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    faulty *f = (faulty *)impl;
+    return f->in.recv(f->in.impl, src, tag, buf, bytes, deadline);
+}
+
+static dsgd_result faulty_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    faulty *f = (faulty *)impl;
+    for (;;) {
+        dsgd_result r = f->in.probe(f->in.impl, deadline, src, tag, bytes);
+        if (r != DSGD_OK || DSGD_PS_TAG_TYPE(*tag) != DSGD_PS_MSG_ACK || *bytes > sizeof f->scratch ||
+            dsgd_rng_uniform(&f->rng) >= f->drop_ack)
+            return r;
+        r = f->in.recv(f->in.impl, *src, *tag, f->scratch, *bytes, deadline);
+        if (r != DSGD_OK) return r;
+        f->drops++;
+    }
+}
+
+static const char *faulty_error(void *impl) {
+    faulty *f = (faulty *)impl;
+    return f->in.error_message ? f->in.error_message(f->in.impl) : "";
+}
+
+static void faulty_wrap(faulty *f, const dsgd_transport_i *in, uint64_t seed, dsgd_transport_i *out) {
+    memset(f, 0, sizeof *f);
+    f->in = *in;
+    f->rng = seed;
+    f->drop_ack = 0.10;
+    f->dup_push = 0.05;
+    memset(out, 0, sizeof *out);
+    out->name = "faulty";
+    out->impl = f;
+    out->rank = in->rank;
+    out->size = in->size;
+    out->send = faulty_send;
+    out->recv = faulty_recv;
+    out->probe = faulty_probe;
+    out->error_message = faulty_error;
+}
+
+/* ---------------------------------------------------------------- the runner */
+
+#define MAXR 8
+#define MSG 1024
+
+typedef struct run run;
+/* A worker's program between create and finish; returns its first error. */
+typedef dsgd_result (*worker_body)(run *R, int w, dsgd_ps_worker *pw);
+
+struct run {
+    dsgd_ps_desc d;
+    const dsgd_shard_map *map;
+    size_t n;
+    const float *init;
+    float *final; /* n floats: each server writes its ranges */
+    worker_body body;
+    void *user;
+    int faulty;
+    int skip_worker; /* -1: none; else that worker never starts */
+    int body_finishes; /* the body calls finish itself (or never) */
+    uint64_t seed;
+    /* results, one slot per rank */
+    dsgd_result res[MAXR];
+    char msg[MAXR][MSG];
+    dsgd_ps_server_stats st[MAXR];
+    int64_t hist[MAXR][64];
+    dsgd_ps_worker_stats wst[MAXR];
+    int64_t dups[MAXR], drops[MAXR];
+    int bad[MAXR];          /* violations a worker saw */
+    char bad_msg[MAXR][MSG];
+};
+
+typedef struct rank_arg {
+    run *R;
+    int rank;
+    dsgd_transport_i t;
+} rank_arg;
+
+static void note_bad(run *R, int rank, const char *fmt, ...) {
+    va_list ap;
+    if (R->bad[rank]++) return;
+    va_start(ap, fmt);
+    vsnprintf(R->bad_msg[rank], MSG, fmt, ap);
+    va_end(ap);
+}
+
+static void *server_main(void *arg) {
+    rank_arg *a = (rank_arg *)arg;
+    run *R = a->R;
+    dsgd_ctx *ctx = NULL;
+    dsgd_ps_server *s = NULL;
+    dsgd_result r;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) {
+        R->res[a->rank] = DSGD_ERR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    r = dsgd_ps_server_create(ctx, &a->t, &R->d, R->map, R->init, &s);
+    if (r == DSGD_OK) r = dsgd_ps_server_serve(s);
+    if (r == DSGD_OK) {
+        dsgd_ps_server_stats *st = &R->st[a->rank];
+        int b;
+        dsgd_ps_server_get_stats(s, st);
+        for (b = 0; b < st->staleness_bins && b < 64; ++b) R->hist[a->rank][b] = st->staleness_hist[b];
+        st->staleness_hist = NULL;
+        r = dsgd_ps_server_read_params(s, R->final);
+    }
+    R->res[a->rank] = r;
+    snprintf(R->msg[a->rank], MSG, "%s", dsgd_ctx_last_error(ctx));
+    dsgd_ps_server_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    return NULL;
+}
+
+static void *worker_main(void *arg) {
+    rank_arg *a = (rank_arg *)arg;
+    run *R = a->R;
+    int w = a->rank - R->d.num_servers;
+    dsgd_ctx *ctx = NULL;
+    dsgd_ps_worker *pw = NULL;
+    dsgd_transport_i t = a->t;
+    faulty *f = NULL;
+    dsgd_result r;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) {
+        R->res[a->rank] = DSGD_ERR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    if (R->faulty) {
+        f = (faulty *)malloc(sizeof *f);
+        faulty_wrap(f, &a->t, seed_of(R->seed, w, -7), &t);
+    }
+    r = dsgd_ps_worker_create(ctx, &t, &R->d, R->map, &pw);
+    if (r == DSGD_OK) r = R->body(R, w, pw);
+    if (r == DSGD_OK && !R->body_finishes) r = dsgd_ps_worker_finish(pw);
+    dsgd_ps_worker_get_stats(pw, &R->wst[a->rank]);
+    if (f) {
+        R->dups[a->rank] = f->dups;
+        R->drops[a->rank] = f->drops;
+    }
+    R->res[a->rank] = r;
+    snprintf(R->msg[a->rank], MSG, "%s", dsgd_ctx_last_error(ctx));
+    dsgd_ps_worker_destroy(pw);
+    dsgd_ctx_destroy(ctx);
+    free(f);
+    return NULL;
+}
+
+/* Runs every rank of R on its own thread and joins them. */
+static void run_ps(run *R) {
+    int P = R->d.num_servers, W = R->d.num_workers, n = P + W, i;
+    dsgd_ctx *ctx = NULL;
+    dsgd_loopback *hub = NULL;
+    pthread_t th[MAXR];
+    rank_arg args[MAXR];
+    int started[MAXR] = {0};
+    assert_true(n <= MAXR);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(ctx, n, &hub), DSGD_OK);
+    for (i = 0; i < n; ++i) {
+        args[i].R = R;
+        args[i].rank = i;
+        assert_int_equal(dsgd_loopback_endpoint(hub, i, &args[i].t), DSGD_OK);
+        R->res[i] = DSGD_OK;
+        R->msg[i][0] = '\0';
+    }
+    for (i = 0; i < n; ++i) {
+        if (i >= P && i - P == R->skip_worker) continue;
+        assert_int_equal(pthread_create(&th[i], NULL, i < P ? server_main : worker_main, &args[i]), 0);
+        started[i] = 1;
+    }
+    for (i = 0; i < n; ++i)
+        if (started[i]) assert_int_equal(pthread_join(th[i], NULL), 0);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void expect_all_ok(const run *R) {
+    int i;
+    for (i = 0; i < R->d.num_servers + R->d.num_workers; ++i) {
+        if (R->res[i] != DSGD_OK) fail_msg("rank %d: %s: %s", i, dsgd_result_string(R->res[i]), R->msg[i]);
+        if (R->bad[i]) fail_msg("rank %d saw %d violations; first: %s", i, R->bad[i], R->bad_msg[i]);
+    }
+}
+
+/* The histogram sums to the applied pushes, the max lies in it. */
+static void expect_staleness_consistent(const run *R, int server) {
+    const dsgd_ps_server_stats *st = &R->st[server];
+    int64_t sum = 0, top = -1;
+    int b;
+    for (b = 0; b < st->staleness_bins; ++b) {
+        sum += R->hist[server][b];
+        if (R->hist[server][b]) top = b;
+    }
+    assert_true(sum == st->pushes_applied);
+    if (st->pushes_applied) {
+        assert_true(top == (st->staleness_max < st->staleness_bins - 1 ? st->staleness_max : st->staleness_bins - 1));
+        assert_true(st->staleness_mean >= 0.0 && st->staleness_mean <= (double)st->staleness_max);
+    }
+}
+
+/* A shard map of `count` rank-1 variables of `each` floats, whole variables
+   round-robin over P servers. */
+static dsgd_shard_map *vector_map(dsgd_ctx *ctx, int P, int count, int each) {
+    dsgd_variable vars[64];
+    dsgd_shard_map *m = NULL;
+    int i;
+    assert_true(count <= 64);
+    memset(vars, 0, sizeof vars);
+    for (i = 0; i < count; ++i) {
+        snprintf(vars[i].name, DSGD_MAX_NAME, "v%d", i);
+        vars[i].offset = (size_t)i * (size_t)each;
+        vars[i].count = (size_t)each;
+        vars[i].rank = 1;
+        vars[i].shape[0] = each;
+    }
+    assert_int_equal(dsgd_shard_map_create(ctx, vars, count, P, NULL, &m), DSGD_OK);
+    return m;
+}
+
+/* A small MLP (4 -> 8 -> 3, 67 parameters in 4 variables), its map over P
+   servers with FIXED_SHARDS 2 (rows of each variable on two servers). */
+static const dsgd_layer_desc MLP_LAYERS[2] = {{8, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {3, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+static dsgd_model *mlp(dsgd_ctx *ctx) {
+    dsgd_model_desc md;
+    dsgd_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_dim = 4;
+    md.layers = MLP_LAYERS;
+    md.num_layers = 2;
+    md.seed = 7;
+    TU_OK(ctx, dsgd_model_create(ctx, &md, &m));
+    return m;
+}
+
+static dsgd_shard_map *model_map(dsgd_ctx *ctx, dsgd_model *m, int P) {
+    dsgd_variable vars[8];
+    dsgd_partitioner part;
+    dsgd_shard_map *map = NULL;
+    int i, nv = dsgd_model_num_variables(m);
+    for (i = 0; i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
+    memset(&part, 0, sizeof part);
+    part.kind = DSGD_PARTITIONER_FIXED_SHARDS;
+    part.num_shards = 2;
+    TU_OK(ctx, dsgd_shard_map_create(ctx, vars, nv, P, &part, &map));
+    return map;
+}
+
+/* ---------------------------------------------------------------- 1: exactly once */
+
+#define EX_PUSHES 1000
+#define EX_W 4
+typedef struct exact_data {
+    int64_t sum[EX_W][128]; /* each worker's sum of its pushes */
+} exact_data;
+
+static int small_int(uint64_t *s) { return (int)(dsgd_rng_next(s) % 7) - 3; }
+
+static dsgd_result body_exact(run *R, int w, dsgd_ps_worker *pw) {
+    exact_data *D = (exact_data *)R->user;
+    float *p = (float *)malloc(R->n * sizeof(float)), *g = (float *)malloc(R->n * sizeof(float));
+    dsgd_result r = DSGD_OK;
+    int i;
+    size_t j;
+    for (i = 0; i < EX_PUSHES && r == DSGD_OK; ++i) {
+        uint64_t s = seed_of(R->seed, w, i);
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        for (j = 0; j < R->n; ++j) {
+            int v = small_int(&s);
+            g[j] = (float)v;
+            D->sum[w][j] += v;
+        }
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    free(p);
+    free(g);
+    return r;
+}
+
+static void test_exactly_once(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_model *m;
+    run *R = (run *)calloc(1, sizeof(run));
+    exact_data *D = (exact_data *)calloc(1, sizeof(exact_data));
+    float *init, *final;
+    int64_t dups = 0, resends = 0, injected = 0, drops = 0, stale = 0;
+    size_t j;
+    int i, w;
+    (void)state;
+    watchdog(300);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    m = mlp(ctx);
+    R->n = dsgd_model_num_params(m);
+    assert_true(R->n <= 128);
+    R->map = model_map(ctx, m, 2);
+    init = (float *)malloc(R->n * sizeof(float));
+    final = (float *)malloc(R->n * sizeof(float));
+    for (j = 0; j < R->n; ++j) init[j] = (float)((int)(j * 37 % 101) - 50);
+    R->init = init;
+    R->final = final;
+    R->d.num_servers = 2;
+    R->d.num_workers = EX_W;
+    R->d.policy = DSGD_PS_ASYNC;
+    R->d.optimizer.kind = DSGD_OPT_SGD;
+    R->d.optimizer.lr = 1.0f;
+    R->d.retry_s = 0.002;
+    R->d.staleness_bins = 8;
+    R->body = body_exact;
+    R->user = D;
+    R->faulty = 1;
+    R->skip_worker = -1;
+    R->seed = 11;
+    run_ps(R);
+    expect_all_ok(R);
+    for (j = 0; j < R->n; ++j) {
+        int64_t want = (int64_t)init[j];
+        for (w = 0; w < EX_W; ++w) want -= D->sum[w][j];
+        if (final[j] != (float)want) fail_msg("parameter %zu is %g, want %lld (a lost or doubled update)", j, (double)final[j], (long long)want);
+    }
+    for (i = 0; i < 2; ++i) {
+        assert_true(R->st[i].version == EX_W * EX_PUSHES);
+        assert_true(R->st[i].pushes_applied == EX_W * EX_PUSHES);
+        assert_true(R->st[i].pushes_received == EX_W * EX_PUSHES);
+        dups += R->st[i].duplicates;
+        expect_staleness_consistent(R, i);
+    }
+    for (w = 0; w < EX_W; ++w) {
+        const dsgd_ps_worker_stats *ws = &R->wst[2 + w];
+        assert_true(ws->clock == EX_PUSHES && ws->pulls == EX_PUSHES);
+        resends += ws->push_resends;
+        injected += R->dups[2 + w];
+        drops += R->drops[2 + w];
+        stale += ws->stale_replies;
+    }
+    print_message("exactly once: %lld duplicates = %lld injected + %lld resends; %lld acks dropped, %lld stale "
+                  "replies ignored; staleness mean %.2f max %lld\n", (long long)dups, (long long)injected,
+                  (long long)resends, (long long)drops, (long long)stale, R->st[0].staleness_mean,
+                  (long long)R->st[0].staleness_max);
+    assert_true(injected > 0 && drops > 0 && resends > 0);
+    assert_true(dups == injected + resends);
+    dsgd_shard_map_destroy((dsgd_shard_map *)R->map);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    free(init);
+    free(final);
+    free(D);
+    free(R);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- 2: SYNC */
+
+#define SY_K 20
+#define SY_W 4
+typedef struct sync_data {
+    float pulls[SY_W][SY_K + 1][128];
+    int64_t version[SY_W][SY_K + 1][2];
+} sync_data;
+
+static int sync_int(uint64_t seed, int w, int k, size_t j) {
+    uint64_t s = seed_of(seed, w, k) ^ (uint64_t)j * 0x9E3779B97F4A7C15ull;
+    return (int)(dsgd_rng_next(&s) % 9) - 4;
+}
+
+static dsgd_result body_sync(run *R, int w, dsgd_ps_worker *pw) {
+    sync_data *D = (sync_data *)R->user;
+    float g[128];
+    dsgd_result r = DSGD_OK;
+    int k, s;
+    size_t j;
+    for (k = 0; k <= SY_K && r == DSGD_OK; ++k) {
+        if ((r = dsgd_ps_worker_pull(pw, D->pulls[w][k])) != DSGD_OK) break;
+        for (s = 0; s < R->d.num_servers; ++s) D->version[w][k][s] = dsgd_ps_worker_version(pw, s);
+        if (k == SY_K) break;
+        if (w == 1) sleep_us(300); /* a slower worker */
+        for (j = 0; j < R->n; ++j) g[j] = 4.0f * (float)sync_int(R->seed, w, k, j);
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    return r;
+}
+
+static void test_sync_rounds(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_model *m;
+    run *R = (run *)calloc(1, sizeof(run));
+    sync_data *D = (sync_data *)calloc(1, sizeof(sync_data));
+    float init[128], final[128], want[128];
+    size_t j;
+    int k, w, i;
+    (void)state;
+    watchdog(120);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    m = mlp(ctx);
+    R->n = dsgd_model_num_params(m);
+    R->map = model_map(ctx, m, 2);
+    TU_OK(ctx, dsgd_model_get_params(m, init, R->n));
+    for (j = 0; j < R->n; ++j) init[j] = (float)(int)(init[j] * 64.0f); /* integers */
+    R->init = init;
+    R->final = final;
+    R->d.num_servers = 2;
+    R->d.num_workers = SY_W;
+    R->d.policy = DSGD_PS_SYNC;
+    R->d.optimizer.lr = 1.0f;
+    R->body = body_sync;
+    R->user = D;
+    R->skip_worker = -1;
+    R->seed = 5;
+    run_ps(R);
+    expect_all_ok(R);
+    memcpy(want, init, sizeof want);
+    for (k = 0; k <= SY_K; ++k) {
+        for (w = 0; w < SY_W; ++w) {
+            if (memcmp(D->pulls[w][k], want, R->n * sizeof(float)) != 0)
+                fail_msg("round %d: worker %d's pull differs from the closed form", k, w);
+            for (i = 0; i < 2; ++i)
+                if (D->version[w][k][i] != k) fail_msg("round %d: worker %d read version %lld of server %d", k, w, (long long)D->version[w][k][i], i);
+        }
+        if (k < SY_K)
+            for (j = 0; j < R->n; ++j) {
+                int sum = 0;
+                for (w = 0; w < SY_W; ++w) sum += sync_int(R->seed, w, k, j);
+                want[j] -= (float)sum; /* mean of 4 * a_w is the sum of a_w, exactly */
+            }
+    }
+    assert_memory_equal(final, want, R->n * sizeof(float));
+    for (i = 0; i < 2; ++i) {
+        assert_true(R->st[i].version == SY_K && R->st[i].pushes_applied == SY_K * SY_W);
+        assert_true(R->st[i].staleness_max == 0 && R->hist[i][0] == SY_K * SY_W);
+        expect_staleness_consistent(R, i);
+    }
+    dsgd_shard_map_destroy((dsgd_shard_map *)R->map);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    free(D);
+    free(R);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- 3: SSP */
+
+/* Signatures: variable k holds clock k, float k * W + w is worker w's; the
+   gradient of worker w at clock k is W there and 0 elsewhere, so the mean
+   of clock k subtracts exactly 1 from each of its W floats (SGD, lr 1). */
+#define SG_W 4
+#define SG_K 16
+typedef struct sig_data {
+    int started[SG_W]; /* atomic: clocks each worker has started */
+    int spread[SG_W];  /* largest clock - fewest clocks started, per worker */
+    int ahead[SG_W];   /* largest clock - version read, per worker */
+    int fast_read;     /* atomic, BACKUP: the highest version a fast worker read */
+    int slow_started;  /* atomic, BACKUP: the straggler has pulled once */
+    int accepted[SG_W + 1][SG_K];
+    int64_t step[SG_W + 1][SG_K];
+    int pushes[SG_W + 1];
+    long slow_us;
+} sig_data;
+
+static dsgd_result body_ssp(run *R, int w, dsgd_ps_worker *pw) {
+    sig_data *D = (sig_data *)R->user;
+    int s = R->d.staleness, c, v, k, P = R->d.num_servers;
+    float p[SG_W * SG_K], g[SG_W * SG_K];
+    dsgd_result r = DSGD_OK;
+    for (c = 0; c <= SG_K && r == DSGD_OK; ++c) {
+        int lo = SG_K;
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        for (v = 0; v < SG_W; ++v) {
+            int st = __atomic_load_n(&D->started[v], __ATOMIC_SEQ_CST);
+            if (st < lo) lo = st;
+        }
+        if (c - lo > s) note_bad(R, P + w, "pull at clock %d returned while a worker had started only %d clocks (s = %d)", c, lo, s);
+        if (c - lo > D->spread[w]) D->spread[w] = c - lo;
+        for (v = 0; v < P; ++v) {
+            int64_t ver = dsgd_ps_worker_version(pw, v);
+            if (ver < c - s) note_bad(R, P + w, "a pull at clock %d read version %lld of server %d (s = %d)", c, (long long)ver, v, s);
+            if (c - ver > D->ahead[w]) D->ahead[w] = (int)(c - ver);
+        }
+        for (k = 0; k < SG_K; ++k) {
+            int updated = 0;
+            for (v = 0; v < SG_W; ++v) {
+                float x = p[k * SG_W + v];
+                if (x != 0.0f && x != -1.0f) note_bad(R, P + w, "float (%d, %d) is %g", v, k, (double)x);
+                updated += x == -1.0f;
+            }
+            if (updated != 0 && updated != SG_W) note_bad(R, P + w, "clock %d is half applied (%d of %d)", k, updated, SG_W);
+            if (k <= c - s - 1 && updated != SG_W) note_bad(R, P + w, "a pull at clock %d lacks clock %d (s = %d)", c, k, s);
+            if (k >= c && updated) note_bad(R, P + w, "a pull at clock %d holds clock %d, which it has not pushed", c, k);
+        }
+        if (c == SG_K) break;
+        __atomic_store_n(&D->started[w], c + 1, __ATOMIC_SEQ_CST);
+        if (w == 0) sleep_us(D->slow_us);
+        memset(g, 0, sizeof g);
+        g[c * SG_W + w] = (float)SG_W;
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    return r;
+}
+
+static void run_signatures(run *R, sig_data *D, dsgd_ps_policy policy, int s_or_b, int P, worker_body body,
+                           float *final, dsgd_shard_map **map_out) {
+    dsgd_ctx *ctx;
+    static float zeros[(SG_W + 1) * SG_K];
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    memset(R, 0, sizeof *R);
+    memset(D, 0, sizeof *D);
+    D->slow_us = policy == DSGD_PS_BACKUP ? 0 : 3000; /* BACKUP: the odd pushes of the "straggler" are quick */
+    *map_out = vector_map(ctx, P, SG_K, R->d.num_workers = (policy == DSGD_PS_BACKUP ? SG_W + 1 : SG_W));
+    R->n = (size_t)SG_K * (size_t)R->d.num_workers;
+    R->map = *map_out;
+    R->init = zeros;
+    R->final = final;
+    R->d.num_servers = P;
+    R->d.policy = policy;
+    if (policy == DSGD_PS_SSP) R->d.staleness = s_or_b;
+    if (policy == DSGD_PS_BACKUP) R->d.backup_workers = s_or_b;
+    R->d.optimizer.lr = 1.0f;
+    R->body = body;
+    R->user = D;
+    R->skip_worker = -1;
+    run_ps(R);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_ssp_bound(void **state) {
+    run *R = (run *)malloc(sizeof(run));
+    sig_data *D = (sig_data *)malloc(sizeof(sig_data));
+    float final[SG_W * SG_K];
+    dsgd_shard_map *map;
+    int s, i, w, spread, ahead;
+    (void)state;
+    watchdog(120);
+    for (s = 0; s <= 3; ++s) {
+        run_signatures(R, D, DSGD_PS_SSP, s, 2, body_ssp, final, &map);
+        expect_all_ok(R);
+        for (i = 0; i < SG_W * SG_K; ++i)
+            if (final[i] != -1.0f) fail_msg("s = %d: float %d is %g after every clock", s, i, (double)final[i]);
+        spread = ahead = 0;
+        for (w = 0; w < SG_W; ++w) {
+            spread = D->spread[w] > spread ? D->spread[w] : spread;
+            ahead = D->ahead[w] > ahead ? D->ahead[w] : ahead;
+        }
+        print_message("SSP s = %d: largest clock spread %d, largest clock - version read %d\n", s, spread, ahead);
+        assert_true(spread <= s && ahead <= s);
+        if (s > 0) assert_true(ahead >= 1); /* the fast workers did run ahead of the slow one */
+        for (i = 0; i < 2; ++i) {
+            assert_true(R->st[i].version == SG_K);
+            assert_true(R->st[i].pushes_applied == SG_K * SG_W);
+            assert_true(R->st[i].staleness_max <= s);
+            expect_staleness_consistent(R, i);
+        }
+        dsgd_shard_map_destroy(map);
+    }
+    free(R);
+    free(D);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- 4: BACKUP */
+
+/* As TF's workers stop on the global step: pull, stop once version K is
+   reached, else push for the step read. (A worker that pushed a fixed number
+   of times could wait for ever on a step the finished others no longer
+   complete.) Each push is for a new step, so a worker pushes K times at most. */
+static dsgd_result body_backup(run *R, int w, dsgd_ps_worker *pw) {
+    sig_data *D = (sig_data *)R->user;
+    int W = R->d.num_workers, k;
+    float p[(SG_W + 1) * SG_K], g[(SG_W + 1) * SG_K];
+    dsgd_result r = DSGD_OK;
+    int slow = w == W - 1;
+    double give_up = dsgd_now() + 20.0;
+    /* the fast workers start once the straggler has pulled, so it pushes */
+    while (!slow && !__atomic_load_n(&D->slow_started, __ATOMIC_SEQ_CST) && dsgd_now() < give_up) sleep_us(50);
+    for (k = 0; r == DSGD_OK; ++k) {
+        int64_t v;
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        v = dsgd_ps_worker_version(pw, 0);
+        if (slow) {
+            __atomic_store_n(&D->slow_started, 1, __ATOMIC_SEQ_CST);
+        } else {
+            int cur = __atomic_load_n(&D->fast_read, __ATOMIC_SEQ_CST);
+            while (cur < (int)v && !__atomic_compare_exchange_n(&D->fast_read, &cur, (int)v, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            }
+        }
+        if (v >= SG_K) break;
+        if (k >= SG_K) {
+            note_bad(R, 1 + w, "push %d: more pushes than steps", k);
+            break;
+        }
+        D->step[w][k] = v;
+        if (slow && k % 2 == 0) { /* stale for sure: a fast worker has read step v + 1 */
+            while (__atomic_load_n(&D->fast_read, __ATOMIC_SEQ_CST) <= v && dsgd_now() < give_up) sleep_us(50);
+        } else {
+            sleep_us(slow ? D->slow_us : 200); /* computing; the straggler races the others */
+        }
+        memset(g, 0, sizeof g);
+        g[k * W + w] = (float)(W - R->d.backup_workers);
+        r = dsgd_ps_worker_push(pw, g);
+        D->accepted[w][k] = !dsgd_ps_worker_last_push_dropped(pw, 0);
+        D->pushes[w] = k + 1;
+    }
+    return r;
+}
+
+static void test_backup_drops_stale(void **state) {
+    run *R = (run *)malloc(sizeof(run));
+    sig_data *D = (sig_data *)malloc(sizeof(sig_data));
+    float final[(SG_W + 1) * SG_K];
+    dsgd_shard_map *map;
+    int64_t accepted = 0, dropped = 0, slow_dropped = 0;
+    int W = SG_W + 1, w, k;
+    (void)state;
+    watchdog(120);
+    run_signatures(R, D, DSGD_PS_BACKUP, 1, 1, body_backup, final, &map);
+    expect_all_ok(R);
+    assert_true(R->st[0].version == SG_K);
+    for (w = 0; w < W; ++w)
+        for (k = 0; k < D->pushes[w]; ++k) {
+            float want = D->accepted[w][k] && D->step[w][k] < R->st[0].version ? -1.0f : 0.0f;
+            if (final[k * W + w] != want)
+                fail_msg("worker %d push %d (step %lld, %s): float is %g, want %g", w, k, (long long)D->step[w][k],
+                         D->accepted[w][k] ? "accepted" : "dropped", (double)final[k * W + w], (double)want);
+            if (D->accepted[w][k] && D->step[w][k] < R->st[0].version) accepted++;
+            if (!D->accepted[w][k]) dropped++;
+            if (!D->accepted[w][k] && w == W - 1) slow_dropped++;
+        }
+    for (w = 0; w < W; ++w)
+        for (k = D->pushes[w]; k < SG_K; ++k)
+            if (final[k * W + w] != 0.0f) fail_msg("worker %d never made push %d, yet its float is %g", w, k, (double)final[k * W + w]);
+    print_message("BACKUP 4 + 1: %lld steps, %lld pushes applied, %lld dropped (%lld of the straggler's)\n",
+                  (long long)R->st[0].version, (long long)accepted, (long long)dropped, (long long)slow_dropped);
+    assert_true(R->st[0].stale_dropped == dropped);
+    assert_true(R->wst[1 + W - 1].pushes_dropped == slow_dropped);
+    assert_true(R->st[0].pushes_applied == accepted);
+    assert_true(accepted == (W - 1) * R->st[0].version);
+    assert_true(slow_dropped >= (D->pushes[W - 1] + 1) / 2 && slow_dropped >= 1); /* its even pushes */
+    assert_true(R->st[0].staleness_max == 0);
+    expect_staleness_consistent(R, 0);
+    dsgd_shard_map_destroy(map);
+    free(R);
+    free(D);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- SSP 0 = SYNC = BACKUP 0 = the optimizer's bits */
+
+#define RB_K 12
+#define RB_W 4
+
+static float rand_grad(uint64_t seed, int w, int k, size_t j) {
+    uint64_t s = seed_of(seed, w, k) ^ (uint64_t)(j + 1) * 0xD1B54A32D192ED03ull;
+    return (float)(dsgd_rng_uniform(&s) * 2.0 - 1.0) * (float)(1 + (j % 3));
+}
+
+static dsgd_result body_random(run *R, int w, dsgd_ps_worker *pw) {
+    float p[128], g[128];
+    dsgd_result r = DSGD_OK;
+    size_t j;
+    int k;
+    for (k = 0; k < RB_K && r == DSGD_OK; ++k) {
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        if (w == 2) sleep_us(200);
+        for (j = 0; j < R->n; ++j) g[j] = rand_grad(R->seed, w, k, j);
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    return r;
+}
+
+static void run_random(dsgd_ps_policy policy, float *final) {
+    dsgd_ctx *ctx;
+    dsgd_model *m;
+    run *R = (run *)calloc(1, sizeof(run));
+    float init[128];
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    m = mlp(ctx);
+    R->n = dsgd_model_num_params(m);
+    R->map = model_map(ctx, m, 2);
+    TU_OK(ctx, dsgd_model_get_params(m, init, R->n));
+    R->init = init;
+    R->final = final;
+    R->d.num_servers = 2;
+    R->d.num_workers = RB_W;
+    R->d.policy = policy; /* staleness and backup_workers 0 */
+    R->d.optimizer.kind = DSGD_OPT_ADAM;
+    R->d.optimizer.lr = 0.01f;
+    R->d.optimizer.weight_decay = 0.001f;
+    R->body = body_random;
+    R->skip_worker = -1;
+    R->seed = 99;
+    run_ps(R);
+    expect_all_ok(R);
+    assert_true(R->st[0].version == RB_K && R->st[1].version == RB_K);
+    dsgd_shard_map_destroy((dsgd_shard_map *)R->map);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+}
+
+static void test_zero_bounds_are_sync(void **state) {
+    float sync[128], ssp0[128], backup0[128], want[128], mean[128];
+    dsgd_ctx *ctx;
+    dsgd_model *m;
+    dsgd_optimizer *opt;
+    dsgd_optimizer_desc od;
+    const dsgd_backend_i *be;
+    size_t n, j;
+    int k, w;
+    (void)state;
+    watchdog(120);
+    run_random(DSGD_PS_SYNC, sync);
+    run_random(DSGD_PS_SSP, ssp0);
+    run_random(DSGD_PS_BACKUP, backup0);
+    /* the reference: the model's own optimizer fed the rank-order mean */
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    m = mlp(ctx);
+    n = dsgd_model_num_params(m);
+    memset(&od, 0, sizeof od);
+    od.kind = DSGD_OPT_ADAM;
+    od.lr = 0.01f;
+    od.weight_decay = 0.001f;
+    TU_OK(ctx, dsgd_optimizer_create(m, &od, &opt));
+    be = dsgd_model_backend(m);
+    for (k = 0; k < RB_K; ++k) {
+        for (j = 0; j < n; ++j) {
+            mean[j] = rand_grad(99, 0, k, j);
+            for (w = 1; w < RB_W; ++w) mean[j] += rand_grad(99, w, k, j);
+            mean[j] /= (float)RB_W;
+        }
+        TU_OK(ctx, be->write(be->impl, dsgd_model_grads(m), mean, n));
+        TU_OK(ctx, dsgd_optimizer_step(opt));
+    }
+    TU_OK(ctx, dsgd_model_get_params(m, want, n));
+    assert_memory_equal(sync, want, n * sizeof(float));
+    assert_memory_equal(ssp0, sync, n * sizeof(float));
+    assert_memory_equal(backup0, sync, n * sizeof(float));
+    dsgd_optimizer_destroy(opt);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- 5: staleness */
+
+static dsgd_result body_one(run *R, int w, dsgd_ps_worker *pw) {
+    float p[16], g[16];
+    dsgd_result r = DSGD_OK;
+    int k;
+    size_t j;
+    (void)w;
+    for (j = 0; j < R->n; ++j) g[j] = 1.0f;
+    for (k = 0; k < 50 && r == DSGD_OK; ++k) {
+        if (R->seed == 0 || k == 0) r = dsgd_ps_worker_pull(pw, p); /* seed 1: pull only once */
+        if (r == DSGD_OK) r = dsgd_ps_worker_push(pw, g);
+        if (R->seed == 1 && k == 2) break;
+    }
+    return r;
+}
+
+static void test_staleness_stats(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    float init[16] = {0}, final[16];
+    (void)state;
+    watchdog(60);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 2, 4, 4);
+    R->n = 16;
+    R->map = map;
+    R->init = init;
+    R->final = final;
+    R->d.num_servers = 2;
+    R->d.num_workers = 1;
+    R->body = body_one;
+    R->skip_worker = -1;
+    R->d.optimizer.lr = 1.0f;
+    /* one ASYNC worker that pulls before each push: staleness 0 throughout */
+    R->seed = 0;
+    run_ps(R);
+    expect_all_ok(R);
+    assert_true(R->st[0].pushes_applied == 50 && R->hist[0][0] == 50 && R->st[0].staleness_max == 0);
+    assert_true(R->st[0].staleness_mean == 0.0);
+    expect_staleness_consistent(R, 0);
+    assert_true(final[0] == -50.0f && final[15] == -50.0f);
+    /* one pull, then three pushes computed on version 0: staleness 0, 1, 2;
+       with 2 bins the last one holds 1 and 2 */
+    memset(R->hist, 0, sizeof R->hist);
+    R->seed = 1;
+    R->d.staleness_bins = 2;
+    run_ps(R);
+    expect_all_ok(R);
+    assert_true(R->st[1].pushes_applied == 3 && R->st[1].staleness_max == 2 && R->st[1].staleness_mean == 1.0);
+    assert_true(R->st[1].staleness_bins == 2 && R->hist[1][0] == 1 && R->hist[1][1] == 2);
+    expect_staleness_consistent(R, 1);
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- large messages */
+
+/* Slices above the loopback's 64 KiB eager limit go by rendezvous (the
+   sender waits for its receiver): ASYNC over the faulty transport with a
+   1 ms retry (resends of large pushes in flight) and SYNC both finish, with
+   the exact sums. */
+#define LG_VARS 3
+#define LG_EACH 40000
+#define LG_K 12
+static float large_grad(int w, int k, size_t j) { return 4.0f * (float)(w + 1) * (float)((int)((j + (size_t)k) % 5) - 2); }
+
+static dsgd_result body_large(run *R, int w, dsgd_ps_worker *pw) {
+    float *p = (float *)malloc(R->n * sizeof(float)), *g = (float *)malloc(R->n * sizeof(float));
+    dsgd_result r = DSGD_OK;
+    size_t j;
+    int k;
+    for (k = 0; k < LG_K && r == DSGD_OK; ++k) {
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        for (j = 0; j < R->n; ++j) g[j] = large_grad(w, k, j);
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    free(p);
+    free(g);
+    return r;
+}
+
+static void test_large_messages(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    size_t n = (size_t)LG_VARS * LG_EACH, j;
+    float *init = (float *)malloc(n * sizeof(float)), *final = (float *)malloc(n * sizeof(float));
+    int pass, w, k;
+    (void)state;
+    watchdog(300);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 2, LG_VARS, LG_EACH);
+    for (j = 0; j < n; ++j) init[j] = (float)(int)(j % 1000);
+    for (pass = 0; pass < 2; ++pass) {
+        memset(R, 0, sizeof *R);
+        R->n = n;
+        R->map = map;
+        R->init = init;
+        R->final = final;
+        R->d.num_servers = 2;
+        R->d.num_workers = 4;
+        R->d.policy = pass == 0 ? DSGD_PS_ASYNC : DSGD_PS_SYNC;
+        R->d.optimizer.lr = 1.0f;
+        R->d.retry_s = 0.001;
+        R->faulty = pass == 0;
+        R->body = body_large;
+        R->skip_worker = -1;
+        R->seed = 3;
+        run_ps(R);
+        expect_all_ok(R);
+        for (j = 0; j < n; ++j) {
+            float want = init[j];
+            for (k = 0; k < LG_K; ++k) {
+                float step = 0.0f;
+                for (w = 0; w < 4; ++w) step += large_grad(w, k, j);
+                want -= pass == 0 ? step : step / 4.0f;
+            }
+            if (final[j] != want) fail_msg("%s: parameter %zu is %g, want %g", dsgd_ps_policy_name(R->d.policy), j, (double)final[j], (double)want);
+        }
+        print_message("large %s: %lld + %lld duplicates, %lld push resends\n", dsgd_ps_policy_name(R->d.policy),
+                      (long long)R->st[0].duplicates, (long long)R->st[1].duplicates,
+                      (long long)(R->wst[2].push_resends + R->wst[3].push_resends + R->wst[4].push_resends + R->wst[5].push_resends));
+    }
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(init);
+    free(final);
+    free(R);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- 6: errors */
+
+static void test_bad_arguments(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub, *hub3;
+    dsgd_transport_i t0, t1, t3, noprobe;
+    dsgd_shard_map *map, *map3;
+    dsgd_ps_desc d, bad;
+    dsgd_ps_server *s = NULL;
+    dsgd_ps_worker *w = NULL;
+    float init[8] = {0}, buf[8];
+    dsgd_ps_server_stats st;
+    dsgd_ps_worker_stats ws;
+    (void)state;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(ctx, 2, &hub), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(ctx, 3, &hub3), DSGD_OK);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 0, &t0), DSGD_OK);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 1, &t1), DSGD_OK);
+    assert_int_equal(dsgd_loopback_endpoint(hub3, 0, &t3), DSGD_OK);
+    map = vector_map(ctx, 1, 2, 4);
+    map3 = vector_map(ctx, 3, 2, 4);
+    memset(&d, 0, sizeof d);
+    d.num_servers = 1;
+    d.num_workers = 1;
+
+    assert_string_equal(dsgd_ps_policy_name(DSGD_PS_ASYNC), "ASYNC");
+    assert_string_equal(dsgd_ps_policy_name(DSGD_PS_SSP), "SSP");
+    assert_string_equal(dsgd_ps_policy_name(DSGD_PS_SYNC), "SYNC");
+    assert_string_equal(dsgd_ps_policy_name(DSGD_PS_BACKUP), "BACKUP");
+    assert_string_equal(dsgd_ps_policy_name((dsgd_ps_policy)DSGD_PS_POLICY_COUNT), "?");
+
+    assert_int_equal(dsgd_ps_server_create(NULL, &t0, &d, map, init, &s), DSGD_ERR_INVALID_ARGUMENT);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t0, &d, map, init, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, NULL, &d, map, init, &s));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t0, NULL, map, init, &s));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t0, &d, NULL, init, &s));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t0, &d, map, NULL, &s));
+#define BAD_DESC(field_change, text)                                                         \
+    do {                                                                                     \
+        bad = d;                                                                             \
+        field_change;                                                                        \
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t0, &bad, map, init, &s)); \
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), text));                              \
+        assert_null(s);                                                                      \
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_create(ctx, &t1, &bad, map, &w)); \
+        assert_null(w);                                                                      \
+    } while (0)
+    BAD_DESC(bad.num_servers = 0, "num_servers");
+    BAD_DESC(bad.num_workers = -1, "num_workers");
+    BAD_DESC(bad.policy = (dsgd_ps_policy)7, "unknown policy");
+    BAD_DESC(bad.staleness = 1, "staleness");
+    BAD_DESC((bad.policy = DSGD_PS_SSP, bad.staleness = -1), "staleness");
+    BAD_DESC((bad.policy = DSGD_PS_SSP, bad.staleness = DSGD_PS_MAX_STALENESS + 1), "staleness");
+    BAD_DESC(bad.backup_workers = 1, "backup_workers");
+    BAD_DESC((bad.policy = DSGD_PS_BACKUP, bad.backup_workers = 1), "backup_workers"); /* b must be < W = 1 */
+    BAD_DESC(bad.optimizer.clip_norm = 1.0f, "clip_norm");
+    BAD_DESC(bad.optimizer.lr = -1.0f, "lr");
+    BAD_DESC(bad.optimizer.kind = (dsgd_optimizer_kind)9, "optimizer kind");
+    BAD_DESC(bad.timeout_s = -1.0, "timeout_s");
+    BAD_DESC(bad.timeout_s = NAN, "timeout_s");
+    BAD_DESC(bad.retry_s = -0.5, "retry_s");
+    BAD_DESC(bad.staleness_bins = -2, "staleness_bins");
+    BAD_DESC(bad.num_workers = 2, "ranks"); /* the transport has 2 ranks, 1 + 2 are needed */
+#undef BAD_DESC
+    /* roles and the map */
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t1, &d, map, init, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "not a server"));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_create(ctx, &t0, &d, map, &w));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "not a worker"));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t0, &d, map3, init, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "shard map"));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t3, &d, map, init, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "3 ranks"));
+    noprobe = t0;
+    noprobe.probe = NULL;
+    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_ps_server_create(ctx, &noprobe, &d, map, init, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "probe"));
+    noprobe = t1;
+    noprobe.probe = NULL;
+    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_ps_worker_create(ctx, &noprobe, &d, map, &w));
+
+    /* NULL objects */
+    assert_int_equal(dsgd_ps_server_serve(NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_ps_server_read_params(NULL, buf), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_ps_worker_pull(NULL, buf), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_ps_worker_push(NULL, buf), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_ps_worker_finish(NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_ps_worker_version(NULL, 0), -1);
+    assert_int_equal(dsgd_ps_worker_last_push_dropped(NULL, 0), 0);
+    dsgd_ps_server_get_stats(NULL, &st);
+    assert_true(st.version == 0 && st.staleness_hist == NULL);
+    dsgd_ps_worker_get_stats(NULL, &ws);
+    assert_true(ws.clock == 0);
+    dsgd_ps_server_destroy(NULL);
+    dsgd_ps_worker_destroy(NULL);
+
+    /* SYNC needs a pull before each push; nothing works after finish */
+    d.policy = DSGD_PS_SYNC;
+    TU_OK(ctx, dsgd_ps_worker_create(ctx, &t1, &d, map, &w));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_pull(w, NULL));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_push(w, buf));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "needs a pull before each push"));
+    assert_int_equal(dsgd_ps_worker_version(w, 0), 0);
+    assert_int_equal(dsgd_ps_worker_version(w, 1), -1);
+    TU_OK(ctx, dsgd_ps_worker_finish(w));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_pull(w, buf));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_finish(w));
+    dsgd_ps_worker_destroy(w);
+    /* a server whose worker already finished serves at once, then refuses a second serve */
+    TU_OK(ctx, dsgd_ps_server_create(ctx, &t0, &d, map, init, &s));
+    TU_OK(ctx, dsgd_ps_server_serve(s));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_server_serve(s));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_read_params(s, NULL));
+    dsgd_ps_server_destroy(s);
+
+    dsgd_shard_map_destroy(map);
+    dsgd_shard_map_destroy(map3);
+    dsgd_loopback_destroy(hub);
+    dsgd_loopback_destroy(hub3);
+    dsgd_ctx_destroy(ctx);
+}
+
+static dsgd_result body_pull_push_pull(run *R, int w, dsgd_ps_worker *pw) {
+    float p[16], g[16] = {0};
+    dsgd_result r;
+    (void)R;
+    (void)w;
+    if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) return r;
+    if ((r = dsgd_ps_worker_push(pw, g)) != DSGD_OK) return r;
+    return dsgd_ps_worker_pull(pw, p); /* SYNC: waits for the missing worker's push */
+}
+
+static void test_missing_worker(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    float init[16] = {0}, final[16];
+    double t0, waited;
+    (void)state;
+    watchdog(60);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 1, 2, 8);
+    R->n = 16;
+    R->map = map;
+    R->init = init;
+    R->final = final;
+    R->d.num_servers = 1;
+    R->d.num_workers = 2;
+    R->d.policy = DSGD_PS_SYNC;
+    R->d.timeout_s = 0.5;
+    R->body = body_pull_push_pull;
+    R->skip_worker = 1; /* rank 2 never starts */
+    t0 = dsgd_now();
+    run_ps(R);
+    waited = dsgd_now() - t0;
+    assert_int_equal(R->res[0], DSGD_ERR_TIMEOUT);
+    if (!strstr(R->msg[0], "dsgd_ps_server_serve: server 0: no message from worker 1 (rank 2) within 0.5 s"))
+        fail_msg("server message: %s", R->msg[0]);
+    assert_int_equal(R->res[1], DSGD_ERR_TIMEOUT);
+    if (!strstr(R->msg[1], "dsgd_ps_worker_pull: worker 0: no parameters from server 0 within 0.5 s"))
+        fail_msg("worker message: %s", R->msg[1]);
+    assert_true(waited >= 0.5 && waited < (TEST_TSAN ? 20.0 : 5.0));
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+    alarm(0);
+}
+
+/* Runs that can never finish are stopped by the server at once: SYNC where
+   a worker finished one clock early, and BACKUP workers that push a fixed
+   number of times (the straggler's last step can never be completed). */
+typedef struct stuck_data {
+    int finished; /* atomic: workers that called finish */
+} stuck_data;
+
+static dsgd_result body_stuck(run *R, int w, dsgd_ps_worker *pw) {
+    stuck_data *D = (stuck_data *)R->user;
+    int W = R->d.num_workers, k, pushes = w == 0 ? 1 : 2;
+    float p[16], g[16] = {0};
+    dsgd_result r = DSGD_OK;
+    double give_up = dsgd_now() + 20.0;
+    if (R->d.policy == DSGD_PS_BACKUP) {
+        pushes = 1;
+        if (w == W - 1) /* the straggler starts once the others have finished */
+            while (__atomic_load_n(&D->finished, __ATOMIC_SEQ_CST) < W - 1 && dsgd_now() < give_up) sleep_us(100);
+    }
+    for (k = 0; k <= pushes && r == DSGD_OK; ++k) {
+        if (k == pushes && !(R->d.policy == DSGD_PS_SYNC ? w != 0 : w == W - 1)) break;
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK || k == pushes) break;
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    if (r == DSGD_OK && w != W - 1 && (R->d.policy == DSGD_PS_BACKUP || w == 0)) {
+        r = dsgd_ps_worker_finish(pw);
+        __atomic_add_fetch(&D->finished, 1, __ATOMIC_SEQ_CST);
+    }
+    return r;
+}
+
+static void test_stuck_runs_fail_fast(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    stuck_data D;
+    float init[16] = {0}, final[16];
+    int pass;
+    (void)state;
+    watchdog(60);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 1, 2, 8);
+    for (pass = 0; pass < 2; ++pass) {
+        memset(R, 0, sizeof *R);
+        memset(&D, 0, sizeof D);
+        R->n = 16;
+        R->map = map;
+        R->init = init;
+        R->final = final;
+        R->d.num_servers = 1;
+        R->d.num_workers = pass == 0 ? 2 : 3;
+        R->d.policy = pass == 0 ? DSGD_PS_SYNC : DSGD_PS_BACKUP;
+        R->d.backup_workers = pass == 0 ? 0 : 1;
+        R->d.timeout_s = 0.5;
+        R->body = body_stuck;
+        R->user = &D;
+        R->skip_worker = -1;
+        R->body_finishes = 1;
+        run_ps(R);
+        print_message("%s: %s\n", dsgd_ps_policy_name(R->d.policy), R->msg[0]);
+        assert_int_equal(R->res[0], DSGD_ERR_DESYNC);
+        if (pass == 0) {
+            assert_non_null(strstr(R->msg[0], "dsgd_ps_server_serve: server 0: worker 1 waits for version 2, which can "
+                                              "never come: clock 1 needs a push of worker 0, which finished after 1 pushes"));
+            assert_int_equal(R->res[1], DSGD_OK);          /* finished after 1 push */
+            assert_int_equal(R->res[2], DSGD_ERR_TIMEOUT); /* waited for clock 1 */
+        } else {
+            assert_non_null(strstr(R->msg[0], "dsgd_ps_server_serve: server 0: worker 2 waits for version 2, which can "
+                                              "never come: step 1 has 1 of 2 gradients and 0 workers can still push"));
+            assert_int_equal(R->res[1], DSGD_OK);
+            assert_int_equal(R->res[2], DSGD_OK);
+            assert_int_equal(R->res[3], DSGD_ERR_TIMEOUT); /* the straggler */
+        }
+    }
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+    alarm(0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_staleness_stats),
+        cmocka_unit_test(test_missing_worker),
+        cmocka_unit_test(test_stuck_runs_fail_fast),
+        cmocka_unit_test(test_sync_rounds),
+        cmocka_unit_test(test_zero_bounds_are_sync),
+        cmocka_unit_test(test_ssp_bound),
+        cmocka_unit_test(test_backup_drops_stale),
+        cmocka_unit_test(test_exactly_once),
+        cmocka_unit_test(test_large_messages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
