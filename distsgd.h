@@ -109,22 +109,23 @@
 
 /* Every part is guarded twice (declarations; implementation when
    DISTSGD_IMPLEMENTATION is defined), so this file may be included again. */
-#include "distsgd/base.h"           /* API decoration, results, context, RNG, clock */
-#include "distsgd/internal.h"       /* private helpers shared by the core and its add-ons */
-#include "distsgd/backend.h"        /* the compute interface, dsgd_backend_i */
-#include "distsgd/backend_cpu.h"    /* the CPU reference backend */
-#include "distsgd/model.h"          /* the built-in model: dense layers over flat buffers */
-#include "distsgd/optim.h"          /* optimizers, clipping, learning-rate schedules */
-#include "distsgd/data.h"           /* datasets, samplers, the IDX and CSV loaders */
-#include "distsgd/transport.h"      /* the transport interface, reduce ops and kernels */
-#include "distsgd/loopback.h"       /* the loopback transport: ranks as threads */
-#include "distsgd/collectives.h"    /* communicators, the agreement, all-reduce and the rest */
-#include "distsgd/variables.h"      /* aggregation and synchronization of distributed variables */
-#include "distsgd/sharding.h"       /* partitioners and the shard map of the parameter servers */
-#include "distsgd/ps.h"             /* the parameter-server engine: servers apply pushes, workers pull and push */
-#include "distsgd/strategy.h"       /* strategies, replicas, distributed variables, metrics */
-#include "distsgd/strategy_sync.h"  /* the synchronous kinds: one_device, mirrored */
-#include "distsgd/strategy_kinds.h" /* the table of kinds; dsgd_strategy_create */
+#include "distsgd/base.h"             /* API decoration, results, context, RNG, clock */
+#include "distsgd/internal.h"         /* private helpers shared by the core and its add-ons */
+#include "distsgd/backend.h"          /* the compute interface, dsgd_backend_i */
+#include "distsgd/backend_cpu.h"      /* the CPU reference backend */
+#include "distsgd/model.h"            /* the built-in model: dense layers over flat buffers */
+#include "distsgd/optim.h"            /* optimizers, clipping, learning-rate schedules */
+#include "distsgd/data.h"             /* datasets, samplers, the IDX and CSV loaders */
+#include "distsgd/transport.h"        /* the transport interface, reduce ops and kernels */
+#include "distsgd/loopback.h"         /* the loopback transport: ranks as threads */
+#include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
+#include "distsgd/variables.h"        /* aggregation and synchronization of distributed variables */
+#include "distsgd/sharding.h"         /* partitioners and the shard map of the parameter servers */
+#include "distsgd/ps.h"               /* the parameter-server engine: servers apply pushes, workers pull and push */
+#include "distsgd/strategy.h"         /* strategies, replicas, distributed variables, metrics */
+#include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored */
+#include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */
+#include "distsgd/strategy_kinds.h"   /* the table of kinds; dsgd_strategy_create */
 
 /* ------------------------------------------------------------------------
    LICENCE (also in the file LICENSE)

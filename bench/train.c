@@ -1,8 +1,8 @@
 /* train.c - training throughput of the mirrored strategy.
 
    Prints samples/s of the 784-256-128-10 MLP (Fashion-MNIST shapes, random
-   data) with the mirrored strategy at N = 1, 2, 4 replicas and a global batch
-   of 256, and the cost of the strategy's path at N = 1 (ONE_DEVICE and
+   data) with the mirrored strategy at N = 1, 2, 4 replicas and central
+   storage at N = 2, 4, at a global batch of 256, and the cost of the strategy's path at N = 1 (ONE_DEVICE and
    MIRRORED with one replica) against a bare single-model loop
    (dsgd_model_compute_gradients + dsgd_optimizer_step). Rounds of each
    variant are interleaved and medians reported, since this machine is noisy.
@@ -46,9 +46,9 @@ static void die(dsgd_ctx *ctx) {
 }
 
 int main(int argc, char **argv) {
-    enum { BARE, ONE_DEVICE, MIRRORED1, MIRRORED2, MIRRORED4, NV };
+    enum { BARE, ONE_DEVICE, MIRRORED1, MIRRORED2, MIRRORED4, CENTRAL2, CENTRAL4, NV };
     static const char *names[NV] = {"bare loop (N=1)", "one_device (N=1)", "mirrored N=1", "mirrored N=2",
-                                    "mirrored N=4"};
+                                    "mirrored N=4",    "central N=2",      "central N=4"};
     int rounds = argc > 1 ? atoi(argv[1]) : 7, r, v, s;
     double *t[NV], med[NV];
     float *x, *y;
@@ -70,8 +70,10 @@ int main(int argc, char **argv) {
     if (dsgd_model_create(ctx, &md, &bare) != DSGD_OK || dsgd_optimizer_create(bare, &od, &opt) != DSGD_OK) die(ctx);
     for (v = ONE_DEVICE; v < NV; ++v) {
         dsgd_strategy_desc sd = {0};
-        sd.kind = v == ONE_DEVICE ? DSGD_STRATEGY_ONE_DEVICE : DSGD_STRATEGY_MIRRORED;
-        sd.num_replicas = v == MIRRORED2 ? 2 : v == MIRRORED4 ? 4 : 1;
+        sd.kind = v == ONE_DEVICE ? DSGD_STRATEGY_ONE_DEVICE
+                  : v >= CENTRAL2 ? DSGD_STRATEGY_CENTRAL_STORAGE
+                                  : DSGD_STRATEGY_MIRRORED;
+        sd.num_replicas = v == MIRRORED2 || v == CENTRAL2 ? 2 : v == MIRRORED4 || v == CENTRAL4 ? 4 : 1;
         sd.model = md;
         sd.model.max_batch = GLOBAL / sd.num_replicas;
         sd.optimizer = od;

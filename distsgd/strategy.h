@@ -34,9 +34,10 @@
      part holds what every kind shares: the replicas and their threads, the
      transport, failure handling, variables and metrics. The kinds are parts
      of their own below it (strategy_sync.h: one_device and mirrored, whose
-     step is gradients, agree, aggregate, exchange, update), and
-     strategy_kinds.h, the last, holds the table of kinds that
-     dsgd_strategy_create picks from.
+     step is gradients, agree, aggregate, exchange, update;
+     strategy_central.h: central storage, whose step sums the gradients
+     into one host copy and updates it once), and strategy_kinds.h, the
+     last, holds the table of kinds that dsgd_strategy_create picks from.
 */
 #ifndef DSGD__PART_STRATEGY_DECL
 #define DSGD__PART_STRATEGY_DECL
@@ -49,10 +50,14 @@ extern "C" {
 
 typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
-    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
+    DSGD_STRATEGY_MIRRORED = 1,   /* N replicas, one thread each, gradients summed in
                                      lockstep (see dsgd_gradient_path) */
+    DSGD_STRATEGY_CENTRAL_STORAGE = 2 /* N replicas compute gradients; the variables and
+                                     the optimizer state live once, on the host,
+                                     updated once per step; the replicas read them
+                                     (see CENTRAL STORAGE in strategy_central.h) */
 } dsgd_strategy_kind;
-#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_MIRRORED + 1)
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_CENTRAL_STORAGE + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -109,11 +114,13 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
 
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
-    int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
+    int num_replicas;               /* MIRRORED, CENTRAL_STORAGE: default 1;
+                                       ONE_DEVICE: 0 or 1 */
     dsgd_model_desc model;          /* every replica's model; max_batch is per replica;
                                        model.backend is ignored (see backend_factory) */
     dsgd_optimizer_desc optimizer;  /* every replica's optimizer */
-    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (HOST path); default AUTO */
+    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (MIRRORED, HOST path);
+                                       default AUTO */
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
                                        buffer) */
@@ -164,7 +171,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    policy, algorithm or gradient path; num_replicas < 0 or > DSGD_MAX_REPLICAS; ONE_DEVICE
    with more than one replica; a negative or NaN timeout; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
-   lacks sum_across or cannot reach another's buffers),
+   lacks sum_across or cannot reach another's buffers, or with
+   CENTRAL_STORAGE),
    DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.
    Thread safety: the context's thread, which then drives the strategy:
@@ -185,7 +193,8 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
-/* "one_device", "mirrored"; "unknown" for other values. Never NULL.
+/* "one_device", "mirrored", "central_storage"; "unknown" for other values.
+   Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
 /* Replica r's model, for inspection between steps (NULL when s is NULL or r
@@ -506,6 +515,7 @@ struct dsgd_strategy {
     dsgd_gradient_path path; /* resolved: HOST or DEVICE */
     dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
     int metric_var[2]; /* first of the three metric variables of each slot */
+    void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */

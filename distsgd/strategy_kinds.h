@@ -2,7 +2,7 @@
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
    The kinds' parts come above this one (strategy_sync.h: one_device and
-   mirrored); a new kind is a part above this one and a line in
+   mirrored; strategy_central.h: central_storage); a new kind is a part above this one and a line in
    dsgd__strategy_kinds. dsgd_strategy_create and dsgd_strategy_kind_name are
    declared, with the rest of the strategy's interface, in strategy.h.
 */
@@ -15,6 +15,7 @@
 static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT] = {
     &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
     &dsgd__mirrored_ops,   /* DSGD_STRATEGY_MIRRORED */
+    &dsgd__central_storage_ops, /* DSGD_STRATEGY_CENTRAL_STORAGE */
 };
 
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {

@@ -127,6 +127,37 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
     return res;
 }
 
+/* The replica's p gradients in host memory, for phase 4: the buffer's own
+   host pointer when the backend exposes it, else mapped (*mapped set),
+   else read into the replica's staging buffer. NULL on failure (recorded). */
+static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsgd_result *res) {
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    float *host = be->buffer_host_ptr ? be->buffer_host_ptr(be->impl, g.buf) : NULL;
+    *mapped = NULL;
+    *res = DSGD_OK;
+    if (host) return host + g.off;
+    if (be->map && be->unmap) {
+        if ((*res = be->map(be->impl, g, p, mapped)) != DSGD_OK) return NULL;
+        return *mapped;
+    }
+    if (!(host = dsgd__replica_stage(r, p))) {
+        *res = DSGD_ERR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    if ((*res = be->read(be->impl, g, host, p)) != DSGD_OK) return NULL;
+    return host;
+}
+
+/* Gives back what dsgd__grads_on_host lent: unmaps (the device sees the
+   host's writes), or writes the staging copy back when write_back is set. */
+static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *host, float *mapped, int write_back) {
+    const dsgd_backend_i *be = &r->be;
+    if (mapped) return be->unmap(be->impl, dsgd_model_grads(r->model), mapped);
+    if (write_back && host == r->stage) return be->write(be->impl, dsgd_model_grads(r->model), host, p);
+    return DSGD_OK;
+}
+
 /* Phase 4: all-reduces (SUM) the flat gradient buffer: on the devices
    (DEVICE path), or on the host in place when the backend exposes host
    memory or maps it, through a staging copy otherwise, in buckets of
@@ -134,34 +165,19 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
     const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
     size_t p = dsgd_model_num_params(r->model), o, bucket;
-    float *host = NULL, *mapped = NULL;
-    dsgd_result res = DSGD_OK;
+    float *host, *mapped;
+    dsgd_result res = DSGD_OK, done;
     if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
     if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
-    if (be->buffer_host_ptr) host = be->buffer_host_ptr(be->impl, g.buf);
-    if (host) {
-        host += g.off;
-    } else if (be->map && be->unmap) {
-        if ((res = be->map(be->impl, g, p, &mapped)) != DSGD_OK) return res;
-        host = mapped;
-    } else {
-        if (!(host = dsgd__replica_stage(r, p))) return DSGD_ERR_OUT_OF_MEMORY;
-        if ((res = be->read(be->impl, g, host, p)) != DSGD_OK) return res;
-    }
+    if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
     for (o = 0; o < p && res == DSGD_OK; o += bucket)
         res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
     if (res != DSGD_OK) r->comm_failed = 1;
-    if (mapped) {
-        dsgd_result ur = be->unmap(be->impl, g, mapped);
-        if (res == DSGD_OK) res = ur;
-    } else if (res == DSGD_OK && host == r->stage) {
-        res = be->write(be->impl, g, host, p);
-    }
-    return res;
+    done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
+    return res == DSGD_OK ? done : res;
 }
 
 /* One replica's part of a synchronous training step: the five phases. */

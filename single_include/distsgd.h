@@ -6728,9 +6728,10 @@ DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int serve
      part holds what every kind shares: the replicas and their threads, the
      transport, failure handling, variables and metrics. The kinds are parts
      of their own below it (strategy_sync.h: one_device and mirrored, whose
-     step is gradients, agree, aggregate, exchange, update), and
-     strategy_kinds.h, the last, holds the table of kinds that
-     dsgd_strategy_create picks from.
+     step is gradients, agree, aggregate, exchange, update;
+     strategy_central.h: central storage, whose step sums the gradients
+     into one host copy and updates it once), and strategy_kinds.h, the
+     last, holds the table of kinds that dsgd_strategy_create picks from.
 */
 #ifndef DSGD__PART_STRATEGY_DECL
 #define DSGD__PART_STRATEGY_DECL
@@ -6743,10 +6744,14 @@ extern "C" {
 
 typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
-    DSGD_STRATEGY_MIRRORED = 1    /* N replicas, one thread each, gradients summed in
+    DSGD_STRATEGY_MIRRORED = 1,   /* N replicas, one thread each, gradients summed in
                                      lockstep (see dsgd_gradient_path) */
+    DSGD_STRATEGY_CENTRAL_STORAGE = 2 /* N replicas compute gradients; the variables and
+                                     the optimizer state live once, on the host,
+                                     updated once per step; the replicas read them
+                                     (see CENTRAL STORAGE in strategy_central.h) */
 } dsgd_strategy_kind;
-#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_MIRRORED + 1)
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_CENTRAL_STORAGE + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -6803,11 +6808,13 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
 
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
-    int num_replicas;               /* MIRRORED: default 1; ONE_DEVICE: 0 or 1 */
+    int num_replicas;               /* MIRRORED, CENTRAL_STORAGE: default 1;
+                                       ONE_DEVICE: 0 or 1 */
     dsgd_model_desc model;          /* every replica's model; max_batch is per replica;
                                        model.backend is ignored (see backend_factory) */
     dsgd_optimizer_desc optimizer;  /* every replica's optimizer */
-    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (HOST path); default AUTO */
+    dsgd_allreduce_algo algorithm;  /* gradient all-reduce (MIRRORED, HOST path);
+                                       default AUTO */
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
                                        buffer) */
@@ -6858,7 +6865,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    policy, algorithm or gradient path; num_replicas < 0 or > DSGD_MAX_REPLICAS; ONE_DEVICE
    with more than one replica; a negative or NaN timeout; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
-   lacks sum_across or cannot reach another's buffers),
+   lacks sum_across or cannot reach another's buffers, or with
+   CENTRAL_STORAGE),
    DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.
    Thread safety: the context's thread, which then drives the strategy:
@@ -6879,7 +6887,8 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
-/* "one_device", "mirrored"; "unknown" for other values. Never NULL.
+/* "one_device", "mirrored", "central_storage"; "unknown" for other values.
+   Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
 /* Replica r's model, for inspection between steps (NULL when s is NULL or r
@@ -7200,6 +7209,7 @@ struct dsgd_strategy {
     dsgd_gradient_path path; /* resolved: HOST or DEVICE */
     dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
     int metric_var[2]; /* first of the three metric variables of each slot */
+    void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -8040,6 +8050,37 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
     return res;
 }
 
+/* The replica's p gradients in host memory, for phase 4: the buffer's own
+   host pointer when the backend exposes it, else mapped (*mapped set),
+   else read into the replica's staging buffer. NULL on failure (recorded). */
+static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsgd_result *res) {
+    const dsgd_backend_i *be = &r->be;
+    dsgd_ref g = dsgd_model_grads(r->model);
+    float *host = be->buffer_host_ptr ? be->buffer_host_ptr(be->impl, g.buf) : NULL;
+    *mapped = NULL;
+    *res = DSGD_OK;
+    if (host) return host + g.off;
+    if (be->map && be->unmap) {
+        if ((*res = be->map(be->impl, g, p, mapped)) != DSGD_OK) return NULL;
+        return *mapped;
+    }
+    if (!(host = dsgd__replica_stage(r, p))) {
+        *res = DSGD_ERR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    if ((*res = be->read(be->impl, g, host, p)) != DSGD_OK) return NULL;
+    return host;
+}
+
+/* Gives back what dsgd__grads_on_host lent: unmaps (the device sees the
+   host's writes), or writes the staging copy back when write_back is set. */
+static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *host, float *mapped, int write_back) {
+    const dsgd_backend_i *be = &r->be;
+    if (mapped) return be->unmap(be->impl, dsgd_model_grads(r->model), mapped);
+    if (write_back && host == r->stage) return be->write(be->impl, dsgd_model_grads(r->model), host, p);
+    return DSGD_OK;
+}
+
 /* Phase 4: all-reduces (SUM) the flat gradient buffer: on the devices
    (DEVICE path), or on the host in place when the backend exposes host
    memory or maps it, through a staging copy otherwise, in buckets of
@@ -8047,34 +8088,19 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
     const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
     size_t p = dsgd_model_num_params(r->model), o, bucket;
-    float *host = NULL, *mapped = NULL;
-    dsgd_result res = DSGD_OK;
+    float *host, *mapped;
+    dsgd_result res = DSGD_OK, done;
     if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
     if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
-    if (be->buffer_host_ptr) host = be->buffer_host_ptr(be->impl, g.buf);
-    if (host) {
-        host += g.off;
-    } else if (be->map && be->unmap) {
-        if ((res = be->map(be->impl, g, p, &mapped)) != DSGD_OK) return res;
-        host = mapped;
-    } else {
-        if (!(host = dsgd__replica_stage(r, p))) return DSGD_ERR_OUT_OF_MEMORY;
-        if ((res = be->read(be->impl, g, host, p)) != DSGD_OK) return res;
-    }
+    if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
     for (o = 0; o < p && res == DSGD_OK; o += bucket)
         res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
     if (res != DSGD_OK) r->comm_failed = 1;
-    if (mapped) {
-        dsgd_result ur = be->unmap(be->impl, g, mapped);
-        if (res == DSGD_OK) res = ur;
-    } else if (res == DSGD_OK && host == r->stage) {
-        res = be->write(be->impl, g, host, p);
-    }
-    return res;
+    done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
+    return res == DSGD_OK ? done : res;
 }
 
 /* One replica's part of a synchronous training step: the five phases. */
@@ -8153,12 +8179,180 @@ static const dsgd__strategy_ops dsgd__mirrored_ops = {
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */
+/* ---------------------------------------- distsgd/strategy_central.h */
+/* distsgd/strategy_central.h - central storage: the variables once, on the host; the replicas compute
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   CENTRAL STORAGE (tf.distribute.experimental.CentralStorageStrategy)
+
+     The model's variables and the optimizer's state live once, in a host
+     copy that the strategy owns: a model on a CPU backend of the strategy's
+     context, with its own optimizer. Each of the N replicas (a thread with
+     its own backend: the CPU, or an OpenCL device) computes the gradients of
+     its shard of the batch. The gradients are summed into the central copy,
+     which is updated once, and then every replica reads the variables. One
+     replica's part of a step:
+
+       1 gradients  \
+       2 agree       > as in the synchronous step (strategy_sync.h)
+       3 aggregate  /
+       4 reduce     the replica's gradient on the host (its buffer's host
+                    pointer, mapped, or copied), a barrier; then replica r
+                    sums block r (dsgd_block_range) of every replica's
+                    gradient, in rank order, into the central gradient; a
+                    barrier
+       5 update     replica 0 runs the optimizer on the central copy (so
+                    clip_norm clips the global norm); a barrier
+       6 read       every replica copies the central parameters into its
+                    model
+
+     So the replicas stay bitwise identical, and the weights equal the
+     mirrored strategy's up to float reassociation: each gradient element is
+     summed in rank order here, in the all-reduce algorithm's order there.
+     With one replica they are one_device's, bit for bit.
+
+     Differences from mirrored: the gradients always go through the host
+     (gradient_path DEVICE is refused, and the resolved path is HOST);
+     algorithm and bucket_bytes are unused, since the sum is not an
+     all-reduce; the transport carries only the barriers. Each replica still
+     has an optimizer, which this kind uses only for the step count and the
+     learning rate; its slots (momentum, Adam's moments) stay untouched.
+     Distributed variables (dsgd_strategy_create_variable) and the metrics
+     behave as under mirrored: per-replica copies, kept in step through the
+     transport.
+
+     This part declares nothing public: the kind is chosen with
+     DSGD_STRATEGY_CENTRAL_STORAGE.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_CENTRAL_IMPL)
+#define DSGD__PART_STRATEGY_CENTRAL_IMPL
+
+/* >>strategy_central -------------------------------------------------------- */
+
+typedef struct dsgd__central {
+    dsgd_model *model;     /* the central copy, on a CPU backend of the strategy's ctx */
+    dsgd_optimizer *opt;   /* its optimizer: the only one whose slots move */
+    float *params, *grads; /* its buffers' host memory */
+    float **src;           /* [N]: each replica's gradient on the host, during phase 4 */
+} dsgd__central;
+
+static dsgd_result dsgd__central_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    if (d->gradient_path == DSGD_GRADIENTS_DEVICE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: central_storage sums the gradients on the host; "
+                                  "gradient_path DEVICE is for mirrored");
+    return DSGD_OK;
+}
+
+static void dsgd__central_teardown(dsgd_strategy *s) {
+    dsgd__central *c = (dsgd__central *)s->kind_data;
+    if (!c) return;
+    dsgd_optimizer_destroy(c->opt);
+    dsgd_model_destroy(c->model);
+    DSGD_FREE(c->src);
+    DSGD_FREE(c);
+    s->kind_data = NULL;
+}
+
+/* The central copy: a model with the replicas' desc on a CPU backend of its
+   own, holding replica 0's initial weights, and its optimizer. */
+static dsgd_result dsgd__central_setup(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    dsgd_model_desc md = s->d.model;
+    const dsgd_backend_i *be;
+    dsgd__central *c = (dsgd__central *)dsgd__alloc(s->ctx, sizeof(*c), what);
+    dsgd_result res;
+    size_t p;
+    if (!c) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(c, 0, sizeof(*c));
+    s->kind_data = c;
+    md.backend = NULL;
+    if ((res = dsgd_model_create(s->ctx, &md, &c->model)) != DSGD_OK) return res;
+    if ((res = dsgd_optimizer_create(c->model, &s->d.optimizer, &c->opt)) != DSGD_OK) return res;
+    be = dsgd_model_backend(c->model);
+    c->params = be->buffer_host_ptr(be->impl, dsgd_model_params(c->model).buf) + dsgd_model_params(c->model).off;
+    c->grads = be->buffer_host_ptr(be->impl, dsgd_model_grads(c->model).buf) + dsgd_model_grads(c->model).off;
+    c->src = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)s->n, what);
+    if (!c->src) return DSGD_ERR_OUT_OF_MEMORY;
+    p = dsgd_model_num_params(c->model);
+    res = dsgd_model_get_params(s->reps[0].model, c->params, p);
+    if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[0].ctx));
+    return res;
+}
+
+/* A barrier of every replica (nothing to wait for with one). */
+static dsgd_result dsgd__central_barrier(dsgd_replica *r) {
+    dsgd_result res;
+    if (r->s->n == 1) return DSGD_OK;
+    res = dsgd_barrier(r->comm, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+/* Phase 4: once every replica has published its host gradient (barrier),
+   replica r writes block r of the central gradient, the rank-order sum of
+   that block of every replica's; nobody goes on before every block is
+   written (barrier). */
+static dsgd_result dsgd__central_reduce(dsgd_replica *r, dsgd__central *c, size_t p) {
+    size_t lo = 0, len = 0;
+    int k;
+    dsgd_result res = dsgd__central_barrier(r);
+    if (res != DSGD_OK) return res;
+    dsgd_block_range(p, r->s->n, r->rank, &lo, &len);
+    if (len > 0) {
+        memcpy(c->grads + lo, c->src[0] + lo, len * sizeof(float));
+        for (k = 1; k < r->s->n; ++k) dsgd__sum_into(c->grads + lo, c->src[k] + lo, len);
+    }
+    return dsgd__central_barrier(r);
+}
+
+/* Phase 5, on replica 0 (the strategy's thread, which owns the central
+   copy's context): one optimizer step of the central copy. */
+static dsgd_result dsgd__central_update(dsgd_replica *r, dsgd__central *c) {
+    dsgd_result res = dsgd_optimizer_step(c->opt);
+    if (res != DSGD_OK) dsgd_ctx_set_error(r->ctx, res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(c->model)));
+    return res;
+}
+
+/* One replica's part of a central-storage step: the six phases. */
+static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    dsgd_strategy *s = r->s;
+    dsgd__central *c = (dsgd__central *)s->kind_data;
+    size_t off = 0, len = 0, bad = 0, p = dsgd_model_num_params(r->model);
+    float *host, *mapped = NULL;
+    dsgd_result res, done;
+    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
+    r->lr = dsgd_lr_at(&c->opt->d.schedule, c->opt->d.lr, c->opt->t);
+    res = dsgd__step_gradients(r, a, off, len, &bad);                /* 1 */
+    res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
+    if (res != DSGD_OK || r->skipped) return res;
+    if (!s->all_mean) res = dsgd__step_aggregate(r, a->count, len); /* 3 */
+    if (res == DSGD_OK && r->be.finish) res = r->be.finish(r->be.impl);
+    if (res != DSGD_OK) return res;
+    if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
+    c->src[r->rank] = host;
+    res = dsgd__central_reduce(r, c, p);                              /* 4 */
+    if (res == DSGD_OK && r->rank == 0) res = dsgd__central_update(r, c); /* 5 */
+    if (res == DSGD_OK) res = dsgd__central_barrier(r);
+    done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
+    if (res == DSGD_OK) res = done;
+    if (res == DSGD_OK) res = dsgd_model_set_params(r->model, c->params, p); /* 6 */
+    if (res == DSGD_OK) r->opt->t = c->opt->t;
+    return res;
+}
+
+static const dsgd__strategy_ops dsgd__central_storage_ops = {
+    "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
+};
+
+#endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */
 /* ---------------------------------------- distsgd/strategy_kinds.h */
 /* distsgd/strategy_kinds.h - the table of strategy kinds, and dsgd_strategy_create
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
    The kinds' parts come above this one (strategy_sync.h: one_device and
-   mirrored); a new kind is a part above this one and a line in
+   mirrored; strategy_central.h: central_storage); a new kind is a part above this one and a line in
    dsgd__strategy_kinds. dsgd_strategy_create and dsgd_strategy_kind_name are
    declared, with the rest of the strategy's interface, in strategy.h.
 */
@@ -8171,6 +8365,7 @@ static const dsgd__strategy_ops dsgd__mirrored_ops = {
 static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT] = {
     &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
     &dsgd__mirrored_ops,   /* DSGD_STRATEGY_MIRRORED */
+    &dsgd__central_storage_ops, /* DSGD_STRATEGY_CENTRAL_STORAGE */
 };
 
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {

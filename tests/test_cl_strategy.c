@@ -22,6 +22,9 @@
      all apply the same all-reduced gradient with the same kernels).
    - Every replica's model really runs on an OpenCL backend, on the device
      the round-robin placement names.
+   - CENTRAL_STORAGE over OpenCL replicas (N = 3 momentum; N = 2 Adam with
+     buffers outside host-shared memory, so the gradients are mapped) meets
+     the same contract against ONE_DEVICE on the CPU, <= 1e-4.
    - Both gradient paths: DEVICE (sum_across kernels, no host copy) and
      HOST (mapped buffers, then the loopback all-reduce), N = 2, 4 and 9 (9:
      the device sums in two launches of 8 and 1). AUTO resolves to HOST
@@ -201,21 +204,11 @@ static void assert_replicas_identical(dsgd_strategy *s, int n, int step) {
     }
 }
 
-static double rel_err(const float *got, const float *want, size_t n) {
-    double md = 0.0, mw = 0.0;
-    size_t i;
-    for (i = 0; i < n; ++i) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (isnan(d)) return INFINITY;
-        if (d > md) md = d;
-        if (fabs((double)want[i]) > mw) mw = fabs((double)want[i]);
-    }
-    return mw > 0.0 ? md / mw : md;
-}
-
-/* 20 steps of MIRRORED(n) on OpenCL, gradients summed by `path`, against
+/* 20 steps of `kind` (MIRRORED, or CENTRAL_STORAGE, whose path is always
+   HOST) with n replicas on OpenCL, gradients summed by `path`, against
    ONE_DEVICE(batch n*B) on the CPU. */
-static void contract(int n, dsgd_optimizer_kind opt, double tol, dsgd_gradient_path path) {
+static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind opt, double tol,
+                          dsgd_gradient_path path) {
     enum { GB = MAXN * B };
     static float x[GB * IN], y[GB];
     float pm[NPARAMS], pr[NPARAMS];
@@ -225,8 +218,10 @@ static void contract(int n, dsgd_optimizer_kind opt, double tol, dsgd_gradient_p
     int step, i, r, calls0 = G.factory_calls;
     double err;
 
-    ms = strat_make(DSGD_STRATEGY_MIRRORED, n, B, opt, 1, path);
-    if (path == DSGD_GRADIENTS_AUTO) {
+    ms = strat_make(kind, n, B, opt, 1, path);
+    if (kind == DSGD_STRATEGY_CENTRAL_STORAGE) {
+        path = DSGD_GRADIENTS_HOST;
+    } else if (path == DSGD_GRADIENTS_AUTO) {
         /* every backend is on the one context: AUTO takes the device path
            unless all buffers are in host-shared memory */
         int shared = 1;
@@ -270,17 +265,17 @@ static void contract(int n, dsgd_optimizer_kind opt, double tol, dsgd_gradient_p
 
     get_params(ms, 0, pm);
     get_params(ref, 0, pr);
-    err = rel_err(pm, pr, NPARAMS);
-    fprintf(stderr, "test_cl_strategy: N=%d %s, %s gradients: max|opencl-cpu|/max|cpu| = %.3g (tol %.0e)\n", n,
-            opt == DSGD_OPT_ADAM ? "adam" : "momentum", dsgd_gradient_path_name(dsgd_strategy_gradient_path(ms)),
-            err, tol);
+    err = tu_rel_err(pm, pr, NPARAMS);
+    fprintf(stderr, "test_cl_strategy: %s N=%d %s, %s gradients: max|opencl-cpu|/max|cpu| = %.3g (tol %.0e)\n",
+            dsgd_strategy_kind_name(kind), n, opt == DSGD_OPT_ADAM ? "adam" : "momentum",
+            dsgd_gradient_path_name(dsgd_strategy_gradient_path(ms)), err, tol);
     if (!(err <= tol)) fail_msg("N=%d: relative error %.3g > %.0e", n, err, tol);
     /* the weights did move (so the comparison is not of two initial states) */
     {
         float p0[NPARAMS];
         dsgd_strategy *fresh = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, B, opt, 0, DSGD_GRADIENTS_AUTO);
         get_params(fresh, 0, p0);
-        assert_true(rel_err(pr, p0, NPARAMS) > 100.0 * tol);
+        assert_true(tu_rel_err(pr, p0, NPARAMS) > 100.0 * tol);
         dsgd_strategy_destroy(fresh);
     }
 
@@ -294,6 +289,10 @@ static void contract(int n, dsgd_optimizer_kind opt, double tol, dsgd_gradient_p
     dsgd_strategy_destroy(ms);
     dsgd_strategy_destroy(ref);
     alarm(0);
+}
+
+static void contract(int n, dsgd_optimizer_kind opt, double tol, dsgd_gradient_path path) {
+    contract_kind(DSGD_STRATEGY_MIRRORED, n, opt, tol, path);
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -331,6 +330,22 @@ static void test_contract_adam_n4(void **state) {
     contract(4, DSGD_OPT_ADAM, 1e-4, DSGD_GRADIENTS_DEVICE);
 }
 
+/* Central storage over OpenCL replicas: the gradients come to the host
+   through host pointers or mapping (buffers outside host-shared memory). */
+static void test_central_storage_momentum_n3(void **state) {
+    (void)state;
+    NEED_CL();
+    contract_kind(DSGD_STRATEGY_CENTRAL_STORAGE, 3, DSGD_OPT_MOMENTUM, 1e-4, DSGD_GRADIENTS_AUTO);
+}
+
+static void test_central_storage_adam_n2_mapped(void **state) {
+    (void)state;
+    NEED_CL();
+    G.host_visible = -1;
+    contract_kind(DSGD_STRATEGY_CENTRAL_STORAGE, 2, DSGD_OPT_ADAM, 1e-4, DSGD_GRADIENTS_AUTO);
+    G.host_visible = 0;
+}
+
 /* More replicas than one device-side launch sums (8). */
 static void test_contract_momentum_n9(void **state) {
     (void)state;
@@ -364,9 +379,9 @@ static void paths_bitwise(int n) {
         get_params(dev, n - 1, pd);
         get_params(host, n - 1, ph);
         if (memcmp(pd, ph, sizeof pd) != 0)
-            fail_msg("N=%d step %d: device and host paths differ (max rel %.3g)", n, step, rel_err(pd, ph, NPARAMS));
+            fail_msg("N=%d step %d: device and host paths differ (max rel %.3g)", n, step, tu_rel_err(pd, ph, NPARAMS));
     }
-    assert_true(rel_err(pd, p0, NPARAMS) > 1e-3); /* they trained */
+    assert_true(tu_rel_err(pd, p0, NPARAMS) > 1e-3); /* they trained */
     dsgd_strategy_destroy(dev);
     dsgd_strategy_destroy(host);
     G.algorithm = DSGD_ALLREDUCE_AUTO;
@@ -389,6 +404,8 @@ int main(void) {
         cmocka_unit_test(test_contract_momentum_n4_host),
         cmocka_unit_test(test_contract_momentum_n9),
         cmocka_unit_test(test_paths_bitwise_equal),
+        cmocka_unit_test(test_central_storage_momentum_n3),
+        cmocka_unit_test(test_central_storage_adam_n2_mapped),
     };
     return cmocka_run_group_tests_name("opencl mirrored strategy", tests, group_setup, group_teardown);
 }

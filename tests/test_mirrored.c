@@ -160,29 +160,6 @@ static void get_params(dsgd_ctx *ctx, dsgd_strategy *s, int replica, float *dst)
     TU_OK(ctx, dsgd_model_get_params(m, dst, NPARAMS));
 }
 
-/* Every replica's parameters have the same bits as replica 0's. */
-static void assert_replicas_identical(dsgd_ctx *ctx, dsgd_strategy *s) {
-    float p0[NPARAMS], pr[NPARAMS];
-    int r;
-    get_params(ctx, s, 0, p0);
-    for (r = 1; r < dsgd_strategy_num_replicas(s); ++r) {
-        get_params(ctx, s, r, pr);
-        if (memcmp(p0, pr, sizeof(p0)) != 0) fail_msg("replica %d's parameters differ from replica 0's", r);
-    }
-}
-
-/* max |a - b| / max |b| */
-static double rel_err(const float *a, const float *b, size_t n) {
-    double num = 0.0, den = 0.0;
-    size_t i;
-    for (i = 0; i < n; ++i) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (!(d <= num)) num = d; /* NaN wins */
-        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
-    }
-    return den > 0.0 ? num / den : num;
-}
-
 static const char *opt_name(dsgd_optimizer_kind k) {
     return k == DSGD_OPT_SGD ? "sgd" : k == DSGD_OPT_MOMENTUM ? "momentum" : k == DSGD_OPT_ADAM ? "adam" : "?";
 }
@@ -314,11 +291,11 @@ static double contract_run(const contract_case *c, float *out) {
         assert_int_equal(im.skipped, 0);
         assert_true(im.lr == md.optimizer.lr);
         assert_int_equal((int)ir.step, step);
-        assert_replicas_identical(ctx, ms);
+        tu_assert_replicas_identical(ctx, ms);
     }
     get_params(ctx, ms, 0, pm);
     get_params(ctx, rs, 0, pr);
-    err = rel_err(pm, pr, NPARAMS);
+    err = tu_rel_err(pm, pr, NPARAMS);
     printf("    contract N=%d %-8s %-18s bucket %4zu B%s piece %zu B: rel err %.3g\n", n, opt_name(c->opt),
            c->algo == DSGD_ALLREDUCE_AUTO ? "auto" : dsgd_allreduce_algo_name(c->algo), c->bucket_bytes,
            c->staged ? " staged" : "", c->piece_bytes, err);
@@ -591,10 +568,10 @@ static void test_uneven_batches(void **state) {
             assert_int_equal(info.count, counts[i]);
             assert_int_equal(info.skipped, 0);
             TU_OK(ctx, dsgd_strategy_train_step(rs, x, y, counts[i], NULL));
-            assert_replicas_identical(ctx, ms);
+            tu_assert_replicas_identical(ctx, ms);
             get_params(ctx, ms, 0, pm);
             get_params(ctx, rs, 0, pr);
-            err = rel_err(pm, pr, NPARAMS);
+            err = tu_rel_err(pm, pr, NPARAMS);
             if (!(err <= tol))
                 fail_msg("%s, step %d (count %d on 4 replicas): relative error %.3g > %.0e", opt_name(opts[k]), i,
                          counts[i], err, tol);
@@ -676,7 +653,7 @@ static void test_model_variable_aggregation(void **state) {
         }
         get_params(ctx, s, 0, p0);
         TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, NULL));
-        assert_replicas_identical(ctx, s);
+        tu_assert_replicas_identical(ctx, s);
         get_params(ctx, s, 0, p1);
         for (v = 0; v < dsgd_model_num_variables(dsgd_strategy_model(s, 0)); ++v) {
             const dsgd_variable *var = dsgd_model_variable(dsgd_strategy_model(s, 0), v);
@@ -1076,7 +1053,7 @@ static void test_nonfinite_skip(void **state) {
     get_params(ctx, a, 0, pa);
     get_params(ctx, b, 0, pb);
     assert_memory_equal(pa, pb, sizeof(pa));
-    assert_replicas_identical(ctx, a);
+    tu_assert_replicas_identical(ctx, a);
     dsgd_strategy_destroy(a);
     dsgd_strategy_destroy(b);
 
@@ -1121,7 +1098,7 @@ static void test_nonfinite_error(void **state) {
     TU_OK(ctx, dsgd_strategy_train_step(s, x, y, NF_COUNT, &info));
     assert_int_equal((int)info.step, 1);
     assert_int_equal(info.skipped, 0);
-    assert_replicas_identical(ctx, s);
+    tu_assert_replicas_identical(ctx, s);
     dsgd_strategy_destroy(s);
     dsgd_ctx_destroy(ctx);
 }
@@ -1153,7 +1130,7 @@ static void test_replica_fails_alone(void **state) {
     y[off + 1] = 2.0f;
     TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, &info));
     assert_int_equal((int)info.step, 0);
-    assert_replicas_identical(ctx, s);
+    tu_assert_replicas_identical(ctx, s);
     all_params(ctx, s, after);
     assert_true(memcmp(before[0], after[0], sizeof(after[0])) != 0);
     dsgd_strategy_destroy(s);
@@ -1376,7 +1353,7 @@ static void test_optimizer_failure_fails_strategy(void **state) {
     for (step = 0; step < 2; ++step) {
         make_batch(&rng, x, y, COUNT);
         TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, &info));
-        assert_replicas_identical(ctx, s);
+        tu_assert_replicas_identical(ctx, s);
     }
     make_batch(&rng, x, y, COUNT);
     rr = dsgd_strategy_train_step(s, x, y, COUNT, &info);
@@ -1400,7 +1377,7 @@ static void test_optimizer_failure_fails_strategy(void **state) {
     g_opt_fail_at = -1;
     s = strat_make(ctx, &d);
     TU_OK(ctx, dsgd_strategy_train_step(s, x, y, COUNT, &info));
-    assert_replicas_identical(ctx, s);
+    tu_assert_replicas_identical(ctx, s);
     dsgd_strategy_destroy(s);
     dsgd_ctx_destroy(ctx);
 }

@@ -109,6 +109,36 @@ TU_FN dsgd_ctx *tu_ctx(void) {
     return ctx;
 }
 
+/* ---------------------------------------------------------------- comparisons */
+
+/* One global relative error: max_i |got_i - want_i| / max_i |want_i| (the
+   absolute maximum when want is all zeros); INFINITY when a difference is NaN. */
+TU_FN double tu_rel_err(const float *got, const float *want, size_t n) {
+    double md = 0.0, mw = 0.0;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (d != d) return INFINITY;
+        if (d > md) md = d;
+        if (fabs((double)want[i]) > mw) mw = fabs((double)want[i]);
+    }
+    return mw > 0.0 ? md / mw : md;
+}
+
+/* Fails unless every replica of s holds replica 0's parameters, bit for bit. */
+TU_FN void tu_assert_replicas_identical(dsgd_ctx *ctx, dsgd_strategy *s) {
+    size_t p = dsgd_model_num_params(dsgd_strategy_model(s, 0));
+    float *p0 = tu_floats(p), *pr = tu_floats(p);
+    int r;
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), p0, p));
+    for (r = 1; r < dsgd_strategy_num_replicas(s); ++r) {
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, r), pr, p));
+        if (memcmp(p0, pr, p * sizeof(float)) != 0) fail_msg("replica %d's parameters differ from replica 0's", r);
+    }
+    free(p0);
+    free(pr);
+}
+
 /* ---------------------------------------------------------------- files */
 
 /* Creates a fresh directory under /tmp; path must hold 64 chars. */
