@@ -114,7 +114,7 @@ endif
 endif
 
 # TSan: the tests that exercise threads.
-TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_central% test_ps%,$(notdir $f))),$f))
+TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_central% test_ps% test_cluster%,$(notdir $f))),$f))
 
 BUILD_EXAMPLE_SRCS := $(filter-out $(CL_SKIPPED),$(EXAMPLE_SRCS))
 BUILD_TEST_SRCS := $(filter-out $(CL_SKIPPED),$(TEST_SRCS))
