@@ -5,6 +5,7 @@
 #                   ASan+UBSan and (threaded ones) with TSan, compile-check the
 #                   headers as C and C++, run everything, print "N passed, N failed"
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
+#   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
 #   make bench      build and run bench/*
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
 #   make check-docs every DSGD_API declaration documented (tools/check_docs.py)
@@ -114,7 +115,7 @@ endif
 endif
 
 # TSan: the tests that exercise threads.
-TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_ps% test_central%,$(notdir $f))),$f))
+TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_ps% test_central% test_cluster%,$(notdir $f))),$f))
 
 BUILD_EXAMPLE_SRCS := $(filter-out $(CL_SKIPPED),$(EXAMPLE_SRCS))
 BUILD_TEST_SRCS := $(filter-out $(CL_SKIPPED),$(TEST_SRCS))
@@ -145,7 +146,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 # ---------------------------------------------------------------- targets
 
 .PHONY: build-combos tune bench-mpi all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
-    demo demo-run bench bench-run clean cl-note
+    demo demo-run sync-vs-async sync-vs-async-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
 
@@ -193,6 +194,15 @@ FMNIST_FILES := train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3
 
 demo-run: $(BUILD)/examples/$(DEMO) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	$(BUILD)/examples/$(DEMO) $(DEMO_ARGS) $(ARGS)
+
+# The sync-vs-async table (examples/sync_vs_async.c): mirrored and the
+# parameter servers' policies at 4 workers; ARGS="--straggler 4" slows one.
+sync-vs-async:
+	sh tools/deps.sh demo
+	@$(MAKE) --no-print-directory sync-vs-async-run
+
+sync-vs-async-run: $(BUILD)/examples/sync_vs_async $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
+	$(BUILD)/examples/sync_vs_async $(DEMO_ARGS) $(ARGS)
 
 $(FMNIST_DIR)/%: $(FMNIST_SRC)/%.gz
 	@mkdir -p $(@D)

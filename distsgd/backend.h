@@ -182,6 +182,14 @@ typedef struct dsgd_backend_i {
     dsgd_result (*sum_across)(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi);
 } dsgd_backend_i;
 
+/* Creates the backend of replica (or worker) `replica` in *out, recording
+   errors on ctx (that replica's context, which outlives the backend). Called
+   by dsgd_strategy_create and dsgd_cluster_create on their thread, for
+   replicas 0..N-1 in order; they destroy each backend with its destroy
+   member. A result other than DSGD_OK makes the creation fail with it. */
+typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
+                                            dsgd_backend_i *out);
+
 /* Fills *out with the CPU reference backend. Its operations record errors on
    ctx, which must outlive the backend; destroy with out->destroy(out->impl).
    Its buffers are host memory (buffer_host_ptr is set) and every operation

@@ -101,14 +101,6 @@ typedef enum dsgd_gradient_path {
 } dsgd_gradient_path;
 #define DSGD_GRADIENTS_COUNT (DSGD_GRADIENTS_DEVICE + 1)
 
-/* Creates replica `replica`'s backend in *out, recording errors on ctx (the
-   replica's context, which outlives the backend). Called by
-   dsgd_strategy_create on its thread, for replicas 0..N-1 in order; the
-   strategy destroys each backend with its destroy member. A result other
-   than DSGD_OK makes dsgd_strategy_create fail with it. */
-typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int replica,
-                                            dsgd_backend_i *out);
-
 /* The most replicas a strategy runs. */
 #define DSGD_MAX_REPLICAS 256
 

@@ -1,0 +1,354 @@
+/* sync_vs_async.c - synchronous against asynchronous training on Fashion-MNIST,
+   one table: mirrored all-reduce, parameter servers with ASYNC, SSP (s = 2),
+   SYNC and SYNC with backup workers (N + b), 4 workers each.
+
+   Every row trains the same MLP (784-256-128-10, SGD with momentum) from the
+   same initial weights on the same number of samples: E epochs, drawn in
+   batches of B per worker. Worker w takes batches w, w + 4, w + 8, ... of
+   each epoch's shuffled order (its own shard). Who applies the update:
+     mirrored  every replica, the same averaged gradient (all-reduce)
+     PS rows   the 2 parameter servers, each for its shards; the workers
+               only pull, compute and push (distsgd/ps.h)
+   The learning rate follows the linear scaling rule for the batch each
+   update averages, with a warmup of half an epoch of updates and a cosine
+   decay (Goyal et al. 2017): 4B for mirrored, SYNC and SSP, (4 - b)B for
+   backups, B for ASYNC, whose updates are single gradients computed on
+   weights that may be some updates old (the staleness columns). SSP's rate
+   is also divided by s + 1, the staleness-aware rule of Zhang et al. 2016:
+   at the synchronous rate (0.1 with momentum 0.9 here) gradients up to 2
+   clocks old make training diverge, as stale gradients add an implicit
+   momentum (Mitliagkas et al. 2016).
+
+   --straggler F makes worker 0 F times slower: it sleeps (F - 1) times its
+   compute time between computing a gradient and pushing it (for mirrored,
+   each step waits (F - 1) times its own duration, as for a replica that
+   slow). That shows what each policy does with a slow machine: SYNC waits
+   for it, ASYNC takes its stale gradients, backups drop them.
+
+   Columns: wall time, test accuracy, the servers' mean and max staleness,
+   and the gradients dropped as stale (BACKUP; counted on server 0).
+
+   Run:  make sync-vs-async               (ARGS="--straggler 4" for a slow worker)
+   or:   ./build/examples/sync_vs_async [--data DIR] [--epochs E] [--batch B]
+           [--straggler F] [--backups b] [--seed S]
+   DIR holds the uncompressed Fashion-MNIST IDX files (make demo and make
+   sync-vs-async prepare build/data/fashion-mnist). Exits non-zero when
+   asynchronous training ends below 85% test accuracy. */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define WORKERS 4
+#define SERVERS 2
+
+static const dsgd_layer_desc LAYERS[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+                                          {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+                                          {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+
+typedef struct run_cfg {
+    const dsgd_dataset *train, *test;
+    int epochs, batch, backups;
+    double straggler;
+    uint64_t seed;
+    float base_lr; /* at batch 128 */
+} run_cfg;
+
+typedef struct row {
+    const char *name;
+    double seconds, accuracy, staleness_mean;
+    long long staleness_max, dropped;
+} row;
+
+static void sleep_s(double s) {
+    struct timespec ts;
+    if (s <= 0) return;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    nanosleep(&ts, NULL);
+}
+
+static int fail(dsgd_ctx *ctx) {
+    fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(ctx));
+    return 1;
+}
+
+static dsgd_model_desc model_desc(const run_cfg *cfg, int max_batch) {
+    dsgd_model_desc md;
+    memset(&md, 0, sizeof(md));
+    md.input_dim = cfg->train->dim;
+    md.layers = LAYERS;
+    md.num_layers = 3;
+    md.max_batch = max_batch;
+    md.seed = cfg->seed;
+    return md;
+}
+
+/* SGD with momentum at the linearly scaled rate for the batch one update
+   averages, reached by a linear warmup over the first half epoch of
+   updates (Goyal et al. 2017), then a cosine decay to 0 over the run. */
+static dsgd_optimizer_desc opt_desc(const run_cfg *cfg, int update_batch) {
+    dsgd_optimizer_desc od;
+    memset(&od, 0, sizeof(od));
+    od.kind = DSGD_OPT_MOMENTUM;
+    od.momentum = 0.9f;
+    od.lr = dsgd_linear_scaled_lr(cfg->base_lr, update_batch, 128);
+    od.schedule.kind = DSGD_SCHEDULE_COSINE;
+    od.schedule.warmup_steps = (int64_t)(cfg->train->n / (size_t)update_batch / 2);
+    od.schedule.total_steps = (int64_t)(cfg->train->n / (size_t)update_batch) * cfg->epochs;
+    return od;
+}
+
+/* Test accuracy of the flat weights p, on a model of the coordinator's. */
+static int evaluate(dsgd_ctx *ctx, const run_cfg *cfg, const float *p, double *acc) {
+    dsgd_model_desc md = model_desc(cfg, 1000);
+    dsgd_model *m = NULL;
+    dsgd_metrics mt;
+    size_t i;
+    if (dsgd_model_create(ctx, &md, &m) != DSGD_OK) return 0;
+    if (dsgd_model_set_params(m, p, dsgd_model_num_params(m)) != DSGD_OK) return 0;
+    for (i = 0; i < cfg->test->n; i += 1000) {
+        size_t n = cfg->test->n - i < 1000 ? cfg->test->n - i : 1000;
+        if (dsgd_model_eval_batch(m, cfg->test->x + i * cfg->test->dim, cfg->test->y + i, (int)n) != DSGD_OK) return 0;
+    }
+    dsgd_model_take_metrics(m, DSGD_METRICS_EVAL, &mt);
+    *acc = mt.correct / mt.count;
+    dsgd_model_destroy(m);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- mirrored */
+
+static int run_mirrored(dsgd_ctx *ctx, const run_cfg *cfg, row *out) {
+    dsgd_strategy_desc sd;
+    dsgd_strategy *s = NULL;
+    dsgd_sampler smp;
+    int global = WORKERS * cfg->batch, e;
+    float *x = (float *)malloc(sizeof(float) * (size_t)global * cfg->train->dim), *y = (float *)malloc(sizeof(float) * (size_t)global);
+    float *p;
+    double t0;
+    size_t b, nb;
+    memset(&sd, 0, sizeof(sd));
+    sd.kind = DSGD_STRATEGY_MIRRORED;
+    sd.num_replicas = WORKERS;
+    sd.model = model_desc(cfg, cfg->batch);
+    sd.optimizer = opt_desc(cfg, global);
+    if (!x || !y || dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) return 0;
+    if (dsgd_sampler_init(ctx, &smp, cfg->train->n, (size_t)global, cfg->seed, 1, 1) != DSGD_OK) return 0;
+    nb = dsgd_sampler_num_batches(&smp);
+    t0 = dsgd_now();
+    for (e = 0; e < cfg->epochs; ++e) {
+        dsgd_sampler_set_epoch(&smp, (uint64_t)e);
+        for (b = 0; b < nb; ++b) {
+            const size_t *idx = NULL;
+            size_t n = dsgd_sampler_batch(&smp, b, &idx);
+            double ts = dsgd_now();
+            dsgd_dataset_gather(cfg->train, idx, n, x, y);
+            if (dsgd_strategy_train_step(s, x, y, (int)n, NULL) != DSGD_OK) return 0;
+            if (cfg->straggler > 1.0) sleep_s((cfg->straggler - 1.0) * (dsgd_now() - ts));
+        }
+    }
+    out->seconds = dsgd_now() - t0;
+    p = (float *)malloc(sizeof(float) * dsgd_model_num_params(dsgd_strategy_model(s, 0)));
+    if (!p || dsgd_model_get_params(dsgd_strategy_model(s, 0), p, dsgd_model_num_params(dsgd_strategy_model(s, 0))) != DSGD_OK ||
+        !evaluate(ctx, cfg, p, &out->accuracy))
+        return 0;
+    free(p);
+    free(x);
+    free(y);
+    dsgd_sampler_free(&smp);
+    dsgd_strategy_destroy(s);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- parameter servers */
+
+/* What the closures share: the data and each worker's own state, touched
+   only on that worker's thread. */
+typedef struct ps_job {
+    const run_cfg *cfg;
+    dsgd_sampler smp[WORKERS]; /* one each (samplers are one thread's), same seed: same order */
+    size_t next[WORKERS];      /* the worker's next batch: epoch * per_epoch + k */
+    float *x[WORKERS], *y[WORKERS], *buf[WORKERS];
+    size_t nb;                 /* batches of B per epoch */
+} ps_job;
+
+/* One step of worker w on its next batch: batch k of its shard is batch
+   w + k * WORKERS of the epoch's order. A straggler sleeps between its
+   gradient and its push, so the gradient arrives late. */
+static dsgd_result ps_step(dsgd_cluster_worker *cw, void *user) {
+    ps_job *j = (ps_job *)user;
+    int w = dsgd_cluster_worker_id(cw);
+    size_t per_epoch = j->nb / WORKERS, k = j->next[w]++, e = k / per_epoch;
+    size_t batch = (size_t)w + (k % per_epoch) * WORKERS, n, p;
+    const size_t *idx = NULL;
+    dsgd_model *m = dsgd_cluster_worker_model(cw);
+    dsgd_ps_worker *pw = dsgd_cluster_worker_ps(cw);
+    dsgd_result r;
+    double t0;
+    if (k % per_epoch == 0) dsgd_sampler_set_epoch(&j->smp[w], (uint64_t)e);
+    n = dsgd_sampler_batch(&j->smp[w], batch, &idx);
+    dsgd_dataset_gather(j->cfg->train, idx, n, j->x[w], j->y[w]);
+    if (w != 0 || j->cfg->straggler <= 1.0) return dsgd_cluster_worker_train_step(cw, j->x[w], j->y[w], (int)n);
+    p = dsgd_model_num_params(m);
+    t0 = dsgd_now();
+    if ((r = dsgd_ps_worker_pull(pw, j->buf[w])) != DSGD_OK) return r;
+    if ((r = dsgd_model_set_params(m, j->buf[w], p)) != DSGD_OK) return r;
+    if ((r = dsgd_model_compute_gradients(m, j->x[w], j->y[w], (int)n, 1.0f / (float)n)) != DSGD_OK) return r;
+    if ((r = dsgd_model_get_grads(m, j->buf[w], p)) != DSGD_OK) return r;
+    sleep_s((j->cfg->straggler - 1.0) * (dsgd_now() - t0));
+    return dsgd_ps_worker_push(pw, j->buf[w]);
+}
+
+static int run_ps(dsgd_ctx *ctx, const run_cfg *cfg, dsgd_ps_policy policy, int staleness, int backups, row *out) {
+    dsgd_cluster_desc d;
+    dsgd_cluster *c = NULL;
+    ps_job j;
+    dsgd_ps_server_stats st;
+    int64_t steps, k;
+    int w, s, accepted = WORKERS - backups;
+    double t0, wsum = 0;
+    float *p;
+    memset(&d, 0, sizeof(d));
+    memset(&j, 0, sizeof(j));
+    d.ps.num_servers = SERVERS;
+    d.ps.num_workers = WORKERS;
+    d.ps.policy = policy;
+    d.ps.staleness = staleness;
+    d.ps.backup_workers = backups;
+    d.ps.optimizer = opt_desc(cfg, policy == DSGD_PS_ASYNC ? cfg->batch : accepted * cfg->batch);
+    if (policy == DSGD_PS_SSP) d.ps.optimizer.lr /= (float)(staleness + 1); /* staleness-aware rate */
+    d.ps.timeout_s = 120.0;
+    d.model = model_desc(cfg, cfg->batch);
+    if (dsgd_cluster_create(ctx, &d, &c) != DSGD_OK) return 0;
+    j.cfg = cfg;
+    for (w = 0; w < WORKERS; ++w) {
+        if (dsgd_sampler_init(ctx, &j.smp[w], cfg->train->n, (size_t)cfg->batch, cfg->seed, 1, 1) != DSGD_OK) return 0;
+        j.x[w] = (float *)malloc(sizeof(float) * (size_t)cfg->batch * cfg->train->dim);
+        j.y[w] = (float *)malloc(sizeof(float) * (size_t)cfg->batch);
+        j.buf[w] = (float *)malloc(sizeof(float) * dsgd_cluster_num_params(c));
+        if (!j.x[w] || !j.y[w] || !j.buf[w]) return 0;
+    }
+    j.nb = dsgd_sampler_num_batches(&j.smp[0]);
+    steps = (int64_t)(j.nb / WORKERS) * cfg->epochs; /* per worker */
+    t0 = dsgd_now();
+    /* SYNC and SSP need one push per worker per step: pin each worker's
+       closures; ASYNC and BACKUP take whichever worker is free. */
+    for (k = 0; k < steps; ++k)
+        for (w = 0; w < WORKERS; ++w) {
+            dsgd_result r = policy == DSGD_PS_SYNC || policy == DSGD_PS_SSP
+                                ? dsgd_cluster_schedule_on(c, w, ps_step, &j, NULL)
+                                : dsgd_cluster_schedule(c, ps_step, &j, NULL);
+            if (r != DSGD_OK) return 0;
+        }
+    if (dsgd_cluster_shutdown(c) != DSGD_OK) return 0;
+    out->seconds = dsgd_now() - t0;
+    p = (float *)malloc(sizeof(float) * dsgd_cluster_num_params(c));
+    if (!p || dsgd_cluster_read_params(c, p) != DSGD_OK || !evaluate(ctx, cfg, p, &out->accuracy)) return 0;
+    out->staleness_mean = 0;
+    out->staleness_max = 0;
+    for (s = 0; s < SERVERS; ++s) {
+        dsgd_cluster_server_stats(c, s, &st);
+        out->staleness_mean += st.staleness_mean * (double)st.pushes_applied;
+        wsum += (double)st.pushes_applied;
+        if (st.staleness_max > out->staleness_max) out->staleness_max = st.staleness_max;
+        if (s == 0) out->dropped = st.stale_dropped;
+    }
+    out->staleness_mean = wsum > 0 ? out->staleness_mean / wsum : 0;
+    free(p);
+    for (w = 0; w < WORKERS; ++w) {
+        free(j.x[w]);
+        free(j.y[w]);
+        free(j.buf[w]);
+        dsgd_sampler_free(&j.smp[w]);
+    }
+    dsgd_cluster_destroy(c);
+    return 1;
+}
+
+static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset *ds) {
+    char img[1024], lab[1024];
+    snprintf(img, sizeof(img), "%s/%s-images-idx3-ubyte", dir, prefix);
+    snprintf(lab, sizeof(lab), "%s/%s-labels-idx1-ubyte", dir, prefix);
+    return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
+}
+
+int main(int argc, char **argv) {
+    const char *dir = "build/data/fashion-mnist";
+    dsgd_ctx *ctx = NULL;
+    dsgd_dataset train, test;
+    run_cfg cfg;
+    row rows[5];
+    char backup_name[32];
+    int a, i, ok = 1;
+    double async_acc = 0;
+    memset(&cfg, 0, sizeof(cfg));
+    memset(rows, 0, sizeof(rows));
+    cfg.epochs = 3;
+    cfg.batch = 64;
+    cfg.backups = 1;
+    cfg.straggler = 1.0;
+    cfg.seed = 1;
+    cfg.base_lr = 0.05f;
+    for (a = 1; a < argc; ++a) {
+        if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
+        else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) cfg.epochs = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--batch") && a + 1 < argc) cfg.batch = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--straggler") && a + 1 < argc) cfg.straggler = atof(argv[++a]);
+        else if (!strcmp(argv[a], "--backups") && a + 1 < argc) cfg.backups = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--seed") && a + 1 < argc) cfg.seed = strtoull(argv[++a], NULL, 10);
+        else {
+            fprintf(stderr, "usage: %s [--data DIR] [--epochs E] [--batch B] [--straggler F] [--backups b] [--seed S]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (cfg.epochs < 1 || cfg.batch < 1 || !(cfg.straggler >= 1.0) || cfg.backups < 0 || cfg.backups >= WORKERS) {
+        fprintf(stderr, "need epochs >= 1, batch >= 1, straggler >= 1 and 0 <= backups < %d\n", WORKERS);
+        return 2;
+    }
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) return fail(ctx);
+    cfg.train = &train;
+    cfg.test = &test;
+    printf("Fashion-MNIST, MLP 784-256-128-10, %d workers x batch %d, %d epochs, SGD momentum 0.9, base lr %.3g at 128%s\n",
+           WORKERS, cfg.batch, cfg.epochs, (double)cfg.base_lr, cfg.straggler > 1.0 ? "" : "; no straggler");
+    if (cfg.straggler > 1.0) printf("worker 0 is %.1fx slower (a straggler)\n", cfg.straggler);
+    snprintf(backup_name, sizeof(backup_name), "PS sync, backups %d+%d", WORKERS - cfg.backups, cfg.backups);
+    rows[0].name = "mirrored (all-reduce)";
+    rows[1].name = "PS async";
+    rows[2].name = "PS SSP s=2";
+    rows[3].name = "PS sync";
+    rows[4].name = backup_name;
+    for (i = 0; i < 5 && ok; ++i) {
+        switch (i) {
+        case 0: ok = run_mirrored(ctx, &cfg, &rows[i]); break;
+        case 1: ok = run_ps(ctx, &cfg, DSGD_PS_ASYNC, 0, 0, &rows[i]); break;
+        case 2: ok = run_ps(ctx, &cfg, DSGD_PS_SSP, 2, 0, &rows[i]); break;
+        case 3: ok = run_ps(ctx, &cfg, DSGD_PS_SYNC, 0, 0, &rows[i]); break;
+        default: ok = run_ps(ctx, &cfg, DSGD_PS_BACKUP, 0, cfg.backups, &rows[i]); break;
+        }
+        if (ok) {
+            printf("  done: %-24s %7.1f s  test acc %.4f\n", rows[i].name, rows[i].seconds, rows[i].accuracy);
+            fflush(stdout);
+        }
+    }
+    if (!ok) return fail(ctx);
+    async_acc = rows[1].accuracy;
+    printf("\n| %-24s | %8s | %9s | %15s | %14s | %7s |\n", "row", "wall s", "test acc", "staleness mean", "staleness max",
+           "dropped");
+    printf("|%s|%s|%s|%s|%s|%s|\n", "--------------------------", "----------", "-----------", "-----------------",
+           "----------------", "---------");
+    for (i = 0; i < 5; ++i)
+        printf("| %-24s | %8.1f | %9.4f | %15.2f | %14lld | %7lld |\n", rows[i].name, rows[i].seconds, rows[i].accuracy,
+               rows[i].staleness_mean, rows[i].staleness_max, rows[i].dropped);
+    printf("\nasync PS test accuracy %.4f (%s 85%%)\n", async_acc, async_acc >= 0.85 ? ">=" : "BELOW");
+    dsgd_dataset_free(&train);
+    dsgd_dataset_free(&test);
+    dsgd_ctx_destroy(ctx);
+    return async_acc >= 0.85 ? 0 : 1;
+}

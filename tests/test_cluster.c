@@ -1,0 +1,500 @@
+/* test_cluster.c - the cluster coordinator (distsgd/coordinator.h) over the
+   parameter-server engine.
+
+   The model is a small MLP (20 -> 16 relu -> 8 tanh -> 5, softmax
+   cross-entropy, 517 parameters) on the tests' seeded data; closures train
+   on batch i of a fixed list, chosen by their own argument.
+
+   What is asserted, and how:
+   - ASYNC with one worker and the variables on two servers trains, closure
+     after closure, the bits of one model trained with dsgd_optimizer_step on
+     the same batches (SGD and momentum): the servers apply the optimizer's
+     own code to their shards.
+   - SYNC with two workers, each step's closures pinned one per worker
+     (dsgd_cluster_schedule_on), trains the mirrored strategy's weights with
+     2 replicas on the same global batches, within float reassociation
+     (1e-5 relative).
+   - Every scheduled closure runs exactly once (a counter per closure) with
+     4 workers; each server applied one push per closure (its counters), and
+     its staleness histogram sums to its applied pushes.
+   - A closure that fails: join returns its code and a message naming the
+     closure and its worker, fetch returns it too, the others succeed, and
+     the cluster goes on.
+   - A worker killed between closures: every closure still runs exactly once,
+     on the others. A worker that kills itself inside a closure (before its
+     push): that closure runs again elsewhere (at least once: here twice),
+     join succeeds, one worker fewer is alive. With no worker left, join and
+     schedule fail instead of waiting.
+   - A server that dies (its endpoint starts failing after some messages):
+     join returns an error that names that server, within the deadline.
+   - Bad arguments and calls out of order return their codes.
+
+   Build: make test (or, from the repository root,
+   cc -std=c99 -I. tests/test_cluster.c -lcmocka -lm -lpthread). */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <signal.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, NBATCH = 64 };
+
+static const dsgd_layer_desc LAYERS[3] = {
+    {16, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+    {8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+    {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO},
+};
+
+static float g_x[NBATCH][B * IN], g_y[NBATCH][B];
+
+static void watchdog_fire(int sig) {
+    (void)sig;
+    fprintf(stderr, "test_cluster: watchdog: a test hung\n");
+    _exit(3);
+}
+
+static void watchdog_arm(unsigned seconds) {
+    signal(SIGALRM, watchdog_fire);
+    alarm(seconds);
+}
+
+static void make_data(void) {
+    tu_rng r = tu_rng_make(31337);
+    int b, i;
+    for (b = 0; b < NBATCH; ++b) {
+        tu_fill(&r, g_x[b], B * IN, -1.0f, 1.0f);
+        for (i = 0; i < B; ++i) g_y[b][i] = (float)tu_below(&r, OUT);
+    }
+}
+
+static dsgd_model_desc model_desc(void) {
+    dsgd_model_desc md;
+    memset(&md, 0, sizeof(md));
+    md.input_dim = IN;
+    md.layers = LAYERS;
+    md.num_layers = 3;
+    md.max_batch = B;
+    md.seed = 424242u;
+    return md;
+}
+
+static dsgd_optimizer_desc opt_desc(dsgd_optimizer_kind k) {
+    dsgd_optimizer_desc od;
+    memset(&od, 0, sizeof(od));
+    od.kind = k;
+    od.lr = k == DSGD_OPT_MOMENTUM ? 0.05f : 0.1f;
+    od.momentum = 0.9f;
+    return od;
+}
+
+static dsgd_cluster_desc cluster_desc(int P, int W, dsgd_ps_policy policy, dsgd_optimizer_kind opt) {
+    dsgd_cluster_desc d;
+    memset(&d, 0, sizeof(d));
+    d.ps.num_servers = P;
+    d.ps.num_workers = W;
+    d.ps.policy = policy;
+    d.ps.optimizer = opt_desc(opt);
+    d.ps.timeout_s = 10.0;
+    d.model = model_desc();
+    return d;
+}
+
+static dsgd_cluster *cluster_make(dsgd_ctx *ctx, const dsgd_cluster_desc *d) {
+    dsgd_cluster *c = NULL;
+    TU_OK(ctx, dsgd_cluster_create(ctx, d, &c));
+    assert_non_null(c);
+    assert_int_equal((int)dsgd_cluster_num_params(c), NPARAMS);
+    return c;
+}
+
+/* ---------------------------------------------------------------- closures */
+
+/* A closure's argument: which batch, and a run counter. */
+typedef struct job {
+    int batch;
+    int runs;       /* atomic */
+    int fail;       /* return this code instead of training (0: train) */
+    int kill_self;  /* on its first run, kill its own worker before the step */
+    dsgd_cluster *c;
+    int worker;     /* atomic: the last worker that ran it */
+} job;
+
+static dsgd_result train_closure(dsgd_cluster_worker *w, void *user) {
+    job *j = (job *)user;
+    int run = __atomic_add_fetch(&j->runs, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&j->worker, dsgd_cluster_worker_id(w), __ATOMIC_SEQ_CST);
+    if (j->fail)
+        return dsgd_ctx_set_error(dsgd_cluster_worker_ctx(w), (dsgd_result)j->fail, "job %d failed on purpose",
+                                  j->batch);
+    if (j->kill_self && run == 1) dsgd_cluster_kill_worker(j->c, dsgd_cluster_worker_id(w));
+    return dsgd_cluster_worker_train_step(w, g_x[j->batch % NBATCH], g_y[j->batch % NBATCH], B);
+}
+
+static void read_params(dsgd_ctx *ctx, dsgd_cluster *c, float *p) {
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    TU_OK(ctx, dsgd_cluster_read_params(c, p));
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_async_one_worker_bitwise(void **state) {
+    static const dsgd_optimizer_kind opts[2] = {DSGD_OPT_SGD, DSGD_OPT_MOMENTUM};
+    dsgd_ctx *ctx = tu_ctx();
+    int k, i;
+    (void)state;
+    watchdog_arm(60);
+    for (k = 0; k < 2; ++k) {
+        dsgd_cluster_desc d = cluster_desc(2, 1, DSGD_PS_ASYNC, opts[k]);
+        dsgd_model_desc md = model_desc();
+        dsgd_optimizer_desc od = opt_desc(opts[k]);
+        dsgd_model *m = NULL;
+        dsgd_optimizer *o = NULL;
+        dsgd_cluster *c;
+        job jobs[20];
+        float pc[NPARAMS], pm[NPARAMS];
+        d.partitioner.kind = DSGD_PARTITIONER_FIXED_SHARDS; /* rows of each variable on both servers */
+        d.partitioner.num_shards = 2;
+        c = cluster_make(ctx, &d);
+        memset(jobs, 0, sizeof(jobs));
+        for (i = 0; i < 20; ++i) {
+            jobs[i].batch = i;
+            TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+        }
+        TU_OK(ctx, dsgd_cluster_join(c));
+        read_params(ctx, c, pc);
+        TU_OK(ctx, dsgd_model_create(ctx, &md, &m));
+        TU_OK(ctx, dsgd_optimizer_create(m, &od, &o));
+        for (i = 0; i < 20; ++i) {
+            TU_OK(ctx, dsgd_model_compute_gradients(m, g_x[i], g_y[i], B, 1.0f / B));
+            TU_OK(ctx, dsgd_optimizer_step(o));
+        }
+        TU_OK(ctx, dsgd_model_get_params(m, pm, NPARAMS));
+        assert_memory_equal(pc, pm, sizeof(pc));
+        {   /* and they trained: far from a fresh model's weights */
+            dsgd_model *fresh = NULL;
+            float p0[NPARAMS];
+            TU_OK(ctx, dsgd_model_create(ctx, &md, &fresh));
+            TU_OK(ctx, dsgd_model_get_params(fresh, p0, NPARAMS));
+            assert_true(tu_rel_err(pc, p0, NPARAMS) > 1e-2);
+            dsgd_model_destroy(fresh);
+        }
+        dsgd_optimizer_destroy(o);
+        dsgd_model_destroy(m);
+        dsgd_cluster_destroy(c);
+    }
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+static void test_sync_pinned_matches_mirrored(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_cluster_desc d = cluster_desc(2, 2, DSGD_PS_SYNC, DSGD_OPT_MOMENTUM);
+    dsgd_strategy_desc sd;
+    dsgd_strategy *s = NULL;
+    dsgd_cluster *c;
+    job jobs[2 * 10];
+    float pc[NPARAMS], pm[NPARAMS], x[2 * B * IN], y[2 * B];
+    int step, w;
+    double err;
+    (void)state;
+    watchdog_arm(60);
+    c = cluster_make(ctx, &d);
+    memset(jobs, 0, sizeof(jobs));
+    for (step = 0; step < 10; ++step)
+        for (w = 0; w < 2; ++w) {
+            jobs[2 * step + w].batch = 2 * step + w;
+            TU_OK(ctx, dsgd_cluster_schedule_on(c, w, train_closure, &jobs[2 * step + w], NULL));
+        }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    for (step = 0; step < 20; ++step) assert_int_equal(jobs[step].worker, step % 2);
+    read_params(ctx, c, pc);
+    memset(&sd, 0, sizeof(sd));
+    sd.kind = DSGD_STRATEGY_MIRRORED;
+    sd.num_replicas = 2;
+    sd.model = model_desc();
+    sd.optimizer = opt_desc(DSGD_OPT_MOMENTUM);
+    TU_OK(ctx, dsgd_strategy_create(ctx, &sd, &s));
+    for (step = 0; step < 10; ++step) {
+        memcpy(x, g_x[2 * step], sizeof(g_x[0]));
+        memcpy(x + B * IN, g_x[2 * step + 1], sizeof(g_x[0]));
+        memcpy(y, g_y[2 * step], sizeof(g_y[0]));
+        memcpy(y + B, g_y[2 * step + 1], sizeof(g_y[0]));
+        TU_OK(ctx, dsgd_strategy_train_step(s, x, y, 2 * B, NULL));
+    }
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), pm, NPARAMS));
+    err = tu_rel_err(pc, pm, NPARAMS);
+    printf("    SYNC 2 workers vs mirrored N=2: rel err %.3g\n", err);
+    assert_true(err <= 1e-5);
+    dsgd_strategy_destroy(s);
+    dsgd_cluster_destroy(c);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+static void test_every_closure_once(void **state) {
+    enum { N = 200 };
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_cluster_desc d = cluster_desc(2, 4, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    dsgd_cluster *c;
+    static job jobs[N];
+    int i, s, b;
+    (void)state;
+    watchdog_arm(120);
+    c = cluster_make(ctx, &d);
+    memset(jobs, 0, sizeof(jobs));
+    for (i = 0; i < N; ++i) {
+        int64_t h;
+        jobs[i].batch = i;
+        TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], &h));
+        assert_int_equal((int)h, i);
+    }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    for (i = 0; i < N; ++i) assert_int_equal(jobs[i].runs, 1);
+    TU_OK(ctx, dsgd_cluster_fetch(c, N - 1));
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    for (s = 0; s < 2; ++s) {
+        dsgd_ps_server_stats st;
+        int64_t sum = 0;
+        dsgd_cluster_server_stats(c, s, &st);
+        assert_int_equal((int)st.pushes_applied, N);
+        assert_int_equal((int)st.version, N);
+        for (b = 0; b < st.staleness_bins; ++b) sum += st.staleness_hist[b];
+        assert_int_equal((int)sum, N);
+        printf("    server %d: %lld pushes, staleness mean %.2f max %lld\n", s, (long long)st.pushes_applied,
+               st.staleness_mean, (long long)st.staleness_max);
+    }
+    dsgd_cluster_destroy(c);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+static void test_failing_closure(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_cluster_desc d = cluster_desc(1, 2, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    dsgd_cluster *c;
+    job jobs[12];
+    int i;
+    (void)state;
+    watchdog_arm(60);
+    c = cluster_make(ctx, &d);
+    memset(jobs, 0, sizeof(jobs));
+    for (i = 0; i < 10; ++i) {
+        jobs[i].batch = i;
+        jobs[i].fail = i == 5 ? (int)DSGD_ERR_SHAPE : 0;
+        TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+    }
+    TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_cluster_join(c));
+    printf("    join: %s\n", dsgd_ctx_last_error(ctx));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "closure #5 on worker"));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "job 5 failed on purpose"));
+    TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_cluster_fetch(c, 5));
+    TU_OK(ctx, dsgd_cluster_fetch(c, 4));
+    for (i = 0; i < 10; ++i) assert_int_equal(jobs[i].runs, 1);
+    /* the cluster goes on, and a later join reports only later failures */
+    for (i = 10; i < 12; ++i) {
+        jobs[i].batch = i;
+        TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+    }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    assert_int_equal(dsgd_cluster_workers_alive(c), 2);
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    dsgd_cluster_destroy(c);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+static void test_lost_workers(void **state) {
+    enum { N = 40 };
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_cluster_desc d = cluster_desc(2, 3, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    dsgd_cluster *c;
+    static job jobs[N];
+    int i;
+    (void)state;
+    watchdog_arm(120);
+    c = cluster_make(ctx, &d);
+    memset(jobs, 0, sizeof(jobs));
+    /* between closures: worker 1 is lost after the first 10 */
+    for (i = 0; i < 10; ++i) {
+        jobs[i].batch = i;
+        TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+    }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    TU_OK(ctx, dsgd_cluster_kill_worker(c, 1));
+    for (i = 10; i < 30; ++i) {
+        jobs[i].batch = i;
+        TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+    }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    for (i = 0; i < 30; ++i) assert_int_equal(jobs[i].runs, 1);
+    for (i = 10; i < 30; ++i) assert_true(jobs[i].worker != 1);
+    assert_int_equal(dsgd_cluster_workers_alive(c), 2);
+    /* inside a closure, before its push: it runs again on the other worker */
+    for (i = 30; i < N; ++i) {
+        jobs[i].batch = i;
+        jobs[i].c = c;
+        jobs[i].kill_self = i == 33;
+        TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+    }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    for (i = 30; i < N; ++i) assert_int_equal(jobs[i].runs, i == 33 ? 2 : 1);
+    assert_int_equal(dsgd_cluster_workers_alive(c), 1);
+    TU_OK(ctx, dsgd_cluster_fetch(c, 33));
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    dsgd_cluster_destroy(c);
+
+    /* no worker left: schedule and join fail, nothing waits */
+    d = cluster_desc(1, 1, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    c = cluster_make(ctx, &d);
+    memset(jobs, 0, sizeof(jobs));
+    jobs[0].c = c;
+    jobs[0].kill_self = 1;
+    TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[0], NULL));
+    TU_ERR(ctx, DSGD_ERR_ABORTED, dsgd_cluster_join(c));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "no worker is left"));
+    TU_ERR(ctx, DSGD_ERR_ABORTED, dsgd_cluster_fetch(c, 0));
+    TU_ERR(ctx, DSGD_ERR_ABORTED, dsgd_cluster_schedule(c, train_closure, &jobs[1], NULL));
+    dsgd_cluster_destroy(c);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+/* A transport whose server-1 endpoint dies after a number of probes: every
+   later probe fails, as if the machine had gone. */
+typedef struct dying {
+    dsgd_transport_i inner;
+    int probes_left;
+} dying;
+
+static dsgd_result dying_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    dying *d = (dying *)impl;
+    return d->inner.send(d->inner.impl, dst, tag, buf, bytes, deadline);
+}
+
+static dsgd_result dying_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    dying *d = (dying *)impl;
+    return d->inner.recv(d->inner.impl, src, tag, buf, bytes, deadline);
+}
+
+static dsgd_result dying_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dying *d = (dying *)impl;
+    if (d->probes_left-- <= 0) {
+        *src = -1;
+        return DSGD_ERR_ABORTED;
+    }
+    return d->inner.probe(d->inner.impl, deadline, src, tag, bytes);
+}
+
+static void test_server_dies(void **state) {
+    enum { P = 2, W = 2, N = 40 };
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_cluster_desc d = cluster_desc(P, W, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[P + W];
+    dying dy;
+    dsgd_cluster *c;
+    static job jobs[N];
+    double t0;
+    int i;
+    (void)state;
+    watchdog_arm(60);
+    TU_OK(ctx, dsgd_loopback_create(ctx, P + W, &hub));
+    for (i = 0; i < P + W; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    dy.inner = eps[1];
+    dy.probes_left = 12;
+    eps[1].impl = &dy;
+    eps[1].send = dying_send;
+    eps[1].recv = dying_recv;
+    eps[1].probe = dying_probe;
+    eps[1].sendrecv = NULL;
+    eps[1].sendrecv_reduce = NULL;
+    eps[1].share = NULL;
+    eps[1].unshare = NULL;
+    eps[1].error_message = NULL;
+    d.endpoints = eps;
+    c = cluster_make(ctx, &d);
+    memset(jobs, 0, sizeof(jobs));
+    t0 = dsgd_now();
+    for (i = 0; i < N; ++i) {
+        jobs[i].batch = i;
+        if (dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL) != DSGD_OK) break;
+    }
+    assert_true(dsgd_cluster_join(c) != DSGD_OK);
+    printf("    join after %.3f s: %s\n", dsgd_now() - t0, dsgd_ctx_last_error(ctx));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "server 1 failed"));
+    assert_true(dsgd_now() - t0 < 5.0);
+    TU_ERR(ctx, DSGD_ERR_ABORTED, dsgd_cluster_schedule(c, train_closure, &jobs[0], NULL));
+    assert_true(dsgd_cluster_shutdown(c) != DSGD_OK);
+    dsgd_cluster_destroy(c);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+static void test_bad_arguments(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_cluster_desc d = cluster_desc(0, 2, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    dsgd_cluster *c = NULL;
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[3];
+    float p[NPARAMS];
+    int i;
+    job j;
+    (void)state;
+    watchdog_arm(60);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_create(ctx, &d, &c));
+    assert_null(c);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "0 servers"));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_create(ctx, NULL, &c));
+    assert_int_equal(dsgd_cluster_create(NULL, &d, &c), DSGD_ERR_INVALID_ARGUMENT);
+    d = cluster_desc(1, 2, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    TU_OK(ctx, dsgd_loopback_create(ctx, 3, &hub));
+    for (i = 0; i < 3; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    eps[2].probe = NULL;
+    d.endpoints = eps;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_create(ctx, &d, &c));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "endpoints[2]"));
+    d.endpoints = NULL;
+    d.ps.optimizer.clip_norm = 1.0f; /* the engine's rule */
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_create(ctx, &d, &c));
+    d.ps.optimizer.clip_norm = 0.0f;
+    c = cluster_make(ctx, &d);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_schedule(c, NULL, NULL, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_schedule_on(c, 2, train_closure, &j, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_schedule_on(c, -1, train_closure, &j, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_fetch(c, 0));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_kill_worker(c, 5));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_cluster_read_params(c, p));
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_cluster_shutdown(c));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_cluster_schedule(c, train_closure, &j, NULL));
+    TU_OK(ctx, dsgd_cluster_read_params(c, p));
+    dsgd_cluster_destroy(c);
+    dsgd_cluster_destroy(NULL);
+    assert_int_equal(dsgd_cluster_join(NULL), DSGD_ERR_INVALID_ARGUMENT);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_async_one_worker_bitwise),
+        cmocka_unit_test(test_sync_pinned_matches_mirrored),
+        cmocka_unit_test(test_every_closure_once),
+        cmocka_unit_test(test_failing_closure),
+        cmocka_unit_test(test_lost_workers),
+        cmocka_unit_test(test_server_dies),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    make_data();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
