@@ -225,7 +225,8 @@ SRC
     # (elapsed seconds, ETA, samples/s) and nothing else: training is
     # deterministic, so losses and accuracies must match digit for digit.
     normalise() {
-        sed -E -e 's/in [0-9.]+ s/in T s/g' -e 's/ETA [0-9.]+ s/ETA T s/g' -e 's|[0-9.]+ samples/s|N samples/s|g'
+        sed -E -e 's/in [0-9.]+ s/in T s/g' -e 's/ETA [0-9.]+ s/ETA T s/g' -e 's|[0-9.]+ samples/s|N samples/s|g' \
+            -e 's/^(  done: .{24}) +[0-9.]+ s /\1 T s /' -e 's/^(\| [^|]*\| +)[0-9.]+ \|/\1T |/'
     }
     # same_output NAME [ARGS...]: examples/NAME.c with its #include of
     # ../distsgd.h or ../distsgd_cl.h rewritten to the single include (and
@@ -262,6 +263,7 @@ SRC
         args=() data=
         case $ex in
         train_fashion_mnist | mirrored_mlp) data=$FMNIST args=(--data "$FMNIST" --epochs 1) ;;
+        sync_vs_async) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --rows mirrored,sync) ;; # the rows with fixed bits
         esac
         name="$src on single_include/distsgd.h"
         if is_cl_example "$ex"; then
