@@ -272,6 +272,19 @@ static int run_ps(dsgd_ctx *ctx, const run_cfg *cfg, dsgd_ps_policy policy, int 
     return 1;
 }
 
+/* Whether the comma-separated list holds word (whole items only). */
+static int has_word(const char *list, const char *word) {
+    size_t n = strlen(word);
+    const char *p = list;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, word, n)) return 1;
+        p += len;
+        if (*p == ',') ++p;
+    }
+    return 0;
+}
+
 static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset *ds) {
     char img[1024], lab[1024];
     snprintf(img, sizeof(img), "%s/%s-images-idx3-ubyte", dir, prefix);
@@ -330,7 +343,20 @@ int main(int argc, char **argv) {
     rows[2].name = "PS SSP s=2";
     rows[3].name = "PS sync";
     rows[4].name = backup_name;
-    for (i = 0; i < 5; ++i) run[i] = strstr(only, keys[i]) != NULL;
+    for (i = 0, a = 0; i < 5; ++i) a += run[i] = has_word(only, keys[i]);
+    {   /* every item must name a row */
+        const char *p = only;
+        int items = 0;
+        while (*p) {
+            p += strcspn(p, ",");
+            ++items;
+            if (*p == ',') ++p;
+        }
+        if (a == 0 || a != items) {
+            fprintf(stderr, "--rows takes a comma-separated list of mirrored, async, ssp, sync, backup\n");
+            return 2;
+        }
+    }
     for (i = 0; i < 5 && ok; ++i) {
         if (!run[i]) continue;
         switch (i) {
