@@ -9,10 +9,11 @@
    per-replica batch. Rounds of every configuration are interleaved and
    medians printed, since this machine is noisy.
 
-   Then the servers' apply: one optimizer update (momentum) of a server's
-   share of the parameters against one axpy of the same floats on the same
-   CPU backend, the rate the server's update should run at (a memory-bound
-   pass; momentum reads and writes three arrays where axpy touches two).
+   Then the servers' apply: one optimizer update (SGD, then momentum) of a
+   server's share of the parameters against one axpy of the same floats on
+   the same CPU backend. Both are memory-bound passes: SGD moves the bytes
+   axpy moves (ratio near 1), momentum also reads and writes its slot (5
+   streams against 3: about 1.7).
 
    Threads: P + W (or N) threads on this machine's cores, oversubscribed
    beyond them; say so with the numbers.
@@ -118,9 +119,11 @@ static dsgd_ref ref(dsgd_buffer *b) {
     return r;
 }
 
-/* Median seconds of one momentum update and of one axpy over n floats on a
-   CPU backend (what a server holding n floats runs per applied push). */
-static void time_apply(dsgd_ctx *ctx, size_t n, int reps, double *update_s, double *axpy_s) {
+/* Median seconds of one optimizer update (SGD or momentum) and of one axpy
+   over n floats on a CPU backend (what a server holding n floats runs per
+   applied push). */
+static void time_apply(dsgd_ctx *ctx, dsgd_optimizer_kind kind, size_t n, int reps, double *update_s,
+                       double *axpy_s) {
     dsgd_backend_i be;
     dsgd_buffer *p = NULL, *g = NULL, *m = NULL;
     dsgd_opt_update u;
@@ -134,7 +137,7 @@ static void time_apply(dsgd_ctx *ctx, size_t n, int reps, double *update_s, doub
     be.fill(be.impl, ref(g), 0.5f, n);
     be.fill(be.impl, ref(m), 0.0f, n);
     memset(&u, 0, sizeof(u));
-    u.kind = DSGD_OPT_MOMENTUM;
+    u.kind = kind;
     u.lr = 1e-6f;
     u.momentum = 0.9f;
     u.grad_scale = 1.0f;
@@ -212,13 +215,18 @@ int main(int argc, char **argv) {
         dsgd_model_destroy(m);
     }
     for (pi = 0; pi < NP; ++pi) {
-        double us, as;
-        size_t n = nparams / (size_t)Ps[pi];
-        time_apply(ctx, n, 41, &us, &as);
-        printf("server apply, P=%d (%zu floats): momentum update %.1f us, axpy %.1f us, ratio %.2f\n", Ps[pi], n,
-               1e6 * us, 1e6 * as, us / as);
-        printf("ps apply servers=%d floats=%zu update_us=%.2f axpy_us=%.2f ratio=%.4f\n", Ps[pi], n, 1e6 * us, 1e6 * as,
-               us / as);
+        static const dsgd_optimizer_kind kinds[2] = {DSGD_OPT_SGD, DSGD_OPT_MOMENTUM};
+        int ki;
+        for (ki = 0; ki < 2; ++ki) {
+            double us, as;
+            size_t n = nparams / (size_t)Ps[pi];
+            const char *kn = kinds[ki] == DSGD_OPT_SGD ? "sgd" : "momentum";
+            time_apply(ctx, kinds[ki], n, 41, &us, &as);
+            printf("server apply, P=%d (%zu floats): %s update %.1f us, axpy %.1f us, ratio %.2f\n", Ps[pi], n, kn,
+                   1e6 * us, 1e6 * as, us / as);
+            printf("ps apply servers=%d floats=%zu optimizer=%s update_us=%.2f axpy_us=%.2f ratio=%.4f\n", Ps[pi], n, kn,
+                   1e6 * us, 1e6 * as, us / as);
+        }
     }
     for (i = 0; i < NC; ++i) free(t[i]);
     free(g_x);

@@ -34,8 +34,11 @@
 
      Failures, as TF documents them:
        - A closure that returns an error keeps it as its result (fetch),
-         and the next join returns the first failed closure since the last
-         join, naming the closure and the worker. Its worker goes on, unless
+         and the error surfaces from the next schedule or join, as in TF:
+         that call returns the first failure not yet surfaced, naming the
+         closure and the worker (a schedule that returns it schedules
+         nothing; a join surfaces every failure it waited for). The worker
+         goes on, unless
          the worker's own engine failed (a deadline, a broken transport):
          then that worker stops taking closures.
        - A worker that is lost (dsgd_cluster_kill_worker, for tests and
@@ -101,11 +104,14 @@ DSGD_API dsgd_result dsgd_cluster_create(dsgd_ctx *ctx, const dsgd_cluster_desc 
 DSGD_API void dsgd_cluster_destroy(dsgd_cluster *c);
 
 /* Queues fn(worker, user_data) to run once on some worker; *handle (may be
-   NULL) names it for dsgd_cluster_fetch. Handles count from 0.
+   NULL) names it for dsgd_cluster_fetch. Handles count from 0. When an
+   earlier closure has failed and no schedule or join has returned that
+   yet, nothing is queued and its error is returned (*handle = -1).
    Errors (recorded on the coordinator's ctx): DSGD_ERR_INVALID_ARGUMENT (c
    NULL, nothing recorded; fn NULL), DSGD_ERR_STATE (after shutdown),
    DSGD_ERR_ABORTED (no worker is left, or a server failed: the message
-   names it), DSGD_ERR_OUT_OF_MEMORY.
+   names it), DSGD_ERR_OUT_OF_MEMORY, an earlier closure's error ("closure
+   #h on worker w: ...").
    Thread safety: the coordinator. */
 DSGD_API dsgd_result dsgd_cluster_schedule(dsgd_cluster *c, dsgd_closure_fn fn, void *user_data,
                                            int64_t *handle);
@@ -121,8 +127,9 @@ DSGD_API dsgd_result dsgd_cluster_schedule_on(dsgd_cluster *c, int worker, dsgd_
    Errors: DSGD_ERR_INVALID_ARGUMENT (c NULL, nothing recorded); a server's
    error if one failed ("server s failed: ..."); DSGD_ERR_ABORTED when no
    worker is left with closures still queued; else the result of the first
-   closure since the last join that failed, its message prefixed
-   "closure #h on worker w: "; DSGD_OK.
+   failed closure that no schedule or join returned yet, its message
+   prefixed "closure #h on worker w: " (every other failure so far counts
+   as surfaced with it); DSGD_OK.
    Thread safety: the coordinator. */
 DSGD_API dsgd_result dsgd_cluster_join(dsgd_cluster *c);
 /* Waits for closure `handle` and returns its result (its message copied to
@@ -214,6 +221,7 @@ typedef struct dsgd__closure {
     int worker; /* the worker that ran it last */
     dsgd_result result;
     char *msg;  /* a failure's message (allocated), or NULL */
+    int surfaced; /* its failure was returned by a schedule or a join */
 } dsgd__closure;
 
 /* A double-ended queue of closure handles (retries go in front). */
@@ -266,7 +274,7 @@ struct dsgd_cluster {
     int64_t ncl, capcl;
     dsgd__cl_queue shared;  /* closures any worker may run */
     int64_t pending;        /* queued + running */
-    int64_t joined;         /* closures below this were reported by a join */
+    int64_t fail_first;     /* the first failed closure not yet surfaced, -1: none */
     int alive;              /* workers taking closures */
     int server_failed;      /* the first failed server + 1, 0: none */
     int stopping, down;
@@ -374,6 +382,7 @@ static void dsgd__cluster_finish_closure(dsgd_cluster *c, dsgd_cluster_worker *w
         size_t len = strlen(m);
         k->msg = (char *)DSGD_MALLOC(len + 1);
         if (k->msg) memcpy(k->msg, m, len + 1);
+        if (c->fail_first < 0 || h < c->fail_first) c->fail_first = h;
     }
     c->pending--;
     pthread_cond_broadcast(&c->cv_done);
@@ -571,6 +580,7 @@ DSGD_API dsgd_result dsgd_cluster_create(dsgd_ctx *ctx, const dsgd_cluster_desc 
     c->d = *desc;
     c->P = desc->ps.num_servers;
     c->W = desc->ps.num_workers;
+    c->fail_first = -1;
     if (c->d.model.max_batch == 0) c->d.model.max_batch = DSGD_DEFAULT_MAX_BATCH;
     c->servers = (dsgd__cluster_server *)dsgd__alloc(ctx, sizeof(dsgd__cluster_server) * (size_t)c->P, what);
     c->workers = (dsgd_cluster_worker *)dsgd__alloc(ctx, sizeof(dsgd_cluster_worker) * (size_t)c->W, what);
@@ -610,6 +620,35 @@ static dsgd_result dsgd__cluster_fatal(dsgd_cluster *c, const char *what) {
     return DSGD_OK;
 }
 
+/* Copies closure h's failure to the coordinator's ctx. */
+static dsgd_result dsgd__cluster_closure_error(dsgd_cluster *c, int64_t h, const char *what) {
+    const dsgd__closure *k = &c->cl[h];
+    return dsgd_ctx_set_error(c->ctx, k->result, "%s: closure #%lld on worker %d: %s", what, (long long)h, k->worker,
+                              k->msg ? k->msg : dsgd_result_string(k->result));
+}
+
+/* Returns the first failure not yet surfaced (under mu) and marks it; all
+   of them when `all` (a join reports one error for everything it waited
+   for). DSGD_OK when there is none. */
+static dsgd_result dsgd__cluster_surface(dsgd_cluster *c, int all, const char *what) {
+    int64_t h = c->fail_first, k;
+    dsgd_result r;
+    if (h < 0) return DSGD_OK;
+    r = dsgd__cluster_closure_error(c, h, what);
+    c->cl[h].surfaced = 1;
+    c->fail_first = -1;
+    for (k = h + 1; k < c->ncl; ++k) {
+        dsgd__closure *q = &c->cl[k];
+        if (q->state != DSGD__CL_DONE || q->result == DSGD_OK || q->surfaced) continue;
+        if (!all) {
+            c->fail_first = k;
+            break;
+        }
+        q->surfaced = 1;
+    }
+    return r;
+}
+
 /* Schedules on worker w's own queue, or (w < 0) the shared one. */
 static dsgd_result dsgd__cluster_schedule(dsgd_cluster *c, int w, dsgd_closure_fn fn, void *user_data,
                                          int64_t *handle, const char *what) {
@@ -623,6 +662,7 @@ static dsgd_result dsgd__cluster_schedule(dsgd_cluster *c, int w, dsgd_closure_f
     if (r == DSGD_OK && c->alive == 0)
         r = dsgd_ctx_set_error(c->ctx, DSGD_ERR_ABORTED, "%s: no worker is left", what);
     if (r == DSGD_OK) r = dsgd__cluster_fatal(c, what);
+    if (r == DSGD_OK) r = dsgd__cluster_surface(c, 0, what); /* an earlier closure's failure: not scheduled */
     if (r == DSGD_OK && c->ncl == c->capcl) {
         int64_t cap = c->capcl ? 2 * c->capcl : 64;
         dsgd__closure *n = (dsgd__closure *)DSGD_REALLOC(c->cl, sizeof(dsgd__closure) * (size_t)cap);
@@ -667,24 +707,14 @@ DSGD_API dsgd_result dsgd_cluster_schedule_on(dsgd_cluster *c, int worker, dsgd_
     return dsgd__cluster_schedule(c, worker, fn, user_data, handle, "dsgd_cluster_schedule_on");
 }
 
-/* Copies closure h's failure to the coordinator's ctx. */
-static dsgd_result dsgd__cluster_closure_error(dsgd_cluster *c, int64_t h, const char *what) {
-    const dsgd__closure *k = &c->cl[h];
-    return dsgd_ctx_set_error(c->ctx, k->result, "%s: closure #%lld on worker %d: %s", what, (long long)h, k->worker,
-                              k->msg ? k->msg : dsgd_result_string(k->result));
-}
-
 DSGD_API dsgd_result dsgd_cluster_join(dsgd_cluster *c) {
     const char *what = "dsgd_cluster_join";
     dsgd_result r;
-    int64_t h;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&c->mu);
     while (c->pending > 0 && c->alive > 0 && !c->server_failed) pthread_cond_wait(&c->cv_done, &c->mu);
     r = dsgd__cluster_fatal(c, what);
-    for (h = c->joined; r == DSGD_OK && h < c->ncl; ++h)
-        if (c->cl[h].state == DSGD__CL_DONE && c->cl[h].result != DSGD_OK) r = dsgd__cluster_closure_error(c, h, what);
-    if (c->pending == 0) c->joined = c->ncl;
+    if (r == DSGD_OK) r = dsgd__cluster_surface(c, 1, what);
     pthread_mutex_unlock(&c->mu);
     return r;
 }

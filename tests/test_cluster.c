@@ -19,7 +19,8 @@
      its staleness histogram sums to its applied pushes.
    - A closure that fails: join returns its code and a message naming the
      closure and its worker, fetch returns it too, the others succeed, and
-     the cluster goes on.
+     the cluster goes on. A failure not yet surfaced comes back from the
+     next schedule instead, which then queues nothing.
    - A worker killed between closures: every closure still runs exactly once,
      on the others. A worker that kills itself inside a closure (before its
      push): that closure runs again elsewhere (at least once: here twice),
@@ -280,7 +281,7 @@ static void test_failing_closure(void **state) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_cluster_desc d = cluster_desc(1, 2, DSGD_PS_ASYNC, DSGD_OPT_SGD);
     dsgd_cluster *c;
-    job jobs[12];
+    job jobs[14];
     int i;
     (void)state;
     watchdog_arm(60);
@@ -298,8 +299,22 @@ static void test_failing_closure(void **state) {
     TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_cluster_fetch(c, 5));
     TU_OK(ctx, dsgd_cluster_fetch(c, 4));
     for (i = 0; i < 10; ++i) assert_int_equal(jobs[i].runs, 1);
+    /* a failure not yet surfaced comes back from the next schedule, which
+       then queues nothing; once surfaced it is not returned again */
+    jobs[10].batch = 10;
+    jobs[10].fail = (int)DSGD_ERR_BACKEND;
+    TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[10], NULL));
+    TU_ERR(ctx, DSGD_ERR_BACKEND, dsgd_cluster_fetch(c, 10));
+    {
+        int64_t h = 99;
+        TU_ERR(ctx, DSGD_ERR_BACKEND, dsgd_cluster_schedule(c, train_closure, &jobs[11], &h));
+        assert_int_equal((int)h, -1);
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "dsgd_cluster_schedule: closure #10 on worker"));
+    }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    assert_int_equal(jobs[11].runs, 0);
     /* the cluster goes on, and a later join reports only later failures */
-    for (i = 10; i < 12; ++i) {
+    for (i = 12; i < 14; ++i) {
         jobs[i].batch = i;
         TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
     }
