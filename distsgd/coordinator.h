@@ -185,6 +185,32 @@ DSGD_API int dsgd_cluster_worker_id(const dsgd_cluster_worker *w);
 DSGD_API dsgd_model *dsgd_cluster_worker_model(dsgd_cluster_worker *w);
 DSGD_API dsgd_ps_worker *dsgd_cluster_worker_ps(dsgd_cluster_worker *w);
 DSGD_API dsgd_ctx *dsgd_cluster_worker_ctx(dsgd_cluster_worker *w);
+/* Per-worker datasets (TF's create_per_worker_dataset): every worker draws
+   its own shard of each epoch of ds. The epoch's shuffled order (a
+   dsgd_sampler with seed: the same on every worker) is cut into batches of
+   `batch` samples (the last, partial one dropped), and worker w takes
+   batches w, w + W, w + 2W, ...: floor(batches / W) each per epoch, so the
+   workers' shards are disjoint and the few batches left over are skipped.
+   Workers then move on to the next epoch on their own. ds must outlive the
+   cluster, or the next call. Call it while no closure runs (before the
+   first schedule, or after a join); every worker starts over at epoch 0.
+   Errors (recorded on the coordinator's ctx): DSGD_ERR_INVALID_ARGUMENT (c
+   NULL, nothing recorded; ds NULL or empty, its dim not the model's input
+   size, batch outside 1..model.max_batch, fewer batches than workers),
+   DSGD_ERR_STATE (after shutdown).
+   Thread safety: the coordinator. */
+DSGD_API dsgd_result dsgd_cluster_set_dataset(dsgd_cluster *c, const dsgd_dataset *ds, int batch, uint64_t seed);
+/* Inside a closure: the worker's next batch of its shard (see
+   dsgd_cluster_set_dataset), gathered into buffers the worker owns, valid
+   until its next call: *x (count, dim), *y (count, target_dim), *count;
+   *epoch (may be NULL) is the epoch the batch belongs to.
+   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w NULL,
+   nothing recorded; x, y or count NULL), DSGD_ERR_STATE (no dataset set),
+   DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, const float **x, const float **y,
+                                                    int *count, uint64_t *epoch);
+
 /* One step of the worker: pulls the variables into its model, computes the
    gradient of the mean loss of x, y (count rows, at most model.max_batch),
    and pushes it. The loss and accuracy accumulate in the model's TRAIN
@@ -244,6 +270,11 @@ struct dsgd_cluster_worker {
     int killed;      /* atomic: set by dsgd_cluster_kill_worker */
     int gone;        /* under mu: the thread stopped taking closures */
     dsgd__cl_queue own; /* under mu: closures scheduled on this worker */
+    /* its shard of the dataset (dsgd_cluster_set_dataset) */
+    dsgd_sampler smp;
+    uint64_t ds_gen;    /* the dataset generation smp was made for; 0: none */
+    uint64_t ds_next;   /* its next batch: epoch * per_epoch + k */
+    float *bx, *by;     /* the gathered batch */
 };
 
 typedef struct dsgd__cluster_server {
@@ -278,6 +309,11 @@ struct dsgd_cluster {
     int alive;              /* workers taking closures */
     int server_failed;      /* the first failed server + 1, 0: none */
     int stopping, down;
+    /* the per-worker dataset: set by the coordinator while no closure runs */
+    const dsgd_dataset *ds;
+    int ds_batch;
+    uint64_t ds_seed, ds_gen;
+    size_t ds_per_epoch;    /* batches per worker per epoch */
 };
 
 /* ---- the queues (under mu) */
@@ -803,6 +839,9 @@ DSGD_API void dsgd_cluster_destroy(dsgd_cluster *c) {
         if (w->has_be && w->be.destroy) w->be.destroy(w->be.impl);
         DSGD_FREE(w->buf);
         DSGD_FREE(w->own.q);
+        dsgd_sampler_free(&w->smp);
+        DSGD_FREE(w->bx);
+        DSGD_FREE(w->by);
         dsgd_ctx_destroy(w->ctx);
     }
     for (i = 0; c->servers && i < c->P; ++i) {
@@ -870,6 +909,78 @@ DSGD_API dsgd_ctx *dsgd_cluster_worker_ctx(dsgd_cluster_worker *w) { return w ? 
 
 static dsgd_result dsgd__cluster_lost(dsgd_cluster_worker *w, const char *what) {
     return dsgd_ctx_set_error(w->ctx, DSGD_ERR_ABORTED, "%s: worker %d was lost (killed)", what, w->id);
+}
+
+DSGD_API dsgd_result dsgd_cluster_set_dataset(dsgd_cluster *c, const dsgd_dataset *ds, int batch, uint64_t seed) {
+    const char *what = "dsgd_cluster_set_dataset";
+    size_t nb;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    if (c->down) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE, "%s: the cluster was shut down", what);
+    if (!ds || !ds->x || !ds->y || ds->n == 0 || ds->dim != c->d.model.input_dim)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: need a dataset of inputs of size %d", what,
+                                  c->d.model.input_dim);
+    if (batch < 1 || batch > c->d.model.max_batch)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: batch %d outside 1..%d (model.max_batch)",
+                                  what, batch, c->d.model.max_batch);
+    nb = ds->n / (size_t)batch;
+    if (nb < (size_t)c->W)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %zu samples make %zu batches of %d, fewer than the %d workers", what, ds->n, nb,
+                                  batch, c->W);
+    pthread_mutex_lock(&c->mu);
+    c->ds = ds;
+    c->ds_batch = batch;
+    c->ds_seed = seed;
+    c->ds_per_epoch = nb / (size_t)c->W;
+    c->ds_gen++;
+    pthread_mutex_unlock(&c->mu);
+    return DSGD_OK;
+}
+
+/* The worker's sampler and buffers for the current dataset generation. */
+static dsgd_result dsgd__cluster_worker_shard(dsgd_cluster_worker *w) {
+    dsgd_cluster *c = w->c;
+    const char *what = "dsgd_cluster_worker_next_batch";
+    dsgd_result r;
+    dsgd_sampler_free(&w->smp);
+    DSGD_FREE(w->bx);
+    DSGD_FREE(w->by);
+    w->ds_gen = 0;
+    w->bx = (float *)dsgd__alloc(w->ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->dim, what);
+    w->by = (float *)dsgd__alloc(w->ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->target_dim, what);
+    if (!w->bx || !w->by) return DSGD_ERR_OUT_OF_MEMORY;
+    r = dsgd_sampler_init(w->ctx, &w->smp, c->ds->n, (size_t)c->ds_batch, c->ds_seed, 1, 1);
+    if (r != DSGD_OK) return r;
+    w->ds_gen = c->ds_gen;
+    w->ds_next = 0;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, const float **x, const float **y,
+                                                    int *count, uint64_t *epoch) {
+    const char *what = "dsgd_cluster_worker_next_batch";
+    dsgd_cluster *c;
+    const size_t *idx = NULL;
+    size_t n, k, e;
+    dsgd_result r;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    c = w->c;
+    if (!x || !y || !count)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x, y and count are needed", what);
+    if (!c->ds) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: no dataset (dsgd_cluster_set_dataset)", what);
+    if (w->ds_gen != c->ds_gen && (r = dsgd__cluster_worker_shard(w)) != DSGD_OK) return r;
+    k = (size_t)(w->ds_next % c->ds_per_epoch);
+    e = (size_t)(w->ds_next / c->ds_per_epoch);
+    if (w->smp.epoch != (uint64_t)e) dsgd_sampler_set_epoch(&w->smp, (uint64_t)e);
+    n = dsgd_sampler_batch(&w->smp, (size_t)w->id + k * (size_t)c->W, &idx);
+    if ((r = dsgd_dataset_gather(c->ds, idx, n, w->bx, w->by)) != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: cannot gather batch %zu", what, (size_t)w->id + k * (size_t)c->W);
+    w->ds_next++;
+    *x = w->bx;
+    *y = w->by;
+    *count = (int)n;
+    if (epoch) *epoch = (uint64_t)e;
+    return DSGD_OK;
 }
 
 DSGD_API dsgd_result dsgd_cluster_worker_pull(dsgd_cluster_worker *w, float *full) {

@@ -169,38 +169,33 @@ static int run_mirrored(dsgd_ctx *ctx, const run_cfg *cfg, row *out) {
 
 /* ---------------------------------------------------------------- parameter servers */
 
-/* What the closures share: the data and each worker's own state, touched
-   only on that worker's thread. */
+/* What the closures share: the settings, and each worker's gradient buffer
+   for the straggler's own step (touched only on that worker's thread). */
 typedef struct ps_job {
     const run_cfg *cfg;
-    dsgd_sampler smp[WORKERS]; /* one each (samplers are one thread's), same seed: same order */
-    size_t next[WORKERS];      /* the worker's next batch: epoch * per_epoch + k */
-    float *x[WORKERS], *y[WORKERS], *buf[WORKERS];
-    size_t nb;                 /* batches of B per epoch */
+    float *buf[WORKERS];
 } ps_job;
 
-/* One step of worker w on its next batch: batch k of its shard is batch
-   w + k * WORKERS of the epoch's order. A straggler sleeps between its
-   gradient and its push, so the gradient arrives late. */
+/* One step of the worker on the next batch of its shard of the data
+   (dsgd_cluster_set_dataset: worker w takes batches w, w + 4, ... of each
+   epoch). A straggler does the step itself, sleeping between its gradient
+   and its push, so the gradient arrives late. */
 static dsgd_result ps_step(dsgd_cluster_worker *cw, void *user) {
     ps_job *j = (ps_job *)user;
-    int w = dsgd_cluster_worker_id(cw);
-    size_t per_epoch = j->nb / WORKERS, k = j->next[w]++, e = k / per_epoch;
-    size_t batch = (size_t)w + (k % per_epoch) * WORKERS, n, p;
-    const size_t *idx = NULL;
+    int w = dsgd_cluster_worker_id(cw), n = 0;
+    const float *x, *y;
     dsgd_model *m = dsgd_cluster_worker_model(cw);
     dsgd_ps_worker *pw = dsgd_cluster_worker_ps(cw);
     dsgd_result r;
+    size_t p;
     double t0;
-    if (k % per_epoch == 0) dsgd_sampler_set_epoch(&j->smp[w], (uint64_t)e);
-    n = dsgd_sampler_batch(&j->smp[w], batch, &idx);
-    dsgd_dataset_gather(j->cfg->train, idx, n, j->x[w], j->y[w]);
-    if (w != 0 || j->cfg->straggler <= 1.0) return dsgd_cluster_worker_train_step(cw, j->x[w], j->y[w], (int)n);
+    if ((r = dsgd_cluster_worker_next_batch(cw, &x, &y, &n, NULL)) != DSGD_OK) return r;
+    if (w != 0 || j->cfg->straggler <= 1.0) return dsgd_cluster_worker_train_step(cw, x, y, n);
     p = dsgd_model_num_params(m);
     t0 = dsgd_now();
     if ((r = dsgd_ps_worker_pull(pw, j->buf[w])) != DSGD_OK) return r;
     if ((r = dsgd_model_set_params(m, j->buf[w], p)) != DSGD_OK) return r;
-    if ((r = dsgd_model_compute_gradients(m, j->x[w], j->y[w], (int)n, 1.0f / (float)n)) != DSGD_OK) return r;
+    if ((r = dsgd_model_compute_gradients(m, x, y, n, 1.0f / (float)n)) != DSGD_OK) return r;
     if ((r = dsgd_model_get_grads(m, j->buf[w], p)) != DSGD_OK) return r;
     sleep_s((j->cfg->straggler - 1.0) * (dsgd_now() - t0));
     return dsgd_ps_worker_push(pw, j->buf[w]);
@@ -227,16 +222,11 @@ static int run_ps(dsgd_ctx *ctx, const run_cfg *cfg, dsgd_ps_policy policy, int 
     d.ps.timeout_s = 120.0;
     d.model = model_desc(cfg, cfg->batch);
     if (dsgd_cluster_create(ctx, &d, &c) != DSGD_OK) return 0;
+    if (dsgd_cluster_set_dataset(c, cfg->train, cfg->batch, cfg->seed) != DSGD_OK) return 0;
     j.cfg = cfg;
-    for (w = 0; w < WORKERS; ++w) {
-        if (dsgd_sampler_init(ctx, &j.smp[w], cfg->train->n, (size_t)cfg->batch, cfg->seed, 1, 1) != DSGD_OK) return 0;
-        j.x[w] = (float *)malloc(sizeof(float) * (size_t)cfg->batch * cfg->train->dim);
-        j.y[w] = (float *)malloc(sizeof(float) * (size_t)cfg->batch);
-        j.buf[w] = (float *)malloc(sizeof(float) * dsgd_cluster_num_params(c));
-        if (!j.x[w] || !j.y[w] || !j.buf[w]) return 0;
-    }
-    j.nb = dsgd_sampler_num_batches(&j.smp[0]);
-    steps = (int64_t)(j.nb / WORKERS) * cfg->epochs; /* per worker */
+    for (w = 0; w < WORKERS; ++w)
+        if (!(j.buf[w] = (float *)malloc(sizeof(float) * dsgd_cluster_num_params(c)))) return 0;
+    steps = (int64_t)(cfg->train->n / (size_t)cfg->batch / WORKERS) * cfg->epochs; /* per worker */
     t0 = dsgd_now();
     /* SYNC and SSP need one push per worker per step: pin each worker's
        closures; ASYNC and BACKUP take whichever worker is free. */
@@ -262,12 +252,7 @@ static int run_ps(dsgd_ctx *ctx, const run_cfg *cfg, dsgd_ps_policy policy, int 
     }
     out->staleness_mean = wsum > 0 ? out->staleness_mean / wsum : 0;
     free(p);
-    for (w = 0; w < WORKERS; ++w) {
-        free(j.x[w]);
-        free(j.y[w]);
-        free(j.buf[w]);
-        dsgd_sampler_free(&j.smp[w]);
-    }
+    for (w = 0; w < WORKERS; ++w) free(j.buf[w]);
     dsgd_cluster_destroy(c);
     return 1;
 }

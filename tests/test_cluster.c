@@ -28,6 +28,10 @@
      schedule fail instead of waiting.
    - A server that dies (its endpoint starts failing after some messages):
      join returns an error that names that server, within the deadline.
+   - Per-worker datasets: 3 workers drawing 2 epochs of a 100-sample dataset
+     in batches of 8 each see 4 batches an epoch, disjoint across workers (96
+     distinct samples an epoch), another permutation in epoch 1, the same
+     shards for the same seed and others for another seed.
    - Bad arguments and calls out of order return their codes.
 
    Build: make test (or, from the repository root,
@@ -454,6 +458,94 @@ static void test_server_dies(void **state) {
     alarm(0);
 }
 
+/* Per-worker datasets: sample i has x[0] = i. Each closure records the
+   samples of its worker's next batch. */
+enum { DS_N = 100, DS_B = 8, DS_W = 3, DS_PER = (DS_N / DS_B) / DS_W };
+static int g_seen[2][DS_W][DS_PER][DS_B]; /* [epoch][worker][k][sample] */
+static int g_next_k[DS_W];
+
+static dsgd_result shard_closure(dsgd_cluster_worker *w, void *user) {
+    const float *x, *y;
+    int count = 0, i, id = dsgd_cluster_worker_id(w), k = g_next_k[id]++;
+    uint64_t epoch = 99;
+    dsgd_result r = dsgd_cluster_worker_next_batch(w, &x, &y, &count, &epoch);
+    (void)user;
+    if (r != DSGD_OK) return r;
+    if (count != DS_B || epoch != (uint64_t)(k / DS_PER) || epoch > 1)
+        return dsgd_ctx_set_error(dsgd_cluster_worker_ctx(w), DSGD_ERR_STATE, "batch %d: count %d epoch %llu", k, count,
+                                  (unsigned long long)epoch);
+    for (i = 0; i < count; ++i) g_seen[epoch][id][k % DS_PER][i] = (int)x[i * IN];
+    return dsgd_cluster_worker_train_step(w, x, y, count);
+}
+
+static void shard_run(dsgd_ctx *ctx, const dsgd_dataset *ds, uint64_t seed) {
+    dsgd_cluster_desc d = cluster_desc(1, DS_W, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    dsgd_cluster *c = cluster_make(ctx, &d);
+    int w, k;
+    memset(g_seen, 0xff, sizeof(g_seen));
+    memset(g_next_k, 0, sizeof(g_next_k));
+    TU_OK(ctx, dsgd_cluster_set_dataset(c, ds, DS_B, seed));
+    for (k = 0; k < 2 * DS_PER; ++k)
+        for (w = 0; w < DS_W; ++w) TU_OK(ctx, dsgd_cluster_schedule_on(c, w, shard_closure, NULL, NULL));
+    TU_OK(ctx, dsgd_cluster_join(c));
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    dsgd_cluster_destroy(c);
+}
+
+static void test_per_worker_dataset(void **state) {
+    static int first[2][DS_W][DS_PER][DS_B];
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_dataset ds, empty;
+    dsgd_cluster_desc d = cluster_desc(1, DS_W, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+    dsgd_cluster *c;
+    const float *x, *y;
+    int count, e, i, hits[DS_N], same_order = 1;
+    tu_rng r = tu_rng_make(5);
+    (void)state;
+    watchdog_arm(60);
+    TU_OK(ctx, dsgd_dataset_alloc(ctx, DS_N, IN, 1, OUT, &ds));
+    for (i = 0; i < DS_N; ++i) {
+        tu_fill(&r, ds.x + (size_t)i * IN, IN, -1.0f, 1.0f);
+        ds.x[(size_t)i * IN] = (float)i;
+        ds.y[i] = (float)(i % OUT);
+    }
+    shard_run(ctx, &ds, 77);
+    memcpy(first, g_seen, sizeof(first));
+    for (e = 0; e < 2; ++e) { /* each epoch: 12 batches of 8, 4 per worker, disjoint, 96 distinct samples */
+        const int *seen = &g_seen[e][0][0][0];
+        memset(hits, 0, sizeof(hits));
+        for (i = 0; i < DS_W * DS_PER * DS_B; ++i) {
+            assert_true(seen[i] >= 0 && seen[i] < DS_N);
+            hits[seen[i]]++;
+        }
+        count = 0;
+        for (i = 0; i < DS_N; ++i) {
+            assert_true(hits[i] <= 1);
+            count += hits[i];
+        }
+        assert_int_equal(count, DS_W * DS_PER * DS_B);
+    }
+    for (i = 0; i < DS_W * DS_PER * DS_B; ++i) same_order &= (&g_seen[0][0][0][0])[i] == (&g_seen[1][0][0][0])[i];
+    assert_false(same_order); /* epoch 1 is another permutation */
+    shard_run(ctx, &ds, 77); /* the same seed: the same shards */
+    assert_memory_equal(first, g_seen, sizeof(first));
+    shard_run(ctx, &ds, 78);
+    assert_true(memcmp(first, g_seen, sizeof(first)) != 0);
+
+    c = cluster_make(ctx, &d);
+    memset(&empty, 0, sizeof(empty));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_set_dataset(c, &empty, DS_B, 1));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_set_dataset(c, &ds, B + 1, 1)); /* above max_batch */
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_set_dataset(c, &ds, 0, 1));
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_cluster_set_dataset(c, &ds, DS_B, 1));
+    dsgd_cluster_destroy(c);
+    assert_int_equal(dsgd_cluster_worker_next_batch(NULL, &x, &y, &count, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    dsgd_dataset_free(&ds);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
 static void test_bad_arguments(void **state) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_cluster_desc d = cluster_desc(0, 2, DSGD_PS_ASYNC, DSGD_OPT_SGD);
@@ -508,6 +600,7 @@ int main(void) {
         cmocka_unit_test(test_failing_closure),
         cmocka_unit_test(test_lost_workers),
         cmocka_unit_test(test_server_dies),
+        cmocka_unit_test(test_per_worker_dataset),
         cmocka_unit_test(test_bad_arguments),
     };
     make_data();
