@@ -15,6 +15,9 @@ typedef struct dsgd__cpu_buffer {
 
 typedef struct dsgd__cpu {
     dsgd_ctx *ctx;
+#ifndef DSGD_USE_CBLAS
+    const struct dsgd__cpu_kernel *kern; /* the GEMM micro-kernel, chosen at creation */
+#endif
     float *pack; /* GEMM packing scratch: A panel then B panel */
     size_t pack_cap;
 } dsgd__cpu;
@@ -120,78 +123,119 @@ static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref 
 /* >>gemm ------------------------------------------------------------------- */
 /* A cache-blocked GEMM in the style of Goto & van de Geijn (2008): B is packed
    into KC x NC panels of NR-wide column strips, A into MC x KC panels of
-   MR-high row strips, and a register-blocked MR x NR micro-kernel the compiler
-   vectorises does the arithmetic. The summation order is fixed, so results
-   are bitwise reproducible. */
+   MR-high row strips, and a register-blocked MR x NR micro-kernel does the
+   arithmetic into a tile that is then added, times alpha, to C.
+
+   The micro-kernel is chosen at run time (see dsgd_cpu_isa): "avx512"
+   (AVX-512F, 12 x 32), "avx2" (AVX2 and FMA, 6 x 16) or "portable" (GNU
+   vectors of the compiler's width, 6 x 8 on plain x86-64 and NEON, 6 x 16
+   with -mavx). Whatever MR and NR are, every entry of C is summed in the same
+   order: beta C, then for each KC block of k, in order, alpha times that
+   block's products summed from its first p to its last. So results are
+   bitwise reproducible for a given kernel; every kernel without FMA (the
+   portable one, at any width) gives the same bits, and so do the two FMA
+   kernels, which differ from the portable one in the last bits (one rounding
+   per multiply-add instead of two). */
 
 #ifndef DSGD_USE_CBLAS
-/* The micro-kernel works on NR = 2 vectors of VW floats: 8 with AVX, else 4
-   (SSE2, NEON), so that no vector operation is split into scalars. */
-#if defined(__AVX__)
-#define DSGD__VW 8
-#else
-#define DSGD__VW 4
-#endif
-#define DSGD__MR 6
-#define DSGD__NR (2 * DSGD__VW)
 #define DSGD__KC 256
-#define DSGD__MC 120
-#define DSGD__NC 2048
+#define DSGD__MC 120  /* a multiple of every kernel's MR */
+#define DSGD__NC 2048 /* a multiple of every kernel's NR */
+#define DSGD__MR_MAX 12
+#define DSGD__NR_MAX 32
 
-/* Packs the mc x kc block of op(A) at (i0, p0) into MR-row strips. */
-static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc,
+/* acc(MR x NR, row-major) = Ap(MR, kc) Bp(kc, NR) */
+typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap,
+                               const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT acc);
+
+/* One entry of the kernel table. */
+typedef struct dsgd__cpu_kernel {
+    const char *name; /* dsgd_cpu_isa's answer */
+    int mr, nr;       /* tile rows and columns (packing strips) */
+    dsgd__micro_fn micro;
+    int (*supported)(void); /* 1 when this CPU (and OS) runs it */
+} dsgd__cpu_kernel;
+
+/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
+static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
                          float *DSGD__RESTRICT ap) {
     int ib, i, p;
-    for (ib = 0; ib < mc; ib += DSGD__MR) {
-        int mr = DSGD__MIN(DSGD__MR, mc - ib);
+    for (ib = 0; ib < mc; ib += mr_) {
+        int mr = DSGD__MIN(mr_, mc - ib);
         for (p = 0; p < kc; ++p) {
             for (i = 0; i < mr; ++i) {
                 int row = i0 + ib + i, col = p0 + p;
                 ap[i] = ta ? a[(size_t)col * lda + row] : a[(size_t)row * lda + col];
             }
-            for (; i < DSGD__MR; ++i) ap[i] = 0.0f;
-            ap += DSGD__MR;
+            for (; i < mr_; ++i) ap[i] = 0.0f;
+            ap += mr_;
         }
     }
 }
 
-/* Packs the kc x nc block of op(B) at (p0, j0) into NR-column strips. */
-static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0, int nc,
+/* Packs the kc x nc block of op(B) at (p0, j0) into nr_-column strips. */
+static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0, int nc, int nr_,
                          float *DSGD__RESTRICT bp) {
     int jb, j, p;
-    for (jb = 0; jb < nc; jb += DSGD__NR) {
-        int nr = DSGD__MIN(DSGD__NR, nc - jb);
+    for (jb = 0; jb < nc; jb += nr_) {
+        int nr = DSGD__MIN(nr_, nc - jb);
         for (p = 0; p < kc; ++p) {
             int row = p0 + p;
-            if (!tb && nr == DSGD__NR) {
-                memcpy(bp, b + (size_t)row * ldb + j0 + jb, DSGD__NR * sizeof(float));
+            if (!tb && nr == nr_) {
+                memcpy(bp, b + (size_t)row * ldb + j0 + jb, (size_t)nr_ * sizeof(float));
             } else {
                 for (j = 0; j < nr; ++j) {
                     int col = j0 + jb + j;
                     bp[j] = tb ? b[(size_t)col * ldb + row] : b[(size_t)row * ldb + col];
                 }
-                for (; j < DSGD__NR; ++j) bp[j] = 0.0f;
+                for (; j < nr_; ++j) bp[j] = 0.0f;
             }
-            bp += DSGD__NR;
+            bp += nr_;
         }
     }
 }
 
-/* C(mr, nr) += alpha * Ap(MR, kc) * Bp(kc, NR) */
+/* C(mr, nr) += alpha * acc(mr, nr). Shared by every kernel and compiled for
+   the baseline target, so no kernel fuses this multiply-add and the kernels'
+   bits differ only where their accumulation does. */
+static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
+                           const float *DSGD__RESTRICT acc, int ld) {
+    int i, j;
+    for (i = 0; i < mr; ++i) {
+        float *row = c + (size_t)i * ldc;
+        const float *t = acc + (size_t)i * ld;
+        for (j = 0; j < nr; ++j) row[j] += alpha * t[j];
+    }
+}
+
+/* ---- portable: the compiler's vectors, no FMA */
+
+/* NR = 2 vectors of VW floats: 8 with AVX, else 4 (SSE2, NEON), so that no
+   vector operation is split into scalars. */
+#if defined(__AVX__)
+#define DSGD__VW 8
+#else
+#define DSGD__VW 4
+#endif
+#define DSGD__PMR 6
+#define DSGD__PNR (2 * DSGD__VW)
+
+static int dsgd__isa_always(void) { return 1; }
+
 #if defined(__GNUC__) || defined(__clang__)
 /* GNU vector extensions: twelve accumulators stay in registers (gcc does not
    vectorise the plain loop below with the accumulators in them). */
 typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
-/* loads and zeroing through memcpy/memset: no vector crosses a function
-   boundary, so the ABI does not depend on -mavx */
+/* loads and stores through memcpy: no vector crosses a function boundary,
+   so the ABI does not depend on -mavx */
 #define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
+#define DSGD__V8_STORE(p, v) memcpy((p), &(v), sizeof(dsgd__v8))
 
-static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
-                             float *c, int ldc, int mr, int nr, float alpha) {
+static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+                                 float *DSGD__RESTRICT acc) {
     dsgd__v8 z, b0, b1;
     dsgd__v8 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-    float acc[DSGD__MR][DSGD__NR];
-    int i, j, p;
+    int p;
     memset(&z, 0, sizeof(z));
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = z;
     for (p = 0; p < kc; ++p) {
@@ -203,38 +247,142 @@ static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float
         c30 += b0 * ap[3]; c31 += b1 * ap[3];
         c40 += b0 * ap[4]; c41 += b1 * ap[4];
         c50 += b0 * ap[5]; c51 += b1 * ap[5];
-        ap += DSGD__MR;
-        bp += DSGD__NR;
+        ap += DSGD__PMR;
+        bp += DSGD__PNR;
     }
-    memcpy(acc[0], &c00, sizeof(z)); memcpy(acc[0] + DSGD__VW, &c01, sizeof(z));
-    memcpy(acc[1], &c10, sizeof(z)); memcpy(acc[1] + DSGD__VW, &c11, sizeof(z));
-    memcpy(acc[2], &c20, sizeof(z)); memcpy(acc[2] + DSGD__VW, &c21, sizeof(z));
-    memcpy(acc[3], &c30, sizeof(z)); memcpy(acc[3] + DSGD__VW, &c31, sizeof(z));
-    memcpy(acc[4], &c40, sizeof(z)); memcpy(acc[4] + DSGD__VW, &c41, sizeof(z));
-    memcpy(acc[5], &c50, sizeof(z)); memcpy(acc[5] + DSGD__VW, &c51, sizeof(z));
-    for (i = 0; i < mr; ++i)
-        for (j = 0; j < nr; ++j) c[(size_t)i * ldc + j] += alpha * acc[i][j];
+    DSGD__V8_STORE(acc + 0 * DSGD__PNR, c00); DSGD__V8_STORE(acc + 0 * DSGD__PNR + DSGD__VW, c01);
+    DSGD__V8_STORE(acc + 1 * DSGD__PNR, c10); DSGD__V8_STORE(acc + 1 * DSGD__PNR + DSGD__VW, c11);
+    DSGD__V8_STORE(acc + 2 * DSGD__PNR, c20); DSGD__V8_STORE(acc + 2 * DSGD__PNR + DSGD__VW, c21);
+    DSGD__V8_STORE(acc + 3 * DSGD__PNR, c30); DSGD__V8_STORE(acc + 3 * DSGD__PNR + DSGD__VW, c31);
+    DSGD__V8_STORE(acc + 4 * DSGD__PNR, c40); DSGD__V8_STORE(acc + 4 * DSGD__PNR + DSGD__VW, c41);
+    DSGD__V8_STORE(acc + 5 * DSGD__PNR, c50); DSGD__V8_STORE(acc + 5 * DSGD__PNR + DSGD__VW, c51);
 }
 #else
-static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
-                             float *c, int ldc, int mr, int nr, float alpha) {
-    float acc[DSGD__MR][DSGD__NR];
+static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+                                 float *DSGD__RESTRICT acc) {
     int i, j, p;
-    for (i = 0; i < DSGD__MR; ++i)
-        for (j = 0; j < DSGD__NR; ++j) acc[i][j] = 0.0f;
+    for (i = 0; i < DSGD__PMR * DSGD__PNR; ++i) acc[i] = 0.0f;
     for (p = 0; p < kc; ++p) {
-        for (i = 0; i < DSGD__MR; ++i) {
+        for (i = 0; i < DSGD__PMR; ++i) {
             float av = ap[i];
-            for (j = 0; j < DSGD__NR; ++j) acc[i][j] += av * bp[j];
+            for (j = 0; j < DSGD__PNR; ++j) acc[i * DSGD__PNR + j] += av * bp[j];
         }
-        ap += DSGD__MR;
-        bp += DSGD__NR;
+        ap += DSGD__PMR;
+        bp += DSGD__PNR;
     }
-    for (i = 0; i < mr; ++i)
-        for (j = 0; j < nr; ++j) c[(size_t)i * ldc + j] += alpha * acc[i][j];
 }
 #endif
+
+/* ---- x86-64: AVX2+FMA and AVX-512F, compiled whatever -m flags the build
+   has (target attributes) and called only where the CPU has them */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DSGD__X86_DISPATCH 1
+#include <immintrin.h>
+
+/* __builtin_cpu_supports also checks that the OS saves the wide registers. */
+static int dsgd__isa_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+static int dsgd__isa_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+
+/* acc(6 x 16): twelve 8-wide accumulators, acc += a * b fused. */
+__attribute__((target("avx2,fma"))) static void dsgd__micro_avx2(int kc, const float *DSGD__RESTRICT ap,
+                                                                 const float *DSGD__RESTRICT bp,
+                                                                 float *DSGD__RESTRICT acc) {
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, a, b0, b1;
+    int p;
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    for (p = 0; p < kc; ++p) {
+        b0 = _mm256_loadu_ps(bp);
+        b1 = _mm256_loadu_ps(bp + 8);
+#define DSGD__ROW8(i) \
+    a = _mm256_broadcast_ss(ap + i); \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0); \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1)
+        DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+#undef DSGD__ROW8
+        ap += 6;
+        bp += 16;
+    }
+#define DSGD__STORE8(i) \
+    _mm256_storeu_ps(acc + i * 16, c##i##0); \
+    _mm256_storeu_ps(acc + i * 16 + 8, c##i##1)
+    DSGD__STORE8(0); DSGD__STORE8(1); DSGD__STORE8(2); DSGD__STORE8(3); DSGD__STORE8(4); DSGD__STORE8(5);
+#undef DSGD__STORE8
+}
+
+/* acc(12 x 32): twenty-four 16-wide accumulators, acc += a * b fused. */
+__attribute__((target("avx512f"))) static void dsgd__micro_avx512(int kc, const float *DSGD__RESTRICT ap,
+                                                                  const float *DSGD__RESTRICT bp,
+                                                                  float *DSGD__RESTRICT acc) {
+    __m512 c0[12], c1[12], a, b0, b1;
+    int p;
+#define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
+    DSGD__ZERO16(0); DSGD__ZERO16(1); DSGD__ZERO16(2); DSGD__ZERO16(3); DSGD__ZERO16(4); DSGD__ZERO16(5);
+    DSGD__ZERO16(6); DSGD__ZERO16(7); DSGD__ZERO16(8); DSGD__ZERO16(9); DSGD__ZERO16(10); DSGD__ZERO16(11);
+#undef DSGD__ZERO16
+    for (p = 0; p < kc; ++p) {
+        b0 = _mm512_loadu_ps(bp);
+        b1 = _mm512_loadu_ps(bp + 16);
+#define DSGD__ROW16(i) \
+    a = _mm512_set1_ps(ap[i]); \
+    c0[i] = _mm512_fmadd_ps(a, b0, c0[i]); \
+    c1[i] = _mm512_fmadd_ps(a, b1, c1[i])
+        DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+        DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+        ap += 12;
+        bp += 32;
+    }
+#define DSGD__STORE16(i) \
+    _mm512_storeu_ps(acc + i * 32, c0[i]); \
+    _mm512_storeu_ps(acc + i * 32 + 16, c1[i])
+    DSGD__STORE16(0); DSGD__STORE16(1); DSGD__STORE16(2); DSGD__STORE16(3); DSGD__STORE16(4); DSGD__STORE16(5);
+    DSGD__STORE16(6); DSGD__STORE16(7); DSGD__STORE16(8); DSGD__STORE16(9); DSGD__STORE16(10); DSGD__STORE16(11);
+#undef DSGD__STORE16
+}
+#else
+#define DSGD__X86_DISPATCH 0
+#endif
+
+/* The kernels, widest first: the first one supported is the default. */
+static const dsgd__cpu_kernel dsgd__cpu_kernels[] = {
+#if DSGD__X86_DISPATCH
+    {/* .name = */ "avx512", /* .mr = */ 12, /* .nr = */ 32, /* .micro = */ dsgd__micro_avx512,
+     /* .supported = */ dsgd__isa_avx512},
+    {/* .name = */ "avx2", /* .mr = */ 6, /* .nr = */ 16, /* .micro = */ dsgd__micro_avx2,
+     /* .supported = */ dsgd__isa_avx2},
+#endif
+    {/* .name = */ "portable", /* .mr = */ DSGD__PMR, /* .nr = */ DSGD__PNR,
+     /* .micro = */ dsgd__micro_portable, /* .supported = */ dsgd__isa_always},
+};
+
+/* The kernel named `want` when the CPU runs it, else the widest one it runs
+   (also for NULL, "" and names not in the table). */
+static const dsgd__cpu_kernel *dsgd__cpu_kernel_choose(const char *want) {
+    const dsgd__cpu_kernel *best = NULL;
+    size_t i;
+    for (i = 0; i < sizeof(dsgd__cpu_kernels) / sizeof(dsgd__cpu_kernels[0]); ++i) {
+        const dsgd__cpu_kernel *k = &dsgd__cpu_kernels[i];
+        if (!k->supported()) continue;
+        if (!best) best = k;
+        if (want && !strcmp(want, k->name)) return k;
+    }
+    return best;
+}
 #endif /* !DSGD_USE_CBLAS */
+
+DSGD_API const char *dsgd_cpu_isa(void) {
+#ifdef DSGD_USE_CBLAS
+    return "cblas";
+#else
+    return dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"))->name;
+#endif
+}
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                   dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta,
@@ -243,8 +391,7 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
     const float *a, *b;
     float *c;
     int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-    int i, j, ic, jc, pc;
-    size_t need;
+    int i, j;
     if (m < 0 || n < 0 || k < 0 || lda < DSGD__MAX(1, a_cols) || ldb < DSGD__MAX(1, b_cols) ||
         ldc < DSGD__MAX(1, n))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -271,32 +418,37 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
 #ifdef DSGD_USE_CBLAS
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
                 k, alpha, a, lda, b, ldb, 1.0f, c, ldc);
-    DSGD__UNUSED(ic); DSGD__UNUSED(jc); DSGD__UNUSED(pc); DSGD__UNUSED(need);
     return DSGD_OK;
 #else
-    need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
-    if (cpu->pack_cap < need) {
-        float *p = (float *)DSGD_REALLOC(cpu->pack, need * sizeof(float));
-        if (!p) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
-        cpu->pack = p;
-        cpu->pack_cap = need;
-    }
-    for (jc = 0; jc < n; jc += DSGD__NC) {
-        int nc = DSGD__MIN(DSGD__NC, n - jc);
-        for (pc = 0; pc < k; pc += DSGD__KC) {
-            int kc = DSGD__MIN(DSGD__KC, k - pc);
-            float *bp = cpu->pack + (size_t)DSGD__MC * DSGD__KC;
-            dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, bp);
-            for (ic = 0; ic < m; ic += DSGD__MC) {
-                int mc = DSGD__MIN(DSGD__MC, m - ic);
-                int ir, jr;
-                dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, cpu->pack);
-                for (jr = 0; jr < nc; jr += DSGD__NR) {
-                    for (ir = 0; ir < mc; ir += DSGD__MR) {
-                        dsgd__gemm_micro(kc, cpu->pack + (size_t)ir * kc, bp + (size_t)jr * kc,
-                                         c + (size_t)(ic + ir) * ldc + jc + jr, ldc,
-                                         DSGD__MIN(DSGD__MR, mc - ir), DSGD__MIN(DSGD__NR, nc - jr),
-                                         alpha);
+    {
+        const dsgd__cpu_kernel *kern = cpu->kern;
+        const int kmr = kern->mr, knr = kern->nr;
+        float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+        size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
+        int ic, jc, pc;
+        if (cpu->pack_cap < need) {
+            float *p = (float *)DSGD_REALLOC(cpu->pack, need * sizeof(float));
+            if (!p) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
+            cpu->pack = p;
+            cpu->pack_cap = need;
+        }
+        for (jc = 0; jc < n; jc += DSGD__NC) {
+            int nc = DSGD__MIN(DSGD__NC, n - jc);
+            for (pc = 0; pc < k; pc += DSGD__KC) {
+                int kc = DSGD__MIN(DSGD__KC, k - pc);
+                float *bp = cpu->pack + (size_t)DSGD__MC * DSGD__KC;
+                dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, knr, bp);
+                for (ic = 0; ic < m; ic += DSGD__MC) {
+                    int mc = DSGD__MIN(DSGD__MC, m - ic);
+                    int ir, jr;
+                    dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, cpu->pack);
+                    for (jr = 0; jr < nc; jr += knr) {
+                        for (ir = 0; ir < mc; ir += kmr) {
+                            kern->micro(kc, cpu->pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc);
+                            dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc,
+                                           DSGD__MIN(kmr, mc - ir), DSGD__MIN(knr, nc - jr), alpha,
+                                           acc, knr);
+                        }
                     }
                 }
             }
@@ -565,6 +717,11 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
     if (!cpu) return DSGD_ERR_OUT_OF_MEMORY;
     memset(cpu, 0, sizeof(*cpu));
     cpu->ctx = ctx;
+#ifndef DSGD_USE_CBLAS
+    cpu->kern = dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"));
+    DSGD_ASSERT(DSGD__MC % cpu->kern->mr == 0 && DSGD__NC % cpu->kern->nr == 0 &&
+                cpu->kern->mr <= DSGD__MR_MAX && cpu->kern->nr <= DSGD__NR_MAX);
+#endif
     out->name = "cpu";
     out->impl = cpu;
     out->destroy = dsgd__cpu_destroy;
@@ -586,6 +743,15 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
     out->norm_check = dsgd__cpu_norm_check;
     out->finish = NULL;
     return DSGD_OK;
+}
+
+DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be) {
+    if (!be || !be->impl || be->destroy != dsgd__cpu_destroy) return NULL;
+#ifdef DSGD_USE_CBLAS
+    return "cblas";
+#else
+    return ((const dsgd__cpu *)be->impl)->kern->name;
+#endif
 }
 
 #endif /* DSGD__PART_BACKEND_CPU_IMPL */
