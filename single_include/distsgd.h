@@ -1047,11 +1047,22 @@ static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0
     }
 }
 
+/* Clang contracts a * b + c into an FMA within an expression when the target
+   has one (-march=native): not in the kernels that promise two roundings.
+   GCC contracts only outside ISO modes (-std=gnu*) with -mfma; the library's
+   builds are -std=c99. */
+#if defined(__clang__)
+#define DSGD__NO_CONTRACT _Pragma("STDC FP_CONTRACT OFF")
+#else
+#define DSGD__NO_CONTRACT
+#endif
+
 /* C(mr, nr) += alpha * acc(mr, nr). Shared by every kernel and compiled for
    the baseline target, so no kernel fuses this multiply-add and the kernels'
    bits differ only where their accumulation does. */
 static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
                            const float *DSGD__RESTRICT acc, int ld) {
+    DSGD__NO_CONTRACT
     int i, j;
     for (i = 0; i < mr; ++i) {
         float *row = c + (size_t)i * ldc;
@@ -1085,6 +1096,7 @@ typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
 
 static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                  float *DSGD__RESTRICT acc) {
+    DSGD__NO_CONTRACT
     dsgd__v8 z, b0, b1;
     dsgd__v8 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
     int p;
@@ -1112,6 +1124,7 @@ static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const f
 #else
 static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                  float *DSGD__RESTRICT acc) {
+    DSGD__NO_CONTRACT
     int i, j, p;
     for (i = 0; i < DSGD__PMR * DSGD__PNR; ++i) acc[i] = 0.0f;
     for (p = 0; p < kc; ++p) {
