@@ -156,20 +156,47 @@ typedef struct dsgd__cpu_kernel {
     int (*supported)(void); /* 1 when this CPU (and OS) runs it */
 } dsgd__cpu_kernel;
 
+/* The baseline target's vectors: VW floats, 8 with AVX, else 4 (SSE2,
+   NEON). The portable kernel's NR is 2 of them, so that no vector operation
+   is split into scalars. */
+#if defined(__AVX__)
+#define DSGD__VW 8
+#else
+#define DSGD__VW 4
+#endif
+#define DSGD__PMR 6
+#define DSGD__PNR (2 * DSGD__VW)
+#if defined(__GNUC__) || defined(__clang__)
+/* GNU vector extensions: in the portable kernel twelve accumulators stay in
+   registers (gcc does not vectorise the plain loop with them in there). */
+typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
+/* loads and stores through memcpy: no vector crosses a function boundary,
+   so the ABI does not depend on -mavx */
+#define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
+#define DSGD__V8_STORE(p, v) memcpy((p), &(v), sizeof(dsgd__v8))
+#endif
+
 /* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
 static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
                          float *DSGD__RESTRICT ap) {
     int ib, i, p;
     for (ib = 0; ib < mc; ib += mr_) {
         int mr = DSGD__MIN(mr_, mc - ib);
-        for (p = 0; p < kc; ++p) {
-            for (i = 0; i < mr; ++i) {
-                int row = i0 + ib + i, col = p0 + p;
-                ap[i] = ta ? a[(size_t)col * lda + row] : a[(size_t)row * lda + col];
+        if (ta) { /* a column of op(A) is contiguous: read along it */
+            for (p = 0; p < kc; ++p) {
+                const float *src = a + (size_t)(p0 + p) * lda + i0 + ib;
+                for (i = 0; i < mr; ++i) ap[(size_t)p * mr_ + i] = src[i];
+                for (; i < mr_; ++i) ap[(size_t)p * mr_ + i] = 0.0f;
             }
-            for (; i < mr_; ++i) ap[i] = 0.0f;
-            ap += mr_;
+        } else { /* a row is contiguous: read along it, write with stride mr_ */
+            for (i = 0; i < mr; ++i) {
+                const float *src = a + (size_t)(i0 + ib + i) * lda + p0;
+                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = src[p];
+            }
+            for (; i < mr_; ++i)
+                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = 0.0f;
         }
+        ap += (size_t)kc * mr_;
     }
 }
 
@@ -179,19 +206,21 @@ static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0
     int jb, j, p;
     for (jb = 0; jb < nc; jb += nr_) {
         int nr = DSGD__MIN(nr_, nc - jb);
-        for (p = 0; p < kc; ++p) {
-            int row = p0 + p;
-            if (!tb && nr == nr_) {
-                memcpy(bp, b + (size_t)row * ldb + j0 + jb, (size_t)nr_ * sizeof(float));
-            } else {
-                for (j = 0; j < nr; ++j) {
-                    int col = j0 + jb + j;
-                    bp[j] = tb ? b[(size_t)col * ldb + row] : b[(size_t)row * ldb + col];
-                }
-                for (; j < nr_; ++j) bp[j] = 0.0f;
+        if (tb) { /* a column of op(B) is a contiguous row of B: read along it */
+            for (j = 0; j < nr; ++j) {
+                const float *src = b + (size_t)(j0 + jb + j) * ldb + p0;
+                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = src[p];
             }
-            bp += nr_;
+            for (; j < nr_; ++j)
+                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = 0.0f;
+        } else {
+            for (p = 0; p < kc; ++p) {
+                const float *src = b + (size_t)(p0 + p) * ldb + j0 + jb;
+                memcpy(bp + (size_t)p * nr_, src, (size_t)nr * sizeof(float));
+                for (j = nr; j < nr_; ++j) bp[(size_t)p * nr_ + j] = 0.0f;
+            }
         }
+        bp += (size_t)kc * nr_;
     }
 }
 
@@ -215,32 +244,27 @@ static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
     for (i = 0; i < mr; ++i) {
         float *row = c + (size_t)i * ldc;
         const float *t = acc + (size_t)i * ld;
-        for (j = 0; j < nr; ++j) row[j] += alpha * t[j];
+        j = 0;
+#if defined(__GNUC__) || defined(__clang__)
+        { /* the same operations, element by element, VW at a time */
+            dsgd__v8 vc, vt;
+            for (j = 0; j + DSGD__VW <= nr; j += DSGD__VW) {
+                DSGD__V8_LOAD(vc, row + j);
+                DSGD__V8_LOAD(vt, t + j);
+                vc += vt * alpha;
+                DSGD__V8_STORE(row + j, vc);
+            }
+        }
+#endif
+        for (; j < nr; ++j) row[j] += alpha * t[j];
     }
 }
 
 /* ---- portable: the compiler's vectors, no FMA */
 
-/* NR = 2 vectors of VW floats: 8 with AVX, else 4 (SSE2, NEON), so that no
-   vector operation is split into scalars. */
-#if defined(__AVX__)
-#define DSGD__VW 8
-#else
-#define DSGD__VW 4
-#endif
-#define DSGD__PMR 6
-#define DSGD__PNR (2 * DSGD__VW)
-
 static int dsgd__isa_always(void) { return 1; }
 
 #if defined(__GNUC__) || defined(__clang__)
-/* GNU vector extensions: twelve accumulators stay in registers (gcc does not
-   vectorise the plain loop below with the accumulators in them). */
-typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
-/* loads and stores through memcpy: no vector crosses a function boundary,
-   so the ABI does not depend on -mavx */
-#define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
-#define DSGD__V8_STORE(p, v) memcpy((p), &(v), sizeof(dsgd__v8))
 
 static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                  float *DSGD__RESTRICT acc) {
