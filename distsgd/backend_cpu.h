@@ -15,9 +15,7 @@ typedef struct dsgd__cpu_buffer {
 
 typedef struct dsgd__cpu {
     dsgd_ctx *ctx;
-#ifndef DSGD_USE_CBLAS
-    const struct dsgd__cpu_kernel *kern; /* the GEMM micro-kernel, chosen at creation */
-#endif
+    const struct dsgd__cpu_kernel *kern; /* this ISA's kernels, chosen at creation */
     float *pack; /* GEMM packing scratch: A panel then B panel */
     size_t pack_cap;
 } dsgd__cpu;
@@ -37,6 +35,12 @@ static float *dsgd__cpu_span(dsgd__cpu *cpu, dsgd_ref ref, size_t n, const char 
         return NULL;
     }
     return b->data + ref.off;
+}
+
+/* 1 when the ranges [a.off, a.off + na) and [b.off, b.off + nb) share a
+   float: the element-wise kernels take their arrays as restrict. */
+static int dsgd__cpu_overlap(dsgd_ref a, size_t na, dsgd_ref b, size_t nb) {
+    return a.buf == b.buf && na && nb && a.off < b.off + nb && b.off < a.off + na;
 }
 
 static dsgd_result dsgd__cpu_buffer_create(void *impl, size_t count, dsgd_buffer **out) {
@@ -103,62 +107,255 @@ static dsgd_result dsgd__cpu_fill(void *impl, dsgd_ref dst, float value, size_t 
     return DSGD_OK;
 }
 
-static dsgd_result dsgd__cpu_scale(void *impl, dsgd_ref x, float alpha, size_t n) {
-    float *p = dsgd__cpu_span((dsgd__cpu *)impl, x, n, "scale");
-    size_t i;
-    if (!p) return DSGD_ERR_INVALID_ARGUMENT;
-    for (i = 0; i < n; ++i) p[i] *= alpha;
-    return DSGD_OK;
-}
+/* >>kernels ---------------------------------------------------------------- */
+/* One ISA's kernels: the GEMM micro-kernel and the hot element-wise loops,
+   chosen together when the backend is created (CPU KERNELS in backend.h):
+   "avx512" (AVX-512F), "avx2" (AVX2 and FMA) or "portable" (the compiler's
+   baseline target). The element-wise loops are one C source each, inlined
+   into a function per target; each element's arithmetic is the same in
+   every one (no contraction into FMA), so they give the same bits whatever
+   the vector width. */
 
-static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref x, size_t n) {
-    float *py = dsgd__cpu_span((dsgd__cpu *)impl, y, n, "axpy");
-    float *px = dsgd__cpu_span((dsgd__cpu *)impl, x, n, "axpy");
-    size_t i;
-    if (!py || !px) return DSGD_ERR_INVALID_ARGUMENT;
-    for (i = 0; i < n; ++i) py[i] += alpha * px[i];
-    return DSGD_OK;
-}
+/* Clang contracts a * b + c into an FMA within an expression when the target
+   has one (-march=native, or a target attribute): not in the code that
+   promises two roundings. GCC contracts only outside ISO modes (-std=gnu*)
+   where the target has FMA; the library's builds are -std=c99. */
+#if defined(__clang__)
+#define DSGD__NO_CONTRACT _Pragma("STDC FP_CONTRACT OFF")
+#else
+#define DSGD__NO_CONTRACT
+#endif
 
-/* >>gemm ------------------------------------------------------------------- */
-/* A cache-blocked GEMM in the style of Goto & van de Geijn (2008): B is packed
-   into KC x NC panels of NR-wide column strips, A into MC x KC panels of
-   MR-high row strips, and a register-blocked MR x NR micro-kernel does the
-   arithmetic into a tile that is then added, times alpha, to C.
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD__INLINE static inline __attribute__((always_inline))
+#else
+#define DSGD__INLINE static
+#endif
 
-   The micro-kernel is chosen at run time (see dsgd_cpu_isa): "avx512"
-   (AVX-512F, 12 x 32), "avx2" (AVX2 and FMA, 6 x 16) or "portable" (GNU
-   vectors of the compiler's width, 6 x 8 on plain x86-64 and NEON, 6 x 16
-   with -mavx). Whatever MR and NR are, every entry of C is summed in the same
-   order: beta C, then for each KC block of k, in order, alpha times that
-   block's products summed from its first p to its last. So results are
-   bitwise reproducible for a given kernel; every kernel without FMA (the
-   portable one, at any width) gives the same bits, and so do the two FMA
-   kernels, which differ from the portable one in the last bits (one rounding
-   per multiply-add instead of two). */
-
-#ifndef DSGD_USE_CBLAS
-#define DSGD__KC 256
-#define DSGD__MC 120  /* a multiple of every kernel's MR */
-#define DSGD__NC 2048 /* a multiple of every kernel's NR */
-#define DSGD__MR_MAX 12
-#define DSGD__NR_MAX 32
+/* BODY(i) for every i in [0, n): blocks of 16 with a fixed inner count,
+   which gcc -O2 vectorises (its cheap cost model leaves a loop of unknown
+   count scalar), then the rest one by one. */
+#define DSGD__EACH(n, BODY)                                                   \
+    do {                                                                      \
+        size_t i_ = 0, n_ = (size_t)(n);                                      \
+        int e_;                                                               \
+        for (; i_ + 16 <= n_; i_ += 16)                                       \
+            for (e_ = 0; e_ < 16; ++e_) BODY(i_ + (size_t)e_);                \
+        for (; i_ < n_; ++i_) BODY(i_);                                       \
+    } while (0)
 
 /* acc(MR x NR, row-major) = Ap(MR, kc) Bp(kc, NR) */
 typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap,
                                const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT acc);
 
-/* One entry of the kernel table. */
+/* One entry of the kernel table. The element-wise members take ranges the
+   backend operation has checked; different arrays must not overlap. */
 typedef struct dsgd__cpu_kernel {
-    const char *name; /* dsgd_cpu_isa's answer */
-    int mr, nr;       /* tile rows and columns (packing strips) */
-    dsgd__micro_fn micro;
+    const char *name;       /* dsgd_cpu_isa's answer */
     int (*supported)(void); /* 1 when this CPU (and OS) runs it */
+    int mr, nr;             /* GEMM tile rows and columns (packing strips) */
+    dsgd__micro_fn micro;
+    void (*scale)(float *x, float alpha, size_t n);
+    void (*axpy)(float *y, float alpha, const float *x, size_t n);
+    void (*bias_act)(dsgd_activation act, float *y, const float *bias, int m, int n);
+    void (*act_backward)(dsgd_activation act, float *dy, const float *y, size_t n);
+    void (*bias_backward)(float *db, const float *dy, int m, int n);
+    void (*update)(const dsgd_opt_update *u, float *p, const float *g, float *m1, float *m2, size_t n);
+    int (*nonfinite)(const float *x, size_t n); /* 1 when an element is NaN or infinite */
 } dsgd__cpu_kernel;
 
+/* ---- element-wise bodies */
+
+static float dsgd__act(dsgd_activation act, float v) {
+    switch (act) {
+    case DSGD_ACT_RELU: return v > 0.0f ? v : 0.0f;
+    case DSGD_ACT_TANH: return tanhf(v);
+    case DSGD_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    default: return v;
+    }
+}
+
+DSGD__INLINE void dsgd__scale_body(float *DSGD__RESTRICT x, float alpha, size_t n) {
+#define DSGD__SCALE(i) x[i] *= alpha
+    DSGD__EACH(n, DSGD__SCALE);
+#undef DSGD__SCALE
+}
+
+DSGD__INLINE void dsgd__axpy_body(float *DSGD__RESTRICT y, float alpha, const float *DSGD__RESTRICT x,
+                                  size_t n) {
+    DSGD__NO_CONTRACT
+#define DSGD__AXPY(i) y[i] += alpha * x[i]
+    DSGD__EACH(n, DSGD__AXPY);
+#undef DSGD__AXPY
+}
+
+/* y(m, n) = act(y + bias); bias may be NULL */
+DSGD__INLINE void dsgd__bias_act_body(dsgd_activation act, float *DSGD__RESTRICT y,
+                                      const float *DSGD__RESTRICT bias, int m, int n) {
+    int i, j;
+    for (i = 0; i < m; ++i) {
+        float *DSGD__RESTRICT row = y + (size_t)i * n;
+        if (act == DSGD_ACT_RELU && bias) {
+#define DSGD__BIAS_RELU(j_) do { float t_ = row[j_] + bias[j_]; row[j_] = t_ > 0.0f ? t_ : 0.0f; } while (0)
+            DSGD__EACH(n, DSGD__BIAS_RELU);
+#undef DSGD__BIAS_RELU
+        } else if (act == DSGD_ACT_RELU) {
+#define DSGD__RELU(j_) row[j_] = row[j_] > 0.0f ? row[j_] : 0.0f
+            DSGD__EACH(n, DSGD__RELU);
+#undef DSGD__RELU
+        } else if (act == DSGD_ACT_NONE && bias) {
+#define DSGD__BIAS(j_) row[j_] = row[j_] + bias[j_]
+            DSGD__EACH(n, DSGD__BIAS);
+#undef DSGD__BIAS
+        } else if (act != DSGD_ACT_NONE) { /* tanh, sigmoid: libm, one by one */
+            for (j = 0; j < n; ++j) row[j] = dsgd__act(act, bias ? row[j] + bias[j] : row[j]);
+        }
+    }
+}
+
+/* dy *= act'(y), written in terms of the activation's output y */
+DSGD__INLINE void dsgd__act_backward_body(dsgd_activation act, float *DSGD__RESTRICT dy,
+                                          const float *DSGD__RESTRICT y, size_t n) {
+    DSGD__NO_CONTRACT
+    switch (act) {
+    case DSGD_ACT_RELU:
+#define DSGD__DRELU(i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f
+        DSGD__EACH(n, DSGD__DRELU);
+#undef DSGD__DRELU
+        break;
+    case DSGD_ACT_TANH:
+#define DSGD__DTANH(i) dy[i] *= 1.0f - y[i] * y[i]
+        DSGD__EACH(n, DSGD__DTANH);
+#undef DSGD__DTANH
+        break;
+    case DSGD_ACT_SIGMOID:
+#define DSGD__DSIGMOID(i) dy[i] *= y[i] * (1.0f - y[i])
+        DSGD__EACH(n, DSGD__DSIGMOID);
+#undef DSGD__DSIGMOID
+        break;
+    default:
+        break;
+    }
+}
+
+/* db(n) = column sums of dy(m, n), rows added in order */
+DSGD__INLINE void dsgd__bias_backward_body(float *DSGD__RESTRICT db, const float *DSGD__RESTRICT dy,
+                                           int m, int n) {
+    int i;
+    memset(db, 0, (size_t)n * sizeof(float));
+    for (i = 0; i < m; ++i) {
+        const float *DSGD__RESTRICT row = dy + (size_t)i * n;
+#define DSGD__COLSUM(j) db[j] += row[j]
+        DSGD__EACH(n, DSGD__COLSUM);
+#undef DSGD__COLSUM
+    }
+}
+
+/* SGD and momentum follow torch.optim.SGD (v = mu v + g; p -= lr v; Nesterov:
+   p -= lr (g + mu v)); Adam follows Kingma & Ba 2015, Algorithm 1, with L2
+   weight decay added to the gradient as torch.optim.Adam does; AdamW follows
+   Loshchilov & Hutter 2019, decoupled decay p -= lr wd p (torch.optim.AdamW).
+   The kind is valid (the backend operation checked it). */
+DSGD__INLINE void dsgd__update_body(const dsgd_opt_update *u, float *DSGD__RESTRICT p,
+                                    const float *DSGD__RESTRICT g, float *DSGD__RESTRICT m1,
+                                    float *DSGD__RESTRICT m2, size_t n) {
+    DSGD__NO_CONTRACT
+    const float lr = u->lr, wd = u->weight_decay, gs = u->grad_scale, mu = u->momentum;
+    const float b1 = u->beta1, b2 = u->beta2, eps = u->eps;
+    const float bc1 = u->bias_correction1, bc2 = u->bias_correction2;
+    switch (u->kind) {
+    case DSGD_OPT_SGD:
+#define DSGD__SGD(i)                                                                     \
+    do {                                                                                 \
+        float gi = g[i] * gs + wd * p[i]; /* L2 term */                                  \
+        p[i] -= lr * gi;                                                                 \
+    } while (0)
+        DSGD__EACH(n, DSGD__SGD);
+#undef DSGD__SGD
+        break;
+    case DSGD_OPT_MOMENTUM:
+#define DSGD__MOMENTUM(i, NESTEROV)                                                      \
+    do {                                                                                 \
+        float gi = g[i] * gs + wd * p[i];                                                \
+        float v = mu * m1[i] + gi; /* velocity */                                        \
+        m1[i] = v;                                                                       \
+        p[i] -= lr * (NESTEROV ? gi + mu * v : v);                                       \
+    } while (0)
+#define DSGD__NESTEROV(i) DSGD__MOMENTUM(i, 1)
+#define DSGD__HEAVY_BALL(i) DSGD__MOMENTUM(i, 0)
+        if (u->nesterov) /* two loops: no select in the vector code */
+            DSGD__EACH(n, DSGD__NESTEROV);
+        else
+            DSGD__EACH(n, DSGD__HEAVY_BALL);
+#undef DSGD__HEAVY_BALL
+#undef DSGD__NESTEROV
+#undef DSGD__MOMENTUM
+        break;
+    default: { /* Adam, AdamW: sqrtf may set errno, so this loop stays scalar */
+        int decoupled = u->kind == DSGD_OPT_ADAMW;
+        size_t i;
+        for (i = 0; i < n; ++i) {
+            float gi = g[i] * gs + (decoupled ? 0.0f : wd * p[i]);
+            float mi = b1 * m1[i] + (1.0f - b1) * gi;      /* first moment */
+            float vi = b2 * m2[i] + (1.0f - b2) * gi * gi; /* second moment */
+            float mhat = mi / bc1, vhat = vi / bc2;        /* bias-corrected */
+            m1[i] = mi;
+            m2[i] = vi;
+            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + (decoupled ? wd * p[i] : 0.0f));
+        }
+        break;
+    }
+    }
+}
+
+/* 1 when an element of x is NaN or infinite: its exponent is all ones (an
+   integer OR over the bits vectorises) */
+DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
+    uint32_t any = 0;
+#define DSGD__NONFINITE(i)                                                               \
+    do {                                                                                 \
+        uint32_t u_;                                                                     \
+        memcpy(&u_, x + (i), sizeof(u_));                                                \
+        any |= (uint32_t)((u_ & 0x7f800000u) == 0x7f800000u);                            \
+    } while (0)
+    DSGD__EACH(n, DSGD__NONFINITE);
+#undef DSGD__NONFINITE
+    return any != 0;
+}
+
+/* The element-wise members for one target: SUFFIX names them, ATTR is its
+   target attribute (empty for the baseline). */
+#define DSGD__ELEMENTWISE(SUFFIX, ATTR)                                                            \
+    ATTR static void dsgd__scale_##SUFFIX(float *x, float alpha, size_t n) {                       \
+        dsgd__scale_body(x, alpha, n);                                                             \
+    }                                                                                              \
+    ATTR static void dsgd__axpy_##SUFFIX(float *y, float alpha, const float *x, size_t n) {        \
+        dsgd__axpy_body(y, alpha, x, n);                                                           \
+    }                                                                                              \
+    ATTR static void dsgd__bias_act_##SUFFIX(dsgd_activation act, float *y, const float *bias,     \
+                                             int m, int n) {                                       \
+        dsgd__bias_act_body(act, y, bias, m, n);                                                   \
+    }                                                                                              \
+    ATTR static void dsgd__act_backward_##SUFFIX(dsgd_activation act, float *dy, const float *y,   \
+                                                 size_t n) {                                       \
+        dsgd__act_backward_body(act, dy, y, n);                                                    \
+    }                                                                                              \
+    ATTR static void dsgd__bias_backward_##SUFFIX(float *db, const float *dy, int m, int n) {      \
+        dsgd__bias_backward_body(db, dy, m, n);                                                    \
+    }                                                                                              \
+    ATTR static void dsgd__update_##SUFFIX(const dsgd_opt_update *u, float *p, const float *g,     \
+                                           float *m1, float *m2, size_t n) {                       \
+        dsgd__update_body(u, p, g, m1, m2, n);                                                     \
+    }                                                                                              \
+    ATTR static int dsgd__nonfinite_##SUFFIX(const float *x, size_t n) {                           \
+        return dsgd__nonfinite_body(x, n);                                                         \
+    }
+
+/* ---- portable: the compiler's vectors, no FMA */
+
 /* The baseline target's vectors: VW floats, 8 with AVX, else 4 (SSE2,
-   NEON). The portable kernel's NR is 2 of them, so that no vector operation
-   is split into scalars. */
+   NEON). The portable GEMM kernel's NR is 2 of them, so that no vector
+   operation is split into scalars. */
 #if defined(__AVX__)
 #define DSGD__VW 8
 #else
@@ -166,6 +363,11 @@ typedef struct dsgd__cpu_kernel {
 #endif
 #define DSGD__PMR 6
 #define DSGD__PNR (2 * DSGD__VW)
+
+static int dsgd__isa_always(void) { return 1; }
+
+DSGD__ELEMENTWISE(portable, )
+
 #if defined(__GNUC__) || defined(__clang__)
 /* GNU vector extensions: in the portable kernel twelve accumulators stay in
    registers (gcc does not vectorise the plain loop with them in there). */
@@ -174,97 +376,6 @@ typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
    so the ABI does not depend on -mavx */
 #define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
 #define DSGD__V8_STORE(p, v) memcpy((p), &(v), sizeof(dsgd__v8))
-#endif
-
-/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
-static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
-                         float *DSGD__RESTRICT ap) {
-    int ib, i, p;
-    for (ib = 0; ib < mc; ib += mr_) {
-        int mr = DSGD__MIN(mr_, mc - ib);
-        if (ta) { /* a column of op(A) is contiguous: read along it */
-            for (p = 0; p < kc; ++p) {
-                const float *src = a + (size_t)(p0 + p) * lda + i0 + ib;
-                for (i = 0; i < mr; ++i) ap[(size_t)p * mr_ + i] = src[i];
-                for (; i < mr_; ++i) ap[(size_t)p * mr_ + i] = 0.0f;
-            }
-        } else { /* a row is contiguous: read along it, write with stride mr_ */
-            for (i = 0; i < mr; ++i) {
-                const float *src = a + (size_t)(i0 + ib + i) * lda + p0;
-                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = src[p];
-            }
-            for (; i < mr_; ++i)
-                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = 0.0f;
-        }
-        ap += (size_t)kc * mr_;
-    }
-}
-
-/* Packs the kc x nc block of op(B) at (p0, j0) into nr_-column strips. */
-static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0, int nc, int nr_,
-                         float *DSGD__RESTRICT bp) {
-    int jb, j, p;
-    for (jb = 0; jb < nc; jb += nr_) {
-        int nr = DSGD__MIN(nr_, nc - jb);
-        if (tb) { /* a column of op(B) is a contiguous row of B: read along it */
-            for (j = 0; j < nr; ++j) {
-                const float *src = b + (size_t)(j0 + jb + j) * ldb + p0;
-                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = src[p];
-            }
-            for (; j < nr_; ++j)
-                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = 0.0f;
-        } else {
-            for (p = 0; p < kc; ++p) {
-                const float *src = b + (size_t)(p0 + p) * ldb + j0 + jb;
-                memcpy(bp + (size_t)p * nr_, src, (size_t)nr * sizeof(float));
-                for (j = nr; j < nr_; ++j) bp[(size_t)p * nr_ + j] = 0.0f;
-            }
-        }
-        bp += (size_t)kc * nr_;
-    }
-}
-
-/* Clang contracts a * b + c into an FMA within an expression when the target
-   has one (-march=native): not in the kernels that promise two roundings.
-   GCC contracts only outside ISO modes (-std=gnu*) with -mfma; the library's
-   builds are -std=c99. */
-#if defined(__clang__)
-#define DSGD__NO_CONTRACT _Pragma("STDC FP_CONTRACT OFF")
-#else
-#define DSGD__NO_CONTRACT
-#endif
-
-/* C(mr, nr) += alpha * acc(mr, nr). Shared by every kernel and compiled for
-   the baseline target, so no kernel fuses this multiply-add and the kernels'
-   bits differ only where their accumulation does. */
-static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
-                           const float *DSGD__RESTRICT acc, int ld) {
-    DSGD__NO_CONTRACT
-    int i, j;
-    for (i = 0; i < mr; ++i) {
-        float *row = c + (size_t)i * ldc;
-        const float *t = acc + (size_t)i * ld;
-        j = 0;
-#if defined(__GNUC__) || defined(__clang__)
-        { /* the same operations, element by element, VW at a time */
-            dsgd__v8 vc, vt;
-            for (j = 0; j + DSGD__VW <= nr; j += DSGD__VW) {
-                DSGD__V8_LOAD(vc, row + j);
-                DSGD__V8_LOAD(vt, t + j);
-                vc += vt * alpha;
-                DSGD__V8_STORE(row + j, vc);
-            }
-        }
-#endif
-        for (; j < nr; ++j) row[j] += alpha * t[j];
-    }
-}
-
-/* ---- portable: the compiler's vectors, no FMA */
-
-static int dsgd__isa_always(void) { return 1; }
-
-#if defined(__GNUC__) || defined(__clang__)
 
 static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                  float *DSGD__RESTRICT acc) {
@@ -382,21 +493,29 @@ __attribute__((target("avx512f"))) static void dsgd__micro_avx512(int kc, const 
     DSGD__STORE16(6); DSGD__STORE16(7); DSGD__STORE16(8); DSGD__STORE16(9); DSGD__STORE16(10); DSGD__STORE16(11);
 #undef DSGD__STORE16
 }
+
+DSGD__ELEMENTWISE(avx2, __attribute__((target("avx2,fma"))))
+DSGD__ELEMENTWISE(avx512, __attribute__((target("avx512f"))))
 #else
 #define DSGD__X86_DISPATCH 0
 #endif
 
 /* The kernels, widest first: the first one supported is the default. */
+#define DSGD__KERNEL(NAME, SUFFIX, SUPPORTED, MR, NR)                                   \
+    {/* .name = */ NAME, /* .supported = */ SUPPORTED, /* .mr = */ MR, /* .nr = */ NR,  \
+     /* .micro = */ dsgd__micro_##SUFFIX, /* .scale = */ dsgd__scale_##SUFFIX,          \
+     /* .axpy = */ dsgd__axpy_##SUFFIX, /* .bias_act = */ dsgd__bias_act_##SUFFIX,      \
+     /* .act_backward = */ dsgd__act_backward_##SUFFIX,                                 \
+     /* .bias_backward = */ dsgd__bias_backward_##SUFFIX,                               \
+     /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX}
 static const dsgd__cpu_kernel dsgd__cpu_kernels[] = {
 #if DSGD__X86_DISPATCH
-    {/* .name = */ "avx512", /* .mr = */ 12, /* .nr = */ 32, /* .micro = */ dsgd__micro_avx512,
-     /* .supported = */ dsgd__isa_avx512},
-    {/* .name = */ "avx2", /* .mr = */ 6, /* .nr = */ 16, /* .micro = */ dsgd__micro_avx2,
-     /* .supported = */ dsgd__isa_avx2},
+    DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32),
+    DSGD__KERNEL("avx2", avx2, dsgd__isa_avx2, 6, 16),
 #endif
-    {/* .name = */ "portable", /* .mr = */ DSGD__PMR, /* .nr = */ DSGD__PNR,
-     /* .micro = */ dsgd__micro_portable, /* .supported = */ dsgd__isa_always},
+    DSGD__KERNEL("portable", portable, dsgd__isa_always, DSGD__PMR, DSGD__PNR),
 };
+#undef DSGD__KERNEL
 
 /* The kernel named `want` when the CPU runs it, else the widest one it runs
    (also for NULL, "" and names not in the table). */
@@ -411,15 +530,108 @@ static const dsgd__cpu_kernel *dsgd__cpu_kernel_choose(const char *want) {
     }
     return best;
 }
-#endif /* !DSGD_USE_CBLAS */
 
-DSGD_API const char *dsgd_cpu_isa(void) {
-#ifdef DSGD_USE_CBLAS
-    return "cblas";
-#else
-    return dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"))->name;
-#endif
+DSGD_API const char *dsgd_cpu_isa(void) { return dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"))->name; }
+
+/* >>gemm ------------------------------------------------------------------- */
+/* A cache-blocked GEMM in the style of Goto & van de Geijn (2008): B is packed
+   into KC x NC panels of NR-wide column strips, A into MC x KC panels of
+   MR-high row strips, and a register-blocked MR x NR micro-kernel does the
+   arithmetic into a tile that is then added, times alpha, to C.
+
+   The micro-kernel is chosen at run time (see dsgd_cpu_isa): "avx512"
+   (AVX-512F, 12 x 32), "avx2" (AVX2 and FMA, 6 x 16) or "portable" (GNU
+   vectors of the compiler's width, 6 x 8 on plain x86-64 and NEON, 6 x 16
+   with -mavx). Whatever MR and NR are, every entry of C is summed in the same
+   order: beta C, then for each KC block of k, in order, alpha times that
+   block's products summed from its first p to its last. So results are
+   bitwise reproducible for a given kernel; every kernel without FMA (the
+   portable one, at any width) gives the same bits, and so do the two FMA
+   kernels, which differ from the portable one in the last bits (one rounding
+   per multiply-add instead of two). */
+
+#ifndef DSGD_USE_CBLAS
+#define DSGD__KC 256
+#define DSGD__MC 120  /* a multiple of every kernel's MR */
+#define DSGD__NC 2048 /* a multiple of every kernel's NR */
+#define DSGD__MR_MAX 12
+#define DSGD__NR_MAX 32
+
+/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
+static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
+                         float *DSGD__RESTRICT ap) {
+    int ib, i, p;
+    for (ib = 0; ib < mc; ib += mr_) {
+        int mr = DSGD__MIN(mr_, mc - ib);
+        if (ta) { /* a column of op(A) is contiguous: read along it */
+            for (p = 0; p < kc; ++p) {
+                const float *src = a + (size_t)(p0 + p) * lda + i0 + ib;
+                for (i = 0; i < mr; ++i) ap[(size_t)p * mr_ + i] = src[i];
+                for (; i < mr_; ++i) ap[(size_t)p * mr_ + i] = 0.0f;
+            }
+        } else { /* a row is contiguous: read along it, write with stride mr_ */
+            for (i = 0; i < mr; ++i) {
+                const float *src = a + (size_t)(i0 + ib + i) * lda + p0;
+                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = src[p];
+            }
+            for (; i < mr_; ++i)
+                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = 0.0f;
+        }
+        ap += (size_t)kc * mr_;
+    }
 }
+
+/* Packs the kc x nc block of op(B) at (p0, j0) into nr_-column strips. */
+static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0, int nc, int nr_,
+                         float *DSGD__RESTRICT bp) {
+    int jb, j, p;
+    for (jb = 0; jb < nc; jb += nr_) {
+        int nr = DSGD__MIN(nr_, nc - jb);
+        if (tb) { /* a column of op(B) is a contiguous row of B: read along it */
+            for (j = 0; j < nr; ++j) {
+                const float *src = b + (size_t)(j0 + jb + j) * ldb + p0;
+                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = src[p];
+            }
+            for (; j < nr_; ++j)
+                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = 0.0f;
+        } else {
+            for (p = 0; p < kc; ++p) {
+                const float *src = b + (size_t)(p0 + p) * ldb + j0 + jb;
+                memcpy(bp + (size_t)p * nr_, src, (size_t)nr * sizeof(float));
+                for (j = nr; j < nr_; ++j) bp[(size_t)p * nr_ + j] = 0.0f;
+            }
+        }
+        bp += (size_t)kc * nr_;
+    }
+}
+
+/* C(mr, nr) += alpha * acc(mr, nr). Shared by every kernel and compiled for
+   the baseline target, so no kernel fuses this multiply-add and the kernels'
+   bits differ only where their accumulation does. */
+static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
+                           const float *DSGD__RESTRICT acc, int ld) {
+    DSGD__NO_CONTRACT
+    int i, j;
+    for (i = 0; i < mr; ++i) {
+        float *row = c + (size_t)i * ldc;
+        const float *t = acc + (size_t)i * ld;
+        j = 0;
+#if defined(__GNUC__) || defined(__clang__)
+        { /* the same operations, element by element, VW at a time */
+            dsgd__v8 vc, vt;
+            for (j = 0; j + DSGD__VW <= nr; j += DSGD__VW) {
+                DSGD__V8_LOAD(vc, row + j);
+                DSGD__V8_LOAD(vt, t + j);
+                vc += vt * alpha;
+                DSGD__V8_STORE(row + j, vc);
+            }
+        }
+#endif
+        for (; j < nr; ++j) row[j] += alpha * t[j];
+    }
+}
+
+#endif /* !DSGD_USE_CBLAS */
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                   dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta,
@@ -495,16 +707,33 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
 #endif
 }
 
-/* >>activations and losses ------------------------------------------------- */
+/* >>element-wise operations ---------------------------------------------- */
 
-static float dsgd__act(dsgd_activation act, float v) {
-    switch (act) {
-    case DSGD_ACT_RELU: return v > 0.0f ? v : 0.0f;
-    case DSGD_ACT_TANH: return tanhf(v);
-    case DSGD_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
-    default: return v;
-    }
+static dsgd_result dsgd__cpu_scale(void *impl, dsgd_ref x, float alpha, size_t n) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    float *p = dsgd__cpu_span(cpu, x, n, "scale");
+    if (!p) return DSGD_ERR_INVALID_ARGUMENT;
+    cpu->kern->scale(p, alpha, n);
+    return DSGD_OK;
 }
+
+static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref x, size_t n) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    float *py = dsgd__cpu_span(cpu, y, n, "axpy");
+    float *px = dsgd__cpu_span(cpu, x, n, "axpy");
+    size_t i;
+    if (!py || !px) return DSGD_ERR_INVALID_ARGUMENT;
+    if (py == px) { /* y += alpha y: one array, one by one */
+        for (i = 0; i < n; ++i) py[i] += alpha * px[i];
+        return DSGD_OK;
+    }
+    if (dsgd__cpu_overlap(y, n, x, n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu axpy: y and x overlap");
+    cpu->kern->axpy(py, alpha, px, n);
+    return DSGD_OK;
+}
+
+/* >>activations and losses ------------------------------------------------- */
 
 static int dsgd__act_valid(dsgd_activation act) {
     return act == DSGD_ACT_NONE || act == DSGD_ACT_RELU || act == DSGD_ACT_TANH ||
@@ -516,7 +745,6 @@ static dsgd_result dsgd__cpu_bias_act_forward(void *impl, dsgd_activation act, d
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *y;
     const float *bias = NULL;
-    int i, j;
     if (m < 0 || n < 0 || !dsgd__act_valid(act))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "cpu bias_act_forward: bad arguments m=%d n=%d act=%d", m, n, (int)act);
@@ -525,11 +753,10 @@ static dsgd_result dsgd__cpu_bias_act_forward(void *impl, dsgd_activation act, d
     if (rbias.buf) {
         bias = dsgd__cpu_span(cpu, rbias, (size_t)n, "bias_act_forward bias");
         if (!bias) return DSGD_ERR_INVALID_ARGUMENT;
+        if (dsgd__cpu_overlap(ry, (size_t)m * n, rbias, (size_t)n))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_act_forward: y and bias overlap");
     }
-    for (i = 0; i < m; ++i) {
-        float *row = y + (size_t)i * n;
-        for (j = 0; j < n; ++j) row[j] = dsgd__act(act, bias ? row[j] + bias[j] : row[j]);
-    }
+    cpu->kern->bias_act(act, y, bias, m, n);
     return DSGD_OK;
 }
 
@@ -538,25 +765,14 @@ static dsgd_result dsgd__cpu_act_backward(void *impl, dsgd_activation act, dsgd_
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *dy;
     const float *y;
-    size_t i;
     if (!dsgd__act_valid(act))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu act_backward: bad activation %d", (int)act);
     dy = dsgd__cpu_span(cpu, rdy, n, "act_backward dy");
     y = dsgd__cpu_span(cpu, ry, n, "act_backward y");
     if (!dy || !y) return DSGD_ERR_INVALID_ARGUMENT;
-    switch (act) {
-    case DSGD_ACT_RELU:
-        for (i = 0; i < n; ++i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-        break;
-    case DSGD_ACT_TANH:
-        for (i = 0; i < n; ++i) dy[i] *= 1.0f - y[i] * y[i];
-        break;
-    case DSGD_ACT_SIGMOID:
-        for (i = 0; i < n; ++i) dy[i] *= y[i] * (1.0f - y[i]);
-        break;
-    default:
-        break;
-    }
+    if (dsgd__cpu_overlap(rdy, n, ry, n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu act_backward: dy and y overlap");
+    cpu->kern->act_backward(act, dy, y, n);
     return DSGD_OK;
 }
 
@@ -564,17 +780,14 @@ static dsgd_result dsgd__cpu_bias_backward(void *impl, dsgd_ref rdb, dsgd_ref rd
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *db;
     const float *dy;
-    int i, j;
     if (m < 0 || n < 0)
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_backward: m=%d n=%d", m, n);
     db = dsgd__cpu_span(cpu, rdb, (size_t)n, "bias_backward db");
     dy = dsgd__cpu_span(cpu, rdy, (size_t)m * n, "bias_backward dy");
     if (!db || !dy) return DSGD_ERR_INVALID_ARGUMENT;
-    for (j = 0; j < n; ++j) db[j] = 0.0f;
-    for (i = 0; i < m; ++i) {
-        const float *row = dy + (size_t)i * n;
-        for (j = 0; j < n; ++j) db[j] += row[j];
-    }
+    if (dsgd__cpu_overlap(rdb, (size_t)n, rdy, (size_t)m * n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_backward: db and dy overlap");
+    cpu->kern->bias_backward(db, dy, m, n);
     return DSGD_OK;
 }
 
@@ -646,18 +859,13 @@ static dsgd_result dsgd__cpu_loss(void *impl, dsgd_loss loss, int m, int c, dsgd
 }
 
 /* >>optimizer updates ------------------------------------------------------ */
-/* SGD and momentum follow torch.optim.SGD (v = mu v + g; p -= lr v; Nesterov:
-   p -= lr (g + mu v)); Adam follows Kingma & Ba 2015, Algorithm 1, with L2
-   weight decay added to the gradient as torch.optim.Adam does; AdamW follows
-   Loshchilov & Hutter 2019, decoupled decay p -= lr wd p (torch.optim.AdamW). */
+/* The formulas are in dsgd__update_body (>>kernels). */
 static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update *u, dsgd_ref rp,
                                               dsgd_ref rg, dsgd_ref rm1, dsgd_ref rm2, size_t n) {
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *p = dsgd__cpu_span(cpu, rp, n, "optimizer_update param");
     const float *g = dsgd__cpu_span(cpu, rg, n, "optimizer_update grad");
     float *m1 = NULL, *m2 = NULL;
-    float lr, wd, gs;
-    size_t i;
     if (!p || !g || !u) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu optimizer_update: bad arguments");
     if (u->kind != DSGD_OPT_SGD) {
         m1 = dsgd__cpu_span(cpu, rm1, n, "optimizer_update state m1");
@@ -667,45 +875,14 @@ static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update 
         m2 = dsgd__cpu_span(cpu, rm2, n, "optimizer_update state m2");
         if (!m2) return DSGD_ERR_INVALID_ARGUMENT;
     }
-    lr = u->lr;
-    wd = u->weight_decay;
-    gs = u->grad_scale;
-    switch (u->kind) {
-    case DSGD_OPT_SGD:
-        for (i = 0; i < n; ++i) {
-            float gi = g[i] * gs + wd * p[i]; /* L2 term */
-            p[i] -= lr * gi;
-        }
-        break;
-    case DSGD_OPT_MOMENTUM: {
-        float mu = u->momentum;
-        for (i = 0; i < n; ++i) {
-            float gi = g[i] * gs + wd * p[i];
-            float v = mu * m1[i] + gi; /* velocity */
-            m1[i] = v;
-            p[i] -= lr * (u->nesterov ? gi + mu * v : v);
-        }
-        break;
-    }
-    case DSGD_OPT_ADAM:
-    case DSGD_OPT_ADAMW: {
-        float b1 = u->beta1, b2 = u->beta2, eps = u->eps;
-        float bc1 = u->bias_correction1, bc2 = u->bias_correction2;
-        int decoupled = u->kind == DSGD_OPT_ADAMW;
-        for (i = 0; i < n; ++i) {
-            float gi = g[i] * gs + (decoupled ? 0.0f : wd * p[i]);
-            float mi = b1 * m1[i] + (1.0f - b1) * gi;      /* first moment */
-            float vi = b2 * m2[i] + (1.0f - b2) * gi * gi; /* second moment */
-            float mhat = mi / bc1, vhat = vi / bc2;        /* bias-corrected */
-            m1[i] = mi;
-            m2[i] = vi;
-            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + (decoupled ? wd * p[i] : 0.0f));
-        }
-        break;
-    }
-    default:
+    if (u->kind != DSGD_OPT_SGD && u->kind != DSGD_OPT_MOMENTUM && u->kind != DSGD_OPT_ADAM &&
+        u->kind != DSGD_OPT_ADAMW)
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu optimizer_update: unknown kind %d", (int)u->kind);
-    }
+    if (dsgd__cpu_overlap(rp, n, rg, n) || (m1 && (dsgd__cpu_overlap(rp, n, rm1, n) || dsgd__cpu_overlap(rg, n, rm1, n))) ||
+        (m2 && (dsgd__cpu_overlap(rp, n, rm2, n) || dsgd__cpu_overlap(rg, n, rm2, n) || dsgd__cpu_overlap(rm1, n, rm2, n))))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "cpu optimizer_update: param, grad and state ranges overlap");
+    cpu->kern->update(u, p, g, m1, m2, n);
     return DSGD_OK;
 }
 
@@ -716,14 +893,8 @@ static dsgd_result dsgd__cpu_norm_check(void *impl, dsgd_ref rx, size_t n, doubl
     size_t bad = 0, i;
     if (!x) return DSGD_ERR_INVALID_ARGUMENT;
     if (!sumsq) {
-        /* finiteness only (the strategies' check every step): an exponent of
-           all ones is NaN or infinity; an integer OR vectorises */
-        uint32_t any = 0, u;
-        for (i = 0; i < n; ++i) {
-            memcpy(&u, x + i, sizeof(u));
-            any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
-        }
-        if (!any) {
+        /* finiteness only (the strategies' check every step) */
+        if (!cpu->kern->nonfinite(x, n)) {
             if (nonfinite) *nonfinite = 0;
             return DSGD_OK;
         }
@@ -754,8 +925,8 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
     if (!cpu) return DSGD_ERR_OUT_OF_MEMORY;
     memset(cpu, 0, sizeof(*cpu));
     cpu->ctx = ctx;
-#ifndef DSGD_USE_CBLAS
     cpu->kern = dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"));
+#ifndef DSGD_USE_CBLAS
     DSGD_ASSERT(DSGD__MC % cpu->kern->mr == 0 && DSGD__NC % cpu->kern->nr == 0 &&
                 cpu->kern->mr <= DSGD__MR_MAX && cpu->kern->nr <= DSGD__NR_MAX);
 #endif
@@ -784,11 +955,7 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
 
 DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be) {
     if (!be || !be->impl || be->destroy != dsgd__cpu_destroy) return NULL;
-#ifdef DSGD_USE_CBLAS
-    return "cblas";
-#else
     return ((const dsgd__cpu *)be->impl)->kern->name;
-#endif
 }
 
 #endif /* DSGD__PART_BACKEND_CPU_IMPL */

@@ -1,4 +1,4 @@
-/* test_cpu_isa.c - the CPU backend's run-time GEMM kernels (CPU KERNELS in
+/* test_cpu_isa.c - the CPU backend's run-time kernels (CPU KERNELS in
    distsgd/backend.h).
 
    Every kernel this machine supports is forced through DSGD_CPU_ISA (the
@@ -16,8 +16,15 @@
      product then a rounded sum for the portable one), then C += alpha acc;
      so the two FMA kernels agree bit for bit with each other, and every
      kernel with itself from run to run (checked too).
-   The kernels that ran are printed. The emulation assumes a build that does
+   - every element-wise operation (scale, axpy, bias_act_forward and
+     act_backward for each activation, bias_backward, optimizer_update for
+     each kind, norm_check) bit for bit against its scalar formula written
+     out here, at sizes around the kernels' 16-element blocks;
+   - overlapping ranges refused (the kernels' arrays are restrict).
+   The kernels that ran are printed. The emulations assume a build that does
    not contract a * b + c (the Makefile's -std=c99; see DSGD__NO_CONTRACT).
+   With DSGD_USE_CBLAS the GEMM's order is OpenBLAS's: only its accuracy is
+   checked.
 
    Build: make test (or cc -std=c99 tests/test_cpu_isa.c -lcmocka -lm -lpthread). */
 #define _POSIX_C_SOURCE 200809L
@@ -31,8 +38,6 @@
 #include <cmocka.h>
 
 #include "test_util.h"
-
-#ifndef DSGD_USE_CBLAS
 
 #define NKERNELS ((int)(sizeof(dsgd__cpu_kernels) / sizeof(dsgd__cpu_kernels[0])))
 
@@ -195,6 +200,13 @@ static void run_gemm(dsgd_ctx *ctx, dsgd_backend_i *be, const problem *p, float 
     be->buffer_destroy(be->impl, bc);
 }
 
+#ifdef DSGD_USE_CBLAS /* cblas_sgemm does the GEMM: its order is its own */
+#define DSGD__KC 256
+#define ORDER_CHECKED 0
+#else
+#define ORDER_CHECKED 1
+#endif
+
 /* Entry (i, j) in the documented order: beta c (or 0), then per KC block
    c += alpha * (that block's products summed in order), fused or not. */
 static float emulate(const problem *p, int i, int j, int fused) {
@@ -266,7 +278,7 @@ static void test_kernels_gemm(void **state) {
                                 if (!(fabs(g - ref) <= (k + 2) * FLT_EPSILON * mag))
                                     fail_msg("%s %dx%dx%d ta=%d tb=%d C[%d,%d] = %.9g, reference %.9g",
                                              kern->name, m, n, k, p.ta, p.tb, i, j, (double)g, ref);
-                                if (memcmp(&g, &e, sizeof g))
+                                if (ORDER_CHECKED && memcmp(&g, &e, sizeof g))
                                     fail_msg("%s %dx%dx%d ta=%d tb=%d C[%d,%d] = %.9g, not the bits of "
                                              "its order (%.9g)", kern->name, m, n, k, p.ta, p.tb, i, j,
                                              (double)g, (double)e);
@@ -298,7 +310,7 @@ static void test_fma_kernels_agree(void **state) {
     TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
     create_with(ctx, "avx2", &b2);
     create_with(ctx, "avx512", &b5);
-    if (strcmp(dsgd_cpu_backend_isa(&b2), "avx2") || strcmp(dsgd_cpu_backend_isa(&b5), "avx512")) {
+    if (!ORDER_CHECKED || strcmp(dsgd_cpu_backend_isa(&b2), "avx2") || strcmp(dsgd_cpu_backend_isa(&b5), "avx512")) {
         print_message("avx2 and avx512 do not both run here: skipped\n");
     } else {
         problem_init(&p, 131, 77, 600, 1, 0, 4242);
@@ -320,32 +332,263 @@ static void test_fma_kernels_agree(void **state) {
     dsgd_ctx_destroy(ctx);
 }
 
-int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names_and_fallback),
-        cmocka_unit_test(test_kernels_gemm),
-        cmocka_unit_test(test_fma_kernels_agree),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+/* ---------------------------------------------------------------- element-wise */
+
+/* A buffer of n floats holding src (n may be 0). */
+static dsgd_buffer *mkbuf(dsgd_ctx *ctx, dsgd_backend_i *be, const float *src, size_t n) {
+    dsgd_buffer *b = NULL;
+    dsgd_ref r;
+    TU_OK(ctx, be->buffer_create(be->impl, n ? n : 1, &b));
+    r.buf = b;
+    r.off = 0;
+    if (n) TU_OK(ctx, be->write(be->impl, r, src, n));
+    return b;
 }
 
-#else /* DSGD_USE_CBLAS: no built-in kernels; the backend says "cblas" */
+static dsgd_ref whole(dsgd_buffer *b) {
+    dsgd_ref r;
+    r.buf = b;
+    r.off = 0;
+    return r;
+}
 
-static void test_cblas_name(void **state) {
+static void fill_random(float *x, size_t n, uint64_t seed) {
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = (float)(2.0 * dsgd_rng_uniform(&seed) - 1.0);
+}
+
+/* Fails unless got and want hold the same bits. */
+static void same_bits(const char *kern, const char *what, size_t n, const float *got, const float *want) {
+    size_t i;
+    for (i = 0; i < n; ++i)
+        if (memcmp(got + i, want + i, sizeof(float)))
+            fail_msg("%s %s n=%zu [%zu] = %.9g, scalar %.9g", kern, what, n, i, (double)got[i], (double)want[i]);
+}
+
+/* Every element-wise operation of every supported kernel, at sizes around
+   the 16-element blocks, gives the bits of the scalar formula (written out
+   here as the backend states it). */
+static void test_kernels_elementwise(void **state) {
+    static const size_t sizes[] = {1, 5, 16, 17, 131, 1003};
+    dsgd_ctx *ctx = NULL;
+    int ki, si, a, kind;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    for (ki = 0; ki < NKERNELS; ++ki) {
+        const dsgd__cpu_kernel *kern = &dsgd__cpu_kernels[ki];
+        dsgd_backend_i be;
+        if (!kern->supported()) continue;
+        create_with(ctx, kern->name, &be);
+        for (si = 0; si < (int)(sizeof sizes / sizeof sizes[0]); ++si) {
+            size_t n = sizes[si], i;
+            float *x = (float *)malloc(n * sizeof(float)), *y = (float *)malloc(n * sizeof(float));
+            float *m1 = (float *)malloc(n * sizeof(float)), *m2 = (float *)malloc(n * sizeof(float));
+            float *want = (float *)malloc(4 * n * sizeof(float)), *got = (float *)malloc(4 * n * sizeof(float));
+            dsgd_buffer *bx, *by, *b1, *b2;
+            assert_true(x && y && m1 && m2 && want && got);
+            fill_random(x, n, 11 + n);
+            fill_random(y, n, 12 + n);
+            fill_random(m1, n, 13 + n);
+            for (i = 0; i < n; ++i) m2[i] = fabsf(y[i]) * 0.5f; /* a second moment is >= 0 */
+            bx = mkbuf(ctx, &be, x, n);
+            by = mkbuf(ctx, &be, y, n);
+            /* scale, axpy */
+            TU_OK(ctx, be.scale(be.impl, whole(bx), -1.37f, n));
+            TU_OK(ctx, be.read(be.impl, whole(bx), got, n));
+            for (i = 0; i < n; ++i) want[i] = x[i] * -1.37f;
+            same_bits(kern->name, "scale", n, got, want);
+            TU_OK(ctx, be.write(be.impl, whole(bx), x, n));
+            TU_OK(ctx, be.axpy(be.impl, whole(by), 0.61f, whole(bx), n));
+            TU_OK(ctx, be.read(be.impl, whole(by), got, n));
+            for (i = 0; i < n; ++i) {
+                float t = 0.61f * x[i];
+                want[i] = y[i] + t;
+            }
+            same_bits(kern->name, "axpy", n, got, want);
+            /* act_backward: dy = y, derivative at x (as the activation's output) */
+            for (a = DSGD_ACT_NONE; a <= DSGD_ACT_SIGMOID; ++a) {
+                TU_OK(ctx, be.write(be.impl, whole(by), y, n));
+                TU_OK(ctx, be.act_backward(be.impl, (dsgd_activation)a, whole(by), whole(bx), n));
+                TU_OK(ctx, be.read(be.impl, whole(by), got, n));
+                for (i = 0; i < n; ++i) {
+                    float d = y[i], t;
+                    if (a == DSGD_ACT_RELU) d = x[i] > 0.0f ? d : 0.0f;
+                    if (a == DSGD_ACT_TANH) { t = x[i] * x[i]; t = 1.0f - t; d = d * t; }
+                    if (a == DSGD_ACT_SIGMOID) { t = 1.0f - x[i]; t = x[i] * t; d = d * t; }
+                    want[i] = d;
+                }
+                same_bits(kern->name, "act_backward", n, got, want);
+            }
+            /* bias_act_forward on a 3 x n matrix, with and without bias */
+            {
+                float *mat = (float *)malloc(3 * n * sizeof(float));
+                dsgd_buffer *bm;
+                dsgd_ref nobias;
+                int r, withb;
+                assert_non_null(mat);
+                fill_random(mat, 3 * n, 14 + n);
+                bm = mkbuf(ctx, &be, mat, 3 * n);
+                nobias.buf = NULL;
+                nobias.off = 0;
+                for (withb = 0; withb < 2; ++withb)
+                    for (a = DSGD_ACT_NONE; a <= DSGD_ACT_SIGMOID; ++a) {
+                        TU_OK(ctx, be.write(be.impl, whole(bm), mat, 3 * n));
+                        TU_OK(ctx, be.bias_act_forward(be.impl, (dsgd_activation)a, whole(bm),
+                                                       withb ? whole(bx) : nobias, 3, (int)n));
+                        TU_OK(ctx, be.read(be.impl, whole(bm), got, 3 * n));
+                        for (r = 0; r < 3; ++r)
+                            for (i = 0; i < n; ++i) {
+                                float v = mat[r * n + i];
+                                if (withb) v = v + x[i];
+                                want[r * n + i] = dsgd__act((dsgd_activation)a, v);
+                            }
+                        same_bits(kern->name, "bias_act_forward", 3 * n, got, want);
+                    }
+                /* bias_backward: column sums of the 3 x n matrix, rows in order */
+                TU_OK(ctx, be.write(be.impl, whole(bm), mat, 3 * n));
+                TU_OK(ctx, be.bias_backward(be.impl, whole(bx), whole(bm), 3, (int)n));
+                TU_OK(ctx, be.read(be.impl, whole(bx), got, n));
+                for (i = 0; i < n; ++i) {
+                    float sum = 0.0f;
+                    for (r = 0; r < 3; ++r) sum = sum + mat[r * n + i];
+                    want[i] = sum;
+                }
+                same_bits(kern->name, "bias_backward", n, got, want);
+                be.buffer_destroy(be.impl, bm);
+                free(mat);
+            }
+            /* optimizer_update: every kind, Nesterov both ways */
+            b1 = mkbuf(ctx, &be, m1, n);
+            b2 = mkbuf(ctx, &be, m2, n);
+            for (kind = 0; kind < 5; ++kind) {
+                dsgd_opt_update u;
+                memset(&u, 0, sizeof u);
+                u.kind = kind < 3 ? (kind == 0 ? DSGD_OPT_SGD : DSGD_OPT_MOMENTUM)
+                                  : (kind == 3 ? DSGD_OPT_ADAM : DSGD_OPT_ADAMW);
+                u.nesterov = kind == 2;
+                u.lr = 0.03f;
+                u.momentum = 0.9f;
+                u.beta1 = 0.9f;
+                u.beta2 = 0.999f;
+                u.eps = 1e-8f;
+                u.weight_decay = 0.01f;
+                u.bias_correction1 = 0.19f;
+                u.bias_correction2 = 0.0199f;
+                u.grad_scale = 0.7f;
+                TU_OK(ctx, be.write(be.impl, whole(bx), x, n));
+                TU_OK(ctx, be.write(be.impl, whole(by), y, n));
+                TU_OK(ctx, be.write(be.impl, whole(b1), m1, n));
+                TU_OK(ctx, be.write(be.impl, whole(b2), m2, n));
+                TU_OK(ctx, be.optimizer_update(be.impl, &u, whole(bx), whole(by), whole(b1), whole(b2), n));
+                TU_OK(ctx, be.read(be.impl, whole(bx), got, n));
+                TU_OK(ctx, be.read(be.impl, whole(b1), got + n, n));
+                TU_OK(ctx, be.read(be.impl, whole(b2), got + 2 * n, n));
+                for (i = 0; i < n; ++i) { /* the backend's formulas, one rounding per operation */
+                    float p = x[i], g = y[i], v1 = m1[i], v2 = m2[i], gi, t;
+                    if (u.kind == DSGD_OPT_SGD) {
+                        gi = g * u.grad_scale; t = u.weight_decay * p; gi = gi + t;
+                        t = u.lr * gi; p = p - t;
+                    } else if (u.kind == DSGD_OPT_MOMENTUM) {
+                        gi = g * u.grad_scale; t = u.weight_decay * p; gi = gi + t;
+                        t = u.momentum * v1; v1 = t + gi;
+                        if (u.nesterov) { t = u.momentum * v1; t = gi + t; } else t = v1;
+                        t = u.lr * t; p = p - t;
+                    } else {
+                        int dec = u.kind == DSGD_OPT_ADAMW;
+                        float mh, vh;
+                        gi = g * u.grad_scale; t = dec ? 0.0f : u.weight_decay * p; gi = gi + t;
+                        t = (1.0f - u.beta1) * gi; v1 = u.beta1 * v1 + t;
+                        t = (1.0f - u.beta2) * gi; t = t * gi; v2 = u.beta2 * v2 + t;
+                        mh = v1 / u.bias_correction1;
+                        vh = v2 / u.bias_correction2;
+                        t = sqrtf(vh) + u.eps; t = mh / t;
+                        t = t + (dec ? u.weight_decay * p : 0.0f);
+                        t = u.lr * t; p = p - t;
+                    }
+                    want[i] = p;
+                    want[n + i] = u.kind == DSGD_OPT_SGD ? m1[i] : v1;
+                    want[2 * n + i] = u.kind == DSGD_OPT_ADAM || u.kind == DSGD_OPT_ADAMW ? v2 : m2[i];
+                }
+                same_bits(kern->name, "optimizer_update", 3 * n, got, want);
+            }
+            /* norm_check: finite, then one infinity and one NaN */
+            {
+                size_t bad = 99;
+                double ss = 0;
+                TU_OK(ctx, be.write(be.impl, whole(bx), x, n));
+                TU_OK(ctx, be.norm_check(be.impl, whole(bx), n, NULL, &bad));
+                assert_int_equal(bad, 0);
+                x[n - 1] = INFINITY;
+                x[n / 2] = NAN;
+                TU_OK(ctx, be.write(be.impl, whole(bx), x, n));
+                TU_OK(ctx, be.norm_check(be.impl, whole(bx), n, NULL, &bad));
+                assert_int_equal(bad, n == 1 ? 1 : 2);
+                TU_OK(ctx, be.norm_check(be.impl, whole(bx), n, &ss, &bad));
+                assert_int_equal(bad, n == 1 ? 1 : 2);
+            }
+            be.buffer_destroy(be.impl, bx);
+            be.buffer_destroy(be.impl, by);
+            be.buffer_destroy(be.impl, b1);
+            be.buffer_destroy(be.impl, b2);
+            free(x);
+            free(y);
+            free(m1);
+            free(m2);
+            free(want);
+            free(got);
+        }
+        be.destroy(be.impl);
+        print_message("kernel %-8s element-wise operations: scalar bits\n", kern->name);
+    }
+    unsetenv("DSGD_CPU_ISA");
+    dsgd_ctx_destroy(ctx);
+}
+
+/* The element-wise kernels take restrict arrays: overlapping ranges are
+   refused (y += alpha y is allowed). */
+static void test_overlap_refused(void **state) {
     dsgd_ctx *ctx = NULL;
     dsgd_backend_i be;
+    dsgd_buffer *b;
+    dsgd_ref r0, r1;
+    dsgd_opt_update u;
+    float v[40], got[40];
+    int i;
     (void)state;
     TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
     TU_OK(ctx, dsgd_cpu_backend_create(ctx, &be));
-    assert_string_equal(dsgd_cpu_backend_isa(&be), "cblas");
-    assert_string_equal(dsgd_cpu_isa(), "cblas");
+    for (i = 0; i < 40; ++i) v[i] = (float)i;
+    b = mkbuf(ctx, &be, v, 40);
+    r0 = whole(b);
+    r1 = r0;
+    r1.off = 10;
+    assert_int_equal(be.act_backward(be.impl, DSGD_ACT_RELU, r0, r1, 20), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "overlap"));
+    assert_int_equal(be.axpy(be.impl, r0, 1.0f, r1, 20), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(be.bias_backward(be.impl, r1, r0, 2, 10), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(be.bias_act_forward(be.impl, DSGD_ACT_RELU, r0, r1, 2, 10), DSGD_ERR_INVALID_ARGUMENT);
+    memset(&u, 0, sizeof u);
+    u.kind = DSGD_OPT_SGD;
+    u.lr = 0.1f;
+    u.grad_scale = 1.0f;
+    assert_int_equal(be.optimizer_update(be.impl, &u, r0, r1, r0, r0, 20), DSGD_ERR_INVALID_ARGUMENT);
+    /* disjoint halves are fine, and y += 2 y */
+    TU_OK(ctx, be.act_backward(be.impl, DSGD_ACT_RELU, r0, r1, 10));
+    TU_OK(ctx, be.axpy(be.impl, r1, 2.0f, r1, 30));
+    TU_OK(ctx, be.read(be.impl, r1, got, 30));
+    for (i = 0; i < 30; ++i) assert_true(got[i] == 3.0f * (float)(i + 10));
+    be.buffer_destroy(be.impl, b);
     be.destroy(be.impl);
     dsgd_ctx_destroy(ctx);
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_cblas_name)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names_and_fallback),
+        cmocka_unit_test(test_kernels_gemm),
+        cmocka_unit_test(test_fma_kernels_agree),
+        cmocka_unit_test(test_kernels_elementwise),
+        cmocka_unit_test(test_overlap_refused),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
-
-#endif
