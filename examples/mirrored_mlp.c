@@ -148,9 +148,9 @@ int main(int argc, char **argv) {
         sd.backend_user_data = cl;
     }
     if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return fail(ctx);
-    /* the CPU backends chose their GEMM kernel as dsgd_cpu_isa() says (DSGD_CPU_ISA overrides) */
+    /* the CPU backends chose their kernels as dsgd_cpu_isa() says (DSGD_CPU_ISA overrides) */
     printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d%s%s\n",
-           train.n, test.n, replicas, batch, global, strcmp(backend, "cpu") ? "" : "; CPU GEMM kernel ",
+           train.n, test.n, replicas, batch, global, strcmp(backend, "cpu") ? "" : "; CPU kernels ",
            strcmp(backend, "cpu") ? "" : dsgd_cpu_isa());
     printf("model 784-256-128-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
            "%.3g at 128), warmup %lld steps + cosine, gradients summed on the %s (all-reduce %s)\n",
