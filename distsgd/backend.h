@@ -49,7 +49,9 @@
      -mavx; no FMA). dsgd_cpu_isa() and dsgd_cpu_backend_isa() say which. The
      environment variable DSGD_CPU_ISA=portable|avx2|avx512, read at backend
      creation, asks for one (for tests and benchmarks); a kernel the CPU
-     lacks, or an unknown name, gives the widest one it has.
+     lacks, or an unknown name, gives the widest one it has. Defining
+     DSGD_CPU_NO_DISPATCH where the implementation is compiled leaves only
+     the portable kernels (what other architectures get).
      Results are bitwise reproducible for a given kernel. The GEMM sums every
      entry of C in one order, fixed by its KC blocking and not by the tile
      size: so the two FMA kernels agree bit for bit with each other, and the

@@ -665,7 +665,9 @@ DSGD__PRIVATE FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *si
      -mavx; no FMA). dsgd_cpu_isa() and dsgd_cpu_backend_isa() say which. The
      environment variable DSGD_CPU_ISA=portable|avx2|avx512, read at backend
      creation, asks for one (for tests and benchmarks); a kernel the CPU
-     lacks, or an unknown name, gives the widest one it has.
+     lacks, or an unknown name, gives the widest one it has. Defining
+     DSGD_CPU_NO_DISPATCH where the implementation is compiled leaves only
+     the portable kernels (what other architectures get).
      Results are bitwise reproducible for a given kernel. The GEMM sums every
      entry of C in one order, fixed by its KC blocking and not by the tile
      size: so the two FMA kernels agree bit for bit with each other, and the
@@ -975,14 +977,20 @@ static dsgd_result dsgd__cpu_fill(void *impl, dsgd_ref dst, float value, size_t 
    every one (no contraction into FMA), so they give the same bits whatever
    the vector width. */
 
-/* Clang contracts a * b + c into an FMA within an expression when the target
-   has one (-march=native, or a target attribute): not in the code that
-   promises two roundings. GCC contracts only outside ISO modes (-std=gnu*)
-   where the target has FMA; the library's builds are -std=c99. */
+/* Compilers contract a * b + c into an FMA where the target has one
+   (-march=native, or a target attribute): not in the code that promises two
+   roundings. Clang does within an expression unless the pragma says not to;
+   GCC across statements in its GNU modes (-std=gnu*, its default) unless
+   the function's fp-contract option is off. */
 #if defined(__clang__)
 #define DSGD__NO_CONTRACT _Pragma("STDC FP_CONTRACT OFF")
+#define DSGD__NO_CONTRACT_FN
+#elif defined(__GNUC__)
+#define DSGD__NO_CONTRACT
+#define DSGD__NO_CONTRACT_FN __attribute__((optimize("fp-contract=off")))
 #else
 #define DSGD__NO_CONTRACT
+#define DSGD__NO_CONTRACT_FN
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -1184,30 +1192,30 @@ DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
 
 /* The element-wise members for one target: SUFFIX names them, ATTR is its
    target attribute (empty for the baseline). */
-#define DSGD__ELEMENTWISE(SUFFIX, ATTR)                                                            \
-    ATTR static void dsgd__scale_##SUFFIX(float *x, float alpha, size_t n) {                       \
-        dsgd__scale_body(x, alpha, n);                                                             \
-    }                                                                                              \
-    ATTR static void dsgd__axpy_##SUFFIX(float *y, float alpha, const float *x, size_t n) {        \
-        dsgd__axpy_body(y, alpha, x, n);                                                           \
-    }                                                                                              \
-    ATTR static void dsgd__bias_act_##SUFFIX(dsgd_activation act, float *y, const float *bias,     \
-                                             int m, int n) {                                       \
-        dsgd__bias_act_body(act, y, bias, m, n);                                                   \
-    }                                                                                              \
-    ATTR static void dsgd__act_backward_##SUFFIX(dsgd_activation act, float *dy, const float *y,   \
-                                                 size_t n) {                                       \
-        dsgd__act_backward_body(act, dy, y, n);                                                    \
-    }                                                                                              \
-    ATTR static void dsgd__bias_backward_##SUFFIX(float *db, const float *dy, int m, int n) {      \
-        dsgd__bias_backward_body(db, dy, m, n);                                                    \
-    }                                                                                              \
-    ATTR static void dsgd__update_##SUFFIX(const dsgd_opt_update *u, float *p, const float *g,     \
-                                           float *m1, float *m2, size_t n) {                       \
-        dsgd__update_body(u, p, g, m1, m2, n);                                                     \
-    }                                                                                              \
-    ATTR static int dsgd__nonfinite_##SUFFIX(const float *x, size_t n) {                           \
-        return dsgd__nonfinite_body(x, n);                                                         \
+#define DSGD__ELEMENTWISE(SUFFIX, ATTR)                                                                        \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__scale_##SUFFIX(float *x, float alpha, size_t n) {              \
+        dsgd__scale_body(x, alpha, n);                                                                         \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__axpy_##SUFFIX(float *y, float alpha, const float *x, size_t n) { \
+        dsgd__axpy_body(y, alpha, x, n);                                                                       \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__bias_act_##SUFFIX(dsgd_activation act, float *y, const float *bias, \
+                                             int m, int n) {                                                   \
+        dsgd__bias_act_body(act, y, bias, m, n);                                                               \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__act_backward_##SUFFIX(dsgd_activation act, float *dy, const float *y, \
+                                                 size_t n) {                                                   \
+        dsgd__act_backward_body(act, dy, y, n);                                                                \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__bias_backward_##SUFFIX(float *db, const float *dy, int m, int n) { \
+        dsgd__bias_backward_body(db, dy, m, n);                                                                \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__update_##SUFFIX(const dsgd_opt_update *u, float *p, const float *g, \
+                                           float *m1, float *m2, size_t n) {                                   \
+        dsgd__update_body(u, p, g, m1, m2, n);                                                                 \
+    }                                                                                                          \
+    ATTR static int dsgd__nonfinite_##SUFFIX(const float *x, size_t n) {                                       \
+        return dsgd__nonfinite_body(x, n);                                                                     \
     }
 
 /* ---- portable: the compiler's vectors, no FMA */
@@ -1236,7 +1244,7 @@ typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
 #define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
 #define DSGD__V8_STORE(p, v) memcpy((p), &(v), sizeof(dsgd__v8))
 
-static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                  float *DSGD__RESTRICT acc) {
     DSGD__NO_CONTRACT
     dsgd__v8 z, b0, b1;
@@ -1264,7 +1272,7 @@ static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const f
     DSGD__V8_STORE(acc + 5 * DSGD__PNR, c50); DSGD__V8_STORE(acc + 5 * DSGD__PNR + DSGD__VW, c51);
 }
 #else
-static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                  float *DSGD__RESTRICT acc) {
     DSGD__NO_CONTRACT
     int i, j, p;
@@ -1282,7 +1290,7 @@ static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const f
 
 /* ---- x86-64: AVX2+FMA and AVX-512F, compiled whatever -m flags the build
    has (target attributes) and called only where the CPU has them */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DSGD_CPU_NO_DISPATCH)
 #define DSGD__X86_DISPATCH 1
 #include <immintrin.h>
 
@@ -1467,7 +1475,7 @@ static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0
 /* C(mr, nr) += alpha * acc(mr, nr). Shared by every kernel and compiled for
    the baseline target, so no kernel fuses this multiply-add and the kernels'
    bits differ only where their accumulation does. */
-static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
+DSGD__NO_CONTRACT_FN static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
                            const float *DSGD__RESTRICT acc, int ld) {
     DSGD__NO_CONTRACT
     int i, j;

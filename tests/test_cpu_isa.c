@@ -21,8 +21,9 @@
      each kind, norm_check) bit for bit against its scalar formula written
      out here, at sizes around the kernels' 16-element blocks;
    - overlapping ranges refused (the kernels' arrays are restrict).
-   The kernels that ran are printed. The emulations assume a build that does
-   not contract a * b + c (the Makefile's -std=c99; see DSGD__NO_CONTRACT).
+   The kernels that ran are printed. The emulations, like the kernels, are
+   kept from contracting a * b + c into FMA (DSGD__NO_CONTRACT), so this
+   holds with -march=native and GNU modes too.
    With DSGD_USE_CBLAS the GEMM's order is OpenBLAS's: only its accuracy is
    checked.
 
@@ -209,7 +210,8 @@ static void run_gemm(dsgd_ctx *ctx, dsgd_backend_i *be, const problem *p, float 
 
 /* Entry (i, j) in the documented order: beta c (or 0), then per KC block
    c += alpha * (that block's products summed in order), fused or not. */
-static float emulate(const problem *p, int i, int j, int fused) {
+DSGD__NO_CONTRACT_FN static float emulate(const problem *p, int i, int j, int fused) {
+    DSGD__NO_CONTRACT
     float c = p->c0[(size_t)i * p->ldc + j], acc, prod;
     int q0, q;
     c = p->beta == 0.0f ? 0.0f : (p->beta == 1.0f ? c : c * p->beta);
@@ -368,7 +370,8 @@ static void same_bits(const char *kern, const char *what, size_t n, const float 
 /* Every element-wise operation of every supported kernel, at sizes around
    the 16-element blocks, gives the bits of the scalar formula (written out
    here as the backend states it). */
-static void test_kernels_elementwise(void **state) {
+DSGD__NO_CONTRACT_FN static void test_kernels_elementwise(void **state) {
+    DSGD__NO_CONTRACT
     static const size_t sizes[] = {1, 5, 16, 17, 131, 1003};
     dsgd_ctx *ctx = NULL;
     int ki, si, a, kind;
