@@ -16,9 +16,13 @@
    threads (default 1, matching our single-threaded GEMM). Every run also
    spot-checks 64 entries per shape against a double-precision dot product.
 
+   The CPU backend picks its GEMM micro-kernel at run time (the widest the CPU
+   has; DSGD_CPU_ISA=portable|avx2|avx512 asks for one), and the first line and
+   every result line say which ran.
+
    Usage: build/bench/gemm [REPEATS]      (make bench; default REPEATS = 7)
    Output: a table, then one line per shape:
-     gemm shape=MxNxK trans=NN ours_gflops=... openblas_gflops=... ratio=... */
+     gemm shape=MxNxK trans=NN ours_gflops=... openblas_gflops=... ratio=... kernel=... */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
@@ -147,14 +151,16 @@ int main(int argc, char **argv) {
     if ((res = dsgd_ctx_create(NULL, &ctx)) != DSGD_OK) die(NULL, "dsgd_ctx_create", res);
     if ((res = dsgd_cpu_backend_create(ctx, &be)) != DSGD_OK) die(ctx, "dsgd_cpu_backend_create", res);
 
-    printf("distsgd %s GEMM bench: backend '%s'%s, single-threaded; %d repeats (median)\n",
+    printf("distsgd %s GEMM bench: backend '%s'%s%s, single-threaded; %d repeats (median)\n",
            DISTSGD_VERSION_STRING, be.name,
 #ifdef DSGD_USE_CBLAS
-           " (DSGD_USE_CBLAS: routed to cblas_sgemm)",
+           " (DSGD_USE_CBLAS: routed to cblas_sgemm)", "",
 #else
-           " (portable blocked C)",
+           " (blocked GEMM), micro-kernel ", dsgd_cpu_backend_isa(&be),
 #endif
            repeats);
+    if (getenv("DSGD_CPU_ISA"))
+        printf("DSGD_CPU_ISA=%s (a kernel the CPU lacks gives its widest)\n", getenv("DSGD_CPU_ISA"));
     if (have_blas)
         printf("OpenBLAS cblas_sgemm on %d thread%s (OPENBLAS_NUM_THREADS)\n", threads,
                threads == 1 ? "" : "s");
@@ -258,13 +264,14 @@ int main(int argc, char **argv) {
         const shape *s = &shapes[si];
         if (have_blas)
             printf("gemm shape=%dx%dx%d trans=%c%c ours_gflops=%.3f openblas_gflops=%.3f "
-                   "ratio=%.4f max_rel_err=%.3e threads=%d\n",
+                   "ratio=%.4f max_rel_err=%.3e threads=%d kernel=%s\n",
                    s->m, s->n, s->k, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', ours_gf[si], blas_gf[si],
-                   ours_gf[si] / blas_gf[si], relerr[si], threads);
+                   ours_gf[si] / blas_gf[si], relerr[si], threads, dsgd_cpu_backend_isa(&be));
         else
             printf("gemm shape=%dx%dx%d trans=%c%c ours_gflops=%.3f openblas_gflops=na ratio=na "
-                   "max_rel_err=%.3e threads=1\n",
-                   s->m, s->n, s->k, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', ours_gf[si], spot[si]);
+                   "max_rel_err=%.3e threads=1 kernel=%s\n",
+                   s->m, s->n, s->k, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', ours_gf[si], spot[si],
+                   dsgd_cpu_backend_isa(&be));
     }
 
     if (be.destroy) be.destroy(be.impl);

@@ -34,6 +34,36 @@
      (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
      HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
      (tests/test_cl_strategy.c).
+
+   CPU KERNELS
+
+     The CPU backend runs its GEMM micro-kernel and its hot element-wise
+     loops (scale, axpy, bias and activation, their backward, the optimizer
+     update, the finiteness check) from one set of kernels chosen when the
+     backend is created, so that a generic build (plain -O2 on x86-64, as the
+     examples and tests build) still uses the widest vectors the machine has.
+     On x86-64 with GCC or Clang: "avx512" (AVX-512F, 16 floats wide, 12 x 32
+     GEMM tiles) when the CPU has it, else "avx2" (AVX2 and FMA, 8 wide,
+     6 x 16), else "portable"; elsewhere (aarch64, other compilers) only
+     "portable", the compiler's own vectors (4 wide, or 8 when built with
+     -mavx; no FMA). dsgd_cpu_isa() and dsgd_cpu_backend_isa() say which. The
+     environment variable DSGD_CPU_ISA=portable|avx2|avx512, read at backend
+     creation, asks for one (for tests and benchmarks); a kernel the CPU
+     lacks, or an unknown name, gives the widest one it has. Defining
+     DSGD_CPU_NO_DISPATCH where the implementation is compiled leaves only
+     the portable kernels (what other architectures get).
+     Results are bitwise reproducible for a given kernel. The GEMM sums every
+     entry of C in one order, fixed by its KC blocking and not by the tile
+     size: so the two FMA kernels agree bit for bit with each other, and the
+     portable kernel at any width with any other build of it, but FMA and
+     non-FMA kernels may differ in the last bits (one rounding per
+     multiply-add instead of two). The element-wise loops give the same bits
+     with every kernel. With DSGD_USE_CBLAS, cblas_sgemm does the GEMM (in
+     its own order); the element-wise kernels are still chosen.
+     The element-wise kernels read and write their arrays as non-overlapping
+     (C restrict): the CPU backend refuses ranges of one operation that
+     overlap (DSGD_ERR_INVALID_ARGUMENT), except y and x of axpy being the
+     same range.
 */
 #ifndef DSGD__PART_BACKEND_DECL
 #define DSGD__PART_BACKEND_DECL
@@ -199,6 +229,21 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    Thread safety: the context's thread; the backend is then used by one
    thread at a time. */
 DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out);
+
+/* Returns the name of the kernels (GEMM micro-kernel and element-wise
+   loops) a CPU backend created now would use, see CPU KERNELS above:
+   "avx512", "avx2" or "portable". It honours DSGD_CPU_ISA.
+   Errors: none; a DSGD_CPU_ISA the CPU lacks or that is not a kernel's name
+   gives the widest kernel the CPU has.
+   Thread safety: any thread (it reads the environment, so not while another
+   thread calls setenv). */
+DSGD_API const char *dsgd_cpu_isa(void);
+
+/* Returns the name of the kernels the CPU backend `be` uses (fixed when it
+   was created), or NULL when be is NULL or not a CPU backend.
+   Errors: none (NULL as said).
+   Thread safety: any thread; the name is a static string. */
+DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be);
 
 #ifdef __cplusplus
 }

@@ -148,8 +148,10 @@ int main(int argc, char **argv) {
         sd.backend_user_data = cl;
     }
     if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return fail(ctx);
-    printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d\n",
-           train.n, test.n, replicas, batch, global);
+    /* the CPU backends chose their kernels as dsgd_cpu_isa() says (DSGD_CPU_ISA overrides) */
+    printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d%s%s\n",
+           train.n, test.n, replicas, batch, global, strcmp(backend, "cpu") ? "" : "; CPU kernels ",
+           strcmp(backend, "cpu") ? "" : dsgd_cpu_isa());
     printf("model 784-256-128-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
            "%.3g at 128), warmup %lld steps + cosine, gradients summed on the %s (all-reduce %s)\n",
            dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), backend, (double)sd.optimizer.lr, (double)base_lr,

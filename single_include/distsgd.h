@@ -654,6 +654,36 @@ DSGD__PRIVATE FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *si
      (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
      HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
      (tests/test_cl_strategy.c).
+
+   CPU KERNELS
+
+     The CPU backend runs its GEMM micro-kernel and its hot element-wise
+     loops (scale, axpy, bias and activation, their backward, the optimizer
+     update, the finiteness check) from one set of kernels chosen when the
+     backend is created, so that a generic build (plain -O2 on x86-64, as the
+     examples and tests build) still uses the widest vectors the machine has.
+     On x86-64 with GCC or Clang: "avx512" (AVX-512F, 16 floats wide, 12 x 32
+     GEMM tiles) when the CPU has it, else "avx2" (AVX2 and FMA, 8 wide,
+     6 x 16), else "portable"; elsewhere (aarch64, other compilers) only
+     "portable", the compiler's own vectors (4 wide, or 8 when built with
+     -mavx; no FMA). dsgd_cpu_isa() and dsgd_cpu_backend_isa() say which. The
+     environment variable DSGD_CPU_ISA=portable|avx2|avx512, read at backend
+     creation, asks for one (for tests and benchmarks); a kernel the CPU
+     lacks, or an unknown name, gives the widest one it has. Defining
+     DSGD_CPU_NO_DISPATCH where the implementation is compiled leaves only
+     the portable kernels (what other architectures get).
+     Results are bitwise reproducible for a given kernel. The GEMM sums every
+     entry of C in one order, fixed by its KC blocking and not by the tile
+     size: so the two FMA kernels agree bit for bit with each other, and the
+     portable kernel at any width with any other build of it, but FMA and
+     non-FMA kernels may differ in the last bits (one rounding per
+     multiply-add instead of two). The element-wise loops give the same bits
+     with every kernel. With DSGD_USE_CBLAS, cblas_sgemm does the GEMM (in
+     its own order); the element-wise kernels are still chosen.
+     The element-wise kernels read and write their arrays as non-overlapping
+     (C restrict): the CPU backend refuses ranges of one operation that
+     overlap (DSGD_ERR_INVALID_ARGUMENT), except y and x of axpy being the
+     same range.
 */
 #ifndef DSGD__PART_BACKEND_DECL
 #define DSGD__PART_BACKEND_DECL
@@ -820,6 +850,21 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    thread at a time. */
 DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out);
 
+/* Returns the name of the kernels (GEMM micro-kernel and element-wise
+   loops) a CPU backend created now would use, see CPU KERNELS above:
+   "avx512", "avx2" or "portable". It honours DSGD_CPU_ISA.
+   Errors: none; a DSGD_CPU_ISA the CPU lacks or that is not a kernel's name
+   gives the widest kernel the CPU has.
+   Thread safety: any thread (it reads the environment, so not while another
+   thread calls setenv). */
+DSGD_API const char *dsgd_cpu_isa(void);
+
+/* Returns the name of the kernels the CPU backend `be` uses (fixed when it
+   was created), or NULL when be is NULL or not a CPU backend.
+   Errors: none (NULL as said).
+   Thread safety: any thread; the name is a static string. */
+DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be);
+
 #ifdef __cplusplus
 }
 #endif
@@ -843,6 +888,7 @@ typedef struct dsgd__cpu_buffer {
 
 typedef struct dsgd__cpu {
     dsgd_ctx *ctx;
+    const struct dsgd__cpu_kernel *kern; /* this ISA's kernels, chosen at creation */
     float *pack; /* GEMM packing scratch: A panel then B panel */
     size_t pack_cap;
 } dsgd__cpu;
@@ -862,6 +908,12 @@ static float *dsgd__cpu_span(dsgd__cpu *cpu, dsgd_ref ref, size_t n, const char 
         return NULL;
     }
     return b->data + ref.off;
+}
+
+/* 1 when the ranges [a.off, a.off + na) and [b.off, b.off + nb) share a
+   float: the element-wise kernels take their arrays as restrict. */
+static int dsgd__cpu_overlap(dsgd_ref a, size_t na, dsgd_ref b, size_t nb) {
+    return a.buf == b.buf && na && nb && a.off < b.off + nb && b.off < a.off + na;
 }
 
 static dsgd_result dsgd__cpu_buffer_create(void *impl, size_t count, dsgd_buffer **out) {
@@ -928,98 +980,288 @@ static dsgd_result dsgd__cpu_fill(void *impl, dsgd_ref dst, float value, size_t 
     return DSGD_OK;
 }
 
-static dsgd_result dsgd__cpu_scale(void *impl, dsgd_ref x, float alpha, size_t n) {
-    float *p = dsgd__cpu_span((dsgd__cpu *)impl, x, n, "scale");
-    size_t i;
-    if (!p) return DSGD_ERR_INVALID_ARGUMENT;
-    for (i = 0; i < n; ++i) p[i] *= alpha;
-    return DSGD_OK;
+/* >>kernels ---------------------------------------------------------------- */
+/* One ISA's kernels: the GEMM micro-kernel and the hot element-wise loops,
+   chosen together when the backend is created (CPU KERNELS in backend.h):
+   "avx512" (AVX-512F), "avx2" (AVX2 and FMA) or "portable" (the compiler's
+   baseline target). The element-wise loops are one C source each, inlined
+   into a function per target; each element's arithmetic is the same in
+   every one (no contraction into FMA), so they give the same bits whatever
+   the vector width. */
+
+/* Compilers contract a * b + c into an FMA where the target has one
+   (-march=native, or a target attribute): not in the code that promises two
+   roundings. Clang does within an expression unless the pragma says not to;
+   GCC across statements in its GNU modes (-std=gnu*, its default) unless
+   the function's fp-contract option is off. */
+#if defined(__clang__)
+#define DSGD__NO_CONTRACT _Pragma("STDC FP_CONTRACT OFF")
+#define DSGD__NO_CONTRACT_FN
+#elif defined(__GNUC__)
+#define DSGD__NO_CONTRACT
+#define DSGD__NO_CONTRACT_FN __attribute__((optimize("fp-contract=off")))
+#else
+#define DSGD__NO_CONTRACT
+#define DSGD__NO_CONTRACT_FN
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DSGD__INLINE static inline __attribute__((always_inline))
+#else
+#define DSGD__INLINE static
+#endif
+
+/* BODY(i) for every i in [0, n): blocks of 16 with a fixed inner count,
+   which gcc -O2 vectorises (its cheap cost model leaves a loop of unknown
+   count scalar), then the rest one by one. */
+#define DSGD__EACH(n, BODY)                                                   \
+    do {                                                                      \
+        size_t i_ = 0, n_ = (size_t)(n);                                      \
+        int e_;                                                               \
+        for (; i_ + 16 <= n_; i_ += 16)                                       \
+            for (e_ = 0; e_ < 16; ++e_) BODY(i_ + (size_t)e_);                \
+        for (; i_ < n_; ++i_) BODY(i_);                                       \
+    } while (0)
+
+/* acc(MR x NR, row-major) = Ap(MR, kc) Bp(kc, NR) */
+typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap,
+                               const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT acc);
+
+/* One entry of the kernel table. The element-wise members take ranges the
+   backend operation has checked; different arrays must not overlap. */
+typedef struct dsgd__cpu_kernel {
+    const char *name;       /* dsgd_cpu_isa's answer */
+    int (*supported)(void); /* 1 when this CPU (and OS) runs it */
+    int mr, nr;             /* GEMM tile rows and columns (packing strips) */
+    dsgd__micro_fn micro;
+    void (*scale)(float *x, float alpha, size_t n);
+    void (*axpy)(float *y, float alpha, const float *x, size_t n);
+    void (*bias_act)(dsgd_activation act, float *y, const float *bias, int m, int n);
+    void (*act_backward)(dsgd_activation act, float *dy, const float *y, size_t n);
+    void (*bias_backward)(float *db, const float *dy, int m, int n);
+    void (*update)(const dsgd_opt_update *u, float *p, const float *g, float *m1, float *m2, size_t n);
+    int (*nonfinite)(const float *x, size_t n); /* 1 when an element is NaN or infinite */
+} dsgd__cpu_kernel;
+
+/* ---- element-wise bodies */
+
+static float dsgd__act(dsgd_activation act, float v) {
+    switch (act) {
+    case DSGD_ACT_RELU: return v > 0.0f ? v : 0.0f;
+    case DSGD_ACT_TANH: return tanhf(v);
+    case DSGD_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    default: return v;
+    }
 }
 
-static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref x, size_t n) {
-    float *py = dsgd__cpu_span((dsgd__cpu *)impl, y, n, "axpy");
-    float *px = dsgd__cpu_span((dsgd__cpu *)impl, x, n, "axpy");
-    size_t i;
-    if (!py || !px) return DSGD_ERR_INVALID_ARGUMENT;
-    for (i = 0; i < n; ++i) py[i] += alpha * px[i];
-    return DSGD_OK;
+DSGD__INLINE void dsgd__scale_body(float *DSGD__RESTRICT x, float alpha, size_t n) {
+#define DSGD__SCALE(i) x[i] *= alpha
+    DSGD__EACH(n, DSGD__SCALE);
+#undef DSGD__SCALE
 }
 
-/* >>gemm ------------------------------------------------------------------- */
-/* A cache-blocked GEMM in the style of Goto & van de Geijn (2008): B is packed
-   into KC x NC panels of NR-wide column strips, A into MC x KC panels of
-   MR-high row strips, and a register-blocked MR x NR micro-kernel the compiler
-   vectorises does the arithmetic. The summation order is fixed, so results
-   are bitwise reproducible. */
+DSGD__INLINE void dsgd__axpy_body(float *DSGD__RESTRICT y, float alpha, const float *DSGD__RESTRICT x,
+                                  size_t n) {
+    DSGD__NO_CONTRACT
+#define DSGD__AXPY(i) y[i] += alpha * x[i]
+    DSGD__EACH(n, DSGD__AXPY);
+#undef DSGD__AXPY
+}
 
-#ifndef DSGD_USE_CBLAS
-/* The micro-kernel works on NR = 2 vectors of VW floats: 8 with AVX, else 4
-   (SSE2, NEON), so that no vector operation is split into scalars. */
+/* y(m, n) = act(y + bias); bias may be NULL */
+DSGD__INLINE void dsgd__bias_act_body(dsgd_activation act, float *DSGD__RESTRICT y,
+                                      const float *DSGD__RESTRICT bias, int m, int n) {
+    int i, j;
+    for (i = 0; i < m; ++i) {
+        float *DSGD__RESTRICT row = y + (size_t)i * n;
+        if (act == DSGD_ACT_RELU && bias) {
+#define DSGD__BIAS_RELU(j_) do { float t_ = row[j_] + bias[j_]; row[j_] = t_ > 0.0f ? t_ : 0.0f; } while (0)
+            DSGD__EACH(n, DSGD__BIAS_RELU);
+#undef DSGD__BIAS_RELU
+        } else if (act == DSGD_ACT_RELU) {
+#define DSGD__RELU(j_) row[j_] = row[j_] > 0.0f ? row[j_] : 0.0f
+            DSGD__EACH(n, DSGD__RELU);
+#undef DSGD__RELU
+        } else if (act == DSGD_ACT_NONE && bias) {
+#define DSGD__BIAS(j_) row[j_] = row[j_] + bias[j_]
+            DSGD__EACH(n, DSGD__BIAS);
+#undef DSGD__BIAS
+        } else if (act != DSGD_ACT_NONE) { /* tanh, sigmoid: libm, one by one */
+            for (j = 0; j < n; ++j) row[j] = dsgd__act(act, bias ? row[j] + bias[j] : row[j]);
+        }
+    }
+}
+
+/* dy *= act'(y), written in terms of the activation's output y */
+DSGD__INLINE void dsgd__act_backward_body(dsgd_activation act, float *DSGD__RESTRICT dy,
+                                          const float *DSGD__RESTRICT y, size_t n) {
+    DSGD__NO_CONTRACT
+    switch (act) {
+    case DSGD_ACT_RELU:
+#define DSGD__DRELU(i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f
+        DSGD__EACH(n, DSGD__DRELU);
+#undef DSGD__DRELU
+        break;
+    case DSGD_ACT_TANH:
+#define DSGD__DTANH(i) dy[i] *= 1.0f - y[i] * y[i]
+        DSGD__EACH(n, DSGD__DTANH);
+#undef DSGD__DTANH
+        break;
+    case DSGD_ACT_SIGMOID:
+#define DSGD__DSIGMOID(i) dy[i] *= y[i] * (1.0f - y[i])
+        DSGD__EACH(n, DSGD__DSIGMOID);
+#undef DSGD__DSIGMOID
+        break;
+    default:
+        break;
+    }
+}
+
+/* db(n) = column sums of dy(m, n), rows added in order */
+DSGD__INLINE void dsgd__bias_backward_body(float *DSGD__RESTRICT db, const float *DSGD__RESTRICT dy,
+                                           int m, int n) {
+    int i;
+    memset(db, 0, (size_t)n * sizeof(float));
+    for (i = 0; i < m; ++i) {
+        const float *DSGD__RESTRICT row = dy + (size_t)i * n;
+#define DSGD__COLSUM(j) db[j] += row[j]
+        DSGD__EACH(n, DSGD__COLSUM);
+#undef DSGD__COLSUM
+    }
+}
+
+/* SGD and momentum follow torch.optim.SGD (v = mu v + g; p -= lr v; Nesterov:
+   p -= lr (g + mu v)); Adam follows Kingma & Ba 2015, Algorithm 1, with L2
+   weight decay added to the gradient as torch.optim.Adam does; AdamW follows
+   Loshchilov & Hutter 2019, decoupled decay p -= lr wd p (torch.optim.AdamW).
+   The kind is valid (the backend operation checked it). */
+DSGD__INLINE void dsgd__update_body(const dsgd_opt_update *u, float *DSGD__RESTRICT p,
+                                    const float *DSGD__RESTRICT g, float *DSGD__RESTRICT m1,
+                                    float *DSGD__RESTRICT m2, size_t n) {
+    DSGD__NO_CONTRACT
+    const float lr = u->lr, wd = u->weight_decay, gs = u->grad_scale, mu = u->momentum;
+    const float b1 = u->beta1, b2 = u->beta2, eps = u->eps;
+    const float bc1 = u->bias_correction1, bc2 = u->bias_correction2;
+    switch (u->kind) {
+    case DSGD_OPT_SGD:
+#define DSGD__SGD(i)                                                                     \
+    do {                                                                                 \
+        float gi = g[i] * gs + wd * p[i]; /* L2 term */                                  \
+        p[i] -= lr * gi;                                                                 \
+    } while (0)
+        DSGD__EACH(n, DSGD__SGD);
+#undef DSGD__SGD
+        break;
+    case DSGD_OPT_MOMENTUM:
+#define DSGD__MOMENTUM(i, NESTEROV)                                                      \
+    do {                                                                                 \
+        float gi = g[i] * gs + wd * p[i];                                                \
+        float v = mu * m1[i] + gi; /* velocity */                                        \
+        m1[i] = v;                                                                       \
+        p[i] -= lr * (NESTEROV ? gi + mu * v : v);                                       \
+    } while (0)
+#define DSGD__NESTEROV(i) DSGD__MOMENTUM(i, 1)
+#define DSGD__HEAVY_BALL(i) DSGD__MOMENTUM(i, 0)
+        if (u->nesterov) /* two loops: no select in the vector code */
+            DSGD__EACH(n, DSGD__NESTEROV);
+        else
+            DSGD__EACH(n, DSGD__HEAVY_BALL);
+#undef DSGD__HEAVY_BALL
+#undef DSGD__NESTEROV
+#undef DSGD__MOMENTUM
+        break;
+    default: { /* Adam, AdamW: sqrtf may set errno, so this loop stays scalar */
+        int decoupled = u->kind == DSGD_OPT_ADAMW;
+        size_t i;
+        for (i = 0; i < n; ++i) {
+            float gi = g[i] * gs + (decoupled ? 0.0f : wd * p[i]);
+            float mi = b1 * m1[i] + (1.0f - b1) * gi;      /* first moment */
+            float vi = b2 * m2[i] + (1.0f - b2) * gi * gi; /* second moment */
+            float mhat = mi / bc1, vhat = vi / bc2;        /* bias-corrected */
+            m1[i] = mi;
+            m2[i] = vi;
+            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + (decoupled ? wd * p[i] : 0.0f));
+        }
+        break;
+    }
+    }
+}
+
+/* 1 when an element of x is NaN or infinite: its exponent is all ones (an
+   integer OR over the bits vectorises) */
+DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
+    uint32_t any = 0;
+#define DSGD__NONFINITE(i)                                                               \
+    do {                                                                                 \
+        uint32_t u_;                                                                     \
+        memcpy(&u_, x + (i), sizeof(u_));                                                \
+        any |= (uint32_t)((u_ & 0x7f800000u) == 0x7f800000u);                            \
+    } while (0)
+    DSGD__EACH(n, DSGD__NONFINITE);
+#undef DSGD__NONFINITE
+    return any != 0;
+}
+
+/* The element-wise members for one target: SUFFIX names them, ATTR is its
+   target attribute (empty for the baseline). */
+#define DSGD__ELEMENTWISE(SUFFIX, ATTR)                                                                        \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__scale_##SUFFIX(float *x, float alpha, size_t n) {              \
+        dsgd__scale_body(x, alpha, n);                                                                         \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__axpy_##SUFFIX(float *y, float alpha, const float *x, size_t n) { \
+        dsgd__axpy_body(y, alpha, x, n);                                                                       \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__bias_act_##SUFFIX(dsgd_activation act, float *y, const float *bias, \
+                                             int m, int n) {                                                   \
+        dsgd__bias_act_body(act, y, bias, m, n);                                                               \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__act_backward_##SUFFIX(dsgd_activation act, float *dy, const float *y, \
+                                                 size_t n) {                                                   \
+        dsgd__act_backward_body(act, dy, y, n);                                                                \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__bias_backward_##SUFFIX(float *db, const float *dy, int m, int n) { \
+        dsgd__bias_backward_body(db, dy, m, n);                                                                \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__update_##SUFFIX(const dsgd_opt_update *u, float *p, const float *g, \
+                                           float *m1, float *m2, size_t n) {                                   \
+        dsgd__update_body(u, p, g, m1, m2, n);                                                                 \
+    }                                                                                                          \
+    ATTR static int dsgd__nonfinite_##SUFFIX(const float *x, size_t n) {                                       \
+        return dsgd__nonfinite_body(x, n);                                                                     \
+    }
+
+/* ---- portable: the compiler's vectors, no FMA */
+
+/* The baseline target's vectors: VW floats, 8 with AVX, else 4 (SSE2,
+   NEON). The portable GEMM kernel's NR is 2 of them, so that no vector
+   operation is split into scalars. */
 #if defined(__AVX__)
 #define DSGD__VW 8
 #else
 #define DSGD__VW 4
 #endif
-#define DSGD__MR 6
-#define DSGD__NR (2 * DSGD__VW)
-#define DSGD__KC 256
-#define DSGD__MC 120
-#define DSGD__NC 2048
+#define DSGD__PMR 6
+#define DSGD__PNR (2 * DSGD__VW)
 
-/* Packs the mc x kc block of op(A) at (i0, p0) into MR-row strips. */
-static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc,
-                         float *DSGD__RESTRICT ap) {
-    int ib, i, p;
-    for (ib = 0; ib < mc; ib += DSGD__MR) {
-        int mr = DSGD__MIN(DSGD__MR, mc - ib);
-        for (p = 0; p < kc; ++p) {
-            for (i = 0; i < mr; ++i) {
-                int row = i0 + ib + i, col = p0 + p;
-                ap[i] = ta ? a[(size_t)col * lda + row] : a[(size_t)row * lda + col];
-            }
-            for (; i < DSGD__MR; ++i) ap[i] = 0.0f;
-            ap += DSGD__MR;
-        }
-    }
-}
+static int dsgd__isa_always(void) { return 1; }
 
-/* Packs the kc x nc block of op(B) at (p0, j0) into NR-column strips. */
-static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0, int nc,
-                         float *DSGD__RESTRICT bp) {
-    int jb, j, p;
-    for (jb = 0; jb < nc; jb += DSGD__NR) {
-        int nr = DSGD__MIN(DSGD__NR, nc - jb);
-        for (p = 0; p < kc; ++p) {
-            int row = p0 + p;
-            if (!tb && nr == DSGD__NR) {
-                memcpy(bp, b + (size_t)row * ldb + j0 + jb, DSGD__NR * sizeof(float));
-            } else {
-                for (j = 0; j < nr; ++j) {
-                    int col = j0 + jb + j;
-                    bp[j] = tb ? b[(size_t)col * ldb + row] : b[(size_t)row * ldb + col];
-                }
-                for (; j < DSGD__NR; ++j) bp[j] = 0.0f;
-            }
-            bp += DSGD__NR;
-        }
-    }
-}
+DSGD__ELEMENTWISE(portable, )
 
-/* C(mr, nr) += alpha * Ap(MR, kc) * Bp(kc, NR) */
 #if defined(__GNUC__) || defined(__clang__)
-/* GNU vector extensions: twelve accumulators stay in registers (gcc does not
-   vectorise the plain loop below with the accumulators in them). */
+/* GNU vector extensions: in the portable kernel twelve accumulators stay in
+   registers (gcc does not vectorise the plain loop with them in there). */
 typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
-/* loads and zeroing through memcpy/memset: no vector crosses a function
-   boundary, so the ABI does not depend on -mavx */
+/* loads and stores through memcpy: no vector crosses a function boundary,
+   so the ABI does not depend on -mavx */
 #define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
+#define DSGD__V8_STORE(p, v) memcpy((p), &(v), sizeof(dsgd__v8))
 
-static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
-                             float *c, int ldc, int mr, int nr, float alpha) {
+DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+                                 float *DSGD__RESTRICT acc) {
+    DSGD__NO_CONTRACT
     dsgd__v8 z, b0, b1;
     dsgd__v8 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-    float acc[DSGD__MR][DSGD__NR];
-    int i, j, p;
+    int p;
     memset(&z, 0, sizeof(z));
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = z;
     for (p = 0; p < kc; ++p) {
@@ -1031,37 +1273,243 @@ static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float
         c30 += b0 * ap[3]; c31 += b1 * ap[3];
         c40 += b0 * ap[4]; c41 += b1 * ap[4];
         c50 += b0 * ap[5]; c51 += b1 * ap[5];
-        ap += DSGD__MR;
-        bp += DSGD__NR;
+        ap += DSGD__PMR;
+        bp += DSGD__PNR;
     }
-    memcpy(acc[0], &c00, sizeof(z)); memcpy(acc[0] + DSGD__VW, &c01, sizeof(z));
-    memcpy(acc[1], &c10, sizeof(z)); memcpy(acc[1] + DSGD__VW, &c11, sizeof(z));
-    memcpy(acc[2], &c20, sizeof(z)); memcpy(acc[2] + DSGD__VW, &c21, sizeof(z));
-    memcpy(acc[3], &c30, sizeof(z)); memcpy(acc[3] + DSGD__VW, &c31, sizeof(z));
-    memcpy(acc[4], &c40, sizeof(z)); memcpy(acc[4] + DSGD__VW, &c41, sizeof(z));
-    memcpy(acc[5], &c50, sizeof(z)); memcpy(acc[5] + DSGD__VW, &c51, sizeof(z));
-    for (i = 0; i < mr; ++i)
-        for (j = 0; j < nr; ++j) c[(size_t)i * ldc + j] += alpha * acc[i][j];
+    DSGD__V8_STORE(acc + 0 * DSGD__PNR, c00); DSGD__V8_STORE(acc + 0 * DSGD__PNR + DSGD__VW, c01);
+    DSGD__V8_STORE(acc + 1 * DSGD__PNR, c10); DSGD__V8_STORE(acc + 1 * DSGD__PNR + DSGD__VW, c11);
+    DSGD__V8_STORE(acc + 2 * DSGD__PNR, c20); DSGD__V8_STORE(acc + 2 * DSGD__PNR + DSGD__VW, c21);
+    DSGD__V8_STORE(acc + 3 * DSGD__PNR, c30); DSGD__V8_STORE(acc + 3 * DSGD__PNR + DSGD__VW, c31);
+    DSGD__V8_STORE(acc + 4 * DSGD__PNR, c40); DSGD__V8_STORE(acc + 4 * DSGD__PNR + DSGD__VW, c41);
+    DSGD__V8_STORE(acc + 5 * DSGD__PNR, c50); DSGD__V8_STORE(acc + 5 * DSGD__PNR + DSGD__VW, c51);
 }
 #else
-static void dsgd__gemm_micro(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
-                             float *c, int ldc, int mr, int nr, float alpha) {
-    float acc[DSGD__MR][DSGD__NR];
+DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+                                 float *DSGD__RESTRICT acc) {
+    DSGD__NO_CONTRACT
     int i, j, p;
-    for (i = 0; i < DSGD__MR; ++i)
-        for (j = 0; j < DSGD__NR; ++j) acc[i][j] = 0.0f;
+    for (i = 0; i < DSGD__PMR * DSGD__PNR; ++i) acc[i] = 0.0f;
     for (p = 0; p < kc; ++p) {
-        for (i = 0; i < DSGD__MR; ++i) {
+        for (i = 0; i < DSGD__PMR; ++i) {
             float av = ap[i];
-            for (j = 0; j < DSGD__NR; ++j) acc[i][j] += av * bp[j];
+            for (j = 0; j < DSGD__PNR; ++j) acc[i * DSGD__PNR + j] += av * bp[j];
         }
-        ap += DSGD__MR;
-        bp += DSGD__NR;
+        ap += DSGD__PMR;
+        bp += DSGD__PNR;
     }
-    for (i = 0; i < mr; ++i)
-        for (j = 0; j < nr; ++j) c[(size_t)i * ldc + j] += alpha * acc[i][j];
 }
 #endif
+
+/* ---- x86-64: AVX2+FMA and AVX-512F, compiled whatever -m flags the build
+   has (target attributes) and called only where the CPU has them */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DSGD_CPU_NO_DISPATCH)
+#define DSGD__X86_DISPATCH 1
+#include <immintrin.h>
+
+/* __builtin_cpu_supports also checks that the OS saves the wide registers. */
+static int dsgd__isa_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+static int dsgd__isa_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+
+/* acc(6 x 16): twelve 8-wide accumulators, acc += a * b fused. */
+__attribute__((target("avx2,fma"))) static void dsgd__micro_avx2(int kc, const float *DSGD__RESTRICT ap,
+                                                                 const float *DSGD__RESTRICT bp,
+                                                                 float *DSGD__RESTRICT acc) {
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, a, b0, b1;
+    int p;
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    for (p = 0; p < kc; ++p) {
+        b0 = _mm256_loadu_ps(bp);
+        b1 = _mm256_loadu_ps(bp + 8);
+#define DSGD__ROW8(i) \
+    a = _mm256_broadcast_ss(ap + i); \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0); \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1)
+        DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+#undef DSGD__ROW8
+        ap += 6;
+        bp += 16;
+    }
+#define DSGD__STORE8(i) \
+    _mm256_storeu_ps(acc + i * 16, c##i##0); \
+    _mm256_storeu_ps(acc + i * 16 + 8, c##i##1)
+    DSGD__STORE8(0); DSGD__STORE8(1); DSGD__STORE8(2); DSGD__STORE8(3); DSGD__STORE8(4); DSGD__STORE8(5);
+#undef DSGD__STORE8
+}
+
+/* acc(12 x 32): twenty-four 16-wide accumulators, acc += a * b fused. */
+__attribute__((target("avx512f"))) static void dsgd__micro_avx512(int kc, const float *DSGD__RESTRICT ap,
+                                                                  const float *DSGD__RESTRICT bp,
+                                                                  float *DSGD__RESTRICT acc) {
+    __m512 c0[12], c1[12], a, b0, b1;
+    int p;
+#define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
+    DSGD__ZERO16(0); DSGD__ZERO16(1); DSGD__ZERO16(2); DSGD__ZERO16(3); DSGD__ZERO16(4); DSGD__ZERO16(5);
+    DSGD__ZERO16(6); DSGD__ZERO16(7); DSGD__ZERO16(8); DSGD__ZERO16(9); DSGD__ZERO16(10); DSGD__ZERO16(11);
+#undef DSGD__ZERO16
+    for (p = 0; p < kc; ++p) {
+        b0 = _mm512_loadu_ps(bp);
+        b1 = _mm512_loadu_ps(bp + 16);
+#define DSGD__ROW16(i) \
+    a = _mm512_set1_ps(ap[i]); \
+    c0[i] = _mm512_fmadd_ps(a, b0, c0[i]); \
+    c1[i] = _mm512_fmadd_ps(a, b1, c1[i])
+        DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+        DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+        ap += 12;
+        bp += 32;
+    }
+#define DSGD__STORE16(i) \
+    _mm512_storeu_ps(acc + i * 32, c0[i]); \
+    _mm512_storeu_ps(acc + i * 32 + 16, c1[i])
+    DSGD__STORE16(0); DSGD__STORE16(1); DSGD__STORE16(2); DSGD__STORE16(3); DSGD__STORE16(4); DSGD__STORE16(5);
+    DSGD__STORE16(6); DSGD__STORE16(7); DSGD__STORE16(8); DSGD__STORE16(9); DSGD__STORE16(10); DSGD__STORE16(11);
+#undef DSGD__STORE16
+}
+
+DSGD__ELEMENTWISE(avx2, __attribute__((target("avx2,fma"))))
+DSGD__ELEMENTWISE(avx512, __attribute__((target("avx512f"))))
+#else
+#define DSGD__X86_DISPATCH 0
+#endif
+
+/* The kernels, widest first: the first one supported is the default. */
+#define DSGD__KERNEL(NAME, SUFFIX, SUPPORTED, MR, NR)                                   \
+    {/* .name = */ NAME, /* .supported = */ SUPPORTED, /* .mr = */ MR, /* .nr = */ NR,  \
+     /* .micro = */ dsgd__micro_##SUFFIX, /* .scale = */ dsgd__scale_##SUFFIX,          \
+     /* .axpy = */ dsgd__axpy_##SUFFIX, /* .bias_act = */ dsgd__bias_act_##SUFFIX,      \
+     /* .act_backward = */ dsgd__act_backward_##SUFFIX,                                 \
+     /* .bias_backward = */ dsgd__bias_backward_##SUFFIX,                               \
+     /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX}
+static const dsgd__cpu_kernel dsgd__cpu_kernels[] = {
+#if DSGD__X86_DISPATCH
+    DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32),
+    DSGD__KERNEL("avx2", avx2, dsgd__isa_avx2, 6, 16),
+#endif
+    DSGD__KERNEL("portable", portable, dsgd__isa_always, DSGD__PMR, DSGD__PNR),
+};
+#undef DSGD__KERNEL
+
+/* The kernel named `want` when the CPU runs it, else the widest one it runs
+   (also for NULL, "" and names not in the table). */
+static const dsgd__cpu_kernel *dsgd__cpu_kernel_choose(const char *want) {
+    const dsgd__cpu_kernel *best = NULL;
+    size_t i;
+    for (i = 0; i < sizeof(dsgd__cpu_kernels) / sizeof(dsgd__cpu_kernels[0]); ++i) {
+        const dsgd__cpu_kernel *k = &dsgd__cpu_kernels[i];
+        if (!k->supported()) continue;
+        if (!best) best = k;
+        if (want && !strcmp(want, k->name)) return k;
+    }
+    return best;
+}
+
+DSGD_API const char *dsgd_cpu_isa(void) { return dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"))->name; }
+
+/* >>gemm ------------------------------------------------------------------- */
+/* A cache-blocked GEMM in the style of Goto & van de Geijn (2008): B is packed
+   into KC x NC panels of NR-wide column strips, A into MC x KC panels of
+   MR-high row strips, and a register-blocked MR x NR micro-kernel does the
+   arithmetic into a tile that is then added, times alpha, to C.
+
+   The micro-kernel is chosen at run time (see dsgd_cpu_isa): "avx512"
+   (AVX-512F, 12 x 32), "avx2" (AVX2 and FMA, 6 x 16) or "portable" (GNU
+   vectors of the compiler's width, 6 x 8 on plain x86-64 and NEON, 6 x 16
+   with -mavx). Whatever MR and NR are, every entry of C is summed in the same
+   order: beta C, then for each KC block of k, in order, alpha times that
+   block's products summed from its first p to its last. So results are
+   bitwise reproducible for a given kernel; every kernel without FMA (the
+   portable one, at any width) gives the same bits, and so do the two FMA
+   kernels, which differ from the portable one in the last bits (one rounding
+   per multiply-add instead of two). */
+
+#ifndef DSGD_USE_CBLAS
+#define DSGD__KC 256
+#define DSGD__MC 120  /* a multiple of every kernel's MR */
+#define DSGD__NC 2048 /* a multiple of every kernel's NR */
+#define DSGD__MR_MAX 12
+#define DSGD__NR_MAX 32
+
+/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
+static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
+                         float *DSGD__RESTRICT ap) {
+    int ib, i, p;
+    for (ib = 0; ib < mc; ib += mr_) {
+        int mr = DSGD__MIN(mr_, mc - ib);
+        if (ta) { /* a column of op(A) is contiguous: read along it */
+            for (p = 0; p < kc; ++p) {
+                const float *src = a + (size_t)(p0 + p) * lda + i0 + ib;
+                for (i = 0; i < mr; ++i) ap[(size_t)p * mr_ + i] = src[i];
+                for (; i < mr_; ++i) ap[(size_t)p * mr_ + i] = 0.0f;
+            }
+        } else { /* a row is contiguous: read along it, write with stride mr_ */
+            for (i = 0; i < mr; ++i) {
+                const float *src = a + (size_t)(i0 + ib + i) * lda + p0;
+                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = src[p];
+            }
+            for (; i < mr_; ++i)
+                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = 0.0f;
+        }
+        ap += (size_t)kc * mr_;
+    }
+}
+
+/* Packs the kc x nc block of op(B) at (p0, j0) into nr_-column strips. */
+static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0, int nc, int nr_,
+                         float *DSGD__RESTRICT bp) {
+    int jb, j, p;
+    for (jb = 0; jb < nc; jb += nr_) {
+        int nr = DSGD__MIN(nr_, nc - jb);
+        if (tb) { /* a column of op(B) is a contiguous row of B: read along it */
+            for (j = 0; j < nr; ++j) {
+                const float *src = b + (size_t)(j0 + jb + j) * ldb + p0;
+                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = src[p];
+            }
+            for (; j < nr_; ++j)
+                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = 0.0f;
+        } else {
+            for (p = 0; p < kc; ++p) {
+                const float *src = b + (size_t)(p0 + p) * ldb + j0 + jb;
+                memcpy(bp + (size_t)p * nr_, src, (size_t)nr * sizeof(float));
+                for (j = nr; j < nr_; ++j) bp[(size_t)p * nr_ + j] = 0.0f;
+            }
+        }
+        bp += (size_t)kc * nr_;
+    }
+}
+
+/* C(mr, nr) += alpha * acc(mr, nr). Shared by every kernel and compiled for
+   the baseline target, so no kernel fuses this multiply-add and the kernels'
+   bits differ only where their accumulation does. */
+DSGD__NO_CONTRACT_FN static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
+                           const float *DSGD__RESTRICT acc, int ld) {
+    DSGD__NO_CONTRACT
+    int i, j;
+    for (i = 0; i < mr; ++i) {
+        float *row = c + (size_t)i * ldc;
+        const float *t = acc + (size_t)i * ld;
+        j = 0;
+#if defined(__GNUC__) || defined(__clang__)
+        { /* the same operations, element by element, VW at a time */
+            dsgd__v8 vc, vt;
+            for (j = 0; j + DSGD__VW <= nr; j += DSGD__VW) {
+                DSGD__V8_LOAD(vc, row + j);
+                DSGD__V8_LOAD(vt, t + j);
+                vc += vt * alpha;
+                DSGD__V8_STORE(row + j, vc);
+            }
+        }
+#endif
+        for (; j < nr; ++j) row[j] += alpha * t[j];
+    }
+}
+
 #endif /* !DSGD_USE_CBLAS */
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
@@ -1071,8 +1519,7 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
     const float *a, *b;
     float *c;
     int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-    int i, j, ic, jc, pc;
-    size_t need;
+    int i, j;
     if (m < 0 || n < 0 || k < 0 || lda < DSGD__MAX(1, a_cols) || ldb < DSGD__MAX(1, b_cols) ||
         ldc < DSGD__MAX(1, n))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -1099,32 +1546,37 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
 #ifdef DSGD_USE_CBLAS
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
                 k, alpha, a, lda, b, ldb, 1.0f, c, ldc);
-    DSGD__UNUSED(ic); DSGD__UNUSED(jc); DSGD__UNUSED(pc); DSGD__UNUSED(need);
     return DSGD_OK;
 #else
-    need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
-    if (cpu->pack_cap < need) {
-        float *p = (float *)DSGD_REALLOC(cpu->pack, need * sizeof(float));
-        if (!p) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
-        cpu->pack = p;
-        cpu->pack_cap = need;
-    }
-    for (jc = 0; jc < n; jc += DSGD__NC) {
-        int nc = DSGD__MIN(DSGD__NC, n - jc);
-        for (pc = 0; pc < k; pc += DSGD__KC) {
-            int kc = DSGD__MIN(DSGD__KC, k - pc);
-            float *bp = cpu->pack + (size_t)DSGD__MC * DSGD__KC;
-            dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, bp);
-            for (ic = 0; ic < m; ic += DSGD__MC) {
-                int mc = DSGD__MIN(DSGD__MC, m - ic);
-                int ir, jr;
-                dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, cpu->pack);
-                for (jr = 0; jr < nc; jr += DSGD__NR) {
-                    for (ir = 0; ir < mc; ir += DSGD__MR) {
-                        dsgd__gemm_micro(kc, cpu->pack + (size_t)ir * kc, bp + (size_t)jr * kc,
-                                         c + (size_t)(ic + ir) * ldc + jc + jr, ldc,
-                                         DSGD__MIN(DSGD__MR, mc - ir), DSGD__MIN(DSGD__NR, nc - jr),
-                                         alpha);
+    {
+        const dsgd__cpu_kernel *kern = cpu->kern;
+        const int kmr = kern->mr, knr = kern->nr;
+        float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+        size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
+        int ic, jc, pc;
+        if (cpu->pack_cap < need) {
+            float *p = (float *)DSGD_REALLOC(cpu->pack, need * sizeof(float));
+            if (!p) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
+            cpu->pack = p;
+            cpu->pack_cap = need;
+        }
+        for (jc = 0; jc < n; jc += DSGD__NC) {
+            int nc = DSGD__MIN(DSGD__NC, n - jc);
+            for (pc = 0; pc < k; pc += DSGD__KC) {
+                int kc = DSGD__MIN(DSGD__KC, k - pc);
+                float *bp = cpu->pack + (size_t)DSGD__MC * DSGD__KC;
+                dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, knr, bp);
+                for (ic = 0; ic < m; ic += DSGD__MC) {
+                    int mc = DSGD__MIN(DSGD__MC, m - ic);
+                    int ir, jr;
+                    dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, cpu->pack);
+                    for (jr = 0; jr < nc; jr += knr) {
+                        for (ir = 0; ir < mc; ir += kmr) {
+                            kern->micro(kc, cpu->pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc);
+                            dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc,
+                                           DSGD__MIN(kmr, mc - ir), DSGD__MIN(knr, nc - jr), alpha,
+                                           acc, knr);
+                        }
                     }
                 }
             }
@@ -1134,16 +1586,33 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
 #endif
 }
 
-/* >>activations and losses ------------------------------------------------- */
+/* >>element-wise operations ---------------------------------------------- */
 
-static float dsgd__act(dsgd_activation act, float v) {
-    switch (act) {
-    case DSGD_ACT_RELU: return v > 0.0f ? v : 0.0f;
-    case DSGD_ACT_TANH: return tanhf(v);
-    case DSGD_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
-    default: return v;
-    }
+static dsgd_result dsgd__cpu_scale(void *impl, dsgd_ref x, float alpha, size_t n) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    float *p = dsgd__cpu_span(cpu, x, n, "scale");
+    if (!p) return DSGD_ERR_INVALID_ARGUMENT;
+    cpu->kern->scale(p, alpha, n);
+    return DSGD_OK;
 }
+
+static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref x, size_t n) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    float *py = dsgd__cpu_span(cpu, y, n, "axpy");
+    float *px = dsgd__cpu_span(cpu, x, n, "axpy");
+    size_t i;
+    if (!py || !px) return DSGD_ERR_INVALID_ARGUMENT;
+    if (py == px) { /* y += alpha y: one array, one by one */
+        for (i = 0; i < n; ++i) py[i] += alpha * px[i];
+        return DSGD_OK;
+    }
+    if (dsgd__cpu_overlap(y, n, x, n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu axpy: y and x overlap");
+    cpu->kern->axpy(py, alpha, px, n);
+    return DSGD_OK;
+}
+
+/* >>activations and losses ------------------------------------------------- */
 
 static int dsgd__act_valid(dsgd_activation act) {
     return act == DSGD_ACT_NONE || act == DSGD_ACT_RELU || act == DSGD_ACT_TANH ||
@@ -1155,7 +1624,6 @@ static dsgd_result dsgd__cpu_bias_act_forward(void *impl, dsgd_activation act, d
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *y;
     const float *bias = NULL;
-    int i, j;
     if (m < 0 || n < 0 || !dsgd__act_valid(act))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "cpu bias_act_forward: bad arguments m=%d n=%d act=%d", m, n, (int)act);
@@ -1164,11 +1632,10 @@ static dsgd_result dsgd__cpu_bias_act_forward(void *impl, dsgd_activation act, d
     if (rbias.buf) {
         bias = dsgd__cpu_span(cpu, rbias, (size_t)n, "bias_act_forward bias");
         if (!bias) return DSGD_ERR_INVALID_ARGUMENT;
+        if (dsgd__cpu_overlap(ry, (size_t)m * n, rbias, (size_t)n))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_act_forward: y and bias overlap");
     }
-    for (i = 0; i < m; ++i) {
-        float *row = y + (size_t)i * n;
-        for (j = 0; j < n; ++j) row[j] = dsgd__act(act, bias ? row[j] + bias[j] : row[j]);
-    }
+    cpu->kern->bias_act(act, y, bias, m, n);
     return DSGD_OK;
 }
 
@@ -1177,25 +1644,14 @@ static dsgd_result dsgd__cpu_act_backward(void *impl, dsgd_activation act, dsgd_
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *dy;
     const float *y;
-    size_t i;
     if (!dsgd__act_valid(act))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu act_backward: bad activation %d", (int)act);
     dy = dsgd__cpu_span(cpu, rdy, n, "act_backward dy");
     y = dsgd__cpu_span(cpu, ry, n, "act_backward y");
     if (!dy || !y) return DSGD_ERR_INVALID_ARGUMENT;
-    switch (act) {
-    case DSGD_ACT_RELU:
-        for (i = 0; i < n; ++i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-        break;
-    case DSGD_ACT_TANH:
-        for (i = 0; i < n; ++i) dy[i] *= 1.0f - y[i] * y[i];
-        break;
-    case DSGD_ACT_SIGMOID:
-        for (i = 0; i < n; ++i) dy[i] *= y[i] * (1.0f - y[i]);
-        break;
-    default:
-        break;
-    }
+    if (dsgd__cpu_overlap(rdy, n, ry, n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu act_backward: dy and y overlap");
+    cpu->kern->act_backward(act, dy, y, n);
     return DSGD_OK;
 }
 
@@ -1203,17 +1659,14 @@ static dsgd_result dsgd__cpu_bias_backward(void *impl, dsgd_ref rdb, dsgd_ref rd
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *db;
     const float *dy;
-    int i, j;
     if (m < 0 || n < 0)
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_backward: m=%d n=%d", m, n);
     db = dsgd__cpu_span(cpu, rdb, (size_t)n, "bias_backward db");
     dy = dsgd__cpu_span(cpu, rdy, (size_t)m * n, "bias_backward dy");
     if (!db || !dy) return DSGD_ERR_INVALID_ARGUMENT;
-    for (j = 0; j < n; ++j) db[j] = 0.0f;
-    for (i = 0; i < m; ++i) {
-        const float *row = dy + (size_t)i * n;
-        for (j = 0; j < n; ++j) db[j] += row[j];
-    }
+    if (dsgd__cpu_overlap(rdb, (size_t)n, rdy, (size_t)m * n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_backward: db and dy overlap");
+    cpu->kern->bias_backward(db, dy, m, n);
     return DSGD_OK;
 }
 
@@ -1285,18 +1738,13 @@ static dsgd_result dsgd__cpu_loss(void *impl, dsgd_loss loss, int m, int c, dsgd
 }
 
 /* >>optimizer updates ------------------------------------------------------ */
-/* SGD and momentum follow torch.optim.SGD (v = mu v + g; p -= lr v; Nesterov:
-   p -= lr (g + mu v)); Adam follows Kingma & Ba 2015, Algorithm 1, with L2
-   weight decay added to the gradient as torch.optim.Adam does; AdamW follows
-   Loshchilov & Hutter 2019, decoupled decay p -= lr wd p (torch.optim.AdamW). */
+/* The formulas are in dsgd__update_body (>>kernels). */
 static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update *u, dsgd_ref rp,
                                               dsgd_ref rg, dsgd_ref rm1, dsgd_ref rm2, size_t n) {
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *p = dsgd__cpu_span(cpu, rp, n, "optimizer_update param");
     const float *g = dsgd__cpu_span(cpu, rg, n, "optimizer_update grad");
     float *m1 = NULL, *m2 = NULL;
-    float lr, wd, gs;
-    size_t i;
     if (!p || !g || !u) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu optimizer_update: bad arguments");
     if (u->kind != DSGD_OPT_SGD) {
         m1 = dsgd__cpu_span(cpu, rm1, n, "optimizer_update state m1");
@@ -1306,45 +1754,14 @@ static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update 
         m2 = dsgd__cpu_span(cpu, rm2, n, "optimizer_update state m2");
         if (!m2) return DSGD_ERR_INVALID_ARGUMENT;
     }
-    lr = u->lr;
-    wd = u->weight_decay;
-    gs = u->grad_scale;
-    switch (u->kind) {
-    case DSGD_OPT_SGD:
-        for (i = 0; i < n; ++i) {
-            float gi = g[i] * gs + wd * p[i]; /* L2 term */
-            p[i] -= lr * gi;
-        }
-        break;
-    case DSGD_OPT_MOMENTUM: {
-        float mu = u->momentum;
-        for (i = 0; i < n; ++i) {
-            float gi = g[i] * gs + wd * p[i];
-            float v = mu * m1[i] + gi; /* velocity */
-            m1[i] = v;
-            p[i] -= lr * (u->nesterov ? gi + mu * v : v);
-        }
-        break;
-    }
-    case DSGD_OPT_ADAM:
-    case DSGD_OPT_ADAMW: {
-        float b1 = u->beta1, b2 = u->beta2, eps = u->eps;
-        float bc1 = u->bias_correction1, bc2 = u->bias_correction2;
-        int decoupled = u->kind == DSGD_OPT_ADAMW;
-        for (i = 0; i < n; ++i) {
-            float gi = g[i] * gs + (decoupled ? 0.0f : wd * p[i]);
-            float mi = b1 * m1[i] + (1.0f - b1) * gi;      /* first moment */
-            float vi = b2 * m2[i] + (1.0f - b2) * gi * gi; /* second moment */
-            float mhat = mi / bc1, vhat = vi / bc2;        /* bias-corrected */
-            m1[i] = mi;
-            m2[i] = vi;
-            p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + (decoupled ? wd * p[i] : 0.0f));
-        }
-        break;
-    }
-    default:
+    if (u->kind != DSGD_OPT_SGD && u->kind != DSGD_OPT_MOMENTUM && u->kind != DSGD_OPT_ADAM &&
+        u->kind != DSGD_OPT_ADAMW)
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu optimizer_update: unknown kind %d", (int)u->kind);
-    }
+    if (dsgd__cpu_overlap(rp, n, rg, n) || (m1 && (dsgd__cpu_overlap(rp, n, rm1, n) || dsgd__cpu_overlap(rg, n, rm1, n))) ||
+        (m2 && (dsgd__cpu_overlap(rp, n, rm2, n) || dsgd__cpu_overlap(rg, n, rm2, n) || dsgd__cpu_overlap(rm1, n, rm2, n))))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "cpu optimizer_update: param, grad and state ranges overlap");
+    cpu->kern->update(u, p, g, m1, m2, n);
     return DSGD_OK;
 }
 
@@ -1355,14 +1772,8 @@ static dsgd_result dsgd__cpu_norm_check(void *impl, dsgd_ref rx, size_t n, doubl
     size_t bad = 0, i;
     if (!x) return DSGD_ERR_INVALID_ARGUMENT;
     if (!sumsq) {
-        /* finiteness only (the strategies' check every step): an exponent of
-           all ones is NaN or infinity; an integer OR vectorises */
-        uint32_t any = 0, u;
-        for (i = 0; i < n; ++i) {
-            memcpy(&u, x + i, sizeof(u));
-            any |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
-        }
-        if (!any) {
+        /* finiteness only (the strategies' check every step) */
+        if (!cpu->kern->nonfinite(x, n)) {
             if (nonfinite) *nonfinite = 0;
             return DSGD_OK;
         }
@@ -1393,6 +1804,11 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
     if (!cpu) return DSGD_ERR_OUT_OF_MEMORY;
     memset(cpu, 0, sizeof(*cpu));
     cpu->ctx = ctx;
+    cpu->kern = dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"));
+#ifndef DSGD_USE_CBLAS
+    DSGD_ASSERT(DSGD__MC % cpu->kern->mr == 0 && DSGD__NC % cpu->kern->nr == 0 &&
+                cpu->kern->mr <= DSGD__MR_MAX && cpu->kern->nr <= DSGD__NR_MAX);
+#endif
     out->name = "cpu";
     out->impl = cpu;
     out->destroy = dsgd__cpu_destroy;
@@ -1414,6 +1830,11 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
     out->norm_check = dsgd__cpu_norm_check;
     out->finish = NULL;
     return DSGD_OK;
+}
+
+DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be) {
+    if (!be || !be->impl || be->destroy != dsgd__cpu_destroy) return NULL;
+    return ((const dsgd__cpu *)be->impl)->kern->name;
 }
 
 #endif /* DSGD__PART_BACKEND_CPU_IMPL */

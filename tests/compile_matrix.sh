@@ -13,6 +13,8 @@
 #   one epoch on build/data/fashion-mnist (unpacked by make when Debian's
 #   dataset-fashion-mnist is installed). An example is skipped, with a "skip"
 #   line, when pkg-config has no OpenCL/clblast or its data is missing.
+#   With DSGD_CPU_NO_DISPATCH (portable CPU kernels only, the aarch64 path):
+#   the single include as C and C++, and tests/test_cpu_isa.c as C.
 # Prints one line per configuration and "N passed, N failed"; exit 1 on failure.
 set -euo pipefail
 
@@ -181,6 +183,21 @@ if [ -f "$SI" ]; then
         if grep -E '(CL/|OpenCL/|clblast)' "$TMP/nocl.inc"; then return 1; fi
     }
     run_case "single_include/distsgd.h without DISTSGD_WITH_OPENCL includes no OpenCL header" "$TMP/log" no_cl
+
+    # The CPU backend with its portable kernels only (DSGD_CPU_NO_DISPATCH),
+    # the path of aarch64 and other targets: the library API as C and C++,
+    # and the kernel tests as C.
+    for cc in $CCS; do
+        run_case "single_include/distsgd.h $cc -std=c99 DSGD_CPU_NO_DISPATCH" "$TMP/log" \
+            build_run "$d" "nodispatch.$cc" "$cc" c99 -DDSGD_CPU_NO_DISPATCH "$d/one.c"
+        run_case "tests/test_cpu_isa.c $cc -std=c99 DSGD_CPU_NO_DISPATCH" "$TMP/log" \
+            build_run "$TMP" "test_cpu_isa.$cc" "$cc" c99 -D_POSIX_C_SOURCE=200809L -DDSGD_CPU_NO_DISPATCH \
+            -I"$ROOT" "$ROOT/tests/test_cpu_isa.c" -lcmocka
+    done
+    for cxx in $CXXS; do
+        run_case "single_include/distsgd.h $cxx -std=c++11 DSGD_CPU_NO_DISPATCH" "$TMP/log" \
+            build_run "$d" "nodispatch.$cxx" "$cxx" c++11 -DDSGD_CPU_NO_DISPATCH "$d/one.cpp"
+    done
 
     if [ -n "$HAVE_CL" ]; then
         cat >"$TMP/cl.c" <<SRC
