@@ -290,7 +290,7 @@ int main(int argc, char **argv) {
     double async_acc = 0;
     memset(&cfg, 0, sizeof(cfg));
     memset(rows, 0, sizeof(rows));
-    cfg.epochs = 3;
+    cfg.epochs = 5;
     cfg.batch = 64;
     cfg.backups = 1;
     cfg.straggler = 1.0;
