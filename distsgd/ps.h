@@ -1307,11 +1307,11 @@ static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
-    static const char *const fn = "dsgd_ps_worker_pull";
+/* The pull; wait 0 asks for no version (what the servers have now: the
+   coordinator's last fetch, once every push was acknowledged). */
+static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, const char *fn, int wait) {
     dsgd_result r;
     int s;
-    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
     if (!full_params)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
@@ -1325,7 +1325,9 @@ DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) 
         for (s = 0; s < w->P; ++s) {
             uint64_t *h = w->pull_hdr + (size_t)s * DSGD_PS_HEADER_WORDS;
             int64_t need = 0;
-            if (w->d.policy == DSGD_PS_SSP || w->d.policy == DSGD_PS_SYNC)
+            if (!wait)
+                need = 0;
+            else if (w->d.policy == DSGD_PS_SSP || w->d.policy == DSGD_PS_SYNC)
                 need = DSGD__MAX((int64_t)w->push_seq - w->d.staleness, (int64_t)0); /* clocks 0..c-s-1 applied */
             else if (w->d.policy == DSGD_PS_BACKUP)
                 need = w->last_step[s] + 1; /* the step last pushed for is applied */
@@ -1344,6 +1346,11 @@ DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) 
     w->pulls++;
     w->pulled = 1;
     return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__ps_worker_pull(w, full_params, "dsgd_ps_worker_pull", 1);
 }
 
 DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads) {
