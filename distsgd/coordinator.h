@@ -27,7 +27,13 @@
 
      A closure usually calls dsgd_cluster_worker_train_step: pull the
      variables into the worker's model, compute the mean gradient of a
-     batch, push it; the servers apply it as the policy says. Each worker
+     batch, push it; the servers apply it as the policy says. With
+     desc.ps.apply ON_WORKERS (summation only, ps.h's WHO APPLIES THE
+     UPDATE) the servers only sum: every worker's engine starts from the
+     model's initial values and applies desc.ps.optimizer to its own copy
+     as it pulls, the same code and bits; at shutdown each remaining worker
+     fetches the last means, and dsgd_cluster_read_params reads a worker's
+     copy. Each worker
      draws its own data: dsgd_cluster_worker_id says which worker runs the
      closure (for example, worker w takes the batches b with b % W == w of
      an epoch's order).
@@ -156,9 +162,12 @@ DSGD_API dsgd_result dsgd_cluster_kill_worker(dsgd_cluster *c, int w);
    Thread safety: the coordinator. */
 DSGD_API dsgd_result dsgd_cluster_shutdown(dsgd_cluster *c);
 /* Writes the servers' variables (the whole flat buffer of
-   dsgd_cluster_num_params floats) into full; only after shutdown.
+   dsgd_cluster_num_params floats) into full; only after shutdown. With
+   desc.ps.apply ON_WORKERS the servers hold none: it writes the copy of
+   the first worker that fetched every published mean at shutdown (every
+   worker not lost or failed does; they hold the same bits).
    Errors: DSGD_ERR_INVALID_ARGUMENT (c NULL, nothing recorded; full NULL),
-   DSGD_ERR_STATE (before shutdown).
+   DSGD_ERR_STATE (before shutdown; ON_WORKERS with no such worker).
    Thread safety: the coordinator. */
 DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full);
 /* Getters (0 or NULL for c NULL or an index out of range):
@@ -269,6 +278,8 @@ struct dsgd_cluster_worker {
     int started;
     int killed;      /* atomic: set by dsgd_cluster_kill_worker */
     int gone;        /* under mu: the thread stopped taking closures */
+    int final;       /* apply ON_WORKERS: its copy holds every published mean
+                        (written by its thread before it ends) */
     dsgd__cl_queue own; /* under mu: closures scheduled on this worker */
     /* its shard of the dataset (dsgd_cluster_set_dataset) */
     dsgd_sampler smp;
@@ -429,6 +440,7 @@ static void dsgd__cluster_finish_closure(dsgd_cluster *c, dsgd_cluster_worker *w
 static void *dsgd__cluster_worker_main(void *arg) {
     dsgd_cluster_worker *w = (dsgd_cluster_worker *)arg;
     dsgd_cluster *c = w->c;
+    int last;
     for (;;) {
         dsgd__closure k;
         dsgd_result r;
@@ -455,9 +467,14 @@ static void *dsgd__cluster_worker_main(void *arg) {
     }
     w->gone = 1;
     c->alive--;
+    last = c->stopping && !c->server_failed && !dsgd__cluster_killed(w);
     pthread_cond_broadcast(&c->cv_work);
     pthread_cond_broadcast(&c->cv_done);
     pthread_mutex_unlock(&c->mu);
+    /* apply ON_WORKERS: every push was acknowledged, so every step that will
+       be published is; fetch them all (no wait) for dsgd_cluster_read_params */
+    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd__ps_worker_failed(w->psw))
+        w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
     if (!dsgd__ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
     return NULL;
 }
@@ -550,7 +567,7 @@ static dsgd_result dsgd__cluster_server_create(dsgd_cluster *c, int s, const flo
     return dsgd__cluster_copy_error(c, sv->ctx, r);
 }
 
-static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i) {
+static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const float *init) {
     dsgd_cluster_worker *w = &c->workers[i];
     dsgd_model_desc md = c->d.model;
     dsgd_result r;
@@ -565,6 +582,7 @@ static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i) {
         r = dsgd_model_create(w->ctx, &md, &w->model);
     }
     if (r == DSGD_OK) r = dsgd_ps_worker_create(w->ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
+    if (r == DSGD_OK && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) r = dsgd_ps_worker_set_params(w->psw, init);
     if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
         r = DSGD_ERR_OUT_OF_MEMORY;
     return dsgd__cluster_copy_error(c, w->ctx, r);
@@ -628,7 +646,7 @@ DSGD_API dsgd_result dsgd_cluster_create(dsgd_ctx *ctx, const dsgd_cluster_desc 
     }
     if (r == DSGD_OK) r = dsgd__cluster_transport(c);
     for (i = 0; r == DSGD_OK && i < c->P; ++i) r = dsgd__cluster_server_create(c, i, init);
-    for (i = 0; r == DSGD_OK && i < c->W; ++i) r = dsgd__cluster_worker_create(c, i);
+    for (i = 0; r == DSGD_OK && i < c->W; ++i) r = dsgd__cluster_worker_create(c, i, init);
     DSGD_FREE(init);
     if (r == DSGD_OK) r = dsgd__cluster_start(c);
     if (r != DSGD_OK) {
@@ -871,6 +889,14 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full) {
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     if (!full) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: full is NULL", what);
     if (!c->down) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE, "%s: only after dsgd_cluster_shutdown", what);
+    if (c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) { /* the servers only sum: the first final worker's copy */
+        for (i = 0; i < c->W; ++i)
+            if (c->workers[i].final)
+                return dsgd__cluster_copy_error(c, c->workers[i].ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE,
+                                  "%s: the servers only sum (apply ON_WORKERS) and no worker fetched the last means at "
+                                  "shutdown (every worker was lost or failed)", what);
+    }
     for (i = 0; i < c->P && r == DSGD_OK; ++i)
         r = dsgd__cluster_copy_error(c, c->servers[i].ctx, dsgd_ps_server_read_params(c->servers[i].srv, full));
     return r;

@@ -5920,12 +5920,13 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
 
 #endif /* DSGD__PART_SHARDING_IMPL */
 /* ---------------------------------------- distsgd/ps.h */
-/* distsgd/ps.h - the parameter-server engine: servers own the variables and the optimizer state and apply every pushed gradient; workers pull, compute, push
+/* distsgd/ps.h - the parameter-server engine: servers own the variables and the optimizer state and apply every pushed gradient (or only sum, and workers apply: BytePS); workers pull, compute, push
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
    PARAMETER SERVERS
 
-     Who applies the update? Here, the servers. The ranks of one transport
+     Who applies the update? Here, the servers (by default; summation only
+     is an option, see WHO APPLIES THE UPDATE). The ranks of one transport
      are split in two roles: ranks 0..P-1 are servers, ranks P..P+W-1 are
      workers (the transport's size must be P + W; worker w is rank P + w).
      Each rank runs on its own thread (or process) and talks only through
@@ -5947,6 +5948,33 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
      (the one it last pulled); a gradient's staleness is the server's
      version when it is applied minus that version. Servers report mean,
      max and a histogram of it.
+
+   WHO APPLIES THE UPDATE (dsgd_ps_desc.apply)
+
+     ON_SERVERS  (the default, as above) the servers hold the parameters and
+                 the optimizer's slots and apply each step; a pull returns
+                 parameters.
+     ON_WORKERS  summation only (BytePS): a server holds neither parameters
+                 nor slots. For each clock (step) it sums the accepted
+                 gradients in worker rank order, divides as the policy says
+                 (the mean), and publishes that mean as the step's result;
+                 its version is the number of means published. Every worker
+                 holds a copy of the whole buffer (dsgd_ps_worker_set_params,
+                 the same initial values on every worker) and the optimizer's
+                 slots for it; dsgd_ps_worker_pull waits as the policy says,
+                 fetches every mean it has not applied yet, one step at a
+                 time and in order, applies each to the server's ranges with
+                 the servers' code (so the bits equal ON_SERVERS'), and
+                 returns the parameters. Workers that fetched the same steps
+                 hold the same bits.
+                 Trade-off: servers do no optimizer work and hold no slots
+                 (1 or 2 buffers of the parameters' size fewer each), but
+                 every worker holds the optimizer state and applies the same
+                 update, W times in all. It needs a step whose sum to
+                 publish, so it fits the clock-aggregated policies (SSP, SYNC,
+                 BACKUP) and ASYNC refuses it. A server keeps each mean until
+                 every unfinished worker has fetched it: one in SYNC; in SSP
+                 and BACKUP as many steps as the slowest worker lags.
 
    UPDATE POLICIES (dsgd_ps_policy), modes of one engine
 
@@ -6005,6 +6033,12 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
                the version the reply must have at least (the policy's wait)
        PARAMS  server -> worker: seq = that pull, version = the version sent,
                count floats of parameters
+     Summation only (ON_WORKERS): a PULL's status is the step whose mean the
+     worker wants next (the number it has applied); PARAMS then carries that
+     mean, version = that step + 1 and status = the server's version, or,
+     when the worker has every mean, count 0 floats and version = status =
+     the server's version. A worker pulls again until it has the means of
+     every step the first reply announced.
        DONE    worker -> server: seq = the worker's number of pushes
      Exactly once: per worker a server keeps the next push seq it expects
      and the status of the last one. A seq below it is a duplicate (a
@@ -6050,6 +6084,13 @@ typedef enum dsgd_ps_policy {
 } dsgd_ps_policy;
 #define DSGD_PS_POLICY_COUNT (DSGD_PS_BACKUP + 1)
 
+/* Who applies the optimizer (see WHO APPLIES THE UPDATE above). */
+typedef enum dsgd_ps_apply {
+    DSGD_PS_APPLY_ON_SERVERS = 0, /* servers hold the parameters and slots and apply */
+    DSGD_PS_APPLY_ON_WORKERS = 1  /* summation only (BytePS): servers publish each step's
+                                     mean gradient, every worker applies it to its copy */
+} dsgd_ps_apply;
+
 /* The defaults of dsgd_ps_desc. */
 #define DSGD_PS_DEFAULT_RETRY_S 0.05
 #define DSGD_PS_DEFAULT_STALENESS_BINS 16
@@ -6066,7 +6107,9 @@ typedef struct dsgd_ps_desc {
                               SYNC); other policies: must be 0 */
     int backup_workers;    /* BACKUP: b, 0 <= b < W (N = W - b gradients per
                               step); other policies: must be 0 */
-    /* What the servers apply (dsgd_optimizer_create's rules and defaults).
+    dsgd_ps_apply apply;   /* default ON_SERVERS; ON_WORKERS needs SSP, SYNC
+                              or BACKUP */
+    /* What the servers (ON_WORKERS: the workers) apply (dsgd_optimizer_create's rules and defaults).
        clip_norm must be 0: a server holds only its shards, so the global
        norm of a gradient across servers is not defined here. */
     dsgd_optimizer_desc optimizer;
@@ -6137,9 +6180,12 @@ typedef struct dsgd_ps_worker_stats {
    outlive it too), their parameters copied from initial_full_params (the
    whole flat buffer; every server and worker must be given the same map and
    desc). Its optimizer state lives on a CPU backend created with ctx.
+   With apply ON_WORKERS the server holds no parameters and no optimizer
+   state: initial_full_params is ignored and may be NULL.
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
-   recorded; t, desc, map, initial_full_params or out NULL; a bad desc: P or
-   W < 1, an unknown policy, staleness or backup_workers out of range or set
+   recorded; t, desc, map, initial_full_params (ON_SERVERS) or out NULL; a
+   bad desc: P or W < 1, an unknown policy or apply, ON_WORKERS with ASYNC,
+   staleness or backup_workers out of range or set
    for another policy, the optimizer (as dsgd_optimizer_create), clip_norm
    > 0, timeout_s, retry_s or staleness_bins out of range; t->size not
    P + W; t->rank not a server; map built for another number of servers),
@@ -6168,7 +6214,9 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s);
 DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out);
 /* Writes the server's parameters into their ranges of full (a buffer of the
    whole flat size); every other float of full is left as it is.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; full NULL).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; full NULL),
+   DSGD_ERR_UNSUPPORTED (apply ON_WORKERS: the server holds no parameters;
+   read a worker's, dsgd_ps_worker_read_params).
    Thread safety: the server's thread. */
 DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full);
 /* Frees the server (NULL: nothing); not the transport or the map.
@@ -6188,6 +6236,12 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
    as the policy says (ASYNC: not at all; SSP at clock c: version >= c - s;
    SYNC and BACKUP: the last pushed step applied). Records the version read
    from each server (dsgd_ps_worker_version); a push computes on it.
+   With apply ON_WORKERS the servers send means, not parameters: the pull
+   fetches every mean the worker has not applied yet (one round per step
+   behind), applies each with the desc's optimizer to the worker's own copy
+   (dsgd_ps_worker_set_params first, DSGD_ERR_STATE otherwise), and fills
+   full_params with that copy; the version is then the number of means
+   applied.
    Errors (recorded on the worker's ctx, "dsgd_ps_worker_pull: worker w:
    ..."): DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
    NULL), DSGD_ERR_STATE (after finish or a failure), DSGD_ERR_TIMEOUT (the
@@ -6206,6 +6260,19 @@ DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
    SYNC or BACKUP.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads);
+/* Apply ON_WORKERS: sets the worker's own copy of the parameters (the
+   whole flat buffer, the same on every worker; only the floats of shards
+   are kept). Call it once, before the first pull.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
+   NULL), DSGD_ERR_STATE (apply ON_SERVERS, or after the first pull).
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params);
+/* Apply ON_WORKERS: writes the worker's copy of the parameters into the
+   ranges of full that shards hold (also after finish).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full NULL),
+   DSGD_ERR_STATE (apply ON_SERVERS: read the servers').
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full);
 /* Tells every server this worker is done (once; not acknowledged, see WIRE
    PROTOCOL). The worker can then only be read and destroyed.
    Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded),
@@ -6289,6 +6356,12 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: backup_workers %d (BACKUP: 0 <= b < num_workers = %d; other policies: 0)", fn,
                                   d->backup_workers, d->num_workers);
+    if ((int)d->apply < 0 || (int)d->apply > (int)DSGD_PS_APPLY_ON_WORKERS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown apply %d", fn, (int)d->apply);
+    if (d->apply == DSGD_PS_APPLY_ON_WORKERS && d->policy == DSGD_PS_ASYNC)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: apply ON_WORKERS (summation only) needs SSP, SYNC or BACKUP: ASYNC applies each "
+                                  "push alone, so there is no step whose sum to publish", fn);
     d->optimizer = dsgd__optimizer_defaults(&in->optimizer);
     if ((r = dsgd__optimizer_desc_check(ctx, &d->optimizer, fn)) != DSGD_OK) return r;
     if (d->optimizer.clip_norm > 0.0f)
@@ -6328,6 +6401,8 @@ typedef struct dsgd__ps_peer {
     int pull_pending;    /* a pull (seq pull_next - 1) waits for version >= pull_min */
     int done;
     int64_t pull_min;
+    int64_t pull_from;   /* ON_WORKERS: the step whose mean the pending pull wants */
+    int64_t have;        /* ON_WORKERS: means the worker has fetched */
     double last_heard;
 } dsgd__ps_peer;
 
@@ -6349,6 +6424,12 @@ struct dsgd_ps_server {
     dsgd_buffer **slot, **pool;
     int64_t *vcomp;
     int *slot_count, pool_len;
+    /* ON_WORKERS: agg[i] is the mean of step agg_base + i ([header | n]),
+       kept until every unfinished worker has fetched it */
+    int sum_only;
+    dsgd_buffer **agg, *agg_spare;
+    size_t agg_len, agg_cap;
+    int64_t agg_base;
     dsgd__ps_peer *peer;
     int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max;
     double stal_sum;
@@ -6400,11 +6481,80 @@ static dsgd_result dsgd__ps_ack(dsgd_ps_server *s, int w, uint64_t seq, uint64_t
     return dsgd__ps_send(s, w, DSGD_PS_MSG_ACK, seq, h, sizeof h);
 }
 
+/* ON_WORKERS: the mean in grad becomes step version's result; grad gets a
+   fresh buffer. */
+static dsgd_result dsgd__ps_publish(dsgd_ps_server *s) {
+    dsgd_buffer *b = s->agg_spare;
+    dsgd_result r;
+    if (s->agg_len == s->agg_cap) {
+        size_t cap = s->agg_cap ? 2 * s->agg_cap : 4;
+        dsgd_buffer **a = cap > SIZE_MAX / sizeof *a ? NULL : (dsgd_buffer **)DSGD_REALLOC(s->agg, cap * sizeof *a);
+        if (!a)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_ps_server_serve: server %d: keeping %zu means",
+                                      s->index, cap);
+        s->agg = a;
+        s->agg_cap = cap;
+    }
+    if (b) {
+        s->agg_spare = NULL;
+    } else if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &b)) != DSGD_OK) {
+        return r;
+    }
+    s->agg[s->agg_len++] = s->grad;
+    s->grad = b;
+    s->grad_h = s->be.buffer_host_ptr(s->be.impl, b);
+    s->version++;
+    return DSGD_OK;
+}
+
+/* ON_WORKERS: frees the means every unfinished worker has fetched (one
+   buffer is kept for the next). */
+static void dsgd__ps_trim(dsgd_ps_server *s) {
+    int64_t lo = s->version;
+    size_t k, drop;
+    int w;
+    for (w = 0; w < s->W; ++w)
+        if (!s->peer[w].done && s->peer[w].have < lo) lo = s->peer[w].have;
+    if (lo <= s->agg_base) return;
+    drop = (size_t)(lo - s->agg_base);
+    for (k = 0; k < drop; ++k) {
+        if (!s->agg_spare)
+            s->agg_spare = s->agg[k];
+        else
+            s->be.buffer_destroy(s->be.impl, s->agg[k]);
+    }
+    memmove(s->agg, s->agg + drop, (s->agg_len - drop) * sizeof *s->agg);
+    s->agg_len -= drop;
+    s->agg_base = lo;
+}
+
+/* ON_WORKERS: answers a pull with the mean of the step it wants, or with no
+   floats when the worker has every mean. */
+static dsgd_result dsgd__ps_answer_sum(dsgd_ps_server *s, int w, uint64_t seq) {
+    dsgd__ps_peer *pe = &s->peer[w];
+    int64_t from = pe->pull_from;
+    float *host;
+    dsgd_result r;
+    if (from >= s->version) {
+        uint64_t h[DSGD_PS_HEADER_WORDS];
+        dsgd__ps_hdr_put(h, DSGD_PS_MSG_PARAMS, (uint64_t)w, seq, s->version, 0, (uint64_t)s->version);
+        return dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, h, sizeof h);
+    }
+    host = s->be.buffer_host_ptr(s->be.impl, s->agg[from - s->agg_base]);
+    dsgd__ps_hdr_put(host, DSGD_PS_MSG_PARAMS, (uint64_t)w, seq, from + 1, (uint64_t)s->n, (uint64_t)s->version);
+    r = dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, host, DSGD__PS_HBYTES + s->n * sizeof(float));
+    if (r != DSGD_OK) return r;
+    pe->have = from + 1;
+    dsgd__ps_trim(s);
+    return DSGD_OK;
+}
+
 static dsgd_result dsgd__ps_answer_pull(dsgd_ps_server *s, int w) {
     dsgd__ps_peer *pe = &s->peer[w];
     uint64_t seq = pe->pull_next - 1;
     pe->pull_pending = 0;
     s->pulls++;
+    if (s->sum_only) return dsgd__ps_answer_sum(s, w, seq);
     dsgd__ps_hdr_put(s->params_h, DSGD_PS_MSG_PARAMS, (uint64_t)w, seq, s->version, (uint64_t)s->n, 0);
     return dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, s->params_h, DSGD__PS_HBYTES + s->n * sizeof(float));
 }
@@ -6445,7 +6595,7 @@ static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
         dsgd__divide(sum, s->n, cnt);
         s->slot_count[k] = 0;
         s->applied += cnt;
-        if ((r = dsgd__ps_apply(s)) != DSGD_OK) return r;
+        if ((r = s->sum_only ? dsgd__ps_publish(s) : dsgd__ps_apply(s)) != DSGD_OK) return r;
         if ((r = dsgd__ps_release_pulls(s)) != DSGD_OK) return r;
     }
 }
@@ -6598,8 +6748,14 @@ static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size
     if (seq > pe->pull_next)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull %llu of worker %d, but pull %llu is next",
                                   fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->pull_next);
+    if (s->sum_only && (int64_t)h[5] != pe->have)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: pull %llu of worker %d wants the mean of step %lld, but it has fetched "
+                                  "%lld", fn, s->index, (unsigned long long)seq, w, (long long)(int64_t)h[5],
+                                  (long long)pe->have);
     pe->pull_next = seq + 1;
     pe->pull_min = (int64_t)h[3];
+    pe->pull_from = (int64_t)h[5];
     if (s->version >= pe->pull_min) return dsgd__ps_answer_pull(s, w);
     pe->pull_pending = 1;
     s->deferred++;
@@ -6624,6 +6780,7 @@ static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size
     if (!s->peer[w].done) {
         s->peer[w].done = 1;
         s->done_count++;
+        if (s->sum_only) dsgd__ps_trim(s);
     }
     return dsgd__ps_check_stuck(s);
 }
@@ -6714,10 +6871,13 @@ DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s) {
                 if (s->slot[i]) s->be.buffer_destroy(s->be.impl, s->slot[i]);
         if (s->pool)
             for (k = 0; k < s->pool_len; ++k) s->be.buffer_destroy(s->be.impl, s->pool[k]);
+        for (i = 0; i < s->agg_len; ++i) s->be.buffer_destroy(s->be.impl, s->agg[i]);
+        if (s->agg_spare) s->be.buffer_destroy(s->be.impl, s->agg_spare);
         if (s->be.destroy) s->be.destroy(s->be.impl);
     }
     DSGD_FREE(s->slot);
     DSGD_FREE(s->pool);
+    DSGD_FREE(s->agg);
     DSGD_FREE(s->vcomp);
     DSGD_FREE(s->slot_count);
     DSGD_FREE(s->peer);
@@ -6741,7 +6901,7 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     if (t->rank < 0 || t->rank >= d.num_servers)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a server (servers are ranks 0..%d)",
                                   fn, t->rank, d.num_servers - 1);
-    if (!initial_full_params)
+    if (!initial_full_params && d.apply == DSGD_PS_APPLY_ON_SERVERS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: initial_full_params is NULL", fn);
     s = (dsgd_ps_server *)dsgd__alloc(ctx, sizeof *s, fn);
     if (!s) return DSGD_ERR_OUT_OF_MEMORY;
@@ -6756,14 +6916,16 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     s->n = dsgd_shard_map_server_floats(map, s->index);
     s->ring = d.policy == DSGD_PS_SSP ? d.staleness + 1 : 1;
     s->needed = d.policy == DSGD_PS_BACKUP ? d.num_workers - d.backup_workers : d.num_workers;
+    s->sum_only = d.apply == DSGD_PS_APPLY_ON_WORKERS;
     r = DSGD_OK;
     if (s->n > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1)
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %zu floats overflow size_t", fn, s->n);
     if (r == DSGD_OK && (r = dsgd_cpu_backend_create(ctx, &s->be)) == DSGD_OK) s->have_be = 1;
-    if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->params);
+    /* ON_WORKERS: no parameters, no slots */
+    if (r == DSGD_OK && !s->sum_only) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->params);
     if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->grad);
-    if (r == DSGD_OK && d.optimizer.kind != DSGD_OPT_SGD) r = s->be.buffer_create(s->be.impl, s->n, &s->m1);
-    if (r == DSGD_OK && (d.optimizer.kind == DSGD_OPT_ADAM || d.optimizer.kind == DSGD_OPT_ADAMW))
+    if (r == DSGD_OK && !s->sum_only && d.optimizer.kind != DSGD_OPT_SGD) r = s->be.buffer_create(s->be.impl, s->n, &s->m1);
+    if (r == DSGD_OK && !s->sum_only && (d.optimizer.kind == DSGD_OPT_ADAM || d.optimizer.kind == DSGD_OPT_ADAMW))
         r = s->be.buffer_create(s->be.impl, s->n, &s->m2);
     if (r == DSGD_OK && d.policy != DSGD_PS_ASYNC) {
         if (dsgd__mul_overflows((size_t)s->ring, (size_t)s->W, &slots) || slots > SIZE_MAX / sizeof(int64_t) - 1) {
@@ -6794,10 +6956,10 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     }
     memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
     memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
-    s->params_h = s->be.buffer_host_ptr(s->be.impl, s->params);
+    s->params_h = s->params ? s->be.buffer_host_ptr(s->be.impl, s->params) : NULL;
     s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
     /* the server's shards, concatenated in placement order; slots start at 0 */
-    for (i = 0; i < dsgd_shard_map_num_shards(map); ++i) {
+    for (i = 0; i < dsgd_shard_map_num_shards(map) && s->params_h; ++i) {
         const dsgd_shard *sh = dsgd_shard_map_shard(map, i);
         if (sh->server != s->index) continue;
         memcpy(s->params_h + DSGD__PS_H + at, initial_full_params + sh->offset, sh->count * sizeof(float));
@@ -6830,6 +6992,10 @@ DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *
     int i;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if (!full) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_ps_server_read_params: full is NULL");
+    if (s->sum_only)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
+                                  "dsgd_ps_server_read_params: server %d sums only (apply ON_WORKERS) and holds no "
+                                  "parameters; read a worker's (dsgd_ps_worker_read_params)", s->index);
     for (i = 0; i < dsgd_shard_map_num_shards(s->map); ++i) {
         const dsgd_shard *sh = dsgd_shard_map_shard(s->map, i);
         if (sh->server != s->index) continue;
@@ -6857,11 +7023,52 @@ struct dsgd_ps_worker {
     double *sent_at, *backoff;    /* [P] */
     uint64_t push_seq, pull_seq;
     int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
+    /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
+       layout), the mean received ([header | n[s]]) and the optimizer's
+       slots; latest: the server's version the first reply of a pull
+       announced */
+    int sum_only, have_be, params_set, round;
+    dsgd_backend_i be;
+    dsgd_buffer **own, **sum, **m1, **m2;
+    int64_t *latest;
 };
 
 static dsgd_result dsgd__ps_worker_fail(dsgd_ps_worker *w, dsgd_result r) {
     w->state = DSGD__PS_FAILED;
     return r;
+}
+
+/* ON_WORKERS: takes server src's reply h (in sum[src]): applies the mean
+   it carries to the worker's copy of that server's ranges, as the server
+   would have (dsgd__ps_apply: the same update, the same step count). */
+static dsgd_result dsgd__ps_worker_apply(dsgd_ps_worker *w, const char *fn, int src, const uint64_t *h) {
+    dsgd_opt_update u;
+    dsgd_ref p, g, m1, m2;
+    dsgd_result r;
+    int64_t v = w->version[src];
+    if (w->round == 0) w->latest[src] = (int64_t)h[5];
+    if (h[4] == 0) {
+        if ((int64_t)h[3] != v)
+            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                      "%s: worker %d: server %d says it has published %lld means, the worker has %lld",
+                                      fn, w->index, src, (long long)(int64_t)h[3], (long long)v);
+        return DSGD_OK;
+    }
+    if ((int64_t)h[3] != v + 1)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent the mean of step %lld, not %lld",
+                                  fn, w->index, src, (long long)((int64_t)h[3] - 1), (long long)v);
+    u = dsgd__opt_update_at(&w->d.optimizer, v, 1.0f);
+    p.buf = w->own[src];
+    p.off = 0;
+    g.buf = w->sum[src];
+    g.off = DSGD__PS_H;
+    m1.buf = w->m1[src];
+    m1.off = 0;
+    m2.buf = w->m2[src];
+    m2.off = 0;
+    if ((r = w->be.optimizer_update(w->be.impl, &u, p, g, m1, m2, w->n[src])) != DSGD_OK) return r;
+    w->version[src] = v + 1;
+    return DSGD_OK;
 }
 
 /* The wait for one reply from every server: probe, take the expected
@@ -6940,6 +7147,10 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
             uint64_t h[DSGD_PS_HEADER_WORDS];
             size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
             void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)h;
+            if (type == DSGD_PS_MSG_PARAMS && w->sum_only) { /* a mean, or nothing new */
+                dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
+                if (bytes == DSGD__PS_HBYTES) want = bytes;
+            }
             if (bytes != want)
                 return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
                                           w->index, src, bytes, want);
@@ -6950,7 +7161,7 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                                           dsgd__ps_terr(&w->t));
             memcpy(h, dst, sizeof h);
             if (h[0] != (uint64_t)type || h[1] != (uint64_t)w->index || DSGD_PS_TAG_SEQ(h[2]) != DSGD_PS_TAG_SEQ(seq) ||
-                (type == DSGD_PS_MSG_PARAMS && h[4] != (uint64_t)w->n[src]))
+                (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h[4] * sizeof(float) != bytes))
                 return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
                                           "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
                                           "count %llu) that does not match its tag and size", fn, w->index, src,
@@ -6959,6 +7170,8 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
             if (type == DSGD_PS_MSG_ACK) {
                 w->dropped[src] = h[5] == DSGD_PS_DROPPED;
                 w->pushes_dropped += w->dropped[src];
+            } else if (w->sum_only) {
+                if ((r = dsgd__ps_worker_apply(w, fn, src, h)) != DSGD_OK) return r;
             } else {
                 int i;
                 const float *p = w->buf[src] + DSGD__PS_H;
@@ -6987,6 +7200,20 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
     return DSGD_OK;
 }
 
+/* ON_WORKERS: the worker's copy into the shards' ranges of full. */
+static void dsgd__ps_worker_copy_out(const dsgd_ps_worker *w, float *full) {
+    int s, i;
+    for (s = 0; s < w->P; ++s) {
+        const float *p = w->be.buffer_host_ptr(w->be.impl, w->own[s]);
+        for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
+            const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
+            if (sh->server != s) continue;
+            memcpy(full + sh->offset, p, sh->count * sizeof(float));
+            p += sh->count;
+        }
+    }
+}
+
 static dsgd_result dsgd__ps_worker_usable(dsgd_ps_worker *w, const char *fn) {
     if (w->state == DSGD__PS_CREATED) return DSGD_OK;
     return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d has %s", fn, w->index,
@@ -7002,31 +7229,50 @@ static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
-    static const char *const fn = "dsgd_ps_worker_pull";
+/* The pull; wait 0 asks for no version (what the servers have now: the
+   coordinator's last fetch, once every push was acknowledged). */
+static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, const char *fn, int wait) {
     dsgd_result r;
     int s;
-    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
     if (!full_params)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
-    for (s = 0; s < w->P; ++s) {
-        uint64_t *h = w->pull_hdr + (size_t)s * DSGD_PS_HEADER_WORDS;
-        int64_t need = 0;
-        if (w->d.policy == DSGD_PS_SSP || w->d.policy == DSGD_PS_SYNC)
-            need = DSGD__MAX((int64_t)w->push_seq - w->d.staleness, (int64_t)0); /* clocks 0..c-s-1 applied */
-        else if (w->d.policy == DSGD_PS_BACKUP)
-            need = w->last_step[s] + 1; /* the step last pushed for is applied */
-        dsgd__ps_hdr_put(h, DSGD_PS_MSG_PULL, (uint64_t)w->index, w->pull_seq, need, 0, 0);
-        if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
-            return dsgd__ps_worker_fail(w, r);
+    if (w->sum_only && !w->params_set)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: worker %d: apply ON_WORKERS needs dsgd_ps_worker_set_params before the first pull",
+                                  fn, w->index);
+    /* ON_WORKERS: one round per mean behind the versions the first round announced */
+    for (w->round = 0;; w->round++) {
+        int behind = 0;
+        for (s = 0; s < w->P; ++s) {
+            uint64_t *h = w->pull_hdr + (size_t)s * DSGD_PS_HEADER_WORDS;
+            int64_t need = 0;
+            if (!wait)
+                need = 0;
+            else if (w->d.policy == DSGD_PS_SSP || w->d.policy == DSGD_PS_SYNC)
+                need = DSGD__MAX((int64_t)w->push_seq - w->d.staleness, (int64_t)0); /* clocks 0..c-s-1 applied */
+            else if (w->d.policy == DSGD_PS_BACKUP)
+                need = w->last_step[s] + 1; /* the step last pushed for is applied */
+            dsgd__ps_hdr_put(h, DSGD_PS_MSG_PULL, (uint64_t)w->index, w->pull_seq, need, 0,
+                             w->sum_only ? (uint64_t)w->version[s] : 0);
+            if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
+                return dsgd__ps_worker_fail(w, r);
+        }
+        r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_PARAMS, w->pull_seq, full_params);
+        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+        w->pull_seq++;
+        for (s = 0; s < w->P && w->sum_only; ++s) behind |= w->version[s] < w->latest[s];
+        if (!behind) break;
     }
-    r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_PARAMS, w->pull_seq, full_params);
-    if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
-    w->pull_seq++;
+    if (w->sum_only) dsgd__ps_worker_copy_out(w, full_params);
     w->pulls++;
     w->pulled = 1;
     return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__ps_worker_pull(w, full_params, "dsgd_ps_worker_pull", 1);
 }
 
 DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads) {
@@ -7061,6 +7307,41 @@ DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_gr
     return DSGD_OK;
 }
 
+DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params) {
+    static const char *const fn = "dsgd_ps_worker_set_params";
+    int s, i;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full_params)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
+    if (!w->sum_only || w->pulls > 0 || w->state != DSGD__PS_CREATED)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s", fn, w->index,
+                                  !w->sum_only ? "the servers hold the parameters (apply ON_SERVERS)"
+                                               : "only before the first pull");
+    for (s = 0; s < w->P; ++s) {
+        float *p = w->be.buffer_host_ptr(w->be.impl, w->own[s]);
+        for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
+            const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
+            if (sh->server != s) continue;
+            memcpy(p, full_params + sh->offset, sh->count * sizeof(float));
+            p += sh->count;
+        }
+    }
+    w->params_set = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full) {
+    static const char *const fn = "dsgd_ps_worker_read_params";
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full is NULL", fn, w->index);
+    if (!w->sum_only)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: worker %d: the servers hold the parameters (apply ON_SERVERS); read theirs", fn,
+                                  w->index);
+    dsgd__ps_worker_copy_out(w, full);
+    return DSGD_OK;
+}
+
 DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w) {
     static const char *const fn = "dsgd_ps_worker_finish";
     uint64_t h[DSGD_PS_HEADER_WORDS];
@@ -7091,6 +7372,23 @@ DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
     DSGD_FREE(w->pending);
     DSGD_FREE(w->sent_at);
     DSGD_FREE(w->backoff);
+    if (w->have_be) {
+        dsgd_buffer **own[4];
+        int k;
+        own[0] = w->own;
+        own[1] = w->sum;
+        own[2] = w->m1;
+        own[3] = w->m2;
+        for (k = 0; k < 4; ++k)
+            for (s = 0; own[k] && s < w->P; ++s)
+                if (own[k][s]) w->be.buffer_destroy(w->be.impl, own[k][s]);
+        if (w->be.destroy) w->be.destroy(w->be.impl);
+    }
+    DSGD_FREE(w->own);
+    DSGD_FREE(w->sum);
+    DSGD_FREE(w->m1);
+    DSGD_FREE(w->m2);
+    DSGD_FREE(w->latest);
     DSGD_FREE(w);
 }
 
@@ -7153,6 +7451,37 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
         dsgd_ps_worker_destroy(w);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
+    if (d.apply == DSGD_PS_APPLY_ON_WORKERS) { /* the worker's copy and the optimizer's slots, on a CPU backend */
+        int slots1 = d.optimizer.kind != DSGD_OPT_SGD;
+        int slots2 = d.optimizer.kind == DSGD_OPT_ADAM || d.optimizer.kind == DSGD_OPT_ADAMW;
+        w->sum_only = 1;
+        w->own = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->own, fn);
+        w->sum = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->sum, fn);
+        w->m1 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m1, fn);
+        w->m2 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m2, fn);
+        w->latest = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->latest, fn);
+        if (!w->own || !w->sum || !w->m1 || !w->m2 || !w->latest) {
+            dsgd_ps_worker_destroy(w);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+        memset(w->own, 0, P * sizeof *w->own);
+        memset(w->sum, 0, P * sizeof *w->sum);
+        memset(w->m1, 0, P * sizeof *w->m1);
+        memset(w->m2, 0, P * sizeof *w->m2);
+        memset(w->latest, 0, P * sizeof *w->latest);
+        r = dsgd_cpu_backend_create(ctx, &w->be);
+        if (r == DSGD_OK) w->have_be = 1;
+        for (s = 0; s < w->P && r == DSGD_OK; ++s) {
+            r = w->be.buffer_create(w->be.impl, w->n[s], &w->own[s]);
+            if (r == DSGD_OK) r = w->be.buffer_create(w->be.impl, DSGD__PS_H + w->n[s], &w->sum[s]);
+            if (r == DSGD_OK && slots1) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m1[s]);
+            if (r == DSGD_OK && slots2) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m2[s]);
+        }
+        if (r != DSGD_OK) {
+            dsgd_ps_worker_destroy(w);
+            return r;
+        }
+    }
     *out = w;
     return DSGD_OK;
 }
@@ -7208,7 +7537,13 @@ DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int serve
 
      A closure usually calls dsgd_cluster_worker_train_step: pull the
      variables into the worker's model, compute the mean gradient of a
-     batch, push it; the servers apply it as the policy says. Each worker
+     batch, push it; the servers apply it as the policy says. With
+     desc.ps.apply ON_WORKERS (summation only, ps.h's WHO APPLIES THE
+     UPDATE) the servers only sum: every worker's engine starts from the
+     model's initial values and applies desc.ps.optimizer to its own copy
+     as it pulls, the same code and bits; at shutdown each remaining worker
+     fetches the last means, and dsgd_cluster_read_params reads a worker's
+     copy. Each worker
      draws its own data: dsgd_cluster_worker_id says which worker runs the
      closure (for example, worker w takes the batches b with b % W == w of
      an epoch's order).
@@ -7337,9 +7672,12 @@ DSGD_API dsgd_result dsgd_cluster_kill_worker(dsgd_cluster *c, int w);
    Thread safety: the coordinator. */
 DSGD_API dsgd_result dsgd_cluster_shutdown(dsgd_cluster *c);
 /* Writes the servers' variables (the whole flat buffer of
-   dsgd_cluster_num_params floats) into full; only after shutdown.
+   dsgd_cluster_num_params floats) into full; only after shutdown. With
+   desc.ps.apply ON_WORKERS the servers hold none: it writes the copy of
+   the first worker that fetched every published mean at shutdown (every
+   worker not lost or failed does; they hold the same bits).
    Errors: DSGD_ERR_INVALID_ARGUMENT (c NULL, nothing recorded; full NULL),
-   DSGD_ERR_STATE (before shutdown).
+   DSGD_ERR_STATE (before shutdown; ON_WORKERS with no such worker).
    Thread safety: the coordinator. */
 DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full);
 /* Getters (0 or NULL for c NULL or an index out of range):
@@ -7450,6 +7788,8 @@ struct dsgd_cluster_worker {
     int started;
     int killed;      /* atomic: set by dsgd_cluster_kill_worker */
     int gone;        /* under mu: the thread stopped taking closures */
+    int final;       /* apply ON_WORKERS: its copy holds every published mean
+                        (written by its thread before it ends) */
     dsgd__cl_queue own; /* under mu: closures scheduled on this worker */
     /* its shard of the dataset (dsgd_cluster_set_dataset) */
     dsgd_sampler smp;
@@ -7610,6 +7950,7 @@ static void dsgd__cluster_finish_closure(dsgd_cluster *c, dsgd_cluster_worker *w
 static void *dsgd__cluster_worker_main(void *arg) {
     dsgd_cluster_worker *w = (dsgd_cluster_worker *)arg;
     dsgd_cluster *c = w->c;
+    int last;
     for (;;) {
         dsgd__closure k;
         dsgd_result r;
@@ -7636,9 +7977,14 @@ static void *dsgd__cluster_worker_main(void *arg) {
     }
     w->gone = 1;
     c->alive--;
+    last = c->stopping && !c->server_failed && !dsgd__cluster_killed(w);
     pthread_cond_broadcast(&c->cv_work);
     pthread_cond_broadcast(&c->cv_done);
     pthread_mutex_unlock(&c->mu);
+    /* apply ON_WORKERS: every push was acknowledged, so every step that will
+       be published is; fetch them all (no wait) for dsgd_cluster_read_params */
+    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd__ps_worker_failed(w->psw))
+        w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
     if (!dsgd__ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
     return NULL;
 }
@@ -7731,7 +8077,7 @@ static dsgd_result dsgd__cluster_server_create(dsgd_cluster *c, int s, const flo
     return dsgd__cluster_copy_error(c, sv->ctx, r);
 }
 
-static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i) {
+static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const float *init) {
     dsgd_cluster_worker *w = &c->workers[i];
     dsgd_model_desc md = c->d.model;
     dsgd_result r;
@@ -7746,6 +8092,7 @@ static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i) {
         r = dsgd_model_create(w->ctx, &md, &w->model);
     }
     if (r == DSGD_OK) r = dsgd_ps_worker_create(w->ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
+    if (r == DSGD_OK && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) r = dsgd_ps_worker_set_params(w->psw, init);
     if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
         r = DSGD_ERR_OUT_OF_MEMORY;
     return dsgd__cluster_copy_error(c, w->ctx, r);
@@ -7809,7 +8156,7 @@ DSGD_API dsgd_result dsgd_cluster_create(dsgd_ctx *ctx, const dsgd_cluster_desc 
     }
     if (r == DSGD_OK) r = dsgd__cluster_transport(c);
     for (i = 0; r == DSGD_OK && i < c->P; ++i) r = dsgd__cluster_server_create(c, i, init);
-    for (i = 0; r == DSGD_OK && i < c->W; ++i) r = dsgd__cluster_worker_create(c, i);
+    for (i = 0; r == DSGD_OK && i < c->W; ++i) r = dsgd__cluster_worker_create(c, i, init);
     DSGD_FREE(init);
     if (r == DSGD_OK) r = dsgd__cluster_start(c);
     if (r != DSGD_OK) {
@@ -8052,6 +8399,14 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full) {
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     if (!full) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: full is NULL", what);
     if (!c->down) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE, "%s: only after dsgd_cluster_shutdown", what);
+    if (c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) { /* the servers only sum: the first final worker's copy */
+        for (i = 0; i < c->W; ++i)
+            if (c->workers[i].final)
+                return dsgd__cluster_copy_error(c, c->workers[i].ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE,
+                                  "%s: the servers only sum (apply ON_WORKERS) and no worker fetched the last means at "
+                                  "shutdown (every worker was lost or failed)", what);
+    }
     for (i = 0; i < c->P && r == DSGD_OK; ++i)
         r = dsgd__cluster_copy_error(c, c->servers[i].ctx, dsgd_ps_server_read_params(c->servers[i].srv, full));
     return r;

@@ -14,6 +14,9 @@
      (dsgd_cluster_schedule_on), trains the mirrored strategy's weights with
      2 replicas on the same global batches, within float reassociation
      (1e-5 relative).
+   - Summation only (apply ON_WORKERS): SYNC with 3 pinned workers gives
+     the bits of the servers applying (SGD and momentum); BACKUP 2 + 1 with
+     free scheduling trains (pushes accepted = 2 per step); ASYNC refuses it.
    - Every scheduled closure runs exactly once (a counter per closure) with
      4 workers; each server applied one push per closure (its counters), and
      its staleness histogram sums to its applied pushes.
@@ -244,6 +247,90 @@ static void test_sync_pinned_matches_mirrored(void **state) {
     assert_true(err <= 1e-5);
     dsgd_strategy_destroy(s);
     dsgd_cluster_destroy(c);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+/* Summation only (desc.ps.apply ON_WORKERS): the servers only sum, each
+   worker applies the optimizer to its own copy. SYNC with pinned closures
+   gives the bits of the servers applying (SGD and momentum); BACKUP 2 + 1
+   with free scheduling trains and its dropped pushes are counted. */
+static void run_pinned(dsgd_ctx *ctx, dsgd_ps_apply apply, dsgd_optimizer_kind opt, float *pc) {
+    enum { W = 3, STEPS = 8 };
+    dsgd_cluster_desc d = cluster_desc(2, W, DSGD_PS_SYNC, opt);
+    dsgd_cluster *c;
+    dsgd_ps_server_stats st;
+    job jobs[W * STEPS];
+    int step, w;
+    d.ps.apply = apply;
+    d.partitioner.kind = DSGD_PARTITIONER_FIXED_SHARDS;
+    d.partitioner.num_shards = 2;
+    c = cluster_make(ctx, &d);
+    memset(jobs, 0, sizeof(jobs));
+    for (step = 0; step < STEPS; ++step)
+        for (w = 0; w < W; ++w) {
+            jobs[W * step + w].batch = W * step + w;
+            TU_OK(ctx, dsgd_cluster_schedule_on(c, w, train_closure, &jobs[W * step + w], NULL));
+        }
+    TU_OK(ctx, dsgd_cluster_join(c));
+    read_params(ctx, c, pc);
+    for (w = 0; w < 2; ++w) {
+        dsgd_cluster_server_stats(c, w, &st);
+        assert_true(st.version == STEPS && st.pushes_applied == W * STEPS);
+    }
+    dsgd_cluster_destroy(c);
+}
+
+static void test_sum_only(void **state) {
+    static const dsgd_optimizer_kind opts[2] = {DSGD_OPT_SGD, DSGD_OPT_MOMENTUM};
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_model_desc md = model_desc();
+    dsgd_model *fresh = NULL;
+    float on_servers[NPARAMS], on_workers[NPARAMS], p0[NPARAMS];
+    int k, i;
+    (void)state;
+    watchdog_arm(60);
+    TU_OK(ctx, dsgd_model_create(ctx, &md, &fresh));
+    TU_OK(ctx, dsgd_model_get_params(fresh, p0, NPARAMS));
+    for (k = 0; k < 2; ++k) {
+        run_pinned(ctx, DSGD_PS_APPLY_ON_SERVERS, opts[k], on_servers);
+        run_pinned(ctx, DSGD_PS_APPLY_ON_WORKERS, opts[k], on_workers);
+        assert_memory_equal(on_workers, on_servers, sizeof(on_servers));
+        assert_true(tu_rel_err(on_workers, p0, NPARAMS) > 1e-2); /* trained */
+    }
+    {   /* BACKUP 2 + 1, any worker takes any closure */
+        dsgd_cluster_desc d = cluster_desc(1, 3, DSGD_PS_BACKUP, DSGD_OPT_MOMENTUM);
+        dsgd_cluster *c;
+        dsgd_ps_server_stats st;
+        job jobs[30];
+        d.ps.backup_workers = 1;
+        d.ps.apply = DSGD_PS_APPLY_ON_WORKERS;
+        c = cluster_make(ctx, &d);
+        memset(jobs, 0, sizeof(jobs));
+        for (i = 0; i < 30; ++i) {
+            jobs[i].batch = i;
+            TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+        }
+        TU_OK(ctx, dsgd_cluster_join(c));
+        read_params(ctx, c, on_workers);
+        dsgd_cluster_server_stats(c, 0, &st);
+        printf("    BACKUP 2 + 1, workers apply: %lld steps, %lld pushes applied, %lld dropped\n", (long long)st.version,
+               (long long)st.pushes_applied, (long long)st.stale_dropped);
+        assert_true(st.pushes_applied + st.stale_dropped <= 30 && st.pushes_applied == 2 * st.version);
+        assert_true(st.version >= 10);
+        assert_true(tu_rel_err(on_workers, p0, NPARAMS) > 1e-2);
+        for (i = 0; i < 30; ++i) assert_int_equal(jobs[i].runs, 1);
+        dsgd_cluster_destroy(c);
+    }
+    {   /* ASYNC refuses it */
+        dsgd_cluster_desc d = cluster_desc(1, 2, DSGD_PS_ASYNC, DSGD_OPT_SGD);
+        dsgd_cluster *c = NULL;
+        d.ps.apply = DSGD_PS_APPLY_ON_WORKERS;
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_create(ctx, &d, &c));
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "no step whose sum to publish"));
+        assert_null(c);
+    }
+    dsgd_model_destroy(fresh);
     dsgd_ctx_destroy(ctx);
     alarm(0);
 }
@@ -666,6 +753,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_one_worker_bitwise),
         cmocka_unit_test(test_sync_pinned_matches_mirrored),
+        cmocka_unit_test(test_sum_only),
         cmocka_unit_test(test_every_closure_once),
         cmocka_unit_test(test_failing_closure),
         cmocka_unit_test(test_lost_workers),

@@ -17,6 +17,15 @@
        mean.
      - BACKUP: with a slow worker and b = 1 the stale pushes are dropped,
        counted, never applied (signatures); b = 0 gives SYNC's bits.
+     - Summation only (apply ON_WORKERS, BytePS): SYNC with the workers
+       applying SGD, Nesterov momentum or Adam gives, at every round and on
+       every worker, the bits of SYNC with the servers applying (random float
+       gradients); SSP keeps its bound and signatures and BACKUP drops the
+       same stale pushes, every worker ending with the same bits; a BACKUP
+       straggler that missed 3 steps catches up on their means in order (one
+       round each) and holds the others' bits at each version; ASYNC refuses
+       it, its servers hold no parameters (read_params is unsupported) and
+       need no initial ones.
      - Staleness statistics: the histogram sums to the applied pushes; one
        worker pulling before each push has staleness 0; pushes without pulls
        have staleness 0, 1, 2.
@@ -175,7 +184,9 @@ struct run {
     const dsgd_shard_map *map;
     size_t n;
     const float *init;
-    float *final; /* n floats: each server writes its ranges */
+    float *final; /* n floats: each server writes its ranges (apply
+                     ON_WORKERS: worker 0 writes its copy) */
+    float *wfinal[MAXR]; /* ON_WORKERS, where set: worker w's copy at the end */
     worker_body body;
     void *user;
     int faulty;
@@ -225,7 +236,7 @@ static void *server_main(void *arg) {
         dsgd_ps_server_get_stats(s, st);
         for (b = 0; b < st->staleness_bins && b < 64; ++b) R->hist[a->rank][b] = st->staleness_hist[b];
         st->staleness_hist = NULL;
-        r = dsgd_ps_server_read_params(s, R->final);
+        if (R->d.apply == DSGD_PS_APPLY_ON_SERVERS) r = dsgd_ps_server_read_params(s, R->final);
     }
     R->res[a->rank] = r;
     snprintf(R->msg[a->rank], MSG, "%s", dsgd_ctx_last_error(ctx));
@@ -252,8 +263,13 @@ static void *worker_main(void *arg) {
         faulty_wrap(f, &a->t, seed_of(R->seed, w, -7), &t);
     }
     r = dsgd_ps_worker_create(ctx, &t, &R->d, R->map, &pw);
+    if (r == DSGD_OK && R->d.apply == DSGD_PS_APPLY_ON_WORKERS) r = dsgd_ps_worker_set_params(pw, R->init);
     if (r == DSGD_OK) r = R->body(R, w, pw);
     if (r == DSGD_OK && !R->body_finishes) r = dsgd_ps_worker_finish(pw);
+    if (r == DSGD_OK && R->d.apply == DSGD_PS_APPLY_ON_WORKERS) {
+        if (w == 0) r = dsgd_ps_worker_read_params(pw, R->final);
+        if (r == DSGD_OK && R->wfinal[w]) r = dsgd_ps_worker_read_params(pw, R->wfinal[w]);
+    }
     dsgd_ps_worker_get_stats(pw, &R->wst[a->rank]);
     if (f) {
         R->dups[a->rank] = f->dups;
@@ -341,6 +357,7 @@ static dsgd_shard_map *vector_map(dsgd_ctx *ctx, int P, int count, int each) {
 
 /* A small MLP (4 -> 8 -> 3, 67 parameters in 4 variables), its map over P
    servers with FIXED_SHARDS 2 (rows of each variable on two servers). */
+#define MLP_N 67
 static const dsgd_layer_desc MLP_LAYERS[2] = {{8, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {3, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
 static dsgd_model *mlp(dsgd_ctx *ctx) {
     dsgd_model_desc md;
@@ -616,8 +633,9 @@ static dsgd_result body_ssp(run *R, int w, dsgd_ps_worker *pw) {
     return r;
 }
 
-static void run_signatures(run *R, sig_data *D, dsgd_ps_policy policy, int s_or_b, int P, worker_body body,
-                           float *final, dsgd_shard_map **map_out) {
+static void run_signatures(run *R, sig_data *D, dsgd_ps_policy policy, int s_or_b, int P, dsgd_ps_apply apply,
+                           worker_body body, float *final, float (*wfinal)[(SG_W + 1) * SG_K], dsgd_shard_map **map_out) {
+    int w;
     dsgd_ctx *ctx;
     static float zeros[(SG_W + 1) * SG_K];
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
@@ -633,6 +651,8 @@ static void run_signatures(run *R, sig_data *D, dsgd_ps_policy policy, int s_or_
     R->d.policy = policy;
     if (policy == DSGD_PS_SSP) R->d.staleness = s_or_b;
     if (policy == DSGD_PS_BACKUP) R->d.backup_workers = s_or_b;
+    R->d.apply = apply;
+    for (w = 0; w < R->d.num_workers && wfinal; ++w) R->wfinal[w] = wfinal[w];
     R->d.optimizer.lr = 1.0f;
     R->body = body;
     R->user = D;
@@ -646,20 +666,24 @@ static void test_ssp_bound(void **state) {
     sig_data *D = (sig_data *)malloc(sizeof(sig_data));
     float final[SG_W * SG_K];
     dsgd_shard_map *map;
-    int s, i, w, spread, ahead;
+    int s, i, w, spread, ahead, mode;
     (void)state;
     watchdog(120);
+    for (mode = 0; mode < 2; ++mode)
     for (s = 0; s <= 3; ++s) {
-        run_signatures(R, D, DSGD_PS_SSP, s, 2, body_ssp, final, &map);
+        /* mode 1: the workers apply; a worker's last pull (clock K) may miss the last s clocks */
+        run_signatures(R, D, DSGD_PS_SSP, s, 2, (dsgd_ps_apply)mode, body_ssp, final, NULL, &map);
         expect_all_ok(R);
         for (i = 0; i < SG_W * SG_K; ++i)
-            if (final[i] != -1.0f) fail_msg("s = %d: float %d is %g after every clock", s, i, (double)final[i]);
+            if (final[i] != -1.0f && (mode == 0 || s == 0 || i < (SG_K - s) * SG_W))
+                fail_msg("s = %d: float %d is %g after every clock", s, i, (double)final[i]);
         spread = ahead = 0;
         for (w = 0; w < SG_W; ++w) {
             spread = D->spread[w] > spread ? D->spread[w] : spread;
             ahead = D->ahead[w] > ahead ? D->ahead[w] : ahead;
         }
-        print_message("SSP s = %d: largest clock spread %d, largest clock - version read %d\n", s, spread, ahead);
+        print_message("SSP s = %d%s: largest clock spread %d, largest clock - version read %d\n", s,
+                      mode ? " (workers apply)" : "", spread, ahead);
         assert_true(spread <= s && ahead <= s);
         if (s > 0) assert_true(ahead >= 1); /* the fast workers did run ahead of the slow one */
         for (i = 0; i < 2; ++i) {
@@ -724,14 +748,24 @@ static dsgd_result body_backup(run *R, int w, dsgd_ps_worker *pw) {
 static void test_backup_drops_stale(void **state) {
     run *R = (run *)malloc(sizeof(run));
     sig_data *D = (sig_data *)malloc(sizeof(sig_data));
-    float final[(SG_W + 1) * SG_K];
+    float final[(SG_W + 1) * SG_K], wfinal[SG_W + 1][(SG_W + 1) * SG_K];
     dsgd_shard_map *map;
-    int64_t accepted = 0, dropped = 0, slow_dropped = 0;
-    int W = SG_W + 1, w, k;
+    int64_t accepted, dropped, slow_dropped;
+    int W = SG_W + 1, w, k, mode;
     (void)state;
     watchdog(120);
-    run_signatures(R, D, DSGD_PS_BACKUP, 1, 1, body_backup, final, &map);
+    for (mode = 0; mode < 2; ++mode) { /* mode 1: the workers apply; the straggler catches up on the steps it missed */
+    accepted = dropped = slow_dropped = 0;
+    run_signatures(R, D, DSGD_PS_BACKUP, 1, 1, (dsgd_ps_apply)mode, body_backup, final, mode ? wfinal : NULL, &map);
     expect_all_ok(R);
+    for (w = 0; w < W && mode; ++w)
+        if (memcmp(wfinal[w], final, sizeof final) != 0) fail_msg("workers apply: worker %d's copy differs from worker 0's", w);
+    if (mode) {
+        int64_t calls = 0;
+        for (w = 0; w < W; ++w) calls += R->wst[1 + w].pulls;
+        print_message("BACKUP, workers apply: %lld pull calls took %lld rounds\n", (long long)calls,
+                      (long long)R->st[0].pulls_answered);
+    }
     assert_true(R->st[0].version == SG_K);
     for (w = 0; w < W; ++w)
         for (k = 0; k < D->pushes[w]; ++k) {
@@ -746,8 +780,9 @@ static void test_backup_drops_stale(void **state) {
     for (w = 0; w < W; ++w)
         for (k = D->pushes[w]; k < SG_K; ++k)
             if (final[k * W + w] != 0.0f) fail_msg("worker %d never made push %d, yet its float is %g", w, k, (double)final[k * W + w]);
-    print_message("BACKUP 4 + 1: %lld steps, %lld pushes applied, %lld dropped (%lld of the straggler's)\n",
-                  (long long)R->st[0].version, (long long)accepted, (long long)dropped, (long long)slow_dropped);
+    print_message("BACKUP 4 + 1%s: %lld steps, %lld pushes applied, %lld dropped (%lld of the straggler's)\n",
+                  mode ? " (workers apply)" : "", (long long)R->st[0].version, (long long)accepted, (long long)dropped,
+                  (long long)slow_dropped);
     assert_true(R->st[0].stale_dropped == dropped);
     assert_true(R->wst[1 + W - 1].pushes_dropped == slow_dropped);
     assert_true(R->st[0].pushes_applied == accepted);
@@ -756,6 +791,7 @@ static void test_backup_drops_stale(void **state) {
     assert_true(R->st[0].staleness_max == 0);
     expect_staleness_consistent(R, 0);
     dsgd_shard_map_destroy(map);
+    }
     free(R);
     free(D);
     alarm(0);
@@ -855,6 +891,217 @@ static void test_zero_bounds_are_sync(void **state) {
     dsgd_optimizer_destroy(opt);
     dsgd_model_destroy(m);
     dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- summation only (BytePS) */
+
+/* SYNC with the workers applying (apply ON_WORKERS: servers only sum)
+   against the servers applying, on random float gradients: every worker's
+   pull of every round, and every worker's copy at the end, are bitwise the
+   servers' parameters, for SGD, Nesterov momentum and Adam (the same mean,
+   the same update code). */
+#define SO_K 10
+#define SO_W 4
+typedef struct so_data {
+    float pulls[SO_W][SO_K + 1][128];
+} so_data;
+
+static dsgd_result body_so(run *R, int w, dsgd_ps_worker *pw) {
+    so_data *D = (so_data *)R->user;
+    float g[128];
+    dsgd_result r = DSGD_OK;
+    size_t j;
+    int k, s;
+    for (k = 0; k <= SO_K && r == DSGD_OK; ++k) {
+        if ((r = dsgd_ps_worker_pull(pw, D->pulls[w][k])) != DSGD_OK) break;
+        for (s = 0; s < R->d.num_servers; ++s)
+            if (dsgd_ps_worker_version(pw, s) != k)
+                note_bad(R, R->d.num_servers + w, "round %d: version %lld of server %d", k,
+                         (long long)dsgd_ps_worker_version(pw, s), s);
+        if (k == SO_K) break;
+        if (w == 2) sleep_us(200); /* a slower worker */
+        for (j = 0; j < R->n; ++j) g[j] = rand_grad(R->seed, w, k, j);
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    return r;
+}
+
+static void run_so(dsgd_ps_apply apply, const dsgd_optimizer_desc *od, so_data *D, float *final, float (*wfinal)[128]) {
+    dsgd_ctx *ctx;
+    dsgd_model *m;
+    run *R = (run *)calloc(1, sizeof(run));
+    float init[128];
+    int i, w;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    m = mlp(ctx);
+    R->n = dsgd_model_num_params(m);
+    R->map = model_map(ctx, m, 2);
+    TU_OK(ctx, dsgd_model_get_params(m, init, R->n));
+    R->init = init;
+    R->final = final;
+    for (w = 0; w < SO_W && wfinal; ++w) R->wfinal[w] = wfinal[w];
+    R->d.num_servers = 2;
+    R->d.num_workers = SO_W;
+    R->d.policy = DSGD_PS_SYNC;
+    R->d.apply = apply;
+    R->d.optimizer = *od;
+    R->body = body_so;
+    R->user = D;
+    R->skip_worker = -1;
+    R->seed = 123;
+    run_ps(R);
+    expect_all_ok(R);
+    for (i = 0; i < 2; ++i) {
+        assert_true(R->st[i].version == SO_K && R->st[i].pushes_applied == SO_K * SO_W);
+        assert_true(R->st[i].staleness_max == 0);
+        expect_staleness_consistent(R, i);
+    }
+    assert_true(memcmp(final, init, R->n * sizeof(float)) != 0); /* it did train */
+    dsgd_shard_map_destroy((dsgd_shard_map *)R->map);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+}
+
+static void test_sum_only_matches_servers(void **state) {
+    so_data *on_servers = (so_data *)calloc(1, sizeof(so_data)), *on_workers = (so_data *)calloc(1, sizeof(so_data));
+    float fs[128], fw[128], wf[SO_W][128];
+    dsgd_optimizer_desc od[3];
+    int o, w, k;
+    (void)state;
+    watchdog(120);
+    memset(od, 0, sizeof od);
+    od[0].kind = DSGD_OPT_SGD;
+    od[0].lr = 0.1f;
+    od[1].kind = DSGD_OPT_MOMENTUM;
+    od[1].lr = 0.05f;
+    od[1].momentum = 0.9f;
+    od[1].nesterov = 1;
+    od[1].weight_decay = 0.001f;
+    od[2].kind = DSGD_OPT_ADAM;
+    od[2].lr = 0.01f;
+    od[2].weight_decay = 0.001f;
+    for (o = 0; o < 3; ++o) {
+        run_so(DSGD_PS_APPLY_ON_SERVERS, &od[o], on_servers, fs, NULL);
+        run_so(DSGD_PS_APPLY_ON_WORKERS, &od[o], on_workers, fw, wf);
+        for (w = 0; w < SO_W; ++w) {
+            for (k = 0; k <= SO_K; ++k)
+                if (memcmp(on_workers->pulls[w][k], on_servers->pulls[w][k], MLP_N * sizeof(float)) != 0)
+                    fail_msg("optimizer %d, round %d: worker %d's copy differs from the servers' parameters", o, k, w);
+            if (memcmp(wf[w], fs, MLP_N * sizeof(float)) != 0)
+                fail_msg("optimizer %d: worker %d's final copy differs from the servers' parameters", o, w);
+        }
+        assert_memory_equal(fw, fs, MLP_N * sizeof(float));
+    }
+    free(on_servers);
+    free(on_workers);
+    alarm(0);
+}
+
+/* BACKUP 2 + 1 with the workers applying: the straggler pulls once, waits
+   until the others have made 3 steps, pushes (dropped as stale), and its
+   next pull catches up on the 3 means it missed, one round each, in order.
+   At every version every worker holds the same bits (momentum, so the
+   order matters), and at the end too. */
+#define CU_K 8
+#define CU_W 3
+typedef struct cu_data {
+    float at[CU_W][CU_K + 1][16];
+    int seen[CU_W][CU_K + 1];
+    int fast_read;   /* atomic: the highest version a fast worker read */
+    int slow_started; /* atomic: the straggler has pulled once */
+    int first_dropped;
+} cu_data;
+
+static dsgd_result body_catchup(run *R, int w, dsgd_ps_worker *pw) {
+    cu_data *D = (cu_data *)R->user;
+    float p[16], g[16];
+    dsgd_result r = DSGD_OK;
+    double give_up = dsgd_now() + 20.0;
+    int k;
+    size_t j;
+    /* the others start once the straggler has pulled version 0 */
+    while (w != CU_W - 1 && !__atomic_load_n(&D->slow_started, __ATOMIC_SEQ_CST) && dsgd_now() < give_up) sleep_us(50);
+    for (k = 0; r == DSGD_OK; ++k) {
+        int64_t v;
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        v = dsgd_ps_worker_version(pw, 0);
+        if (w == CU_W - 1) __atomic_store_n(&D->slow_started, 1, __ATOMIC_SEQ_CST);
+        if (v < 0 || v > CU_K) {
+            note_bad(R, 1 + w, "version %lld beyond %d", (long long)v, CU_K);
+            break;
+        }
+        memcpy(D->at[w][v], p, sizeof p);
+        D->seen[w][v] = 1;
+        if (w != CU_W - 1) {
+            int cur = __atomic_load_n(&D->fast_read, __ATOMIC_SEQ_CST);
+            while (cur < (int)v && !__atomic_compare_exchange_n(&D->fast_read, &cur, (int)v, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+            }
+        }
+        if (v >= CU_K) break;
+        if (w == CU_W - 1 && k == 0) /* the straggler */
+            while (__atomic_load_n(&D->fast_read, __ATOMIC_SEQ_CST) < 3 && dsgd_now() < give_up) sleep_us(100);
+        for (j = 0; j < R->n; ++j) g[j] = rand_grad(R->seed, w, (int)v, j);
+        r = dsgd_ps_worker_push(pw, g);
+        if (w == CU_W - 1 && k == 0) D->first_dropped = dsgd_ps_worker_last_push_dropped(pw, 0);
+    }
+    return r;
+}
+
+static void test_sum_only_catch_up(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    cu_data *D = (cu_data *)calloc(1, sizeof(cu_data));
+    float init[16], final[16], wfinal[CU_W][16];
+    int64_t calls = 0;
+    size_t j;
+    int w, v, common = 0;
+    (void)state;
+    watchdog(60);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 1, 4, 4);
+    for (j = 0; j < 16; ++j) init[j] = (float)j * 0.25f - 1.0f;
+    R->n = 16;
+    R->map = map;
+    R->init = init;
+    R->final = final;
+    for (w = 0; w < CU_W; ++w) R->wfinal[w] = wfinal[w];
+    R->d.num_servers = 1;
+    R->d.num_workers = CU_W;
+    R->d.policy = DSGD_PS_BACKUP;
+    R->d.backup_workers = 1;
+    R->d.apply = DSGD_PS_APPLY_ON_WORKERS;
+    R->d.optimizer.kind = DSGD_OPT_MOMENTUM;
+    R->d.optimizer.lr = 0.1f;
+    R->body = body_catchup;
+    R->user = D;
+    R->skip_worker = -1;
+    R->seed = 17;
+    run_ps(R);
+    expect_all_ok(R);
+    assert_true(R->st[0].version == CU_K);
+    assert_true(D->first_dropped == 1 && R->st[0].stale_dropped >= 1);
+    for (w = 0; w < CU_W; ++w) calls += R->wst[1 + w].pulls;
+    print_message("catch-up: %lld pull calls took %lld rounds; %lld pushes dropped\n", (long long)calls,
+                  (long long)R->st[0].pulls_answered, (long long)R->st[0].stale_dropped);
+    assert_true(R->st[0].pulls_answered >= calls + 2); /* the straggler fetched 3 means in one call */
+    for (v = 0; v <= CU_K; ++v)
+        for (w = 1; w < CU_W; ++w)
+            if (D->seen[0][v] && D->seen[w][v]) {
+                common++;
+                if (memcmp(D->at[w][v], D->at[0][v], sizeof D->at[0][v]) != 0)
+                    fail_msg("version %d: worker %d's copy differs from worker 0's", v, w);
+            }
+    assert_true(common >= CU_K);
+    assert_true(D->seen[CU_W - 1][0] && !D->seen[CU_W - 1][1] && !D->seen[CU_W - 1][2]); /* skipped, not missed */
+    for (w = 0; w < CU_W; ++w) assert_memory_equal(wfinal[w], final, sizeof final);
+    assert_memory_equal(final, D->at[0][CU_K], sizeof final);
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(D);
+    free(R);
     alarm(0);
 }
 
@@ -1057,6 +1304,8 @@ static void test_bad_arguments(void **state) {
     BAD_DESC(bad.retry_s = -0.5, "retry_s");
     BAD_DESC(bad.staleness_bins = -2, "staleness_bins");
     BAD_DESC(bad.num_workers = 2, "ranks"); /* the transport has 2 ranks, 1 + 2 are needed */
+    BAD_DESC(bad.apply = DSGD_PS_APPLY_ON_WORKERS, "ASYNC applies each push alone, so there is no step whose sum to publish");
+    BAD_DESC((bad.policy = DSGD_PS_SYNC, bad.apply = (dsgd_ps_apply)2), "unknown apply");
 #undef BAD_DESC
     /* roles and the map */
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_create(ctx, &t1, &d, map, init, &s));
@@ -1108,6 +1357,28 @@ static void test_bad_arguments(void **state) {
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_server_serve(s));
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_server_read_params(s, NULL));
     dsgd_ps_server_destroy(s);
+    /* only the workers hold parameters when they apply: set before the first pull, read from a worker */
+    TU_OK(ctx, dsgd_ps_worker_create(ctx, &t1, &d, map, &w));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_set_params(w, init));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "the servers hold the parameters"));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_read_params(w, buf));
+    dsgd_ps_worker_destroy(w);
+    d.apply = DSGD_PS_APPLY_ON_WORKERS;
+    TU_OK(ctx, dsgd_ps_server_create(ctx, &t0, &d, map, NULL, &s)); /* no initial parameters needed */
+    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_ps_server_read_params(s, buf));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "holds no parameters"));
+    dsgd_ps_server_destroy(s);
+    TU_OK(ctx, dsgd_ps_worker_create(ctx, &t1, &d, map, &w));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_pull(w, buf));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "dsgd_ps_worker_set_params before the first pull"));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_set_params(w, NULL));
+    TU_OK(ctx, dsgd_ps_worker_set_params(w, init));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_read_params(w, NULL));
+    TU_OK(ctx, dsgd_ps_worker_read_params(w, buf));
+    assert_memory_equal(buf, init, sizeof buf);
+    dsgd_ps_worker_destroy(w);
+    assert_int_equal(dsgd_ps_worker_set_params(NULL, init), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_ps_worker_read_params(NULL, buf), DSGD_ERR_INVALID_ARGUMENT);
 
     dsgd_shard_map_destroy(map);
     dsgd_shard_map_destroy(map3);
@@ -1249,6 +1520,8 @@ int main(void) {
         cmocka_unit_test(test_stuck_runs_fail_fast),
         cmocka_unit_test(test_sync_rounds),
         cmocka_unit_test(test_zero_bounds_are_sync),
+        cmocka_unit_test(test_sum_only_matches_servers),
+        cmocka_unit_test(test_sum_only_catch_up),
         cmocka_unit_test(test_ssp_bound),
         cmocka_unit_test(test_backup_drops_stale),
         cmocka_unit_test(test_exactly_once),
