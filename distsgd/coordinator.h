@@ -590,18 +590,9 @@ static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const flo
 
 static dsgd_result dsgd__cluster_start(dsgd_cluster *c) {
     const char *what = "dsgd_cluster_create";
+    dsgd_result r;
     int i;
-    if (pthread_mutex_init(&c->mu, NULL) != 0)
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
-    if (pthread_cond_init(&c->cv_work, NULL) != 0) {
-        pthread_mutex_destroy(&c->mu);
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
-    if (pthread_cond_init(&c->cv_done, NULL) != 0) {
-        pthread_cond_destroy(&c->cv_work);
-        pthread_mutex_destroy(&c->mu);
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
+    if ((r = dsgd__lock_init(c->ctx, &c->mu, &c->cv_work, &c->cv_done, what)) != DSGD_OK) return r;
     c->sync_ready = 1;
     for (i = 0; i < c->P; ++i) {
         if (pthread_create(&c->servers[i].thread, NULL, dsgd__cluster_server_main, &c->servers[i]) != 0)

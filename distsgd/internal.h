@@ -45,6 +45,24 @@ DSGD__PRIVATE int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
     return 0;
 }
 
+/* A mutex and two condition variables, all or none: on failure nothing is
+   left initialised and a DSGD_ERR_SYSTEM naming `what` is recorded. */
+DSGD__PRIVATE dsgd_result dsgd__lock_init(dsgd_ctx *ctx, pthread_mutex_t *mu, pthread_cond_t *a, pthread_cond_t *b,
+                                          const char *what) {
+    if (pthread_mutex_init(mu, NULL) != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
+    if (pthread_cond_init(a, NULL) != 0) {
+        pthread_mutex_destroy(mu);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
+    }
+    if (pthread_cond_init(b, NULL) != 0) {
+        pthread_cond_destroy(a);
+        pthread_mutex_destroy(mu);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
+    }
+    return DSGD_OK;
+}
+
 /* >>atomics ---------------------------------------------------------------- */
 /* GCC/Clang builtins (C and C++ alike; no <stdatomic.h>, so C++11 users
    compile this too). Sequentially consistent where a sleeper and a waker

@@ -847,18 +847,9 @@ static dsgd_result dsgd__strategy_metrics(dsgd_strategy *s) {
    replicas 1..N-1 (replica 0 runs on the caller's). */
 static dsgd_result dsgd__strategy_start(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
+    dsgd_result r;
     int i;
-    if (pthread_mutex_init(&s->mu, NULL) != 0)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
-    if (pthread_cond_init(&s->cv_start, NULL) != 0) {
-        pthread_mutex_destroy(&s->mu);
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
-    if (pthread_cond_init(&s->cv_done, NULL) != 0) {
-        pthread_cond_destroy(&s->cv_start);
-        pthread_mutex_destroy(&s->mu);
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
+    if ((r = dsgd__lock_init(s->ctx, &s->mu, &s->cv_start, &s->cv_done, what)) != DSGD_OK) return r;
     s->sync_ready = 1;
     for (i = 1; i < s->n; ++i) {
         if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0)

@@ -548,6 +548,24 @@ DSGD__PRIVATE int dsgd__mul_overflows(size_t a, size_t b, size_t *out) {
     return 0;
 }
 
+/* A mutex and two condition variables, all or none: on failure nothing is
+   left initialised and a DSGD_ERR_SYSTEM naming `what` is recorded. */
+DSGD__PRIVATE dsgd_result dsgd__lock_init(dsgd_ctx *ctx, pthread_mutex_t *mu, pthread_cond_t *a, pthread_cond_t *b,
+                                          const char *what) {
+    if (pthread_mutex_init(mu, NULL) != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
+    if (pthread_cond_init(a, NULL) != 0) {
+        pthread_mutex_destroy(mu);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
+    }
+    if (pthread_cond_init(b, NULL) != 0) {
+        pthread_cond_destroy(a);
+        pthread_mutex_destroy(mu);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
+    }
+    return DSGD_OK;
+}
+
 /* >>atomics ---------------------------------------------------------------- */
 /* GCC/Clang builtins (C and C++ alike; no <stdatomic.h>, so C++11 users
    compile this too). Sequentially consistent where a sleeper and a waker
@@ -8100,18 +8118,9 @@ static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const flo
 
 static dsgd_result dsgd__cluster_start(dsgd_cluster *c) {
     const char *what = "dsgd_cluster_create";
+    dsgd_result r;
     int i;
-    if (pthread_mutex_init(&c->mu, NULL) != 0)
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
-    if (pthread_cond_init(&c->cv_work, NULL) != 0) {
-        pthread_mutex_destroy(&c->mu);
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
-    if (pthread_cond_init(&c->cv_done, NULL) != 0) {
-        pthread_cond_destroy(&c->cv_work);
-        pthread_mutex_destroy(&c->mu);
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
+    if ((r = dsgd__lock_init(c->ctx, &c->mu, &c->cv_work, &c->cv_done, what)) != DSGD_OK) return r;
     c->sync_ready = 1;
     for (i = 0; i < c->P; ++i) {
         if (pthread_create(&c->servers[i].thread, NULL, dsgd__cluster_server_main, &c->servers[i]) != 0)
@@ -9396,18 +9405,9 @@ static dsgd_result dsgd__strategy_metrics(dsgd_strategy *s) {
    replicas 1..N-1 (replica 0 runs on the caller's). */
 static dsgd_result dsgd__strategy_start(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
+    dsgd_result r;
     int i;
-    if (pthread_mutex_init(&s->mu, NULL) != 0)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_mutex_init failed", what);
-    if (pthread_cond_init(&s->cv_start, NULL) != 0) {
-        pthread_mutex_destroy(&s->mu);
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
-    if (pthread_cond_init(&s->cv_done, NULL) != 0) {
-        pthread_cond_destroy(&s->cv_start);
-        pthread_mutex_destroy(&s->mu);
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: pthread_cond_init failed", what);
-    }
+    if ((r = dsgd__lock_init(s->ctx, &s->mu, &s->cv_start, &s->cv_done, what)) != DSGD_OK) return r;
     s->sync_ready = 1;
     for (i = 1; i < s->n; ++i) {
         if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0)
