@@ -127,6 +127,12 @@ static double spot_check(const run_ctx *r, const float *c) {
     return worst;
 }
 
+/* The CPU backend's kernel name ("?" for another backend). */
+static const char *cpu_kernel(const dsgd_backend_i *be) {
+    const char *k = dsgd_cpu_backend_isa(be);
+    return k ? k : "?";
+}
+
 int main(int argc, char **argv) {
     int repeats = 7, si, threads = 1;
     dsgd_ctx *ctx = NULL;
@@ -156,7 +162,7 @@ int main(int argc, char **argv) {
 #ifdef DSGD_USE_CBLAS
            " (DSGD_USE_CBLAS: routed to cblas_sgemm)", "",
 #else
-           " (blocked GEMM), micro-kernel ", dsgd_cpu_backend_isa(&be),
+           " (blocked GEMM), micro-kernel ", cpu_kernel(&be),
 #endif
            repeats);
     if (getenv("DSGD_CPU_ISA"))
@@ -266,12 +272,12 @@ int main(int argc, char **argv) {
             printf("gemm shape=%dx%dx%d trans=%c%c ours_gflops=%.3f openblas_gflops=%.3f "
                    "ratio=%.4f max_rel_err=%.3e threads=%d kernel=%s\n",
                    s->m, s->n, s->k, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', ours_gf[si], blas_gf[si],
-                   ours_gf[si] / blas_gf[si], relerr[si], threads, dsgd_cpu_backend_isa(&be));
+                   ours_gf[si] / blas_gf[si], relerr[si], threads, cpu_kernel(&be));
         else
             printf("gemm shape=%dx%dx%d trans=%c%c ours_gflops=%.3f openblas_gflops=na ratio=na "
                    "max_rel_err=%.3e threads=1 kernel=%s\n",
                    s->m, s->n, s->k, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', ours_gf[si], spot[si],
-                   dsgd_cpu_backend_isa(&be));
+                   cpu_kernel(&be));
     }
 
     if (be.destroy) be.destroy(be.impl);
