@@ -319,6 +319,7 @@ struct dsgd_cluster {
     int64_t fail_first;     /* the first failed closure not yet surfaced, -1: none */
     int alive;              /* workers taking closures */
     int server_failed;      /* the first failed server + 1, 0: none */
+    int abort_at_stop;      /* creation failed: stop without waiting for anyone */
     int stopping, down;
     /* the per-worker dataset: set by the coordinator while no closure runs */
     const dsgd_dataset *ds;
@@ -395,8 +396,6 @@ static void *dsgd__cluster_server_main(void *arg) {
 
 static int dsgd__cluster_killed(const dsgd_cluster_worker *w) { return DSGD__LOAD_ACQ(&w->killed); }
 
-/* The engine worker failed (a deadline, the transport): it cannot go on. */
-static int dsgd__ps_worker_failed(const dsgd_ps_worker *w) { return w && w->state == DSGD__PS_FAILED; }
 
 /* The next closure for worker w (-1: leave), under mu: waits while the
    queue is empty and the cluster runs. */
@@ -454,7 +453,7 @@ static void *dsgd__cluster_worker_main(void *arg) {
         pthread_mutex_lock(&c->mu);
         dsgd__cluster_finish_closure(c, w, h, r);
         pthread_mutex_unlock(&c->mu);
-        if (r != DSGD_OK && dsgd__ps_worker_failed(w->psw)) break;
+        if (r != DSGD_OK && dsgd_ps_worker_failed(w->psw)) break;
     }
     pthread_mutex_lock(&c->mu);
     while (!dsgd__clq_empty(&w->own)) { /* its own closures go to the others */
@@ -473,9 +472,9 @@ static void *dsgd__cluster_worker_main(void *arg) {
     pthread_mutex_unlock(&c->mu);
     /* apply ON_WORKERS: every push was acknowledged, so every step that will
        be published is; fetch them all (no wait) for dsgd_cluster_read_params */
-    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd__ps_worker_failed(w->psw))
+    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd_ps_worker_failed(w->psw))
         w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
-    if (!dsgd__ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
+    if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
     return NULL;
 }
 
@@ -641,7 +640,7 @@ DSGD_API dsgd_result dsgd_cluster_create(dsgd_ctx *ctx, const dsgd_cluster_desc 
     DSGD_FREE(init);
     if (r == DSGD_OK) r = dsgd__cluster_start(c);
     if (r != DSGD_OK) {
-        c->server_failed = c->server_failed ? c->server_failed : -1; /* nothing to finish: abort at destroy */
+        c->abort_at_stop = 1;
         dsgd_cluster_destroy(c);
         return r;
     }
@@ -807,7 +806,7 @@ static void dsgd__cluster_stop(dsgd_cluster *c) {
         if (c->workers[i].started) {
             pthread_join(c->workers[i].thread, NULL);
             c->workers[i].started = 0;
-            failed |= dsgd__ps_worker_failed(c->workers[i].psw) && !DSGD__LOAD_ACQ(&c->workers[i].killed);
+            failed |= dsgd_ps_worker_failed(c->workers[i].psw) && !DSGD__LOAD_ACQ(&c->workers[i].killed);
         }
     if (failed) dsgd__cluster_abort(c);
     for (i = 0; i < c->P; ++i)
@@ -838,7 +837,7 @@ DSGD_API void dsgd_cluster_destroy(dsgd_cluster *c) {
     int i;
     if (!c) return;
     if (c->sync_ready && !c->down) {
-        if (c->server_failed < 0) dsgd__cluster_abort(c);
+        if (c->abort_at_stop) dsgd__cluster_abort(c);
         dsgd__cluster_stop(c);
     }
     for (i = 0; c->workers && i < c->W; ++i) {

@@ -364,9 +364,12 @@ DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_s
    last pull (0 before any; -1 for w NULL or server out of range).
    dsgd_ps_worker_last_push_dropped: 1 when that server dropped the last
    push as stale (BACKUP), 0 otherwise.
+   dsgd_ps_worker_failed: 1 once a call of the worker failed (it is then
+   unusable, see dsgd_ps_worker_pull), 0 otherwise and for w NULL.
    Errors: none. Thread safety: the worker's thread. */
 DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server);
 DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server);
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w);
 /* Frees the worker (NULL: nothing); not the transport or the map.
    Thread safety: the worker's thread. */
 DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
@@ -1582,6 +1585,10 @@ DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
 
 DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server) {
     return w && server >= 0 && server < w->P ? w->dropped[server] : 0;
+}
+
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
+    return w && w->state == DSGD__PS_FAILED;
 }
 
 #endif /* DSGD__PART_PS_IMPL */

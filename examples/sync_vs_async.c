@@ -315,19 +315,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "need epochs >= 1, batch >= 1, straggler >= 1 and 0 <= backups < %d\n", WORKERS);
         return 2;
     }
-    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
-    if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) return fail(ctx);
-    cfg.train = &train;
-    cfg.test = &test;
-    printf("Fashion-MNIST, MLP 784-256-128-10, %d workers x batch %d, %d epochs, SGD momentum 0.9, base lr %.3g at 128%s\n",
-           WORKERS, cfg.batch, cfg.epochs, (double)cfg.base_lr, cfg.straggler > 1.0 ? "" : "; no straggler");
-    if (cfg.straggler > 1.0) printf("worker 0 is %.1fx slower (a straggler)\n", cfg.straggler);
-    snprintf(backup_name, sizeof(backup_name), "PS sync, backups %d+%d", WORKERS - cfg.backups, cfg.backups);
-    rows[0].name = "mirrored (all-reduce)";
-    rows[1].name = "PS async";
-    rows[2].name = "PS SSP s=2";
-    rows[3].name = "PS sync";
-    rows[4].name = backup_name;
     for (i = 0, a = 0; i < 5; ++i) a += run[i] = has_word(only, keys[i]);
     {   /* every item must name a row */
         const char *p = only;
@@ -342,6 +329,19 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) return fail(ctx);
+    cfg.train = &train;
+    cfg.test = &test;
+    printf("Fashion-MNIST, MLP 784-256-128-10, %d workers x batch %d, %d epochs, SGD momentum 0.9, base lr %.3g at 128%s\n",
+           WORKERS, cfg.batch, cfg.epochs, (double)cfg.base_lr, cfg.straggler > 1.0 ? "" : "; no straggler");
+    if (cfg.straggler > 1.0) printf("worker 0 is %.1fx slower (a straggler)\n", cfg.straggler);
+    snprintf(backup_name, sizeof(backup_name), "PS sync, backups %d+%d", WORKERS - cfg.backups, cfg.backups);
+    rows[0].name = "mirrored (all-reduce)";
+    rows[1].name = "PS async";
+    rows[2].name = "PS SSP s=2";
+    rows[3].name = "PS sync";
+    rows[4].name = backup_name;
     for (i = 0; i < 5 && ok; ++i) {
         if (!run[i]) continue;
         switch (i) {

@@ -6304,9 +6304,12 @@ DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_s
    last pull (0 before any; -1 for w NULL or server out of range).
    dsgd_ps_worker_last_push_dropped: 1 when that server dropped the last
    push as stale (BACKUP), 0 otherwise.
+   dsgd_ps_worker_failed: 1 once a call of the worker failed (it is then
+   unusable, see dsgd_ps_worker_pull), 0 otherwise and for w NULL.
    Errors: none. Thread safety: the worker's thread. */
 DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server);
 DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server);
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w);
 /* Frees the worker (NULL: nothing); not the transport or the map.
    Thread safety: the worker's thread. */
 DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
@@ -7524,6 +7527,10 @@ DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int serve
     return w && server >= 0 && server < w->P ? w->dropped[server] : 0;
 }
 
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
+    return w && w->state == DSGD__PS_FAILED;
+}
+
 #endif /* DSGD__PART_PS_IMPL */
 /* ---------------------------------------- distsgd/coordinator.h */
 /* distsgd/coordinator.h - the cluster coordinator: servers and workers as threads, closures scheduled on workers
@@ -7847,6 +7854,7 @@ struct dsgd_cluster {
     int64_t fail_first;     /* the first failed closure not yet surfaced, -1: none */
     int alive;              /* workers taking closures */
     int server_failed;      /* the first failed server + 1, 0: none */
+    int abort_at_stop;      /* creation failed: stop without waiting for anyone */
     int stopping, down;
     /* the per-worker dataset: set by the coordinator while no closure runs */
     const dsgd_dataset *ds;
@@ -7923,8 +7931,6 @@ static void *dsgd__cluster_server_main(void *arg) {
 
 static int dsgd__cluster_killed(const dsgd_cluster_worker *w) { return DSGD__LOAD_ACQ(&w->killed); }
 
-/* The engine worker failed (a deadline, the transport): it cannot go on. */
-static int dsgd__ps_worker_failed(const dsgd_ps_worker *w) { return w && w->state == DSGD__PS_FAILED; }
 
 /* The next closure for worker w (-1: leave), under mu: waits while the
    queue is empty and the cluster runs. */
@@ -7982,7 +7988,7 @@ static void *dsgd__cluster_worker_main(void *arg) {
         pthread_mutex_lock(&c->mu);
         dsgd__cluster_finish_closure(c, w, h, r);
         pthread_mutex_unlock(&c->mu);
-        if (r != DSGD_OK && dsgd__ps_worker_failed(w->psw)) break;
+        if (r != DSGD_OK && dsgd_ps_worker_failed(w->psw)) break;
     }
     pthread_mutex_lock(&c->mu);
     while (!dsgd__clq_empty(&w->own)) { /* its own closures go to the others */
@@ -8001,9 +8007,9 @@ static void *dsgd__cluster_worker_main(void *arg) {
     pthread_mutex_unlock(&c->mu);
     /* apply ON_WORKERS: every push was acknowledged, so every step that will
        be published is; fetch them all (no wait) for dsgd_cluster_read_params */
-    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd__ps_worker_failed(w->psw))
+    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd_ps_worker_failed(w->psw))
         w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
-    if (!dsgd__ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
+    if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
     return NULL;
 }
 
@@ -8169,7 +8175,7 @@ DSGD_API dsgd_result dsgd_cluster_create(dsgd_ctx *ctx, const dsgd_cluster_desc 
     DSGD_FREE(init);
     if (r == DSGD_OK) r = dsgd__cluster_start(c);
     if (r != DSGD_OK) {
-        c->server_failed = c->server_failed ? c->server_failed : -1; /* nothing to finish: abort at destroy */
+        c->abort_at_stop = 1;
         dsgd_cluster_destroy(c);
         return r;
     }
@@ -8335,7 +8341,7 @@ static void dsgd__cluster_stop(dsgd_cluster *c) {
         if (c->workers[i].started) {
             pthread_join(c->workers[i].thread, NULL);
             c->workers[i].started = 0;
-            failed |= dsgd__ps_worker_failed(c->workers[i].psw) && !DSGD__LOAD_ACQ(&c->workers[i].killed);
+            failed |= dsgd_ps_worker_failed(c->workers[i].psw) && !DSGD__LOAD_ACQ(&c->workers[i].killed);
         }
     if (failed) dsgd__cluster_abort(c);
     for (i = 0; i < c->P; ++i)
@@ -8366,7 +8372,7 @@ DSGD_API void dsgd_cluster_destroy(dsgd_cluster *c) {
     int i;
     if (!c) return;
     if (c->sync_ready && !c->down) {
-        if (c->server_failed < 0) dsgd__cluster_abort(c);
+        if (c->abort_at_stop) dsgd__cluster_abort(c);
         dsgd__cluster_stop(c);
     }
     for (i = 0; c->workers && i < c->W; ++i) {

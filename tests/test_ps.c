@@ -1347,6 +1347,8 @@ static void test_bad_arguments(void **state) {
     assert_non_null(strstr(dsgd_ctx_last_error(ctx), "needs a pull before each push"));
     assert_int_equal(dsgd_ps_worker_version(w, 0), 0);
     assert_int_equal(dsgd_ps_worker_version(w, 1), -1);
+    assert_int_equal(dsgd_ps_worker_failed(w), 0); /* misuse is refused, it does not break the worker */
+    assert_int_equal(dsgd_ps_worker_failed(NULL), 0);
     TU_OK(ctx, dsgd_ps_worker_finish(w));
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_pull(w, buf));
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_finish(w));
