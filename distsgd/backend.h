@@ -64,6 +64,25 @@
      (C restrict): the CPU backend refuses ranges of one operation that
      overlap (DSGD_ERR_INVALID_ARGUMENT), except y and x of axpy being the
      same range.
+
+   CPU THREADS
+
+     A CPU backend may split each operation across a pool of threads of its
+     own (dsgd_cpu_backend_desc.threads; the strategies give each replica
+     online cores / replicas of them, see dsgd_strategy_desc.cpu_threads).
+     The GEMM cuts C into one block of whole tiles per thread (along its
+     longer side) and each block is the whole GEMM of that block; the
+     element-wise operations (fill, scale, axpy, bias and activation, their
+     backward, the optimizer update, the finiteness check) cut their
+     elements (bias_backward its columns). No operation sums across the
+     cut, so every thread count gives the same bits. Small operations (GEMMs
+     under 2^17 multiply-adds, element-wise ones under 32768 floats), the
+     loss, the norm with its sum of squares and copies run on the calling
+     thread alone. Between operations the helpers spin for up to 200 us,
+     then sleep; a backend with one thread starts none. With
+     DSGD_USE_CBLAS the GEMM is cblas_sgemm's, threaded as that library is
+     (OPENBLAS_NUM_THREADS), and only the element-wise operations use the
+     pool.
 */
 #ifndef DSGD__PART_BACKEND_DECL
 #define DSGD__PART_BACKEND_DECL
@@ -229,6 +248,35 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    Thread safety: the context's thread; the backend is then used by one
    thread at a time. */
 DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out);
+
+/* The most threads a CPU backend takes. */
+#define DSGD_CPU_MAX_THREADS 256
+
+/* Options of dsgd_cpu_backend_create_desc; zero means the default. */
+typedef struct dsgd_cpu_backend_desc {
+    int threads; /* threads each operation may use, the caller's included
+                    (CPU THREADS above): 0 or 1, the caller's alone (no
+                    pool); n in 2..DSGD_CPU_MAX_THREADS, n - 1 helper
+                    threads started here and joined by destroy */
+} dsgd_cpu_backend_desc;
+
+/* dsgd_cpu_backend_create with options: desc NULL or all zero is
+   dsgd_cpu_backend_create. The results do not depend on desc->threads.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL; threads < 0 or >
+   DSGD_CPU_MAX_THREADS), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a helper
+   thread or its lock could not be created; none is left running).
+   Thread safety: the context's thread; the backend is then used by one
+   thread at a time, whose calls its helpers join. */
+DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_backend_desc *desc,
+                                                  dsgd_backend_i *out);
+
+/* dsgd_cpu_backend_threads: the threads of the CPU backend `be`, the
+   caller's included (1 without a pool), or 0 when be is NULL or not a CPU
+   backend. dsgd_cpu_count: the online processors (sysconf), at least 1
+   and at most DSGD_CPU_MAX_THREADS.
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cpu_backend_threads(const dsgd_backend_i *be);
+DSGD_API int dsgd_cpu_count(void);
 
 /* Returns the name of the kernels (GEMM micro-kernel and element-wise
    loops) a CPU backend created now would use, see CPU KERNELS above:

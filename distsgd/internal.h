@@ -75,6 +75,7 @@ DSGD__PRIVATE dsgd_result dsgd__lock_init(dsgd_ctx *ctx, pthread_mutex_t *mu, pt
 #define DSGD__STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define DSGD__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define DSGD__STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define DSGD__FETCH_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_SEQ_CST)
 #define DSGD__CAS(p, expected, desired) \
     __atomic_compare_exchange_n((p), (expected), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
 #else

@@ -128,6 +128,13 @@ typedef struct dsgd_strategy_desc {
                                        DSGD_DEFAULT_TIMEOUT_S (30 s) */
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
     void *backend_user_data;
+    int cpu_threads;                /* the CPU backends made when backend_factory is
+                                       NULL: threads of each (dsgd_cpu_backend_desc,
+                                       CPU THREADS). 0: dsgd_cpu_count() / N, at
+                                       least 1, so that N replicas never ask for
+                                       more threads than there are cores; n in
+                                       1..DSGD_CPU_MAX_THREADS: n each. The weights
+                                       do not depend on it (only the speed does) */
     dsgd_gradient_path gradient_path; /* default AUTO */
     /* The transport the replicas communicate over (MIRRORED with N > 1).
        NULL: a loopback hub of the strategy's own. Otherwise N endpoints of
@@ -161,7 +168,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    Errors (recorded on ctx; a replica's failure is copied from its context):
    DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
    policy, algorithm or gradient path; num_replicas < 0 or > DSGD_MAX_REPLICAS; ONE_DEVICE
-   with more than one replica; a negative or NaN timeout; a bad model or
+   with more than one replica; a negative or NaN timeout; cpu_threads < 0 or
+   > DSGD_CPU_MAX_THREADS; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers, or with
    CENTRAL_STORAGE),
@@ -720,6 +728,9 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
     if ((int)d->gradient_path < 0 || (int)d->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
                                   (int)d->gradient_path);
+    if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
+                                  d->cpu_threads, DSGD_CPU_MAX_THREADS);
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 
@@ -729,6 +740,7 @@ static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
     if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
     if (d->model.max_batch == 0) d->model.max_batch = DSGD_DEFAULT_MAX_BATCH; /* the model's default, per replica */
     d->model.backend = NULL; /* each replica's comes from backend_factory */
+    if (d->cpu_threads == 0) d->cpu_threads = DSGD__MAX(1, dsgd_cpu_count() / d->num_replicas);
 }
 
 /* The strategy and its N replica slots, nothing created yet. */
@@ -776,8 +788,10 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     dsgd_replica *r = &s->reps[i];
     dsgd_ctx_desc cd;
     dsgd_model_desc md = s->d.model;
+    dsgd_cpu_backend_desc bd;
     dsgd_result res;
     char label[32];
+    memset(&bd, 0, sizeof(bd));
     memset(&cd, 0, sizeof(cd));
     snprintf(label, sizeof(label), "replica %d", i);
     cd.label = label;
@@ -786,8 +800,9 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     r->rank = i;
     if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, res, "dsgd_strategy_create: cannot create replica %d's context", i);
+    bd.threads = s->d.cpu_threads;
     res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
-                               : dsgd_cpu_backend_create(r->ctx, &r->be);
+                               : dsgd_cpu_backend_create_desc(r->ctx, &bd, &r->be);
     if (res == DSGD_OK) {
         r->has_be = 1;
         md.backend = &r->be;

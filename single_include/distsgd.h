@@ -578,6 +578,7 @@ DSGD__PRIVATE dsgd_result dsgd__lock_init(dsgd_ctx *ctx, pthread_mutex_t *mu, pt
 #define DSGD__STORE_RLX(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define DSGD__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #define DSGD__STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define DSGD__FETCH_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_SEQ_CST)
 #define DSGD__CAS(p, expected, desired) \
     __atomic_compare_exchange_n((p), (expected), (desired), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
 #else
@@ -702,6 +703,25 @@ DSGD__PRIVATE FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *si
      (C restrict): the CPU backend refuses ranges of one operation that
      overlap (DSGD_ERR_INVALID_ARGUMENT), except y and x of axpy being the
      same range.
+
+   CPU THREADS
+
+     A CPU backend may split each operation across a pool of threads of its
+     own (dsgd_cpu_backend_desc.threads; the strategies give each replica
+     online cores / replicas of them, see dsgd_strategy_desc.cpu_threads).
+     The GEMM cuts C into one block of whole tiles per thread (along its
+     longer side) and each block is the whole GEMM of that block; the
+     element-wise operations (fill, scale, axpy, bias and activation, their
+     backward, the optimizer update, the finiteness check) cut their
+     elements (bias_backward its columns). No operation sums across the
+     cut, so every thread count gives the same bits. Small operations (GEMMs
+     under 2^17 multiply-adds, element-wise ones under 32768 floats), the
+     loss, the norm with its sum of squares and copies run on the calling
+     thread alone. Between operations the helpers spin for up to 200 us,
+     then sleep; a backend with one thread starts none. With
+     DSGD_USE_CBLAS the GEMM is cblas_sgemm's, threaded as that library is
+     (OPENBLAS_NUM_THREADS), and only the element-wise operations use the
+     pool.
 */
 #ifndef DSGD__PART_BACKEND_DECL
 #define DSGD__PART_BACKEND_DECL
@@ -868,6 +888,35 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    thread at a time. */
 DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out);
 
+/* The most threads a CPU backend takes. */
+#define DSGD_CPU_MAX_THREADS 256
+
+/* Options of dsgd_cpu_backend_create_desc; zero means the default. */
+typedef struct dsgd_cpu_backend_desc {
+    int threads; /* threads each operation may use, the caller's included
+                    (CPU THREADS above): 0 or 1, the caller's alone (no
+                    pool); n in 2..DSGD_CPU_MAX_THREADS, n - 1 helper
+                    threads started here and joined by destroy */
+} dsgd_cpu_backend_desc;
+
+/* dsgd_cpu_backend_create with options: desc NULL or all zero is
+   dsgd_cpu_backend_create. The results do not depend on desc->threads.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL; threads < 0 or >
+   DSGD_CPU_MAX_THREADS), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a helper
+   thread or its lock could not be created; none is left running).
+   Thread safety: the context's thread; the backend is then used by one
+   thread at a time, whose calls its helpers join. */
+DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_backend_desc *desc,
+                                                  dsgd_backend_i *out);
+
+/* dsgd_cpu_backend_threads: the threads of the CPU backend `be`, the
+   caller's included (1 without a pool), or 0 when be is NULL or not a CPU
+   backend. dsgd_cpu_count: the online processors (sysconf), at least 1
+   and at most DSGD_CPU_MAX_THREADS.
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cpu_backend_threads(const dsgd_backend_i *be);
+DSGD_API int dsgd_cpu_count(void);
+
 /* Returns the name of the kernels (GEMM micro-kernel and element-wise
    loops) a CPU backend created now would use, see CPU KERNELS above:
    "avx512", "avx2" or "portable". It honours DSGD_CPU_ISA.
@@ -904,12 +953,178 @@ typedef struct dsgd__cpu_buffer {
     float *data;
 } dsgd__cpu_buffer;
 
+/* >>pool ------------------------------------------------------------------- */
+/* The threads of one backend's operations (CPU THREADS in backend.h). An
+   operation big enough to be worth it is cut into tasks, each of which
+   writes its own part of the output with the arithmetic the whole operation
+   would use there; the calling thread and the pool's helpers claim tasks
+   until none is left. Which thread runs a task changes none of its bits, so
+   results do not depend on the thread count. Between operations a helper
+   spins for a while (a step's operations follow each other within
+   microseconds), then sleeps until the next one. */
+
+#define DSGD__CPU_SPIN_S 200e-6 /* a helper's spin before it sleeps */
+
+/* Task `task` of the current operation `job`, run by thread `slot` (0 is
+   the caller, 1.. the helpers): a slot's scratch is its own. */
+typedef void (*dsgd__cpu_task_fn)(void *job, int task, int slot);
+
+typedef struct dsgd__cpu_pool dsgd__cpu_pool;
+
+typedef struct dsgd__cpu_helper {
+    dsgd__cpu_pool *pool;
+    int slot;
+    pthread_t thread;
+} dsgd__cpu_helper;
+
+struct dsgd__cpu_pool {
+    int n;                     /* threads, the caller's included (1: no pool) */
+    int started;               /* helpers running */
+    int have_lock;             /* mu and the conditions are initialised */
+    dsgd__cpu_helper *helpers; /* n - 1 */
+    pthread_mutex_t mu;
+    pthread_cond_t wake, unused_;
+    /* The operation: written by the caller before it publishes the ticket,
+       read by a thread only once it has claimed one of its tasks (until
+       then the operation cannot finish, so the caller cannot change it). */
+    dsgd__cpu_task_fn fn;
+    void *job;
+    /* atomics */
+    uint64_t ticket; /* operation number << 32 | tasks not yet claimed */
+    int done;        /* tasks of the operation finished */
+    int sleepers;    /* helpers waiting on wake */
+    int quit;
+};
+
 typedef struct dsgd__cpu {
     dsgd_ctx *ctx;
     const struct dsgd__cpu_kernel *kern; /* this ISA's kernels, chosen at creation */
-    float *pack; /* GEMM packing scratch: A panel then B panel */
-    size_t pack_cap;
+    float **pack;    /* per thread slot: GEMM packing scratch, A panel then B panel */
+    size_t pack_cap; /* floats in each */
+    dsgd__cpu_pool pool;
 } dsgd__cpu;
+
+/* Claims a task of operation `op`: its index, or -1 when none is left or
+   the pool has moved on to another operation. Tasks go out last first. */
+static int dsgd__pool_claim(dsgd__cpu_pool *p, uint32_t op) {
+    uint64_t t = DSGD__LOAD_ACQ(&p->ticket);
+    for (;;) {
+        if ((uint32_t)(t >> 32) != op || (t & 0xffffffffu) == 0) return -1;
+        if (DSGD__CAS(&p->ticket, &t, t - 1)) return (int)(t & 0xffffffffu) - 1;
+    }
+}
+
+static void dsgd__pool_work(dsgd__cpu_pool *p, uint32_t op, int slot) {
+    int task;
+    while ((task = dsgd__pool_claim(p, op)) >= 0) {
+        p->fn(p->job, task, slot);
+        DSGD__FETCH_ADD(&p->done, 1);
+    }
+}
+
+static void *dsgd__pool_helper_main(void *arg) {
+    dsgd__cpu_helper *h = (dsgd__cpu_helper *)arg;
+    dsgd__cpu_pool *p = h->pool;
+    uint32_t seen = 0, op;
+    for (;;) {
+        double since = dsgd_now();
+        unsigned spins = 0;
+        while ((op = (uint32_t)(DSGD__LOAD_ACQ(&p->ticket) >> 32)) == seen) {
+            if (DSGD__LOAD_ACQ(&p->quit)) return NULL;
+            if ((++spins & 255u) != 0 || dsgd_now() - since < DSGD__CPU_SPIN_S) {
+                DSGD__PAUSE();
+                continue;
+            }
+            /* Sleep. The caller publishes the ticket, then reads sleepers;
+               this thread counts itself, then reads the ticket (all
+               sequentially consistent): one of the two sees the other. */
+            pthread_mutex_lock(&p->mu);
+            DSGD__FETCH_ADD(&p->sleepers, 1);
+            while ((uint32_t)(DSGD__LOAD_SC(&p->ticket) >> 32) == seen && !DSGD__LOAD_SC(&p->quit))
+                pthread_cond_wait(&p->wake, &p->mu);
+            DSGD__FETCH_ADD(&p->sleepers, -1);
+            pthread_mutex_unlock(&p->mu);
+            since = dsgd_now();
+            spins = 0;
+        }
+        seen = op;
+        dsgd__pool_work(p, op, h->slot);
+    }
+}
+
+/* Runs fn(job, t, slot) for every t in [0, ntasks), on the pool's threads
+   and the caller's, and returns when all are done. */
+static void dsgd__cpu_run(dsgd__cpu *cpu, dsgd__cpu_task_fn fn, void *job, int ntasks) {
+    dsgd__cpu_pool *p = &cpu->pool;
+    uint32_t op;
+    unsigned spins = 0;
+    int t;
+    if (ntasks <= 1 || !p->started) {
+        for (t = 0; t < ntasks; ++t) fn(job, t, 0);
+        return;
+    }
+    op = (uint32_t)(DSGD__LOAD_RLX(&p->ticket) >> 32) + 1u;
+    p->fn = fn;
+    p->job = job;
+    DSGD__STORE_RLX(&p->done, 0);
+    DSGD__STORE_SC(&p->ticket, ((uint64_t)op << 32) | (uint32_t)ntasks);
+    if (DSGD__LOAD_SC(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+    dsgd__pool_work(p, op, 0);
+    while (DSGD__LOAD_ACQ(&p->done) != ntasks) { /* helpers finishing their last tasks */
+        if ((++spins & 4095u) == 0)
+            sched_yield();
+        else
+            DSGD__PAUSE();
+    }
+}
+
+static void dsgd__pool_stop(dsgd__cpu_pool *p) {
+    int i;
+    if (p->started) {
+        DSGD__STORE_SC(&p->quit, 1);
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+        for (i = 0; i < p->started; ++i) pthread_join(p->helpers[i].thread, NULL);
+        p->started = 0;
+    }
+    if (p->have_lock) {
+        pthread_cond_destroy(&p->wake);
+        pthread_cond_destroy(&p->unused_);
+        pthread_mutex_destroy(&p->mu);
+        p->have_lock = 0;
+    }
+    DSGD_FREE(p->helpers);
+    p->helpers = NULL;
+}
+
+/* Starts n - 1 helpers (nothing for n <= 1); on failure none is left. */
+static dsgd_result dsgd__pool_start(dsgd_ctx *ctx, dsgd__cpu_pool *p, int n) {
+    const char *what = "dsgd_cpu_backend_create";
+    dsgd_result r;
+    int i;
+    p->n = n;
+    if (n <= 1) return DSGD_OK;
+    p->helpers = (dsgd__cpu_helper *)dsgd__alloc(ctx, sizeof(dsgd__cpu_helper) * (size_t)(n - 1), what);
+    if (!p->helpers) return DSGD_ERR_OUT_OF_MEMORY;
+    if ((r = dsgd__lock_init(ctx, &p->mu, &p->wake, &p->unused_, what)) != DSGD_OK) return r;
+    p->have_lock = 1;
+    for (i = 0; i < n - 1; ++i) {
+        p->helpers[i].pool = p;
+        p->helpers[i].slot = i + 1;
+        if (pthread_create(&p->helpers[i].thread, NULL, dsgd__pool_helper_main, &p->helpers[i]) != 0) {
+            dsgd__pool_stop(p);
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot start helper thread %d of %d", what, i + 1,
+                                      n - 1);
+        }
+        p->started = i + 1;
+    }
+    return DSGD_OK;
+}
 
 /* Checks that [ref.off, ref.off + n) lies inside ref's buffer and returns its
    address, or records an error and returns NULL. */
@@ -990,14 +1205,6 @@ static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t
     return DSGD_OK;
 }
 
-static dsgd_result dsgd__cpu_fill(void *impl, dsgd_ref dst, float value, size_t count) {
-    float *d = dsgd__cpu_span((dsgd__cpu *)impl, dst, count, "fill");
-    size_t i;
-    if (!d) return DSGD_ERR_INVALID_ARGUMENT;
-    for (i = 0; i < count; ++i) d[i] = value;
-    return DSGD_OK;
-}
-
 /* >>kernels ---------------------------------------------------------------- */
 /* One ISA's kernels: the GEMM micro-kernel and the hot element-wise loops,
    chosen together when the backend is created (CPU KERNELS in backend.h):
@@ -1056,7 +1263,7 @@ typedef struct dsgd__cpu_kernel {
     void (*axpy)(float *y, float alpha, const float *x, size_t n);
     void (*bias_act)(dsgd_activation act, float *y, const float *bias, int m, int n);
     void (*act_backward)(dsgd_activation act, float *dy, const float *y, size_t n);
-    void (*bias_backward)(float *db, const float *dy, int m, int n);
+    void (*bias_backward)(float *db, const float *dy, int m, int n, int ld); /* dy's rows ld apart */
     void (*update)(const dsgd_opt_update *u, float *p, const float *g, float *m1, float *m2, size_t n);
     int (*nonfinite)(const float *x, size_t n); /* 1 when an element is NaN or infinite */
 } dsgd__cpu_kernel;
@@ -1135,13 +1342,13 @@ DSGD__INLINE void dsgd__act_backward_body(dsgd_activation act, float *DSGD__REST
     }
 }
 
-/* db(n) = column sums of dy(m, n), rows added in order */
+/* db(n) = column sums of dy(m, n) (rows ld apart), rows added in order */
 DSGD__INLINE void dsgd__bias_backward_body(float *DSGD__RESTRICT db, const float *DSGD__RESTRICT dy,
-                                           int m, int n) {
+                                           int m, int n, int ld) {
     int i;
     memset(db, 0, (size_t)n * sizeof(float));
     for (i = 0; i < m; ++i) {
-        const float *DSGD__RESTRICT row = dy + (size_t)i * n;
+        const float *DSGD__RESTRICT row = dy + (size_t)i * ld;
 #define DSGD__COLSUM(j) db[j] += row[j]
         DSGD__EACH(n, DSGD__COLSUM);
 #undef DSGD__COLSUM
@@ -1237,8 +1444,9 @@ DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
                                                  size_t n) {                                                   \
         dsgd__act_backward_body(act, dy, y, n);                                                                \
     }                                                                                                          \
-    ATTR DSGD__NO_CONTRACT_FN static void dsgd__bias_backward_##SUFFIX(float *db, const float *dy, int m, int n) { \
-        dsgd__bias_backward_body(db, dy, m, n);                                                                \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__bias_backward_##SUFFIX(float *db, const float *dy, int m, int n, \
+                                                                  int ld) { \
+        dsgd__bias_backward_body(db, dy, m, n, ld);                                                                \
     }                                                                                                          \
     ATTR DSGD__NO_CONTRACT_FN static void dsgd__update_##SUFFIX(const dsgd_opt_update *u, float *p, const float *g, \
                                            float *m1, float *m2, size_t n) {                                   \
@@ -1447,6 +1655,18 @@ DSGD_API const char *dsgd_cpu_isa(void) { return dsgd__cpu_kernel_choose(getenv(
    kernels, which differ from the portable one in the last bits (one rounding
    per multiply-add instead of two). */
 
+/* C(m, n) = beta C; beta == 0 overwrites, so NaN in C does not propagate */
+static void dsgd__gemm_beta(int m, int n, float beta, float *c, int ldc) {
+    int i, j;
+    for (i = 0; i < m; ++i) {
+        float *row = c + (size_t)i * ldc;
+        if (beta == 0.0f)
+            for (j = 0; j < n; ++j) row[j] = 0.0f;
+        else if (beta != 1.0f)
+            for (j = 0; j < n; ++j) row[j] *= beta;
+    }
+}
+
 #ifndef DSGD_USE_CBLAS
 #define DSGD__KC 256
 #define DSGD__MC 120  /* a multiple of every kernel's MR */
@@ -1528,7 +1748,87 @@ DSGD__NO_CONTRACT_FN static void dsgd__gemm_add(float *c, int ldc, int mr, int n
     }
 }
 
+/* C(m, n) = beta C + alpha op(A) op(B) on one thread, with `pack` (MC x KC
+   + KC x NC floats) as scratch: the blocked loops above. */
+static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
+                              float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                              int ldc) {
+    const int kmr = kern->mr, knr = kern->nr;
+    float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+    int ic, jc, pc;
+    dsgd__gemm_beta(m, n, beta, c, ldc);
+    if (k == 0 || alpha == 0.0f) return;
+    for (jc = 0; jc < n; jc += DSGD__NC) {
+        int nc = DSGD__MIN(DSGD__NC, n - jc);
+        for (pc = 0; pc < k; pc += DSGD__KC) {
+            int kc = DSGD__MIN(DSGD__KC, k - pc);
+            float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
+            dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, knr, bp);
+            for (ic = 0; ic < m; ic += DSGD__MC) {
+                int mc = DSGD__MIN(DSGD__MC, m - ic);
+                int ir, jr;
+                dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, pack);
+                for (jr = 0; jr < nc; jr += knr) {
+                    for (ir = 0; ir < mc; ir += kmr) {
+                        kern->micro(kc, pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc);
+                        dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, DSGD__MIN(kmr, mc - ir),
+                                       DSGD__MIN(knr, nc - jr), alpha, acc, knr);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* A GEMM cut into tasks: rows of C (rows = 1) or columns, `step` each, a
+   multiple of the kernel's MR or NR. Each task is the whole GEMM of its
+   block of C, so every entry is summed as the one-thread GEMM sums it. */
+typedef struct dsgd__gemm_job {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    int ta, tb, m, n, k, lda, ldb, ldc, rows, step;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} dsgd__gemm_job;
+
+static void dsgd__gemm_task(void *arg, int task, int slot) {
+    const dsgd__gemm_job *j = (const dsgd__gemm_job *)arg;
+    const float *a = j->a, *b = j->b;
+    size_t lo = (size_t)task * (size_t)j->step;
+    int len = DSGD__MIN(j->step, (j->rows ? j->m : j->n) - (int)lo);
+    if (j->rows) { /* rows lo.. of C: rows of op(A) */
+        if (a) a += j->ta ? lo : lo * (size_t)j->lda;
+        dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, len, j->n, j->k, j->alpha, a, j->lda, b, j->ldb,
+                          j->beta, j->c + lo * (size_t)j->ldc, j->ldc);
+    } else { /* columns lo.. of C: columns of op(B) */
+        if (b) b += j->tb ? lo * (size_t)j->ldb : lo;
+        dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, j->m, len, j->k, j->alpha, a, j->lda, b, j->ldb,
+                          j->beta, j->c + lo, j->ldc);
+    }
+}
+
+/* Every thread slot's packing scratch, allocated before any task runs. */
+static dsgd_result dsgd__cpu_pack_reserve(dsgd__cpu *cpu, int slots) {
+    size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
+    int i;
+    if (cpu->pack_cap < need) {
+        for (i = 0; i < cpu->pool.n; ++i) {
+            DSGD_FREE(cpu->pack[i]);
+            cpu->pack[i] = NULL;
+        }
+        cpu->pack_cap = need;
+    }
+    for (i = 0; i < slots; ++i)
+        if (!cpu->pack[i] && !(cpu->pack[i] = (float *)DSGD_MALLOC(need * sizeof(float))))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
+    return DSGD_OK;
+}
+
 #endif /* !DSGD_USE_CBLAS */
+
+/* GEMMs of fewer multiply-adds than this run on one thread. */
+#define DSGD__CPU_GEMM_GRAIN 131072.0
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                   dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta,
@@ -1537,7 +1837,6 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
     const float *a, *b;
     float *c;
     int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-    int i, j;
     if (m < 0 || n < 0 || k < 0 || lda < DSGD__MAX(1, a_cols) || ldb < DSGD__MAX(1, b_cols) ||
         ldc < DSGD__MAX(1, n))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
@@ -1552,65 +1851,137 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
         b = dsgd__cpu_span(cpu, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B");
         if (!a || !b) return DSGD_ERR_INVALID_ARGUMENT;
     }
-    /* C = beta * C first; beta == 0 overwrites so NaN in C does not propagate */
-    for (i = 0; i < m; ++i) {
-        float *row = c + (size_t)i * ldc;
-        if (beta == 0.0f)
-            for (j = 0; j < n; ++j) row[j] = 0.0f;
-        else if (beta != 1.0f)
-            for (j = 0; j < n; ++j) row[j] *= beta;
-    }
-    if (k == 0 || alpha == 0.0f) return DSGD_OK;
 #ifdef DSGD_USE_CBLAS
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-                k, alpha, a, lda, b, ldb, 1.0f, c, ldc);
+    dsgd__gemm_beta(m, n, beta, c, ldc);
+    if (k > 0 && alpha != 0.0f)
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                    lda, b, ldb, 1.0f, c, ldc);
     return DSGD_OK;
 #else
     {
-        const dsgd__cpu_kernel *kern = cpu->kern;
-        const int kmr = kern->mr, knr = kern->nr;
-        float acc[DSGD__MR_MAX * DSGD__NR_MAX];
-        size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
-        int ic, jc, pc;
-        if (cpu->pack_cap < need) {
-            float *p = (float *)DSGD_REALLOC(cpu->pack, need * sizeof(float));
-            if (!p) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
-            cpu->pack = p;
-            cpu->pack_cap = need;
+        dsgd__gemm_job j;
+        int tasks = 1, dim, tile, units;
+        dsgd_result r;
+        j.kern = cpu->kern;
+        j.pack = cpu->pack;
+        j.ta = ta, j.tb = tb, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
+        j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+        /* cut the longer side of C into at most one block per thread, in whole tiles */
+        j.rows = m >= n;
+        dim = j.rows ? m : n;
+        j.step = dim;
+        if (cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN) {
+            tile = j.rows ? cpu->kern->mr : cpu->kern->nr;
+            units = (dim + tile - 1) / tile;
+            tasks = DSGD__MIN(cpu->pool.n, units);
+            j.step = (units + tasks - 1) / tasks * tile;
+            tasks = (dim + j.step - 1) / j.step;
         }
-        for (jc = 0; jc < n; jc += DSGD__NC) {
-            int nc = DSGD__MIN(DSGD__NC, n - jc);
-            for (pc = 0; pc < k; pc += DSGD__KC) {
-                int kc = DSGD__MIN(DSGD__KC, k - pc);
-                float *bp = cpu->pack + (size_t)DSGD__MC * DSGD__KC;
-                dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, knr, bp);
-                for (ic = 0; ic < m; ic += DSGD__MC) {
-                    int mc = DSGD__MIN(DSGD__MC, m - ic);
-                    int ir, jr;
-                    dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, cpu->pack);
-                    for (jr = 0; jr < nc; jr += knr) {
-                        for (ir = 0; ir < mc; ir += kmr) {
-                            kern->micro(kc, cpu->pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc);
-                            dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc,
-                                           DSGD__MIN(kmr, mc - ir), DSGD__MIN(knr, nc - jr), alpha,
-                                           acc, knr);
-                        }
-                    }
-                }
-            }
-        }
+        if ((r = dsgd__cpu_pack_reserve(cpu, tasks > 1 ? cpu->pool.n : 1)) != DSGD_OK) return r;
+        dsgd__cpu_run(cpu, dsgd__gemm_task, &j, tasks);
     }
     return DSGD_OK;
 #endif
 }
 
 /* >>element-wise operations ---------------------------------------------- */
+/* An element-wise operation cut into tasks of `step` items (elements;
+   rows of BIAS_ACT, columns of BIAS_BACKWARD). Each element's arithmetic is
+   the kernel's whatever the cut, so every thread count gives the same bits. */
+enum {
+    DSGD__EW_SCALE,
+    DSGD__EW_AXPY,
+    DSGD__EW_FILL,
+    DSGD__EW_BIAS_ACT,
+    DSGD__EW_ACT_BACKWARD,
+    DSGD__EW_BIAS_BACKWARD,
+    DSGD__EW_UPDATE,
+    DSGD__EW_NONFINITE
+};
+
+typedef struct dsgd__ew_job {
+    const dsgd__cpu_kernel *kern;
+    int op;
+    size_t items, step;
+    float *x;       /* written: x, y of axpy, dy, db, the parameters */
+    const float *y; /* read: x of axpy, y of act_backward, bias, dy, the gradient */
+    float alpha;
+    dsgd_activation act;
+    int rows, cols; /* BIAS_ACT, BIAS_BACKWARD: the matrix */
+    const dsgd_opt_update *u;
+    float *m1, *m2;
+    int nonfinite; /* NONFINITE: set (atomically) by a task that finds one */
+} dsgd__ew_job;
+
+static void dsgd__ew_task(void *arg, int task, int slot) {
+    dsgd__ew_job *j = (dsgd__ew_job *)arg;
+    size_t lo = (size_t)task * j->step, cnt = j->items - lo < j->step ? j->items - lo : j->step, i;
+    DSGD__UNUSED(slot);
+    switch (j->op) {
+    case DSGD__EW_SCALE: j->kern->scale(j->x + lo, j->alpha, cnt); break;
+    case DSGD__EW_AXPY: j->kern->axpy(j->x + lo, j->alpha, j->y + lo, cnt); break;
+    case DSGD__EW_FILL:
+        for (i = 0; i < cnt; ++i) j->x[lo + i] = j->alpha;
+        break;
+    case DSGD__EW_BIAS_ACT: j->kern->bias_act(j->act, j->x + lo * (size_t)j->cols, j->y, (int)cnt, j->cols); break;
+    case DSGD__EW_ACT_BACKWARD: j->kern->act_backward(j->act, j->x + lo, j->y + lo, cnt); break;
+    case DSGD__EW_BIAS_BACKWARD: j->kern->bias_backward(j->x + lo, j->y + lo, j->rows, (int)cnt, j->cols); break;
+    case DSGD__EW_UPDATE:
+        j->kern->update(j->u, j->x + lo, j->y + lo, j->m1 ? j->m1 + lo : NULL, j->m2 ? j->m2 + lo : NULL, cnt);
+        break;
+    default:
+        if (j->kern->nonfinite(j->y + lo, cnt)) DSGD__STORE_RLX(&j->nonfinite, 1);
+        break;
+    }
+}
+
+/* Operations on fewer floats than twice this run on one thread. */
+#define DSGD__CPU_EW_GRAIN 16384
+
+/* Runs job over its items, `per_item` floats each, cut into at most one
+   task per thread of at least DSGD__CPU_EW_GRAIN floats. */
+static void dsgd__cpu_ew(dsgd__cpu *cpu, dsgd__ew_job *j, size_t items, size_t per_item) {
+    size_t floats = items * (per_item ? per_item : 1), tasks = 1;
+    j->kern = cpu->kern;
+    j->items = items;
+    j->step = items ? items : 1;
+    if (cpu->pool.n > 1 && floats >= 2 * (size_t)DSGD__CPU_EW_GRAIN) {
+        tasks = floats / DSGD__CPU_EW_GRAIN;
+        if (tasks > (size_t)cpu->pool.n) tasks = (size_t)cpu->pool.n;
+        j->step = (items + tasks - 1) / tasks;
+        if (per_item == 1) j->step = (j->step + 15) & ~(size_t)15; /* whole 16-element blocks */
+        tasks = (items + j->step - 1) / j->step;
+    }
+    dsgd__cpu_run(cpu, dsgd__ew_task, j, items ? (int)tasks : 0);
+}
+
+/* A job of operation op with everything else zero. */
+static dsgd__ew_job dsgd__ew(int op) {
+    dsgd__ew_job j;
+    memset(&j, 0, sizeof(j));
+    j.op = op;
+    return j;
+}
+
+
+static dsgd_result dsgd__cpu_fill(void *impl, dsgd_ref dst, float value, size_t count) {
+    float *d = dsgd__cpu_span((dsgd__cpu *)impl, dst, count, "fill");
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_FILL);
+    if (!d) return DSGD_ERR_INVALID_ARGUMENT;
+    j.x = d;
+    j.alpha = value;
+    dsgd__cpu_ew((dsgd__cpu *)impl, &j, count, 1);
+    return DSGD_OK;
+}
 
 static dsgd_result dsgd__cpu_scale(void *impl, dsgd_ref x, float alpha, size_t n) {
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *p = dsgd__cpu_span(cpu, x, n, "scale");
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_SCALE);
     if (!p) return DSGD_ERR_INVALID_ARGUMENT;
-    cpu->kern->scale(p, alpha, n);
+    j.x = p;
+    j.alpha = alpha;
+    dsgd__cpu_ew(cpu, &j, n, 1);
     return DSGD_OK;
 }
 
@@ -1618,6 +1989,7 @@ static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref 
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *py = dsgd__cpu_span(cpu, y, n, "axpy");
     float *px = dsgd__cpu_span(cpu, x, n, "axpy");
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_AXPY);
     size_t i;
     if (!py || !px) return DSGD_ERR_INVALID_ARGUMENT;
     if (py == px) { /* y += alpha y: one array, one by one */
@@ -1626,7 +1998,10 @@ static dsgd_result dsgd__cpu_axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref 
     }
     if (dsgd__cpu_overlap(y, n, x, n))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu axpy: y and x overlap");
-    cpu->kern->axpy(py, alpha, px, n);
+    j.x = py;
+    j.y = px;
+    j.alpha = alpha;
+    dsgd__cpu_ew(cpu, &j, n, 1);
     return DSGD_OK;
 }
 
@@ -1642,6 +2017,7 @@ static dsgd_result dsgd__cpu_bias_act_forward(void *impl, dsgd_activation act, d
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *y;
     const float *bias = NULL;
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_BIAS_ACT);
     if (m < 0 || n < 0 || !dsgd__act_valid(act))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "cpu bias_act_forward: bad arguments m=%d n=%d act=%d", m, n, (int)act);
@@ -1653,7 +2029,11 @@ static dsgd_result dsgd__cpu_bias_act_forward(void *impl, dsgd_activation act, d
         if (dsgd__cpu_overlap(ry, (size_t)m * n, rbias, (size_t)n))
             return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_act_forward: y and bias overlap");
     }
-    cpu->kern->bias_act(act, y, bias, m, n);
+    j.x = y;
+    j.y = bias;
+    j.act = act;
+    j.cols = n;
+    dsgd__cpu_ew(cpu, &j, (size_t)m, (size_t)n);
     return DSGD_OK;
 }
 
@@ -1662,6 +2042,7 @@ static dsgd_result dsgd__cpu_act_backward(void *impl, dsgd_activation act, dsgd_
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *dy;
     const float *y;
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_ACT_BACKWARD);
     if (!dsgd__act_valid(act))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu act_backward: bad activation %d", (int)act);
     dy = dsgd__cpu_span(cpu, rdy, n, "act_backward dy");
@@ -1669,7 +2050,10 @@ static dsgd_result dsgd__cpu_act_backward(void *impl, dsgd_activation act, dsgd_
     if (!dy || !y) return DSGD_ERR_INVALID_ARGUMENT;
     if (dsgd__cpu_overlap(rdy, n, ry, n))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu act_backward: dy and y overlap");
-    cpu->kern->act_backward(act, dy, y, n);
+    j.x = dy;
+    j.y = y;
+    j.act = act;
+    dsgd__cpu_ew(cpu, &j, n, 1);
     return DSGD_OK;
 }
 
@@ -1677,6 +2061,7 @@ static dsgd_result dsgd__cpu_bias_backward(void *impl, dsgd_ref rdb, dsgd_ref rd
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     float *db;
     const float *dy;
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_BIAS_BACKWARD);
     if (m < 0 || n < 0)
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_backward: m=%d n=%d", m, n);
     db = dsgd__cpu_span(cpu, rdb, (size_t)n, "bias_backward db");
@@ -1684,7 +2069,11 @@ static dsgd_result dsgd__cpu_bias_backward(void *impl, dsgd_ref rdb, dsgd_ref rd
     if (!db || !dy) return DSGD_ERR_INVALID_ARGUMENT;
     if (dsgd__cpu_overlap(rdb, (size_t)n, rdy, (size_t)m * n))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu bias_backward: db and dy overlap");
-    cpu->kern->bias_backward(db, dy, m, n);
+    j.x = db;
+    j.y = dy;
+    j.rows = m;
+    j.cols = n;
+    dsgd__cpu_ew(cpu, &j, (size_t)n, (size_t)m);
     return DSGD_OK;
 }
 
@@ -1763,6 +2152,7 @@ static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update 
     float *p = dsgd__cpu_span(cpu, rp, n, "optimizer_update param");
     const float *g = dsgd__cpu_span(cpu, rg, n, "optimizer_update grad");
     float *m1 = NULL, *m2 = NULL;
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_UPDATE);
     if (!p || !g || !u) return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu optimizer_update: bad arguments");
     if (u->kind != DSGD_OPT_SGD) {
         m1 = dsgd__cpu_span(cpu, rm1, n, "optimizer_update state m1");
@@ -1779,7 +2169,12 @@ static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update 
         (m2 && (dsgd__cpu_overlap(rp, n, rm2, n) || dsgd__cpu_overlap(rg, n, rm2, n) || dsgd__cpu_overlap(rm1, n, rm2, n))))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "cpu optimizer_update: param, grad and state ranges overlap");
-    cpu->kern->update(u, p, g, m1, m2, n);
+    j.u = u;
+    j.x = p;
+    j.y = g;
+    j.m1 = m1;
+    j.m2 = m2;
+    dsgd__cpu_ew(cpu, &j, n, 1);
     return DSGD_OK;
 }
 
@@ -1791,7 +2186,10 @@ static dsgd_result dsgd__cpu_norm_check(void *impl, dsgd_ref rx, size_t n, doubl
     if (!x) return DSGD_ERR_INVALID_ARGUMENT;
     if (!sumsq) {
         /* finiteness only (the strategies' check every step) */
-        if (!cpu->kern->nonfinite(x, n)) {
+        dsgd__ew_job j = dsgd__ew(DSGD__EW_NONFINITE);
+        j.y = x;
+        dsgd__cpu_ew(cpu, &j, n, 1);
+        if (!DSGD__LOAD_RLX(&j.nonfinite)) {
             if (nonfinite) *nonfinite = 0;
             return DSGD_OK;
         }
@@ -1809,20 +2207,51 @@ static dsgd_result dsgd__cpu_norm_check(void *impl, dsgd_ref rx, size_t n, doubl
 
 static void dsgd__cpu_destroy(void *impl) {
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    int i;
     if (!cpu) return;
+    dsgd__pool_stop(&cpu->pool);
+    if (cpu->pack)
+        for (i = 0; i < cpu->pool.n; ++i) DSGD_FREE(cpu->pack[i]);
     DSGD_FREE(cpu->pack);
     DSGD_FREE(cpu);
 }
 
+DSGD_API int dsgd_cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > DSGD_CPU_MAX_THREADS ? DSGD_CPU_MAX_THREADS : (int)n;
+}
+
 DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out) {
+    return dsgd_cpu_backend_create_desc(ctx, NULL, out);
+}
+
+DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_backend_desc *desc,
+                                                  dsgd_backend_i *out) {
+    const char *what = "dsgd_cpu_backend_create";
     dsgd__cpu *cpu;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cpu_backend_create: out is NULL");
+    dsgd_result r;
+    int threads = desc && desc->threads > 1 ? desc->threads : 1;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
     memset(out, 0, sizeof(*out));
-    cpu = (dsgd__cpu *)dsgd__alloc(ctx, sizeof(*cpu), "dsgd_cpu_backend_create");
+    if (desc && (desc->threads < 0 || desc->threads > DSGD_CPU_MAX_THREADS))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d threads (0..%d)", what, desc->threads,
+                                  DSGD_CPU_MAX_THREADS);
+    cpu = (dsgd__cpu *)dsgd__alloc(ctx, sizeof(*cpu), what);
     if (!cpu) return DSGD_ERR_OUT_OF_MEMORY;
     memset(cpu, 0, sizeof(*cpu));
     cpu->ctx = ctx;
     cpu->kern = dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"));
+    cpu->pool.n = threads;
+    cpu->pack = (float **)dsgd__alloc(ctx, sizeof(float *) * (size_t)threads, what);
+    if (!cpu->pack) {
+        dsgd__cpu_destroy(cpu);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(cpu->pack, 0, sizeof(float *) * (size_t)threads);
+    if ((r = dsgd__pool_start(ctx, &cpu->pool, threads)) != DSGD_OK) {
+        dsgd__cpu_destroy(cpu);
+        return r;
+    }
 #ifndef DSGD_USE_CBLAS
     DSGD_ASSERT(DSGD__MC % cpu->kern->mr == 0 && DSGD__NC % cpu->kern->nr == 0 &&
                 cpu->kern->mr <= DSGD__MR_MAX && cpu->kern->nr <= DSGD__NR_MAX);
@@ -1853,6 +2282,11 @@ DSGD_API dsgd_result dsgd_cpu_backend_create(dsgd_ctx *ctx, dsgd_backend_i *out)
 DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be) {
     if (!be || !be->impl || be->destroy != dsgd__cpu_destroy) return NULL;
     return ((const dsgd__cpu *)be->impl)->kern->name;
+}
+
+DSGD_API int dsgd_cpu_backend_threads(const dsgd_backend_i *be) {
+    if (!be || !be->impl || be->destroy != dsgd__cpu_destroy) return 0;
+    return ((const dsgd__cpu *)be->impl)->pool.n;
 }
 
 #endif /* DSGD__PART_BACKEND_CPU_IMPL */
@@ -8692,6 +9126,13 @@ typedef struct dsgd_strategy_desc {
                                        DSGD_DEFAULT_TIMEOUT_S (30 s) */
     dsgd_backend_factory backend_factory; /* NULL: a CPU backend per replica */
     void *backend_user_data;
+    int cpu_threads;                /* the CPU backends made when backend_factory is
+                                       NULL: threads of each (dsgd_cpu_backend_desc,
+                                       CPU THREADS). 0: dsgd_cpu_count() / N, at
+                                       least 1, so that N replicas never ask for
+                                       more threads than there are cores; n in
+                                       1..DSGD_CPU_MAX_THREADS: n each. The weights
+                                       do not depend on it (only the speed does) */
     dsgd_gradient_path gradient_path; /* default AUTO */
     /* The transport the replicas communicate over (MIRRORED with N > 1).
        NULL: a loopback hub of the strategy's own. Otherwise N endpoints of
@@ -8725,7 +9166,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    Errors (recorded on ctx; a replica's failure is copied from its context):
    DSGD_ERR_INVALID_ARGUMENT (out or desc NULL; an unknown kind, non-finite
    policy, algorithm or gradient path; num_replicas < 0 or > DSGD_MAX_REPLICAS; ONE_DEVICE
-   with more than one replica; a negative or NaN timeout; a bad model or
+   with more than one replica; a negative or NaN timeout; cpu_threads < 0 or
+   > DSGD_CPU_MAX_THREADS; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers, or with
    CENTRAL_STORAGE),
@@ -9284,6 +9726,9 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
     if ((int)d->gradient_path < 0 || (int)d->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
                                   (int)d->gradient_path);
+    if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
+                                  d->cpu_threads, DSGD_CPU_MAX_THREADS);
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 
@@ -9293,6 +9738,7 @@ static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
     if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
     if (d->model.max_batch == 0) d->model.max_batch = DSGD_DEFAULT_MAX_BATCH; /* the model's default, per replica */
     d->model.backend = NULL; /* each replica's comes from backend_factory */
+    if (d->cpu_threads == 0) d->cpu_threads = DSGD__MAX(1, dsgd_cpu_count() / d->num_replicas);
 }
 
 /* The strategy and its N replica slots, nothing created yet. */
@@ -9340,8 +9786,10 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     dsgd_replica *r = &s->reps[i];
     dsgd_ctx_desc cd;
     dsgd_model_desc md = s->d.model;
+    dsgd_cpu_backend_desc bd;
     dsgd_result res;
     char label[32];
+    memset(&bd, 0, sizeof(bd));
     memset(&cd, 0, sizeof(cd));
     snprintf(label, sizeof(label), "replica %d", i);
     cd.label = label;
@@ -9350,8 +9798,9 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     r->rank = i;
     if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, res, "dsgd_strategy_create: cannot create replica %d's context", i);
+    bd.threads = s->d.cpu_threads;
     res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
-                               : dsgd_cpu_backend_create(r->ctx, &r->be);
+                               : dsgd_cpu_backend_create_desc(r->ctx, &bd, &r->be);
     if (res == DSGD_OK) {
         r->has_be = 1;
         md.backend = &r->be;

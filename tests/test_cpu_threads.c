@@ -1,0 +1,454 @@
+/* test_cpu_threads.c - the CPU backend's operation threads (CPU THREADS in
+   distsgd/backend.h) and the strategies' cpu_threads.
+
+   - GEMM: every kernel this machine runs, shapes below and above the split
+     threshold (cut along rows and along columns, edge tiles, one KC block
+     and several, k = 0), all four transposes, padded leading dimensions,
+     beta 0 and -0.5: 2, 3 and 7 threads give the bits of 1 thread, and 1
+     thread is within the rounding bound of a double-precision product;
+   - every element-wise operation (fill, scale, axpy, bias_act_forward and
+     act_backward for each activation, bias_backward, optimizer_update for
+     each kind, norm_check's finiteness and sum of squares), at sizes around
+     the split threshold: the bits of 1 thread, and fill, scale and axpy
+     against their formulas; a NaN or infinity in any task's part is found;
+   - training: mirrored N = 1 at 1, 2 and 3 threads and N = 2 at 1 and 3
+     threads give the same bits (momentum and Adam), run after run; N = 2 at
+     2 threads keeps the synchronous contract against one_device at batch
+     2B; cpu_threads 0 gives dsgd_cpu_count() / N per replica;
+   - bad thread counts are refused with a message; backends with a pool that
+     are created and destroyed at once, or after one operation, stop cleanly.
+   Runs under TSan too (make test), which checks the pool's handoffs.
+
+   Build: make test (or cc -std=c99 tests/test_cpu_threads.c -lcmocka -lm -lpthread). */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#define NKERNELS ((int)(sizeof(dsgd__cpu_kernels) / sizeof(dsgd__cpu_kernels[0])))
+static const int g_threads[] = {1, 2, 3, 7};
+#define NTHREADS ((int)(sizeof g_threads / sizeof g_threads[0]))
+
+static void backend_make(dsgd_ctx *ctx, int threads, dsgd_backend_i *be) {
+    dsgd_cpu_backend_desc bd = {0};
+    bd.threads = threads;
+    TU_OK(ctx, dsgd_cpu_backend_create_desc(ctx, &bd, be));
+    assert_int_equal(dsgd_cpu_backend_threads(be), threads);
+}
+
+/* A buffer of n floats holding src (n may be 0). */
+static dsgd_ref buf_of(dsgd_ctx *ctx, dsgd_backend_i *be, const float *src, size_t n) {
+    dsgd_buffer *b = NULL;
+    TU_OK(ctx, be->buffer_create(be->impl, n ? n : 1, &b));
+    if (n) TU_OK(ctx, be->write(be->impl, dsgd__ref(b, 0), src, n));
+    return dsgd__ref(b, 0);
+}
+
+static void buf_free(dsgd_backend_i *be, dsgd_ref r) { be->buffer_destroy(be->impl, r.buf); }
+
+static float *rand_floats(tu_rng *rng, size_t n) {
+    float *v = (float *)malloc((n ? n : 1) * sizeof(float));
+    size_t i;
+    assert_non_null(v);
+    for (i = 0; i < n; ++i) v[i] = (float)(2.0 * tu_unit(rng) - 1.0);
+    return v;
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+typedef struct shape {
+    int m, n, k;
+} shape;
+
+/* C(m, n) of op(A) op(B) on a backend with `threads` threads; returns the
+   m x ldc floats of C. */
+static float *gemm_on(dsgd_ctx *ctx, const char *isa, int threads, const shape *s, int ta, int tb, float beta,
+                      const float *a, int lda, const float *b, int ldb, const float *c0, int ldc) {
+    dsgd_backend_i be;
+    dsgd_ref ra, rb, rc;
+    size_t na = (size_t)(ta ? s->k : s->m) * lda, nb = (size_t)(tb ? s->n : s->k) * ldb, nc = (size_t)s->m * ldc;
+    float *out = (float *)malloc(nc * sizeof(float));
+    assert_non_null(out);
+    assert_int_equal(setenv("DSGD_CPU_ISA", isa, 1), 0);
+    backend_make(ctx, threads, &be);
+    assert_string_equal(dsgd_cpu_backend_isa(&be), isa);
+    ra = buf_of(ctx, &be, a, na);
+    rb = buf_of(ctx, &be, b, nb);
+    rc = buf_of(ctx, &be, c0, nc);
+    TU_OK(ctx, be.gemm(be.impl, ta, tb, s->m, s->n, s->k, 0.75f, ra, lda, rb, ldb, beta, rc, ldc));
+    TU_OK(ctx, be.read(be.impl, rc, out, nc));
+    buf_free(&be, ra);
+    buf_free(&be, rb);
+    buf_free(&be, rc);
+    be.destroy(be.impl);
+    return out;
+}
+
+static void test_gemm_threads(void **state) {
+    /* above 2^17 multiply-adds the GEMM is cut: 256x256x784 (rows, the MLP's
+       first layer), 784x256x64 (rows), 40x700x300 (columns, two KC blocks),
+       5x5000x40 (columns of a short C), 600x1x300 (one column), 131x131x0
+       (beta only); below it 17x33x64 and 64x10x128 */
+    static const shape shapes[] = {{256, 256, 784}, {784, 256, 64}, {40, 700, 300}, {5, 5000, 40},
+                                   {600, 1, 300},   {131, 131, 0},  {17, 33, 64},   {64, 10, 128}};
+    dsgd_ctx *ctx = NULL;
+    tu_rng rng = tu_rng_make(11);
+    int ki, si, t, ti, bi, kernels = 0;
+    long checked = 0;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    for (ki = 0; ki < NKERNELS; ++ki) {
+        const char *isa = dsgd__cpu_kernels[ki].name;
+        if (!dsgd__cpu_kernels[ki].supported()) continue;
+        ++kernels;
+        for (si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); ++si)
+            for (t = 0; t < 4; ++t)
+                for (bi = 0; bi < 2; ++bi) {
+                    const shape *s = &shapes[si];
+                    int ta = t & 1, tb = t >> 1, i, j, q;
+                    int lda = (ta ? s->m : s->k) + 3, ldb = (tb ? s->k : s->n) + 1, ldc = s->n + 2;
+                    float beta = bi ? -0.5f : 0.0f;
+                    float *a = rand_floats(&rng, (size_t)(ta ? s->k : s->m) * lda);
+                    float *b = rand_floats(&rng, (size_t)(tb ? s->n : s->k) * ldb);
+                    float *c0 = rand_floats(&rng, (size_t)s->m * ldc);
+                    float *one = gemm_on(ctx, isa, 1, s, ta, tb, beta, a, lda, b, ldb, c0, ldc);
+                    if (t == 0 || si < 3) /* the one-thread result against double, on a few */
+                        for (i = 0; i < s->m; i += 7)
+                            for (j = 0; j < s->n; j += 5) {
+                                double ref = 0, mag = 0, x;
+                                for (q = 0; q < s->k; ++q) {
+                                    x = (double)(ta ? a[(size_t)q * lda + i] : a[(size_t)i * lda + q]) *
+                                        (tb ? b[(size_t)j * ldb + q] : b[(size_t)q * ldb + j]);
+                                    ref += x;
+                                    mag += fabs(x);
+                                }
+                                ref = 0.75 * ref + beta * c0[(size_t)i * ldc + j];
+                                mag = 0.75 * mag + fabs(beta * c0[(size_t)i * ldc + j]);
+                                if (!(fabs(one[(size_t)i * ldc + j] - ref) <= (s->k + 2) * FLT_EPSILON * mag))
+                                    fail_msg("%s %dx%dx%d ta=%d tb=%d C[%d,%d] = %.9g, reference %.9g", isa, s->m,
+                                             s->n, s->k, ta, tb, i, j, (double)one[(size_t)i * ldc + j], ref);
+                            }
+                    for (ti = 1; ti < NTHREADS; ++ti) {
+                        float *got = gemm_on(ctx, isa, g_threads[ti], s, ta, tb, beta, a, lda, b, ldb, c0, ldc);
+                        for (i = 0; i < s->m; ++i)
+                            for (j = 0; j < ldc; ++j)
+                                if (memcmp(&got[(size_t)i * ldc + j], &one[(size_t)i * ldc + j], sizeof(float)))
+                                    fail_msg("%s %dx%dx%d ta=%d tb=%d beta=%g: %d threads give C[%d,%d] = %.9g, "
+                                             "1 thread %.9g", isa, s->m, s->n, s->k, ta, tb, (double)beta,
+                                             g_threads[ti], i, j, (double)got[(size_t)i * ldc + j],
+                                             (double)one[(size_t)i * ldc + j]);
+                        checked += (long)s->m * ldc;
+                        free(got);
+                    }
+                    free(one);
+                    free(a);
+                    free(b);
+                    free(c0);
+                }
+    }
+    unsetenv("DSGD_CPU_ISA");
+    print_message("%d kernels, %ld entries of C equal at 2, 3 and 7 threads\n", kernels, checked);
+    assert_true(kernels >= 1);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- element-wise */
+
+/* Every element-wise operation on n floats (and an m x n matrix with m =
+   rows) with `threads` threads; the outputs, concatenated, in *out. */
+static size_t elementwise_on(dsgd_ctx *ctx, int threads, size_t n, int rows, uint64_t seed, float **out) {
+    static const dsgd_activation acts[] = {DSGD_ACT_NONE, DSGD_ACT_RELU, DSGD_ACT_TANH, DSGD_ACT_SIGMOID};
+    static const dsgd_optimizer_kind kinds[] = {DSGD_OPT_SGD, DSGD_OPT_MOMENTUM, DSGD_OPT_MOMENTUM, DSGD_OPT_ADAM,
+                                                DSGD_OPT_ADAMW};
+    dsgd_backend_i be;
+    tu_rng rng = tu_rng_make(seed);
+    size_t mat = (size_t)rows * n, total = 0, cap = 40 * n + 12 * mat + 64, i;
+    float *res = (float *)malloc(cap * sizeof(float));
+    float *x = rand_floats(&rng, n), *y = rand_floats(&rng, n), *ym = rand_floats(&rng, mat);
+    float *bias = rand_floats(&rng, n), *m1 = rand_floats(&rng, n), *m2 = rand_floats(&rng, n);
+    dsgd_ref rx, ry, rm, rb, r1, r2;
+    int a, k, pos;
+    assert_non_null(res);
+    for (i = 0; i < n; ++i) m2[i] = fabsf(m2[i]); /* a second moment */
+    backend_make(ctx, threads, &be);
+    rx = buf_of(ctx, &be, x, n);
+    ry = buf_of(ctx, &be, y, n);
+    rm = buf_of(ctx, &be, ym, mat);
+    rb = buf_of(ctx, &be, bias, n);
+    r1 = buf_of(ctx, &be, m1, n);
+    r2 = buf_of(ctx, &be, m2, n);
+#define TAKE(ref, count)                                                      \
+    do {                                                                      \
+        TU_OK(ctx, be.read(be.impl, (ref), res + total, (count)));            \
+        total += (count);                                                     \
+    } while (0)
+    TU_OK(ctx, be.scale(be.impl, rx, -1.25f, n));
+    TAKE(rx, n);
+    for (i = 0; i < n; ++i) assert_true(res[i] == x[i] * -1.25f);
+    TU_OK(ctx, be.axpy(be.impl, rx, 0.5f, ry, n)); /* x = -1.25 x0 + 0.5 y */
+    TAKE(rx, n);
+    for (i = 0; i < n; ++i) assert_true(res[n + i] == res[i] + 0.5f * y[i]);
+    for (a = 0; a < 4; ++a) {
+        TU_OK(ctx, be.write(be.impl, rm, ym, mat));
+        TU_OK(ctx, be.bias_act_forward(be.impl, acts[a], rm, a & 1 ? rb : dsgd__ref(NULL, 0), rows, (int)n));
+        TAKE(rm, mat);
+        TU_OK(ctx, be.act_backward(be.impl, acts[a], rx, ry, n));
+        TAKE(rx, n);
+    }
+    TU_OK(ctx, be.bias_backward(be.impl, rb, rm, rows, (int)n));
+    TAKE(rb, n);
+    for (k = 0; k < 5; ++k) {
+        dsgd_opt_update u;
+        memset(&u, 0, sizeof(u));
+        u.kind = kinds[k];
+        u.lr = 0.01f, u.momentum = 0.9f, u.nesterov = k == 2, u.beta1 = 0.9f, u.beta2 = 0.999f, u.eps = 1e-8f;
+        u.weight_decay = 0.01f, u.bias_correction1 = 0.1f, u.bias_correction2 = 0.001f, u.grad_scale = 0.5f;
+        TU_OK(ctx, be.optimizer_update(be.impl, &u, rx, ry, r1, r2, n));
+        TAKE(rx, n);
+        TAKE(r1, n);
+        TAKE(r2, n);
+    }
+    /* finiteness: none, then one NaN or infinity at the start, the middle, the end */
+    for (pos = -1; pos < 3; ++pos) {
+        size_t at = pos == 0 ? 0 : pos == 1 ? n / 2 : n - 1, bad = 99;
+        double sumsq = -1.0;
+        float v = pos == 1 ? INFINITY : NAN, keep = 0.0f;
+        if (pos >= 0) {
+            TU_OK(ctx, be.read(be.impl, dsgd__ref(ry.buf, at), &keep, 1));
+            TU_OK(ctx, be.write(be.impl, dsgd__ref(ry.buf, at), &v, 1));
+        }
+        TU_OK(ctx, be.norm_check(be.impl, ry, n, NULL, &bad));
+        assert_int_equal(bad, pos >= 0 ? 1 : 0);
+        TU_OK(ctx, be.norm_check(be.impl, ry, n, &sumsq, &bad));
+        assert_int_equal(bad, pos >= 0 ? 1 : 0);
+        res[total++] = (float)sumsq;
+        if (pos >= 0) TU_OK(ctx, be.write(be.impl, dsgd__ref(ry.buf, at), &keep, 1));
+    }
+    TU_OK(ctx, be.fill(be.impl, rx, 3.5f, n));
+    TAKE(rx, n);
+    for (i = 0; i < n; ++i) assert_true(res[total - n + i] == 3.5f);
+#undef TAKE
+    assert_true(total <= cap);
+    buf_free(&be, rx);
+    buf_free(&be, ry);
+    buf_free(&be, rm);
+    buf_free(&be, rb);
+    buf_free(&be, r1);
+    buf_free(&be, r2);
+    be.destroy(be.impl);
+    free(x);
+    free(y);
+    free(ym);
+    free(bias);
+    free(m1);
+    free(m2);
+    *out = res;
+    return total;
+}
+
+static void test_elementwise_threads(void **state) {
+    /* 32768 floats is where an operation starts to split; 300 x 257 and
+       40 x 2500 matrices split by rows (bias_act) and columns (bias_backward) */
+    static const struct { size_t n; int rows; } sizes[] = {{1, 3},     {17, 5},     {32767, 1}, {32768, 2},
+                                                          {32769, 1}, {100003, 1}, {257, 300}, {2500, 40}};
+    dsgd_ctx *ctx = NULL;
+    int si, ti;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    for (si = 0; si < (int)(sizeof sizes / sizeof sizes[0]); ++si) {
+        float *one, *got;
+        size_t n1 = elementwise_on(ctx, 1, sizes[si].n, sizes[si].rows, 5 + (uint64_t)si, &one), n2, i;
+        for (ti = 1; ti < NTHREADS; ++ti) {
+            n2 = elementwise_on(ctx, g_threads[ti], sizes[si].n, sizes[si].rows, 5 + (uint64_t)si, &got);
+            assert_int_equal(n1, n2);
+            for (i = 0; i < n1; ++i)
+                if (memcmp(&one[i], &got[i], sizeof(float)))
+                    fail_msg("n=%zu rows=%d: output %zu is %.9g with %d threads, %.9g with 1", sizes[si].n,
+                             sizes[si].rows, i, (double)got[i], g_threads[ti], (double)one[i]);
+            free(got);
+        }
+        free(one);
+    }
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- training */
+
+static dsgd_layer_desc g_layers[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+                                      {128, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+                                      {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+#define IN 300
+#define GB 128 /* global batch */
+
+/* Trains `steps` steps of `kind` with N replicas of `threads` threads (0:
+   the default) and returns the parameters (*np of them). */
+static float *train(dsgd_strategy_kind kind, int n, int threads, dsgd_optimizer_kind opt, int steps, size_t *np,
+                    int *threads_seen) {
+    dsgd_ctx *ctx = NULL;
+    dsgd_strategy_desc sd;
+    dsgd_strategy *st = NULL;
+    tu_rng rng = tu_rng_make(21);
+    float *x = rand_floats(&rng, (size_t)GB * IN), y[GB], *p;
+    int i;
+    for (i = 0; i < GB; ++i) y[i] = (float)(tu_next(&rng) % 10);
+    memset(&sd, 0, sizeof(sd));
+    sd.kind = kind;
+    sd.num_replicas = n;
+    sd.cpu_threads = threads;
+    sd.model.input_dim = IN;
+    sd.model.layers = g_layers;
+    sd.model.num_layers = 3;
+    sd.model.max_batch = GB;
+    sd.model.seed = 9;
+    sd.optimizer.kind = opt;
+    sd.optimizer.lr = opt == DSGD_OPT_ADAM ? 0.001f : 0.05f;
+    sd.optimizer.momentum = 0.9f;
+    sd.optimizer.weight_decay = 1e-4f;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    TU_OK(ctx, dsgd_strategy_create(ctx, &sd, &st));
+    *threads_seen = dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(st, 0)));
+    for (i = 0; i < steps; ++i) TU_OK(ctx, dsgd_strategy_train_step(st, x, y, GB, NULL));
+    *np = dsgd_model_num_params(dsgd_strategy_model(st, 0));
+    p = (float *)malloc(*np * sizeof(float));
+    assert_non_null(p);
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(st, 0), p, *np));
+    dsgd_strategy_destroy(st);
+    dsgd_ctx_destroy(ctx);
+    free(x);
+    return p;
+}
+
+static void test_training_threads(void **state) {
+    static const struct { int n, threads; } runs[] = {{1, 2}, {1, 3}, {1, 2}}; /* the last: run to run */
+    dsgd_optimizer_kind opts[2] = {DSGD_OPT_MOMENTUM, DSGD_OPT_ADAM};
+    int o, r, seen;
+    (void)state;
+    for (o = 0; o < 2; ++o) {
+        size_t np, np2;
+        float *one = train(DSGD_STRATEGY_MIRRORED, 1, 1, opts[o], 6, &np, &seen), *got, *two;
+        assert_int_equal(seen, 1);
+        for (r = 0; r < (int)(sizeof runs / sizeof runs[0]); ++r) {
+            got = train(DSGD_STRATEGY_MIRRORED, runs[r].n, runs[r].threads, opts[o], 6, &np2, &seen);
+            assert_int_equal(seen, runs[r].threads);
+            assert_int_equal(np, np2);
+            assert_memory_equal(one, got, np * sizeof(float));
+            free(got);
+        }
+        /* N = 2: 3 threads each (oversubscribed here, still the same bits) against 1 */
+        two = train(DSGD_STRATEGY_MIRRORED, 2, 1, opts[o], 6, &np2, &seen);
+        got = train(DSGD_STRATEGY_MIRRORED, 2, 3, opts[o], 6, &np2, &seen);
+        assert_int_equal(seen, 3);
+        assert_memory_equal(two, got, np * sizeof(float));
+        free(got);
+        /* and central storage at 2 threads */
+        got = train(DSGD_STRATEGY_CENTRAL_STORAGE, 2, 2, opts[o], 6, &np2, &seen);
+        free(two);
+        two = train(DSGD_STRATEGY_CENTRAL_STORAGE, 2, 1, opts[o], 6, &np2, &seen);
+        assert_memory_equal(two, got, np * sizeof(float));
+        free(got);
+        free(two);
+        free(one);
+    }
+}
+
+/* The synchronous contract with threads on: mirrored N = 2 x B at 2 threads
+   each against one_device at 2B and 3 threads. */
+static void test_contract_threads(void **state) {
+    size_t np, i;
+    int seen;
+    float *mir = train(DSGD_STRATEGY_MIRRORED, 2, 2, DSGD_OPT_MOMENTUM, 5, &np, &seen);
+    float *one = train(DSGD_STRATEGY_ONE_DEVICE, 1, 3, DSGD_OPT_MOMENTUM, 5, &np, &seen);
+    double worst = 0, d;
+    (void)state;
+    for (i = 0; i < np; ++i) {
+        d = fabs((double)mir[i] - one[i]) / (1.0 + fabs((double)one[i]));
+        if (d > worst) worst = d;
+    }
+    print_message("mirrored 2 x 64 (2 threads each) against one_device 128 (3 threads): max rel diff %.3g\n", worst);
+    assert_true(worst < 1e-5);
+    free(mir);
+    free(one);
+}
+
+/* cpu_threads 0: dsgd_cpu_count() / N each, at least 1. */
+static void test_default_threads(void **state) {
+    int n, seen;
+    size_t np;
+    (void)state;
+    for (n = 1; n <= 3; ++n) {
+        float *p = train(DSGD_STRATEGY_MIRRORED, n, 0, DSGD_OPT_SGD, 1, &np, &seen);
+        assert_int_equal(seen, dsgd_cpu_count() / n > 1 ? dsgd_cpu_count() / n : 1);
+        free(p);
+    }
+}
+
+/* ---------------------------------------------------------------- misuse */
+
+static void test_bad_threads(void **state) {
+    dsgd_ctx *ctx = NULL;
+    dsgd_backend_i be;
+    dsgd_cpu_backend_desc bd = {0};
+    dsgd_strategy_desc sd;
+    dsgd_strategy *st = NULL;
+    dsgd_ref r;
+    float v[3] = {1, 2, 3};
+    int i;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    bd.threads = -1;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cpu_backend_create_desc(ctx, &bd, &be));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "-1 threads"));
+    bd.threads = DSGD_CPU_MAX_THREADS + 1;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cpu_backend_create_desc(ctx, &bd, &be));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cpu_backend_create_desc(ctx, &bd, NULL));
+    assert_int_equal(dsgd_cpu_backend_threads(NULL), 0);
+    assert_true(dsgd_cpu_count() >= 1);
+    /* a pool created and destroyed at once, and after one small and one split operation */
+    for (i = 0; i < 20; ++i) {
+        bd.threads = 2 + i % 5;
+        TU_OK(ctx, dsgd_cpu_backend_create_desc(ctx, &bd, &be));
+        if (i % 2) {
+            r = buf_of(ctx, &be, v, 3);
+            TU_OK(ctx, be.scale(be.impl, r, 2.0f, 3));
+            buf_free(&be, r);
+            TU_OK(ctx, be.buffer_create(be.impl, 100000, &r.buf));
+            TU_OK(ctx, be.fill(be.impl, dsgd__ref(r.buf, 0), 1.0f, 100000));
+            buf_free(&be, dsgd__ref(r.buf, 0));
+        }
+        be.destroy(be.impl);
+    }
+    memset(&sd, 0, sizeof(sd));
+    sd.kind = DSGD_STRATEGY_MIRRORED;
+    sd.num_replicas = 2;
+    sd.model.input_dim = 4;
+    sd.model.layers = g_layers;
+    sd.model.num_layers = 3;
+    sd.optimizer.kind = DSGD_OPT_SGD;
+    sd.optimizer.lr = 0.1f;
+    sd.cpu_threads = -2;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &sd, &st));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "CPU threads"));
+    sd.cpu_threads = DSGD_CPU_MAX_THREADS + 1;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &sd, &st));
+    assert_null(st);
+    dsgd_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm_threads),
+        cmocka_unit_test(test_elementwise_threads),
+        cmocka_unit_test(test_training_threads),
+        cmocka_unit_test(test_contract_threads),
+        cmocka_unit_test(test_default_threads),
+        cmocka_unit_test(test_bad_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
