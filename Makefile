@@ -7,6 +7,7 @@
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
 #   make bench      build and run bench/*
+#   make bench-peers   distsgd beside PyTorch (bench/peers.sh; installs PyTorch)
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
 #   make check-docs every DSGD_API declaration documented (tools/check_docs.py)
 #   make check-parts every part of distsgd/ compiles with only the parts above
@@ -145,7 +146,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
+.PHONY: build-combos tune bench-mpi bench-peers all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
     demo demo-run sync-vs-async sync-vs-async-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -214,6 +215,14 @@ bench: bench-build
 	@mkdir -p build/pocl-cache
 	@$(if $(BENCHES),,echo "no benchmarks found in bench/*.c")
 	@set -e; $(foreach b,$(BENCHES),echo "==== $b"; $(BENCH_ENV) $b;)
+
+# distsgd beside PyTorch on the demo's task (bench/peers.sh): N = 1, 2, 4,
+# both MLPs, interleaved rounds; installs PyTorch into build/peers-venv from
+# PyPI (says so and runs distsgd alone when it cannot). ROUNDS=, EPOCHS= and
+# the others in the script's header are passed through the environment.
+bench-peers:
+	sh tools/deps.sh demo
+	bash bench/peers.sh
 
 # Tunes CLBlast's GEMM for the chosen OpenCL device (DSGD_CL_DEVICE) and
 # writes the per-device cache the backend applies at start-up; make tune

@@ -12,8 +12,11 @@
    or:   ./build/examples/mirrored_mlp --data DIR [--replicas N] [--batch B]
            [--algo auto|ring|hd|rb|rd|direct] [--epochs E] [--lr BASE_LR]
            [--seed S] [--backend cpu|opencl] [--device SPEC]
-           [--gradients auto|host|device]
-   --batch is the per-replica batch (global batch = B x N). DIR holds the
+           [--gradients auto|host|device] [--hidden H1,H2] [--threads T]
+   --threads is each CPU replica's thread count (0, the default: cores / N,
+   at least 1; the weights do not depend on it).
+   --batch is the per-replica batch (global batch = B x N); --hidden sets the
+   two hidden layers' sizes (default 256,128: 784-256-128-10). DIR holds the
    uncompressed Fashion-MNIST IDX files (make demo prepares build/data/fashion-mnist).
    With --backend opencl every replica gets its own OpenCL backend (its own
    command queue) on one shared context; --device takes a device spec of
@@ -28,6 +31,8 @@
 #define DISTSGD_CL_IMPLEMENTATION
 #include "../distsgd_cl.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,10 +77,28 @@ static int parse_path(const char *s, dsgd_gradient_path *out) {
     return 1;
 }
 
+/* --hidden H1,H2: two positive decimal integers (no sign, no spaces) into the
+   hidden layers' units. */
+static int parse_hidden(const char *s, dsgd_layer_desc *layers) {
+    long h[2];
+    char *end;
+    int i;
+    for (i = 0; i < 2; ++i) {
+        if (*s < '0' || *s > '9') return 0;
+        errno = 0;
+        h[i] = strtol(s, &end, 10);
+        if (errno || h[i] < 1 || h[i] > INT_MAX || *end != (i == 0 ? ',' : '\0')) return 0;
+        s = end + 1;
+    }
+    layers[0].units = (int)h[0];
+    layers[1].units = (int)h[1];
+    return 1;
+}
+
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist", *backend = "cpu", *device = NULL;
     dsgd_cl_context *cl = NULL;
-    int replicas = 4, batch = 64, epochs = 5, a, e, global;
+    int replicas = 4, batch = 64, epochs = 5, threads = 0, a, e, global;
     float base_lr = 0.05f;
     uint64_t seed = 1;
     dsgd_allreduce_algo algo = DSGD_ALLREDUCE_AUTO;
@@ -104,10 +127,17 @@ int main(int argc, char **argv) {
                  (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) backend = argv[++a];
         else if (!strcmp(argv[a], "--device") && a + 1 < argc) device = argv[++a];
         else if (!strcmp(argv[a], "--gradients") && a + 1 < argc && parse_path(argv[a + 1], &path)) ++a;
-        else {
+        else if (!strcmp(argv[a], "--threads") && a + 1 < argc) threads = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--hidden") && a + 1 < argc) {
+            if (!parse_hidden(argv[++a], layers)) {
+                fprintf(stderr, "%s: --hidden takes two positive integers H1,H2 (e.g. 256,128), not \"%s\"\n",
+                        argv[0], argv[a]);
+                return 2;
+            }
+        } else {
             fprintf(stderr, "usage: %s [--data DIR] [--replicas N] [--batch B] [--algo auto|ring|hd|rb|rd|direct] "
                             "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC] "
-                            "[--gradients auto|host|device]\n",
+                            "[--gradients auto|host|device] [--hidden H1,H2] [--threads T]\n",
                     argv[0]);
             return 2;
         }
@@ -123,6 +153,7 @@ int main(int argc, char **argv) {
     sd.num_replicas = replicas;
     sd.algorithm = algo;
     sd.gradient_path = path;
+    sd.cpu_threads = threads;
     sd.model.input_dim = train.dim;
     sd.model.layers = layers;
     sd.model.num_layers = 3;
@@ -149,12 +180,17 @@ int main(int argc, char **argv) {
     }
     if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return fail(ctx);
     /* the CPU backends chose their kernels as dsgd_cpu_isa() says (DSGD_CPU_ISA overrides) */
-    printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d%s%s\n",
-           train.n, test.n, replicas, batch, global, strcmp(backend, "cpu") ? "" : "; CPU kernels ",
-           strcmp(backend, "cpu") ? "" : dsgd_cpu_isa());
-    printf("model 784-256-128-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
+    printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d",
+           train.n, test.n, replicas, batch, global);
+    if (!strcmp(backend, "cpu"))
+        printf("; CPU kernels %s, %d thread%s per replica", dsgd_cpu_isa(),
+               dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0))),
+               dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0))) == 1 ? "" : "s");
+    printf("\n");
+    printf("model %d-%d-%d-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
            "%.3g at 128), warmup %lld steps + cosine, gradients summed on the %s (all-reduce %s)\n",
-           dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), backend, (double)sd.optimizer.lr, (double)base_lr,
+           train.dim, layers[0].units, layers[1].units, dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), backend,
+           (double)sd.optimizer.lr, (double)base_lr,
            (long long)sd.optimizer.schedule.warmup_steps,
            dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE ? "device" : "host",
            dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE ? "unused" : dsgd_allreduce_algo_name(algo));

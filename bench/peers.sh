@@ -1,0 +1,326 @@
+#!/usr/bin/env bash
+# bench/peers.sh - distsgd beside PyTorch on the demo's task (issue 16).
+#
+# Trains the `make demo` MLP on Fashion-MNIST (global batch 256, SGD +
+# Nesterov, lr 0.05 * 256 / 128 with half an epoch of warmup, then cosine) with
+# distsgd (build/examples/mirrored_mlp, built as `make demo` builds it) and
+# with PyTorch on the CPU (bench/peers_torch.py), for N = 1, 2, 4 replicas and
+# the models 784-256-128-10 and 784-512-512-10, interleaved over ROUNDS rounds,
+# and prints a table of medians: distsgd's samples/s, PyTorch's at its best
+# thread setting (which one), their ratio, and both test accuracies.
+#
+#   distsgd   mirrored_mlp --replicas N --batch 256/N --hidden H1,H2: N
+#             replicas, each with the demo's default number of threads
+#   PyTorch   N = 1: one process with 1 and with CORES threads
+#             N > 1: N processes, DistributedDataParallel over gloo on this
+#             host, each with batch 256/N and 1 thread, and CORES/N threads
+#             where that is more than 1
+#   CORES is nproc (2 here); OPENBLAS_NUM_THREADS=1 throughout.
+#
+# Environment:
+#   ROUNDS=3       rounds (each runs every configuration once)
+#   EPOCHS=5       epochs per run, the demo's 5 by default. PyTorch takes
+#                  fractions (EPOCHS=0.05 for a smoke test); distsgd's --epochs
+#                  takes whole epochs, so it runs max(1, ceil(EPOCHS)). A round
+#                  takes about 50 s + 25 s per epoch on 2 idle cores (most of
+#                  the 50 s is PyTorch's start-up), so the default 3 rounds of
+#                  5 epochs about 9 minutes, plus a one-time PyTorch install
+#                  (about 25 s and 1.4 GB here)
+#   REPLICAS="1 2 4"  MODELS="256,128 512,512"  CORES=$(nproc)
+#   PEERS_VENV=build/peers-venv   where PyTorch is installed (kept, reused)
+#   PEERS_TORCH=torch==2.15.0     the pip requirement for PyTorch
+#   PEERS_TORCH_CPU_INDEX=URL     PyTorch's own CPU-only wheel index, tried first
+#   PEERS_SKIP_TORCH=1            run distsgd alone
+#   PYTHON=python3                the Python that makes the virtual environment
+#   RUN_TIMEOUT=900               seconds one training run may take
+#
+# Installing PyTorch: from the CPU-only index when it answers within 5 s;
+# otherwise from PyPI, whose Linux x86-64 wheel is the CUDA build: it is
+# installed without its multi-GB nvidia-* dependencies (pip --no-deps, then
+# the pure-Python ones), and `peers_torch.py --make-cuda-stubs` builds small
+# stand-ins for the CUDA libraries it links (see bench/peers_torch.py), which
+# PEERS_CUDA_STUBS makes it load: torch's CPU side runs as it is, only its
+# CUDA side is stood in for.
+# If the install fails, the script says why and runs distsgd alone.
+#
+# Logs and raw results: build/peers/ (results.tsv, one line per run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+EPOCHS=${EPOCHS:-5}
+REPLICAS=${REPLICAS:-1 2 4}
+MODELS=${MODELS:-256,128 512,512}
+CORES=${CORES:-$(nproc 2>/dev/null || echo 2)}
+VENV=${PEERS_VENV:-build/peers-venv}
+TORCH_REQ=${PEERS_TORCH:-torch==2.15.0}
+CPU_INDEX=${PEERS_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+PYTHON=${PYTHON:-python3}
+RUN_TIMEOUT=${RUN_TIMEOUT:-900}
+GLOBAL=256
+OUT=build/peers
+DATA=build/data/fashion-mnist
+STUBS=$VENV/cuda-stubs
+export OPENBLAS_NUM_THREADS=1
+
+die() { echo "peers.sh: $*" >&2; exit 2; }
+case $ROUNDS in '' | *[!0-9]* | 0) die "ROUNDS must be a positive integer, not '$ROUNDS'" ;; esac
+case $CORES in '' | *[!0-9]* | 0) die "CORES must be a positive integer, not '$CORES'" ;; esac
+# distsgd's whole epochs: ceil(EPOCHS), at least 1
+DSGD_EPOCHS=$(awk -v e="$EPOCHS" 'BEGIN { if (e !~ /^([0-9]+\.?[0-9]*|\.[0-9]+)$/ || e + 0 <= 0) exit 1;
+    n = int(e); if (n < e) n++; print (n < 1 ? 1 : n) }') || die "EPOCHS must be a positive number, not '$EPOCHS'"
+for n in $REPLICAS; do
+    case $n in '' | *[!0-9]* | 0) die "REPLICAS must list positive integers, not '$n'" ;; esac
+    [ $((GLOBAL % n)) -eq 0 ] || die "the global batch $GLOBAL does not split evenly over $n replicas"
+done
+for m in $MODELS; do
+    [[ $m =~ ^[1-9][0-9]*,[1-9][0-9]*$ ]] || die "MODELS must list H1,H2 pairs of positive integers, not '$m'"
+done
+
+mkdir -p "$OUT"
+
+# ---------------------------------------------------------------- distsgd
+
+echo "== distsgd: Debian packages, Fashion-MNIST and the demo (as make demo builds it)"
+sh tools/deps.sh demo
+make --no-print-directory build/examples/mirrored_mlp \
+    $DATA/train-images-idx3-ubyte $DATA/train-labels-idx1-ubyte \
+    $DATA/t10k-images-idx3-ubyte $DATA/t10k-labels-idx1-ubyte
+
+# ---------------------------------------------------------------- PyTorch
+
+torch_env=()   # the environment torch runs get (PEERS_CUDA_STUBS when needed)
+torch_ok=0
+torch_reason=""
+
+# Runs the venv's Python on a smoke test; 0 when torch trains on the CPU.
+torch_works() {
+    env "${torch_env[@]}" "$VENV/bin/python" -B -c '
+import sys; sys.path.insert(0, "bench"); import peers_torch  # loads the stubs, if any
+import torch
+x = torch.ones(4, 3, requires_grad=True); (x * 2).sum().backward()
+assert float(x.grad.sum()) == 24.0 and not torch.cuda.is_available()
+print("torch", torch.__version__, "works on the CPU")' >>"$OUT/install.log" 2>&1
+}
+
+set_torch_env() {
+    torch_env=()
+    if [ -d "$STUBS" ]; then torch_env=("PEERS_CUDA_STUBS=$STUBS"); fi
+}
+
+# The last line of the install log that says something, for the reason.
+last_error() { grep -v '^\s*$' "$OUT/install.log" | grep -iE 'error|fail|not found|No matching' | tail -n 1 || true; }
+
+install_torch() {
+    local pip=("$VENV/bin/python" -m pip --disable-pip-version-check --no-cache-dir)
+    : >"$OUT/install.log"
+    if [ ! -x "$VENV/bin/python" ]; then
+        if ! "$PYTHON" -m venv "$VENV" >>"$OUT/install.log" 2>&1; then
+            rm -rf "$VENV"
+            if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+                echo "peers.sh: $PYTHON -m venv failed; installing Debian's python3-venv"
+                DEBIAN_FRONTEND=noninteractive apt-get update >>"$OUT/install.log" 2>&1 || true
+                DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv \
+                    </dev/null >>"$OUT/install.log" 2>&1 || true
+            fi
+            if ! "$PYTHON" -m venv "$VENV" >>"$OUT/install.log" 2>&1; then
+                rm -rf "$VENV"
+                torch_reason="'$PYTHON -m venv' failed (Debian: apt-get install python3-venv)"
+                return 1
+            fi
+        fi
+    fi
+    set_torch_env
+    if torch_works; then
+        echo "PyTorch: reusing $VENV"
+        return 0
+    fi
+    local t0=$SECONDS
+    # 1. PyTorch's CPU-only wheels, when their index answers
+    if "$VENV/bin/python" -c '
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1] + "/", timeout=5).close()' "$CPU_INDEX" >/dev/null 2>&1; then
+        echo "PyTorch: installing $TORCH_REQ (CPU build) from $CPU_INDEX"
+        if "${pip[@]}" install --no-deps --index-url "$CPU_INDEX" "$TORCH_REQ" >>"$OUT/install.log" 2>&1 &&
+            "${pip[@]}" install "$TORCH_REQ" numpy >>"$OUT/install.log" 2>&1; then
+            rm -rf "$STUBS"
+            set_torch_env
+            if torch_works; then
+                echo "PyTorch: installed in $((SECONDS - t0)) s, $(du -sh "$VENV" | cut -f1) in $VENV"
+                return 0
+            fi
+        fi
+        echo "PyTorch: the CPU build did not install or work ($(last_error)); trying PyPI"
+    else
+        echo "PyTorch: $CPU_INDEX does not answer; installing from PyPI"
+    fi
+    # 2. PyPI's (CUDA) wheel without the nvidia-* packages, plus stand-ins for
+    #    the CUDA libraries it links
+    echo "PyTorch: pip install --no-deps $TORCH_REQ (about 520 MB to download), then its pure-Python dependencies"
+    if ! "${pip[@]}" install --no-deps "$TORCH_REQ" >>"$OUT/install.log" 2>&1; then
+        torch_reason="pip install --no-deps $TORCH_REQ failed: $(last_error)"
+        return 1
+    fi
+    if ! "${pip[@]}" install filelock 'typing-extensions>=4.13.0' 'sympy>=1.13.3' 'networkx>=2.5.1' jinja2 \
+        'fsspec>=0.8.5' numpy >>"$OUT/install.log" 2>&1; then
+        torch_reason="installing torch's pure-Python dependencies failed: $(last_error)"
+        return 1
+    fi
+    rm -rf "$STUBS"
+    if ! "$VENV/bin/python" -c 'import torch' >>"$OUT/install.log" 2>&1; then
+        if ! "$VENV/bin/python" bench/peers_torch.py --make-cuda-stubs "$STUBS" >>"$OUT/install.log" 2>&1; then
+            rm -rf "$STUBS"
+            torch_reason="building stand-ins for torch's CUDA libraries failed: $(last_error)"
+            return 1
+        fi
+        echo "PyTorch: $(tail -n 1 "$OUT/install.log")"
+    fi
+    set_torch_env
+    if ! torch_works; then
+        torch_reason="'import torch' fails: $(last_error)"
+        return 1
+    fi
+    echo "PyTorch: installed in $((SECONDS - t0)) s, $(du -sh "$VENV" | cut -f1) in $VENV"
+}
+
+if [ "${PEERS_SKIP_TORCH:-0}" = 1 ]; then
+    echo "PyTorch skipped (PEERS_SKIP_TORCH=1); running distsgd alone"
+else
+    echo "== PyTorch (log: $OUT/install.log)"
+    if install_torch; then
+        torch_ok=1
+    else
+        [ -n "$torch_reason" ] || torch_reason="see $OUT/install.log"
+        echo "PyTorch could not be installed: $torch_reason; running distsgd alone"
+    fi
+fi
+
+# ---------------------------------------------------------------- runs
+
+results=$OUT/results.tsv
+# threads 0: the program's default (distsgd's rows)
+printf 'round\timpl\tmodel\tN\tprocs\tthreads\tsamples_per_s\ttest_acc\n' >"$results"
+
+# The PyTorch settings "procs threads" for N replicas.
+torch_settings() {
+    local n=$1 t=$((CORES / $1))
+    echo "$n 1"
+    if [ "$t" -gt 1 ]; then echo "$n $t"; fi
+}
+
+run_dsgd() { # round model N
+    local r=$1 m=$2 n=$3 log
+    log="$OUT/r$1-dsgd-${2/,/x}-n$3.log"
+    if timeout "$RUN_TIMEOUT" build/examples/mirrored_mlp --data "$DATA" --replicas "$n" --batch $((GLOBAL / n)) \
+        --hidden "$m" --epochs "$DSGD_EPOCHS" >"$log" 2>&1; then
+        # samples/s over the whole run: the harmonic mean of the epochs' rates
+        # (equal sample counts); the test accuracy of the last epoch
+        awk -v r="$r" -v m="$m" -v n="$n" '
+            / samples\/s / { for (i = 1; i < NF; ++i) if ($(i + 1) == "samples/s") { inv += 1 / $i; k++ } }
+            /^final test accuracy / { acc = $4 }
+            END { if (k && acc != "") printf "%s\tdistsgd\t%s\t%s\t1\t0\t%.1f\t%s\n", r, m, n, k / inv, acc;
+                  else exit 1 }' "$log" >>"$results" || echo "  distsgd N=$n $m: no result in $log" >&2
+        tail -n 1 "$log" | sed 's/^/  distsgd: /'
+    else
+        echo "  distsgd N=$n $m FAILED (exit $?): see $log" >&2
+    fi
+}
+
+run_torch() { # round model N procs threads
+    local r=$1 m=$2 n=$3 p=$4 t=$5 log line
+    log="$OUT/r$1-torch-${2/,/x}-n$3-t$5.log"
+    if timeout "$RUN_TIMEOUT" env "${torch_env[@]}" "$VENV/bin/python" bench/peers_torch.py --data "$DATA" \
+        --procs "$p" --threads "$t" --hidden "$m" --epochs "$EPOCHS" --global-batch "$GLOBAL" >"$log" 2>&1; then
+        line=$(grep '^RESULT torch ' "$log" | tail -n 1 || true)
+        if [ -n "$line" ]; then
+            awk -v r="$r" -v m="$m" -v n="$n" -v p="$p" -v t="$t" '{
+                for (i = 1; i <= NF; ++i) { split($i, kv, "="); v[kv[1]] = kv[2] }
+                printf "%s\ttorch\t%s\t%s\t%s\t%s\t%s\t%s\n", r, m, n, p, t, v["samples_per_s"], v["test_acc"] }' \
+                <<<"$line" >>"$results"
+            echo "  torch: $line"
+        else
+            echo "  torch N=$n $m ${p}x$t: no RESULT line in $log" >&2
+        fi
+    else
+        echo "  torch N=$n $m ${p}x$t FAILED (exit $?): see $log" >&2
+    fi
+}
+
+load_start=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
+echo "== $ROUNDS round(s); distsgd $DSGD_EPOCHS epoch(s) per run, PyTorch $EPOCHS; global batch $GLOBAL;" \
+    "OPENBLAS_NUM_THREADS=1; $CORES cores"
+for ((r = 1; r <= ROUNDS; ++r)); do
+    for m in $MODELS; do
+        for n in $REPLICAS; do
+            echo "-- round $r/$ROUNDS, model 784-${m/,/-}-10, N=$n"
+            run_dsgd "$r" "$m" "$n"
+            if [ "$torch_ok" = 1 ]; then
+                while read -r p t; do run_torch "$r" "$m" "$n" "$p" "$t"; done < <(torch_settings "$n")
+            fi
+        done
+    done
+done
+
+# ---------------------------------------------------------------- table
+
+torch_version=""
+if [ "$torch_ok" = 1 ]; then
+    torch_version=$(grep -h -m1 -o '^torch [^,]*' "$OUT"/r*-torch-*.log 2>/dev/null | head -n 1 || true)
+fi
+if [ "$torch_ok" = 1 ] && [ -d "$STUBS" ]; then
+    torch_version="$torch_version (PyPI's CUDA build, CUDA libraries stood in for)"
+fi
+load_end=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
+"$PYTHON" - "$results" "$ROUNDS" "$DSGD_EPOCHS" "$EPOCHS" "$CORES" "$torch_ok" "$torch_version" "$load_start" \
+    "$load_end" <<'EOF'
+import statistics, sys
+path, rounds, dsgd_epochs, torch_epochs, cores, torch_ok, torch_version, load0, load1 = sys.argv[1:10]
+rows = [line.rstrip("\n").split("\t") for line in open(path)][1:]
+runs = {}  # (impl, model, N, procs, threads) -> [(samples/s, acc)]
+for r, impl, model, n, procs, threads, sps, acc in rows:
+    runs.setdefault((impl, model, int(n), int(procs), int(threads)), []).append((float(sps), float(acc)))
+med = {k: (statistics.median(s for s, _ in v), statistics.median(a for _, a in v), len(v)) for k, v in runs.items()}
+keys = sorted({(k[1], k[2]) for k in med}, key=lambda k: ([int(x) for x in k[0].split(",")], k[1]))
+
+print()
+print("distsgd beside PyTorch (CPU): Fashion-MNIST, global batch 256, SGD+Nesterov, lr 0.1 with warmup + cosine;")
+print("medians of %s round(s); distsgd %s epoch(s) per run, PyTorch %s; OPENBLAS_NUM_THREADS=1, %s cores"
+      % (rounds, dsgd_epochs, torch_epochs, cores))
+print("threads: distsgd = N replicas with mirrored_mlp's default threads each; PyTorch 'PxT' = P processes"
+      " (DDP over gloo when P > 1) x T threads (torch.set_num_threads), the best of those tried%s"
+      % ("; " + torch_version if torch_version else ""))
+print()
+hdr = ("model", "N", "distsgd samples/s", "PyTorch samples/s", "best PxT", "distsgd/PyTorch", "distsgd acc", "PyTorch acc")
+out = [hdr]
+for model, n in keys:
+    d = med.get(("distsgd", model, n, 1, 0))
+    tk = [(v, k) for k, v in med.items() if k[0] == "torch" and k[1] == model and k[2] == n]
+    best = max(tk, key=lambda x: x[0][0]) if tk else None
+    out.append(("784-%s-10" % model.replace(",", "-"), str(n),
+                "%.0f" % d[0] if d else "-",
+                "%.0f" % best[0][0] if best else "-",
+                "%dx%d" % (best[1][3], best[1][4]) if best else "-",
+                "%.2f" % (d[0] / best[0][0]) if d and best else "-",
+                "%.4f" % d[1] if d else "-",
+                "%.4f" % best[0][1] if best else "-"))
+w = [max(len(r[i]) for r in out) for i in range(len(hdr))]
+for i, r in enumerate(out):
+    print("  ".join(c.rjust(w[j]) if j else c.ljust(w[j]) for j, c in enumerate(r)))
+    if i == 0:
+        print("  ".join("-" * x for x in w))
+if torch_ok == "1":
+    print()
+    print("every PyTorch setting (median samples/s, test acc):")
+    for model, n in keys:
+        tk = sorted((k, v) for k, v in med.items() if k[0] == "torch" and k[1] == model and k[2] == n)
+        print("  784-%s-10 N=%d: %s" % (model.replace(",", "-"), n,
+              "; ".join("%dx%d %.0f, %.4f" % (k[3], k[4], v[0], v[1]) for k, v in tk) or "no result"))
+else:
+    print()
+    print("(PyTorch not run)")
+print()
+print("samples/s: distsgd over its whole training loop (its per-epoch rates), PyTorch over the training steps")
+print("after the first 5; neither counts start-up, data loading or evaluation. Raw results: %s" % path)
+print("1-minute load average %s before the runs, %s after: anything else running skews the timings, the"
+      " multi-threaded settings most" % (load0, load1))
+EOF
