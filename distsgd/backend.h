@@ -70,8 +70,9 @@
      A CPU backend may split each operation across a pool of threads of its
      own (dsgd_cpu_backend_desc.threads; the strategies give each replica
      online cores / replicas of them, see dsgd_strategy_desc.cpu_threads).
-     The GEMM cuts C into one block of whole tiles per thread (along its
-     longer side) and each block is the whole GEMM of that block; the
+     The GEMM cuts C into one block of whole tiles per thread (along the
+     side whose cut leaves each thread less to pack) and each block is the
+     whole GEMM of that block; the
      element-wise operations (fill, scale, axpy, bias and activation, their
      backward, the optimizer update, the finiteness check) cut their
      elements (bias_backward its columns). No operation sums across the

@@ -709,8 +709,9 @@ DSGD__PRIVATE FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *si
      A CPU backend may split each operation across a pool of threads of its
      own (dsgd_cpu_backend_desc.threads; the strategies give each replica
      online cores / replicas of them, see dsgd_strategy_desc.cpu_threads).
-     The GEMM cuts C into one block of whole tiles per thread (along its
-     longer side) and each block is the whole GEMM of that block; the
+     The GEMM cuts C into one block of whole tiles per thread (along the
+     side whose cut leaves each thread less to pack) and each block is the
+     whole GEMM of that block; the
      element-wise operations (fill, scale, axpy, bias and activation, their
      backward, the optimizer update, the finiteness check) cut their
      elements (bias_backward its columns). No operation sums across the
@@ -1674,6 +1675,44 @@ static void dsgd__gemm_beta(int m, int n, float beta, float *c, int ldc) {
 #define DSGD__MR_MAX 12
 #define DSGD__NR_MAX 32
 
+#if defined(__SSE__) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <xmmintrin.h>
+#define DSGD__PACK_SSE 1
+#else
+#define DSGD__PACK_SSE 0
+#endif
+
+/* dst[p * stride + r] = src[r * ld + p] for r < rows, p < cols: the
+   transposing copy of packing, where a row of the source is contiguous and
+   the packed strip wants it as a column. With SSE (every x86-64) it moves
+   4 x 4 blocks through registers instead of one float at a time. */
+static void dsgd__pack_t(const float *src, size_t ld, int rows, int cols, int stride, float *DSGD__RESTRICT dst) {
+    int r = 0, p;
+#if DSGD__PACK_SSE
+    for (; r + 4 <= rows; r += 4) {
+        const float *s0 = src + (size_t)r * ld, *s1 = s0 + ld, *s2 = s1 + ld, *s3 = s2 + ld;
+        for (p = 0; p + 4 <= cols; p += 4) {
+            __m128 x0 = _mm_loadu_ps(s0 + p), x1 = _mm_loadu_ps(s1 + p), x2 = _mm_loadu_ps(s2 + p),
+                   x3 = _mm_loadu_ps(s3 + p);
+            float *d = dst + (size_t)p * stride + r;
+            _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+            _mm_storeu_ps(d, x0);
+            _mm_storeu_ps(d + stride, x1);
+            _mm_storeu_ps(d + 2 * (size_t)stride, x2);
+            _mm_storeu_ps(d + 3 * (size_t)stride, x3);
+        }
+        for (; p < cols; ++p) {
+            float *d = dst + (size_t)p * stride + r;
+            d[0] = s0[p], d[1] = s1[p], d[2] = s2[p], d[3] = s3[p];
+        }
+    }
+#endif
+    for (; r < rows; ++r) {
+        const float *s = src + (size_t)r * ld;
+        for (p = 0; p < cols; ++p) dst[(size_t)p * stride + r] = s[p];
+    }
+}
+
 /* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
 static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
                          float *DSGD__RESTRICT ap) {
@@ -1687,11 +1726,8 @@ static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0
                 for (; i < mr_; ++i) ap[(size_t)p * mr_ + i] = 0.0f;
             }
         } else { /* a row is contiguous: read along it, write with stride mr_ */
-            for (i = 0; i < mr; ++i) {
-                const float *src = a + (size_t)(i0 + ib + i) * lda + p0;
-                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = src[p];
-            }
-            for (; i < mr_; ++i)
+            dsgd__pack_t(a + (size_t)(i0 + ib) * lda + p0, (size_t)lda, mr, kc, mr_, ap);
+            for (i = mr; i < mr_; ++i)
                 for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = 0.0f;
         }
         ap += (size_t)kc * mr_;
@@ -1705,11 +1741,8 @@ static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0
     for (jb = 0; jb < nc; jb += nr_) {
         int nr = DSGD__MIN(nr_, nc - jb);
         if (tb) { /* a column of op(B) is a contiguous row of B: read along it */
-            for (j = 0; j < nr; ++j) {
-                const float *src = b + (size_t)(j0 + jb + j) * ldb + p0;
-                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = src[p];
-            }
-            for (; j < nr_; ++j)
+            dsgd__pack_t(b + (size_t)(j0 + jb) * ldb + p0, (size_t)ldb, nr, kc, nr_, bp);
+            for (j = nr; j < nr_; ++j)
                 for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = 0.0f;
         } else {
             for (p = 0; p < kc; ++p) {
@@ -1748,16 +1781,26 @@ DSGD__NO_CONTRACT_FN static void dsgd__gemm_add(float *c, int ldc, int mr, int n
     }
 }
 
-/* C(m, n) = beta C + alpha op(A) op(B) on one thread, with `pack` (MC x KC
-   + KC x NC floats) as scratch: the blocked loops above. */
-static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
-                              float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                              int ldc) {
+/* C^T += alpha * acc: C(j, i) += alpha acc(i, j) for i < mr, j < nr, the
+   same operations as dsgd__gemm_add, for the transposed product below. */
+DSGD__NO_CONTRACT_FN static void dsgd__gemm_add_t(float *c, int ldc, int mr, int nr, float alpha,
+                                                  const float *DSGD__RESTRICT acc, int ld) {
+    DSGD__NO_CONTRACT
+    int i, j;
+    for (j = 0; j < nr; ++j) {
+        float *row = c + (size_t)j * ldc;
+        for (i = 0; i < mr; ++i) row[i] += alpha * acc[(size_t)i * ld + j];
+    }
+}
+
+/* C(m, n) (or, with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B):
+   the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
+static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
+                               float alpha, const float *a, int lda, const float *b, int ldb, float *c, int ldc,
+                               int trans_c) {
     const int kmr = kern->mr, knr = kern->nr;
     float acc[DSGD__MR_MAX * DSGD__NR_MAX];
     int ic, jc, pc;
-    dsgd__gemm_beta(m, n, beta, c, ldc);
-    if (k == 0 || alpha == 0.0f) return;
     for (jc = 0; jc < n; jc += DSGD__NC) {
         int nc = DSGD__MIN(DSGD__NC, n - jc);
         for (pc = 0; pc < k; pc += DSGD__KC) {
@@ -1770,14 +1813,37 @@ static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta,
                 dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, pack);
                 for (jr = 0; jr < nc; jr += knr) {
                     for (ir = 0; ir < mc; ir += kmr) {
+                        int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, nc - jr);
                         kern->micro(kc, pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc);
-                        dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, DSGD__MIN(kmr, mc - ir),
-                                       DSGD__MIN(knr, nc - jr), alpha, acc, knr);
+                        if (trans_c)
+                            dsgd__gemm_add_t(c + (size_t)(jc + jr) * ldc + ic + ir, ldc, mr, nr, alpha, acc, knr);
+                        else
+                            dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, acc, knr);
                     }
                 }
             }
         }
     }
+}
+
+/* C(m, n) = beta C + alpha op(A) op(B) on one thread. When C is narrower
+   than a tile and its tiles would be mostly padding (n = 10 outputs in
+   32-wide tiles), it computes C^T =
+   op(B)^T op(A)^T instead, with the long side across the tile's width: each
+   entry is still the same products (a b = b a) summed in the same order,
+   so the bits do not change. */
+static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
+                              float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                              int ldc) {
+#define DSGD__UP(x, t) (((size_t)(x) + (size_t)(t) - 1) / (size_t)(t) * (size_t)(t))
+    const int kmr = kern->mr, knr = kern->nr;
+    dsgd__gemm_beta(m, n, beta, c, ldc);
+    if (k == 0 || alpha == 0.0f) return;
+    if (n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
+        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1);
+    else
+        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0);
+#undef DSGD__UP
 }
 
 /* A GEMM cut into tasks: rows of C (rows = 1) or columns, `step` each, a
@@ -1866,8 +1932,11 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
         j.pack = cpu->pack;
         j.ta = ta, j.tb = tb, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
         j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
-        /* cut the longer side of C into at most one block per thread, in whole tiles */
-        j.rows = m >= n;
+        /* cut C into at most one block per thread, in whole tiles, along the
+           side whose cut makes each thread pack less: a row cut packs all of
+           op(B) on every thread, a column cut all of op(A), and a transposing
+           pack (A as stored, or B transposed) costs about twice a copy */
+        j.rows = (tb ? 2.0 : 1.0) * n <= (ta ? 1.0 : 2.0) * m;
         dim = j.rows ? m : n;
         j.step = dim;
         if (cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN) {
