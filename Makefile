@@ -5,6 +5,7 @@
 #                   ASan+UBSan and (threaded ones) with TSan, compile-check the
 #                   headers as C and C++, run everything, print "N passed, N failed"
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
+#                   (BLAS=openblas: its GEMM is OpenBLAS's, on OPENBLAS_NUM_THREADS, default 1)
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
 #   make bench      build and run bench/*
 #   make bench-peers   distsgd beside PyTorch (bench/peers.sh; installs PyTorch)
@@ -67,8 +68,14 @@ FMNIST_DIR = build/data/fashion-mnist
 DEMO_ARGS ?= --data $(FMNIST_DIR)
 # Extra flags passed to the demo program: make demo ARGS="..."
 ARGS ?=
+# The examples' GEMM: BLAS=builtin (default), distsgd's own; BLAS=openblas,
+# cblas_sgemm through DSGD_USE_CBLAS (OpenBLAS found as for bench/ below;
+# make demo installs it), with the examples built into build/openblas/. The
+# built-in GEMM is the default because it is the faster one here (README,
+# Benchmarks), and its results do not depend on the thread count.
+BLAS ?= builtin
 # Where binaries go (make build-combos builds into others).
-BUILD ?= build
+BUILD ?= $(if $(filter openblas,$(BLAS)),build/openblas,build)
 
 # ---------------------------------------------------------------- sources
 
@@ -114,6 +121,16 @@ OPENBLAS_CFLAGS := -DDSGD_HAVE_OPENBLAS -I$(patsubst %/,%,$(dir $(OPENBLAS_HDR))
 OPENBLAS_LIBS := -lopenblas
 endif
 endif
+
+ifeq ($(BLAS),openblas)
+EXAMPLE_BLAS_CFLAGS = -DDSGD_USE_CBLAS $(filter-out -DDSGD_HAVE_OPENBLAS,$(OPENBLAS_CFLAGS))
+EXAMPLE_BLAS_LIBS = $(OPENBLAS_LIBS)
+endif
+# Checked when an example is built, so that `make demo BLAS=openblas` can
+# install OpenBLAS first.
+blas_check = $(if $(filter builtin openblas,$(BLAS)),,$(error BLAS=$(BLAS): use BLAS=builtin or BLAS=openblas))$(if \
+    $(filter openblas,$(BLAS)),$(if $(OPENBLAS_CFLAGS),,$(error BLAS=openblas: OpenBLAS not found by pkg-config or \
+    beside the compiler (sh tools/deps.sh bench installs libopenblas-dev))))
 
 # TSan: the tests that exercise threads.
 TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_ps% test_central% test_cluster%,$(notdir $f))),$f))
@@ -188,13 +205,14 @@ test-run: test-build check-amalgamation check-docs check-parts compile-matrix te
 	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)
 
 demo:
-	sh tools/deps.sh demo
+	$(blas_check)sh tools/deps.sh demo
+	$(if $(filter openblas,$(BLAS)),sh tools/deps.sh bench)
 	@$(MAKE) --no-print-directory demo-run
 
 FMNIST_FILES := train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte
 
 demo-run: $(BUILD)/examples/$(DEMO) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
-	$(BUILD)/examples/$(DEMO) $(DEMO_ARGS) $(ARGS)
+	$(if $(filter openblas,$(BLAS)),OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1}) $(BUILD)/examples/$(DEMO) $(DEMO_ARGS) $(ARGS)
 
 # The sync-vs-async table (examples/sync_vs_async.c): mirrored and the
 # parameter servers' policies at 4 workers; ARGS="--straggler 4" slows one.
@@ -273,8 +291,8 @@ clean:
 # ---------------------------------------------------------------- rules
 
 $(BUILD)/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(LDLIBS)
+	$(blas_check)@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(EXAMPLE_BLAS_CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(EXAMPLE_BLAS_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(@D)

@@ -183,7 +183,12 @@ int main(int argc, char **argv) {
     printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d",
            train.n, test.n, replicas, batch, global);
     if (!strcmp(backend, "cpu"))
-        printf("; CPU kernels %s, %d thread%s per replica", dsgd_cpu_isa(),
+        printf("; CPU kernels %s%s, %d thread%s per replica", dsgd_cpu_isa(),
+#ifdef DSGD_USE_CBLAS
+               " with cblas_sgemm's GEMM (make demo BLAS=openblas)",
+#else
+               "",
+#endif
                dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0))),
                dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0))) == 1 ? "" : "s");
     printf("\n");
