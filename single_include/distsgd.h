@@ -1249,9 +1249,11 @@ static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t
         for (; i_ < n_; ++i_) BODY(i_);                                       \
     } while (0)
 
-/* acc(MR x NR, row-major) = Ap(MR, kc) Bp(kc, NR) */
-typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap,
-                               const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT acc);
+/* T(MR x NR) = Ap(MR, kc) Bp(kc, NR), then out(MR x NR, rows ldo apart) =
+   T (add 0), or out += alpha T (add 1) rounded as dsgd__gemm_add rounds (a
+   product, then a sum; no contraction), with the tile still in registers. */
+typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
+                               float *DSGD__RESTRICT out, size_t ldo, float alpha, int add);
 
 /* One entry of the kernel table. The element-wise members take ranges the
    backend operation has checked; different arrays must not overlap. */
@@ -1483,10 +1485,11 @@ typedef float dsgd__v8 __attribute__((vector_size(DSGD__VW * 4)));
 #define DSGD__V8_LOAD(v, p) memcpy(&(v), (p), sizeof(dsgd__v8))
 #define DSGD__V8_STORE(p, v) memcpy((p), &(v), sizeof(dsgd__v8))
 
-DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
-                                 float *DSGD__RESTRICT acc) {
+DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap,
+                                                      const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT out,
+                                                      size_t ldo, float alpha, int add) {
     DSGD__NO_CONTRACT
-    dsgd__v8 z, b0, b1;
+    dsgd__v8 z, b0, b1, o;
     dsgd__v8 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
     int p;
     memset(&z, 0, sizeof(z));
@@ -1503,17 +1506,27 @@ DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD_
         ap += DSGD__PMR;
         bp += DSGD__PNR;
     }
-    DSGD__V8_STORE(acc + 0 * DSGD__PNR, c00); DSGD__V8_STORE(acc + 0 * DSGD__PNR + DSGD__VW, c01);
-    DSGD__V8_STORE(acc + 1 * DSGD__PNR, c10); DSGD__V8_STORE(acc + 1 * DSGD__PNR + DSGD__VW, c11);
-    DSGD__V8_STORE(acc + 2 * DSGD__PNR, c20); DSGD__V8_STORE(acc + 2 * DSGD__PNR + DSGD__VW, c21);
-    DSGD__V8_STORE(acc + 3 * DSGD__PNR, c30); DSGD__V8_STORE(acc + 3 * DSGD__PNR + DSGD__VW, c31);
-    DSGD__V8_STORE(acc + 4 * DSGD__PNR, c40); DSGD__V8_STORE(acc + 4 * DSGD__PNR + DSGD__VW, c41);
-    DSGD__V8_STORE(acc + 5 * DSGD__PNR, c50); DSGD__V8_STORE(acc + 5 * DSGD__PNR + DSGD__VW, c51);
+#define DSGD__OUT_V(q, v)                                                                 \
+    do {                                                                                 \
+        if (add) {                                                                       \
+            DSGD__V8_LOAD(o, q);                                                         \
+            o += (v) * alpha;                                                            \
+            DSGD__V8_STORE(q, o);                                                        \
+        } else {                                                                         \
+            DSGD__V8_STORE(q, v);                                                        \
+        }                                                                                \
+    } while (0)
+#define DSGD__OUT_ROW(i) DSGD__OUT_V(out + i * ldo, c##i##0); DSGD__OUT_V(out + i * ldo + DSGD__VW, c##i##1)
+    DSGD__OUT_ROW(0); DSGD__OUT_ROW(1); DSGD__OUT_ROW(2); DSGD__OUT_ROW(3); DSGD__OUT_ROW(4); DSGD__OUT_ROW(5);
+#undef DSGD__OUT_ROW
+#undef DSGD__OUT_V
 }
 #else
-DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
-                                 float *DSGD__RESTRICT acc) {
+DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD__RESTRICT ap,
+                                                      const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT out,
+                                                      size_t ldo, float alpha, int add) {
     DSGD__NO_CONTRACT
+    float acc[DSGD__PMR * DSGD__PNR];
     int i, j, p;
     for (i = 0; i < DSGD__PMR * DSGD__PNR; ++i) acc[i] = 0.0f;
     for (p = 0; p < kc; ++p) {
@@ -1524,6 +1537,14 @@ DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD_
         ap += DSGD__PMR;
         bp += DSGD__PNR;
     }
+    for (i = 0; i < DSGD__PMR; ++i)
+        for (j = 0; j < DSGD__PNR; ++j) {
+            float t = acc[i * DSGD__PNR + j];
+            if (add)
+                out[i * ldo + j] += t * alpha;
+            else
+                out[i * ldo + j] = t;
+        }
 }
 #endif
 
@@ -1543,11 +1564,13 @@ static int dsgd__isa_avx512(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
-/* acc(6 x 16): twelve 8-wide accumulators, acc += a * b fused. */
-__attribute__((target("avx2,fma"))) static void dsgd__micro_avx2(int kc, const float *DSGD__RESTRICT ap,
-                                                                 const float *DSGD__RESTRICT bp,
-                                                                 float *DSGD__RESTRICT acc) {
-    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, a, b0, b1;
+/* A 6 x 16 tile: twelve 8-wide accumulators, acc += a * b fused; the output
+   step adds without contraction (DSGD__NO_CONTRACT_FN), as dsgd__gemm_add. */
+__attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_avx2(
+    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT out, size_t ldo,
+    float alpha, int add) {
+    DSGD__NO_CONTRACT
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, a, b0, b1, va = _mm256_set1_ps(alpha);
     int p;
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
     for (p = 0; p < kc; ++p) {
@@ -1562,18 +1585,21 @@ __attribute__((target("avx2,fma"))) static void dsgd__micro_avx2(int kc, const f
         ap += 6;
         bp += 16;
     }
-#define DSGD__STORE8(i) \
-    _mm256_storeu_ps(acc + i * 16, c##i##0); \
-    _mm256_storeu_ps(acc + i * 16 + 8, c##i##1)
-    DSGD__STORE8(0); DSGD__STORE8(1); DSGD__STORE8(2); DSGD__STORE8(3); DSGD__STORE8(4); DSGD__STORE8(5);
-#undef DSGD__STORE8
+#define DSGD__OUT8(q, v) \
+    _mm256_storeu_ps(q, add ? _mm256_add_ps(_mm256_loadu_ps(q), _mm256_mul_ps(v, va)) : (v))
+#define DSGD__ROW8(i) DSGD__OUT8(out + i * ldo, c##i##0); DSGD__OUT8(out + i * ldo + 8, c##i##1)
+    DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+#undef DSGD__ROW8
+#undef DSGD__OUT8
 }
 
-/* acc(12 x 32): twenty-four 16-wide accumulators, acc += a * b fused. */
-__attribute__((target("avx512f"))) static void dsgd__micro_avx512(int kc, const float *DSGD__RESTRICT ap,
-                                                                  const float *DSGD__RESTRICT bp,
-                                                                  float *DSGD__RESTRICT acc) {
-    __m512 c0[12], c1[12], a, b0, b1;
+/* A 12 x 32 tile: twenty-four 16-wide accumulators, acc += a * b fused;
+   the output step as dsgd__micro_avx2's. */
+__attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_avx512(
+    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp, float *DSGD__RESTRICT out, size_t ldo,
+    float alpha, int add) {
+    DSGD__NO_CONTRACT
+    __m512 c0[12], c1[12], a, b0, b1, va = _mm512_set1_ps(alpha);
     int p;
 #define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
     DSGD__ZERO16(0); DSGD__ZERO16(1); DSGD__ZERO16(2); DSGD__ZERO16(3); DSGD__ZERO16(4); DSGD__ZERO16(5);
@@ -1592,12 +1618,13 @@ __attribute__((target("avx512f"))) static void dsgd__micro_avx512(int kc, const 
         ap += 12;
         bp += 32;
     }
-#define DSGD__STORE16(i) \
-    _mm512_storeu_ps(acc + i * 32, c0[i]); \
-    _mm512_storeu_ps(acc + i * 32 + 16, c1[i])
-    DSGD__STORE16(0); DSGD__STORE16(1); DSGD__STORE16(2); DSGD__STORE16(3); DSGD__STORE16(4); DSGD__STORE16(5);
-    DSGD__STORE16(6); DSGD__STORE16(7); DSGD__STORE16(8); DSGD__STORE16(9); DSGD__STORE16(10); DSGD__STORE16(11);
-#undef DSGD__STORE16
+#define DSGD__OUT16(q, v) \
+    _mm512_storeu_ps(q, add ? _mm512_add_ps(_mm512_loadu_ps(q), _mm512_mul_ps(v, va)) : (v))
+#define DSGD__ROW16(i) DSGD__OUT16(out + i * ldo, c0[i]); DSGD__OUT16(out + i * ldo + 16, c1[i])
+    DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+    DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+#undef DSGD__OUT16
 }
 
 DSGD__ELEMENTWISE(avx2, __attribute__((target("avx2,fma"))))
@@ -1814,7 +1841,12 @@ static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta
                 for (jr = 0; jr < nc; jr += knr) {
                     for (ir = 0; ir < mc; ir += kmr) {
                         int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, nc - jr);
-                        kern->micro(kc, pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc);
+                        if (!trans_c && mr == kmr && nr == knr) { /* a whole tile: added in registers */
+                            kern->micro(kc, pack + (size_t)ir * kc, bp + (size_t)jr * kc,
+                                        c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, 1);
+                            continue;
+                        }
+                        kern->micro(kc, pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc, (size_t)knr, 0.0f, 0);
                         if (trans_c)
                             dsgd__gemm_add_t(c + (size_t)(jc + jr) * ldc + ic + ir, ldc, mr, nr, alpha, acc, knr);
                         else
