@@ -70,13 +70,14 @@
      A CPU backend may split each operation across a pool of threads of its
      own (dsgd_cpu_backend_desc.threads; the strategies give each replica
      online cores / replicas of them, see dsgd_strategy_desc.cpu_threads).
-     The GEMM cuts C into one block of whole tiles per thread (along the
-     side whose cut leaves each thread less to pack) and each block is the
-     whole GEMM of that block; the
-     element-wise operations (fill, scale, axpy, bias and activation, their
-     backward, the optimizer update, the finiteness check) cut their
-     elements (bias_backward its columns). No operation sums across the
-     cut, so every thread count gives the same bits. Small operations (GEMMs
+     The GEMM packs each panel of B once, the threads together, then each
+     thread computes its block of C's rows (whole tiles) from it; a C
+     narrower than one tile is cut into independent blocks instead. Every
+     entry of C is summed as one thread sums it (block of k by block of k,
+     in order). The element-wise operations (fill, scale, axpy, bias and
+     activation, their backward, the optimizer update, the finiteness
+     check) cut their elements (bias_backward its columns). No operation
+     sums across a cut, so every thread count gives the same bits. Small operations (GEMMs
      under 2^17 multiply-adds, element-wise ones under 32768 floats), the
      loss, the norm with its sum of squares and copies run on the calling
      thread alone. Between operations the helpers spin for up to 200 us,

@@ -879,40 +879,49 @@ DSGD__NO_CONTRACT_FN static void dsgd__gemm_add_t(float *c, int ldc, int mr, int
     }
 }
 
+/* Rows [r0, r1) and panel columns [c0, c1) of one (jc, pc) block: C (or,
+   with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B), from B's
+   packed panel and A packed here into ap, MC rows at a time. */
+static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const float *panel, int ta, const float *a,
+                             int lda, int pc, int kc, int r0, int r1, int jc, int c0, int c1, float alpha, float *c,
+                             int ldc, int trans_c) {
+    const int kmr = kern->mr, knr = kern->nr;
+    float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+    int ic, ir, jr;
+    for (ic = r0; ic < r1; ic += DSGD__MC) {
+        int mc = DSGD__MIN(DSGD__MC, r1 - ic);
+        dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, ap);
+        for (jr = c0; jr < c1; jr += knr) {
+            for (ir = 0; ir < mc; ir += kmr) {
+                int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, c1 - jr);
+                const float *at = ap + (size_t)ir * kc, *bt = panel + (size_t)jr * kc;
+                if (!trans_c && mr == kmr && nr == knr) { /* a whole tile: added in registers */
+                    kern->micro(kc, at, bt, c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, 1);
+                    continue;
+                }
+                kern->micro(kc, at, bt, acc, (size_t)knr, 0.0f, 0);
+                if (trans_c)
+                    dsgd__gemm_add_t(c + (size_t)(jc + jr) * ldc + ic + ir, ldc, mr, nr, alpha, acc, knr);
+                else
+                    dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, acc, knr);
+            }
+        }
+    }
+}
+
 /* C(m, n) (or, with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B):
    the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
 static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb, float *c, int ldc,
                                int trans_c) {
-    const int kmr = kern->mr, knr = kern->nr;
-    float acc[DSGD__MR_MAX * DSGD__NR_MAX];
-    int ic, jc, pc;
+    float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
+    int jc, pc;
     for (jc = 0; jc < n; jc += DSGD__NC) {
         int nc = DSGD__MIN(DSGD__NC, n - jc);
         for (pc = 0; pc < k; pc += DSGD__KC) {
             int kc = DSGD__MIN(DSGD__KC, k - pc);
-            float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
-            dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, knr, bp);
-            for (ic = 0; ic < m; ic += DSGD__MC) {
-                int mc = DSGD__MIN(DSGD__MC, m - ic);
-                int ir, jr;
-                dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, pack);
-                for (jr = 0; jr < nc; jr += knr) {
-                    for (ir = 0; ir < mc; ir += kmr) {
-                        int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, nc - jr);
-                        if (!trans_c && mr == kmr && nr == knr) { /* a whole tile: added in registers */
-                            kern->micro(kc, pack + (size_t)ir * kc, bp + (size_t)jr * kc,
-                                        c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, 1);
-                            continue;
-                        }
-                        kern->micro(kc, pack + (size_t)ir * kc, bp + (size_t)jr * kc, acc, (size_t)knr, 0.0f, 0);
-                        if (trans_c)
-                            dsgd__gemm_add_t(c + (size_t)(jc + jr) * ldc + ic + ir, ldc, mr, nr, alpha, acc, knr);
-                        else
-                            dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, acc, knr);
-                    }
-                }
-            }
+            dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, kern->nr, bp);
+            dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c);
         }
     }
 }
@@ -962,6 +971,75 @@ static void dsgd__gemm_task(void *arg, int task, int slot) {
         if (b) b += j->tb ? lo * (size_t)j->ldb : lo;
         dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, j->m, len, j->k, j->alpha, a, j->lda, b, j->ldb,
                           j->beta, j->c + lo, j->ldc);
+    }
+}
+
+/* The threads' GEMM for a C at least as wide as a tile: per (jc, pc) block
+   the threads first pack B's KC x NC panel together, each a range of its
+   NR strips, into slot 0's B area; then each computes a block of C, whole
+   MR tiles of rows (and, when C has fewer row tiles than threads, whole NR
+   strips of columns), packing its own A panels. Nothing is packed twice,
+   and every entry of C is still summed block of k by block of k, in order,
+   as the one-thread GEMM sums it. Each phase is one dsgd__cpu_run, whose
+   return is the barrier between them. */
+typedef struct dsgd__gemm_par {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    float *panel; /* the shared packed B panel */
+    int ta, tb, m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    int jc, nc, pc, kc;                  /* the current block */
+    int strips, strip_step;              /* phase 1: NR strips of the panel, per task */
+    int row_step, col_step, col_tasks;   /* phase 2: the grid of C's blocks */
+} dsgd__gemm_par;
+
+static void dsgd__gemm_par_pack(void *arg, int task, int slot) {
+    const dsgd__gemm_par *g = (const dsgd__gemm_par *)arg;
+    const int nr = g->kern->nr, s0 = task * g->strip_step, s1 = DSGD__MIN(g->strips, s0 + g->strip_step);
+    DSGD__UNUSED(slot);
+    dsgd__pack_b(g->tb, g->b, g->ldb, g->pc, g->kc, g->jc + s0 * nr, DSGD__MIN(g->nc - s0 * nr, (s1 - s0) * nr), nr,
+                 g->panel + (size_t)s0 * g->kc * nr);
+}
+
+static void dsgd__gemm_par_compute(void *arg, int task, int slot) {
+    const dsgd__gemm_par *g = (const dsgd__gemm_par *)arg;
+    const int r0 = (task / g->col_tasks) * g->row_step, r1 = DSGD__MIN(g->m, r0 + g->row_step);
+    const int c0 = (task % g->col_tasks) * g->col_step, c1 = DSGD__MIN(g->nc, c0 + g->col_step);
+    if (r0 >= r1 || c0 >= c1) return;
+    if (g->pc == 0) dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
+    dsgd__gemm_macro(g->kern, g->pack[slot], g->panel, g->ta, g->a, g->lda, g->pc, g->kc, r0, r1, g->jc, c0, c1,
+                     g->alpha, g->c, g->ldc, 0);
+}
+
+static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                               int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dsgd__gemm_par g;
+    const int T = cpu->pool.n, kmr = cpu->kern->mr, knr = cpu->kern->nr;
+    int row_tiles = (m + kmr - 1) / kmr, row_tasks = DSGD__MIN(T, row_tiles), ptasks;
+    memset(&g, 0, sizeof(g));
+    g.kern = cpu->kern;
+    g.pack = cpu->pack;
+    g.panel = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC;
+    g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
+    g.alpha = alpha, g.beta = beta, g.a = a, g.b = b, g.c = c;
+    g.row_step = (row_tiles + row_tasks - 1) / row_tasks * kmr;
+    for (g.jc = 0; g.jc < n; g.jc += DSGD__NC) {
+        int col_strips;
+        g.nc = DSGD__MIN(DSGD__NC, n - g.jc);
+        g.strips = (g.nc + knr - 1) / knr;
+        col_strips = g.strips;
+        g.col_tasks = row_tasks < T ? DSGD__MIN((T + row_tasks - 1) / row_tasks, col_strips) : 1;
+        g.col_step = (col_strips + g.col_tasks - 1) / g.col_tasks * knr;
+        ptasks = DSGD__MIN(T, g.strips);
+        g.strip_step = (g.strips + ptasks - 1) / ptasks;
+        ptasks = (g.strips + g.strip_step - 1) / g.strip_step;
+        for (g.pc = 0; g.pc < k; g.pc += DSGD__KC) {
+            g.kc = DSGD__MIN(DSGD__KC, k - g.pc);
+            dsgd__cpu_run(cpu, dsgd__gemm_par_pack, &g, ptasks);
+            dsgd__cpu_run(cpu, dsgd__gemm_par_compute, &g, row_tasks * g.col_tasks);
+        }
     }
 }
 
@@ -1038,7 +1116,10 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
             tasks = (dim + j.step - 1) / j.step;
         }
         if ((r = dsgd__cpu_pack_reserve(cpu, tasks > 1 ? cpu->pool.n : 1)) != DSGD_OK) return r;
-        dsgd__cpu_run(cpu, dsgd__gemm_task, &j, tasks);
+        if (tasks > 1 && k > 0 && alpha != 0.0f && n >= cpu->kern->nr) /* the shared-panel GEMM */
+            dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        else
+            dsgd__cpu_run(cpu, dsgd__gemm_task, &j, tasks);
     }
     return DSGD_OK;
 #endif
