@@ -74,13 +74,13 @@
      thread computes its block of C's rows (whole tiles) from it; a C
      narrower than one tile is cut into independent blocks instead. Every
      entry of C is summed as one thread sums it (block of k by block of k,
-     in order). The element-wise operations (fill, scale, axpy, bias and
-     activation, their backward, the optimizer update, the finiteness
-     check) cut their elements (bias_backward its columns). No operation
+     in order). The element-wise operations (write, read, fill, scale, axpy,
+     bias and activation, their backward, the optimizer update, the
+     finiteness check) cut their elements (bias_backward its columns). No operation
      sums across a cut, so every thread count gives the same bits. Small operations (GEMMs
      under 2^17 multiply-adds, element-wise ones under 32768 floats), the
-     loss, the norm with its sum of squares and copies run on the calling
-     thread alone. Between operations the helpers spin for up to 200 us,
+     loss, the norm with its sum of squares and copy (a memmove) run on the
+     calling thread alone. Between operations the helpers spin for up to 200 us,
      then sleep; a backend with one thread starts none. With
      DSGD_USE_CBLAS the GEMM is cblas_sgemm's, threaded as that library is
      (OPENBLAS_NUM_THREADS), and only the element-wise operations use the

@@ -243,20 +243,6 @@ static float *dsgd__cpu_buffer_host_ptr(void *impl, dsgd_buffer *buf) {
     return buf ? ((dsgd__cpu_buffer *)buf)->data : NULL;
 }
 
-static dsgd_result dsgd__cpu_write(void *impl, dsgd_ref dst, const float *src, size_t count) {
-    float *d = dsgd__cpu_span((dsgd__cpu *)impl, dst, count, "write");
-    if (!d) return DSGD_ERR_INVALID_ARGUMENT;
-    if (count) memcpy(d, src, count * sizeof(float));
-    return DSGD_OK;
-}
-
-static dsgd_result dsgd__cpu_read(void *impl, dsgd_ref src, float *dst, size_t count) {
-    float *s = dsgd__cpu_span((dsgd__cpu *)impl, src, count, "read");
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if (count) memcpy(dst, s, count * sizeof(float));
-    return DSGD_OK;
-}
-
 static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t count) {
     float *d = dsgd__cpu_span((dsgd__cpu *)impl, dst, count, "copy");
     float *s = dsgd__cpu_span((dsgd__cpu *)impl, src, count, "copy");
@@ -1133,6 +1119,7 @@ enum {
     DSGD__EW_SCALE,
     DSGD__EW_AXPY,
     DSGD__EW_FILL,
+    DSGD__EW_MEMCPY, /* write and read: host memory to or from the buffer */
     DSGD__EW_BIAS_ACT,
     DSGD__EW_ACT_BACKWARD,
     DSGD__EW_BIAS_BACKWARD,
@@ -1164,6 +1151,7 @@ static void dsgd__ew_task(void *arg, int task, int slot) {
     case DSGD__EW_FILL:
         for (i = 0; i < cnt; ++i) j->x[lo + i] = j->alpha;
         break;
+    case DSGD__EW_MEMCPY: memcpy(j->x + lo, j->y + lo, cnt * sizeof(float)); break;
     case DSGD__EW_BIAS_ACT: j->kern->bias_act(j->act, j->x + lo * (size_t)j->cols, j->y, (int)cnt, j->cols); break;
     case DSGD__EW_ACT_BACKWARD: j->kern->act_backward(j->act, j->x + lo, j->y + lo, cnt); break;
     case DSGD__EW_BIAS_BACKWARD: j->kern->bias_backward(j->x + lo, j->y + lo, j->rows, (int)cnt, j->cols); break;
@@ -1204,6 +1192,27 @@ static dsgd__ew_job dsgd__ew(int op) {
     return j;
 }
 
+
+/* write and read: one memcpy, cut across the threads when it is large */
+static dsgd_result dsgd__cpu_write(void *impl, dsgd_ref dst, const float *src, size_t count) {
+    float *d = dsgd__cpu_span((dsgd__cpu *)impl, dst, count, "write");
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_MEMCPY);
+    if (!d) return DSGD_ERR_INVALID_ARGUMENT;
+    j.x = d;
+    j.y = src;
+    dsgd__cpu_ew((dsgd__cpu *)impl, &j, count, 1);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__cpu_read(void *impl, dsgd_ref src, float *dst, size_t count) {
+    float *s = dsgd__cpu_span((dsgd__cpu *)impl, src, count, "read");
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_MEMCPY);
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    j.x = dst;
+    j.y = s;
+    dsgd__cpu_ew((dsgd__cpu *)impl, &j, count, 1);
+    return DSGD_OK;
+}
 
 static dsgd_result dsgd__cpu_fill(void *impl, dsgd_ref dst, float value, size_t count) {
     float *d = dsgd__cpu_span((dsgd__cpu *)impl, dst, count, "fill");
