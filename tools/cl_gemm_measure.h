@@ -13,7 +13,9 @@
    tuning shapes (back-to-back GEMMs with one finish per sample, as in a
    training step) and checks their results against a double-precision host
    product; the winner is written with dsgd_cl_save_gemm_params (see GEMM
-   TUNING in distsgd/cl/context.h). */
+   TUNING in distsgd/cl/context.h). The benchmarks also take their thread
+   count from bench_pocl_threads, which makes PoCL run on as many threads as
+   the CPU side they compare it with. */
 #ifndef DSGD_TOOLS_CL_GEMM_MEASURE_H
 #define DSGD_TOOLS_CL_GEMM_MEASURE_H
 
@@ -23,6 +25,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* One GEMM shape: C(m,n) = op(A)(m,k) op(B)(k,n), row-major, dense. */
@@ -182,6 +185,33 @@ done:
     free(hc);
     free(times);
     return r;
+}
+
+/* The OpenCL benches' thread count: `requested`, or POCL_MAX_PTHREAD_COUNT,
+   or dsgd_cpu_count(); PoCL reads POCL_MAX_PTHREAD_COUNT once per process,
+   so this sets it (before any OpenCL call) and refuses a different value
+   already set, so that PoCL runs on as many threads as the CPU side it is
+   compared with. Returns 0, after a message naming `prog`, on error.
+   (bench/gemm_cl, bench/train_cl) */
+static inline int bench_pocl_threads(const char *prog, int requested) {
+    const char *env = getenv("POCL_MAX_PTHREAD_COUNT");
+    int pocl = env && *env ? atoi(env) : 0;
+    char buf[16];
+    if (env && *env && pocl < 1) {
+        fprintf(stderr, "%s: POCL_MAX_PTHREAD_COUNT=%s is not a thread count\n", prog, env);
+        return 0;
+    }
+    if (requested < 1) requested = pocl ? pocl : dsgd_cpu_count();
+    if (pocl && pocl != requested) {
+        fprintf(stderr,
+                "%s: --threads %d but POCL_MAX_PTHREAD_COUNT=%d: PoCL would run on other threads than the CPU "
+                "side; unset it (the bench then sets it) or make them equal\n",
+                prog, requested, pocl);
+        return 0;
+    }
+    snprintf(buf, sizeof buf, "%d", requested);
+    if (setenv("POCL_MAX_PTHREAD_COUNT", buf, 1) != 0) return 0;
+    return requested;
 }
 
 #endif /* DSGD_TOOLS_CL_GEMM_MEASURE_H */
