@@ -9,6 +9,7 @@
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
 #   make bench      build and run bench/*
 #   make bench-peers   distsgd beside PyTorch (bench/peers.sh; installs PyTorch)
+#   make fuzz [FUZZ_SECONDS=N]   every libFuzzer target in fuzz/ for N seconds (clang)
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
 #   make check-docs every DSGD_API declaration documented (tools/check_docs.py)
 #   make check-parts every part of distsgd/ compiles with only the parts above
@@ -87,7 +88,8 @@ EXAMPLE_SRCS := $(wildcard examples/*.c)
 TEST_SRCS := $(wildcard tests/test_*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
 TOOL_SRCS := $(wildcard tools/*.c)
-ALL_SRCS := $(EXAMPLE_SRCS) $(TEST_SRCS) $(BENCH_SRCS) $(TOOL_SRCS)
+FUZZ_SRCS := $(wildcard fuzz/fuzz_*.c)
+ALL_SRCS := $(EXAMPLE_SRCS) $(TEST_SRCS) $(BENCH_SRCS) $(TOOL_SRCS) $(FUZZ_SRCS)
 
 # OpenCL sources: a name with a "cl", "opencl" or "clblast" word (test_cl.c,
 # test_cl_gemm.c, mirrored_cl.c; not test_clip.c), or a source that includes
@@ -164,7 +166,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi bench-peers all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
+.PHONY: build-combos tune bench-mpi bench-peers fuzz all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
     demo demo-run sync-vs-async sync-vs-async-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -242,6 +244,25 @@ bench: bench-build
 bench-peers:
 	sh tools/deps.sh demo
 	bash bench/peers.sh
+
+# libFuzzer targets (fuzz/fuzz_NAME.c, clang's -fsanitize=fuzzer with ASan
+# and UBSan): each runs FUZZ_SECONDS on its seeds (fuzz/corpus/NAME, read
+# only) and what it finds worth keeping (build/fuzz/corpus/NAME), with
+# fuzz/NAME.dict when there is one. A crash, a sanitizer report, a leak or a
+# result a target does not allow stops it and fails the target; libFuzzer
+# writes the input to build/fuzz/. CI runs FUZZ_SECONDS=10.
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS = -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+BUILD_FUZZ_SRCS := $(filter-out $(CL_SKIPPED),$(FUZZ_SRCS))
+FUZZERS := $(patsubst fuzz/%.c,build/fuzz/%,$(BUILD_FUZZ_SRCS))
+
+fuzz: $(FUZZERS) cl-note
+	bash tools/fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
+
+build/fuzz/%: fuzz/%.c $(HEADERS) fuzz/fuzz_util.h
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) $(call cl_cflags,$<) $< -o $@ $(call cl_libs,$<) -lm -lpthread
 
 # Tunes CLBlast's GEMM for the chosen OpenCL device (DSGD_CL_DEVICE) and
 # writes the per-device cache the backend applies at start-up; make tune

@@ -277,31 +277,6 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
 
 /* >>loaders ---------------------------------------------------------------- */
 
-/* Reads a whole file into a buffer with a NUL after its size bytes. */
-static char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len) {
-    size_t size = 0;
-    char *text;
-    FILE *f = dsgd__open_sized(ctx, path, &size);
-    if (!f) return NULL;
-    if (size == SIZE_MAX) {
-        fclose(f);
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: too large", path);
-        return NULL;
-    }
-    text = (char *)dsgd__alloc(ctx, size + 1, path);
-    if (text && fread(text, 1, size, f) != size) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed", path);
-        DSGD_FREE(text);
-        text = NULL;
-    }
-    fclose(f);
-    if (text) {
-        text[size] = '\0';
-        *len = size;
-    }
-    return text;
-}
-
 static dsgd_result dsgd__idx_header(dsgd_ctx *ctx, const unsigned char *h, size_t fsize, const char *path,
                                     int want_dims, uint32_t *dims, size_t *items) {
     size_t hlen = 4 + 4 * (size_t)want_dims, total = 1, data;

@@ -130,6 +130,29 @@ DSGD__PRIVATE FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *si
     return f;
 }
 
-/* Reads an IDX header of unsigned bytes with `want_dims` dimensions; fills
-   dims and checks that the file holds exactly the data the header claims. */
+/* Reads a whole file into a buffer with a NUL after its size bytes. */
+DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len) {
+    size_t size = 0;
+    char *text;
+    FILE *f = dsgd__open_sized(ctx, path, &size);
+    if (!f) return NULL;
+    if (size == SIZE_MAX) {
+        fclose(f);
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: too large", path);
+        return NULL;
+    }
+    text = (char *)dsgd__alloc(ctx, size + 1, path);
+    if (text && fread(text, 1, size, f) != size) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed", path);
+        DSGD_FREE(text);
+        text = NULL;
+    }
+    fclose(f);
+    if (text) {
+        text[size] = '\0';
+        *len = size;
+    }
+    return text;
+}
+
 #endif /* DSGD__PART_INTERNAL_IMPL */

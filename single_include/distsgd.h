@@ -633,8 +633,31 @@ DSGD__PRIVATE FILE *dsgd__open_sized(dsgd_ctx *ctx, const char *path, size_t *si
     return f;
 }
 
-/* Reads an IDX header of unsigned bytes with `want_dims` dimensions; fills
-   dims and checks that the file holds exactly the data the header claims. */
+/* Reads a whole file into a buffer with a NUL after its size bytes. */
+DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len) {
+    size_t size = 0;
+    char *text;
+    FILE *f = dsgd__open_sized(ctx, path, &size);
+    if (!f) return NULL;
+    if (size == SIZE_MAX) {
+        fclose(f);
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: too large", path);
+        return NULL;
+    }
+    text = (char *)dsgd__alloc(ctx, size + 1, path);
+    if (text && fread(text, 1, size, f) != size) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed", path);
+        DSGD_FREE(text);
+        text = NULL;
+    }
+    fclose(f);
+    if (text) {
+        text[size] = '\0';
+        *len = size;
+    }
+    return text;
+}
+
 #endif /* DSGD__PART_INTERNAL_IMPL */
 /* ---------------------------------------- distsgd/backend.h */
 /* distsgd/backend.h - the compute interface, dsgd_backend_i
@@ -3644,31 +3667,6 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
 }
 
 /* >>loaders ---------------------------------------------------------------- */
-
-/* Reads a whole file into a buffer with a NUL after its size bytes. */
-static char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len) {
-    size_t size = 0;
-    char *text;
-    FILE *f = dsgd__open_sized(ctx, path, &size);
-    if (!f) return NULL;
-    if (size == SIZE_MAX) {
-        fclose(f);
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: too large", path);
-        return NULL;
-    }
-    text = (char *)dsgd__alloc(ctx, size + 1, path);
-    if (text && fread(text, 1, size, f) != size) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: read failed", path);
-        DSGD_FREE(text);
-        text = NULL;
-    }
-    fclose(f);
-    if (text) {
-        text[size] = '\0';
-        *len = size;
-    }
-    return text;
-}
 
 static dsgd_result dsgd__idx_header(dsgd_ctx *ctx, const unsigned char *h, size_t fsize, const char *path,
                                     int want_dims, uint32_t *dims, size_t *items) {
@@ -12602,32 +12600,30 @@ static int dsgd_cl__parse_kv(const char *s, const char *const *names, int count,
     return total == count;
 }
 
-DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device, const char *path,
-                                              dsgd_cl_gemm_params *out) {
-    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
-    FILE *f;
-    char line[1024], plat[DSGD_CL_MAX_NAME], dev[DSGD_CL_MAX_NAME], drv[DSGD_CL_MAX_NAME];
+/* Parses the text [text, text + len) of a tuning cache file: its parameters
+   into *p and the platform, device and driver it was made for into plat,
+   dev and drv (DSGD_CL_MAX_NAME each). `what` (the path) names it in
+   messages. Only a format error (DSGD_ERR_FORMAT, with the line) rejects
+   it; nothing is allocated. The loader reads the file and calls this; the
+   fuzzer calls it on anything. */
+static dsgd_result dsgd_cl__parse_gemm_params(dsgd_ctx *ctx, const char *text, size_t len, const char *what,
+                                              dsgd_cl_gemm_params *p, char *plat, char *dev, char *drv) {
+    char line[1024];
+    size_t pos = 0;
     int lineno = 0, have_end = 0, have_plat = 0, have_dev = 0, have_drv = 0;
-    dsgd_cl_gemm_params p;
-    if (!info || !path || !out)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_load_gemm_params: bad arguments");
-    memset(&p, 0, sizeof(p));
-    memset(out, 0, sizeof(*out));
-    {
-        size_t bytes; /* a regular file only: a FIFO fails at once instead of blocking */
-        f = dsgd__open_sized(ctx, path, &bytes);
-    }
-    if (!f) return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
-#define DSGD_CL__BAD(why)                                                                         \
-    do {                                                                                          \
-        fclose(f);                                                                                \
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s:%d: %s", path, lineno, why);          \
-    } while (0)
-    while (fgets(line, sizeof(line), f)) {
-        size_t n = strlen(line);
+    memset(p, 0, sizeof(*p));
+    plat[0] = dev[0] = drv[0] = '\0';
+#define DSGD_CL__BAD(why) return dsgd_ctx_set_error(ctx, DSGD_ERR_FORMAT, "%s:%d: %s", what, lineno, why)
+    while (pos < len) {
+        const char *nl = (const char *)memchr(text + pos, '\n', len - pos);
+        size_t n = (nl ? (size_t)(nl - text) : len) - pos;
         ++lineno;
-        if (n == sizeof(line) - 1 && line[n - 1] != '\n') DSGD_CL__BAD("line too long");
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        if (n >= sizeof(line) - 1) DSGD_CL__BAD("line too long");
+        if (memchr(text + pos, '\0', n)) DSGD_CL__BAD("NUL byte");
+        memcpy(line, text + pos, n);
+        line[n] = '\0';
+        pos += n + (nl ? 1 : 0);
+        while (n > 0 && line[n - 1] == '\r') line[--n] = '\0';
         if (have_end) {
             if (n) DSGD_CL__BAD("text after 'end'");
             continue;
@@ -12639,44 +12635,61 @@ DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
         }
         if (n == 0 || line[0] == '#') continue;
         if (strncmp(line, "platform ", 9) == 0) {
-            dsgd_cl__copy_str(plat, sizeof(plat), line + 9);
+            dsgd_cl__copy_str(plat, DSGD_CL_MAX_NAME, line + 9);
             have_plat = 1;
         } else if (strncmp(line, "device ", 7) == 0) {
-            dsgd_cl__copy_str(dev, sizeof(dev), line + 7);
+            dsgd_cl__copy_str(dev, DSGD_CL_MAX_NAME, line + 7);
             have_dev = 1;
         } else if (strncmp(line, "driver ", 7) == 0) {
-            dsgd_cl__copy_str(drv, sizeof(drv), line + 7);
+            dsgd_cl__copy_str(drv, DSGD_CL_MAX_NAME, line + 7);
             have_drv = 1;
         } else if (strncmp(line, "clblast ", 8) == 0) {
             /* informational */
         } else if (strncmp(line, "Xgemm ", 6) == 0) {
-            if (p.xgemm_set || !dsgd_cl__parse_kv(line + 6, dsgd_cl__xgemm_names, DSGD_CL_XGEMM_NPARAMS, p.xgemm))
+            if (p->xgemm_set || !dsgd_cl__parse_kv(line + 6, dsgd_cl__xgemm_names, DSGD_CL_XGEMM_NPARAMS, p->xgemm))
                 DSGD_CL__BAD("bad Xgemm line (want each of GEMMK KREG KWG KWI MDIMA MDIMC MWG NDIMB NDIMC NWG SA SB "
                              "STRM STRN VWM VWN once, as NAME=VALUE)");
-            p.xgemm_set = 1;
+            p->xgemm_set = 1;
         } else if (strncmp(line, "XgemmDirect ", 12) == 0) {
-            if (p.direct_set ||
-                !dsgd_cl__parse_kv(line + 12, dsgd_cl__direct_names, DSGD_CL_DIRECT_NPARAMS, p.direct))
+            if (p->direct_set ||
+                !dsgd_cl__parse_kv(line + 12, dsgd_cl__direct_names, DSGD_CL_DIRECT_NPARAMS, p->direct))
                 DSGD_CL__BAD("bad XgemmDirect line");
-            p.direct_set = 1;
+            p->direct_set = 1;
         } else if (strncmp(line, "GemmRoutine ", 12) == 0) {
             static const char *const mi[1] = {"XGEMM_MIN_INDIRECT_SIZE"};
-            if (p.min_indirect_set || !dsgd_cl__parse_kv(line + 12, mi, 1, &p.min_indirect))
+            if (p->min_indirect_set || !dsgd_cl__parse_kv(line + 12, mi, 1, &p->min_indirect))
                 DSGD_CL__BAD("bad GemmRoutine line");
-            p.min_indirect_set = 1;
+            p->min_indirect_set = 1;
         } else if (strcmp(line, "end") == 0) {
             have_end = 1;
         } else {
             DSGD_CL__BAD("unknown line");
         }
     }
-    if (ferror(f)) DSGD_CL__BAD("read error");
     if (lineno == 0) DSGD_CL__BAD("empty file");
     if (!have_end) DSGD_CL__BAD("no 'end' line (truncated?)");
     if (!have_plat || !have_dev || !have_drv) DSGD_CL__BAD("missing platform, device or driver line");
-    if (!dsgd_cl_gemm_params_valid(&p)) DSGD_CL__BAD("parameters break CLBlast's divisibility rules");
+    if (!dsgd_cl_gemm_params_valid(p)) DSGD_CL__BAD("parameters break CLBlast's divisibility rules");
 #undef DSGD_CL__BAD
-    fclose(f);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device, const char *path,
+                                              dsgd_cl_gemm_params *out) {
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(c, device);
+    char plat[DSGD_CL_MAX_NAME], dev[DSGD_CL_MAX_NAME], drv[DSGD_CL_MAX_NAME], *text;
+    dsgd_cl_gemm_params p;
+    dsgd_result r;
+    size_t len = 0;
+    if (!info || !path || !out)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_load_gemm_params: bad arguments");
+    memset(out, 0, sizeof(*out));
+    /* a regular file only: a FIFO fails at once instead of blocking */
+    if (!(text = dsgd__read_file(ctx, path, &len)))
+        return dsgd_ctx_last_result(ctx) ? dsgd_ctx_last_result(ctx) : DSGD_ERR_IO; /* ctx may be NULL */
+    r = dsgd_cl__parse_gemm_params(ctx, text, len, path, &p, plat, dev, drv);
+    DSGD_FREE(text);
+    if (r != DSGD_OK) return r;
     if (strcmp(plat, info->platform_name) != 0 || strcmp(dev, info->device_name) != 0 ||
         strcmp(drv, info->driver_version) != 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE,
