@@ -35,4 +35,17 @@ static void fuzz_check_dataset(dsgd_ctx *ctx, const dsgd_dataset *ds) {
             fuzz_fail(ctx, DSGD_OK, "accepted a label outside [0, num_classes)");
 }
 
+/* What a dataset parser may answer: DSGD_OK with a sane dataset (freed
+   here), or DSGD_ERR_FORMAT with *out left empty. */
+static void fuzz_check_parse(dsgd_ctx *ctx, dsgd_result r, dsgd_dataset *ds) {
+    if (r == DSGD_OK) {
+        fuzz_check_dataset(ctx, ds);
+        dsgd_dataset_free(ds);
+    } else if (r != DSGD_ERR_FORMAT) {
+        fuzz_fail(ctx, r, "rejected with a result other than DSGD_ERR_FORMAT");
+    } else if (ds->x || ds->y || ds->n) {
+        fuzz_fail(ctx, r, "a rejected parse left data in *out");
+    }
+}
+
 #endif
