@@ -253,7 +253,7 @@ bench-peers:
 # writes the input to build/fuzz/. CI runs FUZZ_SECONDS=10.
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
-FUZZ_FLAGS = -std=c99 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_FLAGS = -std=c99 -Wall -Wextra -Wpedantic -Werror -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 BUILD_FUZZ_SRCS := $(filter-out $(CL_SKIPPED),$(FUZZ_SRCS))
 FUZZERS := $(patsubst fuzz/%.c,build/fuzz/%,$(BUILD_FUZZ_SRCS))
 
