@@ -9,13 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static void fuzz_fail(dsgd_ctx *ctx, dsgd_result r, const char *why) {
+static inline void fuzz_fail(dsgd_ctx *ctx, dsgd_result r, const char *why) {
     fprintf(stderr, "finding: %s (result %s: %s)\n", why, dsgd_result_string(r), ctx ? dsgd_ctx_last_error(ctx) : "");
     abort();
 }
 
 /* A context that stays silent (no logger), or abort. */
-static dsgd_ctx *fuzz_ctx(void) {
+static inline dsgd_ctx *fuzz_ctx(void) {
     dsgd_ctx *ctx = NULL;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) abort();
     return ctx;
@@ -23,7 +23,7 @@ static dsgd_ctx *fuzz_ctx(void) {
 
 /* Every value of a dataset that a parser accepted: the shape is sane,
    features finite, labels integers in [0, num_classes). */
-static void fuzz_check_dataset(dsgd_ctx *ctx, const dsgd_dataset *ds) {
+static inline void fuzz_check_dataset(dsgd_ctx *ctx, const dsgd_dataset *ds) {
     size_t i;
     if (!ds->x || !ds->y || ds->n == 0 || ds->dim < 1 || ds->target_dim != 1 || ds->num_classes < 1)
         fuzz_fail(ctx, DSGD_OK, "accepted a dataset with a bad shape");
@@ -37,7 +37,7 @@ static void fuzz_check_dataset(dsgd_ctx *ctx, const dsgd_dataset *ds) {
 
 /* What a dataset parser may answer: DSGD_OK with a sane dataset (freed
    here), or DSGD_ERR_FORMAT with *out left empty. */
-static void fuzz_check_parse(dsgd_ctx *ctx, dsgd_result r, dsgd_dataset *ds) {
+static inline void fuzz_check_parse(dsgd_ctx *ctx, dsgd_result r, dsgd_dataset *ds) {
     if (r == DSGD_OK) {
         fuzz_check_dataset(ctx, ds);
         dsgd_dataset_free(ds);
