@@ -107,6 +107,12 @@
          enters a barrier, sums its block (sum_across) and finishes again, and
          a second barrier keeps every replica from using its gradient before
          all blocks are written.
+       - A CPU backend made with threads > 1 (dsgd_cpu_backend_desc; the
+         strategies' default when there are fewer replicas than cores) runs
+         parts of each operation on helper threads of its own, inside the
+         call, which returns when they are done: to its caller it is still
+         one backend used by one thread at a time. Its helpers touch no
+         context and call no logger.
 */
 #ifndef DISTSGD_H
 #define DISTSGD_H
