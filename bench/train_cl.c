@@ -100,16 +100,9 @@ static float *(*g_host_ptr)(void *impl, dsgd_buffer *buf);
 static dsgd_result openblas_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha, dsgd_ref a, int lda,
                                  dsgd_ref b, int ldb, float beta, dsgd_ref c, int ldc) {
     float *pc;
-    int i, j;
     if (m <= 0 || n <= 0) return DSGD_OK;
     pc = g_host_ptr(impl, c.buf) + c.off;
-    for (i = 0; i < m; ++i) {
-        float *row = pc + (size_t)i * ldc;
-        if (beta == 0.0f)
-            for (j = 0; j < n; ++j) row[j] = 0.0f;
-        else if (beta != 1.0f)
-            for (j = 0; j < n; ++j) row[j] *= beta;
-    }
+    dsgd__gemm_beta(m, n, beta, pc, ldc); /* the library's own beta step (this file has the implementation) */
     if (k > 0 && alpha != 0.0f)
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
                     g_host_ptr(impl, a.buf) + a.off, lda, g_host_ptr(impl, b.buf) + b.off, ldb, 1.0f, pc, ldc);

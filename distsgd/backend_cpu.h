@@ -59,8 +59,7 @@ struct dsgd__cpu_pool {
 typedef struct dsgd__cpu {
     dsgd_ctx *ctx;
     const struct dsgd__cpu_kernel *kern; /* this ISA's kernels, chosen at creation */
-    float **pack;    /* per thread slot: GEMM packing scratch, A panel then B panel */
-    size_t pack_cap; /* floats in each */
+    float **pack;    /* per thread slot: GEMM packing scratch (A panel, then B panel), made on first use */
     dsgd__cpu_pool pool;
 } dsgd__cpu;
 
@@ -932,9 +931,11 @@ static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta,
 #undef DSGD__UP
 }
 
-/* A GEMM cut into tasks: rows of C (rows = 1) or columns, `step` each, a
-   multiple of the kernel's MR or NR. Each task is the whole GEMM of its
-   block of C, so every entry is summed as the one-thread GEMM sums it. */
+/* A GEMM cut into independent tasks (what the threads do with a C narrower
+   than a tile, or with nothing to multiply): rows of C (rows = 1) or
+   columns, `step` each, a multiple of the kernel's MR or NR. Each task is
+   the whole GEMM of its block of C, so every entry is summed as the
+   one-thread GEMM sums it. */
 typedef struct dsgd__gemm_job {
     const dsgd__cpu_kernel *kern;
     float *const *pack;
@@ -960,6 +961,29 @@ static void dsgd__gemm_task(void *arg, int task, int slot) {
     }
 }
 
+/* C = beta C + alpha op(A) op(B) as independent blocks, one per thread
+   (split) or one in all, in whole tiles along C's longer side. */
+static void dsgd__gemm_blocks(dsgd__cpu *cpu, int split, int ta, int tb, int m, int n, int k, float alpha,
+                              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dsgd__gemm_job j;
+    int tasks = 1, dim, tile, units;
+    j.kern = cpu->kern;
+    j.pack = cpu->pack;
+    j.ta = ta, j.tb = tb, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
+    j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+    j.rows = m >= n;
+    dim = j.rows ? m : n;
+    j.step = dim;
+    if (split) {
+        tile = j.rows ? cpu->kern->mr : cpu->kern->nr;
+        units = (dim + tile - 1) / tile;
+        tasks = DSGD__MIN(cpu->pool.n, units);
+        j.step = (units + tasks - 1) / tasks * tile;
+        tasks = (dim + j.step - 1) / j.step;
+    }
+    dsgd__cpu_run(cpu, dsgd__gemm_task, &j, tasks);
+}
+
 /* The threads' GEMM for a C at least as wide as a tile: per (jc, pc) block
    the threads first pack B's KC x NC panel together, each a range of its
    NR strips, into slot 0's B area; then each computes a block of C, whole
@@ -972,7 +996,7 @@ typedef struct dsgd__gemm_par {
     const dsgd__cpu_kernel *kern;
     float *const *pack;
     float *panel; /* the shared packed B panel */
-    int ta, tb, m, n, k, lda, ldb, ldc;
+    int ta, tb, m, lda, ldb, ldc;
     float alpha, beta;
     const float *a, *b;
     float *c;
@@ -1008,16 +1032,14 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
     g.kern = cpu->kern;
     g.pack = cpu->pack;
     g.panel = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC;
-    g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
+    g.ta = ta, g.tb = tb, g.m = m, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
     g.alpha = alpha, g.beta = beta, g.a = a, g.b = b, g.c = c;
     g.row_step = (row_tiles + row_tasks - 1) / row_tasks * kmr;
     for (g.jc = 0; g.jc < n; g.jc += DSGD__NC) {
-        int col_strips;
         g.nc = DSGD__MIN(DSGD__NC, n - g.jc);
         g.strips = (g.nc + knr - 1) / knr;
-        col_strips = g.strips;
-        g.col_tasks = row_tasks < T ? DSGD__MIN((T + row_tasks - 1) / row_tasks, col_strips) : 1;
-        g.col_step = (col_strips + g.col_tasks - 1) / g.col_tasks * knr;
+        g.col_tasks = row_tasks < T ? DSGD__MIN((T + row_tasks - 1) / row_tasks, g.strips) : 1;
+        g.col_step = (g.strips + g.col_tasks - 1) / g.col_tasks * knr;
         ptasks = DSGD__MIN(T, g.strips);
         g.strip_step = (g.strips + ptasks - 1) / ptasks;
         ptasks = (g.strips + g.strip_step - 1) / g.strip_step;
@@ -1029,17 +1051,11 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
     }
 }
 
-/* Every thread slot's packing scratch, allocated before any task runs. */
+/* The packing scratch of thread slots 0..slots-1, allocated before any
+   task runs: MC x KC + KC x NC floats each. */
 static dsgd_result dsgd__cpu_pack_reserve(dsgd__cpu *cpu, int slots) {
     size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
     int i;
-    if (cpu->pack_cap < need) {
-        for (i = 0; i < cpu->pool.n; ++i) {
-            DSGD_FREE(cpu->pack[i]);
-            cpu->pack[i] = NULL;
-        }
-        cpu->pack_cap = need;
-    }
     for (i = 0; i < slots; ++i)
         if (!cpu->pack[i] && !(cpu->pack[i] = (float *)DSGD_MALLOC(need * sizeof(float))))
             return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
@@ -1080,32 +1096,15 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
     return DSGD_OK;
 #else
     {
-        dsgd__gemm_job j;
-        int tasks = 1, dim, tile, units;
-        dsgd_result r;
-        j.kern = cpu->kern;
-        j.pack = cpu->pack;
-        j.ta = ta, j.tb = tb, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
-        j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
-        /* cut C into at most one block per thread, in whole tiles, along the
-           side whose cut makes each thread pack less: a row cut packs all of
-           op(B) on every thread, a column cut all of op(A), and a transposing
-           pack (A as stored, or B transposed) costs about twice a copy */
-        j.rows = (tb ? 2.0 : 1.0) * n <= (ta ? 1.0 : 2.0) * m;
-        dim = j.rows ? m : n;
-        j.step = dim;
-        if (cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN) {
-            tile = j.rows ? cpu->kern->mr : cpu->kern->nr;
-            units = (dim + tile - 1) / tile;
-            tasks = DSGD__MIN(cpu->pool.n, units);
-            j.step = (units + tasks - 1) / tasks * tile;
-            tasks = (dim + j.step - 1) / j.step;
-        }
-        if ((r = dsgd__cpu_pack_reserve(cpu, tasks > 1 ? cpu->pool.n : 1)) != DSGD_OK) return r;
-        if (tasks > 1 && k > 0 && alpha != 0.0f && n >= cpu->kern->nr) /* the shared-panel GEMM */
+        /* GEMMs big enough for the threads: the shared-panel GEMM, or
+           independent blocks where C is narrower than a tile */
+        const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
+        dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
+        if (r != DSGD_OK) return r;
+        if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
             dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         else
-            dsgd__cpu_run(cpu, dsgd__gemm_task, &j, tasks);
+            dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
     return DSGD_OK;
 #endif
@@ -1193,24 +1192,26 @@ static dsgd__ew_job dsgd__ew(int op) {
 }
 
 
-/* write and read: one memcpy, cut across the threads when it is large */
+/* write and read: one memcpy of count floats, cut across the threads when
+   it is large. */
+static void dsgd__cpu_memcpy(dsgd__cpu *cpu, float *dst, const float *src, size_t count) {
+    dsgd__ew_job j = dsgd__ew(DSGD__EW_MEMCPY);
+    j.x = dst;
+    j.y = src;
+    dsgd__cpu_ew(cpu, &j, count, 1);
+}
+
 static dsgd_result dsgd__cpu_write(void *impl, dsgd_ref dst, const float *src, size_t count) {
     float *d = dsgd__cpu_span((dsgd__cpu *)impl, dst, count, "write");
-    dsgd__ew_job j = dsgd__ew(DSGD__EW_MEMCPY);
     if (!d) return DSGD_ERR_INVALID_ARGUMENT;
-    j.x = d;
-    j.y = src;
-    dsgd__cpu_ew((dsgd__cpu *)impl, &j, count, 1);
+    dsgd__cpu_memcpy((dsgd__cpu *)impl, d, src, count);
     return DSGD_OK;
 }
 
 static dsgd_result dsgd__cpu_read(void *impl, dsgd_ref src, float *dst, size_t count) {
     float *s = dsgd__cpu_span((dsgd__cpu *)impl, src, count, "read");
-    dsgd__ew_job j = dsgd__ew(DSGD__EW_MEMCPY);
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    j.x = dst;
-    j.y = s;
-    dsgd__cpu_ew((dsgd__cpu *)impl, &j, count, 1);
+    dsgd__cpu_memcpy((dsgd__cpu *)impl, dst, s, count);
     return DSGD_OK;
 }
 

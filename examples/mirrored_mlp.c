@@ -98,7 +98,7 @@ static int parse_hidden(const char *s, dsgd_layer_desc *layers) {
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist", *backend = "cpu", *device = NULL;
     dsgd_cl_context *cl = NULL;
-    int replicas = 4, batch = 64, epochs = 5, threads = 0, a, e, global;
+    int replicas = 4, batch = 64, epochs = 5, threads = 0, cpu_threads, a, e, global;
     float base_lr = 0.05f;
     uint64_t seed = 1;
     dsgd_allreduce_algo algo = DSGD_ALLREDUCE_AUTO;
@@ -180,6 +180,7 @@ int main(int argc, char **argv) {
     }
     if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return fail(ctx);
     /* the CPU backends chose their kernels as dsgd_cpu_isa() says (DSGD_CPU_ISA overrides) */
+    cpu_threads = dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0)));
     printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d",
            train.n, test.n, replicas, batch, global);
     if (!strcmp(backend, "cpu"))
@@ -189,8 +190,7 @@ int main(int argc, char **argv) {
 #else
                "",
 #endif
-               dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0))),
-               dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0))) == 1 ? "" : "s");
+               cpu_threads, cpu_threads == 1 ? "" : "s");
     printf("\n");
     printf("model %d-%d-%d-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
            "%.3g at 128), warmup %lld steps + cosine, gradients summed on the %s (all-reduce %s)\n",
