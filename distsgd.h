@@ -125,6 +125,7 @@
 #include "distsgd/model.h"            /* the built-in model: dense layers over flat buffers */
 #include "distsgd/optim.h"            /* optimizers, clipping, learning-rate schedules */
 #include "distsgd/data.h"             /* datasets, samplers, the IDX and CSV loaders */
+#include "distsgd/checkpoint.h"       /* checkpoints: the file format, atomic writes, a model's state */
 #include "distsgd/transport.h"        /* the transport interface, reduce ops and kernels */
 #include "distsgd/loopback.h"         /* the loopback transport: ranks as threads */
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
@@ -136,6 +137,7 @@
 #include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored */
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */
 #include "distsgd/strategy_kinds.h"   /* the table of kinds; dsgd_strategy_create */
+#include "distsgd/strategy_checkpoint.h" /* a strategy's checkpoint: replicas, variables, metrics */
 
 /* ------------------------------------------------------------------------
    LICENCE (also in the file LICENSE)

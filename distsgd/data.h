@@ -107,6 +107,8 @@ typedef struct dsgd_sampler {
     int shuffle;       /* non-zero: a new permutation every epoch */
     uint64_t epoch;
     size_t *order;     /* the epoch's permutation of 0..n-1 */
+    size_t cursor;     /* samples of this epoch dsgd_sampler_next has handed
+                          out (a checkpoint saves it with the epoch) */
 } dsgd_sampler;
 
 /* Prepares a sampler and sets epoch 0. The permutation of epoch e depends only
@@ -120,7 +122,8 @@ typedef struct dsgd_sampler {
 DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch,
                                        uint64_t seed, int shuffle, int drop_last);
 /* dsgd_sampler_free: frees the permutation and zeroes *s.
-   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation.
+   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation and sets
+   the cursor to its start.
    dsgd_sampler_num_batches: batches per epoch (the last one partial unless
    drop_last).
    dsgd_sampler_batch: sets *idx (if idx is not NULL) to the indices of batch
@@ -132,6 +135,18 @@ DSGD_API void dsgd_sampler_free(dsgd_sampler *s);
 DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch);
 DSGD_API size_t dsgd_sampler_num_batches(const dsgd_sampler *s);
 DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t **idx);
+/* The next batch of the current epoch, from the cursor: sets *idx (if idx
+   is not NULL) to its indices and returns their count, min(batch, samples
+   left), advancing the cursor by it; 0 at the end of the epoch (fewer than
+   batch left with drop_last), where the loop calls set_epoch(epoch + 1).
+   The cursor counts samples, not batches, so a sampler restored from a
+   checkpoint (dsgd_model_restore, dsgd_strategy_restore) with another batch
+   size still hands out each sample of the epoch exactly once:
+       for (; smp.epoch < epochs; dsgd_sampler_set_epoch(&smp, smp.epoch + 1))
+           while ((k = dsgd_sampler_next(&smp, &idx)) > 0) { ... }
+   Errors: none (s NULL or not initialised: 0).
+   Thread safety: one thread at a time per sampler. */
+DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx);
 
 #ifdef __cplusplus
 }
@@ -259,6 +274,7 @@ DSGD_API void dsgd_sampler_free(dsgd_sampler *s) {
 DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch) {
     if (!s || !s->order) return;
     s->epoch = epoch;
+    s->cursor = 0;
     dsgd__permutation(s->order, s->n, dsgd__seed_mix(s->seed, epoch), s->shuffle);
 }
 
@@ -273,6 +289,16 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
     start = b * s->batch;
     if (idx) *idx = s->order + start;
     return DSGD__MIN(s->batch, s->n - start);
+}
+
+DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx) {
+    size_t k;
+    if (!s || !s->order || s->cursor >= s->n) return 0;
+    k = DSGD__MIN(s->batch, s->n - s->cursor);
+    if (s->drop_last && k < s->batch) return 0;
+    if (idx) *idx = s->order + s->cursor;
+    s->cursor += k;
+    return k;
 }
 
 /* >>loaders ---------------------------------------------------------------- */

@@ -493,6 +493,11 @@ typedef struct dsgd__strategy_ops {
     /* after the threads stopped, before the replicas go; undoes setup (also
        a partial one); may be NULL */
     void (*teardown)(dsgd_strategy *s);
+    /* where the variables and the optimizer's state live once, if not in
+       every replica (a checkpoint saves and restores that optimizer and its
+       model; the replicas then get the parameters and the step); NULL:
+       every replica holds them, equal (replica 0's are saved) */
+    dsgd_optimizer *(*state)(dsgd_strategy *s);
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */

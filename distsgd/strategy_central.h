@@ -160,8 +160,12 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     return res;
 }
 
+/* The central copy's optimizer holds the state a checkpoint saves. */
+static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__central *)s->kind_data)->opt; }
+
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
+    dsgd__central_state,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */

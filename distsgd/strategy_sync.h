@@ -249,10 +249,10 @@ static void dsgd__mirrored_teardown(dsgd_strategy *s) {
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL,
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */

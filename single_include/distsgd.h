@@ -3505,6 +3505,8 @@ typedef struct dsgd_sampler {
     int shuffle;       /* non-zero: a new permutation every epoch */
     uint64_t epoch;
     size_t *order;     /* the epoch's permutation of 0..n-1 */
+    size_t cursor;     /* samples of this epoch dsgd_sampler_next has handed
+                          out (a checkpoint saves it with the epoch) */
 } dsgd_sampler;
 
 /* Prepares a sampler and sets epoch 0. The permutation of epoch e depends only
@@ -3518,7 +3520,8 @@ typedef struct dsgd_sampler {
 DSGD_API dsgd_result dsgd_sampler_init(dsgd_ctx *ctx, dsgd_sampler *s, size_t n, size_t batch,
                                        uint64_t seed, int shuffle, int drop_last);
 /* dsgd_sampler_free: frees the permutation and zeroes *s.
-   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation.
+   dsgd_sampler_set_epoch: computes epoch `epoch`'s permutation and sets
+   the cursor to its start.
    dsgd_sampler_num_batches: batches per epoch (the last one partial unless
    drop_last).
    dsgd_sampler_batch: sets *idx (if idx is not NULL) to the indices of batch
@@ -3530,6 +3533,18 @@ DSGD_API void dsgd_sampler_free(dsgd_sampler *s);
 DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch);
 DSGD_API size_t dsgd_sampler_num_batches(const dsgd_sampler *s);
 DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t **idx);
+/* The next batch of the current epoch, from the cursor: sets *idx (if idx
+   is not NULL) to its indices and returns their count, min(batch, samples
+   left), advancing the cursor by it; 0 at the end of the epoch (fewer than
+   batch left with drop_last), where the loop calls set_epoch(epoch + 1).
+   The cursor counts samples, not batches, so a sampler restored from a
+   checkpoint (dsgd_model_restore, dsgd_strategy_restore) with another batch
+   size still hands out each sample of the epoch exactly once:
+       for (; smp.epoch < epochs; dsgd_sampler_set_epoch(&smp, smp.epoch + 1))
+           while ((k = dsgd_sampler_next(&smp, &idx)) > 0) { ... }
+   Errors: none (s NULL or not initialised: 0).
+   Thread safety: one thread at a time per sampler. */
+DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx);
 
 #ifdef __cplusplus
 }
@@ -3657,6 +3672,7 @@ DSGD_API void dsgd_sampler_free(dsgd_sampler *s) {
 DSGD_API void dsgd_sampler_set_epoch(dsgd_sampler *s, uint64_t epoch) {
     if (!s || !s->order) return;
     s->epoch = epoch;
+    s->cursor = 0;
     dsgd__permutation(s->order, s->n, dsgd__seed_mix(s->seed, epoch), s->shuffle);
 }
 
@@ -3671,6 +3687,16 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
     start = b * s->batch;
     if (idx) *idx = s->order + start;
     return DSGD__MIN(s->batch, s->n - start);
+}
+
+DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx) {
+    size_t k;
+    if (!s || !s->order || s->cursor >= s->n) return 0;
+    k = DSGD__MIN(s->batch, s->n - s->cursor);
+    if (s->drop_last && k < s->batch) return 0;
+    if (idx) *idx = s->order + s->cursor;
+    s->cursor += k;
+    return k;
 }
 
 /* >>loaders ---------------------------------------------------------------- */
@@ -4013,6 +4039,1018 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
 }
 
 #endif /* DSGD__PART_DATA_IMPL */
+/* ---------------------------------------- distsgd/checkpoint.h */
+/* distsgd/checkpoint.h - checkpoints: the file format, atomic writes, a model's and optimizer's state
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   CHECKPOINTS
+
+     dsgd_model_save(m, opt, path, &extra) writes everything a run needs to
+     go on bit for bit, and dsgd_model_restore(m, opt, path, &extra) puts it
+     back into a model (and optimizer, and sampler) created with the same
+     description: the parameters; the optimizer's slots, step count (which
+     is the learning-rate schedule's position) and last gradient norm; the
+     metrics accumulators; the sampler's epoch and cursor (its permutation
+     is a function of (seed, epoch), so that is all of its state); and an
+     opaque section of the caller's (its own RNG states, a step counter,
+     ...). The library keeps no other random state: every other stream it
+     draws from (initial weights, shuffles, the simulated faults) is a
+     function of a seed and an index. dsgd_strategy_save and
+     dsgd_strategy_restore (strategy_checkpoint.h) add the distributed
+     variables and every replica's metrics, and dsgd_ps_*_save the
+     parameter servers' shards.
+
+     The file (format version DSGD_CHECKPOINT_VERSION, little-endian):
+
+       header   32 bytes: "DSGDCKPT", u32 version, u32 sections, u64 file
+                size, u32 flags (0), u32 CRC32C of the 28 bytes before it
+       section  16-byte name (a..z, 0..9, '_', '/', NUL-padded), u64 size,
+                size bytes, u32 CRC32C of name, size and bytes; sections
+                follow one another to the end of the file, names unique
+
+     Integers are little-endian, floats IEEE-754 binary32 (binary64 for
+     doubles) in little-endian byte order. The sections: "model" (the
+     variables' names, offsets and shapes), "params", "optimizer" (kind,
+     step, last norm, slots), "metrics" (each replica's accumulators),
+     "sampler", "user", and the strategy's and servers' own.
+
+     Reading validates everything before it changes anything: the header,
+     the file size, every section's bounds and checksum, the names, then
+     every size and shape against the objects given. Any flaw is
+     DSGD_ERR_FORMAT (a corrupt or truncated file; the message says where),
+     a file of another model or optimizer DSGD_ERR_SHAPE naming the
+     mismatch; either way nothing was touched. No allocation is sized from
+     a field of the file: the file is read whole (its size from the file
+     system), and the sections are used where they lie. A backend failing
+     while the checked state is being written is the one failure that
+     leaves a model partly restored.
+
+     Writing is atomic: the image goes to a temporary file beside path
+     (path.XXXXXX, mode 0600), which is flushed to disk (fsync), renamed
+     over path, and the directory is flushed too. A crash at any point
+     leaves either the old checkpoint or the new one under path (and at
+     worst a stray temporary file).
+*/
+#ifndef DSGD__PART_CHECKPOINT_DECL
+#define DSGD__PART_CHECKPOINT_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/* The format version this library writes and the only one it reads. */
+#define DSGD_CHECKPOINT_VERSION 1
+
+/* What a checkpoint holds besides the model and optimizer; every member is
+   optional (NULL, 0). */
+typedef struct dsgd_checkpoint_extra {
+    dsgd_sampler *sampler; /* its epoch and cursor; on restore the sampler must
+                              have been initialised with the same number of
+                              samples, seed and shuffle (the batch may differ:
+                              the cursor counts samples) */
+    void *user;            /* user_bytes bytes saved as they are; on restore
+                              filled from the file, which must hold exactly
+                              user_bytes */
+    size_t user_bytes;
+} dsgd_checkpoint_extra;
+
+/* Saves m's parameters and metrics, opt's state (opt may be NULL: none) and
+   extra (may be NULL) to path, atomically (see CHECKPOINTS). Waits for m's
+   queued work.
+   Errors (recorded on m's ctx): DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing
+   recorded; path NULL or empty; opt not m's; user_bytes > 0 with user
+   NULL), DSGD_ERR_IO (naming the file and the system's reason),
+   DSGD_ERR_OUT_OF_MEMORY, backend errors. path is then unchanged.
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const char *path,
+                                     const dsgd_checkpoint_extra *extra);
+/* Restores what dsgd_model_save (or dsgd_strategy_save: replica 0's view,
+   with every replica's metrics summed into m's) wrote into m, opt and
+   extra, which must be of the same shapes; opt NULL and extra NULL skip
+   those parts, but a part asked for must be in the file.
+   Errors (recorded on m's ctx): DSGD_ERR_INVALID_ARGUMENT (as save),
+   DSGD_ERR_IO (cannot read), DSGD_ERR_FORMAT (not a checkpoint, another
+   version, truncated, a checksum or a size that does not match: the file
+   is damaged), DSGD_ERR_SHAPE (a checkpoint of another model, optimizer
+   kind, sampler or user size, or without a part asked for: the message
+   names it); after any of these m, opt and extra are untouched. Backend
+   errors while writing (m partly restored).
+   Thread safety: the model's thread. */
+DSGD_API dsgd_result dsgd_model_restore(dsgd_model *m, dsgd_optimizer *opt, const char *path,
+                                        const dsgd_checkpoint_extra *extra);
+/* Checks that path is a whole, undamaged checkpoint (header, size and every
+   section's checksum), without a model: what a restore checks first.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (path NULL),
+   DSGD_ERR_IO, DSGD_ERR_FORMAT, DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_checkpoint_verify(dsgd_ctx *ctx, const char *path);
+/* CRC32C (Castagnoli, reflected 0x82F63B78, the checksum of iSCSI and
+   ext4) of size bytes at data, continuing from crc (0 to start). Uses the
+   SSE4.2 instruction where the CPU has it.
+   Errors: none. Thread safety: any thread. */
+DSGD_API uint32_t dsgd_crc32c(uint32_t crc, const void *data, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_CHECKPOINT_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_CHECKPOINT_IMPL)
+#define DSGD__PART_CHECKPOINT_IMPL
+
+/* >>crc32c ------------------------------------------------------------------ */
+
+static uint32_t dsgd__crc_table[256];
+static pthread_once_t dsgd__crc_once = PTHREAD_ONCE_INIT;
+
+static void dsgd__crc_init(void) {
+    uint32_t i, k, c;
+    for (i = 0; i < 256; ++i) {
+        for (c = i, k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        dsgd__crc_table[i] = c;
+    }
+}
+
+static uint32_t dsgd__crc_soft(uint32_t c, const unsigned char *p, size_t n) {
+    pthread_once(&dsgd__crc_once, dsgd__crc_init);
+    while (n--) c = dsgd__crc_table[(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DSGD_CPU_NO_DISPATCH)
+/* a * b modulo the polynomial, in the reflected order (bit 31 is x^0). */
+static uint32_t dsgd__crc_mul(uint32_t a, uint32_t b) {
+    uint32_t prod = 0;
+    int i;
+    for (i = 31; i >= 0; --i) {
+        if (a & (1u << i)) prod ^= b;
+        b = (b & 1u) ? (b >> 1) ^ 0x82F63B78u : b >> 1; /* b *= x */
+    }
+    return prod;
+}
+
+/* x^(8 bytes) modulo the polynomial: what appending that many zero bytes
+   multiplies a CRC register by. */
+static uint32_t dsgd__crc_xpow(uint64_t bytes) {
+    uint32_t result = 0x80000000u, base = 0x40000000u; /* x^0, x^1 */
+    uint64_t n = bytes * 8;
+    for (; n; n >>= 1) {
+        if (n & 1) result = dsgd__crc_mul(result, base);
+        base = dsgd__crc_mul(base, base);
+    }
+    return result;
+}
+
+/* The register c after n bytes at p. Long inputs run as three lanes at
+   once (the instruction's latency is three times its throughput): with
+   registers a, b, c after lanes A, B, C of k bytes each (B and C started
+   from 0), the register after A B C is ((a x^8k) ^ b) x^8k ^ c, since the
+   register is linear in its start and the bytes. */
+__attribute__((target("sse4.2"))) static uint32_t dsgd__crc_sse42(uint32_t c, const unsigned char *p, size_t n) {
+    unsigned long long c0 = c, c1 = 0, c2 = 0, v0, v1, v2;
+    if (n >= 3 * 1024) {
+        size_t k = (n / 3) & ~(size_t)7, i;
+        uint32_t shift;
+        for (i = 0; i < k; i += 8) {
+            memcpy(&v0, p + i, 8); /* the instruction takes the bytes in memory order, as the table does */
+            memcpy(&v1, p + k + i, 8);
+            memcpy(&v2, p + 2 * k + i, 8);
+            c0 = __builtin_ia32_crc32di(c0, v0);
+            c1 = __builtin_ia32_crc32di(c1, v1);
+            c2 = __builtin_ia32_crc32di(c2, v2);
+        }
+        shift = dsgd__crc_xpow(k);
+        c0 = dsgd__crc_mul(dsgd__crc_mul((uint32_t)c0, shift) ^ (uint32_t)c1, shift) ^ (uint32_t)c2;
+        p += 3 * k;
+        n -= 3 * k;
+    }
+    for (; n >= 8; n -= 8, p += 8) {
+        memcpy(&v0, p, 8);
+        c0 = __builtin_ia32_crc32di(c0, v0);
+    }
+    c = (uint32_t)c0;
+    for (; n > 0; --n) c = __builtin_ia32_crc32qi(c, *p++);
+    return c;
+}
+static int dsgd__crc_hw(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("sse4.2");
+}
+#else
+#define dsgd__crc_hw() 0
+#define dsgd__crc_sse42 dsgd__crc_soft
+#endif
+
+
+DSGD_API uint32_t dsgd_crc32c(uint32_t crc, const void *data, size_t size) {
+    const unsigned char *p = (const unsigned char *)data;
+    uint32_t c = ~crc;
+    if (!p || size == 0) return crc;
+    c = dsgd__crc_hw() ? dsgd__crc_sse42(c, p, size) : dsgd__crc_soft(c, p, size);
+    return ~c;
+}
+
+/* >>ck_format --------------------------------------------------------------- */
+
+#define DSGD__CK_MAGIC "DSGDCKPT"
+#define DSGD__CK_HEADER 32
+#define DSGD__CK_NAME 16
+#define DSGD__CK_MAX_SECTIONS 64
+
+static void dsgd__ck_put32(unsigned char *p, uint32_t v) {
+    int i;
+    for (i = 0; i < 4; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void dsgd__ck_put64(unsigned char *p, uint64_t v) {
+    int i;
+    for (i = 0; i < 8; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t dsgd__ck_get32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t dsgd__ck_get64(const unsigned char *p) {
+    return (uint64_t)dsgd__ck_get32(p) | (uint64_t)dsgd__ck_get32(p + 4) << 32;
+}
+
+/* Floats are stored little-endian: on a big-endian host, swap each. */
+static void dsgd__ck_swap_floats(void *data, size_t count) {
+    const uint32_t one = 1;
+    unsigned char *p = (unsigned char *)data, t;
+    size_t i;
+    if (*(const unsigned char *)&one == 1) return;
+    for (i = 0; i < count; ++i, p += 4) {
+        t = p[0], p[0] = p[3], p[3] = t;
+        t = p[1], p[1] = p[2], p[2] = t;
+    }
+}
+
+/* ---- writing: the whole image in memory, then one atomic file write */
+
+typedef struct dsgd__ck_writer {
+    dsgd_ctx *ctx;
+    const char *what;
+    unsigned char *buf;
+    size_t len, cap;
+    size_t sec;     /* the open section's start */
+    uint32_t nsec;
+    dsgd_result res; /* the first failure; later calls do nothing */
+} dsgd__ck_writer;
+
+/* n more bytes at the end of the image (valid until the next grow), or
+   NULL after a failure. */
+static unsigned char *dsgd__ckw_grow(dsgd__ck_writer *w, size_t n) {
+    unsigned char *p;
+    if (w->res != DSGD_OK) return NULL;
+    if (n > SIZE_MAX / 2 - w->len) {
+        w->res = dsgd_ctx_set_error(w->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: a checkpoint of over %zu bytes", w->what,
+                                    w->len);
+        return NULL;
+    }
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap : 4096;
+        while (cap < w->len + n) cap = cap < SIZE_MAX / 4 ? cap * 2 : w->len + n;
+        if (!(p = (unsigned char *)DSGD_REALLOC(w->buf, cap))) {
+            w->res = dsgd_ctx_set_error(w->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes", w->what, cap);
+            return NULL;
+        }
+        w->buf = p;
+        w->cap = cap;
+    }
+    p = w->buf + w->len;
+    w->len += n;
+    return p;
+}
+
+/* Starts an image of about `expect` bytes (allocated at once: growing it
+   would copy it). */
+static void dsgd__ckw_init(dsgd__ck_writer *w, dsgd_ctx *ctx, const char *what, size_t expect) {
+    memset(w, 0, sizeof(*w));
+    w->ctx = ctx;
+    w->what = what;
+    if (dsgd__ckw_grow(w, expect)) w->len = 0;
+    dsgd__ckw_grow(w, DSGD__CK_HEADER);
+}
+
+/* The bytes of a model's and optimizer's sections, with room for the rest. */
+static size_t dsgd__ck_expect(const dsgd_model *m, int slots, size_t more) {
+    return 65536 + m->num_params * sizeof(float) * (size_t)(1 + slots) + more;
+}
+
+static void dsgd__ckw_u32(dsgd__ck_writer *w, uint32_t v) {
+    unsigned char *p = dsgd__ckw_grow(w, 4);
+    if (p) dsgd__ck_put32(p, v);
+}
+static void dsgd__ckw_u64(dsgd__ck_writer *w, uint64_t v) {
+    unsigned char *p = dsgd__ckw_grow(w, 8);
+    if (p) dsgd__ck_put64(p, v);
+}
+static void dsgd__ckw_f64(dsgd__ck_writer *w, double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    dsgd__ckw_u64(w, u);
+}
+static void dsgd__ckw_str(dsgd__ck_writer *w, const char *s) {
+    size_t n = strlen(s);
+    unsigned char *p;
+    dsgd__ckw_u32(w, (uint32_t)n);
+    if ((p = dsgd__ckw_grow(w, n))) memcpy(p, s, n);
+}
+DSGD__PRIVATE void dsgd__ckw_floats(dsgd__ck_writer *w, const float *v, size_t count) {
+    unsigned char *p = dsgd__ckw_grow(w, count * sizeof(float));
+    if (!p) return;
+    memcpy(p, v, count * sizeof(float));
+    dsgd__ck_swap_floats(p, count);
+}
+/* count floats read from a backend buffer straight into the image. */
+static void dsgd__ckw_read(dsgd__ck_writer *w, const dsgd_backend_i *be, dsgd_ref ref, size_t count) {
+    unsigned char *p = dsgd__ckw_grow(w, count * sizeof(float));
+    dsgd_result r;
+    if (!p || count == 0) return;
+    if ((r = be->read(be->impl, ref, (float *)(void *)p, count)) != DSGD_OK) {
+        w->res = r;
+        return;
+    }
+    dsgd__ck_swap_floats(p, count);
+}
+
+static void dsgd__ckw_begin(dsgd__ck_writer *w, const char *name) {
+    unsigned char *p;
+    w->sec = w->len;
+    if (!(p = dsgd__ckw_grow(w, DSGD__CK_NAME + 8))) return;
+    memset(p, 0, DSGD__CK_NAME + 8);
+    memcpy(p, name, strlen(name)); /* names are ours, < 16 bytes */
+}
+static void dsgd__ckw_end(dsgd__ck_writer *w) {
+    uint32_t crc;
+    if (w->res != DSGD_OK) return;
+    dsgd__ck_put64(w->buf + w->sec + DSGD__CK_NAME, (uint64_t)(w->len - w->sec - DSGD__CK_NAME - 8));
+    crc = dsgd_crc32c(0, w->buf + w->sec, w->len - w->sec);
+    dsgd__ckw_u32(w, crc);
+    w->nsec++;
+}
+
+/* Writes data to path atomically (see CHECKPOINTS): a temporary file beside
+   it, fsync, rename, fsync of the directory. */
+static dsgd_result dsgd__write_atomic(dsgd_ctx *ctx, const char *what, const char *path, const void *data,
+                                      size_t len) {
+    size_t plen = strlen(path), done = 0;
+    char *tmp = (char *)dsgd__alloc(ctx, plen + 8, what), *dir;
+    const char *slash;
+    dsgd_result r = DSGD_OK;
+    int fd, dfd, e;
+    if (!tmp) return DSGD_ERR_OUT_OF_MEMORY;
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".XXXXXX", 8);
+    if ((fd = mkstemp(tmp)) < 0) {
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot create a temporary file beside it: %s", what, path,
+                               strerror(errno));
+        DSGD_FREE(tmp);
+        return r;
+    }
+    while (done < len) {
+        ssize_t k = write(fd, (const char *)data + done, len - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        done += (size_t)k;
+    }
+    if (done < len || fsync(fd) != 0) {
+        e = errno;
+        close(fd);
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot write %s: %s", what, path, tmp, strerror(e));
+    } else if (close(fd) != 0 || rename(tmp, path) != 0) {
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot put %s in its place: %s", what, path, tmp,
+                               strerror(errno));
+    }
+    if (r != DSGD_OK) {
+        unlink(tmp);
+        DSGD_FREE(tmp);
+        return r;
+    }
+    /* the rename is durable once the directory is */
+    dir = tmp;
+    slash = strrchr(path, '/');
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else {
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = '\0';
+    }
+    if ((dfd = open(dir, O_RDONLY)) >= 0) {
+        if (fsync(dfd) != 0 && errno != EINVAL && errno != EBADF) /* some file systems cannot sync a directory */
+            r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot flush directory %s: %s", what, path, dir,
+                                   strerror(errno));
+        close(dfd);
+    }
+    DSGD_FREE(tmp);
+    return r;
+}
+
+/* Fills the header and writes the image to path; frees it. */
+static dsgd_result dsgd__ckw_commit(dsgd__ck_writer *w, const char *path) {
+    dsgd_result r = w->res;
+    if (r == DSGD_OK) {
+        memcpy(w->buf, DSGD__CK_MAGIC, 8);
+        dsgd__ck_put32(w->buf + 8, DSGD_CHECKPOINT_VERSION);
+        dsgd__ck_put32(w->buf + 12, w->nsec);
+        dsgd__ck_put64(w->buf + 16, (uint64_t)w->len);
+        dsgd__ck_put32(w->buf + 24, 0);
+        dsgd__ck_put32(w->buf + 28, dsgd_crc32c(0, w->buf, 28));
+        r = dsgd__write_atomic(w->ctx, w->what, path, w->buf, w->len);
+    }
+    DSGD_FREE(w->buf);
+    w->buf = NULL;
+    return r;
+}
+
+/* ---- reading: the image in memory, its sections located and checked */
+
+typedef struct dsgd__ck_section {
+    char name[DSGD__CK_NAME + 1];
+    const unsigned char *data;
+    size_t size;
+} dsgd__ck_section;
+
+typedef struct dsgd__ck_file {
+    dsgd_ctx *ctx;
+    const char *what, *path; /* for messages */
+    const unsigned char *image;
+    unsigned char *owned;    /* the image, when read from a file */
+    size_t size;
+    dsgd__ck_section sec[DSGD__CK_MAX_SECTIONS];
+    int n;
+} dsgd__ck_file;
+
+static dsgd_result dsgd__ck_bad(const dsgd__ck_file *f, size_t at, const char *why) {
+    return dsgd_ctx_set_error(f->ctx, DSGD_ERR_FORMAT, "%s: %s: not a valid checkpoint: %s at byte %zu", f->what,
+                              f->path, why, at);
+}
+
+/* Locates and checks every section of the image f->image[0..size). */
+static dsgd_result dsgd__ck_parse(dsgd__ck_file *f) {
+    const unsigned char *b = f->image;
+    size_t at = DSGD__CK_HEADER, size = f->size;
+    uint32_t nsec, i, k;
+    if (size < DSGD__CK_HEADER) return dsgd__ck_bad(f, size, "the file ends inside the 32-byte header");
+    if (memcmp(b, DSGD__CK_MAGIC, 8) != 0) return dsgd__ck_bad(f, 0, "no \"DSGDCKPT\" magic");
+    if (dsgd__ck_get32(b + 28) != dsgd_crc32c(0, b, 28)) return dsgd__ck_bad(f, 28, "the header's checksum does not match");
+    if (dsgd__ck_get32(b + 8) != DSGD_CHECKPOINT_VERSION)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_FORMAT, "%s: %s: checkpoint format version %u; this library reads %d",
+                                  f->what, f->path, (unsigned)dsgd__ck_get32(b + 8), DSGD_CHECKPOINT_VERSION);
+    if (dsgd__ck_get64(b + 16) != (uint64_t)size)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_FORMAT,
+                                  "%s: %s: not a valid checkpoint: the header says %llu bytes, the file has %zu "
+                                  "(truncated or extended)",
+                                  f->what, f->path, (unsigned long long)dsgd__ck_get64(b + 16), size);
+    if (dsgd__ck_get32(b + 24) != 0) return dsgd__ck_bad(f, 24, "unknown flags");
+    nsec = dsgd__ck_get32(b + 12);
+    if (nsec > DSGD__CK_MAX_SECTIONS) return dsgd__ck_bad(f, 12, "more than 64 sections");
+    for (i = 0; i < nsec; ++i) {
+        dsgd__ck_section *s = &f->sec[i];
+        uint64_t len;
+        if (size - at < DSGD__CK_NAME + 8 + 4) return dsgd__ck_bad(f, at, "the file ends inside a section header");
+        for (k = 0; k < DSGD__CK_NAME && b[at + k]; ++k) {
+            unsigned char c = b[at + k];
+            if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '/'))
+                return dsgd__ck_bad(f, at + k, "a section name with a character outside a-z 0-9 _ /");
+        }
+        if (k == 0) return dsgd__ck_bad(f, at, "an empty section name");
+        for (; k < DSGD__CK_NAME; ++k)
+            if (b[at + k]) return dsgd__ck_bad(f, at + k, "a section name not padded with NUL bytes");
+        len = dsgd__ck_get64(b + at + DSGD__CK_NAME);
+        if (len > (uint64_t)(size - at - DSGD__CK_NAME - 8 - 4))
+            return dsgd__ck_bad(f, at + DSGD__CK_NAME, "a section longer than the rest of the file");
+        if (dsgd__ck_get32(b + at + DSGD__CK_NAME + 8 + len) != dsgd_crc32c(0, b + at, DSGD__CK_NAME + 8 + (size_t)len))
+            return dsgd__ck_bad(f, at, "a section's checksum does not match");
+        memcpy(s->name, b + at, DSGD__CK_NAME);
+        s->name[DSGD__CK_NAME] = '\0';
+        s->data = b + at + DSGD__CK_NAME + 8;
+        s->size = (size_t)len;
+        for (k = 0; k < i; ++k)
+            if (strcmp(f->sec[k].name, s->name) == 0) return dsgd__ck_bad(f, at, "a section name used twice");
+        at += DSGD__CK_NAME + 8 + (size_t)len + 4;
+    }
+    f->n = (int)nsec;
+    if (at != size) return dsgd__ck_bad(f, at, "bytes after the last section");
+    return DSGD_OK;
+}
+
+/* Parses an image in memory (not copied: it must outlive f). */
+DSGD__PRIVATE dsgd_result dsgd__ck_from_memory(dsgd__ck_file *f, dsgd_ctx *ctx, const char *what, const char *name,
+                                        const void *image, size_t size) {
+    memset(f, 0, sizeof(*f));
+    f->ctx = ctx;
+    f->what = what;
+    f->path = name;
+    f->image = (const unsigned char *)image;
+    f->size = size;
+    return dsgd__ck_parse(f);
+}
+
+/* Reads path whole and parses it. Free with dsgd__ck_close. */
+static dsgd_result dsgd__ck_open(dsgd__ck_file *f, dsgd_ctx *ctx, const char *what, const char *path) {
+    size_t len = 0;
+    unsigned char *image;
+    memset(f, 0, sizeof(*f));
+    f->ctx = ctx;
+    f->what = what;
+    f->path = path ? path : "(null)";
+    if (!path || !*path) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (!(image = (unsigned char *)dsgd__read_file(ctx, path, &len))) return dsgd_ctx_last_result(ctx);
+    f->owned = image;
+    f->image = image;
+    f->size = len;
+    return dsgd__ck_parse(f);
+}
+
+static void dsgd__ck_close(dsgd__ck_file *f) {
+    DSGD_FREE(f->owned);
+    f->owned = NULL;
+    f->image = NULL;
+}
+
+static const dsgd__ck_section *dsgd__ck_find(const dsgd__ck_file *f, const char *name) {
+    int i;
+    for (i = 0; i < f->n; ++i)
+        if (strcmp(f->sec[i].name, name) == 0) return &f->sec[i];
+    return NULL;
+}
+
+/* A section that must be there (for what the caller asked to restore). */
+static const dsgd__ck_section *dsgd__ck_need(const dsgd__ck_file *f, const char *name, const char *for_what) {
+    const dsgd__ck_section *s = dsgd__ck_find(f, name);
+    if (!s)
+        dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE, "%s: %s: the checkpoint has no \"%s\" section, needed for %s",
+                           f->what, f->path, name, for_what);
+    return s;
+}
+
+/* A cursor over a section's bytes; reading past its end sets bad and gives
+   zeros, so a parser checks bad once at the end of a record. */
+typedef struct dsgd__ck_cur {
+    const unsigned char *p;
+    size_t left;
+    int bad;
+} dsgd__ck_cur;
+
+static dsgd__ck_cur dsgd__ck_cursor(const dsgd__ck_section *s) {
+    dsgd__ck_cur c;
+    c.p = s->data;
+    c.left = s->size;
+    c.bad = 0;
+    return c;
+}
+static const unsigned char *dsgd__ck_take(dsgd__ck_cur *c, size_t n) {
+    const unsigned char *p = c->p;
+    if (c->bad || n > c->left) {
+        c->bad = 1;
+        return NULL;
+    }
+    c->p += n;
+    c->left -= n;
+    return p;
+}
+static uint32_t dsgd__ckr_u32(dsgd__ck_cur *c) {
+    const unsigned char *p = dsgd__ck_take(c, 4);
+    return p ? dsgd__ck_get32(p) : 0;
+}
+static uint64_t dsgd__ckr_u64(dsgd__ck_cur *c) {
+    const unsigned char *p = dsgd__ck_take(c, 8);
+    return p ? dsgd__ck_get64(p) : 0;
+}
+static double dsgd__ckr_f64(dsgd__ck_cur *c) {
+    uint64_t u = dsgd__ckr_u64(c);
+    double v;
+    memcpy(&v, &u, 8);
+    return v;
+}
+/* A string of at most cap - 1 bytes into out (NUL-terminated). */
+static void dsgd__ckr_str(dsgd__ck_cur *c, char *out, size_t cap) {
+    uint32_t n = dsgd__ckr_u32(c);
+    const unsigned char *p;
+    out[0] = '\0';
+    if (n >= cap) {
+        c->bad = 1;
+        return;
+    }
+    if (!(p = dsgd__ck_take(c, n))) return;
+    memcpy(out, p, n);
+    out[n] = '\0';
+}
+/* count floats: a pointer into the image, or NULL (bad) when fewer remain. */
+DSGD__PRIVATE const unsigned char *dsgd__ckr_floats(dsgd__ck_cur *c, uint64_t count) {
+    if (count > (uint64_t)(c->left / sizeof(float))) {
+        c->bad = 1;
+        return NULL;
+    }
+    return dsgd__ck_take(c, (size_t)count * sizeof(float));
+}
+/* Copies count stored floats to host memory. */
+static void dsgd__ck_copy_floats(float *dst, const unsigned char *src, size_t count) {
+    memcpy(dst, src, count * sizeof(float));
+    dsgd__ck_swap_floats(dst, count);
+}
+
+/* The error for a section whose size or records do not parse. */
+static dsgd_result dsgd__ck_bad_section(const dsgd__ck_file *f, const dsgd__ck_section *s, const char *why) {
+    return dsgd_ctx_set_error(f->ctx, DSGD_ERR_FORMAT, "%s: %s: not a valid checkpoint: section \"%s\" (%zu bytes): %s",
+                              f->what, f->path, s->name, s->size, why);
+}
+
+/* >>ck_model ---------------------------------------------------------------- */
+/* The sections of a model's state, shared by the model's, the strategy's
+   and the servers' checkpoints: put_* write one; check_* validate one
+   against the objects without touching them; apply_* write it into them. */
+
+/* "model": the variables' layout (the model's identity for a restore). */
+static void dsgd__ck_put_model(dsgd__ck_writer *w, const dsgd_model *m) {
+    int i, k;
+    dsgd__ckw_begin(w, "model");
+    dsgd__ckw_u64(w, (uint64_t)m->num_params);
+    dsgd__ckw_u32(w, (uint32_t)dsgd_model_num_variables(m));
+    for (i = 0; i < dsgd_model_num_variables(m); ++i) {
+        const dsgd_variable *v = &m->vars[i];
+        dsgd__ckw_str(w, v->name);
+        dsgd__ckw_u64(w, (uint64_t)v->offset);
+        dsgd__ckw_u32(w, (uint32_t)v->rank);
+        for (k = 0; k < v->rank; ++k) dsgd__ckw_u32(w, (uint32_t)v->shape[k]);
+    }
+    dsgd__ckw_end(w);
+}
+
+/* "2x3" into buf. */
+static const char *dsgd__ck_shape_text(char *buf, size_t cap, const uint32_t *shape, int rank) {
+    size_t used = 0;
+    int k;
+    buf[0] = '\0';
+    for (k = 0; k < rank && used < cap; ++k) {
+        int n = snprintf(buf + used, cap - used, "%s%u", k ? "x" : "", (unsigned)shape[k]);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+    return buf;
+}
+
+static dsgd_result dsgd__ck_check_model(const dsgd__ck_file *f, const dsgd_model *m) {
+    const dsgd__ck_section *s = dsgd__ck_need(f, "model", "the model");
+    dsgd__ck_cur c;
+    uint64_t np;
+    uint32_t nv, i, k;
+    if (!s) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(s);
+    np = dsgd__ckr_u64(&c);
+    nv = dsgd__ckr_u32(&c);
+    if (c.bad) return dsgd__ck_bad_section(f, s, "cut short");
+    for (i = 0; i < nv; ++i) {
+        char name[DSGD_MAX_NAME + 1], a[64], b[64];
+        uint32_t shape[DSGD_MAX_RANK], mshape[DSGD_MAX_RANK];
+        uint64_t off;
+        uint32_t rank;
+        const dsgd_variable *v = i < (uint32_t)dsgd_model_num_variables(m) ? &m->vars[i] : NULL;
+        dsgd__ckr_str(&c, name, sizeof(name));
+        off = dsgd__ckr_u64(&c);
+        rank = dsgd__ckr_u32(&c);
+        if (rank > DSGD_MAX_RANK) return dsgd__ck_bad_section(f, s, "a variable of rank above DSGD_MAX_RANK");
+        for (k = 0; k < rank; ++k) shape[k] = dsgd__ckr_u32(&c);
+        if (c.bad) return dsgd__ck_bad_section(f, s, "cut short");
+        if (!v)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the checkpoint's model has %u variables, this model %d (\"%s\" is "
+                                      "extra)",
+                                      f->what, f->path, (unsigned)nv, dsgd_model_num_variables(m), name);
+        for (k = 0; (int)k < v->rank; ++k) mshape[k] = (uint32_t)v->shape[k];
+        if (strcmp(name, v->name) != 0 || (int)rank != v->rank || memcmp(shape, mshape, rank * sizeof(uint32_t)) != 0 ||
+            off != (uint64_t)v->offset)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: another model: variable %u is \"%s\" %s in the checkpoint, \"%s\" %s "
+                                      "in this model",
+                                      f->what, f->path, (unsigned)i, name, dsgd__ck_shape_text(a, sizeof(a), shape, (int)rank),
+                                      v->name, dsgd__ck_shape_text(b, sizeof(b), mshape, v->rank));
+    }
+    if (c.left != 0) return dsgd__ck_bad_section(f, s, "bytes after the last variable");
+    if (nv != (uint32_t)dsgd_model_num_variables(m) || np != (uint64_t)m->num_params)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                  "%s: %s: another model: the checkpoint has %u variables and %llu parameters, this "
+                                  "model %d and %zu",
+                                  f->what, f->path, (unsigned)nv, (unsigned long long)np, dsgd_model_num_variables(m),
+                                  m->num_params);
+    return DSGD_OK;
+}
+
+/* "params": the flat parameter buffer. */
+static void dsgd__ck_put_params(dsgd__ck_writer *w, dsgd_model *m) {
+    dsgd__ckw_begin(w, "params");
+    dsgd__ckw_read(w, &m->be, dsgd__ref(m->params, 0), m->num_params);
+    dsgd__ckw_end(w);
+}
+
+static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, const dsgd_model *m) {
+    const dsgd__ck_section *s = dsgd__ck_need(f, "params", "the parameters");
+    if (!s) return DSGD_ERR_SHAPE;
+    if (s->size != m->num_params * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
+    return DSGD_OK;
+}
+
+/* Writes count stored floats at src into buf of m's backend: straight from
+   the image where it is aligned and the host little-endian, else through a
+   copy. */
+static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_buffer *buf, const unsigned char *src,
+                                         size_t count) {
+    const uint32_t one = 1;
+    float *tmp;
+    dsgd_result r;
+    if (count == 0) return DSGD_OK;
+    if (*(const unsigned char *)&one == 1 && (uintptr_t)src % sizeof(float) == 0)
+        return m->be.write(m->be.impl, dsgd__ref(buf, 0), (const float *)(const void *)src, count);
+    if (!(tmp = (float *)dsgd__alloc(m->ctx, count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
+    dsgd__ck_copy_floats(tmp, src, count);
+    r = m->be.write(m->be.impl, dsgd__ref(buf, 0), tmp, count);
+    DSGD_FREE(tmp);
+    return r;
+}
+
+static dsgd_result dsgd__ck_apply_params(const dsgd__ck_file *f, dsgd_model *m) {
+    return dsgd__ck_write_buffer(m, f->what, m->params, dsgd__ck_find(f, "params")->data, m->num_params);
+}
+
+/* "optimizer": kind, steps, last norm, slots. */
+static void dsgd__ck_put_optimizer(dsgd__ck_writer *w, dsgd_optimizer *o) {
+    dsgd_buffer *slot[2];
+    int k, n = dsgd_optimizer_num_slots(o);
+    slot[0] = o->m1;
+    slot[1] = o->m2;
+    dsgd__ckw_begin(w, "optimizer");
+    dsgd__ckw_u32(w, (uint32_t)o->d.kind);
+    dsgd__ckw_u64(w, (uint64_t)o->t);
+    dsgd__ckw_f64(w, o->last_norm);
+    dsgd__ckw_u32(w, (uint32_t)n);
+    dsgd__ckw_u64(w, (uint64_t)o->m->num_params);
+    for (k = 0; k < n; ++k) dsgd__ckw_read(w, &o->m->be, dsgd__ref(slot[k], 0), o->m->num_params);
+    dsgd__ckw_end(w);
+}
+
+/* The parsed "optimizer" section. */
+typedef struct dsgd__ck_opt {
+    uint32_t kind, nslots;
+    int64_t t;
+    double last_norm;
+    const unsigned char *slots; /* nslots x params floats */
+} dsgd__ck_opt;
+
+static const char *dsgd__opt_kind_text(uint32_t k) {
+    static const char *const names[] = {"SGD", "MOMENTUM", "ADAM", "ADAMW"};
+    return k < 4 ? names[k] : "unknown";
+}
+
+static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_optimizer *o, dsgd__ck_opt *out) {
+    const dsgd__ck_section *s = dsgd__ck_need(f, "optimizer", "the optimizer");
+    dsgd__ck_cur c;
+    uint64_t np, t;
+    if (!s) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(s);
+    out->kind = dsgd__ckr_u32(&c);
+    t = dsgd__ckr_u64(&c);
+    out->last_norm = dsgd__ckr_f64(&c);
+    out->nslots = dsgd__ckr_u32(&c);
+    np = dsgd__ckr_u64(&c);
+    if (c.bad) return dsgd__ck_bad_section(f, s, "cut short");
+    if (t > (uint64_t)INT64_MAX) return dsgd__ck_bad_section(f, s, "a negative step count");
+    out->t = (int64_t)t;
+    if (out->nslots > 2 || np != (uint64_t)o->m->num_params ||
+        c.left != (size_t)out->nslots * o->m->num_params * sizeof(float))
+        return dsgd__ck_bad_section(f, s, "slots of the wrong size");
+    if (out->kind != (uint32_t)o->d.kind || (int)out->nslots != dsgd_optimizer_num_slots(o))
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                  "%s: %s: the checkpoint holds the state of a %s optimizer, this one is %s", f->what,
+                                  f->path, dsgd__opt_kind_text(out->kind), dsgd__opt_kind_text((uint32_t)o->d.kind));
+    out->slots = c.p;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, dsgd_optimizer *o, const dsgd__ck_opt *st) {
+    dsgd_buffer *slot[2];
+    size_t np = o->m->num_params;
+    uint32_t k;
+    dsgd_result r = DSGD_OK;
+    slot[0] = o->m1;
+    slot[1] = o->m2;
+    for (k = 0; k < st->nslots && r == DSGD_OK; ++k)
+        r = dsgd__ck_write_buffer(o->m, f->what, slot[k], st->slots + (size_t)k * np * sizeof(float), np);
+    if (r == DSGD_OK) {
+        o->t = st->t;
+        o->last_norm = st->last_norm;
+    }
+    return r;
+}
+
+/* "metrics": each replica's accumulators (train loss, correct, eval loss,
+   correct as floats; train and eval counts as doubles). */
+#define DSGD__CK_METRICS_BYTES 32
+#define DSGD__CK_MAX_RECORDS 65536
+
+static void dsgd__ck_put_metrics(dsgd__ck_writer *w, dsgd_model *const *models, int n) {
+    int r;
+    dsgd__ckw_begin(w, "metrics");
+    dsgd__ckw_u32(w, (uint32_t)n);
+    for (r = 0; r < n; ++r) {
+        dsgd__ckw_read(w, &models[r]->be, dsgd__ref(models[r]->stats, 0), 4);
+        dsgd__ckw_f64(w, models[r]->count[0]);
+        dsgd__ckw_f64(w, models[r]->count[1]);
+    }
+    dsgd__ckw_end(w);
+}
+
+/* Validates "metrics"; *records gets where its records start, *saved their number. */
+static dsgd_result dsgd__ck_check_metrics(const dsgd__ck_file *f, const unsigned char **records, uint32_t *saved) {
+    const dsgd__ck_section *s = dsgd__ck_need(f, "metrics", "the metrics");
+    dsgd__ck_cur c;
+    if (!s) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(s);
+    *saved = dsgd__ckr_u32(&c);
+    if (c.bad || *saved == 0 || *saved > DSGD__CK_MAX_RECORDS || c.left != (size_t)*saved * DSGD__CK_METRICS_BYTES)
+        return dsgd__ck_bad_section(f, s, "not 1..65536 records of 32 bytes");
+    *records = c.p;
+    return DSGD_OK;
+}
+
+/* Writes the saved accumulators into n models: record r into model r when
+   the counts agree; otherwise their sums (in record order) into model 0,
+   and zeros into the others. */
+static dsgd_result dsgd__ck_apply_metrics(const unsigned char *records, uint32_t saved, dsgd_model *const *models,
+                                          int n) {
+    int r, k;
+    dsgd_result res = DSGD_OK;
+    for (r = 0; r < n && res == DSGD_OK; ++r) {
+        float st[4] = {0, 0, 0, 0};
+        double cnt[2] = {0, 0};
+        uint32_t first = (uint32_t)r, last = (uint32_t)r + 1, i;
+        dsgd__ck_cur c;
+        if ((uint32_t)n != saved) first = 0, last = r == 0 ? saved : 0;
+        for (i = first; i < last; ++i) {
+            float v[4];
+            c.p = records + (size_t)i * DSGD__CK_METRICS_BYTES;
+            c.left = DSGD__CK_METRICS_BYTES;
+            c.bad = 0;
+            dsgd__ck_copy_floats(v, dsgd__ck_take(&c, 16), 4);
+            for (k = 0; k < 4; ++k) st[k] += v[k];
+            cnt[0] += dsgd__ckr_f64(&c);
+            cnt[1] += dsgd__ckr_f64(&c);
+        }
+        res = models[r]->be.write(models[r]->be.impl, dsgd__ref(models[r]->stats, 0), st, 4);
+        models[r]->count[0] = cnt[0];
+        models[r]->count[1] = cnt[1];
+    }
+    return res;
+}
+
+/* "sampler" and "user": the caller's extra state. */
+static void dsgd__ck_put_extra(dsgd__ck_writer *w, const dsgd_checkpoint_extra *x) {
+    unsigned char *p;
+    if (!x) return;
+    if (x->sampler) {
+        const dsgd_sampler *s = x->sampler;
+        dsgd__ckw_begin(w, "sampler");
+        dsgd__ckw_u64(w, (uint64_t)s->n);
+        dsgd__ckw_u64(w, (uint64_t)s->batch);
+        dsgd__ckw_u64(w, s->seed);
+        dsgd__ckw_u32(w, (uint32_t)(s->shuffle != 0));
+        dsgd__ckw_u32(w, (uint32_t)(s->drop_last != 0));
+        dsgd__ckw_u64(w, s->epoch);
+        dsgd__ckw_u64(w, (uint64_t)s->cursor);
+        dsgd__ckw_end(w);
+    }
+    if (x->user_bytes > 0) {
+        dsgd__ckw_begin(w, "user");
+        if ((p = dsgd__ckw_grow(w, x->user_bytes))) memcpy(p, x->user, x->user_bytes);
+        dsgd__ckw_end(w);
+    }
+}
+
+/* The sampler's saved position. */
+typedef struct dsgd__ck_pos {
+    uint64_t epoch, cursor;
+} dsgd__ck_pos;
+
+static dsgd_result dsgd__ck_check_extra(const dsgd__ck_file *f, const dsgd_checkpoint_extra *x, dsgd__ck_pos *pos) {
+    const dsgd__ck_section *s;
+    if (!x) return DSGD_OK;
+    if (x->sampler) {
+        const dsgd_sampler *smp = x->sampler;
+        uint64_t n, seed;
+        uint32_t shuffle;
+        dsgd__ck_cur c;
+        if (!(s = dsgd__ck_need(f, "sampler", "the sampler"))) return DSGD_ERR_SHAPE;
+        c = dsgd__ck_cursor(s);
+        n = dsgd__ckr_u64(&c);
+        (void)dsgd__ckr_u64(&c); /* the batch then; it may differ now */
+        seed = dsgd__ckr_u64(&c);
+        shuffle = dsgd__ckr_u32(&c);
+        (void)dsgd__ckr_u32(&c); /* drop_last then */
+        pos->epoch = dsgd__ckr_u64(&c);
+        pos->cursor = dsgd__ckr_u64(&c);
+        if (c.bad || c.left != 0 || shuffle > 1 || pos->cursor > n)
+            return dsgd__ck_bad_section(f, s, "not a sampler's position");
+        if (!smp->order || n != (uint64_t)smp->n || seed != smp->seed || shuffle != (uint32_t)(smp->shuffle != 0))
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the checkpoint's sampler has %llu samples, seed %llu, shuffle %u; this "
+                                      "one %zu, %llu, %d (initialise it as the saved run did)",
+                                      f->what, f->path, (unsigned long long)n, (unsigned long long)seed,
+                                      (unsigned)shuffle, smp->n, (unsigned long long)smp->seed, smp->shuffle != 0);
+    }
+    if (x->user_bytes > 0) {
+        if (!(s = dsgd__ck_need(f, "user", "the user section"))) return DSGD_ERR_SHAPE;
+        if (s->size != x->user_bytes)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE, "%s: %s: the checkpoint's user section has %zu bytes, not %zu",
+                                      f->what, f->path, s->size, x->user_bytes);
+    }
+    return DSGD_OK;
+}
+
+static void dsgd__ck_apply_extra(const dsgd__ck_file *f, const dsgd_checkpoint_extra *x, const dsgd__ck_pos *pos) {
+    if (!x) return;
+    if (x->sampler) {
+        dsgd_sampler_set_epoch(x->sampler, pos->epoch);
+        x->sampler->cursor = (size_t)pos->cursor;
+    }
+    if (x->user_bytes > 0) memcpy(x->user, dsgd__ck_find(f, "user")->data, x->user_bytes);
+}
+
+/* The arguments every save and restore share. */
+static dsgd_result dsgd__ck_check_args(dsgd_ctx *ctx, const char *what, const char *path,
+                                       const dsgd_checkpoint_extra *x) {
+    if (!path || !*path) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (x && x->user_bytes > 0 && !x->user)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: extra->user is NULL with user_bytes %zu", what,
+                                  x->user_bytes);
+    if (x && x->sampler && !x->sampler->order)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: extra->sampler is not initialised", what);
+    return DSGD_OK;
+}
+
+/* >>ck_api ------------------------------------------------------------------ */
+
+DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const char *path,
+                                     const dsgd_checkpoint_extra *extra) {
+    const char *what = "dsgd_model_save";
+    dsgd__ck_writer w;
+    dsgd_result r;
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ck_check_args(m->ctx, what, path, extra)) != DSGD_OK) return r;
+    if (opt && opt->m != m)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
+    dsgd__ckw_init(&w, m->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
+    dsgd__ck_put_model(&w, m);
+    dsgd__ck_put_params(&w, m);
+    if (opt) dsgd__ck_put_optimizer(&w, opt);
+    dsgd__ck_put_metrics(&w, &m, 1);
+    dsgd__ck_put_extra(&w, extra);
+    return dsgd__ckw_commit(&w, path);
+}
+
+/* Checks the parsed checkpoint f against m, opt and extra, then restores it. */
+static dsgd_result dsgd__model_restore_from(const dsgd__ck_file *f, dsgd_model *m, dsgd_optimizer *opt,
+                                            const dsgd_checkpoint_extra *extra) {
+    dsgd__ck_opt st;
+    dsgd__ck_pos pos;
+    const unsigned char *rec = NULL;
+    uint32_t saved = 0;
+    dsgd_result r;
+    if ((r = dsgd__ck_check_model(f, m)) != DSGD_OK || (r = dsgd__ck_check_params(f, m)) != DSGD_OK ||
+        (opt && (r = dsgd__ck_check_optimizer(f, opt, &st)) != DSGD_OK) ||
+        (r = dsgd__ck_check_metrics(f, &rec, &saved)) != DSGD_OK || (r = dsgd__ck_check_extra(f, extra, &pos)) != DSGD_OK)
+        return r;
+    /* everything checked: now write */
+    r = dsgd__ck_apply_params(f, m);
+    if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, opt, &st);
+    if (r == DSGD_OK) r = dsgd__ck_apply_metrics(rec, saved, &m, 1);
+    if (r == DSGD_OK) dsgd__ck_apply_extra(f, extra, &pos);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_model_restore(dsgd_model *m, dsgd_optimizer *opt, const char *path,
+                                        const dsgd_checkpoint_extra *extra) {
+    const char *what = "dsgd_model_restore";
+    dsgd__ck_file f;
+    dsgd_result r;
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ck_check_args(m->ctx, what, path, extra)) != DSGD_OK) return r;
+    if (opt && opt->m != m)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
+    if ((r = dsgd__ck_open(&f, m->ctx, what, path)) == DSGD_OK) r = dsgd__model_restore_from(&f, m, opt, extra);
+    dsgd__ck_close(&f);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_checkpoint_verify(dsgd_ctx *ctx, const char *path) {
+    dsgd__ck_file f;
+    dsgd_result r = dsgd__ck_open(&f, ctx, "dsgd_checkpoint_verify", path);
+    dsgd__ck_close(&f);
+    return r;
+}
+
+#endif /* DSGD__PART_CHECKPOINT_IMPL */
 /* ---------------------------------------- distsgd/transport.h */
 /* distsgd/transport.h - the transport interface, reduce ops and kernels
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -9688,6 +10726,11 @@ typedef struct dsgd__strategy_ops {
     /* after the threads stopped, before the replicas go; undoes setup (also
        a partial one); may be NULL */
     void (*teardown)(dsgd_strategy *s);
+    /* where the variables and the optimizer's state live once, if not in
+       every replica (a checkpoint saves and restores that optimizer and its
+       model; the replicas then get the parameters and the step); NULL:
+       every replica holds them, equal (replica 0's are saved) */
+    dsgd_optimizer *(*state)(dsgd_strategy *s);
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
@@ -10671,10 +11714,10 @@ static void dsgd__mirrored_teardown(dsgd_strategy *s) {
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL,
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */
@@ -10841,8 +11884,12 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     return res;
 }
 
+/* The central copy's optimizer holds the state a checkpoint saves. */
+static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__central *)s->kind_data)->opt; }
+
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
+    dsgd__central_state,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */
@@ -10878,6 +11925,306 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
 }
 
 #endif /* DSGD__PART_STRATEGY_KINDS_IMPL */
+/* ---------------------------------------- distsgd/strategy_checkpoint.h */
+/* distsgd/strategy_checkpoint.h - a strategy's checkpoint: its replicas' state, variables and metrics
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A STRATEGY'S CHECKPOINT
+
+     dsgd_strategy_save writes, in the format of checkpoint.h: the model's
+     layout, the parameters and the optimizer's state (the one copy every
+     replica holds, or central storage's), every replica's metrics
+     accumulators, the distributed variables with every replica's copy, the
+     kind and replica count, and the caller's extra (sampler, user bytes).
+     dsgd_strategy_restore puts them into a strategy created with the same
+     model and optimizer description (and the same variables, created
+     before the restore); the kind and the replica count may differ.
+
+     At the same replica count the restore is exact: training on gives the
+     bits of a run never interrupted. At another count (4 -> 2, say) the
+     parameters and the optimizer's state are still exact (every replica
+     holds the same), and with the same global batch and a restored
+     sampler each epoch still sees every sample once: the sampler is
+     global, and the strategy cuts each global batch among its replicas.
+     Only the order of the float sums changes (a gradient summed over 2
+     replicas, not 4). The per-replica parts are then combined as a
+     cross-replica read and written back as a cross-replica assignment:
+     ON_WRITE variables take the saved value; ON_READ SUM variables the
+     sum of the saved copies divided among the new replicas, MEAN ones the
+     mean; the metrics accumulators are summed into replica 0's. So a read
+     or dsgd_strategy_take_metrics after the restore gives what it would
+     have before (up to float rounding).
+*/
+#ifndef DSGD__PART_STRATEGY_CHECKPOINT_DECL
+#define DSGD__PART_STRATEGY_CHECKPOINT_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Saves the strategy's state and extra (may be NULL) to path, atomically
+   (see CHECKPOINTS in checkpoint.h and above).
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
+   NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
+   failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
+   replica's backend error. path is then unchanged.
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
+/* Restores what dsgd_strategy_save wrote (or dsgd_model_save: a model's
+   checkpoint has no variables, so the strategy must have none of its own
+   beyond the metrics) into s and extra.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (as
+   save), DSGD_ERR_STATE (the strategy has failed), DSGD_ERR_IO,
+   DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
+   optimizer kind, sampler, user size, or a distributed variable missing
+   on either side or of another count, synchronization or aggregation:
+   the message names it); after any of these nothing was touched. A
+   replica's backend failing while the checked state is written leaves
+   the replicas different: the strategy has then failed.
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_STRATEGY_CHECKPOINT_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_CHECKPOINT_IMPL)
+#define DSGD__PART_STRATEGY_CHECKPOINT_IMPL
+
+/* >>strategy_checkpoint ----------------------------------------------------- */
+
+/* The optimizer holding the one copy of the state (and, through it, its model). */
+static dsgd_optimizer *dsgd__strategy_state_opt(dsgd_strategy *s) {
+    return s->ops->state ? s->ops->state(s) : s->reps[0].opt;
+}
+
+/* Every replica's model, for the metrics records (n pointers). */
+static dsgd_model **dsgd__strategy_models(dsgd_strategy *s, const char *what) {
+    dsgd_model **m = (dsgd_model **)dsgd__alloc(s->ctx, sizeof(dsgd_model *) * (size_t)s->n, what);
+    int r;
+    if (m)
+        for (r = 0; r < s->n; ++r) m[r] = s->reps[r].model;
+    return m;
+}
+
+/* "strategy": kind and replica count; "variables": name, count,
+   synchronization, aggregation, trainable, copies, then the copies. */
+static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s) {
+    int i;
+    dsgd__ckw_begin(w, "strategy");
+    dsgd__ckw_u32(w, (uint32_t)s->d.kind);
+    dsgd__ckw_u32(w, (uint32_t)s->n);
+    dsgd__ckw_end(w);
+    dsgd__ckw_begin(w, "variables");
+    dsgd__ckw_u32(w, (uint32_t)s->num_vars);
+    for (i = 0; i < s->num_vars; ++i) {
+        const dsgd__dvar *v = &s->vars[i];
+        dsgd__ckw_str(w, v->name);
+        dsgd__ckw_u64(w, (uint64_t)v->count);
+        dsgd__ckw_u32(w, (uint32_t)v->sync);
+        dsgd__ckw_u32(w, (uint32_t)v->agg);
+        dsgd__ckw_u32(w, (uint32_t)v->trainable);
+        dsgd__ckw_u32(w, (uint32_t)s->n);
+        dsgd__ckw_floats(w, v->copies, (size_t)s->n * v->count);
+    }
+    dsgd__ckw_end(w);
+}
+
+DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
+    const char *what = "dsgd_strategy_save";
+    dsgd_optimizer *opt;
+    dsgd_model **models;
+    dsgd__ck_writer w;
+    dsgd_result r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
+    if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    opt = dsgd__strategy_state_opt(s);
+    dsgd__ckw_init(&w, s->ctx, what,
+                   dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
+    dsgd__ck_put_model(&w, opt->m);
+    dsgd__ck_put_params(&w, opt->m);
+    dsgd__ck_put_optimizer(&w, opt);
+    dsgd__ck_put_metrics(&w, models, s->n);
+    dsgd__ck_put_variables(&w, s);
+    dsgd__ck_put_extra(&w, extra);
+    if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
+        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+    DSGD_FREE(models);
+    return dsgd__ckw_commit(&w, path);
+}
+
+/* One saved variable, located in the image. */
+typedef struct dsgd__ck_var {
+    uint32_t copies;
+    const unsigned char *data; /* copies x count floats */
+} dsgd__ck_var;
+
+/* Matches the saved variables with the strategy's, by name (found[i] for
+   s->vars[i]); any difference is DSGD_ERR_SHAPE naming the variable. A
+   model's checkpoint (no "variables") matches a strategy with only its
+   metrics. */
+static dsgd_result dsgd__ck_check_variables(const dsgd__ck_file *f, const dsgd_strategy *s, dsgd__ck_var *found) {
+    const dsgd__ck_section *sec = dsgd__ck_find(f, "variables");
+    dsgd__ck_cur c;
+    uint32_t nv, i;
+    int k, first_user = s->metric_var[1] + 3; /* the metrics' six come first */
+    for (k = 0; k < s->num_vars; ++k) found[k].data = NULL;
+    if (!sec) {
+        if (s->num_vars > first_user)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the checkpoint has no distributed variables; the strategy has \"%s\"",
+                                      f->what, f->path, s->vars[first_user].name);
+        return DSGD_OK;
+    }
+    c = dsgd__ck_cursor(sec);
+    nv = dsgd__ckr_u32(&c);
+    for (i = 0; i < nv; ++i) {
+        char name[DSGD_MAX_VARIABLE_NAME + 1];
+        uint64_t count;
+        uint32_t sync, agg, copies;
+        dsgd__ckr_str(&c, name, sizeof(name));
+        count = dsgd__ckr_u64(&c);
+        sync = dsgd__ckr_u32(&c);
+        agg = dsgd__ckr_u32(&c);
+        (void)dsgd__ckr_u32(&c); /* trainable: fixed by sync and the creator */
+        copies = dsgd__ckr_u32(&c);
+        if (c.bad || copies == 0 || copies > DSGD__CK_MAX_RECORDS || count == 0 ||
+            count > (uint64_t)(c.left / sizeof(float) / copies))
+            return dsgd__ck_bad_section(f, sec, "a variable record cut short or of no size");
+        for (k = 0; k < s->num_vars && strcmp(s->vars[k].name, name) != 0; ++k) {
+        }
+        if (k == s->num_vars)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the checkpoint has distributed variable \"%s\", the strategy does not "
+                                      "(create it before the restore)",
+                                      f->what, f->path, name);
+        if (found[k].data) return dsgd__ck_bad_section(f, sec, "a variable saved twice");
+        if (count != (uint64_t)s->vars[k].count || sync != (uint32_t)s->vars[k].sync || agg != (uint32_t)s->vars[k].agg)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: variable \"%s\" has %llu floats, %s, %s in the checkpoint and %zu, %s, "
+                                      "%s in the strategy",
+                                      f->what, f->path, name, (unsigned long long)count,
+                                      dsgd_synchronization_name((dsgd_synchronization)sync),
+                                      dsgd_aggregation_name((dsgd_aggregation)agg), s->vars[k].count,
+                                      dsgd_synchronization_name(s->vars[k].sync), dsgd_aggregation_name(s->vars[k].agg));
+        found[k].copies = copies;
+        found[k].data = dsgd__ckr_floats(&c, (uint64_t)copies * count);
+    }
+    if (c.bad || c.left != 0) return dsgd__ck_bad_section(f, sec, "bytes after the last variable");
+    for (k = 0; k < s->num_vars; ++k)
+        if (!found[k].data && k >= first_user)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the strategy has distributed variable \"%s\", the checkpoint does not",
+                                      f->what, f->path, s->vars[k].name);
+    return DSGD_OK;
+}
+
+/* Writes the saved copies into the strategy's: as they are at the same
+   replica count, else as a cross-replica read and assignment (above). */
+static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd__ck_var *in) {
+    size_t i, count = v->count;
+    uint32_t r;
+    if (!in->data) { /* a metric missing from a model's checkpoint: zero */
+        memset(v->copies, 0, sizeof(float) * count * (size_t)s->n);
+        return;
+    }
+    if (in->copies == (uint32_t)s->n) {
+        dsgd__ck_copy_floats(v->copies, in->data, count * (size_t)s->n);
+        return;
+    }
+    dsgd__ck_copy_floats(v->copies, in->data, count); /* the saved copy 0 */
+    if (v->sync == DSGD_SYNC_ON_READ && v->agg != DSGD_AGG_ONLY_FIRST_REPLICA)
+        for (i = 0; i < count; ++i) {
+            double acc = 0.0; /* rank order, in double, as a cross-replica read */
+            float x, value;
+            for (r = 0; r < in->copies; ++r) {
+                dsgd__ck_copy_floats(&x, in->data + ((size_t)r * count + i) * sizeof(float), 1);
+                acc += x;
+            }
+            value = (float)(v->agg == DSGD_AGG_MEAN ? acc / in->copies : acc);
+            v->copies[i] = v->agg == DSGD_AGG_SUM ? value / (float)s->n : value;
+        }
+    for (r = 1; r < (uint32_t)s->n; ++r) memcpy(v->copies + (size_t)r * count, v->copies, sizeof(float) * count);
+}
+
+/* Writes the checked state into every replica (and the central copy).
+   A backend error here leaves the replicas different. */
+static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_opt *st,
+                                           dsgd_model **models, const unsigned char *rec, uint32_t saved) {
+    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd_result r = DSGD_OK;
+    int i;
+    if (s->ops->state) {
+        if ((r = dsgd__ck_apply_params(f, opt->m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(opt->m->ctx));
+    }
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *rep = &s->reps[i];
+        r = dsgd__ck_apply_params(f, rep->model);
+        if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->ctx));
+        rep->opt->t = st->t;
+        rep->opt->last_norm = st->last_norm;
+    }
+    if ((r = dsgd__ck_apply_metrics(rec, saved, models, s->n)) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
+    return DSGD_OK;
+}
+
+/* Checks the parsed checkpoint f against s and extra, then restores it. */
+static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f,
+                                               const dsgd_checkpoint_extra *extra) {
+    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd_model **models = NULL;
+    dsgd__ck_var *found = NULL;
+    dsgd__ck_opt st;
+    dsgd__ck_pos pos;
+    const unsigned char *rec = NULL;
+    uint32_t saved = 0;
+    dsgd_result r;
+    int i;
+    if ((r = dsgd__ck_check_model(f, opt->m)) == DSGD_OK && (r = dsgd__ck_check_params(f, opt->m)) == DSGD_OK &&
+        (r = dsgd__ck_check_optimizer(f, opt, &st)) == DSGD_OK && (r = dsgd__ck_check_metrics(f, &rec, &saved)) == DSGD_OK &&
+        (r = dsgd__ck_check_extra(f, extra, &pos)) == DSGD_OK) {
+        found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
+                                            f->what);
+        models = dsgd__strategy_models(s, f->what);
+        r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
+    }
+    if (r == DSGD_OK) { /* everything checked: now write */
+        if ((r = dsgd__ck_apply_strategy(s, f, &st, models, rec, saved)) != DSGD_OK) {
+            s->failed = 1;
+            s->fail_step = st.t;
+            s->fail_in = f->what;
+            snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
+        } else {
+            for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
+            dsgd__ck_apply_extra(f, extra, &pos);
+        }
+    }
+    DSGD_FREE(found);
+    DSGD_FREE(models);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
+    const char *what = "dsgd_strategy_restore";
+    dsgd__ck_file f;
+    dsgd_result r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__strategy_restore_from(s, &f, extra);
+    dsgd__ck_close(&f);
+    return r;
+}
+
+#endif /* DSGD__PART_STRATEGY_CHECKPOINT_IMPL */
 
 /* ------------------------------------------------------------------------
    LICENCE (also in the file LICENSE)

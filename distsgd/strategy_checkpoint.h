@@ -1,0 +1,299 @@
+/* distsgd/strategy_checkpoint.h - a strategy's checkpoint: its replicas' state, variables and metrics
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A STRATEGY'S CHECKPOINT
+
+     dsgd_strategy_save writes, in the format of checkpoint.h: the model's
+     layout, the parameters and the optimizer's state (the one copy every
+     replica holds, or central storage's), every replica's metrics
+     accumulators, the distributed variables with every replica's copy, the
+     kind and replica count, and the caller's extra (sampler, user bytes).
+     dsgd_strategy_restore puts them into a strategy created with the same
+     model and optimizer description (and the same variables, created
+     before the restore); the kind and the replica count may differ.
+
+     At the same replica count the restore is exact: training on gives the
+     bits of a run never interrupted. At another count (4 -> 2, say) the
+     parameters and the optimizer's state are still exact (every replica
+     holds the same), and with the same global batch and a restored
+     sampler each epoch still sees every sample once: the sampler is
+     global, and the strategy cuts each global batch among its replicas.
+     Only the order of the float sums changes (a gradient summed over 2
+     replicas, not 4). The per-replica parts are then combined as a
+     cross-replica read and written back as a cross-replica assignment:
+     ON_WRITE variables take the saved value; ON_READ SUM variables the
+     sum of the saved copies divided among the new replicas, MEAN ones the
+     mean; the metrics accumulators are summed into replica 0's. So a read
+     or dsgd_strategy_take_metrics after the restore gives what it would
+     have before (up to float rounding).
+*/
+#ifndef DSGD__PART_STRATEGY_CHECKPOINT_DECL
+#define DSGD__PART_STRATEGY_CHECKPOINT_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Saves the strategy's state and extra (may be NULL) to path, atomically
+   (see CHECKPOINTS in checkpoint.h and above).
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
+   NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
+   failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
+   replica's backend error. path is then unchanged.
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
+/* Restores what dsgd_strategy_save wrote (or dsgd_model_save: a model's
+   checkpoint has no variables, so the strategy must have none of its own
+   beyond the metrics) into s and extra.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (as
+   save), DSGD_ERR_STATE (the strategy has failed), DSGD_ERR_IO,
+   DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
+   optimizer kind, sampler, user size, or a distributed variable missing
+   on either side or of another count, synchronization or aggregation:
+   the message names it); after any of these nothing was touched. A
+   replica's backend failing while the checked state is written leaves
+   the replicas different: the strategy has then failed.
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_STRATEGY_CHECKPOINT_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_CHECKPOINT_IMPL)
+#define DSGD__PART_STRATEGY_CHECKPOINT_IMPL
+
+/* >>strategy_checkpoint ----------------------------------------------------- */
+
+/* The optimizer holding the one copy of the state (and, through it, its model). */
+static dsgd_optimizer *dsgd__strategy_state_opt(dsgd_strategy *s) {
+    return s->ops->state ? s->ops->state(s) : s->reps[0].opt;
+}
+
+/* Every replica's model, for the metrics records (n pointers). */
+static dsgd_model **dsgd__strategy_models(dsgd_strategy *s, const char *what) {
+    dsgd_model **m = (dsgd_model **)dsgd__alloc(s->ctx, sizeof(dsgd_model *) * (size_t)s->n, what);
+    int r;
+    if (m)
+        for (r = 0; r < s->n; ++r) m[r] = s->reps[r].model;
+    return m;
+}
+
+/* "strategy": kind and replica count; "variables": name, count,
+   synchronization, aggregation, trainable, copies, then the copies. */
+static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s) {
+    int i;
+    dsgd__ckw_begin(w, "strategy");
+    dsgd__ckw_u32(w, (uint32_t)s->d.kind);
+    dsgd__ckw_u32(w, (uint32_t)s->n);
+    dsgd__ckw_end(w);
+    dsgd__ckw_begin(w, "variables");
+    dsgd__ckw_u32(w, (uint32_t)s->num_vars);
+    for (i = 0; i < s->num_vars; ++i) {
+        const dsgd__dvar *v = &s->vars[i];
+        dsgd__ckw_str(w, v->name);
+        dsgd__ckw_u64(w, (uint64_t)v->count);
+        dsgd__ckw_u32(w, (uint32_t)v->sync);
+        dsgd__ckw_u32(w, (uint32_t)v->agg);
+        dsgd__ckw_u32(w, (uint32_t)v->trainable);
+        dsgd__ckw_u32(w, (uint32_t)s->n);
+        dsgd__ckw_floats(w, v->copies, (size_t)s->n * v->count);
+    }
+    dsgd__ckw_end(w);
+}
+
+DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
+    const char *what = "dsgd_strategy_save";
+    dsgd_optimizer *opt;
+    dsgd_model **models;
+    dsgd__ck_writer w;
+    dsgd_result r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
+    if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    opt = dsgd__strategy_state_opt(s);
+    dsgd__ckw_init(&w, s->ctx, what,
+                   dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
+    dsgd__ck_put_model(&w, opt->m);
+    dsgd__ck_put_params(&w, opt->m);
+    dsgd__ck_put_optimizer(&w, opt);
+    dsgd__ck_put_metrics(&w, models, s->n);
+    dsgd__ck_put_variables(&w, s);
+    dsgd__ck_put_extra(&w, extra);
+    if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
+        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+    DSGD_FREE(models);
+    return dsgd__ckw_commit(&w, path);
+}
+
+/* One saved variable, located in the image. */
+typedef struct dsgd__ck_var {
+    uint32_t copies;
+    const unsigned char *data; /* copies x count floats */
+} dsgd__ck_var;
+
+/* Matches the saved variables with the strategy's, by name (found[i] for
+   s->vars[i]); any difference is DSGD_ERR_SHAPE naming the variable. A
+   model's checkpoint (no "variables") matches a strategy with only its
+   metrics. */
+static dsgd_result dsgd__ck_check_variables(const dsgd__ck_file *f, const dsgd_strategy *s, dsgd__ck_var *found) {
+    const dsgd__ck_section *sec = dsgd__ck_find(f, "variables");
+    dsgd__ck_cur c;
+    uint32_t nv, i;
+    int k, first_user = s->metric_var[1] + 3; /* the metrics' six come first */
+    for (k = 0; k < s->num_vars; ++k) found[k].data = NULL;
+    if (!sec) {
+        if (s->num_vars > first_user)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the checkpoint has no distributed variables; the strategy has \"%s\"",
+                                      f->what, f->path, s->vars[first_user].name);
+        return DSGD_OK;
+    }
+    c = dsgd__ck_cursor(sec);
+    nv = dsgd__ckr_u32(&c);
+    for (i = 0; i < nv; ++i) {
+        char name[DSGD_MAX_VARIABLE_NAME + 1];
+        uint64_t count;
+        uint32_t sync, agg, copies;
+        dsgd__ckr_str(&c, name, sizeof(name));
+        count = dsgd__ckr_u64(&c);
+        sync = dsgd__ckr_u32(&c);
+        agg = dsgd__ckr_u32(&c);
+        (void)dsgd__ckr_u32(&c); /* trainable: fixed by sync and the creator */
+        copies = dsgd__ckr_u32(&c);
+        if (c.bad || copies == 0 || copies > DSGD__CK_MAX_RECORDS || count == 0 ||
+            count > (uint64_t)(c.left / sizeof(float) / copies))
+            return dsgd__ck_bad_section(f, sec, "a variable record cut short or of no size");
+        for (k = 0; k < s->num_vars && strcmp(s->vars[k].name, name) != 0; ++k) {
+        }
+        if (k == s->num_vars)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the checkpoint has distributed variable \"%s\", the strategy does not "
+                                      "(create it before the restore)",
+                                      f->what, f->path, name);
+        if (found[k].data) return dsgd__ck_bad_section(f, sec, "a variable saved twice");
+        if (count != (uint64_t)s->vars[k].count || sync != (uint32_t)s->vars[k].sync || agg != (uint32_t)s->vars[k].agg)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: variable \"%s\" has %llu floats, %s, %s in the checkpoint and %zu, %s, "
+                                      "%s in the strategy",
+                                      f->what, f->path, name, (unsigned long long)count,
+                                      dsgd_synchronization_name((dsgd_synchronization)sync),
+                                      dsgd_aggregation_name((dsgd_aggregation)agg), s->vars[k].count,
+                                      dsgd_synchronization_name(s->vars[k].sync), dsgd_aggregation_name(s->vars[k].agg));
+        found[k].copies = copies;
+        found[k].data = dsgd__ckr_floats(&c, (uint64_t)copies * count);
+    }
+    if (c.bad || c.left != 0) return dsgd__ck_bad_section(f, sec, "bytes after the last variable");
+    for (k = 0; k < s->num_vars; ++k)
+        if (!found[k].data && k >= first_user)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the strategy has distributed variable \"%s\", the checkpoint does not",
+                                      f->what, f->path, s->vars[k].name);
+    return DSGD_OK;
+}
+
+/* Writes the saved copies into the strategy's: as they are at the same
+   replica count, else as a cross-replica read and assignment (above). */
+static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd__ck_var *in) {
+    size_t i, count = v->count;
+    uint32_t r;
+    if (!in->data) { /* a metric missing from a model's checkpoint: zero */
+        memset(v->copies, 0, sizeof(float) * count * (size_t)s->n);
+        return;
+    }
+    if (in->copies == (uint32_t)s->n) {
+        dsgd__ck_copy_floats(v->copies, in->data, count * (size_t)s->n);
+        return;
+    }
+    dsgd__ck_copy_floats(v->copies, in->data, count); /* the saved copy 0 */
+    if (v->sync == DSGD_SYNC_ON_READ && v->agg != DSGD_AGG_ONLY_FIRST_REPLICA)
+        for (i = 0; i < count; ++i) {
+            double acc = 0.0; /* rank order, in double, as a cross-replica read */
+            float x, value;
+            for (r = 0; r < in->copies; ++r) {
+                dsgd__ck_copy_floats(&x, in->data + ((size_t)r * count + i) * sizeof(float), 1);
+                acc += x;
+            }
+            value = (float)(v->agg == DSGD_AGG_MEAN ? acc / in->copies : acc);
+            v->copies[i] = v->agg == DSGD_AGG_SUM ? value / (float)s->n : value;
+        }
+    for (r = 1; r < (uint32_t)s->n; ++r) memcpy(v->copies + (size_t)r * count, v->copies, sizeof(float) * count);
+}
+
+/* Writes the checked state into every replica (and the central copy).
+   A backend error here leaves the replicas different. */
+static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_opt *st,
+                                           dsgd_model **models, const unsigned char *rec, uint32_t saved) {
+    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd_result r = DSGD_OK;
+    int i;
+    if (s->ops->state) {
+        if ((r = dsgd__ck_apply_params(f, opt->m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(opt->m->ctx));
+    }
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *rep = &s->reps[i];
+        r = dsgd__ck_apply_params(f, rep->model);
+        if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->ctx));
+        rep->opt->t = st->t;
+        rep->opt->last_norm = st->last_norm;
+    }
+    if ((r = dsgd__ck_apply_metrics(rec, saved, models, s->n)) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
+    return DSGD_OK;
+}
+
+/* Checks the parsed checkpoint f against s and extra, then restores it. */
+static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f,
+                                               const dsgd_checkpoint_extra *extra) {
+    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd_model **models = NULL;
+    dsgd__ck_var *found = NULL;
+    dsgd__ck_opt st;
+    dsgd__ck_pos pos;
+    const unsigned char *rec = NULL;
+    uint32_t saved = 0;
+    dsgd_result r;
+    int i;
+    if ((r = dsgd__ck_check_model(f, opt->m)) == DSGD_OK && (r = dsgd__ck_check_params(f, opt->m)) == DSGD_OK &&
+        (r = dsgd__ck_check_optimizer(f, opt, &st)) == DSGD_OK && (r = dsgd__ck_check_metrics(f, &rec, &saved)) == DSGD_OK &&
+        (r = dsgd__ck_check_extra(f, extra, &pos)) == DSGD_OK) {
+        found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
+                                            f->what);
+        models = dsgd__strategy_models(s, f->what);
+        r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
+    }
+    if (r == DSGD_OK) { /* everything checked: now write */
+        if ((r = dsgd__ck_apply_strategy(s, f, &st, models, rec, saved)) != DSGD_OK) {
+            s->failed = 1;
+            s->fail_step = st.t;
+            s->fail_in = f->what;
+            snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
+        } else {
+            for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
+            dsgd__ck_apply_extra(f, extra, &pos);
+        }
+    }
+    DSGD_FREE(found);
+    DSGD_FREE(models);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
+    const char *what = "dsgd_strategy_restore";
+    dsgd__ck_file f;
+    dsgd_result r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__strategy_restore_from(s, &f, extra);
+    dsgd__ck_close(&f);
+    return r;
+}
+
+#endif /* DSGD__PART_STRATEGY_CHECKPOINT_IMPL */
