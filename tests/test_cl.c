@@ -990,6 +990,78 @@ static void train_pair(const dsgd_layer_desc *layers, int nl, dsgd_loss loss, co
     dsgd_model_destroy(ml);
 }
 
+/* A checkpoint moves a model between backends: an OpenCL model's state
+   saved and restored into a CPU model (and back) is the same bits. */
+static void test_checkpoint_across_backends(void **state) {
+    dsgd_layer_desc layers[2] = {{16, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {3, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+    dsgd_model_desc md;
+    dsgd_optimizer_desc od;
+    dsgd_model *ml = NULL, *mc = NULL, *ml2 = NULL;
+    dsgd_optimizer *ol = NULL, *oc = NULL, *ol2 = NULL;
+    tu_rng rng = tu_rng_make(8);
+    float x[8 * 5], y[8], *a, *b;
+    char dir[64], path[128];
+    size_t np;
+    int step, k, i;
+    (void)state;
+    NEED_CL();
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/cl.ckpt", dir);
+    memset(&md, 0, sizeof md);
+    memset(&od, 0, sizeof od);
+    md.input_dim = 5;
+    md.layers = layers;
+    md.num_layers = 2;
+    md.max_batch = 8;
+    md.seed = 3;
+    od.kind = DSGD_OPT_ADAM;
+    md.backend = &G.clb;
+    TU_OK(G.ctx, dsgd_model_create(G.ctx, &md, &ml));
+    TU_OK(G.ctx, dsgd_optimizer_create(ml, &od, &ol));
+    TU_OK(G.ctx, dsgd_model_create(G.ctx, &md, &ml2));
+    TU_OK(G.ctx, dsgd_optimizer_create(ml2, &od, &ol2));
+    md.backend = &G.cpu;
+    md.seed = 4; /* other weights, which the restore replaces */
+    TU_OK(G.ctx, dsgd_model_create(G.ctx, &md, &mc));
+    TU_OK(G.ctx, dsgd_optimizer_create(mc, &od, &oc));
+    for (step = 0; step < 5; ++step) {
+        tu_fill(&rng, x, sizeof x / sizeof x[0], -1, 1);
+        for (i = 0; i < 8; ++i) y[i] = (float)tu_below(&rng, 3);
+        TU_OK(G.ctx, dsgd_model_compute_gradients(ml, x, y, 8, 0.125f));
+        TU_OK(G.ctx, dsgd_optimizer_step(ol));
+    }
+    TU_OK(G.ctx, dsgd_model_save(ml, ol, path, NULL));
+    TU_OK(G.ctx, dsgd_model_restore(mc, oc, path, NULL));
+    assert_int_equal(dsgd_optimizer_steps(oc), 5);
+    np = dsgd_model_num_params(ml);
+    a = tu_floats(np);
+    b = tu_floats(np);
+    TU_OK(G.ctx, dsgd_model_get_params(ml, a, np));
+    TU_OK(G.ctx, dsgd_model_get_params(mc, b, np));
+    assert_memory_equal(a, b, np * sizeof(float));
+    for (k = 0; k < 2; ++k) {
+        TU_OK(G.ctx, dsgd_optimizer_read_slot(ol, k, 0, np, a));
+        TU_OK(G.ctx, dsgd_optimizer_read_slot(oc, k, 0, np, b));
+        assert_memory_equal(a, b, np * sizeof(float));
+    }
+    /* and back: the CPU model's checkpoint into a fresh OpenCL model */
+    TU_OK(G.ctx, dsgd_model_save(mc, oc, path, NULL));
+    TU_OK(G.ctx, dsgd_model_restore(ml2, ol2, path, NULL));
+    TU_OK(G.ctx, dsgd_model_get_params(ml2, a, np));
+    TU_OK(G.ctx, dsgd_model_get_params(mc, b, np));
+    assert_memory_equal(a, b, np * sizeof(float));
+    unlink(path);
+    rmdir(dir);
+    free(a);
+    free(b);
+    dsgd_optimizer_destroy(ol);
+    dsgd_optimizer_destroy(ol2);
+    dsgd_optimizer_destroy(oc);
+    dsgd_model_destroy(ml);
+    dsgd_model_destroy(ml2);
+    dsgd_model_destroy(mc);
+}
+
 static void test_train_20_steps_xent_adam(void **state) {
     dsgd_layer_desc layers[3] = {{48, DSGD_ACT_RELU, DSGD_INIT_AUTO},
                                  {32, DSGD_ACT_TANH, DSGD_INIT_AUTO},
@@ -1366,6 +1438,7 @@ int main(void) {
         cmocka_unit_test(test_loss_mse),
         cmocka_unit_test(test_loss_bad_class),
         cmocka_unit_test(test_optimizer_update),
+        cmocka_unit_test(test_checkpoint_across_backends),
         cmocka_unit_test(test_norm_check),
         cmocka_unit_test(test_map_unmap),
         cmocka_unit_test(test_map_and_sum_across),
