@@ -43,6 +43,12 @@
      while the checked state is being written is the one failure that
      leaves a model partly restored.
 
+     Several processes: every replica holds the same parameters and
+     optimizer state, so one file serves them all. A multi-process run
+     (MPI, issue 12) has rank 0 write it and every rank restore from it,
+     each parameter server writing and reading its own shards' file
+     (dsgd_ps_server_save); a section per process is never needed.
+
      Writing is atomic: the image goes to a temporary file beside path
      (path.XXXXXX, mode 0600), which is flushed to disk (fsync), renamed
      over path, and the directory is flushed too. A crash at any point

@@ -5,11 +5,13 @@
    the CRC32C checks to the parsers behind them). Each reading goes into a
    model (3 -> 4 tanh -> 2, Adam, a sampler, 8 user bytes) and into a
    one-replica mirrored strategy of that model with one distributed
-   variable. Allowed: DSGD_OK, DSGD_ERR_FORMAT (a damaged file) and
-   DSGD_ERR_SHAPE (a checkpoint of something else); after the two errors
-   the model, optimizer, sampler and user bytes must be untouched. Seeds:
-   fuzz/corpus/checkpoint (a model's and a strategy's checkpoint). Run:
-   make fuzz (FUZZ_SECONDS=N). */
+   variable; and through the parameter-server readers' checks (a server and
+   a worker of one SYNC group: 1 server, 1 worker, Adam). Allowed: DSGD_OK,
+   DSGD_ERR_FORMAT (a damaged file) and DSGD_ERR_SHAPE (a checkpoint of
+   something else); after the two errors the model, optimizer, sampler and
+   user bytes must be untouched. Seeds: fuzz/corpus/checkpoint (a model's,
+   a strategy's, a server's and a worker's checkpoint). Run: make fuzz
+   (FUZZ_SECONDS=N). */
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
 
@@ -29,7 +31,33 @@ typedef struct fz_target {
     dsgd_sampler smp;
     unsigned char user[8];
     dsgd_checkpoint_extra extra;
+    dsgd_loopback *hub;
+    dsgd_transport_i ts, tw;
+    dsgd_shard_map *map;
+    dsgd_ps_server *server;
+    dsgd_ps_worker *worker;
 } fz_target;
+
+/* One server (rank 0) and one worker (rank 1) of a SYNC group over the
+   model's variables. */
+static void fz_ps_make(fz_target *t, const dsgd_optimizer_desc *od) {
+    dsgd_variable vars[4];
+    dsgd_ps_desc pd;
+    float init[32] = {0};
+    int i;
+    memset(&pd, 0, sizeof(pd));
+    for (i = 0; i < 4; ++i) vars[i] = *dsgd_model_variable(t->m, i);
+    pd.num_servers = 1;
+    pd.num_workers = 1;
+    pd.policy = DSGD_PS_SYNC;
+    pd.optimizer = *od;
+    if (dsgd_loopback_create(t->ctx, 2, &t->hub) != DSGD_OK || dsgd_loopback_endpoint(t->hub, 0, &t->ts) != DSGD_OK ||
+        dsgd_loopback_endpoint(t->hub, 1, &t->tw) != DSGD_OK ||
+        dsgd_shard_map_create(t->ctx, vars, 4, 1, NULL, &t->map) != DSGD_OK ||
+        dsgd_ps_server_create(t->ctx, &t->ts, &pd, t->map, init, &t->server) != DSGD_OK ||
+        dsgd_ps_worker_create(t->ctx, &t->tw, &pd, t->map, &t->worker) != DSGD_OK)
+        fuzz_fail(t->ctx, DSGD_ERR_STATE, "cannot make the parameter servers");
+}
 
 /* Made once and kept (reachable, so not a leak). */
 static fz_target *fz_get(void) {
@@ -69,6 +97,7 @@ static fz_target *fz_get(void) {
     t.extra.sampler = &t.smp;
     t.extra.user = t.user;
     t.extra.user_bytes = sizeof(t.user);
+    fz_ps_make(&t, &od);
     made = 1;
     return &t;
 }
@@ -125,6 +154,23 @@ static void fz_fix_crcs(uint8_t *img, size_t size) {
     }
 }
 
+/* The servers' readers check without writing: only the result matters. */
+static void fz_ps(fz_target *t, const uint8_t *img, size_t size) {
+    dsgd__ck_file f;
+    dsgd__ps_ck_server ss;
+    dsgd__ps_ck_worker ws;
+    dsgd_result r = dsgd__ck_from_memory(&f, t->ctx, "fuzz", "input", img, size);
+    if (r != DSGD_OK) return;
+    memset(&ss, 0, sizeof(ss));
+    memset(&ws, 0, sizeof(ws));
+    r = dsgd__ps_check_server(&f, t->server, &ss);
+    if (r != DSGD_OK && r != DSGD_ERR_FORMAT && r != DSGD_ERR_SHAPE)
+        fuzz_fail(t->ctx, r, "the server's reader: a result other than OK, FORMAT or SHAPE");
+    r = dsgd__ps_check_worker(&f, t->worker, &ws);
+    if (r != DSGD_OK && r != DSGD_ERR_FORMAT && r != DSGD_ERR_SHAPE)
+        fuzz_fail(t->ctx, r, "the worker's reader: a result other than OK, FORMAT or SHAPE");
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_target *t = fz_get();
     uint8_t *copy = (uint8_t *)malloc(size ? size : 1);
@@ -135,6 +181,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_fix_crcs(copy, size);
     fz_restore(t, copy, size, 0);
     fz_restore(t, copy, size, 1);
+    fz_ps(t, data, size);
+    fz_ps(t, copy, size);
     free(copy);
     return 0;
 }

@@ -4085,6 +4085,12 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
      while the checked state is being written is the one failure that
      leaves a model partly restored.
 
+     Several processes: every replica holds the same parameters and
+     optimizer state, so one file serves them all. A multi-process run
+     (MPI, issue 12) has rank 0 write it and every rank restore from it,
+     each parameter server writing and reading its own shards' file
+     (dsgd_ps_server_save); a section per process is never needed.
+
      Writing is atomic: the image goes to a temporary file beside path
      (path.XXXXXX, mode 0600), which is flushed to disk (fsync), renamed
      over path, and the directory is flushed too. A crash at any point
@@ -7661,7 +7667,9 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
                  publish, so it fits the clock-aggregated policies (SSP, SYNC,
                  BACKUP) and ASYNC refuses it. A server keeps each mean until
                  every unfinished worker has fetched it: one in SYNC; in SSP
-                 and BACKUP as many steps as the slowest worker lags.
+                 and BACKUP as many steps as the slowest worker lags. Once
+                 every worker has finished it keeps what is left (the means
+                 the last ones had not fetched) for a checkpoint.
 
    UPDATE POLICIES (dsgd_ps_policy), modes of one engine
 
@@ -7753,6 +7761,36 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
      resend) for timeout_s, so every worker must pull or push at least that
      often. A failed rank does not stop the others: call the transport's
      abort (dsgd_loopback_abort) to stop them at once.
+
+   CHECKPOINTS
+
+     Each rank saves its own file (the format of checkpoint.h), at a point
+     where nothing is in flight: a server before dsgd_ps_server_serve or
+     after it returned DSGD_OK (every worker finished), a worker before its
+     first pull or after dsgd_ps_worker_finish; never after a failure
+     (DSGD_ERR_STATE). A server's file holds its identity (index, P, W,
+     policy, apply, staleness, backup workers, optimizer kind, histogram
+     bins, its floats) and the whole shard map's layout; its version,
+     counters and staleness histogram; each worker's exactly-once table (next
+     push seq and last push status, next pull seq, and ON_WORKERS the means
+     it fetched); the gradients accepted for clocks not yet applied (a BACKUP
+     step that lacked gradients at the end); ON_SERVERS its parameters and
+     the optimizer's slots (the step is the version); ON_WORKERS the means
+     some worker has not fetched (a save is DSGD_ERR_STATE when a worker
+     finished without a mean the others fetched after it, which is then gone:
+     let every worker pull after its last push, or none). A worker's holds
+     its identity, the map, its push and pull seqs, the version read from
+     each server, the step it last pushed for, its counters, and, ON_WORKERS,
+     its copy of the parameters and the slots. Restore into a rank created
+     anew with the same desc (timeout_s and retry_s may differ; of the
+     optimizer only the kind is checked, as in checkpoint.h) and map, before
+     it serves or pulls; on a new transport, every rank restored from the
+     same save, the run goes on bit for bit: each server expects every worker
+     again (none has finished) and continues its sequence numbers where the
+     workers do. A restore checks the whole file first and touches nothing on
+     an error: DSGD_ERR_FORMAT for a damaged file, DSGD_ERR_SHAPE for a
+     checkpoint of something else (the other role, another rank, desc or map:
+     the message names it).
 */
 #ifndef DSGD__PART_PS_DECL
 #define DSGD__PART_PS_DECL
@@ -7906,6 +7944,26 @@ DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_s
    read a worker's, dsgd_ps_worker_read_params).
    Thread safety: the server's thread. */
 DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full);
+/* Saves the server's state to path, atomically (see CHECKPOINTS above and
+   in checkpoint.h): before serve, or after serve returned DSGD_OK.
+   Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve
+   failed: the state may be half-updated), DSGD_ERR_IO,
+   DSGD_ERR_OUT_OF_MEMORY, backend errors. path is then unchanged.
+   Thread safety: the server's thread, outside serve. */
+DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path);
+/* Restores what dsgd_ps_server_save wrote into s, a server created with
+   the same desc and map and the same rank, before serve. Afterwards serve
+   expects every worker again, each continuing from its saved sequence
+   numbers.
+   Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve was
+   called), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged file),
+   DSGD_ERR_SHAPE (a worker's checkpoint, another server's, or one of
+   another desc, optimizer kind or shard map: the message names the
+   difference), DSGD_ERR_OUT_OF_MEMORY; after any of these s is untouched.
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path);
 /* Frees the server (NULL: nothing); not the transport or the map.
    Thread safety: the server's thread. */
 DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s);
@@ -7966,6 +8024,28 @@ DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *
    DSGD_ERR_STATE (after finish or a failure), transport errors.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w);
+/* Saves the worker's state to path, atomically (see CHECKPOINTS above and
+   in checkpoint.h): after dsgd_ps_worker_finish, or before the first pull
+   (or push) since it was created or restored.
+   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (a failed
+   worker, or one between its first pull and finish: the servers, serving,
+   cannot be saved with it), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY. path is
+   then unchanged.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
+/* Restores what dsgd_ps_worker_save wrote into w, a worker created with the
+   same desc and map and the same rank, before its first pull (ON_WORKERS:
+   instead of dsgd_ps_worker_set_params). The worker is then unfinished
+   and goes on from its saved sequence numbers and versions.
+   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (w pulled,
+   pushed, finished or failed), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged
+   file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
+   of another desc, optimizer kind or shard map: the message names the
+   difference); after any of these w is untouched.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path);
 /* Fills *out with the worker's counters (zeros for w or out NULL).
    Errors: none. Thread safety: the worker's thread. */
 DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out);
@@ -8198,11 +8278,13 @@ static dsgd_result dsgd__ps_publish(dsgd_ps_server *s) {
 }
 
 /* ON_WORKERS: frees the means every unfinished worker has fetched (one
-   buffer is kept for the next). */
+   buffer is kept for the next). Once every worker has finished, the rest
+   stays: the workers a checkpoint restores may still fetch it. */
 static void dsgd__ps_trim(dsgd_ps_server *s) {
     int64_t lo = s->version;
     size_t k, drop;
     int w;
+    if (s->done_count == s->W) return;
     for (w = 0; w < s->W; ++w)
         if (!s->peer[w].done && s->peer[w].have < lo) lo = s->peer[w].have;
     if (lo <= s->agg_base) return;
@@ -8712,6 +8794,8 @@ struct dsgd_ps_worker {
     int *dropped, *pending;       /* [P] */
     double *sent_at, *backoff;    /* [P] */
     uint64_t push_seq, pull_seq;
+    uint64_t push_seq0, pull_seq0; /* at create or restore: a save or restore
+                                      needs no pull or push since */
     int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
     /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
        layout), the mean received ([header | n[s]]) and the optimizer's
@@ -9198,6 +9282,715 @@ DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int serve
 
 DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
     return w && w->state == DSGD__PS_FAILED;
+}
+
+/* >>ps checkpoints --------------------------------------------------------- */
+/* The sections of a rank's checkpoint (see CHECKPOINTS above):
+     "ps_server"  identity, floats, version, counters, staleness histogram
+     "ps_peers"   per worker: next push seq, last push status, next pull
+                  seq, the pending pull's minimum version and first step,
+                  the means it fetched (ON_WORKERS)
+     "ps_clocks"  the gradients accepted for clocks not yet applied
+     "params", "optimizer"  ON_SERVERS: the server's floats and slots, in
+                  the layout of checkpoint.h (its step is the version)
+     "ps_worker"  identity, seqs, flags, counters, per server its floats,
+                  version, last step, dropped flag, announced version
+     "ps_copy"    ON_WORKERS: the worker's copy and slots, each the servers'
+                  ranges in server order
+     "ps_map"     (both) the shard map's layout */
+
+#define DSGD__PS_CK_SHARD 36  /* bytes of a "ps_map" record */
+#define DSGD__PS_CK_PEER 48   /* of a "ps_peers" record */
+#define DSGD__PS_CK_SERVER 36 /* of a "ps_worker" per-server record */
+
+/* The size hint of an image of `copies` x n floats (0 on overflow: the
+   writer then grows). */
+static size_t dsgd__ps_ck_expect(size_t n, size_t copies) {
+    size_t floats;
+    if (dsgd__mul_overflows(n, copies, &floats) || floats > (SIZE_MAX - 65536) / sizeof(float)) return 0;
+    return 65536 + floats * sizeof(float);
+}
+
+/* What a rank's checkpoint must share with the rank restoring it: its
+   index among its role, the desc's shape and the optimizer's kind. */
+typedef struct dsgd__ps_ident {
+    uint32_t index, P, W, policy, apply, staleness, backup, opt;
+} dsgd__ps_ident;
+
+static dsgd__ps_ident dsgd__ps_ident_of(const dsgd_ps_desc *d, int index) {
+    dsgd__ps_ident id;
+    id.index = (uint32_t)index;
+    id.P = (uint32_t)d->num_servers;
+    id.W = (uint32_t)d->num_workers;
+    id.policy = (uint32_t)d->policy;
+    id.apply = (uint32_t)d->apply;
+    id.staleness = (uint32_t)d->staleness;
+    id.backup = (uint32_t)d->backup_workers;
+    id.opt = (uint32_t)d->optimizer.kind;
+    return id;
+}
+
+static void dsgd__ps_put_ident(dsgd__ck_writer *w, const dsgd__ps_ident *id) {
+    dsgd__ckw_u32(w, id->index);
+    dsgd__ckw_u32(w, id->P);
+    dsgd__ckw_u32(w, id->W);
+    dsgd__ckw_u32(w, id->policy);
+    dsgd__ckw_u32(w, id->apply);
+    dsgd__ckw_u32(w, id->staleness);
+    dsgd__ckw_u32(w, id->backup);
+    dsgd__ckw_u32(w, id->opt);
+}
+
+static void dsgd__ps_get_ident(dsgd__ck_cur *c, dsgd__ps_ident *id) {
+    id->index = dsgd__ckr_u32(c);
+    id->P = dsgd__ckr_u32(c);
+    id->W = dsgd__ckr_u32(c);
+    id->policy = dsgd__ckr_u32(c);
+    id->apply = dsgd__ckr_u32(c);
+    id->staleness = dsgd__ckr_u32(c);
+    id->backup = dsgd__ckr_u32(c);
+    id->opt = dsgd__ckr_u32(c);
+}
+
+static const char *dsgd__ps_apply_text(uint32_t a) {
+    return a == DSGD_PS_APPLY_ON_SERVERS ? "ON_SERVERS" : a == DSGD_PS_APPLY_ON_WORKERS ? "ON_WORKERS" : "?";
+}
+
+/* DSGD_ERR_SHAPE unless the saved identity is this rank's; role is
+   "server" or "worker". */
+static dsgd_result dsgd__ps_check_ident(const dsgd__ck_file *f, const char *role, const dsgd__ps_ident *got,
+                                        const dsgd__ps_ident *want) {
+    dsgd__ps_ident same = *got;
+    same.index = want->index;
+    if (memcmp(&same, want, sizeof same) != 0)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                  "%s: %s: a checkpoint of another run: %u servers, %u workers, %s (staleness %u, backup "
+                                  "workers %u), apply %s, %s in the checkpoint; %u, %u, %s (%u, %u), %s, %s here",
+                                  f->what,
+                                  f->path, (unsigned)got->P, (unsigned)got->W,
+                                  dsgd_ps_policy_name((dsgd_ps_policy)got->policy), (unsigned)got->staleness,
+                                  (unsigned)got->backup, dsgd__ps_apply_text(got->apply), dsgd__opt_kind_text(got->opt),
+                                  (unsigned)want->P, (unsigned)want->W,
+                                  dsgd_ps_policy_name((dsgd_ps_policy)want->policy), (unsigned)want->staleness,
+                                  (unsigned)want->backup, dsgd__ps_apply_text(want->apply),
+                                  dsgd__opt_kind_text(want->opt));
+    if (got->index != want->index)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE, "%s: %s: the checkpoint of %s %u, not of %s %u", f->what,
+                                  f->path, role, (unsigned)got->index, role, (unsigned)want->index);
+    return DSGD_OK;
+}
+
+/* The rank's own section ("ps_server" or "ps_worker"), or NULL after
+   DSGD_ERR_SHAPE naming what the file holds instead. */
+static const dsgd__ck_section *dsgd__ps_ck_role(const dsgd__ck_file *f, int server) {
+    const char *name = server ? "ps_server" : "ps_worker", *role = server ? "server" : "worker";
+    const char *other = server ? "worker" : "server";
+    const dsgd__ck_section *sec = dsgd__ck_find(f, name), *alt = dsgd__ck_find(f, server ? "ps_worker" : "ps_server");
+    if (sec) return sec;
+    if (alt) {
+        dsgd__ck_cur c = dsgd__ck_cursor(alt);
+        uint32_t index = dsgd__ckr_u32(&c);
+        dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                           "%s: %s: a checkpoint of %s %u of a parameter-server run, not of a %s", f->what, f->path,
+                           other, (unsigned)index, role);
+    } else if (dsgd__ck_find(f, "model")) {
+        dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE, "%s: %s: a model's or strategy's checkpoint, not a parameter %s's",
+                           f->what, f->path, role);
+    } else {
+        dsgd__ck_need(f, name, server ? "a parameter server" : "a parameter-server worker");
+    }
+    return NULL;
+}
+
+/* "ps_map": the layout of every shard (every rank holds the same map). */
+static void dsgd__ps_put_map(dsgd__ck_writer *w, const dsgd_shard_map *map) {
+    int i, ns = dsgd_shard_map_num_shards(map);
+    dsgd__ckw_begin(w, "ps_map");
+    dsgd__ckw_u32(w, (uint32_t)dsgd_shard_map_num_servers(map));
+    dsgd__ckw_u32(w, (uint32_t)ns);
+    for (i = 0; i < ns; ++i) {
+        const dsgd_shard *sh = dsgd_shard_map_shard(map, i);
+        dsgd__ckw_u32(w, (uint32_t)sh->variable);
+        dsgd__ckw_u32(w, (uint32_t)sh->part);
+        dsgd__ckw_u32(w, (uint32_t)sh->server);
+        dsgd__ckw_u32(w, (uint32_t)sh->row_begin);
+        dsgd__ckw_u32(w, (uint32_t)sh->rows);
+        dsgd__ckw_u64(w, (uint64_t)sh->offset);
+        dsgd__ckw_u64(w, (uint64_t)sh->count);
+    }
+    dsgd__ckw_end(w);
+}
+
+static dsgd_result dsgd__ps_check_map(const dsgd__ck_file *f, const dsgd_shard_map *map) {
+    const dsgd__ck_section *sec = dsgd__ck_need(f, "ps_map", "the shard map");
+    int ns = dsgd_shard_map_num_shards(map), np = dsgd_shard_map_num_servers(map);
+    uint32_t servers, shards, i;
+    dsgd__ck_cur c;
+    if (!sec) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    servers = dsgd__ckr_u32(&c);
+    shards = dsgd__ckr_u32(&c);
+    if (c.bad || c.left % DSGD__PS_CK_SHARD != 0 || c.left / DSGD__PS_CK_SHARD != shards)
+        return dsgd__ck_bad_section(f, sec, "not one 36-byte record per shard");
+    for (i = 0; i < shards && (int)i < ns; ++i) {
+        const dsgd_shard *sh = dsgd_shard_map_shard(map, (int)i);
+        uint32_t var = dsgd__ckr_u32(&c), part = dsgd__ckr_u32(&c), server = dsgd__ckr_u32(&c);
+        uint32_t row0 = dsgd__ckr_u32(&c), rows = dsgd__ckr_u32(&c);
+        uint64_t off = dsgd__ckr_u64(&c), count = dsgd__ckr_u64(&c);
+        if (var != (uint32_t)sh->variable || part != (uint32_t)sh->part || server != (uint32_t)sh->server ||
+            row0 != (uint32_t)sh->row_begin || rows != (uint32_t)sh->rows || off != (uint64_t)sh->offset ||
+            count != (uint64_t)sh->count)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: another shard map: shard %u is part %u of variable %u (%u rows from row "
+                                      "%u, %llu floats at %llu) on server %u in the checkpoint, part %d of variable %d "
+                                      "(%d rows from row %d, %zu floats at %zu) on server %d in this map", f->what,
+                                      f->path, (unsigned)i, (unsigned)part, (unsigned)var, (unsigned)rows,
+                                      (unsigned)row0, (unsigned long long)count, (unsigned long long)off,
+                                      (unsigned)server, sh->part, sh->variable, sh->rows, sh->row_begin, sh->count,
+                                      sh->offset, sh->server);
+    }
+    if (servers != (uint32_t)np || shards != (uint32_t)ns)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                  "%s: %s: another shard map: %u shards over %u servers in the checkpoint, %d over %d "
+                                  "in this map", f->what, f->path, (unsigned)shards, (unsigned)servers, ns, np);
+    return DSGD_OK;
+}
+
+/* ---- the server */
+
+static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return (s->m1 != NULL) + (s->m2 != NULL); }
+
+DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
+    char what[64];
+    dsgd__ck_writer w;
+    dsgd__ps_ident id;
+    dsgd_buffer *slot[2];
+    size_t i, cells, held = 0;
+    int k, nslots;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof what, "dsgd_ps_server_save: server %d", s->index);
+    if (!path || !*path) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (s->state == DSGD__PS_FAILED)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
+                                  "%s: serve failed, so its state may be half-updated (save before serve or after it "
+                                  "returned DSGD_OK)", what);
+    for (k = 0; k < s->W && s->sum_only; ++k)
+        if (s->peer[k].have < s->agg_base)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
+                                      "%s: worker %d finished having fetched the means of %lld steps, and the server "
+                                      "no longer keeps step %lld's, which the others fetched after it (let every "
+                                      "worker pull after its last push, or none)", what, k,
+                                      (long long)s->peer[k].have, (long long)s->peer[k].have);
+    cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0;
+    for (i = 0; i < cells; ++i) held += s->slot[i] != NULL;
+    nslots = dsgd__ps_server_slots(s);
+    slot[0] = s->m1;
+    slot[1] = s->m2;
+    id = dsgd__ps_ident_of(&s->d, s->index);
+    dsgd__ckw_init(&w, s->ctx, what, dsgd__ps_ck_expect(s->n, 1 + (size_t)nslots + held + s->agg_len));
+    dsgd__ckw_begin(&w, "ps_server");
+    dsgd__ps_put_ident(&w, &id);
+    dsgd__ckw_u32(&w, (uint32_t)s->d.staleness_bins);
+    dsgd__ckw_u64(&w, (uint64_t)s->n);
+    dsgd__ckw_u64(&w, (uint64_t)s->version);
+    dsgd__ckw_u64(&w, (uint64_t)s->received);
+    dsgd__ckw_u64(&w, (uint64_t)s->applied);
+    dsgd__ckw_u64(&w, (uint64_t)s->duplicates);
+    dsgd__ckw_u64(&w, (uint64_t)s->dropped);
+    dsgd__ckw_u64(&w, (uint64_t)s->pulls);
+    dsgd__ckw_u64(&w, (uint64_t)s->deferred);
+    dsgd__ckw_u64(&w, (uint64_t)s->repeated);
+    dsgd__ckw_u64(&w, (uint64_t)s->stal_max);
+    dsgd__ckw_f64(&w, s->stal_sum);
+    for (k = 0; k < s->d.staleness_bins; ++k) dsgd__ckw_u64(&w, (uint64_t)s->hist[k]);
+    dsgd__ckw_end(&w);
+    dsgd__ps_put_map(&w, s->map);
+    dsgd__ckw_begin(&w, "ps_peers");
+    dsgd__ckw_u32(&w, (uint32_t)s->W);
+    for (k = 0; k < s->W; ++k) {
+        const dsgd__ps_peer *pe = &s->peer[k];
+        dsgd__ckw_u64(&w, pe->next_seq);
+        dsgd__ckw_u64(&w, pe->last_status);
+        dsgd__ckw_u64(&w, pe->pull_next);
+        dsgd__ckw_u64(&w, (uint64_t)pe->pull_min);
+        dsgd__ckw_u64(&w, (uint64_t)pe->pull_from);
+        dsgd__ckw_u64(&w, (uint64_t)pe->have);
+    }
+    dsgd__ckw_end(&w);
+    dsgd__ckw_begin(&w, "ps_clocks");
+    dsgd__ckw_u32(&w, (uint32_t)held);
+    for (i = 0; i < cells; ++i) {
+        if (!s->slot[i]) continue;
+        dsgd__ckw_u32(&w, (uint32_t)(i / (size_t)s->W)); /* the ring's row: clock % ring */
+        dsgd__ckw_u32(&w, (uint32_t)(i % (size_t)s->W));
+        dsgd__ckw_u64(&w, (uint64_t)s->vcomp[i]);
+        dsgd__ckw_read(&w, &s->be, dsgd__ref(s->slot[i], DSGD__PS_H), s->n);
+    }
+    dsgd__ckw_end(&w);
+    if (s->sum_only) {
+        dsgd__ckw_begin(&w, "ps_means"); /* the means kept: steps agg_base.. in order */
+        dsgd__ckw_u32(&w, (uint32_t)s->agg_len);
+        for (i = 0; i < s->agg_len; ++i) {
+            dsgd__ckw_u64(&w, (uint64_t)s->agg_base + i);
+            dsgd__ckw_read(&w, &s->be, dsgd__ref(s->agg[i], DSGD__PS_H), s->n);
+        }
+        dsgd__ckw_end(&w);
+    } else {
+        dsgd__ckw_begin(&w, "params");
+        dsgd__ckw_read(&w, &s->be, dsgd__ref(s->params, DSGD__PS_H), s->n);
+        dsgd__ckw_end(&w);
+        dsgd__ckw_begin(&w, "optimizer"); /* checkpoint.h's layout; the step is the version */
+        dsgd__ckw_u32(&w, (uint32_t)s->d.optimizer.kind);
+        dsgd__ckw_u64(&w, (uint64_t)s->version);
+        dsgd__ckw_f64(&w, 0.0);
+        dsgd__ckw_u32(&w, (uint32_t)nslots);
+        dsgd__ckw_u64(&w, (uint64_t)s->n);
+        for (k = 0; k < nslots; ++k) dsgd__ckw_read(&w, &s->be, dsgd__ref(slot[k], 0), s->n);
+        dsgd__ckw_end(&w);
+    }
+    return dsgd__ckw_commit(&w, path);
+}
+
+/* A server's checkpoint, checked and located in the image. */
+typedef struct dsgd__ps_ck_server {
+    int64_t version, cnt[8]; /* received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max */
+    double stal_sum;
+    const unsigned char *hist, *peers, *params, *slots, *means;
+    const dsgd__ck_section *clocks;
+    uint32_t held, nmeans;
+    int64_t min_have; /* the fewest means a worker has fetched */
+} dsgd__ps_ck_server;
+
+/* Walks the records of "ps_clocks" (after its count): row, worker, version
+   computed on, the gradient's floats. */
+static int dsgd__ps_ck_clock(dsgd__ck_cur *c, size_t n, uint32_t *row, uint32_t *worker, int64_t *vcomp,
+                             const unsigned char **floats) {
+    *row = dsgd__ckr_u32(c);
+    *worker = dsgd__ckr_u32(c);
+    *vcomp = (int64_t)dsgd__ckr_u64(c);
+    *floats = dsgd__ckr_floats(c, (uint64_t)n);
+    return !c->bad;
+}
+
+static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd_ps_server *s, dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 1);
+    dsgd__ps_ident got, want = dsgd__ps_ident_of(&s->d, s->index);
+    size_t cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0, rec;
+    uint64_t n, sum = 0;
+    uint32_t bins, nw, i;
+    int64_t prev = -1;
+    dsgd__ck_cur c;
+    dsgd_result r;
+    int k;
+    if (!sec) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    dsgd__ps_get_ident(&c, &got);
+    bins = dsgd__ckr_u32(&c);
+    n = dsgd__ckr_u64(&c);
+    st->version = (int64_t)dsgd__ckr_u64(&c);
+    for (k = 0; k < 8; ++k) st->cnt[k] = (int64_t)dsgd__ckr_u64(&c);
+    st->stal_sum = dsgd__ckr_f64(&c);
+    if (c.bad || bins == 0 || bins > DSGD_PS_MAX_STALENESS_BINS || c.left != (size_t)bins * 8)
+        return dsgd__ck_bad_section(f, sec, "cut short, or not a histogram of its bins");
+    if ((r = dsgd__ps_check_ident(f, "server", &got, &want)) != DSGD_OK) return r;
+    if (bins != (uint32_t)s->d.staleness_bins)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                  "%s: %s: the checkpoint's staleness histogram has %u bins, this server's %d", f->what,
+                                  f->path, (unsigned)bins, s->d.staleness_bins);
+    if ((r = dsgd__ps_check_map(f, s->map)) != DSGD_OK) return r;
+    if (n != (uint64_t)s->n) return dsgd__ck_bad_section(f, sec, "not the floats its shard map places on the server");
+    if (st->version < 0 || !(st->stal_sum >= 0.0))
+        return dsgd__ck_bad_section(f, sec, "a negative version or staleness sum");
+    for (k = 0; k < 8; ++k)
+        if (st->cnt[k] < 0) return dsgd__ck_bad_section(f, sec, "a negative counter");
+    st->hist = c.p;
+    for (i = 0; i < bins; ++i) {
+        uint64_t h = dsgd__ckr_u64(&c);
+        if (h > (uint64_t)st->cnt[1] - sum) break;
+        sum += h;
+    }
+    if (i < bins || sum != (uint64_t)st->cnt[1])
+        return dsgd__ck_bad_section(f, sec, "a staleness histogram that does not sum to the applied pushes");
+    /* the workers' exactly-once tables */
+    if (!(sec = dsgd__ck_need(f, "ps_peers", "the workers' sequence tables"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    nw = dsgd__ckr_u32(&c);
+    if (c.bad || nw != (uint32_t)s->W || c.left != (size_t)nw * DSGD__PS_CK_PEER)
+        return dsgd__ck_bad_section(f, sec, "not one 48-byte record per worker");
+    st->peers = c.p;
+    st->min_have = st->version;
+    for (i = 0; i < nw; ++i) {
+        uint64_t next = dsgd__ckr_u64(&c), status = dsgd__ckr_u64(&c), pull_next = dsgd__ckr_u64(&c);
+        int64_t have;
+        (void)dsgd__ckr_u64(&c); /* pull_min, pull_from: any */
+        (void)dsgd__ckr_u64(&c);
+        have = (int64_t)dsgd__ckr_u64(&c);
+        if (next > DSGD_PS_SEQ_MASK || pull_next > DSGD_PS_SEQ_MASK || status > DSGD_PS_DROPPED || have < 0 ||
+            have > st->version)
+            return dsgd__ck_bad_section(f, sec, "a sequence number, status or fetched count out of range");
+        if (have < st->min_have) st->min_have = have;
+    }
+    /* the gradients of clocks not yet applied, in slot order */
+    if (!(sec = dsgd__ck_need(f, "ps_clocks", "the gradients of clocks not yet applied"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    st->held = dsgd__ckr_u32(&c);
+    rec = 16 + s->n * sizeof(float);
+    if (c.bad || st->held > cells || (st->held ? c.left % st->held != 0 || c.left / st->held != rec : c.left != 0))
+        return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per held gradient");
+    st->clocks = sec;
+    for (i = 0; i < st->held; ++i) {
+        uint32_t row, worker;
+        int64_t vcomp;
+        const unsigned char *g;
+        if (!dsgd__ps_ck_clock(&c, s->n, &row, &worker, &vcomp, &g) || row >= (uint32_t)s->ring ||
+            worker >= (uint32_t)s->W || (int64_t)row * s->W + worker <= prev)
+            return dsgd__ck_bad_section(f, sec, "a clock record out of range or out of order");
+        prev = (int64_t)row * s->W + worker;
+    }
+    if (s->sum_only) { /* the means kept: the last steps, every one a worker has not fetched */
+        if (!(sec = dsgd__ck_need(f, "ps_means", "the means the workers have not fetched"))) return DSGD_ERR_SHAPE;
+        c = dsgd__ck_cursor(sec);
+        st->nmeans = dsgd__ckr_u32(&c);
+        rec = 8 + s->n * sizeof(float);
+        if (c.bad || (int64_t)st->nmeans > st->version || c.left % rec != 0 || c.left / rec != st->nmeans)
+            return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per kept mean");
+        st->means = c.p;
+        for (i = 0; i < st->nmeans; ++i) {
+            if (dsgd__ckr_u64(&c) != (uint64_t)(st->version - st->nmeans + i))
+                return dsgd__ck_bad_section(f, sec, "means not of the last steps, in order");
+            (void)dsgd__ckr_floats(&c, (uint64_t)s->n);
+        }
+        if (st->min_have < st->version - (int64_t)st->nmeans)
+            return dsgd__ck_bad_section(f, sec, "a worker lacks a mean the server does not keep");
+        return DSGD_OK;
+    }
+    /* ON_SERVERS: the parameters and the optimizer's slots */
+    if (!(sec = dsgd__ck_need(f, "params", "the server's parameters"))) return DSGD_ERR_SHAPE;
+    if (sec->size != s->n * sizeof(float)) return dsgd__ck_bad_section(f, sec, "not the server's float count");
+    st->params = sec->data;
+    if (!(sec = dsgd__ck_need(f, "optimizer", "the optimizer's slots"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    {
+        uint32_t kind = dsgd__ckr_u32(&c), nslots;
+        uint64_t t = dsgd__ckr_u64(&c), np;
+        (void)dsgd__ckr_f64(&c); /* last norm: the servers keep none */
+        nslots = dsgd__ckr_u32(&c);
+        np = dsgd__ckr_u64(&c);
+        if (c.bad || kind != (uint32_t)s->d.optimizer.kind || t != (uint64_t)st->version ||
+            nslots != (uint32_t)dsgd__ps_server_slots(s) || np != (uint64_t)s->n ||
+            c.left != (size_t)nslots * s->n * sizeof(float))
+            return dsgd__ck_bad_section(f, sec, "not the server's optimizer kind, step (its version) or slots");
+    }
+    st->slots = c.p;
+    return DSGD_OK;
+}
+
+/* Writes the checked state into s; nothing here fails. */
+static void dsgd__ps_server_apply_ck(dsgd_ps_server *s, const dsgd__ps_ck_server *st) {
+    size_t i, cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0;
+    dsgd__ck_cur c;
+    int k;
+    s->version = st->version;
+    s->received = st->cnt[0];
+    s->applied = st->cnt[1];
+    s->duplicates = st->cnt[2];
+    s->dropped = st->cnt[3];
+    s->pulls = st->cnt[4];
+    s->deferred = st->cnt[5];
+    s->repeated = st->cnt[6];
+    s->stal_max = st->cnt[7];
+    s->stal_sum = st->stal_sum;
+    for (k = 0; k < s->d.staleness_bins; ++k) s->hist[k] = (int64_t)dsgd__ck_get64(st->hist + (size_t)k * 8);
+    for (k = 0; k < s->W; ++k) { /* every worker is expected again */
+        dsgd__ps_peer *pe = &s->peer[k];
+        const unsigned char *p = st->peers + (size_t)k * DSGD__PS_CK_PEER;
+        memset(pe, 0, sizeof *pe);
+        pe->next_seq = dsgd__ck_get64(p);
+        pe->last_status = dsgd__ck_get64(p + 8);
+        pe->pull_next = dsgd__ck_get64(p + 16);
+        pe->pull_min = (int64_t)dsgd__ck_get64(p + 24);
+        pe->pull_from = (int64_t)dsgd__ck_get64(p + 32);
+        pe->have = (int64_t)dsgd__ck_get64(p + 40);
+    }
+    s->done_count = 0;
+    if (s->sum_only) { /* the buffers of agg[0..nmeans) exist (dsgd__ps_ck_mean_buffers) */
+        for (i = st->nmeans; i < s->agg_len; ++i) s->be.buffer_destroy(s->be.impl, s->agg[i]);
+        s->agg_len = st->nmeans;
+        s->agg_base = s->version - (int64_t)st->nmeans;
+        for (i = 0; i < st->nmeans; ++i)
+            dsgd__ck_copy_floats(s->be.buffer_host_ptr(s->be.impl, s->agg[i]) + DSGD__PS_H,
+                                 st->means + i * (8 + s->n * sizeof(float)) + 8, s->n);
+    }
+    for (i = 0; i < cells; ++i)
+        if (s->slot[i]) {
+            s->pool[s->pool_len++] = s->slot[i];
+            s->slot[i] = NULL;
+        }
+    for (k = 0; k < s->ring && cells; ++k) s->slot_count[k] = 0;
+    if (st->held) {
+        c = dsgd__ck_cursor(st->clocks);
+        (void)dsgd__ckr_u32(&c);
+        for (i = 0; i < st->held; ++i) {
+            uint32_t row, worker;
+            int64_t vcomp;
+            const unsigned char *g;
+            size_t at;
+            dsgd_buffer *b;
+            dsgd__ps_ck_clock(&c, s->n, &row, &worker, &vcomp, &g);
+            at = (size_t)row * (size_t)s->W + worker;
+            b = s->pool[--s->pool_len];
+            dsgd__ck_copy_floats(s->be.buffer_host_ptr(s->be.impl, b) + DSGD__PS_H, g, s->n);
+            s->slot[at] = b;
+            s->vcomp[at] = vcomp;
+            s->slot_count[row]++;
+        }
+    }
+    if (!s->sum_only) {
+        dsgd_buffer *slot[2];
+        slot[0] = s->m1;
+        slot[1] = s->m2;
+        dsgd__ck_copy_floats(s->params_h + DSGD__PS_H, st->params, s->n);
+        for (k = 0; k < dsgd__ps_server_slots(s); ++k)
+            dsgd__ck_copy_floats(s->be.buffer_host_ptr(s->be.impl, slot[k]),
+                                 st->slots + (size_t)k * s->n * sizeof(float), s->n);
+    }
+}
+
+/* ON_WORKERS: room in agg and buffers for count means, made before anything
+   is written (those beyond agg_len are not means until then). */
+static dsgd_result dsgd__ps_ck_mean_buffers(dsgd_ps_server *s, const char *what, size_t count) {
+    size_t j;
+    dsgd_result r;
+    if (count > s->agg_cap) {
+        dsgd_buffer **a = count > SIZE_MAX / sizeof *a ? NULL : (dsgd_buffer **)DSGD_REALLOC(s->agg, count * sizeof *a);
+        if (!a) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: keeping %zu means", what, count);
+        s->agg = a;
+        s->agg_cap = count;
+    }
+    for (j = s->agg_len; j < count; ++j)
+        if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->agg[j])) != DSGD_OK) {
+            while (j-- > s->agg_len) s->be.buffer_destroy(s->be.impl, s->agg[j]);
+            return r;
+        }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path) {
+    char what[64];
+    dsgd__ps_ck_server st;
+    dsgd__ck_file f;
+    dsgd_result r;
+    size_t i, have, cells;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof what, "dsgd_ps_server_restore: server %d", s->index);
+    if (!path || !*path) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (s->state != DSGD__PS_CREATED)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: restore into a server before serve (this one %s)", what,
+                                  s->state == DSGD__PS_FAILED ? "failed" : "has served");
+    memset(&st, 0, sizeof st);
+    if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__ps_check_server(&f, s, &st);
+    if (r == DSGD_OK) {
+        /* the buffers of the held gradients first (into the pool, which
+           holds every buffer not in a slot), so nothing fails after the
+           first write */
+        cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0;
+        for (have = (size_t)s->pool_len, i = 0; i < cells; ++i) have += s->slot[i] != NULL;
+        for (; have < st.held && r == DSGD_OK; ++have)
+            if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->pool[s->pool_len])) == DSGD_OK) s->pool_len++;
+        if (r == DSGD_OK && s->sum_only) r = dsgd__ps_ck_mean_buffers(s, what, st.nmeans);
+        if (r == DSGD_OK) dsgd__ps_server_apply_ck(s, &st);
+    }
+    dsgd__ck_close(&f);
+    return r;
+}
+
+/* ---- the worker */
+
+static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
+    return w->sum_only ? (w->m1[0] != NULL) + (w->m2[0] != NULL) : 0;
+}
+
+/* The worker's floats over every server. */
+static size_t dsgd__ps_worker_floats(const dsgd_ps_worker *w) {
+    size_t total = 0;
+    int s;
+    for (s = 0; s < w->P; ++s) total += w->n[s];
+    return total;
+}
+
+/* A pull or push since create or restore (not at a point to save or restore). */
+static int dsgd__ps_worker_moved(const dsgd_ps_worker *w) {
+    return w->push_seq != w->push_seq0 || w->pull_seq != w->pull_seq0;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
+    char what[64];
+    dsgd__ck_writer wr;
+    dsgd__ps_ident id;
+    int s, k, nslots;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof what, "dsgd_ps_worker_save: worker %d", w->index);
+    if (!path || !*path) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (w->state == DSGD__PS_FAILED)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: it has failed, so its state may be half-updated", what);
+    if (w->state == DSGD__PS_CREATED && dsgd__ps_worker_moved(w))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: it is between its first pull and finish (at push %llu, pull %llu): the servers, "
+                                  "serving, cannot be saved with it; save after dsgd_ps_worker_finish", what,
+                                  (unsigned long long)w->push_seq, (unsigned long long)w->pull_seq);
+    nslots = dsgd__ps_worker_slots(w);
+    id = dsgd__ps_ident_of(&w->d, w->index);
+    dsgd__ckw_init(&wr, w->ctx, what,
+                   dsgd__ps_ck_expect(dsgd__ps_worker_floats(w), w->sum_only ? 1 + (size_t)nslots : 0));
+    dsgd__ckw_begin(&wr, "ps_worker");
+    dsgd__ps_put_ident(&wr, &id);
+    dsgd__ckw_u32(&wr, (uint32_t)(w->state == DSGD__PS_DONE));
+    dsgd__ckw_u32(&wr, (uint32_t)(w->pulled != 0));
+    dsgd__ckw_u32(&wr, (uint32_t)(w->params_set != 0));
+    dsgd__ckw_u64(&wr, w->push_seq);
+    dsgd__ckw_u64(&wr, w->pull_seq);
+    dsgd__ckw_u64(&wr, (uint64_t)w->pulls);
+    dsgd__ckw_u64(&wr, (uint64_t)w->push_resends);
+    dsgd__ckw_u64(&wr, (uint64_t)w->pull_resends);
+    dsgd__ckw_u64(&wr, (uint64_t)w->pushes_dropped);
+    dsgd__ckw_u64(&wr, (uint64_t)w->stale);
+    dsgd__ckw_u32(&wr, (uint32_t)w->P);
+    for (s = 0; s < w->P; ++s) {
+        dsgd__ckw_u64(&wr, (uint64_t)w->n[s]);
+        dsgd__ckw_u64(&wr, (uint64_t)w->version[s]);
+        dsgd__ckw_u64(&wr, (uint64_t)w->last_step[s]);
+        dsgd__ckw_u32(&wr, (uint32_t)(w->dropped[s] != 0));
+        dsgd__ckw_u64(&wr, (uint64_t)(w->sum_only ? w->latest[s] : 0));
+    }
+    dsgd__ckw_end(&wr);
+    dsgd__ps_put_map(&wr, w->map);
+    if (w->sum_only) {
+        dsgd_buffer **arr[3];
+        arr[0] = w->own;
+        arr[1] = w->m1;
+        arr[2] = w->m2;
+        dsgd__ckw_begin(&wr, "ps_copy");
+        dsgd__ckw_u32(&wr, (uint32_t)nslots);
+        dsgd__ckw_u64(&wr, (uint64_t)dsgd__ps_worker_floats(w));
+        for (k = 0; k <= nslots; ++k)
+            for (s = 0; s < w->P; ++s) dsgd__ckw_read(&wr, &w->be, dsgd__ref(arr[k][s], 0), w->n[s]);
+        dsgd__ckw_end(&wr);
+    }
+    return dsgd__ckw_commit(&wr, path);
+}
+
+/* A worker's checkpoint, checked and located in the image. */
+typedef struct dsgd__ps_ck_worker {
+    uint32_t pulled, params_set;
+    uint64_t push_seq, pull_seq;
+    int64_t cnt[5]; /* pulls, push_resends, pull_resends, pushes_dropped, stale */
+    const unsigned char *servers, *copy;
+} dsgd__ps_ck_worker;
+
+static dsgd_result dsgd__ps_check_worker(const dsgd__ck_file *f, const dsgd_ps_worker *w, dsgd__ps_ck_worker *st) {
+    const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 0);
+    dsgd__ps_ident got, want = dsgd__ps_ident_of(&w->d, w->index);
+    uint32_t finished, nP, s;
+    dsgd__ck_cur c;
+    dsgd_result r;
+    int k;
+    if (!sec) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    dsgd__ps_get_ident(&c, &got);
+    finished = dsgd__ckr_u32(&c);
+    st->pulled = dsgd__ckr_u32(&c);
+    st->params_set = dsgd__ckr_u32(&c);
+    st->push_seq = dsgd__ckr_u64(&c);
+    st->pull_seq = dsgd__ckr_u64(&c);
+    for (k = 0; k < 5; ++k) st->cnt[k] = (int64_t)dsgd__ckr_u64(&c);
+    nP = dsgd__ckr_u32(&c);
+    if (c.bad || c.left % DSGD__PS_CK_SERVER != 0 || c.left / DSGD__PS_CK_SERVER != nP || nP != got.P)
+        return dsgd__ck_bad_section(f, sec, "cut short, or not one 36-byte record per server");
+    if ((r = dsgd__ps_check_ident(f, "worker", &got, &want)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_check_map(f, w->map)) != DSGD_OK) return r;
+    if (finished > 1 || st->pulled > 1 || st->params_set > 1 || st->push_seq > DSGD_PS_SEQ_MASK ||
+        st->pull_seq > DSGD_PS_SEQ_MASK)
+        return dsgd__ck_bad_section(f, sec, "a flag or sequence number out of range");
+    for (k = 0; k < 5; ++k)
+        if (st->cnt[k] < 0) return dsgd__ck_bad_section(f, sec, "a negative counter");
+    st->servers = c.p;
+    for (s = 0; s < nP; ++s) {
+        uint64_t n = dsgd__ckr_u64(&c);
+        int64_t version = (int64_t)dsgd__ckr_u64(&c), last = (int64_t)dsgd__ckr_u64(&c);
+        uint32_t dropped = dsgd__ckr_u32(&c);
+        int64_t latest = (int64_t)dsgd__ckr_u64(&c);
+        if (n != (uint64_t)w->n[s])
+            return dsgd__ck_bad_section(f, sec, "not the floats its shard map places on the servers");
+        if (version < 0 || last < -1 || dropped > 1 || latest < 0)
+            return dsgd__ck_bad_section(f, sec, "a version, step or flag out of range");
+    }
+    if (!w->sum_only) return DSGD_OK;
+    /* ON_WORKERS: the worker's copy and slots */
+    if (!(sec = dsgd__ck_need(f, "ps_copy", "the worker's copy of the parameters"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    {
+        uint32_t nslots = dsgd__ckr_u32(&c);
+        uint64_t total = dsgd__ckr_u64(&c);
+        size_t floats = dsgd__ps_worker_floats(w);
+        if (c.bad || nslots != (uint32_t)dsgd__ps_worker_slots(w) || total != (uint64_t)floats ||
+            c.left / sizeof(float) / (1 + nslots) != floats || c.left != (1 + nslots) * floats * sizeof(float))
+            return dsgd__ck_bad_section(f, sec, "not the worker's floats and optimizer slots");
+    }
+    st->copy = c.p;
+    return DSGD_OK;
+}
+
+/* Writes the checked state into w; nothing here fails. */
+static void dsgd__ps_worker_apply_ck(dsgd_ps_worker *w, const dsgd__ps_ck_worker *st) {
+    int s, k;
+    w->push_seq = w->push_seq0 = st->push_seq;
+    w->pull_seq = w->pull_seq0 = st->pull_seq;
+    w->pulled = (int)st->pulled;
+    w->params_set = w->sum_only && st->params_set;
+    w->pulls = st->cnt[0];
+    w->push_resends = st->cnt[1];
+    w->pull_resends = st->cnt[2];
+    w->pushes_dropped = st->cnt[3];
+    w->stale = st->cnt[4];
+    for (s = 0; s < w->P; ++s) {
+        const unsigned char *p = st->servers + (size_t)s * DSGD__PS_CK_SERVER;
+        w->version[s] = (int64_t)dsgd__ck_get64(p + 8);
+        w->last_step[s] = (int64_t)dsgd__ck_get64(p + 16);
+        w->dropped[s] = (int)dsgd__ck_get32(p + 24);
+        if (w->sum_only) w->latest[s] = (int64_t)dsgd__ck_get64(p + 28);
+    }
+    w->state = DSGD__PS_CREATED; /* a finished worker goes on */
+    if (w->sum_only) {
+        const unsigned char *src = st->copy;
+        dsgd_buffer **arr[3];
+        arr[0] = w->own;
+        arr[1] = w->m1;
+        arr[2] = w->m2;
+        for (k = 0; k <= dsgd__ps_worker_slots(w); ++k)
+            for (s = 0; s < w->P; ++s) {
+                dsgd__ck_copy_floats(w->be.buffer_host_ptr(w->be.impl, arr[k][s]), src, w->n[s]);
+                src += w->n[s] * sizeof(float);
+            }
+    }
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path) {
+    char what[64];
+    dsgd__ps_ck_worker st;
+    dsgd__ck_file f;
+    dsgd_result r;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof what, "dsgd_ps_worker_restore: worker %d", w->index);
+    if (!path || !*path) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (w->state != DSGD__PS_CREATED || dsgd__ps_worker_moved(w))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: restore into a worker before its first pull (this one %s)",
+                                  what, w->state == DSGD__PS_FAILED ? "failed" : w->state == DSGD__PS_DONE ? "finished"
+                                                                                                          : "pulled or pushed");
+    memset(&st, 0, sizeof st);
+    if ((r = dsgd__ck_open(&f, w->ctx, what, path)) == DSGD_OK && (r = dsgd__ps_check_worker(&f, w, &st)) == DSGD_OK)
+        dsgd__ps_worker_apply_ck(w, &st);
+    dsgd__ck_close(&f);
+    return r;
 }
 
 #endif /* DSGD__PART_PS_IMPL */
