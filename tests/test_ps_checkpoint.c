@@ -78,17 +78,8 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-    DIR *d = opendir(g_dir);
-    struct dirent *e;
-    char path[512];
     (void)state;
-    while (d && (e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(path, sizeof(path), "%s/%s", g_dir, e->d_name);
-            unlink(path);
-        }
-    if (d) closedir(d);
-    rmdir(g_dir);
+    tu_rmdir_files(g_dir);
     alarm(0);
     return 0;
 }

@@ -147,6 +147,20 @@ TU_FN void tu_mkdtemp(char *path) {
     if (!mkdtemp(path)) fail_msg("mkdtemp failed");
 }
 
+/* Removes the files in dir (not subdirectories), then dir itself. */
+TU_FN void tu_rmdir_files(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[512];
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.') {
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
 /* Writes len bytes to dir/name and returns the full path in out (cap bytes). */
 TU_FN void tu_write_file(const char *dir, const char *name, const void *data, size_t len,
                          char *out, size_t cap) {
