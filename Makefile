@@ -3,7 +3,11 @@
 #   make            build every example, test, bench and tool (build/...)
 #   make test       install/check Debian packages, build the tests plain, with
 #                   ASan+UBSan and (threaded ones) with TSan, compile-check the
-#                   headers as C and C++, run everything, print "N passed, N failed"
+#                   headers as C and C++, run everything (with a 50-seed soak),
+#                   print "N passed, N failed"
+#   make soak [SOAK_SEEDS=1000]   tests/soak.c under TSan: that many random
+#                   loopback training configurations (replicas, algorithms,
+#                   NaN steps, failing replicas) against one_device
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
 #                   (BLAS=openblas: its GEMM is OpenBLAS's, on OPENBLAS_NUM_THREADS, default 1)
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
@@ -25,6 +29,7 @@
 #
 # Layout: examples/NAME.c -> build/examples/NAME, tests/test_NAME.c ->
 # build/tests/test_NAME (+ build/asan/tests/, build/tsan/tests/),
+# tests/soak.c -> build/tsan/soak (+ build/tests/soak, plain, the warning gate),
 # bench/NAME.c -> build/bench/NAME, tools/NAME.c -> build/tools/NAME (developer
 # programs). Every binary depends on the top-level
 # headers, so editing distsgd.h rebuilds everything; tools and benches also
@@ -148,6 +153,14 @@ EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(BUILD_EXAMPLE_SRCS))
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(BUILD_TEST_SRCS))
 ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(BUILD_TEST_SRCS))
 TSAN_TESTS := $(patsubst tests/%.c,$(BUILD)/tsan/tests/%,$(BUILD_TSAN_SRCS))
+# The soak (tests/soak.c, not a cmocka test): random loopback training
+# configurations under TSan, one seed each. make soak runs SOAK_SEEDS of them;
+# make test runs its default, 50 seeds, through tools/run_tests.sh, which
+# counts each seed as a test.
+SOAK := $(BUILD)/tsan/soak
+SOAK_PLAIN := $(BUILD)/tests/soak
+SOAK_SEEDS ?= 1000
+SOAK_FIRST ?= 1
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BUILD_BENCH_SRCS))
 TOOLS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(BUILD_TOOL_SRCS))
 
@@ -166,13 +179,13 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi bench-peers fuzz all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
+.PHONY: build-combos tune bench-mpi bench-peers fuzz soak all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
     demo demo-run sync-vs-async sync-vs-async-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
 
 examples: $(EXAMPLES) cl-note
-tests: $(TESTS) cl-note
+tests: $(TESTS) $(SOAK_PLAIN) cl-note
 bench-build: $(BENCHES) cl-note
 tools: $(TOOLS) cl-note
 
@@ -185,7 +198,7 @@ test:
 	sh tools/deps.sh test
 	@$(MAKE) --no-print-directory test-run
 
-test-build: $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) check-header cl-note
+test-build: $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK) check-header cl-note
 
 check-header: $(HEADER_CHECKS)
 
@@ -205,7 +218,14 @@ check-parts:
 test-run: test-build check-amalgamation check-docs check-parts compile-matrix test-consumers
 	@mkdir -p build/pocl-cache
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
-	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)
+	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK)
+
+# The soak: SOAK_SEEDS seeds from SOAK_FIRST, each a random configuration
+# trained in a child process under TSan with a 30 s watchdog; a failing seed
+# is printed with its configuration (rerun it with build/tsan/soak --seed K);
+# the last line is "N passed, N failed".
+soak: $(SOAK)
+	$(TEST_ENV) $(SOAK) --seeds $(SOAK_SEEDS) --first $(SOAK_FIRST)
 
 demo:
 	$(blas_check)sh tools/deps.sh demo
@@ -327,6 +347,14 @@ $(BUILD)/asan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 $(BUILD)/tsan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
 	@mkdir -p $(@D)
 	$(TSAN_CC) $(CPPFLAGS) $(SAN_CFLAGS) $(TSAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(TSAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
+
+$(SOAK): tests/soak.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(TSAN_CC) $(CPPFLAGS) $(SAN_CFLAGS) $(TSAN_FLAGS) $< -o $@ $(LDFLAGS) $(TSAN_FLAGS) $(LDLIBS)
+
+$(SOAK_PLAIN): tests/soak.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.h)
 	@mkdir -p $(@D)

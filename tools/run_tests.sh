@@ -7,6 +7,8 @@
 # all binaries. A binary that exits non-zero (a crash, a sanitizer report, a
 # timeout) without reporting any failed test counts as one failed test, so a
 # problem after cmocka's summary (e.g. a leak found at exit) is not lost.
+# A binary that prints no cmocka summary but ends its output with a line
+# "N passed, N failed" (tests/soak.c: one per seed) is counted by that line.
 # The last line printed is always "N passed, N failed" (", N skipped" when any
 # test was skipped). Exit status: 0 when nothing failed, 1 otherwise.
 #
@@ -89,6 +91,12 @@ for bin in "$@"; do
     pass=$(sum_tag PASSED)
     fail=$(sum_tag FAILED)
     skip=$(sum_tag SKIPPED)
+    if [ "$pass" -eq 0 ] && [ "$fail" -eq 0 ] && [ "$skip" -eq 0 ]; then
+        own=$(tail -n 1 "$log" | sed -n 's/^\([0-9][0-9]*\) passed, \([0-9][0-9]*\) failed$/\1 \2/p')
+        if [ -n "$own" ]; then
+            read -r pass fail <<<"$own"
+        fi
+    fi
     elapsed=$(($(date +%s) - start))
     why=""
     if [ $rc -ne 0 ] && [ "$fail" -eq 0 ]; then
