@@ -10170,7 +10170,8 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full);
 /* Getters (0 or NULL for c NULL or an index out of range):
      dsgd_cluster_num_params    floats of the flat parameter buffer
      dsgd_cluster_shard_map     the map the servers use
-     dsgd_cluster_workers_alive workers not lost or failed
+     dsgd_cluster_workers_alive workers not lost or failed (a worker is
+                                lost from dsgd_cluster_kill_worker on)
    and the engine's counters of server s and worker w (zeros for c or out
    NULL; a server's only after shutdown).
    Errors: none. Thread safety: the coordinator, between closures (the
@@ -10893,10 +10894,12 @@ DSGD_API size_t dsgd_cluster_num_params(const dsgd_cluster *c) { return c ? c->n
 DSGD_API const dsgd_shard_map *dsgd_cluster_shard_map(const dsgd_cluster *c) { return c ? c->map : NULL; }
 
 DSGD_API int dsgd_cluster_workers_alive(dsgd_cluster *c) {
-    int n;
+    int n = 0, i;
     if (!c) return 0;
     pthread_mutex_lock(&c->mu);
-    n = c->alive;
+    /* a killed worker is lost from the kill on, even before its thread
+       notices and leaves */
+    for (i = 0; i < c->W; ++i) n += !c->workers[i].gone && !dsgd__cluster_killed(&c->workers[i]);
     pthread_mutex_unlock(&c->mu);
     return n;
 }
