@@ -164,7 +164,8 @@ SOAK_FIRST ?= 1
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BUILD_BENCH_SRCS))
 TOOLS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(BUILD_TOOL_SRCS))
 
-CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h),$(MAP_HEADERS))
+# distsgd_mpi.h is checked by tools/mpi.mk, with MPI's include flags.
+CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h) %_mpi.h,$(MAP_HEADERS))
 HEADER_CHECKS := $(foreach h,$(CHECK_HEADERS),\
     $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,$(BUILD)/check/$(basename $h).$c.$s.ok)) \
     $(foreach c,$(CHECK_CXX),$(BUILD)/check/$(basename $h).$c.c++11.ok))
@@ -218,7 +219,7 @@ check-parts:
 test-run: test-build check-amalgamation check-docs check-parts compile-matrix test-consumers
 	@mkdir -p build/pocl-cache
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
-	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK)
+	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK) $(MPI_TEST_RUNS)
 
 # The soak: SOAK_SEEDS seeds from SOAK_FIRST, each a random configuration
 # trained in a child process under TSan with a 30 s watchdog; a failing seed
@@ -391,3 +392,4 @@ $(foreach h,$(CHECK_HEADERS),$(foreach c,$(CHECK_CXX),$(eval $(call header_check
 # After `all` so that neither fragment provides the default target.
 include tools/amalgamation.mk
 include tools/install.mk
+include tools/mpi.mk

@@ -67,8 +67,8 @@
    strict -std=c99 the feature macro must precede the first system header, so
    it is set here; include distsgd.h before other headers in the file that
    defines DISTSGD_IMPLEMENTATION, or compile with -D_POSIX_C_SOURCE=200809L. */
-#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(_POSIX_C_SOURCE) && \
-    !defined(_GNU_SOURCE) && !defined(_WIN32)
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION) || defined(DISTSGD_MPI_IMPLEMENTATION)) && \
+    !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && !defined(_WIN32)
 #define _POSIX_C_SOURCE 200809L
 #endif
 
@@ -209,7 +209,8 @@ DSGD_API double dsgd_now(void);
 
 /* Configuration and system headers of every implementation, the core's and
    the add-ons' (which may be compiled in another file than the core's). */
-#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(DSGD__PART_BASE_PRIVATE)
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION) || defined(DISTSGD_MPI_IMPLEMENTATION)) && \
+    !defined(DSGD__PART_BASE_PRIVATE)
 #define DSGD__PART_BASE_PRIVATE
 
 #include <float.h>

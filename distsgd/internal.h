@@ -2,7 +2,8 @@
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 */
 
-#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(DSGD__PART_INTERNAL_IMPL)
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION) || defined(DISTSGD_MPI_IMPLEMENTATION)) && \
+    !defined(DSGD__PART_INTERNAL_IMPL)
 #define DSGD__PART_INTERNAL_IMPL
 
 #include <pthread.h>

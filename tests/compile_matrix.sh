@@ -7,7 +7,11 @@
 #       two TUs, one with the implementation, linked together and run;
 #   single include only: a TU with DISTSGD_WITH_OPENCL + DISTSGD_CL_IMPLEMENTATION
 #   (skipped when pkg-config has no OpenCL/clblast), a check that without
-#   DISTSGD_WITH_OPENCL it pulls in no OpenCL header, and every examples/NAME.c
+#   DISTSGD_WITH_OPENCL it pulls in no OpenCL header; the same for MPI
+#   (DISTSGD_WITH_MPI + DISTSGD_MPI_IMPLEMENTATION as C99 and C++11, the MPI
+#   implementation and the core's in two TUs, linked; skipped when <mpi.h> is
+#   not found with mpicc's or pkg-config's flags; without DISTSGD_WITH_MPI no
+#   MPI header); every examples/NAME.c
 #   built against it alone (the OpenCL ones with DISTSGD_WITH_OPENCL) must print
 #   what build/examples/NAME prints, timings aside; the Fashion-MNIST ones run
 #   one epoch on build/data/fashion-mnist (unpacked by make when Debian's
@@ -34,6 +38,20 @@ if pkg-config --exists OpenCL clblast 2>/dev/null; then
     CL_CFLAGS=$(pkg-config --cflags OpenCL clblast)
     CL_LIBS=$(pkg-config --libs OpenCL clblast)
 fi
+# MPI's flags (OpenMPI's wrapper, else pkg-config's mpi or mpich); HAVE_MPI is
+# empty unless <mpi.h> compiles with them.
+HAVE_MPI="" MPI_CFLAGS="" MPI_LIBS=""
+if MPI_CFLAGS=$(mpicc --showme:compile 2>/dev/null) && MPI_LIBS=$(mpicc --showme:link 2>/dev/null); then
+    :
+elif MPI_CFLAGS=$(pkg-config --cflags mpi 2>/dev/null) && MPI_LIBS=$(pkg-config --libs mpi 2>/dev/null); then
+    :
+elif MPI_CFLAGS=$(pkg-config --cflags mpich 2>/dev/null) && MPI_LIBS=$(pkg-config --libs mpich 2>/dev/null); then
+    :
+else
+    MPI_CFLAGS="" MPI_LIBS=""
+fi
+# shellcheck disable=SC2086
+if printf '#include <mpi.h>\n' | gcc -E -x c - $MPI_CFLAGS >/dev/null 2>&1; then HAVE_MPI=yes; fi
 passed=0
 failed=0
 
@@ -235,6 +253,60 @@ SRC
         done
     else
         echo "skip  single_include/distsgd.h DISTSGD_WITH_OPENCL (pkg-config finds no OpenCL clblast)"
+    fi
+
+    # The MPI add-on: without DISTSGD_WITH_MPI the single include reaches no
+    # MPI header; with it, it compiles as C and C++ and links (not run: that
+    # needs mpirun, which make test-mpi does), and so does the add-on's
+    # implementation in a TU of its own beside the core's.
+    no_mpi() {
+        printf '#define DISTSGD_IMPLEMENTATION\n#include "%s"\n' "$SI" >"$TMP/nompi.c"
+        gcc -std=c99 -E -H "$TMP/nompi.c" -o /dev/null 2>"$TMP/nompi.inc" || { cat "$TMP/nompi.inc"; return 1; }
+        grep -q 'stddef.h' "$TMP/nompi.inc" || { echo "gcc -H listed no headers"; return 1; }
+        if grep -E '(/mpi\.h|mpich|openmpi)' "$TMP/nompi.inc"; then return 1; fi
+    }
+    run_case "single_include/distsgd.h without DISTSGD_WITH_MPI includes no MPI header" "$TMP/log" no_mpi
+    if [ -n "$HAVE_MPI" ]; then
+        cat >"$TMP/mpi.c" <<SRC
+#define DISTSGD_WITH_MPI
+#define DISTSGD_IMPLEMENTATION
+#define DISTSGD_MPI_IMPLEMENTATION
+#include "$SI"
+#include <string.h>
+int main(int argc, char **argv) {
+    dsgd_mpi_desc d;
+    dsgd_transport_i t;
+    memset(&d, 0, sizeof d);
+    (void)argv;
+    if (argc > 99) { /* never: links the API without running MPI */
+        if (dsgd_mpi_transport_create(NULL, &d, &t) != DSGD_OK) dsgd_mpi_abort(1);
+        return dsgd_mpi_init(NULL, &argc, &argv, NULL) == DSGD_OK;
+    }
+    return dsgd_result_string(DSGD_OK) == NULL;
+}
+SRC
+        cp "$TMP/mpi.c" "$TMP/mpi.cpp"
+        # shellcheck disable=SC2086
+        run_case "single_include/distsgd.h gcc -std=c99 DISTSGD_WITH_MPI" "$TMP/log" \
+            gcc -std=c99 $WARN -O1 $MPI_CFLAGS "$TMP/mpi.c" -o "$TMP/mpi_c" $MPI_LIBS $LIBS
+        # shellcheck disable=SC2086
+        run_case "single_include/distsgd.h g++ -std=c++11 DISTSGD_WITH_MPI" "$TMP/log" \
+            g++ -std=c++11 $WARN -O1 $MPI_CFLAGS "$TMP/mpi.cpp" -o "$TMP/mpi_cxx" $MPI_LIBS $LIBS
+        for hdr in "$ROOT/distsgd_mpi.h" "$SI"; do
+            printf '#define DISTSGD_WITH_MPI\n#define DISTSGD_MPI_IMPLEMENTATION\n#include "%s"\n' "$hdr" \
+                >"$TMP/mpi_only.c"
+            printf '#define DISTSGD_WITH_MPI\n#define DISTSGD_IMPLEMENTATION\n#include "%s"\n%s\n' "$hdr" \
+                'int main(int argc, char **argv) { (void)argv; if (argc > 99) dsgd_mpi_abort(1); return dsgd_result_string(DSGD_OK) == NULL; }' \
+                >"$TMP/mpi_core_main.c"
+            for cc in gcc clang; do
+                # shellcheck disable=SC2086
+                run_case "${hdr#"$ROOT"/} $cc -std=c99: MPI implementation and core implementation in two TUs" \
+                    "$TMP/log" $cc -std=c99 $WARN -O1 $MPI_CFLAGS "$TMP/mpi_only.c" "$TMP/mpi_core_main.c" \
+                    -o "$TMP/mpi_two" $MPI_LIBS $LIBS
+            done
+        done
+    else
+        echo "skip  single_include/distsgd.h DISTSGD_WITH_MPI (no <mpi.h> with mpicc's or pkg-config's flags)"
     fi
 
     # Every example built against the single include alone must print what its

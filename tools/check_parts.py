@@ -4,7 +4,9 @@
 Usage: python3 tools/check_parts.py [CC [CXX]]   (run from anywhere; default cc, c++)
 
 Reads the parts, in order, from the #include lines of the maps (distsgd.h,
-then distsgd_cl.h when pkg-config finds OpenCL and CLBlast), and compiles, for
+then distsgd_cl.h when pkg-config finds OpenCL and CLBlast, then distsgd_mpi.h
+when <mpi.h> is found with the flags of `mpicc --showme:compile` or of
+pkg-config's mpi or mpich), and compiles, for
 each part P, a translation unit that defines the implementation macros and
 includes the parts up to P and no further, as C99 and as C++11. A part that
 uses anything from a part below it (a layer calling up) fails to compile
@@ -37,6 +39,25 @@ def pkg_flags():
     return out.stdout.split() if out.returncode == 0 else None
 
 
+def mpi_flags(cc):
+    """MPI's include flags when <mpi.h> compiles with them, else None."""
+    candidates = [["mpicc", "--showme:compile"], ["pkg-config", "--cflags", "mpi"],
+                  ["pkg-config", "--cflags", "mpich"]]
+    for cmd in candidates:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError:
+            continue
+        if out.returncode != 0:
+            continue
+        flags = out.stdout.split()
+        probe = subprocess.run([cc, "-E", "-x", "c", "-"] + flags, input="#include <mpi.h>\n",
+                               capture_output=True, text=True)
+        if probe.returncode == 0:
+            return flags
+    return None
+
+
 def main():
     cc = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CC", "cc")
     cxx = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("CXX", "c++")
@@ -47,10 +68,17 @@ def main():
         groups.append(("#define DISTSGD_CL_IMPLEMENTATION\n", parts_of("distsgd_cl.h"), cl_flags))
     else:
         print("skip  distsgd_cl.h parts (pkg-config finds no OpenCL clblast)")
+    flags = mpi_flags(cc)
+    if flags is not None and os.path.exists(os.path.join(ROOT, "distsgd_mpi.h")):
+        groups.append(("#define DISTSGD_MPI_IMPLEMENTATION\n", parts_of("distsgd_mpi.h"), flags))
+    else:
+        print("skip  distsgd_mpi.h parts (no <mpi.h> with mpicc's or pkg-config's flags)")
     failed = 0
-    above = []
+    core = groups[0][1]
     with tempfile.TemporaryDirectory() as tmp:
         for defines, parts, extra in groups:
+            # an add-on's parts stand on the whole core, not on another add-on
+            above = [] if parts is core else list(core)
             for part in parts:
                 above.append(part)
                 src = os.path.join(tmp, "part.c")

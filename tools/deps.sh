@@ -2,12 +2,13 @@
 # tools/deps.sh MODE - check (and, as root, install) the Debian packages that a
 # make target needs. MODE is one of:
 #   test   compilers (gcc, g++, clang with its sanitizer runtimes), cmocka,
-#          pkg-config, and the OpenCL stack the OpenCL backend is tested on
-#          (the ICD loader and headers, PoCL, CLBlast, clinfo); Fashion-MNIST,
-#          which the compile matrix's example runs train on
+#          pkg-config, the OpenCL stack the OpenCL backend is tested on
+#          (the ICD loader and headers, PoCL, CLBlast, clinfo), OpenMPI, which
+#          the MPI transport is tested on; Fashion-MNIST, which the compile
+#          matrix's example runs train on
 #   demo   what building the examples needs, plus Debian's dataset-fashion-mnist
 #   bench  the compilers plus OpenBLAS, which bench/ compares against
-#   mpi    the compilers plus OpenMPI, for `make bench-mpi`
+#   mpi    the compilers plus OpenMPI, for `make bench-mpi` and `make test-mpi`
 #
 # When every package is installed it only runs dpkg-query (fast, no network).
 # When some are missing:
@@ -31,7 +32,7 @@ usage() {
 compile_pkgs="build-essential pkg-config"
 opencl_pkgs="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev"
 case "$1" in
-test)  pkgs="$compile_pkgs clang libclang-rt-dev libcmocka-dev $opencl_pkgs clinfo cmake python3 dataset-fashion-mnist" ;;
+test)  pkgs="$compile_pkgs clang libclang-rt-dev libcmocka-dev $opencl_pkgs clinfo libopenmpi-dev openmpi-bin cmake python3 dataset-fashion-mnist" ;;
 demo)  pkgs="$compile_pkgs $opencl_pkgs dataset-fashion-mnist" ;;
 bench) pkgs="$compile_pkgs libopenblas-dev" ;;
 mpi)   pkgs="$compile_pkgs libopenmpi-dev openmpi-bin" ;;

@@ -1,0 +1,978 @@
+/* distsgd/mpi/transport.h - the MPI transport: ranks as MPI processes
+   Part of distsgd's MPI add-on (see ../../distsgd_mpi.h, which includes the parts in order).
+
+   THE MPI TRANSPORT
+
+     dsgd_mpi_transport_create fills this process's endpoint (a
+     dsgd_transport_i) of a group whose ranks are the ranks of an MPI
+     communicator (MPI_COMM_WORLD by default). Every rank of the communicator
+     creates its endpoint, then a dsgd_comm over it, and the collectives and
+     the parameter-server engine run unchanged. The endpoint works on its own
+     duplicate of the communicator (MPI_Comm_dup, with MPI_ERRORS_RETURN set
+     on the duplicate), so its messages never match the program's own, and an
+     MPI error becomes a result code instead of ending the job.
+
+     Members: send, recv, sendrecv (both halves progress together), the
+     native allreduce (MPI_Iallreduce in place, so DSGD_ALLREDUCE_AUTO runs
+     MPI's own all-reduce, while an explicit algorithm runs the library's
+     over point-to-point messages), probe (receive from any source), abort,
+     error_message and destroy. There is no share/unshare (the ranks do not
+     share an address space; MPI-3 shared-memory windows are future work),
+     no sendrecv_reduce (the communicator receives into scratch and reduces,
+     in the same order as over the loopback, so every explicit algorithm
+     gives the same bits over MPI as over the loopback), no clock and no
+     progress hooks.
+
+   MESSAGES
+
+     A message carries a 64-bit tag, but MPI tags are small (at least
+     32767), and a rank that receives from any source (a parameter server)
+     needs the whole tag before it takes the message. So each message goes as
+     two MPI messages on the duplicate: a 16-byte header (the tag and the
+     size, two uint64_t in the sender's byte order: the ranks must share one)
+     under one fixed MPI tag, then the payload under another. MPI's
+     non-overtaking rule keeps them paired. A receive posts its header and
+     payload receives together when the payload fits one MPI message, so a
+     small message costs one latency. The receiver checks the header against
+     the tag and size it expects and returns DSGD_ERR_DESYNC at once on a
+     mismatch ("mpi rank 1: the message from rank 0 has tag ..., expected
+     ..."); the message stays to be received again when its payload had not
+     arrived, else it is consumed (and buf may have been written). Payloads
+     above DSGD_MPI_MAX_MESSAGE bytes (1 GiB unless defined otherwise before
+     the include; the same on every rank) go in several MPI messages, and so
+     do native all-reduces above that many bytes, MPI counts being ints.
+     probe takes the header of the next message from any source
+     (MPI_Improbe and MPI_Mrecv), keeps it for that source and reports the
+     source, tag and size; the next recv from that source uses it.
+
+   WAITING AND DEADLINES
+
+     MPI has no timeouts, so every call posts non-blocking operations and
+     polls them (MPI_Test, MPI_Improbe) against the caller's absolute
+     deadline on dsgd_now()'s clock: past it, DSGD_ERR_TIMEOUT, with
+     error_message naming the rank waited for ("mpi rank 0: the deadline
+     passed while waiting for rank 1"). A waiting rank polls; after 64
+     fruitless polls it yields the CPU between polls (ranks may share
+     cores), and after 10 ms without progress it also sleeps 50 us between
+     polls.
+
+   AFTER A FAILURE
+
+     MPI cannot take back a send that a peer has not matched, nor any
+     collective. When a call fails (a deadline, an abort, a mismatch), the
+     endpoint cancels what it posted (MPI_Cancel; unmatched receives are
+     withdrawn) and waits up to 10 ms for the rest to settle. When nothing
+     is left pending and no message was half taken, the endpoint stays
+     usable: a timed-out probe or recv that matched nothing costs nothing.
+     Otherwise (a large send that no one received, a native all-reduce that
+     some rank never joined) the endpoint is failed: every later call
+     returns DSGD_ERR_ABORTED saying that a transfer timed out and the job
+     must end, and MPI may still read or write that call's buffer until the
+     job ends. The way out is an error to the caller, then the end of the
+     job: dsgd_mpi_abort (MPI_Abort on MPI_COMM_WORLD) stops every process,
+     while MPI_Finalize could wait forever for the pending operations.
+     Future work: ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink, behind a feature
+     test for MPIX_ERR_PROC_FAILED) would let the surviving ranks go on;
+     Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
+
+     abort is local: it marks this endpoint aborted, so its waits (in any
+     thread) return DSGD_ERR_ABORTED within a poll, and later calls too. It
+     cannot reach the other processes: they run into their deadlines, unless
+     the program ends the job.
+
+   THREAD LEVELS
+
+     An endpoint is used by one thread at a time (the transport contract),
+     but not necessarily always the same thread (a strategy's replica
+     thread), so by default it needs MPI_THREAD_SERIALIZED;
+     dsgd_mpi_desc.thread_level says what the program needs (FUNNELED when
+     only the thread that initialised MPI calls distsgd and MPI, MULTIPLE
+     when several threads make MPI calls at once, e.g. several endpoints).
+     dsgd_mpi_init asks MPI for MPI_THREAD_MULTIPLE. abort only sets a flag
+     and calls no MPI function.
+*/
+#ifndef DSGD_MPI__PART_TRANSPORT_DECL
+#define DSGD_MPI__PART_TRANSPORT_DECL
+
+/* MPI's C++ bindings (dropped from the standard in MPI 3.0) are not used,
+   and OpenMPI's warn under g++ -Wextra; a program that wants them includes
+   <mpi.h> before this file. */
+#ifdef __cplusplus
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#endif
+#include <mpi.h>
+
+/* Bytes of payload per MPI message (and of floats per MPI_Iallreduce): a
+   multiple of 4 in [64, INT_MAX]; must be equal on every rank. */
+#ifndef DSGD_MPI_MAX_MESSAGE
+#define DSGD_MPI_MAX_MESSAGE 1073741824
+#endif
+#if DSGD_MPI_MAX_MESSAGE < 64 || DSGD_MPI_MAX_MESSAGE > 2147483647 || DSGD_MPI_MAX_MESSAGE % 4 != 0
+#error "distsgd: DSGD_MPI_MAX_MESSAGE must be a multiple of 4 in [64, INT_MAX]"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- MPI */
+
+/* Initialises MPI with MPI_Init_thread asking for MPI_THREAD_MULTIPLE, or,
+   when the program has already initialised MPI, accepts that. *provided
+   (when not NULL) receives the thread level MPI provides (MPI_THREAD_SINGLE
+   .. MPI_THREAD_MULTIPLE); dsgd_mpi_transport_create checks it against the
+   level the program needs. argc and argv may be NULL. The program calls
+   MPI_Finalize at the end, or dsgd_mpi_abort after a failure.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded),
+   DSGD_ERR_STATE (MPI was finalized), DSGD_ERR_SYSTEM (MPI_Init_thread
+   failed; MPI usually ends the job itself).
+   Thread safety: once per process, on the thread that will be MPI's main
+   thread, before any other MPI call. */
+DSGD_API dsgd_result dsgd_mpi_init(dsgd_ctx *ctx, int *argc, char ***argv, int *provided);
+
+typedef struct dsgd_mpi_desc {
+    MPI_Comm comm;    /* the ranks of the group; 0 or MPI_COMM_NULL: MPI_COMM_WORLD.
+                         The endpoint duplicates it: the program may use and free
+                         its own while the endpoint lives */
+    int thread_level; /* the thread level this program needs (MPI_THREAD_FUNNELED,
+                         _SERIALIZED or _MULTIPLE); 0: MPI_THREAD_SERIALIZED */
+} dsgd_mpi_desc;
+
+/* Fills *out with this process's endpoint of the group desc->comm (desc
+   may be NULL: MPI_COMM_WORLD, MPI_THREAD_SERIALIZED): rank and size are
+   those of this process in comm, name "mpi". It duplicates comm
+   (MPI_Comm_dup, which is collective: every rank of comm calls this, in the
+   same order as its other collective calls on comm) and sets
+   MPI_ERRORS_RETURN on the duplicate. out->destroy frees the endpoint and
+   the duplicate (MPI_Comm_free, so call it on every rank, before
+   MPI_Finalize); the owner calls it after the communicators over the
+   endpoint are destroyed. Set members: send, recv, sendrecv, allreduce,
+   abort, error_message, probe, destroy (see THE MPI TRANSPORT).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out NULL;
+   thread_level not a thread level; an intercommunicator),
+   DSGD_ERR_STATE (MPI is not initialised, or was finalized: call
+   dsgd_mpi_init first), DSGD_ERR_UNSUPPORTED (MPI provides a lower thread
+   level than desc->thread_level; the message names both),
+   DSGD_ERR_SYSTEM (MPI_Comm_dup or MPI_Op_create failed),
+   DSGD_ERR_OUT_OF_MEMORY. On failure *out is zeroed.
+   Thread safety: a thread allowed to call MPI (see THREAD LEVELS); the
+   endpoint is then used by one thread at a time, and its abort by any
+   thread. */
+DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc,
+                                               dsgd_transport_i *out);
+
+/* Ends the whole job: flushes stdio, then MPI_Abort(MPI_COMM_WORLD, code),
+   which stops every process of the job, so that a rank whose transfer timed
+   out (see AFTER A FAILURE) need not wait on a peer that will never come.
+   code is the exit status asked for (0 counts as 1: the job failed). When
+   MPI is not initialised (or finalized) it ends this process alone with
+   _exit(code). It does not return.
+   Errors: none (it does not return).
+   Thread safety: any thread. */
+DSGD_API void dsgd_mpi_abort(int code)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((noreturn))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD_MPI__PART_TRANSPORT_DECL */
+
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_TRANSPORT_IMPL)
+#define DSGD_MPI__PART_TRANSPORT_IMPL
+
+/* Allocation (DSGD_MALLOC, DSGD_FREE, dsgd__alloc), the atomics and the
+   system headers are the core's (distsgd/base.h, distsgd/internal.h). */
+
+/* >>mpi endpoint ----------------------------------------------------------- */
+
+enum { DSGD_MPI__TAG_HEADER = 1, DSGD_MPI__TAG_PAYLOAD = 2 };
+#define DSGD_MPI__GRACE_S 0.01      /* how long a failed call waits for cancelled requests */
+#define DSGD_MPI__IDLE_SLEEP_S 0.01 /* polls without progress for this long also sleep */
+
+/* A request's state, as far as the endpoint knows. */
+enum { DSGD_MPI__IDLE = 0, DSGD_MPI__PENDING, DSGD_MPI__DONE, DSGD_MPI__CANCELLED };
+
+typedef struct dsgd_mpi__ep {
+    dsgd_ctx *ctx;
+    MPI_Comm comm; /* the duplicate */
+    int rank, size;
+    int aborted;   /* atomic: abort was called */
+    int failed;    /* requests that MPI cannot take back are pending */
+    int probe_next;
+    MPI_Op op_max, op_min;
+    /* Header buffers live here, not on a call's stack: after a failure MPI
+       may still touch what a pending request points to. */
+    uint64_t send_header[2], recv_header[2], probe_header[2];
+    uint64_t *stash;         /* 2 per source: the header probe took, tag and bytes */
+    unsigned char *stashed;  /* per source: stash holds a header */
+    MPI_Request *orphans;    /* requests left pending by failed calls */
+    size_t num_orphans, cap_orphans;
+    char err[384];
+} dsgd_mpi__ep;
+
+/* NaN-propagating max and min, made commutative bit for bit (of two NaNs
+   the larger bit pattern; +0 is the max of +0 and -0), so that MPI may
+   combine operands in any order and every rank still gets the same bits. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+static void dsgd_mpi__op_max(void *in, void *inout, int *len, MPI_Datatype *type);
+static void dsgd_mpi__op_min(void *in, void *inout, int *len, MPI_Datatype *type);
+#ifdef __cplusplus
+}
+#endif
+
+static uint32_t dsgd_mpi__bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+static float dsgd_mpi__pick(float a, float b, int want_max) {
+    if (a != a || b != b) {
+        if (a != a && b != b) return dsgd_mpi__bits(a) > dsgd_mpi__bits(b) ? a : b;
+        return a != a ? a : b;
+    }
+    if (a == b) /* equal, or +0 and -0: the sign bit decides */
+        return (dsgd_mpi__bits(a) >> 31) == (want_max ? 0u : 1u) ? a : b;
+    return (a > b) == (want_max != 0) ? a : b;
+}
+
+static void dsgd_mpi__op_max(void *in, void *inout, int *len, MPI_Datatype *type) {
+    const float *s = (const float *)in;
+    float *d = (float *)inout;
+    int i, n = *len;
+    (void)type; /* MPI_FLOAT only */
+    for (i = 0; i < n; ++i) d[i] = dsgd_mpi__pick(s[i], d[i], 1);
+}
+
+static void dsgd_mpi__op_min(void *in, void *inout, int *len, MPI_Datatype *type) {
+    const float *s = (const float *)in;
+    float *d = (float *)inout;
+    int i, n = *len;
+    (void)type;
+    for (i = 0; i < n; ++i) d[i] = dsgd_mpi__pick(s[i], d[i], 0);
+}
+
+static const char *dsgd_mpi__level_name(int level) {
+    if (level == MPI_THREAD_SINGLE) return "MPI_THREAD_SINGLE";
+    if (level == MPI_THREAD_FUNNELED) return "MPI_THREAD_FUNNELED";
+    if (level == MPI_THREAD_SERIALIZED) return "MPI_THREAD_SERIALIZED";
+    if (level == MPI_THREAD_MULTIPLE) return "MPI_THREAD_MULTIPLE";
+    return "an unknown thread level";
+}
+
+/* MPI's text for an error code. */
+static const char *dsgd_mpi__error_text(int code, char *buf, size_t cap) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+    if (len < 0) len = 0;
+    if (len >= MPI_MAX_ERROR_STRING) len = MPI_MAX_ERROR_STRING - 1;
+    text[len] = '\0';
+    snprintf(buf, cap, "%s (MPI error %d)", len ? text : "unknown error", code);
+    return buf;
+}
+
+/* Keeps a request that a failed call leaves pending: it is never freed
+   (MPI forbids freeing a pending collective's request), only remembered. */
+static void dsgd_mpi__orphan(dsgd_mpi__ep *e, MPI_Request req) {
+    if (e->num_orphans == e->cap_orphans) {
+        size_t cap = e->cap_orphans ? 2 * e->cap_orphans : 8;
+        MPI_Request *p = (MPI_Request *)DSGD_REALLOC(e->orphans, cap * sizeof(MPI_Request));
+        if (!p) return; /* the request is leaked, which MPI tolerates */
+        e->orphans = p;
+        e->cap_orphans = cap;
+    }
+    e->orphans[e->num_orphans++] = req;
+}
+
+/* DSGD_OK when the endpoint may transfer; else DSGD_ERR_ABORTED with the
+   reason in e->err. */
+static dsgd_result dsgd_mpi__usable(dsgd_mpi__ep *e) {
+    if (DSGD__LOAD_ACQ(&e->aborted)) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted (its abort member was called)",
+                 e->rank);
+        return DSGD_ERR_ABORTED;
+    }
+    if (e->failed) {
+        snprintf(e->err, sizeof(e->err),
+                 "mpi rank %d: an earlier transfer timed out or failed and left MPI operations that cannot be "
+                 "cancelled; this endpoint cannot be used again: end the job (dsgd_mpi_abort)",
+                 e->rank);
+        return DSGD_ERR_ABORTED;
+    }
+    return DSGD_OK;
+}
+
+/* Records an MPI failure (the state of the messages is unknown, so the
+   endpoint is failed). */
+static dsgd_result dsgd_mpi__mpi_error(dsgd_mpi__ep *e, const char *call, int peer, int code) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    dsgd_mpi__error_text(code, text, sizeof(text));
+    e->failed = 1;
+    if (peer >= 0)
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: %s with rank %d failed: %s", e->rank, call, peer, text);
+    else
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: %s failed: %s", e->rank, call, text);
+    return DSGD_ERR_ABORTED;
+}
+
+/* Waiting between fruitless polls (see WAITING AND DEADLINES). */
+typedef struct dsgd_mpi__wait {
+    int idle;          /* fruitless polls in a row */
+    double idle_since; /* when the last progress was made */
+} dsgd_mpi__wait;
+
+static void dsgd_mpi__backoff(dsgd_mpi__wait *w, int progressed) {
+    if (progressed) {
+        w->idle = 0;
+        return;
+    }
+    if (w->idle++ == 0) w->idle_since = dsgd_now();
+    if (w->idle < 64) return;
+    sched_yield();
+    if (dsgd_now() - w->idle_since > DSGD_MPI__IDLE_SLEEP_S) {
+        struct timespec ts;
+        ts.tv_sec = 0;
+        ts.tv_nsec = 50000;
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Tests a PENDING request: *st becomes DONE or CANCELLED when it has
+   completed, *count (when not NULL) the bytes it received. Returns MPI's
+   code; a request that completed with an error counts as DONE. */
+static int dsgd_mpi__test(MPI_Request *req, int *st, int *count) {
+    MPI_Status status;
+    int flag = 0, cancelled = 0, rc;
+    rc = MPI_Test(req, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+        *st = DSGD_MPI__DONE;
+        *req = MPI_REQUEST_NULL;
+        if (count) *count = -1;
+        return rc;
+    }
+    if (!flag) return MPI_SUCCESS;
+    MPI_Test_cancelled(&status, &cancelled);
+    *st = cancelled ? DSGD_MPI__CANCELLED : DSGD_MPI__DONE;
+    if (count) {
+        *count = -1;
+        if (!cancelled && MPI_Get_count(&status, MPI_BYTE, count) != MPI_SUCCESS) *count = -1;
+    }
+    return MPI_SUCCESS;
+}
+
+/* >>mpi transfer ----------------------------------------------------------- */
+/* One transfer sends at most one message (header, then the payload in
+   chunks of DSGD_MPI_MAX_MESSAGE bytes, one posted at a time) and receives
+   at most one (the header from the stash or the wire, then the payload).
+   Every request is polled by dsgd_mpi__xfer until both halves are done, the
+   deadline passes, the endpoint is aborted or the header disagrees; then
+   dsgd_mpi__settle cancels what is left and decides whether the endpoint
+   is still usable. */
+
+typedef struct dsgd_mpi__xfer {
+    dsgd_mpi__ep *e;
+    /* send half (dst < 0: none) */
+    int dst;
+    const char *sbuf;
+    size_t sbytes, schunks, snext; /* chunks in all; the next chunk to post */
+    MPI_Request sh, sd;            /* header, current chunk */
+    int sh_st, sd_st;
+    /* receive half (src < 0: none) */
+    int src;
+    uint64_t rtag;
+    char *rbuf;
+    size_t rbytes, rchunks, rnext;
+    MPI_Request rh, rd;
+    int rh_st, rd_st;
+    int from_stash; /* the header came from the stash */
+    int header_ok;  /* the header is known and matches */
+    int rd_count;   /* bytes the current chunk received (-1: unknown) */
+    int blame;
+} dsgd_mpi__xfer;
+
+static size_t dsgd_mpi__chunks(size_t bytes) {
+    return bytes == 0 ? 1 : (bytes - 1) / (size_t)DSGD_MPI_MAX_MESSAGE + 1;
+}
+
+static int dsgd_mpi__chunk_len(size_t bytes, size_t i) {
+    size_t off = i * (size_t)DSGD_MPI_MAX_MESSAGE, left = bytes > off ? bytes - off : 0;
+    return (int)DSGD__MIN(left, (size_t)DSGD_MPI_MAX_MESSAGE);
+}
+
+static dsgd_result dsgd_mpi__post_send_chunk(dsgd_mpi__xfer *x) {
+    const char *p = x->sbytes ? x->sbuf + x->snext * (size_t)DSGD_MPI_MAX_MESSAGE : x->sbuf;
+    int rc = MPI_Isend(p, dsgd_mpi__chunk_len(x->sbytes, x->snext), MPI_BYTE, x->dst, DSGD_MPI__TAG_PAYLOAD,
+                       x->e->comm, &x->sd);
+    if (rc != MPI_SUCCESS) {
+        x->blame = x->dst;
+        return dsgd_mpi__mpi_error(x->e, "MPI_Isend", x->dst, rc);
+    }
+    x->sd_st = DSGD_MPI__PENDING;
+    x->snext++;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_mpi__post_recv_chunk(dsgd_mpi__xfer *x) {
+    char *p = x->rbytes ? x->rbuf + x->rnext * (size_t)DSGD_MPI_MAX_MESSAGE : x->rbuf;
+    int rc = MPI_Irecv(p, dsgd_mpi__chunk_len(x->rbytes, x->rnext), MPI_BYTE, x->src, DSGD_MPI__TAG_PAYLOAD,
+                       x->e->comm, &x->rd);
+    if (rc != MPI_SUCCESS) {
+        x->blame = x->src;
+        return dsgd_mpi__mpi_error(x->e, "MPI_Irecv", x->src, rc);
+    }
+    x->rd_st = DSGD_MPI__PENDING;
+    x->rd_count = -1;
+    x->rnext++;
+    return DSGD_OK;
+}
+
+/* The send half's first step: the header, and the first chunk with it. */
+static dsgd_result dsgd_mpi__start_send(dsgd_mpi__xfer *x, uint64_t tag) {
+    dsgd_mpi__ep *e = x->e;
+    int rc;
+    e->send_header[0] = tag;
+    e->send_header[1] = (uint64_t)x->sbytes;
+    rc = MPI_Isend(e->send_header, (int)sizeof(e->send_header), MPI_BYTE, x->dst, DSGD_MPI__TAG_HEADER, e->comm,
+                   &x->sh);
+    if (rc != MPI_SUCCESS) {
+        x->blame = x->dst;
+        return dsgd_mpi__mpi_error(e, "MPI_Isend", x->dst, rc);
+    }
+    x->sh_st = DSGD_MPI__PENDING;
+    return dsgd_mpi__post_send_chunk(x);
+}
+
+/* DSGD_ERR_DESYNC when the header (tag, bytes) is not the expected one. */
+static dsgd_result dsgd_mpi__check_header(dsgd_mpi__xfer *x, uint64_t tag, uint64_t bytes) {
+    dsgd_mpi__ep *e = x->e;
+    if (tag == x->rtag && bytes == (uint64_t)x->rbytes) return DSGD_OK;
+    x->blame = x->src;
+    if (tag != x->rtag)
+        snprintf(e->err, sizeof(e->err),
+                 "mpi rank %d: the message from rank %d has tag %016llx, expected %016llx (ranks out of step?)",
+                 e->rank, x->src, (unsigned long long)tag, (unsigned long long)x->rtag);
+    else
+        snprintf(e->err, sizeof(e->err),
+                 "mpi rank %d: the message from rank %d has %llu bytes, expected %zu (different counts on "
+                 "different ranks?)",
+                 e->rank, x->src, (unsigned long long)bytes, x->rbytes);
+    return DSGD_ERR_DESYNC;
+}
+
+/* The receive half's first step: the stashed header (checked at once, and
+   left in the stash on a mismatch), else the header's receive, with the
+   payload's when it is one MPI message. */
+static dsgd_result dsgd_mpi__start_recv(dsgd_mpi__xfer *x) {
+    dsgd_mpi__ep *e = x->e;
+    int rc;
+    x->rchunks = dsgd_mpi__chunks(x->rbytes);
+    if (e->stashed[x->src]) {
+        dsgd_result r = dsgd_mpi__check_header(x, e->stash[2 * x->src], e->stash[2 * x->src + 1]);
+        if (r != DSGD_OK) return r;
+        e->stashed[x->src] = 0;
+        x->from_stash = 1;
+        x->header_ok = 1;
+        return dsgd_mpi__post_recv_chunk(x);
+    }
+    rc = MPI_Irecv(e->recv_header, (int)sizeof(e->recv_header), MPI_BYTE, x->src, DSGD_MPI__TAG_HEADER, e->comm,
+                   &x->rh);
+    if (rc != MPI_SUCCESS) {
+        x->blame = x->src;
+        return dsgd_mpi__mpi_error(e, "MPI_Irecv", x->src, rc);
+    }
+    x->rh_st = DSGD_MPI__PENDING;
+    return x->rchunks == 1 ? dsgd_mpi__post_recv_chunk(x) : DSGD_OK;
+}
+
+static int dsgd_mpi__send_done(const dsgd_mpi__xfer *x) {
+    return x->dst < 0 || (x->sh_st == DSGD_MPI__DONE && x->sd_st == DSGD_MPI__DONE && x->snext == x->schunks);
+}
+
+static int dsgd_mpi__recv_done(const dsgd_mpi__xfer *x) {
+    return x->src < 0 || (x->header_ok && x->rd_st == DSGD_MPI__DONE && x->rnext == x->rchunks);
+}
+
+static dsgd_result dsgd_mpi__send_step(dsgd_mpi__xfer *x, int *progressed) {
+    int rc;
+    if (x->sh_st == DSGD_MPI__PENDING) {
+        rc = dsgd_mpi__test(&x->sh, &x->sh_st, NULL);
+        if (rc != MPI_SUCCESS) {
+            x->blame = x->dst;
+            return dsgd_mpi__mpi_error(x->e, "a header send", x->dst, rc);
+        }
+        if (x->sh_st != DSGD_MPI__PENDING) *progressed = 1;
+    }
+    if (x->sd_st == DSGD_MPI__PENDING) {
+        rc = dsgd_mpi__test(&x->sd, &x->sd_st, NULL);
+        if (rc != MPI_SUCCESS) {
+            x->blame = x->dst;
+            return dsgd_mpi__mpi_error(x->e, "a payload send", x->dst, rc);
+        }
+        if (x->sd_st != DSGD_MPI__PENDING) {
+            *progressed = 1;
+            if (x->snext < x->schunks) return dsgd_mpi__post_send_chunk(x);
+        }
+    }
+    return DSGD_OK;
+}
+
+/* The bytes received in chunk rnext - 1 must be its length. */
+static dsgd_result dsgd_mpi__check_chunk(dsgd_mpi__xfer *x) {
+    int want = dsgd_mpi__chunk_len(x->rbytes, x->rnext - 1);
+    if (x->rd_count == want) return DSGD_OK;
+    x->blame = x->src;
+    snprintf(x->e->err, sizeof(x->e->err),
+             "mpi rank %d: a part of the message from rank %d has %d bytes, expected %d (is DSGD_MPI_MAX_MESSAGE "
+             "the same on every rank?)",
+             x->e->rank, x->src, x->rd_count, want);
+    return DSGD_ERR_DESYNC;
+}
+
+static dsgd_result dsgd_mpi__recv_step(dsgd_mpi__xfer *x, int *progressed) {
+    dsgd_result r;
+    int rc;
+    if (x->rh_st == DSGD_MPI__PENDING) {
+        rc = dsgd_mpi__test(&x->rh, &x->rh_st, NULL);
+        if (rc != MPI_SUCCESS) {
+            x->blame = x->src;
+            return dsgd_mpi__mpi_error(x->e, "a header receive", x->src, rc);
+        }
+        if (x->rh_st == DSGD_MPI__DONE) {
+            *progressed = 1;
+            r = dsgd_mpi__check_header(x, x->e->recv_header[0], x->e->recv_header[1]);
+            if (r != DSGD_OK) return r;
+            x->header_ok = 1;
+            if (x->rd_st == DSGD_MPI__IDLE) {
+                r = dsgd_mpi__post_recv_chunk(x);
+                if (r != DSGD_OK) return r;
+            } else if (x->rd_st == DSGD_MPI__DONE && (r = dsgd_mpi__check_chunk(x)) != DSGD_OK) {
+                return r; /* the pre-posted payload came first */
+            }
+        }
+    }
+    if (x->rd_st == DSGD_MPI__PENDING) {
+        rc = dsgd_mpi__test(&x->rd, &x->rd_st, &x->rd_count);
+        if (x->rd_st == DSGD_MPI__PENDING) return DSGD_OK;
+        *progressed = 1;
+        if (rc != MPI_SUCCESS && !x->header_ok) return DSGD_OK; /* judged with the header */
+        if (rc != MPI_SUCCESS) {
+            x->blame = x->src;
+            return dsgd_mpi__mpi_error(x->e, "a payload receive", x->src, rc);
+        }
+        if (x->header_ok) {
+            if ((r = dsgd_mpi__check_chunk(x)) != DSGD_OK) return r;
+            if (x->rnext < x->rchunks) return dsgd_mpi__post_recv_chunk(x);
+        }
+    }
+    return DSGD_OK;
+}
+
+/* After a failure: cancels the pending requests, polls them for up to
+   DSGD_MPI__GRACE_S, then keeps the message streams consistent (a header
+   whose payload was not taken goes back to the stash) or, when it cannot
+   (something still pending, a message half sent or half taken), marks the
+   endpoint failed and keeps the pending requests. */
+static void dsgd_mpi__settle(dsgd_mpi__xfer *x) {
+    dsgd_mpi__ep *e = x->e;
+    MPI_Request *reqs[4];
+    int *sts[4];
+    double until;
+    int i, pending, ok = 1;
+    reqs[0] = &x->sh; sts[0] = &x->sh_st;
+    reqs[1] = &x->sd; sts[1] = &x->sd_st;
+    reqs[2] = &x->rh; sts[2] = &x->rh_st;
+    reqs[3] = &x->rd; sts[3] = &x->rd_st;
+    for (i = 0; i < 4; ++i)
+        if (*sts[i] == DSGD_MPI__PENDING) MPI_Cancel(reqs[i]);
+    until = dsgd_now() + DSGD_MPI__GRACE_S;
+    for (;;) {
+        pending = 0;
+        for (i = 0; i < 4; ++i) {
+            if (*sts[i] != DSGD_MPI__PENDING) continue;
+            dsgd_mpi__test(reqs[i], sts[i], i == 3 ? &x->rd_count : NULL);
+            pending += *sts[i] == DSGD_MPI__PENDING;
+        }
+        if (!pending || dsgd_now() >= until) break;
+        sched_yield();
+    }
+    for (i = 0; i < 4; ++i) {
+        if (*sts[i] != DSGD_MPI__PENDING) continue;
+        dsgd_mpi__orphan(e, *reqs[i]);
+        ok = 0;
+    }
+    if (ok && x->dst >= 0 && !dsgd_mpi__send_done(x)) {
+        /* nothing may have gone out (the header and the first chunk withdrawn) */
+        ok = x->sh_st == DSGD_MPI__CANCELLED && x->sd_st == DSGD_MPI__CANCELLED && x->snext == 1;
+    }
+    if (ok && x->src >= 0 && !dsgd_mpi__recv_done(x)) {
+        int header_taken = x->from_stash || x->rh_st == DSGD_MPI__DONE;
+        int payload_untouched = x->rd_st == DSGD_MPI__IDLE || (x->rd_st == DSGD_MPI__CANCELLED && x->rnext == 1);
+        if (!payload_untouched) {
+            /* a mismatched header whose payload arrived anyway: that message is
+               consumed, and the stream stays in step */
+            ok = header_taken && !x->header_ok && x->rd_st == DSGD_MPI__DONE && x->rnext == 1;
+        } else if (header_taken) {
+            /* the message stays: its header goes back to the stash */
+            const uint64_t *h = x->from_stash ? NULL : e->recv_header;
+            if (h) {
+                e->stash[2 * x->src] = h[0];
+                e->stash[2 * x->src + 1] = h[1];
+            }
+            e->stashed[x->src] = 1;
+        }
+        /* else: nothing of the message was taken */
+    }
+    if (!ok) {
+        size_t used = strlen(e->err);
+        e->failed = 1;
+        snprintf(e->err + used, sizeof(e->err) - used,
+                 "; MPI cannot cancel what is pending, so this endpoint cannot be used again: end the job "
+                 "(dsgd_mpi_abort)");
+    }
+}
+
+/* The one transfer routine: sends to dst (>= 0) and receives from src (>=
+   0), polling both halves until done, the deadline, an abort or an error.
+   dst and src are -1 or other ranks (the callers check). */
+static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                      int src, uint64_t rtag, void *rbuf, size_t rbytes, double deadline,
+                                      int *failed_peer) {
+    dsgd_mpi__xfer x;
+    dsgd_mpi__wait w;
+    dsgd_result r;
+    memset(&x, 0, sizeof(x));
+    memset(&w, 0, sizeof(w));
+    x.e = e;
+    x.dst = dst; x.sbuf = (const char *)sbuf; x.sbytes = sbytes; x.schunks = dsgd_mpi__chunks(sbytes);
+    x.src = src; x.rtag = rtag; x.rbuf = (char *)rbuf; x.rbytes = rbytes;
+    x.sh = x.sd = x.rh = x.rd = MPI_REQUEST_NULL;
+    x.rd_count = -1;
+    x.blame = src >= 0 ? src : dst;
+    if (failed_peer) *failed_peer = -1;
+    r = dsgd_mpi__usable(e);
+    if (r == DSGD_OK && dst >= 0) r = dsgd_mpi__start_send(&x, stag);
+    if (r == DSGD_OK && src >= 0) r = dsgd_mpi__start_recv(&x);
+    while (r == DSGD_OK) {
+        int progressed = 0;
+        if (x.dst >= 0 && (r = dsgd_mpi__send_step(&x, &progressed)) != DSGD_OK) break;
+        if (x.src >= 0 && (r = dsgd_mpi__recv_step(&x, &progressed)) != DSGD_OK) break;
+        if (dsgd_mpi__send_done(&x) && dsgd_mpi__recv_done(&x)) return DSGD_OK;
+        x.blame = !dsgd_mpi__recv_done(&x) ? x.src : x.dst;
+        if (DSGD__LOAD_ACQ(&e->aborted)) {
+            r = DSGD_ERR_ABORTED;
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for rank %d",
+                     e->rank, x.blame);
+            break;
+        }
+        if (dsgd_now() >= deadline) {
+            r = DSGD_ERR_TIMEOUT;
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the deadline passed while waiting for rank %d", e->rank,
+                     x.blame);
+            break;
+        }
+        dsgd_mpi__backoff(&w, progressed);
+    }
+    dsgd_mpi__settle(&x);
+    if (failed_peer) *failed_peer = x.blame;
+    return r;
+}
+
+/* peer: -1 (no such half; allowed when may_skip) or another rank. */
+static dsgd_result dsgd_mpi__check_peer(dsgd_mpi__ep *e, int peer, int may_skip, int *failed_peer) {
+    if ((peer == -1 && may_skip) || (peer >= 0 && peer < e->size && peer != e->rank)) return DSGD_OK;
+    if (failed_peer) *failed_peer = peer;
+    snprintf(e->err, sizeof(e->err), "mpi rank %d: invalid peer rank %d (group of %d)", e->rank, peer, e->size);
+    return DSGD_ERR_INVALID_ARGUMENT;
+}
+
+static dsgd_result dsgd_mpi__send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes,
+                                  double deadline) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    if (dsgd_mpi__check_peer(e, dst, 0, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd_mpi__xfer_run(e, dst, tag, buf, bytes, -1, 0, NULL, 0, deadline, NULL);
+}
+
+static dsgd_result dsgd_mpi__recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
+                                  double deadline) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    if (dsgd_mpi__check_peer(e, src, 0, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd_mpi__xfer_run(e, -1, 0, NULL, 0, src, tag, buf, bytes, deadline, NULL);
+}
+
+static dsgd_result dsgd_mpi__sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                      int src, uint64_t rtag, void *rbuf, size_t rbytes, double deadline,
+                                      int *failed_peer) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    if (dsgd_mpi__check_peer(e, dst, 1, failed_peer) != DSGD_OK ||
+        dsgd_mpi__check_peer(e, src, 1, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (dst < 0 && src < 0) return DSGD_OK;
+    return dsgd_mpi__xfer_run(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, deadline, failed_peer);
+}
+
+/* >>mpi native all-reduce -------------------------------------------------- */
+
+static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsgd_reduce_op op, double deadline) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    size_t per = (size_t)DSGD_MPI_MAX_MESSAGE / sizeof(float), off;
+    MPI_Op mop;
+    dsgd_result r = dsgd_mpi__usable(e);
+    if (r != DSGD_OK) return r;
+    switch (op) {
+    case DSGD_REDUCE_SUM:
+    case DSGD_REDUCE_MEAN: mop = MPI_SUM; break;
+    case DSGD_REDUCE_MAX: mop = e->op_max; break;
+    case DSGD_REDUCE_MIN: mop = e->op_min; break;
+    default:
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: unknown reduce op %d", e->rank, (int)op);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if (count > 0 && !buf) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: all-reduce of %zu floats from NULL", e->rank, count);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    for (off = 0; off < count; off += per) {
+        int len = (int)DSGD__MIN(per, count - off), flag = 0, rc;
+        MPI_Request req = MPI_REQUEST_NULL;
+        dsgd_mpi__wait w;
+        memset(&w, 0, sizeof(w));
+        rc = MPI_Iallreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, mop, e->comm, &req);
+        if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Iallreduce", -1, rc);
+        for (;;) {
+            rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Iallreduce", -1, rc);
+            if (flag) break;
+            if (DSGD__LOAD_ACQ(&e->aborted) || dsgd_now() >= deadline) {
+                int aborted = DSGD__LOAD_ACQ(&e->aborted);
+                dsgd_mpi__orphan(e, req);
+                e->failed = 1;
+                snprintf(e->err, sizeof(e->err),
+                         "mpi rank %d: %s in MPI_Iallreduce of %zu floats, waiting for the other %d ranks; MPI "
+                         "cannot cancel it, so this endpoint cannot be used again: end the job (dsgd_mpi_abort)",
+                         e->rank, aborted ? "the endpoint was aborted" : "the deadline passed", count, e->size - 1);
+                return aborted ? DSGD_ERR_ABORTED : DSGD_ERR_TIMEOUT;
+            }
+            dsgd_mpi__backoff(&w, 0);
+        }
+    }
+    if (op == DSGD_REDUCE_MEAN) { /* a true division, the same on every rank */
+        float k = (float)e->size;
+        for (off = 0; off < count; ++off) buf[off] = buf[off] / k;
+    }
+    return DSGD_OK;
+}
+
+/* >>mpi probe -------------------------------------------------------------- */
+
+static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    dsgd_mpi__wait w;
+    dsgd_result r;
+    if (src) *src = -1;
+    if (!src || !tag || !bytes) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: probe needs src, tag and bytes", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd_mpi__usable(e)) != DSGD_OK) return r;
+    memset(&w, 0, sizeof(w));
+    for (;;) {
+        MPI_Message msg;
+        MPI_Status status;
+        int i, k, flag = 0, rc;
+        /* a header taken earlier comes first, round-robin over the sources */
+        for (i = 0; i < e->size; ++i) {
+            k = (e->probe_next + i) % e->size;
+            if (!e->stashed[k]) continue;
+            *src = k;
+            *tag = e->stash[2 * k];
+            *bytes = (size_t)e->stash[2 * k + 1];
+            e->probe_next = (k + 1) % e->size;
+            return DSGD_OK;
+        }
+        rc = MPI_Improbe(MPI_ANY_SOURCE, DSGD_MPI__TAG_HEADER, e->comm, &flag, &msg, &status);
+        if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Improbe", -1, rc);
+        if (flag) {
+            k = status.MPI_SOURCE;
+            rc = MPI_Mrecv(e->probe_header, (int)sizeof(e->probe_header), MPI_BYTE, &msg, &status);
+            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Mrecv", k, rc);
+            if ((uint64_t)(size_t)e->probe_header[1] != e->probe_header[1]) {
+                e->failed = 1; /* its payload cannot be received here */
+                snprintf(e->err, sizeof(e->err), "mpi rank %d: the message from rank %d has %llu bytes, more than "
+                         "this process can address", e->rank, k, (unsigned long long)e->probe_header[1]);
+                return DSGD_ERR_DESYNC;
+            }
+            e->stash[2 * k] = e->probe_header[0];
+            e->stash[2 * k + 1] = e->probe_header[1];
+            e->stashed[k] = 1;
+            continue; /* reported by the loop above */
+        }
+        if (DSGD__LOAD_ACQ(&e->aborted)) {
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for a message "
+                     "from any rank", e->rank);
+            return DSGD_ERR_ABORTED;
+        }
+        if (dsgd_now() >= deadline) {
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the deadline passed while waiting for a message from "
+                     "any rank", e->rank);
+            return DSGD_ERR_TIMEOUT;
+        }
+        dsgd_mpi__backoff(&w, 0);
+    }
+}
+
+/* >>mpi table -------------------------------------------------------------- */
+
+static void dsgd_mpi__abort_ep(void *impl) { DSGD__STORE_SC(&((dsgd_mpi__ep *)impl)->aborted, 1); }
+
+static const char *dsgd_mpi__error_message(void *impl) { return ((dsgd_mpi__ep *)impl)->err; }
+
+/* Frees what MPI allocated (unless MPI is finalized: then it is gone) and
+   the endpoint. Requests left by failed calls are not freed (see AFTER A
+   FAILURE); MPI_Comm_free and MPI_Op_free let pending operations finish. */
+static void dsgd_mpi__destroy(void *impl) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    int fin = 0;
+    if (!e) return;
+    MPI_Finalized(&fin);
+    if (!fin) {
+        if (e->op_max != MPI_OP_NULL) MPI_Op_free(&e->op_max);
+        if (e->op_min != MPI_OP_NULL) MPI_Op_free(&e->op_min);
+        if (e->comm != MPI_COMM_NULL) MPI_Comm_free(&e->comm);
+    }
+    DSGD_FREE(e->orphans);
+    DSGD_FREE(e->stash);
+    DSGD_FREE(e->stashed);
+    DSGD_FREE(e);
+}
+
+DSGD_API dsgd_result dsgd_mpi_init(dsgd_ctx *ctx, int *argc, char ***argv, int *provided) {
+    int init = 0, fin = 0, level = MPI_THREAD_SINGLE, rc;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    MPI_Finalized(&fin);
+    if (fin) return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "dsgd_mpi_init: MPI was finalized and cannot start again");
+    MPI_Initialized(&init);
+    if (init) {
+        rc = MPI_Query_thread(&level);
+    } else {
+        rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level);
+        if (rc != MPI_SUCCESS) {
+            char text[MPI_MAX_ERROR_STRING + 32];
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "dsgd_mpi_init: MPI_Init_thread failed: %s",
+                                      dsgd_mpi__error_text(rc, text, sizeof(text)));
+        }
+    }
+    if (rc != MPI_SUCCESS) level = MPI_THREAD_SINGLE;
+    if (provided) *provided = level;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, dsgd_transport_i *out) {
+    static const char *const fn = "dsgd_mpi_transport_create";
+    char text[MPI_MAX_ERROR_STRING + 32];
+    MPI_Comm base = MPI_COMM_WORLD;
+    dsgd_mpi__ep *e;
+    int init = 0, fin = 0, provided = MPI_THREAD_SINGLE, need = MPI_THREAD_SERIALIZED, inter = 0, rc;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    memset(out, 0, sizeof(*out));
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (!init || fin)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: MPI is %s: call dsgd_mpi_init (or MPI_Init_thread) first",
+                                  fn, fin ? "finalized" : "not initialised");
+    if (desc) {
+        if (desc->comm != (MPI_Comm)0 && desc->comm != MPI_COMM_NULL) base = desc->comm;
+        if (desc->thread_level) need = desc->thread_level;
+    }
+    if (need != MPI_THREAD_SINGLE && need != MPI_THREAD_FUNNELED && need != MPI_THREAD_SERIALIZED &&
+        need != MPI_THREAD_MULTIPLE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: thread_level %d is not an MPI thread level",
+                                  fn, need);
+    if (MPI_Query_thread(&provided) != MPI_SUCCESS) provided = MPI_THREAD_SINGLE;
+    if (provided < need)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
+                                  "%s: MPI provides %s, but this program needs %s (initialise MPI with dsgd_mpi_init, "
+                                  "or MPI_Init_thread asking for %s)",
+                                  fn, dsgd_mpi__level_name(provided), dsgd_mpi__level_name(need),
+                                  dsgd_mpi__level_name(need));
+    rc = MPI_Comm_test_inter(base, &inter);
+    if (rc != MPI_SUCCESS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the communicator is not valid: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    if (inter)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: an intercommunicator; pass an intracommunicator (MPI_Intercomm_merge)", fn);
+    e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
+    if (!e) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(e, 0, sizeof(*e));
+    e->ctx = ctx;
+    e->comm = MPI_COMM_NULL;
+    e->op_max = e->op_min = MPI_OP_NULL;
+    rc = MPI_Comm_dup(base, &e->comm);
+    if (rc != MPI_SUCCESS) {
+        e->comm = MPI_COMM_NULL;
+        dsgd_mpi__destroy(e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: MPI_Comm_dup failed: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    }
+    rc = MPI_Comm_set_errhandler(e->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(e->comm, &e->rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(e->comm, &e->size);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_max, 1, &e->op_max);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_min, 1, &e->op_min);
+    if (rc != MPI_SUCCESS) {
+        dsgd_mpi__destroy(e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: setting up the duplicate communicator failed: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    }
+    e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
+    e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
+    if (!e->stash || !e->stashed) {
+        dsgd_mpi__destroy(e);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(e->stashed, 0, (size_t)e->size);
+    out->name = "mpi";
+    out->impl = e;
+    out->rank = e->rank;
+    out->size = e->size;
+    out->destroy = dsgd_mpi__destroy;
+    out->send = dsgd_mpi__send;
+    out->recv = dsgd_mpi__recv;
+    out->sendrecv = dsgd_mpi__sendrecv;
+    out->sendrecv_reduce = NULL;
+    out->share = NULL;
+    out->unshare = NULL;
+    out->allreduce = dsgd_mpi__allreduce;
+    out->abort = dsgd_mpi__abort_ep;
+    out->now = NULL;
+    out->error_message = dsgd_mpi__error_message;
+    out->set_progress = NULL;
+    out->peer_progress = NULL;
+    out->probe = dsgd_mpi__probe;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_mpi_abort(int code) {
+    int init = 0, fin = 0;
+    if (code == 0) code = 1;
+    fflush(NULL);
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+    _exit(code);
+}
+
+#endif /* DSGD_MPI__PART_TRANSPORT_IMPL */

@@ -1,0 +1,837 @@
+/* mpi_collectives.c - the MPI transport (distsgd_mpi.h), run under mpirun.
+
+   Not a cmocka test (not tests/test_*.c): it is built with mpicc and run
+   with mpirun by tests/mpi_collectives.sh (make test-mpi), which also
+   checks how the deadline mode ends. Every rank generates every rank's
+   inputs from (seed, rank), so each process computes the serial
+   double-precision reference itself, and runs each collective twice: over
+   the MPI transport (one process per rank) and over an in-process loopback
+   group of as many threads, comparing its own rank's result bit for bit.
+
+   Modes:
+     (none)       for this np: dsgd_allreduce with RING, HALVING_DOUBLING,
+                  REDUCE_BROADCAST, RECURSIVE_DOUBLING and AUTO (which picks
+                  the transport's native MPI_Iallreduce), reduce_scatter,
+                  allgather, broadcast from every root and barrier, with
+                  every op (SUM, MEAN, MAX, MIN) at counts {0, 1, N-1, N+1,
+                  1000003}: against the reference (SUM and MEAN within
+                  (N + 2) * FLT_EPSILON * sum|x|, as tests/test_collectives.c;
+                  MAX, MIN and the data movers exact), the same bits on
+                  every rank, and the same bits as over the loopback for
+                  every explicit algorithm; NaN propagation of MAX and MIN
+                  (native hook included); the agreement over MPI (ranks
+                  passing different counts all get DSGD_ERR_DESYNC and go
+                  on); the transport itself: a tag or size mismatch gives
+                  DSGD_ERR_DESYNC on the receiver at once, probe reports
+                  every message with its tag and size in order per source,
+                  a header taken by probe stays for the next recv, timeouts
+                  of probe and recv leave the endpoint usable, abort (from
+                  another thread) ends a wait at once.
+     --levels     MPI initialised by the program with MPI_THREAD_FUNNELED:
+                  dsgd_mpi_transport_create before MPI_Init is DSGD_ERR_STATE;
+                  dsgd_mpi_init accepts the program's MPI and reports its
+                  level; the default (MPI_THREAD_SERIALIZED) is refused with
+                  DSGD_ERR_UNSUPPORTED naming both levels; asking for
+                  FUNNELED works; a bad level is DSGD_ERR_INVALID_ARGUMENT.
+     --deadline   (np = 2) four all-reduces, then rank 1 sleeps past the
+                  deadline of all-reduce #5: rank 0 must get DSGD_ERR_TIMEOUT
+                  naming rank 1 and "#5" within the deadline + 100 ms, prints
+                  "aborting at T" (CLOCK_REALTIME) and calls dsgd_mpi_abort;
+                  the script checks that the job ends non-zero within 5 s.
+
+   Every rank counts its checks and prints its failures ("rank R: FAIL
+   ..."); rank 0 prints, after an MPI_Reduce of the counts, the line
+   "N passed, N failed". The exit status is non-zero when anything failed.
+   A watchdog (alarm) ends a process that hangs.
+
+   Environment: DSGD_TEST_LARGE=<count> replaces the large count (1000003). */
+#define DISTSGD_IMPLEMENTATION
+#define DISTSGD_MPI_IMPLEMENTATION
+#include "../distsgd_mpi.h"
+
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TIMEOUT_S 60.0
+#define NUM_ALGOS 5
+static const dsgd_allreduce_algo ALGOS[NUM_ALGOS] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+                                                     DSGD_ALLREDUCE_REDUCE_BROADCAST,
+                                                     DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_AUTO};
+static const dsgd_reduce_op OPS[4] = {DSGD_REDUCE_SUM, DSGD_REDUCE_MEAN, DSGD_REDUCE_MAX, DSGD_REDUCE_MIN};
+
+static int g_rank, g_size;
+static long g_passed, g_failed;
+
+/* ---------------------------------------------------------------- checks */
+
+static int check(int ok, const char *fmt, ...) {
+    if (ok) {
+        g_passed++;
+        return 1;
+    }
+    {
+        va_list ap;
+        g_failed++;
+        printf("rank %d: FAIL ", g_rank);
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        printf("\n");
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static void on_alarm(int sig) {
+    static const char msg[] = "mpi_collectives: watchdog expired, a call hung\n";
+    (void)sig;
+    if (write(2, msg, sizeof(msg) - 1) < 0) _exit(98);
+    _exit(99);
+}
+
+static size_t large_count(void) {
+    const char *e = getenv("DSGD_TEST_LARGE");
+    if (e && atol(e) > 0) return (size_t)atol(e);
+    return 1000003;
+}
+
+/* Sums the counts over the ranks; rank 0 prints the summary. Returns the
+   exit status (the same on every rank). */
+static int summary(void) {
+    long mine[2], all[2];
+    mine[0] = g_passed;
+    mine[1] = g_failed;
+    fflush(stdout);
+    MPI_Allreduce(mine, all, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (g_rank == 0) {
+        printf("%ld passed, %ld failed\n", all[0], all[1]);
+        fflush(stdout);
+    }
+    return all[1] ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------- inputs */
+
+/* Input of rank r at element i: uniform in (-scale, scale), the scale varying
+   with r and i so that sums mix magnitudes (as tests/test_collectives.c). */
+static float input_value(uint64_t seed, int r, size_t i) {
+    static const double scale[4] = {1.0, 100.0, 0.01, 3.0};
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(r + 1) << 40) ^ (uint64_t)i;
+    double u = dsgd_rng_uniform(&s);
+    return (float)((2.0 * u - 1.0) * scale[((size_t)r + i) & 3]);
+}
+
+typedef struct ref {
+    double *sum, *abs;
+    float *max, *min;
+} ref;
+
+/* in[r]: rank r's inputs; the reference over all of them. */
+static void ref_compute(ref *rf, float **in, int n, size_t count) {
+    size_t i;
+    int r;
+    rf->sum = (double *)calloc(count + 1, sizeof(double));
+    rf->abs = (double *)calloc(count + 1, sizeof(double));
+    rf->max = (float *)malloc((count + 1) * sizeof(float));
+    rf->min = (float *)malloc((count + 1) * sizeof(float));
+    if (!rf->sum || !rf->abs || !rf->max || !rf->min) {
+        fprintf(stderr, "out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    for (i = 0; i < count; ++i) {
+        for (r = 0; r < n; ++r) {
+            float x = in[r][i];
+            rf->sum[i] += x;
+            rf->abs[i] += fabs(x);
+            if (r == 0 || x > rf->max[i]) rf->max[i] = x;
+            if (r == 0 || x < rf->min[i]) rf->min[i] = x;
+        }
+    }
+}
+
+static void ref_free(ref *rf) {
+    free(rf->sum);
+    free(rf->abs);
+    free(rf->max);
+    free(rf->min);
+}
+
+/* got[lo..hi) against the reference: SUM/MEAN within (N + 2) * FLT_EPSILON *
+   sum|x| (any summation order, plus the division), MAX/MIN exact. Returns 1
+   when all match, else describes the first mismatch in why. */
+static int verify(const float *got, const ref *rf, dsgd_reduce_op op, int n, size_t lo, size_t hi, char *why,
+                  size_t cap) {
+    size_t i;
+    for (i = lo; i < hi; ++i) {
+        double want, tol;
+        switch (op) {
+        case DSGD_REDUCE_MAX: want = rf->max[i]; tol = 0; break;
+        case DSGD_REDUCE_MIN: want = rf->min[i]; tol = 0; break;
+        case DSGD_REDUCE_MEAN:
+            want = rf->sum[i] / n;
+            tol = (n + 2) * FLT_EPSILON * rf->abs[i] / n + 1e-37;
+            break;
+        default:
+            want = rf->sum[i];
+            tol = (n + 2) * FLT_EPSILON * rf->abs[i] + 1e-37;
+            break;
+        }
+        if (!(fabs((double)got[i] - want) <= tol)) {
+            snprintf(why, cap, "element %zu = %.9g, want %.9g (tol %.3g)", i, (double)got[i], want, tol);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* FNV-1a of the bytes; the same on every rank when the buffers are bitwise equal. */
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 1469598103934665603ull;
+    size_t i;
+    for (i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* 1 when buf[0..count) has the same bits on every rank (collective on the world). */
+static int same_on_all_ranks(const float *buf, size_t count) {
+    uint64_t h = hash_bytes(buf, count * sizeof(float)), lo = 0, hi = 0;
+    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return lo == hi;
+}
+
+/* ---------------------------------------------------------------- the loopback twin */
+
+enum { J_ALLREDUCE, J_REDUCE_SCATTER, J_ALLGATHER, J_BROADCAST };
+
+typedef struct job {
+    int kind;
+    dsgd_allreduce_algo algo;
+    dsgd_reduce_op op;
+    int root;
+    size_t count;
+} job;
+
+/* N loopback ranks in this process, one thread each per collective. */
+typedef struct twin {
+    int n;
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub;
+    dsgd_ctx *rctx[8];
+    dsgd_comm *comm[8];
+    dsgd_transport_i ep[8];
+    float *buf[8];
+    float **in;
+    job j;
+    dsgd_result res[8];
+} twin;
+
+typedef struct twin_arg {
+    twin *t;
+    int r;
+} twin_arg;
+
+static void twin_init(twin *t, int n) {
+    int r;
+    memset(t, 0, sizeof(*t));
+    t->n = n;
+    if (n > 8 || dsgd_ctx_create(NULL, &t->ctx) != DSGD_OK || dsgd_loopback_create(t->ctx, n, &t->hub) != DSGD_OK) {
+        fprintf(stderr, "rank %d: cannot create the loopback twin\n", g_rank);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    for (r = 0; r < n; ++r) {
+        if (dsgd_ctx_create(NULL, &t->rctx[r]) != DSGD_OK || dsgd_loopback_endpoint(t->hub, r, &t->ep[r]) != DSGD_OK ||
+            dsgd_comm_create(t->rctx[r], &t->ep[r], NULL, &t->comm[r]) != DSGD_OK) {
+            fprintf(stderr, "rank %d: cannot create the loopback twin's rank %d\n", g_rank, r);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    }
+}
+
+static void twin_free(twin *t) {
+    int r;
+    for (r = 0; r < t->n; ++r) {
+        dsgd_comm_destroy(t->comm[r]);
+        dsgd_ctx_destroy(t->rctx[r]);
+        free(t->buf[r]);
+    }
+    dsgd_loopback_destroy(t->hub);
+    dsgd_ctx_destroy(t->ctx);
+}
+
+static dsgd_result run_job(dsgd_comm *comm, const job *j, float *buf) {
+    switch (j->kind) {
+    case J_ALLREDUCE: return dsgd_allreduce(comm, buf, j->count, j->op, j->algo, TIMEOUT_S);
+    case J_REDUCE_SCATTER: return dsgd_reduce_scatter(comm, buf, j->count, j->op, TIMEOUT_S);
+    case J_ALLGATHER: return dsgd_allgather(comm, buf, j->count, TIMEOUT_S);
+    default: return dsgd_broadcast(comm, buf, j->count, j->root, TIMEOUT_S);
+    }
+}
+
+static void *twin_thread(void *p) {
+    twin_arg *a = (twin_arg *)p;
+    twin *t = a->t;
+    memcpy(t->buf[a->r], t->in[a->r], t->j.count * sizeof(float));
+    t->res[a->r] = run_job(t->comm[a->r], &t->j, t->buf[a->r]);
+    return NULL;
+}
+
+/* Runs j on the loopback twin with the inputs in[]; 1 when every rank succeeded. */
+static int twin_run(twin *t, const job *j, float **in) {
+    pthread_t th[8];
+    twin_arg args[8];
+    int r, ok = 1;
+    t->j = *j;
+    t->in = in;
+    for (r = 0; r < t->n; ++r) {
+        args[r].t = t;
+        args[r].r = r;
+        if (pthread_create(&th[r], NULL, twin_thread, &args[r]) != 0) {
+            fprintf(stderr, "rank %d: pthread_create failed\n", g_rank);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    }
+    for (r = 0; r < t->n; ++r) pthread_join(th[r], NULL);
+    for (r = 0; r < t->n; ++r) {
+        if (t->res[r] != DSGD_OK) {
+            printf("rank %d: loopback rank %d: %s\n", g_rank, r, dsgd_ctx_last_error(t->rctx[r]));
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+/* ---------------------------------------------------------------- the collectives */
+
+static const char *job_name(const job *j, char *buf, size_t cap) {
+    switch (j->kind) {
+    case J_ALLREDUCE:
+        snprintf(buf, cap, "allreduce %s %s count %zu", dsgd_allreduce_algo_name(j->algo), dsgd_reduce_op_name(j->op),
+                 j->count);
+        break;
+    case J_REDUCE_SCATTER:
+        snprintf(buf, cap, "reduce_scatter %s count %zu", dsgd_reduce_op_name(j->op), j->count);
+        break;
+    case J_ALLGATHER: snprintf(buf, cap, "allgather count %zu", j->count); break;
+    default: snprintf(buf, cap, "broadcast root %d count %zu", j->root, j->count); break;
+    }
+    return buf;
+}
+
+/* One collective over MPI, checked against the reference, across ranks and
+   (explicit algorithms, and the collectives that have only one) against the
+   loopback twin. */
+static void one_case(dsgd_comm *comm, twin *tw, const job *j, float **in, const ref *rf, float *buf) {
+    char name[128], why[160];
+    size_t count = j->count, off = 0, len = count, b;
+    dsgd_result r;
+    int n = g_size, k, ok = 1, compare_twin;
+    job_name(j, name, sizeof(name));
+    memcpy(buf, in[g_rank], count * sizeof(float));
+    r = run_job(comm, j, buf);
+    if (!check(r == DSGD_OK, "np=%d %s: %s", n, name, dsgd_ctx_last_error(dsgd_comm_ctx(comm)))) return;
+    why[0] = '\0';
+    switch (j->kind) {
+    case J_ALLREDUCE: ok = verify(buf, rf, j->op, n, 0, count, why, sizeof(why)); break;
+    case J_REDUCE_SCATTER:
+        dsgd_block_range(count, n, g_rank, &off, &len);
+        ok = verify(buf, rf, j->op, n, off, off + len, why, sizeof(why));
+        break;
+    case J_ALLGATHER:
+        for (k = 0; k < n && ok; ++k) {
+            size_t o, l;
+            dsgd_block_range(count, n, k, &o, &l);
+            for (b = o; b < o + l; ++b)
+                if (memcmp(&buf[b], &in[k][b], sizeof(float)) != 0) {
+                    snprintf(why, sizeof(why), "element %zu is not rank %d's input", b, k);
+                    ok = 0;
+                    break;
+                }
+        }
+        break;
+    default:
+        ok = memcmp(buf, in[j->root], count * sizeof(float)) == 0;
+        if (!ok) snprintf(why, sizeof(why), "not root %d's buffer", j->root);
+        break;
+    }
+    check(ok, "np=%d %s: %s", n, name, why);
+    if (j->kind != J_REDUCE_SCATTER) check(same_on_all_ranks(buf, count), "np=%d %s: ranks differ in bits", n, name);
+    compare_twin = !(j->kind == J_ALLREDUCE && j->algo == DSGD_ALLREDUCE_AUTO);
+    if (compare_twin && check(twin_run(tw, j, in), "np=%d %s: the loopback run failed", n, name)) {
+        const float *mine = tw->buf[g_rank];
+        size_t first = j->kind == J_REDUCE_SCATTER ? off : 0, m = j->kind == J_REDUCE_SCATTER ? len : count;
+        size_t diff = m;
+        for (b = 0; b < m; ++b)
+            if (memcmp(&mine[first + b], &buf[first + b], sizeof(float)) != 0) {
+                diff = b;
+                break;
+            }
+        check(diff == m, "np=%d %s: element %zu differs from the loopback's bits (%.9g vs %.9g)", n, name, first + diff,
+              diff < m ? (double)buf[first + diff] : 0.0, diff < m ? (double)mine[first + diff] : 0.0);
+    }
+}
+
+static void test_collectives(dsgd_comm *comm, twin *tw) {
+    size_t counts[5], count;
+    int n = g_size, ci, a, o, k;
+    counts[0] = 0;
+    counts[1] = 1;
+    counts[2] = (size_t)n - 1;
+    counts[3] = (size_t)n + 1;
+    counts[4] = large_count();
+    check(dsgd_allreduce_choose(comm, 1000) == DSGD_ALLREDUCE_AUTO, "np=%d: AUTO does not pick the native hook", n);
+    for (ci = 0; ci < 5; ++ci) {
+        float *in[8], *buf;
+        ref rf;
+        job j;
+        double t0 = dsgd_now();
+        long failed0 = g_failed;
+        size_t i;
+        count = counts[ci];
+        for (k = 0; k < n; ++k) {
+            in[k] = (float *)malloc((count + 1) * sizeof(float));
+            free(tw->buf[k]);
+            tw->buf[k] = (float *)malloc((count + 1) * sizeof(float));
+            if (!in[k] || !tw->buf[k]) MPI_Abort(MPI_COMM_WORLD, 2);
+            for (i = 0; i < count; ++i) in[k][i] = input_value(1234 + (uint64_t)ci, k, i);
+        }
+        buf = (float *)malloc((count + 1) * sizeof(float));
+        if (!buf) MPI_Abort(MPI_COMM_WORLD, 2);
+        ref_compute(&rf, in, n, count);
+        memset(&j, 0, sizeof(j));
+        j.count = count;
+        j.kind = J_ALLREDUCE;
+        for (a = 0; a < NUM_ALGOS; ++a)
+            for (o = 0; o < 4; ++o) {
+                j.algo = ALGOS[a];
+                j.op = OPS[o];
+                one_case(comm, tw, &j, in, &rf, buf);
+            }
+        j.kind = J_REDUCE_SCATTER;
+        for (o = 0; o < 4; ++o) {
+            j.op = OPS[o];
+            one_case(comm, tw, &j, in, &rf, buf);
+        }
+        j.kind = J_ALLGATHER;
+        one_case(comm, tw, &j, in, &rf, buf);
+        j.kind = J_BROADCAST;
+        for (k = 0; k < n; ++k) {
+            j.root = k;
+            one_case(comm, tw, &j, in, &rf, buf);
+        }
+        check(dsgd_barrier(comm, TIMEOUT_S) == DSGD_OK, "np=%d barrier: %s", n,
+              dsgd_ctx_last_error(dsgd_comm_ctx(comm)));
+        if (g_rank == 0) {
+            printf("np=%d count %zu: every algorithm, op and collective %s (%.2f s)\n", n, count,
+                   g_failed == failed0 ? "ok" : "FAILED on rank 0", dsgd_now() - t0);
+            fflush(stdout);
+        }
+        ref_free(&rf);
+        free(buf);
+        for (k = 0; k < n; ++k) free(in[k]);
+    }
+}
+
+/* MAX and MIN propagate NaNs: rank k puts a NaN with payload k + 1 at
+   element 3 + 5k, and rank 0 a second one at the last element. */
+static void test_nan(dsgd_comm *comm, twin *tw) {
+    enum { COUNT = 41 };
+    float *in[8], buf[COUNT];
+    int n = g_size, k, a, o;
+    size_t i;
+    for (k = 0; k < n; ++k) {
+        uint32_t bits = 0x7FC00000u | (uint32_t)(k + 1);
+        in[k] = (float *)malloc(COUNT * sizeof(float));
+        free(tw->buf[k]);
+        tw->buf[k] = (float *)malloc(COUNT * sizeof(float));
+        if (!in[k] || !tw->buf[k]) MPI_Abort(MPI_COMM_WORLD, 2);
+        for (i = 0; i < COUNT; ++i) in[k][i] = input_value(99, k, i);
+        memcpy(&in[k][3 + 5 * k], &bits, sizeof(bits));
+        if (k == 0) memcpy(&in[k][COUNT - 1], &bits, sizeof(bits));
+    }
+    for (a = 0; a < NUM_ALGOS; ++a)
+        for (o = 2; o < 4; ++o) {
+            job j;
+            int ok = 1;
+            memset(&j, 0, sizeof(j));
+            j.kind = J_ALLREDUCE;
+            j.algo = ALGOS[a];
+            j.op = OPS[o];
+            j.count = COUNT;
+            memcpy(buf, in[g_rank], sizeof(buf));
+            if (!check(run_job(comm, &j, buf) == DSGD_OK, "np=%d NaN %s %s: %s", n, dsgd_allreduce_algo_name(j.algo),
+                       dsgd_reduce_op_name(j.op), dsgd_ctx_last_error(dsgd_comm_ctx(comm))))
+                continue;
+            for (i = 0; i < COUNT; ++i) {
+                int want_nan = i == COUNT - 1 || (i >= 3 && (i - 3) % 5 == 0 && (int)((i - 3) / 5) < n);
+                float want = in[0][i];
+                if (!want_nan)
+                    for (k = 1; k < n; ++k)
+                        want = o == 2 ? (in[k][i] > want ? in[k][i] : want) : (in[k][i] < want ? in[k][i] : want);
+                if (want_nan ? !isnan(buf[i]) : memcmp(&buf[i], &want, sizeof(float)) != 0) ok = 0;
+            }
+            check(ok, "np=%d NaN %s %s: NaNs not propagated (or other elements wrong)", n,
+                  dsgd_allreduce_algo_name(j.algo), dsgd_reduce_op_name(j.op));
+            check(same_on_all_ranks(buf, COUNT), "np=%d NaN %s %s: ranks differ in bits", n,
+                  dsgd_allreduce_algo_name(j.algo), dsgd_reduce_op_name(j.op));
+            if (j.algo != DSGD_ALLREDUCE_AUTO && check(twin_run(tw, &j, in), "np=%d NaN: loopback failed", n))
+                check(memcmp(tw->buf[g_rank], buf, sizeof(buf)) == 0, "np=%d NaN %s %s: bits differ from the loopback's",
+                      n, dsgd_allreduce_algo_name(j.algo), dsgd_reduce_op_name(j.op));
+        }
+    for (k = 0; k < n; ++k) free(in[k]);
+}
+
+/* Ranks that pass different counts all get DSGD_ERR_DESYNC from the
+   agreement (over MPI messages), and the communicator goes on. */
+static void test_agreement(dsgd_comm *comm) {
+    float buf[64];
+    size_t count = g_rank == g_size - 1 ? 41 : 40;
+    dsgd_result r;
+    int i;
+    for (i = 0; i < 64; ++i) buf[i] = (float)i;
+    r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, TIMEOUT_S);
+    check(r == DSGD_ERR_DESYNC && strstr(dsgd_ctx_last_error(dsgd_comm_ctx(comm)), "count 41"),
+          "agreement: got %s: %s", dsgd_result_string(r), dsgd_ctx_last_error(dsgd_comm_ctx(comm)));
+    check(buf[10] == 10.0f, "agreement: the buffer was touched");
+    r = dsgd_allreduce(comm, buf, 40, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S);
+    check(r == DSGD_OK && buf[10] == 10.0f * (float)g_size, "agreement: the communicator did not go on: %s",
+          dsgd_ctx_last_error(dsgd_comm_ctx(comm)));
+}
+
+/* ---------------------------------------------------------------- the transport */
+
+static void make_transport(dsgd_ctx *ctx, dsgd_transport_i *t) {
+    dsgd_mpi_desc d;
+    memset(&d, 0, sizeof(d));
+    if (dsgd_mpi_transport_create(ctx, &d, t) != DSGD_OK) {
+        printf("rank %d: dsgd_mpi_transport_create: %s\n", g_rank, dsgd_ctx_last_error(ctx));
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+}
+
+static void fill(unsigned char *b, size_t n, int salt) {
+    size_t i;
+    for (i = 0; i < n; ++i) b[i] = (unsigned char)(i * 7 + (size_t)salt);
+}
+
+/* Tag and size mismatches between ranks 0 and 1, each on a fresh transport. */
+static void test_mismatch(dsgd_ctx *ctx) {
+    unsigned char out[64], got[64], want[64];
+    dsgd_transport_i t;
+    dsgd_result r;
+    double t0, el;
+    int src = -1;
+    uint64_t tag = 0;
+    size_t bytes = 0;
+    /* a tag mismatch: the receiver returns at once */
+    make_transport(ctx, &t);
+    fill(out, 16, 1);
+    if (g_rank == 0) check(t.send(t.impl, 1, 0x1111, out, 16, dsgd_now() + 10) == DSGD_OK, "mismatch: send");
+    if (g_rank == 1) {
+        t0 = dsgd_now();
+        r = t.recv(t.impl, 0, 0x2222, got, 16, t0 + 10);
+        el = dsgd_now() - t0;
+        check(r == DSGD_ERR_DESYNC && el < 1.0, "tag mismatch: %s after %.3f s: %s", dsgd_result_string(r), el,
+              t.error_message(t.impl));
+        check(strstr(t.error_message(t.impl), "mpi rank 1: the message from rank 0 has tag") != NULL &&
+                  strstr(t.error_message(t.impl), "0000000000001111, expected 0000000000002222") != NULL,
+              "tag mismatch message: %s", t.error_message(t.impl));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    t.destroy(t.impl);
+    /* a size mismatch */
+    make_transport(ctx, &t);
+    fill(out, 32, 2);
+    if (g_rank == 0) check(t.send(t.impl, 1, 0x3333, out, 32, dsgd_now() + 10) == DSGD_OK, "mismatch: send");
+    if (g_rank == 1) {
+        t0 = dsgd_now();
+        r = t.recv(t.impl, 0, 0x3333, got, 16, t0 + 10);
+        el = dsgd_now() - t0;
+        check(r == DSGD_ERR_DESYNC && el < 1.0, "size mismatch: %s after %.3f s", dsgd_result_string(r), el);
+        check(strstr(t.error_message(t.impl), "has 32 bytes, expected 16") != NULL, "size mismatch message: %s",
+              t.error_message(t.impl));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    t.destroy(t.impl);
+    /* after probe, a mismatch leaves the message for the right recv */
+    make_transport(ctx, &t);
+    fill(out, 24, 3);
+    if (g_rank == 0) check(t.send(t.impl, 1, 0x4444, out, 24, dsgd_now() + 10) == DSGD_OK, "mismatch: send");
+    if (g_rank == 1) {
+        r = t.probe(t.impl, dsgd_now() + 10, &src, &tag, &bytes);
+        check(r == DSGD_OK && src == 0 && tag == 0x4444 && bytes == 24, "probe: %s src %d tag %llx bytes %zu",
+              dsgd_result_string(r), src, (unsigned long long)tag, bytes);
+        r = t.recv(t.impl, 0, 0x5555, got, 24, dsgd_now() + 10);
+        check(r == DSGD_ERR_DESYNC, "probed mismatch: %s", dsgd_result_string(r));
+        r = t.recv(t.impl, 0, 0x4444, got, 24, dsgd_now() + 10);
+        fill(want, 24, 3);
+        check(r == DSGD_OK && memcmp(got, want, 24) == 0, "the probed message after a mismatch: %s: %s",
+              dsgd_result_string(r), t.error_message(t.impl));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    t.destroy(t.impl);
+#if DSGD_MPI_MAX_MESSAGE < 8192
+    /* A payload of several MPI messages is received after its header: on a
+       size mismatch nothing of it is taken, and the right recv gets it. */
+    {
+        enum { BIG = 10000 };
+        unsigned char *big = (unsigned char *)malloc(BIG), *bgot = (unsigned char *)malloc(BIG);
+        if (!big || !bgot) MPI_Abort(MPI_COMM_WORLD, 2);
+        make_transport(ctx, &t);
+        fill(big, BIG, 4);
+        if (g_rank == 0) check(t.send(t.impl, 1, 0x7777, big, BIG, dsgd_now() + 10) == DSGD_OK, "big send");
+        if (g_rank == 1) {
+            r = t.recv(t.impl, 0, 0x7777, bgot, BIG - 4, dsgd_now() + 10);
+            check(r == DSGD_ERR_DESYNC, "big size mismatch: %s", dsgd_result_string(r));
+            r = t.recv(t.impl, 0, 0x7777, bgot, BIG, dsgd_now() + 10);
+            check(r == DSGD_OK && memcmp(big, bgot, BIG) == 0, "the big message after a mismatch: %s: %s",
+                  dsgd_result_string(r), t.error_message(t.impl));
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        t.destroy(t.impl);
+        free(big);
+        free(bgot);
+    }
+#endif
+}
+
+typedef struct aborter {
+    dsgd_transport_i *t;
+    double after;
+} aborter;
+
+static void *abort_later(void *p) {
+    aborter *a = (aborter *)p;
+    struct timespec ts;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (long)(a->after * 1e9);
+    nanosleep(&ts, NULL);
+    a->t->abort(a->t->impl);
+    return NULL;
+}
+
+/* probe: every rank but 0 sends 3 messages to rank 0, which probes and
+   receives them all; timeouts of probe and recv leave the endpoint usable;
+   abort from another thread ends a wait. */
+static void test_probe_and_waits(dsgd_ctx *ctx) {
+    dsgd_transport_i t;
+    unsigned char out[64], got[64], want[64];
+    int k, m, n = g_size;
+    dsgd_result r;
+    double t0, el;
+    make_transport(ctx, &t);
+    if (g_rank != 0) {
+        for (m = 0; m < 3; ++m) {
+            fill(out, (size_t)(8 * (m + 1)), g_rank * 10 + m);
+            check(t.send(t.impl, 0, ((uint64_t)g_rank << 40) | (uint64_t)m, out, (size_t)(8 * (m + 1)),
+                         dsgd_now() + 10) == DSGD_OK,
+                  "probe: send %d", m);
+        }
+    } else {
+        int next[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ok = 1;
+        for (k = 0; k < 3 * (n - 1); ++k) {
+            int src = -1;
+            uint64_t tag = 0;
+            size_t bytes = 0;
+            r = t.probe(t.impl, dsgd_now() + 10, &src, &tag, &bytes);
+            if (!check(r == DSGD_OK && src > 0 && src < n, "probe %d: %s: %s", k, dsgd_result_string(r),
+                       t.error_message(t.impl)))
+                break;
+            m = next[src]++;
+            ok &= tag == (((uint64_t)src << 40) | (uint64_t)m) && bytes == (size_t)(8 * (m + 1));
+            r = t.recv(t.impl, src, tag, got, bytes, dsgd_now() + 10);
+            fill(want, bytes, src * 10 + m);
+            ok &= r == DSGD_OK && memcmp(got, want, bytes) == 0;
+        }
+        check(ok, "probe: messages out of order per source, or wrong");
+        t0 = dsgd_now();
+        {
+            int src = 7;
+            uint64_t tag;
+            size_t bytes;
+            r = t.probe(t.impl, t0 + 0.05, &src, &tag, &bytes);
+            el = dsgd_now() - t0;
+            check(r == DSGD_ERR_TIMEOUT && src == -1 && el < 0.5, "probe with nothing to receive: %s after %.3f s",
+                  dsgd_result_string(r), el);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* a recv that times out leaves the endpoint usable */
+    if (g_rank == 1) {
+        t0 = dsgd_now();
+        r = t.recv(t.impl, 0, 77, got, 16, t0 + 0.1);
+        el = dsgd_now() - t0;
+        check(r == DSGD_ERR_TIMEOUT && el < 0.5 && strstr(t.error_message(t.impl), "waiting for rank 0"),
+              "recv timeout: %s after %.3f s: %s", dsgd_result_string(r), el, t.error_message(t.impl));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    fill(out, 16, 5);
+    if (g_rank == 0) check(t.send(t.impl, 1, 77, out, 16, dsgd_now() + 10) == DSGD_OK, "send after a timeout");
+    if (g_rank == 1) {
+        r = t.recv(t.impl, 0, 77, got, 16, dsgd_now() + 10);
+        check(r == DSGD_OK && memcmp(got, out, 16) == 0, "recv after a timeout: %s: %s", dsgd_result_string(r),
+              t.error_message(t.impl));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* abort from another thread ends a wait, and every later call */
+    if (g_rank == 1) {
+        aborter a;
+        pthread_t th;
+        a.t = &t;
+        a.after = 0.1;
+        pthread_create(&th, NULL, abort_later, &a);
+        t0 = dsgd_now();
+        r = t.recv(t.impl, 0, 78, got, 16, t0 + 10);
+        el = dsgd_now() - t0;
+        pthread_join(th, NULL);
+        check(r == DSGD_ERR_ABORTED && el < 1.0, "abort: %s after %.3f s", dsgd_result_string(r), el);
+        r = t.send(t.impl, 0, 79, out, 16, dsgd_now() + 10);
+        check(r == DSGD_ERR_ABORTED, "a send after abort: %s", dsgd_result_string(r));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    t.destroy(t.impl);
+}
+
+/* ---------------------------------------------------------------- modes */
+
+static int mode_suite(dsgd_ctx *ctx) {
+    dsgd_transport_i t;
+    dsgd_comm *comm = NULL;
+    twin tw;
+    double t0 = dsgd_now();
+    make_transport(ctx, &t);
+    check(t.rank == g_rank && t.size == g_size && strcmp(t.name, "mpi") == 0, "the endpoint's rank and size");
+    if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) {
+        printf("rank %d: dsgd_comm_create: %s\n", g_rank, dsgd_ctx_last_error(ctx));
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    twin_init(&tw, g_size);
+    test_collectives(comm, &tw);
+    test_nan(comm, &tw);
+    test_agreement(comm);
+    twin_free(&tw);
+    dsgd_comm_destroy(comm);
+    t.destroy(t.impl);
+    test_mismatch(ctx);
+    test_probe_and_waits(ctx);
+    if (g_rank == 0) printf("np=%d: done in %.2f s\n", g_size, dsgd_now() - t0);
+    return summary();
+}
+
+static int mode_deadline(dsgd_ctx *ctx) {
+    dsgd_transport_i t;
+    dsgd_comm *comm = NULL;
+    float buf[1000];
+    int i, k;
+    make_transport(ctx, &t);
+    if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) MPI_Abort(MPI_COMM_WORLD, 2);
+    for (k = 1; k <= 4; ++k) {
+        for (i = 0; i < 1000; ++i) buf[i] = 1.0f;
+        check(dsgd_allreduce(comm, buf, 1000, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S) == DSGD_OK &&
+                  buf[999] == (float)g_size,
+              "deadline: all-reduce #%d: %s", k, dsgd_ctx_last_error(ctx));
+    }
+    if (g_rank == 1) {
+        fflush(stdout);
+        sleep(30); /* past the deadline: the job ends before this returns */
+    }
+    if (g_rank == 0) {
+        struct timespec now;
+        double t0 = dsgd_now(), el;
+        dsgd_result r = dsgd_allreduce(comm, buf, 1000, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.5);
+        const char *msg = dsgd_ctx_last_error(ctx);
+        el = dsgd_now() - t0;
+        check(r == DSGD_ERR_TIMEOUT, "deadline: all-reduce #5 returned %s", dsgd_result_string(r));
+        check(strstr(msg, "rank 1") != NULL && strstr(msg, "#5") != NULL, "deadline: message: %s", msg);
+        check(el >= 0.5 && el <= 0.6, "deadline: returned after %.3f s (deadline 0.5 s)", el);
+        printf("deadline check %s: %s (returned after %.3f s)\n", g_failed ? "FAILED" : "passed", msg, el);
+        printf("%ld passed, %ld failed\n", g_passed, g_failed);
+        clock_gettime(CLOCK_REALTIME, &now);
+        printf("aborting at %.3f\n", (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
+        dsgd_mpi_abort(g_failed ? 4 : 3);
+    }
+    return 1; /* not reached at np = 2 */
+}
+
+static int mode_levels(dsgd_ctx *ctx, int *argc, char ***argv) {
+    dsgd_transport_i t;
+    dsgd_mpi_desc d;
+    dsgd_result r;
+    int provided = -1, reported = -1;
+    memset(&d, 0, sizeof(d));
+    r = dsgd_mpi_transport_create(ctx, &d, &t);
+    check(r == DSGD_ERR_STATE && strstr(dsgd_ctx_last_error(ctx), "not initialised"),
+          "levels: create before MPI_Init: %s: %s", dsgd_result_string(r), dsgd_ctx_last_error(ctx));
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    r = dsgd_mpi_init(ctx, argc, argv, &reported);
+    check(r == DSGD_OK && reported == provided, "levels: dsgd_mpi_init on an initialised MPI: %s, level %d vs %d",
+          dsgd_result_string(r), reported, provided);
+    if (provided == MPI_THREAD_FUNNELED) {
+        r = dsgd_mpi_transport_create(ctx, &d, &t);
+        check(r == DSGD_ERR_UNSUPPORTED && strstr(dsgd_ctx_last_error(ctx), "MPI provides MPI_THREAD_FUNNELED") &&
+                  strstr(dsgd_ctx_last_error(ctx), "needs MPI_THREAD_SERIALIZED"),
+              "levels: default level on FUNNELED: %s: %s", dsgd_result_string(r), dsgd_ctx_last_error(ctx));
+        check(t.send == NULL, "levels: *out not zeroed on failure");
+    } else if (g_rank == 0) {
+        printf("levels: MPI provided level %d for FUNNELED; the refusal is not checked\n", provided);
+    }
+    d.thread_level = 99;
+    r = dsgd_mpi_transport_create(ctx, &d, &t);
+    check(r == DSGD_ERR_INVALID_ARGUMENT, "levels: thread_level 99: %s", dsgd_result_string(r));
+    d.thread_level = MPI_THREAD_FUNNELED;
+    r = dsgd_mpi_transport_create(ctx, &d, &t);
+    if (check(r == DSGD_OK, "levels: FUNNELED asked: %s: %s", dsgd_result_string(r), dsgd_ctx_last_error(ctx))) {
+        float x = 1.0f;
+        dsgd_comm *comm = NULL;
+        check(dsgd_comm_create(ctx, &t, NULL, &comm) == DSGD_OK &&
+                  dsgd_allreduce(comm, &x, 1, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S) == DSGD_OK &&
+                  x == (float)g_size,
+              "levels: an all-reduce on FUNNELED: %s", dsgd_ctx_last_error(ctx));
+        dsgd_comm_destroy(comm);
+        t.destroy(t.impl);
+    }
+    return summary();
+}
+
+int main(int argc, char **argv) {
+    dsgd_ctx *ctx = NULL;
+    int rc, provided = -1, levels = 0, deadline = 0, i;
+    for (i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--levels") == 0) levels = 1;
+        else if (strcmp(argv[i], "--deadline") == 0) deadline = 1;
+    }
+    signal(SIGALRM, on_alarm);
+    alarm(500);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 2;
+    if (levels) {
+        rc = mode_levels(ctx, &argc, &argv);
+    } else {
+        if (dsgd_mpi_init(ctx, &argc, &argv, &provided) != DSGD_OK) {
+            fprintf(stderr, "dsgd_mpi_init: %s\n", dsgd_ctx_last_error(ctx));
+            return 2;
+        }
+        MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+        if (g_size > 8) {
+            if (g_rank == 0) fprintf(stderr, "mpi_collectives: at most 8 ranks\n");
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+        check(provided == MPI_THREAD_MULTIPLE, "dsgd_mpi_init provided level %d", provided);
+        rc = deadline ? mode_deadline(ctx) : mode_suite(ctx);
+    }
+    dsgd_ctx_destroy(ctx);
+    MPI_Finalize();
+    return rc;
+}

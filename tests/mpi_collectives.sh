@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# tests/mpi_collectives.sh - runs tests/mpi_collectives.c under mpirun (make test-mpi).
+#
+#   for np in $DSGD_MPI_NP (default 2 3 4): the suite, each run under a
+#       watchdog (timeout), its summary line counted;
+#   np = 2 --levels: thread levels and MPI initialised by the program;
+#   np = 2 --deadline: rank 0's all-reduce #5 must time out naming rank 1
+#       within the deadline + 100 ms (checked by the program), after which it
+#       calls dsgd_mpi_abort: the job must end with a non-zero status within
+#       5 s of that call (checked here: 3 checks);
+#   the small-pieces build (DSGD_MPI_MAX_MESSAGE=4096, so payloads and native
+#       all-reduces go in many MPI messages), when it exists, at np = 3.
+# Prints each run's output and the number of its checks that passed and
+# failed, the checks' total, and last "N passed, N failed" counting runs (a
+# run passes when all its checks did and it ended as it should): the line
+# tools/run_tests.sh counts this script by, a test per run, as cmocka's
+# tests count functions, not assertions. Exit 1 when a run failed.
+#
+# Environment: DSGD_MPI_BUILD (default build/mpi: mpi_collectives and
+# mpi_collectives_pieces), DSGD_MPIRUN (default "mpirun --allow-run-as-root
+# --oversubscribe"), DSGD_MPI_NP, DSGD_MPI_TIMEOUT (seconds per run,
+# default 300).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+build=${DSGD_MPI_BUILD:-build/mpi}
+read -r -a mpirun <<<"${DSGD_MPIRUN:-mpirun --allow-run-as-root --oversubscribe}"
+nps=${DSGD_MPI_NP:-2 3 4}
+limit=${DSGD_MPI_TIMEOUT:-300}
+bin=$build/mpi_collectives
+pieces=$build/mpi_collectives_pieces
+log=$(mktemp "${TMPDIR:-/tmp}/mpi_collectives.XXXXXX")
+trap 'rm -f "$log"' EXIT
+passed=0 failed=0         # checks
+runs_passed=0 runs_failed=0
+
+# tally NAME P F: adds a run's checks and the run.
+tally() {
+    passed=$((passed + $2))
+    failed=$((failed + $3))
+    if [ "$3" -eq 0 ]; then runs_passed=$((runs_passed + 1)); else runs_failed=$((runs_failed + 1)); fi
+}
+
+if [ ! -x "$bin" ]; then
+    echo "mpi_collectives.sh: $bin not built (make test-mpi builds it)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
+now() { date +%s.%N; }
+
+# run NAME ARGS...: one mpirun, streamed and logged; its own summary line is
+# counted, and a non-zero exit without a reported failure counts as one.
+run() {
+    local name=$1 start rc p f own
+    shift
+    echo "==== $name"
+    start=$(now)
+    timeout --kill-after=10 "$limit" "${mpirun[@]}" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    own=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+    p=0 f=0
+    if [ -n "$own" ]; then read -r p _ f _ <<<"$own"; fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1
+        echo "mpi_collectives.sh: $name: exit status $rc ($([ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "timed out after ${limit}s" || echo "no failure reported")), counted as 1 failed"
+    fi
+    if [ -z "$own" ] && [ "$f" -eq 0 ]; then
+        f=1
+        echo "mpi_collectives.sh: $name: no summary line, counted as 1 failed"
+    fi
+    tally "$name" "$p" "$f"
+    echo "---- $name: $p checks passed, $f failed, exit $rc, $(awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s"
+}
+
+for np in $nps; do
+    run "np=$np" -np "$np" "$bin"
+done
+run "np=2 --levels" -np 2 "$bin" --levels
+
+# The deadline: the program's own checks (rank 0's timeout), then how the job ends.
+echo "==== np=2 --deadline"
+start=$(now)
+timeout --kill-after=10 60 "${mpirun[@]}" -np 2 "$bin" --deadline 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+end=$(now)
+own=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+p=0 f=0
+if [ -n "$own" ]; then read -r p _ f _ <<<"$own"; else f=1; echo "mpi_collectives.sh: --deadline: rank 0 reported nothing"; fi
+stamp=$(sed -n 's/^aborting at \([0-9.]*\)$/\1/p' "$log" | tail -n 1)
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then
+    p=$((p + 1))
+else
+    f=$((f + 1))
+    echo "mpi_collectives.sh: --deadline: the job ended with status $rc, expected non-zero (not a watchdog kill)"
+fi
+if [ -n "$stamp" ]; then
+    p=$((p + 1))
+    gap=$(awk -v a="$stamp" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
+    if awk -v g="$gap" 'BEGIN { exit !(g <= 5.0) }'; then
+        p=$((p + 1))
+        echo "mpi_collectives.sh: --deadline: the job ended ${gap} s after dsgd_mpi_abort, status $rc"
+    else
+        f=$((f + 1))
+        echo "mpi_collectives.sh: --deadline: the job ended ${gap} s after dsgd_mpi_abort (limit 5 s)"
+    fi
+else
+    f=$((f + 2))
+    echo "mpi_collectives.sh: --deadline: no 'aborting at' line from rank 0"
+fi
+tally deadline "$p" "$f"
+echo "---- np=2 --deadline: $p checks passed, $f failed, exit $rc, $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
+
+if [ -x "$pieces" ]; then
+    run "np=3 DSGD_MPI_MAX_MESSAGE=4096" -np 3 "$pieces"
+fi
+
+echo "mpi_collectives.sh: $passed checks passed, $failed failed, in $((runs_passed + runs_failed)) runs"
+echo "$runs_passed passed, $runs_failed failed"
+[ "$runs_failed" -eq 0 ]

@@ -1,0 +1,95 @@
+# The MPI add-on (distsgd_mpi.h, distsgd/mpi/): its tests and header checks.
+# Included from the Makefile (after its rules):  include tools/mpi.mk
+#
+#   make test-mpi     install/check OpenMPI (tools/deps.sh mpi), build
+#                     tests/mpi_collectives.c with $(MPICC) into $(BUILD)/mpi/
+#                     (also as mpi_collectives_pieces, with
+#                     DSGD_MPI_MAX_MESSAGE=4096 so that messages and native
+#                     all-reduces go in many MPI messages), and run
+#                     tests/mpi_collectives.sh: the suite at np = $(MPI_TEST_NP)
+#                     under $(MPIRUN) with a timeout each, the thread-level
+#                     checks, the deadline check (the job must end non-zero
+#                     within 5 s of dsgd_mpi_abort), the pieces build at np = 3;
+#                     each run's checks, then "N passed, N failed" counting runs
+#   make test         runs the same script among the test binaries (a test per
+#                     run in the summary) when $(MPICC) is found, else says it
+#                     skipped the MPI tests
+#   make check-header also compiles distsgd_mpi.h with the implementation as
+#                     C99 and C11 ($(CHECK_CC)) and C++11 ($(CHECK_CXX)),
+#                     warnings fatal, with MPI's include flags, when <mpi.h>
+#                     is found with them (the Makefile leaves *_mpi.h to this
+#                     file)
+#
+# MPICC and MPIRUN are the Makefile's (make bench-mpi uses them too). MPI's
+# include flags come from the wrapper (OpenMPI: mpicc --showme:compile) or
+# pkg-config (mpi, mpich). Without MPI, as `make MPI_FOUND= MPI_H_FOUND=` shows,
+# both are skipped with a note.
+
+MPI_PARTS := $(wildcard distsgd/mpi/*.h)
+# The parts join the headers everything below depends on, and the ones
+# make check-docs reads (its recipe expands HEADERS when it runs).
+HEADERS += $(MPI_PARTS)
+
+MPI_FOUND := $(shell command -v $(firstword $(MPICC)) >/dev/null 2>&1 && echo yes)
+MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null || pkg-config --cflags mpi 2>/dev/null || \
+    pkg-config --cflags mpich 2>/dev/null)
+MPI_H_FOUND := $(shell printf '\043include <mpi.h>\n' | $(CC) $(MPI_CFLAGS) -E -x c - >/dev/null 2>&1 && echo yes)
+
+MPI_BUILD = $(BUILD)/mpi
+MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces
+MPI_TEST_NP ?= 2 3 4
+MPI_TEST_ENV = DSGD_MPI_BUILD=$(MPI_BUILD) DSGD_MPIRUN="$(MPIRUN)" DSGD_MPI_NP="$(MPI_TEST_NP)"
+
+.PHONY: test-mpi test-mpi-run mpi-note mpi-header-note
+
+# The package check first, then a second make that finds what it installed.
+test-mpi:
+	sh tools/deps.sh mpi
+	@$(MAKE) --no-print-directory test-mpi-run
+
+test-mpi-run: $(MPI_TEST_BINS)
+	$(MPI_TEST_ENV) bash tests/mpi_collectives.sh
+
+$(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+
+$(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) -DDSGD_MPI_MAX_MESSAGE=4096 $< -o $@ $(LDFLAGS) $(LDLIBS)
+
+# make test: tools/run_tests.sh runs MPI_TEST_RUNS (the Makefile's test-run
+# recipe lists it) with TEST_ENV, which carries the settings above.
+ifeq ($(MPI_FOUND),yes)
+MPI_TEST_RUNS := tests/mpi_collectives.sh
+TEST_ENV += $(MPI_TEST_ENV)
+test-run: $(MPI_TEST_BINS)
+else
+MPI_TEST_RUNS :=
+test-run: mpi-note
+endif
+
+mpi-note:
+	@echo "note: $(firstword $(MPICC)) not found: the MPI tests (make test-mpi) are skipped (tools/deps.sh mpi installs OpenMPI)"
+
+mpi-header-note:
+	@echo "note: <mpi.h> not found (with $(MPICC)'s or pkg-config's flags): distsgd_mpi.h is not compile-checked (tools/deps.sh mpi installs OpenMPI)"
+
+# Header checks: $(BUILD)/check/distsgd_mpi.COMPILER.STD.ok, as the
+# Makefile's for the other maps, plus MPI's include flags.
+ifeq ($(MPI_H_FOUND),yes)
+MPI_HEADER_CHECKS := $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,$(BUILD)/check/distsgd_mpi.$c.$s.ok)) \
+    $(foreach c,$(CHECK_CXX),$(BUILD)/check/distsgd_mpi.$c.c++11.ok)
+check-header: $(MPI_HEADER_CHECKS)
+else
+check-header: mpi-header-note
+endif
+
+mpi_check_cc = $(word 1,$(subst ., ,$(1)))
+mpi_check_std = $(word 2,$(subst ., ,$(1)))
+$(BUILD)/check/distsgd_mpi.%.ok: distsgd_mpi.h $(HEADERS)
+	@mkdir -p $(@D)
+	$(call mpi_check_cc,$*) -std=$(call mpi_check_std,$*) $(CHECK_WARN) $(CPPFLAGS) $(MPI_CFLAGS) \
+	    -DDISTSGD_IMPLEMENTATION -DDISTSGD_MPI_IMPLEMENTATION \
+	    -x $(if $(findstring ++,$(call mpi_check_std,$*)),c++,c) -c distsgd_mpi.h -o /dev/null
+	@touch $@
