@@ -133,6 +133,7 @@
 #include "distsgd/sharding.h"         /* partitioners and the shard map of the parameter servers */
 #include "distsgd/ps.h"               /* the parameter-server engine: servers apply pushes, workers pull and push */
 #include "distsgd/coordinator.h"      /* the cluster coordinator: closures scheduled on workers */
+#include "distsgd/tf_config.h"        /* TF_CONFIG: the cluster and this task, parsed with TF's rules */
 #include "distsgd/strategy.h"         /* strategies, replicas, distributed variables, metrics */
 #include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored */
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */
