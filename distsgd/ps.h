@@ -1854,7 +1854,7 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
     int k, nslots;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_server_save: server %d", s->index);
-    if (!path || !*path) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (dsgd__ck_check_args(s->ctx, what, path, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     if (s->state == DSGD__PS_FAILED)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                                   "%s: serve failed, so its state may be half-updated (save before serve or after it "
@@ -2168,7 +2168,7 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
     size_t i, have, cells;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_server_restore: server %d", s->index);
-    if (!path || !*path) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, NULL)) != DSGD_OK) return r;
     if (s->state != DSGD__PS_CREATED)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: restore into a server before serve (this one %s)", what,
                                   s->state == DSGD__PS_FAILED ? "failed" : "has served");
@@ -2215,7 +2215,7 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     int s, k, nslots;
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_worker_save: worker %d", w->index);
-    if (!path || !*path) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (dsgd__ck_check_args(w->ctx, what, path, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     if (w->state == DSGD__PS_FAILED)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: it has failed, so its state may be half-updated", what);
     if (w->state == DSGD__PS_CREATED && dsgd__ps_worker_moved(w))
@@ -2366,7 +2366,7 @@ DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path)
     dsgd_result r;
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_worker_restore: worker %d", w->index);
-    if (!path || !*path) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if ((r = dsgd__ck_check_args(w->ctx, what, path, NULL)) != DSGD_OK) return r;
     if (w->state != DSGD__PS_CREATED || dsgd__ps_worker_moved(w))
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: restore into a worker before its first pull (this one %s)",
                                   what, w->state == DSGD__PS_FAILED ? "failed" : w->state == DSGD__PS_DONE ? "finished"

@@ -226,8 +226,9 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
 
 /* Writes the checked state into every replica (and the central copy).
    A backend error here leaves the replicas different. */
-static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_opt *st,
-                                           dsgd_model **models, const unsigned char *rec, uint32_t saved) {
+static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_state *cs,
+                                           dsgd_model **models) {
+    const dsgd__ck_opt *st = &cs->opt;
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
     dsgd_result r = DSGD_OK;
     int i;
@@ -243,7 +244,7 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
         rep->opt->t = st->t;
         rep->opt->last_norm = st->last_norm;
     }
-    if ((r = dsgd__ck_apply_metrics(rec, saved, models, s->n)) != DSGD_OK)
+    if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
     return DSGD_OK;
 }
@@ -254,29 +255,24 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
-    dsgd__ck_opt st;
-    dsgd__ck_pos pos;
-    const unsigned char *rec = NULL;
-    uint32_t saved = 0;
+    dsgd__ck_state st;
     dsgd_result r;
     int i;
-    if ((r = dsgd__ck_check_model(f, opt->m)) == DSGD_OK && (r = dsgd__ck_check_params(f, opt->m)) == DSGD_OK &&
-        (r = dsgd__ck_check_optimizer(f, opt, &st)) == DSGD_OK && (r = dsgd__ck_check_metrics(f, &rec, &saved)) == DSGD_OK &&
-        (r = dsgd__ck_check_extra(f, extra, &pos)) == DSGD_OK) {
+    if ((r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             f->what);
         models = dsgd__strategy_models(s, f->what);
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
     }
     if (r == DSGD_OK) { /* everything checked: now write */
-        if ((r = dsgd__ck_apply_strategy(s, f, &st, models, rec, saved)) != DSGD_OK) {
+        if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
             s->failed = 1;
-            s->fail_step = st.t;
+            s->fail_step = st.opt.t;
             s->fail_in = f->what;
             snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
-            dsgd__ck_apply_extra(f, extra, &pos);
+            dsgd__ck_apply_extra(f, extra, &st.pos);
         }
     }
     DSGD_FREE(found);

@@ -4286,12 +4286,17 @@ static uint64_t dsgd__ck_get64(const unsigned char *p) {
     return (uint64_t)dsgd__ck_get32(p) | (uint64_t)dsgd__ck_get32(p + 4) << 32;
 }
 
+/* 1 on a little-endian host, whose floats are stored as they are. */
+static int dsgd__ck_little_endian(void) {
+    const uint32_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
 /* Floats are stored little-endian: on a big-endian host, swap each. */
 static void dsgd__ck_swap_floats(void *data, size_t count) {
-    const uint32_t one = 1;
     unsigned char *p = (unsigned char *)data, t;
     size_t i;
-    if (*(const unsigned char *)&one == 1) return;
+    if (dsgd__ck_little_endian()) return;
     for (i = 0; i < count; ++i, p += 4) {
         t = p[0], p[0] = p[3], p[3] = t;
         t = p[1], p[1] = p[2], p[2] = t;
@@ -4564,16 +4569,13 @@ DSGD__PRIVATE dsgd_result dsgd__ck_from_memory(dsgd__ck_file *f, dsgd_ctx *ctx, 
 static dsgd_result dsgd__ck_open(dsgd__ck_file *f, dsgd_ctx *ctx, const char *what, const char *path) {
     size_t len = 0;
     unsigned char *image;
-    memset(f, 0, sizeof(*f));
-    f->ctx = ctx;
-    f->what = what;
-    f->path = path ? path : "(null)";
+    dsgd_result r;
+    memset(f, 0, sizeof(*f)); /* so that dsgd__ck_close is safe after any failure */
     if (!path || !*path) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
     if (!(image = (unsigned char *)dsgd__read_file(ctx, path, &len))) return dsgd_ctx_last_result(ctx);
+    r = dsgd__ck_from_memory(f, ctx, what, path, image, len);
     f->owned = image;
-    f->image = image;
-    f->size = len;
-    return dsgd__ck_parse(f);
+    return r;
 }
 
 static void dsgd__ck_close(dsgd__ck_file *f) {
@@ -4769,11 +4771,10 @@ static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, const dsgd_mode
    copy. */
 static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_buffer *buf, const unsigned char *src,
                                          size_t count) {
-    const uint32_t one = 1;
     float *tmp;
     dsgd_result r;
     if (count == 0) return DSGD_OK;
-    if (*(const unsigned char *)&one == 1 && (uintptr_t)src % sizeof(float) == 0)
+    if (dsgd__ck_little_endian() && (uintptr_t)src % sizeof(float) == 0)
         return m->be.write(m->be.impl, dsgd__ref(buf, 0), (const float *)(const void *)src, count);
     if (!(tmp = (float *)dsgd__alloc(m->ctx, count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
     dsgd__ck_copy_floats(tmp, src, count);
@@ -5000,6 +5001,34 @@ static dsgd_result dsgd__ck_check_args(dsgd_ctx *ctx, const char *what, const ch
     return DSGD_OK;
 }
 
+/* As dsgd__ck_check_args, for a model and its optimizer (opt may be NULL). */
+static dsgd_result dsgd__ck_model_args(dsgd_model *m, const dsgd_optimizer *opt, const char *what, const char *path,
+                                       const dsgd_checkpoint_extra *x) {
+    dsgd_result r = dsgd__ck_check_args(m->ctx, what, path, x);
+    if (r == DSGD_OK && opt && opt->m != m)
+        r = dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
+    return r;
+}
+
+/* The model-level sections of a checkpoint, checked against a model, its
+   optimizer (may be NULL) and extra: what the apply functions then write. */
+typedef struct dsgd__ck_state {
+    dsgd__ck_opt opt;
+    dsgd__ck_pos pos;
+    const unsigned char *metrics; /* the records */
+    uint32_t replicas;            /* their number */
+} dsgd__ck_state;
+
+static dsgd_result dsgd__ck_check_state(const dsgd__ck_file *f, const dsgd_model *m, const dsgd_optimizer *opt,
+                                        const dsgd_checkpoint_extra *extra, dsgd__ck_state *st) {
+    dsgd_result r;
+    if ((r = dsgd__ck_check_model(f, m)) != DSGD_OK || (r = dsgd__ck_check_params(f, m)) != DSGD_OK ||
+        (opt && (r = dsgd__ck_check_optimizer(f, opt, &st->opt)) != DSGD_OK) ||
+        (r = dsgd__ck_check_metrics(f, &st->metrics, &st->replicas)) != DSGD_OK)
+        return r;
+    return dsgd__ck_check_extra(f, extra, &st->pos);
+}
+
 /* >>ck_api ------------------------------------------------------------------ */
 
 DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const char *path,
@@ -5008,9 +5037,7 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
     dsgd__ck_writer w;
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__ck_check_args(m->ctx, what, path, extra)) != DSGD_OK) return r;
-    if (opt && opt->m != m)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
+    if ((r = dsgd__ck_model_args(m, opt, what, path, extra)) != DSGD_OK) return r;
     dsgd__ckw_init(&w, m->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
     dsgd__ck_put_model(&w, m);
     dsgd__ck_put_params(&w, m);
@@ -5023,20 +5050,14 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
 /* Checks the parsed checkpoint f against m, opt and extra, then restores it. */
 static dsgd_result dsgd__model_restore_from(const dsgd__ck_file *f, dsgd_model *m, dsgd_optimizer *opt,
                                             const dsgd_checkpoint_extra *extra) {
-    dsgd__ck_opt st;
-    dsgd__ck_pos pos;
-    const unsigned char *rec = NULL;
-    uint32_t saved = 0;
+    dsgd__ck_state st;
     dsgd_result r;
-    if ((r = dsgd__ck_check_model(f, m)) != DSGD_OK || (r = dsgd__ck_check_params(f, m)) != DSGD_OK ||
-        (opt && (r = dsgd__ck_check_optimizer(f, opt, &st)) != DSGD_OK) ||
-        (r = dsgd__ck_check_metrics(f, &rec, &saved)) != DSGD_OK || (r = dsgd__ck_check_extra(f, extra, &pos)) != DSGD_OK)
-        return r;
+    if ((r = dsgd__ck_check_state(f, m, opt, extra, &st)) != DSGD_OK) return r;
     /* everything checked: now write */
     r = dsgd__ck_apply_params(f, m);
-    if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, opt, &st);
-    if (r == DSGD_OK) r = dsgd__ck_apply_metrics(rec, saved, &m, 1);
-    if (r == DSGD_OK) dsgd__ck_apply_extra(f, extra, &pos);
+    if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, opt, &st.opt);
+    if (r == DSGD_OK) r = dsgd__ck_apply_metrics(st.metrics, st.replicas, &m, 1);
+    if (r == DSGD_OK) dsgd__ck_apply_extra(f, extra, &st.pos);
     return r;
 }
 
@@ -5046,9 +5067,7 @@ DSGD_API dsgd_result dsgd_model_restore(dsgd_model *m, dsgd_optimizer *opt, cons
     dsgd__ck_file f;
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__ck_check_args(m->ctx, what, path, extra)) != DSGD_OK) return r;
-    if (opt && opt->m != m)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
+    if ((r = dsgd__ck_model_args(m, opt, what, path, extra)) != DSGD_OK) return r;
     if ((r = dsgd__ck_open(&f, m->ctx, what, path)) == DSGD_OK) r = dsgd__model_restore_from(&f, m, opt, extra);
     dsgd__ck_close(&f);
     return r;
@@ -9474,7 +9493,7 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
     int k, nslots;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_server_save: server %d", s->index);
-    if (!path || !*path) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (dsgd__ck_check_args(s->ctx, what, path, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     if (s->state == DSGD__PS_FAILED)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                                   "%s: serve failed, so its state may be half-updated (save before serve or after it "
@@ -9788,7 +9807,7 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
     size_t i, have, cells;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_server_restore: server %d", s->index);
-    if (!path || !*path) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, NULL)) != DSGD_OK) return r;
     if (s->state != DSGD__PS_CREATED)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: restore into a server before serve (this one %s)", what,
                                   s->state == DSGD__PS_FAILED ? "failed" : "has served");
@@ -9835,7 +9854,7 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     int s, k, nslots;
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_worker_save: worker %d", w->index);
-    if (!path || !*path) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if (dsgd__ck_check_args(w->ctx, what, path, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     if (w->state == DSGD__PS_FAILED)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: it has failed, so its state may be half-updated", what);
     if (w->state == DSGD__PS_CREATED && dsgd__ps_worker_moved(w))
@@ -9986,7 +10005,7 @@ DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path)
     dsgd_result r;
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_worker_restore: worker %d", w->index);
-    if (!path || !*path) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: path is NULL or empty", what);
+    if ((r = dsgd__ck_check_args(w->ctx, what, path, NULL)) != DSGD_OK) return r;
     if (w->state != DSGD__PS_CREATED || dsgd__ps_worker_moved(w))
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: restore into a worker before its first pull (this one %s)",
                                   what, w->state == DSGD__PS_FAILED ? "failed" : w->state == DSGD__PS_DONE ? "finished"
@@ -13625,8 +13644,9 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
 
 /* Writes the checked state into every replica (and the central copy).
    A backend error here leaves the replicas different. */
-static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_opt *st,
-                                           dsgd_model **models, const unsigned char *rec, uint32_t saved) {
+static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_state *cs,
+                                           dsgd_model **models) {
+    const dsgd__ck_opt *st = &cs->opt;
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
     dsgd_result r = DSGD_OK;
     int i;
@@ -13642,7 +13662,7 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
         rep->opt->t = st->t;
         rep->opt->last_norm = st->last_norm;
     }
-    if ((r = dsgd__ck_apply_metrics(rec, saved, models, s->n)) != DSGD_OK)
+    if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
     return DSGD_OK;
 }
@@ -13653,29 +13673,24 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
-    dsgd__ck_opt st;
-    dsgd__ck_pos pos;
-    const unsigned char *rec = NULL;
-    uint32_t saved = 0;
+    dsgd__ck_state st;
     dsgd_result r;
     int i;
-    if ((r = dsgd__ck_check_model(f, opt->m)) == DSGD_OK && (r = dsgd__ck_check_params(f, opt->m)) == DSGD_OK &&
-        (r = dsgd__ck_check_optimizer(f, opt, &st)) == DSGD_OK && (r = dsgd__ck_check_metrics(f, &rec, &saved)) == DSGD_OK &&
-        (r = dsgd__ck_check_extra(f, extra, &pos)) == DSGD_OK) {
+    if ((r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             f->what);
         models = dsgd__strategy_models(s, f->what);
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
     }
     if (r == DSGD_OK) { /* everything checked: now write */
-        if ((r = dsgd__ck_apply_strategy(s, f, &st, models, rec, saved)) != DSGD_OK) {
+        if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
             s->failed = 1;
-            s->fail_step = st.t;
+            s->fail_step = st.opt.t;
             s->fail_in = f->what;
             snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
-            dsgd__ck_apply_extra(f, extra, &pos);
+            dsgd__ck_apply_extra(f, extra, &st.pos);
         }
     }
     DSGD_FREE(found);

@@ -60,6 +60,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coll_ref.h"
+
 #define TIMEOUT_S 60.0
 #define NUM_ALGOS 5
 static const dsgd_allreduce_algo ALGOS[NUM_ALGOS] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
@@ -129,67 +131,27 @@ static float input_value(uint64_t seed, int r, size_t i) {
     return (float)((2.0 * u - 1.0) * scale[((size_t)r + i) & 3]);
 }
 
-typedef struct ref {
-    double *sum, *abs;
-    float *max, *min;
-} ref;
-
-/* in[r]: rank r's inputs; the reference over all of them. */
+/* in[r]: rank r's inputs; the reference over all of them (tests/coll_ref.h). */
 static void ref_compute(ref *rf, float **in, int n, size_t count) {
     size_t i;
     int r;
-    rf->sum = (double *)calloc(count + 1, sizeof(double));
-    rf->abs = (double *)calloc(count + 1, sizeof(double));
-    rf->max = (float *)malloc((count + 1) * sizeof(float));
-    rf->min = (float *)malloc((count + 1) * sizeof(float));
-    if (!rf->sum || !rf->abs || !rf->max || !rf->min) {
+    if (!ref_init(rf, count)) {
         fprintf(stderr, "out of memory\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    for (i = 0; i < count; ++i) {
-        for (r = 0; r < n; ++r) {
-            float x = in[r][i];
-            rf->sum[i] += x;
-            rf->abs[i] += fabs(x);
-            if (r == 0 || x > rf->max[i]) rf->max[i] = x;
-            if (r == 0 || x < rf->min[i]) rf->min[i] = x;
-        }
-    }
+    for (i = 0; i < count; ++i)
+        for (r = 0; r < n; ++r) ref_add(rf, r, i, in[r][i]);
 }
 
-static void ref_free(ref *rf) {
-    free(rf->sum);
-    free(rf->abs);
-    free(rf->max);
-    free(rf->min);
-}
-
-/* got[lo..hi) against the reference: SUM/MEAN within (N + 2) * FLT_EPSILON *
-   sum|x| (any summation order, plus the division), MAX/MIN exact. Returns 1
-   when all match, else describes the first mismatch in why. */
+/* got[lo..hi) against the reference. Returns 1 when all match, else
+   describes the first mismatch in why. */
 static int verify(const float *got, const ref *rf, dsgd_reduce_op op, int n, size_t lo, size_t hi, char *why,
                   size_t cap) {
-    size_t i;
-    for (i = lo; i < hi; ++i) {
-        double want, tol;
-        switch (op) {
-        case DSGD_REDUCE_MAX: want = rf->max[i]; tol = 0; break;
-        case DSGD_REDUCE_MIN: want = rf->min[i]; tol = 0; break;
-        case DSGD_REDUCE_MEAN:
-            want = rf->sum[i] / n;
-            tol = (n + 2) * FLT_EPSILON * rf->abs[i] / n + 1e-37;
-            break;
-        default:
-            want = rf->sum[i];
-            tol = (n + 2) * FLT_EPSILON * rf->abs[i] + 1e-37;
-            break;
-        }
-        if (!(fabs((double)got[i] - want) <= tol)) {
-            snprintf(why, cap, "element %zu = %.9g, want %.9g (tol %.3g)", i, (double)got[i], want, tol);
-            return 0;
-        }
-    }
-    return 1;
+    double want = 0, tol = 0;
+    size_t i = ref_mismatch(got, rf, op, n, lo, hi, &want, &tol);
+    if (i == hi) return 1;
+    snprintf(why, cap, "element %zu = %.9g, want %.9g (tol %.3g)", i, (double)got[i], want, tol);
+    return 0;
 }
 
 /* FNV-1a of the bytes; the same on every rank when the buffers are bitwise equal. */

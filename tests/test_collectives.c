@@ -38,6 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coll_ref.h"
+
 #if defined(__SANITIZE_THREAD__)
 #define TEST_TSAN 1
 #elif defined(__has_feature)
@@ -92,69 +94,25 @@ static void fill_inputs(float *buf, uint64_t seed, int r, size_t count) {
     for (i = 0; i < count; ++i) buf[i] = input_value(seed, r, i);
 }
 
-typedef struct ref {
-    size_t count;
-    double *sum, *abs;
-    float *max, *min;
-} ref;
-
+/* The reference over every rank's input_value (tests/coll_ref.h). */
 static void ref_compute(ref *rf, uint64_t seed, int n, size_t count) {
     size_t i;
     int r;
-    rf->count = count;
-    rf->sum = (double *)calloc(count + 1, sizeof(double));
-    rf->abs = (double *)calloc(count + 1, sizeof(double));
-    rf->max = (float *)malloc((count + 1) * sizeof(float));
-    rf->min = (float *)malloc((count + 1) * sizeof(float));
-    assert_non_null(rf->sum);
-    assert_non_null(rf->abs);
-    assert_non_null(rf->max);
-    assert_non_null(rf->min);
-    for (i = 0; i < count; ++i) {
-        for (r = 0; r < n; ++r) {
-            float x = input_value(seed, r, i);
-            rf->sum[i] += x;
-            rf->abs[i] += fabs(x);
-            if (r == 0 || x > rf->max[i]) rf->max[i] = x;
-            if (r == 0 || x < rf->min[i]) rf->min[i] = x;
-        }
-    }
-}
-
-static void ref_free(ref *rf) {
-    free(rf->sum);
-    free(rf->abs);
-    free(rf->max);
-    free(rf->min);
+    assert_true(ref_init(rf, count));
+    for (i = 0; i < count; ++i)
+        for (r = 0; r < n; ++r) ref_add(rf, r, i, input_value(seed, r, i));
 }
 
 /* Checks got[lo..hi) against the reference; returns 0 or prints the first
-   mismatch and returns 1. SUM/MEAN: within (N + 2) * FLT_EPSILON * sum|x|
-   (the bound of any summation order, plus the final division); MAX/MIN exact. */
+   mismatch and returns 1. */
 static int verify(const float *got, const ref *rf, dsgd_reduce_op op, int n, size_t lo, size_t hi,
                   const char *what) {
-    size_t i;
-    for (i = lo; i < hi; ++i) {
-        double want, tol;
-        switch (op) {
-        case DSGD_REDUCE_MAX: want = rf->max[i]; tol = 0; break;
-        case DSGD_REDUCE_MIN: want = rf->min[i]; tol = 0; break;
-        case DSGD_REDUCE_MEAN:
-            want = rf->sum[i] / n;
-            tol = (n + 2) * FLT_EPSILON * rf->abs[i] / n + 1e-37;
-            break;
-        default:
-            want = rf->sum[i];
-            tol = (n + 2) * FLT_EPSILON * rf->abs[i] + 1e-37;
-            break;
-        }
-        if (!(fabs((double)got[i] - want) <= tol)) {
-            print_error("%s: element %zu = %.9g, want %.9g (tol %.3g), N=%d op=%s\n", what, i, (double)got[i],
-                        want, tol, n, dsgd_reduce_op_name(op));
-            return 1;
-        }
-    }
-    return 0;
+    double want = 0, tol = 0;
+    size_t i = ref_mismatch(got, rf, op, n, lo, hi, &want, &tol);
+    if (i == hi) return 0;
+    print_error("%s: element %zu = %.9g, want %.9g (tol %.3g), N=%d op=%s\n", what, i, (double)got[i], want, tol, n,
+                dsgd_reduce_op_name(op));
+    return 1;
 }
 
 /* ---------------------------------------------------------------- groups */

@@ -50,11 +50,11 @@ test-mpi:
 test-mpi-run: $(MPI_TEST_BINS)
 	$(MPI_TEST_ENV) bash tests/mpi_collectives.sh
 
-$(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c $(HEADERS)
+$(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
 
-$(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c $(HEADERS)
+$(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPICC) $(CPPFLAGS) $(CFLAGS) -DDSGD_MPI_MAX_MESSAGE=4096 $< -o $@ $(LDFLAGS) $(LDLIBS)
 
