@@ -820,6 +820,8 @@ static void dsgd__ck_put_metrics(dsgd__ck_writer *w, dsgd_model *const *models, 
     dsgd__ckw_begin(w, "metrics");
     dsgd__ckw_u32(w, (uint32_t)n);
     for (r = 0; r < n; ++r) {
+        dsgd_result fr = dsgd__model_fold_metrics(models[r]); /* a custom model's host part */
+        if (fr != DSGD_OK && w->res == DSGD_OK) w->res = fr;
         dsgd__ckw_read(w, &models[r]->be, dsgd__ref(models[r]->stats, 0), 4);
         dsgd__ckw_f64(w, models[r]->count[0]);
         dsgd__ckw_f64(w, models[r]->count[1]);
@@ -866,6 +868,7 @@ static dsgd_result dsgd__ck_apply_metrics(const unsigned char *records, uint32_t
         res = models[r]->be.write(models[r]->be.impl, dsgd__ref(models[r]->stats, 0), st, 4);
         models[r]->count[0] = cnt[0];
         models[r]->count[1] = cnt[1];
+        memset(models[r]->host, 0, sizeof(models[r]->host));
     }
     return res;
 }

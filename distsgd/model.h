@@ -1,5 +1,50 @@
-/* distsgd/model.h - the built-in model: dense layers over flat buffers
+/* distsgd/model.h - models: the interface, the built-in dense network, variables over flat buffers
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   MODELS
+
+     A dsgd_model is one replica's copy of a network: its variables laid out
+     in one flat parameter buffer and, at the same offsets, one flat gradient
+     buffer, on one backend, plus the functions that compute gradients. The
+     strategies, the optimizers, the checkpoints and the parameter servers
+     see only that: variables, two flat buffers and a function that fills
+     the gradient one. Where the functions come from:
+
+       the built-in network   dsgd_model_desc.layers: dense layers (llm.c's
+                              style over the backend's GEMM and kernels)
+       a model of your own    dsgd_model_desc.custom, a dsgd_model_i table,
+                              with dsgd_model_desc.variables declaring its
+                              variables (name, shape, initial values,
+                              aggregation)
+
+     The built-in network is one implementation of dsgd_model_i (its table
+     is internal); nothing downstream tells the two apart, so every strategy
+     (one_device, mirrored, central storage, the parameter servers) trains
+     either unchanged.
+
+   MODELS OF YOUR OWN
+
+     Declare the variables; the library lays them out in declaration order
+     (offsets in floats, no padding), initialises them on the host (from
+     `initial`, else drawn from `init` and the model's seed) and uploads
+     them. Then compute_gradients(state, m, batch, grad_scale, metrics) must
+     leave in the gradient buffer grad_scale * d(sum of the batch's
+     per-sample losses)/d(parameters), the same convention as the built-in
+     network's, so that the strategies' MEAN, SUM and ONLY_FIRST_REPLICA
+     aggregations and the N x B == 1 x NB contract hold. The gradient buffer
+     is zeroed before the call unless the table sets writes_all_gradients
+     (a promise that every element is written). Reach the buffers through
+     dsgd_model_backend(m) with dsgd_model_params/grads(m) and the
+     variables' offsets, or, on backends whose buffers the host addresses
+     (the CPU backend), through dsgd_model_host_params/grads(m) as plain
+     float arrays. Add the batch's loss sum and correct predictions to
+     *metrics (host side; the library counts the samples), or accumulate
+     them on the device at dsgd_model_stats(m, slot) as the backend's loss
+     operation does; dsgd_model_take_metrics adds both.
+     A batch is rows of x (count, input_dim) and y (count, target_dim) when
+     the strategy slices one global batch, or whatever a dsgd_batch_fn hands
+     each replica (dsgd_strategy_train_step_fn: token sequences, variable
+     lengths) in dsgd_batch.data.
 */
 #ifndef DSGD__PART_MODEL_DECL
 #define DSGD__PART_MODEL_DECL
@@ -11,12 +56,31 @@ extern "C" {
 /* ---------------------------------------------------------------- model */
 
 typedef enum dsgd_init {
-    DSGD_INIT_AUTO = 0,     /* He normal before ReLU, Glorot uniform otherwise */
+    DSGD_INIT_AUTO = 0,     /* built-in layers: He normal before ReLU, Glorot uniform
+                               otherwise; declared variables: ZEROS at rank 1,
+                               Glorot uniform otherwise */
     DSGD_INIT_HE_NORMAL,    /* N(0, 2/fan_in), He et al. 2015 */
     DSGD_INIT_HE_UNIFORM,   /* U(-sqrt(6/fan_in), +) */
     DSGD_INIT_GLOROT_UNIFORM, /* U(-sqrt(6/(fan_in+fan_out)), +), Glorot & Bengio 2010 */
-    DSGD_INIT_GLOROT_NORMAL /* N(0, 2/(fan_in+fan_out)) */
+    DSGD_INIT_GLOROT_NORMAL, /* N(0, 2/(fan_in+fan_out)) */
+    DSGD_INIT_ZEROS         /* all zero */
 } dsgd_init;
+/* fan_in and fan_out of a variable of shape (d0, ..., dk): the product
+   d0 * ... * d(k-1) and dk (a dense kernel (in, out): in and out); a rank-1
+   variable has fan_in = fan_out = d0. */
+
+/* How the replicas' values of a variable combine. For variables created
+   with dsgd_strategy_create_variable and written in replica context this is
+   tf.VariableAggregation's meaning. For model variables it says how the
+   gradients combine (dsgd_model_desc.variables, dsgd_strategy_set_aggregation),
+   which is ours: Keras ignores a variable's aggregation there. */
+typedef enum dsgd_aggregation {
+    DSGD_AGG_NONE = 0,
+    DSGD_AGG_SUM = 1,
+    DSGD_AGG_MEAN = 2,
+    DSGD_AGG_ONLY_FIRST_REPLICA = 3
+} dsgd_aggregation;
+#define DSGD_AGG_COUNT (DSGD_AGG_ONLY_FIRST_REPLICA + 1)
 
 /* One dense layer, y = act(x W + b), W of shape (inputs, units). */
 typedef struct dsgd_layer_desc {
@@ -28,21 +92,91 @@ typedef struct dsgd_layer_desc {
 /* The default of dsgd_model_desc.max_batch. */
 #define DSGD_DEFAULT_MAX_BATCH 256
 
+#define DSGD_MAX_NAME 32
+#define DSGD_MAX_RANK 4
+/* The most variables a model declares. */
+#define DSGD_MAX_VARIABLES 4096
+
+/* A variable a model of your own declares. */
+typedef struct dsgd_variable_desc {
+    const char *name;             /* unique in the model, 1..DSGD_MAX_NAME-1 bytes */
+    int rank;                     /* 1..DSGD_MAX_RANK */
+    int shape[DSGD_MAX_RANK];     /* each >= 1; the variable holds their product */
+    dsgd_init init;               /* when initial is NULL; default AUTO */
+    const float *initial;         /* optional: the initial values (copied at
+                                     creation; any values, non-finite included) */
+    dsgd_aggregation aggregation; /* how the strategies combine its gradient;
+                                     0 (NONE): MEAN, the default. A strategy's
+                                     dsgd_strategy_set_aggregation changes it */
+} dsgd_variable_desc;
+
+/* One replica's batch, as a model's functions receive it. x (count,
+   input_dim) and y (count, target_dim) are host rows when the batch is a
+   slice of one global batch, and may be NULL when it comes from a
+   dsgd_batch_fn, which may hand anything in data instead. count is the
+   number of samples, the unit of MEAN's denominators and of the metrics. */
+typedef struct dsgd_batch {
+    const float *x;
+    const float *y;
+    int count;
+    const void *data;
+} dsgd_batch;
+
+typedef struct dsgd_model dsgd_model;
+typedef struct dsgd_metrics dsgd_metrics;
+
+/* A model's functions (MODELS OF YOUR OWN above). state is what create set,
+   or dsgd_model_desc.user_data when create is NULL. The functions run on the
+   model's thread (a replica's, under a strategy) and return DSGD_OK or an
+   error; an error they return without recording a message on
+   dsgd_model_ctx(m) gets one naming the model and the function. */
+typedef struct dsgd_model_i {
+    const char *name;
+    /* optional: per-model state (scratch buffers on dsgd_model_backend(m), a
+       tokenizer, ...), made after the variables are laid out and
+       initialised; called once per replica. */
+    dsgd_result (*create)(void *user_data, dsgd_model *m, void **state);
+    /* optional: frees what create made. */
+    void (*destroy)(void *state);
+    /* required: the gradient of the batch (count >= 1) as said above; add
+       the batch's loss sum and correct predictions to *metrics (its count is
+       ignored: the library adds batch->count). */
+    dsgd_result (*compute_gradients)(void *state, dsgd_model *m, const dsgd_batch *batch,
+                                     float grad_scale, dsgd_metrics *metrics);
+    /* optional: loss and correct predictions of a batch, nothing else
+       changed; without it dsgd_model_eval_batch is DSGD_ERR_UNSUPPORTED. */
+    dsgd_result (*evaluate)(void *state, dsgd_model *m, const dsgd_batch *batch, dsgd_metrics *metrics);
+    /* non-zero: compute_gradients writes every gradient element, so the
+       library does not zero the buffer first. */
+    int writes_all_gradients;
+} dsgd_model_i;
+
 typedef struct dsgd_model_desc {
-    int input_dim;
-    const dsgd_layer_desc *layers;
+    int input_dim;              /* floats per sample in x; a custom model that
+                                   only takes batches from a dsgd_batch_fn may
+                                   leave it 0 */
+    const dsgd_layer_desc *layers; /* the built-in network; NULL with custom */
     int num_layers;
-    dsgd_loss loss;             /* default SOFTMAX_XENT */
+    dsgd_loss loss;             /* the built-in network's; default SOFTMAX_XENT */
     int max_batch;              /* largest batch passed to the model; 0:
                                    DSGD_DEFAULT_MAX_BATCH */
     uint64_t seed;              /* initialisation seed (0 is a valid seed) */
     /* The backend to run on; NULL: a CPU backend owned by the model. The
        backend must outlive the model and have been created with the same ctx. */
     const dsgd_backend_i *backend;
+    /* A model of your own instead of layers: its table (copied; the strings
+       and functions it points to must outlive the model), the user_data its
+       create (or, without create, every function) receives, and its
+       variables (copied at creation). */
+    const dsgd_model_i *custom;
+    void *user_data;
+    const dsgd_variable_desc *variables;
+    int num_variables;          /* 1..DSGD_MAX_VARIABLES */
+    int target_dim;             /* custom: floats per sample in y; 0: 1 (a
+                                   class index) */
+    int output_dim;             /* custom: what dsgd_model_output_dim reports
+                                   (informational) */
 } dsgd_model_desc;
-
-#define DSGD_MAX_NAME 32
-#define DSGD_MAX_RANK 2
 
 /* A variable is a named view into the model's flat parameter buffer; its
    gradient sits at the same offset of the flat gradient buffer. */
@@ -52,6 +186,8 @@ typedef struct dsgd_variable {
     size_t count;
     int rank;
     int shape[DSGD_MAX_RANK];
+    dsgd_aggregation aggregation; /* as declared (MEAN for the built-in network);
+                                     a strategy starts from it */
 } dsgd_variable;
 
 typedef enum dsgd_metrics_slot {
@@ -59,55 +195,86 @@ typedef enum dsgd_metrics_slot {
     DSGD_METRICS_EVAL = 1   /* accumulated by dsgd_model_eval_batch */
 } dsgd_metrics_slot;
 
-typedef struct dsgd_metrics {
+struct dsgd_metrics {
     double loss_sum; /* sum of per-sample losses */
     double correct;  /* number of correct predictions */
     double count;    /* number of samples */
-} dsgd_metrics;
+};
 
-typedef struct dsgd_model dsgd_model;
-
-/* Creates a model: variables are laid out in layer order (kernel, then bias),
-   initialised on the host from desc->seed and uploaded; gradients start at
-   zero. With desc->backend NULL the model creates (and owns) a CPU backend.
+/* Creates a model: the built-in network (desc->layers: variables in layer
+   order, kernel then bias, kernels drawn from desc->seed, biases zero) or
+   a custom one (desc->custom and desc->variables, see MODELS OF YOUR OWN);
+   the parameters are initialised on the host and uploaded, the gradients
+   start at zero, then custom->create runs.
+   With desc->backend NULL the model creates (and owns) a CPU backend.
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or desc NULL,
-   input_dim <= 0, no layers, an unknown loss, negative max_batch, a layer
-   with units <= 0 or an unknown activation or init, a final activation other
-   than NONE with SOFTMAX_XENT, a backend lacking a required operation),
-   DSGD_ERR_OUT_OF_MEMORY, backend errors (creating and filling its buffers).
+   a negative max_batch, a backend lacking a required operation; the
+   built-in network: input_dim <= 0, no layers, an unknown loss, a layer
+   with units <= 0 or an unknown activation or init, a final activation
+   other than NONE with SOFTMAX_XENT; a custom model: both layers and
+   custom, no compute_gradients, no variables or more than
+   DSGD_MAX_VARIABLES, a variable with no name, a name too long or used
+   twice, a rank outside 1..DSGD_MAX_RANK, a dimension < 1, more than 2^40
+   parameters, an unknown init or aggregation; negative input, target or
+   output dims), DSGD_ERR_OUT_OF_MEMORY, backend errors, what custom->create
+   returns.
    Thread safety: the context's thread; the model then belongs to it. */
 DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc,
                                        dsgd_model **out);
-/* Frees the model's buffers, and its backend when the model created it;
-   m NULL: nothing. Destroy its optimizers first.
+/* Runs custom->destroy, frees the model's buffers, and its backend when the
+   model created it; m NULL: nothing. Destroy its optimizers first.
    Thread safety: the model's thread. */
 DSGD_API void dsgd_model_destroy(dsgd_model *m);
 
 /* Getters. With m NULL they return NULL, 0, or a ref whose buf is NULL.
      dsgd_model_ctx            the context the model records errors on
      dsgd_model_backend        the model's backend table (m's own copy)
+     dsgd_model_name           "dense" for the built-in network, else the
+                               table's name ("custom" when it has none)
+     dsgd_model_state          the custom model's state (what create set, or
+                               user_data); NULL for the built-in network
      dsgd_model_num_params     floats in the parameter (and gradient) buffer
-     dsgd_model_num_variables  2 per layer
+     dsgd_model_num_variables  2 per layer, or as declared
      dsgd_model_variable       the i-th variable ("dense0/kernel",
                                "dense0/bias", ...); NULL when i is out of range
+     dsgd_model_find_variable  the index of the variable named name, -1
+                               when there is none
      dsgd_model_input_dim, dsgd_model_output_dim
      dsgd_model_target_dim     floats per sample in a target array: 1 for
-                               SOFTMAX_XENT, output_dim for MSE
+                               SOFTMAX_XENT, output_dim for MSE; a custom
+                               model's target_dim
+     dsgd_model_max_batch      the largest batch (the default applied)
      dsgd_model_params, dsgd_model_grads
                                the device buffers holding all parameters and
                                all gradients (offset 0)
+     dsgd_model_host_params, dsgd_model_host_grads
+                               the same as host arrays when the backend gives
+                               host pointers (buffer_host_ptr: the CPU
+                               backend), else NULL
+     dsgd_model_stats          two device floats, the loss sum and the correct
+                               count of a metrics slot, that
+                               dsgd_model_take_metrics reads (the backend's
+                               loss operation adds to them)
    Errors: none. Thread safety: any thread while m lives (they read what
-   creation fixed; what the refs point at is the model thread's). */
+   creation fixed; what the refs and pointers point at is the model
+   thread's). */
 DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m);
 DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m);
+DSGD_API const char *dsgd_model_name(const dsgd_model *m);
+DSGD_API void *dsgd_model_state(const dsgd_model *m);
 DSGD_API size_t dsgd_model_num_params(const dsgd_model *m);
 DSGD_API int dsgd_model_num_variables(const dsgd_model *m);
 DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i);
+DSGD_API int dsgd_model_find_variable(const dsgd_model *m, const char *name);
 DSGD_API int dsgd_model_input_dim(const dsgd_model *m);
 DSGD_API int dsgd_model_output_dim(const dsgd_model *m);
 DSGD_API int dsgd_model_target_dim(const dsgd_model *m);
+DSGD_API int dsgd_model_max_batch(const dsgd_model *m);
 DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m);
 DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m);
+DSGD_API float *dsgd_model_host_params(const dsgd_model *m);
+DSGD_API float *dsgd_model_host_grads(const dsgd_model *m);
+DSGD_API dsgd_ref dsgd_model_stats(const dsgd_model *m, dsgd_metrics_slot slot);
 
 /* Copy all parameters (or gradients) between the model and host memory;
    count must equal dsgd_model_num_params(). The get functions wait for
@@ -124,27 +291,39 @@ DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t coun
    grad_scale * d(sum of per-sample losses)/d params: pass 1/count for the
    batch mean, 1/global_count when batches are split across replicas. The
    batch's loss and accuracy accumulate in the TRAIN metrics slot.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x or y NULL;
-   count outside 1..max_batch; a class index out of range, found by the
-   backend's loss), backend errors.
+   dsgd_model_gradients takes a dsgd_batch (a custom model's
+   data included); dsgd_model_compute_gradients(m, x, y, count, s) is it
+   with {x, y, count, NULL}.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; batch NULL;
+   count outside 1..max_batch; the built-in network: x or y NULL, a class
+   index out of range, found by the backend's loss), backend errors, what a
+   custom model's compute_gradients returns.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
                                                   const float *y, int count,
                                                   float grad_scale);
+DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *batch,
+                                                        float grad_scale);
 /* Forward pass only; the loss and accuracy accumulate in the EVAL slot. y may
    be NULL (no metrics; use dsgd_model_read_output for predictions).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x NULL; count
-   outside 1..max_batch; a class index out of range), backend errors.
+   dsgd_model_evaluate takes a dsgd_batch.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; batch NULL;
+   count outside 1..max_batch; the built-in network: x NULL, a class index
+   out of range), DSGD_ERR_UNSUPPORTED (a custom model without evaluate),
+   backend errors, what a custom model's evaluate returns.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x,
                                            const float *y, int count);
+DSGD_API dsgd_result dsgd_model_evaluate(dsgd_model *m, const dsgd_batch *batch);
 /* Copies the first count rows of the last forward pass's outputs (count,
-   output_dim), before softmax.
+   output_dim), before softmax. The built-in network only.
    Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; dst NULL;
-   count outside 1..the last pass's batch, or no pass yet), backend errors.
+   count outside 1..the last pass's batch, or no pass yet),
+   DSGD_ERR_UNSUPPORTED (a custom model), backend errors.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_read_output(dsgd_model *m, float *dst, int count);
-/* Reads a metrics slot and resets it to zero.
+/* Reads a metrics slot (the device accumulators plus what custom functions
+   added on the host) and resets it to zero.
    Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; out NULL;
    an unknown slot), backend errors.
    Thread safety: the model's thread. */
@@ -166,21 +345,18 @@ struct dsgd_model {
     dsgd_ctx *ctx;
     dsgd_backend_i be;     /* the backend's table, copied */
     int owns_backend;
-    int input_dim, num_layers, max_batch;
-    dsgd_loss loss;
-    dsgd_layer_desc *layers;
-    int *dims;             /* dims[0] = input_dim, dims[l + 1] = units of layer l */
-    dsgd_variable *vars;   /* 2 per layer: kernel, bias */
+    dsgd_model_i fn;       /* the functions (the built-in network's or custom's), copied */
+    void *state;           /* what fn.create set, or user_data */
+    int has_state;         /* fn.create succeeded: destroy runs fn.destroy */
+    struct dsgd__net *net; /* the built-in network's state (NULL: custom) */
+    int input_dim, target_dim, output_dim, max_batch;
+    dsgd_variable *vars;
+    int num_vars;
     size_t num_params;
     dsgd_buffer *params, *grads;
-    dsgd_buffer *acts;     /* x, then every layer's output, each (max_batch, dims[l]) */
-    size_t *act_off;
-    dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
-    size_t delta_half;
-    dsgd_buffer *targets;  /* (max_batch, target_dim) */
     dsgd_buffer *stats;    /* [train loss, train correct, eval loss, eval correct] */
-    double count[2];
-    int last_count;        /* batch size of the last forward pass */
+    double count[2];       /* samples per slot */
+    double host[2][2];     /* per slot: loss and correct that custom functions added */
 };
 
 static dsgd_ref dsgd__ref(dsgd_buffer *buf, size_t off) {
@@ -190,15 +366,18 @@ static dsgd_ref dsgd__ref(dsgd_buffer *buf, size_t off) {
     return r;
 }
 
-/* Draws a layer's kernel (fan_in, fan_out) on the host. */
-static void dsgd__init_kernel(float *w, int fan_in, int fan_out, dsgd_init init, dsgd_activation act,
-                              uint64_t seed) {
-    size_t i, n = (size_t)fan_in * fan_out;
+static int dsgd__agg_valid(dsgd_aggregation a) { return (int)a >= 0 && (int)a < (int)DSGD_AGG_COUNT; }
+static int dsgd__init_valid(dsgd_init i) { return (int)i >= 0 && (int)i <= (int)DSGD_INIT_ZEROS; }
+
+/* Draws n values of a variable with the given fans on the host; init is
+   resolved (not AUTO). */
+static void dsgd__init_values(float *w, size_t n, double fan_in, double fan_out, dsgd_init init, uint64_t seed) {
+    size_t i;
     uint64_t st = seed;
-    if (init == DSGD_INIT_AUTO) init = act == DSGD_ACT_RELU ? DSGD_INIT_HE_NORMAL : DSGD_INIT_GLOROT_UNIFORM;
     for (i = 0; i < n; ++i) {
         double v;
         switch (init) {
+        case DSGD_INIT_ZEROS: v = 0.0; break;
         case DSGD_INIT_HE_NORMAL: v = dsgd__rng_normal(&st) * sqrt(2.0 / fan_in); break;
         case DSGD_INIT_HE_UNIFORM: v = (2.0 * dsgd_rng_uniform(&st) - 1.0) * sqrt(6.0 / fan_in); break;
         case DSGD_INIT_GLOROT_NORMAL: v = dsgd__rng_normal(&st) * sqrt(2.0 / (fan_in + fan_out)); break;
@@ -212,19 +391,19 @@ static dsgd_result dsgd__model_buffer(dsgd_model *m, size_t count, dsgd_buffer *
     return m->be.buffer_create(m->be.impl, count, out);
 }
 
+static void dsgd__model_free_buffer(dsgd_model *m, dsgd_buffer **b) {
+    if (*b && m->be.buffer_destroy) m->be.buffer_destroy(m->be.impl, *b);
+    *b = NULL;
+}
+
 DSGD_API void dsgd_model_destroy(dsgd_model *m) {
-    dsgd_buffer **bufs[6];
-    int i;
     if (!m) return;
-    bufs[0] = &m->params; bufs[1] = &m->grads; bufs[2] = &m->acts;
-    bufs[3] = &m->delta; bufs[4] = &m->targets; bufs[5] = &m->stats;
-    for (i = 0; i < 6; ++i)
-        if (*bufs[i] && m->be.buffer_destroy) m->be.buffer_destroy(m->be.impl, *bufs[i]);
+    if (m->has_state && m->fn.destroy) m->fn.destroy(m->state);
+    dsgd__model_free_buffer(m, &m->params);
+    dsgd__model_free_buffer(m, &m->grads);
+    dsgd__model_free_buffer(m, &m->stats);
     if (m->owns_backend && m->be.destroy) m->be.destroy(m->be.impl);
-    DSGD_FREE(m->layers);
-    DSGD_FREE(m->dims);
     DSGD_FREE(m->vars);
-    DSGD_FREE(m->act_off);
     DSGD_FREE(m);
 }
 
@@ -234,22 +413,42 @@ static int dsgd__backend_complete(const dsgd_backend_i *b) {
            b->bias_backward && b->loss && b->optimizer_update && b->norm_check;
 }
 
-/* Checks a model desc; every message names dsgd_model_create. */
-static dsgd_result dsgd__model_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
+/* One variable to lay out: its public record (name, shape, aggregation),
+   how to initialise it, and from which seed stream. */
+typedef struct dsgd__var_plan {
+    dsgd_variable v;
+    const float *initial;
+    dsgd_init init;       /* resolved: never AUTO */
+    uint64_t stream;
+} dsgd__var_plan;
+
+/* ---- the built-in network: dense layers, one implementation of dsgd_model_i */
+
+typedef struct dsgd__net {
+    int num_layers;
+    dsgd_loss loss;
+    dsgd_layer_desc *layers;
+    int *dims;             /* dims[0] = input_dim, dims[l + 1] = units of layer l */
+    dsgd_buffer *acts;     /* x, then every layer's output, each (max_batch, dims[l]) */
+    size_t *act_off;
+    dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
+    size_t delta_half;
+    dsgd_buffer *targets;  /* (max_batch, target_dim) */
+    int last_count;        /* batch size of the last forward pass */
+    dsgd_model *m;
+} dsgd__net;
+
+static dsgd_result dsgd__net_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
     int l;
-    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: desc is NULL");
     if (desc->input_dim <= 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: input_dim %d must be > 0", desc->input_dim);
     if (desc->num_layers <= 0 || !desc->layers)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: a model needs at least one layer (num_layers %d)", desc->num_layers);
     if (desc->loss != DSGD_LOSS_SOFTMAX_XENT && desc->loss != DSGD_LOSS_MSE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: unknown loss %d", (int)desc->loss);
-    if (desc->max_batch < 0)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: max_batch %d is negative", desc->max_batch);
     for (l = 0; l < desc->num_layers; ++l) {
         const dsgd_layer_desc *ld = &desc->layers[l];
-        if (ld->units <= 0 || !dsgd__act_valid(ld->activation) || (int)ld->init < 0 ||
-            (int)ld->init > (int)DSGD_INIT_GLOROT_NORMAL)
+        if (ld->units <= 0 || !dsgd__act_valid(ld->activation) || !dsgd__init_valid(ld->init))
             return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                       "dsgd_model_create: layer %d: units %d, activation %d or init %d invalid",
                                       l, ld->units, (int)ld->activation, (int)ld->init);
@@ -257,177 +456,92 @@ static dsgd_result dsgd__model_check(dsgd_ctx *ctx, const dsgd_model_desc *desc)
     if (desc->loss == DSGD_LOSS_SOFTMAX_XENT && desc->layers[desc->num_layers - 1].activation != DSGD_ACT_NONE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_model_create: softmax cross-entropy takes logits: the last layer's activation must be NONE");
-    if (desc->backend && !dsgd__backend_complete(desc->backend))
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: backend '%s' lacks a required operation",
-                                  desc->backend->name ? desc->backend->name : "?");
     return DSGD_OK;
 }
 
-/* The model struct from a checked desc: its backend (the desc's, or a CPU
-   backend it owns) and its host arrays; no device buffer yet. */
-static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
-    dsgd_model *m;
-    dsgd_result r;
-    m = (dsgd_model *)dsgd__alloc(ctx, sizeof(*m), "dsgd_model_create");
-    if (!m) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(m, 0, sizeof(*m));
-    m->ctx = ctx;
-    m->input_dim = desc->input_dim;
-    m->num_layers = desc->num_layers;
-    m->max_batch = desc->max_batch ? desc->max_batch : DSGD_DEFAULT_MAX_BATCH;
-    m->loss = desc->loss;
-    if (desc->backend) {
-        m->be = *desc->backend;
-    } else {
-        r = dsgd_cpu_backend_create(ctx, &m->be);
-        if (r != DSGD_OK) { DSGD_FREE(m); return r; }
-        m->owns_backend = 1;
+/* The network's variables (llm.c's fill_in_parameter_sizes): kernel (in,
+   out) then bias (out), layer after layer; kernel l draws from stream l. */
+static void dsgd__net_plan(const dsgd_model_desc *desc, dsgd__var_plan *plan) {
+    int l, in = desc->input_dim;
+    for (l = 0; l < desc->num_layers; ++l) {
+        const dsgd_layer_desc *ld = &desc->layers[l];
+        dsgd__var_plan *k = &plan[2 * l], *b = &plan[2 * l + 1];
+        snprintf(k->v.name, sizeof(k->v.name), "dense%d/kernel", l);
+        k->v.rank = 2; k->v.shape[0] = in; k->v.shape[1] = ld->units;
+        k->init = ld->init != DSGD_INIT_AUTO ? ld->init
+                  : ld->activation == DSGD_ACT_RELU ? DSGD_INIT_HE_NORMAL : DSGD_INIT_GLOROT_UNIFORM;
+        k->stream = (uint64_t)l;
+        snprintf(b->v.name, sizeof(b->v.name), "dense%d/bias", l);
+        b->v.rank = 1; b->v.shape[0] = ld->units;
+        b->init = DSGD_INIT_ZEROS;
+        in = ld->units;
     }
-    m->layers = (dsgd_layer_desc *)dsgd__alloc(ctx, sizeof(dsgd_layer_desc) * m->num_layers, "dsgd_model_create");
-    m->dims = (int *)dsgd__alloc(ctx, sizeof(int) * (m->num_layers + 1), "dsgd_model_create");
-    m->vars = (dsgd_variable *)dsgd__alloc(ctx, sizeof(dsgd_variable) * 2 * m->num_layers, "dsgd_model_create");
-    m->act_off = (size_t *)dsgd__alloc(ctx, sizeof(size_t) * (m->num_layers + 1), "dsgd_model_create");
-    if (!m->layers || !m->dims || !m->vars || !m->act_off) { dsgd_model_destroy(m); return DSGD_ERR_OUT_OF_MEMORY; }
-    memcpy(m->layers, desc->layers, sizeof(dsgd_layer_desc) * m->num_layers);
-    memset(m->vars, 0, sizeof(dsgd_variable) * 2 * m->num_layers);
-    *out = m;
-    return DSGD_OK;
 }
 
-/* The flat layouts (llm.c's fill_in_parameter_sizes): the variables, kernel
-   (in, out) then bias (out) layer after layer, at the same offsets of params
-   and grads; every layer's activations (max_batch, dims[l]) in acts; the
-   two delta halves. Returns the floats of acts. */
-static size_t dsgd__model_layout(dsgd_model *m) {
-    int l, max_dim = m->input_dim;
-    size_t off = 0, act_total = 0;
-    m->dims[0] = m->input_dim;
-    for (l = 0; l < m->num_layers; ++l) {
-        dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-        m->dims[l + 1] = m->layers[l].units;
-        max_dim = DSGD__MAX(max_dim, m->dims[l + 1]);
-        snprintf(k->name, sizeof(k->name), "dense%d/kernel", l);
-        k->offset = off; k->count = (size_t)m->dims[l] * m->dims[l + 1];
-        k->rank = 2; k->shape[0] = m->dims[l]; k->shape[1] = m->dims[l + 1];
-        off += k->count;
-        snprintf(b->name, sizeof(b->name), "dense%d/bias", l);
-        b->offset = off; b->count = (size_t)m->dims[l + 1];
-        b->rank = 1; b->shape[0] = m->dims[l + 1];
-        off += b->count;
-    }
-    m->num_params = off;
-    for (l = 0; l <= m->num_layers; ++l) {
-        m->act_off[l] = act_total;
-        act_total += (size_t)m->max_batch * m->dims[l];
-    }
-    m->delta_half = (size_t)m->max_batch * max_dim;
-    return act_total;
+static void dsgd__net_destroy(void *state) {
+    dsgd__net *net = (dsgd__net *)state;
+    if (!net) return;
+    dsgd__model_free_buffer(net->m, &net->acts);
+    dsgd__model_free_buffer(net->m, &net->delta);
+    dsgd__model_free_buffer(net->m, &net->targets);
+    DSGD_FREE(net->layers);
+    DSGD_FREE(net->dims);
+    DSGD_FREE(net->act_off);
+    DSGD_FREE(net);
 }
 
-/* The device buffers of the layout; the statistics and the gradients start
-   at zero. */
-static dsgd_result dsgd__model_buffers(dsgd_model *m, size_t act_total) {
+/* The network's state (user_data: the checked desc): its layers, every
+   layer's activations (max_batch, dims[l]) in acts, the two delta halves,
+   the targets. */
+static dsgd_result dsgd__net_create(void *user_data, dsgd_model *m, void **state) {
+    const dsgd_model_desc *desc = (const dsgd_model_desc *)user_data;
+    int l, L = desc->num_layers, max_dim = desc->input_dim;
+    size_t act_total = 0;
     dsgd_result r;
-    if ((r = dsgd__model_buffer(m, m->num_params, &m->params)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, m->num_params, &m->grads)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, act_total, &m->acts)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, 2 * m->delta_half, &m->delta)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, (size_t)m->max_batch * dsgd_model_target_dim(m), &m->targets)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, 4, &m->stats)) != DSGD_OK ||
-        (r = m->be.fill(m->be.impl, dsgd__ref(m->stats, 0), 0.0f, 4)) != DSGD_OK)
-        return r;
-    return m->be.fill(m->be.impl, dsgd__ref(m->grads, 0), 0.0f, m->num_params);
-}
-
-/* Initialises the parameters on the host, so every backend starts from the
-   same bits (kernels drawn per layer from seed, biases zero), and uploads
-   them. */
-static dsgd_result dsgd__model_init_params(dsgd_model *m, uint64_t seed) {
-    dsgd_result r;
-    size_t i;
-    int l;
-    float *host = (float *)dsgd__alloc(m->ctx, m->num_params * sizeof(float), "dsgd_model_create");
-    if (!host) return DSGD_ERR_OUT_OF_MEMORY;
-    for (l = 0; l < m->num_layers; ++l) {
-        const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-        dsgd__init_kernel(host + k->offset, k->shape[0], k->shape[1], m->layers[l].init,
-                          m->layers[l].activation, dsgd__seed_mix(seed, (uint64_t)l));
-        for (i = 0; i < b->count; ++i) host[b->offset + i] = 0.0f;
+    dsgd__net *net = (dsgd__net *)dsgd__alloc(m->ctx, sizeof(*net), "dsgd_model_create");
+    if (!net) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(net, 0, sizeof(*net));
+    net->m = m;
+    net->num_layers = L;
+    net->loss = desc->loss;
+    net->layers = (dsgd_layer_desc *)dsgd__alloc(m->ctx, sizeof(dsgd_layer_desc) * (size_t)L, "dsgd_model_create");
+    net->dims = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)(L + 1), "dsgd_model_create");
+    net->act_off = (size_t *)dsgd__alloc(m->ctx, sizeof(size_t) * (size_t)(L + 1), "dsgd_model_create");
+    if (!net->layers || !net->dims || !net->act_off) {
+        dsgd__net_destroy(net);
+        return DSGD_ERR_OUT_OF_MEMORY;
     }
-    r = m->be.write(m->be.impl, dsgd__ref(m->params, 0), host, m->num_params);
-    DSGD_FREE(host);
-    return r;
-}
-
-/* check the desc, make the struct, lay out the variables, create the
-   buffers, initialise the parameters */
-DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
-    dsgd_model *m = NULL;
-    dsgd_result r;
-    size_t act_total;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: out is NULL");
-    *out = NULL;
-    if ((r = dsgd__model_check(ctx, desc)) != DSGD_OK) return r;
-    if ((r = dsgd__model_new(ctx, desc, &m)) != DSGD_OK) return r;
-    act_total = dsgd__model_layout(m);
-    if ((r = dsgd__model_buffers(m, act_total)) != DSGD_OK ||
-        (r = dsgd__model_init_params(m, desc->seed)) != DSGD_OK) {
-        dsgd_model_destroy(m);
+    memcpy(net->layers, desc->layers, sizeof(dsgd_layer_desc) * (size_t)L);
+    net->dims[0] = desc->input_dim;
+    for (l = 0; l < L; ++l) {
+        net->dims[l + 1] = net->layers[l].units;
+        max_dim = DSGD__MAX(max_dim, net->dims[l + 1]);
+    }
+    for (l = 0; l <= L; ++l) {
+        net->act_off[l] = act_total;
+        act_total += (size_t)m->max_batch * net->dims[l];
+    }
+    net->delta_half = (size_t)m->max_batch * max_dim;
+    if ((r = dsgd__model_buffer(m, act_total, &net->acts)) != DSGD_OK ||
+        (r = dsgd__model_buffer(m, 2 * net->delta_half, &net->delta)) != DSGD_OK ||
+        (r = dsgd__model_buffer(m, (size_t)m->max_batch * m->target_dim, &net->targets)) != DSGD_OK) {
+        dsgd__net_destroy(net);
         return r;
     }
-    *out = m;
+    m->net = net;
+    *state = net;
     return DSGD_OK;
-}
-
-DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m) { return m ? m->ctx : NULL; }
-DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m) { return m ? &m->be : NULL; }
-DSGD_API size_t dsgd_model_num_params(const dsgd_model *m) { return m ? m->num_params : 0; }
-DSGD_API int dsgd_model_num_variables(const dsgd_model *m) { return m ? 2 * m->num_layers : 0; }
-DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i) {
-    return (m && i >= 0 && i < 2 * m->num_layers) ? &m->vars[i] : NULL;
-}
-DSGD_API int dsgd_model_input_dim(const dsgd_model *m) { return m ? m->input_dim : 0; }
-DSGD_API int dsgd_model_output_dim(const dsgd_model *m) { return m ? m->dims[m->num_layers] : 0; }
-DSGD_API int dsgd_model_target_dim(const dsgd_model *m) {
-    if (!m) return 0;
-    return m->loss == DSGD_LOSS_SOFTMAX_XENT ? 1 : m->dims[m->num_layers];
-}
-DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m) { return dsgd__ref(m ? m->params : NULL, 0); }
-DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m) { return dsgd__ref(m ? m->grads : NULL, 0); }
-
-static dsgd_result dsgd__model_io(dsgd_model *m, dsgd_buffer *buf, float *dst, const float *src,
-                                  size_t count, const char *what) {
-    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!(dst || src))
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: host pointer is NULL", what);
-    if (count != m->num_params)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_SHAPE, "%s: count %zu, the model has %zu parameters", what,
-                                  count, m->num_params);
-    return src ? m->be.write(m->be.impl, dsgd__ref(buf, 0), src, count)
-               : m->be.read(m->be.impl, dsgd__ref(buf, 0), dst, count);
-}
-
-DSGD_API dsgd_result dsgd_model_get_params(dsgd_model *m, float *dst, size_t count) {
-    return dsgd__model_io(m, m ? m->params : NULL, dst, NULL, count, "dsgd_model_get_params");
-}
-DSGD_API dsgd_result dsgd_model_set_params(dsgd_model *m, const float *src, size_t count) {
-    return dsgd__model_io(m, m ? m->params : NULL, NULL, src, count, "dsgd_model_set_params");
-}
-DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t count) {
-    return dsgd__model_io(m, m ? m->grads : NULL, dst, NULL, count, "dsgd_model_get_grads");
 }
 
 /* Uploads a batch; y may be NULL. */
-static dsgd_result dsgd__model_upload(dsgd_model *m, const float *x, const float *y, int count, const char *what) {
+static dsgd_result dsgd__net_upload(dsgd__net *net, const dsgd_batch *b, int need_y, const char *what) {
+    dsgd_model *m = net->m;
     dsgd_result r;
-    if (!x)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x is NULL", what);
-    if (count <= 0 || count > m->max_batch)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: batch of %d samples outside 1..max_batch (%d)",
-                                  what, count, m->max_batch);
-    r = m->be.write(m->be.impl, dsgd__ref(m->acts, m->act_off[0]), x, (size_t)count * m->input_dim);
-    if (r == DSGD_OK && y)
-        r = m->be.write(m->be.impl, dsgd__ref(m->targets, 0), y, (size_t)count * dsgd_model_target_dim(m));
+    if (!b->x || (need_y && !b->y))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, b->x ? "y" : "x");
+    r = m->be.write(m->be.impl, dsgd__ref(net->acts, net->act_off[0]), b->x, (size_t)b->count * m->input_dim);
+    if (r == DSGD_OK && b->y)
+        r = m->be.write(m->be.impl, dsgd__ref(net->targets, 0), b->y, (size_t)b->count * m->target_dim);
     return r;
 }
 
@@ -442,18 +556,19 @@ typedef struct dsgd__dense {
     dsgd_ref x, y;   /* acts: input (M, in), output (M, out) */
 } dsgd__dense;
 
-static dsgd__dense dsgd__layer(const dsgd_model *m, int l) {
+static dsgd__dense dsgd__layer(const dsgd__net *net, int l) {
     dsgd__dense L;
+    const dsgd_model *m = net->m;
     const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-    L.in = m->dims[l];
-    L.out = m->dims[l + 1];
-    L.act = m->layers[l].activation;
+    L.in = net->dims[l];
+    L.out = net->dims[l + 1];
+    L.act = net->layers[l].activation;
     L.W = dsgd__ref(m->params, k->offset);
     L.b = dsgd__ref(m->params, b->offset);
     L.dW = dsgd__ref(m->grads, k->offset);
     L.db = dsgd__ref(m->grads, b->offset);
-    L.x = dsgd__ref(m->acts, m->act_off[l]);
-    L.y = dsgd__ref(m->acts, m->act_off[l + 1]);
+    L.x = dsgd__ref(net->acts, net->act_off[l]);
+    L.y = dsgd__ref(net->acts, net->act_off[l + 1]);
     return L;
 }
 
@@ -486,28 +601,28 @@ static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, d
 }
 
 /* acts[l+1] (M, dims[l+1]) = act(acts[l] (M, dims[l]) · W_l + b_l), layer by layer */
-static dsgd_result dsgd__model_forward(dsgd_model *m, int M) {
+static dsgd_result dsgd__net_forward(dsgd__net *net, int M) {
     int l;
     dsgd_result r;
-    for (l = 0; l < m->num_layers; ++l) {
-        dsgd__dense L = dsgd__layer(m, l);
-        if ((r = dsgd__dense_forward(&m->be, &L, M)) != DSGD_OK) return r;
+    for (l = 0; l < net->num_layers; ++l) {
+        dsgd__dense L = dsgd__layer(net, l);
+        if ((r = dsgd__dense_forward(&net->m->be, &L, M)) != DSGD_OK) return r;
     }
-    m->last_count = M;
+    net->last_count = M;
     return DSGD_OK;
 }
 
 /* Given dlogits in delta half 0, fills the gradient buffer, layer L-1 down
    to 0; each layer's dy is the one above's dx, in the two delta halves in
    turn. */
-static dsgd_result dsgd__model_backward(dsgd_model *m, int M) {
+static dsgd_result dsgd__net_backward(dsgd__net *net, int M) {
     int l, cur = 0;
     dsgd_result r;
-    for (l = m->num_layers - 1; l >= 0; --l) {
-        dsgd__dense L = dsgd__layer(m, l);
-        dsgd_ref dy = dsgd__ref(m->delta, cur * m->delta_half);                        /* (M, out) */
-        dsgd_ref dx = dsgd__ref(l > 0 ? m->delta : NULL, (1 - cur) * m->delta_half);  /* (M, in) */
-        if ((r = dsgd__dense_backward(&m->be, dx, dy, &L, M)) != DSGD_OK) return r;
+    for (l = net->num_layers - 1; l >= 0; --l) {
+        dsgd__dense L = dsgd__layer(net, l);
+        dsgd_ref dy = dsgd__ref(net->delta, cur * net->delta_half);                        /* (M, out) */
+        dsgd_ref dx = dsgd__ref(l > 0 ? net->delta : NULL, (1 - cur) * net->delta_half);  /* (M, in) */
+        if ((r = dsgd__dense_backward(&net->m->be, dx, dy, &L, M)) != DSGD_OK) return r;
         cur = 1 - cur;
     }
     return DSGD_OK;
@@ -516,45 +631,391 @@ static dsgd_result dsgd__model_backward(dsgd_model *m, int M) {
 /* The loss of the logits (M, output_dim) against the uploaded targets: the
    loss sum and the correct count accumulate at stats; with dlogits.buf set,
    dlogits (M, output_dim) = grad_scale * d(sum of losses)/d logits. */
-static dsgd_result dsgd__model_loss(dsgd_model *m, int M, float grad_scale, dsgd_ref dlogits, dsgd_ref stats) {
-    int top = m->num_layers;
-    return m->be.loss(m->be.impl, m->loss, M, m->dims[top], dsgd__ref(m->acts, m->act_off[top]),
-                      dsgd__ref(m->targets, 0), grad_scale, dlogits, stats);
+static dsgd_result dsgd__net_loss(dsgd__net *net, int M, float grad_scale, dsgd_ref dlogits, dsgd_ref stats) {
+    int top = net->num_layers;
+    dsgd_model *m = net->m;
+    return m->be.loss(m->be.impl, net->loss, M, net->dims[top], dsgd__ref(net->acts, net->act_off[top]),
+                      dsgd__ref(net->targets, 0), grad_scale, dlogits, stats);
+}
+
+/* The metrics go to the device accumulators (the loss operation adds them),
+   so the host's are left alone. */
+static dsgd_result dsgd__net_gradients(void *state, dsgd_model *m, const dsgd_batch *b, float grad_scale,
+                                       dsgd_metrics *metrics) {
+    dsgd__net *net = (dsgd__net *)state;
+    dsgd_result r;
+    (void)metrics;
+    if ((r = dsgd__net_upload(net, b, 1, "dsgd_model_compute_gradients")) != DSGD_OK) return r;
+    if ((r = dsgd__net_forward(net, b->count)) != DSGD_OK) return r;
+    r = dsgd__net_loss(net, b->count, grad_scale, dsgd__ref(net->delta, 0), dsgd_model_stats(m, DSGD_METRICS_TRAIN));
+    if (r != DSGD_OK) return r;
+    return dsgd__net_backward(net, b->count);
+}
+
+static dsgd_result dsgd__net_evaluate(void *state, dsgd_model *m, const dsgd_batch *b, dsgd_metrics *metrics) {
+    dsgd__net *net = (dsgd__net *)state;
+    dsgd_result r;
+    (void)metrics;
+    if ((r = dsgd__net_upload(net, b, 0, "dsgd_model_eval_batch")) != DSGD_OK) return r;
+    if ((r = dsgd__net_forward(net, b->count)) != DSGD_OK) return r;
+    if (!b->y) return DSGD_OK;
+    return dsgd__net_loss(net, b->count, 0.0f, dsgd__ref(NULL, 0), dsgd_model_stats(m, DSGD_METRICS_EVAL));
+}
+
+static const dsgd_model_i dsgd__net_model = {
+    "dense", dsgd__net_create, dsgd__net_destroy, dsgd__net_gradients, dsgd__net_evaluate, 1,
+};
+
+/* ---- creation */
+
+/* A custom model's desc and variables; every message names dsgd_model_create. */
+static dsgd_result dsgd__custom_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
+    const char *what = "dsgd_model_create";
+    double total = 0.0;
+    int i, j, k;
+    if (desc->layers || desc->num_layers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: a model has either layers (the built-in network) or custom, not both", what);
+    if (!desc->custom->compute_gradients)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: custom model '%s' has no compute_gradients",
+                                  what, desc->custom->name ? desc->custom->name : "custom");
+    if (desc->input_dim < 0 || desc->target_dim < 0 || desc->output_dim < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: input_dim %d, target_dim %d or output_dim %d "
+                                  "is negative", what, desc->input_dim, desc->target_dim, desc->output_dim);
+    if (!desc->variables || desc->num_variables < 1 || desc->num_variables > DSGD_MAX_VARIABLES)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a custom model declares 1..%d variables, got %d%s",
+                                  what, DSGD_MAX_VARIABLES, desc->num_variables, desc->variables ? "" : " (variables NULL)");
+    for (i = 0; i < desc->num_variables; ++i) {
+        const dsgd_variable_desc *v = &desc->variables[i];
+        double count = 1.0;
+        if (!v->name || !v->name[0] || strlen(v->name) >= DSGD_MAX_NAME)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable %d: a name of 1..%d bytes is needed%s%s",
+                                      what, i, DSGD_MAX_NAME - 1, v->name ? ", got " : "", v->name ? v->name : "");
+        for (j = 0; j < i; ++j)
+            if (!strcmp(desc->variables[j].name, v->name))
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variables %d and %d are both named '%s'",
+                                          what, j, i, v->name);
+        if (v->rank < 1 || v->rank > DSGD_MAX_RANK)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable '%s': rank %d outside 1..%d", what,
+                                      v->name, v->rank, DSGD_MAX_RANK);
+        for (k = 0; k < v->rank; ++k) {
+            if (v->shape[k] < 1)
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable '%s': dimension %d is %d (each "
+                                          "must be >= 1)", what, v->name, k, v->shape[k]);
+            count *= v->shape[k];
+        }
+        if (!dsgd__init_valid(v->init) || !dsgd__agg_valid(v->aggregation))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable '%s': unknown init %d or aggregation %d",
+                                      what, v->name, (int)v->init, (int)v->aggregation);
+        total += count;
+    }
+    if (total > 1099511627776.0) /* 2^40 floats */
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %.0f parameters (at most 2^40)", what, total);
+    return DSGD_OK;
+}
+
+/* Checks a model desc; every message names dsgd_model_create. */
+static dsgd_result dsgd__model_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
+    dsgd_result r;
+    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: desc is NULL");
+    if (desc->max_batch < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: max_batch %d is negative", desc->max_batch);
+    r = desc->custom ? dsgd__custom_check(ctx, desc) : dsgd__net_check(ctx, desc);
+    if (r != DSGD_OK) return r;
+    if (desc->backend && !dsgd__backend_complete(desc->backend))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: backend '%s' lacks a required operation",
+                                  desc->backend->name ? desc->backend->name : "?");
+    return DSGD_OK;
+}
+
+/* The model struct from a checked desc: its backend (the desc's, or a CPU
+   backend it owns), functions and dimensions; no variable or buffer yet. */
+static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
+    dsgd_model *m;
+    dsgd_result r;
+    m = (dsgd_model *)dsgd__alloc(ctx, sizeof(*m), "dsgd_model_create");
+    if (!m) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(m, 0, sizeof(*m));
+    m->ctx = ctx;
+    m->fn = desc->custom ? *desc->custom : dsgd__net_model;
+    if (!m->fn.name) m->fn.name = "custom";
+    m->input_dim = desc->input_dim;
+    m->max_batch = desc->max_batch ? desc->max_batch : DSGD_DEFAULT_MAX_BATCH;
+    if (desc->custom) {
+        m->target_dim = desc->target_dim ? desc->target_dim : 1;
+        m->output_dim = desc->output_dim;
+    } else {
+        m->output_dim = desc->layers[desc->num_layers - 1].units;
+        m->target_dim = desc->loss == DSGD_LOSS_SOFTMAX_XENT ? 1 : m->output_dim;
+    }
+    if (desc->backend) {
+        m->be = *desc->backend;
+    } else {
+        r = dsgd_cpu_backend_create(ctx, &m->be);
+        if (r != DSGD_OK) { DSGD_FREE(m); return r; }
+        m->owns_backend = 1;
+    }
+    *out = m;
+    return DSGD_OK;
+}
+
+/* The variables' plan: the network's layers, or the declared variables
+   (AUTO resolved, variable i drawing from stream i). */
+static dsgd__var_plan *dsgd__model_plan(dsgd_model *m, const dsgd_model_desc *desc, int *n) {
+    dsgd__var_plan *plan;
+    int i, k;
+    *n = desc->custom ? desc->num_variables : 2 * desc->num_layers;
+    plan = (dsgd__var_plan *)dsgd__alloc(m->ctx, sizeof(*plan) * (size_t)*n, "dsgd_model_create");
+    if (!plan) return NULL;
+    memset(plan, 0, sizeof(*plan) * (size_t)*n);
+    if (!desc->custom) {
+        dsgd__net_plan(desc, plan);
+        return plan;
+    }
+    for (i = 0; i < *n; ++i) {
+        const dsgd_variable_desc *d = &desc->variables[i];
+        snprintf(plan[i].v.name, sizeof(plan[i].v.name), "%s", d->name);
+        plan[i].v.rank = d->rank;
+        for (k = 0; k < d->rank; ++k) plan[i].v.shape[k] = d->shape[k];
+        plan[i].v.aggregation = d->aggregation;
+        plan[i].initial = d->initial;
+        plan[i].init = d->init != DSGD_INIT_AUTO ? d->init : d->rank == 1 ? DSGD_INIT_ZEROS : DSGD_INIT_GLOROT_UNIFORM;
+        plan[i].stream = (uint64_t)i;
+    }
+    return plan;
+}
+
+/* Lays the variables out in order in one flat buffer (offsets in floats)
+   and fills their initial values on the host. */
+static dsgd_result dsgd__model_variables(dsgd_model *m, const dsgd_model_desc *desc, float **host) {
+    int i, k, n = 0;
+    size_t off = 0;
+    dsgd__var_plan *plan = dsgd__model_plan(m, desc, &n);
+    if (!plan) return DSGD_ERR_OUT_OF_MEMORY;
+    m->vars = (dsgd_variable *)dsgd__alloc(m->ctx, sizeof(dsgd_variable) * (size_t)n, "dsgd_model_create");
+    if (!m->vars) {
+        DSGD_FREE(plan);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < n; ++i) {
+        dsgd_variable *v = &m->vars[i];
+        *v = plan[i].v;
+        if (v->aggregation == DSGD_AGG_NONE) v->aggregation = DSGD_AGG_MEAN;
+        v->count = 1;
+        for (k = 0; k < v->rank; ++k) v->count *= (size_t)v->shape[k];
+        v->offset = off;
+        off += v->count;
+    }
+    m->num_vars = n;
+    m->num_params = off;
+    *host = (float *)dsgd__alloc(m->ctx, (off ? off : 1) * sizeof(float), "dsgd_model_create");
+    for (i = 0; *host && i < n; ++i) {
+        const dsgd_variable *v = &m->vars[i];
+        double fan_out = v->shape[v->rank - 1], fan_in = v->rank == 1 ? fan_out : (double)v->count / fan_out;
+        if (plan[i].initial) memcpy(*host + v->offset, plan[i].initial, v->count * sizeof(float));
+        else dsgd__init_values(*host + v->offset, v->count, fan_in, fan_out, plan[i].init,
+                               dsgd__seed_mix(desc->seed, plan[i].stream));
+    }
+    DSGD_FREE(plan);
+    return *host ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
+}
+
+/* The flat buffers: parameters (uploaded from host), gradients and
+   statistics (zero). */
+static dsgd_result dsgd__model_buffers(dsgd_model *m, const float *host) {
+    dsgd_result r;
+    if ((r = dsgd__model_buffer(m, m->num_params, &m->params)) != DSGD_OK ||
+        (r = dsgd__model_buffer(m, m->num_params, &m->grads)) != DSGD_OK ||
+        (r = dsgd__model_buffer(m, 4, &m->stats)) != DSGD_OK ||
+        (r = m->be.fill(m->be.impl, dsgd__ref(m->stats, 0), 0.0f, 4)) != DSGD_OK ||
+        (r = m->be.write(m->be.impl, dsgd__ref(m->params, 0), host, m->num_params)) != DSGD_OK)
+        return r;
+    return m->be.fill(m->be.impl, dsgd__ref(m->grads, 0), 0.0f, m->num_params);
+}
+
+/* Gives a failing model function's error a message when it recorded none. */
+static dsgd_result dsgd__model_fn_result(dsgd_model *m, dsgd_result r, const char *fn) {
+    if (r != DSGD_OK && dsgd_ctx_last_result(m->ctx) == DSGD_OK)
+        dsgd_ctx_set_error(m->ctx, r, "model '%s': %s failed: %s", m->fn.name, fn, dsgd_result_string(r));
+    return r;
+}
+
+/* check the desc, make the struct, lay out and initialise the variables,
+   create the buffers, then the functions' state */
+DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
+    dsgd_model *m = NULL;
+    dsgd_result r;
+    float *host = NULL;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: out is NULL");
+    *out = NULL;
+    if ((r = dsgd__model_check(ctx, desc)) != DSGD_OK) return r;
+    if ((r = dsgd__model_new(ctx, desc, &m)) != DSGD_OK) return r;
+    r = dsgd__model_variables(m, desc, &host);
+    if (r == DSGD_OK) r = dsgd__model_buffers(m, host);
+    DSGD_FREE(host);
+    if (r == DSGD_OK) {
+        if (!m->fn.create) {
+            m->state = desc->user_data;
+        } else {
+            dsgd_ctx_clear_error(ctx);
+            r = dsgd__model_fn_result(m, m->fn.create(desc->custom ? desc->user_data : (void *)desc, m, &m->state),
+                                      "create");
+            m->has_state = r == DSGD_OK;
+        }
+    }
+    if (r != DSGD_OK) {
+        dsgd_model_destroy(m);
+        return r;
+    }
+    *out = m;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m) { return m ? m->ctx : NULL; }
+DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m) { return m ? &m->be : NULL; }
+DSGD_API const char *dsgd_model_name(const dsgd_model *m) { return m ? m->fn.name : NULL; }
+DSGD_API void *dsgd_model_state(const dsgd_model *m) { return m && !m->net ? m->state : NULL; }
+DSGD_API size_t dsgd_model_num_params(const dsgd_model *m) { return m ? m->num_params : 0; }
+DSGD_API int dsgd_model_num_variables(const dsgd_model *m) { return m ? m->num_vars : 0; }
+DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i) {
+    return (m && i >= 0 && i < m->num_vars) ? &m->vars[i] : NULL;
+}
+DSGD_API int dsgd_model_find_variable(const dsgd_model *m, const char *name) {
+    int i;
+    for (i = 0; m && name && i < m->num_vars; ++i)
+        if (!strcmp(m->vars[i].name, name)) return i;
+    return -1;
+}
+DSGD_API int dsgd_model_input_dim(const dsgd_model *m) { return m ? m->input_dim : 0; }
+DSGD_API int dsgd_model_output_dim(const dsgd_model *m) { return m ? m->output_dim : 0; }
+DSGD_API int dsgd_model_target_dim(const dsgd_model *m) { return m ? m->target_dim : 0; }
+DSGD_API int dsgd_model_max_batch(const dsgd_model *m) { return m ? m->max_batch : 0; }
+DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m) { return dsgd__ref(m ? m->params : NULL, 0); }
+DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m) { return dsgd__ref(m ? m->grads : NULL, 0); }
+
+static float *dsgd__model_host_ptr(const dsgd_model *m, dsgd_buffer *buf) {
+    return m && m->be.buffer_host_ptr ? m->be.buffer_host_ptr(m->be.impl, buf) : NULL;
+}
+DSGD_API float *dsgd_model_host_params(const dsgd_model *m) { return dsgd__model_host_ptr(m, m ? m->params : NULL); }
+DSGD_API float *dsgd_model_host_grads(const dsgd_model *m) { return dsgd__model_host_ptr(m, m ? m->grads : NULL); }
+DSGD_API dsgd_ref dsgd_model_stats(const dsgd_model *m, dsgd_metrics_slot slot) {
+    return dsgd__ref(m ? m->stats : NULL, slot == DSGD_METRICS_EVAL ? 2 : 0);
+}
+
+static dsgd_result dsgd__model_io(dsgd_model *m, dsgd_buffer *buf, float *dst, const float *src,
+                                  size_t count, const char *what) {
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(dst || src))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: host pointer is NULL", what);
+    if (count != m->num_params)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_SHAPE, "%s: count %zu, the model has %zu parameters", what,
+                                  count, m->num_params);
+    return src ? m->be.write(m->be.impl, dsgd__ref(buf, 0), src, count)
+               : m->be.read(m->be.impl, dsgd__ref(buf, 0), dst, count);
+}
+
+DSGD_API dsgd_result dsgd_model_get_params(dsgd_model *m, float *dst, size_t count) {
+    return dsgd__model_io(m, m ? m->params : NULL, dst, NULL, count, "dsgd_model_get_params");
+}
+DSGD_API dsgd_result dsgd_model_set_params(dsgd_model *m, const float *src, size_t count) {
+    return dsgd__model_io(m, m ? m->params : NULL, NULL, src, count, "dsgd_model_set_params");
+}
+DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t count) {
+    return dsgd__model_io(m, m ? m->grads : NULL, dst, NULL, count, "dsgd_model_get_grads");
+}
+
+/* A batch's common checks. */
+static dsgd_result dsgd__model_batch_check(dsgd_model *m, const dsgd_batch *b, const char *what) {
+    if (!b) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: batch is NULL", what);
+    if (b->count <= 0 || b->count > m->max_batch)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: batch of %d samples outside 1..max_batch (%d)",
+                                  what, b->count, m->max_batch);
+    return DSGD_OK;
+}
+
+/* Adds what a function put in *mt to the host accumulators of slot. */
+static void dsgd__model_add_metrics(dsgd_model *m, int slot, const dsgd_metrics *mt, int count) {
+    m->host[slot][0] += mt->loss_sum;
+    m->host[slot][1] += mt->correct;
+    m->count[slot] += count;
+}
+
+DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *b, float grad_scale) {
+    const char *what = "dsgd_model_compute_gradients";
+    dsgd_metrics mt;
+    dsgd_result r;
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__model_batch_check(m, b, what)) != DSGD_OK) return r;
+    if (!m->fn.writes_all_gradients && (r = m->be.fill(m->be.impl, dsgd__ref(m->grads, 0), 0.0f, m->num_params)) != DSGD_OK)
+        return r;
+    memset(&mt, 0, sizeof(mt));
+    dsgd_ctx_clear_error(m->ctx);
+    r = dsgd__model_fn_result(m, m->fn.compute_gradients(m->state, m, b, grad_scale, &mt), "compute_gradients");
+    if (r == DSGD_OK) dsgd__model_add_metrics(m, DSGD_METRICS_TRAIN, &mt, b->count);
+    return r;
 }
 
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x, const float *y, int count,
                                                   float grad_scale) {
-    dsgd_result r;
-    const char *what = "dsgd_model_compute_gradients";
-    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!y) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: y is NULL", what);
-    if ((r = dsgd__model_upload(m, x, y, count, what)) != DSGD_OK) return r;
-    if ((r = dsgd__model_forward(m, count)) != DSGD_OK) return r;
-    r = dsgd__model_loss(m, count, grad_scale, dsgd__ref(m->delta, 0), dsgd__ref(m->stats, 0)); /* dlogits */
-    if (r != DSGD_OK) return r;
-    m->count[DSGD_METRICS_TRAIN] += count;
-    return dsgd__model_backward(m, count);
+    dsgd_batch b;
+    b.x = x;
+    b.y = y;
+    b.count = count;
+    b.data = NULL;
+    return dsgd_model_gradients(m, &b, grad_scale);
 }
 
-DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x, const float *y, int count) {
+DSGD_API dsgd_result dsgd_model_evaluate(dsgd_model *m, const dsgd_batch *b) {
+    const char *what = "dsgd_model_eval_batch";
+    dsgd_metrics mt;
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__model_upload(m, x, y, count, "dsgd_model_eval_batch")) != DSGD_OK) return r;
-    if ((r = dsgd__model_forward(m, count)) != DSGD_OK) return r;
-    if (!y) return DSGD_OK;
-    r = dsgd__model_loss(m, count, 0.0f, dsgd__ref(NULL, 0), dsgd__ref(m->stats, 2));
-    if (r == DSGD_OK) m->count[DSGD_METRICS_EVAL] += count;
+    if ((r = dsgd__model_batch_check(m, b, what)) != DSGD_OK) return r;
+    if (!m->fn.evaluate)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_UNSUPPORTED, "%s: model '%s' has no evaluate function", what,
+                                  m->fn.name);
+    memset(&mt, 0, sizeof(mt));
+    dsgd_ctx_clear_error(m->ctx);
+    r = dsgd__model_fn_result(m, m->fn.evaluate(m->state, m, b, &mt), "evaluate");
+    if (r == DSGD_OK && (b->y || !m->net)) dsgd__model_add_metrics(m, DSGD_METRICS_EVAL, &mt, b->count);
     return r;
 }
 
+DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x, const float *y, int count) {
+    dsgd_batch b;
+    b.x = x;
+    b.y = y;
+    b.count = count;
+    b.data = NULL;
+    return dsgd_model_evaluate(m, &b);
+}
+
 DSGD_API dsgd_result dsgd_model_read_output(dsgd_model *m, float *dst, int count) {
+    dsgd__net *net;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!dst || count <= 0 || count > m->last_count)
+    if (!(net = m->net))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_UNSUPPORTED,
+                                  "dsgd_model_read_output: model '%s' is not the built-in network", m->fn.name);
+    if (!dst || count <= 0 || count > net->last_count)
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_model_read_output: %d rows requested, the last forward pass had %d",
-                                  count, m->last_count);
-    return m->be.read(m->be.impl, dsgd__ref(m->acts, m->act_off[m->num_layers]), dst,
-                      (size_t)count * m->dims[m->num_layers]);
+                                  count, net->last_count);
+    return m->be.read(m->be.impl, dsgd__ref(net->acts, net->act_off[net->num_layers]), dst,
+                      (size_t)count * m->output_dim);
+}
+
+/* Folds the host accumulators into the device ones (a checkpoint saves
+   those), so both hold one total. */
+static dsgd_result dsgd__model_fold_metrics(dsgd_model *m) {
+    float s[4];
+    dsgd_result r;
+    int k;
+    if (m->host[0][0] == 0.0 && m->host[0][1] == 0.0 && m->host[1][0] == 0.0 && m->host[1][1] == 0.0) return DSGD_OK;
+    if ((r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), s, 4)) != DSGD_OK) return r;
+    for (k = 0; k < 4; ++k) s[k] = (float)((double)s[k] + m->host[k / 2][k % 2]);
+    if ((r = m->be.write(m->be.impl, dsgd__ref(m->stats, 0), s, 4)) != DSGD_OK) return r;
+    memset(m->host, 0, sizeof(m->host));
+    return DSGD_OK;
 }
 
 DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot slot, dsgd_metrics *out) {
@@ -567,9 +1028,10 @@ DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot sl
     off = slot == DSGD_METRICS_TRAIN ? 0 : 2;
     if ((r = m->be.read(m->be.impl, dsgd__ref(m->stats, off), s, 2)) != DSGD_OK) return r;
     if ((r = m->be.fill(m->be.impl, dsgd__ref(m->stats, off), 0.0f, 2)) != DSGD_OK) return r;
-    out->loss_sum = s[0];
-    out->correct = s[1];
+    out->loss_sum = s[0] + m->host[slot][0];
+    out->correct = s[1] + m->host[slot][1];
     out->count = m->count[slot];
+    m->host[slot][0] = m->host[slot][1] = 0.0;
     m->count[slot] = 0.0;
     return DSGD_OK;
 }

@@ -267,6 +267,34 @@ DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, 
    Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
                                               int count);
+/* A replica's batch from your code, for batches that are not rows of one
+   float matrix (token sequences, variable-length samples, data each
+   replica reads itself): fill *out (zeroed before the call) with this
+   replica's batch, count samples in 0..max_batch (0: an empty shard, which
+   contributes a zero gradient), whatever the model reads in x, y and data.
+   The pointers must stay valid until the step returns. It is called on
+   replica `replica`'s thread, for every replica at once, so it must be safe
+   to call concurrently for different replicas. An error it returns fails
+   the step on every replica as a failure of that replica's own code (with
+   the message it recorded on dsgd_replica_ctx's context, or one naming the
+   function). */
+typedef dsgd_result (*dsgd_batch_fn)(void *user_data, int replica, int num_replicas, dsgd_batch *out);
+/* dsgd_strategy_train_step and dsgd_strategy_eval_batch with each
+   replica's batch from fn instead of a slice of x and y. A training step
+   first learns the global count (a SUM all-reduce of the replicas' counts,
+   one float, exact up to 2^24 samples) so that MEAN divides by it as the
+   sliced step does: with fn handing each replica the slice
+   dsgd_block_range gives, the weights are bitwise those of
+   dsgd_strategy_train_step. info->count is the global count.
+   Errors: as dsgd_strategy_train_step and dsgd_strategy_eval_batch, with
+   DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL; a count
+   outside 0..max_batch, named with its replica; no samples on any replica
+   in a training step) and fn's errors, which the replicas agree on before
+   the update (clean: the strategy stays usable).
+   Thread safety: the strategy's thread; fn runs on N threads at once. */
+DSGD_API dsgd_result dsgd_strategy_train_step_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data,
+                                                 dsgd_step_info *info);
+DSGD_API dsgd_result dsgd_strategy_eval_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data);
 /* Reads the TRAIN or EVAL metrics and resets them. They are the ON_READ SUM
    variables "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot
    "train" or "eval"): each replica's model accumulators are first moved into
@@ -474,6 +502,7 @@ struct dsgd_replica {
     int clean_fail;     /* set by the job: its failure left every replica as it was */
     int skipped;
     float lr;
+    int global;         /* the global batch of the last step */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -504,6 +533,8 @@ typedef struct dsgd__strategy_ops {
 typedef struct dsgd__step_args {
     const float *x, *y;
     int count;
+    dsgd_batch_fn fn;  /* non-NULL: each replica's batch comes from fn (x, y, count unused) */
+    void *fn_user;
 } dsgd__step_args;
 
 struct dsgd_strategy {
@@ -828,13 +859,16 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     return res;
 }
 
-/* Every model variable starts MEAN (dsgd_strategy_set_aggregation). */
+/* Every model variable starts with its declared aggregation (MEAN unless a
+   custom model declared another; dsgd_strategy_set_aggregation changes it). */
 static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
     int i, nv = dsgd_model_num_variables(s->reps[0].model);
     s->param_agg = (dsgd_aggregation *)dsgd__alloc(s->ctx, sizeof(dsgd_aggregation) * (size_t)(nv ? nv : 1),
                                                     "dsgd_strategy_create");
     if (!s->param_agg) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < nv; ++i) s->param_agg[i] = DSGD_AGG_MEAN;
+    for (i = 0; i < nv; ++i) s->param_agg[i] = dsgd_model_variable(s->reps[0].model, i)->aggregation;
+    s->all_mean = 1;
+    for (i = 0; i < nv; ++i) s->all_mean &= s->param_agg[i] == DSGD_AGG_MEAN;
     return DSGD_OK;
 }
 
@@ -960,6 +994,11 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
     int max_batch = s->d.model.max_batch; /* per replica, default applied */
     dsgd_result res = dsgd__strategy_usable(s, what);
     if (res != DSGD_OK) return res;
+    if (dsgd_model_input_dim(s->reps[0].model) == 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: model '%s' has input_dim 0, so x cannot be sliced: use a dsgd_batch_fn "
+                                  "(dsgd_strategy_train_step_fn, dsgd_strategy_eval_fn)", what,
+                                  dsgd_model_name(s->reps[0].model));
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
     if (count < 1 || (long long)count > (long long)s->n * max_batch)
@@ -969,22 +1008,14 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y, int count,
-                                              dsgd_step_info *info) {
-    dsgd__step_args a;
+/* One training step over a (checked) dsgd__step_args. */
+static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, dsgd_step_info *info, const char *what) {
     dsgd_result res;
     int i;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((res = dsgd__strategy_check_batch(s, x, y, count, 1, "dsgd_strategy_train_step")) != DSGD_OK) return res;
-    a.x = x;
-    a.y = y;
-    a.count = count;
+    if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
+    res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
     if (info) {
-        info->step = dsgd_optimizer_steps(s->reps[0].opt);
-        info->count = count;
-    }
-    res = dsgd__strategy_dispatch(s, s->ops->step, &a, "dsgd_strategy_train_step");
-    if (info) {
+        info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;
         for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
@@ -992,14 +1023,80 @@ DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, 
     return res;
 }
 
-static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
-    const dsgd__step_args *a = (const dsgd__step_args *)user;
+DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y, int count,
+                                              dsgd_step_info *info) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_batch(s, x, y, count, 1, "dsgd_strategy_train_step")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
+    a.x = x;
+    a.y = y;
+    a.count = count;
+    return dsgd__strategy_train(s, &a, info, "dsgd_strategy_train_step");
+}
+
+/* The checks of the _fn calls. */
+static dsgd_result dsgd__strategy_check_fn(dsgd_strategy *s, dsgd_batch_fn fn, const char *what) {
+    dsgd_result res = dsgd__strategy_usable(s, what);
+    if (res != DSGD_OK) return res;
+    if (!fn) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: fn is NULL", what);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_train_step_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data,
+                                                 dsgd_step_info *info) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_fn(s, fn, "dsgd_strategy_train_step_fn")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
+    a.fn = fn;
+    a.fn_user = user_data;
+    return dsgd__strategy_train(s, &a, info, "dsgd_strategy_train_step_fn");
+}
+
+/* Replica r's part of a batch fn's result: fn's own result, or an error
+   naming the replica when its count is outside 0..max_batch. */
+static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
+    dsgd_result res;
+    int max_batch = dsgd_model_max_batch(r->model);
+    memset(b, 0, sizeof(*b));
+    dsgd_ctx_clear_error(r->ctx);
+    res = a->fn(a->fn_user, r->rank, r->s->n, b);
+    if (res != DSGD_OK) {
+        if (dsgd_ctx_last_result(r->ctx) == DSGD_OK)
+            dsgd_ctx_set_error(r->ctx, res, "the batch function failed on replica %d: %s", r->rank,
+                               dsgd_result_string(res));
+        return res;
+    }
+    if (b->count < 0 || b->count > max_batch)
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "the batch function gave replica %d a batch of %d samples (0..max_batch %d)",
+                                  r->rank, b->count, max_batch);
+    return DSGD_OK;
+}
+
+/* Replica r's shard of a sliced batch: dsgd_block_range of the global one. */
+static void dsgd__replica_slice(const dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
     size_t off = 0, len = 0;
     dsgd_block_range((size_t)a->count, r->s->n, r->rank, &off, &len);
+    memset(b, 0, sizeof(*b));
+    b->count = (int)len;
+    if (len == 0) return;
+    b->x = a->x + off * (size_t)dsgd_model_input_dim(r->model);
+    b->y = a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL;
+}
+
+static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    dsgd_batch b;
+    dsgd_result res = DSGD_OK;
     r->clean_fail = 1; /* no collective, no weight changes */
-    if (len == 0) return DSGD_OK;
-    return dsgd_model_eval_batch(r->model, a->x + off * (size_t)dsgd_model_input_dim(r->model),
-                                 a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL, (int)len);
+    if (a->fn) res = dsgd__replica_fn_batch(r, a, &b);
+    else dsgd__replica_slice(r, a, &b);
+    if (res != DSGD_OK || b.count == 0) return res;
+    return dsgd_model_evaluate(r->model, &b);
 }
 
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y, int count) {
@@ -1007,10 +1104,22 @@ DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, 
     dsgd_result res;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((res = dsgd__strategy_check_batch(s, x, y, count, 0, "dsgd_strategy_eval_batch")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
     a.x = x;
     a.y = y;
     a.count = count;
     return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a, "dsgd_strategy_eval_batch");
+}
+
+DSGD_API dsgd_result dsgd_strategy_eval_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_fn(s, fn, "dsgd_strategy_eval_fn")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
+    a.fn = fn;
+    a.fn_user = user_data;
+    return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a, "dsgd_strategy_eval_fn");
 }
 
 DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data) {

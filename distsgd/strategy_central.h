@@ -11,8 +11,9 @@
      which is updated once, and then every replica reads the variables. One
      replica's part of a step:
 
-       1 gradients  \
-       2 agree       > as in the synchronous step (strategy_sync.h)
+       0 batch      \
+       1 gradients   \  as in the synchronous step
+       2 agree       /  (strategy_sync.h)
        3 aggregate  /
        4 reduce     the replica's gradient on the host (its buffer's host
                     pointer, mapped, or copied), a barrier; then replica r
@@ -137,15 +138,16 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
     dsgd_strategy *s = r->s;
     dsgd__central *c = (dsgd__central *)s->kind_data;
-    size_t off = 0, len = 0, bad = 0, p = dsgd_model_num_params(r->model);
+    size_t bad = 0, p = dsgd_model_num_params(r->model);
     float *host, *mapped = NULL;
+    dsgd_batch b;
     dsgd_result res, done;
-    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
     r->lr = dsgd_lr_at(&c->opt->d.schedule, c->opt->d.lr, c->opt->t);
-    res = dsgd__step_gradients(r, a, off, len, &bad);                /* 1 */
+    res = dsgd__step_compute(r, a, &b, &bad);                        /* 0, 1 */
+    if (r->comm_failed) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, a->count, len); /* 3 */
+    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
     if (res == DSGD_OK && r->be.finish) res = r->be.finish(r->be.impl);
     if (res != DSGD_OK) return res;
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;

@@ -31,22 +31,54 @@
 
 /* >>strategy_sync ----------------------------------------------------------- */
 
-/* Phase 1: replica r's shard [off, off + len) of the batch -> the model's
-   gradient buffer (zero for an empty shard); *bad counts its non-finite
-   values. */
-static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd__step_args *a, size_t off, size_t len,
-                                        size_t *bad) {
+/* Phase 0: replica r's batch and the global count (*global). A sliced batch:
+   its dsgd_block_range shard, and the caller's count. A dsgd_batch_fn's:
+   what fn gives this replica, and the SUM all-reduce of every replica's
+   count, to which a replica whose fn failed sends -2^40, so that every
+   replica learns before computing anything that one failed (phase 2 names
+   it). No sample on any replica is every replica's own error. */
+static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b, int *global) {
+    dsgd_result res, cr;
+    float total;
+    if (!a->fn) {
+        dsgd__replica_slice(r, a, b);
+        *global = a->count;
+        return DSGD_OK;
+    }
+    res = dsgd__replica_fn_batch(r, a, b);
+    total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
+    if (r->s->n > 1 && (cr = dsgd_allreduce(r->comm, &total, 1, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return cr;
+    }
+    *global = total < 0.0f ? -1 : (int)total;
+    if (res == DSGD_OK && *global == 0)
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT, "the batch function gave no sample to any replica");
+    return res;
+}
+
+/* Phase 1: the gradient of replica r's batch b -> the model's gradient
+   buffer (zero for an empty batch); *bad counts its non-finite values. */
+static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, int global, size_t *bad) {
     dsgd_model *m = r->model;
     size_t p = dsgd_model_num_params(m);
     dsgd_result res;
-    if (len > 0)
-        res = dsgd_model_compute_gradients(m, a->x + off * (size_t)dsgd_model_input_dim(m),
-                                           a->y + off * (size_t)dsgd_model_target_dim(m), (int)len,
-                                           r->s->all_mean ? 1.0f / (float)a->count : 1.0f);
+    if (b->count > 0)
+        res = dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
     else
         res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, p);
     if (res != DSGD_OK) return res;
     return r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, bad);
+}
+
+/* Phases 0 and 1 of both synchronous kinds: the batch, then its gradient
+   unless a replica already failed (own result, or the global count says
+   another one did). */
+static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b, size_t *bad) {
+    dsgd_result res = dsgd__step_batch(r, a, b, &r->global);                 /* 0 */
+    *bad = 0;
+    if (res == DSGD_OK && r->global > 0) res = dsgd__step_gradients(r, b, r->global, bad); /* 1 */
+    return res;
 }
 
 /* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,
@@ -184,14 +216,15 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
 static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
     dsgd_strategy *s = r->s;
-    size_t off = 0, len = 0, bad = 0;
+    dsgd_batch b;
+    size_t bad = 0;
     dsgd_result res;
-    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
     r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
-    res = dsgd__step_gradients(r, a, off, len, &bad);   /* 1 */
+    res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
+    if (r->comm_failed) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, a->count, len); /* 3 */
+    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
     if (res == DSGD_OK && s->n > 1) res = dsgd__step_exchange(r);   /* 4 */
     if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);         /* 5 */
     return res;

@@ -10,18 +10,8 @@ extern "C" {
 
 /* ---------------------------------------------------------------- variables */
 
-/* How the replicas' values of a variable combine. For variables created
-   with dsgd_strategy_create_variable and written in replica context this is
-   tf.VariableAggregation's meaning. For model variables it says how the
-   gradients combine (dsgd_strategy_set_aggregation), which is ours: Keras
-   ignores a variable's aggregation there. */
-typedef enum dsgd_aggregation {
-    DSGD_AGG_NONE = 0,
-    DSGD_AGG_SUM = 1,
-    DSGD_AGG_MEAN = 2,
-    DSGD_AGG_ONLY_FIRST_REPLICA = 3
-} dsgd_aggregation;
-#define DSGD_AGG_COUNT (DSGD_AGG_ONLY_FIRST_REPLICA + 1)
+/* dsgd_aggregation (how the replicas' values combine) is declared with the
+   model's variables, in model.h. */
 
 /* When the replicas' copies of a variable are synchronised
    (tf.VariableSynchronization). */
@@ -46,8 +36,6 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
 
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_VARIABLES_IMPL)
 #define DSGD__PART_VARIABLES_IMPL
-
-static int dsgd__agg_valid(dsgd_aggregation a) { return (int)a >= 0 && (int)a < (int)DSGD_AGG_COUNT; }
 
 DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a) {
     static const char *const names[DSGD_AGG_COUNT] = {"NONE", "SUM", "MEAN", "ONLY_FIRST_REPLICA"};
