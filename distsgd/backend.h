@@ -11,7 +11,12 @@
      buffer_host_ptr, finish, and those the strategies use to move gradients:
      map/unmap (a host view of a range, zero-copy where the device shares the
      host's memory), host_shared (whether it does), and can_access/sum_across
-     (a sum computed on the device over other backends' buffers).
+     (a sum computed on the device over other backends' buffers). Four more
+     are optional until a model has convolution or pooling layers: im2col and
+     col2im (a convolution as a GEMM and its gradient) and maxpool_forward /
+     maxpool_backward, over NHWC images shaped by a dsgd_window (IMAGES below).
+     Both backends here set them, with the same bits (they only copy, compare
+     and add in a fixed order).
 
      A synchronous step sums the replicas' gradients along one of two paths,
      chosen by dsgd_strategy_desc.gradient_path and reported by
@@ -34,6 +39,26 @@
      (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
      HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
      (tests/test_cl_strategy.c).
+
+   IMAGES
+
+     Images are NHWC, row-major: a batch x(n, h, w, c) holds x[i, y, x, ch]
+     at ((i h + y) w + x) c + ch. A dsgd_window gives the input's shape and
+     a window (kernel) sliding over it with a stride and zero padding; its
+     output is (n, oh, ow) positions, oh = (h + 2 pad - kh) / stride + 1 and
+     ow = (w + 2 pad - kw) / stride + 1 (rounded down). A convolution with
+     oc output channels is then
+         col = im2col(x)                     (n oh ow, kh kw c)
+         y   = col W + bias                  W (kh kw c, oc): gemm, then
+                                             bias_act_forward with m = n oh ow
+     and y (n oh ow, oc) is already the NHWC image (n, oh, ow, oc), so a
+     following layer (or a flatten, which is then nothing) reads it as is.
+     Its gradient: dW = col^T dy and db = bias_backward(dy) (gemm, bias
+     backward), dx = col2im(dy W^T). The operations check their shapes and
+     ranges: a dimension <= 0, stride < 1, pad < 0, a window larger than the
+     padded input, pad != 0 for max-pool, sizes that overflow, ranges past a
+     buffer's end and an output that overlaps an input are
+     DSGD_ERR_INVALID_ARGUMENT, recorded with a message, nothing written.
 
    CPU KERNELS
 
@@ -76,9 +101,12 @@
      entry of C is summed as one thread sums it (block of k by block of k,
      in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the
-     finiteness check) cut their elements (bias_backward its columns). No operation
+     finiteness check) cut their elements (bias_backward its columns); im2col
+     and maxpool_forward cut their output rows, col2im and maxpool_backward
+     the rows of dx (each row gathers its own sums, in the documented order,
+     whatever the cut). No operation
      sums across a cut, so every thread count gives the same bits. Small operations (GEMMs
-     under 2^17 multiply-adds, element-wise ones under 32768 floats), the
+     under 2^17 multiply-adds, element-wise and image ones under 32768 floats), the
      loss, the norm with its sum of squares and copy (a memmove) run on the
      calling thread alone. Between operations the helpers spin for up to 200 us,
      then sleep; a backend with one thread starts none. With
@@ -140,6 +168,18 @@ typedef struct dsgd_opt_update {
     float bias_correction2; /* ADAM, ADAMW: 1 - beta2^t */
     float grad_scale;    /* every gradient is multiplied by this first (clipping) */
 } dsgd_opt_update;
+
+/* The shape of a window sliding over a batch of NHWC images (IMAGES above):
+   the input x(n, h, w, c), the window kh x kw, its stride and the zero
+   padding on every side. The output has oh x ow positions per image:
+   oh = (h + 2 pad - kh) / stride + 1, ow = (w + 2 pad - kw) / stride + 1
+   (rounded down), both >= 1. */
+typedef struct dsgd_window {
+    int n, h, w, c; /* batch, input height, width, channels: all >= 1 */
+    int kh, kw;     /* window (kernel) height and width: >= 1 */
+    int stride;     /* >= 1, both directions */
+    int pad;        /* >= 0 zero padding on every side (max-pool: 0) */
+} dsgd_window;
 
 /* A compute backend. Row-major everywhere. All members but the optional
    ones must be set (dsgd_model_create checks). Each operation returns DSGD_OK
@@ -231,6 +271,37 @@ typedef struct dsgd_backend_i {
        work (finish, then a barrier). The DEVICE gradient path uses them. */
     int (*can_access)(void *impl, const struct dsgd_backend_i *other);
     dsgd_result (*sum_across)(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi);
+
+    /* optional, all four or none (a model needs them only for convolution
+       and pooling layers); see IMAGES above for the layout and the checks.
+       Each gives the same bits on every backend: it copies, compares, and
+       adds in the order said, from 0.0f. No output may overlap an input.
+
+       im2col: col(n*oh*ow, kh*kw*c) is overwritten; row (i, oy, ox), column
+       (ky, kx, ch) (row-major: ch fastest) holds
+       x[i, oy*stride - pad + ky, ox*stride - pad + kx, ch], or 0 where that
+       lies outside the image (in the padding). */
+    dsgd_result (*im2col)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col);
+    /* col2im, im2col's adjoint: dx(n, h, w, c) is overwritten; each element
+       is the sum, starting from 0.0f and in (ky, kx) ascending order, of the
+       col entries im2col would have copied from it (0.0f when none). A gather:
+       no atomics, the same bits on every backend. */
+    dsgd_result (*col2im)(void *impl, const dsgd_window *wd, dsgd_ref col, dsgd_ref dx);
+    /* Max-pool: y(n, oh, ow, c) is overwritten with the maximum of each
+       window, channel by channel, NaN-propagating (a NaN in the window gives
+       the window's first NaN). wd->pad must be 0. */
+    dsgd_result (*maxpool_forward)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y);
+    /* Max-pool's gradient: dx(n, h, w, c) is overwritten. Each window's
+       dy(i, oy, ox, ch) goes to the window's first element in row-major
+       (ky, kx) order that equals y(i, oy, ox, ch) (for a NaN y: the first
+       NaN; nowhere when none does, which a y from maxpool_forward rules
+       out); every other element gets 0. Where windows overlap (stride < kh
+       or kw) an element is the sum, from 0.0f, of the dy of every window
+       that chose it, windows in (oy, ox) ascending order. x and y are those
+       of maxpool_forward; the inputs may overlap each other, dx none of
+       them. */
+    dsgd_result (*maxpool_backward)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
+                                    dsgd_ref dy, dsgd_ref dx);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -245,7 +316,8 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    ctx, which must outlive the backend; destroy with out->destroy(out->impl).
    Its buffers are host memory (buffer_host_ptr is set) and every operation
    is done when it returns, so finish, map, unmap, host_shared, can_access
-   and sum_across are NULL (a strategy on it takes the HOST gradient path).
+   and sum_across are NULL (a strategy on it takes the HOST gradient path);
+   im2col, col2im, maxpool_forward and maxpool_backward are set.
    Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread; the backend is then used by one
    thread at a time. */
@@ -300,3 +372,63 @@ DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be);
 #endif
 
 #endif /* DSGD__PART_BACKEND_DECL */
+
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(DSGD__PART_BACKEND_IMPL)
+#define DSGD__PART_BACKEND_IMPL
+
+/* >>windows ---------------------------------------------------------------- */
+/* The checks every backend's image operations share (IMAGES above). */
+
+/* A checked window's derived sizes, in elements. */
+typedef struct dsgd__window_dims {
+    int oh, ow;      /* output positions per image */
+    size_t x;        /* n h w c: x, dx */
+    size_t rows;     /* n oh ow: col's rows */
+    size_t k;        /* kh kw c: col's columns */
+    size_t col;      /* rows k */
+    size_t y;        /* rows c: the pooled y, dy */
+} dsgd__window_dims;
+
+/* Checks *wd (pool: max-pool, so pad must be 0) and fills *d; records
+   "<who> <op>: <why>" on ctx as DSGD_ERR_INVALID_ARGUMENT otherwise. Every
+   size, the padded input and oh, ow are computed without overflow: each
+   count must fit in size_t, oh and ow in int. */
+DSGD__PRIVATE dsgd_result dsgd__window_check(dsgd_ctx *ctx, const char *who, const char *op,
+                                             const dsgd_window *wd, int pool, dsgd__window_dims *d) {
+    long long ph, pw, oh, ow;
+    size_t t;
+    memset(d, 0, sizeof(*d));
+    if (!wd) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s %s: the window is NULL", who, op);
+    if (wd->n <= 0 || wd->h <= 0 || wd->w <= 0 || wd->c <= 0 || wd->kh <= 0 || wd->kw <= 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: n=%d h=%d w=%d c=%d kh=%d kw=%d: every size must be >= 1", who, op, wd->n,
+                                  wd->h, wd->w, wd->c, wd->kh, wd->kw);
+    if (wd->stride < 1 || wd->pad < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s %s: stride=%d pad=%d (stride >= 1, pad >= 0)",
+                                  who, op, wd->stride, wd->pad);
+    if (pool && wd->pad != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s %s: pad=%d (max-pool takes no padding)", who,
+                                  op, wd->pad);
+    ph = (long long)wd->h + 2LL * wd->pad;
+    pw = (long long)wd->w + 2LL * wd->pad;
+    if (wd->kh > ph || wd->kw > pw)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: a %dx%d window is larger than the padded %lldx%lld input", who, op, wd->kh,
+                                  wd->kw, ph, pw);
+    oh = (ph - wd->kh) / wd->stride + 1;
+    ow = (pw - wd->kw) / wd->stride + 1;
+    if (oh > INT_MAX || ow > INT_MAX ||
+        dsgd__mul_overflows((size_t)wd->n, (size_t)wd->h, &t) || dsgd__mul_overflows(t, (size_t)wd->w, &t) ||
+        dsgd__mul_overflows(t, (size_t)wd->c, &d->x) || dsgd__mul_overflows((size_t)wd->n, (size_t)oh, &t) ||
+        dsgd__mul_overflows(t, (size_t)ow, &d->rows) || dsgd__mul_overflows((size_t)wd->kh, (size_t)wd->kw, &t) ||
+        dsgd__mul_overflows(t, (size_t)wd->c, &d->k) || dsgd__mul_overflows(d->rows, d->k, &d->col) ||
+        dsgd__mul_overflows(d->rows, (size_t)wd->c, &d->y))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: n=%d h=%d w=%d c=%d kh=%d kw=%d stride=%d pad=%d: the sizes overflow", who, op,
+                                  wd->n, wd->h, wd->w, wd->c, wd->kh, wd->kw, wd->stride, wd->pad);
+    d->oh = (int)oh;
+    d->ow = (int)ow;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_BACKEND_IMPL */

@@ -1456,6 +1456,266 @@ static dsgd_result dsgd__cpu_norm_check(void *impl, dsgd_ref rx, size_t n, doubl
     return DSGD_OK;
 }
 
+/* >>images ----------------------------------------------------------------- */
+/* im2col, col2im and max-pool over NHWC images (IMAGES in backend.h). Each
+   task owns a range of rows of its output: im2col and maxpool_forward the
+   output rows (i, oy), col2im and maxpool_backward the rows (i, iy) of dx,
+   which each gather their own sums in the documented order. So the cut
+   changes no bits, and neither does the ISA: these are copies, compares
+   and adds, each element's in one order. */
+
+enum { DSGD__IMG_IM2COL, DSGD__IMG_COL2IM, DSGD__IMG_POOL_FWD, DSGD__IMG_POOL_BWD };
+
+typedef struct dsgd__img_job {
+    int op;
+    dsgd_window wd;
+    dsgd__window_dims d;
+    const float *x;  /* x; col for COL2IM */
+    const float *y;  /* POOL_BWD: y */
+    const float *dy; /* POOL_BWD: dy */
+    float *out;      /* col, dx or y */
+    size_t items, step; /* rows of the output (see above), per task */
+} dsgd__img_job;
+
+/* d[j] += s[j] for j < n: different arrays */
+DSGD__INLINE void dsgd__img_add(float *DSGD__RESTRICT d, const float *DSGD__RESTRICT s, size_t n) {
+#define DSGD__ADD(i) d[i] += s[i]
+    DSGD__EACH(n, DSGD__ADD);
+#undef DSGD__ADD
+}
+
+/* The first kx in [0, kw) whose column ix0 + kx is inside [0, w), and one
+   past the last; lo >= hi when none is. */
+static void dsgd__img_span(int ix0, int kw, int w, int *lo, int *hi) {
+    *lo = ix0 < 0 ? -ix0 : 0;
+    *hi = w - ix0 < kw ? w - ix0 : kw;
+    if (*lo > kw) *lo = kw;
+}
+
+/* col rows (i, oy, ox) in [lo, hi): per (row, ky), zeros, one contiguous
+   copy of the kx that fall inside the image (consecutive kx read
+   consecutive pixels), zeros. */
+static void dsgd__img_im2col(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, k = j->d.k, run = (size_t)wd->kw * c;
+    size_t r;
+    for (r = lo; r < hi; ++r) {
+        const int ox = (int)(r % (size_t)j->d.ow), oy = (int)(r / (size_t)j->d.ow % (size_t)j->d.oh);
+        const size_t i = r / ((size_t)j->d.ow * (size_t)j->d.oh);
+        const int iy0 = oy * wd->stride - wd->pad, ix0 = ox * wd->stride - wd->pad;
+        float *dst = j->out + r * k;
+        int ky, kx0, kx1;
+        dsgd__img_span(ix0, wd->kw, wd->w, &kx0, &kx1);
+        for (ky = 0; ky < wd->kh; ++ky, dst += run) {
+            const int iy = iy0 + ky;
+            if (iy < 0 || iy >= wd->h || kx0 >= kx1) {
+                memset(dst, 0, run * sizeof(float));
+                continue;
+            }
+            if (kx0 > 0) memset(dst, 0, (size_t)kx0 * c * sizeof(float));
+            memcpy(dst + (size_t)kx0 * c, j->x + ((i * (size_t)wd->h + (size_t)iy) * (size_t)wd->w + (size_t)(ix0 + kx0)) * c,
+                   (size_t)(kx1 - kx0) * c * sizeof(float));
+            if (kx1 < wd->kw) memset(dst + (size_t)kx1 * c, 0, (size_t)(wd->kw - kx1) * c * sizeof(float));
+        }
+    }
+}
+
+/* dx rows (i, iy) in [lo, hi): zero the row, then for ky ascending (the
+   output row oy that reads row iy with it), the output columns ox
+   descending, so that every element receives its kx in ascending order:
+   the sum is (ky, kx) ascending, as the gather documents. */
+static void dsgd__img_col2im(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, k = j->d.k, rowlen = (size_t)wd->w * c;
+    size_t r;
+    for (r = lo; r < hi; ++r) {
+        const int iy = (int)(r % (size_t)wd->h);
+        const size_t i = r / (size_t)wd->h;
+        float *dst = j->out + r * rowlen;
+        int ky, ox;
+        memset(dst, 0, rowlen * sizeof(float));
+        for (ky = 0; ky < wd->kh; ++ky) {
+            const int t = iy + wd->pad - ky; /* oy * stride */
+            int oy;
+            if (t < 0) break; /* and so for every later ky */
+            if (t % wd->stride != 0 || (oy = t / wd->stride) >= j->d.oh) continue;
+            for (ox = j->d.ow - 1; ox >= 0; --ox) {
+                const int ix0 = ox * wd->stride - wd->pad;
+                int kx0, kx1;
+                dsgd__img_span(ix0, wd->kw, wd->w, &kx0, &kx1);
+                if (kx0 >= kx1) continue;
+                dsgd__img_add(dst + (size_t)(ix0 + kx0) * c,
+                              j->x + ((i * (size_t)j->d.oh + (size_t)oy) * (size_t)j->d.ow + (size_t)ox) * k +
+                                  ((size_t)ky * (size_t)wd->kw + (size_t)kx0) * c,
+                              (size_t)(kx1 - kx0) * c);
+            }
+        }
+    }
+}
+
+/* m = v when v > m, or when v is the first NaN: the first maximum, or the
+   first NaN, of a window (the OpenCL kernel compares the same way). */
+#define DSGD__POOL_MAX(m, v) ((v) > (m) || ((v) != (v) && (m) == (m)) ? (v) : (m))
+
+/* y rows (i, oy) in [lo, hi): per output pixel, its c channels start from
+   the window's first element, then take the others in (ky, kx) order. */
+static void dsgd__img_pool_fwd(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c;
+    size_t r;
+    for (r = lo; r < hi; ++r) {
+        const int oy = (int)(r % (size_t)j->d.oh);
+        const size_t i = r / (size_t)j->d.oh;
+        int ox, ky, kx;
+        for (ox = 0; ox < j->d.ow; ++ox) {
+            float *DSGD__RESTRICT m = j->out + (r * (size_t)j->d.ow + (size_t)ox) * c;
+            const float *base = j->x + ((i * (size_t)wd->h + (size_t)(oy * wd->stride)) * (size_t)wd->w +
+                                        (size_t)(ox * wd->stride)) * c;
+            memcpy(m, base, c * sizeof(float));
+            for (ky = 0; ky < wd->kh; ++ky)
+                for (kx = ky == 0 ? 1 : 0; kx < wd->kw; ++kx) {
+                    const float *DSGD__RESTRICT v = base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c;
+#define DSGD__POOL(ch) m[ch] = DSGD__POOL_MAX(m[ch], v[ch])
+                    DSGD__EACH(c, DSGD__POOL);
+#undef DSGD__POOL
+                }
+        }
+    }
+}
+
+/* dx rows (i, iy) in [lo, hi): zero them, then every window that covers
+   one of them, (oy, ox) ascending, finds per channel its first element
+   equal to y (or the first NaN for a NaN y) and, when that element lies in
+   [lo, hi), adds the window's dy to it. */
+static void dsgd__img_pool_bwd(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, rowlen = (size_t)wd->w * c, H = (size_t)wd->h;
+    size_t r = lo;
+    memset(j->out + lo * rowlen, 0, (hi - lo) * rowlen * sizeof(float));
+    while (r < hi) { /* one image's band of rows [a, b) at a time */
+        const size_t i = r / H;
+        const int a = (int)(r % H), b = (int)((i + 1) * H < hi ? H : hi - i * H);
+        /* the windows whose rows [oy s, oy s + kh) meet [a, b) */
+        int oy = a - wd->kh + 1 <= 0 ? 0 : (a - wd->kh + wd->stride) / wd->stride, oy_end = (b - 1) / wd->stride + 1, ox;
+        size_t ch;
+        if (oy_end > j->d.oh) oy_end = j->d.oh;
+        for (; oy < oy_end; ++oy)
+            for (ox = 0; ox < j->d.ow; ++ox) {
+                const size_t o = ((i * (size_t)j->d.oh + (size_t)oy) * (size_t)j->d.ow + (size_t)ox) * c;
+                const size_t base = ((i * H + (size_t)(oy * wd->stride)) * (size_t)wd->w + (size_t)(ox * wd->stride)) * c;
+                for (ch = 0; ch < c; ++ch) {
+                    const float want = j->y[o + ch];
+                    const int want_nan = want != want;
+                    int ky, kx, done = 0;
+                    for (ky = 0; ky < wd->kh && !done; ++ky)
+                        for (kx = 0; kx < wd->kw; ++kx) {
+                            const size_t e = base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c + ch;
+                            const float v = j->x[e];
+                            const int iy = oy * wd->stride + ky;
+                            if (!(want_nan ? v != v : v == want)) continue;
+                            if (iy >= a && iy < b) j->out[e] += j->dy[o + ch];
+                            done = 1; /* the window's first match takes its dy */
+                            break;
+                        }
+                }
+            }
+        r = (i + 1) * H;
+    }
+}
+
+static void dsgd__img_task(void *arg, int task, int slot) {
+    const dsgd__img_job *j = (const dsgd__img_job *)arg;
+    size_t lo = (size_t)task * j->step, hi = j->items - lo < j->step ? j->items : lo + j->step;
+    DSGD__UNUSED(slot);
+    switch (j->op) {
+    case DSGD__IMG_IM2COL: dsgd__img_im2col(j, lo, hi); break;
+    case DSGD__IMG_COL2IM: dsgd__img_col2im(j, lo, hi); break;
+    case DSGD__IMG_POOL_FWD: dsgd__img_pool_fwd(j, lo, hi); break;
+    default: dsgd__img_pool_bwd(j, lo, hi); break;
+    }
+}
+
+/* Runs job over `items` output rows of `floats` floats in all: at most one
+   task per thread, each of at least DSGD__CPU_EW_GRAIN floats. */
+static void dsgd__cpu_img(dsgd__cpu *cpu, dsgd__img_job *j, size_t items, size_t floats) {
+    size_t tasks = 1;
+    j->items = items;
+    j->step = items;
+    if (cpu->pool.n > 1 && floats >= 2 * (size_t)DSGD__CPU_EW_GRAIN) {
+        tasks = floats / DSGD__CPU_EW_GRAIN;
+        if (tasks > (size_t)cpu->pool.n) tasks = (size_t)cpu->pool.n;
+        if (tasks > items) tasks = items;
+        j->step = (items + tasks - 1) / tasks;
+        tasks = (items + j->step - 1) / j->step;
+    }
+    dsgd__cpu_run(cpu, dsgd__img_task, j, (int)tasks);
+}
+
+/* The checks of every image operation: the window, the input range `in`
+   of nin floats (and those of maxpool_backward's y and dy), the output
+   range `out` of nout floats, and that the output overlaps no input. */
+static dsgd_result dsgd__cpu_img_begin(dsgd__cpu *cpu, dsgd__img_job *j, int op, const char *name,
+                                        const dsgd_window *wd, dsgd_ref in, dsgd_ref ry, dsgd_ref rdy, dsgd_ref out) {
+    const int pool = op == DSGD__IMG_POOL_FWD || op == DSGD__IMG_POOL_BWD;
+    size_t nin, nout;
+    char what[48];
+    memset(j, 0, sizeof(*j));
+    j->op = op;
+    if (dsgd__window_check(cpu->ctx, "cpu", name, wd, pool, &j->d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    j->wd = *wd;
+    nin = op == DSGD__IMG_COL2IM ? j->d.col : j->d.x;
+    nout = op == DSGD__IMG_IM2COL ? j->d.col : op == DSGD__IMG_POOL_FWD ? j->d.y : j->d.x;
+    snprintf(what, sizeof(what), "%s %s", name, op == DSGD__IMG_COL2IM ? "col" : "x");
+    if (!(j->x = dsgd__cpu_span(cpu, in, nin, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof(what), "%s %s", name,
+             op == DSGD__IMG_IM2COL ? "col" : op == DSGD__IMG_POOL_FWD ? "y" : "dx");
+    if (!(j->out = dsgd__cpu_span(cpu, out, nout, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (op == DSGD__IMG_POOL_BWD) {
+        snprintf(what, sizeof(what), "%s y", name);
+        if (!(j->y = dsgd__cpu_span(cpu, ry, j->d.y, what))) return DSGD_ERR_INVALID_ARGUMENT;
+        snprintf(what, sizeof(what), "%s dy", name);
+        if (!(j->dy = dsgd__cpu_span(cpu, rdy, j->d.y, what))) return DSGD_ERR_INVALID_ARGUMENT;
+        if (dsgd__cpu_overlap(out, nout, ry, j->d.y) || dsgd__cpu_overlap(out, nout, rdy, j->d.y))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu %s: dx overlaps y or dy", name);
+    }
+    if (dsgd__cpu_overlap(out, nout, in, nin))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu %s: the output overlaps the input", name);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__cpu_im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_IM2COL, "im2col", wd, x, x, x, col);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, j.d.rows, j.d.col);
+    return r;
+}
+
+static dsgd_result dsgd__cpu_col2im(void *impl, const dsgd_window *wd, dsgd_ref col, dsgd_ref dx) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_COL2IM, "col2im", wd, col, col, col, dx);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, (size_t)wd->n * (size_t)wd->h, j.d.col);
+    return r;
+}
+
+static dsgd_result dsgd__cpu_maxpool_forward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_POOL_FWD, "maxpool_forward", wd, x, x, x, y);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, (size_t)wd->n * (size_t)j.d.oh, j.d.x);
+    return r;
+}
+
+static dsgd_result dsgd__cpu_maxpool_backward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
+                                              dsgd_ref dy, dsgd_ref dx) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_POOL_BWD, "maxpool_backward", wd, x, y, dy, dx);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, (size_t)wd->n * (size_t)wd->h, j.d.x);
+    return r;
+}
+
 static void dsgd__cpu_destroy(void *impl) {
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     int i;
@@ -1527,6 +1787,10 @@ DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_
     out->optimizer_update = dsgd__cpu_optimizer_update;
     out->norm_check = dsgd__cpu_norm_check;
     out->finish = NULL;
+    out->im2col = dsgd__cpu_im2col;
+    out->col2im = dsgd__cpu_col2im;
+    out->maxpool_forward = dsgd__cpu_maxpool_forward;
+    out->maxpool_backward = dsgd__cpu_maxpool_backward;
     return DSGD_OK;
 }
 

@@ -13,6 +13,18 @@
      in the test (PyTorch SGD/momentum, Kingma & Ba Adam, Loshchilov & Hutter
      AdamW).
    - norm_check, and the buffer operations with offsets (neighbours untouched).
+   - im2col, col2im, maxpool_forward and maxpool_backward bit for bit against
+     naive loops written from their definitions, over a grid of shapes (odd
+     sizes, c 1 and 3, strides 1-3, pads 0-2, kernels 1x1 to 5x2 and the
+     whole padded input, batch 1 and 2) at offsets with the neighbours
+     untouched; col2im's adjoint identity <im2col x, g> = <x, col2im g>
+     (in double, 1e-6 of the sum of |terms|); max-pool's tie, NaN and
+     signed-zero rules on a hand-made image and maxpool_backward against
+     central differences (1e-5); a whole conv layer (im2col, gemm, bias,
+     relu; col^T dy, bias_backward, col2im(dy W^T)) against central
+     differences of a double direct convolution (1e-4); 1 and 4 threads
+     and the portable kernels give the same bits; every bad window and
+     range is DSGD_ERR_INVALID_ARGUMENT and writes nothing.
 
    Build: make test (or cc -std=c99 tests/test_backend.c -lcmocka -lm -lpthread). */
 #define _POSIX_C_SOURCE 200809L
@@ -963,6 +975,773 @@ static void test_bounds_checked(void **state) {
     freebuf(f, c);
 }
 
+/* ---------------------------------------------------------------- images */
+/* im2col, col2im and max-pool (IMAGES in backend.h) against naive loops
+   written from the documented definitions, over a grid of shapes. The
+   operations only copy, compare and add in the documented order, so every
+   comparison but the adjoint identity and the finite differences is bit
+   for bit. */
+
+typedef struct img_shape {
+    dsgd_window wd;
+    int oh, ow;
+    size_t nx, ncol, ny; /* n h w c, (n oh ow)(kh kw c), n oh ow c */
+} img_shape;
+
+/* Fills s from wd; 0 when the window does not fit the padded input. */
+static int img_shape_make(img_shape *s, dsgd_window wd) {
+    memset(s, 0, sizeof *s);
+    s->wd = wd;
+    if (wd.kh > wd.h + 2 * wd.pad || wd.kw > wd.w + 2 * wd.pad) return 0;
+    s->oh = (wd.h + 2 * wd.pad - wd.kh) / wd.stride + 1;
+    s->ow = (wd.w + 2 * wd.pad - wd.kw) / wd.stride + 1;
+    s->nx = (size_t)wd.n * wd.h * wd.w * wd.c;
+    s->ncol = (size_t)wd.n * s->oh * s->ow * wd.kh * wd.kw * wd.c;
+    s->ny = (size_t)wd.n * s->oh * s->ow * wd.c;
+    return 1;
+}
+
+static dsgd_window mkwin(int n, int h, int w, int c, int kh, int kw, int stride, int pad) {
+    dsgd_window wd;
+    wd.n = n;
+    wd.h = h;
+    wd.w = w;
+    wd.c = c;
+    wd.kh = kh;
+    wd.kw = kw;
+    wd.stride = stride;
+    wd.pad = pad;
+    return wd;
+}
+
+static size_t xi(const dsgd_window *wd, int i, int y, int x, int ch) {
+    return (((size_t)i * wd->h + y) * wd->w + x) * wd->c + ch;
+}
+
+/* im2col from its definition: one element at a time. */
+static void ref_im2col(const img_shape *s, const float *x, float *col) {
+    const dsgd_window *wd = &s->wd;
+    int i, oy, ox, ky, kx, ch;
+    size_t e = 0;
+    for (i = 0; i < wd->n; ++i)
+        for (oy = 0; oy < s->oh; ++oy)
+            for (ox = 0; ox < s->ow; ++ox)
+                for (ky = 0; ky < wd->kh; ++ky)
+                    for (kx = 0; kx < wd->kw; ++kx)
+                        for (ch = 0; ch < wd->c; ++ch, ++e) {
+                            int iy = oy * wd->stride - wd->pad + ky, ix = ox * wd->stride - wd->pad + kx;
+                            col[e] = iy >= 0 && iy < wd->h && ix >= 0 && ix < wd->w ? x[xi(wd, i, iy, ix, ch)] : 0.0f;
+                        }
+}
+
+/* col2im from its definition: every dx element sums, from 0.0f and (ky, kx)
+   ascending, the col entries of the (oy, ox) that read it (searched by
+   brute force over every output position). */
+static void ref_col2im(const img_shape *s, const float *col, float *dx) {
+    const dsgd_window *wd = &s->wd;
+    const size_t k = (size_t)wd->kh * wd->kw * wd->c;
+    int i, iy, ix, ch, ky, kx, oy, ox;
+    for (i = 0; i < wd->n; ++i)
+        for (iy = 0; iy < wd->h; ++iy)
+            for (ix = 0; ix < wd->w; ++ix)
+                for (ch = 0; ch < wd->c; ++ch) {
+                    float acc = 0.0f;
+                    for (ky = 0; ky < wd->kh; ++ky)
+                        for (kx = 0; kx < wd->kw; ++kx)
+                            for (oy = 0; oy < s->oh; ++oy)
+                                for (ox = 0; ox < s->ow; ++ox)
+                                    if (oy * wd->stride - wd->pad + ky == iy && ox * wd->stride - wd->pad + kx == ix)
+                                        acc += col[(((size_t)i * s->oh + oy) * s->ow + ox) * k +
+                                                   ((size_t)ky * wd->kw + kx) * wd->c + ch];
+                    dx[xi(wd, i, iy, ix, ch)] = acc;
+                }
+}
+
+/* The index in x of the element of window (i, oy, ox) at (ky, kx), channel ch. */
+static size_t win_at(const dsgd_window *wd, int i, int oy, int ox, int ky, int kx, int ch) {
+    return xi(wd, i, oy * wd->stride + ky, ox * wd->stride + kx, ch);
+}
+
+/* max-pool forward: the first maximum, a NaN as soon as one appears. */
+static void ref_pool_fwd(const img_shape *s, const float *x, float *y) {
+    const dsgd_window *wd = &s->wd;
+    int i, oy, ox, ch, ky, kx;
+    size_t e = 0;
+    for (i = 0; i < wd->n; ++i)
+        for (oy = 0; oy < s->oh; ++oy)
+            for (ox = 0; ox < s->ow; ++ox)
+                for (ch = 0; ch < wd->c; ++ch, ++e) {
+                    float m = x[win_at(wd, i, oy, ox, 0, 0, ch)];
+                    for (ky = 0; ky < wd->kh; ++ky)
+                        for (kx = 0; kx < wd->kw; ++kx) {
+                            float v = x[win_at(wd, i, oy, ox, ky, kx, ch)];
+                            if (isnan(m)) continue;
+                            if (isnan(v) || v > m) m = v;
+                        }
+                    y[e] = m;
+                }
+}
+
+/* max-pool backward: dx = 0, then each window (oy, ox) ascending adds its
+   dy to its first element equal to y (the first NaN for a NaN y). */
+static void ref_pool_bwd(const img_shape *s, const float *x, const float *y, const float *dy, float *dx) {
+    const dsgd_window *wd = &s->wd;
+    int i, oy, ox, ch, ky, kx, done;
+    size_t e = 0;
+    for (e = 0; e < s->nx; ++e) dx[e] = 0.0f;
+    e = 0;
+    for (i = 0; i < wd->n; ++i)
+        for (oy = 0; oy < s->oh; ++oy)
+            for (ox = 0; ox < s->ow; ++ox)
+                for (ch = 0; ch < wd->c; ++ch, ++e)
+                    for (ky = 0, done = 0; ky < wd->kh && !done; ++ky)
+                        for (kx = 0; kx < wd->kw && !done; ++kx) {
+                            size_t at = win_at(wd, i, oy, ox, ky, kx, ch);
+                            if (isnan(y[e]) ? isnan(x[at]) : x[at] == y[e]) {
+                                dx[at] += dy[e];
+                                done = 1;
+                            }
+                        }
+}
+
+/* The shapes of the grid: odd sizes, c 1 and 3, strides 1 to 3, pads 0 to
+   2 (pool: 0 only), kernels 1x1, 2x2, 3x3, 5x2, and the window equal to the
+   padded input. Calls fn for each that fits; returns how many did. */
+typedef void (*img_case_fn)(void *ud, const img_shape *s);
+static int img_grid(int pool, img_case_fn fn, void *ud) {
+    static const int hw[][2] = {{1, 1}, {4, 4}, {5, 7}, {9, 6}};
+    static const int ks[][2] = {{1, 1}, {2, 2}, {3, 3}, {5, 2}, {0, 0}}; /* 0: the padded input's size */
+    int a, b, c, st, p, n, cases = 0;
+    for (a = 0; a < 4; ++a)
+        for (b = 0; b < 5; ++b)
+            for (c = 1; c <= 3; c += 2)
+                for (st = 1; st <= 3; ++st)
+                    for (p = 0; p <= (pool ? 0 : 2); ++p)
+                        for (n = 1; n <= 2; ++n) {
+                            img_shape s;
+                            int kh = ks[b][0] ? ks[b][0] : hw[a][0] + 2 * p, kw = ks[b][1] ? ks[b][1] : hw[a][1] + 2 * p;
+                            if (!img_shape_make(&s, mkwin(n, hw[a][0], hw[a][1], c, kh, kw, st, p))) continue;
+                            fn(ud, &s);
+                            ++cases;
+                        }
+    return cases;
+}
+
+#define IMG_OFF 5   /* every range starts this far into its buffer */
+#define IMG_GUARD 7 /* and is followed by this many sentinels */
+static const float img_sentinel = -12345.0f;
+
+/* A buffer of IMG_OFF + n + IMG_GUARD floats: sentinels around v (or
+   around sentinels when v is NULL). */
+static dsgd_buffer *img_buf(fx *f, const float *v, size_t n) {
+    dsgd_buffer *b = mkbuf(f, IMG_OFF + n + IMG_GUARD, NULL);
+    TU_OK(f->ctx, f->be.fill(f->be.impl, mkref(b, 0), img_sentinel, IMG_OFF + n + IMG_GUARD));
+    if (v) TU_OK(f->ctx, f->be.write(f->be.impl, mkref(b, IMG_OFF), v, n));
+    return b;
+}
+
+/* Reads the n floats of an img_buf and checks its sentinels. */
+static void img_read(fx *f, dsgd_buffer *b, float *dst, size_t n, const char *what) {
+    float *all = tu_floats(IMG_OFF + n + IMG_GUARD);
+    size_t i;
+    rd(f, b, 0, all, IMG_OFF + n + IMG_GUARD);
+    for (i = 0; i < IMG_OFF + n + IMG_GUARD; ++i)
+        if ((i < IMG_OFF || i >= IMG_OFF + n) && all[i] != img_sentinel)
+            fail_msg("%s: float %zu outside the range was written (%g)", what, i, (double)all[i]);
+    memcpy(dst, all + IMG_OFF, n * sizeof(float));
+    free(all);
+}
+
+static void expect_bits(const float *got, const float *want, size_t n, const img_shape *s, const char *what) {
+    size_t i;
+    for (i = 0; i < n; ++i)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+            fail_msg("%s n=%d h=%d w=%d c=%d k=%dx%d stride=%d pad=%d: [%zu] = %.9g, want %.9g", what, s->wd.n,
+                     s->wd.h, s->wd.w, s->wd.c, s->wd.kh, s->wd.kw, s->wd.stride, s->wd.pad, i, (double)got[i],
+                     (double)want[i]);
+}
+
+typedef struct img_ud {
+    fx *f;
+    tu_rng rng;
+} img_ud;
+
+static void im2col_case(void *arg, const img_shape *s) {
+    img_ud *u = (img_ud *)arg;
+    fx *f = u->f;
+    float *x = tu_floats(s->nx), *g = tu_floats(s->ncol), *col = tu_floats(s->ncol), *want = tu_floats(s->ncol),
+          *dx = tu_floats(s->nx), *wdx = tu_floats(s->nx);
+    dsgd_buffer *bx, *bcol, *bg, *bdx;
+    double lhs = 0.0, rhs = 0.0, mag = 0.0;
+    size_t i;
+    tu_fill(&u->rng, x, s->nx, -1.0f, 1.0f);
+    tu_fill(&u->rng, g, s->ncol, -1.0f, 1.0f);
+    bx = img_buf(f, x, s->nx);
+    bcol = img_buf(f, NULL, s->ncol);
+    bg = img_buf(f, g, s->ncol);
+    bdx = img_buf(f, NULL, s->nx);
+    TU_OK(f->ctx, f->be.im2col(f->be.impl, &s->wd, mkref(bx, IMG_OFF), mkref(bcol, IMG_OFF)));
+    img_read(f, bcol, col, s->ncol, "im2col");
+    ref_im2col(s, x, want);
+    expect_bits(col, want, s->ncol, s, "im2col");
+    TU_OK(f->ctx, f->be.col2im(f->be.impl, &s->wd, mkref(bg, IMG_OFF), mkref(bdx, IMG_OFF)));
+    img_read(f, bdx, dx, s->nx, "col2im");
+    ref_col2im(s, g, wdx);
+    expect_bits(dx, wdx, s->nx, s, "col2im");
+    /* the adjoint: <im2col(x), g> = <x, col2im(g)> */
+    for (i = 0; i < s->ncol; ++i) {
+        lhs += (double)col[i] * g[i];
+        mag += fabs((double)col[i] * g[i]);
+    }
+    for (i = 0; i < s->nx; ++i) rhs += (double)x[i] * dx[i];
+    if (!(fabs(lhs - rhs) <= 1e-6 * mag + 1e-12))
+        fail_msg("adjoint h=%d w=%d c=%d k=%dx%d s=%d p=%d: <im2col x, g> = %.12g, <x, col2im g> = %.12g",
+                 s->wd.h, s->wd.w, s->wd.c, s->wd.kh, s->wd.kw, s->wd.stride, s->wd.pad, lhs, rhs);
+    freebuf(f, bx);
+    freebuf(f, bcol);
+    freebuf(f, bg);
+    freebuf(f, bdx);
+    free(x);
+    free(g);
+    free(col);
+    free(want);
+    free(dx);
+    free(wdx);
+}
+
+static void test_im2col_col2im_grid(void **state) {
+    img_ud u;
+    int cases;
+    u.f = (fx *)*state;
+    u.rng = tu_rng_make(1401);
+    cases = img_grid(0, im2col_case, &u);
+    assert_true(cases > 400);
+}
+
+/* x with distinct values (no ties): a shuffled ramp of step 1/64. */
+static void distinct_fill(tu_rng *rng, float *x, size_t n) {
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = (float)((double)i / 64.0 - (double)n / 128.0);
+    for (i = n; i > 1; --i) {
+        size_t j = tu_below(rng, i);
+        float t = x[i - 1];
+        x[i - 1] = x[j];
+        x[j] = t;
+    }
+}
+
+/* Values with many ties (from {-1, -0, 0, 1, 2}) and, with nan set, a NaN
+   on about one element in 11. */
+static void tie_fill(tu_rng *rng, float *x, size_t n, int nan) {
+    static const float vals[5] = {-1.0f, -0.0f, 0.0f, 1.0f, 2.0f};
+    size_t i;
+    for (i = 0; i < n; ++i) x[i] = nan && tu_below(rng, 11) == 0 ? NAN : vals[tu_below(rng, 5)];
+}
+
+static void pool_case(void *arg, const img_shape *s) {
+    img_ud *u = (img_ud *)arg;
+    fx *f = u->f;
+    float *x = tu_floats(s->nx), *y = tu_floats(s->ny), *wy = tu_floats(s->ny), *dy = tu_floats(s->ny),
+          *dx = tu_floats(s->nx), *wdx = tu_floats(s->nx);
+    int kind;
+    for (kind = 0; kind < 3; ++kind) { /* distinct values, ties, ties and NaN */
+        dsgd_buffer *bx, *by, *bdy, *bdx;
+        if (kind == 0)
+            distinct_fill(&u->rng, x, s->nx);
+        else
+            tie_fill(&u->rng, x, s->nx, kind == 2);
+        tu_fill(&u->rng, dy, s->ny, -1.0f, 1.0f);
+        bx = img_buf(f, x, s->nx);
+        by = img_buf(f, NULL, s->ny);
+        bdy = img_buf(f, dy, s->ny);
+        bdx = img_buf(f, NULL, s->nx);
+        TU_OK(f->ctx, f->be.maxpool_forward(f->be.impl, &s->wd, mkref(bx, IMG_OFF), mkref(by, IMG_OFF)));
+        img_read(f, by, y, s->ny, "maxpool_forward");
+        ref_pool_fwd(s, x, wy);
+        expect_bits(y, wy, s->ny, s, "maxpool_forward");
+        TU_OK(f->ctx, f->be.maxpool_backward(f->be.impl, &s->wd, mkref(bx, IMG_OFF), mkref(by, IMG_OFF),
+                                             mkref(bdy, IMG_OFF), mkref(bdx, IMG_OFF)));
+        img_read(f, bdx, dx, s->nx, "maxpool_backward");
+        ref_pool_bwd(s, x, y, dy, wdx);
+        expect_bits(dx, wdx, s->nx, s, "maxpool_backward");
+        freebuf(f, bx);
+        freebuf(f, by);
+        freebuf(f, bdy);
+        freebuf(f, bdx);
+    }
+    free(x);
+    free(y);
+    free(wy);
+    free(dy);
+    free(dx);
+    free(wdx);
+}
+
+static void test_maxpool_grid(void **state) {
+    img_ud u;
+    int cases;
+    u.f = (fx *)*state;
+    u.rng = tu_rng_make(1402);
+    cases = img_grid(1, pool_case, &u);
+    assert_true(cases > 150);
+}
+
+/* The rules spelled out on one small image: ties go to the first maximum,
+   a NaN to the first NaN, overlapping windows add in (oy, ox) order. */
+static void test_maxpool_ties_nan(void **state) {
+    fx *f = (fx *)*state;
+    /* 1 x 3 x 3 x 1, 2x2 windows at stride 1: four overlapping windows */
+    const float x[9] = {1, 3, 3,  /* */
+                        3, 2, 0,  /* */
+                        NAN, 1, NAN};
+    const float dy[4] = {0.5f, 0.25f, 2.0f, 4.0f};
+    float y[4], dx[9];
+    dsgd_window wd = mkwin(1, 3, 3, 1, 2, 2, 1, 0);
+    dsgd_buffer *bx = mkbuf(f, 9, x), *by = mkbuf(f, 4, NULL), *bdy = mkbuf(f, 4, dy), *bdx = mkbuf(f, 9, NULL);
+    TU_OK(f->ctx, f->be.maxpool_forward(f->be.impl, &wd, mkref(bx, 0), mkref(by, 0)));
+    rd(f, by, 0, y, 4);
+    /* windows: (0,0) {1,3,3,2} -> 3; (0,1) {3,3,2,0} -> 3; (1,0) {3,2,NaN,1} -> NaN; (1,1) {2,0,1,NaN} -> NaN */
+    assert_true(y[0] == 3.0f && y[1] == 3.0f && isnan(y[2]) && isnan(y[3]));
+    TU_OK(f->ctx, f->be.maxpool_backward(f->be.impl, &wd, mkref(bx, 0), mkref(by, 0), mkref(bdy, 0), mkref(bdx, 0)));
+    rd(f, bdx, 0, dx, 9);
+    /* (0,0) picks x[0,1] (its first 3, not x[1,0]); (0,1) picks x[0,1] too
+       (its first element): 0.5 + 0.25; (1,0) picks the NaN at x[2,0];
+       (1,1) the NaN at x[2,2] */
+    {
+        const float want[9] = {0, 0.75f, 0, 0, 0, 0, 2.0f, 0, 4.0f};
+        int i;
+        for (i = 0; i < 9; ++i)
+            if (dx[i] != want[i] || signbit(dx[i])) fail_msg("dx[%d] = %g, want %g", i, (double)dx[i], (double)want[i]);
+    }
+    /* signed zeros: -0 then +0 gives -0 (the first maximum); +0 then -0 gives +0 */
+    {
+        const float z[4] = {-0.0f, 0.0f, 0.0f, -0.0f}, one = 1.0f;
+        float zy[2], zdx[4];
+        dsgd_window wz = mkwin(1, 1, 4, 1, 1, 2, 2, 0);
+        dsgd_buffer *bz = mkbuf(f, 4, z), *bzy = mkbuf(f, 2, NULL), *bone = mkbuf(f, 2, NULL), *bzdx = mkbuf(f, 4, NULL);
+        TU_OK(f->ctx, f->be.fill(f->be.impl, mkref(bone, 0), one, 2));
+        TU_OK(f->ctx, f->be.maxpool_forward(f->be.impl, &wz, mkref(bz, 0), mkref(bzy, 0)));
+        rd(f, bzy, 0, zy, 2);
+        assert_true(zy[0] == 0.0f && signbit(zy[0]) && zy[1] == 0.0f && !signbit(zy[1]));
+        TU_OK(f->ctx, f->be.maxpool_backward(f->be.impl, &wz, mkref(bz, 0), mkref(bzy, 0), mkref(bone, 0),
+                                             mkref(bzdx, 0)));
+        rd(f, bzdx, 0, zdx, 4);
+        assert_true(zdx[0] == 1.0f && zdx[1] == 0.0f && zdx[2] == 1.0f && zdx[3] == 0.0f);
+        freebuf(f, bz);
+        freebuf(f, bzy);
+        freebuf(f, bone);
+        freebuf(f, bzdx);
+    }
+    freebuf(f, bx);
+    freebuf(f, by);
+    freebuf(f, bdy);
+    freebuf(f, bdx);
+}
+
+/* loss = sum(maxpool(x) * r) in double, through the backend's forward. */
+static double pool_loss(fx *f, const dsgd_window *wd, dsgd_buffer *bx, dsgd_buffer *by, const float *r, size_t ny) {
+    float *y = tu_floats(ny);
+    double l = 0.0;
+    size_t i;
+    TU_OK(f->ctx, f->be.maxpool_forward(f->be.impl, wd, mkref(bx, 0), mkref(by, 0)));
+    rd(f, by, 0, y, ny);
+    for (i = 0; i < ny; ++i) l += (double)y[i] * r[i];
+    free(y);
+    return l;
+}
+
+/* maxpool_backward is the gradient of maxpool_forward: central differences
+   of sum(y r) on inputs without ties (values 1/64 apart, steps of 1/512, so
+   no window changes its maximum), for disjoint and overlapping windows. */
+static void test_maxpool_backward_fd(void **state) {
+    fx *f = (fx *)*state;
+    static const int cfg[][4] = {{2, 2, 2, 0}, {3, 3, 1, 0}, {3, 2, 2, 0}, {2, 3, 3, 0}};
+    tu_rng rng = tu_rng_make(1403);
+    int t;
+    for (t = 0; t < 4; ++t) {
+        img_shape s;
+        float *x, *r, *dx;
+        dsgd_buffer *bx, *by, *br, *bdx;
+        size_t i;
+        const double h = 1.0 / 512.0;
+        assert_true(img_shape_make(&s, mkwin(2, 7, 6, 3, cfg[t][0], cfg[t][1], cfg[t][2], cfg[t][3])));
+        x = tu_floats(s.nx);
+        r = tu_floats(s.ny);
+        dx = tu_floats(s.nx);
+        distinct_fill(&rng, x, s.nx);
+        tu_fill(&rng, r, s.ny, -1.0f, 1.0f);
+        bx = mkbuf(f, s.nx, x);
+        by = mkbuf(f, s.ny, NULL);
+        br = mkbuf(f, s.ny, r);
+        bdx = mkbuf(f, s.nx, NULL);
+        TU_OK(f->ctx, f->be.maxpool_forward(f->be.impl, &s.wd, mkref(bx, 0), mkref(by, 0)));
+        TU_OK(f->ctx, f->be.maxpool_backward(f->be.impl, &s.wd, mkref(bx, 0), mkref(by, 0), mkref(br, 0), mkref(bdx, 0)));
+        rd(f, bdx, 0, dx, s.nx);
+        for (i = 0; i < s.nx; ++i) {
+            float *p = f->be.buffer_host_ptr(f->be.impl, bx) + i, v = *p;
+            double lp, lm;
+            *p = (float)(v + h);
+            lp = pool_loss(f, &s.wd, bx, by, r, s.ny);
+            *p = (float)(v - h);
+            lm = pool_loss(f, &s.wd, bx, by, r, s.ny);
+            *p = v;
+            TU_NEAR(dx[i], (lp - lm) / (2.0 * h), 1e-5);
+        }
+        freebuf(f, bx);
+        freebuf(f, by);
+        freebuf(f, br);
+        freebuf(f, bdx);
+        free(x);
+        free(r);
+        free(dx);
+    }
+}
+
+/* A whole conv layer through the ops, y = relu(im2col(x) W + b), loss =
+   sum(y r): dW = col^T dy, db = bias_backward(dy), dx = col2im(dy W^T)
+   (dy = r relu'(y)) against central differences of a double-precision
+   direct convolution. */
+typedef struct conv_case {
+    img_shape s;
+    int oc;
+    const double *x, *w, *b, *r; /* x (n,h,w,c), W (kh kw c, oc), b (oc), r (n oh ow, oc) */
+} conv_case;
+
+static double conv_loss(const conv_case *cc) {
+    const dsgd_window *wd = &cc->s.wd;
+    const int oc = cc->oc;
+    double loss = 0.0;
+    int i, oy, ox, o, ky, kx, ch;
+    for (i = 0; i < wd->n; ++i)
+        for (oy = 0; oy < cc->s.oh; ++oy)
+            for (ox = 0; ox < cc->s.ow; ++ox)
+                for (o = 0; o < oc; ++o) {
+                    double z = cc->b[o];
+                    size_t row = ((size_t)i * cc->s.oh + oy) * cc->s.ow + ox;
+                    for (ky = 0; ky < wd->kh; ++ky)
+                        for (kx = 0; kx < wd->kw; ++kx)
+                            for (ch = 0; ch < wd->c; ++ch) {
+                                int iy = oy * wd->stride - wd->pad + ky, ix = ox * wd->stride - wd->pad + kx;
+                                if (iy < 0 || iy >= wd->h || ix < 0 || ix >= wd->w) continue;
+                                z += cc->x[xi(wd, i, iy, ix, ch)] * cc->w[(((size_t)ky * wd->kw + kx) * wd->c + ch) * oc + o];
+                            }
+                    loss += (z > 0.0 ? z : 0.0) * cc->r[row * oc + o];
+                }
+    return loss;
+}
+
+static void test_conv_layer_fd(void **state) {
+    fx *f = (fx *)*state;
+    static const int cfg[][6] = {/* h, w, c, k, stride, pad */ {6, 5, 3, 3, 1, 1}, {7, 8, 2, 3, 2, 1}, {5, 5, 1, 5, 2, 2}};
+    tu_rng rng = tu_rng_make(1404);
+    int t;
+    for (t = 0; t < 3; ++t) {
+        conv_case cc;
+        const int oc = 4;
+        size_t M, K, i;
+        float *xf, *wf, *bf, *rf, *dW, *db, *dx, *y;
+        double *xd, *wdd, *bd, *rd_;
+        dsgd_buffer *bx, *bcol, *bw, *bb, *by, *br, *bdW, *bdb, *bdcol, *bdx;
+        const double h = 1e-6;
+        assert_true(img_shape_make(&cc.s, mkwin(2, cfg[t][0], cfg[t][1], cfg[t][2], cfg[t][3], cfg[t][3], cfg[t][4], cfg[t][5])));
+        cc.oc = oc;
+        M = (size_t)cc.s.wd.n * cc.s.oh * cc.s.ow;
+        K = (size_t)cc.s.wd.kh * cc.s.wd.kw * cc.s.wd.c;
+        xf = tu_floats(cc.s.nx);
+        wf = tu_floats(K * oc);
+        bf = tu_floats(oc);
+        rf = tu_floats(M * oc);
+        dW = tu_floats(K * oc);
+        db = tu_floats(oc);
+        dx = tu_floats(cc.s.nx);
+        y = tu_floats(M * oc);
+        tu_fill(&rng, xf, cc.s.nx, -1.0f, 1.0f);
+        tu_fill(&rng, wf, K * oc, -0.5f, 0.5f);
+        tu_fill(&rng, bf, oc, -0.2f, 0.2f);
+        tu_fill(&rng, rf, M * oc, -1.0f, 1.0f);
+        xd = (double *)tu_alloc(cc.s.nx * sizeof(double));
+        wdd = (double *)tu_alloc(K * oc * sizeof(double));
+        bd = (double *)tu_alloc(oc * sizeof(double));
+        rd_ = (double *)tu_alloc(M * oc * sizeof(double));
+        for (i = 0; i < cc.s.nx; ++i) xd[i] = xf[i];
+        for (i = 0; i < K * oc; ++i) wdd[i] = wf[i];
+        for (i = 0; i < (size_t)oc; ++i) bd[i] = bf[i];
+        for (i = 0; i < M * oc; ++i) rd_[i] = rf[i];
+        cc.x = xd;
+        cc.w = wdd;
+        cc.b = bd;
+        cc.r = rd_;
+        /* forward: col = im2col(x); y = relu(col W + b) */
+        bx = mkbuf(f, cc.s.nx, xf);
+        bcol = mkbuf(f, M * K, NULL);
+        bw = mkbuf(f, K * oc, wf);
+        bb = mkbuf(f, oc, bf);
+        by = mkbuf(f, M * oc, NULL);
+        br = mkbuf(f, M * oc, rf);
+        bdW = mkbuf(f, K * oc, NULL);
+        bdb = mkbuf(f, oc, NULL);
+        bdcol = mkbuf(f, M * K, NULL);
+        bdx = mkbuf(f, cc.s.nx, NULL);
+        TU_OK(f->ctx, f->be.im2col(f->be.impl, &cc.s.wd, mkref(bx, 0), mkref(bcol, 0)));
+        TU_OK(f->ctx, f->be.gemm(f->be.impl, 0, 0, (int)M, oc, (int)K, 1.0f, mkref(bcol, 0), (int)K, mkref(bw, 0), oc,
+                                 0.0f, mkref(by, 0), oc));
+        TU_OK(f->ctx, f->be.bias_act_forward(f->be.impl, DSGD_ACT_RELU, mkref(by, 0), mkref(bb, 0), (int)M, oc));
+        /* the forward agrees with the direct convolution */
+        rd(f, by, 0, y, M * oc);
+        {
+            double l = 0.0;
+            for (i = 0; i < M * oc; ++i) l += (double)y[i] * rf[i];
+            TU_NEAR(l, conv_loss(&cc), 1e-4);
+        }
+        /* backward: dy = r relu'(y) (in br), dW = col^T dy, db, dcol = dy W^T, dx = col2im(dcol) */
+        TU_OK(f->ctx, f->be.act_backward(f->be.impl, DSGD_ACT_RELU, mkref(br, 0), mkref(by, 0), M * oc));
+        TU_OK(f->ctx, f->be.gemm(f->be.impl, 1, 0, (int)K, oc, (int)M, 1.0f, mkref(bcol, 0), (int)K, mkref(br, 0), oc,
+                                 0.0f, mkref(bdW, 0), oc));
+        TU_OK(f->ctx, f->be.bias_backward(f->be.impl, mkref(bdb, 0), mkref(br, 0), (int)M, oc));
+        TU_OK(f->ctx, f->be.gemm(f->be.impl, 0, 1, (int)M, (int)K, oc, 1.0f, mkref(br, 0), oc, mkref(bw, 0), oc, 0.0f,
+                                 mkref(bdcol, 0), (int)K));
+        TU_OK(f->ctx, f->be.col2im(f->be.impl, &cc.s.wd, mkref(bdcol, 0), mkref(bdx, 0)));
+        rd(f, bdW, 0, dW, K * oc);
+        rd(f, bdb, 0, db, oc);
+        rd(f, bdx, 0, dx, cc.s.nx);
+#define CONV_FD(arr, idx, got)                                   \
+    do {                                                         \
+        double v_ = (arr)[idx], lp_, lm_;                        \
+        (arr)[idx] = v_ + h;                                     \
+        lp_ = conv_loss(&cc);                                    \
+        (arr)[idx] = v_ - h;                                     \
+        lm_ = conv_loss(&cc);                                    \
+        (arr)[idx] = v_;                                         \
+        TU_NEAR((got), (lp_ - lm_) / (2.0 * h), 1e-4);           \
+    } while (0)
+        for (i = 0; i < cc.s.nx; ++i) CONV_FD(xd, i, dx[i]);
+        for (i = 0; i < K * oc; ++i) CONV_FD(wdd, i, dW[i]);
+        for (i = 0; i < (size_t)oc; ++i) CONV_FD(bd, i, db[i]);
+#undef CONV_FD
+        freebuf(f, bx);
+        freebuf(f, bcol);
+        freebuf(f, bw);
+        freebuf(f, bb);
+        freebuf(f, by);
+        freebuf(f, br);
+        freebuf(f, bdW);
+        freebuf(f, bdb);
+        freebuf(f, bdcol);
+        freebuf(f, bdx);
+        free(xf);
+        free(wf);
+        free(bf);
+        free(rf);
+        free(dW);
+        free(db);
+        free(dx);
+        free(y);
+        free(xd);
+        free(wdd);
+        free(bd);
+        free(rd_);
+    }
+}
+
+/* The four operations at sizes the pool cuts (batch 8 of 28 x 28 x 8, and
+   an image of 121 x 97 x 3 alone, cut inside the image) give the same bits
+   with 1 and 4 threads and with the portable kernels (DSGD_CPU_ISA=
+   portable); im2col and max-pool equal the naive loops there too, and
+   col2im keeps the adjoint identity. */
+static void img_all_ops(dsgd_ctx *ctx, dsgd_backend_i *be, const img_shape *s, const img_shape *ps, const float *x,
+                        const float *g, const float *dy, float *out) {
+    dsgd_buffer *bx, *bcol, *bg, *bdx, *by, *bdy, *bpdx;
+    TU_OK(ctx, be->buffer_create(be->impl, s->nx, &bx));
+    TU_OK(ctx, be->buffer_create(be->impl, s->ncol, &bcol));
+    TU_OK(ctx, be->buffer_create(be->impl, s->ncol, &bg));
+    TU_OK(ctx, be->buffer_create(be->impl, s->nx, &bdx));
+    TU_OK(ctx, be->buffer_create(be->impl, ps->ny, &by));
+    TU_OK(ctx, be->buffer_create(be->impl, ps->ny, &bdy));
+    TU_OK(ctx, be->buffer_create(be->impl, ps->nx, &bpdx));
+    TU_OK(ctx, be->write(be->impl, mkref(bx, 0), x, s->nx));
+    TU_OK(ctx, be->write(be->impl, mkref(bg, 0), g, s->ncol));
+    TU_OK(ctx, be->write(be->impl, mkref(bdy, 0), dy, ps->ny));
+    TU_OK(ctx, be->im2col(be->impl, &s->wd, mkref(bx, 0), mkref(bcol, 0)));
+    TU_OK(ctx, be->col2im(be->impl, &s->wd, mkref(bg, 0), mkref(bdx, 0)));
+    TU_OK(ctx, be->maxpool_forward(be->impl, &ps->wd, mkref(bx, 0), mkref(by, 0)));
+    TU_OK(ctx, be->maxpool_backward(be->impl, &ps->wd, mkref(bx, 0), mkref(by, 0), mkref(bdy, 0), mkref(bpdx, 0)));
+    TU_OK(ctx, be->read(be->impl, mkref(bcol, 0), out, s->ncol));
+    TU_OK(ctx, be->read(be->impl, mkref(bdx, 0), out + s->ncol, s->nx));
+    TU_OK(ctx, be->read(be->impl, mkref(by, 0), out + s->ncol + s->nx, ps->ny));
+    TU_OK(ctx, be->read(be->impl, mkref(bpdx, 0), out + s->ncol + s->nx + ps->ny, ps->nx));
+    be->buffer_destroy(be->impl, bx);
+    be->buffer_destroy(be->impl, bcol);
+    be->buffer_destroy(be->impl, bg);
+    be->buffer_destroy(be->impl, bdx);
+    be->buffer_destroy(be->impl, by);
+    be->buffer_destroy(be->impl, bdy);
+    be->buffer_destroy(be->impl, bpdx);
+}
+
+static void test_image_ops_threads(void **state) {
+    fx *f = (fx *)*state;
+    static const int shapes[][8] = {/* n h w c kh kw stride pad; pool kh kw stride */
+                                    {8, 28, 28, 8, 3, 3, 1, 1},
+                                    {1, 121, 97, 3, 5, 2, 2, 2}};
+    static const int pools[][3] = {{2, 2, 2}, {3, 2, 1}};
+    tu_rng rng = tu_rng_make(1405);
+    int t, v;
+    for (t = 0; t < 2; ++t) {
+        const int *q = shapes[t];
+        img_shape s, ps;
+        size_t total;
+        float *x, *g, *dy, *out[3];
+        assert_true(img_shape_make(&s, mkwin(q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7])));
+        assert_true(img_shape_make(&ps, mkwin(q[0], q[1], q[2], q[3], pools[t][0], pools[t][1], pools[t][2], 0)));
+        total = s.ncol + s.nx + ps.ny + ps.nx;
+        x = tu_floats(s.nx);
+        g = tu_floats(s.ncol);
+        dy = tu_floats(ps.ny);
+        tie_fill(&rng, x, s.nx, 1);
+        tu_fill(&rng, g, s.ncol, -1.0f, 1.0f);
+        tu_fill(&rng, dy, ps.ny, -1.0f, 1.0f);
+        for (v = 0; v < 3; ++v) { /* 1 thread; 4 threads; 2 threads, portable kernels */
+            dsgd_cpu_backend_desc bd;
+            dsgd_backend_i be;
+            memset(&bd, 0, sizeof bd);
+            bd.threads = v == 0 ? 1 : v == 1 ? 4 : 2;
+            if (v == 2) setenv("DSGD_CPU_ISA", "portable", 1);
+            TU_OK(f->ctx, dsgd_cpu_backend_create_desc(f->ctx, &bd, &be));
+            if (v == 2) {
+                unsetenv("DSGD_CPU_ISA");
+                assert_string_equal(dsgd_cpu_backend_isa(&be), "portable");
+            }
+            out[v] = tu_floats(total);
+            img_all_ops(f->ctx, &be, &s, &ps, x, g, dy, out[v]);
+            be.destroy(be.impl);
+        }
+        {
+            float *want = tu_floats(s.ncol > ps.nx ? s.ncol : ps.nx);
+            double lhs = 0.0, rhs = 0.0, mag = 0.0;
+            size_t i;
+            ref_im2col(&s, x, want);
+            expect_bits(out[1], want, s.ncol, &s, "im2col");
+            ref_pool_fwd(&ps, x, want);
+            expect_bits(out[1] + s.ncol + s.nx, want, ps.ny, &ps, "maxpool_forward");
+            ref_pool_bwd(&ps, x, out[1] + s.ncol + s.nx, dy, want);
+            expect_bits(out[1] + s.ncol + s.nx + ps.ny, want, ps.nx, &ps, "maxpool_backward");
+            for (i = 0; i < s.ncol; ++i) /* x's NaNs left out on both sides */
+                if (!isnan(out[1][i])) {
+                    lhs += (double)out[1][i] * g[i];
+                    mag += fabs((double)out[1][i] * g[i]);
+                }
+            for (i = 0; i < s.nx; ++i)
+                if (!isnan(x[i])) rhs += (double)x[i] * out[1][s.ncol + i];
+            if (!(fabs(lhs - rhs) <= 1e-6 * mag)) fail_msg("shape %d: adjoint %.12g vs %.12g", t, lhs, rhs);
+            free(want);
+        }
+        if (memcmp(out[0], out[1], total * sizeof(float)) != 0) fail_msg("shape %d: 4 threads differ from 1", t);
+        if (memcmp(out[0], out[2], total * sizeof(float)) != 0) fail_msg("shape %d: the portable kernels differ", t);
+        for (v = 0; v < 3; ++v) free(out[v]);
+        free(x);
+        free(g);
+        free(dy);
+    }
+}
+
+/* Every bad window and every bad range is DSGD_ERR_INVALID_ARGUMENT with a
+   message, and writes nothing. */
+static void test_image_bad_args(void **state) {
+    fx *f = (fx *)*state;
+    dsgd_window ok = mkwin(2, 5, 4, 3, 3, 3, 1, 1), pok = mkwin(2, 5, 4, 3, 2, 2, 2, 0);
+    img_shape s, ps;
+    dsgd_buffer *bx, *bcol, *by, *bdx, *small;
+    float *probe;
+    size_t i, big;
+    int which;
+    assert_true(img_shape_make(&s, ok));
+    assert_true(img_shape_make(&ps, pok));
+    big = s.ncol + 64;
+    bx = img_buf(f, NULL, s.nx);
+    bcol = img_buf(f, NULL, big);
+    by = img_buf(f, NULL, big);
+    bdx = img_buf(f, NULL, s.nx);
+    small = mkbuf(f, 4, NULL);
+    /* bad windows, for every operation */
+    for (which = 0; which < 4; ++which) {
+        dsgd_window bad[16];
+        int nb = 0, j;
+        const dsgd_window base = which < 2 ? ok : pok;
+#define BAD(field, value) (bad[nb] = base, bad[nb].field = (value), ++nb)
+        BAD(n, 0);
+        BAD(h, -1);
+        BAD(w, 0);
+        BAD(c, 0);
+        BAD(kh, 0);
+        BAD(kw, -3);
+        BAD(stride, 0);
+        BAD(pad, -1);
+        BAD(kh, which < 2 ? 8 : 6); /* taller than the padded input (5 + 2) */
+        BAD(kw, which < 2 ? 7 : 5);
+        BAD(n, INT_MAX); /* sizes that overflow size_t */
+        bad[nb - 1].h = INT_MAX;
+        bad[nb - 1].w = INT_MAX;
+        bad[nb - 1].c = INT_MAX;
+        if (which >= 2) BAD(pad, 1); /* max-pool takes no padding */
+#undef BAD
+        for (j = 0; j < nb; ++j) {
+            dsgd_result r;
+            dsgd_ctx_clear_error(f->ctx);
+            switch (which) {
+            case 0: r = f->be.im2col(f->be.impl, &bad[j], mkref(bx, IMG_OFF), mkref(bcol, IMG_OFF)); break;
+            case 1: r = f->be.col2im(f->be.impl, &bad[j], mkref(bcol, IMG_OFF), mkref(bdx, IMG_OFF)); break;
+            case 2: r = f->be.maxpool_forward(f->be.impl, &bad[j], mkref(bx, IMG_OFF), mkref(by, IMG_OFF)); break;
+            default:
+                r = f->be.maxpool_backward(f->be.impl, &bad[j], mkref(bx, IMG_OFF), mkref(by, IMG_OFF),
+                                           mkref(by, IMG_OFF), mkref(bdx, IMG_OFF));
+                break;
+            }
+            if (r != DSGD_ERR_INVALID_ARGUMENT)
+                fail_msg("op %d, bad window %d: %s, want DSGD_ERR_INVALID_ARGUMENT", which, j, dsgd_result_string(r));
+            if (dsgd_ctx_last_error(f->ctx)[0] == '\0') fail_msg("op %d, bad window %d: no message", which, j);
+        }
+    }
+    /* a NULL window */
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.im2col(f->be.impl, NULL, mkref(bx, IMG_OFF), mkref(bcol, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_backward(f->be.impl, NULL, mkref(bx, 0), mkref(by, 0),
+                                                                     mkref(by, 0), mkref(bdx, 0)));
+    /* ranges: one float past the end, a NULL buffer, outputs overlapping inputs */
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.im2col(f->be.impl, &ok, mkref(bx, IMG_OFF + IMG_GUARD + 1), mkref(bcol, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.im2col(f->be.impl, &ok, mkref(bx, IMG_OFF), mkref(small, 0)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.im2col(f->be.impl, &ok, mkref(NULL, 0), mkref(bcol, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.im2col(f->be.impl, &ok, mkref(bcol, 0), mkref(bcol, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.col2im(f->be.impl, &ok, mkref(small, 0), mkref(bdx, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.col2im(f->be.impl, &ok, mkref(bcol, IMG_OFF), mkref(bdx, IMG_OFF + IMG_GUARD + 1)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.col2im(f->be.impl, &ok, mkref(bcol, 0), mkref(bcol, s.ncol)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_forward(f->be.impl, &pok, mkref(bx, IMG_OFF), mkref(small, 1)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_forward(f->be.impl, &pok, mkref(small, 0), mkref(by, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_forward(f->be.impl, &pok, mkref(bx, IMG_OFF), mkref(bx, IMG_OFF + 3)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_backward(f->be.impl, &pok, mkref(bx, IMG_OFF), mkref(small, 0),
+                                                                     mkref(by, IMG_OFF), mkref(bdx, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_backward(f->be.impl, &pok, mkref(bx, IMG_OFF), mkref(by, IMG_OFF),
+                                                                     mkref(small, 0), mkref(bdx, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_backward(f->be.impl, &pok, mkref(bx, IMG_OFF), mkref(by, IMG_OFF),
+                                                                     mkref(by, IMG_OFF), mkref(small, 0)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_backward(f->be.impl, &pok, mkref(bx, IMG_OFF), mkref(by, IMG_OFF),
+                                                                     mkref(by, IMG_OFF), mkref(by, IMG_OFF)));
+    TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, f->be.maxpool_backward(f->be.impl, &pok, mkref(bx, IMG_OFF), mkref(by, IMG_OFF),
+                                                                     mkref(by, IMG_OFF), mkref(bx, IMG_OFF + 1)));
+    /* nothing was written: every buffer still holds its sentinels */
+    probe = tu_floats(big);
+    img_read(f, bx, probe, s.nx, "bad-argument x");
+    img_read(f, bcol, probe, big, "bad-argument col");
+    img_read(f, by, probe, big, "bad-argument y");
+    img_read(f, bdx, probe, s.nx, "bad-argument dx");
+    for (i = 0; i < s.nx; ++i)
+        if (probe[i] != img_sentinel) fail_msg("dx[%zu] was written", i);
+    free(probe);
+    freebuf(f, bx);
+    freebuf(f, bcol);
+    freebuf(f, by);
+    freebuf(f, bdx);
+    freebuf(f, small);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_backend_basics, setup, teardown),
@@ -979,6 +1758,13 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_optimizer_update, setup, teardown),
         cmocka_unit_test_setup_teardown(test_norm_check, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bounds_checked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_im2col_col2im_grid, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_maxpool_grid, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_maxpool_ties_nan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_maxpool_backward_fd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_conv_layer_fd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_image_ops_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_image_bad_args, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
