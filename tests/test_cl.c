@@ -9,6 +9,10 @@
          act_backward, bias_act_forward with NONE and RELU, every optimizer
          update (the kernels repeat the CPU's float arithmetic in order, with
          FP_CONTRACT off and correctly rounded divide and sqrt);
+         im2col, col2im, maxpool_forward and maxpool_backward (copies,
+         compares and adds in the CPU's order; signed zeros and NaNs
+         included), over the shape grid of tests/test_backend.c and five
+         larger layers, with ties and NaNs in max-pool's input;
      bias_act_forward TANH and SIGMOID: 1e-6 absolute (OpenCL's tanh and exp
          are accurate to a few ulp; values lie in (-1, 1));
      gemm: 1e-5 * (|alpha| sum_k |a||b| + |beta c|) per element (float
@@ -550,6 +554,196 @@ static void test_bias_backward(void **state) {
         pb_free(&db);
         pb_free(&dy);
     }
+}
+
+/* ---------------------------------------------------------------- images */
+/* im2col, col2im, maxpool_forward and maxpool_backward: the OpenCL kernels
+   give the CPU backend's bits (signed zeros and NaNs included) over a grid
+   of shapes, at offsets, with ties and NaNs in max-pool's input. */
+
+static dsgd_window img_win(int n, int h, int w, int c, int kh, int kw, int stride, int pad) {
+    dsgd_window wd;
+    wd.n = n;
+    wd.h = h;
+    wd.w = w;
+    wd.c = c;
+    wd.kh = kh;
+    wd.kw = kw;
+    wd.stride = stride;
+    wd.pad = pad;
+    return wd;
+}
+
+/* Reads both copies of p and fails unless they are equal bit for bit. */
+static void pb_expect_bits(const pbuf *p, const dsgd_window *wd, const char *what) {
+    float *a, *b;
+    size_t i;
+    pb_read(p, &b, &a);
+    for (i = 0; i < p->n; ++i)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            fail_msg("%s n=%d h=%d w=%d c=%d k=%dx%d stride=%d pad=%d: [%zu] opencl %.9g, cpu %.9g", what, wd->n,
+                     wd->h, wd->w, wd->c, wd->kh, wd->kw, wd->stride, wd->pad, i, (double)a[i], (double)b[i]);
+    free(a);
+    free(b);
+}
+
+/* Values with ties (from {-1, -0, 0, 1, 2}) and a NaN on about one in 11,
+   or (ties 0) uniform in [-1, 1). */
+static pbuf img_rand(size_t n, tu_rng *rng, int ties) {
+    static const float vals[5] = {-1.0f, -0.0f, 0.0f, 1.0f, 2.0f};
+    float *h = tu_floats(n);
+    size_t i;
+    pbuf p;
+    for (i = 0; i < n; ++i)
+        h[i] = !ties ? tu_uniform(rng, -1.0f, 1.0f) : tu_below(rng, 11) == 0 ? NAN : vals[tu_below(rng, 5)];
+    p = pb_make(n, h);
+    free(h);
+    return p;
+}
+
+/* One shape on both backends: every operation the window allows (pad 0:
+   max-pool too), inputs at offset 3, outputs at offset 2. */
+static void img_case(const dsgd_window *wd, tu_rng *rng) {
+    const int pool = wd->pad == 0;
+    const int oh = (wd->h + 2 * wd->pad - wd->kh) / wd->stride + 1, ow = (wd->w + 2 * wd->pad - wd->kw) / wd->stride + 1;
+    const size_t nx = (size_t)wd->n * wd->h * wd->w * wd->c, ny = (size_t)wd->n * oh * ow * wd->c,
+                 ncol = ny * (size_t)wd->kh * wd->kw;
+    pbuf x = img_rand(nx + 3, rng, 1), g = img_rand(ncol + 3, rng, 0), col = pb_make(ncol + 2, NULL),
+         dx = pb_make(nx + 2, NULL);
+    TU_OK(G.ctx, G.clb.im2col(G.clb.impl, wd, R(x.cl, 3), R(col.cl, 2)));
+    TU_OK(G.ctx, G.cpu.im2col(G.cpu.impl, wd, R(x.cpu, 3), R(col.cpu, 2)));
+    pb_expect_bits(&col, wd, "im2col");
+    TU_OK(G.ctx, G.clb.col2im(G.clb.impl, wd, R(g.cl, 3), R(dx.cl, 2)));
+    TU_OK(G.ctx, G.cpu.col2im(G.cpu.impl, wd, R(g.cpu, 3), R(dx.cpu, 2)));
+    pb_expect_bits(&dx, wd, "col2im");
+    if (pool) {
+        pbuf y = pb_make(ny + 2, NULL), dy = img_rand(ny + 3, rng, 0), pdx = pb_make(nx + 2, NULL);
+        TU_OK(G.ctx, G.clb.maxpool_forward(G.clb.impl, wd, R(x.cl, 3), R(y.cl, 2)));
+        TU_OK(G.ctx, G.cpu.maxpool_forward(G.cpu.impl, wd, R(x.cpu, 3), R(y.cpu, 2)));
+        pb_expect_bits(&y, wd, "maxpool_forward");
+        TU_OK(G.ctx, G.clb.maxpool_backward(G.clb.impl, wd, R(x.cl, 3), R(y.cl, 2), R(dy.cl, 3), R(pdx.cl, 2)));
+        TU_OK(G.ctx, G.cpu.maxpool_backward(G.cpu.impl, wd, R(x.cpu, 3), R(y.cpu, 2), R(dy.cpu, 3), R(pdx.cpu, 2)));
+        pb_expect_bits(&pdx, wd, "maxpool_backward");
+        pb_free(&y);
+        pb_free(&dy);
+        pb_free(&pdx);
+    }
+    pb_free(&x);
+    pb_free(&g);
+    pb_free(&col);
+    pb_free(&dx);
+}
+
+/* The grid of tests/test_backend.c: odd sizes, c 1 and 3, strides 1-3,
+   pads 0-2, kernels 1x1, 2x2, 3x3, 5x2 and the whole padded input, batch 1
+   and 2; and five larger layers (work-item counts beyond one work-group). */
+static void test_image_ops(void **state) {
+    static const int hw[][2] = {{1, 1}, {4, 4}, {5, 7}, {9, 6}};
+    static const int ks[][2] = {{1, 1}, {2, 2}, {3, 3}, {5, 2}, {0, 0}};
+    tu_rng rng = tu_rng_make(1406);
+    int a, b, c, st, p, n, cases = 0;
+    dsgd_window big;
+    (void)state;
+    NEED_CL();
+    for (a = 0; a < 4; ++a)
+        for (b = 0; b < 5; ++b)
+            for (c = 1; c <= 3; c += 2)
+                for (st = 1; st <= 3; ++st)
+                    for (p = 0; p <= 2; ++p)
+                        for (n = 1; n <= 2; ++n) {
+                            int kh = ks[b][0] ? ks[b][0] : hw[a][0] + 2 * p, kw = ks[b][1] ? ks[b][1] : hw[a][1] + 2 * p;
+                            dsgd_window wd = img_win(n, hw[a][0], hw[a][1], c, kh, kw, st, p);
+                            if (kh > hw[a][0] + 2 * p || kw > hw[a][1] + 2 * p) continue;
+                            img_case(&wd, &rng);
+                            ++cases;
+                        }
+    assert_true(cases > 400);
+    big = img_win(4, 28, 28, 1, 3, 3, 1, 1);
+    img_case(&big, &rng);
+    big = img_win(3, 14, 14, 32, 3, 3, 1, 1);
+    img_case(&big, &rng);
+    big = img_win(3, 14, 13, 32, 2, 2, 2, 0);
+    img_case(&big, &rng);
+    big = img_win(2, 15, 11, 5, 3, 2, 1, 0);
+    img_case(&big, &rng);
+    big = img_win(2, 28, 28, 4, 2, 2, 2, 0);
+    img_case(&big, &rng);
+}
+
+/* Bad windows and ranges: DSGD_ERR_INVALID_ARGUMENT with a message, as on
+   the CPU backend, and nothing enqueued. */
+static void test_image_errors(void **state) {
+    dsgd_window ok = img_win(2, 5, 4, 3, 3, 3, 1, 1), pool = img_win(2, 5, 4, 3, 2, 2, 2, 0), bad;
+    const size_t nx = 2 * 5 * 4 * 3, ncol = 2 * 5 * 4 * 27, ny = 2 * 2 * 2 * 3;
+    pbuf x, col, y, dx, small;
+    dsgd_buffer *cpu_buf = NULL;
+    (void)state;
+    NEED_CL();
+    x = pb_make(nx, NULL);
+    col = pb_make(ncol, NULL);
+    y = pb_make(ny, NULL);
+    dx = pb_make(nx, NULL);
+    small = pb_make(4, NULL);
+    TU_OK(G.ctx, G.clb.fill(G.clb.impl, R(col.cl, 0), 7.0f, ncol));
+    TU_OK(G.ctx, G.clb.fill(G.clb.impl, R(dx.cl, 0), 7.0f, nx));
+    TU_OK(G.ctx, G.clb.fill(G.clb.impl, R(y.cl, 0), 7.0f, ny));
+#define CL_BAD(expr) TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, (dsgd_ctx_clear_error(G.ctx), (expr)))
+#define BADWIN(field, value) (bad = ok, bad.field = (value), &bad)
+    CL_BAD(G.clb.im2col(G.clb.impl, NULL, R(x.cl, 0), R(col.cl, 0)));
+    CL_BAD(G.clb.im2col(G.clb.impl, BADWIN(n, 0), R(x.cl, 0), R(col.cl, 0)));
+    CL_BAD(G.clb.im2col(G.clb.impl, BADWIN(h, -2), R(x.cl, 0), R(col.cl, 0)));
+    CL_BAD(G.clb.im2col(G.clb.impl, BADWIN(c, 0), R(x.cl, 0), R(col.cl, 0)));
+    CL_BAD(G.clb.im2col(G.clb.impl, BADWIN(kw, 0), R(x.cl, 0), R(col.cl, 0)));
+    CL_BAD(G.clb.col2im(G.clb.impl, BADWIN(stride, 0), R(col.cl, 0), R(dx.cl, 0)));
+    CL_BAD(G.clb.col2im(G.clb.impl, BADWIN(pad, -1), R(col.cl, 0), R(dx.cl, 0)));
+    CL_BAD(G.clb.col2im(G.clb.impl, BADWIN(kh, 8), R(col.cl, 0), R(dx.cl, 0))); /* > 5 + 2 */
+    bad = ok;
+    bad.n = bad.h = bad.w = bad.c = INT_MAX;
+    CL_BAD(G.clb.im2col(G.clb.impl, &bad, R(x.cl, 0), R(col.cl, 0)));
+    bad = pool;
+    bad.pad = 1;
+    CL_BAD(G.clb.maxpool_forward(G.clb.impl, &bad, R(x.cl, 0), R(y.cl, 0)));
+    CL_BAD(G.clb.maxpool_backward(G.clb.impl, &bad, R(x.cl, 0), R(y.cl, 0), R(y.cl, 0), R(dx.cl, 0)));
+    bad = pool;
+    bad.kw = 5;
+    CL_BAD(G.clb.maxpool_forward(G.clb.impl, &bad, R(x.cl, 0), R(y.cl, 0)));
+    /* ranges past the end, overlaps, a NULL buffer, another backend's buffer */
+    CL_BAD(G.clb.im2col(G.clb.impl, &ok, R(x.cl, 1), R(col.cl, 0)));
+    CL_BAD(G.clb.im2col(G.clb.impl, &ok, R(x.cl, 0), R(col.cl, 1)));
+    CL_BAD(G.clb.im2col(G.clb.impl, &ok, R(NULL, 0), R(col.cl, 0)));
+    CL_BAD(G.clb.col2im(G.clb.impl, &ok, R(small.cl, 0), R(dx.cl, 0)));
+    CL_BAD(G.clb.col2im(G.clb.impl, &ok, R(col.cl, 0), R(col.cl, 10)));
+    CL_BAD(G.clb.maxpool_forward(G.clb.impl, &pool, R(x.cl, 0), R(small.cl, 0)));
+    CL_BAD(G.clb.maxpool_forward(G.clb.impl, &pool, R(x.cl, 0), R(x.cl, 4)));
+    CL_BAD(G.clb.maxpool_backward(G.clb.impl, &pool, R(x.cl, 0), R(small.cl, 0), R(y.cl, 0), R(dx.cl, 0)));
+    CL_BAD(G.clb.maxpool_backward(G.clb.impl, &pool, R(x.cl, 0), R(y.cl, 0), R(y.cl, 1), R(dx.cl, 0)));
+    CL_BAD(G.clb.maxpool_backward(G.clb.impl, &pool, R(x.cl, 0), R(y.cl, 0), R(y.cl, 0), R(y.cl, 0)));
+    CL_BAD(G.clb.maxpool_backward(G.clb.impl, &pool, R(x.cl, 0), R(y.cl, 0), R(y.cl, 0), R(x.cl, 0)));
+    TU_OK(G.ctx, G.cpu.buffer_create(G.cpu.impl, ncol, &cpu_buf));
+    CL_BAD(G.clb.im2col(G.clb.impl, &ok, R(x.cl, 0), R(cpu_buf, 0)));
+    G.cpu.buffer_destroy(G.cpu.impl, cpu_buf);
+#undef BADWIN
+#undef CL_BAD
+    /* nothing was written */
+    {
+        float *h = tu_floats(ncol);
+        size_t i;
+        TU_OK(G.ctx, G.clb.read(G.clb.impl, R(col.cl, 0), h, ncol));
+        for (i = 0; i < ncol; ++i)
+            if (h[i] != 7.0f) fail_msg("col[%zu] written by a refused call", i);
+        TU_OK(G.ctx, G.clb.read(G.clb.impl, R(dx.cl, 0), h, nx));
+        for (i = 0; i < nx; ++i)
+            if (h[i] != 7.0f) fail_msg("dx[%zu] written by a refused call", i);
+        TU_OK(G.ctx, G.clb.read(G.clb.impl, R(y.cl, 0), h, ny));
+        for (i = 0; i < ny; ++i)
+            if (h[i] != 7.0f) fail_msg("y[%zu] written by a refused call", i);
+        free(h);
+    }
+    pb_free(&x);
+    pb_free(&col);
+    pb_free(&y);
+    pb_free(&dx);
+    pb_free(&small);
 }
 
 /* ---------------------------------------------------------------- losses */
@@ -1434,6 +1628,8 @@ int main(void) {
         cmocka_unit_test(test_bias_act_forward),
         cmocka_unit_test(test_act_backward),
         cmocka_unit_test(test_bias_backward),
+        cmocka_unit_test(test_image_ops),
+        cmocka_unit_test(test_image_errors),
         cmocka_unit_test(test_loss_softmax_xent),
         cmocka_unit_test(test_loss_mse),
         cmocka_unit_test(test_loss_bad_class),

@@ -19,6 +19,10 @@
        sum_across    our kernels: up to 8 buffers summed and written back in
                      one launch; more through the backend's scratch buffer, 8
                      a launch, in the same order
+       im2col, col2im, maxpool_forward, maxpool_backward
+                     our kernels, one work-item per output element (col2im
+                     and maxpool_backward gather their sums in the documented
+                     order): the CPU backend's bits
      So a strategy over OpenCL backends of one context (see BACKENDS in
      distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
      backend's buffers are the device's own (a discrete GPU, or host_visible
@@ -722,6 +726,92 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
     return r;
 }
 
+/* >>images ------------------------------------------------------------------ */
+/* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
+   output element, gathers where the CPU backend scatters within a row, the
+   same sums in the same order (the kernels' comment in context.h). */
+
+/* 1 when [a.off, a.off + na) and [b.off, b.off + nb) of one buffer share a
+   float: a kernel reading what another work-item writes would race. */
+static int dsgd_cl__overlap(dsgd_ref a, size_t na, dsgd_ref b, size_t nb) {
+    return a.buf == b.buf && na && nb && a.off < b.off + nb && b.off < a.off + na;
+}
+
+/* Checks the window and the ranges (in: x, or col for col2im; y and dy:
+   maxpool_backward's; out: col, dx or y) and launches kernel k, whose
+   arguments are its buffers (as offsets) and then the window. */
+static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *wd, dsgd_ref in, dsgd_ref y,
+                                dsgd_ref dy, dsgd_ref out) {
+    const char *name = dsgd_cl__kernel_op[k];
+    dsgd__window_dims d;
+    cl_int win[9];
+    cl_ulong total, off[4];
+    size_t nin, nout;
+    const dsgd_ref *refs[4];
+    int nref = 0, i;
+    dsgd_result r;
+    char what[48];
+    if (dsgd__window_check(b->ctx, "opencl", name, wd, k == DSGD_CL__K_POOL_FWD || k == DSGD_CL__K_POOL_BWD, &d) !=
+        DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    nin = k == DSGD_CL__K_COL2IM ? d.col : d.x;
+    nout = k == DSGD_CL__K_IM2COL ? d.col : k == DSGD_CL__K_POOL_FWD ? d.y : d.x;
+    snprintf(what, sizeof(what), "%s %s", name, k == DSGD_CL__K_COL2IM ? "col" : "x");
+    if (!dsgd_cl__span(b, in, nin, what)) return DSGD_ERR_INVALID_ARGUMENT;
+    refs[nref++] = &in;
+    if (k == DSGD_CL__K_POOL_BWD) {
+        snprintf(what, sizeof(what), "%s y", name);
+        if (!dsgd_cl__span(b, y, d.y, what)) return DSGD_ERR_INVALID_ARGUMENT;
+        snprintf(what, sizeof(what), "%s dy", name);
+        if (!dsgd_cl__span(b, dy, d.y, what)) return DSGD_ERR_INVALID_ARGUMENT;
+        if (dsgd_cl__overlap(out, nout, y, d.y) || dsgd_cl__overlap(out, nout, dy, d.y))
+            return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl %s: dx overlaps y or dy", name);
+        refs[nref++] = &y;
+        refs[nref++] = &dy;
+    }
+    snprintf(what, sizeof(what), "%s %s", name,
+             k == DSGD_CL__K_IM2COL ? "col" : k == DSGD_CL__K_POOL_FWD ? "y" : "dx");
+    if (!dsgd_cl__span(b, out, nout, what)) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd_cl__overlap(out, nout, in, nin))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl %s: the output overlaps the input", name);
+    refs[nref++] = &out;
+    win[0] = wd->h;
+    win[1] = wd->w;
+    win[2] = wd->c;
+    win[3] = wd->kh;
+    win[4] = wd->kw;
+    win[5] = wd->stride;
+    win[6] = wd->pad;
+    win[7] = d.oh;
+    win[8] = d.ow;
+    total = nout;
+    for (i = 0, r = DSGD_OK; i < nref && r == DSGD_OK; ++i) {
+        off[i] = refs[i]->off;
+        r = dsgd_cl__arg(b, k, 2 * i, sizeof(cl_mem), &dsgd_cl__buf(*refs[i])->mem);
+        if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * i + 1, sizeof(cl_ulong), &off[i]);
+    }
+    for (i = 0; i < 9 && r == DSGD_OK; ++i) r = dsgd_cl__arg(b, k, 2 * nref + i, sizeof(cl_int), &win[i]);
+    if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 9, sizeof(cl_ulong), &total);
+    return r != DSGD_OK ? r : dsgd_cl__run(b, k, nout, b->local);
+}
+
+static dsgd_result dsgd_cl__im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_IM2COL, wd, x, x, x, col);
+}
+
+static dsgd_result dsgd_cl__col2im(void *impl, const dsgd_window *wd, dsgd_ref col, dsgd_ref dx) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_COL2IM, wd, col, col, col, dx);
+}
+
+static dsgd_result dsgd_cl__maxpool_forward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_POOL_FWD, wd, x, x, x, y);
+}
+
+static dsgd_result dsgd_cl__maxpool_backward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
+                                             dsgd_ref dy, dsgd_ref dx) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_POOL_BWD, wd, x, y, dy, dx);
+}
+
 static dsgd_result dsgd_cl__map_rw(void *impl, dsgd_ref ref, size_t count, float **out) {
     return dsgd_cl__map_impl((dsgd_cl__backend *)impl, ref, count, DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE, out);
 }
@@ -841,6 +931,10 @@ static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->host_shared = dsgd_cl__host_shared;
     out->can_access = dsgd_cl__can_access;
     out->sum_across = dsgd_cl__sum_across;
+    out->im2col = dsgd_cl__im2col;
+    out->col2im = dsgd_cl__col2im;
+    out->maxpool_forward = dsgd_cl__maxpool_forward;
+    out->maxpool_backward = dsgd_cl__maxpool_backward;
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,

@@ -103,7 +103,12 @@
 
      Kernels are built with FP_CONTRACT off and, where the device supports it,
      -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
-     the optimizer updates and relu match the CPU backend bit for bit. tanh,
+     the optimizer updates, relu and the image operations (im2col, col2im,
+     max-pool: copies, compares and float adds in the CPU's order) match the
+     CPU backend bit for bit. Options that allow reassociation or assume
+     finite math (-cl-fast-relaxed-math, -cl-unsafe-math-optimizations,
+     -cl-finite-math-only) are never passed by the library; added through
+     build_options they void these promises (max-pool's NaN rule first). tanh,
      sigmoid and the losses use OpenCL's exp/tanh/log (a few ulp). The losses
      and norm_check accumulate in double when every device of the context has
      cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
@@ -724,6 +729,94 @@ static const char *const dsgd_cl__source[] = {
     "    float v = s[soff + i];\n"
     "#define DSGD_PUT(j) if (k > j) d##j[o##j + i] = v;\n"
     "    DSGD_8(DSGD_PUT)\n"
+    "}\n",
+
+    "/* NHWC images (IMAGES in backend.h), one work-item per output element;\n"
+    "   the arithmetic is the CPU backend's: copies, compares, and float adds\n"
+    "   from 0.0f in the documented order. Every kernel takes the window as\n"
+    "   h w c kh kw s p oh ow, then the output's element count. */\n"
+    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong total\n"
+    "__kernel void dsgd_im2col(__global const float *x, ulong xoff, __global float *col, ulong coff,\n"
+    "                          DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0);\n"
+    "    if (g >= total) return;\n"
+    "    ulong k = (ulong)kh * kw * c, r = g / k, q = g % k, t = r / ow;\n"
+    "    long ch = q % c, kx = q / c % kw, ky = q / c / kw, ox = r % ow, oy = t % oh, i = t / oh;\n"
+    "    long iy = oy * s - p + ky, ix = ox * s - p + kx;\n"
+    "    float v = 0.0f;\n"
+    "    if (iy >= 0 && iy < h && ix >= 0 && ix < w) v = x[xoff + ((i * h + iy) * w + ix) * c + ch];\n"
+    "    col[coff + g] = v;\n"
+    "}\n"
+    "\n"
+    "/* dx = col2im(col): each element sums, (ky, kx) ascending, the col\n"
+    "   entries im2col copied from it. */\n"
+    "__kernel void dsgd_col2im(__global const float *col, ulong coff, __global float *dx, ulong dxoff,\n"
+    "                          DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0);\n"
+    "    if (g >= total) return;\n"
+    "    ulong k = (ulong)kh * kw * c, t = g / c / w;\n"
+    "    long ch = g % c, ix = g / c % w, iy = t % h, i = t / h;\n"
+    "    float acc = 0.0f;\n"
+    "    for (int ky = 0; ky < kh; ++ky) {\n"
+    "        long ty = iy + p - ky, oy = ty / s;\n"
+    "        if (ty < 0) break;\n"
+    "        if (ty % s != 0 || oy >= oh) continue;\n"
+    "        for (int kx = 0; kx < kw; ++kx) {\n"
+    "            long tx = ix + p - kx, ox = tx / s;\n"
+    "            if (tx < 0) break;\n"
+    "            if (tx % s != 0 || ox >= ow) continue;\n"
+    "            acc = acc + col[coff + ((i * oh + oy) * ow + ox) * k + ((long)ky * kw + kx) * c + ch];\n"
+    "        }\n"
+    "    }\n"
+    "    dx[dxoff + g] = acc;\n"
+    "}\n",
+
+    "/* y = max-pool(x): the window's first maximum, or its first NaN. */\n"
+    "__kernel void dsgd_maxpool_fwd(__global const float *x, ulong xoff, __global float *y, ulong yoff,\n"
+    "                               DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0);\n"
+    "    if (g >= total) return;\n"
+    "    ulong t = g / c / ow;\n"
+    "    long ch = g % c, ox = g / c % ow, oy = t % oh, i = t / oh;\n"
+    "    __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c + ch;\n"
+    "    float m = b[0];\n"
+    "    for (int ky = 0; ky < kh; ++ky)\n"
+    "        for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"
+    "            float v = b[((long)ky * w + kx) * c];\n"
+    "            if (v > m || (isnan(v) && !isnan(m))) m = v;\n"
+    "        }\n"
+    "    y[yoff + g] = m;\n"
+    "}\n"
+    "\n"
+    "/* dx of max-pool: each element sums, from 0.0f and windows (oy, ox)\n"
+    "   ascending, the dy of every window whose first element equal to y (the\n"
+    "   first NaN for a NaN y) it is. */\n"
+    "__kernel void dsgd_maxpool_bwd(__global const float *x, ulong xoff, __global const float *y, ulong yoff,\n"
+    "                               __global const float *dy, ulong dyoff, __global float *dx, ulong dxoff,\n"
+    "                               DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0);\n"
+    "    if (g >= total) return;\n"
+    "    ulong t = g / c / w;\n"
+    "    long ch = g % c, ix = g / c % w, iy = t % h, i = t / h;\n"
+    "    long oy0 = iy - kh + 1 <= 0 ? 0 : (iy - kh + s) / s, oy1 = min((long)oh - 1, iy / s);\n"
+    "    long ox0 = ix - kw + 1 <= 0 ? 0 : (ix - kw + s) / s, ox1 = min((long)ow - 1, ix / s);\n"
+    "    float acc = 0.0f;\n"
+    "    for (long oy = oy0; oy <= oy1; ++oy)\n"
+    "        for (long ox = ox0; ox <= ox1; ++ox) {\n"
+    "            ulong o = ((i * oh + oy) * ow + ox) * c + ch;\n"
+    "            __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c + ch;\n"
+    "            float want = y[yoff + o];\n"
+    "            int want_nan = isnan(want), mine = 0;\n"
+    "            for (long e = 0; e < (long)kh * kw; ++e) {\n"
+    "                float v = b[(e / kw * w + e % kw) * c];\n"
+    "                if (want_nan ? isnan(v) : v == want) {\n"
+    "                    mine = e / kw == iy - oy * s && e % kw == ix - ox * s;\n"
+    "                    break;\n"
+    "                }\n"
+    "            }\n"
+    "            if (mine) acc = acc + dy[dyoff + o];\n"
+    "        }\n"
+    "    dx[dxoff + g] = acc;\n"
     "}\n"};
 
 #define DSGD_CL__NSOURCE ((cl_uint)(sizeof(dsgd_cl__source) / sizeof(dsgd_cl__source[0])))
@@ -741,6 +834,10 @@ enum {
     DSGD_CL__K_NORM,
     DSGD_CL__K_SUM8,
     DSGD_CL__K_COPY8,
+    DSGD_CL__K_IM2COL,
+    DSGD_CL__K_COL2IM,
+    DSGD_CL__K_POOL_FWD,
+    DSGD_CL__K_POOL_BWD,
     DSGD_CL__K_COUNT
 };
 
@@ -748,11 +845,13 @@ enum {
 static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
     "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
-    "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8"};
+    "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
+    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
     "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
-    "optimizer_update", "norm_check", "sum_across", "sum_across(copy)"};
+    "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
+    "im2col", "col2im", "maxpool_forward", "maxpool_backward"};
 
 /* >>context ----------------------------------------------------------------- */
 
