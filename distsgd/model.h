@@ -89,6 +89,29 @@ typedef struct dsgd_layer_desc {
     dsgd_init init;             /* default AUTO; biases start at zero */
 } dsgd_layer_desc;
 
+typedef enum dsgd_image_layer_kind {
+    DSGD_IMAGE_CONV2D = 0, /* y = act(conv(x, W) + b): filters output channels,
+                              W (kernel, kernel, in channels, filters), zero
+                              padding on every side; im2col + GEMM */
+    DSGD_IMAGE_MAXPOOL     /* y = the maximum of each kernel x kernel window,
+                              channel by channel, no padding; filters,
+                              activation and init unused */
+} dsgd_image_layer_kind;
+#define DSGD_IMAGE_LAYER_COUNT (DSGD_IMAGE_MAXPOOL + 1)
+
+/* One image layer of the built-in network. Image layers come first, over
+   the NHWC image input_shape (backend.h, IMAGES); the dense layers then read
+   the last image as one flat row per sample (the flatten is nothing). */
+typedef struct dsgd_image_layer_desc {
+    dsgd_image_layer_kind kind;
+    int filters;                /* CONV2D: output channels, >= 1 */
+    int kernel;                 /* the window's side, >= 1 */
+    int stride;                 /* >= 0; 0: 1 for CONV2D, kernel for MAXPOOL */
+    int padding;                /* CONV2D: >= 0 */
+    dsgd_activation activation; /* CONV2D; default NONE */
+    dsgd_init init;             /* CONV2D; default AUTO (fan_in k k c, fan_out filters) */
+} dsgd_image_layer_desc;
+
 /* The default of dsgd_model_desc.max_batch. */
 #define DSGD_DEFAULT_MAX_BATCH 256
 
@@ -154,8 +177,10 @@ typedef struct dsgd_model_i {
 typedef struct dsgd_model_desc {
     int input_dim;              /* floats per sample in x; a custom model that
                                    only takes batches from a dsgd_batch_fn may
-                                   leave it 0 */
-    const dsgd_layer_desc *layers; /* the built-in network; NULL with custom */
+                                   leave it 0; with image layers, 0 means
+                                   the product of input_shape */
+    const dsgd_layer_desc *layers; /* the built-in network's dense layers (after
+                                      its image layers, below); NULL with custom */
     int num_layers;
     dsgd_loss loss;             /* the built-in network's; default SOFTMAX_XENT */
     int max_batch;              /* largest batch passed to the model; 0:
@@ -176,6 +201,11 @@ typedef struct dsgd_model_desc {
                                    class index) */
     int output_dim;             /* custom: what dsgd_model_output_dim reports
                                    (informational) */
+    /* The built-in network's image layers, before its dense ones, over
+       input images of input_shape (height, width, channels), NHWC. */
+    const dsgd_image_layer_desc *image_layers;
+    int num_image_layers;
+    int input_shape[3];
 } dsgd_model_desc;
 
 /* A variable is a named view into the model's flat parameter buffer; its
@@ -201,17 +231,23 @@ struct dsgd_metrics {
     double count;    /* number of samples */
 };
 
-/* Creates a model: the built-in network (desc->layers: variables in layer
-   order, kernel then bias, kernels drawn from desc->seed, biases zero) or
+/* Creates a model: the built-in network (desc->image_layers, then
+   desc->layers: variables in layer order, kernel then bias, named
+   "conv<i>/..." after the image layer's index and "dense<l>/..." after the
+   dense layer's; kernels drawn from desc->seed, biases zero) or
    a custom one (desc->custom and desc->variables, see MODELS OF YOUR OWN);
    the parameters are initialised on the host and uploaded, the gradients
    start at zero, then custom->create runs.
    With desc->backend NULL the model creates (and owns) a CPU backend.
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or desc NULL,
    a negative max_batch, a backend lacking a required operation; the
-   built-in network: input_dim <= 0, no layers, an unknown loss, a layer
-   with units <= 0 or an unknown activation or init, a final activation
-   other than NONE with SOFTMAX_XENT; a custom model: both layers and
+   built-in network: input_dim <= 0 without image layers, no layers, an
+   unknown loss, a layer with units <= 0 or an unknown activation or init,
+   a final activation other than NONE with SOFTMAX_XENT; image layers: an
+   input_shape with a dimension < 1 or whose product is not input_dim (when
+   set), an unknown kind, filters < 1, kernel < 1, a negative stride or
+   padding, a window larger than its padded input, a backend without the
+   image operations (backend.h, IMAGES); a custom model: both layers and
    custom, no compute_gradients, no variables or more than
    DSGD_MAX_VARIABLES, a variable with no name, a name too long or used
    twice, a rank outside 1..DSGD_MAX_RANK, a dimension < 1, more than 2^40
@@ -234,7 +270,7 @@ DSGD_API void dsgd_model_destroy(dsgd_model *m);
      dsgd_model_state          the custom model's state (what create set, or
                                user_data); NULL for the built-in network
      dsgd_model_num_params     floats in the parameter (and gradient) buffer
-     dsgd_model_num_variables  2 per layer, or as declared
+     dsgd_model_num_variables  2 per dense or conv2d layer, or as declared
      dsgd_model_variable       the i-th variable ("dense0/kernel",
                                "dense0/bias", ...); NULL when i is out of range
      dsgd_model_find_variable  the index of the variable named name, -1
@@ -422,60 +458,194 @@ typedef struct dsgd__var_plan {
     uint64_t stream;
 } dsgd__var_plan;
 
-/* ---- the built-in network: dense layers, one implementation of dsgd_model_i */
+/* ---- the built-in network: image and dense layers, one implementation of dsgd_model_i */
+
+enum { DSGD__DENSE = 0, DSGD__CONV, DSGD__POOL };
+
+/* One layer of the network, image or dense, with its geometry: its input
+   image (h, w, c) and output image (oh, ow, oc); a dense layer's are (1, 1,
+   inputs) and (1, 1, units). */
+typedef struct dsgd__layer {
+    int kind;               /* DSGD__DENSE, _CONV, _POOL */
+    int index;              /* among the desc's dense or image layers (the name) */
+    int units;              /* dense units, conv filters; pool: its channels */
+    dsgd_activation activation;
+    dsgd_init init;
+    int kernel, stride, pad; /* image layers, stride resolved */
+    int h, w, c, oh, ow, oc;
+} dsgd__layer;
 
 typedef struct dsgd__net {
     int num_layers;
     dsgd_loss loss;
-    dsgd_layer_desc *layers;
-    int *dims;             /* dims[0] = input_dim, dims[l + 1] = units of layer l */
+    dsgd__layer *layers;
+    int *var;              /* per layer: its kernel's variable index (bias next), -1 for max-pool */
+    int *dims;             /* dims[0] = input_dim, dims[l + 1] = layer l's output floats per sample */
     dsgd_buffer *acts;     /* x, then every layer's output, each (max_batch, dims[l]) */
     size_t *act_off;
     dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
     size_t delta_half;
+    dsgd_buffer *col;      /* im2col of the largest conv layer, (max_batch oh ow, k k c) */
     dsgd_buffer *targets;  /* (max_batch, target_dim) */
     int last_count;        /* batch size of the last forward pass */
     dsgd_model *m;
 } dsgd__net;
 
-static dsgd_result dsgd__net_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
-    int l;
-    if (desc->input_dim <= 0)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: input_dim %d must be > 0", desc->input_dim);
-    if (desc->num_layers <= 0 || !desc->layers)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: a model needs at least one layer (num_layers %d)", desc->num_layers);
-    if (desc->loss != DSGD_LOSS_SOFTMAX_XENT && desc->loss != DSGD_LOSS_MSE)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: unknown loss %d", (int)desc->loss);
-    for (l = 0; l < desc->num_layers; ++l) {
-        const dsgd_layer_desc *ld = &desc->layers[l];
-        if (ld->units <= 0 || !dsgd__act_valid(ld->activation) || !dsgd__init_valid(ld->init))
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                      "dsgd_model_create: layer %d: units %d, activation %d or init %d invalid",
-                                      l, ld->units, (int)ld->activation, (int)ld->init);
+static int dsgd__net_has_images(const dsgd_model_desc *desc) { return desc->num_image_layers > 0; }
+
+/* The layers of desc, image layers first, with their geometry (the desc's
+   fields as they are; dsgd__net_check says what is wrong). Allocated with
+   DSGD_MALLOC (NULL: out of memory); *L their number. */
+static dsgd__layer *dsgd__net_layers(const dsgd_model_desc *desc, int *L) {
+    int i, n = 0, h = 1, w = 1, c = desc->input_dim;
+    int ni = desc->image_layers ? DSGD__MAX(desc->num_image_layers, 0) : 0;
+    int nd = desc->layers ? DSGD__MAX(desc->num_layers, 0) : 0;
+    dsgd__layer *ls = (dsgd__layer *)DSGD_MALLOC(sizeof(dsgd__layer) * (size_t)(ni + nd ? ni + nd : 1));
+    if (!ls) return NULL;
+    memset(ls, 0, sizeof(dsgd__layer) * (size_t)(ni + nd ? ni + nd : 1));
+    if (ni) {
+        h = desc->input_shape[0];
+        w = desc->input_shape[1];
+        c = desc->input_shape[2];
     }
-    if (desc->loss == DSGD_LOSS_SOFTMAX_XENT && desc->layers[desc->num_layers - 1].activation != DSGD_ACT_NONE)
+    for (i = 0; i < ni + nd; ++i) {
+        dsgd__layer *y = &ls[n++];
+        y->h = h; y->w = w; y->c = c;
+        if (i < ni) {
+            const dsgd_image_layer_desc *d = &desc->image_layers[i];
+            y->kind = d->kind == DSGD_IMAGE_MAXPOOL ? DSGD__POOL : DSGD__CONV;
+            y->index = i;
+            y->activation = y->kind == DSGD__CONV ? d->activation : DSGD_ACT_NONE;
+            y->init = d->init;
+            y->kernel = d->kernel;
+            y->stride = d->stride ? d->stride : y->kind == DSGD__CONV ? 1 : d->kernel;
+            y->pad = y->kind == DSGD__CONV ? d->padding : 0;
+            y->units = y->kind == DSGD__CONV ? d->filters : c;
+            if (y->stride >= 1 && y->kernel >= 1) {
+                y->oh = (h + 2 * y->pad - y->kernel) / y->stride + 1;
+                y->ow = (w + 2 * y->pad - y->kernel) / y->stride + 1;
+            }
+            y->oc = y->units;
+        } else {
+            const dsgd_layer_desc *d = &desc->layers[i - ni];
+            y->kind = DSGD__DENSE;
+            y->index = i - ni;
+            y->units = d->units;
+            y->activation = d->activation;
+            y->init = d->init;
+            y->stride = 1;
+            y->c = h * w * c; /* flattened */
+            y->h = y->w = 1;
+            y->oh = y->ow = 1;
+            y->oc = d->units;
+        }
+        h = y->oh;
+        w = y->ow;
+        c = y->oc;
+    }
+    *L = n;
+    return ls;
+}
+
+/* The built-in network's rules; every message names dsgd_model_create and
+   the layer. */
+static dsgd_result dsgd__net_check_layers(dsgd_ctx *ctx, const dsgd_model_desc *desc, const dsgd__layer *ls, int L) {
+    const char *what = "dsgd_model_create";
+    int l;
+    for (l = 0; l < L; ++l) {
+        const dsgd__layer *y = &ls[l];
+        const char *kind = y->kind == DSGD__DENSE ? "layer" : "image layer";
+        if (y->kind != DSGD__DENSE) {
+            const dsgd_image_layer_desc *d = &desc->image_layers[y->index];
+            if ((int)d->kind < 0 || (int)d->kind >= (int)DSGD_IMAGE_LAYER_COUNT)
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: image layer %d: unknown kind %d", what,
+                                          y->index, (int)d->kind);
+            if (y->kernel < 1 || d->stride < 0 || d->padding < 0 || y->kernel > y->h + 2 * y->pad ||
+                y->kernel > y->w + 2 * y->pad)
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                          "%s: image layer %d: a %dx%d window (stride %d, padding %d) does not fit "
+                                          "its %dx%dx%d input", what, y->index, y->kernel, y->kernel, d->stride,
+                                          d->padding, y->h, y->w, y->c);
+        }
+        if (y->units <= 0 || !dsgd__act_valid(y->activation) || !dsgd__init_valid(y->init))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: %s %d: %s %d, activation %d or init %d invalid", what, kind, y->index,
+                                      y->kind == DSGD__DENSE ? "units" : "filters", y->units, (int)y->activation,
+                                      (int)y->init);
+        if ((double)y->oh * y->ow * y->oc > 2147483647.0 || (double)y->c * y->units > 2147483647.0)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s %d is too large", what, kind, y->index);
+    }
+    if (desc->loss == DSGD_LOSS_SOFTMAX_XENT && ls[L - 1].activation != DSGD_ACT_NONE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_model_create: softmax cross-entropy takes logits: the last layer's activation must be NONE");
+                                  "%s: softmax cross-entropy takes logits: the last layer's activation must be NONE", what);
     return DSGD_OK;
 }
 
-/* The network's variables (llm.c's fill_in_parameter_sizes): kernel (in,
-   out) then bias (out), layer after layer; kernel l draws from stream l. */
-static void dsgd__net_plan(const dsgd_model_desc *desc, dsgd__var_plan *plan) {
-    int l, in = desc->input_dim;
-    for (l = 0; l < desc->num_layers; ++l) {
-        const dsgd_layer_desc *ld = &desc->layers[l];
-        dsgd__var_plan *k = &plan[2 * l], *b = &plan[2 * l + 1];
-        snprintf(k->v.name, sizeof(k->v.name), "dense%d/kernel", l);
-        k->v.rank = 2; k->v.shape[0] = in; k->v.shape[1] = ld->units;
-        k->init = ld->init != DSGD_INIT_AUTO ? ld->init
-                  : ld->activation == DSGD_ACT_RELU ? DSGD_INIT_HE_NORMAL : DSGD_INIT_GLOROT_UNIFORM;
-        k->stream = (uint64_t)l;
-        snprintf(b->v.name, sizeof(b->v.name), "dense%d/bias", l);
-        b->v.rank = 1; b->v.shape[0] = ld->units;
-        b->init = DSGD_INIT_ZEROS;
-        in = ld->units;
+static dsgd_result dsgd__net_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
+    const char *what = "dsgd_model_create";
+    const int *sh = desc->input_shape;
+    dsgd__layer *ls;
+    dsgd_result r;
+    int L = 0;
+    if (desc->num_image_layers < 0 || (desc->num_image_layers > 0 && !desc->image_layers))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d image layers%s", what,
+                                  desc->num_image_layers, desc->image_layers ? "" : " (image_layers NULL)");
+    if (dsgd__net_has_images(desc)) {
+        double n = (double)sh[0] * sh[1] * sh[2];
+        if (sh[0] < 1 || sh[1] < 1 || sh[2] < 1 || n > 2147483647.0 || (desc->input_dim && n != desc->input_dim))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: image layers need input_shape (height, width, channels), each >= 1 and "
+                                      "input_dim %d (or 0) as their product; got %dx%dx%d", what, desc->input_dim,
+                                      sh[0], sh[1], sh[2]);
+    } else if (desc->input_dim <= 0) {
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: input_dim %d must be > 0", what, desc->input_dim);
     }
+    if (desc->num_layers < 0 || (desc->num_layers > 0 && !desc->layers) ||
+        desc->num_layers + DSGD__MAX(desc->num_image_layers, 0) == 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a model needs at least one layer (num_layers %d)",
+                                  what, desc->num_layers);
+    if (desc->loss != DSGD_LOSS_SOFTMAX_XENT && desc->loss != DSGD_LOSS_MSE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown loss %d", what, (int)desc->loss);
+    if (!(ls = dsgd__net_layers(desc, &L)))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    r = dsgd__net_check_layers(ctx, desc, ls, L);
+    DSGD_FREE(ls);
+    return r;
+}
+
+/* The network's variables (llm.c's fill_in_parameter_sizes): kernel then
+   bias for each conv layer ((k, k, c, filters), (filters)) and dense layer
+   ((in, out), (out)), layer after layer; dense layer l's kernel draws from
+   stream l, image layer i's from stream 2^32 + i. Returns their number, -1
+   when out of memory. */
+static int dsgd__net_plan(const dsgd_model_desc *desc, dsgd__var_plan *plan) {
+    int l, L = 0, n = 0;
+    dsgd__layer *ls = dsgd__net_layers(desc, &L);
+    if (!ls) return -1;
+    for (l = 0; l < L; ++l) {
+        const dsgd__layer *y = &ls[l];
+        const char *kind = y->kind == DSGD__CONV ? "conv" : "dense";
+        dsgd__var_plan *k, *b;
+        if (y->kind == DSGD__POOL) continue;
+        k = &plan[n++];
+        b = &plan[n++];
+        snprintf(k->v.name, sizeof(k->v.name), "%s%d/kernel", kind, y->index);
+        if (y->kind == DSGD__CONV) {
+            k->v.rank = 4; k->v.shape[0] = y->kernel; k->v.shape[1] = y->kernel;
+            k->v.shape[2] = y->c; k->v.shape[3] = y->units;
+            k->stream = ((uint64_t)1 << 32) + (uint64_t)y->index;
+        } else {
+            k->v.rank = 2; k->v.shape[0] = y->c; k->v.shape[1] = y->units;
+            k->stream = (uint64_t)y->index;
+        }
+        k->init = y->init != DSGD_INIT_AUTO ? y->init
+                  : y->activation == DSGD_ACT_RELU ? DSGD_INIT_HE_NORMAL : DSGD_INIT_GLOROT_UNIFORM;
+        snprintf(b->v.name, sizeof(b->v.name), "%s%d/bias", kind, y->index);
+        b->v.rank = 1; b->v.shape[0] = y->units;
+        b->init = DSGD_INIT_ZEROS;
+    }
+    DSGD_FREE(ls);
+    return n;
 }
 
 static void dsgd__net_destroy(void *state) {
@@ -483,48 +653,78 @@ static void dsgd__net_destroy(void *state) {
     if (!net) return;
     dsgd__model_free_buffer(net->m, &net->acts);
     dsgd__model_free_buffer(net->m, &net->delta);
+    dsgd__model_free_buffer(net->m, &net->col);
     dsgd__model_free_buffer(net->m, &net->targets);
     DSGD_FREE(net->layers);
+    DSGD_FREE(net->var);
     DSGD_FREE(net->dims);
     DSGD_FREE(net->act_off);
     DSGD_FREE(net);
 }
 
-/* The network's state (user_data: the checked desc): its layers, every
-   layer's activations (max_batch, dims[l]) in acts, the two delta halves,
+/* The buffers of the layout: every layer's activations (max_batch,
+   dims[l]) in acts, the two delta halves, the largest conv layer's im2col,
    the targets. */
+static dsgd_result dsgd__net_buffers(dsgd__net *net) {
+    dsgd_model *m = net->m;
+    size_t act_total = 0, col = 0, mb = (size_t)m->max_batch;
+    int l, max_dim = net->dims[0];
+    dsgd_result r;
+    for (l = 0; l <= net->num_layers; ++l) {
+        net->act_off[l] = act_total;
+        act_total += mb * net->dims[l];
+        max_dim = DSGD__MAX(max_dim, net->dims[l]);
+    }
+    for (l = 0; l < net->num_layers; ++l) {
+        const dsgd__layer *y = &net->layers[l];
+        if (y->kind == DSGD__CONV) col = DSGD__MAX(col, mb * y->oh * y->ow * y->kernel * y->kernel * y->c);
+    }
+    net->delta_half = mb * max_dim;
+    if ((r = dsgd__model_buffer(m, act_total, &net->acts)) != DSGD_OK ||
+        (r = dsgd__model_buffer(m, 2 * net->delta_half, &net->delta)) != DSGD_OK ||
+        (col && (r = dsgd__model_buffer(m, col, &net->col)) != DSGD_OK) ||
+        (r = dsgd__model_buffer(m, mb * m->target_dim, &net->targets)) != DSGD_OK)
+        return r;
+    return DSGD_OK;
+}
+
+/* The network's state (user_data: the checked desc): its layers and their
+   variables, then the buffers. */
 static dsgd_result dsgd__net_create(void *user_data, dsgd_model *m, void **state) {
     const dsgd_model_desc *desc = (const dsgd_model_desc *)user_data;
-    int l, L = desc->num_layers, max_dim = desc->input_dim;
-    size_t act_total = 0;
+    const char *what = "dsgd_model_create";
+    int l, L = 0, v = 0;
     dsgd_result r;
-    dsgd__net *net = (dsgd__net *)dsgd__alloc(m->ctx, sizeof(*net), "dsgd_model_create");
+    dsgd__net *net = (dsgd__net *)dsgd__alloc(m->ctx, sizeof(*net), what);
     if (!net) return DSGD_ERR_OUT_OF_MEMORY;
     memset(net, 0, sizeof(*net));
     net->m = m;
-    net->num_layers = L;
     net->loss = desc->loss;
-    net->layers = (dsgd_layer_desc *)dsgd__alloc(m->ctx, sizeof(dsgd_layer_desc) * (size_t)L, "dsgd_model_create");
-    net->dims = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)(L + 1), "dsgd_model_create");
-    net->act_off = (size_t *)dsgd__alloc(m->ctx, sizeof(size_t) * (size_t)(L + 1), "dsgd_model_create");
-    if (!net->layers || !net->dims || !net->act_off) {
+    net->layers = dsgd__net_layers(desc, &L);
+    net->num_layers = L;
+    net->var = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)L, what);
+    net->dims = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)(L + 1), what);
+    net->act_off = (size_t *)dsgd__alloc(m->ctx, sizeof(size_t) * (size_t)(L + 1), what);
+    if (!net->layers || !net->var || !net->dims || !net->act_off) {
         dsgd__net_destroy(net);
-        return DSGD_ERR_OUT_OF_MEMORY;
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
     }
-    memcpy(net->layers, desc->layers, sizeof(dsgd_layer_desc) * (size_t)L);
-    net->dims[0] = desc->input_dim;
+    net->dims[0] = m->input_dim;
     for (l = 0; l < L; ++l) {
-        net->dims[l + 1] = net->layers[l].units;
-        max_dim = DSGD__MAX(max_dim, net->dims[l + 1]);
+        const dsgd__layer *y = &net->layers[l];
+        net->dims[l + 1] = y->oh * y->ow * y->oc;
+        net->var[l] = y->kind == DSGD__POOL ? -1 : v;
+        v += y->kind == DSGD__POOL ? 0 : 2;
     }
-    for (l = 0; l <= L; ++l) {
-        net->act_off[l] = act_total;
-        act_total += (size_t)m->max_batch * net->dims[l];
+    m->output_dim = net->dims[L];
+    m->target_dim = net->loss == DSGD_LOSS_SOFTMAX_XENT ? 1 : m->output_dim;
+    if (dsgd__net_has_images(desc) && !(m->be.im2col && m->be.col2im && m->be.maxpool_forward && m->be.maxpool_backward)) {
+        dsgd__net_destroy(net);
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: backend '%s' lacks the image operations "
+                                  "(im2col, col2im, maxpool) that image layers need", what,
+                                  m->be.name ? m->be.name : "?");
     }
-    net->delta_half = (size_t)m->max_batch * max_dim;
-    if ((r = dsgd__model_buffer(m, act_total, &net->acts)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, 2 * net->delta_half, &net->delta)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, (size_t)m->max_batch * m->target_dim, &net->targets)) != DSGD_OK) {
+    if ((r = dsgd__net_buffers(net)) != DSGD_OK) {
         dsgd__net_destroy(net);
         return r;
     }
@@ -546,67 +746,104 @@ static dsgd_result dsgd__net_upload(dsgd__net *net, const dsgd_batch *b, int nee
 }
 
 /* Layer l's views (llm.c's ParameterTensors and ActivationTensors for one
-   layer): what dsgd__dense_forward and dsgd__dense_backward read and write.
-   M is the batch; in = dims[l], out = dims[l + 1]. */
+   layer): what the layers' forward and backward read and write. A dense
+   layer is a conv layer whose rows are samples: with M the batch, it
+   multiplies (M, in) by W (in, out); a conv layer multiplies its im2col
+   (M oh ow, k k c) by W (k k c, out), so both are `rows` x `in` times
+   `in` x `out`. */
 typedef struct dsgd__dense {
-    int in, out;
+    int in, out, rows;
     dsgd_activation act;
-    dsgd_ref W, b;   /* params: kernel (in, out), bias (out) */
+    int kind;        /* DSGD__DENSE, _CONV, _POOL */
+    dsgd_window wd;  /* image layers: the input image and window */
+    dsgd_ref W, b;   /* params: kernel, bias */
     dsgd_ref dW, db; /* grads, at the same offsets */
-    dsgd_ref x, y;   /* acts: input (M, in), output (M, out) */
+    dsgd_ref x, y;   /* acts: input (M, dims[l]), output (M, dims[l + 1]) */
+    dsgd_ref col;    /* conv: the im2col scratch */
 } dsgd__dense;
 
-static dsgd__dense dsgd__layer(const dsgd__net *net, int l) {
+static dsgd__dense dsgd__layer_view(const dsgd__net *net, int l, int M) {
     dsgd__dense L;
     const dsgd_model *m = net->m;
-    const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-    L.in = net->dims[l];
-    L.out = net->dims[l + 1];
-    L.act = net->layers[l].activation;
-    L.W = dsgd__ref(m->params, k->offset);
-    L.b = dsgd__ref(m->params, b->offset);
-    L.dW = dsgd__ref(m->grads, k->offset);
-    L.db = dsgd__ref(m->grads, b->offset);
+    const dsgd__layer *y = &net->layers[l];
+    memset(&L, 0, sizeof(L));
+    L.kind = y->kind;
+    L.act = y->activation;
     L.x = dsgd__ref(net->acts, net->act_off[l]);
     L.y = dsgd__ref(net->acts, net->act_off[l + 1]);
+    L.col = dsgd__ref(net->col, 0);
+    L.wd.n = M; L.wd.h = y->h; L.wd.w = y->w; L.wd.c = y->c;
+    L.wd.kh = L.wd.kw = y->kernel;
+    L.wd.stride = y->stride;
+    L.wd.pad = y->pad;
+    L.rows = M * y->oh * y->ow;
+    L.in = y->kind == DSGD__CONV ? y->kernel * y->kernel * y->c : y->c;
+    L.out = y->oc;
+    if (net->var[l] >= 0) {
+        const dsgd_variable *k = &m->vars[net->var[l]], *b = &m->vars[net->var[l] + 1];
+        L.W = dsgd__ref(m->params, k->offset);
+        L.b = dsgd__ref(m->params, b->offset);
+        L.dW = dsgd__ref(m->grads, k->offset);
+        L.db = dsgd__ref(m->grads, b->offset);
+    }
     return L;
 }
 
-/* y (M, out) = act(x (M, in) · W (in, out) + b (out)) */
-static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__dense *L, int M) {
-    int in = L->in, out = L->out;
-    dsgd_result r = be->gemm(be->impl, 0, 0, M, out, in, 1.0f, L->x, in, L->W, out, 0.0f, L->y, out); /* y = x W */
+/* Dense: y (M, out) = act(x (M, in) · W (in, out) + b (out)).
+   Conv: the same with im2col(x) (M oh ow, k k c) for x. Max-pool: y =
+   maxpool(x). */
+static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__dense *L) {
+    dsgd_ref a = L->x;
+    dsgd_result r;
+    if (L->kind == DSGD__POOL) return be->maxpool_forward(be->impl, &L->wd, L->x, L->y);
+    if (L->kind == DSGD__CONV) {
+        if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
+        a = L->col;
+    }
+    r = be->gemm(be->impl, 0, 0, L->rows, L->out, L->in, 1.0f, a, L->in, L->W, L->out, 0.0f, L->y, L->out);
     if (r != DSGD_OK) return r;
-    return be->bias_act_forward(be->impl, L->act, L->y, L->b, M, out);                   /* y = act(y + b) */
+    return be->bias_act_forward(be->impl, L->act, L->y, L->b, L->rows, L->out);           /* y = act(y + b) */
 }
 
-/* Given dy (M, out), the gradient of the loss with respect to y:
-     dy (M, out)  *= act'(y)              in place (nothing for NONE)
-     dW (in, out)  = x^T (in, M) · dy
-     db (out)      = column sums of dy
-     dx (M, in)    = dy · W^T (out, in)   unless dx.buf is NULL (layer 0) */
-static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L,
-                                        int M) {
-    int in = L->in, out = L->out;
+/* Given dy, the gradient of the loss with respect to y:
+     dy (rows, out) *= act'(y)             in place (nothing for NONE)
+     dW (in, out)    = a^T (in, rows) · dy  a = x (dense) or im2col(x) (conv,
+                                            made again: one scratch serves all)
+     db (out)        = column sums of dy
+     dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
+                       unless dx.buf is NULL (layer 0)
+   Max-pool: dx = maxpool_backward(x, y, dy). */
+static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
+    dsgd_ref a = L->x;
     dsgd_result r;
+    if (L->kind == DSGD__POOL)
+        return dx.buf ? be->maxpool_backward(be->impl, &L->wd, L->x, L->y, dy, dx) : DSGD_OK;
     if (L->act != DSGD_ACT_NONE) {
-        r = be->act_backward(be->impl, L->act, dy, L->y, (size_t)M * out);
+        r = be->act_backward(be->impl, L->act, dy, L->y, (size_t)L->rows * L->out);
         if (r != DSGD_OK) return r;
     }
-    r = be->gemm(be->impl, 1, 0, in, out, M, 1.0f, L->x, in, dy, out, 0.0f, L->dW, out);
+    if (L->kind == DSGD__CONV) {
+        if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
+        a = L->col;
+    }
+    r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
     if (r != DSGD_OK) return r;
-    r = be->bias_backward(be->impl, L->db, dy, M, out);
+    r = be->bias_backward(be->impl, L->db, dy, L->rows, L->out);
     if (r != DSGD_OK || !dx.buf) return r;
-    return be->gemm(be->impl, 0, 1, M, in, out, 1.0f, dy, out, L->W, out, 0.0f, dx, in);
+    if (L->kind != DSGD__CONV)
+        return be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, dx, L->in);
+    r = be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, L->col, L->in);
+    if (r != DSGD_OK) return r;
+    return be->col2im(be->impl, &L->wd, L->col, dx);
 }
 
-/* acts[l+1] (M, dims[l+1]) = act(acts[l] (M, dims[l]) · W_l + b_l), layer by layer */
+/* acts[l+1] = layer l (acts[l]), layer by layer */
 static dsgd_result dsgd__net_forward(dsgd__net *net, int M) {
     int l;
     dsgd_result r;
     for (l = 0; l < net->num_layers; ++l) {
-        dsgd__dense L = dsgd__layer(net, l);
-        if ((r = dsgd__dense_forward(&net->m->be, &L, M)) != DSGD_OK) return r;
+        dsgd__dense L = dsgd__layer_view(net, l, M);
+        if ((r = dsgd__dense_forward(&net->m->be, &L)) != DSGD_OK) return r;
     }
     net->last_count = M;
     return DSGD_OK;
@@ -619,10 +856,10 @@ static dsgd_result dsgd__net_backward(dsgd__net *net, int M) {
     int l, cur = 0;
     dsgd_result r;
     for (l = net->num_layers - 1; l >= 0; --l) {
-        dsgd__dense L = dsgd__layer(net, l);
-        dsgd_ref dy = dsgd__ref(net->delta, cur * net->delta_half);                        /* (M, out) */
-        dsgd_ref dx = dsgd__ref(l > 0 ? net->delta : NULL, (1 - cur) * net->delta_half);  /* (M, in) */
-        if ((r = dsgd__dense_backward(&net->m->be, dx, dy, &L, M)) != DSGD_OK) return r;
+        dsgd__dense L = dsgd__layer_view(net, l, M);
+        dsgd_ref dy = dsgd__ref(net->delta, cur * net->delta_half);
+        dsgd_ref dx = dsgd__ref(l > 0 ? net->delta : NULL, (1 - cur) * net->delta_half);
+        if ((r = dsgd__dense_backward(&net->m->be, dx, dy, &L)) != DSGD_OK) return r;
         cur = 1 - cur;
     }
     return DSGD_OK;
@@ -673,7 +910,7 @@ static dsgd_result dsgd__custom_check(dsgd_ctx *ctx, const dsgd_model_desc *desc
     const char *what = "dsgd_model_create";
     double total = 0.0;
     int i, j, k;
-    if (desc->layers || desc->num_layers)
+    if (desc->layers || desc->num_layers || desc->image_layers || desc->num_image_layers)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: a model has either layers (the built-in network) or custom, not both", what);
     if (!desc->custom->compute_gradients)
@@ -744,9 +981,8 @@ static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, d
     if (desc->custom) {
         m->target_dim = desc->target_dim ? desc->target_dim : 1;
         m->output_dim = desc->output_dim;
-    } else {
-        m->output_dim = desc->layers[desc->num_layers - 1].units;
-        m->target_dim = desc->loss == DSGD_LOSS_SOFTMAX_XENT ? 1 : m->output_dim;
+    } else if (!m->input_dim) { /* output_dim and target_dim: dsgd__net_create */
+        m->input_dim = desc->input_shape[0] * desc->input_shape[1] * desc->input_shape[2];
     }
     if (desc->backend) {
         m->be = *desc->backend;
@@ -764,12 +1000,16 @@ static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, d
 static dsgd__var_plan *dsgd__model_plan(dsgd_model *m, const dsgd_model_desc *desc, int *n) {
     dsgd__var_plan *plan;
     int i, k;
-    *n = desc->custom ? desc->num_variables : 2 * desc->num_layers;
+    *n = desc->custom ? desc->num_variables : 2 * (desc->num_layers + desc->num_image_layers);
     plan = (dsgd__var_plan *)dsgd__alloc(m->ctx, sizeof(*plan) * (size_t)*n, "dsgd_model_create");
     if (!plan) return NULL;
     memset(plan, 0, sizeof(*plan) * (size_t)*n);
     if (!desc->custom) {
-        dsgd__net_plan(desc, plan);
+        if ((*n = dsgd__net_plan(desc, plan)) < 0) {
+            DSGD_FREE(plan);
+            dsgd_ctx_set_error(m->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_model_create: out of memory");
+            return NULL;
+        }
         return plan;
     }
     for (i = 0; i < *n; ++i) {
