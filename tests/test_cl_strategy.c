@@ -33,6 +33,9 @@
      discrete GPU); asserted. With the host's DIRECT algorithm the two paths sum in the same
      order, so they give bitwise identical weights after every step (N = 3
      and 9).
+   - Image layers (conv2d, max-pool): a CNN's gradient on OpenCL equals the
+     CPU's within 1e-5 relative, and MIRRORED N = 2 on OpenCL trains it as
+     ONE_DEVICE on the CPU does, within 1e-4 after 10 steps.
    - The train metrics (loss sum, correct, count) over the 20 steps equal the
      CPU reference's: count exactly, loss within 1e-4 relative, correct
      within 2 samples (a near-tie in the argmax may flip with rounding).
@@ -395,8 +398,111 @@ static void test_paths_bitwise_equal(void **state) {
     paths_bitwise(9);
 }
 
+/* ---------------------------------------------------------------- image layers */
+
+/* A small CNN on 8x8x1 images: conv 3x3 pad 1 x4 relu, max-pool 2, conv 3x3
+   stride 2 x3 tanh, dense 5. Its gradient on one OpenCL model equals the
+   CPU model's within 1e-5 relative (the GEMMs sum in other orders; im2col,
+   col2im and max-pool give the same bits), and MIRRORED N = 2 on OpenCL
+   trains, after 10 steps, the weights of ONE_DEVICE on the CPU within 1e-4. */
+static const dsgd_image_layer_desc CNN_IMAGE[3] = {
+    {DSGD_IMAGE_CONV2D, 4, 3, 1, 1, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+    {DSGD_IMAGE_MAXPOOL, 0, 2, 0, 0, DSGD_ACT_NONE, DSGD_INIT_AUTO},
+    {DSGD_IMAGE_CONV2D, 3, 3, 2, 1, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+};
+static const dsgd_layer_desc CNN_DENSE[1] = {{OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+
+static dsgd_model_desc cnn_desc(void) {
+    dsgd_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.image_layers = CNN_IMAGE;
+    d.num_image_layers = 3;
+    d.input_shape[0] = 8;
+    d.input_shape[1] = 8;
+    d.input_shape[2] = 1;
+    d.layers = CNN_DENSE;
+    d.num_layers = 1;
+    d.max_batch = 16;
+    d.seed = MODEL_SEED;
+    return d;
+}
+
+static void cnn_data(uint64_t seed, float *x, float *y, int n) {
+    tu_rng r = tu_rng_make(seed);
+    int i;
+    tu_fill(&r, x, (size_t)n * 64, -1.0f, 1.0f);
+    for (i = 0; i < n; ++i) y[i] = (float)tu_below(&r, OUT);
+}
+
+static void test_cnn_gradient_cl_vs_cpu(void **state) {
+    dsgd_model_desc d = cnn_desc();
+    dsgd_backend_i be;
+    dsgd_model *cpu = NULL, *cl = NULL;
+    float x[16 * 64], y[16], gc[512], gl[512];
+    size_t np;
+    double e;
+    (void)state;
+    NEED_CL();
+    TU_OK(G.ctx, cl_factory(G.cl, G.ctx, 0, &be));
+    TU_OK(G.ctx, dsgd_model_create(G.ctx, &d, &cpu));
+    d.backend = &be;
+    TU_OK(G.ctx, dsgd_model_create(G.ctx, &d, &cl));
+    np = dsgd_model_num_params(cpu);
+    assert_true(np <= 512);
+    cnn_data(5, x, y, 16);
+    TU_OK(G.ctx, dsgd_model_compute_gradients(cpu, x, y, 16, 1.0f / 16));
+    TU_OK(G.ctx, dsgd_model_compute_gradients(cl, x, y, 16, 1.0f / 16));
+    TU_OK(G.ctx, dsgd_model_get_grads(cpu, gc, np));
+    TU_OK(G.ctx, dsgd_model_get_grads(cl, gl, np));
+    e = tu_rel_err(gl, gc, np);
+    printf("    CNN gradient, OpenCL vs CPU: rel err %.3g over %zu parameters\n", e, np);
+    assert_true(e <= 1e-5);
+    dsgd_model_destroy(cl);
+    dsgd_model_destroy(cpu);
+    be.destroy(be.impl);
+    alarm(0);
+}
+
+static void test_cnn_mirrored_cl(void **state) {
+    dsgd_strategy_desc d;
+    dsgd_strategy *s = NULL, *ref = NULL;
+    float x[16 * 64], y[16], pc[512], pl[512];
+    size_t np;
+    int step;
+    double e;
+    (void)state;
+    NEED_CL();
+    memset(&d, 0, sizeof d);
+    d.kind = DSGD_STRATEGY_ONE_DEVICE;
+    d.model = cnn_desc();
+    d.optimizer = opt_desc(DSGD_OPT_MOMENTUM);
+    TU_OK(G.ctx, dsgd_strategy_create(G.ctx, &d, &ref));
+    d.kind = DSGD_STRATEGY_MIRRORED;
+    d.num_replicas = 2;
+    d.backend_factory = cl_factory;
+    d.backend_user_data = G.cl;
+    TU_OK(G.ctx, dsgd_strategy_create(G.ctx, &d, &s));
+    np = dsgd_model_num_params(dsgd_strategy_model(s, 0));
+    for (step = 0; step < 10; ++step) {
+        cnn_data(60 + (uint64_t)step, x, y, 16);
+        TU_OK(G.ctx, dsgd_strategy_train_step(ref, x, y, 16, NULL));
+        TU_OK(G.ctx, dsgd_strategy_train_step(s, x, y, 16, NULL));
+        tu_assert_replicas_identical(G.ctx, s);
+    }
+    TU_OK(G.ctx, dsgd_model_get_params(dsgd_strategy_model(ref, 0), pc, np));
+    TU_OK(G.ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), pl, np));
+    e = tu_rel_err(pl, pc, np);
+    printf("    CNN mirrored N=2 on OpenCL vs one_device on the CPU: rel err %.3g\n", e);
+    assert_true(e <= 1e-4);
+    dsgd_strategy_destroy(s);
+    dsgd_strategy_destroy(ref);
+    alarm(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cnn_gradient_cl_vs_cpu),
+        cmocka_unit_test(test_cnn_mirrored_cl),
         cmocka_unit_test(test_contract_momentum_n2),
         cmocka_unit_test(test_contract_momentum_n4),
         cmocka_unit_test(test_contract_adam_n2),
