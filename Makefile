@@ -141,7 +141,7 @@ blas_check = $(if $(filter builtin openblas,$(BLAS)),,$(error BLAS=$(BLAS): use 
     beside the compiler (sh tools/deps.sh bench installs libopenblas-dev))))
 
 # TSan: the tests that exercise threads.
-TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_ps% test_central% test_cluster%,$(notdir $f))),$f))
+TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_ps% test_central% test_cluster% test_simnet%,$(notdir $f))),$f))
 
 BUILD_EXAMPLE_SRCS := $(filter-out $(CL_SKIPPED),$(EXAMPLE_SRCS))
 BUILD_TEST_SRCS := $(filter-out $(CL_SKIPPED),$(TEST_SRCS))

@@ -128,6 +128,7 @@
 #include "distsgd/checkpoint.h"       /* checkpoints: the file format, atomic writes, a model's state */
 #include "distsgd/transport.h"        /* the transport interface, reduce ops and kernels */
 #include "distsgd/loopback.h"         /* the loopback transport: ranks as threads */
+#include "distsgd/simnet.h"           /* the simnet transport: ranks as threads on a virtual clock */
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
 #include "distsgd/variables.h"        /* aggregation and synchronization of distributed variables */
 #include "distsgd/sharding.h"         /* partitioners and the shard map of the parameter servers */

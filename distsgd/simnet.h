@@ -1,0 +1,1077 @@
+/* distsgd/simnet.h - the simnet transport: a cluster on a virtual clock
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   SIMNET
+
+     A discrete-event simulation of a cluster behind the transport interface.
+     As with the loopback, each rank is a thread of yours and the arithmetic
+     is real (real gradients, real reductions, the same bits as the
+     loopback); only time is modelled. Every rank has a virtual clock, and
+     the endpoint's `now` returns it, so a communicator's deadlines are
+     virtual too.
+
+     Scheduling. Exactly one rank thread runs at a time: the one with the
+     smallest (virtual time, rank) among those that can proceed. A rank
+     gives up its turn whenever it enters the hub (send, recv, sendrecv,
+     sendrecv_reduce, probe, dsgd_simnet_compute, dsgd_simnet_advance) and
+     gets it back when what it waits for is due; what it does between two
+     calls takes no virtual time. Receives from any source (probe) and
+     everything the ranks compute between calls therefore happen in one
+     order, which depends only on the configuration and the seeds, never on
+     the OS scheduler (tests/test_simnet.c checks 50 runs with threads
+     sleeping at random). The hand-off is a condition variable per rank:
+     only the rank whose turn it is wakes. A rank's first call waits for its
+     turn at virtual time 0, in rank order. When every rank waits and no
+     message is in flight, the earliest deadline fires: time jumps to it, so
+     a simulation never waits in real time for a deadline.
+
+     The model (per message of b bytes from s to d; per reduction of k floats):
+       - links cost alpha + b * beta: the send occupies the sender's NIC for
+         b * beta from the moment the NIC is free (sends of one rank go out
+         one after another, and send returns when its message has left), and
+         the message arrives alpha later. Receivers take any number of
+         messages at once unless serialize_receives is set (then a receiving
+         NIC takes one at a time, booked first come first served in
+         simulation order). half_duplex: a rank's NIC carries one message at
+         a time in either direction (same booking);
+       - two levels: with ranks_per_node = L > 0, ranks r and q with r / L ==
+         q / L talk over intra_alpha / intra_beta, the others over alpha /
+         beta;
+       - sendrecv_reduce of k floats costs k * gamma after the message is in
+         (the collectives' ring, halving-doubling, fold and reduce-to-one
+         reduce through it); reductions a collective does on its own memory
+         (recursive doubling, the division of MEAN) cost nothing;
+       - a receive completes at max(the time it was called, arrival) (+ k *
+         gamma); sendrecv when both halves are done. Messages between one
+         pair arrive in the order they were sent (a delayed message holds
+         back later ones);
+       - compute: dsgd_simnet_compute(hub, rank, step) advances the rank's
+         clock by a sample of the compute model (constant; per-rank time
+         factors; exponential or shifted exponential; transient stragglers,
+         slow by a factor with probability p on a step) that depends only on
+         (seed, rank, step); dsgd_simnet_advance adds a given time.
+       - faults (dsgd_simnet_fault), by rank and compute step or virtual
+         time: KILL (the rank's calls fail with DSGD_ERR_ABORTED from then on;
+         messages it sent before still arrive; a peer waiting for it gets
+         DSGD_ERR_TIMEOUT at exactly its deadline, and error_message names
+         the dead rank), STALL (the rank is frozen for some seconds), SLOW
+         (its compute takes factor times longer), DROP (messages to a peer
+         are lost: the receiver times out naming the sender), DELAY (they
+         arrive later by exactly some seconds).
+     Not simulated: contention inside the network (only the NICs are
+     resources), packetisation, the cost of copies and of the compute
+     between calls (charge it with dsgd_simnet_compute or _advance), and
+     memory. There is no share/unshare (so AUTO all-reduces run message
+     passing algorithms, as on a cluster) and no native allreduce.
+
+     Running a strategy over it: create a hub of N ranks, pass its N
+     endpoints in dsgd_strategy_desc.endpoints (or a cluster's in its desc),
+     and charge each step's compute with dsgd_simnet_compute(hub, rank,
+     step) on the rank's thread. The rule that keeps the simulation
+     deterministic is also its one requirement: a rank's thread holds the
+     turn between its calls, so it must not wait for another rank by any
+     means but the hub (a pthread barrier between replicas would hang the
+     simulation); when a rank is done for good, its thread calls
+     dsgd_simnet_leave, and peers that wait for it afterwards time out at
+     their deadline.
+
+     Thread safety: each endpoint (and the hub's functions that take a rank)
+     is used by that rank's thread; dsgd_simnet_abort, _aborted, _time and
+     _stats from any thread.
+*/
+#ifndef DSGD__PART_SIMNET_DECL
+#define DSGD__PART_SIMNET_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- simnet */
+
+typedef struct dsgd_simnet dsgd_simnet;
+
+typedef enum dsgd_simnet_compute_kind {
+    DSGD_SIMNET_COMPUTE_NONE = 0,    /* compute takes no time */
+    DSGD_SIMNET_COMPUTE_CONSTANT,    /* mean_s every step */
+    DSGD_SIMNET_COMPUTE_EXPONENTIAL, /* Exp with mean mean_s (rate 1 / mean_s) */
+    DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL /* shift_s + Exp with mean mean_s */
+} dsgd_simnet_compute_kind;
+
+/* The compute model. A step's time on rank r is
+     sample(kind) * rank_factor[r] * (straggler_factor when a straggler)
+   where the sample and the straggler draw depend only on (seed, r, step). */
+typedef struct dsgd_simnet_compute_desc {
+    dsgd_simnet_compute_kind kind;
+    double mean_s;             /* CONSTANT: the time; (SHIFTED_)EXPONENTIAL: the mean of the exponential part */
+    double shift_s;            /* SHIFTED_EXPONENTIAL: the minimum */
+    const double *rank_factor; /* NULL: 1 for every rank; else one factor per rank (copied), > 0 */
+    double straggler_p;        /* probability that a rank is a straggler on a step, 0..1 */
+    double straggler_factor;   /* a straggler's time is multiplied by this (0: 1) */
+    uint64_t seed;
+} dsgd_simnet_compute_desc;
+
+typedef enum dsgd_simnet_fault_kind {
+    DSGD_SIMNET_FAULT_KILL = 1, /* rank dies */
+    DSGD_SIMNET_FAULT_STALL,    /* rank is frozen for `seconds` */
+    DSGD_SIMNET_FAULT_SLOW,     /* rank's compute takes `factor` times longer from then on */
+    DSGD_SIMNET_FAULT_DROP,     /* `count` messages from rank to peer are lost */
+    DSGD_SIMNET_FAULT_DELAY     /* `count` messages from rank to peer arrive `seconds` later */
+} dsgd_simnet_fault_kind;
+
+/* One fault. When: step >= 0: at dsgd_simnet_compute(hub, rank, step) (KILL,
+   STALL: at the start of that step; SLOW: that step and later; DROP, DELAY:
+   messages sent after the rank began that step); step < 0: at virtual time
+   `time` (KILL: the rank dies at that time, even inside a call; STALL: the
+   rank is frozen from then for `seconds`; SLOW: compute that starts then or
+   later; DROP, DELAY: messages sent at that time or later). */
+typedef struct dsgd_simnet_fault {
+    dsgd_simnet_fault_kind kind;
+    int rank;       /* the rank (DROP, DELAY: the sender) */
+    int peer;       /* DROP, DELAY: the receiver; -1 any */
+    long step;      /* >= 0: a compute step; < 0: use time */
+    double time;    /* virtual seconds, when step < 0 */
+    double seconds; /* STALL, DELAY */
+    double factor;  /* SLOW, > 0 */
+    long count;     /* DROP, DELAY: how many messages (0: 1) */
+} dsgd_simnet_fault;
+
+typedef struct dsgd_simnet_desc {
+    int ranks;                  /* 1..4096 */
+    double alpha_s;             /* latency of a message (between nodes, or everywhere when ranks_per_node is 0) */
+    double beta_s_per_byte;     /* its time per byte */
+    double gamma_s_per_float;   /* sendrecv_reduce's time per float reduced */
+    int ranks_per_node;         /* 0: one level; L > 0: ranks r / L share a node */
+    double intra_alpha_s;       /* within a node (ranks_per_node > 0) */
+    double intra_beta_s_per_byte;
+    int half_duplex;            /* non-zero: a rank sends or receives, not both at once */
+    int serialize_receives;     /* non-zero: a receiving NIC takes one message at a time */
+    dsgd_simnet_compute_desc compute;
+    const dsgd_simnet_fault *faults; /* copied */
+    int num_faults;
+    /* Test hook: > 0 makes every rank thread sleep up to this many real
+       seconds (or yield) at random before and after each hand-off, to show
+       that the result does not depend on the OS scheduler. 0 in real use. */
+    double test_jitter_s;
+} dsgd_simnet_desc;
+
+/* Counters since creation (events = messages + computes). */
+typedef struct dsgd_simnet_stats {
+    uint64_t messages;  /* messages sent (dropped ones included) */
+    uint64_t bytes;     /* their payload */
+    uint64_t dropped;   /* messages lost to DROP faults */
+    uint64_t computes;  /* dsgd_simnet_compute and _advance calls */
+    uint64_t handoffs;  /* turns passed from one thread to another */
+    double max_time;    /* the largest virtual clock of any rank */
+} dsgd_simnet_stats;
+
+/* Creates a hub of desc->ranks ranks, each at virtual time 0. Costs are in
+   seconds and may be 0 (free); zero fields mean: one level, full duplex, no
+   compute time, no faults. ctx receives the errors of create and must
+   outlive the hub.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx, desc or out NULL, nothing recorded
+   when ctx is; ranks outside 1..4096; a negative or non-finite cost; a bad
+   compute model or fault, named with its index), DSGD_ERR_OUT_OF_MEMORY,
+   DSGD_ERR_SYSTEM (a pthread mutex or condition variable).
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *desc, dsgd_simnet **out);
+/* Fills *out with the endpoint of `rank` (name "simnet"); it lives as long
+   as the hub (out->destroy is NULL). Every member but destroy, share,
+   unshare and allreduce is set.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; out NULL;
+   rank outside [0, ranks)).
+   Thread safety: the thread of the hub's ctx. */
+DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *hub, int rank, dsgd_transport_i *out);
+/* Charges compute step `step` to rank: its clock advances by the compute
+   model's sample for (rank, step), times SLOW faults, plus STALL faults;
+   KILL faults at this step take effect. It gives up the turn like any call.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL; rank outside [0, ranks);
+   step < 0), DSGD_ERR_ABORTED (the rank was killed, or the hub aborted),
+   DSGD_ERR_STATE (the rank left).
+   Thread safety: rank's thread. */
+DSGD_API dsgd_result dsgd_simnet_compute(dsgd_simnet *hub, int rank, long step);
+/* Advances rank's clock by `seconds` (>= 0, finite), as compute that takes
+   exactly that long (SLOW faults do not apply; a KILL or STALL at a time in
+   between does).
+   Errors: as dsgd_simnet_compute, and DSGD_ERR_INVALID_ARGUMENT for seconds.
+   Thread safety: rank's thread. */
+DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *hub, int rank, double seconds);
+/* The compute model's sample for (rank, step) in seconds, without faults:
+   what dsgd_simnet_compute charges when no fault applies. Pure: the same
+   for the same desc, whatever else happened (hub NULL, rank or step out of
+   range: 0).
+   Errors: none. Thread safety: any thread. */
+DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *hub, int rank, long step);
+/* The rank leaves the simulation for good: it gives up its turn, is never
+   scheduled again, and its later calls return DSGD_ERR_STATE. Call it on the
+   rank's thread when the rank is done (a rank that returns without leaving
+   holds the turn and stops the others). Messages it sent still arrive; a
+   peer waiting for more times out at its deadline. hub NULL or rank out of
+   range: nothing.
+   Thread safety: rank's thread. */
+DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
+/* Marks the hub aborted: every waiting and later call returns
+   DSGD_ERR_ABORTED at once (the endpoints' abort member does the same); the
+   ranks then run freely, so the virtual times after an abort mean nothing.
+   Irreversible. hub NULL: nothing.
+   Thread safety: any thread while the hub exists. */
+DSGD_API void dsgd_simnet_abort(dsgd_simnet *hub);
+/* Non-zero once the hub was aborted (hub NULL: 0).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_simnet_aborted(dsgd_simnet *hub);
+/* Rank's virtual clock in seconds (hub NULL or rank out of range: 0). Read
+   by another thread while the rank runs, it is the time of its last call.
+   Errors: none. Thread safety: any thread. */
+DSGD_API double dsgd_simnet_time(dsgd_simnet *hub, int rank);
+/* Fills *out with the hub's counters (nothing when either is NULL).
+   Errors: none. Thread safety: any thread. */
+DSGD_API void dsgd_simnet_get_stats(dsgd_simnet *hub, dsgd_simnet_stats *out);
+/* Frees the hub and every message still in flight; its endpoints are
+   invalid afterwards. hub NULL: nothing.
+   Thread safety: one thread, once no rank uses the hub (join them first). */
+DSGD_API void dsgd_simnet_destroy(dsgd_simnet *hub);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_SIMNET_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_IMPL)
+#define DSGD__PART_SIMNET_IMPL
+
+/* >>simnet ----------------------------------------------------------------- */
+/* One mutex guards the simulation; `turn` names the rank that may run. A
+   rank entering the hub records what it waits for (a time, a transfer, a
+   probe), computes its key (the virtual time at which that is due, capped
+   by its deadline and its death), passes the turn to the rank with the
+   smallest (key, rank) and sleeps on its own condition variable until the
+   turn comes back. Keys are cached and recomputed when a message is posted
+   to the rank, so a hand-off is one O(ranks) scan. Messages are copied at
+   send into a per-pair FIFO list with their arrival time. */
+
+#define DSGD__SN_INF HUGE_VAL
+
+enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_LEFT, DSGD__SN_DEAD };
+enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
+
+typedef struct dsgd__sn_msg {
+    struct dsgd__sn_msg *next;
+    uint64_t tag;
+    size_t bytes;
+    double arrival;
+    /* the payload follows, aligned for floats */
+} dsgd__sn_msg;
+
+#define DSGD__SN_HDR ((sizeof(dsgd__sn_msg) + 15) & ~(size_t)15)
+#define DSGD__SN_PAYLOAD(m) ((unsigned char *)(m) + DSGD__SN_HDR)
+
+typedef struct dsgd__sn_pair {
+    dsgd__sn_msg *head, *tail;
+    double last_arrival;
+    long dropped;
+} dsgd__sn_pair;
+
+typedef struct dsgd__sn_fault {
+    dsgd_simnet_fault f;
+    long left;   /* DROP, DELAY: messages still to hit */
+    int applied; /* STALL by time */
+} dsgd__sn_fault;
+
+typedef struct dsgd__sn_ep {
+    struct dsgd_simnet *hub;
+    int rank;
+    int state;
+    double t;          /* the virtual clock */
+    double key;        /* WAITING: when its wait ends (cached) */
+    /* the wait */
+    int wait;
+    double t_call;     /* the clock when the call began */
+    double until;      /* W_TIME: the end; W_XFER: when the send half is done (-INF: none) */
+    int src;           /* W_XFER: the source, -1 none */
+    size_t reduce_k;   /* W_XFER: floats reduced on receipt (gamma), 0: a copy */
+    double deadline;
+    double kill_time;  /* KILL by time, or INF */
+    double tx_free, rx_free; /* the NIC */
+    long step;         /* the last compute step, -1 */
+    double slow;       /* SLOW factor in force */
+    uint64_t progress; /* atomic */
+    uint64_t jitter;   /* test hook's generator (owner thread only) */
+    pthread_cond_t cv;
+    char err[224];
+} dsgd__sn_ep;
+
+struct dsgd_simnet {
+    dsgd_ctx *ctx;
+    dsgd_simnet_desc d;
+    int n;
+    pthread_mutex_t mu;
+    int turn;    /* the rank that may run, -1: none */
+    int aborted; /* atomic */
+    dsgd__sn_ep *ep;
+    dsgd__sn_pair *pair; /* pair[src * n + dst] */
+    dsgd__sn_fault *faults;
+    double *rank_factor;
+    dsgd_simnet_stats stats;
+};
+
+static int dsgd__sn_finite_nonneg(double x) { return x >= 0 && x < DSGD__SN_INF; }
+
+/* Validates desc; records the first problem. */
+static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
+    const char *w = "dsgd_simnet_create";
+    const dsgd_simnet_compute_desc *c = &d->compute;
+    int i;
+    if (d->ranks < 1 || d->ranks > 4096)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d ranks (need 1..4096)", w, d->ranks);
+    if (!dsgd__sn_finite_nonneg(d->alpha_s) || !dsgd__sn_finite_nonneg(d->beta_s_per_byte) ||
+        !dsgd__sn_finite_nonneg(d->gamma_s_per_float) || !dsgd__sn_finite_nonneg(d->intra_alpha_s) ||
+        !dsgd__sn_finite_nonneg(d->intra_beta_s_per_byte) || !dsgd__sn_finite_nonneg(d->test_jitter_s))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: costs must be finite and >= 0 (alpha %g, beta %g, gamma %g, intra alpha %g, "
+                                  "intra beta %g, jitter %g)", w, d->alpha_s, d->beta_s_per_byte,
+                                  d->gamma_s_per_float, d->intra_alpha_s, d->intra_beta_s_per_byte, d->test_jitter_s);
+    if (d->ranks_per_node < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: ranks_per_node %d < 0", w, d->ranks_per_node);
+    if ((int)c->kind < 0 || (int)c->kind > (int)DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown compute kind %d", w, (int)c->kind);
+    if (!dsgd__sn_finite_nonneg(c->mean_s) || !dsgd__sn_finite_nonneg(c->shift_s) ||
+        !(c->straggler_p >= 0 && c->straggler_p <= 1) || !dsgd__sn_finite_nonneg(c->straggler_factor))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: compute model: mean %g, shift %g, straggler p %g, factor %g (need finite "
+                                  "values >= 0 and p in [0, 1])", w, c->mean_s, c->shift_s, c->straggler_p,
+                                  c->straggler_factor);
+    for (i = 0; c->rank_factor && i < d->ranks; ++i)
+        if (!(c->rank_factor[i] > 0 && c->rank_factor[i] < DSGD__SN_INF))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank_factor[%d] = %g (need > 0)", w, i,
+                                      c->rank_factor[i]);
+    if (d->num_faults < 0 || (d->num_faults > 0 && !d->faults))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d faults at %p", w, d->num_faults,
+                                  (const void *)d->faults);
+    for (i = 0; i < d->num_faults; ++i) {
+        const dsgd_simnet_fault *f = &d->faults[i];
+        const char *bad = NULL;
+        if ((int)f->kind < (int)DSGD_SIMNET_FAULT_KILL || (int)f->kind > (int)DSGD_SIMNET_FAULT_DELAY)
+            bad = "unknown kind";
+        else if (f->rank < 0 || f->rank >= d->ranks)
+            bad = "rank out of range";
+        else if ((f->kind == DSGD_SIMNET_FAULT_DROP || f->kind == DSGD_SIMNET_FAULT_DELAY) &&
+                 (f->peer < -1 || f->peer >= d->ranks))
+            bad = "peer out of range";
+        else if (f->step < 0 && !dsgd__sn_finite_nonneg(f->time))
+            bad = "time must be finite and >= 0";
+        else if (!dsgd__sn_finite_nonneg(f->seconds))
+            bad = "seconds must be finite and >= 0";
+        else if (f->kind == DSGD_SIMNET_FAULT_SLOW && !(f->factor > 0 && f->factor < DSGD__SN_INF))
+            bad = "factor must be > 0";
+        else if (f->count < 0)
+            bad = "count < 0";
+        if (bad) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: faults[%d]: %s", w, i, bad);
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *desc, dsgd_simnet **out) {
+    const char *w = "dsgd_simnet_create";
+    dsgd_simnet *h;
+    size_t npairs;
+    int i, inited = 0;
+    dsgd_result r;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", w);
+    *out = NULL;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", w);
+    if ((r = dsgd__sn_check(ctx, desc)) != DSGD_OK) return r;
+    h = (dsgd_simnet *)dsgd__alloc(ctx, sizeof(*h), w);
+    if (!h) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(h, 0, sizeof(*h));
+    h->ctx = ctx;
+    h->d = *desc;
+    h->n = desc->ranks;
+    npairs = (size_t)h->n * (size_t)h->n;
+    h->ep = (dsgd__sn_ep *)dsgd__alloc(ctx, sizeof(dsgd__sn_ep) * (size_t)h->n, w);
+    h->pair = (dsgd__sn_pair *)dsgd__alloc(ctx, sizeof(dsgd__sn_pair) * npairs, w);
+    h->faults = (dsgd__sn_fault *)dsgd__alloc(ctx, sizeof(dsgd__sn_fault) * (size_t)(desc->num_faults + 1), w);
+    h->rank_factor = (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)h->n, w);
+    if (!h->ep || !h->pair || !h->faults || !h->rank_factor) {
+        DSGD_FREE(h->ep);
+        DSGD_FREE(h->pair);
+        DSGD_FREE(h->faults);
+        DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(h->ep, 0, sizeof(dsgd__sn_ep) * (size_t)h->n);
+    memset(h->pair, 0, sizeof(dsgd__sn_pair) * npairs);
+    for (i = 0; i < desc->num_faults; ++i) {
+        h->faults[i].f = desc->faults[i];
+        h->faults[i].left = desc->faults[i].count > 0 ? desc->faults[i].count : 1;
+        h->faults[i].applied = 0;
+    }
+    h->d.faults = NULL; /* the copy above is the hub's */
+    for (i = 0; i < h->n; ++i) h->rank_factor[i] = desc->compute.rank_factor ? desc->compute.rank_factor[i] : 1.0;
+    h->d.compute.rank_factor = h->rank_factor;
+    if (pthread_mutex_init(&h->mu, NULL) == 0) {
+        for (i = 0; i < h->n; ++i) {
+            dsgd__sn_ep *e = &h->ep[i];
+            int k;
+            e->hub = h;
+            e->rank = i;
+            e->state = DSGD__SN_ARRIVING;
+            e->kill_time = DSGD__SN_INF;
+            e->step = -1;
+            e->slow = 1.0;
+            e->src = -1;
+            e->jitter = (uint64_t)(dsgd_now() * 1e9) ^ ((uint64_t)i * 0x9E3779B97F4A7C15ull);
+            for (k = 0; k < desc->num_faults; ++k) {
+                const dsgd_simnet_fault *f = &desc->faults[k];
+                if (f->kind == DSGD_SIMNET_FAULT_KILL && f->rank == i && f->step < 0 && f->time < e->kill_time)
+                    e->kill_time = f->time;
+            }
+            if (pthread_cond_init(&e->cv, NULL) != 0) break;
+            ++inited;
+        }
+        if (inited < h->n) {
+            for (i = 0; i < inited; ++i) pthread_cond_destroy(&h->ep[i].cv);
+            pthread_mutex_destroy(&h->mu);
+        }
+    }
+    if (inited < h->n) {
+        DSGD_FREE(h->ep);
+        DSGD_FREE(h->pair);
+        DSGD_FREE(h->faults);
+        DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot create a pthread mutex or condition", w);
+    }
+    h->turn = 0; /* every rank arrives at time 0; rank 0 first */
+    *out = h;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_simnet_destroy(dsgd_simnet *h) {
+    size_t i, npairs;
+    int k;
+    if (!h) return;
+    npairs = (size_t)h->n * (size_t)h->n;
+    for (i = 0; i < npairs; ++i) {
+        dsgd__sn_msg *m = h->pair[i].head;
+        while (m) {
+            dsgd__sn_msg *next = m->next;
+            DSGD_FREE(m);
+            m = next;
+        }
+    }
+    for (k = 0; k < h->n; ++k) pthread_cond_destroy(&h->ep[k].cv);
+    pthread_mutex_destroy(&h->mu);
+    DSGD_FREE(h->ep);
+    DSGD_FREE(h->pair);
+    DSGD_FREE(h->faults);
+    DSGD_FREE(h->rank_factor);
+    DSGD_FREE(h);
+}
+
+DSGD_API void dsgd_simnet_abort(dsgd_simnet *h) {
+    int i;
+    if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    DSGD__STORE_SC(&h->aborted, 1);
+    for (i = 0; i < h->n; ++i) pthread_cond_signal(&h->ep[i].cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+DSGD_API int dsgd_simnet_aborted(dsgd_simnet *h) { return h ? DSGD__LOAD_SC(&h->aborted) : 0; }
+
+DSGD_API double dsgd_simnet_time(dsgd_simnet *h, int rank) {
+    double t;
+    if (!h || rank < 0 || rank >= h->n) return 0;
+    pthread_mutex_lock(&h->mu);
+    t = h->ep[rank].t;
+    pthread_mutex_unlock(&h->mu);
+    return t;
+}
+
+DSGD_API void dsgd_simnet_get_stats(dsgd_simnet *h, dsgd_simnet_stats *out) {
+    int i;
+    if (!h || !out) return;
+    pthread_mutex_lock(&h->mu);
+    *out = h->stats;
+    out->max_time = 0;
+    for (i = 0; i < h->n; ++i)
+        if (h->ep[i].t > out->max_time) out->max_time = h->ep[i].t;
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* >>simnet compute model --------------------------------------------------- */
+
+DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *h, int rank, long step) {
+    const dsgd_simnet_compute_desc *c;
+    uint64_t s;
+    double u, x = 0, straggle;
+    if (!h || rank < 0 || rank >= h->n || step < 0) return 0;
+    c = &h->d.compute;
+    /* one stream per (seed, rank, step): two mixing rounds */
+    s = c->seed ^ ((uint64_t)rank * 0xD1B54A32D192ED03ull);
+    s = dsgd_rng_next(&s) ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull);
+    dsgd_rng_next(&s);
+    u = dsgd_rng_uniform(&s);
+    straggle = dsgd_rng_uniform(&s);
+    switch (c->kind) {
+    case DSGD_SIMNET_COMPUTE_CONSTANT: x = c->mean_s; break;
+    case DSGD_SIMNET_COMPUTE_EXPONENTIAL: x = -c->mean_s * log(1.0 - u); break;
+    case DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL: x = c->shift_s - c->mean_s * log(1.0 - u); break;
+    default: x = 0; break;
+    }
+    x *= h->rank_factor[rank];
+    if (c->straggler_p > 0 && straggle < c->straggler_p && c->straggler_factor > 0) x *= c->straggler_factor;
+    return x;
+}
+
+/* >>simnet scheduler ------------------------------------------------------- */
+
+/* The test hook: a random real-time pause (a yield or a sleep). */
+static void dsgd__sn_jitter(dsgd__sn_ep *e) {
+    double j = e->hub->d.test_jitter_s;
+    uint64_t r;
+    if (!(j > 0)) return;
+    r = dsgd_rng_next(&e->jitter);
+    if (r & 1) {
+        sched_yield();
+    } else {
+        struct timespec ts;
+        double s = j * (double)(r >> 11) * (1.0 / 9007199254740992.0);
+        ts.tv_sec = (time_t)s;
+        ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* When e's wait is over, ignoring the deadline (INF: not known yet). */
+static double dsgd__sn_event(const dsgd__sn_ep *e) {
+    const dsgd_simnet *h = e->hub;
+    double ev;
+    int k;
+    switch (e->wait) {
+    case DSGD__SN_W_TIME: return e->until;
+    case DSGD__SN_W_XFER: {
+        const dsgd__sn_msg *m;
+        ev = e->until;
+        if (e->src < 0) return ev;
+        m = h->pair[(size_t)e->src * (size_t)h->n + (size_t)e->rank].head;
+        if (!m) return DSGD__SN_INF;
+        return DSGD__MAX(ev, DSGD__MAX(e->t_call, m->arrival) + (double)e->reduce_k * h->d.gamma_s_per_float);
+    }
+    default: /* probe: the earliest arrival */
+        ev = DSGD__SN_INF;
+        for (k = 0; k < h->n; ++k) {
+            const dsgd__sn_msg *m = h->pair[(size_t)k * (size_t)h->n + (size_t)e->rank].head;
+            if (m && m->arrival < ev) ev = m->arrival;
+        }
+        return ev < DSGD__SN_INF ? DSGD__MAX(ev, e->t_call) : ev;
+    }
+}
+
+static double dsgd__sn_key(const dsgd__sn_ep *e) {
+    double k = dsgd__sn_event(e);
+    if (e->deadline < k) k = e->deadline;
+    if (e->kill_time < k) k = e->kill_time;
+    return k;
+}
+
+/* Gives the turn to the rank with the smallest (key, rank); -1 when no rank
+   is left. Called with the mutex held by the rank that has the turn (or
+   that just gave it up by leaving or dying). */
+static void dsgd__sn_pass(dsgd_simnet *h) {
+    double best_key = DSGD__SN_INF;
+    int best = -1, k, me = h->turn;
+    for (k = 0; k < h->n; ++k) {
+        const dsgd__sn_ep *e = &h->ep[k];
+        double key;
+        if (e->state == DSGD__SN_ARRIVING) key = e->t;
+        else if (e->state == DSGD__SN_WAITING) key = e->key;
+        else continue;
+        if (best < 0 || key < best_key) {
+            best = k;
+            best_key = key;
+        }
+    }
+    h->turn = best;
+    if (best >= 0 && best != me) {
+        h->stats.handoffs++;
+        pthread_cond_signal(&h->ep[best].cv);
+    }
+}
+
+/* Waits (mutex held) until it is e's turn or the hub is aborted. */
+static void dsgd__sn_wait_turn(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    while (h->turn != e->rank && !DSGD__LOAD_RLX(&h->aborted)) pthread_cond_wait(&e->cv, &h->mu);
+}
+
+static dsgd_result dsgd__sn_fail(dsgd__sn_ep *e, dsgd_result r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static dsgd_result dsgd__sn_fail(dsgd__sn_ep *e, dsgd_result r, const char *fmt, ...) {
+    va_list ap;
+    int k = snprintf(e->err, sizeof(e->err), "simnet rank %d at %.9g s: ", e->rank, e->t);
+    if (k < 0 || (size_t)k >= sizeof(e->err)) return r;
+    va_start(ap, fmt);
+    vsnprintf(e->err + k, sizeof(e->err) - (size_t)k, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* Applies time-triggered stalls once e's clock has reached them. */
+static void dsgd__sn_stalls(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    int i;
+    for (i = 0; i < h->d.num_faults; ++i) {
+        dsgd__sn_fault *f = &h->faults[i];
+        if (f->f.kind == DSGD_SIMNET_FAULT_STALL && f->f.rank == e->rank && f->f.step < 0 && !f->applied &&
+            e->t >= f->f.time) {
+            f->applied = 1;
+            if (e->t < f->f.time + f->f.seconds) e->t = f->f.time + f->f.seconds;
+        }
+    }
+}
+
+/* The rank dies at time `at`: it gives up the turn for good. */
+static dsgd_result dsgd__sn_die(dsgd__sn_ep *e, double at) {
+    if (at > e->t) e->t = at;
+    e->state = DSGD__SN_DEAD;
+    e->kill_time = e->t;
+    dsgd__sn_pass(e->hub);
+    return dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed (fault injection)");
+}
+
+/* Entering the hub: locks the mutex and waits for the turn. Returns DSGD_OK
+   with the mutex held and the turn, or an error with the mutex released. */
+static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    dsgd_result r;
+    dsgd__sn_jitter(e);
+    pthread_mutex_lock(&h->mu);
+    if (e->state == DSGD__SN_ARRIVING) {
+        dsgd__sn_wait_turn(e);
+        if (!DSGD__LOAD_RLX(&h->aborted)) {
+            e->state = DSGD__SN_RUNNING;
+            dsgd__sn_jitter(e);
+        }
+    }
+    if (DSGD__LOAD_RLX(&h->aborted)) {
+        r = dsgd__sn_fail(e, DSGD_ERR_ABORTED, "the hub was aborted");
+    } else if (e->state == DSGD__SN_DEAD) {
+        r = dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed at %.9g s (fault injection)", e->kill_time);
+    } else if (e->state == DSGD__SN_LEFT) {
+        r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank left the simulation");
+    } else {
+        DSGD_ASSERT(e->state == DSGD__SN_RUNNING && h->turn == e->rank);
+        dsgd__sn_stalls(e);
+        if (e->t >= e->kill_time) {
+            dsgd__sn_die(e, e->kill_time);
+            r = DSGD_ERR_ABORTED;
+        } else {
+            return DSGD_OK;
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+/* Waits, holding the mutex and the turn, for e's wait (set by the caller)
+   to be due, and returns with the turn again: DSGD_OK (the event is due;
+   the clock is at it), DSGD_ERR_TIMEOUT (the clock is at the deadline, or
+   every rank waits for ever), DSGD_ERR_ABORTED (aborted or killed; the
+   message is set). */
+static dsgd_result dsgd__sn_block(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    double ev;
+    e->state = DSGD__SN_WAITING;
+    e->key = dsgd__sn_key(e);
+    dsgd__sn_pass(h);
+    dsgd__sn_wait_turn(e);
+    if (DSGD__LOAD_RLX(&h->aborted)) {
+        if (e->state == DSGD__SN_WAITING) e->state = DSGD__SN_RUNNING;
+        return dsgd__sn_fail(e, DSGD_ERR_ABORTED, "the hub was aborted");
+    }
+    e->state = DSGD__SN_RUNNING;
+    dsgd__sn_jitter(e);
+    ev = dsgd__sn_event(e);
+    if (e->kill_time < DSGD__SN_INF && e->kill_time <= ev && e->kill_time <= e->deadline)
+        return dsgd__sn_die(e, e->kill_time);
+    if (ev < DSGD__SN_INF && ev <= e->deadline) {
+        if (ev > e->t) e->t = ev;
+        return DSGD_OK;
+    }
+    if (e->deadline < DSGD__SN_INF) {
+        if (e->deadline > e->t) e->t = e->deadline;
+        return DSGD_ERR_TIMEOUT;
+    }
+    return DSGD_ERR_TIMEOUT; /* every rank waits with no deadline: a deadlock */
+}
+
+/* Leaves the hub after a call: time-triggered stalls, then the mutex. */
+static dsgd_result dsgd__sn_exit(dsgd__sn_ep *e, dsgd_result r) {
+    if (e->state == DSGD__SN_RUNNING) dsgd__sn_stalls(e);
+    pthread_mutex_unlock(&e->hub->mu);
+    return r;
+}
+
+/* >>simnet transfers ------------------------------------------------------- */
+
+static void dsgd__sn_link(const dsgd_simnet *h, int s, int d, double *alpha, double *beta) {
+    int L = h->d.ranks_per_node;
+    if (L > 0 && s / L == d / L) {
+        *alpha = h->d.intra_alpha_s;
+        *beta = h->d.intra_beta_s_per_byte;
+    } else {
+        *alpha = h->d.alpha_s;
+        *beta = h->d.beta_s_per_byte;
+    }
+}
+
+/* The DROP or DELAY fault that hits a message from e to dst now, if any. */
+static dsgd__sn_fault *dsgd__sn_msg_fault(dsgd__sn_ep *e, int dst, int kind) {
+    dsgd_simnet *h = e->hub;
+    int i;
+    for (i = 0; i < h->d.num_faults; ++i) {
+        dsgd__sn_fault *f = &h->faults[i];
+        if ((int)f->f.kind != kind || f->f.rank != e->rank || f->left <= 0) continue;
+        if (f->f.peer >= 0 && f->f.peer != dst) continue;
+        if (f->f.step >= 0 ? e->step < f->f.step : e->t < f->f.time) continue;
+        return f;
+    }
+    return NULL;
+}
+
+/* Posts a message from e (at its clock) to dst; *done is when it has left
+   the NIC. DSGD_ERR_TIMEOUT (nothing posted) when that is past the
+   deadline. */
+static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const void *buf, size_t bytes,
+                                 double deadline, double *done) {
+    dsgd_simnet *h = e->hub;
+    dsgd__sn_ep *d = &h->ep[dst];
+    dsgd__sn_pair *p = &h->pair[(size_t)e->rank * (size_t)h->n + (size_t)dst];
+    double alpha, beta, start, occupy, *tx, *rx = NULL;
+    dsgd__sn_fault *f;
+    dsgd__sn_msg *m;
+    dsgd__sn_link(h, e->rank, dst, &alpha, &beta);
+    tx = &e->tx_free;
+    if (h->d.half_duplex) rx = &d->tx_free;
+    else if (h->d.serialize_receives) rx = &d->rx_free;
+    start = DSGD__MAX(e->t, *tx);
+    if (rx && *rx > start) start = *rx;
+    occupy = (double)bytes * beta;
+    *done = start + occupy;
+    if (*done > deadline)
+        return dsgd__sn_fail(e, DSGD_ERR_TIMEOUT, "the deadline passed before the message to rank %d could leave", dst);
+    m = (dsgd__sn_msg *)DSGD_MALLOC(DSGD__SN_HDR + bytes);
+    if (!m) return dsgd__sn_fail(e, DSGD_ERR_OUT_OF_MEMORY, "cannot buffer %zu bytes for rank %d", bytes, dst);
+    *tx = *done;
+    if (rx) *rx = *done;
+    h->stats.messages++;
+    h->stats.bytes += bytes;
+    if ((f = dsgd__sn_msg_fault(e, dst, DSGD_SIMNET_FAULT_DROP)) != NULL) {
+        f->left--;
+        p->dropped++;
+        h->stats.dropped++;
+        DSGD_FREE(m);
+        return DSGD_OK;
+    }
+    m->next = NULL;
+    m->tag = tag;
+    m->bytes = bytes;
+    m->arrival = *done + alpha;
+    if ((f = dsgd__sn_msg_fault(e, dst, DSGD_SIMNET_FAULT_DELAY)) != NULL) {
+        f->left--;
+        m->arrival += f->f.seconds;
+    }
+    if (m->arrival < p->last_arrival) m->arrival = p->last_arrival; /* one pair stays in order */
+    p->last_arrival = m->arrival;
+    if (bytes) memcpy(DSGD__SN_PAYLOAD(m), buf, bytes);
+    if (p->tail) p->tail->next = m;
+    else p->head = m;
+    p->tail = m;
+    if (d->state == DSGD__SN_WAITING) d->key = dsgd__sn_key(d);
+    return DSGD_OK;
+}
+
+/* Why a wait for src ended without its message: text for the error. */
+static const char *dsgd__sn_why(const dsgd__sn_ep *e, int src, char *buf, size_t cap) {
+    const dsgd_simnet *h = e->hub;
+    const dsgd__sn_ep *p = &h->ep[src];
+    buf[0] = '\0';
+    if (p->state == DSGD__SN_DEAD) snprintf(buf, cap, " (rank %d was killed at %.9g s)", src, p->kill_time);
+    else if (h->pair[(size_t)src * (size_t)h->n + (size_t)e->rank].dropped)
+        snprintf(buf, cap, " (a message from rank %d was dropped)", src);
+    else if (p->state == DSGD__SN_LEFT) snprintf(buf, cap, " (rank %d left the simulation)", src);
+    return buf;
+}
+
+/* The one transfer: post to dst (>= 0), then wait for the message from src
+   (>= 0) and copy it (op < 0) or reduce it into rbuf. */
+static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                 uint64_t rtag, void *rbuf, size_t rbytes, int op, double deadline,
+                                 int *failed_peer) {
+    dsgd_simnet *h = e->hub;
+    dsgd_result r;
+    double done = -DSGD__SN_INF;
+    char why[96];
+    if (failed_peer) *failed_peer = -1;
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) {
+        if (failed_peer) *failed_peer = src >= 0 ? src : dst;
+        return r;
+    }
+    e->t_call = e->t;
+    if (dst >= 0 && (r = dsgd__sn_post(e, dst, stag, sbuf, sbytes, deadline, &done)) != DSGD_OK) {
+        /* the send could not leave in time: wait out the deadline, then fail */
+        e->wait = DSGD__SN_W_TIME;
+        e->until = DSGD__SN_INF;
+        e->deadline = r == DSGD_ERR_TIMEOUT ? deadline : e->t;
+        if (dsgd__sn_block(e) != DSGD_ERR_ABORTED)
+            dsgd__sn_fail(e, r, r == DSGD_ERR_TIMEOUT ? "the deadline passed before the message to rank %d could leave"
+                                                      : "cannot buffer a message for rank %d", dst);
+        if (failed_peer) *failed_peer = dst;
+        return dsgd__sn_exit(e, r);
+    }
+    e->wait = DSGD__SN_W_XFER;
+    e->until = done;
+    e->src = src;
+    e->reduce_k = op >= 0 ? rbytes / sizeof(float) : 0;
+    e->deadline = deadline;
+    r = dsgd__sn_block(e);
+    if (r == DSGD_OK && src >= 0) {
+        dsgd__sn_pair *p = &h->pair[(size_t)src * (size_t)h->n + (size_t)e->rank];
+        dsgd__sn_msg *m = p->head;
+        DSGD_ASSERT(m != NULL);
+        if (m->tag != rtag || m->bytes != rbytes) {
+            r = dsgd__sn_fail(e, DSGD_ERR_DESYNC,
+                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes", src,
+                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes);
+        } else {
+            p->head = m->next;
+            if (!p->head) p->tail = NULL;
+            if (op < 0) {
+                if (rbytes) memcpy(rbuf, DSGD__SN_PAYLOAD(m), rbytes);
+            } else {
+                dsgd__reduce_into((float *)rbuf, (const float *)(const void *)DSGD__SN_PAYLOAD(m),
+                                  rbytes / sizeof(float), (dsgd_reduce_op)op, 0);
+            }
+            DSGD_FREE(m);
+        }
+    } else if (r == DSGD_ERR_TIMEOUT) {
+        if (src >= 0 && e->deadline < DSGD__SN_INF)
+            dsgd__sn_fail(e, r, "the deadline passed while waiting for rank %d%s", src, dsgd__sn_why(e, src, why, sizeof(why)));
+        else if (src >= 0)
+            dsgd__sn_fail(e, r, "deadlock: every rank waits and nothing is in flight; waiting for rank %d", src);
+        else
+            dsgd__sn_fail(e, r, "the deadline passed before the message to rank %d had left", dst);
+    }
+    if (r != DSGD_OK && failed_peer) *failed_peer = src >= 0 ? src : dst;
+    return dsgd__sn_exit(e, r);
+}
+
+/* peer -1 (no transfer) or another rank of the hub. */
+static dsgd_result dsgd__sn_check_peer(dsgd__sn_ep *e, int peer, int *failed_peer) {
+    if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
+        if (failed_peer) *failed_peer = peer;
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: invalid peer %d", e->rank, peer);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__sn_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (dst < 0 || dsgd__sn_check_peer(e, dst, NULL) != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: invalid peer %d", e->rank, dst);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return dsgd__sn_xfer(e, dst, tag, buf, bytes, -1, 0, NULL, 0, -1, deadline, NULL);
+}
+
+static dsgd_result dsgd__sn_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (src < 0 || dsgd__sn_check_peer(e, src, NULL) != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: invalid peer %d", e->rank, src);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return dsgd__sn_xfer(e, -1, 0, NULL, 0, src, tag, buf, bytes, -1, deadline, NULL);
+}
+
+static dsgd_result dsgd__sn_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                     uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (dsgd__sn_check_peer(e, dst, failed_peer) != DSGD_OK || dsgd__sn_check_peer(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__sn_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, -1, deadline, failed_peer);
+}
+
+static dsgd_result dsgd__sn_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                            int src, uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op,
+                                            double deadline, int *failed_peer) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (dsgd__sn_check_peer(e, dst, failed_peer) != DSGD_OK || dsgd__sn_check_peer(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: unknown reduce op %d", e->rank, (int)op);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return dsgd__sn_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), (int)op, deadline,
+                         failed_peer);
+}
+
+/* Receive from any source: the earliest arrival, ties by the lower rank. */
+static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    dsgd_simnet *h = e->hub;
+    dsgd_result r;
+    int k, best = -1;
+    if (src) *src = -1;
+    if (!src || !tag || !bytes) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: probe needs src, tag and bytes", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    e->t_call = e->t;
+    e->wait = DSGD__SN_W_PROBE;
+    e->deadline = deadline;
+    r = dsgd__sn_block(e);
+    if (r == DSGD_OK) {
+        double best_arrival = DSGD__SN_INF;
+        for (k = 0; k < h->n; ++k) {
+            const dsgd__sn_msg *m = h->pair[(size_t)k * (size_t)h->n + (size_t)e->rank].head;
+            if (m && m->arrival < best_arrival) {
+                best_arrival = m->arrival;
+                best = k;
+            }
+        }
+        DSGD_ASSERT(best >= 0);
+        {
+            const dsgd__sn_msg *m = h->pair[(size_t)best * (size_t)h->n + (size_t)e->rank].head;
+            *src = best;
+            *tag = m->tag;
+            *bytes = m->bytes;
+        }
+    } else if (r == DSGD_ERR_TIMEOUT) {
+        dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from any rank");
+    }
+    return dsgd__sn_exit(e, r);
+}
+
+/* A wait of `seconds` of compute (kill and stall faults apply). */
+static dsgd_result dsgd__sn_charge(dsgd__sn_ep *e, double seconds) {
+    dsgd_result r;
+    e->hub->stats.computes++;
+    e->t_call = e->t;
+    e->wait = DSGD__SN_W_TIME;
+    e->until = e->t + seconds;
+    e->deadline = DSGD__SN_INF;
+    r = dsgd__sn_block(e);
+    return dsgd__sn_exit(e, r);
+}
+
+/* hub NULL or rank out of range: DSGD_ERR_INVALID_ARGUMENT, recorded nowhere
+   (the hub's ctx belongs to another thread). */
+static dsgd_result dsgd__sn_rank_check(dsgd_simnet *h, int rank) {
+    return h && rank >= 0 && rank < h->n ? DSGD_OK : DSGD_ERR_INVALID_ARGUMENT;
+}
+
+DSGD_API dsgd_result dsgd_simnet_compute(dsgd_simnet *h, int rank, long step) {
+    dsgd__sn_ep *e;
+    dsgd_result r;
+    double x, extra = 0;
+    int i;
+    if ((r = dsgd__sn_rank_check(h, rank)) != DSGD_OK) return r;
+    e = &h->ep[rank];
+    if (step < 0) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: compute step %ld < 0", rank, step);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    e->step = step;
+    x = dsgd_simnet_compute_time(h, rank, step);
+    for (i = 0; i < h->d.num_faults; ++i) {
+        const dsgd_simnet_fault *f = &h->faults[i].f;
+        if (f->rank != rank) continue;
+        if (f->kind == DSGD_SIMNET_FAULT_KILL && f->step == step) {
+            dsgd__sn_die(e, e->t);
+            return dsgd__sn_exit(e, DSGD_ERR_ABORTED);
+        }
+        if (f->kind == DSGD_SIMNET_FAULT_STALL && f->step == step) extra += f->seconds;
+        if (f->kind == DSGD_SIMNET_FAULT_SLOW && (f->step >= 0 ? step >= f->step : e->t >= f->time)) x *= f->factor;
+    }
+    return dsgd__sn_charge(e, x + extra);
+}
+
+DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double seconds) {
+    dsgd__sn_ep *e;
+    dsgd_result r;
+    if ((r = dsgd__sn_rank_check(h, rank)) != DSGD_OK) return r;
+    e = &h->ep[rank];
+    if (!dsgd__sn_finite_nonneg(seconds)) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: advance by %g s (need finite, >= 0)", rank, seconds);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    return dsgd__sn_charge(e, seconds);
+}
+
+DSGD_API void dsgd_simnet_leave(dsgd_simnet *h, int rank) {
+    dsgd__sn_ep *e;
+    if (!h || rank < 0 || rank >= h->n) return;
+    e = &h->ep[rank];
+    pthread_mutex_lock(&h->mu);
+    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING) {
+        e->state = DSGD__SN_LEFT;
+        if (h->turn == rank) dsgd__sn_pass(h);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void dsgd__sn_abort(void *impl) { dsgd_simnet_abort(((dsgd__sn_ep *)impl)->hub); }
+
+static double dsgd__sn_now(void *impl) { return ((dsgd__sn_ep *)impl)->t; }
+
+static const char *dsgd__sn_error_message(void *impl) { return ((dsgd__sn_ep *)impl)->err; }
+
+static void dsgd__sn_set_progress(void *impl, uint64_t seq) {
+    DSGD__STORE_REL(&((dsgd__sn_ep *)impl)->progress, seq);
+}
+
+static uint64_t dsgd__sn_peer_progress(void *impl, int peer) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (peer < 0 || peer >= e->hub->n) return 0;
+    return DSGD__LOAD_ACQ(&e->hub->ep[peer].progress);
+}
+
+DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transport_i *out) {
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_simnet_endpoint: out is NULL");
+    memset(out, 0, sizeof(*out));
+    if (rank < 0 || rank >= h->n)
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_simnet_endpoint: rank %d outside [0, %d)",
+                                  rank, h->n);
+    out->name = "simnet";
+    out->impl = &h->ep[rank];
+    out->rank = rank;
+    out->size = h->n;
+    out->destroy = NULL;
+    out->send = dsgd__sn_send;
+    out->recv = dsgd__sn_recv;
+    out->sendrecv = dsgd__sn_sendrecv;
+    out->sendrecv_reduce = dsgd__sn_sendrecv_reduce;
+    out->share = NULL;
+    out->unshare = NULL;
+    out->allreduce = NULL;
+    out->abort = dsgd__sn_abort;
+    out->now = dsgd__sn_now;
+    out->error_message = dsgd__sn_error_message;
+    out->set_progress = dsgd__sn_set_progress;
+    out->peer_progress = dsgd__sn_peer_progress;
+    out->probe = dsgd__sn_probe;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_SIMNET_IMPL */

@@ -1,0 +1,1477 @@
+/* test_simnet.c - the simnet transport (distsgd/simnet.h): a virtual clock.
+
+   Exact where the math is exact:
+   - the simulated time of every all-reduce algorithm, p = 2..16 and counts
+     including primes, equals its alpha-beta-gamma cost within 1e-9
+     relative. The expected times are computed here, independently of the
+     transport, from the messages collectives.h sends (agreement included):
+     closed forms where the blocks are equal, and otherwise a small
+     step-by-step calculation of the same messages (see "expected times");
+     the two-level topology on the ring likewise;
+   - the numerics over simnet equal the loopback's bit for bit;
+   - determinism: 50 runs of a probe-driven server plus all-reduces, with
+     threads sleeping at random in real time, give the same virtual times and
+     probe order, and only one rank thread ever runs at a time;
+   - faults: a killed rank makes every survivor fail at exactly its deadline
+     naming it; a dropped message makes the receiver time out naming the
+     sender; a delay shifts the arrival by exactly the delay;
+   - compute models: exponential means, straggler frequencies, per-rank
+     factors, shifted exponentials (3 standard errors), pure in (seed, rank,
+     step);
+   - order statistics: with iid Exp(mu) compute on P workers, the time to the
+     (P - b)-th gradient has mean (H_P - H_b) / mu within 3 standard errors,
+     P in {8, 16}, b in {0, 1, 2, 4}, 20000 steps (2000 under TSan);
+   - scheduling: probe picks the earliest arrival (ties: lower rank), NIC
+     serialisation, half duplex, deadlines fire in virtual time when every
+     rank waits, a wait with no deadline and nothing in flight is reported
+     as a deadlock instead of hanging, abort, bad arguments.
+   Worker threads never call cmocka's assertions; the main thread checks what
+   they record after joining. A watchdog ends the program if anything hangs. */
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TEST_TSAN 1
+#endif
+#endif
+#ifndef TEST_TSAN
+#define TEST_TSAN 0
+#endif
+
+#define MAXN 32
+
+static void on_alarm(int sig) {
+    static const char msg[] = "test_simnet: watchdog expired, the simulation hung\n";
+    (void)sig;
+    if (write(2, msg, sizeof(msg) - 1) < 0) _exit(98);
+    _exit(99);
+}
+
+static void watchdog(unsigned seconds) {
+    signal(SIGALRM, on_alarm);
+    alarm(TEST_TSAN ? seconds * 6 : seconds);
+}
+
+/* ---------------------------------------------------------------- harness */
+
+struct run;
+typedef void (*body_fn)(struct run *run, int rank, dsgd_comm *c, const dsgd_transport_i *t);
+
+/* N ranks on threads over a simnet hub (or a loopback hub), each with its
+   ctx and communicator; body runs on each, then the rank leaves. */
+typedef struct run {
+    int n;
+    dsgd_ctx *main_ctx;
+    dsgd_simnet *hub;
+    dsgd_loopback *lb;
+    dsgd_transport_i ep[MAXN];
+    dsgd_ctx *ctx[MAXN];
+    body_fn body;
+    void *user;
+    /* per rank, filled by the bodies */
+    dsgd_result res[MAXN];
+    double t0[MAXN], t1[MAXN];
+    char msg[MAXN][1024];
+    float *buf[MAXN];
+} run;
+
+typedef struct rank_arg {
+    run *r;
+    int rank;
+} rank_arg;
+
+static void *rank_main(void *p) {
+    rank_arg *a = (rank_arg *)p;
+    run *r = a->r;
+    dsgd_comm *c = NULL;
+    dsgd_comm_desc cd;
+    memset(&cd, 0, sizeof(cd));
+    cd.timeout_s = 1e6;
+    cd.piece_bytes = (size_t)1 << 30; /* one piece: the costs below count no pipelining */
+    if (dsgd_comm_create(r->ctx[a->rank], &r->ep[a->rank], &cd, &c) != DSGD_OK) {
+        r->res[a->rank] = DSGD_ERR_STATE;
+        snprintf(r->msg[a->rank], sizeof(r->msg[0]), "comm_create failed");
+    } else {
+        r->body(r, a->rank, c, &r->ep[a->rank]);
+    }
+    dsgd_comm_destroy(c);
+    if (r->hub) dsgd_simnet_leave(r->hub, a->rank);
+    return NULL;
+}
+
+/* desc NULL: a loopback hub instead. */
+static void run_init(run *r, int n, const dsgd_simnet_desc *desc) {
+    int i;
+    memset(r, 0, sizeof(*r));
+    assert_true(n <= MAXN);
+    r->n = n;
+    assert_int_equal(dsgd_ctx_create(NULL, &r->main_ctx), DSGD_OK);
+    if (desc) {
+        dsgd_simnet_desc d = *desc;
+        d.ranks = n;
+        if (dsgd_simnet_create(r->main_ctx, &d, &r->hub) != DSGD_OK)
+            fail_msg("dsgd_simnet_create: %s", dsgd_ctx_last_error(r->main_ctx));
+    } else {
+        assert_int_equal(dsgd_loopback_create(r->main_ctx, n, &r->lb), DSGD_OK);
+    }
+    for (i = 0; i < n; ++i) {
+        assert_int_equal(dsgd_ctx_create(NULL, &r->ctx[i]), DSGD_OK);
+        if (r->hub) assert_int_equal(dsgd_simnet_endpoint(r->hub, i, &r->ep[i]), DSGD_OK);
+        else assert_int_equal(dsgd_loopback_endpoint(r->lb, i, &r->ep[i]), DSGD_OK);
+    }
+}
+
+static void run_go(run *r, body_fn body, void *user) {
+    pthread_t th[MAXN];
+    rank_arg args[MAXN];
+    int i;
+    r->body = body;
+    r->user = user;
+    for (i = 0; i < r->n; ++i) {
+        args[i].r = r;
+        args[i].rank = i;
+        assert_int_equal(pthread_create(&th[i], NULL, rank_main, &args[i]), 0);
+    }
+    for (i = 0; i < r->n; ++i) pthread_join(th[i], NULL);
+}
+
+static void run_free(run *r) {
+    int i;
+    for (i = 0; i < r->n; ++i) {
+        dsgd_ctx_destroy(r->ctx[i]);
+        free(r->buf[i]);
+    }
+    dsgd_simnet_destroy(r->hub);
+    dsgd_loopback_destroy(r->lb);
+    dsgd_ctx_destroy(r->main_ctx);
+}
+
+static double now_of(const dsgd_transport_i *t) { return t->now ? t->now(t->impl) : dsgd_now(); }
+
+static void record(run *r, int rank, dsgd_result res) {
+    r->res[rank] = res;
+    snprintf(r->msg[rank], sizeof(r->msg[0]), "%s", res == DSGD_OK ? "" : dsgd_ctx_last_error(r->ctx[rank]));
+}
+
+/* ---------------------------------------------------------------- all-reduce jobs */
+
+typedef struct ar_job {
+    size_t count;
+    dsgd_reduce_op op;
+    dsgd_allreduce_algo algo;
+    uint64_t seed;
+} ar_job;
+
+static float input_value(uint64_t seed, int r, size_t i) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)(r + 1) << 40) ^ (uint64_t)i;
+    return (float)(2.0 * dsgd_rng_uniform(&s) - 1.0) * (float)(1 + ((size_t)r + i) % 7);
+}
+
+static void body_allreduce(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    const ar_job *jb = (const ar_job *)r->user;
+    size_t i;
+    float *b = (float *)malloc((jb->count + 1) * sizeof(float));
+    r->buf[rank] = b;
+    if (!b) {
+        r->res[rank] = DSGD_ERR_OUT_OF_MEMORY;
+        return;
+    }
+    for (i = 0; i < jb->count; ++i) b[i] = input_value(jb->seed, rank, i);
+    r->t0[rank] = now_of(t);
+    record(r, rank, dsgd_allreduce(c, b, jb->count, jb->op, jb->algo, 0));
+    r->t1[rank] = now_of(t);
+}
+
+/* ---------------------------------------------------------------- expected times */
+/* The cost model, restated: a message of m floats from s to d sent when s
+   enters a step at time T(s) arrives at T(s) + alpha(s,d) + 4 m beta(s,d);
+   the sender is done with its send half at T(s) + 4 m beta(s,d); a receive
+   completes at max(T(d), arrival), plus m gamma when the message is reduced
+   (sendrecv_reduce); a step ends when both halves are done. In every
+   algorithm below each rank's k-th message goes out in its k-th step, so
+   the times follow step by step. The messages, from collectives.h:
+   - agreement: ceil(log2 p) rounds; round j: to r + 2^j, from r - 2^j, 128
+     bytes (32 floats) each way, copied, never reduced;
+   - ring: reduce-scatter p - 1 steps (send block r-k-1 to r+1, receive
+     block r-k-2 from r-1 and reduce it), all-gather p - 1 steps (send block
+     r-k, receive block r-k-1, copied); block b has dsgd_block_range's size
+     (the first n mod p blocks have one more float); empty blocks are skipped;
+   - halving-doubling: fold (even r < 2 rem sends everything to r + 1, which
+     reduces), log2 p' halving steps (partner q ^ d, d = p'/2 .. 1: send the
+     half of the current block range without own block, reduce the other),
+     log2 p' doubling steps (send the range held, receive the partner's,
+     copied), unfold (odd sends the result back);
+   - recursive doubling: fold, log2 p' full exchanges (copied: the
+     reduction is done on the rank's own memory and costs nothing), unfold;
+   - reduce+broadcast: binomial reduce to rank 0 (r receives and reduces
+     from r+1, r+2, r+4, ... while bit d of r is clear, then sends to r - d),
+     then binomial broadcast from 0 (receive from r - lowbit(r), send to
+     r + mask for mask from high to low). */
+
+typedef struct model {
+    double a, b, g;   /* alpha (s), beta (s/byte), gamma (s/float) */
+    int L;            /* ranks per node, 0 flat */
+    double ai, bi;    /* intra-node alpha, beta */
+} model;
+
+static double m_alpha(const model *m, int s, int d) { return m->L > 0 && s / m->L == d / m->L ? m->ai : m->a; }
+static double m_beta(const model *m, int s, int d) { return m->L > 0 && s / m->L == d / m->L ? m->bi : m->b; }
+
+/* One step for every rank: rank r sends sf[r] floats to dst[r] and receives
+   rf[r] floats from src[r] (reduced when red); -1 or 0 floats: that half is
+   skipped. T is updated in place. */
+static void step_all(const model *m, int n, double *T, const int *dst, const size_t *sf, const int *src,
+                     const size_t *rf, int red) {
+    double Tn[MAXN];
+    int r;
+    for (r = 0; r < n; ++r) {
+        double t = T[r];
+        if (dst[r] >= 0 && sf[r] > 0) {
+            double done = T[r] + 4.0 * (double)sf[r] * m_beta(m, r, dst[r]);
+            if (done > t) t = done;
+        }
+        if (src[r] >= 0 && rf[r] > 0) {
+            int s = src[r];
+            double arr = T[s] + m_alpha(m, s, r) + 4.0 * (double)rf[r] * m_beta(m, s, r);
+            double got = (arr > T[r] ? arr : T[r]) + (red ? (double)rf[r] * m->g : 0.0);
+            if (got > t) t = got;
+        }
+        Tn[r] = t;
+    }
+    memcpy(T, Tn, sizeof(double) * (size_t)n);
+}
+
+static size_t blk_off(size_t count, int n, int b) {
+    size_t q = count / (size_t)n, rem = count % (size_t)n, i = (size_t)b;
+    return i * q + (i < rem ? i : rem);
+}
+static size_t blk_len(size_t count, int n, int b) { return blk_off(count, n, b + 1) - blk_off(count, n, b); }
+
+static void exp_agree(const model *m, int n, double *T) {
+    int dst[MAXN], src[MAXN], r, d;
+    size_t f[MAXN];
+    for (d = 1; d < n; d <<= 1) {
+        for (r = 0; r < n; ++r) {
+            dst[r] = (r + d) % n;
+            src[r] = (r - d + n) % n;
+            f[r] = 32;
+        }
+        step_all(m, n, T, dst, f, src, f, 0);
+    }
+}
+
+static void exp_ring(const model *m, int n, size_t count, double *T) {
+    int dst[MAXN], src[MAXN], r, k;
+    size_t sf[MAXN], rf[MAXN];
+    for (k = 0; k < n - 1; ++k) {
+        for (r = 0; r < n; ++r) {
+            dst[r] = (r + 1) % n;
+            src[r] = (r + n - 1) % n;
+            sf[r] = blk_len(count, n, ((r - k - 1) % n + n) % n);
+            rf[r] = blk_len(count, n, ((r - k - 2) % n + n) % n);
+        }
+        step_all(m, n, T, dst, sf, src, rf, 1);
+    }
+    for (k = 0; k < n - 1; ++k) {
+        for (r = 0; r < n; ++r) {
+            dst[r] = (r + 1) % n;
+            src[r] = (r + n - 1) % n;
+            sf[r] = blk_len(count, n, ((r - k) % n + n) % n);
+            rf[r] = blk_len(count, n, ((r - k - 1) % n + n) % n);
+        }
+        step_all(m, n, T, dst, sf, src, rf, 0);
+    }
+}
+
+static int pow2_floor(int n) {
+    int p = 1;
+    while (p * 2 <= n) p *= 2;
+    return p;
+}
+static int vrank(int r, int rem) { return r < 2 * rem ? (r % 2 ? r / 2 : -1) : r - rem; }
+static int rrank(int q, int rem) { return q < rem ? 2 * q + 1 : q + rem; }
+
+static void exp_fold(const model *m, int n, size_t count, double *T, int unfold) {
+    int dst[MAXN], src[MAXN], r, rem = n - pow2_floor(n);
+    size_t f[MAXN];
+    for (r = 0; r < n; ++r) {
+        dst[r] = src[r] = -1;
+        f[r] = count;
+        if (r >= 2 * rem) continue;
+        if ((r % 2 == 0) != (unfold != 0)) dst[r] = unfold ? r - 1 : r + 1;
+        else src[r] = unfold ? r + 1 : r - 1;
+    }
+    step_all(m, n, T, dst, f, src, f, !unfold);
+}
+
+static void exp_halving_doubling(const model *m, int n, size_t count, double *T) {
+    int p = pow2_floor(n), rem = n - p, r, d;
+    int lo[MAXN], hi[MAXN], dst[MAXN], src[MAXN];
+    size_t sf[MAXN], rf[MAXN];
+    exp_fold(m, n, count, T, 0);
+    for (r = 0; r < n; ++r) {
+        lo[r] = 0;
+        hi[r] = p;
+    }
+    for (d = p / 2; d >= 1; d /= 2) {
+        for (r = 0; r < n; ++r) {
+            int q = vrank(r, rem), mid, klo, khi, slo, shi;
+            dst[r] = src[r] = -1;
+            sf[r] = rf[r] = 0;
+            if (q < 0) continue;
+            mid = lo[r] + d;
+            if ((q & d) == 0) { klo = lo[r]; khi = mid; slo = mid; shi = hi[r]; }
+            else { klo = mid; khi = hi[r]; slo = lo[r]; shi = mid; }
+            dst[r] = src[r] = rrank(q ^ d, rem);
+            sf[r] = blk_off(count, p, shi) - blk_off(count, p, slo);
+            rf[r] = blk_off(count, p, khi) - blk_off(count, p, klo);
+            lo[r] = klo;
+            hi[r] = khi;
+        }
+        step_all(m, n, T, dst, sf, src, rf, 1);
+    }
+    for (d = 1; d < p; d *= 2) {
+        int nlo[MAXN], nhi[MAXN];
+        for (r = 0; r < n; ++r) {
+            int q = vrank(r, rem), plo, phi;
+            dst[r] = src[r] = -1;
+            sf[r] = rf[r] = 0;
+            nlo[r] = lo[r];
+            nhi[r] = hi[r];
+            if (q < 0) continue;
+            if ((q & d) == 0) { plo = hi[r]; phi = hi[r] + d; }
+            else { plo = lo[r] - d; phi = lo[r]; }
+            dst[r] = src[r] = rrank(q ^ d, rem);
+            sf[r] = blk_off(count, p, hi[r]) - blk_off(count, p, lo[r]);
+            rf[r] = blk_off(count, p, phi) - blk_off(count, p, plo);
+            if (plo < lo[r]) nlo[r] = plo;
+            else nhi[r] = phi;
+        }
+        step_all(m, n, T, dst, sf, src, rf, 0);
+        memcpy(lo, nlo, sizeof(lo));
+        memcpy(hi, nhi, sizeof(hi));
+    }
+    exp_fold(m, n, count, T, 1);
+}
+
+static void exp_recursive_doubling(const model *m, int n, size_t count, double *T) {
+    int p = pow2_floor(n), rem = n - p, r, d, dst[MAXN];
+    size_t f[MAXN];
+    exp_fold(m, n, count, T, 0);
+    for (d = 1; d < p; d *= 2) {
+        for (r = 0; r < n; ++r) {
+            int q = vrank(r, rem);
+            dst[r] = q < 0 ? -1 : rrank(q ^ d, rem);
+            f[r] = count;
+        }
+        step_all(m, n, T, dst, f, dst, f, 0);
+    }
+    exp_fold(m, n, count, T, 1);
+}
+
+/* Not step-synchronous (a tree): event by event. */
+static void exp_reduce_broadcast(const model *m, int n, size_t count, double *T) {
+    double sent[MAXN];
+    int r, d, mask;
+    double c4 = 4.0 * (double)count;
+    /* reduce: children (higher ranks) first */
+    for (r = n - 1; r >= 0; --r) {
+        for (d = 1; d < n; d <<= 1) {
+            if (r & d) {
+                sent[r] = T[r];
+                T[r] += c4 * m_beta(m, r, r - d);
+                break;
+            }
+            if (r + d < n) {
+                double arr = sent[r + d] + m_alpha(m, r + d, r) + c4 * m_beta(m, r + d, r);
+                T[r] = (arr > T[r] ? arr : T[r]) + (double)count * m->g;
+            }
+        }
+    }
+    /* broadcast from 0: a parent (lower rank) before its children */
+    for (r = 0; r < n; ++r) {
+        for (mask = 1; mask < n; mask <<= 1)
+            if (r & mask) break;
+        for (mask >>= 1; mask > 0; mask >>= 1) {
+            if (r + mask < n) {
+                int c = r + mask;
+                double arr = T[r] + m_alpha(m, r, c) + c4 * m_beta(m, r, c);
+                T[r] += c4 * m_beta(m, r, c);
+                if (arr > T[c]) T[c] = arr;
+            }
+        }
+    }
+}
+
+static double expected_time(const model *m, int n, size_t count, dsgd_allreduce_algo algo) {
+    double T[MAXN], mx = 0;
+    int r;
+    for (r = 0; r < n; ++r) T[r] = 0;
+    exp_agree(m, n, T);
+    switch (algo) {
+    case DSGD_ALLREDUCE_RING: exp_ring(m, n, count, T); break;
+    case DSGD_ALLREDUCE_HALVING_DOUBLING: exp_halving_doubling(m, n, count, T); break;
+    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: exp_recursive_doubling(m, n, count, T); break;
+    default: exp_reduce_broadcast(m, n, count, T); break;
+    }
+    for (r = 0; r < n; ++r)
+        if (T[r] > mx) mx = T[r];
+    return mx;
+}
+
+static int ceil_log2(int n) {
+    int k = 0;
+    while ((1 << k) < n) ++k;
+    return k;
+}
+
+/* Closed forms (flat network, n divisible by p where it matters). */
+static double closed_form(const model *m, int p, size_t n, dsgd_allreduce_algo algo) {
+    double a = m->a, b4 = 4.0 * m->b, g = m->g, N = (double)n, agree = ceil_log2(p) * (a + 128.0 * m->b);
+    int lg = ceil_log2(p), k;
+    double t = 0;
+    switch (algo) {
+    case DSGD_ALLREDUCE_RING: /* 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, with ceil(n/p)-float blocks */
+    {
+        double c = (double)((n + (size_t)p - 1) / (size_t)p);
+        return agree + 2.0 * (p - 1) * a + 2.0 * (p - 1) * c * b4 + (p - 1) * c * g;
+    }
+    case DSGD_ALLREDUCE_HALVING_DOUBLING: /* p a power of two dividing n: 2 log2 p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma */
+        return agree + 2.0 * lg * a + 2.0 * (p - 1) / p * N * b4 + (double)(p - 1) / p * N * g;
+    case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: /* p a power of two: log2 p (alpha + n beta), no gamma */
+        return agree + lg * (a + N * b4);
+    default: /* reduce+broadcast, p a power of two: log2 p (alpha + n beta + n gamma) up, then the broadcast's
+                deepest-latest leaf: rank p-1 is reached through lg first-children, each send waiting
+                for none; rank 1 is the root's last child (lg sends); the slowest is a mix: the leaf
+                whose path takes the j-th child at depth j... computed as max over leaves of
+                (sum of sends before it) */
+        for (k = 0; k < lg; ++k) t += a + N * b4 + N * g;
+        /* broadcast: a node at depth j reached as child number c_j (1-based) pays c_j sends + alpha;
+           over all binary strings the worst is every node the last child: lg (alpha) + (lg + ... )
+           -- the maximum of sum_j (c_j n beta + alpha) over tree paths, c_j <= remaining depth */
+        {
+            double worst = 0;
+            int leaf;
+            for (leaf = 1; leaf < p; ++leaf) {
+                /* the path from 0 to leaf sets bits from high to low; at a node whose lowest set bit is
+                   2^j (the root: 2^lg), the child adding bit 2^i (i < j) is sent (j - i)-th */
+                double s = 0;
+                int node = 0, bit;
+                for (bit = lg - 1; bit >= 0; --bit) {
+                    if (leaf & (1 << bit)) {
+                        int low = node ? __builtin_ctz((unsigned)node) : lg;
+                        s += (double)(low - bit) * N * b4 + a;
+                        node |= 1 << bit;
+                    }
+                }
+                if (s > worst) worst = s;
+            }
+            return agree + t + worst;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- cost tests */
+
+static const dsgd_allreduce_algo COST_ALGOS[4] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+                                                  DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_REDUCE_BROADCAST};
+
+static double max_t1(const run *r) {
+    double mx = 0;
+    int i;
+    for (i = 0; i < r->n; ++i)
+        if (r->t1[i] > mx) mx = r->t1[i];
+    return mx;
+}
+
+/* Runs algo over a simnet with model m; returns the latest finish. */
+static double simulate(const model *m, int p, size_t count, dsgd_allreduce_algo algo) {
+    dsgd_simnet_desc d;
+    run r;
+    ar_job jb;
+    double t;
+    int i;
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = m->a;
+    d.beta_s_per_byte = m->b;
+    d.gamma_s_per_float = m->g;
+    d.ranks_per_node = m->L;
+    d.intra_alpha_s = m->ai;
+    d.intra_beta_s_per_byte = m->bi;
+    jb.count = count;
+    jb.op = DSGD_REDUCE_SUM;
+    jb.algo = algo;
+    jb.seed = 7;
+    run_init(&r, p, &d);
+    run_go(&r, body_allreduce, &jb);
+    for (i = 0; i < p; ++i) {
+        if (r.res[i] != DSGD_OK) fail_msg("p=%d count=%zu %s rank %d: %s", p, count, dsgd_allreduce_algo_name(algo), i, r.msg[i]);
+        assert_true(r.t0[i] == 0.0); /* every rank starts at virtual time 0 */
+    }
+    t = max_t1(&r);
+    run_free(&r);
+    return t;
+}
+
+#define REL_OK(got, want) (fabs((got) - (want)) <= 1e-9 * fabs(want))
+
+static void test_allreduce_costs(void **state) {
+    /* 2 us latency, 10 GB/s, 1 ns per float reduced */
+    model m = {2e-6, 1e-10, 1e-9, 0, 0, 0};
+    static const size_t counts[] = {1, 7, 13, 1009, 10007, 65521};
+    int p, a, i, checked = 0, closed = 0;
+    (void)state;
+    watchdog(300);
+    for (p = 2; p <= 16; ++p) {
+        for (a = 0; a < 4; ++a) {
+            size_t extra[2];
+            extra[0] = (size_t)p * 2520; /* divisible by p and by every power of two <= 16 */
+            extra[1] = (size_t)p * 1000 + 1;
+            for (i = 0; i < (int)(sizeof(counts) / sizeof(counts[0])) + 2; ++i) {
+                size_t n = i < 6 ? counts[i] : extra[i - 6];
+                double got = simulate(&m, p, n, COST_ALGOS[a]);
+                double want = expected_time(&m, p, n, COST_ALGOS[a]);
+                if (!REL_OK(got, want))
+                    fail_msg("p=%d count=%zu %s: simulated %.15g s, expected %.15g s", p, n,
+                             dsgd_allreduce_algo_name(COST_ALGOS[a]), got, want);
+                ++checked;
+                /* closed forms where they hold */
+                if ((COST_ALGOS[a] == DSGD_ALLREDUCE_RING) ||
+                    ((p & (p - 1)) == 0 && (COST_ALGOS[a] != DSGD_ALLREDUCE_HALVING_DOUBLING || n % (size_t)p == 0))) {
+                    double cf = closed_form(&m, p, n, COST_ALGOS[a]);
+                    if (!REL_OK(got, cf))
+                        fail_msg("p=%d count=%zu %s: simulated %.15g s, closed form %.15g s", p, n,
+                                 dsgd_allreduce_algo_name(COST_ALGOS[a]), got, cf);
+                    ++closed;
+                }
+            }
+        }
+    }
+    print_message("checked %d simulations against the step calculation, %d against closed forms\n", checked, closed);
+    alarm(0);
+}
+
+/* Two levels: L ranks per node, M nodes; the ring crosses M node
+   boundaries, and its time lies between the all-intra and all-inter rings. */
+static void test_two_level_ring(void **state) {
+    static const int Ls[] = {2, 4};
+    int li, M;
+    (void)state;
+    watchdog(120);
+    for (li = 0; li < 2; ++li) {
+        for (M = 2; M <= 4; ++M) {
+            int L = Ls[li], p = L * M;
+            model two = {10e-6, 1e-9, 1e-9, L, 1e-6, 1e-10};
+            model intra = {1e-6, 1e-10, 1e-9, 0, 0, 0}, inter = {10e-6, 1e-9, 1e-9, 0, 0, 0};
+            size_t n = (size_t)p * 1000 + 3;
+            double got = simulate(&two, p, n, DSGD_ALLREDUCE_RING);
+            double want = expected_time(&two, p, n, DSGD_ALLREDUCE_RING);
+            if (!REL_OK(got, want)) fail_msg("L=%d M=%d: simulated %.15g s, expected %.15g s", L, M, got, want);
+            assert_true(got > simulate(&intra, p, n, DSGD_ALLREDUCE_RING));
+            assert_true(got < simulate(&inter, p, n, DSGD_ALLREDUCE_RING));
+            /* a ring whose every link crosses nodes (L = 1) costs the inter-node ring */
+            {
+                model ones = {10e-6, 1e-9, 1e-9, 1, 1e-6, 1e-10};
+                double t1 = simulate(&ones, p, n, DSGD_ALLREDUCE_RING);
+                assert_true(REL_OK(t1, simulate(&inter, p, n, DSGD_ALLREDUCE_RING)));
+            }
+        }
+    }
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- numerics */
+
+static void test_numerics_match_loopback(void **state) {
+    static const int ns[] = {2, 3, 5, 8};
+    static const dsgd_reduce_op ops[] = {DSGD_REDUCE_SUM, DSGD_REDUCE_MEAN, DSGD_REDUCE_MAX};
+    dsgd_simnet_desc d;
+    int ni, a, o, i, compared = 0;
+    (void)state;
+    watchdog(300);
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = 1e-6;
+    d.beta_s_per_byte = 1e-9;
+    d.gamma_s_per_float = 1e-9;
+    for (ni = 0; ni < 4; ++ni) {
+        for (a = 0; a < 4; ++a) {
+            for (o = 0; o < 3; ++o) {
+                run s, l;
+                ar_job jb;
+                jb.count = 10007;
+                jb.op = ops[o];
+                jb.algo = COST_ALGOS[a];
+                jb.seed = 11 + (uint64_t)ni;
+                run_init(&s, ns[ni], &d);
+                run_go(&s, body_allreduce, &jb);
+                run_init(&l, ns[ni], NULL);
+                run_go(&l, body_allreduce, &jb);
+                for (i = 0; i < ns[ni]; ++i) {
+                    if (s.res[i] != DSGD_OK || l.res[i] != DSGD_OK)
+                        fail_msg("n=%d %s: simnet %s, loopback %s", ns[ni], dsgd_allreduce_algo_name(jb.algo), s.msg[i],
+                                 l.msg[i]);
+                    if (memcmp(s.buf[i], l.buf[i], jb.count * sizeof(float)) != 0)
+                        fail_msg("n=%d %s %s rank %d: simnet and loopback differ", ns[ni],
+                                 dsgd_allreduce_algo_name(jb.algo), dsgd_reduce_op_name(jb.op), i);
+                    /* and the result is a real all-reduce: element 0 against a serial sum */
+                    if (jb.op == DSGD_REDUCE_SUM) {
+                        double want = 0;
+                        int k;
+                        for (k = 0; k < ns[ni]; ++k) want += input_value(jb.seed, k, 0);
+                        assert_true(fabs(s.buf[i][0] - want) <= 1e-5 * (1 + fabs(want)));
+                    }
+                    ++compared;
+                }
+                run_free(&s);
+                run_free(&l);
+            }
+        }
+    }
+    print_message("%d rank buffers bitwise equal to the loopback's\n", compared);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- determinism */
+
+#define DET_N 8
+#define DET_ROUNDS 12
+#define DET_TRACE (DET_ROUNDS * (DET_N - 1))
+
+typedef struct det_out {
+    int src[DET_TRACE];
+    double t[DET_TRACE];
+    double end[DET_N];
+    float sum0;
+    int running; /* atomic: rank threads outside the hub */
+    int overlap; /* atomic: times two ran at once */
+} det_out;
+
+static void det_mark(det_out *o) {
+    if (__atomic_add_fetch(&o->running, 1, __ATOMIC_SEQ_CST) != 1) __atomic_add_fetch(&o->overlap, 1, __ATOMIC_SEQ_CST);
+    sched_yield();
+    __atomic_sub_fetch(&o->running, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Rank 0 serves: probe, receive, in arrival order; the others compute
+   (exponential) and send; then everyone all-reduces twice. */
+static void body_det(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    det_out *o = (det_out *)r->user;
+    dsgd_result res = DSGD_OK;
+    float v[64];
+    int k, i;
+    if (rank == 0) {
+        for (k = 0; k < DET_TRACE && res == DSGD_OK; ++k) {
+            int src;
+            uint64_t tag;
+            size_t bytes;
+            res = t->probe(t->impl, now_of(t) + 100, &src, &tag, &bytes);
+            det_mark(o);
+            if (res == DSGD_OK) res = t->recv(t->impl, src, tag, v, bytes, now_of(t) + 100);
+            det_mark(o);
+            o->src[k] = src;
+            o->t[k] = now_of(t);
+        }
+        /* the workers wait for this before the all-reduces, whose messages
+           the probes above would otherwise take */
+        for (k = 1; k < DET_N && res == DSGD_OK; ++k) res = t->send(t->impl, k, 999, v, 4, now_of(t) + 100);
+    } else {
+        for (k = 0; k < DET_ROUNDS && res == DSGD_OK; ++k) {
+            res = dsgd_simnet_compute(r->hub, rank, k);
+            det_mark(o);
+            for (i = 0; i < 16; ++i) v[i] = (float)(rank * 100 + k);
+            if (res == DSGD_OK) res = t->send(t->impl, 0, (uint64_t)k, v, 16 * sizeof(float), now_of(t) + 100);
+            det_mark(o);
+        }
+        if (res == DSGD_OK) res = t->recv(t->impl, 0, 999, v, 4, now_of(t) + 100);
+    }
+    for (k = 0; k < 2 && res == DSGD_OK; ++k) {
+        for (i = 0; i < 64; ++i) v[i] = (float)(rank + i) * 0.25f;
+        res = dsgd_allreduce(c, v, 64, DSGD_REDUCE_SUM, k ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO, 0);
+        det_mark(o);
+    }
+    if (rank == 0) o->sum0 = v[0];
+    o->end[rank] = now_of(t);
+    record(r, rank, res);
+}
+
+static void det_once(det_out *o, double jitter) {
+    dsgd_simnet_desc d;
+    run r;
+    int i;
+    memset(&d, 0, sizeof(d));
+    memset(o, 0, sizeof(*o));
+    d.alpha_s = 5e-6;
+    d.beta_s_per_byte = 1e-9;
+    d.gamma_s_per_float = 1e-9;
+    d.compute.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+    d.compute.mean_s = 1e-4; /* comparable to the links, so arrivals interleave */
+    d.compute.seed = 42;
+    d.test_jitter_s = jitter;
+    run_init(&r, DET_N, &d);
+    run_go(&r, body_det, o);
+    for (i = 0; i < DET_N; ++i)
+        if (r.res[i] != DSGD_OK) print_error("rank %d: %s\n", i, r.msg[i]);
+    for (i = 0; i < DET_N; ++i)
+        if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+    run_free(&r);
+}
+
+static void test_determinism(void **state) {
+    static det_out first, o;
+    int runs = TEST_TSAN ? 10 : 50, k, i, distinct = 0;
+    (void)state;
+    watchdog(300);
+    det_once(&first, 0);
+    assert_int_equal(first.overlap, 0);
+    for (i = 1; i < DET_TRACE; ++i) distinct += first.src[i] != first.src[i - 1];
+    assert_true(distinct > DET_TRACE / 3); /* the arrivals do interleave */
+    for (i = 1; i < DET_TRACE; ++i) assert_true(first.t[i] >= first.t[i - 1]);
+    for (k = 0; k < runs; ++k) {
+        det_once(&o, 50e-6);
+        assert_int_equal(o.overlap, 0);
+        for (i = 0; i < DET_TRACE; ++i) {
+            if (o.src[i] != first.src[i] || o.t[i] != first.t[i])
+                fail_msg("run %d, message %d: source %d at %.17g s, first run: %d at %.17g s", k, i, o.src[i], o.t[i],
+                         first.src[i], first.t[i]);
+        }
+        for (i = 0; i < DET_N; ++i)
+            if (o.end[i] != first.end[i]) fail_msg("run %d rank %d ends at %.17g s, first run %.17g s", k, i, o.end[i], first.end[i]);
+        assert_true(o.sum0 == first.sum0);
+    }
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- probe order, NIC, duplex */
+
+typedef struct probe_out {
+    int src[8];
+    double t[8];
+} probe_out;
+
+/* Ranks 1..4 send to 0 at chosen times; 0 waits until all arrived, then
+   probes four times. */
+static void body_probe(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    static const double when[5] = {0, 0.3, 0.1, 0.3, 0.2};
+    probe_out *o = (probe_out *)r->user;
+    dsgd_result res = DSGD_OK;
+    float v = (float)rank;
+    int k;
+    (void)c;
+    if (rank == 0) {
+        res = dsgd_simnet_advance(r->hub, 0, 1.0);
+        for (k = 0; k < 4 && res == DSGD_OK; ++k) {
+            int src;
+            uint64_t tag;
+            size_t bytes;
+            res = t->probe(t->impl, 10, &src, &tag, &bytes);
+            if (res == DSGD_OK) res = t->recv(t->impl, src, tag, &v, bytes, 10);
+            o->src[k] = src;
+        }
+        /* nothing left: a probe times out at its virtual deadline */
+        if (res == DSGD_OK) {
+            int src;
+            uint64_t tag;
+            size_t bytes;
+            if (t->probe(t->impl, 2.5, &src, &tag, &bytes) != DSGD_ERR_TIMEOUT || src != -1 || now_of(t) != 2.5)
+                res = DSGD_ERR_STATE;
+        }
+    } else {
+        res = dsgd_simnet_advance(r->hub, rank, when[rank]);
+        if (res == DSGD_OK) res = t->send(t->impl, 0, 9, &v, sizeof(v), 10);
+    }
+    r->res[rank] = res;
+}
+
+static void test_probe_order(void **state) {
+    dsgd_simnet_desc d;
+    probe_out o;
+    run r;
+    int i;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = 0.01;
+    run_init(&r, 5, &d);
+    run_go(&r, body_probe, &o);
+    for (i = 0; i < 5; ++i) assert_int_equal(r.res[i], DSGD_OK);
+    /* arrivals 0.11 (rank 2), 0.21 (rank 4), 0.31 (ranks 1 and 3: the lower first) */
+    assert_int_equal(o.src[0], 2);
+    assert_int_equal(o.src[1], 4);
+    assert_int_equal(o.src[2], 1);
+    assert_int_equal(o.src[3], 3);
+    run_free(&r);
+    alarm(0);
+}
+
+typedef struct nic_out {
+    double t[7];
+} nic_out;
+
+/* Rank 0 sends 1000 bytes to 1 and then to 2; 1 and 2 record the arrival.
+   Then 1 and 2 move to 10 ms and exchange 1000 bytes with sendrecv. */
+static void body_nic(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    nic_out *o = (nic_out *)r->user;
+    static const char a[1000] = {0}, b[1000] = {0};
+    dsgd_result res = DSGD_OK;
+    int failed;
+    (void)c;
+    if (rank == 0) {
+        res = t->send(t->impl, 1, 1, a, sizeof(a), 10);
+        if (res == DSGD_OK) res = t->send(t->impl, 2, 1, a, sizeof(a), 10);
+        o->t[0] = now_of(t);
+    } else {
+        char buf[1000];
+        int peer = 3 - rank;
+        res = t->recv(t->impl, 0, 1, buf, sizeof(buf), 10);
+        o->t[rank] = now_of(t);
+        if (res == DSGD_OK) res = dsgd_simnet_advance(r->hub, rank, 10e-3 - now_of(t));
+        o->t[rank + 2] = now_of(t);
+        if (res == DSGD_OK)
+            res = t->sendrecv(t->impl, peer, 2, rank == 1 ? a : b, 1000, peer, 2, buf, 1000, 10, &failed);
+        o->t[rank + 4] = now_of(t);
+    }
+    r->res[rank] = res;
+}
+
+static void nic_case(int half, nic_out *o) {
+    dsgd_simnet_desc d;
+    run r;
+    int i;
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = 1e-3;
+    d.beta_s_per_byte = 1e-6; /* 1000 bytes: 1 ms on the wire */
+    d.half_duplex = half;
+    memset(o, 0, sizeof(*o));
+    run_init(&r, 3, &d);
+    run_go(&r, body_nic, o);
+    for (i = 0; i < 3; ++i) assert_int_equal(r.res[i], DSGD_OK);
+    run_free(&r);
+}
+
+static void test_nic_and_duplex(void **state) {
+    nic_out f, h;
+    (void)state;
+    watchdog(60);
+    nic_case(0, &f);
+    /* the second send starts when the first has left: 0 is done at 2 ms,
+       the messages arrive at 1 + 1 and 2 + 1 ms */
+    assert_true(REL_OK(f.t[0], 2e-3));
+    assert_true(REL_OK(f.t[1], 2e-3));
+    assert_true(REL_OK(f.t[2], 3e-3));
+    assert_true(f.t[3] == f.t[4] && REL_OK(f.t[3], 10e-3));
+    /* full duplex: both exchange at once, done at 10 + 1 + 1 ms */
+    assert_true(REL_OK(f.t[5], 12e-3) && REL_OK(f.t[6], 12e-3));
+    nic_case(1, &h);
+    assert_true(REL_OK(h.t[0], 2e-3) && REL_OK(h.t[1], 2e-3) && REL_OK(h.t[2], 3e-3));
+    /* half duplex: rank 1 (first in order) sends from 10 to 11 ms, which
+       holds both NICs; rank 2 sends from 11 to 12 ms, arriving at 13 ms */
+    assert_true(REL_OK(h.t[5], 13e-3));
+    assert_true(REL_OK(h.t[6], 12e-3));
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- faults */
+
+static void body_kill(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    float v[100];
+    dsgd_result res;
+    int i;
+    for (i = 0; i < 100; ++i) v[i] = 1.0f;
+    res = dsgd_simnet_compute(r->hub, rank, 0);
+    if (res == DSGD_OK) res = dsgd_allreduce(c, v, 100, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0.5);
+    if (res == DSGD_OK) res = dsgd_simnet_compute(r->hub, rank, 1);
+    if (res != DSGD_OK) {
+        /* the killed rank: its own call fails */
+        r->t1[rank] = now_of(t);
+        snprintf(r->msg[rank], sizeof(r->msg[0]), "%s", t->error_message(t->impl));
+        r->res[rank] = res;
+        return;
+    }
+    r->t0[rank] = now_of(t);
+    record(r, rank, dsgd_allreduce(c, v, 100, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0.5));
+    r->t1[rank] = now_of(t);
+}
+
+static void test_kill(void **state) {
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f;
+    run r;
+    int i;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    memset(&f, 0, sizeof(f));
+    d.alpha_s = 1e-5;
+    d.beta_s_per_byte = 1e-9;
+    d.compute.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+    d.compute.mean_s = 0.05;
+    d.compute.seed = 3;
+    f.kind = DSGD_SIMNET_FAULT_KILL;
+    f.rank = 2;
+    f.step = 1;
+    d.faults = &f;
+    d.num_faults = 1;
+    run_init(&r, 5, &d);
+    run_go(&r, body_kill, NULL);
+    assert_int_equal(r.res[2], DSGD_ERR_ABORTED);
+    assert_non_null(strstr(r.msg[2], "killed"));
+    for (i = 0; i < 5; ++i) {
+        if (i == 2) continue;
+        if (r.res[i] != DSGD_ERR_TIMEOUT) fail_msg("rank %d: %s (%s)", i, dsgd_result_string(r.res[i]), r.msg[i]);
+        /* at exactly the deadline's virtual time, and naming rank 2 */
+        if (r.t1[i] != r.t0[i] + 0.5) fail_msg("rank %d failed at %.17g s, deadline %.17g s", i, r.t1[i], r.t0[i] + 0.5);
+        if (!strstr(r.msg[i], "rank 2")) fail_msg("rank %d's error does not name rank 2: %s", i, r.msg[i]);
+    }
+    run_free(&r);
+    alarm(0);
+}
+
+static void body_kill_time(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    dsgd_result res;
+    r->t0[rank] = now_of(t);
+    if (rank == 1) {
+        res = dsgd_simnet_advance(r->hub, rank, 1.0);
+        r->t1[rank] = now_of(t);
+        r->res[rank] = res;
+        snprintf(r->msg[rank], sizeof(r->msg[0]), "%s", t->error_message(t->impl));
+        /* later calls fail at once */
+        if (dsgd_simnet_compute(r->hub, rank, 5) != DSGD_ERR_ABORTED) r->res[rank] = DSGD_ERR_STATE;
+        return;
+    }
+    record(r, rank, dsgd_barrier(c, 2.0));
+    r->t1[rank] = now_of(t);
+}
+
+static void test_kill_by_time(void **state) {
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f;
+    run r;
+    int i;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    memset(&f, 0, sizeof(f));
+    d.alpha_s = 1e-5;
+    f.kind = DSGD_SIMNET_FAULT_KILL;
+    f.rank = 1;
+    f.step = -1;
+    f.time = 0.3;
+    d.faults = &f;
+    d.num_faults = 1;
+    run_init(&r, 4, &d);
+    run_go(&r, body_kill_time, NULL);
+    assert_int_equal(r.res[1], DSGD_ERR_ABORTED);
+    assert_true(r.t1[1] == 0.3);
+    for (i = 0; i < 4; ++i) {
+        if (i == 1) continue;
+        if (r.res[i] != DSGD_ERR_TIMEOUT) fail_msg("rank %d: %s (%s)", i, dsgd_result_string(r.res[i]), r.msg[i]);
+        if (r.t1[i] != 2.0) fail_msg("rank %d failed at %.17g s, want 2", i, r.t1[i]);
+        if (!strstr(r.msg[i], "rank 1")) fail_msg("rank %d's error does not name rank 1: %s", i, r.msg[i]);
+    }
+    run_free(&r);
+    alarm(0);
+}
+
+typedef struct drop_out {
+    double t_ok, t_fail;
+    dsgd_result r_ok, r_fail;
+    char msg[256];
+} drop_out;
+
+/* Rank 0 sends tag 1 at 0 and tag 2 at 0.1; rank 1 receives both. */
+static void body_drop(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    drop_out *o = (drop_out *)r->user;
+    char buf[100];
+    (void)c;
+    memset(buf, 0, sizeof(buf));
+    if (rank == 0) {
+        dsgd_result res = t->send(t->impl, 1, 1, buf, sizeof(buf), 10);
+        if (res == DSGD_OK) res = dsgd_simnet_advance(r->hub, 0, 0.1);
+        if (res == DSGD_OK) res = t->send(t->impl, 1, 2, buf, sizeof(buf), 10);
+        r->res[0] = res;
+        return;
+    }
+    o->r_ok = t->recv(t->impl, 0, 1, buf, sizeof(buf), 10);
+    o->t_ok = now_of(t);
+    o->r_fail = t->recv(t->impl, 0, 2, buf, sizeof(buf), 1.0);
+    o->t_fail = now_of(t);
+    snprintf(o->msg, sizeof(o->msg), "%s", t->error_message(t->impl));
+    r->res[1] = DSGD_OK;
+}
+
+static void drop_case(const dsgd_simnet_fault *f, drop_out *o) {
+    dsgd_simnet_desc d;
+    run r;
+    memset(&d, 0, sizeof(d));
+    memset(o, 0, sizeof(*o));
+    d.alpha_s = 1e-3;
+    d.beta_s_per_byte = 1e-6;
+    d.faults = f;
+    d.num_faults = f ? 1 : 0;
+    run_init(&r, 2, &d);
+    run_go(&r, body_drop, o);
+    assert_int_equal(r.res[0], DSGD_OK);
+    assert_int_equal(r.res[1], DSGD_OK);
+    run_free(&r);
+}
+
+static void test_drop_and_delay(void **state) {
+    dsgd_simnet_fault f;
+    drop_out base, o;
+    (void)state;
+    watchdog(60);
+    drop_case(NULL, &base);
+    assert_int_equal(base.r_ok, DSGD_OK);
+    assert_int_equal(base.r_fail, DSGD_OK);
+    assert_true(REL_OK(base.t_ok, 1e-3 + 100e-6));
+    assert_true(REL_OK(base.t_fail, 100e-6 + 0.1 + 100e-6 + 1e-3)); /* after the first send, 0.1 s, the second's 100 us and alpha */
+    /* the second message is dropped: the receiver times out at its deadline naming rank 0 */
+    memset(&f, 0, sizeof(f));
+    f.kind = DSGD_SIMNET_FAULT_DROP;
+    f.rank = 0;
+    f.peer = 1;
+    f.step = -1;
+    f.time = 0.05;
+    drop_case(&f, &o);
+    assert_int_equal(o.r_ok, DSGD_OK);
+    assert_int_equal(o.r_fail, DSGD_ERR_TIMEOUT);
+    assert_true(o.t_fail == 1.0);
+    if (!strstr(o.msg, "rank 0") || !strstr(o.msg, "dropped")) fail_msg("error: %s", o.msg);
+    /* delayed by 0.25 s: that arrival, and only that one, moves by exactly 0.25 s */
+    f.kind = DSGD_SIMNET_FAULT_DELAY;
+    f.seconds = 0.25;
+    drop_case(&f, &o);
+    assert_int_equal(o.r_fail, DSGD_OK);
+    assert_true(o.t_ok == base.t_ok);
+    assert_true(fabs((o.t_fail - base.t_fail) - 0.25) <= 1e-12);
+    /* a DROP on another pair changes nothing */
+    f.kind = DSGD_SIMNET_FAULT_DROP;
+    f.rank = 1;
+    f.peer = 0;
+    drop_case(&f, &o);
+    assert_true(o.r_fail == DSGD_OK && o.t_fail == base.t_fail);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- stall, slow, deadlock, abort */
+
+static void body_stall(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    dsgd_result res = DSGD_OK;
+    long k;
+    (void)c;
+    for (k = 0; k < 4 && res == DSGD_OK; ++k) res = dsgd_simnet_compute(r->hub, rank, k);
+    r->t1[rank] = now_of(t);
+    r->res[rank] = res;
+}
+
+static void test_stall_and_slow(void **state) {
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f[3];
+    run r;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    memset(f, 0, sizeof(f));
+    d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    d.compute.mean_s = 1.0;
+    f[0].kind = DSGD_SIMNET_FAULT_STALL; /* rank 0: frozen 5 s at step 2 */
+    f[0].rank = 0;
+    f[0].step = 2;
+    f[0].seconds = 5;
+    f[1].kind = DSGD_SIMNET_FAULT_SLOW; /* rank 1: 3x slower from step 1 */
+    f[1].rank = 1;
+    f[1].step = 1;
+    f[1].factor = 3;
+    f[2].kind = DSGD_SIMNET_FAULT_STALL; /* rank 2: frozen from 2.5 s to 4 s */
+    f[2].rank = 2;
+    f[2].step = -1;
+    f[2].time = 2.5;
+    f[2].seconds = 1.5;
+    d.faults = f;
+    d.num_faults = 3;
+    run_init(&r, 3, &d);
+    run_go(&r, body_stall, NULL);
+    assert_int_equal(r.res[0], DSGD_OK);
+    assert_true(r.t1[0] == 9.0);
+    assert_true(r.t1[1] == 10.0);
+    /* 3 s of compute end at 3 s > 2.5 s: the rank is frozen until 4 s, then
+       computes its last step */
+    assert_true(r.t1[2] == 5.0);
+    run_free(&r);
+    alarm(0);
+}
+
+/* Every rank waits for a message nobody sends: the earliest deadline fires
+   first, in virtual time, without waiting in real time. */
+static void body_cycle(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    char b;
+    double t0 = dsgd_now();
+    (void)c;
+    r->res[rank] = t->recv(t->impl, (rank + 1) % r->n, 1, &b, 1, 100.0 + rank);
+    r->t1[rank] = now_of(t);
+    r->t0[rank] = dsgd_now() - t0;
+    snprintf(r->msg[rank], sizeof(r->msg[0]), "%s", t->error_message(t->impl));
+}
+
+static void body_forever(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    char b;
+    (void)c;
+    r->res[rank] = t->recv(t->impl, (rank + 1) % r->n, 1, &b, 1, HUGE_VAL);
+    snprintf(r->msg[rank], sizeof(r->msg[0]), "%s", t->error_message(t->impl));
+}
+
+static void test_deadlines_fire(void **state) {
+    dsgd_simnet_desc d;
+    run r;
+    int i;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    run_init(&r, 6, &d);
+    run_go(&r, body_cycle, NULL);
+    for (i = 0; i < 6; ++i) {
+        assert_int_equal(r.res[i], DSGD_ERR_TIMEOUT);
+        assert_true(r.t1[i] == 100.0 + i);
+        assert_true(r.t0[i] < 5.0); /* real seconds */
+        assert_non_null(strstr(r.msg[i], "waiting for rank"));
+    }
+    run_free(&r);
+    /* no deadline at all: reported as a deadlock, one rank after the other */
+    run_init(&r, 3, &d);
+    run_go(&r, body_forever, NULL);
+    for (i = 0; i < 3; ++i) {
+        assert_int_equal(r.res[i], DSGD_ERR_TIMEOUT);
+        if (i == 0) assert_non_null(strstr(r.msg[i], "deadlock"));
+    }
+    run_free(&r);
+    alarm(0);
+}
+
+static void body_abort(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    char b;
+    (void)c;
+    if (rank == 0) {
+        dsgd_result res = dsgd_simnet_advance(r->hub, 0, 5.0);
+        t->abort(t->impl);
+        r->res[0] = res;
+        return;
+    }
+    r->res[rank] = t->recv(t->impl, 0, 1, &b, 1, 100.0);
+    if (dsgd_simnet_advance(r->hub, rank, 1.0) != DSGD_ERR_ABORTED) r->res[rank] = DSGD_ERR_STATE;
+}
+
+static void test_abort(void **state) {
+    dsgd_simnet_desc d;
+    run r;
+    int i;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    run_init(&r, 4, &d);
+    run_go(&r, body_abort, NULL);
+    assert_int_equal(r.res[0], DSGD_OK);
+    for (i = 1; i < 4; ++i) assert_int_equal(r.res[i], DSGD_ERR_ABORTED);
+    assert_true(dsgd_simnet_aborted(r.hub));
+    run_free(&r);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- compute models */
+
+static dsgd_simnet *one_rank_hub(dsgd_ctx *ctx, const dsgd_simnet_compute_desc *cm, int ranks) {
+    dsgd_simnet_desc d;
+    dsgd_simnet *h = NULL;
+    memset(&d, 0, sizeof(d));
+    d.ranks = ranks;
+    d.compute = *cm;
+    if (dsgd_simnet_create(ctx, &d, &h) != DSGD_OK) fail_msg("%s", dsgd_ctx_last_error(ctx));
+    return h;
+}
+
+static void test_compute_models(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_simnet *h, *h2;
+    dsgd_simnet_compute_desc cm;
+    const int S = 20000;
+    double sum = 0, prev = 0, mean, se, factors[3] = {1.0, 3.0, 0.5};
+    long k;
+    int hits = 0, r;
+    (void)state;
+    watchdog(120);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    /* exponential, mean 1/mu = 0.02, through the transport's clock */
+    memset(&cm, 0, sizeof(cm));
+    cm.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+    cm.mean_s = 0.02;
+    cm.seed = 1234;
+    h = one_rank_hub(ctx, &cm, 1);
+    for (k = 0; k < S; ++k) {
+        double t;
+        assert_int_equal(dsgd_simnet_compute(h, 0, k), DSGD_OK);
+        t = dsgd_simnet_time(h, 0);
+        sum += t - prev;
+        prev = t;
+    }
+    dsgd_simnet_leave(h, 0);
+    mean = sum / S;
+    se = 0.02 / sqrt((double)S);
+    if (fabs(mean - 0.02) > 3 * se) fail_msg("exponential mean %.6g, want 0.02 +- %.3g", mean, 3 * se);
+    dsgd_simnet_destroy(h);
+
+    /* stragglers: constant 1 s, 4x with p = 0.1 */
+    memset(&cm, 0, sizeof(cm));
+    cm.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    cm.mean_s = 1.0;
+    cm.straggler_p = 0.1;
+    cm.straggler_factor = 4.0;
+    cm.seed = 99;
+    h = one_rank_hub(ctx, &cm, 2);
+    for (k = 0; k < S; ++k) {
+        double x = dsgd_simnet_compute_time(h, 1, k);
+        assert_true(x == 1.0 || x == 4.0);
+        hits += x == 4.0;
+    }
+    se = sqrt(0.1 * 0.9 / S);
+    if (fabs((double)hits / S - 0.1) > 3 * se) fail_msg("straggler frequency %.5g, want 0.1 +- %.3g", (double)hits / S, 3 * se);
+    /* pure in (seed, rank, step): another hub agrees, whatever was drawn before */
+    h2 = one_rank_hub(ctx, &cm, 2);
+    for (k = S - 1; k >= 0; k -= 7) assert_true(dsgd_simnet_compute_time(h2, 1, k) == dsgd_simnet_compute_time(h, 1, k));
+    /* and rank 0's draws are not rank 1's */
+    hits = 0;
+    for (k = 0; k < 1000; ++k) hits += dsgd_simnet_compute_time(h, 0, k) != dsgd_simnet_compute_time(h, 1, k);
+    assert_true(hits > 100);
+    dsgd_simnet_destroy(h);
+    dsgd_simnet_destroy(h2);
+
+    /* per-rank factors multiply the same draw */
+    memset(&cm, 0, sizeof(cm));
+    cm.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+    cm.mean_s = 0.5;
+    cm.seed = 5;
+    h = one_rank_hub(ctx, &cm, 3);
+    cm.rank_factor = factors;
+    h2 = one_rank_hub(ctx, &cm, 3);
+    for (r = 0; r < 3; ++r)
+        for (k = 0; k < 100; ++k)
+            assert_true(fabs(dsgd_simnet_compute_time(h2, r, k) - factors[r] * dsgd_simnet_compute_time(h, r, k)) <=
+                        1e-15 * dsgd_simnet_compute_time(h2, r, k));
+    dsgd_simnet_destroy(h);
+    dsgd_simnet_destroy(h2);
+
+    /* shifted exponential: never below the shift; mean shift + mean */
+    memset(&cm, 0, sizeof(cm));
+    cm.kind = DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL;
+    cm.mean_s = 0.2;
+    cm.shift_s = 1.0;
+    cm.seed = 77;
+    h = one_rank_hub(ctx, &cm, 1);
+    sum = 0;
+    for (k = 0; k < S; ++k) {
+        double x = dsgd_simnet_compute_time(h, 0, k);
+        assert_true(x >= 1.0);
+        sum += x;
+    }
+    se = 0.2 / sqrt((double)S);
+    if (fabs(sum / S - 1.2) > 3 * se) fail_msg("shifted exponential mean %.6g, want 1.2 +- %.3g", sum / S, 3 * se);
+    dsgd_simnet_destroy(h);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- order statistics */
+/* P workers (ranks 1..P) and a server (rank 0), free links. Each step the
+   server sends "go" to every worker at time S; each computes Exp(mu) and
+   sends its gradient; the server takes them in arrival order. With b
+   backups the step would end at the (P - b)-th arrival: its mean is
+   E[X_(P-b:P)] = sum_{i=b+1..P} 1/(i mu) = (H_P - H_b)/mu (Renyi), variance
+   sum 1/(i mu)^2. The server drains the rest before the next step, so
+   every step starts with all workers fresh. */
+
+#define OS_B 4
+static const int OS_BACKUPS[OS_B] = {0, 1, 2, 4};
+
+typedef struct os_job {
+    int P;
+    long steps;
+    double sum[OS_B], sumsq[OS_B];
+} os_job;
+
+static void body_os(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    os_job *jb = (os_job *)r->user;
+    dsgd_result res = DSGD_OK;
+    float g = 1.0f;
+    long s;
+    (void)c;
+    for (s = 0; s < jb->steps && res == DSGD_OK; ++s) {
+        if (rank == 0) {
+            double start = now_of(t);
+            int w, i, b;
+            for (w = 1; w <= jb->P && res == DSGD_OK; ++w) res = t->send(t->impl, w, (uint64_t)s, &g, sizeof(g), start + 1e6);
+            for (i = 1; i <= jb->P && res == DSGD_OK; ++i) {
+                int src;
+                uint64_t tag;
+                size_t bytes;
+                res = t->probe(t->impl, start + 1e6, &src, &tag, &bytes);
+                if (res == DSGD_OK) res = t->recv(t->impl, src, tag, &g, bytes, start + 1e6);
+                for (b = 0; b < OS_B; ++b) {
+                    if (i == jb->P - OS_BACKUPS[b]) {
+                        double x = now_of(t) - start;
+                        jb->sum[b] += x;
+                        jb->sumsq[b] += x * x;
+                    }
+                }
+            }
+        } else {
+            res = t->recv(t->impl, 0, (uint64_t)s, &g, sizeof(g), now_of(t) + 1e6);
+            if (res == DSGD_OK) res = dsgd_simnet_compute(r->hub, rank, s);
+            if (res == DSGD_OK) res = t->send(t->impl, 0, (uint64_t)s, &g, sizeof(g), now_of(t) + 1e6);
+        }
+    }
+    record(r, rank, res);
+}
+
+static void test_order_statistics(void **state) {
+    static const int Ps[2] = {8, 16};
+    const double mu = 4.0;
+    int pi, b, i;
+    (void)state;
+    watchdog(600);
+    for (pi = 0; pi < 2; ++pi) {
+        dsgd_simnet_desc d;
+        os_job jb;
+        run r;
+        int P = Ps[pi];
+        double t0 = dsgd_now();
+        memset(&d, 0, sizeof(d));
+        memset(&jb, 0, sizeof(jb));
+        d.compute.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+        d.compute.mean_s = 1.0 / mu;
+        d.compute.seed = 2016 + (uint64_t)P;
+        jb.P = P;
+        jb.steps = TEST_TSAN ? 2000 : 20000;
+        run_init(&r, P + 1, &d);
+        run_go(&r, body_os, &jb);
+        for (i = 0; i <= P; ++i)
+            if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+        for (b = 0; b < OS_B; ++b) {
+            double want = 0, var = 0, mean = jb.sum[b] / (double)jb.steps, se;
+            int k;
+            for (k = OS_BACKUPS[b] + 1; k <= P; ++k) {
+                want += 1.0 / (k * mu);
+                var += 1.0 / ((k * mu) * (k * mu));
+            }
+            se = sqrt(var / (double)jb.steps);
+            print_message("P=%d b=%d: mean step %.6f s, (H_P - H_b)/mu = %.6f s, 3 se %.2g\n", P, OS_BACKUPS[b], mean,
+                          want, 3 * se);
+            if (fabs(mean - want) > 3 * se) fail_msg("P=%d b=%d: mean %.6g, want %.6g +- %.3g", P, OS_BACKUPS[b], mean, want, 3 * se);
+        }
+        print_message("P=%d: %ld steps in %.2f s real time\n", P, jb.steps, dsgd_now() - t0);
+        run_free(&r);
+    }
+    alarm(0);
+}
+
+/* ---------------------------------------------------------------- arguments */
+
+static void test_bad_arguments(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_simnet *h = NULL;
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f;
+    dsgd_transport_i ep;
+    double bad_factor[2] = {1.0, -1.0};
+    (void)state;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    memset(&d, 0, sizeof(d));
+    assert_int_equal(dsgd_simnet_create(ctx, &d, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_create(NULL, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_create(ctx, NULL, &h), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT); /* 0 ranks */
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "ranks"));
+    d.ranks = 2;
+    d.alpha_s = -1;
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    d.alpha_s = NAN;
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    d.alpha_s = 0;
+    d.compute.straggler_p = 1.5;
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    d.compute.straggler_p = 0;
+    d.compute.rank_factor = bad_factor;
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "rank_factor[1]"));
+    d.compute.rank_factor = NULL;
+    memset(&f, 0, sizeof(f));
+    f.kind = DSGD_SIMNET_FAULT_DROP;
+    f.rank = 0;
+    f.peer = 5;
+    d.faults = &f;
+    d.num_faults = 1;
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "faults[0]"));
+    d.num_faults = 0;
+    assert_null(h);
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_OK);
+    assert_int_equal(dsgd_simnet_endpoint(h, 2, &ep), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_endpoint(h, 1, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_endpoint(NULL, 1, &ep), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_endpoint(h, 1, &ep), DSGD_OK);
+    assert_string_equal(ep.name, "simnet");
+    assert_null(ep.share);
+    assert_null(ep.allreduce);
+    assert_non_null(ep.probe);
+    assert_int_equal(dsgd_simnet_compute(h, 5, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_compute(h, 0, -1), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_advance(h, 0, -1.0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(ep.send(ep.impl, 1, 0, NULL, 0, 1.0), DSGD_ERR_INVALID_ARGUMENT); /* itself */
+    assert_int_equal(ep.recv(ep.impl, 7, 0, NULL, 0, 1.0), DSGD_ERR_INVALID_ARGUMENT);
+    /* a rank that left: later calls are DSGD_ERR_STATE */
+    dsgd_simnet_leave(h, 0);
+    assert_int_equal(dsgd_simnet_advance(h, 0, 1.0), DSGD_ERR_STATE);
+    /* the only rank left runs alone */
+    assert_int_equal(dsgd_simnet_advance(h, 1, 2.5), DSGD_OK);
+    assert_true(ep.now(ep.impl) == 2.5);
+    dsgd_simnet_leave(h, 1);
+    dsgd_simnet_destroy(h);
+    dsgd_simnet_destroy(NULL);
+    dsgd_simnet_abort(NULL);
+    dsgd_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_probe_order),
+        cmocka_unit_test(test_nic_and_duplex),
+        cmocka_unit_test(test_deadlines_fire),
+        cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_stall_and_slow),
+        cmocka_unit_test(test_kill),
+        cmocka_unit_test(test_kill_by_time),
+        cmocka_unit_test(test_drop_and_delay),
+        cmocka_unit_test(test_compute_models),
+        cmocka_unit_test(test_allreduce_costs),
+        cmocka_unit_test(test_two_level_ring),
+        cmocka_unit_test(test_numerics_match_loopback),
+        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_order_statistics),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
