@@ -20,9 +20,9 @@
                      one launch; more through the backend's scratch buffer, 8
                      a launch, in the same order
        im2col, col2im, maxpool_forward, maxpool_backward
-                     our kernels, one work-item per output element (col2im
-                     and maxpool_backward gather their sums in the documented
-                     order): the CPU backend's bits
+                     our kernels, one work-item per row of col or per
+                     output pixel (col2im and maxpool_backward gather their
+                     sums in the documented order): the CPU backend's bits
      So a strategy over OpenCL backends of one context (see BACKENDS in
      distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
      backend's buffers are the device's own (a discrete GPU, or host_visible
@@ -728,8 +728,9 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
 
 /* >>images ------------------------------------------------------------------ */
 /* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
-   output element, gathers where the CPU backend scatters within a row, the
-   same sums in the same order (the kernels' comment in context.h). */
+   row of col or per pixel of the output, gathers where the CPU backend
+   scatters within a row, the same sums in the same order (the kernels'
+   comment in context.h). */
 
 /* 1 when [a.off, a.off + na) and [b.off, b.off + nb) of one buffer share a
    float: a kernel reading what another work-item writes would race. */
@@ -745,7 +746,7 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     const char *name = dsgd_cl__kernel_op[k];
     dsgd__window_dims d;
     cl_int win[9];
-    cl_ulong total, off[4];
+    cl_ulong items, off[4];
     size_t nin, nout;
     const dsgd_ref *refs[4];
     int nref = 0, i;
@@ -784,15 +785,17 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     win[6] = wd->pad;
     win[7] = d.oh;
     win[8] = d.ow;
-    total = nout;
+    /* work-items (IMAGES kernels in context.h): col's rows (i, oy, ox, ky),
+       else the output's pixels */
+    items = k == DSGD_CL__K_IM2COL ? (cl_ulong)d.rows * (cl_ulong)wd->kh : (cl_ulong)(nout / (size_t)wd->c);
     for (i = 0, r = DSGD_OK; i < nref && r == DSGD_OK; ++i) {
         off[i] = refs[i]->off;
         r = dsgd_cl__arg(b, k, 2 * i, sizeof(cl_mem), &dsgd_cl__buf(*refs[i])->mem);
         if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * i + 1, sizeof(cl_ulong), &off[i]);
     }
     for (i = 0; i < 9 && r == DSGD_OK; ++i) r = dsgd_cl__arg(b, k, 2 * nref + i, sizeof(cl_int), &win[i]);
-    if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 9, sizeof(cl_ulong), &total);
-    return r != DSGD_OK ? r : dsgd_cl__run(b, k, nout, b->local);
+    if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 9, sizeof(cl_ulong), &items);
+    return r != DSGD_OK ? r : dsgd_cl__run(b, k, (size_t)items, b->local);
 }
 
 static dsgd_result dsgd_cl__im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
