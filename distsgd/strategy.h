@@ -29,6 +29,41 @@
      replicas returns DSGD_ERR_STATE naming the step and the first error
      (dsgd_strategy_failed) until you destroy it and create a new one.
 
+   MULTI-WORKER
+
+     DSGD_STRATEGY_MULTI_WORKER_MIRRORED runs this process's num_replicas
+     replicas (threads) as ranks first .. first + N - 1 of a group of W
+     replicas in all, spread over several processes (workers): the
+     endpoints you pass (dsgd_strategy_desc.endpoints, required) say where,
+     endpoints[i] being rank first + i of size W (an MPI transport with N
+     local endpoints per process, distsgd_mpi.h; or, to simulate workers in
+     one process, N endpoints each of one loopback hub, one strategy per
+     worker, each driven from its own thread). Then:
+       - every worker calls every collective call in the same order with
+         the same arguments: train_step (and _fn), eval_batch, take_metrics,
+         read_variable of an ON_READ variable; they are collectives of all
+         W replicas;
+       - dsgd_strategy_train_step takes the global batch on every worker
+         (the same x, y and count: a dsgd_sampler with the same seed makes
+         it), and replica g (global) takes dsgd_block_range(count, W, g), so
+         2 workers x 2 replicas see the samples of one 4-replica MIRRORED
+         strategy, and over one loopback hub train its bits; with
+         dsgd_strategy_train_step_fn each replica fetches its own shard;
+       - creation checks that every worker describes the same model,
+         optimizer and strategy (a fingerprint all-gathered over the group:
+         a difference is DSGD_ERR_INVALID_ARGUMENT on every worker naming the
+         first rank that differs from rank 0, never a hang), then rank 0 (the
+         chief) broadcasts its initial weights;
+       - dsgd_replica_id and dsgd_replica_count are global (g and W);
+         dsgd_strategy_num_replicas is this worker's N and
+         dsgd_strategy_num_replicas_in_sync is W;
+       - gradients go the HOST path; checkpoints (dsgd_strategy_save) are
+         not supported yet (DSGD_ERR_UNSUPPORTED).
+     A failure on one worker aborts its own replicas at once; the other
+     workers return at their deadline (DSGD_ERR_TIMEOUT naming the rank they
+     waited for), as MPI cannot reach them sooner (the MPI transport's AFTER
+     A FAILURE: end the job).
+
      Inside: a strategy kind is a table of operations (check the desc, set
      up, one replica's part of a step, tear down: dsgd__strategy_ops). This
      part holds what every kind shares: the replicas and their threads, the
@@ -52,12 +87,15 @@ typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
     DSGD_STRATEGY_MIRRORED = 1,   /* N replicas, one thread each, gradients summed in
                                      lockstep (see dsgd_gradient_path) */
-    DSGD_STRATEGY_CENTRAL_STORAGE = 2 /* N replicas compute gradients; the variables and
+    DSGD_STRATEGY_CENTRAL_STORAGE = 2, /* N replicas compute gradients; the variables and
                                      the optimizer state live once, on the host,
                                      updated once per step; the replicas read them
                                      (see CENTRAL STORAGE in strategy_central.h) */
+    DSGD_STRATEGY_MULTI_WORKER_MIRRORED = 3 /* mirrored across processes: this
+                                     process's N replicas are ranks of a larger
+                                     group (see MULTI-WORKER below) */
 } dsgd_strategy_kind;
-#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_CENTRAL_STORAGE + 1)
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_MULTI_WORKER_MIRRORED + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -183,17 +221,20 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
    created (backends through their destroy member); s NULL: nothing.
    Thread safety: the strategy's thread, not inside dsgd_strategy_run. */
 DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
-/* dsgd_strategy_num_replicas: N (s NULL: 0).
+/* dsgd_strategy_num_replicas: N, this process's replicas (s NULL: 0).
+   dsgd_strategy_num_replicas_in_sync: W, the replicas of the whole group:
+   N but for a multi-worker strategy (MULTI-WORKER above).
    dsgd_strategy_gradient_path: the path resolved at creation, HOST or DEVICE
    (HOST with one replica, where nothing is exchanged; s NULL: HOST).
    Errors: none. Thread safety: any thread while s lives (fixed at
    creation). */
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
+DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s);
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
-/* "one_device", "mirrored", "central_storage"; "unknown" for other values.
+/* "one_device", "mirrored", "central_storage", "multi_worker_mirrored"; "unknown" for other values.
    Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
@@ -357,8 +398,9 @@ DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
 DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
 
 /* Replica context getters (r NULL: -1, 0 or NULL):
-     dsgd_replica_id     the replica's rank, 0..N-1
-     dsgd_replica_count  N
+     dsgd_replica_id     the replica's rank, 0..N-1 (multi-worker: its
+                         global rank, 0..W-1)
+     dsgd_replica_count  N (multi-worker: W)
      dsgd_replica_ctx, dsgd_replica_model, dsgd_replica_comm
                          the replica's own context, model and communicator
                          (comm NULL with one replica)
@@ -503,6 +545,7 @@ struct dsgd_replica {
     int skipped;
     float lr;
     int global;         /* the global batch of the last step */
+    int local;          /* index in the strategy's reps (rank - first) */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -527,6 +570,9 @@ typedef struct dsgd__strategy_ops {
        model; the replicas then get the parameters and the step); NULL:
        every replica holds them, equal (replica 0's are saved) */
     dsgd_optimizer *(*state)(dsgd_strategy *s);
+    /* non-zero: the replicas may be part of a larger group (the endpoints'
+       size), spread over processes (MULTI-WORKER above) */
+    int multi_worker;
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
@@ -541,7 +587,8 @@ struct dsgd_strategy {
     dsgd_ctx *ctx;
     dsgd_strategy_desc d;   /* defaults applied (dsgd__strategy_defaults) */
     const dsgd__strategy_ops *ops;
-    int n;
+    int n;                  /* this process's replicas (threads) */
+    int world, first;       /* the group's replicas, and rank of reps[0]; W = n, first 0 but multi-worker */
     dsgd_replica *reps;
     dsgd_loopback *hub;     /* the strategy's own transport, when desc.endpoints is NULL */
     dsgd_aggregation *param_agg; /* per model variable */
@@ -572,13 +619,14 @@ struct dsgd_strategy {
 
 /* ---- the replicas' threads and failures */
 
-/* Stops every replica's transport at once because replica `rank` failed;
-   the first caller is the one the others' messages name. */
-static void dsgd__strategy_abort(dsgd_strategy *s, int rank) {
-    const dsgd_transport_i *t = &s->reps[rank].ep;
+/* Stops every replica's transport at once because local replica `local`
+   failed; the first caller is the one the others' messages name (by its
+   global rank). */
+static void dsgd__strategy_abort(dsgd_strategy *s, int local) {
+    const dsgd_transport_i *t = &s->reps[local].ep;
     if (!t->abort) return;
     pthread_mutex_lock(&s->mu);
-    if (s->abort_by < 0) s->abort_by = rank;
+    if (s->abort_by < 0) s->abort_by = s->reps[local].rank;
     pthread_mutex_unlock(&s->mu);
     t->abort(t->impl);
 }
@@ -600,7 +648,7 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
         return res;
     }
     if (dsgd_comm_broken(r->comm)) r->comm_failed = 1; /* also a collective called by a user's fn */
-    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->rank);
+    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->local);
     pthread_mutex_lock(&s->mu);
     by = s->abort_by;
     pthread_mutex_unlock(&s->mu);
@@ -791,6 +839,7 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     dsgd__strategy_defaults(&s->d);
     s->ops = ops;
     s->n = s->d.num_replicas;
+    s->world = s->n;
     s->path = DSGD_GRADIENTS_HOST;
     s->all_mean = 1;
     s->abort_by = -1;
@@ -801,19 +850,38 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     return DSGD_OK;
 }
 
-/* The transport, for N > 1: the desc's endpoints, checked, or a loopback
-   of the strategy's own. */
+/* The transport: the desc's endpoints, checked (contiguous ranks first ..
+   first + n - 1 of one size W; W = n unless the kind is multi-worker), or,
+   for N > 1, a loopback of the strategy's own. */
 static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    const dsgd_transport_i *ep = s->d.endpoints;
     int i, n = s->n;
-    if (n == 1) return DSGD_OK;
-    if (!s->d.endpoints) return dsgd_loopback_create(s->ctx, n, &s->hub);
-    for (i = 0; i < n; ++i) {
-        const dsgd_transport_i *t = &s->d.endpoints[i];
-        if (t->rank != i || t->size != n || !t->send || !t->recv)
+    if (!ep) {
+        if (s->ops->multi_worker)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                      "dsgd_strategy_create: endpoints[%d] is rank %d of %d%s; replica %d needs "
-                                      "rank %d of %d", i, t->rank, t->size,
-                                      t->send && t->recv ? "" : " without send or recv", i, i, n);
+                                      "%s: %s needs the endpoints of the group across the workers "
+                                      "(dsgd_strategy_desc.endpoints)", what, s->ops->name);
+        return n == 1 ? DSGD_OK : dsgd_loopback_create(s->ctx, n, &s->hub);
+    }
+    s->first = ep[0].rank;
+    s->world = ep[0].size;
+    if (!s->ops->multi_worker && (s->first != 0 || s->world != n))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: endpoints[0] is rank %d of %d; %s with %d replicas needs ranks 0..%d of %d "
+                                  "(across processes: DSGD_STRATEGY_MULTI_WORKER_MIRRORED)", what, ep[0].rank,
+                                  ep[0].size, s->ops->name, n, n - 1, n);
+    if (s->first < 0 || s->world < n || s->first > s->world - n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: endpoints[0] is rank %d of %d, which leaves no room for %d replicas", what,
+                                  ep[0].rank, ep[0].size, n);
+    for (i = 0; i < n; ++i) {
+        const dsgd_transport_i *t = &ep[i];
+        if (t->rank != s->first + i || t->size != s->world || !t->send || !t->recv)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what, i,
+                                      t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
+                                      s->first + i, s->world);
     }
     return DSGD_OK;
 }
@@ -833,7 +901,8 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     cd.label = label;
     cd.logger = s->ctx ? s->ctx->logger : cd.logger;
     r->s = s;
-    r->rank = i;
+    r->rank = s->first + i;
+    r->local = i;
     if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, res, "dsgd_strategy_create: cannot create replica %d's context", i);
     bd.threads = s->d.cpu_threads;
@@ -845,7 +914,7 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
         res = dsgd_model_create(r->ctx, &md, &r->model);
     }
     if (res == DSGD_OK) res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt);
-    if (res == DSGD_OK && s->n > 1) {
+    if (res == DSGD_OK && s->world > 1) {
         dsgd_comm_desc cdesc;
         memset(&cdesc, 0, sizeof(cdesc));
         cdesc.timeout_s = s->d.timeout_s;
@@ -914,6 +983,89 @@ static dsgd_result dsgd__strategy_start(dsgd_strategy *s) {
 }
 
 
+/* ---- multi-worker: one description, the chief's weights */
+
+static uint64_t dsgd__fp(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull; /* FNV-1a */
+    return h;
+}
+#define DSGD__FP(h, x) ((h) = dsgd__fp((h), &(x), sizeof(x)))
+
+/* A hash of what every worker must agree on: the model's variables and
+   their aggregations, the optimizer and the strategy's options (field by
+   field: no padding, no pointers). Not the seed: the chief's weights win. */
+static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
+    const dsgd_model *m = s->reps[0].model;
+    const dsgd_optimizer_desc *o = &s->d.optimizer;
+    const dsgd_lr_schedule *sc = &o->schedule;
+    uint64_t h = 14695981039346656037ull, np = dsgd_model_num_params(m);
+    int i, k, nv = dsgd_model_num_variables(m), dims[4];
+    DSGD__FP(h, np);
+    for (i = 0; i < nv; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(m, i);
+        h = dsgd__fp(h, v->name, strlen(v->name) + 1);
+        DSGD__FP(h, v->rank);
+        for (k = 0; k < v->rank; ++k) DSGD__FP(h, v->shape[k]);
+        DSGD__FP(h, s->param_agg[i]);
+    }
+    h = dsgd__fp(h, dsgd_model_name(m), strlen(dsgd_model_name(m)) + 1);
+    dims[0] = dsgd_model_input_dim(m);
+    dims[1] = dsgd_model_target_dim(m);
+    dims[2] = dsgd_model_max_batch(m);
+    dims[3] = (int)s->d.nonfinite;
+    h = dsgd__fp(h, dims, sizeof(dims));
+    DSGD__FP(h, o->kind); DSGD__FP(h, o->lr); DSGD__FP(h, o->momentum); DSGD__FP(h, o->nesterov);
+    DSGD__FP(h, o->beta1); DSGD__FP(h, o->beta2); DSGD__FP(h, o->eps); DSGD__FP(h, o->weight_decay);
+    DSGD__FP(h, o->clip_norm);
+    DSGD__FP(h, sc->kind); DSGD__FP(h, sc->warmup_steps); DSGD__FP(h, sc->warmup_start_lr);
+    DSGD__FP(h, sc->total_steps); DSGD__FP(h, sc->final_lr); DSGD__FP(h, sc->step_size); DSGD__FP(h, sc->gamma);
+    DSGD__FP(h, s->d.kind); DSGD__FP(h, s->d.algorithm); DSGD__FP(h, s->d.bucket_bytes);
+    DSGD__FP(h, s->d.piece_bytes);
+    return h;
+}
+
+/* One replica's part of joining the group: all-gather every rank's
+   fingerprint (four 16-bit pieces, exact as floats), fail on every rank
+   alike when one differs from rank 0's, then take rank 0's weights. */
+static dsgd_result dsgd__strategy_join(dsgd_replica *r, void *user) {
+    dsgd_strategy *s = r->s;
+    uint64_t fp = *(const uint64_t *)user, other = 0;
+    size_t p = dsgd_model_num_params(r->model), n = 4 * (size_t)s->world;
+    float *buf = dsgd__replica_stage(r, DSGD__MAX(n, p));
+    dsgd_result res;
+    int g, k, bad = -1;
+    r->clean_fail = 1;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < 4; ++k) buf[4 * (size_t)r->rank + k] = (float)((fp >> (16 * k)) & 0xffff);
+    if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    for (g = 1; g < s->world && bad < 0; ++g)
+        for (k = 0; k < 4; ++k)
+            if (buf[4 * (size_t)g + k] != buf[k]) bad = g;
+    if (bad >= 0) {
+        uint64_t f0 = 0;
+        for (k = 0; k < 4; ++k) {
+            f0 |= (uint64_t)buf[k] << (16 * k);
+            other |= (uint64_t)buf[4 * (size_t)bad + k] << (16 * k);
+        }
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: rank %d describes another model, optimizer or strategy than "
+                                  "rank 0 (fingerprints %016llx and %016llx): every worker must pass the same "
+                                  "description", bad, (unsigned long long)other, (unsigned long long)f0);
+    }
+    r->clean_fail = 0;
+    if ((res = dsgd_model_get_params(r->model, buf, p)) != DSGD_OK) return res;
+    if ((res = dsgd_broadcast(r->comm, buf, p, 0, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    return dsgd_model_set_params(r->model, buf, p);
+}
+
 /* dsgd_strategy_create of the kind whose table is ops (NULL: desc's kind is
    unknown), in phases. */
 static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, const dsgd__strategy_ops *ops,
@@ -932,6 +1084,10 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
     if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
     if (res == DSGD_OK) res = dsgd__strategy_metrics(s);
     if (res == DSGD_OK) res = dsgd__strategy_start(s);
+    if (res == DSGD_OK && s->ops->multi_worker && s->world > 1) {
+        uint64_t fp = dsgd__strategy_fingerprint(s);
+        res = dsgd__strategy_dispatch(s, dsgd__strategy_join, &fp, "dsgd_strategy_create");
+    }
     if (res != DSGD_OK) {
         dsgd_strategy_destroy(s);
         return res;
@@ -941,6 +1097,7 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
 }
 
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s) { return s ? s->n : 0; }
+DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s) { return s ? s->world : 0; }
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s) {
     return s ? s->path : DSGD_GRADIENTS_HOST;
 }
@@ -952,7 +1109,7 @@ DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
     return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
 }
 DSGD_API int dsgd_replica_id(const dsgd_replica *r) { return r ? r->rank : -1; }
-DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->n : 0; }
+DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->world : 0; }
 DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->ctx : NULL; }
 DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->model : NULL; }
 DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r) { return r ? r->comm : NULL; }
@@ -1001,10 +1158,10 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
                                   dsgd_model_name(s->reps[0].model));
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
-    if (count < 1 || (long long)count > (long long)s->n * max_batch)
+    if (count < 1 || (long long)count > (long long)s->world * max_batch)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: global batch of %d outside 1..%lld (replicas x max_batch)", what, count,
-                                  (long long)s->n * max_batch);
+                                  (long long)s->world * max_batch);
     return DSGD_OK;
 }
 
@@ -1063,7 +1220,7 @@ static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args
     int max_batch = dsgd_model_max_batch(r->model);
     memset(b, 0, sizeof(*b));
     dsgd_ctx_clear_error(r->ctx);
-    res = a->fn(a->fn_user, r->rank, r->s->n, b);
+    res = a->fn(a->fn_user, r->rank, r->s->world, b);
     if (res != DSGD_OK) {
         if (dsgd_ctx_last_result(r->ctx) == DSGD_OK)
             dsgd_ctx_set_error(r->ctx, res, "the batch function failed on replica %d: %s", r->rank,
@@ -1080,7 +1237,7 @@ static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args
 /* Replica r's shard of a sliced batch: dsgd_block_range of the global one. */
 static void dsgd__replica_slice(const dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
     size_t off = 0, len = 0;
-    dsgd_block_range((size_t)a->count, r->s->n, r->rank, &off, &len);
+    dsgd_block_range((size_t)a->count, r->s->world, r->rank, &off, &len);
     memset(b, 0, sizeof(*b));
     b->count = (int)len;
     if (len == 0) return;
@@ -1221,7 +1378,7 @@ static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const floa
                                   "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
                                   "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
     memcpy(out, value, sizeof(float) * v->count);
-    if (r->s->n == 1) return DSGD_OK;
+    if (r->s->world == 1) return DSGD_OK;
     if (v->agg == DSGD_AGG_ONLY_FIRST_REPLICA)
         res = dsgd_broadcast(r->comm, out, v->count, 0, 0.0);
     else
@@ -1238,7 +1395,7 @@ static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *val
     dsgd_result res;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
     if (!(v = dsgd__dvar_get(r->s, r->ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
-    local = v->copies + (size_t)r->rank * v->count;
+    local = v->copies + (size_t)r->local * v->count;
     if (v->sync == DSGD_SYNC_ON_READ) {
         tmp = (float *)value;
     } else {
@@ -1261,7 +1418,7 @@ DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
     dsgd__dvar *v;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
     if (!(v = dsgd__dvar_get(r->s, r->ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
-    memcpy(out, v->copies + (size_t)r->rank * v->count, sizeof(float) * v->count);
+    memcpy(out, v->copies + (size_t)r->local * v->count, sizeof(float) * v->count);
     return DSGD_OK;
 }
 
@@ -1276,6 +1433,39 @@ DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int repl
     return DSGD_OK;
 }
 
+/* The cross-replica SUM (or MEAN) of an ON_READ variable across workers:
+   every local replica all-reduces its copy over the group (a collective of
+   all W replicas, so every worker calls it), in float. */
+typedef struct dsgd__world_sum {
+    dsgd__dvar *v;
+    float *buf; /* n copies */
+} dsgd__world_sum;
+
+static dsgd_result dsgd__world_sum_job(dsgd_replica *r, void *user) {
+    dsgd__world_sum *w = (dsgd__world_sum *)user;
+    float *mine = w->buf + (size_t)r->local * w->v->count;
+    dsgd_result res;
+    memcpy(mine, w->v->copies + (size_t)r->local * w->v->count, sizeof(float) * w->v->count);
+    res = dsgd_allreduce(r->comm, mine, w->v->count, w->v->agg == DSGD_AGG_MEAN ? DSGD_REDUCE_MEAN : DSGD_REDUCE_SUM,
+                         DSGD_ALLREDUCE_AUTO, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+static dsgd_result dsgd__dvar_world_sum(dsgd_strategy *s, dsgd__dvar *v, float *out) {
+    dsgd__world_sum w;
+    dsgd_result res;
+    size_t bytes;
+    if (dsgd__mul_overflows(v->count, (size_t)s->n * sizeof(float), &bytes))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s' is too large", v->name);
+    w.v = v;
+    if (!(w.buf = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_read_variable"))) return DSGD_ERR_OUT_OF_MEMORY;
+    res = dsgd__strategy_dispatch(s, dsgd__world_sum_job, &w, "dsgd_strategy_read_variable");
+    if (res == DSGD_OK) memcpy(out, w.buf, sizeof(float) * v->count);
+    DSGD_FREE(w.buf);
+    return res;
+}
+
 DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out) {
     dsgd__dvar *v;
     size_t i;
@@ -1287,6 +1477,7 @@ DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float
         memcpy(out, v->copies, sizeof(float) * v->count);
         return DSGD_OK;
     }
+    if (s->world > s->n) return dsgd__dvar_world_sum(s, v, out);
     for (i = 0; i < v->count; ++i) {
         double acc = 0.0; /* rank order, in double */
         for (r = 0; r < s->n; ++r) acc += v->copies[(size_t)r * v->count + i];
@@ -1305,7 +1496,7 @@ DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, con
     for (r = 0; r < s->n; ++r)
         for (i = 0; i < v->count; ++i)
             v->copies[(size_t)r * v->count + i] =
-                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->n : value[i];
+                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->world : value[i];
     return DSGD_OK;
 }
 
@@ -1327,8 +1518,9 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
         vals[2] = (float)m.count;
         for (k = 0; k < 3; ++k) s->vars[s->metric_var[slot] + k].copies[r] += vals[k];
     }
-    /* the cross-replica read (SUM), then reset */
-    for (k = 0; k < 3; ++k) dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k]);
+    /* the cross-replica read (SUM; across workers a collective), then reset */
+    for (k = 0; k < 3; ++k)
+        if ((res = dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k])) != DSGD_OK) return res;
     out->loss_sum = vals[0];
     out->correct = vals[1];
     out->count = vals[2];

@@ -151,9 +151,9 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     if (res == DSGD_OK && r->be.finish) res = r->be.finish(r->be.impl);
     if (res != DSGD_OK) return res;
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
-    c->src[r->rank] = host;
+    c->src[r->local] = host;
     res = dsgd__central_reduce(r, c, p);                              /* 4 */
-    if (res == DSGD_OK && r->rank == 0) res = dsgd__central_update(r, c); /* 5 */
+    if (res == DSGD_OK && r->local == 0) res = dsgd__central_update(r, c); /* 5 */
     if (res == DSGD_OK) res = dsgd__central_barrier(r);
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
@@ -167,7 +167,7 @@ static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__ce
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
-    dsgd__central_state,
+    dsgd__central_state, 0,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */

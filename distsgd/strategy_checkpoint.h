@@ -40,7 +40,8 @@ extern "C" {
    NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
    NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
-   replica's backend error. path is then unchanged.
+   replica's backend error, DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
+   for now). path is then unchanged.
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
 /* Restores what dsgd_strategy_save wrote (or dsgd_model_save: a model's
@@ -51,7 +52,8 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
-   the message names it); after any of these nothing was touched. A
+   the message names it), DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
+   for now); after any of these nothing was touched. A
    replica's backend failing while the checked state is written leaves
    the replicas different: the strategy has then failed.
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
@@ -113,6 +115,9 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if (s->world > s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
+                                  "supported yet", what);
     if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     opt = dsgd__strategy_state_opt(s);
@@ -286,6 +291,9 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if (s->world > s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
+                                  "supported yet", what);
     if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
     if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__strategy_restore_from(s, &f, extra);
     dsgd__ck_close(&f);

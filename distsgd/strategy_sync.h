@@ -47,7 +47,7 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     }
     res = dsgd__replica_fn_batch(r, a, b);
     total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
-    if (r->s->n > 1 && (cr = dsgd_allreduce(r->comm, &total, 1, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.0)) != DSGD_OK) {
+    if (r->s->world > 1 && (cr = dsgd_allreduce(r->comm, &total, 1, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.0)) != DSGD_OK) {
         r->comm_failed = 1;
         return cr;
     }
@@ -89,7 +89,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     dsgd_strategy *s = r->s;
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
-    if (s->n > 1) {
+    if (s->world > 1) {
         dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
@@ -225,7 +225,7 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
     if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
-    if (res == DSGD_OK && s->n > 1) res = dsgd__step_exchange(r);   /* 4 */
+    if (res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
     if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);         /* 5 */
     return res;
 }
@@ -281,11 +281,24 @@ static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     s->grad_refs = NULL;
 }
 
+/* Across workers the gradients take the HOST path (DEVICE sums buffers of
+   one process's devices). */
+static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    if (d->gradient_path == DSGD_GRADIENTS_DEVICE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: multi_worker_mirrored sums gradients on the HOST path "
+                                  "(gradient_path DEVICE reaches one process's devices only)");
+    return DSGD_OK;
+}
+
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL,
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0,
+};
+static const dsgd__strategy_ops dsgd__multi_worker_ops = {
+    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */

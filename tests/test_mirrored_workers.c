@@ -1,0 +1,353 @@
+/* test_mirrored_workers.c - DSGD_STRATEGY_MULTI_WORKER_MIRRORED, with the
+   workers simulated in one process: one loopback hub of W ranks, one
+   strategy per worker, each created and driven from its own thread with its
+   contiguous share of the hub's endpoints (as each MPI process would hold
+   its local endpoints).
+
+   The model is a small MLP, 12 -> 10 tanh -> 4 (softmax cross-entropy).
+
+   What is asserted:
+   - 2 workers x 2 replicas, and 1 + 3 replicas, train after 10 steps of
+     uneven global batches (SGD with momentum) the very bits of one
+     4-replica MIRRORED strategy over the same algorithm (ring, and AUTO),
+     on every replica of every worker; each replica g takes
+     dsgd_block_range(count, 4, g) of the global batch.
+   - dsgd_strategy_train_step_fn across workers (each replica fetches its
+     own shard, told its global rank and W) gives the same bits.
+   - The metrics, taken collectively on every worker, equal the reference's:
+     the count exactly, the loss sum and correct count within 1e-6 relative.
+   - A worker created with another seed starts from the chief's weights.
+   - A worker with another learning rate fails creation on every worker
+     with DSGD_ERR_INVALID_ARGUMENT naming rank 2 (its first rank); nothing
+     hangs.
+   - A label out of range on one worker fails that step on every replica of
+     every worker, cleanly (that worker with its own error, the other with
+     DSGD_ERR_ABORTED): both strategies stay usable and in step.
+   - Misuse: no endpoints, non-contiguous ranks, MIRRORED over a larger
+     group, gradient_path DEVICE: DSGD_ERR_INVALID_ARGUMENT; a checkpoint
+     across workers: DSGD_ERR_UNSUPPORTED. */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "test_util.h"
+
+enum { IN = 12, OUT = 4, W = 4, STEPS = 10, MAXB = 16, NP = IN * 10 + 10 + 10 * OUT + OUT };
+
+static const dsgd_layer_desc LAYERS[2] = {{10, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+
+static float g_x[STEPS][W * MAXB * IN], g_y[STEPS][W * MAXB];
+
+static int count_of(int step) { return 22 + 3 * step; }
+
+static void make_data(void) {
+    tu_rng r = tu_rng_make(99);
+    int s, i;
+    for (s = 0; s < STEPS; ++s) {
+        tu_fill(&r, g_x[s], (size_t)W * MAXB * IN, -1.0f, 1.0f);
+        for (i = 0; i < W * MAXB; ++i) g_y[s][i] = (float)tu_below(&r, OUT);
+    }
+}
+
+static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n, dsgd_allreduce_algo algo) {
+    dsgd_strategy_desc d;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.num_replicas = n;
+    d.algorithm = algo;
+    d.model.input_dim = IN;
+    d.model.layers = LAYERS;
+    d.model.num_layers = 2;
+    d.model.max_batch = MAXB;
+    d.model.seed = 7;
+    d.optimizer.kind = DSGD_OPT_MOMENTUM;
+    d.optimizer.lr = 0.1f;
+    d.optimizer.momentum = 0.9f;
+    d.timeout_s = 20.0;
+    d.cpu_threads = 1;
+    return d;
+}
+
+/* ---------------------------------------------------------------- a worker */
+
+typedef struct worker {
+    dsgd_transport_i *eps; /* its endpoints */
+    int n;
+    dsgd_strategy_desc d;
+    int use_fn;
+    int bad_label_step;    /* -1: none; else this worker's first sample gets label 99 at that step */
+    /* results */
+    dsgd_result create_res, step_res[STEPS];
+    char create_msg[1024];
+    float params[4][NP];   /* every local replica's */
+    dsgd_metrics train;
+    dsgd_result metrics_res;
+    dsgd_result save_res;  /* dsgd_strategy_save after the steps */
+} worker;
+
+/* Each replica's own shard (dsgd_batch_fn), from its global rank. */
+typedef struct fn_data {
+    int step;
+} fn_data;
+
+static dsgd_result shard_fn(void *user, int replica, int n, dsgd_batch *out) {
+    const fn_data *f = (const fn_data *)user;
+    size_t off = 0, len = 0;
+    dsgd_block_range((size_t)count_of(f->step), n, replica, &off, &len);
+    out->x = g_x[f->step] + off * IN;
+    out->y = g_y[f->step] + off;
+    out->count = (int)len;
+    return DSGD_OK;
+}
+
+static void *worker_main(void *arg) {
+    worker *w = (worker *)arg;
+    dsgd_ctx *ctx = NULL;
+    dsgd_strategy *s = NULL;
+    int step, r;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return NULL;
+    w->d.endpoints = w->eps;
+    w->create_res = dsgd_strategy_create(ctx, &w->d, &s);
+    snprintf(w->create_msg, sizeof(w->create_msg), "%s", dsgd_ctx_last_error(ctx));
+    if (w->create_res != DSGD_OK) {
+        dsgd_ctx_destroy(ctx);
+        return NULL;
+    }
+    for (step = 0; step < STEPS; ++step) {
+        float y[W * MAXB];
+        memcpy(y, g_y[step], sizeof(y));
+        if (step == w->bad_label_step) y[0] = 99.0f; /* sample 0: replica 0's shard (worker 0) */
+        if (w->use_fn) {
+            fn_data f;
+            f.step = step;
+            w->step_res[step] = dsgd_strategy_train_step_fn(s, shard_fn, &f, NULL);
+        } else {
+            w->step_res[step] = dsgd_strategy_train_step(s, g_x[step], y, count_of(step), NULL);
+        }
+    }
+    w->metrics_res = dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &w->train);
+    w->save_res = dsgd_strategy_save(s, "/tmp/dsgd_test_mirrored_workers_never_written.ckpt", NULL);
+    for (r = 0; r < dsgd_strategy_num_replicas(s); ++r)
+        dsgd_model_get_params(dsgd_strategy_model(s, r), w->params[r], NP);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    return NULL;
+}
+
+/* Runs workers with `split` local replicas each (summing to W) over one hub. */
+static void run_workers(worker *ws, const int *split, int nw) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[W];
+    pthread_t th[W];
+    int i, first = 0;
+    TU_OK(ctx, dsgd_loopback_create(ctx, W, &hub));
+    for (i = 0; i < W; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    for (i = 0; i < nw; ++i) {
+        ws[i].eps = eps + first;
+        ws[i].n = split[i];
+        ws[i].d.num_replicas = split[i];
+        first += split[i];
+    }
+    assert_int_equal(first, W);
+    for (i = 0; i < nw; ++i) assert_int_equal(pthread_create(&th[i], NULL, worker_main, &ws[i]), 0);
+    for (i = 0; i < nw; ++i) pthread_join(th[i], NULL);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* The reference: one MIRRORED strategy of W replicas. */
+static void reference(dsgd_allreduce_algo algo, float *params, dsgd_metrics *train) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, W, algo);
+    dsgd_strategy *s = NULL;
+    int step;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (step = 0; step < STEPS; ++step) TU_OK(ctx, dsgd_strategy_train_step(s, g_x[step], g_y[step], count_of(step), NULL));
+    TU_OK(ctx, dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, train));
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), params, NP));
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void watchdog_fire(int sig) {
+    static const char msg[] = "\nwatchdog: test_mirrored_workers hung\n";
+    (void)sig;
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(1);
+    _exit(1);
+}
+
+static void arm(void) {
+    signal(SIGALRM, watchdog_fire);
+    alarm(120);
+}
+
+static void init_workers(worker *ws, int nw, dsgd_allreduce_algo algo, int use_fn) {
+    int i;
+    memset(ws, 0, sizeof(worker) * (size_t)nw);
+    for (i = 0; i < nw; ++i) {
+        ws[i].d = base_desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, 1, algo);
+        ws[i].use_fn = use_fn;
+        ws[i].bad_label_step = -1;
+    }
+}
+
+static void check_bitwise(dsgd_allreduce_algo algo, const int *split, int nw, int use_fn) {
+    worker ws[W];
+    float ref[NP];
+    dsgd_metrics mt;
+    int i, r, step;
+    init_workers(ws, nw, algo, use_fn);
+    reference(algo, ref, &mt);
+    run_workers(ws, split, nw);
+    for (i = 0; i < nw; ++i) {
+        if (ws[i].create_res != DSGD_OK) fail_msg("worker %d: %s", i, ws[i].create_msg);
+        for (step = 0; step < STEPS; ++step) assert_int_equal(ws[i].step_res[step], DSGD_OK);
+        assert_int_equal(ws[i].metrics_res, DSGD_OK);
+        for (r = 0; r < split[i]; ++r)
+            if (memcmp(ws[i].params[r], ref, sizeof(ref)) != 0)
+                fail_msg("worker %d replica %d differs from the 4-replica mirrored run (rel err %.3g)", i, r,
+                         tu_rel_err(ws[i].params[r], ref, NP));
+        assert_true(ws[i].train.count == mt.count);
+        TU_NEAR(ws[i].train.loss_sum, mt.loss_sum, 1e-6 * mt.loss_sum);
+        TU_NEAR(ws[i].train.correct, mt.correct, 1e-6 * mt.correct + 1e-9);
+    }
+    printf("    %d workers (%d", nw, split[0]);
+    for (i = 1; i < nw; ++i) printf(" + %d", split[i]);
+    printf(" replicas), %s%s: bitwise equal to mirrored x4; %.0f samples, loss %.5f\n", dsgd_allreduce_algo_name(algo),
+           use_fn ? ", batch fn" : "", mt.count, mt.loss_sum / mt.count);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_bitwise_like_mirrored(void **state) {
+    static const int two_two[2] = {2, 2}, one_three[2] = {1, 3}, ones[4] = {1, 1, 1, 1};
+    (void)state;
+    arm();
+    check_bitwise(DSGD_ALLREDUCE_RING, two_two, 2, 0);
+    check_bitwise(DSGD_ALLREDUCE_AUTO, two_two, 2, 0);
+    check_bitwise(DSGD_ALLREDUCE_HALVING_DOUBLING, one_three, 2, 0);
+    check_bitwise(DSGD_ALLREDUCE_RING, ones, 4, 0);
+    check_bitwise(DSGD_ALLREDUCE_RING, two_two, 2, 1);
+    alarm(0);
+}
+
+static void test_chief_weights(void **state) {
+    static const int two_two[2] = {2, 2};
+    worker ws[2];
+    float ref[NP];
+    dsgd_metrics mt;
+    int r;
+    (void)state;
+    arm();
+    init_workers(ws, 2, DSGD_ALLREDUCE_RING, 0);
+    ws[1].d.model.seed = 12345; /* the chief's weights win */
+    reference(DSGD_ALLREDUCE_RING, ref, &mt);
+    run_workers(ws, two_two, 2);
+    for (r = 0; r < 2; ++r) {
+        assert_int_equal(ws[r].create_res, DSGD_OK);
+        assert_memory_equal(ws[1].params[r], ref, sizeof(ref));
+        assert_int_equal(ws[r].save_res, DSGD_ERR_UNSUPPORTED);
+    }
+    alarm(0);
+}
+
+static void test_description_mismatch(void **state) {
+    static const int two_two[2] = {2, 2};
+    worker ws[2];
+    double t0 = dsgd_now();
+    int i;
+    (void)state;
+    arm();
+    init_workers(ws, 2, DSGD_ALLREDUCE_RING, 0);
+    ws[1].d.optimizer.lr = 0.2f;
+    run_workers(ws, two_two, 2);
+    for (i = 0; i < 2; ++i) {
+        assert_int_equal(ws[i].create_res, DSGD_ERR_INVALID_ARGUMENT);
+        if (!strstr(ws[i].create_msg, "rank 2 describes another model, optimizer or strategy"))
+            fail_msg("worker %d: %s", i, ws[i].create_msg);
+    }
+    assert_true(dsgd_now() - t0 < 10.0); /* no deadline waited out */
+    printf("    mismatch: %s\n", ws[0].create_msg);
+    alarm(0);
+}
+
+static void test_agreed_failure(void **state) {
+    static const int two_two[2] = {2, 2};
+    worker ws[2];
+    int i, step;
+    (void)state;
+    arm();
+    init_workers(ws, 2, DSGD_ALLREDUCE_RING, 0);
+    ws[0].bad_label_step = 3;
+    ws[1].bad_label_step = 3; /* the same global batch on every worker */
+    run_workers(ws, two_two, 2);
+    for (i = 0; i < 2; ++i) {
+        for (step = 0; step < STEPS; ++step)
+            assert_int_equal(ws[i].step_res[step], step != 3 ? DSGD_OK
+                                                   : i == 0 ? DSGD_ERR_INVALID_ARGUMENT /* its own */
+                                                            : DSGD_ERR_ABORTED); /* "replica 0 failed" */
+        assert_memory_equal(ws[i].params[0], ws[0].params[0], sizeof(ws[0].params[0]));
+        assert_memory_equal(ws[i].params[1], ws[0].params[0], sizeof(ws[0].params[0]));
+    }
+    alarm(0);
+}
+
+static void test_misuse(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[W], gap[2];
+    dsgd_strategy_desc d;
+    dsgd_strategy *s = NULL;
+    int i;
+    (void)state;
+    TU_OK(ctx, dsgd_loopback_create(ctx, W, &hub));
+    for (i = 0; i < W; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    d = base_desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, 2, DSGD_ALLREDUCE_RING);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s)); /* no endpoints */
+    gap[0] = eps[0];
+    gap[1] = eps[2];
+    d.endpoints = gap;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "endpoints[1] is rank 2 of 4; replica 1 needs rank 1 of 4"));
+    d.endpoints = eps;
+    d.gradient_path = DSGD_GRADIENTS_DEVICE;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = base_desc(DSGD_STRATEGY_MIRRORED, 2, DSGD_ALLREDUCE_RING);
+    d.endpoints = eps;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "MULTI_WORKER_MIRRORED"));
+    /* a single worker holding the whole group */
+    d = base_desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, 4, DSGD_ALLREDUCE_RING);
+    d.endpoints = eps;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    assert_int_equal(dsgd_strategy_num_replicas_in_sync(s), 4);
+    TU_OK(ctx, dsgd_strategy_train_step(s, g_x[0], g_y[0], count_of(0), NULL));
+    dsgd_strategy_destroy(s);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+static int setup(void **state) {
+    (void)state;
+    make_data();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bitwise_like_mirrored),
+        cmocka_unit_test(test_chief_weights),
+        cmocka_unit_test(test_description_mismatch),
+        cmocka_unit_test(test_agreed_failure),
+        cmocka_unit_test(test_misuse),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
