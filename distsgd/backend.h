@@ -56,9 +56,10 @@
      Its gradient: dW = col^T dy and db = bias_backward(dy) (gemm, bias
      backward), dx = col2im(dy W^T). The operations check their shapes and
      ranges: a dimension <= 0, stride < 1, pad < 0, a window larger than the
-     padded input, pad != 0 for max-pool, sizes that overflow, ranges past a
-     buffer's end and an output that overlaps an input are
-     DSGD_ERR_INVALID_ARGUMENT, recorded with a message, nothing written.
+     padded input, pad != 0 for max-pool, sizes that overflow (a count past
+     SIZE_MAX, a padded side past INT_MAX), ranges past a buffer's end and
+     an output that overlaps an input are DSGD_ERR_INVALID_ARGUMENT,
+     recorded with a message, with nothing written.
 
    CPU KERNELS
 
@@ -392,7 +393,8 @@ typedef struct dsgd__window_dims {
 /* Checks *wd (pool: max-pool, so pad must be 0) and fills *d; records
    "<who> <op>: <why>" on ctx as DSGD_ERR_INVALID_ARGUMENT otherwise. Every
    size, the padded input and oh, ow are computed without overflow: each
-   count must fit in size_t, oh and ow in int. */
+   count must fit in size_t, the padded height and width in int (so every
+   position the kernels compute does). */
 DSGD__PRIVATE dsgd_result dsgd__window_check(dsgd_ctx *ctx, const char *who, const char *op,
                                              const dsgd_window *wd, int pool, dsgd__window_dims *d) {
     long long ph, pw, oh, ow;
@@ -411,6 +413,9 @@ DSGD__PRIVATE dsgd_result dsgd__window_check(dsgd_ctx *ctx, const char *who, con
                                   op, wd->pad);
     ph = (long long)wd->h + 2LL * wd->pad;
     pw = (long long)wd->w + 2LL * wd->pad;
+    if (ph > INT_MAX || pw > INT_MAX) /* positions in the padded input are ints */
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: the padded input %lldx%lld is larger than INT_MAX", who, op, ph, pw);
     if (wd->kh > ph || wd->kw > pw)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s %s: a %dx%d window is larger than the padded %lldx%lld input", who, op, wd->kh,

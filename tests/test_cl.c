@@ -700,6 +700,10 @@ static void test_image_errors(void **state) {
     bad = ok;
     bad.n = bad.h = bad.w = bad.c = INT_MAX;
     CL_BAD(G.clb.im2col(G.clb.impl, &bad, R(x.cl, 0), R(col.cl, 0)));
+    bad = ok; /* a padded side past INT_MAX, with tiny sizes */
+    bad.pad = bad.stride = 2000000000;
+    bad.kh = bad.kw = 1;
+    CL_BAD(G.clb.im2col(G.clb.impl, &bad, R(x.cl, 0), R(col.cl, 0)));
     bad = pool;
     bad.pad = 1;
     CL_BAD(G.clb.maxpool_forward(G.clb.impl, &bad, R(x.cl, 0), R(y.cl, 0)));
