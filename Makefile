@@ -13,6 +13,8 @@
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
 #   make bench      build and run bench/*
 #   make bench-peers   distsgd beside PyTorch (bench/peers.sh; installs PyTorch)
+#   make bench-cnn   the CNN's step time, CPU vs OpenCL vs PyTorch, and the model
+#                   interface's overhead (bench/cnn.sh; installs PyTorch)
 #   make fuzz [FUZZ_SECONDS=N]   every libFuzzer target in fuzz/ for N seconds (clang)
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
 #   make check-docs every DSGD_API declaration documented (tools/check_docs.py)
@@ -180,7 +182,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi bench-peers fuzz soak all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
+.PHONY: build-combos tune bench-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
     demo demo-run sync-vs-async sync-vs-async-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -265,6 +267,12 @@ bench: bench-build
 bench-peers:
 	sh tools/deps.sh demo
 	bash bench/peers.sh
+
+# The CNN of examples/cnn_fashion_mnist.c, one step at batch 64 (bench/cnn.sh):
+# distsgd's CPU and OpenCL backends beside PyTorch on 1 and nproc threads
+# (installed as for bench-peers), and the model interface's overhead at N = 1.
+bench-cnn:
+	bash bench/cnn.sh
 
 # libFuzzer targets (fuzz/fuzz_NAME.c, clang's -fsanitize=fuzzer with ASan
 # and UBSan): each runs FUZZ_SECONDS on its seeds (fuzz/corpus/NAME, read
