@@ -75,7 +75,10 @@
      thread (it sets a flag and calls no MPI function). Endpoints hold no
      global state: a process may hold several (each on its own duplicate
      communicator), used from different threads when MPI provides
-     MPI_THREAD_MULTIPLE. dsgd_mpi_abort may be called from any thread.
+     MPI_THREAD_MULTIPLE. dsgd_mpi_transport_create_local makes several
+     endpoints of one group per process (count * P ranks, one per local
+     replica thread), used concurrently; it needs MPI_THREAD_MULTIPLE.
+     dsgd_mpi_abort may be called from any thread.
 
    CONTENTS
 

@@ -16,7 +16,22 @@
      native allreduce (MPI_Iallreduce in place, so DSGD_ALLREDUCE_AUTO runs
      MPI's own all-reduce, while an explicit algorithm runs the library's
      over point-to-point messages), probe (receive from any source), abort,
-     error_message and destroy. There is no share/unshare (the ranks do not
+     error_message and destroy.
+
+     dsgd_mpi_transport_create_local fills several endpoints per process,
+     for multi-worker training with k local replicas (threads): with count
+     endpoints in each of the P processes of the communicator, the group
+     has count * P ranks and process p's endpoint j is rank p * count + j,
+     each used by its own thread concurrently (MPI_THREAD_MULTIPLE). They
+     share one duplicate communicator, freed by the last endpoint
+     destroyed (destroy every one). Every process must pass the same count:
+     creation compares them (one MPI_Allreduce on the duplicate) and fails
+     on every process, naming a rank and both counts, never hangs. MPI's
+     all-reduce spans processes, not endpoints, so with count > 1 there is
+     no native allreduce (AUTO runs the library's algorithms); count = 1 is
+     dsgd_mpi_transport_create exactly.
+
+     There is no share/unshare (the ranks do not
      share an address space; MPI-3 shared-memory windows are future work),
      no sendrecv_reduce (the communicator receives into scratch and reduces,
      in the same order as over the loopback, so every explicit algorithm
@@ -44,6 +59,21 @@
      probe takes the header of the next message from any source
      (MPI_Improbe and MPI_Mrecv), keeps it for that source and reports the
      source, tag and size; the next recv from that source uses it.
+
+     With count endpoints per process, a message from group rank g to group
+     rank h goes to MPI process h / count, and the MPI tags name the pair of
+     local indices (sl = g % count, dl = h % count): the header goes under
+     1 + 2 * (sl * count + dl), the payload under the next tag, so the
+     threads of one process never take each other's messages, and each
+     ordered pair (g, h) keeps MPI's order. count = 1 uses tags 1 and 2, as
+     dsgd_mpi_transport_create. The largest tag, 2 * count^2, must not
+     exceed MPI_TAG_UB (at least 32767 by the standard; OpenMPI's is
+     2^31 - 1), which creation checks. Two endpoints of one process talk
+     through MPI too (messages to this process), with the same order and
+     deadlines. probe on endpoint j looks only at the tags addressed to j,
+     MPI_Improbe from any source once per source local index, starting
+     round-robin from the one after the last found, and keeps the stash per
+     group rank.
 
    WAITING AND DEADLINES
 
@@ -75,10 +105,13 @@
      test for MPIX_ERR_PROC_FAILED) would let the surviving ranks go on;
      Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
 
-     abort is local: it marks this endpoint aborted, so its waits (in any
+     abort is local to the process: it marks every endpoint of this process
+     aborted (the one it was called on and, with
+     dsgd_mpi_transport_create_local, its siblings), so their waits (in any
      thread) return DSGD_ERR_ABORTED within a poll, and later calls too. It
      cannot reach the other processes: they run into their deadlines, unless
-     the program ends the job.
+     the program ends the job. A failed endpoint (above) is failed alone:
+     its siblings' requests are their own.
 
    THREAD LEVELS
 
@@ -88,8 +121,12 @@
      dsgd_mpi_desc.thread_level says what the program needs (FUNNELED when
      only the thread that initialised MPI calls distsgd and MPI, MULTIPLE
      when several threads make MPI calls at once, e.g. several endpoints).
-     dsgd_mpi_init asks MPI for MPI_THREAD_MULTIPLE. abort only sets a flag
-     and calls no MPI function.
+     dsgd_mpi_transport_create_local with count > 1 needs
+     MPI_THREAD_MULTIPLE whatever thread_level says (its endpoints' threads
+     call MPI at once) and refuses less with DSGD_ERR_UNSUPPORTED naming
+     both levels, on every process when one provides less. dsgd_mpi_init
+     asks MPI for MPI_THREAD_MULTIPLE. abort only sets a flag and calls no
+     MPI function.
 */
 #ifndef DSGD_MPI__PART_TRANSPORT_DECL
 #define DSGD_MPI__PART_TRANSPORT_DECL
@@ -151,7 +188,8 @@ typedef struct dsgd_mpi_desc {
    MPI_ERRORS_RETURN on the duplicate. out->destroy frees the endpoint and
    the duplicate (MPI_Comm_free, so call it on every rank, before
    MPI_Finalize); the owner calls it after the communicators over the
-   endpoint are destroyed. Set members: send, recv, sendrecv, allreduce,
+   endpoint are destroyed. It is dsgd_mpi_transport_create_local with
+   count 1 (so creation also compares the counts of the processes). Set members: send, recv, sendrecv, allreduce,
    abort, error_message, probe, destroy (see THE MPI TRANSPORT).
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out NULL;
    thread_level not a thread level; an intercommunicator),
@@ -165,6 +203,37 @@ typedef struct dsgd_mpi_desc {
    thread. */
 DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc,
                                                dsgd_transport_i *out);
+
+/* Fills out[0..count-1] with this process's `count` endpoints of a group
+   of count * P ranks, P the size of desc->comm (desc may be NULL, as for
+   dsgd_mpi_transport_create): out[j] has rank p * count + j, p this
+   process's rank in comm, size count * P, name "mpi". For multi-worker
+   training with count local replicas (threads) per process, each using its
+   own endpoint concurrently. count = 1 is dsgd_mpi_transport_create, the
+   same messages bit for bit. Collective over comm like
+   dsgd_mpi_transport_create (one call per process, from one thread, for
+   all its endpoints): it duplicates comm once for all of them and compares
+   the counts of the processes, so that a process passing another count
+   fails on every process instead of hanging. Messages between two
+   endpoints of one process go through MPI too (see MESSAGES). With
+   count > 1 the endpoints have no native allreduce (MPI_Iallreduce spans
+   processes, not endpoints: DSGD_ALLREDUCE_AUTO runs the library's
+   algorithms), and abort on any of them aborts every endpoint of this
+   process (see AFTER A FAILURE). out[j].destroy must be called on every
+   endpoint (before MPI_Finalize); the last one destroyed frees the
+   duplicate.
+   Errors: as dsgd_mpi_transport_create, and DSGD_ERR_INVALID_ARGUMENT
+   (count < 1; processes passing different counts: the message names a rank
+   whose count differs and both counts, on every process),
+   DSGD_ERR_UNSUPPORTED (count > 1 and MPI provides less than
+   MPI_THREAD_MULTIPLE on some process: the message names both levels;
+   count above what MPI_TAG_UB allows, sqrt(MPI_TAG_UB / 2): 32767 on
+   OpenMPI). On failure out[0..count-1] are zeroed.
+   Thread safety: as dsgd_mpi_transport_create; then each endpoint is used
+   by one thread at a time, the endpoints of a process concurrently, and
+   abort by any thread. */
+DSGD_API dsgd_result dsgd_mpi_transport_create_local(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, int count,
+                                                     dsgd_transport_i *out);
 
 /* Ends the whole job: flushes stdio, then MPI_Abort(MPI_COMM_WORLD, code),
    which stops every process of the job, so that a rank whose transfer timed
@@ -194,6 +263,10 @@ DSGD_API void dsgd_mpi_abort(int code)
 
 /* >>mpi endpoint ----------------------------------------------------------- */
 
+/* The MPI tags of the messages between the only endpoints of two processes
+   (count 1); with count endpoints per process, the pair (source local index
+   sl, destination local index dl) uses DSGD_MPI__TAG_HEADER + 2 * (sl *
+   count + dl) and the payload tag one above it (see MESSAGES). */
 enum { DSGD_MPI__TAG_HEADER = 1, DSGD_MPI__TAG_PAYLOAD = 2 };
 #define DSGD_MPI__GRACE_S 0.01      /* how long a failed call waits for cancelled requests */
 #define DSGD_MPI__IDLE_SLEEP_S 0.01 /* polls without progress for this long also sleep */
@@ -201,14 +274,26 @@ enum { DSGD_MPI__TAG_HEADER = 1, DSGD_MPI__TAG_PAYLOAD = 2 };
 /* A request's state, as far as the endpoint knows. */
 enum { DSGD_MPI__IDLE = 0, DSGD_MPI__PENDING, DSGD_MPI__DONE, DSGD_MPI__CANCELLED };
 
+/* What the endpoints of one process share (one for dsgd_mpi_transport_create,
+   one for all `count` of dsgd_mpi_transport_create_local): freed by the
+   last endpoint destroyed. */
+typedef struct dsgd_mpi__shared {
+    MPI_Comm comm; /* the duplicate */
+    MPI_Op op_max, op_min;
+    int aborted;   /* atomic: abort was called on an endpoint of this process */
+    int refs;      /* atomic: endpoints not yet destroyed */
+} dsgd_mpi__shared;
+
 typedef struct dsgd_mpi__ep {
     dsgd_ctx *ctx;
-    MPI_Comm comm; /* the duplicate */
-    int rank, size;
-    int aborted;   /* atomic: abort was called */
-    int failed;    /* requests that MPI cannot take back are pending */
+    dsgd_mpi__shared *sh;
+    MPI_Comm comm; /* sh->comm */
+    int rank, size; /* in the group: proc * count + local, procs * count */
+    int count;      /* endpoints per process; group rank g lives in MPI process g / count */
+    int local;      /* this endpoint's index in its process, rank % count */
+    int failed;     /* requests that MPI cannot take back are pending */
     int probe_next;
-    MPI_Op op_max, op_min;
+    int probe_src_local; /* probe's next source local index to look at first (round-robin) */
     /* Header buffers live here, not on a call's stack: after a failure MPI
        may still touch what a pending request points to. */
     uint64_t send_header[2], recv_header[2], probe_header[2];
@@ -218,6 +303,15 @@ typedef struct dsgd_mpi__ep {
     size_t num_orphans, cap_orphans;
     char err[384];
 } dsgd_mpi__ep;
+
+/* Routing: group rank g lives in MPI process g / count; the header's MPI
+   tag for a message from group rank src to group rank dst (the payload's is
+   one more). count 1: process g, tags 1 and 2, as ever. */
+static int dsgd_mpi__proc(const dsgd_mpi__ep *e, int g) { return g / e->count; }
+
+static int dsgd_mpi__header_tag(const dsgd_mpi__ep *e, int src, int dst) {
+    return DSGD_MPI__TAG_HEADER + 2 * ((src % e->count) * e->count + dst % e->count);
+}
 
 /* NaN-propagating max and min, made commutative bit for bit (of two NaNs
    the larger bit pattern; +0 is the max of +0 and -0), so that MPI may
@@ -299,9 +393,9 @@ static void dsgd_mpi__orphan(dsgd_mpi__ep *e, MPI_Request req) {
 /* DSGD_OK when the endpoint may transfer; else DSGD_ERR_ABORTED with the
    reason in e->err. */
 static dsgd_result dsgd_mpi__usable(dsgd_mpi__ep *e) {
-    if (DSGD__LOAD_ACQ(&e->aborted)) {
-        snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted (its abort member was called)",
-                 e->rank);
+    if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted (%s)", e->rank,
+                 e->count == 1 ? "its abort member was called" : "abort was called on an endpoint of this process");
         return DSGD_ERR_ABORTED;
     }
     if (e->failed) {
@@ -384,13 +478,13 @@ static int dsgd_mpi__test(MPI_Request *req, int *st, int *count) {
 typedef struct dsgd_mpi__xfer {
     dsgd_mpi__ep *e;
     /* send half (dst < 0: none) */
-    int dst;
+    int dst, dst_proc, dst_tag; /* group rank; its MPI process; the header's MPI tag */
     const char *sbuf;
     size_t sbytes, schunks, snext; /* chunks in all; the next chunk to post */
     MPI_Request sh, sd;            /* header, current chunk */
     int sh_st, sd_st;
     /* receive half (src < 0: none) */
-    int src;
+    int src, src_proc, src_tag;
     uint64_t rtag;
     char *rbuf;
     size_t rbytes, rchunks, rnext;
@@ -413,8 +507,8 @@ static int dsgd_mpi__chunk_len(size_t bytes, size_t i) {
 
 static dsgd_result dsgd_mpi__post_send_chunk(dsgd_mpi__xfer *x) {
     const char *p = x->sbytes ? x->sbuf + x->snext * (size_t)DSGD_MPI_MAX_MESSAGE : x->sbuf;
-    int rc = MPI_Isend(p, dsgd_mpi__chunk_len(x->sbytes, x->snext), MPI_BYTE, x->dst, DSGD_MPI__TAG_PAYLOAD,
-                       x->e->comm, &x->sd);
+    int rc = MPI_Isend(p, dsgd_mpi__chunk_len(x->sbytes, x->snext), MPI_BYTE, x->dst_proc,
+                       x->dst_tag + (DSGD_MPI__TAG_PAYLOAD - DSGD_MPI__TAG_HEADER), x->e->comm, &x->sd);
     if (rc != MPI_SUCCESS) {
         x->blame = x->dst;
         return dsgd_mpi__mpi_error(x->e, "MPI_Isend", x->dst, rc);
@@ -426,8 +520,8 @@ static dsgd_result dsgd_mpi__post_send_chunk(dsgd_mpi__xfer *x) {
 
 static dsgd_result dsgd_mpi__post_recv_chunk(dsgd_mpi__xfer *x) {
     char *p = x->rbytes ? x->rbuf + x->rnext * (size_t)DSGD_MPI_MAX_MESSAGE : x->rbuf;
-    int rc = MPI_Irecv(p, dsgd_mpi__chunk_len(x->rbytes, x->rnext), MPI_BYTE, x->src, DSGD_MPI__TAG_PAYLOAD,
-                       x->e->comm, &x->rd);
+    int rc = MPI_Irecv(p, dsgd_mpi__chunk_len(x->rbytes, x->rnext), MPI_BYTE, x->src_proc,
+                       x->src_tag + (DSGD_MPI__TAG_PAYLOAD - DSGD_MPI__TAG_HEADER), x->e->comm, &x->rd);
     if (rc != MPI_SUCCESS) {
         x->blame = x->src;
         return dsgd_mpi__mpi_error(x->e, "MPI_Irecv", x->src, rc);
@@ -444,7 +538,7 @@ static dsgd_result dsgd_mpi__start_send(dsgd_mpi__xfer *x, uint64_t tag) {
     int rc;
     e->send_header[0] = tag;
     e->send_header[1] = (uint64_t)x->sbytes;
-    rc = MPI_Isend(e->send_header, (int)sizeof(e->send_header), MPI_BYTE, x->dst, DSGD_MPI__TAG_HEADER, e->comm,
+    rc = MPI_Isend(e->send_header, (int)sizeof(e->send_header), MPI_BYTE, x->dst_proc, x->dst_tag, e->comm,
                    &x->sh);
     if (rc != MPI_SUCCESS) {
         x->blame = x->dst;
@@ -486,7 +580,7 @@ static dsgd_result dsgd_mpi__start_recv(dsgd_mpi__xfer *x) {
         x->header_ok = 1;
         return dsgd_mpi__post_recv_chunk(x);
     }
-    rc = MPI_Irecv(e->recv_header, (int)sizeof(e->recv_header), MPI_BYTE, x->src, DSGD_MPI__TAG_HEADER, e->comm,
+    rc = MPI_Irecv(e->recv_header, (int)sizeof(e->recv_header), MPI_BYTE, x->src_proc, x->src_tag, e->comm,
                    &x->rh);
     if (rc != MPI_SUCCESS) {
         x->blame = x->src;
@@ -657,6 +751,8 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
     x.e = e;
     x.dst = dst; x.sbuf = (const char *)sbuf; x.sbytes = sbytes; x.schunks = dsgd_mpi__chunks(sbytes);
     x.src = src; x.rtag = rtag; x.rbuf = (char *)rbuf; x.rbytes = rbytes;
+    if (dst >= 0) { x.dst_proc = dsgd_mpi__proc(e, dst); x.dst_tag = dsgd_mpi__header_tag(e, e->rank, dst); }
+    if (src >= 0) { x.src_proc = dsgd_mpi__proc(e, src); x.src_tag = dsgd_mpi__header_tag(e, src, e->rank); }
     x.sh = x.sd = x.rh = x.rd = MPI_REQUEST_NULL;
     x.rd_count = -1;
     x.blame = src >= 0 ? src : dst;
@@ -670,7 +766,7 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
         if (x.src >= 0 && (r = dsgd_mpi__recv_step(&x, &progressed)) != DSGD_OK) break;
         if (dsgd_mpi__send_done(&x) && dsgd_mpi__recv_done(&x)) return DSGD_OK;
         x.blame = !dsgd_mpi__recv_done(&x) ? x.src : x.dst;
-        if (DSGD__LOAD_ACQ(&e->aborted)) {
+        if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
             r = DSGD_ERR_ABORTED;
             snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for rank %d",
                      e->rank, x.blame);
@@ -733,8 +829,8 @@ static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsg
     switch (op) {
     case DSGD_REDUCE_SUM:
     case DSGD_REDUCE_MEAN: mop = MPI_SUM; break;
-    case DSGD_REDUCE_MAX: mop = e->op_max; break;
-    case DSGD_REDUCE_MIN: mop = e->op_min; break;
+    case DSGD_REDUCE_MAX: mop = e->sh->op_max; break;
+    case DSGD_REDUCE_MIN: mop = e->sh->op_min; break;
     default:
         snprintf(e->err, sizeof(e->err), "mpi rank %d: unknown reduce op %d", e->rank, (int)op);
         return DSGD_ERR_INVALID_ARGUMENT;
@@ -754,8 +850,8 @@ static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsg
             rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Iallreduce", -1, rc);
             if (flag) break;
-            if (DSGD__LOAD_ACQ(&e->aborted) || dsgd_now() >= deadline) {
-                int aborted = DSGD__LOAD_ACQ(&e->aborted);
+            if (DSGD__LOAD_ACQ(&e->sh->aborted) || dsgd_now() >= deadline) {
+                int aborted = DSGD__LOAD_ACQ(&e->sh->aborted);
                 dsgd_mpi__orphan(e, req);
                 e->failed = 1;
                 snprintf(e->err, sizeof(e->err),
@@ -790,7 +886,7 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
     for (;;) {
         MPI_Message msg;
         MPI_Status status;
-        int i, k, flag = 0, rc;
+        int i, k = -1, flag = 0, rc;
         /* a header taken earlier comes first, round-robin over the sources */
         for (i = 0; i < e->size; ++i) {
             k = (e->probe_next + i) % e->size;
@@ -801,10 +897,19 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
             e->probe_next = (k + 1) % e->size;
             return DSGD_OK;
         }
-        rc = MPI_Improbe(MPI_ANY_SOURCE, DSGD_MPI__TAG_HEADER, e->comm, &flag, &msg, &status);
-        if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Improbe", -1, rc);
+        /* the headers addressed to this endpoint: one MPI tag per source
+           local index, any process; the local index looked at first goes
+           round-robin so that none is passed over forever */
+        for (i = 0; i < e->count && !flag; ++i) {
+            int sl = (e->probe_src_local + i) % e->count;
+            rc = MPI_Improbe(MPI_ANY_SOURCE, dsgd_mpi__header_tag(e, sl, e->rank), e->comm, &flag, &msg, &status);
+            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Improbe", -1, rc);
+            if (flag) {
+                k = status.MPI_SOURCE * e->count + sl;
+                e->probe_src_local = (sl + 1) % e->count;
+            }
+        }
         if (flag) {
-            k = status.MPI_SOURCE;
             rc = MPI_Mrecv(e->probe_header, (int)sizeof(e->probe_header), MPI_BYTE, &msg, &status);
             if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Mrecv", k, rc);
             if ((uint64_t)(size_t)e->probe_header[1] != e->probe_header[1]) {
@@ -818,7 +923,7 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
             e->stashed[k] = 1;
             continue; /* reported by the loop above */
         }
-        if (DSGD__LOAD_ACQ(&e->aborted)) {
+        if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
             snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for a message "
                      "from any rank", e->rank);
             return DSGD_ERR_ABORTED;
@@ -834,23 +939,31 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
 
 /* >>mpi table -------------------------------------------------------------- */
 
-static void dsgd_mpi__abort_ep(void *impl) { DSGD__STORE_SC(&((dsgd_mpi__ep *)impl)->aborted, 1); }
+static void dsgd_mpi__abort_ep(void *impl) { DSGD__STORE_SC(&((dsgd_mpi__ep *)impl)->sh->aborted, 1); }
 
 static const char *dsgd_mpi__error_message(void *impl) { return ((dsgd_mpi__ep *)impl)->err; }
 
-/* Frees what MPI allocated (unless MPI is finalized: then it is gone) and
-   the endpoint. Requests left by failed calls are not freed (see AFTER A
-   FAILURE); MPI_Comm_free and MPI_Op_free let pending operations finish. */
-static void dsgd_mpi__destroy(void *impl) {
-    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+/* Drops one endpoint's reference; the last frees what MPI allocated (unless
+   MPI is finalized: then it is gone). MPI_Comm_free and MPI_Op_free let
+   pending operations finish. */
+static void dsgd_mpi__release(dsgd_mpi__shared *sh) {
     int fin = 0;
-    if (!e) return;
+    if (!sh || DSGD__FETCH_ADD(&sh->refs, -1) != 1) return;
     MPI_Finalized(&fin);
     if (!fin) {
-        if (e->op_max != MPI_OP_NULL) MPI_Op_free(&e->op_max);
-        if (e->op_min != MPI_OP_NULL) MPI_Op_free(&e->op_min);
-        if (e->comm != MPI_COMM_NULL) MPI_Comm_free(&e->comm);
+        if (sh->op_max != MPI_OP_NULL) MPI_Op_free(&sh->op_max);
+        if (sh->op_min != MPI_OP_NULL) MPI_Op_free(&sh->op_min);
+        if (sh->comm != MPI_COMM_NULL) MPI_Comm_free(&sh->comm);
     }
+    DSGD_FREE(sh);
+}
+
+/* Frees the endpoint, and the shared state with the last one. Requests left
+   by failed calls are not freed (see AFTER A FAILURE). */
+static void dsgd_mpi__destroy(void *impl) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    if (!e) return;
+    dsgd_mpi__release(e->sh);
     DSGD_FREE(e->orphans);
     DSGD_FREE(e->stash);
     DSGD_FREE(e->stashed);
@@ -878,91 +991,183 @@ DSGD_API dsgd_result dsgd_mpi_init(dsgd_ctx *ctx, int *argc, char ***argv, int *
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, dsgd_transport_i *out) {
-    static const char *const fn = "dsgd_mpi_transport_create";
+/* Every process must pass the same count: one MPI_Allreduce (MINLOC) over
+   the duplicate gives the smallest count, the largest (negated) and the
+   lowest thread level, each with the lowest rank that has it. The same
+   answer reaches every process, so all fail, or none. */
+static dsgd_result dsgd_mpi__agree(dsgd_ctx *ctx, const char *fn, MPI_Comm comm, int count, int provided) {
     char text[MPI_MAX_ERROR_STRING + 32];
-    MPI_Comm base = MPI_COMM_WORLD;
-    dsgd_mpi__ep *e;
-    int init = 0, fin = 0, provided = MPI_THREAD_SINGLE, need = MPI_THREAD_SERIALIZED, inter = 0, rc;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
-    memset(out, 0, sizeof(*out));
-    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    int mine[6], all[6], rank = 0, rc, tag_ub = 32767, flag = 0, *ub = NULL;
+    double largest;
+    rc = MPI_Comm_rank(comm, &rank);
+    mine[0] = count; mine[1] = rank;
+    mine[2] = -count; mine[3] = rank;
+    mine[4] = provided; mine[5] = rank;
+    if (rc == MPI_SUCCESS) rc = MPI_Allreduce(mine, all, 3, MPI_2INT, MPI_MINLOC, comm);
+    if (rc != MPI_SUCCESS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: comparing the counts of the processes failed: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    if (all[0] != -all[2]) {
+        /* name a process whose count differs from this one's */
+        int other = all[0] != count ? all[1] : all[3], theirs = all[0] != count ? all[0] : -all[2];
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: every process must pass the same count: rank %d passes count %d, rank %d "
+                                  "(this process) passes count %d",
+                                  fn, other, theirs, rank, count);
+    }
+    if (count < 1)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: count %d, expected at least 1", fn, count);
+    if (count > 1 && all[4] < MPI_THREAD_MULTIPLE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
+                                  "%s: MPI provides %s (on rank %d), but %d endpoints per process need "
+                                  "MPI_THREAD_MULTIPLE (their threads call MPI at once; initialise MPI with "
+                                  "dsgd_mpi_init, or MPI_Init_thread asking for MPI_THREAD_MULTIPLE)",
+                                  fn, dsgd_mpi__level_name(all[4]), all[5], count);
+    /* the largest MPI tag is the payload's of the pair (count - 1, count - 1) */
+    if (MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub) tag_ub = *ub;
+    largest = (double)DSGD_MPI__TAG_PAYLOAD + 2.0 * ((double)count * count - 1.0);
+    if (largest > (double)tag_ub)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
+                                  "%s: count %d needs MPI tags up to %.0f, but this MPI's MPI_TAG_UB is %d (at most "
+                                  "%d endpoints per process)",
+                                  fn, count, largest, tag_ub, (int)floor(sqrt((double)tag_ub / 2.0)));
+    return DSGD_OK;
+}
+
+/* Checks what can be checked alone; *base and *provided for the rest. */
+static dsgd_result dsgd_mpi__check_desc(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, MPI_Comm *base,
+                                        int *provided) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    int init = 0, fin = 0, need = MPI_THREAD_SERIALIZED, inter = 0, rc;
+    *base = MPI_COMM_WORLD;
+    *provided = MPI_THREAD_SINGLE;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (!init || fin)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: MPI is %s: call dsgd_mpi_init (or MPI_Init_thread) first",
                                   fn, fin ? "finalized" : "not initialised");
     if (desc) {
-        if (desc->comm != (MPI_Comm)0 && desc->comm != MPI_COMM_NULL) base = desc->comm;
+        if (desc->comm != (MPI_Comm)0 && desc->comm != MPI_COMM_NULL) *base = desc->comm;
         if (desc->thread_level) need = desc->thread_level;
     }
     if (need != MPI_THREAD_SINGLE && need != MPI_THREAD_FUNNELED && need != MPI_THREAD_SERIALIZED &&
         need != MPI_THREAD_MULTIPLE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: thread_level %d is not an MPI thread level",
                                   fn, need);
-    if (MPI_Query_thread(&provided) != MPI_SUCCESS) provided = MPI_THREAD_SINGLE;
-    if (provided < need)
+    if (MPI_Query_thread(provided) != MPI_SUCCESS) *provided = MPI_THREAD_SINGLE;
+    if (*provided < need)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
                                   "%s: MPI provides %s, but this program needs %s (initialise MPI with dsgd_mpi_init, "
                                   "or MPI_Init_thread asking for %s)",
-                                  fn, dsgd_mpi__level_name(provided), dsgd_mpi__level_name(need),
+                                  fn, dsgd_mpi__level_name(*provided), dsgd_mpi__level_name(need),
                                   dsgd_mpi__level_name(need));
-    rc = MPI_Comm_test_inter(base, &inter);
+    rc = MPI_Comm_test_inter(*base, &inter);
     if (rc != MPI_SUCCESS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the communicator is not valid: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     if (inter)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: an intercommunicator; pass an intracommunicator (MPI_Intercomm_merge)", fn);
-    e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
-    if (!e) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(e, 0, sizeof(*e));
-    e->ctx = ctx;
-    e->comm = MPI_COMM_NULL;
-    e->op_max = e->op_min = MPI_OP_NULL;
-    rc = MPI_Comm_dup(base, &e->comm);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, int count,
+                                    dsgd_transport_i *out) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    MPI_Comm base;
+    dsgd_mpi__shared *sh;
+    dsgd_result r;
+    int provided, proc = 0, procs = 0, j, rc;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd_mpi__check_desc(ctx, fn, desc, &base, &provided)) != DSGD_OK) return r;
+    sh = (dsgd_mpi__shared *)dsgd__alloc(ctx, sizeof(*sh), fn);
+    if (!sh) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(sh, 0, sizeof(*sh));
+    sh->comm = MPI_COMM_NULL;
+    sh->op_max = sh->op_min = MPI_OP_NULL;
+    sh->refs = 1; /* creation's own reference, dropped at the end */
+    rc = MPI_Comm_dup(base, &sh->comm);
     if (rc != MPI_SUCCESS) {
-        e->comm = MPI_COMM_NULL;
-        dsgd_mpi__destroy(e);
+        sh->comm = MPI_COMM_NULL;
+        dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: MPI_Comm_dup failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
-    rc = MPI_Comm_set_errhandler(e->comm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(e->comm, &e->rank);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(e->comm, &e->size);
-    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_max, 1, &e->op_max);
-    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_min, 1, &e->op_min);
+    rc = MPI_Comm_set_errhandler(sh->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(sh->comm, &proc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sh->comm, &procs);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_max, 1, &sh->op_max);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_min, 1, &sh->op_min);
     if (rc != MPI_SUCCESS) {
-        dsgd_mpi__destroy(e);
+        dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: setting up the duplicate communicator failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
-    e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
-    e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
-    if (!e->stash || !e->stashed) {
-        dsgd_mpi__destroy(e);
-        return DSGD_ERR_OUT_OF_MEMORY;
+    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, provided)) != DSGD_OK) {
+        dsgd_mpi__release(sh);
+        return r;
     }
-    memset(e->stashed, 0, (size_t)e->size);
-    out->name = "mpi";
-    out->impl = e;
-    out->rank = e->rank;
-    out->size = e->size;
-    out->destroy = dsgd_mpi__destroy;
-    out->send = dsgd_mpi__send;
-    out->recv = dsgd_mpi__recv;
-    out->sendrecv = dsgd_mpi__sendrecv;
-    out->sendrecv_reduce = NULL;
-    out->share = NULL;
-    out->unshare = NULL;
-    out->allreduce = dsgd_mpi__allreduce;
-    out->abort = dsgd_mpi__abort_ep;
-    out->now = NULL;
-    out->error_message = dsgd_mpi__error_message;
-    out->set_progress = NULL;
-    out->peer_progress = NULL;
-    out->probe = dsgd_mpi__probe;
+    if ((double)procs * count > 2147483647.0) {
+        dsgd_mpi__release(sh);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d processes x %d endpoints is more ranks than "
+                                  "an int holds", fn, procs, count);
+    }
+    for (j = 0; j < count; ++j) {
+        dsgd_mpi__ep *e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
+        if (e) {
+            memset(e, 0, sizeof(*e));
+            DSGD__FETCH_ADD(&sh->refs, 1);
+            e->sh = sh;
+            e->ctx = ctx;
+            e->comm = sh->comm;
+            e->count = count;
+            e->local = j;
+            e->rank = proc * count + j;
+            e->size = procs * count;
+            e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
+            e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
+        }
+        if (!e || !e->stash || !e->stashed) {
+            dsgd_mpi__destroy(e);
+            while (j-- > 0) dsgd_mpi__destroy(out[j].impl);
+            memset(out, 0, (size_t)count * sizeof(*out));
+            dsgd_mpi__release(sh);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+        memset(e->stashed, 0, (size_t)e->size);
+        out[j].name = "mpi";
+        out[j].impl = e;
+        out[j].rank = e->rank;
+        out[j].size = e->size;
+        out[j].destroy = dsgd_mpi__destroy;
+        out[j].send = dsgd_mpi__send;
+        out[j].recv = dsgd_mpi__recv;
+        out[j].sendrecv = dsgd_mpi__sendrecv;
+        out[j].sendrecv_reduce = NULL;
+        out[j].share = NULL;
+        out[j].unshare = NULL;
+        /* MPI's all-reduce spans processes, not endpoints */
+        out[j].allreduce = count == 1 ? dsgd_mpi__allreduce : NULL;
+        out[j].abort = dsgd_mpi__abort_ep;
+        out[j].now = NULL;
+        out[j].error_message = dsgd_mpi__error_message;
+        out[j].set_progress = NULL;
+        out[j].peer_progress = NULL;
+        out[j].probe = dsgd_mpi__probe;
+    }
+    dsgd_mpi__release(sh); /* the endpoints hold it now */
     return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, dsgd_transport_i *out) {
+    return dsgd_mpi__create(ctx, "dsgd_mpi_transport_create", desc, 1, out);
+}
+
+DSGD_API dsgd_result dsgd_mpi_transport_create_local(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, int count,
+                                                     dsgd_transport_i *out) {
+    return dsgd_mpi__create(ctx, "dsgd_mpi_transport_create_local", desc, count, out);
 }
 
 DSGD_API void dsgd_mpi_abort(int code) {
