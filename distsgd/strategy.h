@@ -327,11 +327,16 @@ typedef dsgd_result (*dsgd_batch_fn)(void *user_data, int replica, int num_repli
    sliced step does: with fn handing each replica the slice
    dsgd_block_range gives, the weights are bitwise those of
    dsgd_strategy_train_step. info->count is the global count.
+   Uneven inputs (DDP's Join): a replica whose data has run out hands
+   count 0 and contributes a zero gradient while the others go on, and MEAN
+   divides by the samples that exist; when no replica has a sample left
+   (global count 0) the step returns DSGD_OK on every replica having done
+   nothing (info->count 0, no optimizer step): loop until then.
    Errors: as dsgd_strategy_train_step and dsgd_strategy_eval_batch, with
    DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL; a count
-   outside 0..max_batch, named with its replica; no samples on any replica
-   in a training step) and fn's errors, which the replicas agree on before
-   the update (clean: the strategy stays usable).
+   outside 0..max_batch, named with its replica) and fn's errors, which the
+   replicas agree on before the update (clean: the strategy stays
+   usable).
    Thread safety: the strategy's thread; fn runs on N threads at once. */
 DSGD_API dsgd_result dsgd_strategy_train_step_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data,
                                                  dsgd_step_info *info);

@@ -144,7 +144,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     dsgd_result res, done;
     r->lr = dsgd_lr_at(&c->opt->d.schedule, c->opt->d.lr, c->opt->t);
     res = dsgd__step_compute(r, a, &b, &bad);                        /* 0, 1 */
-    if (r->comm_failed) return res;
+    if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
     if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */

@@ -36,7 +36,8 @@
    what fn gives this replica, and the SUM all-reduce of every replica's
    count, to which a replica whose fn failed sends -2^40, so that every
    replica learns before computing anything that one failed (phase 2 names
-   it). No sample on any replica is every replica's own error. */
+   it). No sample on any replica (*global 0) ends the step on every replica
+   with nothing done: the uneven end of an epoch (Join). */
 static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b, int *global) {
     dsgd_result res, cr;
     float total;
@@ -52,8 +53,6 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
         return cr;
     }
     *global = total < 0.0f ? -1 : (int)total;
-    if (res == DSGD_OK && *global == 0)
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT, "the batch function gave no sample to any replica");
     return res;
 }
 
@@ -221,7 +220,7 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_result res;
     r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
     res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
-    if (r->comm_failed) return res;
+    if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
     if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */

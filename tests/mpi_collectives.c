@@ -32,7 +32,25 @@
                   dsgd_mpi_init accepts the program's MPI and reports its
                   level; the default (MPI_THREAD_SERIALIZED) is refused with
                   DSGD_ERR_UNSUPPORTED naming both levels; asking for
-                  FUNNELED works; a bad level is DSGD_ERR_INVALID_ARGUMENT.
+                  FUNNELED works; a bad level is DSGD_ERR_INVALID_ARGUMENT;
+                  two endpoints per process (dsgd_mpi_transport_create_local)
+                  on FUNNELED are DSGD_ERR_UNSUPPORTED naming
+                  MPI_THREAD_MULTIPLE.
+     --local K    K endpoints per process (dsgd_mpi_transport_create_local),
+                  a group of N = K * np ranks (K * np <= 8), each process
+                  running K threads with an endpoint and a dsgd_comm each:
+                  the last process passing K + 1 fails on every process
+                  naming both counts (*out zeroed); count 0 and count 40000
+                  (past MPI_TAG_UB) are refused; count 1 has the native
+                  all-reduce; then every collective, op and algorithm at
+                  counts {0, 1, N-1, N+1, 7919, 100003} on all K threads at
+                  once, each endpoint's result against the reference, the
+                  same bits across the group and, for explicit algorithms,
+                  as the loopback twin of N ranks; probe on group ranks 0
+                  and 1 (both in process 0 when K >= 2) at once: each gets
+                  only its own messages, in order per source, nothing left;
+                  a timeout names group ranks; abort on endpoint 0 ends
+                  endpoint K-1's wait (process 0).
      --deadline   (np = 2) four all-reduces, then rank 1 sleeps past the
                   deadline of all-reduce #5: rank 0 must get DSGD_ERR_TIMEOUT
                   naming rank 1 and "#5" within the deadline + 100 ms, prints
@@ -71,15 +89,15 @@ static const dsgd_reduce_op OPS[4] = {DSGD_REDUCE_SUM, DSGD_REDUCE_MEAN, DSGD_RE
 
 static int g_rank, g_size;
 static long g_passed, g_failed;
+static pthread_mutex_t g_check_lock = PTHREAD_MUTEX_INITIALIZER; /* --local checks from several threads */
 
 /* ---------------------------------------------------------------- checks */
 
 static int check(int ok, const char *fmt, ...) {
+    pthread_mutex_lock(&g_check_lock);
     if (ok) {
         g_passed++;
-        return 1;
-    }
-    {
+    } else {
         va_list ap;
         g_failed++;
         printf("rank %d: FAIL ", g_rank);
@@ -89,7 +107,8 @@ static int check(int ok, const char *fmt, ...) {
         printf("\n");
         fflush(stdout);
     }
-    return 0;
+    pthread_mutex_unlock(&g_check_lock);
+    return ok;
 }
 
 static void on_alarm(int sig) {
@@ -663,6 +682,356 @@ static void test_probe_and_waits(dsgd_ctx *ctx) {
     t.destroy(t.impl);
 }
 
+/* ---------------------------------------------------------------- several endpoints per process */
+
+/* --local K: K endpoints per process (dsgd_mpi_transport_create_local), a
+   group of N = K * np ranks, group rank p * K + j on process p's thread j. */
+typedef struct local_group {
+    int k, n;                 /* endpoints per process, group size */
+    dsgd_transport_i ep[8];
+    dsgd_ctx *ctx[8];
+    dsgd_comm *comm[8];
+    float *buf[8];            /* endpoint j's buffer */
+    float **in;               /* every group rank's inputs */
+    job j;
+    dsgd_result res[8];
+} local_group;
+
+typedef struct local_arg {
+    local_group *g;
+    int j;
+} local_arg;
+
+static void *local_thread(void *p) {
+    local_arg *a = (local_arg *)p;
+    local_group *g = a->g;
+    int r = g->ep[a->j].rank;
+    if (g->j.count) memcpy(g->buf[a->j], g->in[r], g->j.count * sizeof(float));
+    g->res[a->j] = run_job(g->comm[a->j], &g->j, g->buf[a->j]);
+    return NULL;
+}
+
+/* Runs fn(arg_j) on K threads, one per endpoint, and joins them. */
+static void local_spawn(local_group *g, void *(*fn)(void *), void *args, size_t arg_size) {
+    pthread_t th[8];
+    int j;
+    for (j = 0; j < g->k; ++j)
+        if (pthread_create(&th[j], NULL, fn, (char *)args + (size_t)j * arg_size) != 0) {
+            fprintf(stderr, "rank %d: pthread_create failed\n", g_rank);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    for (j = 0; j < g->k; ++j) pthread_join(th[j], NULL);
+}
+
+/* One collective on the K endpoints of every process at once, checked for
+   each endpoint against the reference, across the whole group, and (an
+   explicit algorithm, or a collective with one algorithm) against the
+   loopback twin of N ranks. */
+static void local_case(local_group *g, twin *tw, const job *jb, float **in, const ref *rf) {
+    char name[128], why[160];
+    local_arg args[8];
+    size_t count = jb->count, b;
+    int n = g->n, j, k, ok, all_ran = 1, twin_ok = 0;
+    uint64_t h = 0, lo = 0, hi = 0;
+    job_name(jb, name, sizeof(name));
+    g->j = *jb;
+    g->in = in;
+    for (j = 0; j < g->k; ++j) {
+        args[j].g = g;
+        args[j].j = j;
+    }
+    local_spawn(g, local_thread, args, sizeof(args[0]));
+    if (!(jb->kind == J_ALLREDUCE && jb->algo == DSGD_ALLREDUCE_AUTO))
+        twin_ok = check(twin_run(tw, jb, in), "K=%d N=%d %s: the loopback run failed", g->k, n, name);
+    for (j = 0; j < g->k; ++j) {
+        int r = g->ep[j].rank;
+        size_t off = 0, len = count;
+        const float *buf = g->buf[j];
+        if (!check(g->res[j] == DSGD_OK, "K=%d N=%d %s: group rank %d: %s", g->k, n, name, r,
+                   dsgd_ctx_last_error(g->ctx[j]))) {
+            all_ran = 0;
+            continue;
+        }
+        why[0] = '\0';
+        ok = 1;
+        switch (jb->kind) {
+        case J_ALLREDUCE: ok = verify(buf, rf, jb->op, n, 0, count, why, sizeof(why)); break;
+        case J_REDUCE_SCATTER:
+            dsgd_block_range(count, n, r, &off, &len);
+            ok = verify(buf, rf, jb->op, n, off, off + len, why, sizeof(why));
+            break;
+        case J_ALLGATHER:
+            for (k = 0; k < n && ok; ++k) {
+                size_t o, l;
+                dsgd_block_range(count, n, k, &o, &l);
+                for (b = o; b < o + l; ++b)
+                    if (memcmp(&buf[b], &in[k][b], sizeof(float)) != 0) {
+                        snprintf(why, sizeof(why), "element %zu is not group rank %d's input", b, k);
+                        ok = 0;
+                        break;
+                    }
+            }
+            break;
+        default:
+            ok = memcmp(buf, in[jb->root], count * sizeof(float)) == 0;
+            if (!ok) snprintf(why, sizeof(why), "not root %d's buffer", jb->root);
+            break;
+        }
+        check(ok, "K=%d N=%d %s: group rank %d: %s", g->k, n, name, r, why);
+        if (j == 0) h = hash_bytes(buf, count * sizeof(float));
+        else if (jb->kind != J_REDUCE_SCATTER)
+            check(hash_bytes(buf, count * sizeof(float)) == h, "K=%d N=%d %s: group ranks %d and %d differ in bits",
+                  g->k, n, name, g->ep[0].rank, r);
+        if (twin_ok) {
+            const float *mine = tw->buf[r];
+            size_t m = jb->kind == J_REDUCE_SCATTER ? len : count, diff = m;
+            for (b = 0; b < m; ++b)
+                if (memcmp(&mine[off + b], &buf[off + b], sizeof(float)) != 0) {
+                    diff = b;
+                    break;
+                }
+            check(diff == m, "K=%d N=%d %s: group rank %d: element %zu differs from the loopback's bits (%.9g vs %.9g)",
+                  g->k, n, name, r, off + diff, diff < m ? (double)buf[off + diff] : 0.0,
+                  diff < m ? (double)mine[off + diff] : 0.0);
+        }
+    }
+    if (jb->kind != J_REDUCE_SCATTER) { /* the same bits in every process (collective on the world) */
+        if (!all_ran) h = (uint64_t)g_rank + 1;
+        MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+        MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+        check(lo == hi, "K=%d N=%d %s: processes differ in bits", g->k, n, name);
+    }
+}
+
+static void local_collectives(local_group *g, twin *tw) {
+    size_t counts[6], count;
+    int n = g->n, ci, a, o, k;
+    counts[0] = 0;
+    counts[1] = 1;
+    counts[2] = (size_t)n - 1;
+    counts[3] = (size_t)n + 1;
+    counts[4] = 7919;   /* primes: no block size divides them */
+    counts[5] = 100003;
+    for (ci = 0; ci < 6; ++ci) {
+        float *in[8];
+        ref rf;
+        job jb;
+        double t0 = dsgd_now();
+        long failed0 = g_failed;
+        size_t i;
+        count = counts[ci];
+        for (k = 0; k < n; ++k) {
+            in[k] = (float *)malloc((count + 1) * sizeof(float));
+            free(tw->buf[k]);
+            tw->buf[k] = (float *)malloc((count + 1) * sizeof(float));
+            if (!in[k] || !tw->buf[k]) MPI_Abort(MPI_COMM_WORLD, 2);
+            for (i = 0; i < count; ++i) in[k][i] = input_value(4321 + (uint64_t)ci, k, i);
+        }
+        for (k = 0; k < g->k; ++k) {
+            free(g->buf[k]);
+            g->buf[k] = (float *)malloc((count + 1) * sizeof(float));
+            if (!g->buf[k]) MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+        ref_compute(&rf, in, n, count);
+        memset(&jb, 0, sizeof(jb));
+        jb.count = count;
+        jb.kind = J_ALLREDUCE;
+        for (a = 0; a < NUM_ALGOS; ++a)
+            for (o = 0; o < 4; ++o) {
+                jb.algo = ALGOS[a];
+                jb.op = OPS[o];
+                local_case(g, tw, &jb, in, &rf);
+            }
+        jb.kind = J_REDUCE_SCATTER;
+        for (o = 0; o < 4; ++o) {
+            jb.op = OPS[o];
+            local_case(g, tw, &jb, in, &rf);
+        }
+        jb.kind = J_ALLGATHER;
+        local_case(g, tw, &jb, in, &rf);
+        jb.kind = J_BROADCAST;
+        for (k = 0; k < n; ++k) {
+            jb.root = k;
+            local_case(g, tw, &jb, in, &rf);
+        }
+        if (g_rank == 0) {
+            printf("K=%d N=%d count %zu: every algorithm, op and collective %s (%.2f s)\n", g->k, n, count,
+                   g_failed == failed0 ? "ok" : "FAILED on rank 0", dsgd_now() - t0);
+            fflush(stdout);
+        }
+        ref_free(&rf);
+        for (k = 0; k < n; ++k) free(in[k]);
+    }
+}
+
+/* probe across endpoints: group ranks 0 and 1 (both in process 0 when K >=
+   2) receive 3 messages from every other group rank, tags naming source,
+   destination and sequence, probing any source concurrently; neither may
+   see the other's messages, each source's come in order, and a last probe
+   finds nothing. */
+static void *probe_thread(void *p) {
+    local_arg *a = (local_arg *)p;
+    local_group *g = a->g;
+    dsgd_transport_i *t = &g->ep[a->j];
+    unsigned char out[64], got[64], want[64];
+    int me = t->rank, n = g->n, dst, m, k;
+    dsgd_result r;
+    for (dst = 0; dst < 2 && dst < n; ++dst) {
+        if (dst == me) continue;
+        for (m = 0; m < 3; ++m) {
+            size_t bytes = (size_t)(8 * (m + 1));
+            fill(out, bytes, me * 10 + dst * 3 + m);
+            r = t->send(t->impl, dst, ((uint64_t)me << 40) | ((uint64_t)dst << 32) | (uint64_t)m, out, bytes,
+                        dsgd_now() + 20);
+            check(r == DSGD_OK, "K=%d probe: group rank %d: send %d to %d: %s: %s", g->k, me, m, dst,
+                  dsgd_result_string(r), t->error_message(t->impl));
+        }
+    }
+    if (me < 2) {
+        int next[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ok = 1, src;
+        uint64_t tag;
+        size_t bytes;
+        for (k = 0; k < 3 * (n - 1); ++k) {
+            src = -1;
+            r = t->probe(t->impl, dsgd_now() + 20, &src, &tag, &bytes);
+            if (!check(r == DSGD_OK && src >= 0 && src < n && src != me, "K=%d probe %d on group rank %d: %s src %d: %s",
+                       g->k, k, me, dsgd_result_string(r), src, t->error_message(t->impl))) {
+                ok = 0;
+                break;
+            }
+            m = next[src]++;
+            if (tag != (((uint64_t)src << 40) | ((uint64_t)me << 32) | (uint64_t)m) || bytes != (size_t)(8 * (m + 1))) {
+                printf("rank %d: group rank %d probed tag %016llx bytes %zu from %d, expected message %d\n", g_rank, me,
+                       (unsigned long long)tag, bytes, src, m);
+                ok = 0;
+            }
+            r = t->recv(t->impl, src, tag, got, bytes, dsgd_now() + 20);
+            fill(want, bytes, src * 10 + me * 3 + m);
+            ok &= r == DSGD_OK && memcmp(got, want, bytes) == 0;
+        }
+        check(ok, "K=%d probe on group rank %d: messages wrong, out of order or not addressed to it", g->k, me);
+        src = 7;
+        r = t->probe(t->impl, dsgd_now() + 0.05, &src, &tag, &bytes);
+        check(r == DSGD_ERR_TIMEOUT && src == -1, "K=%d probe on group rank %d: a message left over: %s src %d",
+              g->k, me, dsgd_result_string(r), src);
+    }
+    return NULL;
+}
+
+static int count_substr(const char *s, const char *needle) { return strstr(s, needle) != NULL; }
+
+static int mode_local(dsgd_ctx *ctx, int K) {
+    local_group g;
+    local_arg args[8];
+    dsgd_transport_i bad[8], *huge;
+    twin tw;
+    dsgd_result r;
+    char want[64], want2[64];
+    double t0 = dsgd_now();
+    int j, n = K * g_size, mine;
+    memset(&g, 0, sizeof(g));
+    g.k = K;
+    g.n = n;
+    if (K < 1 || n > 8) {
+        if (g_rank == 0) fprintf(stderr, "mpi_collectives: --local K needs 1 <= K and K * np <= 8\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    /* the last process passes K + 1: every process fails, naming both counts */
+    mine = g_rank == g_size - 1 ? K + 1 : K;
+    memset(bad, 0x5A, sizeof(bad));
+    r = dsgd_mpi_transport_create_local(ctx, NULL, mine, bad);
+    snprintf(want, sizeof(want), "passes count %d, rank", mine == K ? K + 1 : K);
+    snprintf(want2, sizeof(want2), "(this process) passes count %d", mine);
+    check(r == DSGD_ERR_INVALID_ARGUMENT &&
+              count_substr(dsgd_ctx_last_error(ctx), "every process must pass the same count") &&
+              count_substr(dsgd_ctx_last_error(ctx), want) && count_substr(dsgd_ctx_last_error(ctx), want2),
+          "K=%d: mismatched counts: %s: %s", K, dsgd_result_string(r), dsgd_ctx_last_error(ctx));
+    check(bad[0].send == NULL && bad[K - 1].impl == NULL, "K=%d: mismatched counts: out not zeroed", K);
+    if (g_rank == 0) printf("K=%d: mismatched counts: %s\n", K, dsgd_ctx_last_error(ctx));
+    /* count 0 everywhere */
+    r = dsgd_mpi_transport_create_local(ctx, NULL, 0, bad);
+    check(r == DSGD_ERR_INVALID_ARGUMENT, "K=%d: count 0: %s", K, dsgd_result_string(r));
+    /* too many endpoints for MPI_TAG_UB */
+    huge = (dsgd_transport_i *)malloc(40000 * sizeof(*huge));
+    if (!huge) MPI_Abort(MPI_COMM_WORLD, 2);
+    r = dsgd_mpi_transport_create_local(ctx, NULL, 40000, huge);
+    check(r == DSGD_ERR_UNSUPPORTED && count_substr(dsgd_ctx_last_error(ctx), "MPI_TAG_UB"),
+          "K=%d: count 40000: %s: %s", K, dsgd_result_string(r), dsgd_ctx_last_error(ctx));
+    if (g_rank == 0) printf("K=%d: count 40000: %s\n", K, dsgd_ctx_last_error(ctx));
+    free(huge);
+    /* count 1 through create_local: the native all-reduce is there */
+    r = dsgd_mpi_transport_create_local(ctx, NULL, 1, bad);
+    if (check(r == DSGD_OK && bad[0].allreduce != NULL && bad[0].rank == g_rank && bad[0].size == g_size,
+              "K=%d: count 1: %s: %s", K, dsgd_result_string(r), dsgd_ctx_last_error(ctx))) {
+        float x = 2.0f;
+        check(bad[0].allreduce(bad[0].impl, &x, 1, DSGD_REDUCE_SUM, dsgd_now() + TIMEOUT_S) == DSGD_OK &&
+                  x == 2.0f * (float)g_size,
+              "K=%d: count 1: native all-reduce", K);
+        bad[0].destroy(bad[0].impl);
+    }
+    /* the group */
+    r = dsgd_mpi_transport_create_local(ctx, NULL, K, g.ep);
+    if (!check(r == DSGD_OK, "K=%d: dsgd_mpi_transport_create_local: %s", K, dsgd_ctx_last_error(ctx)))
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    for (j = 0; j < K; ++j) {
+        check(g.ep[j].rank == g_rank * K + j && g.ep[j].size == n && strcmp(g.ep[j].name, "mpi") == 0 &&
+                  (K == 1) == (g.ep[j].allreduce != NULL),
+              "K=%d: endpoint %d: rank %d size %d", K, j, g.ep[j].rank, g.ep[j].size);
+        if (dsgd_ctx_create(NULL, &g.ctx[j]) != DSGD_OK || dsgd_comm_create(g.ctx[j], &g.ep[j], NULL, &g.comm[j]) != DSGD_OK)
+            MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    if (K > 1)
+        check(dsgd_allreduce_choose(g.comm[0], 1000) != DSGD_ALLREDUCE_AUTO, "K=%d: AUTO picks a native hook", K);
+    twin_init(&tw, n);
+    local_collectives(&g, &tw);
+    twin_free(&tw);
+    /* probe across endpoints */
+    for (j = 0; j < K; ++j) {
+        args[j].g = &g;
+        args[j].j = j;
+    }
+    local_spawn(&g, probe_thread, args, sizeof(args[0]));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0) printf("K=%d N=%d: probe across endpoints done\n", K, n);
+    /* a deadline names group ranks */
+    if (g_rank == 0) {
+        unsigned char b[16];
+        dsgd_transport_i *t = &g.ep[K - 1];
+        char w[96];
+        r = t->recv(t->impl, n - 1, 5, b, sizeof(b), dsgd_now() + 0.05);
+        snprintf(w, sizeof(w), "mpi rank %d: the deadline passed while waiting for rank %d", K - 1, n - 1);
+        check(r == DSGD_ERR_TIMEOUT && count_substr(t->error_message(t->impl), w), "K=%d: timeout message: %s", K,
+              t->error_message(t->impl));
+    }
+    /* abort on endpoint 0 ends endpoint K-1's wait (process 0 only) */
+    if (g_rank == 0 && K > 1) {
+        aborter a;
+        pthread_t th;
+        unsigned char b[16];
+        double el, ta;
+        a.t = &g.ep[0];
+        a.after = 0.1;
+        pthread_create(&th, NULL, abort_later, &a);
+        ta = dsgd_now();
+        r = g.ep[K - 1].recv(g.ep[K - 1].impl, n - 1, 6, b, sizeof(b), ta + 10);
+        el = dsgd_now() - ta;
+        pthread_join(th, NULL);
+        check(r == DSGD_ERR_ABORTED && el < 1.0, "K=%d: abort on endpoint 0 ends endpoint %d's wait: %s after %.3f s",
+              K, K - 1, dsgd_result_string(r), el);
+        r = g.ep[0].send(g.ep[0].impl, n - 1, 7, b, sizeof(b), dsgd_now() + 10);
+        check(r == DSGD_ERR_ABORTED, "K=%d: a send after abort: %s", K, dsgd_result_string(r));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (j = 0; j < K; ++j) {
+        dsgd_comm_destroy(g.comm[j]);
+        dsgd_ctx_destroy(g.ctx[j]);
+        free(g.buf[j]);
+    }
+    for (j = K - 1; j >= 0; --j) g.ep[j].destroy(g.ep[j].impl); /* the last one frees the duplicate */
+    if (g_rank == 0) printf("K=%d N=%d: done in %.2f s\n", K, n, dsgd_now() - t0);
+    return summary();
+}
+
 /* ---------------------------------------------------------------- modes */
 
 static int mode_suite(dsgd_ctx *ctx) {
@@ -748,6 +1117,18 @@ static int mode_levels(dsgd_ctx *ctx, int *argc, char ***argv) {
     } else if (g_rank == 0) {
         printf("levels: MPI provided level %d for FUNNELED; the refusal is not checked\n", provided);
     }
+    if (provided < MPI_THREAD_MULTIPLE) {
+        /* two endpoints per process need MPI_THREAD_MULTIPLE, whatever the program asks */
+        dsgd_transport_i two[2];
+        d.thread_level = MPI_THREAD_FUNNELED;
+        memset(two, 0x5A, sizeof(two));
+        r = dsgd_mpi_transport_create_local(ctx, &d, 2, two);
+        check(r == DSGD_ERR_UNSUPPORTED && strstr(dsgd_ctx_last_error(ctx), dsgd_mpi__level_name(provided)) &&
+                  strstr(dsgd_ctx_last_error(ctx), "need MPI_THREAD_MULTIPLE") && two[1].impl == NULL,
+              "levels: 2 endpoints per process on level %d: %s: %s", provided, dsgd_result_string(r),
+              dsgd_ctx_last_error(ctx));
+        d.thread_level = 0;
+    }
     d.thread_level = 99;
     r = dsgd_mpi_transport_create(ctx, &d, &t);
     check(r == DSGD_ERR_INVALID_ARGUMENT, "levels: thread_level 99: %s", dsgd_result_string(r));
@@ -768,10 +1149,11 @@ static int mode_levels(dsgd_ctx *ctx, int *argc, char ***argv) {
 
 int main(int argc, char **argv) {
     dsgd_ctx *ctx = NULL;
-    int rc, provided = -1, levels = 0, deadline = 0, i;
+    int rc, provided = -1, levels = 0, deadline = 0, local = 0, i;
     for (i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--levels") == 0) levels = 1;
         else if (strcmp(argv[i], "--deadline") == 0) deadline = 1;
+        else if (strcmp(argv[i], "--local") == 0 && i + 1 < argc) local = atoi(argv[++i]);
     }
     signal(SIGALRM, on_alarm);
     alarm(500);
@@ -791,7 +1173,7 @@ int main(int argc, char **argv) {
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
         check(provided == MPI_THREAD_MULTIPLE, "dsgd_mpi_init provided level %d", provided);
-        rc = deadline ? mode_deadline(ctx) : mode_suite(ctx);
+        rc = deadline ? mode_deadline(ctx) : local ? mode_local(ctx, local) : mode_suite(ctx);
     }
     dsgd_ctx_destroy(ctx);
     MPI_Finalize();

@@ -4,12 +4,18 @@
 #   for np in $DSGD_MPI_NP (default 2 3 4): the suite, each run under a
 #       watchdog (timeout), its summary line counted;
 #   np = 2 --levels: thread levels and MPI initialised by the program;
+#   --local K (several endpoints per process, dsgd_mpi_transport_create_local)
+#       for each "np:K" of $DSGD_MPI_LOCAL (default 2:2 3:2 2:3);
 #   np = 2 --deadline: rank 0's all-reduce #5 must time out naming rank 1
 #       within the deadline + 100 ms (checked by the program), after which it
 #       calls dsgd_mpi_abort: the job must end with a non-zero status within
 #       5 s of that call (checked here: 3 checks);
 #   the small-pieces build (DSGD_MPI_MAX_MESSAGE=4096, so payloads and native
-#       all-reduces go in many MPI messages), when it exists, at np = 3.
+#       all-reduces go in many MPI messages), when it exists, at np = 3, and
+#       with --local 2 at np = 3;
+#   the MPICH build (mpi_collectives_mpich), when it exists: the suite and
+#       --local 2 at np = 2 under $DSGD_MPICH_RUN (default mpirun.mpich;
+#       MPICH busy-polls, so 2 ranks).
 # Prints each run's output and the number of its checks that passed and
 # failed, the checks' total, and last "N passed, N failed" counting runs (a
 # run passes when all its checks did and it ended as it should): the line
@@ -18,8 +24,8 @@
 #
 # Environment: DSGD_MPI_BUILD (default build/mpi: mpi_collectives and
 # mpi_collectives_pieces), DSGD_MPIRUN (default "mpirun --allow-run-as-root
-# --oversubscribe"), DSGD_MPI_NP, DSGD_MPI_TIMEOUT (seconds per run,
-# default 300).
+# --oversubscribe"), DSGD_MPI_NP, DSGD_MPI_LOCAL, DSGD_MPICH_RUN,
+# DSGD_MPI_TIMEOUT (seconds per run, default 300).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,9 +33,12 @@ cd "$ROOT"
 build=${DSGD_MPI_BUILD:-build/mpi}
 read -r -a mpirun <<<"${DSGD_MPIRUN:-mpirun --allow-run-as-root --oversubscribe}"
 nps=${DSGD_MPI_NP:-2 3 4}
+locals=${DSGD_MPI_LOCAL:-2:2 3:2 2:3}
+read -r -a mpichrun <<<"${DSGD_MPICH_RUN:-mpirun.mpich}"
 limit=${DSGD_MPI_TIMEOUT:-300}
 bin=$build/mpi_collectives
 pieces=$build/mpi_collectives_pieces
+mpich=$build/mpi_collectives_mpich
 log=$(mktemp "${TMPDIR:-/tmp}/mpi_collectives.XXXXXX")
 trap 'rm -f "$log"' EXIT
 passed=0 failed=0         # checks
@@ -52,12 +61,18 @@ now() { date +%s.%N; }
 
 # run NAME ARGS...: one mpirun, streamed and logged; its own summary line is
 # counted, and a non-zero exit without a reported failure counts as one.
+# (run_with: the same with another mpirun, its words in the array named $1.)
 run() {
-    local name=$1 start rc p f own
-    shift
+    run_with mpirun "$@"
+}
+
+run_with() {
+    local -n launcher=$1
+    local name=$2 start rc p f own
+    shift 2
     echo "==== $name"
     start=$(now)
-    timeout --kill-after=10 "$limit" "${mpirun[@]}" "$@" 2>&1 | tee "$log"
+    timeout --kill-after=10 "$limit" "${launcher[@]}" "$@" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     own=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
     p=0 f=0
@@ -78,6 +93,9 @@ for np in $nps; do
     run "np=$np" -np "$np" "$bin"
 done
 run "np=2 --levels" -np 2 "$bin" --levels
+for pk in $locals; do
+    run "np=${pk%%:*} --local ${pk##*:}" -np "${pk%%:*}" "$bin" --local "${pk##*:}"
+done
 
 # The deadline: the program's own checks (rank 0's timeout), then how the job ends.
 echo "==== np=2 --deadline"
@@ -114,6 +132,12 @@ echo "---- np=2 --deadline: $p checks passed, $f failed, exit $rc, $(awk -v a="$
 
 if [ -x "$pieces" ]; then
     run "np=3 DSGD_MPI_MAX_MESSAGE=4096" -np 3 "$pieces"
+    run "np=3 --local 2 DSGD_MPI_MAX_MESSAGE=4096" -np 3 "$pieces" --local 2
+fi
+
+if [ -x "$mpich" ]; then
+    run_with mpichrun "MPICH np=2" -np 2 "$mpich"
+    run_with mpichrun "MPICH np=2 --local 2" -np 2 "$mpich" --local 2
 fi
 
 echo "mpi_collectives.sh: $passed checks passed, $failed failed, in $((runs_passed + runs_failed)) runs"

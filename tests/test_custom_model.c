@@ -29,7 +29,10 @@
    - dsgd_strategy_train_step_fn handing each replica its dsgd_block_range
      slice gives the bits of dsgd_strategy_train_step (uneven, N = 3); a
      failing or oversized batch on one replica fails every replica cleanly;
-     a model with input_dim 0 trains only through a batch fn.
+     a model with input_dim 0 trains only through a batch fn; uneven inputs
+     (Join): replicas running out at different steps follow ONE_DEVICE on
+     the real samples within 1e-5, and a step with no sample anywhere does
+     nothing.
    - A declared SUM aggregation starts the strategy at SUM: its update is
      the sum of the replicas' mean gradients.
    - The parameter servers (SYNC, 2 workers) train "odd" as MIRRORED N = 2
@@ -699,9 +702,10 @@ static void test_batch_fn_matches_slicing(void **state) {
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step_fn(b, slice_fn, &sl, NULL));
     assert_non_null(strstr(dsgd_ctx_last_error(ctx), "replica 1 a batch of 1000"));
     sl.oversize_on = -1;
-    sl.empty = 1;
-    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step_fn(b, slice_fn, &sl, NULL));
-    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "no sample"));
+    sl.empty = 1; /* the end of the data everywhere: nothing happens */
+    TU_OK(ctx, dsgd_strategy_train_step_fn(b, slice_fn, &sl, &ib));
+    assert_int_equal(ib.count, 0);
+    assert_int_equal((int)ib.step, 8);
     sl.empty = 0;
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step_fn(b, NULL, &sl, NULL));
     assert_false(dsgd_strategy_failed(b));
@@ -711,6 +715,85 @@ static void test_batch_fn_matches_slicing(void **state) {
     tu_assert_replicas_identical(ctx, b);
     dsgd_strategy_destroy(a);
     dsgd_strategy_destroy(b);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* Uneven inputs (Join): replica r has its own n_r samples and hands
+   min(B, left) each step, 0 once done; the others go on, MEAN divides by
+   the real samples, and the step with no sample anywhere does nothing. The
+   weights follow ONE_DEVICE on each step's real samples (replica order). */
+enum { JB = 8 };
+static const int join_n[3] = {40, 25, 9};
+
+typedef struct join_src {
+    const float *x[3], *y[3];
+    int step;
+} join_src;
+
+static int join_len(int r, int step) {
+    int left = join_n[r] - step * JB;
+    return left <= 0 ? 0 : left < JB ? left : JB;
+}
+
+static dsgd_result join_fn(void *user, int replica, int n, dsgd_batch *out) {
+    const join_src *j = (const join_src *)user;
+    (void)n;
+    out->count = join_len(replica, j->step);
+    out->x = j->x[replica] + (size_t)j->step * JB * OIN;
+    out->y = j->y[replica] + (size_t)j->step * JB;
+    return DSGD_OK;
+}
+
+static void test_join_uneven(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc sd;
+    dsgd_strategy *s = NULL, *ref = NULL;
+    dsgd_step_info info;
+    float xs[3][40 * OIN], ys[3][40], xb[3 * JB * OIN], yb[3 * JB], pa[ONP], pb[ONP];
+    join_src src;
+    int r, steps = 0;
+    double e;
+    (void)state;
+    for (r = 0; r < 3; ++r) {
+        odd_data(500 + (uint64_t)r, xs[r], ys[r], 40);
+        src.x[r] = xs[r];
+        src.y[r] = ys[r];
+    }
+    memset(&sd, 0, sizeof(sd));
+    sd.kind = DSGD_STRATEGY_MIRRORED;
+    sd.num_replicas = 3;
+    sd.model = odd_desc(NULL);
+    sd.optimizer.kind = DSGD_OPT_SGD;
+    sd.optimizer.lr = 0.2f;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &sd, &s));
+    sd.kind = DSGD_STRATEGY_ONE_DEVICE;
+    sd.num_replicas = 1;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &sd, &ref));
+    for (src.step = 0;; ++src.step) {
+        int count = 0;
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, join_fn, &src, &info));
+        for (r = 0; r < 3; ++r) {
+            int len = join_len(r, src.step);
+            memcpy(xb + (size_t)count * OIN, xs[r] + (size_t)src.step * JB * OIN, sizeof(float) * (size_t)len * OIN);
+            memcpy(yb + count, ys[r] + (size_t)src.step * JB, sizeof(float) * (size_t)len);
+            count += len;
+        }
+        assert_int_equal(info.count, count);
+        if (count == 0) break;
+        TU_OK(ctx, dsgd_strategy_train_step(ref, xb, yb, count, NULL));
+        ++steps;
+    }
+    assert_int_equal(steps, 5); /* ceil(40 / 8): the longest replica decides */
+    assert_int_equal((int)info.step, 5); /* the empty step applied nothing */
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), pa, ONP));
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(ref, 0), pb, ONP));
+    e = tu_rel_err(pa, pb, ONP);
+    printf("    join: replicas with 40, 25, 9 samples, %d steps, vs one_device on the real samples: rel err %.3g\n",
+           steps, e);
+    assert_true(e <= 1e-5);
+    tu_assert_replicas_identical(ctx, s);
+    dsgd_strategy_destroy(s);
+    dsgd_strategy_destroy(ref);
     dsgd_ctx_destroy(ctx);
 }
 
@@ -934,6 +1017,7 @@ int main(void) {
         cmocka_unit_test(test_gradient_fails_on_one_replica),
         cmocka_unit_test(test_batch_fn_matches_slicing),
         cmocka_unit_test(test_model_without_rows),
+        cmocka_unit_test(test_join_uneven),
         cmocka_unit_test(test_declared_sum),
         cmocka_unit_test(test_parameter_servers),
         cmocka_unit_test(test_host_metrics_checkpoint),

@@ -8,8 +8,14 @@
 #                     all-reduces go in many MPI messages), and run
 #                     tests/mpi_collectives.sh: the suite at np = $(MPI_TEST_NP)
 #                     under $(MPIRUN) with a timeout each, the thread-level
-#                     checks, the deadline check (the job must end non-zero
-#                     within 5 s of dsgd_mpi_abort), the pieces build at np = 3;
+#                     checks, several endpoints per process (--local K at the
+#                     np:K of $(MPI_TEST_LOCAL)), the deadline check (the job
+#                     must end non-zero within 5 s of dsgd_mpi_abort), the
+#                     pieces build at np = 3 (also --local 2); when
+#                     $(MPICH_CC) is installed (tools/deps.sh does not
+#                     install it), a build with it as mpi_collectives_mpich,
+#                     run at np = 2 (the suite and --local 2) under
+#                     $(MPICH_RUN);
 #                     each run's checks, then "N passed, N failed" counting runs
 #   make test         runs the same script among the test binaries (a test per
 #                     run in the summary) when $(MPICC) is found, else says it
@@ -38,7 +44,18 @@ MPI_H_FOUND := $(shell printf '\043include <mpi.h>\n' | $(CC) $(MPI_CFLAGS) -E -
 MPI_BUILD = $(BUILD)/mpi
 MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces
 MPI_TEST_NP ?= 2 3 4
-MPI_TEST_ENV = DSGD_MPI_BUILD=$(MPI_BUILD) DSGD_MPIRUN="$(MPIRUN)" DSGD_MPI_NP="$(MPI_TEST_NP)"
+MPI_TEST_LOCAL ?= 2:2 3:2 2:3
+MPI_TEST_ENV = DSGD_MPI_BUILD=$(MPI_BUILD) DSGD_MPIRUN="$(MPIRUN)" DSGD_MPI_NP="$(MPI_TEST_NP)" \
+    DSGD_MPI_LOCAL="$(MPI_TEST_LOCAL)" DSGD_MPICH_RUN="$(MPICH_RUN)"
+
+# MPICH beside OpenMPI (Debian's mpich package names its wrappers *.mpich):
+# optional, used when present.
+MPICH_CC ?= mpicc.mpich
+MPICH_RUN ?= mpirun.mpich
+MPICH_FOUND := $(shell command -v $(firstword $(MPICH_CC)) >/dev/null 2>&1 && echo yes)
+ifeq ($(MPICH_FOUND),yes)
+MPI_TEST_BINS += $(MPI_BUILD)/mpi_collectives_mpich
+endif
 
 .PHONY: test-mpi test-mpi-run mpi-note mpi-header-note
 
@@ -57,6 +74,10 @@ $(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS
 $(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPICC) $(CPPFLAGS) $(CFLAGS) -DDSGD_MPI_MAX_MESSAGE=4096 $< -o $@ $(LDFLAGS) $(LDLIBS)
+
+$(MPI_BUILD)/mpi_collectives_mpich: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICH_CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
 
 # make test: tools/run_tests.sh runs MPI_TEST_RUNS (the Makefile's test-run
 # recipe lists it) with TEST_ENV, which carries the settings above.
