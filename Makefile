@@ -11,6 +11,8 @@
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
 #                   (BLAS=openblas: its GEMM is OpenBLAS's, on OPENBLAS_NUM_THREADS, default 1)
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
+#   make demo-mpi [MPI_DEMO_NP=2] [MPI_DEMO_LOCAL=1]   multi-worker training of
+#                   the demo MLP under mpirun (tools/mpi.mk; installs OpenMPI)
 #   make bench      build and run bench/*
 #   make bench-peers   distsgd beside PyTorch (bench/peers.sh; installs PyTorch)
 #   make bench-cnn   the CNN's step time, CPU vs OpenCL vs PyTorch, and the model

@@ -1,7 +1,9 @@
 /* multi_worker_mlp.c - multi-worker synchronous training over MPI: every MPI
-   process is a worker holding one replica of the demo's MLP (784-256-128-10),
-   and the replicas of all workers all-reduce their gradients each step
-   (DSGD_STRATEGY_MULTI_WORKER_MIRRORED over distsgd_mpi.h's transport).
+   process is a worker holding --local K replicas (threads; default 1) of the
+   demo's MLP (784-256-128-10), and the replicas of all workers all-reduce
+   their gradients each step (DSGD_STRATEGY_MULTI_WORKER_MIRRORED over
+   distsgd_mpi.h's transport: K endpoints per process,
+   dsgd_mpi_transport_create_local).
 
    Every worker builds the same epoch order (a dsgd_sampler with the same
    seed), and each replica fetches only its own shard of each global batch
@@ -13,10 +15,11 @@
    a collective that some worker never joins.
 
    Run:  make demo-mpi                         (np = 2)
-   or:   mpirun -np 2 build/mpi/multi_worker_mlp --data DIR [--batch B]
-           [--epochs E] [--lr BASE_LR] [--seed S]
+   or:   mpirun -np 2 build/mpi/multi_worker_mlp --data DIR [--local K]
+           [--batch B] [--epochs E] [--lr BASE_LR] [--seed S]
    (as root: mpirun --allow-run-as-root; beyond the core count:
-   --oversubscribe). --batch is per replica; the global batch is B x W.
+   --oversubscribe). --batch is per replica; the global batch is B x K x P
+   for P processes.
    Built with plain cc (as `make` builds every example) without mpi.h, it
    only says how to build it. */
 #define _POSIX_C_SOURCE 200809L
@@ -54,35 +57,40 @@ static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset
     return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
 }
 
+enum { MAX_LOCAL = 16 };
+
 /* What each replica's batch function reads: this step's global batch (the
-   sampler's indices) and the replica's own gather buffers. */
+   sampler's indices) and each local replica's own gather buffers. */
 typedef struct shard_src {
     const dsgd_dataset *ds;
     const size_t *idx; /* the global batch's sample indices */
     size_t count;
-    float *x, *y;      /* this worker's replica's buffers (one replica per worker) */
+    int first;         /* the global rank of this worker's first replica */
+    float *x[MAX_LOCAL], *y[MAX_LOCAL];
 } shard_src;
 
-/* Replica `replica` (global) of W takes dsgd_block_range of the global batch. */
+/* Replica `replica` (global) of W takes dsgd_block_range of the global
+   batch, into its own buffers (replicas call this concurrently). */
 static dsgd_result shard_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
     shard_src *s = (shard_src *)user;
+    int k = replica - s->first;
     size_t off = 0, len = 0;
     dsgd_block_range(s->count, num_replicas, replica, &off, &len);
-    dsgd_dataset_gather(s->ds, s->idx + off, len, s->x, s->y);
-    out->x = s->x;
-    out->y = s->y;
+    dsgd_dataset_gather(s->ds, s->idx + off, len, s->x[k], s->y[k]);
+    out->x = s->x[k];
+    out->y = s->y[k];
     out->count = (int)len;
     return DSGD_OK;
 }
 
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist";
-    int batch = 64, epochs = 3, a, e, rank = 0, workers = 1, global;
+    int batch = 64, epochs = 3, local = 1, a, e, k, rank = 0, workers = 1, replicas, global;
     float base_lr = 0.05f;
     uint64_t seed = 1;
     dsgd_ctx *ctx = NULL;
     dsgd_dataset train, test;
-    dsgd_transport_i ep;
+    dsgd_transport_i eps[MAX_LOCAL];
     dsgd_layer_desc layers[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
                                  {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
                                  {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
@@ -100,32 +108,36 @@ int main(int argc, char **argv) {
     for (a = 1; a < argc; ++a) {
         if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc) batch = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--local") && a + 1 < argc) local = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) epochs = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--lr") && a + 1 < argc) base_lr = (float)atof(argv[++a]);
         else if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
         else {
             if (rank == 0)
-                fprintf(stderr, "usage: mpirun -np W %s [--data DIR] [--batch B] [--epochs E] [--lr BASE_LR] "
-                                "[--seed S]\n", argv[0]);
+                fprintf(stderr, "usage: mpirun -np P %s [--data DIR] [--local K] [--batch B] [--epochs E] "
+                                "[--lr BASE_LR] [--seed S]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
     }
-    if (batch < 1 || epochs < 1) {
-        if (rank == 0) fprintf(stderr, "batch and epochs must be >= 1\n");
+    if (batch < 1 || epochs < 1 || local < 1 || local > MAX_LOCAL) {
+        if (rank == 0) fprintf(stderr, "batch and epochs must be >= 1, --local 1..%d\n", MAX_LOCAL);
         MPI_Finalize();
         return 2;
     }
-    global = batch * workers;
+    replicas = local * workers;
+    global = batch * replicas;
     if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) die(ctx, rank, "loading Fashion-MNIST");
     if (dsgd_sampler_init(ctx, &sampler, train.n, (size_t)global, seed, 1, 1) != DSGD_OK) die(ctx, rank, "sampler");
     nb = dsgd_sampler_num_batches(&sampler);
-    if (dsgd_mpi_transport_create(ctx, NULL, &ep) != DSGD_OK) die(ctx, rank, "dsgd_mpi_transport_create");
+    /* K endpoints: ranks rank*K .. rank*K+K-1 of K*P (collective: every
+       process passes the same K, or every one fails) */
+    if (dsgd_mpi_transport_create_local(ctx, NULL, local, eps) != DSGD_OK) die(ctx, rank, "dsgd_mpi_transport_create_local");
 
     memset(&sd, 0, sizeof(sd));
     sd.kind = DSGD_STRATEGY_MULTI_WORKER_MIRRORED;
-    sd.num_replicas = 1;  /* this worker's; the group's is the endpoint's size */
-    sd.endpoints = &ep;
+    sd.num_replicas = local;  /* this worker's; the group's is the endpoints' size */
+    sd.endpoints = eps;
     sd.model.input_dim = (int)train.dim;
     sd.model.layers = layers;
     sd.model.num_layers = 3;
@@ -140,16 +152,21 @@ int main(int argc, char **argv) {
     sd.timeout_s = 60.0;
     if (dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) die(ctx, rank, "dsgd_strategy_create");
     if (rank == 0)
-        printf("Fashion-MNIST: %zu training, %zu test images; %d workers x 1 replica x batch %d = global batch %d; "
-               "MLP 784-256-128-10, lr %.4g\n", train.n, test.n, workers, batch, global, (double)sd.optimizer.lr);
+        printf("Fashion-MNIST: %zu training, %zu test images; %d workers x %d replica%s x batch %d = global batch %d; "
+               "MLP 784-256-128-10, lr %.4g\n", train.n, test.n, workers, local, local == 1 ? "" : "s", batch, global,
+               (double)sd.optimizer.lr);
 
+    memset(&src, 0, sizeof(src));
     src.ds = &train;
-    src.x = (float *)malloc(sizeof(float) * (size_t)batch * train.dim);
-    src.y = (float *)malloc(sizeof(float) * (size_t)batch);
-    if (!src.x || !src.y) die(NULL, rank, "out of memory");
+    src.first = rank * local;
+    for (k = 0; k < local; ++k) {
+        src.x[k] = (float *)malloc(sizeof(float) * (size_t)batch * train.dim);
+        src.y[k] = (float *)malloc(sizeof(float) * (size_t)batch);
+        if (!src.x[k] || !src.y[k]) die(NULL, rank, "out of memory");
+    }
     t_start = dsgd_now();
     for (e = 0; e < epochs; ++e) {
-        size_t b, i, chunk = (size_t)workers * 1000;
+        size_t b, i, chunk = (size_t)replicas * 1000;
         double t0 = dsgd_now();
         dsgd_metrics tr, te;
         dsgd_sampler_set_epoch(&sampler, (uint64_t)e);
@@ -168,14 +185,16 @@ int main(int argc, char **argv) {
             printf("epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s\n", e + 1, epochs,
                    tr.loss_sum / tr.count, tr.correct / tr.count, te.correct / te.count, tr.count / (dsgd_now() - t0));
         if (rank == 0 && e == epochs - 1)
-            printf("final test accuracy %.4f with %d workers in %.1f s\n", te.correct / te.count, workers,
-                   dsgd_now() - t_start);
+            printf("final test accuracy %.4f with %d workers x %d replica%s in %.1f s\n", te.correct / te.count, workers,
+                   local, local == 1 ? "" : "s", dsgd_now() - t_start);
         fflush(stdout);
     }
-    free(src.x);
-    free(src.y);
+    for (k = 0; k < local; ++k) {
+        free(src.x[k]);
+        free(src.y[k]);
+    }
     dsgd_strategy_destroy(s);
-    ep.destroy(ep.impl);
+    for (k = 0; k < local; ++k) eps[k].destroy(eps[k].impl); /* every one: the last frees the communicator */
     dsgd_sampler_free(&sampler);
     dsgd_dataset_free(&train);
     dsgd_dataset_free(&test);

@@ -20,6 +20,7 @@
 #   make test         runs the same script among the test binaries (a test per
 #                     run in the summary) when $(MPICC) is found, else says it
 #                     skipped the MPI tests
+#   make demo-mpi     examples/multi_worker_mlp.c under mpirun (see below)
 #   make check-header also compiles distsgd_mpi.h with the implementation as
 #                     C99 and C11 ($(CHECK_CC)) and C++11 ($(CHECK_CXX)),
 #                     warnings fatal, with MPI's include flags, when <mpi.h>
@@ -114,3 +115,24 @@ $(BUILD)/check/distsgd_mpi.%.ok: distsgd_mpi.h $(HEADERS)
 	    -DDISTSGD_IMPLEMENTATION -DDISTSGD_MPI_IMPLEMENTATION \
 	    -x $(if $(findstring ++,$(call mpi_check_std,$*)),c++,c) -c distsgd_mpi.h -o /dev/null
 	@touch $@
+
+# make demo-mpi [MPI_DEMO_NP=2] [MPI_DEMO_LOCAL=1] [ARGS=...]: the demo
+# dataset and OpenMPI as `make demo` and `make test-mpi` install them, then
+# examples/multi_worker_mlp.c built with $(MPICC) and run under $(MPIRUN) at
+# MPI_DEMO_NP processes with MPI_DEMO_LOCAL replicas each (multi-worker
+# mirrored; `make demo-mpi MPI_DEMO_NP=4` for four workers).
+MPI_DEMO_NP ?= 2
+MPI_DEMO_LOCAL ?= 1
+.PHONY: demo-mpi demo-mpi-run
+
+demo-mpi:
+	sh tools/deps.sh demo
+	sh tools/deps.sh mpi
+	@$(MAKE) --no-print-directory demo-mpi-run
+
+demo-mpi-run: $(MPI_BUILD)/multi_worker_mlp $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
+	timeout 900 $(MPIRUN) -np $(MPI_DEMO_NP) $(MPI_BUILD)/multi_worker_mlp --local $(MPI_DEMO_LOCAL) $(DEMO_ARGS) $(ARGS)
+
+$(MPI_BUILD)/multi_worker_mlp: examples/multi_worker_mlp.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
