@@ -289,8 +289,9 @@ typedef struct dsgd_backend_i {
        no atomics, the same bits on every backend. */
     dsgd_result (*col2im)(void *impl, const dsgd_window *wd, dsgd_ref col, dsgd_ref dx);
     /* Max-pool: y(n, oh, ow, c) is overwritten with the maximum of each
-       window, channel by channel, NaN-propagating (a NaN in the window gives
-       the window's first NaN). wd->pad must be 0. */
+       window, channel by channel: its first maximum in row-major (ky, kx)
+       order (of -0 and +0, whichever comes first), NaN-propagating (a NaN
+       in the window gives the window's first NaN). wd->pad must be 0. */
     dsgd_result (*maxpool_forward)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y);
     /* Max-pool's gradient: dx(n, h, w, c) is overwritten. Each window's
        dy(i, oy, ox, ch) goes to the window's first element in row-major
