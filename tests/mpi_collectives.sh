@@ -13,6 +13,8 @@
 #   the small-pieces build (DSGD_MPI_MAX_MESSAGE=4096, so payloads and native
 #       all-reduces go in many MPI messages), when it exists, at np = 3, and
 #       with --local 2 at np = 3;
+#   tests/mpi_workers.c (multi-worker mirrored training), when built, at
+#       np:K = 2:1 2:2 3:2 4:1 (K replicas per process);
 #   the MPICH build (mpi_collectives_mpich), when it exists: the suite and
 #       --local 2 at np = 2 under $DSGD_MPICH_RUN (default mpirun.mpich;
 #       MPICH busy-polls, so 2 ranks).
@@ -39,6 +41,7 @@ limit=${DSGD_MPI_TIMEOUT:-300}
 bin=$build/mpi_collectives
 pieces=$build/mpi_collectives_pieces
 mpich=$build/mpi_collectives_mpich
+workers=$build/mpi_workers
 log=$(mktemp "${TMPDIR:-/tmp}/mpi_collectives.XXXXXX")
 trap 'rm -f "$log"' EXIT
 passed=0 failed=0         # checks
@@ -129,6 +132,13 @@ else
 fi
 tally deadline "$p" "$f"
 echo "---- np=2 --deadline: $p checks passed, $f failed, exit $rc, $(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s"
+
+# Multi-worker mirrored across processes (tests/mpi_workers.c), np:K as --local.
+if [ -x "$workers" ]; then
+    for pk in 2:1 2:2 3:2 4:1; do
+        run "mpi_workers np=${pk%%:*} --local ${pk##*:}" -np "${pk%%:*}" "$workers" --local "${pk##*:}"
+    done
+fi
 
 if [ -x "$pieces" ]; then
     run "np=3 DSGD_MPI_MAX_MESSAGE=4096" -np 3 "$pieces"

@@ -16,7 +16,9 @@
 #                     install it), a build with it as mpi_collectives_mpich,
 #                     run at np = 2 (the suite and --local 2) under
 #                     $(MPICH_RUN);
-#                     each run's checks, then "N passed, N failed" counting runs
+#                     each run's checks, then "N passed, N failed" counting runs;
+#                     and tests/mpi_workers.c (multi-worker mirrored across
+#                     processes against an in-process loopback run)
 #   make test         runs the same script among the test binaries (a test per
 #                     run in the summary) when $(MPICC) is found, else says it
 #                     skipped the MPI tests
@@ -43,7 +45,7 @@ MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null || pkg-config --cfla
 MPI_H_FOUND := $(shell printf '\043include <mpi.h>\n' | $(CC) $(MPI_CFLAGS) -E -x c - >/dev/null 2>&1 && echo yes)
 
 MPI_BUILD = $(BUILD)/mpi
-MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces
+MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces $(MPI_BUILD)/mpi_workers
 MPI_TEST_NP ?= 2 3 4
 MPI_TEST_LOCAL ?= 2:2 3:2 2:3
 MPI_TEST_ENV = DSGD_MPI_BUILD=$(MPI_BUILD) DSGD_MPIRUN="$(MPIRUN)" DSGD_MPI_NP="$(MPI_TEST_NP)" \
@@ -69,6 +71,10 @@ test-mpi-run: $(MPI_TEST_BINS)
 	$(MPI_TEST_ENV) bash tests/mpi_collectives.sh
 
 $(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+
+$(MPI_BUILD)/mpi_workers: tests/mpi_workers.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
 
