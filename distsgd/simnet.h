@@ -64,20 +64,33 @@
      memory. There is no share/unshare (so AUTO all-reduces run message
      passing algorithms, as on a cluster) and no native allreduce.
 
-     Running a strategy over it: create a hub of N ranks, pass its N
-     endpoints in dsgd_strategy_desc.endpoints (or a cluster's in its desc),
-     and charge each step's compute with dsgd_simnet_compute(hub, rank,
-     step) on the rank's thread. The rule that keeps the simulation
-     deterministic is also its one requirement: a rank's thread holds the
-     turn between its calls, so it must not wait for another rank by any
-     means but the hub (a pthread barrier between replicas would hang the
-     simulation); when a rank is done for good, its thread calls
-     dsgd_simnet_leave, and peers that wait for it afterwards time out at
-     their deadline.
+     Code that waits outside the hub. The turn is the one requirement: a
+     rank's thread holds it between its calls, so a rank that waits for
+     another rank by other means (a condition variable, a pthread barrier,
+     a replica pool waiting for the next step) would stop the simulation.
+     Such a rank parks first (dsgd_simnet_park): it drops out of the
+     scheduling until its next call, which brings it back at its clock, and
+     while it is away the hub makes no decision that it could change (a
+     deadline or a probe that it could still beat waits for it). Results do
+     not depend on when it returns. With park_between_calls every rank parks
+     whenever it returns from the hub: rank threads then run concurrently
+     between calls, and the virtual times and probe orders are still those
+     of the one-at-a-time schedule (tests/test_simnet.c checks both).
+     A rank that is done for good calls dsgd_simnet_leave (from its thread;
+     a rank that never called may be left from any thread); until then the
+     others may wait for it.
+
+     Running a strategy over it: create a hub of N ranks with
+     park_between_calls (the strategies' replica threads wait for each step
+     on a condition variable of their own), pass its N endpoints in
+     dsgd_strategy_desc.endpoints (or the P + W endpoints in
+     dsgd_cluster_desc.endpoints), and charge each step's compute with
+     dsgd_simnet_compute(hub, rank, step) on the rank's thread; without
+     that, compute takes no virtual time.
 
      Thread safety: each endpoint (and the hub's functions that take a rank)
      is used by that rank's thread; dsgd_simnet_abort, _aborted, _time and
-     _stats from any thread.
+     _get_stats from any thread.
 */
 #ifndef DSGD__PART_SIMNET_DECL
 #define DSGD__PART_SIMNET_DECL
@@ -148,6 +161,12 @@ typedef struct dsgd_simnet_desc {
     dsgd_simnet_compute_desc compute;
     const dsgd_simnet_fault *faults; /* copied */
     int num_faults;
+    /* non-zero: every rank is parked (see dsgd_simnet_park) whenever it
+       returns from the hub, so rank threads run concurrently between calls
+       and code that also synchronises its threads by other means (the
+       strategies' replica pools) runs unchanged. Not with half_duplex or
+       serialize_receives. */
+    int park_between_calls;
     /* Test hook: > 0 makes every rank thread sleep up to this many real
        seconds (or yield) at random before and after each hand-off, to show
        that the result does not depend on the OS scheduler. 0 in real use. */
@@ -209,6 +228,22 @@ DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *hub, int rank, long 
    range: nothing.
    Thread safety: rank's thread. */
 DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
+/* Parks rank: it gives up its turn and is left out of the scheduling until
+   its next call, which brings it back at its clock. Call it on the rank's
+   thread before it waits for something the hub cannot see (another
+   thread, a condition variable, input), so that the other ranks go on
+   meanwhile. While a rank p is parked at clock t_p, the hub makes no
+   decision that p could change: a rank whose deadline would fire, or
+   whose probe would choose, at a time K >= t_p + the smallest alpha waits
+   (in real time) for p to return or leave; everything else (compute, a
+   message already queued) goes on. So the result is the same whenever p returns.
+   A parked rank's thread runs concurrently with the others.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, rank out of range),
+   DSGD_ERR_UNSUPPORTED (half_duplex or serialize_receives: their bookings
+   depend on the order of sends), DSGD_ERR_STATE (the rank left),
+   DSGD_ERR_ABORTED (killed, or the hub aborted).
+   Thread safety: rank's thread. */
+DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *hub, int rank);
 /* Marks the hub aborted: every waiting and later call returns
    DSGD_ERR_ABORTED at once (the endpoints' abort member does the same); the
    ranks then run freely, so the virtual times after an abort mean nothing.
@@ -251,7 +286,7 @@ DSGD_API void dsgd_simnet_destroy(dsgd_simnet *hub);
 
 #define DSGD__SN_INF HUGE_VAL
 
-enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_LEFT, DSGD__SN_DEAD };
+enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD };
 enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
 
 typedef struct dsgd__sn_msg {
@@ -306,6 +341,7 @@ struct dsgd_simnet {
     int n;
     pthread_mutex_t mu;
     int turn;    /* the rank that may run, -1: none */
+    int parked;  /* ranks PARKED */
     int aborted; /* atomic */
     dsgd__sn_ep *ep;
     dsgd__sn_pair *pair; /* pair[src * n + dst] */
@@ -330,6 +366,10 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
                                   "%s: costs must be finite and >= 0 (alpha %g, beta %g, gamma %g, intra alpha %g, "
                                   "intra beta %g, jitter %g)", w, d->alpha_s, d->beta_s_per_byte,
                                   d->gamma_s_per_float, d->intra_alpha_s, d->intra_beta_s_per_byte, d->test_jitter_s);
+    if (d->park_between_calls && (d->half_duplex || d->serialize_receives))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: park_between_calls cannot be combined with half_duplex or serialize_receives "
+                                  "(their bookings depend on the order of the sends)", w);
     if (d->ranks_per_node < 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: ranks_per_node %d < 0", w, d->ranks_per_node);
     if ((int)c->kind < 0 || (int)c->kind > (int)DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL)
@@ -416,7 +456,8 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
             int k;
             e->hub = h;
             e->rank = i;
-            e->state = DSGD__SN_ARRIVING;
+            /* parking between calls: outside the hub until the first call */
+            e->state = desc->park_between_calls ? DSGD__SN_PARKED : DSGD__SN_ARRIVING;
             e->kill_time = DSGD__SN_INF;
             e->step = -1;
             e->slow = 1.0;
@@ -443,7 +484,9 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
         DSGD_FREE(h);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot create a pthread mutex or condition", w);
     }
-    h->turn = 0; /* every rank arrives at time 0; rank 0 first */
+    /* every rank arrives at time 0, rank 0 first; parked, they come when they call */
+    h->turn = desc->park_between_calls ? -1 : 0;
+    h->parked = desc->park_between_calls ? h->n : 0;
     *out = h;
     return DSGD_OK;
 }
@@ -577,9 +620,36 @@ static double dsgd__sn_key(const dsgd__sn_ep *e) {
     return k;
 }
 
-/* Gives the turn to the rank with the smallest (key, rank); -1 when no rank
-   is left. Called with the mutex held by the rank that has the turn (or
-   that just gave it up by leaving or dying). */
+/* Non-zero when no parked rank can change how e's wait ends. A compute, a
+   message already queued (a pair's messages arrive in order) and a death
+   are e's own. A deadline that fires, or the choice of a probe, at time K
+   could be changed by a message from any parked rank p, directly or
+   through ranks it unblocks, and such a message arrives no earlier than
+   t_p plus the smallest latency: so it needs every parked rank past
+   K - alpha_min. */
+static int dsgd__sn_safe(const dsgd__sn_ep *e) {
+    const dsgd_simnet *h = e->hub;
+    double alpha_min = h->d.alpha_s;
+    int k;
+    if (h->parked == 0 || e->state != DSGD__SN_WAITING || e->wait == DSGD__SN_W_TIME || e->key == e->kill_time)
+        return 1;
+    if (e->wait == DSGD__SN_W_XFER &&
+        (e->src < 0 || h->pair[(size_t)e->src * (size_t)h->n + (size_t)e->rank].head))
+        return 1;
+    if (h->d.ranks_per_node > 0 && h->d.intra_alpha_s < alpha_min) alpha_min = h->d.intra_alpha_s;
+    for (k = 0; k < h->n; ++k) {
+        const dsgd__sn_ep *p = &h->ep[k];
+        if (p->state == DSGD__SN_PARKED && !(p->t + alpha_min > e->key)) return 0;
+    }
+    return 1;
+}
+
+/* Gives the turn to the rank with the smallest (key, rank), when its wait
+   can end whatever the parked ranks do; otherwise (or when no rank is
+   left) to nobody (-1) until a parked rank returns. Called with the mutex
+   held by the rank that has the turn (or that just gave it up by parking,
+   leaving or dying), or by a parked rank returning to a hub where nobody
+   has the turn. */
 static void dsgd__sn_pass(dsgd_simnet *h) {
     double best_key = DSGD__SN_INF;
     int best = -1, k, me = h->turn;
@@ -594,6 +664,7 @@ static void dsgd__sn_pass(dsgd_simnet *h) {
             best_key = key;
         }
     }
+    if (best >= 0 && !dsgd__sn_safe(&h->ep[best])) best = -1;
     h->turn = best;
     if (best >= 0 && best != me) {
         h->stats.handoffs++;
@@ -652,6 +723,12 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
     dsgd_result r;
     dsgd__sn_jitter(e);
     pthread_mutex_lock(&h->mu);
+    if (e->state == DSGD__SN_PARKED) {
+        /* back at its clock, as a rank arriving */
+        e->state = DSGD__SN_ARRIVING;
+        h->parked--;
+        if (h->turn < 0) dsgd__sn_pass(h);
+    }
     if (e->state == DSGD__SN_ARRIVING) {
         dsgd__sn_wait_turn(e);
         if (!DSGD__LOAD_RLX(&h->aborted)) {
@@ -711,9 +788,22 @@ static dsgd_result dsgd__sn_block(dsgd__sn_ep *e) {
     return DSGD_ERR_TIMEOUT; /* every rank waits with no deadline: a deadlock */
 }
 
-/* Leaves the hub after a call: time-triggered stalls, then the mutex. */
+/* Parks a running rank: it gives up the turn and is left out of the
+   scheduling until its next call. */
+static void dsgd__sn_park(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    e->state = DSGD__SN_PARKED;
+    h->parked++;
+    if (h->turn == e->rank) dsgd__sn_pass(h);
+}
+
+/* Leaves the hub after a call: time-triggered stalls, parking when every
+   rank parks between calls, then the mutex. */
 static dsgd_result dsgd__sn_exit(dsgd__sn_ep *e, dsgd_result r) {
-    if (e->state == DSGD__SN_RUNNING) dsgd__sn_stalls(e);
+    if (e->state == DSGD__SN_RUNNING) {
+        dsgd__sn_stalls(e);
+        if (e->hub->d.park_between_calls && !DSGD__LOAD_RLX(&e->hub->aborted)) dsgd__sn_park(e);
+    }
     pthread_mutex_unlock(&e->hub->mu);
     return r;
 }
@@ -1023,11 +1113,30 @@ DSGD_API void dsgd_simnet_leave(dsgd_simnet *h, int rank) {
     if (!h || rank < 0 || rank >= h->n) return;
     e = &h->ep[rank];
     pthread_mutex_lock(&h->mu);
-    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING) {
+    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED) {
+        if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
-        if (h->turn == rank) dsgd__sn_pass(h);
+        if (h->turn == rank || h->turn < 0) dsgd__sn_pass(h);
     }
     pthread_mutex_unlock(&h->mu);
+}
+
+DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
+    dsgd__sn_ep *e;
+    dsgd_result r = DSGD_OK;
+    if (dsgd__sn_rank_check(h, rank) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    e = &h->ep[rank];
+    if (h->d.half_duplex || h->d.serialize_receives) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: cannot park with half_duplex or serialize_receives", rank);
+        return DSGD_ERR_UNSUPPORTED;
+    }
+    pthread_mutex_lock(&h->mu);
+    if ((e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING) && !DSGD__LOAD_RLX(&h->aborted))
+        dsgd__sn_park(e);
+    else if (e->state == DSGD__SN_LEFT) r = DSGD_ERR_STATE;
+    else if (e->state == DSGD__SN_DEAD || DSGD__LOAD_RLX(&h->aborted)) r = DSGD_ERR_ABORTED;
+    pthread_mutex_unlock(&h->mu);
+    return r;
 }
 
 static void dsgd__sn_abort(void *impl) { dsgd_simnet_abort(((dsgd__sn_ep *)impl)->hub); }

@@ -44,6 +44,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "test_util.h"
+
 #if defined(__SANITIZE_THREAD__)
 #define TEST_TSAN 1
 #elif defined(__has_feature)
@@ -711,7 +713,7 @@ static void body_det(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) 
     record(r, rank, res);
 }
 
-static void det_once(det_out *o, double jitter) {
+static void det_once(det_out *o, double jitter, int park) {
     dsgd_simnet_desc d;
     run r;
     int i;
@@ -724,6 +726,7 @@ static void det_once(det_out *o, double jitter) {
     d.compute.mean_s = 1e-4; /* comparable to the links, so arrivals interleave */
     d.compute.seed = 42;
     d.test_jitter_s = jitter;
+    d.park_between_calls = park;
     run_init(&r, DET_N, &d);
     run_go(&r, body_det, o);
     for (i = 0; i < DET_N; ++i)
@@ -738,13 +741,13 @@ static void test_determinism(void **state) {
     int runs = TEST_TSAN ? 10 : 50, k, i, distinct = 0;
     (void)state;
     watchdog(300);
-    det_once(&first, 0);
+    det_once(&first, 0, 0);
     assert_int_equal(first.overlap, 0);
     for (i = 1; i < DET_TRACE; ++i) distinct += first.src[i] != first.src[i - 1];
     assert_true(distinct > DET_TRACE / 3); /* the arrivals do interleave */
     for (i = 1; i < DET_TRACE; ++i) assert_true(first.t[i] >= first.t[i - 1]);
     for (k = 0; k < runs; ++k) {
-        det_once(&o, 50e-6);
+        det_once(&o, 50e-6, 0);
         assert_int_equal(o.overlap, 0);
         for (i = 0; i < DET_TRACE; ++i) {
             if (o.src[i] != first.src[i] || o.t[i] != first.t[i])
@@ -1295,6 +1298,216 @@ static void test_compute_models(void **state) {
     alarm(0);
 }
 
+/* ---------------------------------------------------------------- parking */
+
+/* Parked between calls, the ranks run concurrently outside the hub, yet
+   the probe order and every virtual time equal the one-at-a-time run. */
+static void test_park_between_calls(void **state) {
+    static det_out first, o;
+    int runs = TEST_TSAN ? 5 : 20, k, i, overlapped = 0;
+    (void)state;
+    watchdog(300);
+    det_once(&first, 0, 0);
+    for (k = 0; k < runs; ++k) {
+        det_once(&o, 50e-6, 1);
+        overlapped += o.overlap > 0;
+        for (i = 0; i < DET_TRACE; ++i)
+            if (o.src[i] != first.src[i] || o.t[i] != first.t[i])
+                fail_msg("parked run %d, message %d: source %d at %.17g s, one at a time: %d at %.17g s", k, i,
+                         o.src[i], o.t[i], first.src[i], first.t[i]);
+        for (i = 0; i < DET_N; ++i) assert_true(o.end[i] == first.end[i]);
+        assert_true(o.sum0 == first.sum0);
+    }
+    print_message("%d of %d parked runs had rank threads running at once\n", overlapped, runs);
+    alarm(0);
+}
+
+/* A replica pool: each step every rank computes and all-reduces, then
+   waits at a pthread barrier, outside the hub. Parking before the barrier
+   lets the others finish their step; the virtual times equal those of the
+   same steps without the barrier. */
+#define POOL_N 4
+#define POOL_STEPS 10
+
+typedef struct pool_job {
+    int barrier;
+    pthread_barrier_t bar;
+    double end[POOL_N][POOL_STEPS];
+} pool_job;
+
+static void body_pool(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    pool_job *jb = (pool_job *)r->user;
+    dsgd_result res = DSGD_OK;
+    float v[300];
+    int s, i;
+    for (s = 0; s < POOL_STEPS && res == DSGD_OK; ++s) {
+        for (i = 0; i < 300; ++i) v[i] = (float)(rank + s);
+        res = dsgd_simnet_compute(r->hub, rank, s);
+        if (res == DSGD_OK) res = dsgd_allreduce(c, v, 300, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, 0);
+        jb->end[rank][s] = now_of(t);
+        if (res == DSGD_OK && jb->barrier) {
+            res = dsgd_simnet_park(r->hub, rank);
+            pthread_barrier_wait(&jb->bar);
+        }
+    }
+    record(r, rank, res);
+}
+
+static void pool_once(pool_job *jb, int barrier, double jitter) {
+    dsgd_simnet_desc d;
+    run r;
+    int i;
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = 1e-5;
+    d.beta_s_per_byte = 1e-9;
+    d.compute.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+    d.compute.mean_s = 1e-3;
+    d.compute.seed = 8;
+    d.test_jitter_s = jitter;
+    jb->barrier = barrier;
+    if (barrier) assert_int_equal(pthread_barrier_init(&jb->bar, NULL, POOL_N), 0);
+    run_init(&r, POOL_N, &d);
+    run_go(&r, body_pool, jb);
+    for (i = 0; i < POOL_N; ++i)
+        if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+    run_free(&r);
+    if (barrier) pthread_barrier_destroy(&jb->bar);
+}
+
+static void test_park_pool(void **state) {
+    static pool_job plain, jb;
+    int k, i, s;
+    (void)state;
+    watchdog(120);
+    pool_once(&plain, 0, 0);
+    for (k = 0; k < (TEST_TSAN ? 3 : 10); ++k) {
+        pool_once(&jb, 1, 50e-6);
+        for (i = 0; i < POOL_N; ++i)
+            for (s = 0; s < POOL_STEPS; ++s)
+                if (jb.end[i][s] != plain.end[i][s])
+                    fail_msg("run %d rank %d step %d: %.17g s, without the barrier %.17g s", k, i, s, jb.end[i][s],
+                             plain.end[i][s]);
+    }
+    alarm(0);
+}
+
+/* Rank 0 parks and returns 50 ms (real) later to send to rank 1, which
+   forwards to rank 2. Rank 2's deadline (1 s) comes before rank 1's (10 s),
+   but rank 0 could still reach rank 2 through rank 1 before it: the
+   deadline must wait for rank 0, and the message arrives in time. */
+static void body_transitive(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    float v = 1.0f;
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        res = dsgd_simnet_advance(r->hub, 0, 0.5);
+        if (res == DSGD_OK) res = dsgd_simnet_park(r->hub, 0);
+        nanosleep(&ts, NULL);
+        if (res == DSGD_OK) res = t->send(t->impl, 1, 1, &v, sizeof(v), 10);
+    } else if (rank == 1) {
+        res = t->recv(t->impl, 0, 1, &v, sizeof(v), 10);
+        if (res == DSGD_OK) res = t->send(t->impl, 2, 1, &v, sizeof(v), 10);
+    } else {
+        res = t->recv(t->impl, 1, 1, &v, sizeof(v), 1.0);
+    }
+    r->t1[rank] = now_of(t);
+    record(r, rank, res);
+}
+
+static void test_park_transitive(void **state) {
+    dsgd_simnet_desc d;
+    run r;
+    int i;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = 0.1;
+    run_init(&r, 3, &d);
+    run_go(&r, body_transitive, NULL);
+    for (i = 0; i < 3; ++i)
+        if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+    assert_true(REL_OK(r.t1[2], 0.7)); /* 0.5 + two hops of 0.1 */
+    run_free(&r);
+    alarm(0);
+}
+
+/* A mirrored strategy over simnet endpoints (parked between calls, as its
+   replica threads wait for each step outside the hub) trains to the same
+   weights as over a loopback, bit for bit, and takes the same virtual time
+   every run. */
+static double strategy_once(int simulated, float *params, size_t cap) {
+    static const dsgd_layer_desc layers[2] = {{16, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {3, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+    dsgd_ctx *ctx;
+    dsgd_simnet *h = NULL;
+    dsgd_simnet_desc d;
+    dsgd_transport_i ep[3];
+    dsgd_strategy_desc sd;
+    dsgd_strategy *st = NULL;
+    float x[12 * 5], y[12];
+    double t = 0;
+    int i, k;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    for (i = 0; i < 12 * 5; ++i) x[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+    for (i = 0; i < 12; ++i) y[i] = (float)(i % 3);
+    memset(&sd, 0, sizeof(sd));
+    sd.kind = DSGD_STRATEGY_MIRRORED;
+    sd.num_replicas = 3;
+    sd.model.input_dim = 5;
+    sd.model.layers = layers;
+    sd.model.num_layers = 2;
+    sd.model.max_batch = 4;
+    sd.model.seed = 9;
+    sd.optimizer.kind = DSGD_OPT_SGD;
+    sd.optimizer.lr = 0.1f;
+    sd.algorithm = DSGD_ALLREDUCE_RING;
+    sd.gradient_path = DSGD_GRADIENTS_HOST;
+    if (simulated) {
+        memset(&d, 0, sizeof(d));
+        d.ranks = 3;
+        d.alpha_s = 1e-5;
+        d.beta_s_per_byte = 1e-9;
+        d.gamma_s_per_float = 1e-9;
+        d.park_between_calls = 1;
+        d.test_jitter_s = 20e-6;
+        TU_OK(ctx, dsgd_simnet_create(ctx, &d, &h));
+        for (i = 0; i < 3; ++i) TU_OK(ctx, dsgd_simnet_endpoint(h, i, &ep[i]));
+        sd.endpoints = ep;
+    }
+    TU_OK(ctx, dsgd_strategy_create(ctx, &sd, &st));
+    for (k = 0; k < 10; ++k) TU_OK(ctx, dsgd_strategy_train_step(st, x, y, 12, NULL));
+    assert_true(dsgd_model_num_params(dsgd_strategy_model(st, 0)) <= cap);
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(st, 0), params, dsgd_model_num_params(dsgd_strategy_model(st, 0))));
+    dsgd_strategy_destroy(st);
+    if (h) {
+        t = dsgd_simnet_time(h, 0);
+        for (i = 0; i < 3; ++i) assert_true(dsgd_simnet_time(h, i) > 0);
+        dsgd_simnet_destroy(h);
+    }
+    dsgd_ctx_destroy(ctx);
+    return t;
+}
+
+static void test_mirrored_strategy(void **state) {
+    float pl[256], ps[256];
+    double t0, t;
+    int k;
+    (void)state;
+    watchdog(120);
+    memset(pl, 0, sizeof(pl));
+    memset(ps, 0, sizeof(ps));
+    strategy_once(0, pl, 256);
+    t0 = strategy_once(1, ps, 256);
+    assert_memory_equal(pl, ps, sizeof(pl));
+    assert_true(t0 > 0);
+    for (k = 0; k < (TEST_TSAN ? 2 : 5); ++k) {
+        t = strategy_once(1, ps, 256);
+        assert_memory_equal(pl, ps, sizeof(pl));
+        if (t != t0) fail_msg("run %d: rank 0 ends at %.17g s, first run %.17g s", k, t, t0);
+    }
+    alarm(0);
+}
+
 /* ---------------------------------------------------------------- order statistics */
 /* P workers (ranks 1..P) and a server (rank 0), free links. Each step the
    server sends "go" to every worker at time S; each computes Exp(mu) and
@@ -1471,6 +1684,10 @@ int main(void) {
         cmocka_unit_test(test_two_level_ring),
         cmocka_unit_test(test_numerics_match_loopback),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_park_between_calls),
+        cmocka_unit_test(test_park_pool),
+        cmocka_unit_test(test_park_transitive),
+        cmocka_unit_test(test_mirrored_strategy),
         cmocka_unit_test(test_order_statistics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
