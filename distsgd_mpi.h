@@ -90,3 +90,4 @@
 #include "distsgd.h"
 
 #include "distsgd/mpi/transport.h" /* the MPI transport: messages, deadlines, the native all-reduce, probe, abort */
+#include "distsgd/mpi/ps.h"        /* parameter servers over MPI: this process's role (TF_CONFIG or a rank layout), the engine's rank order */
