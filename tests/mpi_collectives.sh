@@ -15,6 +15,11 @@
 #       with --local 2 at np = 3;
 #   tests/mpi_workers.c (multi-worker mirrored training), when built, at
 #       np:K = 2:1 2:2 3:2 4:1 (K replicas per process);
+#   tests/mpi_ps.c (parameter servers across processes), when built, at
+#       np = 4; then examples/ps_mpi.c, when built, at np = 4 with a malformed
+#       TF_CONFIG and with a cluster of 5 tasks: the job must end non-zero
+#       (not by the watchdog), every process printing the same error (3
+#       checks each);
 #   the MPICH build (mpi_collectives_mpich), when it exists: the suite and
 #       --local 2 at np = 2 under $DSGD_MPICH_RUN (default mpirun.mpich;
 #       MPICH busy-polls, so 2 ranks).
@@ -42,6 +47,8 @@ bin=$build/mpi_collectives
 pieces=$build/mpi_collectives_pieces
 mpich=$build/mpi_collectives_mpich
 workers=$build/mpi_workers
+psbin=$build/mpi_ps
+psdemo=$build/ps_mpi
 log=$(mktemp "${TMPDIR:-/tmp}/mpi_collectives.XXXXXX")
 trap 'rm -f "$log"' EXIT
 passed=0 failed=0         # checks
@@ -138,6 +145,37 @@ if [ -x "$workers" ]; then
     for pk in 2:1 2:2 3:2 4:1; do
         run "mpi_workers np=${pk%%:*} --local ${pk##*:}" -np "${pk%%:*}" "$workers" --local "${pk##*:}"
     done
+fi
+
+# Parameter servers across processes (tests/mpi_ps.c, 2 servers + 2 workers).
+if [ -x "$psbin" ]; then
+    run "mpi_ps np=4" -np 4 "$psbin"
+fi
+
+# ps_fail NAME TF_CONFIG TEXT: examples/ps_mpi.c at np = 4 with that
+# TF_CONFIG must end non-zero, not by the watchdog, with every process
+# printing its role error, which holds TEXT.
+ps_fail() {
+    local name=$1 start rc p=0 f=0 lines
+    echo "==== $name"
+    start=$(now)
+    TF_CONFIG=$2 timeout --kill-after=10 60 "${mpirun[@]}" -x TF_CONFIG -np 4 "$psdemo" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ]; then p=$((p + 1)); else
+        f=$((f + 1)); echo "mpi_collectives.sh: $name: exit status $rc, expected non-zero (not a watchdog kill)"; fi
+    lines=$(grep -c '^ps_mpi (process [0-3]): dsgd_mpi_ps_role_create: ' "$log")
+    if [ "$lines" -eq 4 ]; then p=$((p + 1)); else
+        f=$((f + 1)); echo "mpi_collectives.sh: $name: $lines processes reported the role error, expected 4"; fi
+    if [ "$(grep '^ps_mpi (process [0-3]): ' "$log" | grep -c -F "$3")" -eq 4 ]; then p=$((p + 1)); else
+        f=$((f + 1)); echo "mpi_collectives.sh: $name: not every process's message holds \"$3\""; fi
+    tally "$name" "$p" "$f"
+    echo "---- $name: $p checks passed, $f failed, exit $rc, $(awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s"
+}
+if [ -x "$psdemo" ]; then
+    ps_fail "ps_mpi np=4 malformed TF_CONFIG" '{"cluster": {"ps": ["a:1"]' "malformed JSON"
+    ps_fail "ps_mpi np=4 TF_CONFIG of 5 tasks" \
+        '{"cluster": {"worker": ["a:1", "b:1", "c:1"], "ps": ["d:1", "e:1"]}, "task": {"type": "worker", "index": 0}}' \
+        "= 5 tasks, but the job has 4 processes"
 fi
 
 if [ -x "$pieces" ]; then

@@ -23,6 +23,9 @@
 #                     run in the summary) when $(MPICC) is found, else says it
 #                     skipped the MPI tests
 #   make demo-mpi     examples/multi_worker_mlp.c under mpirun (see below)
+#   make demo-ps-mpi  examples/ps_mpi.c under mpirun: parameter servers
+#                     across processes (see below); tests/mpi_ps.c runs in
+#                     the script above at np = 4
 #   make check-header also compiles distsgd_mpi.h with the implementation as
 #                     C99 and C11 ($(CHECK_CC)) and C++11 ($(CHECK_CXX)),
 #                     warnings fatal, with MPI's include flags, when <mpi.h>
@@ -45,7 +48,8 @@ MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null || pkg-config --cfla
 MPI_H_FOUND := $(shell printf '\043include <mpi.h>\n' | $(CC) $(MPI_CFLAGS) -E -x c - >/dev/null 2>&1 && echo yes)
 
 MPI_BUILD = $(BUILD)/mpi
-MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces $(MPI_BUILD)/mpi_workers
+MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces $(MPI_BUILD)/mpi_workers \
+    $(MPI_BUILD)/mpi_ps $(MPI_BUILD)/ps_mpi
 MPI_TEST_NP ?= 2 3 4
 MPI_TEST_LOCAL ?= 2:2 3:2 2:3
 MPI_TEST_ENV = DSGD_MPI_BUILD=$(MPI_BUILD) DSGD_MPIRUN="$(MPIRUN)" DSGD_MPI_NP="$(MPI_TEST_NP)" \
@@ -140,5 +144,28 @@ demo-mpi-run: $(MPI_BUILD)/multi_worker_mlp $(addprefix $(FMNIST_DIR)/,$(FMNIST_
 	timeout 900 $(MPIRUN) -np $(MPI_DEMO_NP) $(MPI_BUILD)/multi_worker_mlp --local $(MPI_DEMO_LOCAL) $(DEMO_ARGS) $(ARGS)
 
 $(MPI_BUILD)/multi_worker_mlp: examples/multi_worker_mlp.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+
+# make demo-ps-mpi [ARGS=...]: examples/ps_mpi.c built with $(MPICC) and run
+# under $(MPIRUN) at np = 4, 2 parameter servers + 2 workers (the rank
+# layout), ASYNC; ARGS="--policy sync|ssp|backup" and the example's other
+# flags. tests/mpi_collectives.sh also runs this binary with a bad
+# TF_CONFIG (every process must fail), so make test-mpi builds it too.
+.PHONY: demo-ps-mpi demo-ps-mpi-run
+
+demo-ps-mpi:
+	sh tools/deps.sh demo
+	sh tools/deps.sh mpi
+	@$(MAKE) --no-print-directory demo-ps-mpi-run
+
+demo-ps-mpi-run: $(MPI_BUILD)/ps_mpi $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
+	timeout 600 $(MPIRUN) -np 4 $(MPI_BUILD)/ps_mpi --servers 2 $(DEMO_ARGS) $(ARGS)
+
+$(MPI_BUILD)/ps_mpi: examples/ps_mpi.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+
+$(MPI_BUILD)/mpi_ps: tests/mpi_ps.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
