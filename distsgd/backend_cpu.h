@@ -1553,9 +1553,14 @@ static void dsgd__img_col2im(const dsgd__img_job *j, size_t lo, size_t hi) {
     }
 }
 
-/* m = v when v > m, or when v is the first NaN: the first maximum, or the
-   first NaN, of a window (the OpenCL kernel compares the same way). */
-#define DSGD__POOL_MAX(m, v) ((v) > (m) || ((v) != (v) && (m) == (m)) ? (v) : (m))
+/* m[j] = v[j] when v[j] > m[j], or when v[j] is the first NaN (m[j] is not
+   one): so m ends as the first maximum, or the first NaN, of a window (the
+   OpenCL kernel decides the same way). One select, which gcc -O2 vectorises. */
+DSGD__INLINE void dsgd__img_max(float *DSGD__RESTRICT m, const float *DSGD__RESTRICT v, size_t n) {
+#define DSGD__MAX1(i) m[i] = !(v[i] <= m[i]) && m[i] == m[i] ? v[i] : m[i]
+    DSGD__EACH(n, DSGD__MAX1);
+#undef DSGD__MAX1
+}
 
 /* y rows (i, oy) in [lo, hi): per output pixel, its c channels start from
    the window's first element, then take the others in (ky, kx) order. */
@@ -1568,17 +1573,13 @@ static void dsgd__img_pool_fwd(const dsgd__img_job *j, size_t lo, size_t hi) {
         const size_t i = r / (size_t)j->d.oh;
         int ox, ky, kx;
         for (ox = 0; ox < j->d.ow; ++ox) {
-            float *DSGD__RESTRICT m = j->out + (r * (size_t)j->d.ow + (size_t)ox) * c;
+            float *m = j->out + (r * (size_t)j->d.ow + (size_t)ox) * c;
             const float *base = j->x + ((i * (size_t)wd->h + (size_t)(oy * wd->stride)) * (size_t)wd->w +
                                         (size_t)(ox * wd->stride)) * c;
             memcpy(m, base, c * sizeof(float));
             for (ky = 0; ky < wd->kh; ++ky)
-                for (kx = ky == 0 ? 1 : 0; kx < wd->kw; ++kx) {
-                    const float *DSGD__RESTRICT v = base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c;
-#define DSGD__POOL(ch) m[ch] = DSGD__POOL_MAX(m[ch], v[ch])
-                    DSGD__EACH(c, DSGD__POOL);
-#undef DSGD__POOL
-                }
+                for (kx = ky == 0 ? 1 : 0; kx < wd->kw; ++kx)
+                    dsgd__img_max(m, base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c, c);
         }
     }
 }
@@ -1587,6 +1588,42 @@ static void dsgd__img_pool_fwd(const dsgd__img_job *j, size_t lo, size_t hi) {
    one of them, (oy, ox) ascending, finds per channel its first element
    equal to y (or the first NaN for a NaN y) and, when that element lies in
    [lo, hi), adds the window's dy to it. */
+#define DSGD__POOL_BLOCK 64 /* maxpool_backward's channels at a time */
+
+/* One element of a window in maxpool_backward, for n channels: those still
+   open whose x equals y (both NaN for a NaN y) close, and take their dy
+   when `mine` (the element is in the task's rows). Without branches, so
+   that data-dependent choices do not stall: a channel that takes nothing
+   adds 0.0f, which changes no bits, as d + 0.0f == d unless d is -0.0f
+   (outside round-down mode) or a signaling NaN, and d, a sum started from
+   +0.0f, is neither. */
+DSGD__INLINE void dsgd__img_pool_take(int *DSGD__RESTRICT open, float *DSGD__RESTRICT d, const float *DSGD__RESTRICT x,
+                                      const float *DSGD__RESTRICT y, const float *DSGD__RESTRICT dy, size_t n,
+                                      int mine) {
+    /* x == y is false for a NaN y, which matches through the second term
+       only; every term is computed, so gcc -O2 vectorises the loops */
+#define DSGD__TAKE(i)                                                                             \
+    do {                                                                                          \
+        const float xv_ = x[i], yv_ = y[i];                                                       \
+        const int o_ = open[i], hit_ = o_ & ((xv_ == yv_) | ((yv_ != yv_) & (xv_ != xv_)));      \
+        open[i] = o_ & ~hit_;                                                                     \
+        if (ADD_) {                                                                               \
+            const float g_ = dy[i], d_ = d[i]; /* loaded whatever hit_ is: no branch */           \
+            d[i] = d_ + (hit_ ? g_ : 0.0f);                                                       \
+        }                                                                                         \
+    } while (0)
+    if (mine) {
+#define ADD_ 1
+        DSGD__EACH(n, DSGD__TAKE);
+#undef ADD_
+    } else {
+#define ADD_ 0
+        DSGD__EACH(n, DSGD__TAKE);
+#undef ADD_
+    }
+#undef DSGD__TAKE
+}
+
 static void dsgd__img_pool_bwd(const dsgd__img_job *j, size_t lo, size_t hi) {
     const dsgd_window *wd = &j->wd;
     const size_t c = (size_t)wd->c, rowlen = (size_t)wd->w * c, H = (size_t)wd->h;
@@ -1597,26 +1634,26 @@ static void dsgd__img_pool_bwd(const dsgd__img_job *j, size_t lo, size_t hi) {
         const int a = (int)(r % H), b = (int)((i + 1) * H < hi ? H : hi - i * H);
         /* the windows whose rows [oy s, oy s + kh) meet [a, b) */
         int oy = a - wd->kh + 1 <= 0 ? 0 : (a - wd->kh + wd->stride) / wd->stride, oy_end = (b - 1) / wd->stride + 1, ox;
-        size_t ch;
         if (oy_end > j->d.oh) oy_end = j->d.oh;
         for (; oy < oy_end; ++oy)
             for (ox = 0; ox < j->d.ow; ++ox) {
                 const size_t o = ((i * (size_t)j->d.oh + (size_t)oy) * (size_t)j->d.ow + (size_t)ox) * c;
                 const size_t base = ((i * H + (size_t)(oy * wd->stride)) * (size_t)wd->w + (size_t)(ox * wd->stride)) * c;
-                for (ch = 0; ch < c; ++ch) {
-                    const float want = j->y[o + ch];
-                    const int want_nan = want != want;
-                    int ky, kx, done = 0;
-                    for (ky = 0; ky < wd->kh && !done; ++ky)
+                size_t c0;
+                /* DSGD__POOL_BLOCK channels at a time: every element of the
+                   window, in (ky, kx) order, is a contiguous run of them */
+                for (c0 = 0; c0 < c; c0 += DSGD__POOL_BLOCK) {
+                    const size_t cn = c - c0 < DSGD__POOL_BLOCK ? c - c0 : DSGD__POOL_BLOCK;
+                    int open[DSGD__POOL_BLOCK], ky, kx;
+                    size_t ch;
+                    for (ch = 0; ch < cn; ++ch) open[ch] = 1;
+                    for (ky = 0; ky < wd->kh; ++ky) {
+                        const int iy = oy * wd->stride + ky, mine = iy >= a && iy < b;
                         for (kx = 0; kx < wd->kw; ++kx) {
-                            const size_t e = base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c + ch;
-                            const float v = j->x[e];
-                            const int iy = oy * wd->stride + ky;
-                            if (!(want_nan ? v != v : v == want)) continue;
-                            if (iy >= a && iy < b) j->out[e] += j->dy[o + ch];
-                            done = 1; /* the window's first match takes its dy */
-                            break;
+                            const size_t e = base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c + c0;
+                            dsgd__img_pool_take(open, j->out + e, j->x + e, j->y + o + c0, j->dy + o + c0, cn, mine);
                         }
+                    }
                 }
             }
         r = (i + 1) * H;
