@@ -53,6 +53,8 @@ typedef enum dsgd_allreduce_algo {
        tells which; measured with bench/allreduce.c on a 2-vCPU machine):
          N == 1                  nothing to exchange
          native hook present     the transport's allreduce
+         several nodes           HIERARCHICAL (dsgd_comm_desc.ranks_per_node
+                                 L with 1 < L < N)
          share/unshare present   DIRECT (the loopback): fastest or close to it
                                  at every size and N = 2..8 measured, and the
                                  least hurt by a busy machine, having no
@@ -87,9 +89,19 @@ typedef enum dsgd_allreduce_algo {
        into every buffer. Each element is read and written once per rank
        (2 N S bytes in all, the minimum) with no step-by-step handshakes.
        DSGD_ERR_UNSUPPORTED without the hooks. */
-    DSGD_ALLREDUCE_DIRECT
+    DSGD_ALLREDUCE_DIRECT,
+    /* two levels, for ranks on several nodes (dsgd_comm_desc.ranks_per_node
+       L: ranks node*L .. node*L + L - 1 share a node, M = N / L nodes): a
+       ring reduce-scatter inside each node (local rank l ends owning block l
+       of L), a ring all-reduce of block l across the M nodes among the ranks
+       of local rank l, then a ring all-gather inside each node. Inside a
+       node each rank moves 2(L-1)/L of the buffer; across nodes 2(M-1)/(M L)
+       (Jeaugey, NCCL; Sergeev and Del Balso, Horovod). MEAN divides by N
+       once, at the end of the sum. With one node (L unset or N) or one rank
+       per node it is RING, bit for bit. */
+    DSGD_ALLREDUCE_HIERARCHICAL
 } dsgd_allreduce_algo;
-#define DSGD_ALLREDUCE_COUNT (DSGD_ALLREDUCE_DIRECT + 1) /* AUTO included */
+#define DSGD_ALLREDUCE_COUNT (DSGD_ALLREDUCE_HIERARCHICAL + 1) /* AUTO included */
 
 /* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
    values. Never NULL.
@@ -117,6 +129,11 @@ typedef struct dsgd_comm_desc {
                            clamped to 256 B..1 GiB. Must be equal on all ranks
                            (checked: DSGD_ERR_DESYNC otherwise); the results do
                            not depend on it. */
+    int ranks_per_node; /* the node layout for DSGD_ALLREDUCE_HIERARCHICAL: ranks
+                           node*L .. node*L + L - 1 share a node; L must divide
+                           the size. 0: one node. Must be equal on all ranks
+                           (checked: DSGD_ERR_DESYNC otherwise). On one machine
+                           it fakes nodes, for tests and the simulated cluster */
 } dsgd_comm_desc;
 
 typedef struct dsgd_comm dsgd_comm;
@@ -126,7 +143,8 @@ typedef struct dsgd_comm dsgd_comm;
    NULL (defaults).
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
    recorded; transport or out NULL; size < 1; rank outside [0, size); send or
-   recv missing; a negative or NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
+   recv missing; a negative or NaN timeout; ranks_per_node negative or not
+   dividing the size), DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread; the communicator, like ctx, is then
    used by one thread at a time (the rank's). */
 DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *transport,
@@ -250,6 +268,9 @@ struct dsgd_comm {
     int rank, size;
     double timeout;   /* default timeout, s */
     size_t piece;     /* floats per pipelined piece */
+    int node_ranks;   /* L: ranks per node (size: one node) */
+    int view_n, view_r; /* a ring over part of the group in progress: its size and
+                           this rank's place (0: none; dsgd__xchg's order) */
     uint64_t seq;     /* collectives started */
     int broken;       /* a collective failed mid-way: the protocol state is unknown */
     uint64_t broken_seq;
@@ -306,6 +327,10 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
                                       "dsgd_comm_create: timeout_s %g must be >= 0 (0: default)", desc->timeout_s);
         if (desc->timeout_s > 0) timeout = desc->timeout_s;
         if (desc->piece_bytes) piece = desc->piece_bytes;
+        if (desc->ranks_per_node < 0 || (desc->ranks_per_node > 0 && t->size % desc->ranks_per_node != 0))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "dsgd_comm_create: ranks_per_node %d must be >= 0 and divide the size %d",
+                                      desc->ranks_per_node, t->size);
     }
     if (timeout > DSGD__COMM_MAX_TIMEOUT) timeout = DSGD__COMM_MAX_TIMEOUT;
     piece /= sizeof(float);
@@ -325,6 +350,7 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     c->size = t->size;
     c->timeout = timeout;
     c->piece = piece;
+    c->node_ranks = desc && desc->ranks_per_node ? desc->ranks_per_node : t->size;
     c->root = -1;
     *out = c;
     return DSGD_OK;
@@ -349,6 +375,7 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *c, size_t co
     size_t bytes = count * sizeof(float);
     if (!c || c->size == 1) return DSGD_ALLREDUCE_RING; /* nothing is exchanged */
     if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
+    if (c->node_ranks > 1 && c->node_ranks < c->size) return DSGD_ALLREDUCE_HIERARCHICAL;
     if (c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
     if (bytes <= DSGD__AUTO_RD_MAX) return DSGD_ALLREDUCE_RECURSIVE_DOUBLING;
     if (dsgd__is_pow2(c->size) && bytes <= DSGD__AUTO_HD_MAX) return DSGD_ALLREDUCE_HALVING_DOUBLING;
@@ -511,6 +538,7 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
     if (dst < 0) send_first = 0;
     else if (src < 0) send_first = 1;
     else if (dst == src) send_first = c->rank < dst;
+    else if (c->view_n) send_first = c->view_r == 0; /* a ring's shift by one: its first member */
     else send_first = c->rank < (dst - c->rank + c->size) % c->size;
     if (send_first) {
         r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
@@ -538,7 +566,7 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
    its fingerprint beside its buffer and reads the others', at no extra cost.
    Fields are compared in this order, so seq differences are reported first. */
 enum { DSGD__FP_SEQ, DSGD__FP_KIND, DSGD__FP_COUNT, DSGD__FP_OP, DSGD__FP_ROOT, DSGD__FP_ALGO, DSGD__FP_PIECE,
-       DSGD__FP_N };
+       DSGD__FP_NODE, DSGD__FP_N };
 /* the tag's piece field marking the agreement's messages */
 #define DSGD__AGREE_PIECE 0xFFFFF
 
@@ -555,6 +583,7 @@ static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
     fp[DSGD__FP_ROOT] = (uint64_t)(int64_t)c->root;
     fp[DSGD__FP_ALGO] = (uint64_t)(int64_t)c->algo;
     fp[DSGD__FP_PIECE] = (uint64_t)c->piece;
+    fp[DSGD__FP_NODE] = (uint64_t)c->node_ranks;
 }
 
 /* -1, 0, 1: a before, equal to, after b, lexicographically. */
@@ -605,7 +634,7 @@ static const char *dsgd__fp_field(int i, uint64_t v, char *buf, size_t cap) {
    from other) to dst. */
 static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64_t *fp, const uint64_t *other) {
     static const char *const label[DSGD__FP_N] = {"is in collective #", "is in ", "count ", "op ",
-                                                  "root ", "algorithm ", "piece bytes "};
+                                                  "root ", "algorithm ", "piece bytes ", "ranks per node "};
     size_t used = 0;
     int i, k, first = 1;
     k = snprintf(dst, cap, "rank %llu", (unsigned long long)rank);
@@ -667,18 +696,28 @@ static void dsgd__piece(size_t count, int n, int b, size_t j, size_t P, size_t *
     *len = lo < bl ? DSGD__MIN(P, bl - lo) : 0;
 }
 
-/* Ring over blocks: phases bit 1 = reduce-scatter (rank r ends owning block
-   r), bit 2 = all-gather. Each block is cut into pieces of P floats, and
-   piece j of every block goes through both phases before piece j + 1, so a
-   step's data is still in cache for the next. Pieces never change which rank
-   reduces an element or in what order, so the bits do not depend on P.
-   Empty pieces (short blocks) are skipped by both sides. */
-static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
-    int n = c->size, r = c->rank, next = (r + 1) % n, prev = (r + n - 1) % n, k;
+/* A ring's members: n ranks, base + i * stride for i in [0, n), this rank
+   being member r (the whole group: n = size, base 0, stride 1). */
+typedef struct dsgd__ring_view {
+    int n, r, base, stride;
+} dsgd__ring_view;
+
+/* Ring over blocks: phases bit 1 = reduce-scatter (member r ends owning
+   block r), bit 2 = all-gather. Each block is cut into pieces of P floats,
+   and piece j of every block goes through both phases before piece j + 1,
+   so a step's data is still in cache for the next. Pieces never change
+   which rank reduces an element or in what order, so the bits do not
+   depend on P. Empty pieces (short blocks) are skipped by both sides. */
+static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *buf, size_t count, dsgd_reduce_op op,
+                                 int phases) {
+    int n = v->n, r = v->r, k;
+    int next = v->base + ((r + 1) % n) * v->stride, prev = v->base + ((r + n - 1) % n) * v->stride;
     size_t P = c->piece, maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
-    dsgd_result res;
+    dsgd_result res = DSGD_OK;
     npieces = (maxlen + P - 1) / P;
-    for (j = 0; j < npieces; ++j) {
+    c->view_n = n;
+    c->view_r = r;
+    for (j = 0; j < npieces && res == DSGD_OK; ++j) {
         size_t so, sl, ro, rl;
         if (phases & 1) {
             for (k = 0; k < n - 1; ++k) {
@@ -687,25 +726,36 @@ static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduc
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, (int)op);
-                if (res != DSGD_OK) return res;
+                if (res != DSGD_OK) break;
             }
-            if (op == DSGD_REDUCE_MEAN) {
+            if (res == DSGD_OK && op == DSGD_REDUCE_MEAN) {
                 dsgd__piece(count, n, r, j, P, &ro, &rl);
                 dsgd__divide(buf + ro, rl, n);
             }
         }
-        if (phases & 2) {
+        if (res == DSGD_OK && (phases & 2)) {
             for (k = 0; k < n - 1; ++k) {
                 int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
                 dsgd__piece(count, n, sb, j, P, &so, &sl);
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, -1);
-                if (res != DSGD_OK) return res;
+                if (res != DSGD_OK) break;
             }
         }
     }
-    return DSGD_OK;
+    c->view_n = 0;
+    return res;
+}
+
+/* The ring of the whole group. */
+static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+    dsgd__ring_view v;
+    v.n = c->size;
+    v.r = c->rank;
+    v.base = 0;
+    v.stride = 1;
+    return dsgd__ring_in(c, &v, buf, count, op, phases);
 }
 
 /* N not a power of two: with p = 2^floor(log2 N) and rem = N - p, the first
@@ -950,6 +1000,33 @@ static dsgd_result dsgd__ring_allreduce(dsgd_comm *c, float *buf, size_t count, 
     return dsgd__ring(c, buf, count, op, 3);
 }
 
+/* Two levels (see DSGD_ALLREDUCE_HIERARCHICAL): with L ranks per node and M
+   nodes, the node's ring reduce-scatters, the ring of local rank l across
+   the nodes all-reduces block l, the node's ring all-gathers. The messages
+   of the two rings never share a pair of ranks (1 < L < N), so their tags
+   may repeat. */
+static dsgd_result dsgd__hierarchical(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int L = c->node_ranks, M = c->size / L;
+    dsgd_reduce_op sum = op == DSGD_REDUCE_MEAN ? DSGD_REDUCE_SUM : op;
+    dsgd__ring_view node, across;
+    size_t off = 0, len = 0;
+    dsgd_result res;
+    if (L <= 1 || M <= 1) return dsgd__ring(c, buf, count, op, 3);
+    node.n = L;
+    node.r = c->rank % L;
+    node.base = c->rank - node.r;
+    node.stride = 1;
+    across.n = M;
+    across.r = c->rank / L;
+    across.base = node.r;
+    across.stride = L;
+    if ((res = dsgd__ring_in(c, &node, buf, count, sum, 1)) != DSGD_OK) return res;
+    dsgd_block_range(count, L, node.r, &off, &len);
+    if (len > 0 && (res = dsgd__ring_in(c, &across, buf + off, len, sum, 3)) != DSGD_OK) return res;
+    if (op == DSGD_REDUCE_MEAN) dsgd__divide(buf + off, len, c->size);
+    return dsgd__ring_in(c, &node, buf, count, sum, 2);
+}
+
 /* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
    algorithm is an enumerator and one line here. agrees_itself: it checks
    the ranks' agreement on its own (DIRECT, through the memory it shares,
@@ -965,6 +1042,7 @@ static const struct {
     /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, 0},
     /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, 0},
     /* DIRECT */ {"direct", dsgd__direct, 1},
+    /* HIERARCHICAL */ {"hierarchical", dsgd__hierarchical, 0},
 };
 
 DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {

@@ -182,6 +182,12 @@ typedef struct dsgd_strategy_desc {
        outlive the strategy, which never destroys them. Without abort, the
        replicas a failing one leaves waiting return at their deadline. */
     const dsgd_transport_i *endpoints;
+    int ranks_per_node;             /* the replicas' node layout for
+                                       DSGD_ALLREDUCE_HIERARCHICAL (and AUTO's
+                                       choice of it), dsgd_comm_desc.ranks_per_node:
+                                       global ranks node*L .. node*L + L - 1 share
+                                       a node; L divides the replicas in sync.
+                                       0: one node */
 } dsgd_strategy_desc;
 
 /* What one training step did. */
@@ -924,6 +930,7 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
         memset(&cdesc, 0, sizeof(cdesc));
         cdesc.timeout_s = s->d.timeout_s;
         cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
+        cdesc.ranks_per_node = s->d.ranks_per_node;
         if (s->d.endpoints) r->ep = s->d.endpoints[i];
         else res = dsgd_loopback_endpoint(s->hub, i, &r->ep);
         if (res == DSGD_OK) res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm);
@@ -1028,6 +1035,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     DSGD__FP(h, sc->total_steps); DSGD__FP(h, sc->final_lr); DSGD__FP(h, sc->step_size); DSGD__FP(h, sc->gamma);
     DSGD__FP(h, s->d.kind); DSGD__FP(h, s->d.algorithm); DSGD__FP(h, s->d.bucket_bytes);
     DSGD__FP(h, s->d.piece_bytes);
+    DSGD__FP(h, s->d.ranks_per_node);
     return h;
 }
 

@@ -1359,6 +1359,100 @@ static void test_auto_choice(void **state) {
     group_free(&m3);
 }
 
+/* HIERARCHICAL: L ranks per node (dsgd_comm_desc.ranks_per_node) and M
+   nodes, every op at small and odd counts, against the reference and the
+   same bits on every rank; AUTO picks it; one node or one rank per node is
+   RING, bit for bit; a layout that does not divide the size is refused; a
+   rank with another layout is DSGD_ERR_DESYNC on every rank. */
+static void test_hierarchical(void **state) {
+    static const int layouts[][2] = {{4, 2}, {6, 2}, {6, 3}, {8, 2}, {8, 4}, {4, 1}, {4, 4}};
+    size_t counts[6];
+    int li, ci, oi, r;
+    (void)state;
+    watchdog(240);
+    for (li = 0; li < (int)(sizeof(layouts) / sizeof(layouts[0])); ++li) {
+        int n = layouts[li][0], L = layouts[li][1];
+        group g, ring;
+        dsgd_comm_desc d;
+        memset(&d, 0, sizeof(d));
+        d.ranks_per_node = L;
+        d.piece_bytes = li % 2 ? 256 : 0; /* many pieces for some */
+        group_init(&g, n, &d, li == 2);
+        d.ranks_per_node = 0;
+        group_init(&ring, n, &d, 0);
+        assert_int_equal(dsgd_allreduce_choose(g.comm[0], 1 << 20),
+                         L > 1 && L < n ? DSGD_ALLREDUCE_HIERARCHICAL
+                                        : (li == 2 ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_DIRECT));
+        counts[0] = 0;
+        counts[1] = 1;
+        counts[2] = (size_t)n - 1;
+        counts[3] = (size_t)n + 1;
+        counts[4] = 1000;
+        counts[5] = 100003;
+        for (ci = 0; ci < 6; ++ci) {
+            ref rf;
+            float **bufs = alloc_bufs(n, counts[ci]), **rb = alloc_bufs(n, counts[ci]);
+            uint64_t seed = 900 + (uint64_t)li * 10 + (uint64_t)ci;
+            ref_compute(&rf, seed, n, counts[ci]);
+            for (oi = 0; oi < 4; ++oi) {
+                check_allreduce(&g, bufs, &rf, seed, counts[ci], OPS[oi], DSGD_ALLREDUCE_HIERARCHICAL);
+                if (L == 1 || L == n) { /* one level: the ring's bits */
+                    check_allreduce(&ring, rb, &rf, seed, counts[ci], OPS[oi], DSGD_ALLREDUCE_RING);
+                    for (r = 0; r < n; ++r)
+                        if (counts[ci] && memcmp(bufs[r], rb[r], counts[ci] * sizeof(float)) != 0)
+                            fail_msg("hierarchical N=%d L=%d count %zu op %s: rank %d differs from RING", n, L,
+                                     counts[ci], dsgd_reduce_op_name(OPS[oi]), r);
+                }
+            }
+            ref_free(&rf);
+            free_bufs(bufs, n);
+            free_bufs(rb, n);
+        }
+        group_free(&g);
+        group_free(&ring);
+    }
+    {   /* layouts refused, and a rank with another layout */
+        dsgd_ctx *ctx = NULL;
+        dsgd_loopback *hub = NULL;
+        dsgd_transport_i ep;
+        dsgd_comm *c = NULL;
+        dsgd_comm_desc d;
+        group g;
+        job jb;
+        worker w[MAXN];
+        float **bufs = alloc_bufs(4, 16);
+        assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+        assert_int_equal(dsgd_loopback_create(ctx, 4, &hub), DSGD_OK);
+        assert_int_equal(dsgd_loopback_endpoint(hub, 0, &ep), DSGD_OK);
+        memset(&d, 0, sizeof(d));
+        d.ranks_per_node = 3;
+        assert_int_equal(dsgd_comm_create(ctx, &ep, &d, &c), DSGD_ERR_INVALID_ARGUMENT);
+        d.ranks_per_node = -1;
+        assert_int_equal(dsgd_comm_create(ctx, &ep, &d, &c), DSGD_ERR_INVALID_ARGUMENT);
+        dsgd_loopback_destroy(hub);
+        dsgd_ctx_destroy(ctx);
+        d.ranks_per_node = 2;
+        group_init(&g, 4, &d, 0);
+        dsgd_comm_destroy(g.comm[3]);
+        d.ranks_per_node = 4;
+        assert_int_equal(dsgd_comm_create(g.ctx[3], &g.ep[3], &d, &g.comm[3]), DSGD_OK);
+        job_init(&jb, J_ALLREDUCE, 16);
+        jb.op = DSGD_REDUCE_SUM;
+        jb.algo = DSGD_ALLREDUCE_RING;
+        jb.timeout = 10.0;
+        for (r = 0; r < 4; ++r) fill_inputs(bufs[r], 5, r, 16);
+        run_job(&g, &jb, bufs, w);
+        for (r = 0; r < 4; ++r) {
+            assert_int_equal(w[r].res, DSGD_ERR_DESYNC);
+            assert_non_null(strstr(w[r].msg, "ranks per node"));
+            assert_true(w[r].elapsed < 5.0);
+        }
+        free_bufs(bufs, 4);
+        group_free(&g);
+    }
+    alarm(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_range),
@@ -1369,6 +1463,7 @@ int main(void) {
         cmocka_unit_test(test_allreduce_small),
         cmocka_unit_test(test_allreduce_large),
         cmocka_unit_test(test_allreduce_deterministic),
+        cmocka_unit_test(test_hierarchical),
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_broadcast),

@@ -12,6 +12,9 @@
      4-replica MIRRORED strategy over the same algorithm (ring, and AUTO),
      on every replica of every worker; each replica g takes
      dsgd_block_range(count, 4, g) of the global batch.
+   - With ranks_per_node 2 (two fake nodes of two replicas), HIERARCHICAL
+     and AUTO (which picks it) give the bits of the 4-replica strategy with
+     the same layout.
    - dsgd_strategy_train_step_fn across workers (each replica fetches its
      own shard, told its global rank and W) gives the same bits.
    - The metrics, taken collectively on every worker, equal the reference's:
@@ -47,6 +50,8 @@ static float g_x[STEPS][W * MAXB * IN], g_y[STEPS][W * MAXB];
 
 static int count_of(int step) { return 22 + 3 * step; }
 
+static int g_ranks_per_node; /* base_desc's ranks_per_node */
+
 static void make_data(void) {
     tu_rng r = tu_rng_make(99);
     int s, i;
@@ -72,6 +77,7 @@ static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n, dsgd_allredu
     d.optimizer.momentum = 0.9f;
     d.timeout_s = 20.0;
     d.cpu_threads = 1;
+    d.ranks_per_node = g_ranks_per_node;
     return d;
 }
 
@@ -236,6 +242,10 @@ static void test_bitwise_like_mirrored(void **state) {
     check_bitwise(DSGD_ALLREDUCE_HALVING_DOUBLING, one_three, 2, 0);
     check_bitwise(DSGD_ALLREDUCE_RING, ones, 4, 0);
     check_bitwise(DSGD_ALLREDUCE_RING, two_two, 2, 1);
+    g_ranks_per_node = 2; /* two "nodes" of two: AUTO picks HIERARCHICAL */
+    check_bitwise(DSGD_ALLREDUCE_HIERARCHICAL, two_two, 2, 0);
+    check_bitwise(DSGD_ALLREDUCE_AUTO, one_three, 2, 0);
+    g_ranks_per_node = 0;
     alarm(0);
 }
 
