@@ -1498,10 +1498,9 @@ static void dsgd__img_span(int ix0, int kw, int w, int *lo, int *hi) {
 static void dsgd__img_im2col(const dsgd__img_job *j, size_t lo, size_t hi) {
     const dsgd_window *wd = &j->wd;
     const size_t c = (size_t)wd->c, k = j->d.k, run = (size_t)wd->kw * c;
-    size_t r;
+    size_t r, i = lo / ((size_t)j->d.ow * (size_t)j->d.oh);
+    int ox = (int)(lo % (size_t)j->d.ow), oy = (int)(lo / (size_t)j->d.ow % (size_t)j->d.oh);
     for (r = lo; r < hi; ++r) {
-        const int ox = (int)(r % (size_t)j->d.ow), oy = (int)(r / (size_t)j->d.ow % (size_t)j->d.oh);
-        const size_t i = r / ((size_t)j->d.ow * (size_t)j->d.oh);
         const int iy0 = oy * wd->stride - wd->pad, ix0 = ox * wd->stride - wd->pad;
         float *dst = j->out + r * k;
         int ky, kx0, kx1;
@@ -1516,6 +1515,13 @@ static void dsgd__img_im2col(const dsgd__img_job *j, size_t lo, size_t hi) {
             memcpy(dst + (size_t)kx0 * c, j->x + ((i * (size_t)wd->h + (size_t)iy) * (size_t)wd->w + (size_t)(ix0 + kx0)) * c,
                    (size_t)(kx1 - kx0) * c * sizeof(float));
             if (kx1 < wd->kw) memset(dst + (size_t)kx1 * c, 0, (size_t)(wd->kw - kx1) * c * sizeof(float));
+        }
+        if (++ox == j->d.ow) { /* the next row's (i, oy, ox), without dividing */
+            ox = 0;
+            if (++oy == j->d.oh) {
+                oy = 0;
+                ++i;
+            }
         }
     }
 }
