@@ -15,6 +15,11 @@
      own shard): the same bits;
    - uneven inputs: replica g has 5 + 3g samples, handed 4 at a time; the
      step with no sample anywhere returns info.count 0 on every process;
+   - the synchronous contract across processes: K x P replicas x B equal
+     ONE_DEVICE with K x P x B after 20 steps, within 1e-5 (SGD) and 1e-4
+     (Adam) relative;
+   - hierarchical over fake nodes (ranks_per_node 2, at W = 4): equal to the
+     ring within 1e-5 relative, and the same bits run to run;
    - a process describing another optimizer (process 1's learning rate)
      makes creation fail on every process with DSGD_ERR_INVALID_ARGUMENT
      naming rank K, its first rank.
@@ -202,6 +207,81 @@ static void join(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k, int w) {
     dsgd_strategy_destroy(s);
 }
 
+/* Trains `steps` steps of the fixed batches (count_of) with strategy kind
+   over eps (NULL: in-process ONE_DEVICE); params of replica 0 out. */
+static int train_kind(dsgd_ctx *ctx, dsgd_strategy_kind kind, const dsgd_transport_i *eps, int k, int w,
+                      dsgd_optimizer_kind opt, dsgd_allreduce_algo algo, int rpn, int steps, float *out) {
+    dsgd_strategy_desc d = desc(kind, kind == DSGD_STRATEGY_ONE_DEVICE ? 1 : k, eps);
+    dsgd_strategy *s = NULL;
+    int step, ok = 1;
+    d.optimizer.kind = opt;
+    if (opt == DSGD_OPT_ADAM) d.optimizer.lr = 0.01f;
+    d.algorithm = algo;
+    d.ranks_per_node = rpn;
+    if (kind == DSGD_STRATEGY_ONE_DEVICE) d.model.max_batch = MAXW * MAXB; /* the whole global batch */
+    if (dsgd_strategy_create(ctx, &d, &s) != DSGD_OK) {
+        CHECK(0, "train_kind create: %s", dsgd_ctx_last_error(ctx));
+        return 0;
+    }
+    for (step = 0; step < steps && ok; ++step) {
+        ok = dsgd_strategy_train_step(s, g_x[step % STEPS], g_y[step % STEPS], count_of(step % STEPS, w), NULL) ==
+             DSGD_OK;
+        CHECK(ok, "train_kind step %d: %s", step, dsgd_ctx_last_error(ctx));
+    }
+    dsgd_model_get_params(dsgd_strategy_model(s, 0), out, NP);
+    dsgd_strategy_destroy(s);
+    return ok;
+}
+
+static double rel_err(const float *a, const float *b) {
+    double md = 0, mw = 0;
+    int i;
+    for (i = 0; i < NP; ++i) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d != d) return INFINITY;
+        if (d > md) md = d;
+        if (fabs((double)b[i]) > mw) mw = fabs((double)b[i]);
+    }
+    return mw > 0 ? md / mw : md;
+}
+
+/* K x P replicas x B against ONE_DEVICE x (K P B), 20 steps. */
+static void contract(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k, int w) {
+    static const dsgd_optimizer_kind opts[2] = {DSGD_OPT_SGD, DSGD_OPT_ADAM};
+    float a[NP], b[NP];
+    int i;
+    for (i = 0; i < 2; ++i) {
+        double e, tol = opts[i] == DSGD_OPT_ADAM ? 1e-4 : 1e-5;
+        if (!train_kind(ctx, DSGD_STRATEGY_MULTI_WORKER_MIRRORED, eps, k, w, opts[i], DSGD_ALLREDUCE_AUTO, 0, 20, a))
+            continue;
+        if (!train_kind(ctx, DSGD_STRATEGY_ONE_DEVICE, NULL, 1, w, opts[i], DSGD_ALLREDUCE_AUTO, 0, 20, b)) continue;
+        e = rel_err(a, b);
+        CHECK(e <= tol, "contract %s: %d replicas vs one_device: rel err %.3g > %.0e",
+              opts[i] == DSGD_OPT_ADAM ? "adam" : "sgd", w, e, tol);
+        if (g_rank == 0) printf("mpi_workers: contract %s, %d replicas across processes vs one_device: rel err %.3g\n",
+                                opts[i] == DSGD_OPT_ADAM ? "adam" : "sgd", w, e);
+    }
+}
+
+/* Two fake nodes of two (W = 4): hierarchical within 1e-5 of the ring, and
+   the same bits twice. */
+static void hierarchical(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k, int w) {
+    float h1[NP], h2[NP], r[NP];
+    double e;
+    if (w != 4) return;
+    if (!train_kind(ctx, DSGD_STRATEGY_MULTI_WORKER_MIRRORED, eps, k, w, DSGD_OPT_MOMENTUM,
+                    DSGD_ALLREDUCE_HIERARCHICAL, 2, STEPS, h1) ||
+        !train_kind(ctx, DSGD_STRATEGY_MULTI_WORKER_MIRRORED, eps, k, w, DSGD_OPT_MOMENTUM,
+                    DSGD_ALLREDUCE_HIERARCHICAL, 2, STEPS, h2) ||
+        !train_kind(ctx, DSGD_STRATEGY_MULTI_WORKER_MIRRORED, eps, k, w, DSGD_OPT_MOMENTUM, DSGD_ALLREDUCE_RING, 0,
+                    STEPS, r))
+        return;
+    CHECK(!memcmp(h1, h2, sizeof(h1)), "hierarchical: two runs differ");
+    e = rel_err(h1, r);
+    CHECK(e <= 1e-5, "hierarchical vs ring: rel err %.3g", e);
+    if (g_rank == 0) printf("mpi_workers: hierarchical (2 nodes of 2) vs ring: rel err %.3g, run to run identical\n", e);
+}
+
 static void mismatch(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k) {
     dsgd_strategy_desc d = desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, k, eps);
     dsgd_strategy *s = NULL;
@@ -242,6 +322,8 @@ int main(int argc, char **argv) {
     train_and_compare(ctx, eps, k, w, ref, &rmt, 0);
     train_and_compare(ctx, eps, k, w, ref, &rmt, 1);
     join(ctx, eps, k, w);
+    contract(ctx, eps, k, w);
+    hierarchical(ctx, eps, k, w);
     if (procs > 1) mismatch(ctx, eps, k);
     for (i = 0; i < k; ++i) eps[i].destroy(eps[i].impl);
     sums[0] = g_pass;
