@@ -1601,6 +1601,128 @@ static void test_order_statistics(void **state) {
     alarm(0);
 }
 
+/* Asynchronous parameter server (distsgd/ps.h, one server, W workers) over
+   free links with iid Exp(mu) compute: each worker pulls, computes, pushes,
+   so each is a Poisson process of rate mu. Updates come at rate W mu (mean
+   time between them 1/(W mu); measured while all run, as the workers' mean
+   time to their last push over their W * steps pushes, since the run's end
+   is the slowest worker's), and a push's staleness counts the other
+   workers' pushes during its compute: geometric with mean W - 1 and
+   variance W (W - 1). Both within 3 standard errors; and the run is the same
+   every time. */
+#define PSA_W 8
+#define PSA_NF 4
+
+typedef struct psa_job {
+    long steps;
+    dsgd_shard_map *map;
+    dsgd_ps_desc pd;
+    dsgd_ps_server_stats st;
+    int64_t hist[64];
+    double t_end;
+    double t_worker[PSA_W + 1]; /* when each worker's last push was done */
+} psa_job;
+
+static void body_psa(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    psa_job *jb = (psa_job *)r->user;
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        float init[PSA_NF] = {0};
+        dsgd_ps_server *s = NULL;
+        res = dsgd_ps_server_create(r->ctx[0], t, &jb->pd, jb->map, init, &s);
+        if (res == DSGD_OK) res = dsgd_ps_server_serve(s);
+        if (res == DSGD_OK) {
+            dsgd_ps_server_get_stats(s, &jb->st);
+            memcpy(jb->hist, jb->st.staleness_hist, sizeof(int64_t) * (size_t)jb->st.staleness_bins);
+            jb->st.staleness_hist = NULL;
+            jb->t_end = now_of(t);
+        }
+        dsgd_ps_server_destroy(s);
+    } else {
+        dsgd_ps_worker *w = NULL;
+        float p[PSA_NF] = {0}, g[PSA_NF];
+        long k;
+        int i;
+        res = dsgd_ps_worker_create(r->ctx[rank], t, &jb->pd, jb->map, &w);
+        for (k = 0; k < jb->steps && res == DSGD_OK; ++k) {
+            res = dsgd_ps_worker_pull(w, p);
+            if (res == DSGD_OK) res = dsgd_simnet_compute(r->hub, rank, k);
+            for (i = 0; i < PSA_NF; ++i) g[i] = 0.01f * p[i] + (float)rank;
+            if (res == DSGD_OK) res = dsgd_ps_worker_push(w, g);
+        }
+        jb->t_worker[rank] = now_of(t);
+        if (res == DSGD_OK) res = dsgd_ps_worker_finish(w);
+        dsgd_ps_worker_destroy(w);
+    }
+    record(r, rank, res);
+}
+
+static void psa_once(psa_job *jb, double mu, double jitter) {
+    dsgd_simnet_desc d;
+    dsgd_variable v;
+    run r;
+    int i;
+    memset(&d, 0, sizeof(d));
+    d.compute.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+    d.compute.mean_s = 1.0 / mu;
+    d.compute.seed = 4242;
+    d.test_jitter_s = jitter;
+    run_init(&r, PSA_W + 1, &d);
+    memset(&v, 0, sizeof(v));
+    snprintf(v.name, sizeof(v.name), "v");
+    v.count = PSA_NF;
+    v.rank = 1;
+    v.shape[0] = PSA_NF;
+    assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb->map), DSGD_OK);
+    memset(&jb->pd, 0, sizeof(jb->pd));
+    jb->pd.num_servers = 1;
+    jb->pd.num_workers = PSA_W;
+    jb->pd.policy = DSGD_PS_ASYNC;
+    jb->pd.optimizer.kind = DSGD_OPT_SGD;
+    jb->pd.optimizer.lr = 0.01f;
+    jb->pd.timeout_s = 1e6;
+    jb->pd.staleness_bins = 64;
+    run_go(&r, body_psa, jb);
+    for (i = 0; i <= PSA_W; ++i)
+        if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+    dsgd_shard_map_destroy(jb->map);
+    run_free(&r);
+}
+
+static void test_ps_async(void **state) {
+    static psa_job jb, again;
+    const double mu = 2.0, W = PSA_W;
+    double n, gap = 0, gap_se, st_se;
+    int k;
+    (void)state;
+    watchdog(300);
+    jb.steps = TEST_TSAN ? 500 : 2500;
+    psa_once(&jb, mu, 0);
+    n = (double)jb.st.pushes_applied;
+    assert_true(n == W * (double)jb.steps);
+    for (k = 1; k <= PSA_W; ++k) gap += jb.t_worker[k] / (n * W); /* mean over workers of t_w / steps, over W */
+    gap_se = 1.0 / (W * mu) / sqrt(n);
+    st_se = sqrt(W * (W - 1) / n);
+    print_message("ASYNC W=%d: %.0f updates, mean gap %.6f s (1/(W mu) = %.6f), mean staleness %.4f (W - 1 = %g, 3 se %.3f)\n",
+                  PSA_W, n, gap, 1.0 / (W * mu), jb.st.staleness_mean, W - 1, 3 * st_se);
+    if (fabs(gap - 1.0 / (W * mu)) > 3 * gap_se)
+        fail_msg("mean time between updates %.6g, want %.6g +- %.3g", gap, 1.0 / (W * mu), 3 * gap_se);
+    if (fabs(jb.st.staleness_mean - (W - 1)) > 3 * st_se)
+        fail_msg("mean staleness %.5g, want %g +- %.3g", jb.st.staleness_mean, W - 1, 3 * st_se);
+    /* the same run again, shorter, with and without threads sleeping at random */
+    jb.steps = 200;
+    psa_once(&jb, mu, 0);
+    for (k = 0; k < 2; ++k) {
+        again.steps = jb.steps;
+        psa_once(&again, mu, 30e-6);
+        assert_true(again.t_end == jb.t_end);
+        assert_true(again.st.staleness_mean == jb.st.staleness_mean);
+        assert_memory_equal(again.hist, jb.hist, sizeof(jb.hist));
+    }
+    alarm(0);
+}
+
 /* ---------------------------------------------------------------- arguments */
 
 static void test_bad_arguments(void **state) {
@@ -1689,6 +1811,7 @@ int main(void) {
         cmocka_unit_test(test_park_transitive),
         cmocka_unit_test(test_mirrored_strategy),
         cmocka_unit_test(test_order_statistics),
+        cmocka_unit_test(test_ps_async),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
