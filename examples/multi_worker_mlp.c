@@ -17,6 +17,12 @@
    Run:  make demo-mpi                         (np = 2)
    or:   mpirun -np 2 build/mpi/multi_worker_mlp --data DIR [--local K]
            [--batch B] [--epochs E] [--lr BASE_LR] [--seed S]
+           [--algo auto|ring|hd|rb|rd|hier] [--verify]
+   --verify: the chief then trains the same run in one process (a MIRRORED
+   strategy of K x P replicas over the loopback, the same explicit
+   algorithm; ring when --algo is auto, whose choice differs between MPI
+   and the loopback) and checks that its weights are bitwise equal (exit
+   status 4 when not).
    (as root: mpirun --allow-run-as-root; beyond the core count:
    --oversubscribe). --batch is per replica; the global batch is B x K x P
    for P processes.
@@ -59,6 +65,20 @@ static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset
 
 enum { MAX_LOCAL = 16 };
 
+static int parse_algo(const char *s, dsgd_allreduce_algo *out) {
+    static const struct { const char *name; dsgd_allreduce_algo algo; } table[] = {
+        {"auto", DSGD_ALLREDUCE_AUTO}, {"ring", DSGD_ALLREDUCE_RING}, {"hd", DSGD_ALLREDUCE_HALVING_DOUBLING},
+        {"rb", DSGD_ALLREDUCE_REDUCE_BROADCAST}, {"rd", DSGD_ALLREDUCE_RECURSIVE_DOUBLING},
+        {"hier", DSGD_ALLREDUCE_HIERARCHICAL}};
+    size_t i;
+    for (i = 0; i < sizeof(table) / sizeof(table[0]); ++i)
+        if (!strcmp(s, table[i].name)) {
+            *out = table[i].algo;
+            return 1;
+        }
+    return 0;
+}
+
 /* What each replica's batch function reads: this step's global batch (the
    sampler's indices) and each local replica's own gather buffers. */
 typedef struct shard_src {
@@ -85,7 +105,8 @@ static dsgd_result shard_fn(void *user, int replica, int num_replicas, dsgd_batc
 
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist";
-    int batch = 64, epochs = 3, local = 1, a, e, k, rank = 0, workers = 1, replicas, global;
+    int batch = 64, epochs = 3, local = 1, a, e, k, rank = 0, workers = 1, replicas, global, verify = 0;
+    dsgd_allreduce_algo algo = DSGD_ALLREDUCE_AUTO;
     float base_lr = 0.05f;
     uint64_t seed = 1;
     dsgd_ctx *ctx = NULL;
@@ -109,13 +130,15 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc) batch = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--local") && a + 1 < argc) local = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--algo") && a + 1 < argc && parse_algo(argv[a + 1], &algo)) ++a;
+        else if (!strcmp(argv[a], "--verify")) verify = 1;
         else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) epochs = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--lr") && a + 1 < argc) base_lr = (float)atof(argv[++a]);
         else if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
         else {
             if (rank == 0)
                 fprintf(stderr, "usage: mpirun -np P %s [--data DIR] [--local K] [--batch B] [--epochs E] "
-                                "[--lr BASE_LR] [--seed S]\n", argv[0]);
+                                "[--lr BASE_LR] [--seed S] [--algo auto|ring|hd|rb|rd|hier] [--verify]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -127,6 +150,12 @@ int main(int argc, char **argv) {
     }
     replicas = local * workers;
     global = batch * replicas;
+    if (verify && algo == DSGD_ALLREDUCE_AUTO) algo = DSGD_ALLREDUCE_RING;
+    if (verify && replicas > MAX_LOCAL) {
+        if (rank == 0) fprintf(stderr, "--verify runs all %d replicas in one process: at most %d\n", replicas, MAX_LOCAL);
+        MPI_Finalize();
+        return 2;
+    }
     if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) die(ctx, rank, "loading Fashion-MNIST");
     if (dsgd_sampler_init(ctx, &sampler, train.n, (size_t)global, seed, 1, 1) != DSGD_OK) die(ctx, rank, "sampler");
     nb = dsgd_sampler_num_batches(&sampler);
@@ -150,6 +179,7 @@ int main(int argc, char **argv) {
     sd.optimizer.schedule.warmup_steps = (int64_t)nb / 2;
     sd.optimizer.schedule.total_steps = (int64_t)nb * epochs;
     sd.timeout_s = 60.0;
+    sd.algorithm = algo;
     if (dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) die(ctx, rank, "dsgd_strategy_create");
     if (rank == 0)
         printf("Fashion-MNIST: %zu training, %zu test images; %d workers x %d replica%s x batch %d = global batch %d; "
@@ -189,6 +219,47 @@ int main(int argc, char **argv) {
                    local, local == 1 ? "" : "s", dsgd_now() - t_start);
         fflush(stdout);
     }
+    if (verify && rank == 0) {
+        /* the same run in one process: K x P replicas over the loopback */
+        float *mine = (float *)malloc(sizeof(float) * dsgd_model_num_params(dsgd_strategy_model(s, 0)));
+        float *ref = (float *)malloc(sizeof(float) * dsgd_model_num_params(dsgd_strategy_model(s, 0)));
+        size_t np = dsgd_model_num_params(dsgd_strategy_model(s, 0));
+        dsgd_strategy_desc rd = sd;
+        dsgd_strategy *one = NULL;
+        shard_src rs = src;
+        if (!mine || !ref) die(NULL, rank, "out of memory");
+        rd.kind = DSGD_STRATEGY_MIRRORED;
+        rd.num_replicas = replicas;
+        rd.endpoints = NULL;
+        rs.first = 0;
+        for (k = 0; k < replicas; ++k) {
+            rs.x[k] = (float *)malloc(sizeof(float) * (size_t)batch * train.dim);
+            rs.y[k] = (float *)malloc(sizeof(float) * (size_t)batch);
+            if (!rs.x[k] || !rs.y[k]) die(NULL, rank, "out of memory");
+        }
+        if (dsgd_strategy_create(ctx, &rd, &one) != DSGD_OK) die(ctx, rank, "--verify: the one-process strategy");
+        for (e = 0; e < epochs; ++e) {
+            size_t b;
+            dsgd_sampler_set_epoch(&sampler, (uint64_t)e);
+            for (b = 0; b < nb; ++b) {
+                rs.count = dsgd_sampler_batch(&sampler, b, &rs.idx);
+                if (dsgd_strategy_train_step_fn(one, shard_fn, &rs, NULL) != DSGD_OK) die(ctx, rank, "--verify step");
+            }
+        }
+        dsgd_model_get_params(dsgd_strategy_model(s, 0), mine, np);
+        dsgd_model_get_params(dsgd_strategy_model(one, 0), ref, np);
+        printf("verify: %s to the one-process run with %d replicas (%s)\n",
+               memcmp(mine, ref, np * sizeof(float)) ? "weights DIFFER" : "weights bitwise equal", replicas,
+               dsgd_allreduce_algo_name(algo));
+        if (memcmp(mine, ref, np * sizeof(float))) verify = 4;
+        for (k = 0; k < replicas; ++k) {
+            free(rs.x[k]);
+            free(rs.y[k]);
+        }
+        dsgd_strategy_destroy(one);
+        free(mine);
+        free(ref);
+    }
     for (k = 0; k < local; ++k) {
         free(src.x[k]);
         free(src.y[k]);
@@ -200,6 +271,6 @@ int main(int argc, char **argv) {
     dsgd_dataset_free(&test);
     dsgd_ctx_destroy(ctx);
     MPI_Finalize();
-    return 0;
+    return verify == 4 ? 4 : 0;
 }
 #endif

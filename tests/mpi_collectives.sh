@@ -15,6 +15,9 @@
 #       with --local 2 at np = 3;
 #   tests/mpi_workers.c (multi-worker mirrored training), when built, at
 #       np:K = 2:1 2:2 3:2 4:1 (K replicas per process);
+#   examples/multi_worker_mlp.c --verify at np = 2 (one epoch; weights
+#       bitwise equal to the one-process run), when built and Fashion-MNIST
+#       is in $DSGD_FMNIST_DIR (default build/data/fashion-mnist);
 #   tests/mpi_ps.c (parameter servers across processes), when built, at
 #       np = 4; then examples/ps_mpi.c, when built, at np = 4 with a malformed
 #       TF_CONFIG and with a cluster of 5 tasks: the job must end non-zero
@@ -176,6 +179,20 @@ if [ -x "$psdemo" ]; then
     ps_fail "ps_mpi np=4 TF_CONFIG of 5 tasks" \
         '{"cluster": {"worker": ["a:1", "b:1", "c:1"], "ps": ["d:1", "e:1"]}, "task": {"type": "worker", "index": 0}}' \
         "= 5 tasks, but the job has 4 processes"
+fi
+
+# The example across processes: its weights must equal the one-process
+# run's, bit for bit (--verify), when it was built and the data are there.
+mlp=$build/multi_worker_mlp
+fmnist=${DSGD_FMNIST_DIR:-build/data/fashion-mnist}
+if [ -x "$mlp" ] && [ -f "$fmnist/train-images-idx3-ubyte" ]; then
+    echo "==== multi_worker_mlp np=2 --verify"
+    timeout --kill-after=10 "$limit" "${mpirun[@]}" -np 2 "$mlp" --data "$fmnist" --epochs 1 --verify 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 0 ] && grep -q '^verify: weights bitwise equal' "$log"; then tally mlp 1 0; else
+        echo "mpi_collectives.sh: multi_worker_mlp --verify: exit $rc, no 'weights bitwise equal' line"; tally mlp 0 1; fi
+else
+    echo "==== multi_worker_mlp np=2 --verify: skipped ($mlp or $fmnist/train-images-idx3-ubyte missing)"
 fi
 
 if [ -x "$pieces" ]; then

@@ -18,7 +18,9 @@
 #                     $(MPICH_RUN);
 #                     each run's checks, then "N passed, N failed" counting runs;
 #                     and tests/mpi_workers.c (multi-worker mirrored across
-#                     processes against an in-process loopback run)
+#                     processes against an in-process loopback run), and
+#                     examples/multi_worker_mlp.c --verify at np 2 when
+#                     Fashion-MNIST is installed
 #   make test         runs the same script among the test binaries (a test per
 #                     run in the summary) when $(MPICC) is found, else says it
 #                     skipped the MPI tests
@@ -50,6 +52,10 @@ MPI_H_FOUND := $(shell printf '\043include <mpi.h>\n' | $(CC) $(MPI_CFLAGS) -E -
 MPI_BUILD = $(BUILD)/mpi
 MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces $(MPI_BUILD)/mpi_workers \
     $(MPI_BUILD)/mpi_ps $(MPI_BUILD)/ps_mpi
+# multi_worker_mlp --verify (bitwise equal to the one-process run) when
+# Fashion-MNIST is installed (tools/deps.sh test installs it)
+MPI_FMNIST := $(if $(wildcard $(FMNIST_SRC)/train-images-idx3-ubyte.gz),$(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES)))
+MPI_TEST_BINS += $(if $(MPI_FMNIST),$(MPI_BUILD)/multi_worker_mlp $(MPI_FMNIST))
 MPI_TEST_NP ?= 2 3 4
 MPI_TEST_LOCAL ?= 2:2 3:2 2:3
 MPI_TEST_ENV = DSGD_MPI_BUILD=$(MPI_BUILD) DSGD_MPIRUN="$(MPIRUN)" DSGD_MPI_NP="$(MPI_TEST_NP)" \
