@@ -411,7 +411,7 @@ static dsgd_result dsgd_mpi__usable(dsgd_mpi__ep *e) {
 /* Records an MPI failure (the state of the messages is unknown, so the
    endpoint is failed). */
 static dsgd_result dsgd_mpi__mpi_error(dsgd_mpi__ep *e, const char *call, int peer, int code) {
-    char text[MPI_MAX_ERROR_STRING + 32];
+    char text[256]; /* MPI's text cut to fit e->err (MPICH's may be 512 bytes) */
     dsgd_mpi__error_text(code, text, sizeof(text));
     e->failed = 1;
     if (peer >= 0)
