@@ -268,6 +268,16 @@ DSGD_API void dsgd_mpi_abort(int code)
    sl, destination local index dl) uses DSGD_MPI__TAG_HEADER + 2 * (sl *
    count + dl) and the payload tag one above it (see MESSAGES). */
 enum { DSGD_MPI__TAG_HEADER = 1, DSGD_MPI__TAG_PAYLOAD = 2 };
+/* Whether a receive posts its payload beside its header. MPICH ends the job
+   on a truncated receive (a payload larger than expected) even with
+   MPI_ERRORS_RETURN, so there the payload is posted once the header has
+   been checked: one latency more per small message, and a size mismatch
+   stays DSGD_ERR_DESYNC. */
+#ifdef MPICH_VERSION
+#define DSGD_MPI__EAGER_PAYLOAD 0
+#else
+#define DSGD_MPI__EAGER_PAYLOAD 1
+#endif
 #define DSGD_MPI__GRACE_S 0.01      /* how long a failed call waits for cancelled requests */
 #define DSGD_MPI__IDLE_SLEEP_S 0.01 /* polls without progress for this long also sleep */
 
@@ -587,7 +597,7 @@ static dsgd_result dsgd_mpi__start_recv(dsgd_mpi__xfer *x) {
         return dsgd_mpi__mpi_error(e, "MPI_Irecv", x->src, rc);
     }
     x->rh_st = DSGD_MPI__PENDING;
-    return x->rchunks == 1 ? dsgd_mpi__post_recv_chunk(x) : DSGD_OK;
+    return x->rchunks == 1 && DSGD_MPI__EAGER_PAYLOAD ? dsgd_mpi__post_recv_chunk(x) : DSGD_OK;
 }
 
 static int dsgd_mpi__send_done(const dsgd_mpi__xfer *x) {
