@@ -2,10 +2,12 @@
    MIT licence (see the end of this file).
 
    distsgd trains neural networks with data-parallel SGD, in the style of
-   TensorFlow's tf.distribute, from plain C: models whose parameters live in one
-   flat buffer, optimizers, datasets, replicas that all-reduce their gradients
-   over a transport, per-variable aggregation, and strategies (one_device,
-   mirrored). It depends on libc, libm and POSIX threads only.
+   TensorFlow's tf.distribute, from plain C: models (the built-in dense and
+   convolutional network, or your own through dsgd_model_i) whose parameters
+   live in one flat buffer, optimizers, datasets, replicas that all-reduce
+   their gradients over a transport, per-variable aggregation, and strategies
+   (one_device, mirrored, multi-worker mirrored, central storage, parameter
+   servers). It depends on libc, libm and POSIX threads only.
 
    USING IT
 
@@ -122,7 +124,7 @@
 #include "distsgd/internal.h"         /* private helpers shared by the core and its add-ons */
 #include "distsgd/backend.h"          /* the compute interface, dsgd_backend_i */
 #include "distsgd/backend_cpu.h"      /* the CPU reference backend */
-#include "distsgd/model.h"            /* the built-in model: dense layers over flat buffers */
+#include "distsgd/model.h"            /* models: the interface, the built-in network (dense, conv, pool), variables */
 #include "distsgd/optim.h"            /* optimizers, clipping, learning-rate schedules */
 #include "distsgd/data.h"             /* datasets, samplers, the IDX and CSV loaders */
 #include "distsgd/checkpoint.h"       /* checkpoints: the file format, atomic writes, a model's state */
@@ -136,7 +138,7 @@
 #include "distsgd/coordinator.h"      /* the cluster coordinator: closures scheduled on workers */
 #include "distsgd/tf_config.h"        /* TF_CONFIG: the cluster and this task, parsed with TF's rules */
 #include "distsgd/strategy.h"         /* strategies, replicas, distributed variables, metrics */
-#include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored */
+#include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored, multi_worker_mirrored */
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */
 #include "distsgd/strategy_kinds.h"   /* the table of kinds; dsgd_strategy_create */
 #include "distsgd/strategy_checkpoint.h" /* a strategy's checkpoint: replicas, variables, metrics */
