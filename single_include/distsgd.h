@@ -13,10 +13,12 @@
    MIT licence (see the end of this file).
 
    distsgd trains neural networks with data-parallel SGD, in the style of
-   TensorFlow's tf.distribute, from plain C: models whose parameters live in one
-   flat buffer, optimizers, datasets, replicas that all-reduce their gradients
-   over a transport, per-variable aggregation, and strategies (one_device,
-   mirrored). It depends on libc, libm and POSIX threads only.
+   TensorFlow's tf.distribute, from plain C: models (the built-in dense and
+   convolutional network, or your own through dsgd_model_i) whose parameters
+   live in one flat buffer, optimizers, datasets, replicas that all-reduce
+   their gradients over a transport, per-variable aggregation, and strategies
+   (one_device, mirrored, multi-worker mirrored, central storage, parameter
+   servers). It depends on libc, libm and POSIX threads only.
 
    USING IT
 
@@ -684,7 +686,12 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      buffer_host_ptr, finish, and those the strategies use to move gradients:
      map/unmap (a host view of a range, zero-copy where the device shares the
      host's memory), host_shared (whether it does), and can_access/sum_across
-     (a sum computed on the device over other backends' buffers).
+     (a sum computed on the device over other backends' buffers). Four more
+     are optional until a model has convolution or pooling layers: im2col and
+     col2im (a convolution as a GEMM and its gradient) and maxpool_forward /
+     maxpool_backward, over NHWC images shaped by a dsgd_window (IMAGES below).
+     Both backends here set them, with the same bits (they only copy, compare
+     and add in a fixed order).
 
      A synchronous step sums the replicas' gradients along one of two paths,
      chosen by dsgd_strategy_desc.gradient_path and reported by
@@ -707,6 +714,27 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
      HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
      (tests/test_cl_strategy.c).
+
+   IMAGES
+
+     Images are NHWC, row-major: a batch x(n, h, w, c) holds x[i, y, x, ch]
+     at ((i h + y) w + x) c + ch. A dsgd_window gives the input's shape and
+     a window (kernel) sliding over it with a stride and zero padding; its
+     output is (n, oh, ow) positions, oh = (h + 2 pad - kh) / stride + 1 and
+     ow = (w + 2 pad - kw) / stride + 1 (rounded down). A convolution with
+     oc output channels is then
+         col = im2col(x)                     (n oh ow, kh kw c)
+         y   = col W + bias                  W (kh kw c, oc): gemm, then
+                                             bias_act_forward with m = n oh ow
+     and y (n oh ow, oc) is already the NHWC image (n, oh, ow, oc), so a
+     following layer (or a flatten, which is then nothing) reads it as is.
+     Its gradient: dW = col^T dy and db = bias_backward(dy) (gemm, bias
+     backward), dx = col2im(dy W^T). The operations check their shapes and
+     ranges: a dimension <= 0, stride < 1, pad < 0, a window larger than the
+     padded input, pad != 0 for max-pool, sizes that overflow (a count past
+     SIZE_MAX, a padded side past INT_MAX), ranges past a buffer's end and
+     an output that overlaps an input are DSGD_ERR_INVALID_ARGUMENT,
+     recorded with a message, with nothing written.
 
    CPU KERNELS
 
@@ -749,9 +777,12 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      entry of C is summed as one thread sums it (block of k by block of k,
      in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the
-     finiteness check) cut their elements (bias_backward its columns). No operation
+     finiteness check) cut their elements (bias_backward its columns); im2col
+     and maxpool_forward cut their output rows, col2im and maxpool_backward
+     the rows of dx (each row gathers its own sums, in the documented order,
+     whatever the cut). No operation
      sums across a cut, so every thread count gives the same bits. Small operations (GEMMs
-     under 2^17 multiply-adds, element-wise ones under 32768 floats), the
+     under 2^17 multiply-adds, element-wise and image ones under 32768 floats), the
      loss, the norm with its sum of squares and copy (a memmove) run on the
      calling thread alone. Between operations the helpers spin for up to 200 us,
      then sleep; a backend with one thread starts none. With
@@ -813,6 +844,18 @@ typedef struct dsgd_opt_update {
     float bias_correction2; /* ADAM, ADAMW: 1 - beta2^t */
     float grad_scale;    /* every gradient is multiplied by this first (clipping) */
 } dsgd_opt_update;
+
+/* The shape of a window sliding over a batch of NHWC images (IMAGES above):
+   the input x(n, h, w, c), the window kh x kw, its stride and the zero
+   padding on every side. The output has oh x ow positions per image:
+   oh = (h + 2 pad - kh) / stride + 1, ow = (w + 2 pad - kw) / stride + 1
+   (rounded down), both >= 1. */
+typedef struct dsgd_window {
+    int n, h, w, c; /* batch, input height, width, channels: all >= 1 */
+    int kh, kw;     /* window (kernel) height and width: >= 1 */
+    int stride;     /* >= 1, both directions */
+    int pad;        /* >= 0 zero padding on every side (max-pool: 0) */
+} dsgd_window;
 
 /* A compute backend. Row-major everywhere. All members but the optional
    ones must be set (dsgd_model_create checks). Each operation returns DSGD_OK
@@ -904,6 +947,38 @@ typedef struct dsgd_backend_i {
        work (finish, then a barrier). The DEVICE gradient path uses them. */
     int (*can_access)(void *impl, const struct dsgd_backend_i *other);
     dsgd_result (*sum_across)(void *impl, const dsgd_ref *refs, int n, size_t lo, size_t hi);
+
+    /* optional, all four or none (a model needs them only for convolution
+       and pooling layers); see IMAGES above for the layout and the checks.
+       Each gives the same bits on every backend: it copies, compares, and
+       adds in the order said, from 0.0f. No output may overlap an input.
+
+       im2col: col(n*oh*ow, kh*kw*c) is overwritten; row (i, oy, ox), column
+       (ky, kx, ch) (row-major: ch fastest) holds
+       x[i, oy*stride - pad + ky, ox*stride - pad + kx, ch], or 0 where that
+       lies outside the image (in the padding). */
+    dsgd_result (*im2col)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col);
+    /* col2im, im2col's adjoint: dx(n, h, w, c) is overwritten; each element
+       is the sum, starting from 0.0f and in (ky, kx) ascending order, of the
+       col entries im2col would have copied from it (0.0f when none). A gather:
+       no atomics, the same bits on every backend. */
+    dsgd_result (*col2im)(void *impl, const dsgd_window *wd, dsgd_ref col, dsgd_ref dx);
+    /* Max-pool: y(n, oh, ow, c) is overwritten with the maximum of each
+       window, channel by channel: its first maximum in row-major (ky, kx)
+       order (of -0 and +0, whichever comes first), NaN-propagating (a NaN
+       in the window gives the window's first NaN). wd->pad must be 0. */
+    dsgd_result (*maxpool_forward)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y);
+    /* Max-pool's gradient: dx(n, h, w, c) is overwritten. Each window's
+       dy(i, oy, ox, ch) goes to the window's first element in row-major
+       (ky, kx) order that equals y(i, oy, ox, ch) (for a NaN y: the first
+       NaN; nowhere when none does, which a y from maxpool_forward rules
+       out); every other element gets 0. Where windows overlap (stride < kh
+       or kw) an element is the sum, from 0.0f, of the dy of every window
+       that chose it, windows in (oy, ox) ascending order. x and y are those
+       of maxpool_forward; the inputs may overlap each other, dx none of
+       them. */
+    dsgd_result (*maxpool_backward)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
+                                    dsgd_ref dy, dsgd_ref dx);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -918,7 +993,8 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    ctx, which must outlive the backend; destroy with out->destroy(out->impl).
    Its buffers are host memory (buffer_host_ptr is set) and every operation
    is done when it returns, so finish, map, unmap, host_shared, can_access
-   and sum_across are NULL (a strategy on it takes the HOST gradient path).
+   and sum_across are NULL (a strategy on it takes the HOST gradient path);
+   im2col, col2im, maxpool_forward and maxpool_backward are set.
    Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread; the backend is then used by one
    thread at a time. */
@@ -973,6 +1049,70 @@ DSGD_API const char *dsgd_cpu_backend_isa(const dsgd_backend_i *be);
 #endif
 
 #endif /* DSGD__PART_BACKEND_DECL */
+
+#if (defined(DISTSGD_IMPLEMENTATION) || defined(DISTSGD_CL_IMPLEMENTATION)) && !defined(DSGD__PART_BACKEND_IMPL)
+#define DSGD__PART_BACKEND_IMPL
+
+/* >>windows ---------------------------------------------------------------- */
+/* The checks every backend's image operations share (IMAGES above). */
+
+/* A checked window's derived sizes, in elements. */
+typedef struct dsgd__window_dims {
+    int oh, ow;      /* output positions per image */
+    size_t x;        /* n h w c: x, dx */
+    size_t rows;     /* n oh ow: col's rows */
+    size_t k;        /* kh kw c: col's columns */
+    size_t col;      /* rows k */
+    size_t y;        /* rows c: the pooled y, dy */
+} dsgd__window_dims;
+
+/* Checks *wd (pool: max-pool, so pad must be 0) and fills *d; records
+   "<who> <op>: <why>" on ctx as DSGD_ERR_INVALID_ARGUMENT otherwise. Every
+   size, the padded input and oh, ow are computed without overflow: each
+   count must fit in size_t, the padded height and width in int (so every
+   position the kernels compute does). */
+DSGD__PRIVATE dsgd_result dsgd__window_check(dsgd_ctx *ctx, const char *who, const char *op,
+                                             const dsgd_window *wd, int pool, dsgd__window_dims *d) {
+    long long ph, pw, oh, ow;
+    size_t t;
+    memset(d, 0, sizeof(*d));
+    if (!wd) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s %s: the window is NULL", who, op);
+    if (wd->n <= 0 || wd->h <= 0 || wd->w <= 0 || wd->c <= 0 || wd->kh <= 0 || wd->kw <= 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: n=%d h=%d w=%d c=%d kh=%d kw=%d: every size must be >= 1", who, op, wd->n,
+                                  wd->h, wd->w, wd->c, wd->kh, wd->kw);
+    if (wd->stride < 1 || wd->pad < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s %s: stride=%d pad=%d (stride >= 1, pad >= 0)",
+                                  who, op, wd->stride, wd->pad);
+    if (pool && wd->pad != 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s %s: pad=%d (max-pool takes no padding)", who,
+                                  op, wd->pad);
+    ph = (long long)wd->h + 2LL * wd->pad;
+    pw = (long long)wd->w + 2LL * wd->pad;
+    if (ph > INT_MAX || pw > INT_MAX) /* positions in the padded input are ints */
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: the padded input %lldx%lld is larger than INT_MAX", who, op, ph, pw);
+    if (wd->kh > ph || wd->kw > pw)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: a %dx%d window is larger than the padded %lldx%lld input", who, op, wd->kh,
+                                  wd->kw, ph, pw);
+    oh = (ph - wd->kh) / wd->stride + 1;
+    ow = (pw - wd->kw) / wd->stride + 1;
+    if (oh > INT_MAX || ow > INT_MAX ||
+        dsgd__mul_overflows((size_t)wd->n, (size_t)wd->h, &t) || dsgd__mul_overflows(t, (size_t)wd->w, &t) ||
+        dsgd__mul_overflows(t, (size_t)wd->c, &d->x) || dsgd__mul_overflows((size_t)wd->n, (size_t)oh, &t) ||
+        dsgd__mul_overflows(t, (size_t)ow, &d->rows) || dsgd__mul_overflows((size_t)wd->kh, (size_t)wd->kw, &t) ||
+        dsgd__mul_overflows(t, (size_t)wd->c, &d->k) || dsgd__mul_overflows(d->rows, d->k, &d->col) ||
+        dsgd__mul_overflows(d->rows, (size_t)wd->c, &d->y))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s %s: n=%d h=%d w=%d c=%d kh=%d kw=%d stride=%d pad=%d: the sizes overflow", who, op,
+                                  wd->n, wd->h, wd->w, wd->c, wd->kh, wd->kw, wd->stride, wd->pad);
+    d->oh = (int)oh;
+    d->ow = (int)ow;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_BACKEND_IMPL */
 /* ---------------------------------------- distsgd/backend_cpu.h */
 /* distsgd/backend_cpu.h - the CPU reference backend
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -2432,6 +2572,309 @@ static dsgd_result dsgd__cpu_norm_check(void *impl, dsgd_ref rx, size_t n, doubl
     return DSGD_OK;
 }
 
+/* >>images ----------------------------------------------------------------- */
+/* im2col, col2im and max-pool over NHWC images (IMAGES in backend.h). Each
+   task owns a range of rows of its output: im2col and maxpool_forward the
+   output rows (i, oy), col2im and maxpool_backward the rows (i, iy) of dx,
+   which each gather their own sums in the documented order. So the cut
+   changes no bits, and neither does the ISA: these are copies, compares
+   and adds, each element's in one order. */
+
+enum { DSGD__IMG_IM2COL, DSGD__IMG_COL2IM, DSGD__IMG_POOL_FWD, DSGD__IMG_POOL_BWD };
+
+typedef struct dsgd__img_job {
+    int op;
+    dsgd_window wd;
+    dsgd__window_dims d;
+    const float *x;  /* x; col for COL2IM */
+    const float *y;  /* POOL_BWD: y */
+    const float *dy; /* POOL_BWD: dy */
+    float *out;      /* col, dx or y */
+    size_t items, step; /* rows of the output (see above), per task */
+} dsgd__img_job;
+
+/* d[j] += s[j] for j < n: different arrays */
+DSGD__INLINE void dsgd__img_add(float *DSGD__RESTRICT d, const float *DSGD__RESTRICT s, size_t n) {
+#define DSGD__ADD(i) d[i] += s[i]
+    DSGD__EACH(n, DSGD__ADD);
+#undef DSGD__ADD
+}
+
+/* The first kx in [0, kw) whose column ix0 + kx is inside [0, w), and one
+   past the last; lo >= hi when none is. */
+static void dsgd__img_span(int ix0, int kw, int w, int *lo, int *hi) {
+    *lo = ix0 < 0 ? -ix0 : 0;
+    *hi = w - ix0 < kw ? w - ix0 : kw;
+    if (*lo > kw) *lo = kw;
+}
+
+/* col rows (i, oy, ox) in [lo, hi): per (row, ky), zeros, one contiguous
+   copy of the kx that fall inside the image (consecutive kx read
+   consecutive pixels), zeros. */
+static void dsgd__img_im2col(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, k = j->d.k, run = (size_t)wd->kw * c;
+    size_t r, i = lo / ((size_t)j->d.ow * (size_t)j->d.oh);
+    int ox = (int)(lo % (size_t)j->d.ow), oy = (int)(lo / (size_t)j->d.ow % (size_t)j->d.oh);
+    for (r = lo; r < hi; ++r) {
+        const int iy0 = oy * wd->stride - wd->pad, ix0 = ox * wd->stride - wd->pad;
+        float *dst = j->out + r * k;
+        int ky, kx0, kx1;
+        dsgd__img_span(ix0, wd->kw, wd->w, &kx0, &kx1);
+        for (ky = 0; ky < wd->kh; ++ky, dst += run) {
+            const int iy = iy0 + ky;
+            if (iy < 0 || iy >= wd->h || kx0 >= kx1) {
+                memset(dst, 0, run * sizeof(float));
+                continue;
+            }
+            if (kx0 > 0) memset(dst, 0, (size_t)kx0 * c * sizeof(float));
+            memcpy(dst + (size_t)kx0 * c, j->x + ((i * (size_t)wd->h + (size_t)iy) * (size_t)wd->w + (size_t)(ix0 + kx0)) * c,
+                   (size_t)(kx1 - kx0) * c * sizeof(float));
+            if (kx1 < wd->kw) memset(dst + (size_t)kx1 * c, 0, (size_t)(wd->kw - kx1) * c * sizeof(float));
+        }
+        if (++ox == j->d.ow) { /* the next row's (i, oy, ox), without dividing */
+            ox = 0;
+            if (++oy == j->d.oh) {
+                oy = 0;
+                ++i;
+            }
+        }
+    }
+}
+
+/* dx rows (i, iy) in [lo, hi): zero the row, then for ky ascending (the
+   output row oy that reads row iy with it), the output columns ox
+   descending, so that every element receives its kx in ascending order:
+   the sum is (ky, kx) ascending, as the gather documents. */
+static void dsgd__img_col2im(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, k = j->d.k, rowlen = (size_t)wd->w * c;
+    size_t r;
+    for (r = lo; r < hi; ++r) {
+        const int iy = (int)(r % (size_t)wd->h);
+        const size_t i = r / (size_t)wd->h;
+        float *dst = j->out + r * rowlen;
+        int ky, ox;
+        memset(dst, 0, rowlen * sizeof(float));
+        for (ky = 0; ky < wd->kh; ++ky) {
+            const int t = iy + wd->pad - ky; /* oy * stride */
+            int oy;
+            if (t < 0) break; /* and so for every later ky */
+            if (t % wd->stride != 0 || (oy = t / wd->stride) >= j->d.oh) continue;
+            for (ox = j->d.ow - 1; ox >= 0; --ox) {
+                const int ix0 = ox * wd->stride - wd->pad;
+                int kx0, kx1;
+                dsgd__img_span(ix0, wd->kw, wd->w, &kx0, &kx1);
+                if (kx0 >= kx1) continue;
+                dsgd__img_add(dst + (size_t)(ix0 + kx0) * c,
+                              j->x + ((i * (size_t)j->d.oh + (size_t)oy) * (size_t)j->d.ow + (size_t)ox) * k +
+                                  ((size_t)ky * (size_t)wd->kw + (size_t)kx0) * c,
+                              (size_t)(kx1 - kx0) * c);
+            }
+        }
+    }
+}
+
+/* m[j] = v[j] when v[j] > m[j], or when v[j] is the first NaN (m[j] is not
+   one): so m ends as the first maximum, or the first NaN, of a window (the
+   OpenCL kernel decides the same way). One select, which gcc -O2 vectorises. */
+DSGD__INLINE void dsgd__img_max(float *DSGD__RESTRICT m, const float *DSGD__RESTRICT v, size_t n) {
+#define DSGD__MAX1(i) m[i] = !(v[i] <= m[i]) && m[i] == m[i] ? v[i] : m[i]
+    DSGD__EACH(n, DSGD__MAX1);
+#undef DSGD__MAX1
+}
+
+/* y rows (i, oy) in [lo, hi): per output pixel, its c channels start from
+   the window's first element, then take the others in (ky, kx) order. */
+static void dsgd__img_pool_fwd(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c;
+    size_t r;
+    for (r = lo; r < hi; ++r) {
+        const int oy = (int)(r % (size_t)j->d.oh);
+        const size_t i = r / (size_t)j->d.oh;
+        int ox, ky, kx;
+        for (ox = 0; ox < j->d.ow; ++ox) {
+            float *m = j->out + (r * (size_t)j->d.ow + (size_t)ox) * c;
+            const float *base = j->x + ((i * (size_t)wd->h + (size_t)(oy * wd->stride)) * (size_t)wd->w +
+                                        (size_t)(ox * wd->stride)) * c;
+            memcpy(m, base, c * sizeof(float));
+            for (ky = 0; ky < wd->kh; ++ky)
+                for (kx = ky == 0 ? 1 : 0; kx < wd->kw; ++kx)
+                    dsgd__img_max(m, base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c, c);
+        }
+    }
+}
+
+/* dx rows (i, iy) in [lo, hi): zero them, then every window that covers
+   one of them, (oy, ox) ascending, finds per channel its first element
+   equal to y (or the first NaN for a NaN y) and, when that element lies in
+   [lo, hi), adds the window's dy to it. */
+#define DSGD__POOL_BLOCK 64 /* maxpool_backward's channels at a time */
+
+/* One element of a window in maxpool_backward, for n channels: those still
+   open whose x equals y (both NaN for a NaN y) close, and take their dy
+   when `mine` (the element is in the task's rows). Without branches, so
+   that data-dependent choices do not stall: a channel that takes nothing
+   adds 0.0f, which changes no bits, as d + 0.0f == d unless d is -0.0f
+   (outside round-down mode) or a signaling NaN, and d, a sum started from
+   +0.0f, is neither. */
+DSGD__INLINE void dsgd__img_pool_take(int *DSGD__RESTRICT open, float *DSGD__RESTRICT d, const float *DSGD__RESTRICT x,
+                                      const float *DSGD__RESTRICT y, const float *DSGD__RESTRICT dy, size_t n,
+                                      int mine) {
+    /* x == y is false for a NaN y, which matches through the second term
+       only; every term is computed, so gcc -O2 vectorises the loops */
+#define DSGD__TAKE(i)                                                                             \
+    do {                                                                                          \
+        const float xv_ = x[i], yv_ = y[i];                                                       \
+        const int o_ = open[i], hit_ = o_ & ((xv_ == yv_) | ((yv_ != yv_) & (xv_ != xv_)));      \
+        open[i] = o_ & ~hit_;                                                                     \
+        if (ADD_) {                                                                               \
+            const float g_ = dy[i], d_ = d[i]; /* loaded whatever hit_ is: no branch */           \
+            d[i] = d_ + (hit_ ? g_ : 0.0f);                                                       \
+        }                                                                                         \
+    } while (0)
+    if (mine) {
+#define ADD_ 1
+        DSGD__EACH(n, DSGD__TAKE);
+#undef ADD_
+    } else {
+#define ADD_ 0
+        DSGD__EACH(n, DSGD__TAKE);
+#undef ADD_
+    }
+#undef DSGD__TAKE
+}
+
+static void dsgd__img_pool_bwd(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, rowlen = (size_t)wd->w * c, H = (size_t)wd->h;
+    size_t r = lo;
+    memset(j->out + lo * rowlen, 0, (hi - lo) * rowlen * sizeof(float));
+    while (r < hi) { /* one image's band of rows [a, b) at a time */
+        const size_t i = r / H;
+        const int a = (int)(r % H), b = (int)((i + 1) * H < hi ? H : hi - i * H);
+        /* the windows whose rows [oy s, oy s + kh) meet [a, b) */
+        int oy = a - wd->kh + 1 <= 0 ? 0 : (a - wd->kh + wd->stride) / wd->stride, oy_end = (b - 1) / wd->stride + 1, ox;
+        if (oy_end > j->d.oh) oy_end = j->d.oh;
+        for (; oy < oy_end; ++oy)
+            for (ox = 0; ox < j->d.ow; ++ox) {
+                const size_t o = ((i * (size_t)j->d.oh + (size_t)oy) * (size_t)j->d.ow + (size_t)ox) * c;
+                const size_t base = ((i * H + (size_t)(oy * wd->stride)) * (size_t)wd->w + (size_t)(ox * wd->stride)) * c;
+                size_t c0;
+                /* DSGD__POOL_BLOCK channels at a time: every element of the
+                   window, in (ky, kx) order, is a contiguous run of them */
+                for (c0 = 0; c0 < c; c0 += DSGD__POOL_BLOCK) {
+                    const size_t cn = c - c0 < DSGD__POOL_BLOCK ? c - c0 : DSGD__POOL_BLOCK;
+                    int open[DSGD__POOL_BLOCK], ky, kx;
+                    size_t ch;
+                    for (ch = 0; ch < cn; ++ch) open[ch] = 1;
+                    for (ky = 0; ky < wd->kh; ++ky) {
+                        const int iy = oy * wd->stride + ky, mine = iy >= a && iy < b;
+                        for (kx = 0; kx < wd->kw; ++kx) {
+                            const size_t e = base + ((size_t)ky * (size_t)wd->w + (size_t)kx) * c + c0;
+                            dsgd__img_pool_take(open, j->out + e, j->x + e, j->y + o + c0, j->dy + o + c0, cn, mine);
+                        }
+                    }
+                }
+            }
+        r = (i + 1) * H;
+    }
+}
+
+static void dsgd__img_task(void *arg, int task, int slot) {
+    const dsgd__img_job *j = (const dsgd__img_job *)arg;
+    size_t lo = (size_t)task * j->step, hi = j->items - lo < j->step ? j->items : lo + j->step;
+    DSGD__UNUSED(slot);
+    switch (j->op) {
+    case DSGD__IMG_IM2COL: dsgd__img_im2col(j, lo, hi); break;
+    case DSGD__IMG_COL2IM: dsgd__img_col2im(j, lo, hi); break;
+    case DSGD__IMG_POOL_FWD: dsgd__img_pool_fwd(j, lo, hi); break;
+    default: dsgd__img_pool_bwd(j, lo, hi); break;
+    }
+}
+
+/* Runs job over `items` output rows of `floats` floats in all: at most one
+   task per thread, each of at least DSGD__CPU_EW_GRAIN floats. */
+static void dsgd__cpu_img(dsgd__cpu *cpu, dsgd__img_job *j, size_t items, size_t floats) {
+    size_t tasks = 1;
+    j->items = items;
+    j->step = items;
+    if (cpu->pool.n > 1 && floats >= 2 * (size_t)DSGD__CPU_EW_GRAIN) {
+        tasks = floats / DSGD__CPU_EW_GRAIN;
+        if (tasks > (size_t)cpu->pool.n) tasks = (size_t)cpu->pool.n;
+        if (tasks > items) tasks = items;
+        j->step = (items + tasks - 1) / tasks;
+        tasks = (items + j->step - 1) / j->step;
+    }
+    dsgd__cpu_run(cpu, dsgd__img_task, j, (int)tasks);
+}
+
+/* The checks of every image operation: the window, the input range `in`
+   of nin floats (and those of maxpool_backward's y and dy), the output
+   range `out` of nout floats, and that the output overlaps no input. */
+static dsgd_result dsgd__cpu_img_begin(dsgd__cpu *cpu, dsgd__img_job *j, int op, const char *name,
+                                        const dsgd_window *wd, dsgd_ref in, dsgd_ref ry, dsgd_ref rdy, dsgd_ref out) {
+    const int pool = op == DSGD__IMG_POOL_FWD || op == DSGD__IMG_POOL_BWD;
+    size_t nin, nout;
+    char what[48];
+    memset(j, 0, sizeof(*j));
+    j->op = op;
+    if (dsgd__window_check(cpu->ctx, "cpu", name, wd, pool, &j->d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    j->wd = *wd;
+    nin = op == DSGD__IMG_COL2IM ? j->d.col : j->d.x;
+    nout = op == DSGD__IMG_IM2COL ? j->d.col : op == DSGD__IMG_POOL_FWD ? j->d.y : j->d.x;
+    snprintf(what, sizeof(what), "%s %s", name, op == DSGD__IMG_COL2IM ? "col" : "x");
+    if (!(j->x = dsgd__cpu_span(cpu, in, nin, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof(what), "%s %s", name,
+             op == DSGD__IMG_IM2COL ? "col" : op == DSGD__IMG_POOL_FWD ? "y" : "dx");
+    if (!(j->out = dsgd__cpu_span(cpu, out, nout, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (op == DSGD__IMG_POOL_BWD) {
+        snprintf(what, sizeof(what), "%s y", name);
+        if (!(j->y = dsgd__cpu_span(cpu, ry, j->d.y, what))) return DSGD_ERR_INVALID_ARGUMENT;
+        snprintf(what, sizeof(what), "%s dy", name);
+        if (!(j->dy = dsgd__cpu_span(cpu, rdy, j->d.y, what))) return DSGD_ERR_INVALID_ARGUMENT;
+        if (dsgd__cpu_overlap(out, nout, ry, j->d.y) || dsgd__cpu_overlap(out, nout, rdy, j->d.y))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu %s: dx overlaps y or dy", name);
+    }
+    if (dsgd__cpu_overlap(out, nout, in, nin))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu %s: the output overlaps the input", name);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__cpu_im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_IM2COL, "im2col", wd, x, x, x, col);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, j.d.rows, j.d.col);
+    return r;
+}
+
+static dsgd_result dsgd__cpu_col2im(void *impl, const dsgd_window *wd, dsgd_ref col, dsgd_ref dx) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_COL2IM, "col2im", wd, col, col, col, dx);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, (size_t)wd->n * (size_t)wd->h, j.d.col);
+    return r;
+}
+
+static dsgd_result dsgd__cpu_maxpool_forward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_POOL_FWD, "maxpool_forward", wd, x, x, x, y);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, (size_t)wd->n * (size_t)j.d.oh, j.d.x);
+    return r;
+}
+
+static dsgd_result dsgd__cpu_maxpool_backward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
+                                              dsgd_ref dy, dsgd_ref dx) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__img_job j;
+    dsgd_result r = dsgd__cpu_img_begin(cpu, &j, DSGD__IMG_POOL_BWD, "maxpool_backward", wd, x, y, dy, dx);
+    if (r == DSGD_OK) dsgd__cpu_img(cpu, &j, (size_t)wd->n * (size_t)wd->h, j.d.x);
+    return r;
+}
+
 static void dsgd__cpu_destroy(void *impl) {
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
     int i;
@@ -2503,6 +2946,10 @@ DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_
     out->optimizer_update = dsgd__cpu_optimizer_update;
     out->norm_check = dsgd__cpu_norm_check;
     out->finish = NULL;
+    out->im2col = dsgd__cpu_im2col;
+    out->col2im = dsgd__cpu_col2im;
+    out->maxpool_forward = dsgd__cpu_maxpool_forward;
+    out->maxpool_backward = dsgd__cpu_maxpool_backward;
     return DSGD_OK;
 }
 
@@ -2518,8 +2965,53 @@ DSGD_API int dsgd_cpu_backend_threads(const dsgd_backend_i *be) {
 
 #endif /* DSGD__PART_BACKEND_CPU_IMPL */
 /* ---------------------------------------- distsgd/model.h */
-/* distsgd/model.h - the built-in model: dense layers over flat buffers
+/* distsgd/model.h - models: the interface, the built-in dense network, variables over flat buffers
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   MODELS
+
+     A dsgd_model is one replica's copy of a network: its variables laid out
+     in one flat parameter buffer and, at the same offsets, one flat gradient
+     buffer, on one backend, plus the functions that compute gradients. The
+     strategies, the optimizers, the checkpoints and the parameter servers
+     see only that: variables, two flat buffers and a function that fills
+     the gradient one. Where the functions come from:
+
+       the built-in network   dsgd_model_desc.layers: dense layers (llm.c's
+                              style over the backend's GEMM and kernels)
+       a model of your own    dsgd_model_desc.custom, a dsgd_model_i table,
+                              with dsgd_model_desc.variables declaring its
+                              variables (name, shape, initial values,
+                              aggregation)
+
+     The built-in network is one implementation of dsgd_model_i (its table
+     is internal); nothing downstream tells the two apart, so every strategy
+     (one_device, mirrored, central storage, the parameter servers) trains
+     either unchanged.
+
+   MODELS OF YOUR OWN
+
+     Declare the variables; the library lays them out in declaration order
+     (offsets in floats, no padding), initialises them on the host (from
+     `initial`, else drawn from `init` and the model's seed) and uploads
+     them. Then compute_gradients(state, m, batch, grad_scale, metrics) must
+     leave in the gradient buffer grad_scale * d(sum of the batch's
+     per-sample losses)/d(parameters), the same convention as the built-in
+     network's, so that the strategies' MEAN, SUM and ONLY_FIRST_REPLICA
+     aggregations and the N x B == 1 x NB contract hold. The gradient buffer
+     is zeroed before the call unless the table sets writes_all_gradients
+     (a promise that every element is written). Reach the buffers through
+     dsgd_model_backend(m) with dsgd_model_params/grads(m) and the
+     variables' offsets, or, on backends whose buffers the host addresses
+     (the CPU backend), through dsgd_model_host_params/grads(m) as plain
+     float arrays. Add the batch's loss sum and correct predictions to
+     *metrics (host side; the library counts the samples), or accumulate
+     them on the device at dsgd_model_stats(m, slot) as the backend's loss
+     operation does; dsgd_model_take_metrics adds both.
+     A batch is rows of x (count, input_dim) and y (count, target_dim) when
+     the strategy slices one global batch, or whatever a dsgd_batch_fn hands
+     each replica (dsgd_strategy_train_step_fn: token sequences, variable
+     lengths) in dsgd_batch.data.
 */
 #ifndef DSGD__PART_MODEL_DECL
 #define DSGD__PART_MODEL_DECL
@@ -2531,12 +3023,31 @@ extern "C" {
 /* ---------------------------------------------------------------- model */
 
 typedef enum dsgd_init {
-    DSGD_INIT_AUTO = 0,     /* He normal before ReLU, Glorot uniform otherwise */
+    DSGD_INIT_AUTO = 0,     /* built-in layers: He normal before ReLU, Glorot uniform
+                               otherwise; declared variables: ZEROS at rank 1,
+                               Glorot uniform otherwise */
     DSGD_INIT_HE_NORMAL,    /* N(0, 2/fan_in), He et al. 2015 */
     DSGD_INIT_HE_UNIFORM,   /* U(-sqrt(6/fan_in), +) */
     DSGD_INIT_GLOROT_UNIFORM, /* U(-sqrt(6/(fan_in+fan_out)), +), Glorot & Bengio 2010 */
-    DSGD_INIT_GLOROT_NORMAL /* N(0, 2/(fan_in+fan_out)) */
+    DSGD_INIT_GLOROT_NORMAL, /* N(0, 2/(fan_in+fan_out)) */
+    DSGD_INIT_ZEROS         /* all zero */
 } dsgd_init;
+/* fan_in and fan_out of a variable of shape (d0, ..., dk): the product
+   d0 * ... * d(k-1) and dk (a dense kernel (in, out): in and out); a rank-1
+   variable has fan_in = fan_out = d0. */
+
+/* How the replicas' values of a variable combine. For variables created
+   with dsgd_strategy_create_variable and written in replica context this is
+   tf.VariableAggregation's meaning. For model variables it says how the
+   gradients combine (dsgd_model_desc.variables, dsgd_strategy_set_aggregation),
+   which is ours: Keras ignores a variable's aggregation there. */
+typedef enum dsgd_aggregation {
+    DSGD_AGG_NONE = 0,
+    DSGD_AGG_SUM = 1,
+    DSGD_AGG_MEAN = 2,
+    DSGD_AGG_ONLY_FIRST_REPLICA = 3
+} dsgd_aggregation;
+#define DSGD_AGG_COUNT (DSGD_AGG_ONLY_FIRST_REPLICA + 1)
 
 /* One dense layer, y = act(x W + b), W of shape (inputs, units). */
 typedef struct dsgd_layer_desc {
@@ -2545,24 +3056,124 @@ typedef struct dsgd_layer_desc {
     dsgd_init init;             /* default AUTO; biases start at zero */
 } dsgd_layer_desc;
 
+typedef enum dsgd_image_layer_kind {
+    DSGD_IMAGE_CONV2D = 0, /* y = act(conv(x, W) + b): filters output channels,
+                              W (kernel, kernel, in channels, filters), zero
+                              padding on every side; im2col + GEMM */
+    DSGD_IMAGE_MAXPOOL     /* y = the maximum of each kernel x kernel window,
+                              channel by channel, no padding; filters,
+                              activation and init unused */
+} dsgd_image_layer_kind;
+#define DSGD_IMAGE_LAYER_COUNT (DSGD_IMAGE_MAXPOOL + 1)
+
+/* One image layer of the built-in network. Image layers come first, over
+   the NHWC image input_shape (backend.h, IMAGES); the dense layers then read
+   the last image as one flat row per sample (the flatten is nothing). */
+typedef struct dsgd_image_layer_desc {
+    dsgd_image_layer_kind kind;
+    int filters;                /* CONV2D: output channels, >= 1 */
+    int kernel;                 /* the window's side, >= 1 */
+    int stride;                 /* >= 0; 0: 1 for CONV2D, kernel for MAXPOOL */
+    int padding;                /* CONV2D: >= 0 */
+    dsgd_activation activation; /* CONV2D; default NONE */
+    dsgd_init init;             /* CONV2D; default AUTO (fan_in k k c, fan_out filters) */
+} dsgd_image_layer_desc;
+
 /* The default of dsgd_model_desc.max_batch. */
 #define DSGD_DEFAULT_MAX_BATCH 256
 
+#define DSGD_MAX_NAME 32
+#define DSGD_MAX_RANK 4
+/* The most variables a model declares. */
+#define DSGD_MAX_VARIABLES 4096
+
+/* A variable a model of your own declares. */
+typedef struct dsgd_variable_desc {
+    const char *name;             /* unique in the model, 1..DSGD_MAX_NAME-1 bytes */
+    int rank;                     /* 1..DSGD_MAX_RANK */
+    int shape[DSGD_MAX_RANK];     /* each >= 1; the variable holds their product */
+    dsgd_init init;               /* when initial is NULL; default AUTO */
+    const float *initial;         /* optional: the initial values (copied at
+                                     creation; any values, non-finite included) */
+    dsgd_aggregation aggregation; /* how the strategies combine its gradient;
+                                     0 (NONE): MEAN, the default. A strategy's
+                                     dsgd_strategy_set_aggregation changes it */
+} dsgd_variable_desc;
+
+/* One replica's batch, as a model's functions receive it. x (count,
+   input_dim) and y (count, target_dim) are host rows when the batch is a
+   slice of one global batch, and may be NULL when it comes from a
+   dsgd_batch_fn, which may hand anything in data instead. count is the
+   number of samples, the unit of MEAN's denominators and of the metrics. */
+typedef struct dsgd_batch {
+    const float *x;
+    const float *y;
+    int count;
+    const void *data;
+} dsgd_batch;
+
+typedef struct dsgd_model dsgd_model;
+typedef struct dsgd_metrics dsgd_metrics;
+
+/* A model's functions (MODELS OF YOUR OWN above). state is what create set,
+   or dsgd_model_desc.user_data when create is NULL. The functions run on the
+   model's thread (a replica's, under a strategy) and return DSGD_OK or an
+   error; an error they return without recording a message on
+   dsgd_model_ctx(m) gets one naming the model and the function. */
+typedef struct dsgd_model_i {
+    const char *name;
+    /* optional: per-model state (scratch buffers on dsgd_model_backend(m), a
+       tokenizer, ...), made after the variables are laid out and
+       initialised; called once per replica. */
+    dsgd_result (*create)(void *user_data, dsgd_model *m, void **state);
+    /* optional: frees what create made. */
+    void (*destroy)(void *state);
+    /* required: the gradient of the batch (count >= 1) as said above; add
+       the batch's loss sum and correct predictions to *metrics (its count is
+       ignored: the library adds batch->count). */
+    dsgd_result (*compute_gradients)(void *state, dsgd_model *m, const dsgd_batch *batch,
+                                     float grad_scale, dsgd_metrics *metrics);
+    /* optional: loss and correct predictions of a batch, nothing else
+       changed; without it dsgd_model_eval_batch is DSGD_ERR_UNSUPPORTED. */
+    dsgd_result (*evaluate)(void *state, dsgd_model *m, const dsgd_batch *batch, dsgd_metrics *metrics);
+    /* non-zero: compute_gradients writes every gradient element, so the
+       library does not zero the buffer first. */
+    int writes_all_gradients;
+} dsgd_model_i;
+
 typedef struct dsgd_model_desc {
-    int input_dim;
-    const dsgd_layer_desc *layers;
+    int input_dim;              /* floats per sample in x; a custom model that
+                                   only takes batches from a dsgd_batch_fn may
+                                   leave it 0; with image layers, 0 means
+                                   the product of input_shape */
+    const dsgd_layer_desc *layers; /* the built-in network's dense layers (after
+                                      its image layers, below); NULL with custom */
     int num_layers;
-    dsgd_loss loss;             /* default SOFTMAX_XENT */
+    dsgd_loss loss;             /* the built-in network's; default SOFTMAX_XENT */
     int max_batch;              /* largest batch passed to the model; 0:
                                    DSGD_DEFAULT_MAX_BATCH */
     uint64_t seed;              /* initialisation seed (0 is a valid seed) */
     /* The backend to run on; NULL: a CPU backend owned by the model. The
        backend must outlive the model and have been created with the same ctx. */
     const dsgd_backend_i *backend;
+    /* A model of your own instead of layers: its table (copied; the strings
+       and functions it points to must outlive the model), the user_data its
+       create (or, without create, every function) receives, and its
+       variables (copied at creation). */
+    const dsgd_model_i *custom;
+    void *user_data;
+    const dsgd_variable_desc *variables;
+    int num_variables;          /* 1..DSGD_MAX_VARIABLES */
+    int target_dim;             /* custom: floats per sample in y; 0: 1 (a
+                                   class index) */
+    int output_dim;             /* custom: what dsgd_model_output_dim reports
+                                   (informational) */
+    /* The built-in network's image layers, before its dense ones, over
+       input images of input_shape (height, width, channels), NHWC. */
+    const dsgd_image_layer_desc *image_layers;
+    int num_image_layers;
+    int input_shape[3];
 } dsgd_model_desc;
-
-#define DSGD_MAX_NAME 32
-#define DSGD_MAX_RANK 2
 
 /* A variable is a named view into the model's flat parameter buffer; its
    gradient sits at the same offset of the flat gradient buffer. */
@@ -2572,6 +3183,8 @@ typedef struct dsgd_variable {
     size_t count;
     int rank;
     int shape[DSGD_MAX_RANK];
+    dsgd_aggregation aggregation; /* as declared (MEAN for the built-in network);
+                                     a strategy starts from it */
 } dsgd_variable;
 
 typedef enum dsgd_metrics_slot {
@@ -2579,55 +3192,92 @@ typedef enum dsgd_metrics_slot {
     DSGD_METRICS_EVAL = 1   /* accumulated by dsgd_model_eval_batch */
 } dsgd_metrics_slot;
 
-typedef struct dsgd_metrics {
+struct dsgd_metrics {
     double loss_sum; /* sum of per-sample losses */
     double correct;  /* number of correct predictions */
     double count;    /* number of samples */
-} dsgd_metrics;
+};
 
-typedef struct dsgd_model dsgd_model;
-
-/* Creates a model: variables are laid out in layer order (kernel, then bias),
-   initialised on the host from desc->seed and uploaded; gradients start at
-   zero. With desc->backend NULL the model creates (and owns) a CPU backend.
+/* Creates a model: the built-in network (desc->image_layers, then
+   desc->layers: variables in layer order, kernel then bias, named
+   "conv<i>/..." after the image layer's index and "dense<l>/..." after the
+   dense layer's; kernels drawn from desc->seed, biases zero) or
+   a custom one (desc->custom and desc->variables, see MODELS OF YOUR OWN);
+   the parameters are initialised on the host and uploaded, the gradients
+   start at zero, then custom->create runs.
+   With desc->backend NULL the model creates (and owns) a CPU backend.
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out or desc NULL,
-   input_dim <= 0, no layers, an unknown loss, negative max_batch, a layer
-   with units <= 0 or an unknown activation or init, a final activation other
-   than NONE with SOFTMAX_XENT, a backend lacking a required operation),
-   DSGD_ERR_OUT_OF_MEMORY, backend errors (creating and filling its buffers).
+   a negative max_batch, a backend lacking a required operation; the
+   built-in network: input_dim <= 0 without image layers, no layers, an
+   unknown loss, a layer with units <= 0 or an unknown activation or init,
+   a final activation other than NONE with SOFTMAX_XENT; image layers: an
+   input_shape with a dimension < 1 or whose product is not input_dim (when
+   set), an unknown kind, filters < 1, kernel < 1, a negative stride or
+   padding, a window larger than its padded input, a backend without the
+   image operations (backend.h, IMAGES); a custom model: both layers and
+   custom, no compute_gradients, no variables or more than
+   DSGD_MAX_VARIABLES, a variable with no name, a name too long or used
+   twice, a rank outside 1..DSGD_MAX_RANK, a dimension < 1, more than 2^40
+   parameters, an unknown init or aggregation; negative input, target or
+   output dims), DSGD_ERR_OUT_OF_MEMORY, backend errors, what custom->create
+   returns.
    Thread safety: the context's thread; the model then belongs to it. */
 DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc,
                                        dsgd_model **out);
-/* Frees the model's buffers, and its backend when the model created it;
-   m NULL: nothing. Destroy its optimizers first.
+/* Runs custom->destroy, frees the model's buffers, and its backend when the
+   model created it; m NULL: nothing. Destroy its optimizers first.
    Thread safety: the model's thread. */
 DSGD_API void dsgd_model_destroy(dsgd_model *m);
 
 /* Getters. With m NULL they return NULL, 0, or a ref whose buf is NULL.
      dsgd_model_ctx            the context the model records errors on
      dsgd_model_backend        the model's backend table (m's own copy)
+     dsgd_model_name           "dense" for the built-in network, else the
+                               table's name ("custom" when it has none)
+     dsgd_model_state          the custom model's state (what create set, or
+                               user_data); NULL for the built-in network
      dsgd_model_num_params     floats in the parameter (and gradient) buffer
-     dsgd_model_num_variables  2 per layer
+     dsgd_model_num_variables  2 per dense or conv2d layer, or as declared
      dsgd_model_variable       the i-th variable ("dense0/kernel",
                                "dense0/bias", ...); NULL when i is out of range
+     dsgd_model_find_variable  the index of the variable named name, -1
+                               when there is none
      dsgd_model_input_dim, dsgd_model_output_dim
      dsgd_model_target_dim     floats per sample in a target array: 1 for
-                               SOFTMAX_XENT, output_dim for MSE
+                               SOFTMAX_XENT, output_dim for MSE; a custom
+                               model's target_dim
+     dsgd_model_max_batch      the largest batch (the default applied)
      dsgd_model_params, dsgd_model_grads
                                the device buffers holding all parameters and
                                all gradients (offset 0)
+     dsgd_model_host_params, dsgd_model_host_grads
+                               the same as host arrays when the backend gives
+                               host pointers (buffer_host_ptr: the CPU
+                               backend), else NULL
+     dsgd_model_stats          two device floats, the loss sum and the correct
+                               count of a metrics slot, that
+                               dsgd_model_take_metrics reads (the backend's
+                               loss operation adds to them)
    Errors: none. Thread safety: any thread while m lives (they read what
-   creation fixed; what the refs point at is the model thread's). */
+   creation fixed; what the refs and pointers point at is the model
+   thread's). */
 DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m);
 DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m);
+DSGD_API const char *dsgd_model_name(const dsgd_model *m);
+DSGD_API void *dsgd_model_state(const dsgd_model *m);
 DSGD_API size_t dsgd_model_num_params(const dsgd_model *m);
 DSGD_API int dsgd_model_num_variables(const dsgd_model *m);
 DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i);
+DSGD_API int dsgd_model_find_variable(const dsgd_model *m, const char *name);
 DSGD_API int dsgd_model_input_dim(const dsgd_model *m);
 DSGD_API int dsgd_model_output_dim(const dsgd_model *m);
 DSGD_API int dsgd_model_target_dim(const dsgd_model *m);
+DSGD_API int dsgd_model_max_batch(const dsgd_model *m);
 DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m);
 DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m);
+DSGD_API float *dsgd_model_host_params(const dsgd_model *m);
+DSGD_API float *dsgd_model_host_grads(const dsgd_model *m);
+DSGD_API dsgd_ref dsgd_model_stats(const dsgd_model *m, dsgd_metrics_slot slot);
 
 /* Copy all parameters (or gradients) between the model and host memory;
    count must equal dsgd_model_num_params(). The get functions wait for
@@ -2644,27 +3294,39 @@ DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t coun
    grad_scale * d(sum of per-sample losses)/d params: pass 1/count for the
    batch mean, 1/global_count when batches are split across replicas. The
    batch's loss and accuracy accumulate in the TRAIN metrics slot.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x or y NULL;
-   count outside 1..max_batch; a class index out of range, found by the
-   backend's loss), backend errors.
+   dsgd_model_gradients takes a dsgd_batch (a custom model's
+   data included); dsgd_model_compute_gradients(m, x, y, count, s) is it
+   with {x, y, count, NULL}.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; batch NULL;
+   count outside 1..max_batch; the built-in network: x or y NULL, a class
+   index out of range, found by the backend's loss), backend errors, what a
+   custom model's compute_gradients returns.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
                                                   const float *y, int count,
                                                   float grad_scale);
+DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *batch,
+                                                        float grad_scale);
 /* Forward pass only; the loss and accuracy accumulate in the EVAL slot. y may
    be NULL (no metrics; use dsgd_model_read_output for predictions).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; x NULL; count
-   outside 1..max_batch; a class index out of range), backend errors.
+   dsgd_model_evaluate takes a dsgd_batch.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; batch NULL;
+   count outside 1..max_batch; the built-in network: x NULL, a class index
+   out of range), DSGD_ERR_UNSUPPORTED (a custom model without evaluate),
+   backend errors, what a custom model's evaluate returns.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x,
                                            const float *y, int count);
+DSGD_API dsgd_result dsgd_model_evaluate(dsgd_model *m, const dsgd_batch *batch);
 /* Copies the first count rows of the last forward pass's outputs (count,
-   output_dim), before softmax.
+   output_dim), before softmax. The built-in network only.
    Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; dst NULL;
-   count outside 1..the last pass's batch, or no pass yet), backend errors.
+   count outside 1..the last pass's batch, or no pass yet),
+   DSGD_ERR_UNSUPPORTED (a custom model), backend errors.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_read_output(dsgd_model *m, float *dst, int count);
-/* Reads a metrics slot and resets it to zero.
+/* Reads a metrics slot (the device accumulators plus what custom functions
+   added on the host) and resets it to zero.
    Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; out NULL;
    an unknown slot), backend errors.
    Thread safety: the model's thread. */
@@ -2686,21 +3348,18 @@ struct dsgd_model {
     dsgd_ctx *ctx;
     dsgd_backend_i be;     /* the backend's table, copied */
     int owns_backend;
-    int input_dim, num_layers, max_batch;
-    dsgd_loss loss;
-    dsgd_layer_desc *layers;
-    int *dims;             /* dims[0] = input_dim, dims[l + 1] = units of layer l */
-    dsgd_variable *vars;   /* 2 per layer: kernel, bias */
+    dsgd_model_i fn;       /* the functions (the built-in network's or custom's), copied */
+    void *state;           /* what fn.create set, or user_data */
+    int has_state;         /* fn.create succeeded: destroy runs fn.destroy */
+    struct dsgd__net *net; /* the built-in network's state (NULL: custom) */
+    int input_dim, target_dim, output_dim, max_batch;
+    dsgd_variable *vars;
+    int num_vars;
     size_t num_params;
     dsgd_buffer *params, *grads;
-    dsgd_buffer *acts;     /* x, then every layer's output, each (max_batch, dims[l]) */
-    size_t *act_off;
-    dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
-    size_t delta_half;
-    dsgd_buffer *targets;  /* (max_batch, target_dim) */
     dsgd_buffer *stats;    /* [train loss, train correct, eval loss, eval correct] */
-    double count[2];
-    int last_count;        /* batch size of the last forward pass */
+    double count[2];       /* samples per slot */
+    double host[2][2];     /* per slot: loss and correct that custom functions added */
 };
 
 static dsgd_ref dsgd__ref(dsgd_buffer *buf, size_t off) {
@@ -2710,15 +3369,18 @@ static dsgd_ref dsgd__ref(dsgd_buffer *buf, size_t off) {
     return r;
 }
 
-/* Draws a layer's kernel (fan_in, fan_out) on the host. */
-static void dsgd__init_kernel(float *w, int fan_in, int fan_out, dsgd_init init, dsgd_activation act,
-                              uint64_t seed) {
-    size_t i, n = (size_t)fan_in * fan_out;
+static int dsgd__agg_valid(dsgd_aggregation a) { return (int)a >= 0 && (int)a < (int)DSGD_AGG_COUNT; }
+static int dsgd__init_valid(dsgd_init i) { return (int)i >= 0 && (int)i <= (int)DSGD_INIT_ZEROS; }
+
+/* Draws n values of a variable with the given fans on the host; init is
+   resolved (not AUTO). */
+static void dsgd__init_values(float *w, size_t n, double fan_in, double fan_out, dsgd_init init, uint64_t seed) {
+    size_t i;
     uint64_t st = seed;
-    if (init == DSGD_INIT_AUTO) init = act == DSGD_ACT_RELU ? DSGD_INIT_HE_NORMAL : DSGD_INIT_GLOROT_UNIFORM;
     for (i = 0; i < n; ++i) {
         double v;
         switch (init) {
+        case DSGD_INIT_ZEROS: v = 0.0; break;
         case DSGD_INIT_HE_NORMAL: v = dsgd__rng_normal(&st) * sqrt(2.0 / fan_in); break;
         case DSGD_INIT_HE_UNIFORM: v = (2.0 * dsgd_rng_uniform(&st) - 1.0) * sqrt(6.0 / fan_in); break;
         case DSGD_INIT_GLOROT_NORMAL: v = dsgd__rng_normal(&st) * sqrt(2.0 / (fan_in + fan_out)); break;
@@ -2732,19 +3394,19 @@ static dsgd_result dsgd__model_buffer(dsgd_model *m, size_t count, dsgd_buffer *
     return m->be.buffer_create(m->be.impl, count, out);
 }
 
+static void dsgd__model_free_buffer(dsgd_model *m, dsgd_buffer **b) {
+    if (*b && m->be.buffer_destroy) m->be.buffer_destroy(m->be.impl, *b);
+    *b = NULL;
+}
+
 DSGD_API void dsgd_model_destroy(dsgd_model *m) {
-    dsgd_buffer **bufs[6];
-    int i;
     if (!m) return;
-    bufs[0] = &m->params; bufs[1] = &m->grads; bufs[2] = &m->acts;
-    bufs[3] = &m->delta; bufs[4] = &m->targets; bufs[5] = &m->stats;
-    for (i = 0; i < 6; ++i)
-        if (*bufs[i] && m->be.buffer_destroy) m->be.buffer_destroy(m->be.impl, *bufs[i]);
+    if (m->has_state && m->fn.destroy) m->fn.destroy(m->state);
+    dsgd__model_free_buffer(m, &m->params);
+    dsgd__model_free_buffer(m, &m->grads);
+    dsgd__model_free_buffer(m, &m->stats);
     if (m->owns_backend && m->be.destroy) m->be.destroy(m->be.impl);
-    DSGD_FREE(m->layers);
-    DSGD_FREE(m->dims);
     DSGD_FREE(m->vars);
-    DSGD_FREE(m->act_off);
     DSGD_FREE(m);
 }
 
@@ -2754,29 +3416,516 @@ static int dsgd__backend_complete(const dsgd_backend_i *b) {
            b->bias_backward && b->loss && b->optimizer_update && b->norm_check;
 }
 
+/* One variable to lay out: its public record (name, shape, aggregation),
+   how to initialise it, and from which seed stream. */
+typedef struct dsgd__var_plan {
+    dsgd_variable v;
+    const float *initial;
+    dsgd_init init;       /* resolved: never AUTO */
+    uint64_t stream;
+} dsgd__var_plan;
+
+/* ---- the built-in network: image and dense layers, one implementation of dsgd_model_i */
+
+enum { DSGD__DENSE = 0, DSGD__CONV, DSGD__POOL };
+
+/* One layer of the network, image or dense, with its geometry: its input
+   image (h, w, c) and output image (oh, ow, oc); a dense layer's are (1, 1,
+   inputs) and (1, 1, units). */
+typedef struct dsgd__layer {
+    int kind;               /* DSGD__DENSE, _CONV, _POOL */
+    int index;              /* among the desc's dense or image layers (the name) */
+    int units;              /* dense units, conv filters; pool: its channels */
+    dsgd_activation activation;
+    dsgd_init init;
+    int kernel, stride, pad; /* image layers, stride resolved */
+    int h, w, c, oh, ow, oc;
+} dsgd__layer;
+
+typedef struct dsgd__net {
+    int num_layers;
+    dsgd_loss loss;
+    dsgd__layer *layers;
+    int *var;              /* per layer: its kernel's variable index (bias next), -1 for max-pool */
+    int *dims;             /* dims[0] = input_dim, dims[l + 1] = layer l's output floats per sample */
+    dsgd_buffer *acts;     /* x, then every layer's output, each (max_batch, dims[l]) */
+    size_t *act_off;
+    dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
+    size_t delta_half;
+    dsgd_buffer *col;      /* im2col of the largest conv layer, (max_batch oh ow, k k c) */
+    dsgd_buffer *targets;  /* (max_batch, target_dim) */
+    int last_count;        /* batch size of the last forward pass */
+    dsgd_model *m;
+} dsgd__net;
+
+static int dsgd__net_has_images(const dsgd_model_desc *desc) { return desc->num_image_layers > 0; }
+
+/* The layers of desc, image layers first, with their geometry (the desc's
+   fields as they are; dsgd__net_check says what is wrong). Allocated with
+   DSGD_MALLOC (NULL: out of memory); *L their number. */
+static dsgd__layer *dsgd__net_layers(const dsgd_model_desc *desc, int *L) {
+    int i, n = 0, h = 1, w = 1, c = desc->input_dim;
+    int ni = desc->image_layers ? DSGD__MAX(desc->num_image_layers, 0) : 0;
+    int nd = desc->layers ? DSGD__MAX(desc->num_layers, 0) : 0;
+    dsgd__layer *ls = (dsgd__layer *)DSGD_MALLOC(sizeof(dsgd__layer) * (size_t)(ni + nd ? ni + nd : 1));
+    if (!ls) return NULL;
+    memset(ls, 0, sizeof(dsgd__layer) * (size_t)(ni + nd ? ni + nd : 1));
+    if (ni) {
+        h = desc->input_shape[0];
+        w = desc->input_shape[1];
+        c = desc->input_shape[2];
+    }
+    for (i = 0; i < ni + nd; ++i) {
+        dsgd__layer *y = &ls[n++];
+        y->h = h; y->w = w; y->c = c;
+        if (i < ni) {
+            const dsgd_image_layer_desc *d = &desc->image_layers[i];
+            y->kind = d->kind == DSGD_IMAGE_MAXPOOL ? DSGD__POOL : DSGD__CONV;
+            y->index = i;
+            y->activation = y->kind == DSGD__CONV ? d->activation : DSGD_ACT_NONE;
+            y->init = d->init;
+            y->kernel = d->kernel;
+            y->stride = d->stride ? d->stride : y->kind == DSGD__CONV ? 1 : d->kernel;
+            y->pad = y->kind == DSGD__CONV ? d->padding : 0;
+            y->units = y->kind == DSGD__CONV ? d->filters : c;
+            if (y->stride >= 1 && y->kernel >= 1) {
+                y->oh = (h + 2 * y->pad - y->kernel) / y->stride + 1;
+                y->ow = (w + 2 * y->pad - y->kernel) / y->stride + 1;
+            }
+            y->oc = y->units;
+        } else {
+            const dsgd_layer_desc *d = &desc->layers[i - ni];
+            y->kind = DSGD__DENSE;
+            y->index = i - ni;
+            y->units = d->units;
+            y->activation = d->activation;
+            y->init = d->init;
+            y->stride = 1;
+            y->c = h * w * c; /* flattened */
+            y->h = y->w = 1;
+            y->oh = y->ow = 1;
+            y->oc = d->units;
+        }
+        h = y->oh;
+        w = y->ow;
+        c = y->oc;
+    }
+    *L = n;
+    return ls;
+}
+
+/* The built-in network's rules; every message names dsgd_model_create and
+   the layer. */
+static dsgd_result dsgd__net_check_layers(dsgd_ctx *ctx, const dsgd_model_desc *desc, const dsgd__layer *ls, int L) {
+    const char *what = "dsgd_model_create";
+    int l;
+    for (l = 0; l < L; ++l) {
+        const dsgd__layer *y = &ls[l];
+        const char *kind = y->kind == DSGD__DENSE ? "layer" : "image layer";
+        if (y->kind != DSGD__DENSE) {
+            const dsgd_image_layer_desc *d = &desc->image_layers[y->index];
+            if ((int)d->kind < 0 || (int)d->kind >= (int)DSGD_IMAGE_LAYER_COUNT)
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: image layer %d: unknown kind %d", what,
+                                          y->index, (int)d->kind);
+            if (y->kernel < 1 || d->stride < 0 || d->padding < 0 || y->kernel > y->h + 2 * y->pad ||
+                y->kernel > y->w + 2 * y->pad)
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                          "%s: image layer %d: a %dx%d window (stride %d, padding %d) does not fit "
+                                          "its %dx%dx%d input", what, y->index, y->kernel, y->kernel, d->stride,
+                                          d->padding, y->h, y->w, y->c);
+        }
+        if (y->units <= 0 || !dsgd__act_valid(y->activation) || !dsgd__init_valid(y->init))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: %s %d: %s %d, activation %d or init %d invalid", what, kind, y->index,
+                                      y->kind == DSGD__DENSE ? "units" : "filters", y->units, (int)y->activation,
+                                      (int)y->init);
+        if ((double)y->oh * y->ow * y->oc > 2147483647.0 || (double)y->c * y->units > 2147483647.0)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s %d is too large", what, kind, y->index);
+    }
+    if (desc->loss == DSGD_LOSS_SOFTMAX_XENT && ls[L - 1].activation != DSGD_ACT_NONE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: softmax cross-entropy takes logits: the last layer's activation must be NONE", what);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__net_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
+    const char *what = "dsgd_model_create";
+    const int *sh = desc->input_shape;
+    dsgd__layer *ls;
+    dsgd_result r;
+    int L = 0;
+    if (desc->num_image_layers < 0 || (desc->num_image_layers > 0 && !desc->image_layers))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d image layers%s", what,
+                                  desc->num_image_layers, desc->image_layers ? "" : " (image_layers NULL)");
+    if (dsgd__net_has_images(desc)) {
+        double n = (double)sh[0] * sh[1] * sh[2];
+        if (sh[0] < 1 || sh[1] < 1 || sh[2] < 1 || n > 2147483647.0 || (desc->input_dim && n != desc->input_dim))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: image layers need input_shape (height, width, channels), each >= 1 and "
+                                      "input_dim %d (or 0) as their product; got %dx%dx%d", what, desc->input_dim,
+                                      sh[0], sh[1], sh[2]);
+    } else if (desc->input_dim <= 0) {
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: input_dim %d must be > 0", what, desc->input_dim);
+    }
+    if (desc->num_layers < 0 || (desc->num_layers > 0 && !desc->layers) ||
+        desc->num_layers + DSGD__MAX(desc->num_image_layers, 0) == 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a model needs at least one layer (num_layers %d)",
+                                  what, desc->num_layers);
+    if (desc->loss != DSGD_LOSS_SOFTMAX_XENT && desc->loss != DSGD_LOSS_MSE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown loss %d", what, (int)desc->loss);
+    if (!(ls = dsgd__net_layers(desc, &L)))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    r = dsgd__net_check_layers(ctx, desc, ls, L);
+    DSGD_FREE(ls);
+    return r;
+}
+
+/* The network's variables (llm.c's fill_in_parameter_sizes): kernel then
+   bias for each conv layer ((k, k, c, filters), (filters)) and dense layer
+   ((in, out), (out)), layer after layer; dense layer l's kernel draws from
+   stream l, image layer i's from stream 2^32 + i. Returns their number, -1
+   when out of memory. */
+static int dsgd__net_plan(const dsgd_model_desc *desc, dsgd__var_plan *plan) {
+    int l, L = 0, n = 0;
+    dsgd__layer *ls = dsgd__net_layers(desc, &L);
+    if (!ls) return -1;
+    for (l = 0; l < L; ++l) {
+        const dsgd__layer *y = &ls[l];
+        const char *kind = y->kind == DSGD__CONV ? "conv" : "dense";
+        dsgd__var_plan *k, *b;
+        if (y->kind == DSGD__POOL) continue;
+        k = &plan[n++];
+        b = &plan[n++];
+        snprintf(k->v.name, sizeof(k->v.name), "%s%d/kernel", kind, y->index);
+        if (y->kind == DSGD__CONV) {
+            k->v.rank = 4; k->v.shape[0] = y->kernel; k->v.shape[1] = y->kernel;
+            k->v.shape[2] = y->c; k->v.shape[3] = y->units;
+            k->stream = ((uint64_t)1 << 32) + (uint64_t)y->index;
+        } else {
+            k->v.rank = 2; k->v.shape[0] = y->c; k->v.shape[1] = y->units;
+            k->stream = (uint64_t)y->index;
+        }
+        k->init = y->init != DSGD_INIT_AUTO ? y->init
+                  : y->activation == DSGD_ACT_RELU ? DSGD_INIT_HE_NORMAL : DSGD_INIT_GLOROT_UNIFORM;
+        snprintf(b->v.name, sizeof(b->v.name), "%s%d/bias", kind, y->index);
+        b->v.rank = 1; b->v.shape[0] = y->units;
+        b->init = DSGD_INIT_ZEROS;
+    }
+    DSGD_FREE(ls);
+    return n;
+}
+
+static void dsgd__net_destroy(void *state) {
+    dsgd__net *net = (dsgd__net *)state;
+    if (!net) return;
+    dsgd__model_free_buffer(net->m, &net->acts);
+    dsgd__model_free_buffer(net->m, &net->delta);
+    dsgd__model_free_buffer(net->m, &net->col);
+    dsgd__model_free_buffer(net->m, &net->targets);
+    DSGD_FREE(net->layers);
+    DSGD_FREE(net->var);
+    DSGD_FREE(net->dims);
+    DSGD_FREE(net->act_off);
+    DSGD_FREE(net);
+}
+
+/* The buffers of the layout: every layer's activations (max_batch,
+   dims[l]) in acts, the two delta halves, the largest conv layer's im2col,
+   the targets. */
+static dsgd_result dsgd__net_buffers(dsgd__net *net) {
+    dsgd_model *m = net->m;
+    size_t act_total = 0, col = 0, mb = (size_t)m->max_batch;
+    int l, max_dim = net->dims[0];
+    dsgd_result r;
+    for (l = 0; l <= net->num_layers; ++l) {
+        net->act_off[l] = act_total;
+        act_total += mb * net->dims[l];
+        max_dim = DSGD__MAX(max_dim, net->dims[l]);
+    }
+    for (l = 0; l < net->num_layers; ++l) {
+        const dsgd__layer *y = &net->layers[l];
+        if (y->kind == DSGD__CONV) col = DSGD__MAX(col, mb * y->oh * y->ow * y->kernel * y->kernel * y->c);
+    }
+    net->delta_half = mb * max_dim;
+    if ((r = dsgd__model_buffer(m, act_total, &net->acts)) != DSGD_OK ||
+        (r = dsgd__model_buffer(m, 2 * net->delta_half, &net->delta)) != DSGD_OK ||
+        (col && (r = dsgd__model_buffer(m, col, &net->col)) != DSGD_OK) ||
+        (r = dsgd__model_buffer(m, mb * m->target_dim, &net->targets)) != DSGD_OK)
+        return r;
+    return DSGD_OK;
+}
+
+/* The network's state (user_data: the checked desc): its layers and their
+   variables, then the buffers. */
+static dsgd_result dsgd__net_create(void *user_data, dsgd_model *m, void **state) {
+    const dsgd_model_desc *desc = (const dsgd_model_desc *)user_data;
+    const char *what = "dsgd_model_create";
+    int l, L = 0, v = 0;
+    dsgd_result r;
+    dsgd__net *net = (dsgd__net *)dsgd__alloc(m->ctx, sizeof(*net), what);
+    if (!net) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(net, 0, sizeof(*net));
+    net->m = m;
+    net->loss = desc->loss;
+    net->layers = dsgd__net_layers(desc, &L);
+    net->num_layers = L;
+    net->var = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)L, what);
+    net->dims = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)(L + 1), what);
+    net->act_off = (size_t *)dsgd__alloc(m->ctx, sizeof(size_t) * (size_t)(L + 1), what);
+    if (!net->layers || !net->var || !net->dims || !net->act_off) {
+        dsgd__net_destroy(net);
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    }
+    net->dims[0] = m->input_dim;
+    for (l = 0; l < L; ++l) {
+        const dsgd__layer *y = &net->layers[l];
+        net->dims[l + 1] = y->oh * y->ow * y->oc;
+        net->var[l] = y->kind == DSGD__POOL ? -1 : v;
+        v += y->kind == DSGD__POOL ? 0 : 2;
+    }
+    m->output_dim = net->dims[L];
+    m->target_dim = net->loss == DSGD_LOSS_SOFTMAX_XENT ? 1 : m->output_dim;
+    if (dsgd__net_has_images(desc) && !(m->be.im2col && m->be.col2im && m->be.maxpool_forward && m->be.maxpool_backward)) {
+        dsgd__net_destroy(net);
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: backend '%s' lacks the image operations "
+                                  "(im2col, col2im, maxpool) that image layers need", what,
+                                  m->be.name ? m->be.name : "?");
+    }
+    if ((r = dsgd__net_buffers(net)) != DSGD_OK) {
+        dsgd__net_destroy(net);
+        return r;
+    }
+    m->net = net;
+    *state = net;
+    return DSGD_OK;
+}
+
+/* Uploads a batch; y may be NULL. */
+static dsgd_result dsgd__net_upload(dsgd__net *net, const dsgd_batch *b, int need_y, const char *what) {
+    dsgd_model *m = net->m;
+    dsgd_result r;
+    if (!b->x || (need_y && !b->y))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, b->x ? "y" : "x");
+    r = m->be.write(m->be.impl, dsgd__ref(net->acts, net->act_off[0]), b->x, (size_t)b->count * m->input_dim);
+    if (r == DSGD_OK && b->y)
+        r = m->be.write(m->be.impl, dsgd__ref(net->targets, 0), b->y, (size_t)b->count * m->target_dim);
+    return r;
+}
+
+/* Layer l's views (llm.c's ParameterTensors and ActivationTensors for one
+   layer): what the layers' forward and backward read and write. A dense
+   layer is a conv layer whose rows are samples: with M the batch, it
+   multiplies (M, in) by W (in, out); a conv layer multiplies its im2col
+   (M oh ow, k k c) by W (k k c, out), so both are `rows` x `in` times
+   `in` x `out`. */
+typedef struct dsgd__dense {
+    int in, out, rows;
+    dsgd_activation act;
+    int kind;        /* DSGD__DENSE, _CONV, _POOL */
+    dsgd_window wd;  /* image layers: the input image and window */
+    dsgd_ref W, b;   /* params: kernel, bias */
+    dsgd_ref dW, db; /* grads, at the same offsets */
+    dsgd_ref x, y;   /* acts: input (M, dims[l]), output (M, dims[l + 1]) */
+    dsgd_ref col;    /* conv: the im2col scratch */
+} dsgd__dense;
+
+static dsgd__dense dsgd__layer_view(const dsgd__net *net, int l, int M) {
+    dsgd__dense L;
+    const dsgd_model *m = net->m;
+    const dsgd__layer *y = &net->layers[l];
+    memset(&L, 0, sizeof(L));
+    L.kind = y->kind;
+    L.act = y->activation;
+    L.x = dsgd__ref(net->acts, net->act_off[l]);
+    L.y = dsgd__ref(net->acts, net->act_off[l + 1]);
+    L.col = dsgd__ref(net->col, 0);
+    L.wd.n = M; L.wd.h = y->h; L.wd.w = y->w; L.wd.c = y->c;
+    L.wd.kh = L.wd.kw = y->kernel;
+    L.wd.stride = y->stride;
+    L.wd.pad = y->pad;
+    L.rows = M * y->oh * y->ow;
+    L.in = y->kind == DSGD__CONV ? y->kernel * y->kernel * y->c : y->c;
+    L.out = y->oc;
+    if (net->var[l] >= 0) {
+        const dsgd_variable *k = &m->vars[net->var[l]], *b = &m->vars[net->var[l] + 1];
+        L.W = dsgd__ref(m->params, k->offset);
+        L.b = dsgd__ref(m->params, b->offset);
+        L.dW = dsgd__ref(m->grads, k->offset);
+        L.db = dsgd__ref(m->grads, b->offset);
+    }
+    return L;
+}
+
+/* Dense: y (M, out) = act(x (M, in) · W (in, out) + b (out)).
+   Conv: the same with im2col(x) (M oh ow, k k c) for x. Max-pool: y =
+   maxpool(x). */
+static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__dense *L) {
+    dsgd_ref a = L->x;
+    dsgd_result r;
+    if (L->kind == DSGD__POOL) return be->maxpool_forward(be->impl, &L->wd, L->x, L->y);
+    if (L->kind == DSGD__CONV) {
+        if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
+        a = L->col;
+    }
+    r = be->gemm(be->impl, 0, 0, L->rows, L->out, L->in, 1.0f, a, L->in, L->W, L->out, 0.0f, L->y, L->out);
+    if (r != DSGD_OK) return r;
+    return be->bias_act_forward(be->impl, L->act, L->y, L->b, L->rows, L->out);           /* y = act(y + b) */
+}
+
+/* Given dy, the gradient of the loss with respect to y:
+     dy (rows, out) *= act'(y)             in place (nothing for NONE)
+     dW (in, out)    = a^T (in, rows) · dy  a = x (dense) or im2col(x) (conv,
+                                            made again: one scratch serves all)
+     db (out)        = column sums of dy
+     dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
+                       unless dx.buf is NULL (layer 0)
+   Max-pool: dx = maxpool_backward(x, y, dy). */
+static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
+    dsgd_ref a = L->x;
+    dsgd_result r;
+    if (L->kind == DSGD__POOL)
+        return dx.buf ? be->maxpool_backward(be->impl, &L->wd, L->x, L->y, dy, dx) : DSGD_OK;
+    if (L->act != DSGD_ACT_NONE) {
+        r = be->act_backward(be->impl, L->act, dy, L->y, (size_t)L->rows * L->out);
+        if (r != DSGD_OK) return r;
+    }
+    if (L->kind == DSGD__CONV) {
+        if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
+        a = L->col;
+    }
+    r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
+    if (r != DSGD_OK) return r;
+    r = be->bias_backward(be->impl, L->db, dy, L->rows, L->out);
+    if (r != DSGD_OK || !dx.buf) return r;
+    if (L->kind != DSGD__CONV)
+        return be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, dx, L->in);
+    r = be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, L->col, L->in);
+    if (r != DSGD_OK) return r;
+    return be->col2im(be->impl, &L->wd, L->col, dx);
+}
+
+/* acts[l+1] = layer l (acts[l]), layer by layer */
+static dsgd_result dsgd__net_forward(dsgd__net *net, int M) {
+    int l;
+    dsgd_result r;
+    for (l = 0; l < net->num_layers; ++l) {
+        dsgd__dense L = dsgd__layer_view(net, l, M);
+        if ((r = dsgd__dense_forward(&net->m->be, &L)) != DSGD_OK) return r;
+    }
+    net->last_count = M;
+    return DSGD_OK;
+}
+
+/* Given dlogits in delta half 0, fills the gradient buffer, layer L-1 down
+   to 0; each layer's dy is the one above's dx, in the two delta halves in
+   turn. */
+static dsgd_result dsgd__net_backward(dsgd__net *net, int M) {
+    int l, cur = 0;
+    dsgd_result r;
+    for (l = net->num_layers - 1; l >= 0; --l) {
+        dsgd__dense L = dsgd__layer_view(net, l, M);
+        dsgd_ref dy = dsgd__ref(net->delta, cur * net->delta_half);
+        dsgd_ref dx = dsgd__ref(l > 0 ? net->delta : NULL, (1 - cur) * net->delta_half);
+        if ((r = dsgd__dense_backward(&net->m->be, dx, dy, &L)) != DSGD_OK) return r;
+        cur = 1 - cur;
+    }
+    return DSGD_OK;
+}
+
+/* The loss of the logits (M, output_dim) against the uploaded targets: the
+   loss sum and the correct count accumulate at stats; with dlogits.buf set,
+   dlogits (M, output_dim) = grad_scale * d(sum of losses)/d logits. */
+static dsgd_result dsgd__net_loss(dsgd__net *net, int M, float grad_scale, dsgd_ref dlogits, dsgd_ref stats) {
+    int top = net->num_layers;
+    dsgd_model *m = net->m;
+    return m->be.loss(m->be.impl, net->loss, M, net->dims[top], dsgd__ref(net->acts, net->act_off[top]),
+                      dsgd__ref(net->targets, 0), grad_scale, dlogits, stats);
+}
+
+/* The metrics go to the device accumulators (the loss operation adds them),
+   so the host's are left alone. */
+static dsgd_result dsgd__net_gradients(void *state, dsgd_model *m, const dsgd_batch *b, float grad_scale,
+                                       dsgd_metrics *metrics) {
+    dsgd__net *net = (dsgd__net *)state;
+    dsgd_result r;
+    (void)metrics;
+    if ((r = dsgd__net_upload(net, b, 1, "dsgd_model_compute_gradients")) != DSGD_OK) return r;
+    if ((r = dsgd__net_forward(net, b->count)) != DSGD_OK) return r;
+    r = dsgd__net_loss(net, b->count, grad_scale, dsgd__ref(net->delta, 0), dsgd_model_stats(m, DSGD_METRICS_TRAIN));
+    if (r != DSGD_OK) return r;
+    return dsgd__net_backward(net, b->count);
+}
+
+static dsgd_result dsgd__net_evaluate(void *state, dsgd_model *m, const dsgd_batch *b, dsgd_metrics *metrics) {
+    dsgd__net *net = (dsgd__net *)state;
+    dsgd_result r;
+    (void)metrics;
+    if ((r = dsgd__net_upload(net, b, 0, "dsgd_model_eval_batch")) != DSGD_OK) return r;
+    if ((r = dsgd__net_forward(net, b->count)) != DSGD_OK) return r;
+    if (!b->y) return DSGD_OK;
+    return dsgd__net_loss(net, b->count, 0.0f, dsgd__ref(NULL, 0), dsgd_model_stats(m, DSGD_METRICS_EVAL));
+}
+
+static const dsgd_model_i dsgd__net_model = {
+    "dense", dsgd__net_create, dsgd__net_destroy, dsgd__net_gradients, dsgd__net_evaluate, 1,
+};
+
+/* ---- creation */
+
+/* A custom model's desc and variables; every message names dsgd_model_create. */
+static dsgd_result dsgd__custom_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
+    const char *what = "dsgd_model_create";
+    double total = 0.0;
+    int i, j, k;
+    if (desc->layers || desc->num_layers || desc->image_layers || desc->num_image_layers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: a model has either layers (the built-in network) or custom, not both", what);
+    if (!desc->custom->compute_gradients)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: custom model '%s' has no compute_gradients",
+                                  what, desc->custom->name ? desc->custom->name : "custom");
+    if (desc->input_dim < 0 || desc->target_dim < 0 || desc->output_dim < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: input_dim %d, target_dim %d or output_dim %d "
+                                  "is negative", what, desc->input_dim, desc->target_dim, desc->output_dim);
+    if (!desc->variables || desc->num_variables < 1 || desc->num_variables > DSGD_MAX_VARIABLES)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a custom model declares 1..%d variables, got %d%s",
+                                  what, DSGD_MAX_VARIABLES, desc->num_variables, desc->variables ? "" : " (variables NULL)");
+    for (i = 0; i < desc->num_variables; ++i) {
+        const dsgd_variable_desc *v = &desc->variables[i];
+        double count = 1.0;
+        if (!v->name || !v->name[0] || strlen(v->name) >= DSGD_MAX_NAME)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable %d: a name of 1..%d bytes is needed%s%s",
+                                      what, i, DSGD_MAX_NAME - 1, v->name ? ", got " : "", v->name ? v->name : "");
+        for (j = 0; j < i; ++j)
+            if (!strcmp(desc->variables[j].name, v->name))
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variables %d and %d are both named '%s'",
+                                          what, j, i, v->name);
+        if (v->rank < 1 || v->rank > DSGD_MAX_RANK)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable '%s': rank %d outside 1..%d", what,
+                                      v->name, v->rank, DSGD_MAX_RANK);
+        for (k = 0; k < v->rank; ++k) {
+            if (v->shape[k] < 1)
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable '%s': dimension %d is %d (each "
+                                          "must be >= 1)", what, v->name, k, v->shape[k]);
+            count *= v->shape[k];
+        }
+        if (!dsgd__init_valid(v->init) || !dsgd__agg_valid(v->aggregation))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: variable '%s': unknown init %d or aggregation %d",
+                                      what, v->name, (int)v->init, (int)v->aggregation);
+        total += count;
+    }
+    if (total > 1099511627776.0) /* 2^40 floats */
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %.0f parameters (at most 2^40)", what, total);
+    return DSGD_OK;
+}
+
 /* Checks a model desc; every message names dsgd_model_create. */
 static dsgd_result dsgd__model_check(dsgd_ctx *ctx, const dsgd_model_desc *desc) {
-    int l;
+    dsgd_result r;
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: desc is NULL");
-    if (desc->input_dim <= 0)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: input_dim %d must be > 0", desc->input_dim);
-    if (desc->num_layers <= 0 || !desc->layers)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: a model needs at least one layer (num_layers %d)", desc->num_layers);
-    if (desc->loss != DSGD_LOSS_SOFTMAX_XENT && desc->loss != DSGD_LOSS_MSE)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: unknown loss %d", (int)desc->loss);
     if (desc->max_batch < 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: max_batch %d is negative", desc->max_batch);
-    for (l = 0; l < desc->num_layers; ++l) {
-        const dsgd_layer_desc *ld = &desc->layers[l];
-        if (ld->units <= 0 || !dsgd__act_valid(ld->activation) || (int)ld->init < 0 ||
-            (int)ld->init > (int)DSGD_INIT_GLOROT_NORMAL)
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                      "dsgd_model_create: layer %d: units %d, activation %d or init %d invalid",
-                                      l, ld->units, (int)ld->activation, (int)ld->init);
-    }
-    if (desc->loss == DSGD_LOSS_SOFTMAX_XENT && desc->layers[desc->num_layers - 1].activation != DSGD_ACT_NONE)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_model_create: softmax cross-entropy takes logits: the last layer's activation must be NONE");
+    r = desc->custom ? dsgd__custom_check(ctx, desc) : dsgd__net_check(ctx, desc);
+    if (r != DSGD_OK) return r;
     if (desc->backend && !dsgd__backend_complete(desc->backend))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: backend '%s' lacks a required operation",
                                   desc->backend->name ? desc->backend->name : "?");
@@ -2784,7 +3933,7 @@ static dsgd_result dsgd__model_check(dsgd_ctx *ctx, const dsgd_model_desc *desc)
 }
 
 /* The model struct from a checked desc: its backend (the desc's, or a CPU
-   backend it owns) and its host arrays; no device buffer yet. */
+   backend it owns), functions and dimensions; no variable or buffer yet. */
 static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
     dsgd_model *m;
     dsgd_result r;
@@ -2792,10 +3941,16 @@ static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, d
     if (!m) return DSGD_ERR_OUT_OF_MEMORY;
     memset(m, 0, sizeof(*m));
     m->ctx = ctx;
+    m->fn = desc->custom ? *desc->custom : dsgd__net_model;
+    if (!m->fn.name) m->fn.name = "custom";
     m->input_dim = desc->input_dim;
-    m->num_layers = desc->num_layers;
     m->max_batch = desc->max_batch ? desc->max_batch : DSGD_DEFAULT_MAX_BATCH;
-    m->loss = desc->loss;
+    if (desc->custom) {
+        m->target_dim = desc->target_dim ? desc->target_dim : 1;
+        m->output_dim = desc->output_dim;
+    } else if (!m->input_dim) { /* output_dim and target_dim: dsgd__net_create */
+        m->input_dim = desc->input_shape[0] * desc->input_shape[1] * desc->input_shape[2];
+    }
     if (desc->backend) {
         m->be = *desc->backend;
     } else {
@@ -2803,95 +3958,119 @@ static dsgd_result dsgd__model_new(dsgd_ctx *ctx, const dsgd_model_desc *desc, d
         if (r != DSGD_OK) { DSGD_FREE(m); return r; }
         m->owns_backend = 1;
     }
-    m->layers = (dsgd_layer_desc *)dsgd__alloc(ctx, sizeof(dsgd_layer_desc) * m->num_layers, "dsgd_model_create");
-    m->dims = (int *)dsgd__alloc(ctx, sizeof(int) * (m->num_layers + 1), "dsgd_model_create");
-    m->vars = (dsgd_variable *)dsgd__alloc(ctx, sizeof(dsgd_variable) * 2 * m->num_layers, "dsgd_model_create");
-    m->act_off = (size_t *)dsgd__alloc(ctx, sizeof(size_t) * (m->num_layers + 1), "dsgd_model_create");
-    if (!m->layers || !m->dims || !m->vars || !m->act_off) { dsgd_model_destroy(m); return DSGD_ERR_OUT_OF_MEMORY; }
-    memcpy(m->layers, desc->layers, sizeof(dsgd_layer_desc) * m->num_layers);
-    memset(m->vars, 0, sizeof(dsgd_variable) * 2 * m->num_layers);
     *out = m;
     return DSGD_OK;
 }
 
-/* The flat layouts (llm.c's fill_in_parameter_sizes): the variables, kernel
-   (in, out) then bias (out) layer after layer, at the same offsets of params
-   and grads; every layer's activations (max_batch, dims[l]) in acts; the
-   two delta halves. Returns the floats of acts. */
-static size_t dsgd__model_layout(dsgd_model *m) {
-    int l, max_dim = m->input_dim;
-    size_t off = 0, act_total = 0;
-    m->dims[0] = m->input_dim;
-    for (l = 0; l < m->num_layers; ++l) {
-        dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-        m->dims[l + 1] = m->layers[l].units;
-        max_dim = DSGD__MAX(max_dim, m->dims[l + 1]);
-        snprintf(k->name, sizeof(k->name), "dense%d/kernel", l);
-        k->offset = off; k->count = (size_t)m->dims[l] * m->dims[l + 1];
-        k->rank = 2; k->shape[0] = m->dims[l]; k->shape[1] = m->dims[l + 1];
-        off += k->count;
-        snprintf(b->name, sizeof(b->name), "dense%d/bias", l);
-        b->offset = off; b->count = (size_t)m->dims[l + 1];
-        b->rank = 1; b->shape[0] = m->dims[l + 1];
-        off += b->count;
+/* The variables' plan: the network's layers, or the declared variables
+   (AUTO resolved, variable i drawing from stream i). */
+static dsgd__var_plan *dsgd__model_plan(dsgd_model *m, const dsgd_model_desc *desc, int *n) {
+    dsgd__var_plan *plan;
+    int i, k;
+    *n = desc->custom ? desc->num_variables : 2 * (desc->num_layers + desc->num_image_layers);
+    plan = (dsgd__var_plan *)dsgd__alloc(m->ctx, sizeof(*plan) * (size_t)*n, "dsgd_model_create");
+    if (!plan) return NULL;
+    memset(plan, 0, sizeof(*plan) * (size_t)*n);
+    if (!desc->custom) {
+        if ((*n = dsgd__net_plan(desc, plan)) < 0) {
+            DSGD_FREE(plan);
+            dsgd_ctx_set_error(m->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_model_create: out of memory");
+            return NULL;
+        }
+        return plan;
     }
-    m->num_params = off;
-    for (l = 0; l <= m->num_layers; ++l) {
-        m->act_off[l] = act_total;
-        act_total += (size_t)m->max_batch * m->dims[l];
+    for (i = 0; i < *n; ++i) {
+        const dsgd_variable_desc *d = &desc->variables[i];
+        snprintf(plan[i].v.name, sizeof(plan[i].v.name), "%s", d->name);
+        plan[i].v.rank = d->rank;
+        for (k = 0; k < d->rank; ++k) plan[i].v.shape[k] = d->shape[k];
+        plan[i].v.aggregation = d->aggregation;
+        plan[i].initial = d->initial;
+        plan[i].init = d->init != DSGD_INIT_AUTO ? d->init : d->rank == 1 ? DSGD_INIT_ZEROS : DSGD_INIT_GLOROT_UNIFORM;
+        plan[i].stream = (uint64_t)i;
     }
-    m->delta_half = (size_t)m->max_batch * max_dim;
-    return act_total;
+    return plan;
 }
 
-/* The device buffers of the layout; the statistics and the gradients start
-   at zero. */
-static dsgd_result dsgd__model_buffers(dsgd_model *m, size_t act_total) {
+/* Lays the variables out in order in one flat buffer (offsets in floats)
+   and fills their initial values on the host. */
+static dsgd_result dsgd__model_variables(dsgd_model *m, const dsgd_model_desc *desc, float **host) {
+    int i, k, n = 0;
+    size_t off = 0;
+    dsgd__var_plan *plan = dsgd__model_plan(m, desc, &n);
+    if (!plan) return DSGD_ERR_OUT_OF_MEMORY;
+    m->vars = (dsgd_variable *)dsgd__alloc(m->ctx, sizeof(dsgd_variable) * (size_t)n, "dsgd_model_create");
+    if (!m->vars) {
+        DSGD_FREE(plan);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < n; ++i) {
+        dsgd_variable *v = &m->vars[i];
+        *v = plan[i].v;
+        if (v->aggregation == DSGD_AGG_NONE) v->aggregation = DSGD_AGG_MEAN;
+        v->count = 1;
+        for (k = 0; k < v->rank; ++k) v->count *= (size_t)v->shape[k];
+        v->offset = off;
+        off += v->count;
+    }
+    m->num_vars = n;
+    m->num_params = off;
+    *host = (float *)dsgd__alloc(m->ctx, (off ? off : 1) * sizeof(float), "dsgd_model_create");
+    for (i = 0; *host && i < n; ++i) {
+        const dsgd_variable *v = &m->vars[i];
+        double fan_out = v->shape[v->rank - 1], fan_in = v->rank == 1 ? fan_out : (double)v->count / fan_out;
+        if (plan[i].initial) memcpy(*host + v->offset, plan[i].initial, v->count * sizeof(float));
+        else dsgd__init_values(*host + v->offset, v->count, fan_in, fan_out, plan[i].init,
+                               dsgd__seed_mix(desc->seed, plan[i].stream));
+    }
+    DSGD_FREE(plan);
+    return *host ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
+}
+
+/* The flat buffers: parameters (uploaded from host), gradients and
+   statistics (zero). */
+static dsgd_result dsgd__model_buffers(dsgd_model *m, const float *host) {
     dsgd_result r;
     if ((r = dsgd__model_buffer(m, m->num_params, &m->params)) != DSGD_OK ||
         (r = dsgd__model_buffer(m, m->num_params, &m->grads)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, act_total, &m->acts)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, 2 * m->delta_half, &m->delta)) != DSGD_OK ||
-        (r = dsgd__model_buffer(m, (size_t)m->max_batch * dsgd_model_target_dim(m), &m->targets)) != DSGD_OK ||
         (r = dsgd__model_buffer(m, 4, &m->stats)) != DSGD_OK ||
-        (r = m->be.fill(m->be.impl, dsgd__ref(m->stats, 0), 0.0f, 4)) != DSGD_OK)
+        (r = m->be.fill(m->be.impl, dsgd__ref(m->stats, 0), 0.0f, 4)) != DSGD_OK ||
+        (r = m->be.write(m->be.impl, dsgd__ref(m->params, 0), host, m->num_params)) != DSGD_OK)
         return r;
     return m->be.fill(m->be.impl, dsgd__ref(m->grads, 0), 0.0f, m->num_params);
 }
 
-/* Initialises the parameters on the host, so every backend starts from the
-   same bits (kernels drawn per layer from seed, biases zero), and uploads
-   them. */
-static dsgd_result dsgd__model_init_params(dsgd_model *m, uint64_t seed) {
-    dsgd_result r;
-    size_t i;
-    int l;
-    float *host = (float *)dsgd__alloc(m->ctx, m->num_params * sizeof(float), "dsgd_model_create");
-    if (!host) return DSGD_ERR_OUT_OF_MEMORY;
-    for (l = 0; l < m->num_layers; ++l) {
-        const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-        dsgd__init_kernel(host + k->offset, k->shape[0], k->shape[1], m->layers[l].init,
-                          m->layers[l].activation, dsgd__seed_mix(seed, (uint64_t)l));
-        for (i = 0; i < b->count; ++i) host[b->offset + i] = 0.0f;
-    }
-    r = m->be.write(m->be.impl, dsgd__ref(m->params, 0), host, m->num_params);
-    DSGD_FREE(host);
+/* Gives a failing model function's error a message when it recorded none. */
+static dsgd_result dsgd__model_fn_result(dsgd_model *m, dsgd_result r, const char *fn) {
+    if (r != DSGD_OK && dsgd_ctx_last_result(m->ctx) == DSGD_OK)
+        dsgd_ctx_set_error(m->ctx, r, "model '%s': %s failed: %s", m->fn.name, fn, dsgd_result_string(r));
     return r;
 }
 
-/* check the desc, make the struct, lay out the variables, create the
-   buffers, initialise the parameters */
+/* check the desc, make the struct, lay out and initialise the variables,
+   create the buffers, then the functions' state */
 DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *desc, dsgd_model **out) {
     dsgd_model *m = NULL;
     dsgd_result r;
-    size_t act_total;
+    float *host = NULL;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_model_create: out is NULL");
     *out = NULL;
     if ((r = dsgd__model_check(ctx, desc)) != DSGD_OK) return r;
     if ((r = dsgd__model_new(ctx, desc, &m)) != DSGD_OK) return r;
-    act_total = dsgd__model_layout(m);
-    if ((r = dsgd__model_buffers(m, act_total)) != DSGD_OK ||
-        (r = dsgd__model_init_params(m, desc->seed)) != DSGD_OK) {
+    r = dsgd__model_variables(m, desc, &host);
+    if (r == DSGD_OK) r = dsgd__model_buffers(m, host);
+    DSGD_FREE(host);
+    if (r == DSGD_OK) {
+        if (!m->fn.create) {
+            m->state = desc->user_data;
+        } else {
+            dsgd_ctx_clear_error(ctx);
+            r = dsgd__model_fn_result(m, m->fn.create(desc->custom ? desc->user_data : (void *)desc, m, &m->state),
+                                      "create");
+            m->has_state = r == DSGD_OK;
+        }
+    }
+    if (r != DSGD_OK) {
         dsgd_model_destroy(m);
         return r;
     }
@@ -2901,19 +4080,34 @@ DSGD_API dsgd_result dsgd_model_create(dsgd_ctx *ctx, const dsgd_model_desc *des
 
 DSGD_API dsgd_ctx *dsgd_model_ctx(const dsgd_model *m) { return m ? m->ctx : NULL; }
 DSGD_API const dsgd_backend_i *dsgd_model_backend(const dsgd_model *m) { return m ? &m->be : NULL; }
+DSGD_API const char *dsgd_model_name(const dsgd_model *m) { return m ? m->fn.name : NULL; }
+DSGD_API void *dsgd_model_state(const dsgd_model *m) { return m && !m->net ? m->state : NULL; }
 DSGD_API size_t dsgd_model_num_params(const dsgd_model *m) { return m ? m->num_params : 0; }
-DSGD_API int dsgd_model_num_variables(const dsgd_model *m) { return m ? 2 * m->num_layers : 0; }
+DSGD_API int dsgd_model_num_variables(const dsgd_model *m) { return m ? m->num_vars : 0; }
 DSGD_API const dsgd_variable *dsgd_model_variable(const dsgd_model *m, int i) {
-    return (m && i >= 0 && i < 2 * m->num_layers) ? &m->vars[i] : NULL;
+    return (m && i >= 0 && i < m->num_vars) ? &m->vars[i] : NULL;
+}
+DSGD_API int dsgd_model_find_variable(const dsgd_model *m, const char *name) {
+    int i;
+    for (i = 0; m && name && i < m->num_vars; ++i)
+        if (!strcmp(m->vars[i].name, name)) return i;
+    return -1;
 }
 DSGD_API int dsgd_model_input_dim(const dsgd_model *m) { return m ? m->input_dim : 0; }
-DSGD_API int dsgd_model_output_dim(const dsgd_model *m) { return m ? m->dims[m->num_layers] : 0; }
-DSGD_API int dsgd_model_target_dim(const dsgd_model *m) {
-    if (!m) return 0;
-    return m->loss == DSGD_LOSS_SOFTMAX_XENT ? 1 : m->dims[m->num_layers];
-}
+DSGD_API int dsgd_model_output_dim(const dsgd_model *m) { return m ? m->output_dim : 0; }
+DSGD_API int dsgd_model_target_dim(const dsgd_model *m) { return m ? m->target_dim : 0; }
+DSGD_API int dsgd_model_max_batch(const dsgd_model *m) { return m ? m->max_batch : 0; }
 DSGD_API dsgd_ref dsgd_model_params(const dsgd_model *m) { return dsgd__ref(m ? m->params : NULL, 0); }
 DSGD_API dsgd_ref dsgd_model_grads(const dsgd_model *m) { return dsgd__ref(m ? m->grads : NULL, 0); }
+
+static float *dsgd__model_host_ptr(const dsgd_model *m, dsgd_buffer *buf) {
+    return m && m->be.buffer_host_ptr ? m->be.buffer_host_ptr(m->be.impl, buf) : NULL;
+}
+DSGD_API float *dsgd_model_host_params(const dsgd_model *m) { return dsgd__model_host_ptr(m, m ? m->params : NULL); }
+DSGD_API float *dsgd_model_host_grads(const dsgd_model *m) { return dsgd__model_host_ptr(m, m ? m->grads : NULL); }
+DSGD_API dsgd_ref dsgd_model_stats(const dsgd_model *m, dsgd_metrics_slot slot) {
+    return dsgd__ref(m ? m->stats : NULL, slot == DSGD_METRICS_EVAL ? 2 : 0);
+}
 
 static dsgd_result dsgd__model_io(dsgd_model *m, dsgd_buffer *buf, float *dst, const float *src,
                                   size_t count, const char *what) {
@@ -2937,144 +4131,98 @@ DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t coun
     return dsgd__model_io(m, m ? m->grads : NULL, dst, NULL, count, "dsgd_model_get_grads");
 }
 
-/* Uploads a batch; y may be NULL. */
-static dsgd_result dsgd__model_upload(dsgd_model *m, const float *x, const float *y, int count, const char *what) {
-    dsgd_result r;
-    if (!x)
-        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x is NULL", what);
-    if (count <= 0 || count > m->max_batch)
+/* A batch's common checks. */
+static dsgd_result dsgd__model_batch_check(dsgd_model *m, const dsgd_batch *b, const char *what) {
+    if (!b) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: batch is NULL", what);
+    if (b->count <= 0 || b->count > m->max_batch)
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: batch of %d samples outside 1..max_batch (%d)",
-                                  what, count, m->max_batch);
-    r = m->be.write(m->be.impl, dsgd__ref(m->acts, m->act_off[0]), x, (size_t)count * m->input_dim);
-    if (r == DSGD_OK && y)
-        r = m->be.write(m->be.impl, dsgd__ref(m->targets, 0), y, (size_t)count * dsgd_model_target_dim(m));
+                                  what, b->count, m->max_batch);
+    return DSGD_OK;
+}
+
+/* Adds what a function put in *mt to the host accumulators of slot. */
+static void dsgd__model_add_metrics(dsgd_model *m, int slot, const dsgd_metrics *mt, int count) {
+    m->host[slot][0] += mt->loss_sum;
+    m->host[slot][1] += mt->correct;
+    m->count[slot] += count;
+}
+
+DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *b, float grad_scale) {
+    const char *what = "dsgd_model_compute_gradients";
+    dsgd_metrics mt;
+    dsgd_result r;
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__model_batch_check(m, b, what)) != DSGD_OK) return r;
+    if (!m->fn.writes_all_gradients && (r = m->be.fill(m->be.impl, dsgd__ref(m->grads, 0), 0.0f, m->num_params)) != DSGD_OK)
+        return r;
+    memset(&mt, 0, sizeof(mt));
+    dsgd_ctx_clear_error(m->ctx);
+    r = dsgd__model_fn_result(m, m->fn.compute_gradients(m->state, m, b, grad_scale, &mt), "compute_gradients");
+    if (r == DSGD_OK) dsgd__model_add_metrics(m, DSGD_METRICS_TRAIN, &mt, b->count);
     return r;
-}
-
-/* Layer l's views (llm.c's ParameterTensors and ActivationTensors for one
-   layer): what dsgd__dense_forward and dsgd__dense_backward read and write.
-   M is the batch; in = dims[l], out = dims[l + 1]. */
-typedef struct dsgd__dense {
-    int in, out;
-    dsgd_activation act;
-    dsgd_ref W, b;   /* params: kernel (in, out), bias (out) */
-    dsgd_ref dW, db; /* grads, at the same offsets */
-    dsgd_ref x, y;   /* acts: input (M, in), output (M, out) */
-} dsgd__dense;
-
-static dsgd__dense dsgd__layer(const dsgd_model *m, int l) {
-    dsgd__dense L;
-    const dsgd_variable *k = &m->vars[2 * l], *b = &m->vars[2 * l + 1];
-    L.in = m->dims[l];
-    L.out = m->dims[l + 1];
-    L.act = m->layers[l].activation;
-    L.W = dsgd__ref(m->params, k->offset);
-    L.b = dsgd__ref(m->params, b->offset);
-    L.dW = dsgd__ref(m->grads, k->offset);
-    L.db = dsgd__ref(m->grads, b->offset);
-    L.x = dsgd__ref(m->acts, m->act_off[l]);
-    L.y = dsgd__ref(m->acts, m->act_off[l + 1]);
-    return L;
-}
-
-/* y (M, out) = act(x (M, in) · W (in, out) + b (out)) */
-static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__dense *L, int M) {
-    int in = L->in, out = L->out;
-    dsgd_result r = be->gemm(be->impl, 0, 0, M, out, in, 1.0f, L->x, in, L->W, out, 0.0f, L->y, out); /* y = x W */
-    if (r != DSGD_OK) return r;
-    return be->bias_act_forward(be->impl, L->act, L->y, L->b, M, out);                   /* y = act(y + b) */
-}
-
-/* Given dy (M, out), the gradient of the loss with respect to y:
-     dy (M, out)  *= act'(y)              in place (nothing for NONE)
-     dW (in, out)  = x^T (in, M) · dy
-     db (out)      = column sums of dy
-     dx (M, in)    = dy · W^T (out, in)   unless dx.buf is NULL (layer 0) */
-static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L,
-                                        int M) {
-    int in = L->in, out = L->out;
-    dsgd_result r;
-    if (L->act != DSGD_ACT_NONE) {
-        r = be->act_backward(be->impl, L->act, dy, L->y, (size_t)M * out);
-        if (r != DSGD_OK) return r;
-    }
-    r = be->gemm(be->impl, 1, 0, in, out, M, 1.0f, L->x, in, dy, out, 0.0f, L->dW, out);
-    if (r != DSGD_OK) return r;
-    r = be->bias_backward(be->impl, L->db, dy, M, out);
-    if (r != DSGD_OK || !dx.buf) return r;
-    return be->gemm(be->impl, 0, 1, M, in, out, 1.0f, dy, out, L->W, out, 0.0f, dx, in);
-}
-
-/* acts[l+1] (M, dims[l+1]) = act(acts[l] (M, dims[l]) · W_l + b_l), layer by layer */
-static dsgd_result dsgd__model_forward(dsgd_model *m, int M) {
-    int l;
-    dsgd_result r;
-    for (l = 0; l < m->num_layers; ++l) {
-        dsgd__dense L = dsgd__layer(m, l);
-        if ((r = dsgd__dense_forward(&m->be, &L, M)) != DSGD_OK) return r;
-    }
-    m->last_count = M;
-    return DSGD_OK;
-}
-
-/* Given dlogits in delta half 0, fills the gradient buffer, layer L-1 down
-   to 0; each layer's dy is the one above's dx, in the two delta halves in
-   turn. */
-static dsgd_result dsgd__model_backward(dsgd_model *m, int M) {
-    int l, cur = 0;
-    dsgd_result r;
-    for (l = m->num_layers - 1; l >= 0; --l) {
-        dsgd__dense L = dsgd__layer(m, l);
-        dsgd_ref dy = dsgd__ref(m->delta, cur * m->delta_half);                        /* (M, out) */
-        dsgd_ref dx = dsgd__ref(l > 0 ? m->delta : NULL, (1 - cur) * m->delta_half);  /* (M, in) */
-        if ((r = dsgd__dense_backward(&m->be, dx, dy, &L, M)) != DSGD_OK) return r;
-        cur = 1 - cur;
-    }
-    return DSGD_OK;
-}
-
-/* The loss of the logits (M, output_dim) against the uploaded targets: the
-   loss sum and the correct count accumulate at stats; with dlogits.buf set,
-   dlogits (M, output_dim) = grad_scale * d(sum of losses)/d logits. */
-static dsgd_result dsgd__model_loss(dsgd_model *m, int M, float grad_scale, dsgd_ref dlogits, dsgd_ref stats) {
-    int top = m->num_layers;
-    return m->be.loss(m->be.impl, m->loss, M, m->dims[top], dsgd__ref(m->acts, m->act_off[top]),
-                      dsgd__ref(m->targets, 0), grad_scale, dlogits, stats);
 }
 
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x, const float *y, int count,
                                                   float grad_scale) {
-    dsgd_result r;
-    const char *what = "dsgd_model_compute_gradients";
-    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!y) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: y is NULL", what);
-    if ((r = dsgd__model_upload(m, x, y, count, what)) != DSGD_OK) return r;
-    if ((r = dsgd__model_forward(m, count)) != DSGD_OK) return r;
-    r = dsgd__model_loss(m, count, grad_scale, dsgd__ref(m->delta, 0), dsgd__ref(m->stats, 0)); /* dlogits */
-    if (r != DSGD_OK) return r;
-    m->count[DSGD_METRICS_TRAIN] += count;
-    return dsgd__model_backward(m, count);
+    dsgd_batch b;
+    b.x = x;
+    b.y = y;
+    b.count = count;
+    b.data = NULL;
+    return dsgd_model_gradients(m, &b, grad_scale);
 }
 
-DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x, const float *y, int count) {
+DSGD_API dsgd_result dsgd_model_evaluate(dsgd_model *m, const dsgd_batch *b) {
+    const char *what = "dsgd_model_eval_batch";
+    dsgd_metrics mt;
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__model_upload(m, x, y, count, "dsgd_model_eval_batch")) != DSGD_OK) return r;
-    if ((r = dsgd__model_forward(m, count)) != DSGD_OK) return r;
-    if (!y) return DSGD_OK;
-    r = dsgd__model_loss(m, count, 0.0f, dsgd__ref(NULL, 0), dsgd__ref(m->stats, 2));
-    if (r == DSGD_OK) m->count[DSGD_METRICS_EVAL] += count;
+    if ((r = dsgd__model_batch_check(m, b, what)) != DSGD_OK) return r;
+    if (!m->fn.evaluate)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_UNSUPPORTED, "%s: model '%s' has no evaluate function", what,
+                                  m->fn.name);
+    memset(&mt, 0, sizeof(mt));
+    dsgd_ctx_clear_error(m->ctx);
+    r = dsgd__model_fn_result(m, m->fn.evaluate(m->state, m, b, &mt), "evaluate");
+    if (r == DSGD_OK && (b->y || !m->net)) dsgd__model_add_metrics(m, DSGD_METRICS_EVAL, &mt, b->count);
     return r;
 }
 
+DSGD_API dsgd_result dsgd_model_eval_batch(dsgd_model *m, const float *x, const float *y, int count) {
+    dsgd_batch b;
+    b.x = x;
+    b.y = y;
+    b.count = count;
+    b.data = NULL;
+    return dsgd_model_evaluate(m, &b);
+}
+
 DSGD_API dsgd_result dsgd_model_read_output(dsgd_model *m, float *dst, int count) {
+    dsgd__net *net;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!dst || count <= 0 || count > m->last_count)
+    if (!(net = m->net))
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_UNSUPPORTED,
+                                  "dsgd_model_read_output: model '%s' is not the built-in network", m->fn.name);
+    if (!dst || count <= 0 || count > net->last_count)
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_model_read_output: %d rows requested, the last forward pass had %d",
-                                  count, m->last_count);
-    return m->be.read(m->be.impl, dsgd__ref(m->acts, m->act_off[m->num_layers]), dst,
-                      (size_t)count * m->dims[m->num_layers]);
+                                  count, net->last_count);
+    return m->be.read(m->be.impl, dsgd__ref(net->acts, net->act_off[net->num_layers]), dst,
+                      (size_t)count * m->output_dim);
+}
+
+/* Folds the host accumulators into the device ones (a checkpoint saves
+   those), so both hold one total. */
+static dsgd_result dsgd__model_fold_metrics(dsgd_model *m) {
+    float s[4];
+    dsgd_result r;
+    int k;
+    if (m->host[0][0] == 0.0 && m->host[0][1] == 0.0 && m->host[1][0] == 0.0 && m->host[1][1] == 0.0) return DSGD_OK;
+    if ((r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), s, 4)) != DSGD_OK) return r;
+    for (k = 0; k < 4; ++k) s[k] = (float)((double)s[k] + m->host[k / 2][k % 2]);
+    if ((r = m->be.write(m->be.impl, dsgd__ref(m->stats, 0), s, 4)) != DSGD_OK) return r;
+    memset(m->host, 0, sizeof(m->host));
+    return DSGD_OK;
 }
 
 DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot slot, dsgd_metrics *out) {
@@ -3087,9 +4235,10 @@ DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot sl
     off = slot == DSGD_METRICS_TRAIN ? 0 : 2;
     if ((r = m->be.read(m->be.impl, dsgd__ref(m->stats, off), s, 2)) != DSGD_OK) return r;
     if ((r = m->be.fill(m->be.impl, dsgd__ref(m->stats, off), 0.0f, 2)) != DSGD_OK) return r;
-    out->loss_sum = s[0];
-    out->correct = s[1];
+    out->loss_sum = s[0] + m->host[slot][0];
+    out->correct = s[1] + m->host[slot][1];
     out->count = m->count[slot];
+    m->host[slot][0] = m->host[slot][1] = 0.0;
     m->count[slot] = 0.0;
     return DSGD_OK;
 }
@@ -4867,6 +6016,8 @@ static void dsgd__ck_put_metrics(dsgd__ck_writer *w, dsgd_model *const *models, 
     dsgd__ckw_begin(w, "metrics");
     dsgd__ckw_u32(w, (uint32_t)n);
     for (r = 0; r < n; ++r) {
+        dsgd_result fr = dsgd__model_fold_metrics(models[r]); /* a custom model's host part */
+        if (fr != DSGD_OK && w->res == DSGD_OK) w->res = fr;
         dsgd__ckw_read(w, &models[r]->be, dsgd__ref(models[r]->stats, 0), 4);
         dsgd__ckw_f64(w, models[r]->count[0]);
         dsgd__ckw_f64(w, models[r]->count[1]);
@@ -4913,6 +6064,7 @@ static dsgd_result dsgd__ck_apply_metrics(const unsigned char *records, uint32_t
         res = models[r]->be.write(models[r]->be.impl, dsgd__ref(models[r]->stats, 0), st, 4);
         models[r]->count[0] = cnt[0];
         models[r]->count[1] = cnt[1];
+        memset(models[r]->host, 0, sizeof(models[r]->host));
     }
     return res;
 }
@@ -6139,6 +7291,1193 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
 }
 
 #endif /* DSGD__PART_LOOPBACK_IMPL */
+/* ---------------------------------------- distsgd/simnet.h */
+/* distsgd/simnet.h - the simnet transport: a cluster on a virtual clock
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   SIMNET
+
+     A discrete-event simulation of a cluster behind the transport interface.
+     As with the loopback, each rank is a thread of yours and the arithmetic
+     is real (real gradients, real reductions, the same bits as the
+     loopback); only time is modelled. Every rank has a virtual clock, and
+     the endpoint's `now` returns it, so a communicator's deadlines are
+     virtual too.
+
+     Scheduling. Exactly one rank thread runs at a time: the one with the
+     smallest (virtual time, rank) among those that can proceed. A rank
+     gives up its turn whenever it enters the hub (send, recv, sendrecv,
+     sendrecv_reduce, probe, dsgd_simnet_compute, dsgd_simnet_advance) and
+     gets it back when what it waits for is due; what it does between two
+     calls takes no virtual time. Receives from any source (probe) and
+     everything the ranks compute between calls therefore happen in one
+     order, which depends only on the configuration and the seeds, never on
+     the OS scheduler (tests/test_simnet.c checks 50 runs with threads
+     sleeping at random). The hand-off is a condition variable per rank:
+     only the rank whose turn it is wakes. A rank's first call waits for its
+     turn at virtual time 0, in rank order. When every rank waits and no
+     message is in flight, the earliest deadline fires: time jumps to it, so
+     a simulation never waits in real time for a deadline.
+
+     The model (per message of b bytes from s to d; per reduction of k floats):
+       - links cost alpha + b * beta: the send occupies the sender's NIC for
+         b * beta from the moment the NIC is free (sends of one rank go out
+         one after another, and send returns when its message has left), and
+         the message arrives alpha later. Receivers take any number of
+         messages at once unless serialize_receives is set (then a receiving
+         NIC takes one at a time, booked first come first served in
+         simulation order). half_duplex: a rank's NIC carries one message at
+         a time in either direction (same booking);
+       - two levels: with ranks_per_node = L > 0, ranks r and q with r / L ==
+         q / L talk over intra_alpha / intra_beta, the others over alpha /
+         beta;
+       - sendrecv_reduce of k floats costs k * gamma after the message is in
+         (the collectives' ring, halving-doubling, fold and reduce-to-one
+         reduce through it); reductions a collective does on its own memory
+         (recursive doubling, the division of MEAN) cost nothing;
+       - a receive completes at max(the time it was called, arrival) (+ k *
+         gamma); sendrecv when both halves are done. Messages between one
+         pair arrive in the order they were sent (a delayed message holds
+         back later ones);
+       - compute: dsgd_simnet_compute(hub, rank, step) advances the rank's
+         clock by a sample of the compute model (constant; per-rank time
+         factors; exponential or shifted exponential; transient stragglers,
+         slow by a factor with probability p on a step) that depends only on
+         (seed, rank, step); dsgd_simnet_advance adds a given time.
+       - faults (dsgd_simnet_fault), by rank and compute step or virtual
+         time: KILL (the rank's calls fail with DSGD_ERR_ABORTED from then on;
+         messages it sent before still arrive; a peer waiting for it gets
+         DSGD_ERR_TIMEOUT at exactly its deadline, and error_message names
+         the dead rank), STALL (the rank is frozen for some seconds), SLOW
+         (its compute takes factor times longer), DROP (messages to a peer
+         are lost: the receiver times out naming the sender), DELAY (they
+         arrive later by exactly some seconds).
+     Not simulated: contention inside the network (only the NICs are
+     resources), packetisation, the cost of copies and of the compute
+     between calls (charge it with dsgd_simnet_compute or _advance), and
+     memory. There is no share/unshare (so AUTO all-reduces run message
+     passing algorithms, as on a cluster) and no native allreduce.
+
+     Code that waits outside the hub. The turn is the one requirement: a
+     rank's thread holds it between its calls, so a rank that waits for
+     another rank by other means (a condition variable, a pthread barrier,
+     a replica pool waiting for the next step) would stop the simulation.
+     Such a rank parks first (dsgd_simnet_park): it drops out of the
+     scheduling until its next call, which brings it back at its clock, and
+     while it is away the hub makes no decision that it could change (a
+     deadline or a probe that it could still beat waits for it). Results do
+     not depend on when it returns. With park_between_calls every rank parks
+     whenever it returns from the hub: rank threads then run concurrently
+     between calls, and the virtual times and probe orders are still those
+     of the one-at-a-time schedule (tests/test_simnet.c checks both).
+     A rank that is done for good calls dsgd_simnet_leave (from its thread;
+     a rank that never called may be left from any thread); until then the
+     others may wait for it.
+
+     Running a strategy over it: create a hub of N ranks with
+     park_between_calls (the strategies' replica threads wait for each step
+     on a condition variable of their own), pass its N endpoints in
+     dsgd_strategy_desc.endpoints (or the P + W endpoints in
+     dsgd_cluster_desc.endpoints), and charge each step's compute with
+     dsgd_simnet_compute(hub, rank, step) on the rank's thread; without
+     that, compute takes no virtual time.
+
+     Thread safety: each endpoint (and the hub's functions that take a rank)
+     is used by that rank's thread; dsgd_simnet_abort, _aborted, _time and
+     _get_stats from any thread.
+*/
+#ifndef DSGD__PART_SIMNET_DECL
+#define DSGD__PART_SIMNET_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- simnet */
+
+typedef struct dsgd_simnet dsgd_simnet;
+
+typedef enum dsgd_simnet_compute_kind {
+    DSGD_SIMNET_COMPUTE_NONE = 0,    /* compute takes no time */
+    DSGD_SIMNET_COMPUTE_CONSTANT,    /* mean_s every step */
+    DSGD_SIMNET_COMPUTE_EXPONENTIAL, /* Exp with mean mean_s (rate 1 / mean_s) */
+    DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL /* shift_s + Exp with mean mean_s */
+} dsgd_simnet_compute_kind;
+
+/* The compute model. A step's time on rank r is
+     sample(kind) * rank_factor[r] * (straggler_factor when a straggler)
+   where the sample and the straggler draw depend only on (seed, r, step). */
+typedef struct dsgd_simnet_compute_desc {
+    dsgd_simnet_compute_kind kind;
+    double mean_s;             /* CONSTANT: the time; (SHIFTED_)EXPONENTIAL: the mean of the exponential part */
+    double shift_s;            /* SHIFTED_EXPONENTIAL: the minimum */
+    const double *rank_factor; /* NULL: 1 for every rank; else one factor per rank (copied), > 0 */
+    double straggler_p;        /* probability that a rank is a straggler on a step, 0..1 */
+    double straggler_factor;   /* a straggler's time is multiplied by this (0: 1) */
+    uint64_t seed;
+} dsgd_simnet_compute_desc;
+
+typedef enum dsgd_simnet_fault_kind {
+    DSGD_SIMNET_FAULT_KILL = 1, /* rank dies */
+    DSGD_SIMNET_FAULT_STALL,    /* rank is frozen for `seconds` */
+    DSGD_SIMNET_FAULT_SLOW,     /* rank's compute takes `factor` times longer from then on */
+    DSGD_SIMNET_FAULT_DROP,     /* `count` messages from rank to peer are lost */
+    DSGD_SIMNET_FAULT_DELAY     /* `count` messages from rank to peer arrive `seconds` later */
+} dsgd_simnet_fault_kind;
+
+/* One fault. When: step >= 0: at dsgd_simnet_compute(hub, rank, step) (KILL,
+   STALL: at the start of that step; SLOW: that step and later; DROP, DELAY:
+   messages sent after the rank began that step); step < 0: at virtual time
+   `time` (KILL: the rank dies at that time, even inside a call; STALL: the
+   rank is frozen from then for `seconds`; SLOW: compute that starts then or
+   later; DROP, DELAY: messages sent at that time or later). */
+typedef struct dsgd_simnet_fault {
+    dsgd_simnet_fault_kind kind;
+    int rank;       /* the rank (DROP, DELAY: the sender) */
+    int peer;       /* DROP, DELAY: the receiver; -1 any */
+    long step;      /* >= 0: a compute step; < 0: use time */
+    double time;    /* virtual seconds, when step < 0 */
+    double seconds; /* STALL, DELAY */
+    double factor;  /* SLOW, > 0 */
+    long count;     /* DROP, DELAY: how many messages (0: 1) */
+} dsgd_simnet_fault;
+
+typedef struct dsgd_simnet_desc {
+    int ranks;                  /* 1..4096 */
+    double alpha_s;             /* latency of a message (between nodes, or everywhere when ranks_per_node is 0) */
+    double beta_s_per_byte;     /* its time per byte */
+    double gamma_s_per_float;   /* sendrecv_reduce's time per float reduced */
+    int ranks_per_node;         /* 0: one level; L > 0: ranks r / L share a node */
+    double intra_alpha_s;       /* within a node (ranks_per_node > 0) */
+    double intra_beta_s_per_byte;
+    int half_duplex;            /* non-zero: a rank sends or receives, not both at once */
+    int serialize_receives;     /* non-zero: a receiving NIC takes one message at a time */
+    dsgd_simnet_compute_desc compute;
+    const dsgd_simnet_fault *faults; /* copied */
+    int num_faults;
+    /* non-zero: every rank is parked (see dsgd_simnet_park) whenever it
+       returns from the hub, so rank threads run concurrently between calls
+       and code that also synchronises its threads by other means (the
+       strategies' replica pools) runs unchanged. Not with half_duplex or
+       serialize_receives. */
+    int park_between_calls;
+    /* Test hook: > 0 makes every rank thread sleep up to this many real
+       seconds (or yield) at random before and after each hand-off, to show
+       that the result does not depend on the OS scheduler. 0 in real use. */
+    double test_jitter_s;
+} dsgd_simnet_desc;
+
+/* Counters since creation (events = messages + computes). */
+typedef struct dsgd_simnet_stats {
+    uint64_t messages;  /* messages sent (dropped ones included) */
+    uint64_t bytes;     /* their payload */
+    uint64_t dropped;   /* messages lost to DROP faults */
+    uint64_t computes;  /* dsgd_simnet_compute and _advance calls */
+    uint64_t handoffs;  /* turns passed from one thread to another */
+    double max_time;    /* the largest virtual clock of any rank */
+} dsgd_simnet_stats;
+
+/* Creates a hub of desc->ranks ranks, each at virtual time 0. Costs are in
+   seconds and may be 0 (free); zero fields mean: one level, full duplex, no
+   compute time, no faults. ctx receives the errors of create and must
+   outlive the hub.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx, desc or out NULL, nothing recorded
+   when ctx is; ranks outside 1..4096; a negative or non-finite cost; a bad
+   compute model or fault, named with its index), DSGD_ERR_OUT_OF_MEMORY,
+   DSGD_ERR_SYSTEM (a pthread mutex or condition variable).
+   Thread safety: the context's thread. */
+DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *desc, dsgd_simnet **out);
+/* Fills *out with the endpoint of `rank` (name "simnet"); it lives as long
+   as the hub (out->destroy is NULL). Every member but destroy, share,
+   unshare and allreduce is set.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; out NULL;
+   rank outside [0, ranks)).
+   Thread safety: the thread of the hub's ctx. */
+DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *hub, int rank, dsgd_transport_i *out);
+/* Charges compute step `step` to rank: its clock advances by the compute
+   model's sample for (rank, step), times SLOW faults, plus STALL faults;
+   KILL faults at this step take effect. It gives up the turn like any call.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL; rank outside [0, ranks);
+   step < 0), DSGD_ERR_ABORTED (the rank was killed, or the hub aborted),
+   DSGD_ERR_STATE (the rank left).
+   Thread safety: rank's thread. */
+DSGD_API dsgd_result dsgd_simnet_compute(dsgd_simnet *hub, int rank, long step);
+/* Advances rank's clock by `seconds` (>= 0, finite), as compute that takes
+   exactly that long (SLOW faults do not apply; a KILL or STALL at a time in
+   between does).
+   Errors: as dsgd_simnet_compute, and DSGD_ERR_INVALID_ARGUMENT for seconds.
+   Thread safety: rank's thread. */
+DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *hub, int rank, double seconds);
+/* The compute model's sample for (rank, step) in seconds, without faults:
+   what dsgd_simnet_compute charges when no fault applies. Pure: the same
+   for the same desc, whatever else happened (hub NULL, rank or step out of
+   range: 0).
+   Errors: none. Thread safety: any thread. */
+DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *hub, int rank, long step);
+/* The rank leaves the simulation for good: it gives up its turn, is never
+   scheduled again, and its later calls return DSGD_ERR_STATE. Call it on the
+   rank's thread when the rank is done (a rank that returns without leaving
+   holds the turn and stops the others). Messages it sent still arrive; a
+   peer waiting for more times out at its deadline. hub NULL or rank out of
+   range: nothing.
+   Thread safety: rank's thread. */
+DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
+/* Parks rank: it gives up its turn and is left out of the scheduling until
+   its next call, which brings it back at its clock. Call it on the rank's
+   thread before it waits for something the hub cannot see (another
+   thread, a condition variable, input), so that the other ranks go on
+   meanwhile. While a rank p is parked at clock t_p, the hub makes no
+   decision that p could change: a rank whose deadline would fire, or
+   whose probe would choose, at a time K >= t_p + the smallest alpha waits
+   (in real time) for p to return or leave; everything else (compute, a
+   message already queued) goes on. So the result is the same whenever p returns.
+   A parked rank's thread runs concurrently with the others.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, rank out of range),
+   DSGD_ERR_UNSUPPORTED (half_duplex or serialize_receives: their bookings
+   depend on the order of sends), DSGD_ERR_STATE (the rank left),
+   DSGD_ERR_ABORTED (killed, or the hub aborted).
+   Thread safety: rank's thread. */
+DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *hub, int rank);
+/* Marks the hub aborted: every waiting and later call returns
+   DSGD_ERR_ABORTED at once (the endpoints' abort member does the same); the
+   ranks then run freely, so the virtual times after an abort mean nothing.
+   Irreversible. hub NULL: nothing.
+   Thread safety: any thread while the hub exists. */
+DSGD_API void dsgd_simnet_abort(dsgd_simnet *hub);
+/* Non-zero once the hub was aborted (hub NULL: 0).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_simnet_aborted(dsgd_simnet *hub);
+/* Rank's virtual clock in seconds (hub NULL or rank out of range: 0). Read
+   by another thread while the rank runs, it is the time of its last call.
+   Errors: none. Thread safety: any thread. */
+DSGD_API double dsgd_simnet_time(dsgd_simnet *hub, int rank);
+/* Fills *out with the hub's counters (nothing when either is NULL).
+   Errors: none. Thread safety: any thread. */
+DSGD_API void dsgd_simnet_get_stats(dsgd_simnet *hub, dsgd_simnet_stats *out);
+/* Frees the hub and every message still in flight; its endpoints are
+   invalid afterwards. hub NULL: nothing.
+   Thread safety: one thread, once no rank uses the hub (join them first). */
+DSGD_API void dsgd_simnet_destroy(dsgd_simnet *hub);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_SIMNET_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_IMPL)
+#define DSGD__PART_SIMNET_IMPL
+
+/* >>simnet ----------------------------------------------------------------- */
+/* One mutex guards the simulation; `turn` names the rank that may run. A
+   rank entering the hub records what it waits for (a time, a transfer, a
+   probe), computes its key (the virtual time at which that is due, capped
+   by its deadline and its death), passes the turn to the rank with the
+   smallest (key, rank) and sleeps on its own condition variable until the
+   turn comes back. Keys are cached and recomputed when a message is posted
+   to the rank, so a hand-off is one O(ranks) scan. Messages are copied at
+   send into a per-pair FIFO list with their arrival time. */
+
+#define DSGD__SN_INF HUGE_VAL
+
+enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD };
+enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
+
+typedef struct dsgd__sn_msg {
+    struct dsgd__sn_msg *next;
+    uint64_t tag;
+    size_t bytes;
+    double arrival;
+    /* the payload follows, aligned for floats */
+} dsgd__sn_msg;
+
+#define DSGD__SN_HDR ((sizeof(dsgd__sn_msg) + 15) & ~(size_t)15)
+#define DSGD__SN_PAYLOAD(m) ((unsigned char *)(m) + DSGD__SN_HDR)
+
+typedef struct dsgd__sn_pair {
+    dsgd__sn_msg *head, *tail;
+    double last_arrival;
+    long dropped;
+} dsgd__sn_pair;
+
+typedef struct dsgd__sn_fault {
+    dsgd_simnet_fault f;
+    long left;   /* DROP, DELAY: messages still to hit */
+    int applied; /* STALL by time */
+} dsgd__sn_fault;
+
+typedef struct dsgd__sn_ep {
+    struct dsgd_simnet *hub;
+    int rank;
+    int state;
+    double t;          /* the virtual clock */
+    double key;        /* WAITING: when its wait ends (cached) */
+    /* the wait */
+    int wait;
+    double t_call;     /* the clock when the call began */
+    double until;      /* W_TIME: the end; W_XFER: when the send half is done (-INF: none) */
+    int src;           /* W_XFER: the source, -1 none */
+    size_t reduce_k;   /* W_XFER: floats reduced on receipt (gamma), 0: a copy */
+    double deadline;
+    double kill_time;  /* KILL by time, or INF */
+    double tx_free, rx_free; /* the NIC */
+    long step;         /* the last compute step, -1 */
+    double slow;       /* SLOW factor in force */
+    uint64_t progress; /* atomic */
+    uint64_t jitter;   /* test hook's generator (owner thread only) */
+    pthread_cond_t cv;
+    char err[224];
+} dsgd__sn_ep;
+
+struct dsgd_simnet {
+    dsgd_ctx *ctx;
+    dsgd_simnet_desc d;
+    int n;
+    pthread_mutex_t mu;
+    int turn;    /* the rank that may run, -1: none */
+    int parked;  /* ranks PARKED */
+    int aborted; /* atomic */
+    dsgd__sn_ep *ep;
+    dsgd__sn_pair *pair; /* pair[src * n + dst] */
+    dsgd__sn_fault *faults;
+    double *rank_factor;
+    dsgd_simnet_stats stats;
+};
+
+static int dsgd__sn_finite_nonneg(double x) { return x >= 0 && x < DSGD__SN_INF; }
+
+/* Validates desc; records the first problem. */
+static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
+    const char *w = "dsgd_simnet_create";
+    const dsgd_simnet_compute_desc *c = &d->compute;
+    int i;
+    if (d->ranks < 1 || d->ranks > 4096)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d ranks (need 1..4096)", w, d->ranks);
+    if (!dsgd__sn_finite_nonneg(d->alpha_s) || !dsgd__sn_finite_nonneg(d->beta_s_per_byte) ||
+        !dsgd__sn_finite_nonneg(d->gamma_s_per_float) || !dsgd__sn_finite_nonneg(d->intra_alpha_s) ||
+        !dsgd__sn_finite_nonneg(d->intra_beta_s_per_byte) || !dsgd__sn_finite_nonneg(d->test_jitter_s))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: costs must be finite and >= 0 (alpha %g, beta %g, gamma %g, intra alpha %g, "
+                                  "intra beta %g, jitter %g)", w, d->alpha_s, d->beta_s_per_byte,
+                                  d->gamma_s_per_float, d->intra_alpha_s, d->intra_beta_s_per_byte, d->test_jitter_s);
+    if (d->park_between_calls && (d->half_duplex || d->serialize_receives))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: park_between_calls cannot be combined with half_duplex or serialize_receives "
+                                  "(their bookings depend on the order of the sends)", w);
+    if (d->ranks_per_node < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: ranks_per_node %d < 0", w, d->ranks_per_node);
+    if ((int)c->kind < 0 || (int)c->kind > (int)DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown compute kind %d", w, (int)c->kind);
+    if (!dsgd__sn_finite_nonneg(c->mean_s) || !dsgd__sn_finite_nonneg(c->shift_s) ||
+        !(c->straggler_p >= 0 && c->straggler_p <= 1) || !dsgd__sn_finite_nonneg(c->straggler_factor))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: compute model: mean %g, shift %g, straggler p %g, factor %g (need finite "
+                                  "values >= 0 and p in [0, 1])", w, c->mean_s, c->shift_s, c->straggler_p,
+                                  c->straggler_factor);
+    for (i = 0; c->rank_factor && i < d->ranks; ++i)
+        if (!(c->rank_factor[i] > 0 && c->rank_factor[i] < DSGD__SN_INF))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank_factor[%d] = %g (need > 0)", w, i,
+                                      c->rank_factor[i]);
+    if (d->num_faults < 0 || (d->num_faults > 0 && !d->faults))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d faults at %p", w, d->num_faults,
+                                  (const void *)d->faults);
+    for (i = 0; i < d->num_faults; ++i) {
+        const dsgd_simnet_fault *f = &d->faults[i];
+        const char *bad = NULL;
+        if ((int)f->kind < (int)DSGD_SIMNET_FAULT_KILL || (int)f->kind > (int)DSGD_SIMNET_FAULT_DELAY)
+            bad = "unknown kind";
+        else if (f->rank < 0 || f->rank >= d->ranks)
+            bad = "rank out of range";
+        else if ((f->kind == DSGD_SIMNET_FAULT_DROP || f->kind == DSGD_SIMNET_FAULT_DELAY) &&
+                 (f->peer < -1 || f->peer >= d->ranks))
+            bad = "peer out of range";
+        else if (f->step < 0 && !dsgd__sn_finite_nonneg(f->time))
+            bad = "time must be finite and >= 0";
+        else if (!dsgd__sn_finite_nonneg(f->seconds))
+            bad = "seconds must be finite and >= 0";
+        else if (f->kind == DSGD_SIMNET_FAULT_SLOW && !(f->factor > 0 && f->factor < DSGD__SN_INF))
+            bad = "factor must be > 0";
+        else if (f->count < 0)
+            bad = "count < 0";
+        if (bad) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: faults[%d]: %s", w, i, bad);
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *desc, dsgd_simnet **out) {
+    const char *w = "dsgd_simnet_create";
+    dsgd_simnet *h;
+    size_t npairs;
+    int i, inited = 0;
+    dsgd_result r;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", w);
+    *out = NULL;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc is NULL", w);
+    if ((r = dsgd__sn_check(ctx, desc)) != DSGD_OK) return r;
+    h = (dsgd_simnet *)dsgd__alloc(ctx, sizeof(*h), w);
+    if (!h) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(h, 0, sizeof(*h));
+    h->ctx = ctx;
+    h->d = *desc;
+    h->n = desc->ranks;
+    npairs = (size_t)h->n * (size_t)h->n;
+    h->ep = (dsgd__sn_ep *)dsgd__alloc(ctx, sizeof(dsgd__sn_ep) * (size_t)h->n, w);
+    h->pair = (dsgd__sn_pair *)dsgd__alloc(ctx, sizeof(dsgd__sn_pair) * npairs, w);
+    h->faults = (dsgd__sn_fault *)dsgd__alloc(ctx, sizeof(dsgd__sn_fault) * (size_t)(desc->num_faults + 1), w);
+    h->rank_factor = (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)h->n, w);
+    if (!h->ep || !h->pair || !h->faults || !h->rank_factor) {
+        DSGD_FREE(h->ep);
+        DSGD_FREE(h->pair);
+        DSGD_FREE(h->faults);
+        DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(h->ep, 0, sizeof(dsgd__sn_ep) * (size_t)h->n);
+    memset(h->pair, 0, sizeof(dsgd__sn_pair) * npairs);
+    for (i = 0; i < desc->num_faults; ++i) {
+        h->faults[i].f = desc->faults[i];
+        h->faults[i].left = desc->faults[i].count > 0 ? desc->faults[i].count : 1;
+        h->faults[i].applied = 0;
+    }
+    h->d.faults = NULL; /* the copy above is the hub's */
+    for (i = 0; i < h->n; ++i) h->rank_factor[i] = desc->compute.rank_factor ? desc->compute.rank_factor[i] : 1.0;
+    h->d.compute.rank_factor = h->rank_factor;
+    if (pthread_mutex_init(&h->mu, NULL) == 0) {
+        for (i = 0; i < h->n; ++i) {
+            dsgd__sn_ep *e = &h->ep[i];
+            int k;
+            e->hub = h;
+            e->rank = i;
+            /* parking between calls: outside the hub until the first call */
+            e->state = desc->park_between_calls ? DSGD__SN_PARKED : DSGD__SN_ARRIVING;
+            e->kill_time = DSGD__SN_INF;
+            e->step = -1;
+            e->slow = 1.0;
+            e->src = -1;
+            e->jitter = (uint64_t)(dsgd_now() * 1e9) ^ ((uint64_t)i * 0x9E3779B97F4A7C15ull);
+            for (k = 0; k < desc->num_faults; ++k) {
+                const dsgd_simnet_fault *f = &desc->faults[k];
+                if (f->kind == DSGD_SIMNET_FAULT_KILL && f->rank == i && f->step < 0 && f->time < e->kill_time)
+                    e->kill_time = f->time;
+            }
+            if (pthread_cond_init(&e->cv, NULL) != 0) break;
+            ++inited;
+        }
+        if (inited < h->n) {
+            for (i = 0; i < inited; ++i) pthread_cond_destroy(&h->ep[i].cv);
+            pthread_mutex_destroy(&h->mu);
+        }
+    }
+    if (inited < h->n) {
+        DSGD_FREE(h->ep);
+        DSGD_FREE(h->pair);
+        DSGD_FREE(h->faults);
+        DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot create a pthread mutex or condition", w);
+    }
+    /* every rank arrives at time 0, rank 0 first; parked, they come when they call */
+    h->turn = desc->park_between_calls ? -1 : 0;
+    h->parked = desc->park_between_calls ? h->n : 0;
+    *out = h;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_simnet_destroy(dsgd_simnet *h) {
+    size_t i, npairs;
+    int k;
+    if (!h) return;
+    npairs = (size_t)h->n * (size_t)h->n;
+    for (i = 0; i < npairs; ++i) {
+        dsgd__sn_msg *m = h->pair[i].head;
+        while (m) {
+            dsgd__sn_msg *next = m->next;
+            DSGD_FREE(m);
+            m = next;
+        }
+    }
+    for (k = 0; k < h->n; ++k) pthread_cond_destroy(&h->ep[k].cv);
+    pthread_mutex_destroy(&h->mu);
+    DSGD_FREE(h->ep);
+    DSGD_FREE(h->pair);
+    DSGD_FREE(h->faults);
+    DSGD_FREE(h->rank_factor);
+    DSGD_FREE(h);
+}
+
+DSGD_API void dsgd_simnet_abort(dsgd_simnet *h) {
+    int i;
+    if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    DSGD__STORE_SC(&h->aborted, 1);
+    for (i = 0; i < h->n; ++i) pthread_cond_signal(&h->ep[i].cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+DSGD_API int dsgd_simnet_aborted(dsgd_simnet *h) { return h ? DSGD__LOAD_SC(&h->aborted) : 0; }
+
+DSGD_API double dsgd_simnet_time(dsgd_simnet *h, int rank) {
+    double t;
+    if (!h || rank < 0 || rank >= h->n) return 0;
+    pthread_mutex_lock(&h->mu);
+    t = h->ep[rank].t;
+    pthread_mutex_unlock(&h->mu);
+    return t;
+}
+
+DSGD_API void dsgd_simnet_get_stats(dsgd_simnet *h, dsgd_simnet_stats *out) {
+    int i;
+    if (!h || !out) return;
+    pthread_mutex_lock(&h->mu);
+    *out = h->stats;
+    out->max_time = 0;
+    for (i = 0; i < h->n; ++i)
+        if (h->ep[i].t > out->max_time) out->max_time = h->ep[i].t;
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* >>simnet compute model --------------------------------------------------- */
+
+DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *h, int rank, long step) {
+    const dsgd_simnet_compute_desc *c;
+    uint64_t s;
+    double u, x = 0, straggle;
+    if (!h || rank < 0 || rank >= h->n || step < 0) return 0;
+    c = &h->d.compute;
+    /* one stream per (seed, rank, step): two mixing rounds */
+    s = c->seed ^ ((uint64_t)rank * 0xD1B54A32D192ED03ull);
+    s = dsgd_rng_next(&s) ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull);
+    dsgd_rng_next(&s);
+    u = dsgd_rng_uniform(&s);
+    straggle = dsgd_rng_uniform(&s);
+    switch (c->kind) {
+    case DSGD_SIMNET_COMPUTE_CONSTANT: x = c->mean_s; break;
+    case DSGD_SIMNET_COMPUTE_EXPONENTIAL: x = -c->mean_s * log(1.0 - u); break;
+    case DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL: x = c->shift_s - c->mean_s * log(1.0 - u); break;
+    default: x = 0; break;
+    }
+    x *= h->rank_factor[rank];
+    if (c->straggler_p > 0 && straggle < c->straggler_p && c->straggler_factor > 0) x *= c->straggler_factor;
+    return x;
+}
+
+/* >>simnet scheduler ------------------------------------------------------- */
+
+/* The test hook: a random real-time pause (a yield or a sleep). */
+static void dsgd__sn_jitter(dsgd__sn_ep *e) {
+    double j = e->hub->d.test_jitter_s;
+    uint64_t r;
+    if (!(j > 0)) return;
+    r = dsgd_rng_next(&e->jitter);
+    if (r & 1) {
+        sched_yield();
+    } else {
+        struct timespec ts;
+        double s = j * (double)(r >> 11) * (1.0 / 9007199254740992.0);
+        ts.tv_sec = (time_t)s;
+        ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* When e's wait is over, ignoring the deadline (INF: not known yet). */
+static double dsgd__sn_event(const dsgd__sn_ep *e) {
+    const dsgd_simnet *h = e->hub;
+    double ev;
+    int k;
+    switch (e->wait) {
+    case DSGD__SN_W_TIME: return e->until;
+    case DSGD__SN_W_XFER: {
+        const dsgd__sn_msg *m;
+        ev = e->until;
+        if (e->src < 0) return ev;
+        m = h->pair[(size_t)e->src * (size_t)h->n + (size_t)e->rank].head;
+        if (!m) return DSGD__SN_INF;
+        return DSGD__MAX(ev, DSGD__MAX(e->t_call, m->arrival) + (double)e->reduce_k * h->d.gamma_s_per_float);
+    }
+    default: /* probe: the earliest arrival */
+        ev = DSGD__SN_INF;
+        for (k = 0; k < h->n; ++k) {
+            const dsgd__sn_msg *m = h->pair[(size_t)k * (size_t)h->n + (size_t)e->rank].head;
+            if (m && m->arrival < ev) ev = m->arrival;
+        }
+        return ev < DSGD__SN_INF ? DSGD__MAX(ev, e->t_call) : ev;
+    }
+}
+
+static double dsgd__sn_key(const dsgd__sn_ep *e) {
+    double k = dsgd__sn_event(e);
+    if (e->deadline < k) k = e->deadline;
+    if (e->kill_time < k) k = e->kill_time;
+    return k;
+}
+
+/* Non-zero when no parked rank can change how e's wait ends. A compute, a
+   message already queued (a pair's messages arrive in order) and a death
+   are e's own. A deadline that fires, or the choice of a probe, at time K
+   could be changed by a message from any parked rank p, directly or
+   through ranks it unblocks, and such a message arrives no earlier than
+   t_p plus the smallest latency: so it needs every parked rank past
+   K - alpha_min. */
+static int dsgd__sn_safe(const dsgd__sn_ep *e) {
+    const dsgd_simnet *h = e->hub;
+    double alpha_min = h->d.alpha_s;
+    int k;
+    if (h->parked == 0 || e->state != DSGD__SN_WAITING || e->wait == DSGD__SN_W_TIME || e->key == e->kill_time)
+        return 1;
+    if (e->wait == DSGD__SN_W_XFER &&
+        (e->src < 0 || h->pair[(size_t)e->src * (size_t)h->n + (size_t)e->rank].head))
+        return 1;
+    if (h->d.ranks_per_node > 0 && h->d.intra_alpha_s < alpha_min) alpha_min = h->d.intra_alpha_s;
+    for (k = 0; k < h->n; ++k) {
+        const dsgd__sn_ep *p = &h->ep[k];
+        if (p->state == DSGD__SN_PARKED && !(p->t + alpha_min > e->key)) return 0;
+    }
+    return 1;
+}
+
+/* Gives the turn to the rank with the smallest (key, rank), when its wait
+   can end whatever the parked ranks do; otherwise (or when no rank is
+   left) to nobody (-1) until a parked rank returns. Called with the mutex
+   held by the rank that has the turn (or that just gave it up by parking,
+   leaving or dying), or by a parked rank returning to a hub where nobody
+   has the turn. */
+static void dsgd__sn_pass(dsgd_simnet *h) {
+    double best_key = DSGD__SN_INF;
+    int best = -1, k, me = h->turn;
+    for (k = 0; k < h->n; ++k) {
+        const dsgd__sn_ep *e = &h->ep[k];
+        double key;
+        if (e->state == DSGD__SN_ARRIVING) key = e->t;
+        else if (e->state == DSGD__SN_WAITING) key = e->key;
+        else continue;
+        if (best < 0 || key < best_key) {
+            best = k;
+            best_key = key;
+        }
+    }
+    if (best >= 0 && !dsgd__sn_safe(&h->ep[best])) best = -1;
+    h->turn = best;
+    if (best >= 0 && best != me) {
+        h->stats.handoffs++;
+        pthread_cond_signal(&h->ep[best].cv);
+    }
+}
+
+/* Waits (mutex held) until it is e's turn or the hub is aborted. */
+static void dsgd__sn_wait_turn(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    while (h->turn != e->rank && !DSGD__LOAD_RLX(&h->aborted)) pthread_cond_wait(&e->cv, &h->mu);
+}
+
+static dsgd_result dsgd__sn_fail(dsgd__sn_ep *e, dsgd_result r, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static dsgd_result dsgd__sn_fail(dsgd__sn_ep *e, dsgd_result r, const char *fmt, ...) {
+    va_list ap;
+    int k = snprintf(e->err, sizeof(e->err), "simnet rank %d at %.9g s: ", e->rank, e->t);
+    if (k < 0 || (size_t)k >= sizeof(e->err)) return r;
+    va_start(ap, fmt);
+    vsnprintf(e->err + k, sizeof(e->err) - (size_t)k, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* Applies time-triggered stalls once e's clock has reached them. */
+static void dsgd__sn_stalls(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    int i;
+    for (i = 0; i < h->d.num_faults; ++i) {
+        dsgd__sn_fault *f = &h->faults[i];
+        if (f->f.kind == DSGD_SIMNET_FAULT_STALL && f->f.rank == e->rank && f->f.step < 0 && !f->applied &&
+            e->t >= f->f.time) {
+            f->applied = 1;
+            if (e->t < f->f.time + f->f.seconds) e->t = f->f.time + f->f.seconds;
+        }
+    }
+}
+
+/* The rank dies at time `at`: it gives up the turn for good. */
+static dsgd_result dsgd__sn_die(dsgd__sn_ep *e, double at) {
+    if (at > e->t) e->t = at;
+    e->state = DSGD__SN_DEAD;
+    e->kill_time = e->t;
+    dsgd__sn_pass(e->hub);
+    return dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed (fault injection)");
+}
+
+/* Entering the hub: locks the mutex and waits for the turn. Returns DSGD_OK
+   with the mutex held and the turn, or an error with the mutex released. */
+static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    dsgd_result r;
+    dsgd__sn_jitter(e);
+    pthread_mutex_lock(&h->mu);
+    if (e->state == DSGD__SN_PARKED) {
+        /* back at its clock, as a rank arriving */
+        e->state = DSGD__SN_ARRIVING;
+        h->parked--;
+        if (h->turn < 0) dsgd__sn_pass(h);
+    }
+    if (e->state == DSGD__SN_ARRIVING) {
+        dsgd__sn_wait_turn(e);
+        if (!DSGD__LOAD_RLX(&h->aborted)) {
+            e->state = DSGD__SN_RUNNING;
+            dsgd__sn_jitter(e);
+        }
+    }
+    if (DSGD__LOAD_RLX(&h->aborted)) {
+        r = dsgd__sn_fail(e, DSGD_ERR_ABORTED, "the hub was aborted");
+    } else if (e->state == DSGD__SN_DEAD) {
+        r = dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed at %.9g s (fault injection)", e->kill_time);
+    } else if (e->state == DSGD__SN_LEFT) {
+        r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank left the simulation");
+    } else {
+        DSGD_ASSERT(e->state == DSGD__SN_RUNNING && h->turn == e->rank);
+        dsgd__sn_stalls(e);
+        if (e->t >= e->kill_time) {
+            dsgd__sn_die(e, e->kill_time);
+            r = DSGD_ERR_ABORTED;
+        } else {
+            return DSGD_OK;
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+/* Waits, holding the mutex and the turn, for e's wait (set by the caller)
+   to be due, and returns with the turn again: DSGD_OK (the event is due;
+   the clock is at it), DSGD_ERR_TIMEOUT (the clock is at the deadline, or
+   every rank waits for ever), DSGD_ERR_ABORTED (aborted or killed; the
+   message is set). */
+static dsgd_result dsgd__sn_block(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    double ev;
+    e->state = DSGD__SN_WAITING;
+    e->key = dsgd__sn_key(e);
+    dsgd__sn_pass(h);
+    dsgd__sn_wait_turn(e);
+    if (DSGD__LOAD_RLX(&h->aborted)) {
+        if (e->state == DSGD__SN_WAITING) e->state = DSGD__SN_RUNNING;
+        return dsgd__sn_fail(e, DSGD_ERR_ABORTED, "the hub was aborted");
+    }
+    e->state = DSGD__SN_RUNNING;
+    dsgd__sn_jitter(e);
+    ev = dsgd__sn_event(e);
+    if (e->kill_time < DSGD__SN_INF && e->kill_time <= ev && e->kill_time <= e->deadline)
+        return dsgd__sn_die(e, e->kill_time);
+    if (ev < DSGD__SN_INF && ev <= e->deadline) {
+        if (ev > e->t) e->t = ev;
+        return DSGD_OK;
+    }
+    if (e->deadline < DSGD__SN_INF) {
+        if (e->deadline > e->t) e->t = e->deadline;
+        return DSGD_ERR_TIMEOUT;
+    }
+    return DSGD_ERR_TIMEOUT; /* every rank waits with no deadline: a deadlock */
+}
+
+/* Parks a running rank: it gives up the turn and is left out of the
+   scheduling until its next call. */
+static void dsgd__sn_park(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    e->state = DSGD__SN_PARKED;
+    h->parked++;
+    if (h->turn == e->rank) dsgd__sn_pass(h);
+}
+
+/* Leaves the hub after a call: time-triggered stalls, parking when every
+   rank parks between calls, then the mutex. */
+static dsgd_result dsgd__sn_exit(dsgd__sn_ep *e, dsgd_result r) {
+    if (e->state == DSGD__SN_RUNNING) {
+        dsgd__sn_stalls(e);
+        if (e->hub->d.park_between_calls && !DSGD__LOAD_RLX(&e->hub->aborted)) dsgd__sn_park(e);
+    }
+    pthread_mutex_unlock(&e->hub->mu);
+    return r;
+}
+
+/* >>simnet transfers ------------------------------------------------------- */
+
+static void dsgd__sn_link(const dsgd_simnet *h, int s, int d, double *alpha, double *beta) {
+    int L = h->d.ranks_per_node;
+    if (L > 0 && s / L == d / L) {
+        *alpha = h->d.intra_alpha_s;
+        *beta = h->d.intra_beta_s_per_byte;
+    } else {
+        *alpha = h->d.alpha_s;
+        *beta = h->d.beta_s_per_byte;
+    }
+}
+
+/* The DROP or DELAY fault that hits a message from e to dst now, if any. */
+static dsgd__sn_fault *dsgd__sn_msg_fault(dsgd__sn_ep *e, int dst, int kind) {
+    dsgd_simnet *h = e->hub;
+    int i;
+    for (i = 0; i < h->d.num_faults; ++i) {
+        dsgd__sn_fault *f = &h->faults[i];
+        if ((int)f->f.kind != kind || f->f.rank != e->rank || f->left <= 0) continue;
+        if (f->f.peer >= 0 && f->f.peer != dst) continue;
+        if (f->f.step >= 0 ? e->step < f->f.step : e->t < f->f.time) continue;
+        return f;
+    }
+    return NULL;
+}
+
+/* Posts a message from e (at its clock) to dst; *done is when it has left
+   the NIC. DSGD_ERR_TIMEOUT (nothing posted) when that is past the
+   deadline. */
+static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const void *buf, size_t bytes,
+                                 double deadline, double *done) {
+    dsgd_simnet *h = e->hub;
+    dsgd__sn_ep *d = &h->ep[dst];
+    dsgd__sn_pair *p = &h->pair[(size_t)e->rank * (size_t)h->n + (size_t)dst];
+    double alpha, beta, start, occupy, *tx, *rx = NULL;
+    dsgd__sn_fault *f;
+    dsgd__sn_msg *m;
+    dsgd__sn_link(h, e->rank, dst, &alpha, &beta);
+    tx = &e->tx_free;
+    if (h->d.half_duplex) rx = &d->tx_free;
+    else if (h->d.serialize_receives) rx = &d->rx_free;
+    start = DSGD__MAX(e->t, *tx);
+    if (rx && *rx > start) start = *rx;
+    occupy = (double)bytes * beta;
+    *done = start + occupy;
+    if (*done > deadline)
+        return dsgd__sn_fail(e, DSGD_ERR_TIMEOUT, "the deadline passed before the message to rank %d could leave", dst);
+    m = (dsgd__sn_msg *)DSGD_MALLOC(DSGD__SN_HDR + bytes);
+    if (!m) return dsgd__sn_fail(e, DSGD_ERR_OUT_OF_MEMORY, "cannot buffer %zu bytes for rank %d", bytes, dst);
+    *tx = *done;
+    if (rx) *rx = *done;
+    h->stats.messages++;
+    h->stats.bytes += bytes;
+    if ((f = dsgd__sn_msg_fault(e, dst, DSGD_SIMNET_FAULT_DROP)) != NULL) {
+        f->left--;
+        p->dropped++;
+        h->stats.dropped++;
+        DSGD_FREE(m);
+        return DSGD_OK;
+    }
+    m->next = NULL;
+    m->tag = tag;
+    m->bytes = bytes;
+    m->arrival = *done + alpha;
+    if ((f = dsgd__sn_msg_fault(e, dst, DSGD_SIMNET_FAULT_DELAY)) != NULL) {
+        f->left--;
+        m->arrival += f->f.seconds;
+    }
+    if (m->arrival < p->last_arrival) m->arrival = p->last_arrival; /* one pair stays in order */
+    p->last_arrival = m->arrival;
+    if (bytes) memcpy(DSGD__SN_PAYLOAD(m), buf, bytes);
+    if (p->tail) p->tail->next = m;
+    else p->head = m;
+    p->tail = m;
+    if (d->state == DSGD__SN_WAITING) d->key = dsgd__sn_key(d);
+    return DSGD_OK;
+}
+
+/* Why a wait for src ended without its message: text for the error. */
+static const char *dsgd__sn_why(const dsgd__sn_ep *e, int src, char *buf, size_t cap) {
+    const dsgd_simnet *h = e->hub;
+    const dsgd__sn_ep *p = &h->ep[src];
+    buf[0] = '\0';
+    if (p->state == DSGD__SN_DEAD) snprintf(buf, cap, " (rank %d was killed at %.9g s)", src, p->kill_time);
+    else if (h->pair[(size_t)src * (size_t)h->n + (size_t)e->rank].dropped)
+        snprintf(buf, cap, " (a message from rank %d was dropped)", src);
+    else if (p->state == DSGD__SN_LEFT) snprintf(buf, cap, " (rank %d left the simulation)", src);
+    return buf;
+}
+
+/* The one transfer: post to dst (>= 0), then wait for the message from src
+   (>= 0) and copy it (op < 0) or reduce it into rbuf. */
+static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                 uint64_t rtag, void *rbuf, size_t rbytes, int op, double deadline,
+                                 int *failed_peer) {
+    dsgd_simnet *h = e->hub;
+    dsgd_result r;
+    double done = -DSGD__SN_INF;
+    char why[96];
+    if (failed_peer) *failed_peer = -1;
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) {
+        if (failed_peer) *failed_peer = src >= 0 ? src : dst;
+        return r;
+    }
+    e->t_call = e->t;
+    if (dst >= 0 && (r = dsgd__sn_post(e, dst, stag, sbuf, sbytes, deadline, &done)) != DSGD_OK) {
+        /* the send could not leave in time: wait out the deadline, then fail */
+        e->wait = DSGD__SN_W_TIME;
+        e->until = DSGD__SN_INF;
+        e->deadline = r == DSGD_ERR_TIMEOUT ? deadline : e->t;
+        if (dsgd__sn_block(e) != DSGD_ERR_ABORTED)
+            dsgd__sn_fail(e, r, r == DSGD_ERR_TIMEOUT ? "the deadline passed before the message to rank %d could leave"
+                                                      : "cannot buffer a message for rank %d", dst);
+        if (failed_peer) *failed_peer = dst;
+        return dsgd__sn_exit(e, r);
+    }
+    e->wait = DSGD__SN_W_XFER;
+    e->until = done;
+    e->src = src;
+    e->reduce_k = op >= 0 ? rbytes / sizeof(float) : 0;
+    e->deadline = deadline;
+    r = dsgd__sn_block(e);
+    if (r == DSGD_OK && src >= 0) {
+        dsgd__sn_pair *p = &h->pair[(size_t)src * (size_t)h->n + (size_t)e->rank];
+        dsgd__sn_msg *m = p->head;
+        DSGD_ASSERT(m != NULL);
+        if (m->tag != rtag || m->bytes != rbytes) {
+            r = dsgd__sn_fail(e, DSGD_ERR_DESYNC,
+                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes", src,
+                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes);
+        } else {
+            p->head = m->next;
+            if (!p->head) p->tail = NULL;
+            if (op < 0) {
+                if (rbytes) memcpy(rbuf, DSGD__SN_PAYLOAD(m), rbytes);
+            } else {
+                dsgd__reduce_into((float *)rbuf, (const float *)(const void *)DSGD__SN_PAYLOAD(m),
+                                  rbytes / sizeof(float), (dsgd_reduce_op)op, 0);
+            }
+            DSGD_FREE(m);
+        }
+    } else if (r == DSGD_ERR_TIMEOUT) {
+        if (src >= 0 && e->deadline < DSGD__SN_INF)
+            dsgd__sn_fail(e, r, "the deadline passed while waiting for rank %d%s", src, dsgd__sn_why(e, src, why, sizeof(why)));
+        else if (src >= 0)
+            dsgd__sn_fail(e, r, "deadlock: every rank waits and nothing is in flight; waiting for rank %d", src);
+        else
+            dsgd__sn_fail(e, r, "the deadline passed before the message to rank %d had left", dst);
+    }
+    if (r != DSGD_OK && failed_peer) *failed_peer = src >= 0 ? src : dst;
+    return dsgd__sn_exit(e, r);
+}
+
+/* peer -1 (no transfer) or another rank of the hub. */
+static dsgd_result dsgd__sn_check_peer(dsgd__sn_ep *e, int peer, int *failed_peer) {
+    if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
+        if (failed_peer) *failed_peer = peer;
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: invalid peer %d", e->rank, peer);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__sn_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (dst < 0 || dsgd__sn_check_peer(e, dst, NULL) != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: invalid peer %d", e->rank, dst);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return dsgd__sn_xfer(e, dst, tag, buf, bytes, -1, 0, NULL, 0, -1, deadline, NULL);
+}
+
+static dsgd_result dsgd__sn_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (src < 0 || dsgd__sn_check_peer(e, src, NULL) != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: invalid peer %d", e->rank, src);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return dsgd__sn_xfer(e, -1, 0, NULL, 0, src, tag, buf, bytes, -1, deadline, NULL);
+}
+
+static dsgd_result dsgd__sn_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                     uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (dsgd__sn_check_peer(e, dst, failed_peer) != DSGD_OK || dsgd__sn_check_peer(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__sn_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, -1, deadline, failed_peer);
+}
+
+static dsgd_result dsgd__sn_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                            int src, uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op,
+                                            double deadline, int *failed_peer) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (dsgd__sn_check_peer(e, dst, failed_peer) != DSGD_OK || dsgd__sn_check_peer(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: unknown reduce op %d", e->rank, (int)op);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    return dsgd__sn_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), (int)op, deadline,
+                         failed_peer);
+}
+
+/* Receive from any source: the earliest arrival, ties by the lower rank. */
+static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    dsgd_simnet *h = e->hub;
+    dsgd_result r;
+    int k, best = -1;
+    if (src) *src = -1;
+    if (!src || !tag || !bytes) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: probe needs src, tag and bytes", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    e->t_call = e->t;
+    e->wait = DSGD__SN_W_PROBE;
+    e->deadline = deadline;
+    r = dsgd__sn_block(e);
+    if (r == DSGD_OK) {
+        double best_arrival = DSGD__SN_INF;
+        for (k = 0; k < h->n; ++k) {
+            const dsgd__sn_msg *m = h->pair[(size_t)k * (size_t)h->n + (size_t)e->rank].head;
+            if (m && m->arrival < best_arrival) {
+                best_arrival = m->arrival;
+                best = k;
+            }
+        }
+        DSGD_ASSERT(best >= 0);
+        {
+            const dsgd__sn_msg *m = h->pair[(size_t)best * (size_t)h->n + (size_t)e->rank].head;
+            *src = best;
+            *tag = m->tag;
+            *bytes = m->bytes;
+        }
+    } else if (r == DSGD_ERR_TIMEOUT) {
+        dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from any rank");
+    }
+    return dsgd__sn_exit(e, r);
+}
+
+/* A wait of `seconds` of compute (kill and stall faults apply). */
+static dsgd_result dsgd__sn_charge(dsgd__sn_ep *e, double seconds) {
+    dsgd_result r;
+    e->hub->stats.computes++;
+    e->t_call = e->t;
+    e->wait = DSGD__SN_W_TIME;
+    e->until = e->t + seconds;
+    e->deadline = DSGD__SN_INF;
+    r = dsgd__sn_block(e);
+    return dsgd__sn_exit(e, r);
+}
+
+/* hub NULL or rank out of range: DSGD_ERR_INVALID_ARGUMENT, recorded nowhere
+   (the hub's ctx belongs to another thread). */
+static dsgd_result dsgd__sn_rank_check(dsgd_simnet *h, int rank) {
+    return h && rank >= 0 && rank < h->n ? DSGD_OK : DSGD_ERR_INVALID_ARGUMENT;
+}
+
+DSGD_API dsgd_result dsgd_simnet_compute(dsgd_simnet *h, int rank, long step) {
+    dsgd__sn_ep *e;
+    dsgd_result r;
+    double x, extra = 0;
+    int i;
+    if ((r = dsgd__sn_rank_check(h, rank)) != DSGD_OK) return r;
+    e = &h->ep[rank];
+    if (step < 0) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: compute step %ld < 0", rank, step);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    e->step = step;
+    x = dsgd_simnet_compute_time(h, rank, step);
+    for (i = 0; i < h->d.num_faults; ++i) {
+        const dsgd_simnet_fault *f = &h->faults[i].f;
+        if (f->rank != rank) continue;
+        if (f->kind == DSGD_SIMNET_FAULT_KILL && f->step == step) {
+            dsgd__sn_die(e, e->t);
+            return dsgd__sn_exit(e, DSGD_ERR_ABORTED);
+        }
+        if (f->kind == DSGD_SIMNET_FAULT_STALL && f->step == step) extra += f->seconds;
+        if (f->kind == DSGD_SIMNET_FAULT_SLOW && (f->step >= 0 ? step >= f->step : e->t >= f->time)) x *= f->factor;
+    }
+    return dsgd__sn_charge(e, x + extra);
+}
+
+DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double seconds) {
+    dsgd__sn_ep *e;
+    dsgd_result r;
+    if ((r = dsgd__sn_rank_check(h, rank)) != DSGD_OK) return r;
+    e = &h->ep[rank];
+    if (!dsgd__sn_finite_nonneg(seconds)) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: advance by %g s (need finite, >= 0)", rank, seconds);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    return dsgd__sn_charge(e, seconds);
+}
+
+DSGD_API void dsgd_simnet_leave(dsgd_simnet *h, int rank) {
+    dsgd__sn_ep *e;
+    if (!h || rank < 0 || rank >= h->n) return;
+    e = &h->ep[rank];
+    pthread_mutex_lock(&h->mu);
+    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED) {
+        if (e->state == DSGD__SN_PARKED) h->parked--;
+        e->state = DSGD__SN_LEFT;
+        if (h->turn == rank || h->turn < 0) dsgd__sn_pass(h);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
+    dsgd__sn_ep *e;
+    dsgd_result r = DSGD_OK;
+    if (dsgd__sn_rank_check(h, rank) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    e = &h->ep[rank];
+    if (h->d.half_duplex || h->d.serialize_receives) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: cannot park with half_duplex or serialize_receives", rank);
+        return DSGD_ERR_UNSUPPORTED;
+    }
+    pthread_mutex_lock(&h->mu);
+    if ((e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING) && !DSGD__LOAD_RLX(&h->aborted))
+        dsgd__sn_park(e);
+    else if (e->state == DSGD__SN_LEFT) r = DSGD_ERR_STATE;
+    else if (e->state == DSGD__SN_DEAD || DSGD__LOAD_RLX(&h->aborted)) r = DSGD_ERR_ABORTED;
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+static void dsgd__sn_abort(void *impl) { dsgd_simnet_abort(((dsgd__sn_ep *)impl)->hub); }
+
+static double dsgd__sn_now(void *impl) { return ((dsgd__sn_ep *)impl)->t; }
+
+static const char *dsgd__sn_error_message(void *impl) { return ((dsgd__sn_ep *)impl)->err; }
+
+static void dsgd__sn_set_progress(void *impl, uint64_t seq) {
+    DSGD__STORE_REL(&((dsgd__sn_ep *)impl)->progress, seq);
+}
+
+static uint64_t dsgd__sn_peer_progress(void *impl, int peer) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    if (peer < 0 || peer >= e->hub->n) return 0;
+    return DSGD__LOAD_ACQ(&e->hub->ep[peer].progress);
+}
+
+DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transport_i *out) {
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_simnet_endpoint: out is NULL");
+    memset(out, 0, sizeof(*out));
+    if (rank < 0 || rank >= h->n)
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_simnet_endpoint: rank %d outside [0, %d)",
+                                  rank, h->n);
+    out->name = "simnet";
+    out->impl = &h->ep[rank];
+    out->rank = rank;
+    out->size = h->n;
+    out->destroy = NULL;
+    out->send = dsgd__sn_send;
+    out->recv = dsgd__sn_recv;
+    out->sendrecv = dsgd__sn_sendrecv;
+    out->sendrecv_reduce = dsgd__sn_sendrecv_reduce;
+    out->share = NULL;
+    out->unshare = NULL;
+    out->allreduce = NULL;
+    out->abort = dsgd__sn_abort;
+    out->now = dsgd__sn_now;
+    out->error_message = dsgd__sn_error_message;
+    out->set_progress = dsgd__sn_set_progress;
+    out->peer_progress = dsgd__sn_peer_progress;
+    out->probe = dsgd__sn_probe;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_SIMNET_IMPL */
 /* ---------------------------------------- distsgd/collectives.h */
 /* distsgd/collectives.h - communicators, the agreement, all-reduce and the rest
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -6195,6 +8534,8 @@ typedef enum dsgd_allreduce_algo {
        tells which; measured with bench/allreduce.c on a 2-vCPU machine):
          N == 1                  nothing to exchange
          native hook present     the transport's allreduce
+         several nodes           HIERARCHICAL (dsgd_comm_desc.ranks_per_node
+                                 L with 1 < L < N)
          share/unshare present   DIRECT (the loopback): fastest or close to it
                                  at every size and N = 2..8 measured, and the
                                  least hurt by a busy machine, having no
@@ -6229,9 +8570,19 @@ typedef enum dsgd_allreduce_algo {
        into every buffer. Each element is read and written once per rank
        (2 N S bytes in all, the minimum) with no step-by-step handshakes.
        DSGD_ERR_UNSUPPORTED without the hooks. */
-    DSGD_ALLREDUCE_DIRECT
+    DSGD_ALLREDUCE_DIRECT,
+    /* two levels, for ranks on several nodes (dsgd_comm_desc.ranks_per_node
+       L: ranks node*L .. node*L + L - 1 share a node, M = N / L nodes): a
+       ring reduce-scatter inside each node (local rank l ends owning block l
+       of L), a ring all-reduce of block l across the M nodes among the ranks
+       of local rank l, then a ring all-gather inside each node. Inside a
+       node each rank moves 2(L-1)/L of the buffer; across nodes 2(M-1)/(M L)
+       (Jeaugey, NCCL; Sergeev and Del Balso, Horovod). MEAN divides by N
+       once, at the end of the sum. With one node (L unset or N) or one rank
+       per node it is RING, bit for bit. */
+    DSGD_ALLREDUCE_HIERARCHICAL
 } dsgd_allreduce_algo;
-#define DSGD_ALLREDUCE_COUNT (DSGD_ALLREDUCE_DIRECT + 1) /* AUTO included */
+#define DSGD_ALLREDUCE_COUNT (DSGD_ALLREDUCE_HIERARCHICAL + 1) /* AUTO included */
 
 /* Names for messages and benchmarks: "sum", "ring", ...; "unknown" for other
    values. Never NULL.
@@ -6259,6 +8610,11 @@ typedef struct dsgd_comm_desc {
                            clamped to 256 B..1 GiB. Must be equal on all ranks
                            (checked: DSGD_ERR_DESYNC otherwise); the results do
                            not depend on it. */
+    int ranks_per_node; /* the node layout for DSGD_ALLREDUCE_HIERARCHICAL: ranks
+                           node*L .. node*L + L - 1 share a node; L must divide
+                           the size. 0: one node. Must be equal on all ranks
+                           (checked: DSGD_ERR_DESYNC otherwise). On one machine
+                           it fakes nodes, for tests and the simulated cluster */
 } dsgd_comm_desc;
 
 typedef struct dsgd_comm dsgd_comm;
@@ -6268,7 +8624,8 @@ typedef struct dsgd_comm dsgd_comm;
    NULL (defaults).
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
    recorded; transport or out NULL; size < 1; rank outside [0, size); send or
-   recv missing; a negative or NaN timeout), DSGD_ERR_OUT_OF_MEMORY.
+   recv missing; a negative or NaN timeout; ranks_per_node negative or not
+   dividing the size), DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread; the communicator, like ctx, is then
    used by one thread at a time (the rank's). */
 DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *transport,
@@ -6392,6 +8749,9 @@ struct dsgd_comm {
     int rank, size;
     double timeout;   /* default timeout, s */
     size_t piece;     /* floats per pipelined piece */
+    int node_ranks;   /* L: ranks per node (size: one node) */
+    int view_n, view_r; /* a ring over part of the group in progress: its size and
+                           this rank's place (0: none; dsgd__xchg's order) */
     uint64_t seq;     /* collectives started */
     int broken;       /* a collective failed mid-way: the protocol state is unknown */
     uint64_t broken_seq;
@@ -6448,6 +8808,10 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
                                       "dsgd_comm_create: timeout_s %g must be >= 0 (0: default)", desc->timeout_s);
         if (desc->timeout_s > 0) timeout = desc->timeout_s;
         if (desc->piece_bytes) piece = desc->piece_bytes;
+        if (desc->ranks_per_node < 0 || (desc->ranks_per_node > 0 && t->size % desc->ranks_per_node != 0))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "dsgd_comm_create: ranks_per_node %d must be >= 0 and divide the size %d",
+                                      desc->ranks_per_node, t->size);
     }
     if (timeout > DSGD__COMM_MAX_TIMEOUT) timeout = DSGD__COMM_MAX_TIMEOUT;
     piece /= sizeof(float);
@@ -6467,6 +8831,7 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     c->size = t->size;
     c->timeout = timeout;
     c->piece = piece;
+    c->node_ranks = desc && desc->ranks_per_node ? desc->ranks_per_node : t->size;
     c->root = -1;
     *out = c;
     return DSGD_OK;
@@ -6491,6 +8856,7 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *c, size_t co
     size_t bytes = count * sizeof(float);
     if (!c || c->size == 1) return DSGD_ALLREDUCE_RING; /* nothing is exchanged */
     if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
+    if (c->node_ranks > 1 && c->node_ranks < c->size) return DSGD_ALLREDUCE_HIERARCHICAL;
     if (c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
     if (bytes <= DSGD__AUTO_RD_MAX) return DSGD_ALLREDUCE_RECURSIVE_DOUBLING;
     if (dsgd__is_pow2(c->size) && bytes <= DSGD__AUTO_HD_MAX) return DSGD_ALLREDUCE_HALVING_DOUBLING;
@@ -6653,6 +9019,7 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
     if (dst < 0) send_first = 0;
     else if (src < 0) send_first = 1;
     else if (dst == src) send_first = c->rank < dst;
+    else if (c->view_n) send_first = c->view_r == 0; /* a ring's shift by one: its first member */
     else send_first = c->rank < (dst - c->rank + c->size) % c->size;
     if (send_first) {
         r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
@@ -6680,7 +9047,7 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
    its fingerprint beside its buffer and reads the others', at no extra cost.
    Fields are compared in this order, so seq differences are reported first. */
 enum { DSGD__FP_SEQ, DSGD__FP_KIND, DSGD__FP_COUNT, DSGD__FP_OP, DSGD__FP_ROOT, DSGD__FP_ALGO, DSGD__FP_PIECE,
-       DSGD__FP_N };
+       DSGD__FP_NODE, DSGD__FP_N };
 /* the tag's piece field marking the agreement's messages */
 #define DSGD__AGREE_PIECE 0xFFFFF
 
@@ -6697,6 +9064,7 @@ static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
     fp[DSGD__FP_ROOT] = (uint64_t)(int64_t)c->root;
     fp[DSGD__FP_ALGO] = (uint64_t)(int64_t)c->algo;
     fp[DSGD__FP_PIECE] = (uint64_t)c->piece;
+    fp[DSGD__FP_NODE] = (uint64_t)c->node_ranks;
 }
 
 /* -1, 0, 1: a before, equal to, after b, lexicographically. */
@@ -6747,7 +9115,7 @@ static const char *dsgd__fp_field(int i, uint64_t v, char *buf, size_t cap) {
    from other) to dst. */
 static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64_t *fp, const uint64_t *other) {
     static const char *const label[DSGD__FP_N] = {"is in collective #", "is in ", "count ", "op ",
-                                                  "root ", "algorithm ", "piece bytes "};
+                                                  "root ", "algorithm ", "piece bytes ", "ranks per node "};
     size_t used = 0;
     int i, k, first = 1;
     k = snprintf(dst, cap, "rank %llu", (unsigned long long)rank);
@@ -6809,18 +9177,28 @@ static void dsgd__piece(size_t count, int n, int b, size_t j, size_t P, size_t *
     *len = lo < bl ? DSGD__MIN(P, bl - lo) : 0;
 }
 
-/* Ring over blocks: phases bit 1 = reduce-scatter (rank r ends owning block
-   r), bit 2 = all-gather. Each block is cut into pieces of P floats, and
-   piece j of every block goes through both phases before piece j + 1, so a
-   step's data is still in cache for the next. Pieces never change which rank
-   reduces an element or in what order, so the bits do not depend on P.
-   Empty pieces (short blocks) are skipped by both sides. */
-static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
-    int n = c->size, r = c->rank, next = (r + 1) % n, prev = (r + n - 1) % n, k;
+/* A ring's members: n ranks, base + i * stride for i in [0, n), this rank
+   being member r (the whole group: n = size, base 0, stride 1). */
+typedef struct dsgd__ring_view {
+    int n, r, base, stride;
+} dsgd__ring_view;
+
+/* Ring over blocks: phases bit 1 = reduce-scatter (member r ends owning
+   block r), bit 2 = all-gather. Each block is cut into pieces of P floats,
+   and piece j of every block goes through both phases before piece j + 1,
+   so a step's data is still in cache for the next. Pieces never change
+   which rank reduces an element or in what order, so the bits do not
+   depend on P. Empty pieces (short blocks) are skipped by both sides. */
+static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *buf, size_t count, dsgd_reduce_op op,
+                                 int phases) {
+    int n = v->n, r = v->r, k;
+    int next = v->base + ((r + 1) % n) * v->stride, prev = v->base + ((r + n - 1) % n) * v->stride;
     size_t P = c->piece, maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
-    dsgd_result res;
+    dsgd_result res = DSGD_OK;
     npieces = (maxlen + P - 1) / P;
-    for (j = 0; j < npieces; ++j) {
+    c->view_n = n;
+    c->view_r = r;
+    for (j = 0; j < npieces && res == DSGD_OK; ++j) {
         size_t so, sl, ro, rl;
         if (phases & 1) {
             for (k = 0; k < n - 1; ++k) {
@@ -6829,25 +9207,36 @@ static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduc
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, (int)op);
-                if (res != DSGD_OK) return res;
+                if (res != DSGD_OK) break;
             }
-            if (op == DSGD_REDUCE_MEAN) {
+            if (res == DSGD_OK && op == DSGD_REDUCE_MEAN) {
                 dsgd__piece(count, n, r, j, P, &ro, &rl);
                 dsgd__divide(buf + ro, rl, n);
             }
         }
-        if (phases & 2) {
+        if (res == DSGD_OK && (phases & 2)) {
             for (k = 0; k < n - 1; ++k) {
                 int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
                 dsgd__piece(count, n, sb, j, P, &so, &sl);
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, -1);
-                if (res != DSGD_OK) return res;
+                if (res != DSGD_OK) break;
             }
         }
     }
-    return DSGD_OK;
+    c->view_n = 0;
+    return res;
+}
+
+/* The ring of the whole group. */
+static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+    dsgd__ring_view v;
+    v.n = c->size;
+    v.r = c->rank;
+    v.base = 0;
+    v.stride = 1;
+    return dsgd__ring_in(c, &v, buf, count, op, phases);
 }
 
 /* N not a power of two: with p = 2^floor(log2 N) and rem = N - p, the first
@@ -7092,6 +9481,33 @@ static dsgd_result dsgd__ring_allreduce(dsgd_comm *c, float *buf, size_t count, 
     return dsgd__ring(c, buf, count, op, 3);
 }
 
+/* Two levels (see DSGD_ALLREDUCE_HIERARCHICAL): with L ranks per node and M
+   nodes, the node's ring reduce-scatters, the ring of local rank l across
+   the nodes all-reduces block l, the node's ring all-gathers. The messages
+   of the two rings never share a pair of ranks (1 < L < N), so their tags
+   may repeat. */
+static dsgd_result dsgd__hierarchical(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int L = c->node_ranks, M = c->size / L;
+    dsgd_reduce_op sum = op == DSGD_REDUCE_MEAN ? DSGD_REDUCE_SUM : op;
+    dsgd__ring_view node, across;
+    size_t off = 0, len = 0;
+    dsgd_result res;
+    if (L <= 1 || M <= 1) return dsgd__ring(c, buf, count, op, 3);
+    node.n = L;
+    node.r = c->rank % L;
+    node.base = c->rank - node.r;
+    node.stride = 1;
+    across.n = M;
+    across.r = c->rank / L;
+    across.base = node.r;
+    across.stride = L;
+    if ((res = dsgd__ring_in(c, &node, buf, count, sum, 1)) != DSGD_OK) return res;
+    dsgd_block_range(count, L, node.r, &off, &len);
+    if (len > 0 && (res = dsgd__ring_in(c, &across, buf + off, len, sum, 3)) != DSGD_OK) return res;
+    if (op == DSGD_REDUCE_MEAN) dsgd__divide(buf + off, len, c->size);
+    return dsgd__ring_in(c, &node, buf, count, sum, 2);
+}
+
 /* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
    algorithm is an enumerator and one line here. agrees_itself: it checks
    the ranks' agreement on its own (DIRECT, through the memory it shares,
@@ -7107,6 +9523,7 @@ static const struct {
     /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, 0},
     /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, 0},
     /* DIRECT */ {"direct", dsgd__direct, 1},
+    /* HIERARCHICAL */ {"hierarchical", dsgd__hierarchical, 0},
 };
 
 DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
@@ -7204,18 +9621,8 @@ extern "C" {
 
 /* ---------------------------------------------------------------- variables */
 
-/* How the replicas' values of a variable combine. For variables created
-   with dsgd_strategy_create_variable and written in replica context this is
-   tf.VariableAggregation's meaning. For model variables it says how the
-   gradients combine (dsgd_strategy_set_aggregation), which is ours: Keras
-   ignores a variable's aggregation there. */
-typedef enum dsgd_aggregation {
-    DSGD_AGG_NONE = 0,
-    DSGD_AGG_SUM = 1,
-    DSGD_AGG_MEAN = 2,
-    DSGD_AGG_ONLY_FIRST_REPLICA = 3
-} dsgd_aggregation;
-#define DSGD_AGG_COUNT (DSGD_AGG_ONLY_FIRST_REPLICA + 1)
+/* dsgd_aggregation (how the replicas' values combine) is declared with the
+   model's variables, in model.h. */
 
 /* When the replicas' copies of a variable are synchronised
    (tf.VariableSynchronization). */
@@ -7240,8 +9647,6 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization s);
 
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_VARIABLES_IMPL)
 #define DSGD__PART_VARIABLES_IMPL
-
-static int dsgd__agg_valid(dsgd_aggregation a) { return (int)a >= 0 && (int)a < (int)DSGD_AGG_COUNT; }
 
 DSGD_API const char *dsgd_aggregation_name(dsgd_aggregation a) {
     static const char *const names[DSGD_AGG_COUNT] = {"NONE", "SUM", "MEAN", "ONLY_FIRST_REPLICA"};
@@ -11752,6 +14157,41 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c) {
      replicas returns DSGD_ERR_STATE naming the step and the first error
      (dsgd_strategy_failed) until you destroy it and create a new one.
 
+   MULTI-WORKER
+
+     DSGD_STRATEGY_MULTI_WORKER_MIRRORED runs this process's num_replicas
+     replicas (threads) as ranks first .. first + N - 1 of a group of W
+     replicas in all, spread over several processes (workers): the
+     endpoints you pass (dsgd_strategy_desc.endpoints, required) say where,
+     endpoints[i] being rank first + i of size W (an MPI transport with N
+     local endpoints per process, distsgd_mpi.h; or, to simulate workers in
+     one process, N endpoints each of one loopback hub, one strategy per
+     worker, each driven from its own thread). Then:
+       - every worker calls every collective call in the same order with
+         the same arguments: train_step (and _fn), eval_batch, take_metrics,
+         read_variable of an ON_READ variable; they are collectives of all
+         W replicas;
+       - dsgd_strategy_train_step takes the global batch on every worker
+         (the same x, y and count: a dsgd_sampler with the same seed makes
+         it), and replica g (global) takes dsgd_block_range(count, W, g), so
+         2 workers x 2 replicas see the samples of one 4-replica MIRRORED
+         strategy, and over one loopback hub train its bits; with
+         dsgd_strategy_train_step_fn each replica fetches its own shard;
+       - creation checks that every worker describes the same model,
+         optimizer and strategy (a fingerprint all-gathered over the group:
+         a difference is DSGD_ERR_INVALID_ARGUMENT on every worker naming the
+         first rank that differs from rank 0, never a hang), then rank 0 (the
+         chief) broadcasts its initial weights;
+       - dsgd_replica_id and dsgd_replica_count are global (g and W);
+         dsgd_strategy_num_replicas is this worker's N and
+         dsgd_strategy_num_replicas_in_sync is W;
+       - gradients go the HOST path; checkpoints (dsgd_strategy_save) are
+         not supported yet (DSGD_ERR_UNSUPPORTED).
+     A failure on one worker aborts its own replicas at once; the other
+     workers return at their deadline (DSGD_ERR_TIMEOUT naming the rank they
+     waited for), as MPI cannot reach them sooner (the MPI transport's AFTER
+     A FAILURE: end the job).
+
      Inside: a strategy kind is a table of operations (check the desc, set
      up, one replica's part of a step, tear down: dsgd__strategy_ops). This
      part holds what every kind shares: the replicas and their threads, the
@@ -11775,12 +14215,15 @@ typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_ONE_DEVICE = 0, /* one replica on the calling thread, no transport */
     DSGD_STRATEGY_MIRRORED = 1,   /* N replicas, one thread each, gradients summed in
                                      lockstep (see dsgd_gradient_path) */
-    DSGD_STRATEGY_CENTRAL_STORAGE = 2 /* N replicas compute gradients; the variables and
+    DSGD_STRATEGY_CENTRAL_STORAGE = 2, /* N replicas compute gradients; the variables and
                                      the optimizer state live once, on the host,
                                      updated once per step; the replicas read them
                                      (see CENTRAL STORAGE in strategy_central.h) */
+    DSGD_STRATEGY_MULTI_WORKER_MIRRORED = 3 /* mirrored across processes: this
+                                     process's N replicas are ranks of a larger
+                                     group (see MULTI-WORKER below) */
 } dsgd_strategy_kind;
-#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_CENTRAL_STORAGE + 1)
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_MULTI_WORKER_MIRRORED + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -11867,6 +14310,12 @@ typedef struct dsgd_strategy_desc {
        outlive the strategy, which never destroys them. Without abort, the
        replicas a failing one leaves waiting return at their deadline. */
     const dsgd_transport_i *endpoints;
+    int ranks_per_node;             /* the replicas' node layout for
+                                       DSGD_ALLREDUCE_HIERARCHICAL (and AUTO's
+                                       choice of it), dsgd_comm_desc.ranks_per_node:
+                                       global ranks node*L .. node*L + L - 1 share
+                                       a node; L divides the replicas in sync.
+                                       0: one node */
 } dsgd_strategy_desc;
 
 /* What one training step did. */
@@ -11906,17 +14355,20 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
    created (backends through their destroy member); s NULL: nothing.
    Thread safety: the strategy's thread, not inside dsgd_strategy_run. */
 DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
-/* dsgd_strategy_num_replicas: N (s NULL: 0).
+/* dsgd_strategy_num_replicas: N, this process's replicas (s NULL: 0).
+   dsgd_strategy_num_replicas_in_sync: W, the replicas of the whole group:
+   N but for a multi-worker strategy (MULTI-WORKER above).
    dsgd_strategy_gradient_path: the path resolved at creation, HOST or DEVICE
    (HOST with one replica, where nothing is exchanged; s NULL: HOST).
    Errors: none. Thread safety: any thread while s lives (fixed at
    creation). */
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
+DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s);
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
-/* "one_device", "mirrored", "central_storage"; "unknown" for other values.
+/* "one_device", "mirrored", "central_storage", "multi_worker_mirrored"; "unknown" for other values.
    Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
@@ -11990,6 +14442,39 @@ DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, 
    Thread safety: the strategy's thread. */
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y,
                                               int count);
+/* A replica's batch from your code, for batches that are not rows of one
+   float matrix (token sequences, variable-length samples, data each
+   replica reads itself): fill *out (zeroed before the call) with this
+   replica's batch, count samples in 0..max_batch (0: an empty shard, which
+   contributes a zero gradient), whatever the model reads in x, y and data.
+   The pointers must stay valid until the step returns. It is called on
+   replica `replica`'s thread, for every replica at once, so it must be safe
+   to call concurrently for different replicas. An error it returns fails
+   the step on every replica as a failure of that replica's own code (with
+   the message it recorded on dsgd_replica_ctx's context, or one naming the
+   function). */
+typedef dsgd_result (*dsgd_batch_fn)(void *user_data, int replica, int num_replicas, dsgd_batch *out);
+/* dsgd_strategy_train_step and dsgd_strategy_eval_batch with each
+   replica's batch from fn instead of a slice of x and y. A training step
+   first learns the global count (a SUM all-reduce of the replicas' counts,
+   one float, exact up to 2^24 samples) so that MEAN divides by it as the
+   sliced step does: with fn handing each replica the slice
+   dsgd_block_range gives, the weights are bitwise those of
+   dsgd_strategy_train_step. info->count is the global count.
+   Uneven inputs (DDP's Join): a replica whose data has run out hands
+   count 0 and contributes a zero gradient while the others go on, and MEAN
+   divides by the samples that exist; when no replica has a sample left
+   (global count 0) the step returns DSGD_OK on every replica having done
+   nothing (info->count 0, no optimizer step): loop until then.
+   Errors: as dsgd_strategy_train_step and dsgd_strategy_eval_batch, with
+   DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; fn NULL; a count
+   outside 0..max_batch, named with its replica) and fn's errors, which the
+   replicas agree on before the update (clean: the strategy stays
+   usable).
+   Thread safety: the strategy's thread; fn runs on N threads at once. */
+DSGD_API dsgd_result dsgd_strategy_train_step_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data,
+                                                 dsgd_step_info *info);
+DSGD_API dsgd_result dsgd_strategy_eval_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data);
 /* Reads the TRAIN or EVAL metrics and resets them. They are the ON_READ SUM
    variables "metrics/<slot>/loss_sum", ".../correct" and ".../count" (slot
    "train" or "eval"): each replica's model accumulators are first moved into
@@ -12052,8 +14537,9 @@ DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
 DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
 
 /* Replica context getters (r NULL: -1, 0 or NULL):
-     dsgd_replica_id     the replica's rank, 0..N-1
-     dsgd_replica_count  N
+     dsgd_replica_id     the replica's rank, 0..N-1 (multi-worker: its
+                         global rank, 0..W-1)
+     dsgd_replica_count  N (multi-worker: W)
      dsgd_replica_ctx, dsgd_replica_model, dsgd_replica_comm
                          the replica's own context, model and communicator
                          (comm NULL with one replica)
@@ -12197,6 +14683,8 @@ struct dsgd_replica {
     int clean_fail;     /* set by the job: its failure left every replica as it was */
     int skipped;
     float lr;
+    int global;         /* the global batch of the last step */
+    int local;          /* index in the strategy's reps (rank - first) */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -12221,19 +14709,25 @@ typedef struct dsgd__strategy_ops {
        model; the replicas then get the parameters and the step); NULL:
        every replica holds them, equal (replica 0's are saved) */
     dsgd_optimizer *(*state)(dsgd_strategy *s);
+    /* non-zero: the replicas may be part of a larger group (the endpoints'
+       size), spread over processes (MULTI-WORKER above) */
+    int multi_worker;
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
 typedef struct dsgd__step_args {
     const float *x, *y;
     int count;
+    dsgd_batch_fn fn;  /* non-NULL: each replica's batch comes from fn (x, y, count unused) */
+    void *fn_user;
 } dsgd__step_args;
 
 struct dsgd_strategy {
     dsgd_ctx *ctx;
     dsgd_strategy_desc d;   /* defaults applied (dsgd__strategy_defaults) */
     const dsgd__strategy_ops *ops;
-    int n;
+    int n;                  /* this process's replicas (threads) */
+    int world, first;       /* the group's replicas, and rank of reps[0]; W = n, first 0 but multi-worker */
     dsgd_replica *reps;
     dsgd_loopback *hub;     /* the strategy's own transport, when desc.endpoints is NULL */
     dsgd_aggregation *param_agg; /* per model variable */
@@ -12264,13 +14758,14 @@ struct dsgd_strategy {
 
 /* ---- the replicas' threads and failures */
 
-/* Stops every replica's transport at once because replica `rank` failed;
-   the first caller is the one the others' messages name. */
-static void dsgd__strategy_abort(dsgd_strategy *s, int rank) {
-    const dsgd_transport_i *t = &s->reps[rank].ep;
+/* Stops every replica's transport at once because local replica `local`
+   failed; the first caller is the one the others' messages name (by its
+   global rank). */
+static void dsgd__strategy_abort(dsgd_strategy *s, int local) {
+    const dsgd_transport_i *t = &s->reps[local].ep;
     if (!t->abort) return;
     pthread_mutex_lock(&s->mu);
-    if (s->abort_by < 0) s->abort_by = rank;
+    if (s->abort_by < 0) s->abort_by = s->reps[local].rank;
     pthread_mutex_unlock(&s->mu);
     t->abort(t->impl);
 }
@@ -12292,7 +14787,7 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
         return res;
     }
     if (dsgd_comm_broken(r->comm)) r->comm_failed = 1; /* also a collective called by a user's fn */
-    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->rank);
+    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->local);
     pthread_mutex_lock(&s->mu);
     by = s->abort_by;
     pthread_mutex_unlock(&s->mu);
@@ -12483,6 +14978,7 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     dsgd__strategy_defaults(&s->d);
     s->ops = ops;
     s->n = s->d.num_replicas;
+    s->world = s->n;
     s->path = DSGD_GRADIENTS_HOST;
     s->all_mean = 1;
     s->abort_by = -1;
@@ -12493,19 +14989,38 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     return DSGD_OK;
 }
 
-/* The transport, for N > 1: the desc's endpoints, checked, or a loopback
-   of the strategy's own. */
+/* The transport: the desc's endpoints, checked (contiguous ranks first ..
+   first + n - 1 of one size W; W = n unless the kind is multi-worker), or,
+   for N > 1, a loopback of the strategy's own. */
 static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    const dsgd_transport_i *ep = s->d.endpoints;
     int i, n = s->n;
-    if (n == 1) return DSGD_OK;
-    if (!s->d.endpoints) return dsgd_loopback_create(s->ctx, n, &s->hub);
-    for (i = 0; i < n; ++i) {
-        const dsgd_transport_i *t = &s->d.endpoints[i];
-        if (t->rank != i || t->size != n || !t->send || !t->recv)
+    if (!ep) {
+        if (s->ops->multi_worker)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                      "dsgd_strategy_create: endpoints[%d] is rank %d of %d%s; replica %d needs "
-                                      "rank %d of %d", i, t->rank, t->size,
-                                      t->send && t->recv ? "" : " without send or recv", i, i, n);
+                                      "%s: %s needs the endpoints of the group across the workers "
+                                      "(dsgd_strategy_desc.endpoints)", what, s->ops->name);
+        return n == 1 ? DSGD_OK : dsgd_loopback_create(s->ctx, n, &s->hub);
+    }
+    s->first = ep[0].rank;
+    s->world = ep[0].size;
+    if (!s->ops->multi_worker && (s->first != 0 || s->world != n))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: endpoints[0] is rank %d of %d; %s with %d replicas needs ranks 0..%d of %d "
+                                  "(across processes: DSGD_STRATEGY_MULTI_WORKER_MIRRORED)", what, ep[0].rank,
+                                  ep[0].size, s->ops->name, n, n - 1, n);
+    if (s->first < 0 || s->world < n || s->first > s->world - n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: endpoints[0] is rank %d of %d, which leaves no room for %d replicas", what,
+                                  ep[0].rank, ep[0].size, n);
+    for (i = 0; i < n; ++i) {
+        const dsgd_transport_i *t = &ep[i];
+        if (t->rank != s->first + i || t->size != s->world || !t->send || !t->recv)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what, i,
+                                      t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
+                                      s->first + i, s->world);
     }
     return DSGD_OK;
 }
@@ -12525,7 +15040,8 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     cd.label = label;
     cd.logger = s->ctx ? s->ctx->logger : cd.logger;
     r->s = s;
-    r->rank = i;
+    r->rank = s->first + i;
+    r->local = i;
     if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, res, "dsgd_strategy_create: cannot create replica %d's context", i);
     bd.threads = s->d.cpu_threads;
@@ -12537,11 +15053,12 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
         res = dsgd_model_create(r->ctx, &md, &r->model);
     }
     if (res == DSGD_OK) res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt);
-    if (res == DSGD_OK && s->n > 1) {
+    if (res == DSGD_OK && s->world > 1) {
         dsgd_comm_desc cdesc;
         memset(&cdesc, 0, sizeof(cdesc));
         cdesc.timeout_s = s->d.timeout_s;
         cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
+        cdesc.ranks_per_node = s->d.ranks_per_node;
         if (s->d.endpoints) r->ep = s->d.endpoints[i];
         else res = dsgd_loopback_endpoint(s->hub, i, &r->ep);
         if (res == DSGD_OK) res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm);
@@ -12551,13 +15068,16 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     return res;
 }
 
-/* Every model variable starts MEAN (dsgd_strategy_set_aggregation). */
+/* Every model variable starts with its declared aggregation (MEAN unless a
+   custom model declared another; dsgd_strategy_set_aggregation changes it). */
 static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
     int i, nv = dsgd_model_num_variables(s->reps[0].model);
     s->param_agg = (dsgd_aggregation *)dsgd__alloc(s->ctx, sizeof(dsgd_aggregation) * (size_t)(nv ? nv : 1),
                                                     "dsgd_strategy_create");
     if (!s->param_agg) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < nv; ++i) s->param_agg[i] = DSGD_AGG_MEAN;
+    for (i = 0; i < nv; ++i) s->param_agg[i] = dsgd_model_variable(s->reps[0].model, i)->aggregation;
+    s->all_mean = 1;
+    for (i = 0; i < nv; ++i) s->all_mean &= s->param_agg[i] == DSGD_AGG_MEAN;
     return DSGD_OK;
 }
 
@@ -12603,6 +15123,90 @@ static dsgd_result dsgd__strategy_start(dsgd_strategy *s) {
 }
 
 
+/* ---- multi-worker: one description, the chief's weights */
+
+static uint64_t dsgd__fp(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull; /* FNV-1a */
+    return h;
+}
+#define DSGD__FP(h, x) ((h) = dsgd__fp((h), &(x), sizeof(x)))
+
+/* A hash of what every worker must agree on: the model's variables and
+   their aggregations, the optimizer and the strategy's options (field by
+   field: no padding, no pointers). Not the seed: the chief's weights win. */
+static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
+    const dsgd_model *m = s->reps[0].model;
+    const dsgd_optimizer_desc *o = &s->d.optimizer;
+    const dsgd_lr_schedule *sc = &o->schedule;
+    uint64_t h = 14695981039346656037ull, np = dsgd_model_num_params(m);
+    int i, k, nv = dsgd_model_num_variables(m), dims[4];
+    DSGD__FP(h, np);
+    for (i = 0; i < nv; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(m, i);
+        h = dsgd__fp(h, v->name, strlen(v->name) + 1);
+        DSGD__FP(h, v->rank);
+        for (k = 0; k < v->rank; ++k) DSGD__FP(h, v->shape[k]);
+        DSGD__FP(h, s->param_agg[i]);
+    }
+    h = dsgd__fp(h, dsgd_model_name(m), strlen(dsgd_model_name(m)) + 1);
+    dims[0] = dsgd_model_input_dim(m);
+    dims[1] = dsgd_model_target_dim(m);
+    dims[2] = dsgd_model_max_batch(m);
+    dims[3] = (int)s->d.nonfinite;
+    h = dsgd__fp(h, dims, sizeof(dims));
+    DSGD__FP(h, o->kind); DSGD__FP(h, o->lr); DSGD__FP(h, o->momentum); DSGD__FP(h, o->nesterov);
+    DSGD__FP(h, o->beta1); DSGD__FP(h, o->beta2); DSGD__FP(h, o->eps); DSGD__FP(h, o->weight_decay);
+    DSGD__FP(h, o->clip_norm);
+    DSGD__FP(h, sc->kind); DSGD__FP(h, sc->warmup_steps); DSGD__FP(h, sc->warmup_start_lr);
+    DSGD__FP(h, sc->total_steps); DSGD__FP(h, sc->final_lr); DSGD__FP(h, sc->step_size); DSGD__FP(h, sc->gamma);
+    DSGD__FP(h, s->d.kind); DSGD__FP(h, s->d.algorithm); DSGD__FP(h, s->d.bucket_bytes);
+    DSGD__FP(h, s->d.piece_bytes);
+    DSGD__FP(h, s->d.ranks_per_node);
+    return h;
+}
+
+/* One replica's part of joining the group: all-gather every rank's
+   fingerprint (four 16-bit pieces, exact as floats), fail on every rank
+   alike when one differs from rank 0's, then take rank 0's weights. */
+static dsgd_result dsgd__strategy_join(dsgd_replica *r, void *user) {
+    dsgd_strategy *s = r->s;
+    uint64_t fp = *(const uint64_t *)user, other = 0;
+    size_t p = dsgd_model_num_params(r->model), n = 4 * (size_t)s->world;
+    float *buf = dsgd__replica_stage(r, DSGD__MAX(n, p));
+    dsgd_result res;
+    int g, k, bad = -1;
+    r->clean_fail = 1;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < 4; ++k) buf[4 * (size_t)r->rank + k] = (float)((fp >> (16 * k)) & 0xffff);
+    if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    for (g = 1; g < s->world && bad < 0; ++g)
+        for (k = 0; k < 4; ++k)
+            if (buf[4 * (size_t)g + k] != buf[k]) bad = g;
+    if (bad >= 0) {
+        uint64_t f0 = 0;
+        for (k = 0; k < 4; ++k) {
+            f0 |= (uint64_t)buf[k] << (16 * k);
+            other |= (uint64_t)buf[4 * (size_t)bad + k] << (16 * k);
+        }
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: rank %d describes another model, optimizer or strategy than "
+                                  "rank 0 (fingerprints %016llx and %016llx): every worker must pass the same "
+                                  "description", bad, (unsigned long long)other, (unsigned long long)f0);
+    }
+    r->clean_fail = 0;
+    if ((res = dsgd_model_get_params(r->model, buf, p)) != DSGD_OK) return res;
+    if ((res = dsgd_broadcast(r->comm, buf, p, 0, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    return dsgd_model_set_params(r->model, buf, p);
+}
+
 /* dsgd_strategy_create of the kind whose table is ops (NULL: desc's kind is
    unknown), in phases. */
 static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, const dsgd__strategy_ops *ops,
@@ -12621,6 +15225,10 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
     if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
     if (res == DSGD_OK) res = dsgd__strategy_metrics(s);
     if (res == DSGD_OK) res = dsgd__strategy_start(s);
+    if (res == DSGD_OK && s->ops->multi_worker && s->world > 1) {
+        uint64_t fp = dsgd__strategy_fingerprint(s);
+        res = dsgd__strategy_dispatch(s, dsgd__strategy_join, &fp, "dsgd_strategy_create");
+    }
     if (res != DSGD_OK) {
         dsgd_strategy_destroy(s);
         return res;
@@ -12630,6 +15238,7 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
 }
 
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s) { return s ? s->n : 0; }
+DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s) { return s ? s->world : 0; }
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s) {
     return s ? s->path : DSGD_GRADIENTS_HOST;
 }
@@ -12641,7 +15250,7 @@ DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
     return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
 }
 DSGD_API int dsgd_replica_id(const dsgd_replica *r) { return r ? r->rank : -1; }
-DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->n : 0; }
+DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->world : 0; }
 DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->ctx : NULL; }
 DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->model : NULL; }
 DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r) { return r ? r->comm : NULL; }
@@ -12683,31 +15292,28 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
     int max_batch = s->d.model.max_batch; /* per replica, default applied */
     dsgd_result res = dsgd__strategy_usable(s, what);
     if (res != DSGD_OK) return res;
+    if (dsgd_model_input_dim(s->reps[0].model) == 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: model '%s' has input_dim 0, so x cannot be sliced: use a dsgd_batch_fn "
+                                  "(dsgd_strategy_train_step_fn, dsgd_strategy_eval_fn)", what,
+                                  dsgd_model_name(s->reps[0].model));
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
-    if (count < 1 || (long long)count > (long long)s->n * max_batch)
+    if (count < 1 || (long long)count > (long long)s->world * max_batch)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: global batch of %d outside 1..%lld (replicas x max_batch)", what, count,
-                                  (long long)s->n * max_batch);
+                                  (long long)s->world * max_batch);
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y, int count,
-                                              dsgd_step_info *info) {
-    dsgd__step_args a;
+/* One training step over a (checked) dsgd__step_args. */
+static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, dsgd_step_info *info, const char *what) {
     dsgd_result res;
     int i;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((res = dsgd__strategy_check_batch(s, x, y, count, 1, "dsgd_strategy_train_step")) != DSGD_OK) return res;
-    a.x = x;
-    a.y = y;
-    a.count = count;
+    if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
+    res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
     if (info) {
-        info->step = dsgd_optimizer_steps(s->reps[0].opt);
-        info->count = count;
-    }
-    res = dsgd__strategy_dispatch(s, s->ops->step, &a, "dsgd_strategy_train_step");
-    if (info) {
+        info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;
         for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
@@ -12715,14 +15321,80 @@ DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, 
     return res;
 }
 
+DSGD_API dsgd_result dsgd_strategy_train_step(dsgd_strategy *s, const float *x, const float *y, int count,
+                                              dsgd_step_info *info) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_batch(s, x, y, count, 1, "dsgd_strategy_train_step")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
+    a.x = x;
+    a.y = y;
+    a.count = count;
+    return dsgd__strategy_train(s, &a, info, "dsgd_strategy_train_step");
+}
+
+/* The checks of the _fn calls. */
+static dsgd_result dsgd__strategy_check_fn(dsgd_strategy *s, dsgd_batch_fn fn, const char *what) {
+    dsgd_result res = dsgd__strategy_usable(s, what);
+    if (res != DSGD_OK) return res;
+    if (!fn) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: fn is NULL", what);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_train_step_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data,
+                                                 dsgd_step_info *info) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_fn(s, fn, "dsgd_strategy_train_step_fn")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
+    a.fn = fn;
+    a.fn_user = user_data;
+    return dsgd__strategy_train(s, &a, info, "dsgd_strategy_train_step_fn");
+}
+
+/* Replica r's part of a batch fn's result: fn's own result, or an error
+   naming the replica when its count is outside 0..max_batch. */
+static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
+    dsgd_result res;
+    int max_batch = dsgd_model_max_batch(r->model);
+    memset(b, 0, sizeof(*b));
+    dsgd_ctx_clear_error(r->ctx);
+    res = a->fn(a->fn_user, r->rank, r->s->world, b);
+    if (res != DSGD_OK) {
+        if (dsgd_ctx_last_result(r->ctx) == DSGD_OK)
+            dsgd_ctx_set_error(r->ctx, res, "the batch function failed on replica %d: %s", r->rank,
+                               dsgd_result_string(res));
+        return res;
+    }
+    if (b->count < 0 || b->count > max_batch)
+        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "the batch function gave replica %d a batch of %d samples (0..max_batch %d)",
+                                  r->rank, b->count, max_batch);
+    return DSGD_OK;
+}
+
+/* Replica r's shard of a sliced batch: dsgd_block_range of the global one. */
+static void dsgd__replica_slice(const dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
+    size_t off = 0, len = 0;
+    dsgd_block_range((size_t)a->count, r->s->world, r->rank, &off, &len);
+    memset(b, 0, sizeof(*b));
+    b->count = (int)len;
+    if (len == 0) return;
+    b->x = a->x + off * (size_t)dsgd_model_input_dim(r->model);
+    b->y = a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL;
+}
+
 static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
-    size_t off = 0, len = 0;
-    dsgd_block_range((size_t)a->count, r->s->n, r->rank, &off, &len);
+    dsgd_batch b;
+    dsgd_result res = DSGD_OK;
     r->clean_fail = 1; /* no collective, no weight changes */
-    if (len == 0) return DSGD_OK;
-    return dsgd_model_eval_batch(r->model, a->x + off * (size_t)dsgd_model_input_dim(r->model),
-                                 a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL, (int)len);
+    if (a->fn) res = dsgd__replica_fn_batch(r, a, &b);
+    else dsgd__replica_slice(r, a, &b);
+    if (res != DSGD_OK || b.count == 0) return res;
+    return dsgd_model_evaluate(r->model, &b);
 }
 
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y, int count) {
@@ -12730,10 +15402,22 @@ DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, 
     dsgd_result res;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((res = dsgd__strategy_check_batch(s, x, y, count, 0, "dsgd_strategy_eval_batch")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
     a.x = x;
     a.y = y;
     a.count = count;
     return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a, "dsgd_strategy_eval_batch");
+}
+
+DSGD_API dsgd_result dsgd_strategy_eval_fn(dsgd_strategy *s, dsgd_batch_fn fn, void *user_data) {
+    dsgd__step_args a;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_check_fn(s, fn, "dsgd_strategy_eval_fn")) != DSGD_OK) return res;
+    memset(&a, 0, sizeof(a));
+    a.fn = fn;
+    a.fn_user = user_data;
+    return dsgd__strategy_dispatch(s, dsgd__replica_eval, &a, "dsgd_strategy_eval_fn");
 }
 
 DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, void *user_data) {
@@ -12835,7 +15519,7 @@ static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const floa
                                   "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
                                   "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
     memcpy(out, value, sizeof(float) * v->count);
-    if (r->s->n == 1) return DSGD_OK;
+    if (r->s->world == 1) return DSGD_OK;
     if (v->agg == DSGD_AGG_ONLY_FIRST_REPLICA)
         res = dsgd_broadcast(r->comm, out, v->count, 0, 0.0);
     else
@@ -12852,7 +15536,7 @@ static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *val
     dsgd_result res;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
     if (!(v = dsgd__dvar_get(r->s, r->ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
-    local = v->copies + (size_t)r->rank * v->count;
+    local = v->copies + (size_t)r->local * v->count;
     if (v->sync == DSGD_SYNC_ON_READ) {
         tmp = (float *)value;
     } else {
@@ -12875,7 +15559,7 @@ DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
     dsgd__dvar *v;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
     if (!(v = dsgd__dvar_get(r->s, r->ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
-    memcpy(out, v->copies + (size_t)r->rank * v->count, sizeof(float) * v->count);
+    memcpy(out, v->copies + (size_t)r->local * v->count, sizeof(float) * v->count);
     return DSGD_OK;
 }
 
@@ -12890,6 +15574,39 @@ DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int repl
     return DSGD_OK;
 }
 
+/* The cross-replica SUM (or MEAN) of an ON_READ variable across workers:
+   every local replica all-reduces its copy over the group (a collective of
+   all W replicas, so every worker calls it), in float. */
+typedef struct dsgd__world_sum {
+    dsgd__dvar *v;
+    float *buf; /* n copies */
+} dsgd__world_sum;
+
+static dsgd_result dsgd__world_sum_job(dsgd_replica *r, void *user) {
+    dsgd__world_sum *w = (dsgd__world_sum *)user;
+    float *mine = w->buf + (size_t)r->local * w->v->count;
+    dsgd_result res;
+    memcpy(mine, w->v->copies + (size_t)r->local * w->v->count, sizeof(float) * w->v->count);
+    res = dsgd_allreduce(r->comm, mine, w->v->count, w->v->agg == DSGD_AGG_MEAN ? DSGD_REDUCE_MEAN : DSGD_REDUCE_SUM,
+                         DSGD_ALLREDUCE_AUTO, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+static dsgd_result dsgd__dvar_world_sum(dsgd_strategy *s, dsgd__dvar *v, float *out) {
+    dsgd__world_sum w;
+    dsgd_result res;
+    size_t bytes;
+    if (dsgd__mul_overflows(v->count, (size_t)s->n * sizeof(float), &bytes))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s' is too large", v->name);
+    w.v = v;
+    if (!(w.buf = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_read_variable"))) return DSGD_ERR_OUT_OF_MEMORY;
+    res = dsgd__strategy_dispatch(s, dsgd__world_sum_job, &w, "dsgd_strategy_read_variable");
+    if (res == DSGD_OK) memcpy(out, w.buf, sizeof(float) * v->count);
+    DSGD_FREE(w.buf);
+    return res;
+}
+
 DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out) {
     dsgd__dvar *v;
     size_t i;
@@ -12901,6 +15618,7 @@ DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float
         memcpy(out, v->copies, sizeof(float) * v->count);
         return DSGD_OK;
     }
+    if (s->world > s->n) return dsgd__dvar_world_sum(s, v, out);
     for (i = 0; i < v->count; ++i) {
         double acc = 0.0; /* rank order, in double */
         for (r = 0; r < s->n; ++r) acc += v->copies[(size_t)r * v->count + i];
@@ -12919,7 +15637,7 @@ DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, con
     for (r = 0; r < s->n; ++r)
         for (i = 0; i < v->count; ++i)
             v->copies[(size_t)r * v->count + i] =
-                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->n : value[i];
+                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->world : value[i];
     return DSGD_OK;
 }
 
@@ -12941,8 +15659,9 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
         vals[2] = (float)m.count;
         for (k = 0; k < 3; ++k) s->vars[s->metric_var[slot] + k].copies[r] += vals[k];
     }
-    /* the cross-replica read (SUM), then reset */
-    for (k = 0; k < 3; ++k) dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k]);
+    /* the cross-replica read (SUM; across workers a collective), then reset */
+    for (k = 0; k < 3; ++k)
+        if ((res = dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k])) != DSGD_OK) return res;
     out->loss_sum = vals[0];
     out->correct = vals[1];
     out->count = vals[2];
@@ -12986,22 +15705,53 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
 
 /* >>strategy_sync ----------------------------------------------------------- */
 
-/* Phase 1: replica r's shard [off, off + len) of the batch -> the model's
-   gradient buffer (zero for an empty shard); *bad counts its non-finite
-   values. */
-static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd__step_args *a, size_t off, size_t len,
-                                        size_t *bad) {
+/* Phase 0: replica r's batch and the global count (*global). A sliced batch:
+   its dsgd_block_range shard, and the caller's count. A dsgd_batch_fn's:
+   what fn gives this replica, and the SUM all-reduce of every replica's
+   count, to which a replica whose fn failed sends -2^40, so that every
+   replica learns before computing anything that one failed (phase 2 names
+   it). No sample on any replica (*global 0) ends the step on every replica
+   with nothing done: the uneven end of an epoch (Join). */
+static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b, int *global) {
+    dsgd_result res, cr;
+    float total;
+    if (!a->fn) {
+        dsgd__replica_slice(r, a, b);
+        *global = a->count;
+        return DSGD_OK;
+    }
+    res = dsgd__replica_fn_batch(r, a, b);
+    total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
+    if (r->s->world > 1 && (cr = dsgd_allreduce(r->comm, &total, 1, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return cr;
+    }
+    *global = total < 0.0f ? -1 : (int)total;
+    return res;
+}
+
+/* Phase 1: the gradient of replica r's batch b -> the model's gradient
+   buffer (zero for an empty batch); *bad counts its non-finite values. */
+static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, int global, size_t *bad) {
     dsgd_model *m = r->model;
     size_t p = dsgd_model_num_params(m);
     dsgd_result res;
-    if (len > 0)
-        res = dsgd_model_compute_gradients(m, a->x + off * (size_t)dsgd_model_input_dim(m),
-                                           a->y + off * (size_t)dsgd_model_target_dim(m), (int)len,
-                                           r->s->all_mean ? 1.0f / (float)a->count : 1.0f);
+    if (b->count > 0)
+        res = dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
     else
         res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, p);
     if (res != DSGD_OK) return res;
     return r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, bad);
+}
+
+/* Phases 0 and 1 of both synchronous kinds: the batch, then its gradient
+   unless a replica already failed (own result, or the global count says
+   another one did). */
+static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b, size_t *bad) {
+    dsgd_result res = dsgd__step_batch(r, a, b, &r->global);                 /* 0 */
+    *bad = 0;
+    if (res == DSGD_OK && r->global > 0) res = dsgd__step_gradients(r, b, r->global, bad); /* 1 */
+    return res;
 }
 
 /* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,
@@ -13012,7 +15762,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     dsgd_strategy *s = r->s;
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
-    if (s->n > 1) {
+    if (s->world > 1) {
         dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
@@ -13139,15 +15889,16 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
 static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
     dsgd_strategy *s = r->s;
-    size_t off = 0, len = 0, bad = 0;
+    dsgd_batch b;
+    size_t bad = 0;
     dsgd_result res;
-    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
     r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
-    res = dsgd__step_gradients(r, a, off, len, &bad);   /* 1 */
+    res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
+    if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, a->count, len); /* 3 */
-    if (res == DSGD_OK && s->n > 1) res = dsgd__step_exchange(r);   /* 4 */
+    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
+    if (res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
     if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);         /* 5 */
     return res;
 }
@@ -13203,11 +15954,24 @@ static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     s->grad_refs = NULL;
 }
 
+/* Across workers the gradients take the HOST path (DEVICE sums buffers of
+   one process's devices). */
+static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    if (d->gradient_path == DSGD_GRADIENTS_DEVICE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: multi_worker_mirrored sums gradients on the HOST path "
+                                  "(gradient_path DEVICE reaches one process's devices only)");
+    return DSGD_OK;
+}
+
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL,
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0,
+};
+static const dsgd__strategy_ops dsgd__multi_worker_ops = {
+    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */
@@ -13225,8 +15989,9 @@ static const dsgd__strategy_ops dsgd__mirrored_ops = {
      which is updated once, and then every replica reads the variables. One
      replica's part of a step:
 
-       1 gradients  \
-       2 agree       > as in the synchronous step (strategy_sync.h)
+       0 batch      \
+       1 gradients   \  as in the synchronous step
+       2 agree       /  (strategy_sync.h)
        3 aggregate  /
        4 reduce     the replica's gradient on the host (its buffer's host
                     pointer, mapped, or copied), a barrier; then replica r
@@ -13351,21 +16116,22 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
     dsgd_strategy *s = r->s;
     dsgd__central *c = (dsgd__central *)s->kind_data;
-    size_t off = 0, len = 0, bad = 0, p = dsgd_model_num_params(r->model);
+    size_t bad = 0, p = dsgd_model_num_params(r->model);
     float *host, *mapped = NULL;
+    dsgd_batch b;
     dsgd_result res, done;
-    dsgd_block_range((size_t)a->count, s->n, r->rank, &off, &len);
     r->lr = dsgd_lr_at(&c->opt->d.schedule, c->opt->d.lr, c->opt->t);
-    res = dsgd__step_gradients(r, a, off, len, &bad);                /* 1 */
+    res = dsgd__step_compute(r, a, &b, &bad);                        /* 0, 1 */
+    if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, a->count, len); /* 3 */
+    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
     if (res == DSGD_OK && r->be.finish) res = r->be.finish(r->be.impl);
     if (res != DSGD_OK) return res;
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
-    c->src[r->rank] = host;
+    c->src[r->local] = host;
     res = dsgd__central_reduce(r, c, p);                              /* 4 */
-    if (res == DSGD_OK && r->rank == 0) res = dsgd__central_update(r, c); /* 5 */
+    if (res == DSGD_OK && r->local == 0) res = dsgd__central_update(r, c); /* 5 */
     if (res == DSGD_OK) res = dsgd__central_barrier(r);
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
@@ -13379,7 +16145,7 @@ static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__ce
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
-    dsgd__central_state,
+    dsgd__central_state, 0,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */
@@ -13387,8 +16153,8 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
 /* distsgd/strategy_kinds.h - the table of strategy kinds, and dsgd_strategy_create
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
-   The kinds' parts come above this one (strategy_sync.h: one_device and
-   mirrored; strategy_central.h: central_storage); a new kind is a part above this one and a line in
+   The kinds' parts come above this one (strategy_sync.h: one_device,
+   mirrored and multi_worker_mirrored; strategy_central.h: central_storage); a new kind is a part above this one and a line in
    dsgd__strategy_kinds. dsgd_strategy_create and dsgd_strategy_kind_name are
    declared, with the rest of the strategy's interface, in strategy.h.
 */
@@ -13402,6 +16168,7 @@ static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT]
     &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
     &dsgd__mirrored_ops,   /* DSGD_STRATEGY_MIRRORED */
     &dsgd__central_storage_ops, /* DSGD_STRATEGY_CENTRAL_STORAGE */
+    &dsgd__multi_worker_ops, /* DSGD_STRATEGY_MULTI_WORKER_MIRRORED */
 };
 
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
@@ -13458,7 +16225,8 @@ extern "C" {
    NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
    NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
-   replica's backend error. path is then unchanged.
+   replica's backend error, DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
+   for now). path is then unchanged.
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
 /* Restores what dsgd_strategy_save wrote (or dsgd_model_save: a model's
@@ -13469,7 +16237,8 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
-   the message names it); after any of these nothing was touched. A
+   the message names it), DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
+   for now); after any of these nothing was touched. A
    replica's backend failing while the checked state is written leaves
    the replicas different: the strategy has then failed.
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
@@ -13531,6 +16300,9 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if (s->world > s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
+                                  "supported yet", what);
     if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     opt = dsgd__strategy_state_opt(s);
@@ -13704,6 +16476,9 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if (s->world > s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
+                                  "supported yet", what);
     if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
     if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__strategy_restore_from(s, &f, extra);
     dsgd__ck_close(&f);
@@ -13942,7 +16717,12 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
 
      Kernels are built with FP_CONTRACT off and, where the device supports it,
      -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
-     the optimizer updates and relu match the CPU backend bit for bit. tanh,
+     the optimizer updates, relu and the image operations (im2col, col2im,
+     max-pool: copies, compares and float adds in the CPU's order) match the
+     CPU backend bit for bit. Options that allow reassociation or assume
+     finite math (-cl-fast-relaxed-math, -cl-unsafe-math-optimizations,
+     -cl-finite-math-only) are never passed by the library; added through
+     build_options they void these promises (max-pool's NaN rule first). tanh,
      sigmoid and the losses use OpenCL's exp/tanh/log (a few ulp). The losses
      and norm_check accumulate in double when every device of the context has
      cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
@@ -14563,6 +17343,103 @@ static const char *const dsgd_cl__source[] = {
     "    float v = s[soff + i];\n"
     "#define DSGD_PUT(j) if (k > j) d##j[o##j + i] = v;\n"
     "    DSGD_8(DSGD_PUT)\n"
+    "}\n",
+
+    "/* NHWC images (IMAGES in backend.h). One work-item per run of the\n"
+    "   output: a row (i, oy, ox, ky) of kw c floats of col, or the c channels\n"
+    "   of one pixel (i, y, x) of dx or y, done in a loop. (One work-item per\n"
+    "   float costs PoCL ~30x more in index arithmetic than the copy itself.)\n"
+    "   The arithmetic is the CPU backend's: copies, compares and float adds\n"
+    "   from 0.0f in the documented order. Every kernel takes the window as\n"
+    "   h w c kh kw s p oh ow, then the number of work-items. */\n"
+    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items\n"
+    "/* col's row (i, oy, ox, ky): the kw c floats of image row iy from column\n"
+    "   ox s - p on, 0 outside the image */\n"
+    "__kernel void dsgd_im2col(__global const float *x, ulong xoff, __global float *col, ulong coff,\n"
+    "                          DSGD_WIN) {\n"
+    "    ulong r = get_global_id(0), run = (ulong)kw * c, t = r / kh / ow;\n"
+    "    if (r >= items) return;\n"
+    "    long ky = r % kh, ox = r / kh % ow, oy = t % oh, i = t / oh, wc = (long)w * c;\n"
+    "    long iy = oy * s - p + ky, at = (ox * s - p) * c;\n"
+    "    __global float *d = col + coff + r * run;\n"
+    "    if (iy < 0 || iy >= h) {\n"
+    "        for (long q = 0; q < (long)run; ++q) d[q] = 0.0f;\n"
+    "        return;\n"
+    "    }\n"
+    "    __global const float *src = x + xoff + (i * h + iy) * wc;\n"
+    "    for (long q = 0; q < (long)run; ++q) d[q] = at + q >= 0 && at + q < wc ? src[at + q] : 0.0f;\n"
+    "}\n"
+    "\n"
+    "/* dx = col2im(col) at pixel (i, iy, ix): each channel sums, from 0.0f\n"
+    "   and (ky, kx) ascending (oy, then ox, descending), the col entries\n"
+    "   im2col copied from it, in place in dx (c floats in a row) */\n"
+    "__kernel void dsgd_col2im(__global const float *col, ulong coff, __global float *dx, ulong dxoff,\n"
+    "                          DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0), k = (ulong)kh * kw * c, t = g / w;\n"
+    "    if (g >= items) return;\n"
+    "    long ix = g % w, iy = t % h, i = t / h, ty = iy + p, tx = ix + p;\n"
+    "    long oy0 = ty - kh + 1 <= 0 ? 0 : (ty - kh + s) / s, oy1 = min((long)oh - 1, ty / s);\n"
+    "    long ox0 = tx - kw + 1 <= 0 ? 0 : (tx - kw + s) / s, ox1 = min((long)ow - 1, tx / s);\n"
+    "    __global float *d = dx + dxoff + g * c;\n"
+    "    for (long ch = 0; ch < c; ++ch) d[ch] = 0.0f;\n"
+    "    for (long oy = oy1; oy >= oy0; --oy)\n"
+    "        for (long ox = ox1; ox >= ox0; --ox) {\n"
+    "            __global const float *src = col + coff + ((i * oh + oy) * ow + ox) * k + ((ty - oy * s) * kw + tx - ox * s) * c;\n"
+    "            for (long ch = 0; ch < c; ++ch) d[ch] = d[ch] + src[ch];\n"
+    "        }\n"
+    "}\n",
+
+    "/* y = max-pool(x) at pixel (i, oy, ox): per channel the window's first\n"
+    "   maximum, or its first NaN */\n"
+    "__kernel void dsgd_maxpool_fwd(__global const float *x, ulong xoff, __global float *y, ulong yoff,\n"
+    "                               DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0), t = g / ow;\n"
+    "    if (g >= items) return;\n"
+    "    long ox = g % ow, oy = t % oh, i = t / oh;\n"
+    "    __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c;\n"
+    "    for (long ch = 0; ch < c; ++ch) {\n"
+    "        float m = b[ch];\n"
+    "        for (int ky = 0; ky < kh; ++ky)\n"
+    "            for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"
+    "                float v = b[((long)ky * w + kx) * c + ch];\n"
+    "                if (v > m || (isnan(v) && !isnan(m))) m = v;\n"
+    "            }\n"
+    "        y[yoff + g * c + ch] = m;\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* max-pool's dx at pixel (i, iy, ix): per channel the sum, from 0.0f and\n"
+    "   windows (oy, ox) ascending, of the dy of every window whose first\n"
+    "   element equal to y (the first NaN for a NaN y) it is */\n"
+    "__kernel void dsgd_maxpool_bwd(__global const float *x, ulong xoff, __global const float *y, ulong yoff,\n"
+    "                               __global const float *dy, ulong dyoff, __global float *dx, ulong dxoff,\n"
+    "                               DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0), t = g / w;\n"
+    "    if (g >= items) return;\n"
+    "    long ix = g % w, iy = t % h, i = t / h;\n"
+    "    long oy0 = iy - kh + 1 <= 0 ? 0 : (iy - kh + s) / s, oy1 = min((long)oh - 1, iy / s);\n"
+    "    long ox0 = ix - kw + 1 <= 0 ? 0 : (ix - kw + s) / s, ox1 = min((long)ow - 1, ix / s);\n"
+    "    for (long ch = 0; ch < c; ++ch) {\n"
+    "        float acc = 0.0f;\n"
+    "        for (long oy = oy0; oy <= oy1; ++oy)\n"
+    "            for (long ox = ox0; ox <= ox1; ++ox) {\n"
+    "                ulong o = ((i * oh + oy) * ow + ox) * c + ch;\n"
+    "                __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c + ch;\n"
+    "                float want = y[yoff + o];\n"
+    "                int want_nan = isnan(want), found = 0, mine = 0;\n"
+    "                for (int ky = 0; ky < kh && !found; ++ky)\n"
+    "                    for (int kx = 0; kx < kw; ++kx) {\n"
+    "                        float v = b[((long)ky * w + kx) * c];\n"
+    "                        if (want_nan ? isnan(v) : v == want) {\n"
+    "                            mine = ky == iy - oy * s && kx == ix - ox * s;\n"
+    "                            found = 1;\n"
+    "                            break;\n"
+    "                        }\n"
+    "                    }\n"
+    "                if (mine) acc = acc + dy[dyoff + o];\n"
+    "            }\n"
+    "        dx[dxoff + g * c + ch] = acc;\n"
+    "    }\n"
     "}\n"};
 
 #define DSGD_CL__NSOURCE ((cl_uint)(sizeof(dsgd_cl__source) / sizeof(dsgd_cl__source[0])))
@@ -14580,6 +17457,10 @@ enum {
     DSGD_CL__K_NORM,
     DSGD_CL__K_SUM8,
     DSGD_CL__K_COPY8,
+    DSGD_CL__K_IM2COL,
+    DSGD_CL__K_COL2IM,
+    DSGD_CL__K_POOL_FWD,
+    DSGD_CL__K_POOL_BWD,
     DSGD_CL__K_COUNT
 };
 
@@ -14587,11 +17468,13 @@ enum {
 static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
     "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
-    "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8"};
+    "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
+    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
     "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
-    "optimizer_update", "norm_check", "sum_across", "sum_across(copy)"};
+    "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
+    "im2col", "col2im", "maxpool_forward", "maxpool_backward"};
 
 /* >>context ----------------------------------------------------------------- */
 
@@ -15662,6 +18545,10 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
        sum_across    our kernels: up to 8 buffers summed and written back in
                      one launch; more through the backend's scratch buffer, 8
                      a launch, in the same order
+       im2col, col2im, maxpool_forward, maxpool_backward
+                     our kernels, one work-item per row of col or per
+                     output pixel (col2im and maxpool_backward gather their
+                     sums in the documented order): the CPU backend's bits
      So a strategy over OpenCL backends of one context (see BACKENDS in
      distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
      backend's buffers are the device's own (a discrete GPU, or host_visible
@@ -16365,6 +19252,95 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
     return r;
 }
 
+/* >>images ------------------------------------------------------------------ */
+/* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
+   row of col or per pixel of the output, gathers where the CPU backend
+   scatters within a row, the same sums in the same order (the kernels'
+   comment in context.h). */
+
+/* 1 when [a.off, a.off + na) and [b.off, b.off + nb) of one buffer share a
+   float: a kernel reading what another work-item writes would race. */
+static int dsgd_cl__overlap(dsgd_ref a, size_t na, dsgd_ref b, size_t nb) {
+    return a.buf == b.buf && na && nb && a.off < b.off + nb && b.off < a.off + na;
+}
+
+/* Checks the window and the ranges (in: x, or col for col2im; y and dy:
+   maxpool_backward's; out: col, dx or y) and launches kernel k, whose
+   arguments are its buffers (as offsets) and then the window. */
+static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *wd, dsgd_ref in, dsgd_ref y,
+                                dsgd_ref dy, dsgd_ref out) {
+    const char *name = dsgd_cl__kernel_op[k];
+    dsgd__window_dims d;
+    cl_int win[9];
+    cl_ulong items, off[4];
+    size_t nin, nout;
+    const dsgd_ref *refs[4];
+    int nref = 0, i;
+    dsgd_result r;
+    char what[48];
+    if (dsgd__window_check(b->ctx, "opencl", name, wd, k == DSGD_CL__K_POOL_FWD || k == DSGD_CL__K_POOL_BWD, &d) !=
+        DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    nin = k == DSGD_CL__K_COL2IM ? d.col : d.x;
+    nout = k == DSGD_CL__K_IM2COL ? d.col : k == DSGD_CL__K_POOL_FWD ? d.y : d.x;
+    snprintf(what, sizeof(what), "%s %s", name, k == DSGD_CL__K_COL2IM ? "col" : "x");
+    if (!dsgd_cl__span(b, in, nin, what)) return DSGD_ERR_INVALID_ARGUMENT;
+    refs[nref++] = &in;
+    if (k == DSGD_CL__K_POOL_BWD) {
+        snprintf(what, sizeof(what), "%s y", name);
+        if (!dsgd_cl__span(b, y, d.y, what)) return DSGD_ERR_INVALID_ARGUMENT;
+        snprintf(what, sizeof(what), "%s dy", name);
+        if (!dsgd_cl__span(b, dy, d.y, what)) return DSGD_ERR_INVALID_ARGUMENT;
+        if (dsgd_cl__overlap(out, nout, y, d.y) || dsgd_cl__overlap(out, nout, dy, d.y))
+            return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl %s: dx overlaps y or dy", name);
+        refs[nref++] = &y;
+        refs[nref++] = &dy;
+    }
+    snprintf(what, sizeof(what), "%s %s", name,
+             k == DSGD_CL__K_IM2COL ? "col" : k == DSGD_CL__K_POOL_FWD ? "y" : "dx");
+    if (!dsgd_cl__span(b, out, nout, what)) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd_cl__overlap(out, nout, in, nin))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl %s: the output overlaps the input", name);
+    refs[nref++] = &out;
+    win[0] = wd->h;
+    win[1] = wd->w;
+    win[2] = wd->c;
+    win[3] = wd->kh;
+    win[4] = wd->kw;
+    win[5] = wd->stride;
+    win[6] = wd->pad;
+    win[7] = d.oh;
+    win[8] = d.ow;
+    /* work-items (IMAGES kernels in context.h): col's rows (i, oy, ox, ky),
+       else the output's pixels */
+    items = k == DSGD_CL__K_IM2COL ? (cl_ulong)d.rows * (cl_ulong)wd->kh : (cl_ulong)(nout / (size_t)wd->c);
+    for (i = 0, r = DSGD_OK; i < nref && r == DSGD_OK; ++i) {
+        off[i] = refs[i]->off;
+        r = dsgd_cl__arg(b, k, 2 * i, sizeof(cl_mem), &dsgd_cl__buf(*refs[i])->mem);
+        if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * i + 1, sizeof(cl_ulong), &off[i]);
+    }
+    for (i = 0; i < 9 && r == DSGD_OK; ++i) r = dsgd_cl__arg(b, k, 2 * nref + i, sizeof(cl_int), &win[i]);
+    if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 9, sizeof(cl_ulong), &items);
+    return r != DSGD_OK ? r : dsgd_cl__run(b, k, (size_t)items, b->local);
+}
+
+static dsgd_result dsgd_cl__im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_IM2COL, wd, x, x, x, col);
+}
+
+static dsgd_result dsgd_cl__col2im(void *impl, const dsgd_window *wd, dsgd_ref col, dsgd_ref dx) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_COL2IM, wd, col, col, col, dx);
+}
+
+static dsgd_result dsgd_cl__maxpool_forward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_POOL_FWD, wd, x, x, x, y);
+}
+
+static dsgd_result dsgd_cl__maxpool_backward(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
+                                             dsgd_ref dy, dsgd_ref dx) {
+    return dsgd_cl__img((dsgd_cl__backend *)impl, DSGD_CL__K_POOL_BWD, wd, x, y, dy, dx);
+}
+
 static dsgd_result dsgd_cl__map_rw(void *impl, dsgd_ref ref, size_t count, float **out) {
     return dsgd_cl__map_impl((dsgd_cl__backend *)impl, ref, count, DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE, out);
 }
@@ -16484,6 +19460,10 @@ static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->host_shared = dsgd_cl__host_shared;
     out->can_access = dsgd_cl__can_access;
     out->sum_across = dsgd_cl__sum_across;
+    out->im2col = dsgd_cl__im2col;
+    out->col2im = dsgd_cl__col2im;
+    out->maxpool_forward = dsgd_cl__maxpool_forward;
+    out->maxpool_backward = dsgd_cl__maxpool_backward;
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
@@ -16667,7 +19647,10 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      thread (it sets a flag and calls no MPI function). Endpoints hold no
      global state: a process may hold several (each on its own duplicate
      communicator), used from different threads when MPI provides
-     MPI_THREAD_MULTIPLE. dsgd_mpi_abort may be called from any thread.
+     MPI_THREAD_MULTIPLE. dsgd_mpi_transport_create_local makes several
+     endpoints of one group per process (count * P ranks, one per local
+     replica thread), used concurrently; it needs MPI_THREAD_MULTIPLE.
+     dsgd_mpi_abort may be called from any thread.
 
    CONTENTS
 
@@ -16696,7 +19679,22 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      native allreduce (MPI_Iallreduce in place, so DSGD_ALLREDUCE_AUTO runs
      MPI's own all-reduce, while an explicit algorithm runs the library's
      over point-to-point messages), probe (receive from any source), abort,
-     error_message and destroy. There is no share/unshare (the ranks do not
+     error_message and destroy.
+
+     dsgd_mpi_transport_create_local fills several endpoints per process,
+     for multi-worker training with k local replicas (threads): with count
+     endpoints in each of the P processes of the communicator, the group
+     has count * P ranks and process p's endpoint j is rank p * count + j,
+     each used by its own thread concurrently (MPI_THREAD_MULTIPLE). They
+     share one duplicate communicator, freed by the last endpoint
+     destroyed (destroy every one). Every process must pass the same count:
+     creation compares them (one MPI_Allreduce on the duplicate) and fails
+     on every process, naming a rank and both counts, never hangs. MPI's
+     all-reduce spans processes, not endpoints, so with count > 1 there is
+     no native allreduce (AUTO runs the library's algorithms); count = 1 is
+     dsgd_mpi_transport_create exactly.
+
+     There is no share/unshare (the ranks do not
      share an address space; MPI-3 shared-memory windows are future work),
      no sendrecv_reduce (the communicator receives into scratch and reduces,
      in the same order as over the loopback, so every explicit algorithm
@@ -16724,6 +19722,21 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      probe takes the header of the next message from any source
      (MPI_Improbe and MPI_Mrecv), keeps it for that source and reports the
      source, tag and size; the next recv from that source uses it.
+
+     With count endpoints per process, a message from group rank g to group
+     rank h goes to MPI process h / count, and the MPI tags name the pair of
+     local indices (sl = g % count, dl = h % count): the header goes under
+     1 + 2 * (sl * count + dl), the payload under the next tag, so the
+     threads of one process never take each other's messages, and each
+     ordered pair (g, h) keeps MPI's order. count = 1 uses tags 1 and 2, as
+     dsgd_mpi_transport_create. The largest tag, 2 * count^2, must not
+     exceed MPI_TAG_UB (at least 32767 by the standard; OpenMPI's is
+     2^31 - 1), which creation checks. Two endpoints of one process talk
+     through MPI too (messages to this process), with the same order and
+     deadlines. probe on endpoint j looks only at the tags addressed to j,
+     MPI_Improbe from any source once per source local index, starting
+     round-robin from the one after the last found, and keeps the stash per
+     group rank.
 
    WAITING AND DEADLINES
 
@@ -16755,10 +19768,13 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      test for MPIX_ERR_PROC_FAILED) would let the surviving ranks go on;
      Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
 
-     abort is local: it marks this endpoint aborted, so its waits (in any
+     abort is local to the process: it marks every endpoint of this process
+     aborted (the one it was called on and, with
+     dsgd_mpi_transport_create_local, its siblings), so their waits (in any
      thread) return DSGD_ERR_ABORTED within a poll, and later calls too. It
      cannot reach the other processes: they run into their deadlines, unless
-     the program ends the job.
+     the program ends the job. A failed endpoint (above) is failed alone:
+     its siblings' requests are their own.
 
    THREAD LEVELS
 
@@ -16768,8 +19784,12 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      dsgd_mpi_desc.thread_level says what the program needs (FUNNELED when
      only the thread that initialised MPI calls distsgd and MPI, MULTIPLE
      when several threads make MPI calls at once, e.g. several endpoints).
-     dsgd_mpi_init asks MPI for MPI_THREAD_MULTIPLE. abort only sets a flag
-     and calls no MPI function.
+     dsgd_mpi_transport_create_local with count > 1 needs
+     MPI_THREAD_MULTIPLE whatever thread_level says (its endpoints' threads
+     call MPI at once) and refuses less with DSGD_ERR_UNSUPPORTED naming
+     both levels, on every process when one provides less. dsgd_mpi_init
+     asks MPI for MPI_THREAD_MULTIPLE. abort only sets a flag and calls no
+     MPI function.
 */
 #ifndef DSGD_MPI__PART_TRANSPORT_DECL
 #define DSGD_MPI__PART_TRANSPORT_DECL
@@ -16831,7 +19851,8 @@ typedef struct dsgd_mpi_desc {
    MPI_ERRORS_RETURN on the duplicate. out->destroy frees the endpoint and
    the duplicate (MPI_Comm_free, so call it on every rank, before
    MPI_Finalize); the owner calls it after the communicators over the
-   endpoint are destroyed. Set members: send, recv, sendrecv, allreduce,
+   endpoint are destroyed. It is dsgd_mpi_transport_create_local with
+   count 1 (so creation also compares the counts of the processes). Set members: send, recv, sendrecv, allreduce,
    abort, error_message, probe, destroy (see THE MPI TRANSPORT).
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out NULL;
    thread_level not a thread level; an intercommunicator),
@@ -16845,6 +19866,37 @@ typedef struct dsgd_mpi_desc {
    thread. */
 DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc,
                                                dsgd_transport_i *out);
+
+/* Fills out[0..count-1] with this process's `count` endpoints of a group
+   of count * P ranks, P the size of desc->comm (desc may be NULL, as for
+   dsgd_mpi_transport_create): out[j] has rank p * count + j, p this
+   process's rank in comm, size count * P, name "mpi". For multi-worker
+   training with count local replicas (threads) per process, each using its
+   own endpoint concurrently. count = 1 is dsgd_mpi_transport_create, the
+   same messages bit for bit. Collective over comm like
+   dsgd_mpi_transport_create (one call per process, from one thread, for
+   all its endpoints): it duplicates comm once for all of them and compares
+   the counts of the processes, so that a process passing another count
+   fails on every process instead of hanging. Messages between two
+   endpoints of one process go through MPI too (see MESSAGES). With
+   count > 1 the endpoints have no native allreduce (MPI_Iallreduce spans
+   processes, not endpoints: DSGD_ALLREDUCE_AUTO runs the library's
+   algorithms), and abort on any of them aborts every endpoint of this
+   process (see AFTER A FAILURE). out[j].destroy must be called on every
+   endpoint (before MPI_Finalize); the last one destroyed frees the
+   duplicate.
+   Errors: as dsgd_mpi_transport_create, and DSGD_ERR_INVALID_ARGUMENT
+   (count < 1; processes passing different counts: the message names a rank
+   whose count differs and both counts, on every process),
+   DSGD_ERR_UNSUPPORTED (count > 1 and MPI provides less than
+   MPI_THREAD_MULTIPLE on some process: the message names both levels;
+   count above what MPI_TAG_UB allows, sqrt(MPI_TAG_UB / 2): 32767 on
+   OpenMPI). On failure out[0..count-1] are zeroed.
+   Thread safety: as dsgd_mpi_transport_create; then each endpoint is used
+   by one thread at a time, the endpoints of a process concurrently, and
+   abort by any thread. */
+DSGD_API dsgd_result dsgd_mpi_transport_create_local(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, int count,
+                                                     dsgd_transport_i *out);
 
 /* Ends the whole job: flushes stdio, then MPI_Abort(MPI_COMM_WORLD, code),
    which stops every process of the job, so that a rank whose transfer timed
@@ -16874,21 +19926,47 @@ DSGD_API void dsgd_mpi_abort(int code)
 
 /* >>mpi endpoint ----------------------------------------------------------- */
 
+/* The MPI tags of the messages between the only endpoints of two processes
+   (count 1); with count endpoints per process, the pair (source local index
+   sl, destination local index dl) uses DSGD_MPI__TAG_HEADER + 2 * (sl *
+   count + dl) and the payload tag one above it (see MESSAGES). */
 enum { DSGD_MPI__TAG_HEADER = 1, DSGD_MPI__TAG_PAYLOAD = 2 };
+/* Whether a receive posts its payload beside its header. MPICH ends the job
+   on a truncated receive (a payload larger than expected) even with
+   MPI_ERRORS_RETURN, so there the payload is posted once the header has
+   been checked: one latency more per small message, and a size mismatch
+   stays DSGD_ERR_DESYNC. */
+#ifdef MPICH_VERSION
+#define DSGD_MPI__EAGER_PAYLOAD 0
+#else
+#define DSGD_MPI__EAGER_PAYLOAD 1
+#endif
 #define DSGD_MPI__GRACE_S 0.01      /* how long a failed call waits for cancelled requests */
 #define DSGD_MPI__IDLE_SLEEP_S 0.01 /* polls without progress for this long also sleep */
 
 /* A request's state, as far as the endpoint knows. */
 enum { DSGD_MPI__IDLE = 0, DSGD_MPI__PENDING, DSGD_MPI__DONE, DSGD_MPI__CANCELLED };
 
+/* What the endpoints of one process share (one for dsgd_mpi_transport_create,
+   one for all `count` of dsgd_mpi_transport_create_local): freed by the
+   last endpoint destroyed. */
+typedef struct dsgd_mpi__shared {
+    MPI_Comm comm; /* the duplicate */
+    MPI_Op op_max, op_min;
+    int aborted;   /* atomic: abort was called on an endpoint of this process */
+    int refs;      /* atomic: endpoints not yet destroyed */
+} dsgd_mpi__shared;
+
 typedef struct dsgd_mpi__ep {
     dsgd_ctx *ctx;
-    MPI_Comm comm; /* the duplicate */
-    int rank, size;
-    int aborted;   /* atomic: abort was called */
-    int failed;    /* requests that MPI cannot take back are pending */
+    dsgd_mpi__shared *sh;
+    MPI_Comm comm; /* sh->comm */
+    int rank, size; /* in the group: proc * count + local, procs * count */
+    int count;      /* endpoints per process; group rank g lives in MPI process g / count */
+    int local;      /* this endpoint's index in its process, rank % count */
+    int failed;     /* requests that MPI cannot take back are pending */
     int probe_next;
-    MPI_Op op_max, op_min;
+    int probe_src_local; /* probe's next source local index to look at first (round-robin) */
     /* Header buffers live here, not on a call's stack: after a failure MPI
        may still touch what a pending request points to. */
     uint64_t send_header[2], recv_header[2], probe_header[2];
@@ -16898,6 +19976,15 @@ typedef struct dsgd_mpi__ep {
     size_t num_orphans, cap_orphans;
     char err[384];
 } dsgd_mpi__ep;
+
+/* Routing: group rank g lives in MPI process g / count; the header's MPI
+   tag for a message from group rank src to group rank dst (the payload's is
+   one more). count 1: process g, tags 1 and 2, as ever. */
+static int dsgd_mpi__proc(const dsgd_mpi__ep *e, int g) { return g / e->count; }
+
+static int dsgd_mpi__header_tag(const dsgd_mpi__ep *e, int src, int dst) {
+    return DSGD_MPI__TAG_HEADER + 2 * ((src % e->count) * e->count + dst % e->count);
+}
 
 /* NaN-propagating max and min, made commutative bit for bit (of two NaNs
    the larger bit pattern; +0 is the max of +0 and -0), so that MPI may
@@ -16979,9 +20066,9 @@ static void dsgd_mpi__orphan(dsgd_mpi__ep *e, MPI_Request req) {
 /* DSGD_OK when the endpoint may transfer; else DSGD_ERR_ABORTED with the
    reason in e->err. */
 static dsgd_result dsgd_mpi__usable(dsgd_mpi__ep *e) {
-    if (DSGD__LOAD_ACQ(&e->aborted)) {
-        snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted (its abort member was called)",
-                 e->rank);
+    if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted (%s)", e->rank,
+                 e->count == 1 ? "its abort member was called" : "abort was called on an endpoint of this process");
         return DSGD_ERR_ABORTED;
     }
     if (e->failed) {
@@ -16997,7 +20084,7 @@ static dsgd_result dsgd_mpi__usable(dsgd_mpi__ep *e) {
 /* Records an MPI failure (the state of the messages is unknown, so the
    endpoint is failed). */
 static dsgd_result dsgd_mpi__mpi_error(dsgd_mpi__ep *e, const char *call, int peer, int code) {
-    char text[MPI_MAX_ERROR_STRING + 32];
+    char text[256]; /* MPI's text cut to fit e->err (MPICH's may be 512 bytes) */
     dsgd_mpi__error_text(code, text, sizeof(text));
     e->failed = 1;
     if (peer >= 0)
@@ -17064,13 +20151,13 @@ static int dsgd_mpi__test(MPI_Request *req, int *st, int *count) {
 typedef struct dsgd_mpi__xfer {
     dsgd_mpi__ep *e;
     /* send half (dst < 0: none) */
-    int dst;
+    int dst, dst_proc, dst_tag; /* group rank; its MPI process; the header's MPI tag */
     const char *sbuf;
     size_t sbytes, schunks, snext; /* chunks in all; the next chunk to post */
     MPI_Request sh, sd;            /* header, current chunk */
     int sh_st, sd_st;
     /* receive half (src < 0: none) */
-    int src;
+    int src, src_proc, src_tag;
     uint64_t rtag;
     char *rbuf;
     size_t rbytes, rchunks, rnext;
@@ -17093,8 +20180,8 @@ static int dsgd_mpi__chunk_len(size_t bytes, size_t i) {
 
 static dsgd_result dsgd_mpi__post_send_chunk(dsgd_mpi__xfer *x) {
     const char *p = x->sbytes ? x->sbuf + x->snext * (size_t)DSGD_MPI_MAX_MESSAGE : x->sbuf;
-    int rc = MPI_Isend(p, dsgd_mpi__chunk_len(x->sbytes, x->snext), MPI_BYTE, x->dst, DSGD_MPI__TAG_PAYLOAD,
-                       x->e->comm, &x->sd);
+    int rc = MPI_Isend(p, dsgd_mpi__chunk_len(x->sbytes, x->snext), MPI_BYTE, x->dst_proc,
+                       x->dst_tag + (DSGD_MPI__TAG_PAYLOAD - DSGD_MPI__TAG_HEADER), x->e->comm, &x->sd);
     if (rc != MPI_SUCCESS) {
         x->blame = x->dst;
         return dsgd_mpi__mpi_error(x->e, "MPI_Isend", x->dst, rc);
@@ -17106,8 +20193,8 @@ static dsgd_result dsgd_mpi__post_send_chunk(dsgd_mpi__xfer *x) {
 
 static dsgd_result dsgd_mpi__post_recv_chunk(dsgd_mpi__xfer *x) {
     char *p = x->rbytes ? x->rbuf + x->rnext * (size_t)DSGD_MPI_MAX_MESSAGE : x->rbuf;
-    int rc = MPI_Irecv(p, dsgd_mpi__chunk_len(x->rbytes, x->rnext), MPI_BYTE, x->src, DSGD_MPI__TAG_PAYLOAD,
-                       x->e->comm, &x->rd);
+    int rc = MPI_Irecv(p, dsgd_mpi__chunk_len(x->rbytes, x->rnext), MPI_BYTE, x->src_proc,
+                       x->src_tag + (DSGD_MPI__TAG_PAYLOAD - DSGD_MPI__TAG_HEADER), x->e->comm, &x->rd);
     if (rc != MPI_SUCCESS) {
         x->blame = x->src;
         return dsgd_mpi__mpi_error(x->e, "MPI_Irecv", x->src, rc);
@@ -17124,7 +20211,7 @@ static dsgd_result dsgd_mpi__start_send(dsgd_mpi__xfer *x, uint64_t tag) {
     int rc;
     e->send_header[0] = tag;
     e->send_header[1] = (uint64_t)x->sbytes;
-    rc = MPI_Isend(e->send_header, (int)sizeof(e->send_header), MPI_BYTE, x->dst, DSGD_MPI__TAG_HEADER, e->comm,
+    rc = MPI_Isend(e->send_header, (int)sizeof(e->send_header), MPI_BYTE, x->dst_proc, x->dst_tag, e->comm,
                    &x->sh);
     if (rc != MPI_SUCCESS) {
         x->blame = x->dst;
@@ -17166,14 +20253,14 @@ static dsgd_result dsgd_mpi__start_recv(dsgd_mpi__xfer *x) {
         x->header_ok = 1;
         return dsgd_mpi__post_recv_chunk(x);
     }
-    rc = MPI_Irecv(e->recv_header, (int)sizeof(e->recv_header), MPI_BYTE, x->src, DSGD_MPI__TAG_HEADER, e->comm,
+    rc = MPI_Irecv(e->recv_header, (int)sizeof(e->recv_header), MPI_BYTE, x->src_proc, x->src_tag, e->comm,
                    &x->rh);
     if (rc != MPI_SUCCESS) {
         x->blame = x->src;
         return dsgd_mpi__mpi_error(e, "MPI_Irecv", x->src, rc);
     }
     x->rh_st = DSGD_MPI__PENDING;
-    return x->rchunks == 1 ? dsgd_mpi__post_recv_chunk(x) : DSGD_OK;
+    return x->rchunks == 1 && DSGD_MPI__EAGER_PAYLOAD ? dsgd_mpi__post_recv_chunk(x) : DSGD_OK;
 }
 
 static int dsgd_mpi__send_done(const dsgd_mpi__xfer *x) {
@@ -17337,6 +20424,8 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
     x.e = e;
     x.dst = dst; x.sbuf = (const char *)sbuf; x.sbytes = sbytes; x.schunks = dsgd_mpi__chunks(sbytes);
     x.src = src; x.rtag = rtag; x.rbuf = (char *)rbuf; x.rbytes = rbytes;
+    if (dst >= 0) { x.dst_proc = dsgd_mpi__proc(e, dst); x.dst_tag = dsgd_mpi__header_tag(e, e->rank, dst); }
+    if (src >= 0) { x.src_proc = dsgd_mpi__proc(e, src); x.src_tag = dsgd_mpi__header_tag(e, src, e->rank); }
     x.sh = x.sd = x.rh = x.rd = MPI_REQUEST_NULL;
     x.rd_count = -1;
     x.blame = src >= 0 ? src : dst;
@@ -17350,7 +20439,7 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
         if (x.src >= 0 && (r = dsgd_mpi__recv_step(&x, &progressed)) != DSGD_OK) break;
         if (dsgd_mpi__send_done(&x) && dsgd_mpi__recv_done(&x)) return DSGD_OK;
         x.blame = !dsgd_mpi__recv_done(&x) ? x.src : x.dst;
-        if (DSGD__LOAD_ACQ(&e->aborted)) {
+        if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
             r = DSGD_ERR_ABORTED;
             snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for rank %d",
                      e->rank, x.blame);
@@ -17413,8 +20502,8 @@ static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsg
     switch (op) {
     case DSGD_REDUCE_SUM:
     case DSGD_REDUCE_MEAN: mop = MPI_SUM; break;
-    case DSGD_REDUCE_MAX: mop = e->op_max; break;
-    case DSGD_REDUCE_MIN: mop = e->op_min; break;
+    case DSGD_REDUCE_MAX: mop = e->sh->op_max; break;
+    case DSGD_REDUCE_MIN: mop = e->sh->op_min; break;
     default:
         snprintf(e->err, sizeof(e->err), "mpi rank %d: unknown reduce op %d", e->rank, (int)op);
         return DSGD_ERR_INVALID_ARGUMENT;
@@ -17434,8 +20523,8 @@ static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsg
             rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
             if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Iallreduce", -1, rc);
             if (flag) break;
-            if (DSGD__LOAD_ACQ(&e->aborted) || dsgd_now() >= deadline) {
-                int aborted = DSGD__LOAD_ACQ(&e->aborted);
+            if (DSGD__LOAD_ACQ(&e->sh->aborted) || dsgd_now() >= deadline) {
+                int aborted = DSGD__LOAD_ACQ(&e->sh->aborted);
                 dsgd_mpi__orphan(e, req);
                 e->failed = 1;
                 snprintf(e->err, sizeof(e->err),
@@ -17470,7 +20559,7 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
     for (;;) {
         MPI_Message msg;
         MPI_Status status;
-        int i, k, flag = 0, rc;
+        int i, k = -1, flag = 0, rc;
         /* a header taken earlier comes first, round-robin over the sources */
         for (i = 0; i < e->size; ++i) {
             k = (e->probe_next + i) % e->size;
@@ -17481,10 +20570,19 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
             e->probe_next = (k + 1) % e->size;
             return DSGD_OK;
         }
-        rc = MPI_Improbe(MPI_ANY_SOURCE, DSGD_MPI__TAG_HEADER, e->comm, &flag, &msg, &status);
-        if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Improbe", -1, rc);
+        /* the headers addressed to this endpoint: one MPI tag per source
+           local index, any process; the local index looked at first goes
+           round-robin so that none is passed over forever */
+        for (i = 0; i < e->count && !flag; ++i) {
+            int sl = (e->probe_src_local + i) % e->count;
+            rc = MPI_Improbe(MPI_ANY_SOURCE, dsgd_mpi__header_tag(e, sl, e->rank), e->comm, &flag, &msg, &status);
+            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Improbe", -1, rc);
+            if (flag) {
+                k = status.MPI_SOURCE * e->count + sl;
+                e->probe_src_local = (sl + 1) % e->count;
+            }
+        }
         if (flag) {
-            k = status.MPI_SOURCE;
             rc = MPI_Mrecv(e->probe_header, (int)sizeof(e->probe_header), MPI_BYTE, &msg, &status);
             if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Mrecv", k, rc);
             if ((uint64_t)(size_t)e->probe_header[1] != e->probe_header[1]) {
@@ -17498,7 +20596,7 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
             e->stashed[k] = 1;
             continue; /* reported by the loop above */
         }
-        if (DSGD__LOAD_ACQ(&e->aborted)) {
+        if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
             snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for a message "
                      "from any rank", e->rank);
             return DSGD_ERR_ABORTED;
@@ -17514,23 +20612,31 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
 
 /* >>mpi table -------------------------------------------------------------- */
 
-static void dsgd_mpi__abort_ep(void *impl) { DSGD__STORE_SC(&((dsgd_mpi__ep *)impl)->aborted, 1); }
+static void dsgd_mpi__abort_ep(void *impl) { DSGD__STORE_SC(&((dsgd_mpi__ep *)impl)->sh->aborted, 1); }
 
 static const char *dsgd_mpi__error_message(void *impl) { return ((dsgd_mpi__ep *)impl)->err; }
 
-/* Frees what MPI allocated (unless MPI is finalized: then it is gone) and
-   the endpoint. Requests left by failed calls are not freed (see AFTER A
-   FAILURE); MPI_Comm_free and MPI_Op_free let pending operations finish. */
-static void dsgd_mpi__destroy(void *impl) {
-    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+/* Drops one endpoint's reference; the last frees what MPI allocated (unless
+   MPI is finalized: then it is gone). MPI_Comm_free and MPI_Op_free let
+   pending operations finish. */
+static void dsgd_mpi__release(dsgd_mpi__shared *sh) {
     int fin = 0;
-    if (!e) return;
+    if (!sh || DSGD__FETCH_ADD(&sh->refs, -1) != 1) return;
     MPI_Finalized(&fin);
     if (!fin) {
-        if (e->op_max != MPI_OP_NULL) MPI_Op_free(&e->op_max);
-        if (e->op_min != MPI_OP_NULL) MPI_Op_free(&e->op_min);
-        if (e->comm != MPI_COMM_NULL) MPI_Comm_free(&e->comm);
+        if (sh->op_max != MPI_OP_NULL) MPI_Op_free(&sh->op_max);
+        if (sh->op_min != MPI_OP_NULL) MPI_Op_free(&sh->op_min);
+        if (sh->comm != MPI_COMM_NULL) MPI_Comm_free(&sh->comm);
     }
+    DSGD_FREE(sh);
+}
+
+/* Frees the endpoint, and the shared state with the last one. Requests left
+   by failed calls are not freed (see AFTER A FAILURE). */
+static void dsgd_mpi__destroy(void *impl) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    if (!e) return;
+    dsgd_mpi__release(e->sh);
     DSGD_FREE(e->orphans);
     DSGD_FREE(e->stash);
     DSGD_FREE(e->stashed);
@@ -17558,91 +20664,183 @@ DSGD_API dsgd_result dsgd_mpi_init(dsgd_ctx *ctx, int *argc, char ***argv, int *
     return DSGD_OK;
 }
 
-DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, dsgd_transport_i *out) {
-    static const char *const fn = "dsgd_mpi_transport_create";
+/* Every process must pass the same count: one MPI_Allreduce (MINLOC) over
+   the duplicate gives the smallest count, the largest (negated) and the
+   lowest thread level, each with the lowest rank that has it. The same
+   answer reaches every process, so all fail, or none. */
+static dsgd_result dsgd_mpi__agree(dsgd_ctx *ctx, const char *fn, MPI_Comm comm, int count, int provided) {
     char text[MPI_MAX_ERROR_STRING + 32];
-    MPI_Comm base = MPI_COMM_WORLD;
-    dsgd_mpi__ep *e;
-    int init = 0, fin = 0, provided = MPI_THREAD_SINGLE, need = MPI_THREAD_SERIALIZED, inter = 0, rc;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
-    memset(out, 0, sizeof(*out));
-    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    int mine[6], all[6], rank = 0, rc, tag_ub = 32767, flag = 0, *ub = NULL;
+    double largest;
+    rc = MPI_Comm_rank(comm, &rank);
+    mine[0] = count; mine[1] = rank;
+    mine[2] = -count; mine[3] = rank;
+    mine[4] = provided; mine[5] = rank;
+    if (rc == MPI_SUCCESS) rc = MPI_Allreduce(mine, all, 3, MPI_2INT, MPI_MINLOC, comm);
+    if (rc != MPI_SUCCESS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: comparing the counts of the processes failed: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    if (all[0] != -all[2]) {
+        /* name a process whose count differs from this one's */
+        int other = all[0] != count ? all[1] : all[3], theirs = all[0] != count ? all[0] : -all[2];
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: every process must pass the same count: rank %d passes count %d, rank %d "
+                                  "(this process) passes count %d",
+                                  fn, other, theirs, rank, count);
+    }
+    if (count < 1)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: count %d, expected at least 1", fn, count);
+    if (count > 1 && all[4] < MPI_THREAD_MULTIPLE)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
+                                  "%s: MPI provides %s (on rank %d), but %d endpoints per process need "
+                                  "MPI_THREAD_MULTIPLE (their threads call MPI at once; initialise MPI with "
+                                  "dsgd_mpi_init, or MPI_Init_thread asking for MPI_THREAD_MULTIPLE)",
+                                  fn, dsgd_mpi__level_name(all[4]), all[5], count);
+    /* the largest MPI tag is the payload's of the pair (count - 1, count - 1) */
+    if (MPI_Comm_get_attr(comm, MPI_TAG_UB, &ub, &flag) == MPI_SUCCESS && flag && ub) tag_ub = *ub;
+    largest = (double)DSGD_MPI__TAG_PAYLOAD + 2.0 * ((double)count * count - 1.0);
+    if (largest > (double)tag_ub)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
+                                  "%s: count %d needs MPI tags up to %.0f, but this MPI's MPI_TAG_UB is %d (at most "
+                                  "%d endpoints per process)",
+                                  fn, count, largest, tag_ub, (int)floor(sqrt((double)tag_ub / 2.0)));
+    return DSGD_OK;
+}
+
+/* Checks what can be checked alone; *base and *provided for the rest. */
+static dsgd_result dsgd_mpi__check_desc(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, MPI_Comm *base,
+                                        int *provided) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    int init = 0, fin = 0, need = MPI_THREAD_SERIALIZED, inter = 0, rc;
+    *base = MPI_COMM_WORLD;
+    *provided = MPI_THREAD_SINGLE;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (!init || fin)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: MPI is %s: call dsgd_mpi_init (or MPI_Init_thread) first",
                                   fn, fin ? "finalized" : "not initialised");
     if (desc) {
-        if (desc->comm != (MPI_Comm)0 && desc->comm != MPI_COMM_NULL) base = desc->comm;
+        if (desc->comm != (MPI_Comm)0 && desc->comm != MPI_COMM_NULL) *base = desc->comm;
         if (desc->thread_level) need = desc->thread_level;
     }
     if (need != MPI_THREAD_SINGLE && need != MPI_THREAD_FUNNELED && need != MPI_THREAD_SERIALIZED &&
         need != MPI_THREAD_MULTIPLE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: thread_level %d is not an MPI thread level",
                                   fn, need);
-    if (MPI_Query_thread(&provided) != MPI_SUCCESS) provided = MPI_THREAD_SINGLE;
-    if (provided < need)
+    if (MPI_Query_thread(provided) != MPI_SUCCESS) *provided = MPI_THREAD_SINGLE;
+    if (*provided < need)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
                                   "%s: MPI provides %s, but this program needs %s (initialise MPI with dsgd_mpi_init, "
                                   "or MPI_Init_thread asking for %s)",
-                                  fn, dsgd_mpi__level_name(provided), dsgd_mpi__level_name(need),
+                                  fn, dsgd_mpi__level_name(*provided), dsgd_mpi__level_name(need),
                                   dsgd_mpi__level_name(need));
-    rc = MPI_Comm_test_inter(base, &inter);
+    rc = MPI_Comm_test_inter(*base, &inter);
     if (rc != MPI_SUCCESS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the communicator is not valid: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     if (inter)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: an intercommunicator; pass an intracommunicator (MPI_Intercomm_merge)", fn);
-    e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
-    if (!e) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(e, 0, sizeof(*e));
-    e->ctx = ctx;
-    e->comm = MPI_COMM_NULL;
-    e->op_max = e->op_min = MPI_OP_NULL;
-    rc = MPI_Comm_dup(base, &e->comm);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, int count,
+                                    dsgd_transport_i *out) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    MPI_Comm base;
+    dsgd_mpi__shared *sh;
+    dsgd_result r;
+    int provided, proc = 0, procs = 0, j, rc;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd_mpi__check_desc(ctx, fn, desc, &base, &provided)) != DSGD_OK) return r;
+    sh = (dsgd_mpi__shared *)dsgd__alloc(ctx, sizeof(*sh), fn);
+    if (!sh) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(sh, 0, sizeof(*sh));
+    sh->comm = MPI_COMM_NULL;
+    sh->op_max = sh->op_min = MPI_OP_NULL;
+    sh->refs = 1; /* creation's own reference, dropped at the end */
+    rc = MPI_Comm_dup(base, &sh->comm);
     if (rc != MPI_SUCCESS) {
-        e->comm = MPI_COMM_NULL;
-        dsgd_mpi__destroy(e);
+        sh->comm = MPI_COMM_NULL;
+        dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: MPI_Comm_dup failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
-    rc = MPI_Comm_set_errhandler(e->comm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(e->comm, &e->rank);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(e->comm, &e->size);
-    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_max, 1, &e->op_max);
-    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_min, 1, &e->op_min);
+    rc = MPI_Comm_set_errhandler(sh->comm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(sh->comm, &proc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sh->comm, &procs);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_max, 1, &sh->op_max);
+    if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_min, 1, &sh->op_min);
     if (rc != MPI_SUCCESS) {
-        dsgd_mpi__destroy(e);
+        dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: setting up the duplicate communicator failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
-    e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
-    e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
-    if (!e->stash || !e->stashed) {
-        dsgd_mpi__destroy(e);
-        return DSGD_ERR_OUT_OF_MEMORY;
+    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, provided)) != DSGD_OK) {
+        dsgd_mpi__release(sh);
+        return r;
     }
-    memset(e->stashed, 0, (size_t)e->size);
-    out->name = "mpi";
-    out->impl = e;
-    out->rank = e->rank;
-    out->size = e->size;
-    out->destroy = dsgd_mpi__destroy;
-    out->send = dsgd_mpi__send;
-    out->recv = dsgd_mpi__recv;
-    out->sendrecv = dsgd_mpi__sendrecv;
-    out->sendrecv_reduce = NULL;
-    out->share = NULL;
-    out->unshare = NULL;
-    out->allreduce = dsgd_mpi__allreduce;
-    out->abort = dsgd_mpi__abort_ep;
-    out->now = NULL;
-    out->error_message = dsgd_mpi__error_message;
-    out->set_progress = NULL;
-    out->peer_progress = NULL;
-    out->probe = dsgd_mpi__probe;
+    if ((double)procs * count > 2147483647.0) {
+        dsgd_mpi__release(sh);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d processes x %d endpoints is more ranks than "
+                                  "an int holds", fn, procs, count);
+    }
+    for (j = 0; j < count; ++j) {
+        dsgd_mpi__ep *e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
+        if (e) {
+            memset(e, 0, sizeof(*e));
+            DSGD__FETCH_ADD(&sh->refs, 1);
+            e->sh = sh;
+            e->ctx = ctx;
+            e->comm = sh->comm;
+            e->count = count;
+            e->local = j;
+            e->rank = proc * count + j;
+            e->size = procs * count;
+            e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
+            e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
+        }
+        if (!e || !e->stash || !e->stashed) {
+            dsgd_mpi__destroy(e);
+            while (j-- > 0) dsgd_mpi__destroy(out[j].impl);
+            memset(out, 0, (size_t)count * sizeof(*out));
+            dsgd_mpi__release(sh);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+        memset(e->stashed, 0, (size_t)e->size);
+        out[j].name = "mpi";
+        out[j].impl = e;
+        out[j].rank = e->rank;
+        out[j].size = e->size;
+        out[j].destroy = dsgd_mpi__destroy;
+        out[j].send = dsgd_mpi__send;
+        out[j].recv = dsgd_mpi__recv;
+        out[j].sendrecv = dsgd_mpi__sendrecv;
+        out[j].sendrecv_reduce = NULL;
+        out[j].share = NULL;
+        out[j].unshare = NULL;
+        /* MPI's all-reduce spans processes, not endpoints */
+        out[j].allreduce = count == 1 ? dsgd_mpi__allreduce : NULL;
+        out[j].abort = dsgd_mpi__abort_ep;
+        out[j].now = NULL;
+        out[j].error_message = dsgd_mpi__error_message;
+        out[j].set_progress = NULL;
+        out[j].peer_progress = NULL;
+        out[j].probe = dsgd_mpi__probe;
+    }
+    dsgd_mpi__release(sh); /* the endpoints hold it now */
     return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_mpi_transport_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, dsgd_transport_i *out) {
+    return dsgd_mpi__create(ctx, "dsgd_mpi_transport_create", desc, 1, out);
+}
+
+DSGD_API dsgd_result dsgd_mpi_transport_create_local(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, int count,
+                                                     dsgd_transport_i *out) {
+    return dsgd_mpi__create(ctx, "dsgd_mpi_transport_create_local", desc, count, out);
 }
 
 DSGD_API void dsgd_mpi_abort(int code) {
@@ -17656,4 +20854,291 @@ DSGD_API void dsgd_mpi_abort(int code) {
 }
 
 #endif /* DSGD_MPI__PART_TRANSPORT_IMPL */
+/* ---------------------------------------- distsgd/mpi/ps.h */
+/* distsgd/mpi/ps.h - parameter servers across MPI processes: this process's role and the engine's rank order
+   Part of distsgd's MPI add-on (see ../../distsgd_mpi.h, which includes the parts in order).
+
+   PARAMETER SERVERS OVER MPI
+
+     The parameter-server engine (distsgd/ps.h) runs unchanged with its
+     ranks as MPI processes: every process creates one endpoint
+     (dsgd_mpi_transport_create) and then a server or a worker over it. The
+     engine wants its servers first (ranks 0..P-1, then the workers
+     P..P+W-1), while TF_CONFIG numbers a cluster chief, workers, ps (see
+     THE RANK LAYOUT in distsgd/tf_config.h) and mpirun numbers processes
+     as it starts them. dsgd_mpi_ps_role_create settles who is what, once,
+     collectively:
+
+       - TF_CONFIG set, with a task: the role is the task's. A "ps" task of
+         index i is server i; the "chief" is worker 0 and "worker" i is
+         worker chiefs + i (TF's id_in_cluster, so the chief, or worker 0
+         when there is none, is worker 0). P is the size of the ps job, W
+         chiefs + workers. The evaluator is refused: TF runs it apart, as
+         a cluster of its own, so start it outside the training job.
+       - TF_CONFIG not set (or "{}", which TF reads as a single process):
+         the rank layout. The first num_servers processes of the
+         communicator are the servers, the rest the workers, in order.
+
+     Every process then all-gathers what it found (its role, P, W, or its
+     error) and checks the whole: every process described its role, all
+     agree on P and W, P + W is the size of the communicator, and no role
+     is claimed twice. All processes see the same table, so all fail, or
+     none, with the same message naming the first process at fault (its
+     own error when it had one: a malformed TF_CONFIG, an index out of
+     range), never a hang. Last, MPI_Comm_split with key = the engine's
+     rank gives a communicator in the engine's order: pass it as
+     dsgd_mpi_desc.comm, and the endpoint's rank is the engine's.
+
+         dsgd_mpi_ps_role role;
+         dsgd_mpi_desc md = {0};
+         if (dsgd_mpi_ps_role_create(ctx, MPI_COMM_WORLD, 2, &role) != DSGD_OK) ... (every process fails)
+         md.comm = role.comm;
+         dsgd_mpi_transport_create(ctx, &md, &ep);     ep.rank == role.rank
+         role.is_server ? dsgd_ps_server_create(ctx, &ep, ...) : dsgd_ps_worker_create(ctx, &ep, ...);
+         ...
+         ep.destroy(ep.impl);
+         dsgd_mpi_ps_role_free(&role);
+
+     The addresses in TF_CONFIG are not used: MPI has already connected
+     the processes. examples/ps_mpi.c trains the demo's MLP this way.
+*/
+#ifndef DSGD_MPI__PART_PS_DECL
+#define DSGD_MPI__PART_PS_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- PS roles */
+
+/* What this process is in a parameter-server job (dsgd_mpi_ps_role_create). */
+typedef struct dsgd_mpi_ps_role {
+    int is_server;   /* 1: parameter server `index`; 0: worker `index` */
+    int index;       /* 0..num_servers-1 (server) or 0..num_workers-1 (worker) */
+    int rank;        /* the engine's rank: index (server) or num_servers + index (worker);
+                        also this process's rank in comm */
+    int num_servers; /* P (dsgd_ps_desc.num_servers) */
+    int num_workers; /* W (dsgd_ps_desc.num_workers) */
+    int is_chief;    /* worker 0: TF's chief, or worker 0 when the cluster has none */
+    int from_tf_config; /* 1: the role came from TF_CONFIG; 0: from the rank layout */
+    MPI_Comm comm;   /* the processes in the engine's order (servers first):
+                        dsgd_mpi_desc.comm; MPI_COMM_NULL until created */
+} dsgd_mpi_ps_role;
+
+/* Finds this process's role in a parameter-server job of the processes of
+   comm (0 or MPI_COMM_NULL: MPI_COMM_WORLD): from TF_CONFIG when it is set
+   with a task, else from the rank layout with num_servers servers (then
+   1 <= num_servers < size; ignored with TF_CONFIG), checks it against every
+   other process's, and fills *out, out->comm included (see PARAMETER
+   SERVERS OVER MPI). Collective over comm: every process calls it, in the
+   same order as its other collective calls on comm.
+   Errors (recorded on ctx; the same result and message on every process
+   unless noted): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded,
+   or out NULL, on that process only; a process whose role cannot be
+   found: its TF_CONFIG's error (DSGD_ERR_FORMAT for malformed JSON), an
+   evaluator task, a cluster without a ps or a worker job, num_servers
+   out of range; processes that disagree on P or W; P + W not the size
+   of comm; a role claimed by two processes: the message names the first
+   process at fault and what it found), DSGD_ERR_STATE (MPI not
+   initialised, or finalized; that process only), DSGD_ERR_SYSTEM
+   (MPI_Allgather or MPI_Comm_split failed), DSGD_ERR_OUT_OF_MEMORY. On
+   failure *out is zeroed with comm = MPI_COMM_NULL.
+   Thread safety: a thread allowed to call MPI, while no thread changes the
+   environment. */
+DSGD_API dsgd_result dsgd_mpi_ps_role_create(dsgd_ctx *ctx, MPI_Comm comm, int num_servers,
+                                             dsgd_mpi_ps_role *out);
+/* Frees role->comm (MPI_Comm_free; call it before MPI_Finalize, after the
+   endpoints made over it are destroyed, on every process) and sets it to
+   MPI_COMM_NULL; role NULL or without a comm: nothing.
+   Errors: none. Thread safety: a thread allowed to call MPI. */
+DSGD_API void dsgd_mpi_ps_role_free(dsgd_mpi_ps_role *role);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD_MPI__PART_PS_DECL */
+
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_PS_IMPL)
+#define DSGD_MPI__PART_PS_IMPL
+
+/* >>mpi ps roles ----------------------------------------------------------- */
+
+/* What each process found, all-gathered as bytes (the processes share one
+   byte order, as the transport's headers already require). */
+typedef struct dsgd_mpi__ps_claim {
+    int code;      /* DSGD_OK, or this process's error */
+    int rank;      /* the engine's rank it claims */
+    int servers, workers;
+    int is_server, index, is_chief, from_tf;
+    char msg[320]; /* the error's message, or a description of the role */
+} dsgd_mpi__ps_claim;
+
+/* This process's own claim, from TF_CONFIG or the rank layout. */
+static void dsgd_mpi__ps_claim_mine(dsgd_ctx *ctx, int proc, int size, int num_servers, dsgd_mpi__ps_claim *c) {
+    dsgd_cluster_config cfg;
+    dsgd_result r;
+    memset(c, 0, sizeof(*c));
+    memset(&cfg, 0, sizeof(cfg));
+    c->rank = -1;
+    r = dsgd_tf_config_from_env(ctx, &cfg);
+    if (r != DSGD_OK) {
+        const char *m = dsgd_ctx_last_error(ctx);
+        size_t n = strlen(m);
+        if (n >= sizeof(c->msg)) n = sizeof(c->msg) - 1; /* a long message is cut */
+        memcpy(c->msg, m, n);
+        c->msg[n] = '\0';
+        c->code = r;
+        return;
+    }
+    if (cfg.task_type == DSGD_TASK_NONE) { /* no TF_CONFIG (or "{}"): the rank layout */
+        if (num_servers < 1 || num_servers >= size) {
+            c->code = DSGD_ERR_INVALID_ARGUMENT;
+            snprintf(c->msg, sizeof(c->msg),
+                     "no TF_CONFIG task, so the rank layout, which needs 1 <= num_servers < %d processes (got num_servers %d)",
+                     size, num_servers);
+        } else {
+            c->servers = num_servers;
+            c->workers = size - num_servers;
+            c->is_server = proc < num_servers;
+            c->index = c->is_server ? proc : proc - num_servers;
+            c->rank = proc;
+        }
+    } else {
+        int chiefs = cfg.num_tasks[DSGD_TASK_CHIEF];
+        c->from_tf = 1;
+        c->servers = cfg.num_tasks[DSGD_TASK_PS];
+        c->workers = chiefs + cfg.num_tasks[DSGD_TASK_WORKER];
+        if (cfg.task_type == DSGD_TASK_EVALUATOR) {
+            c->code = DSGD_ERR_INVALID_ARGUMENT;
+            snprintf(c->msg, sizeof(c->msg), "TF_CONFIG: task evaluator %d: an evaluator runs apart from the "
+                     "training job (TF gives it a cluster of its own); start it outside this job", cfg.task_index);
+        } else if (c->servers < 1 || c->workers < 1) {
+            c->code = DSGD_ERR_INVALID_ARGUMENT;
+            snprintf(c->msg, sizeof(c->msg), "TF_CONFIG: the cluster has %d ps and %d chief + worker tasks; "
+                     "parameter servers need at least one of each", c->servers, c->workers);
+        } else if (cfg.task_type == DSGD_TASK_PS) {
+            c->is_server = 1;
+            c->index = cfg.task_index;
+            c->rank = cfg.task_index;
+        } else { /* chief or worker: TF's id_in_cluster (the chief first) */
+            c->index = cfg.task_type == DSGD_TASK_CHIEF ? 0 : chiefs + cfg.task_index;
+            c->rank = c->servers + c->index;
+        }
+        if (c->code == DSGD_OK)
+            snprintf(c->msg, sizeof(c->msg), "TF_CONFIG task %s %d", dsgd_task_type_name(cfg.task_type),
+                     cfg.task_index);
+    }
+    if (c->code == DSGD_OK) {
+        c->is_chief = !c->is_server && c->index == 0;
+        if (!c->from_tf) snprintf(c->msg, sizeof(c->msg), "rank layout, %d servers", num_servers);
+    }
+    dsgd_cluster_config_free(&cfg);
+}
+
+/* The same verdict on every process: DSGD_OK, or the error naming the first
+   process at fault. */
+static dsgd_result dsgd_mpi__ps_claims_check(dsgd_ctx *ctx, const char *fn, const dsgd_mpi__ps_claim *all, int size,
+                                             int proc) {
+    int p, q;
+    for (p = 0; p < size; ++p)
+        if (all[p].code != DSGD_OK)
+            return dsgd_ctx_set_error(ctx, (dsgd_result)all[p].code, "%s: process %d%s: %s", fn, p,
+                                      p == proc ? " (this process)" : "", all[p].msg);
+    for (p = 1; p < size; ++p)
+        if (all[p].servers != all[0].servers || all[p].workers != all[0].workers || all[p].from_tf != all[0].from_tf)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: the processes disagree on the cluster: process 0 has %d servers and %d "
+                                      "workers (%s), process %d has %d and %d (%s)", fn, all[0].servers,
+                                      all[0].workers, all[0].msg, p, all[p].servers, all[p].workers, all[p].msg);
+    if (all[0].servers + all[0].workers != size)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: the cluster has %d servers + %d workers = %d tasks, but the job has %d "
+                                  "processes (start one process per task: mpirun -np %d)", fn, all[0].servers,
+                                  all[0].workers, all[0].servers + all[0].workers, size,
+                                  all[0].servers + all[0].workers);
+    for (p = 0; p < size; ++p)
+        for (q = 0; q < p; ++q)
+            if (all[q].rank == all[p].rank)
+                return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                          "%s: processes %d and %d are both %s %d (%s; %s): every task needs its "
+                                          "own process", fn, q, p, all[p].is_server ? "server" : "worker",
+                                          all[p].index, all[q].msg, all[p].msg);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_mpi_ps_role_create(dsgd_ctx *ctx, MPI_Comm comm, int num_servers,
+                                             dsgd_mpi_ps_role *out) {
+    const char *fn = "dsgd_mpi_ps_role_create";
+    char text[MPI_MAX_ERROR_STRING + 32];
+    dsgd_mpi__ps_claim mine, *all;
+    dsgd_result r;
+    int init = 0, fin = 0, proc = 0, size = 0, rc, erank = -1, ok;
+    if (out) {
+        memset(out, 0, sizeof(*out));
+        out->comm = MPI_COMM_NULL;
+    }
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (!init || fin)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: MPI is %s: call dsgd_mpi_init (or MPI_Init_thread) first",
+                                  fn, fin ? "finalized" : "not initialised");
+    if (comm == (MPI_Comm)0 || comm == MPI_COMM_NULL) comm = MPI_COMM_WORLD;
+    rc = MPI_Comm_rank(comm, &proc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm, &size);
+    if (rc != MPI_SUCCESS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: the communicator is not valid: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    dsgd_mpi__ps_claim_mine(ctx, proc, size, num_servers, &mine);
+    /* Every process learns whether every other could allocate the table
+       before the all-gather, so one short of memory fails them all. */
+    all = (dsgd_mpi__ps_claim *)DSGD_MALLOC(sizeof(*all) * (size_t)size);
+    ok = all != NULL;
+    rc = MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
+    if (rc == MPI_SUCCESS && ok)
+        rc = MPI_Allgather(&mine, (int)sizeof(mine), MPI_BYTE, all, (int)sizeof(mine), MPI_BYTE, comm);
+    if (rc != MPI_SUCCESS) {
+        DSGD_FREE(all);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: gathering the roles failed: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    }
+    if (!ok) {
+        const char *where = all ? " (on another process)" : "";
+        DSGD_FREE(all);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory for the table of %d roles%s", fn,
+                                  size, where);
+    }
+    r = dsgd_mpi__ps_claims_check(ctx, fn, all, size, proc);
+    DSGD_FREE(all);
+    if (r != DSGD_OK) return r;
+    rc = MPI_Comm_split(comm, 0, mine.rank, &out->comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(out->comm, &erank);
+    if (rc != MPI_SUCCESS || erank != mine.rank) {
+        if (out->comm != MPI_COMM_NULL && rc == MPI_SUCCESS) MPI_Comm_free(&out->comm);
+        out->comm = MPI_COMM_NULL;
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: MPI_Comm_split %s", fn,
+                                  rc != MPI_SUCCESS ? dsgd_mpi__error_text(rc, text, sizeof(text))
+                                                    : "did not order the processes by the engine's rank");
+    }
+    out->is_server = mine.is_server;
+    out->index = mine.index;
+    out->rank = mine.rank;
+    out->num_servers = mine.servers;
+    out->num_workers = mine.workers;
+    out->is_chief = mine.is_chief;
+    out->from_tf_config = mine.from_tf;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_mpi_ps_role_free(dsgd_mpi_ps_role *role) {
+    int fin = 0;
+    if (!role || role->comm == MPI_COMM_NULL || role->comm == (MPI_Comm)0) return;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&role->comm);
+    role->comm = MPI_COMM_NULL;
+}
+
+#endif /* DSGD_MPI__PART_PS_IMPL */
 #endif /* DISTSGD_WITH_MPI */
