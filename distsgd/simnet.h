@@ -10,8 +10,9 @@
      the endpoint's `now` returns it, so a communicator's deadlines are
      virtual too.
 
-     Scheduling. Exactly one rank thread runs at a time: the one with the
-     smallest (virtual time, rank) among those that can proceed. A rank
+     Scheduling. Exactly one rank thread runs at a time (parked ranks
+     aside, below): the one with the smallest (virtual time, rank) among
+     those that can proceed. A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
      sendrecv_reduce, probe, dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
@@ -36,7 +37,8 @@
          a time in either direction (same booking);
        - two levels: with ranks_per_node = L > 0, ranks r and q with r / L ==
          q / L talk over intra_alpha / intra_beta, the others over alpha /
-         beta;
+         beta (give the communicators the same L in
+         dsgd_comm_desc.ranks_per_node for DSGD_ALLREDUCE_HIERARCHICAL);
        - sendrecv_reduce of k floats costs k * gamma after the message is in
          (the collectives' ring, halving-doubling, fold and reduce-to-one
          reduce through it); reductions a collective does on its own memory
@@ -80,13 +82,19 @@
      a rank that never called may be left from any thread); until then the
      others may wait for it.
 
-     Running a strategy over it: create a hub of N ranks with
-     park_between_calls (the strategies' replica threads wait for each step
-     on a condition variable of their own), pass its N endpoints in
-     dsgd_strategy_desc.endpoints (or the P + W endpoints in
-     dsgd_cluster_desc.endpoints), and charge each step's compute with
+     Running distributed training over it (charge each step's compute with
      dsgd_simnet_compute(hub, rank, step) on the rank's thread; without
-     that, compute takes no virtual time.
+     that, compute takes no virtual time):
+       - a strategy (dsgd_strategy_desc.endpoints = the hub's N endpoints):
+         create the hub with park_between_calls, since the replica threads
+         wait for each step on a condition variable of the strategy's own.
+         A mirrored strategy then gives the loopback's weights bit for bit;
+       - the parameter-server engine (ps.h): one server or worker per rank
+         thread, each calling serve or pull/push/finish, then leave; it needs
+         no parking;
+       - not yet the cluster coordinator (coordinator.h): its idle workers
+         wait for closures outside the hub and, parked at an early clock,
+         hold back the later probes and deadlines of the others for good.
 
      Thread safety: each endpoint (and the hub's functions that take a rank)
      is used by that rank's thread; dsgd_simnet_abort, _aborted, _time and

@@ -58,6 +58,8 @@
 #endif
 
 #define MAXN 32
+/* The agreement's message: the fingerprint range collectives.h sends. */
+#define AGREE_BYTES sizeof(dsgd__fp_range)
 
 static void on_alarm(int sig) {
     static const char msg[] = "test_simnet: watchdog expired, the simulation hung\n";
@@ -87,6 +89,7 @@ typedef struct run {
     dsgd_ctx *ctx[MAXN];
     body_fn body;
     void *user;
+    int comm_L; /* the communicators' ranks_per_node */
     /* per rank, filled by the bodies */
     dsgd_result res[MAXN];
     double t0[MAXN], t1[MAXN];
@@ -107,6 +110,7 @@ static void *rank_main(void *p) {
     memset(&cd, 0, sizeof(cd));
     cd.timeout_s = 1e6;
     cd.piece_bytes = (size_t)1 << 30; /* one piece: the costs below count no pipelining */
+    cd.ranks_per_node = r->comm_L;
     if (dsgd_comm_create(r->ctx[a->rank], &r->ep[a->rank], &cd, &c) != DSGD_OK) {
         r->res[a->rank] = DSGD_ERR_STATE;
         snprintf(r->msg[a->rank], sizeof(r->msg[0]), "comm_create failed");
@@ -209,8 +213,9 @@ static void body_allreduce(run *r, int rank, dsgd_comm *c, const dsgd_transport_
    (sendrecv_reduce); a step ends when both halves are done. In every
    algorithm below each rank's k-th message goes out in its k-th step, so
    the times follow step by step. The messages, from collectives.h:
-   - agreement: ceil(log2 p) rounds; round j: to r + 2^j, from r - 2^j, 128
-     bytes (32 floats) each way, copied, never reduced;
+   - agreement: ceil(log2 p) rounds; round j: to r + 2^j, from r - 2^j, one
+     dsgd__fp_range each way (AGREE_BYTES: the implementation's own struct,
+     144 bytes today), copied, never reduced;
    - ring: reduce-scatter p - 1 steps (send block r-k-1 to r+1, receive
      block r-k-2 from r-1 and reduce it), all-gather p - 1 steps (send block
      r-k, receive block r-k-1, copied); block b has dsgd_block_range's size
@@ -273,7 +278,7 @@ static void exp_agree(const model *m, int n, double *T) {
         for (r = 0; r < n; ++r) {
             dst[r] = (r + d) % n;
             src[r] = (r - d + n) % n;
-            f[r] = 32;
+            f[r] = AGREE_BYTES / sizeof(float);
         }
         step_all(m, n, T, dst, f, src, f, 0);
     }
@@ -422,6 +427,47 @@ static void exp_reduce_broadcast(const model *m, int n, size_t count, double *T)
     }
 }
 
+/* Hierarchical (L ranks per node, M nodes): a ring reduce-scatter inside
+   each node (block l of L), a ring all-reduce of block l across the nodes
+   among the ranks of local rank l, a ring all-gather inside each node. The
+   rings of a phase are independent, each step-synchronous. */
+static void exp_hierarchical(const model *m, int n, size_t count, int L, double *T) {
+    int M = n / L, r, k, dst[MAXN], src[MAXN];
+    size_t sf[MAXN], rf[MAXN];
+    for (k = 0; k < L - 1; ++k) {
+        for (r = 0; r < n; ++r) {
+            int l = r % L, base = r - l;
+            dst[r] = base + (l + 1) % L;
+            src[r] = base + (l + L - 1) % L;
+            sf[r] = blk_len(count, L, ((l - k - 1) % L + L) % L);
+            rf[r] = blk_len(count, L, ((l - k - 2) % L + L) % L);
+        }
+        step_all(m, n, T, dst, sf, src, rf, 1);
+    }
+    for (k = 0; k < 2 * (M - 1); ++k) {
+        int ag = k >= M - 1, kk = ag ? k - (M - 1) : k;
+        for (r = 0; r < n; ++r) {
+            int l = r % L, q = r / L;
+            size_t len = blk_len(count, L, l);
+            dst[r] = l + ((q + 1) % M) * L;
+            src[r] = l + ((q + M - 1) % M) * L;
+            sf[r] = blk_len(len, M, ((q - kk - 1 + ag) % M + M) % M);
+            rf[r] = blk_len(len, M, ((q - kk - 2 + ag) % M + M) % M);
+        }
+        step_all(m, n, T, dst, sf, src, rf, !ag);
+    }
+    for (k = 0; k < L - 1; ++k) {
+        for (r = 0; r < n; ++r) {
+            int l = r % L, base = r - l;
+            dst[r] = base + (l + 1) % L;
+            src[r] = base + (l + L - 1) % L;
+            sf[r] = blk_len(count, L, ((l - k) % L + L) % L);
+            rf[r] = blk_len(count, L, ((l - k - 1) % L + L) % L);
+        }
+        step_all(m, n, T, dst, sf, src, rf, 0);
+    }
+}
+
 static double expected_time(const model *m, int n, size_t count, dsgd_allreduce_algo algo) {
     double T[MAXN], mx = 0;
     int r;
@@ -431,6 +477,7 @@ static double expected_time(const model *m, int n, size_t count, dsgd_allreduce_
     case DSGD_ALLREDUCE_RING: exp_ring(m, n, count, T); break;
     case DSGD_ALLREDUCE_HALVING_DOUBLING: exp_halving_doubling(m, n, count, T); break;
     case DSGD_ALLREDUCE_RECURSIVE_DOUBLING: exp_recursive_doubling(m, n, count, T); break;
+    case DSGD_ALLREDUCE_HIERARCHICAL: exp_hierarchical(m, n, count, m->L, T); break;
     default: exp_reduce_broadcast(m, n, count, T); break;
     }
     for (r = 0; r < n; ++r)
@@ -446,7 +493,7 @@ static int ceil_log2(int n) {
 
 /* Closed forms (flat network, n divisible by p where it matters). */
 static double closed_form(const model *m, int p, size_t n, dsgd_allreduce_algo algo) {
-    double a = m->a, b4 = 4.0 * m->b, g = m->g, N = (double)n, agree = ceil_log2(p) * (a + 128.0 * m->b);
+    double a = m->a, b4 = 4.0 * m->b, g = m->g, N = (double)n, agree = ceil_log2(p) * (a + (double)AGREE_BYTES * m->b);
     int lg = ceil_log2(p), k;
     double t = 0;
     switch (algo) {
@@ -503,8 +550,15 @@ static double max_t1(const run *r) {
     return mx;
 }
 
+static double simulate_L(const model *m, int p, size_t count, dsgd_allreduce_algo algo, int L);
+
 /* Runs algo over a simnet with model m; returns the latest finish. */
 static double simulate(const model *m, int p, size_t count, dsgd_allreduce_algo algo) {
+    return simulate_L(m, p, count, algo, 0);
+}
+
+/* As simulate, with the communicators' ranks_per_node L. */
+static double simulate_L(const model *m, int p, size_t count, dsgd_allreduce_algo algo, int L) {
     dsgd_simnet_desc d;
     run r;
     ar_job jb;
@@ -522,6 +576,7 @@ static double simulate(const model *m, int p, size_t count, dsgd_allreduce_algo 
     jb.algo = algo;
     jb.seed = 7;
     run_init(&r, p, &d);
+    r.comm_L = L;
     run_go(&r, body_allreduce, &jb);
     for (i = 0; i < p; ++i) {
         if (r.res[i] != DSGD_OK) fail_msg("p=%d count=%zu %s rank %d: %s", p, count, dsgd_allreduce_algo_name(algo), i, r.msg[i]);
@@ -599,6 +654,56 @@ static void test_two_level_ring(void **state) {
     alarm(0);
 }
 
+/* The hierarchical all-reduce, L ranks per node and M nodes: on the
+   two-level network, against the step calculation for every count (and it
+   beats the flat ring there); on a uniform network (every link alpha,
+   beta), where the agreement ends at the same time on every rank, and L M
+   dividing the count, against the closed form
+     agreement + (L-1)(alpha + n/L (4 beta + gamma))          node reduce-scatter
+     + 2(M-1) alpha + 2(M-1) n/(L M) 4 beta + (M-1) n/(L M) gamma   ring across nodes
+     + (L-1)(alpha + n/L 4 beta)                               node all-gather. */
+static void test_hierarchical_costs(void **state) {
+    static const int Ls[] = {2, 3, 4}, Ms[] = {2, 3, 4};
+    int li, mi, ci, checked = 0, closed = 0;
+    (void)state;
+    watchdog(120);
+    for (li = 0; li < 3; ++li) {
+        for (mi = 0; mi < 3; ++mi) {
+            int L = Ls[li], M = Ms[mi], p = L * M;
+            model two = {20e-6, 1e-9, 1e-9, L, 1e-6, 5e-11};
+            model flat = {2e-6, 1e-10, 1e-9, 0, 0, 0}, flatL = flat;
+            size_t counts[4];
+            counts[0] = 7;
+            counts[1] = 1009;
+            counts[2] = 10007;
+            counts[3] = (size_t)p * 2000;
+            flatL.L = L; /* the step calculation's node layout; the network stays uniform (ai = a) */
+            flatL.ai = flat.a;
+            flatL.bi = flat.b;
+            for (ci = 0; ci < 4; ++ci) {
+                size_t n = counts[ci];
+                double got = simulate_L(&two, p, n, DSGD_ALLREDUCE_HIERARCHICAL, L);
+                double want = expected_time(&two, p, n, DSGD_ALLREDUCE_HIERARCHICAL);
+                if (!REL_OK(got, want)) fail_msg("L=%d M=%d count=%zu: simulated %.15g s, expected %.15g s", L, M, n, got, want);
+                ++checked;
+                if (n >= (size_t)p) assert_true(got < simulate(&two, p, n, DSGD_ALLREDUCE_RING));
+                if (n % (size_t)p == 0) {
+                    double N = (double)n, a = flat.a, b4 = 4 * flat.b, g = flat.g, cf;
+                    got = simulate_L(&flat, p, n, DSGD_ALLREDUCE_HIERARCHICAL, L);
+                    cf = ceil_log2(p) * (a + (double)AGREE_BYTES * flat.b) + (L - 1) * (a + N / L * (b4 + g)) +
+                         2.0 * (M - 1) * a + 2.0 * (M - 1) * N / (L * M) * b4 + (M - 1) * N / (L * M) * g +
+                         (L - 1) * (a + N / L * b4);
+                    if (!REL_OK(got, cf)) fail_msg("L=%d M=%d count=%zu: simulated %.15g s, closed form %.15g s", L, M, n, got, cf);
+                    assert_true(REL_OK(got, expected_time(&flatL, p, n, DSGD_ALLREDUCE_HIERARCHICAL)));
+                    ++closed;
+                }
+            }
+        }
+    }
+    print_message("%d hierarchical simulations against the step calculation, %d against the closed form\n", checked, closed);
+    alarm(0);
+}
+
 /* ---------------------------------------------------------------- numerics */
 
 static void test_numerics_match_loopback(void **state) {
@@ -645,6 +750,30 @@ static void test_numerics_match_loopback(void **state) {
                 run_free(&l);
             }
         }
+    }
+    /* hierarchical, 2 and 3 ranks per node */
+    for (ni = 0; ni < 2; ++ni) {
+        run sh, l;
+        ar_job jb;
+        int n = ni ? 6 : 8, L = ni ? 3 : 2;
+        jb.count = 10007;
+        jb.op = DSGD_REDUCE_MEAN;
+        jb.algo = DSGD_ALLREDUCE_HIERARCHICAL;
+        jb.seed = 5;
+        run_init(&sh, n, &d);
+        sh.comm_L = L;
+        run_go(&sh, body_allreduce, &jb);
+        run_init(&l, n, NULL);
+        l.comm_L = L;
+        run_go(&l, body_allreduce, &jb);
+        for (i = 0; i < n; ++i) {
+            if (sh.res[i] != DSGD_OK || l.res[i] != DSGD_OK) fail_msg("hierarchical n=%d: %s / %s", n, sh.msg[i], l.msg[i]);
+            if (memcmp(sh.buf[i], l.buf[i], jb.count * sizeof(float)) != 0)
+                fail_msg("hierarchical n=%d L=%d rank %d: simnet and loopback differ", n, L, i);
+            ++compared;
+        }
+        run_free(&sh);
+        run_free(&l);
     }
     print_message("%d rank buffers bitwise equal to the loopback's\n", compared);
     alarm(0);
@@ -1804,6 +1933,7 @@ int main(void) {
         cmocka_unit_test(test_compute_models),
         cmocka_unit_test(test_allreduce_costs),
         cmocka_unit_test(test_two_level_ring),
+        cmocka_unit_test(test_hierarchical_costs),
         cmocka_unit_test(test_numerics_match_loopback),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_park_between_calls),
