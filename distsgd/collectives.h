@@ -83,12 +83,16 @@ typedef enum dsgd_allreduce_algo {
        power of two); best for small messages. Needs count floats of scratch
        (capped by the piece size). */
     DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
-    /* ranks in one address space (a transport with share/unshare, such as
-       the loopback): each rank sums its block (dsgd_block_range) straight
-       from every rank's buffer, in rank order 0..N-1, and writes the result
-       into every buffer. Each element is read and written once per rank
-       (2 N S bytes in all, the minimum) with no step-by-step handshakes.
-       DSGD_ERR_UNSUPPORTED without the hooks. */
+    /* ranks that reach each other's memory (a transport with share/unshare:
+       the loopback's threads, or the MPI transport's processes on one node
+       through shared-memory windows): each rank sums its block
+       (dsgd_block_range) straight from every rank's buffer, in rank order
+       0..N-1, and writes the result into every buffer. Each element is read
+       and written once per rank (2 N S bytes in all, the minimum) with no
+       step-by-step handshakes. Across processes (share_window) the buffer
+       goes through the windows a window at a time (copied in, reduced,
+       copied out), with the same bits. DSGD_ERR_UNSUPPORTED without the
+       hooks. */
     DSGD_ALLREDUCE_DIRECT,
     /* two levels, for ranks on several nodes (dsgd_comm_desc.ranks_per_node
        L: ranks node*L .. node*L + L - 1 share a node, M = N / L nodes): a
@@ -909,6 +913,8 @@ static dsgd_result dsgd__bcast_seg(dsgd_comm *c, float *x, size_t len, size_t j,
    rank r touches block r of any buffer, so the ranks never wait for each
    other between share and unshare. */
 #define DSGD__DIRECT_TILE 2048
+/* the fingerprint at the head of a window (share_window), before the data */
+#define DSGD__DIRECT_HEAD 64
 
 /* What each rank publishes: its buffer and its fingerprint, checked by
    every rank before any buffer is touched. */
@@ -917,13 +923,84 @@ typedef struct dsgd__direct_pub {
     uint64_t fp[DSGD__FP_N];
 } dsgd__direct_pub;
 
+/* Elements [off, off + len) of the n buffers p[0..n-1]: each reduced in
+   rank order 0..n-1 (MEAN: then divided by n), the result written into
+   every buffer. */
+static void dsgd__direct_block(void *const *p, int n, size_t off, size_t len, dsgd_reduce_op op) {
+    float tmp[DSGD__DIRECT_TILE];
+    size_t i, m;
+    int k;
+    for (i = 0; i < len; i += m) {
+        m = DSGD__MIN((size_t)DSGD__DIRECT_TILE, len - i);
+        if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) { /* the first two in one pass */
+            dsgd__sum2(tmp, (const float *)p[0] + off + i, (const float *)p[1] + off + i, m);
+        } else {
+            memcpy(tmp, (const float *)p[0] + off + i, m * sizeof(float));
+            dsgd__reduce_into(tmp, (const float *)p[1] + off + i, m, op, 0);
+        }
+        for (k = 2; k < n; ++k) dsgd__reduce_into(tmp, (const float *)p[k] + off + i, m, op, 0);
+        if (op == DSGD_REDUCE_MEAN) dsgd__divide(tmp, m, n);
+        for (k = 0; k < n; ++k) memcpy((float *)p[k] + off + i, tmp, m * sizeof(float));
+    }
+}
+
+/* Across address spaces (share_window set): the buffer goes through the
+   window a piece at a time (the window's size less its head): copied in,
+   shared, block r of the piece reduced as above in every rank's window,
+   unshared, copied out. The fingerprint rides in the head of the first
+   piece. Each element is reduced in the same order as in one address
+   space, so the bits are the same. */
+static dsgd_result dsgd__direct_windowed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    const dsgd_transport_i *t = &c->t;
+    size_t wbytes = 0, cap, base = 0, len, off, blen, j = 0;
+    char *win = (char *)t->share_window(t->impl, &wbytes);
+    float *data = (float *)(void *)(win + DSGD__DIRECT_HEAD);
+    dsgd__fp_range acc;
+    dsgd_result r, agreed = DSGD_OK;
+    int n = c->size, k, failed = -1;
+    if (!win || wbytes < DSGD__DIRECT_HEAD + 64 * sizeof(float)) {
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_UNSUPPORTED, "%s: transport '%s' has no window to share (%zu bytes)",
+                                  name, t->name ? t->name : "?", wbytes);
+    }
+    cap = (wbytes - DSGD__DIRECT_HEAD) / sizeof(float);
+    dsgd__fp_fill(c, (uint64_t *)(void *)win);
+    do {
+        uint64_t tag = dsgd__tag(c, j, DSGD__PH_FOLD, 0);
+        len = DSGD__MIN(cap, count - base);
+        if (len) memcpy(data, buf + base, len * sizeof(float));
+        r = t->share(t->impl, tag, win, c->peers, c->deadline, &failed);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
+        if (j == 0) {
+            dsgd__fp_init(c, &acc);
+            for (k = 0; k < n; ++k) {
+                const uint64_t *fp = (const uint64_t *)c->peers[k];
+                dsgd__fp_merge(&acc, fp, (uint64_t)k, fp, (uint64_t)k);
+            }
+            agreed = dsgd__fp_verdict(c, &acc);
+        }
+        if (agreed == DSGD_OK && len > 0) {
+            for (k = 0; k < n; ++k) c->peers[k] = (char *)c->peers[k] + DSGD__DIRECT_HEAD;
+            dsgd_block_range(len, n, c->rank, &off, &blen);
+            dsgd__direct_block(c->peers, n, off, blen, op);
+        }
+        r = t->unshare(t->impl, tag, c->deadline, &failed);
+        if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
+        if (agreed != DSGD_OK) return agreed;
+        if (len) memcpy(buf + base, data, len * sizeof(float));
+        base += len;
+        ++j;
+    } while (base < count);
+    return DSGD_OK;
+}
+
 static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
     const dsgd_transport_i *t = &c->t;
     uint64_t tag = dsgd__tag(c, 0, DSGD__PH_FOLD, 0);
-    float tmp[DSGD__DIRECT_TILE];
     dsgd__direct_pub pub;
     dsgd__fp_range acc;
-    size_t off, len, i, m;
+    size_t off, len;
     int n = c->size, k, failed = -1;
     dsgd_result r, agreed;
     if (!t->share || !t->unshare) {
@@ -932,6 +1009,7 @@ static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_red
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_UNSUPPORTED, "%s: transport '%s' cannot share memory",
                                   name, t->name ? t->name : "?");
     }
+    if (t->share_window) return dsgd__direct_windowed(c, buf, count, op);
     pub.buf = buf;
     dsgd__fp_fill(c, pub.fp);
     r = t->share(t->impl, tag, &pub, c->peers, c->deadline, &failed);
@@ -945,18 +1023,7 @@ static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_red
     if (agreed == DSGD_OK && count > 0) {
         for (k = 0; k < n; ++k) c->peers[k] = ((const dsgd__direct_pub *)c->peers[k])->buf;
         dsgd_block_range(count, n, c->rank, &off, &len);
-        for (i = 0; i < len; i += m) {
-            m = DSGD__MIN((size_t)DSGD__DIRECT_TILE, len - i);
-            if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) { /* the first two in one pass */
-                dsgd__sum2(tmp, (const float *)c->peers[0] + off + i, (const float *)c->peers[1] + off + i, m);
-            } else {
-                memcpy(tmp, (const float *)c->peers[0] + off + i, m * sizeof(float));
-                dsgd__reduce_into(tmp, (const float *)c->peers[1] + off + i, m, op, 0);
-            }
-            for (k = 2; k < n; ++k) dsgd__reduce_into(tmp, (const float *)c->peers[k] + off + i, m, op, 0);
-            if (op == DSGD_REDUCE_MEAN) dsgd__divide(tmp, m, n);
-            for (k = 0; k < n; ++k) memcpy((float *)c->peers[k] + off + i, tmp, m * sizeof(float));
-        }
+        dsgd__direct_block(c->peers, n, off, len, op);
     }
     r = t->unshare(t->impl, tag, c->deadline, &failed);
     return r == DSGD_OK ? agreed : dsgd__coll_fail(c, r, failed);

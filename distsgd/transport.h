@@ -9,7 +9,8 @@
      other member is optional and either speeds things up (sendrecv;
      sendrecv_reduce, which reduces from a peer's buffer in place; share and
      unshare, which let ranks in one address space use each other's buffers
-     directly), replaces the library's algorithm (a native allreduce, as MPI
+     directly, or processes on one node each other's windows of shared
+     memory, with share_window), replaces the library's algorithm (a native allreduce, as MPI
      would provide), receives from any source (probe, for a rank that serves
      many peers, such as a parameter server), supplies a clock (a simulated-clock transport) or
      improves error messages (error_message, set_progress/peer_progress). A
@@ -90,17 +91,19 @@ typedef struct dsgd_transport_i {
                                    size_t rcount, dsgd_reduce_op op, double deadline,
                                    int *failed_peer);
 
-    /* optional shared-memory hooks, for ranks that share an address space
-       (the loopback; an MPI transport leaves them NULL). share publishes
-       buf and returns once every rank has published a buffer with the same
-       tag, with peers[k] = rank k's buffer (peers[rank] = buf); the caller
-       may then read and write the peers' buffers until it calls unshare.
-       unshare declares that this rank is done with the peers' buffers and
-       returns once every peer is done with this rank's, so buf may be
-       reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED) either call
-       withdraws buf and does not return while a peer may still touch it;
-       *failed_peer is the rank waited for, or -1 when unknown. The direct
-       all-reduce needs both. */
+    /* optional shared-memory hooks, for ranks that can reach each other's
+       memory: ranks in one address space (the loopback), or processes on
+       one node through memory they map together (the MPI transport's
+       MPI-3 shared-memory windows, with share_window below). share
+       publishes buf and returns once every rank has published a buffer
+       with the same tag, with peers[k] = rank k's buffer (peers[rank] =
+       buf); the caller may then read and write the peers' buffers until it
+       calls unshare. unshare declares that this rank is done with the
+       peers' buffers and returns once every peer is done with this rank's,
+       so buf may be reused. On failure (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED)
+       either call withdraws buf and does not return while a peer may still
+       touch it; *failed_peer is the rank waited for, or -1 when unknown.
+       The direct all-reduce needs both. */
     dsgd_result (*share)(void *impl, uint64_t tag, void *buf, void **peers, double deadline,
                          int *failed_peer);
     dsgd_result (*unshare)(void *impl, uint64_t tag, double deadline, int *failed_peer);
@@ -145,6 +148,16 @@ typedef struct dsgd_transport_i {
        that serves many peers in arrival order (a parameter server) needs it;
        the collectives never call it. */
     dsgd_result (*probe)(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes);
+    /* optional, with share/unshare, for ranks in different address spaces:
+       this rank's window, memory the other ranks can reach, and its size in
+       *bytes (the same on every rank, a multiple of 64). Then share accepts
+       only buf == the window (DSGD_ERR_INVALID_ARGUMENT otherwise) and
+       peers[k] is rank k's window as mapped in this process; a caller
+       copies its data in before share and out after unshare, a window at a
+       time (the direct all-reduce does). NULL: share publishes any buffer
+       itself (the ranks share an address space). The MPI transport's
+       windows are MPI_Win_allocate_shared segments. */
+    void *(*share_window)(void *impl, size_t *bytes);
 } dsgd_transport_i;
 
 #ifdef __cplusplus

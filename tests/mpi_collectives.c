@@ -10,8 +10,9 @@
 
    Modes:
      (none)       for this np: dsgd_allreduce with RING, HALVING_DOUBLING,
-                  REDUCE_BROADCAST, RECURSIVE_DOUBLING and AUTO (which picks
-                  the transport's native MPI_Iallreduce), reduce_scatter,
+                  REDUCE_BROADCAST, RECURSIVE_DOUBLING, AUTO (which picks
+                  the transport's native MPI_Iallreduce) and DIRECT (over
+                  the MPI-3 shared-memory windows), reduce_scatter,
                   allgather, broadcast from every root and barrier, with
                   every op (SUM, MEAN, MAX, MIN) at counts {0, 1, N-1, N+1,
                   1000003}: against the reference (SUM and MEAN within
@@ -26,7 +27,11 @@
                   every message with its tag and size in order per source,
                   a header taken by probe stays for the next recv, timeouts
                   of probe and recv leave the endpoint usable, abort (from
-                  another thread) ends a wait at once.
+                  another thread) ends a wait at once; the shared-memory
+                  window: there on one node, absent with no_share (DIRECT is
+                  DSGD_ERR_UNSUPPORTED), another share_bytes on one process
+                  fails creation on every process, share refuses a buffer
+                  that is not the window.
      --levels     MPI initialised by the program with MPI_THREAD_FUNNELED:
                   dsgd_mpi_transport_create before MPI_Init is DSGD_ERR_STATE;
                   dsgd_mpi_init accepts the program's MPI and reports its
@@ -51,6 +56,12 @@
                   only its own messages, in order per source, nothing left;
                   a timeout names group ranks; abort on endpoint 0 ends
                   endpoint K-1's wait (process 0).
+     --share-deadline  four DIRECT all-reduces over the windows, then the
+                  last rank sleeps 1.5 s before #5: the others must get
+                  DSGD_ERR_TIMEOUT naming it and "#5" within the deadline
+                  (0.5 s) + 100 ms, and the late rank DSGD_ERR_ABORTED at
+                  once (a peer withdrew its window), not at its own
+                  deadline; the job then ends normally.
      --deadline   (np = 2) four all-reduces, then rank 1 sleeps past the
                   deadline of all-reduce #5: rank 0 must get DSGD_ERR_TIMEOUT
                   naming rank 1 and "#5" within the deadline + 100 ms, prints
@@ -81,10 +92,13 @@
 #include "coll_ref.h"
 
 #define TIMEOUT_S 60.0
-#define NUM_ALGOS 5
+/* DIRECT last: one endpoint per process only (--local leaves it out) */
+#define NUM_ALGOS 6
+#define NUM_LOCAL_ALGOS 5
 static const dsgd_allreduce_algo ALGOS[NUM_ALGOS] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
                                                      DSGD_ALLREDUCE_REDUCE_BROADCAST,
-                                                     DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_AUTO};
+                                                     DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_AUTO,
+                                                     DSGD_ALLREDUCE_DIRECT};
 static const dsgd_reduce_op OPS[4] = {DSGD_REDUCE_SUM, DSGD_REDUCE_MEAN, DSGD_REDUCE_MAX, DSGD_REDUCE_MIN};
 
 static int g_rank, g_size;
@@ -836,7 +850,7 @@ static void local_collectives(local_group *g, twin *tw) {
         memset(&jb, 0, sizeof(jb));
         jb.count = count;
         jb.kind = J_ALLREDUCE;
-        for (a = 0; a < NUM_ALGOS; ++a)
+        for (a = 0; a < NUM_LOCAL_ALGOS; ++a)
             for (o = 0; o < 4; ++o) {
                 jb.algo = ALGOS[a];
                 jb.op = OPS[o];
@@ -975,8 +989,10 @@ static int mode_local(dsgd_ctx *ctx, int K) {
         MPI_Abort(MPI_COMM_WORLD, 2);
     for (j = 0; j < K; ++j) {
         check(g.ep[j].rank == g_rank * K + j && g.ep[j].size == n && strcmp(g.ep[j].name, "mpi") == 0 &&
-                  (K == 1) == (g.ep[j].allreduce != NULL),
-              "K=%d: endpoint %d: rank %d size %d", K, j, g.ep[j].rank, g.ep[j].size);
+                  (K == 1) == (g.ep[j].allreduce != NULL) && (K == 1) == (g.ep[j].share != NULL) &&
+                  (K == 1) == (g.ep[j].share_window != NULL),
+              "K=%d: endpoint %d: rank %d size %d (the native hook and the window only with K = 1)", K, j,
+              g.ep[j].rank, g.ep[j].size);
         if (dsgd_ctx_create(NULL, &g.ctx[j]) != DSGD_OK || dsgd_comm_create(g.ctx[j], &g.ep[j], NULL, &g.comm[j]) != DSGD_OK)
             MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -1032,6 +1048,104 @@ static int mode_local(dsgd_ctx *ctx, int K) {
     return summary();
 }
 
+/* ---------------------------------------------------------------- shared memory */
+
+/* Every rank is on this machine, so the endpoint has a shared-memory
+   window; no_share leaves it out (DIRECT is then DSGD_ERR_UNSUPPORTED); a
+   process with another window size fails creation on every process, naming
+   both sizes; share refuses a buffer that is not the window. */
+static void test_share_setup(dsgd_ctx *ctx) {
+    dsgd_transport_i t;
+    dsgd_mpi_desc d;
+    dsgd_comm *comm = NULL;
+    dsgd_result r;
+    size_t bytes = 0;
+    float x[4] = {1, 2, 3, 4};
+    void *peers[8];
+    int failed = 0;
+    make_transport(ctx, &t);
+    check(t.share && t.unshare && t.share_window && t.share_window(t.impl, &bytes) != NULL &&
+              bytes == DSGD_MPI_SHARE_BYTES,
+          "share: the endpoint on one node has a window of %d bytes (got %zu)", DSGD_MPI_SHARE_BYTES, bytes);
+    r = t.share(t.impl, 1, x, peers, dsgd_now() + 1.0, &failed);
+    check(r == DSGD_ERR_INVALID_ARGUMENT && strstr(t.error_message(t.impl), "share_window"),
+          "share: a buffer other than the window: %s: %s", dsgd_result_string(r), t.error_message(t.impl));
+    t.destroy(t.impl);
+    memset(&d, 0, sizeof(d));
+    d.no_share = 1;
+    r = dsgd_mpi_transport_create(ctx, &d, &t);
+    if (check(r == DSGD_OK && !t.share && !t.unshare && !t.share_window, "share: no_share: %s",
+              dsgd_ctx_last_error(ctx))) {
+        if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) MPI_Abort(MPI_COMM_WORLD, 2);
+        r = dsgd_allreduce(comm, x, 4, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT, TIMEOUT_S);
+        check(r == DSGD_ERR_UNSUPPORTED, "share: DIRECT with no_share: %s", dsgd_result_string(r));
+        dsgd_comm_destroy(comm);
+        t.destroy(t.impl);
+    }
+    memset(&d, 0, sizeof(d));
+    if (g_rank == g_size - 1) d.share_bytes = 8192;
+    r = dsgd_mpi_transport_create(ctx, &d, &t);
+    check(r == DSGD_ERR_INVALID_ARGUMENT && strstr(dsgd_ctx_last_error(ctx), "8192") &&
+              strstr(dsgd_ctx_last_error(ctx), "share_bytes") && t.impl == NULL,
+          "share: another window size on rank %d: %s: %s", g_size - 1, dsgd_result_string(r),
+          dsgd_ctx_last_error(ctx));
+    if (r == DSGD_OK) t.destroy(t.impl);
+}
+
+/* --share-deadline: DIRECT over the windows, four all-reduces, then the
+   last rank sleeps 1.5 s before all-reduce #5: the others must get
+   DSGD_ERR_TIMEOUT naming it and #5 within the deadline (0.5 s) + 100 ms;
+   the sleeper, arriving late, must get DSGD_ERR_ABORTED at once (a rank
+   withdrew its window), not wait out its own deadline (5 s). Then the job
+   ends normally (the windows are not freed). */
+static int mode_share_deadline(dsgd_ctx *ctx) {
+    dsgd_transport_i t;
+    dsgd_comm *comm = NULL;
+    float buf[1000];
+    char want[32];
+    int i, k, late = g_size - 1;
+    double t0, el;
+    dsgd_result r;
+    const char *msg;
+    alarm(60);
+    make_transport(ctx, &t);
+    if (!check(t.share != NULL, "share deadline: no window") || dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK)
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    for (k = 1; k <= 4; ++k) {
+        for (i = 0; i < 1000; ++i) buf[i] = 1.0f;
+        check(dsgd_allreduce(comm, buf, 1000, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT, TIMEOUT_S) == DSGD_OK &&
+                  buf[999] == (float)g_size,
+              "share deadline: all-reduce #%d: %s", k, dsgd_ctx_last_error(ctx));
+    }
+    if (g_rank == late) {
+        struct timespec ts;
+        ts.tv_sec = 1;
+        ts.tv_nsec = 500000000L;
+        nanosleep(&ts, NULL);
+    }
+    t0 = dsgd_now();
+    r = dsgd_allreduce(comm, buf, 1000, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT, g_rank == late ? 5.0 : 0.5);
+    el = dsgd_now() - t0;
+    msg = dsgd_ctx_last_error(ctx);
+    if (g_rank != late) {
+        snprintf(want, sizeof(want), "rank %d", late);
+        check(r == DSGD_ERR_TIMEOUT, "share deadline: all-reduce #5 returned %s", dsgd_result_string(r));
+        check(strstr(msg, want) != NULL && strstr(msg, "#5") != NULL, "share deadline: message: %s", msg);
+        /* at np > 2 a rank may learn of the timeout from a peer that timed out a moment earlier */
+        check(el >= 0.45 && el <= 0.6, "share deadline: returned after %.3f s (deadline 0.5 s)", el);
+    } else {
+        check(r == DSGD_ERR_ABORTED && strstr(msg, "withdrew") != NULL,
+              "share deadline: the late rank got %s: %s", dsgd_result_string(r), msg);
+        check(el < 0.1, "share deadline: the late rank returned after %.3f s (its deadline 5 s)", el);
+    }
+    printf("rank %d: %s after %.3f s: %s\n", g_rank, dsgd_result_string(r), el, msg);
+    r = dsgd_allreduce(comm, buf, 1000, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT, 1.0);
+    check(r == DSGD_ERR_STATE, "share deadline: the broken communicator: %s", dsgd_result_string(r));
+    dsgd_comm_destroy(comm);
+    t.destroy(t.impl); /* does not free the withdrawn window (MPI_Win_free would wait for every rank) */
+    return summary();
+}
+
 /* ---------------------------------------------------------------- modes */
 
 static int mode_suite(dsgd_ctx *ctx) {
@@ -1054,6 +1168,7 @@ static int mode_suite(dsgd_ctx *ctx) {
     t.destroy(t.impl);
     test_mismatch(ctx);
     test_probe_and_waits(ctx);
+    test_share_setup(ctx);
     if (g_rank == 0) printf("np=%d: done in %.2f s\n", g_size, dsgd_now() - t0);
     return summary();
 }
@@ -1149,10 +1264,11 @@ static int mode_levels(dsgd_ctx *ctx, int *argc, char ***argv) {
 
 int main(int argc, char **argv) {
     dsgd_ctx *ctx = NULL;
-    int rc, provided = -1, levels = 0, deadline = 0, local = 0, i;
+    int rc, provided = -1, levels = 0, deadline = 0, share_deadline = 0, local = 0, i;
     for (i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--levels") == 0) levels = 1;
         else if (strcmp(argv[i], "--deadline") == 0) deadline = 1;
+        else if (strcmp(argv[i], "--share-deadline") == 0) share_deadline = 1;
         else if (strcmp(argv[i], "--local") == 0 && i + 1 < argc) local = atoi(argv[++i]);
     }
     signal(SIGALRM, on_alarm);
@@ -1173,7 +1289,9 @@ int main(int argc, char **argv) {
             MPI_Abort(MPI_COMM_WORLD, 2);
         }
         check(provided == MPI_THREAD_MULTIPLE, "dsgd_mpi_init provided level %d", provided);
-        rc = deadline ? mode_deadline(ctx) : local ? mode_local(ctx, local) : mode_suite(ctx);
+        rc = deadline ? mode_deadline(ctx)
+             : share_deadline ? mode_share_deadline(ctx)
+             : local ? mode_local(ctx, local) : mode_suite(ctx);
     }
     dsgd_ctx_destroy(ctx);
     MPI_Finalize();

@@ -6,6 +6,10 @@
 #   np = 2 --levels: thread levels and MPI initialised by the program;
 #   --local K (several endpoints per process, dsgd_mpi_transport_create_local)
 #       for each "np:K" of $DSGD_MPI_LOCAL (default 2:2 3:2 2:3);
+#   np = 2, 3, 4 --share-deadline: DIRECT over the shared-memory windows;
+#       the last rank sleeps past all-reduce #5's deadline: the others time
+#       out naming it, it gets DSGD_ERR_ABORTED at once when it arrives
+#       (checked by the program, under its alarm and the timeout here);
 #   np = 2 --deadline: rank 0's all-reduce #5 must time out naming rank 1
 #       within the deadline + 100 ms (checked by the program), after which it
 #       calls dsgd_mpi_abort: the job must end with a non-zero status within
@@ -108,6 +112,10 @@ done
 run "np=2 --levels" -np 2 "$bin" --levels
 for pk in $locals; do
     run "np=${pk%%:*} --local ${pk##*:}" -np "${pk%%:*}" "$bin" --local "${pk##*:}"
+done
+# DIRECT over the shared-memory windows with a rank that never arrives.
+for np in 2 3 4; do
+    run "np=$np --share-deadline" -np "$np" "$bin" --share-deadline
 done
 
 # The deadline: the program's own checks (rank 0's timeout), then how the job ends.

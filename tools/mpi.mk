@@ -5,7 +5,9 @@
 #                     tests/mpi_collectives.c with $(MPICC) into $(BUILD)/mpi/
 #                     (also as mpi_collectives_pieces, with
 #                     DSGD_MPI_MAX_MESSAGE=4096 so that messages and native
-#                     all-reduces go in many MPI messages), and run
+#                     all-reduces go in many MPI messages, and
+#                     DSGD_MPI_SHARE_BYTES=4096 so that DIRECT goes through
+#                     the shared-memory windows in many pieces), and run
 #                     tests/mpi_collectives.sh: the suite at np = $(MPI_TEST_NP)
 #                     under $(MPIRUN) with a timeout each, the thread-level
 #                     checks, several endpoints per process (--local K at the
@@ -90,7 +92,7 @@ $(MPI_BUILD)/mpi_workers: tests/mpi_workers.c $(HEADERS)
 
 $(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
 	@mkdir -p $(@D)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) -DDSGD_MPI_MAX_MESSAGE=4096 $< -o $@ $(LDFLAGS) $(LDLIBS)
+	$(MPICC) $(CPPFLAGS) $(CFLAGS) -DDSGD_MPI_MAX_MESSAGE=4096 -DDSGD_MPI_SHARE_BYTES=4096 $< -o $@ $(LDFLAGS) $(LDLIBS)
 
 $(MPI_BUILD)/mpi_collectives_mpich: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
 	@mkdir -p $(@D)

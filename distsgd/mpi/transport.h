@@ -15,8 +15,9 @@
      Members: send, recv, sendrecv (both halves progress together), the
      native allreduce (MPI_Iallreduce in place, so DSGD_ALLREDUCE_AUTO runs
      MPI's own all-reduce, while an explicit algorithm runs the library's
-     over point-to-point messages), probe (receive from any source), abort,
-     error_message and destroy.
+     over point-to-point messages), share, unshare and share_window when
+     every rank is on one node (see SHARED MEMORY), probe (receive from any
+     source), abort, error_message and destroy.
 
      dsgd_mpi_transport_create_local fills several endpoints per process,
      for multi-worker training with k local replicas (threads): with count
@@ -28,12 +29,11 @@
      creation compares them (one MPI_Allreduce on the duplicate) and fails
      on every process, naming a rank and both counts, never hangs. MPI's
      all-reduce spans processes, not endpoints, so with count > 1 there is
-     no native allreduce (AUTO runs the library's algorithms); count = 1 is
-     dsgd_mpi_transport_create exactly.
+     no native allreduce (AUTO runs the library's algorithms), and no
+     share/unshare either (the window is per process; not done); count = 1
+     is dsgd_mpi_transport_create exactly.
 
-     There is no share/unshare (the ranks do not
-     share an address space; MPI-3 shared-memory windows are future work),
-     no sendrecv_reduce (the communicator receives into scratch and reduces,
+     There is no sendrecv_reduce (the communicator receives into scratch and reduces,
      in the same order as over the loopback, so every explicit algorithm
      gives the same bits over MPI as over the loopback), no clock and no
      progress hooks.
@@ -75,6 +75,30 @@
      round-robin from the one after the last found, and keeps the stash per
      group rank.
 
+   SHARED MEMORY
+
+     When every process of the communicator is on one node
+     (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED gives them all, in the
+     same order) and dsgd_mpi_desc.no_share is 0, creation allocates each
+     rank a segment of an MPI-3 shared-memory window
+     (MPI_Win_allocate_shared, opened once with MPI_Win_lock_all) and maps
+     every rank's segment; the endpoint then has share, unshare and
+     share_window, so DSGD_ALLREDUCE_DIRECT runs across processes. A
+     segment is a few control words and the window proper, share_bytes
+     (DSGD_MPI_SHARE_BYTES, 1 MiB, unless dsgd_mpi_desc says otherwise;
+     equal on every rank, checked at creation): its size is fixed, so it
+     never has to grow (which would be collective). The direct all-reduce
+     goes through it a piece at a time (distsgd/collectives.h): copy a
+     piece of the buffer in, share (MPI_Win_sync, then publish the tag in
+     this rank's control word and poll the others'), reduce this rank's
+     block of the piece in rank order 0..N-1 from every window into every
+     window, unshare (publish "done", poll the others'), copy the piece
+     out. So its bits equal the loopback's DIRECT. The waits poll as
+     below, against the caller's deadline, and name the rank waited for.
+     On several nodes, or with no_share, share, unshare and share_window
+     are NULL. destroy frees the window (MPI_Win_free, which waits for
+     every rank of the node: destroy on every rank, as the communicator).
+
    WAITING AND DEADLINES
 
      MPI has no timeouts, so every call posts non-blocking operations and
@@ -104,6 +128,18 @@
      Future work: ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink, behind a feature
      test for MPIX_ERR_PROC_FAILED) would let the surviving ranks go on;
      Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
+
+     A share or unshare that fails (its deadline, an abort, a peer that
+     withdrew) withdraws this rank's window for good: it marks it in its
+     control words, so that peers waiting on it return at once
+     (DSGD_ERR_TIMEOUT naming the rank that never came when this rank
+     timed out waiting for it, else DSGD_ERR_ABORTED naming this rank),
+     and later share calls return DSGD_ERR_ABORTED. What is left: the
+     window, which a late peer may still read and write (never the
+     caller's buffer, which only the caller copies to and from), and which
+     destroy then does not free (MPI_Win_free would wait for every rank);
+     messages are not affected. End the job (dsgd_mpi_abort), or let it
+     end: a job whose windows were withdrawn still finalises.
 
      abort is local to the process: it marks every endpoint of this process
      aborted (the one it was called on and, with
@@ -144,6 +180,11 @@
 #endif
 #include <mpi.h>
 
+/* The default size of each rank's shared-memory window (dsgd_mpi_desc.share_bytes). */
+#ifndef DSGD_MPI_SHARE_BYTES
+#define DSGD_MPI_SHARE_BYTES 1048576
+#endif
+
 /* Bytes of payload per MPI message (and of floats per MPI_Iallreduce): a
    multiple of 4 in [64, INT_MAX]; must be equal on every rank. */
 #ifndef DSGD_MPI_MAX_MESSAGE
@@ -178,6 +219,13 @@ typedef struct dsgd_mpi_desc {
                          its own while the endpoint lives */
     int thread_level; /* the thread level this program needs (MPI_THREAD_FUNNELED,
                          _SERIALIZED or _MULTIPLE); 0: MPI_THREAD_SERIALIZED */
+    size_t share_bytes; /* each rank's shared-memory window (see SHARED MEMORY),
+                           rounded up to 64 bytes, at least 4 KiB, at most
+                           1 GiB; 0: DSGD_MPI_SHARE_BYTES (1 MiB). Must be equal
+                           on every rank (checked at creation) */
+    int no_share;     /* 1: no shared-memory window even when every rank is on
+                         one node (share/unshare NULL). Must be equal on every
+                         rank (checked at creation) */
 } dsgd_mpi_desc;
 
 /* Fills *out with this process's endpoint of the group desc->comm (desc
@@ -190,14 +238,20 @@ typedef struct dsgd_mpi_desc {
    MPI_Finalize); the owner calls it after the communicators over the
    endpoint are destroyed. It is dsgd_mpi_transport_create_local with
    count 1 (so creation also compares the counts of the processes). Set members: send, recv, sendrecv, allreduce,
-   abort, error_message, probe, destroy (see THE MPI TRANSPORT).
+   abort, error_message, probe, destroy, and share, unshare and
+   share_window when every rank is on one node (see THE MPI TRANSPORT and
+   SHARED MEMORY). Also collective over the node: MPI_Comm_split_type and,
+   on one node, MPI_Win_allocate_shared.
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out NULL;
    thread_level not a thread level; an intercommunicator),
    DSGD_ERR_STATE (MPI is not initialised, or was finalized: call
    dsgd_mpi_init first), DSGD_ERR_UNSUPPORTED (MPI provides a lower thread
    level than desc->thread_level; the message names both),
-   DSGD_ERR_SYSTEM (MPI_Comm_dup or MPI_Op_create failed),
-   DSGD_ERR_OUT_OF_MEMORY. On failure *out is zeroed.
+   DSGD_ERR_SYSTEM (MPI_Comm_dup, MPI_Op_create or
+   MPI_Win_allocate_shared failed: no_share = 1 goes without the window),
+   DSGD_ERR_INVALID_ARGUMENT also when processes pass different
+   share_bytes or no_share (the message names a rank and both sizes, on
+   every process), DSGD_ERR_OUT_OF_MEMORY. On failure *out is zeroed.
    Thread safety: a thread allowed to call MPI (see THREAD LEVELS); the
    endpoint is then used by one thread at a time, and its abort by any
    thread. */
@@ -292,6 +346,15 @@ typedef struct dsgd_mpi__shared {
     MPI_Op op_max, op_min;
     int aborted;   /* atomic: abort was called on an endpoint of this process */
     int refs;      /* atomic: endpoints not yet destroyed */
+    /* the shared-memory window (count 1, every rank on one node; else
+       win is MPI_WIN_NULL): rank k's segment is seg[k] as mapped here,
+       DSGD_MPI__SEG_HEAD bytes of control words, then win_bytes of window */
+    MPI_Comm node;
+    MPI_Win win;
+    char **seg;
+    int node_size; /* segments in seg */
+    size_t win_bytes;
+    int gone; /* this rank withdrew its window after a failure */
 } dsgd_mpi__shared;
 
 typedef struct dsgd_mpi__ep {
@@ -880,6 +943,206 @@ static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsg
     return DSGD_OK;
 }
 
+/* >>mpi shared memory ------------------------------------------------------ */
+/* Each rank's segment of the window starts with three control words, each
+   on its own cache line and written only by the segment's owner: PUB (the
+   tag it shares), DONE (the tag it is done with) and GONE (it withdrew the
+   window after a failure). share: the caller has copied its data into the
+   window; MPI_Win_sync, PUB = tag (release), then wait until every other
+   rank's PUB is tag. unshare: MPI_Win_sync, DONE = tag, wait until every
+   other rank's DONE is tag, MPI_Win_sync. A rank cannot move on to its next
+   tag before every rank has seen its current one (it waits for them), so
+   equality is enough. The waits poll (dsgd_mpi__backoff) against the
+   deadline and give up at once when a peer's GONE is set. */
+#define DSGD_MPI__SEG_HEAD 256
+enum { DSGD_MPI__CTL_PUB = 0, DSGD_MPI__CTL_DONE = 8, DSGD_MPI__CTL_GONE = 16 }; /* uint64_t index */
+
+static uint64_t *dsgd_mpi__ctl(const dsgd_mpi__shared *sh, int k) { return (uint64_t *)(void *)sh->seg[k]; }
+
+/* After a failure: peers may still read and write this rank's segment, so
+   it is never shared again, and peers waiting on it give up at once. GONE
+   says why: bit 0 set, bit 1 a timeout, bits 8.. the rank waited for + 1,
+   so that the peers report the rank that never came, not this one. */
+static void dsgd_mpi__withdraw(dsgd_mpi__ep *e, dsgd_result r, int blame) {
+    uint64_t *mine = dsgd_mpi__ctl(e->sh, e->rank);
+    uint64_t why = 1u | (r == DSGD_ERR_TIMEOUT ? 2u : 0u) | ((uint64_t)(blame + 1) << 8);
+    e->sh->gone = 1;
+    DSGD__STORE_SC(&mine[DSGD_MPI__CTL_GONE], blame >= 0 ? why : (why & 3u));
+    DSGD__STORE_SC(&mine[DSGD_MPI__CTL_PUB], (uint64_t)0);
+}
+
+/* Waits until every other rank's control word `line` holds tag. */
+static dsgd_result dsgd_mpi__shm_wait(dsgd_mpi__ep *e, int line, uint64_t tag, double deadline, int *failed_peer) {
+    const dsgd_mpi__shared *sh = e->sh;
+    const char *what = line == DSGD_MPI__CTL_PUB ? "to share its window" : "to finish with this rank's window";
+    dsgd_mpi__wait w;
+    int last_ready = -1;
+    memset(&w, 0, sizeof(w));
+    for (;;) {
+        int k, ready = 0, blame = -1;
+        for (k = 0; k < e->size; ++k) {
+            const uint64_t *ctl;
+            uint64_t gone;
+            if (k == e->rank) continue;
+            ctl = dsgd_mpi__ctl(sh, k);
+            gone = DSGD__LOAD_ACQ(&ctl[DSGD_MPI__CTL_GONE]);
+            if (gone) {
+                int cause = (int)(gone >> 8) - 1;
+                if ((gone & 2u) && cause >= 0 && cause != e->rank && cause < e->size) {
+                    /* k timed out waiting for `cause`, which this rank has not heard from either */
+                    snprintf(e->err, sizeof(e->err),
+                             "mpi rank %d: rank %d timed out waiting for rank %d and withdrew its shared-memory "
+                             "window", e->rank, k, cause);
+                    if (failed_peer) *failed_peer = cause;
+                    return DSGD_ERR_TIMEOUT;
+                }
+                snprintf(e->err, sizeof(e->err),
+                         "mpi rank %d: rank %d withdrew its shared-memory window (%s) while this rank was waiting "
+                         "for it %s", e->rank, k, (gone & 2u) ? "it timed out waiting for this rank" : "it failed",
+                         what);
+                if (failed_peer) *failed_peer = k;
+                return DSGD_ERR_ABORTED;
+            }
+            if (DSGD__LOAD_ACQ(&ctl[line]) == tag) ++ready;
+            else if (blame < 0) blame = k;
+        }
+        if (blame < 0) return DSGD_OK;
+        if (failed_peer) *failed_peer = blame;
+        if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for rank %d %s",
+                     e->rank, blame, what);
+            return DSGD_ERR_ABORTED;
+        }
+        if (dsgd_now() >= deadline) {
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the deadline passed while waiting for rank %d %s",
+                     e->rank, blame, what);
+            return DSGD_ERR_TIMEOUT;
+        }
+        dsgd_mpi__backoff(&w, ready != last_ready);
+        last_ready = ready;
+    }
+}
+
+static void *dsgd_mpi__share_window(void *impl, size_t *bytes) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    if (bytes) *bytes = e->sh->win_bytes;
+    return e->sh->seg[e->rank] + DSGD_MPI__SEG_HEAD;
+}
+
+static dsgd_result dsgd_mpi__share(void *impl, uint64_t tag, void *buf, void **peers, double deadline,
+                                   int *failed_peer) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    dsgd_mpi__shared *sh = e->sh;
+    dsgd_result r;
+    int k;
+    if (failed_peer) *failed_peer = -1;
+    if ((r = dsgd_mpi__usable(e)) != DSGD_OK) return r;
+    if (sh->gone) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: this rank withdrew its shared-memory window after an earlier "
+                 "failure; it cannot be shared again: end the job (dsgd_mpi_abort)", e->rank);
+        return DSGD_ERR_ABORTED;
+    }
+    if ((char *)buf != sh->seg[e->rank] + DSGD_MPI__SEG_HEAD || tag == 0) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: share takes this rank's window (share_window) and a "
+                 "non-zero tag", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    MPI_Win_sync(sh->win); /* the caller's writes into the window, before PUB */
+    DSGD__STORE_REL(&dsgd_mpi__ctl(sh, e->rank)[DSGD_MPI__CTL_PUB], tag);
+    r = dsgd_mpi__shm_wait(e, DSGD_MPI__CTL_PUB, tag, deadline, failed_peer);
+    if (r != DSGD_OK) {
+        dsgd_mpi__withdraw(e, r, failed_peer ? *failed_peer : -1);
+        return r;
+    }
+    MPI_Win_sync(sh->win); /* the peers' writes, before reading them */
+    for (k = 0; k < e->size; ++k) peers[k] = sh->seg[k] + DSGD_MPI__SEG_HEAD;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_mpi__unshare(void *impl, uint64_t tag, double deadline, int *failed_peer) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    dsgd_mpi__shared *sh = e->sh;
+    dsgd_result r;
+    if (failed_peer) *failed_peer = -1;
+    if (sh->gone) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: this rank withdrew its shared-memory window after an earlier "
+                 "failure", e->rank);
+        return DSGD_ERR_ABORTED;
+    }
+    MPI_Win_sync(sh->win); /* this rank's writes into the peers' windows, before DONE */
+    DSGD__STORE_REL(&dsgd_mpi__ctl(sh, e->rank)[DSGD_MPI__CTL_DONE], tag);
+    r = dsgd_mpi__shm_wait(e, DSGD_MPI__CTL_DONE, tag, deadline, failed_peer);
+    if (r != DSGD_OK) {
+        dsgd_mpi__withdraw(e, r, failed_peer ? *failed_peer : -1);
+        return r;
+    }
+    MPI_Win_sync(sh->win);
+    return DSGD_OK;
+}
+
+/* Creation, collective over sh->comm: when every process is on one node
+   (MPI_Comm_split_type, MPI_COMM_TYPE_SHARED, in the same rank order),
+   allocates each rank a segment of DSGD_MPI__SEG_HEAD + bytes with
+   MPI_Win_allocate_shared and maps every segment; otherwise leaves win
+   MPI_WIN_NULL. Every process reaches the same decision. */
+static dsgd_result dsgd_mpi__window_create(dsgd_ctx *ctx, const char *fn, dsgd_mpi__shared *sh, size_t bytes,
+                                           int proc, int procs) {
+    char text[MPI_MAX_ERROR_STRING + 32];
+    MPI_Info info = MPI_INFO_NULL;
+    char *base = NULL;
+    int nsize = 0, nrank = -1, mine, all = 0, k, rc;
+    rc = MPI_Comm_split_type(sh->comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &sh->node);
+    if (rc != MPI_SUCCESS) sh->node = MPI_COMM_NULL;
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sh->node, &nsize);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(sh->node, &nrank);
+    mine = rc == MPI_SUCCESS && nsize == procs && nrank == proc;
+    if (mine) {
+        sh->seg = (char **)DSGD_MALLOC(sizeof(char *) * (size_t)procs);
+        if (sh->seg) memset(sh->seg, 0, sizeof(char *) * (size_t)procs);
+        mine = sh->seg ? 1 : -1;
+    }
+    rc = MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, sh->comm);
+    if (rc == MPI_SUCCESS && all < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory for the shared-memory window's "
+                                  "table (on some process)", fn);
+    if (rc != MPI_SUCCESS || !all) return DSGD_OK; /* several nodes: no window */
+    sh->node_size = procs;
+    if (MPI_Info_create(&info) == MPI_SUCCESS) MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    rc = MPI_Win_allocate_shared((MPI_Aint)(DSGD_MPI__SEG_HEAD + bytes), 1, info, sh->node, &base, &sh->win);
+    if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) {
+        sh->win = MPI_WIN_NULL;
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: MPI_Win_allocate_shared of %zu bytes failed: %s (pass "
+                                  "dsgd_mpi_desc.no_share = 1 to go without)", fn, DSGD_MPI__SEG_HEAD + bytes,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    }
+    MPI_Win_set_errhandler(sh->win, MPI_ERRORS_RETURN);
+    for (k = 0; k < procs && rc == MPI_SUCCESS; ++k) {
+        MPI_Aint size = 0;
+        int unit = 0;
+        void *p = NULL;
+        rc = MPI_Win_shared_query(sh->win, k, &size, &unit, &p);
+        sh->seg[k] = (char *)p;
+        if (rc == MPI_SUCCESS && (!p || size < (MPI_Aint)(DSGD_MPI__SEG_HEAD + bytes))) rc = MPI_ERR_WIN;
+    }
+    if (rc == MPI_SUCCESS) rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, sh->win);
+    if (rc != MPI_SUCCESS) {
+        MPI_Win_free(&sh->win);
+        sh->win = MPI_WIN_NULL;
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: mapping the shared-memory window failed: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    }
+    memset(sh->seg[proc], 0, DSGD_MPI__SEG_HEAD);
+    MPI_Win_sync(sh->win);
+    rc = MPI_Barrier(sh->comm); /* every control word is zero before anyone shares */
+    MPI_Win_sync(sh->win);
+    if (rc != MPI_SUCCESS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: MPI_Barrier failed: %s", fn,
+                                  dsgd_mpi__error_text(rc, text, sizeof(text)));
+    sh->win_bytes = bytes;
+    return DSGD_OK;
+}
+
 /* >>mpi probe -------------------------------------------------------------- */
 
 static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
@@ -960,11 +1223,24 @@ static void dsgd_mpi__release(dsgd_mpi__shared *sh) {
     int fin = 0;
     if (!sh || DSGD__FETCH_ADD(&sh->refs, -1) != 1) return;
     MPI_Finalized(&fin);
+    if (!fin && sh->win != MPI_WIN_NULL) {
+        /* MPI_Win_free waits for every rank of the node: skipped (the window
+           leaks) when one of them withdrew it after a failure */
+        int k, gone = 0;
+        for (k = 0; sh->seg && k < sh->node_size && !gone; ++k)
+            gone = DSGD__LOAD_ACQ(&dsgd_mpi__ctl(sh, k)[DSGD_MPI__CTL_GONE]) != 0;
+        if (!gone) {
+            MPI_Win_unlock_all(sh->win);
+            MPI_Win_free(&sh->win);
+        }
+    }
+    if (!fin && sh->node != MPI_COMM_NULL) MPI_Comm_free(&sh->node);
     if (!fin) {
         if (sh->op_max != MPI_OP_NULL) MPI_Op_free(&sh->op_max);
         if (sh->op_min != MPI_OP_NULL) MPI_Op_free(&sh->op_min);
         if (sh->comm != MPI_COMM_NULL) MPI_Comm_free(&sh->comm);
     }
+    DSGD_FREE(sh->seg);
     DSGD_FREE(sh);
 }
 
@@ -1005,15 +1281,18 @@ DSGD_API dsgd_result dsgd_mpi_init(dsgd_ctx *ctx, int *argc, char ***argv, int *
    the duplicate gives the smallest count, the largest (negated) and the
    lowest thread level, each with the lowest rank that has it. The same
    answer reaches every process, so all fail, or none. */
-static dsgd_result dsgd_mpi__agree(dsgd_ctx *ctx, const char *fn, MPI_Comm comm, int count, int provided) {
+static dsgd_result dsgd_mpi__agree(dsgd_ctx *ctx, const char *fn, MPI_Comm comm, int count, int provided,
+                                   int share_lines) {
     char text[MPI_MAX_ERROR_STRING + 32];
-    int mine[6], all[6], rank = 0, rc, tag_ub = 32767, flag = 0, *ub = NULL;
+    int mine[10], all[10], rank = 0, rc, tag_ub = 32767, flag = 0, *ub = NULL;
     double largest;
     rc = MPI_Comm_rank(comm, &rank);
     mine[0] = count; mine[1] = rank;
     mine[2] = -count; mine[3] = rank;
     mine[4] = provided; mine[5] = rank;
-    if (rc == MPI_SUCCESS) rc = MPI_Allreduce(mine, all, 3, MPI_2INT, MPI_MINLOC, comm);
+    mine[6] = share_lines; mine[7] = rank;
+    mine[8] = -share_lines; mine[9] = rank;
+    if (rc == MPI_SUCCESS) rc = MPI_Allreduce(mine, all, 5, MPI_2INT, MPI_MINLOC, comm);
     if (rc != MPI_SUCCESS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: comparing the counts of the processes failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
@@ -1027,6 +1306,13 @@ static dsgd_result dsgd_mpi__agree(dsgd_ctx *ctx, const char *fn, MPI_Comm comm,
     }
     if (count < 1)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: count %d, expected at least 1", fn, count);
+    if (all[6] != -all[8]) {
+        int other = all[6] != share_lines ? all[7] : all[9], theirs = all[6] != share_lines ? all[6] : -all[8];
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: every process must pass the same share_bytes and no_share: rank %d has a "
+                                  "window of %lld bytes, rank %d (this process) %lld (0: no_share)",
+                                  fn, other, (long long)theirs * 64, rank, (long long)share_lines * 64);
+    }
     if (count > 1 && all[4] < MPI_THREAD_MULTIPLE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
                                   "%s: MPI provides %s (on rank %d), but %d endpoints per process need "
@@ -1042,6 +1328,15 @@ static dsgd_result dsgd_mpi__agree(dsgd_ctx *ctx, const char *fn, MPI_Comm comm,
                                   "%d endpoints per process)",
                                   fn, count, largest, tag_ub, (int)floor(sqrt((double)tag_ub / 2.0)));
     return DSGD_OK;
+}
+
+/* The window size in 64-byte lines (0: none), from the description. */
+static int dsgd_mpi__share_lines(const dsgd_mpi_desc *desc) {
+    size_t bytes = desc && desc->share_bytes ? desc->share_bytes : (size_t)DSGD_MPI_SHARE_BYTES;
+    if (desc && desc->no_share) return 0;
+    if (bytes < 4096) bytes = 4096;
+    if (bytes > ((size_t)1 << 30)) bytes = (size_t)1 << 30;
+    return (int)((bytes + 63) / 64);
 }
 
 /* Checks what can be checked alone; *base and *provided for the rest. */
@@ -1087,16 +1382,19 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
     MPI_Comm base;
     dsgd_mpi__shared *sh;
     dsgd_result r;
-    int provided, proc = 0, procs = 0, j, rc;
+    int provided, proc = 0, procs = 0, j, rc, share_lines;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd_mpi__check_desc(ctx, fn, desc, &base, &provided)) != DSGD_OK) return r;
+    share_lines = dsgd_mpi__share_lines(desc);
     sh = (dsgd_mpi__shared *)dsgd__alloc(ctx, sizeof(*sh), fn);
     if (!sh) return DSGD_ERR_OUT_OF_MEMORY;
     memset(sh, 0, sizeof(*sh));
     sh->comm = MPI_COMM_NULL;
     sh->op_max = sh->op_min = MPI_OP_NULL;
+    sh->node = MPI_COMM_NULL;
+    sh->win = MPI_WIN_NULL;
     sh->refs = 1; /* creation's own reference, dropped at the end */
     rc = MPI_Comm_dup(base, &sh->comm);
     if (rc != MPI_SUCCESS) {
@@ -1115,7 +1413,9 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: setting up the duplicate communicator failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
-    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, provided)) != DSGD_OK) {
+    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, provided, share_lines)) != DSGD_OK ||
+        (count == 1 && share_lines > 0 &&
+         (r = dsgd_mpi__window_create(ctx, fn, sh, (size_t)share_lines * 64, proc, procs)) != DSGD_OK)) {
         dsgd_mpi__release(sh);
         return r;
     }
@@ -1156,8 +1456,10 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         out[j].recv = dsgd_mpi__recv;
         out[j].sendrecv = dsgd_mpi__sendrecv;
         out[j].sendrecv_reduce = NULL;
-        out[j].share = NULL;
-        out[j].unshare = NULL;
+        /* the window is per process: one endpoint per process only */
+        out[j].share = sh->win != MPI_WIN_NULL ? dsgd_mpi__share : NULL;
+        out[j].unshare = sh->win != MPI_WIN_NULL ? dsgd_mpi__unshare : NULL;
+        out[j].share_window = sh->win != MPI_WIN_NULL ? dsgd_mpi__share_window : NULL;
         /* MPI's all-reduce spans processes, not endpoints */
         out[j].allreduce = count == 1 ? dsgd_mpi__allreduce : NULL;
         out[j].abort = dsgd_mpi__abort_ep;
