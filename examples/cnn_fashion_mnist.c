@@ -14,9 +14,11 @@
    Run:  make demo DEMO=cnn_fashion_mnist
    or:   ./build/examples/cnn_fashion_mnist --data DIR [--replicas N] [--batch B]
            [--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl]
-           [--threads T] [--no-mlp]
+           [--threads T] [--no-mlp] [--subset N]
    DIR holds the uncompressed Fashion-MNIST IDX files (make demo prepares
-   build/data/fashion-mnist). --batch is per replica. */
+   build/data/fashion-mnist). --batch is per replica. --subset N trains on
+   the first N training images only (a quick run). The exit status is 3
+   when a full run (no --subset) ends below 91% test accuracy. */
 #define DISTSGD_IMPLEMENTATION
 #define DISTSGD_CL_IMPLEMENTATION
 #include "../distsgd_cl.h"
@@ -143,6 +145,7 @@ int main(int argc, char **argv) {
     dsgd_ctx *ctx = NULL;
     dsgd_dataset train_set, test;
     int a, with_mlp = 1, status = 0;
+    long subset = 0;
     memset(&o, 0, sizeof(o));
     o.replicas = 4;
     o.batch = 32;
@@ -158,6 +161,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--seed") && a + 1 < argc) o.seed = strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc) o.threads = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--no-mlp")) with_mlp = 0;
+        else if (!strcmp(argv[a], "--subset") && a + 1 < argc) subset = atol(argv[++a]);
         else if (!strcmp(argv[a], "--backend") && a + 1 < argc &&
                  (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) backend = argv[++a];
         else {
@@ -166,12 +170,13 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (o.replicas < 1 || o.batch < 1 || o.epochs < 1 || o.threads < 0) {
-        fprintf(stderr, "replicas, batch and epochs must be >= 1, threads >= 0\n");
+    if (o.replicas < 1 || o.batch < 1 || o.epochs < 1 || o.threads < 0 || subset < 0) {
+        fprintf(stderr, "replicas, batch and epochs must be >= 1, threads and subset >= 0\n");
         return 2;
     }
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
     if (!load(ctx, dir, "train", &train_set) || !load(ctx, dir, "t10k", &test)) return fail(ctx);
+    if (subset > 0 && (size_t)subset < train_set.n) train_set.n = (size_t)subset; /* the first N images */
     if (!strcmp(backend, "opencl")) {
         dsgd_cl_context_desc cd;
         memset(&cd, 0, sizeof(cd));
@@ -207,7 +212,7 @@ int main(int argc, char **argv) {
         printf("CNN vs MLP: %+.2f points of test accuracy for %.1fx the time (%zu vs %zu parameters)\n",
                100.0 * (rc.test_acc - rm.test_acc), rc.seconds / rm.seconds, rc.params, rm.params);
     }
-    status = rc.test_acc >= 0.91 ? 0 : 3;
+    status = subset == 0 && rc.test_acc < 0.91 ? 3 : 0; /* the full run's promise */
     dsgd_cl_context_destroy(o.cl);
     dsgd_dataset_free(&train_set);
     dsgd_dataset_free(&test);
