@@ -10,9 +10,11 @@
 
    Modes:
      (none)       for this np: dsgd_allreduce with RING, HALVING_DOUBLING,
-                  REDUCE_BROADCAST, RECURSIVE_DOUBLING, AUTO (which picks
-                  the transport's native MPI_Iallreduce) and DIRECT (over
-                  the MPI-3 shared-memory windows), reduce_scatter,
+                  REDUCE_BROADCAST, RECURSIVE_DOUBLING, AUTO (on an
+                  endpoint with no_share, so that it runs the transport's
+                  native hook, MPI_Allreduce on a helper thread) and
+                  DIRECT (over the MPI-3 shared-memory windows; AUTO's
+                  pick on one node), reduce_scatter,
                   allgather, broadcast from every root and barrier, with
                   every op (SUM, MEAN, MAX, MIN) at counts {0, 1, N-1, N+1,
                   1000003}: against the reference (SUM and MEAN within
@@ -62,7 +64,8 @@
                   (0.5 s) + 100 ms, and the late rank DSGD_ERR_ABORTED at
                   once (a peer withdrew its window), not at its own
                   deadline; the job then ends normally.
-     --deadline   (np = 2) four all-reduces, then rank 1 sleeps past the
+     --deadline   (np = 2) four all-reduces (AUTO: the native hook, on an
+                  endpoint with no_share), then rank 1 sleeps past the
                   deadline of all-reduce #5: rank 0 must get DSGD_ERR_TIMEOUT
                   naming rank 1 and "#5" within the deadline + 100 ms, prints
                   "aborting at T" (CLOCK_REALTIME) and calls dsgd_mpi_abort;
@@ -375,7 +378,9 @@ static void one_case(dsgd_comm *comm, twin *tw, const job *j, float **in, const 
     }
 }
 
-static void test_collectives(dsgd_comm *comm, twin *tw) {
+/* hook: a communicator over an endpoint without the window (no_share),
+   where AUTO runs the native hook; comm's AUTO goes through the windows. */
+static void test_collectives(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
     size_t counts[5], count;
     int n = g_size, ci, a, o, k;
     counts[0] = 0;
@@ -383,7 +388,10 @@ static void test_collectives(dsgd_comm *comm, twin *tw) {
     counts[2] = (size_t)n - 1;
     counts[3] = (size_t)n + 1;
     counts[4] = large_count();
-    check(dsgd_allreduce_choose(comm, 1000) == DSGD_ALLREDUCE_AUTO, "np=%d: AUTO does not pick the native hook", n);
+    /* every rank is on this machine: AUTO goes through the shared-memory windows */
+    check(dsgd_allreduce_choose(comm, 1000) == DSGD_ALLREDUCE_DIRECT &&
+              dsgd_allreduce_choose(comm, (size_t)16 << 20) == DSGD_ALLREDUCE_DIRECT,
+          "np=%d: AUTO does not pick DIRECT on one node", n);
     for (ci = 0; ci < 5; ++ci) {
         float *in[8], *buf;
         ref rf;
@@ -409,7 +417,7 @@ static void test_collectives(dsgd_comm *comm, twin *tw) {
             for (o = 0; o < 4; ++o) {
                 j.algo = ALGOS[a];
                 j.op = OPS[o];
-                one_case(comm, tw, &j, in, &rf, buf);
+                one_case(j.algo == DSGD_ALLREDUCE_AUTO ? hook : comm, tw, &j, in, &rf, buf);
             }
         j.kind = J_REDUCE_SCATTER;
         for (o = 0; o < 4; ++o) {
@@ -438,7 +446,7 @@ static void test_collectives(dsgd_comm *comm, twin *tw) {
 
 /* MAX and MIN propagate NaNs: rank k puts a NaN with payload k + 1 at
    element 3 + 5k, and rank 0 a second one at the last element. */
-static void test_nan(dsgd_comm *comm, twin *tw) {
+static void test_nan(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
     enum { COUNT = 41 };
     float *in[8], buf[COUNT];
     int n = g_size, k, a, o;
@@ -463,7 +471,7 @@ static void test_nan(dsgd_comm *comm, twin *tw) {
             j.op = OPS[o];
             j.count = COUNT;
             memcpy(buf, in[g_rank], sizeof(buf));
-            if (!check(run_job(comm, &j, buf) == DSGD_OK, "np=%d NaN %s %s: %s", n, dsgd_allreduce_algo_name(j.algo),
+            if (!check(run_job(j.algo == DSGD_ALLREDUCE_AUTO ? hook : comm, &j, buf) == DSGD_OK, "np=%d NaN %s %s: %s", n, dsgd_allreduce_algo_name(j.algo),
                        dsgd_reduce_op_name(j.op), dsgd_ctx_last_error(dsgd_comm_ctx(comm))))
                 continue;
             for (i = 0; i < COUNT; ++i) {
@@ -1079,6 +1087,7 @@ static void test_share_setup(dsgd_ctx *ctx) {
         if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) MPI_Abort(MPI_COMM_WORLD, 2);
         r = dsgd_allreduce(comm, x, 4, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT, TIMEOUT_S);
         check(r == DSGD_ERR_UNSUPPORTED, "share: DIRECT with no_share: %s", dsgd_result_string(r));
+        check(dsgd_allreduce_choose(comm, 1000) == DSGD_ALLREDUCE_AUTO, "share: AUTO with no_share is not the hook");
         dsgd_comm_destroy(comm);
         t.destroy(t.impl);
     }
@@ -1149,21 +1158,32 @@ static int mode_share_deadline(dsgd_ctx *ctx) {
 /* ---------------------------------------------------------------- modes */
 
 static int mode_suite(dsgd_ctx *ctx) {
-    dsgd_transport_i t;
-    dsgd_comm *comm = NULL;
+    dsgd_transport_i t, th;
+    dsgd_mpi_desc d;
+    dsgd_comm *comm = NULL, *hook = NULL;
     twin tw;
     double t0 = dsgd_now();
     make_transport(ctx, &t);
+    memset(&d, 0, sizeof(d));
+    d.no_share = 1;
+    if (dsgd_mpi_transport_create(ctx, &d, &th) != DSGD_OK || dsgd_comm_create(ctx, &th, NULL, &hook) != DSGD_OK) {
+        printf("rank %d: the no_share endpoint: %s\n", g_rank, dsgd_ctx_last_error(ctx));
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    check(dsgd_allreduce_choose(hook, 1000) == DSGD_ALLREDUCE_AUTO, "np=%d: AUTO without a window is not the hook",
+          g_size);
     check(t.rank == g_rank && t.size == g_size && strcmp(t.name, "mpi") == 0, "the endpoint's rank and size");
     if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) {
         printf("rank %d: dsgd_comm_create: %s\n", g_rank, dsgd_ctx_last_error(ctx));
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     twin_init(&tw, g_size);
-    test_collectives(comm, &tw);
-    test_nan(comm, &tw);
+    test_collectives(comm, hook, &tw);
+    test_nan(comm, hook, &tw);
     test_agreement(comm);
     twin_free(&tw);
+    dsgd_comm_destroy(hook);
+    th.destroy(th.impl);
     dsgd_comm_destroy(comm);
     t.destroy(t.impl);
     test_mismatch(ctx);
@@ -1175,11 +1195,18 @@ static int mode_suite(dsgd_ctx *ctx) {
 
 static int mode_deadline(dsgd_ctx *ctx) {
     dsgd_transport_i t;
+    dsgd_mpi_desc d;
     dsgd_comm *comm = NULL;
     float buf[1000];
     int i, k;
-    make_transport(ctx, &t);
-    if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) MPI_Abort(MPI_COMM_WORLD, 2);
+    /* no window, so that AUTO runs the native hook (MPI_Allreduce on its
+       helper thread): MPI cannot cancel it, hence dsgd_mpi_abort */
+    memset(&d, 0, sizeof(d));
+    d.no_share = 1;
+    if (dsgd_mpi_transport_create(ctx, &d, &t) != DSGD_OK ||
+        dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK ||
+        !check(dsgd_allreduce_choose(comm, 1000) == DSGD_ALLREDUCE_AUTO, "deadline: AUTO is not the native hook"))
+        MPI_Abort(MPI_COMM_WORLD, 2);
     for (k = 1; k <= 4; ++k) {
         for (i = 0; i < 1000; ++i) buf[i] = 1.0f;
         check(dsgd_allreduce(comm, buf, 1000, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S) == DSGD_OK &&
