@@ -1,19 +1,35 @@
-/* bench/allreduce_mpi.c - the baseline for bench/allreduce.c: the same sizes
-   through OpenMPI's MPI_Allreduce (float SUM, in place), one process per
-   rank, printing the same columns and machine-readable lines.
+/* bench/allreduce_mpi.c - all-reduce across processes, side by side: MPI's
+   own MPI_Allreduce and distsgd's all-reduces over its MPI transport
+   (distsgd_mpi.h), float SUM in place, one process per rank, in one run.
+
+   Rows, per size:
+     MPI_Allreduce   MPI_Allreduce(MPI_IN_PLACE, ...) on MPI_COMM_WORLD
+     hook            the transport's native hook (t.allreduce: MPI_Iallreduce
+                     polled with MPI_Test against the deadline), called
+                     directly
+     auto            dsgd_allreduce(AUTO): the agreement (ceil(log2 N)
+                     rounds of 128-byte messages), then what
+                     dsgd_allreduce_choose picks (named in the row)
+     ring            dsgd_allreduce(RING) over MPI point-to-point messages
+     direct          dsgd_allreduce(DIRECT) through the MPI-3 shared-memory
+                     windows (every rank on one node)
+   The methods take turns within each batch, so drift hits them alike.
 
    Build and run (see `make bench-mpi`):
-     mpicc -O3 -march=native bench/allreduce_mpi.c -o build/bench/allreduce_mpi
-     mpirun --allow-run-as-root --oversubscribe -np 2 build/bench/allreduce_mpi
-   Options: [-s 4K,64M] [-q] as in bench/allreduce.c.
+     mpicc -std=c99 -O3 -march=native -I. bench/allreduce_mpi.c -o build/mpi/allreduce_mpi -lm -lpthread
+     mpirun --allow-run-as-root --oversubscribe -np 2 build/mpi/allreduce_mpi
+   Options: [-s 4K,64M] (sizes; default 4K, 16K, ..., 64M) [-q] (fewer
+   batches) [-b B] (batches, the median is taken over them) [-w BYTES]
+   (dsgd_mpi_desc.share_bytes, the shared-memory window; default 1M).
 
    time: median over batches of the slowest rank's time per all-reduce
    (back-to-back calls after a barrier); algbw = S / t; busbw = algbw *
-   2(N-1)/N; frac_copy / frac_sum = (2 N S / t) / bandwidth of memcpy (2
-   bytes per byte) / of c = a + b (3 bytes per element byte), measured with
-   min(N, CPUs) processes at once in this run; frac uses the higher.
-     RESULT allreduce n=2 bytes=4096 algo=mpi time_us=... algbw_GBps=... busbw_GBps=... frac=...
-            frac_memcpy=... frac_sum=... */
+   2(N-1)/N (nccl-tests' bus bandwidth); vs_mpi = MPI_Allreduce's time / this
+   method's time in the same run (> 1: faster than MPI_Allreduce);
+   frac_copy = (2 N S / t) / the bandwidth of memcpy measured with min(N,
+   CPUs) processes at once in this run.
+     RESULT allreduce_mpi n=2 bytes=4096 algo=mpi time_us=... algbw_GBps=... busbw_GBps=... vs_mpi=...
+            frac_copy=... */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 
@@ -31,29 +47,36 @@ int main(void) {
     return 0;
 }
 #else
-#include <mpi.h>
+#define DISTSGD_IMPLEMENTATION
+#define DISTSGD_MPI_IMPLEMENTATION
+#include "../distsgd_mpi.h"
+
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "bench_util.h"
 
 #define MAX_SIZES 32
-#define MAX_BATCHES 9
+#define MAX_BATCHES 31
+#define TIMEOUT_S 120.0
+
+enum { M_MPI, M_HOOK, M_AUTO, M_RING, M_DIRECT, M_COUNT };
+static const char *const METHOD_NAME[M_COUNT] = {"MPI_Allreduce", "hook", "auto", "ring", "direct"};
 
 static double now(void) { return MPI_Wtime(); }
 
 static int iters_for(size_t bytes) {
-    size_t it = ((size_t)8 << 20) / bytes; /* the same as bench/allreduce.c */
-    if (it < 1) it = 1;
+    size_t it = ((size_t)8 << 20) / bytes; /* as bench/allreduce.c, but at least 3: one call after
+                                              another method was noisy (the cache it left) */
+    if (it < 3) it = 3;
     if (it > 2000) it = 2000;
     return (int)it;
 }
 
 static int batches_for(size_t bytes, int quick) {
-    if (quick) return bytes >= ((size_t)16 << 20) ? 2 : 3;
-    return bytes >= ((size_t)16 << 20) ? 3 : bytes >= ((size_t)1 << 20) ? 5 : 7;
+    if (quick) return 3;
+    return bytes >= ((size_t)16 << 20) ? 7 : bytes >= ((size_t)1 << 20) ? 7 : 9;
 }
 
 static size_t parse_size(const char *s) {
@@ -64,58 +87,86 @@ static size_t parse_size(const char *s) {
     return (size_t)v;
 }
 
-static void sum_arrays(float *c, const float *a, const float *b, size_t n) {
-    size_t i;
-    for (i = 0; i < n; ++i) c[i] = a[i] + b[i];
-}
-
-/* Aggregate bandwidth of `active` ranks at once (kind 0 memcpy, 1 sum). */
-static double measure_bw(int rank, int active, int kind) {
-    size_t floats = (size_t)32 << 20, bytes = floats * sizeof(float);
-    float *a = NULL, *b = NULL, *c = NULL;
+/* Aggregate memcpy bandwidth of `active` ranks at once. */
+static double measure_copy_bw(int rank, int active) {
+    size_t bytes = (size_t)128 << 20;
+    char *a = NULL, *c = NULL;
     double best = 1e30, slowest;
     int r;
     if (rank < active) {
-        a = (float *)malloc(bytes);
-        b = (float *)malloc(bytes);
-        c = (float *)malloc(bytes);
-        if (!a || !b || !c) MPI_Abort(MPI_COMM_WORLD, 1);
-        memset(a, 0, bytes);
-        memset(b, 0, bytes);
+        a = (char *)malloc(bytes);
+        c = (char *)malloc(bytes);
+        if (!a || !c) MPI_Abort(MPI_COMM_WORLD, 1);
+        memset(a, 1, bytes);
         memset(c, 0, bytes);
     }
     for (r = 0; r < 5; ++r) {
         double t;
         MPI_Barrier(MPI_COMM_WORLD);
         t = now();
-        if (rank < active) {
-            if (kind == 0) memcpy(c, a, bytes);
-            else sum_arrays(c, a, b, floats);
-        }
+        if (rank < active) memcpy(c, a, bytes);
         t = now() - t;
         if (t < best) best = t;
     }
     if (rank >= active) best = 0;
     MPI_Allreduce(&best, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     free(a);
-    free(b);
     free(c);
-    return (double)active * (kind ? 3.0 : 2.0) * (double)bytes / slowest;
+    return (double)active * 2.0 * (double)bytes / slowest;
+}
+
+static void fail(dsgd_ctx *ctx, const char *what) {
+    fprintf(stderr, "allreduce_mpi: %s: %s\n", what, dsgd_ctx_last_error(ctx));
+    dsgd_mpi_abort(1);
+}
+
+/* iters calls of method m; returns the seconds this rank spent per call. */
+static double run_method(int m, dsgd_transport_i *t, dsgd_comm *comm, dsgd_ctx *ctx, float *buf, size_t count,
+                         int iters) {
+    double t0;
+    int it;
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = now();
+    for (it = 0; it < iters; ++it) {
+        dsgd_result r = DSGD_OK;
+        switch (m) {
+        case M_MPI: MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+        case M_HOOK: r = t->allreduce(t->impl, buf, count, DSGD_REDUCE_SUM, dsgd_now() + TIMEOUT_S); break;
+        case M_AUTO: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S); break;
+        case M_RING: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, TIMEOUT_S); break;
+        default: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT, TIMEOUT_S); break;
+        }
+        if (r != DSGD_OK) fail(ctx, METHOD_NAME[m]);
+    }
+    return (now() - t0) / iters;
 }
 
 int main(int argc, char **argv) {
-    size_t sizes[MAX_SIZES], maxbytes = 0;
-    int num_sizes = 8, quick = 0, rank, n, i, k, si;
+    size_t sizes[MAX_SIZES], maxbytes = 0, wbytes = 0;
+    int num_sizes = 8, quick = 0, batches = 0, rank, n, i, k, si, m, provided = 0;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    double memcpy_bw, sum_bw, mem_bw;
+    double copy_bw;
     float *buf;
-    MPI_Init(&argc, &argv);
+    dsgd_ctx *ctx = NULL;
+    dsgd_transport_i t;
+    dsgd_comm *comm = NULL;
+    dsgd_mpi_desc md;
+    memset(&md, 0, sizeof(md));
+    for (i = 1; i + 1 < argc; ++i)
+        if (!strcmp(argv[i], "-w")) md.share_bytes = parse_size(argv[i + 1]);
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    if (dsgd_mpi_init(ctx, &argc, &argv, &provided) != DSGD_OK) fail(ctx, "dsgd_mpi_init");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (dsgd_mpi_transport_create(ctx, &md, &t) != DSGD_OK) fail(ctx, "dsgd_mpi_transport_create");
+    if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) fail(ctx, "dsgd_comm_create");
+    if (t.share_window) t.share_window(t.impl, &wbytes);
     if (ncpu < 1) ncpu = 1;
     for (k = 0; k < 8; ++k) sizes[k] = (size_t)4096 << (2 * k);
     for (i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "-q")) quick = 1;
+        else if (!strcmp(argv[i], "-b") && i + 1 < argc) batches = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-w") && i + 1 < argc) ++i; /* read above */
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             char *tok, *save = NULL;
             num_sizes = 0;
@@ -125,22 +176,21 @@ int main(int argc, char **argv) {
             ++i; /* accepted for symmetry with bench/allreduce.c; N comes from mpirun -np */
         }
     }
+    if (batches > MAX_BATCHES) batches = MAX_BATCHES;
     for (si = 0; si < num_sizes; ++si)
         if (sizes[si] > maxbytes) maxbytes = sizes[si];
 
     {
         int active = (int)(n < ncpu ? n : ncpu);
-        memcpy_bw = measure_bw(rank, active, 0);
-        sum_bw = measure_bw(rank, active, 1);
-        mem_bw = memcpy_bw > sum_bw ? memcpy_bw : sum_bw;
+        copy_bw = measure_copy_bw(rank, active);
         if (rank == 0) {
-            printf("MPI_Allreduce (float SUM, in place), N = %d processes on %ld CPUs: memory bandwidth with %d "
-                   "processes: memcpy %.2f GB/s, sum %.2f GB/s; limit used: %.2f GB/s\n",
-                   n, ncpu, active, memcpy_bw / 1e9, sum_bw / 1e9, mem_bw / 1e9);
-            printf("MEMBW n=%d threads=%d memcpy_GBps=%.3f sum_GBps=%.3f\n", n, active, memcpy_bw / 1e9,
-                   sum_bw / 1e9);
-            printf("%8s %-18s %-18s %11s %10s %10s %9s %9s\n", "size", "algorithm", "", "time_us", "algbw_GB/s",
-                   "busbw_GB/s", "frac_copy", "frac_sum");
+            printf("all-reduce across processes (float SUM, in place), N = %d processes on %ld CPUs, MPI thread level "
+                   "%d; memcpy bandwidth with %d processes: %.2f GB/s; direct: %s of %zu bytes\n",
+                   n, ncpu, provided, active, copy_bw / 1e9,
+                   t.share ? "shared-memory windows" : "unavailable (not one node): windows", wbytes);
+            printf("MEMBW n=%d threads=%d memcpy_GBps=%.3f\n", n, active, copy_bw / 1e9);
+            printf("%8s %-22s %11s %10s %10s %7s %9s\n", "size", "method", "time_us", "algbw_GB/s", "busbw_GB/s",
+                   "vs_mpi", "frac_copy");
         }
     }
 
@@ -148,38 +198,50 @@ int main(int argc, char **argv) {
     if (!buf) MPI_Abort(MPI_COMM_WORLD, 1);
     memset(buf, 0, maxbytes); /* zeros: sums stay finite and normal */
     for (si = 0; si < num_sizes; ++si) {
-        size_t bytes = sizes[si];
-        int count = (int)(bytes / sizeof(float)), iters = iters_for(bytes), nb = batches_for(bytes, quick), b, it;
-        double per_batch[MAX_BATCHES];
+        size_t bytes = sizes[si], count = bytes / sizeof(float);
+        int iters = iters_for(bytes), nb = batches > 0 ? batches : batches_for(bytes, quick), b;
+        double per_batch[M_COUNT][MAX_BATCHES], med[M_COUNT];
         for (b = -1; b < nb; ++b) { /* batch -1 warms up */
-            double t, tmax;
-            MPI_Barrier(MPI_COMM_WORLD);
-            t = now();
-            for (it = 0; it < iters; ++it) MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            t = (now() - t) / iters;
-            MPI_Reduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-            if (b >= 0) per_batch[b] = tmax;
+            for (m = 0; m < M_COUNT; ++m) {
+                double tm, tmax;
+                if (m == M_DIRECT && !t.share) continue;
+                tm = run_method(m, &t, comm, ctx, buf, count, iters);
+                MPI_Allreduce(&tm, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                if (b >= 0) per_batch[m][b] = tmax;
+            }
         }
         if (rank == 0) {
             char hs[16];
-            double t, algbw, busbw, frac;
-            qsort(per_batch, (size_t)nb, sizeof(double), bench_cmp_double);
-            t = per_batch[nb / 2];
-            algbw = (double)bytes / t;
-            busbw = algbw * 2.0 * (n - 1) / n;
-            frac = 2.0 * n * (double)bytes / t / mem_bw;
             if (bytes >= ((size_t)1 << 20)) snprintf(hs, sizeof(hs), "%zuM", bytes >> 20);
             else snprintf(hs, sizeof(hs), "%zuK", bytes >> 10);
-            printf("%8s %-18s %-18s %11.2f %10.3f %10.3f %9.3f %9.3f\n", hs, "MPI_Allreduce", "", t * 1e6, algbw / 1e9,
-                   busbw / 1e9, 2.0 * n * (double)bytes / t / memcpy_bw, 2.0 * n * (double)bytes / t / sum_bw);
-            printf("RESULT allreduce n=%d bytes=%zu algo=mpi time_us=%.3f algbw_GBps=%.4f busbw_GBps=%.4f frac=%.4f "
-                   "frac_memcpy=%.4f frac_sum=%.4f\n",
-                   n, bytes, t * 1e6, algbw / 1e9, busbw / 1e9, frac, 2.0 * n * (double)bytes / t / memcpy_bw,
-                   2.0 * n * (double)bytes / t / sum_bw);
+            for (m = 0; m < M_COUNT; ++m) {
+                char label[40];
+                double tt, algbw, busbw, vs;
+                if (m == M_DIRECT && !t.share) continue;
+                med[m] = tt = bench_median(per_batch[m], nb);
+                algbw = (double)bytes / tt;
+                busbw = algbw * 2.0 * (n - 1) / n;
+                vs = med[M_MPI] / tt;
+                if (m == M_AUTO) {
+                    dsgd_allreduce_algo a = dsgd_allreduce_choose(comm, count);
+                    snprintf(label, sizeof(label), "auto (%s)", a == DSGD_ALLREDUCE_AUTO ? "hook" : dsgd_allreduce_algo_name(a));
+                } else {
+                    snprintf(label, sizeof(label), "%s", METHOD_NAME[m]);
+                }
+                printf("%8s %-22s %11.2f %10.3f %10.3f %7.3f %9.3f\n", hs, label, tt * 1e6, algbw / 1e9, busbw / 1e9,
+                       vs, 2.0 * n * (double)bytes / tt / copy_bw);
+                printf("RESULT allreduce_mpi n=%d bytes=%zu algo=%s time_us=%.3f algbw_GBps=%.4f busbw_GBps=%.4f "
+                       "vs_mpi=%.4f frac_copy=%.4f\n",
+                       n, bytes, m == M_MPI ? "mpi" : METHOD_NAME[m], tt * 1e6, algbw / 1e9, busbw / 1e9, vs,
+                       2.0 * n * (double)bytes / tt / copy_bw);
+            }
             fflush(stdout);
         }
     }
     free(buf);
+    dsgd_comm_destroy(comm);
+    t.destroy(t.impl);
+    dsgd_ctx_destroy(ctx);
     MPI_Finalize();
     return 0;
 }
