@@ -15,7 +15,8 @@
 
      Agreement: before a collective moves any data, the ranks check that
      they all called the same one: the same collective (kind and sequence
-     number), count, op, root, algorithm and piece size. If any rank differs,
+     number), count, op, root, algorithm, piece size and node layout
+     (ranks_per_node). If any rank differs,
      every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
      with a message naming two ranks and what they passed, e.g.
          "dsgd_allreduce #9 (ring): rank 0: the ranks disagree on the collective:
@@ -26,7 +27,7 @@
      returns DSGD_OK unless every rank agreed, and none touches memory
      outside the caller's count. Cost: DIRECT publishes the description
      beside the buffer it already shares (free); the message-passing
-     algorithms and a native hook first run ceil(log2 N) rounds of 128-byte
+     algorithms and a native hook first run ceil(log2 N) rounds of 144-byte
      messages (a few microseconds on the loopback, see bench/allreduce.c).
      Ranks that call different all-reduce algorithms, one of them DIRECT,
      do not meet in the agreement: they time out instead.
@@ -238,7 +239,7 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
                                     double timeout_s);
 /* Returns once every rank has entered the barrier: the agreement alone
-   (dissemination, ceil(log2 N) rounds of 128-byte messages). A rank in
+   (dissemination, ceil(log2 N) rounds of 144-byte messages). A rank in
    another collective makes it DSGD_ERR_DESYNC on every rank.
    Errors: as dsgd_allgather (no buffer).
    Thread safety: as dsgd_allreduce. */
@@ -688,7 +689,7 @@ static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
     dsgd_result res;
     dsgd__fp_init(c, &acc);
     for (d = 1, step = 0; d < n; d <<= 1, ++step) {
-        /* 128 bytes of integers, carried as 32 floats and only ever copied */
+        /* 144 bytes of integers, carried as 36 floats and only ever copied */
         res = dsgd__xchg(c, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), (r + d) % n,
                          (const float *)(const void *)&acc, sizeof(acc) / sizeof(float), (r - d + n) % n,
                          (float *)(void *)&in, sizeof(in) / sizeof(float), -1);
