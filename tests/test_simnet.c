@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "../examples/sim_common.h" /* the experiments' runs and CSV rows (test_outputs) */
 
 #if defined(__SANITIZE_THREAD__)
 #define TEST_TSAN 1
@@ -1852,6 +1853,202 @@ static void test_ps_async(void **state) {
     alarm(0);
 }
 
+/* ---------------------------------------------------------------- outputs */
+/* The experiments' outputs (examples/sim_common.h: CSV rows; simnet's
+   timeline: the Chrome trace) are the same bytes run after run, with
+   threads sleeping at random, for a mirrored run (parked between calls)
+   and an asynchronous parameter-server run; the trace is valid JSON with
+   one row per rank and the span kinds. */
+
+typedef struct json_in {
+    const char *p, *end;
+    int depth;
+} json_in;
+
+static void json_ws(json_in *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+}
+
+/* A minimal JSON parser (RFC 8259's grammar, no semantics): 0 when the
+   value at j->p is well formed. */
+static int json_value(json_in *j) {
+    json_ws(j);
+    if (j->p >= j->end || ++j->depth > 64) return -1;
+    if (*j->p == '{' || *j->p == '[') {
+        char close = *j->p == '{' ? '}' : ']';
+        int obj = *j->p == '{';
+        j->p++;
+        json_ws(j);
+        if (j->p < j->end && *j->p == close) {
+            j->p++;
+            j->depth--;
+            return 0;
+        }
+        for (;;) {
+            if (obj) {
+                json_ws(j);
+                if (j->p >= j->end || *j->p != '"' || json_value(j) != 0) return -1;
+                json_ws(j);
+                if (j->p >= j->end || *j->p++ != ':') return -1;
+            }
+            if (json_value(j) != 0) return -1;
+            json_ws(j);
+            if (j->p >= j->end) return -1;
+            if (*j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if (*j->p++ != close) return -1;
+            j->depth--;
+            return 0;
+        }
+    }
+    if (*j->p == '"') {
+        for (j->p++; j->p < j->end && *j->p != '"'; j->p++) {
+            if ((unsigned char)*j->p < 0x20) return -1;
+            if (*j->p == '\\') j->p++;
+        }
+        if (j->p >= j->end) return -1;
+        j->p++;
+        j->depth--;
+        return 0;
+    }
+    if (*j->p == '-' || (*j->p >= '0' && *j->p <= '9')) {
+        char *e;
+        strtod(j->p, &e);
+        if (e == j->p) return -1;
+        j->p = e;
+        j->depth--;
+        return 0;
+    }
+    if (j->end - j->p >= 4 && (!strncmp(j->p, "true", 4) || !strncmp(j->p, "null", 4))) j->p += 4;
+    else if (j->end - j->p >= 5 && !strncmp(j->p, "false", 5)) j->p += 5;
+    else return -1;
+    j->depth--;
+    return 0;
+}
+
+static int json_valid(const char *text, size_t len) {
+    json_in j;
+    j.p = text;
+    j.end = text + len;
+    j.depth = 0;
+    if (json_value(&j) != 0) return 0;
+    json_ws(&j);
+    return j.p == j.end;
+}
+
+/* The whole file as a NUL-terminated string (free it). */
+static char *slurp(FILE *f, size_t *len) {
+    long n;
+    char *b;
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    n = ftell(f);
+    assert_true(n >= 0);
+    rewind(f);
+    b = (char *)malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = '\0';
+    *len = (size_t)n;
+    return b;
+}
+
+typedef struct out_bytes {
+    char *csv, *trace;
+    size_t csv_len, trace_len;
+} out_bytes;
+
+static const dsgd_layer_desc OUT_LAYERS[2] = {{16, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+
+static void outputs_once(const sim_data *data, int mirrored, double jitter, out_bytes *o) {
+    sim_run_desc d;
+    sim_result r;
+    char path[256];
+    FILE *csv = tmpfile(), *tr;
+    assert_non_null(csv);
+    snprintf(path, sizeof(path), "/tmp/test_simnet_trace_%ld_%d.json", (long)getpid(), mirrored);
+    memset(&d, 0, sizeof(d));
+    d.name = mirrored ? "mirrored" : "async";
+    d.kind = mirrored ? SIM_MIRRORED : SIM_PS;
+    d.policy = DSGD_PS_ASYNC;
+    d.workers = 4;
+    d.batch = 8;
+    d.layers = OUT_LAYERS;
+    d.num_layers = 2;
+    d.optimizer.kind = DSGD_OPT_SGD;
+    d.optimizer.lr = 0.1f;
+    d.steps = mirrored ? 12 : 0;
+    d.max_time_s = 0.25;
+    d.eval_every = mirrored ? 3 : 8;
+    d.target = 0.5;
+    d.net.alpha_s = 50e-6;
+    d.net.beta_s_per_byte = 1e-9;
+    d.net.gamma_s_per_float = 1e-10;
+    d.net.compute.kind = DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL;
+    d.net.compute.shift_s = 0.01;
+    d.net.compute.mean_s = 0.01;
+    d.net.compute.seed = 77;
+    d.net.test_jitter_s = jitter;
+    d.csv = csv;
+    d.trace_path = path;
+    d.seed = 5;
+    sim_csv_header(csv);
+    assert_int_equal(sim_run(&d, data, &r), 0);
+    assert_true(r.final_time > 0);
+    o->csv = slurp(csv, &o->csv_len);
+    fclose(csv);
+    tr = fopen(path, "rb");
+    assert_non_null(tr);
+    o->trace = slurp(tr, &o->trace_len);
+    fclose(tr);
+    remove(path);
+}
+
+static void test_outputs(void **state) {
+    dsgd_ctx *ctx;
+    sim_data data;
+    int mirrored, k, runs = TEST_TSAN ? 2 : 5;
+    (void)state;
+    watchdog(300);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    if (sim_load_digits(ctx, "examples/data/digits.csv", 3, &data) != 0) fail_msg("%s", dsgd_ctx_last_error(ctx));
+    for (mirrored = 0; mirrored < 2; ++mirrored) {
+        out_bytes first, again;
+        static const char *const kinds[] = {"\"compute\"", "\"send\"", "\"receive\"", "\"wait\""};
+        char tid[32];
+        int i, rows = 0;
+        outputs_once(&data, mirrored, 0, &first);
+        for (i = 0; i < (int)first.csv_len; ++i) rows += first.csv[i] == '\n';
+        print_message("%s: %d CSV rows (%zu bytes), trace %zu bytes\n", mirrored ? "mirrored" : "async", rows - 1,
+                      first.csv_len, first.trace_len);
+        assert_true(rows >= 4);
+        assert_non_null(strstr(first.csv, "run,step,time_s,loss,accuracy,staleness,dropped\n"));
+        if (!json_valid(first.trace, first.trace_len)) fail_msg("the %s trace is not valid JSON", mirrored ? "mirrored" : "async");
+        assert_false(json_valid(first.trace, first.trace_len - 3)); /* the parser rejects a cut file */
+        for (i = 0; i < 4; ++i) assert_non_null(strstr(first.trace, kinds[i]));
+        if (mirrored) assert_non_null(strstr(first.trace, "\"reduce\""));
+        for (i = 0; i < (mirrored ? 4 : 5); ++i) {
+            snprintf(tid, sizeof(tid), "\"tid\":%d,\"name\":\"", i);
+            assert_non_null(strstr(first.trace, tid)); /* a row per rank, with spans */
+        }
+        for (k = 0; k < runs; ++k) {
+            outputs_once(&data, mirrored, k % 2 ? 20e-6 : 0, &again);
+            if (again.csv_len != first.csv_len || memcmp(again.csv, first.csv, first.csv_len) != 0)
+                fail_msg("%s run %d: the CSV differs", mirrored ? "mirrored" : "async", k);
+            if (again.trace_len != first.trace_len || memcmp(again.trace, first.trace, first.trace_len) != 0)
+                fail_msg("%s run %d: the trace differs", mirrored ? "mirrored" : "async", k);
+            free(again.csv);
+            free(again.trace);
+        }
+        free(first.csv);
+        free(first.trace);
+    }
+    sim_data_free(&data);
+    dsgd_ctx_destroy(ctx);
+    alarm(0);
+}
+
 /* ---------------------------------------------------------------- arguments */
 
 static void test_bad_arguments(void **state) {
@@ -1891,8 +2088,15 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(dsgd_ctx_last_error(ctx), "faults[0]"));
     d.num_faults = 0;
+    d.trace_until_s = -1;
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "trace_until_s"));
+    d.trace_until_s = 0;
     assert_null(h);
     assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_OK);
+    assert_int_equal(dsgd_simnet_write_trace(h, stdout), DSGD_ERR_STATE); /* created without trace */
+    assert_int_equal(dsgd_simnet_write_trace(h, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_simnet_write_trace(NULL, stdout), DSGD_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsgd_simnet_endpoint(h, 2, &ep), DSGD_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsgd_simnet_endpoint(h, 1, NULL), DSGD_ERR_INVALID_ARGUMENT);
     assert_int_equal(dsgd_simnet_endpoint(NULL, 1, &ep), DSGD_ERR_INVALID_ARGUMENT);
@@ -1942,6 +2146,7 @@ int main(void) {
         cmocka_unit_test(test_mirrored_strategy),
         cmocka_unit_test(test_order_statistics),
         cmocka_unit_test(test_ps_async),
+        cmocka_unit_test(test_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
