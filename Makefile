@@ -11,6 +11,9 @@
 #   make demo       install/check packages, unpack Fashion-MNIST, run $(DEMO)
 #                   (BLAS=openblas: its GEMM is OpenBLAS's, on OPENBLAS_NUM_THREADS, default 1)
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
+#   make sim        the same, then the simulated-cluster experiments (simnet):
+#                   sync vs async, backup workers, linear scaling; CSV, Chrome
+#                   traces and (with gnuplot) PNGs in build/sim
 #   make demo-mpi [MPI_DEMO_NP=2] [MPI_DEMO_LOCAL=1]   multi-worker training of
 #                   the demo MLP under mpirun (tools/mpi.mk; installs OpenMPI)
 #   make bench      build and run bench/*
@@ -185,7 +188,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 # ---------------------------------------------------------------- targets
 
 .PHONY: build-combos tune bench-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
-    demo demo-run sync-vs-async sync-vs-async-run bench bench-run clean cl-note
+    demo demo-run sync-vs-async sync-vs-async-run sim sim-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
 
@@ -223,7 +226,7 @@ check-parts:
 test-run: test-build check-amalgamation check-docs check-parts compile-matrix test-consumers
 	@mkdir -p build/pocl-cache
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
-	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK) $(MPI_TEST_RUNS)
+	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK) $(MPI_TEST_RUNS) $(SIM_TEST_RUNS)
 
 # The soak: SOAK_SEEDS seeds from SOAK_FIRST, each a random configuration
 # trained in a child process under TSan with a 30 s watchdog; a failing seed
@@ -250,6 +253,26 @@ sync-vs-async:
 
 sync-vs-async-run: $(BUILD)/examples/sync_vs_async $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	$(BUILD)/examples/sync_vs_async $(DEMO_ARGS) $(ARGS)
+
+# The simulated-cluster experiments (issue 13; examples/sim_common.h): each
+# writes CSV and Chrome traces to build/sim, and a PNG when gnuplot is
+# installed (tools/deps.sh demo installs gnuplot-nox). About a minute on 2 cores.
+SIM_EXAMPLES := $(addprefix $(BUILD)/examples/,sync_vs_async_sim backup_workers linear_scaling)
+sim:
+	sh tools/deps.sh demo
+	@$(MAKE) --no-print-directory sim-run
+
+sim-run: $(SIM_EXAMPLES) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
+	$(BUILD)/examples/sync_vs_async_sim --out build/sim
+	$(BUILD)/examples/backup_workers --out build/sim
+	$(BUILD)/examples/linear_scaling --out build/sim --data $(FMNIST_DIR)
+
+# make test: simnet's all-reduce times against SimGrid's SMPI
+# (tests/simnet_smpi.sh); it reports itself skipped where smpicc is missing
+# (Debian libsimgrid-dev and simgrid, not installed by tools/deps.sh).
+SIM_TEST_RUNS := tests/simnet_smpi.sh
+# test_simnet runs the experiments' helper (test_outputs).
+$(BUILD)/tests/test_simnet $(BUILD)/asan/tests/test_simnet $(BUILD)/tsan/tests/test_simnet: examples/sim_common.h
 
 $(FMNIST_DIR)/%: $(FMNIST_SRC)/%.gz
 	@mkdir -p $(@D)

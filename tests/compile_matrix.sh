@@ -329,7 +329,7 @@ SRC
         grep -q "^#include \"$SI\"" "$TMP/$ex.c" || { echo "include line not rewritten"; return 1; }
         # shellcheck disable=SC2206
         if is_cl_example "$ex"; then cl=(-DDISTSGD_WITH_OPENCL $CL_CFLAGS $CL_LIBS); fi
-        gcc -std=c99 $WARN -O2 -g "$TMP/$ex.c" -o "$TMP/$ex" ${cl[@]+"${cl[@]}"} $LIBS || return 1
+        gcc -std=c99 $WARN -O2 -g -I"$ROOT/examples" "$TMP/$ex.c" -o "$TMP/$ex" ${cl[@]+"${cl[@]}"} $LIBS || return 1
         "$ROOT/build/examples/$ex" "$@" | normalise >"$TMP/$ex.ref" || return 1
         "$TMP/$ex" "$@" | normalise >"$TMP/$ex.single" || return 1
         [ -s "$TMP/$ex.ref" ] || { echo "build/examples/$ex printed nothing"; return 1; }
@@ -355,6 +355,8 @@ SRC
         sync_vs_async) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --rows mirrored,sync) ;; # the rows with fixed bits
         cnn_fashion_mnist) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --subset 3000 --no-mlp) ;;
         custom_model) args=(--strategy mirrored) ;; # asynchronous servers have no fixed bits
+        sync_vs_async_sim | backup_workers) args=(--out "$TMP/sim") ;; # simnet: the same bits every run
+        linear_scaling) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim" --epochs 1 --warmup-epochs 1) ;;
         esac
         if grep -q '^#include "\.\./distsgd_mpi\.h"' "$src"; then
             echo "skip  $src on single_include/distsgd.h (an MPI program: make test-mpi runs it under mpirun)"

@@ -7,6 +7,7 @@
 #          the MPI transport is tested on; Fashion-MNIST, which the compile
 #          matrix's example runs train on
 #   demo   what building the examples needs, plus Debian's dataset-fashion-mnist
+#          and gnuplot-nox (make sim draws its PNGs with it)
 #   bench  the compilers plus OpenBLAS, which bench/ compares against
 #   mpi    the compilers plus OpenMPI, for `make bench-mpi` and `make test-mpi`
 #
@@ -33,7 +34,7 @@ compile_pkgs="build-essential pkg-config"
 opencl_pkgs="ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libclblast-dev"
 case "$1" in
 test)  pkgs="$compile_pkgs clang libclang-rt-dev libcmocka-dev $opencl_pkgs clinfo libopenmpi-dev openmpi-bin cmake python3 dataset-fashion-mnist" ;;
-demo)  pkgs="$compile_pkgs $opencl_pkgs dataset-fashion-mnist" ;;
+demo)  pkgs="$compile_pkgs $opencl_pkgs dataset-fashion-mnist gnuplot-nox" ;;
 bench) pkgs="$compile_pkgs libopenblas-dev" ;;
 mpi)   pkgs="$compile_pkgs libopenmpi-dev openmpi-bin" ;;
 *)     usage ;;
