@@ -7403,12 +7403,30 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
          wait for closures outside the hub and, parked at an early clock,
          hold back the later probes and deadlines of the others for good.
 
+     Timeline (desc.trace): the hub records what each rank's calls did in
+     virtual time, and dsgd_simnet_write_trace writes it as a Chrome trace
+     (the catapult JSON that chrome://tracing and Perfetto open; times in
+     microseconds), one row (tid) per rank. A call's time is cut into
+     consecutive spans: "send" (its send half: the NIC's queue and the
+     bytes going out), "wait" (until the awaited message begins to arrive,
+     or the deadline; a probe's wait for any message), "receive" (the bytes
+     coming in), "reduce" (k * gamma); dsgd_simnet_compute is "compute"
+     (after a "stall" for STALL faults), a kill an instant event "killed".
+     When the send and the receive of a sendrecv overlap, the row shows the
+     send first and the receive from where it ended. Each rank's spans are
+     kept in its own call order and written rank by rank, so the file
+     depends only on the configuration and the seeds: the same run gives
+     the same bytes. Spans carry args (peer, bytes, step). trace_until_s
+     bounds a long run's trace to its first virtual seconds.
+
      Thread safety: each endpoint (and the hub's functions that take a rank)
      is used by that rank's thread; dsgd_simnet_abort, _aborted, _time and
      _get_stats from any thread.
 */
 #ifndef DSGD__PART_SIMNET_DECL
 #define DSGD__PART_SIMNET_DECL
+
+#include <stdio.h> /* FILE, for dsgd_simnet_write_trace */
 
 #ifdef __cplusplus
 extern "C" {
@@ -7482,6 +7500,12 @@ typedef struct dsgd_simnet_desc {
        strategies' replica pools) runs unchanged. Not with half_duplex or
        serialize_receives. */
     int park_between_calls;
+    /* non-zero: record every rank's timeline for dsgd_simnet_write_trace
+       (32 bytes a span, up to 4 spans a call) */
+    int trace;
+    /* trace: > 0 records only the spans that begin before this virtual
+       time; 0 records all */
+    double trace_until_s;
     /* Test hook: > 0 makes every rank thread sleep up to this many real
        seconds (or yield) at random before and after each hand-off, to show
        that the result does not depend on the OS scheduler. 0 in real use. */
@@ -7575,6 +7599,17 @@ DSGD_API double dsgd_simnet_time(dsgd_simnet *hub, int rank);
 /* Fills *out with the hub's counters (nothing when either is NULL).
    Errors: none. Thread safety: any thread. */
 DSGD_API void dsgd_simnet_get_stats(dsgd_simnet *hub, dsgd_simnet_stats *out);
+/* Writes the timeline recorded since creation (desc.trace) to out as a
+   Chrome trace (JSON object format, "traceEvents": metadata naming each
+   rank's row, then complete events "X" rank by rank in call order, ts and
+   dur in microseconds with 3 decimals). The same configuration and seeds
+   give the same bytes. Call it once the ranks are done (joined or left).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; out NULL),
+   DSGD_ERR_STATE (desc.trace was 0), DSGD_ERR_OUT_OF_MEMORY (a span could
+   not be recorded during the run, so the trace would be incomplete;
+   nothing written), DSGD_ERR_IO (a write failed).
+   Thread safety: one thread, once no rank uses the hub. */
+DSGD_API dsgd_result dsgd_simnet_write_trace(dsgd_simnet *hub, FILE *out);
 /* Frees the hub and every message still in flight; its endpoints are
    invalid afterwards. hub NULL: nothing.
    Thread safety: one thread, once no rank uses the hub (join them first). */
@@ -7609,6 +7644,7 @@ typedef struct dsgd__sn_msg {
     uint64_t tag;
     size_t bytes;
     double arrival;
+    double first; /* when its first byte arrives: arrival - bytes * beta */
     /* the payload follows, aligned for floats */
 } dsgd__sn_msg;
 
@@ -7626,6 +7662,21 @@ typedef struct dsgd__sn_fault {
     long left;   /* DROP, DELAY: messages still to hit */
     int applied; /* STALL by time */
 } dsgd__sn_fault;
+
+/* The timeline: a span of a rank's virtual time (desc.trace). */
+enum { DSGD__SN_SP_COMPUTE = 0, DSGD__SN_SP_STALL, DSGD__SN_SP_SEND, DSGD__SN_SP_WAIT, DSGD__SN_SP_RECEIVE,
+       DSGD__SN_SP_REDUCE, DSGD__SN_SP_KILLED };
+/* what `peer` means in a WAIT span: the awaited rank, or these */
+#define DSGD__SN_ANY (-1)      /* a probe */
+#define DSGD__SN_TIMEOUT_BIT 1 /* flags: the wait ended at the deadline */
+#define DSGD__SN_DROPPED_BIT 2 /* flags: the message sent was dropped */
+
+typedef struct dsgd__sn_span {
+    double t0, t1;
+    uint64_t amount; /* SEND, RECEIVE: bytes; REDUCE: floats; COMPUTE: the step (+1, 0: advance) */
+    int peer;
+    unsigned char kind, flags;
+} dsgd__sn_span;
 
 typedef struct dsgd__sn_ep {
     struct dsgd_simnet *hub;
@@ -7647,6 +7698,8 @@ typedef struct dsgd__sn_ep {
     uint64_t progress; /* atomic */
     uint64_t jitter;   /* test hook's generator (owner thread only) */
     pthread_cond_t cv;
+    dsgd__sn_span *spans; /* desc.trace: this rank's, in call order */
+    size_t nspans, capspans;
     char err[224];
 } dsgd__sn_ep;
 
@@ -7663,6 +7716,7 @@ struct dsgd_simnet {
     dsgd__sn_fault *faults;
     double *rank_factor;
     dsgd_simnet_stats stats;
+    int trace_oom; /* a span could not be recorded */
 };
 
 static int dsgd__sn_finite_nonneg(double x) { return x >= 0 && x < DSGD__SN_INF; }
@@ -7687,6 +7741,9 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
                                   "(their bookings depend on the order of the sends)", w);
     if (d->ranks_per_node < 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: ranks_per_node %d < 0", w, d->ranks_per_node);
+    if (!dsgd__sn_finite_nonneg(d->trace_until_s))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: trace_until_s %g (need finite, >= 0)", w,
+                                  d->trace_until_s);
     if ((int)c->kind < 0 || (int)c->kind > (int)DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown compute kind %d", w, (int)c->kind);
     if (!dsgd__sn_finite_nonneg(c->mean_s) || !dsgd__sn_finite_nonneg(c->shift_s) ||
@@ -7819,7 +7876,10 @@ DSGD_API void dsgd_simnet_destroy(dsgd_simnet *h) {
             m = next;
         }
     }
-    for (k = 0; k < h->n; ++k) pthread_cond_destroy(&h->ep[k].cv);
+    for (k = 0; k < h->n; ++k) {
+        pthread_cond_destroy(&h->ep[k].cv);
+        DSGD_FREE(h->ep[k].spans);
+    }
     pthread_mutex_destroy(&h->mu);
     DSGD_FREE(h->ep);
     DSGD_FREE(h->pair);
@@ -8008,6 +8068,126 @@ static dsgd_result dsgd__sn_fail(dsgd__sn_ep *e, dsgd_result r, const char *fmt,
     return r;
 }
 
+/* >>simnet timeline -------------------------------------------------------- */
+
+/* Records a span of e's time (mutex held, on e's thread): nothing without
+   desc.trace, for an empty span (other than KILLED), or past
+   trace_until_s. */
+static void dsgd__sn_span_add(dsgd__sn_ep *e, int kind, double t0, double t1, int peer, uint64_t amount, int flags) {
+    dsgd_simnet *h = e->hub;
+    dsgd__sn_span *sp;
+    if (!h->d.trace || h->trace_oom || (t1 <= t0 && kind != DSGD__SN_SP_KILLED)) return;
+    if (h->d.trace_until_s > 0 && t0 >= h->d.trace_until_s) return;
+    if (e->nspans == e->capspans) {
+        size_t cap = e->capspans ? 2 * e->capspans : 256;
+        dsgd__sn_span *grown = (dsgd__sn_span *)DSGD_REALLOC(e->spans, cap * sizeof(*grown));
+        if (!grown) {
+            h->trace_oom = 1;
+            return;
+        }
+        e->spans = grown;
+        e->capspans = cap;
+    }
+    sp = &e->spans[e->nspans++];
+    sp->t0 = t0;
+    sp->t1 = t1;
+    sp->amount = amount;
+    sp->peer = peer;
+    sp->kind = (unsigned char)kind;
+    sp->flags = (unsigned char)flags;
+}
+
+/* The spans of a transfer call that began at t_call: its send half left
+   the NIC at done (-INF: none); m (NULL: none, or the wait failed) is the
+   message it waited for; the call ends at e->t. */
+static void dsgd__sn_span_xfer(dsgd__sn_ep *e, int dst, size_t sbytes, double done, int src, const dsgd__sn_msg *m,
+                               size_t reduce_k, int dropped, int failed) {
+    double cur = e->t_call, r0;
+    if (!e->hub->d.trace) return;
+    if (dst >= 0 && done > cur) {
+        dsgd__sn_span_add(e, DSGD__SN_SP_SEND, cur, done, dst, sbytes, dropped ? DSGD__SN_DROPPED_BIT : 0);
+        cur = done;
+    }
+    if (m) {
+        r0 = DSGD__MAX(e->t_call, m->first);
+        if (r0 > cur) {
+            dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, cur, r0, src, 0, 0);
+            cur = r0;
+        }
+        if (m->arrival > cur) {
+            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, cur, m->arrival, src, m->bytes, 0);
+            cur = m->arrival;
+        }
+        if (reduce_k && e->t > cur) dsgd__sn_span_add(e, DSGD__SN_SP_REDUCE, cur, e->t, src, reduce_k, 0);
+    } else if (e->t > cur) {
+        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, cur, e->t, src, 0, failed ? DSGD__SN_TIMEOUT_BIT : 0);
+    }
+}
+
+static const char *const dsgd__sn_span_names[] = {"compute", "stall", "send", "wait", "receive", "reduce", "killed"};
+
+DSGD_API dsgd_result dsgd_simnet_write_trace(dsgd_simnet *h, FILE *out) {
+    const char *w = "dsgd_simnet_write_trace";
+    int r;
+    size_t i;
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", w);
+    if (!h->d.trace) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: the hub was created without trace", w);
+    pthread_mutex_lock(&h->mu);
+    if (h->trace_oom) {
+        pthread_mutex_unlock(&h->mu);
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: spans were lost to a failed allocation", w);
+    }
+    fprintf(out, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"generator\":\"distsgd simnet\",\"ranks\":%d},"
+                 "\"traceEvents\":[\n", h->n);
+    fprintf(out, "{\"ph\":\"M\",\"pid\":0,\"tid\":0,\"name\":\"process_name\",\"args\":{\"name\":\"simnet\"}}");
+    for (r = 0; r < h->n; ++r)
+        fprintf(out, ",\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_name\",\"args\":{\"name\":\"rank %d\"}}"
+                     ",\n{\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"name\":\"thread_sort_index\",\"args\":{\"sort_index\":%d}}",
+                r, r, r, r);
+    for (r = 0; r < h->n; ++r) {
+        const dsgd__sn_ep *e = &h->ep[r];
+        for (i = 0; i < e->nspans; ++i) {
+            const dsgd__sn_span *sp = &e->spans[i];
+            const char *name = dsgd__sn_span_names[sp->kind];
+            double ts = sp->t0 * 1e6;
+            if (sp->kind == DSGD__SN_SP_KILLED) {
+                fprintf(out, ",\n{\"ph\":\"i\",\"s\":\"t\",\"pid\":0,\"tid\":%d,\"name\":\"%s\",\"cat\":\"fault\",\"ts\":%.3f}",
+                        r, name, ts);
+                continue;
+            }
+            fprintf(out, ",\n{\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"name\":\"%s\",\"cat\":\"simnet\",\"ts\":%.3f,\"dur\":%.3f",
+                    r, name, ts, sp->t1 * 1e6 - ts);
+            switch (sp->kind) {
+            case DSGD__SN_SP_COMPUTE:
+                if (sp->amount) fprintf(out, ",\"args\":{\"step\":%llu}", (unsigned long long)(sp->amount - 1));
+                break;
+            case DSGD__SN_SP_SEND:
+                fprintf(out, ",\"args\":{\"to\":%d,\"bytes\":%llu%s}", sp->peer, (unsigned long long)sp->amount,
+                        sp->flags & DSGD__SN_DROPPED_BIT ? ",\"dropped\":1" : "");
+                break;
+            case DSGD__SN_SP_RECEIVE:
+                fprintf(out, ",\"args\":{\"from\":%d,\"bytes\":%llu}", sp->peer, (unsigned long long)sp->amount);
+                break;
+            case DSGD__SN_SP_REDUCE:
+                fprintf(out, ",\"args\":{\"from\":%d,\"floats\":%llu}", sp->peer, (unsigned long long)sp->amount);
+                break;
+            case DSGD__SN_SP_WAIT:
+                if (sp->peer >= 0) fprintf(out, ",\"args\":{\"for\":%d%s}", sp->peer,
+                                           sp->flags & DSGD__SN_TIMEOUT_BIT ? ",\"timeout\":1" : "");
+                else fprintf(out, ",\"args\":{\"for\":\"any\"%s}", sp->flags & DSGD__SN_TIMEOUT_BIT ? ",\"timeout\":1" : "");
+                break;
+            default: break;
+            }
+            fputc('}', out);
+        }
+    }
+    fputs("\n]}\n", out);
+    pthread_mutex_unlock(&h->mu);
+    if (fflush(out) != 0 || ferror(out)) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_IO, "%s: a write failed", w);
+    return DSGD_OK;
+}
+
 /* Applies time-triggered stalls once e's clock has reached them. */
 static void dsgd__sn_stalls(dsgd__sn_ep *e) {
     dsgd_simnet *h = e->hub;
@@ -8017,7 +8197,10 @@ static void dsgd__sn_stalls(dsgd__sn_ep *e) {
         if (f->f.kind == DSGD_SIMNET_FAULT_STALL && f->f.rank == e->rank && f->f.step < 0 && !f->applied &&
             e->t >= f->f.time) {
             f->applied = 1;
-            if (e->t < f->f.time + f->f.seconds) e->t = f->f.time + f->f.seconds;
+            if (e->t < f->f.time + f->f.seconds) {
+                dsgd__sn_span_add(e, DSGD__SN_SP_STALL, e->t, f->f.time + f->f.seconds, -1, 0, 0);
+                e->t = f->f.time + f->f.seconds;
+            }
         }
     }
 }
@@ -8027,6 +8210,7 @@ static dsgd_result dsgd__sn_die(dsgd__sn_ep *e, double at) {
     if (at > e->t) e->t = at;
     e->state = DSGD__SN_DEAD;
     e->kill_time = e->t;
+    dsgd__sn_span_add(e, DSGD__SN_SP_KILLED, e->t, e->t, -1, 0, 0);
     dsgd__sn_pass(e->hub);
     return dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed (fault injection)");
 }
@@ -8194,6 +8378,7 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
     }
     if (m->arrival < p->last_arrival) m->arrival = p->last_arrival; /* one pair stays in order */
     p->last_arrival = m->arrival;
+    m->first = m->arrival - occupy;
     if (bytes) memcpy(DSGD__SN_PAYLOAD(m), buf, bytes);
     if (p->tail) p->tail->next = m;
     else p->head = m;
@@ -8222,6 +8407,7 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
     dsgd_simnet *h = e->hub;
     dsgd_result r;
     double done = -DSGD__SN_INF;
+    uint64_t dropped_before;
     char why[96];
     if (failed_peer) *failed_peer = -1;
     if ((r = dsgd__sn_enter(e)) != DSGD_OK) {
@@ -8229,6 +8415,7 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
         return r;
     }
     e->t_call = e->t;
+    dropped_before = h->stats.dropped;
     if (dst >= 0 && (r = dsgd__sn_post(e, dst, stag, sbuf, sbytes, deadline, &done)) != DSGD_OK) {
         /* the send could not leave in time: wait out the deadline, then fail */
         e->wait = DSGD__SN_W_TIME;
@@ -8237,6 +8424,7 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
         if (dsgd__sn_block(e) != DSGD_ERR_ABORTED)
             dsgd__sn_fail(e, r, r == DSGD_ERR_TIMEOUT ? "the deadline passed before the message to rank %d could leave"
                                                       : "cannot buffer a message for rank %d", dst);
+        dsgd__sn_span_xfer(e, -1, 0, done, dst, NULL, 0, 0, 1);
         if (failed_peer) *failed_peer = dst;
         return dsgd__sn_exit(e, r);
     }
@@ -8250,6 +8438,7 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
         dsgd__sn_pair *p = &h->pair[(size_t)src * (size_t)h->n + (size_t)e->rank];
         dsgd__sn_msg *m = p->head;
         DSGD_ASSERT(m != NULL);
+        dsgd__sn_span_xfer(e, dst, sbytes, done, src, m, e->reduce_k, h->stats.dropped != dropped_before, 0);
         if (m->tag != rtag || m->bytes != rbytes) {
             r = dsgd__sn_fail(e, DSGD_ERR_DESYNC,
                               "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes", src,
@@ -8265,7 +8454,10 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
             }
             DSGD_FREE(m);
         }
-    } else if (r == DSGD_ERR_TIMEOUT) {
+    } else {
+        dsgd__sn_span_xfer(e, dst, sbytes, done, src, NULL, 0, h->stats.dropped != dropped_before, r != DSGD_OK);
+    }
+    if (r == DSGD_ERR_TIMEOUT) {
         if (src >= 0 && e->deadline < DSGD__SN_INF)
             dsgd__sn_fail(e, r, "the deadline passed while waiting for rank %d%s", src, dsgd__sn_why(e, src, why, sizeof(why)));
         else if (src >= 0)
@@ -8355,25 +8547,34 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
         DSGD_ASSERT(best >= 0);
         {
             const dsgd__sn_msg *m = h->pair[(size_t)best * (size_t)h->n + (size_t)e->rank].head;
+            double r0 = DSGD__MAX(e->t_call, m->first);
             *src = best;
             *tag = m->tag;
             *bytes = m->bytes;
+            dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, DSGD__SN_ANY, 0, 0);
+            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, m->arrival, best, m->bytes, 0);
         }
-    } else if (r == DSGD_ERR_TIMEOUT) {
-        dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from any rank");
+    } else {
+        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, DSGD__SN_ANY, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);
+        if (r == DSGD_ERR_TIMEOUT) dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from any rank");
     }
     return dsgd__sn_exit(e, r);
 }
 
-/* A wait of `seconds` of compute (kill and stall faults apply). */
-static dsgd_result dsgd__sn_charge(dsgd__sn_ep *e, double seconds) {
+/* A wait of `stall` + `seconds` of compute (kill and stall faults apply);
+   step: the compute step + 1, 0 for an advance (the timeline's args). */
+static dsgd_result dsgd__sn_charge(dsgd__sn_ep *e, double stall, double seconds, uint64_t step) {
     dsgd_result r;
+    double t_stall;
     e->hub->stats.computes++;
     e->t_call = e->t;
     e->wait = DSGD__SN_W_TIME;
-    e->until = e->t + seconds;
+    e->until = e->t + stall + seconds;
     e->deadline = DSGD__SN_INF;
     r = dsgd__sn_block(e);
+    t_stall = DSGD__MIN(e->t, e->t_call + stall);
+    dsgd__sn_span_add(e, DSGD__SN_SP_STALL, e->t_call, t_stall, -1, 0, 0);
+    dsgd__sn_span_add(e, DSGD__SN_SP_COMPUTE, t_stall, e->t, -1, step, 0);
     return dsgd__sn_exit(e, r);
 }
 
@@ -8407,7 +8608,7 @@ DSGD_API dsgd_result dsgd_simnet_compute(dsgd_simnet *h, int rank, long step) {
         if (f->kind == DSGD_SIMNET_FAULT_STALL && f->step == step) extra += f->seconds;
         if (f->kind == DSGD_SIMNET_FAULT_SLOW && (f->step >= 0 ? step >= f->step : e->t >= f->time)) x *= f->factor;
     }
-    return dsgd__sn_charge(e, x + extra);
+    return dsgd__sn_charge(e, extra, x, (uint64_t)step + 1);
 }
 
 DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double seconds) {
@@ -8420,7 +8621,7 @@ DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double second
         return DSGD_ERR_INVALID_ARGUMENT;
     }
     if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
-    return dsgd__sn_charge(e, seconds);
+    return dsgd__sn_charge(e, 0, seconds, 0);
 }
 
 DSGD_API void dsgd_simnet_leave(dsgd_simnet *h, int rank) {
@@ -8517,7 +8718,8 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
 
      Agreement: before a collective moves any data, the ranks check that
      they all called the same one: the same collective (kind and sequence
-     number), count, op, root, algorithm and piece size. If any rank differs,
+     number), count, op, root, algorithm, piece size and node layout
+     (ranks_per_node). If any rank differs,
      every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
      with a message naming two ranks and what they passed, e.g.
          "dsgd_allreduce #9 (ring): rank 0: the ranks disagree on the collective:
@@ -8528,7 +8730,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      returns DSGD_OK unless every rank agreed, and none touches memory
      outside the caller's count. Cost: DIRECT publishes the description
      beside the buffer it already shares (free); the message-passing
-     algorithms and a native hook first run ceil(log2 N) rounds of 128-byte
+     algorithms and a native hook first run ceil(log2 N) rounds of 144-byte
      messages (a few microseconds on the loopback, see bench/allreduce.c).
      Ranks that call different all-reduce algorithms, one of them DIRECT,
      do not meet in the agreement: they time out instead.
@@ -8740,7 +8942,7 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
                                     double timeout_s);
 /* Returns once every rank has entered the barrier: the agreement alone
-   (dissemination, ceil(log2 N) rounds of 128-byte messages). A rank in
+   (dissemination, ceil(log2 N) rounds of 144-byte messages). A rank in
    another collective makes it DSGD_ERR_DESYNC on every rank.
    Errors: as dsgd_allgather (no buffer).
    Thread safety: as dsgd_allreduce. */
@@ -9190,7 +9392,7 @@ static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
     dsgd_result res;
     dsgd__fp_init(c, &acc);
     for (d = 1, step = 0; d < n; d <<= 1, ++step) {
-        /* 128 bytes of integers, carried as 32 floats and only ever copied */
+        /* 144 bytes of integers, carried as 36 floats and only ever copied */
         res = dsgd__xchg(c, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), (r + d) % n,
                          (const float *)(const void *)&acc, sizeof(acc) / sizeof(float), (r - d + n) % n,
                          (float *)(void *)&in, sizeof(in) / sizeof(float), -1);
