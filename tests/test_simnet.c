@@ -1853,6 +1853,107 @@ static void test_ps_async(void **state) {
     alarm(0);
 }
 
+/* ---------------------------------------------------------------- a straggler under backups */
+/* BACKUP with N = 3 + b = 1 (ps.h on simnet, one server): workers compute
+   10 ms (constant), the straggler (rank 4) 100 ms. Every push of the
+   straggler is for a step the other three already completed: each is
+   acknowledged dropped, none is applied (the server applies 3 per step),
+   no deadline fires (the virtual deadline is 1 s and nobody waits for it),
+   and the run takes the fast workers' time, not the straggler's. */
+#define BK_STEPS 30
+
+typedef struct bk_job {
+    dsgd_shard_map *map;
+    dsgd_ps_desc pd;
+    dsgd_ps_server_stats st;
+    int pushes[5], dropped[5];
+    double t_end;
+} bk_job;
+
+static void body_backup(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    bk_job *jb = (bk_job *)r->user;
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        float init[PSA_NF] = {0};
+        dsgd_ps_server *s = NULL;
+        res = dsgd_ps_server_create(r->ctx[0], t, &jb->pd, jb->map, init, &s);
+        if (res == DSGD_OK) res = dsgd_ps_server_serve(s);
+        if (res == DSGD_OK) {
+            dsgd_ps_server_get_stats(s, &jb->st);
+            jb->st.staleness_hist = NULL;
+        }
+        dsgd_ps_server_destroy(s);
+    } else {
+        dsgd_ps_worker *w = NULL;
+        float p[PSA_NF] = {0}, g[PSA_NF];
+        long k;
+        int i;
+        res = dsgd_ps_worker_create(r->ctx[rank], t, &jb->pd, jb->map, &w);
+        for (k = 0; res == DSGD_OK; ++k) { /* TF's loop: pull, stop on the version, compute, push */
+            res = dsgd_ps_worker_pull(w, p);
+            if (res != DSGD_OK || dsgd_ps_worker_version(w, 0) >= BK_STEPS) break;
+            res = dsgd_simnet_compute(r->hub, rank, k);
+            for (i = 0; i < PSA_NF; ++i) g[i] = 0.01f * p[i] + (float)rank;
+            if (res == DSGD_OK) res = dsgd_ps_worker_push(w, g);
+            if (res == DSGD_OK) {
+                jb->pushes[rank]++;
+                jb->dropped[rank] += dsgd_ps_worker_last_push_dropped(w, 0);
+            }
+        }
+        if (rank != 4) jb->t_end = jb->t_end > now_of(t) ? jb->t_end : now_of(t);
+        if (res == DSGD_OK) res = dsgd_ps_worker_finish(w);
+        dsgd_ps_worker_destroy(w);
+    }
+    record(r, rank, res);
+}
+
+static void test_backup_straggler(void **state) {
+    static const double factor[5] = {1, 1, 1, 1, 10};
+    static bk_job jb;
+    dsgd_simnet_desc d;
+    dsgd_variable v;
+    run r;
+    int i;
+    (void)state;
+    watchdog(120);
+    memset(&jb, 0, sizeof(jb));
+    memset(&d, 0, sizeof(d));
+    d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    d.compute.mean_s = 0.01;
+    d.compute.rank_factor = factor;
+    run_init(&r, 5, &d);
+    memset(&v, 0, sizeof(v));
+    snprintf(v.name, sizeof(v.name), "v");
+    v.count = PSA_NF;
+    v.rank = 1;
+    v.shape[0] = PSA_NF;
+    assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb.map), DSGD_OK);
+    jb.pd.num_servers = 1;
+    jb.pd.num_workers = 4;
+    jb.pd.policy = DSGD_PS_BACKUP;
+    jb.pd.backup_workers = 1;
+    jb.pd.optimizer.kind = DSGD_OPT_SGD;
+    jb.pd.optimizer.lr = 0.01f;
+    jb.pd.timeout_s = 1.0; /* virtual: it would fire if anyone waited for the straggler */
+    run_go(&r, body_backup, &jb);
+    for (i = 0; i < 5; ++i)
+        if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+    print_message("BACKUP 3+1, straggler 10x: %lld steps, straggler pushed %d (dropped %d), the others %d %d %d "
+                  "(dropped %d %d %d), server dropped %lld, fast workers done at %.4f s\n",
+                  (long long)jb.st.version, jb.pushes[4], jb.dropped[4], jb.pushes[1], jb.pushes[2], jb.pushes[3],
+                  jb.dropped[1], jb.dropped[2], jb.dropped[3], (long long)jb.st.stale_dropped, jb.t_end);
+    assert_true(jb.st.version >= BK_STEPS);
+    assert_true(jb.pushes[4] >= 1);
+    assert_int_equal(jb.dropped[4], jb.pushes[4]);                   /* never accepted */
+    assert_true(jb.st.pushes_applied == 3 * jb.st.version);         /* 3 a step, none of its */
+    for (i = 1; i <= 3; ++i) assert_int_equal(jb.dropped[i], 0);
+    assert_true(jb.t_end < BK_STEPS * 0.02);                         /* the fast workers' pace */
+    dsgd_shard_map_destroy(jb.map);
+    run_free(&r);
+    alarm(0);
+}
+
 /* ---------------------------------------------------------------- outputs */
 /* The experiments' outputs (examples/sim_common.h: CSV rows; simnet's
    timeline: the Chrome trace) are the same bytes run after run, with
@@ -2146,6 +2247,7 @@ int main(void) {
         cmocka_unit_test(test_mirrored_strategy),
         cmocka_unit_test(test_order_statistics),
         cmocka_unit_test(test_ps_async),
+        cmocka_unit_test(test_backup_straggler),
         cmocka_unit_test(test_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
