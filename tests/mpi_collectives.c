@@ -325,6 +325,40 @@ static const char *job_name(const job *j, char *buf, size_t cap) {
     return buf;
 }
 
+/* Whether rank `rank`'s buf holds what collective j should leave there
+   (in: every rank's input); *off, *len: the range checked for a
+   reduce-scatter (its block), else the whole buffer. why: the first
+   difference. */
+static int result_ok(const job *j, const float *buf, float **in, const ref *rf, int n, int rank, size_t *off,
+                     size_t *len, char *why, size_t cap) {
+    size_t count = j->count, b;
+    int k;
+    why[0] = '\0';
+    *off = 0;
+    *len = count;
+    switch (j->kind) {
+    case J_ALLREDUCE: return verify(buf, rf, j->op, n, 0, count, why, cap);
+    case J_REDUCE_SCATTER:
+        dsgd_block_range(count, n, rank, off, len);
+        return verify(buf, rf, j->op, n, *off, *off + *len, why, cap);
+    case J_ALLGATHER:
+        for (k = 0; k < n; ++k) {
+            size_t o, l;
+            dsgd_block_range(count, n, k, &o, &l);
+            for (b = o; b < o + l; ++b)
+                if (memcmp(&buf[b], &in[k][b], sizeof(float)) != 0) {
+                    snprintf(why, cap, "element %zu is not rank %d's input", b, k);
+                    return 0;
+                }
+        }
+        return 1;
+    default:
+        if (memcmp(buf, in[j->root], count * sizeof(float)) == 0) return 1;
+        snprintf(why, cap, "not root %d's buffer", j->root);
+        return 0;
+    }
+}
+
 /* One collective over MPI, checked against the reference, across ranks and
    (explicit algorithms, and the collectives that have only one) against the
    loopback twin. */
@@ -332,35 +366,12 @@ static void one_case(dsgd_comm *comm, twin *tw, const job *j, float **in, const 
     char name[128], why[160];
     size_t count = j->count, off = 0, len = count, b;
     dsgd_result r;
-    int n = g_size, k, ok = 1, compare_twin;
+    int n = g_size, ok = 1, compare_twin;
     job_name(j, name, sizeof(name));
     memcpy(buf, in[g_rank], count * sizeof(float));
     r = run_job(comm, j, buf);
     if (!check(r == DSGD_OK, "np=%d %s: %s", n, name, dsgd_ctx_last_error(dsgd_comm_ctx(comm)))) return;
-    why[0] = '\0';
-    switch (j->kind) {
-    case J_ALLREDUCE: ok = verify(buf, rf, j->op, n, 0, count, why, sizeof(why)); break;
-    case J_REDUCE_SCATTER:
-        dsgd_block_range(count, n, g_rank, &off, &len);
-        ok = verify(buf, rf, j->op, n, off, off + len, why, sizeof(why));
-        break;
-    case J_ALLGATHER:
-        for (k = 0; k < n && ok; ++k) {
-            size_t o, l;
-            dsgd_block_range(count, n, k, &o, &l);
-            for (b = o; b < o + l; ++b)
-                if (memcmp(&buf[b], &in[k][b], sizeof(float)) != 0) {
-                    snprintf(why, sizeof(why), "element %zu is not rank %d's input", b, k);
-                    ok = 0;
-                    break;
-                }
-        }
-        break;
-    default:
-        ok = memcmp(buf, in[j->root], count * sizeof(float)) == 0;
-        if (!ok) snprintf(why, sizeof(why), "not root %d's buffer", j->root);
-        break;
-    }
+    ok = result_ok(j, buf, in, rf, n, g_rank, &off, &len, why, sizeof(why));
     check(ok, "np=%d %s: %s", n, name, why);
     if (j->kind != J_REDUCE_SCATTER) check(same_on_all_ranks(buf, count), "np=%d %s: ranks differ in bits", n, name);
     compare_twin = !(j->kind == J_ALLREDUCE && j->algo == DSGD_ALLREDUCE_AUTO);
@@ -753,7 +764,7 @@ static void local_case(local_group *g, twin *tw, const job *jb, float **in, cons
     char name[128], why[160];
     local_arg args[8];
     size_t count = jb->count, b;
-    int n = g->n, j, k, ok, all_ran = 1, twin_ok = 0;
+    int n = g->n, j, ok, all_ran = 1, twin_ok = 0;
     uint64_t h = 0, lo = 0, hi = 0;
     job_name(jb, name, sizeof(name));
     g->j = *jb;
@@ -774,31 +785,7 @@ static void local_case(local_group *g, twin *tw, const job *jb, float **in, cons
             all_ran = 0;
             continue;
         }
-        why[0] = '\0';
-        ok = 1;
-        switch (jb->kind) {
-        case J_ALLREDUCE: ok = verify(buf, rf, jb->op, n, 0, count, why, sizeof(why)); break;
-        case J_REDUCE_SCATTER:
-            dsgd_block_range(count, n, r, &off, &len);
-            ok = verify(buf, rf, jb->op, n, off, off + len, why, sizeof(why));
-            break;
-        case J_ALLGATHER:
-            for (k = 0; k < n && ok; ++k) {
-                size_t o, l;
-                dsgd_block_range(count, n, k, &o, &l);
-                for (b = o; b < o + l; ++b)
-                    if (memcmp(&buf[b], &in[k][b], sizeof(float)) != 0) {
-                        snprintf(why, sizeof(why), "element %zu is not group rank %d's input", b, k);
-                        ok = 0;
-                        break;
-                    }
-            }
-            break;
-        default:
-            ok = memcmp(buf, in[jb->root], count * sizeof(float)) == 0;
-            if (!ok) snprintf(why, sizeof(why), "not root %d's buffer", jb->root);
-            break;
-        }
+        ok = result_ok(jb, buf, in, rf, n, r, &off, &len, why, sizeof(why));
         check(ok, "K=%d N=%d %s: group rank %d: %s", g->k, n, name, r, why);
         if (j == 0) h = hash_bytes(buf, count * sizeof(float));
         else if (jb->kind != J_REDUCE_SCATTER)
