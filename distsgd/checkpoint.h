@@ -815,16 +815,36 @@ static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, dsgd_optimiz
 #define DSGD__CK_METRICS_BYTES 32
 #define DSGD__CK_MAX_RECORDS 65536
 
+/* One replica's accumulators, as the record holds them. */
+typedef struct dsgd__ck_mrec {
+    float st[4];
+    double count[2];
+} dsgd__ck_mrec;
+
+/* Reads model m's accumulators (a custom model's host part folded in first). */
+static dsgd_result dsgd__ck_mrec_get(dsgd_model *m, dsgd__ck_mrec *out) {
+    dsgd_result r = dsgd__model_fold_metrics(m);
+    if (r == DSGD_OK) r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), out->st, 4);
+    out->count[0] = m->count[0];
+    out->count[1] = m->count[1];
+    return r;
+}
+
+static void dsgd__ckw_mrec(dsgd__ck_writer *w, const dsgd__ck_mrec *rec) {
+    dsgd__ckw_floats(w, rec->st, 4);
+    dsgd__ckw_f64(w, rec->count[0]);
+    dsgd__ckw_f64(w, rec->count[1]);
+}
+
 static void dsgd__ck_put_metrics(dsgd__ck_writer *w, dsgd_model *const *models, int n) {
     int r;
     dsgd__ckw_begin(w, "metrics");
     dsgd__ckw_u32(w, (uint32_t)n);
     for (r = 0; r < n; ++r) {
-        dsgd_result fr = dsgd__model_fold_metrics(models[r]); /* a custom model's host part */
+        dsgd__ck_mrec rec;
+        dsgd_result fr = dsgd__ck_mrec_get(models[r], &rec);
         if (fr != DSGD_OK && w->res == DSGD_OK) w->res = fr;
-        dsgd__ckw_read(w, &models[r]->be, dsgd__ref(models[r]->stats, 0), 4);
-        dsgd__ckw_f64(w, models[r]->count[0]);
-        dsgd__ckw_f64(w, models[r]->count[1]);
+        dsgd__ckw_mrec(w, &rec);
     }
     dsgd__ckw_end(w);
 }
@@ -842,20 +862,21 @@ static dsgd_result dsgd__ck_check_metrics(const dsgd__ck_file *f, const unsigned
     return DSGD_OK;
 }
 
-/* Writes the saved accumulators into n models: record r into model r when
-   the counts agree; otherwise their sums (in record order) into model 0,
-   and zeros into the others. */
+/* Writes the saved accumulators into n models, global replicas first ..
+   first + n - 1 of world: record first + r into model r when the counts
+   agree; otherwise their sums (in record order) into global replica 0's
+   model, and zeros into the others. */
 static dsgd_result dsgd__ck_apply_metrics(const unsigned char *records, uint32_t saved, dsgd_model *const *models,
-                                          int n) {
+                                          int n, int first, int world) {
     int r, k;
     dsgd_result res = DSGD_OK;
     for (r = 0; r < n && res == DSGD_OK; ++r) {
         float st[4] = {0, 0, 0, 0};
         double cnt[2] = {0, 0};
-        uint32_t first = (uint32_t)r, last = (uint32_t)r + 1, i;
+        uint32_t lo = (uint32_t)(first + r), hi = lo + 1, i;
         dsgd__ck_cur c;
-        if ((uint32_t)n != saved) first = 0, last = r == 0 ? saved : 0;
-        for (i = first; i < last; ++i) {
+        if ((uint32_t)world != saved) lo = 0, hi = first + r == 0 ? saved : 0;
+        for (i = lo; i < hi; ++i) {
             float v[4];
             c.p = records + (size_t)i * DSGD__CK_METRICS_BYTES;
             c.left = DSGD__CK_METRICS_BYTES;
@@ -1012,7 +1033,7 @@ static dsgd_result dsgd__model_restore_from(const dsgd__ck_file *f, dsgd_model *
     /* everything checked: now write */
     r = dsgd__ck_apply_params(f, m);
     if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, opt, &st.opt);
-    if (r == DSGD_OK) r = dsgd__ck_apply_metrics(st.metrics, st.replicas, &m, 1);
+    if (r == DSGD_OK) r = dsgd__ck_apply_metrics(st.metrics, st.replicas, &m, 1, 0, 1);
     if (r == DSGD_OK) dsgd__ck_apply_extra(f, extra, &st.pos);
     return r;
 }

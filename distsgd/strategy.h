@@ -57,8 +57,10 @@
        - dsgd_replica_id and dsgd_replica_count are global (g and W);
          dsgd_strategy_num_replicas is this worker's N and
          dsgd_strategy_num_replicas_in_sync is W;
-       - gradients go the HOST path; checkpoints (dsgd_strategy_save) are
-         not supported yet (DSGD_ERR_UNSUPPORTED).
+       - gradients go the HOST path;
+       - dsgd_strategy_save and dsgd_strategy_restore are collectives too:
+         the chief writes the one file, every worker reads it (see
+         strategy_checkpoint.h, ACROSS WORKERS).
      A failure on one worker aborts its own replicas at once; the other
      workers return at their deadline (DSGD_ERR_TIMEOUT naming the rank they
      waited for), as MPI cannot reach them sooner (the MPI transport's AFTER

@@ -26,6 +26,23 @@
      mean; the metrics accumulators are summed into replica 0's. So a read
      or dsgd_strategy_take_metrics after the restore gives what it would
      have before (up to float rounding).
+
+   ACROSS WORKERS (MULTI_WORKER_MIRRORED)
+
+     Save and restore are collectives: every worker calls them, with the
+     same path. The replica count above is then the group's (W, every
+     worker's replicas), and replica r is global rank r. Save all-gathers
+     every replica's metrics and variable copies; the chief (the worker
+     holding rank 0) writes the one file, which is the file a one-process
+     strategy of W replicas would write; every worker returns the chief's
+     result. Restore reads the file on every worker (so every worker must
+     reach it: one machine, or a shared file system), and writes nothing
+     until every worker's checks have passed; a worker whose checks fail
+     keeps its own error, and the others return the same code naming the
+     first rank that failed. A checkpoint moves freely between one process
+     and several: 2 workers x 2 replicas restore exactly what 1 x 4 saved,
+     and the reverse. A worker whose strategy has already failed returns
+     DSGD_ERR_STATE at once; the others then time out in the collective.
 */
 #ifndef DSGD__PART_STRATEGY_CHECKPOINT_DECL
 #define DSGD__PART_STRATEGY_CHECKPOINT_DECL
@@ -40,8 +57,10 @@ extern "C" {
    NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
    NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
-   replica's backend error, DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
-   for now). path is then unchanged.
+   replica's backend error; across workers also a collective's error
+   (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...), and another worker's error,
+   named. path is then unchanged.
+   Across workers every worker calls it (see above).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
 /* Restores what dsgd_strategy_save wrote (or dsgd_model_save: a model's
@@ -52,10 +71,11 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
-   the message names it), DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
-   for now); after any of these nothing was touched. A
+   the message names it); across workers also a collective's error and
+   another worker's error, named; after any of these nothing was touched. A
    replica's backend failing while the checked state is written leaves
    the replicas different: the strategy has then failed.
+   Across workers every worker calls it (see above).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
 
@@ -85,12 +105,18 @@ static dsgd_model **dsgd__strategy_models(dsgd_strategy *s, const char *what) {
 }
 
 /* "strategy": kind and replica count; "variables": name, count,
-   synchronization, aggregation, trainable, copies, then the copies. */
-static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s) {
-    int i;
+   synchronization, aggregation, trainable, copies, then the copies. With
+   gathered NULL the copies are the strategy's own (world == n); else
+   gathered holds world records of rec floats, a replica's metrics record
+   (DSGD__CK_REC_HEAD floats) and then its copy of each variable in order. */
+#define DSGD__CK_REC_HEAD (DSGD__CK_METRICS_BYTES / sizeof(float))
+
+static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s, const float *gathered, size_t rec) {
+    size_t off = DSGD__CK_REC_HEAD;
+    int i, g;
     dsgd__ckw_begin(w, "strategy");
     dsgd__ckw_u32(w, (uint32_t)s->d.kind);
-    dsgd__ckw_u32(w, (uint32_t)s->n);
+    dsgd__ckw_u32(w, (uint32_t)s->world);
     dsgd__ckw_end(w);
     dsgd__ckw_begin(w, "variables");
     dsgd__ckw_u32(w, (uint32_t)s->num_vars);
@@ -101,10 +127,148 @@ static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s) {
         dsgd__ckw_u32(w, (uint32_t)v->sync);
         dsgd__ckw_u32(w, (uint32_t)v->agg);
         dsgd__ckw_u32(w, (uint32_t)v->trainable);
-        dsgd__ckw_u32(w, (uint32_t)s->n);
-        dsgd__ckw_floats(w, v->copies, (size_t)s->n * v->count);
+        dsgd__ckw_u32(w, (uint32_t)s->world);
+        if (!gathered) {
+            dsgd__ckw_floats(w, v->copies, (size_t)s->n * v->count);
+            continue;
+        }
+        for (g = 0; g < s->world; ++g) dsgd__ckw_floats(w, gathered + (size_t)g * rec + off, v->count);
+        off += v->count;
     }
     dsgd__ckw_end(w);
+}
+
+/* ---- across workers: save and restore are collectives of every worker */
+
+/* One multi-worker save or restore's shared state. */
+typedef struct dsgd__ck_world {
+    size_t rec;   /* floats per replica record */
+    float *all;   /* world records, gathered (save) */
+    int code;     /* this worker's result, for a verdict */
+    int bad_rank; /* the verdict: the first rank that failed (-1: none) */
+    int bad_code; /* and its result */
+} dsgd__ck_world;
+
+/* Each replica packs its record (metrics, then its copy of every
+   variable) and all-gathers the world's; local replica 0 keeps them. */
+static dsgd_result dsgd__ck_gather_job(dsgd_replica *r, void *user) {
+    dsgd__ck_world *cw = (dsgd__ck_world *)user;
+    dsgd_strategy *s = r->s;
+    size_t n = cw->rec * (size_t)s->world, off = DSGD__CK_REC_HEAD;
+    float *buf = dsgd__replica_stage(r, n), *mine;
+    dsgd__ck_mrec mrec;
+    dsgd_result res;
+    int i;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    mine = buf + (size_t)r->rank * cw->rec;
+    if ((res = dsgd__ck_mrec_get(r->model, &mrec)) != DSGD_OK) return res;
+    memcpy(mine, &mrec, sizeof(mrec));
+    for (i = 0; i < s->num_vars; ++i) {
+        memcpy(mine + off, s->vars[i].copies + (size_t)r->local * s->vars[i].count, sizeof(float) * s->vars[i].count);
+        off += s->vars[i].count;
+    }
+    if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0) memcpy(cw->all, buf, sizeof(float) * n);
+    return DSGD_OK;
+}
+
+/* Every replica all-gathers its worker's result (cw->code), so every
+   worker learns the first rank that failed and its code. */
+static dsgd_result dsgd__ck_verdict_job(dsgd_replica *r, void *user) {
+    dsgd__ck_world *cw = (dsgd__ck_world *)user;
+    int world = r->s->world, g;
+    float *buf = dsgd__replica_stage(r, (size_t)world);
+    dsgd_result res;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    buf[r->rank] = (float)cw->code; /* small integers: exact */
+    if ((res = dsgd_allgather(r->comm, buf, (size_t)world, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0)
+        for (g = world - 1; g >= 0; --g)
+            if (buf[g] != 0.0f) {
+                cw->bad_rank = g;
+                cw->bad_code = (int)buf[g];
+            }
+    return DSGD_OK;
+}
+
+/* Tells every worker this worker's result (mine); DSGD_OK when every
+   worker succeeded. Otherwise a worker that failed keeps its own error
+   and the others record one naming the first rank that failed. */
+static dsgd_result dsgd__ck_verdict(dsgd_strategy *s, dsgd_result mine, const char *what, const char *path,
+                                    const char *doing, const char *untouched) {
+    dsgd__ck_world cw;
+    dsgd_result r;
+    memset(&cw, 0, sizeof(cw));
+    cw.code = (int)mine;
+    cw.bad_rank = -1;
+    if ((r = dsgd__strategy_dispatch(s, dsgd__ck_verdict_job, &cw, what)) != DSGD_OK) return r;
+    if (cw.bad_rank < 0 || mine != DSGD_OK) return mine;
+    return dsgd_ctx_set_error(s->ctx, (dsgd_result)cw.bad_code,
+                              "%s: %s: rank %d failed %s (%s; its worker has the message); nothing was %s", what,
+                              path ? path : "(null)", cw.bad_rank, doing, dsgd_result_string((dsgd_result)cw.bad_code),
+                              untouched);
+}
+
+/* The record's floats: the metrics record and one copy of each variable. */
+static size_t dsgd__ck_rec_floats(const dsgd_strategy *s) {
+    size_t n = DSGD__CK_REC_HEAD;
+    int i;
+    for (i = 0; i < s->num_vars; ++i) n += s->vars[i].count;
+    return n;
+}
+
+/* Multi-worker save: every worker learns that every worker's arguments
+   are good, the records are all-gathered, worker 0 (the chief, global
+   rank 0) writes the file, and every worker learns its result. */
+static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra,
+                                             const char *what, dsgd_result args) {
+    dsgd__ck_world cw;
+    dsgd_result r, mine = DSGD_OK;
+    size_t bytes = 0;
+    if ((r = dsgd__ck_verdict(s, args, what, path, "checking its arguments", "written")) != DSGD_OK) return r;
+    memset(&cw, 0, sizeof(cw));
+    cw.rec = dsgd__ck_rec_floats(s);
+    if (dsgd__mul_overflows(cw.rec, (size_t)s->world * sizeof(float), &bytes))
+        mine = dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: the variables are too large", what);
+    else if (!(cw.all = (float *)dsgd__alloc(s->ctx, bytes, what)))
+        mine = DSGD_ERR_OUT_OF_MEMORY;
+    if ((r = dsgd__ck_verdict(s, mine, what, path, "gathering the state", "written")) != DSGD_OK) {
+        DSGD_FREE(cw.all);
+        return r;
+    }
+    r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
+    if (r == DSGD_OK && s->first == 0) {
+        dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+        dsgd__ck_writer w;
+        int g;
+        dsgd__ckw_init(&w, s->ctx, what,
+                       dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
+        dsgd__ck_put_model(&w, opt->m);
+        dsgd__ck_put_params(&w, opt->m);
+        dsgd__ck_put_optimizer(&w, opt);
+        dsgd__ckw_begin(&w, "metrics");
+        dsgd__ckw_u32(&w, (uint32_t)s->world);
+        for (g = 0; g < s->world; ++g) {
+            dsgd__ck_mrec rec;
+            memcpy(&rec, cw.all + (size_t)g * cw.rec, sizeof(rec));
+            dsgd__ckw_mrec(&w, &rec);
+        }
+        dsgd__ckw_end(&w);
+        dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
+        dsgd__ck_put_extra(&w, extra);
+        if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
+            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+        mine = dsgd__ckw_commit(&w, path);
+    }
+    DSGD_FREE(cw.all);
+    if (r != DSGD_OK) return r;
+    return dsgd__ck_verdict(s, mine, what, path, "writing the checkpoint", "written");
 }
 
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
@@ -115,10 +279,9 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->world > s->n)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
-                                  "supported yet", what);
-    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
+    r = dsgd__ck_check_args(s->ctx, what, path, extra);
+    if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
+    if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     opt = dsgd__strategy_state_opt(s);
     dsgd__ckw_init(&w, s->ctx, what,
@@ -127,7 +290,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd__ck_put_params(&w, opt->m);
     dsgd__ck_put_optimizer(&w, opt);
     dsgd__ck_put_metrics(&w, models, s->n);
-    dsgd__ck_put_variables(&w, s);
+    dsgd__ck_put_variables(&w, s, NULL, 0);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
         dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
@@ -201,8 +364,9 @@ static dsgd_result dsgd__ck_check_variables(const dsgd__ck_file *f, const dsgd_s
     return DSGD_OK;
 }
 
-/* Writes the saved copies into the strategy's: as they are at the same
-   replica count, else as a cross-replica read and assignment (above). */
+/* Writes the saved copies into the strategy's (global replicas first ..
+   first + n - 1 of world): as they are at the same replica count, else as
+   a cross-replica read and assignment (above). */
 static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd__ck_var *in) {
     size_t i, count = v->count;
     uint32_t r;
@@ -210,8 +374,8 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
         memset(v->copies, 0, sizeof(float) * count * (size_t)s->n);
         return;
     }
-    if (in->copies == (uint32_t)s->n) {
-        dsgd__ck_copy_floats(v->copies, in->data, count * (size_t)s->n);
+    if (in->copies == (uint32_t)s->world) {
+        dsgd__ck_copy_floats(v->copies, in->data + (size_t)s->first * count * sizeof(float), count * (size_t)s->n);
         return;
     }
     dsgd__ck_copy_floats(v->copies, in->data, count); /* the saved copy 0 */
@@ -224,7 +388,7 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
                 acc += x;
             }
             value = (float)(v->agg == DSGD_AGG_MEAN ? acc / in->copies : acc);
-            v->copies[i] = v->agg == DSGD_AGG_SUM ? value / (float)s->n : value;
+            v->copies[i] = v->agg == DSGD_AGG_SUM ? value / (float)s->world : value;
         }
     for (r = 1; r < (uint32_t)s->n; ++r) memcpy(v->copies + (size_t)r * count, v->copies, sizeof(float) * count);
 }
@@ -249,31 +413,34 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
         rep->opt->t = st->t;
         rep->opt->last_norm = st->last_norm;
     }
-    if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n)) != DSGD_OK)
+    if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n, s->first, s->world)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
     return DSGD_OK;
 }
 
-/* Checks the parsed checkpoint f against s and extra, then restores it. */
-static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f,
-                                               const dsgd_checkpoint_extra *extra) {
+/* Checks the parsed checkpoint f against s and extra (r: DSGD_OK, or the
+   error that kept f from opening); across workers every worker then learns
+   whether every worker's checks passed; then it restores. */
+static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f, dsgd_result r,
+                                               const dsgd_checkpoint_extra *extra, const char *what,
+                                               const char *path) {
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
-    dsgd_result r;
     int i;
-    if ((r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
+    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
-                                            f->what);
-        models = dsgd__strategy_models(s, f->what);
+                                            what);
+        models = dsgd__strategy_models(s, what);
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
     }
-    if (r == DSGD_OK) { /* everything checked: now write */
+    if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
+    if (r == DSGD_OK) { /* everything checked (on every worker): now write */
         if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
             s->failed = 1;
             s->fail_step = st.opt.t;
-            s->fail_in = f->what;
+            s->fail_in = what;
             snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
@@ -291,11 +458,9 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->world > s->n)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
-                                  "supported yet", what);
-    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
-    if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__strategy_restore_from(s, &f, extra);
+    memset(&f, 0, sizeof(f));
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) == DSGD_OK) r = dsgd__ck_open(&f, s->ctx, what, path);
+    if (r == DSGD_OK || s->world > s->n) r = dsgd__strategy_restore_from(s, &f, r, extra, what, path);
     dsgd__ck_close(&f);
     return r;
 }

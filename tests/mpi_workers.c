@@ -20,6 +20,13 @@
      (Adam) relative;
    - hierarchical over fake nodes (ranks_per_node 2, at W = 4): equal to the
      ring within 1e-5 relative, and the same bits run to run;
+   - checkpoints: trained 4 steps, saved (the chief writes, every process
+     calls), trained 4 more: the weights are still the reference's; a new
+     multi-worker strategy restores the file on every process and trains
+     the last 4 steps to the same bits and the same metrics (exactly), and
+     so does a one-process MIRRORED strategy of K x P replicas restoring
+     the same file (its metrics within 1e-6: it sums them in another
+     order);
    - a process describing another optimizer (process 1's learning rate)
      makes creation fail on every process with DSGD_ERR_INVALID_ARGUMENT
      naming rank K, its first rank.
@@ -46,6 +53,7 @@ int main(void) {
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { IN = 12, OUT = 4, STEPS = 8, MAXB = 16, MAXW = 16, NP = IN * 10 + 10 + 10 * OUT + OUT };
 
@@ -282,6 +290,83 @@ static void hierarchical(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k, int 
     if (g_rank == 0) printf("mpi_workers: hierarchical (2 nodes of 2) vs ring: rel err %.3g, run to run identical\n", e);
 }
 
+/* Steps [from, to) of the sliced training. */
+static void train_steps(dsgd_ctx *ctx, dsgd_strategy *s, int from, int to, int w, const char *what) {
+    int step;
+    for (step = from; step < to; ++step)
+        CHECK(dsgd_strategy_train_step(s, g_x[step], g_y[step], count_of(step, w), NULL) == DSGD_OK, "%s step %d: %s",
+              what, step, dsgd_ctx_last_error(ctx));
+}
+
+/* Every local replica of s holds ref, bit for bit, and its metrics are mt
+   (NULL: not checked) within tol relative (0: bit for bit). */
+static void expect_bits(dsgd_ctx *ctx, dsgd_strategy *s, const float *ref, const dsgd_metrics *mt, double tol,
+                        const char *what, dsgd_metrics *out) {
+    dsgd_metrics m;
+    float p[NP];
+    int r;
+    CHECK(dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &m) == DSGD_OK, "%s metrics: %s", what,
+          dsgd_ctx_last_error(ctx));
+    if (mt)
+        CHECK(tol > 0 ? m.count == mt->count && fabs(m.loss_sum - mt->loss_sum) <= tol * mt->loss_sum &&
+                            fabs(m.correct - mt->correct) <= tol * mt->correct
+                      : !memcmp(&m, mt, sizeof(m)),
+              "%s: metrics %.9g %.9g %.0f, want %.9g %.9g %.0f", what, m.loss_sum,
+              m.correct, m.count, mt->loss_sum, mt->correct, mt->count);
+    if (out) *out = m;
+    for (r = 0; r < dsgd_strategy_num_replicas(s); ++r) {
+        dsgd_model_get_params(dsgd_strategy_model(s, r), p, NP);
+        CHECK(!memcmp(p, ref, sizeof(p)), "%s: local replica %d's weights differ from the reference", what, r);
+    }
+}
+
+/* Saved at step 4 by every process (the chief writes), restored by a new
+   multi-worker strategy on every process and by a one-process MIRRORED one. */
+static void checkpoint(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k, int w, const float *ref) {
+    dsgd_strategy_desc d = desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, k, eps);
+    dsgd_strategy *s = NULL;
+    dsgd_metrics mt;
+    char dir[64] = "/tmp/dsgd_mpi_workers_XXXXXX", path[96];
+    if (g_rank == 0 && !mkdtemp(dir)) dir[0] = '\0';
+    MPI_Bcast(dir, (int)sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (!dir[0]) {
+        CHECK(0, "checkpoint: mkdtemp failed");
+        return;
+    }
+    snprintf(path, sizeof(path), "%s/mw.ckpt", dir);
+    if (dsgd_strategy_create(ctx, &d, &s) != DSGD_OK) {
+        CHECK(0, "checkpoint create: %s", dsgd_ctx_last_error(ctx));
+        return;
+    }
+    train_steps(ctx, s, 0, 4, w, "saving run");
+    CHECK(dsgd_strategy_save(s, path, NULL) == DSGD_OK, "save: %s", dsgd_ctx_last_error(ctx));
+    train_steps(ctx, s, 4, STEPS, w, "saving run");
+    expect_bits(ctx, s, ref, NULL, 0.0, "the saving run", &mt);
+    dsgd_strategy_destroy(s);
+    if (dsgd_strategy_create(ctx, &d, &s) == DSGD_OK) {
+        CHECK(dsgd_strategy_restore(s, path, NULL) == DSGD_OK, "restore: %s", dsgd_ctx_last_error(ctx));
+        train_steps(ctx, s, 4, STEPS, w, "restored run");
+        expect_bits(ctx, s, ref, &mt, 0.0, "multi-worker restored", NULL);
+        dsgd_strategy_destroy(s);
+    } else {
+        CHECK(0, "checkpoint create: %s", dsgd_ctx_last_error(ctx));
+    }
+    d = desc(DSGD_STRATEGY_MIRRORED, w, NULL);
+    if (dsgd_strategy_create(ctx, &d, &s) == DSGD_OK) {
+        CHECK(dsgd_strategy_restore(s, path, NULL) == DSGD_OK, "one-process restore: %s", dsgd_ctx_last_error(ctx));
+        train_steps(ctx, s, 4, STEPS, w, "one-process restored run");
+        expect_bits(ctx, s, ref, &mt, 1e-6, "one process restored", NULL);
+        dsgd_strategy_destroy(s);
+    } else {
+        CHECK(0, "mirrored create: %s", dsgd_ctx_last_error(ctx));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0) {
+        remove(path);
+        rmdir(dir);
+    }
+}
+
 static void mismatch(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k) {
     dsgd_strategy_desc d = desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, k, eps);
     dsgd_strategy *s = NULL;
@@ -324,6 +409,7 @@ int main(int argc, char **argv) {
     join(ctx, eps, k, w);
     contract(ctx, eps, k, w);
     hierarchical(ctx, eps, k, w);
+    checkpoint(ctx, eps, k, w, ref);
     if (procs > 1) mismatch(ctx, eps, k);
     for (i = 0; i < k; ++i) eps[i].destroy(eps[i].impl);
     sums[0] = g_pass;

@@ -26,9 +26,20 @@
    - A label out of range on one worker fails that step on every replica of
      every worker, cleanly (that worker with its own error, the other with
      DSGD_ERR_ABORTED): both strategies stay usable and in step.
+   - Checkpoints across workers (RING, momentum): 2 workers x 2 replicas
+     save at step 5 (the chief writes); 2 x 2, 4 x 1 and 1 x 4 restore it
+     and train steps 5..9 to the very bits of the run never interrupted
+     (the weights on every replica; the metrics too for 2 x 2, within 1e-6
+     for the others, which sum them in another order), and 2 x 2 restores
+     what 1 x 4 saved to the same bits. 2 workers x 1 replica (another group
+     size) restore the step-5 weights exactly and the step-5 metrics
+     (summed into global replica 0) within 1e-6. A file missing on one
+     worker fails the restore on every worker (that one DSGD_ERR_IO, the
+     other naming rank 2), nothing is touched and both train on; a save
+     into a missing directory is DSGD_ERR_IO on every worker, the other
+     naming rank 0.
    - Misuse: no endpoints, non-contiguous ranks, MIRRORED over a larger
-     group, gradient_path DEVICE: DSGD_ERR_INVALID_ARGUMENT; a checkpoint
-     across workers: DSGD_ERR_UNSUPPORTED. */
+     group, gradient_path DEVICE: DSGD_ERR_INVALID_ARGUMENT. */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
@@ -95,7 +106,13 @@ typedef struct worker {
     float params[4][NP];   /* every local replica's */
     dsgd_metrics train;
     dsgd_result metrics_res;
-    dsgd_result save_res;  /* dsgd_strategy_save after the steps */
+    /* checkpoints: restore before training (restore_path), train steps
+       [first_step, last_step), save before step save_at (save_path) */
+    const char *restore_path, *save_path;
+    int first_step, last_step, save_at;
+    dsgd_result restore_res, save_res;
+    char restore_msg[1024], save_msg[1024];
+    float restored[NP], saved[NP]; /* replica 0's weights after the restore, at the save */
 } worker;
 
 /* Each replica's own shard (dsgd_batch_fn), from its global rank. */
@@ -113,6 +130,12 @@ static dsgd_result shard_fn(void *user, int replica, int n, dsgd_batch *out) {
     return DSGD_OK;
 }
 
+static void worker_save(worker *w, dsgd_strategy *s, dsgd_ctx *ctx) {
+    w->save_res = dsgd_strategy_save(s, w->save_path, NULL);
+    snprintf(w->save_msg, sizeof(w->save_msg), "%s", dsgd_ctx_last_error(ctx));
+    dsgd_model_get_params(dsgd_strategy_model(s, 0), w->saved, NP);
+}
+
 static void *worker_main(void *arg) {
     worker *w = (worker *)arg;
     dsgd_ctx *ctx = NULL;
@@ -126,8 +149,14 @@ static void *worker_main(void *arg) {
         dsgd_ctx_destroy(ctx);
         return NULL;
     }
-    for (step = 0; step < STEPS; ++step) {
+    if (w->restore_path) {
+        w->restore_res = dsgd_strategy_restore(s, w->restore_path, NULL);
+        snprintf(w->restore_msg, sizeof(w->restore_msg), "%s", dsgd_ctx_last_error(ctx));
+        dsgd_model_get_params(dsgd_strategy_model(s, 0), w->restored, NP);
+    }
+    for (step = w->first_step; step < w->last_step; ++step) {
         float y[W * MAXB];
+        if (w->save_path && step == w->save_at) worker_save(w, s, ctx);
         memcpy(y, g_y[step], sizeof(y));
         if (step == w->bad_label_step) y[0] = 99.0f; /* sample 0: replica 0's shard (worker 0) */
         if (w->use_fn) {
@@ -138,8 +167,8 @@ static void *worker_main(void *arg) {
             w->step_res[step] = dsgd_strategy_train_step(s, g_x[step], y, count_of(step), NULL);
         }
     }
+    if (w->save_path && w->save_at == w->last_step) worker_save(w, s, ctx);
     w->metrics_res = dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &w->train);
-    w->save_res = dsgd_strategy_save(s, "/tmp/dsgd_test_mirrored_workers_never_written.ckpt", NULL);
     for (r = 0; r < dsgd_strategy_num_replicas(s); ++r)
         dsgd_model_get_params(dsgd_strategy_model(s, r), w->params[r], NP);
     dsgd_strategy_destroy(s);
@@ -147,22 +176,24 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-/* Runs workers with `split` local replicas each (summing to W) over one hub. */
+/* Runs workers with `split` local replicas each over one hub of their sum
+   (W, or fewer). */
 static void run_workers(worker *ws, const int *split, int nw) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_loopback *hub = NULL;
     dsgd_transport_i eps[W];
     pthread_t th[W];
-    int i, first = 0;
-    TU_OK(ctx, dsgd_loopback_create(ctx, W, &hub));
-    for (i = 0; i < W; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    int i, first = 0, total = 0;
+    for (i = 0; i < nw; ++i) total += split[i];
+    assert_true(total >= 1 && total <= W);
+    TU_OK(ctx, dsgd_loopback_create(ctx, total, &hub));
+    for (i = 0; i < total; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
     for (i = 0; i < nw; ++i) {
         ws[i].eps = eps + first;
         ws[i].n = split[i];
         ws[i].d.num_replicas = split[i];
         first += split[i];
     }
-    assert_int_equal(first, W);
     for (i = 0; i < nw; ++i) assert_int_equal(pthread_create(&th[i], NULL, worker_main, &ws[i]), 0);
     for (i = 0; i < nw; ++i) pthread_join(th[i], NULL);
     dsgd_loopback_destroy(hub);
@@ -202,6 +233,7 @@ static void init_workers(worker *ws, int nw, dsgd_allreduce_algo algo, int use_f
         ws[i].d = base_desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, 1, algo);
         ws[i].use_fn = use_fn;
         ws[i].bad_label_step = -1;
+        ws[i].last_step = STEPS;
     }
 }
 
@@ -264,7 +296,6 @@ static void test_chief_weights(void **state) {
     for (r = 0; r < 2; ++r) {
         assert_int_equal(ws[r].create_res, DSGD_OK);
         assert_memory_equal(ws[1].params[r], ref, sizeof(ref));
-        assert_int_equal(ws[r].save_res, DSGD_ERR_UNSUPPORTED);
     }
     alarm(0);
 }
@@ -345,6 +376,146 @@ static void test_misuse(void **state) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* ------------------------------------------------------- checkpoints */
+
+/* Workers of `split`, RING, training steps [from, STEPS). */
+static void ck_init(worker *ws, const int *split, int nw, int from) {
+    int i;
+    (void)split;
+    init_workers(ws, nw, DSGD_ALLREDUCE_RING, 0);
+    for (i = 0; i < nw; ++i) ws[i].first_step = from;
+}
+
+static void ck_expect_ok(const worker *ws, int nw, int restored, int saved) {
+    int i, step;
+    for (i = 0; i < nw; ++i) {
+        if (ws[i].create_res != DSGD_OK) fail_msg("worker %d: %s", i, ws[i].create_msg);
+        if (restored && ws[i].restore_res != DSGD_OK) fail_msg("worker %d restore: %s", i, ws[i].restore_msg);
+        if (saved && ws[i].save_res != DSGD_OK) fail_msg("worker %d save: %s", i, ws[i].save_msg);
+        for (step = ws[i].first_step; step < ws[i].last_step; ++step) assert_int_equal(ws[i].step_res[step], DSGD_OK);
+        assert_int_equal(ws[i].metrics_res, DSGD_OK);
+    }
+}
+
+/* Every replica of every worker holds `want`, bit for bit, and the metrics
+   are `mt`: bit for bit in the saving run's layout (exact), else within
+   1e-6 (another layout sums them in another order). */
+static void ck_expect_bits(const worker *ws, const int *split, int nw, const float *want, const dsgd_metrics *mt,
+                           int exact, const char *what) {
+    int i, r;
+    for (i = 0; i < nw; ++i) {
+        for (r = 0; r < split[i]; ++r)
+            if (memcmp(ws[i].params[r], want, sizeof(float) * NP) != 0)
+                fail_msg("%s: worker %d replica %d differs from the run never interrupted (rel err %.3g)", what, i, r,
+                         tu_rel_err(ws[i].params[r], want, NP));
+        if (exact ? memcmp(&ws[i].train, mt, sizeof(*mt)) != 0
+                  : ws[i].train.count != mt->count || fabs(ws[i].train.loss_sum - mt->loss_sum) > 1e-6 * mt->loss_sum ||
+                        fabs(ws[i].train.correct - mt->correct) > 1e-6 * mt->correct)
+            fail_msg("%s: worker %d metrics %.9g %.9g %.9g, want %.9g %.9g %.9g", what, i, ws[i].train.loss_sum,
+                     ws[i].train.correct, ws[i].train.count, mt->loss_sum, mt->correct, mt->count);
+    }
+    printf("    %s: bitwise equal to the run never interrupted\n", what);
+}
+
+static void test_checkpoint_across_workers(void **state) {
+    static const int two_two[2] = {2, 2}, ones[4] = {1, 1, 1, 1}, four[1] = {4}, one_one[2] = {1, 1};
+    char dir[64], path[128], path4[128], bad[160];
+    worker a[2], b[4], m5[2];
+    dsgd_metrics mt;
+    int i;
+    (void)state;
+    arm();
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof(path), "%s/w.ckpt", dir);
+    snprintf(path4, sizeof(path4), "%s/one.ckpt", dir);
+    /* A: 2 x 2 train 0..9, saving before step 5 */
+    ck_init(a, two_two, 2, 0);
+    for (i = 0; i < 2; ++i) {
+        a[i].save_path = path;
+        a[i].save_at = 5;
+    }
+    run_workers(a, two_two, 2);
+    ck_expect_ok(a, 2, 0, 1);
+    mt = a[0].train;
+    assert_memory_equal(&a[1].train, &mt, sizeof(mt));
+    /* 2 x 2, 4 x 1 and 1 x 4 restore and train 5..9 */
+    ck_init(b, two_two, 2, 5);
+    for (i = 0; i < 2; ++i) b[i].restore_path = path;
+    run_workers(b, two_two, 2);
+    ck_expect_ok(b, 2, 1, 0);
+    ck_expect_bits(b, two_two, 2, a[0].params[0], &mt, 1, "2 x 2 saved, 2 x 2 restored");
+    ck_init(b, ones, 4, 5);
+    for (i = 0; i < 4; ++i) b[i].restore_path = path;
+    run_workers(b, ones, 4);
+    ck_expect_ok(b, 4, 1, 0);
+    ck_expect_bits(b, ones, 4, a[0].params[0], &mt, 0, "2 x 2 saved, 4 x 1 restored");
+    ck_init(b, four, 1, 5);
+    b[0].restore_path = path;
+    run_workers(b, four, 1);
+    ck_expect_ok(b, 1, 1, 0);
+    ck_expect_bits(b, four, 1, a[0].params[0], &mt, 0, "2 x 2 saved, 1 x 4 restored");
+    /* 1 x 4 saves (one process), 2 x 2 restores */
+    ck_init(b, four, 1, 0);
+    b[0].save_path = path4;
+    b[0].save_at = 5;
+    run_workers(b, four, 1);
+    ck_expect_ok(b, 1, 0, 1);
+    assert_memory_equal(b[0].saved, a[0].saved, sizeof(a[0].saved));
+    ck_init(b, two_two, 2, 5);
+    for (i = 0; i < 2; ++i) b[i].restore_path = path4;
+    run_workers(b, two_two, 2);
+    ck_expect_ok(b, 2, 1, 0);
+    ck_expect_bits(b, two_two, 2, a[0].params[0], &mt, 1, "1 x 4 saved, 2 x 2 restored");
+    /* another group size: 2 x 1 restore the weights exactly, the metrics summed */
+    ck_init(m5, two_two, 2, 0);
+    for (i = 0; i < 2; ++i) m5[i].last_step = 5;
+    run_workers(m5, two_two, 2);
+    ck_expect_ok(m5, 2, 0, 0);
+    ck_init(b, one_one, 2, 5);
+    for (i = 0; i < 2; ++i) {
+        b[i].restore_path = path;
+        b[i].last_step = 5; /* no steps: take the restored metrics */
+    }
+    run_workers(b, one_one, 2);
+    ck_expect_ok(b, 2, 1, 0);
+    for (i = 0; i < 2; ++i) {
+        assert_memory_equal(b[i].restored, a[0].saved, sizeof(a[0].saved));
+        assert_true(b[i].train.count == m5[0].train.count);
+        TU_NEAR(b[i].train.loss_sum, m5[0].train.loss_sum, 1e-6 * m5[0].train.loss_sum);
+        TU_NEAR(b[i].train.correct, m5[0].train.correct, 1e-6 * m5[0].train.correct + 1e-9);
+    }
+    printf("    2 x 2 saved, 2 x 1 restored: step-5 weights exact, metrics %.0f samples\n", b[0].train.count);
+    /* a file missing on worker 1: every worker fails, nothing touched, both train on */
+    snprintf(bad, sizeof(bad), "%s/missing.ckpt", dir);
+    ck_init(b, two_two, 2, 0);
+    b[0].restore_path = path;
+    b[1].restore_path = bad;
+    b[0].last_step = b[1].last_step = 2;
+    run_workers(b, two_two, 2);
+    assert_int_equal(b[0].restore_res, DSGD_ERR_IO);
+    assert_int_equal(b[1].restore_res, DSGD_ERR_IO);
+    if (!strstr(b[0].restore_msg, "rank 2 failed checking the checkpoint")) fail_msg("worker 0: %s", b[0].restore_msg);
+    if (!strstr(b[1].restore_msg, "missing.ckpt")) fail_msg("worker 1: %s", b[1].restore_msg);
+    for (i = 0; i < 2; ++i) assert_memory_equal(b[i].restored, b[0].restored, sizeof(b[0].restored));
+    assert_memory_not_equal(b[0].restored, a[0].saved, sizeof(a[0].saved)); /* untouched: the initial weights */
+    ck_expect_ok(b, 2, 0, 0);
+    printf("    missing on one worker: %s\n", b[0].restore_msg);
+    /* a save into a missing directory: every worker fails */
+    snprintf(bad, sizeof(bad), "%s/no/such/dir.ckpt", dir);
+    ck_init(b, two_two, 2, 0);
+    for (i = 0; i < 2; ++i) {
+        b[i].save_path = bad;
+        b[i].save_at = 1;
+        b[i].last_step = 2;
+    }
+    run_workers(b, two_two, 2);
+    for (i = 0; i < 2; ++i) assert_int_equal(b[i].save_res, DSGD_ERR_IO);
+    if (!strstr(b[1].save_msg, "rank 0 failed writing the checkpoint")) fail_msg("worker 1: %s", b[1].save_msg);
+    ck_expect_ok(b, 2, 0, 0);
+    tu_rmdir_files(dir);
+    alarm(0);
+}
+
 static int setup(void **state) {
     (void)state;
     make_data();
@@ -357,6 +528,7 @@ int main(void) {
         cmocka_unit_test(test_chief_weights),
         cmocka_unit_test(test_description_mismatch),
         cmocka_unit_test(test_agreed_failure),
+        cmocka_unit_test(test_checkpoint_across_workers),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
