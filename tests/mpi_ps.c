@@ -24,6 +24,11 @@
        same bits are expected (the servers sum the gradients in worker rank
        order, whatever the transport), and the weights must have moved.
        Each server's version is STEPS.
+     - SYNC resumed across processes: the same run in two sessions on new
+       transports; after the first half every rank saves its own file (a
+       server its shards), and the second session's ranks restore from
+       them: the chief's last pull equals the uninterrupted run's, bit for
+       bit, and each server's version is STEPS.
      - ASYNC. Under the rank layout, 2 workers push ASYNC_STEPS gradients
        each; each server's version and new pushes equal 2 x ASYNC_STEPS
        (every push applied once, whatever resends the deadline caused), and
@@ -221,9 +226,15 @@ typedef struct job {
     const dsgd_shard_map *map;
     const float *init;
     size_t np;
-    int steps;
+    int from, steps;       /* the workers' steps [from, steps) */
     MPI_Comm workers_comm; /* ASYNC over MPI: the chief pulls once every worker finished; else MPI_COMM_NULL */
+    const char *load_dir, *save_dir; /* checkpoints: each rank restores from, saves to, dir/rank<R>.ckpt */
+    int no_final_pull;     /* the chief finishes without its last pull (before a save) */
 } job;
+
+static void rank_path(char *dst, size_t cap, const char *dir, int rank) {
+    snprintf(dst, cap, "%s/rank%d.ckpt", dir, rank);
+}
 
 /* What one rank did. */
 typedef struct rank_out {
@@ -249,11 +260,20 @@ static dsgd_model_desc model_desc(void) {
    then pulls into out->final. The same code over MPI and the loopback. */
 static void run_rank(dsgd_ctx *ctx, const dsgd_transport_i *t, const job *j, rank_out *o) {
     int P = j->pd.num_servers, W = j->pd.num_workers;
+    char path[256];
     o->r = DSGD_OK;
     if (t->rank < P) {
         dsgd_ps_server *s = NULL;
         o->r = dsgd_ps_server_create(ctx, t, &j->pd, j->map, j->init, &s);
+        if (o->r == DSGD_OK && j->load_dir) {
+            rank_path(path, sizeof(path), j->load_dir, t->rank);
+            o->r = dsgd_ps_server_restore(s, path);
+        }
         if (o->r == DSGD_OK) o->r = dsgd_ps_server_serve(s);
+        if (o->r == DSGD_OK && j->save_dir) {
+            rank_path(path, sizeof(path), j->save_dir, t->rank);
+            o->r = dsgd_ps_server_save(s, path);
+        }
         dsgd_ps_server_get_stats(s, &o->st);
         dsgd_ps_server_destroy(s);
     } else {
@@ -264,7 +284,11 @@ static void run_rank(dsgd_ctx *ctx, const dsgd_transport_i *t, const job *j, ran
         if (!buf) o->r = DSGD_ERR_OUT_OF_MEMORY;
         if (o->r == DSGD_OK) o->r = dsgd_model_create(ctx, &j->md, &m);
         if (o->r == DSGD_OK) o->r = dsgd_ps_worker_create(ctx, t, &j->pd, j->map, &pw);
-        for (k = 0; k < j->steps && o->r == DSGD_OK; ++k) {
+        if (o->r == DSGD_OK && j->load_dir) {
+            rank_path(path, sizeof(path), j->load_dir, t->rank);
+            o->r = dsgd_ps_worker_restore(pw, path);
+        }
+        for (k = j->from; k < j->steps && o->r == DSGD_OK; ++k) {
             int b = w + k * W;
             for (i = 0; i < BATCH; ++i) {
                 int n = (b * BATCH + i) % SAMPLES;
@@ -277,12 +301,16 @@ static void run_rank(dsgd_ctx *ctx, const dsgd_transport_i *t, const job *j, ran
             if ((o->r = dsgd_model_get_grads(m, buf, j->np)) != DSGD_OK) break;
             o->r = dsgd_ps_worker_push(pw, buf);
         }
-        if (o->r == DSGD_OK && w != 0) o->r = dsgd_ps_worker_finish(pw);
+        if (o->r == DSGD_OK && (w != 0 || j->no_final_pull)) o->r = dsgd_ps_worker_finish(pw);
         if (j->workers_comm != MPI_COMM_NULL) MPI_Barrier(j->workers_comm);
-        if (o->r == DSGD_OK && w == 0) {
+        if (o->r == DSGD_OK && w == 0 && !j->no_final_pull) {
             memcpy(o->final, j->init, sizeof(float) * j->np);
             o->r = dsgd_ps_worker_pull(pw, o->final);
             if (o->r == DSGD_OK) o->r = dsgd_ps_worker_finish(pw);
+        }
+        if (o->r == DSGD_OK && j->save_dir) {
+            rank_path(path, sizeof(path), j->save_dir, t->rank);
+            o->r = dsgd_ps_worker_save(pw, path);
         }
         dsgd_ps_worker_destroy(pw);
         dsgd_model_destroy(m);
@@ -349,6 +377,67 @@ static double set_loss(dsgd_ctx *ctx, const float *p, size_t n) {
         loss = mt.loss_sum / mt.count;
     dsgd_model_destroy(m);
     return loss;
+}
+
+/* SYNC in two sessions, each on a new transport: STEPS / 2 steps, after
+   which every rank saves its own file (each server its shards, in its own
+   process), then new servers and workers restored from their files run
+   the other half. The chief's last pull equals the uninterrupted run's
+   (want), bit for bit, and each server's version is STEPS. */
+static void test_resume(dsgd_ctx *ctx, const job *full, const dsgd_mpi_ps_role *role, const float *want) {
+    char dir[64] = "/tmp/dsgd_mpi_ps_XXXXXX", path[256];
+    job half[2];
+    rank_out o;
+    dsgd_mpi_desc mdsc;
+    dsgd_transport_i ep;
+    float *final = (float *)malloc(sizeof(float) * full->np);
+    int k;
+    if (!final) dsgd_mpi_abort(1);
+    if (g_rank == 0 && !mkdtemp(dir)) dir[0] = '\0';
+    MPI_Bcast(dir, (int)sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (!check(dir[0] != '\0', "resume: mkdtemp failed")) {
+        free(final);
+        return;
+    }
+    half[0] = half[1] = *full;
+    half[0].steps = STEPS / 2;
+    half[0].save_dir = dir;
+    half[0].no_final_pull = 1;
+    half[1].from = STEPS / 2;
+    half[1].load_dir = dir;
+    for (k = 0; k < 2; ++k) {
+        memset(&o, 0, sizeof(o));
+        o.final = final;
+        memset(&mdsc, 0, sizeof(mdsc));
+        mdsc.comm = role->comm;
+        if (!check(dsgd_mpi_transport_create(ctx, &mdsc, &ep) == DSGD_OK, "resume: transport: %s",
+                   dsgd_ctx_last_error(ctx)))
+            dsgd_mpi_abort(1);
+        run_rank(ctx, &ep, &half[k], &o);
+        ep.destroy(ep.impl);
+        if (!check(o.r == DSGD_OK, "resume, session %d: %s %d: %s", k + 1, role->is_server ? "server" : "worker",
+                   role->index, o.msg))
+            dsgd_mpi_abort(1);
+    }
+    if (role->is_server)
+        check(o.st.version == STEPS, "resume: server %d version %lld, expected %d", role->index,
+              (long long)o.st.version, STEPS);
+    if (role->is_chief) {
+        size_t i, diff = 0;
+        for (i = 0; i < full->np; ++i) diff += memcmp(&final[i], &want[i], sizeof(float)) != 0;
+        check(diff == 0, "resume: %zu of %zu floats differ from the uninterrupted run", diff, full->np);
+        printf("  SYNC resumed: %d + %d steps, every rank restored from its own file in its own process: %zu floats "
+               "differ from %d steps never interrupted\n", STEPS / 2, STEPS - STEPS / 2, diff, STEPS);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0) {
+        for (k = 0; k < NP; ++k) {
+            rank_path(path, sizeof(path), dir, k);
+            remove(path);
+        }
+        rmdir(dir);
+    }
+    free(final);
 }
 
 /* One run over MPI under the roles TF_CONFIG (or the layout) gives. */
@@ -445,6 +534,7 @@ static void test_train(dsgd_ctx *ctx, dsgd_ps_policy policy) {
     }
     fflush(stdout);
     ep.destroy(ep.impl);
+    if (policy == DSGD_PS_SYNC) test_resume(ctx, &j, &role, final);
     if (j.workers_comm != MPI_COMM_NULL) MPI_Comm_free(&j.workers_comm);
     dsgd_mpi_ps_role_free(&role);
     dsgd_shard_map_destroy(map);
