@@ -59,9 +59,10 @@ typedef enum dsgd_allreduce_algo {
                                  64 MiB at N = 2 and 4, and 1.05-6x the
                                  native hook's at 64 KiB and up
                                  (bench/allreduce_mpi.c, 2 CPUs)
+         several nodes           HIERARCHICAL (the node layout L, from
+                                 dsgd_comm_desc.ranks_per_node or the
+                                 transport's, with 1 < L < N)
          native hook present     the transport's allreduce
-         several nodes           HIERARCHICAL (dsgd_comm_desc.ranks_per_node
-                                 L with 1 < L < N)
          share/unshare present   DIRECT (the loopback): fastest or close to it
                                  at every size and N = 2..8 measured, and the
                                  least hurt by a busy machine, having no
@@ -142,9 +143,12 @@ typedef struct dsgd_comm_desc {
                            not depend on it. */
     int ranks_per_node; /* the node layout for DSGD_ALLREDUCE_HIERARCHICAL: ranks
                            node*L .. node*L + L - 1 share a node; L must divide
-                           the size. 0: one node. Must be equal on all ranks
-                           (checked: DSGD_ERR_DESYNC otherwise). On one machine
-                           it fakes nodes, for tests and the simulated cluster */
+                           the size. 0: the transport's layout
+                           (dsgd_transport_i.ranks_per_node) when it has one
+                           that divides the size, else one node. Must be equal
+                           on all ranks (checked: DSGD_ERR_DESYNC otherwise).
+                           On one machine it fakes nodes, for tests and the
+                           simulated cluster */
 } dsgd_comm_desc;
 
 typedef struct dsgd_comm dsgd_comm;
@@ -361,7 +365,12 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     c->size = t->size;
     c->timeout = timeout;
     c->piece = piece;
-    c->node_ranks = desc && desc->ranks_per_node ? desc->ranks_per_node : t->size;
+    if (desc && desc->ranks_per_node)
+        c->node_ranks = desc->ranks_per_node;
+    else if (t->ranks_per_node > 0 && t->size % t->ranks_per_node == 0)
+        c->node_ranks = t->ranks_per_node;
+    else
+        c->node_ranks = t->size;
     c->root = -1;
     *out = c;
     return DSGD_OK;
@@ -386,8 +395,8 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *c, size_t co
     size_t bytes = count * sizeof(float);
     if (!c || c->size == 1) return DSGD_ALLREDUCE_RING; /* nothing is exchanged */
     if (c->t.share_window && c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
-    if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
     if (c->node_ranks > 1 && c->node_ranks < c->size) return DSGD_ALLREDUCE_HIERARCHICAL;
+    if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
     if (c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
     if (bytes <= DSGD__AUTO_RD_MAX) return DSGD_ALLREDUCE_RECURSIVE_DOUBLING;
     if (dsgd__is_pow2(c->size) && bytes <= DSGD__AUTO_HD_MAX) return DSGD_ALLREDUCE_HALVING_DOUBLING;

@@ -189,7 +189,9 @@ typedef struct dsgd_strategy_desc {
                                        choice of it), dsgd_comm_desc.ranks_per_node:
                                        global ranks node*L .. node*L + L - 1 share
                                        a node; L divides the replicas in sync.
-                                       0: one node */
+                                       0: the endpoints' layout (the MPI
+                                       transport's, from MPI_Comm_split_type),
+                                       else one node */
 } dsgd_strategy_desc;
 
 /* What one training step did. */

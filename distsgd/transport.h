@@ -158,6 +158,13 @@ typedef struct dsgd_transport_i {
        itself (the ranks share an address space). The MPI transport's
        windows are MPI_Win_allocate_shared segments. */
     void *(*share_window)(void *impl, size_t *bytes);
+    /* optional: the node layout the transport found, L: ranks node*L ..
+       node*L + L - 1 share a node (the MPI transport reads it from
+       MPI_Comm_split_type when every node holds L consecutive ranks). 0:
+       unknown or irregular. A communicator created with ranks_per_node 0
+       takes it (see dsgd_comm_desc), so AUTO picks HIERARCHICAL across
+       nodes. */
+    int ranks_per_node;
 } dsgd_transport_i;
 
 #ifdef __cplusplus

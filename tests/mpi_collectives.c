@@ -988,6 +988,9 @@ static int mode_local(dsgd_ctx *ctx, int K) {
                   (K == 1) == (g.ep[j].share_window != NULL),
               "K=%d: endpoint %d: rank %d size %d (the native hook and the window only with K = 1)", K, j,
               g.ep[j].rank, g.ep[j].size);
+        /* every process on this one machine: one node of n ranks */
+        check(g.ep[j].ranks_per_node == n, "K=%d: endpoint %d: ranks_per_node %d, expected %d (one node)", K, j,
+              g.ep[j].ranks_per_node, n);
         if (dsgd_ctx_create(NULL, &g.ctx[j]) != DSGD_OK || dsgd_comm_create(g.ctx[j], &g.ep[j], NULL, &g.comm[j]) != DSGD_OK)
             MPI_Abort(MPI_COMM_WORLD, 2);
     }

@@ -1359,6 +1359,82 @@ static void test_auto_choice(void **state) {
     group_free(&m3);
 }
 
+/* Re-creates g's communicators over its endpoints with the transport's
+   node layout (dsgd_transport_i.ranks_per_node) L, a native hook when
+   native, and desc. */
+static void regroup(group *g, int L, int native, const dsgd_comm_desc *desc) {
+    int r;
+    for (r = 0; r < g->n; ++r) {
+        dsgd_comm_destroy(g->comm[r]);
+        g->ep[r].ranks_per_node = L;
+        g->ep[r].allreduce = native ? fake_native : NULL;
+        assert_int_equal(dsgd_comm_create(g->ctx[r], &g->ep[r], desc, &g->comm[r]), DSGD_OK);
+    }
+}
+
+/* The transport's node layout: a communicator created with ranks_per_node
+   0 takes it, so AUTO picks HIERARCHICAL (before a native hook) and runs
+   it, with its bits; a layout that does not divide the size, or the whole
+   group, is one node; the desc's layout wins over the transport's. */
+static void test_transport_layout(void **state) {
+    enum { N = 4, COUNT = 1001 };
+    group g, h;
+    dsgd_comm_desc d;
+    job jb;
+    worker w[MAXN];
+    float **a = alloc_bufs(N, COUNT), **b = alloc_bufs(N, COUNT);
+    int r;
+    (void)state;
+    watchdog(60);
+    memset(&d, 0, sizeof(d));
+    group_init(&g, N, NULL, 0);
+    regroup(&g, 2, 0, NULL);
+    assert_int_equal(dsgd_allreduce_choose(g.comm[0], 1024), DSGD_ALLREDUCE_HIERARCHICAL);
+    regroup(&g, 2, 1, NULL);
+    assert_int_equal(dsgd_allreduce_choose(g.comm[0], 1024), DSGD_ALLREDUCE_HIERARCHICAL);
+    regroup(&g, 3, 1, NULL); /* does not divide 4: one node */
+    assert_int_equal(dsgd_allreduce_choose(g.comm[0], 1024), DSGD_ALLREDUCE_AUTO);
+    regroup(&g, N, 0, NULL); /* every rank on one node */
+    assert_int_equal(dsgd_allreduce_choose(g.comm[0], 1024), DSGD_ALLREDUCE_DIRECT);
+    d.ranks_per_node = N;    /* the desc wins */
+    regroup(&g, 2, 0, &d);
+    assert_int_equal(dsgd_allreduce_choose(g.comm[0], 1024), DSGD_ALLREDUCE_DIRECT);
+    /* AUTO over the transport's layout = HIERARCHICAL over the desc's, bit for bit */
+    regroup(&g, 2, 0, NULL);
+    d.ranks_per_node = 2;
+    group_init(&h, N, &d, 0);
+    job_init(&jb, J_ALLREDUCE, COUNT);
+    jb.op = DSGD_REDUCE_MEAN;
+    jb.timeout = 10.0;
+    for (r = 0; r < N; ++r) {
+        fill_inputs(a[r], 31, r, COUNT);
+        fill_inputs(b[r], 31, r, COUNT);
+    }
+    jb.algo = DSGD_ALLREDUCE_AUTO;
+    run_job(&g, &jb, a, w);
+    assert_all_ok(&g, w, "AUTO over the transport's layout");
+    jb.algo = DSGD_ALLREDUCE_HIERARCHICAL;
+    run_job(&h, &jb, b, w);
+    assert_all_ok(&h, w, "HIERARCHICAL over the desc's layout");
+    for (r = 0; r < N; ++r) assert_memory_equal(a[r], b[r], COUNT * sizeof(float));
+    {   /* and it is the mean: against a serial double sum */
+        float **in = alloc_bufs(N, COUNT);
+        size_t i;
+        for (r = 0; r < N; ++r) fill_inputs(in[r], 31, r, COUNT);
+        for (i = 0; i < COUNT; ++i) {
+            double m = 0.0;
+            for (r = 0; r < N; ++r) m += in[r][i];
+            m /= N;
+            if (fabs(a[0][i] - m) > 1e-6 * (1.0 + fabs(m))) fail_msg("element %zu: %.9g, mean %.9g", i, a[0][i], m);
+        }
+        free_bufs(in, N);
+    }
+    free_bufs(a, N);
+    free_bufs(b, N);
+    group_free(&g);
+    group_free(&h);
+}
+
 /* HIERARCHICAL: L ranks per node (dsgd_comm_desc.ranks_per_node) and M
    nodes, every op at small and odd counts, against the reference and the
    same bits on every rank; AUTO picks it; one node or one rank per node is
@@ -1459,6 +1535,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_single_rank),
         cmocka_unit_test(test_auto_choice),
+        cmocka_unit_test(test_transport_layout),
         cmocka_unit_test(test_native_hook),
         cmocka_unit_test(test_allreduce_small),
         cmocka_unit_test(test_allreduce_large),

@@ -102,6 +102,19 @@
      are NULL. destroy frees the window (MPI_Win_free, which waits for
      every rank of the node: destroy on every rank, as the communicator).
 
+   NODES
+
+     Creation also reads the node layout (MPI_Comm_split_type with
+     MPI_COMM_TYPE_SHARED): when every node holds the same number P of
+     processes, at consecutive ranks, the endpoints' ranks_per_node is P x
+     count (count endpoints per process), so a communicator over them knows
+     which ranks share a node and AUTO picks DSGD_ALLREDUCE_HIERARCHICAL
+     when there are several (on one node, P x count is the group's size:
+     one node). Any other layout gives 0 (one node assumed); a program may
+     then map its processes so, or pass dsgd_comm_desc.ranks_per_node
+     (dsgd_strategy_desc.ranks_per_node), which also fakes nodes on one
+     machine for tests.
+
    THE NATIVE ALL-REDUCE
 
      OpenMPI 4.1's MPI_Iallreduce (libnbc) is 2-7x slower than its blocking
@@ -1325,6 +1338,24 @@ static dsgd_result dsgd_mpi__window_create(dsgd_ctx *ctx, const char *fn, dsgd_m
     return DSGD_OK;
 }
 
+/* The node layout, collective over comm: P when every node
+   (MPI_Comm_split_type, MPI_COMM_TYPE_SHARED) holds P processes at
+   consecutive ranks starting at a multiple of P; 0 otherwise, or when MPI
+   fails. Every process reaches the same answer. */
+static int dsgd_mpi__node_layout(MPI_Comm comm, int proc) {
+    MPI_Comm node = MPI_COMM_NULL;
+    int nsize = 0, nrank = -1, mine[3], all[3] = {0, 0, 0}, rc;
+    rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(node, &nsize);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(node, &nrank);
+    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+    mine[0] = rc == MPI_SUCCESS && nsize > 0 && nrank == proc % nsize; /* consecutive, aligned */
+    mine[1] = nsize;  /* the smallest node */
+    mine[2] = -nsize; /* the largest */
+    if (MPI_Allreduce(mine, all, 3, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) return 0;
+    return all[0] == 1 && all[1] == -all[2] ? nsize : 0;
+}
+
 /* >>mpi probe -------------------------------------------------------------- */
 
 static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
@@ -1567,7 +1598,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
     MPI_Comm base;
     dsgd_mpi__shared *sh;
     dsgd_result r;
-    int provided, proc = 0, procs = 0, j, rc, share_lines;
+    int provided, proc = 0, procs = 0, j, rc, share_lines, node_procs;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
@@ -1605,6 +1636,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         dsgd_mpi__release(sh);
         return r;
     }
+    node_procs = dsgd_mpi__node_layout(sh->comm, proc);
     if ((double)procs * count > 2147483647.0) {
         dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d processes x %d endpoints is more ranks than "
@@ -1654,6 +1686,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         out[j].set_progress = NULL;
         out[j].peer_progress = NULL;
         out[j].probe = dsgd_mpi__probe;
+        out[j].ranks_per_node = node_procs * count;
     }
     dsgd_mpi__release(sh); /* the endpoints hold it now */
     return DSGD_OK;
