@@ -14,12 +14,24 @@
    sum_bw, and the machine-readable frac uses the higher of the two limits
    (the stricter). Reductions are SUM over floats, as in bench/allreduce_mpi.c.
 
-   Usage: allreduce [-n 2,4,8] [-s 4K,64M] [-a auto,ring,...] [-p] [-q]
+   With -f it measures instead what the agreement (the collectives'
+   fingerprints, see distsgd/collectives.h) costs: recursive doubling and
+   the ring at each N and size, three ways interleaved batch by batch, each
+   on its own communicator over the same hub: "none" (the agreement
+   skipped, the communicator's benchmark-only no_agree: no desync
+   detection), "rounds" (the agreement as its own rounds first: the
+   endpoints without sendrecv_upto) and "folded" (the default: the
+   agreement's rounds carry the algorithm's first exchanges). It prints
+   the median batch of each and the ratios to "none":
+     FINGERPRINT n=2 bytes=4096 algo=rd none_us=... rounds_us=... folded_us=... rounds_ratio=... folded_ratio=...
+
+   Usage: allreduce [-n 2,4,8] [-s 4K,64M] [-a auto,ring,...] [-p] [-q] [-f]
      -n  rank counts (default 2,4,8)
      -s  sizes in bytes with K/M suffixes (default 4K 16K 64K 256K 1M 4M 16M 64M)
      -a  algorithms: auto ring hd rb rd direct (default all)
      -p  pin rank r's thread to CPU r % CPUs (Linux)
      -q  quick: fewer repeats
+     -f  the fingerprints' cost (above), instead of the algorithms' table
      -S  spin time of a waiting rank in microseconds (default: the loopback's)
      -P  piece size of the pipelined algorithms, e.g. 256K (default: the communicator's)
    Besides the table, every measurement prints one machine-readable line:
@@ -204,6 +216,124 @@ fail:
     return NULL;
 }
 
+static void human(size_t bytes, char *dst, size_t cap);
+
+/* ---------------------------------------------------------------- -f: the fingerprints */
+
+enum { FP_NONE, FP_ROUNDS, FP_FOLDED, FP_MODES };
+static const char *const FP_NAMES[FP_MODES] = {"none", "rounds", "folded"};
+static const dsgd_allreduce_algo FP_ALGOS[2] = {DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_RING};
+static const char *const FP_FLAGS[2] = {"rd", "ring"};
+
+typedef struct fp_arg {
+    const plan *pl;
+    int rank;
+    dsgd_ctx *ctx;
+    dsgd_comm *comm[FP_MODES];
+    float *buf;
+    double times[MAX_SIZES][2][FP_MODES][MAX_BATCHES];
+    int batches[MAX_SIZES];
+    int failed;
+} fp_arg;
+
+static void *fp_thread(void *p) {
+    fp_arg *a = (fp_arg *)p;
+    const plan *pl = a->pl;
+    int si, ai, b, m, it;
+    if (pl->pin) pin_to((int)(a->rank % pl->ncpu));
+    for (si = 0; si < pl->num_sizes; ++si) {
+        size_t count = pl->sizes[si] / sizeof(float);
+        int iters = iters_for(pl->sizes[si]), batches = 2 * batches_for(pl->sizes[si], pl->quick) + 1;
+        if (batches > MAX_BATCHES) batches = MAX_BATCHES;
+        a->batches[si] = batches;
+        for (ai = 0; ai < 2; ++ai)
+            for (b = -1; b < batches; ++b) /* batch -1 warms up; the modes take turns */
+                for (m = 0; m < FP_MODES; ++m) {
+                    double t0;
+                    if (dsgd_barrier(a->comm[FP_FOLDED], 0) != DSGD_OK) goto fail;
+                    t0 = dsgd_now();
+                    for (it = 0; it < iters; ++it)
+                        if (dsgd_allreduce(a->comm[m], a->buf, count, DSGD_REDUCE_SUM, FP_ALGOS[ai], 0) != DSGD_OK)
+                            goto fail;
+                    if (b >= 0) a->times[si][ai][m][b] = (dsgd_now() - t0) / iters;
+                }
+    }
+    return NULL;
+fail:
+    fprintf(stderr, "rank %d: %s\n", a->rank, dsgd_ctx_last_error(a->ctx));
+    a->failed = 1;
+    return NULL;
+}
+
+static int run_fingerprints(plan *pl, int n) {
+    static fp_arg args[MAX_N];
+    pthread_t th[MAX_N];
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub;
+    size_t maxbytes = 0;
+    int r, si, ai, m, failed = 0;
+    for (si = 0; si < pl->num_sizes; ++si)
+        if (pl->sizes[si] > maxbytes) maxbytes = pl->sizes[si];
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK || dsgd_loopback_create(ctx, n, &hub) != DSGD_OK) {
+        fprintf(stderr, "cannot create the loopback hub\n");
+        return 1;
+    }
+    dsgd_loopback_set_spin(hub, pl->spin_s);
+    for (r = 0; r < n; ++r) {
+        dsgd_transport_i t;
+        memset(&args[r], 0, sizeof(args[r]));
+        args[r].pl = pl;
+        args[r].rank = r;
+        if (dsgd_ctx_create(NULL, &args[r].ctx) != DSGD_OK || dsgd_loopback_endpoint(hub, r, &t) != DSGD_OK) return 1;
+        for (m = 0; m < FP_MODES; ++m) {
+            dsgd_transport_i tm = t;
+            if (m == FP_ROUNDS) tm.sendrecv_upto = NULL;
+            if (dsgd_comm_create(args[r].ctx, &tm, NULL, &args[r].comm[m]) != DSGD_OK) return 1;
+        }
+        args[r].comm[FP_NONE]->no_agree = 1; /* benchmarks only: no desync detection */
+        if (!(args[r].buf = (float *)malloc(maxbytes))) return 1;
+        memset(args[r].buf, 0, maxbytes);
+    }
+    for (r = 0; r < n; ++r) pthread_create(&th[r], NULL, fp_thread, &args[r]);
+    for (r = 0; r < n; ++r) {
+        pthread_join(th[r], NULL);
+        failed |= args[r].failed;
+    }
+    printf("\nN = %d ranks: the fingerprints' cost (median batch, the slowest rank's; ratio to none)\n", n);
+    printf("%8s %-20s %10s %10s %10s %8s %8s\n", "size", "algorithm", "none_us", "rounds_us", "folded_us", "rounds", "folded");
+    for (si = 0; si < pl->num_sizes && !failed; ++si)
+        for (ai = 0; ai < 2; ++ai) {
+            double t[FP_MODES];
+            char hs[16];
+            int nb = args[0].batches[si], b;
+            for (m = 0; m < FP_MODES; ++m) {
+                double per_batch[MAX_BATCHES];
+                for (b = 0; b < nb; ++b) {
+                    per_batch[b] = 0;
+                    for (r = 0; r < n; ++r)
+                        if (args[r].times[si][ai][m][b] > per_batch[b]) per_batch[b] = args[r].times[si][ai][m][b];
+                }
+                qsort(per_batch, (size_t)nb, sizeof(double), bench_cmp_double);
+                t[m] = per_batch[nb / 2];
+            }
+            human(pl->sizes[si], hs, sizeof(hs));
+            printf("%8s %-20s %10.2f %10.2f %10.2f %7.2fx %7.2fx\n", hs, dsgd_allreduce_algo_name(FP_ALGOS[ai]),
+                   t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, t[1] / t[0], t[2] / t[0]);
+            printf("FINGERPRINT n=%d bytes=%zu algo=%s %s_us=%.3f %s_us=%.3f %s_us=%.3f rounds_ratio=%.3f "
+                   "folded_ratio=%.3f\n", n, pl->sizes[si], FP_FLAGS[ai], FP_NAMES[0], t[0] * 1e6, FP_NAMES[1],
+                   t[1] * 1e6, FP_NAMES[2], t[2] * 1e6, t[1] / t[0], t[2] / t[0]);
+        }
+    fflush(stdout);
+    for (r = 0; r < n; ++r) {
+        for (m = 0; m < FP_MODES; ++m) dsgd_comm_destroy(args[r].comm[m]);
+        dsgd_ctx_destroy(args[r].ctx);
+        free(args[r].buf);
+    }
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    return failed;
+}
+
 static void human(size_t bytes, char *dst, size_t cap) {
     if (bytes >= ((size_t)1 << 20)) snprintf(dst, cap, "%zuM", bytes >> 20);
     else if (bytes >= 1024) snprintf(dst, cap, "%zuK", bytes >> 10);
@@ -316,7 +446,7 @@ static size_t parse_size(const char *s) {
 
 int main(int argc, char **argv) {
     static plan pl;
-    int ns[16] = {2, 4, 8}, num_n = 3, i, k, status = 0;
+    int ns[16] = {2, 4, 8}, num_n = 3, i, k, status = 0, fingerprints = 0;
     memset(&pl, 0, sizeof(pl));
     pl.ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (pl.ncpu < 1) pl.ncpu = 1;
@@ -326,6 +456,7 @@ int main(int argc, char **argv) {
     for (k = 0; k < NUM_ALGOS; ++k) pl.algo_on[k] = 1;
     for (i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "-q")) pl.quick = 1;
+        else if (!strcmp(argv[i], "-f")) fingerprints = 1;
         else if (!strcmp(argv[i], "-S") && i + 1 < argc) pl.spin_s = atof(argv[++i]) * 1e-6;
         else if (!strcmp(argv[i], "-P") && i + 1 < argc) pl.piece_bytes = parse_size(argv[++i]);
         else if (!strcmp(argv[i], "-p")) pl.pin = 1;
@@ -344,11 +475,11 @@ int main(int argc, char **argv) {
                         if (!strcmp(tok, ALGOS[k].flag)) pl.algo_on[k] = 1;
             }
         } else {
-            fprintf(stderr, "usage: %s [-n 2,4,8] [-s 4K,64M] [-a auto,ring,hd,rb,rd,direct] [-p] [-q] [-S us] [-P bytes]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-n 2,4,8] [-s 4K,64M] [-a auto,ring,hd,rb,rd,direct] [-p] [-q] [-f] [-S us] [-P bytes]\n", argv[0]);
             return 2;
         }
     }
     printf("all-reduce over the loopback transport (float SUM), %ld CPUs\n", pl.ncpu);
-    for (i = 0; i < num_n; ++i) status |= run_n(&pl, ns[i]);
+    for (i = 0; i < num_n; ++i) status |= fingerprints ? run_fingerprints(&pl, ns[i]) : run_n(&pl, ns[i]);
     return status;
 }

@@ -26,11 +26,17 @@
      the ranks are in collectives of different numbers). So no collective
      returns DSGD_OK unless every rank agreed, and none touches memory
      outside the caller's count. Cost: DIRECT publishes the description
-     beside the buffer it already shares (free); the message-passing
-     algorithms and a native hook first run ceil(log2 N) rounds of 144-byte
-     messages (a few microseconds on the loopback, see bench/allreduce.c).
-     Ranks that call different all-reduce algorithms, one of them DIRECT,
-     do not meet in the agreement: they time out instead.
+     beside the buffer it already shares (free). Message passing runs
+     ceil(log2 N) rounds of small messages (the range of fingerprints seen
+     so far); over a transport with sendrecv_upto (the loopback) those
+     rounds also carry the algorithm's first exchanges, so the fingerprints
+     ride with the first message: recursive doubling at N a power of two
+     (up to 4096 floats) pays nothing for them, and the ring, reduce-scatter
+     and all-gather one round fewer (none at N = 2); see >>fold. Otherwise
+     (and for the native hook, broadcast and the barrier) the rounds come
+     first: a few microseconds on the loopback (bench/allreduce.c -q prints
+     the cost). Ranks that call different all-reduce algorithms, one of
+     them DIRECT, do not meet in the agreement: they time out instead.
 
      Determinism: each algorithm reduces every element in a fixed order that
      depends only on (algorithm, N, count), not on timing or the piece size,
@@ -243,7 +249,9 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
                                     double timeout_s);
 /* Returns once every rank has entered the barrier: the agreement alone
-   (dissemination, ceil(log2 N) rounds of 144-byte messages). A rank in
+   (ceil(log2 N) rounds of messages of 144 bytes, 152 over sendrecv_upto,
+   in the dissemination's pattern; over sendrecv_upto at N a power of two,
+   the butterfly's). A rank in
    another collective makes it DSGD_ERR_DESYNC on every rank.
    Errors: as dsgd_allgather (no buffer).
    Thread safety: as dsgd_allreduce. */
@@ -297,6 +305,9 @@ struct dsgd_comm {
     double deadline, span;
     float *scratch;
     size_t scratch_cap; /* floats */
+    unsigned char *fold; /* the agreement's messages over sendrecv_upto: out, then in */
+    const float *ring_pre; /* the ring's first step, received with the agreement (NULL: none) */
+    int no_agree;       /* benchmarks only (bench/allreduce): skip the agreement */
     void **peers;       /* size pointers, for the shared-memory hooks */
 };
 
@@ -379,6 +390,7 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
 DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
     if (!c) return;
     DSGD_FREE(c->scratch);
+    DSGD_FREE(c->fold);
     DSGD_FREE(c->peers);
     DSGD_FREE(c);
 }
@@ -581,7 +593,8 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
    rank's fingerprint (the fields below) must be equal, or every rank returns
    DSGD_ERR_DESYNC naming two ranks that differ, having touched no buffer.
    Message passing: a dissemination exchange (ceil(log2 N) rounds, as the
-   barrier) carries the smallest and the largest fingerprint seen so far, with
+   barrier; the butterfly at N a power of two over sendrecv_upto, see
+   >>fold) carries the smallest and the largest fingerprint seen so far, with
    their ranks; after the last round every rank holds the same pair, so every
    rank reaches the same verdict. Shared memory (DIRECT): each rank publishes
    its fingerprint beside its buffer and reads the others', at no extra cost.
@@ -691,8 +704,9 @@ static dsgd_result dsgd__fp_verdict(dsgd_comm *c, const dsgd__fp_range *acc) {
                               name, c->rank, lo, hi);
 }
 
-/* The message-passing agreement (see above); also the barrier. */
-static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
+/* The message-passing agreement (see above), over send and recv; also the
+   barrier. */
+static dsgd_result dsgd__coll_agree_plain(dsgd_comm *c) {
     dsgd__fp_range acc, in;
     int n = c->size, r = c->rank, d, step;
     dsgd_result res;
@@ -706,6 +720,141 @@ static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
         dsgd__fp_merge(&acc, in.lo, in.lo_rank, in.hi, in.hi_rank);
     }
     return dsgd__fp_verdict(c, &acc);
+}
+
+/* >>fold ------------------------------------------------------------------- */
+/* With sendrecv_upto the agreement's rounds also carry an algorithm's first
+   exchanges, so a collective pays no round trip of its own for its
+   fingerprint: each message is the range so far and the number of floats
+   that follow, then those floats (at most DSGD__FOLD_MAX), received into
+   room for the most. The rounds' pattern depends only on N: partner
+   r XOR 2^k when N is a power of two (the butterfly), else the
+   dissemination's r + 2^k and r - 2^k, so every rank runs the same rounds
+   whatever it thinks the collective is. Recursive doubling (N a power of
+   two) rides every round; the ring's first step rides round 0 when that
+   round's peers are the ring's (N = 2, or N not a power of two). A payload
+   is used only while the range merged so far is one fingerprint (the
+   sender's group agrees with this rank), and only in scratch memory: the
+   caller's buffer is written after the verdict, so a DESYNC still touches
+   no buffer and leaves the communicator usable. */
+#define DSGD__FOLD_MAX 4096 /* floats a round carries (16 KiB) */
+
+typedef struct dsgd__agree_head {
+    dsgd__fp_range range;
+    uint64_t nfloats; /* the payload that follows */
+} dsgd__agree_head;
+#define DSGD__FOLD_MSG (sizeof(dsgd__agree_head) + DSGD__FOLD_MAX * sizeof(float))
+
+/* What an algorithm sends with the agreement's first `rounds` rounds, nout
+   floats out and nin floats expected in each, in one of two ways.
+   Keep (reduce 0, one round): out is sent; the payload received stays in
+   the comm's fold buffer, at *got after the agreement.
+   Reduce (recursive doubling, every round): round 0 sends base, the
+   caller's buffer, and round k > 0 sends acc (scratch); the payload of
+   round k is reduced into acc as op(base or acc, payload) in the
+   butterfly's operand order, except the last round's, which goes into
+   base, after the verdict: base is written only when every rank agreed. */
+typedef struct dsgd__carry {
+    int rounds;
+    size_t nout, nin;
+    const float *out;
+    const float *got;
+    int reduce;
+    float *base, *acc;
+    dsgd_reduce_op op;
+} dsgd__carry;
+
+static int dsgd__agree_butterfly(const dsgd_comm *c) { return dsgd__is_pow2(c->size); }
+
+/* t[i] = op(a[i], b[i]), or op(b[i], a[i]) when b_first; t may be a. */
+static void dsgd__reduce_to(float *t, const float *a, const float *b, size_t n, dsgd_reduce_op op, int b_first) {
+    size_t i;
+    if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) {
+        if (b_first)
+            for (i = 0; i < n; ++i) t[i] = b[i] + a[i];
+        else
+            for (i = 0; i < n; ++i) t[i] = a[i] + b[i];
+        return;
+    }
+    if (t != a) memcpy(t, a, n * sizeof(float));
+    dsgd__reduce_into(t, b, n, op, b_first);
+}
+
+/* The agreement over sendrecv_upto, carrying cr (NULL: nothing). Round 0
+   receives into the first half of the fold buffer's receiving part, later
+   rounds into the second, so round 0's payload survives them. */
+static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
+    const dsgd_transport_i *t = &c->t;
+    const size_t H = sizeof(dsgd__agree_head);
+    const float *last = NULL;
+    dsgd__fp_range acc;
+    dsgd__agree_head head;
+    int n = c->size, r = c->rank, d, step, bfly = dsgd__agree_butterfly(c), tainted = 0, last_src = 0;
+    dsgd_result res;
+    if (!c->fold && !(c->fold = (unsigned char *)DSGD_MALLOC(3 * DSGD__FOLD_MSG))) {
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu bytes", name,
+                                  c->rank, 3 * DSGD__FOLD_MSG);
+    }
+    dsgd__fp_init(c, &acc);
+    for (d = 1, step = 0; d < n; d <<= 1, ++step) {
+        int dst = bfly ? r ^ d : (r + d) % n, src = bfly ? r ^ d : (r - d + n) % n, failed = -1;
+        int carries = cr && step < cr->rounds;
+        unsigned char *out = c->fold, *in = c->fold + (step ? 2 : 1) * DSGD__FOLD_MSG;
+        const float *payload = (const float *)(const void *)(in + H);
+        size_t nout = carries && !tainted ? cr->nout : 0, got = 0;
+        head.range = acc;
+        head.nfloats = nout;
+        memcpy(out, &head, H);
+        if (nout) memcpy(out + H, cr->reduce ? (step ? cr->acc : cr->base) : cr->out, nout * sizeof(float));
+        res = t->sendrecv_upto(t->impl, dst, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), out,
+                               H + nout * sizeof(float), src, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step),
+                               in, DSGD__FOLD_MSG, &got, c->deadline, &failed);
+        if (res != DSGD_OK) return dsgd__coll_fail(c, res, failed >= 0 ? failed : src);
+        if (got >= H) memcpy(&head, in, H);
+        if (got < H || head.nfloats > DSGD__FOLD_MAX || got != H + head.nfloats * sizeof(float)) {
+            char name[96];
+            dsgd__coll_name(c, name, sizeof(name));
+            c->broken = 1;
+            c->broken_seq = c->seq;
+            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_DESYNC,
+                                      "%s: rank %d: the agreement's message from rank %d has %zu bytes, not a "
+                                      "fingerprint and its payload (another build of distsgd?)",
+                                      name, c->rank, src, got);
+        }
+        dsgd__fp_merge(&acc, head.range.lo, head.range.lo_rank, head.range.hi, head.range.hi_rank);
+        if (!carries) continue;
+        if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != cr->nin) {
+            tainted = 1; /* another collective: its payload means nothing here */
+            continue;
+        }
+        if (!cr->reduce)
+            cr->got = payload;
+        else if (step + 1 < cr->rounds)
+            dsgd__reduce_to(cr->acc, step ? cr->acc : cr->base, payload, cr->nin, cr->op, src < r);
+        else {
+            last = payload;
+            last_src = src;
+        }
+    }
+    res = dsgd__fp_verdict(c, &acc);
+    if (res == DSGD_OK && cr && cr->rounds && tainted) { /* one fingerprint everywhere, a payload of another size */
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        c->broken = 1;
+        c->broken_seq = c->seq;
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE, "%s: rank %d: a payload of the agreement had another size "
+                                  "than every rank's fingerprint implies", name, c->rank);
+    }
+    if (res == DSGD_OK && last) /* every rank agreed: the result goes into the caller's buffer */
+        dsgd__reduce_to(cr->base, cr->rounds > 1 ? cr->acc : cr->base, last, cr->nin, cr->op, last_src < r);
+    return res;
+}
+
+/* The agreement: carried by sendrecv_upto when the transport has it. */
+static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
+    return c->t.sendrecv_upto ? dsgd__coll_agree_carry(c, NULL) : dsgd__coll_agree_plain(c);
 }
 
 /* Piece j of block b (count elements in n blocks, pieces of P floats). */
@@ -745,6 +894,11 @@ static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *
                 int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
                 dsgd__piece(count, n, sb, j, P, &so, &sl);
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                if (c->ring_pre) { /* this step rode the agreement (see >>fold) */
+                    dsgd__reduce_into(buf + ro, c->ring_pre, rl, op, 0);
+                    c->ring_pre = NULL;
+                    continue;
+                }
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, (int)op);
                 if (res != DSGD_OK) break;
@@ -759,6 +913,11 @@ static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *
                 int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
                 dsgd__piece(count, n, sb, j, P, &so, &sl);
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                if (c->ring_pre) { /* an all-gather's first step rode the agreement */
+                    if (rl) memcpy(buf + ro, c->ring_pre, rl * sizeof(float));
+                    c->ring_pre = NULL;
+                    continue;
+                }
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, -1);
                 if (res != DSGD_OK) break;
@@ -777,6 +936,41 @@ static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduc
     v.base = 0;
     v.stride = 1;
     return dsgd__ring_in(c, &v, buf, count, op, phases);
+}
+
+/* The agreement, then the ring of the whole group (phases as dsgd__ring_in).
+   When the agreement's round 0 goes to the ring's next rank and comes from
+   its previous one (N = 2, or N not a power of two: see >>fold), it carries
+   the ring's first step of piece 0, which ring_in then takes from
+   ring_pre. */
+static dsgd_result dsgd__ring_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+    int n = c->size, r = c->rank, sb, rb;
+    size_t so, sl, ro, rl;
+    dsgd__carry cr;
+    dsgd_result res;
+    if (c->no_agree) return count ? dsgd__ring(c, buf, count, op, phases) : DSGD_OK;
+    if (!c->t.sendrecv_upto || count == 0 || (n > 2 && dsgd__agree_butterfly(c))) {
+        res = dsgd__coll_agree(c);
+        return res != DSGD_OK || count == 0 ? res : dsgd__ring(c, buf, count, op, phases);
+    }
+    sb = phases & 1 ? (r - 1 + n) % n : r;
+    rb = phases & 1 ? (r - 2 + 2 * n) % n : (r - 1 + n) % n;
+    dsgd__piece(count, n, sb, 0, c->piece, &so, &sl);
+    dsgd__piece(count, n, rb, 0, c->piece, &ro, &rl);
+    if (sl > DSGD__FOLD_MAX || rl > DSGD__FOLD_MAX) {
+        res = dsgd__coll_agree(c);
+        return res != DSGD_OK ? res : dsgd__ring(c, buf, count, op, phases);
+    }
+    memset(&cr, 0, sizeof(cr));
+    cr.rounds = 1;
+    cr.out = buf + so;
+    cr.nout = sl;
+    cr.nin = rl;
+    if ((res = dsgd__coll_agree_carry(c, &cr)) != DSGD_OK) return res;
+    c->ring_pre = cr.got;
+    res = dsgd__ring(c, buf, count, op, phases);
+    c->ring_pre = NULL;
+    return res;
 }
 
 /* N not a power of two: with p = 2^floor(log2 N) and rem = N - p, the first
@@ -900,6 +1094,33 @@ static dsgd_result dsgd__recursive_doubling(dsgd_comm *c, float *buf, size_t cou
         res = dsgd__unfold(c, x, len, j, rem);
         if (res != DSGD_OK) return res;
     }
+    return DSGD_OK;
+}
+
+/* The agreement carrying recursive doubling whole (N a power of two, count
+   <= DSGD__FOLD_MAX: every round of the butterfly is one of rd's): the
+   partial sums build in scratch, reduced in rd's operand order, so the bits
+   are rd's; the buffer gets them after the verdict. Otherwise the agreement,
+   then rd. */
+static dsgd_result dsgd__rd_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, d;
+    dsgd__carry cr;
+    dsgd_result res;
+    if (c->no_agree) return count ? dsgd__recursive_doubling(c, buf, count, op) : DSGD_OK;
+    if (!c->t.sendrecv_upto || count == 0 || count > DSGD__FOLD_MAX || !dsgd__agree_butterfly(c)) {
+        res = dsgd__coll_agree(c);
+        return res != DSGD_OK || count == 0 ? res : dsgd__recursive_doubling(c, buf, count, op);
+    }
+    if (n > 2 && (res = dsgd__scratch(c, count)) != DSGD_OK) return res;
+    memset(&cr, 0, sizeof(cr));
+    for (d = 1; d < n; d <<= 1) ++cr.rounds;
+    cr.nout = cr.nin = count;
+    cr.reduce = 1;
+    cr.base = buf;
+    cr.acc = c->scratch;
+    cr.op = op;
+    if ((res = dsgd__coll_agree_carry(c, &cr)) != DSGD_OK) return res;
+    if (op == DSGD_REDUCE_MEAN) dsgd__divide(buf, count, n);
     return DSGD_OK;
 }
 
@@ -1111,22 +1332,28 @@ static dsgd_result dsgd__hierarchical(dsgd_comm *c, float *buf, size_t count, ds
     return dsgd__ring_in(c, &node, buf, count, sum, 2);
 }
 
+static dsgd_result dsgd__ring_allreduce_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    return dsgd__ring_agreed(c, buf, count, op, 3);
+}
+
 /* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
-   algorithm is an enumerator and one line here. agrees_itself: it checks
-   the ranks' agreement on its own (DIRECT, through the memory it shares,
-   count 0 included); the others run after dsgd__coll_agree. */
+   algorithm is an enumerator and one line here. agreed: the agreement and
+   the algorithm together (DIRECT checks the fingerprints through the
+   memory it shares, count 0 included; ring and recursive doubling carry
+   their first exchanges with the agreement: see >>fold); NULL: the
+   agreement (dsgd__coll_agree), then run. */
 static const struct {
     const char *name;
     dsgd_result (*run)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
-    int agrees_itself;
+    dsgd_result (*agreed)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
 } dsgd__allreduce_algos[DSGD_ALLREDUCE_COUNT] = {
-    /* AUTO, resolved to the native hook */ {"auto", dsgd__native, 0},
-    /* RING */ {"ring", dsgd__ring_allreduce, 0},
-    /* HALVING_DOUBLING */ {"halving_doubling", dsgd__halving_doubling, 0},
-    /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, 0},
-    /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, 0},
-    /* DIRECT */ {"direct", dsgd__direct, 1},
-    /* HIERARCHICAL */ {"hierarchical", dsgd__hierarchical, 0},
+    /* AUTO, resolved to the native hook */ {"auto", dsgd__native, NULL},
+    /* RING */ {"ring", dsgd__ring_allreduce, dsgd__ring_allreduce_agreed},
+    /* HALVING_DOUBLING */ {"halving_doubling", dsgd__halving_doubling, NULL},
+    /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, NULL},
+    /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, dsgd__rd_agreed},
+    /* DIRECT */ {"direct", dsgd__direct, dsgd__direct},
+    /* HIERARCHICAL */ {"hierarchical", dsgd__hierarchical, NULL},
 };
 
 DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
@@ -1145,10 +1372,11 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd
     dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
                      (int)algo, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
-    if (!dsgd__allreduce_algos[algo].agrees_itself) {
-        res = dsgd__coll_agree(c);
-        if (res != DSGD_OK || count == 0) return res;
-    }
+    if (c->no_agree && algo != DSGD_ALLREDUCE_DIRECT)
+        return count ? dsgd__allreduce_algos[algo].run(c, buf, count, op) : DSGD_OK;
+    if (dsgd__allreduce_algos[algo].agreed) return dsgd__allreduce_algos[algo].agreed(c, buf, count, op);
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
     return dsgd__allreduce_algos[algo].run(c, buf, count, op);
 }
 
@@ -1160,9 +1388,7 @@ DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count,
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_REDUCE_SCATTER, "ring", -1, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK || count == 0) return res;
-    return dsgd__ring(c, buf, count, op, 1);
+    return dsgd__ring_agreed(c, buf, count, op, 1);
 }
 
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, double timeout_s) {
@@ -1172,9 +1398,7 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, doub
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_ALLGATHER, "ring", -1, -1, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK || count == 0) return res;
-    return dsgd__ring(c, buf, count, DSGD_REDUCE_SUM, 2);
+    return dsgd__ring_agreed(c, buf, count, DSGD_REDUCE_SUM, 2);
 }
 
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int root, double timeout_s) {
@@ -1205,8 +1429,9 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_BARRIER, NULL, -1, -1, -1, 0, timeout_s);
     /* The agreement is a dissemination barrier (Hensgen, Finkel and Manber
-       1988): in round k rank r signals r + 2^k and waits for r - 2^k, so
-       after the last round every rank has heard, through others, from all. */
+       1988): in round k rank r signals r + 2^k and waits for r - 2^k (or,
+       the butterfly, exchanges with r XOR 2^k), so after the last round
+       every rank has heard, through others, from all. */
     return c->size == 1 ? DSGD_OK : dsgd__coll_agree(c);
 }
 

@@ -334,7 +334,8 @@ typedef struct dsgd__lb_transfer {
     int src;
     uint64_t rtag;
     void *rbuf;
-    size_t rbytes;
+    size_t rbytes;  /* the size expected; with got, the most accepted */
+    size_t *got;    /* NULL, or where the size received goes (shorter accepted) */
     int op;
     dsgd__lb_pair *in;
     dsgd__lb_phase recv;
@@ -397,9 +398,9 @@ static dsgd_result dsgd__lb_desync(dsgd__lb_transfer *x, const dsgd__lb_slot *s)
                  e->rank, x->src, (unsigned long long)s->tag, (unsigned long long)x->rtag);
     else
         snprintf(e->err, sizeof(e->err),
-                 "loopback rank %d: the message from rank %d has %zu bytes, expected %zu "
+                 "loopback rank %d: the message from rank %d has %zu bytes, expected %s%zu "
                  "(different counts on different ranks?)",
-                 e->rank, x->src, s->bytes, x->rbytes);
+                 e->rank, x->src, s->bytes, x->got ? "at most " : "", x->rbytes);
     return DSGD_ERR_DESYNC;
 }
 
@@ -418,7 +419,9 @@ static dsgd_result dsgd__lb_take(dsgd__lb_transfer *x, int *progressed) {
     st = DSGD__LOAD_ACQ(&s->state);
     /* published and not consumed: only this receiver claims or releases it */
     DSGD_ASSERT(st == DSGD__LB_EAGER || st == DSGD__LB_RDV || st == DSGD__LB_CANCELLED);
-    if (st != DSGD__LB_CANCELLED && (s->tag != x->rtag || s->bytes != x->rbytes)) return dsgd__lb_desync(x, s);
+    if (st != DSGD__LB_CANCELLED && (s->tag != x->rtag || (x->got ? s->bytes > x->rbytes : s->bytes != x->rbytes)))
+        return dsgd__lb_desync(x, s);
+    if (x->got) x->rbytes = *x->got = s->bytes;
     if (st == DSGD__LB_RDV) { /* claim it, unless its sender withdraws it first */
         int expect = DSGD__LB_RDV;
         if (!DSGD__CAS(&s->state, &expect, (int)DSGD__LB_TAKEN)) st = expect;
@@ -520,7 +523,7 @@ static void dsgd__lb_cancel_send(dsgd__lb_transfer *x) {
    check). */
 static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const void *sbuf,
                                  size_t sbytes, int src, uint64_t rtag, void *rbuf,
-                                 size_t rbytes, int op, double deadline, int *failed_peer) {
+                                 size_t rbytes, size_t *got, int op, double deadline, int *failed_peer) {
     dsgd_loopback *hub = e->hub;
     size_t n = (size_t)hub->n, me = (size_t)e->rank;
     dsgd__lb_transfer x;
@@ -532,7 +535,7 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
     x.dst = dst; x.stag = stag; x.sbuf = sbuf; x.sbytes = sbytes;
     x.out = dst >= 0 ? &hub->pair[me * n + (size_t)dst] : NULL;
     x.send = dst >= 0 ? DSGD__LB_TO_POST : DSGD__LB_DONE;
-    x.src = src; x.rtag = rtag; x.rbuf = rbuf; x.rbytes = rbytes; x.op = op;
+    x.src = src; x.rtag = rtag; x.rbuf = rbuf; x.rbytes = rbytes; x.got = got; x.op = op;
     x.in = src >= 0 ? &hub->pair[(size_t)src * n + me] : NULL;
     x.recv = src >= 0 ? DSGD__LB_TO_POST : DSGD__LB_DONE;
     x.blame = -1;
@@ -753,7 +756,7 @@ static dsgd_result dsgd__lb_send(void *impl, int dst, uint64_t tag, const void *
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (dst < 0) return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "invalid peer", dst);
     if (dsgd__lb_check(e, dst, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd__lb_xfer(e, dst, tag, buf, bytes, -1, 0, NULL, 0, -1, deadline, NULL);
+    return dsgd__lb_xfer(e, dst, tag, buf, bytes, -1, 0, NULL, 0, NULL, -1, deadline, NULL);
 }
 
 static dsgd_result dsgd__lb_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
@@ -761,7 +764,7 @@ static dsgd_result dsgd__lb_recv(void *impl, int src, uint64_t tag, void *buf, s
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (src < 0) return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "invalid peer", src);
     if (dsgd__lb_check(e, src, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd__lb_xfer(e, -1, 0, NULL, 0, src, tag, buf, bytes, -1, deadline, NULL);
+    return dsgd__lb_xfer(e, -1, 0, NULL, 0, src, tag, buf, bytes, NULL, -1, deadline, NULL);
 }
 
 static dsgd_result dsgd__lb_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf,
@@ -770,7 +773,21 @@ static dsgd_result dsgd__lb_sendrecv(void *impl, int dst, uint64_t stag, const v
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
         return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, -1, deadline, failed_peer);
+    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, NULL, -1, deadline, failed_peer);
+}
+
+static dsgd_result dsgd__lb_sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                          int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
+                                          double deadline, int *failed_peer) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    size_t got = 0;
+    dsgd_result r;
+    if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    r = dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcap, src >= 0 ? &got : NULL, -1, deadline,
+                      failed_peer);
+    if (rbytes) *rbytes = got;
+    return r;
 }
 
 static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf,
@@ -782,7 +799,7 @@ static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
         return DSGD_ERR_INVALID_ARGUMENT;
     if ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT)
         return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "unknown reduce op for a message from", src);
-    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), (int)op,
+    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), NULL, (int)op,
                          deadline, failed_peer);
 }
 
@@ -816,6 +833,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->recv = dsgd__lb_recv;
     out->sendrecv = dsgd__lb_sendrecv;
     out->sendrecv_reduce = dsgd__lb_sendrecv_reduce;
+    out->sendrecv_upto = dsgd__lb_sendrecv_upto;
     out->allreduce = NULL;
     out->abort = dsgd__lb_abort;
     out->now = NULL;

@@ -158,6 +158,15 @@ typedef struct dsgd_transport_i {
        itself (the ranks share an address space). The MPI transport's
        windows are MPI_Win_allocate_shared segments. */
     void *(*share_window)(void *impl, size_t *bytes);
+    /* optional: as sendrecv, but the message received may be shorter than
+       rcap bytes: *rbytes gets its size. A message with another tag, or
+       longer than rcap, is DSGD_ERR_DESYNC (it stays in place). The
+       collectives' agreement uses it to carry an algorithm's first
+       exchanges with the fingerprints (see collectives.h); NULL: the
+       agreement is a round trip of its own. */
+    dsgd_result (*sendrecv_upto)(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                 uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes, double deadline,
+                                 int *failed_peer);
     /* optional: the node layout the transport found, L: ranks node*L ..
        node*L + L - 1 share a node (the MPI transport reads it from
        MPI_Comm_split_type when every node holds L consecutive ranks). 0:

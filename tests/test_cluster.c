@@ -526,6 +526,7 @@ static void test_server_dies(void **state) {
     eps[1].probe = dying_probe;
     eps[1].sendrecv = NULL;
     eps[1].sendrecv_reduce = NULL;
+    eps[1].sendrecv_upto = NULL;
     eps[1].share = NULL;
     eps[1].unshare = NULL;
     eps[1].error_message = NULL;

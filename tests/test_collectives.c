@@ -144,6 +144,7 @@ static void group_init(group *g, int n, const dsgd_comm_desc *desc, int minimal)
         if (minimal) {
             g->ep[r].sendrecv = NULL;
             g->ep[r].sendrecv_reduce = NULL;
+            g->ep[r].sendrecv_upto = NULL;
             g->ep[r].set_progress = NULL;
             g->ep[r].peer_progress = NULL;
             g->ep[r].share = NULL;
@@ -1336,6 +1337,179 @@ static void test_bad_arguments(void **state) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* ---------------------------------------------------------------- the fold */
+
+/* A loopback endpoint that counts its transfers (wrapping another). */
+typedef struct counting {
+    dsgd_transport_i in;
+    int calls; /* send, recv, sendrecv, sendrecv_reduce and sendrecv_upto calls */
+} counting;
+
+static dsgd_result cnt_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    counting *k = (counting *)impl;
+    k->calls++;
+    return k->in.send(k->in.impl, dst, tag, buf, bytes, deadline);
+}
+static dsgd_result cnt_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    counting *k = (counting *)impl;
+    k->calls++;
+    return k->in.recv(k->in.impl, src, tag, buf, bytes, deadline);
+}
+static dsgd_result cnt_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed) {
+    counting *k = (counting *)impl;
+    k->calls++;
+    return k->in.sendrecv(k->in.impl, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, deadline, failed);
+}
+static dsgd_result cnt_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                       uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op, double deadline,
+                                       int *failed) {
+    counting *k = (counting *)impl;
+    k->calls++;
+    return k->in.sendrecv_reduce(k->in.impl, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount, op, deadline, failed);
+}
+static dsgd_result cnt_sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                     uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes, double deadline,
+                                     int *failed) {
+    counting *k = (counting *)impl;
+    k->calls++;
+    return k->in.sendrecv_upto(k->in.impl, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcap, rbytes, deadline, failed);
+}
+
+/* Wraps every endpoint of g in ks (upto: keep sendrecv_upto) and
+   re-creates the communicators over them. */
+static void wrap_counting(group *g, counting *ks, int upto) {
+    int r;
+    for (r = 0; r < g->n; ++r) {
+        dsgd_transport_i *t = &g->ep[r];
+        dsgd_comm_destroy(g->comm[r]);
+        ks[r].in = *t;
+        ks[r].calls = 0;
+        t->impl = &ks[r];
+        t->send = cnt_send;
+        t->recv = cnt_recv;
+        t->sendrecv = cnt_sendrecv;
+        t->sendrecv_reduce = cnt_sendrecv_reduce;
+        t->sendrecv_upto = upto ? cnt_sendrecv_upto : NULL;
+        t->share = NULL;
+        t->unshare = NULL;
+        t->abort = NULL;
+        t->error_message = NULL;
+        t->set_progress = NULL;
+        t->peer_progress = NULL;
+        t->probe = NULL;
+        assert_int_equal(dsgd_comm_create(g->ctx[r], t, NULL, &g->comm[r]), DSGD_OK);
+    }
+}
+
+/* The agreement carries the first exchanges (see collectives.h >>fold):
+   - every collective that folds (ring and recursive doubling all-reduce,
+     reduce-scatter, all-gather), at N = 2..5 and 8, counts 0, 1, N - 1,
+     N + 1, 1000, 4096, 4097 and 100003 and every op, gives on every rank
+     the bits of the same collective over send and recv only (no fold), and
+     the serial reference;
+   - the transfers per rank, counted by a wrapping transport, for 1000
+     floats: the ring at N = 2 makes 2 (its own 2 steps, the first carrying
+     the fingerprints), recursive doubling 1 at N = 2 and 2 at N = 4 (its
+     own log2 N); the ring at N = 3 makes 5 (2 agreement rounds, the first
+     carrying its first step, then its other 3), at N = 4 it makes 8 (the
+     butterfly's partners are not the ring's: no fold). Without
+     sendrecv_upto: 3, 2, 4, 6 and 8. */
+static void test_fold(void **state) {
+    static const int ns[] = {2, 3, 4, 5, 8};
+    static const int kinds[] = {J_ALLREDUCE, J_ALLREDUCE, J_REDUCE_SCATTER, J_ALLGATHER};
+    static const dsgd_allreduce_algo algos[] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
+                                                DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_RING};
+    int ni, ki, ci, oi, r;
+    (void)state;
+    watchdog(300);
+    for (ni = 0; ni < (int)(sizeof(ns) / sizeof(ns[0])); ++ni) {
+        int n = ns[ni];
+        size_t counts[8];
+        group g, m;
+        counts[0] = 0;
+        counts[1] = 1;
+        counts[2] = (size_t)n - 1;
+        counts[3] = (size_t)n + 1;
+        counts[4] = 1000;
+        counts[5] = 4096;
+        counts[6] = 4097;
+        counts[7] = 100003;
+        group_init(&g, n, NULL, 0);
+        group_init(&m, n, NULL, 1);
+        for (ki = 0; ki < 4; ++ki)
+            for (ci = 0; ci < 8; ++ci)
+                for (oi = 0; oi < (kinds[ki] == J_ALLGATHER ? 1 : 4); ++oi) {
+                    size_t count = counts[ci];
+                    float **a = alloc_bufs(n, count), **b = alloc_bufs(n, count);
+                    job jb;
+                    worker w[MAXN];
+                    job_init(&jb, kinds[ki], count);
+                    jb.op = OPS[oi];
+                    jb.algo = algos[ki];
+                    jb.timeout = 20.0;
+                    for (r = 0; r < n; ++r) {
+                        fill_inputs(a[r], 77 + (uint64_t)ci, r, count);
+                        fill_inputs(b[r], 77 + (uint64_t)ci, r, count);
+                    }
+                    run_job(&g, &jb, a, w);
+                    assert_all_ok(&g, w, "folded");
+                    run_job(&m, &jb, b, w);
+                    assert_all_ok(&m, w, "send/recv only");
+                    for (r = 0; r < n; ++r)
+                        if (count && memcmp(a[r], b[r], count * sizeof(float)) != 0)
+                            fail_msg("N=%d kind %d %s count %zu op %s: rank %d's bits differ from send/recv only", n,
+                                     kinds[ki], dsgd_allreduce_algo_name(algos[ki]), count,
+                                     dsgd_reduce_op_name(OPS[oi]), r);
+                    if (kinds[ki] == J_ALLREDUCE && count) {
+                        ref rf;
+                        ref_compute(&rf, 77 + (uint64_t)ci, n, count);
+                        if (verify(a[0], &rf, OPS[oi], n, 0, count, "folded allreduce")) fail();
+                        ref_free(&rf);
+                    }
+                    free_bufs(a, n);
+                    free_bufs(b, n);
+                }
+        group_free(&g);
+        group_free(&m);
+    }
+    {   /* transfers per rank */
+        static const struct { int n; dsgd_allreduce_algo algo; int folded, plain; } cases[] = {
+            {2, DSGD_ALLREDUCE_RING, 2, 3}, {2, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 1, 2},
+            {4, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 2, 4}, {3, DSGD_ALLREDUCE_RING, 5, 6},
+            {4, DSGD_ALLREDUCE_RING, 8, 8}};
+        int i, up;
+        for (i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); ++i)
+            for (up = 0; up < 2; ++up) {
+                int n = cases[i].n;
+                counting ks[MAXN];
+                float **a = alloc_bufs(n, 1000);
+                group g;
+                job jb;
+                worker w[MAXN];
+                group_init(&g, n, NULL, 0);
+                wrap_counting(&g, ks, up);
+                job_init(&jb, J_ALLREDUCE, 1000);
+                jb.op = DSGD_REDUCE_SUM;
+                jb.algo = cases[i].algo;
+                jb.timeout = 20.0;
+                for (r = 0; r < n; ++r) fill_inputs(a[r], 5, r, 1000);
+                run_job(&g, &jb, a, w);
+                assert_all_ok(&g, w, "counted");
+                for (r = 0; r < n; ++r)
+                    if (ks[r].calls != (up ? cases[i].folded : cases[i].plain))
+                        fail_msg("N=%d %s, %s: rank %d made %d transfers, expected %d", n,
+                                 dsgd_allreduce_algo_name(cases[i].algo), up ? "sendrecv_upto" : "no sendrecv_upto", r,
+                                 ks[r].calls, up ? cases[i].folded : cases[i].plain);
+                if (up)
+                    printf("    N=%d %s, 1000 floats: %d transfers per rank with the fold, %d without\n", n,
+                           dsgd_allreduce_algo_name(cases[i].algo), cases[i].folded, cases[i].plain);
+                free_bufs(a, n);
+                group_free(&g);
+            }
+    }
+}
+
 /* AUTO's documented choices. */
 static void test_auto_choice(void **state) {
     group g2, g3, m2, m3;
@@ -1534,6 +1708,7 @@ int main(void) {
         cmocka_unit_test(test_block_range),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_single_rank),
+        cmocka_unit_test(test_fold),
         cmocka_unit_test(test_auto_choice),
         cmocka_unit_test(test_transport_layout),
         cmocka_unit_test(test_native_hook),
