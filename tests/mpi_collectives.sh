@@ -27,9 +27,10 @@
 #       TF_CONFIG and with a cluster of 5 tasks: the job must end non-zero
 #       (not by the watchdog), every process printing the same error (3
 #       checks each);
-#   the MPICH build (mpi_collectives_mpich), when it exists: the suite and
-#       --local 2 at np = 2 under $DSGD_MPICH_RUN (default mpirun.mpich;
-#       MPICH busy-polls, so 2 ranks).
+#   the MPICH builds (mpi_collectives_mpich, mpi_workers_mpich), when they
+#       exist: the suite, --local 2 and multi-worker training at np = 2
+#       under $DSGD_MPICH_RUN (default mpirun.mpich; MPICH busy-polls, so 2
+#       ranks).
 # Prints each run's output and the number of its checks that passed and
 # failed, the checks' total, and last "N passed, N failed" counting runs (a
 # run passes when all its checks did and it ended as it should): the line
@@ -211,6 +212,9 @@ fi
 if [ -x "$mpich" ]; then
     run_with mpichrun "MPICH np=2" -np 2 "$mpich"
     run_with mpichrun "MPICH np=2 --local 2" -np 2 "$mpich" --local 2
+fi
+if [ -x "$build/mpi_workers_mpich" ]; then
+    run_with mpichrun "MPICH mpi_workers np=2" -np 2 "$build/mpi_workers_mpich"
 fi
 
 echo "mpi_collectives.sh: $passed checks passed, $failed failed, in $((runs_passed + runs_failed)) runs"

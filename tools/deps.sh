@@ -36,7 +36,7 @@ case "$1" in
 test)  pkgs="$compile_pkgs clang libclang-rt-dev libcmocka-dev $opencl_pkgs clinfo libopenmpi-dev openmpi-bin cmake python3 dataset-fashion-mnist" ;;
 demo)  pkgs="$compile_pkgs $opencl_pkgs dataset-fashion-mnist gnuplot-nox" ;;
 bench) pkgs="$compile_pkgs libopenblas-dev" ;;
-mpi)   pkgs="$compile_pkgs libopenmpi-dev openmpi-bin" ;;
+mpi)   pkgs="$compile_pkgs libopenmpi-dev openmpi-bin mpich libmpich-dev" ;;
 *)     usage ;;
 esac
 

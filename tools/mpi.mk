@@ -14,10 +14,11 @@
 #                     np:K of $(MPI_TEST_LOCAL)), the deadline check (the job
 #                     must end non-zero within 5 s of dsgd_mpi_abort), the
 #                     pieces build at np = 3 (also --local 2); when
-#                     $(MPICH_CC) is installed (tools/deps.sh does not
-#                     install it), a build with it as mpi_collectives_mpich,
-#                     run at np = 2 (the suite and --local 2) under
-#                     $(MPICH_RUN);
+#                     $(MPICH_CC) is installed (tools/deps.sh mpi installs
+#                     MPICH beside OpenMPI, which stays the default mpicc),
+#                     builds with it as mpi_collectives_mpich and
+#                     mpi_workers_mpich, run at np = 2 (the suite, --local 2,
+#                     and multi-worker training) under $(MPICH_RUN);
 #                     each run's checks, then "N passed, N failed" counting runs;
 #                     and tests/mpi_workers.c (multi-worker mirrored across
 #                     processes against an in-process loopback run), and
@@ -69,7 +70,7 @@ MPICH_CC ?= mpicc.mpich
 MPICH_RUN ?= mpirun.mpich
 MPICH_FOUND := $(shell command -v $(firstword $(MPICH_CC)) >/dev/null 2>&1 && echo yes)
 ifeq ($(MPICH_FOUND),yes)
-MPI_TEST_BINS += $(MPI_BUILD)/mpi_collectives_mpich
+MPI_TEST_BINS += $(MPI_BUILD)/mpi_collectives_mpich $(MPI_BUILD)/mpi_workers_mpich
 endif
 
 .PHONY: test-mpi test-mpi-run mpi-note mpi-header-note
@@ -95,6 +96,10 @@ $(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c tests/coll_ref.h $(
 	$(MPICC) $(CPPFLAGS) $(CFLAGS) -DDSGD_MPI_MAX_MESSAGE=4096 -DDSGD_MPI_SHARE_BYTES=4096 $< -o $@ $(LDFLAGS) $(LDLIBS)
 
 $(MPI_BUILD)/mpi_collectives_mpich: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICH_CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+
+$(MPI_BUILD)/mpi_workers_mpich: tests/mpi_workers.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPICH_CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
 

@@ -159,6 +159,12 @@
      job ends. The way out is an error to the caller, then the end of the
      job: dsgd_mpi_abort (MPI_Abort on MPI_COMM_WORLD) stops every process,
      while MPI_Finalize could wait forever for the pending operations.
+     After any failed transfer (a mismatch included), destroy leaves the
+     duplicate communicator to MPI_Finalize instead of freeing it: a peer's
+     message may still be on its way or unreceived, and MPICH hands a freed
+     communicator's context to the next one created, where that message
+     would be received as a new one (tests/mpi_collectives.c's probe after
+     a mismatch caught it).
      Future work: ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink, behind a feature
      test for MPIX_ERR_PROC_FAILED) would let the surviving ranks go on;
      Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
@@ -392,6 +398,7 @@ typedef struct dsgd_mpi__shared {
     size_t win_bytes;
     int gone; /* this rank withdrew its window after a failure */
     int provided; /* MPI's thread level */
+    int stale;    /* atomic: a transfer failed, messages may be left on comm (not freed) */
 } dsgd_mpi__shared;
 
 /* The native all-reduce's helper thread (see THE NATIVE ALL-REDUCE): one
@@ -909,6 +916,7 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
     }
     dsgd_mpi__settle(&x);
     if (failed_peer) *failed_peer = x.blame;
+    if (r != DSGD_OK) DSGD__STORE_SC(&e->sh->stale, 1);
     return r;
 }
 
@@ -1451,7 +1459,10 @@ static void dsgd_mpi__release(dsgd_mpi__shared *sh) {
     if (!fin) {
         if (sh->op_max != MPI_OP_NULL) MPI_Op_free(&sh->op_max);
         if (sh->op_min != MPI_OP_NULL) MPI_Op_free(&sh->op_min);
-        if (sh->comm != MPI_COMM_NULL) MPI_Comm_free(&sh->comm);
+        /* after a failed transfer a message may still be on its way:
+           MPICH gives a freed communicator's context to the next one, where
+           it would be taken for a new message; MPI_Finalize frees it */
+        if (sh->comm != MPI_COMM_NULL && !DSGD__LOAD_ACQ(&sh->stale)) MPI_Comm_free(&sh->comm);
     }
     DSGD_FREE(sh->seg);
     DSGD_FREE(sh);
