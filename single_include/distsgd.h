@@ -6011,16 +6011,36 @@ static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, dsgd_optimiz
 #define DSGD__CK_METRICS_BYTES 32
 #define DSGD__CK_MAX_RECORDS 65536
 
+/* One replica's accumulators, as the record holds them. */
+typedef struct dsgd__ck_mrec {
+    float st[4];
+    double count[2];
+} dsgd__ck_mrec;
+
+/* Reads model m's accumulators (a custom model's host part folded in first). */
+static dsgd_result dsgd__ck_mrec_get(dsgd_model *m, dsgd__ck_mrec *out) {
+    dsgd_result r = dsgd__model_fold_metrics(m);
+    if (r == DSGD_OK) r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), out->st, 4);
+    out->count[0] = m->count[0];
+    out->count[1] = m->count[1];
+    return r;
+}
+
+static void dsgd__ckw_mrec(dsgd__ck_writer *w, const dsgd__ck_mrec *rec) {
+    dsgd__ckw_floats(w, rec->st, 4);
+    dsgd__ckw_f64(w, rec->count[0]);
+    dsgd__ckw_f64(w, rec->count[1]);
+}
+
 static void dsgd__ck_put_metrics(dsgd__ck_writer *w, dsgd_model *const *models, int n) {
     int r;
     dsgd__ckw_begin(w, "metrics");
     dsgd__ckw_u32(w, (uint32_t)n);
     for (r = 0; r < n; ++r) {
-        dsgd_result fr = dsgd__model_fold_metrics(models[r]); /* a custom model's host part */
+        dsgd__ck_mrec rec;
+        dsgd_result fr = dsgd__ck_mrec_get(models[r], &rec);
         if (fr != DSGD_OK && w->res == DSGD_OK) w->res = fr;
-        dsgd__ckw_read(w, &models[r]->be, dsgd__ref(models[r]->stats, 0), 4);
-        dsgd__ckw_f64(w, models[r]->count[0]);
-        dsgd__ckw_f64(w, models[r]->count[1]);
+        dsgd__ckw_mrec(w, &rec);
     }
     dsgd__ckw_end(w);
 }
@@ -6038,20 +6058,21 @@ static dsgd_result dsgd__ck_check_metrics(const dsgd__ck_file *f, const unsigned
     return DSGD_OK;
 }
 
-/* Writes the saved accumulators into n models: record r into model r when
-   the counts agree; otherwise their sums (in record order) into model 0,
-   and zeros into the others. */
+/* Writes the saved accumulators into n models, global replicas first ..
+   first + n - 1 of world: record first + r into model r when the counts
+   agree; otherwise their sums (in record order) into global replica 0's
+   model, and zeros into the others. */
 static dsgd_result dsgd__ck_apply_metrics(const unsigned char *records, uint32_t saved, dsgd_model *const *models,
-                                          int n) {
+                                          int n, int first, int world) {
     int r, k;
     dsgd_result res = DSGD_OK;
     for (r = 0; r < n && res == DSGD_OK; ++r) {
         float st[4] = {0, 0, 0, 0};
         double cnt[2] = {0, 0};
-        uint32_t first = (uint32_t)r, last = (uint32_t)r + 1, i;
+        uint32_t lo = (uint32_t)(first + r), hi = lo + 1, i;
         dsgd__ck_cur c;
-        if ((uint32_t)n != saved) first = 0, last = r == 0 ? saved : 0;
-        for (i = first; i < last; ++i) {
+        if ((uint32_t)world != saved) lo = 0, hi = first + r == 0 ? saved : 0;
+        for (i = lo; i < hi; ++i) {
             float v[4];
             c.p = records + (size_t)i * DSGD__CK_METRICS_BYTES;
             c.left = DSGD__CK_METRICS_BYTES;
@@ -6208,7 +6229,7 @@ static dsgd_result dsgd__model_restore_from(const dsgd__ck_file *f, dsgd_model *
     /* everything checked: now write */
     r = dsgd__ck_apply_params(f, m);
     if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, opt, &st.opt);
-    if (r == DSGD_OK) r = dsgd__ck_apply_metrics(st.metrics, st.replicas, &m, 1);
+    if (r == DSGD_OK) r = dsgd__ck_apply_metrics(st.metrics, st.replicas, &m, 1, 0, 1);
     if (r == DSGD_OK) dsgd__ck_apply_extra(f, extra, &st.pos);
     return r;
 }
@@ -6394,6 +6415,22 @@ typedef struct dsgd_transport_i {
        itself (the ranks share an address space). The MPI transport's
        windows are MPI_Win_allocate_shared segments. */
     void *(*share_window)(void *impl, size_t *bytes);
+    /* optional: as sendrecv, but the message received may be shorter than
+       rcap bytes: *rbytes gets its size. A message with another tag, or
+       longer than rcap, is DSGD_ERR_DESYNC (it stays in place). The
+       collectives' agreement uses it to carry an algorithm's first
+       exchanges with the fingerprints (see collectives.h); NULL: the
+       agreement is a round trip of its own. */
+    dsgd_result (*sendrecv_upto)(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                 uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes, double deadline,
+                                 int *failed_peer);
+    /* optional: the node layout the transport found, L: ranks node*L ..
+       node*L + L - 1 share a node (the MPI transport reads it from
+       MPI_Comm_split_type when every node holds L consecutive ranks). 0:
+       unknown or irregular. A communicator created with ranks_per_node 0
+       takes it (see dsgd_comm_desc), so AUTO picks HIERARCHICAL across
+       nodes. */
+    int ranks_per_node;
 } dsgd_transport_i;
 
 #ifdef __cplusplus
@@ -6809,7 +6846,8 @@ typedef struct dsgd__lb_transfer {
     int src;
     uint64_t rtag;
     void *rbuf;
-    size_t rbytes;
+    size_t rbytes;  /* the size expected; with got, the most accepted */
+    size_t *got;    /* NULL, or where the size received goes (shorter accepted) */
     int op;
     dsgd__lb_pair *in;
     dsgd__lb_phase recv;
@@ -6872,9 +6910,9 @@ static dsgd_result dsgd__lb_desync(dsgd__lb_transfer *x, const dsgd__lb_slot *s)
                  e->rank, x->src, (unsigned long long)s->tag, (unsigned long long)x->rtag);
     else
         snprintf(e->err, sizeof(e->err),
-                 "loopback rank %d: the message from rank %d has %zu bytes, expected %zu "
+                 "loopback rank %d: the message from rank %d has %zu bytes, expected %s%zu "
                  "(different counts on different ranks?)",
-                 e->rank, x->src, s->bytes, x->rbytes);
+                 e->rank, x->src, s->bytes, x->got ? "at most " : "", x->rbytes);
     return DSGD_ERR_DESYNC;
 }
 
@@ -6893,7 +6931,9 @@ static dsgd_result dsgd__lb_take(dsgd__lb_transfer *x, int *progressed) {
     st = DSGD__LOAD_ACQ(&s->state);
     /* published and not consumed: only this receiver claims or releases it */
     DSGD_ASSERT(st == DSGD__LB_EAGER || st == DSGD__LB_RDV || st == DSGD__LB_CANCELLED);
-    if (st != DSGD__LB_CANCELLED && (s->tag != x->rtag || s->bytes != x->rbytes)) return dsgd__lb_desync(x, s);
+    if (st != DSGD__LB_CANCELLED && (s->tag != x->rtag || (x->got ? s->bytes > x->rbytes : s->bytes != x->rbytes)))
+        return dsgd__lb_desync(x, s);
+    if (x->got) x->rbytes = *x->got = s->bytes;
     if (st == DSGD__LB_RDV) { /* claim it, unless its sender withdraws it first */
         int expect = DSGD__LB_RDV;
         if (!DSGD__CAS(&s->state, &expect, (int)DSGD__LB_TAKEN)) st = expect;
@@ -6995,7 +7035,7 @@ static void dsgd__lb_cancel_send(dsgd__lb_transfer *x) {
    check). */
 static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const void *sbuf,
                                  size_t sbytes, int src, uint64_t rtag, void *rbuf,
-                                 size_t rbytes, int op, double deadline, int *failed_peer) {
+                                 size_t rbytes, size_t *got, int op, double deadline, int *failed_peer) {
     dsgd_loopback *hub = e->hub;
     size_t n = (size_t)hub->n, me = (size_t)e->rank;
     dsgd__lb_transfer x;
@@ -7007,7 +7047,7 @@ static dsgd_result dsgd__lb_xfer(dsgd__lb_ep *e, int dst, uint64_t stag, const v
     x.dst = dst; x.stag = stag; x.sbuf = sbuf; x.sbytes = sbytes;
     x.out = dst >= 0 ? &hub->pair[me * n + (size_t)dst] : NULL;
     x.send = dst >= 0 ? DSGD__LB_TO_POST : DSGD__LB_DONE;
-    x.src = src; x.rtag = rtag; x.rbuf = rbuf; x.rbytes = rbytes; x.op = op;
+    x.src = src; x.rtag = rtag; x.rbuf = rbuf; x.rbytes = rbytes; x.got = got; x.op = op;
     x.in = src >= 0 ? &hub->pair[(size_t)src * n + me] : NULL;
     x.recv = src >= 0 ? DSGD__LB_TO_POST : DSGD__LB_DONE;
     x.blame = -1;
@@ -7228,7 +7268,7 @@ static dsgd_result dsgd__lb_send(void *impl, int dst, uint64_t tag, const void *
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (dst < 0) return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "invalid peer", dst);
     if (dsgd__lb_check(e, dst, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd__lb_xfer(e, dst, tag, buf, bytes, -1, 0, NULL, 0, -1, deadline, NULL);
+    return dsgd__lb_xfer(e, dst, tag, buf, bytes, -1, 0, NULL, 0, NULL, -1, deadline, NULL);
 }
 
 static dsgd_result dsgd__lb_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
@@ -7236,7 +7276,7 @@ static dsgd_result dsgd__lb_recv(void *impl, int src, uint64_t tag, void *buf, s
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (src < 0) return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "invalid peer", src);
     if (dsgd__lb_check(e, src, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd__lb_xfer(e, -1, 0, NULL, 0, src, tag, buf, bytes, -1, deadline, NULL);
+    return dsgd__lb_xfer(e, -1, 0, NULL, 0, src, tag, buf, bytes, NULL, -1, deadline, NULL);
 }
 
 static dsgd_result dsgd__lb_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf,
@@ -7245,7 +7285,21 @@ static dsgd_result dsgd__lb_sendrecv(void *impl, int dst, uint64_t stag, const v
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
     if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
         return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, -1, deadline, failed_peer);
+    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, NULL, -1, deadline, failed_peer);
+}
+
+static dsgd_result dsgd__lb_sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                          int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
+                                          double deadline, int *failed_peer) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    size_t got = 0;
+    dsgd_result r;
+    if (dsgd__lb_check(e, dst, failed_peer) != DSGD_OK || dsgd__lb_check(e, src, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    r = dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcap, src >= 0 ? &got : NULL, -1, deadline,
+                      failed_peer);
+    if (rbytes) *rbytes = got;
+    return r;
 }
 
 static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf,
@@ -7257,7 +7311,7 @@ static dsgd_result dsgd__lb_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
         return DSGD_ERR_INVALID_ARGUMENT;
     if ((int)op < 0 || (int)op >= (int)DSGD_REDUCE_COUNT)
         return dsgd__lb_fail(e, DSGD_ERR_INVALID_ARGUMENT, "unknown reduce op for a message from", src);
-    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), (int)op,
+    return dsgd__lb_xfer(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount * sizeof(float), NULL, (int)op,
                          deadline, failed_peer);
 }
 
@@ -7291,6 +7345,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->recv = dsgd__lb_recv;
     out->sendrecv = dsgd__lb_sendrecv;
     out->sendrecv_reduce = dsgd__lb_sendrecv_reduce;
+    out->sendrecv_upto = dsgd__lb_sendrecv_upto;
     out->allreduce = NULL;
     out->abort = dsgd__lb_abort;
     out->now = NULL;
@@ -8729,11 +8784,17 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      the ranks are in collectives of different numbers). So no collective
      returns DSGD_OK unless every rank agreed, and none touches memory
      outside the caller's count. Cost: DIRECT publishes the description
-     beside the buffer it already shares (free); the message-passing
-     algorithms and a native hook first run ceil(log2 N) rounds of 144-byte
-     messages (a few microseconds on the loopback, see bench/allreduce.c).
-     Ranks that call different all-reduce algorithms, one of them DIRECT,
-     do not meet in the agreement: they time out instead.
+     beside the buffer it already shares (free). Message passing runs
+     ceil(log2 N) rounds of small messages (the range of fingerprints seen
+     so far); over a transport with sendrecv_upto (the loopback) those
+     rounds also carry the algorithm's first exchanges, so the fingerprints
+     ride with the first message: recursive doubling at N a power of two
+     (up to 4096 floats) pays nothing for them, and the ring, reduce-scatter
+     and all-gather one round fewer (none at N = 2); see >>fold. Otherwise
+     (and for the native hook, broadcast and the barrier) the rounds come
+     first: a few microseconds on the loopback (bench/allreduce.c -q prints
+     the cost). Ranks that call different all-reduce algorithms, one of
+     them DIRECT, do not meet in the agreement: they time out instead.
 
      Determinism: each algorithm reduces every element in a fixed order that
      depends only on (algorithm, N, count), not on timing or the piece size,
@@ -8762,9 +8823,10 @@ typedef enum dsgd_allreduce_algo {
                                  64 MiB at N = 2 and 4, and 1.05-6x the
                                  native hook's at 64 KiB and up
                                  (bench/allreduce_mpi.c, 2 CPUs)
+         several nodes           HIERARCHICAL (the node layout L, from
+                                 dsgd_comm_desc.ranks_per_node or the
+                                 transport's, with 1 < L < N)
          native hook present     the transport's allreduce
-         several nodes           HIERARCHICAL (dsgd_comm_desc.ranks_per_node
-                                 L with 1 < L < N)
          share/unshare present   DIRECT (the loopback): fastest or close to it
                                  at every size and N = 2..8 measured, and the
                                  least hurt by a busy machine, having no
@@ -8845,9 +8907,12 @@ typedef struct dsgd_comm_desc {
                            not depend on it. */
     int ranks_per_node; /* the node layout for DSGD_ALLREDUCE_HIERARCHICAL: ranks
                            node*L .. node*L + L - 1 share a node; L must divide
-                           the size. 0: one node. Must be equal on all ranks
-                           (checked: DSGD_ERR_DESYNC otherwise). On one machine
-                           it fakes nodes, for tests and the simulated cluster */
+                           the size. 0: the transport's layout
+                           (dsgd_transport_i.ranks_per_node) when it has one
+                           that divides the size, else one node. Must be equal
+                           on all ranks (checked: DSGD_ERR_DESYNC otherwise).
+                           On one machine it fakes nodes, for tests and the
+                           simulated cluster */
 } dsgd_comm_desc;
 
 typedef struct dsgd_comm dsgd_comm;
@@ -8942,7 +9007,9 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *comm, float *buf, size_t count, int root,
                                     double timeout_s);
 /* Returns once every rank has entered the barrier: the agreement alone
-   (dissemination, ceil(log2 N) rounds of 144-byte messages). A rank in
+   (ceil(log2 N) rounds of messages of 144 bytes, 152 over sendrecv_upto,
+   in the dissemination's pattern; over sendrecv_upto at N a power of two,
+   the butterfly's). A rank in
    another collective makes it DSGD_ERR_DESYNC on every rank.
    Errors: as dsgd_allgather (no buffer).
    Thread safety: as dsgd_allreduce. */
@@ -8996,6 +9063,9 @@ struct dsgd_comm {
     double deadline, span;
     float *scratch;
     size_t scratch_cap; /* floats */
+    unsigned char *fold; /* the agreement's messages over sendrecv_upto: out, then in */
+    const float *ring_pre; /* the ring's first step, received with the agreement (NULL: none) */
+    int no_agree;       /* benchmarks only (bench/allreduce): skip the agreement */
     void **peers;       /* size pointers, for the shared-memory hooks */
 };
 
@@ -9064,7 +9134,12 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     c->size = t->size;
     c->timeout = timeout;
     c->piece = piece;
-    c->node_ranks = desc && desc->ranks_per_node ? desc->ranks_per_node : t->size;
+    if (desc && desc->ranks_per_node)
+        c->node_ranks = desc->ranks_per_node;
+    else if (t->ranks_per_node > 0 && t->size % t->ranks_per_node == 0)
+        c->node_ranks = t->ranks_per_node;
+    else
+        c->node_ranks = t->size;
     c->root = -1;
     *out = c;
     return DSGD_OK;
@@ -9073,6 +9148,7 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
 DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
     if (!c) return;
     DSGD_FREE(c->scratch);
+    DSGD_FREE(c->fold);
     DSGD_FREE(c->peers);
     DSGD_FREE(c);
 }
@@ -9089,8 +9165,8 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *c, size_t co
     size_t bytes = count * sizeof(float);
     if (!c || c->size == 1) return DSGD_ALLREDUCE_RING; /* nothing is exchanged */
     if (c->t.share_window && c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
-    if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
     if (c->node_ranks > 1 && c->node_ranks < c->size) return DSGD_ALLREDUCE_HIERARCHICAL;
+    if (c->t.allreduce) return DSGD_ALLREDUCE_AUTO;
     if (c->t.share && c->t.unshare) return DSGD_ALLREDUCE_DIRECT;
     if (bytes <= DSGD__AUTO_RD_MAX) return DSGD_ALLREDUCE_RECURSIVE_DOUBLING;
     if (dsgd__is_pow2(c->size) && bytes <= DSGD__AUTO_HD_MAX) return DSGD_ALLREDUCE_HALVING_DOUBLING;
@@ -9275,7 +9351,8 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
    rank's fingerprint (the fields below) must be equal, or every rank returns
    DSGD_ERR_DESYNC naming two ranks that differ, having touched no buffer.
    Message passing: a dissemination exchange (ceil(log2 N) rounds, as the
-   barrier) carries the smallest and the largest fingerprint seen so far, with
+   barrier; the butterfly at N a power of two over sendrecv_upto, see
+   >>fold) carries the smallest and the largest fingerprint seen so far, with
    their ranks; after the last round every rank holds the same pair, so every
    rank reaches the same verdict. Shared memory (DIRECT): each rank publishes
    its fingerprint beside its buffer and reads the others', at no extra cost.
@@ -9385,8 +9462,9 @@ static dsgd_result dsgd__fp_verdict(dsgd_comm *c, const dsgd__fp_range *acc) {
                               name, c->rank, lo, hi);
 }
 
-/* The message-passing agreement (see above); also the barrier. */
-static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
+/* The message-passing agreement (see above), over send and recv; also the
+   barrier. */
+static dsgd_result dsgd__coll_agree_plain(dsgd_comm *c) {
     dsgd__fp_range acc, in;
     int n = c->size, r = c->rank, d, step;
     dsgd_result res;
@@ -9400,6 +9478,141 @@ static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
         dsgd__fp_merge(&acc, in.lo, in.lo_rank, in.hi, in.hi_rank);
     }
     return dsgd__fp_verdict(c, &acc);
+}
+
+/* >>fold ------------------------------------------------------------------- */
+/* With sendrecv_upto the agreement's rounds also carry an algorithm's first
+   exchanges, so a collective pays no round trip of its own for its
+   fingerprint: each message is the range so far and the number of floats
+   that follow, then those floats (at most DSGD__FOLD_MAX), received into
+   room for the most. The rounds' pattern depends only on N: partner
+   r XOR 2^k when N is a power of two (the butterfly), else the
+   dissemination's r + 2^k and r - 2^k, so every rank runs the same rounds
+   whatever it thinks the collective is. Recursive doubling (N a power of
+   two) rides every round; the ring's first step rides round 0 when that
+   round's peers are the ring's (N = 2, or N not a power of two). A payload
+   is used only while the range merged so far is one fingerprint (the
+   sender's group agrees with this rank), and only in scratch memory: the
+   caller's buffer is written after the verdict, so a DESYNC still touches
+   no buffer and leaves the communicator usable. */
+#define DSGD__FOLD_MAX 4096 /* floats a round carries (16 KiB) */
+
+typedef struct dsgd__agree_head {
+    dsgd__fp_range range;
+    uint64_t nfloats; /* the payload that follows */
+} dsgd__agree_head;
+#define DSGD__FOLD_MSG (sizeof(dsgd__agree_head) + DSGD__FOLD_MAX * sizeof(float))
+
+/* What an algorithm sends with the agreement's first `rounds` rounds, nout
+   floats out and nin floats expected in each, in one of two ways.
+   Keep (reduce 0, one round): out is sent; the payload received stays in
+   the comm's fold buffer, at *got after the agreement.
+   Reduce (recursive doubling, every round): round 0 sends base, the
+   caller's buffer, and round k > 0 sends acc (scratch); the payload of
+   round k is reduced into acc as op(base or acc, payload) in the
+   butterfly's operand order, except the last round's, which goes into
+   base, after the verdict: base is written only when every rank agreed. */
+typedef struct dsgd__carry {
+    int rounds;
+    size_t nout, nin;
+    const float *out;
+    const float *got;
+    int reduce;
+    float *base, *acc;
+    dsgd_reduce_op op;
+} dsgd__carry;
+
+static int dsgd__agree_butterfly(const dsgd_comm *c) { return dsgd__is_pow2(c->size); }
+
+/* t[i] = op(a[i], b[i]), or op(b[i], a[i]) when b_first; t may be a. */
+static void dsgd__reduce_to(float *t, const float *a, const float *b, size_t n, dsgd_reduce_op op, int b_first) {
+    size_t i;
+    if (op == DSGD_REDUCE_SUM || op == DSGD_REDUCE_MEAN) {
+        if (b_first)
+            for (i = 0; i < n; ++i) t[i] = b[i] + a[i];
+        else
+            for (i = 0; i < n; ++i) t[i] = a[i] + b[i];
+        return;
+    }
+    if (t != a) memcpy(t, a, n * sizeof(float));
+    dsgd__reduce_into(t, b, n, op, b_first);
+}
+
+/* The agreement over sendrecv_upto, carrying cr (NULL: nothing). Round 0
+   receives into the first half of the fold buffer's receiving part, later
+   rounds into the second, so round 0's payload survives them. */
+static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
+    const dsgd_transport_i *t = &c->t;
+    const size_t H = sizeof(dsgd__agree_head);
+    const float *last = NULL;
+    dsgd__fp_range acc;
+    dsgd__agree_head head;
+    int n = c->size, r = c->rank, d, step, bfly = dsgd__agree_butterfly(c), tainted = 0, last_src = 0;
+    dsgd_result res;
+    if (!c->fold && !(c->fold = (unsigned char *)DSGD_MALLOC(3 * DSGD__FOLD_MSG))) {
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu bytes", name,
+                                  c->rank, 3 * DSGD__FOLD_MSG);
+    }
+    dsgd__fp_init(c, &acc);
+    for (d = 1, step = 0; d < n; d <<= 1, ++step) {
+        int dst = bfly ? r ^ d : (r + d) % n, src = bfly ? r ^ d : (r - d + n) % n, failed = -1;
+        int carries = cr && step < cr->rounds;
+        unsigned char *out = c->fold, *in = c->fold + (step ? 2 : 1) * DSGD__FOLD_MSG;
+        const float *payload = (const float *)(const void *)(in + H);
+        size_t nout = carries && !tainted ? cr->nout : 0, got = 0;
+        head.range = acc;
+        head.nfloats = nout;
+        memcpy(out, &head, H);
+        if (nout) memcpy(out + H, cr->reduce ? (step ? cr->acc : cr->base) : cr->out, nout * sizeof(float));
+        res = t->sendrecv_upto(t->impl, dst, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), out,
+                               H + nout * sizeof(float), src, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step),
+                               in, DSGD__FOLD_MSG, &got, c->deadline, &failed);
+        if (res != DSGD_OK) return dsgd__coll_fail(c, res, failed >= 0 ? failed : src);
+        if (got >= H) memcpy(&head, in, H);
+        if (got < H || head.nfloats > DSGD__FOLD_MAX || got != H + head.nfloats * sizeof(float)) {
+            char name[96];
+            dsgd__coll_name(c, name, sizeof(name));
+            c->broken = 1;
+            c->broken_seq = c->seq;
+            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_DESYNC,
+                                      "%s: rank %d: the agreement's message from rank %d has %zu bytes, not a "
+                                      "fingerprint and its payload (another build of distsgd?)",
+                                      name, c->rank, src, got);
+        }
+        dsgd__fp_merge(&acc, head.range.lo, head.range.lo_rank, head.range.hi, head.range.hi_rank);
+        if (!carries) continue;
+        if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != cr->nin) {
+            tainted = 1; /* another collective: its payload means nothing here */
+            continue;
+        }
+        if (!cr->reduce)
+            cr->got = payload;
+        else if (step + 1 < cr->rounds)
+            dsgd__reduce_to(cr->acc, step ? cr->acc : cr->base, payload, cr->nin, cr->op, src < r);
+        else {
+            last = payload;
+            last_src = src;
+        }
+    }
+    res = dsgd__fp_verdict(c, &acc);
+    if (res == DSGD_OK && cr && cr->rounds && tainted) { /* one fingerprint everywhere, a payload of another size */
+        char name[96];
+        dsgd__coll_name(c, name, sizeof(name));
+        c->broken = 1;
+        c->broken_seq = c->seq;
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE, "%s: rank %d: a payload of the agreement had another size "
+                                  "than every rank's fingerprint implies", name, c->rank);
+    }
+    if (res == DSGD_OK && last) /* every rank agreed: the result goes into the caller's buffer */
+        dsgd__reduce_to(cr->base, cr->rounds > 1 ? cr->acc : cr->base, last, cr->nin, cr->op, last_src < r);
+    return res;
+}
+
+/* The agreement: carried by sendrecv_upto when the transport has it. */
+static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
+    return c->t.sendrecv_upto ? dsgd__coll_agree_carry(c, NULL) : dsgd__coll_agree_plain(c);
 }
 
 /* Piece j of block b (count elements in n blocks, pieces of P floats). */
@@ -9439,6 +9652,11 @@ static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *
                 int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
                 dsgd__piece(count, n, sb, j, P, &so, &sl);
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                if (c->ring_pre) { /* this step rode the agreement (see >>fold) */
+                    dsgd__reduce_into(buf + ro, c->ring_pre, rl, op, 0);
+                    c->ring_pre = NULL;
+                    continue;
+                }
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, (int)op);
                 if (res != DSGD_OK) break;
@@ -9453,6 +9671,11 @@ static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *
                 int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
                 dsgd__piece(count, n, sb, j, P, &so, &sl);
                 dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                if (c->ring_pre) { /* an all-gather's first step rode the agreement */
+                    if (rl) memcpy(buf + ro, c->ring_pre, rl * sizeof(float));
+                    c->ring_pre = NULL;
+                    continue;
+                }
                 res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_AG, k), sl ? next : -1, buf + so, sl,
                                  rl ? prev : -1, buf + ro, rl, -1);
                 if (res != DSGD_OK) break;
@@ -9471,6 +9694,41 @@ static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduc
     v.base = 0;
     v.stride = 1;
     return dsgd__ring_in(c, &v, buf, count, op, phases);
+}
+
+/* The agreement, then the ring of the whole group (phases as dsgd__ring_in).
+   When the agreement's round 0 goes to the ring's next rank and comes from
+   its previous one (N = 2, or N not a power of two: see >>fold), it carries
+   the ring's first step of piece 0, which ring_in then takes from
+   ring_pre. */
+static dsgd_result dsgd__ring_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+    int n = c->size, r = c->rank, sb, rb;
+    size_t so, sl, ro, rl;
+    dsgd__carry cr;
+    dsgd_result res;
+    if (c->no_agree) return count ? dsgd__ring(c, buf, count, op, phases) : DSGD_OK;
+    if (!c->t.sendrecv_upto || count == 0 || (n > 2 && dsgd__agree_butterfly(c))) {
+        res = dsgd__coll_agree(c);
+        return res != DSGD_OK || count == 0 ? res : dsgd__ring(c, buf, count, op, phases);
+    }
+    sb = phases & 1 ? (r - 1 + n) % n : r;
+    rb = phases & 1 ? (r - 2 + 2 * n) % n : (r - 1 + n) % n;
+    dsgd__piece(count, n, sb, 0, c->piece, &so, &sl);
+    dsgd__piece(count, n, rb, 0, c->piece, &ro, &rl);
+    if (sl > DSGD__FOLD_MAX || rl > DSGD__FOLD_MAX) {
+        res = dsgd__coll_agree(c);
+        return res != DSGD_OK ? res : dsgd__ring(c, buf, count, op, phases);
+    }
+    memset(&cr, 0, sizeof(cr));
+    cr.rounds = 1;
+    cr.out = buf + so;
+    cr.nout = sl;
+    cr.nin = rl;
+    if ((res = dsgd__coll_agree_carry(c, &cr)) != DSGD_OK) return res;
+    c->ring_pre = cr.got;
+    res = dsgd__ring(c, buf, count, op, phases);
+    c->ring_pre = NULL;
+    return res;
 }
 
 /* N not a power of two: with p = 2^floor(log2 N) and rem = N - p, the first
@@ -9594,6 +9852,33 @@ static dsgd_result dsgd__recursive_doubling(dsgd_comm *c, float *buf, size_t cou
         res = dsgd__unfold(c, x, len, j, rem);
         if (res != DSGD_OK) return res;
     }
+    return DSGD_OK;
+}
+
+/* The agreement carrying recursive doubling whole (N a power of two, count
+   <= DSGD__FOLD_MAX: every round of the butterfly is one of rd's): the
+   partial sums build in scratch, reduced in rd's operand order, so the bits
+   are rd's; the buffer gets them after the verdict. Otherwise the agreement,
+   then rd. */
+static dsgd_result dsgd__rd_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    int n = c->size, d;
+    dsgd__carry cr;
+    dsgd_result res;
+    if (c->no_agree) return count ? dsgd__recursive_doubling(c, buf, count, op) : DSGD_OK;
+    if (!c->t.sendrecv_upto || count == 0 || count > DSGD__FOLD_MAX || !dsgd__agree_butterfly(c)) {
+        res = dsgd__coll_agree(c);
+        return res != DSGD_OK || count == 0 ? res : dsgd__recursive_doubling(c, buf, count, op);
+    }
+    if (n > 2 && (res = dsgd__scratch(c, count)) != DSGD_OK) return res;
+    memset(&cr, 0, sizeof(cr));
+    for (d = 1; d < n; d <<= 1) ++cr.rounds;
+    cr.nout = cr.nin = count;
+    cr.reduce = 1;
+    cr.base = buf;
+    cr.acc = c->scratch;
+    cr.op = op;
+    if ((res = dsgd__coll_agree_carry(c, &cr)) != DSGD_OK) return res;
+    if (op == DSGD_REDUCE_MEAN) dsgd__divide(buf, count, n);
     return DSGD_OK;
 }
 
@@ -9805,22 +10090,28 @@ static dsgd_result dsgd__hierarchical(dsgd_comm *c, float *buf, size_t count, ds
     return dsgd__ring_in(c, &node, buf, count, sum, 2);
 }
 
+static dsgd_result dsgd__ring_allreduce_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
+    return dsgd__ring_agreed(c, buf, count, op, 3);
+}
+
 /* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
-   algorithm is an enumerator and one line here. agrees_itself: it checks
-   the ranks' agreement on its own (DIRECT, through the memory it shares,
-   count 0 included); the others run after dsgd__coll_agree. */
+   algorithm is an enumerator and one line here. agreed: the agreement and
+   the algorithm together (DIRECT checks the fingerprints through the
+   memory it shares, count 0 included; ring and recursive doubling carry
+   their first exchanges with the agreement: see >>fold); NULL: the
+   agreement (dsgd__coll_agree), then run. */
 static const struct {
     const char *name;
     dsgd_result (*run)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
-    int agrees_itself;
+    dsgd_result (*agreed)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
 } dsgd__allreduce_algos[DSGD_ALLREDUCE_COUNT] = {
-    /* AUTO, resolved to the native hook */ {"auto", dsgd__native, 0},
-    /* RING */ {"ring", dsgd__ring_allreduce, 0},
-    /* HALVING_DOUBLING */ {"halving_doubling", dsgd__halving_doubling, 0},
-    /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, 0},
-    /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, 0},
-    /* DIRECT */ {"direct", dsgd__direct, 1},
-    /* HIERARCHICAL */ {"hierarchical", dsgd__hierarchical, 0},
+    /* AUTO, resolved to the native hook */ {"auto", dsgd__native, NULL},
+    /* RING */ {"ring", dsgd__ring_allreduce, dsgd__ring_allreduce_agreed},
+    /* HALVING_DOUBLING */ {"halving_doubling", dsgd__halving_doubling, NULL},
+    /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, NULL},
+    /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, dsgd__rd_agreed},
+    /* DIRECT */ {"direct", dsgd__direct, dsgd__direct},
+    /* HIERARCHICAL */ {"hierarchical", dsgd__hierarchical, NULL},
 };
 
 DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
@@ -9839,10 +10130,11 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd
     dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
                      (int)algo, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
-    if (!dsgd__allreduce_algos[algo].agrees_itself) {
-        res = dsgd__coll_agree(c);
-        if (res != DSGD_OK || count == 0) return res;
-    }
+    if (c->no_agree && algo != DSGD_ALLREDUCE_DIRECT)
+        return count ? dsgd__allreduce_algos[algo].run(c, buf, count, op) : DSGD_OK;
+    if (dsgd__allreduce_algos[algo].agreed) return dsgd__allreduce_algos[algo].agreed(c, buf, count, op);
+    res = dsgd__coll_agree(c);
+    if (res != DSGD_OK || count == 0) return res;
     return dsgd__allreduce_algos[algo].run(c, buf, count, op);
 }
 
@@ -9854,9 +10146,7 @@ DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count,
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_REDUCE_SCATTER, "ring", -1, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK || count == 0) return res;
-    return dsgd__ring(c, buf, count, op, 1);
+    return dsgd__ring_agreed(c, buf, count, op, 1);
 }
 
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, double timeout_s) {
@@ -9866,9 +10156,7 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, doub
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_ALLGATHER, "ring", -1, -1, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK || count == 0) return res;
-    return dsgd__ring(c, buf, count, DSGD_REDUCE_SUM, 2);
+    return dsgd__ring_agreed(c, buf, count, DSGD_REDUCE_SUM, 2);
 }
 
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int root, double timeout_s) {
@@ -9899,8 +10187,9 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_BARRIER, NULL, -1, -1, -1, 0, timeout_s);
     /* The agreement is a dissemination barrier (Hensgen, Finkel and Manber
-       1988): in round k rank r signals r + 2^k and waits for r - 2^k, so
-       after the last round every rank has heard, through others, from all. */
+       1988): in round k rank r signals r + 2^k and waits for r - 2^k (or,
+       the butterfly, exchanges with r XOR 2^k), so after the last round
+       every rank has heard, through others, from all. */
     return c->size == 1 ? DSGD_OK : dsgd__coll_agree(c);
 }
 
@@ -14482,8 +14771,10 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c) {
        - dsgd_replica_id and dsgd_replica_count are global (g and W);
          dsgd_strategy_num_replicas is this worker's N and
          dsgd_strategy_num_replicas_in_sync is W;
-       - gradients go the HOST path; checkpoints (dsgd_strategy_save) are
-         not supported yet (DSGD_ERR_UNSUPPORTED).
+       - gradients go the HOST path;
+       - dsgd_strategy_save and dsgd_strategy_restore are collectives too:
+         the chief writes the one file, every worker reads it (see
+         strategy_checkpoint.h, ACROSS WORKERS).
      A failure on one worker aborts its own replicas at once; the other
      workers return at their deadline (DSGD_ERR_TIMEOUT naming the rank they
      waited for), as MPI cannot reach them sooner (the MPI transport's AFTER
@@ -14612,7 +14903,9 @@ typedef struct dsgd_strategy_desc {
                                        choice of it), dsgd_comm_desc.ranks_per_node:
                                        global ranks node*L .. node*L + L - 1 share
                                        a node; L divides the replicas in sync.
-                                       0: one node */
+                                       0: the endpoints' layout (the MPI
+                                       transport's, from MPI_Comm_split_type),
+                                       else one node */
 } dsgd_strategy_desc;
 
 /* What one training step did. */
@@ -16508,6 +16801,23 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
      mean; the metrics accumulators are summed into replica 0's. So a read
      or dsgd_strategy_take_metrics after the restore gives what it would
      have before (up to float rounding).
+
+   ACROSS WORKERS (MULTI_WORKER_MIRRORED)
+
+     Save and restore are collectives: every worker calls them, with the
+     same path. The replica count above is then the group's (W, every
+     worker's replicas), and replica r is global rank r. Save all-gathers
+     every replica's metrics and variable copies; the chief (the worker
+     holding rank 0) writes the one file, which is the file a one-process
+     strategy of W replicas would write; every worker returns the chief's
+     result. Restore reads the file on every worker (so every worker must
+     reach it: one machine, or a shared file system), and writes nothing
+     until every worker's checks have passed; a worker whose checks fail
+     keeps its own error, and the others return the same code naming the
+     first rank that failed. A checkpoint moves freely between one process
+     and several: 2 workers x 2 replicas restore exactly what 1 x 4 saved,
+     and the reverse. A worker whose strategy has already failed returns
+     DSGD_ERR_STATE at once; the others then time out in the collective.
 */
 #ifndef DSGD__PART_STRATEGY_CHECKPOINT_DECL
 #define DSGD__PART_STRATEGY_CHECKPOINT_DECL
@@ -16522,8 +16832,10 @@ extern "C" {
    NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
    NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
-   replica's backend error, DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
-   for now). path is then unchanged.
+   replica's backend error; across workers also a collective's error
+   (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...), and another worker's error,
+   named. path is then unchanged.
+   Across workers every worker calls it (see above).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
 /* Restores what dsgd_strategy_save wrote (or dsgd_model_save: a model's
@@ -16534,10 +16846,11 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
-   the message names it), DSGD_ERR_UNSUPPORTED (a multi-worker strategy,
-   for now); after any of these nothing was touched. A
+   the message names it); across workers also a collective's error and
+   another worker's error, named; after any of these nothing was touched. A
    replica's backend failing while the checked state is written leaves
    the replicas different: the strategy has then failed.
+   Across workers every worker calls it (see above).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
 
@@ -16567,12 +16880,18 @@ static dsgd_model **dsgd__strategy_models(dsgd_strategy *s, const char *what) {
 }
 
 /* "strategy": kind and replica count; "variables": name, count,
-   synchronization, aggregation, trainable, copies, then the copies. */
-static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s) {
-    int i;
+   synchronization, aggregation, trainable, copies, then the copies. With
+   gathered NULL the copies are the strategy's own (world == n); else
+   gathered holds world records of rec floats, a replica's metrics record
+   (DSGD__CK_REC_HEAD floats) and then its copy of each variable in order. */
+#define DSGD__CK_REC_HEAD (DSGD__CK_METRICS_BYTES / sizeof(float))
+
+static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s, const float *gathered, size_t rec) {
+    size_t off = DSGD__CK_REC_HEAD;
+    int i, g;
     dsgd__ckw_begin(w, "strategy");
     dsgd__ckw_u32(w, (uint32_t)s->d.kind);
-    dsgd__ckw_u32(w, (uint32_t)s->n);
+    dsgd__ckw_u32(w, (uint32_t)s->world);
     dsgd__ckw_end(w);
     dsgd__ckw_begin(w, "variables");
     dsgd__ckw_u32(w, (uint32_t)s->num_vars);
@@ -16583,10 +16902,148 @@ static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s) {
         dsgd__ckw_u32(w, (uint32_t)v->sync);
         dsgd__ckw_u32(w, (uint32_t)v->agg);
         dsgd__ckw_u32(w, (uint32_t)v->trainable);
-        dsgd__ckw_u32(w, (uint32_t)s->n);
-        dsgd__ckw_floats(w, v->copies, (size_t)s->n * v->count);
+        dsgd__ckw_u32(w, (uint32_t)s->world);
+        if (!gathered) {
+            dsgd__ckw_floats(w, v->copies, (size_t)s->n * v->count);
+            continue;
+        }
+        for (g = 0; g < s->world; ++g) dsgd__ckw_floats(w, gathered + (size_t)g * rec + off, v->count);
+        off += v->count;
     }
     dsgd__ckw_end(w);
+}
+
+/* ---- across workers: save and restore are collectives of every worker */
+
+/* One multi-worker save or restore's shared state. */
+typedef struct dsgd__ck_world {
+    size_t rec;   /* floats per replica record */
+    float *all;   /* world records, gathered (save) */
+    int code;     /* this worker's result, for a verdict */
+    int bad_rank; /* the verdict: the first rank that failed (-1: none) */
+    int bad_code; /* and its result */
+} dsgd__ck_world;
+
+/* Each replica packs its record (metrics, then its copy of every
+   variable) and all-gathers the world's; local replica 0 keeps them. */
+static dsgd_result dsgd__ck_gather_job(dsgd_replica *r, void *user) {
+    dsgd__ck_world *cw = (dsgd__ck_world *)user;
+    dsgd_strategy *s = r->s;
+    size_t n = cw->rec * (size_t)s->world, off = DSGD__CK_REC_HEAD;
+    float *buf = dsgd__replica_stage(r, n), *mine;
+    dsgd__ck_mrec mrec;
+    dsgd_result res;
+    int i;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    mine = buf + (size_t)r->rank * cw->rec;
+    if ((res = dsgd__ck_mrec_get(r->model, &mrec)) != DSGD_OK) return res;
+    memcpy(mine, &mrec, sizeof(mrec));
+    for (i = 0; i < s->num_vars; ++i) {
+        memcpy(mine + off, s->vars[i].copies + (size_t)r->local * s->vars[i].count, sizeof(float) * s->vars[i].count);
+        off += s->vars[i].count;
+    }
+    if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0) memcpy(cw->all, buf, sizeof(float) * n);
+    return DSGD_OK;
+}
+
+/* Every replica all-gathers its worker's result (cw->code), so every
+   worker learns the first rank that failed and its code. */
+static dsgd_result dsgd__ck_verdict_job(dsgd_replica *r, void *user) {
+    dsgd__ck_world *cw = (dsgd__ck_world *)user;
+    int world = r->s->world, g;
+    float *buf = dsgd__replica_stage(r, (size_t)world);
+    dsgd_result res;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    buf[r->rank] = (float)cw->code; /* small integers: exact */
+    if ((res = dsgd_allgather(r->comm, buf, (size_t)world, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0)
+        for (g = world - 1; g >= 0; --g)
+            if (buf[g] != 0.0f) {
+                cw->bad_rank = g;
+                cw->bad_code = (int)buf[g];
+            }
+    return DSGD_OK;
+}
+
+/* Tells every worker this worker's result (mine); DSGD_OK when every
+   worker succeeded. Otherwise a worker that failed keeps its own error
+   and the others record one naming the first rank that failed. */
+static dsgd_result dsgd__ck_verdict(dsgd_strategy *s, dsgd_result mine, const char *what, const char *path,
+                                    const char *doing, const char *untouched) {
+    dsgd__ck_world cw;
+    dsgd_result r;
+    memset(&cw, 0, sizeof(cw));
+    cw.code = (int)mine;
+    cw.bad_rank = -1;
+    if ((r = dsgd__strategy_dispatch(s, dsgd__ck_verdict_job, &cw, what)) != DSGD_OK) return r;
+    if (cw.bad_rank < 0 || mine != DSGD_OK) return mine;
+    return dsgd_ctx_set_error(s->ctx, (dsgd_result)cw.bad_code,
+                              "%s: %s: rank %d failed %s (%s; its worker has the message); nothing was %s", what,
+                              path ? path : "(null)", cw.bad_rank, doing, dsgd_result_string((dsgd_result)cw.bad_code),
+                              untouched);
+}
+
+/* The record's floats: the metrics record and one copy of each variable. */
+static size_t dsgd__ck_rec_floats(const dsgd_strategy *s) {
+    size_t n = DSGD__CK_REC_HEAD;
+    int i;
+    for (i = 0; i < s->num_vars; ++i) n += s->vars[i].count;
+    return n;
+}
+
+/* Multi-worker save: every worker learns that every worker's arguments
+   are good, the records are all-gathered, worker 0 (the chief, global
+   rank 0) writes the file, and every worker learns its result. */
+static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra,
+                                             const char *what, dsgd_result args) {
+    dsgd__ck_world cw;
+    dsgd_result r, mine = DSGD_OK;
+    size_t bytes = 0;
+    if ((r = dsgd__ck_verdict(s, args, what, path, "checking its arguments", "written")) != DSGD_OK) return r;
+    memset(&cw, 0, sizeof(cw));
+    cw.rec = dsgd__ck_rec_floats(s);
+    if (dsgd__mul_overflows(cw.rec, (size_t)s->world * sizeof(float), &bytes))
+        mine = dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: the variables are too large", what);
+    else if (!(cw.all = (float *)dsgd__alloc(s->ctx, bytes, what)))
+        mine = DSGD_ERR_OUT_OF_MEMORY;
+    if ((r = dsgd__ck_verdict(s, mine, what, path, "gathering the state", "written")) != DSGD_OK) {
+        DSGD_FREE(cw.all);
+        return r;
+    }
+    r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
+    if (r == DSGD_OK && s->first == 0) {
+        dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+        dsgd__ck_writer w;
+        int g;
+        dsgd__ckw_init(&w, s->ctx, what,
+                       dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
+        dsgd__ck_put_model(&w, opt->m);
+        dsgd__ck_put_params(&w, opt->m);
+        dsgd__ck_put_optimizer(&w, opt);
+        dsgd__ckw_begin(&w, "metrics");
+        dsgd__ckw_u32(&w, (uint32_t)s->world);
+        for (g = 0; g < s->world; ++g) {
+            dsgd__ck_mrec rec;
+            memcpy(&rec, cw.all + (size_t)g * cw.rec, sizeof(rec));
+            dsgd__ckw_mrec(&w, &rec);
+        }
+        dsgd__ckw_end(&w);
+        dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
+        dsgd__ck_put_extra(&w, extra);
+        if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
+            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+        mine = dsgd__ckw_commit(&w, path);
+    }
+    DSGD_FREE(cw.all);
+    if (r != DSGD_OK) return r;
+    return dsgd__ck_verdict(s, mine, what, path, "writing the checkpoint", "written");
 }
 
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
@@ -16597,10 +17054,9 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->world > s->n)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
-                                  "supported yet", what);
-    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
+    r = dsgd__ck_check_args(s->ctx, what, path, extra);
+    if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
+    if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     opt = dsgd__strategy_state_opt(s);
     dsgd__ckw_init(&w, s->ctx, what,
@@ -16609,7 +17065,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd__ck_put_params(&w, opt->m);
     dsgd__ck_put_optimizer(&w, opt);
     dsgd__ck_put_metrics(&w, models, s->n);
-    dsgd__ck_put_variables(&w, s);
+    dsgd__ck_put_variables(&w, s, NULL, 0);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
         dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
@@ -16683,8 +17139,9 @@ static dsgd_result dsgd__ck_check_variables(const dsgd__ck_file *f, const dsgd_s
     return DSGD_OK;
 }
 
-/* Writes the saved copies into the strategy's: as they are at the same
-   replica count, else as a cross-replica read and assignment (above). */
+/* Writes the saved copies into the strategy's (global replicas first ..
+   first + n - 1 of world): as they are at the same replica count, else as
+   a cross-replica read and assignment (above). */
 static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd__ck_var *in) {
     size_t i, count = v->count;
     uint32_t r;
@@ -16692,8 +17149,8 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
         memset(v->copies, 0, sizeof(float) * count * (size_t)s->n);
         return;
     }
-    if (in->copies == (uint32_t)s->n) {
-        dsgd__ck_copy_floats(v->copies, in->data, count * (size_t)s->n);
+    if (in->copies == (uint32_t)s->world) {
+        dsgd__ck_copy_floats(v->copies, in->data + (size_t)s->first * count * sizeof(float), count * (size_t)s->n);
         return;
     }
     dsgd__ck_copy_floats(v->copies, in->data, count); /* the saved copy 0 */
@@ -16706,7 +17163,7 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
                 acc += x;
             }
             value = (float)(v->agg == DSGD_AGG_MEAN ? acc / in->copies : acc);
-            v->copies[i] = v->agg == DSGD_AGG_SUM ? value / (float)s->n : value;
+            v->copies[i] = v->agg == DSGD_AGG_SUM ? value / (float)s->world : value;
         }
     for (r = 1; r < (uint32_t)s->n; ++r) memcpy(v->copies + (size_t)r * count, v->copies, sizeof(float) * count);
 }
@@ -16731,31 +17188,34 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
         rep->opt->t = st->t;
         rep->opt->last_norm = st->last_norm;
     }
-    if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n)) != DSGD_OK)
+    if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n, s->first, s->world)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
     return DSGD_OK;
 }
 
-/* Checks the parsed checkpoint f against s and extra, then restores it. */
-static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f,
-                                               const dsgd_checkpoint_extra *extra) {
+/* Checks the parsed checkpoint f against s and extra (r: DSGD_OK, or the
+   error that kept f from opening); across workers every worker then learns
+   whether every worker's checks passed; then it restores. */
+static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f, dsgd_result r,
+                                               const dsgd_checkpoint_extra *extra, const char *what,
+                                               const char *path) {
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
-    dsgd_result r;
     int i;
-    if ((r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
+    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
-                                            f->what);
-        models = dsgd__strategy_models(s, f->what);
+                                            what);
+        models = dsgd__strategy_models(s, what);
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
     }
-    if (r == DSGD_OK) { /* everything checked: now write */
+    if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
+    if (r == DSGD_OK) { /* everything checked (on every worker): now write */
         if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
             s->failed = 1;
             s->fail_step = st.opt.t;
-            s->fail_in = f->what;
+            s->fail_in = what;
             snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
@@ -16773,11 +17233,9 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->world > s->n)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: checkpoints of a multi-worker strategy are not "
-                                  "supported yet", what);
-    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) != DSGD_OK) return r;
-    if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__strategy_restore_from(s, &f, extra);
+    memset(&f, 0, sizeof(f));
+    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) == DSGD_OK) r = dsgd__ck_open(&f, s->ctx, what, path);
+    if (r == DSGD_OK || s->world > s->n) r = dsgd__strategy_restore_from(s, &f, r, extra, what, path);
     dsgd__ck_close(&f);
     return r;
 }
@@ -20062,6 +20520,19 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      are NULL. destroy frees the window (MPI_Win_free, which waits for
      every rank of the node: destroy on every rank, as the communicator).
 
+   NODES
+
+     Creation also reads the node layout (MPI_Comm_split_type with
+     MPI_COMM_TYPE_SHARED): when every node holds the same number P of
+     processes, at consecutive ranks, the endpoints' ranks_per_node is P x
+     count (count endpoints per process), so a communicator over them knows
+     which ranks share a node and AUTO picks DSGD_ALLREDUCE_HIERARCHICAL
+     when there are several (on one node, P x count is the group's size:
+     one node). Any other layout gives 0 (one node assumed); a program may
+     then map its processes so, or pass dsgd_comm_desc.ranks_per_node
+     (dsgd_strategy_desc.ranks_per_node), which also fakes nodes on one
+     machine for tests.
+
    THE NATIVE ALL-REDUCE
 
      OpenMPI 4.1's MPI_Iallreduce (libnbc) is 2-7x slower than its blocking
@@ -20106,6 +20577,12 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      job ends. The way out is an error to the caller, then the end of the
      job: dsgd_mpi_abort (MPI_Abort on MPI_COMM_WORLD) stops every process,
      while MPI_Finalize could wait forever for the pending operations.
+     After any failed transfer (a mismatch included), destroy leaves the
+     duplicate communicator to MPI_Finalize instead of freeing it: a peer's
+     message may still be on its way or unreceived, and MPICH hands a freed
+     communicator's context to the next one created, where that message
+     would be received as a new one (tests/mpi_collectives.c's probe after
+     a mismatch caught it).
      Future work: ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink, behind a feature
      test for MPIX_ERR_PROC_FAILED) would let the surviving ranks go on;
      Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
@@ -20339,6 +20816,7 @@ typedef struct dsgd_mpi__shared {
     size_t win_bytes;
     int gone; /* this rank withdrew its window after a failure */
     int provided; /* MPI's thread level */
+    int stale;    /* atomic: a transfer failed, messages may be left on comm (not freed) */
 } dsgd_mpi__shared;
 
 /* The native all-reduce's helper thread (see THE NATIVE ALL-REDUCE): one
@@ -20856,6 +21334,7 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
     }
     dsgd_mpi__settle(&x);
     if (failed_peer) *failed_peer = x.blame;
+    if (r != DSGD_OK) DSGD__STORE_SC(&e->sh->stale, 1);
     return r;
 }
 
@@ -21285,6 +21764,24 @@ static dsgd_result dsgd_mpi__window_create(dsgd_ctx *ctx, const char *fn, dsgd_m
     return DSGD_OK;
 }
 
+/* The node layout, collective over comm: P when every node
+   (MPI_Comm_split_type, MPI_COMM_TYPE_SHARED) holds P processes at
+   consecutive ranks starting at a multiple of P; 0 otherwise, or when MPI
+   fails. Every process reaches the same answer. */
+static int dsgd_mpi__node_layout(MPI_Comm comm, int proc) {
+    MPI_Comm node = MPI_COMM_NULL;
+    int nsize = 0, nrank = -1, mine[3], all[3] = {0, 0, 0}, rc;
+    rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(node, &nsize);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(node, &nrank);
+    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+    mine[0] = rc == MPI_SUCCESS && nsize > 0 && nrank == proc % nsize; /* consecutive, aligned */
+    mine[1] = nsize;  /* the smallest node */
+    mine[2] = -nsize; /* the largest */
+    if (MPI_Allreduce(mine, all, 3, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) return 0;
+    return all[0] == 1 && all[1] == -all[2] ? nsize : 0;
+}
+
 /* >>mpi probe -------------------------------------------------------------- */
 
 static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
@@ -21380,7 +21877,10 @@ static void dsgd_mpi__release(dsgd_mpi__shared *sh) {
     if (!fin) {
         if (sh->op_max != MPI_OP_NULL) MPI_Op_free(&sh->op_max);
         if (sh->op_min != MPI_OP_NULL) MPI_Op_free(&sh->op_min);
-        if (sh->comm != MPI_COMM_NULL) MPI_Comm_free(&sh->comm);
+        /* after a failed transfer a message may still be on its way:
+           MPICH gives a freed communicator's context to the next one, where
+           it would be taken for a new message; MPI_Finalize frees it */
+        if (sh->comm != MPI_COMM_NULL && !DSGD__LOAD_ACQ(&sh->stale)) MPI_Comm_free(&sh->comm);
     }
     DSGD_FREE(sh->seg);
     DSGD_FREE(sh);
@@ -21527,7 +22027,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
     MPI_Comm base;
     dsgd_mpi__shared *sh;
     dsgd_result r;
-    int provided, proc = 0, procs = 0, j, rc, share_lines;
+    int provided, proc = 0, procs = 0, j, rc, share_lines, node_procs;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
@@ -21565,6 +22065,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         dsgd_mpi__release(sh);
         return r;
     }
+    node_procs = dsgd_mpi__node_layout(sh->comm, proc);
     if ((double)procs * count > 2147483647.0) {
         dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d processes x %d endpoints is more ranks than "
@@ -21614,6 +22115,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         out[j].set_progress = NULL;
         out[j].peer_progress = NULL;
         out[j].probe = dsgd_mpi__probe;
+        out[j].ranks_per_node = node_procs * count;
     }
     dsgd_mpi__release(sh); /* the endpoints hold it now */
     return DSGD_OK;
