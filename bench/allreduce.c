@@ -218,6 +218,20 @@ fail:
 
 static void human(size_t bytes, char *dst, size_t cap);
 
+/* A loopback hub of n ranks with the plan's spin; *maxbytes: the largest size. */
+static int open_hub(const plan *pl, int n, dsgd_ctx **ctx, dsgd_loopback **hub, size_t *maxbytes) {
+    int si;
+    *maxbytes = 0;
+    for (si = 0; si < pl->num_sizes; ++si)
+        if (pl->sizes[si] > *maxbytes) *maxbytes = pl->sizes[si];
+    if (dsgd_ctx_create(NULL, ctx) != DSGD_OK || dsgd_loopback_create(*ctx, n, hub) != DSGD_OK) {
+        fprintf(stderr, "cannot create the loopback hub\n");
+        return 1;
+    }
+    dsgd_loopback_set_spin(*hub, pl->spin_s);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- -f: the fingerprints */
 
 enum { FP_NONE, FP_ROUNDS, FP_FOLDED, FP_MODES };
@@ -272,13 +286,7 @@ static int run_fingerprints(plan *pl, int n) {
     dsgd_loopback *hub;
     size_t maxbytes = 0;
     int r, si, ai, m, failed = 0;
-    for (si = 0; si < pl->num_sizes; ++si)
-        if (pl->sizes[si] > maxbytes) maxbytes = pl->sizes[si];
-    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK || dsgd_loopback_create(ctx, n, &hub) != DSGD_OK) {
-        fprintf(stderr, "cannot create the loopback hub\n");
-        return 1;
-    }
-    dsgd_loopback_set_spin(hub, pl->spin_s);
+    if (open_hub(pl, n, &ctx, &hub, &maxbytes)) return 1;
     for (r = 0; r < n; ++r) {
         dsgd_transport_i t;
         memset(&args[r], 0, sizeof(args[r]));
@@ -359,13 +367,7 @@ static int run_n(plan *pl, int n) {
     printf("MEMBW n=%d threads=%d memcpy_GBps=%.3f sum_GBps=%.3f\n", n, threads, memcpy_bw / 1e9, sum_bw / 1e9);
 
     pl->n = n;
-    for (si = 0; si < pl->num_sizes; ++si)
-        if (pl->sizes[si] > maxbytes) maxbytes = pl->sizes[si];
-    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK || dsgd_loopback_create(ctx, n, &hub) != DSGD_OK) {
-        fprintf(stderr, "cannot create the loopback hub\n");
-        return 1;
-    }
-    dsgd_loopback_set_spin(hub, pl->spin_s);
+    if (open_hub(pl, n, &ctx, &hub, &maxbytes)) return 1;
     memset(&cdesc, 0, sizeof(cdesc));
     cdesc.piece_bytes = pl->piece_bytes;
     for (r = 0; r < n; ++r) {

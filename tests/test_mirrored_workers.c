@@ -417,6 +417,17 @@ static void ck_expect_bits(const worker *ws, const int *split, int nw, const flo
     printf("    %s: bitwise equal to the run never interrupted\n", what);
 }
 
+/* Workers of `split` restore path and train steps 5..9: `want` and `mt` expected (see ck_expect_bits). */
+static void ck_resume(worker *b, const int *split, int nw, const char *path, const float *want,
+                      const dsgd_metrics *mt, int exact, const char *what) {
+    int i;
+    ck_init(b, split, nw, 5);
+    for (i = 0; i < nw; ++i) b[i].restore_path = path;
+    run_workers(b, split, nw);
+    ck_expect_ok(b, nw, 1, 0);
+    ck_expect_bits(b, split, nw, want, mt, exact, what);
+}
+
 static void test_checkpoint_across_workers(void **state) {
     static const int two_two[2] = {2, 2}, ones[4] = {1, 1, 1, 1}, four[1] = {4}, one_one[2] = {1, 1};
     char dir[64], path[128], path4[128], bad[160];
@@ -439,21 +450,9 @@ static void test_checkpoint_across_workers(void **state) {
     mt = a[0].train;
     assert_memory_equal(&a[1].train, &mt, sizeof(mt));
     /* 2 x 2, 4 x 1 and 1 x 4 restore and train 5..9 */
-    ck_init(b, two_two, 2, 5);
-    for (i = 0; i < 2; ++i) b[i].restore_path = path;
-    run_workers(b, two_two, 2);
-    ck_expect_ok(b, 2, 1, 0);
-    ck_expect_bits(b, two_two, 2, a[0].params[0], &mt, 1, "2 x 2 saved, 2 x 2 restored");
-    ck_init(b, ones, 4, 5);
-    for (i = 0; i < 4; ++i) b[i].restore_path = path;
-    run_workers(b, ones, 4);
-    ck_expect_ok(b, 4, 1, 0);
-    ck_expect_bits(b, ones, 4, a[0].params[0], &mt, 0, "2 x 2 saved, 4 x 1 restored");
-    ck_init(b, four, 1, 5);
-    b[0].restore_path = path;
-    run_workers(b, four, 1);
-    ck_expect_ok(b, 1, 1, 0);
-    ck_expect_bits(b, four, 1, a[0].params[0], &mt, 0, "2 x 2 saved, 1 x 4 restored");
+    ck_resume(b, two_two, 2, path, a[0].params[0], &mt, 1, "2 x 2 saved, 2 x 2 restored");
+    ck_resume(b, ones, 4, path, a[0].params[0], &mt, 0, "2 x 2 saved, 4 x 1 restored");
+    ck_resume(b, four, 1, path, a[0].params[0], &mt, 0, "2 x 2 saved, 1 x 4 restored");
     /* 1 x 4 saves (one process), 2 x 2 restores */
     ck_init(b, four, 1, 0);
     b[0].save_path = path4;
@@ -461,11 +460,7 @@ static void test_checkpoint_across_workers(void **state) {
     run_workers(b, four, 1);
     ck_expect_ok(b, 1, 0, 1);
     assert_memory_equal(b[0].saved, a[0].saved, sizeof(a[0].saved));
-    ck_init(b, two_two, 2, 5);
-    for (i = 0; i < 2; ++i) b[i].restore_path = path4;
-    run_workers(b, two_two, 2);
-    ck_expect_ok(b, 2, 1, 0);
-    ck_expect_bits(b, two_two, 2, a[0].params[0], &mt, 1, "1 x 4 saved, 2 x 2 restored");
+    ck_resume(b, two_two, 2, path4, a[0].params[0], &mt, 1, "1 x 4 saved, 2 x 2 restored");
     /* another group size: 2 x 1 restore the weights exactly, the metrics summed */
     ck_init(m5, two_two, 2, 0);
     for (i = 0; i < 2; ++i) m5[i].last_step = 5;
