@@ -163,7 +163,9 @@ typedef struct dsgd_transport_i {
        longer than rcap, is DSGD_ERR_DESYNC (it stays in place). The
        collectives' agreement uses it to carry an algorithm's first
        exchanges with the fingerprints (see collectives.h); NULL: the
-       agreement is a round trip of its own. */
+       agreement is a round trip of its own. The agreement's messages
+       differ with and without it, so a group's endpoints all have it or
+       none do (a mix is DSGD_ERR_DESYNC at the first collective). */
     dsgd_result (*sendrecv_upto)(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
                                  uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes, double deadline,
                                  int *failed_peer);
