@@ -820,7 +820,8 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
             c->broken_seq = c->seq;
             return dsgd_ctx_set_error(c->ctx, DSGD_ERR_DESYNC,
                                       "%s: rank %d: the agreement's message from rank %d has %zu bytes, not a "
-                                      "fingerprint and its payload (another build of distsgd?)",
+                                      "fingerprint and its payload (an endpoint without sendrecv_upto, or "
+                                      "another build of distsgd?)",
                                       name, c->rank, src, got);
         }
         dsgd__fp_merge(&acc, head.range.lo, head.range.lo_rank, head.range.hi, head.range.hi_rank);

@@ -1414,7 +1414,9 @@ static void wrap_counting(group *g, counting *ks, int upto) {
      own log2 N); the ring at N = 3 makes 5 (2 agreement rounds, the first
      carrying its first step, then its other 3), at N = 4 it makes 8 (the
      butterfly's partners are not the ring's: no fold). Without
-     sendrecv_upto: 3, 2, 4, 6 and 8. */
+     sendrecv_upto: 3, 2, 4, 6 and 8.
+   - endpoints with and without sendrecv_upto in one group: DSGD_ERR_DESYNC
+     on both ranks within 5 s (the agreement's messages differ). */
 static void test_fold(void **state) {
     static const int ns[] = {2, 3, 4, 5, 8};
     static const int kinds[] = {J_ALLREDUCE, J_ALLREDUCE, J_REDUCE_SCATTER, J_ALLGATHER};
@@ -1472,6 +1474,30 @@ static void test_fold(void **state) {
                 }
         group_free(&g);
         group_free(&m);
+    }
+    {   /* a group whose endpoints differ in sendrecv_upto: DSGD_ERR_DESYNC on both, no hang */
+        group g;
+        job jb;
+        worker w[MAXN];
+        float **a = alloc_bufs(2, 10);
+        group_init(&g, 2, NULL, 0);
+        dsgd_comm_destroy(g.comm[1]);
+        g.ep[1].sendrecv_upto = NULL;
+        assert_int_equal(dsgd_comm_create(g.ctx[1], &g.ep[1], NULL, &g.comm[1]), DSGD_OK);
+        job_init(&jb, J_ALLREDUCE, 10);
+        jb.op = DSGD_REDUCE_SUM;
+        jb.algo = DSGD_ALLREDUCE_RECURSIVE_DOUBLING;
+        jb.timeout = 20.0;
+        for (r = 0; r < 2; ++r) fill_inputs(a[r], 9, r, 10);
+        run_job(&g, &jb, a, w);
+        for (r = 0; r < 2; ++r) {
+            if (w[r].res != DSGD_ERR_DESYNC || w[r].elapsed > 5.0)
+                fail_msg("mixed sendrecv_upto: rank %d: %s after %.2f s: %s", r, dsgd_result_string(w[r].res),
+                         w[r].elapsed, w[r].msg);
+        }
+        printf("    endpoints with and without sendrecv_upto: %s\n", w[0].msg);
+        free_bufs(a, 2);
+        group_free(&g);
     }
     {   /* transfers per rank */
         static const struct { int n; dsgd_allreduce_algo algo; int folded, plain; } cases[] = {
