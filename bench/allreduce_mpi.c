@@ -4,12 +4,13 @@
 
    Rows, per size:
      MPI_Allreduce   MPI_Allreduce(MPI_IN_PLACE, ...) on MPI_COMM_WORLD
-     hook            the transport's native hook (t.allreduce: MPI_Iallreduce
-                     polled with MPI_Test against the deadline), called
-                     directly
-     auto            dsgd_allreduce(AUTO): the agreement (ceil(log2 N)
-                     rounds of 128-byte messages), then what
-                     dsgd_allreduce_choose picks (named in the row)
+     hook            the transport's native hook (t.allreduce: MPI_Allreduce
+                     on the endpoint's helper thread, waited for against the
+                     deadline; see distsgd/mpi/transport.h), called directly
+     auto            dsgd_allreduce(AUTO): what dsgd_allreduce_choose picks
+                     (named in the row), with its agreement (ceil(log2 N)
+                     rounds of 144-byte messages first, except DIRECT, whose
+                     fingerprints ride in the windows)
      ring            dsgd_allreduce(RING) over MPI point-to-point messages
      direct          dsgd_allreduce(DIRECT) through the MPI-3 shared-memory
                      windows (every rank on one node)
