@@ -28,7 +28,7 @@
      outside the caller's count. Cost: DIRECT publishes the description
      beside the buffer it already shares (free). Message passing runs
      ceil(log2 N) rounds of small messages (the range of fingerprints seen
-     so far); over a transport with sendrecv_upto (the loopback) those
+     so far); over a transport with sendrecv_upto (the loopback, MPI) those
      rounds also carry the algorithm's first exchanges, so the fingerprints
      ride with the first message: recursive doubling at N a power of two
      (up to 4096 floats) pays nothing for them, and the ring, reduce-scatter

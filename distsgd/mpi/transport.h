@@ -278,10 +278,12 @@ typedef struct dsgd_mpi_desc {
    the duplicate (MPI_Comm_free, so call it on every rank, before
    MPI_Finalize); the owner calls it after the communicators over the
    endpoint are destroyed. It is dsgd_mpi_transport_create_local with
-   count 1 (so creation also compares the counts of the processes). Set members: send, recv, sendrecv, allreduce,
-   abort, error_message, probe, destroy, and share, unshare and
-   share_window when every rank is on one node (see THE MPI TRANSPORT and
-   SHARED MEMORY). Also collective over the node: MPI_Comm_split_type and,
+   count 1 (so creation also compares the counts of the processes). Set
+   members: send, recv, sendrecv, sendrecv_upto, allreduce, abort,
+   error_message, probe, destroy, ranks_per_node (see NODES), and share,
+   unshare and share_window when every rank is on one node (see THE MPI
+   TRANSPORT and SHARED MEMORY). Also collective over the node:
+   MPI_Comm_split_type and,
    on one node, MPI_Win_allocate_shared.
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out NULL;
    thread_level not a thread level; an intercommunicator),
@@ -624,6 +626,7 @@ typedef struct dsgd_mpi__xfer {
     size_t rbytes, rchunks, rnext;
     MPI_Request rh, rd;
     int rh_st, rd_st;
+    size_t *got;    /* NULL, or (sendrecv_upto) rbytes is a capacity and the size received goes here */
     int from_stash; /* the header came from the stash */
     int header_ok;  /* the header is known and matches */
     int rd_count;   /* bytes the current chunk received (-1: unknown) */
@@ -685,6 +688,12 @@ static dsgd_result dsgd_mpi__start_send(dsgd_mpi__xfer *x, uint64_t tag) {
 /* DSGD_ERR_DESYNC when the header (tag, bytes) is not the expected one. */
 static dsgd_result dsgd_mpi__check_header(dsgd_mpi__xfer *x, uint64_t tag, uint64_t bytes) {
     dsgd_mpi__ep *e = x->e;
+    if (tag == x->rtag && x->got && bytes <= (uint64_t)x->rbytes) { /* a capacity: the message's own size */
+        x->rbytes = (size_t)bytes;
+        x->rchunks = dsgd_mpi__chunks(x->rbytes);
+        *x->got = x->rbytes;
+        return DSGD_OK;
+    }
     if (tag == x->rtag && bytes == (uint64_t)x->rbytes) return DSGD_OK;
     x->blame = x->src;
     if (tag != x->rtag)
@@ -693,9 +702,9 @@ static dsgd_result dsgd_mpi__check_header(dsgd_mpi__xfer *x, uint64_t tag, uint6
                  e->rank, x->src, (unsigned long long)tag, (unsigned long long)x->rtag);
     else
         snprintf(e->err, sizeof(e->err),
-                 "mpi rank %d: the message from rank %d has %llu bytes, expected %zu (different counts on "
+                 "mpi rank %d: the message from rank %d has %llu bytes, expected %s%zu (different counts on "
                  "different ranks?)",
-                 e->rank, x->src, (unsigned long long)bytes, x->rbytes);
+                 e->rank, x->src, (unsigned long long)bytes, x->got ? "at most " : "", x->rbytes);
     return DSGD_ERR_DESYNC;
 }
 
@@ -875,7 +884,7 @@ static void dsgd_mpi__settle(dsgd_mpi__xfer *x) {
    0), polling both halves until done, the deadline, an abort or an error.
    dst and src are -1 or other ranks (the callers check). */
 static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
-                                      int src, uint64_t rtag, void *rbuf, size_t rbytes, double deadline,
+                                      int src, uint64_t rtag, void *rbuf, size_t rbytes, size_t *got, double deadline,
                                       int *failed_peer) {
     dsgd_mpi__xfer x;
     dsgd_mpi__wait w;
@@ -884,7 +893,7 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
     memset(&w, 0, sizeof(w));
     x.e = e;
     x.dst = dst; x.sbuf = (const char *)sbuf; x.sbytes = sbytes; x.schunks = dsgd_mpi__chunks(sbytes);
-    x.src = src; x.rtag = rtag; x.rbuf = (char *)rbuf; x.rbytes = rbytes;
+    x.src = src; x.rtag = rtag; x.rbuf = (char *)rbuf; x.rbytes = rbytes; x.got = got;
     if (dst >= 0) { x.dst_proc = dsgd_mpi__proc(e, dst); x.dst_tag = dsgd_mpi__header_tag(e, e->rank, dst); }
     if (src >= 0) { x.src_proc = dsgd_mpi__proc(e, src); x.src_tag = dsgd_mpi__header_tag(e, src, e->rank); }
     x.sh = x.sd = x.rh = x.rd = MPI_REQUEST_NULL;
@@ -932,14 +941,14 @@ static dsgd_result dsgd_mpi__send(void *impl, int dst, uint64_t tag, const void 
                                   double deadline) {
     dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
     if (dsgd_mpi__check_peer(e, dst, 0, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd_mpi__xfer_run(e, dst, tag, buf, bytes, -1, 0, NULL, 0, deadline, NULL);
+    return dsgd_mpi__xfer_run(e, dst, tag, buf, bytes, -1, 0, NULL, 0, NULL, deadline, NULL);
 }
 
 static dsgd_result dsgd_mpi__recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
                                   double deadline) {
     dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
     if (dsgd_mpi__check_peer(e, src, 0, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd_mpi__xfer_run(e, -1, 0, NULL, 0, src, tag, buf, bytes, deadline, NULL);
+    return dsgd_mpi__xfer_run(e, -1, 0, NULL, 0, src, tag, buf, bytes, NULL, deadline, NULL);
 }
 
 static dsgd_result dsgd_mpi__sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
@@ -950,7 +959,24 @@ static dsgd_result dsgd_mpi__sendrecv(void *impl, int dst, uint64_t stag, const 
         dsgd_mpi__check_peer(e, src, 1, failed_peer) != DSGD_OK)
         return DSGD_ERR_INVALID_ARGUMENT;
     if (dst < 0 && src < 0) return DSGD_OK;
-    return dsgd_mpi__xfer_run(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, deadline, failed_peer);
+    return dsgd_mpi__xfer_run(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, NULL, deadline, failed_peer);
+}
+
+static dsgd_result dsgd_mpi__sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                           int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
+                                           double deadline, int *failed_peer) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    size_t got = 0;
+    dsgd_result r;
+    if (rbytes) *rbytes = 0;
+    if (dsgd_mpi__check_peer(e, dst, 1, failed_peer) != DSGD_OK ||
+        dsgd_mpi__check_peer(e, src, 1, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (dst < 0 && src < 0) return DSGD_OK;
+    r = dsgd_mpi__xfer_run(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcap, src >= 0 ? &got : NULL, deadline,
+                           failed_peer);
+    if (rbytes) *rbytes = got;
+    return r;
 }
 
 /* >>mpi native all-reduce -------------------------------------------------- */
@@ -1685,6 +1711,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         out[j].recv = dsgd_mpi__recv;
         out[j].sendrecv = dsgd_mpi__sendrecv;
         out[j].sendrecv_reduce = NULL;
+        out[j].sendrecv_upto = dsgd_mpi__sendrecv_upto;
         /* the window is per process: one endpoint per process only */
         out[j].share = sh->win != MPI_WIN_NULL ? dsgd_mpi__share : NULL;
         out[j].unshare = sh->win != MPI_WIN_NULL ? dsgd_mpi__unshare : NULL;
