@@ -31,11 +31,12 @@
      so far); over a transport with sendrecv_upto (the loopback, MPI) those
      rounds also carry the algorithm's first exchanges, so the fingerprints
      ride with the first message: recursive doubling at N a power of two
-     (up to 4096 floats) pays nothing for them, and the ring, reduce-scatter
-     and all-gather one round fewer (none at N = 2); see >>fold. Otherwise
-     (and for the native hook, broadcast and the barrier) the rounds come
-     first: a few microseconds on the loopback (bench/allreduce.c -q prints
-     the cost). Ranks that call different all-reduce algorithms, one of
+     and broadcast at any N (up to 4096 floats) pay nothing for them, and
+     the ring, reduce-scatter and all-gather one round fewer (none at
+     N = 2); see >>fold. Otherwise (halving-doubling, reduce-broadcast,
+     hierarchical, the native hook, larger messages) the rounds come
+     first: a few microseconds on the loopback (bench/allreduce.c -f prints
+     the cost); the barrier is the rounds alone. Ranks that call different all-reduce algorithms, one of
      them DIRECT, do not meet in the agreement: they time out instead.
 
      Determinism: each algorithm reduces every element in a fixed order that
@@ -240,9 +241,11 @@ DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t cou
    Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
                                     double timeout_s);
-/* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
-   in pieces); every rank passes the same root (a different root on some
-   rank is DSGD_ERR_DESYNC on every rank).
+/* Broadcast of root's buf[0..count) to every rank (up to 4096 floats over
+   a transport with sendrecv_upto: carried by the agreement's rounds, see
+   COLLECTIVES; otherwise a binomial tree, pipelined in pieces); every rank
+   passes the same root (a different root on some rank is DSGD_ERR_DESYNC
+   on every rank).
    Errors: as dsgd_allgather, and DSGD_ERR_INVALID_ARGUMENT for root outside
    [0, size).
    Thread safety: as dsgd_allreduce. */
@@ -731,8 +734,9 @@ static dsgd_result dsgd__coll_agree_plain(dsgd_comm *c) {
    r XOR 2^k when N is a power of two (the butterfly), else the
    dissemination's r + 2^k and r - 2^k, so every rank runs the same rounds
    whatever it thinks the collective is. Recursive doubling (N a power of
-   two) rides every round; the ring's first step rides round 0 when that
-   round's peers are the ring's (N = 2, or N not a power of two). A payload
+   two) and a broadcast (any N) ride every round; the ring's first step
+   rides round 0 when that round's peers are the ring's (N = 2, or N not a
+   power of two). A payload
    is used only while the range merged so far is one fingerprint (the
    sender's group agrees with this rank), and only in scratch memory: the
    caller's buffer is written after the verdict, so a DESYNC still touches
@@ -747,6 +751,10 @@ typedef struct dsgd__agree_head {
 
 /* What an algorithm sends with the agreement's first `rounds` rounds, nout
    floats out and nin floats expected in each, in one of two ways.
+   Broadcast (every round): with vr this rank's place relative to the
+   root (r - root mod N; r XOR root for the butterfly), the ranks below 2^k
+   hold the data at round k and send it to their partner (vr + 2^k), which
+   keeps it in acc; base gets it after the verdict.
    Keep (reduce 0, one round): out is sent; the payload received stays in
    the comm's fold buffer, at *got after the agreement.
    Reduce (recursive doubling, every round): round 0 sends base, the
@@ -762,6 +770,8 @@ typedef struct dsgd__carry {
     int reduce;
     float *base, *acc;
     dsgd_reduce_op op;
+    int bcast; /* a broadcast of nout floats from the rank at vr 0 (see dsgd__bcast_agreed) */
+    int vr;
 } dsgd__carry;
 
 static int dsgd__agree_butterfly(const dsgd_comm *c) { return dsgd__is_pow2(c->size); }
@@ -802,12 +812,18 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
         int dst = bfly ? r ^ d : (r + d) % n, src = bfly ? r ^ d : (r - d + n) % n, failed = -1;
         int carries = cr && step < cr->rounds;
         unsigned char *out = c->fold, *in = c->fold + (step ? 2 : 1) * DSGD__FOLD_MSG;
-        const float *payload = (const float *)(const void *)(in + H);
-        size_t nout = carries && !tainted ? cr->nout : 0, got = 0;
+        const float *payload = (const float *)(const void *)(in + H), *from;
+        size_t nout = carries && !tainted ? cr->nout : 0, nin = carries ? cr->nin : 0, got = 0;
+        if (carries && cr->bcast) { /* holders send, the next 2^k receive */
+            nout = !tainted && cr->vr < d && (bfly || cr->vr + d < n) ? cr->nout : 0;
+            nin = cr->vr >= d && cr->vr < 2 * d ? cr->nin : 0;
+        }
+        from = cr && cr->bcast ? (cr->vr ? cr->acc : cr->base) : cr && cr->reduce ? (step ? cr->acc : cr->base)
+                                                                                : cr ? cr->out : NULL;
         head.range = acc;
         head.nfloats = nout;
         memcpy(out, &head, H);
-        if (nout) memcpy(out + H, cr->reduce ? (step ? cr->acc : cr->base) : cr->out, nout * sizeof(float));
+        if (nout) memcpy(out + H, from, nout * sizeof(float));
         res = t->sendrecv_upto(t->impl, dst, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), out,
                                H + nout * sizeof(float), src, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step),
                                in, DSGD__FOLD_MSG, &got, c->deadline, &failed);
@@ -826,11 +842,13 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
         }
         dsgd__fp_merge(&acc, head.range.lo, head.range.lo_rank, head.range.hi, head.range.hi_rank);
         if (!carries) continue;
-        if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != cr->nin) {
+        if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != nin) {
             tainted = 1; /* another collective: its payload means nothing here */
             continue;
         }
-        if (!cr->reduce)
+        if (cr->bcast) {
+            if (nin) memcpy(cr->acc, payload, nin * sizeof(float));
+        } else if (!cr->reduce)
             cr->got = payload;
         else if (step + 1 < cr->rounds)
             dsgd__reduce_to(cr->acc, step ? cr->acc : cr->base, payload, cr->nin, cr->op, src < r);
@@ -850,6 +868,7 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
     }
     if (res == DSGD_OK && last) /* every rank agreed: the result goes into the caller's buffer */
         dsgd__reduce_to(cr->base, cr->rounds > 1 ? cr->acc : cr->base, last, cr->nin, cr->op, last_src < r);
+    if (res == DSGD_OK && cr && cr->bcast && cr->vr) memcpy(cr->base, cr->acc, cr->nin * sizeof(float));
     return res;
 }
 
@@ -1402,9 +1421,38 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, doub
     return dsgd__ring_agreed(c, buf, count, DSGD_REDUCE_SUM, 2);
 }
 
+/* The agreement, then the broadcast; up to DSGD__FOLD_MAX floats the
+   agreement's rounds carry the broadcast whole (see dsgd__carry): ceil(log2
+   N) rounds in all, the data written into each rank's buffer after the
+   verdict. Larger: the binomial tree, pipelined in segments, after the
+   agreement. */
+static dsgd_result dsgd__bcast_agreed(dsgd_comm *c, float *buf, size_t count, int root) {
+    int n = c->size, d;
+    size_t seg, base, j;
+    dsgd__carry cr;
+    dsgd_result res;
+    if (c->t.sendrecv_upto && count > 0 && count <= DSGD__FOLD_MAX) {
+        if ((res = dsgd__scratch(c, count)) != DSGD_OK) return res;
+        memset(&cr, 0, sizeof(cr));
+        for (d = 1; d < n; d <<= 1) ++cr.rounds;
+        cr.bcast = 1;
+        cr.vr = dsgd__agree_butterfly(c) ? c->rank ^ root : (c->rank - root + n) % n;
+        cr.nout = cr.nin = count;
+        cr.base = buf;
+        cr.acc = c->scratch;
+        return dsgd__coll_agree_carry(c, &cr);
+    }
+    if ((res = dsgd__coll_agree(c)) != DSGD_OK) return res;
+    seg = c->piece * 4;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        res = dsgd__bcast_seg(c, buf + base, DSGD__MIN(seg, count - base), j, root);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int root, double timeout_s) {
     dsgd_result res;
-    size_t seg, base, j;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "broadcast", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
@@ -1413,14 +1461,7 @@ DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int 
                                   c->size);
     dsgd__coll_begin(c, DSGD__K_BROADCAST, NULL, -1, -1, root, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK) return res;
-    seg = c->piece * 4;
-    for (base = 0, j = 0; base < count; base += seg, ++j) {
-        res = dsgd__bcast_seg(c, buf + base, DSGD__MIN(seg, count - base), j, root);
-        if (res != DSGD_OK) return res;
-    }
-    return DSGD_OK;
+    return dsgd__bcast_agreed(c, buf, count, root);
 }
 
 DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {

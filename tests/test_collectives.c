@@ -1415,6 +1415,9 @@ static void wrap_counting(group *g, counting *ks, int upto) {
      carrying its first step, then its other 3), at N = 4 it makes 8 (the
      butterfly's partners are not the ring's: no fold). Without
      sendrecv_upto: 3, 2, 4, 6 and 8.
+   - a broadcast of 1000 floats rides the agreement whole: 2 transfers per
+     rank at N = 4 and 3 at N = 5 (ceil(log2 N)), every rank ending with
+     the root's data (test_broadcast checks every root and count);
    - endpoints with and without sendrecv_upto in one group: DSGD_ERR_DESYNC
      on both ranks within 5 s (the agreement's messages differ). */
 static void test_fold(void **state) {
@@ -1500,10 +1503,11 @@ static void test_fold(void **state) {
         group_free(&g);
     }
     {   /* transfers per rank */
-        static const struct { int n; dsgd_allreduce_algo algo; int folded, plain; } cases[] = {
-            {2, DSGD_ALLREDUCE_RING, 2, 3}, {2, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 1, 2},
-            {4, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 2, 4}, {3, DSGD_ALLREDUCE_RING, 5, 6},
-            {4, DSGD_ALLREDUCE_RING, 8, 8}};
+        /* bcast: a broadcast from rank 1 instead (plain: -1, each rank's own count of tree steps) */
+        static const struct { int n; dsgd_allreduce_algo algo; int bcast, folded, plain; } cases[] = {
+            {2, DSGD_ALLREDUCE_RING, 0, 2, 3}, {2, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 0, 1, 2},
+            {4, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 0, 2, 4}, {3, DSGD_ALLREDUCE_RING, 0, 5, 6},
+            {4, DSGD_ALLREDUCE_RING, 0, 8, 8}, {4, DSGD_ALLREDUCE_AUTO, 1, 2, -1}, {5, DSGD_ALLREDUCE_AUTO, 1, 3, -1}};
         int i, up;
         for (i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); ++i)
             for (up = 0; up < 2; ++up) {
@@ -1515,21 +1519,29 @@ static void test_fold(void **state) {
                 worker w[MAXN];
                 group_init(&g, n, NULL, 0);
                 wrap_counting(&g, ks, up);
-                job_init(&jb, J_ALLREDUCE, 1000);
+                const char *name = cases[i].bcast ? "broadcast" : dsgd_allreduce_algo_name(cases[i].algo);
+                job_init(&jb, cases[i].bcast ? J_BROADCAST : J_ALLREDUCE, 1000);
                 jb.op = DSGD_REDUCE_SUM;
                 jb.algo = cases[i].algo;
+                jb.root = 1;
                 jb.timeout = 20.0;
                 for (r = 0; r < n; ++r) fill_inputs(a[r], 5, r, 1000);
                 run_job(&g, &jb, a, w);
                 assert_all_ok(&g, w, "counted");
-                for (r = 0; r < n; ++r)
-                    if (ks[r].calls != (up ? cases[i].folded : cases[i].plain))
-                        fail_msg("N=%d %s, %s: rank %d made %d transfers, expected %d", n,
-                                 dsgd_allreduce_algo_name(cases[i].algo), up ? "sendrecv_upto" : "no sendrecv_upto", r,
-                                 ks[r].calls, up ? cases[i].folded : cases[i].plain);
-                if (up)
-                    printf("    N=%d %s, 1000 floats: %d transfers per rank with the fold, %d without\n", n,
-                           dsgd_allreduce_algo_name(cases[i].algo), cases[i].folded, cases[i].plain);
+                for (r = 0; r < n; ++r) {
+                    int want = up ? cases[i].folded : cases[i].plain;
+                    if (want >= 0 && ks[r].calls != want)
+                        fail_msg("N=%d %s, %s: rank %d made %d transfers, expected %d", n, name,
+                                 up ? "sendrecv_upto" : "no sendrecv_upto", r, ks[r].calls, want);
+                    if (cases[i].bcast && memcmp(a[r], a[1], 1000 * sizeof(float)) != 0)
+                        fail_msg("N=%d broadcast: rank %d does not hold rank 1's data", n, r);
+                }
+                if (up && cases[i].plain >= 0)
+                    printf("    N=%d %s, 1000 floats: %d transfers per rank with the fold, %d without\n", n, name,
+                           cases[i].folded, cases[i].plain);
+                else if (up)
+                    printf("    N=%d %s, 1000 floats: %d transfers per rank with the fold (its agreement's "
+                           "rounds)\n", n, name, cases[i].folded);
                 free_bufs(a, n);
                 group_free(&g);
             }
