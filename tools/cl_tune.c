@@ -514,7 +514,7 @@ int main(int argc, char **argv) {
     double budget = 180, start = dsgd_now();
     int repeats = 5, dry = 0, maxc = MAX_CANDIDATES, ns, nc, i, c, nf = 0, best_f = -1;
     gemm_shape shapes[MAX_SHAPES];
-    char shapes_s[2048], path[1100], label[256], note[512];
+    char shapes_s[2048], path[1100], label[256], note[3072];
     cand cands[MAX_CANDIDATES], fin_c[MAX_FINALISTS + 1], win, stock_c;
     static result screen[MAX_CANDIDATES];
     result stock, fin_r[MAX_FINALISTS + 1], final_r;
