@@ -6420,7 +6420,9 @@ typedef struct dsgd_transport_i {
        longer than rcap, is DSGD_ERR_DESYNC (it stays in place). The
        collectives' agreement uses it to carry an algorithm's first
        exchanges with the fingerprints (see collectives.h); NULL: the
-       agreement is a round trip of its own. */
+       agreement is a round trip of its own. The agreement's messages
+       differ with and without it, so a group's endpoints all have it or
+       none do (a mix is DSGD_ERR_DESYNC at the first collective). */
     dsgd_result (*sendrecv_upto)(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
                                  uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes, double deadline,
                                  int *failed_peer);
@@ -8786,14 +8788,15 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      outside the caller's count. Cost: DIRECT publishes the description
      beside the buffer it already shares (free). Message passing runs
      ceil(log2 N) rounds of small messages (the range of fingerprints seen
-     so far); over a transport with sendrecv_upto (the loopback) those
+     so far); over a transport with sendrecv_upto (the loopback, MPI) those
      rounds also carry the algorithm's first exchanges, so the fingerprints
      ride with the first message: recursive doubling at N a power of two
-     (up to 4096 floats) pays nothing for them, and the ring, reduce-scatter
-     and all-gather one round fewer (none at N = 2); see >>fold. Otherwise
-     (and for the native hook, broadcast and the barrier) the rounds come
-     first: a few microseconds on the loopback (bench/allreduce.c -q prints
-     the cost). Ranks that call different all-reduce algorithms, one of
+     and broadcast at any N (up to 4096 floats) pay nothing for them, and
+     the ring, reduce-scatter and all-gather one round fewer (none at
+     N = 2); see >>fold. Otherwise (halving-doubling, reduce-broadcast,
+     hierarchical, the native hook, larger messages) the rounds come
+     first: a few microseconds on the loopback (bench/allreduce.c -f prints
+     the cost); the barrier is the rounds alone. Ranks that call different all-reduce algorithms, one of
      them DIRECT, do not meet in the agreement: they time out instead.
 
      Determinism: each algorithm reduces every element in a fixed order that
@@ -8998,9 +9001,11 @@ DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *comm, float *buf, size_t cou
    Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *comm, float *buf, size_t count,
                                     double timeout_s);
-/* Broadcast of root's buf[0..count) to every rank (binomial tree, pipelined
-   in pieces); every rank passes the same root (a different root on some
-   rank is DSGD_ERR_DESYNC on every rank).
+/* Broadcast of root's buf[0..count) to every rank (up to 4096 floats over
+   a transport with sendrecv_upto: carried by the agreement's rounds, see
+   COLLECTIVES; otherwise a binomial tree, pipelined in pieces); every rank
+   passes the same root (a different root on some rank is DSGD_ERR_DESYNC
+   on every rank).
    Errors: as dsgd_allgather, and DSGD_ERR_INVALID_ARGUMENT for root outside
    [0, size).
    Thread safety: as dsgd_allreduce. */
@@ -9489,8 +9494,9 @@ static dsgd_result dsgd__coll_agree_plain(dsgd_comm *c) {
    r XOR 2^k when N is a power of two (the butterfly), else the
    dissemination's r + 2^k and r - 2^k, so every rank runs the same rounds
    whatever it thinks the collective is. Recursive doubling (N a power of
-   two) rides every round; the ring's first step rides round 0 when that
-   round's peers are the ring's (N = 2, or N not a power of two). A payload
+   two) and a broadcast (any N) ride every round; the ring's first step
+   rides round 0 when that round's peers are the ring's (N = 2, or N not a
+   power of two). A payload
    is used only while the range merged so far is one fingerprint (the
    sender's group agrees with this rank), and only in scratch memory: the
    caller's buffer is written after the verdict, so a DESYNC still touches
@@ -9505,6 +9511,10 @@ typedef struct dsgd__agree_head {
 
 /* What an algorithm sends with the agreement's first `rounds` rounds, nout
    floats out and nin floats expected in each, in one of two ways.
+   Broadcast (every round): with vr this rank's place relative to the
+   root (r - root mod N; r XOR root for the butterfly), the ranks below 2^k
+   hold the data at round k and send it to their partner (vr + 2^k), which
+   keeps it in acc; base gets it after the verdict.
    Keep (reduce 0, one round): out is sent; the payload received stays in
    the comm's fold buffer, at *got after the agreement.
    Reduce (recursive doubling, every round): round 0 sends base, the
@@ -9520,6 +9530,8 @@ typedef struct dsgd__carry {
     int reduce;
     float *base, *acc;
     dsgd_reduce_op op;
+    int bcast; /* a broadcast of nout floats from the rank at vr 0 (see dsgd__bcast_agreed) */
+    int vr;
 } dsgd__carry;
 
 static int dsgd__agree_butterfly(const dsgd_comm *c) { return dsgd__is_pow2(c->size); }
@@ -9560,12 +9572,18 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
         int dst = bfly ? r ^ d : (r + d) % n, src = bfly ? r ^ d : (r - d + n) % n, failed = -1;
         int carries = cr && step < cr->rounds;
         unsigned char *out = c->fold, *in = c->fold + (step ? 2 : 1) * DSGD__FOLD_MSG;
-        const float *payload = (const float *)(const void *)(in + H);
-        size_t nout = carries && !tainted ? cr->nout : 0, got = 0;
+        const float *payload = (const float *)(const void *)(in + H), *from;
+        size_t nout = carries && !tainted ? cr->nout : 0, nin = carries ? cr->nin : 0, got = 0;
+        if (carries && cr->bcast) { /* holders send, the next 2^k receive */
+            nout = !tainted && cr->vr < d && (bfly || cr->vr + d < n) ? cr->nout : 0;
+            nin = cr->vr >= d && cr->vr < 2 * d ? cr->nin : 0;
+        }
+        from = cr && cr->bcast ? (cr->vr ? cr->acc : cr->base) : cr && cr->reduce ? (step ? cr->acc : cr->base)
+                                                                                : cr ? cr->out : NULL;
         head.range = acc;
         head.nfloats = nout;
         memcpy(out, &head, H);
-        if (nout) memcpy(out + H, cr->reduce ? (step ? cr->acc : cr->base) : cr->out, nout * sizeof(float));
+        if (nout) memcpy(out + H, from, nout * sizeof(float));
         res = t->sendrecv_upto(t->impl, dst, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), out,
                                H + nout * sizeof(float), src, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step),
                                in, DSGD__FOLD_MSG, &got, c->deadline, &failed);
@@ -9578,16 +9596,19 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
             c->broken_seq = c->seq;
             return dsgd_ctx_set_error(c->ctx, DSGD_ERR_DESYNC,
                                       "%s: rank %d: the agreement's message from rank %d has %zu bytes, not a "
-                                      "fingerprint and its payload (another build of distsgd?)",
+                                      "fingerprint and its payload (an endpoint without sendrecv_upto, or "
+                                      "another build of distsgd?)",
                                       name, c->rank, src, got);
         }
         dsgd__fp_merge(&acc, head.range.lo, head.range.lo_rank, head.range.hi, head.range.hi_rank);
         if (!carries) continue;
-        if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != cr->nin) {
+        if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != nin) {
             tainted = 1; /* another collective: its payload means nothing here */
             continue;
         }
-        if (!cr->reduce)
+        if (cr->bcast) {
+            if (nin) memcpy(cr->acc, payload, nin * sizeof(float));
+        } else if (!cr->reduce)
             cr->got = payload;
         else if (step + 1 < cr->rounds)
             dsgd__reduce_to(cr->acc, step ? cr->acc : cr->base, payload, cr->nin, cr->op, src < r);
@@ -9607,6 +9628,7 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
     }
     if (res == DSGD_OK && last) /* every rank agreed: the result goes into the caller's buffer */
         dsgd__reduce_to(cr->base, cr->rounds > 1 ? cr->acc : cr->base, last, cr->nin, cr->op, last_src < r);
+    if (res == DSGD_OK && cr && cr->bcast && cr->vr) memcpy(cr->base, cr->acc, cr->nin * sizeof(float));
     return res;
 }
 
@@ -10159,9 +10181,38 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, doub
     return dsgd__ring_agreed(c, buf, count, DSGD_REDUCE_SUM, 2);
 }
 
+/* The agreement, then the broadcast; up to DSGD__FOLD_MAX floats the
+   agreement's rounds carry the broadcast whole (see dsgd__carry): ceil(log2
+   N) rounds in all, the data written into each rank's buffer after the
+   verdict. Larger: the binomial tree, pipelined in segments, after the
+   agreement. */
+static dsgd_result dsgd__bcast_agreed(dsgd_comm *c, float *buf, size_t count, int root) {
+    int n = c->size, d;
+    size_t seg, base, j;
+    dsgd__carry cr;
+    dsgd_result res;
+    if (c->t.sendrecv_upto && count > 0 && count <= DSGD__FOLD_MAX) {
+        if ((res = dsgd__scratch(c, count)) != DSGD_OK) return res;
+        memset(&cr, 0, sizeof(cr));
+        for (d = 1; d < n; d <<= 1) ++cr.rounds;
+        cr.bcast = 1;
+        cr.vr = dsgd__agree_butterfly(c) ? c->rank ^ root : (c->rank - root + n) % n;
+        cr.nout = cr.nin = count;
+        cr.base = buf;
+        cr.acc = c->scratch;
+        return dsgd__coll_agree_carry(c, &cr);
+    }
+    if ((res = dsgd__coll_agree(c)) != DSGD_OK) return res;
+    seg = c->piece * 4;
+    for (base = 0, j = 0; base < count; base += seg, ++j) {
+        res = dsgd__bcast_seg(c, buf + base, DSGD__MIN(seg, count - base), j, root);
+        if (res != DSGD_OK) return res;
+    }
+    return DSGD_OK;
+}
+
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int root, double timeout_s) {
     dsgd_result res;
-    size_t seg, base, j;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "broadcast", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
@@ -10170,14 +10221,7 @@ DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int 
                                   c->size);
     dsgd__coll_begin(c, DSGD__K_BROADCAST, NULL, -1, -1, root, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    res = dsgd__coll_agree(c);
-    if (res != DSGD_OK) return res;
-    seg = c->piece * 4;
-    for (base = 0, j = 0; base < count; base += seg, ++j) {
-        res = dsgd__bcast_seg(c, buf + base, DSGD__MIN(seg, count - base), j, root);
-        if (res != DSGD_OK) return res;
-    }
-    return DSGD_OK;
+    return dsgd__bcast_agreed(c, buf, count, root);
 }
 
 DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
@@ -20696,10 +20740,12 @@ typedef struct dsgd_mpi_desc {
    the duplicate (MPI_Comm_free, so call it on every rank, before
    MPI_Finalize); the owner calls it after the communicators over the
    endpoint are destroyed. It is dsgd_mpi_transport_create_local with
-   count 1 (so creation also compares the counts of the processes). Set members: send, recv, sendrecv, allreduce,
-   abort, error_message, probe, destroy, and share, unshare and
-   share_window when every rank is on one node (see THE MPI TRANSPORT and
-   SHARED MEMORY). Also collective over the node: MPI_Comm_split_type and,
+   count 1 (so creation also compares the counts of the processes). Set
+   members: send, recv, sendrecv, sendrecv_upto, allreduce, abort,
+   error_message, probe, destroy, ranks_per_node (see NODES), and share,
+   unshare and share_window when every rank is on one node (see THE MPI
+   TRANSPORT and SHARED MEMORY). Also collective over the node:
+   MPI_Comm_split_type and,
    on one node, MPI_Win_allocate_shared.
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out NULL;
    thread_level not a thread level; an intercommunicator),
@@ -21042,6 +21088,7 @@ typedef struct dsgd_mpi__xfer {
     size_t rbytes, rchunks, rnext;
     MPI_Request rh, rd;
     int rh_st, rd_st;
+    size_t *got;    /* NULL, or (sendrecv_upto) rbytes is a capacity and the size received goes here */
     int from_stash; /* the header came from the stash */
     int header_ok;  /* the header is known and matches */
     int rd_count;   /* bytes the current chunk received (-1: unknown) */
@@ -21103,6 +21150,12 @@ static dsgd_result dsgd_mpi__start_send(dsgd_mpi__xfer *x, uint64_t tag) {
 /* DSGD_ERR_DESYNC when the header (tag, bytes) is not the expected one. */
 static dsgd_result dsgd_mpi__check_header(dsgd_mpi__xfer *x, uint64_t tag, uint64_t bytes) {
     dsgd_mpi__ep *e = x->e;
+    if (tag == x->rtag && x->got && bytes <= (uint64_t)x->rbytes) { /* a capacity: the message's own size */
+        x->rbytes = (size_t)bytes;
+        x->rchunks = dsgd_mpi__chunks(x->rbytes);
+        *x->got = x->rbytes;
+        return DSGD_OK;
+    }
     if (tag == x->rtag && bytes == (uint64_t)x->rbytes) return DSGD_OK;
     x->blame = x->src;
     if (tag != x->rtag)
@@ -21111,9 +21164,9 @@ static dsgd_result dsgd_mpi__check_header(dsgd_mpi__xfer *x, uint64_t tag, uint6
                  e->rank, x->src, (unsigned long long)tag, (unsigned long long)x->rtag);
     else
         snprintf(e->err, sizeof(e->err),
-                 "mpi rank %d: the message from rank %d has %llu bytes, expected %zu (different counts on "
+                 "mpi rank %d: the message from rank %d has %llu bytes, expected %s%zu (different counts on "
                  "different ranks?)",
-                 e->rank, x->src, (unsigned long long)bytes, x->rbytes);
+                 e->rank, x->src, (unsigned long long)bytes, x->got ? "at most " : "", x->rbytes);
     return DSGD_ERR_DESYNC;
 }
 
@@ -21293,7 +21346,7 @@ static void dsgd_mpi__settle(dsgd_mpi__xfer *x) {
    0), polling both halves until done, the deadline, an abort or an error.
    dst and src are -1 or other ranks (the callers check). */
 static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
-                                      int src, uint64_t rtag, void *rbuf, size_t rbytes, double deadline,
+                                      int src, uint64_t rtag, void *rbuf, size_t rbytes, size_t *got, double deadline,
                                       int *failed_peer) {
     dsgd_mpi__xfer x;
     dsgd_mpi__wait w;
@@ -21302,7 +21355,7 @@ static dsgd_result dsgd_mpi__xfer_run(dsgd_mpi__ep *e, int dst, uint64_t stag, c
     memset(&w, 0, sizeof(w));
     x.e = e;
     x.dst = dst; x.sbuf = (const char *)sbuf; x.sbytes = sbytes; x.schunks = dsgd_mpi__chunks(sbytes);
-    x.src = src; x.rtag = rtag; x.rbuf = (char *)rbuf; x.rbytes = rbytes;
+    x.src = src; x.rtag = rtag; x.rbuf = (char *)rbuf; x.rbytes = rbytes; x.got = got;
     if (dst >= 0) { x.dst_proc = dsgd_mpi__proc(e, dst); x.dst_tag = dsgd_mpi__header_tag(e, e->rank, dst); }
     if (src >= 0) { x.src_proc = dsgd_mpi__proc(e, src); x.src_tag = dsgd_mpi__header_tag(e, src, e->rank); }
     x.sh = x.sd = x.rh = x.rd = MPI_REQUEST_NULL;
@@ -21350,14 +21403,14 @@ static dsgd_result dsgd_mpi__send(void *impl, int dst, uint64_t tag, const void 
                                   double deadline) {
     dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
     if (dsgd_mpi__check_peer(e, dst, 0, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd_mpi__xfer_run(e, dst, tag, buf, bytes, -1, 0, NULL, 0, deadline, NULL);
+    return dsgd_mpi__xfer_run(e, dst, tag, buf, bytes, -1, 0, NULL, 0, NULL, deadline, NULL);
 }
 
 static dsgd_result dsgd_mpi__recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes,
                                   double deadline) {
     dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
     if (dsgd_mpi__check_peer(e, src, 0, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd_mpi__xfer_run(e, -1, 0, NULL, 0, src, tag, buf, bytes, deadline, NULL);
+    return dsgd_mpi__xfer_run(e, -1, 0, NULL, 0, src, tag, buf, bytes, NULL, deadline, NULL);
 }
 
 static dsgd_result dsgd_mpi__sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
@@ -21368,7 +21421,24 @@ static dsgd_result dsgd_mpi__sendrecv(void *impl, int dst, uint64_t stag, const 
         dsgd_mpi__check_peer(e, src, 1, failed_peer) != DSGD_OK)
         return DSGD_ERR_INVALID_ARGUMENT;
     if (dst < 0 && src < 0) return DSGD_OK;
-    return dsgd_mpi__xfer_run(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, deadline, failed_peer);
+    return dsgd_mpi__xfer_run(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, NULL, deadline, failed_peer);
+}
+
+static dsgd_result dsgd_mpi__sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                           int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
+                                           double deadline, int *failed_peer) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    size_t got = 0;
+    dsgd_result r;
+    if (rbytes) *rbytes = 0;
+    if (dsgd_mpi__check_peer(e, dst, 1, failed_peer) != DSGD_OK ||
+        dsgd_mpi__check_peer(e, src, 1, failed_peer) != DSGD_OK)
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (dst < 0 && src < 0) return DSGD_OK;
+    r = dsgd_mpi__xfer_run(e, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcap, src >= 0 ? &got : NULL, deadline,
+                           failed_peer);
+    if (rbytes) *rbytes = got;
+    return r;
 }
 
 /* >>mpi native all-reduce -------------------------------------------------- */
@@ -22103,6 +22173,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         out[j].recv = dsgd_mpi__recv;
         out[j].sendrecv = dsgd_mpi__sendrecv;
         out[j].sendrecv_reduce = NULL;
+        out[j].sendrecv_upto = dsgd_mpi__sendrecv_upto;
         /* the window is per process: one endpoint per process only */
         out[j].share = sh->win != MPI_WIN_NULL ? dsgd_mpi__share : NULL;
         out[j].unshare = sh->win != MPI_WIN_NULL ? dsgd_mpi__unshare : NULL;
