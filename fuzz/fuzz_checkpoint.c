@@ -131,7 +131,7 @@ static void fz_restore(fz_target *t, const uint8_t *img, size_t size, int strate
     dsgd_result r;
     fz_snap(t, m, &before);
     r = dsgd__ck_from_memory(&f, t->ctx, "fuzz", "input", img, size);
-    if (r == DSGD_OK) r = strategy ? dsgd__strategy_restore_from(t->s, &f, &t->extra)
+    if (r == DSGD_OK) r = strategy ? dsgd__strategy_restore_from(t->s, &f, DSGD_OK, &t->extra, "fuzz", "input")
                                    : dsgd__model_restore_from(&f, t->m, t->opt, &t->extra);
     if (r == DSGD_OK) return;
     if (r != DSGD_ERR_FORMAT && r != DSGD_ERR_SHAPE) fuzz_fail(t->ctx, r, "a result other than OK, FORMAT or SHAPE");
