@@ -8791,7 +8791,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      so far); over a transport with sendrecv_upto (the loopback, MPI) those
      rounds also carry the algorithm's first exchanges, so the fingerprints
      ride with the first message: recursive doubling at N a power of two
-     and broadcast at any N (up to 4096 floats) pay nothing for them, and
+     and broadcast at any N (up to 4096 floats) pay no round trip for them, and
      the ring, reduce-scatter and all-gather one round fewer (none at
      N = 2); see >>fold. Otherwise (halving-doubling, reduce-broadcast,
      hierarchical, the native hook, larger messages) the rounds come
