@@ -1126,7 +1126,6 @@ static dsgd_result dsgd__rd_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_
     int n = c->size, d;
     dsgd__carry cr;
     dsgd_result res;
-    if (c->no_agree) return count ? dsgd__recursive_doubling(c, buf, count, op) : DSGD_OK;
     if (!c->t.sendrecv_upto || count == 0 || count > DSGD__FOLD_MAX || !dsgd__agree_butterfly(c)) {
         res = dsgd__coll_agree(c);
         return res != DSGD_OK || count == 0 ? res : dsgd__recursive_doubling(c, buf, count, op);
