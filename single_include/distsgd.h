@@ -9886,7 +9886,6 @@ static dsgd_result dsgd__rd_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_
     int n = c->size, d;
     dsgd__carry cr;
     dsgd_result res;
-    if (c->no_agree) return count ? dsgd__recursive_doubling(c, buf, count, op) : DSGD_OK;
     if (!c->t.sendrecv_upto || count == 0 || count > DSGD__FOLD_MAX || !dsgd__agree_butterfly(c)) {
         res = dsgd__coll_agree(c);
         return res != DSGD_OK || count == 0 ? res : dsgd__recursive_doubling(c, buf, count, op);
@@ -17043,21 +17042,22 @@ static size_t dsgd__ck_rec_floats(const dsgd_strategy *s) {
 }
 
 /* Multi-worker save: every worker learns that every worker's arguments
-   are good, the records are all-gathered, worker 0 (the chief, global
-   rank 0) writes the file, and every worker learns its result. */
+   and memory are good (one verdict), the records are all-gathered, worker
+   0 (the chief, global rank 0) writes the file, and every worker learns
+   its result. */
 static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra,
                                              const char *what, dsgd_result args) {
     dsgd__ck_world cw;
-    dsgd_result r, mine = DSGD_OK;
+    dsgd_result r, mine = args;
     size_t bytes = 0;
-    if ((r = dsgd__ck_verdict(s, args, what, path, "checking its arguments", "written")) != DSGD_OK) return r;
     memset(&cw, 0, sizeof(cw));
     cw.rec = dsgd__ck_rec_floats(s);
-    if (dsgd__mul_overflows(cw.rec, (size_t)s->world * sizeof(float), &bytes))
+    if (mine == DSGD_OK && dsgd__mul_overflows(cw.rec, (size_t)s->world * sizeof(float), &bytes))
         mine = dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: the variables are too large", what);
-    else if (!(cw.all = (float *)dsgd__alloc(s->ctx, bytes, what)))
+    else if (mine == DSGD_OK && !(cw.all = (float *)dsgd__alloc(s->ctx, bytes, what)))
         mine = DSGD_ERR_OUT_OF_MEMORY;
-    if ((r = dsgd__ck_verdict(s, mine, what, path, "gathering the state", "written")) != DSGD_OK) {
+    /* one verdict on every worker's arguments and memory, before any data moves */
+    if ((r = dsgd__ck_verdict(s, mine, what, path, "checking its arguments or allocating", "written")) != DSGD_OK) {
         DSGD_FREE(cw.all);
         return r;
     }
