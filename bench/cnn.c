@@ -1,6 +1,6 @@
 /* bench/cnn.c - the CNN of examples/cnn_fashion_mnist.c, one step on the CPU
    backend and on the OpenCL backend; and the model interface's overhead at
-   N = 1 (issue 14, "Bench").
+   N = 1.
 
    1. CNN step time. One model (N = 1), batch 64, 28x28x1 NHWC:
         conv 3x3 pad 1 x16 relu, max-pool 2, conv 3x3 pad 1 x32 relu,

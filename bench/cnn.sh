@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/cnn.sh - the CNN's step time: distsgd on the CPU backend and on
-# OpenCL (PoCL), beside PyTorch on the CPU (issue 14, "Bench").
+# OpenCL (PoCL), beside PyTorch on the CPU.
 #
 # Runs build/bench/cnn (the CNN of examples/cnn_fashion_mnist.c at batch 64,
 # N = 1, on the CPU backend and on the OpenCL backend, T threads each; then
@@ -16,8 +16,11 @@
 #                    POCL_MAX_PTHREAD_COUNT) and PyTorch's many-thread setting
 #   ROUNDS=7 STEPS=10   timed rounds and steps per round, both programs
 #   MLP_ROUNDS=31 MLP_STEPS=20   the interface-overhead part of bench/cnn
-#   PEERS_SKIP_TORCH=1, PEERS_VENV, PEERS_TORCH, PEERS_TORCH_CPU_INDEX,
+#   PEERS_SKIP_TORCH=1, PEERS_VENV, PEERS_TORCH, PEERS_TORCH_INDEX,
 #   PYTHON: as for bench/peers.sh
+# No package index is built in: PyTorch is installed as pip is configured
+# unless you name an index, e.g. PEERS_TORCH_INDEX=<index URL> bench/cnn.sh
+# (see bench/peers.sh's header).
 # OPENBLAS_NUM_THREADS=1 throughout. Where others benchmark on the same
 # machine, take their lock: flock /tmp/bench.lock make bench-cnn.
 # Logs: build/cnn/.
@@ -31,7 +34,7 @@ MLP_ROUNDS=${MLP_ROUNDS:-31}
 MLP_STEPS=${MLP_STEPS:-20}
 VENV=${PEERS_VENV:-build/peers-venv}
 TORCH_REQ=${PEERS_TORCH:-torch==2.15.0}
-CPU_INDEX=${PEERS_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+TORCH_INDEX=${PEERS_TORCH_INDEX:-}
 PYTHON=${PYTHON:-python3}
 OUT=build/cnn
 STUBS=$VENV/cuda-stubs

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/cnn_torch.py - the CNN of bench/cnn.c (examples/cnn_fashion_mnist.c)
-in PyTorch on the CPU: the step time, for bench/cnn.sh's table (issue 14).
+in PyTorch on the CPU: the step time, for bench/cnn.sh's table.
 
 Same shapes, NCHW (PyTorch's layout; distsgd's is NHWC, which does not
 change the work): 28x28x1 -> conv 3x3 pad 1 x16 relu -> max-pool 2 -> conv
@@ -16,7 +16,7 @@ one interop thread): `--warmup` untimed steps, then `--rounds` rounds of
 step. Ends with one line:
   RESULT torch_cnn batch=64 torch=VERSION t1_ms=.. t1_samples_per_s=.. tN_ms=.. ...
 
-CUDA stubs: with PEERS_CUDA_STUBS set (bench/peers.sh's install of PyPI's
+CUDA stubs: with PEERS_CUDA_STUBS set (bench/peers.sh's install of a
 CUDA wheel), importing bench/peers_torch.py loads the stand-ins first.
 """
 import argparse

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/peers.sh - distsgd beside PyTorch on the demo's task (issue 16).
+# bench/peers.sh - distsgd beside PyTorch on the demo's task.
 #
 # Trains the `make demo` MLP on Fashion-MNIST (global batch 256, SGD +
 # Nesterov, lr 0.05 * 256 / 128 with half an epoch of warmup, then cosine) with
@@ -29,18 +29,25 @@
 #   REPLICAS="1 2 4"  MODELS="256,128 512,512"  CORES=$(nproc)
 #   PEERS_VENV=build/peers-venv   where PyTorch is installed (kept, reused)
 #   PEERS_TORCH=torch==2.15.0     the pip requirement for PyTorch
-#   PEERS_TORCH_CPU_INDEX=URL     PyTorch's own CPU-only wheel index, tried first
+#   PEERS_TORCH_INDEX=URL         a pip index to install PyTorch from, tried
+#                                 first (none by default: see below)
 #   PEERS_SKIP_TORCH=1            run distsgd alone
 #   PYTHON=python3                the Python that makes the virtual environment
 #   RUN_TIMEOUT=900               seconds one training run may take
 #
-# Installing PyTorch: from the CPU-only index when it answers within 5 s;
-# otherwise from PyPI, whose Linux x86-64 wheel is the CUDA build: it is
-# installed without its multi-GB nvidia-* dependencies (pip --no-deps, then
-# the pure-Python ones), and `peers_torch.py --make-cuda-stubs` builds small
-# stand-ins for the CUDA libraries it links (see bench/peers_torch.py), which
-# PEERS_CUDA_STUBS makes it load: torch's CPU side runs as it is, only its
-# CUDA side is stood in for.
+# Installing PyTorch: no package index is built in. To install torch from
+# an index of your choice (for instance one that serves PyTorch's CPU-only
+# wheels), pass its address:
+#     PEERS_TORCH_INDEX=<index URL> bench/peers.sh
+# torch then comes from there when it answers within 5 s, its dependencies
+# as pip is configured. Without it, or when that fails, pip installs torch
+# as it is configured (its default index, or PIP_INDEX_URL / pip.conf).
+# Where that gives the CUDA build (PyPI's Linux x86-64 wheel is
+# one), it is installed without its multi-GB nvidia-* dependencies (pip
+# --no-deps, then the pure-Python ones), and `peers_torch.py
+# --make-cuda-stubs` builds small stand-ins for the CUDA libraries it links
+# (see bench/peers_torch.py), which PEERS_CUDA_STUBS makes it load: torch's
+# CPU side runs as it is, only its CUDA side is stood in for.
 # If the install fails, the script says why and runs distsgd alone.
 #
 # Logs and raw results: build/peers/ (results.tsv, one line per run).
@@ -54,7 +61,7 @@ MODELS=${MODELS:-256,128 512,512}
 CORES=${CORES:-$(nproc 2>/dev/null || echo 2)}
 VENV=${PEERS_VENV:-build/peers-venv}
 TORCH_REQ=${PEERS_TORCH:-torch==2.15.0}
-CPU_INDEX=${PEERS_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+TORCH_INDEX=${PEERS_TORCH_INDEX:-}
 PYTHON=${PYTHON:-python3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-900}
 GLOBAL=256
@@ -166,7 +173,7 @@ if [ "$torch_ok" = 1 ]; then
     torch_version=$(grep -h -m1 -o '^torch [^,]*' "$OUT"/r*-torch-*.log 2>/dev/null | head -n 1 || true)
 fi
 if [ "$torch_ok" = 1 ] && [ -d "$STUBS" ]; then
-    torch_version="$torch_version (PyPI's CUDA build, CUDA libraries stood in for)"
+    torch_version="$torch_version (a CUDA build, its CUDA libraries stood in for)"
 fi
 load_end=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
 "$PYTHON" - "$results" "$ROUNDS" "$DSGD_EPOCHS" "$EPOCHS" "$CORES" "$torch_ok" "$torch_version" "$load_start" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """bench/peers_torch.py - the `make demo` MLP (examples/mirrored_mlp.c) in PyTorch
-on the CPU, for bench/peers.sh's side-by-side table (issue 16).
+on the CPU, for bench/peers.sh's side-by-side table.
 
 Same task as the demo: Fashion-MNIST from the uncompressed IDX files, pixels
 scaled by 1/255 in float32 as dsgd_dataset_load_idx does; an MLP 784-H1-H2-10

@@ -3,7 +3,8 @@
 # run: the caller sets, from the repository root,
 #   VENV        the virtual environment (kept and reused; build/peers-venv)
 #   TORCH_REQ   the pip requirement for PyTorch
-#   CPU_INDEX   PyTorch's CPU-only wheel index, tried first
+#   TORCH_INDEX a pip index for torch, tried first (PEERS_TORCH_INDEX; empty:
+#               none, pip installs torch as it is configured)
 #   PYTHON      the Python that makes the virtual environment
 #   OUT         where install.log goes
 #   STUBS       where the CUDA stand-ins go ($VENV/cuda-stubs)
@@ -60,26 +61,32 @@ install_torch() {
         return 0
     fi
     local t0=$SECONDS
-    # 1. PyTorch's CPU-only wheels, when their index answers
-    if "$VENV/bin/python" -c '
+    # 1. The index the user named (PEERS_TORCH_INDEX), when it answers: torch
+    #    from there, its dependencies as pip is configured
+    if [ -n "${TORCH_INDEX:-}" ]; then
+        if "$VENV/bin/python" -c '
 import sys, urllib.request
-urllib.request.urlopen(sys.argv[1] + "/", timeout=5).close()' "$CPU_INDEX" >/dev/null 2>&1; then
-        echo "PyTorch: installing $TORCH_REQ (CPU build) from $CPU_INDEX"
-        if "${pip[@]}" install --no-deps --index-url "$CPU_INDEX" "$TORCH_REQ" >>"$OUT/install.log" 2>&1 &&
-            "${pip[@]}" install "$TORCH_REQ" numpy >>"$OUT/install.log" 2>&1; then
-            rm -rf "$STUBS"
-            set_torch_env
-            if torch_works; then
-                echo "PyTorch: installed in $((SECONDS - t0)) s, $(du -sh "$VENV" | cut -f1) in $VENV"
-                return 0
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/", timeout=5).close()' "$TORCH_INDEX" >/dev/null 2>&1; then
+            echo "PyTorch: installing $TORCH_REQ from $TORCH_INDEX"
+            if "${pip[@]}" install --no-deps --index-url "$TORCH_INDEX" "$TORCH_REQ" >>"$OUT/install.log" 2>&1 &&
+                "${pip[@]}" install "$TORCH_REQ" numpy >>"$OUT/install.log" 2>&1; then
+                rm -rf "$STUBS"
+                set_torch_env
+                if torch_works; then
+                    echo "PyTorch: installed in $((SECONDS - t0)) s, $(du -sh "$VENV" | cut -f1) in $VENV"
+                    return 0
+                fi
             fi
+            echo "PyTorch: torch from $TORCH_INDEX did not install or work ($(last_error)); installing as pip is" \
+                "configured"
+        else
+            echo "PyTorch: $TORCH_INDEX does not answer; installing as pip is configured"
         fi
-        echo "PyTorch: the CPU build did not install or work ($(last_error)); trying PyPI"
-    else
-        echo "PyTorch: $CPU_INDEX does not answer; installing from PyPI"
     fi
-    # 2. PyPI's (CUDA) wheel without the nvidia-* packages, plus stand-ins for
-    #    the CUDA libraries it links
+    # 2. torch as pip is configured (its default index, PIP_INDEX_URL,
+    #    pip.conf), without its dependencies: where that is the CUDA build
+    #    (PyPI's Linux x86-64 wheel), the multi-GB nvidia-* packages stay out
+    #    and stand-ins take the place of the CUDA libraries it links
     echo "PyTorch: pip install --no-deps $TORCH_REQ (about 520 MB to download), then its pure-Python dependencies"
     if ! "${pip[@]}" install --no-deps "$TORCH_REQ" >>"$OUT/install.log" 2>&1; then
         torch_reason="pip install --no-deps $TORCH_REQ failed: $(last_error)"

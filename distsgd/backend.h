@@ -36,9 +36,8 @@
      backend's buffers are not host-shared (a discrete GPU, where the HOST path
      would copy the gradient to the host and back every step). Where mapping
      copies nothing the host's all-reduce is as fast, so AUTO stays on HOST
-     (measured on PoCL with bench/mirrored_cl). DEVICE adds in the order of the
-     HOST path's DSGD_ALLREDUCE_DIRECT, and the two give the same bits
-     (tests/test_cl_strategy.c).
+     (measured on PoCL). DEVICE adds in the order of the HOST path's
+     DSGD_ALLREDUCE_DIRECT, and the two give the same bits.
 
    IMAGES
 

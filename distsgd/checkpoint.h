@@ -45,7 +45,7 @@
 
      Several processes: every replica holds the same parameters and
      optimizer state, so one file serves them all. A multi-process run
-     (MPI, issue 12) has rank 0 write it and every rank restore from it,
+     (MPI) has rank 0 write it and every rank restore from it,
      each parameter server writing and reading its own shards' file
      (dsgd_ps_server_save); a section per process is never needed.
 

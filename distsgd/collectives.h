@@ -35,9 +35,9 @@
      the ring, reduce-scatter and all-gather one round fewer (none at
      N = 2); see >>fold. Otherwise (halving-doubling, reduce-broadcast,
      hierarchical, the native hook, larger messages) the rounds come
-     first: a few microseconds on the loopback (bench/allreduce.c -f prints
-     the cost); the barrier is the rounds alone. Ranks that call different all-reduce algorithms, one of
-     them DIRECT, do not meet in the agreement: they time out instead.
+     first: a few microseconds on the loopback; the barrier is the rounds
+     alone. Ranks that call different all-reduce algorithms, one of them
+     DIRECT, do not meet in the agreement: they time out instead.
 
      Determinism: each algorithm reduces every element in a fixed order that
      depends only on (algorithm, N, count), not on timing or the piece size,
@@ -58,14 +58,14 @@ extern "C" {
 
 typedef enum dsgd_allreduce_algo {
     /* AUTO picks, for a message of S bytes on N ranks (dsgd_allreduce_choose
-       tells which; measured with bench/allreduce.c on a 2-vCPU machine):
+       tells which; measured with distsgd's all-reduce benchmark on a 2-vCPU
+       machine):
          N == 1                  nothing to exchange
          share_window present    DIRECT through the windows (the MPI
                                  transport with every process on one node):
                                  1.6-13x MPI_Allreduce's busbw from 4 KiB to
                                  64 MiB at N = 2 and 4, and 1.05-6x the
-                                 native hook's at 64 KiB and up
-                                 (bench/allreduce_mpi.c, 2 CPUs)
+                                 native hook's at 64 KiB and up (2 CPUs)
          several nodes           HIERARCHICAL (the node layout L, from
                                  dsgd_comm_desc.ranks_per_node or the
                                  transport's, with 1 < L < N)
@@ -310,7 +310,7 @@ struct dsgd_comm {
     size_t scratch_cap; /* floats */
     unsigned char *fold; /* the agreement's messages over sendrecv_upto: out, then in */
     const float *ring_pre; /* the ring's first step, received with the agreement (NULL: none) */
-    int no_agree;       /* benchmarks only (bench/allreduce): skip the agreement */
+    int no_agree;       /* benchmarks only: skip the agreement */
     void **peers;       /* size pointers, for the shared-memory hooks */
 };
 

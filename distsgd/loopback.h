@@ -91,8 +91,8 @@ DSGD_API void dsgd_loopback_destroy(dsgd_loopback *hub);
 /* Waiting: a rank whose peer is not ready spins with a pause instruction for
    DSGD__LB_PAUSE_NS (skipped when the hub has more ranks than CPUs), then
    calls sched_yield() in a loop until DSGD__LB_SPIN_NS, then sleeps on its
-   condition variable. Why, measured with bench/allreduce.c on a 2-vCPU
-   virtual machine shared with other work:
+   condition variable. Why, measured with distsgd's all-reduce benchmark on
+   a 2-vCPU virtual machine shared with other work:
    - sleeping is expensive (a wake-up on an idle vCPU took ~50 us, up to ms
      under load), and once a rank sleeps its peer tends to wait long enough
      to sleep as well, so every later pipeline step pays a wake-up; a spin

@@ -19,8 +19,8 @@
      calls takes no virtual time. Receives from any source (probe) and
      everything the ranks compute between calls therefore happen in one
      order, which depends only on the configuration and the seeds, never on
-     the OS scheduler (tests/test_simnet.c checks 50 runs with threads
-     sleeping at random). The hand-off is a condition variable per rank:
+     the OS scheduler (50 runs with threads sleeping at random give the same
+     order). The hand-off is a condition variable per rank:
      only the rank whose turn it is wakes. A rank's first call waits for its
      turn at virtual time 0, in rank order. When every rank waits and no
      message is in flight, the earliest deadline fires: time jumps to it, so
@@ -77,7 +77,7 @@
      not depend on when it returns. With park_between_calls every rank parks
      whenever it returns from the hub: rank threads then run concurrently
      between calls, and the virtual times and probe orders are still those
-     of the one-at-a-time schedule (tests/test_simnet.c checks both).
+     of the one-at-a-time schedule.
      A rank that is done for good calls dsgd_simnet_leave (from its thread;
      a rank that never called may be left from any thread); until then the
      others may wait for it.
@@ -91,10 +91,11 @@
          A mirrored strategy then gives the loopback's weights bit for bit;
        - the parameter-server engine (ps.h): one server or worker per rank
          thread, each calling serve or pull/push/finish, then leave; it needs
-         no parking;
-       - not yet the cluster coordinator (coordinator.h): its idle workers
-         wait for closures outside the hub and, parked at an early clock,
-         hold back the later probes and deadlines of the others for good.
+         no parking.
+     The cluster coordinator (coordinator.h) does not run over simnet: its
+     idle workers wait for closures outside the hub and, parked at an early
+     clock, would hold back the later probes and deadlines of the others for
+     good.
 
      Timeline (desc.trace): the hub records what each rank's calls did in
      virtual time, and dsgd_simnet_write_trace writes it as a Chrome trace

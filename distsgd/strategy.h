@@ -118,8 +118,7 @@ typedef enum dsgd_gradient_path {
                                 context) and some backend's buffers are not in
                                 host-shared memory (a discrete GPU), else HOST:
                                 where mapping copies nothing the host's
-                                all-reduce is as fast (measured on PoCL:
-                                bench/mirrored_cl) */
+                                all-reduce is as fast (measured on PoCL) */
     DSGD_GRADIENTS_HOST,     /* through host memory and the transport: each
                                 replica uses its gradient buffer's host pointer
                                 (CPU backend), or maps it (zero-copy on devices

@@ -1,6 +1,6 @@
 #!/bin/sh
 # tests/simnet_smpi.sh - the simnet transport's all-reduce times against
-# SimGrid's SMPI (issue 13): ring (p = 3, 4, 5, 8, 16) and halving-doubling
+# SimGrid's SMPI: ring (p = 3, 4, 5, 8, 16) and halving-doubling
 # (p = 4, 8, 16) at counts 1009, 65536 and 1000003, within 1%.
 #
 # Both sides model the same network: every pair of ranks 2 us apart

@@ -1,4 +1,4 @@
-# Single-include amalgamation and the C/C++ compile matrix (issue 5).
+# Single-include amalgamation and the C/C++ compile matrix.
 # Included from the Makefile:  include tools/amalgamation.mk
 #
 #   make amalgamate           regenerate single_include/distsgd.h

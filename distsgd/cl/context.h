@@ -25,7 +25,7 @@
      the chosen platform (of the chosen device's type) in one cl_context. A
      backend runs on one of them (dsgd_cl_backend_desc.device); a strategy's
      backend_factory usually places replica r on device
-     r % dsgd_cl_context_num_devices() (examples/mirrored_mlp.c does). Any
+     r % dsgd_cl_context_num_devices(). Any
      number of backends may share a context and a device (see QUEUES).
 
    QUEUES
@@ -64,15 +64,15 @@
 
      CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
      (PoCL on a CPU above all) they can be several times slower than good ones.
-     tools/cl_tune searches CLBlast's Xgemm parameters (register-tiled
-     candidates made for the device's float vector width,
-     dsgd_cl_device_info.vector_width, among them) and the size below which
-     CLBlast's single-kernel "direct" GEMM is used (XGEMM_MIN_INDIRECT_SIZE),
-     at the shapes a model uses, within a time bound. It times candidates
-     with gemm_measure of tools/cl_gemm_measure.h (back-to-back GEMMs with
-     one finish per sample, as in a training step), checks every
-     candidate's results, and writes the winner (dsgd_cl_save_gemm_params)
-     to a per-device cache file:
+     distsgd's GEMM tuner, cl_tune (`make tune`), searches CLBlast's Xgemm
+     parameters (register-tiled candidates made for the device's float
+     vector width, dsgd_cl_device_info.vector_width, among them) and the
+     size below which CLBlast's single-kernel "direct" GEMM is used
+     (XGEMM_MIN_INDIRECT_SIZE), at the shapes a model uses, within a time
+     bound. It times candidates on back-to-back GEMMs with one finish per
+     sample, as in a training step, checks every candidate's results, and
+     writes the winner (dsgd_cl_save_gemm_params) to a per-device cache
+     file:
 
          $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
                                         or exists as one)
@@ -170,8 +170,8 @@ typedef struct dsgd_cl_device_info {
     int unified_memory; /* CL_DEVICE_HOST_UNIFIED_MEMORY */
     unsigned vector_width; /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT (16 on
                               PoCL with AVX-512, usually 1 on GPUs; 0 when
-                              the driver does not answer); tools/cl_tune
-                              makes register-tiled GEMM candidates for it */
+                              the driver does not answer); the cl_tune
+                              tuner makes register-tiled GEMM candidates for it */
 } dsgd_cl_device_info;
 
 /* Lists every device of every platform. Fills out[0 .. min(capacity, total))
@@ -266,7 +266,7 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 
 /* The CLBlast GEMM parameters of a device and their cache file (see GEMM
    TUNING): context creation applies the cache (DSGD_CL_TUNING_AUTO);
-   tools/cl_tune searches for them. */
+   the cl_tune tuner (`make tune`) searches for them. */
 #define DSGD_CL_XGEMM_NPARAMS 16
 #define DSGD_CL_DIRECT_NPARAMS 10
 
@@ -1263,8 +1263,8 @@ static dsgd_result dsgd_cl__no_device(dsgd_ctx *ctx, const dsgd_cl__spec *sp, ds
     dsgd_cl__enum_free(e);
     if (sp->index >= 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
-                                  "no OpenCL device %d%s (%d device%s found; dsgd_cl_list_devices or "
-                                  "examples/list_devices_cl lists them)",
+                                  "no OpenCL device %d%s (%d device%s found; dsgd_cl_list_devices "
+                                  "lists them)",
                                   sp->index, sp->platform >= 0 ? " on the requested platform" : "", n,
                                   n == 1 ? "" : "s");
     if (n == 0)
@@ -1273,8 +1273,8 @@ static dsgd_result dsgd_cl__no_device(dsgd_ctx *ctx, const dsgd_cl__spec *sp, ds
                                   "device often means POCL_CACHE_DIR is not writable: POCL_DEBUG=err says "
                                   "why)");
     return dsgd_ctx_set_error(ctx, DSGD_ERR_BACKEND,
-                              "no OpenCL device of type %s%s (%d device%s found; dsgd_cl_list_devices or "
-                              "examples/list_devices_cl lists them)",
+                              "no OpenCL device of type %s%s (%d device%s found; dsgd_cl_list_devices "
+                              "lists them)",
                               dsgd_cl_device_type_name(sp->type),
                               sp->platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
 }
@@ -1544,7 +1544,7 @@ DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p) {
             if (x[DSGD_CL__MDIMA] != x[DSGD_CL__MDIMC] || x[DSGD_CL__NDIMB] != x[DSGD_CL__NDIMC]) return 0;
             /* CLBlast 1.5.3's GEMMK=1 path computes wrong values on padded
                (non-multiple) sizes unless the tile is square, and crashes
-               with tiles below 16 (found by tools/cl_tune's checks on PoCL) */
+               with tiles below 16 (found by the cl_tune tuner's checks on PoCL) */
             if (x[DSGD_CL__MWG] != x[DSGD_CL__NWG] || x[DSGD_CL__MWG] < 16) return 0;
         }
     }
@@ -1901,8 +1901,8 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
     } else {
         why = r == DSGD_ERR_IO ? "missing" : r == DSGD_ERR_STATE ? "for another device" : "corrupt";
         dsgd_ctx_log(ctx, DSGD_LOG_WARN,
-                     "GEMM tuning cache %s (%s): %s; using CLBlast's default GEMM parameters for %s (tools/cl_tune "
-                     "tunes this device)",
+                     "GEMM tuning cache %s (%s): %s; using CLBlast's default GEMM parameters for %s (the cl_tune "
+                     "tuner, `make tune`, tunes this device)",
                      why, dsgd_result_string(r), scratch ? dsgd_ctx_last_error(scratch) : path, dev);
     }
     dsgd_ctx_destroy(scratch);

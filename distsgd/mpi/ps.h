@@ -43,7 +43,7 @@
          dsgd_mpi_ps_role_free(&role);
 
      The addresses in TF_CONFIG are not used: MPI has already connected
-     the processes. examples/ps_mpi.c trains the demo's MLP this way.
+     the processes.
 */
 #ifndef DSGD_MPI__PART_PS_DECL
 #define DSGD_MPI__PART_PS_DECL

@@ -18,7 +18,7 @@
      node (see SHARED MEMORY), probe (receive from any source), abort,
      error_message and destroy. DSGD_ALLREDUCE_AUTO runs DIRECT through the
      shared-memory windows when they are there (faster than MPI_Allreduce
-     at every size measured, see bench/allreduce_mpi.c), else the native
+     at every size measured), else the native
      hook; an explicit algorithm runs the library's, over point-to-point
      messages (or the windows, for DIRECT).
 
@@ -163,11 +163,11 @@
      duplicate communicator to MPI_Finalize instead of freeing it: a peer's
      message may still be on its way or unreceived, and MPICH hands a freed
      communicator's context to the next one created, where that message
-     would be received as a new one (tests/mpi_collectives.c's probe after
-     a mismatch caught it).
-     Future work: ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink, behind a feature
-     test for MPIX_ERR_PROC_FAILED) would let the surviving ranks go on;
-     Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
+     would be received as a new one (a probe after a mismatch would take
+     it).
+     The transport does not use ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink),
+     so the surviving ranks of a failed job do not go on; Debian 12's
+     OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
 
      A share or unshare that fails (its deadline, an abort, a peer that
      withdrew) withdraws this rank's window for good: it marks it in its
