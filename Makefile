@@ -3,8 +3,9 @@
 #   make            build every example, test, bench and tool (build/...)
 #   make test       install/check Debian packages, build the tests plain, with
 #                   ASan+UBSan and (threaded ones) with TSan, compile-check the
-#                   headers as C and C++, run everything (with a 50-seed soak),
-#                   print "N passed, N failed"
+#                   headers as C and C++, check the docs and the references,
+#                   run everything (with a 50-seed soak), print the wall time
+#                   and "N passed, N failed"
 #   make soak [SOAK_SEEDS=1000]   tests/soak.c under TSan: that many random
 #                   loopback training configurations (replicas, algorithms,
 #                   NaN steps, failing replicas) against one_device
@@ -22,7 +23,10 @@
 #                   interface's overhead (bench/cnn.sh; installs PyTorch)
 #   make fuzz [FUZZ_SECONDS=N]   every libFuzzer target in fuzz/ for N seconds (clang)
 #   make amalgamate / check-amalgamation   single_include/distsgd.h
-#   make check-docs every DSGD_API declaration documented (tools/check_docs.py)
+#   make check-docs every DSGD_API declaration documented (tools/check_docs.py);
+#                   the links and C blocks of README.md and docs/ (tools/check_docs_md.py)
+#   make check-refs no tracker issue, ../shared or repository-file path in what
+#                   users vendor; no package index's address anywhere
 #   make check-parts every part of distsgd/ compiles with only the parts above
 #                   it, as C99 and C++11 (tools/check_parts.py): no layer calls up
 #   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs, examples
@@ -34,12 +38,16 @@
 #                         each in its own build/combo/ directory (CI runs it)
 #   make clean
 #
-# Layout: examples/NAME.c -> build/examples/NAME, tests/test_NAME.c ->
-# build/tests/test_NAME (+ build/asan/tests/, build/tsan/tests/),
-# tests/soak.c -> build/tsan/soak (+ build/tests/soak, plain, the warning gate),
-# bench/NAME.c -> build/bench/NAME, tools/NAME.c -> build/tools/NAME (developer
-# programs). Every binary depends on the top-level
-# headers, so editing distsgd.h rebuilds everything; tools and benches also
+# Layout: examples/NAME.c -> build/examples/NAME and experiments/NAME.c ->
+# build/experiments/NAME (programs a user would write: one translation unit
+# with the implementation); bench/NAME.c -> build/bench/NAME, tools/NAME.c ->
+# build/tools/NAME (developer programs). The tests, tests/test_PART.c, are
+# compiled without the implementation and linked against the library built
+# once per variant: build/lib/distsgd.o (and distsgd_cl.o) -> build/tests/,
+# build/asan/lib -> build/asan/tests/, build/tsan/lib -> build/tsan/tests/
+# (the ones marked "distsgd-test: tsan"); tests/soak.c -> build/tsan/soak
+# (+ build/tests/soak, plain, the warning gate). Every binary depends on the
+# headers, so editing a part rebuilds what uses it; tools and benches also
 # depend on tools/*.h (tools/cl_gemm_measure.h is shared by both).
 
 MAKEFLAGS += --no-builtin-rules
@@ -70,9 +78,13 @@ BENCH_CFLAGS = $(CFLAGS) -O3 -march=native
 
 # Header compile check: every top-level header as C (both compilers, C99 and
 # C11) and as C++11 (both compilers), implementation included, warnings fatal.
+# At -O0 (the language and each compiler's own warnings; 3x faster), except
+# g++ at -O2: gcc's optimiser-dependent warnings are gated for C by the -O2
+# library objects of make test and by make all, for C++ here.
 CHECK_CC ?= gcc clang
 CHECK_CXX ?= g++ clang++
-CHECK_WARN = -Wall -Wextra -Wpedantic -Werror -O2
+CHECK_WARN = -Wall -Wextra -Wpedantic -Werror
+check_opt = $(if $(filter g++,$(1)),-O2,-O0)
 
 # Demo: one place to switch the main example.
 DEMO ?= mirrored_mlp
@@ -97,11 +109,12 @@ BUILD ?= $(if $(filter openblas,$(BLAS)),build/openblas,build)
 MAP_HEADERS := $(wildcard *.h)
 HEADERS := $(MAP_HEADERS) $(wildcard distsgd/*.h distsgd/cl/*.h)
 EXAMPLE_SRCS := $(wildcard examples/*.c)
+EXPERIMENT_SRCS := $(wildcard experiments/*.c)
 TEST_SRCS := $(wildcard tests/test_*.c)
 BENCH_SRCS := $(wildcard bench/*.c)
 TOOL_SRCS := $(wildcard tools/*.c)
 FUZZ_SRCS := $(wildcard fuzz/fuzz_*.c)
-ALL_SRCS := $(EXAMPLE_SRCS) $(TEST_SRCS) $(BENCH_SRCS) $(TOOL_SRCS) $(FUZZ_SRCS)
+ALL_SRCS := $(EXAMPLE_SRCS) $(EXPERIMENT_SRCS) $(TEST_SRCS) $(BENCH_SRCS) $(TOOL_SRCS) $(FUZZ_SRCS)
 
 # OpenCL sources: a name with a "cl", "opencl" or "clblast" word (test_cl.c,
 # test_cl_gemm.c, mirrored_cl.c; not test_clip.c), or a source that includes
@@ -147,8 +160,13 @@ blas_check = $(if $(filter builtin openblas,$(BLAS)),,$(error BLAS=$(BLAS): use 
     $(filter openblas,$(BLAS)),$(if $(OPENBLAS_CFLAGS),,$(error BLAS=openblas: OpenBLAS not found by pkg-config or \
     beside the compiler (sh tools/deps.sh bench installs libopenblas-dev))))
 
-# TSan: the tests that exercise threads.
-TSAN_TEST_SRCS := $(foreach f,$(TEST_SRCS),$(if $(or $(findstring thread,$(notdir $f)),$(filter test_collectives% test_mirrored% test_ps% test_central% test_cluster% test_simnet%,$(notdir $f))),$f))
+# Markers in a test's first comment (tests/harness.h): "distsgd-test: tsan"
+# (threaded: also built and run under TSan), "distsgd-test:
+# own-implementation" (compiles the library itself; no library object is
+# linked into it).
+test_marked = $(if $(strip $(2)),$(shell grep -l 'distsgd-test: $(1)' $(2) 2>/dev/null))
+TSAN_TEST_SRCS := $(call test_marked,tsan,$(TEST_SRCS))
+OWN_IMPL_SRCS := $(call test_marked,own-implementation,$(TEST_SRCS))
 
 BUILD_EXAMPLE_SRCS := $(filter-out $(CL_SKIPPED),$(EXAMPLE_SRCS))
 BUILD_TEST_SRCS := $(filter-out $(CL_SKIPPED),$(TEST_SRCS))
@@ -157,6 +175,7 @@ BUILD_TOOL_SRCS := $(filter-out $(CL_SKIPPED),$(TOOL_SRCS))
 BUILD_TSAN_SRCS := $(filter-out $(CL_SKIPPED),$(TSAN_TEST_SRCS))
 
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(BUILD_EXAMPLE_SRCS))
+EXPERIMENTS := $(patsubst experiments/%.c,$(BUILD)/experiments/%,$(filter-out $(CL_SKIPPED),$(EXPERIMENT_SRCS)))
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(BUILD_TEST_SRCS))
 ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(BUILD_TEST_SRCS))
 TSAN_TESTS := $(patsubst tests/%.c,$(BUILD)/tsan/tests/%,$(BUILD_TSAN_SRCS))
@@ -187,12 +206,12 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-build test-run check-header check-docs check-parts \
+.PHONY: build-combos tune bench-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-bins test-build test-run check-header check-docs check-refs check-parts \
     demo demo-run sync-vs-async sync-vs-async-run sim sim-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
 
-examples: $(EXAMPLES) cl-note
+examples: $(EXAMPLES) $(EXPERIMENTS) cl-note
 tests: $(TESTS) $(SOAK_PLAIN) cl-note
 bench-build: $(BENCHES) cl-note
 tools: $(TOOLS) cl-note
@@ -202,18 +221,38 @@ cl-note:
 
 # The package check runs before a second make reads this file again, so that
 # pkg-config sees what deps.sh installed.
+# make test runs as many jobs as there are CPUs unless -j says otherwise.
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+# Two phases: every test binary first (test-bins, as many jobs as CPUs
+# unless -j says otherwise), then the runs and the checks side by side
+# (test-run), the longest first, one job more than CPUs (TEST_RUN_JOBS): a
+# test waiting on a deadline leaves its CPU to another.
+TEST_J = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(NPROC))
+TEST_RUN_JOBS ?= $(shell echo $$(($(NPROC) + 1)))
 test:
 	sh tools/deps.sh test
-	@$(MAKE) --no-print-directory test-run
+	@$(MAKE) --no-print-directory $(TEST_J) test-bins
+	@$(MAKE) --no-print-directory -j$(TEST_RUN_JOBS) test-run TEST_START=$(shell date +%s)
 
-test-build: $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK) check-header cl-note
+# The TSan binaries first: their runs are the longest.
+test-bins: $(TSAN_TESTS) $(SOAK) $(ASAN_TESTS) $(TESTS) cl-note
+test-build: test-bins check-header
 
 check-header: $(HEADER_CHECKS)
 
 # Every DSGD_API declaration has a comment that gives its thread safety and,
-# when it returns dsgd_result, its errors (see tools/check_docs.py).
+# when it returns dsgd_result, its errors (tools/check_docs.py); README.md's
+# and docs/'s links resolve and their C blocks compile (the README's program
+# also as C++20, and runs), unless marked as fragments (tools/check_docs_md.py).
 check-docs:
 	$(PYTHON) tools/check_docs.py $(HEADERS)
+
+# The files a user vendors or reads (distsgd/, the maps, single_include/,
+# README.md, docs/) name no tracker issue, no path outside the repository
+# and no test, bench, example or tool file; no package index's address
+# anywhere (tools/check_refs.sh).
+check-refs:
+	bash tools/check_refs.sh
 
 # Every part compiles with only the parts above it in its map (no layer calls
 # up), as C99 and as C++11.
@@ -223,10 +262,38 @@ check-parts:
 # The amalgamation, documentation and compile-matrix checks and the packaging
 # consumers run first, so that the last line of make test is the test
 # binaries' summary.
-test-run: test-build check-amalgamation check-docs check-parts compile-matrix test-consumers
-	@mkdir -p build/pocl-cache
+# Each test binary runs as a target of its own, $(BUILD)/run/PATH.res (its
+# counts; PATH.res.out its output), so make -j runs the tests beside the
+# checks as soon as each is built; the scripts (the MPI suite, the SMPI
+# comparison) run last, alone. test-run then prints every output in order
+# and the summary.
+CHECKS := test-build check-amalgamation check-docs check-parts compile-matrix test-consumers
+RUN_BINS = $(TSAN_TESTS) $(ASAN_TESTS) $(TESTS) $(SOAK)
+run_res = $(patsubst $(BUILD)/%,$(BUILD)/run/%.res,$(1))
+RUN_RESULTS = $(call run_res,$(RUN_BINS))
+SCRIPT_RESULTS = $(patsubst tests/%,$(BUILD)/run/scripts/%.res,$(MPI_TEST_RUNS) $(SIM_TEST_RUNS))
+.PHONY: FORCE
+FORCE:
+
+$(BUILD)/run/scripts/%.res: tests/% $(RUN_RESULTS) $(CHECKS) FORCE
+	@mkdir -p $(@D) build/pocl-cache
+	@$(TEST_ENV) bash tools/run_tests.sh --one $< $@
+
+$(BUILD)/run/%.res: $(BUILD)/% FORCE
+	@mkdir -p $(@D) build/pocl-cache
+	@echo "run   $< (at $$(date +%T))"
+	@$(TEST_ENV) bash tools/run_tests.sh --one $< $@
+
+# make starts prerequisites in the order given: the longest first (the TSan
+# runs; the plain OpenCL runs, which the sanitizers' wait for; the simnet and
+# collectives tests), then the compile matrix (a minute, its cases in
+# parallel), then the rest.
+FIRST_RUNS = $(call run_res,$(TSAN_TESTS) $(filter $(addprefix %/,$(basename $(notdir $(CL_SRCS)))),$(TESTS)) \
+    $(filter %/test_simnet %/test_collectives,$(ASAN_TESTS) $(TESTS)))
+test-run: $(FIRST_RUNS) compile-matrix $(RUN_RESULTS) $(CHECKS)
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
-	$(TEST_ENV) bash tools/run_tests.sh $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS) $(SOAK) $(MPI_TEST_RUNS) $(SIM_TEST_RUNS)
+	@$(TEST_ENV) $(if $(TEST_START),TEST_START=$(TEST_START)) bash tools/run_tests.sh --report \
+	    $(RUN_RESULTS) $(SCRIPT_RESULTS)
 
 # The soak: SOAK_SEEDS seeds from SOAK_FIRST, each a random configuration
 # trained in a child process under TSan with a 30 s watchdog; a failing seed
@@ -254,25 +321,25 @@ sync-vs-async:
 sync-vs-async-run: $(BUILD)/examples/sync_vs_async $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	$(BUILD)/examples/sync_vs_async $(DEMO_ARGS) $(ARGS)
 
-# The simulated-cluster experiments (issue 13; examples/sim_common.h): each
+# The simulated-cluster experiments (experiments/, on sim_common.h): each
 # writes CSV and Chrome traces to build/sim, and a PNG when gnuplot is
 # installed (tools/deps.sh demo installs gnuplot-nox). About a minute on 2 cores.
-SIM_EXAMPLES := $(addprefix $(BUILD)/examples/,sync_vs_async_sim backup_workers linear_scaling)
+SIM_EXAMPLES := $(addprefix $(BUILD)/experiments/,sync_vs_async_sim backup_workers linear_scaling)
 sim:
 	sh tools/deps.sh demo
 	@$(MAKE) --no-print-directory sim-run
 
 sim-run: $(SIM_EXAMPLES) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
-	$(BUILD)/examples/sync_vs_async_sim --out build/sim
-	$(BUILD)/examples/backup_workers --out build/sim
-	$(BUILD)/examples/linear_scaling --out build/sim --data $(FMNIST_DIR)
+	$(BUILD)/experiments/sync_vs_async_sim --out build/sim
+	$(BUILD)/experiments/backup_workers --out build/sim
+	$(BUILD)/experiments/linear_scaling --out build/sim --data $(FMNIST_DIR)
 
 # make test: simnet's all-reduce times against SimGrid's SMPI
 # (tests/simnet_smpi.sh); it reports itself skipped where smpicc is missing
 # (Debian libsimgrid-dev and simgrid, not installed by tools/deps.sh).
 SIM_TEST_RUNS := tests/simnet_smpi.sh
 # test_simnet runs the experiments' helper (test_outputs).
-$(BUILD)/tests/test_simnet $(BUILD)/asan/tests/test_simnet $(BUILD)/tsan/tests/test_simnet: examples/sim_common.h
+$(BUILD)/tests/test_simnet $(BUILD)/asan/tests/test_simnet $(BUILD)/tsan/tests/test_simnet: experiments/sim_common.h
 
 $(FMNIST_DIR)/%: $(FMNIST_SRC)/%.gz
 	@mkdir -p $(@D)
@@ -372,37 +439,65 @@ clean:
 
 # ---------------------------------------------------------------- rules
 
+# One compile rule per kind of program: $(call program,COMPILER,FLAGS,LIBS)
+# builds $@ from its first prerequisite (a .c file) and the library objects
+# among its prerequisites, with OpenCL's flags when the source is an OpenCL
+# one.
+program = @mkdir -p $(@D)$(newline)$(1) $(CPPFLAGS) $(2) $(call cl_cflags,$<) $< $(filter %.o,$^) -o $@ $(LDFLAGS) \
+    $(3) $(call cl_libs,$<) $(LDLIBS)
+define newline
+
+
+endef
+
+# Programs a user would write: one translation unit with the implementation.
 $(BUILD)/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h)
-	$(blas_check)@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(EXAMPLE_BLAS_CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(EXAMPLE_BLAS_LIBS) $(LDLIBS)
+	$(blas_check)$(call program,$(CC),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS),$(EXAMPLE_BLAS_LIBS))
 
-$(BUILD)/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
-
-$(BUILD)/asan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(SAN_CFLAGS) $(ASAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(ASAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
-
-$(BUILD)/tsan/tests/%: tests/%.c $(HEADERS) $(wildcard tests/*.h)
-	@mkdir -p $(@D)
-	$(TSAN_CC) $(CPPFLAGS) $(SAN_CFLAGS) $(TSAN_FLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(TSAN_FLAGS) -lcmocka $(call cl_libs,$<) $(LDLIBS)
-
-$(SOAK): tests/soak.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(TSAN_CC) $(CPPFLAGS) $(SAN_CFLAGS) $(TSAN_FLAGS) $< -o $@ $(LDFLAGS) $(TSAN_FLAGS) $(LDLIBS)
-
-$(SOAK_PLAIN): tests/soak.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+$(BUILD)/experiments/%: experiments/%.c $(HEADERS) $(wildcard experiments/*.h examples/*.h)
+	$(blas_check)$(call program,$(CC),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS),$(EXAMPLE_BLAS_LIBS))
 
 $(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(BENCH_CFLAGS) $(OPENBLAS_CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(OPENBLAS_LIBS) $(call cl_libs,$<) $(LDLIBS)
+	$(call program,$(CC),$(BENCH_CFLAGS) $(OPENBLAS_CFLAGS),$(OPENBLAS_LIBS))
 
 $(BUILD)/tools/%: tools/%.c $(HEADERS) $(wildcard tools/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(call cl_cflags,$<) $< -o $@ $(LDFLAGS) $(call cl_libs,$<) $(LDLIBS)
+	$(call program,$(CC),$(CFLAGS))
+
+# The library, compiled once per build variant: the core's implementation
+# (distsgd.o) and the OpenCL add-on's (distsgd_cl.o) in objects of their own,
+# which every test of that variant links, as a user's second file does.
+LIB_VARIANTS := lib asan/lib tsan/lib
+lib_flags = $(if $(findstring tsan/,$(1)),$(SAN_CFLAGS) $(TSAN_FLAGS),$(if $(findstring asan/,$(1)),$(SAN_CFLAGS) $(ASAN_FLAGS),$(CFLAGS)))
+lib_cc = $(if $(findstring tsan/,$(1)),$(TSAN_CC),$(CC))
+impl_defs = $(if $(findstring _cl,$(1)),-DDISTSGD_CL_IMPLEMENTATION $(CL_CFLAGS),-DDISTSGD_IMPLEMENTATION)
+define lib_rules
+$(BUILD)/$(1)/%.o: %.h $(HEADERS)
+	@mkdir -p $$(@D)
+	$$(call lib_cc,$$@) $(CPPFLAGS) $$(call lib_flags,$$@) $$(call impl_defs,$$*) -x c -c $$< -o $$@
+endef
+$(foreach v,$(LIB_VARIANTS),$(eval $(call lib_rules,$v)))
+LIB_OBJS := $(foreach v,$(LIB_VARIANTS),$(BUILD)/$v/distsgd.o $(if $(CL_OK),$(BUILD)/$v/distsgd_cl.o))
+.SECONDARY: $(LIB_OBJS)
+
+# The objects test source $(1) links in the variant whose objects are in $(2).
+test_objs = $(if $(filter $(1),$(OWN_IMPL_SRCS)),,$(2)/distsgd.o $(if $(call is_cl,$(1)),$(2)/distsgd_cl.o))
+TEST_DEPS := $(HEADERS) $(wildcard tests/*.h)
+
+.SECONDEXPANSION:
+$(BUILD)/tests/%: tests/%.c $(TEST_DEPS) $$(call test_objs,tests/$$*.c,$(BUILD)/lib)
+	$(call program,$(CC),$(CFLAGS),-lcmocka)
+
+$(BUILD)/asan/tests/%: tests/%.c $(TEST_DEPS) $$(call test_objs,tests/$$*.c,$(BUILD)/asan/lib)
+	$(call program,$(CC),$(SAN_CFLAGS) $(ASAN_FLAGS),$(ASAN_FLAGS) -lcmocka)
+
+$(BUILD)/tsan/tests/%: tests/%.c $(TEST_DEPS) $$(call test_objs,tests/$$*.c,$(BUILD)/tsan/lib)
+	$(call program,$(TSAN_CC),$(SAN_CFLAGS) $(TSAN_FLAGS),$(TSAN_FLAGS) -lcmocka)
+
+$(SOAK): tests/soak.c $(HEADERS) $(BUILD)/tsan/lib/distsgd.o
+	$(call program,$(TSAN_CC),$(SAN_CFLAGS) $(TSAN_FLAGS),$(TSAN_FLAGS))
+
+$(SOAK_PLAIN): tests/soak.c $(HEADERS) $(BUILD)/lib/distsgd.o
+	$(call program,$(CC),$(CFLAGS))
 
 # Header checks: $(BUILD)/check/HEADER.COMPILER.STD.ok
 hc_defs = -DDISTSGD_IMPLEMENTATION $(if $(findstring _cl,$(1)),-DDISTSGD_CL_IMPLEMENTATION $(CL_CFLAGS))
@@ -410,17 +505,17 @@ hc_defs = -DDISTSGD_IMPLEMENTATION $(if $(findstring _cl,$(1)),-DDISTSGD_CL_IMPL
 define header_check_rules
 $(BUILD)/check/$(basename $(1)).$(2).c99.ok: $(HEADERS)
 	@mkdir -p $$(@D)
-	$(2) -std=c99 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
+	$(2) -std=c99 $(CHECK_WARN) $(call check_opt,$(2)) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
 	@touch $$@
 $(BUILD)/check/$(basename $(1)).$(2).c11.ok: $(HEADERS)
 	@mkdir -p $$(@D)
-	$(2) -std=c11 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
+	$(2) -std=c11 $(CHECK_WARN) $(call check_opt,$(2)) $(CPPFLAGS) $(call hc_defs,$(1)) -x c -c $(1) -o /dev/null
 	@touch $$@
 endef
 define header_check_cxx_rule
 $(BUILD)/check/$(basename $(1)).$(2).c++11.ok: $(HEADERS)
 	@mkdir -p $$(@D)
-	$(2) -std=c++11 $(CHECK_WARN) $(CPPFLAGS) $(call hc_defs,$(1)) -x c++ -c $(1) -o /dev/null
+	$(2) -std=c++11 $(CHECK_WARN) $(call check_opt,$(2)) $(CPPFLAGS) $(call hc_defs,$(1)) -x c++ -c $(1) -o /dev/null
 	@touch $$@
 endef
 $(foreach h,$(CHECK_HEADERS),$(foreach c,$(CHECK_CC),$(eval $(call header_check_rules,$h,$c))))
@@ -432,3 +527,13 @@ $(foreach h,$(CHECK_HEADERS),$(foreach c,$(CHECK_CXX),$(eval $(call header_check
 include tools/amalgamation.mk
 include tools/install.mk
 include tools/mpi.mk
+
+# After the fragments: the scripts' list is complete only here (tools/mpi.mk).
+test-run: $(SCRIPT_RESULTS)
+
+# A sanitizer's run of an OpenCL test follows the plain run of the same test:
+# that one fills PoCL's kernel cache (build/pocl-cache), so the sanitizer
+# builds never compile kernels (PoCL's compiler leaks, which LeakSanitizer
+# would report against the test).
+$(foreach t,$(filter $(CL_SRCS),$(BUILD_TEST_SRCS)),$(foreach v,asan tsan,$(eval \
+    $(BUILD)/run/$v/tests/$(basename $(notdir $t)).res: $(BUILD)/run/tests/$(basename $(notdir $t)).res)))

@@ -15,6 +15,7 @@
    400), --ckpt PATH (default checkpoint_resume.ckpt in the current directory) */
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
+#include "common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,25 +30,21 @@ typedef struct run {
     uint64_t steps_done; /* the program's own state, saved as the user section */
 } run;
 
+/* Prints the run's last error; returns 1. */
 static int fail(run *r) {
-    fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(r->ctx));
-    return 1;
+    return ex_fail(r->ctx);
 }
 
+/* A fresh run: its own context, 2 mirrored replicas of the MLP, a sampler. */
 static int run_start(run *r, const dsgd_dataset *train) {
-    static const dsgd_layer_desc layers[2] = {{64, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-    dsgd_strategy_desc d;
+    static const dsgd_layer_desc layers[2] = {{.units = 64, .activation = DSGD_ACT_RELU}, {.units = 10}};
+    dsgd_strategy_desc d = {
+        .kind = DSGD_STRATEGY_MIRRORED,
+        .num_replicas = 2,
+        .model = {.input_dim = 64, .layers = layers, .num_layers = 2, .max_batch = BATCH / 2, .seed = 42},
+        .optimizer = {.kind = DSGD_OPT_ADAM, .lr = 3e-3f},
+    };
     memset(r, 0, sizeof(*r));
-    memset(&d, 0, sizeof(d));
-    d.kind = DSGD_STRATEGY_MIRRORED;
-    d.num_replicas = 2;
-    d.model.input_dim = 64;
-    d.model.layers = layers;
-    d.model.num_layers = 2;
-    d.model.max_batch = BATCH / 2;
-    d.model.seed = 42;
-    d.optimizer.kind = DSGD_OPT_ADAM;
-    d.optimizer.lr = 3e-3f;
     if (dsgd_ctx_create(NULL, &r->ctx) != DSGD_OK) return 1;
     if (dsgd_strategy_create(r->ctx, &d, &r->s) != DSGD_OK ||
         dsgd_sampler_init(r->ctx, &r->smp, train->n, BATCH, 7, 1, 0) != DSGD_OK)
@@ -55,6 +52,7 @@ static int run_start(run *r, const dsgd_dataset *train) {
     return 0;
 }
 
+/* Destroys everything the run holds. */
 static void run_end(run *r) {
     dsgd_sampler_free(&r->smp);
     dsgd_strategy_destroy(r->s);
@@ -63,10 +61,7 @@ static void run_end(run *r) {
 
 /* What the checkpoint carries besides the strategy's state. */
 static dsgd_checkpoint_extra run_extra(run *r) {
-    dsgd_checkpoint_extra x;
-    x.sampler = &r->smp;
-    x.user = &r->steps_done;
-    x.user_bytes = sizeof(r->steps_done);
+    dsgd_checkpoint_extra x = {.sampler = &r->smp, .user = &r->steps_done, .user_bytes = sizeof(r->steps_done)};
     return x;
 }
 
@@ -87,6 +82,7 @@ static int run_train(run *r, const dsgd_dataset *train, uint64_t until) {
     return 0;
 }
 
+/* The run's test accuracy (-1 when evaluation failed). */
 static double run_test_accuracy(run *r, const dsgd_dataset *test) {
     dsgd_metrics m;
     size_t i;
@@ -102,29 +98,21 @@ int main(int argc, char **argv) {
     const char *path = "examples/data/digits.csv", *ckpt = "checkpoint_resume.ckpt";
     uint64_t steps = 400;
     dsgd_ctx *ctx = NULL;
-    dsgd_dataset all, train, test;
-    dsgd_csv_desc csv;
+    dsgd_dataset train, test;
     dsgd_checkpoint_extra x;
     run a, b;
     float *wa, *wb;
     size_t np;
     int i;
+    const char *v;
     for (i = 1; i < argc; ++i) {
-        if (!strcmp(argv[i], "--data") && i + 1 < argc) path = argv[++i];
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--ckpt") && i + 1 < argc) ckpt = argv[++i];
-        else { fprintf(stderr, "usage: %s [--data PATH] [--steps N] [--ckpt PATH]\n", argv[0]); return 2; }
+        if ((v = ex_flag(argc, argv, &i, "--data"))) path = v;
+        else if ((v = ex_flag(argc, argv, &i, "--steps"))) steps = strtoull(v, NULL, 10);
+        else if ((v = ex_flag(argc, argv, &i, "--ckpt"))) ckpt = v;
+        else return ex_usage(argv[0], "[--data PATH] [--steps N] [--ckpt PATH]");
     }
-    memset(&csv, 0, sizeof(csv));
-    csv.num_classes = 10;
-    csv.feature_scale = 1.0f / 16.0f;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
-    if (dsgd_dataset_load_csv(ctx, path, &csv, &all) != DSGD_OK ||
-        dsgd_dataset_split(ctx, &all, 1400, 42, &train, &test) != DSGD_OK) {
-        fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(ctx));
-        return 1;
-    }
-    dsgd_dataset_free(&all);
+    if (!ex_load_digits(ctx, path, 42, &train, &test)) return ex_fail(ctx);
 
     /* the first half, then a checkpoint, then nothing left in memory */
     if (run_start(&a, &train) || run_train(&a, &train, steps / 2)) return 1;

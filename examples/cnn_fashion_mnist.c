@@ -22,28 +22,17 @@
 #define DISTSGD_IMPLEMENTATION
 #define DISTSGD_CL_IMPLEMENTATION
 #include "../distsgd_cl.h"
+#include "common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(dsgd_ctx *ctx) {
-    fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(ctx));
-    return 1;
-}
-
-static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset *ds) {
-    char img[1024], lab[1024];
-    snprintf(img, sizeof(img), "%s/%s-images-idx3-ubyte", dir, prefix);
-    snprintf(lab, sizeof(lab), "%s/%s-labels-idx1-ubyte", dir, prefix);
-    return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
-}
-
+/* The strategy's backend factory for --backend opencl: one backend (and
+   command queue) per replica, devices taken round-robin. */
 static dsgd_result opencl_backend(void *user_data, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
     dsgd_cl_context *cl = (dsgd_cl_context *)user_data;
-    dsgd_cl_backend_desc bd;
-    memset(&bd, 0, sizeof(bd));
-    bd.device = replica % dsgd_cl_context_num_devices(cl);
+    dsgd_cl_backend_desc bd = {.device = replica % dsgd_cl_context_num_devices(cl)};
     return dsgd_cl_backend_create(ctx, cl, &bd, out);
 }
 
@@ -63,31 +52,26 @@ typedef struct run_result {
 static int train(dsgd_ctx *ctx, const char *name, const dsgd_model_desc *md, const run_opts *o,
                  const dsgd_dataset *train_set, const dsgd_dataset *test, run_result *out) {
     int global = o->batch * o->replicas, e;
-    dsgd_strategy_desc sd;
     dsgd_strategy *s = NULL;
     dsgd_sampler sampler;
     size_t nb, eval_chunk;
     float *xb, *yb;
     double t_start;
-    memset(&sd, 0, sizeof(sd));
-    if (dsgd_sampler_init(ctx, &sampler, train_set->n, (size_t)global, o->seed, 1, 1) != DSGD_OK) return fail(ctx);
+    if (dsgd_sampler_init(ctx, &sampler, train_set->n, (size_t)global, o->seed, 1, 1) != DSGD_OK) return ex_fail(ctx);
     nb = dsgd_sampler_num_batches(&sampler);
-    sd.kind = DSGD_STRATEGY_MIRRORED;
-    sd.num_replicas = o->replicas;
-    sd.cpu_threads = o->threads;
-    sd.model = *md;
-    sd.optimizer.kind = DSGD_OPT_MOMENTUM;
-    sd.optimizer.nesterov = 1;
-    sd.optimizer.momentum = 0.9f;
-    sd.optimizer.lr = dsgd_linear_scaled_lr(o->base_lr, global, 128);
-    sd.optimizer.schedule.kind = DSGD_SCHEDULE_COSINE;
-    sd.optimizer.schedule.warmup_steps = (int64_t)nb / 2;
-    sd.optimizer.schedule.total_steps = (int64_t)nb * o->epochs;
-    if (o->cl) {
-        sd.backend_factory = opencl_backend;
-        sd.backend_user_data = o->cl;
-    }
-    if (dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) return fail(ctx);
+    dsgd_strategy_desc sd = {
+        .kind = DSGD_STRATEGY_MIRRORED,
+        .num_replicas = o->replicas,
+        .cpu_threads = o->threads,
+        .model = *md,
+        .optimizer = {.kind = DSGD_OPT_MOMENTUM, .nesterov = 1, .momentum = 0.9f,
+                      .lr = dsgd_linear_scaled_lr(o->base_lr, global, 128),
+                      .schedule = {.kind = DSGD_SCHEDULE_COSINE, .warmup_steps = (int64_t)nb / 2,
+                                   .total_steps = (int64_t)nb * o->epochs}},
+        .backend_factory = o->cl ? opencl_backend : NULL, /* NULL: a CPU backend per replica */
+        .backend_user_data = o->cl,
+    };
+    if (dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) return ex_fail(ctx);
     out->params = dsgd_model_num_params(dsgd_strategy_model(s, 0));
     eval_chunk = (size_t)o->replicas * (size_t)md->max_batch;
     xb = (float *)malloc(sizeof(float) * (size_t)global * train_set->dim);
@@ -105,15 +89,15 @@ static int train(dsgd_ctx *ctx, const char *name, const dsgd_model_desc *md, con
             const size_t *idx = NULL;
             size_t n = dsgd_sampler_batch(&sampler, b, &idx);
             dsgd_dataset_gather(train_set, idx, n, xb, yb);
-            if (dsgd_strategy_train_step(s, xb, yb, (int)n, NULL) != DSGD_OK) return fail(ctx);
+            if (dsgd_strategy_train_step(s, xb, yb, (int)n, NULL) != DSGD_OK) return ex_fail(ctx);
         }
         for (i = 0; i < test->n; i += eval_chunk) {
             size_t n = test->n - i < eval_chunk ? test->n - i : eval_chunk;
-            if (dsgd_strategy_eval_batch(s, test->x + i * test->dim, test->y + i, (int)n) != DSGD_OK) return fail(ctx);
+            if (dsgd_strategy_eval_batch(s, test->x + i * test->dim, test->y + i, (int)n) != DSGD_OK) return ex_fail(ctx);
         }
         if (dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &tr) != DSGD_OK ||
             dsgd_strategy_take_metrics(s, DSGD_METRICS_EVAL, &te) != DSGD_OK)
-            return fail(ctx);
+            return ex_fail(ctx);
         printf("  %s epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s\n", name, e + 1, o->epochs,
                tr.loss_sum / tr.count, tr.correct / tr.count, te.correct / te.count, tr.count / (dsgd_now() - t0));
         fflush(stdout);
@@ -127,80 +111,79 @@ static int train(dsgd_ctx *ctx, const char *name, const dsgd_model_desc *md, con
     return 0;
 }
 
-int main(int argc, char **argv) {
-    const char *dir = "build/data/fashion-mnist", *backend = "cpu";
-    static const dsgd_image_layer_desc image[4] = {
-        {DSGD_IMAGE_CONV2D, 16, 3, 1, 1, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-        {DSGD_IMAGE_MAXPOOL, 0, 2, 0, 0, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-        {DSGD_IMAGE_CONV2D, 32, 3, 1, 1, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-        {DSGD_IMAGE_MAXPOOL, 0, 2, 0, 0, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-    };
-    static const dsgd_layer_desc cnn_dense[2] = {{128, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-    static const dsgd_layer_desc mlp[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                           {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                           {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-    run_opts o;
-    run_result rc, rm;
-    dsgd_model_desc cnn, dense;
-    dsgd_ctx *ctx = NULL;
-    dsgd_dataset train_set, test;
-    int a, with_mlp = 1, status = 0;
-    long subset = 0;
-    memset(&o, 0, sizeof(o));
-    o.replicas = 4;
-    o.batch = 32;
-    o.epochs = 6;
-    o.base_lr = 0.05f;
-    o.seed = 1;
+/* Reads the flags into *o and the others; 0, or main's status 2 after
+   saying what is wrong. */
+static int parse_args(int argc, char **argv, run_opts *o, const char **dir, const char **backend, int *with_mlp,
+                      long *subset) {
+    const char *v;
+    int a;
     for (a = 1; a < argc; ++a) {
-        if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
-        else if (!strcmp(argv[a], "--replicas") && a + 1 < argc) o.replicas = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--batch") && a + 1 < argc) o.batch = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) o.epochs = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--lr") && a + 1 < argc) o.base_lr = (float)atof(argv[++a]);
-        else if (!strcmp(argv[a], "--seed") && a + 1 < argc) o.seed = strtoull(argv[++a], NULL, 10);
-        else if (!strcmp(argv[a], "--threads") && a + 1 < argc) o.threads = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--no-mlp")) with_mlp = 0;
-        else if (!strcmp(argv[a], "--subset") && a + 1 < argc) subset = atol(argv[++a]);
+        if ((v = ex_flag(argc, argv, &a, "--data"))) *dir = v;
+        else if ((v = ex_flag(argc, argv, &a, "--replicas"))) o->replicas = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--batch"))) o->batch = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--epochs"))) o->epochs = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--lr"))) o->base_lr = (float)atof(v);
+        else if ((v = ex_flag(argc, argv, &a, "--seed"))) o->seed = strtoull(v, NULL, 10);
+        else if ((v = ex_flag(argc, argv, &a, "--threads"))) o->threads = atoi(v);
+        else if (!strcmp(argv[a], "--no-mlp")) *with_mlp = 0;
+        else if ((v = ex_flag(argc, argv, &a, "--subset"))) *subset = atol(v);
         else if (!strcmp(argv[a], "--backend") && a + 1 < argc &&
-                 (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) backend = argv[++a];
-        else {
-            fprintf(stderr, "usage: %s [--data DIR] [--replicas N] [--batch B] [--epochs E] [--lr BASE_LR] "
-                            "[--seed S] [--backend cpu|opencl] [--threads T] [--no-mlp]\n", argv[0]);
-            return 2;
-        }
+                 (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) *backend = argv[++a];
+        else
+            return ex_usage(argv[0], "[--data DIR] [--replicas N] [--batch B] [--epochs E] [--lr BASE_LR] "
+                                     "[--seed S] [--backend cpu|opencl] [--threads T] [--no-mlp]");
     }
-    if (o.replicas < 1 || o.batch < 1 || o.epochs < 1 || o.threads < 0 || subset < 0) {
+    if (o->replicas < 1 || o->batch < 1 || o->epochs < 1 || o->threads < 0 || *subset < 0) {
         fprintf(stderr, "replicas, batch and epochs must be >= 1, threads and subset >= 0\n");
         return 2;
     }
+    return 0;
+}
+
+/* --backend opencl: a context on up to N devices, into o->cl. 0, or 1 after the error. */
+static int open_opencl(dsgd_ctx *ctx, run_opts *o) {
+    dsgd_cl_context_desc cd = {.max_devices = o->replicas};
+    if (dsgd_cl_context_create(ctx, &cd, &o->cl) != DSGD_OK) return ex_fail(ctx);
+    printf("OpenCL device 0: %s\n", dsgd_cl_context_device_info(o->cl, 0)->device_name);
+    return 0;
+}
+
+/* The CNN's layers on 28x28x1 images; the demo's MLP (784-256-128-10) beside it. */
+static const dsgd_image_layer_desc IMAGE_LAYERS[4] = {
+    {.kind = DSGD_IMAGE_CONV2D, .filters = 16, .kernel = 3, .stride = 1, .padding = 1, .activation = DSGD_ACT_RELU},
+    {.kind = DSGD_IMAGE_MAXPOOL, .kernel = 2},
+    {.kind = DSGD_IMAGE_CONV2D, .filters = 32, .kernel = 3, .stride = 1, .padding = 1, .activation = DSGD_ACT_RELU},
+    {.kind = DSGD_IMAGE_MAXPOOL, .kernel = 2},
+};
+static const dsgd_layer_desc CNN_DENSE[2] = {{.units = 128, .activation = DSGD_ACT_RELU}, {.units = 10}};
+static const dsgd_layer_desc MLP[3] = {{.units = 256, .activation = DSGD_ACT_RELU},
+                                       {.units = 128, .activation = DSGD_ACT_RELU},
+                                       {.units = 10}};
+
+int main(int argc, char **argv) {
+    const char *dir = "build/data/fashion-mnist", *backend = "cpu";
+    run_opts o = {.replicas = 4, .batch = 32, .epochs = 6, .base_lr = 0.05f, .seed = 1};
+    run_result rc, rm;
+    dsgd_ctx *ctx = NULL;
+    dsgd_dataset train_set, test;
+    int with_mlp = 1, status;
+    long subset = 0;
+    if ((status = parse_args(argc, argv, &o, &dir, &backend, &with_mlp, &subset))) return status;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
-    if (!load(ctx, dir, "train", &train_set) || !load(ctx, dir, "t10k", &test)) return fail(ctx);
+    if (!ex_load_fashion_mnist(ctx, dir, &train_set, &test)) return ex_fail(ctx);
     if (subset > 0 && (size_t)subset < train_set.n) train_set.n = (size_t)subset; /* the first N images */
-    if (!strcmp(backend, "opencl")) {
-        dsgd_cl_context_desc cd;
-        memset(&cd, 0, sizeof(cd));
-        cd.max_devices = o.replicas;
-        if (dsgd_cl_context_create(ctx, &cd, &o.cl) != DSGD_OK) return fail(ctx);
-        printf("OpenCL device 0: %s\n", dsgd_cl_context_device_info(o.cl, 0)->device_name);
-    }
-    memset(&cnn, 0, sizeof(cnn));
-    cnn.image_layers = image;
-    cnn.num_image_layers = 4;
-    cnn.input_shape[0] = 28;
-    cnn.input_shape[1] = 28;
-    cnn.input_shape[2] = 1;
-    cnn.layers = cnn_dense;
-    cnn.num_layers = 2;
-    cnn.max_batch = o.batch > 250 ? o.batch : 250; /* evaluation shards of 250 per replica */
-    cnn.seed = o.seed;
-    dense = cnn;
-    dense.image_layers = NULL;
-    dense.num_image_layers = 0;
-    memset(dense.input_shape, 0, sizeof(dense.input_shape));
-    dense.input_dim = (int)train_set.dim;
-    dense.layers = mlp;
-    dense.num_layers = 3;
+    if (!strcmp(backend, "opencl") && open_opencl(ctx, &o)) return 1;
+    dsgd_model_desc cnn = {
+        .image_layers = IMAGE_LAYERS,
+        .num_image_layers = 4,
+        .input_shape = {28, 28, 1},
+        .layers = CNN_DENSE,
+        .num_layers = 2,
+        .max_batch = o.batch > 250 ? o.batch : 250, /* evaluation shards of 250 per replica */
+        .seed = o.seed,
+    };
+    dsgd_model_desc dense = {.input_dim = (int)train_set.dim, .layers = MLP, .num_layers = 3,
+                             .max_batch = cnn.max_batch, .seed = o.seed};
     printf("Fashion-MNIST: %zu training, %zu test images, %s backend%s\n", train_set.n, test.n, backend,
            strcmp(backend, "cpu") ? "" : " (CPU kernels as dsgd_cpu_isa() says)");
     if (train(ctx, "cnn", &cnn, &o, &train_set, &test, &rc)) return 1;

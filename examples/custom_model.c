@@ -16,6 +16,7 @@
    Options: --strategy mirrored|ps|both (default both), --epochs N, --data PATH */
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
+#include "common.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -90,71 +91,53 @@ static dsgd_result sr_create(void *user_data, dsgd_model *m, void **state) {
 }
 
 static const dsgd_model_i softmax_regression_model = {
-    "softmax_regression", sr_create, NULL, sr_gradients, sr_evaluate, 0,
+    .name = "softmax_regression",
+    .create = sr_create,
+    .compute_gradients = sr_gradients,
+    .evaluate = sr_evaluate,
 };
 
+/* The model's desc: the user model's table and its two variables. */
 static dsgd_model_desc model_desc(void) {
-    static dsgd_variable_desc vars[2];
-    dsgd_model_desc md;
-    memset(vars, 0, sizeof(vars));
-    vars[0].name = "W";
-    vars[0].rank = 2;
-    vars[0].shape[0] = D;
-    vars[0].shape[1] = K; /* Glorot uniform (AUTO at rank 2) */
-    vars[1].name = "b";
-    vars[1].rank = 1;
-    vars[1].shape[0] = K; /* zeros (AUTO at rank 1) */
-    memset(&md, 0, sizeof(md));
-    md.custom = &softmax_regression_model;
-    md.variables = vars;
-    md.num_variables = 2;
-    md.input_dim = D;
-    md.output_dim = K;
-    md.max_batch = 512;
-    md.seed = 7;
+    static const dsgd_variable_desc vars[2] = {
+        {.name = "W", .rank = 2, .shape = {D, K}}, /* Glorot uniform (AUTO at rank 2) */
+        {.name = "b", .rank = 1, .shape = {K}},    /* zeros (AUTO at rank 1) */
+    };
+    dsgd_model_desc md = {.custom = &softmax_regression_model, .variables = vars, .num_variables = 2,
+                          .input_dim = D, .output_dim = K, .max_batch = 512, .seed = 7};
     return md;
 }
 
 /* ---------------------------------------------------------------- training */
-
-static int fail(dsgd_ctx *ctx) {
-    fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(ctx));
-    return 1;
-}
 
 /* Test accuracy of the weights p, on a fresh model of the same desc. */
 static int evaluate(dsgd_ctx *ctx, const float *p, const dsgd_dataset *test, double *acc) {
     dsgd_model_desc md = model_desc();
     dsgd_model *m = NULL;
     dsgd_metrics mt;
-    size_t i;
-    if (dsgd_model_create(ctx, &md, &m) != DSGD_OK || dsgd_model_set_params(m, p, dsgd_model_num_params(m)) != DSGD_OK)
-        return fail(ctx);
-    for (i = 0; i < test->n; i += 512) {
-        int n = (int)(test->n - i < 512 ? test->n - i : 512);
-        if (dsgd_model_eval_batch(m, test->x + i * D, test->y + i, n) != DSGD_OK) return fail(ctx);
-    }
-    dsgd_model_take_metrics(m, DSGD_METRICS_EVAL, &mt);
+    if (dsgd_model_create(ctx, &md, &m) != DSGD_OK || dsgd_model_set_params(m, p, dsgd_model_num_params(m)) != DSGD_OK ||
+        !ex_evaluate(m, test, 512, &mt))
+        return ex_fail(ctx);
     *acc = mt.correct / mt.count;
     dsgd_model_destroy(m);
     return 0;
 }
 
+/* 4 mirrored replicas train the user model with Adam; prints the test accuracy. */
 static int train_mirrored(dsgd_ctx *ctx, const dsgd_dataset *train, const dsgd_dataset *test, int epochs) {
-    dsgd_strategy_desc sd;
+    dsgd_strategy_desc sd = {
+        .kind = DSGD_STRATEGY_MIRRORED,
+        .num_replicas = 4,
+        .model = model_desc(), /* the user model: nothing else in the desc knows about it */
+        .optimizer = {.kind = DSGD_OPT_ADAM, .lr = 1e-2f},
+    };
     dsgd_strategy *s = NULL;
     dsgd_sampler sampler;
     float x[BATCH * D], y[BATCH], p[D * K + K];
     double t0 = dsgd_now(), acc;
     int e;
-    memset(&sd, 0, sizeof(sd));
-    sd.kind = DSGD_STRATEGY_MIRRORED;
-    sd.num_replicas = 4;
-    sd.model = model_desc(); /* the user model: nothing else in the desc knows about it */
-    sd.optimizer.kind = DSGD_OPT_ADAM;
-    sd.optimizer.lr = 1e-2f;
     if (dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK || dsgd_sampler_init(ctx, &sampler, train->n, BATCH, 1, 1, 0) != DSGD_OK)
-        return fail(ctx);
+        return ex_fail(ctx);
     for (e = 0; e < epochs; ++e) {
         size_t b, nb = dsgd_sampler_num_batches(&sampler);
         dsgd_metrics tr;
@@ -163,14 +146,14 @@ static int train_mirrored(dsgd_ctx *ctx, const dsgd_dataset *train, const dsgd_d
             const size_t *idx = NULL;
             size_t n = dsgd_sampler_batch(&sampler, b, &idx);
             dsgd_dataset_gather(train, idx, n, x, y);
-            if (dsgd_strategy_train_step(s, x, y, (int)n, NULL) != DSGD_OK) return fail(ctx);
+            if (dsgd_strategy_train_step(s, x, y, (int)n, NULL) != DSGD_OK) return ex_fail(ctx);
         }
-        if (dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &tr) != DSGD_OK) return fail(ctx);
+        if (dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &tr) != DSGD_OK) return ex_fail(ctx);
         if (e % 5 == 4 || e == epochs - 1)
             printf("  mirrored x4  epoch %2d  train loss %.4f  train acc %.4f\n", e + 1, tr.loss_sum / tr.count,
                    tr.correct / tr.count);
     }
-    if (dsgd_model_get_params(dsgd_strategy_model(s, 0), p, D * K + K) != DSGD_OK) return fail(ctx);
+    if (dsgd_model_get_params(dsgd_strategy_model(s, 0), p, D * K + K) != DSGD_OK) return ex_fail(ctx);
     if (evaluate(ctx, p, test, &acc)) return 1;
     printf("mirrored, 4 replicas: test accuracy %.4f after %d epochs in %.2f s\n", acc, epochs, dsgd_now() - t0);
     dsgd_sampler_free(&sampler);
@@ -189,25 +172,23 @@ static dsgd_result ps_step(dsgd_cluster_worker *w, void *user) {
     return dsgd_cluster_worker_train_step(w, x, y, n);
 }
 
+/* The same model on 2 parameter servers and 4 asynchronous workers. */
 static int train_ps(dsgd_ctx *ctx, const dsgd_dataset *train, const dsgd_dataset *test, int epochs) {
-    dsgd_cluster_desc cd;
+    dsgd_cluster_desc cd = {
+        .ps = {.num_servers = 2, .num_workers = 4, .policy = DSGD_PS_ASYNC,
+               .optimizer = {.kind = DSGD_OPT_ADAM, .lr = 1e-2f}},
+        .model = model_desc(), /* the same user model */
+    };
     dsgd_cluster *c = NULL;
     float p[D * K + K];
     double t0 = dsgd_now(), acc;
     int steps = epochs * (int)(train->n / BATCH), i;
-    memset(&cd, 0, sizeof(cd));
-    cd.ps.num_servers = 2;
-    cd.ps.num_workers = 4;
-    cd.ps.policy = DSGD_PS_ASYNC;
-    cd.ps.optimizer.kind = DSGD_OPT_ADAM;
-    cd.ps.optimizer.lr = 1e-2f;
-    cd.model = model_desc(); /* the same user model */
     if (dsgd_cluster_create(ctx, &cd, &c) != DSGD_OK || dsgd_cluster_set_dataset(c, train, BATCH, 1) != DSGD_OK)
-        return fail(ctx);
+        return ex_fail(ctx);
     for (i = 0; i < steps; ++i)
-        if (dsgd_cluster_schedule(c, ps_step, NULL, NULL) != DSGD_OK) return fail(ctx);
+        if (dsgd_cluster_schedule(c, ps_step, NULL, NULL) != DSGD_OK) return ex_fail(ctx);
     if (dsgd_cluster_join(c) != DSGD_OK || dsgd_cluster_shutdown(c) != DSGD_OK || dsgd_cluster_read_params(c, p) != DSGD_OK)
-        return fail(ctx);
+        return ex_fail(ctx);
     if (evaluate(ctx, p, test, &acc)) return 1;
     printf("parameter servers, 2 servers + 4 async workers: test accuracy %.4f after %d pushes in %.2f s\n", acc,
            steps, dsgd_now() - t0);
@@ -219,29 +200,20 @@ int main(int argc, char **argv) {
     const char *path = "examples/data/digits.csv", *strategy = "both";
     int epochs = 30, a, rc = 0;
     dsgd_ctx *ctx = NULL;
-    dsgd_dataset all, train, test;
-    dsgd_csv_desc csv;
+    dsgd_dataset train, test;
+    const char *v;
     for (a = 1; a < argc; ++a) {
-        if (!strcmp(argv[a], "--data") && a + 1 < argc) path = argv[++a];
-        else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) epochs = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--strategy") && a + 1 < argc) strategy = argv[++a];
-        else {
-            fprintf(stderr, "usage: %s [--strategy mirrored|ps|both] [--epochs N] [--data PATH]\n", argv[0]);
-            return 2;
-        }
+        if ((v = ex_flag(argc, argv, &a, "--data"))) path = v;
+        else if ((v = ex_flag(argc, argv, &a, "--epochs"))) epochs = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--strategy"))) strategy = v;
+        else return ex_usage(argv[0], "[--strategy mirrored|ps|both] [--epochs N] [--data PATH]");
     }
     if (epochs < 1 || (strcmp(strategy, "mirrored") && strcmp(strategy, "ps") && strcmp(strategy, "both"))) {
         fprintf(stderr, "error: --epochs must be >= 1 and --strategy one of mirrored, ps, both\n");
         return 2;
     }
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
-    memset(&csv, 0, sizeof(csv));
-    csv.num_classes = K;
-    csv.feature_scale = 1.0f / 16.0f; /* pixels are 0..16 */
-    if (dsgd_dataset_load_csv(ctx, path, &csv, &all) != DSGD_OK ||
-        dsgd_dataset_split(ctx, &all, 1400, 42, &train, &test) != DSGD_OK)
-        return fail(ctx);
-    dsgd_dataset_free(&all);
+    if (!ex_load_digits(ctx, path, 42, &train, &test)) return ex_fail(ctx); /* pixels 0..16, scaled to 0..1 */
     printf("softmax regression in user code (%s), %zu training and %zu test digits\n",
            softmax_regression_model.name, train.n, test.n);
     if (strcmp(strategy, "ps")) rc = train_mirrored(ctx, &train, &test, epochs);

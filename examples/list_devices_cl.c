@@ -24,12 +24,11 @@ static void print_log(void *ud, dsgd_log_level level, const char *msg) {
 
 int main(void) {
     dsgd_cl_device_info info[DSGD_CL_MAX_DEVICES * 4];
-    dsgd_ctx_desc cdsc = {0};
-    dsgd_cl_context_desc cd = {0};
+    dsgd_ctx_desc cdsc = {.logger = {.func = print_log}};
+    dsgd_cl_context_desc cd = {.tuning = DSGD_CL_TUNING_OFF};
     dsgd_ctx *ctx;
     dsgd_cl_context *cl;
     int n = 0, i, last_platform = -1;
-    cdsc.logger.func = print_log;
     if (dsgd_ctx_create(&cdsc, &ctx) != DSGD_OK) return 1;
     if (dsgd_cl_list_devices(ctx, info, (int)(sizeof info / sizeof info[0]), &n) != DSGD_OK) {
         fprintf(stderr, "%s\n", dsgd_ctx_last_error(ctx));
@@ -66,7 +65,6 @@ int main(void) {
            getenv("DSGD_CL_DEVICE") ? getenv("DSGD_CL_DEVICE") : "",
            getenv("DSGD_CL_PLATFORM") ? getenv("DSGD_CL_PLATFORM") : "",
            getenv("DSGD_CL_DEVICE_TYPE") ? getenv("DSGD_CL_DEVICE_TYPE") : "");
-    cd.tuning = DSGD_CL_TUNING_OFF;
     if (dsgd_cl_context_create(ctx, &cd, &cl) != DSGD_OK) {
         printf("  %s\n", dsgd_ctx_last_error(ctx));
         dsgd_ctx_destroy(ctx);

@@ -30,6 +30,7 @@
 #define DISTSGD_IMPLEMENTATION
 #define DISTSGD_CL_IMPLEMENTATION
 #include "../distsgd_cl.h"
+#include "common.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -37,24 +38,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(dsgd_ctx *ctx) {
-    fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(ctx));
-    return 1;
-}
-
-static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset *ds) {
-    char img[1024], lab[1024];
-    snprintf(img, sizeof(img), "%s/%s-images-idx3-ubyte", dir, prefix);
-    snprintf(lab, sizeof(lab), "%s/%s-labels-idx1-ubyte", dir, prefix);
-    return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
-}
-
 /* The strategy's backend factory for --backend opencl: one backend (and
    command queue) per replica, devices taken round-robin. */
 static dsgd_result opencl_backend(void *user_data, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
     dsgd_cl_context *cl = (dsgd_cl_context *)user_data;
-    dsgd_cl_backend_desc bd = {0};
-    bd.device = replica % dsgd_cl_context_num_devices(cl);
+    dsgd_cl_backend_desc bd = {.device = replica % dsgd_cl_context_num_devices(cl)};
     return dsgd_cl_backend_create(ctx, cl, &bd, out);
 }
 
@@ -95,95 +83,74 @@ static int parse_hidden(const char *s, dsgd_layer_desc *layers) {
     return 1;
 }
 
-int main(int argc, char **argv) {
-    const char *dir = "build/data/fashion-mnist", *backend = "cpu", *device = NULL;
-    dsgd_cl_context *cl = NULL;
-    int replicas = 4, batch = 64, epochs = 5, threads = 0, cpu_threads, a, e, global;
-    float base_lr = 0.05f;
-    uint64_t seed = 1;
-    dsgd_allreduce_algo algo = DSGD_ALLREDUCE_AUTO;
-    dsgd_gradient_path path = DSGD_GRADIENTS_AUTO;
-    dsgd_ctx *ctx = NULL;
-    dsgd_dataset train, test;
-    dsgd_layer_desc layers[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                 {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                 {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-    dsgd_strategy_desc sd = {0};
-    dsgd_strategy *strategy = NULL;
-    dsgd_sampler sampler;
-    float *xb, *yb;
-    double t_start;
-    size_t nb, eval_chunk;
+typedef struct options {
+    const char *dir, *backend, *device;
+    int replicas, batch, epochs, threads;
+    float base_lr;
+    uint64_t seed;
+    dsgd_allreduce_algo algo;
+    dsgd_gradient_path path;
+} options;
 
+/* Reads the flags into *o (--hidden into layers); 0, or main's status 2
+   after saying what is wrong. */
+static int parse_args(int argc, char **argv, options *o, dsgd_layer_desc *layers) {
+    const char *v;
+    int a;
     for (a = 1; a < argc; ++a) {
-        if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
-        else if (!strcmp(argv[a], "--replicas") && a + 1 < argc) replicas = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--batch") && a + 1 < argc) batch = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) epochs = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--lr") && a + 1 < argc) base_lr = (float)atof(argv[++a]);
-        else if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
-        else if (!strcmp(argv[a], "--algo") && a + 1 < argc && parse_algo(argv[a + 1], &algo)) ++a;
+        if ((v = ex_flag(argc, argv, &a, "--data"))) o->dir = v;
+        else if ((v = ex_flag(argc, argv, &a, "--replicas"))) o->replicas = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--batch"))) o->batch = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--epochs"))) o->epochs = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--lr"))) o->base_lr = (float)atof(v);
+        else if ((v = ex_flag(argc, argv, &a, "--seed"))) o->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(argv[a], "--algo") && a + 1 < argc && parse_algo(argv[a + 1], &o->algo)) ++a;
         else if (!strcmp(argv[a], "--backend") && a + 1 < argc &&
-                 (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) backend = argv[++a];
-        else if (!strcmp(argv[a], "--device") && a + 1 < argc) device = argv[++a];
-        else if (!strcmp(argv[a], "--gradients") && a + 1 < argc && parse_path(argv[a + 1], &path)) ++a;
-        else if (!strcmp(argv[a], "--threads") && a + 1 < argc) threads = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--hidden") && a + 1 < argc) {
-            if (!parse_hidden(argv[++a], layers)) {
+                 (!strcmp(argv[a + 1], "cpu") || !strcmp(argv[a + 1], "opencl"))) o->backend = argv[++a];
+        else if ((v = ex_flag(argc, argv, &a, "--device"))) o->device = v;
+        else if (!strcmp(argv[a], "--gradients") && a + 1 < argc && parse_path(argv[a + 1], &o->path)) ++a;
+        else if ((v = ex_flag(argc, argv, &a, "--threads"))) o->threads = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--hidden"))) {
+            if (!parse_hidden(v, layers)) {
                 fprintf(stderr, "%s: --hidden takes two positive integers H1,H2 (e.g. 256,128), not \"%s\"\n",
-                        argv[0], argv[a]);
+                        argv[0], v);
                 return 2;
             }
-        } else {
-            fprintf(stderr, "usage: %s [--data DIR] [--replicas N] [--batch B] [--algo auto|ring|hd|rb|rd|direct] "
-                            "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC] "
-                            "[--gradients auto|host|device] [--hidden H1,H2] [--threads T]\n",
-                    argv[0]);
-            return 2;
-        }
+        } else
+            return ex_usage(argv[0], "[--data DIR] [--replicas N] [--batch B] [--algo auto|ring|hd|rb|rd|direct] "
+                                     "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC] "
+                                     "[--gradients auto|host|device] [--hidden H1,H2] [--threads T]");
     }
-    if (replicas < 1 || batch < 1 || epochs < 1) { fprintf(stderr, "replicas, batch and epochs must be >= 1\n"); return 2; }
-    global = batch * replicas;
-    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
-    if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) return fail(ctx);
-    if (dsgd_sampler_init(ctx, &sampler, train.n, (size_t)global, seed, 1, 1) != DSGD_OK) return fail(ctx);
-    nb = dsgd_sampler_num_batches(&sampler);
+    if (o->replicas < 1 || o->batch < 1 || o->epochs < 1) {
+        fprintf(stderr, "replicas, batch and epochs must be >= 1\n");
+        return 2;
+    }
+    return 0;
+}
 
-    sd.kind = DSGD_STRATEGY_MIRRORED;
-    sd.num_replicas = replicas;
-    sd.algorithm = algo;
-    sd.gradient_path = path;
-    sd.cpu_threads = threads;
-    sd.model.input_dim = train.dim;
-    sd.model.layers = layers;
-    sd.model.num_layers = 3;
-    sd.model.max_batch = batch > 1000 ? batch : 1000; /* evaluation uses 1000-sample shards */
-    sd.model.seed = seed;
-    sd.optimizer.kind = DSGD_OPT_MOMENTUM;
-    sd.optimizer.nesterov = 1;
-    sd.optimizer.lr = dsgd_linear_scaled_lr(base_lr, global, 128);
-    sd.optimizer.schedule.kind = DSGD_SCHEDULE_COSINE;
-    sd.optimizer.schedule.warmup_steps = (int64_t)nb / 2;
-    sd.optimizer.schedule.total_steps = (int64_t)nb * epochs;
-    eval_chunk = (size_t)replicas * (size_t)sd.model.max_batch;
-    if (!strcmp(backend, "opencl")) {
-        dsgd_cl_context_desc cd = {0};
-        int d;
-        cd.device = device;
-        cd.max_devices = replicas;
-        if (dsgd_cl_context_create(ctx, &cd, &cl) != DSGD_OK) return fail(ctx);
-        for (d = 0; d < dsgd_cl_context_num_devices(cl); ++d)
-            printf("OpenCL device %d: %s (%s GEMM parameters)\n", d, dsgd_cl_context_device_info(cl, d)->device_name,
-                   dsgd_cl_context_gemm_tuned(cl, d) ? "tuned" : "stock CLBlast");
-        sd.backend_factory = opencl_backend;
-        sd.backend_user_data = cl;
-    }
-    if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return fail(ctx);
+/* --backend opencl: one context on up to N devices, listed; its backend
+   factory goes into *sd. 0, or 1 after the error. */
+static int open_opencl(dsgd_ctx *ctx, const options *o, dsgd_cl_context **cl, dsgd_strategy_desc *sd) {
+    dsgd_cl_context_desc cd = {.device = o->device, .max_devices = o->replicas};
+    int d;
+    if (dsgd_cl_context_create(ctx, &cd, cl) != DSGD_OK) return ex_fail(ctx);
+    for (d = 0; d < dsgd_cl_context_num_devices(*cl); ++d)
+        printf("OpenCL device %d: %s (%s GEMM parameters)\n", d, dsgd_cl_context_device_info(*cl, d)->device_name,
+               dsgd_cl_context_gemm_tuned(*cl, d) ? "tuned" : "stock CLBlast");
+    sd->backend_factory = opencl_backend;
+    sd->backend_user_data = *cl;
+    return 0;
+}
+
+/* The two lines that describe the run: data, replicas, kernels; model, optimizer, gradient path. */
+static void print_setup(const options *o, const dsgd_strategy_desc *sd, dsgd_strategy *strategy,
+                        const dsgd_dataset *train, const dsgd_dataset *test) {
     /* the CPU backends chose their kernels as dsgd_cpu_isa() says (DSGD_CPU_ISA overrides) */
-    cpu_threads = dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0)));
+    int cpu_threads = dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0)));
+    int device_path = dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE;
     printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d",
-           train.n, test.n, replicas, batch, global);
-    if (!strcmp(backend, "cpu"))
+           train->n, test->n, o->replicas, o->batch, o->batch * o->replicas);
+    if (!strcmp(o->backend, "cpu"))
         printf("; CPU kernels %s%s, %d thread%s per replica", dsgd_cpu_isa(),
 #ifdef DSGD_USE_CBLAS
                " with cblas_sgemm's GEMM (make demo BLAS=openblas)",
@@ -194,46 +161,98 @@ int main(int argc, char **argv) {
     printf("\n");
     printf("model %d-%d-%d-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
            "%.3g at 128), warmup %lld steps + cosine, gradients summed on the %s (all-reduce %s)\n",
-           train.dim, layers[0].units, layers[1].units, dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), backend,
-           (double)sd.optimizer.lr, (double)base_lr,
-           (long long)sd.optimizer.schedule.warmup_steps,
-           dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE ? "device" : "host",
-           dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE ? "unused" : dsgd_allreduce_algo_name(algo));
+           train->dim, sd->model.layers[0].units, sd->model.layers[1].units,
+           dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), o->backend, (double)sd->optimizer.lr,
+           (double)o->base_lr, (long long)sd->optimizer.schedule.warmup_steps, device_path ? "device" : "host",
+           device_path ? "unused" : dsgd_allreduce_algo_name(o->algo));
+}
+
+/* One epoch of global batches, each sharded across the replicas; counts the
+   steps skipped for non-finite gradients into *skipped. */
+static int train_epoch(dsgd_strategy *strategy, dsgd_sampler *sampler, const dsgd_dataset *train, float *xb,
+                       float *yb, int *skipped) {
+    size_t b, nb = dsgd_sampler_num_batches(sampler);
+    for (b = 0; b < nb; ++b) {
+        const size_t *idx = NULL;
+        size_t n = dsgd_sampler_batch(sampler, b, &idx);
+        dsgd_step_info info;
+        dsgd_dataset_gather(train, idx, n, xb, yb);
+        if (dsgd_strategy_train_step(strategy, xb, yb, (int)n, &info) != DSGD_OK) return 0;
+        *skipped += info.skipped;
+    }
+    return 1;
+}
+
+/* The test set in chunks of eval_chunk, sharded too (at most max_batch per
+   replica); the training and evaluation metrics into *tr and *te. */
+static int evaluate(dsgd_strategy *strategy, const dsgd_dataset *test, size_t eval_chunk, dsgd_metrics *tr,
+                    dsgd_metrics *te) {
+    size_t i;
+    for (i = 0; i < test->n; i += eval_chunk) {
+        size_t n = test->n - i < eval_chunk ? test->n - i : eval_chunk;
+        if (dsgd_strategy_eval_batch(strategy, test->x + i * test->dim, test->y + i, (int)n) != DSGD_OK) return 0;
+    }
+    return dsgd_strategy_take_metrics(strategy, DSGD_METRICS_TRAIN, tr) == DSGD_OK &&
+           dsgd_strategy_take_metrics(strategy, DSGD_METRICS_EVAL, te) == DSGD_OK;
+}
+
+int main(int argc, char **argv) {
+    options o = {.dir = "build/data/fashion-mnist", .backend = "cpu", .replicas = 4, .batch = 64, .epochs = 5,
+                 .base_lr = 0.05f, .seed = 1, .algo = DSGD_ALLREDUCE_AUTO, .path = DSGD_GRADIENTS_AUTO};
+    dsgd_layer_desc layers[3] = {{.units = 256, .activation = DSGD_ACT_RELU},
+                                 {.units = 128, .activation = DSGD_ACT_RELU},
+                                 {.units = 10}};
+    dsgd_cl_context *cl = NULL;
+    dsgd_ctx *ctx = NULL;
+    dsgd_dataset train, test;
+    dsgd_strategy *strategy = NULL;
+    dsgd_sampler sampler;
+    float *xb, *yb;
+    double t_start;
+    int e, global, status = parse_args(argc, argv, &o, layers);
+
+    if (status) return status;
+    global = o.batch * o.replicas;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    if (!ex_load_fashion_mnist(ctx, o.dir, &train, &test)) return ex_fail(ctx);
+    if (dsgd_sampler_init(ctx, &sampler, train.n, (size_t)global, o.seed, 1, 1) != DSGD_OK) return ex_fail(ctx);
+    int64_t nb = (int64_t)dsgd_sampler_num_batches(&sampler);
+    dsgd_strategy_desc sd = {
+        .kind = DSGD_STRATEGY_MIRRORED,
+        .num_replicas = o.replicas,
+        .algorithm = o.algo,
+        .gradient_path = o.path,
+        .cpu_threads = o.threads,
+        .model = {.input_dim = train.dim, .layers = layers, .num_layers = 3,
+                  .max_batch = o.batch > 1000 ? o.batch : 1000, /* evaluation uses 1000-sample shards */
+                  .seed = o.seed},
+        .optimizer = {.kind = DSGD_OPT_MOMENTUM, .nesterov = 1, .lr = dsgd_linear_scaled_lr(o.base_lr, global, 128),
+                      .schedule = {.kind = DSGD_SCHEDULE_COSINE, .warmup_steps = nb / 2, .total_steps = nb * o.epochs}},
+    };
+    if (!strcmp(o.backend, "opencl") && open_opencl(ctx, &o, &cl, &sd)) return 1;
+    if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return ex_fail(ctx);
+    print_setup(&o, &sd, strategy, &train, &test);
 
     xb = (float *)malloc(sizeof(float) * (size_t)global * train.dim);
     yb = (float *)malloc(sizeof(float) * (size_t)global);
     if (!xb || !yb) return 1;
     t_start = dsgd_now();
-    for (e = 0; e < epochs; ++e) {
-        size_t b, i;
+    for (e = 0; e < o.epochs; ++e) {
         double t0 = dsgd_now(), dt, eta;
         dsgd_metrics tr, te;
         int skipped = 0;
         dsgd_sampler_set_epoch(&sampler, (uint64_t)e);
-        for (b = 0; b < nb; ++b) {
-            const size_t *idx;
-            size_t n = dsgd_sampler_batch(&sampler, b, &idx);
-            dsgd_step_info info;
-            dsgd_dataset_gather(&train, idx, n, xb, yb);
-            if (dsgd_strategy_train_step(strategy, xb, yb, (int)n, &info) != DSGD_OK) return fail(ctx);
-            skipped += info.skipped;
-        }
+        if (!train_epoch(strategy, &sampler, &train, xb, yb, &skipped)) return ex_fail(ctx);
         dt = dsgd_now() - t0;
-        for (i = 0; i < test.n; i += eval_chunk) { /* sharded too: at most max_batch per replica */
-            size_t n = test.n - i < eval_chunk ? test.n - i : eval_chunk;
-            if (dsgd_strategy_eval_batch(strategy, test.x + i * test.dim, test.y + i, (int)n) != DSGD_OK) return fail(ctx);
-        }
-        if (dsgd_strategy_take_metrics(strategy, DSGD_METRICS_TRAIN, &tr) != DSGD_OK ||
-            dsgd_strategy_take_metrics(strategy, DSGD_METRICS_EVAL, &te) != DSGD_OK)
-            return fail(ctx);
-        eta = (dsgd_now() - t_start) / (e + 1) * (epochs - e - 1);
-        printf("epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s  ETA %.0f s%s\n", e + 1, epochs,
-               tr.loss_sum / tr.count, tr.correct / tr.count, te.correct / te.count, tr.count / dt, eta,
+        if (!evaluate(strategy, &test, (size_t)o.replicas * (size_t)sd.model.max_batch, &tr, &te)) return ex_fail(ctx);
+        eta = (dsgd_now() - t_start) / (e + 1) * (o.epochs - e - 1);
+        printf("epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s  ETA %.0f s%s\n", e + 1,
+               o.epochs, tr.loss_sum / tr.count, tr.correct / tr.count, te.correct / te.count, tr.count / dt, eta,
                skipped ? "  (steps skipped: non-finite gradients)" : "");
         fflush(stdout);
-        if (e == epochs - 1)
+        if (e == o.epochs - 1)
             printf("final test accuracy %.4f (%s 85%%) with %d replicas in %.1f s\n", te.correct / te.count,
-                   te.correct / te.count >= 0.85 ? ">=" : "BELOW", replicas, dsgd_now() - t_start);
+                   te.correct / te.count >= 0.85 ? ">=" : "BELOW", o.replicas, dsgd_now() - t_start);
     }
     free(xb);
     free(yb);

@@ -46,6 +46,7 @@ int main(void) {
 #define DISTSGD_IMPLEMENTATION
 #define DISTSGD_MPI_IMPLEMENTATION
 #include "../distsgd_mpi.h"
+#include "common.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -54,13 +55,6 @@ int main(void) {
 static void die(dsgd_ctx *ctx, int rank, const char *what) {
     fprintf(stderr, "worker %d: %s: %s\n", rank, what, ctx ? dsgd_ctx_last_error(ctx) : "");
     dsgd_mpi_abort(1);
-}
-
-static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset *ds) {
-    char img[1024], lab[1024];
-    snprintf(img, sizeof(img), "%s/%s-images-idx3-ubyte", dir, prefix);
-    snprintf(lab, sizeof(lab), "%s/%s-labels-idx1-ubyte", dir, prefix);
-    return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
 }
 
 enum { MAX_LOCAL = 16 };
@@ -103,174 +97,199 @@ static dsgd_result shard_fn(void *user, int replica, int num_replicas, dsgd_batc
     return DSGD_OK;
 }
 
+typedef struct options {
+    const char *dir;
+    int batch, epochs, local, verify;
+    float base_lr;
+    uint64_t seed;
+    dsgd_allreduce_algo algo;
+} options;
+
+/* Reads the flags into *o and checks them against the job's `replicas`
+   (local x workers, once --local is known); 0, or main's status 2 after the
+   chief said what is wrong. */
+static int parse_args(int argc, char **argv, int rank, int workers, options *o) {
+    const char *v;
+    int a;
+    for (a = 1; a < argc; ++a) {
+        if ((v = ex_flag(argc, argv, &a, "--data"))) o->dir = v;
+        else if ((v = ex_flag(argc, argv, &a, "--batch"))) o->batch = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--local"))) o->local = atoi(v);
+        else if (!strcmp(argv[a], "--algo") && a + 1 < argc && parse_algo(argv[a + 1], &o->algo)) ++a;
+        else if (!strcmp(argv[a], "--verify")) o->verify = 1;
+        else if ((v = ex_flag(argc, argv, &a, "--epochs"))) o->epochs = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--lr"))) o->base_lr = (float)atof(v);
+        else if ((v = ex_flag(argc, argv, &a, "--seed"))) o->seed = strtoull(v, NULL, 10);
+        else {
+            if (rank == 0)
+                fprintf(stderr, "usage: mpirun -np P %s [--data DIR] [--local K] [--batch B] [--epochs E] "
+                                "[--lr BASE_LR] [--seed S] [--algo auto|ring|hd|rb|rd|hier] [--verify]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (o->batch < 1 || o->epochs < 1 || o->local < 1 || o->local > MAX_LOCAL) {
+        if (rank == 0) fprintf(stderr, "batch and epochs must be >= 1, --local 1..%d\n", MAX_LOCAL);
+        return 2;
+    }
+    if (o->verify && o->algo == DSGD_ALLREDUCE_AUTO) o->algo = DSGD_ALLREDUCE_RING;
+    if (o->verify && o->local * workers > MAX_LOCAL) {
+        if (rank == 0)
+            fprintf(stderr, "--verify runs all %d replicas in one process: at most %d\n", o->local * workers, MAX_LOCAL);
+        return 2;
+    }
+    return 0;
+}
+
+/* Gather buffers of `batch` samples for replicas 0..n-1 of src. */
+static void alloc_shards(shard_src *src, int n, int batch, int dim, int rank) {
+    int k;
+    for (k = 0; k < n; ++k) {
+        src->x[k] = (float *)malloc(sizeof(float) * (size_t)batch * (size_t)dim);
+        src->y[k] = (float *)malloc(sizeof(float) * (size_t)batch);
+        if (!src->x[k] || !src->y[k]) die(NULL, rank, "out of memory");
+    }
+}
+
+/* Frees alloc_shards' buffers. */
+static void free_shards(shard_src *src, int n) {
+    int k;
+    for (k = 0; k < n; ++k) {
+        free(src->x[k]);
+        free(src->y[k]);
+    }
+}
+
+/* Epoch e: every global batch of the sampler, each replica fetching its shard. */
+static int train_epoch(dsgd_strategy *s, dsgd_sampler *sampler, shard_src *src, int e) {
+    size_t b, nb = dsgd_sampler_num_batches(sampler);
+    dsgd_sampler_set_epoch(sampler, (uint64_t)e);
+    for (b = 0; b < nb; ++b) {
+        src->count = dsgd_sampler_batch(sampler, b, &src->idx);
+        if (dsgd_strategy_train_step_fn(s, shard_fn, src, NULL) != DSGD_OK) return 0;
+    }
+    return 1;
+}
+
+/* The test set in chunks of `chunk` (every worker evaluates its shards: a
+   collective too), then the training and evaluation metrics. */
+static void evaluate(dsgd_ctx *ctx, int rank, dsgd_strategy *s, const dsgd_dataset *test, size_t chunk,
+                     dsgd_metrics *tr, dsgd_metrics *te) {
+    size_t i;
+    for (i = 0; i < test->n; i += chunk) {
+        size_t n = test->n - i < chunk ? test->n - i : chunk;
+        if (dsgd_strategy_eval_batch(s, test->x + i * test->dim, test->y + i, (int)n) != DSGD_OK) die(ctx, rank, "eval");
+    }
+    if (dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, tr) != DSGD_OK ||
+        dsgd_strategy_take_metrics(s, DSGD_METRICS_EVAL, te) != DSGD_OK)
+        die(ctx, rank, "metrics");
+}
+
+/* --verify, on the chief: the same run in one process (K x P replicas of a
+   MIRRORED strategy over the loopback); prints whether its weights equal
+   s's bit for bit. Returns 0, or 4 when they differ. */
+static int verify_one_process(dsgd_ctx *ctx, dsgd_strategy *s, const dsgd_strategy_desc *sd, const shard_src *src,
+                              dsgd_sampler *sampler, const options *o, int replicas) {
+    size_t np = dsgd_model_num_params(dsgd_strategy_model(s, 0));
+    float *mine = (float *)malloc(sizeof(float) * np), *ref = (float *)malloc(sizeof(float) * np);
+    dsgd_strategy_desc rd = *sd;
+    dsgd_strategy *one = NULL;
+    shard_src rs = *src;
+    int e, differ;
+    if (!mine || !ref) die(NULL, 0, "out of memory");
+    rd.kind = DSGD_STRATEGY_MIRRORED;
+    rd.num_replicas = replicas;
+    rd.endpoints = NULL;
+    rs.first = 0;
+    alloc_shards(&rs, replicas, o->batch, (int)src->ds->dim, 0);
+    if (dsgd_strategy_create(ctx, &rd, &one) != DSGD_OK) die(ctx, 0, "--verify: the one-process strategy");
+    for (e = 0; e < o->epochs; ++e)
+        if (!train_epoch(one, sampler, &rs, e)) die(ctx, 0, "--verify step");
+    dsgd_model_get_params(dsgd_strategy_model(s, 0), mine, np);
+    dsgd_model_get_params(dsgd_strategy_model(one, 0), ref, np);
+    differ = memcmp(mine, ref, np * sizeof(float)) != 0;
+    printf("verify: %s to the one-process run with %d replicas (%s)\n",
+           differ ? "weights DIFFER" : "weights bitwise equal", replicas, dsgd_allreduce_algo_name(o->algo));
+    free_shards(&rs, replicas);
+    dsgd_strategy_destroy(one);
+    free(mine);
+    free(ref);
+    return differ ? 4 : 0;
+}
+
 int main(int argc, char **argv) {
-    const char *dir = "build/data/fashion-mnist";
-    int batch = 64, epochs = 3, local = 1, a, e, k, rank = 0, workers = 1, replicas, global, verify = 0;
-    dsgd_allreduce_algo algo = DSGD_ALLREDUCE_AUTO;
-    float base_lr = 0.05f;
-    uint64_t seed = 1;
+    options o = {.dir = "build/data/fashion-mnist", .batch = 64, .epochs = 3, .local = 1, .base_lr = 0.05f,
+                 .seed = 1, .algo = DSGD_ALLREDUCE_AUTO};
+    int e, k, rank = 0, workers = 1, replicas, global, status;
     dsgd_ctx *ctx = NULL;
     dsgd_dataset train, test;
     dsgd_transport_i eps[MAX_LOCAL];
-    dsgd_layer_desc layers[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                 {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                 {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-    dsgd_strategy_desc sd;
+    dsgd_layer_desc layers[3] = {{.units = 256, .activation = DSGD_ACT_RELU},
+                                 {.units = 128, .activation = DSGD_ACT_RELU},
+                                 {.units = 10}};
     dsgd_strategy *s = NULL;
     dsgd_sampler sampler;
-    shard_src src;
-    size_t nb;
     double t_start;
 
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
     if (dsgd_mpi_init(ctx, &argc, &argv, NULL) != DSGD_OK) die(ctx, rank, "dsgd_mpi_init");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &workers);
-    for (a = 1; a < argc; ++a) {
-        if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
-        else if (!strcmp(argv[a], "--batch") && a + 1 < argc) batch = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--local") && a + 1 < argc) local = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--algo") && a + 1 < argc && parse_algo(argv[a + 1], &algo)) ++a;
-        else if (!strcmp(argv[a], "--verify")) verify = 1;
-        else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) epochs = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--lr") && a + 1 < argc) base_lr = (float)atof(argv[++a]);
-        else if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
-        else {
-            if (rank == 0)
-                fprintf(stderr, "usage: mpirun -np P %s [--data DIR] [--local K] [--batch B] [--epochs E] "
-                                "[--lr BASE_LR] [--seed S] [--algo auto|ring|hd|rb|rd|hier] [--verify]\n", argv[0]);
-            MPI_Finalize();
-            return 2;
-        }
-    }
-    if (batch < 1 || epochs < 1 || local < 1 || local > MAX_LOCAL) {
-        if (rank == 0) fprintf(stderr, "batch and epochs must be >= 1, --local 1..%d\n", MAX_LOCAL);
+    if ((status = parse_args(argc, argv, rank, workers, &o))) {
         MPI_Finalize();
-        return 2;
+        return status;
     }
-    replicas = local * workers;
-    global = batch * replicas;
-    if (verify && algo == DSGD_ALLREDUCE_AUTO) algo = DSGD_ALLREDUCE_RING;
-    if (verify && replicas > MAX_LOCAL) {
-        if (rank == 0) fprintf(stderr, "--verify runs all %d replicas in one process: at most %d\n", replicas, MAX_LOCAL);
-        MPI_Finalize();
-        return 2;
-    }
-    if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) die(ctx, rank, "loading Fashion-MNIST");
-    if (dsgd_sampler_init(ctx, &sampler, train.n, (size_t)global, seed, 1, 1) != DSGD_OK) die(ctx, rank, "sampler");
-    nb = dsgd_sampler_num_batches(&sampler);
+    replicas = o.local * workers;
+    global = o.batch * replicas;
+    if (!ex_load_fashion_mnist(ctx, o.dir, &train, &test)) die(ctx, rank, "loading Fashion-MNIST");
+    if (dsgd_sampler_init(ctx, &sampler, train.n, (size_t)global, o.seed, 1, 1) != DSGD_OK) die(ctx, rank, "sampler");
+    int64_t nb = (int64_t)dsgd_sampler_num_batches(&sampler);
     /* K endpoints: ranks rank*K .. rank*K+K-1 of K*P (collective: every
        process passes the same K, or every one fails) */
-    if (dsgd_mpi_transport_create_local(ctx, NULL, local, eps) != DSGD_OK) die(ctx, rank, "dsgd_mpi_transport_create_local");
-
-    memset(&sd, 0, sizeof(sd));
-    sd.kind = DSGD_STRATEGY_MULTI_WORKER_MIRRORED;
-    sd.num_replicas = local;  /* this worker's; the group's is the endpoints' size */
-    sd.endpoints = eps;
-    sd.model.input_dim = (int)train.dim;
-    sd.model.layers = layers;
-    sd.model.num_layers = 3;
-    sd.model.max_batch = batch > 1000 ? batch : 1000; /* evaluation shards of up to 1000 */
-    sd.model.seed = seed;
-    sd.optimizer.kind = DSGD_OPT_MOMENTUM;
-    sd.optimizer.nesterov = 1;
-    sd.optimizer.lr = dsgd_linear_scaled_lr(base_lr, global, 128);
-    sd.optimizer.schedule.kind = DSGD_SCHEDULE_COSINE;
-    sd.optimizer.schedule.warmup_steps = (int64_t)nb / 2;
-    sd.optimizer.schedule.total_steps = (int64_t)nb * epochs;
-    sd.timeout_s = 60.0;
-    sd.algorithm = algo;
+    if (dsgd_mpi_transport_create_local(ctx, NULL, o.local, eps) != DSGD_OK)
+        die(ctx, rank, "dsgd_mpi_transport_create_local");
+    dsgd_strategy_desc sd = {
+        .kind = DSGD_STRATEGY_MULTI_WORKER_MIRRORED,
+        .num_replicas = o.local, /* this worker's; the group's is the endpoints' size */
+        .endpoints = eps,
+        .model = {.input_dim = (int)train.dim, .layers = layers, .num_layers = 3,
+                  .max_batch = o.batch > 1000 ? o.batch : 1000, /* evaluation shards of up to 1000 */
+                  .seed = o.seed},
+        .optimizer = {.kind = DSGD_OPT_MOMENTUM, .nesterov = 1, .lr = dsgd_linear_scaled_lr(o.base_lr, global, 128),
+                      .schedule = {.kind = DSGD_SCHEDULE_COSINE, .warmup_steps = nb / 2, .total_steps = nb * o.epochs}},
+        .timeout_s = 60.0,
+        .algorithm = o.algo,
+    };
     if (dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) die(ctx, rank, "dsgd_strategy_create");
     if (rank == 0)
         printf("Fashion-MNIST: %zu training, %zu test images; %d workers x %d replica%s x batch %d = global batch %d; "
-               "MLP 784-256-128-10, lr %.4g\n", train.n, test.n, workers, local, local == 1 ? "" : "s", batch, global,
-               (double)sd.optimizer.lr);
+               "MLP 784-256-128-10, lr %.4g\n", train.n, test.n, workers, o.local, o.local == 1 ? "" : "s", o.batch,
+               global, (double)sd.optimizer.lr);
 
-    memset(&src, 0, sizeof(src));
-    src.ds = &train;
-    src.first = rank * local;
-    for (k = 0; k < local; ++k) {
-        src.x[k] = (float *)malloc(sizeof(float) * (size_t)batch * train.dim);
-        src.y[k] = (float *)malloc(sizeof(float) * (size_t)batch);
-        if (!src.x[k] || !src.y[k]) die(NULL, rank, "out of memory");
-    }
+    shard_src src = {.ds = &train, .first = rank * o.local};
+    alloc_shards(&src, o.local, o.batch, (int)train.dim, rank);
     t_start = dsgd_now();
-    for (e = 0; e < epochs; ++e) {
-        size_t b, i, chunk = (size_t)replicas * 1000;
+    for (e = 0; e < o.epochs; ++e) {
         double t0 = dsgd_now();
         dsgd_metrics tr, te;
-        dsgd_sampler_set_epoch(&sampler, (uint64_t)e);
-        for (b = 0; b < nb; ++b) {
-            src.count = dsgd_sampler_batch(&sampler, b, &src.idx);
-            if (dsgd_strategy_train_step_fn(s, shard_fn, &src, NULL) != DSGD_OK) die(ctx, rank, "train step");
-        }
-        for (i = 0; i < test.n; i += chunk) { /* every worker evaluates its shards: a collective too */
-            size_t n = test.n - i < chunk ? test.n - i : chunk;
-            if (dsgd_strategy_eval_batch(s, test.x + i * test.dim, test.y + i, (int)n) != DSGD_OK) die(ctx, rank, "eval");
-        }
-        if (dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &tr) != DSGD_OK ||
-            dsgd_strategy_take_metrics(s, DSGD_METRICS_EVAL, &te) != DSGD_OK)
-            die(ctx, rank, "metrics");
+        if (!train_epoch(s, &sampler, &src, e)) die(ctx, rank, "train step");
+        evaluate(ctx, rank, s, &test, (size_t)replicas * 1000, &tr, &te);
         if (rank == 0)
-            printf("epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s\n", e + 1, epochs,
+            printf("epoch %d/%d  loss %.4f  train acc %.4f  test acc %.4f  %.0f samples/s\n", e + 1, o.epochs,
                    tr.loss_sum / tr.count, tr.correct / tr.count, te.correct / te.count, tr.count / (dsgd_now() - t0));
-        if (rank == 0 && e == epochs - 1)
-            printf("final test accuracy %.4f with %d workers x %d replica%s in %.1f s\n", te.correct / te.count, workers,
-                   local, local == 1 ? "" : "s", dsgd_now() - t_start);
+        if (rank == 0 && e == o.epochs - 1)
+            printf("final test accuracy %.4f with %d workers x %d replica%s in %.1f s\n", te.correct / te.count,
+                   workers, o.local, o.local == 1 ? "" : "s", dsgd_now() - t_start);
         fflush(stdout);
     }
-    if (verify && rank == 0) {
-        /* the same run in one process: K x P replicas over the loopback */
-        float *mine = (float *)malloc(sizeof(float) * dsgd_model_num_params(dsgd_strategy_model(s, 0)));
-        float *ref = (float *)malloc(sizeof(float) * dsgd_model_num_params(dsgd_strategy_model(s, 0)));
-        size_t np = dsgd_model_num_params(dsgd_strategy_model(s, 0));
-        dsgd_strategy_desc rd = sd;
-        dsgd_strategy *one = NULL;
-        shard_src rs = src;
-        if (!mine || !ref) die(NULL, rank, "out of memory");
-        rd.kind = DSGD_STRATEGY_MIRRORED;
-        rd.num_replicas = replicas;
-        rd.endpoints = NULL;
-        rs.first = 0;
-        for (k = 0; k < replicas; ++k) {
-            rs.x[k] = (float *)malloc(sizeof(float) * (size_t)batch * train.dim);
-            rs.y[k] = (float *)malloc(sizeof(float) * (size_t)batch);
-            if (!rs.x[k] || !rs.y[k]) die(NULL, rank, "out of memory");
-        }
-        if (dsgd_strategy_create(ctx, &rd, &one) != DSGD_OK) die(ctx, rank, "--verify: the one-process strategy");
-        for (e = 0; e < epochs; ++e) {
-            size_t b;
-            dsgd_sampler_set_epoch(&sampler, (uint64_t)e);
-            for (b = 0; b < nb; ++b) {
-                rs.count = dsgd_sampler_batch(&sampler, b, &rs.idx);
-                if (dsgd_strategy_train_step_fn(one, shard_fn, &rs, NULL) != DSGD_OK) die(ctx, rank, "--verify step");
-            }
-        }
-        dsgd_model_get_params(dsgd_strategy_model(s, 0), mine, np);
-        dsgd_model_get_params(dsgd_strategy_model(one, 0), ref, np);
-        printf("verify: %s to the one-process run with %d replicas (%s)\n",
-               memcmp(mine, ref, np * sizeof(float)) ? "weights DIFFER" : "weights bitwise equal", replicas,
-               dsgd_allreduce_algo_name(algo));
-        if (memcmp(mine, ref, np * sizeof(float))) verify = 4;
-        for (k = 0; k < replicas; ++k) {
-            free(rs.x[k]);
-            free(rs.y[k]);
-        }
-        dsgd_strategy_destroy(one);
-        free(mine);
-        free(ref);
-    }
-    for (k = 0; k < local; ++k) {
-        free(src.x[k]);
-        free(src.y[k]);
-    }
+    status = o.verify && rank == 0 ? verify_one_process(ctx, s, &sd, &src, &sampler, &o, replicas) : 0;
+    free_shards(&src, o.local);
     dsgd_strategy_destroy(s);
-    for (k = 0; k < local; ++k) eps[k].destroy(eps[k].impl); /* every one: the last frees the communicator */
+    for (k = 0; k < o.local; ++k) eps[k].destroy(eps[k].impl); /* every one: the last frees the communicator */
     dsgd_sampler_free(&sampler);
     dsgd_dataset_free(&train);
     dsgd_dataset_free(&test);
     dsgd_ctx_destroy(ctx);
     MPI_Finalize();
-    return verify == 4 ? 4 : 0;
+    return status;
 }
 #endif

@@ -53,36 +53,47 @@ int main(void) {
 #define DISTSGD_IMPLEMENTATION
 #define DISTSGD_MPI_IMPLEMENTATION
 #include "../distsgd_mpi.h"
+#include "common.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static const dsgd_layer_desc LAYERS[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                          {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                          {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+static const dsgd_layer_desc LAYERS[3] = {{.units = 256, .activation = DSGD_ACT_RELU},
+                                          {.units = 128, .activation = DSGD_ACT_RELU},
+                                          {.units = 10}};
+
+typedef struct options {
+    const char *dir, *policy_name;
+    int batch, epochs, servers, staleness, backups;
+    float base_lr;
+    uint64_t seed;
+    dsgd_ps_policy policy;
+} options;
+
+/* What this process's role works with, set up by main and setup(). */
+typedef struct job {
+    options o;
+    dsgd_ctx *ctx;
+    dsgd_mpi_ps_role role;
+    const char *who;                 /* "server" or "worker", for messages */
+    int P, W;                        /* servers, workers */
+    size_t per_epoch;                /* batches per worker per epoch */
+    int64_t updates_per_epoch;
+    dsgd_dataset train, test;
+    dsgd_model *m;
+    dsgd_shard_map *map;
+    float *params, *buf;             /* the initial weights; a pull/push buffer */
+    size_t np;
+    dsgd_ps_desc pd;
+    dsgd_transport_i ep;
+    MPI_Comm workers_comm;
+    double stats[7], t_start, t_train;
+} job;
 
 /* Ends the job with the message: a peer may be waiting for this process. */
 static void die(dsgd_ctx *ctx, const char *who, int index, const char *what) {
     fprintf(stderr, "ps_mpi: %s %d: %s: %s\n", who, index, what, ctx ? dsgd_ctx_last_error(ctx) : "");
     dsgd_mpi_abort(1);
-}
-
-static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset *ds) {
-    char img[1024], lab[1024];
-    snprintf(img, sizeof(img), "%s/%s-images-idx3-ubyte", dir, prefix);
-    snprintf(lab, sizeof(lab), "%s/%s-labels-idx1-ubyte", dir, prefix);
-    return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
-}
-
-static dsgd_model_desc model_desc(int input_dim, int max_batch, uint64_t seed) {
-    dsgd_model_desc md;
-    memset(&md, 0, sizeof(md));
-    md.input_dim = input_dim;
-    md.layers = LAYERS;
-    md.num_layers = 3;
-    md.max_batch = max_batch;
-    md.seed = seed;
-    return md;
 }
 
 /* The smallest version among the servers this worker last read. */
@@ -94,52 +105,188 @@ static int64_t min_version(const dsgd_ps_worker *pw, int servers) {
     return v;
 }
 
-int main(int argc, char **argv) {
-    const char *dir = "build/data/fashion-mnist", *policy_name = "async";
-    int batch = 64, epochs = 3, servers = 2, staleness = -1, backups = -1, a, proc = 0, nprocs = 1;
-    float base_lr = 0.05f;
-    uint64_t seed = 1;
-    dsgd_ctx *ctx = NULL;
-    dsgd_mpi_ps_role role;
-    dsgd_mpi_desc mdsc;
-    dsgd_transport_i ep;
-    dsgd_ps_desc pd;
-    dsgd_ps_policy policy = DSGD_PS_ASYNC;
-    dsgd_dataset train, test;
-    dsgd_model *m = NULL;
-    dsgd_variable vars[8];
-    dsgd_shard_map *map = NULL;
-    MPI_Comm workers_comm = MPI_COMM_NULL;
-    const char *who;
-    float *params = NULL, *buf = NULL;
-    size_t np, nb, per_epoch;
-    int nv, i, update_batch, P, W;
-    int64_t updates_per_epoch;
-    double stats[7] = {0}, *all_stats = NULL, t_start = 0, t_train = 0;
-    long long pushes_done = 0;
-
-    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
-    if (dsgd_mpi_init(ctx, &argc, &argv, NULL) != DSGD_OK) die(ctx, "process", 0, "dsgd_mpi_init");
-    MPI_Comm_rank(MPI_COMM_WORLD, &proc);
-    MPI_Comm_size(MPI_COMM_WORLD, &nprocs);
+/* Reads the flags into *o; 0 on a bad flag or value. */
+static int parse_args(int argc, char **argv, options *o) {
+    const char *v;
+    int a;
     for (a = 1; a < argc; ++a) {
-        if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
-        else if (!strcmp(argv[a], "--servers") && a + 1 < argc) servers = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--policy") && a + 1 < argc) policy_name = argv[++a];
-        else if (!strcmp(argv[a], "--staleness") && a + 1 < argc) staleness = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--backups") && a + 1 < argc) backups = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--batch") && a + 1 < argc) batch = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) epochs = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--lr") && a + 1 < argc) base_lr = (float)atof(argv[++a]);
-        else if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
-        else break;
+        if ((v = ex_flag(argc, argv, &a, "--data"))) o->dir = v;
+        else if ((v = ex_flag(argc, argv, &a, "--servers"))) o->servers = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--policy"))) o->policy_name = v;
+        else if ((v = ex_flag(argc, argv, &a, "--staleness"))) o->staleness = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--backups"))) o->backups = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--batch"))) o->batch = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--epochs"))) o->epochs = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--lr"))) o->base_lr = (float)atof(v);
+        else if ((v = ex_flag(argc, argv, &a, "--seed"))) o->seed = strtoull(v, NULL, 10);
+        else return 0;
     }
-    if (!strcmp(policy_name, "async")) policy = DSGD_PS_ASYNC;
-    else if (!strcmp(policy_name, "sync")) policy = DSGD_PS_SYNC;
-    else if (!strcmp(policy_name, "ssp")) policy = DSGD_PS_SSP;
-    else if (!strcmp(policy_name, "backup")) policy = DSGD_PS_BACKUP;
-    else a = -1;
-    if (a != argc || batch < 1 || epochs < 1) {
+    if (!strcmp(o->policy_name, "async")) o->policy = DSGD_PS_ASYNC;
+    else if (!strcmp(o->policy_name, "sync")) o->policy = DSGD_PS_SYNC;
+    else if (!strcmp(o->policy_name, "ssp")) o->policy = DSGD_PS_SSP;
+    else if (!strcmp(o->policy_name, "backup")) o->policy = DSGD_PS_BACKUP;
+    else return 0;
+    return o->batch >= 1 && o->epochs >= 1;
+}
+
+/* The policy's defaults, the data, the model (the same initial weights on
+   every process, from the seed), the shard map and the engine's desc. */
+static void setup(job *j) {
+    dsgd_ps_policy policy = j->o.policy;
+    dsgd_variable vars[8];
+    int nv, i, update_batch, backups;
+    size_t nb;
+    if (j->o.staleness < 0) j->o.staleness = policy == DSGD_PS_SSP ? 2 : 0;
+    if (j->o.backups < 0) j->o.backups = policy == DSGD_PS_BACKUP ? 1 : 0;
+    if (j->o.backups >= j->W) j->o.backups = j->W - 1;
+    backups = j->o.backups;
+    /* Every process loads the data (servers need the input size only, but
+       the same code keeps every process's model desc equal). */
+    if (!ex_load_fashion_mnist(j->ctx, j->o.dir, &j->train, &j->test))
+        die(j->ctx, j->who, j->role.index, "loading Fashion-MNIST");
+    nb = j->train.n / (size_t)j->o.batch;
+    j->per_epoch = nb / (size_t)j->W;
+    if (j->per_epoch < 1) die(NULL, j->who, j->role.index, "fewer batches than workers");
+    update_batch = policy == DSGD_PS_ASYNC    ? j->o.batch
+                   : policy == DSGD_PS_BACKUP ? (j->W - backups) * j->o.batch
+                                              : j->W * j->o.batch;
+    j->updates_per_epoch = policy == DSGD_PS_ASYNC    ? (int64_t)(j->per_epoch * (size_t)j->W)
+                           : policy == DSGD_PS_BACKUP ? (int64_t)j->per_epoch * j->W / (j->W - backups)
+                                                      : (int64_t)j->per_epoch;
+    dsgd_model_desc md = {.input_dim = (int)j->train.dim, .layers = LAYERS, .num_layers = 3,
+                          .max_batch = j->o.batch > 1000 ? j->o.batch : 1000, .seed = j->o.seed};
+    if (dsgd_model_create(j->ctx, &md, &j->m) != DSGD_OK) die(j->ctx, j->who, j->role.index, "dsgd_model_create");
+    j->np = dsgd_model_num_params(j->m);
+    nv = dsgd_model_num_variables(j->m);
+    j->params = (float *)malloc(sizeof(float) * j->np);
+    j->buf = (float *)malloc(sizeof(float) * j->np);
+    if (!j->params || !j->buf || nv > 8) die(NULL, j->who, j->role.index, "out of memory");
+    for (i = 0; i < nv; ++i) vars[i] = *dsgd_model_variable(j->m, i);
+    if (dsgd_model_get_params(j->m, j->params, j->np) != DSGD_OK)
+        die(j->ctx, j->who, j->role.index, "dsgd_model_get_params");
+    if (dsgd_shard_map_create(j->ctx, vars, nv, j->P, NULL, &j->map) != DSGD_OK)
+        die(j->ctx, j->who, j->role.index, "shard map");
+    dsgd_ps_desc pd = {
+        .num_servers = j->P,
+        .num_workers = j->W,
+        .policy = policy,
+        .staleness = policy == DSGD_PS_SSP ? j->o.staleness : 0,
+        .backup_workers = policy == DSGD_PS_BACKUP ? backups : 0,
+        .optimizer = {.kind = DSGD_OPT_MOMENTUM, .nesterov = 1,
+                      .lr = dsgd_linear_scaled_lr(j->o.base_lr, update_batch, 128),
+                      .schedule = {.kind = DSGD_SCHEDULE_COSINE, .warmup_steps = j->updates_per_epoch / 2,
+                                   .total_steps = j->updates_per_epoch * j->o.epochs}},
+        .timeout_s = 120.0,
+    };
+    if (policy == DSGD_PS_SSP) pd.optimizer.lr /= (float)(j->o.staleness + 1); /* staleness-aware rate */
+    j->pd = pd;
+}
+
+/* A server serves until every worker has finished; its counters into stats. */
+static void run_server(job *j) {
+    dsgd_ps_server *s = NULL;
+    dsgd_ps_server_stats st;
+    if (dsgd_ps_server_create(j->ctx, &j->ep, &j->pd, j->map, j->params, &s) != DSGD_OK)
+        die(j->ctx, j->who, j->role.index, "create");
+    if (dsgd_ps_server_serve(s) != DSGD_OK) die(j->ctx, j->who, j->role.index, "serve");
+    dsgd_ps_server_get_stats(s, &st);
+    j->stats[0] = (double)st.version;
+    j->stats[1] = (double)st.pushes_received;
+    j->stats[2] = (double)st.pushes_applied;
+    j->stats[3] = (double)st.duplicates;
+    j->stats[4] = (double)st.stale_dropped;
+    j->stats[5] = st.staleness_mean;
+    j->stats[6] = (double)st.staleness_max;
+    dsgd_ps_server_destroy(s);
+}
+
+/* A worker's loop over its shard: pull, gradient of the mean loss, push.
+   BACKUP stops on the version (pull; stop at the target; else push), the
+   others after the same number of pushes on every worker. Returns its pushes. */
+static long long worker_loop(job *j, dsgd_ps_worker *pw, dsgd_sampler *smp, float *x, float *y) {
+    int64_t k, steps = (int64_t)j->per_epoch * j->o.epochs, target = j->updates_per_epoch * j->o.epochs;
+    long long pushes = 0;
+    for (k = 0; j->o.policy == DSGD_PS_BACKUP || k < steps; ++k) {
+        const size_t *idx = NULL;
+        size_t n, e = (size_t)(k / (int64_t)j->per_epoch), b = (size_t)(k % (int64_t)j->per_epoch);
+        if (dsgd_ps_worker_pull(pw, j->buf) != DSGD_OK) die(j->ctx, j->who, j->role.index, "pull");
+        if (j->o.policy == DSGD_PS_BACKUP && min_version(pw, j->P) >= target) break;
+        if (smp->epoch != (uint64_t)e) dsgd_sampler_set_epoch(smp, (uint64_t)e);
+        n = dsgd_sampler_batch(smp, (size_t)j->role.index + b * (size_t)j->W, &idx);
+        dsgd_dataset_gather(&j->train, idx, n, x, y);
+        if (dsgd_model_set_params(j->m, j->buf, j->np) != DSGD_OK ||
+            dsgd_model_compute_gradients(j->m, x, y, (int)n, 1.0f / (float)n) != DSGD_OK ||
+            dsgd_model_get_grads(j->m, j->buf, j->np) != DSGD_OK)
+            die(j->ctx, j->who, j->role.index, "gradient");
+        if (dsgd_ps_worker_push(pw, j->buf) != DSGD_OK) die(j->ctx, j->who, j->role.index, "push");
+        pushes++;
+        if (j->role.is_chief && b + 1 == j->per_epoch) {
+            printf("ps_mpi: chief: epoch %zu done, %.1f s\n", e + 1, dsgd_now() - j->t_start);
+            fflush(stdout);
+        }
+    }
+    return pushes;
+}
+
+/* A worker trains its shard; then the workers meet and the chief pulls the
+   final weights into buf. Its pushes into stats[0]. */
+static void run_worker(job *j) {
+    dsgd_ps_worker *pw = NULL;
+    dsgd_sampler smp;
+    float *x = (float *)malloc(sizeof(float) * (size_t)j->o.batch * j->train.dim);
+    float *y = (float *)malloc(sizeof(float) * (size_t)j->o.batch);
+    if (!x || !y) die(NULL, j->who, j->role.index, "out of memory");
+    if (dsgd_sampler_init(j->ctx, &smp, j->train.n, (size_t)j->o.batch, j->o.seed, 1, 1) != DSGD_OK)
+        die(j->ctx, j->who, j->role.index, "sampler");
+    if (dsgd_ps_worker_create(j->ctx, &j->ep, &j->pd, j->map, &pw) != DSGD_OK)
+        die(j->ctx, j->who, j->role.index, "create");
+    j->stats[0] = (double)worker_loop(j, pw, &smp, x, y);
+    /* The chief pulls once every worker's pushes are in. */
+    if (!j->role.is_chief && dsgd_ps_worker_finish(pw) != DSGD_OK) die(j->ctx, j->who, j->role.index, "finish");
+    MPI_Barrier(j->workers_comm);
+    if (j->role.is_chief) {
+        j->t_train = dsgd_now() - j->t_start;
+        memcpy(j->buf, j->params, sizeof(float) * j->np); /* floats no shard holds (none here) keep their values */
+        if (dsgd_ps_worker_pull(pw, j->buf) != DSGD_OK) die(j->ctx, j->who, j->role.index, "final pull");
+        if (dsgd_ps_worker_finish(pw) != DSGD_OK) die(j->ctx, j->who, j->role.index, "finish");
+    }
+    dsgd_ps_worker_destroy(pw);
+    dsgd_sampler_free(&smp);
+    free(x);
+    free(y);
+}
+
+/* The chief: the final weights' test accuracy, every server's counters
+   (all_stats: 7 per process, servers first) and the workers' pushes. */
+static void report(job *j, const double *all_stats) {
+    dsgd_metrics mt;
+    double pushes = 0;
+    int i;
+    if (dsgd_model_set_params(j->m, j->buf, j->np) != DSGD_OK) die(j->ctx, j->who, j->role.index, "set_params");
+    if (!ex_evaluate(j->m, &j->test, 1000, &mt)) die(j->ctx, j->who, 0, "eval");
+    for (i = 0; i < j->P; ++i)
+        printf("ps_mpi: server %d: version %.0f, pushes %.0f (applied %.0f, duplicates %.0f, stale dropped %.0f), "
+               "staleness mean %.2f max %.0f\n",
+               i, all_stats[7 * i], all_stats[7 * i + 1], all_stats[7 * i + 2], all_stats[7 * i + 3],
+               all_stats[7 * i + 4], all_stats[7 * i + 5], all_stats[7 * i + 6]);
+    for (i = 0; i < j->W; ++i) pushes += all_stats[7 * (j->P + i)];
+    printf("ps_mpi: %s, %d servers + %d workers: final test accuracy %.4f, %.0f pushes in %.1f s "
+           "(%.0f samples/s)\n", dsgd_ps_policy_name(j->o.policy), j->P, j->W, mt.correct / mt.count, pushes,
+           j->t_train, pushes * j->o.batch / j->t_train);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    job j = {.o = {.dir = "build/data/fashion-mnist", .policy_name = "async", .batch = 64, .epochs = 3,
+                   .servers = 2, .staleness = -1, .backups = -1, .base_lr = 0.05f, .seed = 1},
+             .workers_comm = MPI_COMM_NULL};
+    double *all_stats = NULL;
+    int proc = 0;
+
+    if (dsgd_ctx_create(NULL, &j.ctx) != DSGD_OK) return 1;
+    if (dsgd_mpi_init(j.ctx, &argc, &argv, NULL) != DSGD_OK) die(j.ctx, "process", 0, "dsgd_mpi_init");
+    MPI_Comm_rank(MPI_COMM_WORLD, &proc);
+    if (!parse_args(argc, argv, &j.o)) {
         if (proc == 0)
             fprintf(stderr, "usage: mpirun -np P+W %s [--servers P] [--policy async|sync|ssp|backup] [--staleness s] "
                             "[--backups b] [--data DIR] [--epochs E] [--batch B] [--lr BASE_LR] [--seed S]\n",
@@ -147,171 +294,51 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return 2;
     }
-
     /* Who is what: every process gets the same verdict, so on an error all
        of them stop here, and nothing is pending: MPI_Finalize is safe. */
-    if (dsgd_mpi_ps_role_create(ctx, MPI_COMM_WORLD, servers, &role) != DSGD_OK) {
-        fprintf(stderr, "ps_mpi (process %d): %s\n", proc, dsgd_ctx_last_error(ctx));
+    if (dsgd_mpi_ps_role_create(j.ctx, MPI_COMM_WORLD, j.o.servers, &j.role) != DSGD_OK) {
+        fprintf(stderr, "ps_mpi (process %d): %s\n", proc, dsgd_ctx_last_error(j.ctx));
         MPI_Finalize();
         return 1;
     }
-    P = role.num_servers;
-    W = role.num_workers;
-    who = role.is_server ? "server" : "worker";
-    if (staleness < 0) staleness = policy == DSGD_PS_SSP ? 2 : 0;
-    if (backups < 0) backups = policy == DSGD_PS_BACKUP ? 1 : 0;
-    if (backups >= W) backups = W - 1;
-
-    /* Every process loads the data (servers need the input size only, but
-       the same code keeps every process's model desc equal). */
-    if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) die(ctx, who, role.index, "loading Fashion-MNIST");
-    nb = train.n / (size_t)batch;
-    per_epoch = nb / (size_t)W; /* batches per worker per epoch */
-    if (per_epoch < 1) die(NULL, who, role.index, "fewer batches than workers");
-    update_batch = policy == DSGD_PS_ASYNC ? batch : policy == DSGD_PS_BACKUP ? (W - backups) * batch : W * batch;
-    updates_per_epoch = policy == DSGD_PS_ASYNC ? (int64_t)(per_epoch * (size_t)W) : (int64_t)per_epoch *
-                                                                                         (policy == DSGD_PS_BACKUP ? W : 1) /
-                                                                                         (policy == DSGD_PS_BACKUP ? W - backups : 1);
-
-    /* The model (the same initial weights on every process, from the seed),
-       the shard map and the engine's desc. */
-    {
-        dsgd_model_desc md = model_desc((int)train.dim, batch > 1000 ? batch : 1000, seed);
-        if (dsgd_model_create(ctx, &md, &m) != DSGD_OK) die(ctx, who, role.index, "dsgd_model_create");
-    }
-    np = dsgd_model_num_params(m);
-    nv = dsgd_model_num_variables(m);
-    params = (float *)malloc(sizeof(float) * np);
-    buf = (float *)malloc(sizeof(float) * np);
-    if (!params || !buf || nv > 8) die(NULL, who, role.index, "out of memory");
-    for (i = 0; i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
-    if (dsgd_model_get_params(m, params, np) != DSGD_OK) die(ctx, who, role.index, "dsgd_model_get_params");
-    if (dsgd_shard_map_create(ctx, vars, nv, P, NULL, &map) != DSGD_OK) die(ctx, who, role.index, "shard map");
-    memset(&pd, 0, sizeof(pd));
-    pd.num_servers = P;
-    pd.num_workers = W;
-    pd.policy = policy;
-    pd.staleness = policy == DSGD_PS_SSP ? staleness : 0;
-    pd.backup_workers = policy == DSGD_PS_BACKUP ? backups : 0;
-    pd.optimizer.kind = DSGD_OPT_MOMENTUM;
-    pd.optimizer.nesterov = 1;
-    pd.optimizer.lr = dsgd_linear_scaled_lr(base_lr, update_batch, 128);
-    if (policy == DSGD_PS_SSP) pd.optimizer.lr /= (float)(staleness + 1); /* staleness-aware rate */
-    pd.optimizer.schedule.kind = DSGD_SCHEDULE_COSINE;
-    pd.optimizer.schedule.warmup_steps = updates_per_epoch / 2;
-    pd.optimizer.schedule.total_steps = updates_per_epoch * epochs;
-    pd.timeout_s = 120.0;
+    j.P = j.role.num_servers;
+    j.W = j.role.num_workers;
+    j.who = j.role.is_server ? "server" : "worker";
+    setup(&j);
 
     /* The endpoint over the engine-ordered communicator; the workers' own
        communicator for the final barrier. */
-    memset(&mdsc, 0, sizeof(mdsc));
-    mdsc.comm = role.comm;
-    if (dsgd_mpi_transport_create(ctx, &mdsc, &ep) != DSGD_OK) die(ctx, who, role.index, "dsgd_mpi_transport_create");
-    MPI_Comm_split(role.comm, role.is_server ? 0 : 1, role.rank, &workers_comm);
-    if (role.is_chief)
-        printf("ps_mpi: %d servers + %d workers (%s), policy %s (s = %d, b = %d), Fashion-MNIST %zu training / %zu test images, "
-               "batch %d per worker, %zu batches per worker per epoch, %d epochs, lr %.4g\n",
-               P, W, role.from_tf_config ? "TF_CONFIG" : "rank layout", dsgd_ps_policy_name(policy), pd.staleness,
-               pd.backup_workers,
-               train.n, test.n, batch, per_epoch, epochs, (double)pd.optimizer.lr);
+    dsgd_mpi_desc mdsc = {.comm = j.role.comm};
+    if (dsgd_mpi_transport_create(j.ctx, &mdsc, &j.ep) != DSGD_OK)
+        die(j.ctx, j.who, j.role.index, "dsgd_mpi_transport_create");
+    MPI_Comm_split(j.role.comm, j.role.is_server ? 0 : 1, j.role.rank, &j.workers_comm);
+    if (j.role.is_chief)
+        printf("ps_mpi: %d servers + %d workers (%s), policy %s (s = %d, b = %d), Fashion-MNIST %zu training / %zu test "
+               "images, batch %d per worker, %zu batches per worker per epoch, %d epochs, lr %.4g\n",
+               j.P, j.W, j.role.from_tf_config ? "TF_CONFIG" : "rank layout", dsgd_ps_policy_name(j.o.policy),
+               j.pd.staleness, j.pd.backup_workers, j.train.n, j.test.n, j.o.batch, j.per_epoch, j.o.epochs,
+               (double)j.pd.optimizer.lr);
     fflush(stdout);
-    MPI_Barrier(role.comm);
-    t_start = dsgd_now();
-
-    if (role.is_server) {
-        dsgd_ps_server *s = NULL;
-        dsgd_ps_server_stats st;
-        if (dsgd_ps_server_create(ctx, &ep, &pd, map, params, &s) != DSGD_OK) die(ctx, who, role.index, "create");
-        if (dsgd_ps_server_serve(s) != DSGD_OK) die(ctx, who, role.index, "serve");
-        dsgd_ps_server_get_stats(s, &st);
-        stats[0] = (double)st.version;
-        stats[1] = (double)st.pushes_received;
-        stats[2] = (double)st.pushes_applied;
-        stats[3] = (double)st.duplicates;
-        stats[4] = (double)st.stale_dropped;
-        stats[5] = st.staleness_mean;
-        stats[6] = (double)st.staleness_max;
-        dsgd_ps_server_destroy(s);
-    } else {
-        dsgd_ps_worker *pw = NULL;
-        dsgd_sampler smp;
-        float *x = (float *)malloc(sizeof(float) * (size_t)batch * train.dim), *y = (float *)malloc(sizeof(float) * (size_t)batch);
-        int64_t k, steps = (int64_t)per_epoch * epochs, target = updates_per_epoch * epochs;
-        if (!x || !y) die(NULL, who, role.index, "out of memory");
-        if (dsgd_sampler_init(ctx, &smp, train.n, (size_t)batch, seed, 1, 1) != DSGD_OK) die(ctx, who, role.index, "sampler");
-        if (dsgd_ps_worker_create(ctx, &ep, &pd, map, &pw) != DSGD_OK) die(ctx, who, role.index, "create");
-        /* BACKUP stops on the version (pull; stop at the target; else push),
-           the others after the same number of pushes on every worker. */
-        for (k = 0; policy == DSGD_PS_BACKUP || k < steps; ++k) {
-            const size_t *idx = NULL;
-            size_t n, e = (size_t)(k / (int64_t)per_epoch), b = (size_t)(k % (int64_t)per_epoch);
-            if (dsgd_ps_worker_pull(pw, buf) != DSGD_OK) die(ctx, who, role.index, "pull");
-            if (policy == DSGD_PS_BACKUP && min_version(pw, P) >= target) break;
-            if (smp.epoch != (uint64_t)e) dsgd_sampler_set_epoch(&smp, (uint64_t)e);
-            n = dsgd_sampler_batch(&smp, (size_t)role.index + b * (size_t)W, &idx);
-            dsgd_dataset_gather(&train, idx, n, x, y);
-            if (dsgd_model_set_params(m, buf, np) != DSGD_OK ||
-                dsgd_model_compute_gradients(m, x, y, (int)n, 1.0f / (float)n) != DSGD_OK ||
-                dsgd_model_get_grads(m, buf, np) != DSGD_OK)
-                die(ctx, who, role.index, "gradient");
-            if (dsgd_ps_worker_push(pw, buf) != DSGD_OK) die(ctx, who, role.index, "push");
-            pushes_done++;
-            if (role.is_chief && b + 1 == per_epoch) {
-                printf("ps_mpi: chief: epoch %zu done, %.1f s\n", e + 1, dsgd_now() - t_start);
-                fflush(stdout);
-            }
-        }
-        /* The chief pulls once every worker's pushes are in. */
-        if (!role.is_chief && dsgd_ps_worker_finish(pw) != DSGD_OK) die(ctx, who, role.index, "finish");
-        MPI_Barrier(workers_comm);
-        if (role.is_chief) {
-            t_train = dsgd_now() - t_start;
-            memcpy(buf, params, sizeof(float) * np); /* floats no shard holds (none here) keep their values */
-            if (dsgd_ps_worker_pull(pw, buf) != DSGD_OK) die(ctx, who, role.index, "final pull");
-            if (dsgd_ps_worker_finish(pw) != DSGD_OK) die(ctx, who, role.index, "finish");
-        }
-        stats[0] = (double)pushes_done;
-        dsgd_ps_worker_destroy(pw);
-        dsgd_sampler_free(&smp);
-        free(x);
-        free(y);
-    }
+    MPI_Barrier(j.role.comm);
+    j.t_start = dsgd_now();
+    if (j.role.is_server) run_server(&j);
+    else run_worker(&j);
 
     /* The servers' counters and the workers' pushes, to the chief (rank P). */
-    if (role.is_chief) all_stats = (double *)malloc(sizeof(double) * 7 * (size_t)(P + W));
-    MPI_Gather(stats, 7, MPI_DOUBLE, all_stats, 7, MPI_DOUBLE, P, role.comm);
-    if (role.is_chief && all_stats) {
-        dsgd_metrics mt;
-        double pushes = 0;
-        size_t off;
-        if (dsgd_model_set_params(m, buf, np) != DSGD_OK) die(ctx, who, role.index, "set_params");
-        for (off = 0; off < test.n; off += 1000) {
-            size_t n = test.n - off < 1000 ? test.n - off : 1000;
-            if (dsgd_model_eval_batch(m, test.x + off * test.dim, test.y + off, (int)n) != DSGD_OK) die(ctx, who, 0, "eval");
-        }
-        dsgd_model_take_metrics(m, DSGD_METRICS_EVAL, &mt);
-        for (i = 0; i < P; ++i)
-            printf("ps_mpi: server %d: version %.0f, pushes %.0f (applied %.0f, duplicates %.0f, stale dropped %.0f), "
-                   "staleness mean %.2f max %.0f\n",
-                   i, all_stats[7 * i], all_stats[7 * i + 1], all_stats[7 * i + 2], all_stats[7 * i + 3],
-                   all_stats[7 * i + 4], all_stats[7 * i + 5], all_stats[7 * i + 6]);
-        for (i = 0; i < W; ++i) pushes += all_stats[7 * (P + i)];
-        printf("ps_mpi: %s, %d servers + %d workers: final test accuracy %.4f, %.0f pushes in %.1f s "
-               "(%.0f samples/s)\n", dsgd_ps_policy_name(policy), P, W, mt.correct / mt.count, pushes, t_train,
-               pushes * batch / t_train);
-        fflush(stdout);
-    }
+    if (j.role.is_chief) all_stats = (double *)malloc(sizeof(double) * 7 * (size_t)(j.P + j.W));
+    MPI_Gather(j.stats, 7, MPI_DOUBLE, all_stats, 7, MPI_DOUBLE, j.P, j.role.comm);
+    if (j.role.is_chief && all_stats) report(&j, all_stats);
     free(all_stats);
-    free(params);
-    free(buf);
-    ep.destroy(ep.impl);
-    MPI_Comm_free(&workers_comm);
-    dsgd_mpi_ps_role_free(&role);
-    dsgd_shard_map_destroy(map);
-    dsgd_model_destroy(m);
-    dsgd_dataset_free(&train);
-    dsgd_dataset_free(&test);
-    dsgd_ctx_destroy(ctx);
+    free(j.params);
+    free(j.buf);
+    j.ep.destroy(j.ep.impl);
+    MPI_Comm_free(&j.workers_comm);
+    dsgd_mpi_ps_role_free(&j.role);
+    dsgd_shard_map_destroy(j.map);
+    dsgd_model_destroy(j.m);
+    dsgd_dataset_free(&j.train);
+    dsgd_dataset_free(&j.test);
+    dsgd_ctx_destroy(j.ctx);
     MPI_Finalize();
     return 0;
 }

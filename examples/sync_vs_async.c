@@ -39,6 +39,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
+#include "common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,9 +49,9 @@
 #define WORKERS 4
 #define SERVERS 2
 
-static const dsgd_layer_desc LAYERS[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                          {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                          {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+static const dsgd_layer_desc LAYERS[3] = {{.units = 256, .activation = DSGD_ACT_RELU},
+                                          {.units = 128, .activation = DSGD_ACT_RELU},
+                                          {.units = 10}};
 
 typedef struct run_cfg {
     const dsgd_dataset *train, *test;
@@ -74,19 +75,10 @@ static void sleep_s(double s) {
     nanosleep(&ts, NULL);
 }
 
-static int fail(dsgd_ctx *ctx) {
-    fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(ctx));
-    return 1;
-}
-
+/* The MLP, 784-256-128-10, from the run's seed. */
 static dsgd_model_desc model_desc(const run_cfg *cfg, int max_batch) {
-    dsgd_model_desc md;
-    memset(&md, 0, sizeof(md));
-    md.input_dim = cfg->train->dim;
-    md.layers = LAYERS;
-    md.num_layers = 3;
-    md.max_batch = max_batch;
-    md.seed = cfg->seed;
+    dsgd_model_desc md = {.input_dim = cfg->train->dim, .layers = LAYERS, .num_layers = 3, .max_batch = max_batch,
+                          .seed = cfg->seed};
     return md;
 }
 
@@ -94,14 +86,12 @@ static dsgd_model_desc model_desc(const run_cfg *cfg, int max_batch) {
    averages, reached by a linear warmup over the first half epoch of
    updates (Goyal et al. 2017), then a cosine decay to 0 over the run. */
 static dsgd_optimizer_desc opt_desc(const run_cfg *cfg, int update_batch) {
-    dsgd_optimizer_desc od;
-    memset(&od, 0, sizeof(od));
-    od.kind = DSGD_OPT_MOMENTUM;
-    od.momentum = 0.9f;
-    od.lr = dsgd_linear_scaled_lr(cfg->base_lr, update_batch, 128);
-    od.schedule.kind = DSGD_SCHEDULE_COSINE;
-    od.schedule.warmup_steps = (int64_t)(cfg->train->n / (size_t)update_batch / 2);
-    od.schedule.total_steps = (int64_t)(cfg->train->n / (size_t)update_batch) * cfg->epochs;
+    int64_t updates_per_epoch = (int64_t)(cfg->train->n / (size_t)update_batch);
+    dsgd_optimizer_desc od = {.kind = DSGD_OPT_MOMENTUM, .momentum = 0.9f,
+                              .lr = dsgd_linear_scaled_lr(cfg->base_lr, update_batch, 128),
+                              .schedule = {.kind = DSGD_SCHEDULE_COSINE,
+                                           .warmup_steps = (int64_t)(cfg->train->n / (size_t)update_batch / 2),
+                                           .total_steps = updates_per_epoch * cfg->epochs}};
     return od;
 }
 
@@ -110,14 +100,9 @@ static int evaluate(dsgd_ctx *ctx, const run_cfg *cfg, const float *p, double *a
     dsgd_model_desc md = model_desc(cfg, 1000);
     dsgd_model *m = NULL;
     dsgd_metrics mt;
-    size_t i;
     if (dsgd_model_create(ctx, &md, &m) != DSGD_OK) return 0;
     if (dsgd_model_set_params(m, p, dsgd_model_num_params(m)) != DSGD_OK) return 0;
-    for (i = 0; i < cfg->test->n; i += 1000) {
-        size_t n = cfg->test->n - i < 1000 ? cfg->test->n - i : 1000;
-        if (dsgd_model_eval_batch(m, cfg->test->x + i * cfg->test->dim, cfg->test->y + i, (int)n) != DSGD_OK) return 0;
-    }
-    dsgd_model_take_metrics(m, DSGD_METRICS_EVAL, &mt);
+    if (!ex_evaluate(m, cfg->test, 1000, &mt)) return 0;
     *acc = mt.correct / mt.count;
     dsgd_model_destroy(m);
     return 1;
@@ -126,7 +111,6 @@ static int evaluate(dsgd_ctx *ctx, const run_cfg *cfg, const float *p, double *a
 /* ---------------------------------------------------------------- mirrored */
 
 static int run_mirrored(dsgd_ctx *ctx, const run_cfg *cfg, row *out) {
-    dsgd_strategy_desc sd;
     dsgd_strategy *s = NULL;
     dsgd_sampler smp;
     int global = WORKERS * cfg->batch, e;
@@ -134,11 +118,8 @@ static int run_mirrored(dsgd_ctx *ctx, const run_cfg *cfg, row *out) {
     float *p;
     double t0;
     size_t b, nb;
-    memset(&sd, 0, sizeof(sd));
-    sd.kind = DSGD_STRATEGY_MIRRORED;
-    sd.num_replicas = WORKERS;
-    sd.model = model_desc(cfg, cfg->batch);
-    sd.optimizer = opt_desc(cfg, global);
+    dsgd_strategy_desc sd = {.kind = DSGD_STRATEGY_MIRRORED, .num_replicas = WORKERS,
+                             .model = model_desc(cfg, cfg->batch), .optimizer = opt_desc(cfg, global)};
     if (!x || !y || dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) return 0;
     if (dsgd_sampler_init(ctx, &smp, cfg->train->n, (size_t)global, cfg->seed, 1, 1) != DSGD_OK) return 0;
     nb = dsgd_sampler_num_batches(&smp);
@@ -202,28 +183,23 @@ static dsgd_result ps_step(dsgd_cluster_worker *cw, void *user) {
 }
 
 static int run_ps(dsgd_ctx *ctx, const run_cfg *cfg, dsgd_ps_policy policy, int staleness, int backups, row *out) {
-    dsgd_cluster_desc d;
     dsgd_cluster *c = NULL;
-    ps_job j;
+    ps_job j = {.cfg = cfg};
     dsgd_ps_server_stats st;
     int64_t steps, k;
     int w, s, accepted = WORKERS - backups;
     double t0, wsum = 0;
     float *p;
-    memset(&d, 0, sizeof(d));
-    memset(&j, 0, sizeof(j));
-    d.ps.num_servers = SERVERS;
-    d.ps.num_workers = WORKERS;
-    d.ps.policy = policy;
-    d.ps.staleness = staleness;
-    d.ps.backup_workers = backups;
-    d.ps.optimizer = opt_desc(cfg, policy == DSGD_PS_ASYNC ? cfg->batch : accepted * cfg->batch);
+    dsgd_cluster_desc d = {
+        .ps = {.num_servers = SERVERS, .num_workers = WORKERS, .policy = policy, .staleness = staleness,
+               .backup_workers = backups,
+               .optimizer = opt_desc(cfg, policy == DSGD_PS_ASYNC ? cfg->batch : accepted * cfg->batch),
+               .timeout_s = 120.0},
+        .model = model_desc(cfg, cfg->batch),
+    };
     if (policy == DSGD_PS_SSP) d.ps.optimizer.lr /= (float)(staleness + 1); /* staleness-aware rate */
-    d.ps.timeout_s = 120.0;
-    d.model = model_desc(cfg, cfg->batch);
     if (dsgd_cluster_create(ctx, &d, &c) != DSGD_OK) return 0;
     if (dsgd_cluster_set_dataset(c, cfg->train, cfg->batch, cfg->seed) != DSGD_OK) return 0;
-    j.cfg = cfg;
     for (w = 0; w < WORKERS; ++w)
         if (!(j.buf[w] = (float *)malloc(sizeof(float) * dsgd_cluster_num_params(c)))) return 0;
     steps = (int64_t)(cfg->train->n / (size_t)cfg->batch / WORKERS) * cfg->epochs; /* per worker */
@@ -270,94 +246,55 @@ static int has_word(const char *list, const char *word) {
     return 0;
 }
 
-static int load(dsgd_ctx *ctx, const char *dir, const char *prefix, dsgd_dataset *ds) {
-    char img[1024], lab[1024];
-    snprintf(img, sizeof(img), "%s/%s-images-idx3-ubyte", dir, prefix);
-    snprintf(lab, sizeof(lab), "%s/%s-labels-idx1-ubyte", dir, prefix);
-    return dsgd_dataset_load_idx(ctx, img, lab, 10, ds) == DSGD_OK;
-}
+static const char *const ROW_KEYS[5] = {"mirrored", "async", "ssp", "sync", "backup"};
 
-int main(int argc, char **argv) {
-    const char *dir = "build/data/fashion-mnist";
-    dsgd_ctx *ctx = NULL;
-    dsgd_dataset train, test;
-    run_cfg cfg;
-    row rows[5];
-    char backup_name[32];
-    static const char *const keys[5] = {"mirrored", "async", "ssp", "sync", "backup"};
-    const char *only = "mirrored,async,ssp,sync,backup";
-    int a, i, ok = 1, run[5];
-    double async_acc = 0;
-    memset(&cfg, 0, sizeof(cfg));
-    memset(rows, 0, sizeof(rows));
-    cfg.epochs = 5;
-    cfg.batch = 64;
-    cfg.backups = 1;
-    cfg.straggler = 1.0;
-    cfg.seed = 1;
-    cfg.base_lr = 0.05f;
+/* Reads the flags into *cfg, *dir and run[] (which rows --rows picks); 0,
+   or main's status 2 after saying what is wrong. */
+static int parse_args(int argc, char **argv, run_cfg *cfg, const char **dir, int run[5]) {
+    const char *only = "mirrored,async,ssp,sync,backup", *v, *p;
+    int a, i, picked = 0, items = 0;
     for (a = 1; a < argc; ++a) {
-        if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
-        else if (!strcmp(argv[a], "--epochs") && a + 1 < argc) cfg.epochs = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--batch") && a + 1 < argc) cfg.batch = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--straggler") && a + 1 < argc) cfg.straggler = atof(argv[++a]);
-        else if (!strcmp(argv[a], "--backups") && a + 1 < argc) cfg.backups = atoi(argv[++a]);
-        else if (!strcmp(argv[a], "--seed") && a + 1 < argc) cfg.seed = strtoull(argv[++a], NULL, 10);
-        else if (!strcmp(argv[a], "--rows") && a + 1 < argc) only = argv[++a];
-        else {
-            fprintf(stderr, "usage: %s [--data DIR] [--epochs E] [--batch B] [--straggler F] [--backups b] [--seed S] "
-                            "[--rows mirrored,async,ssp,sync,backup]\n",
-                    argv[0]);
-            return 2;
-        }
+        if ((v = ex_flag(argc, argv, &a, "--data"))) *dir = v;
+        else if ((v = ex_flag(argc, argv, &a, "--epochs"))) cfg->epochs = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--batch"))) cfg->batch = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--straggler"))) cfg->straggler = atof(v);
+        else if ((v = ex_flag(argc, argv, &a, "--backups"))) cfg->backups = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--seed"))) cfg->seed = strtoull(v, NULL, 10);
+        else if ((v = ex_flag(argc, argv, &a, "--rows"))) only = v;
+        else
+            return ex_usage(argv[0], "[--data DIR] [--epochs E] [--batch B] [--straggler F] [--backups b] [--seed S] "
+                                     "[--rows mirrored,async,ssp,sync,backup]");
     }
-    if (cfg.epochs < 1 || cfg.batch < 1 || !(cfg.straggler >= 1.0) || cfg.backups < 0 || cfg.backups >= WORKERS) {
+    if (cfg->epochs < 1 || cfg->batch < 1 || !(cfg->straggler >= 1.0) || cfg->backups < 0 || cfg->backups >= WORKERS) {
         fprintf(stderr, "need epochs >= 1, batch >= 1, straggler >= 1 and 0 <= backups < %d\n", WORKERS);
         return 2;
     }
-    for (i = 0, a = 0; i < 5; ++i) a += run[i] = has_word(only, keys[i]);
-    {   /* every item must name a row */
-        const char *p = only;
-        int items = 0;
-        while (*p) {
-            p += strcspn(p, ",");
-            ++items;
-            if (*p == ',') ++p;
-        }
-        if (a == 0 || a != items) {
-            fprintf(stderr, "--rows takes a comma-separated list of mirrored, async, ssp, sync, backup\n");
-            return 2;
-        }
+    for (i = 0; i < 5; ++i) picked += run[i] = has_word(only, ROW_KEYS[i]);
+    for (p = only; *p; ++items) { /* every item must name a row */
+        p += strcspn(p, ",");
+        if (*p == ',') ++p;
     }
-    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
-    if (!load(ctx, dir, "train", &train) || !load(ctx, dir, "t10k", &test)) return fail(ctx);
-    cfg.train = &train;
-    cfg.test = &test;
-    printf("Fashion-MNIST, MLP 784-256-128-10, %d workers x batch %d, %d epochs, SGD momentum 0.9, base lr %.3g at 128%s\n",
-           WORKERS, cfg.batch, cfg.epochs, (double)cfg.base_lr, cfg.straggler > 1.0 ? "" : "; no straggler");
-    if (cfg.straggler > 1.0) printf("worker 0 is %.1fx slower (a straggler)\n", cfg.straggler);
-    snprintf(backup_name, sizeof(backup_name), "PS sync, backups %d+%d", WORKERS - cfg.backups, cfg.backups);
-    rows[0].name = "mirrored (all-reduce)";
-    rows[1].name = "PS async";
-    rows[2].name = "PS SSP s=2";
-    rows[3].name = "PS sync";
-    rows[4].name = backup_name;
-    for (i = 0; i < 5 && ok; ++i) {
-        if (!run[i]) continue;
-        switch (i) {
-        case 0: ok = run_mirrored(ctx, &cfg, &rows[i]); break;
-        case 1: ok = run_ps(ctx, &cfg, DSGD_PS_ASYNC, 0, 0, &rows[i]); break;
-        case 2: ok = run_ps(ctx, &cfg, DSGD_PS_SSP, 2, 0, &rows[i]); break;
-        case 3: ok = run_ps(ctx, &cfg, DSGD_PS_SYNC, 0, 0, &rows[i]); break;
-        default: ok = run_ps(ctx, &cfg, DSGD_PS_BACKUP, 0, cfg.backups, &rows[i]); break;
-        }
-        if (ok) {
-            printf("  done: %-24s %7.1f s  test acc %.4f\n", rows[i].name, rows[i].seconds, rows[i].accuracy);
-            fflush(stdout);
-        }
+    if (picked == 0 || picked != items) {
+        fprintf(stderr, "--rows takes a comma-separated list of mirrored, async, ssp, sync, backup\n");
+        return 2;
     }
-    if (!ok) return fail(ctx);
-    async_acc = rows[1].accuracy;
+    return 0;
+}
+
+/* Trains row i (0 mirrored, 1 async, 2 SSP, 3 sync, 4 backups) into *out. */
+static int run_row(dsgd_ctx *ctx, const run_cfg *cfg, int i, row *out) {
+    switch (i) {
+    case 0: return run_mirrored(ctx, cfg, out);
+    case 1: return run_ps(ctx, cfg, DSGD_PS_ASYNC, 0, 0, out);
+    case 2: return run_ps(ctx, cfg, DSGD_PS_SSP, 2, 0, out);
+    case 3: return run_ps(ctx, cfg, DSGD_PS_SYNC, 0, 0, out);
+    default: return run_ps(ctx, cfg, DSGD_PS_BACKUP, 0, cfg->backups, out);
+    }
+}
+
+/* The markdown table of the rows that ran. */
+static void print_table(const row rows[5], const int run[5]) {
+    int i;
     printf("\n| %-24s | %8s | %9s | %15s | %14s | %7s |\n", "row", "wall s", "test acc", "staleness mean", "staleness max",
            "dropped");
     printf("|%s|%s|%s|%s|%s|%s|\n", "--------------------------", "----------", "-----------", "-----------------",
@@ -366,6 +303,38 @@ int main(int argc, char **argv) {
         if (run[i])
             printf("| %-24s | %8.1f | %9.4f | %15.2f | %14lld | %7lld |\n", rows[i].name, rows[i].seconds,
                    rows[i].accuracy, rows[i].staleness_mean, rows[i].staleness_max, rows[i].dropped);
+}
+
+int main(int argc, char **argv) {
+    const char *dir = "build/data/fashion-mnist";
+    dsgd_ctx *ctx = NULL;
+    dsgd_dataset train, test;
+    run_cfg cfg = {.epochs = 5, .batch = 64, .backups = 1, .straggler = 1.0, .seed = 1, .base_lr = 0.05f};
+    char backup_name[32];
+    row rows[5] = {{.name = "mirrored (all-reduce)"}, {.name = "PS async"}, {.name = "PS SSP s=2"},
+                   {.name = "PS sync"}, {.name = backup_name}};
+    int i, ok = 1, run[5], status = parse_args(argc, argv, &cfg, &dir, run);
+    double async_acc = 0;
+    if (status) return status;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    if (!ex_load_fashion_mnist(ctx, dir, &train, &test)) return ex_fail(ctx);
+    cfg.train = &train;
+    cfg.test = &test;
+    printf("Fashion-MNIST, MLP 784-256-128-10, %d workers x batch %d, %d epochs, SGD momentum 0.9, base lr %.3g at 128%s\n",
+           WORKERS, cfg.batch, cfg.epochs, (double)cfg.base_lr, cfg.straggler > 1.0 ? "" : "; no straggler");
+    if (cfg.straggler > 1.0) printf("worker 0 is %.1fx slower (a straggler)\n", cfg.straggler);
+    snprintf(backup_name, sizeof(backup_name), "PS sync, backups %d+%d", WORKERS - cfg.backups, cfg.backups);
+    for (i = 0; i < 5 && ok; ++i) {
+        if (!run[i]) continue;
+        ok = run_row(ctx, &cfg, i, &rows[i]);
+        if (ok) {
+            printf("  done: %-24s %7.1f s  test acc %.4f\n", rows[i].name, rows[i].seconds, rows[i].accuracy);
+            fflush(stdout);
+        }
+    }
+    if (!ok) return ex_fail(ctx);
+    async_acc = rows[1].accuracy;
+    print_table(rows, run);
     if (run[1]) printf("\nasync PS test accuracy %.4f (%s 85%%)\n", async_acc, async_acc >= 0.85 ? ">=" : "BELOW");
     dsgd_dataset_free(&train);
     dsgd_dataset_free(&test);

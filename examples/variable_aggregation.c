@@ -51,16 +51,11 @@ static int row(dsgd_ctx *ctx, dsgd_strategy **s, const dsgd_strategy_desc *sd, d
                dsgd_aggregation agg, int add) {
     char name[64];
     float init = 10.0f, v;
-    dsgd_dvar_desc d = {0};
-    job j = {0};
+    dsgd_dvar_desc d = {.name = name, .count = 1, .synchronization = sync, .aggregation = agg, .initial_value = &init};
+    job j = {.add = add};
     int id, r;
     snprintf(name, sizeof(name), "%s_%s_%s", dsgd_synchronization_name(sync), dsgd_aggregation_name(agg),
              add ? "add" : "assign");
-    d.name = name;
-    d.count = 1;
-    d.synchronization = sync;
-    d.aggregation = agg;
-    d.initial_value = &init;
     printf("%-9s %-19s %-10s ", dsgd_synchronization_name(sync), dsgd_aggregation_name(agg),
            add ? "assign_add" : "assign");
     if (dsgd_strategy_create_variable(*s, &d, &id) != DSGD_OK) {
@@ -68,7 +63,6 @@ static int row(dsgd_ctx *ctx, dsgd_strategy **s, const dsgd_strategy_desc *sd, d
         return 1;
     }
     j.id = id;
-    j.add = add;
     if (dsgd_strategy_run(*s, write_rank, &j) != DSGD_OK) {
         printf("write rejected on every replica (%s)\n          %s\n",
                dsgd_result_string(j.res[0]), dsgd_ctx_last_error(ctx));
@@ -84,23 +78,46 @@ static int row(dsgd_ctx *ctx, dsgd_strategy **s, const dsgd_strategy_desc *sd, d
     return 1;
 }
 
+/* The other combinations distsgd rejects, with their messages. */
+static void other_rejections(dsgd_ctx *ctx, dsgd_strategy *s) {
+    dsgd_dvar_desc none = {.name = "sync_none", .count = 1, .synchronization = DSGD_SYNC_NONE,
+                           .aggregation = DSGD_AGG_SUM};
+    dsgd_dvar_desc on_read = {.name = "trainable_on_read", .count = 1, .synchronization = DSGD_SYNC_ON_READ,
+                              .aggregation = DSGD_AGG_SUM, .trainable = 1};
+    int id;
+    printf("other rejected combinations:\n");
+    if (dsgd_strategy_create_variable(s, &none, &id) != DSGD_OK) printf("  %s\n", dsgd_ctx_last_error(ctx));
+    if (dsgd_strategy_create_variable(s, &on_read, &id) != DSGD_OK) printf("  %s\n", dsgd_ctx_last_error(ctx));
+    if (dsgd_strategy_set_aggregation(s, "dense0/kernel", DSGD_AGG_NONE, DSGD_SYNC_AUTO) != DSGD_OK)
+        printf("  %s\n", dsgd_ctx_last_error(ctx));
+}
+
+/* Cross-replica assign: a plain copy, except ON_READ SUM, which stores
+   value / N per copy so that the read (the sum) gives the value back. */
+static void cross_replica_assign(dsgd_strategy *s) {
+    dsgd_dvar_desc d = {.name = "xassign", .count = 1, .synchronization = DSGD_SYNC_ON_READ,
+                        .aggregation = DSGD_AGG_SUM};
+    float v = 8.0f, local[N];
+    int id, r;
+    if (dsgd_strategy_create_variable(s, &d, &id) == DSGD_OK && dsgd_strategy_assign_variable(s, id, &v) == DSGD_OK) {
+        for (r = 0; r < N; ++r) dsgd_strategy_read_local(s, id, r, &local[r]);
+        dsgd_strategy_read_variable(s, id, &v);
+        printf("\ncross-replica assign of 8 to an ON_READ SUM variable: copies %g %g %g %g, read %g\n",
+               (double)local[0], (double)local[1], (double)local[2], (double)local[3], (double)v);
+    }
+}
+
 int main(void) {
-    static const dsgd_layer_desc layers[1] = {{2, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+    static const dsgd_layer_desc layers[1] = {{.units = 2}};
     static const dsgd_aggregation aggs[4] = {DSGD_AGG_SUM, DSGD_AGG_MEAN, DSGD_AGG_ONLY_FIRST_REPLICA,
                                              DSGD_AGG_NONE};
-    dsgd_strategy_desc sd = {0};
+    dsgd_strategy_desc sd = {.kind = DSGD_STRATEGY_MIRRORED,
+                             .num_replicas = N,
+                             .model = {.input_dim = 2, .layers = layers, .num_layers = 1, .max_batch = 1}};
     dsgd_ctx *ctx = NULL;
     dsgd_strategy *s = NULL;
-    dsgd_dvar_desc d = {0};
-    int si, ai, add, id;
-    float v, local[N];
+    int si, ai, add;
 
-    sd.kind = DSGD_STRATEGY_MIRRORED;
-    sd.num_replicas = N;
-    sd.model.input_dim = 2;
-    sd.model.layers = layers;
-    sd.model.num_layers = 1;
-    sd.model.max_batch = 1;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
     if (dsgd_strategy_create(ctx, &sd, &s) != DSGD_OK) {
         fprintf(stderr, "%s\n", dsgd_ctx_last_error(ctx));
@@ -125,32 +142,8 @@ int main(void) {
     printf("(every copy starts at the initial value, so ON_READ SUM after assign_add reads\n"
            " %d x 10 + (1 + 2 + 3 + 4) = 50)\n\n", N);
 
-    printf("other rejected combinations:\n");
-    d.name = "sync_none";
-    d.count = 1;
-    d.synchronization = DSGD_SYNC_NONE;
-    d.aggregation = DSGD_AGG_SUM;
-    if (dsgd_strategy_create_variable(s, &d, &id) != DSGD_OK) printf("  %s\n", dsgd_ctx_last_error(ctx));
-    d.name = "trainable_on_read";
-    d.synchronization = DSGD_SYNC_ON_READ;
-    d.trainable = 1;
-    if (dsgd_strategy_create_variable(s, &d, &id) != DSGD_OK) printf("  %s\n", dsgd_ctx_last_error(ctx));
-    if (dsgd_strategy_set_aggregation(s, "dense0/kernel", DSGD_AGG_NONE, DSGD_SYNC_AUTO) != DSGD_OK)
-        printf("  %s\n", dsgd_ctx_last_error(ctx));
-
-    /* Cross-replica assign: a plain copy, except ON_READ SUM, which stores
-       value / N per copy so that the read (the sum) gives the value back. */
-    d.name = "xassign";
-    d.trainable = 0;
-    d.synchronization = DSGD_SYNC_ON_READ;
-    d.aggregation = DSGD_AGG_SUM;
-    v = 8.0f;
-    if (dsgd_strategy_create_variable(s, &d, &id) == DSGD_OK && dsgd_strategy_assign_variable(s, id, &v) == DSGD_OK) {
-        for (si = 0; si < N; ++si) dsgd_strategy_read_local(s, id, si, &local[si]);
-        dsgd_strategy_read_variable(s, id, &v);
-        printf("\ncross-replica assign of 8 to an ON_READ SUM variable: copies %g %g %g %g, read %g\n",
-               (double)local[0], (double)local[1], (double)local[2], (double)local[3], (double)v);
-    }
+    other_rejections(ctx, s);
+    cross_replica_assign(s);
 
     dsgd_strategy_destroy(s);
     dsgd_ctx_destroy(ctx);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile matrix for distsgd's headers (issue 5), run from any directory:
+# Compile matrix for distsgd's headers, run from any directory:
 #   for H in distsgd.h and single_include/distsgd.h:
 #     gcc/clang -std=c99,c11 and g++/clang++ -std=c++11,c++17, warnings fatal:
 #       one TU with the implementation (built, linked and run);
@@ -11,14 +11,20 @@
 #   (DISTSGD_WITH_MPI + DISTSGD_MPI_IMPLEMENTATION as C99 and C++11, the MPI
 #   implementation and the core's in two TUs, linked; skipped when <mpi.h> is
 #   not found with mpicc's or pkg-config's flags; without DISTSGD_WITH_MPI no
-#   MPI header); every examples/NAME.c
+#   MPI header); every examples/NAME.c and experiments/NAME.c
 #   built against it alone (the OpenCL ones with DISTSGD_WITH_OPENCL) must print
-#   what build/examples/NAME prints, timings aside; the Fashion-MNIST ones run
-#   one epoch on build/data/fashion-mnist (unpacked by make when Debian's
+#   what it prints on the repository's headers, timings aside (both builds at
+#   -O2, the implementation compiled once for each in a file of its own and
+#   the program's own #define of it dropped); the Fashion-MNIST ones run one
+#   epoch on build/data/fashion-mnist (unpacked by make when Debian's
 #   dataset-fashion-mnist is installed). An example is skipped, with a "skip"
 #   line, when pkg-config has no OpenCL/clblast or its data is missing.
 #   With DSGD_CPU_NO_DISPATCH (portable CPU kernels only, the aarch64 path):
-#   the single include as C and C++, and tests/test_cpu_isa.c as C.
+#   the single include as C and C++, and tests/test_backend_cpu_isa.c as C.
+# The cases that compile, link and run a small program do it at -O0 (the
+# warning gate for the optimiser's warnings is the -O2 build of make all and
+# make test's library objects). Cases run MATRIX_JOBS at a time (default:
+# the number of CPUs); their lines are printed in order at the end.
 # Prints one line per configuration and "N passed, N failed"; exit 1 on failure.
 set -euo pipefail
 
@@ -28,6 +34,7 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/distsgd-matrix.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 
 WARN="-Wall -Wextra -Wpedantic -Werror"
+JOBS=${MATRIX_JOBS:-$(nproc 2>/dev/null || echo 2)}
 LIBS="-lm -lpthread"
 CCS=${MATRIX_CC:-"gcc clang"}
 CXXS=${MATRIX_CXX:-"g++ clang++"}
@@ -55,20 +62,43 @@ if printf '#include <mpi.h>\n' | gcc -E -x c - $MPI_CFLAGS >/dev/null 2>&1; then
 passed=0
 failed=0
 
-# run_case NAME LOGFILE CMD... (CMD runs under `if`, where set -e is off, so
-# the helper functions below return on each failing step explicitly).
-# run_case NAME LOGFILE CMD...: runs CMD, prints "ok NAME" or "FAIL NAME" and the log.
+# run_case NAME LOGFILE CMD...: starts CMD in the background (at most JOBS
+# at once) with its output in a log of its own (LOGFILE is unused: kept so
+# the calls read as before); finish_cases waits for them all and prints "ok
+# NAME" or "FAIL NAME" and the log, in the order the cases were started. CMD
+# runs under `if`, where set -e is off, so the helper functions below return
+# on each failing step explicitly. Each case writes files of its own names.
+ncases=0
+CASE_NAMES=()
 run_case() {
-    local name=$1 log=$2
+    local name=$1 i=$ncases
     shift 2
-    if "$@" >"$log" 2>&1; then
-        printf 'ok    %s\n' "$name"
-        passed=$((passed + 1))
-    else
-        printf 'FAIL  %s\n' "$name"
-        sed 's/^/      /' "$log" | head -n 30
-        failed=$((failed + 1))
-    fi
+    CASE_NAMES[i]=$name
+    ncases=$((ncases + 1))
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+    (
+        t0=$SECONDS
+        if "$@" >"$TMP/case.$i.log" 2>&1; then r=ok; else r=FAIL; fi
+        echo "$r $((SECONDS - t0))" >"$TMP/case.$i.rc"
+    ) &
+}
+# a line now, for the skips (printed as they are found)
+finish_cases() {
+    local i
+    wait || true
+    local r s
+    for ((i = 0; i < ncases; ++i)); do
+        r=FAIL s=?
+        if [ -f "$TMP/case.$i.rc" ]; then read -r r s <"$TMP/case.$i.rc"; fi
+        if [ "$r" = ok ]; then
+            printf 'ok    %s (%s s)\n' "${CASE_NAMES[i]}" "$s"
+            passed=$((passed + 1))
+        else
+            printf 'FAIL  %s (%s s)\n' "${CASE_NAMES[i]}" "$s"
+            sed 's/^/      /' "$TMP/case.$i.log" | head -n 30
+            failed=$((failed + 1))
+        fi
+    done
 }
 
 # ---------------------------------------------------------------- test sources
@@ -166,7 +196,7 @@ SRC
 build_run() {
     local d=$1 out=$2 cc=$3 std=$4
     shift 4
-    "$cc" -std="$std" $WARN -O1 "$@" -o "$d/$out" $LIBS && "$d/$out"
+    "$cc" -std="$std" $WARN -O0 "$@" -o "$d/$out" $LIBS && "$d/$out"
 }
 
 HEADERS_UNDER_TEST="$ROOT/distsgd.h $ROOT/single_include/distsgd.h"
@@ -208,9 +238,9 @@ if [ -f "$SI" ]; then
     for cc in $CCS; do
         run_case "single_include/distsgd.h $cc -std=c99 DSGD_CPU_NO_DISPATCH" "$TMP/log" \
             build_run "$d" "nodispatch.$cc" "$cc" c99 -DDSGD_CPU_NO_DISPATCH "$d/one.c"
-        run_case "tests/test_cpu_isa.c $cc -std=c99 DSGD_CPU_NO_DISPATCH" "$TMP/log" \
+        run_case "tests/test_backend_cpu_isa.c $cc -std=c99 DSGD_CPU_NO_DISPATCH" "$TMP/log" \
             build_run "$TMP" "test_cpu_isa.$cc" "$cc" c99 -D_POSIX_C_SOURCE=200809L -DDSGD_CPU_NO_DISPATCH \
-            -I"$ROOT" "$ROOT/tests/test_cpu_isa.c" -lcmocka
+            -I"$ROOT" "$ROOT/tests/test_backend_cpu_isa.c" -lcmocka
     done
     for cxx in $CXXS; do
         run_case "single_include/distsgd.h $cxx -std=c++11 DSGD_CPU_NO_DISPATCH" "$TMP/log" \
@@ -232,23 +262,24 @@ int main(void) {
 SRC
         cp "$TMP/cl.c" "$TMP/cl.cpp"
         run_case "single_include/distsgd.h gcc -std=c99 DISTSGD_WITH_OPENCL" "$TMP/log" \
-            gcc -std=c99 $WARN -O1 $CL_CFLAGS "$TMP/cl.c" -o "$TMP/cl_c" $CL_LIBS $LIBS
+            gcc -std=c99 $WARN -O0 $CL_CFLAGS "$TMP/cl.c" -o "$TMP/cl_c" $CL_LIBS $LIBS
         run_case "single_include/distsgd.h g++ -std=c++11 DISTSGD_WITH_OPENCL" "$TMP/log" \
-            g++ -std=c++11 $WARN -O1 $CL_CFLAGS "$TMP/cl.cpp" -o "$TMP/cl_cxx" $CL_LIBS $LIBS
+            g++ -std=c++11 $WARN -O0 $CL_CFLAGS "$TMP/cl.cpp" -o "$TMP/cl_cxx" $CL_LIBS $LIBS
         # The add-on's implementation in a file of its own, the core's in
         # another (as distsgd_cl.h's USING IT allows): both compile without a
         # warning (the shared private helpers are there, unused ones quiet)
         # and link.
         for hdr in "$ROOT/distsgd_cl.h" "$SI"; do
+            h=$(basename "$(dirname "$hdr")")
             printf '#define DISTSGD_WITH_OPENCL\n#define DISTSGD_CL_IMPLEMENTATION\n#include "%s"\n' "$hdr" \
-                >"$TMP/cl_only.c"
+                >"$TMP/cl_only.$h.c"
             printf '#define DISTSGD_WITH_OPENCL\n#define DISTSGD_IMPLEMENTATION\n#include "%s"\n%s\n' "$hdr" \
                 'int main(void) { return dsgd_cl_error_string(0) == NULL || dsgd_result_string(DSGD_OK) == NULL; }' \
-                >"$TMP/core_main.c"
+                >"$TMP/core_main.$h.c"
             for cc in gcc clang; do
                 run_case "${hdr#"$ROOT"/} $cc -std=c99: OpenCL implementation and core implementation in two TUs" \
-                    "$TMP/log" $cc -std=c99 $WARN -O1 $CL_CFLAGS "$TMP/cl_only.c" "$TMP/core_main.c" \
-                    -o "$TMP/cl_two" $CL_LIBS $LIBS
+                    "$TMP/log" $cc -std=c99 $WARN -O0 $CL_CFLAGS "$TMP/cl_only.$h.c" "$TMP/core_main.$h.c" \
+                    -o "$TMP/cl_two.$h.$cc" $CL_LIBS $LIBS
             done
         done
     else
@@ -288,21 +319,22 @@ SRC
         cp "$TMP/mpi.c" "$TMP/mpi.cpp"
         # shellcheck disable=SC2086
         run_case "single_include/distsgd.h gcc -std=c99 DISTSGD_WITH_MPI" "$TMP/log" \
-            gcc -std=c99 $WARN -O1 $MPI_CFLAGS "$TMP/mpi.c" -o "$TMP/mpi_c" $MPI_LIBS $LIBS
+            gcc -std=c99 $WARN -O0 $MPI_CFLAGS "$TMP/mpi.c" -o "$TMP/mpi_c" $MPI_LIBS $LIBS
         # shellcheck disable=SC2086
         run_case "single_include/distsgd.h g++ -std=c++11 DISTSGD_WITH_MPI" "$TMP/log" \
-            g++ -std=c++11 $WARN -O1 $MPI_CFLAGS "$TMP/mpi.cpp" -o "$TMP/mpi_cxx" $MPI_LIBS $LIBS
+            g++ -std=c++11 $WARN -O0 $MPI_CFLAGS "$TMP/mpi.cpp" -o "$TMP/mpi_cxx" $MPI_LIBS $LIBS
         for hdr in "$ROOT/distsgd_mpi.h" "$SI"; do
+            h=$(basename "$(dirname "$hdr")")
             printf '#define DISTSGD_WITH_MPI\n#define DISTSGD_MPI_IMPLEMENTATION\n#include "%s"\n' "$hdr" \
-                >"$TMP/mpi_only.c"
+                >"$TMP/mpi_only.$h.c"
             printf '#define DISTSGD_WITH_MPI\n#define DISTSGD_IMPLEMENTATION\n#include "%s"\n%s\n' "$hdr" \
                 'int main(int argc, char **argv) { (void)argv; if (argc > 99) dsgd_mpi_abort(1); return dsgd_result_string(DSGD_OK) == NULL; }' \
-                >"$TMP/mpi_core_main.c"
+                >"$TMP/mpi_core_main.$h.c"
             for cc in gcc clang; do
                 # shellcheck disable=SC2086
                 run_case "${hdr#"$ROOT"/} $cc -std=c99: MPI implementation and core implementation in two TUs" \
-                    "$TMP/log" $cc -std=c99 $WARN -O1 $MPI_CFLAGS "$TMP/mpi_only.c" "$TMP/mpi_core_main.c" \
-                    -o "$TMP/mpi_two" $MPI_LIBS $LIBS
+                    "$TMP/log" $cc -std=c99 $WARN -O0 $MPI_CFLAGS "$TMP/mpi_only.$h.c" "$TMP/mpi_core_main.$h.c" \
+                    -o "$TMP/mpi_two.$h.$cc" $MPI_LIBS $LIBS
             done
         done
     else
@@ -317,25 +349,53 @@ SRC
         sed -E -e 's/in [0-9.]+ s/in T s/g' -e 's/ETA [0-9.]+ s/ETA T s/g' -e 's|[0-9.]+ samples/s|N samples/s|g' \
             -e 's/^(  done: .{24}) +[0-9.]+ s /\1 T s /' -e 's/^(\| [^|]*\| +)[0-9.]+ \|/\1T |/'
     }
-    # same_output NAME [ARGS...]: examples/NAME.c with its #include of
-    # ../distsgd.h or ../distsgd_cl.h rewritten to the single include (and
-    # DISTSGD_WITH_OPENCL for the latter), built like the Makefile builds the
-    # reference; both run with ARGS, their stdout diffed.
-    same_output() {
-        local ex=$1 cl=()
-        shift
-        make --no-print-directory -s -C "$ROOT" "build/examples/$ex" || return 1
-        sed -E 's|^#include "\.\./distsgd(_cl)?\.h"|#include "'"$SI"'"|' "examples/$ex.c" >"$TMP/$ex.c" || return 1
-        grep -q "^#include \"$SI\"" "$TMP/$ex.c" || { echo "include line not rewritten"; return 1; }
-        # shellcheck disable=SC2206
-        if is_cl_example "$ex"; then cl=(-DDISTSGD_WITH_OPENCL $CL_CFLAGS $CL_LIBS); fi
-        gcc -std=c99 $WARN -O2 -g -I"$ROOT/examples" "$TMP/$ex.c" -o "$TMP/$ex" ${cl[@]+"${cl[@]}"} $LIBS || return 1
-        "$ROOT/build/examples/$ex" "$@" | normalise >"$TMP/$ex.ref" || return 1
-        "$TMP/$ex" "$@" | normalise >"$TMP/$ex.single" || return 1
-        [ -s "$TMP/$ex.ref" ] || { echo "build/examples/$ex printed nothing"; return 1; }
-        diff "$TMP/$ex.ref" "$TMP/$ex.single"
+    # Both builds of a program link the implementation compiled once, at -O2,
+    # in an object of its own: the repository's headers' (ref) and the single
+    # include's (single), the core and the OpenCL add-on apart.
+    impl_obj() { # OUT HEADER DEFINES...
+        local out=$1 hdr=$2
+        shift 2
+        # shellcheck disable=SC2086
+        gcc -std=c99 $WARN -O2 -g "$@" $CL_CFLAGS -x c -c "$hdr" -o "$out"
     }
-    is_cl_example() { grep -q '^#include "\.\./distsgd_cl\.h"' "examples/$1.c"; }
+    mkdir -p "$TMP/obj"
+    run_case "repository headers: the implementation as an object of its own (-O2)" "$TMP/log" \
+        impl_obj "$TMP/obj/ref.o" "$ROOT/distsgd.h" -DDISTSGD_IMPLEMENTATION
+    run_case "single_include/distsgd.h: the implementation as an object of its own (-O2)" "$TMP/log" \
+        impl_obj "$TMP/obj/single.o" "$SI" -DDISTSGD_IMPLEMENTATION
+    if [ -n "$HAVE_CL" ]; then
+        run_case "distsgd_cl.h: the OpenCL implementation as an object of its own (-O2)" "$TMP/log" \
+            impl_obj "$TMP/obj/ref_cl.o" "$ROOT/distsgd_cl.h" -DDISTSGD_CL_IMPLEMENTATION
+        run_case "single_include/distsgd.h: the OpenCL implementation as an object of its own (-O2)" "$TMP/log" \
+            impl_obj "$TMP/obj/single_cl.o" "$SI" -DDISTSGD_WITH_OPENCL -DDISTSGD_CL_IMPLEMENTATION
+    fi
+    wait || true
+    # same_output DIR NAME [ARGS...]: DIR/NAME.c without its #defines of the
+    # implementation macros, its #include of ../distsgd.h or ../distsgd_cl.h
+    # rewritten to the repository's header (ref) and to the single include
+    # (single, with DISTSGD_WITH_OPENCL for the latter), each linked with its
+    # objects; both run with ARGS, their stdout diffed.
+    same_output() {
+        local dir=$1 ex=$2 cl=() objs_ref=("$TMP/obj/ref.o") objs_single=("$TMP/obj/single.o")
+        shift 2
+        local src="$dir/$ex.c" out="$TMP/$ex" strip='/^#define DISTSGD_(CL_)?IMPLEMENTATION/d'
+        sed -E -e "$strip" -e 's|^#include "\.\./(distsgd(_cl)?\.h)"|#include "'"$ROOT"'/\1"|' "$src" >"$out.ref.c" || return 1
+        sed -E -e "$strip" -e 's|^#include "\.\./distsgd(_cl)?\.h"|#include "'"$SI"'"|' "$src" >"$out.single.c" || return 1
+        grep -q "^#include \"$SI\"" "$out.single.c" || { echo "include line not rewritten"; return 1; }
+        # shellcheck disable=SC2206
+        if is_cl_example "$src"; then
+            cl=(-DDISTSGD_WITH_OPENCL $CL_CFLAGS $CL_LIBS)
+            objs_ref+=("$TMP/obj/ref_cl.o") objs_single+=("$TMP/obj/single_cl.o")
+        fi
+        local inc=(-I"$ROOT/$dir" -I"$ROOT/examples")
+        gcc -std=c99 $WARN -O2 -g "${inc[@]}" "$out.ref.c" "${objs_ref[@]}" -o "$out.ref" ${cl[@]+"${cl[@]}"} $LIBS || return 1
+        gcc -std=c99 $WARN -O2 -g "${inc[@]}" "$out.single.c" "${objs_single[@]}" -o "$out.single" ${cl[@]+"${cl[@]}"} $LIBS || return 1
+        "$out.ref" "$@" | normalise >"$out.ref.txt" || return 1
+        "$out.single" "$@" | normalise >"$out.single.txt" || return 1
+        [ -s "$out.ref.txt" ] || { echo "$src printed nothing"; return 1; }
+        diff "$out.ref.txt" "$out.single.txt"
+    }
+    is_cl_example() { grep -q '^#include "\.\./distsgd_cl\.h"' "$1"; }
     # Fashion-MNIST where `make demo` unpacks it; make unpacks it here too when
     # Debian's dataset-fashion-mnist is installed.
     FMNIST=build/data/fashion-mnist
@@ -345,8 +405,10 @@ SRC
     }
     mkdir -p build/pocl-cache
     export POCL_CACHE_DIR="$ROOT/build/pocl-cache" POCL_MAX_PTHREAD_COUNT=2
-    for src in examples/*.c; do
-        ex=$(basename "$src" .c)
+    fmnist_ok=
+    if fmnist_ready; then fmnist_ok=yes; fi
+    for src in examples/*.c experiments/*.c; do
+        ex=$(basename "$src" .c) dir=$(dirname "$src")
         # Flags for a run of a few seconds on two cores (the others run as they
         # are), and the data it needs.
         args=() data=
@@ -355,26 +417,28 @@ SRC
         sync_vs_async) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --rows mirrored,sync) ;; # the rows with fixed bits
         cnn_fashion_mnist) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --subset 3000 --no-mlp) ;;
         custom_model) args=(--strategy mirrored) ;; # asynchronous servers have no fixed bits
-        sync_vs_async_sim | backup_workers) args=(--out "$TMP/sim") ;; # simnet: the same bits every run
-        linear_scaling) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim" --epochs 1 --warmup-epochs 1) ;;
+        sync_vs_async_sim) args=(--out "$TMP/sim.$ex") ;; # simnet: the same bits every run
+        backup_workers) args=(--out "$TMP/sim.$ex" --seeds 1) ;;
+        linear_scaling) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim.$ex" --epochs 1 --warmup-epochs 1) ;;
         esac
         if grep -q '^#include "\.\./distsgd_mpi\.h"' "$src"; then
             echo "skip  $src on single_include/distsgd.h (an MPI program: make test-mpi runs it under mpirun)"
             continue
         fi
         name="$src on single_include/distsgd.h"
-        if is_cl_example "$ex"; then
+        if is_cl_example "$src"; then
             name="$name with DISTSGD_WITH_OPENCL"
             [ -n "$HAVE_CL" ] || { echo "skip  $name (pkg-config finds no OpenCL clblast)"; continue; }
         fi
         [ ${#args[@]} -eq 0 ] || name="$name ${args[*]}"
-        if [ -n "$data" ] && ! fmnist_ready; then
+        if [ -n "$data" ] && [ -z "$fmnist_ok" ]; then
             echo "skip  $name (no Fashion-MNIST in $data: make demo, or install dataset-fashion-mnist)"
             continue
         fi
-        run_case "$name: same output" "$TMP/log" same_output "$ex" ${args[@]+"${args[@]}"}
+        run_case "$name: same output" "$TMP/log" same_output "$dir" "$ex" ${args[@]+"${args[@]}"}
     done
 fi
 
+finish_cases
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

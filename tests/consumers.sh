@@ -20,7 +20,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CC=${CC:-cc}
-CFLAGS_STRICT="-std=c99 -Wall -Wextra -Wpedantic -Werror -O2"
+CFLAGS_STRICT="-std=c99 -Wall -Wextra -Wpedantic -Werror -O0" # packaging, not the optimiser: -O0 builds 3x faster
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/distsgd-consumers.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 stage=$tmp/stage
@@ -186,7 +186,7 @@ if command -v cmake >/dev/null 2>&1; then
         fc=OFF; [ "$mode" = FetchContent ] && fc=ON
         check "cmake ($mode) configures tests/consumer" \
             cmake -G "Unix Makefiles" -S "$root/tests/consumer" -B "$b" -DDISTSGD_DIR="$root" -DDISTSGD_FETCHCONTENT=$fc \
-                -DCMAKE_C_COMPILER="$CC" -DCMAKE_C_FLAGS="-Wall -Wextra -Wpedantic -Werror -O2"
+                -DCMAKE_C_COMPILER="$CC" -DCMAKE_C_FLAGS="-Wall -Wextra -Wpedantic -Werror -O0"
         check "cmake ($mode) builds the consumer" cmake --build "$b" -j 2
         check "cmake ($mode) consumer prints 'accuracy 1.00'" run_consumer "$b/consumer" "accuracy 1.00"
         if [ "$have_cl" = 1 ]; then

@@ -38,8 +38,6 @@
    "N passed, N failed" after an MPI_Allreduce of the counts. A watchdog
    (alarm) ends a process that hangs. */
 #define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#define DISTSGD_MPI_IMPLEMENTATION
 #include "../distsgd_mpi.h"
 
 #include <pthread.h>

@@ -47,10 +47,9 @@ int main(void) {
     return 0;
 }
 #else
-#define DISTSGD_IMPLEMENTATION
-#define DISTSGD_MPI_IMPLEMENTATION
 #include "../distsgd_mpi.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

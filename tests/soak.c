@@ -69,10 +69,9 @@
           build/tsan/soak --seed K     one seed in this process, verbosely
 
    Build: make soak SOAK_SEEDS=N (default 1000), or make build/tsan/soak
-   (from the repository root: cc -std=c99 -I. -fsanitize=thread
-   tests/soak.c -lm -lpthread). */
+   (compiled without the implementation and linked against the library
+   built once per variant, as the tests are). */
 #define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
 
 #include <errno.h>

@@ -45,22 +45,12 @@
    routine for all transpose cases, so one CLBlast program is compiled (about
    7 s on PoCL the first time, then cached in POCL_CACHE_DIR).
 
-   Build: make test, or from the repository root
-     cc -std=c99 -I. tests/test_cl_strategy.c $(pkg-config --cflags --libs OpenCL clblast) \
-        -lcmocka -lm -lpthread */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#define DISTSGD_CL_IMPLEMENTATION
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 #include "../distsgd_cl.h"
 
 #include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
 
 enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, STEPS = 20, MAXN = 9 };
 
@@ -121,20 +111,13 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-/* A hang in a collective fails the run instead of blocking CI. */
-static void watchdog_fire(int sig) {
-    static const char msg[] = "\nwatchdog: test_cl_strategy hung\n";
-    (void)sig;
-    if (write(2, msg, sizeof msg - 1) < 0) _exit(1);
-    _exit(1);
-}
-
+/* Every test needs a device; a hang in a collective fails the run instead of
+   blocking CI. */
 #define NEED_CL()                                 \
     do {                                          \
         if (!G.have_cl) skip();                   \
         dsgd_ctx_clear_error(G.ctx);              \
-        signal(SIGALRM, watchdog_fire);           \
-        alarm(300);                               \
+        tu_watchdog_for("test_cl_strategy", 300); \
     } while (0)
 
 /* The strategy's backend_factory: replica r on device r % num_devices of the
@@ -291,7 +274,7 @@ static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind op
 
     dsgd_strategy_destroy(ms);
     dsgd_strategy_destroy(ref);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void contract(int n, dsgd_optimizer_kind opt, double tol, dsgd_gradient_path path) {
@@ -388,7 +371,7 @@ static void paths_bitwise(int n) {
     dsgd_strategy_destroy(dev);
     dsgd_strategy_destroy(host);
     G.algorithm = DSGD_ALLREDUCE_AUTO;
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_paths_bitwise_equal(void **state) {
@@ -460,7 +443,7 @@ static void test_cnn_gradient_cl_vs_cpu(void **state) {
     dsgd_model_destroy(cl);
     dsgd_model_destroy(cpu);
     be.destroy(be.impl);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_cnn_mirrored_cl(void **state) {
@@ -496,7 +479,7 @@ static void test_cnn_mirrored_cl(void **state) {
     assert_true(e <= 1e-4);
     dsgd_strategy_destroy(s);
     dsgd_strategy_destroy(ref);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 int main(void) {

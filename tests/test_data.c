@@ -11,19 +11,9 @@
    sizes or fails with a code and a message. The vendored digits file loads
    as 1797 x 64 with 10 classes.
 
-   Build: make test (or cc -std=c99 tests/test_data.c -lcmocka -lm -lpthread);
-   run from the repository root. */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 #include <signal.h>
 #include <sys/stat.h>

@@ -16,19 +16,9 @@
    - Training the 64-32-10 MLP on examples/data/digits.csv reaches >= 90% on a
      held-out split of 300 samples (functional, not timed).
 
-   Build: make test (or cc -std=c99 tests/test_model.c -lcmocka -lm -lpthread);
-   run from the repository root. */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 /* ---------------------------------------------------------------- host reference */
 

@@ -28,18 +28,9 @@
      STEP:              lr_t = lr * gamma^floor((t - W) / step_size)
    Linear scaling rule (Goyal et al. 2017): base_lr * global / base.
 
-   Build: make test (or cc -std=c99 tests/test_optim.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 #define PI_ 3.14159265358979323846
 

@@ -40,15 +40,12 @@
 
    Worker threads never call cmocka's assertions (they longjmp); they record
    results that the main thread checks after joining. A watchdog (alarm)
-   ends the program if a test hangs. */
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+   ends the program if a test hangs.
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -58,33 +55,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "test_util.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TEST_TSAN 1
-#endif
-#endif
-#ifndef TEST_TSAN
-#define TEST_TSAN 0
-#endif
-
-/* ---------------------------------------------------------------- watchdog */
-
-static void on_alarm(int sig) {
-    static const char msg[] = "test_ps: watchdog expired, a test hung\n";
-    (void)sig;
-    if (write(2, msg, sizeof(msg) - 1) < 0) _exit(98);
-    _exit(99);
-}
-
-static void watchdog(unsigned seconds) {
-    signal(SIGALRM, on_alarm);
-    alarm(TEST_TSAN ? seconds * 4 : seconds);
-}
 
 static void sleep_us(long us) {
     struct timespec ts;
@@ -425,7 +395,7 @@ static void test_exactly_once(void **state) {
     size_t j;
     int i, w;
     (void)state;
-    watchdog(300);
+    tu_watchdog(300);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     m = mlp(ctx);
     R->n = dsgd_model_num_params(m);
@@ -483,7 +453,7 @@ static void test_exactly_once(void **state) {
     free(final);
     free(D);
     free(R);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- 2: SYNC */
@@ -526,7 +496,7 @@ static void test_sync_rounds(void **state) {
     size_t j;
     int k, w, i;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     m = mlp(ctx);
     R->n = dsgd_model_num_params(m);
@@ -571,7 +541,7 @@ static void test_sync_rounds(void **state) {
     dsgd_ctx_destroy(ctx);
     free(D);
     free(R);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- 3: SSP */
@@ -668,7 +638,7 @@ static void test_ssp_bound(void **state) {
     dsgd_shard_map *map;
     int s, i, w, spread, ahead, mode;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     for (mode = 0; mode < 2; ++mode)
     for (s = 0; s <= 3; ++s) {
         /* mode 1: the workers apply; a worker's last pull (clock K) may miss the last s clocks */
@@ -696,7 +666,7 @@ static void test_ssp_bound(void **state) {
     }
     free(R);
     free(D);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- 4: BACKUP */
@@ -753,7 +723,7 @@ static void test_backup_drops_stale(void **state) {
     int64_t accepted, dropped, slow_dropped;
     int W = SG_W + 1, w, k, mode;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     for (mode = 0; mode < 2; ++mode) { /* mode 1: the workers apply; the straggler catches up on the steps it missed */
     accepted = dropped = slow_dropped = 0;
     run_signatures(R, D, DSGD_PS_BACKUP, 1, 1, (dsgd_ps_apply)mode, body_backup, final, mode ? wfinal : NULL, &map);
@@ -794,7 +764,7 @@ static void test_backup_drops_stale(void **state) {
     }
     free(R);
     free(D);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- SSP 0 = SYNC = BACKUP 0 = the optimizer's bits */
@@ -861,7 +831,7 @@ static void test_zero_bounds_are_sync(void **state) {
     size_t n, j;
     int k, w;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     run_random(DSGD_PS_SYNC, sync);
     run_random(DSGD_PS_SSP, ssp0);
     run_random(DSGD_PS_BACKUP, backup0);
@@ -891,7 +861,7 @@ static void test_zero_bounds_are_sync(void **state) {
     dsgd_optimizer_destroy(opt);
     dsgd_model_destroy(m);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- summation only (BytePS) */
@@ -970,7 +940,7 @@ static void test_sum_only_matches_servers(void **state) {
     dsgd_optimizer_desc od[3];
     int o, w, k;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     memset(od, 0, sizeof od);
     od[0].kind = DSGD_OPT_SGD;
     od[0].lr = 0.1f;
@@ -996,7 +966,7 @@ static void test_sum_only_matches_servers(void **state) {
     }
     free(on_servers);
     free(on_workers);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* BACKUP 2 + 1 with the workers applying: the straggler pulls once, waits
@@ -1059,7 +1029,7 @@ static void test_sum_only_catch_up(void **state) {
     size_t j;
     int w, v, common = 0;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     map = vector_map(ctx, 1, 4, 4);
     for (j = 0; j < 16; ++j) init[j] = (float)j * 0.25f - 1.0f;
@@ -1102,7 +1072,7 @@ static void test_sum_only_catch_up(void **state) {
     dsgd_ctx_destroy(ctx);
     free(D);
     free(R);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- 5: staleness */
@@ -1128,7 +1098,7 @@ static void test_staleness_stats(void **state) {
     run *R = (run *)calloc(1, sizeof(run));
     float init[16] = {0}, final[16];
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     map = vector_map(ctx, 2, 4, 4);
     R->n = 16;
@@ -1161,7 +1131,7 @@ static void test_staleness_stats(void **state) {
     dsgd_shard_map_destroy(map);
     dsgd_ctx_destroy(ctx);
     free(R);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- large messages */
@@ -1198,7 +1168,7 @@ static void test_large_messages(void **state) {
     float *init = (float *)malloc(n * sizeof(float)), *final = (float *)malloc(n * sizeof(float));
     int pass, w, k;
     (void)state;
-    watchdog(300);
+    tu_watchdog(300);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     map = vector_map(ctx, 2, LG_VARS, LG_EACH);
     for (j = 0; j < n; ++j) init[j] = (float)(int)(j % 1000);
@@ -1237,7 +1207,7 @@ static void test_large_messages(void **state) {
     free(init);
     free(final);
     free(R);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- 6: errors */
@@ -1406,7 +1376,7 @@ static void test_missing_worker(void **state) {
     float init[16] = {0}, final[16];
     double t0, waited;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     map = vector_map(ctx, 1, 2, 8);
     R->n = 16;
@@ -1428,11 +1398,11 @@ static void test_missing_worker(void **state) {
     assert_int_equal(R->res[1], DSGD_ERR_TIMEOUT);
     if (!strstr(R->msg[1], "dsgd_ps_worker_pull: worker 0: no parameters from server 0 within 0.5 s"))
         fail_msg("worker message: %s", R->msg[1]);
-    assert_true(waited >= 0.5 && waited < (TEST_TSAN ? 20.0 : 5.0));
+    assert_true(waited >= 0.5 && waited < (TU_TSAN ? 20.0 : 5.0));
     dsgd_shard_map_destroy(map);
     dsgd_ctx_destroy(ctx);
     free(R);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Runs that can never finish are stopped by the server at once: SYNC where
@@ -1473,7 +1443,7 @@ static void test_stuck_runs_fail_fast(void **state) {
     float init[16] = {0}, final[16];
     int pass;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     map = vector_map(ctx, 1, 2, 8);
     for (pass = 0; pass < 2; ++pass) {
@@ -1511,7 +1481,7 @@ static void test_stuck_runs_fail_fast(void **state) {
     dsgd_shard_map_destroy(map);
     dsgd_ctx_destroy(ctx);
     free(R);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 int main(void) {

@@ -38,23 +38,17 @@
 
    Worker and server threads never call cmocka's assertions (they longjmp);
    they record results that the main thread checks after joining. The
-   first session runs in a child, which reports through its exit status. */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+   first session runs in a child, which reports through its exit status.
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
 
 #include <pthread.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-
-#include "test_util.h"
 
 #define P 2
 #define W 2
@@ -73,14 +67,14 @@ static char g_dir[64];
 static int setup(void **state) {
     (void)state;
     tu_mkdtemp(g_dir);
-    alarm(600); /* a hang fails the run instead of blocking CI */
+    tu_watchdog(600); /* a hang fails the run instead of blocking CI */
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
     tu_rmdir_files(g_dir);
-    alarm(0);
+    tu_watchdog(0);
     return 0;
 }
 

@@ -15,18 +15,9 @@
    - A real model's variables, shards checked against the model's buffer.
    - Errors: each bad argument is refused with a message naming it.
 
-   Build: make test (or cc -std=c99 tests/test_sharding.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 static int shards_of(const dsgd_partitioner *p, int rank, int d0, int d1) {
     int shape[2] = {d0, d1}, n = -1;

@@ -26,15 +26,12 @@
      rank waits, a wait with no deadline and nothing in flight is reported
      as a deadlock instead of hanging, abort, bad arguments.
    Worker threads never call cmocka's assertions; the main thread checks what
-   they record after joining. A watchdog ends the program if anything hangs. */
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+   they record after joining. A watchdog ends the program if anything hangs.
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -44,35 +41,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "test_util.h"
-#include "../examples/sim_common.h" /* the experiments' runs and CSV rows (test_outputs) */
-
-#if defined(__SANITIZE_THREAD__)
-#define TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TEST_TSAN 1
-#endif
-#endif
-#ifndef TEST_TSAN
-#define TEST_TSAN 0
-#endif
+#include "../experiments/sim_common.h" /* the experiments' runs and CSV rows (test_outputs) */
 
 #define MAXN 32
-/* The agreement's message: the fingerprint range collectives.h sends. */
-#define AGREE_BYTES sizeof(dsgd__fp_range)
-
-static void on_alarm(int sig) {
-    static const char msg[] = "test_simnet: watchdog expired, the simulation hung\n";
-    (void)sig;
-    if (write(2, msg, sizeof(msg) - 1) < 0) _exit(98);
-    _exit(99);
-}
-
-static void watchdog(unsigned seconds) {
-    signal(SIGALRM, on_alarm);
-    alarm(TEST_TSAN ? seconds * 6 : seconds);
-}
+/* The agreement's message: the fingerprint range collectives.h sends, 144
+   bytes as its AGREEMENT section documents. */
+#define AGREE_BYTES ((size_t)144)
 
 /* ---------------------------------------------------------------- harness */
 
@@ -215,8 +189,7 @@ static void body_allreduce(run *r, int rank, dsgd_comm *c, const dsgd_transport_
    algorithm below each rank's k-th message goes out in its k-th step, so
    the times follow step by step. The messages, from collectives.h:
    - agreement: ceil(log2 p) rounds; round j: to r + 2^j, from r - 2^j, one
-     dsgd__fp_range each way (AGREE_BYTES: the implementation's own struct,
-     144 bytes today), copied, never reduced;
+     one fingerprint range each way (AGREE_BYTES, 144 bytes), copied, never reduced;
    - ring: reduce-scatter p - 1 steps (send block r-k-1 to r+1, receive
      block r-k-2 from r-1 and reduce it), all-gather p - 1 steps (send block
      r-k, receive block r-k-1, copied); block b has dsgd_block_range's size
@@ -596,7 +569,7 @@ static void test_allreduce_costs(void **state) {
     static const size_t counts[] = {1, 7, 13, 1009, 10007, 65521};
     int p, a, i, checked = 0, closed = 0;
     (void)state;
-    watchdog(300);
+    tu_watchdog(300);
     for (p = 2; p <= 16; ++p) {
         for (a = 0; a < 4; ++a) {
             size_t extra[2];
@@ -623,7 +596,7 @@ static void test_allreduce_costs(void **state) {
         }
     }
     print_message("checked %d simulations against the step calculation, %d against closed forms\n", checked, closed);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Two levels: L ranks per node, M nodes; the ring crosses M node
@@ -632,7 +605,7 @@ static void test_two_level_ring(void **state) {
     static const int Ls[] = {2, 4};
     int li, M;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     for (li = 0; li < 2; ++li) {
         for (M = 2; M <= 4; ++M) {
             int L = Ls[li], p = L * M;
@@ -652,7 +625,7 @@ static void test_two_level_ring(void **state) {
             }
         }
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* The hierarchical all-reduce, L ranks per node and M nodes: on the
@@ -667,7 +640,7 @@ static void test_hierarchical_costs(void **state) {
     static const int Ls[] = {2, 3, 4}, Ms[] = {2, 3, 4};
     int li, mi, ci, checked = 0, closed = 0;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     for (li = 0; li < 3; ++li) {
         for (mi = 0; mi < 3; ++mi) {
             int L = Ls[li], M = Ms[mi], p = L * M;
@@ -702,7 +675,7 @@ static void test_hierarchical_costs(void **state) {
         }
     }
     print_message("%d hierarchical simulations against the step calculation, %d against the closed form\n", checked, closed);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- numerics */
@@ -713,7 +686,7 @@ static void test_numerics_match_loopback(void **state) {
     dsgd_simnet_desc d;
     int ni, a, o, i, compared = 0;
     (void)state;
-    watchdog(300);
+    tu_watchdog(300);
     memset(&d, 0, sizeof(d));
     d.alpha_s = 1e-6;
     d.beta_s_per_byte = 1e-9;
@@ -777,7 +750,7 @@ static void test_numerics_match_loopback(void **state) {
         run_free(&l);
     }
     print_message("%d rank buffers bitwise equal to the loopback's\n", compared);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- determinism */
@@ -868,9 +841,9 @@ static void det_once(det_out *o, double jitter, int park) {
 
 static void test_determinism(void **state) {
     static det_out first, o;
-    int runs = TEST_TSAN ? 10 : 50, k, i, distinct = 0;
+    int runs = TU_TSAN ? 10 : 50, k, i, distinct = 0;
     (void)state;
-    watchdog(300);
+    tu_watchdog(300);
     det_once(&first, 0, 0);
     assert_int_equal(first.overlap, 0);
     for (i = 1; i < DET_TRACE; ++i) distinct += first.src[i] != first.src[i - 1];
@@ -888,7 +861,7 @@ static void test_determinism(void **state) {
             if (o.end[i] != first.end[i]) fail_msg("run %d rank %d ends at %.17g s, first run %.17g s", k, i, o.end[i], first.end[i]);
         assert_true(o.sum0 == first.sum0);
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- probe order, NIC, duplex */
@@ -938,7 +911,7 @@ static void test_probe_order(void **state) {
     run r;
     int i;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     memset(&d, 0, sizeof(d));
     d.alpha_s = 0.01;
     run_init(&r, 5, &d);
@@ -950,7 +923,7 @@ static void test_probe_order(void **state) {
     assert_int_equal(o.src[2], 1);
     assert_int_equal(o.src[3], 3);
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 typedef struct nic_out {
@@ -1001,7 +974,7 @@ static void nic_case(int half, nic_out *o) {
 static void test_nic_and_duplex(void **state) {
     nic_out f, h;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     nic_case(0, &f);
     /* the second send starts when the first has left: 0 is done at 2 ms,
        the messages arrive at 1 + 1 and 2 + 1 ms */
@@ -1017,7 +990,7 @@ static void test_nic_and_duplex(void **state) {
        holds both NICs; rank 2 sends from 11 to 12 ms, arriving at 13 ms */
     assert_true(REL_OK(h.t[5], 13e-3));
     assert_true(REL_OK(h.t[6], 12e-3));
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- faults */
@@ -1048,7 +1021,7 @@ static void test_kill(void **state) {
     run r;
     int i;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     memset(&d, 0, sizeof(d));
     memset(&f, 0, sizeof(f));
     d.alpha_s = 1e-5;
@@ -1073,7 +1046,7 @@ static void test_kill(void **state) {
         if (!strstr(r.msg[i], "rank 2")) fail_msg("rank %d's error does not name rank 2: %s", i, r.msg[i]);
     }
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void body_kill_time(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
@@ -1098,7 +1071,7 @@ static void test_kill_by_time(void **state) {
     run r;
     int i;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     memset(&d, 0, sizeof(d));
     memset(&f, 0, sizeof(f));
     d.alpha_s = 1e-5;
@@ -1119,7 +1092,7 @@ static void test_kill_by_time(void **state) {
         if (!strstr(r.msg[i], "rank 1")) fail_msg("rank %d's error does not name rank 1: %s", i, r.msg[i]);
     }
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 typedef struct drop_out {
@@ -1169,7 +1142,7 @@ static void test_drop_and_delay(void **state) {
     dsgd_simnet_fault f;
     drop_out base, o;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     drop_case(NULL, &base);
     assert_int_equal(base.r_ok, DSGD_OK);
     assert_int_equal(base.r_fail, DSGD_OK);
@@ -1200,7 +1173,7 @@ static void test_drop_and_delay(void **state) {
     f.peer = 0;
     drop_case(&f, &o);
     assert_true(o.r_fail == DSGD_OK && o.t_fail == base.t_fail);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- stall, slow, deadlock, abort */
@@ -1219,7 +1192,7 @@ static void test_stall_and_slow(void **state) {
     dsgd_simnet_fault f[3];
     run r;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     memset(&d, 0, sizeof(d));
     memset(f, 0, sizeof(f));
     d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
@@ -1248,7 +1221,7 @@ static void test_stall_and_slow(void **state) {
        computes its last step */
     assert_true(r.t1[2] == 5.0);
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Every rank waits for a message nobody sends: the earliest deadline fires
@@ -1275,7 +1248,7 @@ static void test_deadlines_fire(void **state) {
     run r;
     int i;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     memset(&d, 0, sizeof(d));
     run_init(&r, 6, &d);
     run_go(&r, body_cycle, NULL);
@@ -1294,7 +1267,7 @@ static void test_deadlines_fire(void **state) {
         if (i == 0) assert_non_null(strstr(r.msg[i], "deadlock"));
     }
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void body_abort(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
@@ -1315,7 +1288,7 @@ static void test_abort(void **state) {
     run r;
     int i;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     memset(&d, 0, sizeof(d));
     run_init(&r, 4, &d);
     run_go(&r, body_abort, NULL);
@@ -1323,7 +1296,7 @@ static void test_abort(void **state) {
     for (i = 1; i < 4; ++i) assert_int_equal(r.res[i], DSGD_ERR_ABORTED);
     assert_true(dsgd_simnet_aborted(r.hub));
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- compute models */
@@ -1347,7 +1320,7 @@ static void test_compute_models(void **state) {
     long k;
     int hits = 0, r;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     /* exponential, mean 1/mu = 0.02, through the transport's clock */
     memset(&cm, 0, sizeof(cm));
@@ -1425,7 +1398,7 @@ static void test_compute_models(void **state) {
     if (fabs(sum / S - 1.2) > 3 * se) fail_msg("shifted exponential mean %.6g, want 1.2 +- %.3g", sum / S, 3 * se);
     dsgd_simnet_destroy(h);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- parking */
@@ -1434,9 +1407,9 @@ static void test_compute_models(void **state) {
    the probe order and every virtual time equal the one-at-a-time run. */
 static void test_park_between_calls(void **state) {
     static det_out first, o;
-    int runs = TEST_TSAN ? 5 : 20, k, i, overlapped = 0;
+    int runs = TU_TSAN ? 5 : 20, k, i, overlapped = 0;
     (void)state;
-    watchdog(300);
+    tu_watchdog(300);
     det_once(&first, 0, 0);
     for (k = 0; k < runs; ++k) {
         det_once(&o, 50e-6, 1);
@@ -1449,7 +1422,7 @@ static void test_park_between_calls(void **state) {
         assert_true(o.sum0 == first.sum0);
     }
     print_message("%d of %d parked runs had rank threads running at once\n", overlapped, runs);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* A replica pool: each step every rank computes and all-reduces, then
@@ -1508,9 +1481,9 @@ static void test_park_pool(void **state) {
     static pool_job plain, jb;
     int k, i, s;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     pool_once(&plain, 0, 0);
-    for (k = 0; k < (TEST_TSAN ? 3 : 10); ++k) {
+    for (k = 0; k < (TU_TSAN ? 3 : 10); ++k) {
         pool_once(&jb, 1, 50e-6);
         for (i = 0; i < POOL_N; ++i)
             for (s = 0; s < POOL_STEPS; ++s)
@@ -1518,7 +1491,7 @@ static void test_park_pool(void **state) {
                     fail_msg("run %d rank %d step %d: %.17g s, without the barrier %.17g s", k, i, s, jb.end[i][s],
                              plain.end[i][s]);
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Rank 0 parks and returns 50 ms (real) later to send to rank 1, which
@@ -1550,7 +1523,7 @@ static void test_park_transitive(void **state) {
     run r;
     int i;
     (void)state;
-    watchdog(60);
+    tu_watchdog(60);
     memset(&d, 0, sizeof(d));
     d.alpha_s = 0.1;
     run_init(&r, 3, &d);
@@ -1559,7 +1532,7 @@ static void test_park_transitive(void **state) {
         if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
     assert_true(REL_OK(r.t1[2], 0.7)); /* 0.5 + two hops of 0.1 */
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* A mirrored strategy over simnet endpoints (parked between calls, as its
@@ -1623,19 +1596,19 @@ static void test_mirrored_strategy(void **state) {
     double t0, t;
     int k;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     memset(pl, 0, sizeof(pl));
     memset(ps, 0, sizeof(ps));
     strategy_once(0, pl, 256);
     t0 = strategy_once(1, ps, 256);
     assert_memory_equal(pl, ps, sizeof(pl));
     assert_true(t0 > 0);
-    for (k = 0; k < (TEST_TSAN ? 2 : 5); ++k) {
+    for (k = 0; k < (TU_TSAN ? 2 : 5); ++k) {
         t = strategy_once(1, ps, 256);
         assert_memory_equal(pl, ps, sizeof(pl));
         if (t != t0) fail_msg("run %d: rank 0 ends at %.17g s, first run %.17g s", k, t, t0);
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- order statistics */
@@ -1695,7 +1668,7 @@ static void test_order_statistics(void **state) {
     const double mu = 4.0;
     int pi, b, i;
     (void)state;
-    watchdog(600);
+    tu_watchdog(600);
     for (pi = 0; pi < 2; ++pi) {
         dsgd_simnet_desc d;
         os_job jb;
@@ -1708,7 +1681,7 @@ static void test_order_statistics(void **state) {
         d.compute.mean_s = 1.0 / mu;
         d.compute.seed = 2016 + (uint64_t)P;
         jb.P = P;
-        jb.steps = TEST_TSAN ? 2000 : 20000;
+        jb.steps = TU_TSAN ? 2000 : TU_ASAN ? 5000 : 20000; /* the sanitizers check memory, not the statistic */
         run_init(&r, P + 1, &d);
         run_go(&r, body_os, &jb);
         for (i = 0; i <= P; ++i)
@@ -1728,7 +1701,7 @@ static void test_order_statistics(void **state) {
         print_message("P=%d: %ld steps in %.2f s real time\n", P, jb.steps, dsgd_now() - t0);
         run_free(&r);
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Asynchronous parameter server (distsgd/ps.h, one server, W workers) over
@@ -1826,8 +1799,8 @@ static void test_ps_async(void **state) {
     double n, gap = 0, gap_se, st_se;
     int k;
     (void)state;
-    watchdog(300);
-    jb.steps = TEST_TSAN ? 500 : 2500;
+    tu_watchdog(300);
+    jb.steps = TU_TSAN ? 500 : 2500;
     psa_once(&jb, mu, 0);
     n = (double)jb.st.pushes_applied;
     assert_true(n == W * (double)jb.steps);
@@ -1850,7 +1823,7 @@ static void test_ps_async(void **state) {
         assert_true(again.st.staleness_mean == jb.st.staleness_mean);
         assert_memory_equal(again.hist, jb.hist, sizeof(jb.hist));
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- a straggler under backups */
@@ -1916,7 +1889,7 @@ static void test_backup_straggler(void **state) {
     run r;
     int i;
     (void)state;
-    watchdog(120);
+    tu_watchdog(120);
     memset(&jb, 0, sizeof(jb));
     memset(&d, 0, sizeof(d));
     d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
@@ -1951,7 +1924,7 @@ static void test_backup_straggler(void **state) {
     assert_true(jb.t_end < BK_STEPS * 0.02);                         /* the fast workers' pace */
     dsgd_shard_map_destroy(jb.map);
     run_free(&r);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- outputs */
@@ -2109,9 +2082,9 @@ static void outputs_once(const sim_data *data, int mirrored, double jitter, out_
 static void test_outputs(void **state) {
     dsgd_ctx *ctx;
     sim_data data;
-    int mirrored, k, runs = TEST_TSAN ? 10 : 50; /* the issue: 50 runs, half with threads sleeping at random */
+    int mirrored, k, runs = TU_TSAN ? 10 : 50; /* the issue: 50 runs, half with threads sleeping at random */
     (void)state;
-    watchdog(300);
+    tu_watchdog(300);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
     if (sim_load_digits(ctx, "examples/data/digits.csv", 3, &data) != 0) fail_msg("%s", dsgd_ctx_last_error(ctx));
     for (mirrored = 0; mirrored < 2; ++mirrored) {
@@ -2147,7 +2120,7 @@ static void test_outputs(void **state) {
     }
     sim_data_free(&data);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- arguments */

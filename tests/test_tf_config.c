@@ -14,18 +14,9 @@
      nesting up to and past DSGD_TF_CONFIG_MAX_DEPTH, huge numbers,
      duplicate keys (refused), ignored keys, and dsgd_tf_config_from_env.
 
-   Build: make test (or cc -std=c99 tests/test_tf_config.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 static dsgd_ctx *make_ctx(void) {
     dsgd_ctx *ctx = NULL;

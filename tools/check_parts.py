@@ -15,6 +15,7 @@ it C++ linkage). Warnings are
 errors, except unused static functions: a part may hold helpers that only
 later parts call. Prints one line a part and exits 1 if any failed.
 """
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -73,29 +74,38 @@ def main():
         groups.append(("#define DISTSGD_MPI_IMPLEMENTATION\n", parts_of("distsgd_mpi.h"), flags))
     else:
         print("skip  distsgd_mpi.h parts (no <mpi.h> with mpicc's or pkg-config's flags)")
-    failed = 0
     core = groups[0][1]
+    jobs = []  # (part, number above it, source text, extra flags), in order
+    for defines, parts, extra in groups:
+        # an add-on's parts stand on the whole core, not on another add-on
+        above = [] if parts is core else list(core)
+        for part in parts:
+            above.append(part)
+            text = "#define DISTSGD_IMPLEMENTATION\n" + defines + "".join('#include "%s"\n' % p for p in above)
+            jobs.append((part, len(above) - 1, text, extra))
+    failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for defines, parts, extra in groups:
-            # an add-on's parts stand on the whole core, not on another add-on
-            above = [] if parts is core else list(core)
-            for part in parts:
-                above.append(part)
-                src = os.path.join(tmp, "part.c")
-                with open(src, "w") as f:
-                    f.write("#define DISTSGD_IMPLEMENTATION\n" + defines)
-                    f.write("".join('#include "%s"\n' % p for p in above))
-                bad = []
-                for lang, cmd in langs:
-                    r = subprocess.run(cmd + WARN + extra + ["-I", ROOT, src], capture_output=True, text=True)
-                    if r.returncode != 0:
-                        bad.append((lang, r.stderr))
-                if not bad:
-                    print("ok    %s with only the %d parts above it (C99, C++11)" % (part, len(above) - 1))
-                for lang, err in bad:
-                    print("FAIL  %s with only the parts above it (%s):" % (part, lang))
-                    print("\n".join(err.splitlines()[:12]))
-                failed += 1 if bad else 0
+        def compile_one(i):
+            part, n, text, extra = jobs[i]
+            src = os.path.join(tmp, "part%d.c" % i)
+            with open(src, "w") as f:
+                f.write(text)
+            bad = []
+            for lang, cmd in langs:
+                r = subprocess.run(cmd + WARN + extra + ["-I", ROOT, src], capture_output=True, text=True)
+                if r.returncode != 0:
+                    bad.append((lang, r.stderr))
+            return bad
+        # the compilers run in parallel (the threads only wait on them)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            results = list(pool.map(compile_one, range(len(jobs))))
+        for (part, n, _, _), bad in zip(jobs, results):
+            if not bad:
+                print("ok    %s with only the %d parts above it (C99, C++11)" % (part, n))
+            for lang, err in bad:
+                print("FAIL  %s with only the parts above it (%s):" % (part, lang))
+                print("\n".join(err.splitlines()[:12]))
+            failed += 1 if bad else 0
     if failed:
         print("check_parts: %d part(s) use something from a part below them" % failed)
     return 1 if failed else 0

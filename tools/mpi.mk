@@ -83,32 +83,47 @@ test-mpi:
 test-mpi-run: $(MPI_TEST_BINS)
 	$(MPI_TEST_ENV) bash tests/mpi_collectives.sh
 
-$(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
+# The MPI tests are compiled without the implementation and linked against
+# the core's object of the plain variant ($(BUILD)/lib/distsgd.o) and the
+# MPI add-on's, compiled once per MPI: distsgd_mpi.o (OpenMPI's mpicc),
+# distsgd_mpi_pieces.o (4 KiB messages and shared-memory pieces),
+# distsgd_mpi_mpich.o (MPICH). The examples are programs a user would write
+# and compile the implementation themselves.
+MPI_PIECES_DEFS = -DDSGD_MPI_MAX_MESSAGE=4096 -DDSGD_MPI_SHARE_BYTES=4096
+mpi_lib_cc = $(if $(findstring _mpich,$(1)),$(MPICH_CC),$(MPICC))
+mpi_lib_defs = -DDISTSGD_MPI_IMPLEMENTATION $(if $(findstring _pieces,$(1)),$(MPI_PIECES_DEFS))
+$(MPI_BUILD)/lib/%.o: distsgd_mpi.h $(HEADERS)
 	@mkdir -p $(@D)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+	$(call mpi_lib_cc,$*) $(CPPFLAGS) $(CFLAGS) $(call mpi_lib_defs,$*) -x c -c $< -o $@
+.SECONDARY: $(addprefix $(MPI_BUILD)/lib/,distsgd_mpi.o distsgd_mpi_pieces.o distsgd_mpi_mpich.o)
 
-$(MPI_BUILD)/mpi_workers: tests/mpi_workers.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+# $(call mpi_program,COMPILER[,DEFINES]): $@ from its first prerequisite and
+# the objects among the others (a configuration macro such as
+# DSGD_MPI_SHARE_BYTES is given to every file, as the library asks).
+mpi_program = @mkdir -p $(@D)$(newline)$(1) $(CPPFLAGS) $(CFLAGS) $(2) $< $(filter %.o,$^) -o $@ $(LDFLAGS) $(LDLIBS)
+MPI_CORE = $(BUILD)/lib/distsgd.o
 
-$(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
-	@mkdir -p $(@D)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) -DDSGD_MPI_MAX_MESSAGE=4096 -DDSGD_MPI_SHARE_BYTES=4096 $< -o $@ $(LDFLAGS) $(LDLIBS)
+$(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
+	$(call mpi_program,$(MPICC))
+$(MPI_BUILD)/mpi_collectives_pieces: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi_pieces.o
+	$(call mpi_program,$(MPICC),$(MPI_PIECES_DEFS))
+$(MPI_BUILD)/mpi_collectives_mpich: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi_mpich.o
+	$(call mpi_program,$(MPICH_CC))
+$(MPI_BUILD)/mpi_workers: tests/mpi_workers.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
+	$(call mpi_program,$(MPICC))
+$(MPI_BUILD)/mpi_workers_mpich: tests/mpi_workers.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi_mpich.o
+	$(call mpi_program,$(MPICH_CC))
+$(MPI_BUILD)/mpi_ps: tests/mpi_ps.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
+	$(call mpi_program,$(MPICC))
 
-$(MPI_BUILD)/mpi_collectives_mpich: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS)
-	@mkdir -p $(@D)
-	$(MPICH_CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
-
-$(MPI_BUILD)/mpi_workers_mpich: tests/mpi_workers.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(MPICH_CC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
-
-# make test: tools/run_tests.sh runs MPI_TEST_RUNS (the Makefile's test-run
-# recipe lists it) with TEST_ENV, which carries the settings above.
+# make test: tools/run_tests.sh runs MPI_TEST_RUNS (the Makefile's
+# $(BUILD)/run/scripts/ rule, after every other test) with TEST_ENV, which
+# carries the settings above.
 ifeq ($(MPI_FOUND),yes)
 MPI_TEST_RUNS := tests/mpi_collectives.sh
 TEST_ENV += $(MPI_TEST_ENV)
-test-run: $(MPI_TEST_BINS)
+test-run test-bins: $(MPI_TEST_BINS)
+$(BUILD)/run/scripts/mpi_collectives.sh.res: $(MPI_TEST_BINS)
 else
 MPI_TEST_RUNS :=
 test-run: mpi-note
@@ -156,9 +171,8 @@ demo-mpi:
 demo-mpi-run: $(MPI_BUILD)/multi_worker_mlp $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	timeout 900 $(MPIRUN) -np $(MPI_DEMO_NP) $(MPI_BUILD)/multi_worker_mlp --local $(MPI_DEMO_LOCAL) $(DEMO_ARGS) $(ARGS)
 
-$(MPI_BUILD)/multi_worker_mlp: examples/multi_worker_mlp.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
+$(MPI_BUILD)/%: examples/%.c $(HEADERS) $(wildcard examples/*.h)
+	$(call mpi_program,$(MPICC))
 
 # make demo-ps-mpi [ARGS=...]: examples/ps_mpi.c built with $(MPICC) and run
 # under $(MPIRUN) at np = 4, 2 parameter servers + 2 workers (the rank
@@ -175,10 +189,3 @@ demo-ps-mpi:
 demo-ps-mpi-run: $(MPI_BUILD)/ps_mpi $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	timeout 600 $(MPIRUN) -np 4 $(MPI_BUILD)/ps_mpi --servers 2 $(DEMO_ARGS) $(ARGS)
 
-$(MPI_BUILD)/ps_mpi: examples/ps_mpi.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)
-
-$(MPI_BUILD)/mpi_ps: tests/mpi_ps.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(MPICC) $(CPPFLAGS) $(CFLAGS) $< -o $@ $(LDFLAGS) $(LDLIBS)

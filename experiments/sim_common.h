@@ -1,5 +1,5 @@
 /* sim_common.h - what the simulated-cluster experiments share
-   (examples/sync_vs_async_sim.c, backup_workers.c, linear_scaling.c): one
+   (experiments/sync_vs_async_sim.c, backup_workers.c, linear_scaling.c): one
    training run on the simnet transport (distsgd/simnet.h), real gradients
    on a virtual clock, written as CSV rows, plus a gnuplot call.
 

@@ -1,4 +1,4 @@
-/* test_custom_model.c - models of your own (dsgd_model_i) under every strategy,
+/* test_model_custom.c - models of your own (dsgd_model_i) under every strategy,
    and batches from a dsgd_batch_fn.
 
    Two user models are written here:
@@ -37,17 +37,11 @@
      the sum of the replicas' mean gradients.
    - The parameter servers (SYNC, 2 workers) train "odd" as MIRRORED N = 2
      does, within 1e-5.
-   - Metrics a custom model adds on the host survive a checkpoint. */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+   - Metrics a custom model adds on the host survive a checkpoint.
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 /* ---------------------------------------------------------------- "odd" */
 
@@ -589,7 +583,7 @@ static void test_gradient_fails_on_one_replica(void **state) {
     int step, r;
     dsgd_result res;
     (void)state;
-    alarm(60);
+    tu_watchdog(60);
     memset(&sd, 0, sizeof(sd));
     sd.kind = DSGD_STRATEGY_MIRRORED;
     sd.num_replicas = 3;
@@ -621,7 +615,7 @@ static void test_gradient_fails_on_one_replica(void **state) {
     tu_assert_replicas_identical(ctx, s);
     dsgd_strategy_destroy(s);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- batch functions */
@@ -931,7 +925,7 @@ static void test_parameter_servers(void **state) {
     int step, w;
     double err;
     (void)state;
-    alarm(60);
+    tu_watchdog(60);
     for (step = 0; step < 20; ++step) odd_data(900 + (uint64_t)step, g_px[step], g_py[step], 8);
     memset(&cd, 0, sizeof(cd));
     cd.ps.num_servers = 2;
@@ -969,7 +963,7 @@ static void test_parameter_servers(void **state) {
     dsgd_strategy_destroy(s);
     dsgd_cluster_destroy(c);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- metrics and checkpoints */

@@ -1,4 +1,4 @@
-/* test_mirrored.c - the mirrored strategy: the synchronous contract, per-variable
+/* test_strategy_sync.c - the mirrored strategy: the synchronous contract, per-variable
    aggregation, distributed variables, metrics, non-finite gradients, failing
    and vanishing replicas, bad arguments.
 
@@ -59,20 +59,12 @@
      for ring, halving-doubling and recursive doubling at N = 3, 4.
    - Bad arguments return their codes with a message.
 
-   Build: make test (or, from the repository root,
-   cc -std=c99 -I. tests/test_mirrored.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
 #include <signal.h>
-#include <cmocka.h>
-
-#include "test_util.h"
 
 enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, MAXN = 8 };
 
@@ -83,32 +75,6 @@ static const dsgd_layer_desc LAYERS[3] = {
 };
 
 #define MODEL_SEED 20240611u
-
-/* ---------------------------------------------------------------- watchdog */
-
-/* Every test runs under an alarm: a hang (a collective that never returns)
-   fails the run with a message instead of blocking CI. */
-static volatile const char *g_test_name = "?";
-
-static void watchdog_fire(int sig) {
-    static const char head[] = "\nwatchdog: test_mirrored hung in ";
-    const char *name = (const char *)g_test_name;
-    size_t len = 0;
-    (void)sig;
-    while (name[len]) ++len;
-    if (write(2, head, sizeof(head) - 1) < 0 || write(2, name, len) < 0 || write(2, "\n", 1) < 0) _exit(1);
-    _exit(1);
-}
-
-static void watchdog_arm(const char *name, unsigned seconds) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = watchdog_fire;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGALRM, &sa, NULL);
-    g_test_name = name;
-    alarm(seconds);
-}
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -1256,7 +1222,7 @@ static void test_run_failure_stops_peers(void **state) {
             job.failing = failing[fi];
             job.delay_s = k < 2 ? 0.0 : 0.05;
             job.algo = algos[a];
-            watchdog_arm("test_run_failure_stops_peers", 60);
+            tu_watchdog_for("test_run_failure_stops_peers", 60);
             t0 = dsgd_now();
             rr = dsgd_strategy_run(s, fail_fast_fn, &job);
             elapsed = dsgd_now() - t0;
@@ -1456,11 +1422,11 @@ static void test_absent_replica_times_out(void **state) {
     s = strat_make(ctx, &d);
     memset(&job, 0, sizeof(job));
     job.absent = 3;
-    watchdog_arm("test_absent_replica_times_out", 20);
+    tu_watchdog_for("test_absent_replica_times_out", 20);
     t0 = dsgd_now();
     rr = dsgd_strategy_run(s, absent_fn, &job);
     elapsed = dsgd_now() - t0;
-    watchdog_arm("test_absent_replica_times_out (after the run)", 240);
+    tu_watchdog_for("test_absent_replica_times_out (after the run)", 240);
     msg = dsgd_ctx_last_error(ctx);
     printf("    absent replica 3: run -> %s after %.3f s: %s\n", dsgd_result_string(rr), elapsed, msg);
     for (r = 0; r < N - 1; ++r)
@@ -1504,9 +1470,9 @@ static void test_absent_replica_times_out(void **state) {
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_train_step(s, x, y, N, NULL));
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_eval_batch(s, x, y, N));
     TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_run(s, absent_fn, &job));
-    watchdog_arm("dsgd_strategy_destroy after a timeout", 20);
+    tu_watchdog_for("dsgd_strategy_destroy after a timeout", 20);
     dsgd_strategy_destroy(s);
-    watchdog_arm("test_absent_replica_times_out (after destroy)", 240);
+    tu_watchdog_for("test_absent_replica_times_out (after destroy)", 240);
     dsgd_ctx_destroy(ctx);
 }
 
@@ -1674,13 +1640,13 @@ static void test_bad_arguments(void **state) {
 
 static int watch_setup(void **state) {
     (void)state;
-    watchdog_arm("a test (global watchdog)", 240);
+    tu_watchdog_for("a test (global watchdog)", 240);
     return 0;
 }
 
 static int watch_teardown(void **state) {
     (void)state;
-    alarm(0);
+    tu_watchdog(0);
     return 0;
 }
 

@@ -1,4 +1,4 @@
-/* test_mirrored_workers.c - DSGD_STRATEGY_MULTI_WORKER_MIRRORED, with the
+/* test_strategy_sync_workers.c - DSGD_STRATEGY_MULTI_WORKER_MIRRORED, with the
    workers simulated in one process: one loopback hub of W ranks, one
    strategy per worker, each created and driven from its own thread with its
    contiguous share of the hub's endpoints (as each MPI process would hold
@@ -39,19 +39,15 @@
      into a missing directory is DSGD_ERR_IO on every worker, the other
      naming rank 0.
    - Misuse: no endpoints, non-contiguous ranks, MIRRORED over a larger
-     group, gradient_path DEVICE: DSGD_ERR_INVALID_ARGUMENT. */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+     group, gradient_path DEVICE: DSGD_ERR_INVALID_ARGUMENT.
+
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
 
 #include <pthread.h>
-#include <setjmp.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
-#include "test_util.h"
 
 enum { IN = 12, OUT = 4, W = 4, STEPS = 10, MAXB = 16, NP = IN * 10 + 10 + 10 * OUT + OUT };
 
@@ -214,16 +210,8 @@ static void reference(dsgd_allreduce_algo algo, float *params, dsgd_metrics *tra
     dsgd_ctx_destroy(ctx);
 }
 
-static void watchdog_fire(int sig) {
-    static const char msg[] = "\nwatchdog: test_mirrored_workers hung\n";
-    (void)sig;
-    if (write(2, msg, sizeof msg - 1) < 0) _exit(1);
-    _exit(1);
-}
-
 static void arm(void) {
-    signal(SIGALRM, watchdog_fire);
-    alarm(120);
+    tu_watchdog_for("a multi-worker test", 120);
 }
 
 static void init_workers(worker *ws, int nw, dsgd_allreduce_algo algo, int use_fn) {
@@ -278,7 +266,7 @@ static void test_bitwise_like_mirrored(void **state) {
     check_bitwise(DSGD_ALLREDUCE_HIERARCHICAL, two_two, 2, 0);
     check_bitwise(DSGD_ALLREDUCE_AUTO, one_three, 2, 0);
     g_ranks_per_node = 0;
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_chief_weights(void **state) {
@@ -297,7 +285,7 @@ static void test_chief_weights(void **state) {
         assert_int_equal(ws[r].create_res, DSGD_OK);
         assert_memory_equal(ws[1].params[r], ref, sizeof(ref));
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_description_mismatch(void **state) {
@@ -317,7 +305,7 @@ static void test_description_mismatch(void **state) {
     }
     assert_true(dsgd_now() - t0 < 10.0); /* no deadline waited out */
     printf("    mismatch: %s\n", ws[0].create_msg);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_agreed_failure(void **state) {
@@ -338,7 +326,7 @@ static void test_agreed_failure(void **state) {
         assert_memory_equal(ws[i].params[0], ws[0].params[0], sizeof(ws[0].params[0]));
         assert_memory_equal(ws[i].params[1], ws[0].params[0], sizeof(ws[0].params[0]));
     }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_misuse(void **state) {
@@ -508,7 +496,7 @@ static void test_checkpoint_across_workers(void **state) {
     if (!strstr(b[1].save_msg, "rank 0 failed writing the checkpoint")) fail_msg("worker 1: %s", b[1].save_msg);
     ck_expect_ok(b, 2, 0, 0);
     tu_rmdir_files(dir);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static int setup(void **state) {

@@ -24,14 +24,14 @@
    separate the policies.
 
    Writes build/sim/sync_vs_async.csv (run,step,time_s,loss,accuracy,
-   staleness,dropped; see examples/sim_common.h), the first 0.2 virtual
+   staleness,dropped; see experiments/sim_common.h), the first 0.2 virtual
    seconds of each run as a Chrome trace (build/sim/sync_vs_async_RUN.json:
    open in chrome://tracing or ui.perfetto.dev), and, when gnuplot is
    installed, build/sim/sync_vs_async.png. Prints each run's virtual time
    to 85% test accuracy. The same seed gives the same bytes.
 
    Run:  make sim      (all three experiments)
-   or:   ./build/examples/sync_vs_async_sim [--data PATH] [--out DIR] [--seed S] */
+   or:   ./build/experiments/sync_vs_async_sim [--data PATH] [--out DIR] [--seed S] */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
@@ -40,7 +40,7 @@
 #define WORKERS 16
 #define BATCH 8
 
-static const dsgd_layer_desc LAYERS[2] = {{64, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+static const dsgd_layer_desc LAYERS[2] = {{.units = 64, .activation = DSGD_ACT_RELU}, {.units = 10}};
 
 int main(int argc, char **argv) {
     const char *data_path = "examples/data/digits.csv", *out = "build/sim";

@@ -1,4 +1,4 @@
-/* test_central.c - the central-storage strategy (strategy_central.h).
+/* test_strategy_central.c - the central-storage strategy (strategy_central.h).
 
    The model is test_mirrored.c's small MLP (20 -> 16 relu -> 8 tanh -> 5,
    softmax cross-entropy, 517 parameters) on the tests' seeded data.
@@ -25,20 +25,12 @@
      batch) or the step fails with DSGD_ERR_NON_FINITE (ERROR).
    - gradient_path DEVICE is refused with a message; the kind's name.
 
-   Build: make test (or, from the repository root,
-   cc -std=c99 -I. tests/test_central.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
 #include <signal.h>
-#include <cmocka.h>
-
-#include "test_util.h"
 
 enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, MAXN = 4, B = 6, STEPS = 20 };
 
@@ -47,17 +39,6 @@ static const dsgd_layer_desc LAYERS[3] = {
     {8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
     {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO},
 };
-
-static void watchdog_fire(int sig) {
-    (void)sig;
-    fprintf(stderr, "test_central: watchdog: a test hung\n");
-    _exit(3);
-}
-
-static void watchdog_arm(unsigned seconds) {
-    signal(SIGALRM, watchdog_fire);
-    alarm(seconds);
-}
 
 static dsgd_strategy_desc strat_desc(dsgd_strategy_kind kind, int n, int max_batch, dsgd_optimizer_kind opt) {
     dsgd_strategy_desc d;
@@ -143,7 +124,7 @@ static void test_matches_mirrored_and_one_device(void **state) {
     float w[3][NPARAMS];
     int n, k;
     (void)state;
-    watchdog_arm(120);
+    tu_watchdog(120);
     for (n = 2; n <= MAXN; ++n)
         for (k = 0; k < 3; ++k) {
             run_case c;
@@ -162,14 +143,14 @@ static void test_matches_mirrored_and_one_device(void **state) {
             if (!(em <= tol) || !(e1 <= tol)) fail_msg("N=%d opt %d: relative errors %.3g, %.3g > %.0e", n, (int)opts[k], em, e1, tol);
             if (n == 2 && memcmp(w[0], w[1], sizeof(w[0])) != 0) fail_msg("N=2 opt %d: central and mirrored differ in bits", (int)opts[k]);
         }
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_bitwise_cases(void **state) {
     float w[3][NPARAMS];
     run_case c;
     (void)state;
-    watchdog_arm(120);
+    tu_watchdog(120);
     /* N = 1: one_device's bits */
     c.count = 2;
     c.d[0] = strat_desc(DSGD_STRATEGY_CENTRAL_STORAGE, 1, B, DSGD_OPT_ADAM);
@@ -188,7 +169,7 @@ static void test_bitwise_cases(void **state) {
     run_side_by_side(&c, w);
     assert_memory_equal(w[0], w[1], sizeof(w[0]));
     TU_NEAR(tu_rel_err(w[0], w[2], NPARAMS), 0.0, 1e-5);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_aggregation(void **state) {
@@ -200,7 +181,7 @@ static void test_aggregation(void **state) {
     tu_rng rng = tu_rng_make(77);
     int step;
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     a = strat_make(ctx, &da);
     b = strat_make(ctx, &db);
     TU_OK(ctx, dsgd_strategy_set_aggregation(a, "dense1/kernel", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
@@ -218,7 +199,7 @@ static void test_aggregation(void **state) {
     dsgd_strategy_destroy(a);
     dsgd_strategy_destroy(b);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_nonfinite(void **state) {
@@ -229,7 +210,7 @@ static void test_nonfinite(void **state) {
     dsgd_step_info info;
     tu_rng rng = tu_rng_make(8);
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     make_batch(&rng, x1, y1, 12);
     make_batch(&rng, x2, y2, 12);
     memcpy(xbad, x2, sizeof(xbad));
@@ -259,7 +240,7 @@ static void test_nonfinite(void **state) {
     TU_OK(ctx, dsgd_strategy_train_step(a, x1, y1, 12, NULL));
     dsgd_strategy_destroy(a);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_desc_and_name(void **state) {

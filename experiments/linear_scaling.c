@@ -26,7 +26,7 @@
    build/sim/linear_scaling.png.
 
    Run:  make sim      (prepares Fashion-MNIST as make demo does)
-   or:   ./build/examples/linear_scaling [--data DIR] [--out DIR] [--epochs E]
+   or:   ./build/experiments/linear_scaling [--data DIR] [--out DIR] [--epochs E]
            [--warmup-epochs W] [--lr LR at batch 256] [--seed S] */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
@@ -36,7 +36,7 @@
 #define WORKERS 8
 #define NB 6
 
-static const dsgd_layer_desc LAYERS[2] = {{64, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+static const dsgd_layer_desc LAYERS[2] = {{.units = 64, .activation = DSGD_ACT_RELU}, {.units = 10}};
 
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist", *out = "build/sim";

@@ -1,4 +1,4 @@
-/* test_backend.c - the CPU reference backend through its vtable.
+/* test_backend_cpu.c - the CPU reference backend through its vtable.
 
    Every operation is checked against values computed here on the host:
    - gemm against a naive double-precision triple loop, in all four transpose
@@ -26,18 +26,9 @@
      and the portable kernels give the same bits; every bad window and
      range is DSGD_ERR_INVALID_ARGUMENT and writes nothing.
 
-   Build: make test (or cc -std=c99 tests/test_backend.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 /* ---------------------------------------------------------------- fixture */
 

@@ -1,4 +1,4 @@
-/* test_cl.c - the OpenCL backend (distsgd_cl.h) against the CPU reference.
+/* test_cl_backend.c - the OpenCL backend (distsgd_cl.h) against the CPU reference.
 
    Every test calls skip() when no OpenCL device is found (reported as
    skipped, not passed). Otherwise each operation runs on both backends from
@@ -34,21 +34,12 @@
    the tuned parameters) are compiled; PoCL caches them in POCL_CACHE_DIR
    (the Makefile sets build/pocl-cache), so later runs take seconds.
 
-   Build: make test, or
-     cc -std=c99 tests/test_cl.c $(pkg-config --cflags --libs OpenCL clblast) -lcmocka -lm -lpthread */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#define DISTSGD_CL_IMPLEMENTATION
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 #include "../distsgd_cl.h"
 
 #include <pthread.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
 
 #include <sys/stat.h>
 
@@ -1511,9 +1502,9 @@ static void test_tune_cache_roundtrip_and_corrupt(void **state) {
     /* a FIFO with no writer: an error at once (fopen blocked here forever) */
     snprintf(path, sizeof path, "%s/fifo", dir);
     assert_int_equal(mkfifo(path, 0600), 0);
-    alarm(10); /* SIGALRM's default action ends the test program instead of a hang */
+    tu_watchdog(10); /* SIGALRM's default action ends the test program instead of a hang */
     TU_ERR(G.ctx, DSGD_ERR_IO, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
-    alarm(0);
+    tu_watchdog(0);
     EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "not a regular file");
     unlink(path);
     tu_rmdir(dir); /* best effort: sub/dir stays behind in /tmp */

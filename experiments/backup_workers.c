@@ -12,7 +12,7 @@
    SEEDS seeds (the seed sets the weights, the batches and the compute
    times). Sync rows use SGD with momentum 0.9 at lr 0.1 x N / 16 (the
    linear scaling rule for the N x 8 samples a step averages); async uses
-   lr 0.05 without momentum, as examples/sync_vs_async_sim.c.
+   lr 0.05 without momentum, as experiments/sync_vs_async_sim.c.
 
    The trade-off: a larger b makes each step shorter (it ends at the N-th
    of P arrivals: mean 10 ms + 10 ms x (H_P - H_b)) but averages fewer
@@ -26,7 +26,7 @@
    when gnuplot is installed, build/sim/backup_workers.png.
 
    Run:  make sim      (all three experiments)
-   or:   ./build/examples/backup_workers [--data PATH] [--out DIR] [--seeds K] */
+   or:   ./build/experiments/backup_workers [--data PATH] [--out DIR] [--seeds K] */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
@@ -35,7 +35,7 @@
 #define BATCH 8
 #define MAX_SEEDS 16
 
-static const dsgd_layer_desc LAYERS[2] = {{64, DSGD_ACT_RELU, DSGD_INIT_AUTO}, {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+static const dsgd_layer_desc LAYERS[2] = {{.units = 64, .activation = DSGD_ACT_RELU}, {.units = 10}};
 static const int PS_[2] = {8, 16};
 static const int BS[4] = {0, 1, 2, 4};
 

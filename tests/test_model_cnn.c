@@ -1,4 +1,4 @@
-/* test_cnn.c - the built-in network's image layers (conv2d and max-pool) on the CPU backend.
+/* test_model_cnn.c - the built-in network's image layers (conv2d and max-pool) on the CPU backend.
 
    The network: input 7x6x2 (NHWC), conv2d 3x3 pad 1 x4 relu, max-pool 2
    (7x6 -> 3x3), conv2d 2x2 stride 1 x3 tanh, dense 5, softmax
@@ -14,17 +14,11 @@
    - MIRRORED N = 3 x B equals ONE_DEVICE N*B within 1e-5 (SGD, 10 steps).
    - Misuse: no input_shape, a product other than input_dim, a window
      larger than its input, a negative stride, zero filters, an unknown
-     kind, a backend without the image operations: DSGD_ERR_INVALID_ARGUMENT. */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+     kind, a backend without the image operations: DSGD_ERR_INVALID_ARGUMENT.
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
+#include "harness.h"
 
 enum { H = 7, W = 6, C = 2, F1 = 4, F2 = 3, OUT = 5, IN = H * W * C };
 

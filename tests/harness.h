@@ -1,22 +1,108 @@
-/* test_util.h - small helpers shared by the distsgd tests (static functions only).
+/* tests/harness.h - the prelude and helpers of every distsgd cmocka test.
 
-   Include after "../distsgd.h" and <cmocka.h>. The including file defines
-   _POSIX_C_SOURCE 200809L before any header (for mkdtemp and dirent). */
-#ifndef DSGD_TEST_UTIL_H
-#define DSGD_TEST_UTIL_H
+   A test file starts with
+
+       #include "harness.h"          (first: it sets _POSIX_C_SOURCE)
+       #include "../distsgd_cl.h"    (only the OpenCL tests)
+
+   and is compiled WITHOUT the implementation macros: make links it against
+   the library compiled once per build variant (plain, ASan+UBSan, TSan), as
+   a user's second translation unit is. A test that needs the implementation's
+   private parts defines DISTSGD_IMPLEMENTATION before this include and says
+   "distsgd-test: own-implementation" in its first comment (make then links
+   no library object into it).
+
+   Markers the Makefile reads from a test's first comment:
+       distsgd-test: tsan                 also built and run under TSan
+       distsgd-test: own-implementation   compiles the library itself
+   A test that includes distsgd_cl.h is built with OpenCL and CLBlast and
+   linked against the OpenCL add-on's object too.
+
+   Helpers are static functions (TU_FN) and macros prefixed TU_ / tu_. */
+#ifndef DSGD_TEST_HARNESS_H
+#define DSGD_TEST_HARNESS_H
+
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, nanosleep, clock_gettime under -std=c99 */
+#endif
 
 #include <dirent.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+#include <cmocka.h>
+
+#include "../distsgd.h"
 
 #if defined(__GNUC__) || defined(__clang__)
 #define TU_FN static __attribute__((unused))
 #else
 #define TU_FN static
 #endif
+
+/* TU_TSAN: 1 when built with ThreadSanitizer (about 10x slower: tests use it
+   to shrink their largest cases). */
+#if defined(__SANITIZE_THREAD__)
+#define TU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TU_TSAN 1
+#endif
+#endif
+#ifndef TU_TSAN
+#define TU_TSAN 0
+#endif
+
+/* TU_ASAN: 1 when built with AddressSanitizer (about 2x slower: statistical
+   tests take smaller samples there; the plain build checks the statistics
+   at full size). */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_ASAN 1
+#endif
+#endif
+#ifndef TU_ASAN
+#define TU_ASAN 0
+#endif
+
+/* ---------------------------------------------------------------- watchdog */
+
+/* A hung test must fail the run, not block it: tu_watchdog(s) arms SIGALRM
+   for s seconds (4 s under TSan), 0 disarms; when it fires, the program
+   writes what hung (tu_watchdog_for's `what`, else the binary) and exits
+   98. Worker threads never call cmocka's asserts (they longjmp), so a stuck
+   rank shows up here. */
+static char tu_watchdog_what_[160];
+
+TU_FN void tu_watchdog_fire_(int sig) {
+    static const char head[] = "\nwatchdog: a test hung: ";
+    (void)sig;
+    if (write(2, head, sizeof head - 1) < 0) _exit(98);
+    if (write(2, tu_watchdog_what_, strlen(tu_watchdog_what_)) < 0) _exit(98);
+    if (write(2, "\n", 1) < 0) _exit(98);
+    _exit(98);
+}
+
+TU_FN void tu_watchdog_for(const char *what, unsigned seconds) {
+    snprintf(tu_watchdog_what_, sizeof tu_watchdog_what_, "%s", what ? what : "(unnamed)");
+    if (seconds) signal(SIGALRM, tu_watchdog_fire_);
+    alarm(TU_TSAN ? seconds * 4 : seconds);
+}
+
+TU_FN void tu_watchdog(unsigned seconds) { tu_watchdog_for(NULL, seconds); }
 
 /* ---------------------------------------------------------------- asserts */
 
@@ -213,4 +299,4 @@ TU_FN int tu_find_repo_file(const char *rel, char *out, size_t cap) {
     return 0;
 }
 
-#endif /* DSGD_TEST_UTIL_H */
+#endif /* DSGD_TEST_HARNESS_H */

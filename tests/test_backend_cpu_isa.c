@@ -1,4 +1,4 @@
-/* test_cpu_isa.c - the CPU backend's run-time kernels (CPU KERNELS in
+/* test_backend_cpu_isa.c - the CPU backend's run-time kernels (CPU KERNELS in
    distsgd/backend.h).
 
    Every kernel this machine supports is forced through DSGD_CPU_ISA (the
@@ -27,18 +27,11 @@
    With DSGD_USE_CBLAS the GEMM's order is OpenBLAS's: only its accuracy is
    checked.
 
-   Build: make test (or cc -std=c99 tests/test_cpu_isa.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
-
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include "test_util.h"
+   Build: make test (this file compiles the implementation itself: it reads
+   the CPU backend's private kernel table).
+   distsgd-test: own-implementation */
+#define DISTSGD_IMPLEMENTATION /* the kernels' table and private helpers */
+#include "harness.h"
 
 #define NKERNELS ((int)(sizeof(dsgd__cpu_kernels) / sizeof(dsgd__cpu_kernels[0])))
 

@@ -1,4 +1,4 @@
-/* test_cluster.c - the cluster coordinator (distsgd/coordinator.h) over the
+/* test_coordinator.c - the cluster coordinator (distsgd/coordinator.h) over the
    parameter-server engine.
 
    The model is a small MLP (20 -> 16 relu -> 8 tanh -> 5, softmax
@@ -41,21 +41,13 @@
      (examples/sync_vs_async.c checks >= 85% on Fashion-MNIST.)
    - Bad arguments and calls out of order return their codes.
 
-   Build: make test (or, from the repository root,
-   cc -std=c99 -I. tests/test_cluster.c -lcmocka -lm -lpthread). */
-#define _POSIX_C_SOURCE 200809L
-#define DISTSGD_IMPLEMENTATION
-#include "../distsgd.h"
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
 
-#include <stdarg.h>
-#include <stddef.h>
-#include <setjmp.h>
-#include <stdint.h>
 #include <signal.h>
 #include <time.h>
-#include <cmocka.h>
-
-#include "test_util.h"
 
 enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, NBATCH = 64 };
 
@@ -66,17 +58,6 @@ static const dsgd_layer_desc LAYERS[3] = {
 };
 
 static float g_x[NBATCH][B * IN], g_y[NBATCH][B];
-
-static void watchdog_fire(int sig) {
-    (void)sig;
-    fprintf(stderr, "test_cluster: watchdog: a test hung\n");
-    _exit(3);
-}
-
-static void watchdog_arm(unsigned seconds) {
-    signal(SIGALRM, watchdog_fire);
-    alarm(seconds);
-}
 
 static void make_data(void) {
     tu_rng r = tu_rng_make(31337);
@@ -162,7 +143,7 @@ static void test_async_one_worker_bitwise(void **state) {
     dsgd_ctx *ctx = tu_ctx();
     int k, i;
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     for (k = 0; k < 2; ++k) {
         dsgd_cluster_desc d = cluster_desc(2, 1, DSGD_PS_ASYNC, opts[k]);
         dsgd_model_desc md = model_desc();
@@ -203,7 +184,7 @@ static void test_async_one_worker_bitwise(void **state) {
         dsgd_cluster_destroy(c);
     }
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_sync_pinned_matches_mirrored(void **state) {
@@ -217,7 +198,7 @@ static void test_sync_pinned_matches_mirrored(void **state) {
     int step, w;
     double err;
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     c = cluster_make(ctx, &d);
     memset(jobs, 0, sizeof(jobs));
     for (step = 0; step < 10; ++step)
@@ -248,7 +229,7 @@ static void test_sync_pinned_matches_mirrored(void **state) {
     dsgd_strategy_destroy(s);
     dsgd_cluster_destroy(c);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Summation only (desc.ps.apply ON_WORKERS): the servers only sum, each
@@ -289,7 +270,7 @@ static void test_sum_only(void **state) {
     float on_servers[NPARAMS], on_workers[NPARAMS], p0[NPARAMS];
     int k, i;
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     TU_OK(ctx, dsgd_model_create(ctx, &md, &fresh));
     TU_OK(ctx, dsgd_model_get_params(fresh, p0, NPARAMS));
     for (k = 0; k < 2; ++k) {
@@ -332,7 +313,7 @@ static void test_sum_only(void **state) {
     }
     dsgd_model_destroy(fresh);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_every_closure_once(void **state) {
@@ -343,7 +324,7 @@ static void test_every_closure_once(void **state) {
     static job jobs[N];
     int i, s, b;
     (void)state;
-    watchdog_arm(120);
+    tu_watchdog(120);
     c = cluster_make(ctx, &d);
     memset(jobs, 0, sizeof(jobs));
     for (i = 0; i < N; ++i) {
@@ -369,7 +350,7 @@ static void test_every_closure_once(void **state) {
     }
     dsgd_cluster_destroy(c);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_failing_closure(void **state) {
@@ -379,7 +360,7 @@ static void test_failing_closure(void **state) {
     job jobs[14];
     int i;
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     c = cluster_make(ctx, &d);
     memset(jobs, 0, sizeof(jobs));
     for (i = 0; i < 10; ++i) {
@@ -418,7 +399,7 @@ static void test_failing_closure(void **state) {
     TU_OK(ctx, dsgd_cluster_shutdown(c));
     dsgd_cluster_destroy(c);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_lost_workers(void **state) {
@@ -429,7 +410,7 @@ static void test_lost_workers(void **state) {
     static job jobs[N];
     int i;
     (void)state;
-    watchdog_arm(120);
+    tu_watchdog(120);
     c = cluster_make(ctx, &d);
     memset(jobs, 0, sizeof(jobs));
     /* between closures: worker 1 is lost after the first 10 */
@@ -474,7 +455,7 @@ static void test_lost_workers(void **state) {
     TU_ERR(ctx, DSGD_ERR_ABORTED, dsgd_cluster_schedule(c, train_closure, &jobs[1], NULL));
     dsgd_cluster_destroy(c);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* A transport whose server-1 endpoint dies after a number of probes: every
@@ -515,7 +496,7 @@ static void test_server_dies(void **state) {
     double t0;
     int i;
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     TU_OK(ctx, dsgd_loopback_create(ctx, P + W, &hub));
     for (i = 0; i < P + W; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
     dy.inner = eps[1];
@@ -547,7 +528,7 @@ static void test_server_dies(void **state) {
     dsgd_cluster_destroy(c);
     dsgd_loopback_destroy(hub);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Per-worker datasets: sample i has x[0] = i. Each closure records the
@@ -594,7 +575,7 @@ static void test_per_worker_dataset(void **state) {
     int count, e, i, hits[DS_N], same_order = 1;
     tu_rng r = tu_rng_make(5);
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     TU_OK(ctx, dsgd_dataset_alloc(ctx, DS_N, IN, 1, OUT, &ds));
     for (i = 0; i < DS_N; ++i) {
         tu_fill(&r, ds.x + (size_t)i * IN, IN, -1.0f, 1.0f);
@@ -635,7 +616,7 @@ static void test_per_worker_dataset(void **state) {
     assert_int_equal(dsgd_cluster_worker_next_batch(NULL, &x, &y, &count, NULL), DSGD_ERR_INVALID_ARGUMENT);
     dsgd_dataset_free(&ds);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 /* Convergence: async parameter servers train the vendored UCI digits. */
@@ -663,7 +644,7 @@ static void test_async_converges_on_digits(void **state) {
     size_t k, closures;
     double acc;
     (void)state;
-    watchdog_arm(120);
+    tu_watchdog(120);
     if (!tu_find_repo_file("examples/data/digits.csv", path, sizeof path))
         fail_msg("examples/data/digits.csv not found (run from the repository root)");
     memset(&cd, 0, sizeof(cd));
@@ -704,7 +685,7 @@ static void test_async_converges_on_digits(void **state) {
     dsgd_dataset_free(&train);
     dsgd_dataset_free(&test);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 static void test_bad_arguments(void **state) {
@@ -717,7 +698,7 @@ static void test_bad_arguments(void **state) {
     int i;
     job j;
     (void)state;
-    watchdog_arm(60);
+    tu_watchdog(60);
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cluster_create(ctx, &d, &c));
     assert_null(c);
     assert_non_null(strstr(dsgd_ctx_last_error(ctx), "0 servers"));
@@ -750,7 +731,7 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(dsgd_cluster_join(NULL), DSGD_ERR_INVALID_ARGUMENT);
     dsgd_loopback_destroy(hub);
     dsgd_ctx_destroy(ctx);
-    alarm(0);
+    tu_watchdog(0);
 }
 
 int main(void) {
