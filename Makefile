@@ -246,6 +246,7 @@ check-header: $(HEADER_CHECKS)
 # also as C++20, and runs), unless marked as fragments (tools/check_docs_md.py).
 check-docs:
 	$(PYTHON) tools/check_docs.py $(HEADERS)
+	$(PYTHON) tools/check_docs_md.py README.md $(wildcard docs/*.md)
 
 # The files a user vendors or reads (distsgd/, the maps, single_include/,
 # README.md, docs/) name no tracker issue, no path outside the repository
@@ -267,7 +268,7 @@ check-parts:
 # checks as soon as each is built; the scripts (the MPI suite, the SMPI
 # comparison) run last, alone. test-run then prints every output in order
 # and the summary.
-CHECKS := test-build check-amalgamation check-docs check-parts compile-matrix test-consumers
+CHECKS := test-build check-amalgamation check-docs check-refs check-parts compile-matrix test-consumers
 RUN_BINS = $(TSAN_TESTS) $(ASAN_TESTS) $(TESTS) $(SOAK)
 run_res = $(patsubst $(BUILD)/%,$(BUILD)/run/%.res,$(1))
 RUN_RESULTS = $(call run_res,$(RUN_BINS))
