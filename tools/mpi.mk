@@ -97,10 +97,10 @@ $(MPI_BUILD)/lib/%.o: distsgd_mpi.h $(HEADERS)
 	$(call mpi_lib_cc,$*) $(CPPFLAGS) $(CFLAGS) $(call mpi_lib_defs,$*) -x c -c $< -o $@
 .SECONDARY: $(addprefix $(MPI_BUILD)/lib/,distsgd_mpi.o distsgd_mpi_pieces.o distsgd_mpi_mpich.o)
 
-# $(call mpi_program,COMPILER[,DEFINES]): $@ from its first prerequisite and
-# the objects among the others (a configuration macro such as
-# DSGD_MPI_SHARE_BYTES is given to every file, as the library asks).
-mpi_program = @mkdir -p $(@D)$(newline)$(1) $(CPPFLAGS) $(CFLAGS) $(2) $< $(filter %.o,$^) -o $@ $(LDFLAGS) $(LDLIBS)
+# $(call mpi_program,COMPILER[,DEFINES]): the Makefile's program rule with an
+# MPI compiler (a configuration macro such as DSGD_MPI_SHARE_BYTES is given
+# to every file, as the library asks).
+mpi_program = $(call program,$(1),$(CFLAGS) $(2))
 MPI_CORE = $(BUILD)/lib/distsgd.o
 
 $(MPI_BUILD)/mpi_collectives: tests/mpi_collectives.c tests/coll_ref.h $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
@@ -149,7 +149,8 @@ mpi_check_cc = $(word 1,$(subst ., ,$(1)))
 mpi_check_std = $(word 2,$(subst ., ,$(1)))
 $(BUILD)/check/distsgd_mpi.%.ok: distsgd_mpi.h $(HEADERS)
 	@mkdir -p $(@D)
-	$(call mpi_check_cc,$*) -std=$(call mpi_check_std,$*) $(CHECK_WARN) $(CPPFLAGS) $(MPI_CFLAGS) \
+	$(call mpi_check_cc,$*) -std=$(call mpi_check_std,$*) $(CHECK_WARN) $(call check_opt,$(call mpi_check_cc,$*)) \
+	    $(CPPFLAGS) $(MPI_CFLAGS) \
 	    -DDISTSGD_IMPLEMENTATION -DDISTSGD_MPI_IMPLEMENTATION \
 	    -x $(if $(findstring ++,$(call mpi_check_std,$*)),c++,c) -c distsgd_mpi.h -o /dev/null
 	@touch $@
