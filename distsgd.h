@@ -134,7 +134,10 @@
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
 #include "distsgd/variables.h"        /* aggregation and synchronization of distributed variables */
 #include "distsgd/sharding.h"         /* partitioners and the shard map of the parameter servers */
-#include "distsgd/ps.h"               /* the parameter-server engine: servers apply pushes, workers pull and push */
+#include "distsgd/ps.h"               /* the parameter servers' protocol: desc, header, the policy and placement tables */
+#include "distsgd/ps_checkpoint.h"    /* the parameter servers' checkpoint format and its checks */
+#include "distsgd/ps_server.h"        /* a parameter server: applies pushes (or sums), answers pulls */
+#include "distsgd/ps_worker.h"        /* a parameter-server worker: pull, push, finish */
 #include "distsgd/coordinator.h"      /* the cluster coordinator: closures scheduled on workers */
 #include "distsgd/tf_config.h"        /* TF_CONFIG: the cluster and this task, parsed with TF's rules */
 #include "distsgd/strategy.h"         /* strategies, replicas, distributed variables, metrics */

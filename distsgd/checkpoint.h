@@ -50,10 +50,17 @@
      (dsgd_ps_server_save); a section per process is never needed.
 
      Writing is atomic: the image goes to a temporary file beside path
-     (path.XXXXXX, mode 0600), which is flushed to disk (fsync), renamed
-     over path, and the directory is flushed too. A crash at any point
-     leaves either the old checkpoint or the new one under path (and at
-     worst a stray temporary file).
+     (path.tmp.HOST.PID.XXXXXX, mode 0600: HOST this machine's name with
+     every character but letters, digits and '-' made '_', PID the writing
+     process), which is flushed to disk (fsync), renamed over path, and the
+     directory is flushed too. A crash at any point leaves either the old
+     checkpoint or the new one under path, and at worst that temporary
+     file. The next save to path removes such leftovers first: each
+     temporary of path named for this machine whose process no longer
+     exists. A temporary of a live process (another save to path under
+     way, in this process or another), one named for another machine
+     (whose processes this one cannot see) and every other file are left
+     alone; a leftover that cannot be removed is left too, silently.
 */
 #ifndef DSGD__PART_CHECKPOINT_DECL
 #define DSGD__PART_CHECKPOINT_DECL
@@ -361,22 +368,103 @@ static void dsgd__ckw_end(dsgd__ck_writer *w) {
     w->nsec++;
 }
 
-/* Writes data to path atomically (see CHECKPOINTS): a temporary file beside
-   it, fsync, rename, fsync of the directory. */
+/* >>atomic-write ------------------------------------------------------------ */
+
+#include <dirent.h>
+#include <signal.h>
+
+/* This machine's name as it goes into temporary names: letters, digits and
+   '-' kept, anything else '_', at most 64 characters ("unknown" when the
+   system will not say). It holds no '.', so a name parses from its dots. */
+static void dsgd__ck_host(char out[65]) {
+    char h[256];
+    size_t i;
+    if (gethostname(h, sizeof(h) - 1) != 0 || h[0] == '\0') strcpy(h, "unknown");
+    h[sizeof(h) - 1] = '\0';
+    for (i = 0; h[i] && i < 64; ++i) {
+        char ch = h[i];
+        int keep = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-';
+        out[i] = keep ? ch : '_';
+    }
+    out[i] = '\0';
+}
+
+/* The writer's pid if name is a temporary of ours for the file base on host
+   (base.tmp.host.pid.XXXXXX, the mkstemp suffix letters and digits), else 0. */
+static pid_t dsgd__ck_temp_pid(const char *name, const char *base, const char *host) {
+    size_t bl = strlen(base), hl = strlen(host), i, nd;
+    const char *p = name;
+    long pid = 0;
+    if (strncmp(p, base, bl) != 0 || strncmp(p + bl, ".tmp.", 5) != 0) return 0;
+    p += bl + 5;
+    if (strncmp(p, host, hl) != 0 || p[hl] != '.') return 0;
+    p += hl + 1;
+    for (nd = 0; p[nd] >= '0' && p[nd] <= '9'; ++nd) {
+        if (nd == 9 || (nd == 0 && p[0] == '0')) return 0; /* no leading zero; under 10^9 */
+        pid = pid * 10 + (p[nd] - '0');
+    }
+    if (nd == 0 || p[nd] != '.') return 0;
+    p += nd + 1;
+    for (i = 0; i < 6; ++i)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9')))
+            return 0;
+    if (p[6] != '\0' || (long)(pid_t)pid != pid) return 0;
+    return (pid_t)pid;
+}
+
+/* Removes the temporaries that killed writers of base (in dir) left behind:
+   those of this machine whose process no longer exists. A live writer's,
+   another machine's and any other file stay. Best effort: a directory that
+   cannot be read, or a file that cannot be removed, is left as it is. */
+static void dsgd__ck_remove_stale(const char *dir, const char *base, const char *host) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    size_t dl = strlen(dir);
+    if (!d) return;
+    while ((e = readdir(d)) != NULL) {
+        pid_t pid = dsgd__ck_temp_pid(e->d_name, base, host);
+        char *full;
+        if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue; /* not ours, alive, or not ours to know */
+        if (!(full = (char *)DSGD_MALLOC(dl + strlen(e->d_name) + 2))) continue;
+        memcpy(full, dir, dl);
+        full[dl] = '/';
+        strcpy(full + dl + 1, e->d_name);
+        unlink(full);
+        DSGD_FREE(full);
+    }
+    closedir(d);
+}
+
+/* Writes data to path atomically (see CHECKPOINTS): first the stale
+   temporaries of path go, then a temporary file beside it, fsync, rename,
+   fsync of the directory. */
 static dsgd_result dsgd__write_atomic(dsgd_ctx *ctx, const char *what, const char *path, const void *data,
                                       size_t len) {
-    size_t plen = strlen(path), done = 0;
-    char *tmp = (char *)dsgd__alloc(ctx, plen + 8, what), *dir;
-    const char *slash;
+    size_t plen = strlen(path), done = 0, cap;
+    char host[65], *tmp, *dir;
+    const char *slash = strrchr(path, '/');
     dsgd_result r = DSGD_OK;
     int fd, dfd, e;
-    if (!tmp) return DSGD_ERR_OUT_OF_MEMORY;
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".XXXXXX", 8);
+    dsgd__ck_host(host);
+    cap = plen + 5 + strlen(host) + 1 + 20 + 8; /* path.tmp.host.pid.XXXXXX */
+    if (!(tmp = (char *)dsgd__alloc(ctx, cap, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    if (!(dir = (char *)dsgd__alloc(ctx, plen + 2, what))) {
+        DSGD_FREE(tmp);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else {
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = '\0';
+    }
+    dsgd__ck_remove_stale(dir, slash ? slash + 1 : path, host);
+    snprintf(tmp, cap, "%s.tmp.%s.%ld.XXXXXX", path, host, (long)getpid());
     if ((fd = mkstemp(tmp)) < 0) {
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot create a temporary file beside it: %s", what, path,
                                strerror(errno));
         DSGD_FREE(tmp);
+        DSGD_FREE(dir);
         return r;
     }
     while (done < len) {
@@ -393,27 +481,16 @@ static dsgd_result dsgd__write_atomic(dsgd_ctx *ctx, const char *what, const cha
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot put %s in its place: %s", what, path, tmp,
                                strerror(errno));
     }
-    if (r != DSGD_OK) {
-        unlink(tmp);
-        DSGD_FREE(tmp);
-        return r;
-    }
+    if (r != DSGD_OK) unlink(tmp);
     /* the rename is durable once the directory is */
-    dir = tmp;
-    slash = strrchr(path, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == path) strcpy(dir, "/");
-    else {
-        memcpy(dir, path, (size_t)(slash - path));
-        dir[slash - path] = '\0';
-    }
-    if ((dfd = open(dir, O_RDONLY)) >= 0) {
+    if (r == DSGD_OK && (dfd = open(dir, O_RDONLY)) >= 0) {
         if (fsync(dfd) != 0 && errno != EINVAL && errno != EBADF) /* some file systems cannot sync a directory */
             r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot flush directory %s: %s", what, path, dir,
                                    strerror(errno));
         close(dfd);
     }
     DSGD_FREE(tmp);
+    DSGD_FREE(dir);
     return r;
 }
 

@@ -174,7 +174,10 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full);
      dsgd_cluster_num_params    floats of the flat parameter buffer
      dsgd_cluster_shard_map     the map the servers use
      dsgd_cluster_workers_alive workers not lost or failed (a worker is
-                                lost from dsgd_cluster_kill_worker on)
+                                lost from dsgd_cluster_kill_worker on; it
+                                fails when its engine fails or a failed
+                                server stops it); after shutdown, those
+                                that said goodbye cleanly still count
    and the engine's counters of server s and worker w (zeros for c or out
    NULL; a server's only after shutdown).
    Errors: none. Thread safety: the coordinator, between closures (the
@@ -279,6 +282,8 @@ struct dsgd_cluster_worker {
     int started;
     int killed;      /* atomic: set by dsgd_cluster_kill_worker */
     int gone;        /* under mu: the thread stopped taking closures */
+    int retired;     /* under mu: it left at shutdown, neither lost nor
+                        failed, and said goodbye (it still counts as alive) */
     int final;       /* apply ON_WORKERS: its copy holds every published mean
                         (written by its thread before it ends) */
     dsgd__cl_queue own; /* under mu: closures scheduled on this worker */
@@ -476,6 +481,11 @@ static void *dsgd__cluster_worker_main(void *arg) {
     if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd_ps_worker_failed(w->psw))
         w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
     if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
+    if (last && !dsgd_ps_worker_failed(w->psw)) { /* a clean goodbye: still alive for the getter */
+        pthread_mutex_lock(&c->mu);
+        w->retired = 1;
+        pthread_mutex_unlock(&c->mu);
+    }
     return NULL;
 }
 
@@ -901,8 +911,9 @@ DSGD_API int dsgd_cluster_workers_alive(dsgd_cluster *c) {
     if (!c) return 0;
     pthread_mutex_lock(&c->mu);
     /* a killed worker is lost from the kill on, even before its thread
-       notices and leaves */
-    for (i = 0; i < c->W; ++i) n += !c->workers[i].gone && !dsgd__cluster_killed(&c->workers[i]);
+       notices and leaves; one that left at shutdown without failing counts */
+    for (i = 0; i < c->W; ++i)
+        n += (!c->workers[i].gone || c->workers[i].retired) && !dsgd__cluster_killed(&c->workers[i]);
     pthread_mutex_unlock(&c->mu);
     return n;
 }

@@ -27,8 +27,10 @@
      another name is refused too, since no rank could be given to it); a job
      is an array of strings (TF's sparse {"index": address} form is not
      read); at most one chief and at most one evaluator; the task's type is
-     a job of the cluster (the evaluator's too, as in TF's
-     _validate_cluster_spec); its index is an integer below the job's size
+     a job of the cluster (TF's _validate_cluster_spec lets a missing
+     evaluator pass, but TF's worker_count then refuses it, and
+     num_workers_total is that count, so it is refused here at once); its
+     index is an integer below the job's size
      (1.0, 1e0, -1 and anything above INT_MAX are refused); a cluster with
      jobs needs a task, and a task needs both "type" and "index"; a key
      given twice in the top level, "cluster" or "task" is refused (Python
@@ -48,8 +50,11 @@
    THE RANK LAYOUT. The chief (if any) is rank 0, then the workers in order,
    then the parameter servers: rank = chief + index for a worker, chief +
    workers + index for a ps (TF's id_in_cluster for chief and worker).
-   num_workers_total = chiefs + workers (TF's worker_count). The evaluator
-   stands apart (its own cluster, as in TF): its rank is its index.
+   num_workers_total = chiefs + workers (TF's worker_count; for a ps, which
+   TF's worker_count refuses, the same count of the training cluster). The
+   evaluator stands apart, in a cluster of its own as in TF: rank 0 (TF's
+   id_in_cluster, its index, and there is at most one) of num_workers_total
+   1 (TF's worker_count for it: the size of the "evaluator" job).
    is_chief is TF's multi_worker_util.is_chief: the chief task, the
    evaluator, or worker 0 when the cluster has no chief.
 */
@@ -81,7 +86,7 @@ typedef struct dsgd_cluster_config {
     int task_index;                          /* 0 with no task */
     char *rpc_layer;                         /* NULL when absent or null */
     int rank;                                /* see THE RANK LAYOUT; 0 with no task */
-    int num_workers_total;                   /* chiefs + workers; 1 with no task */
+    int num_workers_total;                   /* chiefs + workers; 1 for the evaluator and with no task */
     int is_chief;                            /* 1 or 0; 1 with no task */
     void *storage;                           /* private: the one block that holds the rest */
 } dsgd_cluster_config;
@@ -590,7 +595,10 @@ static void dsgd__tfc_check(dsgd__tfc *p) {
     if (p->rule[0]) return;
     t = (int)c->task_type;
     if (c->num_tasks[t] == 0) {
-        dsgd__tfc_rule(p, "TF_CONFIG: the task's type \"%s\" is not a job of the cluster", dsgd__tfc_names[t]);
+        /* TF's cluster check exempts the evaluator; its worker_count, which
+           num_workers_total is, does not */
+        dsgd__tfc_rule(p, "TF_CONFIG: the task's type \"%s\" is not a job of the cluster%s", dsgd__tfc_names[t],
+                       t == DSGD_TASK_EVALUATOR ? " (TF's worker_count refuses that)" : "");
         return;
     }
     if (c->task_index >= c->num_tasks[t]) {
@@ -603,7 +611,11 @@ static void dsgd__tfc_check(dsgd__tfc *p) {
     case DSGD_TASK_CHIEF: c->rank = 0; c->is_chief = 1; break;
     case DSGD_TASK_WORKER: c->rank = chiefs + c->task_index; c->is_chief = chiefs == 0 && c->task_index == 0; break;
     case DSGD_TASK_PS: c->rank = chiefs + workers + c->task_index; c->is_chief = 0; break;
-    default: c->rank = c->task_index; c->is_chief = 1; break; /* the evaluator */
+    default: /* the evaluator: a cluster of its own, of the one evaluator */
+        c->rank = c->task_index;
+        c->num_workers_total = c->num_tasks[DSGD_TASK_EVALUATOR];
+        c->is_chief = 1;
+        break;
     }
 }
 

@@ -19,7 +19,7 @@
    every push on arrival; sync averages one gradient per worker per step;
    ssp bounds the lead by --staleness s (default 2); backup takes the first
    W - b gradients of each step (--backups b, default 1) and the workers
-   stop on the servers' version, as TF's do on the global step. The learning
+   stop on the global step, as TF's do. The learning
    rate follows the linear scaling rule for the batch one update averages (B
    for async, W B for sync, W B / (s + 1) for ssp, (W - b) B for backup),
    with half an epoch of warmup and a cosine decay, as examples/sync_vs_async.c.
@@ -94,15 +94,6 @@ typedef struct job {
 static void die(dsgd_ctx *ctx, const char *who, int index, const char *what) {
     fprintf(stderr, "ps_mpi: %s %d: %s: %s\n", who, index, what, ctx ? dsgd_ctx_last_error(ctx) : "");
     dsgd_mpi_abort(1);
-}
-
-/* The smallest version among the servers this worker last read. */
-static int64_t min_version(const dsgd_ps_worker *pw, int servers) {
-    int64_t v = dsgd_ps_worker_version(pw, 0);
-    int s;
-    for (s = 1; s < servers; ++s)
-        if (dsgd_ps_worker_version(pw, s) < v) v = dsgd_ps_worker_version(pw, s);
-    return v;
 }
 
 /* Reads the flags into *o; 0 on a bad flag or value. */
@@ -201,7 +192,7 @@ static void run_server(job *j) {
 }
 
 /* A worker's loop over its shard: pull, gradient of the mean loss, push.
-   BACKUP stops on the version (pull; stop at the target; else push), the
+   BACKUP stops on the global step (pull; stop at the target; else push), the
    others after the same number of pushes on every worker. Returns its pushes. */
 static long long worker_loop(job *j, dsgd_ps_worker *pw, dsgd_sampler *smp, float *x, float *y) {
     int64_t k, steps = (int64_t)j->per_epoch * j->o.epochs, target = j->updates_per_epoch * j->o.epochs;
@@ -210,7 +201,7 @@ static long long worker_loop(job *j, dsgd_ps_worker *pw, dsgd_sampler *smp, floa
         const size_t *idx = NULL;
         size_t n, e = (size_t)(k / (int64_t)j->per_epoch), b = (size_t)(k % (int64_t)j->per_epoch);
         if (dsgd_ps_worker_pull(pw, j->buf) != DSGD_OK) die(j->ctx, j->who, j->role.index, "pull");
-        if (j->o.policy == DSGD_PS_BACKUP && min_version(pw, j->P) >= target) break;
+        if (j->o.policy == DSGD_PS_BACKUP && dsgd_ps_worker_global_step(pw) >= target) break;
         if (smp->epoch != (uint64_t)e) dsgd_sampler_set_epoch(smp, (uint64_t)e);
         n = dsgd_sampler_batch(smp, (size_t)j->role.index + b * (size_t)j->W, &idx);
         dsgd_dataset_gather(&j->train, idx, n, x, y);

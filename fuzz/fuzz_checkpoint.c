@@ -159,14 +159,16 @@ static void fz_ps(fz_target *t, const uint8_t *img, size_t size) {
     dsgd__ck_file f;
     dsgd__ps_ck_server ss;
     dsgd__ps_ck_worker ws;
+    dsgd__ps_server_shape sshape = dsgd__ps_server_shape_of(t->server);
+    dsgd__ps_worker_shape wshape = dsgd__ps_worker_shape_of(t->worker);
     dsgd_result r = dsgd__ck_from_memory(&f, t->ctx, "fuzz", "input", img, size);
     if (r != DSGD_OK) return;
     memset(&ss, 0, sizeof(ss));
     memset(&ws, 0, sizeof(ws));
-    r = dsgd__ps_check_server(&f, t->server, &ss);
+    r = dsgd__ps_check_server(&f, &sshape, &ss);
     if (r != DSGD_OK && r != DSGD_ERR_FORMAT && r != DSGD_ERR_SHAPE)
         fuzz_fail(t->ctx, r, "the server's reader: a result other than OK, FORMAT or SHAPE");
-    r = dsgd__ps_check_worker(&f, t->worker, &ws);
+    r = dsgd__ps_check_worker(&f, &wshape, &ws);
     if (r != DSGD_OK && r != DSGD_ERR_FORMAT && r != DSGD_ERR_SHAPE)
         fuzz_fail(t->ctx, r, "the worker's reader: a result other than OK, FORMAT or SHAPE");
 }

@@ -42,7 +42,8 @@ static void check_config(dsgd_ctx *ctx, const dsgd_cluster_config *c, size_t siz
         fuzz_fail(ctx, DSGD_OK, "accepted an unknown task type");
     if (c->task_index < 0 || c->task_index >= c->num_tasks[c->task_type])
         fuzz_fail(ctx, DSGD_OK, "accepted an index outside its job");
-    if (c->num_workers_total != chiefs + workers) fuzz_fail(ctx, DSGD_OK, "num_workers_total is not chief + workers");
+    if (c->num_workers_total != (c->task_type == DSGD_TASK_EVALUATOR ? 1 : chiefs + workers))
+        fuzz_fail(ctx, DSGD_OK, "num_workers_total is not chief + workers (1 for the evaluator)");
     switch (c->task_type) {
     case DSGD_TASK_CHIEF:
         if (c->rank != 0 || !c->is_chief) fuzz_fail(ctx, DSGD_OK, "the chief is not rank 0 and chief");
@@ -56,7 +57,7 @@ static void check_config(dsgd_ctx *ctx, const dsgd_cluster_config *c, size_t siz
             fuzz_fail(ctx, DSGD_OK, "a ps's rank or is_chief is wrong");
         break;
     default:
-        if (c->rank != c->task_index || !c->is_chief) fuzz_fail(ctx, DSGD_OK, "the evaluator's rank or is_chief is wrong");
+        if (c->rank != 0 || !c->is_chief) fuzz_fail(ctx, DSGD_OK, "the evaluator is not rank 0 and chief");
         break;
     }
 }

@@ -25,7 +25,14 @@
    - Crash consistency: 200 times a child saves a new state over an old
      checkpoint and is killed with SIGKILL after a random delay within the
      save's duration; the file under the path is then byte for byte the old
-     or the new checkpoint, and loads.
+     or the new checkpoint, and loads; after the 200 kills no temporary file
+     of the path is left (each save removes those of killed writers).
+   - Stale temporaries: beside a checkpoint, temporaries of its path named
+     for this machine and a process that has exited (a child, reaped) are
+     removed by the next save, in another directory and in the current
+     one; a temporary of this live process, one named for another machine,
+     another path's, near-misses of the name and unrelated files are left
+     byte for byte.
    - Corruption: every single-bit flip and every truncation of a small
      checkpoint is DSGD_ERR_FORMAT, and the model, optimizer, sampler and
      user bytes are untouched; another model shape, optimizer kind, sampler
@@ -38,6 +45,7 @@
    linked against the library built once per variant). */
 #include "harness.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -430,6 +438,17 @@ static unsigned char *slurp(const char *path, size_t *len) {
     return buf;
 }
 
+/* How many entries of dir start with prefix. */
+static int count_prefixed(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    assert_non_null(d);
+    while ((e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
 static void test_crash_consistency(void **state) {
     static const dsgd_layer_desc big[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
                                            {256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
@@ -492,9 +511,111 @@ static void test_crash_consistency(void **state) {
     }
     print_message("crash consistency: save takes %.2f ms (%zu bytes); 200 kills: %d old, %d new\n", save_s * 1e3,
                   new_len, olds, news);
+    assert_int_equal(count_prefixed(g_dir, "crash.ckpt."), 0); /* the killed saves' temporaries went */
     free(old_img);
     free(new_img);
     free(p);
+    single_free(&s);
+}
+
+/* ---------------------------------------------------------------- stale temporaries */
+
+/* This machine's name as the temporary names carry it (see CHECKPOINTS). */
+static void host_name(char out[65]) {
+    char h[256];
+    size_t i;
+    if (gethostname(h, sizeof(h) - 1) != 0 || h[0] == '\0') strcpy(h, "unknown");
+    h[sizeof(h) - 1] = '\0';
+    for (i = 0; h[i] && i < 64; ++i)
+        out[i] = (char)((h[i] >= 'a' && h[i] <= 'z') || (h[i] >= 'A' && h[i] <= 'Z') || (h[i] >= '0' && h[i] <= '9') ||
+                                h[i] == '-'
+                            ? h[i]
+                            : '_');
+    out[i] = '\0';
+}
+
+/* The pid of a process that has exited and been reaped. */
+static long dead_pid(void) {
+    int status;
+    pid_t pid;
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(0);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(kill(pid, 0) != 0 && errno == ESRCH);
+    return (long)pid;
+}
+
+static int exists(const char *dir, const char *name) {
+    char path[512];
+    if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path)) fail_msg("path too long");
+    return access(path, F_OK) == 0;
+}
+
+/* Plants name in dir holding name itself, or checks it still does. */
+static void plant(const char *dir, const char *name) {
+    char path[512];
+    tu_write_file(dir, name, name, strlen(name), path, sizeof(path));
+}
+static void assert_planted(const char *dir, const char *name) {
+    char path[512];
+    size_t len;
+    unsigned char *img;
+    if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path)) fail_msg("path too long");
+    img = slurp(path, &len);
+    if (len != strlen(name) || memcmp(img, name, len) != 0) fail_msg("%s was changed", name);
+    free(img);
+}
+
+static void test_stale_temporaries(void **state) {
+    enum { NSTALE = 3, NKEEP = 11 };
+    char host[65], path[256], stale[NSTALE][160], keep[NKEEP][160], cwd[512];
+    long dead = dead_pid(), dead2 = dead_pid(), me = (long)getpid();
+    single s;
+    int i;
+    (void)state;
+    host_name(host);
+    single_make(&s, LAYERS, 3, IN, DSGD_OPT_SGD);
+    path_of(path, "stale.ckpt");
+    TU_OK(s.ctx, dsgd_model_save(s.m, s.opt, path, NULL));
+    /* what killed saves of stale.ckpt on this machine leave */
+    snprintf(stale[0], 160, "stale.ckpt.tmp.%s.%ld.Ab3dE9", host, dead);
+    snprintf(stale[1], 160, "stale.ckpt.tmp.%s.%ld.zzzzzz", host, dead);
+    snprintf(stale[2], 160, "stale.ckpt.tmp.%s.%ld.000000", host, dead2);
+    /* what must stay */
+    snprintf(keep[0], 160, "stale.ckpt.tmp.%s.%ld.Ab3dE9", host, me);            /* a live writer's */
+    snprintf(keep[1], 160, "stale.ckpt.tmp.%s-elsewhere.%ld.Ab3dE9", host, dead); /* another machine's */
+    snprintf(keep[2], 160, "other.ckpt.tmp.%s.%ld.Ab3dE9", host, dead);           /* another path's */
+    snprintf(keep[3], 160, "stale.ckpt2.tmp.%s.%ld.Ab3dE9", host, dead);          /* a longer path's */
+    snprintf(keep[4], 160, "stale.ckpt.tmp.%s.%ld.Ab3dE9x", host, dead);          /* near-misses */
+    snprintf(keep[5], 160, "stale.ckpt.tmp.%s.%ld", host, dead);
+    snprintf(keep[6], 160, "stale.ckpt.tmp.%s.0%ld.Ab3dE9", host, dead);
+    snprintf(keep[7], 160, "stale.ckpt.tmp.%s.%ld.Ab-dE9", host, dead);
+    snprintf(keep[8], 160, "stale.ckpt.Ab3dE9");                                  /* unrelated files */
+    snprintf(keep[9], 160, "stale.ckpt.bak");
+    snprintf(keep[10], 160, "notes.txt");
+    for (i = 0; i < NSTALE; ++i) plant(g_dir, stale[i]);
+    for (i = 0; i < NKEEP; ++i) plant(g_dir, keep[i]);
+    TU_OK(s.ctx, dsgd_model_save(s.m, s.opt, path, NULL));
+    TU_OK(s.ctx, dsgd_checkpoint_verify(s.ctx, path));
+    for (i = 0; i < NSTALE; ++i)
+        if (exists(g_dir, stale[i])) fail_msg("the stale temporary %s is still there", stale[i]);
+    for (i = 0; i < NKEEP; ++i) assert_planted(g_dir, keep[i]);
+    assert_int_equal(count_prefixed(g_dir, ""), 2 + NKEEP + 1); /* ".", "..", the kept ones, stale.ckpt */
+
+    /* a path without a directory: the current one */
+    assert_non_null(getcwd(cwd, sizeof(cwd)));
+    assert_int_equal(chdir(g_dir), 0);
+    snprintf(stale[0], 160, "rel.ckpt.tmp.%s.%ld.qwerty", host, dead);
+    snprintf(keep[0], 160, "rel.ckpt.tmp.%s.%ld.qwerty", host, me);
+    plant(".", stale[0]);
+    plant(".", keep[0]);
+    TU_OK(s.ctx, dsgd_model_save(s.m, s.opt, "rel.ckpt", NULL));
+    assert_int_equal(chdir(cwd), 0);
+    assert_false(exists(g_dir, stale[0]));
+    assert_planted(g_dir, keep[0]);
+    assert_true(exists(g_dir, "rel.ckpt"));
     single_free(&s);
 }
 
@@ -779,6 +900,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_resume_other_replica_count, setup, teardown),
         cmocka_unit_test_setup_teardown(test_model_resume, setup, teardown),
         cmocka_unit_test_setup_teardown(test_crash_consistency, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_temporaries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mismatches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_strategy_mismatches, setup, teardown),

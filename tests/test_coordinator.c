@@ -29,8 +29,12 @@
      push): that closure runs again elsewhere (at least once: here twice),
      join succeeds, one worker fewer is alive. With no worker left, join and
      schedule fail instead of waiting.
+   - dsgd_cluster_workers_alive after a clean shutdown still counts the
+     workers that were neither lost nor failed (a closure's error does not
+     make its worker failed), under both ways of applying the update.
    - A server that dies (its endpoint starts failing after some messages):
-     join returns an error that names that server, within the deadline.
+     join returns an error that names that server, within the deadline;
+     the workers it stopped no longer count as alive.
    - Per-worker datasets: 3 workers drawing 2 epochs of a 100-sample dataset
      in batches of 8 each see 4 batches an epoch, disjoint across workers (96
      distinct samples an epoch), another permutation in epoch 1, the same
@@ -484,6 +488,47 @@ static dsgd_result dying_probe(void *impl, double deadline, int *src, uint64_t *
     return d->inner.probe(d->inner.impl, deadline, src, tag, bytes);
 }
 
+/* After a clean shutdown the workers that were neither lost nor failed
+   still count: 4 workers, one killed, one whose closure fails (its engine
+   is fine) leave 3, with the servers applying and with the workers. */
+static void test_workers_alive_after_shutdown(void **state) {
+    enum { W = 4, N = 12 };
+    static const dsgd_ps_apply applies[2] = {DSGD_PS_APPLY_ON_SERVERS, DSGD_PS_APPLY_ON_WORKERS};
+    dsgd_ctx *ctx = tu_ctx();
+    static job jobs[N];
+    int a, i;
+    (void)state;
+    tu_watchdog(120);
+    for (a = 0; a < 2; ++a) {
+        dsgd_cluster_desc d = cluster_desc(2, W, DSGD_PS_BACKUP, DSGD_OPT_SGD);
+        dsgd_cluster *c;
+        float p[NPARAMS];
+        d.ps.apply = applies[a];
+        d.ps.backup_workers = 1; /* 3 pushes a step: the killed worker's step is not waited for */
+        c = cluster_make(ctx, &d);
+        memset(jobs, 0, sizeof(jobs));
+        assert_int_equal(dsgd_cluster_workers_alive(c), W);
+        for (i = 0; i < N; ++i) {
+            jobs[i].batch = i;
+            TU_OK(ctx, dsgd_cluster_schedule(c, train_closure, &jobs[i], NULL));
+        }
+        TU_OK(ctx, dsgd_cluster_join(c));
+        TU_OK(ctx, dsgd_cluster_kill_worker(c, 2));
+        assert_int_equal(dsgd_cluster_workers_alive(c), W - 1);
+        jobs[0].fail = (int)DSGD_ERR_SHAPE; /* a closure's error: its worker goes on */
+        TU_OK(ctx, dsgd_cluster_schedule_on(c, 0, train_closure, &jobs[0], NULL));
+        TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_cluster_join(c));
+        assert_int_equal(dsgd_cluster_workers_alive(c), W - 1);
+        TU_OK(ctx, dsgd_cluster_shutdown(c));
+        assert_int_equal(dsgd_cluster_workers_alive(c), W - 1);
+        TU_OK(ctx, dsgd_cluster_read_params(c, p));
+        assert_int_equal(dsgd_cluster_workers_alive(c), W - 1);
+        dsgd_cluster_destroy(c);
+    }
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 static void test_server_dies(void **state) {
     enum { P = 2, W = 2, N = 40 };
     dsgd_ctx *ctx = tu_ctx();
@@ -525,6 +570,7 @@ static void test_server_dies(void **state) {
     assert_true(dsgd_now() - t0 < 5.0);
     TU_ERR(ctx, DSGD_ERR_ABORTED, dsgd_cluster_schedule(c, train_closure, &jobs[0], NULL));
     assert_true(dsgd_cluster_shutdown(c) != DSGD_OK);
+    assert_int_equal(dsgd_cluster_workers_alive(c), 0);
     dsgd_cluster_destroy(c);
     dsgd_loopback_destroy(hub);
     dsgd_ctx_destroy(ctx);
@@ -742,6 +788,7 @@ int main(void) {
         cmocka_unit_test(test_every_closure_once),
         cmocka_unit_test(test_failing_closure),
         cmocka_unit_test(test_lost_workers),
+        cmocka_unit_test(test_workers_alive_after_shutdown),
         cmocka_unit_test(test_server_dies),
         cmocka_unit_test(test_per_worker_dataset),
         cmocka_unit_test(test_async_converges_on_digits),

@@ -1,4 +1,5 @@
-/* test_ps.c - the parameter-server engine (distsgd/ps.h).
+/* test_ps.c - the parameter-server engine (distsgd/ps.h and its parts
+   ps_server.h and ps_worker.h).
 
    Servers and workers are ranks of one loopback hub, one pthread each.
      - No lost update, no double update: 2 servers, 4 workers x 1000 ASYNC
@@ -25,7 +26,10 @@
        straggler that missed 3 steps catches up on their means in order (one
        round each) and holds the others' bits at each version; ASYNC refuses
        it, its servers hold no parameters (read_params is unsupported) and
-       need no initial ones.
+       need no initial ones. With more servers than variables (a server of
+       0 floats) it trains to the servers' bits. Under SSP, a worker that
+       finishes while the others still push fetches every mean first: every
+       worker ends with the servers' bits and every server can be saved.
      - Staleness statistics: the histogram sums to the applied pushes; one
        worker pulling before each push has staleness 0; pushes without pulls
        have staleness 0, 1, 2.
@@ -162,6 +166,7 @@ struct run {
     int faulty;
     int skip_worker; /* -1: none; else that worker never starts */
     int body_finishes; /* the body calls finish itself (or never) */
+    const char *save;  /* set: each server saves to "<save>.<rank>" after serve */
     uint64_t seed;
     /* results, one slot per rank */
     dsgd_result res[MAXR];
@@ -207,6 +212,11 @@ static void *server_main(void *arg) {
         for (b = 0; b < st->staleness_bins && b < 64; ++b) R->hist[a->rank][b] = st->staleness_hist[b];
         st->staleness_hist = NULL;
         if (R->d.apply == DSGD_PS_APPLY_ON_SERVERS) r = dsgd_ps_server_read_params(s, R->final);
+        if (r == DSGD_OK && R->save) {
+            char path[512];
+            snprintf(path, sizeof path, "%s.%d", R->save, a->rank);
+            r = dsgd_ps_server_save(s, path);
+        }
     }
     R->res[a->rank] = r;
     snprintf(R->msg[a->rank], MSG, "%s", dsgd_ctx_last_error(ctx));
@@ -969,6 +979,136 @@ static void test_sum_only_matches_servers(void **state) {
     tu_watchdog(0);
 }
 
+/* Summation only with more servers than variables (3 servers, 2
+   variables): server 2 holds no floats and publishes means of 0 floats,
+   which the workers tell from "nothing new" by their step. SYNC trains to
+   the bits of the same cluster with the servers applying. */
+static void test_sum_only_empty_server(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_shard_map *map;
+    run *R = (run *)calloc(1, sizeof(run));
+    float init[32], fs[32], fw[32];
+    int apply, i;
+    (void)state;
+    tu_watchdog(60);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    map = vector_map(ctx, 3, 2, 16);
+    assert_int_equal(dsgd_shard_map_server_floats(map, 2), 0);
+    for (i = 0; i < 32; ++i) init[i] = 0.01f * (float)i;
+    for (apply = 0; apply < 2; ++apply) {
+        memset(R, 0, sizeof *R);
+        R->n = 32;
+        R->map = map;
+        R->init = init;
+        R->final = apply ? fw : fs;
+        R->d.num_servers = 3;
+        R->d.num_workers = 2;
+        R->d.policy = DSGD_PS_SYNC;
+        R->d.apply = apply ? DSGD_PS_APPLY_ON_WORKERS : DSGD_PS_APPLY_ON_SERVERS;
+        R->d.optimizer.kind = DSGD_OPT_MOMENTUM;
+        R->d.optimizer.lr = 0.1f;
+        R->d.optimizer.momentum = 0.9f;
+        R->body = body_random;
+        R->skip_worker = -1;
+        R->seed = 5;
+        run_ps(R);
+        expect_all_ok(R);
+        for (i = 0; i < 3; ++i) assert_int_equal(R->st[i].version, RB_K);
+    }
+    assert_memory_equal(fw, fs, sizeof fs);
+    assert_true(memcmp(fs, init, sizeof fs) != 0); /* it trained */
+    dsgd_shard_map_destroy(map);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+    tu_watchdog(0);
+}
+
+/* Summation only under SSP (s = 2), a worker finishing early: worker 0
+   runs all its clocks while the others hold back their last 3 until it is
+   finishing, then pull after their last push. dsgd_ps_worker_finish
+   fetches every mean first, so every worker ends with the bits of the
+   servers applying, and each server can be saved after serve (before,
+   worker 0 finished without the last means, which the servers then let
+   go, and the save failed with DSGD_ERR_STATE). */
+#define SE_K 8
+typedef struct se_data {
+    int finishing; /* atomic: worker 0 entered finish */
+} se_data;
+
+static dsgd_result body_ssp_end(run *R, int w, dsgd_ps_worker *pw) {
+    se_data *D = (se_data *)R->user;
+    float p[128], g[128];
+    double give_up = dsgd_now() + 20.0;
+    dsgd_result r = DSGD_OK;
+    size_t j;
+    int k;
+    for (k = 0; k < SE_K && r == DSGD_OK; ++k) {
+        if (w != 0 && k == SE_K - 3)
+            while (!__atomic_load_n(&D->finishing, __ATOMIC_SEQ_CST) && dsgd_now() < give_up) sleep_us(100);
+        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
+        for (j = 0; j < R->n; ++j) g[j] = rand_grad(R->seed, w, k, j);
+        r = dsgd_ps_worker_push(pw, g);
+    }
+    if (r == DSGD_OK && w != 0) r = dsgd_ps_worker_pull(pw, p);
+    if (w == 0) __atomic_store_n(&D->finishing, 1, __ATOMIC_SEQ_CST);
+    if (r == DSGD_OK) r = dsgd_ps_worker_finish(pw);
+    return r;
+}
+
+static void test_sum_only_ssp_finish(void **state) {
+    char dir[] = "/tmp/dsgd_test_XXXXXX", prefix[64];
+    dsgd_ctx *ctx;
+    dsgd_model *m;
+    run *R = (run *)calloc(1, sizeof(run));
+    se_data D;
+    float init[128], fs[128], fw[128], wf[3][128];
+    int apply, w, i;
+    (void)state;
+    tu_watchdog(60);
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/end", dir);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    m = mlp(ctx);
+    for (apply = 0; apply < 2; ++apply) {
+        memset(R, 0, sizeof *R);
+        memset(&D, 0, sizeof D);
+        R->n = dsgd_model_num_params(m);
+        R->map = model_map(ctx, m, 2);
+        TU_OK(ctx, dsgd_model_get_params(m, init, R->n));
+        R->init = init;
+        R->final = apply ? fw : fs;
+        for (w = 0; w < 3 && apply; ++w) R->wfinal[w] = wf[w];
+        R->d.num_servers = 2;
+        R->d.num_workers = 3;
+        R->d.policy = DSGD_PS_SSP;
+        R->d.staleness = 2;
+        R->d.apply = apply ? DSGD_PS_APPLY_ON_WORKERS : DSGD_PS_APPLY_ON_SERVERS;
+        R->d.optimizer.kind = DSGD_OPT_ADAM;
+        R->d.optimizer.lr = 0.01f;
+        R->body = body_ssp_end;
+        R->user = &D;
+        R->skip_worker = -1;
+        R->body_finishes = 1;
+        R->seed = 17;
+        R->save = prefix;
+        run_ps(R);
+        expect_all_ok(R);
+        for (i = 0; i < 2; ++i) assert_int_equal(R->st[i].version, SE_K);
+        dsgd_shard_map_destroy((dsgd_shard_map *)R->map);
+    }
+    for (w = 0; w < 3; ++w)
+        if (memcmp(wf[w], fs, MLP_N * sizeof(float)) != 0) fail_msg("worker %d's final copy differs", w);
+    for (i = 0; i < 2; ++i) {
+        snprintf(prefix, sizeof prefix, "%s/end.%d", dir, i);
+        assert_int_equal(unlink(prefix), 0);
+    }
+    assert_int_equal(rmdir(dir), 0);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    free(R);
+    tu_watchdog(0);
+}
+
 /* BACKUP 2 + 1 with the workers applying: the straggler pulls once, waits
    until the others have made 3 steps, pushes (dropped as stale), and its
    next pull catches up on the 3 means it missed, one round each, in order.
@@ -1472,7 +1612,7 @@ static void test_stuck_runs_fail_fast(void **state) {
             assert_int_equal(R->res[2], DSGD_ERR_TIMEOUT); /* waited for clock 1 */
         } else {
             assert_non_null(strstr(R->msg[0], "dsgd_ps_server_serve: server 0: worker 2 waits for version 2, which can "
-                                              "never come: step 1 has 1 of 2 gradients and 0 workers can still push"));
+                                              "never come: clock 1 has 1 of 2 gradients and 0 workers can still push"));
             assert_int_equal(R->res[1], DSGD_OK);
             assert_int_equal(R->res[2], DSGD_OK);
             assert_int_equal(R->res[3], DSGD_ERR_TIMEOUT); /* the straggler */
@@ -1494,6 +1634,8 @@ int main(void) {
         cmocka_unit_test(test_zero_bounds_are_sync),
         cmocka_unit_test(test_sum_only_matches_servers),
         cmocka_unit_test(test_sum_only_catch_up),
+        cmocka_unit_test(test_sum_only_empty_server),
+        cmocka_unit_test(test_sum_only_ssp_finish),
         cmocka_unit_test(test_ssp_bound),
         cmocka_unit_test(test_backup_drops_stale),
         cmocka_unit_test(test_exactly_once),

@@ -354,8 +354,11 @@ static void child_session(const fixture *F, const dsgd_ps_desc *d, int steps, co
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("the saving child failed (status %d)", status);
 }
 
-/* The resumed session's outcome equals the uninterrupted one's. */
+/* The resumed session's outcome equals the uninterrupted one's. Summation
+   only, the saved half's dsgd_ps_worker_finish made one pull more per
+   worker (it fetches every mean before it says goodbye). */
 static void expect_same_run(const session *got, const session *want) {
+    int extra = got->d.apply == DSGD_PS_APPLY_ON_WORKERS;
     int i, b;
     if (memcmp(got->final, want->final, sizeof got->final) != 0)
         fail_msg("resumed parameters differ (relative error %.3g)", tu_rel_err(got->final, want->final, NPARAMS));
@@ -370,7 +373,7 @@ static void expect_same_run(const session *got, const session *want) {
         assert_int_equal(g->pushes_applied, x->pushes_applied);
         assert_int_equal(g->duplicates, x->duplicates);
         assert_int_equal(g->stale_dropped, x->stale_dropped);
-        assert_int_equal(g->pulls_answered, x->pulls_answered);
+        assert_int_equal(g->pulls_answered, x->pulls_answered + extra * W);
         assert_int_equal(g->staleness_max, x->staleness_max);
         assert_true(g->staleness_mean == x->staleness_mean);
         for (b = 0; b < BINS; ++b) assert_int_equal(got->hist[i][b], want->hist[i][b]);
@@ -378,7 +381,7 @@ static void expect_same_run(const session *got, const session *want) {
     for (i = 0; i < W; ++i) {
         assert_int_equal(got->wst[i].clock, 2 * HALF);
         assert_int_equal(got->wst[i].clock, want->wst[i].clock);
-        assert_int_equal(got->wst[i].pulls, want->wst[i].pulls);
+        assert_int_equal(got->wst[i].pulls, want->wst[i].pulls + extra);
     }
 }
 

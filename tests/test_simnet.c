@@ -1927,6 +1927,114 @@ static void test_backup_straggler(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- backups over several servers */
+/* BACKUP 3 + 1 over 2 servers holding shards of unequal size (ps.h on
+   simnet; exponential compute), so that a step completes on one server
+   well before the other and a worker can read the two at different
+   versions. Workers run TF's loop: pull, stop once the global step (the
+   least version read) reaches the target, else compute and push. For 40
+   seeds every rank returns DSGD_OK and each server ends at exactly the
+   target: no push opens a step on one server that the workers, stopped,
+   leave incomplete (with per-server tags, 4 of these seeds did). */
+#define BKS_T 12
+#define BKS_NF 4004
+
+typedef struct bks_job {
+    dsgd_shard_map *map;
+    dsgd_ps_desc pd;
+    int64_t version[2];
+} bks_job;
+
+static void body_backup_servers(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    bks_job *jb = (bks_job *)r->user;
+    dsgd_result res;
+    (void)c;
+    if (rank < 2) {
+        float init[BKS_NF] = {0};
+        dsgd_ps_server *s = NULL;
+        dsgd_ps_server_stats st;
+        res = dsgd_ps_server_create(r->ctx[rank], t, &jb->pd, jb->map, init, &s);
+        if (res == DSGD_OK) res = dsgd_ps_server_serve(s);
+        dsgd_ps_server_get_stats(s, &st);
+        jb->version[rank] = st.version;
+        dsgd_ps_server_destroy(s);
+    } else {
+        dsgd_ps_worker *w = NULL;
+        float p[BKS_NF] = {0}, g[BKS_NF];
+        long k;
+        int i;
+        res = dsgd_ps_worker_create(r->ctx[rank], t, &jb->pd, jb->map, &w);
+        for (k = 0; res == DSGD_OK; ++k) {
+            int64_t v0, v1;
+            res = dsgd_ps_worker_pull(w, p);
+            v0 = dsgd_ps_worker_version(w, 0);
+            v1 = dsgd_ps_worker_version(w, 1);
+            if (res == DSGD_OK && dsgd_ps_worker_global_step(w) != (v0 < v1 ? v0 : v1)) res = DSGD_ERR_STATE;
+            if (res != DSGD_OK || (v0 < v1 ? v0 : v1) >= BKS_T) break; /* the global step */
+            res = dsgd_simnet_compute(r->hub, rank, k);
+            for (i = 0; i < BKS_NF; ++i) g[i] = 0.01f * p[i] + (float)rank;
+            if (res == DSGD_OK) res = dsgd_ps_worker_push(w, g);
+        }
+        if (res == DSGD_OK) res = dsgd_ps_worker_finish(w);
+        dsgd_ps_worker_destroy(w);
+    }
+    record(r, rank, res);
+}
+
+static void test_backup_servers_stop(void **state) {
+    static bks_job jb;
+    dsgd_simnet_desc d;
+    dsgd_variable v[2];
+    run r;
+    int i, seed, bad = 0;
+    (void)state;
+    tu_watchdog(120);
+    for (seed = 21; seed <= 60; ++seed) {
+        memset(&jb, 0, sizeof(jb));
+        memset(&d, 0, sizeof(d));
+        d.alpha_s = 50e-6;
+        d.beta_s_per_byte = 1e-7; /* server 1's 16 kB take 1.6 ms more */
+        d.compute.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+        d.compute.mean_s = 0.001;
+        d.compute.seed = (uint64_t)seed;
+        run_init(&r, 6, &d);
+        memset(v, 0, sizeof(v));
+        for (i = 0; i < 2; ++i) { /* 4 and 4000 floats */
+            snprintf(v[i].name, sizeof(v[i].name), "v%d", i);
+            v[i].offset = i ? 4 : 0;
+            v[i].count = i ? 4000 : 4;
+            v[i].rank = 1;
+            v[i].shape[0] = (int)v[i].count;
+        }
+        assert_int_equal(dsgd_shard_map_create(r.main_ctx, v, 2, 2, NULL, &jb.map), DSGD_OK);
+        assert_true(dsgd_shard_map_server_floats(jb.map, 0) != dsgd_shard_map_server_floats(jb.map, 1));
+        jb.pd.num_servers = 2;
+        jb.pd.num_workers = 4;
+        jb.pd.policy = DSGD_PS_BACKUP;
+        jb.pd.backup_workers = 1;
+        jb.pd.optimizer.kind = DSGD_OPT_SGD;
+        jb.pd.optimizer.lr = 0.01f;
+        jb.pd.timeout_s = 10.0; /* virtual */
+        run_go(&r, body_backup_servers, &jb);
+        for (i = 0; i < 6; ++i)
+            if (r.res[i] != DSGD_OK) {
+                print_message("seed %d: rank %d: %s\n", seed, i, r.msg[i]);
+                bad++;
+                break;
+            }
+        if (i == 6 && (jb.version[0] != BKS_T || jb.version[1] != BKS_T)) {
+            print_message("seed %d: versions %lld and %lld, not %d\n", seed, (long long)jb.version[0],
+                          (long long)jb.version[1], BKS_T);
+            bad++;
+        }
+        dsgd_shard_map_destroy(jb.map);
+        run_free(&r);
+    }
+    print_message("BACKUP 3+1 over 2 servers, stop on the global step: %d of 40 seeds went wrong\n", bad);
+    assert_int_equal(bad, 0);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- outputs */
 /* The experiments' outputs (examples/sim_common.h: CSV rows; simnet's
    timeline: the Chrome trace) are the same bytes over 50 runs (25 with
@@ -2221,6 +2329,7 @@ int main(void) {
         cmocka_unit_test(test_order_statistics),
         cmocka_unit_test(test_ps_async),
         cmocka_unit_test(test_backup_straggler),
+        cmocka_unit_test(test_backup_servers_stop),
         cmocka_unit_test(test_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -6,6 +6,10 @@
      (chief, workers, ps; the evaluator apart), num_workers_total and
      is_chief (TF's is_chief: the chief, the evaluator, or worker 0 when
      there is no chief).
+   - The evaluator: rank 0 of 1 and a chief of its own beside any training
+     cluster (TF's id_in_cluster, worker_count and is_chief for it); one
+     missing from the cluster refused with a message naming TF's
+     worker_count, where TF refuses it.
    - Every rule of TF's _validate_cluster_spec and of this part, each
      refused with DSGD_ERR_INVALID_ARGUMENT and a message naming it.
    - Malformed JSON at many places (DSGD_ERR_FORMAT with the byte offset),
@@ -83,11 +87,12 @@ static void test_valid_configs(void **state) {
          1, 2, 2, 0, DSGD_TASK_PS, 1, 4, 3, 0, "grpc", "w0:1"},
         {"{\"cluster\":{\"worker\":[\"w0:1\"],\"ps\":[\"p0:1\"]},\"task\":{\"type\":\"ps\",\"index\":0}}",
          0, 1, 1, 0, DSGD_TASK_PS, 0, 1, 1, 0, NULL, "w0:1"},
-        /* The evaluator stands apart: rank = its index, a chief of its own. */
+        /* The evaluator stands apart, in a cluster of its own: rank 0 of 1,
+           a chief of its own (TF's id_in_cluster, worker_count, is_chief). */
         {"{\"cluster\":{\"chief\":[\"c:1\"],\"worker\":[\"w:1\"],\"evaluator\":[\"e:1\"]},\"task\":{\"type\":\"evaluator\",\"index\":0}}",
-         1, 1, 0, 1, DSGD_TASK_EVALUATOR, 0, 0, 2, 1, NULL, "w:1"},
+         1, 1, 0, 1, DSGD_TASK_EVALUATOR, 0, 0, 1, 1, NULL, "w:1"},
         {"{\"cluster\":{\"evaluator\":[\"e:1\"]},\"task\":{\"type\":\"evaluator\",\"index\":0}}",
-         0, 0, 0, 1, DSGD_TASK_EVALUATOR, 0, 0, 0, 1, NULL, NULL},
+         0, 0, 0, 1, DSGD_TASK_EVALUATOR, 0, 0, 1, 1, NULL, NULL},
         /* A ps-only cluster with a chief task elsewhere is fine too. */
         {"{\"cluster\":{\"chief\":[\"c:1\"],\"ps\":[\"p:1\"]},\"task\":{\"type\":\"chief\",\"index\":0}}",
          1, 0, 1, 0, DSGD_TASK_CHIEF, 0, 0, 1, 1, NULL, NULL},
@@ -129,6 +134,56 @@ static void test_valid_configs(void **state) {
         assert_null(c.storage);
         dsgd_cluster_config_free(&c); /* twice is fine */
     }
+    dsgd_ctx_destroy(ctx);
+}
+
+/* The evaluator, as TF's multi_worker_util counts it: worker_count is the
+   size of the "evaluator" job (1), id_in_cluster its index (0), is_chief
+   true, whatever the training cluster beside it; its cluster check lets a
+   missing evaluator pass, worker_count refuses it. */
+static void test_evaluator_apart(void **state) {
+    static const char *const clusters[] = {
+        "{\"evaluator\":[\"e:1\"]}",
+        "{\"chief\":[\"c:1\"],\"worker\":[\"w:1\",\"w:2\",\"w:3\"],\"evaluator\":[\"e:1\"]}",
+        "{\"worker\":[\"w:1\",\"w:2\"],\"ps\":[\"p:1\",\"p:2\"],\"evaluator\":[\"e:1\"]}",
+    };
+    dsgd_ctx *ctx = make_ctx();
+    char json[256];
+    size_t i;
+    (void)state;
+    for (i = 0; i < sizeof(clusters) / sizeof(clusters[0]); ++i) {
+        dsgd_cluster_config c;
+        snprintf(json, sizeof(json), "{\"cluster\":%s,\"task\":{\"type\":\"evaluator\",\"index\":0}}", clusters[i]);
+        parse_ok(ctx, json, &c);
+        assert_int_equal(c.task_type, DSGD_TASK_EVALUATOR);
+        assert_int_equal(c.rank, 0);
+        assert_int_equal(c.num_workers_total, 1);
+        assert_true(c.rank < c.num_workers_total);
+        assert_int_equal(c.is_chief, 1);
+        assert_string_equal(c.addresses[DSGD_TASK_EVALUATOR][0], "e:1");
+        dsgd_cluster_config_free(&c);
+    }
+    /* the training cluster beside it still counts its own workers */
+    {
+        dsgd_cluster_config c;
+        parse_ok(ctx, "{\"cluster\":{\"chief\":[\"c:1\"],\"worker\":[\"w:1\",\"w:2\",\"w:3\"],\"evaluator\":[\"e:1\"]},"
+                      "\"task\":{\"type\":\"worker\",\"index\":2}}", &c);
+        assert_int_equal(c.rank, 3);
+        assert_int_equal(c.num_workers_total, 4);
+        assert_int_equal(c.is_chief, 0);
+        dsgd_cluster_config_free(&c);
+    }
+    /* missing: refused, the message saying where TF refuses it */
+    fails(ctx, "{\"cluster\":{\"chief\":[\"c:1\"],\"worker\":[\"w:1\"]},\"task\":{\"type\":\"evaluator\",\"index\":0}}",
+          DSGD_ERR_INVALID_ARGUMENT,
+          "TF_CONFIG: the task's type \"evaluator\" is not a job of the cluster (TF's worker_count refuses that)");
+    /* present: its index is checked as any job's (at most one evaluator) */
+    fails(ctx, "{\"cluster\":{\"evaluator\":[\"e:1\"]},\"task\":{\"type\":\"evaluator\",\"index\":1}}",
+          DSGD_ERR_INVALID_ARGUMENT, "the task's index 1 exceeds the largest index of job \"evaluator\" (0)");
+    /* the other jobs' message is unchanged */
+    fails(ctx, "{\"cluster\":{\"worker\":[\"w:1\"]},\"task\":{\"type\":\"chief\",\"index\":0}}",
+          DSGD_ERR_INVALID_ARGUMENT, "the task's type \"chief\" is not a job of the cluster");
+    assert_null(strstr(dsgd_ctx_last_error(ctx), "worker_count"));
     dsgd_ctx_destroy(ctx);
 }
 
@@ -211,7 +266,7 @@ static void test_rules(void **state) {
         {"{\"cluster\":{\"worker\":[\"w:1\"]},\"task\":{\"type\":\"chief\",\"index\":0}}", DSGD_ERR_INVALID_ARGUMENT,
          "the task's type \"chief\" is not a job of the cluster"},
         {"{\"cluster\":{\"worker\":[\"w:1\"]},\"task\":{\"type\":\"evaluator\",\"index\":0}}", DSGD_ERR_INVALID_ARGUMENT,
-         "the task's type \"evaluator\" is not a job of the cluster"},
+         "the task's type \"evaluator\" is not a job of the cluster (TF's worker_count refuses that)"},
         {"{\"task\":{\"type\":\"worker\",\"index\":0}}", DSGD_ERR_INVALID_ARGUMENT, "is not a job of the cluster"},
         {"{\"cluster\":{\"worker\":[\"w:1\"],\"ps\":[]},\"task\":{\"type\":\"ps\",\"index\":0}}",
          DSGD_ERR_INVALID_ARGUMENT, "the task's type \"ps\" is not a job of the cluster"},
@@ -489,6 +544,7 @@ static void test_from_env(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_configs),
+        cmocka_unit_test(test_evaluator_apart),
         cmocka_unit_test(test_addresses_and_names),
         cmocka_unit_test(test_escapes),
         cmocka_unit_test(test_rules),

@@ -1,0 +1,798 @@
+/* distsgd/ps_worker.h - a parameter-server worker: pulls the parameters, pushes gradients, and its loop with the stop rule
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   See PARAMETER SERVERS in ps.h for the roles, the policies and the wire
+   protocol, and CHECKPOINTS in ps_checkpoint.h for save and restore. A
+   worker is one thread's: pull, compute a gradient, push, and at the end
+   finish.
+*/
+#ifndef DSGD__PART_PS_WORKER_DECL
+#define DSGD__PART_PS_WORKER_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a worker did (dsgd_ps_worker_get_stats). */
+typedef struct dsgd_ps_worker_stats {
+    int64_t clock;          /* pushes completed */
+    int64_t pulls;          /* pulls completed */
+    int64_t push_resends;   /* push messages sent again (to one server each) */
+    int64_t pull_resends;
+    int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
+    int64_t stale_replies;  /* replies to older requests, ignored */
+} dsgd_ps_worker_stats;
+
+/* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
+   with map; both must outlive it.
+   Errors (recorded on ctx): as dsgd_ps_server_create (t->rank must be a
+   worker's), without initial_full_params.
+   Thread safety: ctx's thread; the worker is then used by one thread at a
+   time, the rank's. */
+DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, dsgd_ps_worker **out);
+/* Fetches every server's parameters into their ranges of full_params (the
+   whole flat buffer; floats no shard holds are left as they are), waiting
+   as the policy says (ASYNC: not at all; SSP at clock c: version >= c - s;
+   SYNC and BACKUP: the last pushed step applied on every server). Records
+   the version read from each server (dsgd_ps_worker_version) and so the
+   global step (dsgd_ps_worker_global_step); a push computes on them.
+   With apply ON_WORKERS the servers send means, not parameters: the pull
+   fetches every mean the worker has not applied yet (one round per step
+   behind), applies each with the desc's optimizer to the worker's own copy
+   (dsgd_ps_worker_set_params first, DSGD_ERR_STATE otherwise), and fills
+   full_params with that copy; the version is then the number of means
+   applied.
+   Errors (recorded on the worker's ctx, "dsgd_ps_worker_pull: worker w:
+   ..."): DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
+   NULL), DSGD_ERR_STATE (after finish or a failure), DSGD_ERR_TIMEOUT (the
+   servers that did not answer within timeout_s are named), DSGD_ERR_DESYNC
+   (a message from a non-server rank, or of the wrong size), transport
+   errors. After a failure the worker is unusable.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
+/* Sends each server its slice of full_grads (the whole flat gradient) with
+   (worker, push seq, the version computed on: BACKUP the global step)
+   and waits until every server
+   has acknowledged it, resending after retry_s; applied exactly once per
+   server (or, BACKUP, dropped as stale: see
+   dsgd_ps_worker_last_push_dropped). The clock then advances.
+   Errors: as dsgd_ps_worker_pull ("dsgd_ps_worker_push"), and
+   DSGD_ERR_STATE for a push without a pull since the last one under SSP,
+   SYNC or BACKUP.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads);
+/* Apply ON_WORKERS: sets the worker's own copy of the parameters (the
+   whole flat buffer, the same on every worker; only the floats of shards
+   are kept). Call it once, before the first pull.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
+   NULL), DSGD_ERR_STATE (apply ON_SERVERS, or after the first pull).
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params);
+/* Apply ON_WORKERS: writes the worker's copy of the parameters into the
+   ranges of full that shards hold (also after finish).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full NULL),
+   DSGD_ERR_STATE (apply ON_SERVERS: read the servers').
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full);
+/* Tells every server this worker is done (once; not acknowledged, see WIRE
+   PROTOCOL). The worker can then only be read and destroyed. With apply
+   ON_WORKERS it first fetches the means of every clock it pushed (SSP and
+   SYNC: it waits for them; BACKUP: what the servers have), so every worker
+   ends with the same copy and the servers keep every mean a checkpoint
+   needs.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded),
+   DSGD_ERR_STATE (after finish or a failure), those of
+   dsgd_ps_worker_pull (ON_WORKERS), transport errors.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w);
+/* Saves the worker's state to path, atomically (see CHECKPOINTS in
+   ps_checkpoint.h and checkpoint.h): after dsgd_ps_worker_finish, or before the first pull
+   (or push) since it was created or restored.
+   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (a failed
+   worker, or one between its first pull and finish: the servers, serving,
+   cannot be saved with it), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY. path is
+   then unchanged.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
+/* Restores what dsgd_ps_worker_save wrote into w, a worker created with the
+   same desc and map and the same rank, before its first pull (ON_WORKERS:
+   instead of dsgd_ps_worker_set_params). The worker is then unfinished
+   and goes on from its saved sequence numbers and versions.
+   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (w pulled,
+   pushed, finished or failed), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged
+   file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
+   of another desc, optimizer kind or shard map: the message names the
+   difference); after any of these w is untouched.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path);
+/* Fills *out with the worker's counters (zeros for w or out NULL).
+   Errors: none. Thread safety: the worker's thread. */
+DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out);
+/* dsgd_ps_worker_version: the version read from server `server` at the
+   last pull (0 before any; -1 for w NULL or server out of range).
+   dsgd_ps_worker_global_step: the least of them, the step every server
+   had applied at the last pull (TF's global step: BACKUP workers stop on
+   it, see UPDATE POLICIES in ps.h; -1 for w NULL).
+   dsgd_ps_worker_last_push_dropped: 1 when that server dropped the last
+   push as stale (BACKUP), 0 otherwise.
+   dsgd_ps_worker_failed: 1 once a call of the worker failed (it is then
+   unusable, see dsgd_ps_worker_pull), 0 otherwise and for w NULL.
+   Errors: none. Thread safety: the worker's thread. */
+DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server);
+DSGD_API int64_t dsgd_ps_worker_global_step(const dsgd_ps_worker *w);
+DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server);
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w);
+/* Frees the worker (NULL: nothing); not the transport or the map.
+   Thread safety: the worker's thread. */
+DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_PS_WORKER_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_WORKER_IMPL)
+#define DSGD__PART_PS_WORKER_IMPL
+
+struct dsgd_ps_worker {
+    const dsgd__ps_policy_row *pol;
+    dsgd_ctx *ctx;
+    dsgd_transport_i t;
+    dsgd_ps_desc d; /* defaults filled */
+    const dsgd_shard_map *map;
+    int index, P, W, state, pulled;
+    size_t *n;         /* [P] floats of each server */
+    float **buf;       /* [P] [header | n[s]]: a push's slice, then a pull's reply */
+    dsgd_ps_header *pull_hdr; /* [P] the pull requests, for resends */
+    float *scratch;    /* stale replies land here */
+    size_t scratch_bytes;
+    int64_t *version, *last_step; /* [P] read at the last pull; the tag of the last push */
+    int *dropped, *pending;       /* [P] */
+    double *sent_at, *backoff;    /* [P] */
+    uint64_t push_seq, pull_seq;
+    uint64_t push_seq0, pull_seq0; /* at create or restore: a save or restore
+                                      needs no pull or push since */
+    int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
+    /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
+       layout), the mean received ([header | n[s]]) and the optimizer's
+       slots; latest: the server's version the first reply of a pull
+       announced */
+    int holds, have_be, params_set, round; /* holds: the placement's servers_hold */
+    dsgd_backend_i be;
+    dsgd_buffer **own, **sum, **m1, **m2;
+    int64_t *latest;
+};
+
+static dsgd_result dsgd__ps_worker_fail(dsgd_ps_worker *w, dsgd_result r) {
+    w->state = DSGD__PS_FAILED;
+    return r;
+}
+
+/* ON_WORKERS: takes server src's reply h (the mean in sum[src]): applies
+   the mean it carries to the worker's copy of that server's ranges, as the
+   server would have (dsgd__ps_apply: the same update, the same step count). */
+static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                             float *full) {
+    dsgd_opt_update u;
+    dsgd_ref p, g, m1, m2;
+    dsgd_result r;
+    int64_t v = w->version[src];
+    (void)full;
+    if (w->round == 0) w->latest[src] = h->version;
+    if (h->step < 0) { /* nothing new */
+        if (h->version != v)
+            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                      "%s: worker %d: server %d says it has published %lld means, the worker has %lld",
+                                      fn, w->index, src, (long long)h->version, (long long)v);
+        return DSGD_OK;
+    }
+    if (h->step != v)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent the mean of step %lld, not %lld",
+                                  fn, w->index, src, (long long)h->step, (long long)v);
+    u = dsgd__opt_update_at(&w->d.optimizer, v, 1.0f);
+    p.buf = w->own[src];
+    p.off = 0;
+    g.buf = w->sum[src];
+    g.off = DSGD__PS_H;
+    m1.buf = w->m1[src];
+    m1.off = 0;
+    m2.buf = w->m2[src];
+    m2.off = 0;
+    if ((r = w->be.optimizer_update(w->be.impl, &u, p, g, m1, m2, w->n[src])) != DSGD_OK) return r;
+    w->version[src] = v + 1;
+    return DSGD_OK;
+}
+
+/* ON_SERVERS: takes server src's reply h (the parameters in buf[src]) into
+   their ranges of full. */
+static dsgd_result dsgd__ps_worker_take_params(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                               float *full) {
+    (void)fn;
+    w->version[src] = h->version;
+    dsgd__ps_scatter(w->map, src, w->buf[src] + DSGD__PS_H, full);
+    return DSGD_OK;
+}
+
+/* How the apply placement makes a worker take a pull's reply; in the order
+   of dsgd_ps_apply (ps.h's table says what each placement is). */
+typedef dsgd_result (*dsgd__ps_worker_take)(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                            float *full);
+static const dsgd__ps_worker_take dsgd__ps_worker_takes[DSGD_PS_APPLY_COUNT] = {dsgd__ps_worker_take_params,
+                                                                               dsgd__ps_worker_take_mean};
+
+/* The global step: the least version read at the last pull, the step every
+   server has applied. */
+static int64_t dsgd__ps_worker_global(const dsgd_ps_worker *w) {
+    int64_t g = w->version[0];
+    int s;
+    for (s = 1; s < w->P; ++s) g = DSGD__MIN(g, w->version[s]);
+    return g;
+}
+
+/* The wait for one reply from every server: probe, take the expected
+   replies, drop stale ones, resend to silent servers with backoff. type is
+   ACK or PARAMS; full receives the parameters of PARAMS. */
+static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int type, uint64_t seq, float *full) {
+    double start = dsgd__ps_now(&w->t), deadline = start + w->d.timeout_s;
+    double max_backoff = DSGD__MAX(w->d.retry_s, w->d.timeout_s / 8);
+    int left = w->P, s;
+    dsgd_result r;
+    for (s = 0; s < w->P; ++s) {
+        w->pending[s] = 1;
+        w->sent_at[s] = start;
+        w->backoff[s] = w->d.retry_s;
+    }
+    while (left > 0) {
+        double wake = deadline, now;
+        int src = -1, mtype;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        for (s = 0; s < w->P; ++s)
+            if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
+        r = w->t.probe(w->t.impl, wake, &src, &tag, &bytes);
+        now = dsgd__ps_now(&w->t);
+        if (r == DSGD_ERR_TIMEOUT) {
+            if (now >= deadline) {
+                char names[256];
+                size_t used = 0;
+                int k = 0;
+                names[0] = '\0';
+                for (s = 0; s < w->P; ++s)
+                    if (w->pending[s]) {
+                        int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
+                        if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
+                    }
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
+                                          "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
+                                          type == DSGD_PS_MSG_ACK ? "acknowledgement" : "parameters", k > 1 ? "s" : "",
+                                          names, w->d.timeout_s, type == DSGD_PS_MSG_ACK ? "push" : "pull",
+                                          (unsigned long long)seq);
+            }
+            for (s = 0; s < w->P; ++s) {
+                const void *msg;
+                size_t mbytes;
+                uint64_t mtag;
+                if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
+                if (type == DSGD_PS_MSG_ACK) {
+                    msg = w->buf[s];
+                    mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
+                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
+                    w->push_resends++;
+                } else {
+                    msg = &w->pull_hdr[s];
+                    mbytes = DSGD__PS_HBYTES;
+                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PULL, seq);
+                    w->pull_resends++;
+                }
+                r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
+                if (r != DSGD_OK)
+                    return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn,
+                                              w->index, s, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
+                                              dsgd__ps_terr(&w->t));
+                w->sent_at[s] = dsgd__ps_now(&w->t);
+                w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
+            }
+            continue;
+        }
+        if (r != DSGD_OK)
+            return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: waiting for the servers failed: %s%s%s", fn, w->index,
+                                      dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+        if (src < 0 || src >= w->P)
+            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: a message from rank %d, which is not a server",
+                                      fn, w->index, src);
+        mtype = DSGD_PS_TAG_TYPE(tag);
+        if (mtype == type && DSGD_PS_TAG_SEQ(tag) == (seq & DSGD_PS_SEQ_MASK) && w->pending[src]) {
+            unsigned char ack[DSGD__PS_HBYTES];
+            dsgd_ps_header h;
+            size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
+            void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)ack;
+            if (type == DSGD_PS_MSG_PARAMS && !w->holds) { /* a mean, or nothing new */
+                dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
+                if (bytes == DSGD__PS_HBYTES) want = bytes;
+            }
+            if (bytes != want)
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
+                                          w->index, src, bytes, want);
+            r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
+            if (r != DSGD_OK)
+                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn,
+                                          w->index, src, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
+                                          dsgd__ps_terr(&w->t));
+            h = dsgd__ps_hdr_get(dst);
+            if (h.type != (uint64_t)type || h.worker != (uint64_t)w->index ||
+                DSGD_PS_TAG_SEQ(h.seq) != DSGD_PS_TAG_SEQ(seq) ||
+                (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h.count * sizeof(float) != bytes))
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                          "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
+                                          "count %llu) that does not match its tag and size", fn, w->index, src,
+                                          (unsigned long long)h.type, (unsigned long long)h.worker,
+                                          (unsigned long long)h.seq, (unsigned long long)h.count);
+            if (type == DSGD_PS_MSG_ACK) {
+                w->dropped[src] = h.status == DSGD_PS_DROPPED;
+                w->pushes_dropped += w->dropped[src];
+            } else if ((r = dsgd__ps_worker_takes[w->d.apply](w, fn, src, &h, full)) != DSGD_OK) {
+                return r;
+            }
+            w->pending[src] = 0;
+            left--;
+        } else { /* a reply to an older request (or a copy): dropped */
+            if (bytes > w->scratch_bytes)
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                          "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
+                                          w->index, src, bytes, mtype);
+            r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
+            if (r != DSGD_OK)
+                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index,
+                                          src, dsgd_result_string(r));
+            w->stale++;
+        }
+    }
+    return DSGD_OK;
+}
+
+/* ON_WORKERS: the worker's copy into the shards' ranges of full. */
+static void dsgd__ps_worker_copy_out(const dsgd_ps_worker *w, float *full) {
+    int s;
+    for (s = 0; s < w->P; ++s) dsgd__ps_scatter(w->map, s, (const float *)w->be.buffer_host_ptr(w->be.impl, w->own[s]), full);
+}
+
+static dsgd_result dsgd__ps_worker_usable(dsgd_ps_worker *w, const char *fn) {
+    if (w->state == DSGD__PS_CREATED) return DSGD_OK;
+    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d has %s", fn, w->index,
+                              w->state == DSGD__PS_DONE ? "finished" : "failed");
+}
+
+static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s, uint64_t tag, const void *buf,
+                                        size_t bytes) {
+    dsgd_result r = w->t.send(w->t.impl, s, tag, buf, bytes, dsgd__ps_now(&w->t) + w->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: sending to server %d failed: %s%s%s", fn, w->index, s,
+                                  dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+    return DSGD_OK;
+}
+
+/* How long a pull waits: for nothing (what the servers have now: the
+   coordinator's last fetch, once every push was acknowledged), as the
+   policy says, or as at the end of a worker (dsgd_ps_worker_finish). */
+enum { DSGD__PS_PULL_NOW = 0, DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
+
+/* The pull. full_params may be NULL for a final pull ON_WORKERS, which
+   only brings the worker's copy up to date. */
+static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, const char *fn, int wait) {
+    dsgd_result r;
+    int s;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!full_params && (w->holds || wait != DSGD__PS_PULL_FINAL))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
+    if (!w->holds && !w->params_set)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: worker %d: apply %s needs dsgd_ps_worker_set_params before the first pull", fn,
+                                  w->index, dsgd_ps_apply_name(w->d.apply));
+    /* ON_WORKERS: one round per mean behind the versions the first round announced */
+    for (w->round = 0;; w->round++) {
+        int behind = 0;
+        for (s = 0; s < w->P; ++s) {
+            dsgd_ps_header *h = &w->pull_hdr[s];
+            int64_t need = wait == DSGD__PS_PULL_NOW
+                               ? 0
+                               : w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
+            if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
+                return dsgd__ps_worker_fail(w, r);
+        }
+        r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_PARAMS, w->pull_seq, full_params);
+        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+        w->pull_seq++;
+        for (s = 0; s < w->P && !w->holds; ++s) behind |= w->version[s] < w->latest[s];
+        if (!behind) break;
+    }
+    if (!w->holds && full_params) dsgd__ps_worker_copy_out(w, full_params);
+    w->pulls++;
+    w->pulled = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__ps_worker_pull(w, full_params, "dsgd_ps_worker_pull", DSGD__PS_PULL_POLICY);
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads) {
+    static const char *const fn = "dsgd_ps_worker_push";
+    dsgd_result r;
+    int64_t global;
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!full_grads) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_grads is NULL", fn, w->index);
+    if (w->pol->clocked && !w->pulled)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s needs a pull before each push (push %llu)",
+                                  fn, w->index, w->pol->name, (unsigned long long)w->push_seq);
+    global = dsgd__ps_worker_global(w);
+    for (s = 0; s < w->P; ++s) {
+        int64_t tag = w->pol->global_tag ? global : w->version[s];
+        dsgd_ps_header h = dsgd__ps_hdr(DSGD_PS_MSG_PUSH, w->index, w->push_seq, tag, w->n[s], 0, 0);
+        dsgd__ps_hdr_put(w->buf[s], &h);
+        dsgd__ps_gather(w->map, s, full_grads, w->buf[s] + DSGD__PS_H);
+        w->dropped[s] = 0;
+        w->last_step[s] = tag;
+        r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PUSH, w->push_seq), w->buf[s],
+                                 DSGD__PS_HBYTES + w->n[s] * sizeof(float));
+        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+    }
+    r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_ACK, w->push_seq, NULL);
+    if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+    w->push_seq++;
+    w->pulled = 0;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params) {
+    static const char *const fn = "dsgd_ps_worker_set_params";
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full_params)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
+    if (w->holds || w->pulls > 0 || w->state != DSGD__PS_CREATED)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s", fn, w->index,
+                                  w->holds ? "the servers hold the parameters" : "only before the first pull");
+    for (s = 0; s < w->P; ++s) dsgd__ps_gather(w->map, s, full_params, w->be.buffer_host_ptr(w->be.impl, w->own[s]));
+    w->params_set = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full) {
+    static const char *const fn = "dsgd_ps_worker_read_params";
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full is NULL", fn, w->index);
+    if (w->holds)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: worker %d: the servers hold the parameters (apply %s); read theirs", fn,
+                                  w->index, dsgd_ps_apply_name(w->d.apply));
+    dsgd__ps_worker_copy_out(w, full);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w) {
+    static const char *const fn = "dsgd_ps_worker_finish";
+    dsgd_ps_header h;
+    dsgd_result r;
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    /* summation only: the means of every clock pushed first, so every
+       worker ends with the same bits and no server lets go of a mean that
+       a checkpoint needs */
+    if (!w->holds && w->params_set && (r = dsgd__ps_worker_pull(w, NULL, fn, DSGD__PS_PULL_FINAL)) != DSGD_OK) return r;
+    h = dsgd__ps_hdr(DSGD_PS_MSG_DONE, w->index, w->push_seq, 0, 0, 0, 0);
+    for (s = 0; s < w->P; ++s)
+        if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_DONE, w->push_seq), &h, sizeof h)) != DSGD_OK)
+            return dsgd__ps_worker_fail(w, r);
+    w->state = DSGD__PS_DONE;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
+    int s;
+    if (!w) return;
+    if (w->buf)
+        for (s = 0; s < w->P; ++s) DSGD_FREE(w->buf[s]);
+    DSGD_FREE(w->buf);
+    DSGD_FREE(w->n);
+    DSGD_FREE(w->pull_hdr);
+    DSGD_FREE(w->scratch);
+    DSGD_FREE(w->version);
+    DSGD_FREE(w->last_step);
+    DSGD_FREE(w->dropped);
+    DSGD_FREE(w->pending);
+    DSGD_FREE(w->sent_at);
+    DSGD_FREE(w->backoff);
+    if (w->have_be) {
+        dsgd_buffer **own[4];
+        int k;
+        own[0] = w->own;
+        own[1] = w->sum;
+        own[2] = w->m1;
+        own[3] = w->m2;
+        for (k = 0; k < 4; ++k)
+            for (s = 0; own[k] && s < w->P; ++s)
+                if (own[k][s]) w->be.buffer_destroy(w->be.impl, own[k][s]);
+        if (w->be.destroy) w->be.destroy(w->be.impl);
+    }
+    DSGD_FREE(w->own);
+    DSGD_FREE(w->sum);
+    DSGD_FREE(w->m1);
+    DSGD_FREE(w->m2);
+    DSGD_FREE(w->latest);
+    DSGD_FREE(w);
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, dsgd_ps_worker **out) {
+    static const char *const fn = "dsgd_ps_worker_create";
+    dsgd_ps_worker *w;
+    dsgd_ps_desc d;
+    dsgd_result r;
+    size_t P, max_n = 0;
+    int s;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = dsgd__ps_setup(ctx, t, desc, map, fn, &d)) != DSGD_OK) return r;
+    if (t->rank < d.num_servers || t->rank >= d.num_servers + d.num_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a worker (workers are ranks %d..%d)",
+                                  fn, t->rank, d.num_servers, d.num_servers + d.num_workers - 1);
+    w = (dsgd_ps_worker *)dsgd__alloc(ctx, sizeof *w, fn);
+    if (!w) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(w, 0, sizeof *w);
+    w->ctx = ctx;
+    w->t = *t;
+    w->d = d;
+    w->map = map;
+    w->P = d.num_servers;
+    w->W = d.num_workers;
+    w->index = t->rank - d.num_servers;
+    P = (size_t)w->P;
+    w->n = (size_t *)dsgd__alloc(ctx, P * sizeof *w->n, fn);
+    w->buf = (float **)dsgd__alloc(ctx, P * sizeof *w->buf, fn);
+    w->pull_hdr = (dsgd_ps_header *)dsgd__alloc(ctx, P * sizeof *w->pull_hdr, fn);
+    w->version = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->version, fn);
+    w->last_step = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->last_step, fn);
+    w->dropped = (int *)dsgd__alloc(ctx, P * sizeof *w->dropped, fn);
+    w->pending = (int *)dsgd__alloc(ctx, P * sizeof *w->pending, fn);
+    w->sent_at = (double *)dsgd__alloc(ctx, P * sizeof *w->sent_at, fn);
+    w->backoff = (double *)dsgd__alloc(ctx, P * sizeof *w->backoff, fn);
+    if (!w->n || !w->buf || !w->pull_hdr || !w->version || !w->last_step || !w->dropped || !w->pending || !w->sent_at ||
+        !w->backoff) {
+        dsgd_ps_worker_destroy(w);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(w->buf, 0, P * sizeof *w->buf);
+    for (s = 0; s < w->P; ++s) {
+        w->n[s] = dsgd_shard_map_server_floats(map, s);
+        w->version[s] = 0;
+        w->last_step[s] = -1;
+        w->dropped[s] = 0;
+        if (w->n[s] > max_n) max_n = w->n[s];
+        if (w->n[s] > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1 ||
+            !(w->buf[s] = (float *)dsgd__alloc(ctx, (DSGD__PS_H + w->n[s]) * sizeof(float), fn))) {
+            dsgd_ps_worker_destroy(w);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+    }
+    w->scratch_bytes = (DSGD__PS_H + max_n) * sizeof(float);
+    w->scratch = (float *)dsgd__alloc(ctx, w->scratch_bytes, fn);
+    if (!w->scratch) {
+        dsgd_ps_worker_destroy(w);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    w->pol = dsgd__ps_policy(&d);
+    w->holds = dsgd__ps_apply_of(&d)->servers_hold;
+    if (!w->holds) { /* the worker's copy and the optimizer's slots, on a CPU backend */
+        int slots1 = dsgd__ps_opt_slots(&d) >= 1, slots2 = dsgd__ps_opt_slots(&d) >= 2;
+        w->own = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->own, fn);
+        w->sum = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->sum, fn);
+        w->m1 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m1, fn);
+        w->m2 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m2, fn);
+        w->latest = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->latest, fn);
+        if (!w->own || !w->sum || !w->m1 || !w->m2 || !w->latest) {
+            dsgd_ps_worker_destroy(w);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+        memset(w->own, 0, P * sizeof *w->own);
+        memset(w->sum, 0, P * sizeof *w->sum);
+        memset(w->m1, 0, P * sizeof *w->m1);
+        memset(w->m2, 0, P * sizeof *w->m2);
+        memset(w->latest, 0, P * sizeof *w->latest);
+        r = dsgd_cpu_backend_create(ctx, &w->be);
+        if (r == DSGD_OK) w->have_be = 1;
+        for (s = 0; s < w->P && r == DSGD_OK; ++s) {
+            r = w->be.buffer_create(w->be.impl, w->n[s], &w->own[s]);
+            if (r == DSGD_OK) r = w->be.buffer_create(w->be.impl, DSGD__PS_H + w->n[s], &w->sum[s]);
+            if (r == DSGD_OK && slots1) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m1[s]);
+            if (r == DSGD_OK && slots2) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m2[s]);
+        }
+        if (r != DSGD_OK) {
+            dsgd_ps_worker_destroy(w);
+            return r;
+        }
+    }
+    *out = w;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!w) return;
+    out->clock = (int64_t)w->push_seq;
+    out->pulls = w->pulls;
+    out->push_resends = w->push_resends;
+    out->pull_resends = w->pull_resends;
+    out->pushes_dropped = w->pushes_dropped;
+    out->stale_replies = w->stale;
+}
+
+DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
+    return w && server >= 0 && server < w->P ? w->version[server] : -1;
+}
+
+DSGD_API int64_t dsgd_ps_worker_global_step(const dsgd_ps_worker *w) { return w ? dsgd__ps_worker_global(w) : -1; }
+
+DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server) {
+    return w && server >= 0 && server < w->P ? w->dropped[server] : 0;
+}
+
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
+    return w && w->state == DSGD__PS_FAILED;
+}
+
+/* ---- checkpoints */
+
+static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
+    return !w->holds ? (w->m1[0] != NULL) + (w->m2[0] != NULL) : 0;
+}
+
+/* The worker's floats over every server. */
+static size_t dsgd__ps_worker_floats(const dsgd_ps_worker *w) {
+    size_t total = 0;
+    int s;
+    for (s = 0; s < w->P; ++s) total += w->n[s];
+    return total;
+}
+
+/* A pull or push since create or restore (not at a point to save or restore). */
+static int dsgd__ps_worker_moved(const dsgd_ps_worker *w) {
+    return w->push_seq != w->push_seq0 || w->pull_seq != w->pull_seq0;
+}
+
+/* What the worker's checkpoint must match (ps_checkpoint.h). */
+static dsgd__ps_worker_shape dsgd__ps_worker_shape_of(const dsgd_ps_worker *w) {
+    dsgd__ps_worker_shape sh;
+    sh.d = &w->d;
+    sh.map = w->map;
+    sh.index = w->index;
+    sh.P = w->P;
+    sh.nslots = dsgd__ps_worker_slots(w);
+    sh.holds = w->holds;
+    sh.n = w->n;
+    sh.floats = dsgd__ps_worker_floats(w);
+    return sh;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
+    char what[64];
+    dsgd__ck_writer wr;
+    dsgd__ps_ident id;
+    int s, k, nslots;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof what, "dsgd_ps_worker_save: worker %d", w->index);
+    if (dsgd__ck_check_args(w->ctx, what, path, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    if (w->state == DSGD__PS_FAILED)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: it has failed, so its state may be half-updated", what);
+    if (w->state == DSGD__PS_CREATED && dsgd__ps_worker_moved(w))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: it is between its first pull and finish (at push %llu, pull %llu): the servers, "
+                                  "serving, cannot be saved with it; save after dsgd_ps_worker_finish", what,
+                                  (unsigned long long)w->push_seq, (unsigned long long)w->pull_seq);
+    nslots = dsgd__ps_worker_slots(w);
+    id = dsgd__ps_ident_of(&w->d, w->index);
+    dsgd__ckw_init(&wr, w->ctx, what,
+                   dsgd__ps_ck_expect(dsgd__ps_worker_floats(w), !w->holds ? 1 + (size_t)nslots : 0));
+    dsgd__ckw_begin(&wr, "ps_worker");
+    dsgd__ps_put_ident(&wr, &id);
+    dsgd__ckw_u32(&wr, (uint32_t)(w->state == DSGD__PS_DONE));
+    dsgd__ckw_u32(&wr, (uint32_t)(w->pulled != 0));
+    dsgd__ckw_u32(&wr, (uint32_t)(w->params_set != 0));
+    dsgd__ckw_u64(&wr, w->push_seq);
+    dsgd__ckw_u64(&wr, w->pull_seq);
+    dsgd__ckw_u64(&wr, (uint64_t)w->pulls);
+    dsgd__ckw_u64(&wr, (uint64_t)w->push_resends);
+    dsgd__ckw_u64(&wr, (uint64_t)w->pull_resends);
+    dsgd__ckw_u64(&wr, (uint64_t)w->pushes_dropped);
+    dsgd__ckw_u64(&wr, (uint64_t)w->stale);
+    dsgd__ckw_u32(&wr, (uint32_t)w->P);
+    for (s = 0; s < w->P; ++s) {
+        dsgd__ckw_u64(&wr, (uint64_t)w->n[s]);
+        dsgd__ckw_u64(&wr, (uint64_t)w->version[s]);
+        dsgd__ckw_u64(&wr, (uint64_t)w->last_step[s]);
+        dsgd__ckw_u32(&wr, (uint32_t)(w->dropped[s] != 0));
+        dsgd__ckw_u64(&wr, (uint64_t)(!w->holds ? w->latest[s] : 0));
+    }
+    dsgd__ckw_end(&wr);
+    dsgd__ps_put_map(&wr, w->map);
+    if (!w->holds) {
+        dsgd_buffer **arr[3];
+        arr[0] = w->own;
+        arr[1] = w->m1;
+        arr[2] = w->m2;
+        dsgd__ckw_begin(&wr, "ps_copy");
+        dsgd__ckw_u32(&wr, (uint32_t)nslots);
+        dsgd__ckw_u64(&wr, (uint64_t)dsgd__ps_worker_floats(w));
+        for (k = 0; k <= nslots; ++k)
+            for (s = 0; s < w->P; ++s) dsgd__ckw_read(&wr, &w->be, dsgd__ref(arr[k][s], 0), w->n[s]);
+        dsgd__ckw_end(&wr);
+    }
+    return dsgd__ckw_commit(&wr, path);
+}
+
+/* Writes the checked state into w; nothing here fails. */
+static void dsgd__ps_worker_apply_ck(dsgd_ps_worker *w, const dsgd__ps_ck_worker *st) {
+    int s, k;
+    w->push_seq = w->push_seq0 = st->push_seq;
+    w->pull_seq = w->pull_seq0 = st->pull_seq;
+    w->pulled = (int)st->pulled;
+    w->params_set = !w->holds && st->params_set;
+    w->pulls = st->cnt[0];
+    w->push_resends = st->cnt[1];
+    w->pull_resends = st->cnt[2];
+    w->pushes_dropped = st->cnt[3];
+    w->stale = st->cnt[4];
+    for (s = 0; s < w->P; ++s) {
+        const unsigned char *p = st->servers + (size_t)s * DSGD__PS_CK_SERVER;
+        w->version[s] = (int64_t)dsgd__ck_get64(p + 8);
+        w->last_step[s] = (int64_t)dsgd__ck_get64(p + 16);
+        w->dropped[s] = (int)dsgd__ck_get32(p + 24);
+        if (!w->holds) w->latest[s] = (int64_t)dsgd__ck_get64(p + 28);
+    }
+    w->state = DSGD__PS_CREATED; /* a finished worker goes on */
+    if (!w->holds) {
+        const unsigned char *src = st->copy;
+        dsgd_buffer **arr[3];
+        arr[0] = w->own;
+        arr[1] = w->m1;
+        arr[2] = w->m2;
+        for (k = 0; k <= dsgd__ps_worker_slots(w); ++k)
+            for (s = 0; s < w->P; ++s) {
+                dsgd__ck_copy_floats(w->be.buffer_host_ptr(w->be.impl, arr[k][s]), src, w->n[s]);
+                src += w->n[s] * sizeof(float);
+            }
+    }
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path) {
+    char what[64];
+    dsgd__ps_ck_worker st;
+    dsgd__ps_worker_shape shape;
+    dsgd__ck_file f;
+    dsgd_result r;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    snprintf(what, sizeof what, "dsgd_ps_worker_restore: worker %d", w->index);
+    if ((r = dsgd__ck_check_args(w->ctx, what, path, NULL)) != DSGD_OK) return r;
+    if (w->state != DSGD__PS_CREATED || dsgd__ps_worker_moved(w))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: restore into a worker before its first pull (this one %s)",
+                                  what, w->state == DSGD__PS_FAILED ? "failed" : w->state == DSGD__PS_DONE ? "finished"
+                                                                                                          : "pulled or pushed");
+    memset(&st, 0, sizeof st);
+    shape = dsgd__ps_worker_shape_of(w);
+    if ((r = dsgd__ck_open(&f, w->ctx, what, path)) == DSGD_OK && (r = dsgd__ps_check_worker(&f, &shape, &st)) == DSGD_OK)
+        dsgd__ps_worker_apply_ck(w, &st);
+    dsgd__ck_close(&f);
+    return r;
+}
+
+#endif /* DSGD__PART_PS_WORKER_IMPL */
