@@ -325,10 +325,11 @@ static int64_t dsgd__ps_needs_window(const dsgd_ps_desc *d, uint64_t pushes, int
     (void)last_tag;
     return DSGD__MAX((int64_t)pushes - (final ? 0 : d->staleness), (int64_t)0);
 }
-/* BACKUP: the step last pushed for applied */
+/* BACKUP: the step last pushed for applied; at the end nothing (a step
+   the others, stopped, never complete must not hold a worker) */
 static int64_t dsgd__ps_needs_last(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final) {
-    (void)d, (void)pushes, (void)final;
-    return last_tag + 1;
+    (void)d, (void)pushes;
+    return final ? 0 : last_tag + 1;
 }
 
 /* In the order of dsgd_ps_policy. */
