@@ -28,7 +28,8 @@
 #   make check-refs no tracker issue, ../shared or repository-file path in what
 #                   users vendor; no package index's address anywhere
 #   make check-parts every part of distsgd/ compiles with only the parts above
-#                   it, as C99 and C++11 (tools/check_parts.py): no layer calls up
+#                   it, as C99 and C++11 (tools/check_parts.py): no layer calls up;
+#                   no part uses another part's private struct fields (clang)
 #   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs, examples
 #                         on the single include
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
@@ -256,7 +257,8 @@ check-refs:
 	bash tools/check_refs.sh
 
 # Every part compiles with only the parts above it in its map (no layer calls
-# up), as C99 and as C++11.
+# up), as C99 and as C++11; and no part uses a field of another part's
+# private struct (clang's AST; skipped without clang).
 check-parts:
 	$(PYTHON) tools/check_parts.py $(CC) $(CXX)
 

@@ -170,6 +170,15 @@ DSGD_API dsgd_result dsgd_ctx_last_result(const dsgd_ctx *ctx);
    dsgd_ctx_last_error "" until the next one. ctx NULL: nothing.
    Thread safety: the context's thread. */
 DSGD_API void dsgd_ctx_clear_error(dsgd_ctx *ctx);
+/* dsgd_ctx_logger: the logger ctx was created with (func NULL when none, or
+   ctx NULL), to give a context of your own, on another thread, the same
+   logger (see THREAD SAFETY in distsgd.h: it is then called from both).
+   dsgd_ctx_label: the label that prefixes ctx's messages, as copied ("" when
+   none, or ctx NULL); the pointer dies with ctx.
+   Errors: none. Thread safety: any thread, while ctx lives (creation fixes
+   both). */
+DSGD_API dsgd_logger dsgd_ctx_logger(const dsgd_ctx *ctx);
+DSGD_API const char *dsgd_ctx_label(const dsgd_ctx *ctx);
 /* Records an error on ctx (printf-style message, prefixed with the context's
    label and cut at 1023 bytes), passes it to the logger at DSGD_LOG_ERROR,
    and returns r. Backends and transports written outside this file use it
@@ -326,6 +335,15 @@ DSGD_API void dsgd_ctx_clear_error(dsgd_ctx *ctx) {
     ctx->last_result = DSGD_OK;
     ctx->last_error[0] = '\0';
 }
+
+DSGD_API dsgd_logger dsgd_ctx_logger(const dsgd_ctx *ctx) {
+    dsgd_logger none;
+    if (ctx) return ctx->logger;
+    memset(&none, 0, sizeof(none));
+    return none;
+}
+
+DSGD_API const char *dsgd_ctx_label(const dsgd_ctx *ctx) { return ctx ? ctx->label : ""; }
 
 static void dsgd__vformat(dsgd_ctx *ctx, char *dst, size_t cap, const char *fmt, va_list ap) {
     size_t used = 0;

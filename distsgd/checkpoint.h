@@ -312,7 +312,7 @@ static void dsgd__ckw_init(dsgd__ck_writer *w, dsgd_ctx *ctx, const char *what, 
 
 /* The bytes of a model's and optimizer's sections, with room for the rest. */
 static size_t dsgd__ck_expect(const dsgd_model *m, int slots, size_t more) {
-    return 65536 + m->num_params * sizeof(float) * (size_t)(1 + slots) + more;
+    return 65536 + dsgd_model_num_params(m) * sizeof(float) * (size_t)(1 + slots) + more;
 }
 
 static void dsgd__ckw_u32(dsgd__ck_writer *w, uint32_t v) {
@@ -711,10 +711,10 @@ static dsgd_result dsgd__ck_bad_section(const dsgd__ck_file *f, const dsgd__ck_s
 static void dsgd__ck_put_model(dsgd__ck_writer *w, const dsgd_model *m) {
     int i, k;
     dsgd__ckw_begin(w, "model");
-    dsgd__ckw_u64(w, (uint64_t)m->num_params);
+    dsgd__ckw_u64(w, (uint64_t)dsgd_model_num_params(m));
     dsgd__ckw_u32(w, (uint32_t)dsgd_model_num_variables(m));
     for (i = 0; i < dsgd_model_num_variables(m); ++i) {
-        const dsgd_variable *v = &m->vars[i];
+        const dsgd_variable *v = dsgd_model_variable(m, i);
         dsgd__ckw_str(w, v->name);
         dsgd__ckw_u64(w, (uint64_t)v->offset);
         dsgd__ckw_u32(w, (uint32_t)v->rank);
@@ -751,7 +751,7 @@ static dsgd_result dsgd__ck_check_model(const dsgd__ck_file *f, const dsgd_model
         uint32_t shape[DSGD_MAX_RANK], mshape[DSGD_MAX_RANK];
         uint64_t off;
         uint32_t rank;
-        const dsgd_variable *v = i < (uint32_t)dsgd_model_num_variables(m) ? &m->vars[i] : NULL;
+        const dsgd_variable *v = i < (uint32_t)dsgd_model_num_variables(m) ? dsgd_model_variable(m, (int)i) : NULL;
         dsgd__ckr_str(&c, name, sizeof(name));
         off = dsgd__ckr_u64(&c);
         rank = dsgd__ckr_u32(&c);
@@ -773,63 +773,64 @@ static dsgd_result dsgd__ck_check_model(const dsgd__ck_file *f, const dsgd_model
                                       v->name, dsgd__ck_shape_text(b, sizeof(b), mshape, v->rank));
     }
     if (c.left != 0) return dsgd__ck_bad_section(f, s, "bytes after the last variable");
-    if (nv != (uint32_t)dsgd_model_num_variables(m) || np != (uint64_t)m->num_params)
+    if (nv != (uint32_t)dsgd_model_num_variables(m) || np != (uint64_t)dsgd_model_num_params(m))
         return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
                                   "%s: %s: another model: the checkpoint has %u variables and %llu parameters, this "
                                   "model %d and %zu",
                                   f->what, f->path, (unsigned)nv, (unsigned long long)np, dsgd_model_num_variables(m),
-                                  m->num_params);
+                                  dsgd_model_num_params(m));
     return DSGD_OK;
 }
 
 /* "params": the flat parameter buffer. */
 static void dsgd__ck_put_params(dsgd__ck_writer *w, dsgd_model *m) {
     dsgd__ckw_begin(w, "params");
-    dsgd__ckw_read(w, &m->be, dsgd__ref(m->params, 0), m->num_params);
+    dsgd__ckw_read(w, dsgd_model_backend(m), dsgd_model_params(m), dsgd_model_num_params(m));
     dsgd__ckw_end(w);
 }
 
 static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, const dsgd_model *m) {
     const dsgd__ck_section *s = dsgd__ck_need(f, "params", "the parameters");
     if (!s) return DSGD_ERR_SHAPE;
-    if (s->size != m->num_params * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
+    if (s->size != dsgd_model_num_params(m) * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
     return DSGD_OK;
 }
 
-/* Writes count stored floats at src into buf of m's backend: straight from
+/* Writes count stored floats at src to dst in m's backend: straight from
    the image where it is aligned and the host little-endian, else through a
    copy. */
-static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_buffer *buf, const unsigned char *src,
+static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_ref dst, const unsigned char *src,
                                          size_t count) {
+    const dsgd_backend_i *be = dsgd_model_backend(m);
     float *tmp;
     dsgd_result r;
     if (count == 0) return DSGD_OK;
     if (dsgd__ck_little_endian() && (uintptr_t)src % sizeof(float) == 0)
-        return m->be.write(m->be.impl, dsgd__ref(buf, 0), (const float *)(const void *)src, count);
-    if (!(tmp = (float *)dsgd__alloc(m->ctx, count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
+        return be->write(be->impl, dst, (const float *)(const void *)src, count);
+    if (!(tmp = (float *)dsgd__alloc(dsgd_model_ctx(m), count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
     dsgd__ck_copy_floats(tmp, src, count);
-    r = m->be.write(m->be.impl, dsgd__ref(buf, 0), tmp, count);
+    r = be->write(be->impl, dst, tmp, count);
     DSGD_FREE(tmp);
     return r;
 }
 
 static dsgd_result dsgd__ck_apply_params(const dsgd__ck_file *f, dsgd_model *m) {
-    return dsgd__ck_write_buffer(m, f->what, m->params, dsgd__ck_find(f, "params")->data, m->num_params);
+    return dsgd__ck_write_buffer(m, f->what, dsgd_model_params(m), dsgd__ck_find(f, "params")->data,
+                                 dsgd_model_num_params(m));
 }
 
 /* "optimizer": kind, steps, last norm, slots. */
 static void dsgd__ck_put_optimizer(dsgd__ck_writer *w, dsgd_optimizer *o) {
-    dsgd_buffer *slot[2];
+    const dsgd_model *m = dsgd_optimizer_model(o);
+    size_t np = dsgd_model_num_params(m);
     int k, n = dsgd_optimizer_num_slots(o);
-    slot[0] = o->m1;
-    slot[1] = o->m2;
     dsgd__ckw_begin(w, "optimizer");
-    dsgd__ckw_u32(w, (uint32_t)o->d.kind);
-    dsgd__ckw_u64(w, (uint64_t)o->t);
-    dsgd__ckw_f64(w, o->last_norm);
+    dsgd__ckw_u32(w, (uint32_t)dsgd__optimizer_kind(o));
+    dsgd__ckw_u64(w, (uint64_t)dsgd_optimizer_steps(o));
+    dsgd__ckw_f64(w, dsgd_optimizer_last_grad_norm(o));
     dsgd__ckw_u32(w, (uint32_t)n);
-    dsgd__ckw_u64(w, (uint64_t)o->m->num_params);
-    for (k = 0; k < n; ++k) dsgd__ckw_read(w, &o->m->be, dsgd__ref(slot[k], 0), o->m->num_params);
+    dsgd__ckw_u64(w, (uint64_t)np);
+    for (k = 0; k < n; ++k) dsgd__ckw_read(w, dsgd_model_backend(m), dsgd__optimizer_slot_ref(o, k), np);
     dsgd__ckw_end(w);
 }
 
@@ -850,6 +851,7 @@ static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_o
     const dsgd__ck_section *s = dsgd__ck_need(f, "optimizer", "the optimizer");
     dsgd__ck_cur c;
     uint64_t np, t;
+    size_t mnp = dsgd_model_num_params(dsgd_optimizer_model(o));
     if (!s) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(s);
     out->kind = dsgd__ckr_u32(&c);
@@ -860,29 +862,28 @@ static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_o
     if (c.bad) return dsgd__ck_bad_section(f, s, "cut short");
     if (t > (uint64_t)INT64_MAX) return dsgd__ck_bad_section(f, s, "a negative step count");
     out->t = (int64_t)t;
-    if (out->nslots > 2 || np != (uint64_t)o->m->num_params ||
-        c.left != (size_t)out->nslots * o->m->num_params * sizeof(float))
+    if (out->nslots > 2 || np != (uint64_t)mnp || c.left != (size_t)out->nslots * mnp * sizeof(float))
         return dsgd__ck_bad_section(f, s, "slots of the wrong size");
-    if (out->kind != (uint32_t)o->d.kind || (int)out->nslots != dsgd_optimizer_num_slots(o))
+    if (out->kind != (uint32_t)dsgd__optimizer_kind(o) || (int)out->nslots != dsgd_optimizer_num_slots(o))
         return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
                                   "%s: %s: the checkpoint holds the state of a %s optimizer, this one is %s", f->what,
-                                  f->path, dsgd__opt_kind_text(out->kind), dsgd__opt_kind_text((uint32_t)o->d.kind));
+                                  f->path, dsgd__opt_kind_text(out->kind),
+                                  dsgd__opt_kind_text((uint32_t)dsgd__optimizer_kind(o)));
     out->slots = c.p;
     return DSGD_OK;
 }
 
 static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, dsgd_optimizer *o, const dsgd__ck_opt *st) {
-    dsgd_buffer *slot[2];
-    size_t np = o->m->num_params;
+    dsgd_model *m = dsgd_optimizer_model(o);
+    size_t np = dsgd_model_num_params(m);
     uint32_t k;
     dsgd_result r = DSGD_OK;
-    slot[0] = o->m1;
-    slot[1] = o->m2;
     for (k = 0; k < st->nslots && r == DSGD_OK; ++k)
-        r = dsgd__ck_write_buffer(o->m, f->what, slot[k], st->slots + (size_t)k * np * sizeof(float), np);
+        r = dsgd__ck_write_buffer(m, f->what, dsgd__optimizer_slot_ref(o, (int)k),
+                                  st->slots + (size_t)k * np * sizeof(float), np);
     if (r == DSGD_OK) {
-        o->t = st->t;
-        o->last_norm = st->last_norm;
+        dsgd__optimizer_set_steps(o, st->t);
+        dsgd__optimizer_set_last_grad_norm(o, st->last_norm);
     }
     return r;
 }
@@ -900,11 +901,7 @@ typedef struct dsgd__ck_mrec {
 
 /* Reads model m's accumulators (a custom model's host part folded in first). */
 static dsgd_result dsgd__ck_mrec_get(dsgd_model *m, dsgd__ck_mrec *out) {
-    dsgd_result r = dsgd__model_fold_metrics(m);
-    if (r == DSGD_OK) r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), out->st, 4);
-    out->count[0] = m->count[0];
-    out->count[1] = m->count[1];
-    return r;
+    return dsgd__model_read_accumulators(m, out->st, out->count);
 }
 
 static void dsgd__ckw_mrec(dsgd__ck_writer *w, const dsgd__ck_mrec *rec) {
@@ -963,10 +960,7 @@ static dsgd_result dsgd__ck_apply_metrics(const unsigned char *records, uint32_t
             cnt[0] += dsgd__ckr_f64(&c);
             cnt[1] += dsgd__ckr_f64(&c);
         }
-        res = models[r]->be.write(models[r]->be.impl, dsgd__ref(models[r]->stats, 0), st, 4);
-        models[r]->count[0] = cnt[0];
-        models[r]->count[1] = cnt[1];
-        memset(models[r]->host, 0, sizeof(models[r]->host));
+        res = dsgd__model_write_accumulators(models[r], st, cnt);
     }
     return res;
 }
@@ -1058,9 +1052,9 @@ static dsgd_result dsgd__ck_check_args(dsgd_ctx *ctx, const char *what, const ch
 /* As dsgd__ck_check_args, for a model and its optimizer (opt may be NULL). */
 static dsgd_result dsgd__ck_model_args(dsgd_model *m, const dsgd_optimizer *opt, const char *what, const char *path,
                                        const dsgd_checkpoint_extra *x) {
-    dsgd_result r = dsgd__ck_check_args(m->ctx, what, path, x);
-    if (r == DSGD_OK && opt && opt->m != m)
-        r = dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
+    dsgd_result r = dsgd__ck_check_args(dsgd_model_ctx(m), what, path, x);
+    if (r == DSGD_OK && opt && dsgd_optimizer_model(opt) != m)
+        r = dsgd_ctx_set_error(dsgd_model_ctx(m), DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
     return r;
 }
 
@@ -1092,7 +1086,8 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ck_model_args(m, opt, what, path, extra)) != DSGD_OK) return r;
-    dsgd__ckw_init(&w, m->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
+    dsgd__ckw_init(&w, dsgd_model_ctx(m), what,
+                   dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
     dsgd__ck_put_model(&w, m);
     dsgd__ck_put_params(&w, m);
     if (opt) dsgd__ck_put_optimizer(&w, opt);
@@ -1122,7 +1117,8 @@ DSGD_API dsgd_result dsgd_model_restore(dsgd_model *m, dsgd_optimizer *opt, cons
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ck_model_args(m, opt, what, path, extra)) != DSGD_OK) return r;
-    if ((r = dsgd__ck_open(&f, m->ctx, what, path)) == DSGD_OK) r = dsgd__model_restore_from(&f, m, opt, extra);
+    if ((r = dsgd__ck_open(&f, dsgd_model_ctx(m), what, path)) == DSGD_OK)
+        r = dsgd__model_restore_from(&f, m, opt, extra);
     dsgd__ck_close(&f);
     return r;
 }

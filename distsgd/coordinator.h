@@ -554,7 +554,7 @@ static dsgd_result dsgd__cluster_ctx(dsgd_cluster *c, const char *role, int i, d
     memset(&cd, 0, sizeof(cd));
     snprintf(label, sizeof(label), "%s %d", role, i);
     cd.label = label;
-    cd.logger = c->ctx->logger;
+    cd.logger = dsgd_ctx_logger(c->ctx);
     r = dsgd_ctx_create(&cd, out);
     if (r != DSGD_OK) dsgd_ctx_set_error(c->ctx, r, "dsgd_cluster_create: cannot create %s %d's context", role, i);
     return r;

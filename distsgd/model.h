@@ -1258,6 +1258,27 @@ static dsgd_result dsgd__model_fold_metrics(dsgd_model *m) {
     return DSGD_OK;
 }
 
+/* The accumulators a checkpoint saves and restores: st the device floats
+   [train loss, train correct, eval loss, eval correct], count the samples
+   of the train and eval slots. The read folds the host part in first
+   (count is filled even when reading the device fails); the write replaces
+   all of them and clears the host part (count is set even when writing the
+   device fails). */
+static dsgd_result dsgd__model_read_accumulators(dsgd_model *m, float st[4], double count[2]) {
+    dsgd_result r = dsgd__model_fold_metrics(m);
+    if (r == DSGD_OK) r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), st, 4);
+    count[0] = m->count[0];
+    count[1] = m->count[1];
+    return r;
+}
+static dsgd_result dsgd__model_write_accumulators(dsgd_model *m, const float st[4], const double count[2]) {
+    dsgd_result r = m->be.write(m->be.impl, dsgd__ref(m->stats, 0), st, 4);
+    m->count[0] = count[0];
+    m->count[1] = count[1];
+    memset(m->host, 0, sizeof(m->host));
+    return r;
+}
+
 DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot slot, dsgd_metrics *out) {
     float s[2];
     dsgd_result r;

@@ -77,6 +77,13 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *opt);
    changes them). */
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *opt);
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *opt);
+/* dsgd_optimizer_lr: the learning rate the next step applies (the schedule's
+   at dsgd_optimizer_steps; opt NULL: 0).
+   dsgd_optimizer_model: the model opt was created for (opt NULL: NULL).
+   Errors: none. Thread safety: the model's thread (a step changes the
+   first). */
+DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *opt);
+DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *opt);
 /* The optimizer's state, read-only (what a checkpoint saves besides the
    parameters and dsgd_optimizer_steps): its slots, one float per parameter
    each, in the order of the model's flat parameter buffer.
@@ -216,23 +223,29 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     dsgd_optimizer_desc d;
     dsgd_result r = DSGD_OK;
     const char *what = "dsgd_optimizer_create";
+    dsgd_ctx *ctx;
+    const dsgd_backend_i *be;
+    size_t n;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!desc || !out) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
+    ctx = dsgd_model_ctx(m);
+    if (!desc || !out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
     d = dsgd__optimizer_defaults(desc);
-    if ((r = dsgd__optimizer_desc_check(m->ctx, &d, what)) != DSGD_OK) return r;
-    o = (dsgd_optimizer *)dsgd__alloc(m->ctx, sizeof(*o), what);
+    if ((r = dsgd__optimizer_desc_check(ctx, &d, what)) != DSGD_OK) return r;
+    o = (dsgd_optimizer *)dsgd__alloc(ctx, sizeof(*o), what);
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
     o->m = m;
     o->d = d;
+    be = dsgd_model_backend(m);
+    n = dsgd_model_num_params(m);
     if (d.kind != DSGD_OPT_SGD) {
-        r = m->be.buffer_create(m->be.impl, m->num_params, &o->m1);
-        if (r == DSGD_OK) r = m->be.fill(m->be.impl, dsgd__ref(o->m1, 0), 0.0f, m->num_params);
+        r = be->buffer_create(be->impl, n, &o->m1);
+        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m1, 0), 0.0f, n);
     }
     if (r == DSGD_OK && (d.kind == DSGD_OPT_ADAM || d.kind == DSGD_OPT_ADAMW)) {
-        r = m->be.buffer_create(m->be.impl, m->num_params, &o->m2);
-        if (r == DSGD_OK) r = m->be.fill(m->be.impl, dsgd__ref(o->m2, 0), 0.0f, m->num_params);
+        r = be->buffer_create(be->impl, n, &o->m2);
+        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m2, 0), 0.0f, n);
     }
     if (r != DSGD_OK) {
         dsgd_optimizer_destroy(o);
@@ -243,41 +256,60 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
 }
 
 DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *o) {
+    const dsgd_backend_i *be;
     if (!o) return;
-    if (o->m1) o->m->be.buffer_destroy(o->m->be.impl, o->m1);
-    if (o->m2) o->m->be.buffer_destroy(o->m->be.impl, o->m2);
+    be = dsgd_model_backend(o->m);
+    if (o->m1) be->buffer_destroy(be->impl, o->m1);
+    if (o->m2) be->buffer_destroy(be->impl, o->m2);
     DSGD_FREE(o);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
-    dsgd_model *m;
+    const dsgd_backend_i *be;
     dsgd_opt_update u;
     dsgd_result r;
+    size_t n;
     float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
-    m = o->m;
+    be = dsgd_model_backend(o->m);
+    n = dsgd_model_num_params(o->m);
     if (o->d.clip_norm > 0.0f) {
         /* clip_by_global_norm: g * clip / max(norm, clip) */
         double sumsq = 0.0;
         size_t bad = 0;
-        r = m->be.norm_check(m->be.impl, dsgd__ref(m->grads, 0), m->num_params, &sumsq, &bad);
+        r = be->norm_check(be->impl, dsgd_model_grads(o->m), n, &sumsq, &bad);
         if (r != DSGD_OK) return r;
         if (bad)
-            return dsgd_ctx_set_error(m->ctx, DSGD_ERR_NON_FINITE,
+            return dsgd_ctx_set_error(dsgd_model_ctx(o->m), DSGD_ERR_NON_FINITE,
                                       "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
                                       (long long)o->t, bad);
         o->last_norm = sqrt(sumsq);
         if (o->last_norm > o->d.clip_norm) grad_scale = (float)(o->d.clip_norm / o->last_norm);
     }
     u = dsgd__opt_update_at(&o->d, o->t, grad_scale);
-    r = m->be.optimizer_update(m->be.impl, &u, dsgd__ref(m->params, 0), dsgd__ref(m->grads, 0), dsgd__ref(o->m1, 0),
-                               dsgd__ref(o->m2, 0), m->num_params);
+    r = be->optimizer_update(be->impl, &u, dsgd_model_params(o->m), dsgd_model_grads(o->m), dsgd__ref(o->m1, 0),
+                             dsgd__ref(o->m2, 0), n);
     if (r == DSGD_OK) ++o->t;
     return r;
 }
 
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
+DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
+    return o ? dsgd_lr_at(&o->d.schedule, o->d.lr, o->t) : 0.0f;
+}
+DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? o->m : NULL; }
+
+/* The counters a checkpoint restores, and central storage copies from its
+   central optimizer into the replicas' (whose slots it never uses): the
+   step count (dsgd_optimizer_steps), and the last clipped norm
+   (dsgd_optimizer_last_grad_norm). */
+static void dsgd__optimizer_set_steps(dsgd_optimizer *o, int64_t t) { o->t = t; }
+static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) { o->last_norm = norm; }
+
+/* The kind o was created with, which a checkpoint records to refuse
+   restoring one optimizer's state into another. */
+static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->d.kind; }
 
 DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? (o->m1 != NULL) + (o->m2 != NULL) : 0; }
 
@@ -287,18 +319,34 @@ DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot)
     return slot == 0 ? "m" : "v";
 }
 
+/* Slot k (0 <= k < dsgd_optimizer_num_slots, in dsgd_optimizer_slot_name's
+   order) as a ref at its first float, in the model's backend: what a
+   checkpoint reads to save it and writes to restore it. */
+static dsgd_ref dsgd__optimizer_slot_ref(const dsgd_optimizer *o, int k) {
+    return dsgd__ref(k == 0 ? o->m1 : o->m2, 0);
+}
+
 DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {
     const char *what = "dsgd_optimizer_read_slot";
+    const dsgd_backend_i *be;
+    dsgd_ref at;
+    dsgd_ctx *ctx;
+    size_t n;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!dst && count > 0) return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: dst is NULL", what);
+    ctx = dsgd_model_ctx(o->m);
+    n = dsgd_model_num_params(o->m);
+    if (!dst && count > 0) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: dst is NULL", what);
     if (!dsgd_optimizer_slot_name(o, slot))
-        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: slot %d; this optimizer has %d", what,
-                                  slot, dsgd_optimizer_num_slots(o));
-    if (offset > o->m->num_params || count > o->m->num_params - offset)
-        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_SHAPE, "%s: floats %zu..%zu, the model has %zu parameters",
-                                  what, offset, offset + count, o->m->num_params);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: slot %d; this optimizer has %d", what, slot,
+                                  dsgd_optimizer_num_slots(o));
+    if (offset > n || count > n - offset)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SHAPE, "%s: floats %zu..%zu, the model has %zu parameters", what,
+                                  offset, offset + count, n);
     if (count == 0) return DSGD_OK;
-    return o->m->be.read(o->m->be.impl, dsgd__ref(slot == 0 ? o->m1 : o->m2, offset), dst, count);
+    be = dsgd_model_backend(o->m);
+    at = dsgd__optimizer_slot_ref(o, slot);
+    at.off += offset;
+    return be->read(be->impl, at, dst, count);
 }
 
 #endif /* DSGD__PART_OPTIM_IMPL */

@@ -669,8 +669,9 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     if (by >= 0 && by != r->rank && r->comm_failed && res != DSGD_ERR_TIMEOUT) {
         char detail[DSGD__MSG_MAX];
         const char *d = dsgd_ctx_last_error(r->ctx);
-        size_t label = strlen(r->ctx->label);
-        if (label && !strncmp(d, r->ctx->label, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
+        const char *own = dsgd_ctx_label(r->ctx);
+        size_t label = strlen(own);
+        if (label && !strncmp(d, own, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
         snprintf(detail, sizeof(detail), "%s", d);
         r->own_error = 0;
         res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
@@ -913,7 +914,7 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     memset(&cd, 0, sizeof(cd));
     snprintf(label, sizeof(label), "replica %d", i);
     cd.label = label;
-    cd.logger = s->ctx ? s->ctx->logger : cd.logger;
+    cd.logger = dsgd_ctx_logger(s->ctx);
     r->s = s;
     r->rank = s->first + i;
     r->local = i;

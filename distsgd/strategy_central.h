@@ -142,7 +142,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     float *host, *mapped = NULL;
     dsgd_batch b;
     dsgd_result res, done;
-    r->lr = dsgd_lr_at(&c->opt->d.schedule, c->opt->d.lr, c->opt->t);
+    r->lr = dsgd_optimizer_lr(c->opt);
     res = dsgd__step_compute(r, a, &b, &bad);                        /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
@@ -158,7 +158,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
     if (res == DSGD_OK) res = dsgd_model_set_params(r->model, c->params, p); /* 6 */
-    if (res == DSGD_OK) r->opt->t = c->opt->t;
+    if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, dsgd_optimizer_steps(c->opt));
     return res;
 }
 

@@ -246,12 +246,13 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
     if (r == DSGD_OK && s->first == 0) {
         dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+        dsgd_model *m = dsgd_optimizer_model(opt);
         dsgd__ck_writer w;
         int g;
         dsgd__ckw_init(&w, s->ctx, what,
-                       dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
-        dsgd__ck_put_model(&w, opt->m);
-        dsgd__ck_put_params(&w, opt->m);
+                       dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
+        dsgd__ck_put_model(&w, m);
+        dsgd__ck_put_params(&w, m);
         dsgd__ck_put_optimizer(&w, opt);
         dsgd__ckw_begin(&w, "metrics");
         dsgd__ckw_u32(&w, (uint32_t)s->world);
@@ -264,7 +265,8 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
-            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what,
+                               dsgd_ctx_last_error(dsgd_model_ctx(m)));
         mine = dsgd__ckw_commit(&w, path);
     }
     DSGD_FREE(cw.all);
@@ -275,7 +277,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
     const char *what = "dsgd_strategy_save";
     dsgd_optimizer *opt;
-    dsgd_model **models;
+    dsgd_model **models, *m;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
@@ -285,16 +287,17 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     opt = dsgd__strategy_state_opt(s);
-    dsgd__ckw_init(&w, s->ctx, what,
-                   dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
-    dsgd__ck_put_model(&w, opt->m);
-    dsgd__ck_put_params(&w, opt->m);
+    m = dsgd_optimizer_model(opt);
+    dsgd__ckw_init(&w, s->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
+    dsgd__ck_put_model(&w, m);
+    dsgd__ck_put_params(&w, m);
     dsgd__ck_put_optimizer(&w, opt);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
-        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what,
+                           dsgd_ctx_last_error(dsgd_model_ctx(m)));
     DSGD_FREE(models);
     return dsgd__ckw_commit(&w, path);
 }
@@ -400,19 +403,20 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
                                            dsgd_model **models) {
     const dsgd__ck_opt *st = &cs->opt;
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd_model *m = dsgd_optimizer_model(opt);
     dsgd_result r = DSGD_OK;
     int i;
     if (s->ops->state) {
-        if ((r = dsgd__ck_apply_params(f, opt->m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
-        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(opt->m->ctx));
+        if ((r = dsgd__ck_apply_params(f, m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(dsgd_model_ctx(m)));
     }
     for (i = 0; i < s->n; ++i) {
         dsgd_replica *rep = &s->reps[i];
         r = dsgd__ck_apply_params(f, rep->model);
         if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
         if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->ctx));
-        rep->opt->t = st->t;
-        rep->opt->last_norm = st->last_norm;
+        dsgd__optimizer_set_steps(rep->opt, st->t);
+        dsgd__optimizer_set_last_grad_norm(rep->opt, st->last_norm);
     }
     if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n, s->first, s->world)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
@@ -430,7 +434,7 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
     int i;
-    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
+    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, dsgd_optimizer_model(opt), opt, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             what);
         models = dsgd__strategy_models(s, what);

@@ -100,7 +100,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
         if (own != DSGD_OK) return own;
         r->own_error = 0;
         return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
-                                  (long long)r->opt->t, (int)flag - 2);
+                                  (long long)dsgd_optimizer_steps(r->opt), (int)flag - 2);
     }
     if (flag == 1.0f) {
         if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
@@ -108,7 +108,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
             r->own_error = bad != 0;
             return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
                                       "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
-                                      "every replica stops", (long long)r->opt->t, bad);
+                                      "every replica stops", (long long)dsgd_optimizer_steps(r->opt), bad);
         }
         *skip = 1;
     }
@@ -218,7 +218,7 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_batch b;
     size_t bad = 0;
     dsgd_result res;
-    r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
+    r->lr = dsgd_optimizer_lr(r->opt);
     res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */

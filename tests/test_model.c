@@ -781,6 +781,16 @@ static void test_logger(void **state) {
     assert_int_equal(cap.level, DSGD_LOG_WARN);
     assert_non_null(strstr(cap.last, "warning w1"));
     assert_int_equal(dsgd_ctx_set_error(NULL, DSGD_ERR_STATE, "no context"), DSGD_ERR_STATE);
+    /* the getters give what creation fixed: another context can share the logger */
+    assert_true(dsgd_ctx_logger(ctx).func == capture_log);
+    assert_ptr_equal(dsgd_ctx_logger(ctx).user_data, &cap);
+    assert_string_equal(dsgd_ctx_label(ctx), "replica 7");
+    assert_null(dsgd_ctx_logger(NULL).func);
+    assert_string_equal(dsgd_ctx_label(NULL), "");
+    dsgd_ctx_destroy(ctx);
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    assert_null(dsgd_ctx_logger(ctx).func);
+    assert_string_equal(dsgd_ctx_label(ctx), "");
     dsgd_ctx_destroy(ctx);
     TU_ERR(NULL, DSGD_ERR_INVALID_ARGUMENT, dsgd_ctx_create(NULL, NULL));
 }

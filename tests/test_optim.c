@@ -215,8 +215,11 @@ static void run_rule(const dsgd_optimizer_desc *od, const hyper *h, int steps, c
     for (i = 0; i < NP; ++i) st.p[i] = L.p0[i];
     TU_OK(L.ctx, dsgd_optimizer_create(L.m, od, &opt));
     assert_int_equal(dsgd_optimizer_steps(opt), 0);
+    assert_ptr_equal(dsgd_optimizer_model(opt), L.m);
     check_slots(&L, opt, h, &st, label); /* zero before the first step */
     for (t = 0; t < steps; ++t) {
+        /* the rate the next step applies: the schedule's at step t (h: the effective lr) */
+        assert_true(dsgd_optimizer_lr(opt) == dsgd_lr_at(&od->schedule, (float)h->lr, t));
         lin_grad(&L, g);
         TU_OK(L.ctx, dsgd_optimizer_step(opt));
         ref_step(&st, h, &od->schedule, g, 1.0);
@@ -620,8 +623,12 @@ static void test_invalid_descs(void **state) {
     assert_null(opt);
     /* a good one still works, and destroy(NULL) is fine */
     TU_OK(L.ctx, dsgd_optimizer_create(L.m, &od, &opt));
+    TU_NEAR(dsgd_optimizer_lr(opt), 0.01f, 0); /* the default lr */
     dsgd_optimizer_destroy(opt);
     dsgd_optimizer_destroy(NULL);
+    /* the getters of no optimizer */
+    assert_true(dsgd_optimizer_lr(NULL) == 0.0f);
+    assert_null(dsgd_optimizer_model(NULL));
     lin_free(&L);
 }
 

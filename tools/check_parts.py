@@ -13,11 +13,32 @@ uses anything from a part below it (a layer calling up) fails to compile
 there, and so does a definition that precedes its declaration (C++ would give
 it C++ linkage). Warnings are
 errors, except unused static functions: a part may hold helpers that only
-later parts call. Prints one line a part and exits 1 if any failed.
+later parts call.
+
+A part's private structs are its own. An opaque handle (a struct that the
+declarations name, `typedef struct dsgd_x dsgd_x;`, and only the
+implementation defines) belongs to the part that defines its body: only
+that part, and the part's own parts (the files beside it whose name extends
+its name: strategy_sync.h is a part of strategy.h, ps_server.h of ps.h),
+may use its fields; any other part, a sibling too, calls accessors. The
+check reads clang's text AST of the whole library (every group above in one
+translation unit, with the implementation macros; and once without them,
+which tells the opaque structs) and reports, file:line, each MemberExpr
+(`p->field`, `s.field`) on such a struct's field that is spelled outside
+those parts (a use in a macro's body counts where the macro is written).
+Structs named with a double underscore (dsgd__*) are internal helpers that
+parts share, and structs whose body the declarations show are public:
+neither is checked; nor is code the default configuration leaves out (an
+#ifdef). clang is $CLANG, default clang; without it this check is skipped,
+with a note.
+
+Prints one line a part, one line the private-field check (or one a use it
+found), and exits 1 if anything failed.
 """
 import concurrent.futures
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,6 +80,114 @@ def mpi_flags(cc):
     return None
 
 
+# clang's text AST dump (-Xclang -ast-dump): a node's line is its tree prefix,
+# its kind and address, for a declaration maybe "parent"/"prev" addresses, then
+# its source range in <...> and, for a declaration, its location. A location
+# leaves out the file, and the line, that the previous one printed shares
+# (col:C, line:L:C, FILE:L:C), so the file is followed line by line; a
+# location in a macro is where it is spelled.
+AST_NODE = re.compile(r"([ |`-]*)([A-Za-z]\w*) (0x[0-9a-f]+)(?: (?:parent|prev) 0x[0-9a-f]+)*")
+AST_LOC = re.compile(r"<invalid sloc>|col:\d+|line:(\d+):\d+|(<[^<>]*>|[^<>,\s]+):(\d+):\d+")
+AST_RECORD = re.compile(r" struct (\w+)( definition)?$")
+AST_MEMBER = re.compile(r" (->|\.)(\w*) (0x[0-9a-f]+)")
+
+
+def ast_nodes(dump):
+    """(depth, kind, address, file, line, rest of the line) of each node of a
+    text AST dump: file and line are where the node's last location (its
+    range's end, or a declaration's location) is spelled ("", 0: none)."""
+    cur = ["", 0]  # the file and line the dump left out
+
+    def loc_at(text, i):
+        """The location at text[i:]: (end, (file, line) or None), or None."""
+        loc = AST_LOC.match(text, i)
+        if loc is None:
+            return None
+        if loc.group(2) is not None:
+            cur[0], cur[1] = loc.group(2), int(loc.group(3))
+        elif loc.group(1) is not None:
+            cur[1] = int(loc.group(1))
+        return loc.end(), None if loc.group(0) == "<invalid sloc>" else (cur[0], cur[1])
+
+    for text in dump.splitlines():
+        m = AST_NODE.match(text)
+        if not m:
+            continue
+        kind, i, at = m.group(2), m.end(), ("", 0)
+        if text.startswith(" <", i):
+            got = loc_at(text, i + 2)
+            while got is not None:
+                i, at = got[0], got[1] or at
+                got = loc_at(text, i + 2) if text.startswith(", ", i) else None
+            i += 1  # the range's ">"
+            if kind.endswith("Decl") and text.startswith(" ", i):
+                got = loc_at(text, i + 1)
+                if got is not None:
+                    i, at = got[0], got[1] or at
+        yield len(m.group(1)), kind, m.group(3), at[0], at[1], text[i:]
+
+
+def ast_dump(clang, text, extra, tmp, name):
+    src = os.path.join(tmp, name)
+    with open(src, "w") as f:
+        f.write(text)
+    r = subprocess.run([clang, "-std=c99", "-x", "c", "-fsyntax-only", "-w", "-fno-color-diagnostics",
+                        "-Xclang", "-ast-dump", "-I", ROOT] + extra + [src], capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else None, r.stderr
+
+
+def may_use(where, owner):
+    """Whether the part at where may use the fields of owner's private
+    structs: owner itself, or one of owner's own parts (a file beside it whose
+    name extends owner's: distsgd/strategy_sync.h of distsgd/strategy.h)."""
+    stem = owner[:-2] if owner.endswith(".h") else owner
+    return where == owner or (os.path.dirname(where) == os.path.dirname(owner) and where.startswith(stem + "_"))
+
+
+def private_uses(clang, defines, parts, extra, tmp):
+    """Every use of a field of a part's private struct outside that part, as
+    (file, line, struct, field, owner); or an error message."""
+    includes = "".join('#include "%s"\n' % p for p in parts)
+    decls, err = ast_dump(clang, includes, extra, tmp, "ast_decls.c")
+    if decls is None:
+        return "clang cannot compile the declarations:\n" + "\n".join(err.splitlines()[:12])
+    declared, defined = set(), set()
+    for line in decls.splitlines():
+        if "RecordDecl 0x" in line:
+            m = AST_RECORD.search(line)
+            if m:
+                (defined if m.group(2) else declared).add(m.group(1))
+    opaque = set(n for n in declared - defined if "__" not in n)
+    full, err = ast_dump(clang, defines + includes, extra, tmp, "ast_impl.c")
+    if full is None:
+        return "clang cannot compile the implementation:\n" + "\n".join(err.splitlines()[:12])
+    fields = {}   # a private field's address: (struct, owner)
+    inside = None  # (depth, struct, owner) while in a private struct's body
+    uses = set()
+    for depth, kind, addr, path, line, rest in ast_nodes(full):
+        if inside is not None and depth <= inside[0]:
+            inside = None
+        if kind == "RecordDecl" and inside is None:
+            m = AST_RECORD.search(rest)
+            if m and m.group(2) and m.group(1) in opaque:
+                owner = os.path.relpath(path, ROOT) if path else "?"
+                if owner not in parts:  # the dump was misread
+                    return "struct %s's body is in %s, not in a part" % (m.group(1), owner)
+                inside = (depth, m.group(1), owner)
+        elif kind == "FieldDecl" and inside is not None:
+            fields[addr] = inside[1:]
+        elif kind == "MemberExpr":
+            m = AST_MEMBER.search(rest)
+            if m and m.group(3) in fields:
+                struct, owner = fields[m.group(3)]
+                where = os.path.relpath(path, ROOT) if path else "?"
+                if not may_use(where, owner):
+                    uses.add((where, line, struct, m.group(1) + m.group(2), owner))
+    if not fields:  # a check that finds no private struct checks nothing
+        return "no private struct found in clang's AST (%d declared without a body)" % len(opaque)
+    return sorted(uses)
+
+
 def main():
     cc = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CC", "cc")
     cxx = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("CXX", "c++")
@@ -83,6 +212,9 @@ def main():
             above.append(part)
             text = "#define DISTSGD_IMPLEMENTATION\n" + defines + "".join('#include "%s"\n' % p for p in above)
             jobs.append((part, len(above) - 1, text, extra))
+    clang = os.environ.get("CLANG", "clang")
+    if shutil.which(clang) is None:
+        clang = None
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         def compile_one(i):
@@ -96,9 +228,17 @@ def main():
                 if r.returncode != 0:
                     bad.append((lang, r.stderr))
             return bad
-        # the compilers run in parallel (the threads only wait on them)
+        # the compilers run in parallel (the threads only wait on them); clang's
+        # AST of every group at once (an add-on's parts with the core), first
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            private = None
+            if clang is not None:
+                every = [p for _, parts, _ in groups for p in parts]
+                impl = "#define DISTSGD_IMPLEMENTATION\n" + "".join(d for d, _, _ in groups)
+                extra = [f for _, _, flags in groups for f in flags]
+                private = pool.submit(private_uses, clang, impl, every, extra, tmp)
             results = list(pool.map(compile_one, range(len(jobs))))
+            uses = private.result() if private is not None else None
         for (part, n, _, _), bad in zip(jobs, results):
             if not bad:
                 print("ok    %s with only the %d parts above it (C99, C++11)" % (part, n))
@@ -106,9 +246,23 @@ def main():
                 print("FAIL  %s with only the parts above it (%s):" % (part, lang))
                 print("\n".join(err.splitlines()[:12]))
             failed += 1 if bad else 0
+    bad_uses = 0
+    if uses is None:
+        print("skip  private fields (no %s found; tools/deps.sh test installs clang)" % os.environ.get("CLANG", "clang"))
+    elif isinstance(uses, str):
+        print("FAIL  private fields: " + uses)
+        bad_uses = 1
+    elif not uses:
+        print("ok    no part uses a field of another part's private struct (clang's AST)")
+    else:
+        for where, line, struct, field, owner in uses:
+            print("FAIL  %s:%d: %s of struct %s, private to %s (use an accessor)" % (where, line, field, struct, owner))
+        bad_uses = len(uses)
     if failed:
         print("check_parts: %d part(s) use something from a part below them" % failed)
-    return 1 if failed else 0
+    if bad_uses:
+        print("check_parts: %d use(s) of another part's private struct fields" % bad_uses)
+    return 1 if failed or bad_uses else 0
 
 
 if __name__ == "__main__":

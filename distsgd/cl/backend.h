@@ -239,7 +239,7 @@ static dsgd_result dsgd_cl__ensure_scratch(dsgd_cl__backend *b, size_t bytes) {
     if (b->scratch) clReleaseMemObject(b->scratch); /* freed once queued work is done */
     b->scratch = NULL;
     b->scratch_bytes = 0;
-    b->scratch = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    b->scratch = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", "scratch");
     b->scratch_bytes = bytes;
     return DSGD_OK;
@@ -258,7 +258,7 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
                                   "opencl buffer_create: %lu floats overflow size_t", (unsigned long)count);
     buf = (dsgd_cl__buffer *)DSGD_MALLOC(sizeof(*buf));
     if (!buf) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY, "opencl buffer_create");
-    buf->mem = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
+    buf->mem = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
     if (err != CL_SUCCESS) {
         DSGD_FREE(buf);
         snprintf(what, sizeof(what), "%lu floats", (unsigned long)count);
@@ -433,7 +433,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
         cl_int err;
         if (b->gemm_temp) clReleaseMemObject(b->gemm_temp); /* freed once queued work is done */
         b->gemm_temp_bytes = 0;
-        b->gemm_temp = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, temp_bytes, NULL, &err);
+        b->gemm_temp = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, temp_bytes, NULL, &err);
         if (err != CL_SUCCESS) {
             pthread_mutex_unlock(&dsgd_cl__clblast_lock);
             b->gemm_temp = NULL;
@@ -852,16 +852,18 @@ static void dsgd_cl__destroy(void *impl) {
    of the backend's own (always with profiling). */
 static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int profiling) {
     dsgd_cl_context *c = b->cl;
+    cl_command_queue shared = dsgd_cl__context_shared_queue(c, b->dev);
     cl_int err;
-    if (c->dev_queue[b->dev] && !profiling) {
-        b->queue = c->dev_queue[b->dev];
+    if (shared && !profiling) {
+        b->queue = shared;
         err = clRetainCommandQueue(b->queue);
     } else {
-        b->queue = clCreateCommandQueue(c->context, b->device, profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+        b->queue = clCreateCommandQueue(dsgd_cl_context_handle(c), b->device,
+                                        profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
     }
     if (err != CL_SUCCESS) {
         b->queue = NULL;
-        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[b->dev].device_name);
+        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", dsgd_cl_context_device_info(c, b->dev)->device_name);
     }
     return DSGD_OK;
 }
@@ -869,12 +871,12 @@ static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int p
 /* The backend's own kernel objects (clSetKernelArg is not thread-safe on a
    shared cl_kernel) and the work-group sizes it launches them with. */
 static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
-    size_t kmax = (size_t)-1, local_mem = (size_t)b->cl->info[b->dev].local_mem_bytes;
+    size_t kmax = (size_t)-1, local_mem = (size_t)dsgd_cl_context_device_info(b->cl, b->dev)->local_mem_bytes;
     cl_int err;
     int k;
     for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
         size_t wg = 0;
-        b->kernels[k] = clCreateKernel(b->cl->program, dsgd_cl__kernel_fn[k], &err);
+        b->kernels[k] = clCreateKernel(dsgd_cl__context_program(b->cl), dsgd_cl__kernel_fn[k], &err);
         if (err != CL_SUCCESS) {
             b->kernels[k] = NULL;
             return dsgd_cl__fail(ctx, err, "clCreateKernel", dsgd_cl__kernel_fn[k]);
@@ -899,7 +901,7 @@ static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
 /* The small buffer of int / ulong results (loss status, norm counts). */
 static dsgd_result dsgd_cl__make_status(dsgd_ctx *ctx, dsgd_cl__backend *b) {
     cl_int err;
-    b->status = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
+    b->status = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
     if (err != CL_SUCCESS) {
         b->status = NULL;
         return dsgd_cl__fail(ctx, err, "clCreateBuffer", "status");
@@ -951,20 +953,20 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     memset(out, 0, sizeof(*out));
     memset(&d, 0, sizeof(d));
     if (desc) d = *desc;
-    if (d.device < 0 || d.device >= c->num_devices)
+    if (d.device < 0 || d.device >= dsgd_cl_context_num_devices(c))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
                                   "dsgd_cl_context_num_devices())",
-                                  d.device, c->num_devices - 1);
+                                  d.device, dsgd_cl_context_num_devices(c) - 1);
     b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
     if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
     memset(b, 0, sizeof(*b));
     b->ctx = ctx;
     b->cl = c;
     b->dev = d.device;
-    b->device = c->devices[d.device];
-    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
-    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
+    b->device = dsgd_cl_context_device(c, d.device);
+    b->acc_size = dsgd_cl_context_fp64(c) ? sizeof(cl_double) : sizeof(cl_float);
+    if (d.host_visible > 0 || (d.host_visible == 0 && dsgd_cl_context_device_info(c, d.device)->unified_memory))
         b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
     r = dsgd_cl__open_queue(ctx, b, d.profiling);
     if (r == DSGD_OK) r = dsgd_cl__make_kernels(ctx, b);

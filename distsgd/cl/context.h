@@ -1489,6 +1489,12 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i) {
     return (c && i >= 0 && i < c->num_devices) ? c->devices[i] : NULL;
 }
 
+/* For the backend (backend.h): the program of our kernels, built for every
+   device; device i's shared queue under DSGD_CL_QUEUES_PER_DEVICE (NULL
+   under PER_BACKEND: each backend then opens its own). */
+static cl_program dsgd_cl__context_program(const dsgd_cl_context *c) { return c->program; }
+static cl_command_queue dsgd_cl__context_shared_queue(const dsgd_cl_context *c, int i) { return c->dev_queue[i]; }
+
 /* >>gemm parameters --------------------------------------------------------- */
 
 static const char *const dsgd_cl__xgemm_names[DSGD_CL_XGEMM_NPARAMS] = {
