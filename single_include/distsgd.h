@@ -304,6 +304,15 @@ DSGD_API dsgd_result dsgd_ctx_last_result(const dsgd_ctx *ctx);
    dsgd_ctx_last_error "" until the next one. ctx NULL: nothing.
    Thread safety: the context's thread. */
 DSGD_API void dsgd_ctx_clear_error(dsgd_ctx *ctx);
+/* dsgd_ctx_logger: the logger ctx was created with (func NULL when none, or
+   ctx NULL), to give a context of your own, on another thread, the same
+   logger (see THREAD SAFETY in distsgd.h: it is then called from both).
+   dsgd_ctx_label: the label that prefixes ctx's messages, as copied ("" when
+   none, or ctx NULL); the pointer dies with ctx.
+   Errors: none. Thread safety: any thread, while ctx lives (creation fixes
+   both). */
+DSGD_API dsgd_logger dsgd_ctx_logger(const dsgd_ctx *ctx);
+DSGD_API const char *dsgd_ctx_label(const dsgd_ctx *ctx);
 /* Records an error on ctx (printf-style message, prefixed with the context's
    label and cut at 1023 bytes), passes it to the logger at DSGD_LOG_ERROR,
    and returns r. Backends and transports written outside this file use it
@@ -460,6 +469,15 @@ DSGD_API void dsgd_ctx_clear_error(dsgd_ctx *ctx) {
     ctx->last_result = DSGD_OK;
     ctx->last_error[0] = '\0';
 }
+
+DSGD_API dsgd_logger dsgd_ctx_logger(const dsgd_ctx *ctx) {
+    dsgd_logger none;
+    if (ctx) return ctx->logger;
+    memset(&none, 0, sizeof(none));
+    return none;
+}
+
+DSGD_API const char *dsgd_ctx_label(const dsgd_ctx *ctx) { return ctx ? ctx->label : ""; }
 
 static void dsgd__vformat(dsgd_ctx *ctx, char *dst, size_t cap, const char *fmt, va_list ap) {
     size_t used = 0;
@@ -4224,6 +4242,27 @@ static dsgd_result dsgd__model_fold_metrics(dsgd_model *m) {
     return DSGD_OK;
 }
 
+/* The accumulators a checkpoint saves and restores: st the device floats
+   [train loss, train correct, eval loss, eval correct], count the samples
+   of the train and eval slots. The read folds the host part in first
+   (count is filled even when reading the device fails); the write replaces
+   all of them and clears the host part (count is set even when writing the
+   device fails). */
+static dsgd_result dsgd__model_read_accumulators(dsgd_model *m, float st[4], double count[2]) {
+    dsgd_result r = dsgd__model_fold_metrics(m);
+    if (r == DSGD_OK) r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), st, 4);
+    count[0] = m->count[0];
+    count[1] = m->count[1];
+    return r;
+}
+static dsgd_result dsgd__model_write_accumulators(dsgd_model *m, const float st[4], const double count[2]) {
+    dsgd_result r = m->be.write(m->be.impl, dsgd__ref(m->stats, 0), st, 4);
+    m->count[0] = count[0];
+    m->count[1] = count[1];
+    memset(m->host, 0, sizeof(m->host));
+    return r;
+}
+
 DSGD_API dsgd_result dsgd_model_take_metrics(dsgd_model *m, dsgd_metrics_slot slot, dsgd_metrics *out) {
     float s[2];
     dsgd_result r;
@@ -4323,6 +4362,13 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *opt);
    changes them). */
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *opt);
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *opt);
+/* dsgd_optimizer_lr: the learning rate the next step applies (the schedule's
+   at dsgd_optimizer_steps; opt NULL: 0).
+   dsgd_optimizer_model: the model opt was created for (opt NULL: NULL).
+   Errors: none. Thread safety: the model's thread (a step changes the
+   first). */
+DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *opt);
+DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *opt);
 /* The optimizer's state, read-only (what a checkpoint saves besides the
    parameters and dsgd_optimizer_steps): its slots, one float per parameter
    each, in the order of the model's flat parameter buffer.
@@ -4462,23 +4508,29 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     dsgd_optimizer_desc d;
     dsgd_result r = DSGD_OK;
     const char *what = "dsgd_optimizer_create";
+    dsgd_ctx *ctx;
+    const dsgd_backend_i *be;
+    size_t n;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!desc || !out) return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
+    ctx = dsgd_model_ctx(m);
+    if (!desc || !out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
     d = dsgd__optimizer_defaults(desc);
-    if ((r = dsgd__optimizer_desc_check(m->ctx, &d, what)) != DSGD_OK) return r;
-    o = (dsgd_optimizer *)dsgd__alloc(m->ctx, sizeof(*o), what);
+    if ((r = dsgd__optimizer_desc_check(ctx, &d, what)) != DSGD_OK) return r;
+    o = (dsgd_optimizer *)dsgd__alloc(ctx, sizeof(*o), what);
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
     o->m = m;
     o->d = d;
+    be = dsgd_model_backend(m);
+    n = dsgd_model_num_params(m);
     if (d.kind != DSGD_OPT_SGD) {
-        r = m->be.buffer_create(m->be.impl, m->num_params, &o->m1);
-        if (r == DSGD_OK) r = m->be.fill(m->be.impl, dsgd__ref(o->m1, 0), 0.0f, m->num_params);
+        r = be->buffer_create(be->impl, n, &o->m1);
+        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m1, 0), 0.0f, n);
     }
     if (r == DSGD_OK && (d.kind == DSGD_OPT_ADAM || d.kind == DSGD_OPT_ADAMW)) {
-        r = m->be.buffer_create(m->be.impl, m->num_params, &o->m2);
-        if (r == DSGD_OK) r = m->be.fill(m->be.impl, dsgd__ref(o->m2, 0), 0.0f, m->num_params);
+        r = be->buffer_create(be->impl, n, &o->m2);
+        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m2, 0), 0.0f, n);
     }
     if (r != DSGD_OK) {
         dsgd_optimizer_destroy(o);
@@ -4489,41 +4541,60 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
 }
 
 DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *o) {
+    const dsgd_backend_i *be;
     if (!o) return;
-    if (o->m1) o->m->be.buffer_destroy(o->m->be.impl, o->m1);
-    if (o->m2) o->m->be.buffer_destroy(o->m->be.impl, o->m2);
+    be = dsgd_model_backend(o->m);
+    if (o->m1) be->buffer_destroy(be->impl, o->m1);
+    if (o->m2) be->buffer_destroy(be->impl, o->m2);
     DSGD_FREE(o);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
-    dsgd_model *m;
+    const dsgd_backend_i *be;
     dsgd_opt_update u;
     dsgd_result r;
+    size_t n;
     float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
-    m = o->m;
+    be = dsgd_model_backend(o->m);
+    n = dsgd_model_num_params(o->m);
     if (o->d.clip_norm > 0.0f) {
         /* clip_by_global_norm: g * clip / max(norm, clip) */
         double sumsq = 0.0;
         size_t bad = 0;
-        r = m->be.norm_check(m->be.impl, dsgd__ref(m->grads, 0), m->num_params, &sumsq, &bad);
+        r = be->norm_check(be->impl, dsgd_model_grads(o->m), n, &sumsq, &bad);
         if (r != DSGD_OK) return r;
         if (bad)
-            return dsgd_ctx_set_error(m->ctx, DSGD_ERR_NON_FINITE,
+            return dsgd_ctx_set_error(dsgd_model_ctx(o->m), DSGD_ERR_NON_FINITE,
                                       "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
                                       (long long)o->t, bad);
         o->last_norm = sqrt(sumsq);
         if (o->last_norm > o->d.clip_norm) grad_scale = (float)(o->d.clip_norm / o->last_norm);
     }
     u = dsgd__opt_update_at(&o->d, o->t, grad_scale);
-    r = m->be.optimizer_update(m->be.impl, &u, dsgd__ref(m->params, 0), dsgd__ref(m->grads, 0), dsgd__ref(o->m1, 0),
-                               dsgd__ref(o->m2, 0), m->num_params);
+    r = be->optimizer_update(be->impl, &u, dsgd_model_params(o->m), dsgd_model_grads(o->m), dsgd__ref(o->m1, 0),
+                             dsgd__ref(o->m2, 0), n);
     if (r == DSGD_OK) ++o->t;
     return r;
 }
 
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
+DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
+    return o ? dsgd_lr_at(&o->d.schedule, o->d.lr, o->t) : 0.0f;
+}
+DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? o->m : NULL; }
+
+/* The counters a checkpoint restores, and central storage copies from its
+   central optimizer into the replicas' (whose slots it never uses): the
+   step count (dsgd_optimizer_steps), and the last clipped norm
+   (dsgd_optimizer_last_grad_norm). */
+static void dsgd__optimizer_set_steps(dsgd_optimizer *o, int64_t t) { o->t = t; }
+static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) { o->last_norm = norm; }
+
+/* The kind o was created with, which a checkpoint records to refuse
+   restoring one optimizer's state into another. */
+static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->d.kind; }
 
 DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? (o->m1 != NULL) + (o->m2 != NULL) : 0; }
 
@@ -4533,18 +4604,34 @@ DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot)
     return slot == 0 ? "m" : "v";
 }
 
+/* Slot k (0 <= k < dsgd_optimizer_num_slots, in dsgd_optimizer_slot_name's
+   order) as a ref at its first float, in the model's backend: what a
+   checkpoint reads to save it and writes to restore it. */
+static dsgd_ref dsgd__optimizer_slot_ref(const dsgd_optimizer *o, int k) {
+    return dsgd__ref(k == 0 ? o->m1 : o->m2, 0);
+}
+
 DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {
     const char *what = "dsgd_optimizer_read_slot";
+    const dsgd_backend_i *be;
+    dsgd_ref at;
+    dsgd_ctx *ctx;
+    size_t n;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!dst && count > 0) return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: dst is NULL", what);
+    ctx = dsgd_model_ctx(o->m);
+    n = dsgd_model_num_params(o->m);
+    if (!dst && count > 0) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: dst is NULL", what);
     if (!dsgd_optimizer_slot_name(o, slot))
-        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: slot %d; this optimizer has %d", what,
-                                  slot, dsgd_optimizer_num_slots(o));
-    if (offset > o->m->num_params || count > o->m->num_params - offset)
-        return dsgd_ctx_set_error(o->m->ctx, DSGD_ERR_SHAPE, "%s: floats %zu..%zu, the model has %zu parameters",
-                                  what, offset, offset + count, o->m->num_params);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: slot %d; this optimizer has %d", what, slot,
+                                  dsgd_optimizer_num_slots(o));
+    if (offset > n || count > n - offset)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_SHAPE, "%s: floats %zu..%zu, the model has %zu parameters", what,
+                                  offset, offset + count, n);
     if (count == 0) return DSGD_OK;
-    return o->m->be.read(o->m->be.impl, dsgd__ref(slot == 0 ? o->m1 : o->m2, offset), dst, count);
+    be = dsgd_model_backend(o->m);
+    at = dsgd__optimizer_slot_ref(o, slot);
+    at.off += offset;
+    return be->read(be->impl, at, dst, count);
 }
 
 #endif /* DSGD__PART_OPTIM_IMPL */
@@ -5245,10 +5332,17 @@ DSGD_API dsgd_result dsgd_dataset_load_csv(dsgd_ctx *ctx, const char *path, cons
      (dsgd_ps_server_save); a section per process is never needed.
 
      Writing is atomic: the image goes to a temporary file beside path
-     (path.XXXXXX, mode 0600), which is flushed to disk (fsync), renamed
-     over path, and the directory is flushed too. A crash at any point
-     leaves either the old checkpoint or the new one under path (and at
-     worst a stray temporary file).
+     (path.tmp.HOST.PID.XXXXXX, mode 0600: HOST this machine's name with
+     every character but letters, digits and '-' made '_', PID the writing
+     process), which is flushed to disk (fsync), renamed over path, and the
+     directory is flushed too. A crash at any point leaves either the old
+     checkpoint or the new one under path, and at worst that temporary
+     file. The next save to path removes such leftovers first: each
+     temporary of path named for this machine whose process no longer
+     exists. A temporary of a live process (another save to path under
+     way, in this process or another), one named for another machine
+     (whose processes this one cannot see) and every other file are left
+     alone; a leftover that cannot be removed is left too, silently.
 */
 #ifndef DSGD__PART_CHECKPOINT_DECL
 #define DSGD__PART_CHECKPOINT_DECL
@@ -5500,7 +5594,7 @@ static void dsgd__ckw_init(dsgd__ck_writer *w, dsgd_ctx *ctx, const char *what, 
 
 /* The bytes of a model's and optimizer's sections, with room for the rest. */
 static size_t dsgd__ck_expect(const dsgd_model *m, int slots, size_t more) {
-    return 65536 + m->num_params * sizeof(float) * (size_t)(1 + slots) + more;
+    return 65536 + dsgd_model_num_params(m) * sizeof(float) * (size_t)(1 + slots) + more;
 }
 
 static void dsgd__ckw_u32(dsgd__ck_writer *w, uint32_t v) {
@@ -5556,22 +5650,103 @@ static void dsgd__ckw_end(dsgd__ck_writer *w) {
     w->nsec++;
 }
 
-/* Writes data to path atomically (see CHECKPOINTS): a temporary file beside
-   it, fsync, rename, fsync of the directory. */
+/* >>atomic-write ------------------------------------------------------------ */
+
+#include <dirent.h>
+#include <signal.h>
+
+/* This machine's name as it goes into temporary names: letters, digits and
+   '-' kept, anything else '_', at most 64 characters ("unknown" when the
+   system will not say). It holds no '.', so a name parses from its dots. */
+static void dsgd__ck_host(char out[65]) {
+    char h[256];
+    size_t i;
+    if (gethostname(h, sizeof(h) - 1) != 0 || h[0] == '\0') strcpy(h, "unknown");
+    h[sizeof(h) - 1] = '\0';
+    for (i = 0; h[i] && i < 64; ++i) {
+        char ch = h[i];
+        int keep = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-';
+        out[i] = keep ? ch : '_';
+    }
+    out[i] = '\0';
+}
+
+/* The writer's pid if name is a temporary of ours for the file base on host
+   (base.tmp.host.pid.XXXXXX, the mkstemp suffix letters and digits), else 0. */
+static pid_t dsgd__ck_temp_pid(const char *name, const char *base, const char *host) {
+    size_t bl = strlen(base), hl = strlen(host), i, nd;
+    const char *p = name;
+    long pid = 0;
+    if (strncmp(p, base, bl) != 0 || strncmp(p + bl, ".tmp.", 5) != 0) return 0;
+    p += bl + 5;
+    if (strncmp(p, host, hl) != 0 || p[hl] != '.') return 0;
+    p += hl + 1;
+    for (nd = 0; p[nd] >= '0' && p[nd] <= '9'; ++nd) {
+        if (nd == 9 || (nd == 0 && p[0] == '0')) return 0; /* no leading zero; under 10^9 */
+        pid = pid * 10 + (p[nd] - '0');
+    }
+    if (nd == 0 || p[nd] != '.') return 0;
+    p += nd + 1;
+    for (i = 0; i < 6; ++i)
+        if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= 'A' && p[i] <= 'Z') || (p[i] >= '0' && p[i] <= '9')))
+            return 0;
+    if (p[6] != '\0' || (long)(pid_t)pid != pid) return 0;
+    return (pid_t)pid;
+}
+
+/* Removes the temporaries that killed writers of base (in dir) left behind:
+   those of this machine whose process no longer exists. A live writer's,
+   another machine's and any other file stay. Best effort: a directory that
+   cannot be read, or a file that cannot be removed, is left as it is. */
+static void dsgd__ck_remove_stale(const char *dir, const char *base, const char *host) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    size_t dl = strlen(dir);
+    if (!d) return;
+    while ((e = readdir(d)) != NULL) {
+        pid_t pid = dsgd__ck_temp_pid(e->d_name, base, host);
+        char *full;
+        if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue; /* not ours, alive, or not ours to know */
+        if (!(full = (char *)DSGD_MALLOC(dl + strlen(e->d_name) + 2))) continue;
+        memcpy(full, dir, dl);
+        full[dl] = '/';
+        strcpy(full + dl + 1, e->d_name);
+        unlink(full);
+        DSGD_FREE(full);
+    }
+    closedir(d);
+}
+
+/* Writes data to path atomically (see CHECKPOINTS): first the stale
+   temporaries of path go, then a temporary file beside it, fsync, rename,
+   fsync of the directory. */
 static dsgd_result dsgd__write_atomic(dsgd_ctx *ctx, const char *what, const char *path, const void *data,
                                       size_t len) {
-    size_t plen = strlen(path), done = 0;
-    char *tmp = (char *)dsgd__alloc(ctx, plen + 8, what), *dir;
-    const char *slash;
+    size_t plen = strlen(path), done = 0, cap;
+    char host[65], *tmp, *dir;
+    const char *slash = strrchr(path, '/');
     dsgd_result r = DSGD_OK;
     int fd, dfd, e;
-    if (!tmp) return DSGD_ERR_OUT_OF_MEMORY;
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".XXXXXX", 8);
+    dsgd__ck_host(host);
+    cap = plen + 5 + strlen(host) + 1 + 20 + 8; /* path.tmp.host.pid.XXXXXX */
+    if (!(tmp = (char *)dsgd__alloc(ctx, cap, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    if (!(dir = (char *)dsgd__alloc(ctx, plen + 2, what))) {
+        DSGD_FREE(tmp);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    if (!slash) strcpy(dir, ".");
+    else if (slash == path) strcpy(dir, "/");
+    else {
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = '\0';
+    }
+    dsgd__ck_remove_stale(dir, slash ? slash + 1 : path, host);
+    snprintf(tmp, cap, "%s.tmp.%s.%ld.XXXXXX", path, host, (long)getpid());
     if ((fd = mkstemp(tmp)) < 0) {
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot create a temporary file beside it: %s", what, path,
                                strerror(errno));
         DSGD_FREE(tmp);
+        DSGD_FREE(dir);
         return r;
     }
     while (done < len) {
@@ -5588,27 +5763,16 @@ static dsgd_result dsgd__write_atomic(dsgd_ctx *ctx, const char *what, const cha
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot put %s in its place: %s", what, path, tmp,
                                strerror(errno));
     }
-    if (r != DSGD_OK) {
-        unlink(tmp);
-        DSGD_FREE(tmp);
-        return r;
-    }
+    if (r != DSGD_OK) unlink(tmp);
     /* the rename is durable once the directory is */
-    dir = tmp;
-    slash = strrchr(path, '/');
-    if (!slash) strcpy(dir, ".");
-    else if (slash == path) strcpy(dir, "/");
-    else {
-        memcpy(dir, path, (size_t)(slash - path));
-        dir[slash - path] = '\0';
-    }
-    if ((dfd = open(dir, O_RDONLY)) >= 0) {
+    if (r == DSGD_OK && (dfd = open(dir, O_RDONLY)) >= 0) {
         if (fsync(dfd) != 0 && errno != EINVAL && errno != EBADF) /* some file systems cannot sync a directory */
             r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot flush directory %s: %s", what, path, dir,
                                    strerror(errno));
         close(dfd);
     }
     DSGD_FREE(tmp);
+    DSGD_FREE(dir);
     return r;
 }
 
@@ -5829,10 +5993,10 @@ static dsgd_result dsgd__ck_bad_section(const dsgd__ck_file *f, const dsgd__ck_s
 static void dsgd__ck_put_model(dsgd__ck_writer *w, const dsgd_model *m) {
     int i, k;
     dsgd__ckw_begin(w, "model");
-    dsgd__ckw_u64(w, (uint64_t)m->num_params);
+    dsgd__ckw_u64(w, (uint64_t)dsgd_model_num_params(m));
     dsgd__ckw_u32(w, (uint32_t)dsgd_model_num_variables(m));
     for (i = 0; i < dsgd_model_num_variables(m); ++i) {
-        const dsgd_variable *v = &m->vars[i];
+        const dsgd_variable *v = dsgd_model_variable(m, i);
         dsgd__ckw_str(w, v->name);
         dsgd__ckw_u64(w, (uint64_t)v->offset);
         dsgd__ckw_u32(w, (uint32_t)v->rank);
@@ -5869,7 +6033,7 @@ static dsgd_result dsgd__ck_check_model(const dsgd__ck_file *f, const dsgd_model
         uint32_t shape[DSGD_MAX_RANK], mshape[DSGD_MAX_RANK];
         uint64_t off;
         uint32_t rank;
-        const dsgd_variable *v = i < (uint32_t)dsgd_model_num_variables(m) ? &m->vars[i] : NULL;
+        const dsgd_variable *v = i < (uint32_t)dsgd_model_num_variables(m) ? dsgd_model_variable(m, (int)i) : NULL;
         dsgd__ckr_str(&c, name, sizeof(name));
         off = dsgd__ckr_u64(&c);
         rank = dsgd__ckr_u32(&c);
@@ -5891,63 +6055,64 @@ static dsgd_result dsgd__ck_check_model(const dsgd__ck_file *f, const dsgd_model
                                       v->name, dsgd__ck_shape_text(b, sizeof(b), mshape, v->rank));
     }
     if (c.left != 0) return dsgd__ck_bad_section(f, s, "bytes after the last variable");
-    if (nv != (uint32_t)dsgd_model_num_variables(m) || np != (uint64_t)m->num_params)
+    if (nv != (uint32_t)dsgd_model_num_variables(m) || np != (uint64_t)dsgd_model_num_params(m))
         return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
                                   "%s: %s: another model: the checkpoint has %u variables and %llu parameters, this "
                                   "model %d and %zu",
                                   f->what, f->path, (unsigned)nv, (unsigned long long)np, dsgd_model_num_variables(m),
-                                  m->num_params);
+                                  dsgd_model_num_params(m));
     return DSGD_OK;
 }
 
 /* "params": the flat parameter buffer. */
 static void dsgd__ck_put_params(dsgd__ck_writer *w, dsgd_model *m) {
     dsgd__ckw_begin(w, "params");
-    dsgd__ckw_read(w, &m->be, dsgd__ref(m->params, 0), m->num_params);
+    dsgd__ckw_read(w, dsgd_model_backend(m), dsgd_model_params(m), dsgd_model_num_params(m));
     dsgd__ckw_end(w);
 }
 
 static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, const dsgd_model *m) {
     const dsgd__ck_section *s = dsgd__ck_need(f, "params", "the parameters");
     if (!s) return DSGD_ERR_SHAPE;
-    if (s->size != m->num_params * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
+    if (s->size != dsgd_model_num_params(m) * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
     return DSGD_OK;
 }
 
-/* Writes count stored floats at src into buf of m's backend: straight from
+/* Writes count stored floats at src to dst in m's backend: straight from
    the image where it is aligned and the host little-endian, else through a
    copy. */
-static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_buffer *buf, const unsigned char *src,
+static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_ref dst, const unsigned char *src,
                                          size_t count) {
+    const dsgd_backend_i *be = dsgd_model_backend(m);
     float *tmp;
     dsgd_result r;
     if (count == 0) return DSGD_OK;
     if (dsgd__ck_little_endian() && (uintptr_t)src % sizeof(float) == 0)
-        return m->be.write(m->be.impl, dsgd__ref(buf, 0), (const float *)(const void *)src, count);
-    if (!(tmp = (float *)dsgd__alloc(m->ctx, count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
+        return be->write(be->impl, dst, (const float *)(const void *)src, count);
+    if (!(tmp = (float *)dsgd__alloc(dsgd_model_ctx(m), count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
     dsgd__ck_copy_floats(tmp, src, count);
-    r = m->be.write(m->be.impl, dsgd__ref(buf, 0), tmp, count);
+    r = be->write(be->impl, dst, tmp, count);
     DSGD_FREE(tmp);
     return r;
 }
 
 static dsgd_result dsgd__ck_apply_params(const dsgd__ck_file *f, dsgd_model *m) {
-    return dsgd__ck_write_buffer(m, f->what, m->params, dsgd__ck_find(f, "params")->data, m->num_params);
+    return dsgd__ck_write_buffer(m, f->what, dsgd_model_params(m), dsgd__ck_find(f, "params")->data,
+                                 dsgd_model_num_params(m));
 }
 
 /* "optimizer": kind, steps, last norm, slots. */
 static void dsgd__ck_put_optimizer(dsgd__ck_writer *w, dsgd_optimizer *o) {
-    dsgd_buffer *slot[2];
+    const dsgd_model *m = dsgd_optimizer_model(o);
+    size_t np = dsgd_model_num_params(m);
     int k, n = dsgd_optimizer_num_slots(o);
-    slot[0] = o->m1;
-    slot[1] = o->m2;
     dsgd__ckw_begin(w, "optimizer");
-    dsgd__ckw_u32(w, (uint32_t)o->d.kind);
-    dsgd__ckw_u64(w, (uint64_t)o->t);
-    dsgd__ckw_f64(w, o->last_norm);
+    dsgd__ckw_u32(w, (uint32_t)dsgd__optimizer_kind(o));
+    dsgd__ckw_u64(w, (uint64_t)dsgd_optimizer_steps(o));
+    dsgd__ckw_f64(w, dsgd_optimizer_last_grad_norm(o));
     dsgd__ckw_u32(w, (uint32_t)n);
-    dsgd__ckw_u64(w, (uint64_t)o->m->num_params);
-    for (k = 0; k < n; ++k) dsgd__ckw_read(w, &o->m->be, dsgd__ref(slot[k], 0), o->m->num_params);
+    dsgd__ckw_u64(w, (uint64_t)np);
+    for (k = 0; k < n; ++k) dsgd__ckw_read(w, dsgd_model_backend(m), dsgd__optimizer_slot_ref(o, k), np);
     dsgd__ckw_end(w);
 }
 
@@ -5968,6 +6133,7 @@ static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_o
     const dsgd__ck_section *s = dsgd__ck_need(f, "optimizer", "the optimizer");
     dsgd__ck_cur c;
     uint64_t np, t;
+    size_t mnp = dsgd_model_num_params(dsgd_optimizer_model(o));
     if (!s) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(s);
     out->kind = dsgd__ckr_u32(&c);
@@ -5978,29 +6144,28 @@ static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_o
     if (c.bad) return dsgd__ck_bad_section(f, s, "cut short");
     if (t > (uint64_t)INT64_MAX) return dsgd__ck_bad_section(f, s, "a negative step count");
     out->t = (int64_t)t;
-    if (out->nslots > 2 || np != (uint64_t)o->m->num_params ||
-        c.left != (size_t)out->nslots * o->m->num_params * sizeof(float))
+    if (out->nslots > 2 || np != (uint64_t)mnp || c.left != (size_t)out->nslots * mnp * sizeof(float))
         return dsgd__ck_bad_section(f, s, "slots of the wrong size");
-    if (out->kind != (uint32_t)o->d.kind || (int)out->nslots != dsgd_optimizer_num_slots(o))
+    if (out->kind != (uint32_t)dsgd__optimizer_kind(o) || (int)out->nslots != dsgd_optimizer_num_slots(o))
         return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
                                   "%s: %s: the checkpoint holds the state of a %s optimizer, this one is %s", f->what,
-                                  f->path, dsgd__opt_kind_text(out->kind), dsgd__opt_kind_text((uint32_t)o->d.kind));
+                                  f->path, dsgd__opt_kind_text(out->kind),
+                                  dsgd__opt_kind_text((uint32_t)dsgd__optimizer_kind(o)));
     out->slots = c.p;
     return DSGD_OK;
 }
 
 static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, dsgd_optimizer *o, const dsgd__ck_opt *st) {
-    dsgd_buffer *slot[2];
-    size_t np = o->m->num_params;
+    dsgd_model *m = dsgd_optimizer_model(o);
+    size_t np = dsgd_model_num_params(m);
     uint32_t k;
     dsgd_result r = DSGD_OK;
-    slot[0] = o->m1;
-    slot[1] = o->m2;
     for (k = 0; k < st->nslots && r == DSGD_OK; ++k)
-        r = dsgd__ck_write_buffer(o->m, f->what, slot[k], st->slots + (size_t)k * np * sizeof(float), np);
+        r = dsgd__ck_write_buffer(m, f->what, dsgd__optimizer_slot_ref(o, (int)k),
+                                  st->slots + (size_t)k * np * sizeof(float), np);
     if (r == DSGD_OK) {
-        o->t = st->t;
-        o->last_norm = st->last_norm;
+        dsgd__optimizer_set_steps(o, st->t);
+        dsgd__optimizer_set_last_grad_norm(o, st->last_norm);
     }
     return r;
 }
@@ -6018,11 +6183,7 @@ typedef struct dsgd__ck_mrec {
 
 /* Reads model m's accumulators (a custom model's host part folded in first). */
 static dsgd_result dsgd__ck_mrec_get(dsgd_model *m, dsgd__ck_mrec *out) {
-    dsgd_result r = dsgd__model_fold_metrics(m);
-    if (r == DSGD_OK) r = m->be.read(m->be.impl, dsgd__ref(m->stats, 0), out->st, 4);
-    out->count[0] = m->count[0];
-    out->count[1] = m->count[1];
-    return r;
+    return dsgd__model_read_accumulators(m, out->st, out->count);
 }
 
 static void dsgd__ckw_mrec(dsgd__ck_writer *w, const dsgd__ck_mrec *rec) {
@@ -6081,10 +6242,7 @@ static dsgd_result dsgd__ck_apply_metrics(const unsigned char *records, uint32_t
             cnt[0] += dsgd__ckr_f64(&c);
             cnt[1] += dsgd__ckr_f64(&c);
         }
-        res = models[r]->be.write(models[r]->be.impl, dsgd__ref(models[r]->stats, 0), st, 4);
-        models[r]->count[0] = cnt[0];
-        models[r]->count[1] = cnt[1];
-        memset(models[r]->host, 0, sizeof(models[r]->host));
+        res = dsgd__model_write_accumulators(models[r], st, cnt);
     }
     return res;
 }
@@ -6176,9 +6334,9 @@ static dsgd_result dsgd__ck_check_args(dsgd_ctx *ctx, const char *what, const ch
 /* As dsgd__ck_check_args, for a model and its optimizer (opt may be NULL). */
 static dsgd_result dsgd__ck_model_args(dsgd_model *m, const dsgd_optimizer *opt, const char *what, const char *path,
                                        const dsgd_checkpoint_extra *x) {
-    dsgd_result r = dsgd__ck_check_args(m->ctx, what, path, x);
-    if (r == DSGD_OK && opt && opt->m != m)
-        r = dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
+    dsgd_result r = dsgd__ck_check_args(dsgd_model_ctx(m), what, path, x);
+    if (r == DSGD_OK && opt && dsgd_optimizer_model(opt) != m)
+        r = dsgd_ctx_set_error(dsgd_model_ctx(m), DSGD_ERR_INVALID_ARGUMENT, "%s: the optimizer belongs to another model", what);
     return r;
 }
 
@@ -6210,7 +6368,8 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ck_model_args(m, opt, what, path, extra)) != DSGD_OK) return r;
-    dsgd__ckw_init(&w, m->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
+    dsgd__ckw_init(&w, dsgd_model_ctx(m), what,
+                   dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
     dsgd__ck_put_model(&w, m);
     dsgd__ck_put_params(&w, m);
     if (opt) dsgd__ck_put_optimizer(&w, opt);
@@ -6240,7 +6399,8 @@ DSGD_API dsgd_result dsgd_model_restore(dsgd_model *m, dsgd_optimizer *opt, cons
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ck_model_args(m, opt, what, path, extra)) != DSGD_OK) return r;
-    if ((r = dsgd__ck_open(&f, m->ctx, what, path)) == DSGD_OK) r = dsgd__model_restore_from(&f, m, opt, extra);
+    if ((r = dsgd__ck_open(&f, dsgd_model_ctx(m), what, path)) == DSGD_OK)
+        r = dsgd__model_restore_from(&f, m, opt, extra);
     dsgd__ck_close(&f);
     return r;
 }
@@ -10725,9 +10885,11 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
                  publish, so it fits the clock-aggregated policies (SSP, SYNC,
                  BACKUP) and ASYNC refuses it. A server keeps each mean until
                  every unfinished worker has fetched it: one in SYNC; in SSP
-                 and BACKUP as many steps as the slowest worker lags. Once
-                 every worker has finished it keeps what is left (the means
-                 the last ones had not fetched) for a checkpoint.
+                 and BACKUP as many steps as the slowest worker lags.
+                 dsgd_ps_worker_finish first fetches the means of every
+                 clock the worker pushed (SSP: it waits for the slowest),
+                 so every worker ends with the same bits and a server has
+                 every mean it must keep for a checkpoint.
 
    UPDATE POLICIES (dsgd_ps_policy), modes of one engine
 
@@ -10749,21 +10911,32 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
              averages one gradient per worker; a pull for step k waits for
              version k.
      BACKUP  N + b backup workers (TF v1 SyncReplicasOptimizer; Chen et al.
-             2016), N = W - b. A push is tagged with the step it was computed
-             on (the version it pulled). The first N pushes tagged with the
-             server's current step are accepted; when the N-th arrives their
-             sum in worker rank order (not arrival order, so a run is
-             reproducible given the accepted set), divided by N, is applied.
-             Pushes for an older step are acknowledged as dropped, counted,
-             and never applied. A worker's pull waits until the step it last
-             pushed for is applied (TF's token queue). Each server decides
-             its accepted set on its own, as each of TF's per-variable
+             2016), N = W - b. The global step is the step every server has
+             applied: the least version a worker read at its last pull
+             (dsgd_ps_worker_global_step). A push is tagged with the
+             worker's global step, the same on every server. A server
+             accepts the first N pushes tagged with its current step; when
+             the N-th arrives their sum in worker rank order (not arrival
+             order, so a run is reproducible given the accepted set),
+             divided by N, is applied. Pushes for an older step are
+             acknowledged as dropped, counted, and never applied. A
+             worker's pull waits until every server has applied the step it
+             last pushed for (TF's token queue). Each server decides its
+             accepted set on its own, as each of TF's per-variable
              accumulators does. With b = 0 it is SYNC, bit for bit.
+             How it maps to TF: TF keeps one global_step variable, which the
+             chief increments once every accumulator has applied the step;
+             here a step is global once every server has applied it, and a
+             worker's tag is TF's local_step. No push is ever tagged with a
+             step that some server has not reached, so no server opens a
+             step ahead of the others: workers that stop once the global
+             step reaches a target T leave every server at version T, with
+             any number of servers.
      In SSP, SYNC and BACKUP a worker must pull before each push
      (DSGD_ERR_STATE otherwise). In SSP and SYNC every worker must push as
      many times as the others: a clock that misses a finished worker's
-     gradient is never applied. In BACKUP workers stop on the version, as
-     TF's stop on the global step (pull; stop once the version reaches the
+     gradient is never applied. In BACKUP workers stop on the global step,
+     as TF's (pull; stop once dsgd_ps_worker_global_step reaches the
      target; else compute and push): a worker that pushes a fixed number of
      times may wait for a step the others, finished, no longer complete. A
      server sees when a deferred pull can never be answered and fails at
@@ -10772,26 +10945,28 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
 
    WIRE PROTOCOL
 
-     A message is a header of DSGD_PS_HEADER_WORDS uint64 words (type,
-     worker, seq, version, count, status) followed by count floats; its tag
-     is DSGD_PS_TAG(type, seq). Servers take messages in arrival order with
-     the transport's probe (receive from any source), which both roles
-     need (DSGD_ERR_UNSUPPORTED without it).
+     A message is a dsgd_ps_header (DSGD_PS_HEADER_WORDS 64-bit words:
+     type, worker, seq, version, count, status, step) followed by count
+     floats; its tag is DSGD_PS_TAG(type, seq). Servers take messages in
+     arrival order with the transport's probe (receive from any source),
+     which both roles need (DSGD_ERR_UNSUPPORTED without it).
        PUSH    worker -> server: seq = the worker's push number, version =
-               the version computed on, count = the server's floats
+               the version computed on (BACKUP: the global step), count =
+               the server's floats
        ACK     server -> worker: seq = that push, status 0 (applied or
                accepted) or DSGD_PS_DROPPED (BACKUP: stale), version = the
                server's version
        PULL    worker -> server: seq = the worker's pull number, version =
-               the version the reply must have at least (the policy's wait)
-       PARAMS  server -> worker: seq = that pull, version = the version sent,
-               count floats of parameters
-     Summation only (ON_WORKERS): a PULL's status is the step whose mean the
-     worker wants next (the number it has applied); PARAMS then carries that
-     mean, version = that step + 1 and status = the server's version, or,
-     when the worker has every mean, count 0 floats and version = status =
-     the server's version. A worker pulls again until it has the means of
-     every step the first reply announced.
+               the version the reply must have at least (the policy's
+               wait); summation only (ON_WORKERS): step = the step whose
+               mean the worker wants next (the number it has applied)
+       PARAMS  server -> worker: seq = that pull, version = the server's
+               version, count floats: of parameters; summation only, of the
+               mean of step `step`, or none with step = -1 when the worker
+               has every mean (a server that holds no floats sends means of
+               0 floats, told apart by their step). A worker pulls again
+               until it has the means of every step the first reply
+               announced.
        DONE    worker -> server: seq = the worker's number of pushes
      Exactly once: per worker a server keeps the next push seq it expects
      and the status of the last one. A seq below it is a duplicate (a
@@ -10820,35 +10995,14 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
      often. A failed rank does not stop the others: call the transport's
      abort (dsgd_loopback_abort) to stop them at once.
 
-   CHECKPOINTS
+   THE PARTS
 
-     Each rank saves its own file (the format of checkpoint.h), at a point
-     where nothing is in flight: a server before dsgd_ps_server_serve or
-     after it returned DSGD_OK (every worker finished), a worker before its
-     first pull or after dsgd_ps_worker_finish; never after a failure
-     (DSGD_ERR_STATE). A server's file holds its identity (index, P, W,
-     policy, apply, staleness, backup workers, optimizer kind, histogram
-     bins, its floats) and the whole shard map's layout; its version,
-     counters and staleness histogram; each worker's exactly-once table (next
-     push seq and last push status, next pull seq, and ON_WORKERS the means
-     it fetched); the gradients accepted for clocks not yet applied (a BACKUP
-     step that lacked gradients at the end); ON_SERVERS its parameters and
-     the optimizer's slots (the step is the version); ON_WORKERS the means
-     some worker has not fetched (a save is DSGD_ERR_STATE when a worker
-     finished without a mean the others fetched after it, which is then gone:
-     let every worker pull after its last push, or none). A worker's holds
-     its identity, the map, its push and pull seqs, the version read from
-     each server, the step it last pushed for, its counters, and, ON_WORKERS,
-     its copy of the parameters and the slots. Restore into a rank created
-     anew with the same desc (timeout_s and retry_s may differ; of the
-     optimizer only the kind is checked, as in checkpoint.h) and map, before
-     it serves or pulls; on a new transport, every rank restored from the
-     same save, the run goes on bit for bit: each server expects every worker
-     again (none has finished) and continues its sequence numbers where the
-     workers do. A restore checks the whole file first and touches nothing on
-     an error: DSGD_ERR_FORMAT for a damaged file, DSGD_ERR_SHAPE for a
-     checkpoint of something else (the other role, another rank, desc or map:
-     the message names it).
+     This part holds the protocol: the desc and its checks, the message
+     header, the table of update policies and the table of apply
+     placements (the only places that say what a policy or a placement
+     does), and the copy between the whole flat buffer and a server's
+     shards. ps_checkpoint.h holds the checkpoint format, ps_server.h the
+     server, ps_worker.h the worker and its loop.
 */
 #ifndef DSGD__PART_PS_DECL
 #define DSGD__PART_PS_DECL
@@ -10873,6 +11027,7 @@ typedef enum dsgd_ps_apply {
     DSGD_PS_APPLY_ON_WORKERS = 1  /* summation only (BytePS): servers publish each step's
                                      mean gradient, every worker applies it to its copy */
 } dsgd_ps_apply;
+#define DSGD_PS_APPLY_COUNT (DSGD_PS_APPLY_ON_WORKERS + 1)
 
 /* The defaults of dsgd_ps_desc. */
 #define DSGD_PS_DEFAULT_RETRY_S 0.05
@@ -10915,211 +11070,32 @@ typedef enum dsgd_ps_msg {
     DSGD_PS_MSG_PARAMS = 4,
     DSGD_PS_MSG_DONE = 5
 } dsgd_ps_msg;
-#define DSGD_PS_HEADER_WORDS 6 /* uint64: type, worker, seq, version, count, status */
+/* The header that starts every message, in the sender's byte order. */
+typedef struct dsgd_ps_header {
+    uint64_t type;   /* dsgd_ps_msg */
+    uint64_t worker; /* the worker's index, both ways */
+    uint64_t seq;    /* the push or pull it is or answers */
+    int64_t version; /* see WIRE PROTOCOL, per type */
+    uint64_t count;  /* floats that follow */
+    uint64_t status; /* ACK: 0 or DSGD_PS_DROPPED */
+    int64_t step;    /* summation only: PULL the mean wanted, PARAMS the mean sent (-1: none) */
+} dsgd_ps_header;
+#define DSGD_PS_HEADER_WORDS 7 /* sizeof(dsgd_ps_header) / 8 */
 #define DSGD_PS_DROPPED 1      /* ACK status: the push was stale and dropped */
 #define DSGD_PS_SEQ_MASK 0x00FFFFFFFFFFFFFFull
 #define DSGD_PS_TAG(type, seq) (((uint64_t)(type) << 56) | ((uint64_t)(seq) & DSGD_PS_SEQ_MASK))
 #define DSGD_PS_TAG_TYPE(tag) ((int)((uint64_t)(tag) >> 56))
 #define DSGD_PS_TAG_SEQ(tag) ((uint64_t)(tag) & DSGD_PS_SEQ_MASK)
 
-/* "ASYNC", "SSP", "SYNC", "BACKUP"; "?" for other values. Never NULL.
-   Errors: none. Thread safety: any thread. */
+/* dsgd_ps_policy_name: "ASYNC", "SSP", "SYNC", "BACKUP";
+   dsgd_ps_apply_name: "ON_SERVERS", "ON_WORKERS"; "?" for other values.
+   Never NULL. Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p);
+DSGD_API const char *dsgd_ps_apply_name(dsgd_ps_apply a);
 
+/* The roles' handles (ps_server.h, ps_worker.h). */
 typedef struct dsgd_ps_server dsgd_ps_server;
 typedef struct dsgd_ps_worker dsgd_ps_worker;
-
-/* What a server did (dsgd_ps_server_get_stats). */
-typedef struct dsgd_ps_server_stats {
-    int64_t version;          /* optimizer updates applied */
-    int64_t pushes_received;  /* new pushes (not duplicates) */
-    int64_t pushes_applied;   /* gradients that went into an update (ASYNC:
-                                 = version; else the accepted pushes of the
-                                 applied clocks) */
-    int64_t duplicates;       /* pushes received again (resends, copies) */
-    int64_t stale_dropped;    /* BACKUP: pushes for an older step, dropped */
-    int64_t pulls_answered;
-    int64_t pulls_deferred;   /* answered later, when the version was reached */
-    int64_t pulls_repeated;   /* resent pulls (replacing or dropped) */
-    double staleness_mean;    /* over the applied pushes; 0 when none */
-    int64_t staleness_max;
-    int staleness_bins;
-    const int64_t *staleness_hist; /* [staleness_bins], sums to pushes_applied;
-                                      points into the server */
-} dsgd_ps_server_stats;
-
-/* What a worker did (dsgd_ps_worker_get_stats). */
-typedef struct dsgd_ps_worker_stats {
-    int64_t clock;          /* pushes completed */
-    int64_t pulls;          /* pulls completed */
-    int64_t push_resends;   /* push messages sent again (to one server each) */
-    int64_t pull_resends;
-    int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
-    int64_t stale_replies;  /* replies to older requests, ignored */
-} dsgd_ps_worker_stats;
-
-/* Creates server t->rank (0 <= rank < P) of desc over endpoint t (copied;
-   it must outlive the server) with the shards `map` places on it (map must
-   outlive it too), their parameters copied from initial_full_params (the
-   whole flat buffer; every server and worker must be given the same map and
-   desc). Its optimizer state lives on a CPU backend created with ctx.
-   With apply ON_WORKERS the server holds no parameters and no optimizer
-   state: initial_full_params is ignored and may be NULL.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
-   recorded; t, desc, map, initial_full_params (ON_SERVERS) or out NULL; a
-   bad desc: P or W < 1, an unknown policy or apply, ON_WORKERS with ASYNC,
-   staleness or backup_workers out of range or set
-   for another policy, the optimizer (as dsgd_optimizer_create), clip_norm
-   > 0, timeout_s, retry_s or staleness_bins out of range; t->size not
-   P + W; t->rank not a server; map built for another number of servers),
-   DSGD_ERR_UNSUPPORTED (t has no probe), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: ctx's thread; the server is then used by one thread at a
-   time, the rank's. */
-DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
-                                           const dsgd_shard_map *map, const float *initial_full_params,
-                                           dsgd_ps_server **out);
-/* Serves the workers until every one has called dsgd_ps_worker_finish:
-   answers pulls (deferring those the policy makes wait), applies pushes as
-   the policy says, acknowledges each. Called once.
-   Errors (recorded on the server's ctx, "dsgd_ps_server_serve: server s:
-   ..."): DSGD_ERR_STATE (called again, or after a failure; s NULL gives
-   DSGD_ERR_INVALID_ARGUMENT with nothing recorded), DSGD_ERR_TIMEOUT (no
-   message from some unfinished worker for timeout_s: the message names
-   them), DSGD_ERR_DESYNC (a message from a non-worker rank, of an unknown
-   type or size, a push seq ahead of the expected one, a clock outside the
-   SSP window; a deferred pull that can never be answered, see UPDATE
-   POLICIES), DSGD_ERR_ABORTED and transport errors, DSGD_ERR_OUT_OF_MEMORY,
-   backend errors. After a failure the server is unusable (destroy it).
-   Thread safety: the server's thread. */
-DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s);
-/* Fills *out with the server's counters (zeros for s or out NULL).
-   Errors: none. Thread safety: the server's thread. */
-DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out);
-/* Writes the server's parameters into their ranges of full (a buffer of the
-   whole flat size); every other float of full is left as it is.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; full NULL),
-   DSGD_ERR_UNSUPPORTED (apply ON_WORKERS: the server holds no parameters;
-   read a worker's, dsgd_ps_worker_read_params).
-   Thread safety: the server's thread. */
-DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full);
-/* Saves the server's state to path, atomically (see CHECKPOINTS above and
-   in checkpoint.h): before serve, or after serve returned DSGD_OK.
-   Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
-   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve
-   failed: the state may be half-updated), DSGD_ERR_IO,
-   DSGD_ERR_OUT_OF_MEMORY, backend errors. path is then unchanged.
-   Thread safety: the server's thread, outside serve. */
-DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path);
-/* Restores what dsgd_ps_server_save wrote into s, a server created with
-   the same desc and map and the same rank, before serve. Afterwards serve
-   expects every worker again, each continuing from its saved sequence
-   numbers.
-   Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
-   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve was
-   called), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged file),
-   DSGD_ERR_SHAPE (a worker's checkpoint, another server's, or one of
-   another desc, optimizer kind or shard map: the message names the
-   difference), DSGD_ERR_OUT_OF_MEMORY; after any of these s is untouched.
-   Thread safety: the server's thread. */
-DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path);
-/* Frees the server (NULL: nothing); not the transport or the map.
-   Thread safety: the server's thread. */
-DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s);
-
-/* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
-   with map; both must outlive it.
-   Errors (recorded on ctx): as dsgd_ps_server_create (t->rank must be a
-   worker's), without initial_full_params.
-   Thread safety: ctx's thread; the worker is then used by one thread at a
-   time, the rank's. */
-DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
-                                           const dsgd_shard_map *map, dsgd_ps_worker **out);
-/* Fetches every server's parameters into their ranges of full_params (the
-   whole flat buffer; floats no shard holds are left as they are), waiting
-   as the policy says (ASYNC: not at all; SSP at clock c: version >= c - s;
-   SYNC and BACKUP: the last pushed step applied). Records the version read
-   from each server (dsgd_ps_worker_version); a push computes on it.
-   With apply ON_WORKERS the servers send means, not parameters: the pull
-   fetches every mean the worker has not applied yet (one round per step
-   behind), applies each with the desc's optimizer to the worker's own copy
-   (dsgd_ps_worker_set_params first, DSGD_ERR_STATE otherwise), and fills
-   full_params with that copy; the version is then the number of means
-   applied.
-   Errors (recorded on the worker's ctx, "dsgd_ps_worker_pull: worker w:
-   ..."): DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
-   NULL), DSGD_ERR_STATE (after finish or a failure), DSGD_ERR_TIMEOUT (the
-   servers that did not answer within timeout_s are named), DSGD_ERR_DESYNC
-   (a message from a non-server rank, or of the wrong size), transport
-   errors. After a failure the worker is unusable.
-   Thread safety: the worker's thread. */
-DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
-/* Sends each server its slice of full_grads (the whole flat gradient) with
-   (worker, push seq, the version computed on) and waits until every server
-   has acknowledged it, resending after retry_s; applied exactly once per
-   server (or, BACKUP, dropped as stale: see
-   dsgd_ps_worker_last_push_dropped). The clock then advances.
-   Errors: as dsgd_ps_worker_pull ("dsgd_ps_worker_push"), and
-   DSGD_ERR_STATE for a push without a pull since the last one under SSP,
-   SYNC or BACKUP.
-   Thread safety: the worker's thread. */
-DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads);
-/* Apply ON_WORKERS: sets the worker's own copy of the parameters (the
-   whole flat buffer, the same on every worker; only the floats of shards
-   are kept). Call it once, before the first pull.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
-   NULL), DSGD_ERR_STATE (apply ON_SERVERS, or after the first pull).
-   Thread safety: the worker's thread. */
-DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params);
-/* Apply ON_WORKERS: writes the worker's copy of the parameters into the
-   ranges of full that shards hold (also after finish).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full NULL),
-   DSGD_ERR_STATE (apply ON_SERVERS: read the servers').
-   Thread safety: the worker's thread. */
-DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full);
-/* Tells every server this worker is done (once; not acknowledged, see WIRE
-   PROTOCOL). The worker can then only be read and destroyed.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded),
-   DSGD_ERR_STATE (after finish or a failure), transport errors.
-   Thread safety: the worker's thread. */
-DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w);
-/* Saves the worker's state to path, atomically (see CHECKPOINTS above and
-   in checkpoint.h): after dsgd_ps_worker_finish, or before the first pull
-   (or push) since it was created or restored.
-   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
-   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (a failed
-   worker, or one between its first pull and finish: the servers, serving,
-   cannot be saved with it), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY. path is
-   then unchanged.
-   Thread safety: the worker's thread. */
-DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
-/* Restores what dsgd_ps_worker_save wrote into w, a worker created with the
-   same desc and map and the same rank, before its first pull (ON_WORKERS:
-   instead of dsgd_ps_worker_set_params). The worker is then unfinished
-   and goes on from its saved sequence numbers and versions.
-   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
-   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (w pulled,
-   pushed, finished or failed), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged
-   file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
-   of another desc, optimizer kind or shard map: the message names the
-   difference); after any of these w is untouched.
-   Thread safety: the worker's thread. */
-DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path);
-/* Fills *out with the worker's counters (zeros for w or out NULL).
-   Errors: none. Thread safety: the worker's thread. */
-DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out);
-/* dsgd_ps_worker_version: the version read from server `server` at the
-   last pull (0 before any; -1 for w NULL or server out of range).
-   dsgd_ps_worker_last_push_dropped: 1 when that server dropped the last
-   push as stale (BACKUP), 0 otherwise.
-   dsgd_ps_worker_failed: 1 once a call of the worker failed (it is then
-   unusable, see dsgd_ps_worker_pull), 0 otherwise and for w NULL.
-   Errors: none. Thread safety: the worker's thread. */
-DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server);
-DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server);
-DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w);
-/* Frees the worker (NULL: nothing); not the transport or the map.
-   Thread safety: the worker's thread. */
-DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
 
 #ifdef __cplusplus
 }
@@ -11130,19 +11106,101 @@ DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_IMPL)
 #define DSGD__PART_PS_IMPL
 
-/* >>ps common -------------------------------------------------------------- */
-
 /* The header occupies the first DSGD__PS_H floats of every buffer that goes
    over the wire, so a message is sent and received in place. */
 #define DSGD__PS_H (DSGD_PS_HEADER_WORDS * 2)
 #define DSGD__PS_HBYTES (DSGD_PS_HEADER_WORDS * sizeof(uint64_t))
+typedef char dsgd__ps_header_size_check[sizeof(dsgd_ps_header) == DSGD__PS_HBYTES ? 1 : -1];
 
 enum { DSGD__PS_CREATED = 0, DSGD__PS_DONE = 1, DSGD__PS_FAILED = 2 };
 
-DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p) {
-    static const char *const names[DSGD_PS_POLICY_COUNT] = {"ASYNC", "SSP", "SYNC", "BACKUP"};
-    return (int)p >= 0 && (int)p < (int)DSGD_PS_POLICY_COUNT ? names[p] : "?";
+/* ---- the table of update policies: what each one does, in one row */
+
+typedef struct dsgd__ps_policy_row {
+    const char *name;
+    /* 0: each push is applied on arrival; 1: pushes are gathered per
+       clock, and a clock is applied (in order) once it holds `needed` */
+    int clocked;
+    int max_staleness; /* the bound s may be 0..this (others: 0) */
+    int backups;       /* backup workers allowed (0 <= b < W; else 0) */
+    /* clocks a server buffers at once, and the gradients that complete one */
+    int (*ring)(const dsgd_ps_desc *d);
+    int (*needed)(const dsgd_ps_desc *d);
+    /* the clock a push belongs to, from its push number and its tag; a
+       push for an applied clock is dropped when drops_stale, else it is
+       DSGD_ERR_DESYNC */
+    int64_t (*step_of)(uint64_t seq, int64_t tag);
+    int drops_stale;
+    /* a push is tagged with the worker's global step (the least version
+       read), on every server; else with the version of that server */
+    int global_tag;
+    /* the version a pull must wait for on every server, after `pushes`
+       pushes, the last one tagged last_tag (-1: none); final: the pull
+       that ends a worker, which waits for every clock it pushed */
+    int64_t (*pull_needs)(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final);
+    const char *stuck_hint; /* why a clock cannot complete, for DSGD_ERR_DESYNC */
+} dsgd__ps_policy_row;
+
+static int dsgd__ps_ring_none(const dsgd_ps_desc *d) { (void)d; return 0; }
+static int dsgd__ps_ring_window(const dsgd_ps_desc *d) { return d->staleness + 1; }
+static int dsgd__ps_ring_one(const dsgd_ps_desc *d) { (void)d; return 1; }
+static int dsgd__ps_needed_one(const dsgd_ps_desc *d) { (void)d; return 1; }
+static int dsgd__ps_needed_all(const dsgd_ps_desc *d) { return d->num_workers; }
+static int dsgd__ps_needed_first(const dsgd_ps_desc *d) { return d->num_workers - d->backup_workers; }
+static int64_t dsgd__ps_step_by_seq(uint64_t seq, int64_t tag) { (void)tag; return (int64_t)seq; }
+static int64_t dsgd__ps_step_by_tag(uint64_t seq, int64_t tag) { (void)seq; return tag; }
+static int64_t dsgd__ps_needs_nothing(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final) {
+    (void)d, (void)pushes, (void)last_tag, (void)final;
+    return 0;
 }
+/* SSP at clock c: clocks 0..c-s-1 applied; at the end, every clock */
+static int64_t dsgd__ps_needs_window(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final) {
+    (void)last_tag;
+    return DSGD__MAX((int64_t)pushes - (final ? 0 : d->staleness), (int64_t)0);
+}
+/* BACKUP: the step last pushed for applied; at the end nothing (a step
+   the others, stopped, never complete must not hold a worker) */
+static int64_t dsgd__ps_needs_last(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final) {
+    (void)d, (void)pushes;
+    return final ? 0 : last_tag + 1;
+}
+
+/* In the order of dsgd_ps_policy. */
+static const dsgd__ps_policy_row dsgd__ps_policies[DSGD_PS_POLICY_COUNT] = {
+    {"ASYNC", 0, 0, 0, dsgd__ps_ring_none, dsgd__ps_needed_one, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_nothing, ""},
+    {"SSP", 1, DSGD_PS_MAX_STALENESS, 0, dsgd__ps_ring_window, dsgd__ps_needed_all, dsgd__ps_step_by_seq, 0, 0,
+     dsgd__ps_needs_window, "SSP needs every worker's push of every clock"},
+    {"SYNC", 1, 0, 0, dsgd__ps_ring_one, dsgd__ps_needed_all, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_window,
+     "SYNC needs every worker's push of every clock"},
+    {"BACKUP", 1, 0, 1, dsgd__ps_ring_one, dsgd__ps_needed_first, dsgd__ps_step_by_tag, 1, 1, dsgd__ps_needs_last,
+     "stop BACKUP workers on the global step"}};
+
+static const dsgd__ps_policy_row *dsgd__ps_policy(const dsgd_ps_desc *d) { return &dsgd__ps_policies[d->policy]; }
+
+/* ---- the table of apply placements */
+
+typedef struct dsgd__ps_apply_row {
+    const char *name;
+    /* 1: servers hold the parameters and the optimizer's slots, apply each
+       clock and answer a pull with parameters; 0: summation only, servers
+       publish each clock's mean and workers hold copies and apply it */
+    int servers_hold;
+} dsgd__ps_apply_row;
+
+/* In the order of dsgd_ps_apply. */
+static const dsgd__ps_apply_row dsgd__ps_applies[DSGD_PS_APPLY_COUNT] = {{"ON_SERVERS", 1}, {"ON_WORKERS", 0}};
+
+static const dsgd__ps_apply_row *dsgd__ps_apply_of(const dsgd_ps_desc *d) { return &dsgd__ps_applies[d->apply]; }
+
+DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p) {
+    return (int)p >= 0 && (int)p < (int)DSGD_PS_POLICY_COUNT ? dsgd__ps_policies[p].name : "?";
+}
+
+DSGD_API const char *dsgd_ps_apply_name(dsgd_ps_apply a) {
+    return (int)a >= 0 && (int)a < (int)DSGD_PS_APPLY_COUNT ? dsgd__ps_applies[a].name : "?";
+}
+
+/* ---- messages */
 
 static double dsgd__ps_now(const dsgd_transport_i *t) { return t->now ? t->now(t->impl) : dsgd_now(); }
 
@@ -11151,22 +11209,65 @@ static const char *dsgd__ps_terr(const dsgd_transport_i *t) {
     return m ? m : "";
 }
 
-static void dsgd__ps_hdr_put(void *dst, uint64_t type, uint64_t worker, uint64_t seq, int64_t version, uint64_t count,
-                             uint64_t status) {
-    uint64_t h[DSGD_PS_HEADER_WORDS];
-    h[0] = type;
-    h[1] = worker;
-    h[2] = seq;
-    h[3] = (uint64_t)version;
-    h[4] = count;
-    h[5] = status;
-    memcpy(dst, h, sizeof h);
+/* ": " and the transport's own message, or nothing. */
+static const char *dsgd__ps_terr_sep(const dsgd_transport_i *t) { return dsgd__ps_terr(t)[0] ? ": " : ""; }
+
+static dsgd_ps_header dsgd__ps_hdr(dsgd_ps_msg type, int worker, uint64_t seq, int64_t version, size_t count,
+                                   uint64_t status, int64_t step) {
+    dsgd_ps_header h;
+    h.type = (uint64_t)type;
+    h.worker = (uint64_t)worker;
+    h.seq = seq;
+    h.version = version;
+    h.count = (uint64_t)count;
+    h.status = status;
+    h.step = step;
+    return h;
 }
+
+static void dsgd__ps_hdr_put(void *dst, const dsgd_ps_header *h) { memcpy(dst, h, sizeof *h); }
+
+static dsgd_ps_header dsgd__ps_hdr_get(const void *src) {
+    dsgd_ps_header h;
+    memcpy(&h, src, sizeof h);
+    return h;
+}
+
+/* ---- the shard map: the whole flat buffer and a server's shards */
+
+/* Copies server s's shards between full (the whole flat buffer) and packed
+   (the shards concatenated in placement order, the server's layout):
+   into packed when to_packed, else out of it. The one walk over the map. */
+static void dsgd__ps_map_copy(const dsgd_shard_map *map, int s, float *full, float *packed, int to_packed) {
+    int i, ns = dsgd_shard_map_num_shards(map);
+    for (i = 0; i < ns; ++i) {
+        const dsgd_shard *sh = dsgd_shard_map_shard(map, i);
+        if (sh->server != s) continue;
+        if (sh->count) {
+            if (to_packed)
+                memcpy(packed, full + sh->offset, sh->count * sizeof(float));
+            else
+                memcpy(full + sh->offset, packed, sh->count * sizeof(float));
+        }
+        packed += sh->count;
+    }
+}
+
+static void dsgd__ps_gather(const dsgd_shard_map *map, int s, const float *full, float *packed) {
+    dsgd__ps_map_copy(map, s, (float *)(uintptr_t)full, packed, 1); /* full is only read */
+}
+
+static void dsgd__ps_scatter(const dsgd_shard_map *map, int s, const float *packed, float *full) {
+    dsgd__ps_map_copy(map, s, full, (float *)(uintptr_t)packed, 0); /* packed is only read */
+}
+
+/* ---- the desc */
 
 /* The one place dsgd_ps_desc's defaults are filled and checked, with the
    transport and the map every role shares. */
 static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *in,
                                   const dsgd_shard_map *map, const char *fn, dsgd_ps_desc *d) {
+    const dsgd__ps_policy_row *pol;
     dsgd_result r;
     if (!t || !in || !map)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: transport, desc or shard map is NULL", fn);
@@ -11176,20 +11277,21 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
                                   fn, d->num_servers, d->num_workers);
     if ((int)d->policy < 0 || (int)d->policy >= (int)DSGD_PS_POLICY_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown policy %d", fn, (int)d->policy);
-    if (d->policy == DSGD_PS_SSP ? (d->staleness < 0 || d->staleness > DSGD_PS_MAX_STALENESS) : d->staleness != 0)
+    pol = dsgd__ps_policy(d);
+    if (d->staleness < 0 || d->staleness > pol->max_staleness)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: staleness %d (SSP: 0..%d; other policies: 0)", fn,
                                   d->staleness, DSGD_PS_MAX_STALENESS);
-    if (d->policy == DSGD_PS_BACKUP ? (d->backup_workers < 0 || d->backup_workers >= d->num_workers)
-                                    : d->backup_workers != 0)
+    if (pol->backups ? (d->backup_workers < 0 || d->backup_workers >= d->num_workers) : d->backup_workers != 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: backup_workers %d (BACKUP: 0 <= b < num_workers = %d; other policies: 0)", fn,
                                   d->backup_workers, d->num_workers);
-    if ((int)d->apply < 0 || (int)d->apply > (int)DSGD_PS_APPLY_ON_WORKERS)
+    if ((int)d->apply < 0 || (int)d->apply >= (int)DSGD_PS_APPLY_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown apply %d", fn, (int)d->apply);
-    if (d->apply == DSGD_PS_APPLY_ON_WORKERS && d->policy == DSGD_PS_ASYNC)
+    if (!dsgd__ps_apply_of(d)->servers_hold && !pol->clocked)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: apply ON_WORKERS (summation only) needs SSP, SYNC or BACKUP: ASYNC applies each "
-                                  "push alone, so there is no step whose sum to publish", fn);
+                                  "%s: apply %s (summation only) needs a policy with clocks (SSP, SYNC or BACKUP): %s "
+                                  "applies each push alone, so there is no step whose sum to publish", fn,
+                                  dsgd__ps_apply_of(d)->name, pol->name);
     d->optimizer = dsgd__optimizer_defaults(&in->optimizer);
     if ((r = dsgd__optimizer_desc_check(ctx, &d->optimizer, fn)) != DSGD_OK) return r;
     if (d->optimizer.clip_norm > 0.0f)
@@ -11220,1127 +11322,55 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
     return DSGD_OK;
 }
 
-/* >>ps server -------------------------------------------------------------- */
-
-typedef struct dsgd__ps_peer {
-    uint64_t next_seq;   /* the push seq expected next */
-    uint64_t last_status;
-    uint64_t pull_next;  /* the pull seq expected next */
-    int pull_pending;    /* a pull (seq pull_next - 1) waits for version >= pull_min */
-    int done;
-    int64_t pull_min;
-    int64_t pull_from;   /* ON_WORKERS: the step whose mean the pending pull wants */
-    int64_t have;        /* ON_WORKERS: means the worker has fetched */
-    double last_heard;
-} dsgd__ps_peer;
-
-struct dsgd_ps_server {
-    dsgd_ctx *ctx;
-    dsgd_transport_i t;
-    dsgd_ps_desc d; /* defaults filled */
-    const dsgd_shard_map *map;
-    int index, P, W;
-    int ring;   /* clocks buffered at once: SSP s + 1, SYNC and BACKUP 1 */
-    int needed; /* gradients per clock: W, BACKUP N */
-    size_t n;   /* floats this server holds */
-    dsgd_backend_i be;
-    int have_be, state, done_count;
-    dsgd_buffer *params, *grad, *m1, *m2; /* params, grad: [header | n] */
-    float *params_h, *grad_h;
-    /* clock modes: slot[(k % ring) * W + w] holds worker w's gradient of
-       clock k ([header | n]), vcomp the version it was computed on */
-    dsgd_buffer **slot, **pool;
-    int64_t *vcomp;
-    int *slot_count, pool_len;
-    /* ON_WORKERS: agg[i] is the mean of step agg_base + i ([header | n]),
-       kept until every unfinished worker has fetched it */
-    int sum_only;
-    dsgd_buffer **agg, *agg_spare;
-    size_t agg_len, agg_cap;
-    int64_t agg_base;
-    dsgd__ps_peer *peer;
-    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max;
-    double stal_sum;
-    int64_t *hist;
-};
-
-static dsgd_result dsgd__ps_server_fail(dsgd_ps_server *s, dsgd_result r) {
-    s->state = DSGD__PS_FAILED;
-    return r;
+/* The optimizer's slot buffers (0, 1 or 2) the servers or workers keep. */
+static int dsgd__ps_opt_slots(const dsgd_ps_desc *d) {
+    return (d->optimizer.kind != DSGD_OPT_SGD) + (d->optimizer.kind == DSGD_OPT_ADAM || d->optimizer.kind == DSGD_OPT_ADAMW);
 }
 
-static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
-    if (st < 0) st = 0;
-    s->stal_sum += (double)st;
-    if (st > s->stal_max) s->stal_max = st;
-    s->hist[st < s->d.staleness_bins - 1 ? st : s->d.staleness_bins - 1]++;
-}
+#endif /* DSGD__PART_PS_IMPL */
+/* ---------------------------------------- distsgd/ps_checkpoint.h */
+/* distsgd/ps_checkpoint.h - the parameter servers' checkpoint format: each rank's file, its sections and their checks
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
-/* One optimizer update of the server's floats with the gradient in grad. */
-static dsgd_result dsgd__ps_apply(dsgd_ps_server *s) {
-    dsgd_opt_update u = dsgd__opt_update_at(&s->d.optimizer, s->version, 1.0f);
-    dsgd_ref p, g, m1, m2;
-    dsgd_result r;
-    p.buf = s->params;
-    p.off = DSGD__PS_H;
-    g.buf = s->grad;
-    g.off = DSGD__PS_H;
-    m1.buf = s->m1;
-    m1.off = 0;
-    m2.buf = s->m2;
-    m2.off = 0;
-    r = s->be.optimizer_update(s->be.impl, &u, p, g, m1, m2, s->n);
-    if (r == DSGD_OK) s->version++;
-    return r;
-}
+   CHECKPOINTS
 
-static dsgd_result dsgd__ps_send(dsgd_ps_server *s, int w, uint64_t type, uint64_t seq, const void *buf, size_t bytes) {
-    dsgd_result r = s->t.send(s->t.impl, s->P + w, DSGD_PS_TAG(type, seq), buf, bytes, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, r, "dsgd_ps_server_serve: server %d: sending to worker %d (rank %d) failed: %s%s%s",
-                                  s->index, w, s->P + w, dsgd_result_string(r), dsgd__ps_terr(&s->t)[0] ? ": " : "",
-                                  dsgd__ps_terr(&s->t));
-    return DSGD_OK;
-}
+     Each rank saves its own file (the format of checkpoint.h), at a point
+     where nothing is in flight: a server before dsgd_ps_server_serve or
+     after it returned DSGD_OK (every worker finished), a worker before its
+     first pull or after dsgd_ps_worker_finish; never after a failure
+     (DSGD_ERR_STATE). A server's file holds its identity (index, P, W,
+     policy, apply, staleness, backup workers, optimizer kind, histogram
+     bins, its floats) and the whole shard map's layout; its version,
+     counters and staleness histogram; each worker's exactly-once table (next
+     push seq and last push status, next pull seq, and ON_WORKERS the means
+     it fetched); the gradients accepted for clocks not yet applied (a BACKUP
+     step that lacked gradients at the end); ON_SERVERS its parameters and
+     the optimizer's slots (the step is the version); ON_WORKERS the means
+     some worker has not fetched (a save is DSGD_ERR_STATE when a worker
+     finished without a mean the others fetched after it, which is then
+     gone: dsgd_ps_worker_finish fetches every mean of the clocks it pushed,
+     so this needs BACKUP workers that stop on something else than the
+     global step). A worker's holds
+     its identity, the map, its push and pull seqs, the version read from
+     each server, the step it last pushed for, its counters, and, ON_WORKERS,
+     its copy of the parameters and the slots. Restore into a rank created
+     anew with the same desc (timeout_s and retry_s may differ; of the
+     optimizer only the kind is checked, as in checkpoint.h) and map, before
+     it serves or pulls; on a new transport, every rank restored from the
+     same save, the run goes on bit for bit: each server expects every worker
+     again (none has finished) and continues its sequence numbers where the
+     workers do. A restore checks the whole file first and touches nothing on
+     an error: DSGD_ERR_FORMAT for a damaged file, DSGD_ERR_SHAPE for a
+     checkpoint of something else (the other role, another rank, desc or map:
+     the message names it).
 
-static dsgd_result dsgd__ps_ack(dsgd_ps_server *s, int w, uint64_t seq, uint64_t status) {
-    uint64_t h[DSGD_PS_HEADER_WORDS];
-    dsgd__ps_hdr_put(h, DSGD_PS_MSG_ACK, (uint64_t)w, seq, s->version, 0, status);
-    return dsgd__ps_send(s, w, DSGD_PS_MSG_ACK, seq, h, sizeof h);
-}
-
-/* ON_WORKERS: the mean in grad becomes step version's result; grad gets a
-   fresh buffer. */
-static dsgd_result dsgd__ps_publish(dsgd_ps_server *s) {
-    dsgd_buffer *b = s->agg_spare;
-    dsgd_result r;
-    if (s->agg_len == s->agg_cap) {
-        size_t cap = s->agg_cap ? 2 * s->agg_cap : 4;
-        dsgd_buffer **a = cap > SIZE_MAX / sizeof *a ? NULL : (dsgd_buffer **)DSGD_REALLOC(s->agg, cap * sizeof *a);
-        if (!a)
-            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_ps_server_serve: server %d: keeping %zu means",
-                                      s->index, cap);
-        s->agg = a;
-        s->agg_cap = cap;
-    }
-    if (b) {
-        s->agg_spare = NULL;
-    } else if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &b)) != DSGD_OK) {
-        return r;
-    }
-    s->agg[s->agg_len++] = s->grad;
-    s->grad = b;
-    s->grad_h = s->be.buffer_host_ptr(s->be.impl, b);
-    s->version++;
-    return DSGD_OK;
-}
-
-/* ON_WORKERS: frees the means every unfinished worker has fetched (one
-   buffer is kept for the next). Once every worker has finished, the rest
-   stays: the workers a checkpoint restores may still fetch it. */
-static void dsgd__ps_trim(dsgd_ps_server *s) {
-    int64_t lo = s->version;
-    size_t k, drop;
-    int w;
-    if (s->done_count == s->W) return;
-    for (w = 0; w < s->W; ++w)
-        if (!s->peer[w].done && s->peer[w].have < lo) lo = s->peer[w].have;
-    if (lo <= s->agg_base) return;
-    drop = (size_t)(lo - s->agg_base);
-    for (k = 0; k < drop; ++k) {
-        if (!s->agg_spare)
-            s->agg_spare = s->agg[k];
-        else
-            s->be.buffer_destroy(s->be.impl, s->agg[k]);
-    }
-    memmove(s->agg, s->agg + drop, (s->agg_len - drop) * sizeof *s->agg);
-    s->agg_len -= drop;
-    s->agg_base = lo;
-}
-
-/* ON_WORKERS: answers a pull with the mean of the step it wants, or with no
-   floats when the worker has every mean. */
-static dsgd_result dsgd__ps_answer_sum(dsgd_ps_server *s, int w, uint64_t seq) {
-    dsgd__ps_peer *pe = &s->peer[w];
-    int64_t from = pe->pull_from;
-    float *host;
-    dsgd_result r;
-    if (from >= s->version) {
-        uint64_t h[DSGD_PS_HEADER_WORDS];
-        dsgd__ps_hdr_put(h, DSGD_PS_MSG_PARAMS, (uint64_t)w, seq, s->version, 0, (uint64_t)s->version);
-        return dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, h, sizeof h);
-    }
-    host = s->be.buffer_host_ptr(s->be.impl, s->agg[from - s->agg_base]);
-    dsgd__ps_hdr_put(host, DSGD_PS_MSG_PARAMS, (uint64_t)w, seq, from + 1, (uint64_t)s->n, (uint64_t)s->version);
-    r = dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, host, DSGD__PS_HBYTES + s->n * sizeof(float));
-    if (r != DSGD_OK) return r;
-    pe->have = from + 1;
-    dsgd__ps_trim(s);
-    return DSGD_OK;
-}
-
-static dsgd_result dsgd__ps_answer_pull(dsgd_ps_server *s, int w) {
-    dsgd__ps_peer *pe = &s->peer[w];
-    uint64_t seq = pe->pull_next - 1;
-    pe->pull_pending = 0;
-    s->pulls++;
-    if (s->sum_only) return dsgd__ps_answer_sum(s, w, seq);
-    dsgd__ps_hdr_put(s->params_h, DSGD_PS_MSG_PARAMS, (uint64_t)w, seq, s->version, (uint64_t)s->n, 0);
-    return dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, s->params_h, DSGD__PS_HBYTES + s->n * sizeof(float));
-}
-
-/* After the version moved: answers the deferred pulls it satisfies, in
-   worker order. */
-static dsgd_result dsgd__ps_release_pulls(dsgd_ps_server *s) {
-    dsgd_result r;
-    int w;
-    for (w = 0; w < s->W; ++w)
-        if (s->peer[w].pull_pending && s->version >= s->peer[w].pull_min)
-            if ((r = dsgd__ps_answer_pull(s, w)) != DSGD_OK) return r;
-    return DSGD_OK;
-}
-
-/* Clock modes: applies every complete clock, in order. The sum runs in
-   worker rank order whatever the arrival order. */
-static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
-    dsgd_result r;
-    for (;;) {
-        int k = (int)(s->version % s->ring), w, cnt = 0;
-        float *sum = s->grad_h + DSGD__PS_H;
-        if (s->slot_count[k] < s->needed) return DSGD_OK;
-        for (w = 0; w < s->W; ++w) {
-            dsgd_buffer **b = &s->slot[(size_t)k * s->W + w];
-            const float *g;
-            if (!*b) continue;
-            g = s->be.buffer_host_ptr(s->be.impl, *b) + DSGD__PS_H;
-            if (cnt++ == 0) {
-                if (s->n) memcpy(sum, g, s->n * sizeof(float));
-            } else {
-                dsgd__sum_into(sum, g, s->n);
-            }
-            dsgd__ps_staleness(s, s->version - s->vcomp[(size_t)k * s->W + w]);
-            s->pool[s->pool_len++] = *b;
-            *b = NULL;
-        }
-        dsgd__divide(sum, s->n, cnt);
-        s->slot_count[k] = 0;
-        s->applied += cnt;
-        if ((r = s->sum_only ? dsgd__ps_publish(s) : dsgd__ps_apply(s)) != DSGD_OK) return r;
-        if ((r = dsgd__ps_release_pulls(s)) != DSGD_OK) return r;
-    }
-}
-
-/* Checks a received header against what the tag and size promised. */
-static dsgd_result dsgd__ps_check_hdr(dsgd_ps_server *s, const void *buf, int w, uint64_t type, uint64_t seq,
-                                      uint64_t count, uint64_t *h) {
-    memcpy(h, buf, DSGD__PS_HBYTES);
-    if (h[0] != type || h[1] != (uint64_t)w || DSGD_PS_TAG_SEQ(h[2]) != seq || h[4] != count)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
-                                  "dsgd_ps_server_serve: server %d: worker %d sent a header (type %llu, worker %llu, seq "
-                                  "%llu, count %llu) that does not match its tag and size", s->index, w,
-                                  (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2],
-                                  (unsigned long long)h[4]);
-    return DSGD_OK;
-}
-
-static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
-    static const char *const fn = "dsgd_ps_server_serve";
-    dsgd__ps_peer *pe = &s->peer[w];
-    uint64_t seq = DSGD_PS_TAG_SEQ(tag), h[DSGD_PS_HEADER_WORDS], status = 0;
-    size_t want = DSGD__PS_HBYTES + s->n * sizeof(float);
-    dsgd_buffer *b;
-    float *host;
-    int64_t step, vcomp;
-    dsgd_result r;
-    if (bytes != want)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d has %zu bytes, not %zu",
-                                  fn, s->index, (unsigned long long)seq, w, bytes, want);
-    if (seq > pe->next_seq)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d, but push %llu is next",
-                                  fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->next_seq);
-    /* the buffer to receive into: grad for duplicates and ASYNC, a pooled
-       one for a clock's gradient */
-    if (seq < pe->next_seq || s->d.policy == DSGD_PS_ASYNC) {
-        b = s->grad;
-    } else {
-        if (s->pool_len == 0) {
-            if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->pool[s->pool_len])) != DSGD_OK) return r;
-            s->pool_len++;
-        }
-        b = s->pool[--s->pool_len];
-    }
-    host = s->be.buffer_host_ptr(s->be.impl, b);
-    r = s->t.recv(s->t.impl, s->P + w, tag, host, bytes, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK) {
-        if (b != s->grad) s->pool[s->pool_len++] = b;
-        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving push %llu of worker %d failed: %s%s%s", fn,
-                                  s->index, (unsigned long long)seq, w, dsgd_result_string(r),
-                                  dsgd__ps_terr(&s->t)[0] ? ": " : "", dsgd__ps_terr(&s->t));
-    }
-    if ((r = dsgd__ps_check_hdr(s, host, w, DSGD_PS_MSG_PUSH, seq, (uint64_t)s->n, h)) != DSGD_OK) {
-        if (b != s->grad) s->pool[s->pool_len++] = b;
-        return r;
-    }
-    if (seq < pe->next_seq) { /* a duplicate: acknowledged again, not applied */
-        s->duplicates++;
-        return dsgd__ps_ack(s, w, seq, pe->last_status);
-    }
-    s->received++;
-    pe->next_seq++;
-    vcomp = (int64_t)h[3];
-    if (s->d.policy == DSGD_PS_ASYNC) {
-        dsgd__ps_staleness(s, s->version - vcomp);
-        s->applied++;
-        if ((r = dsgd__ps_apply(s)) != DSGD_OK) return r;
-        pe->last_status = 0;
-        if ((r = dsgd__ps_ack(s, w, seq, 0)) != DSGD_OK) return r;
-        return dsgd__ps_release_pulls(s);
-    }
-    /* clock modes: SSP and SYNC count clocks by push seq, BACKUP by the
-       step (version) the gradient was computed on */
-    step = s->d.policy == DSGD_PS_BACKUP ? vcomp : (int64_t)seq;
-    if (s->d.policy == DSGD_PS_BACKUP && step < s->version) {
-        status = DSGD_PS_DROPPED;
-        s->dropped++;
-        s->pool[s->pool_len++] = b;
-    } else if (step < s->version || step > s->version + (s->ring - 1) ||
-               s->slot[(size_t)(step % s->ring) * s->W + w]) {
-        s->pool[s->pool_len++] = b;
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
-                                  "%s: server %d: push %llu of worker %d is for clock %lld, outside [%lld, %lld] or twice",
-                                  fn, s->index, (unsigned long long)seq, w, (long long)step, (long long)s->version,
-                                  (long long)(s->version + s->ring - 1));
-    } else {
-        size_t i = (size_t)(step % s->ring) * s->W + w;
-        s->slot[i] = b;
-        s->vcomp[i] = vcomp;
-        s->slot_count[step % s->ring]++;
-    }
-    pe->last_status = status;
-    if ((r = dsgd__ps_ack(s, w, seq, status)) != DSGD_OK) return r;
-    return status ? DSGD_OK : dsgd__ps_apply_clocks(s);
-}
-
-/* Clock modes: fails when a deferred pull can never be answered because
-   the clock (step) the server must apply next cannot complete: SSP and SYNC
-   need a push of it from a worker that has finished; BACKUP has fewer
-   accepted gradients plus workers still able to push (not finished, not
-   waiting, not already in this step) than it needs. Called when a worker
-   finishes and when a pull is deferred; exact, so a run that can go on is
-   never stopped. */
-static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
-    static const char *const fn = "dsgd_ps_server_serve";
-    int k = (int)(s->version % s->ring), w, waiter = -1, missing = -1, can = 0;
-    if (s->d.policy == DSGD_PS_ASYNC) return DSGD_OK;
-    for (w = 0; w < s->W; ++w) {
-        const dsgd__ps_peer *pe = &s->peer[w];
-        int in_step = s->slot[(size_t)k * s->W + w] != NULL;
-        if (pe->pull_pending && waiter < 0) waiter = w;
-        if (pe->done && !in_step && missing < 0 && (s->d.policy == DSGD_PS_BACKUP || pe->next_seq <= (uint64_t)s->version))
-            missing = w;
-        if (!pe->done && !pe->pull_pending && !in_step) can++;
-    }
-    if (waiter < 0) return DSGD_OK;
-    if (s->d.policy != DSGD_PS_BACKUP && missing >= 0)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
-                                  "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld needs "
-                                  "a push of worker %d, which finished after %llu pushes (%s needs every worker's push of "
-                                  "every clock)", fn, s->index, waiter, (long long)s->peer[waiter].pull_min,
-                                  (long long)s->version, missing, (unsigned long long)s->peer[missing].next_seq,
-                                  dsgd_ps_policy_name(s->d.policy));
-    if (s->d.policy == DSGD_PS_BACKUP && s->slot_count[k] + can < s->needed)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
-                                  "%s: server %d: worker %d waits for version %lld, which can never come: step %lld has %d "
-                                  "of %d gradients and %d worker%s can still push (the others finished or wait); stop "
-                                  "BACKUP workers on the version", fn, s->index, waiter,
-                                  (long long)s->peer[waiter].pull_min, (long long)s->version, s->slot_count[k],
-                                  s->needed, can, can == 1 ? "" : "s");
-    return DSGD_OK;
-}
-
-static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
-    static const char *const fn = "dsgd_ps_server_serve";
-    dsgd__ps_peer *pe = &s->peer[w];
-    uint64_t seq = DSGD_PS_TAG_SEQ(tag), h[DSGD_PS_HEADER_WORDS];
-    dsgd_result r;
-    if (bytes != DSGD__PS_HBYTES)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull of worker %d has %zu bytes, not %zu", fn,
-                                  s->index, w, bytes, (size_t)DSGD__PS_HBYTES);
-    r = s->t.recv(s->t.impl, s->P + w, tag, h, sizeof h, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving a pull of worker %d failed: %s%s%s", fn, s->index,
-                                  w, dsgd_result_string(r), dsgd__ps_terr(&s->t)[0] ? ": " : "", dsgd__ps_terr(&s->t));
-    if ((r = dsgd__ps_check_hdr(s, h, w, DSGD_PS_MSG_PULL, seq, 0, h)) != DSGD_OK) return r;
-    if (seq < pe->pull_next) { /* a resend: the deferred pull stays, an answered one is not answered again */
-        s->repeated++;
-        return DSGD_OK;
-    }
-    if (seq > pe->pull_next)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull %llu of worker %d, but pull %llu is next",
-                                  fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->pull_next);
-    if (s->sum_only && (int64_t)h[5] != pe->have)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
-                                  "%s: server %d: pull %llu of worker %d wants the mean of step %lld, but it has fetched "
-                                  "%lld", fn, s->index, (unsigned long long)seq, w, (long long)(int64_t)h[5],
-                                  (long long)pe->have);
-    pe->pull_next = seq + 1;
-    pe->pull_min = (int64_t)h[3];
-    pe->pull_from = (int64_t)h[5];
-    if (s->version >= pe->pull_min) return dsgd__ps_answer_pull(s, w);
-    pe->pull_pending = 1;
-    s->deferred++;
-    return dsgd__ps_check_stuck(s);
-}
-
-static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
-    static const char *const fn = "dsgd_ps_server_serve";
-    uint64_t h[DSGD_PS_HEADER_WORDS], seq = DSGD_PS_TAG_SEQ(tag);
-    dsgd_result r;
-    if (bytes != DSGD__PS_HBYTES)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: DONE of worker %d has %zu bytes", fn,
-                                  s->index, w, bytes);
-    r = s->t.recv(s->t.impl, s->P + w, tag, h, sizeof h, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving DONE of worker %d failed: %s", fn, s->index, w,
-                                  dsgd_result_string(r));
-    if ((r = dsgd__ps_check_hdr(s, h, w, DSGD_PS_MSG_DONE, seq, 0, h)) != DSGD_OK) return r;
-    if (seq != s->peer[w].next_seq)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d finished after %llu pushes, %llu arrived",
-                                  fn, s->index, w, (unsigned long long)seq, (unsigned long long)s->peer[w].next_seq);
-    if (!s->peer[w].done) {
-        s->peer[w].done = 1;
-        s->done_count++;
-        if (s->sum_only) dsgd__ps_trim(s);
-    }
-    return dsgd__ps_check_stuck(s);
-}
-
-DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
-    static const char *const fn = "dsgd_ps_server_serve";
-    dsgd_result r = DSGD_OK;
-    double start;
-    int w;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if (s->state != DSGD__PS_CREATED)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: server %d: already served%s", fn, s->index,
-                                  s->state == DSGD__PS_FAILED ? " and failed" : "");
-    start = dsgd__ps_now(&s->t);
-    for (w = 0; w < s->W; ++w) s->peer[w].last_heard = start;
-    while (s->done_count < s->W) {
-        double deadline = 0.0, now;
-        int src = -1, first = 1, type;
-        uint64_t tag = 0;
-        size_t bytes = 0;
-        for (w = 0; w < s->W; ++w)
-            if (!s->peer[w].done && (first || s->peer[w].last_heard + s->d.timeout_s < deadline)) {
-                deadline = s->peer[w].last_heard + s->d.timeout_s;
-                first = 0;
-            }
-        r = s->t.probe(s->t.impl, deadline, &src, &tag, &bytes);
-        now = dsgd__ps_now(&s->t);
-        if (r == DSGD_ERR_TIMEOUT) {
-            char names[256];
-            size_t used = 0;
-            int late = 0;
-            names[0] = '\0';
-            for (w = 0; w < s->W; ++w)
-                if (!s->peer[w].done && now >= s->peer[w].last_heard + s->d.timeout_s) {
-                    int k = snprintf(names + used, sizeof names - used, "%s%d (rank %d)", late ? ", " : "", w, s->P + w);
-                    if (k > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)k);
-                    late++;
-                }
-            if (!late) continue;
-            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_TIMEOUT, "%s: server %d: no message from worker%s %s within %g s", fn,
-                                   s->index, late > 1 ? "s" : "", names, s->d.timeout_s);
-            break;
-        }
-        if (r != DSGD_OK) {
-            r = dsgd_ctx_set_error(s->ctx, r, "%s: server %d: waiting for a message failed: %s%s%s", fn, s->index,
-                                   dsgd_result_string(r), dsgd__ps_terr(&s->t)[0] ? ": " : "", dsgd__ps_terr(&s->t));
-            break;
-        }
-        if (src < s->P || src >= s->P + s->W) {
-            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: a message from rank %d, which is not a worker",
-                                   fn, s->index, src);
-            break;
-        }
-        w = src - s->P;
-        s->peer[w].last_heard = now;
-        type = DSGD_PS_TAG_TYPE(tag);
-        if (type == DSGD_PS_MSG_PUSH) {
-            r = dsgd__ps_on_push(s, w, tag, bytes);
-        } else if (type == DSGD_PS_MSG_PULL) {
-            r = dsgd__ps_on_pull(s, w, tag, bytes);
-        } else if (type == DSGD_PS_MSG_DONE) {
-            r = dsgd__ps_on_done(s, w, tag, bytes);
-        } else {
-            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d sent a message of type %d", fn,
-                                   s->index, w, type);
-        }
-        if (r != DSGD_OK) break;
-    }
-    if (r != DSGD_OK) return dsgd__ps_server_fail(s, r);
-    s->state = DSGD__PS_DONE;
-    return DSGD_OK;
-}
-
-DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s) {
-    size_t i;
-    if (!s) return;
-    if (s->have_be) {
-        dsgd_buffer *own[4];
-        int k;
-        own[0] = s->params;
-        own[1] = s->grad;
-        own[2] = s->m1;
-        own[3] = s->m2;
-        for (k = 0; k < 4; ++k)
-            if (own[k]) s->be.buffer_destroy(s->be.impl, own[k]);
-        if (s->slot)
-            for (i = 0; i < (size_t)s->ring * (size_t)s->W; ++i)
-                if (s->slot[i]) s->be.buffer_destroy(s->be.impl, s->slot[i]);
-        if (s->pool)
-            for (k = 0; k < s->pool_len; ++k) s->be.buffer_destroy(s->be.impl, s->pool[k]);
-        for (i = 0; i < s->agg_len; ++i) s->be.buffer_destroy(s->be.impl, s->agg[i]);
-        if (s->agg_spare) s->be.buffer_destroy(s->be.impl, s->agg_spare);
-        if (s->be.destroy) s->be.destroy(s->be.impl);
-    }
-    DSGD_FREE(s->slot);
-    DSGD_FREE(s->pool);
-    DSGD_FREE(s->agg);
-    DSGD_FREE(s->vcomp);
-    DSGD_FREE(s->slot_count);
-    DSGD_FREE(s->peer);
-    DSGD_FREE(s->hist);
-    DSGD_FREE(s);
-}
-
-DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
-                                           const dsgd_shard_map *map, const float *initial_full_params,
-                                           dsgd_ps_server **out) {
-    static const char *const fn = "dsgd_ps_server_create";
-    dsgd_ps_server *s;
-    dsgd_ps_desc d;
-    dsgd_result r;
-    size_t slots = 0, at = 0;
-    int i;
-    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
-    *out = NULL;
-    if ((r = dsgd__ps_setup(ctx, t, desc, map, fn, &d)) != DSGD_OK) return r;
-    if (t->rank < 0 || t->rank >= d.num_servers)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a server (servers are ranks 0..%d)",
-                                  fn, t->rank, d.num_servers - 1);
-    if (!initial_full_params && d.apply == DSGD_PS_APPLY_ON_SERVERS)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: initial_full_params is NULL", fn);
-    s = (dsgd_ps_server *)dsgd__alloc(ctx, sizeof *s, fn);
-    if (!s) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(s, 0, sizeof *s);
-    s->ctx = ctx;
-    s->t = *t;
-    s->d = d;
-    s->map = map;
-    s->index = t->rank;
-    s->P = d.num_servers;
-    s->W = d.num_workers;
-    s->n = dsgd_shard_map_server_floats(map, s->index);
-    s->ring = d.policy == DSGD_PS_SSP ? d.staleness + 1 : 1;
-    s->needed = d.policy == DSGD_PS_BACKUP ? d.num_workers - d.backup_workers : d.num_workers;
-    s->sum_only = d.apply == DSGD_PS_APPLY_ON_WORKERS;
-    r = DSGD_OK;
-    if (s->n > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1)
-        r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %zu floats overflow size_t", fn, s->n);
-    if (r == DSGD_OK && (r = dsgd_cpu_backend_create(ctx, &s->be)) == DSGD_OK) s->have_be = 1;
-    /* ON_WORKERS: no parameters, no slots */
-    if (r == DSGD_OK && !s->sum_only) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->params);
-    if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->grad);
-    if (r == DSGD_OK && !s->sum_only && d.optimizer.kind != DSGD_OPT_SGD) r = s->be.buffer_create(s->be.impl, s->n, &s->m1);
-    if (r == DSGD_OK && !s->sum_only && (d.optimizer.kind == DSGD_OPT_ADAM || d.optimizer.kind == DSGD_OPT_ADAMW))
-        r = s->be.buffer_create(s->be.impl, s->n, &s->m2);
-    if (r == DSGD_OK && d.policy != DSGD_PS_ASYNC) {
-        if (dsgd__mul_overflows((size_t)s->ring, (size_t)s->W, &slots) || slots > SIZE_MAX / sizeof(int64_t) - 1) {
-            dsgd_ps_server_destroy(s);
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %d clocks of %d workers overflow size_t", fn,
-                                      s->ring, s->W);
-        }
-        s->slot = (dsgd_buffer **)dsgd__alloc(ctx, slots * sizeof *s->slot, fn);
-        /* every buffer is in a slot, in the pool, or receiving: slots + 1 */
-        s->pool = (dsgd_buffer **)dsgd__alloc(ctx, (slots + 1) * sizeof *s->pool, fn);
-        s->vcomp = (int64_t *)dsgd__alloc(ctx, slots * sizeof *s->vcomp, fn);
-        s->slot_count = (int *)dsgd__alloc(ctx, (size_t)s->ring * sizeof *s->slot_count, fn);
-        if (!s->slot || !s->pool || !s->vcomp || !s->slot_count) {
-            r = DSGD_ERR_OUT_OF_MEMORY;
-        } else {
-            memset(s->slot, 0, slots * sizeof *s->slot);
-            memset(s->slot_count, 0, (size_t)s->ring * sizeof *s->slot_count);
-        }
-    }
-    if (r == DSGD_OK) {
-        s->peer = (dsgd__ps_peer *)dsgd__alloc(ctx, (size_t)s->W * sizeof *s->peer, fn);
-        s->hist = (int64_t *)dsgd__alloc(ctx, (size_t)d.staleness_bins * sizeof *s->hist, fn);
-        if (!s->peer || !s->hist) r = DSGD_ERR_OUT_OF_MEMORY;
-    }
-    if (r != DSGD_OK) {
-        dsgd_ps_server_destroy(s);
-        return r;
-    }
-    memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
-    memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
-    s->params_h = s->params ? s->be.buffer_host_ptr(s->be.impl, s->params) : NULL;
-    s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
-    /* the server's shards, concatenated in placement order; slots start at 0 */
-    for (i = 0; i < dsgd_shard_map_num_shards(map) && s->params_h; ++i) {
-        const dsgd_shard *sh = dsgd_shard_map_shard(map, i);
-        if (sh->server != s->index) continue;
-        memcpy(s->params_h + DSGD__PS_H + at, initial_full_params + sh->offset, sh->count * sizeof(float));
-        at += sh->count;
-    }
-    *out = s;
-    return DSGD_OK;
-}
-
-DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out) {
-    if (!out) return;
-    memset(out, 0, sizeof *out);
-    if (!s) return;
-    out->version = s->version;
-    out->pushes_received = s->received;
-    out->pushes_applied = s->applied;
-    out->duplicates = s->duplicates;
-    out->stale_dropped = s->dropped;
-    out->pulls_answered = s->pulls;
-    out->pulls_deferred = s->deferred;
-    out->pulls_repeated = s->repeated;
-    out->staleness_mean = s->applied ? s->stal_sum / (double)s->applied : 0.0;
-    out->staleness_max = s->stal_max;
-    out->staleness_bins = s->d.staleness_bins;
-    out->staleness_hist = s->hist;
-}
-
-DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full) {
-    size_t at = 0;
-    int i;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!full) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_ps_server_read_params: full is NULL");
-    if (s->sum_only)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
-                                  "dsgd_ps_server_read_params: server %d sums only (apply ON_WORKERS) and holds no "
-                                  "parameters; read a worker's (dsgd_ps_worker_read_params)", s->index);
-    for (i = 0; i < dsgd_shard_map_num_shards(s->map); ++i) {
-        const dsgd_shard *sh = dsgd_shard_map_shard(s->map, i);
-        if (sh->server != s->index) continue;
-        memcpy(full + sh->offset, s->params_h + DSGD__PS_H + at, sh->count * sizeof(float));
-        at += sh->count;
-    }
-    return DSGD_OK;
-}
-
-/* >>ps worker -------------------------------------------------------------- */
-
-struct dsgd_ps_worker {
-    dsgd_ctx *ctx;
-    dsgd_transport_i t;
-    dsgd_ps_desc d; /* defaults filled */
-    const dsgd_shard_map *map;
-    int index, P, W, state, pulled;
-    size_t *n;         /* [P] floats of each server */
-    float **buf;       /* [P] [header | n[s]]: a push's slice, then a pull's reply */
-    uint64_t *pull_hdr; /* [P * header words] the pull requests, for resends */
-    float *scratch;    /* stale replies land here */
-    size_t scratch_bytes;
-    int64_t *version, *last_step; /* [P] read at the last pull; BACKUP: step last pushed */
-    int *dropped, *pending;       /* [P] */
-    double *sent_at, *backoff;    /* [P] */
-    uint64_t push_seq, pull_seq;
-    uint64_t push_seq0, pull_seq0; /* at create or restore: a save or restore
-                                      needs no pull or push since */
-    int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
-    /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
-       layout), the mean received ([header | n[s]]) and the optimizer's
-       slots; latest: the server's version the first reply of a pull
-       announced */
-    int sum_only, have_be, params_set, round;
-    dsgd_backend_i be;
-    dsgd_buffer **own, **sum, **m1, **m2;
-    int64_t *latest;
-};
-
-static dsgd_result dsgd__ps_worker_fail(dsgd_ps_worker *w, dsgd_result r) {
-    w->state = DSGD__PS_FAILED;
-    return r;
-}
-
-/* ON_WORKERS: takes server src's reply h (in sum[src]): applies the mean
-   it carries to the worker's copy of that server's ranges, as the server
-   would have (dsgd__ps_apply: the same update, the same step count). */
-static dsgd_result dsgd__ps_worker_apply(dsgd_ps_worker *w, const char *fn, int src, const uint64_t *h) {
-    dsgd_opt_update u;
-    dsgd_ref p, g, m1, m2;
-    dsgd_result r;
-    int64_t v = w->version[src];
-    if (w->round == 0) w->latest[src] = (int64_t)h[5];
-    if (h[4] == 0) {
-        if ((int64_t)h[3] != v)
-            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
-                                      "%s: worker %d: server %d says it has published %lld means, the worker has %lld",
-                                      fn, w->index, src, (long long)(int64_t)h[3], (long long)v);
-        return DSGD_OK;
-    }
-    if ((int64_t)h[3] != v + 1)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent the mean of step %lld, not %lld",
-                                  fn, w->index, src, (long long)((int64_t)h[3] - 1), (long long)v);
-    u = dsgd__opt_update_at(&w->d.optimizer, v, 1.0f);
-    p.buf = w->own[src];
-    p.off = 0;
-    g.buf = w->sum[src];
-    g.off = DSGD__PS_H;
-    m1.buf = w->m1[src];
-    m1.off = 0;
-    m2.buf = w->m2[src];
-    m2.off = 0;
-    if ((r = w->be.optimizer_update(w->be.impl, &u, p, g, m1, m2, w->n[src])) != DSGD_OK) return r;
-    w->version[src] = v + 1;
-    return DSGD_OK;
-}
-
-/* The wait for one reply from every server: probe, take the expected
-   replies, drop stale ones, resend to silent servers with backoff. type is
-   ACK or PARAMS; full receives the parameters of PARAMS. */
-static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int type, uint64_t seq, float *full) {
-    double start = dsgd__ps_now(&w->t), deadline = start + w->d.timeout_s;
-    double max_backoff = DSGD__MAX(w->d.retry_s, w->d.timeout_s / 8);
-    int left = w->P, s;
-    dsgd_result r;
-    for (s = 0; s < w->P; ++s) {
-        w->pending[s] = 1;
-        w->sent_at[s] = start;
-        w->backoff[s] = w->d.retry_s;
-    }
-    while (left > 0) {
-        double wake = deadline, now;
-        int src = -1, mtype;
-        uint64_t tag = 0;
-        size_t bytes = 0;
-        for (s = 0; s < w->P; ++s)
-            if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
-        r = w->t.probe(w->t.impl, wake, &src, &tag, &bytes);
-        now = dsgd__ps_now(&w->t);
-        if (r == DSGD_ERR_TIMEOUT) {
-            if (now >= deadline) {
-                char names[256];
-                size_t used = 0;
-                int k = 0;
-                names[0] = '\0';
-                for (s = 0; s < w->P; ++s)
-                    if (w->pending[s]) {
-                        int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
-                        if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
-                    }
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
-                                          "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
-                                          type == DSGD_PS_MSG_ACK ? "acknowledgement" : "parameters", k > 1 ? "s" : "",
-                                          names, w->d.timeout_s, type == DSGD_PS_MSG_ACK ? "push" : "pull",
-                                          (unsigned long long)seq);
-            }
-            for (s = 0; s < w->P; ++s) {
-                const void *msg;
-                size_t mbytes;
-                uint64_t mtag;
-                if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
-                if (type == DSGD_PS_MSG_ACK) {
-                    msg = w->buf[s];
-                    mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
-                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
-                    w->push_resends++;
-                } else {
-                    msg = w->pull_hdr + (size_t)s * DSGD_PS_HEADER_WORDS;
-                    mbytes = DSGD__PS_HBYTES;
-                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PULL, seq);
-                    w->pull_resends++;
-                }
-                r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
-                if (r != DSGD_OK)
-                    return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn,
-                                              w->index, s, dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "",
-                                              dsgd__ps_terr(&w->t));
-                w->sent_at[s] = dsgd__ps_now(&w->t);
-                w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
-            }
-            continue;
-        }
-        if (r != DSGD_OK)
-            return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: waiting for the servers failed: %s%s%s", fn, w->index,
-                                      dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "", dsgd__ps_terr(&w->t));
-        if (src < 0 || src >= w->P)
-            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: a message from rank %d, which is not a server",
-                                      fn, w->index, src);
-        mtype = DSGD_PS_TAG_TYPE(tag);
-        if (mtype == type && DSGD_PS_TAG_SEQ(tag) == (seq & DSGD_PS_SEQ_MASK) && w->pending[src]) {
-            uint64_t h[DSGD_PS_HEADER_WORDS];
-            size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
-            void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)h;
-            if (type == DSGD_PS_MSG_PARAMS && w->sum_only) { /* a mean, or nothing new */
-                dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
-                if (bytes == DSGD__PS_HBYTES) want = bytes;
-            }
-            if (bytes != want)
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
-                                          w->index, src, bytes, want);
-            r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
-            if (r != DSGD_OK)
-                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn,
-                                          w->index, src, dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "",
-                                          dsgd__ps_terr(&w->t));
-            memcpy(h, dst, sizeof h);
-            if (h[0] != (uint64_t)type || h[1] != (uint64_t)w->index || DSGD_PS_TAG_SEQ(h[2]) != DSGD_PS_TAG_SEQ(seq) ||
-                (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h[4] * sizeof(float) != bytes))
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
-                                          "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
-                                          "count %llu) that does not match its tag and size", fn, w->index, src,
-                                          (unsigned long long)h[0], (unsigned long long)h[1], (unsigned long long)h[2],
-                                          (unsigned long long)h[4]);
-            if (type == DSGD_PS_MSG_ACK) {
-                w->dropped[src] = h[5] == DSGD_PS_DROPPED;
-                w->pushes_dropped += w->dropped[src];
-            } else if (w->sum_only) {
-                if ((r = dsgd__ps_worker_apply(w, fn, src, h)) != DSGD_OK) return r;
-            } else {
-                int i;
-                const float *p = w->buf[src] + DSGD__PS_H;
-                w->version[src] = (int64_t)h[3];
-                for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
-                    const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
-                    if (sh->server != src) continue;
-                    memcpy(full + sh->offset, p, sh->count * sizeof(float));
-                    p += sh->count;
-                }
-            }
-            w->pending[src] = 0;
-            left--;
-        } else { /* a reply to an older request (or a copy): dropped */
-            if (bytes > w->scratch_bytes)
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
-                                          "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
-                                          w->index, src, bytes, mtype);
-            r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
-            if (r != DSGD_OK)
-                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index,
-                                          src, dsgd_result_string(r));
-            w->stale++;
-        }
-    }
-    return DSGD_OK;
-}
-
-/* ON_WORKERS: the worker's copy into the shards' ranges of full. */
-static void dsgd__ps_worker_copy_out(const dsgd_ps_worker *w, float *full) {
-    int s, i;
-    for (s = 0; s < w->P; ++s) {
-        const float *p = w->be.buffer_host_ptr(w->be.impl, w->own[s]);
-        for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
-            const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
-            if (sh->server != s) continue;
-            memcpy(full + sh->offset, p, sh->count * sizeof(float));
-            p += sh->count;
-        }
-    }
-}
-
-static dsgd_result dsgd__ps_worker_usable(dsgd_ps_worker *w, const char *fn) {
-    if (w->state == DSGD__PS_CREATED) return DSGD_OK;
-    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d has %s", fn, w->index,
-                              w->state == DSGD__PS_DONE ? "finished" : "failed");
-}
-
-static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s, uint64_t tag, const void *buf,
-                                        size_t bytes) {
-    dsgd_result r = w->t.send(w->t.impl, s, tag, buf, bytes, dsgd__ps_now(&w->t) + w->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: sending to server %d failed: %s%s%s", fn, w->index, s,
-                                  dsgd_result_string(r), dsgd__ps_terr(&w->t)[0] ? ": " : "", dsgd__ps_terr(&w->t));
-    return DSGD_OK;
-}
-
-/* The pull; wait 0 asks for no version (what the servers have now: the
-   coordinator's last fetch, once every push was acknowledged). */
-static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, const char *fn, int wait) {
-    dsgd_result r;
-    int s;
-    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
-    if (!full_params)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
-    if (w->sum_only && !w->params_set)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
-                                  "%s: worker %d: apply ON_WORKERS needs dsgd_ps_worker_set_params before the first pull",
-                                  fn, w->index);
-    /* ON_WORKERS: one round per mean behind the versions the first round announced */
-    for (w->round = 0;; w->round++) {
-        int behind = 0;
-        for (s = 0; s < w->P; ++s) {
-            uint64_t *h = w->pull_hdr + (size_t)s * DSGD_PS_HEADER_WORDS;
-            int64_t need = 0;
-            if (!wait)
-                need = 0;
-            else if (w->d.policy == DSGD_PS_SSP || w->d.policy == DSGD_PS_SYNC)
-                need = DSGD__MAX((int64_t)w->push_seq - w->d.staleness, (int64_t)0); /* clocks 0..c-s-1 applied */
-            else if (w->d.policy == DSGD_PS_BACKUP)
-                need = w->last_step[s] + 1; /* the step last pushed for is applied */
-            dsgd__ps_hdr_put(h, DSGD_PS_MSG_PULL, (uint64_t)w->index, w->pull_seq, need, 0,
-                             w->sum_only ? (uint64_t)w->version[s] : 0);
-            if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
-                return dsgd__ps_worker_fail(w, r);
-        }
-        r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_PARAMS, w->pull_seq, full_params);
-        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
-        w->pull_seq++;
-        for (s = 0; s < w->P && w->sum_only; ++s) behind |= w->version[s] < w->latest[s];
-        if (!behind) break;
-    }
-    if (w->sum_only) dsgd__ps_worker_copy_out(w, full_params);
-    w->pulls++;
-    w->pulled = 1;
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
-    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd__ps_worker_pull(w, full_params, "dsgd_ps_worker_pull", 1);
-}
-
-DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads) {
-    static const char *const fn = "dsgd_ps_worker_push";
-    dsgd_result r;
-    int s, i;
-    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
-    if (!full_grads) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_grads is NULL", fn, w->index);
-    if (w->d.policy != DSGD_PS_ASYNC && !w->pulled)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s needs a pull before each push (push %llu)",
-                                  fn, w->index, dsgd_ps_policy_name(w->d.policy), (unsigned long long)w->push_seq);
-    for (s = 0; s < w->P; ++s) {
-        float *p = w->buf[s] + DSGD__PS_H;
-        dsgd__ps_hdr_put(w->buf[s], DSGD_PS_MSG_PUSH, (uint64_t)w->index, w->push_seq, w->version[s], (uint64_t)w->n[s], 0);
-        for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
-            const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
-            if (sh->server != s) continue;
-            memcpy(p, full_grads + sh->offset, sh->count * sizeof(float));
-            p += sh->count;
-        }
-        w->dropped[s] = 0;
-        w->last_step[s] = w->version[s];
-        r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PUSH, w->push_seq), w->buf[s],
-                                 DSGD__PS_HBYTES + w->n[s] * sizeof(float));
-        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
-    }
-    r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_ACK, w->push_seq, NULL);
-    if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
-    w->push_seq++;
-    w->pulled = 0;
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params) {
-    static const char *const fn = "dsgd_ps_worker_set_params";
-    int s, i;
-    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!full_params)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
-    if (!w->sum_only || w->pulls > 0 || w->state != DSGD__PS_CREATED)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s", fn, w->index,
-                                  !w->sum_only ? "the servers hold the parameters (apply ON_SERVERS)"
-                                               : "only before the first pull");
-    for (s = 0; s < w->P; ++s) {
-        float *p = w->be.buffer_host_ptr(w->be.impl, w->own[s]);
-        for (i = 0; i < dsgd_shard_map_num_shards(w->map); ++i) {
-            const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
-            if (sh->server != s) continue;
-            memcpy(p, full_params + sh->offset, sh->count * sizeof(float));
-            p += sh->count;
-        }
-    }
-    w->params_set = 1;
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full) {
-    static const char *const fn = "dsgd_ps_worker_read_params";
-    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!full) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full is NULL", fn, w->index);
-    if (!w->sum_only)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
-                                  "%s: worker %d: the servers hold the parameters (apply ON_SERVERS); read theirs", fn,
-                                  w->index);
-    dsgd__ps_worker_copy_out(w, full);
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w) {
-    static const char *const fn = "dsgd_ps_worker_finish";
-    uint64_t h[DSGD_PS_HEADER_WORDS];
-    dsgd_result r;
-    int s;
-    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
-    dsgd__ps_hdr_put(h, DSGD_PS_MSG_DONE, (uint64_t)w->index, w->push_seq, 0, 0, 0);
-    for (s = 0; s < w->P; ++s)
-        if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_DONE, w->push_seq), h, sizeof h)) != DSGD_OK)
-            return dsgd__ps_worker_fail(w, r);
-    w->state = DSGD__PS_DONE;
-    return DSGD_OK;
-}
-
-DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
-    int s;
-    if (!w) return;
-    if (w->buf)
-        for (s = 0; s < w->P; ++s) DSGD_FREE(w->buf[s]);
-    DSGD_FREE(w->buf);
-    DSGD_FREE(w->n);
-    DSGD_FREE(w->pull_hdr);
-    DSGD_FREE(w->scratch);
-    DSGD_FREE(w->version);
-    DSGD_FREE(w->last_step);
-    DSGD_FREE(w->dropped);
-    DSGD_FREE(w->pending);
-    DSGD_FREE(w->sent_at);
-    DSGD_FREE(w->backoff);
-    if (w->have_be) {
-        dsgd_buffer **own[4];
-        int k;
-        own[0] = w->own;
-        own[1] = w->sum;
-        own[2] = w->m1;
-        own[3] = w->m2;
-        for (k = 0; k < 4; ++k)
-            for (s = 0; own[k] && s < w->P; ++s)
-                if (own[k][s]) w->be.buffer_destroy(w->be.impl, own[k][s]);
-        if (w->be.destroy) w->be.destroy(w->be.impl);
-    }
-    DSGD_FREE(w->own);
-    DSGD_FREE(w->sum);
-    DSGD_FREE(w->m1);
-    DSGD_FREE(w->m2);
-    DSGD_FREE(w->latest);
-    DSGD_FREE(w);
-}
-
-DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
-                                           const dsgd_shard_map *map, dsgd_ps_worker **out) {
-    static const char *const fn = "dsgd_ps_worker_create";
-    dsgd_ps_worker *w;
-    dsgd_ps_desc d;
-    dsgd_result r;
-    size_t P, max_n = 0;
-    int s;
-    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
-    *out = NULL;
-    if ((r = dsgd__ps_setup(ctx, t, desc, map, fn, &d)) != DSGD_OK) return r;
-    if (t->rank < d.num_servers || t->rank >= d.num_servers + d.num_workers)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a worker (workers are ranks %d..%d)",
-                                  fn, t->rank, d.num_servers, d.num_servers + d.num_workers - 1);
-    w = (dsgd_ps_worker *)dsgd__alloc(ctx, sizeof *w, fn);
-    if (!w) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(w, 0, sizeof *w);
-    w->ctx = ctx;
-    w->t = *t;
-    w->d = d;
-    w->map = map;
-    w->P = d.num_servers;
-    w->W = d.num_workers;
-    w->index = t->rank - d.num_servers;
-    P = (size_t)w->P;
-    w->n = (size_t *)dsgd__alloc(ctx, P * sizeof *w->n, fn);
-    w->buf = (float **)dsgd__alloc(ctx, P * sizeof *w->buf, fn);
-    w->pull_hdr = (uint64_t *)dsgd__alloc(ctx, P * DSGD__PS_HBYTES, fn);
-    w->version = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->version, fn);
-    w->last_step = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->last_step, fn);
-    w->dropped = (int *)dsgd__alloc(ctx, P * sizeof *w->dropped, fn);
-    w->pending = (int *)dsgd__alloc(ctx, P * sizeof *w->pending, fn);
-    w->sent_at = (double *)dsgd__alloc(ctx, P * sizeof *w->sent_at, fn);
-    w->backoff = (double *)dsgd__alloc(ctx, P * sizeof *w->backoff, fn);
-    if (!w->n || !w->buf || !w->pull_hdr || !w->version || !w->last_step || !w->dropped || !w->pending || !w->sent_at ||
-        !w->backoff) {
-        dsgd_ps_worker_destroy(w);
-        return DSGD_ERR_OUT_OF_MEMORY;
-    }
-    memset(w->buf, 0, P * sizeof *w->buf);
-    for (s = 0; s < w->P; ++s) {
-        w->n[s] = dsgd_shard_map_server_floats(map, s);
-        w->version[s] = 0;
-        w->last_step[s] = -1;
-        w->dropped[s] = 0;
-        if (w->n[s] > max_n) max_n = w->n[s];
-        if (w->n[s] > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1 ||
-            !(w->buf[s] = (float *)dsgd__alloc(ctx, (DSGD__PS_H + w->n[s]) * sizeof(float), fn))) {
-            dsgd_ps_worker_destroy(w);
-            return DSGD_ERR_OUT_OF_MEMORY;
-        }
-    }
-    w->scratch_bytes = (DSGD__PS_H + max_n) * sizeof(float);
-    w->scratch = (float *)dsgd__alloc(ctx, w->scratch_bytes, fn);
-    if (!w->scratch) {
-        dsgd_ps_worker_destroy(w);
-        return DSGD_ERR_OUT_OF_MEMORY;
-    }
-    if (d.apply == DSGD_PS_APPLY_ON_WORKERS) { /* the worker's copy and the optimizer's slots, on a CPU backend */
-        int slots1 = d.optimizer.kind != DSGD_OPT_SGD;
-        int slots2 = d.optimizer.kind == DSGD_OPT_ADAM || d.optimizer.kind == DSGD_OPT_ADAMW;
-        w->sum_only = 1;
-        w->own = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->own, fn);
-        w->sum = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->sum, fn);
-        w->m1 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m1, fn);
-        w->m2 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m2, fn);
-        w->latest = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->latest, fn);
-        if (!w->own || !w->sum || !w->m1 || !w->m2 || !w->latest) {
-            dsgd_ps_worker_destroy(w);
-            return DSGD_ERR_OUT_OF_MEMORY;
-        }
-        memset(w->own, 0, P * sizeof *w->own);
-        memset(w->sum, 0, P * sizeof *w->sum);
-        memset(w->m1, 0, P * sizeof *w->m1);
-        memset(w->m2, 0, P * sizeof *w->m2);
-        memset(w->latest, 0, P * sizeof *w->latest);
-        r = dsgd_cpu_backend_create(ctx, &w->be);
-        if (r == DSGD_OK) w->have_be = 1;
-        for (s = 0; s < w->P && r == DSGD_OK; ++s) {
-            r = w->be.buffer_create(w->be.impl, w->n[s], &w->own[s]);
-            if (r == DSGD_OK) r = w->be.buffer_create(w->be.impl, DSGD__PS_H + w->n[s], &w->sum[s]);
-            if (r == DSGD_OK && slots1) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m1[s]);
-            if (r == DSGD_OK && slots2) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m2[s]);
-        }
-        if (r != DSGD_OK) {
-            dsgd_ps_worker_destroy(w);
-            return r;
-        }
-    }
-    *out = w;
-    return DSGD_OK;
-}
-
-DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out) {
-    if (!out) return;
-    memset(out, 0, sizeof *out);
-    if (!w) return;
-    out->clock = (int64_t)w->push_seq;
-    out->pulls = w->pulls;
-    out->push_resends = w->push_resends;
-    out->pull_resends = w->pull_resends;
-    out->pushes_dropped = w->pushes_dropped;
-    out->stale_replies = w->stale;
-}
-
-DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
-    return w && server >= 0 && server < w->P ? w->version[server] : -1;
-}
-
-DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server) {
-    return w && server >= 0 && server < w->P ? w->dropped[server] : 0;
-}
-
-DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
-    return w && w->state == DSGD__PS_FAILED;
-}
+     This part holds the format: the sections, their records and the
+     checks a restore runs before it touches anything. The server's and the
+     worker's save and restore (ps_server.h, ps_worker.h) write and apply
+     them.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_CHECKPOINT_IMPL)
+#define DSGD__PART_PS_CHECKPOINT_IMPL
 
 /* >>ps checkpoints --------------------------------------------------------- */
 /* The sections of a rank's checkpoint (see CHECKPOINTS above):
@@ -12410,10 +11440,6 @@ static void dsgd__ps_get_ident(dsgd__ck_cur *c, dsgd__ps_ident *id) {
     id->opt = dsgd__ckr_u32(c);
 }
 
-static const char *dsgd__ps_apply_text(uint32_t a) {
-    return a == DSGD_PS_APPLY_ON_SERVERS ? "ON_SERVERS" : a == DSGD_PS_APPLY_ON_WORKERS ? "ON_WORKERS" : "?";
-}
-
 /* DSGD_ERR_SHAPE unless the saved identity is this rank's; role is
    "server" or "worker". */
 static dsgd_result dsgd__ps_check_ident(const dsgd__ck_file *f, const char *role, const dsgd__ps_ident *got,
@@ -12427,10 +11453,10 @@ static dsgd_result dsgd__ps_check_ident(const dsgd__ck_file *f, const char *role
                                   f->what,
                                   f->path, (unsigned)got->P, (unsigned)got->W,
                                   dsgd_ps_policy_name((dsgd_ps_policy)got->policy), (unsigned)got->staleness,
-                                  (unsigned)got->backup, dsgd__ps_apply_text(got->apply), dsgd__opt_kind_text(got->opt),
+                                  (unsigned)got->backup, dsgd_ps_apply_name((dsgd_ps_apply)got->apply), dsgd__opt_kind_text(got->opt),
                                   (unsigned)want->P, (unsigned)want->W,
                                   dsgd_ps_policy_name((dsgd_ps_policy)want->policy), (unsigned)want->staleness,
-                                  (unsigned)want->backup, dsgd__ps_apply_text(want->apply),
+                                  (unsigned)want->backup, dsgd_ps_apply_name((dsgd_ps_apply)want->apply),
                                   dsgd__opt_kind_text(want->opt));
     if (got->index != want->index)
         return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE, "%s: %s: the checkpoint of %s %u, not of %s %u", f->what,
@@ -12514,9 +11540,972 @@ static dsgd_result dsgd__ps_check_map(const dsgd__ck_file *f, const dsgd_shard_m
     return DSGD_OK;
 }
 
-/* ---- the server */
+/* What a server's checkpoint must match: the server's desc (defaults
+   filled), index and map, its floats, its clock slots (ring x W, 0 when
+   not clocked), its optimizer slots, and whether it holds parameters. */
+typedef struct dsgd__ps_server_shape {
+    const dsgd_ps_desc *d;
+    const dsgd_shard_map *map;
+    int index, ring, W, nslots, holds;
+    size_t n, cells;
+} dsgd__ps_server_shape;
+
+/* A server's checkpoint, checked and located in the image. */
+typedef struct dsgd__ps_ck_server {
+    int64_t version, cnt[8]; /* received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max */
+    double stal_sum;
+    const unsigned char *hist, *peers, *params, *slots, *means;
+    const dsgd__ck_section *clocks;
+    uint32_t held, nmeans;
+    int64_t min_have; /* the fewest means a worker has fetched */
+} dsgd__ps_ck_server;
+
+/* Walks the records of "ps_clocks" (after its count): row, worker, version
+   computed on, the gradient's floats. */
+static int dsgd__ps_ck_clock(dsgd__ck_cur *c, size_t n, uint32_t *row, uint32_t *worker, int64_t *vcomp,
+                             const unsigned char **floats) {
+    *row = dsgd__ckr_u32(c);
+    *worker = dsgd__ckr_u32(c);
+    *vcomp = (int64_t)dsgd__ckr_u64(c);
+    *floats = dsgd__ckr_floats(c, (uint64_t)n);
+    return !c->bad;
+}
+
+static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_server_shape *s, dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 1);
+    dsgd__ps_ident got, want = dsgd__ps_ident_of(s->d, s->index);
+    size_t cells = s->cells, rec;
+    uint64_t n, sum = 0;
+    uint32_t bins, nw, i;
+    int64_t prev = -1;
+    dsgd__ck_cur c;
+    dsgd_result r;
+    int k;
+    if (!sec) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    dsgd__ps_get_ident(&c, &got);
+    bins = dsgd__ckr_u32(&c);
+    n = dsgd__ckr_u64(&c);
+    st->version = (int64_t)dsgd__ckr_u64(&c);
+    for (k = 0; k < 8; ++k) st->cnt[k] = (int64_t)dsgd__ckr_u64(&c);
+    st->stal_sum = dsgd__ckr_f64(&c);
+    if (c.bad || bins == 0 || bins > DSGD_PS_MAX_STALENESS_BINS || c.left != (size_t)bins * 8)
+        return dsgd__ck_bad_section(f, sec, "cut short, or not a histogram of its bins");
+    if ((r = dsgd__ps_check_ident(f, "server", &got, &want)) != DSGD_OK) return r;
+    if (bins != (uint32_t)s->d->staleness_bins)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                  "%s: %s: the checkpoint's staleness histogram has %u bins, this server's %d", f->what,
+                                  f->path, (unsigned)bins, s->d->staleness_bins);
+    if ((r = dsgd__ps_check_map(f, s->map)) != DSGD_OK) return r;
+    if (n != (uint64_t)s->n) return dsgd__ck_bad_section(f, sec, "not the floats its shard map places on the server");
+    if (st->version < 0 || !(st->stal_sum >= 0.0))
+        return dsgd__ck_bad_section(f, sec, "a negative version or staleness sum");
+    for (k = 0; k < 8; ++k)
+        if (st->cnt[k] < 0) return dsgd__ck_bad_section(f, sec, "a negative counter");
+    st->hist = c.p;
+    for (i = 0; i < bins; ++i) {
+        uint64_t h = dsgd__ckr_u64(&c);
+        if (h > (uint64_t)st->cnt[1] - sum) break;
+        sum += h;
+    }
+    if (i < bins || sum != (uint64_t)st->cnt[1])
+        return dsgd__ck_bad_section(f, sec, "a staleness histogram that does not sum to the applied pushes");
+    /* the workers' exactly-once tables */
+    if (!(sec = dsgd__ck_need(f, "ps_peers", "the workers' sequence tables"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    nw = dsgd__ckr_u32(&c);
+    if (c.bad || nw != (uint32_t)s->W || c.left != (size_t)nw * DSGD__PS_CK_PEER)
+        return dsgd__ck_bad_section(f, sec, "not one 48-byte record per worker");
+    st->peers = c.p;
+    st->min_have = st->version;
+    for (i = 0; i < nw; ++i) {
+        uint64_t next = dsgd__ckr_u64(&c), status = dsgd__ckr_u64(&c), pull_next = dsgd__ckr_u64(&c);
+        int64_t have;
+        (void)dsgd__ckr_u64(&c); /* pull_min, pull_from: any */
+        (void)dsgd__ckr_u64(&c);
+        have = (int64_t)dsgd__ckr_u64(&c);
+        if (next > DSGD_PS_SEQ_MASK || pull_next > DSGD_PS_SEQ_MASK || status > DSGD_PS_DROPPED || have < 0 ||
+            have > st->version)
+            return dsgd__ck_bad_section(f, sec, "a sequence number, status or fetched count out of range");
+        if (have < st->min_have) st->min_have = have;
+    }
+    /* the gradients of clocks not yet applied, in slot order */
+    if (!(sec = dsgd__ck_need(f, "ps_clocks", "the gradients of clocks not yet applied"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    st->held = dsgd__ckr_u32(&c);
+    rec = 16 + s->n * sizeof(float);
+    if (c.bad || st->held > cells || (st->held ? c.left % st->held != 0 || c.left / st->held != rec : c.left != 0))
+        return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per held gradient");
+    st->clocks = sec;
+    for (i = 0; i < st->held; ++i) {
+        uint32_t row, worker;
+        int64_t vcomp;
+        const unsigned char *g;
+        if (!dsgd__ps_ck_clock(&c, s->n, &row, &worker, &vcomp, &g) || row >= (uint32_t)s->ring ||
+            worker >= (uint32_t)s->W || (int64_t)row * s->W + worker <= prev)
+            return dsgd__ck_bad_section(f, sec, "a clock record out of range or out of order");
+        prev = (int64_t)row * s->W + worker;
+    }
+    if (!s->holds) { /* the means kept: the last steps, every one a worker has not fetched */
+        if (!(sec = dsgd__ck_need(f, "ps_means", "the means the workers have not fetched"))) return DSGD_ERR_SHAPE;
+        c = dsgd__ck_cursor(sec);
+        st->nmeans = dsgd__ckr_u32(&c);
+        rec = 8 + s->n * sizeof(float);
+        if (c.bad || (int64_t)st->nmeans > st->version || c.left % rec != 0 || c.left / rec != st->nmeans)
+            return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per kept mean");
+        st->means = c.p;
+        for (i = 0; i < st->nmeans; ++i) {
+            if (dsgd__ckr_u64(&c) != (uint64_t)(st->version - st->nmeans + i))
+                return dsgd__ck_bad_section(f, sec, "means not of the last steps, in order");
+            (void)dsgd__ckr_floats(&c, (uint64_t)s->n);
+        }
+        if (st->min_have < st->version - (int64_t)st->nmeans)
+            return dsgd__ck_bad_section(f, sec, "a worker lacks a mean the server does not keep");
+        return DSGD_OK;
+    }
+    /* ON_SERVERS: the parameters and the optimizer's slots */
+    if (!(sec = dsgd__ck_need(f, "params", "the server's parameters"))) return DSGD_ERR_SHAPE;
+    if (sec->size != s->n * sizeof(float)) return dsgd__ck_bad_section(f, sec, "not the server's float count");
+    st->params = sec->data;
+    if (!(sec = dsgd__ck_need(f, "optimizer", "the optimizer's slots"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    {
+        uint32_t kind = dsgd__ckr_u32(&c), nslots;
+        uint64_t t = dsgd__ckr_u64(&c), np;
+        (void)dsgd__ckr_f64(&c); /* last norm: the servers keep none */
+        nslots = dsgd__ckr_u32(&c);
+        np = dsgd__ckr_u64(&c);
+        if (c.bad || kind != (uint32_t)s->d->optimizer.kind || t != (uint64_t)st->version ||
+            nslots != (uint32_t)s->nslots || np != (uint64_t)s->n ||
+            c.left != (size_t)nslots * s->n * sizeof(float))
+            return dsgd__ck_bad_section(f, sec, "not the server's optimizer kind, step (its version) or slots");
+    }
+    st->slots = c.p;
+    return DSGD_OK;
+}
+
+/* What a worker's checkpoint must match: the worker's desc (defaults
+   filled), index and map, each server's floats (n[P]) and their sum, and
+   summation only (holds 0) its copy's optimizer slots. */
+typedef struct dsgd__ps_worker_shape {
+    const dsgd_ps_desc *d;
+    const dsgd_shard_map *map;
+    int index, P, nslots, holds;
+    const size_t *n;
+    size_t floats;
+} dsgd__ps_worker_shape;
+
+/* A worker's checkpoint, checked and located in the image. */
+typedef struct dsgd__ps_ck_worker {
+    uint32_t pulled, params_set;
+    uint64_t push_seq, pull_seq;
+    int64_t cnt[5]; /* pulls, push_resends, pull_resends, pushes_dropped, stale */
+    const unsigned char *servers, *copy;
+} dsgd__ps_ck_worker;
+
+static dsgd_result dsgd__ps_check_worker(const dsgd__ck_file *f, const dsgd__ps_worker_shape *w, dsgd__ps_ck_worker *st) {
+    const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 0);
+    dsgd__ps_ident got, want = dsgd__ps_ident_of(w->d, w->index);
+    uint32_t finished, nP, s;
+    dsgd__ck_cur c;
+    dsgd_result r;
+    int k;
+    if (!sec) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    dsgd__ps_get_ident(&c, &got);
+    finished = dsgd__ckr_u32(&c);
+    st->pulled = dsgd__ckr_u32(&c);
+    st->params_set = dsgd__ckr_u32(&c);
+    st->push_seq = dsgd__ckr_u64(&c);
+    st->pull_seq = dsgd__ckr_u64(&c);
+    for (k = 0; k < 5; ++k) st->cnt[k] = (int64_t)dsgd__ckr_u64(&c);
+    nP = dsgd__ckr_u32(&c);
+    if (c.bad || c.left % DSGD__PS_CK_SERVER != 0 || c.left / DSGD__PS_CK_SERVER != nP || nP != got.P)
+        return dsgd__ck_bad_section(f, sec, "cut short, or not one 36-byte record per server");
+    if ((r = dsgd__ps_check_ident(f, "worker", &got, &want)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_check_map(f, w->map)) != DSGD_OK) return r;
+    if (finished > 1 || st->pulled > 1 || st->params_set > 1 || st->push_seq > DSGD_PS_SEQ_MASK ||
+        st->pull_seq > DSGD_PS_SEQ_MASK)
+        return dsgd__ck_bad_section(f, sec, "a flag or sequence number out of range");
+    for (k = 0; k < 5; ++k)
+        if (st->cnt[k] < 0) return dsgd__ck_bad_section(f, sec, "a negative counter");
+    st->servers = c.p;
+    for (s = 0; s < nP; ++s) {
+        uint64_t n = dsgd__ckr_u64(&c);
+        int64_t version = (int64_t)dsgd__ckr_u64(&c), last = (int64_t)dsgd__ckr_u64(&c);
+        uint32_t dropped = dsgd__ckr_u32(&c);
+        int64_t latest = (int64_t)dsgd__ckr_u64(&c);
+        if (n != (uint64_t)w->n[s])
+            return dsgd__ck_bad_section(f, sec, "not the floats its shard map places on the servers");
+        if (version < 0 || last < -1 || dropped > 1 || latest < 0)
+            return dsgd__ck_bad_section(f, sec, "a version, step or flag out of range");
+    }
+    if (w->holds) return DSGD_OK;
+    /* ON_WORKERS: the worker's copy and slots */
+    if (!(sec = dsgd__ck_need(f, "ps_copy", "the worker's copy of the parameters"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    {
+        uint32_t nslots = dsgd__ckr_u32(&c);
+        uint64_t total = dsgd__ckr_u64(&c);
+        size_t floats = w->floats;
+        if (c.bad || nslots != (uint32_t)w->nslots || total != (uint64_t)floats ||
+            c.left / sizeof(float) / (1 + nslots) != floats || c.left != (1 + nslots) * floats * sizeof(float))
+            return dsgd__ck_bad_section(f, sec, "not the worker's floats and optimizer slots");
+    }
+    st->copy = c.p;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_PS_CHECKPOINT_IMPL */
+/* ---------------------------------------- distsgd/ps_server.h */
+/* distsgd/ps_server.h - a parameter server: holds its shards (or only sums), applies pushes as the policy says, answers pulls
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   See PARAMETER SERVERS in ps.h for the roles, the policies and the wire
+   protocol, and CHECKPOINTS in ps_checkpoint.h for save and restore. A
+   server is one thread's: dsgd_ps_server_serve answers its workers until
+   every one has finished.
+*/
+#ifndef DSGD__PART_PS_SERVER_DECL
+#define DSGD__PART_PS_SERVER_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a server did (dsgd_ps_server_get_stats). */
+typedef struct dsgd_ps_server_stats {
+    int64_t version;          /* optimizer updates applied */
+    int64_t pushes_received;  /* new pushes (not duplicates) */
+    int64_t pushes_applied;   /* gradients that went into an update (ASYNC:
+                                 = version; else the accepted pushes of the
+                                 applied clocks) */
+    int64_t duplicates;       /* pushes received again (resends, copies) */
+    int64_t stale_dropped;    /* BACKUP: pushes for an older step, dropped */
+    int64_t pulls_answered;
+    int64_t pulls_deferred;   /* answered later, when the version was reached */
+    int64_t pulls_repeated;   /* resent pulls (replacing or dropped) */
+    double staleness_mean;    /* over the applied pushes; 0 when none */
+    int64_t staleness_max;
+    int staleness_bins;
+    const int64_t *staleness_hist; /* [staleness_bins], sums to pushes_applied;
+                                      points into the server */
+} dsgd_ps_server_stats;
+
+/* Creates server t->rank (0 <= rank < P) of desc over endpoint t (copied;
+   it must outlive the server) with the shards `map` places on it (map must
+   outlive it too), their parameters copied from initial_full_params (the
+   whole flat buffer; every server and worker must be given the same map and
+   desc). Its optimizer state lives on a CPU backend created with ctx.
+   With apply ON_WORKERS the server holds no parameters and no optimizer
+   state: initial_full_params is ignored and may be NULL.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing
+   recorded; t, desc, map, initial_full_params (ON_SERVERS) or out NULL; a
+   bad desc: P or W < 1, an unknown policy or apply, ON_WORKERS with ASYNC,
+   staleness or backup_workers out of range or set
+   for another policy, the optimizer (as dsgd_optimizer_create), clip_norm
+   > 0, timeout_s, retry_s or staleness_bins out of range; t->size not
+   P + W; t->rank not a server; map built for another number of servers),
+   DSGD_ERR_UNSUPPORTED (t has no probe), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: ctx's thread; the server is then used by one thread at a
+   time, the rank's. */
+DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, const float *initial_full_params,
+                                           dsgd_ps_server **out);
+/* Serves the workers until every one has called dsgd_ps_worker_finish:
+   answers pulls (deferring those the policy makes wait), applies pushes as
+   the policy says, acknowledges each. Called once.
+   Errors (recorded on the server's ctx, "dsgd_ps_server_serve: server s:
+   ..."): DSGD_ERR_STATE (called again, or after a failure; s NULL gives
+   DSGD_ERR_INVALID_ARGUMENT with nothing recorded), DSGD_ERR_TIMEOUT (no
+   message from some unfinished worker for timeout_s: the message names
+   them), DSGD_ERR_DESYNC (a message from a non-worker rank, of an unknown
+   type or size, a push seq ahead of the expected one, a clock outside the
+   SSP window; a deferred pull that can never be answered, see UPDATE
+   POLICIES), DSGD_ERR_ABORTED and transport errors, DSGD_ERR_OUT_OF_MEMORY,
+   backend errors. After a failure the server is unusable (destroy it).
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s);
+/* Fills *out with the server's counters (zeros for s or out NULL).
+   Errors: none. Thread safety: the server's thread. */
+DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out);
+/* Writes the server's parameters into their ranges of full (a buffer of the
+   whole flat size); every other float of full is left as it is.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; full NULL),
+   DSGD_ERR_UNSUPPORTED (apply ON_WORKERS: the server holds no parameters;
+   read a worker's, dsgd_ps_worker_read_params).
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full);
+/* Saves the server's state to path, atomically (see CHECKPOINTS in
+   ps_checkpoint.h and checkpoint.h): before serve, or after serve returned DSGD_OK.
+   Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve
+   failed: the state may be half-updated), DSGD_ERR_IO,
+   DSGD_ERR_OUT_OF_MEMORY, backend errors. path is then unchanged.
+   Thread safety: the server's thread, outside serve. */
+DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path);
+/* Restores what dsgd_ps_server_save wrote into s, a server created with
+   the same desc and map and the same rank, before serve. Afterwards serve
+   expects every worker again, each continuing from its saved sequence
+   numbers.
+   Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve was
+   called), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged file),
+   DSGD_ERR_SHAPE (a worker's checkpoint, another server's, or one of
+   another desc, optimizer kind or shard map: the message names the
+   difference), DSGD_ERR_OUT_OF_MEMORY; after any of these s is untouched.
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path);
+/* Frees the server (NULL: nothing); not the transport or the map.
+   Thread safety: the server's thread. */
+DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_PS_SERVER_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_SERVER_IMPL)
+#define DSGD__PART_PS_SERVER_IMPL
+
+typedef struct dsgd__ps_peer {
+    uint64_t next_seq;   /* the push seq expected next */
+    uint64_t last_status;
+    uint64_t pull_next;  /* the pull seq expected next */
+    int pull_pending;    /* a pull (seq pull_next - 1) waits for version >= pull_min */
+    int done;
+    int64_t pull_min;
+    int64_t pull_from;   /* ON_WORKERS: the step whose mean the pending pull wants */
+    int64_t have;        /* ON_WORKERS: means the worker has fetched */
+    double last_heard;
+} dsgd__ps_peer;
+
+struct dsgd_ps_server {
+    dsgd_ctx *ctx;
+    dsgd_transport_i t;
+    dsgd_ps_desc d; /* defaults filled */
+    const dsgd_shard_map *map;
+    int index, P, W;
+    const dsgd__ps_policy_row *pol;
+    int ring;   /* clocks buffered at once (the policy's ring) */
+    int needed; /* gradients per clock (the policy's needed) */
+    size_t n;   /* floats this server holds */
+    dsgd_backend_i be;
+    int have_be, state, done_count;
+    dsgd_buffer *params, *grad, *m1, *m2; /* params, grad: [header | n] */
+    float *params_h, *grad_h;
+    /* clock modes: slot[(k % ring) * W + w] holds worker w's gradient of
+       clock k ([header | n]), vcomp the version it was computed on */
+    dsgd_buffer **slot, **pool;
+    int64_t *vcomp;
+    int *slot_count, pool_len;
+    /* ON_WORKERS: agg[i] is the mean of step agg_base + i ([header | n]),
+       kept until every unfinished worker has fetched it */
+    int holds; /* the placement's servers_hold: parameters and slots here */
+    dsgd_buffer **agg, *agg_spare;
+    size_t agg_len, agg_cap;
+    int64_t agg_base;
+    dsgd__ps_peer *peer;
+    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max;
+    double stal_sum;
+    int64_t *hist;
+};
+
+static dsgd_result dsgd__ps_server_fail(dsgd_ps_server *s, dsgd_result r) {
+    s->state = DSGD__PS_FAILED;
+    return r;
+}
+
+static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
+    if (st < 0) st = 0;
+    s->stal_sum += (double)st;
+    if (st > s->stal_max) s->stal_max = st;
+    s->hist[st < s->d.staleness_bins - 1 ? st : s->d.staleness_bins - 1]++;
+}
+
+/* One optimizer update of the server's floats with the gradient in grad. */
+static dsgd_result dsgd__ps_apply(dsgd_ps_server *s) {
+    dsgd_opt_update u = dsgd__opt_update_at(&s->d.optimizer, s->version, 1.0f);
+    dsgd_ref p, g, m1, m2;
+    dsgd_result r;
+    p.buf = s->params;
+    p.off = DSGD__PS_H;
+    g.buf = s->grad;
+    g.off = DSGD__PS_H;
+    m1.buf = s->m1;
+    m1.off = 0;
+    m2.buf = s->m2;
+    m2.off = 0;
+    r = s->be.optimizer_update(s->be.impl, &u, p, g, m1, m2, s->n);
+    if (r == DSGD_OK) s->version++;
+    return r;
+}
+
+static dsgd_result dsgd__ps_send(dsgd_ps_server *s, int w, uint64_t type, uint64_t seq, const void *buf, size_t bytes) {
+    dsgd_result r = s->t.send(s->t.impl, s->P + w, DSGD_PS_TAG(type, seq), buf, bytes, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "dsgd_ps_server_serve: server %d: sending to worker %d (rank %d) failed: %s%s%s",
+                                  s->index, w, s->P + w, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t),
+                                  dsgd__ps_terr(&s->t));
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__ps_ack(dsgd_ps_server *s, int w, uint64_t seq, uint64_t status) {
+    dsgd_ps_header h = dsgd__ps_hdr(DSGD_PS_MSG_ACK, w, seq, s->version, 0, status, 0);
+    return dsgd__ps_send(s, w, DSGD_PS_MSG_ACK, seq, &h, sizeof h);
+}
+
+/* ON_WORKERS: the mean in grad becomes step version's result; grad gets a
+   fresh buffer. */
+static dsgd_result dsgd__ps_publish(dsgd_ps_server *s) {
+    dsgd_buffer *b = s->agg_spare;
+    dsgd_result r;
+    if (s->agg_len == s->agg_cap) {
+        size_t cap = s->agg_cap ? 2 * s->agg_cap : 4;
+        dsgd_buffer **a = cap > SIZE_MAX / sizeof *a ? NULL : (dsgd_buffer **)DSGD_REALLOC(s->agg, cap * sizeof *a);
+        if (!a)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_ps_server_serve: server %d: keeping %zu means",
+                                      s->index, cap);
+        s->agg = a;
+        s->agg_cap = cap;
+    }
+    if (b) {
+        s->agg_spare = NULL;
+    } else if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &b)) != DSGD_OK) {
+        return r;
+    }
+    s->agg[s->agg_len++] = s->grad;
+    s->grad = b;
+    s->grad_h = s->be.buffer_host_ptr(s->be.impl, b);
+    s->version++;
+    return DSGD_OK;
+}
+
+/* ON_WORKERS: frees the means every unfinished worker has fetched (one
+   buffer is kept for the next). Once every worker has finished, the rest
+   stays: the workers a checkpoint restores may still fetch it. */
+static void dsgd__ps_trim(dsgd_ps_server *s) {
+    int64_t lo = s->version;
+    size_t k, drop;
+    int w;
+    if (s->done_count == s->W) return;
+    for (w = 0; w < s->W; ++w)
+        if (!s->peer[w].done && s->peer[w].have < lo) lo = s->peer[w].have;
+    if (lo <= s->agg_base) return;
+    drop = (size_t)(lo - s->agg_base);
+    for (k = 0; k < drop; ++k) {
+        if (!s->agg_spare)
+            s->agg_spare = s->agg[k];
+        else
+            s->be.buffer_destroy(s->be.impl, s->agg[k]);
+    }
+    memmove(s->agg, s->agg + drop, (s->agg_len - drop) * sizeof *s->agg);
+    s->agg_len -= drop;
+    s->agg_base = lo;
+}
+
+/* ON_WORKERS: answers a pull with the mean of the step it wants, or with no
+   floats when the worker has every mean. */
+static dsgd_result dsgd__ps_answer_sum(dsgd_ps_server *s, int w, uint64_t seq) {
+    dsgd__ps_peer *pe = &s->peer[w];
+    int64_t from = pe->pull_from;
+    float *host;
+    dsgd_result r;
+    dsgd_ps_header h;
+    if (from >= s->version) { /* nothing new: no floats, step -1 */
+        h = dsgd__ps_hdr(DSGD_PS_MSG_PARAMS, w, seq, s->version, 0, 0, -1);
+        return dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, &h, sizeof h);
+    }
+    host = s->be.buffer_host_ptr(s->be.impl, s->agg[from - s->agg_base]);
+    h = dsgd__ps_hdr(DSGD_PS_MSG_PARAMS, w, seq, s->version, s->n, 0, from);
+    dsgd__ps_hdr_put(host, &h);
+    r = dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, host, DSGD__PS_HBYTES + s->n * sizeof(float));
+    if (r != DSGD_OK) return r;
+    pe->have = from + 1;
+    dsgd__ps_trim(s);
+    return DSGD_OK;
+}
+
+/* ON_SERVERS: answers a pull with the server's parameters. */
+static dsgd_result dsgd__ps_answer_params(dsgd_ps_server *s, int w, uint64_t seq) {
+    dsgd_ps_header h = dsgd__ps_hdr(DSGD_PS_MSG_PARAMS, w, seq, s->version, s->n, 0, 0);
+    dsgd__ps_hdr_put(s->params_h, &h);
+    return dsgd__ps_send(s, w, DSGD_PS_MSG_PARAMS, seq, s->params_h, DSGD__PS_HBYTES + s->n * sizeof(float));
+}
+
+/* What the apply placement makes a server do when a clock is complete
+   (its mean in grad) and when it answers a pull; in the order of
+   dsgd_ps_apply (ps.h's table says what each placement is). */
+typedef struct dsgd__ps_server_acts {
+    dsgd_result (*close_clock)(dsgd_ps_server *s);
+    dsgd_result (*answer)(dsgd_ps_server *s, int w, uint64_t seq);
+} dsgd__ps_server_acts;
+
+static const dsgd__ps_server_acts dsgd__ps_server_act[DSGD_PS_APPLY_COUNT] = {
+    {dsgd__ps_apply, dsgd__ps_answer_params}, {dsgd__ps_publish, dsgd__ps_answer_sum}};
+
+static dsgd_result dsgd__ps_answer_pull(dsgd_ps_server *s, int w) {
+    dsgd__ps_peer *pe = &s->peer[w];
+    pe->pull_pending = 0;
+    s->pulls++;
+    return dsgd__ps_server_act[s->d.apply].answer(s, w, pe->pull_next - 1);
+}
+
+/* After the version moved: answers the deferred pulls it satisfies, in
+   worker order. */
+static dsgd_result dsgd__ps_release_pulls(dsgd_ps_server *s) {
+    dsgd_result r;
+    int w;
+    for (w = 0; w < s->W; ++w)
+        if (s->peer[w].pull_pending && s->version >= s->peer[w].pull_min)
+            if ((r = dsgd__ps_answer_pull(s, w)) != DSGD_OK) return r;
+    return DSGD_OK;
+}
+
+/* Clock modes: applies every complete clock, in order. The sum runs in
+   worker rank order whatever the arrival order. */
+static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
+    dsgd_result r;
+    for (;;) {
+        int k = (int)(s->version % s->ring), w, cnt = 0;
+        float *sum = s->grad_h + DSGD__PS_H;
+        if (s->slot_count[k] < s->needed) return DSGD_OK;
+        for (w = 0; w < s->W; ++w) {
+            dsgd_buffer **b = &s->slot[(size_t)k * s->W + w];
+            const float *g;
+            if (!*b) continue;
+            g = s->be.buffer_host_ptr(s->be.impl, *b) + DSGD__PS_H;
+            if (cnt++ == 0) {
+                if (s->n) memcpy(sum, g, s->n * sizeof(float));
+            } else {
+                dsgd__sum_into(sum, g, s->n);
+            }
+            dsgd__ps_staleness(s, s->version - s->vcomp[(size_t)k * s->W + w]);
+            s->pool[s->pool_len++] = *b;
+            *b = NULL;
+        }
+        dsgd__divide(sum, s->n, cnt);
+        s->slot_count[k] = 0;
+        s->applied += cnt;
+        if ((r = dsgd__ps_server_act[s->d.apply].close_clock(s)) != DSGD_OK) return r;
+        if ((r = dsgd__ps_release_pulls(s)) != DSGD_OK) return r;
+    }
+}
+
+/* Reads the header at buf and checks it against what the tag and size
+   promised. */
+static dsgd_result dsgd__ps_check_hdr(dsgd_ps_server *s, const void *buf, int w, dsgd_ps_msg type, uint64_t seq,
+                                      size_t count, dsgd_ps_header *h) {
+    *h = dsgd__ps_hdr_get(buf);
+    if (h->type != (uint64_t)type || h->worker != (uint64_t)w || DSGD_PS_TAG_SEQ(h->seq) != seq ||
+        h->count != (uint64_t)count)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "dsgd_ps_server_serve: server %d: worker %d sent a header (type %llu, worker %llu, seq "
+                                  "%llu, count %llu) that does not match its tag and size", s->index, w,
+                                  (unsigned long long)h->type, (unsigned long long)h->worker,
+                                  (unsigned long long)h->seq, (unsigned long long)h->count);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd__ps_peer *pe = &s->peer[w];
+    uint64_t seq = DSGD_PS_TAG_SEQ(tag), status = 0;
+    dsgd_ps_header h;
+    size_t want = DSGD__PS_HBYTES + s->n * sizeof(float);
+    dsgd_buffer *b;
+    float *host;
+    int64_t step, vcomp;
+    dsgd_result r;
+    if (bytes != want)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d has %zu bytes, not %zu",
+                                  fn, s->index, (unsigned long long)seq, w, bytes, want);
+    if (seq > pe->next_seq)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d, but push %llu is next",
+                                  fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->next_seq);
+    /* the buffer to receive into: grad for duplicates and pushes applied on
+       arrival, a pooled one for a clock's gradient */
+    if (seq < pe->next_seq || !s->pol->clocked) {
+        b = s->grad;
+    } else {
+        if (s->pool_len == 0) {
+            if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->pool[s->pool_len])) != DSGD_OK) return r;
+            s->pool_len++;
+        }
+        b = s->pool[--s->pool_len];
+    }
+    host = s->be.buffer_host_ptr(s->be.impl, b);
+    r = s->t.recv(s->t.impl, s->P + w, tag, host, bytes, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK) {
+        if (b != s->grad) s->pool[s->pool_len++] = b;
+        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving push %llu of worker %d failed: %s%s%s", fn,
+                                  s->index, (unsigned long long)seq, w, dsgd_result_string(r),
+                                  dsgd__ps_terr_sep(&s->t), dsgd__ps_terr(&s->t));
+    }
+    if ((r = dsgd__ps_check_hdr(s, host, w, DSGD_PS_MSG_PUSH, seq, s->n, &h)) != DSGD_OK) {
+        if (b != s->grad) s->pool[s->pool_len++] = b;
+        return r;
+    }
+    if (seq < pe->next_seq) { /* a duplicate: acknowledged again, not applied */
+        s->duplicates++;
+        return dsgd__ps_ack(s, w, seq, pe->last_status);
+    }
+    s->received++;
+    pe->next_seq++;
+    vcomp = h.version;
+    if (!s->pol->clocked) {
+        dsgd__ps_staleness(s, s->version - vcomp);
+        s->applied++;
+        if ((r = dsgd__ps_apply(s)) != DSGD_OK) return r;
+        pe->last_status = 0;
+        if ((r = dsgd__ps_ack(s, w, seq, 0)) != DSGD_OK) return r;
+        return dsgd__ps_release_pulls(s);
+    }
+    /* clocked: the push's clock (its seq, or its tag), its slot */
+    step = s->pol->step_of(seq, vcomp);
+    if (s->pol->drops_stale && step < s->version) {
+        status = DSGD_PS_DROPPED;
+        s->dropped++;
+        s->pool[s->pool_len++] = b;
+    } else if (step < s->version || step > s->version + (s->ring - 1) ||
+               s->slot[(size_t)(step % s->ring) * s->W + w]) {
+        s->pool[s->pool_len++] = b;
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: push %llu of worker %d is for clock %lld, outside [%lld, %lld] or twice",
+                                  fn, s->index, (unsigned long long)seq, w, (long long)step, (long long)s->version,
+                                  (long long)(s->version + s->ring - 1));
+    } else {
+        size_t i = (size_t)(step % s->ring) * s->W + w;
+        s->slot[i] = b;
+        s->vcomp[i] = vcomp;
+        s->slot_count[step % s->ring]++;
+    }
+    pe->last_status = status;
+    if ((r = dsgd__ps_ack(s, w, seq, status)) != DSGD_OK) return r;
+    return status ? DSGD_OK : dsgd__ps_apply_clocks(s);
+}
+
+/* Clocked policies: fails when a deferred pull can never be answered
+   because the clock the server must apply next cannot complete: it has
+   fewer gradients than it needs plus workers still able to push one (not
+   finished, not waiting here, not already in this clock). Called when a
+   worker finishes and when a pull is deferred; exact, so a run that can
+   go on is never stopped. */
+static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    int k, w, waiter = -1, missing = -1, can = 0;
+    if (!s->pol->clocked) return DSGD_OK;
+    k = (int)(s->version % s->ring);
+    for (w = 0; w < s->W; ++w) {
+        const dsgd__ps_peer *pe = &s->peer[w];
+        int in_step = s->slot[(size_t)k * s->W + w] != NULL;
+        if (pe->pull_pending && waiter < 0) waiter = w;
+        if (pe->done && !in_step && missing < 0) missing = w;
+        if (!pe->done && !pe->pull_pending && !in_step) can++;
+    }
+    if (waiter < 0 || s->slot_count[k] + can >= s->needed) return DSGD_OK;
+    if (missing >= 0 && s->needed == s->W)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld needs "
+                                  "a push of worker %d, which finished after %llu pushes (%s)", fn, s->index, waiter,
+                                  (long long)s->peer[waiter].pull_min, (long long)s->version, missing,
+                                  (unsigned long long)s->peer[missing].next_seq, s->pol->stuck_hint);
+    return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                              "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld has %d "
+                              "of %d gradients and %d worker%s can still push (the others finished or wait); %s", fn,
+                              s->index, waiter, (long long)s->peer[waiter].pull_min, (long long)s->version,
+                              s->slot_count[k], s->needed, can, can == 1 ? "" : "s", s->pol->stuck_hint);
+}
+
+static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd__ps_peer *pe = &s->peer[w];
+    uint64_t seq = DSGD_PS_TAG_SEQ(tag);
+    unsigned char buf[DSGD__PS_HBYTES];
+    dsgd_ps_header h;
+    dsgd_result r;
+    if (bytes != DSGD__PS_HBYTES)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull of worker %d has %zu bytes, not %zu", fn,
+                                  s->index, w, bytes, (size_t)DSGD__PS_HBYTES);
+    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving a pull of worker %d failed: %s%s%s", fn, s->index,
+                                  w, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t), dsgd__ps_terr(&s->t));
+    if ((r = dsgd__ps_check_hdr(s, buf, w, DSGD_PS_MSG_PULL, seq, 0, &h)) != DSGD_OK) return r;
+    if (seq < pe->pull_next) { /* a resend: the deferred pull stays, an answered one is not answered again */
+        s->repeated++;
+        return DSGD_OK;
+    }
+    if (seq > pe->pull_next)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull %llu of worker %d, but pull %llu is next",
+                                  fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->pull_next);
+    if (!s->holds && h.step != pe->have)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "%s: server %d: pull %llu of worker %d wants the mean of step %lld, but it has fetched "
+                                  "%lld", fn, s->index, (unsigned long long)seq, w, (long long)h.step,
+                                  (long long)pe->have);
+    pe->pull_next = seq + 1;
+    pe->pull_min = h.version;
+    pe->pull_from = h.step;
+    if (s->version >= pe->pull_min) return dsgd__ps_answer_pull(s, w);
+    pe->pull_pending = 1;
+    s->deferred++;
+    return dsgd__ps_check_stuck(s);
+}
+
+static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    uint64_t seq = DSGD_PS_TAG_SEQ(tag);
+    unsigned char buf[DSGD__PS_HBYTES];
+    dsgd_ps_header h;
+    dsgd_result r;
+    if (bytes != DSGD__PS_HBYTES)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: DONE of worker %d has %zu bytes", fn,
+                                  s->index, w, bytes);
+    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving DONE of worker %d failed: %s", fn, s->index, w,
+                                  dsgd_result_string(r));
+    if ((r = dsgd__ps_check_hdr(s, buf, w, DSGD_PS_MSG_DONE, seq, 0, &h)) != DSGD_OK) return r;
+    if (seq != s->peer[w].next_seq)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d finished after %llu pushes, %llu arrived",
+                                  fn, s->index, w, (unsigned long long)seq, (unsigned long long)s->peer[w].next_seq);
+    if (!s->peer[w].done) {
+        s->peer[w].done = 1;
+        s->done_count++;
+        if (!s->holds) dsgd__ps_trim(s);
+    }
+    return dsgd__ps_check_stuck(s);
+}
+
+DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd_result r = DSGD_OK;
+    double start;
+    int w;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (s->state != DSGD__PS_CREATED)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: server %d: already served%s", fn, s->index,
+                                  s->state == DSGD__PS_FAILED ? " and failed" : "");
+    start = dsgd__ps_now(&s->t);
+    for (w = 0; w < s->W; ++w) s->peer[w].last_heard = start;
+    while (s->done_count < s->W) {
+        double deadline = 0.0, now;
+        int src = -1, first = 1, type;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        for (w = 0; w < s->W; ++w)
+            if (!s->peer[w].done && (first || s->peer[w].last_heard + s->d.timeout_s < deadline)) {
+                deadline = s->peer[w].last_heard + s->d.timeout_s;
+                first = 0;
+            }
+        r = s->t.probe(s->t.impl, deadline, &src, &tag, &bytes);
+        now = dsgd__ps_now(&s->t);
+        if (r == DSGD_ERR_TIMEOUT) {
+            char names[256];
+            size_t used = 0;
+            int late = 0;
+            names[0] = '\0';
+            for (w = 0; w < s->W; ++w)
+                if (!s->peer[w].done && now >= s->peer[w].last_heard + s->d.timeout_s) {
+                    int k = snprintf(names + used, sizeof names - used, "%s%d (rank %d)", late ? ", " : "", w, s->P + w);
+                    if (k > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)k);
+                    late++;
+                }
+            if (!late) continue;
+            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_TIMEOUT, "%s: server %d: no message from worker%s %s within %g s", fn,
+                                   s->index, late > 1 ? "s" : "", names, s->d.timeout_s);
+            break;
+        }
+        if (r != DSGD_OK) {
+            r = dsgd_ctx_set_error(s->ctx, r, "%s: server %d: waiting for a message failed: %s%s%s", fn, s->index,
+                                   dsgd_result_string(r), dsgd__ps_terr_sep(&s->t), dsgd__ps_terr(&s->t));
+            break;
+        }
+        if (src < s->P || src >= s->P + s->W) {
+            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: a message from rank %d, which is not a worker",
+                                   fn, s->index, src);
+            break;
+        }
+        w = src - s->P;
+        s->peer[w].last_heard = now;
+        type = DSGD_PS_TAG_TYPE(tag);
+        if (type == DSGD_PS_MSG_PUSH) {
+            r = dsgd__ps_on_push(s, w, tag, bytes);
+        } else if (type == DSGD_PS_MSG_PULL) {
+            r = dsgd__ps_on_pull(s, w, tag, bytes);
+        } else if (type == DSGD_PS_MSG_DONE) {
+            r = dsgd__ps_on_done(s, w, tag, bytes);
+        } else {
+            r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d sent a message of type %d", fn,
+                                   s->index, w, type);
+        }
+        if (r != DSGD_OK) break;
+    }
+    if (r != DSGD_OK) return dsgd__ps_server_fail(s, r);
+    s->state = DSGD__PS_DONE;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s) {
+    size_t i;
+    if (!s) return;
+    if (s->have_be) {
+        dsgd_buffer *own[4];
+        int k;
+        own[0] = s->params;
+        own[1] = s->grad;
+        own[2] = s->m1;
+        own[3] = s->m2;
+        for (k = 0; k < 4; ++k)
+            if (own[k]) s->be.buffer_destroy(s->be.impl, own[k]);
+        if (s->slot)
+            for (i = 0; i < (size_t)s->ring * (size_t)s->W; ++i)
+                if (s->slot[i]) s->be.buffer_destroy(s->be.impl, s->slot[i]);
+        if (s->pool)
+            for (k = 0; k < s->pool_len; ++k) s->be.buffer_destroy(s->be.impl, s->pool[k]);
+        for (i = 0; i < s->agg_len; ++i) s->be.buffer_destroy(s->be.impl, s->agg[i]);
+        if (s->agg_spare) s->be.buffer_destroy(s->be.impl, s->agg_spare);
+        if (s->be.destroy) s->be.destroy(s->be.impl);
+    }
+    DSGD_FREE(s->slot);
+    DSGD_FREE(s->pool);
+    DSGD_FREE(s->agg);
+    DSGD_FREE(s->vcomp);
+    DSGD_FREE(s->slot_count);
+    DSGD_FREE(s->peer);
+    DSGD_FREE(s->hist);
+    DSGD_FREE(s);
+}
+
+DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, const float *initial_full_params,
+                                           dsgd_ps_server **out) {
+    static const char *const fn = "dsgd_ps_server_create";
+    dsgd_ps_server *s;
+    dsgd_ps_desc d;
+    dsgd_result r;
+    size_t slots = 0;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = dsgd__ps_setup(ctx, t, desc, map, fn, &d)) != DSGD_OK) return r;
+    if (t->rank < 0 || t->rank >= d.num_servers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a server (servers are ranks 0..%d)",
+                                  fn, t->rank, d.num_servers - 1);
+    if (!initial_full_params && dsgd__ps_apply_of(&d)->servers_hold)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: initial_full_params is NULL", fn);
+    s = (dsgd_ps_server *)dsgd__alloc(ctx, sizeof *s, fn);
+    if (!s) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    s->t = *t;
+    s->d = d;
+    s->map = map;
+    s->index = t->rank;
+    s->P = d.num_servers;
+    s->W = d.num_workers;
+    s->n = dsgd_shard_map_server_floats(map, s->index);
+    s->pol = dsgd__ps_policy(&d);
+    s->ring = s->pol->ring(&d);
+    s->needed = s->pol->needed(&d);
+    s->holds = dsgd__ps_apply_of(&d)->servers_hold;
+    r = DSGD_OK;
+    if (s->n > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1)
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %zu floats overflow size_t", fn, s->n);
+    if (r == DSGD_OK && (r = dsgd_cpu_backend_create(ctx, &s->be)) == DSGD_OK) s->have_be = 1;
+    /* ON_WORKERS: no parameters, no slots */
+    if (r == DSGD_OK && s->holds) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->params);
+    if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->grad);
+    if (r == DSGD_OK && s->holds && dsgd__ps_opt_slots(&d) >= 1) r = s->be.buffer_create(s->be.impl, s->n, &s->m1);
+    if (r == DSGD_OK && s->holds && dsgd__ps_opt_slots(&d) >= 2)
+        r = s->be.buffer_create(s->be.impl, s->n, &s->m2);
+    if (r == DSGD_OK && s->pol->clocked) {
+        if (dsgd__mul_overflows((size_t)s->ring, (size_t)s->W, &slots) || slots > SIZE_MAX / sizeof(int64_t) - 1) {
+            dsgd_ps_server_destroy(s);
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: %d clocks of %d workers overflow size_t", fn,
+                                      s->ring, s->W);
+        }
+        s->slot = (dsgd_buffer **)dsgd__alloc(ctx, slots * sizeof *s->slot, fn);
+        /* every buffer is in a slot, in the pool, or receiving: slots + 1 */
+        s->pool = (dsgd_buffer **)dsgd__alloc(ctx, (slots + 1) * sizeof *s->pool, fn);
+        s->vcomp = (int64_t *)dsgd__alloc(ctx, slots * sizeof *s->vcomp, fn);
+        s->slot_count = (int *)dsgd__alloc(ctx, (size_t)s->ring * sizeof *s->slot_count, fn);
+        if (!s->slot || !s->pool || !s->vcomp || !s->slot_count) {
+            r = DSGD_ERR_OUT_OF_MEMORY;
+        } else {
+            memset(s->slot, 0, slots * sizeof *s->slot);
+            memset(s->slot_count, 0, (size_t)s->ring * sizeof *s->slot_count);
+        }
+    }
+    if (r == DSGD_OK) {
+        s->peer = (dsgd__ps_peer *)dsgd__alloc(ctx, (size_t)s->W * sizeof *s->peer, fn);
+        s->hist = (int64_t *)dsgd__alloc(ctx, (size_t)d.staleness_bins * sizeof *s->hist, fn);
+        if (!s->peer || !s->hist) r = DSGD_ERR_OUT_OF_MEMORY;
+    }
+    if (r != DSGD_OK) {
+        dsgd_ps_server_destroy(s);
+        return r;
+    }
+    memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
+    memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
+    s->params_h = s->params ? s->be.buffer_host_ptr(s->be.impl, s->params) : NULL;
+    s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
+    /* the server's shards, concatenated in placement order; slots start at 0 */
+    if (s->params_h) dsgd__ps_gather(map, s->index, initial_full_params, s->params_h + DSGD__PS_H);
+    *out = s;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!s) return;
+    out->version = s->version;
+    out->pushes_received = s->received;
+    out->pushes_applied = s->applied;
+    out->duplicates = s->duplicates;
+    out->stale_dropped = s->dropped;
+    out->pulls_answered = s->pulls;
+    out->pulls_deferred = s->deferred;
+    out->pulls_repeated = s->repeated;
+    out->staleness_mean = s->applied ? s->stal_sum / (double)s->applied : 0.0;
+    out->staleness_max = s->stal_max;
+    out->staleness_bins = s->d.staleness_bins;
+    out->staleness_hist = s->hist;
+}
+
+DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full) {
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_ps_server_read_params: full is NULL");
+    if (!s->holds)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
+                                  "dsgd_ps_server_read_params: server %d sums only (apply %s) and holds no "
+                                  "parameters; read a worker's (dsgd_ps_worker_read_params)", s->index,
+                                  dsgd_ps_apply_name(s->d.apply));
+    dsgd__ps_scatter(s->map, s->index, s->params_h + DSGD__PS_H, full);
+    return DSGD_OK;
+}
+
+/* ---- checkpoints */
 
 static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return (s->m1 != NULL) + (s->m2 != NULL); }
+
+/* What the server's checkpoint must match (ps_checkpoint.h). */
+static dsgd__ps_server_shape dsgd__ps_server_shape_of(const dsgd_ps_server *s) {
+    dsgd__ps_server_shape sh;
+    sh.d = &s->d;
+    sh.map = s->map;
+    sh.index = s->index;
+    sh.ring = s->ring;
+    sh.W = s->W;
+    sh.nslots = dsgd__ps_server_slots(s);
+    sh.holds = s->holds;
+    sh.n = s->n;
+    sh.cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0;
+    return sh;
+}
 
 DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
     char what[64];
@@ -12532,7 +12521,7 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                                   "%s: serve failed, so its state may be half-updated (save before serve or after it "
                                   "returned DSGD_OK)", what);
-    for (k = 0; k < s->W && s->sum_only; ++k)
+    for (k = 0; k < s->W && !s->holds; ++k)
         if (s->peer[k].have < s->agg_base)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                                       "%s: worker %d finished having fetched the means of %lld steps, and the server "
@@ -12585,7 +12574,7 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
         dsgd__ckw_read(&w, &s->be, dsgd__ref(s->slot[i], DSGD__PS_H), s->n);
     }
     dsgd__ckw_end(&w);
-    if (s->sum_only) {
+    if (!s->holds) {
         dsgd__ckw_begin(&w, "ps_means"); /* the means kept: steps agg_base.. in order */
         dsgd__ckw_u32(&w, (uint32_t)s->agg_len);
         for (i = 0; i < s->agg_len; ++i) {
@@ -12607,140 +12596,6 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
         dsgd__ckw_end(&w);
     }
     return dsgd__ckw_commit(&w, path);
-}
-
-/* A server's checkpoint, checked and located in the image. */
-typedef struct dsgd__ps_ck_server {
-    int64_t version, cnt[8]; /* received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max */
-    double stal_sum;
-    const unsigned char *hist, *peers, *params, *slots, *means;
-    const dsgd__ck_section *clocks;
-    uint32_t held, nmeans;
-    int64_t min_have; /* the fewest means a worker has fetched */
-} dsgd__ps_ck_server;
-
-/* Walks the records of "ps_clocks" (after its count): row, worker, version
-   computed on, the gradient's floats. */
-static int dsgd__ps_ck_clock(dsgd__ck_cur *c, size_t n, uint32_t *row, uint32_t *worker, int64_t *vcomp,
-                             const unsigned char **floats) {
-    *row = dsgd__ckr_u32(c);
-    *worker = dsgd__ckr_u32(c);
-    *vcomp = (int64_t)dsgd__ckr_u64(c);
-    *floats = dsgd__ckr_floats(c, (uint64_t)n);
-    return !c->bad;
-}
-
-static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd_ps_server *s, dsgd__ps_ck_server *st) {
-    const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 1);
-    dsgd__ps_ident got, want = dsgd__ps_ident_of(&s->d, s->index);
-    size_t cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0, rec;
-    uint64_t n, sum = 0;
-    uint32_t bins, nw, i;
-    int64_t prev = -1;
-    dsgd__ck_cur c;
-    dsgd_result r;
-    int k;
-    if (!sec) return DSGD_ERR_SHAPE;
-    c = dsgd__ck_cursor(sec);
-    dsgd__ps_get_ident(&c, &got);
-    bins = dsgd__ckr_u32(&c);
-    n = dsgd__ckr_u64(&c);
-    st->version = (int64_t)dsgd__ckr_u64(&c);
-    for (k = 0; k < 8; ++k) st->cnt[k] = (int64_t)dsgd__ckr_u64(&c);
-    st->stal_sum = dsgd__ckr_f64(&c);
-    if (c.bad || bins == 0 || bins > DSGD_PS_MAX_STALENESS_BINS || c.left != (size_t)bins * 8)
-        return dsgd__ck_bad_section(f, sec, "cut short, or not a histogram of its bins");
-    if ((r = dsgd__ps_check_ident(f, "server", &got, &want)) != DSGD_OK) return r;
-    if (bins != (uint32_t)s->d.staleness_bins)
-        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
-                                  "%s: %s: the checkpoint's staleness histogram has %u bins, this server's %d", f->what,
-                                  f->path, (unsigned)bins, s->d.staleness_bins);
-    if ((r = dsgd__ps_check_map(f, s->map)) != DSGD_OK) return r;
-    if (n != (uint64_t)s->n) return dsgd__ck_bad_section(f, sec, "not the floats its shard map places on the server");
-    if (st->version < 0 || !(st->stal_sum >= 0.0))
-        return dsgd__ck_bad_section(f, sec, "a negative version or staleness sum");
-    for (k = 0; k < 8; ++k)
-        if (st->cnt[k] < 0) return dsgd__ck_bad_section(f, sec, "a negative counter");
-    st->hist = c.p;
-    for (i = 0; i < bins; ++i) {
-        uint64_t h = dsgd__ckr_u64(&c);
-        if (h > (uint64_t)st->cnt[1] - sum) break;
-        sum += h;
-    }
-    if (i < bins || sum != (uint64_t)st->cnt[1])
-        return dsgd__ck_bad_section(f, sec, "a staleness histogram that does not sum to the applied pushes");
-    /* the workers' exactly-once tables */
-    if (!(sec = dsgd__ck_need(f, "ps_peers", "the workers' sequence tables"))) return DSGD_ERR_SHAPE;
-    c = dsgd__ck_cursor(sec);
-    nw = dsgd__ckr_u32(&c);
-    if (c.bad || nw != (uint32_t)s->W || c.left != (size_t)nw * DSGD__PS_CK_PEER)
-        return dsgd__ck_bad_section(f, sec, "not one 48-byte record per worker");
-    st->peers = c.p;
-    st->min_have = st->version;
-    for (i = 0; i < nw; ++i) {
-        uint64_t next = dsgd__ckr_u64(&c), status = dsgd__ckr_u64(&c), pull_next = dsgd__ckr_u64(&c);
-        int64_t have;
-        (void)dsgd__ckr_u64(&c); /* pull_min, pull_from: any */
-        (void)dsgd__ckr_u64(&c);
-        have = (int64_t)dsgd__ckr_u64(&c);
-        if (next > DSGD_PS_SEQ_MASK || pull_next > DSGD_PS_SEQ_MASK || status > DSGD_PS_DROPPED || have < 0 ||
-            have > st->version)
-            return dsgd__ck_bad_section(f, sec, "a sequence number, status or fetched count out of range");
-        if (have < st->min_have) st->min_have = have;
-    }
-    /* the gradients of clocks not yet applied, in slot order */
-    if (!(sec = dsgd__ck_need(f, "ps_clocks", "the gradients of clocks not yet applied"))) return DSGD_ERR_SHAPE;
-    c = dsgd__ck_cursor(sec);
-    st->held = dsgd__ckr_u32(&c);
-    rec = 16 + s->n * sizeof(float);
-    if (c.bad || st->held > cells || (st->held ? c.left % st->held != 0 || c.left / st->held != rec : c.left != 0))
-        return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per held gradient");
-    st->clocks = sec;
-    for (i = 0; i < st->held; ++i) {
-        uint32_t row, worker;
-        int64_t vcomp;
-        const unsigned char *g;
-        if (!dsgd__ps_ck_clock(&c, s->n, &row, &worker, &vcomp, &g) || row >= (uint32_t)s->ring ||
-            worker >= (uint32_t)s->W || (int64_t)row * s->W + worker <= prev)
-            return dsgd__ck_bad_section(f, sec, "a clock record out of range or out of order");
-        prev = (int64_t)row * s->W + worker;
-    }
-    if (s->sum_only) { /* the means kept: the last steps, every one a worker has not fetched */
-        if (!(sec = dsgd__ck_need(f, "ps_means", "the means the workers have not fetched"))) return DSGD_ERR_SHAPE;
-        c = dsgd__ck_cursor(sec);
-        st->nmeans = dsgd__ckr_u32(&c);
-        rec = 8 + s->n * sizeof(float);
-        if (c.bad || (int64_t)st->nmeans > st->version || c.left % rec != 0 || c.left / rec != st->nmeans)
-            return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per kept mean");
-        st->means = c.p;
-        for (i = 0; i < st->nmeans; ++i) {
-            if (dsgd__ckr_u64(&c) != (uint64_t)(st->version - st->nmeans + i))
-                return dsgd__ck_bad_section(f, sec, "means not of the last steps, in order");
-            (void)dsgd__ckr_floats(&c, (uint64_t)s->n);
-        }
-        if (st->min_have < st->version - (int64_t)st->nmeans)
-            return dsgd__ck_bad_section(f, sec, "a worker lacks a mean the server does not keep");
-        return DSGD_OK;
-    }
-    /* ON_SERVERS: the parameters and the optimizer's slots */
-    if (!(sec = dsgd__ck_need(f, "params", "the server's parameters"))) return DSGD_ERR_SHAPE;
-    if (sec->size != s->n * sizeof(float)) return dsgd__ck_bad_section(f, sec, "not the server's float count");
-    st->params = sec->data;
-    if (!(sec = dsgd__ck_need(f, "optimizer", "the optimizer's slots"))) return DSGD_ERR_SHAPE;
-    c = dsgd__ck_cursor(sec);
-    {
-        uint32_t kind = dsgd__ckr_u32(&c), nslots;
-        uint64_t t = dsgd__ckr_u64(&c), np;
-        (void)dsgd__ckr_f64(&c); /* last norm: the servers keep none */
-        nslots = dsgd__ckr_u32(&c);
-        np = dsgd__ckr_u64(&c);
-        if (c.bad || kind != (uint32_t)s->d.optimizer.kind || t != (uint64_t)st->version ||
-            nslots != (uint32_t)dsgd__ps_server_slots(s) || np != (uint64_t)s->n ||
-            c.left != (size_t)nslots * s->n * sizeof(float))
-            return dsgd__ck_bad_section(f, sec, "not the server's optimizer kind, step (its version) or slots");
-    }
-    st->slots = c.p;
-    return DSGD_OK;
 }
 
 /* Writes the checked state into s; nothing here fails. */
@@ -12771,7 +12626,7 @@ static void dsgd__ps_server_apply_ck(dsgd_ps_server *s, const dsgd__ps_ck_server
         pe->have = (int64_t)dsgd__ck_get64(p + 40);
     }
     s->done_count = 0;
-    if (s->sum_only) { /* the buffers of agg[0..nmeans) exist (dsgd__ps_ck_mean_buffers) */
+    if (!s->holds) { /* the buffers of agg[0..nmeans) exist (dsgd__ps_ck_mean_buffers) */
         for (i = st->nmeans; i < s->agg_len; ++i) s->be.buffer_destroy(s->be.impl, s->agg[i]);
         s->agg_len = st->nmeans;
         s->agg_base = s->version - (int64_t)st->nmeans;
@@ -12803,7 +12658,7 @@ static void dsgd__ps_server_apply_ck(dsgd_ps_server *s, const dsgd__ps_ck_server
             s->slot_count[row]++;
         }
     }
-    if (!s->sum_only) {
+    if (s->holds) {
         dsgd_buffer *slot[2];
         slot[0] = s->m1;
         slot[1] = s->m2;
@@ -12836,6 +12691,7 @@ static dsgd_result dsgd__ps_ck_mean_buffers(dsgd_ps_server *s, const char *what,
 DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path) {
     char what[64];
     dsgd__ps_ck_server st;
+    dsgd__ps_server_shape shape;
     dsgd__ck_file f;
     dsgd_result r;
     size_t i, have, cells;
@@ -12846,7 +12702,8 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: restore into a server before serve (this one %s)", what,
                                   s->state == DSGD__PS_FAILED ? "failed" : "has served");
     memset(&st, 0, sizeof st);
-    if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__ps_check_server(&f, s, &st);
+    shape = dsgd__ps_server_shape_of(s);
+    if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__ps_check_server(&f, &shape, &st);
     if (r == DSGD_OK) {
         /* the buffers of the held gradients first (into the pool, which
            holds every buffer not in a slot), so nothing fails after the
@@ -12855,17 +12712,672 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
         for (have = (size_t)s->pool_len, i = 0; i < cells; ++i) have += s->slot[i] != NULL;
         for (; have < st.held && r == DSGD_OK; ++have)
             if ((r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->pool[s->pool_len])) == DSGD_OK) s->pool_len++;
-        if (r == DSGD_OK && s->sum_only) r = dsgd__ps_ck_mean_buffers(s, what, st.nmeans);
+        if (r == DSGD_OK && !s->holds) r = dsgd__ps_ck_mean_buffers(s, what, st.nmeans);
         if (r == DSGD_OK) dsgd__ps_server_apply_ck(s, &st);
     }
     dsgd__ck_close(&f);
     return r;
 }
 
-/* ---- the worker */
+#endif /* DSGD__PART_PS_SERVER_IMPL */
+/* ---------------------------------------- distsgd/ps_worker.h */
+/* distsgd/ps_worker.h - a parameter-server worker: pulls the parameters, pushes gradients, and its loop with the stop rule
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   See PARAMETER SERVERS in ps.h for the roles, the policies and the wire
+   protocol, and CHECKPOINTS in ps_checkpoint.h for save and restore. A
+   worker is one thread's: pull, compute a gradient, push, and at the end
+   finish.
+*/
+#ifndef DSGD__PART_PS_WORKER_DECL
+#define DSGD__PART_PS_WORKER_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a worker did (dsgd_ps_worker_get_stats). */
+typedef struct dsgd_ps_worker_stats {
+    int64_t clock;          /* pushes completed */
+    int64_t pulls;          /* pulls completed */
+    int64_t push_resends;   /* push messages sent again (to one server each) */
+    int64_t pull_resends;
+    int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
+    int64_t stale_replies;  /* replies to older requests, ignored */
+} dsgd_ps_worker_stats;
+
+/* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
+   with map; both must outlive it.
+   Errors (recorded on ctx): as dsgd_ps_server_create (t->rank must be a
+   worker's), without initial_full_params.
+   Thread safety: ctx's thread; the worker is then used by one thread at a
+   time, the rank's. */
+DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, dsgd_ps_worker **out);
+/* Fetches every server's parameters into their ranges of full_params (the
+   whole flat buffer; floats no shard holds are left as they are), waiting
+   as the policy says (ASYNC: not at all; SSP at clock c: version >= c - s;
+   SYNC and BACKUP: the last pushed step applied on every server). Records
+   the version read from each server (dsgd_ps_worker_version) and so the
+   global step (dsgd_ps_worker_global_step); a push computes on them.
+   With apply ON_WORKERS the servers send means, not parameters: the pull
+   fetches every mean the worker has not applied yet (one round per step
+   behind), applies each with the desc's optimizer to the worker's own copy
+   (dsgd_ps_worker_set_params first, DSGD_ERR_STATE otherwise), and fills
+   full_params with that copy; the version is then the number of means
+   applied.
+   Errors (recorded on the worker's ctx, "dsgd_ps_worker_pull: worker w:
+   ..."): DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
+   NULL), DSGD_ERR_STATE (after finish or a failure), DSGD_ERR_TIMEOUT (the
+   servers that did not answer within timeout_s are named), DSGD_ERR_DESYNC
+   (a message from a non-server rank, or of the wrong size), transport
+   errors. After a failure the worker is unusable.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
+/* Sends each server its slice of full_grads (the whole flat gradient) with
+   (worker, push seq, the version computed on: BACKUP the global step)
+   and waits until every server
+   has acknowledged it, resending after retry_s; applied exactly once per
+   server (or, BACKUP, dropped as stale: see
+   dsgd_ps_worker_last_push_dropped). The clock then advances.
+   Errors: as dsgd_ps_worker_pull ("dsgd_ps_worker_push"), and
+   DSGD_ERR_STATE for a push without a pull since the last one under SSP,
+   SYNC or BACKUP.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads);
+/* Apply ON_WORKERS: sets the worker's own copy of the parameters (the
+   whole flat buffer, the same on every worker; only the floats of shards
+   are kept). Call it once, before the first pull.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
+   NULL), DSGD_ERR_STATE (apply ON_SERVERS, or after the first pull).
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params);
+/* Apply ON_WORKERS: writes the worker's copy of the parameters into the
+   ranges of full that shards hold (also after finish).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full NULL),
+   DSGD_ERR_STATE (apply ON_SERVERS: read the servers').
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full);
+/* Tells every server this worker is done (once; not acknowledged, see WIRE
+   PROTOCOL). The worker can then only be read and destroyed. With apply
+   ON_WORKERS it first fetches the means of every clock it pushed (SSP and
+   SYNC: it waits for them; BACKUP: what the servers have), so every worker
+   ends with the same copy and the servers keep every mean a checkpoint
+   needs.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded),
+   DSGD_ERR_STATE (after finish or a failure), those of
+   dsgd_ps_worker_pull (ON_WORKERS), transport errors.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w);
+/* Saves the worker's state to path, atomically (see CHECKPOINTS in
+   ps_checkpoint.h and checkpoint.h): after dsgd_ps_worker_finish, or before the first pull
+   (or push) since it was created or restored.
+   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (a failed
+   worker, or one between its first pull and finish: the servers, serving,
+   cannot be saved with it), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY. path is
+   then unchanged.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
+/* Restores what dsgd_ps_worker_save wrote into w, a worker created with the
+   same desc and map and the same rank, before its first pull (ON_WORKERS:
+   instead of dsgd_ps_worker_set_params). The worker is then unfinished
+   and goes on from its saved sequence numbers and versions.
+   Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
+   NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (w pulled,
+   pushed, finished or failed), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged
+   file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
+   of another desc, optimizer kind or shard map: the message names the
+   difference); after any of these w is untouched.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path);
+/* Fills *out with the worker's counters (zeros for w or out NULL).
+   Errors: none. Thread safety: the worker's thread. */
+DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out);
+/* dsgd_ps_worker_version: the version read from server `server` at the
+   last pull (0 before any; -1 for w NULL or server out of range).
+   dsgd_ps_worker_global_step: the least of them, the step every server
+   had applied at the last pull (TF's global step: BACKUP workers stop on
+   it, see UPDATE POLICIES in ps.h; -1 for w NULL).
+   dsgd_ps_worker_last_push_dropped: 1 when that server dropped the last
+   push as stale (BACKUP), 0 otherwise.
+   dsgd_ps_worker_failed: 1 once a call of the worker failed (it is then
+   unusable, see dsgd_ps_worker_pull), 0 otherwise and for w NULL.
+   Errors: none. Thread safety: the worker's thread. */
+DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server);
+DSGD_API int64_t dsgd_ps_worker_global_step(const dsgd_ps_worker *w);
+DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server);
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w);
+/* Frees the worker (NULL: nothing); not the transport or the map.
+   Thread safety: the worker's thread. */
+DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_PS_WORKER_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_WORKER_IMPL)
+#define DSGD__PART_PS_WORKER_IMPL
+
+struct dsgd_ps_worker {
+    const dsgd__ps_policy_row *pol;
+    dsgd_ctx *ctx;
+    dsgd_transport_i t;
+    dsgd_ps_desc d; /* defaults filled */
+    const dsgd_shard_map *map;
+    int index, P, W, state, pulled;
+    size_t *n;         /* [P] floats of each server */
+    float **buf;       /* [P] [header | n[s]]: a push's slice, then a pull's reply */
+    dsgd_ps_header *pull_hdr; /* [P] the pull requests, for resends */
+    float *scratch;    /* stale replies land here */
+    size_t scratch_bytes;
+    int64_t *version, *last_step; /* [P] read at the last pull; the tag of the last push */
+    int *dropped, *pending;       /* [P] */
+    double *sent_at, *backoff;    /* [P] */
+    uint64_t push_seq, pull_seq;
+    uint64_t push_seq0, pull_seq0; /* at create or restore: a save or restore
+                                      needs no pull or push since */
+    int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
+    /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
+       layout), the mean received ([header | n[s]]) and the optimizer's
+       slots; latest: the server's version the first reply of a pull
+       announced */
+    int holds, have_be, params_set, round; /* holds: the placement's servers_hold */
+    dsgd_backend_i be;
+    dsgd_buffer **own, **sum, **m1, **m2;
+    int64_t *latest;
+};
+
+static dsgd_result dsgd__ps_worker_fail(dsgd_ps_worker *w, dsgd_result r) {
+    w->state = DSGD__PS_FAILED;
+    return r;
+}
+
+/* ON_WORKERS: takes server src's reply h (the mean in sum[src]): applies
+   the mean it carries to the worker's copy of that server's ranges, as the
+   server would have (dsgd__ps_apply: the same update, the same step count). */
+static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                             float *full) {
+    dsgd_opt_update u;
+    dsgd_ref p, g, m1, m2;
+    dsgd_result r;
+    int64_t v = w->version[src];
+    (void)full;
+    if (w->round == 0) w->latest[src] = h->version;
+    if (h->step < 0) { /* nothing new */
+        if (h->version != v)
+            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                      "%s: worker %d: server %d says it has published %lld means, the worker has %lld",
+                                      fn, w->index, src, (long long)h->version, (long long)v);
+        return DSGD_OK;
+    }
+    if (h->step != v)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent the mean of step %lld, not %lld",
+                                  fn, w->index, src, (long long)h->step, (long long)v);
+    u = dsgd__opt_update_at(&w->d.optimizer, v, 1.0f);
+    p.buf = w->own[src];
+    p.off = 0;
+    g.buf = w->sum[src];
+    g.off = DSGD__PS_H;
+    m1.buf = w->m1[src];
+    m1.off = 0;
+    m2.buf = w->m2[src];
+    m2.off = 0;
+    if ((r = w->be.optimizer_update(w->be.impl, &u, p, g, m1, m2, w->n[src])) != DSGD_OK) return r;
+    w->version[src] = v + 1;
+    return DSGD_OK;
+}
+
+/* ON_SERVERS: takes server src's reply h (the parameters in buf[src]) into
+   their ranges of full. */
+static dsgd_result dsgd__ps_worker_take_params(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                               float *full) {
+    (void)fn;
+    w->version[src] = h->version;
+    dsgd__ps_scatter(w->map, src, w->buf[src] + DSGD__PS_H, full);
+    return DSGD_OK;
+}
+
+/* How the apply placement makes a worker take a pull's reply; in the order
+   of dsgd_ps_apply (ps.h's table says what each placement is). */
+typedef dsgd_result (*dsgd__ps_worker_take)(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                            float *full);
+static const dsgd__ps_worker_take dsgd__ps_worker_takes[DSGD_PS_APPLY_COUNT] = {dsgd__ps_worker_take_params,
+                                                                               dsgd__ps_worker_take_mean};
+
+/* The global step: the least version read at the last pull, the step every
+   server has applied. */
+static int64_t dsgd__ps_worker_global(const dsgd_ps_worker *w) {
+    int64_t g = w->version[0];
+    int s;
+    for (s = 1; s < w->P; ++s) g = DSGD__MIN(g, w->version[s]);
+    return g;
+}
+
+/* The wait for one reply from every server: probe, take the expected
+   replies, drop stale ones, resend to silent servers with backoff. type is
+   ACK or PARAMS; full receives the parameters of PARAMS. */
+static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int type, uint64_t seq, float *full) {
+    double start = dsgd__ps_now(&w->t), deadline = start + w->d.timeout_s;
+    double max_backoff = DSGD__MAX(w->d.retry_s, w->d.timeout_s / 8);
+    int left = w->P, s;
+    dsgd_result r;
+    for (s = 0; s < w->P; ++s) {
+        w->pending[s] = 1;
+        w->sent_at[s] = start;
+        w->backoff[s] = w->d.retry_s;
+    }
+    while (left > 0) {
+        double wake = deadline, now;
+        int src = -1, mtype;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        for (s = 0; s < w->P; ++s)
+            if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
+        r = w->t.probe(w->t.impl, wake, &src, &tag, &bytes);
+        now = dsgd__ps_now(&w->t);
+        if (r == DSGD_ERR_TIMEOUT) {
+            if (now >= deadline) {
+                char names[256];
+                size_t used = 0;
+                int k = 0;
+                names[0] = '\0';
+                for (s = 0; s < w->P; ++s)
+                    if (w->pending[s]) {
+                        int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
+                        if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
+                    }
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
+                                          "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
+                                          type == DSGD_PS_MSG_ACK ? "acknowledgement" : "parameters", k > 1 ? "s" : "",
+                                          names, w->d.timeout_s, type == DSGD_PS_MSG_ACK ? "push" : "pull",
+                                          (unsigned long long)seq);
+            }
+            for (s = 0; s < w->P; ++s) {
+                const void *msg;
+                size_t mbytes;
+                uint64_t mtag;
+                if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
+                if (type == DSGD_PS_MSG_ACK) {
+                    msg = w->buf[s];
+                    mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
+                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
+                    w->push_resends++;
+                } else {
+                    msg = &w->pull_hdr[s];
+                    mbytes = DSGD__PS_HBYTES;
+                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PULL, seq);
+                    w->pull_resends++;
+                }
+                r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
+                if (r != DSGD_OK)
+                    return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn,
+                                              w->index, s, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
+                                              dsgd__ps_terr(&w->t));
+                w->sent_at[s] = dsgd__ps_now(&w->t);
+                w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
+            }
+            continue;
+        }
+        if (r != DSGD_OK)
+            return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: waiting for the servers failed: %s%s%s", fn, w->index,
+                                      dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+        if (src < 0 || src >= w->P)
+            return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: a message from rank %d, which is not a server",
+                                      fn, w->index, src);
+        mtype = DSGD_PS_TAG_TYPE(tag);
+        if (mtype == type && DSGD_PS_TAG_SEQ(tag) == (seq & DSGD_PS_SEQ_MASK) && w->pending[src]) {
+            unsigned char ack[DSGD__PS_HBYTES];
+            dsgd_ps_header h;
+            size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
+            void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)ack;
+            if (type == DSGD_PS_MSG_PARAMS && !w->holds) { /* a mean, or nothing new */
+                dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
+                if (bytes == DSGD__PS_HBYTES) want = bytes;
+            }
+            if (bytes != want)
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
+                                          w->index, src, bytes, want);
+            r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
+            if (r != DSGD_OK)
+                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn,
+                                          w->index, src, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
+                                          dsgd__ps_terr(&w->t));
+            h = dsgd__ps_hdr_get(dst);
+            if (h.type != (uint64_t)type || h.worker != (uint64_t)w->index ||
+                DSGD_PS_TAG_SEQ(h.seq) != DSGD_PS_TAG_SEQ(seq) ||
+                (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h.count * sizeof(float) != bytes))
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                          "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
+                                          "count %llu) that does not match its tag and size", fn, w->index, src,
+                                          (unsigned long long)h.type, (unsigned long long)h.worker,
+                                          (unsigned long long)h.seq, (unsigned long long)h.count);
+            if (type == DSGD_PS_MSG_ACK) {
+                w->dropped[src] = h.status == DSGD_PS_DROPPED;
+                w->pushes_dropped += w->dropped[src];
+            } else if ((r = dsgd__ps_worker_takes[w->d.apply](w, fn, src, &h, full)) != DSGD_OK) {
+                return r;
+            }
+            w->pending[src] = 0;
+            left--;
+        } else { /* a reply to an older request (or a copy): dropped */
+            if (bytes > w->scratch_bytes)
+                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                          "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
+                                          w->index, src, bytes, mtype);
+            r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
+            if (r != DSGD_OK)
+                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index,
+                                          src, dsgd_result_string(r));
+            w->stale++;
+        }
+    }
+    return DSGD_OK;
+}
+
+/* ON_WORKERS: the worker's copy into the shards' ranges of full. */
+static void dsgd__ps_worker_copy_out(const dsgd_ps_worker *w, float *full) {
+    int s;
+    for (s = 0; s < w->P; ++s) dsgd__ps_scatter(w->map, s, (const float *)w->be.buffer_host_ptr(w->be.impl, w->own[s]), full);
+}
+
+static dsgd_result dsgd__ps_worker_usable(dsgd_ps_worker *w, const char *fn) {
+    if (w->state == DSGD__PS_CREATED) return DSGD_OK;
+    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d has %s", fn, w->index,
+                              w->state == DSGD__PS_DONE ? "finished" : "failed");
+}
+
+static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s, uint64_t tag, const void *buf,
+                                        size_t bytes) {
+    dsgd_result r = w->t.send(w->t.impl, s, tag, buf, bytes, dsgd__ps_now(&w->t) + w->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: sending to server %d failed: %s%s%s", fn, w->index, s,
+                                  dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+    return DSGD_OK;
+}
+
+/* How long a pull waits: for nothing (what the servers have now: the
+   coordinator's last fetch, once every push was acknowledged), as the
+   policy says, or as at the end of a worker (dsgd_ps_worker_finish). */
+enum { DSGD__PS_PULL_NOW = 0, DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
+
+/* The pull. full_params may be NULL for a final pull ON_WORKERS, which
+   only brings the worker's copy up to date. */
+static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, const char *fn, int wait) {
+    dsgd_result r;
+    int s;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!full_params && (w->holds || wait != DSGD__PS_PULL_FINAL))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
+    if (!w->holds && !w->params_set)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: worker %d: apply %s needs dsgd_ps_worker_set_params before the first pull", fn,
+                                  w->index, dsgd_ps_apply_name(w->d.apply));
+    /* ON_WORKERS: one round per mean behind the versions the first round announced */
+    for (w->round = 0;; w->round++) {
+        int behind = 0;
+        for (s = 0; s < w->P; ++s) {
+            dsgd_ps_header *h = &w->pull_hdr[s];
+            int64_t need = wait == DSGD__PS_PULL_NOW
+                               ? 0
+                               : w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
+            if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
+                return dsgd__ps_worker_fail(w, r);
+        }
+        r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_PARAMS, w->pull_seq, full_params);
+        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+        w->pull_seq++;
+        for (s = 0; s < w->P && !w->holds; ++s) behind |= w->version[s] < w->latest[s];
+        if (!behind) break;
+    }
+    if (!w->holds && full_params) dsgd__ps_worker_copy_out(w, full_params);
+    w->pulls++;
+    w->pulled = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd__ps_worker_pull(w, full_params, "dsgd_ps_worker_pull", DSGD__PS_PULL_POLICY);
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads) {
+    static const char *const fn = "dsgd_ps_worker_push";
+    dsgd_result r;
+    int64_t global;
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!full_grads) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_grads is NULL", fn, w->index);
+    if (w->pol->clocked && !w->pulled)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s needs a pull before each push (push %llu)",
+                                  fn, w->index, w->pol->name, (unsigned long long)w->push_seq);
+    global = dsgd__ps_worker_global(w);
+    for (s = 0; s < w->P; ++s) {
+        int64_t tag = w->pol->global_tag ? global : w->version[s];
+        dsgd_ps_header h = dsgd__ps_hdr(DSGD_PS_MSG_PUSH, w->index, w->push_seq, tag, w->n[s], 0, 0);
+        dsgd__ps_hdr_put(w->buf[s], &h);
+        dsgd__ps_gather(w->map, s, full_grads, w->buf[s] + DSGD__PS_H);
+        w->dropped[s] = 0;
+        w->last_step[s] = tag;
+        r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PUSH, w->push_seq), w->buf[s],
+                                 DSGD__PS_HBYTES + w->n[s] * sizeof(float));
+        if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+    }
+    r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_ACK, w->push_seq, NULL);
+    if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+    w->push_seq++;
+    w->pulled = 0;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params) {
+    static const char *const fn = "dsgd_ps_worker_set_params";
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full_params)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_params is NULL", fn, w->index);
+    if (w->holds || w->pulls > 0 || w->state != DSGD__PS_CREATED)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s", fn, w->index,
+                                  w->holds ? "the servers hold the parameters" : "only before the first pull");
+    for (s = 0; s < w->P; ++s) dsgd__ps_gather(w->map, s, full_params, w->be.buffer_host_ptr(w->be.impl, w->own[s]));
+    w->params_set = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_read_params(const dsgd_ps_worker *w, float *full) {
+    static const char *const fn = "dsgd_ps_worker_read_params";
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!full) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full is NULL", fn, w->index);
+    if (w->holds)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
+                                  "%s: worker %d: the servers hold the parameters (apply %s); read theirs", fn,
+                                  w->index, dsgd_ps_apply_name(w->d.apply));
+    dsgd__ps_worker_copy_out(w, full);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w) {
+    static const char *const fn = "dsgd_ps_worker_finish";
+    dsgd_ps_header h;
+    dsgd_result r;
+    int s;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    /* summation only: the means of every clock pushed first, so every
+       worker ends with the same bits and no server lets go of a mean that
+       a checkpoint needs */
+    if (!w->holds && w->params_set && (r = dsgd__ps_worker_pull(w, NULL, fn, DSGD__PS_PULL_FINAL)) != DSGD_OK) return r;
+    h = dsgd__ps_hdr(DSGD_PS_MSG_DONE, w->index, w->push_seq, 0, 0, 0, 0);
+    for (s = 0; s < w->P; ++s)
+        if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_DONE, w->push_seq), &h, sizeof h)) != DSGD_OK)
+            return dsgd__ps_worker_fail(w, r);
+    w->state = DSGD__PS_DONE;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
+    int s;
+    if (!w) return;
+    if (w->buf)
+        for (s = 0; s < w->P; ++s) DSGD_FREE(w->buf[s]);
+    DSGD_FREE(w->buf);
+    DSGD_FREE(w->n);
+    DSGD_FREE(w->pull_hdr);
+    DSGD_FREE(w->scratch);
+    DSGD_FREE(w->version);
+    DSGD_FREE(w->last_step);
+    DSGD_FREE(w->dropped);
+    DSGD_FREE(w->pending);
+    DSGD_FREE(w->sent_at);
+    DSGD_FREE(w->backoff);
+    if (w->have_be) {
+        dsgd_buffer **own[4];
+        int k;
+        own[0] = w->own;
+        own[1] = w->sum;
+        own[2] = w->m1;
+        own[3] = w->m2;
+        for (k = 0; k < 4; ++k)
+            for (s = 0; own[k] && s < w->P; ++s)
+                if (own[k][s]) w->be.buffer_destroy(w->be.impl, own[k][s]);
+        if (w->be.destroy) w->be.destroy(w->be.impl);
+    }
+    DSGD_FREE(w->own);
+    DSGD_FREE(w->sum);
+    DSGD_FREE(w->m1);
+    DSGD_FREE(w->m2);
+    DSGD_FREE(w->latest);
+    DSGD_FREE(w);
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i *t, const dsgd_ps_desc *desc,
+                                           const dsgd_shard_map *map, dsgd_ps_worker **out) {
+    static const char *const fn = "dsgd_ps_worker_create";
+    dsgd_ps_worker *w;
+    dsgd_ps_desc d;
+    dsgd_result r;
+    size_t P, max_n = 0;
+    int s;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((r = dsgd__ps_setup(ctx, t, desc, map, fn, &d)) != DSGD_OK) return r;
+    if (t->rank < d.num_servers || t->rank >= d.num_servers + d.num_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d is not a worker (workers are ranks %d..%d)",
+                                  fn, t->rank, d.num_servers, d.num_servers + d.num_workers - 1);
+    w = (dsgd_ps_worker *)dsgd__alloc(ctx, sizeof *w, fn);
+    if (!w) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(w, 0, sizeof *w);
+    w->ctx = ctx;
+    w->t = *t;
+    w->d = d;
+    w->map = map;
+    w->P = d.num_servers;
+    w->W = d.num_workers;
+    w->index = t->rank - d.num_servers;
+    P = (size_t)w->P;
+    w->n = (size_t *)dsgd__alloc(ctx, P * sizeof *w->n, fn);
+    w->buf = (float **)dsgd__alloc(ctx, P * sizeof *w->buf, fn);
+    w->pull_hdr = (dsgd_ps_header *)dsgd__alloc(ctx, P * sizeof *w->pull_hdr, fn);
+    w->version = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->version, fn);
+    w->last_step = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->last_step, fn);
+    w->dropped = (int *)dsgd__alloc(ctx, P * sizeof *w->dropped, fn);
+    w->pending = (int *)dsgd__alloc(ctx, P * sizeof *w->pending, fn);
+    w->sent_at = (double *)dsgd__alloc(ctx, P * sizeof *w->sent_at, fn);
+    w->backoff = (double *)dsgd__alloc(ctx, P * sizeof *w->backoff, fn);
+    if (!w->n || !w->buf || !w->pull_hdr || !w->version || !w->last_step || !w->dropped || !w->pending || !w->sent_at ||
+        !w->backoff) {
+        dsgd_ps_worker_destroy(w);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    memset(w->buf, 0, P * sizeof *w->buf);
+    for (s = 0; s < w->P; ++s) {
+        w->n[s] = dsgd_shard_map_server_floats(map, s);
+        w->version[s] = 0;
+        w->last_step[s] = -1;
+        w->dropped[s] = 0;
+        if (w->n[s] > max_n) max_n = w->n[s];
+        if (w->n[s] > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1 ||
+            !(w->buf[s] = (float *)dsgd__alloc(ctx, (DSGD__PS_H + w->n[s]) * sizeof(float), fn))) {
+            dsgd_ps_worker_destroy(w);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+    }
+    w->scratch_bytes = (DSGD__PS_H + max_n) * sizeof(float);
+    w->scratch = (float *)dsgd__alloc(ctx, w->scratch_bytes, fn);
+    if (!w->scratch) {
+        dsgd_ps_worker_destroy(w);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
+    w->pol = dsgd__ps_policy(&d);
+    w->holds = dsgd__ps_apply_of(&d)->servers_hold;
+    if (!w->holds) { /* the worker's copy and the optimizer's slots, on a CPU backend */
+        int slots1 = dsgd__ps_opt_slots(&d) >= 1, slots2 = dsgd__ps_opt_slots(&d) >= 2;
+        w->own = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->own, fn);
+        w->sum = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->sum, fn);
+        w->m1 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m1, fn);
+        w->m2 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m2, fn);
+        w->latest = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->latest, fn);
+        if (!w->own || !w->sum || !w->m1 || !w->m2 || !w->latest) {
+            dsgd_ps_worker_destroy(w);
+            return DSGD_ERR_OUT_OF_MEMORY;
+        }
+        memset(w->own, 0, P * sizeof *w->own);
+        memset(w->sum, 0, P * sizeof *w->sum);
+        memset(w->m1, 0, P * sizeof *w->m1);
+        memset(w->m2, 0, P * sizeof *w->m2);
+        memset(w->latest, 0, P * sizeof *w->latest);
+        r = dsgd_cpu_backend_create(ctx, &w->be);
+        if (r == DSGD_OK) w->have_be = 1;
+        for (s = 0; s < w->P && r == DSGD_OK; ++s) {
+            r = w->be.buffer_create(w->be.impl, w->n[s], &w->own[s]);
+            if (r == DSGD_OK) r = w->be.buffer_create(w->be.impl, DSGD__PS_H + w->n[s], &w->sum[s]);
+            if (r == DSGD_OK && slots1) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m1[s]);
+            if (r == DSGD_OK && slots2) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m2[s]);
+        }
+        if (r != DSGD_OK) {
+            dsgd_ps_worker_destroy(w);
+            return r;
+        }
+    }
+    *out = w;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!w) return;
+    out->clock = (int64_t)w->push_seq;
+    out->pulls = w->pulls;
+    out->push_resends = w->push_resends;
+    out->pull_resends = w->pull_resends;
+    out->pushes_dropped = w->pushes_dropped;
+    out->stale_replies = w->stale;
+}
+
+DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
+    return w && server >= 0 && server < w->P ? w->version[server] : -1;
+}
+
+DSGD_API int64_t dsgd_ps_worker_global_step(const dsgd_ps_worker *w) { return w ? dsgd__ps_worker_global(w) : -1; }
+
+DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int server) {
+    return w && server >= 0 && server < w->P ? w->dropped[server] : 0;
+}
+
+DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
+    return w && w->state == DSGD__PS_FAILED;
+}
+
+/* ---- checkpoints */
 
 static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
-    return w->sum_only ? (w->m1[0] != NULL) + (w->m2[0] != NULL) : 0;
+    return !w->holds ? (w->m1[0] != NULL) + (w->m2[0] != NULL) : 0;
 }
 
 /* The worker's floats over every server. */
@@ -12879,6 +13391,20 @@ static size_t dsgd__ps_worker_floats(const dsgd_ps_worker *w) {
 /* A pull or push since create or restore (not at a point to save or restore). */
 static int dsgd__ps_worker_moved(const dsgd_ps_worker *w) {
     return w->push_seq != w->push_seq0 || w->pull_seq != w->pull_seq0;
+}
+
+/* What the worker's checkpoint must match (ps_checkpoint.h). */
+static dsgd__ps_worker_shape dsgd__ps_worker_shape_of(const dsgd_ps_worker *w) {
+    dsgd__ps_worker_shape sh;
+    sh.d = &w->d;
+    sh.map = w->map;
+    sh.index = w->index;
+    sh.P = w->P;
+    sh.nslots = dsgd__ps_worker_slots(w);
+    sh.holds = w->holds;
+    sh.n = w->n;
+    sh.floats = dsgd__ps_worker_floats(w);
+    return sh;
 }
 
 DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
@@ -12899,7 +13425,7 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     nslots = dsgd__ps_worker_slots(w);
     id = dsgd__ps_ident_of(&w->d, w->index);
     dsgd__ckw_init(&wr, w->ctx, what,
-                   dsgd__ps_ck_expect(dsgd__ps_worker_floats(w), w->sum_only ? 1 + (size_t)nslots : 0));
+                   dsgd__ps_ck_expect(dsgd__ps_worker_floats(w), !w->holds ? 1 + (size_t)nslots : 0));
     dsgd__ckw_begin(&wr, "ps_worker");
     dsgd__ps_put_ident(&wr, &id);
     dsgd__ckw_u32(&wr, (uint32_t)(w->state == DSGD__PS_DONE));
@@ -12918,11 +13444,11 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
         dsgd__ckw_u64(&wr, (uint64_t)w->version[s]);
         dsgd__ckw_u64(&wr, (uint64_t)w->last_step[s]);
         dsgd__ckw_u32(&wr, (uint32_t)(w->dropped[s] != 0));
-        dsgd__ckw_u64(&wr, (uint64_t)(w->sum_only ? w->latest[s] : 0));
+        dsgd__ckw_u64(&wr, (uint64_t)(!w->holds ? w->latest[s] : 0));
     }
     dsgd__ckw_end(&wr);
     dsgd__ps_put_map(&wr, w->map);
-    if (w->sum_only) {
+    if (!w->holds) {
         dsgd_buffer **arr[3];
         arr[0] = w->own;
         arr[1] = w->m1;
@@ -12937,74 +13463,13 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     return dsgd__ckw_commit(&wr, path);
 }
 
-/* A worker's checkpoint, checked and located in the image. */
-typedef struct dsgd__ps_ck_worker {
-    uint32_t pulled, params_set;
-    uint64_t push_seq, pull_seq;
-    int64_t cnt[5]; /* pulls, push_resends, pull_resends, pushes_dropped, stale */
-    const unsigned char *servers, *copy;
-} dsgd__ps_ck_worker;
-
-static dsgd_result dsgd__ps_check_worker(const dsgd__ck_file *f, const dsgd_ps_worker *w, dsgd__ps_ck_worker *st) {
-    const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 0);
-    dsgd__ps_ident got, want = dsgd__ps_ident_of(&w->d, w->index);
-    uint32_t finished, nP, s;
-    dsgd__ck_cur c;
-    dsgd_result r;
-    int k;
-    if (!sec) return DSGD_ERR_SHAPE;
-    c = dsgd__ck_cursor(sec);
-    dsgd__ps_get_ident(&c, &got);
-    finished = dsgd__ckr_u32(&c);
-    st->pulled = dsgd__ckr_u32(&c);
-    st->params_set = dsgd__ckr_u32(&c);
-    st->push_seq = dsgd__ckr_u64(&c);
-    st->pull_seq = dsgd__ckr_u64(&c);
-    for (k = 0; k < 5; ++k) st->cnt[k] = (int64_t)dsgd__ckr_u64(&c);
-    nP = dsgd__ckr_u32(&c);
-    if (c.bad || c.left % DSGD__PS_CK_SERVER != 0 || c.left / DSGD__PS_CK_SERVER != nP || nP != got.P)
-        return dsgd__ck_bad_section(f, sec, "cut short, or not one 36-byte record per server");
-    if ((r = dsgd__ps_check_ident(f, "worker", &got, &want)) != DSGD_OK) return r;
-    if ((r = dsgd__ps_check_map(f, w->map)) != DSGD_OK) return r;
-    if (finished > 1 || st->pulled > 1 || st->params_set > 1 || st->push_seq > DSGD_PS_SEQ_MASK ||
-        st->pull_seq > DSGD_PS_SEQ_MASK)
-        return dsgd__ck_bad_section(f, sec, "a flag or sequence number out of range");
-    for (k = 0; k < 5; ++k)
-        if (st->cnt[k] < 0) return dsgd__ck_bad_section(f, sec, "a negative counter");
-    st->servers = c.p;
-    for (s = 0; s < nP; ++s) {
-        uint64_t n = dsgd__ckr_u64(&c);
-        int64_t version = (int64_t)dsgd__ckr_u64(&c), last = (int64_t)dsgd__ckr_u64(&c);
-        uint32_t dropped = dsgd__ckr_u32(&c);
-        int64_t latest = (int64_t)dsgd__ckr_u64(&c);
-        if (n != (uint64_t)w->n[s])
-            return dsgd__ck_bad_section(f, sec, "not the floats its shard map places on the servers");
-        if (version < 0 || last < -1 || dropped > 1 || latest < 0)
-            return dsgd__ck_bad_section(f, sec, "a version, step or flag out of range");
-    }
-    if (!w->sum_only) return DSGD_OK;
-    /* ON_WORKERS: the worker's copy and slots */
-    if (!(sec = dsgd__ck_need(f, "ps_copy", "the worker's copy of the parameters"))) return DSGD_ERR_SHAPE;
-    c = dsgd__ck_cursor(sec);
-    {
-        uint32_t nslots = dsgd__ckr_u32(&c);
-        uint64_t total = dsgd__ckr_u64(&c);
-        size_t floats = dsgd__ps_worker_floats(w);
-        if (c.bad || nslots != (uint32_t)dsgd__ps_worker_slots(w) || total != (uint64_t)floats ||
-            c.left / sizeof(float) / (1 + nslots) != floats || c.left != (1 + nslots) * floats * sizeof(float))
-            return dsgd__ck_bad_section(f, sec, "not the worker's floats and optimizer slots");
-    }
-    st->copy = c.p;
-    return DSGD_OK;
-}
-
 /* Writes the checked state into w; nothing here fails. */
 static void dsgd__ps_worker_apply_ck(dsgd_ps_worker *w, const dsgd__ps_ck_worker *st) {
     int s, k;
     w->push_seq = w->push_seq0 = st->push_seq;
     w->pull_seq = w->pull_seq0 = st->pull_seq;
     w->pulled = (int)st->pulled;
-    w->params_set = w->sum_only && st->params_set;
+    w->params_set = !w->holds && st->params_set;
     w->pulls = st->cnt[0];
     w->push_resends = st->cnt[1];
     w->pull_resends = st->cnt[2];
@@ -13015,10 +13480,10 @@ static void dsgd__ps_worker_apply_ck(dsgd_ps_worker *w, const dsgd__ps_ck_worker
         w->version[s] = (int64_t)dsgd__ck_get64(p + 8);
         w->last_step[s] = (int64_t)dsgd__ck_get64(p + 16);
         w->dropped[s] = (int)dsgd__ck_get32(p + 24);
-        if (w->sum_only) w->latest[s] = (int64_t)dsgd__ck_get64(p + 28);
+        if (!w->holds) w->latest[s] = (int64_t)dsgd__ck_get64(p + 28);
     }
     w->state = DSGD__PS_CREATED; /* a finished worker goes on */
-    if (w->sum_only) {
+    if (!w->holds) {
         const unsigned char *src = st->copy;
         dsgd_buffer **arr[3];
         arr[0] = w->own;
@@ -13035,6 +13500,7 @@ static void dsgd__ps_worker_apply_ck(dsgd_ps_worker *w, const dsgd__ps_ck_worker
 DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path) {
     char what[64];
     dsgd__ps_ck_worker st;
+    dsgd__ps_worker_shape shape;
     dsgd__ck_file f;
     dsgd_result r;
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
@@ -13045,13 +13511,14 @@ DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path)
                                   what, w->state == DSGD__PS_FAILED ? "failed" : w->state == DSGD__PS_DONE ? "finished"
                                                                                                           : "pulled or pushed");
     memset(&st, 0, sizeof st);
-    if ((r = dsgd__ck_open(&f, w->ctx, what, path)) == DSGD_OK && (r = dsgd__ps_check_worker(&f, w, &st)) == DSGD_OK)
+    shape = dsgd__ps_worker_shape_of(w);
+    if ((r = dsgd__ck_open(&f, w->ctx, what, path)) == DSGD_OK && (r = dsgd__ps_check_worker(&f, &shape, &st)) == DSGD_OK)
         dsgd__ps_worker_apply_ck(w, &st);
     dsgd__ck_close(&f);
     return r;
 }
 
-#endif /* DSGD__PART_PS_IMPL */
+#endif /* DSGD__PART_PS_WORKER_IMPL */
 /* ---------------------------------------- distsgd/coordinator.h */
 /* distsgd/coordinator.h - the cluster coordinator: servers and workers as threads, closures scheduled on workers
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -13229,7 +13696,10 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full);
      dsgd_cluster_num_params    floats of the flat parameter buffer
      dsgd_cluster_shard_map     the map the servers use
      dsgd_cluster_workers_alive workers not lost or failed (a worker is
-                                lost from dsgd_cluster_kill_worker on)
+                                lost from dsgd_cluster_kill_worker on; it
+                                fails when its engine fails or a failed
+                                server stops it); after shutdown, those
+                                that said goodbye cleanly still count
    and the engine's counters of server s and worker w (zeros for c or out
    NULL; a server's only after shutdown).
    Errors: none. Thread safety: the coordinator, between closures (the
@@ -13334,6 +13804,8 @@ struct dsgd_cluster_worker {
     int started;
     int killed;      /* atomic: set by dsgd_cluster_kill_worker */
     int gone;        /* under mu: the thread stopped taking closures */
+    int retired;     /* under mu: it left at shutdown, neither lost nor
+                        failed, and said goodbye (it still counts as alive) */
     int final;       /* apply ON_WORKERS: its copy holds every published mean
                         (written by its thread before it ends) */
     dsgd__cl_queue own; /* under mu: closures scheduled on this worker */
@@ -13531,6 +14003,11 @@ static void *dsgd__cluster_worker_main(void *arg) {
     if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd_ps_worker_failed(w->psw))
         w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
     if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
+    if (last && !dsgd_ps_worker_failed(w->psw)) { /* a clean goodbye: still alive for the getter */
+        pthread_mutex_lock(&c->mu);
+        w->retired = 1;
+        pthread_mutex_unlock(&c->mu);
+    }
     return NULL;
 }
 
@@ -13599,7 +14076,7 @@ static dsgd_result dsgd__cluster_ctx(dsgd_cluster *c, const char *role, int i, d
     memset(&cd, 0, sizeof(cd));
     snprintf(label, sizeof(label), "%s %d", role, i);
     cd.label = label;
-    cd.logger = c->ctx->logger;
+    cd.logger = dsgd_ctx_logger(c->ctx);
     r = dsgd_ctx_create(&cd, out);
     if (r != DSGD_OK) dsgd_ctx_set_error(c->ctx, r, "dsgd_cluster_create: cannot create %s %d's context", role, i);
     return r;
@@ -13956,8 +14433,9 @@ DSGD_API int dsgd_cluster_workers_alive(dsgd_cluster *c) {
     if (!c) return 0;
     pthread_mutex_lock(&c->mu);
     /* a killed worker is lost from the kill on, even before its thread
-       notices and leaves */
-    for (i = 0; i < c->W; ++i) n += !c->workers[i].gone && !dsgd__cluster_killed(&c->workers[i]);
+       notices and leaves; one that left at shutdown without failing counts */
+    for (i = 0; i < c->W; ++i)
+        n += (!c->workers[i].gone || c->workers[i].retired) && !dsgd__cluster_killed(&c->workers[i]);
     pthread_mutex_unlock(&c->mu);
     return n;
 }
@@ -14114,8 +14592,10 @@ DSGD_API dsgd_result dsgd_cluster_worker_train_step(dsgd_cluster_worker *w, cons
      another name is refused too, since no rank could be given to it); a job
      is an array of strings (TF's sparse {"index": address} form is not
      read); at most one chief and at most one evaluator; the task's type is
-     a job of the cluster (the evaluator's too, as in TF's
-     _validate_cluster_spec); its index is an integer below the job's size
+     a job of the cluster (TF's _validate_cluster_spec lets a missing
+     evaluator pass, but TF's worker_count then refuses it, and
+     num_workers_total is that count, so it is refused here at once); its
+     index is an integer below the job's size
      (1.0, 1e0, -1 and anything above INT_MAX are refused); a cluster with
      jobs needs a task, and a task needs both "type" and "index"; a key
      given twice in the top level, "cluster" or "task" is refused (Python
@@ -14135,8 +14615,11 @@ DSGD_API dsgd_result dsgd_cluster_worker_train_step(dsgd_cluster_worker *w, cons
    THE RANK LAYOUT. The chief (if any) is rank 0, then the workers in order,
    then the parameter servers: rank = chief + index for a worker, chief +
    workers + index for a ps (TF's id_in_cluster for chief and worker).
-   num_workers_total = chiefs + workers (TF's worker_count). The evaluator
-   stands apart (its own cluster, as in TF): its rank is its index.
+   num_workers_total = chiefs + workers (TF's worker_count; for a ps, which
+   TF's worker_count refuses, the same count of the training cluster). The
+   evaluator stands apart, in a cluster of its own as in TF: rank 0 (TF's
+   id_in_cluster, its index, and there is at most one) of num_workers_total
+   1 (TF's worker_count for it: the size of the "evaluator" job).
    is_chief is TF's multi_worker_util.is_chief: the chief task, the
    evaluator, or worker 0 when the cluster has no chief.
 */
@@ -14168,7 +14651,7 @@ typedef struct dsgd_cluster_config {
     int task_index;                          /* 0 with no task */
     char *rpc_layer;                         /* NULL when absent or null */
     int rank;                                /* see THE RANK LAYOUT; 0 with no task */
-    int num_workers_total;                   /* chiefs + workers; 1 with no task */
+    int num_workers_total;                   /* chiefs + workers; 1 for the evaluator and with no task */
     int is_chief;                            /* 1 or 0; 1 with no task */
     void *storage;                           /* private: the one block that holds the rest */
 } dsgd_cluster_config;
@@ -14677,7 +15160,10 @@ static void dsgd__tfc_check(dsgd__tfc *p) {
     if (p->rule[0]) return;
     t = (int)c->task_type;
     if (c->num_tasks[t] == 0) {
-        dsgd__tfc_rule(p, "TF_CONFIG: the task's type \"%s\" is not a job of the cluster", dsgd__tfc_names[t]);
+        /* TF's cluster check exempts the evaluator; its worker_count, which
+           num_workers_total is, does not */
+        dsgd__tfc_rule(p, "TF_CONFIG: the task's type \"%s\" is not a job of the cluster%s", dsgd__tfc_names[t],
+                       t == DSGD_TASK_EVALUATOR ? " (TF's worker_count refuses that)" : "");
         return;
     }
     if (c->task_index >= c->num_tasks[t]) {
@@ -14690,7 +15176,11 @@ static void dsgd__tfc_check(dsgd__tfc *p) {
     case DSGD_TASK_CHIEF: c->rank = 0; c->is_chief = 1; break;
     case DSGD_TASK_WORKER: c->rank = chiefs + c->task_index; c->is_chief = chiefs == 0 && c->task_index == 0; break;
     case DSGD_TASK_PS: c->rank = chiefs + workers + c->task_index; c->is_chief = 0; break;
-    default: c->rank = c->task_index; c->is_chief = 1; break; /* the evaluator */
+    default: /* the evaluator: a cluster of its own, of the one evaluator */
+        c->rank = c->task_index;
+        c->num_workers_total = c->num_tasks[DSGD_TASK_EVALUATOR];
+        c->is_chief = 1;
+        break;
     }
 }
 
@@ -15426,8 +15916,9 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     if (by >= 0 && by != r->rank && r->comm_failed && res != DSGD_ERR_TIMEOUT) {
         char detail[DSGD__MSG_MAX];
         const char *d = dsgd_ctx_last_error(r->ctx);
-        size_t label = strlen(r->ctx->label);
-        if (label && !strncmp(d, r->ctx->label, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
+        const char *own = dsgd_ctx_label(r->ctx);
+        size_t label = strlen(own);
+        if (label && !strncmp(d, own, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
         snprintf(detail, sizeof(detail), "%s", d);
         r->own_error = 0;
         res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
@@ -15670,7 +16161,7 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     memset(&cd, 0, sizeof(cd));
     snprintf(label, sizeof(label), "replica %d", i);
     cd.label = label;
-    cd.logger = s->ctx ? s->ctx->logger : cd.logger;
+    cd.logger = dsgd_ctx_logger(s->ctx);
     r->s = s;
     r->rank = s->first + i;
     r->local = i;
@@ -16406,7 +16897,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
         if (own != DSGD_OK) return own;
         r->own_error = 0;
         return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
-                                  (long long)r->opt->t, (int)flag - 2);
+                                  (long long)dsgd_optimizer_steps(r->opt), (int)flag - 2);
     }
     if (flag == 1.0f) {
         if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
@@ -16414,7 +16905,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
             r->own_error = bad != 0;
             return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
                                       "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
-                                      "every replica stops", (long long)r->opt->t, bad);
+                                      "every replica stops", (long long)dsgd_optimizer_steps(r->opt), bad);
         }
         *skip = 1;
     }
@@ -16524,7 +17015,7 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_batch b;
     size_t bad = 0;
     dsgd_result res;
-    r->lr = dsgd_lr_at(&r->opt->d.schedule, r->opt->d.lr, r->opt->t);
+    r->lr = dsgd_optimizer_lr(r->opt);
     res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
@@ -16752,7 +17243,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     float *host, *mapped = NULL;
     dsgd_batch b;
     dsgd_result res, done;
-    r->lr = dsgd_lr_at(&c->opt->d.schedule, c->opt->d.lr, c->opt->t);
+    r->lr = dsgd_optimizer_lr(c->opt);
     res = dsgd__step_compute(r, a, &b, &bad);                        /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
@@ -16768,7 +17259,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
     if (res == DSGD_OK) res = dsgd_model_set_params(r->model, c->params, p); /* 6 */
-    if (res == DSGD_OK) r->opt->t = c->opt->t;
+    if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, dsgd_optimizer_steps(c->opt));
     return res;
 }
 
@@ -17063,12 +17554,13 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
     if (r == DSGD_OK && s->first == 0) {
         dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+        dsgd_model *m = dsgd_optimizer_model(opt);
         dsgd__ck_writer w;
         int g;
         dsgd__ckw_init(&w, s->ctx, what,
-                       dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
-        dsgd__ck_put_model(&w, opt->m);
-        dsgd__ck_put_params(&w, opt->m);
+                       dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
+        dsgd__ck_put_model(&w, m);
+        dsgd__ck_put_params(&w, m);
         dsgd__ck_put_optimizer(&w, opt);
         dsgd__ckw_begin(&w, "metrics");
         dsgd__ckw_u32(&w, (uint32_t)s->world);
@@ -17081,7 +17573,8 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
-            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what,
+                               dsgd_ctx_last_error(dsgd_model_ctx(m)));
         mine = dsgd__ckw_commit(&w, path);
     }
     DSGD_FREE(cw.all);
@@ -17092,7 +17585,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
     const char *what = "dsgd_strategy_save";
     dsgd_optimizer *opt;
-    dsgd_model **models;
+    dsgd_model **models, *m;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
@@ -17102,16 +17595,17 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     opt = dsgd__strategy_state_opt(s);
-    dsgd__ckw_init(&w, s->ctx, what,
-                   dsgd__ck_expect(opt->m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
-    dsgd__ck_put_model(&w, opt->m);
-    dsgd__ck_put_params(&w, opt->m);
+    m = dsgd_optimizer_model(opt);
+    dsgd__ckw_init(&w, s->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
+    dsgd__ck_put_model(&w, m);
+    dsgd__ck_put_params(&w, m);
     dsgd__ck_put_optimizer(&w, opt);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
-        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(opt->m->ctx));
+        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what,
+                           dsgd_ctx_last_error(dsgd_model_ctx(m)));
     DSGD_FREE(models);
     return dsgd__ckw_commit(&w, path);
 }
@@ -17217,19 +17711,20 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
                                            dsgd_model **models) {
     const dsgd__ck_opt *st = &cs->opt;
     dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd_model *m = dsgd_optimizer_model(opt);
     dsgd_result r = DSGD_OK;
     int i;
     if (s->ops->state) {
-        if ((r = dsgd__ck_apply_params(f, opt->m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
-        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(opt->m->ctx));
+        if ((r = dsgd__ck_apply_params(f, m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(dsgd_model_ctx(m)));
     }
     for (i = 0; i < s->n; ++i) {
         dsgd_replica *rep = &s->reps[i];
         r = dsgd__ck_apply_params(f, rep->model);
         if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
         if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->ctx));
-        rep->opt->t = st->t;
-        rep->opt->last_norm = st->last_norm;
+        dsgd__optimizer_set_steps(rep->opt, st->t);
+        dsgd__optimizer_set_last_grad_norm(rep->opt, st->last_norm);
     }
     if ((r = dsgd__ck_apply_metrics(cs->metrics, cs->replicas, models, s->n, s->first, s->world)) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, r, "%s", "a replica's backend failed writing its metrics");
@@ -17247,7 +17742,7 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
     int i;
-    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, opt->m, opt, extra, &st)) == DSGD_OK) {
+    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, dsgd_optimizer_model(opt), opt, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             what);
         models = dsgd__strategy_models(s, what);
@@ -18901,6 +19396,12 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i) {
     return (c && i >= 0 && i < c->num_devices) ? c->devices[i] : NULL;
 }
 
+/* For the backend (backend.h): the program of our kernels, built for every
+   device; device i's shared queue under DSGD_CL_QUEUES_PER_DEVICE (NULL
+   under PER_BACKEND: each backend then opens its own). */
+static cl_program dsgd_cl__context_program(const dsgd_cl_context *c) { return c->program; }
+static cl_command_queue dsgd_cl__context_shared_queue(const dsgd_cl_context *c, int i) { return c->dev_queue[i]; }
+
 /* >>gemm parameters --------------------------------------------------------- */
 
 static const char *const dsgd_cl__xgemm_names[DSGD_CL_XGEMM_NPARAMS] = {
@@ -19563,7 +20064,7 @@ static dsgd_result dsgd_cl__ensure_scratch(dsgd_cl__backend *b, size_t bytes) {
     if (b->scratch) clReleaseMemObject(b->scratch); /* freed once queued work is done */
     b->scratch = NULL;
     b->scratch_bytes = 0;
-    b->scratch = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    b->scratch = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, bytes, NULL, &err);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", "scratch");
     b->scratch_bytes = bytes;
     return DSGD_OK;
@@ -19582,7 +20083,7 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
                                   "opencl buffer_create: %lu floats overflow size_t", (unsigned long)count);
     buf = (dsgd_cl__buffer *)DSGD_MALLOC(sizeof(*buf));
     if (!buf) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY, "opencl buffer_create");
-    buf->mem = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
+    buf->mem = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
     if (err != CL_SUCCESS) {
         DSGD_FREE(buf);
         snprintf(what, sizeof(what), "%lu floats", (unsigned long)count);
@@ -19757,7 +20258,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
         cl_int err;
         if (b->gemm_temp) clReleaseMemObject(b->gemm_temp); /* freed once queued work is done */
         b->gemm_temp_bytes = 0;
-        b->gemm_temp = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, temp_bytes, NULL, &err);
+        b->gemm_temp = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, temp_bytes, NULL, &err);
         if (err != CL_SUCCESS) {
             pthread_mutex_unlock(&dsgd_cl__clblast_lock);
             b->gemm_temp = NULL;
@@ -20176,16 +20677,18 @@ static void dsgd_cl__destroy(void *impl) {
    of the backend's own (always with profiling). */
 static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int profiling) {
     dsgd_cl_context *c = b->cl;
+    cl_command_queue shared = dsgd_cl__context_shared_queue(c, b->dev);
     cl_int err;
-    if (c->dev_queue[b->dev] && !profiling) {
-        b->queue = c->dev_queue[b->dev];
+    if (shared && !profiling) {
+        b->queue = shared;
         err = clRetainCommandQueue(b->queue);
     } else {
-        b->queue = clCreateCommandQueue(c->context, b->device, profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
+        b->queue = clCreateCommandQueue(dsgd_cl_context_handle(c), b->device,
+                                        profiling ? CL_QUEUE_PROFILING_ENABLE : 0, &err);
     }
     if (err != CL_SUCCESS) {
         b->queue = NULL;
-        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", c->info[b->dev].device_name);
+        return dsgd_cl__fail(ctx, err, "clCreateCommandQueue", dsgd_cl_context_device_info(c, b->dev)->device_name);
     }
     return DSGD_OK;
 }
@@ -20193,12 +20696,12 @@ static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int p
 /* The backend's own kernel objects (clSetKernelArg is not thread-safe on a
    shared cl_kernel) and the work-group sizes it launches them with. */
 static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
-    size_t kmax = (size_t)-1, local_mem = (size_t)b->cl->info[b->dev].local_mem_bytes;
+    size_t kmax = (size_t)-1, local_mem = (size_t)dsgd_cl_context_device_info(b->cl, b->dev)->local_mem_bytes;
     cl_int err;
     int k;
     for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
         size_t wg = 0;
-        b->kernels[k] = clCreateKernel(b->cl->program, dsgd_cl__kernel_fn[k], &err);
+        b->kernels[k] = clCreateKernel(dsgd_cl__context_program(b->cl), dsgd_cl__kernel_fn[k], &err);
         if (err != CL_SUCCESS) {
             b->kernels[k] = NULL;
             return dsgd_cl__fail(ctx, err, "clCreateKernel", dsgd_cl__kernel_fn[k]);
@@ -20223,7 +20726,7 @@ static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
 /* The small buffer of int / ulong results (loss status, norm counts). */
 static dsgd_result dsgd_cl__make_status(dsgd_ctx *ctx, dsgd_cl__backend *b) {
     cl_int err;
-    b->status = clCreateBuffer(b->cl->context, CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
+    b->status = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, DSGD_CL__STATUS_BYTES, NULL, &err);
     if (err != CL_SUCCESS) {
         b->status = NULL;
         return dsgd_cl__fail(ctx, err, "clCreateBuffer", "status");
@@ -20275,20 +20778,20 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     memset(out, 0, sizeof(*out));
     memset(&d, 0, sizeof(d));
     if (desc) d = *desc;
-    if (d.device < 0 || d.device >= c->num_devices)
+    if (d.device < 0 || d.device >= dsgd_cl_context_num_devices(c))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_cl_backend_create: device %d outside the context's 0..%d (use replica %% "
                                   "dsgd_cl_context_num_devices())",
-                                  d.device, c->num_devices - 1);
+                                  d.device, dsgd_cl_context_num_devices(c) - 1);
     b = (dsgd_cl__backend *)DSGD_MALLOC(sizeof(*b));
     if (!b) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_backend_create");
     memset(b, 0, sizeof(*b));
     b->ctx = ctx;
     b->cl = c;
     b->dev = d.device;
-    b->device = c->devices[d.device];
-    b->acc_size = c->fp64 ? sizeof(cl_double) : sizeof(cl_float);
-    if (d.host_visible > 0 || (d.host_visible == 0 && c->info[d.device].unified_memory))
+    b->device = dsgd_cl_context_device(c, d.device);
+    b->acc_size = dsgd_cl_context_fp64(c) ? sizeof(cl_double) : sizeof(cl_float);
+    if (d.host_visible > 0 || (d.host_visible == 0 && dsgd_cl_context_device_info(c, d.device)->unified_memory))
         b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
     r = dsgd_cl__open_queue(ctx, b, d.profiling);
     if (r == DSGD_OK) r = dsgd_cl__make_kernels(ctx, b);
