@@ -93,11 +93,16 @@ typedef enum dsgd_strategy_kind {
                                      the optimizer state live once, on the host,
                                      updated once per step; the replicas read them
                                      (see CENTRAL STORAGE in strategy_central.h) */
-    DSGD_STRATEGY_MULTI_WORKER_MIRRORED = 3 /* mirrored across processes: this
+    DSGD_STRATEGY_MULTI_WORKER_MIRRORED = 3, /* mirrored across processes: this
                                      process's N replicas are ranks of a larger
                                      group (see MULTI-WORKER below) */
+    DSGD_STRATEGY_PARAMETER_SERVER = 4 /* the N replicas are the workers of
+                                     desc.ps parameter servers, which hold the
+                                     variables and apply the updates (see
+                                     PARAMETER SERVERS AS A STRATEGY in
+                                     strategy_ps.h) */
 } dsgd_strategy_kind;
-#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_MULTI_WORKER_MIRRORED + 1)
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_PARAMETER_SERVER + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -142,6 +147,21 @@ typedef enum dsgd_gradient_path {
 
 /* The most replicas a strategy runs. */
 #define DSGD_MAX_REPLICAS 256
+
+/* DSGD_STRATEGY_PARAMETER_SERVER's servers and how they update (ps.h: the
+   engine's dsgd_ps_desc, whose workers are the replicas, whose optimizer
+   is desc.optimizer and whose deadline desc.timeout_s). */
+typedef struct dsgd_strategy_ps_desc {
+    int num_servers;              /* P, 1..4096 */
+    dsgd_ps_policy policy;        /* default ASYNC */
+    int staleness;                /* SSP: the bound s; other policies 0 */
+    int backup_workers;           /* BACKUP: b < num_replicas; other policies 0 */
+    dsgd_ps_apply apply;          /* default ON_SERVERS */
+    dsgd_partitioner partitioner; /* how variables are cut into shards; zero:
+                                     whole variables, round-robin */
+    double retry_s;               /* a worker resends after this; 0:
+                                     DSGD_PS_DEFAULT_RETRY_S */
+} dsgd_strategy_ps_desc;
 
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
@@ -191,6 +211,7 @@ typedef struct dsgd_strategy_desc {
                                        0: the endpoints' layout (the MPI
                                        transport's, from MPI_Comm_split_type),
                                        else one node */
+    dsgd_strategy_ps_desc ps;       /* PARAMETER_SERVER only (ignored by the others) */
 } dsgd_strategy_desc;
 
 /* What one training step did. */
@@ -243,7 +264,8 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
-/* "one_device", "mirrored", "central_storage", "multi_worker_mirrored"; "unknown" for other values.
+/* "one_device", "mirrored", "central_storage", "multi_worker_mirrored",
+   "parameter_server"; "unknown" for other values.
    Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
@@ -587,6 +609,9 @@ typedef struct dsgd__strategy_ops {
     /* non-zero: the replicas may be part of a larger group (the endpoints'
        size), spread over processes (MULTI-WORKER above) */
     int multi_worker;
+    /* NULL: dsgd_strategy_save and _restore work; else why they are
+       DSGD_ERR_UNSUPPORTED for this kind */
+    const char *no_checkpoint;
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */

@@ -59,7 +59,8 @@ extern "C" {
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
    replica's backend error; across workers also a collective's error
    (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...), and another worker's error,
-   named. path is then unchanged.
+   named; DSGD_ERR_UNSUPPORTED for DSGD_STRATEGY_PARAMETER_SERVER (the
+   servers hold the state). path is then unchanged.
    Across workers every worker calls it (see above).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
@@ -72,7 +73,8 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
    the message names it); across workers also a collective's error and
-   another worker's error, named; after any of these nothing was touched. A
+   another worker's error, named; DSGD_ERR_UNSUPPORTED (as save); after any
+   of these nothing was touched. A
    replica's backend failing while the checked state is written leaves
    the replicas different: the strategy has then failed.
    Across workers every worker calls it (see above).
@@ -282,6 +284,9 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if (s->ops->no_checkpoint)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: not for %s yet: %s", what, s->ops->name,
+                                  s->ops->no_checkpoint);
     r = dsgd__ck_check_args(s->ctx, what, path, extra);
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
@@ -463,6 +468,9 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
+    if (s->ops->no_checkpoint)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: not for %s yet: %s", what, s->ops->name,
+                                  s->ops->no_checkpoint);
     memset(&f, 0, sizeof(f));
     if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) == DSGD_OK) r = dsgd__ck_open(&f, s->ctx, what, path);
     if (r == DSGD_OK || s->world > s->n) r = dsgd__strategy_restore_from(s, &f, r, extra, what, path);

@@ -1,5 +1,6 @@
 /* mirrored_mlp.c - synchronous data parallelism: N mirrored replicas train an
-   MLP on Fashion-MNIST (the `make demo` program).
+   MLP on Fashion-MNIST (the `make demo` program); --strategy ps trains it on
+   parameter servers instead, with the same loop.
 
    Each step shards the global batch across the replicas (one thread each),
    computes gradients, all-reduces the flat gradient buffer over the loopback
@@ -13,6 +14,15 @@
            [--algo auto|ring|hd|rb|rd|direct] [--epochs E] [--lr BASE_LR]
            [--seed S] [--backend cpu|opencl] [--device SPEC]
            [--gradients auto|host|device] [--hidden H1,H2] [--threads T]
+           [--strategy mirrored|ps] [--servers P] [--policy async|ssp|sync|backup]
+           [--staleness S] [--backups B]
+   --strategy ps makes the replicas workers of P parameter servers (default
+   2; DSGD_STRATEGY_PARAMETER_SERVER): one field of the strategy's desc, the
+   training loop unchanged; --policy says how the servers apply the pushes
+   (default sync; ssp with bound --staleness, default 1; backup with
+   --backups backup workers, default 1). ASYNC applies every replica's push,
+   so its learning rate scales with the per-replica batch and its schedule
+   counts N updates a step.
    --threads is each CPU replica's thread count (0, the default: cores / N,
    at least 1; the weights do not depend on it).
    --batch is the per-replica batch (global batch = B x N); --hidden sets the
@@ -57,6 +67,15 @@ static int parse_algo(const char *s, dsgd_allreduce_algo *out) {
     return 0;
 }
 
+static int parse_policy(const char *s, dsgd_ps_policy *out) {
+    static const struct { const char *name; dsgd_ps_policy policy; } table[] = {
+        {"async", DSGD_PS_ASYNC}, {"ssp", DSGD_PS_SSP}, {"sync", DSGD_PS_SYNC}, {"backup", DSGD_PS_BACKUP}};
+    size_t i;
+    for (i = 0; i < sizeof(table) / sizeof(table[0]); ++i)
+        if (!strcmp(s, table[i].name)) { *out = table[i].policy; return 1; }
+    return 0;
+}
+
 static int parse_path(const char *s, dsgd_gradient_path *out) {
     if (!strcmp(s, "auto")) *out = DSGD_GRADIENTS_AUTO;
     else if (!strcmp(s, "host")) *out = DSGD_GRADIENTS_HOST;
@@ -84,8 +103,9 @@ static int parse_hidden(const char *s, dsgd_layer_desc *layers) {
 }
 
 typedef struct options {
-    const char *dir, *backend, *device;
-    int replicas, batch, epochs, threads;
+    const char *dir, *backend, *device, *strategy;
+    int replicas, batch, epochs, threads, servers, staleness, backups;
+    dsgd_ps_policy policy;
     float base_lr;
     uint64_t seed;
     dsgd_allreduce_algo algo;
@@ -110,6 +130,12 @@ static int parse_args(int argc, char **argv, options *o, dsgd_layer_desc *layers
         else if ((v = ex_flag(argc, argv, &a, "--device"))) o->device = v;
         else if (!strcmp(argv[a], "--gradients") && a + 1 < argc && parse_path(argv[a + 1], &o->path)) ++a;
         else if ((v = ex_flag(argc, argv, &a, "--threads"))) o->threads = atoi(v);
+        else if (!strcmp(argv[a], "--strategy") && a + 1 < argc &&
+                 (!strcmp(argv[a + 1], "mirrored") || !strcmp(argv[a + 1], "ps"))) o->strategy = argv[++a];
+        else if ((v = ex_flag(argc, argv, &a, "--servers"))) o->servers = atoi(v);
+        else if (!strcmp(argv[a], "--policy") && a + 1 < argc && parse_policy(argv[a + 1], &o->policy)) ++a;
+        else if ((v = ex_flag(argc, argv, &a, "--staleness"))) o->staleness = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--backups"))) o->backups = atoi(v);
         else if ((v = ex_flag(argc, argv, &a, "--hidden"))) {
             if (!parse_hidden(v, layers)) {
                 fprintf(stderr, "%s: --hidden takes two positive integers H1,H2 (e.g. 256,128), not \"%s\"\n",
@@ -119,7 +145,9 @@ static int parse_args(int argc, char **argv, options *o, dsgd_layer_desc *layers
         } else
             return ex_usage(argv[0], "[--data DIR] [--replicas N] [--batch B] [--algo auto|ring|hd|rb|rd|direct] "
                                      "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC] "
-                                     "[--gradients auto|host|device] [--hidden H1,H2] [--threads T]");
+                                     "[--gradients auto|host|device] [--hidden H1,H2] [--threads T] "
+                                     "[--strategy mirrored|ps] [--servers P] [--policy async|ssp|sync|backup] "
+                                     "[--staleness S] [--backups B]");
     }
     if (o->replicas < 1 || o->batch < 1 || o->epochs < 1) {
         fprintf(stderr, "replicas, batch and epochs must be >= 1\n");
@@ -148,8 +176,8 @@ static void print_setup(const options *o, const dsgd_strategy_desc *sd, dsgd_str
     /* the CPU backends chose their kernels as dsgd_cpu_isa() says (DSGD_CPU_ISA overrides) */
     int cpu_threads = dsgd_cpu_backend_threads(dsgd_model_backend(dsgd_strategy_model(strategy, 0)));
     int device_path = dsgd_strategy_gradient_path(strategy) == DSGD_GRADIENTS_DEVICE;
-    printf("Fashion-MNIST: %zu training, %zu test images; %d mirrored replicas x batch %d = global batch %d",
-           train->n, test->n, o->replicas, o->batch, o->batch * o->replicas);
+    printf("Fashion-MNIST: %zu training, %zu test images; %d %s replicas x batch %d = global batch %d",
+           train->n, test->n, o->replicas, dsgd_strategy_kind_name(sd->kind), o->batch, o->batch * o->replicas);
     if (!strcmp(o->backend, "cpu"))
         printf("; CPU kernels %s%s, %d thread%s per replica", dsgd_cpu_isa(),
 #ifdef DSGD_USE_CBLAS
@@ -160,11 +188,15 @@ static void print_setup(const options *o, const dsgd_strategy_desc *sd, dsgd_str
                cpu_threads, cpu_threads == 1 ? "" : "s");
     printf("\n");
     printf("model %d-%d-%d-10 (%zu parameters) on the %s backend, SGD+Nesterov, lr %.4g (linear scaling of "
-           "%.3g at 128), warmup %lld steps + cosine, gradients summed on the %s (all-reduce %s)\n",
+           "%.3g at 128), warmup %lld steps + cosine, ",
            train->dim, sd->model.layers[0].units, sd->model.layers[1].units,
            dsgd_model_num_params(dsgd_strategy_model(strategy, 0)), o->backend, (double)sd->optimizer.lr,
-           (double)o->base_lr, (long long)sd->optimizer.schedule.warmup_steps, device_path ? "device" : "host",
-           device_path ? "unused" : dsgd_allreduce_algo_name(o->algo));
+           (double)o->base_lr, (long long)sd->optimizer.schedule.warmup_steps);
+    if (sd->kind == DSGD_STRATEGY_PARAMETER_SERVER)
+        printf("%d parameter servers applying %s\n", sd->ps.num_servers, dsgd_ps_policy_name(sd->ps.policy));
+    else
+        printf("gradients summed on the %s (all-reduce %s)\n", device_path ? "device" : "host",
+               device_path ? "unused" : dsgd_allreduce_algo_name(o->algo));
 }
 
 /* One epoch of global batches, each sharded across the replicas; counts the
@@ -197,8 +229,9 @@ static int evaluate(dsgd_strategy *strategy, const dsgd_dataset *test, size_t ev
 }
 
 int main(int argc, char **argv) {
-    options o = {.dir = "build/data/fashion-mnist", .backend = "cpu", .replicas = 4, .batch = 64, .epochs = 5,
-                 .base_lr = 0.05f, .seed = 1, .algo = DSGD_ALLREDUCE_AUTO, .path = DSGD_GRADIENTS_AUTO};
+    options o = {.dir = "build/data/fashion-mnist", .backend = "cpu", .strategy = "mirrored", .replicas = 4,
+                 .batch = 64, .epochs = 5, .base_lr = 0.05f, .seed = 1, .algo = DSGD_ALLREDUCE_AUTO,
+                 .path = DSGD_GRADIENTS_AUTO, .servers = 2, .policy = DSGD_PS_SYNC, .staleness = 1, .backups = 1};
     dsgd_layer_desc layers[3] = {{.units = 256, .activation = DSGD_ACT_RELU},
                                  {.units = 128, .activation = DSGD_ACT_RELU},
                                  {.units = 10}};
@@ -209,16 +242,18 @@ int main(int argc, char **argv) {
     dsgd_sampler sampler;
     float *xb, *yb;
     double t_start;
-    int e, global, status = parse_args(argc, argv, &o, layers);
+    int e, global, status = parse_args(argc, argv, &o, layers), ps, async;
 
     if (status) return status;
     global = o.batch * o.replicas;
+    ps = !strcmp(o.strategy, "ps");
+    async = ps && o.policy == DSGD_PS_ASYNC; /* an update per replica's push */
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
     if (!ex_load_fashion_mnist(ctx, o.dir, &train, &test)) return ex_fail(ctx);
     if (dsgd_sampler_init(ctx, &sampler, train.n, (size_t)global, o.seed, 1, 1) != DSGD_OK) return ex_fail(ctx);
-    int64_t nb = (int64_t)dsgd_sampler_num_batches(&sampler);
+    int64_t nb = (int64_t)dsgd_sampler_num_batches(&sampler) * (async ? o.replicas : 1); /* updates an epoch */
     dsgd_strategy_desc sd = {
-        .kind = DSGD_STRATEGY_MIRRORED,
+        .kind = ps ? DSGD_STRATEGY_PARAMETER_SERVER : DSGD_STRATEGY_MIRRORED,
         .num_replicas = o.replicas,
         .algorithm = o.algo,
         .gradient_path = o.path,
@@ -226,8 +261,12 @@ int main(int argc, char **argv) {
         .model = {.input_dim = train.dim, .layers = layers, .num_layers = 3,
                   .max_batch = o.batch > 1000 ? o.batch : 1000, /* evaluation uses 1000-sample shards */
                   .seed = o.seed},
-        .optimizer = {.kind = DSGD_OPT_MOMENTUM, .nesterov = 1, .lr = dsgd_linear_scaled_lr(o.base_lr, global, 128),
+        .optimizer = {.kind = DSGD_OPT_MOMENTUM, .nesterov = 1,
+                      .lr = dsgd_linear_scaled_lr(o.base_lr, async ? o.batch : global, 128),
                       .schedule = {.kind = DSGD_SCHEDULE_COSINE, .warmup_steps = nb / 2, .total_steps = nb * o.epochs}},
+        .ps = {.num_servers = o.servers, .policy = o.policy,
+               .staleness = o.policy == DSGD_PS_SSP ? o.staleness : 0,
+               .backup_workers = o.policy == DSGD_PS_BACKUP ? o.backups : 0},
     };
     if (!strcmp(o.backend, "opencl") && open_opencl(ctx, &o, &cl, &sd)) return 1;
     if (dsgd_strategy_create(ctx, &sd, &strategy) != DSGD_OK) return ex_fail(ctx);
@@ -251,8 +290,9 @@ int main(int argc, char **argv) {
                skipped ? "  (steps skipped: non-finite gradients)" : "");
         fflush(stdout);
         if (e == o.epochs - 1)
-            printf("final test accuracy %.4f (%s 85%%) with %d replicas in %.1f s\n", te.correct / te.count,
-                   te.correct / te.count >= 0.85 ? ">=" : "BELOW", o.replicas, dsgd_now() - t_start);
+            printf("final test accuracy %.4f (%s 85%%) with %d %s replicas in %.1f s\n", te.correct / te.count,
+                   te.correct / te.count >= 0.85 ? ">=" : "BELOW", o.replicas, dsgd_strategy_kind_name(sd.kind),
+                   dsgd_now() - t_start);
     }
     free(xb);
     free(yb);

@@ -1,0 +1,297 @@
+/* test_strategy_ps.c - parameter servers as a strategy kind (strategy_ps.h).
+
+   The model is test_strategy_central.c's small MLP (20 -> 16 relu -> 8
+   tanh -> 5, softmax cross-entropy, 517 parameters) on seeded data.
+
+   What is asserted, and how:
+   - SYNC with 2 servers and N = 2 or 3 replicas x batch B trains, step for
+     step, the bits of the cluster coordinator's SYNC run in which worker w
+     takes replica w's shard of the same global batches (the same pull,
+     gradient and push), with the servers applying (momentum, Adam) and
+     with the workers applying (ON_WORKERS): every replica's model after the
+     last step equals the coordinator's variables after shutdown.
+   - Every policy (ASYNC, SSP 1, SYNC, BACKUP 2 + 1) trains: the mean loss
+     over a fixed evaluation batch falls to below 0.8 of the initial one
+     after 200 steps on a learnable task; the step infos count the global
+     step as the policy says (SYNC and BACKUP one update per step; SSP too,
+     but its pull may come one clock early; ASYNC N, of which replica 0's
+     pull saw at least its own), and SYNC
+     replicas hold identical weights after each step.
+   - Errors: DEVICE gradients, endpoints and 0 servers are refused at
+     creation; clip_norm is refused (the engine's rule); a checkpoint is
+     DSGD_ERR_UNSUPPORTED; a variable aggregating SUM fails the step and the
+     strategy (the others stop at once, not at their deadline); the kind's
+     name.
+
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
+
+enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, MAXN = 3, B = 6, STEPS = 12 };
+
+static const dsgd_layer_desc LAYERS[3] = {
+    {16, DSGD_ACT_RELU, DSGD_INIT_AUTO},
+    {8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+    {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO},
+};
+
+static dsgd_model_desc model_desc(void) {
+    dsgd_model_desc md;
+    memset(&md, 0, sizeof(md));
+    md.input_dim = IN;
+    md.layers = LAYERS;
+    md.num_layers = 3;
+    md.max_batch = B;
+    md.seed = 20240611u;
+    return md;
+}
+
+static dsgd_optimizer_desc opt_desc(dsgd_optimizer_kind kind) {
+    dsgd_optimizer_desc od;
+    memset(&od, 0, sizeof(od));
+    od.kind = kind;
+    od.lr = kind == DSGD_OPT_ADAM ? 0.005f : 0.05f;
+    od.momentum = 0.9f;
+    return od;
+}
+
+static dsgd_strategy_desc ps_desc(int n, dsgd_ps_policy policy, dsgd_ps_apply apply, dsgd_optimizer_kind opt) {
+    dsgd_strategy_desc d;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_STRATEGY_PARAMETER_SERVER;
+    d.num_replicas = n;
+    d.model = model_desc();
+    d.optimizer = opt_desc(opt);
+    d.timeout_s = 20.0;
+    d.ps.num_servers = 2;
+    d.ps.policy = policy;
+    d.ps.staleness = policy == DSGD_PS_SSP ? 1 : 0;
+    d.ps.backup_workers = policy == DSGD_PS_BACKUP ? 1 : 0;
+    d.ps.apply = apply;
+    return d;
+}
+
+static void make_batch(tu_rng *r, float *x, float *y, int count) {
+    int i;
+    tu_fill(r, x, (size_t)count * IN, -1.0f, 1.0f);
+    for (i = 0; i < count; ++i) y[i] = (float)tu_below(r, OUT);
+}
+
+/* ---------------------------------------------------------------- SYNC = the coordinator's SYNC */
+
+typedef struct shard_job {
+    const float *x, *y; /* the step's global batch */
+    int n;              /* workers */
+} shard_job;
+
+/* Worker w's closure: its block of the global batch, as replica w takes it. */
+static dsgd_result closure_step(dsgd_cluster_worker *w, void *user) {
+    const shard_job *j = (const shard_job *)user;
+    size_t off = 0, len = 0;
+    dsgd_block_range((size_t)(j->n * B), j->n, dsgd_cluster_worker_id(w), &off, &len);
+    return dsgd_cluster_worker_train_step(w, j->x + off * IN, j->y + off, (int)len);
+}
+
+static void coordinator_run(int n, dsgd_ps_apply apply, dsgd_optimizer_kind opt, const float *xs, const float *ys,
+                            float *out) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_cluster_desc cd;
+    dsgd_cluster *c = NULL;
+    int step, w;
+    memset(&cd, 0, sizeof(cd));
+    cd.ps.num_servers = 2;
+    cd.ps.num_workers = n;
+    cd.ps.policy = DSGD_PS_SYNC;
+    cd.ps.apply = apply;
+    cd.ps.optimizer = opt_desc(opt);
+    cd.ps.timeout_s = 20.0;
+    cd.model = model_desc();
+    TU_OK(ctx, dsgd_cluster_create(ctx, &cd, &c));
+    for (step = 0; step < STEPS; ++step) {
+        shard_job j;
+        j.x = xs + (size_t)step * n * B * IN;
+        j.y = ys + (size_t)step * n * B;
+        j.n = n;
+        for (w = 0; w < n; ++w) TU_OK(ctx, dsgd_cluster_schedule_on(c, w, closure_step, &j, NULL));
+        TU_OK(ctx, dsgd_cluster_join(c));
+    }
+    TU_OK(ctx, dsgd_cluster_shutdown(c));
+    TU_OK(ctx, dsgd_cluster_read_params(c, out));
+    dsgd_cluster_destroy(c);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void strategy_run(int n, dsgd_ps_apply apply, dsgd_optimizer_kind opt, const float *xs, const float *ys,
+                         float out[][NPARAMS]) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = ps_desc(n, DSGD_PS_SYNC, apply, opt);
+    dsgd_strategy *s = NULL;
+    int step, r;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (step = 0; step < STEPS; ++step) {
+        dsgd_step_info info;
+        TU_OK(ctx, dsgd_strategy_train_step(s, xs + (size_t)step * n * B * IN, ys + (size_t)step * n * B, n * B, &info));
+        assert_int_equal((int)info.step, step);
+        assert_int_equal(info.count, n * B);
+        assert_int_equal(info.skipped, 0);
+        tu_assert_replicas_identical(ctx, s);
+    }
+    for (r = 0; r < n; ++r) TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, r), out[r], NPARAMS));
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_sync_is_the_coordinators(void **state) {
+    static const dsgd_optimizer_kind opts[2] = {DSGD_OPT_MOMENTUM, DSGD_OPT_ADAM};
+    float *xs = tu_floats((size_t)STEPS * MAXN * B * IN), ys[STEPS * MAXN * B];
+    float want[NPARAMS], got[MAXN][NPARAMS], init[NPARAMS];
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_model_desc md = model_desc();
+    dsgd_model *m = NULL;
+    tu_rng rng = tu_rng_make(77);
+    int n, o, apply, r;
+    (void)state;
+    tu_watchdog(240);
+    TU_OK(ctx, dsgd_model_create(ctx, &md, &m));
+    TU_OK(ctx, dsgd_model_get_params(m, init, NPARAMS));
+    make_batch(&rng, xs, ys, STEPS * MAXN * B);
+    for (n = 2; n <= 3; ++n)
+        for (o = 0; o < 2; ++o)
+            for (apply = 0; apply < 2; ++apply) {
+                dsgd_ps_apply a = apply ? DSGD_PS_APPLY_ON_WORKERS : DSGD_PS_APPLY_ON_SERVERS;
+                coordinator_run(n, a, opts[o], xs, ys, want);
+                strategy_run(n, a, opts[o], xs, ys, got);
+                assert_true(memcmp(want, init, sizeof(want)) != 0); /* it trained */
+                for (r = 0; r < n; ++r)
+                    if (memcmp(got[r], want, sizeof(want)) != 0)
+                        fail_msg("N %d, %s, apply %s: replica %d differs from the coordinator's run (relative error "
+                                 "%.3g)", n, opts[o] == DSGD_OPT_ADAM ? "Adam" : "momentum", dsgd_ps_apply_name(a),
+                                 r, tu_rel_err(got[r], want, NPARAMS));
+            }
+    print_message("SYNC, 2 servers: N = 2, 3 x momentum, Adam x ON_SERVERS, ON_WORKERS = the coordinator's bits\n");
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+    free(xs);
+    tu_watchdog(0);
+}
+
+/* ---------------------------------------------------------------- every policy trains */
+
+/* A learnable task: the class is the index of the largest of the first OUT
+   inputs. */
+static void make_task(tu_rng *r, float *x, float *y, int count) {
+    int i, k;
+    tu_fill(r, x, (size_t)count * IN, -1.0f, 1.0f);
+    for (i = 0; i < count; ++i) {
+        int best = 0;
+        for (k = 1; k < OUT; ++k)
+            if (x[(size_t)i * IN + k] > x[(size_t)i * IN + best]) best = k;
+        y[i] = (float)best;
+    }
+}
+
+static double eval_loss(dsgd_ctx *ctx, dsgd_strategy *s, const float *x, const float *y, int count) {
+    dsgd_metrics m;
+    TU_OK(ctx, dsgd_strategy_eval_batch(s, x, y, count));
+    TU_OK(ctx, dsgd_strategy_take_metrics(s, DSGD_METRICS_EVAL, &m));
+    assert_true(m.count == (double)count);
+    return m.loss_sum / m.count;
+}
+
+static void test_every_policy_trains(void **state) {
+    static const dsgd_ps_policy policies[4] = {DSGD_PS_ASYNC, DSGD_PS_SSP, DSGD_PS_SYNC, DSGD_PS_BACKUP};
+    enum { N = 3, TRAIN = 200 };
+    float x[N * B * IN], y[N * B], ex[N * B * IN], ey[N * B];
+    dsgd_ctx *ctx = tu_ctx();
+    int p, step;
+    (void)state;
+    tu_watchdog(240);
+    for (p = 0; p < 4; ++p) {
+        dsgd_strategy_desc d = ps_desc(N, policies[p], DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM);
+        dsgd_strategy *s = NULL;
+        tu_rng rng = tu_rng_make(5);
+        double before, after;
+        d.optimizer.lr = 0.05f;
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        assert_string_equal(dsgd_strategy_kind_name(d.kind), "parameter_server");
+        make_task(&rng, ex, ey, N * B);
+        before = eval_loss(ctx, s, ex, ey, N * B);
+        for (step = 0; step < TRAIN; ++step) {
+            dsgd_step_info info;
+            make_task(&rng, x, y, N * B);
+            TU_OK(ctx, dsgd_strategy_train_step(s, x, y, N * B, &info));
+            /* the global step replica 0 read at its last pull: one update a
+               step; ASYNC one per push, of which its pull, not waiting, saw its
+               own and those that came before it */
+            if (policies[p] == DSGD_PS_SSP) assert_true(info.step == step - 1 || info.step == step); /* s = 1 */
+            else if (policies[p] != DSGD_PS_ASYNC) assert_int_equal((int)info.step, step);
+            else if (step == 0) assert_int_equal((int)info.step, 0);
+            else assert_true(info.step >= N * (step - 1) + 1 && info.step <= N * step);
+            if (policies[p] == DSGD_PS_SYNC) tu_assert_replicas_identical(ctx, s);
+        }
+        after = eval_loss(ctx, s, ex, ey, N * B);
+        print_message("%s: evaluation loss %.4f -> %.4f after %d steps\n", dsgd_ps_policy_name(policies[p]), before,
+                      after, TRAIN);
+        if (!(after < 0.8 * before)) fail_msg("%s did not train: %.4f -> %.4f", dsgd_ps_policy_name(policies[p]),
+                                              before, after);
+        dsgd_strategy_destroy(s);
+    }
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+static void test_errors(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d;
+    dsgd_strategy *s = NULL;
+    dsgd_transport_i ep;
+    float x[2 * B * IN], y[2 * B];
+    tu_rng rng = tu_rng_make(9);
+    double t0;
+    (void)state;
+    tu_watchdog(60);
+    d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
+    d.gradient_path = DSGD_GRADIENTS_DEVICE;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "gradient_path DEVICE"));
+    d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
+    d.ps.num_servers = 0;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "num_servers is 0"));
+    d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
+    memset(&ep, 0, sizeof(ep));
+    d.endpoints = &ep;
+    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_strategy_create(ctx, &d, &s));
+    d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
+    d.optimizer.clip_norm = 1.0f;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "clip_norm"));
+    assert_null(s);
+    /* a checkpoint is refused; a SUM variable fails the step at once */
+    d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_strategy_save(s, "unused.ckpt", NULL));
+    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_strategy_restore(s, "unused.ckpt", NULL));
+    TU_OK(ctx, dsgd_strategy_set_aggregation(s, "dense0/bias", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
+    make_batch(&rng, x, y, 2 * B);
+    t0 = dsgd_now();
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, x, y, 2 * B, NULL));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "aggregate MEAN"));
+    assert_true(dsgd_now() - t0 < 10.0); /* not the 20 s deadline */
+    assert_true(dsgd_strategy_failed(s));
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_every_policy_trains),
+        cmocka_unit_test(test_sync_is_the_coordinators),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
