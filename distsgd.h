@@ -134,6 +134,7 @@
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
 #include "distsgd/variables.h"        /* aggregation and synchronization of distributed variables */
 #include "distsgd/sharding.h"         /* partitioners and the shard map of the parameter servers */
+#include "distsgd/group.h"            /* rank groups: each member's context, backend, model, endpoint */
 #include "distsgd/ps.h"               /* the parameter servers' protocol: desc, header, the policy and placement tables */
 #include "distsgd/ps_checkpoint.h"    /* the parameter servers' checkpoint format and its checks */
 #include "distsgd/ps_server.h"        /* a parameter server: applies pushes (or sums), answers pulls */

@@ -562,10 +562,7 @@ typedef struct dsgd__dvar {
 struct dsgd_replica {
     dsgd_strategy *s;
     int rank;
-    dsgd_ctx *ctx;
-    dsgd_backend_i be;
-    int has_be;
-    dsgd_model *model;
+    dsgd__member m; /* its context, backend and model (group.h) */
     dsgd_optimizer *opt;
     dsgd_transport_i ep;
     dsgd_comm *comm;
@@ -693,15 +690,15 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     pthread_mutex_unlock(&s->mu);
     if (by >= 0 && by != r->rank && r->comm_failed && res != DSGD_ERR_TIMEOUT) {
         char detail[DSGD__MSG_MAX];
-        const char *d = dsgd_ctx_last_error(r->ctx);
-        const char *own = dsgd_ctx_label(r->ctx);
+        const char *d = dsgd_ctx_last_error(r->m.ctx);
+        const char *own = dsgd_ctx_label(r->m.ctx);
         size_t label = strlen(own);
         if (label && !strncmp(d, own, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
         snprintf(detail, sizeof(detail), "%s", d);
         r->own_error = 0;
-        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
+        res = dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
     }
-    snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->ctx));
+    snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->m.ctx));
     return res;
 }
 
@@ -788,7 +785,7 @@ static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
     if (r->stage_cap < count) {
         float *p = (float *)DSGD_REALLOC(r->stage, sizeof(float) * (count ? count : 1));
         if (!p) {
-            dsgd_ctx_set_error(r->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot allocate %zu floats of staging", count);
+            dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot allocate %zu floats of staging", count);
             return NULL;
         }
         r->stage = p;
@@ -814,10 +811,8 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
         dsgd_replica *r = &s->reps[i];
         dsgd_comm_destroy(r->comm);
         dsgd_optimizer_destroy(r->opt);
-        dsgd_model_destroy(r->model);
-        if (r->has_be && r->be.destroy) r->be.destroy(r->be.impl);
         DSGD_FREE(r->stage);
-        dsgd_ctx_destroy(r->ctx);
+        dsgd__member_destroy(&r->m);
     }
     if (s->hub) dsgd_loopback_destroy(s->hub);
     if (s->sync_ready) {
@@ -864,7 +859,7 @@ static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
     if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
     if (d->model.max_batch == 0) d->model.max_batch = DSGD_DEFAULT_MAX_BATCH; /* the model's default, per replica */
     d->model.backend = NULL; /* each replica's comes from backend_factory */
-    if (d->cpu_threads == 0) d->cpu_threads = DSGD__MAX(1, dsgd_cpu_count() / d->num_replicas);
+    d->cpu_threads = dsgd__group_cpu_threads(d->cpu_threads, d->num_replicas);
 }
 
 /* The strategy and its N replica slots, nothing created yet. */
@@ -890,6 +885,20 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     return DSGD_OK;
 }
 
+/* Each replica's endpoint: the desc's, or one of the strategy's own
+   loopback (none with one replica), as the rank group makes them. */
+static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s) {
+    dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)s->n,
+                                                            "dsgd_strategy_create");
+    dsgd_result r;
+    int i;
+    if (!eps) return DSGD_ERR_OUT_OF_MEMORY;
+    r = dsgd__group_endpoints(s->ctx, s->d.endpoints, s->n, &s->hub, eps);
+    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = eps[i];
+    DSGD_FREE(eps);
+    return r;
+}
+
 /* The transport: the desc's endpoints, checked (contiguous ranks first ..
    first + n - 1 of one size W; W = n unless the kind is multi-worker), or,
    for N > 1, a loopback of the strategy's own. */
@@ -902,7 +911,7 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                       "%s: %s needs the endpoints of the group across the workers "
                                       "(dsgd_strategy_desc.endpoints)", what, s->ops->name);
-        return n == 1 ? DSGD_OK : dsgd_loopback_create(s->ctx, n, &s->hub);
+        return dsgd__strategy_endpoints(s);
     }
     s->first = ep[0].rank;
     s->world = ep[0].size;
@@ -923,60 +932,48 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
                                       t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
                                       s->first + i, s->world);
     }
-    return DSGD_OK;
+    return dsgd__strategy_endpoints(s);
 }
 
-/* Replica i's context, backend, model, optimizer and communicator; a
-   failure's message is copied to the strategy's context. */
+/* Replica i's context, backend and model (a member of the rank group,
+   group.h), optimizer and communicator; a failure's message is copied to
+   the strategy's context. */
 static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     dsgd_replica *r = &s->reps[i];
-    dsgd_ctx_desc cd;
-    dsgd_model_desc md = s->d.model;
-    dsgd_cpu_backend_desc bd;
+    dsgd__member_desc md;
     dsgd_result res;
-    char label[32];
-    memset(&bd, 0, sizeof(bd));
-    memset(&cd, 0, sizeof(cd));
-    snprintf(label, sizeof(label), "replica %d", i);
-    cd.label = label;
-    cd.logger = dsgd_ctx_logger(s->ctx);
+    memset(&md, 0, sizeof(md));
+    md.role = "replica";
+    md.model = &s->d.model;
+    md.factory = s->d.backend_factory;
+    md.factory_user = s->d.backend_user_data;
+    md.cpu_threads = s->d.cpu_threads;
     r->s = s;
     r->rank = s->first + i;
     r->local = i;
-    if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, res, "dsgd_strategy_create: cannot create replica %d's context", i);
-    bd.threads = s->d.cpu_threads;
-    res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
-                               : dsgd_cpu_backend_create_desc(r->ctx, &bd, &r->be);
-    if (res == DSGD_OK) {
-        r->has_be = 1;
-        md.backend = &r->be;
-        res = dsgd_model_create(r->ctx, &md, &r->model);
-    }
-    if (res == DSGD_OK) res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt);
+    if ((res = dsgd__member_create(s->ctx, &md, i, &r->m)) != DSGD_OK) return res;
+    res = dsgd_optimizer_create(r->m.model, &s->d.optimizer, &r->opt);
     if (res == DSGD_OK && s->world > 1) {
         dsgd_comm_desc cdesc;
         memset(&cdesc, 0, sizeof(cdesc));
         cdesc.timeout_s = s->d.timeout_s;
         cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
         cdesc.ranks_per_node = s->d.ranks_per_node;
-        if (s->d.endpoints) r->ep = s->d.endpoints[i];
-        else res = dsgd_loopback_endpoint(s->hub, i, &r->ep);
-        if (res == DSGD_OK) res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm);
+        res = dsgd_comm_create(r->m.ctx, &r->ep, &cdesc, &r->comm);
     }
-    if (res != DSGD_OK && dsgd_ctx_last_result(r->ctx) != DSGD_OK)
-        dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->ctx));
+    if (res != DSGD_OK && dsgd_ctx_last_result(r->m.ctx) != DSGD_OK)
+        dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->m.ctx));
     return res;
 }
 
 /* Every model variable starts with its declared aggregation (MEAN unless a
    custom model declared another; dsgd_strategy_set_aggregation changes it). */
 static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
-    int i, nv = dsgd_model_num_variables(s->reps[0].model);
+    int i, nv = dsgd_model_num_variables(s->reps[0].m.model);
     s->param_agg = (dsgd_aggregation *)dsgd__alloc(s->ctx, sizeof(dsgd_aggregation) * (size_t)(nv ? nv : 1),
                                                     "dsgd_strategy_create");
     if (!s->param_agg) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < nv; ++i) s->param_agg[i] = dsgd_model_variable(s->reps[0].model, i)->aggregation;
+    for (i = 0; i < nv; ++i) s->param_agg[i] = dsgd_model_variable(s->reps[0].m.model, i)->aggregation;
     s->all_mean = 1;
     for (i = 0; i < nv; ++i) s->all_mean &= s->param_agg[i] == DSGD_AGG_MEAN;
     return DSGD_OK;
@@ -1038,7 +1035,7 @@ static uint64_t dsgd__fp(uint64_t h, const void *p, size_t n) {
    their aggregations, the optimizer and the strategy's options (field by
    field: no padding, no pointers). Not the seed: the chief's weights win. */
 static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
-    const dsgd_model *m = s->reps[0].model;
+    const dsgd_model *m = s->reps[0].m.model;
     const dsgd_optimizer_desc *o = &s->d.optimizer;
     const dsgd_lr_schedule *sc = &o->schedule;
     uint64_t h = 14695981039346656037ull, np = dsgd_model_num_params(m);
@@ -1074,7 +1071,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
 static dsgd_result dsgd__strategy_join(dsgd_replica *r, void *user) {
     dsgd_strategy *s = r->s;
     uint64_t fp = *(const uint64_t *)user, other = 0;
-    size_t p = dsgd_model_num_params(r->model), n = 4 * (size_t)s->world;
+    size_t p = dsgd_model_num_params(r->m.model), n = 4 * (size_t)s->world;
     float *buf = dsgd__replica_stage(r, DSGD__MAX(n, p));
     dsgd_result res;
     int g, k, bad = -1;
@@ -1094,18 +1091,18 @@ static dsgd_result dsgd__strategy_join(dsgd_replica *r, void *user) {
             f0 |= (uint64_t)buf[k] << (16 * k);
             other |= (uint64_t)buf[4 * (size_t)bad + k] << (16 * k);
         }
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_strategy_create: rank %d describes another model, optimizer or strategy than "
                                   "rank 0 (fingerprints %016llx and %016llx): every worker must pass the same "
                                   "description", bad, (unsigned long long)other, (unsigned long long)f0);
     }
     r->clean_fail = 0;
-    if ((res = dsgd_model_get_params(r->model, buf, p)) != DSGD_OK) return res;
+    if ((res = dsgd_model_get_params(r->m.model, buf, p)) != DSGD_OK) return res;
     if ((res = dsgd_broadcast(r->comm, buf, p, 0, 0.0)) != DSGD_OK) {
         r->comm_failed = 1;
         return res;
     }
-    return dsgd_model_set_params(r->model, buf, p);
+    return dsgd_model_set_params(r->m.model, buf, p);
 }
 
 /* dsgd_strategy_create of the kind whose table is ops (NULL: desc's kind is
@@ -1148,12 +1145,12 @@ DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p) {
     return (int)p >= 0 && (int)p < (int)DSGD_GRADIENTS_COUNT ? names[p] : "unknown";
 }
 DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
-    return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
+    return (s && replica >= 0 && replica < s->n) ? s->reps[replica].m.model : NULL;
 }
 DSGD_API int dsgd_replica_id(const dsgd_replica *r) { return r ? r->rank : -1; }
 DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->world : 0; }
-DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->ctx : NULL; }
-DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->model : NULL; }
+DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->m.ctx : NULL; }
+DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->m.model : NULL; }
 DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r) { return r ? r->comm : NULL; }
 
 DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable, dsgd_aggregation agg,
@@ -1175,9 +1172,9 @@ DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char 
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: %s: a mirrored variable updated in replica context needs an aggregation "
                                   "(SUM, MEAN or ONLY_FIRST_REPLICA), got %d", what, variable, (int)agg);
-    nv = dsgd_model_num_variables(s->reps[0].model);
+    nv = dsgd_model_num_variables(s->reps[0].m.model);
     for (i = 0; i < nv; ++i) {
-        if (!strcmp(variable, "*") || !strcmp(variable, dsgd_model_variable(s->reps[0].model, i)->name)) {
+        if (!strcmp(variable, "*") || !strcmp(variable, dsgd_model_variable(s->reps[0].m.model, i)->name)) {
             s->param_agg[i] = agg;
             hit = 1;
         }
@@ -1193,11 +1190,11 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
     int max_batch = s->d.model.max_batch; /* per replica, default applied */
     dsgd_result res = dsgd__strategy_usable(s, what);
     if (res != DSGD_OK) return res;
-    if (dsgd_model_input_dim(s->reps[0].model) == 0)
+    if (dsgd_model_input_dim(s->reps[0].m.model) == 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: model '%s' has input_dim 0, so x cannot be sliced: use a dsgd_batch_fn "
                                   "(dsgd_strategy_train_step_fn, dsgd_strategy_eval_fn)", what,
-                                  dsgd_model_name(s->reps[0].model));
+                                  dsgd_model_name(s->reps[0].m.model));
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
     if (count < 1 || (long long)count > (long long)s->world * max_batch)
@@ -1259,18 +1256,18 @@ DSGD_API dsgd_result dsgd_strategy_train_step_fn(dsgd_strategy *s, dsgd_batch_fn
    naming the replica when its count is outside 0..max_batch. */
 static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
     dsgd_result res;
-    int max_batch = dsgd_model_max_batch(r->model);
+    int max_batch = dsgd_model_max_batch(r->m.model);
     memset(b, 0, sizeof(*b));
-    dsgd_ctx_clear_error(r->ctx);
+    dsgd_ctx_clear_error(r->m.ctx);
     res = a->fn(a->fn_user, r->rank, r->s->world, b);
     if (res != DSGD_OK) {
-        if (dsgd_ctx_last_result(r->ctx) == DSGD_OK)
-            dsgd_ctx_set_error(r->ctx, res, "the batch function failed on replica %d: %s", r->rank,
+        if (dsgd_ctx_last_result(r->m.ctx) == DSGD_OK)
+            dsgd_ctx_set_error(r->m.ctx, res, "the batch function failed on replica %d: %s", r->rank,
                                dsgd_result_string(res));
         return res;
     }
     if (b->count < 0 || b->count > max_batch)
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "the batch function gave replica %d a batch of %d samples (0..max_batch %d)",
                                   r->rank, b->count, max_batch);
     return DSGD_OK;
@@ -1283,8 +1280,8 @@ static void dsgd__replica_slice(const dsgd_replica *r, const dsgd__step_args *a,
     memset(b, 0, sizeof(*b));
     b->count = (int)len;
     if (len == 0) return;
-    b->x = a->x + off * (size_t)dsgd_model_input_dim(r->model);
-    b->y = a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL;
+    b->x = a->x + off * (size_t)dsgd_model_input_dim(r->m.model);
+    b->y = a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->m.model) : NULL;
 }
 
 static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
@@ -1295,7 +1292,7 @@ static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
     if (a->fn) res = dsgd__replica_fn_batch(r, a, &b);
     else dsgd__replica_slice(r, a, &b);
     if (res != DSGD_OK || b.count == 0) return res;
-    return dsgd_model_evaluate(r->model, &b);
+    return dsgd_model_evaluate(r->m.model, &b);
 }
 
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y, int count) {
@@ -1416,7 +1413,7 @@ static dsgd__dvar *dsgd__dvar_get(dsgd_strategy *s, dsgd_ctx *ctx, int id, const
 static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const float *value, float *out, const char *what) {
     dsgd_result res = DSGD_OK;
     if (v->agg == DSGD_AGG_NONE)
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
                                   "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
     memcpy(out, value, sizeof(float) * v->count);
@@ -1436,7 +1433,7 @@ static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *val
     size_t i;
     dsgd_result res;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
     local = v->copies + (size_t)r->local * v->count;
     if (v->sync == DSGD_SYNC_ON_READ) {
         tmp = (float *)value;
@@ -1459,7 +1456,7 @@ DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const floa
 DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
     dsgd__dvar *v;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
     memcpy(out, v->copies + (size_t)r->local * v->count, sizeof(float) * v->count);
     return DSGD_OK;
 }
@@ -1553,8 +1550,8 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
     /* move each replica's device-side accumulators into its local copies */
     for (r = 0; r < s->n; ++r) {
         dsgd_metrics m;
-        if ((res = dsgd_model_take_metrics(s->reps[r].model, slot, &m)) != DSGD_OK)
-            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].ctx));
+        if ((res = dsgd_model_take_metrics(s->reps[r].m.model, slot, &m)) != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].m.ctx));
         vals[0] = (float)m.loss_sum;
         vals[1] = (float)m.correct;
         vals[2] = (float)m.count;

@@ -94,8 +94,8 @@ static dsgd_result dsgd__central_setup(dsgd_strategy *s) {
     c->src = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)s->n, what);
     if (!c->src) return DSGD_ERR_OUT_OF_MEMORY;
     p = dsgd_model_num_params(c->model);
-    res = dsgd_model_get_params(s->reps[0].model, c->params, p);
-    if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[0].ctx));
+    res = dsgd_model_get_params(s->reps[0].m.model, c->params, p);
+    if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
     return res;
 }
 
@@ -129,7 +129,7 @@ static dsgd_result dsgd__central_reduce(dsgd_replica *r, dsgd__central *c, size_
    copy's context): one optimizer step of the central copy. */
 static dsgd_result dsgd__central_update(dsgd_replica *r, dsgd__central *c) {
     dsgd_result res = dsgd_optimizer_step(c->opt);
-    if (res != DSGD_OK) dsgd_ctx_set_error(r->ctx, res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(c->model)));
+    if (res != DSGD_OK) dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(c->model)));
     return res;
 }
 
@@ -138,7 +138,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
     dsgd_strategy *s = r->s;
     dsgd__central *c = (dsgd__central *)s->kind_data;
-    size_t bad = 0, p = dsgd_model_num_params(r->model);
+    size_t bad = 0, p = dsgd_model_num_params(r->m.model);
     float *host, *mapped = NULL;
     dsgd_batch b;
     dsgd_result res, done;
@@ -148,7 +148,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
     if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
-    if (res == DSGD_OK && r->be.finish) res = r->be.finish(r->be.impl);
+    if (res == DSGD_OK && r->m.be.finish) res = r->m.be.finish(r->m.be.impl);
     if (res != DSGD_OK) return res;
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     c->src[r->local] = host;
@@ -157,7 +157,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     if (res == DSGD_OK) res = dsgd__central_barrier(r);
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
-    if (res == DSGD_OK) res = dsgd_model_set_params(r->model, c->params, p); /* 6 */
+    if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, c->params, p); /* 6 */
     if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, dsgd_optimizer_steps(c->opt));
     return res;
 }

@@ -102,7 +102,7 @@ static dsgd_model **dsgd__strategy_models(dsgd_strategy *s, const char *what) {
     dsgd_model **m = (dsgd_model **)dsgd__alloc(s->ctx, sizeof(dsgd_model *) * (size_t)s->n, what);
     int r;
     if (m)
-        for (r = 0; r < s->n; ++r) m[r] = s->reps[r].model;
+        for (r = 0; r < s->n; ++r) m[r] = s->reps[r].m.model;
     return m;
 }
 
@@ -163,7 +163,7 @@ static dsgd_result dsgd__ck_gather_job(dsgd_replica *r, void *user) {
     int i;
     if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
     mine = buf + (size_t)r->rank * cw->rec;
-    if ((res = dsgd__ck_mrec_get(r->model, &mrec)) != DSGD_OK) return res;
+    if ((res = dsgd__ck_mrec_get(r->m.model, &mrec)) != DSGD_OK) return res;
     memcpy(mine, &mrec, sizeof(mrec));
     for (i = 0; i < s->num_vars; ++i) {
         memcpy(mine + off, s->vars[i].copies + (size_t)r->local * s->vars[i].count, sizeof(float) * s->vars[i].count);
@@ -417,9 +417,9 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
     }
     for (i = 0; i < s->n; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd__ck_apply_params(f, rep->model);
+        r = dsgd__ck_apply_params(f, rep->m.model);
         if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
-        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->ctx));
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->m.ctx));
         dsgd__optimizer_set_steps(rep->opt, st->t);
         dsgd__optimizer_set_last_grad_norm(rep->opt, st->last_norm);
     }

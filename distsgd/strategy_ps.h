@@ -59,9 +59,10 @@
 
 /* >>strategy_ps ------------------------------------------------------------- */
 
-/* A server of the strategy: its own context and thread. */
+/* A server of the strategy: a member of the rank group (its context) and
+   its thread. */
 typedef struct dsgd__psk_server {
-    dsgd_ctx *ctx;
+    dsgd__member m;
     dsgd_ps_server *srv;
     pthread_t thread;
     int started;
@@ -140,7 +141,7 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
         if (k->servers[i].started) pthread_join(k->servers[i].thread, NULL);
     for (i = 0; k->servers && i < P; ++i) {
         dsgd_ps_server_destroy(k->servers[i].srv);
-        dsgd_ctx_destroy(k->servers[i].ctx);
+        dsgd__member_destroy(&k->servers[i].m);
     }
     for (i = 0; k->workers && i < s->n; ++i) dsgd_ps_worker_destroy(k->workers[i]);
     for (i = 0; k->buf && i < s->n; ++i) DSGD_FREE(k->buf[i]);
@@ -156,7 +157,7 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
 
 /* The shard map over replica 0's variables, and their initial values. */
 static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
-    dsgd_model *m = s->reps[0].model;
+    dsgd_model *m = s->reps[0].m.model;
     int i, nv = dsgd_model_num_variables(m);
     dsgd_variable *vars = (dsgd_variable *)dsgd__alloc(s->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1),
                                                         "dsgd_strategy_create");
@@ -166,7 +167,7 @@ static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
     r = dsgd_shard_map_create(s->ctx, vars, nv, k->pd.num_servers, &s->d.ps.partitioner, &k->map);
     DSGD_FREE(vars);
     if (r == DSGD_OK && (r = dsgd_model_get_params(m, init, k->p)) != DSGD_OK)
-        dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[0].ctx));
+        dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
     return r;
 }
 
@@ -175,13 +176,14 @@ static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
 static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
     dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
+    dsgd__member_desc md;
     int i, P, N = s->n;
     dsgd_result r;
     if (!k) return DSGD_ERR_OUT_OF_MEMORY;
     memset(k, 0, sizeof(*k));
     s->kind_data = k;
     k->pd = dsgd__psk_desc(s);
-    k->p = dsgd_model_num_params(s->reps[0].model);
+    k->p = dsgd_model_num_params(s->reps[0].m.model);
     P = k->pd.num_servers;
     k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(P + N), what);
     k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)P, what);
@@ -195,25 +197,20 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
         if (!(k->buf[i] = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what)))
             return DSGD_ERR_OUT_OF_MEMORY;
     if ((r = dsgd__psk_map(s, k, k->buf[0])) != DSGD_OK) return r;
-    if ((r = dsgd_loopback_create(s->ctx, P + N, &k->hub)) != DSGD_OK) return r;
-    for (i = 0; i < P + N && r == DSGD_OK; ++i) r = dsgd_loopback_endpoint(k->hub, i, &k->eps[i]);
+    if ((r = dsgd__group_endpoints(s->ctx, NULL, P + N, &k->hub, k->eps)) != DSGD_OK) return r;
+    memset(&md, 0, sizeof(md));
+    md.role = "server";
     for (i = 0; i < P && r == DSGD_OK; ++i) {
         dsgd__psk_server *sv = &k->servers[i];
-        dsgd_ctx_desc cd;
-        char label[32];
-        memset(&cd, 0, sizeof(cd));
-        snprintf(label, sizeof(label), "server %d", i);
-        cd.label = label;
-        cd.logger = dsgd_ctx_logger(s->ctx);
-        if ((r = dsgd_ctx_create(&cd, &sv->ctx)) != DSGD_OK) break;
-        r = dsgd_ps_server_create(sv->ctx, &k->eps[i], &k->pd, k->map, k->buf[0], &sv->srv);
-        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->ctx));
+        if ((r = dsgd__member_create(s->ctx, &md, i, &sv->m)) != DSGD_OK) break;
+        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, k->buf[0], &sv->srv);
+        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->m.ctx));
     }
     for (i = 0; i < N && r == DSGD_OK; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd_ps_worker_create(rep->ctx, &k->eps[P + i], &k->pd, k->map, &k->workers[i]);
+        r = dsgd_ps_worker_create(rep->m.ctx, &k->eps[P + i], &k->pd, k->map, &k->workers[i]);
         if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold) r = dsgd_ps_worker_set_params(k->workers[i], k->buf[0]);
-        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(rep->ctx));
+        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(rep->m.ctx));
     }
     for (i = 0; i < P && r == DSGD_OK; ++i) {
         if (pthread_create(&k->servers[i].thread, NULL, dsgd__psk_server_main, &k->servers[i]) != 0)
@@ -224,22 +221,22 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
        each push, and the replicas already hold these parameters */
     for (i = 0; i < N && r == DSGD_OK; ++i)
         if ((r = dsgd_ps_worker_pull(k->workers[i], k->buf[i])) != DSGD_OK)
-            dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[i].ctx));
+            dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[i].m.ctx));
     return r;
 }
 
 /* Phase 1: replica r's mean gradient of its batch b into buf (zeros for an
    empty batch, or a non-finite gradient under SKIP). */
 static dsgd_result dsgd__psk_gradient(dsgd_replica *r, const dsgd_batch *b, float *buf, size_t p) {
-    dsgd_model *m = r->model;
+    dsgd_model *m = r->m.model;
     size_t bad = 0;
     dsgd_result res;
     if (b->count > 0) {
         if ((res = dsgd_model_gradients(m, b, 1.0f / (float)b->count)) != DSGD_OK) return res;
-        if ((res = r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, &bad)) != DSGD_OK) return res;
+        if ((res = r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, &bad)) != DSGD_OK) return res;
     }
     if (bad && r->s->d.nonfinite == DSGD_NONFINITE_ERROR)
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_NON_FINITE,
                                   "step %lld: non-finite gradient (%zu NaN/Inf values on this replica)",
                                   (long long)dsgd_optimizer_steps(r->opt), bad);
     r->skipped = bad != 0;
@@ -264,13 +261,13 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     res = dsgd__step_batch(r, a, &b, &r->global);
     if (res == DSGD_OK && r->global == 0) return DSGD_OK; /* no sample anywhere: nothing to do */
     if (res == DSGD_OK && !s->all_mean)
-        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        res = dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                  "parameter servers average the workers' mean gradients: every variable must "
                                  "aggregate MEAN");
     if (res == DSGD_OK) res = dsgd__psk_gradient(r, &b, buf, k->p);
     if (res == DSGD_OK) res = dsgd_ps_worker_push(w, buf);
     if (res == DSGD_OK) res = dsgd_ps_worker_pull(w, buf);
-    if (res == DSGD_OK) res = dsgd_model_set_params(r->model, buf, k->p);
+    if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, buf, k->p);
     if (res == DSGD_OK) {
         dsgd__optimizer_set_steps(r->opt, dsgd_ps_worker_global_step(w));
         return DSGD_OK;

@@ -59,15 +59,15 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
 /* Phase 1: the gradient of replica r's batch b -> the model's gradient
    buffer (zero for an empty batch); *bad counts its non-finite values. */
 static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, int global, size_t *bad) {
-    dsgd_model *m = r->model;
+    dsgd_model *m = r->m.model;
     size_t p = dsgd_model_num_params(m);
     dsgd_result res;
     if (b->count > 0)
         res = dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
     else
-        res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, p);
+        res = r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, p);
     if (res != DSGD_OK) return res;
-    return r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, bad);
+    return r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, bad);
 }
 
 /* Phases 0 and 1 of both synchronous kinds: the batch, then its gradient
@@ -99,14 +99,14 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
         r->clean_fail = 1;
         if (own != DSGD_OK) return own;
         r->own_error = 0;
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
                                   (long long)dsgd_optimizer_steps(r->opt), (int)flag - 2);
     }
     if (flag == 1.0f) {
         if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
             r->clean_fail = 1;
             r->own_error = bad != 0;
-            return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
+            return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_NON_FINITE,
                                       "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
                                       "every replica stops", (long long)dsgd_optimizer_steps(r->opt), bad);
         }
@@ -120,12 +120,12 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
    count, SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0
    and 0 on the others. */
 static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local) {
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
-    int i, nv = dsgd_model_num_variables(r->model);
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_ref g = dsgd_model_grads(r->m.model);
+    int i, nv = dsgd_model_num_variables(r->m.model);
     dsgd_result res = DSGD_OK;
     for (i = 0; i < nv && res == DSGD_OK; ++i) {
-        const dsgd_variable *v = dsgd_model_variable(r->model, i);
+        const dsgd_variable *v = dsgd_model_variable(r->m.model, i);
         dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
         float f;
         switch (r->s->param_agg[i]) {
@@ -142,7 +142,7 @@ static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t loca
    replica r sums its block of all of them on its device, and nobody reads a
    gradient before every block is written (barrier). */
 static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
-    const dsgd_backend_i *be = &r->be;
+    const dsgd_backend_i *be = &r->m.be;
     size_t lo = 0, len = 0;
     dsgd_result res = dsgd_barrier(r->comm, 0.0);
     if (res != DSGD_OK) {
@@ -162,8 +162,8 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
    host pointer when the backend exposes it, else mapped (*mapped set),
    else read into the replica's staging buffer. NULL on failure (recorded). */
 static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsgd_result *res) {
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_ref g = dsgd_model_grads(r->m.model);
     float *host = be->buffer_host_ptr ? be->buffer_host_ptr(be->impl, g.buf) : NULL;
     *mapped = NULL;
     *res = DSGD_OK;
@@ -183,9 +183,9 @@ static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsg
 /* Gives back what dsgd__grads_on_host lent: unmaps (the device sees the
    host's writes), or writes the staging copy back when write_back is set. */
 static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *host, float *mapped, int write_back) {
-    const dsgd_backend_i *be = &r->be;
-    if (mapped) return be->unmap(be->impl, dsgd_model_grads(r->model), mapped);
-    if (write_back && host == r->stage) return be->write(be->impl, dsgd_model_grads(r->model), host, p);
+    const dsgd_backend_i *be = &r->m.be;
+    if (mapped) return be->unmap(be->impl, dsgd_model_grads(r->m.model), mapped);
+    if (write_back && host == r->stage) return be->write(be->impl, dsgd_model_grads(r->m.model), host, p);
     return DSGD_OK;
 }
 
@@ -195,8 +195,8 @@ static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *ho
    desc.bucket_bytes. */
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
-    const dsgd_backend_i *be = &r->be;
-    size_t p = dsgd_model_num_params(r->model), o, bucket;
+    const dsgd_backend_i *be = &r->m.be;
+    size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
     if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
@@ -246,13 +246,13 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     s->path = DSGD_GRADIENTS_HOST;
     if (s->n == 1) return DSGD_OK;
     for (i = 0; i < s->n && ok; ++i) {
-        const dsgd_backend_i *bi = &s->reps[i].be;
+        const dsgd_backend_i *bi = &s->reps[i].m.be;
         if (!bi->sum_across || !bi->can_access) {
             ok = 0;
             why = "a replica's backend has no device-side reduction (sum_across)";
         }
         for (j = 0; j < s->n && ok; ++j) {
-            if (!bi->can_access(bi->impl, &s->reps[j].be)) {
+            if (!bi->can_access(bi->impl, &s->reps[j].m.be)) {
                 ok = 0;
                 why = "a replica's backend cannot reach another replica's buffers (not one OpenCL context)";
             }
@@ -264,13 +264,13 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO) {
         int shared = 1;
         for (i = 0; i < s->n; ++i)
-            shared &= s->reps[i].be.host_shared && s->reps[i].be.host_shared(s->reps[i].be.impl);
+            shared &= s->reps[i].m.be.host_shared && s->reps[i].m.be.host_shared(s->reps[i].m.be.impl);
         ok = !shared;
     }
     if (!ok || s->d.gradient_path == DSGD_GRADIENTS_HOST) return DSGD_OK;
     s->grad_refs = (dsgd_ref *)dsgd__alloc(s->ctx, sizeof(dsgd_ref) * (size_t)s->n, "dsgd_strategy_create");
     if (!s->grad_refs) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].model);
+    for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].m.model);
     s->path = DSGD_GRADIENTS_DEVICE;
     return DSGD_OK;
 }

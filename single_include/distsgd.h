@@ -10830,6 +10830,117 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
 }
 
 #endif /* DSGD__PART_SHARDING_IMPL */
+/* ---------------------------------------- distsgd/group.h */
+/* distsgd/group.h - rank groups: each member's context, backend, model and endpoint, made one way for every kind
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   RANK GROUPS
+
+     A strategy's replicas, the cluster coordinator's workers and servers,
+     and the servers of the parameter-server strategy are the members of a
+     rank group. What each member owns is made here, once for all of them:
+
+       - a context labelled "<role> <i>" with the creator's logger;
+       - a backend (members that compute): backend_factory's, or a CPU
+         backend with the one thread rule: cpu_threads threads, or, when it
+         is 0, the online cores shared out among the members of this
+         process that compute, at least one each (dsgd_cpu_count() / N);
+       - a model from the desc on that backend (dsgd_model_create applies
+         max_batch's default, DSGD_DEFAULT_MAX_BATCH, so nobody else does);
+       - an endpoint: the one given, or one of a loopback of the group's
+         own (dsgd__group_endpoints).
+
+     The threads stay with their kinds: a strategy's replicas wait for the
+     next step's job, the coordinator's workers for closures, servers serve.
+     This part declares nothing public.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_GROUP_IMPL)
+#define DSGD__PART_GROUP_IMPL
+
+/* >>group ------------------------------------------------------------------- */
+
+/* The one CPU-thread rule: requested threads, or 0: the cores shared out
+   among `sharing` members, at least 1. */
+static int dsgd__group_cpu_threads(int requested, int sharing) {
+    if (requested > 0) return requested;
+    return DSGD__MAX(1, dsgd_cpu_count() / DSGD__MAX(1, sharing));
+}
+
+/* What a member is made of. */
+typedef struct dsgd__member_desc {
+    const char *role;                 /* "replica", "worker", "server" */
+    const dsgd_model_desc *model;     /* NULL: no backend and no model (a server) */
+    dsgd_backend_factory factory;     /* NULL: a CPU backend of cpu_threads */
+    void *factory_user;
+    int cpu_threads;                  /* resolved (dsgd__group_cpu_threads) */
+} dsgd__member_desc;
+
+typedef struct dsgd__member {
+    dsgd_ctx *ctx;
+    dsgd_backend_i be;
+    int has_be;
+    dsgd_model *model;
+} dsgd__member;
+
+/* Member i: its context, then its backend and model when d has a model; a
+   failure's message is copied to parent. m is zeroed first, and what was
+   made stays in it for dsgd__member_destroy. */
+static dsgd_result dsgd__member_create(dsgd_ctx *parent, const dsgd__member_desc *d, int i, dsgd__member *m) {
+    dsgd_ctx_desc cd;
+    dsgd_cpu_backend_desc bd;
+    dsgd_model_desc md;
+    dsgd_result r;
+    char label[48];
+    memset(m, 0, sizeof(*m));
+    memset(&cd, 0, sizeof(cd));
+    snprintf(label, sizeof(label), "%s %d", d->role, i);
+    cd.label = label;
+    cd.logger = dsgd_ctx_logger(parent);
+    if ((r = dsgd_ctx_create(&cd, &m->ctx)) != DSGD_OK)
+        return dsgd_ctx_set_error(parent, r, "cannot create %s %d's context", d->role, i);
+    if (!d->model) return DSGD_OK;
+    memset(&bd, 0, sizeof(bd));
+    bd.threads = d->cpu_threads;
+    r = d->factory ? d->factory(d->factory_user, m->ctx, i, &m->be) : dsgd_cpu_backend_create_desc(m->ctx, &bd, &m->be);
+    if (r == DSGD_OK) {
+        m->has_be = 1;
+        md = *d->model;
+        md.backend = &m->be;
+        r = dsgd_model_create(m->ctx, &md, &m->model);
+    }
+    if (r != DSGD_OK && dsgd_ctx_last_result(m->ctx) != DSGD_OK)
+        dsgd_ctx_set_error(parent, r, "%s", dsgd_ctx_last_error(m->ctx));
+    return r;
+}
+
+/* Frees what dsgd__member_create made: model, backend, context. */
+static void dsgd__member_destroy(dsgd__member *m) {
+    dsgd_model_destroy(m->model);
+    if (m->has_be && m->be.destroy) m->be.destroy(m->be.impl);
+    dsgd_ctx_destroy(m->ctx);
+    memset(m, 0, sizeof(*m));
+}
+
+/* The group's count endpoints into eps: copies of given's, or, with given
+   NULL, those of a loopback hub of count ranks of the group's own (*hub;
+   none for a group of one, whose endpoint is left zero). */
+static dsgd_result dsgd__group_endpoints(dsgd_ctx *ctx, const dsgd_transport_i *given, int count,
+                                         dsgd_loopback **hub, dsgd_transport_i *eps) {
+    dsgd_result r = DSGD_OK;
+    int i;
+    *hub = NULL;
+    if (given) {
+        memcpy(eps, given, sizeof(dsgd_transport_i) * (size_t)count);
+        return DSGD_OK;
+    }
+    memset(eps, 0, sizeof(dsgd_transport_i) * (size_t)count);
+    if (count == 1) return DSGD_OK;
+    if ((r = dsgd_loopback_create(ctx, count, hub)) != DSGD_OK) return r;
+    for (i = 0; i < count && r == DSGD_OK; ++i) r = dsgd_loopback_endpoint(*hub, i, &eps[i]);
+    return r;
+}
+
+#endif /* DSGD__PART_GROUP_IMPL */
 /* ---------------------------------------- distsgd/ps.h */
 /* distsgd/ps.h - the parameter-server engine: servers own the variables and the optimizer state and apply every pushed gradient (or only sum, and workers apply: BytePS); workers pull, compute, push
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -15809,10 +15920,7 @@ typedef struct dsgd__dvar {
 struct dsgd_replica {
     dsgd_strategy *s;
     int rank;
-    dsgd_ctx *ctx;
-    dsgd_backend_i be;
-    int has_be;
-    dsgd_model *model;
+    dsgd__member m; /* its context, backend and model (group.h) */
     dsgd_optimizer *opt;
     dsgd_transport_i ep;
     dsgd_comm *comm;
@@ -15940,15 +16048,15 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     pthread_mutex_unlock(&s->mu);
     if (by >= 0 && by != r->rank && r->comm_failed && res != DSGD_ERR_TIMEOUT) {
         char detail[DSGD__MSG_MAX];
-        const char *d = dsgd_ctx_last_error(r->ctx);
-        const char *own = dsgd_ctx_label(r->ctx);
+        const char *d = dsgd_ctx_last_error(r->m.ctx);
+        const char *own = dsgd_ctx_label(r->m.ctx);
         size_t label = strlen(own);
         if (label && !strncmp(d, own, label) && !strncmp(d + label, ": ", 2)) d += label + 2;
         snprintf(detail, sizeof(detail), "%s", d);
         r->own_error = 0;
-        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
+        res = dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_ABORTED, "aborted because replica %d failed (%s)", by, detail);
     }
-    snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->ctx));
+    snprintf(r->msg, sizeof(r->msg), "%s", dsgd_ctx_last_error(r->m.ctx));
     return res;
 }
 
@@ -16035,7 +16143,7 @@ static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
     if (r->stage_cap < count) {
         float *p = (float *)DSGD_REALLOC(r->stage, sizeof(float) * (count ? count : 1));
         if (!p) {
-            dsgd_ctx_set_error(r->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot allocate %zu floats of staging", count);
+            dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot allocate %zu floats of staging", count);
             return NULL;
         }
         r->stage = p;
@@ -16061,10 +16169,8 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
         dsgd_replica *r = &s->reps[i];
         dsgd_comm_destroy(r->comm);
         dsgd_optimizer_destroy(r->opt);
-        dsgd_model_destroy(r->model);
-        if (r->has_be && r->be.destroy) r->be.destroy(r->be.impl);
         DSGD_FREE(r->stage);
-        dsgd_ctx_destroy(r->ctx);
+        dsgd__member_destroy(&r->m);
     }
     if (s->hub) dsgd_loopback_destroy(s->hub);
     if (s->sync_ready) {
@@ -16111,7 +16217,7 @@ static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
     if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
     if (d->model.max_batch == 0) d->model.max_batch = DSGD_DEFAULT_MAX_BATCH; /* the model's default, per replica */
     d->model.backend = NULL; /* each replica's comes from backend_factory */
-    if (d->cpu_threads == 0) d->cpu_threads = DSGD__MAX(1, dsgd_cpu_count() / d->num_replicas);
+    d->cpu_threads = dsgd__group_cpu_threads(d->cpu_threads, d->num_replicas);
 }
 
 /* The strategy and its N replica slots, nothing created yet. */
@@ -16137,6 +16243,20 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     return DSGD_OK;
 }
 
+/* Each replica's endpoint: the desc's, or one of the strategy's own
+   loopback (none with one replica), as the rank group makes them. */
+static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s) {
+    dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)s->n,
+                                                            "dsgd_strategy_create");
+    dsgd_result r;
+    int i;
+    if (!eps) return DSGD_ERR_OUT_OF_MEMORY;
+    r = dsgd__group_endpoints(s->ctx, s->d.endpoints, s->n, &s->hub, eps);
+    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = eps[i];
+    DSGD_FREE(eps);
+    return r;
+}
+
 /* The transport: the desc's endpoints, checked (contiguous ranks first ..
    first + n - 1 of one size W; W = n unless the kind is multi-worker), or,
    for N > 1, a loopback of the strategy's own. */
@@ -16149,7 +16269,7 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                       "%s: %s needs the endpoints of the group across the workers "
                                       "(dsgd_strategy_desc.endpoints)", what, s->ops->name);
-        return n == 1 ? DSGD_OK : dsgd_loopback_create(s->ctx, n, &s->hub);
+        return dsgd__strategy_endpoints(s);
     }
     s->first = ep[0].rank;
     s->world = ep[0].size;
@@ -16170,60 +16290,48 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
                                       t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
                                       s->first + i, s->world);
     }
-    return DSGD_OK;
+    return dsgd__strategy_endpoints(s);
 }
 
-/* Replica i's context, backend, model, optimizer and communicator; a
-   failure's message is copied to the strategy's context. */
+/* Replica i's context, backend and model (a member of the rank group,
+   group.h), optimizer and communicator; a failure's message is copied to
+   the strategy's context. */
 static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
     dsgd_replica *r = &s->reps[i];
-    dsgd_ctx_desc cd;
-    dsgd_model_desc md = s->d.model;
-    dsgd_cpu_backend_desc bd;
+    dsgd__member_desc md;
     dsgd_result res;
-    char label[32];
-    memset(&bd, 0, sizeof(bd));
-    memset(&cd, 0, sizeof(cd));
-    snprintf(label, sizeof(label), "replica %d", i);
-    cd.label = label;
-    cd.logger = dsgd_ctx_logger(s->ctx);
+    memset(&md, 0, sizeof(md));
+    md.role = "replica";
+    md.model = &s->d.model;
+    md.factory = s->d.backend_factory;
+    md.factory_user = s->d.backend_user_data;
+    md.cpu_threads = s->d.cpu_threads;
     r->s = s;
     r->rank = s->first + i;
     r->local = i;
-    if ((res = dsgd_ctx_create(&cd, &r->ctx)) != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, res, "dsgd_strategy_create: cannot create replica %d's context", i);
-    bd.threads = s->d.cpu_threads;
-    res = s->d.backend_factory ? s->d.backend_factory(s->d.backend_user_data, r->ctx, i, &r->be)
-                               : dsgd_cpu_backend_create_desc(r->ctx, &bd, &r->be);
-    if (res == DSGD_OK) {
-        r->has_be = 1;
-        md.backend = &r->be;
-        res = dsgd_model_create(r->ctx, &md, &r->model);
-    }
-    if (res == DSGD_OK) res = dsgd_optimizer_create(r->model, &s->d.optimizer, &r->opt);
+    if ((res = dsgd__member_create(s->ctx, &md, i, &r->m)) != DSGD_OK) return res;
+    res = dsgd_optimizer_create(r->m.model, &s->d.optimizer, &r->opt);
     if (res == DSGD_OK && s->world > 1) {
         dsgd_comm_desc cdesc;
         memset(&cdesc, 0, sizeof(cdesc));
         cdesc.timeout_s = s->d.timeout_s;
         cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
         cdesc.ranks_per_node = s->d.ranks_per_node;
-        if (s->d.endpoints) r->ep = s->d.endpoints[i];
-        else res = dsgd_loopback_endpoint(s->hub, i, &r->ep);
-        if (res == DSGD_OK) res = dsgd_comm_create(r->ctx, &r->ep, &cdesc, &r->comm);
+        res = dsgd_comm_create(r->m.ctx, &r->ep, &cdesc, &r->comm);
     }
-    if (res != DSGD_OK && dsgd_ctx_last_result(r->ctx) != DSGD_OK)
-        dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->ctx));
+    if (res != DSGD_OK && dsgd_ctx_last_result(r->m.ctx) != DSGD_OK)
+        dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->m.ctx));
     return res;
 }
 
 /* Every model variable starts with its declared aggregation (MEAN unless a
    custom model declared another; dsgd_strategy_set_aggregation changes it). */
 static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
-    int i, nv = dsgd_model_num_variables(s->reps[0].model);
+    int i, nv = dsgd_model_num_variables(s->reps[0].m.model);
     s->param_agg = (dsgd_aggregation *)dsgd__alloc(s->ctx, sizeof(dsgd_aggregation) * (size_t)(nv ? nv : 1),
                                                     "dsgd_strategy_create");
     if (!s->param_agg) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < nv; ++i) s->param_agg[i] = dsgd_model_variable(s->reps[0].model, i)->aggregation;
+    for (i = 0; i < nv; ++i) s->param_agg[i] = dsgd_model_variable(s->reps[0].m.model, i)->aggregation;
     s->all_mean = 1;
     for (i = 0; i < nv; ++i) s->all_mean &= s->param_agg[i] == DSGD_AGG_MEAN;
     return DSGD_OK;
@@ -16285,7 +16393,7 @@ static uint64_t dsgd__fp(uint64_t h, const void *p, size_t n) {
    their aggregations, the optimizer and the strategy's options (field by
    field: no padding, no pointers). Not the seed: the chief's weights win. */
 static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
-    const dsgd_model *m = s->reps[0].model;
+    const dsgd_model *m = s->reps[0].m.model;
     const dsgd_optimizer_desc *o = &s->d.optimizer;
     const dsgd_lr_schedule *sc = &o->schedule;
     uint64_t h = 14695981039346656037ull, np = dsgd_model_num_params(m);
@@ -16321,7 +16429,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
 static dsgd_result dsgd__strategy_join(dsgd_replica *r, void *user) {
     dsgd_strategy *s = r->s;
     uint64_t fp = *(const uint64_t *)user, other = 0;
-    size_t p = dsgd_model_num_params(r->model), n = 4 * (size_t)s->world;
+    size_t p = dsgd_model_num_params(r->m.model), n = 4 * (size_t)s->world;
     float *buf = dsgd__replica_stage(r, DSGD__MAX(n, p));
     dsgd_result res;
     int g, k, bad = -1;
@@ -16341,18 +16449,18 @@ static dsgd_result dsgd__strategy_join(dsgd_replica *r, void *user) {
             f0 |= (uint64_t)buf[k] << (16 * k);
             other |= (uint64_t)buf[4 * (size_t)bad + k] << (16 * k);
         }
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_strategy_create: rank %d describes another model, optimizer or strategy than "
                                   "rank 0 (fingerprints %016llx and %016llx): every worker must pass the same "
                                   "description", bad, (unsigned long long)other, (unsigned long long)f0);
     }
     r->clean_fail = 0;
-    if ((res = dsgd_model_get_params(r->model, buf, p)) != DSGD_OK) return res;
+    if ((res = dsgd_model_get_params(r->m.model, buf, p)) != DSGD_OK) return res;
     if ((res = dsgd_broadcast(r->comm, buf, p, 0, 0.0)) != DSGD_OK) {
         r->comm_failed = 1;
         return res;
     }
-    return dsgd_model_set_params(r->model, buf, p);
+    return dsgd_model_set_params(r->m.model, buf, p);
 }
 
 /* dsgd_strategy_create of the kind whose table is ops (NULL: desc's kind is
@@ -16395,12 +16503,12 @@ DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p) {
     return (int)p >= 0 && (int)p < (int)DSGD_GRADIENTS_COUNT ? names[p] : "unknown";
 }
 DSGD_API dsgd_model *dsgd_strategy_model(dsgd_strategy *s, int replica) {
-    return (s && replica >= 0 && replica < s->n) ? s->reps[replica].model : NULL;
+    return (s && replica >= 0 && replica < s->n) ? s->reps[replica].m.model : NULL;
 }
 DSGD_API int dsgd_replica_id(const dsgd_replica *r) { return r ? r->rank : -1; }
 DSGD_API int dsgd_replica_count(const dsgd_replica *r) { return r ? r->s->world : 0; }
-DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->ctx : NULL; }
-DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->model : NULL; }
+DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r) { return r ? r->m.ctx : NULL; }
+DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r) { return r ? r->m.model : NULL; }
 DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r) { return r ? r->comm : NULL; }
 
 DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char *variable, dsgd_aggregation agg,
@@ -16422,9 +16530,9 @@ DSGD_API dsgd_result dsgd_strategy_set_aggregation(dsgd_strategy *s, const char 
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: %s: a mirrored variable updated in replica context needs an aggregation "
                                   "(SUM, MEAN or ONLY_FIRST_REPLICA), got %d", what, variable, (int)agg);
-    nv = dsgd_model_num_variables(s->reps[0].model);
+    nv = dsgd_model_num_variables(s->reps[0].m.model);
     for (i = 0; i < nv; ++i) {
-        if (!strcmp(variable, "*") || !strcmp(variable, dsgd_model_variable(s->reps[0].model, i)->name)) {
+        if (!strcmp(variable, "*") || !strcmp(variable, dsgd_model_variable(s->reps[0].m.model, i)->name)) {
             s->param_agg[i] = agg;
             hit = 1;
         }
@@ -16440,11 +16548,11 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
     int max_batch = s->d.model.max_batch; /* per replica, default applied */
     dsgd_result res = dsgd__strategy_usable(s, what);
     if (res != DSGD_OK) return res;
-    if (dsgd_model_input_dim(s->reps[0].model) == 0)
+    if (dsgd_model_input_dim(s->reps[0].m.model) == 0)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: model '%s' has input_dim 0, so x cannot be sliced: use a dsgd_batch_fn "
                                   "(dsgd_strategy_train_step_fn, dsgd_strategy_eval_fn)", what,
-                                  dsgd_model_name(s->reps[0].model));
+                                  dsgd_model_name(s->reps[0].m.model));
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
     if (count < 1 || (long long)count > (long long)s->world * max_batch)
@@ -16506,18 +16614,18 @@ DSGD_API dsgd_result dsgd_strategy_train_step_fn(dsgd_strategy *s, dsgd_batch_fn
    naming the replica when its count is outside 0..max_batch. */
 static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
     dsgd_result res;
-    int max_batch = dsgd_model_max_batch(r->model);
+    int max_batch = dsgd_model_max_batch(r->m.model);
     memset(b, 0, sizeof(*b));
-    dsgd_ctx_clear_error(r->ctx);
+    dsgd_ctx_clear_error(r->m.ctx);
     res = a->fn(a->fn_user, r->rank, r->s->world, b);
     if (res != DSGD_OK) {
-        if (dsgd_ctx_last_result(r->ctx) == DSGD_OK)
-            dsgd_ctx_set_error(r->ctx, res, "the batch function failed on replica %d: %s", r->rank,
+        if (dsgd_ctx_last_result(r->m.ctx) == DSGD_OK)
+            dsgd_ctx_set_error(r->m.ctx, res, "the batch function failed on replica %d: %s", r->rank,
                                dsgd_result_string(res));
         return res;
     }
     if (b->count < 0 || b->count > max_batch)
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "the batch function gave replica %d a batch of %d samples (0..max_batch %d)",
                                   r->rank, b->count, max_batch);
     return DSGD_OK;
@@ -16530,8 +16638,8 @@ static void dsgd__replica_slice(const dsgd_replica *r, const dsgd__step_args *a,
     memset(b, 0, sizeof(*b));
     b->count = (int)len;
     if (len == 0) return;
-    b->x = a->x + off * (size_t)dsgd_model_input_dim(r->model);
-    b->y = a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->model) : NULL;
+    b->x = a->x + off * (size_t)dsgd_model_input_dim(r->m.model);
+    b->y = a->y ? a->y + off * (size_t)dsgd_model_target_dim(r->m.model) : NULL;
 }
 
 static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
@@ -16542,7 +16650,7 @@ static dsgd_result dsgd__replica_eval(dsgd_replica *r, void *user) {
     if (a->fn) res = dsgd__replica_fn_batch(r, a, &b);
     else dsgd__replica_slice(r, a, &b);
     if (res != DSGD_OK || b.count == 0) return res;
-    return dsgd_model_evaluate(r->model, &b);
+    return dsgd_model_evaluate(r->m.model, &b);
 }
 
 DSGD_API dsgd_result dsgd_strategy_eval_batch(dsgd_strategy *s, const float *x, const float *y, int count) {
@@ -16663,7 +16771,7 @@ static dsgd__dvar *dsgd__dvar_get(dsgd_strategy *s, dsgd_ctx *ctx, int id, const
 static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const float *value, float *out, const char *what) {
     dsgd_result res = DSGD_OK;
     if (v->agg == DSGD_AGG_NONE)
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
                                   "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
     memcpy(out, value, sizeof(float) * v->count);
@@ -16683,7 +16791,7 @@ static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *val
     size_t i;
     dsgd_result res;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
     local = v->copies + (size_t)r->local * v->count;
     if (v->sync == DSGD_SYNC_ON_READ) {
         tmp = (float *)value;
@@ -16706,7 +16814,7 @@ DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const floa
 DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
     dsgd__dvar *v;
     if (!r) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!(v = dsgd__dvar_get(r->s, r->ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
     memcpy(out, v->copies + (size_t)r->local * v->count, sizeof(float) * v->count);
     return DSGD_OK;
 }
@@ -16800,8 +16908,8 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
     /* move each replica's device-side accumulators into its local copies */
     for (r = 0; r < s->n; ++r) {
         dsgd_metrics m;
-        if ((res = dsgd_model_take_metrics(s->reps[r].model, slot, &m)) != DSGD_OK)
-            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].ctx));
+        if ((res = dsgd_model_take_metrics(s->reps[r].m.model, slot, &m)) != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].m.ctx));
         vals[0] = (float)m.loss_sum;
         vals[1] = (float)m.correct;
         vals[2] = (float)m.count;
@@ -16881,15 +16989,15 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
 /* Phase 1: the gradient of replica r's batch b -> the model's gradient
    buffer (zero for an empty batch); *bad counts its non-finite values. */
 static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, int global, size_t *bad) {
-    dsgd_model *m = r->model;
+    dsgd_model *m = r->m.model;
     size_t p = dsgd_model_num_params(m);
     dsgd_result res;
     if (b->count > 0)
         res = dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
     else
-        res = r->be.fill(r->be.impl, dsgd_model_grads(m), 0.0f, p);
+        res = r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, p);
     if (res != DSGD_OK) return res;
-    return r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, bad);
+    return r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, bad);
 }
 
 /* Phases 0 and 1 of both synchronous kinds: the batch, then its gradient
@@ -16921,14 +17029,14 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
         r->clean_fail = 1;
         if (own != DSGD_OK) return own;
         r->own_error = 0;
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",
                                   (long long)dsgd_optimizer_steps(r->opt), (int)flag - 2);
     }
     if (flag == 1.0f) {
         if (s->d.nonfinite == DSGD_NONFINITE_ERROR) {
             r->clean_fail = 1;
             r->own_error = bad != 0;
-            return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
+            return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_NON_FINITE,
                                       "step %lld: non-finite gradient (%zu NaN/Inf values on this replica); "
                                       "every replica stops", (long long)dsgd_optimizer_steps(r->opt), bad);
         }
@@ -16942,12 +17050,12 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
    count, SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0
    and 0 on the others. */
 static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local) {
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
-    int i, nv = dsgd_model_num_variables(r->model);
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_ref g = dsgd_model_grads(r->m.model);
+    int i, nv = dsgd_model_num_variables(r->m.model);
     dsgd_result res = DSGD_OK;
     for (i = 0; i < nv && res == DSGD_OK; ++i) {
-        const dsgd_variable *v = dsgd_model_variable(r->model, i);
+        const dsgd_variable *v = dsgd_model_variable(r->m.model, i);
         dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
         float f;
         switch (r->s->param_agg[i]) {
@@ -16964,7 +17072,7 @@ static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t loca
    replica r sums its block of all of them on its device, and nobody reads a
    gradient before every block is written (barrier). */
 static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
-    const dsgd_backend_i *be = &r->be;
+    const dsgd_backend_i *be = &r->m.be;
     size_t lo = 0, len = 0;
     dsgd_result res = dsgd_barrier(r->comm, 0.0);
     if (res != DSGD_OK) {
@@ -16984,8 +17092,8 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
    host pointer when the backend exposes it, else mapped (*mapped set),
    else read into the replica's staging buffer. NULL on failure (recorded). */
 static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsgd_result *res) {
-    const dsgd_backend_i *be = &r->be;
-    dsgd_ref g = dsgd_model_grads(r->model);
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_ref g = dsgd_model_grads(r->m.model);
     float *host = be->buffer_host_ptr ? be->buffer_host_ptr(be->impl, g.buf) : NULL;
     *mapped = NULL;
     *res = DSGD_OK;
@@ -17005,9 +17113,9 @@ static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsg
 /* Gives back what dsgd__grads_on_host lent: unmaps (the device sees the
    host's writes), or writes the staging copy back when write_back is set. */
 static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *host, float *mapped, int write_back) {
-    const dsgd_backend_i *be = &r->be;
-    if (mapped) return be->unmap(be->impl, dsgd_model_grads(r->model), mapped);
-    if (write_back && host == r->stage) return be->write(be->impl, dsgd_model_grads(r->model), host, p);
+    const dsgd_backend_i *be = &r->m.be;
+    if (mapped) return be->unmap(be->impl, dsgd_model_grads(r->m.model), mapped);
+    if (write_back && host == r->stage) return be->write(be->impl, dsgd_model_grads(r->m.model), host, p);
     return DSGD_OK;
 }
 
@@ -17017,8 +17125,8 @@ static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *ho
    desc.bucket_bytes. */
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
-    const dsgd_backend_i *be = &r->be;
-    size_t p = dsgd_model_num_params(r->model), o, bucket;
+    const dsgd_backend_i *be = &r->m.be;
+    size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
     if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
@@ -17068,13 +17176,13 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     s->path = DSGD_GRADIENTS_HOST;
     if (s->n == 1) return DSGD_OK;
     for (i = 0; i < s->n && ok; ++i) {
-        const dsgd_backend_i *bi = &s->reps[i].be;
+        const dsgd_backend_i *bi = &s->reps[i].m.be;
         if (!bi->sum_across || !bi->can_access) {
             ok = 0;
             why = "a replica's backend has no device-side reduction (sum_across)";
         }
         for (j = 0; j < s->n && ok; ++j) {
-            if (!bi->can_access(bi->impl, &s->reps[j].be)) {
+            if (!bi->can_access(bi->impl, &s->reps[j].m.be)) {
                 ok = 0;
                 why = "a replica's backend cannot reach another replica's buffers (not one OpenCL context)";
             }
@@ -17086,13 +17194,13 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO) {
         int shared = 1;
         for (i = 0; i < s->n; ++i)
-            shared &= s->reps[i].be.host_shared && s->reps[i].be.host_shared(s->reps[i].be.impl);
+            shared &= s->reps[i].m.be.host_shared && s->reps[i].m.be.host_shared(s->reps[i].m.be.impl);
         ok = !shared;
     }
     if (!ok || s->d.gradient_path == DSGD_GRADIENTS_HOST) return DSGD_OK;
     s->grad_refs = (dsgd_ref *)dsgd__alloc(s->ctx, sizeof(dsgd_ref) * (size_t)s->n, "dsgd_strategy_create");
     if (!s->grad_refs) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].model);
+    for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].m.model);
     s->path = DSGD_GRADIENTS_DEVICE;
     return DSGD_OK;
 }
@@ -17220,8 +17328,8 @@ static dsgd_result dsgd__central_setup(dsgd_strategy *s) {
     c->src = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)s->n, what);
     if (!c->src) return DSGD_ERR_OUT_OF_MEMORY;
     p = dsgd_model_num_params(c->model);
-    res = dsgd_model_get_params(s->reps[0].model, c->params, p);
-    if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[0].ctx));
+    res = dsgd_model_get_params(s->reps[0].m.model, c->params, p);
+    if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
     return res;
 }
 
@@ -17255,7 +17363,7 @@ static dsgd_result dsgd__central_reduce(dsgd_replica *r, dsgd__central *c, size_
    copy's context): one optimizer step of the central copy. */
 static dsgd_result dsgd__central_update(dsgd_replica *r, dsgd__central *c) {
     dsgd_result res = dsgd_optimizer_step(c->opt);
-    if (res != DSGD_OK) dsgd_ctx_set_error(r->ctx, res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(c->model)));
+    if (res != DSGD_OK) dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(c->model)));
     return res;
 }
 
@@ -17264,7 +17372,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
     dsgd_strategy *s = r->s;
     dsgd__central *c = (dsgd__central *)s->kind_data;
-    size_t bad = 0, p = dsgd_model_num_params(r->model);
+    size_t bad = 0, p = dsgd_model_num_params(r->m.model);
     float *host, *mapped = NULL;
     dsgd_batch b;
     dsgd_result res, done;
@@ -17274,7 +17382,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
     if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
-    if (res == DSGD_OK && r->be.finish) res = r->be.finish(r->be.impl);
+    if (res == DSGD_OK && r->m.be.finish) res = r->m.be.finish(r->m.be.impl);
     if (res != DSGD_OK) return res;
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     c->src[r->local] = host;
@@ -17283,7 +17391,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     if (res == DSGD_OK) res = dsgd__central_barrier(r);
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
-    if (res == DSGD_OK) res = dsgd_model_set_params(r->model, c->params, p); /* 6 */
+    if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, c->params, p); /* 6 */
     if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, dsgd_optimizer_steps(c->opt));
     return res;
 }
@@ -17359,9 +17467,10 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
 
 /* >>strategy_ps ------------------------------------------------------------- */
 
-/* A server of the strategy: its own context and thread. */
+/* A server of the strategy: a member of the rank group (its context) and
+   its thread. */
 typedef struct dsgd__psk_server {
-    dsgd_ctx *ctx;
+    dsgd__member m;
     dsgd_ps_server *srv;
     pthread_t thread;
     int started;
@@ -17440,7 +17549,7 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
         if (k->servers[i].started) pthread_join(k->servers[i].thread, NULL);
     for (i = 0; k->servers && i < P; ++i) {
         dsgd_ps_server_destroy(k->servers[i].srv);
-        dsgd_ctx_destroy(k->servers[i].ctx);
+        dsgd__member_destroy(&k->servers[i].m);
     }
     for (i = 0; k->workers && i < s->n; ++i) dsgd_ps_worker_destroy(k->workers[i]);
     for (i = 0; k->buf && i < s->n; ++i) DSGD_FREE(k->buf[i]);
@@ -17456,7 +17565,7 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
 
 /* The shard map over replica 0's variables, and their initial values. */
 static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
-    dsgd_model *m = s->reps[0].model;
+    dsgd_model *m = s->reps[0].m.model;
     int i, nv = dsgd_model_num_variables(m);
     dsgd_variable *vars = (dsgd_variable *)dsgd__alloc(s->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1),
                                                         "dsgd_strategy_create");
@@ -17466,7 +17575,7 @@ static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
     r = dsgd_shard_map_create(s->ctx, vars, nv, k->pd.num_servers, &s->d.ps.partitioner, &k->map);
     DSGD_FREE(vars);
     if (r == DSGD_OK && (r = dsgd_model_get_params(m, init, k->p)) != DSGD_OK)
-        dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[0].ctx));
+        dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
     return r;
 }
 
@@ -17475,13 +17584,14 @@ static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
 static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
     dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
+    dsgd__member_desc md;
     int i, P, N = s->n;
     dsgd_result r;
     if (!k) return DSGD_ERR_OUT_OF_MEMORY;
     memset(k, 0, sizeof(*k));
     s->kind_data = k;
     k->pd = dsgd__psk_desc(s);
-    k->p = dsgd_model_num_params(s->reps[0].model);
+    k->p = dsgd_model_num_params(s->reps[0].m.model);
     P = k->pd.num_servers;
     k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(P + N), what);
     k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)P, what);
@@ -17495,25 +17605,20 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
         if (!(k->buf[i] = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what)))
             return DSGD_ERR_OUT_OF_MEMORY;
     if ((r = dsgd__psk_map(s, k, k->buf[0])) != DSGD_OK) return r;
-    if ((r = dsgd_loopback_create(s->ctx, P + N, &k->hub)) != DSGD_OK) return r;
-    for (i = 0; i < P + N && r == DSGD_OK; ++i) r = dsgd_loopback_endpoint(k->hub, i, &k->eps[i]);
+    if ((r = dsgd__group_endpoints(s->ctx, NULL, P + N, &k->hub, k->eps)) != DSGD_OK) return r;
+    memset(&md, 0, sizeof(md));
+    md.role = "server";
     for (i = 0; i < P && r == DSGD_OK; ++i) {
         dsgd__psk_server *sv = &k->servers[i];
-        dsgd_ctx_desc cd;
-        char label[32];
-        memset(&cd, 0, sizeof(cd));
-        snprintf(label, sizeof(label), "server %d", i);
-        cd.label = label;
-        cd.logger = dsgd_ctx_logger(s->ctx);
-        if ((r = dsgd_ctx_create(&cd, &sv->ctx)) != DSGD_OK) break;
-        r = dsgd_ps_server_create(sv->ctx, &k->eps[i], &k->pd, k->map, k->buf[0], &sv->srv);
-        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->ctx));
+        if ((r = dsgd__member_create(s->ctx, &md, i, &sv->m)) != DSGD_OK) break;
+        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, k->buf[0], &sv->srv);
+        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->m.ctx));
     }
     for (i = 0; i < N && r == DSGD_OK; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd_ps_worker_create(rep->ctx, &k->eps[P + i], &k->pd, k->map, &k->workers[i]);
+        r = dsgd_ps_worker_create(rep->m.ctx, &k->eps[P + i], &k->pd, k->map, &k->workers[i]);
         if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold) r = dsgd_ps_worker_set_params(k->workers[i], k->buf[0]);
-        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(rep->ctx));
+        if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(rep->m.ctx));
     }
     for (i = 0; i < P && r == DSGD_OK; ++i) {
         if (pthread_create(&k->servers[i].thread, NULL, dsgd__psk_server_main, &k->servers[i]) != 0)
@@ -17524,22 +17629,22 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
        each push, and the replicas already hold these parameters */
     for (i = 0; i < N && r == DSGD_OK; ++i)
         if ((r = dsgd_ps_worker_pull(k->workers[i], k->buf[i])) != DSGD_OK)
-            dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[i].ctx));
+            dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[i].m.ctx));
     return r;
 }
 
 /* Phase 1: replica r's mean gradient of its batch b into buf (zeros for an
    empty batch, or a non-finite gradient under SKIP). */
 static dsgd_result dsgd__psk_gradient(dsgd_replica *r, const dsgd_batch *b, float *buf, size_t p) {
-    dsgd_model *m = r->model;
+    dsgd_model *m = r->m.model;
     size_t bad = 0;
     dsgd_result res;
     if (b->count > 0) {
         if ((res = dsgd_model_gradients(m, b, 1.0f / (float)b->count)) != DSGD_OK) return res;
-        if ((res = r->be.norm_check(r->be.impl, dsgd_model_grads(m), p, NULL, &bad)) != DSGD_OK) return res;
+        if ((res = r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, &bad)) != DSGD_OK) return res;
     }
     if (bad && r->s->d.nonfinite == DSGD_NONFINITE_ERROR)
-        return dsgd_ctx_set_error(r->ctx, DSGD_ERR_NON_FINITE,
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_NON_FINITE,
                                   "step %lld: non-finite gradient (%zu NaN/Inf values on this replica)",
                                   (long long)dsgd_optimizer_steps(r->opt), bad);
     r->skipped = bad != 0;
@@ -17564,13 +17669,13 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     res = dsgd__step_batch(r, a, &b, &r->global);
     if (res == DSGD_OK && r->global == 0) return DSGD_OK; /* no sample anywhere: nothing to do */
     if (res == DSGD_OK && !s->all_mean)
-        res = dsgd_ctx_set_error(r->ctx, DSGD_ERR_INVALID_ARGUMENT,
+        res = dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                  "parameter servers average the workers' mean gradients: every variable must "
                                  "aggregate MEAN");
     if (res == DSGD_OK) res = dsgd__psk_gradient(r, &b, buf, k->p);
     if (res == DSGD_OK) res = dsgd_ps_worker_push(w, buf);
     if (res == DSGD_OK) res = dsgd_ps_worker_pull(w, buf);
-    if (res == DSGD_OK) res = dsgd_model_set_params(r->model, buf, k->p);
+    if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, buf, k->p);
     if (res == DSGD_OK) {
         dsgd__optimizer_set_steps(r->opt, dsgd_ps_worker_global_step(w));
         return DSGD_OK;
@@ -17725,7 +17830,7 @@ static dsgd_model **dsgd__strategy_models(dsgd_strategy *s, const char *what) {
     dsgd_model **m = (dsgd_model **)dsgd__alloc(s->ctx, sizeof(dsgd_model *) * (size_t)s->n, what);
     int r;
     if (m)
-        for (r = 0; r < s->n; ++r) m[r] = s->reps[r].model;
+        for (r = 0; r < s->n; ++r) m[r] = s->reps[r].m.model;
     return m;
 }
 
@@ -17786,7 +17891,7 @@ static dsgd_result dsgd__ck_gather_job(dsgd_replica *r, void *user) {
     int i;
     if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
     mine = buf + (size_t)r->rank * cw->rec;
-    if ((res = dsgd__ck_mrec_get(r->model, &mrec)) != DSGD_OK) return res;
+    if ((res = dsgd__ck_mrec_get(r->m.model, &mrec)) != DSGD_OK) return res;
     memcpy(mine, &mrec, sizeof(mrec));
     for (i = 0; i < s->num_vars; ++i) {
         memcpy(mine + off, s->vars[i].copies + (size_t)r->local * s->vars[i].count, sizeof(float) * s->vars[i].count);
@@ -18040,9 +18145,9 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
     }
     for (i = 0; i < s->n; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd__ck_apply_params(f, rep->model);
+        r = dsgd__ck_apply_params(f, rep->m.model);
         if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
-        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->ctx));
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->m.ctx));
         dsgd__optimizer_set_steps(rep->opt, st->t);
         dsgd__optimizer_set_last_grad_norm(rep->opt, st->last_norm);
     }
