@@ -609,6 +609,10 @@ typedef struct dsgd__strategy_ops {
     /* NULL: dsgd_strategy_save and _restore work; else why they are
        DSGD_ERR_UNSUPPORTED for this kind */
     const char *no_checkpoint;
+    /* the kind places its replicas on desc.endpoints itself (s->n,
+       s->world, s->first, the shards, each replica's ep; it may leave no
+       replica at all); NULL: the common rule (dsgd__strategy_transport) */
+    dsgd_result (*layout)(dsgd_strategy *s);
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
@@ -625,6 +629,10 @@ struct dsgd_strategy {
     const dsgd__strategy_ops *ops;
     int n;                  /* this process's replicas (threads) */
     int world, first;       /* the group's replicas, and rank of reps[0]; W = n, first 0 but multi-worker */
+    /* the global batch is cut into shard_count shards, replica i taking
+       shard shard_first + i: world and first, but for a kind whose layout
+       says otherwise (parameter servers across processes) */
+    int shard_count, shard_first;
     dsgd_replica *reps;
     dsgd_loopback *hub;     /* the strategy's own transport, when desc.endpoints is NULL */
     dsgd_aggregation *param_agg; /* per model variable */
@@ -736,6 +744,10 @@ static int dsgd__error_rank(const dsgd_replica *r) {
 /* The one check of a failed strategy, at the top of every call that uses
    the replicas' state. */
 static dsgd_result dsgd__strategy_usable(dsgd_strategy *s, const char *what) {
+    if (s->n == 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
+                                  "%s: this process holds no replica, only %s's servers: there is nothing to run "
+                                  "here (dsgd_strategy_destroy waits for the workers)", what, s->ops->name);
     if (!s->failed) return DSGD_OK;
     return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                               "%s: refused: the strategy failed at step %lld in %s and must be recreated "
@@ -969,7 +981,7 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
 /* Every model variable starts with its declared aggregation (MEAN unless a
    custom model declared another; dsgd_strategy_set_aggregation changes it). */
 static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
-    int i, nv = dsgd_model_num_variables(s->reps[0].m.model);
+    int i, nv = s->n ? dsgd_model_num_variables(s->reps[0].m.model) : 0; /* no replica: a process of servers */
     s->param_agg = (dsgd_aggregation *)dsgd__alloc(s->ctx, sizeof(dsgd_aggregation) * (size_t)(nv ? nv : 1),
                                                     "dsgd_strategy_create");
     if (!s->param_agg) return DSGD_ERR_OUT_OF_MEMORY;
@@ -1117,7 +1129,11 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_create: desc is NULL");
     if ((res = dsgd__strategy_check(ctx, desc, ops)) != DSGD_OK) return res;
     res = dsgd__strategy_alloc(ctx, desc, ops, &s);
-    if (res == DSGD_OK) res = dsgd__strategy_transport(s);
+    if (res == DSGD_OK) res = s->ops->layout ? s->ops->layout(s) : dsgd__strategy_transport(s);
+    if (res == DSGD_OK && !s->shard_count) {
+        s->shard_count = s->world;
+        s->shard_first = s->first;
+    }
     for (i = 0; res == DSGD_OK && i < s->n; ++i) res = dsgd__replica_create(s, i);
     if (res == DSGD_OK) res = dsgd__strategy_param_agg(s);
     if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
@@ -1197,10 +1213,10 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
                                   dsgd_model_name(s->reps[0].m.model));
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
-    if (count < 1 || (long long)count > (long long)s->world * max_batch)
+    if (count < 1 || (long long)count > (long long)s->shard_count * max_batch)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: global batch of %d outside 1..%lld (replicas x max_batch)", what, count,
-                                  (long long)s->world * max_batch);
+                                  (long long)s->shard_count * max_batch);
     return DSGD_OK;
 }
 
@@ -1259,7 +1275,7 @@ static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args
     int max_batch = dsgd_model_max_batch(r->m.model);
     memset(b, 0, sizeof(*b));
     dsgd_ctx_clear_error(r->m.ctx);
-    res = a->fn(a->fn_user, r->rank, r->s->world, b);
+    res = a->fn(a->fn_user, r->s->shard_first + r->local, r->s->shard_count, b);
     if (res != DSGD_OK) {
         if (dsgd_ctx_last_result(r->m.ctx) == DSGD_OK)
             dsgd_ctx_set_error(r->m.ctx, res, "the batch function failed on replica %d: %s", r->rank,
@@ -1276,7 +1292,7 @@ static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args
 /* Replica r's shard of a sliced batch: dsgd_block_range of the global one. */
 static void dsgd__replica_slice(const dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
     size_t off = 0, len = 0;
-    dsgd_block_range((size_t)a->count, r->s->world, r->rank, &off, &len);
+    dsgd_block_range((size_t)a->count, r->s->shard_count, r->s->shard_first + r->local, &off, &len);
     memset(b, 0, sizeof(*b));
     b->count = (int)len;
     if (len == 0) return;

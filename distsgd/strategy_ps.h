@@ -25,10 +25,32 @@
      is applied. For workers that run free, use the engine itself or the
      cluster coordinator (coordinator.h).
 
-     The P servers are threads of the strategy, each serving its shards
-     (desc.ps.partitioner over the model's variables) over a loopback of
-     the strategy's own with P + N ranks (servers first), and applying the
-     optimizer of desc.optimizer (clip_norm must be 0) on a CPU backend.
+     With desc.endpoints NULL, the P servers are threads of the strategy,
+     each serving its shards (desc.ps.partitioner over the model's
+     variables) over a loopback of the strategy's own with P + N ranks
+     (servers first), and applying the optimizer of desc.optimizer
+     (clip_norm must be 0) on a CPU backend.
+
+     THE SAME PROGRAM ACROSS PROCESSES. desc.endpoints may instead hold
+     this process's ranks of one group of P servers and W workers
+     (desc.num_replicas of them, in increasing rank order, each with probe:
+     an MPI transport over dsgd_mpi_ps_role_create's communicator, whose
+     first P ranks serve). The ranks below P become server threads of this
+     strategy; the others, which must be consecutive, its replicas (worker
+     w, rank P + w, takes shard w of the W workers' global batch, so every
+     process passes the same batch). A process may hold no replica: its
+     strategy then serves, refuses every call that would run replicas
+     (DSGD_ERR_STATE), and its dsgd_strategy_destroy waits until every
+     worker of the group has finished. So one program, creating the
+     strategy from its endpoints, training and destroying it, runs over the
+     strategy's own loopback and under mpirun alike, with the same SYNC
+     bits. The replicas' own collectives (metrics, distributed variables)
+     run among this process's replicas only: across processes each reads
+     its own. A worker without samples pushes zeros there, since the
+     others cannot know (all here: the step does nothing, as mirrored).
+     Not yet over simnet, whose ranks must leave the simulation from their
+     own threads.
+
      SYNC gives, step for step, the bits of the cluster coordinator's SYNC
      run fed the same shards: the same pull, gradient and push. After a
      step every replica's model holds what it pulled, so
@@ -45,8 +67,7 @@
      ERROR the step fails; any failure of a replica stops the servers and
      the other workers at once (the transport is aborted) and fails the
      strategy, since the others may have pushed. The gradients go through
-     the host (gradient_path DEVICE is refused). desc.endpoints is not
-     taken yet (the strategy makes its own transport), and a checkpoint
+     the host (gradient_path DEVICE is refused). A checkpoint
      (dsgd_strategy_save, _restore) is DSGD_ERR_UNSUPPORTED: the servers
      hold the state. Distributed variables and the metrics behave as under
      mirrored.
@@ -59,11 +80,12 @@
 
 /* >>strategy_ps ------------------------------------------------------------- */
 
-/* A server of the strategy: a member of the rank group (its context) and
-   its thread. */
+/* A server of this process: a member of the rank group (its context), its
+   engine server and thread. */
 typedef struct dsgd__psk_server {
     dsgd__member m;
     dsgd_ps_server *srv;
+    int index;          /* among the P servers */
     pthread_t thread;
     int started;
     dsgd_result result; /* of serve */
@@ -72,37 +94,53 @@ typedef struct dsgd__psk_server {
 typedef struct dsgd__psk {
     dsgd_ps_desc pd;
     dsgd_shard_map *map;
-    dsgd_loopback *hub;         /* P + N ranks: servers, then the replicas */
-    dsgd_transport_i *eps;      /* [P + N] */
-    dsgd__psk_server *servers;  /* [P] */
+    dsgd_loopback *hub;         /* the engine's transport when the strategy makes its own */
+    dsgd_transport_i *eps;      /* [servers + N]: this process's engine endpoints, servers first */
+    int servers_here;           /* servers of this process (all P with its own transport) */
+    dsgd__psk_server *servers;  /* [servers_here] */
     dsgd_ps_worker **workers;   /* [N]: replica i's engine worker */
     float **buf;                /* [N]: the flat parameters, then the gradient */
-    int failed;                 /* a replica failed: the hub was aborted */
+    int failed;                 /* atomic: a replica failed, the transport was aborted */
     size_t p;
 } dsgd__psk;
 
 static dsgd_result dsgd__psk_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
     const char *what = "dsgd_strategy_create";
+    int i;
     if (d->gradient_path == DSGD_GRADIENTS_DEVICE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: parameter_server pushes the gradients from the host; gradient_path DEVICE "
                                   "is for mirrored", what);
-    if (d->endpoints)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
-                                  "%s: parameter_server makes its own transport; endpoints are not taken yet (run "
-                                  "the engine, ps.h, over yours)", what);
     if (d->ps.num_servers < 1 || d->ps.num_servers > 4096)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: parameter_server needs 1..4096 servers "
                                   "(desc.ps.num_servers is %d)", what, d->ps.num_servers);
+    for (i = 0; d->endpoints && i < d->num_replicas; ++i) {
+        const dsgd_transport_i *t = &d->endpoints[i];
+        if (!t->send || !t->recv || !t->probe || t->size != d->endpoints[0].size ||
+            t->size <= d->ps.num_servers || (i > 0 && t->rank <= d->endpoints[i - 1].rank) || t->rank < 0 ||
+            t->rank >= t->size)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: parameter_server's endpoints[%d] is rank %d of %d%s; this process's ranks "
+                                      "of one group of %d servers and at least one worker are needed, in increasing "
+                                      "order, each with send, recv and probe", what, i, t->rank, t->size,
+                                      t->send && t->recv && t->probe ? "" : " without send, recv or probe",
+                                      d->ps.num_servers);
+        if (i > 0 && t->rank >= d->ps.num_servers && d->endpoints[i - 1].rank >= d->ps.num_servers &&
+            t->rank != d->endpoints[i - 1].rank + 1)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: parameter_server's workers in one process must be consecutive ranks "
+                                      "(endpoints[%d] is rank %d after rank %d)", what, i, t->rank,
+                                      d->endpoints[i - 1].rank);
+    }
     return DSGD_OK;
 }
 
-/* The engine's desc from the strategy's (defaults applied). */
-static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s) {
+/* The engine's desc from the strategy's (defaults applied); W workers. */
+static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s, int W) {
     dsgd_ps_desc pd;
     memset(&pd, 0, sizeof(pd));
     pd.num_servers = s->d.ps.num_servers;
-    pd.num_workers = s->n;
+    pd.num_workers = W;
     pd.policy = s->d.ps.policy;
     pd.staleness = s->d.ps.staleness;
     pd.backup_workers = s->d.ps.backup_workers;
@@ -113,33 +151,84 @@ static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s) {
     return pd;
 }
 
+/* Where the replicas and servers go (the kind's layout): with no
+   endpoints, N replicas and all P servers here, over a loopback of P + N
+   ranks; with endpoints, this process's ranks of the group: the servers'
+   ranks become server threads, the workers' the replicas (maybe none),
+   worker w taking shard w of the W workers'. The replicas' own collectives
+   (metrics, variables) run over a loopback of this process's replicas. */
+static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    const dsgd_transport_i *ep = s->d.endpoints;
+    int P = s->d.ps.num_servers, here = s->n, i, W, servers_here = 0;
+    dsgd_transport_i *reps_ep;
+    dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
+    dsgd_result r;
+    if (!k) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(k, 0, sizeof(*k));
+    s->kind_data = k;
+    if (ep) {
+        while (servers_here < here && ep[servers_here].rank < P) servers_here++;
+        W = ep[0].size - P;
+        s->n = here - servers_here;
+        s->shard_first = s->n ? ep[servers_here].rank - P : 0;
+    } else {
+        W = s->n;
+        servers_here = P;
+    }
+    s->world = s->n;
+    s->first = 0;
+    s->shard_count = W;
+    k->servers_here = servers_here;
+    k->pd = dsgd__psk_desc(s, W);
+    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(servers_here + s->n), what);
+    reps_ep = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(s->n ? s->n : 1), what);
+    r = k->eps && reps_ep ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
+    if (r == DSGD_OK && ep) memcpy(k->eps, ep, sizeof(dsgd_transport_i) * (size_t)here);
+    if (r == DSGD_OK && !ep) r = dsgd__group_endpoints(s->ctx, NULL, P + s->n, &k->hub, k->eps);
+    if (r == DSGD_OK && s->n) r = dsgd__group_endpoints(s->ctx, NULL, s->n, &s->hub, reps_ep);
+    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = reps_ep[i];
+    DSGD_FREE(reps_ep);
+    return r;
+}
+
 static void *dsgd__psk_server_main(void *arg) {
     dsgd__psk_server *sv = (dsgd__psk_server *)arg;
     sv->result = dsgd_ps_server_serve(sv->srv);
     return NULL;
 }
 
-/* Stops every rank at once (a failed replica; teardown after a failure). */
+/* Stops every rank at once (a failed replica; teardown after a failure):
+   the strategy's own transport, or the endpoints' abort. */
 static void dsgd__psk_abort(dsgd__psk *k) {
-    k->failed = 1;
-    if (k->hub) dsgd_loopback_abort(k->hub);
+    int i;
+    DSGD__STORE_REL(&k->failed, 1);
+    if (k->hub) {
+        dsgd_loopback_abort(k->hub);
+        return;
+    }
+    for (i = 0; i < k->servers_here + k->pd.num_workers && k->eps; ++i)
+        if (k->eps[i].abort) {
+            k->eps[i].abort(k->eps[i].impl);
+            return;
+        }
 }
 
 static void dsgd__psk_teardown(dsgd_strategy *s) {
     dsgd__psk *k = (dsgd__psk *)s->kind_data;
-    int i, P;
+    int i;
     if (!k) return;
-    P = k->pd.num_servers;
-    /* every worker says goodbye (the replicas' threads are joined), so the
-       servers return; after a failure the transport is aborted instead */
+    /* every worker here says goodbye (the replicas' threads are joined), so
+       the servers return once the other processes' workers did too; after a
+       failure the transport is aborted instead */
     for (i = 0; k->workers && i < s->n; ++i)
-        if (k->workers[i] && !k->failed && dsgd_ps_worker_finish(k->workers[i]) != DSGD_OK) dsgd__psk_abort(k);
-    if (k->workers && !k->failed)
+        if (k->workers[i] && !DSGD__LOAD_ACQ(&k->failed) && dsgd_ps_worker_finish(k->workers[i]) != DSGD_OK) dsgd__psk_abort(k);
+    if (k->workers && !DSGD__LOAD_ACQ(&k->failed))
         for (i = 0; i < s->n; ++i)
             if (!k->workers[i]) dsgd__psk_abort(k); /* a partial setup: no goodbye from it */
-    for (i = 0; k->servers && i < P; ++i)
+    for (i = 0; k->servers && i < k->servers_here; ++i)
         if (k->servers[i].started) pthread_join(k->servers[i].thread, NULL);
-    for (i = 0; k->servers && i < P; ++i) {
+    for (i = 0; k->servers && i < k->servers_here; ++i) {
         dsgd_ps_server_destroy(k->servers[i].srv);
         dsgd__member_destroy(&k->servers[i].m);
     }
@@ -155,64 +244,76 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
     s->kind_data = NULL;
 }
 
-/* The shard map over replica 0's variables, and their initial values. */
+/* The shard map over the variables of a model of the desc (on a CPU
+   backend of the strategy's: this process may hold no replica), and their
+   initial values (the desc's seed: every process and replica has them). */
 static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
-    dsgd_model *m = s->reps[0].m.model;
-    int i, nv = dsgd_model_num_variables(m);
-    dsgd_variable *vars = (dsgd_variable *)dsgd__alloc(s->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1),
-                                                        "dsgd_strategy_create");
+    dsgd_model_desc md = s->d.model;
+    dsgd_model *m = NULL;
+    dsgd_variable *vars = NULL;
     dsgd_result r;
-    if (!vars) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
-    r = dsgd_shard_map_create(s->ctx, vars, nv, k->pd.num_servers, &s->d.ps.partitioner, &k->map);
+    int i, nv;
+    md.backend = NULL;
+    if ((r = dsgd_model_create(s->ctx, &md, &m)) != DSGD_OK) return r;
+    nv = dsgd_model_num_variables(m);
+    if (!(vars = (dsgd_variable *)dsgd__alloc(s->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1),
+                                              "dsgd_strategy_create")))
+        r = DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; r == DSGD_OK && i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
+    if (r == DSGD_OK) r = dsgd_shard_map_create(s->ctx, vars, nv, k->pd.num_servers, &s->d.ps.partitioner, &k->map);
+    if (r == DSGD_OK) r = dsgd_model_get_params(m, init, k->p);
     DSGD_FREE(vars);
-    if (r == DSGD_OK && (r = dsgd_model_get_params(m, init, k->p)) != DSGD_OK)
-        dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
+    dsgd_model_destroy(m);
     return r;
 }
 
-/* The servers (created and serving) and the replicas' engine workers, each
-   having pulled the initial parameters. */
+/* This process's servers (created and serving) and the replicas' engine
+   workers, each having pulled the initial parameters. */
 static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
-    dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
     dsgd__member_desc md;
-    int i, P, N = s->n;
+    float *init = NULL;
+    int i, here = k->servers_here, N = s->n;
     dsgd_result r;
-    if (!k) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(k, 0, sizeof(*k));
-    s->kind_data = k;
-    k->pd = dsgd__psk_desc(s);
-    k->p = dsgd_model_num_params(s->reps[0].m.model);
-    P = k->pd.num_servers;
-    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(P + N), what);
-    k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)P, what);
-    k->workers = (dsgd_ps_worker **)dsgd__alloc(s->ctx, sizeof(dsgd_ps_worker *) * (size_t)N, what);
-    k->buf = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)N, what);
-    if (!k->eps || !k->servers || !k->workers || !k->buf) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(k->servers, 0, sizeof(dsgd__psk_server) * (size_t)P);
-    memset(k->workers, 0, sizeof(dsgd_ps_worker *) * (size_t)N);
-    memset(k->buf, 0, sizeof(float *) * (size_t)N);
-    for (i = 0; i < N; ++i)
+    k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1), what);
+    k->workers = (dsgd_ps_worker **)dsgd__alloc(s->ctx, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1), what);
+    k->buf = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)(N ? N : 1), what);
+    if (!k->servers || !k->workers || !k->buf) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(k->servers, 0, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1));
+    memset(k->workers, 0, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1));
+    memset(k->buf, 0, sizeof(float *) * (size_t)(N ? N : 1));
+    k->p = N ? dsgd_model_num_params(s->reps[0].m.model) : 0;
+    if (!N) { /* only servers here: the size comes from a model of the desc */
+        dsgd_model_desc mdesc = s->d.model;
+        dsgd_model *m = NULL;
+        mdesc.backend = NULL;
+        if ((r = dsgd_model_create(s->ctx, &mdesc, &m)) != DSGD_OK) return r;
+        k->p = dsgd_model_num_params(m);
+        dsgd_model_destroy(m);
+    }
+    if (!(init = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what))) return DSGD_ERR_OUT_OF_MEMORY;
+    r = dsgd__psk_map(s, k, init);
+    for (i = 0; i < N && r == DSGD_OK; ++i)
         if (!(k->buf[i] = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what)))
-            return DSGD_ERR_OUT_OF_MEMORY;
-    if ((r = dsgd__psk_map(s, k, k->buf[0])) != DSGD_OK) return r;
-    if ((r = dsgd__group_endpoints(s->ctx, NULL, P + N, &k->hub, k->eps)) != DSGD_OK) return r;
+            r = DSGD_ERR_OUT_OF_MEMORY;
     memset(&md, 0, sizeof(md));
     md.role = "server";
-    for (i = 0; i < P && r == DSGD_OK; ++i) {
+    for (i = 0; i < here && r == DSGD_OK; ++i) {
         dsgd__psk_server *sv = &k->servers[i];
-        if ((r = dsgd__member_create(s->ctx, &md, i, &sv->m)) != DSGD_OK) break;
-        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, k->buf[0], &sv->srv);
+        sv->index = k->eps[i].rank;
+        if ((r = dsgd__member_create(s->ctx, &md, sv->index, &sv->m)) != DSGD_OK) break;
+        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, init, &sv->srv);
         if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->m.ctx));
     }
     for (i = 0; i < N && r == DSGD_OK; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd_ps_worker_create(rep->m.ctx, &k->eps[P + i], &k->pd, k->map, &k->workers[i]);
-        if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold) r = dsgd_ps_worker_set_params(k->workers[i], k->buf[0]);
+        r = dsgd_ps_worker_create(rep->m.ctx, &k->eps[here + i], &k->pd, k->map, &k->workers[i]);
+        if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold) r = dsgd_ps_worker_set_params(k->workers[i], init);
         if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(rep->m.ctx));
     }
-    for (i = 0; i < P && r == DSGD_OK; ++i) {
+    DSGD_FREE(init);
+    for (i = 0; i < here && r == DSGD_OK; ++i) {
         if (pthread_create(&k->servers[i].thread, NULL, dsgd__psk_server_main, &k->servers[i]) != 0)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start server %d's thread", what, i);
         k->servers[i].started = 1;
@@ -259,7 +360,9 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     r->skipped = 0;
     r->lr = dsgd_optimizer_lr(r->opt);
     res = dsgd__step_batch(r, a, &b, &r->global);
-    if (res == DSGD_OK && r->global == 0) return DSGD_OK; /* no sample anywhere: nothing to do */
+    /* no sample anywhere (every worker is here to agree): nothing to do;
+       across processes a worker without samples pushes zeros */
+    if (res == DSGD_OK && r->global == 0 && s->shard_count == s->n) return DSGD_OK;
     if (res == DSGD_OK && !s->all_mean)
         res = dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                  "parameter servers average the workers' mean gradients: every variable must "
@@ -278,7 +381,7 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
 
 static const dsgd__strategy_ops dsgd__parameter_server_ops = {
     "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown, NULL, 0,
-    "the parameter servers hold the variables and the optimizer's state",
+    "the parameter servers hold the variables and the optimizer's state", dsgd__psk_layout,
 };
 
 #endif /* DSGD__PART_STRATEGY_PS_IMPL */

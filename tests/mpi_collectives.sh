@@ -23,7 +23,8 @@
 #       bitwise equal to the one-process run), when built and Fashion-MNIST
 #       is in $DSGD_FMNIST_DIR (default build/data/fashion-mnist);
 #   tests/mpi_ps.c (parameter servers across processes), when built, at
-#       np = 4; then examples/ps_mpi.c, when built, at np = 4 with a malformed
+#       np = 4; tests/mpi_strategy_ps.c (the parameter-server strategy over
+#       MPI equals its own loopback, bit for bit) at np = 4; then examples/ps_mpi.c, when built, at np = 4 with a malformed
 #       TF_CONFIG and with a cluster of 5 tasks: the job must end non-zero
 #       (not by the watchdog), every process printing the same error (3
 #       checks each);
@@ -56,6 +57,7 @@ pieces=$build/mpi_collectives_pieces
 mpich=$build/mpi_collectives_mpich
 workers=$build/mpi_workers
 psbin=$build/mpi_ps
+psstrat=$build/mpi_strategy_ps
 psdemo=$build/ps_mpi
 log=$(mktemp "${TMPDIR:-/tmp}/mpi_collectives.XXXXXX")
 trap 'rm -f "$log"' EXIT
@@ -162,6 +164,10 @@ fi
 # Parameter servers across processes (tests/mpi_ps.c, 2 servers + 2 workers).
 if [ -x "$psbin" ]; then
     run "mpi_ps np=4" -np 4 "$psbin"
+fi
+# The parameter-server strategy across processes (tests/mpi_strategy_ps.c).
+if [ -x "$psstrat" ]; then
+    run "mpi_strategy_ps np=4" -np 4 "$psstrat"
 fi
 
 # ps_fail NAME TF_CONFIG TEXT: examples/ps_mpi.c at np = 4 with that

@@ -17,7 +17,12 @@
      but its pull may come one clock early; ASYNC N, of which replica 0's
      pull saw at least its own), and SYNC
      replicas hold identical weights after each step.
-   - Errors: DEVICE gradients, endpoints and 0 servers are refused at
+   - Over endpoints given (one loopback hub of 2 servers + 2 workers) split
+     among three strategies on three threads, as three processes would
+     hold them (server 0; server 1 and worker 0; worker 1), SYNC trains
+     every worker to the bits of the strategy with its own transport; the
+     process of servers alone refuses to train and waits in destroy.
+   - Errors: DEVICE gradients, endpoints without probe and 0 servers are refused at
      creation; clip_norm is refused (the engine's rule); a checkpoint is
      DSGD_ERR_UNSUPPORTED; a variable aggregating SUM fails the step and the
      strategy (the others stop at once, not at their deadline); the kind's
@@ -27,6 +32,8 @@
    linked against the library built once per variant).
    distsgd-test: tsan */
 #include "harness.h"
+
+#include <pthread.h>
 
 enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, MAXN = 3, B = 6, STEPS = 12 };
 
@@ -176,6 +183,83 @@ static void test_sync_is_the_coordinators(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- over endpoints, as processes */
+
+typedef struct proc {
+    const dsgd_transport_i *eps; /* this "process's" endpoints */
+    int count;
+    const float *xs, *ys;
+    float out[NPARAMS];          /* its replica's weights at the end (if it has one) */
+    int replicas;
+    dsgd_result res, refused;
+    char msg[512];
+} proc;
+
+static void *proc_main(void *arg) {
+    proc *p = (proc *)arg;
+    dsgd_ctx *ctx = NULL;
+    dsgd_strategy_desc d = ps_desc(p->count, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM);
+    dsgd_strategy *s = NULL;
+    int step;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return NULL;
+    d.endpoints = p->eps;
+    p->res = dsgd_strategy_create(ctx, &d, &s);
+    if (p->res == DSGD_OK) {
+        p->replicas = dsgd_strategy_num_replicas(s);
+        for (step = 0; step < STEPS && p->res == DSGD_OK; ++step) {
+            dsgd_result r = dsgd_strategy_train_step(s, p->xs + (size_t)step * 2 * B * IN, p->ys + (size_t)step * 2 * B,
+                                                     2 * B, NULL);
+            if (p->replicas) p->res = r;
+            else p->refused = r; /* servers alone: nothing to run */
+        }
+        if (p->res == DSGD_OK && p->replicas) p->res = dsgd_model_get_params(dsgd_strategy_model(s, 0), p->out, NPARAMS);
+    }
+    snprintf(p->msg, sizeof(p->msg), "%s", dsgd_ctx_last_error(ctx));
+    dsgd_strategy_destroy(s); /* the servers' process waits here for the workers */
+    dsgd_ctx_destroy(ctx);
+    return NULL;
+}
+
+static void test_endpoints_as_processes(void **state) {
+    static const int first[3] = {0, 1, 3}, count[3] = {1, 2, 1};
+    float *xs = tu_floats((size_t)STEPS * 2 * B * IN), ys[STEPS * 2 * B], want[MAXN][NPARAMS];
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[4];
+    proc procs[3];
+    pthread_t th[3];
+    tu_rng rng = tu_rng_make(31);
+    int i;
+    (void)state;
+    tu_watchdog(120);
+    make_batch(&rng, xs, ys, STEPS * 2 * B);
+    strategy_run(2, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM, xs, ys, want);
+    TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    memset(procs, 0, sizeof(procs));
+    for (i = 0; i < 3; ++i) {
+        procs[i].eps = &eps[first[i]];
+        procs[i].count = count[i];
+        procs[i].xs = xs;
+        procs[i].ys = ys;
+        assert_int_equal(pthread_create(&th[i], NULL, proc_main, &procs[i]), 0);
+    }
+    for (i = 0; i < 3; ++i) assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (i = 0; i < 3; ++i)
+        if (procs[i].res != DSGD_OK) fail_msg("process %d: %s: %s", i, dsgd_result_string(procs[i].res), procs[i].msg);
+    assert_int_equal(procs[0].replicas, 0);
+    assert_int_equal(procs[0].refused, DSGD_ERR_STATE);
+    assert_int_equal(procs[1].replicas, 1);
+    assert_int_equal(procs[2].replicas, 1);
+    assert_memory_equal(procs[1].out, want[0], sizeof(want[0]));
+    assert_memory_equal(procs[2].out, want[1], sizeof(want[1]));
+    print_message("SYNC over 3 processes' endpoints (server 0 | server 1 + worker 0 | worker 1) = its own transport's bits\n");
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    free(xs);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- every policy trains */
 
 /* A learnable task: the class is the index of the largest of the first OUT
@@ -261,10 +345,12 @@ static void test_errors(void **state) {
     d.ps.num_servers = 0;
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
     assert_non_null(strstr(dsgd_ctx_last_error(ctx), "num_servers is 0"));
-    d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
+    d = ps_desc(1, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
     memset(&ep, 0, sizeof(ep));
+    ep.size = 4;
     d.endpoints = &ep;
-    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_strategy_create(ctx, &d, &s));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "without send, recv or probe"));
     d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
     d.optimizer.clip_norm = 1.0f;
     TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
@@ -292,6 +378,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_every_policy_trains),
         cmocka_unit_test(test_sync_is_the_coordinators),
+        cmocka_unit_test(test_endpoints_as_processes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,8 +29,9 @@
 #                     skipped the MPI tests
 #   make demo-mpi     examples/multi_worker_mlp.c under mpirun (see below)
 #   make demo-ps-mpi  examples/ps_mpi.c under mpirun: parameter servers
-#                     across processes (see below); tests/mpi_ps.c runs in
-#                     the script above at np = 4
+#                     across processes (see below); tests/mpi_ps.c and
+#                     tests/mpi_strategy_ps.c (the parameter-server
+#                     strategy) run in the script above at np = 4
 #   make check-header also compiles distsgd_mpi.h with the implementation as
 #                     C99 and C11 ($(CHECK_CC)) and C++11 ($(CHECK_CXX)),
 #                     warnings fatal, with MPI's include flags, when <mpi.h>
@@ -54,7 +55,7 @@ MPI_H_FOUND := $(shell printf '\043include <mpi.h>\n' | $(CC) $(MPI_CFLAGS) -E -
 
 MPI_BUILD = $(BUILD)/mpi
 MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces $(MPI_BUILD)/mpi_workers \
-    $(MPI_BUILD)/mpi_ps $(MPI_BUILD)/ps_mpi
+    $(MPI_BUILD)/mpi_ps $(MPI_BUILD)/mpi_strategy_ps $(MPI_BUILD)/ps_mpi
 # multi_worker_mlp --verify (bitwise equal to the one-process run) when
 # Fashion-MNIST is installed (tools/deps.sh test installs it)
 MPI_FMNIST := $(if $(wildcard $(FMNIST_SRC)/train-images-idx3-ubyte.gz),$(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES)))
@@ -114,6 +115,8 @@ $(MPI_BUILD)/mpi_workers: tests/mpi_workers.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD
 $(MPI_BUILD)/mpi_workers_mpich: tests/mpi_workers.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi_mpich.o
 	$(call mpi_program,$(MPICH_CC))
 $(MPI_BUILD)/mpi_ps: tests/mpi_ps.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
+	$(call mpi_program,$(MPICC))
+$(MPI_BUILD)/mpi_strategy_ps: tests/mpi_strategy_ps.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
 	$(call mpi_program,$(MPICC))
 
 # make test: tools/run_tests.sh runs MPI_TEST_RUNS (the Makefile's
