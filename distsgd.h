@@ -123,7 +123,9 @@
 #include "distsgd/base.h"             /* API decoration, results, context, RNG, clock */
 #include "distsgd/internal.h"         /* private helpers shared by the core and its add-ons */
 #include "distsgd/backend.h"          /* the compute interface, dsgd_backend_i */
-#include "distsgd/backend_cpu.h"      /* the CPU reference backend */
+#include "distsgd/backend_cpu.h"      /* the CPU reference backend: its state, buffers, thread pool, kernels by ISA */
+#include "distsgd/backend_cpu_gemm.h" /* the CPU backend's cache-blocked GEMM, on one thread and on the pool */
+#include "distsgd/backend_cpu_ops.h"  /* the CPU backend's other operations and its table, dsgd_cpu_backend_create */
 #include "distsgd/model.h"            /* models: the interface, the built-in network (dense, conv, pool), variables */
 #include "distsgd/optim.h"            /* optimizers, clipping, learning-rate schedules */
 #include "distsgd/data.h"             /* datasets, samplers, the IDX and CSV loaders */

@@ -32,7 +32,9 @@ def declarations(lines):
             i += 1
             continue
         j, text = i, lines[i]
-        while not re.search(r"[;{]\s*$", lines[j].split("/*")[0]):
+        # a declaration ends in ';', a definition in '{' (or '}' when its
+        # body is on the same line: `DSGD_API int f(void) { return 1; }`)
+        while not re.search(r"[;{}]\s*$", lines[j].split("/*")[0]):
             j += 1
             text += "\n" + lines[j]
         yield i, j, text

@@ -1,0 +1,416 @@
+/* distsgd/backend_cpu_gemm.h - the CPU backend's GEMM: cache-blocked, on one thread and on the pool
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of backend_cpu.h, which holds what this one stands on: the
+   backend's state (dsgd__cpu), its pool (dsgd__cpu_run) and the kernels by
+   ISA, whose micro-kernel this GEMM calls. Here: the blocking and packing,
+   the one-thread GEMM, the threads' GEMM, and the backend's gemm operation
+   (dsgd__cpu_gemm, which backend_cpu_ops.h puts in the table). The order of
+   the sums, and what the kernels and the threads change of it (nothing
+   within a kernel), are documented under CPU KERNELS and CPU THREADS in
+   backend.h.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BACKEND_CPU_GEMM_IMPL)
+#define DSGD__PART_BACKEND_CPU_GEMM_IMPL
+
+/* >>gemm ------------------------------------------------------------------- */
+/* A cache-blocked GEMM in the style of Goto & van de Geijn (2008): B is packed
+   into KC x NC panels of NR-wide column strips, A into MC x KC panels of
+   MR-high row strips, and a register-blocked MR x NR micro-kernel does the
+   arithmetic into a tile that is then added, times alpha, to C.
+
+   The micro-kernel is chosen at run time (see dsgd_cpu_isa): "avx512"
+   (AVX-512F, 12 x 32), "avx2" (AVX2 and FMA, 6 x 16) or "portable" (GNU
+   vectors of the compiler's width, 6 x 8 on plain x86-64 and NEON, 6 x 16
+   with -mavx). Whatever MR and NR are, every entry of C is summed in the same
+   order: beta C, then for each KC block of k, in order, alpha times that
+   block's products summed from its first p to its last. So results are
+   bitwise reproducible for a given kernel; every kernel without FMA (the
+   portable one, at any width) gives the same bits, and so do the two FMA
+   kernels, which differ from the portable one in the last bits (one rounding
+   per multiply-add instead of two). */
+
+/* C(m, n) = beta C; beta == 0 overwrites, so NaN in C does not propagate */
+static void dsgd__gemm_beta(int m, int n, float beta, float *c, int ldc) {
+    int i, j;
+    for (i = 0; i < m; ++i) {
+        float *row = c + (size_t)i * ldc;
+        if (beta == 0.0f)
+            for (j = 0; j < n; ++j) row[j] = 0.0f;
+        else if (beta != 1.0f)
+            for (j = 0; j < n; ++j) row[j] *= beta;
+    }
+}
+
+#ifndef DSGD_USE_CBLAS
+#define DSGD__KC 256
+#define DSGD__MC 120  /* a multiple of every kernel's MR */
+#define DSGD__NC 2048 /* a multiple of every kernel's NR */
+#define DSGD__MR_MAX 12
+#define DSGD__NR_MAX 32
+
+#if defined(__SSE__) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <xmmintrin.h>
+#define DSGD__PACK_SSE 1
+#else
+#define DSGD__PACK_SSE 0
+#endif
+
+/* dst[p * stride + r] = src[r * ld + p] for r < rows, p < cols: the
+   transposing copy of packing, where a row of the source is contiguous and
+   the packed strip wants it as a column. With SSE (every x86-64) it moves
+   4 x 4 blocks through registers instead of one float at a time. */
+static void dsgd__pack_t(const float *src, size_t ld, int rows, int cols, int stride, float *DSGD__RESTRICT dst) {
+    int r = 0, p;
+#if DSGD__PACK_SSE
+    for (; r + 4 <= rows; r += 4) {
+        const float *s0 = src + (size_t)r * ld, *s1 = s0 + ld, *s2 = s1 + ld, *s3 = s2 + ld;
+        for (p = 0; p + 4 <= cols; p += 4) {
+            __m128 x0 = _mm_loadu_ps(s0 + p), x1 = _mm_loadu_ps(s1 + p), x2 = _mm_loadu_ps(s2 + p),
+                   x3 = _mm_loadu_ps(s3 + p);
+            float *d = dst + (size_t)p * stride + r;
+            _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+            _mm_storeu_ps(d, x0);
+            _mm_storeu_ps(d + stride, x1);
+            _mm_storeu_ps(d + 2 * (size_t)stride, x2);
+            _mm_storeu_ps(d + 3 * (size_t)stride, x3);
+        }
+        for (; p < cols; ++p) {
+            float *d = dst + (size_t)p * stride + r;
+            d[0] = s0[p], d[1] = s1[p], d[2] = s2[p], d[3] = s3[p];
+        }
+    }
+#endif
+    for (; r < rows; ++r) {
+        const float *s = src + (size_t)r * ld;
+        for (p = 0; p < cols; ++p) dst[(size_t)p * stride + r] = s[p];
+    }
+}
+
+/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
+static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
+                         float *DSGD__RESTRICT ap) {
+    int ib, i, p;
+    for (ib = 0; ib < mc; ib += mr_) {
+        int mr = DSGD__MIN(mr_, mc - ib);
+        if (ta) { /* a column of op(A) is contiguous: read along it */
+            for (p = 0; p < kc; ++p) {
+                const float *src = a + (size_t)(p0 + p) * lda + i0 + ib;
+                for (i = 0; i < mr; ++i) ap[(size_t)p * mr_ + i] = src[i];
+                for (; i < mr_; ++i) ap[(size_t)p * mr_ + i] = 0.0f;
+            }
+        } else { /* a row is contiguous: read along it, write with stride mr_ */
+            dsgd__pack_t(a + (size_t)(i0 + ib) * lda + p0, (size_t)lda, mr, kc, mr_, ap);
+            for (i = mr; i < mr_; ++i)
+                for (p = 0; p < kc; ++p) ap[(size_t)p * mr_ + i] = 0.0f;
+        }
+        ap += (size_t)kc * mr_;
+    }
+}
+
+/* Packs the kc x nc block of op(B) at (p0, j0) into nr_-column strips. */
+static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0, int nc, int nr_,
+                         float *DSGD__RESTRICT bp) {
+    int jb, j, p;
+    for (jb = 0; jb < nc; jb += nr_) {
+        int nr = DSGD__MIN(nr_, nc - jb);
+        if (tb) { /* a column of op(B) is a contiguous row of B: read along it */
+            dsgd__pack_t(b + (size_t)(j0 + jb) * ldb + p0, (size_t)ldb, nr, kc, nr_, bp);
+            for (j = nr; j < nr_; ++j)
+                for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = 0.0f;
+        } else {
+            for (p = 0; p < kc; ++p) {
+                const float *src = b + (size_t)(p0 + p) * ldb + j0 + jb;
+                memcpy(bp + (size_t)p * nr_, src, (size_t)nr * sizeof(float));
+                for (j = nr; j < nr_; ++j) bp[(size_t)p * nr_ + j] = 0.0f;
+            }
+        }
+        bp += (size_t)kc * nr_;
+    }
+}
+
+/* C(mr, nr) += alpha * acc(mr, nr). Shared by every kernel and compiled for
+   the baseline target, so no kernel fuses this multiply-add and the kernels'
+   bits differ only where their accumulation does. */
+DSGD__NO_CONTRACT_FN static void dsgd__gemm_add(float *c, int ldc, int mr, int nr, float alpha,
+                           const float *DSGD__RESTRICT acc, int ld) {
+    DSGD__NO_CONTRACT
+    int i, j;
+    for (i = 0; i < mr; ++i) {
+        float *row = c + (size_t)i * ldc;
+        const float *t = acc + (size_t)i * ld;
+        j = 0;
+#if defined(__GNUC__) || defined(__clang__)
+        { /* the same operations, element by element, VW at a time */
+            dsgd__v8 vc, vt;
+            for (j = 0; j + DSGD__VW <= nr; j += DSGD__VW) {
+                DSGD__V8_LOAD(vc, row + j);
+                DSGD__V8_LOAD(vt, t + j);
+                vc += vt * alpha;
+                DSGD__V8_STORE(row + j, vc);
+            }
+        }
+#endif
+        for (; j < nr; ++j) row[j] += alpha * t[j];
+    }
+}
+
+/* C^T += alpha * acc: C(j, i) += alpha acc(i, j) for i < mr, j < nr, the
+   same operations as dsgd__gemm_add, for the transposed product below. */
+DSGD__NO_CONTRACT_FN static void dsgd__gemm_add_t(float *c, int ldc, int mr, int nr, float alpha,
+                                                  const float *DSGD__RESTRICT acc, int ld) {
+    DSGD__NO_CONTRACT
+    int i, j;
+    for (j = 0; j < nr; ++j) {
+        float *row = c + (size_t)j * ldc;
+        for (i = 0; i < mr; ++i) row[i] += alpha * acc[(size_t)i * ld + j];
+    }
+}
+
+/* Rows [r0, r1) and panel columns [c0, c1) of one (jc, pc) block: C (or,
+   with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B), from B's
+   packed panel and A packed here into ap, MC rows at a time. */
+static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const float *panel, int ta, const float *a,
+                             int lda, int pc, int kc, int r0, int r1, int jc, int c0, int c1, float alpha, float *c,
+                             int ldc, int trans_c) {
+    const int kmr = kern->mr, knr = kern->nr;
+    float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+    int ic, ir, jr;
+    for (ic = r0; ic < r1; ic += DSGD__MC) {
+        int mc = DSGD__MIN(DSGD__MC, r1 - ic);
+        dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, ap);
+        for (jr = c0; jr < c1; jr += knr) {
+            for (ir = 0; ir < mc; ir += kmr) {
+                int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, c1 - jr);
+                const float *at = ap + (size_t)ir * kc, *bt = panel + (size_t)jr * kc;
+                if (!trans_c && mr == kmr && nr == knr) { /* a whole tile: added in registers */
+                    kern->micro(kc, at, bt, c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, 1);
+                    continue;
+                }
+                kern->micro(kc, at, bt, acc, (size_t)knr, 0.0f, 0);
+                if (trans_c)
+                    dsgd__gemm_add_t(c + (size_t)(jc + jr) * ldc + ic + ir, ldc, mr, nr, alpha, acc, knr);
+                else
+                    dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, acc, knr);
+            }
+        }
+    }
+}
+
+/* C(m, n) (or, with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B):
+   the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
+static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
+                               float alpha, const float *a, int lda, const float *b, int ldb, float *c, int ldc,
+                               int trans_c) {
+    float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
+    int jc, pc;
+    for (jc = 0; jc < n; jc += DSGD__NC) {
+        int nc = DSGD__MIN(DSGD__NC, n - jc);
+        for (pc = 0; pc < k; pc += DSGD__KC) {
+            int kc = DSGD__MIN(DSGD__KC, k - pc);
+            dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, kern->nr, bp);
+            dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c);
+        }
+    }
+}
+
+/* C(m, n) = beta C + alpha op(A) op(B) on one thread. When C is narrower
+   than a tile and its tiles would be mostly padding (n = 10 outputs in
+   32-wide tiles), it computes C^T =
+   op(B)^T op(A)^T instead, with the long side across the tile's width: each
+   entry is still the same products (a b = b a) summed in the same order,
+   so the bits do not change. */
+static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
+                              float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                              int ldc) {
+#define DSGD__UP(x, t) (((size_t)(x) + (size_t)(t) - 1) / (size_t)(t) * (size_t)(t))
+    const int kmr = kern->mr, knr = kern->nr;
+    dsgd__gemm_beta(m, n, beta, c, ldc);
+    if (k == 0 || alpha == 0.0f) return;
+    if (n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
+        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1);
+    else
+        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0);
+#undef DSGD__UP
+}
+
+/* A GEMM cut into independent tasks (what the threads do with a C narrower
+   than a tile, or with nothing to multiply): rows of C (rows = 1) or
+   columns, `step` each, a multiple of the kernel's MR or NR. Each task is
+   the whole GEMM of its block of C, so every entry is summed as the
+   one-thread GEMM sums it. */
+typedef struct dsgd__gemm_job {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    int ta, tb, m, n, k, lda, ldb, ldc, rows, step;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} dsgd__gemm_job;
+
+static void dsgd__gemm_task(void *arg, int task, int slot) {
+    const dsgd__gemm_job *j = (const dsgd__gemm_job *)arg;
+    const float *a = j->a, *b = j->b;
+    size_t lo = (size_t)task * (size_t)j->step;
+    int len = DSGD__MIN(j->step, (j->rows ? j->m : j->n) - (int)lo);
+    if (j->rows) { /* rows lo.. of C: rows of op(A) */
+        if (a) a += j->ta ? lo : lo * (size_t)j->lda;
+        dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, len, j->n, j->k, j->alpha, a, j->lda, b, j->ldb,
+                          j->beta, j->c + lo * (size_t)j->ldc, j->ldc);
+    } else { /* columns lo.. of C: columns of op(B) */
+        if (b) b += j->tb ? lo * (size_t)j->ldb : lo;
+        dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, j->m, len, j->k, j->alpha, a, j->lda, b, j->ldb,
+                          j->beta, j->c + lo, j->ldc);
+    }
+}
+
+/* C = beta C + alpha op(A) op(B) as independent blocks, one per thread
+   (split) or one in all, in whole tiles along C's longer side. */
+static void dsgd__gemm_blocks(dsgd__cpu *cpu, int split, int ta, int tb, int m, int n, int k, float alpha,
+                              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dsgd__gemm_job j;
+    int tasks = 1, dim, tile, units;
+    j.kern = cpu->kern;
+    j.pack = cpu->pack;
+    j.ta = ta, j.tb = tb, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
+    j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+    j.rows = m >= n;
+    dim = j.rows ? m : n;
+    j.step = dim;
+    if (split) {
+        tile = j.rows ? cpu->kern->mr : cpu->kern->nr;
+        units = (dim + tile - 1) / tile;
+        tasks = DSGD__MIN(cpu->pool.n, units);
+        j.step = (units + tasks - 1) / tasks * tile;
+        tasks = (dim + j.step - 1) / j.step;
+    }
+    dsgd__cpu_run(cpu, dsgd__gemm_task, &j, tasks);
+}
+
+/* The threads' GEMM for a C at least as wide as a tile: per (jc, pc) block
+   the threads first pack B's KC x NC panel together, each a range of its
+   NR strips, into slot 0's B area; then each computes a block of C, whole
+   MR tiles of rows (and, when C has fewer row tiles than threads, whole NR
+   strips of columns), packing its own A panels. Nothing is packed twice,
+   and every entry of C is still summed block of k by block of k, in order,
+   as the one-thread GEMM sums it. Each phase is one dsgd__cpu_run, whose
+   return is the barrier between them. */
+typedef struct dsgd__gemm_par {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    float *panel; /* the shared packed B panel */
+    int ta, tb, m, lda, ldb, ldc;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    int jc, nc, pc, kc;                  /* the current block */
+    int strips, strip_step;              /* phase 1: NR strips of the panel, per task */
+    int row_step, col_step, col_tasks;   /* phase 2: the grid of C's blocks */
+} dsgd__gemm_par;
+
+static void dsgd__gemm_par_pack(void *arg, int task, int slot) {
+    const dsgd__gemm_par *g = (const dsgd__gemm_par *)arg;
+    const int nr = g->kern->nr, s0 = task * g->strip_step, s1 = DSGD__MIN(g->strips, s0 + g->strip_step);
+    DSGD__UNUSED(slot);
+    dsgd__pack_b(g->tb, g->b, g->ldb, g->pc, g->kc, g->jc + s0 * nr, DSGD__MIN(g->nc - s0 * nr, (s1 - s0) * nr), nr,
+                 g->panel + (size_t)s0 * g->kc * nr);
+}
+
+static void dsgd__gemm_par_compute(void *arg, int task, int slot) {
+    const dsgd__gemm_par *g = (const dsgd__gemm_par *)arg;
+    const int r0 = (task / g->col_tasks) * g->row_step, r1 = DSGD__MIN(g->m, r0 + g->row_step);
+    const int c0 = (task % g->col_tasks) * g->col_step, c1 = DSGD__MIN(g->nc, c0 + g->col_step);
+    if (r0 >= r1 || c0 >= c1) return;
+    if (g->pc == 0) dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
+    dsgd__gemm_macro(g->kern, g->pack[slot], g->panel, g->ta, g->a, g->lda, g->pc, g->kc, r0, r1, g->jc, c0, c1,
+                     g->alpha, g->c, g->ldc, 0);
+}
+
+static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                               int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dsgd__gemm_par g;
+    const int T = cpu->pool.n, kmr = cpu->kern->mr, knr = cpu->kern->nr;
+    int row_tiles = (m + kmr - 1) / kmr, row_tasks = DSGD__MIN(T, row_tiles), ptasks;
+    memset(&g, 0, sizeof(g));
+    g.kern = cpu->kern;
+    g.pack = cpu->pack;
+    g.panel = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC;
+    g.ta = ta, g.tb = tb, g.m = m, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
+    g.alpha = alpha, g.beta = beta, g.a = a, g.b = b, g.c = c;
+    g.row_step = (row_tiles + row_tasks - 1) / row_tasks * kmr;
+    for (g.jc = 0; g.jc < n; g.jc += DSGD__NC) {
+        g.nc = DSGD__MIN(DSGD__NC, n - g.jc);
+        g.strips = (g.nc + knr - 1) / knr;
+        g.col_tasks = row_tasks < T ? DSGD__MIN((T + row_tasks - 1) / row_tasks, g.strips) : 1;
+        g.col_step = (g.strips + g.col_tasks - 1) / g.col_tasks * knr;
+        ptasks = DSGD__MIN(T, g.strips);
+        g.strip_step = (g.strips + ptasks - 1) / ptasks;
+        ptasks = (g.strips + g.strip_step - 1) / g.strip_step;
+        for (g.pc = 0; g.pc < k; g.pc += DSGD__KC) {
+            g.kc = DSGD__MIN(DSGD__KC, k - g.pc);
+            dsgd__cpu_run(cpu, dsgd__gemm_par_pack, &g, ptasks);
+            dsgd__cpu_run(cpu, dsgd__gemm_par_compute, &g, row_tasks * g.col_tasks);
+        }
+    }
+}
+
+/* The packing scratch of thread slots 0..slots-1, allocated before any
+   task runs: MC x KC + KC x NC floats each. */
+static dsgd_result dsgd__cpu_pack_reserve(dsgd__cpu *cpu, int slots) {
+    size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
+    int i;
+    for (i = 0; i < slots; ++i)
+        if (!cpu->pack[i] && !(cpu->pack[i] = (float *)DSGD_MALLOC(need * sizeof(float))))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu gemm: packing buffer");
+    return DSGD_OK;
+}
+
+#endif /* !DSGD_USE_CBLAS */
+
+/* GEMMs of fewer multiply-adds than this run on one thread. */
+#define DSGD__CPU_GEMM_GRAIN 131072.0
+
+static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
+                                  dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta,
+                                  dsgd_ref rc, int ldc) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    const float *a, *b;
+    float *c;
+    int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < DSGD__MAX(1, a_cols) || ldb < DSGD__MAX(1, b_cols) ||
+        ldc < DSGD__MAX(1, n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "cpu gemm: bad sizes m=%d n=%d k=%d lda=%d ldb=%d ldc=%d", m, n, k,
+                                  lda, ldb, ldc);
+    if (m == 0 || n == 0) return DSGD_OK;
+    c = dsgd__cpu_span(cpu, rc, (size_t)(m - 1) * ldc + n, "gemm C");
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    a = b = NULL;
+    if (k > 0) { /* check every range before C is touched */
+        a = dsgd__cpu_span(cpu, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A");
+        b = dsgd__cpu_span(cpu, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B");
+        if (!a || !b) return DSGD_ERR_INVALID_ARGUMENT;
+    }
+#ifdef DSGD_USE_CBLAS
+    dsgd__gemm_beta(m, n, beta, c, ldc);
+    if (k > 0 && alpha != 0.0f)
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                    lda, b, ldb, 1.0f, c, ldc);
+    return DSGD_OK;
+#else
+    {
+        /* GEMMs big enough for the threads: the shared-panel GEMM, or
+           independent blocks where C is narrower than a tile */
+        const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
+        dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
+        if (r != DSGD_OK) return r;
+        if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
+            dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        else
+            dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    return DSGD_OK;
+#endif
+}
+
+#endif /* DSGD__PART_BACKEND_CPU_GEMM_IMPL */
