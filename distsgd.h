@@ -143,7 +143,8 @@
 #include "distsgd/ps_worker.h"        /* a parameter-server worker: pull, push, finish */
 #include "distsgd/coordinator.h"      /* the cluster coordinator: closures scheduled on workers */
 #include "distsgd/tf_config.h"        /* TF_CONFIG: the cluster and this task, parsed with TF's rules */
-#include "distsgd/strategy.h"         /* strategies, replicas, distributed variables, metrics */
+#include "distsgd/strategy.h"         /* strategies, replicas, the common step machinery */
+#include "distsgd/strategy_vars.h"    /* a strategy's distributed variables and metrics */
 #include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored, multi_worker_mirrored */
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */
 #include "distsgd/strategy_ps.h"      /* parameter servers as a kind: the replicas are the workers */
