@@ -89,5 +89,6 @@
 */
 #include "distsgd.h"
 
-#include "distsgd/mpi/transport.h" /* the MPI transport: messages, deadlines, the native all-reduce, probe, abort */
-#include "distsgd/mpi/ps.h"        /* parameter servers over MPI: this process's role (TF_CONFIG or a rank layout), the engine's rank order */
+#include "distsgd/mpi/transport.h"            /* the MPI transport: its interface, messages, deadlines, probe */
+#include "distsgd/mpi/transport_collective.h" /* its collective side: the native all-reduce, shared memory, nodes, creation */
+#include "distsgd/mpi/ps.h"                   /* parameter servers over MPI: this process's role (TF_CONFIG or a rank layout), the engine's rank order */
