@@ -1351,6 +1351,8 @@ DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
 
 static void dsgd__sn_abort(void *impl) { dsgd_simnet_abort(((dsgd__sn_ep *)impl)->hub); }
 
+static void dsgd__sn_leave_ep(void *impl) { dsgd_simnet_leave(((dsgd__sn_ep *)impl)->hub, ((dsgd__sn_ep *)impl)->rank); }
+
 static double dsgd__sn_now(void *impl) { return ((dsgd__sn_ep *)impl)->t; }
 
 static const char *dsgd__sn_error_message(void *impl) { return ((dsgd__sn_ep *)impl)->err; }
@@ -1390,6 +1392,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->set_progress = dsgd__sn_set_progress;
     out->peer_progress = dsgd__sn_peer_progress;
     out->probe = dsgd__sn_probe;
+    out->leave = dsgd__sn_leave_ep;
     return DSGD_OK;
 }
 

@@ -541,6 +541,9 @@ typedef struct dsgd__strategy_ops {
        s->world, s->first, the shards, each replica's ep; it may leave no
        replica at all); NULL: the common rule (dsgd__strategy_transport) */
     dsgd_result (*layout)(dsgd_strategy *s);
+    /* at destroy, while the replicas' threads still run (it may dispatch a
+       last job), unless the strategy failed; may be NULL */
+    void (*stop)(dsgd_strategy *s);
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
@@ -738,6 +741,7 @@ static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
 DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     int i;
     if (!s) return;
+    if (s->ops && s->ops->stop && s->sync_ready && !s->failed) s->ops->stop(s);
     if (s->sync_ready) {
         pthread_mutex_lock(&s->mu);
         s->shutdown = 1;

@@ -48,8 +48,11 @@
      run among this process's replicas only: across processes each reads
      its own. A worker without samples pushes zeros there, since the
      others cannot know (all here: the step does nothing, as mirrored).
-     Not yet over simnet, whose ranks must leave the simulation from their
-     own threads.
+     Over simnet, give the strategy the hub's endpoints (created with
+     park_between_calls, as for every strategy): every rank makes each of
+     its calls from its own thread (a replica's first pull in its first
+     step, its goodbye in a last job at destroy; a server serves on its
+     thread) and then leaves the simulation (the endpoint's leave).
 
      SYNC gives, step for step, the bits of the cluster coordinator's SYNC
      run fed the same shards: the same pull, gradient and push. After a
@@ -85,6 +88,7 @@
 typedef struct dsgd__psk_server {
     dsgd__member m;
     dsgd_ps_server *srv;
+    dsgd_transport_i ep;
     int index;          /* among the P servers */
     pthread_t thread;
     int started;
@@ -100,6 +104,7 @@ typedef struct dsgd__psk {
     dsgd__psk_server *servers;  /* [servers_here] */
     dsgd_ps_worker **workers;   /* [N]: replica i's engine worker */
     float **buf;                /* [N]: the flat parameters, then the gradient */
+    int *pulled, *finished;     /* [N]: replica i's first pull made; its goodbye said */
     int failed;                 /* atomic: a replica failed, the transport was aborted */
     size_t p;
 } dsgd__psk;
@@ -195,6 +200,7 @@ static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
 static void *dsgd__psk_server_main(void *arg) {
     dsgd__psk_server *sv = (dsgd__psk_server *)arg;
     sv->result = dsgd_ps_server_serve(sv->srv);
+    if (sv->ep.leave) sv->ep.leave(sv->ep.impl); /* done with the group, on the rank's thread */
     return NULL;
 }
 
@@ -218,14 +224,11 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
     dsgd__psk *k = (dsgd__psk *)s->kind_data;
     int i;
     if (!k) return;
-    /* every worker here says goodbye (the replicas' threads are joined), so
-       the servers return once the other processes' workers did too; after a
-       failure the transport is aborted instead */
+    /* every worker here said goodbye (dsgd__psk_stop), so the servers
+       return once the other processes' workers did too; else (a failure,
+       a partial setup) the transport is aborted */
     for (i = 0; k->workers && i < s->n; ++i)
-        if (k->workers[i] && !DSGD__LOAD_ACQ(&k->failed) && dsgd_ps_worker_finish(k->workers[i]) != DSGD_OK) dsgd__psk_abort(k);
-    if (k->workers && !DSGD__LOAD_ACQ(&k->failed))
-        for (i = 0; i < s->n; ++i)
-            if (!k->workers[i]) dsgd__psk_abort(k); /* a partial setup: no goodbye from it */
+        if (!k->finished || !k->finished[i]) dsgd__psk_abort(k);
     for (i = 0; k->servers && i < k->servers_here; ++i)
         if (k->servers[i].started) pthread_join(k->servers[i].thread, NULL);
     for (i = 0; k->servers && i < k->servers_here; ++i) {
@@ -239,6 +242,8 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
     DSGD_FREE(k->servers);
     DSGD_FREE(k->workers);
     DSGD_FREE(k->buf);
+    DSGD_FREE(k->pulled);
+    DSGD_FREE(k->finished);
     DSGD_FREE(k->eps);
     DSGD_FREE(k);
     s->kind_data = NULL;
@@ -279,7 +284,11 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1), what);
     k->workers = (dsgd_ps_worker **)dsgd__alloc(s->ctx, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1), what);
     k->buf = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)(N ? N : 1), what);
-    if (!k->servers || !k->workers || !k->buf) return DSGD_ERR_OUT_OF_MEMORY;
+    k->pulled = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)(N ? N : 1), what);
+    k->finished = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)(N ? N : 1), what);
+    if (!k->servers || !k->workers || !k->buf || !k->pulled || !k->finished) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(k->pulled, 0, sizeof(int) * (size_t)(N ? N : 1));
+    memset(k->finished, 0, sizeof(int) * (size_t)(N ? N : 1));
     memset(k->servers, 0, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1));
     memset(k->workers, 0, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1));
     memset(k->buf, 0, sizeof(float *) * (size_t)(N ? N : 1));
@@ -302,6 +311,7 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     for (i = 0; i < here && r == DSGD_OK; ++i) {
         dsgd__psk_server *sv = &k->servers[i];
         sv->index = k->eps[i].rank;
+        sv->ep = k->eps[i];
         if ((r = dsgd__member_create(s->ctx, &md, sv->index, &sv->m)) != DSGD_OK) break;
         r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, init, &sv->srv);
         if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->m.ctx));
@@ -318,12 +328,29 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start server %d's thread", what, i);
         k->servers[i].started = 1;
     }
-    /* the first pull, version 0 everywhere: the engine wants a pull before
-       each push, and the replicas already hold these parameters */
-    for (i = 0; i < N && r == DSGD_OK; ++i)
-        if ((r = dsgd_ps_worker_pull(k->workers[i], k->buf[i])) != DSGD_OK)
-            dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[i].m.ctx));
     return r;
+}
+
+/* A replica's goodbye, on its own thread: the engine's finish, then the
+   endpoint's leave (simnet: out of the simulation). */
+static dsgd_result dsgd__psk_finish(dsgd_replica *r, void *user) {
+    dsgd__psk *k = (dsgd__psk *)r->s->kind_data;
+    dsgd_result res = dsgd_ps_worker_finish(k->workers[r->local]);
+    const dsgd_transport_i *ep = &k->eps[k->servers_here + r->local];
+    (void)user;
+    if (res != DSGD_OK) return res;
+    k->finished[r->local] = 1;
+    if (ep->leave) ep->leave(ep->impl);
+    return DSGD_OK;
+}
+
+/* Before the replicas' threads stop: every replica says goodbye from its
+   own thread (the threads of a simulation must make every call of their
+   rank). */
+static void dsgd__psk_stop(dsgd_strategy *s) {
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    if (!k || !k->workers || s->n == 0) return;
+    if (dsgd__strategy_dispatch(s, dsgd__psk_finish, NULL, "dsgd_strategy_destroy") != DSGD_OK) dsgd__psk_abort(k);
 }
 
 /* Phase 1: replica r's mean gradient of its batch b into buf (zeros for an
@@ -359,6 +386,16 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     dsgd_result res;
     r->skipped = 0;
     r->lr = dsgd_optimizer_lr(r->opt);
+    res = DSGD_OK;
+    if (!k->pulled[r->local]) { /* the first pull (a pull before each push), on the replica's thread */
+        res = dsgd_ps_worker_pull(w, buf);
+        if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, buf, k->p);
+        if (res != DSGD_OK) {
+            dsgd__psk_abort(k);
+            return res;
+        }
+        k->pulled[r->local] = 1;
+    }
     res = dsgd__step_batch(r, a, &b, &r->global);
     /* no sample anywhere (every worker is here to agree): nothing to do;
        across processes a worker without samples pushes zeros */
@@ -381,7 +418,7 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
 
 static const dsgd__strategy_ops dsgd__parameter_server_ops = {
     "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown, NULL, 0,
-    "the parameter servers hold the variables and the optimizer's state", dsgd__psk_layout,
+    "the parameter servers hold the variables and the optimizer's state", dsgd__psk_layout, dsgd__psk_stop,
 };
 
 #endif /* DSGD__PART_STRATEGY_PS_IMPL */

@@ -176,6 +176,12 @@ typedef struct dsgd_transport_i {
        takes it (see dsgd_comm_desc), so AUTO picks HIERARCHICAL across
        nodes. */
     int ranks_per_node;
+    /* optional: this rank is done with the group for good. Called once,
+       after its last call, on the thread that made it (simnet: the rank
+       leaves the simulation, so no rank waits for what it might still
+       send). NULL: nothing to do. The parameter-server strategy calls it
+       for the ranks it runs. */
+    void (*leave)(void *impl);
 } dsgd_transport_i;
 
 #ifdef __cplusplus

@@ -22,6 +22,9 @@
      hold them (server 0; server 1 and worker 0; worker 1), SYNC trains
      every worker to the bits of the strategy with its own transport; the
      process of servers alone refuses to train and waits in destroy.
+   - Over simnet (one strategy holding the 4 ranks of a simulated cluster,
+     park_between_calls), SYNC gives the same bits, and virtual time moved
+     on every rank (each rank leaves the simulation when done).
    - Errors: DEVICE gradients, endpoints without probe and 0 servers are refused at
      creation; clip_norm is refused (the engine's rule); a checkpoint is
      DSGD_ERR_UNSUPPORTED; a variable aggregating SUM fails the step and the
@@ -260,6 +263,49 @@ static void test_endpoints_as_processes(void **state) {
     tu_watchdog(0);
 }
 
+/* Over simnet: one strategy holding the 4 ranks of a simulated cluster
+   (park_between_calls, as every strategy over simnet), SYNC gives the
+   bits of its own loopback, and time moved on every rank. */
+static void test_simnet_same_bits(void **state) {
+    float *xs = tu_floats((size_t)STEPS * 2 * B * IN), ys[STEPS * 2 * B], want[MAXN][NPARAMS], got[NPARAMS];
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_desc sd;
+    dsgd_simnet *hub = NULL;
+    dsgd_transport_i eps[4];
+    dsgd_strategy_desc d = ps_desc(4, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM);
+    dsgd_strategy *s = NULL;
+    tu_rng rng = tu_rng_make(32);
+    int i, step;
+    (void)state;
+    tu_watchdog(120);
+    make_batch(&rng, xs, ys, STEPS * 2 * B);
+    strategy_run(2, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM, xs, ys, want);
+    memset(&sd, 0, sizeof(sd));
+    sd.ranks = 4;
+    sd.alpha_s = 20e-6;
+    sd.beta_s_per_byte = 1e-9;
+    sd.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    d.endpoints = eps;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    assert_int_equal(dsgd_strategy_num_replicas(s), 2);
+    for (step = 0; step < STEPS; ++step)
+        TU_OK(ctx, dsgd_strategy_train_step(s, xs + (size_t)step * 2 * B * IN, ys + (size_t)step * 2 * B, 2 * B, NULL));
+    for (i = 0; i < 2; ++i) {
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, i), got, NPARAMS));
+        assert_memory_equal(got, want[i], sizeof(got));
+    }
+    dsgd_strategy_destroy(s);
+    for (i = 0; i < 4; ++i) assert_true(dsgd_simnet_time(hub, i) > 0.0);
+    print_message("SYNC over simnet (2 servers + 2 workers, %.3f ms virtual) = its own transport's bits\n",
+                  1e3 * dsgd_simnet_time(hub, 2));
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    free(xs);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- every policy trains */
 
 /* A learnable task: the class is the index of the largest of the first OUT
@@ -379,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_every_policy_trains),
         cmocka_unit_test(test_sync_is_the_coordinators),
         cmocka_unit_test(test_endpoints_as_processes),
+        cmocka_unit_test(test_simnet_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
