@@ -90,10 +90,14 @@
 
      The add-on is one part per layer under distsgd/cl/, included below in
      dependency order after the core (distsgd.h); each part holds its topic
-     comment, its declarations and its implementation. To vendor it, copy
-     single_include/distsgd.h and define DISTSGD_WITH_OPENCL.
+     comment, its declarations and its implementation: DEVICES and ERRORS
+     in devices.h, PRECISION in kernels.h, QUEUES, GEMM TUNING and COLD
+     START in context.h, BACKENDS and TRANSPORTS in backend.h. To vendor
+     it, copy single_include/distsgd.h and define DISTSGD_WITH_OPENCL.
 */
 #include "distsgd.h"
 
-#include "distsgd/cl/context.h" /* devices, the shared context, queues, our kernels, GEMM parameters */
+#include "distsgd/cl/devices.h" /* the OpenCL headers, error names, the device list, the spec that picks devices */
+#include "distsgd/cl/kernels.h" /* our OpenCL C kernels: their source and their names */
+#include "distsgd/cl/context.h" /* the shared context: its devices and queues, our kernels built, GEMM parameters */
 #include "distsgd/cl/backend.h" /* the OpenCL backend: CLBlast GEMM and our kernels behind dsgd_backend_i */

@@ -730,7 +730,7 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
 /* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
    row of col or per pixel of the output, gathers where the CPU backend
    scatters within a row, the same sums in the same order (the kernels'
-   comment in context.h). */
+   comment in kernels.h). */
 
 /* 1 when [a.off, a.off + na) and [b.off, b.off + nb) of one buffer share a
    float: a kernel reading what another work-item writes would race. */
@@ -785,7 +785,7 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     win[6] = wd->pad;
     win[7] = d.oh;
     win[8] = d.ow;
-    /* work-items (IMAGES kernels in context.h): col's rows (i, oy, ox, ky),
+    /* work-items (IMAGES kernels in kernels.h): col's rows (i, oy, ox, ky),
        else the output's pixels */
     items = k == DSGD_CL__K_IM2COL ? (cl_ulong)d.rows * (cl_ulong)wd->kh : (cl_ulong)(nout / (size_t)wd->c);
     for (i = 0, r = DSGD_OK; i < nref && r == DSGD_OK; ++i) {

@@ -1,0 +1,405 @@
+/* distsgd/cl/kernels.h - our OpenCL C kernels: their source and their names
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+
+   KERNELS
+
+     Every computation of the OpenCL backend but GEMM is one of the kernels
+     below, embedded as OpenCL C 1.2 source. The context (context.h) builds
+     the source once, for all of its devices, with the options PRECISION
+     names (the build log is in the error message when it fails: ERRORS in
+     devices.h); each backend (backend.h) makes its own kernel object of
+     each and launches it by its DSGD_CL__K_* index. This part declares
+     nothing public.
+
+   PRECISION (against the CPU reference backend)
+
+     Kernels are built with FP_CONTRACT off and, where the device supports it,
+     -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
+     the optimizer updates, relu and the image operations (im2col, col2im,
+     max-pool: copies, compares and float adds in the CPU's order) match the
+     CPU backend bit for bit. Options that allow reassociation or assume
+     finite math (-cl-fast-relaxed-math, -cl-unsafe-math-optimizations,
+     -cl-finite-math-only) are never passed by the library; added through
+     build_options they void these promises (max-pool's NaN rule first). tanh,
+     sigmoid and the losses use OpenCL's exp/tanh/log (a few ulp). The losses
+     and norm_check accumulate in double when every device of the context has
+     cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
+     are float, summed in double on the host). Reductions have a fixed order
+     for a given size and device: same inputs, same bits. sum_across adds in
+     float in rank order, as the host's DSGD_ALLREDUCE_DIRECT does, so the
+     DEVICE and HOST gradient paths give the same bits with that algorithm.
+*/
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_KERNELS_IMPL)
+#define DSGD_CL__PART_KERNELS_IMPL
+
+/* >>kernels ----------------------------------------------------------------- */
+/* Our OpenCL C 1.2 kernels. Offsets and counts travel as ulong (size_t is not
+   a valid kernel argument type); every kernel checks its index against the
+   size, so global sizes are rounded up to whole work-groups. The source is an
+   array of pieces because C99 compilers need only support 4095-character
+   string literals. */
+
+static const char *const dsgd_cl__source[] = {
+    "#pragma OPENCL FP_CONTRACT OFF\n"
+    "#ifdef DSGD_CL_FP64\n"
+    "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+    "typedef double acc_t;\n"
+    "#else\n"
+    "typedef float acc_t;\n"
+    "#endif\n"
+    "#ifdef DSGD_CL_SELFTEST_BUILD_ERROR\n"
+    "#error \"deliberate build failure requested by DSGD_CL_SELFTEST_BUILD_ERROR\"\n"
+    "#endif\n"
+    "\n"
+    "float dsgd_act(int act, float v) {\n"
+    "    if (act == 1) return v > 0.0f ? v : 0.0f;\n"
+    "    if (act == 2) return tanh(v);\n"
+    "    if (act == 3) return 1.0f / (1.0f + exp(-v));\n"
+    "    return v;\n"
+    "}\n"
+    "\n"
+    "__kernel void dsgd_scale(__global float *x, ulong off, float alpha, ulong n) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < n) x[off + i] = x[off + i] * alpha;\n"
+    "}\n"
+    "\n"
+    "__kernel void dsgd_axpy(__global float *y, ulong yoff, float alpha,\n"
+    "                        __global const float *x, ulong xoff, ulong n) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < n) y[yoff + i] = y[yoff + i] + alpha * x[xoff + i];\n"
+    "}\n"
+    "\n"
+    "/* y(m,n) = act(y + bias) over total = m*n entries */\n"
+    "__kernel void dsgd_bias_act(__global float *y, ulong yoff, __global const float *b,\n"
+    "                            ulong boff, int has_bias, int act, uint n, ulong total) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < total) {\n"
+    "        float v = y[yoff + i];\n"
+    "        if (has_bias) v = v + b[boff + i % n];\n"
+    "        y[yoff + i] = dsgd_act(act, v);\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* dy *= act'(y), written in terms of the activation's output y */\n"
+    "__kernel void dsgd_act_backward(__global float *dy, ulong dyoff, __global const float *y,\n"
+    "                                ulong yoff, int act, ulong n) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i < n) {\n"
+    "        float d = dy[dyoff + i], v = y[yoff + i];\n"
+    "        if (act == 1) d = v > 0.0f ? d : 0.0f;\n"
+    "        else if (act == 2) d = d * (1.0f - v * v);\n"
+    "        else if (act == 3) d = d * (v * (1.0f - v));\n"
+    "        dy[dyoff + i] = d;\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* db(n) = column sums of dy(m,n): one work-item per column, rows in order */\n"
+    "__kernel void dsgd_bias_backward(__global float *db, ulong dboff, __global const float *dy,\n"
+    "                                 ulong dyoff, uint m, uint n) {\n"
+    "    uint j = get_global_id(0);\n"
+    "    if (j < n) {\n"
+    "        float s = 0.0f;\n"
+    "        for (uint i = 0; i < m; ++i) s = s + dy[dyoff + (ulong)i * n + j];\n"
+    "        db[dboff + j] = s;\n"
+    "    }\n"
+    "}\n",
+
+    "/* Softmax cross-entropy, one work-item per sample. rows[2i] = the sample's\n"
+    "   loss, rows[2i+1] = 1 when argmax == class, else 0; -1 marks a class that\n"
+    "   is not an integer in [0, c). */\n"
+    "__kernel void dsgd_xent_rows(uint m, uint c, __global const float *pred, ulong poff,\n"
+    "                             __global const float *tgt, ulong toff, float gs,\n"
+    "                             __global float *dpred, ulong doff, int want_grad,\n"
+    "                             __global acc_t *rows) {\n"
+    "    uint i = get_global_id(0);\n"
+    "    if (i >= m) return;\n"
+    "    __global const float *z = pred + poff + (ulong)i * c;\n"
+    "    float t = tgt[toff + i];\n"
+    "    if (!(t >= 0.0f && t < (float)c) || t != floor(t)) {\n"
+    "        rows[2 * i] = 0; rows[2 * i + 1] = -1; return;\n"
+    "    }\n"
+    "    uint cls = (uint)t, best = 0;\n"
+    "    for (uint j = 1; j < c; ++j) if (z[j] > z[best]) best = j;\n"
+    "    acc_t mx = z[best], sum = 0;\n"
+    "    for (uint j = 0; j < c; ++j) sum += exp((acc_t)z[j] - mx);\n"
+    "    acc_t lse = mx + log(sum);\n"
+    "    rows[2 * i] = lse - (acc_t)z[cls];\n"
+    "    rows[2 * i + 1] = best == cls ? 1 : 0;\n"
+    "    if (want_grad) {\n"
+    "        __global float *d = dpred + doff + (ulong)i * c;\n"
+    "        for (uint j = 0; j < c; ++j) {\n"
+    "            acc_t p = exp((acc_t)z[j] - lse);\n"
+    "            d[j] = (float)((acc_t)gs * (p - (j == cls ? (acc_t)1 : (acc_t)0)));\n"
+    "        }\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* Mean squared error, one work-item per sample (rows as above). */\n"
+    "__kernel void dsgd_mse_rows(uint m, uint c, __global const float *pred, ulong poff,\n"
+    "                            __global const float *tgt, ulong toff, float gs,\n"
+    "                            __global float *dpred, ulong doff, int want_grad,\n"
+    "                            __global acc_t *rows) {\n"
+    "    uint i = get_global_id(0);\n"
+    "    if (i >= m) return;\n"
+    "    __global const float *p = pred + poff + (ulong)i * c;\n"
+    "    __global const float *t = tgt + toff + (ulong)i * c;\n"
+    "    acc_t s = 0;\n"
+    "    uint bp = 0, bt = 0;\n"
+    "    for (uint j = 0; j < c; ++j) {\n"
+    "        acc_t e = (acc_t)p[j] - (acc_t)t[j];\n"
+    "        s += e * e;\n"
+    "        if (want_grad) dpred[doff + (ulong)i * c + j] = (float)((acc_t)gs * (acc_t)2 * e / (acc_t)c);\n"
+    "        if (p[j] > p[bp]) bp = j;\n"
+    "        if (t[j] > t[bt]) bt = j;\n"
+    "    }\n"
+    "    rows[2 * i] = s / (acc_t)c;\n"
+    "    rows[2 * i + 1] = bp == bt ? 1 : 0;\n"
+    "}\n"
+    "\n"
+    "/* One work-group (power-of-two size) sums the rows in a fixed order and, when\n"
+    "   no sample was bad, adds loss and correct count to stats. status[0] = bad\n"
+    "   samples, status[1] = the first bad sample (m when none). */\n"
+    "__kernel void dsgd_loss_reduce(uint m, __global const acc_t *rows, __global float *stats,\n"
+    "                               ulong soff, __global int *status, __local acc_t *sl,\n"
+    "                               __local acc_t *sc, __local uint *sb, __local uint *sf) {\n"
+    "    uint lid = get_local_id(0), L = get_local_size(0);\n"
+    "    acc_t a = 0, b = 0;\n"
+    "    uint bad = 0, first = m;\n"
+    "    for (uint i = lid; i < m; i += L) {\n"
+    "        acc_t cr = rows[2 * i + 1];\n"
+    "        if (cr < 0) { ++bad; if (i < first) first = i; }\n"
+    "        else { a += rows[2 * i]; b += cr; }\n"
+    "    }\n"
+    "    sl[lid] = a; sc[lid] = b; sb[lid] = bad; sf[lid] = first;\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (uint s = L / 2; s > 0; s >>= 1) {\n"
+    "        if (lid < s) {\n"
+    "            sl[lid] += sl[lid + s]; sc[lid] += sc[lid + s]; sb[lid] += sb[lid + s];\n"
+    "            sf[lid] = min(sf[lid], sf[lid + s]);\n"
+    "        }\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "    if (lid == 0) {\n"
+    "        status[0] = (int)sb[0]; status[1] = (int)sf[0];\n"
+    "        if (sb[0] == 0) {\n"
+    "            stats[soff] = stats[soff] + (float)sl[0];\n"
+    "            stats[soff + 1] = stats[soff + 1] + (float)sc[0];\n"
+    "        }\n"
+    "    }\n"
+    "}\n",
+
+    "/* One optimizer step per parameter; the arithmetic is the CPU backend's,\n"
+    "   operation for operation. kind: 0 SGD, 1 momentum, 2 Adam, 3 AdamW. */\n"
+    "__kernel void dsgd_opt_update(__global float *p, ulong poff, __global const float *g,\n"
+    "                              ulong goff, __global float *m1, ulong m1off,\n"
+    "                              __global float *m2, ulong m2off, ulong n, int kind,\n"
+    "                              float lr, float mu, int nesterov, float b1, float b2,\n"
+    "                              float eps, float wd, float bc1, float bc2, float gs) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i >= n) return;\n"
+    "    float pi = p[poff + i];\n"
+    "    if (kind == 0) {\n"
+    "        float gi = g[goff + i] * gs + wd * pi;\n"
+    "        pi = pi - lr * gi;\n"
+    "    } else if (kind == 1) {\n"
+    "        float gi = g[goff + i] * gs + wd * pi;\n"
+    "        float v = mu * m1[m1off + i] + gi;\n"
+    "        m1[m1off + i] = v;\n"
+    "        pi = pi - lr * (nesterov ? gi + mu * v : v);\n"
+    "    } else {\n"
+    "        int dec = kind == 3;\n"
+    "        float gi = g[goff + i] * gs + (dec ? 0.0f : wd * pi);\n"
+    "        float mi = b1 * m1[m1off + i] + (1.0f - b1) * gi;\n"
+    "        float vi = b2 * m2[m2off + i] + (1.0f - b2) * gi * gi;\n"
+    "        float mhat = mi / bc1, vhat = vi / bc2;\n"
+    "        m1[m1off + i] = mi;\n"
+    "        m2[m2off + i] = vi;\n"
+    "        pi = pi - lr * (mhat / (sqrt(vhat) + eps) + (dec ? wd * pi : 0.0f));\n"
+    "    }\n"
+    "    p[poff + i] = pi;\n"
+    "}\n"
+    "\n"
+    "/* First pass of norm_check: work-group g sums the squares of the finite\n"
+    "   entries of [g*chunk, (g+1)*chunk) and counts the others, in a fixed\n"
+    "   order (power-of-two work-group size). */\n"
+    "__kernel void dsgd_norm_partial(__global const float *x, ulong off, ulong n, ulong chunk,\n"
+    "                                __global acc_t *psum, __global ulong *pbad,\n"
+    "                                __local acc_t *ls, __local ulong *lb) {\n"
+    "    uint lid = get_local_id(0), L = get_local_size(0), g = get_group_id(0);\n"
+    "    ulong start = (ulong)g * chunk, end = min(start + chunk, n);\n"
+    "    acc_t s = 0;\n"
+    "    ulong bad = 0;\n"
+    "    for (ulong i = start + lid; i < end; i += L) {\n"
+    "        float v = x[off + i];\n"
+    "        if (isfinite(v)) s += (acc_t)v * (acc_t)v; else ++bad;\n"
+    "    }\n"
+    "    ls[lid] = s; lb[lid] = bad;\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (uint h = L / 2; h > 0; h >>= 1) {\n"
+    "        if (lid < h) { ls[lid] += ls[lid + h]; lb[lid] += lb[lid + h]; }\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "    if (lid == 0) { psum[g] = ls[0]; pbad[g] = lb[0]; }\n"
+    "}\n",
+
+    "/* Device-side reduction across replicas (sum_across), up to 8 buffers\n"
+    "   a launch: v = [d +] s0 + s1 + ... + s(k-1), in that order, written to\n"
+    "   d, or with put to every s(j) (each work-item reads its entry of every\n"
+    "   buffer before it writes them). */\n"
+    "#define DSGD_SRC(j) , __global float *s##j, ulong o##j\n"
+    "#define DSGD_DST(j) , __global float *d##j, ulong o##j\n"
+    "#define DSGD_8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)\n"
+    "__kernel void dsgd_sum8(__global float *d, ulong doff, int acc, int put, uint k, ulong n\n"
+    "                        DSGD_8(DSGD_SRC)) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i >= n) return;\n"
+    "    float v = acc ? d[doff + i] + s0[o0 + i] : s0[o0 + i];\n"
+    "#define DSGD_ADD(j) if (j > 0 && k > j) v = v + s##j[o##j + i];\n"
+    "    DSGD_8(DSGD_ADD)\n"
+    "    if (!put) { d[doff + i] = v; return; }\n"
+    "#define DSGD_BACK(j) if (k > j) s##j[o##j + i] = v;\n"
+    "    DSGD_8(DSGD_BACK)\n"
+    "}\n"
+    "\n"
+    "/* d0 .. d(k-1) = s, up to 8 destinations a launch. */\n"
+    "__kernel void dsgd_copy8(__global const float *s, ulong soff, uint k, ulong n\n"
+    "                         DSGD_8(DSGD_DST)) {\n"
+    "    ulong i = get_global_id(0);\n"
+    "    if (i >= n) return;\n"
+    "    float v = s[soff + i];\n"
+    "#define DSGD_PUT(j) if (k > j) d##j[o##j + i] = v;\n"
+    "    DSGD_8(DSGD_PUT)\n"
+    "}\n",
+
+    "/* NHWC images (IMAGES in backend.h). One work-item per run of the\n"
+    "   output: a row (i, oy, ox, ky) of kw c floats of col, or the c channels\n"
+    "   of one pixel (i, y, x) of dx or y, done in a loop. (One work-item per\n"
+    "   float costs PoCL ~30x more in index arithmetic than the copy itself.)\n"
+    "   The arithmetic is the CPU backend's: copies, compares and float adds\n"
+    "   from 0.0f in the documented order. Every kernel takes the window as\n"
+    "   h w c kh kw s p oh ow, then the number of work-items. */\n"
+    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items\n"
+    "/* col's row (i, oy, ox, ky): the kw c floats of image row iy from column\n"
+    "   ox s - p on, 0 outside the image */\n"
+    "__kernel void dsgd_im2col(__global const float *x, ulong xoff, __global float *col, ulong coff,\n"
+    "                          DSGD_WIN) {\n"
+    "    ulong r = get_global_id(0), run = (ulong)kw * c, t = r / kh / ow;\n"
+    "    if (r >= items) return;\n"
+    "    long ky = r % kh, ox = r / kh % ow, oy = t % oh, i = t / oh, wc = (long)w * c;\n"
+    "    long iy = oy * s - p + ky, at = (ox * s - p) * c;\n"
+    "    __global float *d = col + coff + r * run;\n"
+    "    if (iy < 0 || iy >= h) {\n"
+    "        for (long q = 0; q < (long)run; ++q) d[q] = 0.0f;\n"
+    "        return;\n"
+    "    }\n"
+    "    __global const float *src = x + xoff + (i * h + iy) * wc;\n"
+    "    for (long q = 0; q < (long)run; ++q) d[q] = at + q >= 0 && at + q < wc ? src[at + q] : 0.0f;\n"
+    "}\n"
+    "\n"
+    "/* dx = col2im(col) at pixel (i, iy, ix): each channel sums, from 0.0f\n"
+    "   and (ky, kx) ascending (oy, then ox, descending), the col entries\n"
+    "   im2col copied from it, in place in dx (c floats in a row) */\n"
+    "__kernel void dsgd_col2im(__global const float *col, ulong coff, __global float *dx, ulong dxoff,\n"
+    "                          DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0), k = (ulong)kh * kw * c, t = g / w;\n"
+    "    if (g >= items) return;\n"
+    "    long ix = g % w, iy = t % h, i = t / h, ty = iy + p, tx = ix + p;\n"
+    "    long oy0 = ty - kh + 1 <= 0 ? 0 : (ty - kh + s) / s, oy1 = min((long)oh - 1, ty / s);\n"
+    "    long ox0 = tx - kw + 1 <= 0 ? 0 : (tx - kw + s) / s, ox1 = min((long)ow - 1, tx / s);\n"
+    "    __global float *d = dx + dxoff + g * c;\n"
+    "    for (long ch = 0; ch < c; ++ch) d[ch] = 0.0f;\n"
+    "    for (long oy = oy1; oy >= oy0; --oy)\n"
+    "        for (long ox = ox1; ox >= ox0; --ox) {\n"
+    "            __global const float *src = col + coff + ((i * oh + oy) * ow + ox) * k + ((ty - oy * s) * kw + tx - ox * s) * c;\n"
+    "            for (long ch = 0; ch < c; ++ch) d[ch] = d[ch] + src[ch];\n"
+    "        }\n"
+    "}\n",
+
+    "/* y = max-pool(x) at pixel (i, oy, ox): per channel the window's first\n"
+    "   maximum, or its first NaN */\n"
+    "__kernel void dsgd_maxpool_fwd(__global const float *x, ulong xoff, __global float *y, ulong yoff,\n"
+    "                               DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0), t = g / ow;\n"
+    "    if (g >= items) return;\n"
+    "    long ox = g % ow, oy = t % oh, i = t / oh;\n"
+    "    __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c;\n"
+    "    for (long ch = 0; ch < c; ++ch) {\n"
+    "        float m = b[ch];\n"
+    "        for (int ky = 0; ky < kh; ++ky)\n"
+    "            for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"
+    "                float v = b[((long)ky * w + kx) * c + ch];\n"
+    "                if (v > m || (isnan(v) && !isnan(m))) m = v;\n"
+    "            }\n"
+    "        y[yoff + g * c + ch] = m;\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* max-pool's dx at pixel (i, iy, ix): per channel the sum, from 0.0f and\n"
+    "   windows (oy, ox) ascending, of the dy of every window whose first\n"
+    "   element equal to y (the first NaN for a NaN y) it is */\n"
+    "__kernel void dsgd_maxpool_bwd(__global const float *x, ulong xoff, __global const float *y, ulong yoff,\n"
+    "                               __global const float *dy, ulong dyoff, __global float *dx, ulong dxoff,\n"
+    "                               DSGD_WIN) {\n"
+    "    ulong g = get_global_id(0), t = g / w;\n"
+    "    if (g >= items) return;\n"
+    "    long ix = g % w, iy = t % h, i = t / h;\n"
+    "    long oy0 = iy - kh + 1 <= 0 ? 0 : (iy - kh + s) / s, oy1 = min((long)oh - 1, iy / s);\n"
+    "    long ox0 = ix - kw + 1 <= 0 ? 0 : (ix - kw + s) / s, ox1 = min((long)ow - 1, ix / s);\n"
+    "    for (long ch = 0; ch < c; ++ch) {\n"
+    "        float acc = 0.0f;\n"
+    "        for (long oy = oy0; oy <= oy1; ++oy)\n"
+    "            for (long ox = ox0; ox <= ox1; ++ox) {\n"
+    "                ulong o = ((i * oh + oy) * ow + ox) * c + ch;\n"
+    "                __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c + ch;\n"
+    "                float want = y[yoff + o];\n"
+    "                int want_nan = isnan(want), found = 0, mine = 0;\n"
+    "                for (int ky = 0; ky < kh && !found; ++ky)\n"
+    "                    for (int kx = 0; kx < kw; ++kx) {\n"
+    "                        float v = b[((long)ky * w + kx) * c];\n"
+    "                        if (want_nan ? isnan(v) : v == want) {\n"
+    "                            mine = ky == iy - oy * s && kx == ix - ox * s;\n"
+    "                            found = 1;\n"
+    "                            break;\n"
+    "                        }\n"
+    "                    }\n"
+    "                if (mine) acc = acc + dy[dyoff + o];\n"
+    "            }\n"
+    "        dx[dxoff + g * c + ch] = acc;\n"
+    "    }\n"
+    "}\n"};
+
+#define DSGD_CL__NSOURCE ((cl_uint)(sizeof(dsgd_cl__source) / sizeof(dsgd_cl__source[0])))
+
+enum {
+    DSGD_CL__K_SCALE = 0,
+    DSGD_CL__K_AXPY,
+    DSGD_CL__K_BIAS_ACT,
+    DSGD_CL__K_ACT_BWD,
+    DSGD_CL__K_BIAS_BWD,
+    DSGD_CL__K_XENT,
+    DSGD_CL__K_MSE,
+    DSGD_CL__K_LOSS_REDUCE,
+    DSGD_CL__K_OPT,
+    DSGD_CL__K_NORM,
+    DSGD_CL__K_SUM8,
+    DSGD_CL__K_COPY8,
+    DSGD_CL__K_IM2COL,
+    DSGD_CL__K_COL2IM,
+    DSGD_CL__K_POOL_FWD,
+    DSGD_CL__K_POOL_BWD,
+    DSGD_CL__K_COUNT
+};
+
+/* Kernel function names, and the operation names used in error messages. */
+static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
+    "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
+    "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
+    "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
+    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd"};
+static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
+    "scale",        "axpy",          "bias_act_forward", "act_backward",
+    "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
+    "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
+    "im2col", "col2im", "maxpool_forward", "maxpool_backward"};
+
+#endif /* DSGD_CL__PART_KERNELS_IMPL */
