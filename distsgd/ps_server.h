@@ -458,21 +458,31 @@ static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
                               s->slot_count[k], s->needed, can, can == 1 ? "" : "s", s->pol->stuck_hint);
 }
 
+/* Takes worker w's message of a header alone (a PULL or a DONE, `what`)
+   and checks it against its tag and size. */
+static dsgd_result dsgd__ps_take_hdr(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes, dsgd_ps_msg type,
+                                     const char *what, dsgd_ps_header *h) {
+    unsigned char buf[DSGD__PS_HBYTES];
+    dsgd_result r;
+    if (bytes != DSGD__PS_HBYTES)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "dsgd_ps_server_serve: server %d: %s of worker %d has %zu bytes, not %zu", s->index,
+                                  what, w, bytes, (size_t)DSGD__PS_HBYTES);
+    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "dsgd_ps_server_serve: server %d: receiving %s of worker %d failed: %s%s%s",
+                                  s->index, what, w, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t),
+                                  dsgd__ps_terr(&s->t));
+    return dsgd__ps_check_hdr(s, buf, w, type, DSGD_PS_TAG_SEQ(tag), 0, h);
+}
+
 static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
     static const char *const fn = "dsgd_ps_server_serve";
     dsgd__ps_peer *pe = &s->peer[w];
     uint64_t seq = DSGD_PS_TAG_SEQ(tag);
-    unsigned char buf[DSGD__PS_HBYTES];
     dsgd_ps_header h;
     dsgd_result r;
-    if (bytes != DSGD__PS_HBYTES)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull of worker %d has %zu bytes, not %zu", fn,
-                                  s->index, w, bytes, (size_t)DSGD__PS_HBYTES);
-    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving a pull of worker %d failed: %s%s%s", fn, s->index,
-                                  w, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t), dsgd__ps_terr(&s->t));
-    if ((r = dsgd__ps_check_hdr(s, buf, w, DSGD_PS_MSG_PULL, seq, 0, &h)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_PULL, "a pull", &h)) != DSGD_OK) return r;
     if (seq < pe->pull_next) { /* a resend: the deferred pull stays, an answered one is not answered again */
         s->repeated++;
         return DSGD_OK;
@@ -497,17 +507,9 @@ static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size
 static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
     static const char *const fn = "dsgd_ps_server_serve";
     uint64_t seq = DSGD_PS_TAG_SEQ(tag);
-    unsigned char buf[DSGD__PS_HBYTES];
     dsgd_ps_header h;
     dsgd_result r;
-    if (bytes != DSGD__PS_HBYTES)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: DONE of worker %d has %zu bytes", fn,
-                                  s->index, w, bytes);
-    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving DONE of worker %d failed: %s", fn, s->index, w,
-                                  dsgd_result_string(r));
-    if ((r = dsgd__ps_check_hdr(s, buf, w, DSGD_PS_MSG_DONE, seq, 0, &h)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_DONE, "the DONE", &h)) != DSGD_OK) return r;
     if (seq != s->peer[w].next_seq)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d finished after %llu pushes, %llu arrived",
                                   fn, s->index, w, (unsigned long long)seq, (unsigned long long)s->peer[w].next_seq);
