@@ -508,27 +508,10 @@ static dsgd_result dsgd__cluster_check(dsgd_ctx *ctx, const dsgd_cluster_desc *d
     return DSGD_OK;
 }
 
-/* The shard map from the variables of a model built from the desc (on a
-   CPU backend of the coordinator's), whose initial values go to *init. */
+/* The shard map over the variables of the desc's model, whose initial
+   values go to *init. */
 static dsgd_result dsgd__cluster_map(dsgd_cluster *c, float **init) {
-    dsgd_model_desc md = c->d.model;
-    dsgd_model *m = NULL;
-    dsgd_variable *vars = NULL;
-    dsgd_result r;
-    int i, nv;
-    md.backend = NULL;
-    if ((r = dsgd_model_create(c->ctx, &md, &m)) != DSGD_OK) return r;
-    c->num_params = dsgd_model_num_params(m);
-    nv = dsgd_model_num_variables(m);
-    vars = (dsgd_variable *)dsgd__alloc(c->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1), "dsgd_cluster_create");
-    *init = (float *)dsgd__alloc(c->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create");
-    r = vars && *init ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; r == DSGD_OK && i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
-    if (r == DSGD_OK) r = dsgd_model_get_params(m, *init, c->num_params);
-    if (r == DSGD_OK) r = dsgd_shard_map_create(c->ctx, vars, nv, c->P, &c->d.partitioner, &c->map);
-    DSGD_FREE(vars);
-    dsgd_model_destroy(m);
-    return r;
+    return dsgd__shard_map_for_model(c->ctx, &c->d.model, c->P, &c->d.partitioner, init, &c->num_params, &c->map);
 }
 
 /* The endpoints: the desc's, or a loopback of the cluster's own. */

@@ -378,4 +378,34 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
     return &m->shards[m->var_first[v]];
 }
 
+/* The shard map over P servers of the variables of a model built from md
+   (on a CPU backend of ctx's, md.backend ignored), and the model's initial
+   values in *init (allocated, num_params floats; the desc's seed gives
+   every process and replica the same). What the parameter servers of a
+   strategy or of the cluster coordinator start from. */
+static dsgd_result dsgd__shard_map_for_model(dsgd_ctx *ctx, const dsgd_model_desc *md, int P,
+                                             const dsgd_partitioner *part, float **init, size_t *num_params,
+                                             dsgd_shard_map **out) {
+    const char *what = "dsgd_shard_map for a model";
+    dsgd_model_desc d = *md;
+    dsgd_model *m = NULL;
+    dsgd_variable *vars = NULL;
+    dsgd_result r;
+    int i, nv;
+    *init = NULL;
+    d.backend = NULL;
+    if ((r = dsgd_model_create(ctx, &d, &m)) != DSGD_OK) return r;
+    nv = dsgd_model_num_variables(m);
+    *num_params = dsgd_model_num_params(m);
+    vars = (dsgd_variable *)dsgd__alloc(ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1), what);
+    *init = (float *)dsgd__alloc(ctx, sizeof(float) * (*num_params ? *num_params : 1), what);
+    r = vars && *init ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; r == DSGD_OK && i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
+    if (r == DSGD_OK) r = dsgd_model_get_params(m, *init, *num_params);
+    if (r == DSGD_OK) r = dsgd_shard_map_create(ctx, vars, nv, P, part, out);
+    DSGD_FREE(vars);
+    dsgd_model_destroy(m);
+    return r;
+}
+
 #endif /* DSGD__PART_SHARDING_IMPL */

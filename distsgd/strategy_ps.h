@@ -249,29 +249,6 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
     s->kind_data = NULL;
 }
 
-/* The shard map over the variables of a model of the desc (on a CPU
-   backend of the strategy's: this process may hold no replica), and their
-   initial values (the desc's seed: every process and replica has them). */
-static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
-    dsgd_model_desc md = s->d.model;
-    dsgd_model *m = NULL;
-    dsgd_variable *vars = NULL;
-    dsgd_result r;
-    int i, nv;
-    md.backend = NULL;
-    if ((r = dsgd_model_create(s->ctx, &md, &m)) != DSGD_OK) return r;
-    nv = dsgd_model_num_variables(m);
-    if (!(vars = (dsgd_variable *)dsgd__alloc(s->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1),
-                                              "dsgd_strategy_create")))
-        r = DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; r == DSGD_OK && i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
-    if (r == DSGD_OK) r = dsgd_shard_map_create(s->ctx, vars, nv, k->pd.num_servers, &s->d.ps.partitioner, &k->map);
-    if (r == DSGD_OK) r = dsgd_model_get_params(m, init, k->p);
-    DSGD_FREE(vars);
-    dsgd_model_destroy(m);
-    return r;
-}
-
 /* This process's servers (created and serving) and the replicas' engine
    workers, each having pulled the initial parameters. */
 static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
@@ -292,17 +269,9 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     memset(k->servers, 0, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1));
     memset(k->workers, 0, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1));
     memset(k->buf, 0, sizeof(float *) * (size_t)(N ? N : 1));
-    k->p = N ? dsgd_model_num_params(s->reps[0].m.model) : 0;
-    if (!N) { /* only servers here: the size comes from a model of the desc */
-        dsgd_model_desc mdesc = s->d.model;
-        dsgd_model *m = NULL;
-        mdesc.backend = NULL;
-        if ((r = dsgd_model_create(s->ctx, &mdesc, &m)) != DSGD_OK) return r;
-        k->p = dsgd_model_num_params(m);
-        dsgd_model_destroy(m);
-    }
-    if (!(init = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what))) return DSGD_ERR_OUT_OF_MEMORY;
-    r = dsgd__psk_map(s, k, init);
+    /* the map over the desc's variables and their initial values (this
+       process may hold no replica) */
+    r = dsgd__shard_map_for_model(s->ctx, &s->d.model, k->pd.num_servers, &s->d.ps.partitioner, &init, &k->p, &k->map);
     for (i = 0; i < N && r == DSGD_OK; ++i)
         if (!(k->buf[i] = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what)))
             r = DSGD_ERR_OUT_OF_MEMORY;
