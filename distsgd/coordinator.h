@@ -331,7 +331,6 @@ struct dsgd_cluster {
     const dsgd_dataset *ds;
     int ds_batch;
     uint64_t ds_seed, ds_gen;
-    size_t ds_per_epoch;    /* batches per worker per epoch */
 };
 
 /* ---- the queues (under mu) */
@@ -478,7 +477,7 @@ static void *dsgd__cluster_worker_main(void *arg) {
     pthread_mutex_unlock(&c->mu);
     /* apply ON_WORKERS: every push was acknowledged, so every step that will
        be published is; fetch them all (no wait) for dsgd_cluster_read_params */
-    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd_ps_worker_failed(w->psw))
+    if (last && !dsgd__ps_apply_of(&c->d.ps)->servers_hold && !dsgd_ps_worker_failed(w->psw))
         w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
     if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
     if (last && !dsgd_ps_worker_failed(w->psw)) { /* a clean goodbye: still alive for the getter */
@@ -575,7 +574,7 @@ static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const flo
         r = dsgd_model_create(w->ctx, &md, &w->model);
     }
     if (r == DSGD_OK) r = dsgd_ps_worker_create(w->ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
-    if (r == DSGD_OK && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) r = dsgd_ps_worker_set_params(w->psw, init);
+    if (r == DSGD_OK && !dsgd__ps_apply_of(&c->d.ps)->servers_hold) r = dsgd_ps_worker_set_params(w->psw, init);
     if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
         r = DSGD_ERR_OUT_OF_MEMORY;
     return dsgd__cluster_copy_error(c, w->ctx, r);
@@ -873,7 +872,7 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full) {
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     if (!full) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: full is NULL", what);
     if (!c->down) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE, "%s: only after dsgd_cluster_shutdown", what);
-    if (c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) { /* the servers only sum: the first final worker's copy */
+    if (!dsgd__ps_apply_of(&c->d.ps)->servers_hold) { /* the servers only sum: the first final worker's copy */
         for (i = 0; i < c->W; ++i)
             if (c->workers[i].final)
                 return dsgd__cluster_copy_error(c, c->workers[i].ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
@@ -944,7 +943,6 @@ DSGD_API dsgd_result dsgd_cluster_set_dataset(dsgd_cluster *c, const dsgd_datase
     c->ds = ds;
     c->ds_batch = batch;
     c->ds_seed = seed;
-    c->ds_per_epoch = nb / (size_t)c->W;
     c->ds_gen++;
     pthread_mutex_unlock(&c->mu);
     return DSGD_OK;
@@ -974,7 +972,7 @@ DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, cons
     const char *what = "dsgd_cluster_worker_next_batch";
     dsgd_cluster *c;
     const size_t *idx = NULL;
-    size_t n, k, e;
+    size_t n;
     dsgd_result r;
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     c = w->c;
@@ -982,17 +980,15 @@ DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, cons
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x, y and count are needed", what);
     if (!c->ds) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: no dataset (dsgd_cluster_set_dataset)", what);
     if (w->ds_gen != c->ds_gen && (r = dsgd__cluster_worker_shard(w)) != DSGD_OK) return r;
-    k = (size_t)(w->ds_next % c->ds_per_epoch);
-    e = (size_t)(w->ds_next / c->ds_per_epoch);
-    if (w->smp.epoch != (uint64_t)e) dsgd_sampler_set_epoch(&w->smp, (uint64_t)e);
-    n = dsgd_sampler_batch(&w->smp, (size_t)w->id + k * (size_t)c->W, &idx);
+    n = dsgd_sampler_worker_batch(&w->smp, w->id, c->W, w->ds_next, &idx);
     if ((r = dsgd_dataset_gather(c->ds, idx, n, w->bx, w->by)) != DSGD_OK)
-        return dsgd_ctx_set_error(w->ctx, r, "%s: cannot gather batch %zu", what, (size_t)w->id + k * (size_t)c->W);
+        return dsgd_ctx_set_error(w->ctx, r, "%s: cannot gather the worker's batch %llu", what,
+                                  (unsigned long long)w->ds_next);
     w->ds_next++;
     *x = w->bx;
     *y = w->by;
     *count = (int)n;
-    if (epoch) *epoch = (uint64_t)e;
+    if (epoch) *epoch = w->smp.epoch;
     return DSGD_OK;
 }
 

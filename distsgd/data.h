@@ -147,6 +147,19 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
    Errors: none (s NULL or not initialised: 0).
    Thread safety: one thread at a time per sampler. */
 DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx);
+/* Batch k (0, 1, ...) of worker `worker`'s shard, when num_workers
+   workers share the sampler's epochs (the same seed on every worker) as
+   dsgd_cluster_set_dataset cuts them: worker w takes batches w, w + W,
+   w + 2W, ... of each epoch, per = floor(num_batches / W) of them, so its
+   batch k is batch w + (k % per) W of epoch k / per, and the shards are
+   disjoint. Moves the sampler to that epoch when it is in another (as
+   dsgd_sampler_set_epoch: call it with k growing), sets *idx (if idx is not
+   NULL) as dsgd_sampler_batch and returns the count; 0 when worker is not
+   in 0..num_workers-1 or there are fewer batches than workers.
+   Errors: none (s NULL or not initialised: 0).
+   Thread safety: one thread at a time per sampler. */
+DSGD_API size_t dsgd_sampler_worker_batch(dsgd_sampler *s, int worker, int num_workers, uint64_t k,
+                                          const size_t **idx);
 
 #ifdef __cplusplus
 }
@@ -299,6 +312,18 @@ DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx) {
     if (idx) *idx = s->order + s->cursor;
     s->cursor += k;
     return k;
+}
+
+DSGD_API size_t dsgd_sampler_worker_batch(dsgd_sampler *s, int worker, int num_workers, uint64_t k,
+                                          const size_t **idx) {
+    size_t per;
+    uint64_t epoch;
+    if (!s || !s->order || worker < 0 || worker >= num_workers) return 0;
+    per = dsgd_sampler_num_batches(s) / (size_t)num_workers;
+    if (per == 0) return 0;
+    epoch = k / (uint64_t)per;
+    if (s->epoch != epoch) dsgd_sampler_set_epoch(s, epoch);
+    return dsgd_sampler_batch(s, (size_t)worker + (size_t)(k % (uint64_t)per) * (size_t)num_workers, idx);
 }
 
 /* >>loaders ---------------------------------------------------------------- */

@@ -109,6 +109,10 @@
      server sees when a deferred pull can never be answered and fails at
      once with DSGD_ERR_DESYNC naming the workers; the waiting worker times
      out. Pushes of a last, incomplete clock or step are never applied.
+     dsgd_ps_worker_run (THE LOOP in ps_worker.h) is that loop, with each
+     policy's stop rule from the table below: BACKUP stops once the global
+     step reaches the target; ASYNC, SSP and SYNC after the target's number
+     of pushes of each worker (dsgd_ps_policy_stops_on_global says which).
 
    WIRE PROTOCOL
 
@@ -259,6 +263,12 @@ typedef struct dsgd_ps_header {
    Never NULL. Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p);
 DSGD_API const char *dsgd_ps_apply_name(dsgd_ps_apply a);
+/* 1 when dsgd_ps_worker_run stops a worker of policy p once the global
+   step reaches its target (BACKUP), 0 when after that many pushes of the
+   worker (ASYNC, SSP, SYNC) and for other values: what the target counts
+   (see THE LOOP in ps_worker.h).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_ps_policy_stops_on_global(dsgd_ps_policy p);
 
 /* The roles' handles (ps_server.h, ps_worker.h). */
 typedef struct dsgd_ps_server dsgd_ps_server;
@@ -306,6 +316,11 @@ typedef struct dsgd__ps_policy_row {
        that ends a worker, which waits for every clock it pushed */
     int64_t (*pull_needs)(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final);
     const char *stuck_hint; /* why a clock cannot complete, for DSGD_ERR_DESYNC */
+    /* the stop rule of dsgd_ps_worker_run: 1, stop once the global step
+       reaches the target (a fixed number of pushes could wait for a step
+       that the others, stopped, never complete); 0, after the target's
+       number of pushes of the worker (every worker pushes as often) */
+    int stop_on_global;
 } dsgd__ps_policy_row;
 
 static int dsgd__ps_ring_none(const dsgd_ps_desc *d) { (void)d; return 0; }
@@ -334,13 +349,14 @@ static int64_t dsgd__ps_needs_last(const dsgd_ps_desc *d, uint64_t pushes, int64
 
 /* In the order of dsgd_ps_policy. */
 static const dsgd__ps_policy_row dsgd__ps_policies[DSGD_PS_POLICY_COUNT] = {
-    {"ASYNC", 0, 0, 0, dsgd__ps_ring_none, dsgd__ps_needed_one, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_nothing, ""},
+    {"ASYNC", 0, 0, 0, dsgd__ps_ring_none, dsgd__ps_needed_one, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_nothing, "",
+     0},
     {"SSP", 1, DSGD_PS_MAX_STALENESS, 0, dsgd__ps_ring_window, dsgd__ps_needed_all, dsgd__ps_step_by_seq, 0, 0,
-     dsgd__ps_needs_window, "SSP needs every worker's push of every clock"},
+     dsgd__ps_needs_window, "SSP needs every worker's push of every clock", 0},
     {"SYNC", 1, 0, 0, dsgd__ps_ring_one, dsgd__ps_needed_all, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_window,
-     "SYNC needs every worker's push of every clock"},
+     "SYNC needs every worker's push of every clock", 0},
     {"BACKUP", 1, 0, 1, dsgd__ps_ring_one, dsgd__ps_needed_first, dsgd__ps_step_by_tag, 1, 1, dsgd__ps_needs_last,
-     "stop BACKUP workers on the global step"}};
+     "stop BACKUP workers on the global step", 1}};
 
 static const dsgd__ps_policy_row *dsgd__ps_policy(const dsgd_ps_desc *d) { return &dsgd__ps_policies[d->policy]; }
 
@@ -365,6 +381,10 @@ DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p) {
 
 DSGD_API const char *dsgd_ps_apply_name(dsgd_ps_apply a) {
     return (int)a >= 0 && (int)a < (int)DSGD_PS_APPLY_COUNT ? dsgd__ps_applies[a].name : "?";
+}
+
+DSGD_API int dsgd_ps_policy_stops_on_global(dsgd_ps_policy p) {
+    return (int)p >= 0 && (int)p < (int)DSGD_PS_POLICY_COUNT ? dsgd__ps_policies[p].stop_on_global : 0;
 }
 
 /* ---- messages */

@@ -4,7 +4,37 @@
    See PARAMETER SERVERS in ps.h for the roles, the policies and the wire
    protocol, and CHECKPOINTS in ps_checkpoint.h for save and restore. A
    worker is one thread's: pull, compute a gradient, push, and at the end
-   finish.
+   finish; dsgd_ps_worker_run is that loop with the policy's stop rule.
+
+   THE LOOP
+
+     dsgd_ps_worker_run is TF's worker loop, everything a worker does after
+     dsgd_ps_worker_create (and dsgd_ps_worker_set_params or _restore):
+
+       repeat:  pull                       into params (the whole buffer)
+                after_pull(step, global)   optional: evaluate, log, stop
+                the stop rule              the policy's (ps.h's table)
+                grad(step, params, grads)  your gradient of the whole buffer
+                push                       grads, each server its slice
+                after_push(step)           optional
+       then:    finish                     unless no_finish
+
+     step is the worker's clock: its pushes so far (those before a restore
+     too), so the number its next push gets. The stop rule compares one
+     count with the target, dsgd_ps_run_desc.steps:
+       BACKUP            the global step (dsgd_ps_worker_global_step): every
+                         worker stops at the same step, as TF's do, and
+                         every server ends at version `steps`, whatever the
+                         number of servers or backups
+       ASYNC, SSP, SYNC  the worker's clock: each worker pushes `steps`
+                         times in all (SSP and SYNC need every worker to
+                         push as often, see UPDATE POLICIES in ps.h)
+     dsgd_ps_policy_stops_on_global says which. The pull the rule stops at
+     is followed by no push, so after_pull sees the parameters the worker
+     ends with (SYNC: the final ones). A restored worker goes on to the
+     same target. after_pull may stop the run early (*stop): under SSP and
+     SYNC only when every worker stops at the same clock, under BACKUP
+     only at a global step every worker stops at.
 */
 #ifndef DSGD__PART_PS_WORKER_DECL
 #define DSGD__PART_PS_WORKER_DECL
@@ -128,6 +158,61 @@ DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w);
 /* Frees the worker (NULL: nothing); not the transport or the map.
    Thread safety: the worker's thread. */
 DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
+
+/* The loop's callbacks (see THE LOOP above), called on the worker's thread
+   with dsgd_ps_run_desc.user. An error one returns stops the run, which
+   returns it; a message recorded on the worker's context is kept.
+   dsgd_ps_grad_fn: the gradient of the whole flat buffer at params into
+   grads (num_floats each) for the worker's push number `step`.
+   dsgd_ps_pull_fn: after each pull, before the stop rule: step (the
+   worker's pushes so far), global_step (dsgd_ps_worker_global_step) and
+   the parameters pulled; set *stop (0 on entry) to non-zero to end the
+   run there as the stop rule would (then finish).
+   dsgd_ps_push_fn: after each push was acknowledged by every server, with
+   its number (dsgd_ps_worker_last_push_dropped tells a BACKUP drop). */
+typedef dsgd_result (*dsgd_ps_grad_fn)(void *user, int64_t step, const float *params, float *grads);
+typedef dsgd_result (*dsgd_ps_pull_fn)(void *user, int64_t step, int64_t global_step, const float *params, int *stop);
+typedef dsgd_result (*dsgd_ps_push_fn)(void *user, int64_t step);
+
+/* What dsgd_ps_worker_run does; zero is the default for every field but
+   grad. */
+typedef struct dsgd_ps_run_desc {
+    int64_t steps;              /* the target, >= 0: the global step (BACKUP)
+                                   or the worker's pushes in all (ASYNC, SSP,
+                                   SYNC) at which it stops */
+    dsgd_ps_grad_fn grad;       /* required */
+    void *user;                 /* passed to every callback */
+    size_t num_floats;          /* the whole flat buffer; 0: up to the end
+                                   of the map's last shard */
+    float *params, *grads;      /* two buffers of num_floats, or NULL: the
+                                   run allocates them (params zeroed); floats
+                                   no shard holds keep their values */
+    dsgd_ps_pull_fn after_pull; /* optional */
+    dsgd_ps_push_fn after_push; /* optional */
+    int no_finish;              /* non-zero: return without finishing, so
+                                   that the caller can pull again (a chief
+                                   reading the final weights once every
+                                   worker is done) and then finish */
+} dsgd_ps_run_desc;
+
+/* Runs the worker's loop with d (see THE LOOP above): pull, stop as the
+   policy says at the target d->steps (or when after_pull says so), else
+   compute the gradient with d->grad and push; then finish, unless
+   d->no_finish. The worker's counters (dsgd_ps_worker_get_stats: clock)
+   then hold its pushes. Apply ON_WORKERS: dsgd_ps_worker_set_params (or
+   dsgd_ps_worker_restore) first.
+   Errors (recorded on the worker's ctx, "dsgd_ps_worker_run: worker w:
+   ..." or the pull's, push's or finish's message): DSGD_ERR_INVALID_ARGUMENT
+   (w NULL, nothing recorded; d NULL, grad NULL, steps < 0, num_floats
+   below the end of the map's last shard, params equal to grads),
+   DSGD_ERR_STATE (a finished or failed worker), DSGD_ERR_OUT_OF_MEMORY,
+   those of dsgd_ps_worker_pull, _push and _finish (the worker is then
+   unusable), and a callback's error (with the callback's own message when
+   it recorded one on the worker's ctx, else one naming the callback and
+   the step); after a callback's error the worker is left unfinished and
+   usable: finish it, or stop the others (the transport's abort).
+   Thread safety: the worker's thread, on which the callbacks run. */
+DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_desc *d);
 
 #ifdef __cplusplus
 }
@@ -649,6 +734,87 @@ DSGD_API int dsgd_ps_worker_last_push_dropped(const dsgd_ps_worker *w, int serve
 
 DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
     return w && w->state == DSGD__PS_FAILED;
+}
+
+/* ---- the loop */
+
+/* The floats of the whole flat buffer the map spans: up to the end of its
+   last shard. */
+static size_t dsgd__ps_worker_span(const dsgd_ps_worker *w) {
+    size_t end = 0;
+    int i, ns = dsgd_shard_map_num_shards(w->map);
+    for (i = 0; i < ns; ++i) {
+        const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
+        end = DSGD__MAX(end, sh->offset + sh->count);
+    }
+    return end;
+}
+
+/* A callback's result r: its own message when it recorded one on the
+   worker's ctx (cleared before the call), else one naming it. */
+static dsgd_result dsgd__ps_worker_callback(dsgd_ps_worker *w, dsgd_result r, const char *which, int64_t step) {
+    if (r != DSGD_OK && dsgd_ctx_last_result(w->ctx) == DSGD_OK)
+        dsgd_ctx_set_error(w->ctx, r, "dsgd_ps_worker_run: worker %d: %s failed at step %lld: %s", w->index, which,
+                           (long long)step, dsgd_result_string(r));
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_desc *d) {
+    static const char *const fn = "dsgd_ps_worker_run";
+    float *own = NULL, *params, *grads;
+    size_t span, n, room, buffers;
+    dsgd_result r;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!d || !d->grad)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: %s is NULL", fn, w->index,
+                                  d ? "the gradient fn (grad)" : "the desc");
+    span = dsgd__ps_worker_span(w);
+    n = d->num_floats ? d->num_floats : span;
+    if (d->steps < 0)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: steps %lld (the target) is negative",
+                                  fn, w->index, (long long)d->steps);
+    if (n < span)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: worker %d: num_floats %zu is below %zu, the end of the shard map's last shard", fn,
+                                  w->index, n, span);
+    if (d->params && d->params == d->grads)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: params and grads are one buffer",
+                                  fn, w->index);
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    room = DSGD__MAX(n, (size_t)1);
+    buffers = (size_t)!d->params + (size_t)!d->grads; /* the run's own */
+    if (buffers && room > SIZE_MAX / (2 * sizeof(float)))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: worker %d: %zu floats", fn, w->index, n);
+    if (buffers && !(own = (float *)dsgd__alloc(w->ctx, buffers * room * sizeof(float), fn)))
+        return DSGD_ERR_OUT_OF_MEMORY;
+    params = d->params ? d->params : own;
+    grads = d->grads ? d->grads : own + (d->params ? 0 : room);
+    if (!d->params) memset(params, 0, n * sizeof(float));
+    for (;;) {
+        /* the clock: the pushes so far, and the next push's number */
+        int64_t step = (int64_t)w->push_seq, global;
+        int stop = 0;
+        if ((r = dsgd_ps_worker_pull(w, params)) != DSGD_OK) break;
+        global = dsgd__ps_worker_global(w);
+        if (d->after_pull) {
+            dsgd_ctx_clear_error(w->ctx);
+            r = dsgd__ps_worker_callback(w, d->after_pull(d->user, step, global, params, &stop), "after_pull", step);
+            if (r != DSGD_OK) break;
+        }
+        /* the stop rule: the policy's (ps.h), TF's order: after the pull */
+        if (stop || (w->pol->stop_on_global ? global : step) >= d->steps) break;
+        dsgd_ctx_clear_error(w->ctx);
+        if ((r = dsgd__ps_worker_callback(w, d->grad(d->user, step, params, grads), "the gradient fn", step)) != DSGD_OK)
+            break;
+        if ((r = dsgd_ps_worker_push(w, grads)) != DSGD_OK) break;
+        if (d->after_push) {
+            dsgd_ctx_clear_error(w->ctx);
+            if ((r = dsgd__ps_worker_callback(w, d->after_push(d->user, step), "after_push", step)) != DSGD_OK) break;
+        }
+    }
+    if (r == DSGD_OK && !d->no_finish) r = dsgd_ps_worker_finish(w);
+    DSGD_FREE(own);
+    return r;
 }
 
 /* ---- checkpoints */

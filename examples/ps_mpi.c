@@ -11,15 +11,18 @@
    A bad TF_CONFIG, or a cluster of another size than the job, fails on every
    process with the same message.
 
-   Servers serve until every worker has finished. Each worker draws its own
-   shard of each epoch as dsgd_cluster_set_dataset does: the same sampler
-   seed everywhere, batches of --batch, worker w takes batches w, w + W,
-   w + 2W, ... (floor(batches / W) each); per batch it pulls, computes the
-   gradient of the mean loss, pushes. --policy async (the default) applies
-   every push on arrival; sync averages one gradient per worker per step;
-   ssp bounds the lead by --staleness s (default 2); backup takes the first
-   W - b gradients of each step (--backups b, default 1) and the workers
-   stop on the global step, as TF's do. The learning
+   Servers serve until every worker has finished. Each worker runs the
+   engine's loop (dsgd_ps_worker_run: pull, the policy's stop rule, compute,
+   push) on its own shard of each epoch, as dsgd_cluster_set_dataset cuts
+   it (dsgd_sampler_worker_batch): the same sampler seed everywhere,
+   batches of --batch, worker w takes batches w, w + W, w + 2W, ...
+   (floor(batches / W) each); its gradient is that of the mean loss.
+   --policy async (the default) applies every push on arrival; sync
+   averages one gradient per worker per step; ssp bounds the lead by
+   --staleness s (default 2); these stop after E epochs of pushes. backup
+   takes the first W - b gradients of each step (--backups b, default 1)
+   and the workers stop on the global step, as TF's do, once it reaches
+   the updates of E epochs. The learning
    rate follows the linear scaling rule for the batch one update averages (B
    for async, W B for sync, W B / (s + 1) for ssp, (W - b) B for backup),
    with half an epoch of warmup and a cosine decay, as examples/sync_vs_async.c.
@@ -82,11 +85,13 @@ typedef struct job {
     dsgd_dataset train, test;
     dsgd_model *m;
     dsgd_shard_map *map;
-    float *params, *buf;             /* the initial weights; a pull/push buffer */
+    float *params, *buf;             /* the initial weights; the parameters pulled */
     size_t np;
     dsgd_ps_desc pd;
     dsgd_transport_i ep;
     MPI_Comm workers_comm;
+    dsgd_sampler smp;                /* a worker's shard of each epoch */
+    float *x, *y;                    /* a worker's batch */
     double stats[7], t_start, t_train;
 } job;
 
@@ -191,60 +196,63 @@ static void run_server(job *j) {
     dsgd_ps_server_destroy(s);
 }
 
-/* A worker's loop over its shard: pull, gradient of the mean loss, push.
-   BACKUP stops on the global step (pull; stop at the target; else push), the
-   others after the same number of pushes on every worker. Returns its pushes. */
-static long long worker_loop(job *j, dsgd_ps_worker *pw, dsgd_sampler *smp, float *x, float *y) {
-    int64_t k, steps = (int64_t)j->per_epoch * j->o.epochs, target = j->updates_per_epoch * j->o.epochs;
-    long long pushes = 0;
-    for (k = 0; j->o.policy == DSGD_PS_BACKUP || k < steps; ++k) {
-        const size_t *idx = NULL;
-        size_t n, e = (size_t)(k / (int64_t)j->per_epoch), b = (size_t)(k % (int64_t)j->per_epoch);
-        if (dsgd_ps_worker_pull(pw, j->buf) != DSGD_OK) die(j->ctx, j->who, j->role.index, "pull");
-        if (j->o.policy == DSGD_PS_BACKUP && dsgd_ps_worker_global_step(pw) >= target) break;
-        if (smp->epoch != (uint64_t)e) dsgd_sampler_set_epoch(smp, (uint64_t)e);
-        n = dsgd_sampler_batch(smp, (size_t)j->role.index + b * (size_t)j->W, &idx);
-        dsgd_dataset_gather(&j->train, idx, n, x, y);
-        if (dsgd_model_set_params(j->m, j->buf, j->np) != DSGD_OK ||
-            dsgd_model_compute_gradients(j->m, x, y, (int)n, 1.0f / (float)n) != DSGD_OK ||
-            dsgd_model_get_grads(j->m, j->buf, j->np) != DSGD_OK)
-            die(j->ctx, j->who, j->role.index, "gradient");
-        if (dsgd_ps_worker_push(pw, j->buf) != DSGD_OK) die(j->ctx, j->who, j->role.index, "push");
-        pushes++;
-        if (j->role.is_chief && b + 1 == j->per_epoch) {
-            printf("ps_mpi: chief: epoch %zu done, %.1f s\n", e + 1, dsgd_now() - j->t_start);
-            fflush(stdout);
-        }
-    }
-    return pushes;
+/* The gradient fn of dsgd_ps_worker_run: the mean loss's gradient on this
+   worker's batch `step` of its shard, at the pulled params. */
+static dsgd_result worker_grad(void *user, int64_t step, const float *params, float *grads) {
+    job *j = (job *)user;
+    const size_t *idx = NULL;
+    size_t n = dsgd_sampler_worker_batch(&j->smp, j->role.index, j->W, (uint64_t)step, &idx);
+    dsgd_result r = dsgd_dataset_gather(&j->train, idx, n, j->x, j->y);
+    if (r == DSGD_OK) r = dsgd_model_set_params(j->m, params, j->np);
+    if (r == DSGD_OK) r = dsgd_model_compute_gradients(j->m, j->x, j->y, (int)n, 1.0f / (float)n);
+    if (r == DSGD_OK) r = dsgd_model_get_grads(j->m, grads, j->np);
+    return r;
 }
 
-/* A worker trains its shard; then the workers meet and the chief pulls the
-   final weights into buf. Its pushes into stats[0]. */
+/* After each push: the chief says when it has pushed an epoch's batches. */
+static dsgd_result worker_pushed(void *user, int64_t step) {
+    job *j = (job *)user;
+    if (j->role.is_chief && (step + 1) % (int64_t)j->per_epoch == 0) {
+        printf("ps_mpi: chief: epoch %lld done, %.1f s\n", (long long)((step + 1) / (int64_t)j->per_epoch),
+               dsgd_now() - j->t_start);
+        fflush(stdout);
+    }
+    return DSGD_OK;
+}
+
+/* A worker runs the engine's loop; then the workers meet and the chief,
+   which ran without finishing, pulls the final weights into buf. Its
+   pushes into stats[0]. The target: E epochs of pushes, or under BACKUP
+   (the workers stop on the global step) E epochs of updates. */
 static void run_worker(job *j) {
     dsgd_ps_worker *pw = NULL;
-    dsgd_sampler smp;
-    float *x = (float *)malloc(sizeof(float) * (size_t)j->o.batch * j->train.dim);
-    float *y = (float *)malloc(sizeof(float) * (size_t)j->o.batch);
-    if (!x || !y) die(NULL, j->who, j->role.index, "out of memory");
-    if (dsgd_sampler_init(j->ctx, &smp, j->train.n, (size_t)j->o.batch, j->o.seed, 1, 1) != DSGD_OK)
+    dsgd_ps_worker_stats st;
+    int64_t target = (dsgd_ps_policy_stops_on_global(j->o.policy) ? j->updates_per_epoch : (int64_t)j->per_epoch) *
+                     j->o.epochs;
+    dsgd_ps_run_desc run = {.steps = target, .grad = worker_grad, .user = j, .num_floats = j->np,
+                            .params = j->buf, .after_push = worker_pushed, .no_finish = j->role.is_chief};
+    j->x = (float *)malloc(sizeof(float) * (size_t)j->o.batch * j->train.dim);
+    j->y = (float *)malloc(sizeof(float) * (size_t)j->o.batch);
+    if (!j->x || !j->y) die(NULL, j->who, j->role.index, "out of memory");
+    if (dsgd_sampler_init(j->ctx, &j->smp, j->train.n, (size_t)j->o.batch, j->o.seed, 1, 1) != DSGD_OK)
         die(j->ctx, j->who, j->role.index, "sampler");
     if (dsgd_ps_worker_create(j->ctx, &j->ep, &j->pd, j->map, &pw) != DSGD_OK)
         die(j->ctx, j->who, j->role.index, "create");
-    j->stats[0] = (double)worker_loop(j, pw, &smp, x, y);
+    memcpy(j->buf, j->params, sizeof(float) * j->np); /* floats no shard holds (none here) keep their values */
+    if (dsgd_ps_worker_run(pw, &run) != DSGD_OK) die(j->ctx, j->who, j->role.index, "run");
+    dsgd_ps_worker_get_stats(pw, &st);
+    j->stats[0] = (double)st.clock;
     /* The chief pulls once every worker's pushes are in. */
-    if (!j->role.is_chief && dsgd_ps_worker_finish(pw) != DSGD_OK) die(j->ctx, j->who, j->role.index, "finish");
     MPI_Barrier(j->workers_comm);
     if (j->role.is_chief) {
         j->t_train = dsgd_now() - j->t_start;
-        memcpy(j->buf, j->params, sizeof(float) * j->np); /* floats no shard holds (none here) keep their values */
         if (dsgd_ps_worker_pull(pw, j->buf) != DSGD_OK) die(j->ctx, j->who, j->role.index, "final pull");
         if (dsgd_ps_worker_finish(pw) != DSGD_OK) die(j->ctx, j->who, j->role.index, "finish");
     }
     dsgd_ps_worker_destroy(pw);
-    dsgd_sampler_free(&smp);
-    free(x);
-    free(y);
+    dsgd_sampler_free(&j->smp);
+    free(j->x);
+    free(j->y);
 }
 
 /* The chief: the final weights' test accuracy, every server's counters

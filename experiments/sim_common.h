@@ -9,8 +9,9 @@
        outside the hub); each replica's batch comes from a dsgd_batch_fn
        that first charges the step's compute (dsgd_simnet_compute); or
      - parameter servers (distsgd/ps.h) in any policy: rank 0 serves, ranks
-       1..W are workers, one thread each (no parking needed); a worker
-       pulls, computes its gradient, charges the compute, pushes.
+       1..W are workers, one thread each (no parking needed); a worker runs
+       the engine's loop (dsgd_ps_worker_run): pulls, computes its
+       gradient, charges the compute, pushes.
    Every worker draws its batches from the training set with its own
    generator (seed, rank, step), so a run is a function of its desc: the
    same seed gives the same CSV bytes and the same trace.
@@ -26,8 +27,9 @@
    staleness of the gradient it pushed in between; 0 for mirrored and
    SYNC); dropped: gradients dropped as stale since the previous row
    (BACKUP's backups). stop_at_target works for mirrored, ASYNC and
-   BACKUP (SYNC and SSP need every worker to push equally often). Include this file in one translation unit that
-   defines DISTSGD_IMPLEMENTATION first. */
+   BACKUP (SYNC and SSP need every worker to push equally often: the run
+   fails). Include this file in one translation unit that defines
+   DISTSGD_IMPLEMENTATION first. */
 #ifndef SIM_COMMON_H
 #define SIM_COMMON_H
 
@@ -52,8 +54,8 @@ typedef struct sim_run_desc {
     const char *name;       /* the CSV's run column */
     sim_kind kind;
     dsgd_ps_policy policy;  /* SIM_PS */
-    int staleness;          /* SSP's bound */
-    int backups;            /* BACKUP's b */
+    int staleness;          /* SSP's bound (other policies: 0) */
+    int backups;            /* BACKUP's b (other policies: 0) */
     int workers;            /* replicas, or PS workers (N + b) */
     int batch;              /* per worker */
     const dsgd_layer_desc *layers;
@@ -61,8 +63,9 @@ typedef struct sim_run_desc {
     dsgd_optimizer_desc optimizer;
     /* stop: mirrored, SYNC, SSP after `steps` updates (SSP: pushes per
        worker), BACKUP once the version reaches `steps`, ASYNC once a
-       worker's clock reaches max_time_s (steps: at most that many updates;
-       0 none) */
+       worker's clock reaches max_time_s (> 0; steps: at most that many
+       updates; 0 none). A parameter-server run needs steps > 0 or
+       max_time_s > 0. */
     long steps;
     double max_time_s;
     int eval_every;         /* updates between rows */
@@ -304,9 +307,77 @@ typedef struct sim_ps_arg {
     int rank;
 } sim_ps_arg;
 
+/* A worker of the run: what its loop's callbacks (dsgd_ps_worker_run) use. */
+typedef struct sim_ps_worker {
+    sim_ps *ps;
+    int rank;
+    dsgd_ps_worker *w;
+    dsgd_model *m;
+    size_t np;
+    float *x, *y;
+    int64_t prev_v; /* the version read at the previous pull */
+} sim_ps_worker;
+
+/* After each pull: the staleness counters, the pulled weights into the
+   model, rank 1's rows, and when to stop early (see sim_run_desc.steps; the
+   rule of dsgd_ps_worker_run stops at `steps` pushes, or under BACKUP at
+   version `steps`). With one server the version is the global step. */
+static dsgd_result sim_ps_pulled(void *user, int64_t k, int64_t v, const float *params, int *stop) {
+    sim_ps_worker *sw = (sim_ps_worker *)user;
+    sim_ps *ps = sw->ps;
+    const sim_run_desc *d = ps->d;
+    dsgd_result res;
+    if (k > 0) {
+        ps->rows->pulls++;
+        ps->rows->stale_sum += (double)(v - sw->prev_v - 1 > 0 ? v - sw->prev_v - 1 : 0);
+    }
+    sw->prev_v = v;
+    if ((res = dsgd_model_set_params(sw->m, params, sw->np)) != DSGD_OK) return res;
+    if (sw->rank == 1 && (v >= ps->rows->next_eval || (d->steps > 0 && v >= d->steps))) {
+        double loss, acc;
+        sim_evaluate(sw->m, &ps->data->test, &loss, &acc);
+        sim_row(ps->rows, (long)v, dsgd_simnet_time(ps->hub, sw->rank), loss, acc);
+        while (ps->rows->next_eval <= v) ps->rows->next_eval += d->eval_every;
+        if (ps->rows->stop && !ps->stop_version) ps->stop_version = (int)v + 1;
+    }
+    /* the time limit; the updates; once a worker saw the target, at once,
+       or, where the workers stop on the global step, at the next one */
+    *stop = (d->max_time_s > 0 && dsgd_simnet_time(ps->hub, sw->rank) >= d->max_time_s) ||
+            (d->steps > 0 && v >= d->steps) ||
+            (ps->stop_version && (!dsgd_ps_policy_stops_on_global(d->policy) || v >= ps->stop_version));
+    return DSGD_OK;
+}
+
+/* The gradient of batch k (the model holds the pulled weights), then the
+   step's compute time on the virtual clock. */
+static dsgd_result sim_ps_grad(void *user, int64_t k, const float *params, float *grads) {
+    sim_ps_worker *sw = (sim_ps_worker *)user;
+    const sim_run_desc *d = sw->ps->d;
+    dsgd_result res;
+    (void)params;
+    sim_draw(&sw->ps->data->train, d->seed, sw->rank, (long)k, d->batch, sw->x, sw->y);
+    res = dsgd_model_compute_gradients(sw->m, sw->x, sw->y, d->batch, 1.0f / (float)d->batch);
+    if (res == DSGD_OK) res = dsgd_model_get_grads(sw->m, grads, sw->np);
+    if (res == DSGD_OK) res = dsgd_simnet_compute(sw->ps->hub, sw->rank, (long)k);
+    return res;
+}
+
+/* After each push: BACKUP's dropped gradients. */
+static dsgd_result sim_ps_pushed(void *user, int64_t k) {
+    sim_ps_worker *sw = (sim_ps_worker *)user;
+    (void)k;
+    if (dsgd_ps_worker_last_push_dropped(sw->w, 0)) {
+        sw->ps->rows->dropped++;
+        sw->ps->rows->dropped_total++;
+    }
+    return DSGD_OK;
+}
+
 /* One rank's thread. Exactly one rank thread runs at a time (the hub's
    turn; no parking here), so the shared counters in rows need no lock and
-   their order is the simulation's. */
+   their order is the simulation's. A worker runs the engine's loop
+   (dsgd_ps_worker_run: pull, stop rule, compute, push) with the callbacks
+   above. */
 static void *sim_ps_rank(void *p) {
     sim_ps_arg *a = (sim_ps_arg *)p;
     sim_ps *ps = a->ps;
@@ -325,74 +396,39 @@ static void *sim_ps_rank(void *p) {
         }
         dsgd_ps_server_destroy(s);
     } else {
-        dsgd_ps_worker *w = NULL;
+        sim_ps_worker sw;
         dsgd_model_desc md;
-        dsgd_model *m = NULL;
+        dsgd_ps_run_desc run;
         const dsgd_dataset *tr = &ps->data->train;
-        size_t np = 0;
-        float *params = NULL, *x = NULL, *y = NULL;
-        int64_t prev_v = 0;
-        long k;
+        memset(&sw, 0, sizeof(sw));
+        sw.ps = ps;
+        sw.rank = rank;
         memset(&md, 0, sizeof(md));
         md.input_dim = tr->dim;
         md.layers = d->layers;
         md.num_layers = d->num_layers;
         md.max_batch = d->batch < 256 ? 256 : d->batch;
         md.seed = d->seed;
-        res = dsgd_model_create(ctx, &md, &m);
-        if (res == DSGD_OK) res = dsgd_ps_worker_create(ctx, t, &ps->pd, ps->map, &w);
+        res = dsgd_model_create(ctx, &md, &sw.m);
+        if (res == DSGD_OK) res = dsgd_ps_worker_create(ctx, t, &ps->pd, ps->map, &sw.w);
         if (res == DSGD_OK) {
-            np = dsgd_model_num_params(m);
-            params = (float *)malloc(sizeof(float) * np);
-            x = (float *)malloc(sizeof(float) * (size_t)d->batch * (size_t)tr->dim);
-            y = (float *)malloc(sizeof(float) * (size_t)d->batch);
-            if (!params || !x || !y) res = DSGD_ERR_OUT_OF_MEMORY;
+            sw.np = dsgd_model_num_params(sw.m);
+            sw.x = (float *)malloc(sizeof(float) * (size_t)d->batch * (size_t)tr->dim);
+            sw.y = (float *)malloc(sizeof(float) * (size_t)d->batch);
+            if (!sw.x || !sw.y) res = DSGD_ERR_OUT_OF_MEMORY;
         }
-        for (k = 0; res == DSGD_OK; ++k) {
-            int64_t v;
-            res = dsgd_ps_worker_pull(w, params);
-            if (res != DSGD_OK) break;
-            v = dsgd_ps_worker_version(w, 0);
-            if (k > 0) {
-                ps->rows->pulls++;
-                ps->rows->stale_sum += (double)(v - prev_v - 1 > 0 ? v - prev_v - 1 : 0);
-            }
-            prev_v = v;
-            res = dsgd_model_set_params(m, params, np);
-            if (res != DSGD_OK) break;
-            if (rank == 1 && (v >= ps->rows->next_eval || (d->policy != DSGD_PS_ASYNC && v >= d->steps))) {
-                double loss, acc;
-                sim_evaluate(m, &ps->data->test, &loss, &acc);
-                sim_row(ps->rows, (long)v, dsgd_simnet_time(ps->hub, rank), loss, acc);
-                while (ps->rows->next_eval <= v) ps->rows->next_eval += d->eval_every;
-                if (ps->rows->stop && !ps->stop_version) ps->stop_version = (int)v + 1;
-            }
-            /* when to stop (see sim_run_desc.steps) */
-            if (d->policy == DSGD_PS_ASYNC) {
-                if (dsgd_simnet_time(ps->hub, rank) >= d->max_time_s || (d->steps > 0 && v >= d->steps) ||
-                    ps->stop_version)
-                    break;
-            } else if (d->policy == DSGD_PS_BACKUP) {
-                if (v >= d->steps || (ps->stop_version && v >= ps->stop_version)) break;
-            } else if (k >= d->steps) {
-                break;
-            }
-            sim_draw(tr, d->seed, rank, k, d->batch, x, y);
-            res = dsgd_model_compute_gradients(m, x, y, d->batch, 1.0f / (float)d->batch);
-            if (res == DSGD_OK) res = dsgd_model_get_grads(m, params, np);
-            if (res == DSGD_OK) res = dsgd_simnet_compute(ps->hub, rank, k);
-            if (res == DSGD_OK) res = dsgd_ps_worker_push(w, params);
-            if (res == DSGD_OK && dsgd_ps_worker_last_push_dropped(w, 0)) {
-                ps->rows->dropped++;
-                ps->rows->dropped_total++;
-            }
-        }
-        if (res == DSGD_OK) res = dsgd_ps_worker_finish(w);
-        dsgd_ps_worker_destroy(w);
-        dsgd_model_destroy(m);
-        free(params);
-        free(x);
-        free(y);
+        memset(&run, 0, sizeof(run));
+        run.steps = d->steps > 0 ? d->steps : INT64_MAX; /* ASYNC's steps 0: no limit */
+        run.grad = sim_ps_grad;
+        run.user = &sw;
+        run.num_floats = sw.np;
+        run.after_pull = sim_ps_pulled;
+        run.after_push = sim_ps_pushed;
+        if (res == DSGD_OK) res = dsgd_ps_worker_run(sw.w, &run);
+        dsgd_ps_worker_destroy(sw.w);
+        dsgd_model_destroy(sw.m);
+        free(sw.x);
+        free(sw.y);
     }
     ps->res[rank] = res;
     if (res != DSGD_OK) {
@@ -413,6 +449,12 @@ static int sim_run_ps(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data *data
     dsgd_model *m0 = NULL;
     float *init = NULL;
     memset(&ps, 0, sizeof(ps));
+    if (d->steps <= 0 && d->max_time_s <= 0) {
+        fprintf(stderr, "%s: a parameter-server run needs steps > 0 or max_time_s > 0\n", d->name);
+        free(args);
+        free(th);
+        return -1;
+    }
     ps.d = d;
     ps.data = data;
     ps.hub = hub;
@@ -439,8 +481,8 @@ static int sim_run_ps(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data *data
     ps.pd.num_servers = 1;
     ps.pd.num_workers = d->workers;
     ps.pd.policy = d->policy;
-    ps.pd.staleness = d->policy == DSGD_PS_SSP ? d->staleness : 0;
-    ps.pd.backup_workers = d->policy == DSGD_PS_BACKUP ? d->backups : 0;
+    ps.pd.staleness = d->staleness;
+    ps.pd.backup_workers = d->backups;
     ps.pd.optimizer = d->optimizer;
     ps.pd.timeout_s = 1e6; /* virtual: nothing times out */
     ps.pd.retry_s = 1e5;   /* no resends: the virtual network loses nothing */

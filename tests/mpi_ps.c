@@ -27,8 +27,10 @@
      - SYNC resumed across processes: the same run in two sessions on new
        transports; after the first half every rank saves its own file (a
        server its shards), and the second session's ranks restore from
-       them: the chief's last pull equals the uninterrupted run's, bit for
-       bit, and each server's version is STEPS.
+       them (each worker's loop, dsgd_ps_worker_run, goes on from its
+       restored clock to the same target): the chief's last pull equals the
+       uninterrupted run's, bit for bit, and each server's version is
+       STEPS.
      - ASYNC. Under the rank layout, 2 workers push ASYNC_STEPS gradients
        each; each server's version and new pushes equal 2 x ASYNC_STEPS
        (every push applied once, whatever resends the deadline caused), and
@@ -224,7 +226,7 @@ typedef struct job {
     const dsgd_shard_map *map;
     const float *init;
     size_t np;
-    int from, steps;       /* the workers' steps [from, steps) */
+    int steps;             /* the workers' pushes in all (a restored worker goes on to it) */
     MPI_Comm workers_comm; /* ASYNC over MPI: the chief pulls once every worker finished; else MPI_COMM_NULL */
     const char *load_dir, *save_dir; /* checkpoints: each rank restores from, saves to, dir/rank<R>.ckpt */
     int no_final_pull;     /* the chief finishes without its last pull (before a save) */
@@ -253,9 +255,34 @@ static dsgd_model_desc model_desc(void) {
     return md;
 }
 
-/* One engine rank over endpoint t: a server serves; worker w pulls,
-   computes on batch w + k W, pushes, `steps` times; the chief (worker 0)
-   then pulls into out->final. The same code over MPI and the loopback. */
+/* A worker's gradient in dsgd_ps_worker_run: batch w + k W of the fixed
+   set, at the pulled params. */
+typedef struct rank_worker {
+    const job *j;
+    dsgd_model *m;
+    int w, W;
+} rank_worker;
+
+static dsgd_result rank_grad(void *user, int64_t k, const float *params, float *grads) {
+    rank_worker *rw = (rank_worker *)user;
+    float x[BATCH * IN], y[BATCH];
+    int i, b = rw->w + (int)k * rw->W;
+    dsgd_result r;
+    for (i = 0; i < BATCH; ++i) {
+        int n = (b * BATCH + i) % SAMPLES;
+        memcpy(x + i * IN, g_x + n * IN, sizeof(float) * IN);
+        y[i] = g_y[n];
+    }
+    if ((r = dsgd_model_set_params(rw->m, params, rw->j->np)) != DSGD_OK) return r;
+    if ((r = dsgd_model_compute_gradients(rw->m, x, y, BATCH, 1.0f / BATCH)) != DSGD_OK) return r;
+    return dsgd_model_get_grads(rw->m, grads, rw->j->np);
+}
+
+/* One engine rank over endpoint t: a server serves; worker w runs the
+   engine's loop (dsgd_ps_worker_run: pull, compute on batch w + k W, push)
+   until it has pushed `steps` times in all (a restored worker goes on from
+   its clock); the chief (worker 0) then pulls into out->final. The same
+   code over MPI and the loopback. */
 static void run_rank(dsgd_ctx *ctx, const dsgd_transport_i *t, const job *j, rank_out *o) {
     int P = j->pd.num_servers, W = j->pd.num_workers;
     char path[256];
@@ -275,31 +302,27 @@ static void run_rank(dsgd_ctx *ctx, const dsgd_transport_i *t, const job *j, ran
         dsgd_ps_server_get_stats(s, &o->st);
         dsgd_ps_server_destroy(s);
     } else {
-        int w = t->rank - P, k, i;
+        int w = t->rank - P;
         dsgd_ps_worker *pw = NULL;
-        dsgd_model *m = NULL;
-        float *buf = (float *)malloc(sizeof(float) * j->np), x[BATCH * IN], y[BATCH];
-        if (!buf) o->r = DSGD_ERR_OUT_OF_MEMORY;
-        if (o->r == DSGD_OK) o->r = dsgd_model_create(ctx, &j->md, &m);
+        rank_worker rw;
+        dsgd_ps_run_desc rd;
+        memset(&rw, 0, sizeof(rw));
+        rw.j = j;
+        rw.w = w;
+        rw.W = W;
+        memset(&rd, 0, sizeof(rd));
+        rd.steps = j->steps;
+        rd.grad = rank_grad;
+        rd.user = &rw;
+        rd.num_floats = j->np;
+        rd.no_finish = w == 0 && !j->no_final_pull; /* the chief pulls once more, then finishes */
+        o->r = dsgd_model_create(ctx, &j->md, &rw.m);
         if (o->r == DSGD_OK) o->r = dsgd_ps_worker_create(ctx, t, &j->pd, j->map, &pw);
         if (o->r == DSGD_OK && j->load_dir) {
             rank_path(path, sizeof(path), j->load_dir, t->rank);
             o->r = dsgd_ps_worker_restore(pw, path);
         }
-        for (k = j->from; k < j->steps && o->r == DSGD_OK; ++k) {
-            int b = w + k * W;
-            for (i = 0; i < BATCH; ++i) {
-                int n = (b * BATCH + i) % SAMPLES;
-                memcpy(x + i * IN, g_x + n * IN, sizeof(float) * IN);
-                y[i] = g_y[n];
-            }
-            if ((o->r = dsgd_ps_worker_pull(pw, buf)) != DSGD_OK) break;
-            if ((o->r = dsgd_model_set_params(m, buf, j->np)) != DSGD_OK) break;
-            if ((o->r = dsgd_model_compute_gradients(m, x, y, BATCH, 1.0f / BATCH)) != DSGD_OK) break;
-            if ((o->r = dsgd_model_get_grads(m, buf, j->np)) != DSGD_OK) break;
-            o->r = dsgd_ps_worker_push(pw, buf);
-        }
-        if (o->r == DSGD_OK && (w != 0 || j->no_final_pull)) o->r = dsgd_ps_worker_finish(pw);
+        if (o->r == DSGD_OK) o->r = dsgd_ps_worker_run(pw, &rd);
         if (j->workers_comm != MPI_COMM_NULL) MPI_Barrier(j->workers_comm);
         if (o->r == DSGD_OK && w == 0 && !j->no_final_pull) {
             memcpy(o->final, j->init, sizeof(float) * j->np);
@@ -311,8 +334,7 @@ static void run_rank(dsgd_ctx *ctx, const dsgd_transport_i *t, const job *j, ran
             o->r = dsgd_ps_worker_save(pw, path);
         }
         dsgd_ps_worker_destroy(pw);
-        dsgd_model_destroy(m);
-        free(buf);
+        dsgd_model_destroy(rw.m);
     }
     if (o->r != DSGD_OK) {
         const char *m = dsgd_ctx_last_error(ctx);
@@ -401,7 +423,6 @@ static void test_resume(dsgd_ctx *ctx, const job *full, const dsgd_mpi_ps_role *
     half[0].steps = STEPS / 2;
     half[0].save_dir = dir;
     half[0].no_final_pull = 1;
-    half[1].from = STEPS / 2;
     half[1].load_dir = dir;
     for (k = 0; k < 2; ++k) {
         memset(&o, 0, sizeof(o));

@@ -9,7 +9,8 @@
    allocation sizes. A seeded mutation loop (truncations, byte flips,
    appended bytes) checks that every mutated file either loads with sane
    sizes or fails with a code and a message. The vendored digits file loads
-   as 1797 x 64 with 10 classes.
+   as 1797 x 64 with 10 classes. Workers' shards of a sampler's epochs
+   (dsgd_sampler_worker_batch) are its batches w, w + W, ..., disjoint.
 
    Build: make test (this file is compiled without the implementation and
    linked against the library built once per variant). */
@@ -750,6 +751,56 @@ static void test_sampler(void **state) {
     TU_ERR(f->ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_sampler_init(f->ctx, &s, 4, 0, 1, 1, 0));
 }
 
+/* Workers' shards (dsgd_sampler_worker_batch): 3 workers over 100 samples
+   in batches of 7 (14 batches, 4 each per epoch, batches 12 and 13 left
+   over): worker w's batch k is batch w + 3 (k % 4) of epoch k / 4, the
+   shards of an epoch are disjoint, and the walk moves through the epochs. */
+static void test_sampler_worker_batch(void **state) {
+    fx *f = (fx *)*state;
+    dsgd_sampler s, ref;
+    const size_t *idx = NULL, *want = NULL;
+    char seen[100];
+    int w, k, i;
+    TU_OK(f->ctx, dsgd_sampler_init(f->ctx, &s, 100, 7, 9, 1, 1));
+    TU_OK(f->ctx, dsgd_sampler_init(f->ctx, &ref, 100, 7, 9, 1, 1));
+    for (w = 0; w < 3; ++w)
+        for (k = 0; k < 12; ++k) { /* three epochs */
+            size_t n = dsgd_sampler_worker_batch(&s, w, 3, (uint64_t)k, &idx);
+            dsgd_sampler_set_epoch(&ref, (uint64_t)(k / 4));
+            assert_int_equal(dsgd_sampler_batch(&ref, (size_t)(w + 3 * (k % 4)), &want), 7);
+            assert_int_equal(n, 7);
+            assert_int_equal(s.epoch, k / 4);
+            assert_memory_equal(idx, want, 7 * sizeof(size_t));
+        }
+    /* epoch 1's shards: disjoint, 84 of the 100 samples */
+    memset(seen, 0, sizeof seen);
+    for (w = 0; w < 3; ++w)
+        for (k = 4; k < 8; ++k) {
+            assert_int_equal(dsgd_sampler_worker_batch(&s, w, 3, (uint64_t)k, &idx), 7);
+            for (i = 0; i < 7; ++i) {
+                assert_true(idx[i] < 100 && !seen[idx[i]]);
+                seen[idx[i]] = 1;
+            }
+        }
+    for (i = k = 0; i < 100; ++i) k += seen[i];
+    assert_int_equal(k, 84);
+    /* a worker out of range, more workers than batches, no sampler: 0 */
+    assert_int_equal(dsgd_sampler_worker_batch(&s, 3, 3, 0, &idx), 0);
+    assert_int_equal(dsgd_sampler_worker_batch(&s, -1, 3, 0, &idx), 0);
+    assert_int_equal(dsgd_sampler_worker_batch(&s, 0, 15, 0, &idx), 0);
+    assert_int_equal(dsgd_sampler_worker_batch(NULL, 0, 1, 0, &idx), 0);
+    /* one worker takes every batch in order; idx may be NULL */
+    assert_int_equal(dsgd_sampler_worker_batch(&s, 0, 1, 13, NULL), 7);
+    assert_int_equal(s.epoch, 0);
+    assert_int_equal(dsgd_sampler_worker_batch(&s, 0, 1, 14, &idx), 7);
+    assert_int_equal(s.epoch, 1);
+    dsgd_sampler_set_epoch(&ref, 1);
+    assert_int_equal(dsgd_sampler_batch(&ref, 0, &want), 7);
+    assert_memory_equal(idx, want, 7 * sizeof(size_t));
+    dsgd_sampler_free(&s);
+    dsgd_sampler_free(&ref);
+}
+
 /* ---------------------------------------------------------------- fuzz */
 
 /* Mutates buf (length *n, capacity cap) in one of four ways. */
@@ -1000,6 +1051,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_csv_digits, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dataset_alloc_split_gather, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sampler, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sampler_worker_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fuzz_loaders, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_a_regular_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fifo, setup, teardown),

@@ -3,7 +3,8 @@
 
    Servers and workers are ranks of one loopback hub, one pthread each.
      - No lost update, no double update: 2 servers, 4 workers x 1000 ASYNC
-       pushes of small integer gradients (SGD, lr 1) over a transport wrapper
+       pushes (dsgd_ps_worker_run: exactly 1000 each, and one pull more) of
+       small integer gradients (SGD, lr 1) over a transport wrapper
        that drops 10% of the acknowledgements (forcing resends), sends 5% of
        the pushes twice and delays others; the final parameters equal the
        initial ones minus the sum of every pushed gradient exactly, and the
@@ -35,6 +36,14 @@
        have staleness 0, 1, 2.
      - Large messages (rendezvous on the loopback), ASYNC with resends and
        SYNC, end with the exact sums.
+     - The loop (dsgd_ps_worker_run): SYNC gives the bits of a hand-written
+       pull/push loop, and SSP s = 2 the same bits, each worker pushing
+       exactly `steps` times and reading the global step the policy
+       promises; BACKUP 3 + 1 over 2 servers with a straggler ends every
+       server at exactly the target (servers or workers applying); the
+       callbacks run in the loop's order with the worker's clock; a
+       callback's error leaves the worker usable and the next run goes on
+       to the same target; after_pull stops it; no_finish; bad arguments.
      - Errors: bad descs, no probe, a transport of the wrong size, wrong
        roles, push without pull, calls after finish, a missing worker (the
        server times out naming it, a waiting worker names the server), runs
@@ -374,25 +383,37 @@ typedef struct exact_data {
 
 static int small_int(uint64_t *s) { return (int)(dsgd_rng_next(s) % 7) - 3; }
 
-static dsgd_result body_exact(run *R, int w, dsgd_ps_worker *pw) {
-    exact_data *D = (exact_data *)R->user;
-    float *p = (float *)malloc(R->n * sizeof(float)), *g = (float *)malloc(R->n * sizeof(float));
-    dsgd_result r = DSGD_OK;
-    int i;
+/* The loop is dsgd_ps_worker_run's (ASYNC: EX_PUSHES pushes each); push i
+   of worker w is small integers from (seed, w, i), summed as they go. */
+typedef struct exact_worker {
+    run *R;
+    int w;
+} exact_worker;
+
+static dsgd_result grad_exact(void *user, int64_t i, const float *params, float *g) {
+    exact_worker *e = (exact_worker *)user;
+    exact_data *D = (exact_data *)e->R->user;
+    uint64_t s = seed_of(e->R->seed, e->w, (int)i);
     size_t j;
-    for (i = 0; i < EX_PUSHES && r == DSGD_OK; ++i) {
-        uint64_t s = seed_of(R->seed, w, i);
-        if ((r = dsgd_ps_worker_pull(pw, p)) != DSGD_OK) break;
-        for (j = 0; j < R->n; ++j) {
-            int v = small_int(&s);
-            g[j] = (float)v;
-            D->sum[w][j] += v;
-        }
-        r = dsgd_ps_worker_push(pw, g);
+    (void)params;
+    for (j = 0; j < e->R->n; ++j) {
+        int v = small_int(&s);
+        g[j] = (float)v;
+        D->sum[e->w][j] += v;
     }
-    free(p);
-    free(g);
-    return r;
+    return DSGD_OK;
+}
+
+static dsgd_result body_exact(run *R, int w, dsgd_ps_worker *pw) {
+    exact_worker e;
+    dsgd_ps_run_desc rd;
+    e.R = R;
+    e.w = w;
+    memset(&rd, 0, sizeof rd);
+    rd.steps = EX_PUSHES;
+    rd.grad = grad_exact;
+    rd.user = &e;
+    return dsgd_ps_worker_run(pw, &rd); /* and finish */
 }
 
 static void test_exactly_once(void **state) {
@@ -424,6 +445,7 @@ static void test_exactly_once(void **state) {
     R->d.retry_s = 0.002;
     R->d.staleness_bins = 8;
     R->body = body_exact;
+    R->body_finishes = 1;
     R->user = D;
     R->faulty = 1;
     R->skip_worker = -1;
@@ -444,7 +466,7 @@ static void test_exactly_once(void **state) {
     }
     for (w = 0; w < EX_W; ++w) {
         const dsgd_ps_worker_stats *ws = &R->wst[2 + w];
-        assert_true(ws->clock == EX_PUSHES && ws->pulls == EX_PUSHES);
+        assert_true(ws->clock == EX_PUSHES && ws->pulls == EX_PUSHES + 1); /* + the pull the loop stops at */
         resends += ws->push_resends;
         injected += R->dups[2 + w];
         drops += R->drops[2 + w];
@@ -871,6 +893,338 @@ static void test_zero_bounds_are_sync(void **state) {
     dsgd_optimizer_destroy(opt);
     dsgd_model_destroy(m);
     dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+/* ---------------------------------------------------------------- 7: the loop (dsgd_ps_worker_run) */
+
+/* A worker's run: the gradients of body_random (rand_grad of (seed, w,
+   push)); the callbacks log what they saw and check the loop's order
+   (pull, after_pull, stop rule, grad, push, after_push) and its steps. */
+#define LP_MAX 64
+typedef struct loop_data {
+    int64_t steps;                   /* the run's target */
+    int slow;                        /* this worker is slow to compute its gradient */
+    int64_t pull_step[MAXR][LP_MAX + 2], pull_global[MAXR][LP_MAX + 2];
+    int pulls[MAXR], grads[MAXR], pushes[MAXR]; /* calls of each callback */
+    int dropped[MAXR];               /* pushes a BACKUP server dropped */
+} loop_data;
+
+typedef struct loop_worker {
+    run *R;
+    int w;
+    dsgd_ps_worker *pw;
+    const float *pulled; /* the buffer after_pull saw */
+} loop_worker;
+
+static dsgd_result loop_pulled(void *user, int64_t step, int64_t global, const float *params, int *stop) {
+    loop_worker *lw = (loop_worker *)user;
+    loop_data *D = (loop_data *)lw->R->user;
+    int w = lw->w, P = lw->R->d.num_servers, i = D->pulls[w]++;
+    if (*stop != 0) note_bad(lw->R, P + w, "after_pull: *stop is %d on entry", *stop);
+    if (i > LP_MAX + 1 || step != D->pushes[w] || global != dsgd_ps_worker_global_step(lw->pw))
+        note_bad(lw->R, P + w, "after_pull %d: step %lld, global %lld after %d pushes", i, (long long)step,
+                 (long long)global, D->pushes[w]);
+    else {
+        D->pull_step[w][i] = step;
+        D->pull_global[w][i] = global;
+    }
+    lw->pulled = params;
+    return DSGD_OK;
+}
+
+static dsgd_result loop_grad(void *user, int64_t step, const float *params, float *grads) {
+    loop_worker *lw = (loop_worker *)user;
+    loop_data *D = (loop_data *)lw->R->user;
+    int w = lw->w, P = lw->R->d.num_servers;
+    size_t j;
+    if (step != D->grads[w]++ || step != D->pushes[w] || params != lw->pulled || params == grads || D->pulls[w] != step + 1)
+        note_bad(lw->R, P + w, "grad: step %lld after %d pushes and %d pulls", (long long)step, D->pushes[w], D->pulls[w]);
+    sleep_us(w == D->slow ? 1500 : 200); /* computing; the straggler races the others */
+    for (j = 0; j < lw->R->n; ++j) grads[j] = rand_grad(lw->R->seed, w, (int)step, j);
+    return DSGD_OK;
+}
+
+static dsgd_result loop_pushed(void *user, int64_t step) {
+    loop_worker *lw = (loop_worker *)user;
+    loop_data *D = (loop_data *)lw->R->user;
+    int w = lw->w, P = lw->R->d.num_servers, s;
+    if (step != D->pushes[w]++ || D->grads[w] != step + 1)
+        note_bad(lw->R, P + w, "after_push: step %lld after %d gradients", (long long)step, D->grads[w]);
+    for (s = 0; s < P; ++s) D->dropped[w] += dsgd_ps_worker_last_push_dropped(lw->pw, s);
+    return DSGD_OK;
+}
+
+static dsgd_result body_loop(run *R, int w, dsgd_ps_worker *pw) {
+    loop_data *D = (loop_data *)R->user;
+    loop_worker lw;
+    dsgd_ps_run_desc rd;
+    memset(&lw, 0, sizeof lw);
+    lw.R = R;
+    lw.w = w;
+    lw.pw = pw;
+    memset(&rd, 0, sizeof rd);
+    rd.steps = D->steps;
+    rd.grad = loop_grad;
+    rd.user = &lw;
+    rd.after_pull = loop_pulled;
+    rd.after_push = loop_pushed;
+    return dsgd_ps_worker_run(pw, &rd);
+}
+
+/* The MLP's Adam run of run_random, each worker in dsgd_ps_worker_run. */
+static void run_loop(run *R, loop_data *D, dsgd_ps_policy policy, int s_or_b, int P, int W, dsgd_ps_apply apply,
+                     int64_t steps, float *final, float (*wfinal)[128]) {
+    dsgd_ctx *ctx;
+    dsgd_model *m;
+    float init[128];
+    int w;
+    memset(R, 0, sizeof *R);
+    memset(D, 0, sizeof *D);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    m = mlp(ctx);
+    R->n = dsgd_model_num_params(m);
+    R->map = model_map(ctx, m, P);
+    TU_OK(ctx, dsgd_model_get_params(m, init, R->n));
+    R->init = init;
+    R->final = final;
+    for (w = 0; w < W && wfinal; ++w) R->wfinal[w] = wfinal[w];
+    R->d.num_servers = P;
+    R->d.num_workers = W;
+    R->d.policy = policy;
+    if (policy == DSGD_PS_SSP) R->d.staleness = s_or_b;
+    if (policy == DSGD_PS_BACKUP) R->d.backup_workers = s_or_b;
+    R->d.apply = apply;
+    R->d.optimizer.kind = DSGD_OPT_ADAM;
+    R->d.optimizer.lr = 0.01f;
+    R->d.optimizer.weight_decay = 0.001f;
+    R->body = body_loop;
+    R->body_finishes = 1;
+    R->user = D;
+    R->skip_worker = -1;
+    R->seed = 99;
+    D->steps = steps;
+    D->slow = W - 1;
+    run_ps(R);
+    expect_all_ok(R);
+    dsgd_shard_map_destroy((dsgd_shard_map *)R->map);
+    dsgd_model_destroy(m);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* SYNC in the loop: the bits of the hand-written pull/push loop (body_random),
+   RB_K pushes per worker, RB_K + 1 pulls (the last one stops), after_pull at
+   step k reading global step k; SSP s = 2 in the loop ends with the same
+   bits (the gradients do not depend on the weights, and clocks are applied
+   in order), every pull within the bound. */
+static void test_run_sync_ssp(void **state) {
+    run *R = (run *)malloc(sizeof(run));
+    loop_data *D = (loop_data *)malloc(sizeof(loop_data));
+    float hand[128], sync[128], ssp[128];
+    int mode, w, k, s;
+    (void)state;
+    tu_watchdog(120);
+    run_random(DSGD_PS_SYNC, hand);
+    for (mode = 0; mode < 2; ++mode) {
+        int ssp_run = mode == 1;
+        run_loop(R, D, ssp_run ? DSGD_PS_SSP : DSGD_PS_SYNC, ssp_run ? 2 : 0, 2, RB_W, DSGD_PS_APPLY_ON_SERVERS, RB_K,
+                 ssp_run ? ssp : sync, NULL);
+        for (s = 0; s < 2; ++s) {
+            assert_true(R->st[s].version == RB_K && R->st[s].pushes_applied == RB_K * RB_W);
+            assert_true(R->st[s].pushes_received == RB_K * RB_W);
+        }
+        for (w = 0; w < RB_W; ++w) {
+            const dsgd_ps_worker_stats *ws = &R->wst[2 + w];
+            assert_true(ws->clock == RB_K && ws->pulls == RB_K + 1);
+            assert_true(D->pulls[w] == RB_K + 1 && D->grads[w] == RB_K && D->pushes[w] == RB_K);
+            for (k = 0; k <= RB_K; ++k) {
+                assert_true(D->pull_step[w][k] == k);
+                if (ssp_run) {
+                    if (D->pull_global[w][k] < k - 2 || D->pull_global[w][k] > k)
+                        fail_msg("SSP s = 2: worker %d read global step %lld at clock %d", w,
+                                 (long long)D->pull_global[w][k], k);
+                } else if (D->pull_global[w][k] != k) {
+                    fail_msg("SYNC: worker %d read global step %lld at step %d", w, (long long)D->pull_global[w][k], k);
+                }
+            }
+        }
+    }
+    assert_memory_equal(sync, hand, R->n * sizeof(float));
+    assert_memory_equal(ssp, hand, R->n * sizeof(float));
+    free(R);
+    free(D);
+    tu_watchdog(0);
+}
+
+/* BACKUP 3 + 1 over 2 servers in the loop, a slow worker, target 12 (servers
+   applying, then workers applying): every server ends at version 12
+   exactly, every worker stops reading global step 12 with at most 12 pushes,
+   the servers applied 3 gradients per step and dropped the rest; the
+   workers applying end with the same copy. */
+static void test_run_backup(void **state) {
+    run *R = (run *)malloc(sizeof(run));
+    loop_data *D = (loop_data *)malloc(sizeof(loop_data));
+    float final[128], wfinal[4][128];
+    int mode, w, s;
+    (void)state;
+    tu_watchdog(120);
+    for (mode = 0; mode < 2; ++mode) {
+        int64_t pushes = 0, dropped = 0;
+        run_loop(R, D, DSGD_PS_BACKUP, 1, 2, 4, (dsgd_ps_apply)mode, 12, final, mode ? wfinal : NULL);
+        for (w = 0; w < 4; ++w) {
+            const dsgd_ps_worker_stats *ws = &R->wst[2 + w];
+            int last = D->pulls[w] - 1;
+            assert_true(ws->clock == D->pushes[w] && ws->clock <= 12 && D->grads[w] == D->pushes[w]);
+            assert_true(last >= 0 && D->pull_global[w][last] == 12);
+            for (s = 0; s < last; ++s) assert_true(D->pull_global[w][s] < 12);
+            pushes += ws->clock;
+            dropped += D->dropped[w];
+            if (mode) assert_memory_equal(wfinal[w], wfinal[0], R->n * sizeof(float));
+        }
+        print_message("BACKUP 3 + 1 in the loop%s: pushes %lld %lld %lld %lld (the last is slow), %lld (push, server) "
+                      "drops\n", mode ? " (workers apply)" : "", (long long)R->wst[2].clock, (long long)R->wst[3].clock,
+                      (long long)R->wst[4].clock, (long long)R->wst[5].clock, (long long)dropped);
+        for (s = 0; s < 2; ++s) {
+            assert_true(R->st[s].version == 12);
+            assert_true(R->st[s].pushes_applied == 3 * 12);
+            assert_true(R->st[s].pushes_received == pushes);
+            assert_true(R->st[s].stale_dropped == pushes - 3 * 12);
+        }
+        assert_true(dropped == 2 * (pushes - 3 * 12)); /* each dropped push, on both servers */
+    }
+    free(R);
+    free(D);
+    tu_watchdog(0);
+}
+
+/* The run's arguments, a callback's error (the worker stays usable, the
+   next run goes on from its clock), a stop from after_pull, no_finish, and
+   a run after finish: one ASYNC worker. */
+typedef struct edge_data {
+    dsgd_ctx *ctx;   /* the worker's, for edge_grad's message */
+    int64_t fail_at; /* after_pull fails at this step (-1: never) */
+    int64_t stop_at; /* after_pull stops at this step (-1: never) */
+    int grad_fails;  /* grad fails with its own message */
+    int64_t last_grad;
+} edge_data;
+
+static dsgd_result edge_pulled(void *user, int64_t step, int64_t global, const float *params, int *stop) {
+    edge_data *E = (edge_data *)user;
+    (void)global;
+    (void)params;
+    if (step == E->fail_at) return DSGD_ERR_ABORTED;
+    if (step == E->stop_at) *stop = 1;
+    return DSGD_OK;
+}
+
+static dsgd_result edge_grad(void *user, int64_t step, const float *params, float *grads) {
+    edge_data *E = (edge_data *)user;
+    (void)params;
+    if (E->grad_fails)
+        return dsgd_ctx_set_error(E->ctx, DSGD_ERR_SHAPE, "edge_grad: no gradient at step %lld", (long long)step);
+    E->last_grad = step;
+    grads[0] = 1.0f; /* the rest: 0 */
+    return DSGD_OK;
+}
+
+static void test_run_edges(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub;
+    dsgd_transport_i t1;
+    dsgd_ps_worker *pw = NULL;
+    dsgd_ps_worker_stats ws;
+    dsgd_ps_run_desc rd;
+    rank_arg server;
+    pthread_t th;
+    run *R = (run *)calloc(1, sizeof(run));
+    edge_data E;
+    float init[16] = {0}, final[16], p[16], g[16];
+    (void)state;
+    tu_watchdog(60);
+    assert_int_equal(dsgd_ps_policy_stops_on_global(DSGD_PS_ASYNC), 0);
+    assert_int_equal(dsgd_ps_policy_stops_on_global(DSGD_PS_SSP), 0);
+    assert_int_equal(dsgd_ps_policy_stops_on_global(DSGD_PS_SYNC), 0);
+    assert_int_equal(dsgd_ps_policy_stops_on_global(DSGD_PS_BACKUP), 1);
+    assert_int_equal(dsgd_ps_policy_stops_on_global((dsgd_ps_policy)DSGD_PS_POLICY_COUNT), 0);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    R->map = vector_map(ctx, 1, 2, 8); /* 16 floats */
+    R->n = 16;
+    R->init = init;
+    R->final = final;
+    R->d.num_servers = 1;
+    R->d.num_workers = 1;
+    R->d.optimizer.lr = 1.0f; /* ASYNC, SGD */
+    assert_int_equal(dsgd_loopback_create(ctx, 2, &hub), DSGD_OK);
+    server.R = R;
+    server.rank = 0;
+    assert_int_equal(dsgd_loopback_endpoint(hub, 0, &server.t), DSGD_OK);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 1, &t1), DSGD_OK);
+    assert_int_equal(pthread_create(&th, NULL, server_main, &server), 0);
+    TU_OK(ctx, dsgd_ps_worker_create(ctx, &t1, &R->d, R->map, &pw));
+    memset(&E, 0, sizeof E);
+    E.ctx = ctx;
+    E.fail_at = E.stop_at = E.last_grad = -1;
+    memset(&rd, 0, sizeof rd);
+    assert_int_equal(dsgd_ps_worker_run(NULL, &rd), DSGD_ERR_INVALID_ARGUMENT);
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_run(pw, NULL));
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_run(pw, &rd));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "dsgd_ps_worker_run: worker 0: the gradient fn (grad) is NULL"));
+    rd.grad = edge_grad;
+    rd.user = &E;
+    rd.after_pull = edge_pulled;
+    rd.steps = -1;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_run(pw, &rd));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "steps -1"));
+    rd.steps = 10;
+    rd.num_floats = 15;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_run(pw, &rd));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "num_floats 15 is below 16"));
+    rd.num_floats = 0;
+    rd.params = rd.grads = p;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_ps_worker_run(pw, &rd));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "one buffer"));
+    rd.params = p;
+    rd.grads = g;
+    memset(g, 0, sizeof g);
+    dsgd_ps_worker_get_stats(pw, &ws);
+    assert_true(ws.pulls == 0 && ws.clock == 0); /* the refused runs did nothing */
+    /* after_pull fails at step 3: three pushes made, the worker unfinished
+       and usable, a message naming the callback and the step */
+    E.fail_at = 3;
+    TU_ERR(ctx, DSGD_ERR_ABORTED, dsgd_ps_worker_run(pw, &rd));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "dsgd_ps_worker_run: worker 0: after_pull failed at step 3"));
+    dsgd_ps_worker_get_stats(pw, &ws);
+    assert_true(ws.clock == 3 && ws.pulls == 4 && E.last_grad == 2 && !dsgd_ps_worker_failed(pw));
+    /* the gradient fn fails with its own message, which is kept */
+    E.fail_at = -1;
+    E.grad_fails = 1;
+    TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_ps_worker_run(pw, &rd));
+    assert_string_equal(dsgd_ctx_last_error(ctx), "edge_grad: no gradient at step 3");
+    E.grad_fails = 0;
+    /* on from clock 3: after_pull stops it at step 5, unfinished (no_finish) */
+    E.stop_at = 5;
+    rd.no_finish = 1;
+    TU_OK(ctx, dsgd_ps_worker_run(pw, &rd));
+    dsgd_ps_worker_get_stats(pw, &ws);
+    assert_true(ws.clock == 5 && E.last_grad == 4 && p[0] == -5.0f);
+    TU_OK(ctx, dsgd_ps_worker_pull(pw, p));
+    assert_true(p[0] == -5.0f && p[1] == 0.0f);
+    /* on to the target, 10 pushes of the worker in all (ASYNC), then finish */
+    E.stop_at = -1;
+    rd.no_finish = 0;
+    TU_OK(ctx, dsgd_ps_worker_run(pw, &rd));
+    dsgd_ps_worker_get_stats(pw, &ws);
+    assert_true(ws.clock == 10 && E.last_grad == 9 && p[0] == -10.0f);
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_run(pw, &rd));
+    TU_ERR(ctx, DSGD_ERR_STATE, dsgd_ps_worker_pull(pw, p));
+    assert_int_equal(pthread_join(th, NULL), 0);
+    if (R->res[0] != DSGD_OK) fail_msg("server: %s", R->msg[0]);
+    assert_true(R->st[0].version == 10 && R->st[0].pushes_applied == 10 && final[0] == -10.0f && final[15] == 0.0f);
+    dsgd_ps_worker_destroy(pw);
+    dsgd_loopback_destroy(hub);
+    dsgd_shard_map_destroy((dsgd_shard_map *)R->map);
+    dsgd_ctx_destroy(ctx);
+    free(R);
     tu_watchdog(0);
 }
 
@@ -1632,6 +1986,9 @@ int main(void) {
         cmocka_unit_test(test_stuck_runs_fail_fast),
         cmocka_unit_test(test_sync_rounds),
         cmocka_unit_test(test_zero_bounds_are_sync),
+        cmocka_unit_test(test_run_sync_ssp),
+        cmocka_unit_test(test_run_backup),
+        cmocka_unit_test(test_run_edges),
         cmocka_unit_test(test_sum_only_matches_servers),
         cmocka_unit_test(test_sum_only_catch_up),
         cmocka_unit_test(test_sum_only_empty_server),
