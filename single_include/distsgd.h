@@ -1131,8 +1131,21 @@ DSGD__PRIVATE dsgd_result dsgd__window_check(dsgd_ctx *ctx, const char *who, con
 
 #endif /* DSGD__PART_BACKEND_IMPL */
 /* ---------------------------------------- distsgd/backend_cpu.h */
-/* distsgd/backend_cpu.h - the CPU reference backend
+/* distsgd/backend_cpu.h - the CPU reference backend: its state, buffers, thread pool and kernels by ISA
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   The CPU backend is three parts, in this order; its public functions are
+   declared in backend.h, which also documents CPU KERNELS and CPU THREADS:
+     backend_cpu.h       (this one) the backend's state and buffers, the pool
+                         of threads that runs an operation's tasks (CPU
+                         THREADS), and the kernels by ISA: the GEMM
+                         micro-kernels and the element-wise loops, their
+                         table and dsgd_cpu_isa (CPU KERNELS)
+     backend_cpu_gemm.h  the cache-blocked GEMM over those micro-kernels, on
+                         one thread and on the pool
+     backend_cpu_ops.h   the other operations (element-wise, activations and
+                         losses, optimizer updates, images), and the table
+                         of operations: dsgd_cpu_backend_create
 */
 
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BACKEND_CPU_IMPL)
@@ -1427,8 +1440,9 @@ static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t
     } while (0)
 
 /* T(MR x NR) = Ap(MR, kc) Bp(kc, NR), then out(MR x NR, rows ldo apart) =
-   T (add 0), or out += alpha T (add 1) rounded as dsgd__gemm_add rounds (a
-   product, then a sum; no contraction), with the tile still in registers. */
+   T (add 0), or out += alpha T (add 1) rounded as dsgd__gemm_add (in
+   backend_cpu_gemm.h) rounds (a product, then a sum; no contraction), with
+   the tile still in registers. */
 typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                float *DSGD__RESTRICT out, size_t ldo, float alpha, int add);
 
@@ -1843,6 +1857,23 @@ static const dsgd__cpu_kernel *dsgd__cpu_kernel_choose(const char *want) {
 
 DSGD_API const char *dsgd_cpu_isa(void) { return dsgd__cpu_kernel_choose(getenv("DSGD_CPU_ISA"))->name; }
 
+#endif /* DSGD__PART_BACKEND_CPU_IMPL */
+/* ---------------------------------------- distsgd/backend_cpu_gemm.h */
+/* distsgd/backend_cpu_gemm.h - the CPU backend's GEMM: cache-blocked, on one thread and on the pool
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of backend_cpu.h, which holds what this one stands on: the
+   backend's state (dsgd__cpu), its pool (dsgd__cpu_run) and the kernels by
+   ISA, whose micro-kernel this GEMM calls. Here: the blocking and packing,
+   the one-thread GEMM, the threads' GEMM, and the backend's gemm operation
+   (dsgd__cpu_gemm, which backend_cpu_ops.h puts in the table). The order of
+   the sums, and what the kernels and the threads change of it (nothing
+   within a kernel), are documented under CPU KERNELS and CPU THREADS in
+   backend.h.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BACKEND_CPU_GEMM_IMPL)
+#define DSGD__PART_BACKEND_CPU_GEMM_IMPL
+
 /* >>gemm ------------------------------------------------------------------- */
 /* A cache-blocked GEMM in the style of Goto & van de Geijn (2008): B is packed
    into KC x NC panels of NR-wide column strips, A into MC x KC panels of
@@ -2243,6 +2274,21 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
 #endif
 }
 
+#endif /* DSGD__PART_BACKEND_CPU_GEMM_IMPL */
+/* ---------------------------------------- distsgd/backend_cpu_ops.h */
+/* distsgd/backend_cpu_ops.h - the CPU backend's operations other than the GEMM, and dsgd_cpu_backend_create
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of backend_cpu.h (the backend's state, buffers, pool and kernels
+   by ISA) after backend_cpu_gemm.h (the GEMM). Here: the element-wise
+   operations, activations and losses, optimizer updates and the image
+   operations (im2col, col2im, max-pool), each cut into tasks for the pool
+   (CPU THREADS in backend.h); then the table of operations that
+   dsgd_cpu_backend_create fills, and the backend's accessors.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_BACKEND_CPU_OPS_IMPL)
+#define DSGD__PART_BACKEND_CPU_OPS_IMPL
+
 /* >>element-wise operations ---------------------------------------------- */
 /* An element-wise operation cut into tasks of `step` items (elements;
    rows of BIAS_ACT, columns of BIAS_BACKWARD). Each element's arithmetic is
@@ -2529,7 +2575,7 @@ static dsgd_result dsgd__cpu_loss(void *impl, dsgd_loss loss, int m, int c, dsgd
 }
 
 /* >>optimizer updates ------------------------------------------------------ */
-/* The formulas are in dsgd__update_body (>>kernels). */
+/* The formulas are in dsgd__update_body (>>kernels in backend_cpu.h). */
 static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update *u, dsgd_ref rp,
                                               dsgd_ref rg, dsgd_ref rm1, dsgd_ref rm2, size_t n) {
     dsgd__cpu *cpu = (dsgd__cpu *)impl;
@@ -2980,7 +3026,7 @@ DSGD_API int dsgd_cpu_backend_threads(const dsgd_backend_i *be) {
     return ((const dsgd__cpu *)be->impl)->pool.n;
 }
 
-#endif /* DSGD__PART_BACKEND_CPU_IMPL */
+#endif /* DSGD__PART_BACKEND_CPU_OPS_IMPL */
 /* ---------------------------------------- distsgd/model.h */
 /* distsgd/model.h - models: the interface, the built-in dense network, variables over flat buffers
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -4785,6 +4831,19 @@ DSGD_API size_t dsgd_sampler_batch(const dsgd_sampler *s, size_t b, const size_t
    Errors: none (s NULL or not initialised: 0).
    Thread safety: one thread at a time per sampler. */
 DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx);
+/* Batch k (0, 1, ...) of worker `worker`'s shard, when num_workers
+   workers share the sampler's epochs (the same seed on every worker) as
+   dsgd_cluster_set_dataset cuts them: worker w takes batches w, w + W,
+   w + 2W, ... of each epoch, per = floor(num_batches / W) of them, so its
+   batch k is batch w + (k % per) W of epoch k / per, and the shards are
+   disjoint. Moves the sampler to that epoch when it is in another (as
+   dsgd_sampler_set_epoch: call it with k growing), sets *idx (if idx is not
+   NULL) as dsgd_sampler_batch and returns the count; 0 when worker is not
+   in 0..num_workers-1 or there are fewer batches than workers.
+   Errors: none (s NULL or not initialised: 0).
+   Thread safety: one thread at a time per sampler. */
+DSGD_API size_t dsgd_sampler_worker_batch(dsgd_sampler *s, int worker, int num_workers, uint64_t k,
+                                          const size_t **idx);
 
 #ifdef __cplusplus
 }
@@ -4937,6 +4996,18 @@ DSGD_API size_t dsgd_sampler_next(dsgd_sampler *s, const size_t **idx) {
     if (idx) *idx = s->order + s->cursor;
     s->cursor += k;
     return k;
+}
+
+DSGD_API size_t dsgd_sampler_worker_batch(dsgd_sampler *s, int worker, int num_workers, uint64_t k,
+                                          const size_t **idx) {
+    size_t per;
+    uint64_t epoch;
+    if (!s || !s->order || worker < 0 || worker >= num_workers) return 0;
+    per = dsgd_sampler_num_batches(s) / (size_t)num_workers;
+    if (per == 0) return 0;
+    epoch = k / (uint64_t)per;
+    if (s->epoch != epoch) dsgd_sampler_set_epoch(s, epoch);
+    return dsgd_sampler_batch(s, (size_t)worker + (size_t)(k % (uint64_t)per) * (size_t)num_workers, idx);
 }
 
 /* >>loaders ---------------------------------------------------------------- */
@@ -6592,6 +6663,12 @@ typedef struct dsgd_transport_i {
        takes it (see dsgd_comm_desc), so AUTO picks HIERARCHICAL across
        nodes. */
     int ranks_per_node;
+    /* optional: this rank is done with the group for good. Called once,
+       after its last call, on the thread that made it (simnet: the rank
+       leaves the simulation, so no rank waits for what it might still
+       send). NULL: nothing to do. The parameter-server strategy calls it
+       for the ranks it runs. */
+    void (*leave)(void *impl);
 } dsgd_transport_i;
 
 #ifdef __cplusplus
@@ -8874,6 +8951,8 @@ DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
 
 static void dsgd__sn_abort(void *impl) { dsgd_simnet_abort(((dsgd__sn_ep *)impl)->hub); }
 
+static void dsgd__sn_leave_ep(void *impl) { dsgd_simnet_leave(((dsgd__sn_ep *)impl)->hub, ((dsgd__sn_ep *)impl)->rank); }
+
 static double dsgd__sn_now(void *impl) { return ((dsgd__sn_ep *)impl)->t; }
 
 static const char *dsgd__sn_error_message(void *impl) { return ((dsgd__sn_ep *)impl)->err; }
@@ -8913,6 +8992,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->set_progress = dsgd__sn_set_progress;
     out->peer_progress = dsgd__sn_peer_progress;
     out->probe = dsgd__sn_probe;
+    out->leave = dsgd__sn_leave_ep;
     return DSGD_OK;
 }
 
@@ -10829,6 +10909,36 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
     return &m->shards[m->var_first[v]];
 }
 
+/* The shard map over P servers of the variables of a model built from md
+   (on a CPU backend of ctx's, md.backend ignored), and the model's initial
+   values in *init (allocated, num_params floats; the desc's seed gives
+   every process and replica the same). What the parameter servers of a
+   strategy or of the cluster coordinator start from. */
+static dsgd_result dsgd__shard_map_for_model(dsgd_ctx *ctx, const dsgd_model_desc *md, int P,
+                                             const dsgd_partitioner *part, float **init, size_t *num_params,
+                                             dsgd_shard_map **out) {
+    const char *what = "dsgd_shard_map for a model";
+    dsgd_model_desc d = *md;
+    dsgd_model *m = NULL;
+    dsgd_variable *vars = NULL;
+    dsgd_result r;
+    int i, nv;
+    *init = NULL;
+    d.backend = NULL;
+    if ((r = dsgd_model_create(ctx, &d, &m)) != DSGD_OK) return r;
+    nv = dsgd_model_num_variables(m);
+    *num_params = dsgd_model_num_params(m);
+    vars = (dsgd_variable *)dsgd__alloc(ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1), what);
+    *init = (float *)dsgd__alloc(ctx, sizeof(float) * (*num_params ? *num_params : 1), what);
+    r = vars && *init ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; r == DSGD_OK && i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
+    if (r == DSGD_OK) r = dsgd_model_get_params(m, *init, *num_params);
+    if (r == DSGD_OK) r = dsgd_shard_map_create(ctx, vars, nv, P, part, out);
+    DSGD_FREE(vars);
+    dsgd_model_destroy(m);
+    return r;
+}
+
 #endif /* DSGD__PART_SHARDING_IMPL */
 /* ---------------------------------------- distsgd/group.h */
 /* distsgd/group.h - rank groups: each member's context, backend, model and endpoint, made one way for every kind
@@ -11053,6 +11163,10 @@ static dsgd_result dsgd__group_endpoints(dsgd_ctx *ctx, const dsgd_transport_i *
      server sees when a deferred pull can never be answered and fails at
      once with DSGD_ERR_DESYNC naming the workers; the waiting worker times
      out. Pushes of a last, incomplete clock or step are never applied.
+     dsgd_ps_worker_run (THE LOOP in ps_worker.h) is that loop, with each
+     policy's stop rule from the table below: BACKUP stops once the global
+     step reaches the target; ASYNC, SSP and SYNC after the target's number
+     of pushes of each worker (dsgd_ps_policy_stops_on_global says which).
 
    WIRE PROTOCOL
 
@@ -11203,6 +11317,12 @@ typedef struct dsgd_ps_header {
    Never NULL. Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p);
 DSGD_API const char *dsgd_ps_apply_name(dsgd_ps_apply a);
+/* 1 when dsgd_ps_worker_run stops a worker of policy p once the global
+   step reaches its target (BACKUP), 0 when after that many pushes of the
+   worker (ASYNC, SSP, SYNC) and for other values: what the target counts
+   (see THE LOOP in ps_worker.h).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_ps_policy_stops_on_global(dsgd_ps_policy p);
 
 /* The roles' handles (ps_server.h, ps_worker.h). */
 typedef struct dsgd_ps_server dsgd_ps_server;
@@ -11250,6 +11370,11 @@ typedef struct dsgd__ps_policy_row {
        that ends a worker, which waits for every clock it pushed */
     int64_t (*pull_needs)(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final);
     const char *stuck_hint; /* why a clock cannot complete, for DSGD_ERR_DESYNC */
+    /* the stop rule of dsgd_ps_worker_run: 1, stop once the global step
+       reaches the target (a fixed number of pushes could wait for a step
+       that the others, stopped, never complete); 0, after the target's
+       number of pushes of the worker (every worker pushes as often) */
+    int stop_on_global;
 } dsgd__ps_policy_row;
 
 static int dsgd__ps_ring_none(const dsgd_ps_desc *d) { (void)d; return 0; }
@@ -11278,13 +11403,14 @@ static int64_t dsgd__ps_needs_last(const dsgd_ps_desc *d, uint64_t pushes, int64
 
 /* In the order of dsgd_ps_policy. */
 static const dsgd__ps_policy_row dsgd__ps_policies[DSGD_PS_POLICY_COUNT] = {
-    {"ASYNC", 0, 0, 0, dsgd__ps_ring_none, dsgd__ps_needed_one, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_nothing, ""},
+    {"ASYNC", 0, 0, 0, dsgd__ps_ring_none, dsgd__ps_needed_one, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_nothing, "",
+     0},
     {"SSP", 1, DSGD_PS_MAX_STALENESS, 0, dsgd__ps_ring_window, dsgd__ps_needed_all, dsgd__ps_step_by_seq, 0, 0,
-     dsgd__ps_needs_window, "SSP needs every worker's push of every clock"},
+     dsgd__ps_needs_window, "SSP needs every worker's push of every clock", 0},
     {"SYNC", 1, 0, 0, dsgd__ps_ring_one, dsgd__ps_needed_all, dsgd__ps_step_by_seq, 0, 0, dsgd__ps_needs_window,
-     "SYNC needs every worker's push of every clock"},
+     "SYNC needs every worker's push of every clock", 0},
     {"BACKUP", 1, 0, 1, dsgd__ps_ring_one, dsgd__ps_needed_first, dsgd__ps_step_by_tag, 1, 1, dsgd__ps_needs_last,
-     "stop BACKUP workers on the global step"}};
+     "stop BACKUP workers on the global step", 1}};
 
 static const dsgd__ps_policy_row *dsgd__ps_policy(const dsgd_ps_desc *d) { return &dsgd__ps_policies[d->policy]; }
 
@@ -11309,6 +11435,10 @@ DSGD_API const char *dsgd_ps_policy_name(dsgd_ps_policy p) {
 
 DSGD_API const char *dsgd_ps_apply_name(dsgd_ps_apply a) {
     return (int)a >= 0 && (int)a < (int)DSGD_PS_APPLY_COUNT ? dsgd__ps_applies[a].name : "?";
+}
+
+DSGD_API int dsgd_ps_policy_stops_on_global(dsgd_ps_policy p) {
+    return (int)p >= 0 && (int)p < (int)DSGD_PS_POLICY_COUNT ? dsgd__ps_policies[p].stop_on_global : 0;
 }
 
 /* ---- messages */
@@ -12329,21 +12459,31 @@ static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
                               s->slot_count[k], s->needed, can, can == 1 ? "" : "s", s->pol->stuck_hint);
 }
 
+/* Takes worker w's message of a header alone (a PULL or a DONE, `what`)
+   and checks it against its tag and size. */
+static dsgd_result dsgd__ps_take_hdr(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes, dsgd_ps_msg type,
+                                     const char *what, dsgd_ps_header *h) {
+    unsigned char buf[DSGD__PS_HBYTES];
+    dsgd_result r;
+    if (bytes != DSGD__PS_HBYTES)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                  "dsgd_ps_server_serve: server %d: %s of worker %d has %zu bytes, not %zu", s->index,
+                                  what, w, bytes, (size_t)DSGD__PS_HBYTES);
+    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "dsgd_ps_server_serve: server %d: receiving %s of worker %d failed: %s%s%s",
+                                  s->index, what, w, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t),
+                                  dsgd__ps_terr(&s->t));
+    return dsgd__ps_check_hdr(s, buf, w, type, DSGD_PS_TAG_SEQ(tag), 0, h);
+}
+
 static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
     static const char *const fn = "dsgd_ps_server_serve";
     dsgd__ps_peer *pe = &s->peer[w];
     uint64_t seq = DSGD_PS_TAG_SEQ(tag);
-    unsigned char buf[DSGD__PS_HBYTES];
     dsgd_ps_header h;
     dsgd_result r;
-    if (bytes != DSGD__PS_HBYTES)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull of worker %d has %zu bytes, not %zu", fn,
-                                  s->index, w, bytes, (size_t)DSGD__PS_HBYTES);
-    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving a pull of worker %d failed: %s%s%s", fn, s->index,
-                                  w, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t), dsgd__ps_terr(&s->t));
-    if ((r = dsgd__ps_check_hdr(s, buf, w, DSGD_PS_MSG_PULL, seq, 0, &h)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_PULL, "a pull", &h)) != DSGD_OK) return r;
     if (seq < pe->pull_next) { /* a resend: the deferred pull stays, an answered one is not answered again */
         s->repeated++;
         return DSGD_OK;
@@ -12368,17 +12508,9 @@ static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size
 static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
     static const char *const fn = "dsgd_ps_server_serve";
     uint64_t seq = DSGD_PS_TAG_SEQ(tag);
-    unsigned char buf[DSGD__PS_HBYTES];
     dsgd_ps_header h;
     dsgd_result r;
-    if (bytes != DSGD__PS_HBYTES)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: DONE of worker %d has %zu bytes", fn,
-                                  s->index, w, bytes);
-    r = s->t.recv(s->t.impl, s->P + w, tag, buf, sizeof buf, dsgd__ps_now(&s->t) + s->d.timeout_s);
-    if (r != DSGD_OK)
-        return dsgd_ctx_set_error(s->ctx, r, "%s: server %d: receiving DONE of worker %d failed: %s", fn, s->index, w,
-                                  dsgd_result_string(r));
-    if ((r = dsgd__ps_check_hdr(s, buf, w, DSGD_PS_MSG_DONE, seq, 0, &h)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_DONE, "the DONE", &h)) != DSGD_OK) return r;
     if (seq != s->peer[w].next_seq)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d finished after %llu pushes, %llu arrived",
                                   fn, s->index, w, (unsigned long long)seq, (unsigned long long)s->peer[w].next_seq);
@@ -12838,7 +12970,37 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
    See PARAMETER SERVERS in ps.h for the roles, the policies and the wire
    protocol, and CHECKPOINTS in ps_checkpoint.h for save and restore. A
    worker is one thread's: pull, compute a gradient, push, and at the end
-   finish.
+   finish; dsgd_ps_worker_run is that loop with the policy's stop rule.
+
+   THE LOOP
+
+     dsgd_ps_worker_run is TF's worker loop, everything a worker does after
+     dsgd_ps_worker_create (and dsgd_ps_worker_set_params or _restore):
+
+       repeat:  pull                       into params (the whole buffer)
+                after_pull(step, global)   optional: evaluate, log, stop
+                the stop rule              the policy's (ps.h's table)
+                grad(step, params, grads)  your gradient of the whole buffer
+                push                       grads, each server its slice
+                after_push(step)           optional
+       then:    finish                     unless no_finish
+
+     step is the worker's clock: its pushes so far (those before a restore
+     too), so the number its next push gets. The stop rule compares one
+     count with the target, dsgd_ps_run_desc.steps:
+       BACKUP            the global step (dsgd_ps_worker_global_step): every
+                         worker stops at the same step, as TF's do, and
+                         every server ends at version `steps`, whatever the
+                         number of servers or backups
+       ASYNC, SSP, SYNC  the worker's clock: each worker pushes `steps`
+                         times in all (SSP and SYNC need every worker to
+                         push as often, see UPDATE POLICIES in ps.h)
+     dsgd_ps_policy_stops_on_global says which. The pull the rule stops at
+     is followed by no push, so after_pull sees the parameters the worker
+     ends with (SYNC: the final ones). A restored worker goes on to the
+     same target. after_pull may stop the run early (*stop): under SSP and
+     SYNC only when every worker stops at the same clock, under BACKUP
+     only at a global step every worker stops at.
 */
 #ifndef DSGD__PART_PS_WORKER_DECL
 #define DSGD__PART_PS_WORKER_DECL
@@ -12962,6 +13124,61 @@ DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w);
 /* Frees the worker (NULL: nothing); not the transport or the map.
    Thread safety: the worker's thread. */
 DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w);
+
+/* The loop's callbacks (see THE LOOP above), called on the worker's thread
+   with dsgd_ps_run_desc.user. An error one returns stops the run, which
+   returns it; a message recorded on the worker's context is kept.
+   dsgd_ps_grad_fn: the gradient of the whole flat buffer at params into
+   grads (num_floats each) for the worker's push number `step`.
+   dsgd_ps_pull_fn: after each pull, before the stop rule: step (the
+   worker's pushes so far), global_step (dsgd_ps_worker_global_step) and
+   the parameters pulled; set *stop (0 on entry) to non-zero to end the
+   run there as the stop rule would (then finish).
+   dsgd_ps_push_fn: after each push was acknowledged by every server, with
+   its number (dsgd_ps_worker_last_push_dropped tells a BACKUP drop). */
+typedef dsgd_result (*dsgd_ps_grad_fn)(void *user, int64_t step, const float *params, float *grads);
+typedef dsgd_result (*dsgd_ps_pull_fn)(void *user, int64_t step, int64_t global_step, const float *params, int *stop);
+typedef dsgd_result (*dsgd_ps_push_fn)(void *user, int64_t step);
+
+/* What dsgd_ps_worker_run does; zero is the default for every field but
+   grad. */
+typedef struct dsgd_ps_run_desc {
+    int64_t steps;              /* the target, >= 0: the global step (BACKUP)
+                                   or the worker's pushes in all (ASYNC, SSP,
+                                   SYNC) at which it stops */
+    dsgd_ps_grad_fn grad;       /* required */
+    void *user;                 /* passed to every callback */
+    size_t num_floats;          /* the whole flat buffer; 0: up to the end
+                                   of the map's last shard */
+    float *params, *grads;      /* two buffers of num_floats, or NULL: the
+                                   run allocates them (params zeroed); floats
+                                   no shard holds keep their values */
+    dsgd_ps_pull_fn after_pull; /* optional */
+    dsgd_ps_push_fn after_push; /* optional */
+    int no_finish;              /* non-zero: return without finishing, so
+                                   that the caller can pull again (a chief
+                                   reading the final weights once every
+                                   worker is done) and then finish */
+} dsgd_ps_run_desc;
+
+/* Runs the worker's loop with d (see THE LOOP above): pull, stop as the
+   policy says at the target d->steps (or when after_pull says so), else
+   compute the gradient with d->grad and push; then finish, unless
+   d->no_finish. The worker's counters (dsgd_ps_worker_get_stats: clock)
+   then hold its pushes. Apply ON_WORKERS: dsgd_ps_worker_set_params (or
+   dsgd_ps_worker_restore) first.
+   Errors (recorded on the worker's ctx, "dsgd_ps_worker_run: worker w:
+   ..." or the pull's, push's or finish's message): DSGD_ERR_INVALID_ARGUMENT
+   (w NULL, nothing recorded; d NULL, grad NULL, steps < 0, num_floats
+   below the end of the map's last shard, params equal to grads),
+   DSGD_ERR_STATE (a finished or failed worker), DSGD_ERR_OUT_OF_MEMORY,
+   those of dsgd_ps_worker_pull, _push and _finish (the worker is then
+   unusable), and a callback's error (with the callback's own message when
+   it recorded one on the worker's ctx, else one naming the callback and
+   the step); after a callback's error the worker is left unfinished and
+   usable: finish it, or stop the others (the transport's abort).
+   Thread safety: the worker's thread, on which the callbacks run. */
+DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_desc *d);
 
 #ifdef __cplusplus
 }
@@ -13485,6 +13702,87 @@ DSGD_API int dsgd_ps_worker_failed(const dsgd_ps_worker *w) {
     return w && w->state == DSGD__PS_FAILED;
 }
 
+/* ---- the loop */
+
+/* The floats of the whole flat buffer the map spans: up to the end of its
+   last shard. */
+static size_t dsgd__ps_worker_span(const dsgd_ps_worker *w) {
+    size_t end = 0;
+    int i, ns = dsgd_shard_map_num_shards(w->map);
+    for (i = 0; i < ns; ++i) {
+        const dsgd_shard *sh = dsgd_shard_map_shard(w->map, i);
+        end = DSGD__MAX(end, sh->offset + sh->count);
+    }
+    return end;
+}
+
+/* A callback's result r: its own message when it recorded one on the
+   worker's ctx (cleared before the call), else one naming it. */
+static dsgd_result dsgd__ps_worker_callback(dsgd_ps_worker *w, dsgd_result r, const char *which, int64_t step) {
+    if (r != DSGD_OK && dsgd_ctx_last_result(w->ctx) == DSGD_OK)
+        dsgd_ctx_set_error(w->ctx, r, "dsgd_ps_worker_run: worker %d: %s failed at step %lld: %s", w->index, which,
+                           (long long)step, dsgd_result_string(r));
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_desc *d) {
+    static const char *const fn = "dsgd_ps_worker_run";
+    float *own = NULL, *params, *grads;
+    size_t span, n, room, buffers;
+    dsgd_result r;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!d || !d->grad)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: %s is NULL", fn, w->index,
+                                  d ? "the gradient fn (grad)" : "the desc");
+    span = dsgd__ps_worker_span(w);
+    n = d->num_floats ? d->num_floats : span;
+    if (d->steps < 0)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: steps %lld (the target) is negative",
+                                  fn, w->index, (long long)d->steps);
+    if (n < span)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: worker %d: num_floats %zu is below %zu, the end of the shard map's last shard", fn,
+                                  w->index, n, span);
+    if (d->params && d->params == d->grads)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: params and grads are one buffer",
+                                  fn, w->index);
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    room = DSGD__MAX(n, (size_t)1);
+    buffers = (size_t)!d->params + (size_t)!d->grads; /* the run's own */
+    if (buffers && room > SIZE_MAX / (2 * sizeof(float)))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: worker %d: %zu floats", fn, w->index, n);
+    if (buffers && !(own = (float *)dsgd__alloc(w->ctx, buffers * room * sizeof(float), fn)))
+        return DSGD_ERR_OUT_OF_MEMORY;
+    params = d->params ? d->params : own;
+    grads = d->grads ? d->grads : own + (d->params ? 0 : room);
+    if (!d->params) memset(params, 0, n * sizeof(float));
+    for (;;) {
+        /* the clock: the pushes so far, and the next push's number */
+        int64_t step = (int64_t)w->push_seq, global;
+        int stop = 0;
+        if ((r = dsgd_ps_worker_pull(w, params)) != DSGD_OK) break;
+        global = dsgd__ps_worker_global(w);
+        if (d->after_pull) {
+            dsgd_ctx_clear_error(w->ctx);
+            r = dsgd__ps_worker_callback(w, d->after_pull(d->user, step, global, params, &stop), "after_pull", step);
+            if (r != DSGD_OK) break;
+        }
+        /* the stop rule: the policy's (ps.h), TF's order: after the pull */
+        if (stop || (w->pol->stop_on_global ? global : step) >= d->steps) break;
+        dsgd_ctx_clear_error(w->ctx);
+        if ((r = dsgd__ps_worker_callback(w, d->grad(d->user, step, params, grads), "the gradient fn", step)) != DSGD_OK)
+            break;
+        if ((r = dsgd_ps_worker_push(w, grads)) != DSGD_OK) break;
+        if (d->after_push) {
+            dsgd_ctx_clear_error(w->ctx);
+            if ((r = dsgd__ps_worker_callback(w, d->after_push(d->user, step), "after_push", step)) != DSGD_OK) break;
+        }
+    }
+    if (r == DSGD_OK && !d->no_finish) r = dsgd_ps_worker_finish(w);
+    DSGD_FREE(own);
+    return r;
+}
+
 /* ---- checkpoints */
 
 static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
@@ -13964,7 +14262,6 @@ struct dsgd_cluster {
     const dsgd_dataset *ds;
     int ds_batch;
     uint64_t ds_seed, ds_gen;
-    size_t ds_per_epoch;    /* batches per worker per epoch */
 };
 
 /* ---- the queues (under mu) */
@@ -14111,7 +14408,7 @@ static void *dsgd__cluster_worker_main(void *arg) {
     pthread_mutex_unlock(&c->mu);
     /* apply ON_WORKERS: every push was acknowledged, so every step that will
        be published is; fetch them all (no wait) for dsgd_cluster_read_params */
-    if (last && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS && !dsgd_ps_worker_failed(w->psw))
+    if (last && !dsgd__ps_apply_of(&c->d.ps)->servers_hold && !dsgd_ps_worker_failed(w->psw))
         w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
     if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
     if (last && !dsgd_ps_worker_failed(w->psw)) { /* a clean goodbye: still alive for the getter */
@@ -14141,27 +14438,10 @@ static dsgd_result dsgd__cluster_check(dsgd_ctx *ctx, const dsgd_cluster_desc *d
     return DSGD_OK;
 }
 
-/* The shard map from the variables of a model built from the desc (on a
-   CPU backend of the coordinator's), whose initial values go to *init. */
+/* The shard map over the variables of the desc's model, whose initial
+   values go to *init. */
 static dsgd_result dsgd__cluster_map(dsgd_cluster *c, float **init) {
-    dsgd_model_desc md = c->d.model;
-    dsgd_model *m = NULL;
-    dsgd_variable *vars = NULL;
-    dsgd_result r;
-    int i, nv;
-    md.backend = NULL;
-    if ((r = dsgd_model_create(c->ctx, &md, &m)) != DSGD_OK) return r;
-    c->num_params = dsgd_model_num_params(m);
-    nv = dsgd_model_num_variables(m);
-    vars = (dsgd_variable *)dsgd__alloc(c->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1), "dsgd_cluster_create");
-    *init = (float *)dsgd__alloc(c->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create");
-    r = vars && *init ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; r == DSGD_OK && i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
-    if (r == DSGD_OK) r = dsgd_model_get_params(m, *init, c->num_params);
-    if (r == DSGD_OK) r = dsgd_shard_map_create(c->ctx, vars, nv, c->P, &c->d.partitioner, &c->map);
-    DSGD_FREE(vars);
-    dsgd_model_destroy(m);
-    return r;
+    return dsgd__shard_map_for_model(c->ctx, &c->d.model, c->P, &c->d.partitioner, init, &c->num_params, &c->map);
 }
 
 /* The endpoints: the desc's, or a loopback of the cluster's own. */
@@ -14225,7 +14505,7 @@ static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const flo
         r = dsgd_model_create(w->ctx, &md, &w->model);
     }
     if (r == DSGD_OK) r = dsgd_ps_worker_create(w->ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
-    if (r == DSGD_OK && c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) r = dsgd_ps_worker_set_params(w->psw, init);
+    if (r == DSGD_OK && !dsgd__ps_apply_of(&c->d.ps)->servers_hold) r = dsgd_ps_worker_set_params(w->psw, init);
     if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
         r = DSGD_ERR_OUT_OF_MEMORY;
     return dsgd__cluster_copy_error(c, w->ctx, r);
@@ -14523,7 +14803,7 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full) {
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     if (!full) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: full is NULL", what);
     if (!c->down) return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE, "%s: only after dsgd_cluster_shutdown", what);
-    if (c->d.ps.apply == DSGD_PS_APPLY_ON_WORKERS) { /* the servers only sum: the first final worker's copy */
+    if (!dsgd__ps_apply_of(&c->d.ps)->servers_hold) { /* the servers only sum: the first final worker's copy */
         for (i = 0; i < c->W; ++i)
             if (c->workers[i].final)
                 return dsgd__cluster_copy_error(c, c->workers[i].ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
@@ -14594,7 +14874,6 @@ DSGD_API dsgd_result dsgd_cluster_set_dataset(dsgd_cluster *c, const dsgd_datase
     c->ds = ds;
     c->ds_batch = batch;
     c->ds_seed = seed;
-    c->ds_per_epoch = nb / (size_t)c->W;
     c->ds_gen++;
     pthread_mutex_unlock(&c->mu);
     return DSGD_OK;
@@ -14624,7 +14903,7 @@ DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, cons
     const char *what = "dsgd_cluster_worker_next_batch";
     dsgd_cluster *c;
     const size_t *idx = NULL;
-    size_t n, k, e;
+    size_t n;
     dsgd_result r;
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     c = w->c;
@@ -14632,17 +14911,15 @@ DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, cons
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x, y and count are needed", what);
     if (!c->ds) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: no dataset (dsgd_cluster_set_dataset)", what);
     if (w->ds_gen != c->ds_gen && (r = dsgd__cluster_worker_shard(w)) != DSGD_OK) return r;
-    k = (size_t)(w->ds_next % c->ds_per_epoch);
-    e = (size_t)(w->ds_next / c->ds_per_epoch);
-    if (w->smp.epoch != (uint64_t)e) dsgd_sampler_set_epoch(&w->smp, (uint64_t)e);
-    n = dsgd_sampler_batch(&w->smp, (size_t)w->id + k * (size_t)c->W, &idx);
+    n = dsgd_sampler_worker_batch(&w->smp, w->id, c->W, w->ds_next, &idx);
     if ((r = dsgd_dataset_gather(c->ds, idx, n, w->bx, w->by)) != DSGD_OK)
-        return dsgd_ctx_set_error(w->ctx, r, "%s: cannot gather batch %zu", what, (size_t)w->id + k * (size_t)c->W);
+        return dsgd_ctx_set_error(w->ctx, r, "%s: cannot gather the worker's batch %llu", what,
+                                  (unsigned long long)w->ds_next);
     w->ds_next++;
     *x = w->bx;
     *y = w->by;
     *count = (int)n;
-    if (epoch) *epoch = (uint64_t)e;
+    if (epoch) *epoch = w->smp.epoch;
     return DSGD_OK;
 }
 
@@ -15427,7 +15704,8 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c) {
      Inside: a strategy kind is a table of operations (check the desc, set
      up, one replica's part of a step, tear down: dsgd__strategy_ops). This
      part holds what every kind shares: the replicas and their threads, the
-     transport, failure handling, variables and metrics. The kinds are parts
+     transport, failure handling, and the table of variables (their
+     functions and the metrics' are strategy_vars.h's). The kinds are parts
      of their own below it (strategy_sync.h: one_device and mirrored, whose
      step is gradients, agree, aggregate, exchange, update;
      strategy_central.h: central storage, whose step sums the gradients
@@ -15807,8 +16085,7 @@ DSGD_API dsgd_ctx *dsgd_replica_ctx(const dsgd_replica *r);
 DSGD_API dsgd_model *dsgd_replica_model(const dsgd_replica *r);
 DSGD_API dsgd_comm *dsgd_replica_comm(const dsgd_replica *r);
 
-/* ---------------------------------------------------------------- distributed variables */
-
+/* A distributed variable (its functions: strategy_vars.h). */
 /* The longest name of a distributed variable, in bytes (without the NUL). */
 #define DSGD_MAX_VARIABLE_NAME 63
 
@@ -15822,78 +16099,6 @@ typedef struct dsgd_dvar_desc {
                                             copy (so a cross-replica read of an ON_READ
                                             SUM variable starts at N x initial); NULL: zeros */
 } dsgd_dvar_desc;
-
-/* Creates a variable with one copy per replica (cross-replica context).
-   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
-   tf.distribute rejects it under a strategy); ON_READ with trainable set
-   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
-   aggregation NONE (tf.distribute fails when such a variable is read across
-   replicas; here it fails at creation); unknown enum values. *id receives
-   the handle.
-   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
-   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
-   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
-   would not be found again); a name in use; count 0),
-   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
-   strategy has failed, see dsgd_strategy_failed).
-   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
-                                                   int *id);
-/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
-     ON_WRITE: a collective every replica must call; the replicas' values are
-               combined by the aggregation (SUM: sum; MEAN: mean;
-               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
-               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
-               on every replica. This rejection is ours: TF 2.21 accepts
-               such a write and each replica updates only its own copy, so
-               the copies silently differ (older TF raised an error).
-     ON_READ:  writes this replica's copy only; no communication.
-   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
-   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
-   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
-   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...).
-   Thread safety: the replica's thread, inside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
-/* As dsgd_replica_assign, with the copy incremented by the combined delta
-   (ON_WRITE) or by the replica's own delta (ON_READ).
-   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
-DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
-/* Copies this replica's copy to out (count floats).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
-   id; out NULL). Thread safety: the replica's thread, inside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
-/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
-   variables give replica 0's copy (all copies are equal); ON_READ variables
-   give the SUM or MEAN of the copies in rank order (added in double), or
-   replica 0's copy for ONLY_FIRST_REPLICA.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
-   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
-/* What replica `replica` holds, without aggregation.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
-   failed). Thread safety: the strategy's thread, outside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
-/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
-   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
-   variables get value / N in every copy, so that a read gives value back
-   (as tf.distribute does).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
-   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
-/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
-   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
-   "metrics/train/count" and the same under "metrics/eval/"; between two
-   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
-   there (the models' own accumulators are added in by the take).
-   Errors: none. Thread safety: the strategy's thread, or any replica's
-   inside dsgd_strategy_run (no variable is created then). */
-DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
 
 #ifdef __cplusplus
 }
@@ -15967,6 +16172,13 @@ typedef struct dsgd__strategy_ops {
     /* NULL: dsgd_strategy_save and _restore work; else why they are
        DSGD_ERR_UNSUPPORTED for this kind */
     const char *no_checkpoint;
+    /* the kind places its replicas on desc.endpoints itself (s->n,
+       s->world, s->first, the shards, each replica's ep; it may leave no
+       replica at all); NULL: the common rule (dsgd__strategy_transport) */
+    dsgd_result (*layout)(dsgd_strategy *s);
+    /* at destroy, while the replicas' threads still run (it may dispatch a
+       last job), unless the strategy failed; may be NULL */
+    void (*stop)(dsgd_strategy *s);
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
@@ -15983,6 +16195,10 @@ struct dsgd_strategy {
     const dsgd__strategy_ops *ops;
     int n;                  /* this process's replicas (threads) */
     int world, first;       /* the group's replicas, and rank of reps[0]; W = n, first 0 but multi-worker */
+    /* the global batch is cut into shard_count shards, replica i taking
+       shard shard_first + i: world and first, but for a kind whose layout
+       says otherwise (parameter servers across processes) */
+    int shard_count, shard_first;
     dsgd_replica *reps;
     dsgd_loopback *hub;     /* the strategy's own transport, when desc.endpoints is NULL */
     dsgd_aggregation *param_agg; /* per model variable */
@@ -16094,6 +16310,10 @@ static int dsgd__error_rank(const dsgd_replica *r) {
 /* The one check of a failed strategy, at the top of every call that uses
    the replicas' state. */
 static dsgd_result dsgd__strategy_usable(dsgd_strategy *s, const char *what) {
+    if (s->n == 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
+                                  "%s: this process holds no replica, only %s's servers: there is nothing to run "
+                                  "here (dsgd_strategy_destroy waits for the workers)", what, s->ops->name);
     if (!s->failed) return DSGD_OK;
     return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                               "%s: refused: the strategy failed at step %lld in %s and must be recreated "
@@ -16156,6 +16376,7 @@ static float *dsgd__replica_stage(dsgd_replica *r, size_t count) {
 DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     int i;
     if (!s) return;
+    if (s->ops && s->ops->stop && s->sync_ready && !s->failed) s->ops->stop(s);
     if (s->sync_ready) {
         pthread_mutex_lock(&s->mu);
         s->shutdown = 1;
@@ -16327,7 +16548,7 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
 /* Every model variable starts with its declared aggregation (MEAN unless a
    custom model declared another; dsgd_strategy_set_aggregation changes it). */
 static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
-    int i, nv = dsgd_model_num_variables(s->reps[0].m.model);
+    int i, nv = s->n ? dsgd_model_num_variables(s->reps[0].m.model) : 0; /* no replica: a process of servers */
     s->param_agg = (dsgd_aggregation *)dsgd__alloc(s->ctx, sizeof(dsgd_aggregation) * (size_t)(nv ? nv : 1),
                                                     "dsgd_strategy_create");
     if (!s->param_agg) return DSGD_ERR_OUT_OF_MEMORY;
@@ -16475,7 +16696,11 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
     if (!desc) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_create: desc is NULL");
     if ((res = dsgd__strategy_check(ctx, desc, ops)) != DSGD_OK) return res;
     res = dsgd__strategy_alloc(ctx, desc, ops, &s);
-    if (res == DSGD_OK) res = dsgd__strategy_transport(s);
+    if (res == DSGD_OK) res = s->ops->layout ? s->ops->layout(s) : dsgd__strategy_transport(s);
+    if (res == DSGD_OK && !s->shard_count) {
+        s->shard_count = s->world;
+        s->shard_first = s->first;
+    }
     for (i = 0; res == DSGD_OK && i < s->n; ++i) res = dsgd__replica_create(s, i);
     if (res == DSGD_OK) res = dsgd__strategy_param_agg(s);
     if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
@@ -16555,10 +16780,10 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
                                   dsgd_model_name(s->reps[0].m.model));
     if (!x || (need_y && !y))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x or y is NULL", what);
-    if (count < 1 || (long long)count > (long long)s->world * max_batch)
+    if (count < 1 || (long long)count > (long long)s->shard_count * max_batch)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: global batch of %d outside 1..%lld (replicas x max_batch)", what, count,
-                                  (long long)s->world * max_batch);
+                                  (long long)s->shard_count * max_batch);
     return DSGD_OK;
 }
 
@@ -16617,7 +16842,7 @@ static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args
     int max_batch = dsgd_model_max_batch(r->m.model);
     memset(b, 0, sizeof(*b));
     dsgd_ctx_clear_error(r->m.ctx);
-    res = a->fn(a->fn_user, r->rank, r->s->world, b);
+    res = a->fn(a->fn_user, r->s->shard_first + r->local, r->s->shard_count, b);
     if (res != DSGD_OK) {
         if (dsgd_ctx_last_result(r->m.ctx) == DSGD_OK)
             dsgd_ctx_set_error(r->m.ctx, res, "the batch function failed on replica %d: %s", r->rank,
@@ -16634,7 +16859,7 @@ static dsgd_result dsgd__replica_fn_batch(dsgd_replica *r, const dsgd__step_args
 /* Replica r's shard of a sliced batch: dsgd_block_range of the global one. */
 static void dsgd__replica_slice(const dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b) {
     size_t off = 0, len = 0;
-    dsgd_block_range((size_t)a->count, r->s->world, r->rank, &off, &len);
+    dsgd_block_range((size_t)a->count, r->s->shard_count, r->s->shard_first + r->local, &off, &len);
     memset(b, 0, sizeof(*b));
     b->count = (int)len;
     if (len == 0) return;
@@ -16722,6 +16947,115 @@ static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int
     *id = s->num_vars++;
     return DSGD_OK;
 }
+
+#endif /* DSGD__PART_STRATEGY_IMPL */
+/* ---------------------------------------- distsgd/strategy_vars.h */
+/* distsgd/strategy_vars.h - a strategy's distributed variables and metrics: tf.VariableAggregation / tf.VariableSynchronization
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   DISTRIBUTED VARIABLES
+
+     A strategy (strategy.h) holds, besides its replicas' models, variables
+     of your own with one copy per replica, created in cross-replica
+     context and written in replica context (inside dsgd_strategy_run) with
+     tf.distribute's semantics: ON_WRITE variables are combined by their
+     aggregation on every write and stay one value; ON_READ variables keep
+     a copy per replica, combined when read across replicas. The metrics
+     (dsgd_strategy_take_metrics) are six of them. This part holds their
+     interface and its implementation; the table of copies lives with the
+     strategy, which creates the metrics' at creation.
+*/
+#ifndef DSGD__PART_STRATEGY_VARS_DECL
+#define DSGD__PART_STRATEGY_VARS_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- distributed variables */
+
+/* Creates a variable with one copy per replica (cross-replica context).
+   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
+   tf.distribute rejects it under a strategy); ON_READ with trainable set
+   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
+   aggregation NONE (tf.distribute fails when such a variable is read across
+   replicas; here it fails at creation); unknown enum values. *id receives
+   the handle.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
+   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
+   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
+   would not be found again); a name in use; count 0),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
+   strategy has failed, see dsgd_strategy_failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
+                                                   int *id);
+/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
+     ON_WRITE: a collective every replica must call; the replicas' values are
+               combined by the aggregation (SUM: sum; MEAN: mean;
+               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
+               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
+               on every replica. This rejection is ours: TF 2.21 accepts
+               such a write and each replica updates only its own copy, so
+               the copies silently differ (older TF raised an error).
+     ON_READ:  writes this replica's copy only; no communication.
+   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
+   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
+   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
+   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...).
+   Thread safety: the replica's thread, inside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
+/* As dsgd_replica_assign, with the copy incremented by the combined delta
+   (ON_WRITE) or by the replica's own delta (ON_READ).
+   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
+/* Copies this replica's copy to out (count floats).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
+   id; out NULL). Thread safety: the replica's thread, inside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
+/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
+   variables give replica 0's copy (all copies are equal); ON_READ variables
+   give the SUM or MEAN of the copies in rank order (added in double), or
+   replica 0's copy for ONLY_FIRST_REPLICA.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
+/* What replica `replica` holds, without aggregation.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
+   failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
+/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
+   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
+   variables get value / N in every copy, so that a read gives value back
+   (as tf.distribute does).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
+/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
+   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
+   "metrics/train/count" and the same under "metrics/eval/"; between two
+   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
+   there (the models' own accumulators are added in by the take).
+   Errors: none. Thread safety: the strategy's thread, or any replica's
+   inside dsgd_strategy_run (no variable is created then). */
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_STRATEGY_VARS_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_VARS_IMPL)
+#define DSGD__PART_STRATEGY_VARS_IMPL
+
+/* >>strategy_vars ----------------------------------------------------------- */
 
 DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
     const char *what = "dsgd_strategy_create_variable";
@@ -16926,7 +17260,7 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
     return DSGD_OK;
 }
 
-#endif /* DSGD__PART_STRATEGY_IMPL */
+#endif /* DSGD__PART_STRATEGY_VARS_IMPL */
 /* ---------------------------------------- distsgd/strategy_sync.h */
 /* distsgd/strategy_sync.h - the synchronous kinds: one_device and mirrored
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -17221,13 +17555,13 @@ static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_d
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL,
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
-    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL,
+    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */
@@ -17401,7 +17735,7 @@ static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__ce
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
-    dsgd__central_state, 0, NULL,
+    dsgd__central_state, 0, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */
@@ -17433,10 +17767,35 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
      is applied. For workers that run free, use the engine itself or the
      cluster coordinator (coordinator.h).
 
-     The P servers are threads of the strategy, each serving its shards
-     (desc.ps.partitioner over the model's variables) over a loopback of
-     the strategy's own with P + N ranks (servers first), and applying the
-     optimizer of desc.optimizer (clip_norm must be 0) on a CPU backend.
+     With desc.endpoints NULL, the P servers are threads of the strategy,
+     each serving its shards (desc.ps.partitioner over the model's
+     variables) over a loopback of the strategy's own with P + N ranks
+     (servers first), and applying the optimizer of desc.optimizer
+     (clip_norm must be 0) on a CPU backend.
+
+     THE SAME PROGRAM ACROSS PROCESSES. desc.endpoints may instead hold
+     this process's ranks of one group of P servers and W workers
+     (desc.num_replicas of them, in increasing rank order, each with probe:
+     an MPI transport over dsgd_mpi_ps_role_create's communicator, whose
+     first P ranks serve). The ranks below P become server threads of this
+     strategy; the others, which must be consecutive, its replicas (worker
+     w, rank P + w, takes shard w of the W workers' global batch, so every
+     process passes the same batch). A process may hold no replica: its
+     strategy then serves, refuses every call that would run replicas
+     (DSGD_ERR_STATE), and its dsgd_strategy_destroy waits until every
+     worker of the group has finished. So one program, creating the
+     strategy from its endpoints, training and destroying it, runs over the
+     strategy's own loopback and under mpirun alike, with the same SYNC
+     bits. The replicas' own collectives (metrics, distributed variables)
+     run among this process's replicas only: across processes each reads
+     its own. A worker without samples pushes zeros there, since the
+     others cannot know (all here: the step does nothing, as mirrored).
+     Over simnet, give the strategy the hub's endpoints (created with
+     park_between_calls, as for every strategy): every rank makes each of
+     its calls from its own thread (a replica's first pull in its first
+     step, its goodbye in a last job at destroy; a server serves on its
+     thread) and then leaves the simulation (the endpoint's leave).
+
      SYNC gives, step for step, the bits of the cluster coordinator's SYNC
      run fed the same shards: the same pull, gradient and push. After a
      step every replica's model holds what it pulled, so
@@ -17453,8 +17812,7 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
      ERROR the step fails; any failure of a replica stops the servers and
      the other workers at once (the transport is aborted) and fails the
      strategy, since the others may have pushed. The gradients go through
-     the host (gradient_path DEVICE is refused). desc.endpoints is not
-     taken yet (the strategy makes its own transport), and a checkpoint
+     the host (gradient_path DEVICE is refused). A checkpoint
      (dsgd_strategy_save, _restore) is DSGD_ERR_UNSUPPORTED: the servers
      hold the state. Distributed variables and the metrics behave as under
      mirrored.
@@ -17467,11 +17825,13 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
 
 /* >>strategy_ps ------------------------------------------------------------- */
 
-/* A server of the strategy: a member of the rank group (its context) and
-   its thread. */
+/* A server of this process: a member of the rank group (its context), its
+   engine server and thread. */
 typedef struct dsgd__psk_server {
     dsgd__member m;
     dsgd_ps_server *srv;
+    dsgd_transport_i ep;
+    int index;          /* among the P servers */
     pthread_t thread;
     int started;
     dsgd_result result; /* of serve */
@@ -17480,37 +17840,54 @@ typedef struct dsgd__psk_server {
 typedef struct dsgd__psk {
     dsgd_ps_desc pd;
     dsgd_shard_map *map;
-    dsgd_loopback *hub;         /* P + N ranks: servers, then the replicas */
-    dsgd_transport_i *eps;      /* [P + N] */
-    dsgd__psk_server *servers;  /* [P] */
+    dsgd_loopback *hub;         /* the engine's transport when the strategy makes its own */
+    dsgd_transport_i *eps;      /* [servers + N]: this process's engine endpoints, servers first */
+    int servers_here;           /* servers of this process (all P with its own transport) */
+    dsgd__psk_server *servers;  /* [servers_here] */
     dsgd_ps_worker **workers;   /* [N]: replica i's engine worker */
     float **buf;                /* [N]: the flat parameters, then the gradient */
-    int failed;                 /* a replica failed: the hub was aborted */
+    int *pulled, *finished;     /* [N]: replica i's first pull made; its goodbye said */
+    int failed;                 /* atomic: a replica failed, the transport was aborted */
     size_t p;
 } dsgd__psk;
 
 static dsgd_result dsgd__psk_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
     const char *what = "dsgd_strategy_create";
+    int i;
     if (d->gradient_path == DSGD_GRADIENTS_DEVICE)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: parameter_server pushes the gradients from the host; gradient_path DEVICE "
                                   "is for mirrored", what);
-    if (d->endpoints)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED,
-                                  "%s: parameter_server makes its own transport; endpoints are not taken yet (run "
-                                  "the engine, ps.h, over yours)", what);
     if (d->ps.num_servers < 1 || d->ps.num_servers > 4096)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: parameter_server needs 1..4096 servers "
                                   "(desc.ps.num_servers is %d)", what, d->ps.num_servers);
+    for (i = 0; d->endpoints && i < d->num_replicas; ++i) {
+        const dsgd_transport_i *t = &d->endpoints[i];
+        if (!t->send || !t->recv || !t->probe || t->size != d->endpoints[0].size ||
+            t->size <= d->ps.num_servers || (i > 0 && t->rank <= d->endpoints[i - 1].rank) || t->rank < 0 ||
+            t->rank >= t->size)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: parameter_server's endpoints[%d] is rank %d of %d%s; this process's ranks "
+                                      "of one group of %d servers and at least one worker are needed, in increasing "
+                                      "order, each with send, recv and probe", what, i, t->rank, t->size,
+                                      t->send && t->recv && t->probe ? "" : " without send, recv or probe",
+                                      d->ps.num_servers);
+        if (i > 0 && t->rank >= d->ps.num_servers && d->endpoints[i - 1].rank >= d->ps.num_servers &&
+            t->rank != d->endpoints[i - 1].rank + 1)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: parameter_server's workers in one process must be consecutive ranks "
+                                      "(endpoints[%d] is rank %d after rank %d)", what, i, t->rank,
+                                      d->endpoints[i - 1].rank);
+    }
     return DSGD_OK;
 }
 
-/* The engine's desc from the strategy's (defaults applied). */
-static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s) {
+/* The engine's desc from the strategy's (defaults applied); W workers. */
+static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s, int W) {
     dsgd_ps_desc pd;
     memset(&pd, 0, sizeof(pd));
     pd.num_servers = s->d.ps.num_servers;
-    pd.num_workers = s->n;
+    pd.num_workers = W;
     pd.policy = s->d.ps.policy;
     pd.staleness = s->d.ps.staleness;
     pd.backup_workers = s->d.ps.backup_workers;
@@ -17521,33 +17898,82 @@ static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s) {
     return pd;
 }
 
+/* Where the replicas and servers go (the kind's layout): with no
+   endpoints, N replicas and all P servers here, over a loopback of P + N
+   ranks; with endpoints, this process's ranks of the group: the servers'
+   ranks become server threads, the workers' the replicas (maybe none),
+   worker w taking shard w of the W workers'. The replicas' own collectives
+   (metrics, variables) run over a loopback of this process's replicas. */
+static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    const dsgd_transport_i *ep = s->d.endpoints;
+    int P = s->d.ps.num_servers, here = s->n, i, W, servers_here = 0;
+    dsgd_transport_i *reps_ep;
+    dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
+    dsgd_result r;
+    if (!k) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(k, 0, sizeof(*k));
+    s->kind_data = k;
+    if (ep) {
+        while (servers_here < here && ep[servers_here].rank < P) servers_here++;
+        W = ep[0].size - P;
+        s->n = here - servers_here;
+        s->shard_first = s->n ? ep[servers_here].rank - P : 0;
+    } else {
+        W = s->n;
+        servers_here = P;
+    }
+    s->world = s->n;
+    s->first = 0;
+    s->shard_count = W;
+    k->servers_here = servers_here;
+    k->pd = dsgd__psk_desc(s, W);
+    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(servers_here + s->n), what);
+    reps_ep = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(s->n ? s->n : 1), what);
+    r = k->eps && reps_ep ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
+    if (r == DSGD_OK && ep) memcpy(k->eps, ep, sizeof(dsgd_transport_i) * (size_t)here);
+    if (r == DSGD_OK && !ep) r = dsgd__group_endpoints(s->ctx, NULL, P + s->n, &k->hub, k->eps);
+    if (r == DSGD_OK && s->n) r = dsgd__group_endpoints(s->ctx, NULL, s->n, &s->hub, reps_ep);
+    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = reps_ep[i];
+    DSGD_FREE(reps_ep);
+    return r;
+}
+
 static void *dsgd__psk_server_main(void *arg) {
     dsgd__psk_server *sv = (dsgd__psk_server *)arg;
     sv->result = dsgd_ps_server_serve(sv->srv);
+    if (sv->ep.leave) sv->ep.leave(sv->ep.impl); /* done with the group, on the rank's thread */
     return NULL;
 }
 
-/* Stops every rank at once (a failed replica; teardown after a failure). */
+/* Stops every rank at once (a failed replica; teardown after a failure):
+   the strategy's own transport, or the endpoints' abort. */
 static void dsgd__psk_abort(dsgd__psk *k) {
-    k->failed = 1;
-    if (k->hub) dsgd_loopback_abort(k->hub);
+    int i;
+    DSGD__STORE_REL(&k->failed, 1);
+    if (k->hub) {
+        dsgd_loopback_abort(k->hub);
+        return;
+    }
+    for (i = 0; i < k->servers_here + k->pd.num_workers && k->eps; ++i)
+        if (k->eps[i].abort) {
+            k->eps[i].abort(k->eps[i].impl);
+            return;
+        }
 }
 
 static void dsgd__psk_teardown(dsgd_strategy *s) {
     dsgd__psk *k = (dsgd__psk *)s->kind_data;
-    int i, P;
+    int i;
     if (!k) return;
-    P = k->pd.num_servers;
-    /* every worker says goodbye (the replicas' threads are joined), so the
-       servers return; after a failure the transport is aborted instead */
+    /* every worker here said goodbye (dsgd__psk_stop), so the servers
+       return once the other processes' workers did too; else (a failure,
+       a partial setup) the transport is aborted */
     for (i = 0; k->workers && i < s->n; ++i)
-        if (k->workers[i] && !k->failed && dsgd_ps_worker_finish(k->workers[i]) != DSGD_OK) dsgd__psk_abort(k);
-    if (k->workers && !k->failed)
-        for (i = 0; i < s->n; ++i)
-            if (!k->workers[i]) dsgd__psk_abort(k); /* a partial setup: no goodbye from it */
-    for (i = 0; k->servers && i < P; ++i)
+        if (!k->finished || !k->finished[i]) dsgd__psk_abort(k);
+    for (i = 0; k->servers && i < k->servers_here; ++i)
         if (k->servers[i].started) pthread_join(k->servers[i].thread, NULL);
-    for (i = 0; k->servers && i < P; ++i) {
+    for (i = 0; k->servers && i < k->servers_here; ++i) {
         dsgd_ps_server_destroy(k->servers[i].srv);
         dsgd__member_destroy(&k->servers[i].m);
     }
@@ -17558,79 +17984,84 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
     DSGD_FREE(k->servers);
     DSGD_FREE(k->workers);
     DSGD_FREE(k->buf);
+    DSGD_FREE(k->pulled);
+    DSGD_FREE(k->finished);
     DSGD_FREE(k->eps);
     DSGD_FREE(k);
     s->kind_data = NULL;
 }
 
-/* The shard map over replica 0's variables, and their initial values. */
-static dsgd_result dsgd__psk_map(dsgd_strategy *s, dsgd__psk *k, float *init) {
-    dsgd_model *m = s->reps[0].m.model;
-    int i, nv = dsgd_model_num_variables(m);
-    dsgd_variable *vars = (dsgd_variable *)dsgd__alloc(s->ctx, sizeof(dsgd_variable) * (size_t)(nv ? nv : 1),
-                                                        "dsgd_strategy_create");
-    dsgd_result r;
-    if (!vars) return DSGD_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < nv; ++i) vars[i] = *dsgd_model_variable(m, i);
-    r = dsgd_shard_map_create(s->ctx, vars, nv, k->pd.num_servers, &s->d.ps.partitioner, &k->map);
-    DSGD_FREE(vars);
-    if (r == DSGD_OK && (r = dsgd_model_get_params(m, init, k->p)) != DSGD_OK)
-        dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
-    return r;
-}
-
-/* The servers (created and serving) and the replicas' engine workers, each
-   having pulled the initial parameters. */
+/* This process's servers (created and serving) and the replicas' engine
+   workers, each having pulled the initial parameters. */
 static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
-    dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
     dsgd__member_desc md;
-    int i, P, N = s->n;
+    float *init = NULL;
+    int i, here = k->servers_here, N = s->n;
     dsgd_result r;
-    if (!k) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(k, 0, sizeof(*k));
-    s->kind_data = k;
-    k->pd = dsgd__psk_desc(s);
-    k->p = dsgd_model_num_params(s->reps[0].m.model);
-    P = k->pd.num_servers;
-    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(P + N), what);
-    k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)P, what);
-    k->workers = (dsgd_ps_worker **)dsgd__alloc(s->ctx, sizeof(dsgd_ps_worker *) * (size_t)N, what);
-    k->buf = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)N, what);
-    if (!k->eps || !k->servers || !k->workers || !k->buf) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(k->servers, 0, sizeof(dsgd__psk_server) * (size_t)P);
-    memset(k->workers, 0, sizeof(dsgd_ps_worker *) * (size_t)N);
-    memset(k->buf, 0, sizeof(float *) * (size_t)N);
-    for (i = 0; i < N; ++i)
+    k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1), what);
+    k->workers = (dsgd_ps_worker **)dsgd__alloc(s->ctx, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1), what);
+    k->buf = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)(N ? N : 1), what);
+    k->pulled = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)(N ? N : 1), what);
+    k->finished = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)(N ? N : 1), what);
+    if (!k->servers || !k->workers || !k->buf || !k->pulled || !k->finished) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(k->pulled, 0, sizeof(int) * (size_t)(N ? N : 1));
+    memset(k->finished, 0, sizeof(int) * (size_t)(N ? N : 1));
+    memset(k->servers, 0, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1));
+    memset(k->workers, 0, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1));
+    memset(k->buf, 0, sizeof(float *) * (size_t)(N ? N : 1));
+    /* the map over the desc's variables and their initial values (this
+       process may hold no replica) */
+    r = dsgd__shard_map_for_model(s->ctx, &s->d.model, k->pd.num_servers, &s->d.ps.partitioner, &init, &k->p, &k->map);
+    for (i = 0; i < N && r == DSGD_OK; ++i)
         if (!(k->buf[i] = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what)))
-            return DSGD_ERR_OUT_OF_MEMORY;
-    if ((r = dsgd__psk_map(s, k, k->buf[0])) != DSGD_OK) return r;
-    if ((r = dsgd__group_endpoints(s->ctx, NULL, P + N, &k->hub, k->eps)) != DSGD_OK) return r;
+            r = DSGD_ERR_OUT_OF_MEMORY;
     memset(&md, 0, sizeof(md));
     md.role = "server";
-    for (i = 0; i < P && r == DSGD_OK; ++i) {
+    for (i = 0; i < here && r == DSGD_OK; ++i) {
         dsgd__psk_server *sv = &k->servers[i];
-        if ((r = dsgd__member_create(s->ctx, &md, i, &sv->m)) != DSGD_OK) break;
-        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, k->buf[0], &sv->srv);
+        sv->index = k->eps[i].rank;
+        sv->ep = k->eps[i];
+        if ((r = dsgd__member_create(s->ctx, &md, sv->index, &sv->m)) != DSGD_OK) break;
+        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, init, &sv->srv);
         if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->m.ctx));
     }
     for (i = 0; i < N && r == DSGD_OK; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd_ps_worker_create(rep->m.ctx, &k->eps[P + i], &k->pd, k->map, &k->workers[i]);
-        if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold) r = dsgd_ps_worker_set_params(k->workers[i], k->buf[0]);
+        r = dsgd_ps_worker_create(rep->m.ctx, &k->eps[here + i], &k->pd, k->map, &k->workers[i]);
+        if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold) r = dsgd_ps_worker_set_params(k->workers[i], init);
         if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(rep->m.ctx));
     }
-    for (i = 0; i < P && r == DSGD_OK; ++i) {
+    DSGD_FREE(init);
+    for (i = 0; i < here && r == DSGD_OK; ++i) {
         if (pthread_create(&k->servers[i].thread, NULL, dsgd__psk_server_main, &k->servers[i]) != 0)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start server %d's thread", what, i);
         k->servers[i].started = 1;
     }
-    /* the first pull, version 0 everywhere: the engine wants a pull before
-       each push, and the replicas already hold these parameters */
-    for (i = 0; i < N && r == DSGD_OK; ++i)
-        if ((r = dsgd_ps_worker_pull(k->workers[i], k->buf[i])) != DSGD_OK)
-            dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(s->reps[i].m.ctx));
     return r;
+}
+
+/* A replica's goodbye, on its own thread: the engine's finish, then the
+   endpoint's leave (simnet: out of the simulation). */
+static dsgd_result dsgd__psk_finish(dsgd_replica *r, void *user) {
+    dsgd__psk *k = (dsgd__psk *)r->s->kind_data;
+    dsgd_result res = dsgd_ps_worker_finish(k->workers[r->local]);
+    const dsgd_transport_i *ep = &k->eps[k->servers_here + r->local];
+    (void)user;
+    if (res != DSGD_OK) return res;
+    k->finished[r->local] = 1;
+    if (ep->leave) ep->leave(ep->impl);
+    return DSGD_OK;
+}
+
+/* Before the replicas' threads stop: every replica says goodbye from its
+   own thread (the threads of a simulation must make every call of their
+   rank). */
+static void dsgd__psk_stop(dsgd_strategy *s) {
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    if (!k || !k->workers || s->n == 0) return;
+    if (dsgd__strategy_dispatch(s, dsgd__psk_finish, NULL, "dsgd_strategy_destroy") != DSGD_OK) dsgd__psk_abort(k);
 }
 
 /* Phase 1: replica r's mean gradient of its batch b into buf (zeros for an
@@ -17666,8 +18097,20 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     dsgd_result res;
     r->skipped = 0;
     r->lr = dsgd_optimizer_lr(r->opt);
+    res = DSGD_OK;
+    if (!k->pulled[r->local]) { /* the first pull (a pull before each push), on the replica's thread */
+        res = dsgd_ps_worker_pull(w, buf);
+        if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, buf, k->p);
+        if (res != DSGD_OK) {
+            dsgd__psk_abort(k);
+            return res;
+        }
+        k->pulled[r->local] = 1;
+    }
     res = dsgd__step_batch(r, a, &b, &r->global);
-    if (res == DSGD_OK && r->global == 0) return DSGD_OK; /* no sample anywhere: nothing to do */
+    /* no sample anywhere (every worker is here to agree): nothing to do;
+       across processes a worker without samples pushes zeros */
+    if (res == DSGD_OK && r->global == 0 && s->shard_count == s->n) return DSGD_OK;
     if (res == DSGD_OK && !s->all_mean)
         res = dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
                                  "parameter servers average the workers' mean gradients: every variable must "
@@ -17686,7 +18129,7 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
 
 static const dsgd__strategy_ops dsgd__parameter_server_ops = {
     "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown, NULL, 0,
-    "the parameter servers hold the variables and the optimizer's state",
+    "the parameter servers hold the variables and the optimizer's state", dsgd__psk_layout, dsgd__psk_stop,
 };
 
 #endif /* DSGD__PART_STRATEGY_PS_IMPL */
@@ -18328,13 +18771,17 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
 
      The add-on is one part per layer under distsgd/cl/, included below in
      dependency order after the core (distsgd.h); each part holds its topic
-     comment, its declarations and its implementation. To vendor it, copy
-     single_include/distsgd.h and define DISTSGD_WITH_OPENCL.
+     comment, its declarations and its implementation: DEVICES and ERRORS
+     in devices.h, PRECISION in kernels.h, QUEUES, GEMM TUNING and COLD
+     START in context.h, BACKENDS and TRANSPORTS in backend.h. To vendor
+     it, copy single_include/distsgd.h and define DISTSGD_WITH_OPENCL.
 */
 
-/* ---------------------------------------- distsgd/cl/context.h */
-/* distsgd/cl/context.h - devices, the shared context, queues, our kernels, GEMM parameters and their cache
+/* ---------------------------------------- distsgd/cl/devices.h */
+/* distsgd/cl/devices.h - the OpenCL headers, error names, the device list and the spec that picks devices
    Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+   The context (context.h) opens the devices chosen here and builds our
+   kernels (kernels.h) for them; QUEUES, GEMM TUNING and COLD START are there.
 
    DEVICES
 
@@ -18361,23 +18808,8 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
      backend runs on one of them (dsgd_cl_backend_desc.device); a strategy's
      backend_factory usually places replica r on device
      r % dsgd_cl_context_num_devices(). Any
-     number of backends may share a context and a device (see QUEUES).
-
-   QUEUES
-
-     dsgd_cl_context_desc.queues says which in-order command queue a backend
-     enqueues on. PER_BACKEND: each backend creates its own, so replicas on
-     one device overlap their kernels. PER_DEVICE: the backends on one device
-     share one queue that the context owns, so their commands run one at a
-     time, in the order the threads enqueue them (each backend's own commands
-     stay in its program order; finish waits for all of them). AUTO, the
-     default, is PER_BACKEND except on PoCL: PoCL 3.1 aborts with
-     "pocl_release_dlhandle_cache: Assertion `found->ref_count > 0' failed"
-     when one kernel runs at different grid sizes from several queues at once
-     (2 of 12 runs of the 4-replica demo died so, 0 of 36 with one queue), and
-     its kernels already spread over all of its threads, so one queue costs
-     little there. A backend created with profiling gets a queue of its own
-     whatever the policy. dsgd_cl_context_queues() tells the policy in force.
+     number of backends may share a context and a device (see QUEUES in
+     context.h).
 
    ERRORS
 
@@ -18394,66 +18826,9 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
      context or backend, bad sizes) are DSGD_ERR_INVALID_ARGUMENT, as on the
      CPU backend. dsgd_cl_map and dsgd_cl_unmap given a non-OpenCL backend,
      and dsgd_cl_tune_cache_path, have no context and return the code alone.
-
-   GEMM TUNING
-
-     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
-     (PoCL on a CPU above all) they can be several times slower than good ones.
-     distsgd's GEMM tuner, cl_tune (`make tune`), searches CLBlast's Xgemm
-     parameters (register-tiled candidates made for the device's float
-     vector width, dsgd_cl_device_info.vector_width, among them) and the
-     size below which CLBlast's single-kernel "direct" GEMM is used
-     (XGEMM_MIN_INDIRECT_SIZE), at the shapes a model uses, within a time
-     bound. It times candidates on back-to-back GEMMs with one finish per
-     sample, as in a training step, checks every candidate's results, and
-     writes the winner (dsgd_cl_save_gemm_params) to a per-device cache
-     file:
-
-         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
-                                        or exists as one)
-         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
-         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
-
-     dsgd_cl_context_desc.tune_cache overrides the environment. At context
-     creation each device's file is read and applied with
-     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
-     made for another device (platform name, device name and driver version are
-     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
-     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
-     (no warning). Overrides are process-wide per device (CLBlast keeps them
-     in a global table and has no call to undo them), so once a context has
-     applied tuned parameters, later contexts on that device in the same
-     process use them too.
-
-   COLD START (PoCL)
-
-     CLBlast compiles its GEMM kernels on the first call with a given set of
-     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
-     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
-     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
-     are built once per context and cached by PoCL the same way. Each tuning
-     candidate is a new compile, which is what bounds the tuner's speed.
-
-   PRECISION (against the CPU reference backend)
-
-     Kernels are built with FP_CONTRACT off and, where the device supports it,
-     -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
-     the optimizer updates, relu and the image operations (im2col, col2im,
-     max-pool: copies, compares and float adds in the CPU's order) match the
-     CPU backend bit for bit. Options that allow reassociation or assume
-     finite math (-cl-fast-relaxed-math, -cl-unsafe-math-optimizations,
-     -cl-finite-math-only) are never passed by the library; added through
-     build_options they void these promises (max-pool's NaN rule first). tanh,
-     sigmoid and the losses use OpenCL's exp/tanh/log (a few ulp). The losses
-     and norm_check accumulate in double when every device of the context has
-     cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
-     are float, summed in double on the host). Reductions have a fixed order
-     for a given size and device: same inputs, same bits. sum_across adds in
-     float in rank order, as the host's DSGD_ALLREDUCE_DIRECT does, so the
-     DEVICE and HOST gradient paths give the same bits with that algorithm.
 */
-#ifndef DSGD_CL__PART_CONTEXT_DECL
-#define DSGD_CL__PART_CONTEXT_DECL
+#ifndef DSGD_CL__PART_DEVICES_DECL
+#define DSGD_CL__PART_DEVICES_DECL
 
 #ifndef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 120
@@ -18526,184 +18901,23 @@ DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t);
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_error_string(int code);
 
-/* ---------------------------------------------------------------- context */
-
-typedef enum dsgd_cl_tuning {
-    DSGD_CL_TUNING_AUTO = 0, /* apply the device's tuning cache file if valid */
-    DSGD_CL_TUNING_OFF       /* leave CLBlast's parameters alone, read no file */
-} dsgd_cl_tuning;
-
-/* Which command queue a backend enqueues on (see QUEUES). */
-typedef enum dsgd_cl_queues {
-    DSGD_CL_QUEUES_AUTO = 0,    /* PER_BACKEND, except on PoCL: PER_DEVICE */
-    DSGD_CL_QUEUES_PER_BACKEND, /* each backend its own in-order queue */
-    DSGD_CL_QUEUES_PER_DEVICE   /* the backends on one device share one
-                                   in-order queue, owned by the context */
-} dsgd_cl_queues;
-
-typedef struct dsgd_cl_context_desc {
-    const char *device;    /* device spec (see DEVICES); NULL: the environment */
-    int max_devices;       /* open up to this many devices (see DEVICES); 0: 1;
-                              at most DSGD_CL_MAX_DEVICES */
-    dsgd_cl_tuning tuning; /* default AUTO */
-    const char *tune_cache; /* file or directory; NULL: $DSGD_CL_TUNE_CACHE, else
-                               the user cache directory (see GEMM TUNING) */
-    const char *build_options; /* appended to our kernels' clBuildProgram
-                                  options; NULL: none */
-    dsgd_cl_queues queues; /* default AUTO (see QUEUES) */
-} dsgd_cl_context_desc;
-
-typedef struct dsgd_cl_context dsgd_cl_context;
-
-/* Opens the chosen device(s) in one cl_context, builds our kernels for them,
-   and applies each device's tuned GEMM parameters (see GEMM TUNING). desc may
-   be NULL (all defaults). ctx receives errors and log messages; the context
-   keeps no pointer to it. A tuning file that cannot be applied is not an
-   error: it is a DSGD_LOG_WARN message.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, max_devices
-   outside 0..DSGD_CL_MAX_DEVICES, a device spec, DSGD_CL_PLATFORM or
-   DSGD_CL_DEVICE_TYPE that does not parse), DSGD_ERR_BACKEND (no platform,
-   a platform index out of range, no matching device, an OpenCL error, a
-   kernel build failure with its log), DSGD_ERR_OUT_OF_MEMORY.
-   Thread safety: any thread (that may use ctx); see THREAD SAFETY for
-   sharing the context. */
-DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
-                                            dsgd_cl_context **out);
-/* Destroys the context (c NULL: nothing); every backend created from it must
-   be destroyed first.
-   Thread safety: one thread, once no backend of c exists. */
-DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c);
-/* Getters (c NULL, or i out of range: 0 or NULL):
-     dsgd_cl_context_num_devices  devices opened (1..DSGD_CL_MAX_DEVICES)
-     dsgd_cl_context_device_info  information on the context's device i
-     dsgd_cl_context_gemm_tuned   1 when device i runs with tuned GEMM
-                                  parameters applied by this library (from a
-                                  cache file or dsgd_cl_apply_gemm_params)
-     dsgd_cl_context_fp64         1 when the kernels accumulate in double
-                                  (every device has cl_khr_fp64)
-     dsgd_cl_context_handle, dsgd_cl_context_device
-                                  the OpenCL context and device i, for your
-                                  own OpenCL calls (owned by c)
-   Errors: none. Thread safety: any thread while c lives (fixed at creation;
-   gemm_tuned also changes with dsgd_cl_apply_gemm_params). */
-DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c);
-DSGD_API const dsgd_cl_device_info *dsgd_cl_context_device_info(const dsgd_cl_context *c, int i);
-DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i);
-DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
-/* DSGD_CL_QUEUES_PER_BACKEND or DSGD_CL_QUEUES_PER_DEVICE: how desc.queues
-   was resolved (c NULL: PER_BACKEND). Errors: none. Thread safety: any
-   thread while c lives. */
-DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c);
-DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
-DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
-
-/* ---------------------------------------------------------------- GEMM parameters */
-
-/* The CLBlast GEMM parameters of a device and their cache file (see GEMM
-   TUNING): context creation applies the cache (DSGD_CL_TUNING_AUTO);
-   the cl_tune tuner (`make tune`) searches for them. */
-#define DSGD_CL_XGEMM_NPARAMS 16
-#define DSGD_CL_DIRECT_NPARAMS 10
-
-/* A set of CLBlast GEMM parameters for one device (single precision). */
-typedef struct dsgd_cl_gemm_params {
-    int xgemm_set; /* non-zero: xgemm[] holds Xgemm's parameters in the order of
-                      dsgd_cl_xgemm_param_name(): GEMMK KREG KWG KWI MDIMA MDIMC
-                      MWG NDIMB NDIMC NWG SA SB STRM STRN VWM VWN */
-    size_t xgemm[DSGD_CL_XGEMM_NPARAMS];
-    int direct_set; /* XgemmDirect: KWID MDIMAD MDIMCD NDIMBD NDIMCD PADA PADB
-                       VWMD VWND WGD */
-    size_t direct[DSGD_CL_DIRECT_NPARAMS];
-    int min_indirect_set; /* GemmRoutine's XGEMM_MIN_INDIRECT_SIZE: GEMMs with
-                             m*n*k below its cube use the direct kernel */
-    size_t min_indirect;
-} dsgd_cl_gemm_params;
-
-/* Parameter names ("GEMMK", ...; "KWID", ...), NULL when i is out of range.
-   Errors: none. Thread safety: any thread. */
-DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
-DSGD_API const char *dsgd_cl_direct_param_name(int i);
-/* Checks the divisibility rules CLBlast's kernels need, and the limits of
-   its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
-   rejected set would fail to build, crash or compute wrong results.
-   Returns 1 when valid, 0 otherwise (and for p NULL).
-   Errors: none. Thread safety: any thread. */
-DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
-
-/* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
-   *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
-   Process-wide for that device; takes effect at the next GEMM (which
-   compiles the kernels for the new parameters).
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
-   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
-   (CLBlast refused; parts applied before stay applied).
-   Thread safety: any thread (that may use ctx); CLBlast calls are
-   serialised by the library's lock, but not concurrently with another
-   apply on c or with dsgd_cl_context_gemm_tuned. */
-DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
-                                               const dsgd_cl_gemm_params *p);
-/* The tuning cache file for device i: desc_path, else $DSGD_CL_TUNE_CACHE,
-   taken as is when it names a file, or a directory (it ends with '/' or
-   exists as one) that gets the device's file name; else that name in
-   $XDG_CACHE_HOME/distsgd (when absolute) or ~/.cache/distsgd. Writes it,
-   NUL-terminated, to buf.
-   Errors (nothing recorded: no context): DSGD_ERR_INVALID_ARGUMENT (c NULL
-   or no device i, buf NULL or cap 0, no HOME and no absolute
-   XDG_CACHE_HOME, a path that does not fit in buf).
-   Thread safety: any thread (it reads the environment). */
-DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
-                                             const char *desc_path, char *buf, size_t cap);
-/* Reads a cache file and checks that it was made for device i of c; *out is
-   zeroed on failure.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
-   i, path or out NULL), DSGD_ERR_IO (cannot open), DSGD_ERR_FORMAT (corrupt,
-   a read error or parameters dsgd_cl_gemm_params_valid rejects: with the
-   line and what is wrong), DSGD_ERR_STATE (made for another device: the
-   message names both).
-   Thread safety: any thread (that may use ctx). */
-DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
-                                              const char *path, dsgd_cl_gemm_params *out);
-/* Writes a cache file for device i (creating missing directories),
-   atomically (path.tmp, then rename). note, if non-NULL, is stored as a
-   comment line.
-   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
-   i, path or p NULL, a path of 1024 bytes or more, a set
-   dsgd_cl_gemm_params_valid rejects), DSGD_ERR_IO (a directory, the file or
-   the rename failed).
-   Thread safety: any thread (that may use ctx); two writers of one path at
-   once race on path.tmp. */
-DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
-                                              const char *path, const dsgd_cl_gemm_params *p,
-                                              const char *note);
-
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* DSGD_CL__PART_CONTEXT_DECL */
+#endif /* DSGD_CL__PART_DEVICES_DECL */
 
-#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_CONTEXT_IMPL)
-#define DSGD_CL__PART_CONTEXT_IMPL
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_DEVICES_IMPL)
+#define DSGD_CL__PART_DEVICES_IMPL
 
-#include <clblast_c.h>
-#include <pthread.h>
+#if defined(__APPLE__)
+#include <OpenCL/cl_ext.h> /* CL_PLATFORM_NOT_FOUND_KHR */
+#else
+#include <CL/cl_ext.h> /* CL_PLATFORM_NOT_FOUND_KHR */
+#endif
 
-#include <errno.h>
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-
-/* CLBlast 1.5 is not safe when several threads make their first calls at once
-   (its routine database is built and freed concurrently: a use-after-free
-   seen under ASan with one replica thread per backend). Every CLBlast call
-   of this file is therefore made under one process-wide lock, the only
-   global state of distsgd. The calls only enqueue work, so the lock is held
-   briefly, except during CLBlast's first compile of a routine. */
-static pthread_mutex_t dsgd_cl__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Allocation (DSGD_MALLOC, DSGD_FREE), DSGD__UNUSED and the file helpers
    are the core's (distsgd/base.h, distsgd/internal.h). */
@@ -18826,6 +19040,325 @@ static dsgd_result dsgd_cl__fail(dsgd_ctx *ctx, int err, const char *call, const
     return dsgd_ctx_set_error(ctx, r, "%s(%s): %s (%d)", call, what ? what : "",
                               dsgd_cl_error_string(err), err);
 }
+
+/* >>devices ----------------------------------------------------------------- */
+
+static void dsgd_cl__copy_str(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static void dsgd_cl__dev_str(cl_device_id d, cl_device_info what, char *dst, size_t cap) {
+    size_t got = 0;
+    dst[0] = '\0';
+    if (clGetDeviceInfo(d, what, cap - 1, dst, &got) != CL_SUCCESS) {
+        /* a longer value than cap: fetch it whole, keep the head */
+        size_t need = 0;
+        char *tmp;
+        if (clGetDeviceInfo(d, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
+        tmp = (char *)DSGD_MALLOC(need + 1);
+        if (!tmp) return;
+        if (clGetDeviceInfo(d, what, need, tmp, NULL) == CL_SUCCESS) {
+            tmp[need] = '\0';
+            dsgd_cl__copy_str(dst, cap, tmp);
+        }
+        DSGD_FREE(tmp);
+        return;
+    }
+    dst[cap - 1] = '\0';
+}
+
+static void dsgd_cl__plat_str(cl_platform_id p, cl_platform_info what, char *dst, size_t cap) {
+    dst[0] = '\0';
+    if (clGetPlatformInfo(p, what, cap - 1, dst, NULL) != CL_SUCCESS) {
+        size_t need = 0;
+        char *tmp;
+        if (clGetPlatformInfo(p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
+        tmp = (char *)DSGD_MALLOC(need + 1);
+        if (!tmp) return;
+        if (clGetPlatformInfo(p, what, need, tmp, NULL) == CL_SUCCESS) {
+            tmp[need] = '\0';
+            dsgd_cl__copy_str(dst, cap, tmp);
+        }
+        DSGD_FREE(tmp);
+        return;
+    }
+    dst[cap - 1] = '\0';
+}
+
+static int dsgd_cl__has_extension(cl_device_id d, const char *ext) {
+    size_t need = 0, n = strlen(ext);
+    char *s, *p;
+    int found = 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &need) != CL_SUCCESS || need == 0) return 0;
+    s = (char *)DSGD_MALLOC(need + 1);
+    if (!s) return 0;
+    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, need, s, NULL) == CL_SUCCESS) {
+        s[need] = '\0';
+        for (p = strstr(s, ext); p; p = strstr(p + 1, ext)) {
+            if ((p == s || p[-1] == ' ') && (p[n] == '\0' || p[n] == ' ')) {
+                found = 1;
+                break;
+            }
+        }
+    }
+    DSGD_FREE(s);
+    return found;
+}
+
+static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_info *info) {
+    cl_device_type t = 0;
+    cl_ulong u = 0;
+    cl_uint v = 0;
+    size_t z = 0;
+    cl_bool unified = CL_FALSE;
+    dsgd_cl__plat_str(p, CL_PLATFORM_NAME, info->platform_name, sizeof(info->platform_name));
+    dsgd_cl__plat_str(p, CL_PLATFORM_VERSION, info->platform_version, sizeof(info->platform_version));
+    dsgd_cl__dev_str(d, CL_DEVICE_NAME, info->device_name, sizeof(info->device_name));
+    dsgd_cl__dev_str(d, CL_DEVICE_VENDOR, info->device_vendor, sizeof(info->device_vendor));
+    dsgd_cl__dev_str(d, CL_DEVICE_VERSION, info->device_version, sizeof(info->device_version));
+    dsgd_cl__dev_str(d, CL_DRIVER_VERSION, info->driver_version, sizeof(info->driver_version));
+    clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof(t), &t, NULL);
+    info->type = (t & CL_DEVICE_TYPE_GPU)           ? DSGD_CL_DEVICE_GPU
+                 : (t & CL_DEVICE_TYPE_CPU)         ? DSGD_CL_DEVICE_CPU
+                 : (t & CL_DEVICE_TYPE_ACCELERATOR) ? DSGD_CL_DEVICE_ACCELERATOR
+                                                    : DSGD_CL_DEVICE_ALL;
+    if (clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
+        info->global_mem_bytes = u;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
+        info->max_alloc_bytes = u;
+    if (clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
+        info->local_mem_bytes = u;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(v), &v, NULL) == CL_SUCCESS)
+        info->compute_units = v;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_CLOCK_FREQUENCY, sizeof(v), &v, NULL) == CL_SUCCESS)
+        info->max_clock_mhz = v;
+    if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof(z), &z, NULL) == CL_SUCCESS)
+        info->max_work_group_size = z;
+    if (clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified, NULL) == CL_SUCCESS)
+        info->unified_memory = unified == CL_TRUE;
+    if (clGetDeviceInfo(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof(v), &v, NULL) == CL_SUCCESS)
+        info->vector_width = v;
+    info->fp64 = dsgd_cl__has_extension(d, "cl_khr_fp64");
+}
+
+/* Every (platform, device) pair in enumeration order. */
+typedef struct dsgd_cl__enum {
+    int count;
+    int num_platforms;
+    cl_platform_id *platforms;
+    cl_platform_id *dev_platform; /* per device */
+    cl_device_id *devices;
+    int *plat_index, *dev_index;
+} dsgd_cl__enum;
+
+static void dsgd_cl__enum_free(dsgd_cl__enum *e) {
+    DSGD_FREE(e->platforms);
+    DSGD_FREE(e->dev_platform);
+    DSGD_FREE(e->devices);
+    DSGD_FREE(e->plat_index);
+    DSGD_FREE(e->dev_index);
+    memset(e, 0, sizeof(*e));
+}
+
+/* Enumerates all devices for the public function fn (allocation failures
+   name it). No platform: DSGD_OK with count 0 and *platform_err the
+   clGetPlatformIDs code. */
+static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, const char *fn, dsgd_cl__enum *e, cl_int *platform_err) {
+    cl_uint np = 0, p;
+    cl_int err;
+    int total = 0, k = 0;
+    memset(e, 0, sizeof(*e));
+    err = clGetPlatformIDs(0, NULL, &np);
+    if (platform_err) *platform_err = err;
+    if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0)) return DSGD_OK;
+    if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "count");
+    e->platforms = (cl_platform_id *)DSGD_MALLOC(np * sizeof(cl_platform_id));
+    if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: platform list", fn);
+    err = clGetPlatformIDs(np, e->platforms, NULL);
+    if (err != CL_SUCCESS) {
+        dsgd_cl__enum_free(e);
+        return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "list");
+    }
+    e->num_platforms = (int)np;
+    for (p = 0; p < np; ++p) {
+        cl_uint nd = 0;
+        err = clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd);
+        if (err == CL_SUCCESS) total += (int)nd;
+    }
+    if (total > 0) {
+        size_t t = (size_t)total;
+        e->dev_platform = (cl_platform_id *)DSGD_MALLOC(t * sizeof(cl_platform_id));
+        e->devices = (cl_device_id *)DSGD_MALLOC(t * sizeof(cl_device_id));
+        e->plat_index = (int *)DSGD_MALLOC(t * sizeof(int));
+        e->dev_index = (int *)DSGD_MALLOC(t * sizeof(int));
+        if (!e->dev_platform || !e->devices || !e->plat_index || !e->dev_index) {
+            dsgd_cl__enum_free(e);
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: device list", fn);
+        }
+        for (p = 0; p < np && k < total; ++p) {
+            cl_uint nd = 0, d;
+            if (clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0)
+                continue;
+            if ((int)nd > total - k) nd = (cl_uint)(total - k);
+            if (clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, nd, e->devices + k, &nd) != CL_SUCCESS)
+                continue;
+            for (d = 0; d < nd; ++d) {
+                e->dev_platform[k + (int)d] = e->platforms[p];
+                e->plat_index[k + (int)d] = (int)p;
+                e->dev_index[k + (int)d] = (int)d;
+            }
+            k += (int)nd;
+        }
+    }
+    e->count = k;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out, int capacity,
+                                          int *count) {
+    dsgd_cl__enum e;
+    dsgd_result r;
+    int i;
+    if (!count || capacity < 0 || (capacity > 0 && !out))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_list_devices: bad arguments");
+    *count = 0;
+    r = dsgd_cl__enumerate(ctx, "dsgd_cl_list_devices", &e, NULL);
+    if (r != DSGD_OK) return r;
+    for (i = 0; i < e.count && i < capacity; ++i) {
+        memset(&out[i], 0, sizeof(out[i]));
+        dsgd_cl__fill_info(e.dev_platform[i], e.devices[i], &out[i]);
+        out[i].index = i;
+        out[i].platform_index = e.plat_index[i];
+        out[i].device_index = e.dev_index[i];
+    }
+    *count = e.count;
+    dsgd_cl__enum_free(&e);
+    return DSGD_OK;
+}
+
+DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t) {
+    switch (t) {
+    case DSGD_CL_DEVICE_GPU: return "gpu";
+    case DSGD_CL_DEVICE_CPU: return "cpu";
+    case DSGD_CL_DEVICE_ACCELERATOR: return "accelerator";
+    case DSGD_CL_DEVICE_ALL: return "all";
+    default: return "default";
+    }
+}
+
+/* A parsed device spec: -1 means "not given". */
+typedef struct dsgd_cl__spec {
+    int platform;
+    int index;
+    int type_given;
+    dsgd_cl_device_type type;
+} dsgd_cl__spec;
+
+static int dsgd_cl__parse_uint(const char *s, size_t n, int *out) {
+    size_t i;
+    long v = 0;
+    if (n == 0 || n > 6) return 0;
+    for (i = 0; i < n; ++i) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = (int)v;
+    return 1;
+}
+
+static int dsgd_cl__parse_type(const char *s, size_t n, dsgd_cl_device_type *out) {
+    static const char *const names[] = {"default", "gpu", "cpu", "accelerator", "all"};
+    int i;
+    size_t j;
+    for (i = 0; i < 5; ++i) {
+        if (strlen(names[i]) != n) continue;
+        for (j = 0; j < n; ++j) {
+            char ch = s[j];
+            if (ch >= 'A' && ch <= 'Z') ch = (char)(ch - 'A' + 'a');
+            if (ch != names[i][j]) break;
+        }
+        if (j == n) {
+            *out = (dsgd_cl_device_type)i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* spec := "" | TYPE | N | P ":" N | P ":" TYPE */
+static int dsgd_cl__parse_spec(const char *s, dsgd_cl__spec *sp) {
+    const char *colon;
+    const char *rest = s;
+    size_t n;
+    sp->platform = -1;
+    sp->index = -1;
+    sp->type_given = 0;
+    sp->type = DSGD_CL_DEVICE_DEFAULT;
+    if (!s) return 1;
+    while (*rest == ' ') ++rest;
+    n = strlen(rest);
+    while (n > 0 && rest[n - 1] == ' ') --n;
+    if (n == 0) return 1;
+    colon = (const char *)memchr(rest, ':', n);
+    if (colon) {
+        if (!dsgd_cl__parse_uint(rest, (size_t)(colon - rest), &sp->platform)) return 0;
+        n -= (size_t)(colon - rest) + 1;
+        rest = colon + 1;
+        if (n == 0) return 0;
+    }
+    if (rest[0] >= '0' && rest[0] <= '9') return dsgd_cl__parse_uint(rest, n, &sp->index);
+    if (!dsgd_cl__parse_type(rest, n, &sp->type)) return 0;
+    sp->type_given = sp->type != DSGD_CL_DEVICE_DEFAULT;
+    return 1;
+}
+
+static int dsgd_cl__type_matches(cl_device_id d, dsgd_cl_device_type t) {
+    cl_device_type dt = 0;
+    if (t == DSGD_CL_DEVICE_ALL || t == DSGD_CL_DEVICE_DEFAULT) return 1;
+    if (clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof(dt), &dt, NULL) != CL_SUCCESS) return 0;
+    if (t == DSGD_CL_DEVICE_GPU) return (dt & CL_DEVICE_TYPE_GPU) != 0;
+    if (t == DSGD_CL_DEVICE_CPU) return (dt & CL_DEVICE_TYPE_CPU) != 0;
+    return (dt & CL_DEVICE_TYPE_ACCELERATOR) != 0;
+}
+
+#endif /* DSGD_CL__PART_DEVICES_IMPL */
+/* ---------------------------------------- distsgd/cl/kernels.h */
+/* distsgd/cl/kernels.h - our OpenCL C kernels: their source and their names
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+
+   KERNELS
+
+     Every computation of the OpenCL backend but GEMM is one of the kernels
+     below, embedded as OpenCL C 1.2 source. The context (context.h) builds
+     the source once, for all of its devices, with the options PRECISION
+     names (the build log is in the error message when it fails: ERRORS in
+     devices.h); each backend (backend.h) makes its own kernel object of
+     each and launches it by its DSGD_CL__K_* index. This part declares
+     nothing public.
+
+   PRECISION (against the CPU reference backend)
+
+     Kernels are built with FP_CONTRACT off and, where the device supports it,
+     -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
+     the optimizer updates, relu and the image operations (im2col, col2im,
+     max-pool: copies, compares and float adds in the CPU's order) match the
+     CPU backend bit for bit. Options that allow reassociation or assume
+     finite math (-cl-fast-relaxed-math, -cl-unsafe-math-optimizations,
+     -cl-finite-math-only) are never passed by the library; added through
+     build_options they void these promises (max-pool's NaN rule first). tanh,
+     sigmoid and the losses use OpenCL's exp/tanh/log (a few ulp). The losses
+     and norm_check accumulate in double when every device of the context has
+     cl_khr_fp64, else in float (then norm_check's per-work-group partial sums
+     are float, summed in double on the host). Reductions have a fixed order
+     for a given size and device: same inputs, same bits. sum_across adds in
+     float in rank order, as the host's DSGD_ALLREDUCE_DIRECT does, so the
+     DEVICE and HOST gradient paths give the same bits with that algorithm.
+*/
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_KERNELS_IMPL)
+#define DSGD_CL__PART_KERNELS_IMPL
 
 /* >>kernels ----------------------------------------------------------------- */
 /* Our OpenCL C 1.2 kernels. Offsets and counts travel as ulong (size_t is not
@@ -19197,6 +19730,261 @@ static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
     "im2col", "col2im", "maxpool_forward", "maxpool_backward"};
 
+#endif /* DSGD_CL__PART_KERNELS_IMPL */
+/* ---------------------------------------- distsgd/cl/context.h */
+/* distsgd/cl/context.h - the shared context: its devices and queues, our kernels built, GEMM parameters and their cache
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+   The parts above hold the device list, the spec that picks devices and
+   the error names (DEVICES, ERRORS: devices.h), and our kernels' source
+   (PRECISION: kernels.h); this part opens the chosen devices in one
+   cl_context, builds the kernels for them and applies their GEMM tuning.
+
+   QUEUES
+
+     dsgd_cl_context_desc.queues says which in-order command queue a backend
+     enqueues on. PER_BACKEND: each backend creates its own, so replicas on
+     one device overlap their kernels. PER_DEVICE: the backends on one device
+     share one queue that the context owns, so their commands run one at a
+     time, in the order the threads enqueue them (each backend's own commands
+     stay in its program order; finish waits for all of them). AUTO, the
+     default, is PER_BACKEND except on PoCL: PoCL 3.1 aborts with
+     "pocl_release_dlhandle_cache: Assertion `found->ref_count > 0' failed"
+     when one kernel runs at different grid sizes from several queues at once
+     (2 of 12 runs of the 4-replica demo died so, 0 of 36 with one queue), and
+     its kernels already spread over all of its threads, so one queue costs
+     little there. A backend created with profiling gets a queue of its own
+     whatever the policy. dsgd_cl_context_queues() tells the policy in force.
+
+   GEMM TUNING
+
+     CLBlast's stock GEMM parameters are tuned for known GPUs; on other devices
+     (PoCL on a CPU above all) they can be several times slower than good ones.
+     distsgd's GEMM tuner, cl_tune (`make tune`), searches CLBlast's Xgemm
+     parameters (register-tiled candidates made for the device's float
+     vector width, dsgd_cl_device_info.vector_width, among them) and the
+     size below which CLBlast's single-kernel "direct" GEMM is used
+     (XGEMM_MIN_INDIRECT_SIZE), at the shapes a model uses, within a time
+     bound. It times candidates on back-to-back GEMMs with one finish per
+     sample, as in a training step, checks every candidate's results, and
+     writes the winner (dsgd_cl_save_gemm_params) to a per-device cache
+     file:
+
+         $DSGD_CL_TUNE_CACHE            a file, or a directory (ends with '/'
+                                        or exists as one)
+         else $XDG_CACHE_HOME/distsgd/  else ~/.cache/distsgd/
+         file: clblast-gemm-<device>-<hash of platform, device, driver>.txt
+
+     dsgd_cl_context_desc.tune_cache overrides the environment. At context
+     creation each device's file is read and applied with
+     CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
+     made for another device (platform name, device name and driver version are
+     compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
+     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
+     (no warning). Overrides are process-wide per device (CLBlast keeps them
+     in a global table and has no call to undo them), so once a context has
+     applied tuned parameters, later contexts on that device in the same
+     process use them too.
+
+   COLD START (PoCL)
+
+     CLBlast compiles its GEMM kernels on the first call with a given set of
+     parameters: about 7 s per routine on PoCL, then ~40 ms from PoCL's
+     on-disk kernel cache. POCL_CACHE_DIR must name a writable directory, or
+     PoCL drops the device silently (POCL_DEBUG=err says why); our own kernels
+     are built once per context and cached by PoCL the same way. Each tuning
+     candidate is a new compile, which is what bounds the tuner's speed.
+*/
+#ifndef DSGD_CL__PART_CONTEXT_DECL
+#define DSGD_CL__PART_CONTEXT_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- context */
+
+typedef enum dsgd_cl_tuning {
+    DSGD_CL_TUNING_AUTO = 0, /* apply the device's tuning cache file if valid */
+    DSGD_CL_TUNING_OFF       /* leave CLBlast's parameters alone, read no file */
+} dsgd_cl_tuning;
+
+/* Which command queue a backend enqueues on (see QUEUES). */
+typedef enum dsgd_cl_queues {
+    DSGD_CL_QUEUES_AUTO = 0,    /* PER_BACKEND, except on PoCL: PER_DEVICE */
+    DSGD_CL_QUEUES_PER_BACKEND, /* each backend its own in-order queue */
+    DSGD_CL_QUEUES_PER_DEVICE   /* the backends on one device share one
+                                   in-order queue, owned by the context */
+} dsgd_cl_queues;
+
+typedef struct dsgd_cl_context_desc {
+    const char *device;    /* device spec (see DEVICES in devices.h); NULL:
+                              the environment */
+    int max_devices;       /* open up to this many devices (see DEVICES); 0: 1;
+                              at most DSGD_CL_MAX_DEVICES */
+    dsgd_cl_tuning tuning; /* default AUTO */
+    const char *tune_cache; /* file or directory; NULL: $DSGD_CL_TUNE_CACHE, else
+                               the user cache directory (see GEMM TUNING) */
+    const char *build_options; /* appended to our kernels' clBuildProgram
+                                  options (see PRECISION in kernels.h);
+                                  NULL: none */
+    dsgd_cl_queues queues; /* default AUTO (see QUEUES) */
+} dsgd_cl_context_desc;
+
+typedef struct dsgd_cl_context dsgd_cl_context;
+
+/* Opens the chosen device(s) in one cl_context, builds our kernels for them,
+   and applies each device's tuned GEMM parameters (see GEMM TUNING). desc may
+   be NULL (all defaults). ctx receives errors and log messages; the context
+   keeps no pointer to it. A tuning file that cannot be applied is not an
+   error: it is a DSGD_LOG_WARN message.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (out NULL, max_devices
+   outside 0..DSGD_CL_MAX_DEVICES, a device spec, DSGD_CL_PLATFORM or
+   DSGD_CL_DEVICE_TYPE that does not parse), DSGD_ERR_BACKEND (no platform,
+   a platform index out of range, no matching device, an OpenCL error, a
+   kernel build failure with its log), DSGD_ERR_OUT_OF_MEMORY.
+   Thread safety: any thread (that may use ctx); see THREAD SAFETY for
+   sharing the context. */
+DSGD_API dsgd_result dsgd_cl_context_create(dsgd_ctx *ctx, const dsgd_cl_context_desc *desc,
+                                            dsgd_cl_context **out);
+/* Destroys the context (c NULL: nothing); every backend created from it must
+   be destroyed first.
+   Thread safety: one thread, once no backend of c exists. */
+DSGD_API void dsgd_cl_context_destroy(dsgd_cl_context *c);
+/* Getters (c NULL, or i out of range: 0 or NULL):
+     dsgd_cl_context_num_devices  devices opened (1..DSGD_CL_MAX_DEVICES)
+     dsgd_cl_context_device_info  information on the context's device i
+     dsgd_cl_context_gemm_tuned   1 when device i runs with tuned GEMM
+                                  parameters applied by this library (from a
+                                  cache file or dsgd_cl_apply_gemm_params)
+     dsgd_cl_context_fp64         1 when the kernels accumulate in double
+                                  (every device has cl_khr_fp64)
+     dsgd_cl_context_handle, dsgd_cl_context_device
+                                  the OpenCL context and device i, for your
+                                  own OpenCL calls (owned by c)
+   Errors: none. Thread safety: any thread while c lives (fixed at creation;
+   gemm_tuned also changes with dsgd_cl_apply_gemm_params). */
+DSGD_API int dsgd_cl_context_num_devices(const dsgd_cl_context *c);
+DSGD_API const dsgd_cl_device_info *dsgd_cl_context_device_info(const dsgd_cl_context *c, int i);
+DSGD_API int dsgd_cl_context_gemm_tuned(const dsgd_cl_context *c, int i);
+DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
+/* DSGD_CL_QUEUES_PER_BACKEND or DSGD_CL_QUEUES_PER_DEVICE: how desc.queues
+   was resolved (c NULL: PER_BACKEND). Errors: none. Thread safety: any
+   thread while c lives. */
+DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c);
+DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
+DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
+
+/* ---------------------------------------------------------------- GEMM parameters */
+
+/* The CLBlast GEMM parameters of a device and their cache file (see GEMM
+   TUNING): context creation applies the cache (DSGD_CL_TUNING_AUTO);
+   the cl_tune tuner (`make tune`) searches for them. */
+#define DSGD_CL_XGEMM_NPARAMS 16
+#define DSGD_CL_DIRECT_NPARAMS 10
+
+/* A set of CLBlast GEMM parameters for one device (single precision). */
+typedef struct dsgd_cl_gemm_params {
+    int xgemm_set; /* non-zero: xgemm[] holds Xgemm's parameters in the order of
+                      dsgd_cl_xgemm_param_name(): GEMMK KREG KWG KWI MDIMA MDIMC
+                      MWG NDIMB NDIMC NWG SA SB STRM STRN VWM VWN */
+    size_t xgemm[DSGD_CL_XGEMM_NPARAMS];
+    int direct_set; /* XgemmDirect: KWID MDIMAD MDIMCD NDIMBD NDIMCD PADA PADB
+                       VWMD VWND WGD */
+    size_t direct[DSGD_CL_DIRECT_NPARAMS];
+    int min_indirect_set; /* GemmRoutine's XGEMM_MIN_INDIRECT_SIZE: GEMMs with
+                             m*n*k below its cube use the direct kernel */
+    size_t min_indirect;
+} dsgd_cl_gemm_params;
+
+/* Parameter names ("GEMMK", ...; "KWID", ...), NULL when i is out of range.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_cl_xgemm_param_name(int i);
+DSGD_API const char *dsgd_cl_direct_param_name(int i);
+/* Checks the divisibility rules CLBlast's kernels need, and the limits of
+   its GEMMK=1 kernel found by testing (square tiles of 16 or more); a
+   rejected set would fail to build, crash or compute wrong results.
+   Returns 1 when valid, 0 otherwise (and for p NULL).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
+
+/* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
+   *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
+   Process-wide for that device; takes effect at the next GEMM (which
+   compiles the kernels for the new parameters).
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
+   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
+   (CLBlast refused; parts applied before stay applied).
+   Thread safety: any thread (that may use ctx); CLBlast calls are
+   serialised by the library's lock, but not concurrently with another
+   apply on c or with dsgd_cl_context_gemm_tuned. */
+DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
+                                               const dsgd_cl_gemm_params *p);
+/* The tuning cache file for device i: desc_path, else $DSGD_CL_TUNE_CACHE,
+   taken as is when it names a file, or a directory (it ends with '/' or
+   exists as one) that gets the device's file name; else that name in
+   $XDG_CACHE_HOME/distsgd (when absolute) or ~/.cache/distsgd. Writes it,
+   NUL-terminated, to buf.
+   Errors (nothing recorded: no context): DSGD_ERR_INVALID_ARGUMENT (c NULL
+   or no device i, buf NULL or cap 0, no HOME and no absolute
+   XDG_CACHE_HOME, a path that does not fit in buf).
+   Thread safety: any thread (it reads the environment). */
+DSGD_API dsgd_result dsgd_cl_tune_cache_path(const dsgd_cl_context *c, int device,
+                                             const char *desc_path, char *buf, size_t cap);
+/* Reads a cache file and checks that it was made for device i of c; *out is
+   zeroed on failure.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or out NULL), DSGD_ERR_IO (cannot open), DSGD_ERR_FORMAT (corrupt,
+   a read error or parameters dsgd_cl_gemm_params_valid rejects: with the
+   line and what is wrong), DSGD_ERR_STATE (made for another device: the
+   message names both).
+   Thread safety: any thread (that may use ctx). */
+DSGD_API dsgd_result dsgd_cl_load_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, dsgd_cl_gemm_params *out);
+/* Writes a cache file for device i (creating missing directories),
+   atomically (path.tmp, then rename). note, if non-NULL, is stored as a
+   comment line.
+   Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c NULL or no device
+   i, path or p NULL, a path of 1024 bytes or more, a set
+   dsgd_cl_gemm_params_valid rejects), DSGD_ERR_IO (a directory, the file or
+   the rename failed).
+   Thread safety: any thread (that may use ctx); two writers of one path at
+   once race on path.tmp. */
+DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_context *c, int device,
+                                              const char *path, const dsgd_cl_gemm_params *p,
+                                              const char *note);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD_CL__PART_CONTEXT_DECL */
+
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_CONTEXT_IMPL)
+#define DSGD_CL__PART_CONTEXT_IMPL
+
+#include <clblast_c.h>
+#include <pthread.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+/* CLBlast 1.5 is not safe when several threads make their first calls at once
+   (its routine database is built and freed concurrently: a use-after-free
+   seen under ASan with one replica thread per backend). Every CLBlast call
+   of this file is therefore made under one process-wide lock, the only
+   global state of distsgd. The calls only enqueue work, so the lock is held
+   briefly, except during CLBlast's first compile of a routine. */
+static pthread_mutex_t dsgd_cl__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Allocation (DSGD_MALLOC, DSGD_FREE), DSGD__UNUSED and the file helpers
+   are the core's (distsgd/base.h, distsgd/internal.h). */
+
 /* >>context ----------------------------------------------------------------- */
 
 struct dsgd_cl_context {
@@ -19212,288 +20000,9 @@ struct dsgd_cl_context {
     cl_command_queue dev_queue[DSGD_CL_MAX_DEVICES]; /* PER_DEVICE: shared */
 };
 
-static void dsgd_cl__copy_str(char *dst, size_t cap, const char *src) {
-    size_t n = strlen(src);
-    if (n >= cap) n = cap - 1;
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
-static void dsgd_cl__dev_str(cl_device_id d, cl_device_info what, char *dst, size_t cap) {
-    size_t got = 0;
-    dst[0] = '\0';
-    if (clGetDeviceInfo(d, what, cap - 1, dst, &got) != CL_SUCCESS) {
-        /* a longer value than cap: fetch it whole, keep the head */
-        size_t need = 0;
-        char *tmp;
-        if (clGetDeviceInfo(d, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-        tmp = (char *)DSGD_MALLOC(need + 1);
-        if (!tmp) return;
-        if (clGetDeviceInfo(d, what, need, tmp, NULL) == CL_SUCCESS) {
-            tmp[need] = '\0';
-            dsgd_cl__copy_str(dst, cap, tmp);
-        }
-        DSGD_FREE(tmp);
-        return;
-    }
-    dst[cap - 1] = '\0';
-}
-
-static void dsgd_cl__plat_str(cl_platform_id p, cl_platform_info what, char *dst, size_t cap) {
-    dst[0] = '\0';
-    if (clGetPlatformInfo(p, what, cap - 1, dst, NULL) != CL_SUCCESS) {
-        size_t need = 0;
-        char *tmp;
-        if (clGetPlatformInfo(p, what, 0, NULL, &need) != CL_SUCCESS || need == 0) return;
-        tmp = (char *)DSGD_MALLOC(need + 1);
-        if (!tmp) return;
-        if (clGetPlatformInfo(p, what, need, tmp, NULL) == CL_SUCCESS) {
-            tmp[need] = '\0';
-            dsgd_cl__copy_str(dst, cap, tmp);
-        }
-        DSGD_FREE(tmp);
-        return;
-    }
-    dst[cap - 1] = '\0';
-}
-
-static int dsgd_cl__has_extension(cl_device_id d, const char *ext) {
-    size_t need = 0, n = strlen(ext);
-    char *s, *p;
-    int found = 0;
-    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, 0, NULL, &need) != CL_SUCCESS || need == 0) return 0;
-    s = (char *)DSGD_MALLOC(need + 1);
-    if (!s) return 0;
-    if (clGetDeviceInfo(d, CL_DEVICE_EXTENSIONS, need, s, NULL) == CL_SUCCESS) {
-        s[need] = '\0';
-        for (p = strstr(s, ext); p; p = strstr(p + 1, ext)) {
-            if ((p == s || p[-1] == ' ') && (p[n] == '\0' || p[n] == ' ')) {
-                found = 1;
-                break;
-            }
-        }
-    }
-    DSGD_FREE(s);
-    return found;
-}
-
-static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_info *info) {
-    cl_device_type t = 0;
-    cl_ulong u = 0;
-    cl_uint v = 0;
-    size_t z = 0;
-    cl_bool unified = CL_FALSE;
-    dsgd_cl__plat_str(p, CL_PLATFORM_NAME, info->platform_name, sizeof(info->platform_name));
-    dsgd_cl__plat_str(p, CL_PLATFORM_VERSION, info->platform_version, sizeof(info->platform_version));
-    dsgd_cl__dev_str(d, CL_DEVICE_NAME, info->device_name, sizeof(info->device_name));
-    dsgd_cl__dev_str(d, CL_DEVICE_VENDOR, info->device_vendor, sizeof(info->device_vendor));
-    dsgd_cl__dev_str(d, CL_DEVICE_VERSION, info->device_version, sizeof(info->device_version));
-    dsgd_cl__dev_str(d, CL_DRIVER_VERSION, info->driver_version, sizeof(info->driver_version));
-    clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof(t), &t, NULL);
-    info->type = (t & CL_DEVICE_TYPE_GPU)           ? DSGD_CL_DEVICE_GPU
-                 : (t & CL_DEVICE_TYPE_CPU)         ? DSGD_CL_DEVICE_CPU
-                 : (t & CL_DEVICE_TYPE_ACCELERATOR) ? DSGD_CL_DEVICE_ACCELERATOR
-                                                    : DSGD_CL_DEVICE_ALL;
-    if (clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
-        info->global_mem_bytes = u;
-    if (clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
-        info->max_alloc_bytes = u;
-    if (clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof(u), &u, NULL) == CL_SUCCESS)
-        info->local_mem_bytes = u;
-    if (clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(v), &v, NULL) == CL_SUCCESS)
-        info->compute_units = v;
-    if (clGetDeviceInfo(d, CL_DEVICE_MAX_CLOCK_FREQUENCY, sizeof(v), &v, NULL) == CL_SUCCESS)
-        info->max_clock_mhz = v;
-    if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof(z), &z, NULL) == CL_SUCCESS)
-        info->max_work_group_size = z;
-    if (clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified, NULL) == CL_SUCCESS)
-        info->unified_memory = unified == CL_TRUE;
-    if (clGetDeviceInfo(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof(v), &v, NULL) == CL_SUCCESS)
-        info->vector_width = v;
-    info->fp64 = dsgd_cl__has_extension(d, "cl_khr_fp64");
-}
-
-/* Every (platform, device) pair in enumeration order. */
-typedef struct dsgd_cl__enum {
-    int count;
-    int num_platforms;
-    cl_platform_id *platforms;
-    cl_platform_id *dev_platform; /* per device */
-    cl_device_id *devices;
-    int *plat_index, *dev_index;
-} dsgd_cl__enum;
-
-static void dsgd_cl__enum_free(dsgd_cl__enum *e) {
-    DSGD_FREE(e->platforms);
-    DSGD_FREE(e->dev_platform);
-    DSGD_FREE(e->devices);
-    DSGD_FREE(e->plat_index);
-    DSGD_FREE(e->dev_index);
-    memset(e, 0, sizeof(*e));
-}
-
-/* Enumerates all devices for the public function fn (allocation failures
-   name it). No platform: DSGD_OK with count 0 and *platform_err the
-   clGetPlatformIDs code. */
-static dsgd_result dsgd_cl__enumerate(dsgd_ctx *ctx, const char *fn, dsgd_cl__enum *e, cl_int *platform_err) {
-    cl_uint np = 0, p;
-    cl_int err;
-    int total = 0, k = 0;
-    memset(e, 0, sizeof(*e));
-    err = clGetPlatformIDs(0, NULL, &np);
-    if (platform_err) *platform_err = err;
-    if (err == CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && np == 0)) return DSGD_OK;
-    if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "count");
-    e->platforms = (cl_platform_id *)DSGD_MALLOC(np * sizeof(cl_platform_id));
-    if (!e->platforms) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: platform list", fn);
-    err = clGetPlatformIDs(np, e->platforms, NULL);
-    if (err != CL_SUCCESS) {
-        dsgd_cl__enum_free(e);
-        return dsgd_cl__fail(ctx, err, "clGetPlatformIDs", "list");
-    }
-    e->num_platforms = (int)np;
-    for (p = 0; p < np; ++p) {
-        cl_uint nd = 0;
-        err = clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd);
-        if (err == CL_SUCCESS) total += (int)nd;
-    }
-    if (total > 0) {
-        size_t t = (size_t)total;
-        e->dev_platform = (cl_platform_id *)DSGD_MALLOC(t * sizeof(cl_platform_id));
-        e->devices = (cl_device_id *)DSGD_MALLOC(t * sizeof(cl_device_id));
-        e->plat_index = (int *)DSGD_MALLOC(t * sizeof(int));
-        e->dev_index = (int *)DSGD_MALLOC(t * sizeof(int));
-        if (!e->dev_platform || !e->devices || !e->plat_index || !e->dev_index) {
-            dsgd_cl__enum_free(e);
-            return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: device list", fn);
-        }
-        for (p = 0; p < np && k < total; ++p) {
-            cl_uint nd = 0, d;
-            if (clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0)
-                continue;
-            if ((int)nd > total - k) nd = (cl_uint)(total - k);
-            if (clGetDeviceIDs(e->platforms[p], CL_DEVICE_TYPE_ALL, nd, e->devices + k, &nd) != CL_SUCCESS)
-                continue;
-            for (d = 0; d < nd; ++d) {
-                e->dev_platform[k + (int)d] = e->platforms[p];
-                e->plat_index[k + (int)d] = (int)p;
-                e->dev_index[k + (int)d] = (int)d;
-            }
-            k += (int)nd;
-        }
-    }
-    e->count = k;
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out, int capacity,
-                                          int *count) {
-    dsgd_cl__enum e;
-    dsgd_result r;
-    int i;
-    if (!count || capacity < 0 || (capacity > 0 && !out))
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_list_devices: bad arguments");
-    *count = 0;
-    r = dsgd_cl__enumerate(ctx, "dsgd_cl_list_devices", &e, NULL);
-    if (r != DSGD_OK) return r;
-    for (i = 0; i < e.count && i < capacity; ++i) {
-        memset(&out[i], 0, sizeof(out[i]));
-        dsgd_cl__fill_info(e.dev_platform[i], e.devices[i], &out[i]);
-        out[i].index = i;
-        out[i].platform_index = e.plat_index[i];
-        out[i].device_index = e.dev_index[i];
-    }
-    *count = e.count;
-    dsgd_cl__enum_free(&e);
-    return DSGD_OK;
-}
-
-DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t) {
-    switch (t) {
-    case DSGD_CL_DEVICE_GPU: return "gpu";
-    case DSGD_CL_DEVICE_CPU: return "cpu";
-    case DSGD_CL_DEVICE_ACCELERATOR: return "accelerator";
-    case DSGD_CL_DEVICE_ALL: return "all";
-    default: return "default";
-    }
-}
-
-/* A parsed device spec: -1 means "not given". */
-typedef struct dsgd_cl__spec {
-    int platform;
-    int index;
-    int type_given;
-    dsgd_cl_device_type type;
-} dsgd_cl__spec;
-
-static int dsgd_cl__parse_uint(const char *s, size_t n, int *out) {
-    size_t i;
-    long v = 0;
-    if (n == 0 || n > 6) return 0;
-    for (i = 0; i < n; ++i) {
-        if (s[i] < '0' || s[i] > '9') return 0;
-        v = v * 10 + (s[i] - '0');
-    }
-    *out = (int)v;
-    return 1;
-}
-
-static int dsgd_cl__parse_type(const char *s, size_t n, dsgd_cl_device_type *out) {
-    static const char *const names[] = {"default", "gpu", "cpu", "accelerator", "all"};
-    int i;
-    size_t j;
-    for (i = 0; i < 5; ++i) {
-        if (strlen(names[i]) != n) continue;
-        for (j = 0; j < n; ++j) {
-            char ch = s[j];
-            if (ch >= 'A' && ch <= 'Z') ch = (char)(ch - 'A' + 'a');
-            if (ch != names[i][j]) break;
-        }
-        if (j == n) {
-            *out = (dsgd_cl_device_type)i;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* spec := "" | TYPE | N | P ":" N | P ":" TYPE */
-static int dsgd_cl__parse_spec(const char *s, dsgd_cl__spec *sp) {
-    const char *colon;
-    const char *rest = s;
-    size_t n;
-    sp->platform = -1;
-    sp->index = -1;
-    sp->type_given = 0;
-    sp->type = DSGD_CL_DEVICE_DEFAULT;
-    if (!s) return 1;
-    while (*rest == ' ') ++rest;
-    n = strlen(rest);
-    while (n > 0 && rest[n - 1] == ' ') --n;
-    if (n == 0) return 1;
-    colon = (const char *)memchr(rest, ':', n);
-    if (colon) {
-        if (!dsgd_cl__parse_uint(rest, (size_t)(colon - rest), &sp->platform)) return 0;
-        n -= (size_t)(colon - rest) + 1;
-        rest = colon + 1;
-        if (n == 0) return 0;
-    }
-    if (rest[0] >= '0' && rest[0] <= '9') return dsgd_cl__parse_uint(rest, n, &sp->index);
-    if (!dsgd_cl__parse_type(rest, n, &sp->type)) return 0;
-    sp->type_given = sp->type != DSGD_CL_DEVICE_DEFAULT;
-    return 1;
-}
-
-static int dsgd_cl__type_matches(cl_device_id d, dsgd_cl_device_type t) {
-    cl_device_type dt = 0;
-    if (t == DSGD_CL_DEVICE_ALL || t == DSGD_CL_DEVICE_DEFAULT) return 1;
-    if (clGetDeviceInfo(d, CL_DEVICE_TYPE, sizeof(dt), &dt, NULL) != CL_SUCCESS) return 0;
-    if (t == DSGD_CL_DEVICE_GPU) return (dt & CL_DEVICE_TYPE_GPU) != 0;
-    if (t == DSGD_CL_DEVICE_CPU) return (dt & CL_DEVICE_TYPE_CPU) != 0;
-    return (dt & CL_DEVICE_TYPE_ACCELERATOR) != 0;
-}
-
 /* >>program ----------------------------------------------------------------- */
+/* Our kernels (their source is kernels.h's) built into one program for
+   every device of the context. */
 
 /* A failed clBuildProgram: logs every device's build log and records the
    error with the first log in its message. */
@@ -19562,7 +20071,8 @@ static dsgd_result dsgd_cl__build(dsgd_ctx *ctx, dsgd_cl_context *c, const char 
    once the context struct exists, dsgd_cl_context_destroy releases whatever
    the phases before the failing one created. */
 
-/* The device spec: desc.device, else the environment (see DEVICES). */
+/* The device spec: desc.device, else the environment (see DEVICES in
+   devices.h). */
 static dsgd_result dsgd_cl__read_spec(dsgd_ctx *ctx, const dsgd_cl_context_desc *d, dsgd_cl__spec *sp) {
     const char *spec = d->device, *spec_src = "desc.device";
     const char *ep, *et;
@@ -20983,7 +21493,7 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
 /* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
    row of col or per pixel of the output, gathers where the CPU backend
    scatters within a row, the same sums in the same order (the kernels'
-   comment in context.h). */
+   comment in kernels.h). */
 
 /* 1 when [a.off, a.off + na) and [b.off, b.off + nb) of one buffer share a
    float: a kernel reading what another work-item writes would race. */
@@ -21038,7 +21548,7 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     win[6] = wd->pad;
     win[7] = d.oh;
     win[8] = d.ow;
-    /* work-items (IMAGES kernels in context.h): col's rows (i, oy, ox, ky),
+    /* work-items (IMAGES kernels in kernels.h): col's rows (i, oy, ox, ky),
        else the output's pixels */
     items = k == DSGD_CL__K_IM2COL ? (cl_ulong)d.rows * (cl_ulong)wd->kh : (cl_ulong)(nout / (size_t)wd->c);
     for (i = 0, r = DSGD_OK; i < nref && r == DSGD_OK; ++i) {
@@ -21596,6 +22106,19 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      asks MPI for MPI_THREAD_MULTIPLE; with it the native all-reduce runs
      on a helper thread (see THE NATIVE ALL-REDUCE). abort only sets a flag
      and calls no MPI function.
+
+   THE PARTS
+
+     The transport is two parts. This one declares it, documents it (the
+     sections above, for both parts) and holds the endpoint's state and its
+     point-to-point side: the messages (send, recv, sendrecv,
+     sendrecv_upto) and probe. transport_collective.h, next, holds what the
+     processes of the communicator do together: the native all-reduce and
+     its helper thread, the shared-memory window (share, unshare,
+     share_window), the node layout, and the table of members with its
+     lifetime: creation (dsgd_mpi_transport_create,
+     dsgd_mpi_transport_create_local), destroy, dsgd_mpi_init and
+     dsgd_mpi_abort.
 */
 #ifndef DSGD_MPI__PART_TRANSPORT_DECL
 #define DSGD_MPI__PART_TRANSPORT_DECL
@@ -21839,58 +22362,6 @@ static int dsgd_mpi__proc(const dsgd_mpi__ep *e, int g) { return g / e->count; }
 
 static int dsgd_mpi__header_tag(const dsgd_mpi__ep *e, int src, int dst) {
     return DSGD_MPI__TAG_HEADER + 2 * ((src % e->count) * e->count + dst % e->count);
-}
-
-/* NaN-propagating max and min, made commutative bit for bit (of two NaNs
-   the larger bit pattern; +0 is the max of +0 and -0), so that MPI may
-   combine operands in any order and every rank still gets the same bits. */
-#ifdef __cplusplus
-extern "C" {
-#endif
-static void dsgd_mpi__op_max(void *in, void *inout, int *len, MPI_Datatype *type);
-static void dsgd_mpi__op_min(void *in, void *inout, int *len, MPI_Datatype *type);
-#ifdef __cplusplus
-}
-#endif
-
-static uint32_t dsgd_mpi__bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    return u;
-}
-
-static float dsgd_mpi__pick(float a, float b, int want_max) {
-    if (a != a || b != b) {
-        if (a != a && b != b) return dsgd_mpi__bits(a) > dsgd_mpi__bits(b) ? a : b;
-        return a != a ? a : b;
-    }
-    if (a == b) /* equal, or +0 and -0: the sign bit decides */
-        return (dsgd_mpi__bits(a) >> 31) == (want_max ? 0u : 1u) ? a : b;
-    return (a > b) == (want_max != 0) ? a : b;
-}
-
-static void dsgd_mpi__op_max(void *in, void *inout, int *len, MPI_Datatype *type) {
-    const float *s = (const float *)in;
-    float *d = (float *)inout;
-    int i, n = *len;
-    (void)type; /* MPI_FLOAT only */
-    for (i = 0; i < n; ++i) d[i] = dsgd_mpi__pick(s[i], d[i], 1);
-}
-
-static void dsgd_mpi__op_min(void *in, void *inout, int *len, MPI_Datatype *type) {
-    const float *s = (const float *)in;
-    float *d = (float *)inout;
-    int i, n = *len;
-    (void)type;
-    for (i = 0; i < n; ++i) d[i] = dsgd_mpi__pick(s[i], d[i], 0);
-}
-
-static const char *dsgd_mpi__level_name(int level) {
-    if (level == MPI_THREAD_SINGLE) return "MPI_THREAD_SINGLE";
-    if (level == MPI_THREAD_FUNNELED) return "MPI_THREAD_FUNNELED";
-    if (level == MPI_THREAD_SERIALIZED) return "MPI_THREAD_SERIALIZED";
-    if (level == MPI_THREAD_MULTIPLE) return "MPI_THREAD_MULTIPLE";
-    return "an unknown thread level";
 }
 
 /* MPI's text for an error code. */
@@ -22371,6 +22842,114 @@ static dsgd_result dsgd_mpi__sendrecv_upto(void *impl, int dst, uint64_t stag, c
     return r;
 }
 
+/* >>mpi probe -------------------------------------------------------------- */
+
+static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
+    dsgd_mpi__wait w;
+    dsgd_result r;
+    if (src) *src = -1;
+    if (!src || !tag || !bytes) {
+        snprintf(e->err, sizeof(e->err), "mpi rank %d: probe needs src, tag and bytes", e->rank);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd_mpi__usable(e)) != DSGD_OK) return r;
+    memset(&w, 0, sizeof(w));
+    for (;;) {
+        MPI_Message msg;
+        MPI_Status status;
+        int i, k = -1, flag = 0, rc;
+        /* a header taken earlier comes first, round-robin over the sources */
+        for (i = 0; i < e->size; ++i) {
+            k = (e->probe_next + i) % e->size;
+            if (!e->stashed[k]) continue;
+            *src = k;
+            *tag = e->stash[2 * k];
+            *bytes = (size_t)e->stash[2 * k + 1];
+            e->probe_next = (k + 1) % e->size;
+            return DSGD_OK;
+        }
+        /* the headers addressed to this endpoint: one MPI tag per source
+           local index, any process; the local index looked at first goes
+           round-robin so that none is passed over forever */
+        for (i = 0; i < e->count && !flag; ++i) {
+            int sl = (e->probe_src_local + i) % e->count;
+            rc = MPI_Improbe(MPI_ANY_SOURCE, dsgd_mpi__header_tag(e, sl, e->rank), e->comm, &flag, &msg, &status);
+            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Improbe", -1, rc);
+            if (flag) {
+                k = status.MPI_SOURCE * e->count + sl;
+                e->probe_src_local = (sl + 1) % e->count;
+            }
+        }
+        if (flag) {
+            rc = MPI_Mrecv(e->probe_header, (int)sizeof(e->probe_header), MPI_BYTE, &msg, &status);
+            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Mrecv", k, rc);
+            if ((uint64_t)(size_t)e->probe_header[1] != e->probe_header[1]) {
+                e->failed = 1; /* its payload cannot be received here */
+                snprintf(e->err, sizeof(e->err), "mpi rank %d: the message from rank %d has %llu bytes, more than "
+                         "this process can address", e->rank, k, (unsigned long long)e->probe_header[1]);
+                return DSGD_ERR_DESYNC;
+            }
+            e->stash[2 * k] = e->probe_header[0];
+            e->stash[2 * k + 1] = e->probe_header[1];
+            e->stashed[k] = 1;
+            continue; /* reported by the loop above */
+        }
+        if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for a message "
+                     "from any rank", e->rank);
+            return DSGD_ERR_ABORTED;
+        }
+        if (dsgd_now() >= deadline) {
+            snprintf(e->err, sizeof(e->err), "mpi rank %d: the deadline passed while waiting for a message from "
+                     "any rank", e->rank);
+            return DSGD_ERR_TIMEOUT;
+        }
+        dsgd_mpi__backoff(&w, 0);
+    }
+}
+
+#endif /* DSGD_MPI__PART_TRANSPORT_IMPL */
+/* ---------------------------------------- distsgd/mpi/transport_collective.h */
+/* distsgd/mpi/transport_collective.h - the MPI transport's collective side: native all-reduce, shared memory, creation
+   Part of distsgd's MPI add-on (see ../../distsgd_mpi.h, which includes the parts in order).
+
+   THE COLLECTIVE SIDE
+
+     transport.h, above, declares the MPI transport and documents it: the
+     public functions' comments are there, and so are the sections that the
+     comments here name (THE NATIVE ALL-REDUCE, SHARED MEMORY, NODES, AFTER
+     A FAILURE, THREAD LEVELS). It also holds the endpoint's state
+     (dsgd_mpi__ep, dsgd_mpi__shared, dsgd_mpi__helper) and its
+     point-to-point side (the messages and probe), which this part stands
+     on. This part holds what the processes of the communicator do
+     together:
+
+       - the native all-reduce (the endpoint's allreduce member): MPI's own
+         all-reduce on a helper thread under MPI_THREAD_MULTIPLE, else
+         MPI_Iallreduce polled, and the NaN-propagating MAX and MIN
+         operations it reduces with;
+       - the shared-memory window (share, unshare, share_window), through
+         which DSGD_ALLREDUCE_DIRECT runs across the processes of one node;
+       - the node layout (the endpoints' ranks_per_node);
+       - the table of members and its lifetime: creation
+         (dsgd_mpi_transport_create, dsgd_mpi_transport_create_local),
+         destroy, dsgd_mpi_init and dsgd_mpi_abort.
+
+     Creation is collective over the communicator, and every process makes
+     the same calls in the same order: MPI_Comm_dup; on the duplicate, one
+     MPI_Allreduce comparing the processes' counts, thread levels and
+     window sizes; with one endpoint per process and a window asked for,
+     MPI_Comm_split_type, one MPI_Allreduce and, when every process is on
+     one node, MPI_Win_allocate_shared and MPI_Barrier; then, for the node
+     layout, MPI_Comm_split_type (freed at once) and one MPI_Allreduce. The
+     last endpoint destroyed frees the window (MPI_Win_free, which waits for
+     every rank of the node) and the duplicate (MPI_Comm_free), unless MPI
+     is finalized or a failure left them in use (see AFTER A FAILURE).
+*/
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_TRANSPORT_COLLECTIVE_IMPL)
+#define DSGD_MPI__PART_TRANSPORT_COLLECTIVE_IMPL
+
 /* >>mpi native all-reduce -------------------------------------------------- */
 /* See THE NATIVE ALL-REDUCE. MPI_Iallreduce (libnbc) measured 2-7x
    slower than MPI_Allreduce (tuned) from 4 KiB to 16 MiB on one node,
@@ -22498,6 +23077,50 @@ static dsgd_result dsgd_mpi__helper_run(dsgd_mpi__ep *e, float *buf, int len, MP
     }
     pthread_mutex_unlock(&h->mu);
     return r;
+}
+
+/* NaN-propagating max and min, made commutative bit for bit (of two NaNs
+   the larger bit pattern; +0 is the max of +0 and -0), so that MPI may
+   combine operands in any order and every rank still gets the same bits. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+static void dsgd_mpi__op_max(void *in, void *inout, int *len, MPI_Datatype *type);
+static void dsgd_mpi__op_min(void *in, void *inout, int *len, MPI_Datatype *type);
+#ifdef __cplusplus
+}
+#endif
+
+static uint32_t dsgd_mpi__bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+static float dsgd_mpi__pick(float a, float b, int want_max) {
+    if (a != a || b != b) {
+        if (a != a && b != b) return dsgd_mpi__bits(a) > dsgd_mpi__bits(b) ? a : b;
+        return a != a ? a : b;
+    }
+    if (a == b) /* equal, or +0 and -0: the sign bit decides */
+        return (dsgd_mpi__bits(a) >> 31) == (want_max ? 0u : 1u) ? a : b;
+    return (a > b) == (want_max != 0) ? a : b;
+}
+
+static void dsgd_mpi__op_max(void *in, void *inout, int *len, MPI_Datatype *type) {
+    const float *s = (const float *)in;
+    float *d = (float *)inout;
+    int i, n = *len;
+    (void)type; /* MPI_FLOAT only */
+    for (i = 0; i < n; ++i) d[i] = dsgd_mpi__pick(s[i], d[i], 1);
+}
+
+static void dsgd_mpi__op_min(void *in, void *inout, int *len, MPI_Datatype *type) {
+    const float *s = (const float *)in;
+    float *d = (float *)inout;
+    int i, n = *len;
+    (void)type;
+    for (i = 0; i < n; ++i) d[i] = dsgd_mpi__pick(s[i], d[i], 0);
 }
 
 static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsgd_reduce_op op, double deadline) {
@@ -22782,73 +23405,6 @@ static int dsgd_mpi__node_layout(MPI_Comm comm, int proc) {
     return all[0] == 1 && all[1] == -all[2] ? nsize : 0;
 }
 
-/* >>mpi probe -------------------------------------------------------------- */
-
-static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
-    dsgd_mpi__ep *e = (dsgd_mpi__ep *)impl;
-    dsgd_mpi__wait w;
-    dsgd_result r;
-    if (src) *src = -1;
-    if (!src || !tag || !bytes) {
-        snprintf(e->err, sizeof(e->err), "mpi rank %d: probe needs src, tag and bytes", e->rank);
-        return DSGD_ERR_INVALID_ARGUMENT;
-    }
-    if ((r = dsgd_mpi__usable(e)) != DSGD_OK) return r;
-    memset(&w, 0, sizeof(w));
-    for (;;) {
-        MPI_Message msg;
-        MPI_Status status;
-        int i, k = -1, flag = 0, rc;
-        /* a header taken earlier comes first, round-robin over the sources */
-        for (i = 0; i < e->size; ++i) {
-            k = (e->probe_next + i) % e->size;
-            if (!e->stashed[k]) continue;
-            *src = k;
-            *tag = e->stash[2 * k];
-            *bytes = (size_t)e->stash[2 * k + 1];
-            e->probe_next = (k + 1) % e->size;
-            return DSGD_OK;
-        }
-        /* the headers addressed to this endpoint: one MPI tag per source
-           local index, any process; the local index looked at first goes
-           round-robin so that none is passed over forever */
-        for (i = 0; i < e->count && !flag; ++i) {
-            int sl = (e->probe_src_local + i) % e->count;
-            rc = MPI_Improbe(MPI_ANY_SOURCE, dsgd_mpi__header_tag(e, sl, e->rank), e->comm, &flag, &msg, &status);
-            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Improbe", -1, rc);
-            if (flag) {
-                k = status.MPI_SOURCE * e->count + sl;
-                e->probe_src_local = (sl + 1) % e->count;
-            }
-        }
-        if (flag) {
-            rc = MPI_Mrecv(e->probe_header, (int)sizeof(e->probe_header), MPI_BYTE, &msg, &status);
-            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Mrecv", k, rc);
-            if ((uint64_t)(size_t)e->probe_header[1] != e->probe_header[1]) {
-                e->failed = 1; /* its payload cannot be received here */
-                snprintf(e->err, sizeof(e->err), "mpi rank %d: the message from rank %d has %llu bytes, more than "
-                         "this process can address", e->rank, k, (unsigned long long)e->probe_header[1]);
-                return DSGD_ERR_DESYNC;
-            }
-            e->stash[2 * k] = e->probe_header[0];
-            e->stash[2 * k + 1] = e->probe_header[1];
-            e->stashed[k] = 1;
-            continue; /* reported by the loop above */
-        }
-        if (DSGD__LOAD_ACQ(&e->sh->aborted)) {
-            snprintf(e->err, sizeof(e->err), "mpi rank %d: the endpoint was aborted while waiting for a message "
-                     "from any rank", e->rank);
-            return DSGD_ERR_ABORTED;
-        }
-        if (dsgd_now() >= deadline) {
-            snprintf(e->err, sizeof(e->err), "mpi rank %d: the deadline passed while waiting for a message from "
-                     "any rank", e->rank);
-            return DSGD_ERR_TIMEOUT;
-        }
-        dsgd_mpi__backoff(&w, 0);
-    }
-}
-
 /* >>mpi table -------------------------------------------------------------- */
 
 static void dsgd_mpi__abort_ep(void *impl) { DSGD__STORE_SC(&((dsgd_mpi__ep *)impl)->sh->aborted, 1); }
@@ -22920,6 +23476,14 @@ DSGD_API dsgd_result dsgd_mpi_init(dsgd_ctx *ctx, int *argc, char ***argv, int *
     if (rc != MPI_SUCCESS) level = MPI_THREAD_SINGLE;
     if (provided) *provided = level;
     return DSGD_OK;
+}
+
+static const char *dsgd_mpi__level_name(int level) {
+    if (level == MPI_THREAD_SINGLE) return "MPI_THREAD_SINGLE";
+    if (level == MPI_THREAD_FUNNELED) return "MPI_THREAD_FUNNELED";
+    if (level == MPI_THREAD_SERIALIZED) return "MPI_THREAD_SERIALIZED";
+    if (level == MPI_THREAD_MULTIPLE) return "MPI_THREAD_MULTIPLE";
+    return "an unknown thread level";
 }
 
 /* Every process must pass the same count: one MPI_Allreduce (MINLOC) over
@@ -23141,7 +23705,7 @@ DSGD_API void dsgd_mpi_abort(int code) {
     _exit(code);
 }
 
-#endif /* DSGD_MPI__PART_TRANSPORT_IMPL */
+#endif /* DSGD_MPI__PART_TRANSPORT_COLLECTIVE_IMPL */
 /* ---------------------------------------- distsgd/mpi/ps.h */
 /* distsgd/mpi/ps.h - parameter servers across MPI processes: this process's role and the engine's rank order
    Part of distsgd's MPI add-on (see ../../distsgd_mpi.h, which includes the parts in order).
