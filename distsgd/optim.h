@@ -127,10 +127,57 @@ DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_b
 
 /* >>optimizer -------------------------------------------------------------- */
 
+/* ---- the optimizer's state, without a model */
+
+/* The slot buffers (one float per parameter each) an optimizer kind keeps,
+   the one rule for models, parameter servers and summation-only workers:
+   MOMENTUM the velocity, ADAM and ADAMW the two moments, SGD none. */
+static int dsgd__opt_kind_slots(dsgd_optimizer_kind k) {
+    return (k != DSGD_OPT_SGD) + (k == DSGD_OPT_ADAM || k == DSGD_OPT_ADAMW);
+}
+
+/* An optimizer's state for n floats on a backend, needing no model: the
+   desc (defaults filled) and its slots, zeroed. A model's optimizer holds
+   one; so do a parameter server (its shards) and a summation-only worker
+   (its copy of each server's shards). The step count stays with the owner
+   (a server's is its version). */
+typedef struct dsgd__opt_state {
+    dsgd_optimizer_desc d;
+    const dsgd_backend_i *be; /* must outlive the state */
+    size_t n;
+    dsgd_buffer *slot[2];     /* dsgd__opt_kind_slots(d.kind) of them, the others NULL */
+} dsgd__opt_state;
+
+static void dsgd__opt_state_free(dsgd__opt_state *st) {
+    int k;
+    for (k = 0; k < 2; ++k)
+        if (st->slot[k]) st->be->buffer_destroy(st->be->impl, st->slot[k]);
+    st->slot[0] = st->slot[1] = NULL;
+}
+
+/* Zeroed slots for n floats on be; *st is left freeable on an error. */
+static dsgd_result dsgd__opt_state_init(dsgd__opt_state *st, const dsgd_backend_i *be, const dsgd_optimizer_desc *d,
+                                        size_t n) {
+    dsgd_result r = DSGD_OK;
+    int k;
+    memset(st, 0, sizeof(*st));
+    st->d = *d;
+    st->be = be;
+    st->n = n;
+    for (k = 0; k < dsgd__opt_kind_slots(d->kind) && r == DSGD_OK; ++k) {
+        r = be->buffer_create(be->impl, n, &st->slot[k]);
+        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(st->slot[k], 0), 0.0f, n);
+    }
+    return r;
+}
+
+static int dsgd__opt_state_slots(const dsgd__opt_state *st) { return (st->slot[0] != NULL) + (st->slot[1] != NULL); }
+
+/* ---- a model's optimizer */
+
 struct dsgd_optimizer {
     dsgd_model *m;
-    dsgd_optimizer_desc d; /* defaults filled */
-    dsgd_buffer *m1, *m2;
+    dsgd__opt_state st; /* its desc (defaults filled) and slots, on the model's backend */
     int64_t t;
     double last_norm;
 };
@@ -218,6 +265,15 @@ static dsgd_opt_update dsgd__opt_update_at(const dsgd_optimizer_desc *d, int64_t
     return u;
 }
 
+/* One update of params with grads (scaled by grad_scale) at step t, whose
+   learning rate and bias correction it takes. */
+static dsgd_result dsgd__opt_state_update(const dsgd__opt_state *st, int64_t t, dsgd_ref params, dsgd_ref grads,
+                                          float grad_scale) {
+    dsgd_opt_update u = dsgd__opt_update_at(&st->d, t, grad_scale);
+    return st->be->optimizer_update(st->be->impl, &u, params, grads, dsgd__ref(st->slot[0], 0),
+                                    dsgd__ref(st->slot[1], 0), st->n);
+}
+
 DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc, dsgd_optimizer **out) {
     dsgd_optimizer *o;
     dsgd_optimizer_desc d;
@@ -236,17 +292,9 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
     o->m = m;
-    o->d = d;
     be = dsgd_model_backend(m);
     n = dsgd_model_num_params(m);
-    if (d.kind != DSGD_OPT_SGD) {
-        r = be->buffer_create(be->impl, n, &o->m1);
-        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m1, 0), 0.0f, n);
-    }
-    if (r == DSGD_OK && (d.kind == DSGD_OPT_ADAM || d.kind == DSGD_OPT_ADAMW)) {
-        r = be->buffer_create(be->impl, n, &o->m2);
-        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m2, 0), 0.0f, n);
-    }
+    r = dsgd__opt_state_init(&o->st, be, &d, n);
     if (r != DSGD_OK) {
         dsgd_optimizer_destroy(o);
         return r;
@@ -256,24 +304,20 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
 }
 
 DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *o) {
-    const dsgd_backend_i *be;
     if (!o) return;
-    be = dsgd_model_backend(o->m);
-    if (o->m1) be->buffer_destroy(be->impl, o->m1);
-    if (o->m2) be->buffer_destroy(be->impl, o->m2);
+    dsgd__opt_state_free(&o->st);
     DSGD_FREE(o);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
     const dsgd_backend_i *be;
-    dsgd_opt_update u;
     dsgd_result r;
     size_t n;
     float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
     be = dsgd_model_backend(o->m);
     n = dsgd_model_num_params(o->m);
-    if (o->d.clip_norm > 0.0f) {
+    if (o->st.d.clip_norm > 0.0f) {
         /* clip_by_global_norm: g * clip / max(norm, clip) */
         double sumsq = 0.0;
         size_t bad = 0;
@@ -284,11 +328,9 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
                                       "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
                                       (long long)o->t, bad);
         o->last_norm = sqrt(sumsq);
-        if (o->last_norm > o->d.clip_norm) grad_scale = (float)(o->d.clip_norm / o->last_norm);
+        if (o->last_norm > o->st.d.clip_norm) grad_scale = (float)(o->st.d.clip_norm / o->last_norm);
     }
-    u = dsgd__opt_update_at(&o->d, o->t, grad_scale);
-    r = be->optimizer_update(be->impl, &u, dsgd_model_params(o->m), dsgd_model_grads(o->m), dsgd__ref(o->m1, 0),
-                             dsgd__ref(o->m2, 0), n);
+    r = dsgd__opt_state_update(&o->st, o->t, dsgd_model_params(o->m), dsgd_model_grads(o->m), grad_scale);
     if (r == DSGD_OK) ++o->t;
     return r;
 }
@@ -296,7 +338,7 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
 DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
-    return o ? dsgd_lr_at(&o->d.schedule, o->d.lr, o->t) : 0.0f;
+    return o ? dsgd_lr_at(&o->st.d.schedule, o->st.d.lr, o->t) : 0.0f;
 }
 DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? o->m : NULL; }
 
@@ -309,13 +351,13 @@ static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) {
 
 /* The kind o was created with, which a checkpoint records to refuse
    restoring one optimizer's state into another. */
-static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->d.kind; }
+static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->st.d.kind; }
 
-DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? (o->m1 != NULL) + (o->m2 != NULL) : 0; }
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? dsgd__opt_state_slots(&o->st) : 0; }
 
 DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot) {
     if (!o || slot < 0 || slot >= dsgd_optimizer_num_slots(o)) return NULL;
-    if (o->d.kind == DSGD_OPT_MOMENTUM) return "momentum";
+    if (o->st.d.kind == DSGD_OPT_MOMENTUM) return "momentum";
     return slot == 0 ? "m" : "v";
 }
 
@@ -323,7 +365,7 @@ DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot)
    order) as a ref at its first float, in the model's backend: what a
    checkpoint reads to save it and writes to restore it. */
 static dsgd_ref dsgd__optimizer_slot_ref(const dsgd_optimizer *o, int k) {
-    return dsgd__ref(k == 0 ? o->m1 : o->m2, 0);
+    return dsgd__ref(o->st.slot[k], 0);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {

@@ -509,9 +509,4 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
     return DSGD_OK;
 }
 
-/* The optimizer's slot buffers (0, 1 or 2) the servers or workers keep. */
-static int dsgd__ps_opt_slots(const dsgd_ps_desc *d) {
-    return (d->optimizer.kind != DSGD_OPT_SGD) + (d->optimizer.kind == DSGD_OPT_ADAM || d->optimizer.kind == DSGD_OPT_ADAMW);
-}
-
 #endif /* DSGD__PART_PS_IMPL */

@@ -133,7 +133,8 @@ struct dsgd_ps_server {
     size_t n;   /* floats this server holds */
     dsgd_backend_i be;
     int have_be, state, done_count;
-    dsgd_buffer *params, *grad, *m1, *m2; /* params, grad: [header | n] */
+    dsgd_buffer *params, *grad; /* [header | n] */
+    dsgd__opt_state opt;        /* the optimizer's slots for the n floats (holds only) */
     float *params_h, *grad_h;
     /* clock modes: slot[(k % ring) * W + w] holds worker w's gradient of
        clock k ([header | n]), vcomp the version it was computed on */
@@ -166,18 +167,8 @@ static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
 
 /* One optimizer update of the server's floats with the gradient in grad. */
 static dsgd_result dsgd__ps_apply(dsgd_ps_server *s) {
-    dsgd_opt_update u = dsgd__opt_update_at(&s->d.optimizer, s->version, 1.0f);
-    dsgd_ref p, g, m1, m2;
-    dsgd_result r;
-    p.buf = s->params;
-    p.off = DSGD__PS_H;
-    g.buf = s->grad;
-    g.off = DSGD__PS_H;
-    m1.buf = s->m1;
-    m1.off = 0;
-    m2.buf = s->m2;
-    m2.off = 0;
-    r = s->be.optimizer_update(s->be.impl, &u, p, g, m1, m2, s->n);
+    dsgd_result r = dsgd__opt_state_update(&s->opt, s->version, dsgd__ref(s->params, DSGD__PS_H),
+                                           dsgd__ref(s->grad, DSGD__PS_H), 1.0f);
     if (r == DSGD_OK) s->version++;
     return r;
 }
@@ -594,14 +585,13 @@ DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s) {
     size_t i;
     if (!s) return;
     if (s->have_be) {
-        dsgd_buffer *own[4];
+        dsgd_buffer *own[2];
         int k;
         own[0] = s->params;
         own[1] = s->grad;
-        own[2] = s->m1;
-        own[3] = s->m2;
-        for (k = 0; k < 4; ++k)
+        for (k = 0; k < 2; ++k)
             if (own[k]) s->be.buffer_destroy(s->be.impl, own[k]);
+        if (s->opt.be) dsgd__opt_state_free(&s->opt);
         if (s->slot)
             for (i = 0; i < (size_t)s->ring * (size_t)s->W; ++i)
                 if (s->slot[i]) s->be.buffer_destroy(s->be.impl, s->slot[i]);
@@ -660,9 +650,7 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     /* ON_WORKERS: no parameters, no slots */
     if (r == DSGD_OK && s->holds) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->params);
     if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->grad);
-    if (r == DSGD_OK && s->holds && dsgd__ps_opt_slots(&d) >= 1) r = s->be.buffer_create(s->be.impl, s->n, &s->m1);
-    if (r == DSGD_OK && s->holds && dsgd__ps_opt_slots(&d) >= 2)
-        r = s->be.buffer_create(s->be.impl, s->n, &s->m2);
+    if (r == DSGD_OK && s->holds) r = dsgd__opt_state_init(&s->opt, &s->be, &s->d.optimizer, s->n);
     if (r == DSGD_OK && s->pol->clocked) {
         if (dsgd__mul_overflows((size_t)s->ring, (size_t)s->W, &slots) || slots > SIZE_MAX / sizeof(int64_t) - 1) {
             dsgd_ps_server_destroy(s);
@@ -732,7 +720,7 @@ DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *
 
 /* ---- checkpoints */
 
-static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return (s->m1 != NULL) + (s->m2 != NULL); }
+static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return s->holds ? dsgd__opt_state_slots(&s->opt) : 0; }
 
 /* What the server's checkpoint must match (ps_checkpoint.h). */
 static dsgd__ps_server_shape dsgd__ps_server_shape_of(const dsgd_ps_server *s) {
@@ -773,8 +761,8 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
     cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0;
     for (i = 0; i < cells; ++i) held += s->slot[i] != NULL;
     nslots = dsgd__ps_server_slots(s);
-    slot[0] = s->m1;
-    slot[1] = s->m2;
+    slot[0] = s->opt.slot[0];
+    slot[1] = s->opt.slot[1];
     id = dsgd__ps_ident_of(&s->d, s->index);
     dsgd__ckw_init(&w, s->ctx, what, dsgd__ps_ck_expect(s->n, 1 + (size_t)nslots + held + s->agg_len));
     dsgd__ckw_begin(&w, "ps_server");
@@ -902,8 +890,8 @@ static void dsgd__ps_server_apply_ck(dsgd_ps_server *s, const dsgd__ps_ck_server
     }
     if (s->holds) {
         dsgd_buffer *slot[2];
-        slot[0] = s->m1;
-        slot[1] = s->m2;
+        slot[0] = s->opt.slot[0];
+        slot[1] = s->opt.slot[1];
         dsgd__ck_copy_floats(s->params_h + DSGD__PS_H, st->params, s->n);
         for (k = 0; k < dsgd__ps_server_slots(s); ++k)
             dsgd__ck_copy_floats(s->be.buffer_host_ptr(s->be.impl, slot[k]),

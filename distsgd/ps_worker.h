@@ -248,7 +248,8 @@ struct dsgd_ps_worker {
        announced */
     int holds, have_be, params_set, round; /* holds: the placement's servers_hold */
     dsgd_backend_i be;
-    dsgd_buffer **own, **sum, **m1, **m2;
+    dsgd_buffer **own, **sum;
+    dsgd__opt_state *opt;     /* [P]: the optimizer's slots for each server's ranges */
     int64_t *latest;
 };
 
@@ -262,8 +263,6 @@ static dsgd_result dsgd__ps_worker_fail(dsgd_ps_worker *w, dsgd_result r) {
    server would have (dsgd__ps_apply: the same update, the same step count). */
 static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
                                              float *full) {
-    dsgd_opt_update u;
-    dsgd_ref p, g, m1, m2;
     dsgd_result r;
     int64_t v = w->version[src];
     (void)full;
@@ -278,16 +277,8 @@ static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, 
     if (h->step != v)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent the mean of step %lld, not %lld",
                                   fn, w->index, src, (long long)h->step, (long long)v);
-    u = dsgd__opt_update_at(&w->d.optimizer, v, 1.0f);
-    p.buf = w->own[src];
-    p.off = 0;
-    g.buf = w->sum[src];
-    g.off = DSGD__PS_H;
-    m1.buf = w->m1[src];
-    m1.off = 0;
-    m2.buf = w->m2[src];
-    m2.off = 0;
-    if ((r = w->be.optimizer_update(w->be.impl, &u, p, g, m1, m2, w->n[src])) != DSGD_OK) return r;
+    r = dsgd__opt_state_update(&w->opt[src], v, dsgd__ref(w->own[src], 0), dsgd__ref(w->sum[src], DSGD__PS_H), 1.0f);
+    if (r != DSGD_OK) return r;
     w->version[src] = v + 1;
     return DSGD_OK;
 }
@@ -597,21 +588,20 @@ DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
     DSGD_FREE(w->sent_at);
     DSGD_FREE(w->backoff);
     if (w->have_be) {
-        dsgd_buffer **own[4];
+        dsgd_buffer **own[2];
         int k;
         own[0] = w->own;
         own[1] = w->sum;
-        own[2] = w->m1;
-        own[3] = w->m2;
-        for (k = 0; k < 4; ++k)
+        for (k = 0; k < 2; ++k)
             for (s = 0; own[k] && s < w->P; ++s)
                 if (own[k][s]) w->be.buffer_destroy(w->be.impl, own[k][s]);
+        for (s = 0; w->opt && s < w->P; ++s)
+            if (w->opt[s].be) dsgd__opt_state_free(&w->opt[s]);
         if (w->be.destroy) w->be.destroy(w->be.impl);
     }
     DSGD_FREE(w->own);
     DSGD_FREE(w->sum);
-    DSGD_FREE(w->m1);
-    DSGD_FREE(w->m2);
+    DSGD_FREE(w->opt);
     DSGD_FREE(w->latest);
     DSGD_FREE(w);
 }
@@ -678,28 +668,24 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
     w->pol = dsgd__ps_policy(&d);
     w->holds = dsgd__ps_apply_of(&d)->servers_hold;
     if (!w->holds) { /* the worker's copy and the optimizer's slots, on a CPU backend */
-        int slots1 = dsgd__ps_opt_slots(&d) >= 1, slots2 = dsgd__ps_opt_slots(&d) >= 2;
         w->own = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->own, fn);
         w->sum = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->sum, fn);
-        w->m1 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m1, fn);
-        w->m2 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m2, fn);
+        w->opt = (dsgd__opt_state *)dsgd__alloc(ctx, P * sizeof *w->opt, fn);
         w->latest = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->latest, fn);
-        if (!w->own || !w->sum || !w->m1 || !w->m2 || !w->latest) {
+        if (!w->own || !w->sum || !w->opt || !w->latest) {
             dsgd_ps_worker_destroy(w);
             return DSGD_ERR_OUT_OF_MEMORY;
         }
         memset(w->own, 0, P * sizeof *w->own);
         memset(w->sum, 0, P * sizeof *w->sum);
-        memset(w->m1, 0, P * sizeof *w->m1);
-        memset(w->m2, 0, P * sizeof *w->m2);
+        memset(w->opt, 0, P * sizeof *w->opt);
         memset(w->latest, 0, P * sizeof *w->latest);
         r = dsgd_cpu_backend_create(ctx, &w->be);
         if (r == DSGD_OK) w->have_be = 1;
         for (s = 0; s < w->P && r == DSGD_OK; ++s) {
             r = w->be.buffer_create(w->be.impl, w->n[s], &w->own[s]);
             if (r == DSGD_OK) r = w->be.buffer_create(w->be.impl, DSGD__PS_H + w->n[s], &w->sum[s]);
-            if (r == DSGD_OK && slots1) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m1[s]);
-            if (r == DSGD_OK && slots2) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m2[s]);
+            if (r == DSGD_OK) r = dsgd__opt_state_init(&w->opt[s], &w->be, &w->d.optimizer, w->n[s]);
         }
         if (r != DSGD_OK) {
             dsgd_ps_worker_destroy(w);
@@ -819,8 +805,14 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
 
 /* ---- checkpoints */
 
+/* ON_WORKERS: buffer k of server s's ranges in a checkpoint's order: 0 the
+   copy, 1.. the optimizer's slots. */
+static dsgd_buffer *dsgd__ps_worker_copy_buf(const dsgd_ps_worker *w, int k, int s) {
+    return k == 0 ? w->own[s] : w->opt[s].slot[k - 1];
+}
+
 static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
-    return !w->holds ? (w->m1[0] != NULL) + (w->m2[0] != NULL) : 0;
+    return !w->holds ? dsgd__opt_state_slots(&w->opt[0]) : 0;
 }
 
 /* The worker's floats over every server. */
@@ -892,15 +884,11 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     dsgd__ckw_end(&wr);
     dsgd__ps_put_map(&wr, w->map);
     if (!w->holds) {
-        dsgd_buffer **arr[3];
-        arr[0] = w->own;
-        arr[1] = w->m1;
-        arr[2] = w->m2;
         dsgd__ckw_begin(&wr, "ps_copy");
         dsgd__ckw_u32(&wr, (uint32_t)nslots);
         dsgd__ckw_u64(&wr, (uint64_t)dsgd__ps_worker_floats(w));
         for (k = 0; k <= nslots; ++k)
-            for (s = 0; s < w->P; ++s) dsgd__ckw_read(&wr, &w->be, dsgd__ref(arr[k][s], 0), w->n[s]);
+            for (s = 0; s < w->P; ++s) dsgd__ckw_read(&wr, &w->be, dsgd__ref(dsgd__ps_worker_copy_buf(w, k, s), 0), w->n[s]);
         dsgd__ckw_end(&wr);
     }
     return dsgd__ckw_commit(&wr, path);
@@ -928,13 +916,9 @@ static void dsgd__ps_worker_apply_ck(dsgd_ps_worker *w, const dsgd__ps_ck_worker
     w->state = DSGD__PS_CREATED; /* a finished worker goes on */
     if (!w->holds) {
         const unsigned char *src = st->copy;
-        dsgd_buffer **arr[3];
-        arr[0] = w->own;
-        arr[1] = w->m1;
-        arr[2] = w->m2;
         for (k = 0; k <= dsgd__ps_worker_slots(w); ++k)
             for (s = 0; s < w->P; ++s) {
-                dsgd__ck_copy_floats(w->be.buffer_host_ptr(w->be.impl, arr[k][s]), src, w->n[s]);
+                dsgd__ck_copy_floats(w->be.buffer_host_ptr(w->be.impl, dsgd__ps_worker_copy_buf(w, k, s)), src, w->n[s]);
                 src += w->n[s] * sizeof(float);
             }
     }
