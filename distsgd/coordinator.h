@@ -90,6 +90,11 @@ typedef struct dsgd_cluster_desc {
        loopback hub of the cluster's own. The cluster copies the tables and
        uses endpoint i only from rank i's thread (abort from any). */
     const dsgd_transport_i *endpoints;
+    int cpu_threads;               /* the workers' CPU backends (backend_factory
+                                      NULL): threads of each; 0: dsgd_cpu_count()
+                                      / W, at least 1 (the strategies' rule);
+                                      1..DSGD_CPU_MAX_THREADS: that many. The
+                                      weights do not depend on it */
 } dsgd_cluster_desc;
 
 /* Creates the cluster: the shard map, the P servers (their threads start
@@ -97,7 +102,8 @@ typedef struct dsgd_cluster_desc {
    Errors (recorded on ctx; a server's or worker's failure is copied from its
    context): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out or
    desc NULL; the ps desc, the model desc, the partitioner, as the engine and
-   dsgd_model_create check them; endpoints of the wrong rank or size, or
+   dsgd_model_create check them; cpu_threads out of range; endpoints of
+   the wrong rank or size, or
    without send, recv or probe), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a
    thread, lock or condition), backend errors, what backend_factory returns.
    Thread safety: ctx's thread, which is then the coordinator: every
@@ -272,10 +278,7 @@ typedef struct dsgd__cl_queue {
 struct dsgd_cluster_worker {
     dsgd_cluster *c;
     int id;
-    dsgd_ctx *ctx;
-    dsgd_backend_i be;
-    int has_be;
-    dsgd_model *model;
+    dsgd__member m; /* its context, backend and model (group.h) */
     dsgd_ps_worker *psw;
     float *buf;      /* num_params floats: pulled parameters, then the gradient */
     pthread_t thread;
@@ -297,7 +300,7 @@ struct dsgd_cluster_worker {
 typedef struct dsgd__cluster_server {
     struct dsgd_cluster *c;
     int id;
-    dsgd_ctx *ctx;
+    dsgd__member m; /* its context (group.h) */
     dsgd_ps_server *srv;
     pthread_t thread;
     int started;
@@ -429,7 +432,7 @@ static void dsgd__cluster_finish_closure(dsgd_cluster *c, dsgd_cluster_worker *w
     k->state = DSGD__CL_DONE;
     k->result = r;
     if (r != DSGD_OK) {
-        const char *m = dsgd_ctx_last_error(w->ctx);
+        const char *m = dsgd_ctx_last_error(w->m.ctx);
         size_t len = strlen(m);
         k->msg = (char *)DSGD_MALLOC(len + 1);
         if (k->msg) memcpy(k->msg, m, len + 1);
@@ -496,6 +499,9 @@ static dsgd_result dsgd__cluster_check(dsgd_ctx *ctx, const dsgd_cluster_desc *d
     if (d->ps.num_servers < 1 || d->ps.num_workers < 1 || n > 4096)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d servers and %d workers (need >= 1 each, "
                                   "4096 ranks at most)", what, d->ps.num_servers, d->ps.num_workers);
+    if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per worker (0..%d)", what,
+                                  d->cpu_threads, DSGD_CPU_MAX_THREADS);
     for (i = 0; d->endpoints && i < n; ++i) {
         const dsgd_transport_i *t = &d->endpoints[i];
         if (t->rank != i || t->size != n || !t->send || !t->recv || !t->probe)
@@ -515,31 +521,10 @@ static dsgd_result dsgd__cluster_map(dsgd_cluster *c, float **init) {
 
 /* The endpoints: the desc's, or a loopback of the cluster's own. */
 static dsgd_result dsgd__cluster_transport(dsgd_cluster *c) {
-    int i, n = c->P + c->W;
-    dsgd_result r = DSGD_OK;
+    int n = c->P + c->W;
     c->eps = (dsgd_transport_i *)dsgd__alloc(c->ctx, sizeof(dsgd_transport_i) * (size_t)n, "dsgd_cluster_create");
     if (!c->eps) return DSGD_ERR_OUT_OF_MEMORY;
-    if (c->d.endpoints) {
-        memcpy(c->eps, c->d.endpoints, sizeof(dsgd_transport_i) * (size_t)n);
-        return DSGD_OK;
-    }
-    if ((r = dsgd_loopback_create(c->ctx, n, &c->hub)) != DSGD_OK) return r;
-    for (i = 0; i < n && r == DSGD_OK; ++i) r = dsgd_loopback_endpoint(c->hub, i, &c->eps[i]);
-    return r;
-}
-
-/* A context labelled "<role> <i>" with the coordinator's logger. */
-static dsgd_result dsgd__cluster_ctx(dsgd_cluster *c, const char *role, int i, dsgd_ctx **out) {
-    dsgd_ctx_desc cd;
-    char label[32];
-    dsgd_result r;
-    memset(&cd, 0, sizeof(cd));
-    snprintf(label, sizeof(label), "%s %d", role, i);
-    cd.label = label;
-    cd.logger = dsgd_ctx_logger(c->ctx);
-    r = dsgd_ctx_create(&cd, out);
-    if (r != DSGD_OK) dsgd_ctx_set_error(c->ctx, r, "dsgd_cluster_create: cannot create %s %d's context", role, i);
-    return r;
+    return dsgd__group_endpoints(c->ctx, c->d.endpoints, n, &c->hub, c->eps);
 }
 
 /* Copies a failure's message from a member's context to the coordinator's. */
@@ -549,35 +534,45 @@ static dsgd_result dsgd__cluster_copy_error(dsgd_cluster *c, dsgd_ctx *from, dsg
     return r;
 }
 
+/* Server s and worker i are members of the rank group (group.h): their
+   contexts, and a worker's backend (backend_factory's, or a CPU backend of
+   desc.cpu_threads, by default the cores shared out among the workers)
+   and model. */
+static dsgd__member_desc dsgd__cluster_member(const dsgd_cluster *c, int worker) {
+    dsgd__member_desc md;
+    memset(&md, 0, sizeof(md));
+    md.role = worker ? "worker" : "server";
+    if (!worker) return md;
+    md.model = &c->d.model;
+    md.factory = c->d.backend_factory;
+    md.factory_user = c->d.backend_user_data;
+    md.cpu_threads = dsgd__group_cpu_threads(c->d.cpu_threads, c->W);
+    return md;
+}
+
 static dsgd_result dsgd__cluster_server_create(dsgd_cluster *c, int s, const float *init) {
     dsgd__cluster_server *sv = &c->servers[s];
+    dsgd__member_desc md = dsgd__cluster_member(c, 0);
     dsgd_result r;
     sv->c = c;
     sv->id = s;
-    if ((r = dsgd__cluster_ctx(c, "server", s, &sv->ctx)) != DSGD_OK) return r;
-    r = dsgd_ps_server_create(sv->ctx, &c->eps[s], &c->d.ps, c->map, init, &sv->srv);
-    return dsgd__cluster_copy_error(c, sv->ctx, r);
+    if ((r = dsgd__member_create(c->ctx, &md, s, &sv->m)) != DSGD_OK) return r;
+    r = dsgd_ps_server_create(sv->m.ctx, &c->eps[s], &c->d.ps, c->map, init, &sv->srv);
+    return dsgd__cluster_copy_error(c, sv->m.ctx, r);
 }
 
 static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const float *init) {
     dsgd_cluster_worker *w = &c->workers[i];
-    dsgd_model_desc md = c->d.model;
+    dsgd__member_desc md = dsgd__cluster_member(c, 1);
     dsgd_result r;
     w->c = c;
     w->id = i;
-    if ((r = dsgd__cluster_ctx(c, "worker", i, &w->ctx)) != DSGD_OK) return r;
-    r = c->d.backend_factory ? c->d.backend_factory(c->d.backend_user_data, w->ctx, i, &w->be)
-                             : dsgd_cpu_backend_create(w->ctx, &w->be);
-    if (r == DSGD_OK) {
-        w->has_be = 1;
-        md.backend = &w->be;
-        r = dsgd_model_create(w->ctx, &md, &w->model);
-    }
-    if (r == DSGD_OK) r = dsgd_ps_worker_create(w->ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
+    if ((r = dsgd__member_create(c->ctx, &md, i, &w->m)) != DSGD_OK) return r;
+    r = dsgd_ps_worker_create(w->m.ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
     if (r == DSGD_OK && !dsgd__ps_apply_of(&c->d.ps)->servers_hold) r = dsgd_ps_worker_set_params(w->psw, init);
-    if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
+    if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->m.ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
         r = DSGD_ERR_OUT_OF_MEMORY;
-    return dsgd__cluster_copy_error(c, w->ctx, r);
+    return dsgd__cluster_copy_error(c, w->m.ctx, r);
 }
 
 static dsgd_result dsgd__cluster_start(dsgd_cluster *c) {
@@ -649,7 +644,7 @@ static dsgd_result dsgd__cluster_fatal(dsgd_cluster *c, const char *what) {
     if (c->server_failed > 0) {
         dsgd__cluster_server *sv = &c->servers[c->server_failed - 1];
         return dsgd_ctx_set_error(c->ctx, sv->result, "%s: server %d failed: %s", what, sv->id,
-                                  dsgd_ctx_last_error(sv->ctx));
+                                  dsgd_ctx_last_error(sv->m.ctx));
     }
     if (c->alive == 0 && c->pending > 0)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_ABORTED, "%s: no worker is left; %lld closure(s) did not run",
@@ -821,7 +816,7 @@ DSGD_API dsgd_result dsgd_cluster_shutdown(dsgd_cluster *c) {
     for (i = 0; r == DSGD_OK && i < c->P; ++i)
         if (c->servers[i].result != DSGD_OK)
             r = dsgd_ctx_set_error(c->ctx, c->servers[i].result, "%s: server %d failed: %s", what, i,
-                                   dsgd_ctx_last_error(c->servers[i].ctx));
+                                   dsgd_ctx_last_error(c->servers[i].m.ctx));
     return r;
 }
 
@@ -836,18 +831,16 @@ DSGD_API void dsgd_cluster_destroy(dsgd_cluster *c) {
     for (i = 0; c->workers && i < c->W; ++i) {
         dsgd_cluster_worker *w = &c->workers[i];
         dsgd_ps_worker_destroy(w->psw);
-        dsgd_model_destroy(w->model);
-        if (w->has_be && w->be.destroy) w->be.destroy(w->be.impl);
         DSGD_FREE(w->buf);
         DSGD_FREE(w->own.q);
         dsgd_sampler_free(&w->smp);
         DSGD_FREE(w->bx);
         DSGD_FREE(w->by);
-        dsgd_ctx_destroy(w->ctx);
+        dsgd__member_destroy(&w->m);
     }
     for (i = 0; c->servers && i < c->P; ++i) {
         dsgd_ps_server_destroy(c->servers[i].srv);
-        dsgd_ctx_destroy(c->servers[i].ctx);
+        dsgd__member_destroy(&c->servers[i].m);
     }
     for (h = 0; h < c->ncl; ++h) DSGD_FREE(c->cl[h].msg);
     if (c->sync_ready) {
@@ -875,13 +868,13 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full) {
     if (!dsgd__ps_apply_of(&c->d.ps)->servers_hold) { /* the servers only sum: the first final worker's copy */
         for (i = 0; i < c->W; ++i)
             if (c->workers[i].final)
-                return dsgd__cluster_copy_error(c, c->workers[i].ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
+                return dsgd__cluster_copy_error(c, c->workers[i].m.ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE,
                                   "%s: the servers only sum (apply ON_WORKERS) and no worker fetched the last means at "
                                   "shutdown (every worker was lost or failed)", what);
     }
     for (i = 0; i < c->P && r == DSGD_OK; ++i)
-        r = dsgd__cluster_copy_error(c, c->servers[i].ctx, dsgd_ps_server_read_params(c->servers[i].srv, full));
+        r = dsgd__cluster_copy_error(c, c->servers[i].m.ctx, dsgd_ps_server_read_params(c->servers[i].srv, full));
     return r;
 }
 
@@ -915,12 +908,12 @@ DSGD_API void dsgd_cluster_worker_stats(const dsgd_cluster *c, int w, dsgd_ps_wo
 /* ---- inside a closure */
 
 DSGD_API int dsgd_cluster_worker_id(const dsgd_cluster_worker *w) { return w ? w->id : -1; }
-DSGD_API dsgd_model *dsgd_cluster_worker_model(dsgd_cluster_worker *w) { return w ? w->model : NULL; }
+DSGD_API dsgd_model *dsgd_cluster_worker_model(dsgd_cluster_worker *w) { return w ? w->m.model : NULL; }
 DSGD_API dsgd_ps_worker *dsgd_cluster_worker_ps(dsgd_cluster_worker *w) { return w ? w->psw : NULL; }
-DSGD_API dsgd_ctx *dsgd_cluster_worker_ctx(dsgd_cluster_worker *w) { return w ? w->ctx : NULL; }
+DSGD_API dsgd_ctx *dsgd_cluster_worker_ctx(dsgd_cluster_worker *w) { return w ? w->m.ctx : NULL; }
 
 static dsgd_result dsgd__cluster_lost(dsgd_cluster_worker *w, const char *what) {
-    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_ABORTED, "%s: worker %d was lost (killed)", what, w->id);
+    return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_ABORTED, "%s: worker %d was lost (killed)", what, w->id);
 }
 
 DSGD_API dsgd_result dsgd_cluster_set_dataset(dsgd_cluster *c, const dsgd_dataset *ds, int batch, uint64_t seed) {
@@ -957,10 +950,10 @@ static dsgd_result dsgd__cluster_worker_shard(dsgd_cluster_worker *w) {
     DSGD_FREE(w->bx);
     DSGD_FREE(w->by);
     w->ds_gen = 0;
-    w->bx = (float *)dsgd__alloc(w->ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->dim, what);
-    w->by = (float *)dsgd__alloc(w->ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->target_dim, what);
+    w->bx = (float *)dsgd__alloc(w->m.ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->dim, what);
+    w->by = (float *)dsgd__alloc(w->m.ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->target_dim, what);
     if (!w->bx || !w->by) return DSGD_ERR_OUT_OF_MEMORY;
-    r = dsgd_sampler_init(w->ctx, &w->smp, c->ds->n, (size_t)c->ds_batch, c->ds_seed, 1, 1);
+    r = dsgd_sampler_init(w->m.ctx, &w->smp, c->ds->n, (size_t)c->ds_batch, c->ds_seed, 1, 1);
     if (r != DSGD_OK) return r;
     w->ds_gen = c->ds_gen;
     w->ds_next = 0;
@@ -977,12 +970,12 @@ DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, cons
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     c = w->c;
     if (!x || !y || !count)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x, y and count are needed", what);
-    if (!c->ds) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: no dataset (dsgd_cluster_set_dataset)", what);
+        return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x, y and count are needed", what);
+    if (!c->ds) return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_STATE, "%s: no dataset (dsgd_cluster_set_dataset)", what);
     if (w->ds_gen != c->ds_gen && (r = dsgd__cluster_worker_shard(w)) != DSGD_OK) return r;
     n = dsgd_sampler_worker_batch(&w->smp, w->id, c->W, w->ds_next, &idx);
     if ((r = dsgd_dataset_gather(c->ds, idx, n, w->bx, w->by)) != DSGD_OK)
-        return dsgd_ctx_set_error(w->ctx, r, "%s: cannot gather the worker's batch %llu", what,
+        return dsgd_ctx_set_error(w->m.ctx, r, "%s: cannot gather the worker's batch %llu", what,
                                   (unsigned long long)w->ds_next);
     w->ds_next++;
     *x = w->bx;
@@ -1006,14 +999,14 @@ DSGD_API dsgd_result dsgd_cluster_worker_train_step(dsgd_cluster_worker *w, cons
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     p = w->c->num_params;
     if (!x || !y || count < 1 || count > w->c->d.model.max_batch)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: need x, y and 1 <= count <= %d (got %d)",
+        return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: need x, y and 1 <= count <= %d (got %d)",
                                   what, w->c->d.model.max_batch, count);
     if (dsgd__cluster_killed(w)) return dsgd__cluster_lost(w, what);
     if ((r = dsgd_ps_worker_pull(w->psw, w->buf)) != DSGD_OK) return r;
-    if ((r = dsgd_model_set_params(w->model, w->buf, p)) != DSGD_OK) return r;
+    if ((r = dsgd_model_set_params(w->m.model, w->buf, p)) != DSGD_OK) return r;
     if (dsgd__cluster_killed(w)) return dsgd__cluster_lost(w, what);
-    if ((r = dsgd_model_compute_gradients(w->model, x, y, count, 1.0f / (float)count)) != DSGD_OK) return r;
-    if ((r = dsgd_model_get_grads(w->model, w->buf, p)) != DSGD_OK) return r;
+    if ((r = dsgd_model_compute_gradients(w->m.model, x, y, count, 1.0f / (float)count)) != DSGD_OK) return r;
+    if ((r = dsgd_model_get_grads(w->m.model, w->buf, p)) != DSGD_OK) return r;
     if (dsgd__cluster_killed(w)) return dsgd__cluster_lost(w, what);
     return dsgd_ps_worker_push(w->psw, w->buf);
 }
