@@ -4458,10 +4458,57 @@ DSGD_API float dsgd_linear_scaled_lr(float base_lr, int global_batch, int base_b
 
 /* >>optimizer -------------------------------------------------------------- */
 
+/* ---- the optimizer's state, without a model */
+
+/* The slot buffers (one float per parameter each) an optimizer kind keeps,
+   the one rule for models, parameter servers and summation-only workers:
+   MOMENTUM the velocity, ADAM and ADAMW the two moments, SGD none. */
+static int dsgd__opt_kind_slots(dsgd_optimizer_kind k) {
+    return (k != DSGD_OPT_SGD) + (k == DSGD_OPT_ADAM || k == DSGD_OPT_ADAMW);
+}
+
+/* An optimizer's state for n floats on a backend, needing no model: the
+   desc (defaults filled) and its slots, zeroed. A model's optimizer holds
+   one; so do a parameter server (its shards) and a summation-only worker
+   (its copy of each server's shards). The step count stays with the owner
+   (a server's is its version). */
+typedef struct dsgd__opt_state {
+    dsgd_optimizer_desc d;
+    const dsgd_backend_i *be; /* must outlive the state */
+    size_t n;
+    dsgd_buffer *slot[2];     /* dsgd__opt_kind_slots(d.kind) of them, the others NULL */
+} dsgd__opt_state;
+
+static void dsgd__opt_state_free(dsgd__opt_state *st) {
+    int k;
+    for (k = 0; k < 2; ++k)
+        if (st->slot[k]) st->be->buffer_destroy(st->be->impl, st->slot[k]);
+    st->slot[0] = st->slot[1] = NULL;
+}
+
+/* Zeroed slots for n floats on be; *st is left freeable on an error. */
+static dsgd_result dsgd__opt_state_init(dsgd__opt_state *st, const dsgd_backend_i *be, const dsgd_optimizer_desc *d,
+                                        size_t n) {
+    dsgd_result r = DSGD_OK;
+    int k;
+    memset(st, 0, sizeof(*st));
+    st->d = *d;
+    st->be = be;
+    st->n = n;
+    for (k = 0; k < dsgd__opt_kind_slots(d->kind) && r == DSGD_OK; ++k) {
+        r = be->buffer_create(be->impl, n, &st->slot[k]);
+        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(st->slot[k], 0), 0.0f, n);
+    }
+    return r;
+}
+
+static int dsgd__opt_state_slots(const dsgd__opt_state *st) { return (st->slot[0] != NULL) + (st->slot[1] != NULL); }
+
+/* ---- a model's optimizer */
+
 struct dsgd_optimizer {
     dsgd_model *m;
-    dsgd_optimizer_desc d; /* defaults filled */
-    dsgd_buffer *m1, *m2;
+    dsgd__opt_state st; /* its desc (defaults filled) and slots, on the model's backend */
     int64_t t;
     double last_norm;
 };
@@ -4549,6 +4596,15 @@ static dsgd_opt_update dsgd__opt_update_at(const dsgd_optimizer_desc *d, int64_t
     return u;
 }
 
+/* One update of params with grads (scaled by grad_scale) at step t, whose
+   learning rate and bias correction it takes. */
+static dsgd_result dsgd__opt_state_update(const dsgd__opt_state *st, int64_t t, dsgd_ref params, dsgd_ref grads,
+                                          float grad_scale) {
+    dsgd_opt_update u = dsgd__opt_update_at(&st->d, t, grad_scale);
+    return st->be->optimizer_update(st->be->impl, &u, params, grads, dsgd__ref(st->slot[0], 0),
+                                    dsgd__ref(st->slot[1], 0), st->n);
+}
+
 DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc, dsgd_optimizer **out) {
     dsgd_optimizer *o;
     dsgd_optimizer_desc d;
@@ -4567,17 +4623,9 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
     o->m = m;
-    o->d = d;
     be = dsgd_model_backend(m);
     n = dsgd_model_num_params(m);
-    if (d.kind != DSGD_OPT_SGD) {
-        r = be->buffer_create(be->impl, n, &o->m1);
-        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m1, 0), 0.0f, n);
-    }
-    if (r == DSGD_OK && (d.kind == DSGD_OPT_ADAM || d.kind == DSGD_OPT_ADAMW)) {
-        r = be->buffer_create(be->impl, n, &o->m2);
-        if (r == DSGD_OK) r = be->fill(be->impl, dsgd__ref(o->m2, 0), 0.0f, n);
-    }
+    r = dsgd__opt_state_init(&o->st, be, &d, n);
     if (r != DSGD_OK) {
         dsgd_optimizer_destroy(o);
         return r;
@@ -4587,24 +4635,20 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
 }
 
 DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *o) {
-    const dsgd_backend_i *be;
     if (!o) return;
-    be = dsgd_model_backend(o->m);
-    if (o->m1) be->buffer_destroy(be->impl, o->m1);
-    if (o->m2) be->buffer_destroy(be->impl, o->m2);
+    dsgd__opt_state_free(&o->st);
     DSGD_FREE(o);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
     const dsgd_backend_i *be;
-    dsgd_opt_update u;
     dsgd_result r;
     size_t n;
     float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
     be = dsgd_model_backend(o->m);
     n = dsgd_model_num_params(o->m);
-    if (o->d.clip_norm > 0.0f) {
+    if (o->st.d.clip_norm > 0.0f) {
         /* clip_by_global_norm: g * clip / max(norm, clip) */
         double sumsq = 0.0;
         size_t bad = 0;
@@ -4615,11 +4659,9 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
                                       "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
                                       (long long)o->t, bad);
         o->last_norm = sqrt(sumsq);
-        if (o->last_norm > o->d.clip_norm) grad_scale = (float)(o->d.clip_norm / o->last_norm);
+        if (o->last_norm > o->st.d.clip_norm) grad_scale = (float)(o->st.d.clip_norm / o->last_norm);
     }
-    u = dsgd__opt_update_at(&o->d, o->t, grad_scale);
-    r = be->optimizer_update(be->impl, &u, dsgd_model_params(o->m), dsgd_model_grads(o->m), dsgd__ref(o->m1, 0),
-                             dsgd__ref(o->m2, 0), n);
+    r = dsgd__opt_state_update(&o->st, o->t, dsgd_model_params(o->m), dsgd_model_grads(o->m), grad_scale);
     if (r == DSGD_OK) ++o->t;
     return r;
 }
@@ -4627,7 +4669,7 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
 DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
-    return o ? dsgd_lr_at(&o->d.schedule, o->d.lr, o->t) : 0.0f;
+    return o ? dsgd_lr_at(&o->st.d.schedule, o->st.d.lr, o->t) : 0.0f;
 }
 DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? o->m : NULL; }
 
@@ -4640,13 +4682,13 @@ static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) {
 
 /* The kind o was created with, which a checkpoint records to refuse
    restoring one optimizer's state into another. */
-static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->d.kind; }
+static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->st.d.kind; }
 
-DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? (o->m1 != NULL) + (o->m2 != NULL) : 0; }
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? dsgd__opt_state_slots(&o->st) : 0; }
 
 DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot) {
     if (!o || slot < 0 || slot >= dsgd_optimizer_num_slots(o)) return NULL;
-    if (o->d.kind == DSGD_OPT_MOMENTUM) return "momentum";
+    if (o->st.d.kind == DSGD_OPT_MOMENTUM) return "momentum";
     return slot == 0 ? "m" : "v";
 }
 
@@ -4654,7 +4696,7 @@ DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot)
    order) as a ref at its first float, in the model's backend: what a
    checkpoint reads to save it and writes to restore it. */
 static dsgd_ref dsgd__optimizer_slot_ref(const dsgd_optimizer *o, int k) {
-    return dsgd__ref(k == 0 ? o->m1 : o->m2, 0);
+    return dsgd__ref(o->st.slot[k], 0);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {
@@ -11563,11 +11605,6 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
     return DSGD_OK;
 }
 
-/* The optimizer's slot buffers (0, 1 or 2) the servers or workers keep. */
-static int dsgd__ps_opt_slots(const dsgd_ps_desc *d) {
-    return (d->optimizer.kind != DSGD_OPT_SGD) + (d->optimizer.kind == DSGD_OPT_ADAM || d->optimizer.kind == DSGD_OPT_ADAMW);
-}
-
 #endif /* DSGD__PART_PS_IMPL */
 /* ---------------------------------------- distsgd/ps_checkpoint.h */
 /* distsgd/ps_checkpoint.h - the parameter servers' checkpoint format: each rank's file, its sections and their checks
@@ -12134,7 +12171,8 @@ struct dsgd_ps_server {
     size_t n;   /* floats this server holds */
     dsgd_backend_i be;
     int have_be, state, done_count;
-    dsgd_buffer *params, *grad, *m1, *m2; /* params, grad: [header | n] */
+    dsgd_buffer *params, *grad; /* [header | n] */
+    dsgd__opt_state opt;        /* the optimizer's slots for the n floats (holds only) */
     float *params_h, *grad_h;
     /* clock modes: slot[(k % ring) * W + w] holds worker w's gradient of
        clock k ([header | n]), vcomp the version it was computed on */
@@ -12167,18 +12205,8 @@ static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
 
 /* One optimizer update of the server's floats with the gradient in grad. */
 static dsgd_result dsgd__ps_apply(dsgd_ps_server *s) {
-    dsgd_opt_update u = dsgd__opt_update_at(&s->d.optimizer, s->version, 1.0f);
-    dsgd_ref p, g, m1, m2;
-    dsgd_result r;
-    p.buf = s->params;
-    p.off = DSGD__PS_H;
-    g.buf = s->grad;
-    g.off = DSGD__PS_H;
-    m1.buf = s->m1;
-    m1.off = 0;
-    m2.buf = s->m2;
-    m2.off = 0;
-    r = s->be.optimizer_update(s->be.impl, &u, p, g, m1, m2, s->n);
+    dsgd_result r = dsgd__opt_state_update(&s->opt, s->version, dsgd__ref(s->params, DSGD__PS_H),
+                                           dsgd__ref(s->grad, DSGD__PS_H), 1.0f);
     if (r == DSGD_OK) s->version++;
     return r;
 }
@@ -12595,14 +12623,13 @@ DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s) {
     size_t i;
     if (!s) return;
     if (s->have_be) {
-        dsgd_buffer *own[4];
+        dsgd_buffer *own[2];
         int k;
         own[0] = s->params;
         own[1] = s->grad;
-        own[2] = s->m1;
-        own[3] = s->m2;
-        for (k = 0; k < 4; ++k)
+        for (k = 0; k < 2; ++k)
             if (own[k]) s->be.buffer_destroy(s->be.impl, own[k]);
+        if (s->opt.be) dsgd__opt_state_free(&s->opt);
         if (s->slot)
             for (i = 0; i < (size_t)s->ring * (size_t)s->W; ++i)
                 if (s->slot[i]) s->be.buffer_destroy(s->be.impl, s->slot[i]);
@@ -12661,9 +12688,7 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     /* ON_WORKERS: no parameters, no slots */
     if (r == DSGD_OK && s->holds) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->params);
     if (r == DSGD_OK) r = s->be.buffer_create(s->be.impl, DSGD__PS_H + s->n, &s->grad);
-    if (r == DSGD_OK && s->holds && dsgd__ps_opt_slots(&d) >= 1) r = s->be.buffer_create(s->be.impl, s->n, &s->m1);
-    if (r == DSGD_OK && s->holds && dsgd__ps_opt_slots(&d) >= 2)
-        r = s->be.buffer_create(s->be.impl, s->n, &s->m2);
+    if (r == DSGD_OK && s->holds) r = dsgd__opt_state_init(&s->opt, &s->be, &s->d.optimizer, s->n);
     if (r == DSGD_OK && s->pol->clocked) {
         if (dsgd__mul_overflows((size_t)s->ring, (size_t)s->W, &slots) || slots > SIZE_MAX / sizeof(int64_t) - 1) {
             dsgd_ps_server_destroy(s);
@@ -12733,7 +12758,7 @@ DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *
 
 /* ---- checkpoints */
 
-static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return (s->m1 != NULL) + (s->m2 != NULL); }
+static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return s->holds ? dsgd__opt_state_slots(&s->opt) : 0; }
 
 /* What the server's checkpoint must match (ps_checkpoint.h). */
 static dsgd__ps_server_shape dsgd__ps_server_shape_of(const dsgd_ps_server *s) {
@@ -12774,8 +12799,8 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
     cells = s->slot ? (size_t)s->ring * (size_t)s->W : 0;
     for (i = 0; i < cells; ++i) held += s->slot[i] != NULL;
     nslots = dsgd__ps_server_slots(s);
-    slot[0] = s->m1;
-    slot[1] = s->m2;
+    slot[0] = s->opt.slot[0];
+    slot[1] = s->opt.slot[1];
     id = dsgd__ps_ident_of(&s->d, s->index);
     dsgd__ckw_init(&w, s->ctx, what, dsgd__ps_ck_expect(s->n, 1 + (size_t)nslots + held + s->agg_len));
     dsgd__ckw_begin(&w, "ps_server");
@@ -12903,8 +12928,8 @@ static void dsgd__ps_server_apply_ck(dsgd_ps_server *s, const dsgd__ps_ck_server
     }
     if (s->holds) {
         dsgd_buffer *slot[2];
-        slot[0] = s->m1;
-        slot[1] = s->m2;
+        slot[0] = s->opt.slot[0];
+        slot[1] = s->opt.slot[1];
         dsgd__ck_copy_floats(s->params_h + DSGD__PS_H, st->params, s->n);
         for (k = 0; k < dsgd__ps_server_slots(s); ++k)
             dsgd__ck_copy_floats(s->be.buffer_host_ptr(s->be.impl, slot[k]),
@@ -13214,7 +13239,8 @@ struct dsgd_ps_worker {
        announced */
     int holds, have_be, params_set, round; /* holds: the placement's servers_hold */
     dsgd_backend_i be;
-    dsgd_buffer **own, **sum, **m1, **m2;
+    dsgd_buffer **own, **sum;
+    dsgd__opt_state *opt;     /* [P]: the optimizer's slots for each server's ranges */
     int64_t *latest;
 };
 
@@ -13228,8 +13254,6 @@ static dsgd_result dsgd__ps_worker_fail(dsgd_ps_worker *w, dsgd_result r) {
    server would have (dsgd__ps_apply: the same update, the same step count). */
 static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
                                              float *full) {
-    dsgd_opt_update u;
-    dsgd_ref p, g, m1, m2;
     dsgd_result r;
     int64_t v = w->version[src];
     (void)full;
@@ -13244,16 +13268,8 @@ static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, 
     if (h->step != v)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent the mean of step %lld, not %lld",
                                   fn, w->index, src, (long long)h->step, (long long)v);
-    u = dsgd__opt_update_at(&w->d.optimizer, v, 1.0f);
-    p.buf = w->own[src];
-    p.off = 0;
-    g.buf = w->sum[src];
-    g.off = DSGD__PS_H;
-    m1.buf = w->m1[src];
-    m1.off = 0;
-    m2.buf = w->m2[src];
-    m2.off = 0;
-    if ((r = w->be.optimizer_update(w->be.impl, &u, p, g, m1, m2, w->n[src])) != DSGD_OK) return r;
+    r = dsgd__opt_state_update(&w->opt[src], v, dsgd__ref(w->own[src], 0), dsgd__ref(w->sum[src], DSGD__PS_H), 1.0f);
+    if (r != DSGD_OK) return r;
     w->version[src] = v + 1;
     return DSGD_OK;
 }
@@ -13563,21 +13579,20 @@ DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
     DSGD_FREE(w->sent_at);
     DSGD_FREE(w->backoff);
     if (w->have_be) {
-        dsgd_buffer **own[4];
+        dsgd_buffer **own[2];
         int k;
         own[0] = w->own;
         own[1] = w->sum;
-        own[2] = w->m1;
-        own[3] = w->m2;
-        for (k = 0; k < 4; ++k)
+        for (k = 0; k < 2; ++k)
             for (s = 0; own[k] && s < w->P; ++s)
                 if (own[k][s]) w->be.buffer_destroy(w->be.impl, own[k][s]);
+        for (s = 0; w->opt && s < w->P; ++s)
+            if (w->opt[s].be) dsgd__opt_state_free(&w->opt[s]);
         if (w->be.destroy) w->be.destroy(w->be.impl);
     }
     DSGD_FREE(w->own);
     DSGD_FREE(w->sum);
-    DSGD_FREE(w->m1);
-    DSGD_FREE(w->m2);
+    DSGD_FREE(w->opt);
     DSGD_FREE(w->latest);
     DSGD_FREE(w);
 }
@@ -13644,28 +13659,24 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
     w->pol = dsgd__ps_policy(&d);
     w->holds = dsgd__ps_apply_of(&d)->servers_hold;
     if (!w->holds) { /* the worker's copy and the optimizer's slots, on a CPU backend */
-        int slots1 = dsgd__ps_opt_slots(&d) >= 1, slots2 = dsgd__ps_opt_slots(&d) >= 2;
         w->own = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->own, fn);
         w->sum = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->sum, fn);
-        w->m1 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m1, fn);
-        w->m2 = (dsgd_buffer **)dsgd__alloc(ctx, P * sizeof *w->m2, fn);
+        w->opt = (dsgd__opt_state *)dsgd__alloc(ctx, P * sizeof *w->opt, fn);
         w->latest = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->latest, fn);
-        if (!w->own || !w->sum || !w->m1 || !w->m2 || !w->latest) {
+        if (!w->own || !w->sum || !w->opt || !w->latest) {
             dsgd_ps_worker_destroy(w);
             return DSGD_ERR_OUT_OF_MEMORY;
         }
         memset(w->own, 0, P * sizeof *w->own);
         memset(w->sum, 0, P * sizeof *w->sum);
-        memset(w->m1, 0, P * sizeof *w->m1);
-        memset(w->m2, 0, P * sizeof *w->m2);
+        memset(w->opt, 0, P * sizeof *w->opt);
         memset(w->latest, 0, P * sizeof *w->latest);
         r = dsgd_cpu_backend_create(ctx, &w->be);
         if (r == DSGD_OK) w->have_be = 1;
         for (s = 0; s < w->P && r == DSGD_OK; ++s) {
             r = w->be.buffer_create(w->be.impl, w->n[s], &w->own[s]);
             if (r == DSGD_OK) r = w->be.buffer_create(w->be.impl, DSGD__PS_H + w->n[s], &w->sum[s]);
-            if (r == DSGD_OK && slots1) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m1[s]);
-            if (r == DSGD_OK && slots2) r = w->be.buffer_create(w->be.impl, w->n[s], &w->m2[s]);
+            if (r == DSGD_OK) r = dsgd__opt_state_init(&w->opt[s], &w->be, &w->d.optimizer, w->n[s]);
         }
         if (r != DSGD_OK) {
             dsgd_ps_worker_destroy(w);
@@ -13785,8 +13796,14 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
 
 /* ---- checkpoints */
 
+/* ON_WORKERS: buffer k of server s's ranges in a checkpoint's order: 0 the
+   copy, 1.. the optimizer's slots. */
+static dsgd_buffer *dsgd__ps_worker_copy_buf(const dsgd_ps_worker *w, int k, int s) {
+    return k == 0 ? w->own[s] : w->opt[s].slot[k - 1];
+}
+
 static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
-    return !w->holds ? (w->m1[0] != NULL) + (w->m2[0] != NULL) : 0;
+    return !w->holds ? dsgd__opt_state_slots(&w->opt[0]) : 0;
 }
 
 /* The worker's floats over every server. */
@@ -13858,15 +13875,11 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     dsgd__ckw_end(&wr);
     dsgd__ps_put_map(&wr, w->map);
     if (!w->holds) {
-        dsgd_buffer **arr[3];
-        arr[0] = w->own;
-        arr[1] = w->m1;
-        arr[2] = w->m2;
         dsgd__ckw_begin(&wr, "ps_copy");
         dsgd__ckw_u32(&wr, (uint32_t)nslots);
         dsgd__ckw_u64(&wr, (uint64_t)dsgd__ps_worker_floats(w));
         for (k = 0; k <= nslots; ++k)
-            for (s = 0; s < w->P; ++s) dsgd__ckw_read(&wr, &w->be, dsgd__ref(arr[k][s], 0), w->n[s]);
+            for (s = 0; s < w->P; ++s) dsgd__ckw_read(&wr, &w->be, dsgd__ref(dsgd__ps_worker_copy_buf(w, k, s), 0), w->n[s]);
         dsgd__ckw_end(&wr);
     }
     return dsgd__ckw_commit(&wr, path);
@@ -13894,13 +13907,9 @@ static void dsgd__ps_worker_apply_ck(dsgd_ps_worker *w, const dsgd__ps_ck_worker
     w->state = DSGD__PS_CREATED; /* a finished worker goes on */
     if (!w->holds) {
         const unsigned char *src = st->copy;
-        dsgd_buffer **arr[3];
-        arr[0] = w->own;
-        arr[1] = w->m1;
-        arr[2] = w->m2;
         for (k = 0; k <= dsgd__ps_worker_slots(w); ++k)
             for (s = 0; s < w->P; ++s) {
-                dsgd__ck_copy_floats(w->be.buffer_host_ptr(w->be.impl, arr[k][s]), src, w->n[s]);
+                dsgd__ck_copy_floats(w->be.buffer_host_ptr(w->be.impl, dsgd__ps_worker_copy_buf(w, k, s)), src, w->n[s]);
                 src += w->n[s] * sizeof(float);
             }
     }
@@ -14021,6 +14030,11 @@ typedef struct dsgd_cluster_desc {
        loopback hub of the cluster's own. The cluster copies the tables and
        uses endpoint i only from rank i's thread (abort from any). */
     const dsgd_transport_i *endpoints;
+    int cpu_threads;               /* the workers' CPU backends (backend_factory
+                                      NULL): threads of each; 0: dsgd_cpu_count()
+                                      / W, at least 1 (the strategies' rule);
+                                      1..DSGD_CPU_MAX_THREADS: that many. The
+                                      weights do not depend on it */
 } dsgd_cluster_desc;
 
 /* Creates the cluster: the shard map, the P servers (their threads start
@@ -14028,7 +14042,8 @@ typedef struct dsgd_cluster_desc {
    Errors (recorded on ctx; a server's or worker's failure is copied from its
    context): DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out or
    desc NULL; the ps desc, the model desc, the partitioner, as the engine and
-   dsgd_model_create check them; endpoints of the wrong rank or size, or
+   dsgd_model_create check them; cpu_threads out of range; endpoints of
+   the wrong rank or size, or
    without send, recv or probe), DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a
    thread, lock or condition), backend errors, what backend_factory returns.
    Thread safety: ctx's thread, which is then the coordinator: every
@@ -14203,10 +14218,7 @@ typedef struct dsgd__cl_queue {
 struct dsgd_cluster_worker {
     dsgd_cluster *c;
     int id;
-    dsgd_ctx *ctx;
-    dsgd_backend_i be;
-    int has_be;
-    dsgd_model *model;
+    dsgd__member m; /* its context, backend and model (group.h) */
     dsgd_ps_worker *psw;
     float *buf;      /* num_params floats: pulled parameters, then the gradient */
     pthread_t thread;
@@ -14228,7 +14240,7 @@ struct dsgd_cluster_worker {
 typedef struct dsgd__cluster_server {
     struct dsgd_cluster *c;
     int id;
-    dsgd_ctx *ctx;
+    dsgd__member m; /* its context (group.h) */
     dsgd_ps_server *srv;
     pthread_t thread;
     int started;
@@ -14360,7 +14372,7 @@ static void dsgd__cluster_finish_closure(dsgd_cluster *c, dsgd_cluster_worker *w
     k->state = DSGD__CL_DONE;
     k->result = r;
     if (r != DSGD_OK) {
-        const char *m = dsgd_ctx_last_error(w->ctx);
+        const char *m = dsgd_ctx_last_error(w->m.ctx);
         size_t len = strlen(m);
         k->msg = (char *)DSGD_MALLOC(len + 1);
         if (k->msg) memcpy(k->msg, m, len + 1);
@@ -14427,6 +14439,9 @@ static dsgd_result dsgd__cluster_check(dsgd_ctx *ctx, const dsgd_cluster_desc *d
     if (d->ps.num_servers < 1 || d->ps.num_workers < 1 || n > 4096)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d servers and %d workers (need >= 1 each, "
                                   "4096 ranks at most)", what, d->ps.num_servers, d->ps.num_workers);
+    if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per worker (0..%d)", what,
+                                  d->cpu_threads, DSGD_CPU_MAX_THREADS);
     for (i = 0; d->endpoints && i < n; ++i) {
         const dsgd_transport_i *t = &d->endpoints[i];
         if (t->rank != i || t->size != n || !t->send || !t->recv || !t->probe)
@@ -14446,31 +14461,10 @@ static dsgd_result dsgd__cluster_map(dsgd_cluster *c, float **init) {
 
 /* The endpoints: the desc's, or a loopback of the cluster's own. */
 static dsgd_result dsgd__cluster_transport(dsgd_cluster *c) {
-    int i, n = c->P + c->W;
-    dsgd_result r = DSGD_OK;
+    int n = c->P + c->W;
     c->eps = (dsgd_transport_i *)dsgd__alloc(c->ctx, sizeof(dsgd_transport_i) * (size_t)n, "dsgd_cluster_create");
     if (!c->eps) return DSGD_ERR_OUT_OF_MEMORY;
-    if (c->d.endpoints) {
-        memcpy(c->eps, c->d.endpoints, sizeof(dsgd_transport_i) * (size_t)n);
-        return DSGD_OK;
-    }
-    if ((r = dsgd_loopback_create(c->ctx, n, &c->hub)) != DSGD_OK) return r;
-    for (i = 0; i < n && r == DSGD_OK; ++i) r = dsgd_loopback_endpoint(c->hub, i, &c->eps[i]);
-    return r;
-}
-
-/* A context labelled "<role> <i>" with the coordinator's logger. */
-static dsgd_result dsgd__cluster_ctx(dsgd_cluster *c, const char *role, int i, dsgd_ctx **out) {
-    dsgd_ctx_desc cd;
-    char label[32];
-    dsgd_result r;
-    memset(&cd, 0, sizeof(cd));
-    snprintf(label, sizeof(label), "%s %d", role, i);
-    cd.label = label;
-    cd.logger = dsgd_ctx_logger(c->ctx);
-    r = dsgd_ctx_create(&cd, out);
-    if (r != DSGD_OK) dsgd_ctx_set_error(c->ctx, r, "dsgd_cluster_create: cannot create %s %d's context", role, i);
-    return r;
+    return dsgd__group_endpoints(c->ctx, c->d.endpoints, n, &c->hub, c->eps);
 }
 
 /* Copies a failure's message from a member's context to the coordinator's. */
@@ -14480,35 +14474,45 @@ static dsgd_result dsgd__cluster_copy_error(dsgd_cluster *c, dsgd_ctx *from, dsg
     return r;
 }
 
+/* Server s and worker i are members of the rank group (group.h): their
+   contexts, and a worker's backend (backend_factory's, or a CPU backend of
+   desc.cpu_threads, by default the cores shared out among the workers)
+   and model. */
+static dsgd__member_desc dsgd__cluster_member(const dsgd_cluster *c, int worker) {
+    dsgd__member_desc md;
+    memset(&md, 0, sizeof(md));
+    md.role = worker ? "worker" : "server";
+    if (!worker) return md;
+    md.model = &c->d.model;
+    md.factory = c->d.backend_factory;
+    md.factory_user = c->d.backend_user_data;
+    md.cpu_threads = dsgd__group_cpu_threads(c->d.cpu_threads, c->W);
+    return md;
+}
+
 static dsgd_result dsgd__cluster_server_create(dsgd_cluster *c, int s, const float *init) {
     dsgd__cluster_server *sv = &c->servers[s];
+    dsgd__member_desc md = dsgd__cluster_member(c, 0);
     dsgd_result r;
     sv->c = c;
     sv->id = s;
-    if ((r = dsgd__cluster_ctx(c, "server", s, &sv->ctx)) != DSGD_OK) return r;
-    r = dsgd_ps_server_create(sv->ctx, &c->eps[s], &c->d.ps, c->map, init, &sv->srv);
-    return dsgd__cluster_copy_error(c, sv->ctx, r);
+    if ((r = dsgd__member_create(c->ctx, &md, s, &sv->m)) != DSGD_OK) return r;
+    r = dsgd_ps_server_create(sv->m.ctx, &c->eps[s], &c->d.ps, c->map, init, &sv->srv);
+    return dsgd__cluster_copy_error(c, sv->m.ctx, r);
 }
 
 static dsgd_result dsgd__cluster_worker_create(dsgd_cluster *c, int i, const float *init) {
     dsgd_cluster_worker *w = &c->workers[i];
-    dsgd_model_desc md = c->d.model;
+    dsgd__member_desc md = dsgd__cluster_member(c, 1);
     dsgd_result r;
     w->c = c;
     w->id = i;
-    if ((r = dsgd__cluster_ctx(c, "worker", i, &w->ctx)) != DSGD_OK) return r;
-    r = c->d.backend_factory ? c->d.backend_factory(c->d.backend_user_data, w->ctx, i, &w->be)
-                             : dsgd_cpu_backend_create(w->ctx, &w->be);
-    if (r == DSGD_OK) {
-        w->has_be = 1;
-        md.backend = &w->be;
-        r = dsgd_model_create(w->ctx, &md, &w->model);
-    }
-    if (r == DSGD_OK) r = dsgd_ps_worker_create(w->ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
+    if ((r = dsgd__member_create(c->ctx, &md, i, &w->m)) != DSGD_OK) return r;
+    r = dsgd_ps_worker_create(w->m.ctx, &c->eps[c->P + i], &c->d.ps, c->map, &w->psw);
     if (r == DSGD_OK && !dsgd__ps_apply_of(&c->d.ps)->servers_hold) r = dsgd_ps_worker_set_params(w->psw, init);
-    if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
+    if (r == DSGD_OK && !(w->buf = (float *)dsgd__alloc(w->m.ctx, sizeof(float) * c->num_params, "dsgd_cluster_create")))
         r = DSGD_ERR_OUT_OF_MEMORY;
-    return dsgd__cluster_copy_error(c, w->ctx, r);
+    return dsgd__cluster_copy_error(c, w->m.ctx, r);
 }
 
 static dsgd_result dsgd__cluster_start(dsgd_cluster *c) {
@@ -14580,7 +14584,7 @@ static dsgd_result dsgd__cluster_fatal(dsgd_cluster *c, const char *what) {
     if (c->server_failed > 0) {
         dsgd__cluster_server *sv = &c->servers[c->server_failed - 1];
         return dsgd_ctx_set_error(c->ctx, sv->result, "%s: server %d failed: %s", what, sv->id,
-                                  dsgd_ctx_last_error(sv->ctx));
+                                  dsgd_ctx_last_error(sv->m.ctx));
     }
     if (c->alive == 0 && c->pending > 0)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_ABORTED, "%s: no worker is left; %lld closure(s) did not run",
@@ -14752,7 +14756,7 @@ DSGD_API dsgd_result dsgd_cluster_shutdown(dsgd_cluster *c) {
     for (i = 0; r == DSGD_OK && i < c->P; ++i)
         if (c->servers[i].result != DSGD_OK)
             r = dsgd_ctx_set_error(c->ctx, c->servers[i].result, "%s: server %d failed: %s", what, i,
-                                   dsgd_ctx_last_error(c->servers[i].ctx));
+                                   dsgd_ctx_last_error(c->servers[i].m.ctx));
     return r;
 }
 
@@ -14767,18 +14771,16 @@ DSGD_API void dsgd_cluster_destroy(dsgd_cluster *c) {
     for (i = 0; c->workers && i < c->W; ++i) {
         dsgd_cluster_worker *w = &c->workers[i];
         dsgd_ps_worker_destroy(w->psw);
-        dsgd_model_destroy(w->model);
-        if (w->has_be && w->be.destroy) w->be.destroy(w->be.impl);
         DSGD_FREE(w->buf);
         DSGD_FREE(w->own.q);
         dsgd_sampler_free(&w->smp);
         DSGD_FREE(w->bx);
         DSGD_FREE(w->by);
-        dsgd_ctx_destroy(w->ctx);
+        dsgd__member_destroy(&w->m);
     }
     for (i = 0; c->servers && i < c->P; ++i) {
         dsgd_ps_server_destroy(c->servers[i].srv);
-        dsgd_ctx_destroy(c->servers[i].ctx);
+        dsgd__member_destroy(&c->servers[i].m);
     }
     for (h = 0; h < c->ncl; ++h) DSGD_FREE(c->cl[h].msg);
     if (c->sync_ready) {
@@ -14806,13 +14808,13 @@ DSGD_API dsgd_result dsgd_cluster_read_params(dsgd_cluster *c, float *full) {
     if (!dsgd__ps_apply_of(&c->d.ps)->servers_hold) { /* the servers only sum: the first final worker's copy */
         for (i = 0; i < c->W; ++i)
             if (c->workers[i].final)
-                return dsgd__cluster_copy_error(c, c->workers[i].ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
+                return dsgd__cluster_copy_error(c, c->workers[i].m.ctx, dsgd_ps_worker_read_params(c->workers[i].psw, full));
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_STATE,
                                   "%s: the servers only sum (apply ON_WORKERS) and no worker fetched the last means at "
                                   "shutdown (every worker was lost or failed)", what);
     }
     for (i = 0; i < c->P && r == DSGD_OK; ++i)
-        r = dsgd__cluster_copy_error(c, c->servers[i].ctx, dsgd_ps_server_read_params(c->servers[i].srv, full));
+        r = dsgd__cluster_copy_error(c, c->servers[i].m.ctx, dsgd_ps_server_read_params(c->servers[i].srv, full));
     return r;
 }
 
@@ -14846,12 +14848,12 @@ DSGD_API void dsgd_cluster_worker_stats(const dsgd_cluster *c, int w, dsgd_ps_wo
 /* ---- inside a closure */
 
 DSGD_API int dsgd_cluster_worker_id(const dsgd_cluster_worker *w) { return w ? w->id : -1; }
-DSGD_API dsgd_model *dsgd_cluster_worker_model(dsgd_cluster_worker *w) { return w ? w->model : NULL; }
+DSGD_API dsgd_model *dsgd_cluster_worker_model(dsgd_cluster_worker *w) { return w ? w->m.model : NULL; }
 DSGD_API dsgd_ps_worker *dsgd_cluster_worker_ps(dsgd_cluster_worker *w) { return w ? w->psw : NULL; }
-DSGD_API dsgd_ctx *dsgd_cluster_worker_ctx(dsgd_cluster_worker *w) { return w ? w->ctx : NULL; }
+DSGD_API dsgd_ctx *dsgd_cluster_worker_ctx(dsgd_cluster_worker *w) { return w ? w->m.ctx : NULL; }
 
 static dsgd_result dsgd__cluster_lost(dsgd_cluster_worker *w, const char *what) {
-    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_ABORTED, "%s: worker %d was lost (killed)", what, w->id);
+    return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_ABORTED, "%s: worker %d was lost (killed)", what, w->id);
 }
 
 DSGD_API dsgd_result dsgd_cluster_set_dataset(dsgd_cluster *c, const dsgd_dataset *ds, int batch, uint64_t seed) {
@@ -14888,10 +14890,10 @@ static dsgd_result dsgd__cluster_worker_shard(dsgd_cluster_worker *w) {
     DSGD_FREE(w->bx);
     DSGD_FREE(w->by);
     w->ds_gen = 0;
-    w->bx = (float *)dsgd__alloc(w->ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->dim, what);
-    w->by = (float *)dsgd__alloc(w->ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->target_dim, what);
+    w->bx = (float *)dsgd__alloc(w->m.ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->dim, what);
+    w->by = (float *)dsgd__alloc(w->m.ctx, sizeof(float) * (size_t)c->ds_batch * (size_t)c->ds->target_dim, what);
     if (!w->bx || !w->by) return DSGD_ERR_OUT_OF_MEMORY;
-    r = dsgd_sampler_init(w->ctx, &w->smp, c->ds->n, (size_t)c->ds_batch, c->ds_seed, 1, 1);
+    r = dsgd_sampler_init(w->m.ctx, &w->smp, c->ds->n, (size_t)c->ds_batch, c->ds_seed, 1, 1);
     if (r != DSGD_OK) return r;
     w->ds_gen = c->ds_gen;
     w->ds_next = 0;
@@ -14908,12 +14910,12 @@ DSGD_API dsgd_result dsgd_cluster_worker_next_batch(dsgd_cluster_worker *w, cons
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     c = w->c;
     if (!x || !y || !count)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x, y and count are needed", what);
-    if (!c->ds) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: no dataset (dsgd_cluster_set_dataset)", what);
+        return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: x, y and count are needed", what);
+    if (!c->ds) return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_STATE, "%s: no dataset (dsgd_cluster_set_dataset)", what);
     if (w->ds_gen != c->ds_gen && (r = dsgd__cluster_worker_shard(w)) != DSGD_OK) return r;
     n = dsgd_sampler_worker_batch(&w->smp, w->id, c->W, w->ds_next, &idx);
     if ((r = dsgd_dataset_gather(c->ds, idx, n, w->bx, w->by)) != DSGD_OK)
-        return dsgd_ctx_set_error(w->ctx, r, "%s: cannot gather the worker's batch %llu", what,
+        return dsgd_ctx_set_error(w->m.ctx, r, "%s: cannot gather the worker's batch %llu", what,
                                   (unsigned long long)w->ds_next);
     w->ds_next++;
     *x = w->bx;
@@ -14937,14 +14939,14 @@ DSGD_API dsgd_result dsgd_cluster_worker_train_step(dsgd_cluster_worker *w, cons
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     p = w->c->num_params;
     if (!x || !y || count < 1 || count > w->c->d.model.max_batch)
-        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: need x, y and 1 <= count <= %d (got %d)",
+        return dsgd_ctx_set_error(w->m.ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: need x, y and 1 <= count <= %d (got %d)",
                                   what, w->c->d.model.max_batch, count);
     if (dsgd__cluster_killed(w)) return dsgd__cluster_lost(w, what);
     if ((r = dsgd_ps_worker_pull(w->psw, w->buf)) != DSGD_OK) return r;
-    if ((r = dsgd_model_set_params(w->model, w->buf, p)) != DSGD_OK) return r;
+    if ((r = dsgd_model_set_params(w->m.model, w->buf, p)) != DSGD_OK) return r;
     if (dsgd__cluster_killed(w)) return dsgd__cluster_lost(w, what);
-    if ((r = dsgd_model_compute_gradients(w->model, x, y, count, 1.0f / (float)count)) != DSGD_OK) return r;
-    if ((r = dsgd_model_get_grads(w->model, w->buf, p)) != DSGD_OK) return r;
+    if ((r = dsgd_model_compute_gradients(w->m.model, x, y, count, 1.0f / (float)count)) != DSGD_OK) return r;
+    if ((r = dsgd_model_get_grads(w->m.model, w->buf, p)) != DSGD_OK) return r;
     if (dsgd__cluster_killed(w)) return dsgd__cluster_lost(w, what);
     return dsgd_ps_worker_push(w->psw, w->buf);
 }
