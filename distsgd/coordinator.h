@@ -478,11 +478,12 @@ static void *dsgd__cluster_worker_main(void *arg) {
     pthread_cond_broadcast(&c->cv_work);
     pthread_cond_broadcast(&c->cv_done);
     pthread_mutex_unlock(&c->mu);
-    /* apply ON_WORKERS: every push was acknowledged, so every step that will
-       be published is; fetch them all (no wait) for dsgd_cluster_read_params */
-    if (last && !dsgd__ps_apply_of(&c->d.ps)->servers_hold && !dsgd_ps_worker_failed(w->psw))
-        w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
-    if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
+    /* the goodbye; apply ON_WORKERS, finish first fetches the means of every
+       step pushed, so the copy is dsgd_cluster_read_params's */
+    if (!dsgd_ps_worker_failed(w->psw)) {
+        int said = dsgd_ps_worker_finish(w->psw) == DSGD_OK;
+        if (last && !dsgd__ps_apply_of(&c->d.ps)->servers_hold) w->final = said;
+    }
     if (last && !dsgd_ps_worker_failed(w->psw)) { /* a clean goodbye: still alive for the getter */
         pthread_mutex_lock(&c->mu);
         w->retired = 1;

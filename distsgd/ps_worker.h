@@ -451,10 +451,9 @@ static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s
     return DSGD_OK;
 }
 
-/* How long a pull waits: for nothing (what the servers have now: the
-   coordinator's last fetch, once every push was acknowledged), as the
-   policy says, or as at the end of a worker (dsgd_ps_worker_finish). */
-enum { DSGD__PS_PULL_NOW = 0, DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
+/* How long a pull waits: as the policy says, or as at the end of a worker
+   (dsgd_ps_worker_finish: the clocks it pushed). */
+enum { DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
 
 /* The pull. full_params may be NULL for a final pull ON_WORKERS, which
    only brings the worker's copy up to date. */
@@ -473,9 +472,7 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
         int behind = 0;
         for (s = 0; s < w->P; ++s) {
             dsgd_ps_header *h = &w->pull_hdr[s];
-            int64_t need = wait == DSGD__PS_PULL_NOW
-                               ? 0
-                               : w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            int64_t need = w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
             *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
             if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
                 return dsgd__ps_worker_fail(w, r);
@@ -490,6 +487,16 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
     w->pulls++;
     w->pulled = 1;
     return DSGD_OK;
+}
+
+/* A worker created with the run's initial parameters (every server at
+   version 0, and summation only its copy set) counts as having pulled
+   them, without asking the servers: its first push is then tagged 0 on
+   every server, whatever the others did meanwhile (the parameter-server
+   strategy's replicas start so, each step in lockstep). Nothing happens
+   after the first pull or push. */
+static void dsgd__ps_worker_start_at_initial(dsgd_ps_worker *w) {
+    if (w->pulls == 0 && w->push_seq == 0 && w->state == DSGD__PS_CREATED) w->pulled = 1;
 }
 
 DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {

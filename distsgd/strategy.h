@@ -829,15 +829,16 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     return DSGD_OK;
 }
 
-/* Each replica's endpoint: the desc's, or one of the strategy's own
-   loopback (none with one replica), as the rank group makes them. */
-static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s) {
+/* Each replica's endpoint: given's (the desc's), or, with given NULL, one
+   of a loopback of the strategy's own (none with one replica), as the
+   rank group makes them. */
+static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s, const dsgd_transport_i *given) {
     dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)s->n,
                                                             "dsgd_strategy_create");
     dsgd_result r;
     int i;
     if (!eps) return DSGD_ERR_OUT_OF_MEMORY;
-    r = dsgd__group_endpoints(s->ctx, s->d.endpoints, s->n, &s->hub, eps);
+    r = dsgd__group_endpoints(s->ctx, given, s->n, &s->hub, eps);
     for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = eps[i];
     DSGD_FREE(eps);
     return r;
@@ -855,7 +856,7 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                       "%s: %s needs the endpoints of the group across the workers "
                                       "(dsgd_strategy_desc.endpoints)", what, s->ops->name);
-        return dsgd__strategy_endpoints(s);
+        return dsgd__strategy_endpoints(s, NULL);
     }
     s->first = ep[0].rank;
     s->world = ep[0].size;
@@ -876,7 +877,7 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
                                       t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
                                       s->first + i, s->world);
     }
-    return dsgd__strategy_endpoints(s);
+    return dsgd__strategy_endpoints(s, ep);
 }
 
 /* Replica i's context, backend and model (a member of the rank group,

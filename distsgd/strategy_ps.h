@@ -50,9 +50,14 @@
      others cannot know (all here: the step does nothing, as mirrored).
      Over simnet, give the strategy the hub's endpoints (created with
      park_between_calls, as for every strategy): every rank makes each of
-     its calls from its own thread (a replica's first pull in its first
-     step, its goodbye in a last job at destroy; a server serves on its
-     thread) and then leaves the simulation (the endpoint's leave).
+     its calls from its own thread (a replica's pulls and pushes in its
+     steps, its goodbye in a last job at destroy; a server serves on its
+     thread) and then leaves the simulation (the endpoint's leave). A
+     replica starts from the initial parameters its model holds, as a
+     pull at version 0 would give, without asking the servers: so every
+     replica's first push is tagged 0, even one that starts after the
+     others' step 0 is applied (BACKUP then drops it instead of opening a
+     step nobody else joins).
 
      SYNC gives, step for step, the bits of the cluster coordinator's SYNC
      run fed the same shards: the same pull, gradient and push. After a
@@ -101,10 +106,11 @@ typedef struct dsgd__psk {
     dsgd_loopback *hub;         /* the engine's transport when the strategy makes its own */
     dsgd_transport_i *eps;      /* [servers + N]: this process's engine endpoints, servers first */
     int servers_here;           /* servers of this process (all P with its own transport) */
+    int eps_here;               /* eps's count: servers_here + N */
     dsgd__psk_server *servers;  /* [servers_here] */
     dsgd_ps_worker **workers;   /* [N]: replica i's engine worker */
     float **buf;                /* [N]: the flat parameters, then the gradient */
-    int *pulled, *finished;     /* [N]: replica i's first pull made; its goodbye said */
+    int *pulled, *finished;     /* [N]: replica i started (dsgd__ps_worker_start_at_initial); its goodbye said */
     int failed;                 /* atomic: a replica failed, the transport was aborted */
     size_t p;
 } dsgd__psk;
@@ -165,8 +171,7 @@ static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s, int W) {
 static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
     const dsgd_transport_i *ep = s->d.endpoints;
-    int P = s->d.ps.num_servers, here = s->n, i, W, servers_here = 0;
-    dsgd_transport_i *reps_ep;
+    int P = s->d.ps.num_servers, here = s->n, W, servers_here = 0;
     dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
     dsgd_result r;
     if (!k) return DSGD_ERR_OUT_OF_MEMORY;
@@ -186,15 +191,13 @@ static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
     s->shard_count = W;
     k->servers_here = servers_here;
     k->pd = dsgd__psk_desc(s, W);
-    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(servers_here + s->n), what);
-    reps_ep = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(s->n ? s->n : 1), what);
-    r = k->eps && reps_ep ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
-    if (r == DSGD_OK && ep) memcpy(k->eps, ep, sizeof(dsgd_transport_i) * (size_t)here);
-    if (r == DSGD_OK && !ep) r = dsgd__group_endpoints(s->ctx, NULL, P + s->n, &k->hub, k->eps);
-    if (r == DSGD_OK && s->n) r = dsgd__group_endpoints(s->ctx, NULL, s->n, &s->hub, reps_ep);
-    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = reps_ep[i];
-    DSGD_FREE(reps_ep);
-    return r;
+    k->eps_here = servers_here + s->n;
+    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)k->eps_here, what);
+    if (!k->eps) return DSGD_ERR_OUT_OF_MEMORY;
+    /* the engine's: the given ones (here of them), or a loopback of P + N */
+    r = dsgd__group_endpoints(s->ctx, ep, k->eps_here, &k->hub, k->eps);
+    /* the replicas' own collectives: a loopback of this process's replicas */
+    return r == DSGD_OK && s->n ? dsgd__strategy_endpoints(s, NULL) : r;
 }
 
 static void *dsgd__psk_server_main(void *arg) {
@@ -213,7 +216,7 @@ static void dsgd__psk_abort(dsgd__psk *k) {
         dsgd_loopback_abort(k->hub);
         return;
     }
-    for (i = 0; i < k->servers_here + k->pd.num_workers && k->eps; ++i)
+    for (i = 0; i < k->eps_here && k->eps; ++i)
         if (k->eps[i].abort) {
             k->eps[i].abort(k->eps[i].impl);
             return;
@@ -356,13 +359,8 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     r->skipped = 0;
     r->lr = dsgd_optimizer_lr(r->opt);
     res = DSGD_OK;
-    if (!k->pulled[r->local]) { /* the first pull (a pull before each push), on the replica's thread */
-        res = dsgd_ps_worker_pull(w, buf);
-        if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, buf, k->p);
-        if (res != DSGD_OK) {
-            dsgd__psk_abort(k);
-            return res;
-        }
+    if (!k->pulled[r->local]) { /* the model holds the initial parameters, version 0 on every server */
+        dsgd__ps_worker_start_at_initial(w);
         k->pulled[r->local] = 1;
     }
     res = dsgd__step_batch(r, a, &b, &r->global);

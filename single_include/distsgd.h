@@ -13442,10 +13442,9 @@ static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s
     return DSGD_OK;
 }
 
-/* How long a pull waits: for nothing (what the servers have now: the
-   coordinator's last fetch, once every push was acknowledged), as the
-   policy says, or as at the end of a worker (dsgd_ps_worker_finish). */
-enum { DSGD__PS_PULL_NOW = 0, DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
+/* How long a pull waits: as the policy says, or as at the end of a worker
+   (dsgd_ps_worker_finish: the clocks it pushed). */
+enum { DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
 
 /* The pull. full_params may be NULL for a final pull ON_WORKERS, which
    only brings the worker's copy up to date. */
@@ -13464,9 +13463,7 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
         int behind = 0;
         for (s = 0; s < w->P; ++s) {
             dsgd_ps_header *h = &w->pull_hdr[s];
-            int64_t need = wait == DSGD__PS_PULL_NOW
-                               ? 0
-                               : w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            int64_t need = w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
             *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
             if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
                 return dsgd__ps_worker_fail(w, r);
@@ -13481,6 +13478,16 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
     w->pulls++;
     w->pulled = 1;
     return DSGD_OK;
+}
+
+/* A worker created with the run's initial parameters (every server at
+   version 0, and summation only its copy set) counts as having pulled
+   them, without asking the servers: its first push is then tagged 0 on
+   every server, whatever the others did meanwhile (the parameter-server
+   strategy's replicas start so, each step in lockstep). Nothing happens
+   after the first pull or push. */
+static void dsgd__ps_worker_start_at_initial(dsgd_ps_worker *w) {
+    if (w->pulls == 0 && w->push_seq == 0 && w->state == DSGD__PS_CREATED) w->pulled = 1;
 }
 
 DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params) {
@@ -14418,11 +14425,12 @@ static void *dsgd__cluster_worker_main(void *arg) {
     pthread_cond_broadcast(&c->cv_work);
     pthread_cond_broadcast(&c->cv_done);
     pthread_mutex_unlock(&c->mu);
-    /* apply ON_WORKERS: every push was acknowledged, so every step that will
-       be published is; fetch them all (no wait) for dsgd_cluster_read_params */
-    if (last && !dsgd__ps_apply_of(&c->d.ps)->servers_hold && !dsgd_ps_worker_failed(w->psw))
-        w->final = dsgd__ps_worker_pull(w->psw, w->buf, "dsgd_cluster_shutdown", 0) == DSGD_OK;
-    if (!dsgd_ps_worker_failed(w->psw)) dsgd_ps_worker_finish(w->psw);
+    /* the goodbye; apply ON_WORKERS, finish first fetches the means of every
+       step pushed, so the copy is dsgd_cluster_read_params's */
+    if (!dsgd_ps_worker_failed(w->psw)) {
+        int said = dsgd_ps_worker_finish(w->psw) == DSGD_OK;
+        if (last && !dsgd__ps_apply_of(&c->d.ps)->servers_hold) w->final = said;
+    }
     if (last && !dsgd_ps_worker_failed(w->psw)) { /* a clean goodbye: still alive for the getter */
         pthread_mutex_lock(&c->mu);
         w->retired = 1;
@@ -16466,15 +16474,16 @@ static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc 
     return DSGD_OK;
 }
 
-/* Each replica's endpoint: the desc's, or one of the strategy's own
-   loopback (none with one replica), as the rank group makes them. */
-static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s) {
+/* Each replica's endpoint: given's (the desc's), or, with given NULL, one
+   of a loopback of the strategy's own (none with one replica), as the
+   rank group makes them. */
+static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s, const dsgd_transport_i *given) {
     dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)s->n,
                                                             "dsgd_strategy_create");
     dsgd_result r;
     int i;
     if (!eps) return DSGD_ERR_OUT_OF_MEMORY;
-    r = dsgd__group_endpoints(s->ctx, s->d.endpoints, s->n, &s->hub, eps);
+    r = dsgd__group_endpoints(s->ctx, given, s->n, &s->hub, eps);
     for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = eps[i];
     DSGD_FREE(eps);
     return r;
@@ -16492,7 +16501,7 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                       "%s: %s needs the endpoints of the group across the workers "
                                       "(dsgd_strategy_desc.endpoints)", what, s->ops->name);
-        return dsgd__strategy_endpoints(s);
+        return dsgd__strategy_endpoints(s, NULL);
     }
     s->first = ep[0].rank;
     s->world = ep[0].size;
@@ -16513,7 +16522,7 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
                                       t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
                                       s->first + i, s->world);
     }
-    return dsgd__strategy_endpoints(s);
+    return dsgd__strategy_endpoints(s, ep);
 }
 
 /* Replica i's context, backend and model (a member of the rank group,
@@ -17794,9 +17803,14 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
      others cannot know (all here: the step does nothing, as mirrored).
      Over simnet, give the strategy the hub's endpoints (created with
      park_between_calls, as for every strategy): every rank makes each of
-     its calls from its own thread (a replica's first pull in its first
-     step, its goodbye in a last job at destroy; a server serves on its
-     thread) and then leaves the simulation (the endpoint's leave).
+     its calls from its own thread (a replica's pulls and pushes in its
+     steps, its goodbye in a last job at destroy; a server serves on its
+     thread) and then leaves the simulation (the endpoint's leave). A
+     replica starts from the initial parameters its model holds, as a
+     pull at version 0 would give, without asking the servers: so every
+     replica's first push is tagged 0, even one that starts after the
+     others' step 0 is applied (BACKUP then drops it instead of opening a
+     step nobody else joins).
 
      SYNC gives, step for step, the bits of the cluster coordinator's SYNC
      run fed the same shards: the same pull, gradient and push. After a
@@ -17845,10 +17859,11 @@ typedef struct dsgd__psk {
     dsgd_loopback *hub;         /* the engine's transport when the strategy makes its own */
     dsgd_transport_i *eps;      /* [servers + N]: this process's engine endpoints, servers first */
     int servers_here;           /* servers of this process (all P with its own transport) */
+    int eps_here;               /* eps's count: servers_here + N */
     dsgd__psk_server *servers;  /* [servers_here] */
     dsgd_ps_worker **workers;   /* [N]: replica i's engine worker */
     float **buf;                /* [N]: the flat parameters, then the gradient */
-    int *pulled, *finished;     /* [N]: replica i's first pull made; its goodbye said */
+    int *pulled, *finished;     /* [N]: replica i started (dsgd__ps_worker_start_at_initial); its goodbye said */
     int failed;                 /* atomic: a replica failed, the transport was aborted */
     size_t p;
 } dsgd__psk;
@@ -17909,8 +17924,7 @@ static dsgd_ps_desc dsgd__psk_desc(const dsgd_strategy *s, int W) {
 static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
     const dsgd_transport_i *ep = s->d.endpoints;
-    int P = s->d.ps.num_servers, here = s->n, i, W, servers_here = 0;
-    dsgd_transport_i *reps_ep;
+    int P = s->d.ps.num_servers, here = s->n, W, servers_here = 0;
     dsgd__psk *k = (dsgd__psk *)dsgd__alloc(s->ctx, sizeof(*k), what);
     dsgd_result r;
     if (!k) return DSGD_ERR_OUT_OF_MEMORY;
@@ -17930,15 +17944,13 @@ static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
     s->shard_count = W;
     k->servers_here = servers_here;
     k->pd = dsgd__psk_desc(s, W);
-    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(servers_here + s->n), what);
-    reps_ep = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)(s->n ? s->n : 1), what);
-    r = k->eps && reps_ep ? DSGD_OK : DSGD_ERR_OUT_OF_MEMORY;
-    if (r == DSGD_OK && ep) memcpy(k->eps, ep, sizeof(dsgd_transport_i) * (size_t)here);
-    if (r == DSGD_OK && !ep) r = dsgd__group_endpoints(s->ctx, NULL, P + s->n, &k->hub, k->eps);
-    if (r == DSGD_OK && s->n) r = dsgd__group_endpoints(s->ctx, NULL, s->n, &s->hub, reps_ep);
-    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = reps_ep[i];
-    DSGD_FREE(reps_ep);
-    return r;
+    k->eps_here = servers_here + s->n;
+    k->eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)k->eps_here, what);
+    if (!k->eps) return DSGD_ERR_OUT_OF_MEMORY;
+    /* the engine's: the given ones (here of them), or a loopback of P + N */
+    r = dsgd__group_endpoints(s->ctx, ep, k->eps_here, &k->hub, k->eps);
+    /* the replicas' own collectives: a loopback of this process's replicas */
+    return r == DSGD_OK && s->n ? dsgd__strategy_endpoints(s, NULL) : r;
 }
 
 static void *dsgd__psk_server_main(void *arg) {
@@ -17957,7 +17969,7 @@ static void dsgd__psk_abort(dsgd__psk *k) {
         dsgd_loopback_abort(k->hub);
         return;
     }
-    for (i = 0; i < k->servers_here + k->pd.num_workers && k->eps; ++i)
+    for (i = 0; i < k->eps_here && k->eps; ++i)
         if (k->eps[i].abort) {
             k->eps[i].abort(k->eps[i].impl);
             return;
@@ -18100,13 +18112,8 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     r->skipped = 0;
     r->lr = dsgd_optimizer_lr(r->opt);
     res = DSGD_OK;
-    if (!k->pulled[r->local]) { /* the first pull (a pull before each push), on the replica's thread */
-        res = dsgd_ps_worker_pull(w, buf);
-        if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, buf, k->p);
-        if (res != DSGD_OK) {
-            dsgd__psk_abort(k);
-            return res;
-        }
+    if (!k->pulled[r->local]) { /* the model holds the initial parameters, version 0 on every server */
+        dsgd__ps_worker_start_at_initial(w);
         k->pulled[r->local] = 1;
     }
     res = dsgd__step_batch(r, a, &b, &r->global);
