@@ -722,6 +722,24 @@ DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *
 
 static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return s->holds ? dsgd__opt_state_slots(&s->opt) : 0; }
 
+/* The server's parameters (k = 0) or its optimizer's slot k - 1 into
+   their ranges of full, outside serve; DSGD_ERR_UNSUPPORTED when it holds
+   none (ON_WORKERS, or no such slot). A parameter-server strategy reads
+   them into the file of its checkpoint. */
+static dsgd_result dsgd__ps_server_read_state(const dsgd_ps_server *s, int k, float *full) {
+    float *packed;
+    dsgd_result r;
+    if (!s->holds || k < 0 || k > dsgd__ps_server_slots(s)) return DSGD_ERR_UNSUPPORTED;
+    if (!(packed = (float *)dsgd__alloc(s->ctx, sizeof(float) * (s->n ? s->n : 1), "reading a server's state")))
+        return DSGD_ERR_OUT_OF_MEMORY;
+    r = s->n ? s->be.read(s->be.impl, k == 0 ? dsgd__ref(s->params, DSGD__PS_H) : dsgd__ref(s->opt.slot[k - 1], 0),
+                          packed, s->n)
+             : DSGD_OK;
+    if (r == DSGD_OK) dsgd__ps_scatter(s->map, s->index, packed, full);
+    DSGD_FREE(packed);
+    return r;
+}
+
 /* What the server's checkpoint must match (ps_checkpoint.h). */
 static dsgd__ps_server_shape dsgd__ps_server_shape_of(const dsgd_ps_server *s) {
     dsgd__ps_server_shape sh;

@@ -822,6 +822,29 @@ static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
     return !w->holds ? dsgd__opt_state_slots(&w->opt[0]) : 0;
 }
 
+/* ON_WORKERS: the worker's copy (k = 0) or its optimizer's slot k - 1
+   into their ranges of full; DSGD_ERR_UNSUPPORTED when the servers hold
+   them (or no such slot). A parameter-server strategy reads them into the
+   file of its checkpoint. */
+static dsgd_result dsgd__ps_worker_read_state(const dsgd_ps_worker *w, int k, float *full) {
+    float *packed;
+    dsgd_result r = DSGD_OK;
+    size_t most = 1;
+    int s;
+    if (w->holds || k < 0 || k > dsgd__ps_worker_slots(w)) return DSGD_ERR_UNSUPPORTED;
+    for (s = 0; s < w->P; ++s)
+        if (w->n[s] > most) most = w->n[s];
+    if (!(packed = (float *)dsgd__alloc(w->ctx, sizeof(float) * most, "reading a worker's state")))
+        return DSGD_ERR_OUT_OF_MEMORY;
+    for (s = 0; s < w->P && r == DSGD_OK; ++s) {
+        if (w->n[s] && (r = w->be.read(w->be.impl, dsgd__ref(dsgd__ps_worker_copy_buf(w, k, s), 0), packed, w->n[s])) != DSGD_OK)
+            break;
+        dsgd__ps_scatter(w->map, s, packed, full);
+    }
+    DSGD_FREE(packed);
+    return r;
+}
+
 /* The worker's floats over every server. */
 static size_t dsgd__ps_worker_floats(const dsgd_ps_worker *w) {
     size_t total = 0;

@@ -534,9 +534,6 @@ typedef struct dsgd__strategy_ops {
     /* non-zero: the replicas may be part of a larger group (the endpoints'
        size), spread over processes (MULTI-WORKER above) */
     int multi_worker;
-    /* NULL: dsgd_strategy_save and _restore work; else why they are
-       DSGD_ERR_UNSUPPORTED for this kind */
-    const char *no_checkpoint;
     /* the kind places its replicas on desc.endpoints itself (s->n,
        s->world, s->first, the shards, each replica's ep; it may leave no
        replica at all); NULL: the common rule (dsgd__strategy_transport) */
@@ -544,6 +541,18 @@ typedef struct dsgd__strategy_ops {
     /* at destroy, while the replicas' threads still run (it may dispatch a
        last job), unless the strategy failed; may be NULL */
     void (*stop)(dsgd_strategy *s);
+    /* the kind's own state beside the checkpoint's file (strategy_checkpoint.h),
+       NULL: the file holds it all. save: on every process before the file
+       is written (it may bring the state into replica 0's model and
+       optimizer) and setting *writes to 0 where this process writes no
+       file; restore: phase 0 once the file's checks passed (check and
+       stage the kind's own state against the file's step, -1 where no
+       file was read, touching nothing), 1 after the file was applied (put
+       the staged state in place), -1 to drop what phase 0 staged. With
+       these a process may hold no replica (s->n == 0): it then reads and
+       writes only the kind's own state. */
+    dsgd_result (*save)(dsgd_strategy *s, const char *path, int *writes);
+    dsgd_result (*restore)(dsgd_strategy *s, const char *path, int phase, int64_t step);
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
@@ -686,6 +695,15 @@ static dsgd_result dsgd__strategy_usable(dsgd_strategy *s, const char *what) {
                               what, (long long)s->fail_step, s->fail_in, s->fail_msg);
 }
 
+/* Marks the strategy failed at step in `what` with msg: every later call
+   but destroy is refused (dsgd__strategy_usable). */
+static void dsgd__strategy_fail(dsgd_strategy *s, int64_t step, const char *what, const char *msg) {
+    s->failed = 1;
+    s->fail_step = step;
+    s->fail_in = what;
+    snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", msg);
+}
+
 /* Runs fn on all replicas and reports the failure that explains most, the
    lowest replica among equals. A failure that no job marked clean fails the
    strategy. */
@@ -715,12 +733,7 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
     if (pick < 0) return DSGD_OK;
     for (i = 0; i < s->n; ++i)
         if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed)) clean = 0;
-    if (!clean) {
-        s->failed = 1;
-        s->fail_step = step;
-        s->fail_in = what;
-        snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", s->reps[pick].msg);
-    }
+    if (!clean) dsgd__strategy_fail(s, step, what, s->reps[pick].msg);
     return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", s->reps[pick].msg);
 }
 

@@ -167,7 +167,7 @@ static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__ce
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
-    dsgd__central_state, 0, NULL, NULL, NULL,
+    dsgd__central_state, 0, NULL, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */

@@ -59,8 +59,8 @@ extern "C" {
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
    replica's backend error; across workers also a collective's error
    (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...), and another worker's error,
-   named; DSGD_ERR_UNSUPPORTED for DSGD_STRATEGY_PARAMETER_SERVER (the
-   servers hold the state). path is then unchanged.
+   named. path is then unchanged. DSGD_STRATEGY_PARAMETER_SERVER also
+   writes each rank's file beside path (A CHECKPOINT in strategy_ps.h).
    Across workers every worker calls it (see above).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
@@ -73,8 +73,9 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
    the message names it); across workers also a collective's error and
-   another worker's error, named; DSGD_ERR_UNSUPPORTED (as save); after any
-   of these nothing was touched. A
+   another worker's error, named; after any of these nothing was touched.
+   DSGD_STRATEGY_PARAMETER_SERVER also restores each rank's file (another
+   kind's checkpoint has none: DSGD_ERR_IO names the missing file). A
    replica's backend failing while the checked state is written leaves
    the replicas different: the strategy has then failed.
    Across workers every worker calls it (see above).
@@ -91,6 +92,13 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
 #define DSGD__PART_STRATEGY_CHECKPOINT_IMPL
 
 /* >>strategy_checkpoint ----------------------------------------------------- */
+
+/* A strategy that can save and restore: usable, or a kind keeping its
+   own state in a process that holds no replica. */
+static dsgd_result dsgd__strategy_ck_usable(dsgd_strategy *s, const char *what) {
+    if (s->n == 0 && s->ops->save && s->ops->restore && !s->failed) return DSGD_OK;
+    return dsgd__strategy_usable(s, what);
+}
 
 /* The optimizer holding the one copy of the state (and, through it, its model). */
 static dsgd_optimizer *dsgd__strategy_state_opt(dsgd_strategy *s) {
@@ -283,11 +291,12 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->ops->no_checkpoint)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: not for %s yet: %s", what, s->ops->name,
-                                  s->ops->no_checkpoint);
+    if ((r = dsgd__strategy_ck_usable(s, what)) != DSGD_OK) return r;
     r = dsgd__ck_check_args(s->ctx, what, path, extra);
+    if (s->ops->save) { /* the kind's own state first; maybe no file here */
+        int writes = 1;
+        if (r != DSGD_OK || (r = s->ops->save(s, path, &writes)) != DSGD_OK || !writes) return r;
+    }
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
@@ -446,15 +455,15 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
     }
     if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
+    if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 0, st.opt.t); /* the kind's own: checked, staged */
     if (r == DSGD_OK) { /* everything checked (on every worker): now write */
         if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
-            s->failed = 1;
-            s->fail_step = st.opt.t;
-            s->fail_in = what;
-            snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
+            if (s->ops->restore) s->ops->restore(s, path, -1, -1);
+            dsgd__strategy_fail(s, st.opt.t, what, dsgd_ctx_last_error(s->ctx));
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
             dsgd__ck_apply_extra(f, extra, &st.pos);
+            if (s->ops->restore) r = s->ops->restore(s, path, 1, -1);
         }
     }
     DSGD_FREE(found);
@@ -467,12 +476,12 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd__ck_file f;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->ops->no_checkpoint)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: not for %s yet: %s", what, s->ops->name,
-                                  s->ops->no_checkpoint);
+    if ((r = dsgd__strategy_ck_usable(s, what)) != DSGD_OK) return r;
     memset(&f, 0, sizeof(f));
-    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) == DSGD_OK) r = dsgd__ck_open(&f, s->ctx, what, path);
+    r = dsgd__ck_check_args(s->ctx, what, path, extra);
+    if (s->n == 0) /* no replica here: the kind's own state only */
+        return r != DSGD_OK || (r = s->ops->restore(s, path, 0, -1)) != DSGD_OK ? r : s->ops->restore(s, path, 1, -1);
+    if (r == DSGD_OK) r = dsgd__ck_open(&f, s->ctx, what, path);
     if (r == DSGD_OK || s->world > s->n) r = dsgd__strategy_restore_from(s, &f, r, extra, what, path);
     dsgd__ck_close(&f);
     return r;

@@ -291,13 +291,13 @@ static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_d
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL, NULL, NULL,
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
-    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL, NULL, NULL,
+    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */

@@ -12760,6 +12760,24 @@ DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *
 
 static int dsgd__ps_server_slots(const dsgd_ps_server *s) { return s->holds ? dsgd__opt_state_slots(&s->opt) : 0; }
 
+/* The server's parameters (k = 0) or its optimizer's slot k - 1 into
+   their ranges of full, outside serve; DSGD_ERR_UNSUPPORTED when it holds
+   none (ON_WORKERS, or no such slot). A parameter-server strategy reads
+   them into the file of its checkpoint. */
+static dsgd_result dsgd__ps_server_read_state(const dsgd_ps_server *s, int k, float *full) {
+    float *packed;
+    dsgd_result r;
+    if (!s->holds || k < 0 || k > dsgd__ps_server_slots(s)) return DSGD_ERR_UNSUPPORTED;
+    if (!(packed = (float *)dsgd__alloc(s->ctx, sizeof(float) * (s->n ? s->n : 1), "reading a server's state")))
+        return DSGD_ERR_OUT_OF_MEMORY;
+    r = s->n ? s->be.read(s->be.impl, k == 0 ? dsgd__ref(s->params, DSGD__PS_H) : dsgd__ref(s->opt.slot[k - 1], 0),
+                          packed, s->n)
+             : DSGD_OK;
+    if (r == DSGD_OK) dsgd__ps_scatter(s->map, s->index, packed, full);
+    DSGD_FREE(packed);
+    return r;
+}
+
 /* What the server's checkpoint must match (ps_checkpoint.h). */
 static dsgd__ps_server_shape dsgd__ps_server_shape_of(const dsgd_ps_server *s) {
     dsgd__ps_server_shape sh;
@@ -13811,6 +13829,29 @@ static dsgd_buffer *dsgd__ps_worker_copy_buf(const dsgd_ps_worker *w, int k, int
 
 static int dsgd__ps_worker_slots(const dsgd_ps_worker *w) {
     return !w->holds ? dsgd__opt_state_slots(&w->opt[0]) : 0;
+}
+
+/* ON_WORKERS: the worker's copy (k = 0) or its optimizer's slot k - 1
+   into their ranges of full; DSGD_ERR_UNSUPPORTED when the servers hold
+   them (or no such slot). A parameter-server strategy reads them into the
+   file of its checkpoint. */
+static dsgd_result dsgd__ps_worker_read_state(const dsgd_ps_worker *w, int k, float *full) {
+    float *packed;
+    dsgd_result r = DSGD_OK;
+    size_t most = 1;
+    int s;
+    if (w->holds || k < 0 || k > dsgd__ps_worker_slots(w)) return DSGD_ERR_UNSUPPORTED;
+    for (s = 0; s < w->P; ++s)
+        if (w->n[s] > most) most = w->n[s];
+    if (!(packed = (float *)dsgd__alloc(w->ctx, sizeof(float) * most, "reading a worker's state")))
+        return DSGD_ERR_OUT_OF_MEMORY;
+    for (s = 0; s < w->P && r == DSGD_OK; ++s) {
+        if (w->n[s] && (r = w->be.read(w->be.impl, dsgd__ref(dsgd__ps_worker_copy_buf(w, k, s), 0), packed, w->n[s])) != DSGD_OK)
+            break;
+        dsgd__ps_scatter(w->map, s, packed, full);
+    }
+    DSGD_FREE(packed);
+    return r;
 }
 
 /* The worker's floats over every server. */
@@ -16179,9 +16220,6 @@ typedef struct dsgd__strategy_ops {
     /* non-zero: the replicas may be part of a larger group (the endpoints'
        size), spread over processes (MULTI-WORKER above) */
     int multi_worker;
-    /* NULL: dsgd_strategy_save and _restore work; else why they are
-       DSGD_ERR_UNSUPPORTED for this kind */
-    const char *no_checkpoint;
     /* the kind places its replicas on desc.endpoints itself (s->n,
        s->world, s->first, the shards, each replica's ep; it may leave no
        replica at all); NULL: the common rule (dsgd__strategy_transport) */
@@ -16189,6 +16227,18 @@ typedef struct dsgd__strategy_ops {
     /* at destroy, while the replicas' threads still run (it may dispatch a
        last job), unless the strategy failed; may be NULL */
     void (*stop)(dsgd_strategy *s);
+    /* the kind's own state beside the checkpoint's file (strategy_checkpoint.h),
+       NULL: the file holds it all. save: on every process before the file
+       is written (it may bring the state into replica 0's model and
+       optimizer) and setting *writes to 0 where this process writes no
+       file; restore: phase 0 once the file's checks passed (check and
+       stage the kind's own state against the file's step, -1 where no
+       file was read, touching nothing), 1 after the file was applied (put
+       the staged state in place), -1 to drop what phase 0 staged. With
+       these a process may hold no replica (s->n == 0): it then reads and
+       writes only the kind's own state. */
+    dsgd_result (*save)(dsgd_strategy *s, const char *path, int *writes);
+    dsgd_result (*restore)(dsgd_strategy *s, const char *path, int phase, int64_t step);
 } dsgd__strategy_ops;
 
 /* The argument of a kind's step: the global batch. */
@@ -16331,6 +16381,15 @@ static dsgd_result dsgd__strategy_usable(dsgd_strategy *s, const char *what) {
                               what, (long long)s->fail_step, s->fail_in, s->fail_msg);
 }
 
+/* Marks the strategy failed at step in `what` with msg: every later call
+   but destroy is refused (dsgd__strategy_usable). */
+static void dsgd__strategy_fail(dsgd_strategy *s, int64_t step, const char *what, const char *msg) {
+    s->failed = 1;
+    s->fail_step = step;
+    s->fail_in = what;
+    snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", msg);
+}
+
 /* Runs fn on all replicas and reports the failure that explains most, the
    lowest replica among equals. A failure that no job marked clean fails the
    strategy. */
@@ -16360,12 +16419,7 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
     if (pick < 0) return DSGD_OK;
     for (i = 0; i < s->n; ++i)
         if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed)) clean = 0;
-    if (!clean) {
-        s->failed = 1;
-        s->fail_step = step;
-        s->fail_in = what;
-        snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", s->reps[pick].msg);
-    }
+    if (!clean) dsgd__strategy_fail(s, step, what, s->reps[pick].msg);
     return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", s->reps[pick].msg);
 }
 
@@ -17566,13 +17620,13 @@ static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_d
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL, NULL, NULL,
+    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
-    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL, NULL, NULL,
+    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */
@@ -17746,7 +17800,7 @@ static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__ce
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
-    dsgd__central_state, 0, NULL, NULL, NULL,
+    dsgd__central_state, 0, NULL, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */
@@ -17828,10 +17882,48 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
      ERROR the step fails; any failure of a replica stops the servers and
      the other workers at once (the transport is aborted) and fails the
      strategy, since the others may have pushed. The gradients go through
-     the host (gradient_path DEVICE is refused). A checkpoint
-     (dsgd_strategy_save, _restore) is DSGD_ERR_UNSUPPORTED: the servers
-     hold the state. Distributed variables and the metrics behave as under
-     mirrored.
+     the host (gradient_path DEVICE is refused). Distributed variables and
+     the metrics behave as under mirrored.
+
+     A CHECKPOINT. dsgd_strategy_save(s, path, extra) and _restore are
+     collectives of every process of the group, servers-only ones too
+     (each passes the same path, which every process must reach: one
+     machine or a shared file system), between steps. A save brings the
+     engine to rest (each worker finishes, each server returns once every
+     worker of the group did), then writes:
+       path                 the strategy's file, as every kind writes it
+                            (strategy_checkpoint.h), by the process of
+                            worker 0: replica 0's parameters and the
+                            global step, its metrics, the variables, the
+                            extra; its optimizer's slots are the servers'
+                            (or, ON_WORKERS, worker 0's copy's) where that
+                            process holds every server (always with the
+                            strategy's own transport), else the replica's
+                            own, which parameter servers leave at zero;
+       path.ps-server-I     server I's engine file (ps_checkpoint.h), by
+                            the process holding it;
+       path.ps-worker-W     worker W's.
+     It then goes on from those files, as their restore would: new servers
+     and workers, each restored from its file, replace the running ones.
+     So a save leaves a SYNC run on the bits of one never saved, and a new
+     strategy of the same desc (servers, workers, policy, apply, optimizer
+     kind, model), restored from the files, trains the same bits; the
+     parameters alone (and, with every server here, the optimizer's state)
+     also restore into a model (dsgd_model_restore) or another kind. A
+     restore reads its ranks' files into new servers and workers before it
+     touches anything: a missing or damaged file (DSGD_ERR_IO,
+     DSGD_ERR_FORMAT), one of another desc or rank (DSGD_ERR_SHAPE), or
+     files of two saves, told apart by worker 0's step against the
+     strategy's file's (DSGD_ERR_SHAPE), leave the strategy as it was.
+     Each server, its serve over, tells every worker so, and a worker
+     waits for the word of every server before it goes on, so none of its
+     messages reaches a server still ending its last serve in another
+     process. A save first
+     checks that a file can be made beside path (DSGD_ERR_IO, nothing
+     stopped); an error after the engine came to rest (a rank's file that
+     cannot be written, a rank failing) fails the strategy. Across
+     processes each returns its own result; a process that fails leaves
+     the others waiting for its ranks until their deadline.
 
      This part declares nothing public but its desc (in strategy.h); the
      kind is chosen with DSGD_STRATEGY_PARAMETER_SERVER.
@@ -17846,22 +17938,35 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
 typedef struct dsgd__psk_server {
     dsgd__member m;
     dsgd_ps_server *srv;
+    dsgd_ps_server *next; /* staged by a restore (dsgd__psk_stage) */
     dsgd_transport_i ep;
-    int index;          /* among the P servers */
+    int index;            /* among the P servers */
     pthread_t thread;
     int started;
-    dsgd_result result; /* of serve */
+    struct dsgd__psk *k;
+    /* under k->mu: close, a checkpoint asks it to tell the workers when its
+       serve is over; served, serve returned with result (and the workers
+       were told); go, 1 serve srv again (a checkpoint replaced it), -1
+       leave and end the thread */
+    int close, served, go;
+    dsgd_result result;
 } dsgd__psk_server;
 
 typedef struct dsgd__psk {
     dsgd_ps_desc pd;
     dsgd_shard_map *map;
+    float *init;                /* the initial parameters (a new server's before its restore) */
+    pthread_mutex_t mu;         /* the servers' served and go */
+    pthread_cond_t cv;
+    int sync_made;
     dsgd_loopback *hub;         /* the engine's transport when the strategy makes its own */
     dsgd_transport_i *eps;      /* [servers + N]: this process's engine endpoints, servers first */
     int servers_here;           /* servers of this process (all P with its own transport) */
     int eps_here;               /* eps's count: servers_here + N */
     dsgd__psk_server *servers;  /* [servers_here] */
     dsgd_ps_worker **workers;   /* [N]: replica i's engine worker */
+    dsgd_ps_worker **next;      /* [N]: staged by a restore */
+    int quiet;                  /* every worker here finished and every server here returned (a checkpoint) */
     float **buf;                /* [N]: the flat parameters, then the gradient */
     int *pulled, *finished;     /* [N]: replica i started (dsgd__ps_worker_start_at_initial); its goodbye said */
     int failed;                 /* atomic: a replica failed, the transport was aborted */
@@ -17953,11 +18058,64 @@ static dsgd_result dsgd__psk_layout(dsgd_strategy *s) {
     return r == DSGD_OK && s->n ? dsgd__strategy_endpoints(s, NULL) : r;
 }
 
+/* A checkpoint's quiet (dsgd__psk_quiesce): a worker may send again only
+   once every server's serve has ended, or its next message could reach a
+   server still waiting, in that serve, for another process's workers to
+   finish. So each server, its serve over, tells every worker so, and each
+   worker, finished, waits for the word of every server. (Over simnet this
+   also keeps the workers in the hub, not parked, while the servers
+   collect their goodbyes.) */
+#define DSGD__PSK_TAG_CLOSED DSGD_PS_TAG(15, 0) /* no engine message has type 15 */
+
+static void dsgd__psk_tell_closed(dsgd__psk *k, const dsgd__psk_server *sv) {
+    uint64_t word = (uint64_t)sv->index;
+    int w;
+    for (w = 0; w < k->pd.num_workers; ++w)
+        if (sv->ep.send(sv->ep.impl, k->pd.num_servers + w, DSGD__PSK_TAG_CLOSED, &word, sizeof word,
+                        dsgd__ps_now(&sv->ep) + k->pd.timeout_s) != DSGD_OK)
+            return; /* the worker's wait then fails, naming the server */
+}
+
+/* A server's thread: serves until every worker finished, then waits to
+   serve again (a checkpoint replaced its server) or to end. */
 static void *dsgd__psk_server_main(void *arg) {
     dsgd__psk_server *sv = (dsgd__psk_server *)arg;
-    sv->result = dsgd_ps_server_serve(sv->srv);
+    dsgd__psk *k = sv->k;
+    int go = 0;
+    for (;;) {
+        dsgd_result r = dsgd_ps_server_serve(sv->srv);
+        pthread_mutex_lock(&k->mu);
+        sv->result = r;
+        while (!sv->go && !sv->close) pthread_cond_wait(&k->cv, &k->mu);
+        if (sv->close) { /* a checkpoint: every worker learns this serve is over */
+            sv->close = 0;
+            pthread_mutex_unlock(&k->mu);
+            dsgd__psk_tell_closed(k, sv);
+            pthread_mutex_lock(&k->mu);
+        }
+        sv->served = 1;
+        pthread_cond_broadcast(&k->cv);
+        while (!sv->go) pthread_cond_wait(&k->cv, &k->mu);
+        go = sv->go;
+        sv->go = 0;
+        sv->served = 0;
+        pthread_cond_broadcast(&k->cv); /* a go -1 may wait for this go 1 to be taken */
+        pthread_mutex_unlock(&k->mu);
+        if (go < 0) break;
+    }
     if (sv->ep.leave) sv->ep.leave(sv->ep.impl); /* done with the group, on the rank's thread */
     return NULL;
+}
+
+/* Tells server sv's thread to serve again (go 1) or to end (-1), the end
+   after it took a word to serve again (a destroy right after a checkpoint
+   must not keep it from serving the other processes' workers). */
+static void dsgd__psk_server_go(dsgd__psk *k, dsgd__psk_server *sv, int go) {
+    pthread_mutex_lock(&k->mu);
+    while (sv->go > 0) pthread_cond_wait(&k->cv, &k->mu);
+    sv->go = go;
+    pthread_cond_broadcast(&k->cv);
+    pthread_mutex_unlock(&k->mu);
 }
 
 /* Stops every rank at once (a failed replica; teardown after a failure):
@@ -17986,17 +18144,28 @@ static void dsgd__psk_teardown(dsgd_strategy *s) {
     for (i = 0; k->workers && i < s->n; ++i)
         if (!k->finished || !k->finished[i]) dsgd__psk_abort(k);
     for (i = 0; k->servers && i < k->servers_here; ++i)
-        if (k->servers[i].started) pthread_join(k->servers[i].thread, NULL);
+        if (k->servers[i].started) {
+            dsgd__psk_server_go(k, &k->servers[i], -1);
+            pthread_join(k->servers[i].thread, NULL);
+        }
     for (i = 0; k->servers && i < k->servers_here; ++i) {
         dsgd_ps_server_destroy(k->servers[i].srv);
+        dsgd_ps_server_destroy(k->servers[i].next);
         dsgd__member_destroy(&k->servers[i].m);
     }
     for (i = 0; k->workers && i < s->n; ++i) dsgd_ps_worker_destroy(k->workers[i]);
+    for (i = 0; k->next && i < s->n; ++i) dsgd_ps_worker_destroy(k->next[i]);
     for (i = 0; k->buf && i < s->n; ++i) DSGD_FREE(k->buf[i]);
     if (k->hub) dsgd_loopback_destroy(k->hub);
     dsgd_shard_map_destroy(k->map);
     DSGD_FREE(k->servers);
     DSGD_FREE(k->workers);
+    DSGD_FREE(k->next);
+    DSGD_FREE(k->init);
+    if (k->sync_made) {
+        pthread_mutex_destroy(&k->mu);
+        pthread_cond_destroy(&k->cv);
+    }
     DSGD_FREE(k->buf);
     DSGD_FREE(k->pulled);
     DSGD_FREE(k->finished);
@@ -18011,23 +18180,31 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
     dsgd__psk *k = (dsgd__psk *)s->kind_data;
     dsgd__member_desc md;
-    float *init = NULL;
     int i, here = k->servers_here, N = s->n;
     dsgd_result r;
+    if (pthread_mutex_init(&k->mu, NULL) != 0) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: mutex", what);
+    if (pthread_cond_init(&k->cv, NULL) != 0) {
+        pthread_mutex_destroy(&k->mu);
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: condition variable", what);
+    }
+    k->sync_made = 1;
     k->servers = (dsgd__psk_server *)dsgd__alloc(s->ctx, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1), what);
     k->workers = (dsgd_ps_worker **)dsgd__alloc(s->ctx, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1), what);
+    k->next = (dsgd_ps_worker **)dsgd__alloc(s->ctx, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1), what);
     k->buf = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)(N ? N : 1), what);
     k->pulled = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)(N ? N : 1), what);
     k->finished = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)(N ? N : 1), what);
-    if (!k->servers || !k->workers || !k->buf || !k->pulled || !k->finished) return DSGD_ERR_OUT_OF_MEMORY;
+    if (!k->servers || !k->workers || !k->next || !k->buf || !k->pulled || !k->finished) return DSGD_ERR_OUT_OF_MEMORY;
     memset(k->pulled, 0, sizeof(int) * (size_t)(N ? N : 1));
     memset(k->finished, 0, sizeof(int) * (size_t)(N ? N : 1));
     memset(k->servers, 0, sizeof(dsgd__psk_server) * (size_t)(here ? here : 1));
     memset(k->workers, 0, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1));
+    memset(k->next, 0, sizeof(dsgd_ps_worker *) * (size_t)(N ? N : 1));
     memset(k->buf, 0, sizeof(float *) * (size_t)(N ? N : 1));
     /* the map over the desc's variables and their initial values (this
        process may hold no replica) */
-    r = dsgd__shard_map_for_model(s->ctx, &s->d.model, k->pd.num_servers, &s->d.ps.partitioner, &init, &k->p, &k->map);
+    r = dsgd__shard_map_for_model(s->ctx, &s->d.model, k->pd.num_servers, &s->d.ps.partitioner, &k->init, &k->p,
+                                  &k->map);
     for (i = 0; i < N && r == DSGD_OK; ++i)
         if (!(k->buf[i] = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what)))
             r = DSGD_ERR_OUT_OF_MEMORY;
@@ -18037,17 +18214,18 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
         dsgd__psk_server *sv = &k->servers[i];
         sv->index = k->eps[i].rank;
         sv->ep = k->eps[i];
+        sv->k = k;
         if ((r = dsgd__member_create(s->ctx, &md, sv->index, &sv->m)) != DSGD_OK) break;
-        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, init, &sv->srv);
+        r = dsgd_ps_server_create(sv->m.ctx, &k->eps[i], &k->pd, k->map, k->init, &sv->srv);
         if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(sv->m.ctx));
     }
     for (i = 0; i < N && r == DSGD_OK; ++i) {
         dsgd_replica *rep = &s->reps[i];
         r = dsgd_ps_worker_create(rep->m.ctx, &k->eps[here + i], &k->pd, k->map, &k->workers[i]);
-        if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold) r = dsgd_ps_worker_set_params(k->workers[i], init);
+        if (r == DSGD_OK && !dsgd__ps_apply_of(&k->pd)->servers_hold)
+            r = dsgd_ps_worker_set_params(k->workers[i], k->init);
         if (r != DSGD_OK) dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(rep->m.ctx));
     }
-    DSGD_FREE(init);
     for (i = 0; i < here && r == DSGD_OK; ++i) {
         if (pthread_create(&k->servers[i].thread, NULL, dsgd__psk_server_main, &k->servers[i]) != 0)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start server %d's thread", what, i);
@@ -18056,12 +18234,28 @@ static dsgd_result dsgd__psk_setup(dsgd_strategy *s) {
     return r;
 }
 
+/* A replica's worker finishes and, for a checkpoint (user non-NULL), waits
+   for every server's word that its serve is over (it stays in the group). */
+static dsgd_result dsgd__psk_finish_job(dsgd_replica *r, void *user) {
+    dsgd__psk *k = (dsgd__psk *)r->s->kind_data;
+    const dsgd_transport_i *ep = &k->eps[k->servers_here + r->local];
+    dsgd_result res = dsgd_ps_worker_finish(k->workers[r->local]);
+    uint64_t word;
+    int sv;
+    for (sv = 0; user && sv < k->pd.num_servers && res == DSGD_OK; ++sv)
+        if ((res = ep->recv(ep->impl, sv, DSGD__PSK_TAG_CLOSED, &word, sizeof word,
+                            dsgd__ps_now(ep) + k->pd.timeout_s)) != DSGD_OK)
+            dsgd_ctx_set_error(r->m.ctx, res, "worker %d: server %d did not end its serve for the checkpoint: %s",
+                               ep->rank - k->pd.num_servers, sv, dsgd_result_string(res));
+    return res;
+}
+
 /* A replica's goodbye, on its own thread: the engine's finish, then the
    endpoint's leave (simnet: out of the simulation). */
 static dsgd_result dsgd__psk_finish(dsgd_replica *r, void *user) {
     dsgd__psk *k = (dsgd__psk *)r->s->kind_data;
-    dsgd_result res = dsgd_ps_worker_finish(k->workers[r->local]);
     const dsgd_transport_i *ep = &k->eps[k->servers_here + r->local];
+    dsgd_result res = dsgd__psk_finish_job(r, NULL);
     (void)user;
     if (res != DSGD_OK) return res;
     k->finished[r->local] = 1;
@@ -18136,9 +18330,210 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
     return res;
 }
 
+/* ---- checkpoints: each rank's engine file beside the strategy's (see A CHECKPOINT above) */
+
+/* The file of server or worker `index` beside path; NULL (recorded) on no memory. */
+static char *dsgd__psk_rank_path(dsgd_ctx *ctx, const char *path, int server, int index) {
+    size_t n = strlen(path) + 32;
+    char *p = (char *)dsgd__alloc(ctx, n, "a parameter-server checkpoint");
+    if (p) snprintf(p, n, "%s.ps-%s-%d", path, server ? "server" : "worker", index);
+    return p;
+}
+
+/* The strategy cannot go on (its workers finished, or a rank failed): it
+   fails, the transport stops the other ranks, and r is returned. */
+static dsgd_result dsgd__psk_broken(dsgd_strategy *s, const char *what, dsgd_result r) {
+    dsgd__psk_abort((dsgd__psk *)s->kind_data);
+    if (!s->failed)
+        dsgd__strategy_fail(s, s->n ? dsgd_optimizer_steps(s->reps[0].opt) : 0, what, dsgd_ctx_last_error(s->ctx));
+    return r;
+}
+
+/* Brings the engine to where its ranks may be saved or replaced: every
+   worker here finishes (it stays in the group: no leave), every server
+   returns from serve once every worker of the group, in every process,
+   finished, and tells every worker so; the workers here wait for that
+   word from every server, this thread for the servers here. */
+static dsgd_result dsgd__psk_quiesce(dsgd_strategy *s, const char *what) {
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    dsgd_result r;
+    int i;
+    if (k->quiet) return DSGD_OK;
+    pthread_mutex_lock(&k->mu);
+    for (i = 0; i < k->servers_here; ++i) k->servers[i].close = 1;
+    pthread_cond_broadcast(&k->cv);
+    pthread_mutex_unlock(&k->mu);
+    r = s->n ? dsgd__strategy_dispatch(s, dsgd__psk_finish_job, k, what) : DSGD_OK;
+    if (r != DSGD_OK) dsgd__psk_abort(k); /* the servers here then return at once */
+    pthread_mutex_lock(&k->mu);
+    for (i = 0; i < k->servers_here; ++i)
+        while (!k->servers[i].served) pthread_cond_wait(&k->cv, &k->mu);
+    pthread_mutex_unlock(&k->mu);
+    for (i = 0; i < k->servers_here && r == DSGD_OK; ++i)
+        if ((r = k->servers[i].result) != DSGD_OK)
+            dsgd_ctx_set_error(s->ctx, r, "%s: server %d: %s", what, k->servers[i].index,
+                               dsgd_ctx_last_error(k->servers[i].m.ctx));
+    k->quiet = r == DSGD_OK;
+    return r;
+}
+
+/* Replica 0 takes the state its file saves: the step worker 0 read, and
+   the parameters and the optimizer's slots where this process holds them
+   (every server here, or ON_WORKERS worker 0's copy); else it keeps the
+   parameters it pulled. */
+static dsgd_result dsgd__psk_state_here(dsgd_strategy *s, const char *what) {
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    dsgd_replica *r0 = &s->reps[0];
+    const dsgd_backend_i *be = &r0->m.be;
+    int holds = dsgd__ps_apply_of(&k->pd)->servers_hold, slots = dsgd_optimizer_num_slots(r0->opt), j, i;
+    float *full;
+    dsgd_result r = DSGD_OK;
+    dsgd__optimizer_set_steps(r0->opt, dsgd_ps_worker_global_step(k->workers[0]));
+    if (holds && k->servers_here < k->pd.num_servers) return DSGD_OK;
+    if (!(full = (float *)dsgd__alloc(s->ctx, sizeof(float) * (k->p ? k->p : 1), what))) return DSGD_ERR_OUT_OF_MEMORY;
+    for (j = 0; j <= slots && r == DSGD_OK; ++j) {
+        r = j == 0 ? dsgd_model_get_params(r0->m.model, full, k->p) : dsgd_optimizer_read_slot(r0->opt, j - 1, 0, k->p, full);
+        for (i = 0; holds && i < k->servers_here && r == DSGD_OK; ++i)
+            r = dsgd__ps_server_read_state(k->servers[i].srv, j, full);
+        if (r == DSGD_OK && !holds) r = dsgd__ps_worker_read_state(k->workers[0], j, full);
+        if (r == DSGD_OK)
+            r = j == 0 ? dsgd_model_set_params(r0->m.model, full, k->p)
+                       : be->write(be->impl, dsgd__optimizer_slot_ref(r0->opt, j - 1), full, k->p);
+    }
+    DSGD_FREE(full);
+    if (r != DSGD_OK && r != DSGD_ERR_OUT_OF_MEMORY)
+        dsgd_ctx_set_error(s->ctx, r, "%s: reading the servers' state: %s", what, dsgd_ctx_last_error(r0->m.ctx));
+    return r;
+}
+
+/* Drops what dsgd__psk_stage made. */
+static void dsgd__psk_drop(dsgd_strategy *s) {
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    int i;
+    for (i = 0; i < k->servers_here; ++i) {
+        dsgd_ps_server_destroy(k->servers[i].next);
+        k->servers[i].next = NULL;
+    }
+    for (i = 0; i < s->n; ++i) {
+        dsgd_ps_worker_destroy(k->next[i]);
+        k->next[i] = NULL;
+    }
+}
+
+/* A new server and worker for each rank here, restored from its file
+   beside path, the running ones untouched; step >= 0: worker 0's global
+   step must be the strategy file's. On an error none is kept. */
+static dsgd_result dsgd__psk_stage(dsgd_strategy *s, const char *path, int64_t step, const char *what) {
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    dsgd_result r = DSGD_OK;
+    dsgd_ctx *at = s->ctx;
+    char *name = NULL;
+    int i;
+    for (i = 0; i < k->servers_here + s->n && r == DSGD_OK; ++i) {
+        int server = i < k->servers_here, w = i - k->servers_here;
+        dsgd__psk_server *sv = server ? &k->servers[i] : NULL;
+        at = server ? sv->m.ctx : s->reps[w].m.ctx;
+        DSGD_FREE(name);
+        if (!(name = dsgd__psk_rank_path(s->ctx, path, server, server ? sv->index : s->shard_first + w))) {
+            r = DSGD_ERR_OUT_OF_MEMORY;
+            at = s->ctx;
+        } else if (server && (r = dsgd_ps_server_create(at, &sv->ep, &k->pd, k->map, k->init, &sv->next)) == DSGD_OK) {
+            r = dsgd_ps_server_restore(sv->next, name);
+        } else if (!server && (r = dsgd_ps_worker_create(at, &k->eps[i], &k->pd, k->map, &k->next[w])) == DSGD_OK) {
+            r = dsgd_ps_worker_restore(k->next[w], name);
+        }
+    }
+    if (r != DSGD_OK && at != s->ctx) dsgd_ctx_set_error(s->ctx, r, "%s: %s", what, dsgd_ctx_last_error(at));
+    if (r == DSGD_OK && step >= 0 && s->n && s->shard_first == 0 && dsgd_ps_worker_global_step(k->next[0]) != step)
+        r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_SHAPE,
+                               "%s: %s is of step %lld, %s of step %lld: files of two different saves (save every "
+                               "checkpoint to a new path)", what, path, (long long)step, name,
+                               (long long)dsgd_ps_worker_global_step(k->next[0]));
+    DSGD_FREE(name);
+    if (r != DSGD_OK) dsgd__psk_drop(s);
+    return r;
+}
+
+/* The staged ranks replace the running ones, which first finish. */
+static dsgd_result dsgd__psk_commit(dsgd_strategy *s, const char *what) {
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    dsgd_result r = dsgd__psk_quiesce(s, what);
+    int i;
+    if (r != DSGD_OK) {
+        dsgd__psk_drop(s);
+        return r;
+    }
+    for (i = 0; i < s->n; ++i) {
+        dsgd_ps_worker_destroy(k->workers[i]);
+        k->workers[i] = k->next[i];
+        k->next[i] = NULL;
+        k->finished[i] = k->pulled[i] = 0; /* starting: a no-op unless it never pulled */
+    }
+    for (i = 0; i < k->servers_here; ++i) {
+        dsgd_ps_server_destroy(k->servers[i].srv);
+        k->servers[i].srv = k->servers[i].next;
+        k->servers[i].next = NULL;
+    }
+    k->quiet = 0;
+    for (i = 0; i < k->servers_here; ++i) dsgd__psk_server_go(k, &k->servers[i], 1);
+    return DSGD_OK;
+}
+
+/* Fails early where no file can be made beside path (nothing stopped yet). */
+static dsgd_result dsgd__psk_can_write(dsgd_ctx *ctx, const char *path, const char *what) {
+    char *tmp = (char *)dsgd__alloc(ctx, strlen(path) + 16, what);
+    int fd;
+    if (!tmp) return DSGD_ERR_OUT_OF_MEMORY;
+    sprintf(tmp, "%s.ps-XXXXXX", path);
+    if ((fd = mkstemp(tmp)) < 0) {
+        dsgd_result r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot create a file beside it: %s; nothing "
+                                           "was saved", what, path, strerror(errno));
+        DSGD_FREE(tmp);
+        return r;
+    }
+    close(fd);
+    remove(tmp);
+    DSGD_FREE(tmp);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__psk_save(dsgd_strategy *s, const char *path, int *writes) {
+    const char *what = "dsgd_strategy_save";
+    dsgd__psk *k = (dsgd__psk *)s->kind_data;
+    dsgd_result r;
+    char *name = NULL;
+    int i;
+    *writes = s->n > 0 && s->shard_first == 0; /* the process of worker 0 writes the strategy's file */
+    if ((r = dsgd__psk_can_write(s->ctx, path, what)) != DSGD_OK) return r;
+    if ((r = dsgd__psk_quiesce(s, what)) == DSGD_OK && *writes) r = dsgd__psk_state_here(s, what);
+    for (i = 0; i < k->servers_here + s->n && r == DSGD_OK; ++i) {
+        int server = i < k->servers_here, w = i - k->servers_here;
+        DSGD_FREE(name);
+        if (!(name = dsgd__psk_rank_path(s->ctx, path, server, server ? k->servers[i].index : s->shard_first + w)))
+            r = DSGD_ERR_OUT_OF_MEMORY;
+        else if ((r = server ? dsgd_ps_server_save(k->servers[i].srv, name) : dsgd_ps_worker_save(k->workers[w], name)) !=
+                 DSGD_OK)
+            dsgd_ctx_set_error(s->ctx, r, "%s",
+                               dsgd_ctx_last_error(server ? k->servers[i].m.ctx : s->reps[w].m.ctx));
+    }
+    DSGD_FREE(name);
+    /* go on from the files just written, as their restore would */
+    if (r == DSGD_OK && (r = dsgd__psk_stage(s, path, -1, what)) == DSGD_OK) r = dsgd__psk_commit(s, what);
+    return r == DSGD_OK ? DSGD_OK : dsgd__psk_broken(s, what, r);
+}
+
+static dsgd_result dsgd__psk_restore(dsgd_strategy *s, const char *path, int phase, int64_t step) {
+    const char *what = "dsgd_strategy_restore";
+    dsgd_result r;
+    if (phase < 0) dsgd__psk_drop(s);
+    if (phase == 0) return dsgd__psk_stage(s, path, step, what);
+    if (phase <= 0) return DSGD_OK;
+    return (r = dsgd__psk_commit(s, what)) == DSGD_OK ? DSGD_OK : dsgd__psk_broken(s, what, r);
+}
+
 static const dsgd__strategy_ops dsgd__parameter_server_ops = {
     "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown, NULL, 0,
-    "the parameter servers hold the variables and the optimizer's state", dsgd__psk_layout, dsgd__psk_stop,
+    dsgd__psk_layout, dsgd__psk_stop, dsgd__psk_save, dsgd__psk_restore,
 };
 
 #endif /* DSGD__PART_STRATEGY_PS_IMPL */
@@ -18239,8 +18634,8 @@ extern "C" {
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
    replica's backend error; across workers also a collective's error
    (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...), and another worker's error,
-   named; DSGD_ERR_UNSUPPORTED for DSGD_STRATEGY_PARAMETER_SERVER (the
-   servers hold the state). path is then unchanged.
+   named. path is then unchanged. DSGD_STRATEGY_PARAMETER_SERVER also
+   writes each rank's file beside path (A CHECKPOINT in strategy_ps.h).
    Across workers every worker calls it (see above).
    Thread safety: the strategy's thread, outside dsgd_strategy_run. */
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra);
@@ -18253,8 +18648,9 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
    the message names it); across workers also a collective's error and
-   another worker's error, named; DSGD_ERR_UNSUPPORTED (as save); after any
-   of these nothing was touched. A
+   another worker's error, named; after any of these nothing was touched.
+   DSGD_STRATEGY_PARAMETER_SERVER also restores each rank's file (another
+   kind's checkpoint has none: DSGD_ERR_IO names the missing file). A
    replica's backend failing while the checked state is written leaves
    the replicas different: the strategy has then failed.
    Across workers every worker calls it (see above).
@@ -18271,6 +18667,13 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
 #define DSGD__PART_STRATEGY_CHECKPOINT_IMPL
 
 /* >>strategy_checkpoint ----------------------------------------------------- */
+
+/* A strategy that can save and restore: usable, or a kind keeping its
+   own state in a process that holds no replica. */
+static dsgd_result dsgd__strategy_ck_usable(dsgd_strategy *s, const char *what) {
+    if (s->n == 0 && s->ops->save && s->ops->restore && !s->failed) return DSGD_OK;
+    return dsgd__strategy_usable(s, what);
+}
 
 /* The optimizer holding the one copy of the state (and, through it, its model). */
 static dsgd_optimizer *dsgd__strategy_state_opt(dsgd_strategy *s) {
@@ -18463,11 +18866,12 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->ops->no_checkpoint)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: not for %s yet: %s", what, s->ops->name,
-                                  s->ops->no_checkpoint);
+    if ((r = dsgd__strategy_ck_usable(s, what)) != DSGD_OK) return r;
     r = dsgd__ck_check_args(s->ctx, what, path, extra);
+    if (s->ops->save) { /* the kind's own state first; maybe no file here */
+        int writes = 1;
+        if (r != DSGD_OK || (r = s->ops->save(s, path, &writes)) != DSGD_OK || !writes) return r;
+    }
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
@@ -18626,15 +19030,15 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
     }
     if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
+    if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 0, st.opt.t); /* the kind's own: checked, staged */
     if (r == DSGD_OK) { /* everything checked (on every worker): now write */
         if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
-            s->failed = 1;
-            s->fail_step = st.opt.t;
-            s->fail_in = what;
-            snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", dsgd_ctx_last_error(s->ctx));
+            if (s->ops->restore) s->ops->restore(s, path, -1, -1);
+            dsgd__strategy_fail(s, st.opt.t, what, dsgd_ctx_last_error(s->ctx));
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
             dsgd__ck_apply_extra(f, extra, &st.pos);
+            if (s->ops->restore) r = s->ops->restore(s, path, 1, -1);
         }
     }
     DSGD_FREE(found);
@@ -18647,12 +19051,12 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd__ck_file f;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd__strategy_usable(s, what)) != DSGD_OK) return r;
-    if (s->ops->no_checkpoint)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED, "%s: not for %s yet: %s", what, s->ops->name,
-                                  s->ops->no_checkpoint);
+    if ((r = dsgd__strategy_ck_usable(s, what)) != DSGD_OK) return r;
     memset(&f, 0, sizeof(f));
-    if ((r = dsgd__ck_check_args(s->ctx, what, path, extra)) == DSGD_OK) r = dsgd__ck_open(&f, s->ctx, what, path);
+    r = dsgd__ck_check_args(s->ctx, what, path, extra);
+    if (s->n == 0) /* no replica here: the kind's own state only */
+        return r != DSGD_OK || (r = s->ops->restore(s, path, 0, -1)) != DSGD_OK ? r : s->ops->restore(s, path, 1, -1);
+    if (r == DSGD_OK) r = dsgd__ck_open(&f, s->ctx, what, path);
     if (r == DSGD_OK || s->world > s->n) r = dsgd__strategy_restore_from(s, &f, r, extra, what, path);
     dsgd__ck_close(&f);
     return r;

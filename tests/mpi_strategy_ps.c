@@ -13,7 +13,10 @@
    destroy waits for the workers); each worker process then runs train()
    again with no endpoints (2 replicas and 2 servers on a loopback of the
    strategy's own) and checks that its replica's weights are bit for bit
-   those of the same replica there, and that they moved. Process 0 prints
+   those of the same replica there, and that they moved. Then again, with
+   every process saving at step STEPS / 2 (servers too: each rank writes
+   its file, worker 0's process the strategy's) and a new strategy over a
+   new transport restoring it and training on: the same bits. Process 0 prints
    "N passed, N failed" after an MPI_Allreduce of the counts. A watchdog
    (alarm) ends a process that hangs. */
 #define _POSIX_C_SOURCE 200809L
@@ -45,10 +48,11 @@ static void make_batches(float *xs, float *ys) {
 }
 
 /* The program: the strategy over eps (count endpoints of this process; NULL:
-   count replicas on its own transport), STEPS steps; each replica's weights
+   count replicas on its own transport), restored from `restore` if given,
+   steps [from, to), then saved to `save` if given; each replica's weights
    into out. Returns the replicas, or -1 after printing the error. */
-static int train(dsgd_ctx *ctx, const dsgd_transport_i *eps, int count, const float *xs, const float *ys,
-                 float (*out)[NPARAMS], int *refused) {
+static int train(dsgd_ctx *ctx, const dsgd_transport_i *eps, int count, const float *xs, const float *ys, int from,
+                 int to, const char *restore, const char *save, float (*out)[NPARAMS], int *refused) {
     dsgd_strategy_desc d;
     dsgd_strategy *s = NULL;
     dsgd_result r;
@@ -69,9 +73,10 @@ static int train(dsgd_ctx *ctx, const dsgd_transport_i *eps, int count, const fl
     d.ps.num_servers = SERVERS;
     d.ps.policy = DSGD_PS_SYNC;
     r = dsgd_strategy_create(ctx, &d, &s);
+    if (r == DSGD_OK && restore) r = dsgd_strategy_restore(s, restore, NULL); /* every process, servers too */
     if (r == DSGD_OK) {
         n = dsgd_strategy_num_replicas(s);
-        for (step = 0; step < STEPS && r == DSGD_OK; ++step) {
+        for (step = from; step < to && r == DSGD_OK; ++step) {
             r = dsgd_strategy_train_step(s, xs + (size_t)step * WORKERS * B * IN, ys + (size_t)step * WORKERS * B,
                                          WORKERS * B, NULL);
             if (n == 0) { /* only servers here */
@@ -79,6 +84,7 @@ static int train(dsgd_ctx *ctx, const dsgd_transport_i *eps, int count, const fl
                 r = DSGD_OK;
             }
         }
+        if (r == DSGD_OK && save) r = dsgd_strategy_save(s, save, NULL);
         for (i = 0; i < n && r == DSGD_OK; ++i) r = dsgd_model_get_params(dsgd_strategy_model(s, i), out[i], NPARAMS);
     }
     if (r != DSGD_OK) {
@@ -97,7 +103,8 @@ int main(int argc, char **argv) {
     dsgd_mpi_ps_role role;
     dsgd_mpi_desc md;
     dsgd_transport_i ep;
-    int provided = 0, rank = 0, size = 0, n, refused = DSGD_OK;
+    char dir[64] = "/tmp/dsgd_mpi_ps_XXXXXX", path[96], file[128];
+    int provided = 0, rank = 0, size = 0, n, n2, refused = DSGD_OK, run, i;
     (void)argc;
     (void)argv;
     signal(SIGALRM, on_alarm);
@@ -114,29 +121,56 @@ int main(int argc, char **argv) {
     if (dsgd_mpi_ps_role_create(ctx, MPI_COMM_WORLD, SERVERS, &role) != DSGD_OK) dsgd_mpi_abort(1);
     memset(&md, 0, sizeof(md));
     md.comm = role.comm;
-    if (dsgd_mpi_transport_create(ctx, &md, &ep) != DSGD_OK) dsgd_mpi_abort(1);
-    n = train(ctx, &ep, 1, xs, ys, got, &refused);
-    ep.destroy(ep.impl);
-    if (role.is_server) {
-        counts[n == 0 && refused == DSGD_ERR_STATE ? 0 : 1]++;
-        if (n != 0 || refused != DSGD_ERR_STATE)
-            printf("process %d: FAIL server %d: %d replicas, train step %s\n", rank, role.index, n,
-                   dsgd_result_string((dsgd_result)refused));
-    } else {
-        dsgd_model_desc mdesc;
-        dsgd_model *m = NULL;
-        int ok = n == 1 && train(ctx, NULL, WORKERS, xs, ys, want, &refused) == WORKERS;
-        memset(&mdesc, 0, sizeof(mdesc));
-        mdesc.input_dim = IN;
-        mdesc.layers = LAYERS;
-        mdesc.num_layers = 2;
-        mdesc.seed = 77;
-        ok = ok && dsgd_model_create(ctx, &mdesc, &m) == DSGD_OK && dsgd_model_get_params(m, init, NPARAMS) == DSGD_OK;
-        dsgd_model_destroy(m);
-        ok = ok && memcmp(got[0], want[role.index], sizeof(got[0])) == 0 && memcmp(got[0], init, sizeof(init)) != 0;
-        counts[ok ? 0 : 1]++;
-        printf("  worker %d (process %d): SYNC over MPI %s its own loopback's replica %d, bit for bit\n", role.index,
-               rank, ok ? "equals" : "DIFFERS FROM", role.index);
+    if (rank == 0 && !mkdtemp(dir)) dsgd_mpi_abort(1);
+    MPI_Bcast(dir, (int)sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    snprintf(path, sizeof path, "%s/ps.ckpt", dir);
+    /* run 0: the whole run; run 1: saved at STEPS / 2 by every process,
+       then a new strategy over a new transport restores it and goes on */
+    for (run = 0; run < 2; ++run) {
+        if (dsgd_mpi_transport_create(ctx, &md, &ep) != DSGD_OK) dsgd_mpi_abort(1);
+        n = train(ctx, &ep, 1, xs, ys, 0, run ? STEPS / 2 : STEPS, NULL, run ? path : NULL, got, &refused);
+        ep.destroy(ep.impl);
+        n2 = n;
+        if (run) {
+            if (dsgd_mpi_transport_create(ctx, &md, &ep) != DSGD_OK) dsgd_mpi_abort(1);
+            n2 = train(ctx, &ep, 1, xs, ys, STEPS / 2, STEPS, path, NULL, got, &refused);
+            ep.destroy(ep.impl);
+        }
+        if (role.is_server) {
+            int ok = n == 0 && n2 == 0 && refused == DSGD_ERR_STATE;
+            counts[ok ? 0 : 1]++;
+            if (!ok)
+                printf("process %d: FAIL server %d: %d replicas, train step %s\n", rank, role.index, n,
+                       dsgd_result_string((dsgd_result)refused));
+        } else {
+            dsgd_model_desc mdesc;
+            dsgd_model *m = NULL;
+            int ok = n == 1 && n2 == 1 && train(ctx, NULL, WORKERS, xs, ys, 0, STEPS, NULL, NULL, want, &refused) == WORKERS;
+            memset(&mdesc, 0, sizeof(mdesc));
+            mdesc.input_dim = IN;
+            mdesc.layers = LAYERS;
+            mdesc.num_layers = 2;
+            mdesc.seed = 77;
+            ok = ok && dsgd_model_create(ctx, &mdesc, &m) == DSGD_OK && dsgd_model_get_params(m, init, NPARAMS) == DSGD_OK;
+            dsgd_model_destroy(m);
+            ok = ok && memcmp(got[0], want[role.index], sizeof(got[0])) == 0 && memcmp(got[0], init, sizeof(init)) != 0;
+            counts[ok ? 0 : 1]++;
+            printf("  worker %d (process %d): SYNC over MPI%s %s its own loopback's replica %d, bit for bit\n",
+                   role.index, rank, run ? ", saved at the middle and restored by a new run," : "",
+                   ok ? "equals" : "DIFFERS FROM", role.index);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) { /* the strategy's file and each rank's */
+        static const char *const names[5] = {"", ".ps-server-0", ".ps-server-1", ".ps-worker-0", ".ps-worker-1"};
+        for (i = 0; i < 5; ++i) {
+            snprintf(file, sizeof file, "%s%s", path, names[i]);
+            if (remove(file) != 0) {
+                printf("process 0: FAIL %s was not written\n", file);
+                counts[1]++;
+            }
+        }
+        rmdir(dir);
     }
     dsgd_mpi_ps_role_free(&role);
     MPI_Allreduce(counts, all, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);

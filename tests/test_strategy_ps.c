@@ -20,14 +20,24 @@
    - Over endpoints given (one loopback hub of 2 servers + 2 workers) split
      among three strategies on three threads, as three processes would
      hold them (server 0; server 1 and worker 0; worker 1), SYNC trains
-     every worker to the bits of the strategy with its own transport; the
-     process of servers alone refuses to train and waits in destroy.
+     every worker to the bits of the strategy with its own transport, also
+     when every process saves at step 6 (each rank's file and the
+     strategy's are written); the process of servers alone refuses to
+     train and waits in destroy.
    - Over simnet (one strategy holding the 4 ranks of a simulated cluster,
-     park_between_calls), SYNC gives the same bits, and virtual time moved
-     on every rank (each rank leaves the simulation when done).
+     park_between_calls), SYNC gives the same bits, also with a save at
+     step 6, and virtual time moved on every rank (each rank leaves the
+     simulation when done).
+   - Checkpoints (SYNC, momentum, servers and workers applying): a save at
+     step 6 of 12 leaves the run on the bits of one never saved; a new
+     strategy restored from the files trains them too; the strategy's file
+     alone holds step 6's parameters and the velocity the last update used
+     ((p5 - p6) / lr within 1e-3, read back through dsgd_model_restore); a
+     missing rank's file (DSGD_ERR_IO) and files of two saves
+     (DSGD_ERR_SHAPE) are refused and the strategy still trains the bits.
    - Errors: DEVICE gradients, endpoints without probe and 0 servers are refused at
-     creation; clip_norm is refused (the engine's rule); a checkpoint is
-     DSGD_ERR_UNSUPPORTED; a variable aggregating SUM fails the step and the
+     creation; clip_norm is refused (the engine's rule); a save where no
+     file can be made is DSGD_ERR_IO before anything stops; a variable aggregating SUM fails the step and the
      strategy (the others stop at once, not at their deadline); the kind's
      name.
 
@@ -192,6 +202,7 @@ typedef struct proc {
     const dsgd_transport_i *eps; /* this "process's" endpoints */
     int count;
     const float *xs, *ys;
+    const char *ckpt;            /* non-NULL: every process saves there before step STEPS / 2 */
     float out[NPARAMS];          /* its replica's weights at the end (if it has one) */
     int replicas;
     dsgd_result res, refused;
@@ -210,8 +221,10 @@ static void *proc_main(void *arg) {
     if (p->res == DSGD_OK) {
         p->replicas = dsgd_strategy_num_replicas(s);
         for (step = 0; step < STEPS && p->res == DSGD_OK; ++step) {
-            dsgd_result r = dsgd_strategy_train_step(s, p->xs + (size_t)step * 2 * B * IN, p->ys + (size_t)step * 2 * B,
-                                                     2 * B, NULL);
+            dsgd_result r;
+            if (p->ckpt && step == STEPS / 2 && (p->res = dsgd_strategy_save(s, p->ckpt, NULL)) != DSGD_OK) break;
+            r = dsgd_strategy_train_step(s, p->xs + (size_t)step * 2 * B * IN, p->ys + (size_t)step * 2 * B, 2 * B,
+                                         NULL);
             if (p->replicas) p->res = r;
             else p->refused = r; /* servers alone: nothing to run */
         }
@@ -232,11 +245,15 @@ static void test_endpoints_as_processes(void **state) {
     proc procs[3];
     pthread_t th[3];
     tu_rng rng = tu_rng_make(31);
-    int i;
+    char dir[64], path[128], file[160];
+    int i, save;
     (void)state;
     tu_watchdog(120);
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/ps.ckpt", dir);
     make_batch(&rng, xs, ys, STEPS * 2 * B);
     strategy_run(2, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM, xs, ys, want);
+    for (save = 0; save < 2; ++save) {
     TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
     for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
     memset(procs, 0, sizeof(procs));
@@ -245,19 +262,30 @@ static void test_endpoints_as_processes(void **state) {
         procs[i].count = count[i];
         procs[i].xs = xs;
         procs[i].ys = ys;
+        procs[i].ckpt = save ? path : NULL;
         assert_int_equal(pthread_create(&th[i], NULL, proc_main, &procs[i]), 0);
     }
     for (i = 0; i < 3; ++i) assert_int_equal(pthread_join(th[i], NULL), 0);
     for (i = 0; i < 3; ++i)
-        if (procs[i].res != DSGD_OK) fail_msg("process %d: %s: %s", i, dsgd_result_string(procs[i].res), procs[i].msg);
+        if (procs[i].res != DSGD_OK) print_message("process %d: %s: %s\n", i, dsgd_result_string(procs[i].res), procs[i].msg);
+    for (i = 0; i < 3; ++i) assert_int_equal(procs[i].res, DSGD_OK);
     assert_int_equal(procs[0].replicas, 0);
     assert_int_equal(procs[0].refused, DSGD_ERR_STATE);
     assert_int_equal(procs[1].replicas, 1);
     assert_int_equal(procs[2].replicas, 1);
     assert_memory_equal(procs[1].out, want[0], sizeof(want[0]));
     assert_memory_equal(procs[2].out, want[1], sizeof(want[1]));
-    print_message("SYNC over 3 processes' endpoints (server 0 | server 1 + worker 0 | worker 1) = its own transport's bits\n");
+    print_message("SYNC over 3 processes' endpoints (server 0 | server 1 + worker 0 | worker 1)%s = its own "
+                  "transport's bits\n", save ? ", each saving at step 6," : "");
     dsgd_loopback_destroy(hub);
+    }
+    for (i = 0; i < 4; ++i) { /* each rank's file and the strategy's, written by worker 0's process */
+        static const char *const names[4] = {"", ".ps-server-0", ".ps-server-1", ".ps-worker-1"};
+        snprintf(file, sizeof file, "%s%s", path, names[i]);
+        assert_int_equal(access(file, R_OK), 0);
+    }
+    tu_rmdir_files(dir);
+    rmdir(dir);
     dsgd_ctx_destroy(ctx);
     free(xs);
     tu_watchdog(0);
@@ -275,6 +303,7 @@ static void test_simnet_same_bits(void **state) {
     dsgd_strategy_desc d = ps_desc(4, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM);
     dsgd_strategy *s = NULL;
     tu_rng rng = tu_rng_make(32);
+    char dir[64], path[128];
     int i, step;
     (void)state;
     tu_watchdog(120);
@@ -290,16 +319,22 @@ static void test_simnet_same_bits(void **state) {
     d.endpoints = eps;
     TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
     assert_int_equal(dsgd_strategy_num_replicas(s), 2);
-    for (step = 0; step < STEPS; ++step)
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/ps.ckpt", dir);
+    for (step = 0; step < STEPS; ++step) {
+        if (step == STEPS / 2) TU_OK(ctx, dsgd_strategy_save(s, path, NULL)); /* the ranks' calls on their threads */
         TU_OK(ctx, dsgd_strategy_train_step(s, xs + (size_t)step * 2 * B * IN, ys + (size_t)step * 2 * B, 2 * B, NULL));
+    }
     for (i = 0; i < 2; ++i) {
         TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, i), got, NPARAMS));
         assert_memory_equal(got, want[i], sizeof(got));
     }
     dsgd_strategy_destroy(s);
     for (i = 0; i < 4; ++i) assert_true(dsgd_simnet_time(hub, i) > 0.0);
-    print_message("SYNC over simnet (2 servers + 2 workers, %.3f ms virtual) = its own transport's bits\n",
-                  1e3 * dsgd_simnet_time(hub, 2));
+    print_message("SYNC over simnet (2 servers + 2 workers, %.3f ms virtual, saved at step %d) = its own transport's "
+                  "bits\n", 1e3 * dsgd_simnet_time(hub, 2), STEPS / 2);
+    tu_rmdir_files(dir);
+    rmdir(dir);
     dsgd_simnet_destroy(hub);
     dsgd_ctx_destroy(ctx);
     free(xs);
@@ -371,6 +406,106 @@ static void test_every_policy_trains(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- checkpoints */
+
+/* Trains global steps [from, to) of the batches (n replicas x B each). */
+static void train_steps(dsgd_ctx *ctx, dsgd_strategy *s, int n, const float *xs, const float *ys, int from, int to) {
+    int step;
+    for (step = from; step < to; ++step) {
+        dsgd_step_info info;
+        TU_OK(ctx, dsgd_strategy_train_step(s, xs + (size_t)step * n * B * IN, ys + (size_t)step * n * B, n * B, &info));
+        assert_int_equal((int)info.step, step);
+    }
+}
+
+/* Save at step K, then: the run goes on with the bits of one never saved,
+   a new strategy restored from the files trains the same bits, and the
+   strategy's file holds the servers' state: its parameters are step K's
+   and its momentum is the velocity the last update used, (p[K-1] - p[K]) /
+   lr, read from a model restored from the file alone. A missing rank's
+   file and files of two saves are refused, touching nothing. */
+static void test_checkpoint(void **state) {
+    enum { N = 2, K = STEPS / 2 };
+    float *xs = tu_floats((size_t)STEPS * N * B * IN), ys[STEPS * N * B], want[MAXN][NPARAMS];
+    float before[NPARAMS], at[NPARAMS], got[NPARAMS], v[NPARAMS];
+    char dir[64], path[128], path2[128], rank[160], rank2[160];
+    dsgd_ctx *ctx = tu_ctx();
+    tu_rng rng = tu_rng_make(57);
+    int apply;
+    (void)state;
+    tu_watchdog(180);
+    tu_mkdtemp(dir);
+    make_batch(&rng, xs, ys, STEPS * N * B);
+    for (apply = 0; apply < 2; ++apply) {
+        dsgd_ps_apply a = apply ? DSGD_PS_APPLY_ON_WORKERS : DSGD_PS_APPLY_ON_SERVERS;
+        dsgd_strategy_desc d = ps_desc(N, DSGD_PS_SYNC, a, DSGD_OPT_MOMENTUM);
+        dsgd_model_desc md = model_desc();
+        dsgd_strategy *s = NULL, *s2 = NULL;
+        dsgd_model *m = NULL;
+        dsgd_optimizer *o = NULL;
+        double vmax = 0.0;
+        size_t i;
+        strategy_run(N, a, DSGD_OPT_MOMENTUM, xs, ys, want);
+        snprintf(path, sizeof path, "%s/ps%d.ckpt", dir, apply);
+        snprintf(path2, sizeof path2, "%s/ps%d-later.ckpt", dir, apply);
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        train_steps(ctx, s, N, xs, ys, 0, K - 1);
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), before, NPARAMS));
+        train_steps(ctx, s, N, xs, ys, K - 1, K);
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), at, NPARAMS));
+        TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+        train_steps(ctx, s, N, xs, ys, K, STEPS);
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), got, NPARAMS));
+        assert_memory_equal(got, want[0], sizeof(got));
+        TU_OK(ctx, dsgd_strategy_save(s, path2, NULL));
+        dsgd_strategy_destroy(s);
+        /* the file alone: step K's parameters and the servers' velocity */
+        TU_OK(ctx, dsgd_model_create(ctx, &md, &m));
+        TU_OK(ctx, dsgd_optimizer_create(m, &d.optimizer, &o));
+        TU_OK(ctx, dsgd_model_restore(m, o, path, NULL));
+        assert_int_equal((int)dsgd_optimizer_steps(o), K);
+        TU_OK(ctx, dsgd_model_get_params(m, got, NPARAMS));
+        assert_memory_equal(got, at, sizeof(got));
+        TU_OK(ctx, dsgd_optimizer_read_slot(o, 0, 0, NPARAMS, v));
+        for (i = 0; i < NPARAMS; ++i) {
+            double want_v = ((double)before[i] - (double)at[i]) / (double)d.optimizer.lr;
+            if (fabs(v[i] - want_v) > 1e-4 + 1e-3 * fabs(want_v))
+                fail_msg("%s: momentum[%zu] is %g in the file, the last update used %g", dsgd_ps_apply_name(a), i,
+                         (double)v[i], want_v);
+            if (fabs(want_v) > vmax) vmax = fabs(want_v);
+        }
+        assert_true(vmax > 1e-3); /* a zero velocity would not pass */
+        dsgd_optimizer_destroy(o);
+        dsgd_model_destroy(m);
+        /* a new strategy, restored, trains the same bits */
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s2));
+        TU_OK(ctx, dsgd_strategy_restore(s2, path, NULL));
+        train_steps(ctx, s2, N, xs, ys, K, K + 1);
+        /* refused, nothing touched: a rank's file missing, files of two saves */
+        snprintf(rank, sizeof rank, "%s.ps-worker-1", path2);
+        snprintf(rank2, sizeof rank2, "%s.ps-worker-0", path2);
+        assert_int_equal(rename(rank, path), 0); /* path2's worker 1 moves aside */
+        TU_ERR(ctx, DSGD_ERR_IO, dsgd_strategy_restore(s2, path2, NULL));
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "ps-worker-1"));
+        assert_int_equal(rename(path, rank), 0);
+        snprintf(path, sizeof path, "%s/ps%d.ckpt.ps-worker-0", dir, apply);
+        assert_int_equal(rename(path, rank2), 0); /* step K's worker 0 beside step STEPS's file */
+        TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_strategy_restore(s2, path2, NULL));
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "two different saves"));
+        train_steps(ctx, s2, N, xs, ys, K + 1, STEPS);
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s2, 1), got, NPARAMS));
+        assert_memory_equal(got, want[1], sizeof(got));
+        dsgd_strategy_destroy(s2);
+        print_message("%s: save at step %d goes on with the uninterrupted bits; a restore trains them too\n",
+                      dsgd_ps_apply_name(a), K);
+    }
+    tu_rmdir_files(dir);
+    rmdir(dir);
+    dsgd_ctx_destroy(ctx);
+    free(xs);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 static void test_errors(void **state) {
@@ -405,8 +540,9 @@ static void test_errors(void **state) {
     /* a checkpoint is refused; a SUM variable fails the step at once */
     d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
     TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
-    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_strategy_save(s, "unused.ckpt", NULL));
-    TU_ERR(ctx, DSGD_ERR_UNSUPPORTED, dsgd_strategy_restore(s, "unused.ckpt", NULL));
+    TU_ERR(ctx, DSGD_ERR_IO, dsgd_strategy_save(s, "/nonexistent-dir/ps.ckpt", NULL));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "nothing was saved"));
+    assert_false(dsgd_strategy_failed(s));
     TU_OK(ctx, dsgd_strategy_set_aggregation(s, "dense0/bias", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
     make_batch(&rng, x, y, 2 * B);
     t0 = dsgd_now();
@@ -424,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_every_policy_trains),
         cmocka_unit_test(test_sync_is_the_coordinators),
+        cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_endpoints_as_processes),
         cmocka_unit_test(test_simnet_same_bits),
     };
