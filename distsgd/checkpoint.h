@@ -783,54 +783,73 @@ static dsgd_result dsgd__ck_check_model(const dsgd__ck_file *f, const dsgd_model
 }
 
 /* "params": the flat parameter buffer. */
-static void dsgd__ck_put_params(dsgd__ck_writer *w, dsgd_model *m) {
+/* What a checkpoint holds of the variables beside the model's layout: n
+   parameters at params on be, and an optimizer at work over them (NULL:
+   none). A model and its optimizer give one (dsgd__ck_vars_of); central
+   storage's host copy another, with no model. */
+typedef struct dsgd__ck_vars {
+    dsgd_ctx *ctx; /* where an allocation's error is recorded */
+    const dsgd_backend_i *be;
+    dsgd_ref params;
+    size_t n;
+    dsgd__opt_run *opt;
+} dsgd__ck_vars;
+
+static dsgd__ck_vars dsgd__ck_vars_of(dsgd_model *m, dsgd_optimizer *o) {
+    dsgd__ck_vars v;
+    v.ctx = dsgd_model_ctx(m);
+    v.be = dsgd_model_backend(m);
+    v.params = dsgd_model_params(m);
+    v.n = dsgd_model_num_params(m);
+    v.opt = o ? dsgd__optimizer_run(o) : NULL;
+    return v;
+}
+
+static void dsgd__ck_put_params(dsgd__ck_writer *w, const dsgd__ck_vars *v) {
     dsgd__ckw_begin(w, "params");
-    dsgd__ckw_read(w, dsgd_model_backend(m), dsgd_model_params(m), dsgd_model_num_params(m));
+    dsgd__ckw_read(w, v->be, v->params, v->n);
     dsgd__ckw_end(w);
 }
 
-static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, const dsgd_model *m) {
+static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, size_t n) {
     const dsgd__ck_section *s = dsgd__ck_need(f, "params", "the parameters");
     if (!s) return DSGD_ERR_SHAPE;
-    if (s->size != dsgd_model_num_params(m) * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
+    if (s->size != n * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
     return DSGD_OK;
 }
 
-/* Writes count stored floats at src to dst in m's backend: straight from
+/* Writes count stored floats at src to dst in v's backend: straight from
    the image where it is aligned and the host little-endian, else through a
    copy. */
-static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_ref dst, const unsigned char *src,
-                                         size_t count) {
-    const dsgd_backend_i *be = dsgd_model_backend(m);
+static dsgd_result dsgd__ck_write_buffer(const dsgd__ck_vars *v, const char *what, dsgd_ref dst,
+                                         const unsigned char *src, size_t count) {
     float *tmp;
     dsgd_result r;
     if (count == 0) return DSGD_OK;
     if (dsgd__ck_little_endian() && (uintptr_t)src % sizeof(float) == 0)
-        return be->write(be->impl, dst, (const float *)(const void *)src, count);
-    if (!(tmp = (float *)dsgd__alloc(dsgd_model_ctx(m), count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
+        return v->be->write(v->be->impl, dst, (const float *)(const void *)src, count);
+    if (!(tmp = (float *)dsgd__alloc(v->ctx, count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
     dsgd__ck_copy_floats(tmp, src, count);
-    r = be->write(be->impl, dst, tmp, count);
+    r = v->be->write(v->be->impl, dst, tmp, count);
     DSGD_FREE(tmp);
     return r;
 }
 
-static dsgd_result dsgd__ck_apply_params(const dsgd__ck_file *f, dsgd_model *m) {
-    return dsgd__ck_write_buffer(m, f->what, dsgd_model_params(m), dsgd__ck_find(f, "params")->data,
-                                 dsgd_model_num_params(m));
+static dsgd_result dsgd__ck_apply_params(const dsgd__ck_file *f, const dsgd__ck_vars *v) {
+    return dsgd__ck_write_buffer(v, f->what, v->params, dsgd__ck_find(f, "params")->data, v->n);
 }
 
 /* "optimizer": kind, steps, last norm, slots. */
-static void dsgd__ck_put_optimizer(dsgd__ck_writer *w, dsgd_optimizer *o) {
-    const dsgd_model *m = dsgd_optimizer_model(o);
-    size_t np = dsgd_model_num_params(m);
-    int k, n = dsgd_optimizer_num_slots(o);
+static void dsgd__ck_put_optimizer(dsgd__ck_writer *w, const dsgd__ck_vars *v) {
+    const dsgd__opt_run *o = v->opt;
+    int k, n = dsgd__opt_state_slots(&o->st);
     dsgd__ckw_begin(w, "optimizer");
-    dsgd__ckw_u32(w, (uint32_t)dsgd__optimizer_kind(o));
-    dsgd__ckw_u64(w, (uint64_t)dsgd_optimizer_steps(o));
-    dsgd__ckw_f64(w, dsgd_optimizer_last_grad_norm(o));
+    dsgd__ckw_u32(w, (uint32_t)o->st.d.kind);
+    dsgd__ckw_u64(w, (uint64_t)o->t);
+    dsgd__ckw_f64(w, o->last_norm);
     dsgd__ckw_u32(w, (uint32_t)n);
-    dsgd__ckw_u64(w, (uint64_t)np);
-    for (k = 0; k < n; ++k) dsgd__ckw_read(w, dsgd_model_backend(m), dsgd__optimizer_slot_ref(o, k), np);
+    dsgd__ckw_u64(w, (uint64_t)v->n);
+    for (k = 0; k < n; ++k) dsgd__ckw_read(w, v->be, dsgd__ref(o->st.slot[k], 0), v->n);
     dsgd__ckw_end(w);
 }
 
@@ -847,11 +866,11 @@ static const char *dsgd__opt_kind_text(uint32_t k) {
     return k < 4 ? names[k] : "unknown";
 }
 
-static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_optimizer *o, dsgd__ck_opt *out) {
+static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd__ck_vars *v, dsgd__ck_opt *out) {
     const dsgd__ck_section *s = dsgd__ck_need(f, "optimizer", "the optimizer");
+    const dsgd__opt_run *o = v->opt;
     dsgd__ck_cur c;
     uint64_t np, t;
-    size_t mnp = dsgd_model_num_params(dsgd_optimizer_model(o));
     if (!s) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(s);
     out->kind = dsgd__ckr_u32(&c);
@@ -862,28 +881,25 @@ static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_o
     if (c.bad) return dsgd__ck_bad_section(f, s, "cut short");
     if (t > (uint64_t)INT64_MAX) return dsgd__ck_bad_section(f, s, "a negative step count");
     out->t = (int64_t)t;
-    if (out->nslots > 2 || np != (uint64_t)mnp || c.left != (size_t)out->nslots * mnp * sizeof(float))
+    if (out->nslots > 2 || np != (uint64_t)v->n || c.left != (size_t)out->nslots * v->n * sizeof(float))
         return dsgd__ck_bad_section(f, s, "slots of the wrong size");
-    if (out->kind != (uint32_t)dsgd__optimizer_kind(o) || (int)out->nslots != dsgd_optimizer_num_slots(o))
+    if (out->kind != (uint32_t)o->st.d.kind || (int)out->nslots != dsgd__opt_state_slots(&o->st))
         return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
                                   "%s: %s: the checkpoint holds the state of a %s optimizer, this one is %s", f->what,
-                                  f->path, dsgd__opt_kind_text(out->kind),
-                                  dsgd__opt_kind_text((uint32_t)dsgd__optimizer_kind(o)));
+                                  f->path, dsgd__opt_kind_text(out->kind), dsgd__opt_kind_text((uint32_t)o->st.d.kind));
     out->slots = c.p;
     return DSGD_OK;
 }
 
-static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, dsgd_optimizer *o, const dsgd__ck_opt *st) {
-    dsgd_model *m = dsgd_optimizer_model(o);
-    size_t np = dsgd_model_num_params(m);
+static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, const dsgd__ck_vars *v, const dsgd__ck_opt *st) {
     uint32_t k;
     dsgd_result r = DSGD_OK;
     for (k = 0; k < st->nslots && r == DSGD_OK; ++k)
-        r = dsgd__ck_write_buffer(m, f->what, dsgd__optimizer_slot_ref(o, (int)k),
-                                  st->slots + (size_t)k * np * sizeof(float), np);
+        r = dsgd__ck_write_buffer(v, f->what, dsgd__ref(v->opt->st.slot[k], 0), st->slots + (size_t)k * v->n * sizeof(float),
+                                  v->n);
     if (r == DSGD_OK) {
-        dsgd__optimizer_set_steps(o, st->t);
-        dsgd__optimizer_set_last_grad_norm(o, st->last_norm);
+        v->opt->t = st->t;
+        v->opt->last_norm = st->last_norm;
     }
     return r;
 }
@@ -1058,8 +1074,9 @@ static dsgd_result dsgd__ck_model_args(dsgd_model *m, const dsgd_optimizer *opt,
     return r;
 }
 
-/* The model-level sections of a checkpoint, checked against a model, its
-   optimizer (may be NULL) and extra: what the apply functions then write. */
+/* The model-level sections of a checkpoint, checked against a model's
+   layout, the variables v (their optimizer may be NULL) and extra: what
+   the apply functions then write. */
 typedef struct dsgd__ck_state {
     dsgd__ck_opt opt;
     dsgd__ck_pos pos;
@@ -1067,11 +1084,11 @@ typedef struct dsgd__ck_state {
     uint32_t replicas;            /* their number */
 } dsgd__ck_state;
 
-static dsgd_result dsgd__ck_check_state(const dsgd__ck_file *f, const dsgd_model *m, const dsgd_optimizer *opt,
+static dsgd_result dsgd__ck_check_state(const dsgd__ck_file *f, const dsgd_model *m, const dsgd__ck_vars *v,
                                         const dsgd_checkpoint_extra *extra, dsgd__ck_state *st) {
     dsgd_result r;
-    if ((r = dsgd__ck_check_model(f, m)) != DSGD_OK || (r = dsgd__ck_check_params(f, m)) != DSGD_OK ||
-        (opt && (r = dsgd__ck_check_optimizer(f, opt, &st->opt)) != DSGD_OK) ||
+    if ((r = dsgd__ck_check_model(f, m)) != DSGD_OK || (r = dsgd__ck_check_params(f, v->n)) != DSGD_OK ||
+        (v->opt && (r = dsgd__ck_check_optimizer(f, v, &st->opt)) != DSGD_OK) ||
         (r = dsgd__ck_check_metrics(f, &st->metrics, &st->replicas)) != DSGD_OK)
         return r;
     return dsgd__ck_check_extra(f, extra, &st->pos);
@@ -1082,6 +1099,7 @@ static dsgd_result dsgd__ck_check_state(const dsgd__ck_file *f, const dsgd_model
 DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const char *path,
                                      const dsgd_checkpoint_extra *extra) {
     const char *what = "dsgd_model_save";
+    dsgd__ck_vars v;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
@@ -1089,8 +1107,9 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
     dsgd__ckw_init(&w, dsgd_model_ctx(m), what,
                    dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
     dsgd__ck_put_model(&w, m);
-    dsgd__ck_put_params(&w, m);
-    if (opt) dsgd__ck_put_optimizer(&w, opt);
+    v = dsgd__ck_vars_of(m, opt);
+    dsgd__ck_put_params(&w, &v);
+    if (opt) dsgd__ck_put_optimizer(&w, &v);
     dsgd__ck_put_metrics(&w, &m, 1);
     dsgd__ck_put_extra(&w, extra);
     return dsgd__ckw_commit(&w, path);
@@ -1099,12 +1118,13 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
 /* Checks the parsed checkpoint f against m, opt and extra, then restores it. */
 static dsgd_result dsgd__model_restore_from(const dsgd__ck_file *f, dsgd_model *m, dsgd_optimizer *opt,
                                             const dsgd_checkpoint_extra *extra) {
+    dsgd__ck_vars v = dsgd__ck_vars_of(m, opt);
     dsgd__ck_state st;
     dsgd_result r;
-    if ((r = dsgd__ck_check_state(f, m, opt, extra, &st)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_check_state(f, m, &v, extra, &st)) != DSGD_OK) return r;
     /* everything checked: now write */
-    r = dsgd__ck_apply_params(f, m);
-    if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, opt, &st.opt);
+    r = dsgd__ck_apply_params(f, &v);
+    if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, &v, &st.opt);
     if (r == DSGD_OK) r = dsgd__ck_apply_metrics(st.metrics, st.replicas, &m, 1, 0, 1);
     if (r == DSGD_OK) dsgd__ck_apply_extra(f, extra, &st.pos);
     return r;

@@ -138,9 +138,10 @@ static int dsgd__opt_kind_slots(dsgd_optimizer_kind k) {
 
 /* An optimizer's state for n floats on a backend, needing no model: the
    desc (defaults filled) and its slots, zeroed. A model's optimizer holds
-   one; so do a parameter server (its shards) and a summation-only worker
-   (its copy of each server's shards). The step count stays with the owner
-   (a server's is its version). */
+   one, and so does central storage's host copy (both with a step count:
+   dsgd__opt_run below); so do a parameter server (its shards) and a
+   summation-only worker (its copy of each server's shards), whose step
+   count stays with the owner (a server's is its version). */
 typedef struct dsgd__opt_state {
     dsgd_optimizer_desc d;
     const dsgd_backend_i *be; /* must outlive the state */
@@ -175,11 +176,19 @@ static int dsgd__opt_state_slots(const dsgd__opt_state *st) { return (st->slot[0
 
 /* ---- a model's optimizer */
 
-struct dsgd_optimizer {
-    dsgd_model *m;
-    dsgd__opt_state st; /* its desc (defaults filled) and slots, on the model's backend */
+/* An optimizer at work over n floats of a backend, with no model: its
+   state (desc and slots), its step count and the last clipped norm. A
+   model's optimizer holds one; central storage's copy of the variables
+   another. */
+typedef struct dsgd__opt_run {
+    dsgd__opt_state st;
     int64_t t;
     double last_norm;
+} dsgd__opt_run;
+
+struct dsgd_optimizer {
+    dsgd_model *m;
+    dsgd__opt_run run; /* on the model's backend, over its parameters */
 };
 
 /* The one place optimizer defaults are filled. */
@@ -274,27 +283,57 @@ static dsgd_result dsgd__opt_state_update(const dsgd__opt_state *st, int64_t t, 
                                     dsgd__ref(st->slot[1], 0), st->n);
 }
 
+/* desc with its defaults, checked (errors recorded on ctx naming what),
+   and zeroed slots for n floats on be; *o is left freeable on an error. */
+static dsgd_result dsgd__opt_run_init(dsgd__opt_run *o, dsgd_ctx *ctx, const dsgd_backend_i *be,
+                                      const dsgd_optimizer_desc *desc, size_t n, const char *what) {
+    dsgd_optimizer_desc d = dsgd__optimizer_defaults(desc);
+    dsgd_result r;
+    memset(o, 0, sizeof(*o));
+    if ((r = dsgd__optimizer_desc_check(ctx, &d, what)) != DSGD_OK) return r;
+    return dsgd__opt_state_init(&o->st, be, &d, n);
+}
+
+/* One step over params with grads (st.n floats each, on st.be):
+   clip_by_global_norm when clip_norm > 0 (a NaN or infinity there is
+   DSGD_ERR_NON_FINITE, recorded on ctx, and nothing is updated), the
+   update at step t, then t + 1. */
+static dsgd_result dsgd__opt_run_step(dsgd__opt_run *o, dsgd_ctx *ctx, dsgd_ref params, dsgd_ref grads) {
+    const dsgd_backend_i *be = o->st.be;
+    float grad_scale = 1.0f;
+    dsgd_result r;
+    if (o->st.d.clip_norm > 0.0f) {
+        /* clip_by_global_norm: g * clip / max(norm, clip) */
+        double sumsq = 0.0;
+        size_t bad = 0;
+        r = be->norm_check(be->impl, grads, o->st.n, &sumsq, &bad);
+        if (r != DSGD_OK) return r;
+        if (bad)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_NON_FINITE,
+                                      "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
+                                      (long long)o->t, bad);
+        o->last_norm = sqrt(sumsq);
+        if (o->last_norm > o->st.d.clip_norm) grad_scale = (float)(o->st.d.clip_norm / o->last_norm);
+    }
+    r = dsgd__opt_state_update(&o->st, o->t, params, grads, grad_scale);
+    if (r == DSGD_OK) ++o->t;
+    return r;
+}
+
 DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc, dsgd_optimizer **out) {
     dsgd_optimizer *o;
-    dsgd_optimizer_desc d;
-    dsgd_result r = DSGD_OK;
+    dsgd_result r;
     const char *what = "dsgd_optimizer_create";
     dsgd_ctx *ctx;
-    const dsgd_backend_i *be;
-    size_t n;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
     ctx = dsgd_model_ctx(m);
     if (!desc || !out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
-    d = dsgd__optimizer_defaults(desc);
-    if ((r = dsgd__optimizer_desc_check(ctx, &d, what)) != DSGD_OK) return r;
     o = (dsgd_optimizer *)dsgd__alloc(ctx, sizeof(*o), what);
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
     o->m = m;
-    be = dsgd_model_backend(m);
-    n = dsgd_model_num_params(m);
-    r = dsgd__opt_state_init(&o->st, be, &d, n);
+    r = dsgd__opt_run_init(&o->run, ctx, dsgd_model_backend(m), desc, dsgd_model_num_params(m), what);
     if (r != DSGD_OK) {
         dsgd_optimizer_destroy(o);
         return r;
@@ -305,40 +344,19 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
 
 DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *o) {
     if (!o) return;
-    dsgd__opt_state_free(&o->st);
+    dsgd__opt_state_free(&o->run.st);
     DSGD_FREE(o);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
-    const dsgd_backend_i *be;
-    dsgd_result r;
-    size_t n;
-    float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
-    be = dsgd_model_backend(o->m);
-    n = dsgd_model_num_params(o->m);
-    if (o->st.d.clip_norm > 0.0f) {
-        /* clip_by_global_norm: g * clip / max(norm, clip) */
-        double sumsq = 0.0;
-        size_t bad = 0;
-        r = be->norm_check(be->impl, dsgd_model_grads(o->m), n, &sumsq, &bad);
-        if (r != DSGD_OK) return r;
-        if (bad)
-            return dsgd_ctx_set_error(dsgd_model_ctx(o->m), DSGD_ERR_NON_FINITE,
-                                      "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
-                                      (long long)o->t, bad);
-        o->last_norm = sqrt(sumsq);
-        if (o->last_norm > o->st.d.clip_norm) grad_scale = (float)(o->st.d.clip_norm / o->last_norm);
-    }
-    r = dsgd__opt_state_update(&o->st, o->t, dsgd_model_params(o->m), dsgd_model_grads(o->m), grad_scale);
-    if (r == DSGD_OK) ++o->t;
-    return r;
+    return dsgd__opt_run_step(&o->run, dsgd_model_ctx(o->m), dsgd_model_params(o->m), dsgd_model_grads(o->m));
 }
 
-DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
-DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
+DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->run.t : 0; }
+DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->run.last_norm : 0.0; }
 DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
-    return o ? dsgd_lr_at(&o->st.d.schedule, o->st.d.lr, o->t) : 0.0f;
+    return o ? dsgd_lr_at(&o->run.st.d.schedule, o->run.st.d.lr, o->run.t) : 0.0f;
 }
 DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? o->m : NULL; }
 
@@ -346,18 +364,17 @@ DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? 
    central optimizer into the replicas' (whose slots it never uses): the
    step count (dsgd_optimizer_steps), and the last clipped norm
    (dsgd_optimizer_last_grad_norm). */
-static void dsgd__optimizer_set_steps(dsgd_optimizer *o, int64_t t) { o->t = t; }
-static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) { o->last_norm = norm; }
+static void dsgd__optimizer_set_steps(dsgd_optimizer *o, int64_t t) { o->run.t = t; }
+static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) { o->run.last_norm = norm; }
 
-/* The kind o was created with, which a checkpoint records to refuse
-   restoring one optimizer's state into another. */
-static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->st.d.kind; }
+/* The optimizer at work inside o: what a checkpoint reads and writes. */
+static dsgd__opt_run *dsgd__optimizer_run(dsgd_optimizer *o) { return &o->run; }
 
-DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? dsgd__opt_state_slots(&o->st) : 0; }
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? dsgd__opt_state_slots(&o->run.st) : 0; }
 
 DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot) {
     if (!o || slot < 0 || slot >= dsgd_optimizer_num_slots(o)) return NULL;
-    if (o->st.d.kind == DSGD_OPT_MOMENTUM) return "momentum";
+    if (o->run.st.d.kind == DSGD_OPT_MOMENTUM) return "momentum";
     return slot == 0 ? "m" : "v";
 }
 
@@ -365,7 +382,7 @@ DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot)
    order) as a ref at its first float, in the model's backend: what a
    checkpoint reads to save it and writes to restore it. */
 static dsgd_ref dsgd__optimizer_slot_ref(const dsgd_optimizer *o, int k) {
-    return dsgd__ref(o->st.slot[k], 0);
+    return dsgd__ref(o->run.st.slot[k], 0);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {

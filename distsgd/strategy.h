@@ -527,10 +527,10 @@ typedef struct dsgd__strategy_ops {
        a partial one); may be NULL */
     void (*teardown)(dsgd_strategy *s);
     /* where the variables and the optimizer's state live once, if not in
-       every replica (a checkpoint saves and restores that optimizer and its
-       model; the replicas then get the parameters and the step); NULL:
-       every replica holds them, equal (replica 0's are saved) */
-    dsgd_optimizer *(*state)(dsgd_strategy *s);
+       every replica (a checkpoint saves and restores them; the replicas
+       then get the parameters and the step); NULL: every replica holds
+       them, equal (replica 0's are saved) */
+    dsgd__ck_vars (*state)(dsgd_strategy *s);
     /* non-zero: the replicas may be part of a larger group (the endpoints'
        size), spread over processes (MULTI-WORKER above) */
     int multi_worker;

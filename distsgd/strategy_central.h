@@ -4,8 +4,9 @@
    CENTRAL STORAGE (tf.distribute.experimental.CentralStorageStrategy)
 
      The model's variables and the optimizer's state live once, in a host
-     copy that the strategy owns: a model on a CPU backend of the strategy's
-     context, with its own optimizer. Each of the N replicas (a thread with
+     copy that the strategy owns: the flat parameters and gradient on a CPU
+     backend of the strategy's context, and an optimizer at work over them
+     (no model: nothing is computed there but the update). Each of the N replicas (a thread with
      its own backend: the CPU, or an OpenCL device) computes the gradients of
      its shard of the batch. The gradients are summed into the central copy,
      which is updated once, and then every replica reads the variables. One
@@ -49,10 +50,13 @@
 /* >>strategy_central -------------------------------------------------------- */
 
 typedef struct dsgd__central {
-    dsgd_model *model;     /* the central copy, on a CPU backend of the strategy's ctx */
-    dsgd_optimizer *opt;   /* its optimizer: the only one whose slots move */
-    float *params, *grads; /* its buffers' host memory */
-    float **src;           /* [N]: each replica's gradient on the host, during phase 4 */
+    dsgd_backend_i be;           /* a CPU backend of the strategy's ctx */
+    int have_be;
+    dsgd_buffer *pbuf, *gbuf;    /* the central parameters and gradient, p floats each */
+    float *params, *grads;       /* their host memory */
+    size_t p;
+    dsgd__opt_run opt;           /* the only optimizer whose slots move */
+    float **src;                 /* [N]: each replica's gradient on the host, during phase 4 */
 } dsgd__central;
 
 static dsgd_result dsgd__central_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
@@ -66,35 +70,36 @@ static dsgd_result dsgd__central_check(dsgd_ctx *ctx, const dsgd_strategy_desc *
 static void dsgd__central_teardown(dsgd_strategy *s) {
     dsgd__central *c = (dsgd__central *)s->kind_data;
     if (!c) return;
-    dsgd_optimizer_destroy(c->opt);
-    dsgd_model_destroy(c->model);
+    if (c->opt.st.be) dsgd__opt_state_free(&c->opt.st);
+    if (c->pbuf) c->be.buffer_destroy(c->be.impl, c->pbuf);
+    if (c->gbuf) c->be.buffer_destroy(c->be.impl, c->gbuf);
+    if (c->have_be && c->be.destroy) c->be.destroy(c->be.impl);
     DSGD_FREE(c->src);
     DSGD_FREE(c);
     s->kind_data = NULL;
 }
 
-/* The central copy: a model with the replicas' desc on a CPU backend of its
-   own, holding replica 0's initial weights, and its optimizer. */
+/* The central copy on a CPU backend of its own: the parameters, holding
+   replica 0's initial weights, the gradient, and the optimizer. */
 static dsgd_result dsgd__central_setup(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
-    dsgd_model_desc md = s->d.model;
-    const dsgd_backend_i *be;
     dsgd__central *c = (dsgd__central *)dsgd__alloc(s->ctx, sizeof(*c), what);
     dsgd_result res;
-    size_t p;
     if (!c) return DSGD_ERR_OUT_OF_MEMORY;
     memset(c, 0, sizeof(*c));
     s->kind_data = c;
-    md.backend = NULL;
-    if ((res = dsgd_model_create(s->ctx, &md, &c->model)) != DSGD_OK) return res;
-    if ((res = dsgd_optimizer_create(c->model, &s->d.optimizer, &c->opt)) != DSGD_OK) return res;
-    be = dsgd_model_backend(c->model);
-    c->params = be->buffer_host_ptr(be->impl, dsgd_model_params(c->model).buf) + dsgd_model_params(c->model).off;
-    c->grads = be->buffer_host_ptr(be->impl, dsgd_model_grads(c->model).buf) + dsgd_model_grads(c->model).off;
+    c->p = dsgd_model_num_params(s->reps[0].m.model);
+    if ((res = dsgd_cpu_backend_create(s->ctx, &c->be)) != DSGD_OK) return res;
+    c->have_be = 1;
+    if ((res = c->be.buffer_create(c->be.impl, c->p ? c->p : 1, &c->pbuf)) != DSGD_OK ||
+        (res = c->be.buffer_create(c->be.impl, c->p ? c->p : 1, &c->gbuf)) != DSGD_OK ||
+        (res = dsgd__opt_run_init(&c->opt, s->ctx, &c->be, &s->d.optimizer, c->p, what)) != DSGD_OK)
+        return res;
+    c->params = c->be.buffer_host_ptr(c->be.impl, c->pbuf);
+    c->grads = c->be.buffer_host_ptr(c->be.impl, c->gbuf);
     c->src = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)s->n, what);
     if (!c->src) return DSGD_ERR_OUT_OF_MEMORY;
-    p = dsgd_model_num_params(c->model);
-    res = dsgd_model_get_params(s->reps[0].m.model, c->params, p);
+    res = dsgd_model_get_params(s->reps[0].m.model, c->params, c->p);
     if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
     return res;
 }
@@ -128,8 +133,8 @@ static dsgd_result dsgd__central_reduce(dsgd_replica *r, dsgd__central *c, size_
 /* Phase 5, on replica 0 (the strategy's thread, which owns the central
    copy's context): one optimizer step of the central copy. */
 static dsgd_result dsgd__central_update(dsgd_replica *r, dsgd__central *c) {
-    dsgd_result res = dsgd_optimizer_step(c->opt);
-    if (res != DSGD_OK) dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(c->model)));
+    dsgd_result res = dsgd__opt_run_step(&c->opt, r->s->ctx, dsgd__ref(c->pbuf, 0), dsgd__ref(c->gbuf, 0));
+    if (res != DSGD_OK) dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(r->s->ctx));
     return res;
 }
 
@@ -142,7 +147,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     float *host, *mapped = NULL;
     dsgd_batch b;
     dsgd_result res, done;
-    r->lr = dsgd_optimizer_lr(c->opt);
+    r->lr = dsgd_lr_at(&c->opt.st.d.schedule, c->opt.st.d.lr, c->opt.t);
     res = dsgd__step_compute(r, a, &b, &bad);                        /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
@@ -158,12 +163,21 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
     if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, c->params, p); /* 6 */
-    if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, dsgd_optimizer_steps(c->opt));
+    if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, c->opt.t);
     return res;
 }
 
-/* The central copy's optimizer holds the state a checkpoint saves. */
-static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__central *)s->kind_data)->opt; }
+/* The central copy holds the state a checkpoint saves. */
+static dsgd__ck_vars dsgd__central_state(dsgd_strategy *s) {
+    dsgd__central *c = (dsgd__central *)s->kind_data;
+    dsgd__ck_vars v;
+    v.ctx = s->ctx;
+    v.be = &c->be;
+    v.params = dsgd__ref(c->pbuf, 0);
+    v.n = c->p;
+    v.opt = &c->opt;
+    return v;
+}
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,

@@ -100,9 +100,17 @@ static dsgd_result dsgd__strategy_ck_usable(dsgd_strategy *s, const char *what) 
     return dsgd__strategy_usable(s, what);
 }
 
-/* The optimizer holding the one copy of the state (and, through it, its model). */
-static dsgd_optimizer *dsgd__strategy_state_opt(dsgd_strategy *s) {
-    return s->ops->state ? s->ops->state(s) : s->reps[0].opt;
+/* The variables and optimizer holding the one copy of the state: the
+   kind's own (central storage's host copy), or replica 0's. */
+static dsgd__ck_vars dsgd__strategy_state(dsgd_strategy *s) {
+    return s->ops->state ? s->ops->state(s) : dsgd__ck_vars_of(s->reps[0].m.model, s->reps[0].opt);
+}
+
+/* The model's layout and the state (v) into w. */
+static void dsgd__ck_put_state(dsgd__ck_writer *w, dsgd_strategy *s, const dsgd__ck_vars *v) {
+    dsgd__ck_put_model(w, s->reps[0].m.model);
+    dsgd__ck_put_params(w, v);
+    dsgd__ck_put_optimizer(w, v);
 }
 
 /* Every replica's model, for the metrics records (n pointers). */
@@ -255,15 +263,13 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
     }
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
     if (r == DSGD_OK && s->first == 0) {
-        dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
-        dsgd_model *m = dsgd_optimizer_model(opt);
+        dsgd__ck_vars v = dsgd__strategy_state(s);
         dsgd__ck_writer w;
         int g;
         dsgd__ckw_init(&w, s->ctx, what,
-                       dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
-        dsgd__ck_put_model(&w, m);
-        dsgd__ck_put_params(&w, m);
-        dsgd__ck_put_optimizer(&w, opt);
+                       dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st),
+                                       bytes + (extra ? extra->user_bytes : 0)));
+        dsgd__ck_put_state(&w, s, &v);
         dsgd__ckw_begin(&w, "metrics");
         dsgd__ckw_u32(&w, (uint32_t)s->world);
         for (g = 0; g < s->world; ++g) {
@@ -275,8 +281,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
-            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what,
-                               dsgd_ctx_last_error(dsgd_model_ctx(m)));
+            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(v.ctx));
         mine = dsgd__ckw_commit(&w, path);
     }
     DSGD_FREE(cw.all);
@@ -286,8 +291,8 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
 
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
     const char *what = "dsgd_strategy_save";
-    dsgd_optimizer *opt;
-    dsgd_model **models, *m;
+    dsgd__ck_vars v;
+    dsgd_model **models;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
@@ -300,18 +305,15 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
-    opt = dsgd__strategy_state_opt(s);
-    m = dsgd_optimizer_model(opt);
-    dsgd__ckw_init(&w, s->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
-    dsgd__ck_put_model(&w, m);
-    dsgd__ck_put_params(&w, m);
-    dsgd__ck_put_optimizer(&w, opt);
+    v = dsgd__strategy_state(s);
+    dsgd__ckw_init(&w, s->ctx, what,
+                   dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st), extra ? extra->user_bytes : 0));
+    dsgd__ck_put_state(&w, s, &v);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
-        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what,
-                           dsgd_ctx_last_error(dsgd_model_ctx(m)));
+        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(v.ctx));
     DSGD_FREE(models);
     return dsgd__ckw_commit(&w, path);
 }
@@ -416,18 +418,18 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
 static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_state *cs,
                                            dsgd_model **models) {
     const dsgd__ck_opt *st = &cs->opt;
-    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
-    dsgd_model *m = dsgd_optimizer_model(opt);
+    dsgd__ck_vars v = dsgd__strategy_state(s);
     dsgd_result r = DSGD_OK;
     int i;
     if (s->ops->state) {
-        if ((r = dsgd__ck_apply_params(f, m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
-        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(dsgd_model_ctx(m)));
+        if ((r = dsgd__ck_apply_params(f, &v)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, &v, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(v.ctx));
     }
     for (i = 0; i < s->n; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd__ck_apply_params(f, rep->m.model);
-        if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
+        dsgd__ck_vars rv = dsgd__ck_vars_of(rep->m.model, rep->opt);
+        r = dsgd__ck_apply_params(f, &rv);
+        if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, &rv, st);
         if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->m.ctx));
         dsgd__optimizer_set_steps(rep->opt, st->t);
         dsgd__optimizer_set_last_grad_norm(rep->opt, st->last_norm);
@@ -443,12 +445,12 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
 static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f, dsgd_result r,
                                                const dsgd_checkpoint_extra *extra, const char *what,
                                                const char *path) {
-    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd__ck_vars v = dsgd__strategy_state(s);
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
     int i;
-    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, dsgd_optimizer_model(opt), opt, extra, &st)) == DSGD_OK) {
+    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, s->reps[0].m.model, &v, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             what);
         models = dsgd__strategy_models(s, what);

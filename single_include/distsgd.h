@@ -4469,9 +4469,10 @@ static int dsgd__opt_kind_slots(dsgd_optimizer_kind k) {
 
 /* An optimizer's state for n floats on a backend, needing no model: the
    desc (defaults filled) and its slots, zeroed. A model's optimizer holds
-   one; so do a parameter server (its shards) and a summation-only worker
-   (its copy of each server's shards). The step count stays with the owner
-   (a server's is its version). */
+   one, and so does central storage's host copy (both with a step count:
+   dsgd__opt_run below); so do a parameter server (its shards) and a
+   summation-only worker (its copy of each server's shards), whose step
+   count stays with the owner (a server's is its version). */
 typedef struct dsgd__opt_state {
     dsgd_optimizer_desc d;
     const dsgd_backend_i *be; /* must outlive the state */
@@ -4506,11 +4507,19 @@ static int dsgd__opt_state_slots(const dsgd__opt_state *st) { return (st->slot[0
 
 /* ---- a model's optimizer */
 
-struct dsgd_optimizer {
-    dsgd_model *m;
-    dsgd__opt_state st; /* its desc (defaults filled) and slots, on the model's backend */
+/* An optimizer at work over n floats of a backend, with no model: its
+   state (desc and slots), its step count and the last clipped norm. A
+   model's optimizer holds one; central storage's copy of the variables
+   another. */
+typedef struct dsgd__opt_run {
+    dsgd__opt_state st;
     int64_t t;
     double last_norm;
+} dsgd__opt_run;
+
+struct dsgd_optimizer {
+    dsgd_model *m;
+    dsgd__opt_run run; /* on the model's backend, over its parameters */
 };
 
 /* The one place optimizer defaults are filled. */
@@ -4605,27 +4614,57 @@ static dsgd_result dsgd__opt_state_update(const dsgd__opt_state *st, int64_t t, 
                                     dsgd__ref(st->slot[1], 0), st->n);
 }
 
+/* desc with its defaults, checked (errors recorded on ctx naming what),
+   and zeroed slots for n floats on be; *o is left freeable on an error. */
+static dsgd_result dsgd__opt_run_init(dsgd__opt_run *o, dsgd_ctx *ctx, const dsgd_backend_i *be,
+                                      const dsgd_optimizer_desc *desc, size_t n, const char *what) {
+    dsgd_optimizer_desc d = dsgd__optimizer_defaults(desc);
+    dsgd_result r;
+    memset(o, 0, sizeof(*o));
+    if ((r = dsgd__optimizer_desc_check(ctx, &d, what)) != DSGD_OK) return r;
+    return dsgd__opt_state_init(&o->st, be, &d, n);
+}
+
+/* One step over params with grads (st.n floats each, on st.be):
+   clip_by_global_norm when clip_norm > 0 (a NaN or infinity there is
+   DSGD_ERR_NON_FINITE, recorded on ctx, and nothing is updated), the
+   update at step t, then t + 1. */
+static dsgd_result dsgd__opt_run_step(dsgd__opt_run *o, dsgd_ctx *ctx, dsgd_ref params, dsgd_ref grads) {
+    const dsgd_backend_i *be = o->st.be;
+    float grad_scale = 1.0f;
+    dsgd_result r;
+    if (o->st.d.clip_norm > 0.0f) {
+        /* clip_by_global_norm: g * clip / max(norm, clip) */
+        double sumsq = 0.0;
+        size_t bad = 0;
+        r = be->norm_check(be->impl, grads, o->st.n, &sumsq, &bad);
+        if (r != DSGD_OK) return r;
+        if (bad)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_NON_FINITE,
+                                      "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
+                                      (long long)o->t, bad);
+        o->last_norm = sqrt(sumsq);
+        if (o->last_norm > o->st.d.clip_norm) grad_scale = (float)(o->st.d.clip_norm / o->last_norm);
+    }
+    r = dsgd__opt_state_update(&o->st, o->t, params, grads, grad_scale);
+    if (r == DSGD_OK) ++o->t;
+    return r;
+}
+
 DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_desc *desc, dsgd_optimizer **out) {
     dsgd_optimizer *o;
-    dsgd_optimizer_desc d;
-    dsgd_result r = DSGD_OK;
+    dsgd_result r;
     const char *what = "dsgd_optimizer_create";
     dsgd_ctx *ctx;
-    const dsgd_backend_i *be;
-    size_t n;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
     ctx = dsgd_model_ctx(m);
     if (!desc || !out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc or out is NULL", what);
     *out = NULL;
-    d = dsgd__optimizer_defaults(desc);
-    if ((r = dsgd__optimizer_desc_check(ctx, &d, what)) != DSGD_OK) return r;
     o = (dsgd_optimizer *)dsgd__alloc(ctx, sizeof(*o), what);
     if (!o) return DSGD_ERR_OUT_OF_MEMORY;
     memset(o, 0, sizeof(*o));
     o->m = m;
-    be = dsgd_model_backend(m);
-    n = dsgd_model_num_params(m);
-    r = dsgd__opt_state_init(&o->st, be, &d, n);
+    r = dsgd__opt_run_init(&o->run, ctx, dsgd_model_backend(m), desc, dsgd_model_num_params(m), what);
     if (r != DSGD_OK) {
         dsgd_optimizer_destroy(o);
         return r;
@@ -4636,40 +4675,19 @@ DSGD_API dsgd_result dsgd_optimizer_create(dsgd_model *m, const dsgd_optimizer_d
 
 DSGD_API void dsgd_optimizer_destroy(dsgd_optimizer *o) {
     if (!o) return;
-    dsgd__opt_state_free(&o->st);
+    dsgd__opt_state_free(&o->run.st);
     DSGD_FREE(o);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
-    const dsgd_backend_i *be;
-    dsgd_result r;
-    size_t n;
-    float grad_scale = 1.0f;
     if (!o) return DSGD_ERR_INVALID_ARGUMENT;
-    be = dsgd_model_backend(o->m);
-    n = dsgd_model_num_params(o->m);
-    if (o->st.d.clip_norm > 0.0f) {
-        /* clip_by_global_norm: g * clip / max(norm, clip) */
-        double sumsq = 0.0;
-        size_t bad = 0;
-        r = be->norm_check(be->impl, dsgd_model_grads(o->m), n, &sumsq, &bad);
-        if (r != DSGD_OK) return r;
-        if (bad)
-            return dsgd_ctx_set_error(dsgd_model_ctx(o->m), DSGD_ERR_NON_FINITE,
-                                      "dsgd_optimizer_step: step %lld: %zu gradient values are NaN or infinite; nothing updated",
-                                      (long long)o->t, bad);
-        o->last_norm = sqrt(sumsq);
-        if (o->last_norm > o->st.d.clip_norm) grad_scale = (float)(o->st.d.clip_norm / o->last_norm);
-    }
-    r = dsgd__opt_state_update(&o->st, o->t, dsgd_model_params(o->m), dsgd_model_grads(o->m), grad_scale);
-    if (r == DSGD_OK) ++o->t;
-    return r;
+    return dsgd__opt_run_step(&o->run, dsgd_model_ctx(o->m), dsgd_model_params(o->m), dsgd_model_grads(o->m));
 }
 
-DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->t : 0; }
-DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->last_norm : 0.0; }
+DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->run.t : 0; }
+DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->run.last_norm : 0.0; }
 DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
-    return o ? dsgd_lr_at(&o->st.d.schedule, o->st.d.lr, o->t) : 0.0f;
+    return o ? dsgd_lr_at(&o->run.st.d.schedule, o->run.st.d.lr, o->run.t) : 0.0f;
 }
 DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? o->m : NULL; }
 
@@ -4677,18 +4695,17 @@ DSGD_API dsgd_model *dsgd_optimizer_model(const dsgd_optimizer *o) { return o ? 
    central optimizer into the replicas' (whose slots it never uses): the
    step count (dsgd_optimizer_steps), and the last clipped norm
    (dsgd_optimizer_last_grad_norm). */
-static void dsgd__optimizer_set_steps(dsgd_optimizer *o, int64_t t) { o->t = t; }
-static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) { o->last_norm = norm; }
+static void dsgd__optimizer_set_steps(dsgd_optimizer *o, int64_t t) { o->run.t = t; }
+static void dsgd__optimizer_set_last_grad_norm(dsgd_optimizer *o, double norm) { o->run.last_norm = norm; }
 
-/* The kind o was created with, which a checkpoint records to refuse
-   restoring one optimizer's state into another. */
-static dsgd_optimizer_kind dsgd__optimizer_kind(const dsgd_optimizer *o) { return o->st.d.kind; }
+/* The optimizer at work inside o: what a checkpoint reads and writes. */
+static dsgd__opt_run *dsgd__optimizer_run(dsgd_optimizer *o) { return &o->run; }
 
-DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? dsgd__opt_state_slots(&o->st) : 0; }
+DSGD_API int dsgd_optimizer_num_slots(const dsgd_optimizer *o) { return o ? dsgd__opt_state_slots(&o->run.st) : 0; }
 
 DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot) {
     if (!o || slot < 0 || slot >= dsgd_optimizer_num_slots(o)) return NULL;
-    if (o->st.d.kind == DSGD_OPT_MOMENTUM) return "momentum";
+    if (o->run.st.d.kind == DSGD_OPT_MOMENTUM) return "momentum";
     return slot == 0 ? "m" : "v";
 }
 
@@ -4696,7 +4713,7 @@ DSGD_API const char *dsgd_optimizer_slot_name(const dsgd_optimizer *o, int slot)
    order) as a ref at its first float, in the model's backend: what a
    checkpoint reads to save it and writes to restore it. */
 static dsgd_ref dsgd__optimizer_slot_ref(const dsgd_optimizer *o, int k) {
-    return dsgd__ref(o->st.slot[k], 0);
+    return dsgd__ref(o->run.st.slot[k], 0);
 }
 
 DSGD_API dsgd_result dsgd_optimizer_read_slot(dsgd_optimizer *o, int slot, size_t offset, size_t count, float *dst) {
@@ -6178,54 +6195,73 @@ static dsgd_result dsgd__ck_check_model(const dsgd__ck_file *f, const dsgd_model
 }
 
 /* "params": the flat parameter buffer. */
-static void dsgd__ck_put_params(dsgd__ck_writer *w, dsgd_model *m) {
+/* What a checkpoint holds of the variables beside the model's layout: n
+   parameters at params on be, and an optimizer at work over them (NULL:
+   none). A model and its optimizer give one (dsgd__ck_vars_of); central
+   storage's host copy another, with no model. */
+typedef struct dsgd__ck_vars {
+    dsgd_ctx *ctx; /* where an allocation's error is recorded */
+    const dsgd_backend_i *be;
+    dsgd_ref params;
+    size_t n;
+    dsgd__opt_run *opt;
+} dsgd__ck_vars;
+
+static dsgd__ck_vars dsgd__ck_vars_of(dsgd_model *m, dsgd_optimizer *o) {
+    dsgd__ck_vars v;
+    v.ctx = dsgd_model_ctx(m);
+    v.be = dsgd_model_backend(m);
+    v.params = dsgd_model_params(m);
+    v.n = dsgd_model_num_params(m);
+    v.opt = o ? dsgd__optimizer_run(o) : NULL;
+    return v;
+}
+
+static void dsgd__ck_put_params(dsgd__ck_writer *w, const dsgd__ck_vars *v) {
     dsgd__ckw_begin(w, "params");
-    dsgd__ckw_read(w, dsgd_model_backend(m), dsgd_model_params(m), dsgd_model_num_params(m));
+    dsgd__ckw_read(w, v->be, v->params, v->n);
     dsgd__ckw_end(w);
 }
 
-static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, const dsgd_model *m) {
+static dsgd_result dsgd__ck_check_params(const dsgd__ck_file *f, size_t n) {
     const dsgd__ck_section *s = dsgd__ck_need(f, "params", "the parameters");
     if (!s) return DSGD_ERR_SHAPE;
-    if (s->size != dsgd_model_num_params(m) * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
+    if (s->size != n * sizeof(float)) return dsgd__ck_bad_section(f, s, "not the model's parameter count");
     return DSGD_OK;
 }
 
-/* Writes count stored floats at src to dst in m's backend: straight from
+/* Writes count stored floats at src to dst in v's backend: straight from
    the image where it is aligned and the host little-endian, else through a
    copy. */
-static dsgd_result dsgd__ck_write_buffer(dsgd_model *m, const char *what, dsgd_ref dst, const unsigned char *src,
-                                         size_t count) {
-    const dsgd_backend_i *be = dsgd_model_backend(m);
+static dsgd_result dsgd__ck_write_buffer(const dsgd__ck_vars *v, const char *what, dsgd_ref dst,
+                                         const unsigned char *src, size_t count) {
     float *tmp;
     dsgd_result r;
     if (count == 0) return DSGD_OK;
     if (dsgd__ck_little_endian() && (uintptr_t)src % sizeof(float) == 0)
-        return be->write(be->impl, dst, (const float *)(const void *)src, count);
-    if (!(tmp = (float *)dsgd__alloc(dsgd_model_ctx(m), count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
+        return v->be->write(v->be->impl, dst, (const float *)(const void *)src, count);
+    if (!(tmp = (float *)dsgd__alloc(v->ctx, count * sizeof(float), what))) return DSGD_ERR_OUT_OF_MEMORY;
     dsgd__ck_copy_floats(tmp, src, count);
-    r = be->write(be->impl, dst, tmp, count);
+    r = v->be->write(v->be->impl, dst, tmp, count);
     DSGD_FREE(tmp);
     return r;
 }
 
-static dsgd_result dsgd__ck_apply_params(const dsgd__ck_file *f, dsgd_model *m) {
-    return dsgd__ck_write_buffer(m, f->what, dsgd_model_params(m), dsgd__ck_find(f, "params")->data,
-                                 dsgd_model_num_params(m));
+static dsgd_result dsgd__ck_apply_params(const dsgd__ck_file *f, const dsgd__ck_vars *v) {
+    return dsgd__ck_write_buffer(v, f->what, v->params, dsgd__ck_find(f, "params")->data, v->n);
 }
 
 /* "optimizer": kind, steps, last norm, slots. */
-static void dsgd__ck_put_optimizer(dsgd__ck_writer *w, dsgd_optimizer *o) {
-    const dsgd_model *m = dsgd_optimizer_model(o);
-    size_t np = dsgd_model_num_params(m);
-    int k, n = dsgd_optimizer_num_slots(o);
+static void dsgd__ck_put_optimizer(dsgd__ck_writer *w, const dsgd__ck_vars *v) {
+    const dsgd__opt_run *o = v->opt;
+    int k, n = dsgd__opt_state_slots(&o->st);
     dsgd__ckw_begin(w, "optimizer");
-    dsgd__ckw_u32(w, (uint32_t)dsgd__optimizer_kind(o));
-    dsgd__ckw_u64(w, (uint64_t)dsgd_optimizer_steps(o));
-    dsgd__ckw_f64(w, dsgd_optimizer_last_grad_norm(o));
+    dsgd__ckw_u32(w, (uint32_t)o->st.d.kind);
+    dsgd__ckw_u64(w, (uint64_t)o->t);
+    dsgd__ckw_f64(w, o->last_norm);
     dsgd__ckw_u32(w, (uint32_t)n);
-    dsgd__ckw_u64(w, (uint64_t)np);
-    for (k = 0; k < n; ++k) dsgd__ckw_read(w, dsgd_model_backend(m), dsgd__optimizer_slot_ref(o, k), np);
+    dsgd__ckw_u64(w, (uint64_t)v->n);
+    for (k = 0; k < n; ++k) dsgd__ckw_read(w, v->be, dsgd__ref(o->st.slot[k], 0), v->n);
     dsgd__ckw_end(w);
 }
 
@@ -6242,11 +6278,11 @@ static const char *dsgd__opt_kind_text(uint32_t k) {
     return k < 4 ? names[k] : "unknown";
 }
 
-static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_optimizer *o, dsgd__ck_opt *out) {
+static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd__ck_vars *v, dsgd__ck_opt *out) {
     const dsgd__ck_section *s = dsgd__ck_need(f, "optimizer", "the optimizer");
+    const dsgd__opt_run *o = v->opt;
     dsgd__ck_cur c;
     uint64_t np, t;
-    size_t mnp = dsgd_model_num_params(dsgd_optimizer_model(o));
     if (!s) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(s);
     out->kind = dsgd__ckr_u32(&c);
@@ -6257,28 +6293,25 @@ static dsgd_result dsgd__ck_check_optimizer(const dsgd__ck_file *f, const dsgd_o
     if (c.bad) return dsgd__ck_bad_section(f, s, "cut short");
     if (t > (uint64_t)INT64_MAX) return dsgd__ck_bad_section(f, s, "a negative step count");
     out->t = (int64_t)t;
-    if (out->nslots > 2 || np != (uint64_t)mnp || c.left != (size_t)out->nslots * mnp * sizeof(float))
+    if (out->nslots > 2 || np != (uint64_t)v->n || c.left != (size_t)out->nslots * v->n * sizeof(float))
         return dsgd__ck_bad_section(f, s, "slots of the wrong size");
-    if (out->kind != (uint32_t)dsgd__optimizer_kind(o) || (int)out->nslots != dsgd_optimizer_num_slots(o))
+    if (out->kind != (uint32_t)o->st.d.kind || (int)out->nslots != dsgd__opt_state_slots(&o->st))
         return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
                                   "%s: %s: the checkpoint holds the state of a %s optimizer, this one is %s", f->what,
-                                  f->path, dsgd__opt_kind_text(out->kind),
-                                  dsgd__opt_kind_text((uint32_t)dsgd__optimizer_kind(o)));
+                                  f->path, dsgd__opt_kind_text(out->kind), dsgd__opt_kind_text((uint32_t)o->st.d.kind));
     out->slots = c.p;
     return DSGD_OK;
 }
 
-static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, dsgd_optimizer *o, const dsgd__ck_opt *st) {
-    dsgd_model *m = dsgd_optimizer_model(o);
-    size_t np = dsgd_model_num_params(m);
+static dsgd_result dsgd__ck_apply_optimizer(const dsgd__ck_file *f, const dsgd__ck_vars *v, const dsgd__ck_opt *st) {
     uint32_t k;
     dsgd_result r = DSGD_OK;
     for (k = 0; k < st->nslots && r == DSGD_OK; ++k)
-        r = dsgd__ck_write_buffer(m, f->what, dsgd__optimizer_slot_ref(o, (int)k),
-                                  st->slots + (size_t)k * np * sizeof(float), np);
+        r = dsgd__ck_write_buffer(v, f->what, dsgd__ref(v->opt->st.slot[k], 0), st->slots + (size_t)k * v->n * sizeof(float),
+                                  v->n);
     if (r == DSGD_OK) {
-        dsgd__optimizer_set_steps(o, st->t);
-        dsgd__optimizer_set_last_grad_norm(o, st->last_norm);
+        v->opt->t = st->t;
+        v->opt->last_norm = st->last_norm;
     }
     return r;
 }
@@ -6453,8 +6486,9 @@ static dsgd_result dsgd__ck_model_args(dsgd_model *m, const dsgd_optimizer *opt,
     return r;
 }
 
-/* The model-level sections of a checkpoint, checked against a model, its
-   optimizer (may be NULL) and extra: what the apply functions then write. */
+/* The model-level sections of a checkpoint, checked against a model's
+   layout, the variables v (their optimizer may be NULL) and extra: what
+   the apply functions then write. */
 typedef struct dsgd__ck_state {
     dsgd__ck_opt opt;
     dsgd__ck_pos pos;
@@ -6462,11 +6496,11 @@ typedef struct dsgd__ck_state {
     uint32_t replicas;            /* their number */
 } dsgd__ck_state;
 
-static dsgd_result dsgd__ck_check_state(const dsgd__ck_file *f, const dsgd_model *m, const dsgd_optimizer *opt,
+static dsgd_result dsgd__ck_check_state(const dsgd__ck_file *f, const dsgd_model *m, const dsgd__ck_vars *v,
                                         const dsgd_checkpoint_extra *extra, dsgd__ck_state *st) {
     dsgd_result r;
-    if ((r = dsgd__ck_check_model(f, m)) != DSGD_OK || (r = dsgd__ck_check_params(f, m)) != DSGD_OK ||
-        (opt && (r = dsgd__ck_check_optimizer(f, opt, &st->opt)) != DSGD_OK) ||
+    if ((r = dsgd__ck_check_model(f, m)) != DSGD_OK || (r = dsgd__ck_check_params(f, v->n)) != DSGD_OK ||
+        (v->opt && (r = dsgd__ck_check_optimizer(f, v, &st->opt)) != DSGD_OK) ||
         (r = dsgd__ck_check_metrics(f, &st->metrics, &st->replicas)) != DSGD_OK)
         return r;
     return dsgd__ck_check_extra(f, extra, &st->pos);
@@ -6477,6 +6511,7 @@ static dsgd_result dsgd__ck_check_state(const dsgd__ck_file *f, const dsgd_model
 DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const char *path,
                                      const dsgd_checkpoint_extra *extra) {
     const char *what = "dsgd_model_save";
+    dsgd__ck_vars v;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!m) return DSGD_ERR_INVALID_ARGUMENT;
@@ -6484,8 +6519,9 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
     dsgd__ckw_init(&w, dsgd_model_ctx(m), what,
                    dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
     dsgd__ck_put_model(&w, m);
-    dsgd__ck_put_params(&w, m);
-    if (opt) dsgd__ck_put_optimizer(&w, opt);
+    v = dsgd__ck_vars_of(m, opt);
+    dsgd__ck_put_params(&w, &v);
+    if (opt) dsgd__ck_put_optimizer(&w, &v);
     dsgd__ck_put_metrics(&w, &m, 1);
     dsgd__ck_put_extra(&w, extra);
     return dsgd__ckw_commit(&w, path);
@@ -6494,12 +6530,13 @@ DSGD_API dsgd_result dsgd_model_save(dsgd_model *m, dsgd_optimizer *opt, const c
 /* Checks the parsed checkpoint f against m, opt and extra, then restores it. */
 static dsgd_result dsgd__model_restore_from(const dsgd__ck_file *f, dsgd_model *m, dsgd_optimizer *opt,
                                             const dsgd_checkpoint_extra *extra) {
+    dsgd__ck_vars v = dsgd__ck_vars_of(m, opt);
     dsgd__ck_state st;
     dsgd_result r;
-    if ((r = dsgd__ck_check_state(f, m, opt, extra, &st)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_check_state(f, m, &v, extra, &st)) != DSGD_OK) return r;
     /* everything checked: now write */
-    r = dsgd__ck_apply_params(f, m);
-    if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, opt, &st.opt);
+    r = dsgd__ck_apply_params(f, &v);
+    if (r == DSGD_OK && opt) r = dsgd__ck_apply_optimizer(f, &v, &st.opt);
     if (r == DSGD_OK) r = dsgd__ck_apply_metrics(st.metrics, st.replicas, &m, 1, 0, 1);
     if (r == DSGD_OK) dsgd__ck_apply_extra(f, extra, &st.pos);
     return r;
@@ -16213,10 +16250,10 @@ typedef struct dsgd__strategy_ops {
        a partial one); may be NULL */
     void (*teardown)(dsgd_strategy *s);
     /* where the variables and the optimizer's state live once, if not in
-       every replica (a checkpoint saves and restores that optimizer and its
-       model; the replicas then get the parameters and the step); NULL:
-       every replica holds them, equal (replica 0's are saved) */
-    dsgd_optimizer *(*state)(dsgd_strategy *s);
+       every replica (a checkpoint saves and restores them; the replicas
+       then get the parameters and the step); NULL: every replica holds
+       them, equal (replica 0's are saved) */
+    dsgd__ck_vars (*state)(dsgd_strategy *s);
     /* non-zero: the replicas may be part of a larger group (the endpoints'
        size), spread over processes (MULTI-WORKER above) */
     int multi_worker;
@@ -17637,8 +17674,9 @@ static const dsgd__strategy_ops dsgd__multi_worker_ops = {
    CENTRAL STORAGE (tf.distribute.experimental.CentralStorageStrategy)
 
      The model's variables and the optimizer's state live once, in a host
-     copy that the strategy owns: a model on a CPU backend of the strategy's
-     context, with its own optimizer. Each of the N replicas (a thread with
+     copy that the strategy owns: the flat parameters and gradient on a CPU
+     backend of the strategy's context, and an optimizer at work over them
+     (no model: nothing is computed there but the update). Each of the N replicas (a thread with
      its own backend: the CPU, or an OpenCL device) computes the gradients of
      its shard of the batch. The gradients are summed into the central copy,
      which is updated once, and then every replica reads the variables. One
@@ -17682,10 +17720,13 @@ static const dsgd__strategy_ops dsgd__multi_worker_ops = {
 /* >>strategy_central -------------------------------------------------------- */
 
 typedef struct dsgd__central {
-    dsgd_model *model;     /* the central copy, on a CPU backend of the strategy's ctx */
-    dsgd_optimizer *opt;   /* its optimizer: the only one whose slots move */
-    float *params, *grads; /* its buffers' host memory */
-    float **src;           /* [N]: each replica's gradient on the host, during phase 4 */
+    dsgd_backend_i be;           /* a CPU backend of the strategy's ctx */
+    int have_be;
+    dsgd_buffer *pbuf, *gbuf;    /* the central parameters and gradient, p floats each */
+    float *params, *grads;       /* their host memory */
+    size_t p;
+    dsgd__opt_run opt;           /* the only optimizer whose slots move */
+    float **src;                 /* [N]: each replica's gradient on the host, during phase 4 */
 } dsgd__central;
 
 static dsgd_result dsgd__central_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
@@ -17699,35 +17740,36 @@ static dsgd_result dsgd__central_check(dsgd_ctx *ctx, const dsgd_strategy_desc *
 static void dsgd__central_teardown(dsgd_strategy *s) {
     dsgd__central *c = (dsgd__central *)s->kind_data;
     if (!c) return;
-    dsgd_optimizer_destroy(c->opt);
-    dsgd_model_destroy(c->model);
+    if (c->opt.st.be) dsgd__opt_state_free(&c->opt.st);
+    if (c->pbuf) c->be.buffer_destroy(c->be.impl, c->pbuf);
+    if (c->gbuf) c->be.buffer_destroy(c->be.impl, c->gbuf);
+    if (c->have_be && c->be.destroy) c->be.destroy(c->be.impl);
     DSGD_FREE(c->src);
     DSGD_FREE(c);
     s->kind_data = NULL;
 }
 
-/* The central copy: a model with the replicas' desc on a CPU backend of its
-   own, holding replica 0's initial weights, and its optimizer. */
+/* The central copy on a CPU backend of its own: the parameters, holding
+   replica 0's initial weights, the gradient, and the optimizer. */
 static dsgd_result dsgd__central_setup(dsgd_strategy *s) {
     const char *what = "dsgd_strategy_create";
-    dsgd_model_desc md = s->d.model;
-    const dsgd_backend_i *be;
     dsgd__central *c = (dsgd__central *)dsgd__alloc(s->ctx, sizeof(*c), what);
     dsgd_result res;
-    size_t p;
     if (!c) return DSGD_ERR_OUT_OF_MEMORY;
     memset(c, 0, sizeof(*c));
     s->kind_data = c;
-    md.backend = NULL;
-    if ((res = dsgd_model_create(s->ctx, &md, &c->model)) != DSGD_OK) return res;
-    if ((res = dsgd_optimizer_create(c->model, &s->d.optimizer, &c->opt)) != DSGD_OK) return res;
-    be = dsgd_model_backend(c->model);
-    c->params = be->buffer_host_ptr(be->impl, dsgd_model_params(c->model).buf) + dsgd_model_params(c->model).off;
-    c->grads = be->buffer_host_ptr(be->impl, dsgd_model_grads(c->model).buf) + dsgd_model_grads(c->model).off;
+    c->p = dsgd_model_num_params(s->reps[0].m.model);
+    if ((res = dsgd_cpu_backend_create(s->ctx, &c->be)) != DSGD_OK) return res;
+    c->have_be = 1;
+    if ((res = c->be.buffer_create(c->be.impl, c->p ? c->p : 1, &c->pbuf)) != DSGD_OK ||
+        (res = c->be.buffer_create(c->be.impl, c->p ? c->p : 1, &c->gbuf)) != DSGD_OK ||
+        (res = dsgd__opt_run_init(&c->opt, s->ctx, &c->be, &s->d.optimizer, c->p, what)) != DSGD_OK)
+        return res;
+    c->params = c->be.buffer_host_ptr(c->be.impl, c->pbuf);
+    c->grads = c->be.buffer_host_ptr(c->be.impl, c->gbuf);
     c->src = (float **)dsgd__alloc(s->ctx, sizeof(float *) * (size_t)s->n, what);
     if (!c->src) return DSGD_ERR_OUT_OF_MEMORY;
-    p = dsgd_model_num_params(c->model);
-    res = dsgd_model_get_params(s->reps[0].m.model, c->params, p);
+    res = dsgd_model_get_params(s->reps[0].m.model, c->params, c->p);
     if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[0].m.ctx));
     return res;
 }
@@ -17761,8 +17803,8 @@ static dsgd_result dsgd__central_reduce(dsgd_replica *r, dsgd__central *c, size_
 /* Phase 5, on replica 0 (the strategy's thread, which owns the central
    copy's context): one optimizer step of the central copy. */
 static dsgd_result dsgd__central_update(dsgd_replica *r, dsgd__central *c) {
-    dsgd_result res = dsgd_optimizer_step(c->opt);
-    if (res != DSGD_OK) dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(c->model)));
+    dsgd_result res = dsgd__opt_run_step(&c->opt, r->s->ctx, dsgd__ref(c->pbuf, 0), dsgd__ref(c->gbuf, 0));
+    if (res != DSGD_OK) dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(r->s->ctx));
     return res;
 }
 
@@ -17775,7 +17817,7 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     float *host, *mapped = NULL;
     dsgd_batch b;
     dsgd_result res, done;
-    r->lr = dsgd_optimizer_lr(c->opt);
+    r->lr = dsgd_lr_at(&c->opt.st.d.schedule, c->opt.st.d.lr, c->opt.t);
     res = dsgd__step_compute(r, a, &b, &bad);                        /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
@@ -17791,12 +17833,21 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     done = dsgd__grads_on_host_done(r, p, host, mapped, 0); /* the others have read it */
     if (res == DSGD_OK) res = done;
     if (res == DSGD_OK) res = dsgd_model_set_params(r->m.model, c->params, p); /* 6 */
-    if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, dsgd_optimizer_steps(c->opt));
+    if (res == DSGD_OK) dsgd__optimizer_set_steps(r->opt, c->opt.t);
     return res;
 }
 
-/* The central copy's optimizer holds the state a checkpoint saves. */
-static dsgd_optimizer *dsgd__central_state(dsgd_strategy *s) { return ((dsgd__central *)s->kind_data)->opt; }
+/* The central copy holds the state a checkpoint saves. */
+static dsgd__ck_vars dsgd__central_state(dsgd_strategy *s) {
+    dsgd__central *c = (dsgd__central *)s->kind_data;
+    dsgd__ck_vars v;
+    v.ctx = s->ctx;
+    v.be = &c->be;
+    v.params = dsgd__ref(c->pbuf, 0);
+    v.n = c->p;
+    v.opt = &c->opt;
+    return v;
+}
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
@@ -18675,9 +18726,17 @@ static dsgd_result dsgd__strategy_ck_usable(dsgd_strategy *s, const char *what) 
     return dsgd__strategy_usable(s, what);
 }
 
-/* The optimizer holding the one copy of the state (and, through it, its model). */
-static dsgd_optimizer *dsgd__strategy_state_opt(dsgd_strategy *s) {
-    return s->ops->state ? s->ops->state(s) : s->reps[0].opt;
+/* The variables and optimizer holding the one copy of the state: the
+   kind's own (central storage's host copy), or replica 0's. */
+static dsgd__ck_vars dsgd__strategy_state(dsgd_strategy *s) {
+    return s->ops->state ? s->ops->state(s) : dsgd__ck_vars_of(s->reps[0].m.model, s->reps[0].opt);
+}
+
+/* The model's layout and the state (v) into w. */
+static void dsgd__ck_put_state(dsgd__ck_writer *w, dsgd_strategy *s, const dsgd__ck_vars *v) {
+    dsgd__ck_put_model(w, s->reps[0].m.model);
+    dsgd__ck_put_params(w, v);
+    dsgd__ck_put_optimizer(w, v);
 }
 
 /* Every replica's model, for the metrics records (n pointers). */
@@ -18830,15 +18889,13 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
     }
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
     if (r == DSGD_OK && s->first == 0) {
-        dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
-        dsgd_model *m = dsgd_optimizer_model(opt);
+        dsgd__ck_vars v = dsgd__strategy_state(s);
         dsgd__ck_writer w;
         int g;
         dsgd__ckw_init(&w, s->ctx, what,
-                       dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), bytes + (extra ? extra->user_bytes : 0)));
-        dsgd__ck_put_model(&w, m);
-        dsgd__ck_put_params(&w, m);
-        dsgd__ck_put_optimizer(&w, opt);
+                       dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st),
+                                       bytes + (extra ? extra->user_bytes : 0)));
+        dsgd__ck_put_state(&w, s, &v);
         dsgd__ckw_begin(&w, "metrics");
         dsgd__ckw_u32(&w, (uint32_t)s->world);
         for (g = 0; g < s->world; ++g) {
@@ -18850,8 +18907,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
-            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what,
-                               dsgd_ctx_last_error(dsgd_model_ctx(m)));
+            dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(v.ctx));
         mine = dsgd__ckw_commit(&w, path);
     }
     DSGD_FREE(cw.all);
@@ -18861,8 +18917,8 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
 
 DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra) {
     const char *what = "dsgd_strategy_save";
-    dsgd_optimizer *opt;
-    dsgd_model **models, *m;
+    dsgd__ck_vars v;
+    dsgd_model **models;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
@@ -18875,18 +18931,15 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
-    opt = dsgd__strategy_state_opt(s);
-    m = dsgd_optimizer_model(opt);
-    dsgd__ckw_init(&w, s->ctx, what, dsgd__ck_expect(m, dsgd_optimizer_num_slots(opt), extra ? extra->user_bytes : 0));
-    dsgd__ck_put_model(&w, m);
-    dsgd__ck_put_params(&w, m);
-    dsgd__ck_put_optimizer(&w, opt);
+    v = dsgd__strategy_state(s);
+    dsgd__ckw_init(&w, s->ctx, what,
+                   dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st), extra ? extra->user_bytes : 0));
+    dsgd__ck_put_state(&w, s, &v);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
-        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what,
-                           dsgd_ctx_last_error(dsgd_model_ctx(m)));
+        dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(v.ctx));
     DSGD_FREE(models);
     return dsgd__ckw_commit(&w, path);
 }
@@ -18991,18 +19044,18 @@ static void dsgd__ck_apply_variable(dsgd_strategy *s, dsgd__dvar *v, const dsgd_
 static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file *f, const dsgd__ck_state *cs,
                                            dsgd_model **models) {
     const dsgd__ck_opt *st = &cs->opt;
-    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
-    dsgd_model *m = dsgd_optimizer_model(opt);
+    dsgd__ck_vars v = dsgd__strategy_state(s);
     dsgd_result r = DSGD_OK;
     int i;
     if (s->ops->state) {
-        if ((r = dsgd__ck_apply_params(f, m)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, opt, st);
-        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(dsgd_model_ctx(m)));
+        if ((r = dsgd__ck_apply_params(f, &v)) == DSGD_OK) r = dsgd__ck_apply_optimizer(f, &v, st);
+        if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "%s", dsgd_ctx_last_error(v.ctx));
     }
     for (i = 0; i < s->n; ++i) {
         dsgd_replica *rep = &s->reps[i];
-        r = dsgd__ck_apply_params(f, rep->m.model);
-        if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, rep->opt, st);
+        dsgd__ck_vars rv = dsgd__ck_vars_of(rep->m.model, rep->opt);
+        r = dsgd__ck_apply_params(f, &rv);
+        if (r == DSGD_OK && !s->ops->state) r = dsgd__ck_apply_optimizer(f, &rv, st);
         if (r != DSGD_OK) return dsgd_ctx_set_error(s->ctx, r, "replica %d: %s", i, dsgd_ctx_last_error(rep->m.ctx));
         dsgd__optimizer_set_steps(rep->opt, st->t);
         dsgd__optimizer_set_last_grad_norm(rep->opt, st->last_norm);
@@ -19018,12 +19071,12 @@ static dsgd_result dsgd__ck_apply_strategy(dsgd_strategy *s, const dsgd__ck_file
 static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_file *f, dsgd_result r,
                                                const dsgd_checkpoint_extra *extra, const char *what,
                                                const char *path) {
-    dsgd_optimizer *opt = dsgd__strategy_state_opt(s);
+    dsgd__ck_vars v = dsgd__strategy_state(s);
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
     int i;
-    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, dsgd_optimizer_model(opt), opt, extra, &st)) == DSGD_OK) {
+    if (r == DSGD_OK && (r = dsgd__ck_check_state(f, s->reps[0].m.model, &v, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             what);
         models = dsgd__strategy_models(s, what);
