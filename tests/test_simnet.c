@@ -1716,6 +1716,83 @@ static void test_order_statistics(void **state) {
 #define PSA_W 8
 #define PSA_NF 4
 
+/* A simulated worker in the engine's loop (dsgd_ps_worker_run): its
+   compute is the hub's draw for (rank, step), its gradient 0.01 p + rank;
+   the callbacks record what a test reads. */
+typedef struct sim_worker {
+    run *r;
+    int rank;
+    const dsgd_transport_i *t;
+    dsgd_ps_worker *w;
+    size_t nf;
+    double t_push;       /* when its last push was acknowledged */
+    double t_stop;       /* when its pull reached `target` as the global step (0: never) */
+    int64_t target;
+    int pushes, dropped; /* its pushes, and those a server dropped as stale */
+    int global_ok;       /* each pull's global step was the least version read */
+} sim_worker;
+
+static dsgd_result sim_grad(void *user, int64_t step, const float *p, float *g) {
+    sim_worker *sw = (sim_worker *)user;
+    size_t i;
+    for (i = 0; i < sw->nf; ++i) g[i] = 0.01f * p[i] + (float)sw->rank;
+    return dsgd_simnet_compute(sw->r->hub, sw->rank, step);
+}
+
+static dsgd_result sim_after_pull(void *user, int64_t step, int64_t global, const float *params, int *stop) {
+    sim_worker *sw = (sim_worker *)user;
+    int64_t least = -1;
+    int s;
+    (void)step;
+    (void)params;
+    (void)stop;
+    for (s = 0; dsgd_ps_worker_version(sw->w, s) >= 0; ++s)
+        if (least < 0 || dsgd_ps_worker_version(sw->w, s) < least) least = dsgd_ps_worker_version(sw->w, s);
+    if (global != least) sw->global_ok = 0;
+    if (global >= sw->target && sw->t_stop == 0.0) sw->t_stop = now_of(sw->t);
+    return DSGD_OK;
+}
+
+static dsgd_result sim_after_push(void *user, int64_t step) {
+    sim_worker *sw = (sim_worker *)user;
+    int s;
+    (void)step;
+    sw->t_push = now_of(sw->t);
+    sw->pushes++;
+    for (s = 0; dsgd_ps_worker_version(sw->w, s) >= 0; ++s)
+        if (dsgd_ps_worker_last_push_dropped(sw->w, s)) {
+            sw->dropped++;
+            break;
+        }
+    return DSGD_OK;
+}
+
+/* Worker `rank` of pd over t in the engine's loop to `steps` (the policy's
+   target); *sw holds what it recorded. */
+static dsgd_result sim_worker_run(run *r, int rank, const dsgd_transport_i *t, const dsgd_ps_desc *pd,
+                                  const dsgd_shard_map *map, size_t nf, int64_t steps, sim_worker *sw) {
+    dsgd_ps_run_desc rd;
+    dsgd_result res;
+    memset(sw, 0, sizeof(*sw));
+    sw->r = r;
+    sw->rank = rank;
+    sw->t = t;
+    sw->nf = nf;
+    sw->target = steps;
+    sw->global_ok = 1;
+    memset(&rd, 0, sizeof(rd));
+    rd.steps = steps;
+    rd.grad = sim_grad;
+    rd.after_pull = sim_after_pull;
+    rd.after_push = sim_after_push;
+    rd.user = sw;
+    res = dsgd_ps_worker_create(r->ctx[rank], t, pd, map, &sw->w);
+    if (res == DSGD_OK) res = dsgd_ps_worker_run(sw->w, &rd); /* and finish */
+    dsgd_ps_worker_destroy(sw->w);
+    sw->w = NULL;
+    return res;
+}
+
 typedef struct psa_job {
     long steps;
     dsgd_shard_map *map;
@@ -1743,20 +1820,9 @@ static void body_psa(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) 
         }
         dsgd_ps_server_destroy(s);
     } else {
-        dsgd_ps_worker *w = NULL;
-        float p[PSA_NF] = {0}, g[PSA_NF];
-        long k;
-        int i;
-        res = dsgd_ps_worker_create(r->ctx[rank], t, &jb->pd, jb->map, &w);
-        for (k = 0; k < jb->steps && res == DSGD_OK; ++k) {
-            res = dsgd_ps_worker_pull(w, p);
-            if (res == DSGD_OK) res = dsgd_simnet_compute(r->hub, rank, k);
-            for (i = 0; i < PSA_NF; ++i) g[i] = 0.01f * p[i] + (float)rank;
-            if (res == DSGD_OK) res = dsgd_ps_worker_push(w, g);
-        }
-        jb->t_worker[rank] = now_of(t);
-        if (res == DSGD_OK) res = dsgd_ps_worker_finish(w);
-        dsgd_ps_worker_destroy(w);
+        sim_worker sw;
+        res = sim_worker_run(r, rank, t, &jb->pd, jb->map, PSA_NF, jb->steps, &sw);
+        jb->t_worker[rank] = sw.t_push;
     }
     record(r, rank, res);
 }
@@ -1857,26 +1923,12 @@ static void body_backup(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *
             jb->st.staleness_hist = NULL;
         }
         dsgd_ps_server_destroy(s);
-    } else {
-        dsgd_ps_worker *w = NULL;
-        float p[PSA_NF] = {0}, g[PSA_NF];
-        long k;
-        int i;
-        res = dsgd_ps_worker_create(r->ctx[rank], t, &jb->pd, jb->map, &w);
-        for (k = 0; res == DSGD_OK; ++k) { /* TF's loop: pull, stop on the version, compute, push */
-            res = dsgd_ps_worker_pull(w, p);
-            if (res != DSGD_OK || dsgd_ps_worker_version(w, 0) >= BK_STEPS) break;
-            res = dsgd_simnet_compute(r->hub, rank, k);
-            for (i = 0; i < PSA_NF; ++i) g[i] = 0.01f * p[i] + (float)rank;
-            if (res == DSGD_OK) res = dsgd_ps_worker_push(w, g);
-            if (res == DSGD_OK) {
-                jb->pushes[rank]++;
-                jb->dropped[rank] += dsgd_ps_worker_last_push_dropped(w, 0);
-            }
-        }
-        if (rank != 4) jb->t_end = jb->t_end > now_of(t) ? jb->t_end : now_of(t);
-        if (res == DSGD_OK) res = dsgd_ps_worker_finish(w);
-        dsgd_ps_worker_destroy(w);
+    } else { /* TF's loop (the engine's): pull, stop on the global step, compute, push */
+        sim_worker sw;
+        res = sim_worker_run(r, rank, t, &jb->pd, jb->map, PSA_NF, BK_STEPS, &sw);
+        jb->pushes[rank] = sw.pushes;
+        jb->dropped[rank] = sw.dropped;
+        if (rank != 4) jb->t_end = jb->t_end > sw.t_stop ? jb->t_end : sw.t_stop;
     }
     record(r, rank, res);
 }
@@ -1959,24 +2011,9 @@ static void body_backup_servers(run *r, int rank, dsgd_comm *c, const dsgd_trans
         jb->version[rank] = st.version;
         dsgd_ps_server_destroy(s);
     } else {
-        dsgd_ps_worker *w = NULL;
-        float p[BKS_NF] = {0}, g[BKS_NF];
-        long k;
-        int i;
-        res = dsgd_ps_worker_create(r->ctx[rank], t, &jb->pd, jb->map, &w);
-        for (k = 0; res == DSGD_OK; ++k) {
-            int64_t v0, v1;
-            res = dsgd_ps_worker_pull(w, p);
-            v0 = dsgd_ps_worker_version(w, 0);
-            v1 = dsgd_ps_worker_version(w, 1);
-            if (res == DSGD_OK && dsgd_ps_worker_global_step(w) != (v0 < v1 ? v0 : v1)) res = DSGD_ERR_STATE;
-            if (res != DSGD_OK || (v0 < v1 ? v0 : v1) >= BKS_T) break; /* the global step */
-            res = dsgd_simnet_compute(r->hub, rank, k);
-            for (i = 0; i < BKS_NF; ++i) g[i] = 0.01f * p[i] + (float)rank;
-            if (res == DSGD_OK) res = dsgd_ps_worker_push(w, g);
-        }
-        if (res == DSGD_OK) res = dsgd_ps_worker_finish(w);
-        dsgd_ps_worker_destroy(w);
+        sim_worker sw;
+        res = sim_worker_run(r, rank, t, &jb->pd, jb->map, BKS_NF, BKS_T, &sw);
+        if (res == DSGD_OK && !sw.global_ok) res = DSGD_ERR_STATE; /* a global step that was not the least version */
     }
     record(r, rank, res);
 }
