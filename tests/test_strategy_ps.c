@@ -10,7 +10,10 @@
      gradient and push), with the servers applying (momentum, Adam) and
      with the workers applying (ON_WORKERS): every replica's model after the
      last step equals the coordinator's variables after shutdown.
-   - Every policy (ASYNC, SSP 1, SYNC, BACKUP 2 + 1) trains: the mean loss
+   - Every policy (ASYNC, SSP 1, SYNC, BACKUP 2 + 1) trains (SSP, SYNC and
+     BACKUP saved at step 100 and restored into a new strategy there, with
+     the same evaluation loss for SYNC and BACKUP; ASYNC's arrival order
+     makes its loss too noisy to add the restart's transient): the mean loss
      over a fixed evaluation batch falls to below 0.8 of the initial one
      after 200 steps on a learnable task; the step infos count the global
      step as the policy says (SYNC and BACKUP one update per step; SSP too,
@@ -35,6 +38,9 @@
      ((p5 - p6) / lr within 1e-3, read back through dsgd_model_restore); a
      missing rank's file (DSGD_ERR_IO) and files of two saves
      (DSGD_ERR_SHAPE) are refused and the strategy still trains the bits.
+     At N = 1 (deterministic under every policy), every policy x placement
+     x 1 or 2 servers (Adam), saved at step 6 and restored into a new
+     strategy, ends with the bits of the run never saved.
    - Errors: DEVICE gradients, endpoints without probe and 0 servers are refused at
      creation; clip_norm is refused (the engine's rule); a save where no
      file can be made is DSGD_ERR_IO before anything stops; a variable aggregating SUM fails the step and the
@@ -369,9 +375,12 @@ static void test_every_policy_trains(void **state) {
     enum { N = 3, TRAIN = 200 };
     float x[N * B * IN], y[N * B], ex[N * B * IN], ey[N * B];
     dsgd_ctx *ctx = tu_ctx();
+    char dir[64], path[128];
     int p, step;
     (void)state;
     tu_watchdog(240);
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/policy.ckpt", dir);
     for (p = 0; p < 4; ++p) {
         dsgd_strategy_desc d = ps_desc(N, policies[p], DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_MOMENTUM);
         dsgd_strategy *s = NULL;
@@ -384,6 +393,18 @@ static void test_every_policy_trains(void **state) {
         before = eval_loss(ctx, s, ex, ey, N * B);
         for (step = 0; step < TRAIN; ++step) {
             dsgd_step_info info;
+            if (step == TRAIN / 2 && policies[p] != DSGD_PS_ASYNC) { /* halfway: saved, restored into a new strategy */
+                double saved, restored;
+                saved = eval_loss(ctx, s, ex, ey, N * B);
+                TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+                dsgd_strategy_destroy(s);
+                s = NULL;
+                TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+                TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+                restored = eval_loss(ctx, s, ex, ey, N * B);
+                if (policies[p] == DSGD_PS_SYNC || policies[p] == DSGD_PS_BACKUP) /* every replica held the same */
+                    assert_true(restored == saved);
+            }
             make_task(&rng, x, y, N * B);
             TU_OK(ctx, dsgd_strategy_train_step(s, x, y, N * B, &info));
             /* the global step replica 0 read at its last pull: one update a
@@ -402,6 +423,8 @@ static void test_every_policy_trains(void **state) {
                                               before, after);
         dsgd_strategy_destroy(s);
     }
+    tu_rmdir_files(dir);
+    rmdir(dir);
     dsgd_ctx_destroy(ctx);
     tu_watchdog(0);
 }
@@ -506,6 +529,59 @@ static void test_checkpoint(void **state) {
     tu_watchdog(0);
 }
 
+/* Every policy and placement at N = 1 (one worker: no arrival order, so
+   every policy is deterministic) and 1 or 2 servers: a run saved at step
+   STEPS / 2 and restored into a new strategy ends with the bits of the run
+   never saved. */
+static void test_checkpoint_every_policy(void **state) {
+    static const dsgd_ps_policy policies[4] = {DSGD_PS_ASYNC, DSGD_PS_SSP, DSGD_PS_SYNC, DSGD_PS_BACKUP};
+    float *xs = tu_floats((size_t)STEPS * B * IN), ys[STEPS * B], want[NPARAMS], got[NPARAMS];
+    char dir[64], path[128];
+    dsgd_ctx *ctx = tu_ctx();
+    tu_rng rng = tu_rng_make(58);
+    int p, apply, servers, save, runs = 0;
+    (void)state;
+    tu_watchdog(180);
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/one.ckpt", dir);
+    make_batch(&rng, xs, ys, STEPS * B);
+    for (p = 0; p < 4; ++p)
+        for (apply = 0; apply < 2; ++apply)
+            for (servers = 1; servers <= 2; ++servers) {
+                dsgd_strategy_desc d = ps_desc(1, policies[p], apply ? DSGD_PS_APPLY_ON_WORKERS : DSGD_PS_APPLY_ON_SERVERS,
+                                               DSGD_OPT_ADAM);
+                if (policies[p] == DSGD_PS_ASYNC && apply) continue; /* summation only needs a clock */
+                d.ps.num_servers = servers;
+                d.ps.backup_workers = 0;
+                for (save = 0; save < 2; ++save) {
+                    dsgd_strategy *s = NULL;
+                    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+                    train_steps(ctx, s, 1, xs, ys, 0, STEPS / 2);
+                    if (save) {
+                        TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+                        dsgd_strategy_destroy(s);
+                        s = NULL;
+                        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+                        TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+                    }
+                    train_steps(ctx, s, 1, xs, ys, STEPS / 2, STEPS);
+                    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), save ? got : want, NPARAMS));
+                    dsgd_strategy_destroy(s);
+                }
+                if (memcmp(got, want, sizeof got) != 0)
+                    fail_msg("%s, apply %s, %d servers: the restored run differs (relative error %.3g)",
+                             dsgd_ps_policy_name(policies[p]), dsgd_ps_apply_name(d.ps.apply), servers,
+                             tu_rel_err(got, want, NPARAMS));
+                runs++;
+            }
+    print_message("N = 1: %d policy x placement x servers settings (Adam) restore to the uninterrupted bits\n", runs);
+    tu_rmdir_files(dir);
+    rmdir(dir);
+    dsgd_ctx_destroy(ctx);
+    free(xs);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 static void test_errors(void **state) {
@@ -561,6 +637,7 @@ int main(void) {
         cmocka_unit_test(test_every_policy_trains),
         cmocka_unit_test(test_sync_is_the_coordinators),
         cmocka_unit_test(test_checkpoint),
+        cmocka_unit_test(test_checkpoint_every_policy),
         cmocka_unit_test(test_endpoints_as_processes),
         cmocka_unit_test(test_simnet_same_bits),
     };
