@@ -34,8 +34,9 @@
 #                         on the single include
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
 #   make test-consumers   pkg-config and CMake consumers of an install
-#   make build-combos     `make all` with each optional dependency switched off
-#                         (OpenBLAS, OpenCL, both) and the MPI bench with mpicc,
+#   make build-combos     a build with each optional dependency switched off
+#                         (OpenCL: all; OpenBLAS, both: the benches, its only
+#                         users) and the MPI bench with mpicc,
 #                         each in its own build/combo/ directory (CI runs it)
 #   make clean
 #
@@ -421,14 +422,17 @@ bench-mpi: $(BUILD)/bench/allreduce
 # when that is installed (tools/deps.sh mpi installs OpenMPI). The combos
 # compile at -O0 without -g (5x faster here; `make all` is the -O2 build
 # whose optimiser-dependent warnings count): they check what each
-# configuration compiles, with every warning an error.
+# configuration compiles, with every warning an error. Only what a switch
+# changes is rebuilt: without OpenCL, everything (its sources drop out);
+# without OpenBLAS, the benches, its only users (examples use it only with
+# BLAS=openblas, which needs it), alone and without OpenCL too.
 NO_BLAS = OPENBLAS_CFLAGS= OPENBLAS_LIBS=
 NO_CL = CL_OK=
 COMBO_FLAGS = CFLAGS="$(filter-out -O% -g,$(CFLAGS)) -O0" BENCH_CFLAGS='$$(CFLAGS)'
 build-combos:
-	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas $(NO_BLAS) $(COMBO_FLAGS) all
+	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas $(NO_BLAS) $(COMBO_FLAGS) bench-build
 	$(MAKE) --no-print-directory BUILD=build/combo/no-opencl $(NO_CL) $(COMBO_FLAGS) all
-	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas-no-opencl $(NO_BLAS) $(NO_CL) $(COMBO_FLAGS) all
+	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas-no-opencl $(NO_BLAS) $(NO_CL) $(COMBO_FLAGS) bench-build
 	@if command -v $(firstword $(MPICC)) >/dev/null 2>&1; then \
 	    mkdir -p build/combo/mpi && \
 	    echo "$(MPICC) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi" && \
