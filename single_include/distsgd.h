@@ -18636,7 +18636,10 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
      kind and replica count, and the caller's extra (sampler, user bytes).
      dsgd_strategy_restore puts them into a strategy created with the same
      model and optimizer description (and the same variables, created
-     before the restore); the kind and the replica count may differ.
+     before the restore); the kind and the replica count may differ, except
+     into a parameter-server strategy, which also restores each of its
+     ranks' files and so needs a checkpoint of the same servers, workers
+     and policy (A CHECKPOINT in strategy_ps.h).
 
      At the same replica count the restore is exact: training on gives the
      bits of a run never interrupted. At another count (4 -> 2, say) the
