@@ -10,8 +10,9 @@
      backend is tested against. Optional members may be NULL: destroy,
      buffer_host_ptr, finish, and those the strategies use to move gradients:
      map/unmap (a host view of a range, zero-copy where the device shares the
-     host's memory), host_shared (whether it does), and can_access/sum_across
-     (a sum computed on the device over other backends' buffers). Four more
+     host's memory), host_shared (whether it does), can_access/sum_across (a
+     sum computed on the device over other backends' buffers) and
+     device_name (the device a backend computes on, for messages). Four more
      are optional until a model has convolution or pooling layers: im2col and
      col2im (a convolution as a GEMM and its gradient) and maxpool_forward /
      maxpool_backward, over NHWC images shaped by a dsgd_window (IMAGES below).
@@ -31,7 +32,9 @@
                backend's sum_across and writes the sum into all of them; the
                gradients never reach the host. Every backend must reach every
                other's buffers (can_access: OpenCL backends of one
-               dsgd_cl_context).
+               dsgd_cl_context on one device; replicas on two devices, whose
+               runtimes may keep a copy of a buffer per device and move it
+               whole to the device that touches it next, take HOST).
      AUTO, the default, picks DEVICE only when it is possible and some
      backend's buffers are not host-shared (a discrete GPU, where the HOST path
      would copy the gradient to the host and back every step). Where mapping
@@ -262,8 +265,11 @@ typedef struct dsgd_backend_i {
     int (*host_shared)(void *impl);
     /* optional, both or neither: device-side reduction across replicas.
        can_access(impl, other) is 1 when this backend's operations can read
-       and write the buffers of backend `other` directly (OpenCL backends of
-       one context), 0 otherwise. sum_across sets, for every e in [lo, hi),
+       and write the buffers of backend `other` directly while `other` writes
+       other parts of them (OpenCL backends of one context on one device), 0
+       otherwise: two devices writing disjoint blocks of one buffer may
+       overwrite each other's where the runtime migrates the buffer whole.
+       sum_across sets, for every e in [lo, hi),
        x[j][e] = x[0][e] + x[1][e] + ... + x[n-1][e] (summed in that order)
        for every j, where x[j] is the range starting at refs[j]; every refs[j]
        must be on a backend this one can access, and no two may overlap. It
@@ -303,6 +309,11 @@ typedef struct dsgd_backend_i {
        them. */
     dsgd_result (*maxpool_backward)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
                                     dsgd_ref dy, dsgd_ref dx);
+
+    /* optional: the device this backend computes on, for messages (the
+       OpenCL backend: its device's name and index in its context); a string
+       that lives as long as the backend. NULL: `name` stands for it. */
+    const char *(*device_name)(void *impl);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording

@@ -236,13 +236,22 @@ static dsgd_result dsgd__one_device_check(dsgd_ctx *ctx, const dsgd_strategy_des
     return DSGD_OK;
 }
 
+/* The device a replica's backend computes on, for messages. */
+static const char *dsgd__replica_device(const dsgd_strategy *s, int i) {
+    const dsgd_backend_i *be = &s->reps[i].m.be;
+    const char *name = be->device_name ? be->device_name(be->impl) : NULL;
+    return name ? name : be->name ? be->name : "a backend";
+}
+
 /* Mirrored's setup resolves desc.gradient_path: DEVICE needs every
    replica's backend to have sum_across and to reach every other replica's
-   buffers; AUTO also wants some replica's buffers outside host-shared
-   memory. One replica has nothing to exchange: HOST. */
+   buffers (OpenCL: one context, one device); AUTO also wants some
+   replica's buffers outside host-shared memory. One replica has nothing to
+   exchange: HOST. */
 static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     int i, j, ok = 1;
     const char *why = "";
+    char what[DSGD__MSG_MAX];
     s->path = DSGD_GRADIENTS_HOST;
     if (s->n == 1) return DSGD_OK;
     for (i = 0; i < s->n && ok; ++i) {
@@ -254,7 +263,11 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
         for (j = 0; j < s->n && ok; ++j) {
             if (!bi->can_access(bi->impl, &s->reps[j].m.be)) {
                 ok = 0;
-                why = "a replica's backend cannot reach another replica's buffers (not one OpenCL context)";
+                snprintf(what, sizeof(what),
+                         "replica %d computes on %s and replica %d on %s, and the first cannot write the "
+                         "second's buffers (the device path needs one device: one OpenCL context and device)",
+                         i, dsgd__replica_device(s, i), j, dsgd__replica_device(s, j));
+                why = what;
             }
         }
     }
