@@ -966,6 +966,21 @@ static void test_map_and_sum_across(void **state) {
     assert_true(G.clb.can_access(G.clb.impl, &G.clb));
     assert_false(G.clb.can_access(G.clb.impl, &G.cpu));
     assert_null(G.cpu.sum_across);
+    /* another backend on the same device: reachable both ways (two devices:
+       test_cl_devices.c) */
+    {
+        dsgd_cl_backend_desc bd;
+        dsgd_backend_i other;
+        memset(&bd, 0, sizeof bd);
+        bd.device = dsgd_cl_context_num_devices(G.cl) - 1;
+        TU_OK(G.ctx, dsgd_cl_backend_create(G.ctx, G.cl, &bd, &other));
+        assert_int_equal(G.clb.can_access(G.clb.impl, &other), bd.device == 0);
+        assert_int_equal(other.can_access(other.impl, &G.clb), bd.device == 0);
+        assert_true(other.can_access(other.impl, &other));
+        assert_non_null(
+            strstr(other.device_name(other.impl), dsgd_cl_context_device_info(G.cl, bd.device)->device_name));
+        other.destroy(other.impl);
+    }
     for (j = 0; j < NB; ++j) {
         TU_OK(G.ctx, G.clb.buffer_create(G.clb.impl, OFF + CNT, &bufs[j]));
         refs[j] = R(bufs[j], OFF);

@@ -8,7 +8,9 @@
    cross-entropy (517 parameters), on the tests' own seeded random data
    (x uniform in [-1, 1), labels 0..4). Each replica's backend comes from a
    backend_factory that calls dsgd_cl_backend_create on one shared
-   dsgd_cl_context (its user_data), on device replica % num_devices.
+   dsgd_cl_context (its user_data), on device replica % num_devices, or
+   on device 0 for the DEVICE gradient path (it sums on one device; several
+   devices are test_cl_devices.c's).
 
    What is asserted:
    - MIRRORED with N replicas x per-replica batch B = 8 on OpenCL trains,
@@ -28,9 +30,9 @@
    - Both gradient paths: DEVICE (sum_across kernels, no host copy) and
      HOST (mapped buffers, then the loopback all-reduce), N = 2, 4 and 9 (9:
      the device sums in two launches of 8 and 1). AUTO resolves to HOST
-     when every backend's buffers are in host-shared memory (PoCL), to
-     DEVICE otherwise (backends made with host_visible = -1, as on a
-     discrete GPU); asserted. With the host's DIRECT algorithm the two paths sum in the same
+     when every backend's buffers are in host-shared memory (PoCL) or the
+     replicas are on several devices, to DEVICE otherwise (backends made
+     with host_visible = -1, as on a discrete GPU); asserted. With the host's DIRECT algorithm the two paths sum in the same
      order, so they give bitwise identical weights after every step (N = 3
      and 9).
    - Image layers (conv2d, max-pool): a CNN's gradient on OpenCL equals the
@@ -71,6 +73,7 @@ static struct {
     int factory_calls;
     dsgd_allreduce_algo algorithm; /* of the strategies strat_make makes */
     int host_visible;              /* cl_factory's dsgd_cl_backend_desc.host_visible */
+    int one_device;                /* cl_factory puts every replica on device 0 */
 } G;
 
 static int group_setup(void **state) {
@@ -121,12 +124,13 @@ static int group_teardown(void **state) {
     } while (0)
 
 /* The strategy's backend_factory: replica r on device r % num_devices of the
-   shared context passed as user_data. Called on the creating thread. */
+   shared context passed as user_data (device 0 with G.one_device: the
+   DEVICE path sums on one device). Called on the creating thread. */
 static dsgd_result cl_factory(void *user_data, dsgd_ctx *ctx, int replica, dsgd_backend_i *out) {
     dsgd_cl_context *c = (dsgd_cl_context *)user_data;
     dsgd_cl_backend_desc bd;
     memset(&bd, 0, sizeof bd);
-    bd.device = replica % dsgd_cl_context_num_devices(c);
+    bd.device = G.one_device ? 0 : replica % dsgd_cl_context_num_devices(c);
     bd.host_visible = G.host_visible;
     G.factory_calls++;
     return dsgd_cl_backend_create(ctx, c, &bd, out);
@@ -204,19 +208,24 @@ static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind op
     int step, i, r, calls0 = G.factory_calls;
     double err;
 
+    int devices = dsgd_cl_context_num_devices(G.cl);
+
+    G.one_device = path == DSGD_GRADIENTS_DEVICE; /* where there are several */
+    if (G.one_device) devices = 1;
     ms = strat_make(kind, n, B, opt, 1, path);
     if (kind == DSGD_STRATEGY_CENTRAL_STORAGE) {
         path = DSGD_GRADIENTS_HOST;
     } else if (path == DSGD_GRADIENTS_AUTO) {
         /* every backend is on the one context: AUTO takes the device path
-           unless all buffers are in host-shared memory */
+           when all are on one device and some buffers are not in
+           host-shared memory */
         int shared = 1;
         for (r = 0; r < n; ++r) {
             const dsgd_backend_i *be = dsgd_model_backend(dsgd_strategy_model(ms, r));
             shared &= be->host_shared(be->impl);
         }
         assert_int_equal(shared, G.host_visible >= 0 && dsgd_cl_context_device_info(G.cl, 0)->unified_memory);
-        path = shared ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE;
+        path = shared || (n > 1 && devices > 1) ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE;
     }
     assert_int_equal(dsgd_strategy_gradient_path(ms), path);
     ref = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, n * B, opt, 0, DSGD_GRADIENTS_AUTO);
@@ -226,8 +235,7 @@ static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind op
         assert_non_null(be);
         assert_true(dsgd_cl_is_backend(be));
         assert_ptr_equal(dsgd_cl_backend_context(be), G.cl);
-        assert_true(dsgd_cl_backend_device(be) ==
-                    dsgd_cl_context_device(G.cl, r % dsgd_cl_context_num_devices(G.cl)));
+        assert_true(dsgd_cl_backend_device(be) == dsgd_cl_context_device(G.cl, r % devices));
     }
     assert_false(dsgd_cl_is_backend(dsgd_model_backend(dsgd_strategy_model(ref, 0))));
 
@@ -274,6 +282,7 @@ static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind op
 
     dsgd_strategy_destroy(ms);
     dsgd_strategy_destroy(ref);
+    G.one_device = 0;
     tu_watchdog(0);
 }
 
@@ -351,7 +360,9 @@ static void paths_bitwise(int n) {
     dsgd_strategy *dev, *host;
     int step, i;
     G.algorithm = DSGD_ALLREDUCE_DIRECT; /* the host path's order of summation */
+    G.one_device = 1;                    /* the device path sums on one device */
     dev = strat_make(DSGD_STRATEGY_MIRRORED, n, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_DEVICE);
+    G.one_device = 0;
     host = strat_make(DSGD_STRATEGY_MIRRORED, n, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_HOST);
     assert_int_equal(dsgd_strategy_gradient_path(dev), DSGD_GRADIENTS_DEVICE);
     assert_int_equal(dsgd_strategy_gradient_path(host), DSGD_GRADIENTS_HOST);
