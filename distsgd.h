@@ -95,12 +95,12 @@
          runs on every replica's thread at once and uses that replica's
          objects (dsgd_replica_*), not the strategy's functions.
        - Gradient paths (see BACKENDS): on the HOST path each replica touches
-         only its own gradient buffer. On the DEVICE path replica r's backend
-         reads and writes block r of every replica's gradient buffer; the
-         strategy orders this itself: each replica finishes its queue and
-         enters a barrier, sums its block (sum_across) and finishes again, and
-         a second barrier keeps every replica from using its gradient before
-         all blocks are written.
+         only its own gradient buffer. On the DEVICE path (every replica on
+         one device) replica r's backend reads and writes block r of every
+         replica's gradient buffer; the strategy orders this itself: each
+         replica finishes its queue and enters a barrier, sums its block
+         (sum_across) and finishes again, and a second barrier keeps every
+         replica from using its gradient before all blocks are written.
        - A CPU backend made with threads > 1 (dsgd_cpu_backend_desc; the
          strategies' default when there are fewer replicas than cores) runs
          parts of each operation on helper threads of its own, inside the

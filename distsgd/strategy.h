@@ -120,8 +120,9 @@ typedef enum dsgd_nonfinite_policy {
    BACKENDS at the top of this file). */
 typedef enum dsgd_gradient_path {
     DSGD_GRADIENTS_AUTO = 0, /* DEVICE when every replica's backend can reach
-                                every other's buffers (OpenCL backends on one
-                                context) and some backend's buffers are not in
+                                every other's buffers (OpenCL backends of one
+                                context on one device; not across devices)
+                                and some backend's buffers are not in
                                 host-shared memory (a discrete GPU), else HOST:
                                 where mapping copies nothing the host's
                                 all-reduce is as fast (measured on PoCL) */
@@ -240,7 +241,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    with more than one replica; a negative or NaN timeout; cpu_threads < 0 or
    > DSGD_CPU_MAX_THREADS; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
-   lacks sum_across or cannot reach another's buffers, or with
+   lacks sum_across or cannot reach another's buffers (OpenCL replicas on
+   two devices; the message names both), or with
    CENTRAL_STORAGE),
    DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.

@@ -106,12 +106,12 @@
          runs on every replica's thread at once and uses that replica's
          objects (dsgd_replica_*), not the strategy's functions.
        - Gradient paths (see BACKENDS): on the HOST path each replica touches
-         only its own gradient buffer. On the DEVICE path replica r's backend
-         reads and writes block r of every replica's gradient buffer; the
-         strategy orders this itself: each replica finishes its queue and
-         enters a barrier, sums its block (sum_across) and finishes again, and
-         a second barrier keeps every replica from using its gradient before
-         all blocks are written.
+         only its own gradient buffer. On the DEVICE path (every replica on
+         one device) replica r's backend reads and writes block r of every
+         replica's gradient buffer; the strategy orders this itself: each
+         replica finishes its queue and enters a barrier, sums its block
+         (sum_across) and finishes again, and a second barrier keeps every
+         replica from using its gradient before all blocks are written.
        - A CPU backend made with threads > 1 (dsgd_cpu_backend_desc; the
          strategies' default when there are fewer replicas than cores) runs
          parts of each operation on helper threads of its own, inside the
@@ -703,8 +703,9 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      backend is tested against. Optional members may be NULL: destroy,
      buffer_host_ptr, finish, and those the strategies use to move gradients:
      map/unmap (a host view of a range, zero-copy where the device shares the
-     host's memory), host_shared (whether it does), and can_access/sum_across
-     (a sum computed on the device over other backends' buffers). Four more
+     host's memory), host_shared (whether it does), can_access/sum_across (a
+     sum computed on the device over other backends' buffers) and
+     device_name (the device a backend computes on, for messages). Four more
      are optional until a model has convolution or pooling layers: im2col and
      col2im (a convolution as a GEMM and its gradient) and maxpool_forward /
      maxpool_backward, over NHWC images shaped by a dsgd_window (IMAGES below).
@@ -724,7 +725,9 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
                backend's sum_across and writes the sum into all of them; the
                gradients never reach the host. Every backend must reach every
                other's buffers (can_access: OpenCL backends of one
-               dsgd_cl_context).
+               dsgd_cl_context on one device; replicas on two devices, whose
+               runtimes may keep a copy of a buffer per device and move it
+               whole to the device that touches it next, take HOST).
      AUTO, the default, picks DEVICE only when it is possible and some
      backend's buffers are not host-shared (a discrete GPU, where the HOST path
      would copy the gradient to the host and back every step). Where mapping
@@ -955,8 +958,11 @@ typedef struct dsgd_backend_i {
     int (*host_shared)(void *impl);
     /* optional, both or neither: device-side reduction across replicas.
        can_access(impl, other) is 1 when this backend's operations can read
-       and write the buffers of backend `other` directly (OpenCL backends of
-       one context), 0 otherwise. sum_across sets, for every e in [lo, hi),
+       and write the buffers of backend `other` directly while `other` writes
+       other parts of them (OpenCL backends of one context on one device), 0
+       otherwise: two devices writing disjoint blocks of one buffer may
+       overwrite each other's where the runtime migrates the buffer whole.
+       sum_across sets, for every e in [lo, hi),
        x[j][e] = x[0][e] + x[1][e] + ... + x[n-1][e] (summed in that order)
        for every j, where x[j] is the range starting at refs[j]; every refs[j]
        must be on a backend this one can access, and no two may overlap. It
@@ -996,6 +1002,11 @@ typedef struct dsgd_backend_i {
        them. */
     dsgd_result (*maxpool_backward)(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref y,
                                     dsgd_ref dy, dsgd_ref dx);
+
+    /* optional: the device this backend computes on, for messages (the
+       OpenCL backend: its device's name and index in its context); a string
+       that lives as long as the backend. NULL: `name` stands for it. */
+    const char *(*device_name)(void *impl);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -15843,8 +15854,9 @@ typedef enum dsgd_nonfinite_policy {
    BACKENDS at the top of this file). */
 typedef enum dsgd_gradient_path {
     DSGD_GRADIENTS_AUTO = 0, /* DEVICE when every replica's backend can reach
-                                every other's buffers (OpenCL backends on one
-                                context) and some backend's buffers are not in
+                                every other's buffers (OpenCL backends of one
+                                context on one device; not across devices)
+                                and some backend's buffers are not in
                                 host-shared memory (a discrete GPU), else HOST:
                                 where mapping copies nothing the host's
                                 all-reduce is as fast (measured on PoCL) */
@@ -15963,7 +15975,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    with more than one replica; a negative or NaN timeout; cpu_threads < 0 or
    > DSGD_CPU_MAX_THREADS; a bad model or
    optimizer desc; gradient_path DEVICE with several replicas when a backend
-   lacks sum_across or cannot reach another's buffers, or with
+   lacks sum_across or cannot reach another's buffers (OpenCL replicas on
+   two devices; the message names both), or with
    CENTRAL_STORAGE),
    DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.
@@ -17602,13 +17615,22 @@ static dsgd_result dsgd__one_device_check(dsgd_ctx *ctx, const dsgd_strategy_des
     return DSGD_OK;
 }
 
+/* The device a replica's backend computes on, for messages. */
+static const char *dsgd__replica_device(const dsgd_strategy *s, int i) {
+    const dsgd_backend_i *be = &s->reps[i].m.be;
+    const char *name = be->device_name ? be->device_name(be->impl) : NULL;
+    return name ? name : be->name ? be->name : "a backend";
+}
+
 /* Mirrored's setup resolves desc.gradient_path: DEVICE needs every
    replica's backend to have sum_across and to reach every other replica's
-   buffers; AUTO also wants some replica's buffers outside host-shared
-   memory. One replica has nothing to exchange: HOST. */
+   buffers (OpenCL: one context, one device); AUTO also wants some
+   replica's buffers outside host-shared memory. One replica has nothing to
+   exchange: HOST. */
 static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     int i, j, ok = 1;
     const char *why = "";
+    char what[DSGD__MSG_MAX];
     s->path = DSGD_GRADIENTS_HOST;
     if (s->n == 1) return DSGD_OK;
     for (i = 0; i < s->n && ok; ++i) {
@@ -17620,7 +17642,11 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
         for (j = 0; j < s->n && ok; ++j) {
             if (!bi->can_access(bi->impl, &s->reps[j].m.be)) {
                 ok = 0;
-                why = "a replica's backend cannot reach another replica's buffers (not one OpenCL context)";
+                snprintf(what, sizeof(what),
+                         "replica %d computes on %s and replica %d on %s, and the first cannot write the "
+                         "second's buffers (the device path needs one device: one OpenCL context and device)",
+                         i, dsgd__replica_device(s, i), j, dsgd__replica_device(s, j));
+                why = what;
             }
         }
     }
@@ -21246,23 +21272,31 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
                      with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
                      GPUs); dsgd_cl_backend_desc.host_visible forces it
                      either way
-       can_access    1 for every OpenCL backend of the same dsgd_cl_context
-                     (a cl_mem works on every device of its context)
+       can_access    1 for an OpenCL backend of the same dsgd_cl_context on
+                     the same device, 0 for one on another device: a cl_mem
+                     works on every device of its context, but GPU runtimes
+                     keep a copy of it per device and move the whole buffer
+                     to the device that uses it next, so two devices writing
+                     disjoint blocks of one buffer may lose one's writes
        sum_across    our kernels: up to 8 buffers summed and written back in
                      one launch; more through the backend's scratch buffer, 8
-                     a launch, in the same order
+                     a launch, in the same order; a buffer made on another
+                     device is refused
+       device_name   "NAME (device I of its context)"
        im2col, col2im, maxpool_forward, maxpool_backward
                      our kernels, one work-item per row of col or per
                      output pixel (col2im and maxpool_backward gather their
                      sums in the documented order): the CPU backend's bits
-     So a strategy over OpenCL backends of one context (see BACKENDS in
-     distsgd.h) takes, with gradient_path AUTO, the DEVICE path when some
-     backend's buffers are the device's own (a discrete GPU, or host_visible
-     = -1): each replica sums its block of every replica's gradient on its
-     device between two barriers and nothing is copied to the host. On PoCL
-     and integrated GPUs it takes the HOST path, where map is zero-copy and
-     the host's all-reduce is as fast. Backends of different contexts can
-     only use HOST.
+     So a strategy over OpenCL backends of one context on one device (see
+     BACKENDS in distsgd.h) takes, with gradient_path AUTO, the DEVICE path
+     when some backend's buffers are the device's own (a discrete GPU, or
+     host_visible = -1): each replica sums its block of every replica's
+     gradient between two barriers and nothing is copied to the host. On
+     PoCL and integrated GPUs it takes the HOST path, where map is zero-copy
+     and the host's all-reduce is as fast. Replicas on several devices, or
+     on different contexts, take HOST (AUTO), and gradient_path DEVICE is
+     refused with both devices named: each replica then writes only buffers
+     made on its own device.
 
      GEMM: CLBlast's indirect GEMM transposes and pads its operands into a
      temporary buffer, which CLBlast would create and free on every call.
@@ -21371,6 +21405,7 @@ typedef struct dsgd_cl__buffer {
     cl_mem mem;
     size_t count;
     const dsgd_cl_context *cl; /* buffers are usable by every backend of it */
+    int dev;                   /* the device (of cl) whose backend made it */
 } dsgd_cl__buffer;
 
 #define DSGD_CL__MAGIC 0x6473636cu /* "dscl" */
@@ -21391,6 +21426,11 @@ typedef struct dsgd_cl__backend {
     cl_mem gemm_temp; /* CLBlast's temporary buffer for transposed/padded operands */
     size_t gemm_temp_bytes;
     cl_mem_flags alloc_flags;
+    /* Operations that wrote a buffer made on another device (a check for the
+       tests: on GPU runtimes that migrate a buffer whole between devices, two
+       devices writing one buffer may lose writes; nothing here does it). */
+    unsigned long foreign_writes;
+    char label[DSGD_CL_MAX_NAME + 48]; /* device_name's answer */
 } dsgd_cl__backend;
 
 #define DSGD_CL__STATUS_BYTES 4096
@@ -21422,6 +21462,14 @@ static int dsgd_cl__span(dsgd_cl__backend *b, dsgd_ref r, size_t n, const char *
                            (unsigned long)r.off, (unsigned long)(r.off + n), (unsigned long)buf->count);
         return 0;
     }
+    return 1;
+}
+
+/* dsgd_cl__span for a range the operation writes: also counts a write to
+   a buffer made on another device (foreign_writes). */
+static int dsgd_cl__out(dsgd_cl__backend *b, dsgd_ref r, size_t n, const char *op) {
+    if (!dsgd_cl__span(b, r, n, op)) return 0;
+    if (dsgd_cl__buf(r)->dev != b->dev) b->foreign_writes++;
     return 1;
 }
 
@@ -21499,6 +21547,7 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
     buf->magic = DSGD_CL__MAGIC;
     buf->count = count;
     buf->cl = b->cl;
+    buf->dev = b->dev;
     /* zero-initialised, like the CPU backend's buffers */
     {
         cl_float zero = 0.0f;
@@ -21531,7 +21580,7 @@ static float *dsgd_cl__buffer_host_ptr(void *impl, dsgd_buffer *buf) {
 static dsgd_result dsgd_cl__write(void *impl, dsgd_ref dst, const float *src, size_t count) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     cl_int err;
-    if (!dsgd_cl__span(b, dst, count, "write")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dsgd_cl__out(b, dst, count, "write")) return DSGD_ERR_INVALID_ARGUMENT;
     if (count == 0) return DSGD_OK;
     if (!src) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl write: src is NULL");
     err = clEnqueueWriteBuffer(b->queue, dsgd_cl__buf(dst)->mem, CL_TRUE, dst.off * sizeof(float),
@@ -21556,7 +21605,7 @@ static dsgd_result dsgd_cl__copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t 
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     dsgd_cl__buffer *d, *s;
     cl_int err;
-    if (!dsgd_cl__span(b, dst, count, "copy") || !dsgd_cl__span(b, src, count, "copy"))
+    if (!dsgd_cl__out(b, dst, count, "copy") || !dsgd_cl__span(b, src, count, "copy"))
         return DSGD_ERR_INVALID_ARGUMENT;
     if (count == 0 || (dst.buf == src.buf && dst.off == src.off)) return DSGD_OK;
     d = dsgd_cl__buf(dst);
@@ -21582,7 +21631,7 @@ static dsgd_result dsgd_cl__fill(void *impl, dsgd_ref dst, float value, size_t c
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     cl_float v = value;
     cl_int err;
-    if (!dsgd_cl__span(b, dst, count, "fill")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dsgd_cl__out(b, dst, count, "fill")) return DSGD_ERR_INVALID_ARGUMENT;
     if (count == 0) return DSGD_OK;
     err = clEnqueueFillBuffer(b->queue, dsgd_cl__buf(dst)->mem, &v, sizeof(v), dst.off * sizeof(float),
                               count * sizeof(float), 0, NULL, NULL);
@@ -21595,7 +21644,7 @@ static dsgd_result dsgd_cl__scale(void *impl, dsgd_ref x, float alpha, size_t n)
     cl_ulong off = x.off, nn = n;
     cl_float a = alpha;
     dsgd_result r;
-    if (!dsgd_cl__span(b, x, n, "scale")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dsgd_cl__out(b, x, n, "scale")) return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0) return DSGD_OK;
     r = dsgd_cl__args(b, DSGD_CL__K_SCALE, 4, DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(off),
                       DSGD_CL__A(a), DSGD_CL__A(nn));
@@ -21607,7 +21656,7 @@ static dsgd_result dsgd_cl__axpy(void *impl, dsgd_ref y, float alpha, dsgd_ref x
     cl_ulong yoff = y.off, xoff = x.off, nn = n;
     cl_float a = alpha;
     dsgd_result r;
-    if (!dsgd_cl__span(b, y, n, "axpy") || !dsgd_cl__span(b, x, n, "axpy")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dsgd_cl__out(b, y, n, "axpy") || !dsgd_cl__span(b, x, n, "axpy")) return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0) return DSGD_OK;
     r = dsgd_cl__args(b, DSGD_CL__K_AXPY, 6, DSGD_CL__A(dsgd_cl__buf(y)->mem), DSGD_CL__A(yoff),
                       DSGD_CL__A(a), DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(xoff), DSGD_CL__A(nn));
@@ -21649,7 +21698,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
                                   "opencl gemm: bad sizes m=%d n=%d k=%d lda=%d ldb=%d ldc=%d", m, n, k,
                                   lda, ldb, ldc);
     if (m == 0 || n == 0) return DSGD_OK;
-    if (!dsgd_cl__span(b, rc, (size_t)(m - 1) * ldc + n, "gemm C")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dsgd_cl__out(b, rc, (size_t)(m - 1) * ldc + n, "gemm C")) return DSGD_ERR_INVALID_ARGUMENT;
     if (k == 0 || alpha == 0.0f) return dsgd_cl__scale_matrix(b, rc, m, n, ldc, beta);
     if (!dsgd_cl__span(b, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A") ||
         !dsgd_cl__span(b, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B"))
@@ -21708,7 +21757,7 @@ static dsgd_result dsgd_cl__bias_act_forward(void *impl, dsgd_activation act, ds
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "opencl bias_act_forward: bad arguments m=%d n=%d act=%d", m, n, (int)act);
     total = (cl_ulong)m * (cl_ulong)n;
-    if (!dsgd_cl__span(b, y, (size_t)total, "bias_act_forward y")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dsgd_cl__out(b, y, (size_t)total, "bias_act_forward y")) return DSGD_ERR_INVALID_ARGUMENT;
     if (has_bias && !dsgd_cl__span(b, bias, (size_t)n, "bias_act_forward bias")) return DSGD_ERR_INVALID_ARGUMENT;
     if (total == 0 || (!has_bias && act == DSGD_ACT_NONE)) return DSGD_OK;
     bmem = has_bias ? dsgd_cl__buf(bias)->mem : NULL;
@@ -21727,7 +21776,7 @@ static dsgd_result dsgd_cl__act_backward(void *impl, dsgd_activation act, dsgd_r
     if (!dsgd_cl__act_valid(act))
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl act_backward: bad activation %d",
                                   (int)act);
-    if (!dsgd_cl__span(b, dy, n, "act_backward dy") || !dsgd_cl__span(b, y, n, "act_backward y"))
+    if (!dsgd_cl__out(b, dy, n, "act_backward dy") || !dsgd_cl__span(b, y, n, "act_backward y"))
         return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0 || act == DSGD_ACT_NONE) return DSGD_OK;
     r = dsgd_cl__args(b, DSGD_CL__K_ACT_BWD, 6, DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff),
@@ -21742,7 +21791,7 @@ static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, 
     dsgd_result r;
     if (m < 0 || n < 0)
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl bias_backward: m=%d n=%d", m, n);
-    if (!dsgd_cl__span(b, db, (size_t)n, "bias_backward db") ||
+    if (!dsgd_cl__out(b, db, (size_t)n, "bias_backward db") ||
         !dsgd_cl__span(b, dy, (size_t)m * (size_t)n, "bias_backward dy"))
         return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0) return DSGD_OK;
@@ -21768,9 +21817,9 @@ static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_
                                   m, c, (int)loss);
     if (!dsgd_cl__span(b, pred, (size_t)m * c, "loss pred") ||
         !dsgd_cl__span(b, target, xent ? (size_t)m : (size_t)m * c, "loss target") ||
-        !dsgd_cl__span(b, stats, 2, "loss stats"))
+        !dsgd_cl__out(b, stats, 2, "loss stats"))
         return DSGD_ERR_INVALID_ARGUMENT;
-    if (want && !dsgd_cl__span(b, dpred, (size_t)m * c, "loss dpred")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (want && !dsgd_cl__out(b, dpred, (size_t)m * c, "loss dpred")) return DSGD_ERR_INVALID_ARGUMENT;
     if (m == 0) return DSGD_OK;
     r = dsgd_cl__ensure_scratch(b, 2 * (size_t)m * b->acc_size);
     if (r != DSGD_OK) return r;
@@ -21813,18 +21862,18 @@ static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *
     cl_mem m1mem = NULL, m2mem = NULL;
     dsgd_result r;
     if (!u) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: bad arguments");
-    if (!dsgd_cl__span(b, p, n, "optimizer_update param") || !dsgd_cl__span(b, g, n, "optimizer_update grad"))
+    if (!dsgd_cl__out(b, p, n, "optimizer_update param") || !dsgd_cl__span(b, g, n, "optimizer_update grad"))
         return DSGD_ERR_INVALID_ARGUMENT;
     if (u->kind != DSGD_OPT_SGD && u->kind != DSGD_OPT_MOMENTUM && u->kind != DSGD_OPT_ADAM &&
         u->kind != DSGD_OPT_ADAMW)
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: unknown kind %d",
                                   (int)u->kind);
     if (u->kind != DSGD_OPT_SGD) {
-        if (!dsgd_cl__span(b, m1, n, "optimizer_update state m1")) return DSGD_ERR_INVALID_ARGUMENT;
+        if (!dsgd_cl__out(b, m1, n, "optimizer_update state m1")) return DSGD_ERR_INVALID_ARGUMENT;
         m1mem = dsgd_cl__buf(m1)->mem;
     }
     if (u->kind == DSGD_OPT_ADAM || u->kind == DSGD_OPT_ADAMW) {
-        if (!dsgd_cl__span(b, m2, n, "optimizer_update state m2")) return DSGD_ERR_INVALID_ARGUMENT;
+        if (!dsgd_cl__out(b, m2, n, "optimizer_update state m2")) return DSGD_ERR_INVALID_ARGUMENT;
         m2mem = dsgd_cl__buf(m2)->mem;
     }
     if (n == 0) return DSGD_OK;
@@ -21915,10 +21964,18 @@ static int dsgd_cl__host_shared(void *impl) {
     return (((dsgd_cl__backend *)impl)->alloc_flags & CL_MEM_ALLOC_HOST_PTR) != 0;
 }
 
+/* One context and one device: a backend on another device could write one
+   block of a buffer while this one writes another, and a runtime that keeps
+   a copy per device and migrates the whole buffer would lose one of them. */
 static int dsgd_cl__can_access(void *impl, const dsgd_backend_i *other) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
-    return dsgd_cl_is_backend(other) && ((const dsgd_cl__backend *)other->impl)->cl == b->cl;
+    const dsgd_cl__backend *o;
+    if (!dsgd_cl_is_backend(other)) return 0;
+    o = (const dsgd_cl__backend *)other->impl;
+    return o->cl == b->cl && o->dev == b->dev;
 }
+
+static const char *dsgd_cl__device_name(void *impl) { return ((dsgd_cl__backend *)impl)->label; }
 
 /* Sums [lo, hi) of the n ranges in index order and writes the sum to all
    of them: up to 8 ranges in one launch, in place; more into the scratch
@@ -21936,6 +21993,13 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
         dsgd_ref x = refs[j];
         x.off += lo;
         if (!dsgd_cl__span(b, x, (size_t)count, "sum_across")) return DSGD_ERR_INVALID_ARGUMENT;
+        if (dsgd_cl__buf(x)->dev != b->dev)
+            return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "opencl sum_across: buffer %d was made on %s (device %d), this backend runs "
+                                      "on %s (device %d); sum_across reaches one device's buffers",
+                                      j, dsgd_cl_context_device_info(b->cl, dsgd_cl__buf(x)->dev)->device_name,
+                                      dsgd_cl__buf(x)->dev, dsgd_cl_context_device_info(b->cl, b->dev)->device_name,
+                                      b->dev);
     }
     if (count == 0) return DSGD_OK;
     if (!put && (r = dsgd_cl__ensure_scratch(b, (size_t)count * sizeof(float))) != DSGD_OK) return r;
@@ -22004,7 +22068,7 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     }
     snprintf(what, sizeof(what), "%s %s", name,
              k == DSGD_CL__K_IM2COL ? "col" : k == DSGD_CL__K_POOL_FWD ? "y" : "dx");
-    if (!dsgd_cl__span(b, out, nout, what)) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dsgd_cl__out(b, out, nout, what)) return DSGD_ERR_INVALID_ARGUMENT;
     if (dsgd_cl__overlap(out, nout, in, nin))
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl %s: the output overlaps the input", name);
     refs[nref++] = &out;
@@ -22172,6 +22236,7 @@ static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->col2im = dsgd_cl__col2im;
     out->maxpool_forward = dsgd_cl__maxpool_forward;
     out->maxpool_backward = dsgd_cl__maxpool_backward;
+    out->device_name = dsgd_cl__device_name;
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
@@ -22198,6 +22263,8 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     b->dev = d.device;
     b->device = dsgd_cl_context_device(c, d.device);
     b->acc_size = dsgd_cl_context_fp64(c) ? sizeof(cl_double) : sizeof(cl_float);
+    snprintf(b->label, sizeof(b->label), "%s (device %d of its context)",
+             dsgd_cl_context_device_info(c, d.device)->device_name, d.device);
     if (d.host_visible > 0 || (d.host_visible == 0 && dsgd_cl_context_device_info(c, d.device)->unified_memory))
         b->alloc_flags = CL_MEM_ALLOC_HOST_PTR;
     r = dsgd_cl__open_queue(ctx, b, d.profiling);
@@ -22247,7 +22314,8 @@ static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t c
     if (!(flags & (DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)) || (flags & ~(DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)))
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: flags %d", flags);
     if (count == 0) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: count 0");
-    if (!dsgd_cl__span(b, ref, count, "map")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!((flags & DSGD_CL_MAP_WRITE) ? dsgd_cl__out : dsgd_cl__span)(b, ref, count, "map"))
+        return DSGD_ERR_INVALID_ARGUMENT;
     if (flags & DSGD_CL_MAP_READ) mf |= CL_MAP_READ;
     if (flags & DSGD_CL_MAP_WRITE) mf |= CL_MAP_WRITE;
     p = clEnqueueMapBuffer(b->queue, dsgd_cl__buf(ref)->mem, CL_TRUE, mf, ref.off * sizeof(float),
