@@ -21361,6 +21361,14 @@ DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b);
    (recognised by a tag the OpenCL backend's buffers start with).
    Errors: none. Thread safety: any thread while the buffer lives. */
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
+/* How many operations b has enqueued that write a buffer made by a backend
+   on another device (a write, copy or fill into it, a kernel's output, a
+   map for writing): 0 in every correct use, since a runtime may keep one
+   copy of a buffer per device and move it whole to the device that uses
+   it next. A check for code that exchanges buffers between devices; it
+   counts and never refuses. 0 when b is NULL or not OpenCL.
+   Errors: none. Thread safety: b's thread. */
+DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b);
 
 #define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
 #define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
@@ -22292,6 +22300,10 @@ DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b) {
 
 DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b) {
     return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->cl : NULL;
+}
+
+DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->foreign_writes : 0;
 }
 
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {

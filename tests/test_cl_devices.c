@@ -6,9 +6,9 @@
    disjoint blocks of one buffer can lose one's blocks. PoCL's CPU devices
    share host memory and would never show it; this test counts instead. The
    OpenCL backend counts, per backend, the operations that wrote a buffer
-   made on another device (dsgd_cl__backend.foreign_writes: write, copy,
+   made on another device (dsgd_cl_backend_foreign_writes: write, copy,
    fill, every kernel's output, GEMM's C, a map for writing), and the test
-   reads that private counter, so it compiles the library itself.
+   reads that counter.
 
    Two devices: main sets POCL_DEVICES="pthread pthread" (unless already
    set) before the first OpenCL call, and the context opens two devices.
@@ -36,9 +36,8 @@
      order (see BACKENDS in backend.h). Different device models would agree
      only to rounding.
 
-   distsgd-test: own-implementation */
-#define DISTSGD_IMPLEMENTATION    /* dsgd_cl__backend's write counter */
-#define DISTSGD_CL_IMPLEMENTATION
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant). */
 #include "harness.h"
 #include "../distsgd_cl.h"
 
@@ -112,7 +111,7 @@ static int group_teardown(void **state) {
 /* The write counter of an OpenCL backend. */
 static unsigned long foreign_writes(const dsgd_backend_i *be) {
     assert_true(dsgd_cl_is_backend(be));
-    return ((const dsgd_cl__backend *)be->impl)->foreign_writes;
+    return dsgd_cl_backend_foreign_writes(be);
 }
 
 static dsgd_backend_i backend_on(int device) {
