@@ -45,6 +45,10 @@
 
 /* ---------------------------------------------------------------- fixture */
 
+/* Seconds a test (or the setup) may take before the watchdog fails the run:
+   a cold start compiles CLBlast's GEMM under ASan in well under that. */
+#define CL_WATCHDOG_S 300
+
 static struct {
     int have_cl;
     dsgd_ctx *ctx;
@@ -56,6 +60,7 @@ static struct {
 static int group_setup(void **state) {
     int n = 0;
     (void)state;
+    tu_watchdog_for("test_cl_backend: setup", CL_WATCHDOG_S);
     if (dsgd_ctx_create(NULL, &G.ctx) != DSGD_OK) return -1;
     if (dsgd_cl_list_devices(G.ctx, NULL, 0, &n) != DSGD_OK) {
         fprintf(stderr, "test_cl: listing OpenCL devices failed: %s\n", dsgd_ctx_last_error(G.ctx));
@@ -92,13 +97,18 @@ static int group_teardown(void **state) {
     dsgd_cl_context_destroy(G.cl);
     dsgd_ctx_destroy(G.ctx);
     memset(&G, 0, sizeof G);
+    tu_watchdog(0);
     return 0;
 }
 
-#define NEED_CL()                   \
-    do {                            \
-        if (!G.have_cl) skip();     \
-        dsgd_ctx_clear_error(G.ctx); \
+/* Every test that needs a device calls NEED_CL(): a hang (a deadlocked
+   queue, a kernel that never ends) fails the run instead of blocking CI.
+   CL_WATCHDOG_S (see the fixture) bounds each test. */
+#define NEED_CL()                                              \
+    do {                                                       \
+        if (!G.have_cl) skip();                                \
+        dsgd_ctx_clear_error(G.ctx);                           \
+        tu_watchdog_for("test_cl_backend", CL_WATCHDOG_S);     \
     } while (0)
 
 static dsgd_ref R(dsgd_buffer *b, size_t off) {
@@ -1030,19 +1040,25 @@ static void test_backends_share_context(void **state) {
         dsgd_ctx_destroy(ctx2);
         skip();
     }
+    tu_watchdog_for("test_cl_backend", CL_WATCHDOG_S);
     memset(&bd, 0, sizeof bd);
     bd.device = dsgd_cl_context_num_devices(G.cl); /* one past the end */
     TU_ERR(ctx2, DSGD_ERR_INVALID_ARGUMENT, dsgd_cl_backend_create(ctx2, G.cl, &bd, &b2));
     EXPECT_SUBSTR(dsgd_ctx_last_error(ctx2), "outside the context");
     bd.device = 1 % dsgd_cl_context_num_devices(G.cl); /* round-robin placement of replica 1 */
     TU_OK(ctx2, dsgd_cl_backend_create(ctx2, G.cl, &bd, &b2));
-    /* AUTO: one queue per device on PoCL (see QUEUES), else one per backend */
+    /* AUTO: one queue per device on PoCL's pthread driver (see QUEUES), one
+       per backend elsewhere; PoCL's basic driver deadlocks on a shared one */
     {
         const dsgd_cl_device_info *d0 = dsgd_cl_context_device_info(G.cl, 0);
-        int pocl;
+        int pthread_drv;
         assert_non_null(d0);
-        pocl = strstr(d0->platform_name, "Portable Computing Language") != NULL;
-        assert_int_equal(dsgd_cl_context_queues(G.cl), pocl ? DSGD_CL_QUEUES_PER_DEVICE : DSGD_CL_QUEUES_PER_BACKEND);
+        pthread_drv = strstr(d0->platform_name, "Portable Computing Language") != NULL &&
+                      strncmp(d0->device_name, "pthread-", 8) == 0;
+        assert_int_equal(dsgd_cl_context_queues(G.cl),
+                         pthread_drv ? DSGD_CL_QUEUES_PER_DEVICE : DSGD_CL_QUEUES_PER_BACKEND);
+        if (strncmp(d0->device_name, "basic-", 6) == 0)
+            assert_int_equal(dsgd_cl_context_queues(G.cl), DSGD_CL_QUEUES_PER_BACKEND);
     }
     assert_int_equal(dsgd_cl_backend_queue(&b2) == dsgd_cl_backend_queue(&G.clb),
                      dsgd_cl_context_queues(G.cl) == DSGD_CL_QUEUES_PER_DEVICE && bd.device == 0);
@@ -1066,6 +1082,37 @@ static void test_backends_share_context(void **state) {
     b2.buffer_destroy(b2.impl, x2);
     b2.destroy(b2.impl);
     dsgd_ctx_destroy(ctx2);
+}
+
+/* AUTO's rule over made-up device descriptions (no device needed): a
+   shared queue for PoCL's pthread driver (and its PoCL 4 name, cpu), a
+   queue per backend for PoCL's basic driver, whose shared queue deadlocks
+   with replicas on threads, and for every other platform. */
+static void test_auto_queues_rule(void **state) {
+    static const struct {
+        const char *platform, *device;
+        dsgd_cl_queues want;
+    } cases[] = {
+        {"Portable Computing Language", "pthread-skylake-avx512-AMD EPYC", DSGD_CL_QUEUES_PER_DEVICE},
+        {"Portable Computing Language", "cpu-haswell-Intel(R) Core(TM) i7", DSGD_CL_QUEUES_PER_DEVICE},
+        {"Portable Computing Language", "basic-skylake-avx512-AMD EPYC", DSGD_CL_QUEUES_PER_BACKEND},
+        {"Portable Computing Language", "basic-pthread-lookalike", DSGD_CL_QUEUES_PER_BACKEND},
+        {"Portable Computing Language", "NVIDIA GeForce RTX 3080", DSGD_CL_QUEUES_PER_BACKEND},
+        {"NVIDIA CUDA", "pthread-named GPU", DSGD_CL_QUEUES_PER_BACKEND},
+        {"AMD Accelerated Parallel Processing", "gfx1030", DSGD_CL_QUEUES_PER_BACKEND},
+    };
+    dsgd_cl_device_info info;
+    size_t i;
+    (void)state;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        memset(&info, 0, sizeof info);
+        snprintf(info.platform_name, sizeof info.platform_name, "%s", cases[i].platform);
+        snprintf(info.device_name, sizeof info.device_name, "%s", cases[i].device);
+        if (dsgd_cl_auto_queues(&info) != cases[i].want)
+            fail_msg("%s / %s: AUTO gave %d, want %d", cases[i].platform, cases[i].device,
+                     (int)dsgd_cl_auto_queues(&info), (int)cases[i].want);
+    }
+    assert_int_equal(dsgd_cl_auto_queues(NULL), DSGD_CL_QUEUES_PER_BACKEND);
 }
 
 /* The queue policy asked for explicitly: PER_BACKEND gives two backends on
@@ -1517,16 +1564,17 @@ static void test_tune_cache_roundtrip_and_corrupt(void **state) {
     /* a FIFO with no writer: an error at once (fopen blocked here forever) */
     snprintf(path, sizeof path, "%s/fifo", dir);
     assert_int_equal(mkfifo(path, 0600), 0);
-    tu_watchdog(10); /* SIGALRM's default action ends the test program instead of a hang */
+    tu_watchdog_for("test_cl_backend: opening a FIFO", 10);
     TU_ERR(G.ctx, DSGD_ERR_IO, dsgd_cl_load_gemm_params(G.ctx, G.cl, 0, path, &q));
-    tu_watchdog(0);
+    tu_watchdog_for("test_cl_backend", CL_WATCHDOG_S);
     EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "not a regular file");
     unlink(path);
     tu_rmdir(dir); /* best effort: sub/dir stays behind in /tmp */
 }
 
-/* Missing, corrupt and other-device files: a WARN naming the reason, CLBlast's
-   defaults stay (gemm_tuned 0), and the context works. */
+/* Missing, corrupt, other-device files and parameters beyond the device's
+   limits: a WARN naming the reason, CLBlast's defaults stay (gemm_tuned 0),
+   and the context works. */
 static void test_tune_cache_fallbacks_warn(void **state) {
     char dir[64], path[1100], text[2048];
     const dsgd_cl_device_info *info;
@@ -1648,6 +1696,7 @@ int main(void) {
         cmocka_unit_test(test_norm_check),
         cmocka_unit_test(test_map_unmap),
         cmocka_unit_test(test_map_and_sum_across),
+        cmocka_unit_test(test_auto_queues_rule),
         cmocka_unit_test(test_queue_policies),
         cmocka_unit_test(test_backends_share_context),
         cmocka_unit_test(test_train_20_steps_xent_adam),

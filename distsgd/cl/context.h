@@ -13,13 +13,23 @@
      share one queue that the context owns, so their commands run one at a
      time, in the order the threads enqueue them (each backend's own commands
      stay in its program order; finish waits for all of them). AUTO, the
-     default, is PER_BACKEND except on PoCL: PoCL 3.1 aborts with
-     "pocl_release_dlhandle_cache: Assertion `found->ref_count > 0' failed"
-     when one kernel runs at different grid sizes from several queues at once
-     (2 of 12 runs of the 4-replica demo died so, 0 of 36 with one queue), and
-     its kernels already spread over all of its threads, so one queue costs
-     little there. A backend created with profiling gets a queue of its own
-     whatever the policy. dsgd_cl_context_queues() tells the policy in force.
+     default, resolves per device with dsgd_cl_auto_queues(): PER_DEVICE on
+     PoCL's pthread driver (device names "pthread-..."; PoCL 4 renamed it
+     "cpu-..."), PER_BACKEND everywhere else, PoCL's basic driver included;
+     a context whose devices disagree gets PER_BACKEND.
+       - PoCL 3.1's pthread driver aborts with "pocl_release_dlhandle_cache:
+         Assertion `found->ref_count > 0' failed" when one kernel runs at
+         different grid sizes from several queues at once (2 of 12 runs of
+         the 4-replica demo died so, 0 of 36 with one queue); its kernels
+         already spread over all of its threads, so one queue costs little.
+       - PoCL 3.1's basic driver runs a command in the thread that enqueues
+         it, and the commands that were waiting on it from inside that
+         call; with one queue shared by several threads it deadlocks (the
+         enqueuing thread waits on an event lock it holds itself), so
+         PER_DEVICE there hangs the first time two replicas' commands
+         queue up behind each other. Do not ask for PER_DEVICE on it.
+     A backend created with profiling gets a queue of its own whatever the
+     policy. dsgd_cl_context_queues() tells the policy in force.
 
    GEMM TUNING
 
@@ -76,7 +86,7 @@ typedef enum dsgd_cl_tuning {
 
 /* Which command queue a backend enqueues on (see QUEUES). */
 typedef enum dsgd_cl_queues {
-    DSGD_CL_QUEUES_AUTO = 0,    /* PER_BACKEND, except on PoCL: PER_DEVICE */
+    DSGD_CL_QUEUES_AUTO = 0,    /* per device: dsgd_cl_auto_queues() */
     DSGD_CL_QUEUES_PER_BACKEND, /* each backend its own in-order queue */
     DSGD_CL_QUEUES_PER_DEVICE   /* the backends on one device share one
                                    in-order queue, owned by the context */
@@ -137,6 +147,12 @@ DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
    was resolved (c NULL: PER_BACKEND). Errors: none. Thread safety: any
    thread while c lives. */
 DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c);
+/* What DSGD_CL_QUEUES_AUTO resolves to for a device described by info (see
+   QUEUES): DSGD_CL_QUEUES_PER_DEVICE for PoCL's pthread (or "cpu") driver,
+   else DSGD_CL_QUEUES_PER_BACKEND (also for info NULL). It reads only
+   info's platform_name and device_name.
+   Errors: none. Thread safety: any thread. */
+DSGD_API dsgd_cl_queues dsgd_cl_auto_queues(const dsgd_cl_device_info *info);
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 
@@ -493,18 +509,28 @@ static dsgd_result dsgd_cl__open_context(dsgd_ctx *ctx, dsgd_cl_context *c) {
 
 /* Resolves the queue policy (see QUEUES) and, for PER_DEVICE, creates each
    device's shared queue.
-   PoCL 3.1 aborts (pocl_release_dlhandle_cache: "Assertion
+   PoCL 3.1's pthread driver aborts (pocl_release_dlhandle_cache: "Assertion
    `found->ref_count > 0' failed") when one kernel runs at different grid
    sizes from several queues at once: its cache of compiled work-group
    functions takes a reference on one entry and may drop it on another.
    2 in 12 runs of the 4-replica demo died so. One in-order queue per
-   device runs one command at a time and avoids it. */
+   device runs one command at a time and avoids it.
+   PoCL 3.1's basic driver must not get that queue: it runs commands in the
+   enqueuing thread, and when a command completes it runs the commands that
+   waited on it from inside the same call (pocl_broadcast -> the driver's
+   notify -> pocl_exec_command -> pocl_update_event_running), which locks an
+   event mutex that thread already holds. Commands of other threads queued
+   behind one another on a shared in-order queue get there: 4 of 4 runs of
+   three replicas on threads hung so; with a queue per backend none did. */
 static dsgd_result dsgd_cl__create_queues(dsgd_ctx *ctx, dsgd_cl_context *c, dsgd_cl_queues policy) {
     cl_int err;
     int i;
-    c->queues = policy != DSGD_CL_QUEUES_AUTO ? policy
-                : strstr(c->info[0].platform_name, "Portable Computing Language") ? DSGD_CL_QUEUES_PER_DEVICE
-                                                                                   : DSGD_CL_QUEUES_PER_BACKEND;
+    c->queues = policy;
+    if (policy == DSGD_CL_QUEUES_AUTO) {
+        c->queues = DSGD_CL_QUEUES_PER_DEVICE;
+        for (i = 0; i < c->num_devices; ++i)
+            if (dsgd_cl_auto_queues(&c->info[i]) != DSGD_CL_QUEUES_PER_DEVICE) c->queues = DSGD_CL_QUEUES_PER_BACKEND;
+    }
     for (i = 0; i < c->num_devices && c->queues == DSGD_CL_QUEUES_PER_DEVICE; ++i) {
         c->dev_queue[i] = clCreateCommandQueue(c->context, c->devices[i], 0, &err);
         if (err != CL_SUCCESS) {
@@ -592,6 +618,13 @@ DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c) { return c ? c->fp64
 
 DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c) {
     return c ? c->queues : DSGD_CL_QUEUES_PER_BACKEND;
+}
+
+DSGD_API dsgd_cl_queues dsgd_cl_auto_queues(const dsgd_cl_device_info *info) {
+    if (!info || !strstr(info->platform_name, "Portable Computing Language")) return DSGD_CL_QUEUES_PER_BACKEND;
+    return strncmp(info->device_name, "pthread-", 8) == 0 || strncmp(info->device_name, "cpu-", 4) == 0
+               ? DSGD_CL_QUEUES_PER_DEVICE
+               : DSGD_CL_QUEUES_PER_BACKEND;
 }
 
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c) { return c ? c->context : NULL; }
