@@ -1479,6 +1479,101 @@ static dsgd_cl_gemm_params sample_params(void) {
     return p;
 }
 
+/* A valid set no device can hold: one work-item per group, but two
+   1024 x 1024 float tiles in local memory (8 MiB; PoCL offers 1 MiB, GPUs
+   32-64 KiB). */
+static dsgd_cl_gemm_params huge_local_params(void) {
+    static const size_t x[DSGD_CL_XGEMM_NPARAMS] = {0, 1, 1024, 1, 1, 1, 1024, 1, 1, 1024, 1, 1, 0, 0, 1, 1};
+    dsgd_cl_gemm_params p;
+    memset(&p, 0, sizeof p);
+    p.xgemm_set = 1;
+    memcpy(p.xgemm, x, sizeof x);
+    return p;
+}
+
+/* Tuned parameters against made-up device limits (no device needed). */
+static void test_gemm_params_fit_limits(void **state) {
+    dsgd_cl_device_info big, small, narrow, tiny_local, unknown;
+    dsgd_cl_gemm_params tuned = sample_params(), x_only = sample_params(), wide, direct, huge = huge_local_params();
+    char why[256];
+    (void)state;
+    memset(&big, 0, sizeof big);
+    big.max_work_group_size = 4096;
+    big.max_work_item_sizes[0] = big.max_work_item_sizes[1] = big.max_work_item_sizes[2] = 4096;
+    big.local_mem_bytes = 1 << 20;
+    small = big; /* PoCL with POCL_MAX_WORK_GROUP_SIZE=64 */
+    small.max_work_group_size = 64;
+    small.max_work_item_sizes[0] = small.max_work_item_sizes[1] = small.max_work_item_sizes[2] = 64;
+    narrow = big; /* 256 per group, but 8 along the second dimension */
+    narrow.max_work_group_size = 256;
+    narrow.max_work_item_sizes[1] = 8;
+    tiny_local = big;
+    tiny_local.local_mem_bytes = 16384;
+    memset(&unknown, 0, sizeof unknown); /* a driver that answered nothing */
+    x_only.min_indirect_set = 0;
+    assert_true(dsgd_cl_gemm_params_valid(&tuned));
+    assert_true(dsgd_cl_gemm_params_valid(&huge));
+
+    /* the sample set (1 x 1 Xgemm groups, min_indirect 64) fits a big device */
+    assert_int_equal(dsgd_cl_gemm_params_fit(&tuned, &big, why, sizeof why), 1);
+    assert_string_equal(why, "");
+    /* its min_indirect sends GEMMs to CLBlast's 16 x 16 helper kernels:
+       256 > 64 */
+    assert_int_equal(dsgd_cl_gemm_params_fit(&tuned, &small, why, sizeof why), 0);
+    EXPECT_SUBSTR(why, "16 x 16 work-items exceeds the device's 64");
+    EXPECT_SUBSTR(why, "indirect");
+    assert_int_equal(dsgd_cl_gemm_params_fit(&tuned, &narrow, why, sizeof why), 0);
+    EXPECT_SUBSTR(why, "exceeds the device's 4096 x 8 per dimension");
+    /* Xgemm alone (1 x 1 work-items, no local memory) fits all of them */
+    assert_int_equal(dsgd_cl_gemm_params_fit(&x_only, &small, NULL, 0), 1);
+    assert_int_equal(dsgd_cl_gemm_params_fit(&x_only, &narrow, NULL, 0), 1);
+    assert_int_equal(dsgd_cl_gemm_params_fit(&x_only, &tiny_local, NULL, 0), 1);
+
+    /* Xgemm work-group MDIMC x NDIMC = 16 x 16 (CLBlast's stock shape) */
+    memset(&wide, 0, sizeof wide);
+    {
+        static const size_t x[DSGD_CL_XGEMM_NPARAMS] = {0, 1, 32, 2, 16, 16, 64, 16, 16, 64, 1, 1, 0, 0, 2, 2};
+        wide.xgemm_set = 1;
+        memcpy(wide.xgemm, x, sizeof x);
+    }
+    assert_true(dsgd_cl_gemm_params_valid(&wide));
+    assert_int_equal(dsgd_cl_gemm_params_fit(&wide, &big, NULL, 0), 1);
+    assert_int_equal(dsgd_cl_gemm_params_fit(&wide, &small, why, sizeof why), 0);
+    assert_string_equal(why, "Xgemm's work-group of 16 x 16 work-items exceeds the device's 64");
+    /* local memory: SA and SB tiles, 32 x 64 floats each = 16384 bytes */
+    assert_int_equal(dsgd_cl_gemm_params_fit(&wide, &tiny_local, NULL, 0), 1);
+    tiny_local.local_mem_bytes = 16383;
+    assert_int_equal(dsgd_cl_gemm_params_fit(&wide, &tiny_local, why, sizeof why), 0);
+    assert_string_equal(why, "Xgemm needs 16384 bytes of local memory, the device has 16383");
+    assert_int_equal(dsgd_cl_gemm_params_fit(&huge, &big, why, sizeof why), 0);
+    assert_string_equal(why, "Xgemm needs 8388608 bytes of local memory, the device has 1048576");
+
+    /* XgemmDirect: KWID MDIMAD MDIMCD NDIMBD NDIMCD PADA PADB VWMD VWND WGD,
+       8 x 16 work-items, 32 x 33 + 32 x 33 floats of local memory */
+    memset(&direct, 0, sizeof direct);
+    {
+        static const size_t d[DSGD_CL_DIRECT_NPARAMS] = {2, 8, 8, 16, 16, 1, 1, 1, 1, 32};
+        direct.direct_set = 1;
+        memcpy(direct.direct, d, sizeof d);
+    }
+    assert_true(dsgd_cl_gemm_params_valid(&direct));
+    assert_int_equal(dsgd_cl_gemm_params_fit(&direct, &big, NULL, 0), 1);
+    assert_int_equal(dsgd_cl_gemm_params_fit(&direct, &small, why, sizeof why), 0);
+    assert_string_equal(why, "XgemmDirect's work-group of 8 x 16 work-items exceeds the device's 64");
+    tiny_local.local_mem_bytes = 32 * 33 * 2 * 4 - 1;
+    assert_int_equal(dsgd_cl_gemm_params_fit(&direct, &tiny_local, why, sizeof why), 0);
+    assert_string_equal(why, "XgemmDirect needs 8448 bytes of local memory, the device has 8447");
+
+    /* limits of 0 are unknown: not checked */
+    assert_int_equal(dsgd_cl_gemm_params_fit(&huge, &unknown, NULL, 0), 1);
+    assert_int_equal(dsgd_cl_gemm_params_fit(&tuned, &unknown, NULL, 0), 1);
+    /* a short buffer is truncated, NUL-terminated */
+    assert_int_equal(dsgd_cl_gemm_params_fit(&wide, &small, why, 8), 0);
+    assert_string_equal(why, "Xgemm's");
+    assert_int_equal(dsgd_cl_gemm_params_fit(NULL, &big, NULL, 0), 0);
+    assert_int_equal(dsgd_cl_gemm_params_fit(&tuned, NULL, NULL, 0), 0);
+}
+
 /* Creates a context with tuning AUTO reading `path`; returns it. */
 static dsgd_cl_context *open_with_cache(dsgd_ctx *ctx, const char *path) {
     dsgd_cl_context_desc cd;
@@ -1628,6 +1723,27 @@ static void test_tune_cache_fallbacks_warn(void **state) {
     EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "for another device");
     dsgd_cl_context_destroy(c);
 
+    /* made for this device, valid, but beyond its local memory: refused
+       before anything is applied, by the cache and by an explicit apply */
+    {
+        dsgd_cl_gemm_params huge = huge_local_params();
+        char file[1100];
+        TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, dir, file, sizeof file));
+        TU_OK(G.ctx, dsgd_cl_save_gemm_params(G.ctx, G.cl, 0, file, &huge, NULL));
+        c = open_with_cache(ctx, dir);
+        assert_int_equal(cap.count[DSGD_LOG_WARN], 5);
+        EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "does not fit the device's limits");
+        EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "Xgemm needs 8388608 bytes of local memory");
+        EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "using CLBlast's default GEMM parameters");
+        assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 0);
+        assert_int_equal(dsgd_ctx_last_result(ctx), DSGD_OK);
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cl_apply_gemm_params(ctx, c, 0, &huge));
+        EXPECT_SUBSTR(dsgd_ctx_last_error(ctx), "do not fit");
+        assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 0);
+        dsgd_cl_context_destroy(c);
+        unlink(file);
+    }
+
     /* TUNING_OFF reads nothing and says nothing */
     {
         dsgd_cl_context_desc cd;
@@ -1635,7 +1751,7 @@ static void test_tune_cache_fallbacks_warn(void **state) {
         cd.tuning = DSGD_CL_TUNING_OFF;
         cd.tune_cache = path;
         TU_OK(ctx, dsgd_cl_context_create(ctx, &cd, &c));
-        assert_int_equal(cap.count[DSGD_LOG_WARN], 4);
+        assert_int_equal(cap.count[DSGD_LOG_WARN], 5);
         dsgd_cl_context_destroy(c);
     }
     dsgd_ctx_destroy(ctx);
@@ -1650,7 +1766,7 @@ static void test_tune_cache_valid_applied(void **state) {
                                   {1, 0, 300, 129, 257, 1, 0.5f, 1.0f},
                                   {0, 1, 257, 300, 129, 0, 1.0f, 0.0f},
                                   {1, 1, 45, 67, 33, 2, 1.0f, 0.5f}};
-    char dir[64], path[1100];
+    char dir[64], path[1100], why[256];
     dsgd_cl_gemm_params p = sample_params();
     tu_rng rng = tu_rng_make(25);
     logcap cap;
@@ -1664,13 +1780,25 @@ static void test_tune_cache_valid_applied(void **state) {
     TU_OK(G.ctx, dsgd_cl_tune_cache_path(G.cl, 0, dir, path, sizeof path));
     TU_OK(G.ctx, dsgd_cl_save_gemm_params(G.ctx, G.cl, 0, path, &p, NULL));
     c = open_with_cache(ctx, dir); /* a directory: the per-device file inside */
-    assert_int_equal(cap.count[DSGD_LOG_WARN], 0);
-    EXPECT_SUBSTR(cap.last[DSGD_LOG_INFO], "applied tuned CLBlast GEMM parameters");
-    assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 1);
+    if (dsgd_cl_gemm_params_fit(&p, dsgd_cl_context_device_info(G.cl, 0), why, sizeof why)) {
+        assert_int_equal(cap.count[DSGD_LOG_WARN], 0);
+        EXPECT_SUBSTR(cap.last[DSGD_LOG_INFO], "applied tuned CLBlast GEMM parameters");
+        assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 1);
+    } else {
+        /* a device with fewer than 256 work-items per group (PoCL with
+           POCL_MAX_WORK_GROUP_SIZE=64): min_indirect would send these GEMMs
+           to CLBlast's indirect path, whose helper kernels do not fit
+           (CL_INVALID_WORK_GROUP_SIZE); CLBlast's defaults stay */
+        assert_true(dsgd_cl_context_device_info(G.cl, 0)->max_work_group_size < 256);
+        EXPECT_SUBSTR(why, "indirect");
+        assert_int_equal(cap.count[DSGD_LOG_WARN], 1);
+        EXPECT_SUBSTR(cap.last[DSGD_LOG_WARN], "does not fit the device's limits");
+        assert_int_equal(dsgd_cl_context_gemm_tuned(c, 0), 0);
+    }
     dsgd_cl_context_destroy(c);
     dsgd_ctx_destroy(ctx);
     /* the overrides are per device for the whole process: G's backend now
-       runs them too */
+       runs them too (or, where they did not fit, CLBlast's defaults) */
     for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) gemm_case(&cases[i], &rng, 0);
     tu_rmdir(dir);
 }
@@ -1703,6 +1831,7 @@ int main(void) {
         cmocka_unit_test(test_train_20_steps_mse_momentum_clip),
         cmocka_unit_test(test_replicas_on_threads),
         cmocka_unit_test(test_errors_name_the_call),
+        cmocka_unit_test(test_gemm_params_fit_limits),
         cmocka_unit_test(test_tune_cache_path),
         cmocka_unit_test(test_tune_cache_roundtrip_and_corrupt),
         cmocka_unit_test(test_tune_cache_fallbacks_warn),

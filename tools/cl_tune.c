@@ -390,8 +390,10 @@ fail:
 }
 
 /* The ordered Xgemm candidates (GEMMK KREG KWG KWI MDIMA MDIMC MWG NDIMB NDIMC
-   NWG SA SB STRM STRN VWM VWN), validity-checked. The first ones are made
-   for the device's preferred float vector width w (16 on PoCL with AVX-512):
+   NWG SA SB STRM STRN VWM VWN), validity-checked and fitted to the device's
+   limits (dsgd_cl_gemm_params_fit, as screened: everything indirect). The
+   first ones are made for the device's preferred float vector width w
+   (info->vector_width, 16 on PoCL with AVX-512):
    when w >= 4, register-tiled GEMMK=1 kernels whose work-item keeps a
    16x16 or 32x32 tile of C and updates it with one w-wide vector of A and
    w scalars of B per k (an outer product, as CPU BLAS micro-kernels do);
@@ -399,7 +401,7 @@ fail:
    GEMMs at 1.2-1.4x OpenBLAS on one thread, where the best of the fixed
    list below reached 0.6-0.9x. Small tiles also divide more model sizes
    (784 = 49 x 16), so CLBlast pads less. */
-static int make_candidates(cand *out, int cap, unsigned w) {
+static int make_candidates(cand *out, int cap, const dsgd_cl_device_info *info) {
     static const size_t wide[][DSGD_CL_XGEMM_NPARAMS] = {
         /* VWM is replaced by the device's width */
         {1, 1, 1, 1, 1, 1, 16, 1, 1, 16, 0, 0, 0, 0, 0, 1},
@@ -442,6 +444,7 @@ static int make_candidates(cand *out, int cap, unsigned w) {
         {0, 1, 32, 2, 16, 16, 32, 16, 16, 32, 1, 1, 0, 0, 1, 1},
     };
     int n = 0, i, nw = (int)(sizeof wide / sizeof wide[0]), total = nw + (int)(sizeof seeds / sizeof seeds[0]);
+    unsigned w = info->vector_width;
     size_t vw = w >= 16 ? 16 : w >= 8 ? 8 : w >= 4 ? 4 : 0;
     for (i = 0; i < total && n < cap; ++i) {
         dsgd_cl_gemm_params p;
@@ -456,6 +459,9 @@ static int make_candidates(cand *out, int cap, unsigned w) {
             memcpy(p.xgemm, seeds[i - nw], sizeof p.xgemm);
         }
         if (!dsgd_cl_gemm_params_valid(&p)) continue;
+        p.min_indirect_set = 1; /* as screened: everything indirect */
+        p.min_indirect = 1;
+        if (!dsgd_cl_gemm_params_fit(&p, info, NULL, 0)) continue; /* the device's work-group or local memory limits */
         for (j = 0; j < n; ++j) dup |= !memcmp(out[j].xgemm, p.xgemm, sizeof p.xgemm);
         if (dup) continue;
         memset(&out[n], 0, sizeof out[n]);
@@ -597,7 +603,7 @@ int main(int argc, char **argv) {
     if (!stock.ok) return 1;
 
     /* 2. screening, one child per candidate, everything indirect */
-    nc = make_candidates(cands, MAX_CANDIDATES, info->vector_width);
+    nc = make_candidates(cands, MAX_CANDIDATES, info);
     if (nc > maxc) nc = maxc;
     for (c = 0; c < nc; ++c) {
         double left = budget - (dsgd_now() - start);

@@ -55,7 +55,12 @@
      CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
      made for another device (platform name, device name and driver version are
      compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
-     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
+     message saying why. So does a file whose parameters do not fit the
+     device's limits (dsgd_cl_gemm_params_fit: work-group size, work-items
+     per dimension, local memory, checked before anything is applied): a
+     cache tuned with other limits (PoCL's POCL_MAX_WORK_GROUP_SIZE, say)
+     would fail with CL_INVALID_WORK_GROUP_SIZE at the first GEMM it sends
+     down the path it changed. desc.tuning = DSGD_CL_TUNING_OFF skips the file
      (no warning). Overrides are process-wide per device (CLBlast keeps them
      in a global table and has no call to undo them), so once a context has
      applied tuned parameters, later contexts on that device in the same
@@ -188,13 +193,29 @@ DSGD_API const char *dsgd_cl_direct_param_name(int i);
    Returns 1 when valid, 0 otherwise (and for p NULL).
    Errors: none. Thread safety: any thread. */
 DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
+/* Checks p against the limits of the device info describes (see GEMM
+   TUNING): each kernel's work-group (Xgemm MDIMC x NDIMC, XgemmDirect
+   MDIMCD x NDIMCD) within max_work_group_size and, per dimension, within
+   max_work_item_sizes; their local memory (Xgemm: KWG x MWG floats with SA,
+   KWG x NWG with SB; XgemmDirect: WGD x (WGD + PADA) + WGD x (WGD + PADB))
+   within local_mem_bytes; and, for a set with min_indirect (which sends
+   GEMMs to CLBlast's indirect path, whose pad, copy and transpose kernels
+   keep CLBlast's own 16 x 16 work-groups), at least 256 work-items and 16
+   per dimension. A limit of 0 (the driver did not answer) is not checked.
+   Returns 1 when p fits, 0 otherwise (and for p or info NULL); then, when
+   why is non-NULL and cap > 0, writes the first limit broken to why
+   (NUL-terminated, truncated to cap).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_gemm_params_fit(const dsgd_cl_gemm_params *p, const dsgd_cl_device_info *info, char *why,
+                                     size_t cap);
 
 /* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
    *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
    Process-wide for that device; takes effect at the next GEMM (which
    compiles the kernels for the new parameters).
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
-   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
+   out of range, a set dsgd_cl_gemm_params_valid rejects or that does not
+   fit the device, dsgd_cl_gemm_params_fit: nothing applied), DSGD_ERR_BACKEND
    (CLBlast refused; parts applied before stay applied).
    Thread safety: any thread (that may use ctx); CLBlast calls are
    serialised by the library's lock, but not concurrently with another
@@ -723,14 +744,73 @@ DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p) {
     return 1;
 }
 
+/* CLBlast 1.5.3's pad, copy and transpose kernels, which its indirect GEMM
+   runs before and after Xgemm, launch 16 x 16 work-items with its default
+   parameters ("256 is larger than 64" on PoCL with
+   POCL_MAX_WORK_GROUP_SIZE=64); a tuned set does not change them. */
+#define DSGD_CL__CLBLAST_HELPER_DIM 16
+
+/* The first limit of info that a kernel with a dx x dy work-group and
+   `local` bytes of local memory breaks, written to why; 0 when none. */
+static int dsgd_cl__breaks(const dsgd_cl_device_info *info, const char *kernel, size_t dx, size_t dy,
+                           size_t local, char *why, size_t cap) {
+    const size_t *items = info->max_work_item_sizes;
+    char buf[200];
+    buf[0] = '\0';
+    if (info->max_work_group_size && dx * dy > info->max_work_group_size)
+        snprintf(buf, sizeof(buf), "%s's work-group of %lu x %lu work-items exceeds the device's %lu", kernel,
+                 (unsigned long)dx, (unsigned long)dy, (unsigned long)info->max_work_group_size);
+    else if ((items[0] && dx > items[0]) || (items[1] && dy > items[1]))
+        snprintf(buf, sizeof(buf), "%s's work-group of %lu x %lu work-items exceeds the device's %lu x %lu per dimension",
+                 kernel, (unsigned long)dx, (unsigned long)dy, (unsigned long)items[0], (unsigned long)items[1]);
+    else if (info->local_mem_bytes && local > info->local_mem_bytes)
+        snprintf(buf, sizeof(buf), "%s needs %lu bytes of local memory, the device has %lu", kernel,
+                 (unsigned long)local, (unsigned long)info->local_mem_bytes);
+    if (!buf[0]) return 0;
+    if (why && cap) snprintf(why, cap, "%s", buf);
+    return 1;
+}
+
+DSGD_API int dsgd_cl_gemm_params_fit(const dsgd_cl_gemm_params *p, const dsgd_cl_device_info *info, char *why,
+                                     size_t cap) {
+    const size_t f = sizeof(float);
+    if (why && cap) why[0] = '\0';
+    if (!p || !info) {
+        if (why && cap) snprintf(why, cap, "no parameters or no device");
+        return 0;
+    }
+    if (p->xgemm_set) {
+        const size_t *x = p->xgemm;
+        size_t local = ((x[DSGD_CL__SA] ? x[DSGD_CL__KWG] * x[DSGD_CL__MWG] : 0) +
+                        (x[DSGD_CL__SB] ? x[DSGD_CL__KWG] * x[DSGD_CL__NWG] : 0)) * f;
+        if (dsgd_cl__breaks(info, "Xgemm", x[DSGD_CL__MDIMC], x[DSGD_CL__NDIMC], local, why, cap)) return 0;
+    }
+    if (p->direct_set) {
+        const size_t *x = p->direct;
+        size_t local = (x[DSGD_CL__WGD] * (x[DSGD_CL__WGD] + x[DSGD_CL__PADA]) +
+                        x[DSGD_CL__WGD] * (x[DSGD_CL__WGD] + x[DSGD_CL__PADB])) * f;
+        if (dsgd_cl__breaks(info, "XgemmDirect", x[DSGD_CL__MDIMCD], x[DSGD_CL__NDIMCD], local, why, cap)) return 0;
+    }
+    if (p->min_indirect_set &&
+        dsgd_cl__breaks(info, "the indirect GEMM's pad and transpose kernels (CLBlast's own parameters)",
+                        DSGD_CL__CLBLAST_HELPER_DIM, DSGD_CL__CLBLAST_HELPER_DIM, 0, why, cap))
+        return 0;
+    return 1;
+}
+
 DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
                                                const dsgd_cl_gemm_params *p) {
     CLBlastStatusCode st;
+    char why[256];
     if (!c || !p || device < 0 || device >= c->num_devices)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_apply_gemm_params: bad arguments");
     if (!dsgd_cl_gemm_params_valid(p))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_cl_apply_gemm_params: the parameters break CLBlast's rules");
+    if (!dsgd_cl_gemm_params_fit(p, &c->info[device], why, sizeof(why)))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_apply_gemm_params: the parameters do not fit %s: %s",
+                                  c->info[device].device_name, why);
     if (p->xgemm_set) {
         pthread_mutex_lock(&dsgd_cl__clblast_lock);
         st = CLBlastOverrideParameters(c->devices[device], "Xgemm", CLBlastPrecisionSingle, DSGD_CL_XGEMM_NPARAMS,
@@ -1031,7 +1111,7 @@ DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
    warning saying why not and leaves CLBlast's defaults. The failure is not
    recorded as the caller's error: a scratch context collects its message. */
 static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const char *desc_path) {
-    char path[1100];
+    char path[1100], limit[256];
     dsgd_cl_gemm_params p;
     dsgd_ctx *scratch = NULL;
     dsgd_result r;
@@ -1045,6 +1125,16 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
     }
     if (dsgd_ctx_create(NULL, &scratch) != DSGD_OK) scratch = NULL;
     r = dsgd_cl_load_gemm_params(scratch, c, i, path, &p);
+    if (r == DSGD_OK && !dsgd_cl_gemm_params_fit(&p, &c->info[i], limit, sizeof(limit))) {
+        /* tuned elsewhere, or the device's limits changed since (a driver
+           setting such as POCL_MAX_WORK_GROUP_SIZE): nothing is applied */
+        dsgd_ctx_log(ctx, DSGD_LOG_WARN,
+                     "GEMM tuning cache %s does not fit the device's limits: %s; using CLBlast's default GEMM "
+                     "parameters for %s (the cl_tune tuner, `make tune`, tunes this device)",
+                     path, limit, dev);
+        dsgd_ctx_destroy(scratch);
+        return;
+    }
     if (r == DSGD_OK) r = dsgd_cl_apply_gemm_params(scratch, c, i, &p);
     if (r == DSGD_OK) {
         dsgd_ctx_log(ctx, DSGD_LOG_INFO, "applied tuned CLBlast GEMM parameters for %s from %s", dev, path);

@@ -95,7 +95,10 @@ typedef struct dsgd_cl_device_info {
     uint64_t local_mem_bytes;
     unsigned compute_units;
     unsigned max_clock_mhz;
-    size_t max_work_group_size;
+    size_t max_work_group_size;       /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    size_t max_work_item_sizes[3];    /* CL_DEVICE_MAX_WORK_ITEM_SIZES, the
+                                         first three dimensions (0: not
+                                         answered) */
     int fp64;           /* cl_khr_fp64 */
     int unified_memory; /* CL_DEVICE_HOST_UNIFIED_MEMORY */
     unsigned vector_width; /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT (16 on
@@ -357,6 +360,12 @@ static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_
         info->max_clock_mhz = v;
     if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof(z), &z, NULL) == CL_SUCCESS)
         info->max_work_group_size = z;
+    {
+        size_t items[16], got = 0, j;
+        memset(items, 0, sizeof(items));
+        if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(items), items, &got) == CL_SUCCESS)
+            for (j = 0; j < 3 && j < got / sizeof(size_t); ++j) info->max_work_item_sizes[j] = items[j];
+    }
     if (clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified, NULL) == CL_SUCCESS)
         info->unified_memory = unified == CL_TRUE;
     if (clGetDeviceInfo(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof(v), &v, NULL) == CL_SUCCESS)
