@@ -917,7 +917,8 @@ static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int p
 /* The backend's own kernel objects (clSetKernelArg is not thread-safe on a
    shared cl_kernel) and the work-group sizes it launches them with. */
 static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
-    size_t kmax = (size_t)-1, local_mem = (size_t)dsgd_cl_context_device_info(b->cl, b->dev)->local_mem_bytes;
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(b->cl, b->dev);
+    size_t kmax = (size_t)-1, local_mem = (size_t)info->local_mem_bytes;
     cl_int err;
     int k;
     for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
@@ -931,6 +932,11 @@ static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
         if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
         if (wg < kmax) kmax = wg;
     }
+    /* Our launches are one-dimensional: the device's limits (work-group and
+       first dimension; a driver may report a kernel limit above them, or
+       POCL_MAX_WORK_GROUP_SIZE lowers them) cap the kernels' answers. */
+    if (info->max_work_group_size && info->max_work_group_size < kmax) kmax = info->max_work_group_size;
+    if (info->max_work_item_sizes[0] && info->max_work_item_sizes[0] < kmax) kmax = info->max_work_item_sizes[0];
     /* One work-group size for every element-wise kernel keeps the number of
        compiled variants (PoCL compiles one per size) small. */
     b->local = kmax < 256 ? kmax : 256;
