@@ -19370,7 +19370,10 @@ typedef struct dsgd_cl_device_info {
     uint64_t local_mem_bytes;
     unsigned compute_units;
     unsigned max_clock_mhz;
-    size_t max_work_group_size;
+    size_t max_work_group_size;       /* CL_DEVICE_MAX_WORK_GROUP_SIZE */
+    size_t max_work_item_sizes[3];    /* CL_DEVICE_MAX_WORK_ITEM_SIZES, the
+                                         first three dimensions (0: not
+                                         answered) */
     int fp64;           /* cl_khr_fp64 */
     int unified_memory; /* CL_DEVICE_HOST_UNIFIED_MEMORY */
     unsigned vector_width; /* CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT (16 on
@@ -19632,6 +19635,12 @@ static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_
         info->max_clock_mhz = v;
     if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof(z), &z, NULL) == CL_SUCCESS)
         info->max_work_group_size = z;
+    {
+        size_t items[16], got = 0, j;
+        memset(items, 0, sizeof(items));
+        if (clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(items), items, &got) == CL_SUCCESS)
+            for (j = 0; j < 3 && j < got / sizeof(size_t); ++j) info->max_work_item_sizes[j] = items[j];
+    }
     if (clGetDeviceInfo(d, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified, NULL) == CL_SUCCESS)
         info->unified_memory = unified == CL_TRUE;
     if (clGetDeviceInfo(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof(v), &v, NULL) == CL_SUCCESS)
@@ -20242,13 +20251,23 @@ static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
      share one queue that the context owns, so their commands run one at a
      time, in the order the threads enqueue them (each backend's own commands
      stay in its program order; finish waits for all of them). AUTO, the
-     default, is PER_BACKEND except on PoCL: PoCL 3.1 aborts with
-     "pocl_release_dlhandle_cache: Assertion `found->ref_count > 0' failed"
-     when one kernel runs at different grid sizes from several queues at once
-     (2 of 12 runs of the 4-replica demo died so, 0 of 36 with one queue), and
-     its kernels already spread over all of its threads, so one queue costs
-     little there. A backend created with profiling gets a queue of its own
-     whatever the policy. dsgd_cl_context_queues() tells the policy in force.
+     default, resolves per device with dsgd_cl_auto_queues(): PER_DEVICE on
+     PoCL's pthread driver (device names "pthread-..."; PoCL 4 renamed it
+     "cpu-..."), PER_BACKEND everywhere else, PoCL's basic driver included;
+     a context whose devices disagree gets PER_BACKEND.
+       - PoCL 3.1's pthread driver aborts with "pocl_release_dlhandle_cache:
+         Assertion `found->ref_count > 0' failed" when one kernel runs at
+         different grid sizes from several queues at once (2 of 12 runs of
+         the 4-replica demo died so, 0 of 36 with one queue); its kernels
+         already spread over all of its threads, so one queue costs little.
+       - PoCL 3.1's basic driver runs a command in the thread that enqueues
+         it, and the commands that were waiting on it from inside that
+         call; with one queue shared by several threads it deadlocks (the
+         enqueuing thread waits on an event lock it holds itself), so
+         PER_DEVICE there hangs the first time two replicas' commands
+         queue up behind each other. Do not ask for PER_DEVICE on it.
+     A backend created with profiling gets a queue of its own whatever the
+     policy. dsgd_cl_context_queues() tells the policy in force.
 
    GEMM TUNING
 
@@ -20274,7 +20293,12 @@ static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
      CLBlastOverrideParameters. A file that is missing, unreadable, corrupt or
      made for another device (platform name, device name and driver version are
      compared) leaves CLBlast's defaults in place and logs a DSGD_LOG_WARN
-     message saying why; desc.tuning = DSGD_CL_TUNING_OFF skips the file
+     message saying why. So does a file whose parameters do not fit the
+     device's limits (dsgd_cl_gemm_params_fit: work-group size, work-items
+     per dimension, local memory, checked before anything is applied): a
+     cache tuned with other limits (PoCL's POCL_MAX_WORK_GROUP_SIZE, say)
+     would fail with CL_INVALID_WORK_GROUP_SIZE at the first GEMM it sends
+     down the path it changed. desc.tuning = DSGD_CL_TUNING_OFF skips the file
      (no warning). Overrides are process-wide per device (CLBlast keeps them
      in a global table and has no call to undo them), so once a context has
      applied tuned parameters, later contexts on that device in the same
@@ -20305,7 +20329,7 @@ typedef enum dsgd_cl_tuning {
 
 /* Which command queue a backend enqueues on (see QUEUES). */
 typedef enum dsgd_cl_queues {
-    DSGD_CL_QUEUES_AUTO = 0,    /* PER_BACKEND, except on PoCL: PER_DEVICE */
+    DSGD_CL_QUEUES_AUTO = 0,    /* per device: dsgd_cl_auto_queues() */
     DSGD_CL_QUEUES_PER_BACKEND, /* each backend its own in-order queue */
     DSGD_CL_QUEUES_PER_DEVICE   /* the backends on one device share one
                                    in-order queue, owned by the context */
@@ -20366,6 +20390,12 @@ DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c);
    was resolved (c NULL: PER_BACKEND). Errors: none. Thread safety: any
    thread while c lives. */
 DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c);
+/* What DSGD_CL_QUEUES_AUTO resolves to for a device described by info (see
+   QUEUES): DSGD_CL_QUEUES_PER_DEVICE for PoCL's pthread (or "cpu") driver,
+   else DSGD_CL_QUEUES_PER_BACKEND (also for info NULL). It reads only
+   info's platform_name and device_name.
+   Errors: none. Thread safety: any thread. */
+DSGD_API dsgd_cl_queues dsgd_cl_auto_queues(const dsgd_cl_device_info *info);
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c);
 DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i);
 
@@ -20401,13 +20431,29 @@ DSGD_API const char *dsgd_cl_direct_param_name(int i);
    Returns 1 when valid, 0 otherwise (and for p NULL).
    Errors: none. Thread safety: any thread. */
 DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p);
+/* Checks p against the limits of the device info describes (see GEMM
+   TUNING): each kernel's work-group (Xgemm MDIMC x NDIMC, XgemmDirect
+   MDIMCD x NDIMCD) within max_work_group_size and, per dimension, within
+   max_work_item_sizes; their local memory (Xgemm: KWG x MWG floats with SA,
+   KWG x NWG with SB; XgemmDirect: WGD x (WGD + PADA) + WGD x (WGD + PADB))
+   within local_mem_bytes; and, for a set with min_indirect (which sends
+   GEMMs to CLBlast's indirect path, whose pad, copy and transpose kernels
+   keep CLBlast's own 16 x 16 work-groups), at least 256 work-items and 16
+   per dimension. A limit of 0 (the driver did not answer) is not checked.
+   Returns 1 when p fits, 0 otherwise (and for p or info NULL); then, when
+   why is non-NULL and cap > 0, writes the first limit broken to why
+   (NUL-terminated, truncated to cap).
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_gemm_params_fit(const dsgd_cl_gemm_params *p, const dsgd_cl_device_info *info, char *why,
+                                     size_t cap);
 
 /* Applies p to device i of c with CLBlastOverrideParameters (the parts whose
    *_set is non-zero) and marks the device tuned (dsgd_cl_context_gemm_tuned).
    Process-wide for that device; takes effect at the next GEMM (which
    compiles the kernels for the new parameters).
    Errors (recorded on ctx): DSGD_ERR_INVALID_ARGUMENT (c or p NULL, device
-   out of range, a set dsgd_cl_gemm_params_valid rejects), DSGD_ERR_BACKEND
+   out of range, a set dsgd_cl_gemm_params_valid rejects or that does not
+   fit the device, dsgd_cl_gemm_params_fit: nothing applied), DSGD_ERR_BACKEND
    (CLBlast refused; parts applied before stay applied).
    Thread safety: any thread (that may use ctx); CLBlast calls are
    serialised by the library's lock, but not concurrently with another
@@ -20722,18 +20768,28 @@ static dsgd_result dsgd_cl__open_context(dsgd_ctx *ctx, dsgd_cl_context *c) {
 
 /* Resolves the queue policy (see QUEUES) and, for PER_DEVICE, creates each
    device's shared queue.
-   PoCL 3.1 aborts (pocl_release_dlhandle_cache: "Assertion
+   PoCL 3.1's pthread driver aborts (pocl_release_dlhandle_cache: "Assertion
    `found->ref_count > 0' failed") when one kernel runs at different grid
    sizes from several queues at once: its cache of compiled work-group
    functions takes a reference on one entry and may drop it on another.
    2 in 12 runs of the 4-replica demo died so. One in-order queue per
-   device runs one command at a time and avoids it. */
+   device runs one command at a time and avoids it.
+   PoCL 3.1's basic driver must not get that queue: it runs commands in the
+   enqueuing thread, and when a command completes it runs the commands that
+   waited on it from inside the same call (pocl_broadcast -> the driver's
+   notify -> pocl_exec_command -> pocl_update_event_running), which locks an
+   event mutex that thread already holds. Commands of other threads queued
+   behind one another on a shared in-order queue get there: 4 of 4 runs of
+   three replicas on threads hung so; with a queue per backend none did. */
 static dsgd_result dsgd_cl__create_queues(dsgd_ctx *ctx, dsgd_cl_context *c, dsgd_cl_queues policy) {
     cl_int err;
     int i;
-    c->queues = policy != DSGD_CL_QUEUES_AUTO ? policy
-                : strstr(c->info[0].platform_name, "Portable Computing Language") ? DSGD_CL_QUEUES_PER_DEVICE
-                                                                                   : DSGD_CL_QUEUES_PER_BACKEND;
+    c->queues = policy;
+    if (policy == DSGD_CL_QUEUES_AUTO) {
+        c->queues = DSGD_CL_QUEUES_PER_DEVICE;
+        for (i = 0; i < c->num_devices; ++i)
+            if (dsgd_cl_auto_queues(&c->info[i]) != DSGD_CL_QUEUES_PER_DEVICE) c->queues = DSGD_CL_QUEUES_PER_BACKEND;
+    }
     for (i = 0; i < c->num_devices && c->queues == DSGD_CL_QUEUES_PER_DEVICE; ++i) {
         c->dev_queue[i] = clCreateCommandQueue(c->context, c->devices[i], 0, &err);
         if (err != CL_SUCCESS) {
@@ -20821,6 +20877,13 @@ DSGD_API int dsgd_cl_context_fp64(const dsgd_cl_context *c) { return c ? c->fp64
 
 DSGD_API dsgd_cl_queues dsgd_cl_context_queues(const dsgd_cl_context *c) {
     return c ? c->queues : DSGD_CL_QUEUES_PER_BACKEND;
+}
+
+DSGD_API dsgd_cl_queues dsgd_cl_auto_queues(const dsgd_cl_device_info *info) {
+    if (!info || !strstr(info->platform_name, "Portable Computing Language")) return DSGD_CL_QUEUES_PER_BACKEND;
+    return strncmp(info->device_name, "pthread-", 8) == 0 || strncmp(info->device_name, "cpu-", 4) == 0
+               ? DSGD_CL_QUEUES_PER_DEVICE
+               : DSGD_CL_QUEUES_PER_BACKEND;
 }
 
 DSGD_API cl_context dsgd_cl_context_handle(const dsgd_cl_context *c) { return c ? c->context : NULL; }
@@ -20919,14 +20982,73 @@ DSGD_API int dsgd_cl_gemm_params_valid(const dsgd_cl_gemm_params *p) {
     return 1;
 }
 
+/* CLBlast 1.5.3's pad, copy and transpose kernels, which its indirect GEMM
+   runs before and after Xgemm, launch 16 x 16 work-items with its default
+   parameters ("256 is larger than 64" on PoCL with
+   POCL_MAX_WORK_GROUP_SIZE=64); a tuned set does not change them. */
+#define DSGD_CL__CLBLAST_HELPER_DIM 16
+
+/* The first limit of info that a kernel with a dx x dy work-group and
+   `local` bytes of local memory breaks, written to why; 0 when none. */
+static int dsgd_cl__breaks(const dsgd_cl_device_info *info, const char *kernel, size_t dx, size_t dy,
+                           size_t local, char *why, size_t cap) {
+    const size_t *items = info->max_work_item_sizes;
+    char buf[200];
+    buf[0] = '\0';
+    if (info->max_work_group_size && dx * dy > info->max_work_group_size)
+        snprintf(buf, sizeof(buf), "%s's work-group of %lu x %lu work-items exceeds the device's %lu", kernel,
+                 (unsigned long)dx, (unsigned long)dy, (unsigned long)info->max_work_group_size);
+    else if ((items[0] && dx > items[0]) || (items[1] && dy > items[1]))
+        snprintf(buf, sizeof(buf), "%s's work-group of %lu x %lu work-items exceeds the device's %lu x %lu per dimension",
+                 kernel, (unsigned long)dx, (unsigned long)dy, (unsigned long)items[0], (unsigned long)items[1]);
+    else if (info->local_mem_bytes && local > info->local_mem_bytes)
+        snprintf(buf, sizeof(buf), "%s needs %lu bytes of local memory, the device has %lu", kernel,
+                 (unsigned long)local, (unsigned long)info->local_mem_bytes);
+    if (!buf[0]) return 0;
+    if (why && cap) snprintf(why, cap, "%s", buf);
+    return 1;
+}
+
+DSGD_API int dsgd_cl_gemm_params_fit(const dsgd_cl_gemm_params *p, const dsgd_cl_device_info *info, char *why,
+                                     size_t cap) {
+    const size_t f = sizeof(float);
+    if (why && cap) why[0] = '\0';
+    if (!p || !info) {
+        if (why && cap) snprintf(why, cap, "no parameters or no device");
+        return 0;
+    }
+    if (p->xgemm_set) {
+        const size_t *x = p->xgemm;
+        size_t local = ((x[DSGD_CL__SA] ? x[DSGD_CL__KWG] * x[DSGD_CL__MWG] : 0) +
+                        (x[DSGD_CL__SB] ? x[DSGD_CL__KWG] * x[DSGD_CL__NWG] : 0)) * f;
+        if (dsgd_cl__breaks(info, "Xgemm", x[DSGD_CL__MDIMC], x[DSGD_CL__NDIMC], local, why, cap)) return 0;
+    }
+    if (p->direct_set) {
+        const size_t *x = p->direct;
+        size_t local = (x[DSGD_CL__WGD] * (x[DSGD_CL__WGD] + x[DSGD_CL__PADA]) +
+                        x[DSGD_CL__WGD] * (x[DSGD_CL__WGD] + x[DSGD_CL__PADB])) * f;
+        if (dsgd_cl__breaks(info, "XgemmDirect", x[DSGD_CL__MDIMCD], x[DSGD_CL__NDIMCD], local, why, cap)) return 0;
+    }
+    if (p->min_indirect_set &&
+        dsgd_cl__breaks(info, "the indirect GEMM's pad and transpose kernels (CLBlast's own parameters)",
+                        DSGD_CL__CLBLAST_HELPER_DIM, DSGD_CL__CLBLAST_HELPER_DIM, 0, why, cap))
+        return 0;
+    return 1;
+}
+
 DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c, int device,
                                                const dsgd_cl_gemm_params *p) {
     CLBlastStatusCode st;
+    char why[256];
     if (!c || !p || device < 0 || device >= c->num_devices)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_apply_gemm_params: bad arguments");
     if (!dsgd_cl_gemm_params_valid(p))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_cl_apply_gemm_params: the parameters break CLBlast's rules");
+    if (!dsgd_cl_gemm_params_fit(p, &c->info[device], why, sizeof(why)))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_cl_apply_gemm_params: the parameters do not fit %s: %s",
+                                  c->info[device].device_name, why);
     if (p->xgemm_set) {
         pthread_mutex_lock(&dsgd_cl__clblast_lock);
         st = CLBlastOverrideParameters(c->devices[device], "Xgemm", CLBlastPrecisionSingle, DSGD_CL_XGEMM_NPARAMS,
@@ -21227,7 +21349,7 @@ DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
    warning saying why not and leaves CLBlast's defaults. The failure is not
    recorded as the caller's error: a scratch context collects its message. */
 static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const char *desc_path) {
-    char path[1100];
+    char path[1100], limit[256];
     dsgd_cl_gemm_params p;
     dsgd_ctx *scratch = NULL;
     dsgd_result r;
@@ -21241,6 +21363,16 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
     }
     if (dsgd_ctx_create(NULL, &scratch) != DSGD_OK) scratch = NULL;
     r = dsgd_cl_load_gemm_params(scratch, c, i, path, &p);
+    if (r == DSGD_OK && !dsgd_cl_gemm_params_fit(&p, &c->info[i], limit, sizeof(limit))) {
+        /* tuned elsewhere, or the device's limits changed since (a driver
+           setting such as POCL_MAX_WORK_GROUP_SIZE): nothing is applied */
+        dsgd_ctx_log(ctx, DSGD_LOG_WARN,
+                     "GEMM tuning cache %s does not fit the device's limits: %s; using CLBlast's default GEMM "
+                     "parameters for %s (the cl_tune tuner, `make tune`, tunes this device)",
+                     path, limit, dev);
+        dsgd_ctx_destroy(scratch);
+        return;
+    }
     if (r == DSGD_OK) r = dsgd_cl_apply_gemm_params(scratch, c, i, &p);
     if (r == DSGD_OK) {
         dsgd_ctx_log(ctx, DSGD_LOG_INFO, "applied tuned CLBlast GEMM parameters for %s from %s", dev, path);
@@ -22175,7 +22307,8 @@ static dsgd_result dsgd_cl__open_queue(dsgd_ctx *ctx, dsgd_cl__backend *b, int p
 /* The backend's own kernel objects (clSetKernelArg is not thread-safe on a
    shared cl_kernel) and the work-group sizes it launches them with. */
 static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
-    size_t kmax = (size_t)-1, local_mem = (size_t)dsgd_cl_context_device_info(b->cl, b->dev)->local_mem_bytes;
+    const dsgd_cl_device_info *info = dsgd_cl_context_device_info(b->cl, b->dev);
+    size_t kmax = (size_t)-1, local_mem = (size_t)info->local_mem_bytes;
     cl_int err;
     int k;
     for (k = 0; k < DSGD_CL__K_COUNT; ++k) {
@@ -22189,6 +22322,11 @@ static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
         if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
         if (wg < kmax) kmax = wg;
     }
+    /* Our launches are one-dimensional: the device's limits (work-group and
+       first dimension; a driver may report a kernel limit above them, or
+       POCL_MAX_WORK_GROUP_SIZE lowers them) cap the kernels' answers. */
+    if (info->max_work_group_size && info->max_work_group_size < kmax) kmax = info->max_work_group_size;
+    if (info->max_work_item_sizes[0] && info->max_work_item_sizes[0] < kmax) kmax = info->max_work_item_sizes[0];
     /* One work-group size for every element-wise kernel keeps the number of
        compiled variants (PoCL compiles one per size) small. */
     b->local = kmax < 256 ? kmax : 256;
