@@ -427,12 +427,46 @@ static dsgd_result dsgd_cl__no_device(dsgd_ctx *ctx, const dsgd_cl__spec *sp, ds
                               sp->platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
 }
 
+/* A DEFAULT spec without an index: dsgd_cl_default_device() over the devices
+   of the platform(s) in question (*chosen, an index into e; -1 when there
+   are none). sp->type becomes GPU when it chose a GPU, else ALL. On failure
+   e holds nothing. */
+static dsgd_result dsgd_cl__pick_default(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_cl__enum *e, int *chosen) {
+    dsgd_cl_device_info *info;
+    int *map, i, n = 0, best;
+    sp->type = DSGD_CL_DEVICE_ALL;
+    *chosen = -1;
+    if (e->count == 0) return DSGD_OK;
+    info = (dsgd_cl_device_info *)DSGD_MALLOC((size_t)e->count * sizeof(*info));
+    map = (int *)DSGD_MALLOC((size_t)e->count * sizeof(*map));
+    if (!info || !map) {
+        DSGD_FREE(info);
+        DSGD_FREE(map);
+        dsgd_cl__enum_free(e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create: device descriptions");
+    }
+    for (i = 0; i < e->count; ++i) {
+        if (sp->platform >= 0 && e->plat_index[i] != sp->platform) continue;
+        memset(&info[n], 0, sizeof(info[n]));
+        dsgd_cl__fill_info(e->dev_platform[i], e->devices[i], &info[n]);
+        map[n++] = i;
+    }
+    best = dsgd_cl_default_device(info, n);
+    if (best >= 0) {
+        *chosen = map[best];
+        if (info[best].type == DSGD_CL_DEVICE_GPU) sp->type = DSGD_CL_DEVICE_GPU;
+    }
+    DSGD_FREE(info);
+    DSGD_FREE(map);
+    return DSGD_OK;
+}
+
 /* Enumerates the devices into e and picks the one sp names (*chosen, an index
-   into e). A DEFAULT spec without an index becomes GPU when the platform(s)
-   in question have one, else ALL. On failure e holds nothing. */
+   into e); a DEFAULT spec without an index goes to dsgd_cl__pick_default.
+   On failure e holds nothing. */
 static dsgd_result dsgd_cl__pick_device(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_cl__enum *e, int *chosen) {
     cl_int plat_err = CL_SUCCESS;
-    int i, seen = 0, any_gpu = 0;
+    int i, seen = 0;
     dsgd_result r = dsgd_cl__enumerate(ctx, "dsgd_cl_context_create", e, &plat_err);
     if (r != DSGD_OK) return r;
     if (e->num_platforms == 0) {
@@ -450,11 +484,9 @@ static dsgd_result dsgd_cl__pick_device(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_c
                                   sp->platform, np == 1 ? "is" : "are", np);
     }
     if (!sp->type_given && sp->index < 0) {
-        for (i = 0; i < e->count; ++i)
-            if ((sp->platform < 0 || e->plat_index[i] == sp->platform) &&
-                dsgd_cl__type_matches(e->devices[i], DSGD_CL_DEVICE_GPU))
-                any_gpu = 1;
-        sp->type = any_gpu ? DSGD_CL_DEVICE_GPU : DSGD_CL_DEVICE_ALL;
+        r = dsgd_cl__pick_default(ctx, sp, e, chosen);
+        if (r != DSGD_OK) return r;
+        return *chosen < 0 ? dsgd_cl__no_device(ctx, sp, e) : DSGD_OK;
     }
     *chosen = -1;
     for (i = 0; i < e->count && *chosen < 0; ++i) {

@@ -10,7 +10,10 @@
      platform, chosen by a spec string (dsgd_cl_context_desc.device, or the
      environment when that is NULL):
 
-         ""  or "default"    the first GPU, else the first device of any type
+         ""  or "default"    the best GPU (dsgd_cl_default_device: a discrete
+                             one before an integrated one, then more compute
+                             units, then a higher clock, then list order),
+                             else the first device of any type
          "gpu" "cpu" "accelerator" "all"
                              the first device of that type
          "N"                 device N of the list (a number)
@@ -72,7 +75,7 @@ extern "C" {
 #define DSGD_CL_MAX_DEVICES 16
 
 typedef enum dsgd_cl_device_type {
-    DSGD_CL_DEVICE_DEFAULT = 0, /* a GPU if there is one, else any device */
+    DSGD_CL_DEVICE_DEFAULT = 0, /* the best GPU if there is one, else any device */
     DSGD_CL_DEVICE_GPU,
     DSGD_CL_DEVICE_CPU,
     DSGD_CL_DEVICE_ACCELERATOR,
@@ -116,6 +119,16 @@ typedef struct dsgd_cl_device_info {
    Thread safety: any thread (that may use ctx). */
 DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out,
                                           int capacity, int *count);
+/* The device a "default" spec opens among count described ones (see
+   DEVICES): the best GPU - a discrete one (unified_memory 0) before an
+   integrated one (unified_memory 1, which shares the host's memory), then
+   the one with more compute_units, then a higher max_clock_mhz, then the
+   earlier in the array - or, when none is a GPU, devices[0]. Returns the
+   index into devices; -1 when devices is NULL or count <= 0. It reads only
+   type, unified_memory, compute_units and max_clock_mhz, so it ranks
+   made-up descriptions as well as dsgd_cl_list_devices()'s.
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_default_device(const dsgd_cl_device_info *devices, int count);
 /* "gpu", "cpu", "accelerator", "all"; "default" for DEFAULT and any other
    value. Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t);
@@ -476,6 +489,27 @@ DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t) {
     case DSGD_CL_DEVICE_ALL: return "all";
     default: return "default";
     }
+}
+
+/* 1 when a ranks strictly before b as the default device: a GPU before any
+   other type; between GPUs a discrete one before an integrated one, then
+   more compute units, then a higher clock. Other types never outrank one
+   another (list order decides). */
+static int dsgd_cl__better_default(const dsgd_cl_device_info *a, const dsgd_cl_device_info *b) {
+    int ag = a->type == DSGD_CL_DEVICE_GPU, bg = b->type == DSGD_CL_DEVICE_GPU;
+    if (ag != bg) return ag;
+    if (!ag) return 0;
+    if ((a->unified_memory == 0) != (b->unified_memory == 0)) return a->unified_memory == 0;
+    if (a->compute_units != b->compute_units) return a->compute_units > b->compute_units;
+    return a->max_clock_mhz > b->max_clock_mhz;
+}
+
+DSGD_API int dsgd_cl_default_device(const dsgd_cl_device_info *devices, int count) {
+    int i, best = 0;
+    if (!devices || count <= 0) return -1;
+    for (i = 1; i < count; ++i)
+        if (dsgd_cl__better_default(&devices[i], &devices[best])) best = i;
+    return best;
 }
 
 /* A parsed device spec: -1 means "not given". */
