@@ -1115,6 +1115,77 @@ static void test_auto_queues_rule(void **state) {
     assert_int_equal(dsgd_cl_auto_queues(NULL), DSGD_CL_QUEUES_PER_BACKEND);
 }
 
+/* The default device's rule over made-up device lists (no device needed):
+   a discrete GPU before an integrated one listed first, then more compute
+   units, then a higher clock, then list order; with no GPU the first
+   device of any type. */
+typedef struct default_dev {
+    dsgd_cl_device_type type;
+    int unified;
+    unsigned cu, mhz;
+} default_dev;
+
+static int pick_default(const default_dev *d, int n) {
+    dsgd_cl_device_info info[8];
+    int i;
+    assert_true(n <= 8);
+    for (i = 0; i < n; ++i) {
+        memset(&info[i], 0, sizeof info[i]);
+        info[i].index = i;
+        info[i].type = d[i].type;
+        info[i].unified_memory = d[i].unified;
+        info[i].compute_units = d[i].cu;
+        info[i].max_clock_mhz = d[i].mhz;
+    }
+    return dsgd_cl_default_device(info, n);
+}
+
+static void test_default_device_rule(void **state) {
+    /* an integrated GPU listed first (even with more compute units), a discrete one second */
+    static const default_dev igpu_first[] = {{DSGD_CL_DEVICE_GPU, 1, 96, 1300}, {DSGD_CL_DEVICE_GPU, 0, 40, 1700}};
+    /* two discrete GPUs: the one with more compute units, wherever it is */
+    static const default_dev two_discrete[] = {
+        {DSGD_CL_DEVICE_CPU, 1, 64, 3000}, {DSGD_CL_DEVICE_GPU, 0, 28, 1900}, {DSGD_CL_DEVICE_GPU, 0, 82, 1700}};
+    /* equal compute units: the higher clock; equal clock too: the first */
+    static const default_dev clock_tie[] = {{DSGD_CL_DEVICE_GPU, 0, 60, 1500}, {DSGD_CL_DEVICE_GPU, 0, 60, 1800}};
+    static const default_dev full_tie[] = {
+        {DSGD_CL_DEVICE_GPU, 1, 24, 1100}, {DSGD_CL_DEVICE_GPU, 0, 60, 1800}, {DSGD_CL_DEVICE_GPU, 0, 60, 1800}};
+    /* only CPUs: the first, whatever its compute units */
+    static const default_dev cpus[] = {{DSGD_CL_DEVICE_CPU, 1, 4, 2000}, {DSGD_CL_DEVICE_CPU, 1, 64, 3500}};
+    /* accelerators and CPUs, no GPU: the first device of any type */
+    static const default_dev no_gpu[] = {
+        {DSGD_CL_DEVICE_ACCELERATOR, 0, 8, 500}, {DSGD_CL_DEVICE_CPU, 1, 64, 3500}, {DSGD_CL_DEVICE_ACCELERATOR, 0, 80, 900}};
+    /* a mix: an integrated GPU is still a GPU, ahead of accelerators and CPUs */
+    static const default_dev mix[] = {{DSGD_CL_DEVICE_ACCELERATOR, 0, 80, 900},
+                                      {DSGD_CL_DEVICE_CPU, 1, 64, 3500},
+                                      {DSGD_CL_DEVICE_GPU, 1, 24, 1100},
+                                      {DSGD_CL_DEVICE_ALL, 0, 99, 9999}};
+    /* an accelerator, an integrated GPU, then two discrete GPUs */
+    static const default_dev mix2[] = {{DSGD_CL_DEVICE_ACCELERATOR, 0, 80, 900},
+                                       {DSGD_CL_DEVICE_GPU, 1, 96, 1300},
+                                       {DSGD_CL_DEVICE_GPU, 0, 20, 1500},
+                                       {DSGD_CL_DEVICE_GPU, 0, 36, 1400}};
+    dsgd_cl_device_info one;
+    (void)state;
+    assert_int_equal(pick_default(igpu_first, 2), 1);
+    assert_int_equal(pick_default(two_discrete, 3), 2);
+    assert_int_equal(pick_default(clock_tie, 2), 1);
+    assert_int_equal(pick_default(full_tie, 3), 1);
+    assert_int_equal(pick_default(cpus, 2), 0);
+    assert_int_equal(pick_default(no_gpu, 3), 0);
+    assert_int_equal(pick_default(mix, 4), 2);
+    assert_int_equal(pick_default(mix2, 4), 3);
+    /* the list's prefix: without the last discrete GPU, the other one */
+    assert_int_equal(pick_default(mix2, 3), 2);
+    /* without the discrete GPUs, the integrated one */
+    assert_int_equal(pick_default(mix2, 2), 1);
+    memset(&one, 0, sizeof one);
+    one.type = DSGD_CL_DEVICE_CPU;
+    assert_int_equal(dsgd_cl_default_device(&one, 1), 0);
+    assert_int_equal(dsgd_cl_default_device(&one, 0), -1);
+    assert_int_equal(dsgd_cl_default_device(NULL, 3), -1);
+}
+
 /* The queue policy asked for explicitly: PER_BACKEND gives two backends on
    one device two queues, PER_DEVICE one, shared, and a backend that asks
    for profiling always gets its own. Work on a shared queue from either
@@ -1825,6 +1896,7 @@ int main(void) {
         cmocka_unit_test(test_map_unmap),
         cmocka_unit_test(test_map_and_sum_across),
         cmocka_unit_test(test_auto_queues_rule),
+        cmocka_unit_test(test_default_device_rule),
         cmocka_unit_test(test_queue_policies),
         cmocka_unit_test(test_backends_share_context),
         cmocka_unit_test(test_train_20_steps_xent_adam),
