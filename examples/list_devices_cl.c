@@ -5,8 +5,9 @@
    its type, memory, compute units and fp64 support, and whether a tuned
    CLBlast GEMM parameter file exists for it (tools/cl_tune writes one). Then
    it opens the device the environment selects (DSGD_CL_DEVICE,
-   DSGD_CL_PLATFORM, DSGD_CL_DEVICE_TYPE; default: the first GPU, else the
-   first device) and says which one that is.
+   DSGD_CL_PLATFORM, DSGD_CL_DEVICE_TYPE; default: the best GPU, a discrete
+   one before an integrated one, else the first device) and says which one
+   that is.
 
    Build and run:  make examples && build/examples/list_devices_cl
    With no OpenCL driver installed it says so and exits 0. */

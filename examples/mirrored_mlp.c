@@ -31,8 +31,8 @@
    With --backend opencl every replica gets its own OpenCL backend (its own
    command queue) on one shared context; --device takes a device spec of
    distsgd_cl.h ("gpu", "cpu", "N", "P:D"; default: DSGD_CL_DEVICE or the
-   first GPU, else the first device), and replicas are placed round-robin on
-   the devices the context opened. --gradients chooses how the replicas'
+   best GPU, discrete first, else the first device), and replicas are placed
+   round-robin on the devices the context opened. --gradients chooses how the replicas'
    gradients are summed (dsgd_gradient_path): on the host through the
    transport, or, with OpenCL, by kernels reading every replica's buffer on
    the device; auto takes the device path when the buffers are not in
