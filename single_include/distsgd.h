@@ -19285,7 +19285,10 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
      platform, chosen by a spec string (dsgd_cl_context_desc.device, or the
      environment when that is NULL):
 
-         ""  or "default"    the first GPU, else the first device of any type
+         ""  or "default"    the best GPU (dsgd_cl_default_device: a discrete
+                             one before an integrated one, then more compute
+                             units, then a higher clock, then list order),
+                             else the first device of any type
          "gpu" "cpu" "accelerator" "all"
                              the first device of that type
          "N"                 device N of the list (a number)
@@ -19347,7 +19350,7 @@ extern "C" {
 #define DSGD_CL_MAX_DEVICES 16
 
 typedef enum dsgd_cl_device_type {
-    DSGD_CL_DEVICE_DEFAULT = 0, /* a GPU if there is one, else any device */
+    DSGD_CL_DEVICE_DEFAULT = 0, /* the best GPU if there is one, else any device */
     DSGD_CL_DEVICE_GPU,
     DSGD_CL_DEVICE_CPU,
     DSGD_CL_DEVICE_ACCELERATOR,
@@ -19391,6 +19394,16 @@ typedef struct dsgd_cl_device_info {
    Thread safety: any thread (that may use ctx). */
 DSGD_API dsgd_result dsgd_cl_list_devices(dsgd_ctx *ctx, dsgd_cl_device_info *out,
                                           int capacity, int *count);
+/* The device a "default" spec opens among count described ones (see
+   DEVICES): the best GPU - a discrete one (unified_memory 0) before an
+   integrated one (unified_memory 1, which shares the host's memory), then
+   the one with more compute_units, then a higher max_clock_mhz, then the
+   earlier in the array - or, when none is a GPU, devices[0]. Returns the
+   index into devices; -1 when devices is NULL or count <= 0. It reads only
+   type, unified_memory, compute_units and max_clock_mhz, so it ranks
+   made-up descriptions as well as dsgd_cl_list_devices()'s.
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_cl_default_device(const dsgd_cl_device_info *devices, int count);
 /* "gpu", "cpu", "accelerator", "all"; "default" for DEFAULT and any other
    value. Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t);
@@ -19751,6 +19764,27 @@ DSGD_API const char *dsgd_cl_device_type_name(dsgd_cl_device_type t) {
     case DSGD_CL_DEVICE_ALL: return "all";
     default: return "default";
     }
+}
+
+/* 1 when a ranks strictly before b as the default device: a GPU before any
+   other type; between GPUs a discrete one before an integrated one, then
+   more compute units, then a higher clock. Other types never outrank one
+   another (list order decides). */
+static int dsgd_cl__better_default(const dsgd_cl_device_info *a, const dsgd_cl_device_info *b) {
+    int ag = a->type == DSGD_CL_DEVICE_GPU, bg = b->type == DSGD_CL_DEVICE_GPU;
+    if (ag != bg) return ag;
+    if (!ag) return 0;
+    if ((a->unified_memory == 0) != (b->unified_memory == 0)) return a->unified_memory == 0;
+    if (a->compute_units != b->compute_units) return a->compute_units > b->compute_units;
+    return a->max_clock_mhz > b->max_clock_mhz;
+}
+
+DSGD_API int dsgd_cl_default_device(const dsgd_cl_device_info *devices, int count) {
+    int i, best = 0;
+    if (!devices || count <= 0) return -1;
+    for (i = 1; i < count; ++i)
+        if (dsgd_cl__better_default(&devices[i], &devices[best])) best = i;
+    return best;
 }
 
 /* A parsed device spec: -1 means "not given". */
@@ -20665,12 +20699,46 @@ static dsgd_result dsgd_cl__no_device(dsgd_ctx *ctx, const dsgd_cl__spec *sp, ds
                               sp->platform >= 0 ? " on the requested platform" : "", n, n == 1 ? "" : "s");
 }
 
+/* A DEFAULT spec without an index: dsgd_cl_default_device() over the devices
+   of the platform(s) in question (*chosen, an index into e; -1 when there
+   are none). sp->type becomes GPU when it chose a GPU, else ALL. On failure
+   e holds nothing. */
+static dsgd_result dsgd_cl__pick_default(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_cl__enum *e, int *chosen) {
+    dsgd_cl_device_info *info;
+    int *map, i, n = 0, best;
+    sp->type = DSGD_CL_DEVICE_ALL;
+    *chosen = -1;
+    if (e->count == 0) return DSGD_OK;
+    info = (dsgd_cl_device_info *)DSGD_MALLOC((size_t)e->count * sizeof(*info));
+    map = (int *)DSGD_MALLOC((size_t)e->count * sizeof(*map));
+    if (!info || !map) {
+        DSGD_FREE(info);
+        DSGD_FREE(map);
+        dsgd_cl__enum_free(e);
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_cl_context_create: device descriptions");
+    }
+    for (i = 0; i < e->count; ++i) {
+        if (sp->platform >= 0 && e->plat_index[i] != sp->platform) continue;
+        memset(&info[n], 0, sizeof(info[n]));
+        dsgd_cl__fill_info(e->dev_platform[i], e->devices[i], &info[n]);
+        map[n++] = i;
+    }
+    best = dsgd_cl_default_device(info, n);
+    if (best >= 0) {
+        *chosen = map[best];
+        if (info[best].type == DSGD_CL_DEVICE_GPU) sp->type = DSGD_CL_DEVICE_GPU;
+    }
+    DSGD_FREE(info);
+    DSGD_FREE(map);
+    return DSGD_OK;
+}
+
 /* Enumerates the devices into e and picks the one sp names (*chosen, an index
-   into e). A DEFAULT spec without an index becomes GPU when the platform(s)
-   in question have one, else ALL. On failure e holds nothing. */
+   into e); a DEFAULT spec without an index goes to dsgd_cl__pick_default.
+   On failure e holds nothing. */
 static dsgd_result dsgd_cl__pick_device(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_cl__enum *e, int *chosen) {
     cl_int plat_err = CL_SUCCESS;
-    int i, seen = 0, any_gpu = 0;
+    int i, seen = 0;
     dsgd_result r = dsgd_cl__enumerate(ctx, "dsgd_cl_context_create", e, &plat_err);
     if (r != DSGD_OK) return r;
     if (e->num_platforms == 0) {
@@ -20688,11 +20756,9 @@ static dsgd_result dsgd_cl__pick_device(dsgd_ctx *ctx, dsgd_cl__spec *sp, dsgd_c
                                   sp->platform, np == 1 ? "is" : "are", np);
     }
     if (!sp->type_given && sp->index < 0) {
-        for (i = 0; i < e->count; ++i)
-            if ((sp->platform < 0 || e->plat_index[i] == sp->platform) &&
-                dsgd_cl__type_matches(e->devices[i], DSGD_CL_DEVICE_GPU))
-                any_gpu = 1;
-        sp->type = any_gpu ? DSGD_CL_DEVICE_GPU : DSGD_CL_DEVICE_ALL;
+        r = dsgd_cl__pick_default(ctx, sp, e, chosen);
+        if (r != DSGD_OK) return r;
+        return *chosen < 0 ? dsgd_cl__no_device(ctx, sp, e) : DSGD_OK;
     }
     *chosen = -1;
     for (i = 0; i < e->count && *chosen < 0; ++i) {
