@@ -46,6 +46,36 @@
      the largest size a call has needed (CLBlastSGemmTempBufferSize); its
      in-order queue keeps two GEMMs from using it at once.
 
+   BITS
+
+     Where this header and kernels.h (PRECISION) promise the CPU backend's
+     bits, the promise rests on what the device reports in
+     CL_DEVICE_SINGLE_FP_CONFIG (dsgd_cl_device_info.single_fp_config):
+       CL_FP_ROUND_TO_NEAREST, CL_FP_INF_NAN
+                     every float add and multiply rounds as the host's
+                     does (both required of full-profile devices)
+       CL_FP_DENORM  denormals are kept, not flushed to zero; without it a
+                     result below FLT_MIN may come back as 0 (scale, axpy,
+                     the optimizer updates, bias_backward, col2im, the
+                     max-pool backward pass, sum_across)
+       CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT
+                     divide and sqrt within 0.5 ulp: the context then
+                     builds our kernels with
+                     -cl-fp32-correctly-rounded-divide-sqrt (only when every
+                     device of the context reports it); without it OpenCL
+                     allows 2.5 ulp for divide and 3 for sqrt, so Adam and
+                     AdamW differ from the CPU by a few ulp per step
+       CL_FP_FMA     not needed: the kernels set FP_CONTRACT OFF and call no
+                     fma or mad, and the library never passes -cl-mad-enable,
+                     -cl-denorms-are-zero or the fast-math options (options
+                     added through build_options void the promise).
+     Copies and compares (write, read, copy, fill, im2col, the max-pool
+     forward pass, checkpoints) give the same bits on any device. PoCL's
+     CPU devices report all of the above (FMA too); some GPUs (Intel Arc
+     among them) report no correctly rounded divide and sqrt.
+     The tests read these bits and compare bit for bit where the device
+     promises them, within a few ulp elsewhere.
+
    TRANSPORTS
 
      This header adds no transport: replicas on OpenCL backends synchronise

@@ -108,6 +108,12 @@ typedef struct dsgd_cl_device_info {
                               PoCL with AVX-512, usually 1 on GPUs; 0 when
                               the driver does not answer); the cl_tune
                               tuner makes register-tiled GEMM candidates for it */
+    unsigned long long single_fp_config; /* CL_DEVICE_SINGLE_FP_CONFIG bits
+                              (a cl_device_fp_config: CL_FP_DENORM,
+                              CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT, CL_FP_FMA...);
+                              0 when the driver does not answer. Which bits
+                              the CPU backend's bits need: PRECISION in
+                              kernels.h, BITS in backend.h */
 } dsgd_cl_device_info;
 
 /* Lists every device of every platform. Fills out[0 .. min(capacity, total))
@@ -383,6 +389,11 @@ static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_
         info->unified_memory = unified == CL_TRUE;
     if (clGetDeviceInfo(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof(v), &v, NULL) == CL_SUCCESS)
         info->vector_width = v;
+    {
+        cl_device_fp_config fp = 0;
+        if (clGetDeviceInfo(d, CL_DEVICE_SINGLE_FP_CONFIG, sizeof(fp), &fp, NULL) == CL_SUCCESS)
+            info->single_fp_config = (unsigned long long)fp;
+    }
     info->fp64 = dsgd_cl__has_extension(d, "cl_khr_fp64");
 }
 
