@@ -13,6 +13,13 @@
          compares and adds in the CPU's order; signed zeros and NaNs
          included), over the shape grid of tests/test_backend.c and five
          larger layers, with ties and NaNs in max-pool's input;
+         where the device promises it (CL_DEVICE_SINGLE_FP_CONFIG, see the
+         FP config section below): adds and multiplies need round to
+         nearest, Inf/NaN and denormals; Adam and AdamW also correctly
+         rounded divide and sqrt. A device that does not promise them gets
+         the arithmetic comparisons within TOL_REL relative plus TOL_ABS
+         instead (copies and compares stay bit for bit), and the setup
+         prints which mode each kind of check uses;
      bias_act_forward TANH and SIGMOID: 1e-6 absolute (OpenCL's tanh and exp
          are accurate to a few ulp; values lie in (-1, 1));
      gemm: 1e-5 * (|alpha| sum_k |a||b| + |beta c|) per element (float
@@ -55,7 +62,40 @@ static struct {
     dsgd_cl_context *cl;
     dsgd_backend_i clb, cpu;
     int fp64;
+    unsigned long long fp_config; /* CL_DEVICE_SINGLE_FP_CONFIG, the AND over
+                                     the context's devices */
 } G;
+
+/* ---------------------------------------------------------------- FP config */
+/* What a bit-for-bit comparison with the CPU backend needs the device to
+   promise in CL_DEVICE_SINGLE_FP_CONFIG (see BITS in distsgd/cl/backend.h).
+   FP_ARITH: float adds and multiplies round as the host's do and keep
+   denormals (scale, axpy, the activations' backward pass, bias_backward,
+   col2im, maxpool_backward, sum_across, SGD and momentum). FP_DIVSQRT: also
+   divide and sqrt correctly rounded (Adam, AdamW). CL_FP_FMA is not needed:
+   the kernels are built with FP_CONTRACT OFF and call no fma or mad. Copies
+   and compares need nothing (need 0). */
+#define FP_ARITH ((unsigned long long)(CL_FP_ROUND_TO_NEAREST | CL_FP_INF_NAN | CL_FP_DENORM))
+#define FP_DIVSQRT (FP_ARITH | (unsigned long long)CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT)
+
+/* The tolerance where the device does not promise those bits. OpenCL 1.2
+   allows 2.5 ulp for divide and 3 ulp for sqrt without correct rounding; one
+   float ulp is 2^-23 (1.2e-7) relative, so 1e-6 relative (about 8 ulp)
+   covers a few such operations compounded over the three optimizer steps
+   the tests take. The absolute floor, 1e-7 (an ulp of values near 1, the
+   scale of the test's inputs), covers results that cancel towards zero,
+   where a relative bound means nothing, and denormals flushed to zero. */
+#define TOL_REL 1e-6
+#define TOL_ABS 1e-7
+
+/* 1 when a device whose CL_DEVICE_SINGLE_FP_CONFIG is config promises every
+   bit of need (compare bit for bit), 0 otherwise (compare within the
+   tolerance). A pure function of its arguments. */
+static int fp_bit_exact(unsigned long long config, unsigned long long need) { return (config & need) == need; }
+
+static const char *fp_mode_name(unsigned long long config, unsigned long long need) {
+    return fp_bit_exact(config, need) ? "bit-exact" : "tolerance";
+}
 
 static int group_setup(void **state) {
     int n = 0;
@@ -87,6 +127,21 @@ static int group_setup(void **state) {
     fprintf(stderr, "test_cl: OpenCL device: %s (%s), fp64 %s\n",
             dsgd_cl_context_device_info(G.cl, 0)->device_name,
             dsgd_cl_context_device_info(G.cl, 0)->platform_name, G.fp64 ? "yes" : "no");
+    {
+        int i;
+        G.fp_config = ~0ull;
+        for (i = 0; i < dsgd_cl_context_num_devices(G.cl); ++i)
+            G.fp_config &= dsgd_cl_context_device_info(G.cl, i)->single_fp_config;
+    }
+    print_message("    device single FP config 0x%llx: round to nearest %s, Inf/NaN %s, denormals %s, "
+                  "correctly rounded divide/sqrt %s, FMA %s\n",
+                  G.fp_config, (G.fp_config & CL_FP_ROUND_TO_NEAREST) ? "yes" : "no",
+                  (G.fp_config & CL_FP_INF_NAN) ? "yes" : "no", (G.fp_config & CL_FP_DENORM) ? "yes" : "no",
+                  (G.fp_config & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? "yes" : "no",
+                  (G.fp_config & CL_FP_FMA) ? "yes" : "no");
+    print_message("    checks against the CPU: copies and compares bit-exact; adds and multiplies %s; "
+                  "Adam/AdamW %s (tolerance: %g relative + %g absolute)\n",
+                  fp_mode_name(G.fp_config, FP_ARITH), fp_mode_name(G.fp_config, FP_DIVSQRT), TOL_REL, TOL_ABS);
     return 0;
 }
 
@@ -186,6 +241,15 @@ static void pb_expect(const pbuf *p, double abs_tol, double rel_tol, const char 
     free(b);
 }
 
+/* Bit for bit where the device promises every bit of need, else within
+   TOL_ABS + TOL_REL * |cpu| (see the FP config section). */
+static void pb_expect_fp(const pbuf *p, unsigned long long need, const char *what) {
+    if (fp_bit_exact(G.fp_config, need))
+        pb_expect(p, 0, 0, what);
+    else
+        pb_expect(p, TOL_ABS, TOL_REL, what);
+}
+
 /* A logger that keeps count and the last message per level. */
 typedef struct logcap {
     int count[4];
@@ -232,6 +296,14 @@ static void test_list_devices(void **state) {
         assert_true(info[i].max_work_group_size >= 1);
         assert_true(info[i].type >= DSGD_CL_DEVICE_GPU && info[i].type <= DSGD_CL_DEVICE_ALL);
     }
+    /* the context's devices answer as a direct query does */
+    {
+        cl_device_fp_config fp = 0;
+        assert_int_equal(clGetDeviceInfo(dsgd_cl_context_device(G.cl, 0), CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp,
+                                         NULL),
+                         CL_SUCCESS);
+        assert_true(dsgd_cl_context_device_info(G.cl, 0)->single_fp_config == (unsigned long long)fp);
+    }
     TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_cl_list_devices(G.ctx, NULL, 0, NULL));
     assert_string_equal(dsgd_cl_device_type_name(DSGD_CL_DEVICE_GPU), "gpu");
     assert_string_equal(dsgd_cl_error_string(-5), "CL_OUT_OF_RESOURCES");
@@ -239,6 +311,39 @@ static void test_list_devices(void **state) {
     assert_string_equal(dsgd_cl_error_string(-1016), "CLBlastInvalidLeadDimA");
     assert_string_equal(dsgd_cl_error_string(-1001), "CL_PLATFORM_NOT_FOUND_KHR");
     assert_string_equal(dsgd_cl_error_string(12345), "unknown OpenCL error");
+}
+
+/* fp_bit_exact on made-up configs (no device needed): a PoCL-like CPU device
+   that promises everything, an Intel-Arc-like GPU without correctly rounded
+   divide and sqrt, a device that flushes denormals, a driver that does not
+   answer (0), and need 0 (copies), which any device meets. */
+static void test_fp_mode_decision(void **state) {
+    const unsigned long long all = (unsigned long long)(CL_FP_DENORM | CL_FP_INF_NAN | CL_FP_ROUND_TO_NEAREST |
+                                                        CL_FP_ROUND_TO_ZERO | CL_FP_ROUND_TO_INF | CL_FP_FMA |
+                                                        CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT);
+    const unsigned long long arc = (unsigned long long)(CL_FP_DENORM | CL_FP_INF_NAN | CL_FP_ROUND_TO_NEAREST |
+                                                        CL_FP_FMA);
+    const unsigned long long ftz = (unsigned long long)(CL_FP_INF_NAN | CL_FP_ROUND_TO_NEAREST | CL_FP_FMA |
+                                                        CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT);
+    (void)state;
+    assert_true(fp_bit_exact(all, FP_ARITH));
+    assert_true(fp_bit_exact(all, FP_DIVSQRT));
+    assert_true(fp_bit_exact(arc, FP_ARITH));
+    assert_false(fp_bit_exact(arc, FP_DIVSQRT));
+    assert_false(fp_bit_exact(ftz, FP_ARITH));
+    assert_false(fp_bit_exact(ftz, FP_DIVSQRT));
+    assert_false(fp_bit_exact(0, FP_ARITH));
+    assert_false(fp_bit_exact(0, FP_DIVSQRT));
+    assert_true(fp_bit_exact(0, 0));
+    assert_true(fp_bit_exact(arc, 0));
+    /* FMA is never needed: a device without it compares bit for bit */
+    assert_true(fp_bit_exact(all & ~(unsigned long long)CL_FP_FMA, FP_DIVSQRT));
+    /* round to zero alone is not round to nearest */
+    assert_false(fp_bit_exact((unsigned long long)(CL_FP_DENORM | CL_FP_INF_NAN | CL_FP_ROUND_TO_ZERO |
+                                                   CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT),
+                              FP_ARITH));
+    assert_string_equal(fp_mode_name(all, FP_DIVSQRT), "bit-exact");
+    assert_string_equal(fp_mode_name(arc, FP_DIVSQRT), "tolerance");
 }
 
 /* Opens a context for spec (desc) and returns the result; *name gets the
@@ -367,8 +472,8 @@ static void test_scale_axpy(void **state) {
         TU_OK(G.ctx, G.cpu.scale(G.cpu.impl, R(x.cpu, 9), -0.37f, n));
         TU_OK(G.ctx, G.clb.axpy(G.clb.impl, R(y.cl, 3), 1.0f / 3.0f, R(x.cl, 5), n));
         TU_OK(G.ctx, G.cpu.axpy(G.cpu.impl, R(y.cpu, 3), 1.0f / 3.0f, R(x.cpu, 5), n));
-        pb_expect(&x, 0, 0, "scale");
-        pb_expect(&y, 0, 0, "axpy");
+        pb_expect_fp(&x, FP_ARITH, "scale");
+        pb_expect_fp(&y, FP_ARITH, "axpy");
         TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.axpy(G.clb.impl, R(y.cl, 5), 1.0f, R(x.cl, 0), n));
         pb_free(&x);
         pb_free(&y);
@@ -502,7 +607,10 @@ static void test_bias_act_forward(void **state) {
                 TU_OK(G.ctx, G.cpu.bias_act_forward(G.cpu.impl, (dsgd_activation)act, R(y.cpu, 4),
                                                     with_bias ? R(b.cpu, 2) : NOREF(), m, n));
                 snprintf(what, sizeof what, "bias_act_forward act %d bias %d %dx%d", act, with_bias, m, n);
-                pb_expect(&y, tol, 0, what);
+                if (tol == 0.0)
+                    pb_expect_fp(&y, FP_ARITH, what);
+                else
+                    pb_expect(&y, tol, 0, what);
                 pb_free(&y);
                 pb_free(&b);
             }
@@ -533,7 +641,7 @@ static void test_act_backward(void **state) {
             TU_OK(G.ctx, G.clb.act_backward(G.clb.impl, (dsgd_activation)act, R(dy.cl, 1), R(y.cl, 3), n));
             TU_OK(G.ctx, G.cpu.act_backward(G.cpu.impl, (dsgd_activation)act, R(dy.cpu, 1), R(y.cpu, 3), n));
             snprintf(what, sizeof what, "act_backward act %d n %zu", act, n);
-            pb_expect(&dy, 0, 0, what);
+            pb_expect_fp(&dy, FP_ARITH, what);
             pb_free(&dy);
             pb_free(&y);
         }
@@ -551,7 +659,7 @@ static void test_bias_backward(void **state) {
         pbuf db = pb_rand((size_t)n + 2, &rng, -1, 1), dy = pb_rand((size_t)m * n + 1, &rng, -1, 1);
         TU_OK(G.ctx, G.clb.bias_backward(G.clb.impl, R(db.cl, 2), R(dy.cl, 1), m, n));
         TU_OK(G.ctx, G.cpu.bias_backward(G.cpu.impl, R(db.cpu, 2), R(dy.cpu, 1), m, n));
-        pb_expect(&db, 0, 0, "bias_backward");
+        pb_expect_fp(&db, FP_ARITH, "bias_backward");
         pb_free(&db);
         pb_free(&dy);
     }
@@ -575,15 +683,25 @@ static dsgd_window img_win(int n, int h, int w, int c, int kh, int kw, int strid
     return wd;
 }
 
-/* Reads both copies of p and fails unless they are equal bit for bit. */
-static void pb_expect_bits(const pbuf *p, const dsgd_window *wd, const char *what) {
+/* Reads both copies of p and fails unless they are equal bit for bit, or,
+   where the device does not promise every bit of need (see the FP config
+   section; need 0 for copies and compares), within the tolerance. */
+static void pb_expect_bits(const pbuf *p, const dsgd_window *wd, unsigned long long need, const char *what) {
     float *a, *b;
     size_t i;
     pb_read(p, &b, &a);
-    for (i = 0; i < p->n; ++i)
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            fail_msg("%s n=%d h=%d w=%d c=%d k=%dx%d stride=%d pad=%d: [%zu] opencl %.9g, cpu %.9g", what, wd->n,
-                     wd->h, wd->w, wd->c, wd->kh, wd->kw, wd->stride, wd->pad, i, (double)a[i], (double)b[i]);
+    if (!fp_bit_exact(G.fp_config, need)) {
+        char w[160];
+        snprintf(w, sizeof w, "%s n=%d h=%d w=%d c=%d k=%dx%d stride=%d pad=%d", what, wd->n, wd->h, wd->w, wd->c,
+                 wd->kh, wd->kw, wd->stride, wd->pad);
+        expect_close(a, b, p->n, TOL_ABS, TOL_REL, w);
+    } else {
+        for (i = 0; i < p->n; ++i)
+            if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+                fail_msg("%s n=%d h=%d w=%d c=%d k=%dx%d stride=%d pad=%d: [%zu] opencl %.9g, cpu %.9g", what,
+                         wd->n, wd->h, wd->w, wd->c, wd->kh, wd->kw, wd->stride, wd->pad, i, (double)a[i],
+                         (double)b[i]);
+    }
     free(a);
     free(b);
 }
@@ -613,18 +731,18 @@ static void img_case(const dsgd_window *wd, tu_rng *rng) {
          dx = pb_make(nx + 2, NULL);
     TU_OK(G.ctx, G.clb.im2col(G.clb.impl, wd, R(x.cl, 3), R(col.cl, 2)));
     TU_OK(G.ctx, G.cpu.im2col(G.cpu.impl, wd, R(x.cpu, 3), R(col.cpu, 2)));
-    pb_expect_bits(&col, wd, "im2col");
+    pb_expect_bits(&col, wd, 0, "im2col");
     TU_OK(G.ctx, G.clb.col2im(G.clb.impl, wd, R(g.cl, 3), R(dx.cl, 2)));
     TU_OK(G.ctx, G.cpu.col2im(G.cpu.impl, wd, R(g.cpu, 3), R(dx.cpu, 2)));
-    pb_expect_bits(&dx, wd, "col2im");
+    pb_expect_bits(&dx, wd, FP_ARITH, "col2im");
     if (pool) {
         pbuf y = pb_make(ny + 2, NULL), dy = img_rand(ny + 3, rng, 0), pdx = pb_make(nx + 2, NULL);
         TU_OK(G.ctx, G.clb.maxpool_forward(G.clb.impl, wd, R(x.cl, 3), R(y.cl, 2)));
         TU_OK(G.ctx, G.cpu.maxpool_forward(G.cpu.impl, wd, R(x.cpu, 3), R(y.cpu, 2)));
-        pb_expect_bits(&y, wd, "maxpool_forward");
+        pb_expect_bits(&y, wd, 0, "maxpool_forward");
         TU_OK(G.ctx, G.clb.maxpool_backward(G.clb.impl, wd, R(x.cl, 3), R(y.cl, 2), R(dy.cl, 3), R(pdx.cl, 2)));
         TU_OK(G.ctx, G.cpu.maxpool_backward(G.cpu.impl, wd, R(x.cpu, 3), R(y.cpu, 2), R(dy.cpu, 3), R(pdx.cpu, 2)));
-        pb_expect_bits(&pdx, wd, "maxpool_backward");
+        pb_expect_bits(&pdx, wd, FP_ARITH, "maxpool_backward");
         pb_free(&y);
         pb_free(&dy);
         pb_free(&pdx);
@@ -874,10 +992,12 @@ static void test_optimizer_update(void **state) {
                                                         needs1 ? R(m1.cpu, 3) : NOREF(),
                                                         needs2 ? R(m2.cpu, 0) : NOREF(), n));
                 }
+                /* SGD and momentum only add and multiply; Adam and AdamW
+                   also divide and take a square root */
                 snprintf(what, sizeof what, "optimizer kind %d nesterov %d n %zu", kind, nesterov, n);
-                pb_expect(&p, 0, 0, what);
-                pb_expect(&m1, 0, 0, "m1");
-                pb_expect(&m2, 0, 0, "m2");
+                pb_expect_fp(&p, kind >= DSGD_OPT_ADAM ? FP_DIVSQRT : FP_ARITH, what);
+                pb_expect_fp(&m1, FP_ARITH, "m1");
+                pb_expect_fp(&m2, FP_ARITH, "m2");
                 pb_free(&p);
                 pb_free(&g);
                 pb_free(&m1);
@@ -969,6 +1089,7 @@ static void test_map_and_sum_across(void **state) {
     float got[CNT], *p;
     int nb, j;
     size_t i;
+    const int exact = fp_bit_exact(G.fp_config, FP_ARITH); /* float adds */
     (void)state;
     NEED_CL();
     assert_non_null(G.clb.map);
@@ -1013,9 +1134,10 @@ static void test_map_and_sum_across(void **state) {
                     want = h[0][i];
                     for (k = 1; k < nb; ++k) want = want + h[k][i];
                 }
-                if (memcmp(&got[i], &want, sizeof want) != 0)
-                    fail_msg("%d buffers: buffer %d entry %zu is %.9g, want %.9g", nb, j, i, (double)got[i],
-                             (double)want);
+                if (exact ? memcmp(&got[i], &want, sizeof want) != 0
+                          : !(fabs((double)got[i] - want) <= TOL_ABS + TOL_REL * fabs((double)want)))
+                    fail_msg("%d buffers: buffer %d entry %zu is %.9g, want %.9g (%s)", nb, j, i, (double)got[i],
+                             (double)want, exact ? "bit for bit" : "within the tolerance");
             }
         }
     }
@@ -1876,6 +1998,7 @@ static void test_tune_cache_valid_applied(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp_mode_decision),
         cmocka_unit_test(test_list_devices),
         cmocka_unit_test(test_device_selection),
         cmocka_unit_test(test_buffer_ops),
