@@ -19383,6 +19383,12 @@ typedef struct dsgd_cl_device_info {
                               PoCL with AVX-512, usually 1 on GPUs; 0 when
                               the driver does not answer); the cl_tune
                               tuner makes register-tiled GEMM candidates for it */
+    unsigned long long single_fp_config; /* CL_DEVICE_SINGLE_FP_CONFIG bits
+                              (a cl_device_fp_config: CL_FP_DENORM,
+                              CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT, CL_FP_FMA...);
+                              0 when the driver does not answer. Which bits
+                              the CPU backend's bits need: PRECISION in
+                              kernels.h, BITS in backend.h */
 } dsgd_cl_device_info;
 
 /* Lists every device of every platform. Fills out[0 .. min(capacity, total))
@@ -19658,6 +19664,11 @@ static void dsgd_cl__fill_info(cl_platform_id p, cl_device_id d, dsgd_cl_device_
         info->unified_memory = unified == CL_TRUE;
     if (clGetDeviceInfo(d, CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT, sizeof(v), &v, NULL) == CL_SUCCESS)
         info->vector_width = v;
+    {
+        cl_device_fp_config fp = 0;
+        if (clGetDeviceInfo(d, CL_DEVICE_SINGLE_FP_CONFIG, sizeof(fp), &fp, NULL) == CL_SUCCESS)
+            info->single_fp_config = (unsigned long long)fp;
+    }
     info->fp64 = dsgd_cl__has_extension(d, "cl_khr_fp64");
 }
 
@@ -21501,6 +21512,36 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
      Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
      the largest size a call has needed (CLBlastSGemmTempBufferSize); its
      in-order queue keeps two GEMMs from using it at once.
+
+   BITS
+
+     Where this header and kernels.h (PRECISION) promise the CPU backend's
+     bits, the promise rests on what the device reports in
+     CL_DEVICE_SINGLE_FP_CONFIG (dsgd_cl_device_info.single_fp_config):
+       CL_FP_ROUND_TO_NEAREST, CL_FP_INF_NAN
+                     every float add and multiply rounds as the host's
+                     does (both required of full-profile devices)
+       CL_FP_DENORM  denormals are kept, not flushed to zero; without it a
+                     result below FLT_MIN may come back as 0 (scale, axpy,
+                     the optimizer updates, bias_backward, col2im, the
+                     max-pool backward pass, sum_across)
+       CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT
+                     divide and sqrt within 0.5 ulp: the context then
+                     builds our kernels with
+                     -cl-fp32-correctly-rounded-divide-sqrt (only when every
+                     device of the context reports it); without it OpenCL
+                     allows 2.5 ulp for divide and 3 for sqrt, so Adam and
+                     AdamW differ from the CPU by a few ulp per step
+       CL_FP_FMA     not needed: the kernels set FP_CONTRACT OFF and call no
+                     fma or mad, and the library never passes -cl-mad-enable,
+                     -cl-denorms-are-zero or the fast-math options (options
+                     added through build_options void the promise).
+     Copies and compares (write, read, copy, fill, im2col, the max-pool
+     forward pass, checkpoints) give the same bits on any device. PoCL's
+     CPU devices report all of the above (FMA too); some GPUs (Intel Arc
+     among them) report no correctly rounded divide and sqrt.
+     The tests read these bits and compare bit for bit where the device
+     promises them, within a few ulp elsewhere.
 
    TRANSPORTS
 
