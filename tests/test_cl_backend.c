@@ -45,6 +45,7 @@
    linked against the library built once per variant). */
 #include "harness.h"
 #include "../distsgd_cl.h"
+#include "cl_fp.h"
 
 #include <pthread.h>
 
@@ -67,16 +68,7 @@ static struct {
 } G;
 
 /* ---------------------------------------------------------------- FP config */
-/* What a bit-for-bit comparison with the CPU backend needs the device to
-   promise in CL_DEVICE_SINGLE_FP_CONFIG (see BITS in distsgd/cl/backend.h).
-   FP_ARITH: float adds and multiplies round as the host's do and keep
-   denormals (scale, axpy, the activations' backward pass, bias_backward,
-   col2im, maxpool_backward, sum_across, SGD and momentum). FP_DIVSQRT: also
-   divide and sqrt correctly rounded (Adam, AdamW). CL_FP_FMA is not needed:
-   the kernels are built with FP_CONTRACT OFF and call no fma or mad. Copies
-   and compares need nothing (need 0). */
-#define FP_ARITH ((unsigned long long)(CL_FP_ROUND_TO_NEAREST | CL_FP_INF_NAN | CL_FP_DENORM))
-#define FP_DIVSQRT (FP_ARITH | (unsigned long long)CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT)
+/* FP_ARITH, FP_DIVSQRT, fp_bit_exact: tests/cl_fp.h. */
 
 /* The tolerance where the device does not promise those bits. OpenCL 1.2
    allows 2.5 ulp for divide and 3 ulp for sqrt without correct rounding; one
@@ -88,14 +80,6 @@ static struct {
 #define TOL_REL 1e-6
 #define TOL_ABS 1e-7
 
-/* 1 when a device whose CL_DEVICE_SINGLE_FP_CONFIG is config promises every
-   bit of need (compare bit for bit), 0 otherwise (compare within the
-   tolerance). A pure function of its arguments. */
-static int fp_bit_exact(unsigned long long config, unsigned long long need) { return (config & need) == need; }
-
-static const char *fp_mode_name(unsigned long long config, unsigned long long need) {
-    return fp_bit_exact(config, need) ? "bit-exact" : "tolerance";
-}
 
 static int group_setup(void **state) {
     int n = 0;
@@ -127,18 +111,7 @@ static int group_setup(void **state) {
     fprintf(stderr, "test_cl: OpenCL device: %s (%s), fp64 %s\n",
             dsgd_cl_context_device_info(G.cl, 0)->device_name,
             dsgd_cl_context_device_info(G.cl, 0)->platform_name, G.fp64 ? "yes" : "no");
-    {
-        int i;
-        G.fp_config = ~0ull;
-        for (i = 0; i < dsgd_cl_context_num_devices(G.cl); ++i)
-            G.fp_config &= dsgd_cl_context_device_info(G.cl, i)->single_fp_config;
-    }
-    print_message("    device single FP config 0x%llx: round to nearest %s, Inf/NaN %s, denormals %s, "
-                  "correctly rounded divide/sqrt %s, FMA %s\n",
-                  G.fp_config, (G.fp_config & CL_FP_ROUND_TO_NEAREST) ? "yes" : "no",
-                  (G.fp_config & CL_FP_INF_NAN) ? "yes" : "no", (G.fp_config & CL_FP_DENORM) ? "yes" : "no",
-                  (G.fp_config & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? "yes" : "no",
-                  (G.fp_config & CL_FP_FMA) ? "yes" : "no");
+    G.fp_config = fp_config_of(G.cl);
     print_message("    checks against the CPU: copies and compares bit-exact; adds and multiplies %s; "
                   "Adam/AdamW %s (tolerance: %g relative + %g absolute)\n",
                   fp_mode_name(G.fp_config, FP_ARITH), fp_mode_name(G.fp_config, FP_DIVSQRT), TOL_REL, TOL_ABS);

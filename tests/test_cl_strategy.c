@@ -58,6 +58,7 @@
    linked against the library built once per variant). */
 #include "harness.h"
 #include "../distsgd_cl.h"
+#include "cl_fp.h"
 
 #include <signal.h>
 
@@ -85,21 +86,14 @@ static struct {
                                       the context's devices */
 } G;
 
-/* What the device must promise in CL_DEVICE_SINGLE_FP_CONFIG for its float
-   adds to give the host's bits (see BITS in distsgd/cl/backend.h): round to
-   nearest, Inf/NaN, and denormals kept (no divide or sqrt is compared here;
-   FMA is not needed, the kernels contract nothing). */
-#define FP_ARITH ((unsigned long long)(CL_FP_ROUND_TO_NEAREST | CL_FP_INF_NAN | CL_FP_DENORM))
+/* The device path's sums give the host path's bits where the device
+   promises FP_ARITH (tests/cl_fp.h; no divide or sqrt is compared here). */
 /* The tolerance elsewhere: the paths then differ only where a sum is a
    denormal (below 1.2e-38) flushed to zero on one side, far below 1e-6 of
    the weights' scale after 20 steps; 1e-6 (about 8 float ulp) still fails a
    summation in another order or a lost replica's gradient. */
 #define PATHS_TOL 1e-6
 
-/* 1 when config promises every bit of need (compare bit for bit), else 0
-   (compare within a tolerance). The same rule as test_cl_backend.c's, which
-   tests it on made-up configs. */
-static int fp_bit_exact(unsigned long long config, unsigned long long need) { return (config & need) == need; }
 
 static int group_setup(void **state) {
     int n = 0;
@@ -128,20 +122,9 @@ static int group_setup(void **state) {
     fprintf(stderr, "test_cl_strategy: %d device(s) in the context, device 0: %s (%s)\n",
             dsgd_cl_context_num_devices(G.cl), dsgd_cl_context_device_info(G.cl, 0)->device_name,
             dsgd_cl_context_device_info(G.cl, 0)->platform_name);
-    {
-        int i;
-        G.fp_config = ~0ull;
-        for (i = 0; i < dsgd_cl_context_num_devices(G.cl); ++i)
-            G.fp_config &= dsgd_cl_context_device_info(G.cl, i)->single_fp_config;
-    }
-    print_message("    device single FP config 0x%llx: round to nearest %s, Inf/NaN %s, denormals %s, "
-                  "correctly rounded divide/sqrt %s, FMA %s\n",
-                  G.fp_config, (G.fp_config & CL_FP_ROUND_TO_NEAREST) ? "yes" : "no",
-                  (G.fp_config & CL_FP_INF_NAN) ? "yes" : "no", (G.fp_config & CL_FP_DENORM) ? "yes" : "no",
-                  (G.fp_config & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? "yes" : "no",
-                  (G.fp_config & CL_FP_FMA) ? "yes" : "no");
-    print_message("    device path vs host path: %s; OpenCL vs CPU: within the stated tolerances\n",
-                  fp_bit_exact(G.fp_config, FP_ARITH) ? "bit-exact" : "within 1e-6 relative");
+    G.fp_config = fp_config_of(G.cl);
+    print_message("    device path vs host path: %s (tolerance: %g relative); OpenCL vs CPU: within the stated "
+                  "tolerances\n", fp_mode_name(G.fp_config, FP_ARITH), PATHS_TOL);
     return 0;
 }
 
