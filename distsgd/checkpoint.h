@@ -438,16 +438,45 @@ static void dsgd__ck_remove_stale(const char *dir, const char *base, const char 
 /* Writes data to path atomically (see CHECKPOINTS): first the stale
    temporaries of path go, then a temporary file beside it, fsync, rename,
    fsync of the directory. */
+static char *dsgd__ck_temp_template(dsgd_ctx *ctx, const char *what, const char *path) {
+    char host[65], *tmp;
+    size_t cap;
+    dsgd__ck_host(host);
+    cap = strlen(path) + 5 + strlen(host) + 1 + 20 + 8; /* path.tmp.host.pid.XXXXXX */
+    if ((tmp = (char *)dsgd__alloc(ctx, cap, what)) != NULL)
+        snprintf(tmp, cap, "%s.tmp.%s.%ld.XXXXXX", path, host, (long)getpid());
+    return tmp;
+}
+
+/* DSGD_ERR_IO (recorded: "nothing was saved") unless a file can be made
+   beside path, tried with a temporary of the name dsgd__write_atomic uses
+   (so a later save removes one a kill left behind), then removed: for a
+   save that must know before it stops anything. */
+static dsgd_result dsgd__ck_can_create(dsgd_ctx *ctx, const char *what, const char *path) {
+    char *tmp = dsgd__ck_temp_template(ctx, what, path);
+    dsgd_result r = DSGD_OK;
+    int fd;
+    if (!tmp) return DSGD_ERR_OUT_OF_MEMORY;
+    if ((fd = mkstemp(tmp)) < 0)
+        r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot create a file beside it: %s; nothing was saved", what,
+                               path, strerror(errno));
+    else {
+        close(fd);
+        unlink(tmp);
+    }
+    DSGD_FREE(tmp);
+    return r;
+}
+
 static dsgd_result dsgd__write_atomic(dsgd_ctx *ctx, const char *what, const char *path, const void *data,
                                       size_t len) {
-    size_t plen = strlen(path), done = 0, cap;
+    size_t plen = strlen(path), done = 0;
     char host[65], *tmp, *dir;
     const char *slash = strrchr(path, '/');
     dsgd_result r = DSGD_OK;
     int fd, dfd, e;
     dsgd__ck_host(host);
-    cap = plen + 5 + strlen(host) + 1 + 20 + 8; /* path.tmp.host.pid.XXXXXX */
-    if (!(tmp = (char *)dsgd__alloc(ctx, cap, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    if (!(tmp = dsgd__ck_temp_template(ctx, what, path))) return DSGD_ERR_OUT_OF_MEMORY;
     if (!(dir = (char *)dsgd__alloc(ctx, plen + 2, what))) {
         DSGD_FREE(tmp);
         return DSGD_ERR_OUT_OF_MEMORY;
@@ -459,7 +488,6 @@ static dsgd_result dsgd__write_atomic(dsgd_ctx *ctx, const char *what, const cha
         dir[slash - path] = '\0';
     }
     dsgd__ck_remove_stale(dir, slash ? slash + 1 : path, host);
-    snprintf(tmp, cap, "%s.tmp.%s.%ld.XXXXXX", path, host, (long)getpid());
     if ((fd = mkstemp(tmp)) < 0) {
         r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot create a temporary file beside it: %s", what, path,
                                strerror(errno));

@@ -525,11 +525,17 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
 
 /* ---- checkpoints: each rank's engine file beside the strategy's (see A CHECKPOINT above) */
 
-/* The file of server or worker `index` beside path; NULL (recorded) on no memory. */
-static char *dsgd__psk_rank_path(dsgd_ctx *ctx, const char *path, int server, int index) {
+/* The file beside path of this process's engine rank i (its servers
+   first, then its replicas' workers: path.ps-server-I, path.ps-worker-W);
+   NULL (recorded) on no memory. */
+static char *dsgd__psk_rank_path(dsgd_strategy *s, const char *path, int i) {
+    const dsgd__psk *k = (const dsgd__psk *)s->kind_data;
+    int server = i < k->servers_here;
     size_t n = strlen(path) + 32;
-    char *p = (char *)dsgd__alloc(ctx, n, "a parameter-server checkpoint");
-    if (p) snprintf(p, n, "%s.ps-%s-%d", path, server ? "server" : "worker", index);
+    char *p = (char *)dsgd__alloc(s->ctx, n, "a parameter-server checkpoint");
+    if (p)
+        snprintf(p, n, "%s.ps-%s-%d", path, server ? "server" : "worker",
+                 server ? k->servers[i].index : s->shard_first + i - k->servers_here);
     return p;
 }
 
@@ -627,7 +633,7 @@ static dsgd_result dsgd__psk_stage(dsgd_strategy *s, const char *path, int64_t s
         dsgd__psk_server *sv = server ? &k->servers[i] : NULL;
         at = server ? sv->m.ctx : s->reps[w].m.ctx;
         DSGD_FREE(name);
-        if (!(name = dsgd__psk_rank_path(s->ctx, path, server, server ? sv->index : s->shard_first + w))) {
+        if (!(name = dsgd__psk_rank_path(s, path, i))) {
             r = DSGD_ERR_OUT_OF_MEMORY;
             at = s->ctx;
         } else if (server && (r = dsgd_ps_server_create(at, &sv->ep, &k->pd, k->map, k->init, &sv->next)) == DSGD_OK) {
@@ -637,6 +643,10 @@ static dsgd_result dsgd__psk_stage(dsgd_strategy *s, const char *path, int64_t s
         }
     }
     if (r != DSGD_OK && at != s->ctx) dsgd_ctx_set_error(s->ctx, r, "%s: %s", what, dsgd_ctx_last_error(at));
+    if (r == DSGD_OK && step >= 0 && s->n && s->shard_first == 0 && dsgd_ps_worker_global_step(k->next[0]) != step) {
+        DSGD_FREE(name); /* worker 0's file, for the message */
+        if (!(name = dsgd__psk_rank_path(s, path, k->servers_here))) r = DSGD_ERR_OUT_OF_MEMORY;
+    }
     if (r == DSGD_OK && step >= 0 && s->n && s->shard_first == 0 && dsgd_ps_worker_global_step(k->next[0]) != step)
         r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_SHAPE,
                                "%s: %s is of step %lld, %s of step %lld: files of two different saves (save every "
@@ -672,24 +682,6 @@ static dsgd_result dsgd__psk_commit(dsgd_strategy *s, const char *what) {
     return DSGD_OK;
 }
 
-/* Fails early where no file can be made beside path (nothing stopped yet). */
-static dsgd_result dsgd__psk_can_write(dsgd_ctx *ctx, const char *path, const char *what) {
-    char *tmp = (char *)dsgd__alloc(ctx, strlen(path) + 16, what);
-    int fd;
-    if (!tmp) return DSGD_ERR_OUT_OF_MEMORY;
-    sprintf(tmp, "%s.ps-XXXXXX", path);
-    if ((fd = mkstemp(tmp)) < 0) {
-        dsgd_result r = dsgd_ctx_set_error(ctx, DSGD_ERR_IO, "%s: %s: cannot create a file beside it: %s; nothing "
-                                           "was saved", what, path, strerror(errno));
-        DSGD_FREE(tmp);
-        return r;
-    }
-    close(fd);
-    remove(tmp);
-    DSGD_FREE(tmp);
-    return DSGD_OK;
-}
-
 static dsgd_result dsgd__psk_save(dsgd_strategy *s, const char *path, int *writes) {
     const char *what = "dsgd_strategy_save";
     dsgd__psk *k = (dsgd__psk *)s->kind_data;
@@ -697,12 +689,12 @@ static dsgd_result dsgd__psk_save(dsgd_strategy *s, const char *path, int *write
     char *name = NULL;
     int i;
     *writes = s->n > 0 && s->shard_first == 0; /* the process of worker 0 writes the strategy's file */
-    if ((r = dsgd__psk_can_write(s->ctx, path, what)) != DSGD_OK) return r;
+    if ((r = dsgd__ck_can_create(s->ctx, what, path)) != DSGD_OK) return r; /* before anything stops */
     if ((r = dsgd__psk_quiesce(s, what)) == DSGD_OK && *writes) r = dsgd__psk_state_here(s, what);
     for (i = 0; i < k->servers_here + s->n && r == DSGD_OK; ++i) {
         int server = i < k->servers_here, w = i - k->servers_here;
         DSGD_FREE(name);
-        if (!(name = dsgd__psk_rank_path(s->ctx, path, server, server ? k->servers[i].index : s->shard_first + w)))
+        if (!(name = dsgd__psk_rank_path(s, path, i)))
             r = DSGD_ERR_OUT_OF_MEMORY;
         else if ((r = server ? dsgd_ps_server_save(k->servers[i].srv, name) : dsgd_ps_worker_save(k->workers[w], name)) !=
                  DSGD_OK)
@@ -718,9 +710,11 @@ static dsgd_result dsgd__psk_save(dsgd_strategy *s, const char *path, int *write
 static dsgd_result dsgd__psk_restore(dsgd_strategy *s, const char *path, int phase, int64_t step) {
     const char *what = "dsgd_strategy_restore";
     dsgd_result r;
-    if (phase < 0) dsgd__psk_drop(s);
     if (phase == 0) return dsgd__psk_stage(s, path, step, what);
-    if (phase <= 0) return DSGD_OK;
+    if (phase < 0) {
+        dsgd__psk_drop(s);
+        return DSGD_OK;
+    }
     return (r = dsgd__psk_commit(s, what)) == DSGD_OK ? DSGD_OK : dsgd__psk_broken(s, what, r);
 }
 

@@ -515,6 +515,7 @@ static void test_checkpoint(void **state) {
         assert_int_equal(rename(path, rank2), 0); /* step K's worker 0 beside step STEPS's file */
         TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_strategy_restore(s2, path2, NULL));
         assert_non_null(strstr(dsgd_ctx_last_error(ctx), "two different saves"));
+        print_message("    %s\n", dsgd_ctx_last_error(ctx));
         train_steps(ctx, s2, N, xs, ys, K + 1, STEPS);
         TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s2, 1), got, NPARAMS));
         assert_memory_equal(got, want[1], sizeof(got));
