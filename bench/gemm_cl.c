@@ -50,8 +50,12 @@
    Ratios are speed ratios at equal threads: OpenCL GFLOP/s / the CPU GEMM's
    GFLOP/s (= CPU time / OpenCL time); below 1 the OpenCL GEMM is slower.
 
+   --shapes LIST times other shapes instead (tools/cl_tune's syntax, e.g.
+   NN:4096x4096x4096 for a fraction of a GPU's peak; a large GEMM's check
+   compares spread rows of C, see gemm_check_row_step).
+
    Usage: build/bench/gemm_cl [--threads T] [--repeats N] [--device SPEC]
-                              [--tune-cache PATH]
+                              [--tune-cache PATH] [--shapes LIST]
    Output: a table, then one machine-readable line per shape:
      gemm_cl threads=T shape=MxNxK trans=NN stock_gflops=.. tuned_gflops=..
              openblas_gflops=.. builtin_gflops=.. tuned_vs_openblas=..
@@ -207,7 +211,7 @@ static void print_log(void *ud, dsgd_log_level level, const char *msg) {
 }
 
 int main(int argc, char **argv) {
-    const char *device = NULL, *tune_cache = NULL;
+    const char *device = NULL, *tune_cache = NULL, *shapes_s = NULL;
     int repeats = 15, ns, i, have_tuned = 0, have_ob = 0, threads = 0, ob_threads = 0;
     gemm_shape s[MAXS];
     static double tcl[MAXS][MAXR], tcl2[MAXS][MAXR], tob[MAXS][2 * MAXR], tbi[MAXS][2 * MAXR];
@@ -234,15 +238,18 @@ int main(int argc, char **argv) {
             if (threads < 1) break;
         } else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
         else if (!strcmp(argv[i], "--tune-cache")) tune_cache = argv[i + 1];
+        else if (!strcmp(argv[i], "--shapes")) shapes_s = argv[i + 1];
         else break;
     }
-    if (i < argc || repeats < 1 || repeats > MAXR) {
-        fprintf(stderr, "usage: gemm_cl [--threads T] [--repeats N (1..%d)] [--device SPEC] [--tune-cache PATH]\n",
-                MAXR);
+    ns = shapes_s ? gemm_parse_shapes(shapes_s, s, MAXS) : mlp_gemm_shapes(s, MAXS);
+    if (i < argc || repeats < 1 || repeats > MAXR || ns < 1) {
+        fprintf(stderr,
+                "usage: gemm_cl [--threads T] [--repeats N (1..%d)] [--device SPEC] [--tune-cache PATH]\n"
+                "               [--shapes LIST (at most %d, e.g. NN:4096x4096x4096,TN:784x512x256)]\n",
+                MAXR, MAXS);
         return 1;
     }
     if ((threads = bench_pocl_threads("gemm_cl", threads)) < 1) return 1;
-    ns = mlp_gemm_shapes(s, MAXS);
     memset(&scl, 0, sizeof scl);
     memset(&scpu, 0, sizeof scpu);
     memset(&cdsc, 0, sizeof cdsc);
@@ -362,10 +369,10 @@ int main(int argc, char **argv) {
            have_tuned ? tot_fl / tot_tuned * 1e-9 : 0.0, have_ob ? tot_fl / tot_ob * 1e-9 : 0.0,
            tot_fl / tot_bi * 1e-9, have_tuned && have_ob ? tot_ob / tot_tuned : 0.0,
            have_tuned ? tot_bi / tot_tuned : 0.0);
-    printf("one step's GEMMs on %d thread%s each: OpenCL stock %.2f ms, tuned %.2f ms; OpenBLAS %.2f ms; built-in "
-           "%.2f ms; the x10 layer's GEMMs take %.1f%% of the OpenCL GEMM time\n\n",
-           threads, threads == 1 ? "" : "s", tot_stock * 1e3, tot_tuned * 1e3, tot_ob * 1e3, tot_bi * 1e3,
-           100.0 * small_tuned / (have_tuned ? tot_tuned : tot_stock));
+    printf("%s on %d thread%s each: OpenCL stock %.2f ms, tuned %.2f ms; OpenBLAS %.2f ms; built-in "
+           "%.2f ms; GEMMs with a side under 16 take %.1f%% of the OpenCL GEMM time\n\n",
+           shapes_s ? "the shapes' GEMMs" : "one step's GEMMs", threads, threads == 1 ? "" : "s", tot_stock * 1e3,
+           tot_tuned * 1e3, tot_ob * 1e3, tot_bi * 1e3, 100.0 * small_tuned / (have_tuned ? tot_tuned : tot_stock));
     for (i = 0; i < ns; ++i) {
         double f = flops(&s[i]);
         printf("gemm_cl threads=%d shape=%dx%dx%d trans=%c%c stock_gflops=%.2f tuned_gflops=%.2f "

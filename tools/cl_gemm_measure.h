@@ -54,9 +54,44 @@ static inline int mlp_gemm_shapes(gemm_shape *out, int cap) {
     return 9;
 }
 
+/* Parses a shape list "NN:256x512x784,TN:784x512x256" (transposes, then
+   MxNxK; sizes 1..65536) into out; returns the count, or -1 when the list is
+   malformed or holds more than cap shapes. (tools/cl_tune --shapes,
+   bench/gemm_cl --shapes) */
+static inline int gemm_parse_shapes(const char *s, gemm_shape *out, int cap) {
+    int n = 0;
+    while (*s) {
+        char ta, tb;
+        int m, nn, k, used = 0;
+        if (n == cap) return -1;
+        if (sscanf(s, "%c%c:%dx%dx%d%n", &ta, &tb, &m, &nn, &k, &used) != 5 || (ta != 'N' && ta != 'T') ||
+            (tb != 'N' && tb != 'T') || m < 1 || nn < 1 || k < 1 || m > 65536 || nn > 65536 || k > 65536)
+            return -1;
+        out[n].trans_a = ta == 'T';
+        out[n].trans_b = tb == 'T';
+        out[n].m = m;
+        out[n].n = nn;
+        out[n].k = k;
+        ++n;
+        s += used;
+        if (*s == ',') ++s;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
 static inline int gemm_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* The rows of C that the check compares with the host product: every row
+   up to 2^27 multiply-adds (a model's shapes), else rows this far apart,
+   the first and the spread between included, so that a 4096^3 GEMM is
+   checked in about a second (on every column, 8 of its rows). */
+static inline int gemm_check_row_step(const gemm_shape *g) {
+    double work = (double)g->m * g->n * g->k, step = work / (double)(1 << 27);
+    return step <= 1.0 ? 1 : step >= g->m ? g->m : (int)step;
 }
 
 #define GEMM_SAMPLE_S 0.01 /* seconds of back-to-back GEMMs per timed sample */
@@ -67,7 +102,8 @@ static inline int gemm_cmp_double(const void *a, const void *b) {
    as last about GEMM_SAMPLE_S (at most 1000), as in a training step whose
    queue stays full; median_s[i] gets the median sample, in seconds per call.
    When max_rel_err is non-NULL the warm-up result is checked against a
-   double-precision host product on seeded random inputs and *max_rel_err is
+   double-precision host product (every row, or spread rows of a large GEMM:
+   gemm_check_row_step) on seeded random inputs and *max_rel_err is
    the largest |C - ref| / sum_k |a||b| over all shapes (NaN when any
    entry is NaN). be may be any backend.
    Errors: DSGD_ERR_INVALID_ARGUMENT (be, shapes or median_s NULL, num_shapes
@@ -131,9 +167,9 @@ static inline dsgd_result gemm_measure(dsgd_ctx *ctx, const dsgd_backend_i *be, 
         if (r == DSGD_OK && be->finish) r = be->finish(be->impl);
         if (r != DSGD_OK) goto done;
         if (max_rel_err) {
-            int row, col, p;
+            int row, col, p, row_step = gemm_check_row_step(g);
             if ((r = be->read(be->impl, rc, hc, (size_t)g->m * g->n)) != DSGD_OK) goto done;
-            for (row = 0; row < g->m; ++row) {
+            for (row = 0; row < g->m; row += row_step) {
                 for (col = 0; col < g->n; ++col) {
                     double acc = 0.0, mag = 0.0, e;
                     for (p = 0; p < g->k; ++p) {

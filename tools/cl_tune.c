@@ -89,28 +89,6 @@ static void stderr_log(void *ud, dsgd_log_level level, const char *msg) {
     if (level <= DSGD_LOG_WARN) fprintf(stderr, "cl_tune: %s: %s\n", level == DSGD_LOG_ERROR ? "error" : "warning", msg);
 }
 
-static int parse_shapes(const char *s, gemm_shape *out, int cap) {
-    int n = 0;
-    while (*s) {
-        char ta, tb;
-        int m, nn, k, used = 0;
-        if (n == cap) return -1;
-        if (sscanf(s, "%c%c:%dx%dx%d%n", &ta, &tb, &m, &nn, &k, &used) != 5 || (ta != 'N' && ta != 'T') ||
-            (tb != 'N' && tb != 'T') || m < 1 || nn < 1 || k < 1 || m > 65536 || nn > 65536 || k > 65536)
-            return -1;
-        out[n].trans_a = ta == 'T';
-        out[n].trans_b = tb == 'T';
-        out[n].m = m;
-        out[n].n = nn;
-        out[n].k = k;
-        ++n;
-        s += used;
-        if (*s == ',') ++s;
-        else if (*s) return -1;
-    }
-    return n;
-}
-
 static void format_shapes(const gemm_shape *s, int n, char *buf, size_t cap) {
     int i;
     size_t used = 0;
@@ -208,7 +186,7 @@ static int eval_main(int argc, char **argv) {
             }
         }
     }
-    n = shapes_s ? parse_shapes(shapes_s, shapes, MAX_SHAPES) : -1;
+    n = shapes_s ? gemm_parse_shapes(shapes_s, shapes, MAX_SHAPES) : -1;
     if (n < 1 || repeats < 1 || nc < 1) {
         printf("EVAL 0 fail bad --eval arguments\n");
         return 1;
@@ -560,7 +538,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (shapes_arg) {
-        ns = parse_shapes(shapes_arg, shapes, MAX_SHAPES);
+        ns = gemm_parse_shapes(shapes_arg, shapes, MAX_SHAPES);
         if (ns < 1) {
             fprintf(stderr, "cl_tune: bad --shapes '%s' (want e.g. NN:256x512x784,TN:784x512x256)\n", shapes_arg);
             return 1;
