@@ -216,7 +216,7 @@ all: examples tests bench-build tools
 examples: $(EXAMPLES) $(EXPERIMENTS) cl-note
 tests: $(TESTS) $(SOAK_PLAIN) cl-note
 bench-build: $(BENCHES) cl-note
-tools: $(TOOLS) cl-note
+tools: $(TOOLS) $(if $(CL_OK),$(BUILD)/tools/cl_calls.so) cl-note
 
 cl-note:
 	$(if $(CL_SKIPPED),@echo "note: OpenCL or CLBlast not found by pkg-config; skipping $(CL_SKIPPED) (tools/deps.sh test installs them)")
@@ -469,6 +469,12 @@ $(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.
 
 $(BUILD)/tools/%: tools/%.c $(HEADERS) $(wildcard tools/*.h)
 	$(call program,$(CC),$(CFLAGS))
+
+# An LD_PRELOAD library that counts a program's blocking OpenCL calls and
+# launches (tools/preload/cl_calls.c; GNU C, not part of the checks).
+$(BUILD)/tools/cl_calls.so: tools/preload/cl_calls.c
+	@mkdir -p $(@D)
+	$(CC) -O2 -Wall -Wextra -Werror -shared -fPIC $(CL_CFLAGS) $< -o $@ -ldl
 
 # The library, compiled once per build variant: the core's implementation
 # (distsgd.o) and the OpenCL add-on's (distsgd_cl.o) in objects of their own,

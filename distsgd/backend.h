@@ -11,8 +11,10 @@
      buffer_host_ptr, finish, and those the strategies use to move gradients:
      map/unmap (a host view of a range, zero-copy where the device shares the
      host's memory), host_shared (whether it does), can_access/sum_across (a
-     sum computed on the device over other backends' buffers) and
-     device_name (the device a backend computes on, for messages). Four more
+     sum computed on the device over other backends' buffers),
+     device_name (the device a backend computes on, for messages) and
+     mark/wait_marks/release_mark (one backend's queue waiting for
+     another's on the device, for the DEVICE path below). Four more
      are optional until a model has convolution or pooling layers: im2col and
      col2im (a convolution as a GEMM and its gradient) and maxpool_forward /
      maxpool_backward, over NHWC images shaped by a dsgd_window (IMAGES below).
@@ -35,6 +37,12 @@
                dsgd_cl_context on one device; replicas on two devices, whose
                runtimes may keep a copy of a buffer per device and move it
                whole to the device that touches it next, take HOST).
+               The barriers order the host threads; the devices' queues are
+               ordered by marks where every backend has them (each replica
+               marks its gradient done, and its sum waits for every
+               replica's mark; its update waits for every replica's sum),
+               so the host never waits for a device there; otherwise each
+               replica finishes its queue before each barrier.
      AUTO, the default, picks DEVICE only when it is possible and some
      backend's buffers are not host-shared (a discrete GPU, where the HOST path
      would copy the gradient to the host and back every step). Where mapping
@@ -187,8 +195,11 @@ typedef struct dsgd_window {
 /* A compute backend. Row-major everywhere. All members but the optional
    ones must be set (dsgd_model_create checks). Each operation returns DSGD_OK
    or an error recorded on the context the backend was created with. An
-   operation may be queued rather than done; `read` and `finish` complete all
-   queued work. A backend is used by one thread at a time, its context's. */
+   operation may be queued rather than done (write too: its src is free
+   again when it returns); `read` and `finish` complete all queued work, and
+   an error found late (the OpenCL loss's class check) may be reported by a
+   later call that waits. A backend is used by one thread at a time, its
+   context's. */
 typedef struct dsgd_backend_i {
     const char *name;
     void *impl;
@@ -314,6 +325,19 @@ typedef struct dsgd_backend_i {
        OpenCL backend: its device's name and index in its context); a string
        that lives as long as the backend. NULL: `name` stands for it. */
     const char *(*device_name)(void *impl);
+
+    /* optional, all three or none: ordering between backends of one device
+       without the host waiting (the DEVICE gradient path uses them in place
+       of finish). mark enqueues a marker on this backend's queue and gives a
+       handle to it; wait_marks makes every operation this backend enqueues
+       afterwards wait, on the device, until the n marks' earlier operations
+       are done (the marks may be other backends' of the same device);
+       release_mark drops a handle once no wait_marks that names it is still
+       to be called. The OpenCL backend: clEnqueueMarkerWithWaitList,
+       clEnqueueBarrierWithWaitList, clReleaseEvent. */
+    dsgd_result (*mark)(void *impl, void **out);
+    dsgd_result (*wait_marks)(void *impl, void *const *marks, int n);
+    void (*release_mark)(void *impl, void *mark);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording

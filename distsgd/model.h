@@ -332,8 +332,8 @@ DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t coun
    with {x, y, count, NULL}.
    Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; batch NULL;
    count outside 1..max_batch; the built-in network: x or y NULL, a class
-   index out of range, found by the backend's loss), backend errors, what a
-   custom model's compute_gradients returns.
+   index out of range, found on the host before any work), backend errors,
+   what a custom model's compute_gradients returns.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
                                                   const float *y, int count,
@@ -737,8 +737,19 @@ static dsgd_result dsgd__net_create(void *user_data, dsgd_model *m, void **state
 static dsgd_result dsgd__net_upload(dsgd__net *net, const dsgd_batch *b, int need_y, const char *what) {
     dsgd_model *m = net->m;
     dsgd_result r;
+    int i;
     if (!b->x || (need_y && !b->y))
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, b->x ? "y" : "x");
+    /* The classes are checked here, on the host, so that the error comes
+       from this call on every backend (the OpenCL one reports its own
+       check's answer later, not to wait for the device every step). */
+    for (i = 0; b->y && net->loss == DSGD_LOSS_SOFTMAX_XENT && i < b->count; ++i) {
+        float t = b->y[i];
+        if (!(t >= 0.0f && t < (float)m->output_dim) || t != (float)(int)t)
+            return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: softmax cross-entropy: class %g of sample %d is not an integer in [0, %d)",
+                                      what, (double)t, i, m->output_dim);
+    }
     r = m->be.write(m->be.impl, dsgd__ref(net->acts, net->act_off[0]), b->x, (size_t)b->count * m->input_dim);
     if (r == DSGD_OK && b->y)
         r = m->be.write(m->be.impl, dsgd__ref(net->targets, 0), b->y, (size_t)b->count * m->target_dim);

@@ -583,6 +583,8 @@ struct dsgd_strategy {
     int num_vars, cap_vars;
     dsgd_gradient_path path; /* resolved: HOST or DEVICE */
     dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
+    void **marks;            /* DEVICE with marks: each replica's "gradient
+                                done" (0..n-1) and "sum done" (n..2n-1) */
     int metric_var[2]; /* first of the three metric variables of each slot */
     void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
     /* failed: a failure may have left the replicas different, or stopped the

@@ -138,24 +138,49 @@ static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t loca
     return res;
 }
 
-/* Phase 4, DEVICE path: every replica's gradients are complete (barrier),
-   replica r sums its block of all of them on its device, and nobody reads a
-   gradient before every block is written (barrier). */
+/* Replica r's queue is done up to here for the others: its mark in
+   marks[slot] (the one it held there before released: every replica has
+   waited on it by now), or, without marks, finished. */
+static dsgd_result dsgd__step_device_done(dsgd_replica *r, void **slot) {
+    const dsgd_backend_i *be = &r->m.be;
+    if (!r->s->marks) return be->finish ? be->finish(be->impl) : DSGD_OK;
+    if (*slot) be->release_mark(be->impl, *slot);
+    *slot = NULL;
+    return be->mark(be->impl, slot);
+}
+
+/* After a barrier: replica r's later work waits for every replica's marks
+   (nothing to do without marks: each finished its queue). */
+static dsgd_result dsgd__step_device_after(dsgd_replica *r, void *const *marks) {
+    const dsgd_backend_i *be = &r->m.be;
+    return r->s->marks ? be->wait_marks(be->impl, marks, r->s->n) : DSGD_OK;
+}
+
+/* Phase 4, DEVICE path: every replica's gradients are complete (marks or
+   finish, then a barrier), replica r sums its block of all of them on its
+   device, and nobody reads a gradient before every block is written (the
+   same again). With marks the host never waits for a device here. */
 static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
     const dsgd_backend_i *be = &r->m.be;
+    dsgd_strategy *s = r->s;
+    void **ready = s->marks, **summed = s->marks ? s->marks + s->n : NULL;
     size_t lo = 0, len = 0;
-    dsgd_result res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) {
+    dsgd_result res = dsgd__step_device_done(r, ready ? &ready[r->rank] : NULL);
+    if (res != DSGD_OK) return res;
+    if ((res = dsgd_barrier(r->comm, 0.0)) != DSGD_OK) {
         r->comm_failed = 1;
         return res;
     }
-    dsgd_block_range(p, r->s->n, r->rank, &lo, &len);
-    if (len > 0) res = be->sum_across(be->impl, r->s->grad_refs, r->s->n, lo, lo + len);
-    if (res == DSGD_OK && be->finish) res = be->finish(be->impl);
+    if ((res = dsgd__step_device_after(r, ready)) != DSGD_OK) return res;
+    dsgd_block_range(p, s->n, r->rank, &lo, &len);
+    if (len > 0) res = be->sum_across(be->impl, s->grad_refs, s->n, lo, lo + len);
+    if (res == DSGD_OK) res = dsgd__step_device_done(r, summed ? &summed[r->rank] : NULL);
     if (res != DSGD_OK) return res;
-    res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    return res;
+    if ((res = dsgd_barrier(r->comm, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    return dsgd__step_device_after(r, summed);
 }
 
 /* The replica's p gradients in host memory, for phase 4: the buffer's own
@@ -167,7 +192,10 @@ static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsg
     float *host = be->buffer_host_ptr ? be->buffer_host_ptr(be->impl, g.buf) : NULL;
     *mapped = NULL;
     *res = DSGD_OK;
-    if (host) return host + g.off;
+    if (host) { /* map and read wait for queued work themselves */
+        if (be->finish && (*res = be->finish(be->impl)) != DSGD_OK) return NULL;
+        return host + g.off;
+    }
     if (be->map && be->unmap) {
         if ((*res = be->map(be->impl, g, p, mapped)) != DSGD_OK) return NULL;
         return *mapped;
@@ -195,11 +223,9 @@ static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *ho
    desc.bucket_bytes. */
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
-    const dsgd_backend_i *be = &r->m.be;
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
-    if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
     if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
@@ -285,10 +311,26 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     if (!s->grad_refs) return DSGD_ERR_OUT_OF_MEMORY;
     for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].m.model);
     s->path = DSGD_GRADIENTS_DEVICE;
+    for (i = 0, ok = 1; i < s->n; ++i) {
+        const dsgd_backend_i *bi = &s->reps[i].m.be;
+        ok &= bi->mark && bi->wait_marks && bi->release_mark;
+    }
+    if (!ok) return DSGD_OK; /* each replica finishes its queue instead */
+    s->marks = (void **)dsgd__alloc(s->ctx, sizeof(void *) * 2 * (size_t)s->n, "dsgd_strategy_create");
+    if (!s->marks) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s->marks, 0, sizeof(void *) * 2 * (size_t)s->n);
     return DSGD_OK;
 }
 
+/* The marks still held (after the backends' queues are done with them). */
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
+    int i;
+    for (i = 0; s->marks && i < 2 * s->n; ++i) {
+        const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
+        if (s->marks[i]) be->release_mark(be->impl, s->marks[i]);
+    }
+    DSGD_FREE(s->marks);
+    s->marks = NULL;
     DSGD_FREE(s->grad_refs);
     s->grad_refs = NULL;
 }

@@ -704,8 +704,10 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      buffer_host_ptr, finish, and those the strategies use to move gradients:
      map/unmap (a host view of a range, zero-copy where the device shares the
      host's memory), host_shared (whether it does), can_access/sum_across (a
-     sum computed on the device over other backends' buffers) and
-     device_name (the device a backend computes on, for messages). Four more
+     sum computed on the device over other backends' buffers),
+     device_name (the device a backend computes on, for messages) and
+     mark/wait_marks/release_mark (one backend's queue waiting for
+     another's on the device, for the DEVICE path below). Four more
      are optional until a model has convolution or pooling layers: im2col and
      col2im (a convolution as a GEMM and its gradient) and maxpool_forward /
      maxpool_backward, over NHWC images shaped by a dsgd_window (IMAGES below).
@@ -728,6 +730,12 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
                dsgd_cl_context on one device; replicas on two devices, whose
                runtimes may keep a copy of a buffer per device and move it
                whole to the device that touches it next, take HOST).
+               The barriers order the host threads; the devices' queues are
+               ordered by marks where every backend has them (each replica
+               marks its gradient done, and its sum waits for every
+               replica's mark; its update waits for every replica's sum),
+               so the host never waits for a device there; otherwise each
+               replica finishes its queue before each barrier.
      AUTO, the default, picks DEVICE only when it is possible and some
      backend's buffers are not host-shared (a discrete GPU, where the HOST path
      would copy the gradient to the host and back every step). Where mapping
@@ -880,8 +888,11 @@ typedef struct dsgd_window {
 /* A compute backend. Row-major everywhere. All members but the optional
    ones must be set (dsgd_model_create checks). Each operation returns DSGD_OK
    or an error recorded on the context the backend was created with. An
-   operation may be queued rather than done; `read` and `finish` complete all
-   queued work. A backend is used by one thread at a time, its context's. */
+   operation may be queued rather than done (write too: its src is free
+   again when it returns); `read` and `finish` complete all queued work, and
+   an error found late (the OpenCL loss's class check) may be reported by a
+   later call that waits. A backend is used by one thread at a time, its
+   context's. */
 typedef struct dsgd_backend_i {
     const char *name;
     void *impl;
@@ -1007,6 +1018,19 @@ typedef struct dsgd_backend_i {
        OpenCL backend: its device's name and index in its context); a string
        that lives as long as the backend. NULL: `name` stands for it. */
     const char *(*device_name)(void *impl);
+
+    /* optional, all three or none: ordering between backends of one device
+       without the host waiting (the DEVICE gradient path uses them in place
+       of finish). mark enqueues a marker on this backend's queue and gives a
+       handle to it; wait_marks makes every operation this backend enqueues
+       afterwards wait, on the device, until the n marks' earlier operations
+       are done (the marks may be other backends' of the same device);
+       release_mark drops a handle once no wait_marks that names it is still
+       to be called. The OpenCL backend: clEnqueueMarkerWithWaitList,
+       clEnqueueBarrierWithWaitList, clReleaseEvent. */
+    dsgd_result (*mark)(void *impl, void **out);
+    dsgd_result (*wait_marks)(void *impl, void *const *marks, int n);
+    void (*release_mark)(void *impl, void *mark);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -3373,8 +3397,8 @@ DSGD_API dsgd_result dsgd_model_get_grads(dsgd_model *m, float *dst, size_t coun
    with {x, y, count, NULL}.
    Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded; batch NULL;
    count outside 1..max_batch; the built-in network: x or y NULL, a class
-   index out of range, found by the backend's loss), backend errors, what a
-   custom model's compute_gradients returns.
+   index out of range, found on the host before any work), backend errors,
+   what a custom model's compute_gradients returns.
    Thread safety: the model's thread. */
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
                                                   const float *y, int count,
@@ -3778,8 +3802,19 @@ static dsgd_result dsgd__net_create(void *user_data, dsgd_model *m, void **state
 static dsgd_result dsgd__net_upload(dsgd__net *net, const dsgd_batch *b, int need_y, const char *what) {
     dsgd_model *m = net->m;
     dsgd_result r;
+    int i;
     if (!b->x || (need_y && !b->y))
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s is NULL", what, b->x ? "y" : "x");
+    /* The classes are checked here, on the host, so that the error comes
+       from this call on every backend (the OpenCL one reports its own
+       check's answer later, not to wait for the device every step). */
+    for (i = 0; b->y && net->loss == DSGD_LOSS_SOFTMAX_XENT && i < b->count; ++i) {
+        float t = b->y[i];
+        if (!(t >= 0.0f && t < (float)m->output_dim) || t != (float)(int)t)
+            return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: softmax cross-entropy: class %g of sample %d is not an integer in [0, %d)",
+                                      what, (double)t, i, m->output_dim);
+    }
     r = m->be.write(m->be.impl, dsgd__ref(net->acts, net->act_off[0]), b->x, (size_t)b->count * m->input_dim);
     if (r == DSGD_OK && b->y)
         r = m->be.write(m->be.impl, dsgd__ref(net->targets, 0), b->y, (size_t)b->count * m->target_dim);
@@ -16345,6 +16380,8 @@ struct dsgd_strategy {
     int num_vars, cap_vars;
     dsgd_gradient_path path; /* resolved: HOST or DEVICE */
     dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
+    void **marks;            /* DEVICE with marks: each replica's "gradient
+                                done" (0..n-1) and "sum done" (n..2n-1) */
     int metric_var[2]; /* first of the three metric variables of each slot */
     void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
     /* failed: a failure may have left the replicas different, or stopped the
@@ -17545,24 +17582,49 @@ static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t loca
     return res;
 }
 
-/* Phase 4, DEVICE path: every replica's gradients are complete (barrier),
-   replica r sums its block of all of them on its device, and nobody reads a
-   gradient before every block is written (barrier). */
+/* Replica r's queue is done up to here for the others: its mark in
+   marks[slot] (the one it held there before released: every replica has
+   waited on it by now), or, without marks, finished. */
+static dsgd_result dsgd__step_device_done(dsgd_replica *r, void **slot) {
+    const dsgd_backend_i *be = &r->m.be;
+    if (!r->s->marks) return be->finish ? be->finish(be->impl) : DSGD_OK;
+    if (*slot) be->release_mark(be->impl, *slot);
+    *slot = NULL;
+    return be->mark(be->impl, slot);
+}
+
+/* After a barrier: replica r's later work waits for every replica's marks
+   (nothing to do without marks: each finished its queue). */
+static dsgd_result dsgd__step_device_after(dsgd_replica *r, void *const *marks) {
+    const dsgd_backend_i *be = &r->m.be;
+    return r->s->marks ? be->wait_marks(be->impl, marks, r->s->n) : DSGD_OK;
+}
+
+/* Phase 4, DEVICE path: every replica's gradients are complete (marks or
+   finish, then a barrier), replica r sums its block of all of them on its
+   device, and nobody reads a gradient before every block is written (the
+   same again). With marks the host never waits for a device here. */
 static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
     const dsgd_backend_i *be = &r->m.be;
+    dsgd_strategy *s = r->s;
+    void **ready = s->marks, **summed = s->marks ? s->marks + s->n : NULL;
     size_t lo = 0, len = 0;
-    dsgd_result res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) {
+    dsgd_result res = dsgd__step_device_done(r, ready ? &ready[r->rank] : NULL);
+    if (res != DSGD_OK) return res;
+    if ((res = dsgd_barrier(r->comm, 0.0)) != DSGD_OK) {
         r->comm_failed = 1;
         return res;
     }
-    dsgd_block_range(p, r->s->n, r->rank, &lo, &len);
-    if (len > 0) res = be->sum_across(be->impl, r->s->grad_refs, r->s->n, lo, lo + len);
-    if (res == DSGD_OK && be->finish) res = be->finish(be->impl);
+    if ((res = dsgd__step_device_after(r, ready)) != DSGD_OK) return res;
+    dsgd_block_range(p, s->n, r->rank, &lo, &len);
+    if (len > 0) res = be->sum_across(be->impl, s->grad_refs, s->n, lo, lo + len);
+    if (res == DSGD_OK) res = dsgd__step_device_done(r, summed ? &summed[r->rank] : NULL);
     if (res != DSGD_OK) return res;
-    res = dsgd_barrier(r->comm, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    return res;
+    if ((res = dsgd_barrier(r->comm, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    return dsgd__step_device_after(r, summed);
 }
 
 /* The replica's p gradients in host memory, for phase 4: the buffer's own
@@ -17574,7 +17636,10 @@ static float *dsgd__grads_on_host(dsgd_replica *r, size_t p, float **mapped, dsg
     float *host = be->buffer_host_ptr ? be->buffer_host_ptr(be->impl, g.buf) : NULL;
     *mapped = NULL;
     *res = DSGD_OK;
-    if (host) return host + g.off;
+    if (host) { /* map and read wait for queued work themselves */
+        if (be->finish && (*res = be->finish(be->impl)) != DSGD_OK) return NULL;
+        return host + g.off;
+    }
     if (be->map && be->unmap) {
         if ((*res = be->map(be->impl, g, p, mapped)) != DSGD_OK) return NULL;
         return *mapped;
@@ -17602,11 +17667,9 @@ static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *ho
    desc.bucket_bytes. */
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
-    const dsgd_backend_i *be = &r->m.be;
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
-    if (be->finish && (res = be->finish(be->impl)) != DSGD_OK) return res;
     if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
@@ -17692,10 +17755,26 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     if (!s->grad_refs) return DSGD_ERR_OUT_OF_MEMORY;
     for (i = 0; i < s->n; ++i) s->grad_refs[i] = dsgd_model_grads(s->reps[i].m.model);
     s->path = DSGD_GRADIENTS_DEVICE;
+    for (i = 0, ok = 1; i < s->n; ++i) {
+        const dsgd_backend_i *bi = &s->reps[i].m.be;
+        ok &= bi->mark && bi->wait_marks && bi->release_mark;
+    }
+    if (!ok) return DSGD_OK; /* each replica finishes its queue instead */
+    s->marks = (void **)dsgd__alloc(s->ctx, sizeof(void *) * 2 * (size_t)s->n, "dsgd_strategy_create");
+    if (!s->marks) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s->marks, 0, sizeof(void *) * 2 * (size_t)s->n);
     return DSGD_OK;
 }
 
+/* The marks still held (after the backends' queues are done with them). */
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
+    int i;
+    for (i = 0; s->marks && i < 2 * s->n; ++i) {
+        const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
+        if (s->marks[i]) be->release_mark(be->impl, s->marks[i]);
+    }
+    DSGD_FREE(s->marks);
+    s->marks = NULL;
     DSGD_FREE(s->grad_refs);
     s->grad_refs = NULL;
 }
@@ -20005,7 +20084,7 @@ static const char *const dsgd_cl__source[] = {
 
     "/* Softmax cross-entropy, one work-item per sample. rows[2i] = the sample's\n"
     "   loss, rows[2i+1] = 1 when argmax == class, else 0; -1 marks a class that\n"
-    "   is not an integer in [0, c). */\n"
+    "   is not an integer in [0, c), rows[2i] then holding that class. */\n"
     "__kernel void dsgd_xent_rows(uint m, uint c, __global const float *pred, ulong poff,\n"
     "                             __global const float *tgt, ulong toff, float gs,\n"
     "                             __global float *dpred, ulong doff, int want_grad,\n"
@@ -20015,7 +20094,7 @@ static const char *const dsgd_cl__source[] = {
     "    __global const float *z = pred + poff + (ulong)i * c;\n"
     "    float t = tgt[toff + i];\n"
     "    if (!(t >= 0.0f && t < (float)c) || t != floor(t)) {\n"
-    "        rows[2 * i] = 0; rows[2 * i + 1] = -1; return;\n"
+    "        rows[2 * i] = (acc_t)t; rows[2 * i + 1] = -1; return;\n"
     "    }\n"
     "    uint cls = (uint)t, best = 0;\n"
     "    for (uint j = 1; j < c; ++j) if (z[j] > z[best]) best = j;\n"
@@ -20057,7 +20136,8 @@ static const char *const dsgd_cl__source[] = {
     "\n"
     "/* One work-group (power-of-two size) sums the rows in a fixed order and, when\n"
     "   no sample was bad, adds loss and correct count to stats. status[0] = bad\n"
-    "   samples, status[1] = the first bad sample (m when none). */\n"
+    "   samples, status[1] = the first bad sample (m when none), status[2] = the\n"
+    "   bits of its class as a float. */\n"
     "__kernel void dsgd_loss_reduce(uint m, __global const acc_t *rows, __global float *stats,\n"
     "                               ulong soff, __global int *status, __local acc_t *sl,\n"
     "                               __local acc_t *sc, __local uint *sb, __local uint *sf) {\n"
@@ -20080,6 +20160,7 @@ static const char *const dsgd_cl__source[] = {
     "    }\n"
     "    if (lid == 0) {\n"
     "        status[0] = (int)sb[0]; status[1] = (int)sf[0];\n"
+    "        status[2] = sf[0] < m ? as_int((float)rows[2 * sf[0]]) : 0;\n"
     "        if (sb[0] == 0) {\n"
     "            stats[soff] = stats[soff] + (float)sl[0];\n"
     "            stats[soff + 1] = stats[soff + 1] + (float)sc[0];\n"
@@ -21495,9 +21576,17 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
      dsgd_cl_backend_create fills every member of dsgd_backend_i, the
      optional ones included (buffer_host_ptr always answers NULL: OpenCL
      buffers are never permanently host-addressable). Among them:
+       write         staged: returns without waiting for the device (see
+                     STAGING)
+       loss          softmax cross-entropy's class check is looked at later
+                     (see CLASS CHECKS)
        finish        clFinish on the backend's queue
        map, unmap    blocking clEnqueueMapBuffer (read and write) and
                      clEnqueueUnmapMemObject (also dsgd_cl_map/dsgd_cl_unmap)
+       mark, wait_marks, release_mark
+                     clEnqueueMarkerWithWaitList, clEnqueueBarrierWithWaitList
+                     and clReleaseEvent: the DEVICE gradient path orders the
+                     replicas' queues with them instead of finishing them
        host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
                      so that mapping copies nothing: by default on devices
                      with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
@@ -21534,6 +21623,34 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
      Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
      the largest size a call has needed (CLBlastSGemmTempBufferSize); its
      in-order queue keeps two GEMMs from using it at once.
+
+   STAGING
+
+     write copies the host's floats into a pinned staging ring (a
+     CL_MEM_ALLOC_HOST_PTR buffer the backend maps once, 4 x the largest
+     write so far and at least 1 MiB) and enqueues the copy to the device
+     without waiting, so the caller may reuse its floats at once and the
+     host runs ahead of the device. The host waits only where the ring space
+     a write needs is still being read by an earlier one (the device is more
+     than the ring behind), when the ring grows, and for a write larger than
+     64 MiB, which is made blocking instead. Each wait counts in
+     dsgd_cl_backend_host_waits, as does every call that needs the device's
+     answer: finish, read, map and norm_check. A training step on one device
+     therefore waits once, for norm_check's non-finite count, which the
+     replicas agree on before the update (the HOST gradient path adds its
+     map). The test suite asserts these counts.
+
+   CLASS CHECKS
+
+     Softmax cross-entropy refuses a class that is not an integer in
+     [0, c). The OpenCL loss does not wait for its kernel's verdict: the
+     verdict comes back into a pinned slot without waiting, and the
+     backend's next loss, or its next call that waits (finish, read, map,
+     norm_check), reports a bad one as DSGD_ERR_INVALID_ARGUMENT, with the
+     class, the sample and "found after that loss call returned"; the stats
+     are unchanged, as when the loss reports it itself. The built-in model
+     checks its classes on the host before any work, so a model's
+     dsgd_model_compute_gradients still fails at once on every backend.
 
    BITS
 
@@ -21630,6 +21747,16 @@ DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
    counts and never refuses. 0 when b is NULL or not OpenCL.
    Errors: none. Thread safety: b's thread. */
 DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b);
+/* How many times b has made the host wait for its device: every finish,
+   read, map and norm_check (each needs the device's answer), a write too
+   large to stage (over 64 MiB), a staged write or class check that had to
+   be waited for, and the two blocking maps of its pinned buffers at
+   creation and when the staging ring grows (see STAGING). A training step
+   on one device waits once, for norm_check's non-finite count; the DEVICE
+   gradient path adds no waits (events order the replicas' queues). 0 when
+   b is NULL or not OpenCL.
+   Errors: none. Thread safety: b's thread. */
+DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b);
 
 #define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
 #define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
@@ -21679,6 +21806,23 @@ typedef struct dsgd_cl__buffer {
 
 #define DSGD_CL__MAGIC 0x6473636cu /* "dscl" */
 
+/* A write still reading bytes [lo, hi) of the staging ring until ev. */
+typedef struct dsgd_cl__staged {
+    size_t lo, hi;
+    cl_event ev;
+} dsgd_cl__staged;
+
+/* A class check of a loss of m samples and c classes, its answer due at ev. */
+typedef struct dsgd_cl__class_check {
+    cl_event ev;
+    int m, c;
+} dsgd_cl__class_check;
+
+#define DSGD_CL__STAGED_MAX 32
+#define DSGD_CL__CHECKS_MAX 4
+#define DSGD_CL__STAGE_MIN ((size_t)1 << 20)
+#define DSGD_CL__STAGE_LARGEST ((size_t)64 << 20) /* larger writes block */
+
 typedef struct dsgd_cl__backend {
     dsgd_ctx *ctx;
     dsgd_cl_context *cl;
@@ -21699,6 +21843,22 @@ typedef struct dsgd_cl__backend {
        tests: on GPU runtimes that migrate a buffer whole between devices, two
        devices writing one buffer may lose writes; nothing here does it). */
     unsigned long foreign_writes;
+    /* Times the host waited for the device (dsgd_cl_backend_host_waits). */
+    unsigned long host_waits;
+    /* write's staging ring (STAGING): a pinned buffer mapped for good, the
+       writes that still read it, oldest first. */
+    cl_mem stage;
+    unsigned char *stage_host;
+    size_t stage_bytes, stage_head;
+    dsgd_cl__staged staged[DSGD_CL__STAGED_MAX];
+    int staged_first, staged_n;
+    /* softmax cross-entropy's class checks, read back without waiting into
+       pinned slots of 4 ints (bad count, first bad sample, its class's bits)
+       and looked at later, oldest first */
+    cl_mem checks_mem;
+    cl_int *checks_host;
+    dsgd_cl__class_check checks[DSGD_CL__CHECKS_MAX];
+    int checks_first, checks_n;
     char label[DSGD_CL_MAX_NAME + 48]; /* device_name's answer */
 } dsgd_cl__backend;
 
@@ -21794,6 +21954,141 @@ static dsgd_result dsgd_cl__ensure_scratch(dsgd_cl__backend *b, size_t bytes) {
     return DSGD_OK;
 }
 
+/* >>staging ----------------------------------------------------------------- */
+/* STAGING: write copies the host's floats into a pinned ring and enqueues
+   the copy to the device without waiting; the host waits only where the
+   ring space it needs is still being read. Loss class checks come back the
+   same way, into pinned slots, and are looked at later. */
+
+/* CL_SUCCESS once ev's command is complete: at once when it is (nothing
+   counted), else after clWaitForEvents (one host wait); a failed command
+   gives its error. */
+static cl_int dsgd_cl__await(dsgd_cl__backend *b, cl_event ev) {
+    cl_int st = CL_QUEUED, err = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, NULL);
+    if (err != CL_SUCCESS) return err;
+    if (st > CL_COMPLETE) {
+        b->host_waits++;
+        err = clWaitForEvents(1, &ev);
+        if (clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, NULL) != CL_SUCCESS) st = err;
+    }
+    return st < 0 ? st : err;
+}
+
+/* Retires the oldest staged write, waiting for it if it is not done. */
+static cl_int dsgd_cl__unstage(dsgd_cl__backend *b) {
+    dsgd_cl__staged *w = &b->staged[b->staged_first];
+    cl_int err = dsgd_cl__await(b, w->ev);
+    clReleaseEvent(w->ev);
+    b->staged_first = (b->staged_first + 1) % DSGD_CL__STAGED_MAX;
+    b->staged_n--;
+    return err;
+}
+
+/* 1 when a queued write still reads a byte of [lo, hi) of the ring. */
+static int dsgd_cl__stage_busy(const dsgd_cl__backend *b, size_t lo, size_t hi) {
+    int i;
+    for (i = 0; i < b->staged_n; ++i) {
+        const dsgd_cl__staged *w = &b->staged[(b->staged_first + i) % DSGD_CL__STAGED_MAX];
+        if (w->lo < hi && lo < w->hi) return 1;
+    }
+    return 0;
+}
+
+/* Drops the ring once its writes are done. */
+static void dsgd_cl__stage_free(dsgd_cl__backend *b) {
+    while (b->staged_n > 0) dsgd_cl__unstage(b);
+    if (b->stage_host) clEnqueueUnmapMemObject(b->queue, b->stage, b->stage_host, 0, NULL, NULL);
+    if (b->stage) clReleaseMemObject(b->stage); /* freed once the unmap is done */
+    b->stage = NULL;
+    b->stage_host = NULL;
+    b->stage_bytes = b->stage_head = 0;
+}
+
+/* A pinned buffer of `bytes`, mapped for good at *host (a blocking map:
+   one host wait, at creation only). */
+static dsgd_result dsgd_cl__pinned(dsgd_cl__backend *b, size_t bytes, cl_map_flags mf, const char *what,
+                                   cl_mem *mem, void **host) {
+    cl_int err;
+    *host = NULL;
+    *mem = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, bytes, NULL,
+                          &err);
+    if (err != CL_SUCCESS) {
+        *mem = NULL;
+        return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", what);
+    }
+    b->host_waits++;
+    *host = clEnqueueMapBuffer(b->queue, *mem, CL_TRUE, mf, 0, bytes, 0, NULL, NULL, &err);
+    if (err != CL_SUCCESS) {
+        *host = NULL;
+        return dsgd_cl__fail(b->ctx, err, "clEnqueueMapBuffer", what);
+    }
+    return DSGD_OK;
+}
+
+/* *at: `bytes` of the ring that no queued write reads any more; the ring is
+   made, or grown to 4 x bytes (at least DSGD_CL__STAGE_MIN), first. */
+static dsgd_result dsgd_cl__stage_take(dsgd_cl__backend *b, size_t bytes, size_t *at) {
+    size_t pos;
+    cl_int err;
+    if (bytes > b->stage_bytes) {
+        size_t cap = 4 * bytes > DSGD_CL__STAGE_MIN ? 4 * bytes : DSGD_CL__STAGE_MIN;
+        void *host;
+        dsgd_result r;
+        dsgd_cl__stage_free(b);
+        r = dsgd_cl__pinned(b, cap, CL_MAP_WRITE, "write staging", &b->stage, &host);
+        b->stage_host = (unsigned char *)host;
+        if (r != DSGD_OK) return r;
+        b->stage_bytes = cap;
+    }
+    pos = b->stage_head + bytes <= b->stage_bytes ? b->stage_head : 0;
+    while (b->staged_n > 0 && (b->staged_n == DSGD_CL__STAGED_MAX || dsgd_cl__stage_busy(b, pos, pos + bytes)))
+        if ((err = dsgd_cl__unstage(b)) != CL_SUCCESS)
+            return dsgd_cl__fail(b->ctx, err, "clEnqueueWriteBuffer", "write (an earlier one, staged)");
+    *at = pos;
+    b->stage_head = (pos + bytes + 63) & ~(size_t)63;
+    return DSGD_OK;
+}
+
+/* Looks at the answers of the pending class checks, oldest first: those
+   that are in, or all of them when wait (waiting where one is not). The
+   first bad one is DSGD_ERR_INVALID_ARGUMENT, recorded; all are retired. */
+static dsgd_result dsgd_cl__class_checks(dsgd_cl__backend *b, int wait) {
+    dsgd_result r = DSGD_OK;
+    while (b->checks_n > 0) {
+        int slot = b->checks_first;
+        const dsgd_cl__class_check k = b->checks[slot];
+        const cl_int *s = b->checks_host + 4 * slot;
+        cl_int st = CL_QUEUED, err;
+        if (!wait && (clGetEventInfo(k.ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, NULL) != CL_SUCCESS ||
+                      st > CL_COMPLETE))
+            break;
+        err = dsgd_cl__await(b, k.ev);
+        clReleaseEvent(k.ev);
+        b->checks_first = (slot + 1) % DSGD_CL__CHECKS_MAX;
+        b->checks_n--;
+        if (r != DSGD_OK) continue;
+        if (err != CL_SUCCESS) {
+            r = dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "loss class check");
+        } else if (s[0] != 0) {
+            float t;
+            memcpy(&t, &s[2], sizeof(t));
+            r = dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                   "softmax cross-entropy: class %g of sample %d is not an integer in [0, %d) "
+                                   "(%d bad sample%s of %d; stats unchanged, dpred unspecified; found after that "
+                                   "loss call returned)",
+                                   (double)t, (int)s[1], k.c, (int)s[0], s[0] == 1 ? "" : "s", k.m);
+        }
+    }
+    return r;
+}
+
+/* A blocking call's end: one host wait counted, then the class checks
+   (their answers are in by now: the queue is in order). */
+static dsgd_result dsgd_cl__waited(dsgd_cl__backend *b) {
+    b->host_waits++;
+    return dsgd_cl__class_checks(b, 1);
+}
+
 static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer **out) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     dsgd_cl__buffer *buf;
@@ -21848,12 +22143,32 @@ static float *dsgd_cl__buffer_host_ptr(void *impl, dsgd_buffer *buf) {
 
 static dsgd_result dsgd_cl__write(void *impl, dsgd_ref dst, const float *src, size_t count) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    size_t bytes;
     cl_int err;
     if (!dsgd_cl__out(b, dst, count, "write")) return DSGD_ERR_INVALID_ARGUMENT;
     if (count == 0) return DSGD_OK;
     if (!src) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl write: src is NULL");
-    err = clEnqueueWriteBuffer(b->queue, dsgd_cl__buf(dst)->mem, CL_TRUE, dst.off * sizeof(float),
-                               count * sizeof(float), src, 0, NULL, NULL);
+    bytes = count * sizeof(float);
+    if (bytes > DSGD_CL__STAGE_LARGEST) { /* too large to stage: wait */
+        b->host_waits++;
+        err = clEnqueueWriteBuffer(b->queue, dsgd_cl__buf(dst)->mem, CL_TRUE, dst.off * sizeof(float), bytes, src, 0,
+                                   NULL, NULL);
+    } else {
+        size_t at = 0;
+        cl_event ev;
+        dsgd_result r = dsgd_cl__stage_take(b, bytes, &at);
+        if (r != DSGD_OK) return r;
+        memcpy(b->stage_host + at, src, bytes);
+        err = clEnqueueWriteBuffer(b->queue, dsgd_cl__buf(dst)->mem, CL_FALSE, dst.off * sizeof(float), bytes,
+                                   b->stage_host + at, 0, NULL, &ev);
+        if (err == CL_SUCCESS) {
+            dsgd_cl__staged *w = &b->staged[(b->staged_first + b->staged_n) % DSGD_CL__STAGED_MAX];
+            w->lo = at;
+            w->hi = at + bytes;
+            w->ev = ev;
+            b->staged_n++;
+        }
+    }
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueWriteBuffer", "write");
     return DSGD_OK;
 }
@@ -21867,7 +22182,7 @@ static dsgd_result dsgd_cl__read(void *impl, dsgd_ref src, float *dst, size_t co
     err = clEnqueueReadBuffer(b->queue, dsgd_cl__buf(src)->mem, CL_TRUE, src.off * sizeof(float),
                               count * sizeof(float), dst, 0, NULL, NULL);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "read");
-    return DSGD_OK;
+    return dsgd_cl__waited(b);
 }
 
 static dsgd_result dsgd_cl__copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t count) {
@@ -22076,7 +22391,8 @@ static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_
     cl_uint mm = (cl_uint)m, cc = (cl_uint)c;
     cl_ulong poff = pred.off, toff = target.off, doff = dpred.off, soff = stats.off;
     cl_float gs = grad_scale;
-    cl_int want = dpred.buf != NULL, status[2];
+    cl_int want = dpred.buf != NULL;
+    int slot;
     cl_mem dmem;
     size_t L = b->reduce_local;
     dsgd_result r;
@@ -22089,6 +22405,7 @@ static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_
         !dsgd_cl__out(b, stats, 2, "loss stats"))
         return DSGD_ERR_INVALID_ARGUMENT;
     if (want && !dsgd_cl__out(b, dpred, (size_t)m * c, "loss dpred")) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd_cl__class_checks(b, 0)) != DSGD_OK) return r; /* an earlier loss's, come in */
     if (m == 0) return DSGD_OK;
     r = dsgd_cl__ensure_scratch(b, 2 * (size_t)m * b->acc_size);
     if (r != DSGD_OK) return r;
@@ -22105,20 +22422,17 @@ static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_
                           DSGD_CL__LOCAL(L * sizeof(cl_uint)), DSGD_CL__LOCAL(L * sizeof(cl_uint)));
     if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_LOSS_REDUCE, L, L);
     if (r != DSGD_OK) return r;
-    if (!xent) return DSGD_OK; /* MSE has no invalid targets: no need to wait */
-    /* The class check needs the device's answer: a blocking read. */
-    err = clEnqueueReadBuffer(b->queue, b->status, CL_TRUE, 0, sizeof(status), status, 0, NULL, NULL);
-    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "loss status");
-    if (status[0] != 0) {
-        float t = 0.0f;
-        if (status[1] >= 0 && status[1] < m)
-            clEnqueueReadBuffer(b->queue, dsgd_cl__buf(target)->mem, CL_TRUE,
-                                (toff + (size_t)status[1]) * sizeof(float), sizeof(float), &t, 0, NULL, NULL);
-        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "softmax cross-entropy: class %g of sample %d is not an integer in [0, %d) "
-                                  "(%d bad sample%s; stats unchanged, dpred unspecified)",
-                                  (double)t, (int)status[1], c, (int)status[0], status[0] == 1 ? "" : "s");
-    }
+    if (!xent) return DSGD_OK; /* MSE has no invalid targets */
+    /* The class check's answer comes back without waiting, into a pinned
+       slot; a later loss or a call that waits looks at it (CLASS CHECKS). */
+    if (b->checks_n == DSGD_CL__CHECKS_MAX && (r = dsgd_cl__class_checks(b, 1)) != DSGD_OK) return r;
+    slot = (b->checks_first + b->checks_n) % DSGD_CL__CHECKS_MAX;
+    err = clEnqueueReadBuffer(b->queue, b->status, CL_FALSE, 0, 3 * sizeof(cl_int), b->checks_host + 4 * slot, 0,
+                              NULL, &b->checks[slot].ev);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "loss class check");
+    b->checks[slot].m = m;
+    b->checks[slot].c = c;
+    b->checks_n++;
     return DSGD_OK;
 }
 
@@ -22202,6 +22516,7 @@ static dsgd_result dsgd_cl__norm_check(void *impl, dsgd_ref x, size_t n, double 
     if (err == CL_SUCCESS)
         err = clEnqueueReadBuffer(b->queue, b->status, CL_TRUE, 0, groups * sizeof(cl_ulong), pbad, 0, NULL, NULL);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "norm_check partials");
+    if ((r = dsgd_cl__waited(b)) != DSGD_OK) return r;
     /* second pass on the host, in group order, in double */
     for (i = 0; i < groups; ++i) {
         s += b->acc_size == sizeof(double) ? psum_d[i] : (double)psum_f[i];
@@ -22388,17 +22703,63 @@ static dsgd_result dsgd_cl__unmap_rw(void *impl, dsgd_ref ref, float *ptr) {
     return dsgd_cl__unmap_impl((dsgd_cl__backend *)impl, ref, ptr);
 }
 
+/* mark, wait_marks, release_mark: events of one context order its queues
+   on the device. */
+static dsgd_result dsgd_cl__mark(void *impl, void **out) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_event ev = NULL;
+    cl_int err;
+    if (!out) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl mark: out is NULL");
+    *out = NULL;
+    err = clEnqueueMarkerWithWaitList(b->queue, 0, NULL, &ev);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueMarkerWithWaitList", "mark");
+    *out = (void *)ev;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__wait_marks(void *impl, void *const *marks, int n) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_event evs[64];
+    int i;
+    cl_int err;
+    if (n < 0 || n > 64 || (n > 0 && !marks))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl wait_marks: %d marks (0..64)", n);
+    if (n == 0) return DSGD_OK;
+    for (i = 0; i < n; ++i) {
+        if (!marks[i])
+            return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl wait_marks: mark %d is NULL", i);
+        evs[i] = (cl_event)marks[i];
+    }
+    err = clEnqueueBarrierWithWaitList(b->queue, (cl_uint)n, evs, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueBarrierWithWaitList", "wait_marks");
+    return DSGD_OK;
+}
+
+static void dsgd_cl__release_mark(void *impl, void *mark) {
+    DSGD__UNUSED(impl);
+    if (mark) clReleaseEvent((cl_event)mark);
+}
+
 static dsgd_result dsgd_cl__finish(void *impl) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     cl_int err = clFinish(b->queue);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clFinish", "finish");
-    return DSGD_OK;
+    return dsgd_cl__waited(b);
 }
 
 static void dsgd_cl__destroy(void *impl) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     int k;
     if (!b) return;
+    if (b->queue) clFinish(b->queue);
+    dsgd_cl__stage_free(b);
+    while (b->checks_n > 0) {
+        clReleaseEvent(b->checks[b->checks_first].ev);
+        b->checks_first = (b->checks_first + 1) % DSGD_CL__CHECKS_MAX;
+        b->checks_n--;
+    }
+    if (b->checks_host) clEnqueueUnmapMemObject(b->queue, b->checks_mem, b->checks_host, 0, NULL, NULL);
+    if (b->checks_mem) clReleaseMemObject(b->checks_mem);
     if (b->queue) clFinish(b->queue);
     for (k = 0; k < DSGD_CL__K_COUNT; ++k)
         if (b->kernels[k]) clReleaseKernel(b->kernels[k]);
@@ -22477,7 +22838,13 @@ static dsgd_result dsgd_cl__make_status(dsgd_ctx *ctx, dsgd_cl__backend *b) {
         b->status = NULL;
         return dsgd_cl__fail(ctx, err, "clCreateBuffer", "status");
     }
-    return DSGD_OK;
+    {
+        void *host;
+        dsgd_result r = dsgd_cl__pinned(b, DSGD_CL__CHECKS_MAX * 4 * sizeof(cl_int), CL_MAP_READ, "loss class checks",
+                                        &b->checks_mem, &host);
+        b->checks_host = (cl_int *)host;
+        return r;
+    }
 }
 
 /* Every member of dsgd_backend_i, the optional ones included. */
@@ -22512,6 +22879,9 @@ static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->maxpool_forward = dsgd_cl__maxpool_forward;
     out->maxpool_backward = dsgd_cl__maxpool_backward;
     out->device_name = dsgd_cl__device_name;
+    out->mark = dsgd_cl__mark;
+    out->wait_marks = dsgd_cl__wait_marks;
+    out->release_mark = dsgd_cl__release_mark;
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,
@@ -22573,6 +22943,10 @@ DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b) {
     return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->foreign_writes : 0;
 }
 
+DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->host_waits : 0;
+}
+
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
     const dsgd_cl__buffer *b = (const dsgd_cl__buffer *)(const void *)buf;
     return b && b->magic == DSGD_CL__MAGIC ? b->mem : NULL;
@@ -22588,6 +22962,7 @@ DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t 
 static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out) {
     cl_map_flags mf = 0;
     cl_int err;
+    dsgd_result r;
     void *p;
     *out = NULL;
     if (!(flags & (DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)) || (flags & ~(DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)))
@@ -22600,6 +22975,10 @@ static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t c
     p = clEnqueueMapBuffer(b->queue, dsgd_cl__buf(ref)->mem, CL_TRUE, mf, ref.off * sizeof(float),
                            count * sizeof(float), 0, NULL, NULL, &err);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueMapBuffer", "dsgd_cl_map");
+    if ((r = dsgd_cl__waited(b)) != DSGD_OK) {
+        clEnqueueUnmapMemObject(b->queue, dsgd_cl__buf(ref)->mem, p, 0, NULL, NULL);
+        return r;
+    }
     *out = (float *)p;
     return DSGD_OK;
 }

@@ -915,8 +915,27 @@ static void test_loss_bad_class(void **state) {
         for (i = 0; i < 40; ++i) ht[i] = (float)(i % 10);
         ht[17] = bad[b];
         tgt = pb_make(40, ht);
+        /* the check's answer comes back without waiting: the loss returns,
+           the next call that waits (here finish, or a read, a map, the next
+           loss) reports it with the class, the sample and the loss's shape */
+        TU_OK(G.ctx, G.clb.loss(G.clb.impl, DSGD_LOSS_SOFTMAX_XENT, 40, 10, R(pred.cl, 0), R(tgt.cl, 0), 1.0f,
+                                NOREF(), R(stats.cl, 0)));
+        TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT, G.clb.finish(G.clb.impl));
+        EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "of sample 17 is not an integer in [0, 10)");
+        EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "(1 bad sample of 40;");
+        {
+            char cls[32];
+            snprintf(cls, sizeof cls, "class %g of", (double)bad[b]);
+            EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), cls);
+        }
+        TU_OK(G.ctx, G.clb.finish(G.clb.impl)); /* reported once */
+        /* or by the next loss, once the answer is in (a clFinish of the
+           backend's queue behind its back), before that loss does anything */
+        TU_OK(G.ctx, G.clb.loss(G.clb.impl, DSGD_LOSS_SOFTMAX_XENT, 40, 10, R(pred.cl, 0), R(tgt.cl, 0), 1.0f,
+                                NOREF(), R(stats.cl, 0)));
+        assert_int_equal(clFinish(dsgd_cl_backend_queue(&G.clb)), CL_SUCCESS);
         TU_ERR(G.ctx, DSGD_ERR_INVALID_ARGUMENT,
-               G.clb.loss(G.clb.impl, DSGD_LOSS_SOFTMAX_XENT, 40, 10, R(pred.cl, 0), R(tgt.cl, 0), 1.0f, NOREF(),
+               G.clb.loss(G.clb.impl, DSGD_LOSS_MSE, 4, 10, R(pred.cl, 0), R(pred.cl, 40), 1.0f, NOREF(),
                           R(stats.cl, 0)));
         EXPECT_SUBSTR(dsgd_ctx_last_error(G.ctx), "of sample 17 is not an integer in [0, 10)");
         TU_OK(G.ctx, G.clb.read(G.clb.impl, R(stats.cl, 0), got, 2));

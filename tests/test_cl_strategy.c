@@ -416,6 +416,58 @@ static void test_paths_bitwise_equal(void **state) {
     paths_bitwise(9);
 }
 
+/* ---------------------------------------------------------------- host waits */
+
+/* The times the host waited for a device (dsgd_cl_backend_host_waits,
+   summed over the replicas' backends) in `steps` training steps of `kind`
+   with n replicas, after 3 steps of warm-up (the staging ring's first use,
+   CLBlast's kernels). */
+static unsigned long waits_in_steps(dsgd_strategy_kind kind, int n, dsgd_gradient_path path, int steps) {
+    enum { GB = MAXN * B };
+    static float x[GB * IN], y[GB];
+    tu_rng rng = tu_rng_make(55u + (unsigned)n);
+    unsigned long before = 0, after = 0;
+    dsgd_strategy *s;
+    int step, i, r;
+    G.one_device = 1;
+    s = strat_make(kind, n, B, DSGD_OPT_MOMENTUM, 1, path);
+    G.one_device = 0;
+    for (step = 0; step < 3 + steps; ++step) {
+        if (step == 3)
+            for (r = 0; r < (n ? n : 1); ++r)
+                before += dsgd_cl_backend_host_waits(dsgd_model_backend(dsgd_strategy_model(s, r)));
+        tu_fill(&rng, x, (size_t)((n ? n : 1) * B) * IN, -1.0f, 1.0f);
+        for (i = 0; i < (n ? n : 1) * B; ++i) y[i] = (float)tu_below(&rng, OUT);
+        TU_OK(G.ctx, dsgd_strategy_train_step(s, x, y, (n ? n : 1) * B, NULL));
+    }
+    for (r = 0; r < (n ? n : 1); ++r)
+        after += dsgd_cl_backend_host_waits(dsgd_model_backend(dsgd_strategy_model(s, r)));
+    dsgd_strategy_destroy(s);
+    return after - before;
+}
+
+/* A steady-state step waits once per replica, for norm_check's non-finite
+   count (the replicas agree on it before the update): the inputs are
+   staged without waiting, the loss's class check is read back without
+   waiting, and on the DEVICE path marks order the replicas' queues (no
+   finish). The HOST path adds its map of the gradient. */
+static void test_host_waits_per_step(void **state) {
+    unsigned long one, dev2, dev3, host2;
+    (void)state;
+    NEED_CL();
+    one = waits_in_steps(DSGD_STRATEGY_ONE_DEVICE, 0, DSGD_GRADIENTS_AUTO, 10);
+    dev2 = waits_in_steps(DSGD_STRATEGY_MIRRORED, 2, DSGD_GRADIENTS_DEVICE, 10);
+    dev3 = waits_in_steps(DSGD_STRATEGY_MIRRORED, 3, DSGD_GRADIENTS_DEVICE, 10);
+    host2 = waits_in_steps(DSGD_STRATEGY_MIRRORED, 2, DSGD_GRADIENTS_HOST, 10);
+    fprintf(stderr, "test_cl_strategy: host waits in 10 steps: one_device %lu, mirrored DEVICE N=2 %lu, N=3 %lu, "
+                    "HOST N=2 %lu\n", one, dev2, dev3, host2);
+    assert_int_equal(one, 10);
+    assert_int_equal(dev2, 2 * 10);
+    assert_int_equal(dev3, 3 * 10);
+    assert_int_equal(host2, 2 * 2 * 10);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- image layers */
 
 /* A small CNN on 8x8x1 images: conv 3x3 pad 1 x4 relu, max-pool 2, conv 3x3
@@ -528,6 +580,7 @@ int main(void) {
         cmocka_unit_test(test_contract_momentum_n4_host),
         cmocka_unit_test(test_contract_momentum_n9),
         cmocka_unit_test(test_paths_bitwise_equal),
+        cmocka_unit_test(test_host_waits_per_step),
         cmocka_unit_test(test_central_storage_momentum_n3),
         cmocka_unit_test(test_central_storage_adam_n2_mapped),
     };
