@@ -20346,6 +20346,39 @@ static const char *const dsgd_cl__source[] = {
     "            }\n"
     "        dx[dxoff + g * c + ch] = acc;\n"
     "    }\n"
+    "}\n",
+
+    "/* A thin C = A^T B (A (k, m), B (k, n), m n small, k long: a weight\n"
+    "   gradient over many rows), split along k: work-group g sums rows\n"
+    "   [g kc, min(k, g kc + kc)) in row order, from 0, into part[g] (m, n),\n"
+    "   each work-item outputs lid, lid + L, ...; then dsgd_gemm_tn_sum adds\n"
+    "   the parts in order. */\n"
+    "__kernel void dsgd_gemm_tn_part(uint m, uint n, uint k, uint kc, __global const float *a,\n"
+    "                                ulong aoff, uint lda, __global const float *b, ulong boff,\n"
+    "                                uint ldb, __global float *part) {\n"
+    "    uint g = get_group_id(0), L = get_local_size(0), mn = m * n;\n"
+    "    uint p0 = g * kc, p1 = min(k, p0 + kc);\n"
+    "    for (uint o = get_local_id(0); o < mn; o += L) {\n"
+    "        uint i = o / n, j = o - i * n;\n"
+    "        __global const float *ai = a + aoff + i, *bj = b + boff + j;\n"
+    "        float s = 0.0f;\n"
+    "        for (uint q = p0; q < p1; ++q) s = s + ai[(ulong)q * lda] * bj[(ulong)q * ldb];\n"
+    "        part[(ulong)g * mn + o] = s;\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* C (m, n; row stride ldc) = alpha (part[0] + ... + part[parts - 1]) + beta C,\n"
+    "   the parts added in order from 0; beta == 0 overwrites C. */\n"
+    "__kernel void dsgd_gemm_tn_sum(uint m, uint n, uint parts, __global const float *part,\n"
+    "                               float alpha, float beta, __global float *c, ulong coff,\n"
+    "                               uint ldc) {\n"
+    "    uint o = get_global_id(0), mn = m * n;\n"
+    "    if (o >= mn) return;\n"
+    "    uint i = o / n, j = o - i * n;\n"
+    "    float s = 0.0f;\n"
+    "    for (uint g = 0; g < parts; ++g) s = s + part[(ulong)g * mn + o];\n"
+    "    ulong at = coff + (ulong)i * ldc + j;\n"
+    "    c[at] = beta == 0.0f ? alpha * s : alpha * s + beta * c[at];\n"
     "}\n"};
 
 #define DSGD_CL__NSOURCE ((cl_uint)(sizeof(dsgd_cl__source) / sizeof(dsgd_cl__source[0])))
@@ -20367,6 +20400,8 @@ enum {
     DSGD_CL__K_COL2IM,
     DSGD_CL__K_POOL_FWD,
     DSGD_CL__K_POOL_BWD,
+    DSGD_CL__K_GEMM_TN_PART,
+    DSGD_CL__K_GEMM_TN_SUM,
     DSGD_CL__K_COUNT
 };
 
@@ -20375,12 +20410,14 @@ static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
     "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
     "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
-    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd"};
+    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd",
+    "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
     "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
     "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
-    "im2col", "col2im", "maxpool_forward", "maxpool_backward"};
+    "im2col", "col2im", "maxpool_forward", "maxpool_backward",
+    "gemm(split k)", "gemm(split k, sum)"};
 
 #endif /* DSGD_CL__PART_KERNELS_IMPL */
 /* ---------------------------------------- distsgd/cl/context.h */
@@ -21623,6 +21660,12 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
      Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
      the largest size a call has needed (CLBlastSGemmTempBufferSize); its
      in-order queue keeps two GEMMs from using it at once.
+     A thin A^T B over a long k (m n <= 8192, k >= 2048 and >= 16 max(m, n):
+     a convolution's weight gradient, k = batch x output pixels) gives
+     CLBlast one tile of C or a few to run the whole k through; our kernels
+     split it along k instead, into at most 256 parts of at least 256 rows
+     that run in parallel, each summed in row order, then added in part
+     order (fixed for a given shape: same inputs, same bits).
 
    STAGING
 
@@ -22266,6 +22309,39 @@ static dsgd_result dsgd_cl__scale_matrix(dsgd_cl__backend *b, dsgd_ref c, int m,
     return r;
 }
 
+/* A thin TN GEMM over a long k (a weight gradient over many rows, such as
+   a convolution's over batch x pixels) gives CLBlast one tile of C or a few
+   to run the whole k through; such GEMMs are split along k instead, into
+   parts of at least 256 rows (at most 256 parts) that run in parallel and
+   are then added in order (GEMM in the header comment). */
+static int dsgd_cl__split_k(int ta, int tb, int m, int n, int k) {
+    return ta && !tb && (size_t)m * (size_t)n <= 8192 && k >= 2048 && k >= 16 * (m > n ? m : n);
+}
+
+static dsgd_result dsgd_cl__gemm_split_k(dsgd_cl__backend *b, int m, int n, int k, float alpha, dsgd_ref ra,
+                                         int lda, dsgd_ref rb, int ldb, float beta, dsgd_ref rc, int ldc) {
+    size_t chunk = ((size_t)k + 255) / 256;
+    cl_uint mm = (cl_uint)m, nn = (cl_uint)n, kk = (cl_uint)k, kc, parts, la = (cl_uint)lda, lb = (cl_uint)ldb,
+            lc = (cl_uint)ldc;
+    cl_ulong aoff = ra.off, boff = rb.off, coff = rc.off;
+    cl_float al = alpha, be = beta;
+    dsgd_result r;
+    if (chunk < 256) chunk = 256;
+    kc = (cl_uint)chunk;
+    parts = (cl_uint)(((size_t)k + chunk - 1) / chunk);
+    if ((r = dsgd_cl__ensure_scratch(b, (size_t)parts * (size_t)m * (size_t)n * sizeof(float))) != DSGD_OK) return r;
+    r = dsgd_cl__args(b, DSGD_CL__K_GEMM_TN_PART, 11, DSGD_CL__A(mm), DSGD_CL__A(nn), DSGD_CL__A(kk), DSGD_CL__A(kc),
+                      DSGD_CL__A(dsgd_cl__buf(ra)->mem), DSGD_CL__A(aoff), DSGD_CL__A(la),
+                      DSGD_CL__A(dsgd_cl__buf(rb)->mem), DSGD_CL__A(boff), DSGD_CL__A(lb), DSGD_CL__A(b->scratch));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_GEMM_TN_PART, (size_t)parts * b->local, b->local);
+    if (r == DSGD_OK)
+        r = dsgd_cl__args(b, DSGD_CL__K_GEMM_TN_SUM, 9, DSGD_CL__A(mm), DSGD_CL__A(nn), DSGD_CL__A(parts),
+                          DSGD_CL__A(b->scratch), DSGD_CL__A(al), DSGD_CL__A(be), DSGD_CL__A(dsgd_cl__buf(rc)->mem),
+                          DSGD_CL__A(coff), DSGD_CL__A(lc));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_GEMM_TN_SUM, (size_t)m * (size_t)n, b->local);
+    return r;
+}
+
 static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                  dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta, dsgd_ref rc,
                                  int ldc) {
@@ -22287,6 +22363,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     if (!dsgd_cl__span(b, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A") ||
         !dsgd_cl__span(b, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B"))
         return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd_cl__split_k(ta, tb, m, n, k)) return dsgd_cl__gemm_split_k(b, m, n, k, alpha, ra, lda, rb, ldb, beta, rc, ldc);
     /* CLBlast's indirect GEMM transposes and pads operands into a temporary
        buffer; left to itself it creates and frees one per call. The backend
        keeps one, grown when a call needs more (the in-order queue keeps

@@ -527,7 +527,10 @@ static void test_gemm(void **state) {
         {0, 0, 32, 20, 16, 0, 1.0f, 0.0f}, {1, 0, 20, 16, 32, 0, 1.0f, 0.0f},  {0, 1, 32, 20, 16, 0, 1.0f, 0.0f},
         /* large enough for CLBlast's padded (indirect) path, not multiples of its tiles */
         {0, 0, 129, 257, 300, 0, 1.0f, 0.0f}, {1, 0, 300, 129, 257, 1, 0.5f, 1.0f},
-        {0, 1, 257, 300, 129, 0, 1.0f, 0.0f}};
+        {0, 1, 257, 300, 129, 0, 1.0f, 0.0f},
+        /* thin TN over a long k (a convolution's weight gradient): split along k,
+           parts of 256 rows and a short last one, added in order */
+        {1, 0, 9, 16, 5000, 3, 0.7f, 0.3f}, {1, 0, 144, 32, 3000, 0, 1.0f, 0.0f}, {1, 0, 1, 1, 2048, 1, -1.0f, 1.0f}};
     tu_rng rng = tu_rng_make(13);
     size_t i;
     (void)state;
@@ -536,7 +539,8 @@ static void test_gemm(void **state) {
 }
 
 static void test_gemm_edge_cases(void **state) {
-    static const gcase nan_cases[] = {{0, 0, 37, 53, 29, 2, 1.0f, 0.0f}, {0, 1, 129, 257, 300, 0, 1.0f, 0.0f}};
+    static const gcase nan_cases[] = {
+        {0, 0, 37, 53, 29, 2, 1.0f, 0.0f}, {0, 1, 129, 257, 300, 0, 1.0f, 0.0f}, {1, 0, 9, 16, 4096, 0, 1.0f, 0.0f}};
     gcase k0 = {0, 0, 5, 7, 0, 2, 1.0f, 0.5f};
     tu_rng rng = tu_rng_make(14);
     pbuf A;

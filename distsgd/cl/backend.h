@@ -53,6 +53,12 @@
      Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
      the largest size a call has needed (CLBlastSGemmTempBufferSize); its
      in-order queue keeps two GEMMs from using it at once.
+     A thin A^T B over a long k (m n <= 8192, k >= 2048 and >= 16 max(m, n):
+     a convolution's weight gradient, k = batch x output pixels) gives
+     CLBlast one tile of C or a few to run the whole k through; our kernels
+     split it along k instead, into at most 256 parts of at least 256 rows
+     that run in parallel, each summed in row order, then added in part
+     order (fixed for a given shape: same inputs, same bits).
 
    STAGING
 
@@ -696,6 +702,39 @@ static dsgd_result dsgd_cl__scale_matrix(dsgd_cl__backend *b, dsgd_ref c, int m,
     return r;
 }
 
+/* A thin TN GEMM over a long k (a weight gradient over many rows, such as
+   a convolution's over batch x pixels) gives CLBlast one tile of C or a few
+   to run the whole k through; such GEMMs are split along k instead, into
+   parts of at least 256 rows (at most 256 parts) that run in parallel and
+   are then added in order (GEMM in the header comment). */
+static int dsgd_cl__split_k(int ta, int tb, int m, int n, int k) {
+    return ta && !tb && (size_t)m * (size_t)n <= 8192 && k >= 2048 && k >= 16 * (m > n ? m : n);
+}
+
+static dsgd_result dsgd_cl__gemm_split_k(dsgd_cl__backend *b, int m, int n, int k, float alpha, dsgd_ref ra,
+                                         int lda, dsgd_ref rb, int ldb, float beta, dsgd_ref rc, int ldc) {
+    size_t chunk = ((size_t)k + 255) / 256;
+    cl_uint mm = (cl_uint)m, nn = (cl_uint)n, kk = (cl_uint)k, kc, parts, la = (cl_uint)lda, lb = (cl_uint)ldb,
+            lc = (cl_uint)ldc;
+    cl_ulong aoff = ra.off, boff = rb.off, coff = rc.off;
+    cl_float al = alpha, be = beta;
+    dsgd_result r;
+    if (chunk < 256) chunk = 256;
+    kc = (cl_uint)chunk;
+    parts = (cl_uint)(((size_t)k + chunk - 1) / chunk);
+    if ((r = dsgd_cl__ensure_scratch(b, (size_t)parts * (size_t)m * (size_t)n * sizeof(float))) != DSGD_OK) return r;
+    r = dsgd_cl__args(b, DSGD_CL__K_GEMM_TN_PART, 11, DSGD_CL__A(mm), DSGD_CL__A(nn), DSGD_CL__A(kk), DSGD_CL__A(kc),
+                      DSGD_CL__A(dsgd_cl__buf(ra)->mem), DSGD_CL__A(aoff), DSGD_CL__A(la),
+                      DSGD_CL__A(dsgd_cl__buf(rb)->mem), DSGD_CL__A(boff), DSGD_CL__A(lb), DSGD_CL__A(b->scratch));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_GEMM_TN_PART, (size_t)parts * b->local, b->local);
+    if (r == DSGD_OK)
+        r = dsgd_cl__args(b, DSGD_CL__K_GEMM_TN_SUM, 9, DSGD_CL__A(mm), DSGD_CL__A(nn), DSGD_CL__A(parts),
+                          DSGD_CL__A(b->scratch), DSGD_CL__A(al), DSGD_CL__A(be), DSGD_CL__A(dsgd_cl__buf(rc)->mem),
+                          DSGD_CL__A(coff), DSGD_CL__A(lc));
+    if (r == DSGD_OK) r = dsgd_cl__run(b, DSGD_CL__K_GEMM_TN_SUM, (size_t)m * (size_t)n, b->local);
+    return r;
+}
+
 static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                  dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta, dsgd_ref rc,
                                  int ldc) {
@@ -717,6 +756,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     if (!dsgd_cl__span(b, ra, (size_t)(a_rows - 1) * lda + a_cols, "gemm A") ||
         !dsgd_cl__span(b, rb, (size_t)(b_rows - 1) * ldb + b_cols, "gemm B"))
         return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd_cl__split_k(ta, tb, m, n, k)) return dsgd_cl__gemm_split_k(b, m, n, k, alpha, ra, lda, rb, ldb, beta, rc, ldc);
     /* CLBlast's indirect GEMM transposes and pads operands into a temporary
        buffer; left to itself it creates and frees one per call. The backend
        keeps one, grown when a call needs more (the in-order queue keeps

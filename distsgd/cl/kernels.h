@@ -368,6 +368,39 @@ static const char *const dsgd_cl__source[] = {
     "            }\n"
     "        dx[dxoff + g * c + ch] = acc;\n"
     "    }\n"
+    "}\n",
+
+    "/* A thin C = A^T B (A (k, m), B (k, n), m n small, k long: a weight\n"
+    "   gradient over many rows), split along k: work-group g sums rows\n"
+    "   [g kc, min(k, g kc + kc)) in row order, from 0, into part[g] (m, n),\n"
+    "   each work-item outputs lid, lid + L, ...; then dsgd_gemm_tn_sum adds\n"
+    "   the parts in order. */\n"
+    "__kernel void dsgd_gemm_tn_part(uint m, uint n, uint k, uint kc, __global const float *a,\n"
+    "                                ulong aoff, uint lda, __global const float *b, ulong boff,\n"
+    "                                uint ldb, __global float *part) {\n"
+    "    uint g = get_group_id(0), L = get_local_size(0), mn = m * n;\n"
+    "    uint p0 = g * kc, p1 = min(k, p0 + kc);\n"
+    "    for (uint o = get_local_id(0); o < mn; o += L) {\n"
+    "        uint i = o / n, j = o - i * n;\n"
+    "        __global const float *ai = a + aoff + i, *bj = b + boff + j;\n"
+    "        float s = 0.0f;\n"
+    "        for (uint q = p0; q < p1; ++q) s = s + ai[(ulong)q * lda] * bj[(ulong)q * ldb];\n"
+    "        part[(ulong)g * mn + o] = s;\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "/* C (m, n; row stride ldc) = alpha (part[0] + ... + part[parts - 1]) + beta C,\n"
+    "   the parts added in order from 0; beta == 0 overwrites C. */\n"
+    "__kernel void dsgd_gemm_tn_sum(uint m, uint n, uint parts, __global const float *part,\n"
+    "                               float alpha, float beta, __global float *c, ulong coff,\n"
+    "                               uint ldc) {\n"
+    "    uint o = get_global_id(0), mn = m * n;\n"
+    "    if (o >= mn) return;\n"
+    "    uint i = o / n, j = o - i * n;\n"
+    "    float s = 0.0f;\n"
+    "    for (uint g = 0; g < parts; ++g) s = s + part[(ulong)g * mn + o];\n"
+    "    ulong at = coff + (ulong)i * ldc + j;\n"
+    "    c[at] = beta == 0.0f ? alpha * s : alpha * s + beta * c[at];\n"
     "}\n"};
 
 #define DSGD_CL__NSOURCE ((cl_uint)(sizeof(dsgd_cl__source) / sizeof(dsgd_cl__source[0])))
@@ -389,6 +422,8 @@ enum {
     DSGD_CL__K_COL2IM,
     DSGD_CL__K_POOL_FWD,
     DSGD_CL__K_POOL_BWD,
+    DSGD_CL__K_GEMM_TN_PART,
+    DSGD_CL__K_GEMM_TN_SUM,
     DSGD_CL__K_COUNT
 };
 
@@ -397,11 +432,13 @@ static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
     "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
     "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
-    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd"};
+    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd",
+    "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
     "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
     "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
-    "im2col", "col2im", "maxpool_forward", "maxpool_backward"};
+    "im2col", "col2im", "maxpool_forward", "maxpool_backward",
+    "gemm(split k)", "gemm(split k, sum)"};
 
 #endif /* DSGD_CL__PART_KERNELS_IMPL */
