@@ -112,7 +112,8 @@
      entry of C is summed as one thread sums it (block of k by block of k,
      in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the
-     finiteness check) cut their elements (bias_backward its columns); im2col
+     finiteness check) cut their elements (bias_backward its columns, each
+     summed in its blocked order by one thread); im2col
      and maxpool_forward cut their output rows, col2im and maxpool_backward
      the rows of dx (each row gathers its own sums, in the documented order,
      whatever the cut). No operation
@@ -233,7 +234,10 @@ typedef struct dsgd_backend_i {
        activation's output y(n): relu y>0, tanh 1-y^2, sigmoid y(1-y). */
     dsgd_result (*act_backward)(void *impl, dsgd_activation act, dsgd_ref dy,
                                 dsgd_ref y, size_t n);
-    /* db(n) = sum over rows of dy(m,n) */
+    /* db(n) = sum over rows of dy(m,n), in a fixed blocked order: the rows
+       in blocks of 128 (the last one shorter), each block's column sum from
+       0.0f in row order, then the block sums from 0.0f in block order (the
+       CPU and OpenCL backends both; for m <= 128 the rows in order). */
     dsgd_result (*bias_backward)(void *impl, dsgd_ref db, dsgd_ref dy, int m, int n);
     /* Loss of pred(m,c) against target (m for SOFTMAX_XENT, (m,c) for MSE).
        stats[0] += sum of per-sample losses, stats[1] += correct predictions

@@ -403,16 +403,38 @@ DSGD__INLINE void dsgd__act_backward_body(dsgd_activation act, float *DSGD__REST
     }
 }
 
-/* db(n) = column sums of dy(m, n) (rows ld apart), rows added in order */
+/* bias_backward's fixed blocked order: the rows are cut into blocks of
+   DSGD__BIAS_ROWS (the last one shorter); each block's column partial is
+   summed from 0.0f in row order, then db sums the partials from 0.0f in
+   block order. The OpenCL backend (DSGD_CL__BIAS_ROWS in
+   distsgd/cl/kernels.h) uses the same constant and order, so the two give
+   the same bits, and with m <= DSGD__BIAS_ROWS it is the plain row order.
+   The partials of DSGD__BIAS_COLS columns at a time live on the stack. */
+#define DSGD__BIAS_ROWS 128
+#define DSGD__BIAS_COLS 256
+
+/* db(n) = column sums of dy(m, n) (rows ld apart), in the blocked order */
 DSGD__INLINE void dsgd__bias_backward_body(float *DSGD__RESTRICT db, const float *DSGD__RESTRICT dy,
                                            int m, int n, int ld) {
-    int i;
-    memset(db, 0, (size_t)n * sizeof(float));
-    for (i = 0; i < m; ++i) {
-        const float *DSGD__RESTRICT row = dy + (size_t)i * ld;
-#define DSGD__COLSUM(j) db[j] += row[j]
-        DSGD__EACH(n, DSGD__COLSUM);
+    float part[DSGD__BIAS_COLS];
+    int j0, lo, i;
+    for (j0 = 0; j0 < n; j0 += DSGD__BIAS_COLS) {
+        const int nc = n - j0 < DSGD__BIAS_COLS ? n - j0 : DSGD__BIAS_COLS;
+        float *DSGD__RESTRICT out = db + j0;
+        memset(out, 0, (size_t)nc * sizeof(float));
+        for (lo = 0; lo < m; lo += DSGD__BIAS_ROWS) {
+            const int hi = m - lo < DSGD__BIAS_ROWS ? m : lo + DSGD__BIAS_ROWS;
+            memset(part, 0, (size_t)nc * sizeof(float));
+            for (i = lo; i < hi; ++i) {
+                const float *DSGD__RESTRICT row = dy + (size_t)i * ld + j0;
+#define DSGD__COLSUM(j) part[j] += row[j]
+                DSGD__EACH(nc, DSGD__COLSUM);
 #undef DSGD__COLSUM
+            }
+#define DSGD__BLOCKSUM(j) out[j] += part[j]
+            DSGD__EACH(nc, DSGD__BLOCKSUM);
+#undef DSGD__BLOCKSUM
+        }
     }
 }
 

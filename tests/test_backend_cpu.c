@@ -434,8 +434,8 @@ static void test_act_backward_fd(void **state) {
     }
 }
 
-/* bias_backward: db(n) = column sums of dy(m,n), overwriting db. It is the
-   exact gradient of sum_ij dy_ij (y_ij + b_j) with respect to b; a linear map,
+/* bias_backward: db(n) = column sums of dy(m,n), overwriting db, in the
+   documented blocked order (checked bit for bit). It is the exact gradient of sum_ij dy_ij (y_ij + b_j) with respect to b; a linear map,
    so it is checked against the double sum (tolerance: float rounding of an
    m-term sum) and, once, against a central difference through the device's
    own forward (bias add with act NONE). */
@@ -460,6 +460,35 @@ static void test_bias_backward(void **state) {
             sabs += fabs(dy[i * N + j]);
         }
         TU_NEAR(out[OFF + j], s, 1e-6 * sabs);
+    }
+
+    /* The documented order, bit for bit: blocks of 128 rows, each block's
+       column sum from 0.0f in row order, the block sums from 0.0f in block
+       order (M2 rows: four whole blocks and a short one). */
+    {
+        enum { M2 = 555, N2 = 19 };
+        float *big = (float *)malloc(sizeof(float) * M2 * N2), want[N2], got[N2];
+        dsgd_buffer *bbig, *bdb2;
+        int lo;
+        assert_non_null(big);
+        tu_fill(&r, big, M2 * N2, -1.0f, 1.0f);
+        for (j = 0; j < N2; ++j) {
+            float s = 0.0f;
+            for (lo = 0; lo < M2; lo += 128) {
+                float part = 0.0f;
+                for (i = lo; i < M2 && i < lo + 128; ++i) part = part + big[i * N2 + j];
+                s = s + part;
+            }
+            want[j] = s;
+        }
+        bbig = mkbuf(f, M2 * N2, big);
+        bdb2 = mkbuf(f, N2, NULL);
+        TU_OK(f->ctx, f->be.bias_backward(f->be.impl, mkref(bdb2, 0), mkref(bbig, 0), M2, N2));
+        rd(f, bdb2, 0, got, N2);
+        assert_memory_equal(got, want, sizeof want);
+        freebuf(f, bbig);
+        freebuf(f, bdb2);
+        free(big);
     }
 
     /* Finite difference of L(b) = sum_ij dy_ij * (x_ij + b_j) computed by the

@@ -11,6 +11,8 @@
      each kind, norm_check's finiteness and sum of squares), at sizes around
      the split threshold: the bits of 1 thread, and fill, scale and axpy
      against their formulas; a NaN or infinity in any task's part is found;
+   - bias_backward at 1, 2, 3 and 7 threads and every kernel equals, bit for
+     bit, a serial sum in the documented blocked order (blocks of 128 rows);
    - training: mirrored N = 1 at 1, 2 and 3 threads and N = 2 at 1 and 3
      threads give the same bits (momentum and Adam), run after run; N = 2 at
      2 threads keeps the synchronous contract against one_device at batch
@@ -295,6 +297,66 @@ static void test_elementwise_threads(void **state) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* bias_backward's documented order (distsgd/backend.h): the rows in blocks
+   of 128, each block's column sum from 0.0f in row order, then the block
+   sums from 0.0f in block order. */
+static void bias_backward_ref(const float *dy, int m, int n, float *db) {
+    int i, j, lo;
+    for (j = 0; j < n; ++j) {
+        float s = 0.0f;
+        for (lo = 0; lo < m; lo += 128) {
+            float part = 0.0f;
+            for (i = lo; i < m && i < lo + 128; ++i) part = part + dy[(size_t)i * n + j];
+            s = s + part;
+        }
+        db[j] = s;
+    }
+}
+
+/* bias_backward equals the serial blocked sum bit for bit at every thread
+   count and kernel: one block, a whole number of blocks, a short last one,
+   and shapes large enough to split across threads. */
+static void test_bias_backward_order(void **state) {
+    static const int shapes[][2] = {{37, 10}, {128, 5}, {129, 3}, {1000, 1}, {300, 257}, {5000, 40}, {2049, 300}};
+    dsgd_ctx *ctx = NULL;
+    int si, ti, ki;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    for (ki = 0; ki < NKERNELS; ++ki) {
+        if (!isa_runs(ctx, g_isas[ki])) continue;
+        for (si = 0; si < (int)(sizeof shapes / sizeof shapes[0]); ++si) {
+            const int m = shapes[si][0], n = shapes[si][1];
+            tu_rng rng = tu_rng_make(40 + (uint64_t)si);
+            float *dy = rand_floats(&rng, (size_t)m * n), *want = rand_floats(&rng, (size_t)n),
+                  *got = rand_floats(&rng, (size_t)n);
+            int j;
+            bias_backward_ref(dy, m, n, want);
+            for (ti = 0; ti < NTHREADS; ++ti) {
+                dsgd_backend_i be;
+                dsgd_ref rdy, rdb;
+                assert_int_equal(setenv("DSGD_CPU_ISA", g_isas[ki], 1), 0);
+                backend_make(ctx, g_threads[ti], &be);
+                unsetenv("DSGD_CPU_ISA");
+                rdy = buf_of(ctx, &be, dy, (size_t)m * n);
+                rdb = buf_of(ctx, &be, got, (size_t)n);
+                TU_OK(ctx, be.bias_backward(be.impl, rdb, rdy, m, n));
+                TU_OK(ctx, be.read(be.impl, rdb, got, (size_t)n));
+                for (j = 0; j < n; ++j)
+                    if (memcmp(&got[j], &want[j], sizeof(float)))
+                        fail_msg("%s, %d threads, m=%d n=%d: db[%d] is %.9g, the blocked order gives %.9g",
+                                 g_isas[ki], g_threads[ti], m, n, j, (double)got[j], (double)want[j]);
+                buf_free(&be, rdy);
+                buf_free(&be, rdb);
+                be.destroy(be.impl);
+            }
+            free(dy);
+            free(want);
+            free(got);
+        }
+    }
+    dsgd_ctx_destroy(ctx);
+}
+
 /* ---------------------------------------------------------------- training */
 
 static dsgd_layer_desc g_layers[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
@@ -461,6 +523,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_threads),
         cmocka_unit_test(test_elementwise_threads),
+        cmocka_unit_test(test_bias_backward_order),
         cmocka_unit_test(test_training_threads),
         cmocka_unit_test(test_contract_threads),
         cmocka_unit_test(test_default_threads),

@@ -625,18 +625,26 @@ static void test_act_backward(void **state) {
     }
 }
 
+/* bias_backward adds in blocks of 128 rows (PRECISION in kernels.h): one
+   block (m <= 128, the rows in order), exactly one, several with a short
+   last one, and enough blocks for several work-groups of partials; n from 1
+   to a few hundred (across one work-group of columns and beyond). */
 static void test_bias_backward(void **state) {
-    static const int shapes[][2] = {{1, 1}, {300, 7}, {33, 513}, {256, 10}};
+    static const int shapes[][2] = {{1, 1},    {300, 7},  {33, 513}, {256, 10}, {0, 5},    {128, 3},
+                                    {129, 1},  {1000, 1}, {777, 3},  {4099, 32}, {2500, 257}, {640, 300},
+                                    {8193, 2}, {50, 255}};
     tu_rng rng = tu_rng_make(17);
     int s;
     (void)state;
     NEED_CL();
-    for (s = 0; s < 4; ++s) {
+    for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); ++s) {
         int m = shapes[s][0], n = shapes[s][1];
         pbuf db = pb_rand((size_t)n + 2, &rng, -1, 1), dy = pb_rand((size_t)m * n + 1, &rng, -1, 1);
+        char what[64];
         TU_OK(G.ctx, G.clb.bias_backward(G.clb.impl, R(db.cl, 2), R(dy.cl, 1), m, n));
         TU_OK(G.ctx, G.cpu.bias_backward(G.cpu.impl, R(db.cpu, 2), R(dy.cpu, 1), m, n));
-        pb_expect_fp(&db, FP_ARITH, "bias_backward");
+        snprintf(what, sizeof what, "bias_backward m %d n %d", m, n);
+        pb_expect_fp(&db, FP_ARITH, what);
         pb_free(&db);
         pb_free(&dy);
     }
@@ -764,6 +772,39 @@ static void test_image_ops(void **state) {
     img_case(&big, &rng);
     big = img_win(2, 28, 28, 4, 2, 2, 2, 0);
     img_case(&big, &rng);
+    /* channels (and im2col's kw c) that fill no power-of-two work-group
+       width, and more than one work-group of them: 300 and 3 x 300 */
+    big = img_win(2, 7, 6, 300, 3, 3, 1, 1);
+    img_case(&big, &rng);
+    big = img_win(3, 9, 8, 67, 2, 3, 2, 0);
+    img_case(&big, &rng);
+    big = img_win(2, 6, 5, 257, 2, 2, 2, 0);
+    img_case(&big, &rng);
+}
+
+/* The image kernels with 64-bit indices (the 32-bit ones serve every
+   buffer a test can make; DSGD_CL_IMAGE_INDEX_BITS=64 forces them) give
+   the same bits. */
+static void test_image_ops_64bit_index(void **state) {
+    static const int shapes[][8] = {{2, 5, 7, 3, 3, 3, 1, 1}, {1, 9, 6, 1, 2, 2, 2, 0}, {2, 4, 4, 3, 5, 2, 1, 2},
+                                    {3, 14, 13, 32, 2, 2, 2, 0}, {2, 7, 6, 300, 3, 3, 1, 1}};
+    dsgd_backend_i saved, b64;
+    tu_rng rng = tu_rng_make(1407);
+    int i;
+    (void)state;
+    NEED_CL();
+    assert_int_equal(setenv("DSGD_CL_IMAGE_INDEX_BITS", "64", 1), 0);
+    TU_OK(G.ctx, dsgd_cl_backend_create(G.ctx, G.cl, NULL, &b64));
+    unsetenv("DSGD_CL_IMAGE_INDEX_BITS");
+    saved = G.clb;
+    G.clb = b64;
+    for (i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); ++i) {
+        const int *v = shapes[i];
+        dsgd_window wd = img_win(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        img_case(&wd, &rng);
+    }
+    G.clb = saved;
+    b64.destroy(b64.impl);
 }
 
 /* Bad windows and ranges: DSGD_ERR_INVALID_ARGUMENT with a message, as on
@@ -2005,6 +2046,7 @@ int main(void) {
         cmocka_unit_test(test_act_backward),
         cmocka_unit_test(test_bias_backward),
         cmocka_unit_test(test_image_ops),
+        cmocka_unit_test(test_image_ops_64bit_index),
         cmocka_unit_test(test_image_errors),
         cmocka_unit_test(test_loss_softmax_xent),
         cmocka_unit_test(test_loss_mse),

@@ -34,9 +34,18 @@
                      device is refused
        device_name   "NAME (device I of its context)"
        im2col, col2im, maxpool_forward, maxpool_backward
-                     our kernels, one work-item per row of col or per
-                     output pixel (col2im and maxpool_backward gather their
-                     sums in the documented order): the CPU backend's bits
+                     our kernels, one work-item per float of the output,
+                     neighbouring work-items on neighbouring floats (col2im
+                     and maxpool_backward gather their sums in the
+                     documented order): the CPU backend's bits; 32-bit
+                     index arithmetic when every range of the call holds at
+                     most 2^31 - 1 floats, else 64-bit (the environment's
+                     DSGD_CL_IMAGE_INDEX_BITS=64, read when the backend is
+                     made, forces 64-bit: a test hook)
+       bias_backward our kernels: one work-item per (block of
+                     DSGD_CL__BIAS_ROWS rows, column), then one per column
+                     sums the blocks (PRECISION in kernels.h), the partials
+                     in the scratch buffer
      So a strategy over OpenCL backends of one context on one device (see
      BACKENDS in distsgd.h) takes, with gradient_path AUTO, the DEVICE path
      when some backend's buffers are the device's own (a discrete GPU, or
@@ -267,9 +276,12 @@ typedef struct dsgd_cl__backend {
     cl_command_queue queue;
     cl_kernel kernels[DSGD_CL__K_COUNT];
     size_t local; /* work-group size of the element-wise kernels */
+    size_t local_max1; /* the device's most work-items in dimension 1 */
+    size_t img32_max;  /* image calls whose ranges all hold at most this many
+                          floats use the kernels with 32-bit indices */
     size_t reduce_local; /* power-of-two work-group size of the reductions */
     size_t acc_size;     /* sizeof(acc_t) in the kernels */
-    cl_mem scratch;      /* loss rows, norm partials */
+    cl_mem scratch;      /* loss rows, norm and bias_backward partials */
     size_t scratch_bytes;
     cl_mem status; /* small int / ulong results */
     cl_mem gemm_temp; /* CLBlast's temporary buffer for transposed/padded operands */
@@ -373,6 +385,26 @@ static dsgd_result dsgd_cl__run(dsgd_cl__backend *b, int k, size_t items, size_t
     cl_int err;
     if (items == 0) return DSGD_OK;
     err = clEnqueueNDRangeKernel(b->queue, b->kernels[k], 1, NULL, &global, &local, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueNDRangeKernel", dsgd_cl__kernel_op[k]);
+    return DSGD_OK;
+}
+
+/* Enqueues kernel k over a (run, rows) range whose dimension 0 walks
+   consecutive floats: work-groups of lx x ly work-items, lx the power of
+   two at or above run (at most b->local) and ly = b->local / lx, so that a
+   work-group's work-items touch neighbouring addresses (and PoCL, which
+   compiles a kernel once per work-group size, sees few sizes). */
+static dsgd_result dsgd_cl__run2(dsgd_cl__backend *b, int k, size_t run, size_t rows) {
+    size_t global[2], local[2];
+    cl_int err;
+    if (run == 0 || rows == 0) return DSGD_OK;
+    local[0] = 1;
+    while (local[0] < run && local[0] * 2 <= b->local) local[0] *= 2;
+    local[1] = b->local / local[0];
+    if (local[1] > b->local_max1) local[1] = b->local_max1;
+    global[0] = (run + local[0] - 1) / local[0] * local[0];
+    global[1] = (rows + local[1] - 1) / local[1] * local[1];
+    err = clEnqueueNDRangeKernel(b->queue, b->kernels[k], 2, NULL, global, local, 0, NULL, NULL);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueNDRangeKernel", dsgd_cl__kernel_op[k]);
     return DSGD_OK;
 }
@@ -838,10 +870,15 @@ static dsgd_result dsgd_cl__act_backward(void *impl, dsgd_activation act, dsgd_r
     return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_ACT_BWD, n, b->local);
 }
 
+/* db = column sums of dy in the blocked order (kernels.h): with one block
+   of DSGD_CL__BIAS_ROWS rows (m at most that) the partials kernel writes db
+   itself; else it writes the blocks' partials to the scratch buffer and a
+   second kernel sums them per column in block order. */
 static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, int m, int n) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
-    cl_ulong dboff = db.off, dyoff = dy.off;
-    cl_uint mm = (cl_uint)m, nn = (cl_uint)n;
+    cl_ulong dboff = db.off, dyoff = dy.off, poff;
+    cl_uint mm = (cl_uint)m, nn = (cl_uint)n, blocks;
+    cl_mem part;
     dsgd_result r;
     if (m < 0 || n < 0)
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl bias_backward: m=%d n=%d", m, n);
@@ -849,9 +886,23 @@ static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, 
         !dsgd_cl__span(b, dy, (size_t)m * (size_t)n, "bias_backward dy"))
         return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0) return DSGD_OK;
-    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_BWD, 6, DSGD_CL__A(dsgd_cl__buf(db)->mem), DSGD_CL__A(dboff),
+    blocks = m <= DSGD_CL__BIAS_ROWS ? 1 : (mm + DSGD_CL__BIAS_ROWS - 1) / DSGD_CL__BIAS_ROWS;
+    if (blocks == 1) {
+        part = dsgd_cl__buf(db)->mem;
+        poff = dboff;
+    } else {
+        r = dsgd_cl__ensure_scratch(b, (size_t)blocks * (size_t)n * sizeof(float));
+        if (r != DSGD_OK) return r;
+        part = b->scratch;
+        poff = 0;
+    }
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_PART, 6, DSGD_CL__A(part), DSGD_CL__A(poff),
                       DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff), DSGD_CL__A(mm), DSGD_CL__A(nn));
-    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_BWD, (size_t)n, b->local);
+    if (r == DSGD_OK) r = dsgd_cl__run2(b, DSGD_CL__K_BIAS_PART, (size_t)n, (size_t)blocks);
+    if (r != DSGD_OK || blocks == 1) return r;
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_RED, 5, DSGD_CL__A(dsgd_cl__buf(db)->mem), DSGD_CL__A(dboff),
+                      DSGD_CL__A(b->scratch), DSGD_CL__A(blocks), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_RED, (size_t)n, b->local);
 }
 
 static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_ref pred, dsgd_ref target,
@@ -1078,7 +1129,7 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
 
 /* >>images ------------------------------------------------------------------ */
 /* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
-   row of col or per pixel of the output, gathers where the CPU backend
+   float of the output, gathers where the CPU backend
    scatters within a row, the same sums in the same order (the kernels'
    comment in kernels.h). */
 
@@ -1097,7 +1148,7 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     dsgd__window_dims d;
     cl_int win[9];
     cl_ulong items, off[4];
-    size_t nin, nout;
+    size_t nin, nout, run;
     const dsgd_ref *refs[4];
     int nref = 0, i;
     dsgd_result r;
@@ -1135,9 +1186,14 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     win[6] = wd->pad;
     win[7] = d.oh;
     win[8] = d.ow;
-    /* work-items (IMAGES kernels in kernels.h): col's rows (i, oy, ox, ky),
-       else the output's pixels */
-    items = k == DSGD_CL__K_IM2COL ? (cl_ulong)d.rows * (cl_ulong)wd->kh : (cl_ulong)(nout / (size_t)wd->c);
+    /* the range (IMAGES kernels in kernels.h): dimension 0 along col's rows
+       of kw c floats or the c channels of a pixel; dimension 1 over col's
+       rows (i, oy, ox, ky), else the output's pixels */
+    run = k == DSGD_CL__K_IM2COL ? (size_t)wd->kw * (size_t)wd->c : (size_t)wd->c;
+    items = run ? (cl_ulong)(nout / run) : 0;
+    /* 32-bit indices when every range (whence every index) fits in an int */
+    if (nin > b->img32_max || nout > b->img32_max || (k == DSGD_CL__K_POOL_BWD && d.y > b->img32_max))
+        k += DSGD_CL__K_IM2COL_64 - DSGD_CL__K_IM2COL;
     for (i = 0, r = DSGD_OK; i < nref && r == DSGD_OK; ++i) {
         off[i] = refs[i]->off;
         r = dsgd_cl__arg(b, k, 2 * i, sizeof(cl_mem), &dsgd_cl__buf(*refs[i])->mem);
@@ -1145,7 +1201,7 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     }
     for (i = 0; i < 9 && r == DSGD_OK; ++i) r = dsgd_cl__arg(b, k, 2 * nref + i, sizeof(cl_int), &win[i]);
     if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 9, sizeof(cl_ulong), &items);
-    return r != DSGD_OK ? r : dsgd_cl__run(b, k, (size_t)items, b->local);
+    return r != DSGD_OK ? r : dsgd_cl__run2(b, k, run, (size_t)items);
 }
 
 static dsgd_result dsgd_cl__im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
@@ -1282,15 +1338,25 @@ static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
         if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
         if (wg < kmax) kmax = wg;
     }
-    /* Our launches are one-dimensional: the device's limits (work-group and
-       first dimension; a driver may report a kernel limit above them, or
-       POCL_MAX_WORK_GROUP_SIZE lowers them) cap the kernels' answers. */
+    /* Work-groups are one-dimensional but for the image and bias_backward
+       kernels' (lx, ly), whose lx ly is at most b->local: the device's limits
+       (work-group and first dimension; a driver may report a kernel limit
+       above them, or POCL_MAX_WORK_GROUP_SIZE lowers them) cap the kernels'
+       answers. */
     if (info->max_work_group_size && info->max_work_group_size < kmax) kmax = info->max_work_group_size;
     if (info->max_work_item_sizes[0] && info->max_work_item_sizes[0] < kmax) kmax = info->max_work_item_sizes[0];
     /* One work-group size for every element-wise kernel keeps the number of
        compiled variants (PoCL compiles one per size) small. */
     b->local = kmax < 256 ? kmax : 256;
     if (b->local < 1) b->local = 1;
+    /* The image and bias_backward kernels' two-dimensional ranges. */
+    b->local_max1 = info->max_work_item_sizes[1] ? info->max_work_item_sizes[1] : 1;
+    {
+        /* DSGD_CL_IMAGE_INDEX_BITS=64 forces the 64-bit image kernels (for
+           the tests: no test buffer is large enough to need them) */
+        const char *bits = getenv("DSGD_CL_IMAGE_INDEX_BITS");
+        b->img32_max = bits && strcmp(bits, "64") == 0 ? 0 : 0x7fffffff;
+    }
     /* Reductions: the largest power of two that fits, at most 256, and whose
        local arrays fit in local memory. */
     b->reduce_local = 1;

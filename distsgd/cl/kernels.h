@@ -17,7 +17,12 @@
      -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
      the optimizer updates, relu and the image operations (im2col, col2im,
      max-pool: copies, compares and float adds in the CPU's order) match the
-     CPU backend bit for bit. Options that allow reassociation or assume
+     CPU backend bit for bit. bias_backward adds in the order both backends
+     share: the rows in blocks of DSGD_CL__BIAS_ROWS (128; the last one
+     shorter), each block's column sum from 0.0f in row order, then db the
+     block sums from 0.0f in block order (for m <= 128 simply the rows in
+     order), whatever the work-group size or the CPU's thread count.
+     Options that allow reassociation or assume
      finite math (-cl-fast-relaxed-math, -cl-unsafe-math-optimizations,
      -cl-finite-math-only) are never passed by the library; added through
      build_options they void these promises (max-pool's NaN rule first). tanh,
@@ -39,8 +44,106 @@
    array of pieces because C99 compilers need only support 4095-character
    string literals. */
 
+/* bias_backward's rows per block: the CPU backend's DSGD__BIAS_ROWS
+   (backend_cpu.h) is the same, and so is the order it fixes (PRECISION). */
+#define DSGD_CL__BIAS_ROWS 128
+#define DSGD_CL__STR2(x) #x
+#define DSGD_CL__STR(x) DSGD_CL__STR2(x)
+
+/* The image kernels' source, built twice (see the NHWC piece below). Each
+   work-item splits its dimension-1 index before any early return, so that
+   the divisions are the same for a whole row of work-items. */
+#define DSGD_CL__IMG_SRC_A                                                                                     \
+    "/* col(r, q) for row r = (i, oy, ox, ky), q < kw c: image row iy's float\n"                              \
+    "   (ox s - p) c + q, 0 outside the image */\n"                                                            \
+    "__kernel void DSGD_IMG(dsgd_im2col)(__global const float *x, ulong xoff, __global float *col,\n"          \
+    "                                    ulong coff, DSGD_WIN) {\n"                                            \
+    "    DSGD_IU r = (DSGD_IU)get_global_id(1), t = r / (DSGD_IU)kh, u = t / (DSGD_IU)ow;\n"                   \
+    "    DSGD_IU ky = r - t * (DSGD_IU)kh, ox = t - u * (DSGD_IU)ow, oy = u % (DSGD_IU)oh, i = u / (DSGD_IU)oh;\n" \
+    "    DSGD_IU q = (DSGD_IU)get_global_id(0), run = (DSGD_IU)kw * (DSGD_IU)c;\n"                            \
+    "    if (q >= run || r >= items) return;\n"                                                                \
+    "    DSGD_IS iy = (DSGD_IS)(oy * (DSGD_IU)s + ky) - p, wc = (DSGD_IS)w * c;\n"                             \
+    "    DSGD_IS e = ((DSGD_IS)(ox * (DSGD_IU)s) - p) * c + (DSGD_IS)q;\n"                                     \
+    "    col[coff + r * run + q] = iy >= 0 && iy < h && e >= 0 && e < wc\n"                                    \
+    "        ? x[xoff + (DSGD_IU)(((DSGD_IS)i * h + iy) * wc + e)] : 0.0f;\n"                                  \
+    "}\n"                                                                                                      \
+    "\n"                                                                                                       \
+    "/* dx(g, ch) at pixel g = (i, iy, ix): the sum, from 0.0f and (ky, kx)\n"                                 \
+    "   ascending (oy, then ox, descending), of the col entries im2col copied\n"                               \
+    "   from it */\n"                                                                                          \
+    "__kernel void DSGD_IMG(dsgd_col2im)(__global const float *col, ulong coff, __global float *dx,\n"         \
+    "                                    ulong dxoff, DSGD_WIN) {\n"                                           \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(1), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
+    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h, ch = (DSGD_IU)get_global_id(0);\n"                   \
+    "    DSGD_IU k = (DSGD_IU)kh * (DSGD_IU)kw * (DSGD_IU)c;\n"                                                \
+    "    DSGD_IS ty = (DSGD_IS)iy + p, tx = (DSGD_IS)ix + p;\n"                                                \
+    "    DSGD_IS oy0 = ty - kh + 1 <= 0 ? 0 : (ty - kh + s) / s, oy1 = min((DSGD_IS)oh - 1, ty / s);\n"       \
+    "    DSGD_IS ox0 = tx - kw + 1 <= 0 ? 0 : (tx - kw + s) / s, ox1 = min((DSGD_IS)ow - 1, tx / s);\n"       \
+    "    if (ch >= (DSGD_IU)c || g >= items) return;\n"                                                        \
+    "    float acc = 0.0f;\n"                                                                                  \
+    "    for (DSGD_IS oy = oy1; oy >= oy0; --oy)\n"                                                            \
+    "        for (DSGD_IS ox = ox1; ox >= ox0; --ox)\n"                                                        \
+    "            acc = acc + col[coff + (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * k\n"                     \
+    "                            + (DSGD_IU)(((ty - oy * s) * kw + tx - ox * s) * c) + ch];\n"                 \
+    "    dx[dxoff + g * (DSGD_IU)c + ch] = acc;\n"                                                             \
+    "}\n"
+
+#define DSGD_CL__IMG_SRC_B                                                                                     \
+    "/* y(g, ch) = max-pool(x) at pixel g = (i, oy, ox): the window's first\n"                                 \
+    "   maximum, or its first NaN */\n"                                                                        \
+    "__kernel void DSGD_IMG(dsgd_maxpool_fwd)(__global const float *x, ulong xoff, __global float *y,\n"      \
+    "                                         ulong yoff, DSGD_WIN) {\n"                                       \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(1), t = g / (DSGD_IU)ow, ox = g - t * (DSGD_IU)ow;\n"              \
+    "    DSGD_IU oy = t % (DSGD_IU)oh, i = t / (DSGD_IU)oh, ch = (DSGD_IU)get_global_id(0);\n"                 \
+    "    if (ch >= (DSGD_IU)c || g >= items) return;\n"                                                        \
+    "    __global const float *b = x + xoff\n"                                                                 \
+    "        + ((i * (DSGD_IU)h + oy * (DSGD_IU)s) * (DSGD_IU)w + ox * (DSGD_IU)s) * (DSGD_IU)c + ch;\n"       \
+    "    float m = b[0];\n"                                                                                    \
+    "    for (int ky = 0; ky < kh; ++ky)\n"                                                                    \
+    "        for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"                                                \
+    "            float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * (DSGD_IU)c];\n"                        \
+    "            if (v > m || (isnan(v) && !isnan(m))) m = v;\n"                                               \
+    "        }\n"                                                                                              \
+    "    y[yoff + g * (DSGD_IU)c + ch] = m;\n"                                                                 \
+    "}\n"                                                                                                      \
+    "\n"                                                                                                       \
+    "/* max-pool's dx(g, ch) at pixel g = (i, iy, ix): the sum, from 0.0f and\n"                               \
+    "   windows (oy, ox) ascending, of the dy of every window whose first\n"                                   \
+    "   element equal to y (the first NaN for a NaN y) it is */\n"                                            \
+    "__kernel void DSGD_IMG(dsgd_maxpool_bwd)(__global const float *x, ulong xoff, __global const float *y,\n" \
+    "                                         ulong yoff, __global const float *dy, ulong dyoff,\n"            \
+    "                                         __global float *dx, ulong dxoff, DSGD_WIN) {\n"                  \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(1), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
+    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h, ch = (DSGD_IU)get_global_id(0);\n"                   \
+    "    DSGD_IS sy = (DSGD_IS)iy, sx = (DSGD_IS)ix;\n"                                                        \
+    "    DSGD_IS oy0 = sy - kh + 1 <= 0 ? 0 : (sy - kh + s) / s, oy1 = min((DSGD_IS)oh - 1, sy / s);\n"       \
+    "    DSGD_IS ox0 = sx - kw + 1 <= 0 ? 0 : (sx - kw + s) / s, ox1 = min((DSGD_IS)ow - 1, sx / s);\n"       \
+    "    if (ch >= (DSGD_IU)c || g >= items) return;\n"                                                        \
+    "    float acc = 0.0f;\n"                                                                                  \
+    "    for (DSGD_IS oy = oy0; oy <= oy1; ++oy)\n"                                                            \
+    "        for (DSGD_IS ox = ox0; ox <= ox1; ++ox) {\n"                                                      \
+    "            DSGD_IU o = (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * (DSGD_IU)c + ch;\n"                 \
+    "            __global const float *b = x + xoff + ch\n"                                                    \
+    "                + (DSGD_IU)((((DSGD_IS)i * h + oy * s) * w + ox * s) * c);\n"                            \
+    "            float want = y[yoff + o];\n"                                                                  \
+    "            int want_nan = isnan(want), found = 0, mine = 0;\n"                                           \
+    "            for (int ky = 0; ky < kh && !found; ++ky)\n"                                                  \
+    "                for (int kx = 0; kx < kw; ++kx) {\n"                                                      \
+    "                    float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * (DSGD_IU)c];\n"                \
+    "                    if (want_nan ? isnan(v) : v == want) {\n"                                             \
+    "                        mine = ky == sy - oy * s && kx == sx - ox * s;\n"                                 \
+    "                        found = 1;\n"                                                                     \
+    "                        break;\n"                                                                         \
+    "                    }\n"                                                                                  \
+    "                }\n"                                                                                      \
+    "            if (mine) acc = acc + dy[dyoff + o];\n"                                                       \
+    "        }\n"                                                                                              \
+    "    dx[dxoff + g * (DSGD_IU)c + ch] = acc;\n"                                                             \
+    "}\n"
+
 static const char *const dsgd_cl__source[] = {
     "#pragma OPENCL FP_CONTRACT OFF\n"
+    "#define DSGD_BIAS_ROWS " DSGD_CL__STR(DSGD_CL__BIAS_ROWS) "u\n"
     "#ifdef DSGD_CL_FP64\n"
     "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
     "typedef double acc_t;\n"
@@ -93,15 +196,29 @@ static const char *const dsgd_cl__source[] = {
     "    }\n"
     "}\n"
     "\n"
-    "/* db(n) = column sums of dy(m,n): one work-item per column, rows in order */\n"
-    "__kernel void dsgd_bias_backward(__global float *db, ulong dboff, __global const float *dy,\n"
-    "                                 ulong dyoff, uint m, uint n) {\n"
+    "/* bias_backward in the blocked order of DSGD_BIAS_ROWS-row blocks (the\n"
+    "   CPU backend's: see DSGD_CL__BIAS_ROWS). Work-item (j, blk) sums column\n"
+    "   j of block blk from 0.0f in row order into part(blk, j); neighbours in\n"
+    "   j read neighbouring floats. With one block part is db itself. */\n"
+    "__kernel void dsgd_bias_partial(__global float *part, ulong poff, __global const float *dy,\n"
+    "                                ulong dyoff, uint m, uint n) {\n"
+    "    uint j = get_global_id(0), blk = get_global_id(1);\n"
+    "    uint lo = blk * DSGD_BIAS_ROWS, hi = min(m, lo + DSGD_BIAS_ROWS);\n"
+    "    if (j >= n || (blk > 0 && lo >= m)) return;\n"
+    "    __global const float *p = dy + dyoff + (ulong)lo * n + j;\n"
+    "    float s = 0.0f;\n"
+    "    for (uint i = lo; i < hi; ++i, p += n) s = s + *p;\n"
+    "    part[poff + (ulong)blk * n + j] = s;\n"
+    "}\n"
+    "\n"
+    "/* db(j) = the block partials of column j summed from 0.0f in block order */\n"
+    "__kernel void dsgd_bias_reduce(__global float *db, ulong dboff, __global const float *part,\n"
+    "                               uint blocks, uint n) {\n"
     "    uint j = get_global_id(0);\n"
-    "    if (j < n) {\n"
-    "        float s = 0.0f;\n"
-    "        for (uint i = 0; i < m; ++i) s = s + dy[dyoff + (ulong)i * n + j];\n"
-    "        db[dboff + j] = s;\n"
-    "    }\n"
+    "    if (j >= n) return;\n"
+    "    float s = 0.0f;\n"
+    "    for (uint k = 0; k < blocks; ++k) s = s + part[(ulong)k * n + j];\n"
+    "    db[dboff + j] = s;\n"
     "}\n",
 
     "/* Softmax cross-entropy, one work-item per sample. rows[2i] = the sample's\n"
@@ -273,102 +390,25 @@ static const char *const dsgd_cl__source[] = {
     "    DSGD_8(DSGD_PUT)\n"
     "}\n",
 
-    "/* NHWC images (IMAGES in backend.h). One work-item per run of the\n"
-    "   output: a row (i, oy, ox, ky) of kw c floats of col, or the c channels\n"
-    "   of one pixel (i, y, x) of dx or y, done in a loop. (One work-item per\n"
-    "   float costs PoCL ~30x more in index arithmetic than the copy itself.)\n"
-    "   The arithmetic is the CPU backend's: copies, compares and float adds\n"
-    "   from 0.0f in the documented order. Every kernel takes the window as\n"
-    "   h w c kh kw s p oh ow, then the number of work-items. */\n"
-    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items\n"
-    "/* col's row (i, oy, ox, ky): the kw c floats of image row iy from column\n"
-    "   ox s - p on, 0 outside the image */\n"
-    "__kernel void dsgd_im2col(__global const float *x, ulong xoff, __global float *col, ulong coff,\n"
-    "                          DSGD_WIN) {\n"
-    "    ulong r = get_global_id(0), run = (ulong)kw * c, t = r / kh / ow;\n"
-    "    if (r >= items) return;\n"
-    "    long ky = r % kh, ox = r / kh % ow, oy = t % oh, i = t / oh, wc = (long)w * c;\n"
-    "    long iy = oy * s - p + ky, at = (ox * s - p) * c;\n"
-    "    __global float *d = col + coff + r * run;\n"
-    "    if (iy < 0 || iy >= h) {\n"
-    "        for (long q = 0; q < (long)run; ++q) d[q] = 0.0f;\n"
-    "        return;\n"
-    "    }\n"
-    "    __global const float *src = x + xoff + (i * h + iy) * wc;\n"
-    "    for (long q = 0; q < (long)run; ++q) d[q] = at + q >= 0 && at + q < wc ? src[at + q] : 0.0f;\n"
-    "}\n"
-    "\n"
-    "/* dx = col2im(col) at pixel (i, iy, ix): each channel sums, from 0.0f\n"
-    "   and (ky, kx) ascending (oy, then ox, descending), the col entries\n"
-    "   im2col copied from it, in place in dx (c floats in a row) */\n"
-    "__kernel void dsgd_col2im(__global const float *col, ulong coff, __global float *dx, ulong dxoff,\n"
-    "                          DSGD_WIN) {\n"
-    "    ulong g = get_global_id(0), k = (ulong)kh * kw * c, t = g / w;\n"
-    "    if (g >= items) return;\n"
-    "    long ix = g % w, iy = t % h, i = t / h, ty = iy + p, tx = ix + p;\n"
-    "    long oy0 = ty - kh + 1 <= 0 ? 0 : (ty - kh + s) / s, oy1 = min((long)oh - 1, ty / s);\n"
-    "    long ox0 = tx - kw + 1 <= 0 ? 0 : (tx - kw + s) / s, ox1 = min((long)ow - 1, tx / s);\n"
-    "    __global float *d = dx + dxoff + g * c;\n"
-    "    for (long ch = 0; ch < c; ++ch) d[ch] = 0.0f;\n"
-    "    for (long oy = oy1; oy >= oy0; --oy)\n"
-    "        for (long ox = ox1; ox >= ox0; --ox) {\n"
-    "            __global const float *src = col + coff + ((i * oh + oy) * ow + ox) * k + ((ty - oy * s) * kw + tx - ox * s) * c;\n"
-    "            for (long ch = 0; ch < c; ++ch) d[ch] = d[ch] + src[ch];\n"
-    "        }\n"
-    "}\n",
-
-    "/* y = max-pool(x) at pixel (i, oy, ox): per channel the window's first\n"
-    "   maximum, or its first NaN */\n"
-    "__kernel void dsgd_maxpool_fwd(__global const float *x, ulong xoff, __global float *y, ulong yoff,\n"
-    "                               DSGD_WIN) {\n"
-    "    ulong g = get_global_id(0), t = g / ow;\n"
-    "    if (g >= items) return;\n"
-    "    long ox = g % ow, oy = t % oh, i = t / oh;\n"
-    "    __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c;\n"
-    "    for (long ch = 0; ch < c; ++ch) {\n"
-    "        float m = b[ch];\n"
-    "        for (int ky = 0; ky < kh; ++ky)\n"
-    "            for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"
-    "                float v = b[((long)ky * w + kx) * c + ch];\n"
-    "                if (v > m || (isnan(v) && !isnan(m))) m = v;\n"
-    "            }\n"
-    "        y[yoff + g * c + ch] = m;\n"
-    "    }\n"
-    "}\n"
-    "\n"
-    "/* max-pool's dx at pixel (i, iy, ix): per channel the sum, from 0.0f and\n"
-    "   windows (oy, ox) ascending, of the dy of every window whose first\n"
-    "   element equal to y (the first NaN for a NaN y) it is */\n"
-    "__kernel void dsgd_maxpool_bwd(__global const float *x, ulong xoff, __global const float *y, ulong yoff,\n"
-    "                               __global const float *dy, ulong dyoff, __global float *dx, ulong dxoff,\n"
-    "                               DSGD_WIN) {\n"
-    "    ulong g = get_global_id(0), t = g / w;\n"
-    "    if (g >= items) return;\n"
-    "    long ix = g % w, iy = t % h, i = t / h;\n"
-    "    long oy0 = iy - kh + 1 <= 0 ? 0 : (iy - kh + s) / s, oy1 = min((long)oh - 1, iy / s);\n"
-    "    long ox0 = ix - kw + 1 <= 0 ? 0 : (ix - kw + s) / s, ox1 = min((long)ow - 1, ix / s);\n"
-    "    for (long ch = 0; ch < c; ++ch) {\n"
-    "        float acc = 0.0f;\n"
-    "        for (long oy = oy0; oy <= oy1; ++oy)\n"
-    "            for (long ox = ox0; ox <= ox1; ++ox) {\n"
-    "                ulong o = ((i * oh + oy) * ow + ox) * c + ch;\n"
-    "                __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c + ch;\n"
-    "                float want = y[yoff + o];\n"
-    "                int want_nan = isnan(want), found = 0, mine = 0;\n"
-    "                for (int ky = 0; ky < kh && !found; ++ky)\n"
-    "                    for (int kx = 0; kx < kw; ++kx) {\n"
-    "                        float v = b[((long)ky * w + kx) * c];\n"
-    "                        if (want_nan ? isnan(v) : v == want) {\n"
-    "                            mine = ky == iy - oy * s && kx == ix - ox * s;\n"
-    "                            found = 1;\n"
-    "                            break;\n"
-    "                        }\n"
-    "                    }\n"
-    "                if (mine) acc = acc + dy[dyoff + o];\n"
-    "            }\n"
-    "        dx[dxoff + g * c + ch] = acc;\n"
-    "    }\n"
-    "}\n",
+    "/* NHWC images (IMAGES in backend.h), on a two-dimensional range:\n"
+    "   dimension 0 runs along consecutive floats of the output (col's row\n"
+    "   of kw c floats for im2col, a pixel's c channels otherwise), so that\n"
+    "   neighbouring work-items touch neighbouring addresses; dimension 1\n"
+    "   counts col's rows (i, oy, ox, ky) or the output's pixels. The\n"
+    "   arithmetic is the CPU backend's: copies, compares and float adds\n"
+    "   from 0.0f in the documented order. Each kernel is built twice:\n"
+    "   with 32-bit index arithmetic (name _32: DSGD_IU uint, DSGD_IS int),\n"
+    "   used when every index of the call fits in an int, and with 64-bit\n"
+    "   (_64). Every kernel takes the window as h w c kh kw s p oh ow, then\n"
+    "   the size of dimension 1. */\n"
+    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items\n",
+    "#define DSGD_IU uint\n#define DSGD_IS int\n#define DSGD_IMG(f) f##_32\n",
+    DSGD_CL__IMG_SRC_A,
+    DSGD_CL__IMG_SRC_B,
+    "#undef DSGD_IU\n#undef DSGD_IS\n#undef DSGD_IMG\n"
+    "#define DSGD_IU ulong\n#define DSGD_IS long\n#define DSGD_IMG(f) f##_64\n",
+    DSGD_CL__IMG_SRC_A,
+    DSGD_CL__IMG_SRC_B,
 
     "/* A thin C = A^T B (A (k, m), B (k, n), m n small, k long: a weight\n"
     "   gradient over many rows), split along k: work-group g sums rows\n"
@@ -410,7 +450,8 @@ enum {
     DSGD_CL__K_AXPY,
     DSGD_CL__K_BIAS_ACT,
     DSGD_CL__K_ACT_BWD,
-    DSGD_CL__K_BIAS_BWD,
+    DSGD_CL__K_BIAS_PART,
+    DSGD_CL__K_BIAS_RED,
     DSGD_CL__K_XENT,
     DSGD_CL__K_MSE,
     DSGD_CL__K_LOSS_REDUCE,
@@ -422,6 +463,10 @@ enum {
     DSGD_CL__K_COL2IM,
     DSGD_CL__K_POOL_FWD,
     DSGD_CL__K_POOL_BWD,
+    DSGD_CL__K_IM2COL_64, /* the image kernels with 64-bit indices, in the same order */
+    DSGD_CL__K_COL2IM_64,
+    DSGD_CL__K_POOL_FWD_64,
+    DSGD_CL__K_POOL_BWD_64,
     DSGD_CL__K_GEMM_TN_PART,
     DSGD_CL__K_GEMM_TN_SUM,
     DSGD_CL__K_COUNT
@@ -430,14 +475,16 @@ enum {
 /* Kernel function names, and the operation names used in error messages. */
 static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
-    "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
+    "dsgd_bias_partial", "dsgd_bias_reduce", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
     "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
-    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd",
+    "dsgd_im2col_32", "dsgd_col2im_32", "dsgd_maxpool_fwd_32", "dsgd_maxpool_bwd_32",
+    "dsgd_im2col_64", "dsgd_col2im_64", "dsgd_maxpool_fwd_64", "dsgd_maxpool_bwd_64",
     "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
-    "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
+    "bias_backward", "bias_backward(reduce)", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
     "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
+    "im2col", "col2im", "maxpool_forward", "maxpool_backward",
     "im2col", "col2im", "maxpool_forward", "maxpool_backward",
     "gemm(split k)", "gemm(split k, sum)"};
 
