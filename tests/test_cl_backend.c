@@ -4,15 +4,17 @@
    skipped, not passed). Otherwise each operation runs on both backends from
    the same seeded random inputs and the results are compared, at sizes that
    are and are not multiples of the work-group sizes (1, 255, 256, 257, ...)
-   and at non-zero offsets. Tolerances, per operation:
+   and at non-zero offsets; bias_backward also at row counts of one and of
+   many 128-row blocks. Tolerances, per operation:
      exact (bit for bit): write/read/copy/fill, scale, axpy, bias_backward,
          act_backward, bias_act_forward with NONE and RELU, every optimizer
          update (the kernels repeat the CPU's float arithmetic in order, with
          FP_CONTRACT off and correctly rounded divide and sqrt);
          im2col, col2im, maxpool_forward and maxpool_backward (copies,
          compares and adds in the CPU's order; signed zeros and NaNs
-         included), over the shape grid of tests/test_backend.c and five
-         larger layers, with ties and NaNs in max-pool's input;
+         included), over the shape grid of tests/test_backend.c and eight
+         larger layers, with ties and NaNs in max-pool's input, in both
+         launch shapes (GPU and CPU) and with 64-bit indices;
          where the device promises it (CL_DEVICE_SINGLE_FP_CONFIG, see the
          FP config section below): adds and multiplies need round to
          nearest, Inf/NaN and denormals; Adam and AdamW also correctly
@@ -740,15 +742,17 @@ static void img_case(const dsgd_window *wd, tu_rng *rng) {
 
 /* The grid of tests/test_backend.c: odd sizes, c 1 and 3, strides 1-3,
    pads 0-2, kernels 1x1, 2x2, 3x3, 5x2 and the whole padded input, batch 1
-   and 2; and five larger layers (work-item counts beyond one work-group). */
-static void test_image_ops(void **state) {
+   and 2; five larger layers (work-item counts beyond one work-group); and
+   channels (and im2col's kw c) that fill no power-of-two work-group width,
+   some beyond one work-group (67, 257, 300 and 3 x 300). full 0: the
+   larger layers and every fifth shape of the grid. */
+static void img_grid(tu_rng *rng, int full) {
     static const int hw[][2] = {{1, 1}, {4, 4}, {5, 7}, {9, 6}};
     static const int ks[][2] = {{1, 1}, {2, 2}, {3, 3}, {5, 2}, {0, 0}};
-    tu_rng rng = tu_rng_make(1406);
-    int a, b, c, st, p, n, cases = 0;
-    dsgd_window big;
-    (void)state;
-    NEED_CL();
+    static const int big[][8] = {{4, 28, 28, 1, 3, 3, 1, 1},   {3, 14, 14, 32, 3, 3, 1, 1}, {3, 14, 13, 32, 2, 2, 2, 0},
+                                 {2, 15, 11, 5, 3, 2, 1, 0},   {2, 28, 28, 4, 2, 2, 2, 0},  {2, 7, 6, 300, 3, 3, 1, 1},
+                                 {3, 9, 8, 67, 2, 3, 2, 0},    {2, 6, 5, 257, 2, 2, 2, 0}};
+    int a, b, c, st, p, n, cases = 0, seen = 0, i;
     for (a = 0; a < 4; ++a)
         for (b = 0; b < 5; ++b)
             for (c = 1; c <= 3; c += 2)
@@ -758,53 +762,61 @@ static void test_image_ops(void **state) {
                             int kh = ks[b][0] ? ks[b][0] : hw[a][0] + 2 * p, kw = ks[b][1] ? ks[b][1] : hw[a][1] + 2 * p;
                             dsgd_window wd = img_win(n, hw[a][0], hw[a][1], c, kh, kw, st, p);
                             if (kh > hw[a][0] + 2 * p || kw > hw[a][1] + 2 * p) continue;
-                            img_case(&wd, &rng);
-                            ++cases;
+                            if (full || seen++ % 5 == 0) {
+                                img_case(&wd, rng);
+                                ++cases;
+                            }
                         }
-    assert_true(cases > 400);
-    big = img_win(4, 28, 28, 1, 3, 3, 1, 1);
-    img_case(&big, &rng);
-    big = img_win(3, 14, 14, 32, 3, 3, 1, 1);
-    img_case(&big, &rng);
-    big = img_win(3, 14, 13, 32, 2, 2, 2, 0);
-    img_case(&big, &rng);
-    big = img_win(2, 15, 11, 5, 3, 2, 1, 0);
-    img_case(&big, &rng);
-    big = img_win(2, 28, 28, 4, 2, 2, 2, 0);
-    img_case(&big, &rng);
-    /* channels (and im2col's kw c) that fill no power-of-two work-group
-       width, and more than one work-group of them: 300 and 3 x 300 */
-    big = img_win(2, 7, 6, 300, 3, 3, 1, 1);
-    img_case(&big, &rng);
-    big = img_win(3, 9, 8, 67, 2, 3, 2, 0);
-    img_case(&big, &rng);
-    big = img_win(2, 6, 5, 257, 2, 2, 2, 0);
-    img_case(&big, &rng);
+    assert_true(cases > (full ? 400 : 80));
+    for (i = 0; i < (int)(sizeof big / sizeof big[0]); ++i) {
+        const int *v = big[i];
+        dsgd_window wd = img_win(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        img_case(&wd, rng);
+    }
+}
+
+static void test_image_ops(void **state) {
+    tu_rng rng = tu_rng_make(1406);
+    (void)state;
+    NEED_CL();
+    img_grid(&rng, 1);
+}
+
+/* img_grid on a backend made with the test hooks (BACKENDS in
+   distsgd/cl/backend.h) DSGD_CL_IMAGE_INDEX_BITS=bits and
+   DSGD_CL_IMAGE_SPREAD=spread. */
+static void img_grid_with(const char *bits, const char *spread, int full) {
+    dsgd_backend_i saved, other;
+    tu_rng rng = tu_rng_make(1407);
+    assert_int_equal(setenv("DSGD_CL_IMAGE_INDEX_BITS", bits, 1), 0);
+    assert_int_equal(setenv("DSGD_CL_IMAGE_SPREAD", spread, 1), 0);
+    TU_OK(G.ctx, dsgd_cl_backend_create(G.ctx, G.cl, NULL, &other));
+    unsetenv("DSGD_CL_IMAGE_INDEX_BITS");
+    unsetenv("DSGD_CL_IMAGE_SPREAD");
+    saved = G.clb;
+    G.clb = other;
+    img_grid(&rng, full);
+    G.clb = saved;
+    other.destroy(other.impl);
+}
+
+/* Both launch shapes (a row's floats over work-items, the GPU's; one
+   work-item's loop, the CPU's), whichever the device would choose: the
+   whole grid in each. */
+static void test_image_ops_both_shapes(void **state) {
+    (void)state;
+    NEED_CL();
+    img_grid_with("32", "1", 1);
+    img_grid_with("32", "0", 1);
 }
 
 /* The image kernels with 64-bit indices (the 32-bit ones serve every
-   buffer a test can make; DSGD_CL_IMAGE_INDEX_BITS=64 forces them) give
-   the same bits. */
+   buffer a test can make), in both shapes: the same bits. */
 static void test_image_ops_64bit_index(void **state) {
-    static const int shapes[][8] = {{2, 5, 7, 3, 3, 3, 1, 1}, {1, 9, 6, 1, 2, 2, 2, 0}, {2, 4, 4, 3, 5, 2, 1, 2},
-                                    {3, 14, 13, 32, 2, 2, 2, 0}, {2, 7, 6, 300, 3, 3, 1, 1}};
-    dsgd_backend_i saved, b64;
-    tu_rng rng = tu_rng_make(1407);
-    int i;
     (void)state;
     NEED_CL();
-    assert_int_equal(setenv("DSGD_CL_IMAGE_INDEX_BITS", "64", 1), 0);
-    TU_OK(G.ctx, dsgd_cl_backend_create(G.ctx, G.cl, NULL, &b64));
-    unsetenv("DSGD_CL_IMAGE_INDEX_BITS");
-    saved = G.clb;
-    G.clb = b64;
-    for (i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); ++i) {
-        const int *v = shapes[i];
-        dsgd_window wd = img_win(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
-        img_case(&wd, &rng);
-    }
-    G.clb = saved;
-    b64.destroy(b64.impl);
+    img_grid_with("64", "1", 0);
+    img_grid_with("64", "0", 0);
 }
 
 /* Bad windows and ranges: DSGD_ERR_INVALID_ARGUMENT with a message, as on
@@ -2046,6 +2058,7 @@ int main(void) {
         cmocka_unit_test(test_act_backward),
         cmocka_unit_test(test_bias_backward),
         cmocka_unit_test(test_image_ops),
+        cmocka_unit_test(test_image_ops_both_shapes),
         cmocka_unit_test(test_image_ops_64bit_index),
         cmocka_unit_test(test_image_errors),
         cmocka_unit_test(test_loss_softmax_xent),

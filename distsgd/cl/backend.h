@@ -34,14 +34,17 @@
                      device is refused
        device_name   "NAME (device I of its context)"
        im2col, col2im, maxpool_forward, maxpool_backward
-                     our kernels, one work-item per float of the output,
-                     neighbouring work-items on neighbouring floats (col2im
-                     and maxpool_backward gather their sums in the
-                     documented order): the CPU backend's bits; 32-bit
+                     our kernels: on a GPU (any device but a CPU) one
+                     work-item per float of the output, neighbouring
+                     work-items on neighbouring floats; on a CPU one per
+                     row of col or pixel of the output, its floats in a
+                     loop (col2im and maxpool_backward gather their sums in
+                     the documented order): the CPU backend's bits; 32-bit
                      index arithmetic when every range of the call holds at
-                     most 2^31 - 1 floats, else 64-bit (the environment's
-                     DSGD_CL_IMAGE_INDEX_BITS=64, read when the backend is
-                     made, forces 64-bit: a test hook)
+                     most 2^31 - 1 floats, else 64-bit. Test hooks, read
+                     when the backend is made: DSGD_CL_IMAGE_INDEX_BITS=64
+                     forces 64-bit, DSGD_CL_IMAGE_SPREAD=1 or 0 the GPU or
+                     the CPU shape
        bias_backward our kernels: one work-item per (block of
                      DSGD_CL__BIAS_ROWS rows, column), then one per column
                      sums the blocks (PRECISION in kernels.h), the partials
@@ -279,6 +282,8 @@ typedef struct dsgd_cl__backend {
     size_t local_max1; /* the device's most work-items in dimension 1 */
     size_t img32_max;  /* image calls whose ranges all hold at most this many
                           floats use the kernels with 32-bit indices */
+    int img_spread;    /* image kernels: a row's floats over work-items (1,
+                          not on CPUs) or one work-item's loop (0) */
     size_t reduce_local; /* power-of-two work-group size of the reductions */
     size_t acc_size;     /* sizeof(acc_t) in the kernels */
     cl_mem scratch;      /* loss rows, norm and bias_backward partials */
@@ -391,19 +396,28 @@ static dsgd_result dsgd_cl__run(dsgd_cl__backend *b, int k, size_t items, size_t
 
 /* Enqueues kernel k over a (run, rows) range whose dimension 0 walks
    consecutive floats: work-groups of lx x ly work-items, lx the power of
-   two at or above run (at most b->local) and ly = b->local / lx, so that a
-   work-group's work-items touch neighbouring addresses (and PoCL, which
-   compiles a kernel once per work-group size, sees few sizes). */
-static dsgd_result dsgd_cl__run2(dsgd_cl__backend *b, int k, size_t run, size_t rows) {
+   two at or above run but at most wide (at most b->local) and ly =
+   b->local / lx, so that a work-group's work-items touch neighbouring
+   addresses (and PoCL, which compiles a kernel once per work-group size,
+   sees few sizes); with lx below run the kernel loops over the rest. wide
+   1 transposes the range: (rows, 1), a row per work-item (the image
+   kernels' CPU shape, rd 0). */
+static dsgd_result dsgd_cl__run2(dsgd_cl__backend *b, int k, size_t run, size_t rows, size_t wide) {
     size_t global[2], local[2];
     cl_int err;
     if (run == 0 || rows == 0) return DSGD_OK;
-    local[0] = 1;
-    while (local[0] < run && local[0] * 2 <= b->local) local[0] *= 2;
-    local[1] = b->local / local[0];
-    if (local[1] > b->local_max1) local[1] = b->local_max1;
-    global[0] = (run + local[0] - 1) / local[0] * local[0];
-    global[1] = (rows + local[1] - 1) / local[1] * local[1];
+    if (wide == 1) { /* transposed: rows along dimension 0, one work-item each */
+        local[0] = b->local;
+        global[0] = (rows + local[0] - 1) / local[0] * local[0];
+        local[1] = global[1] = 1;
+    } else {
+        local[0] = 1;
+        while (local[0] < run && local[0] * 2 <= wide && local[0] * 2 <= b->local) local[0] *= 2;
+        local[1] = b->local / local[0];
+        if (local[1] > b->local_max1) local[1] = b->local_max1;
+        global[0] = (run + local[0] - 1) / local[0] * local[0];
+        global[1] = (rows + local[1] - 1) / local[1] * local[1];
+    }
     err = clEnqueueNDRangeKernel(b->queue, b->kernels[k], 2, NULL, global, local, 0, NULL, NULL);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueNDRangeKernel", dsgd_cl__kernel_op[k]);
     return DSGD_OK;
@@ -898,7 +912,7 @@ static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, 
     }
     r = dsgd_cl__args(b, DSGD_CL__K_BIAS_PART, 6, DSGD_CL__A(part), DSGD_CL__A(poff),
                       DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff), DSGD_CL__A(mm), DSGD_CL__A(nn));
-    if (r == DSGD_OK) r = dsgd_cl__run2(b, DSGD_CL__K_BIAS_PART, (size_t)n, (size_t)blocks);
+    if (r == DSGD_OK) r = dsgd_cl__run2(b, DSGD_CL__K_BIAS_PART, (size_t)n, (size_t)blocks, b->local);
     if (r != DSGD_OK || blocks == 1) return r;
     r = dsgd_cl__args(b, DSGD_CL__K_BIAS_RED, 5, DSGD_CL__A(dsgd_cl__buf(db)->mem), DSGD_CL__A(dboff),
                       DSGD_CL__A(b->scratch), DSGD_CL__A(blocks), DSGD_CL__A(nn));
@@ -1129,9 +1143,9 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
 
 /* >>images ------------------------------------------------------------------ */
 /* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
-   float of the output, gathers where the CPU backend
-   scatters within a row, the same sums in the same order (the kernels'
-   comment in kernels.h). */
+   float of the output or per row of them (BACKENDS), gathers where the
+   CPU backend scatters within a row, the same sums in the same order (the
+   kernels' comment in kernels.h). */
 
 /* 1 when [a.off, a.off + na) and [b.off, b.off + nb) of one buffer share a
    float: a kernel reading what another work-item writes would race. */
@@ -1146,7 +1160,7 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
                                 dsgd_ref dy, dsgd_ref out) {
     const char *name = dsgd_cl__kernel_op[k];
     dsgd__window_dims d;
-    cl_int win[9];
+    cl_int win[9], rd = b->img_spread ? 1 : 0;
     cl_ulong items, off[4];
     size_t nin, nout, run;
     const dsgd_ref *refs[4];
@@ -1201,7 +1215,8 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     }
     for (i = 0; i < 9 && r == DSGD_OK; ++i) r = dsgd_cl__arg(b, k, 2 * nref + i, sizeof(cl_int), &win[i]);
     if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 9, sizeof(cl_ulong), &items);
-    return r != DSGD_OK ? r : dsgd_cl__run2(b, k, run, (size_t)items);
+    if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 10, sizeof(cl_int), &rd);
+    return r != DSGD_OK ? r : dsgd_cl__run2(b, k, run, (size_t)items, b->img_spread ? b->local : 1);
 }
 
 static dsgd_result dsgd_cl__im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
@@ -1353,9 +1368,11 @@ static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
     b->local_max1 = info->max_work_item_sizes[1] ? info->max_work_item_sizes[1] : 1;
     {
         /* DSGD_CL_IMAGE_INDEX_BITS=64 forces the 64-bit image kernels (for
-           the tests: no test buffer is large enough to need them) */
-        const char *bits = getenv("DSGD_CL_IMAGE_INDEX_BITS");
+           the tests: no test buffer is large enough to need them); */
+        const char *bits = getenv("DSGD_CL_IMAGE_INDEX_BITS"), *spread = getenv("DSGD_CL_IMAGE_SPREAD");
         b->img32_max = bits && strcmp(bits, "64") == 0 ? 0 : 0x7fffffff;
+        /* the same for DSGD_CL_IMAGE_SPREAD=1 or 0, which sets img_spread */
+        b->img_spread = spread && *spread ? strcmp(spread, "0") != 0 : info->type != DSGD_CL_DEVICE_CPU;
     }
     /* Reductions: the largest power of two that fits, at most 256, and whose
        local arrays fit in local memory. */

@@ -52,93 +52,107 @@
 
 /* The image kernels' source, built twice (see the NHWC piece below). Each
    work-item splits its dimension-1 index before any early return, so that
-   the divisions are the same for a whole row of work-items. */
+   a compiler may do the divisions once for a row of work-items. */
 #define DSGD_CL__IMG_SRC_A                                                                                     \
     "/* col(r, q) for row r = (i, oy, ox, ky), q < kw c: image row iy's float\n"                              \
     "   (ox s - p) c + q, 0 outside the image */\n"                                                            \
     "__kernel void DSGD_IMG(dsgd_im2col)(__global const float *x, ulong xoff, __global float *col,\n"          \
     "                                    ulong coff, DSGD_WIN) {\n"                                            \
-    "    DSGD_IU r = (DSGD_IU)get_global_id(1), t = r / (DSGD_IU)kh, u = t / (DSGD_IU)ow;\n"                   \
+    "    DSGD_IU r = (DSGD_IU)get_global_id(rd), t = r / (DSGD_IU)kh, u = t / (DSGD_IU)ow;\n"                   \
     "    DSGD_IU ky = r - t * (DSGD_IU)kh, ox = t - u * (DSGD_IU)ow, oy = u % (DSGD_IU)oh, i = u / (DSGD_IU)oh;\n" \
-    "    DSGD_IU q = (DSGD_IU)get_global_id(0), run = (DSGD_IU)kw * (DSGD_IU)c;\n"                            \
-    "    if (q >= run || r >= items) return;\n"                                                                \
+    "    DSGD_IU q0 = (DSGD_IU)get_global_id(1 - rd), qs = (DSGD_IU)get_global_size(1 - rd), run = (DSGD_IU)kw * (DSGD_IU)c;\n" \
+    "    if (r >= items) return;\n"                                                                            \
     "    DSGD_IS iy = (DSGD_IS)(oy * (DSGD_IU)s + ky) - p, wc = (DSGD_IS)w * c;\n"                             \
-    "    DSGD_IS e = ((DSGD_IS)(ox * (DSGD_IU)s) - p) * c + (DSGD_IS)q;\n"                                     \
-    "    col[coff + r * run + q] = iy >= 0 && iy < h && e >= 0 && e < wc\n"                                    \
-    "        ? x[xoff + (DSGD_IU)(((DSGD_IS)i * h + iy) * wc + e)] : 0.0f;\n"                                  \
+    "    DSGD_IS e0 = ((DSGD_IS)(ox * (DSGD_IU)s) - p) * c;\n"                                                 \
+    "    __global float *d = col + coff + r * run;\n"                                                          \
+    "    if (iy < 0 || iy >= h) {\n"                                                                           \
+    "        DSGD_RUN(q, q0, qs, run, d[q] = 0.0f;)\n"                                            \
+    "        return;\n"                                                                                        \
+    "    }\n"                                                                                                  \
+    "    __global const float *src = x + xoff + (DSGD_IU)(((DSGD_IS)i * h + iy) * wc);\n"                      \
+    "    DSGD_RUN(q, q0, qs, run, { DSGD_IS e = e0 + (DSGD_IS)q; d[q] = e >= 0 && e < wc ? src[e] : 0.0f; })\n"                                                                                                  \
     "}\n"                                                                                                      \
     "\n"                                                                                                       \
-    "/* dx(g, ch) at pixel g = (i, iy, ix): the sum, from 0.0f and (ky, kx)\n"                                 \
-    "   ascending (oy, then ox, descending), of the col entries im2col copied\n"                               \
-    "   from it */\n"                                                                                          \
+    "/* dx at pixel g = (i, iy, ix), channel by channel in place: from 0.0f,\n"                                \
+    "   the col entries im2col copied from it, (ky, kx) ascending (oy, then\n"                                 \
+    "   ox, descending) */\n"                                                                                  \
     "__kernel void DSGD_IMG(dsgd_col2im)(__global const float *col, ulong coff, __global float *dx,\n"         \
     "                                    ulong dxoff, DSGD_WIN) {\n"                                           \
-    "    DSGD_IU g = (DSGD_IU)get_global_id(1), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
-    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h, ch = (DSGD_IU)get_global_id(0);\n"                   \
-    "    DSGD_IU k = (DSGD_IU)kh * (DSGD_IU)kw * (DSGD_IU)c;\n"                                                \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(rd), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
+    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h;\n"                                                   \
+    "    DSGD_IU c0 = (DSGD_IU)get_global_id(1 - rd), cs = (DSGD_IU)get_global_size(1 - rd), cc = (DSGD_IU)c;\n"         \
+    "    DSGD_IU k = (DSGD_IU)kh * (DSGD_IU)kw * cc;\n"                                                        \
     "    DSGD_IS ty = (DSGD_IS)iy + p, tx = (DSGD_IS)ix + p;\n"                                                \
     "    DSGD_IS oy0 = ty - kh + 1 <= 0 ? 0 : (ty - kh + s) / s, oy1 = min((DSGD_IS)oh - 1, ty / s);\n"       \
     "    DSGD_IS ox0 = tx - kw + 1 <= 0 ? 0 : (tx - kw + s) / s, ox1 = min((DSGD_IS)ow - 1, tx / s);\n"       \
-    "    if (ch >= (DSGD_IU)c || g >= items) return;\n"                                                        \
-    "    float acc = 0.0f;\n"                                                                                  \
+    "    if (g >= items) return;\n"                                                                            \
+    "    __global float *d = dx + dxoff + g * cc;\n"                                                           \
+    "    DSGD_RUN(ch, c0, cs, cc, d[ch] = 0.0f;)\n"                                             \
     "    for (DSGD_IS oy = oy1; oy >= oy0; --oy)\n"                                                            \
-    "        for (DSGD_IS ox = ox1; ox >= ox0; --ox)\n"                                                        \
-    "            acc = acc + col[coff + (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * k\n"                     \
-    "                            + (DSGD_IU)(((ty - oy * s) * kw + tx - ox * s) * c) + ch];\n"                 \
-    "    dx[dxoff + g * (DSGD_IU)c + ch] = acc;\n"                                                             \
+    "        for (DSGD_IS ox = ox1; ox >= ox0; --ox) {\n"                                                      \
+    "            __global const float *src = col + coff + (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * k\n"   \
+    "                                        + (DSGD_IU)(((ty - oy * s) * kw + tx - ox * s) * c);\n"          \
+    "            DSGD_RUN(ch, c0, cs, cc, d[ch] = d[ch] + src[ch];)\n"                          \
+    "        }\n"                                                                                              \
     "}\n"
 
 #define DSGD_CL__IMG_SRC_B                                                                                     \
-    "/* y(g, ch) = max-pool(x) at pixel g = (i, oy, ox): the window's first\n"                                 \
-    "   maximum, or its first NaN */\n"                                                                        \
+    "/* y = max-pool(x) at pixel g = (i, oy, ox): per channel the window's\n"                                  \
+    "   first maximum, or its first NaN */\n"                                                                  \
     "__kernel void DSGD_IMG(dsgd_maxpool_fwd)(__global const float *x, ulong xoff, __global float *y,\n"      \
     "                                         ulong yoff, DSGD_WIN) {\n"                                       \
-    "    DSGD_IU g = (DSGD_IU)get_global_id(1), t = g / (DSGD_IU)ow, ox = g - t * (DSGD_IU)ow;\n"              \
-    "    DSGD_IU oy = t % (DSGD_IU)oh, i = t / (DSGD_IU)oh, ch = (DSGD_IU)get_global_id(0);\n"                 \
-    "    if (ch >= (DSGD_IU)c || g >= items) return;\n"                                                        \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(rd), t = g / (DSGD_IU)ow, ox = g - t * (DSGD_IU)ow;\n"              \
+    "    DSGD_IU oy = t % (DSGD_IU)oh, i = t / (DSGD_IU)oh;\n"                                                 \
+    "    DSGD_IU c0 = (DSGD_IU)get_global_id(1 - rd), cs = (DSGD_IU)get_global_size(1 - rd), cc = (DSGD_IU)c;\n"         \
+    "    if (g >= items) return;\n"                                                                            \
     "    __global const float *b = x + xoff\n"                                                                 \
-    "        + ((i * (DSGD_IU)h + oy * (DSGD_IU)s) * (DSGD_IU)w + ox * (DSGD_IU)s) * (DSGD_IU)c + ch;\n"       \
-    "    float m = b[0];\n"                                                                                    \
-    "    for (int ky = 0; ky < kh; ++ky)\n"                                                                    \
-    "        for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"                                                \
-    "            float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * (DSGD_IU)c];\n"                        \
-    "            if (v > m || (isnan(v) && !isnan(m))) m = v;\n"                                               \
-    "        }\n"                                                                                              \
-    "    y[yoff + g * (DSGD_IU)c + ch] = m;\n"                                                                 \
+    "        + ((i * (DSGD_IU)h + oy * (DSGD_IU)s) * (DSGD_IU)w + ox * (DSGD_IU)s) * cc;\n"                    \
+    "    for (DSGD_IU ch = c0; ch < cc; ch += cs) {\n"                                                         \
+    "        float m = b[ch];\n"                                                                               \
+    "        for (int ky = 0; ky < kh; ++ky)\n"                                                                \
+    "            for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"                                            \
+    "                float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * cc + ch];\n"                       \
+    "                if (v > m || (isnan(v) && !isnan(m))) m = v;\n"                                           \
+    "            }\n"                                                                                          \
+    "        y[yoff + g * cc + ch] = m;\n"                                                                     \
+    "    }\n"                                                                                                  \
     "}\n"                                                                                                      \
     "\n"                                                                                                       \
-    "/* max-pool's dx(g, ch) at pixel g = (i, iy, ix): the sum, from 0.0f and\n"                               \
-    "   windows (oy, ox) ascending, of the dy of every window whose first\n"                                   \
+    "/* max-pool's dx at pixel g = (i, iy, ix): per channel the sum, from 0.0f\n"                              \
+    "   and windows (oy, ox) ascending, of the dy of every window whose first\n"                               \
     "   element equal to y (the first NaN for a NaN y) it is */\n"                                            \
     "__kernel void DSGD_IMG(dsgd_maxpool_bwd)(__global const float *x, ulong xoff, __global const float *y,\n" \
     "                                         ulong yoff, __global const float *dy, ulong dyoff,\n"            \
     "                                         __global float *dx, ulong dxoff, DSGD_WIN) {\n"                  \
-    "    DSGD_IU g = (DSGD_IU)get_global_id(1), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
-    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h, ch = (DSGD_IU)get_global_id(0);\n"                   \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(rd), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
+    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h;\n"                                                   \
+    "    DSGD_IU c0 = (DSGD_IU)get_global_id(1 - rd), cs = (DSGD_IU)get_global_size(1 - rd), cc = (DSGD_IU)c;\n"         \
     "    DSGD_IS sy = (DSGD_IS)iy, sx = (DSGD_IS)ix;\n"                                                        \
     "    DSGD_IS oy0 = sy - kh + 1 <= 0 ? 0 : (sy - kh + s) / s, oy1 = min((DSGD_IS)oh - 1, sy / s);\n"       \
     "    DSGD_IS ox0 = sx - kw + 1 <= 0 ? 0 : (sx - kw + s) / s, ox1 = min((DSGD_IS)ow - 1, sx / s);\n"       \
-    "    if (ch >= (DSGD_IU)c || g >= items) return;\n"                                                        \
-    "    float acc = 0.0f;\n"                                                                                  \
-    "    for (DSGD_IS oy = oy0; oy <= oy1; ++oy)\n"                                                            \
-    "        for (DSGD_IS ox = ox0; ox <= ox1; ++ox) {\n"                                                      \
-    "            DSGD_IU o = (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * (DSGD_IU)c + ch;\n"                 \
-    "            __global const float *b = x + xoff + ch\n"                                                    \
-    "                + (DSGD_IU)((((DSGD_IS)i * h + oy * s) * w + ox * s) * c);\n"                            \
-    "            float want = y[yoff + o];\n"                                                                  \
-    "            int want_nan = isnan(want), found = 0, mine = 0;\n"                                           \
-    "            for (int ky = 0; ky < kh && !found; ++ky)\n"                                                  \
-    "                for (int kx = 0; kx < kw; ++kx) {\n"                                                      \
-    "                    float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * (DSGD_IU)c];\n"                \
-    "                    if (want_nan ? isnan(v) : v == want) {\n"                                             \
-    "                        mine = ky == sy - oy * s && kx == sx - ox * s;\n"                                 \
-    "                        found = 1;\n"                                                                     \
-    "                        break;\n"                                                                         \
+    "    if (g >= items) return;\n"                                                                            \
+    "    for (DSGD_IU ch = c0; ch < cc; ch += cs) {\n"                                                         \
+    "        float acc = 0.0f;\n"                                                                              \
+    "        for (DSGD_IS oy = oy0; oy <= oy1; ++oy)\n"                                                        \
+    "            for (DSGD_IS ox = ox0; ox <= ox1; ++ox) {\n"                                                  \
+    "                DSGD_IU o = (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * cc + ch;\n"                     \
+    "                __global const float *b = x + xoff + ch\n"                                                \
+    "                    + (DSGD_IU)((((DSGD_IS)i * h + oy * s) * w + ox * s) * c);\n"                        \
+    "                float want = y[yoff + o];\n"                                                              \
+    "                int want_nan = isnan(want), found = 0, mine = 0;\n"                                       \
+    "                for (int ky = 0; ky < kh && !found; ++ky)\n"                                              \
+    "                    for (int kx = 0; kx < kw; ++kx) {\n"                                                  \
+    "                        float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * cc];\n"                    \
+    "                        if (want_nan ? isnan(v) : v == want) {\n"                                         \
+    "                            mine = ky == sy - oy * s && kx == sx - ox * s;\n"                             \
+    "                            found = 1;\n"                                                                 \
+    "                            break;\n"                                                                     \
+    "                        }\n"                                                                              \
     "                    }\n"                                                                                  \
-    "                }\n"                                                                                      \
-    "            if (mine) acc = acc + dy[dyoff + o];\n"                                                       \
-    "        }\n"                                                                                              \
-    "    dx[dxoff + g * (DSGD_IU)c + ch] = acc;\n"                                                             \
+    "                if (mine) acc = acc + dy[dyoff + o];\n"                                                   \
+    "            }\n"                                                                                          \
+    "        dx[dxoff + g * cc + ch] = acc;\n"                                                                 \
+    "    }\n"                                                                                                  \
     "}\n"
 
 static const char *const dsgd_cl__source[] = {
@@ -390,18 +404,26 @@ static const char *const dsgd_cl__source[] = {
     "    DSGD_8(DSGD_PUT)\n"
     "}\n",
 
-    "/* NHWC images (IMAGES in backend.h), on a two-dimensional range:\n"
-    "   dimension 0 runs along consecutive floats of the output (col's row\n"
-    "   of kw c floats for im2col, a pixel's c channels otherwise), so that\n"
-    "   neighbouring work-items touch neighbouring addresses; dimension 1\n"
-    "   counts col's rows (i, oy, ox, ky) or the output's pixels. The\n"
-    "   arithmetic is the CPU backend's: copies, compares and float adds\n"
-    "   from 0.0f in the documented order. Each kernel is built twice:\n"
-    "   with 32-bit index arithmetic (name _32: DSGD_IU uint, DSGD_IS int),\n"
-    "   used when every index of the call fits in an int, and with 64-bit\n"
-    "   (_64). Every kernel takes the window as h w c kh kw s p oh ow, then\n"
-    "   the size of dimension 1. */\n"
-    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items\n",
+    "/* NHWC images (IMAGES in backend.h), on a two-dimensional range.\n"
+    "   Dimension rd counts col's rows (i, oy, ox, ky) or the output's\n"
+    "   pixels; a row's work-items (dimension 1 - rd, global size qs) share\n"
+    "   its consecutive floats (col's kw c, or the pixel's c channels) as q,\n"
+    "   q + qs, ...: on a GPU rd is 1, qs covers the run and neighbouring\n"
+    "   work-items touch neighbouring addresses; on a CPU rd is 0 and qs 1,\n"
+    "   one work-item does a row in a loop and PoCL vectorises across rows\n"
+    "   (one work-item per float costs it several times more in index\n"
+    "   arithmetic than the copy). The arithmetic is the CPU backend's:\n"
+    "   copies, compares and float adds from 0.0f in the documented order.\n"
+    "   Each kernel is built twice: with 32-bit index arithmetic (name _32:\n"
+    "   DSGD_IU uint, DSGD_IS int), used when every index of the call fits\n"
+    "   in an int, and with 64-bit (_64). Every kernel takes the window as h\n"
+    "   w c kh kw s p oh ow, then the number of rows or pixels, then rd. */\n"
+    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items, int rd\n"
+    "/* for (q = q0; q < n; q += qs) BODY, spelled with stride 1 when qs is 1\n"
+    "   (the CPU's shape) so that the compiler sees a plain loop */\n"
+    "#define DSGD_RUN(q, q0, qs, n, BODY) \\\n"
+    "    if (qs == 1) { for (DSGD_IU q = 0; q < n; ++q) BODY } \\\n"
+    "    else { for (DSGD_IU q = q0; q < n; q += qs) BODY }\n",
     "#define DSGD_IU uint\n#define DSGD_IS int\n#define DSGD_IMG(f) f##_32\n",
     DSGD_CL__IMG_SRC_A,
     DSGD_CL__IMG_SRC_B,
