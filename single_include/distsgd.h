@@ -805,7 +805,8 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      entry of C is summed as one thread sums it (block of k by block of k,
      in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the
-     finiteness check) cut their elements (bias_backward its columns); im2col
+     finiteness check) cut their elements (bias_backward its columns, each
+     summed in its blocked order by one thread); im2col
      and maxpool_forward cut their output rows, col2im and maxpool_backward
      the rows of dx (each row gathers its own sums, in the documented order,
      whatever the cut). No operation
@@ -926,7 +927,10 @@ typedef struct dsgd_backend_i {
        activation's output y(n): relu y>0, tanh 1-y^2, sigmoid y(1-y). */
     dsgd_result (*act_backward)(void *impl, dsgd_activation act, dsgd_ref dy,
                                 dsgd_ref y, size_t n);
-    /* db(n) = sum over rows of dy(m,n) */
+    /* db(n) = sum over rows of dy(m,n), in a fixed blocked order: the rows
+       in blocks of 128 (the last one shorter), each block's column sum from
+       0.0f in row order, then the block sums from 0.0f in block order (the
+       CPU and OpenCL backends both; for m <= 128 the rows in order). */
     dsgd_result (*bias_backward)(void *impl, dsgd_ref db, dsgd_ref dy, int m, int n);
     /* Loss of pred(m,c) against target (m for SOFTMAX_XENT, (m,c) for MSE).
        stats[0] += sum of per-sample losses, stats[1] += correct predictions
@@ -1571,16 +1575,38 @@ DSGD__INLINE void dsgd__act_backward_body(dsgd_activation act, float *DSGD__REST
     }
 }
 
-/* db(n) = column sums of dy(m, n) (rows ld apart), rows added in order */
+/* bias_backward's fixed blocked order: the rows are cut into blocks of
+   DSGD__BIAS_ROWS (the last one shorter); each block's column partial is
+   summed from 0.0f in row order, then db sums the partials from 0.0f in
+   block order. The OpenCL backend (DSGD_CL__BIAS_ROWS in
+   distsgd/cl/kernels.h) uses the same constant and order, so the two give
+   the same bits, and with m <= DSGD__BIAS_ROWS it is the plain row order.
+   The partials of DSGD__BIAS_COLS columns at a time live on the stack. */
+#define DSGD__BIAS_ROWS 128
+#define DSGD__BIAS_COLS 256
+
+/* db(n) = column sums of dy(m, n) (rows ld apart), in the blocked order */
 DSGD__INLINE void dsgd__bias_backward_body(float *DSGD__RESTRICT db, const float *DSGD__RESTRICT dy,
                                            int m, int n, int ld) {
-    int i;
-    memset(db, 0, (size_t)n * sizeof(float));
-    for (i = 0; i < m; ++i) {
-        const float *DSGD__RESTRICT row = dy + (size_t)i * ld;
-#define DSGD__COLSUM(j) db[j] += row[j]
-        DSGD__EACH(n, DSGD__COLSUM);
+    float part[DSGD__BIAS_COLS];
+    int j0, lo, i;
+    for (j0 = 0; j0 < n; j0 += DSGD__BIAS_COLS) {
+        const int nc = n - j0 < DSGD__BIAS_COLS ? n - j0 : DSGD__BIAS_COLS;
+        float *DSGD__RESTRICT out = db + j0;
+        memset(out, 0, (size_t)nc * sizeof(float));
+        for (lo = 0; lo < m; lo += DSGD__BIAS_ROWS) {
+            const int hi = m - lo < DSGD__BIAS_ROWS ? m : lo + DSGD__BIAS_ROWS;
+            memset(part, 0, (size_t)nc * sizeof(float));
+            for (i = lo; i < hi; ++i) {
+                const float *DSGD__RESTRICT row = dy + (size_t)i * ld + j0;
+#define DSGD__COLSUM(j) part[j] += row[j]
+                DSGD__EACH(nc, DSGD__COLSUM);
 #undef DSGD__COLSUM
+            }
+#define DSGD__BLOCKSUM(j) out[j] += part[j]
+            DSGD__EACH(nc, DSGD__BLOCKSUM);
+#undef DSGD__BLOCKSUM
+        }
     }
 }
 
@@ -19995,7 +20021,12 @@ static int dsgd_cl__type_matches(cl_device_id d, dsgd_cl_device_type t) {
      -cl-fp32-correctly-rounded-divide-sqrt, so scale, axpy, bias_backward,
      the optimizer updates, relu and the image operations (im2col, col2im,
      max-pool: copies, compares and float adds in the CPU's order) match the
-     CPU backend bit for bit. Options that allow reassociation or assume
+     CPU backend bit for bit. bias_backward adds in the order both backends
+     share: the rows in blocks of DSGD_CL__BIAS_ROWS (128; the last one
+     shorter), each block's column sum from 0.0f in row order, then db the
+     block sums from 0.0f in block order (for m <= 128 simply the rows in
+     order), whatever the work-group size or the CPU's thread count.
+     Options that allow reassociation or assume
      finite math (-cl-fast-relaxed-math, -cl-unsafe-math-optimizations,
      -cl-finite-math-only) are never passed by the library; added through
      build_options they void these promises (max-pool's NaN rule first). tanh,
@@ -20017,8 +20048,120 @@ static int dsgd_cl__type_matches(cl_device_id d, dsgd_cl_device_type t) {
    array of pieces because C99 compilers need only support 4095-character
    string literals. */
 
+/* bias_backward's rows per block: the CPU backend's DSGD__BIAS_ROWS
+   (backend_cpu.h) is the same, and so is the order it fixes (PRECISION). */
+#define DSGD_CL__BIAS_ROWS 128
+#define DSGD_CL__STR2(x) #x
+#define DSGD_CL__STR(x) DSGD_CL__STR2(x)
+
+/* The image kernels' source, built twice (see the NHWC piece below). Each
+   work-item splits its dimension-1 index before any early return, so that
+   a compiler may do the divisions once for a row of work-items. */
+#define DSGD_CL__IMG_SRC_A                                                                                     \
+    "/* col(r, q) for row r = (i, oy, ox, ky), q < kw c: image row iy's float\n"                              \
+    "   (ox s - p) c + q, 0 outside the image */\n"                                                            \
+    "__kernel void DSGD_IMG(dsgd_im2col)(__global const float *x, ulong xoff, __global float *col,\n"          \
+    "                                    ulong coff, DSGD_WIN) {\n"                                            \
+    "    DSGD_IU r = (DSGD_IU)get_global_id(rd), t = r / (DSGD_IU)kh, u = t / (DSGD_IU)ow;\n"                   \
+    "    DSGD_IU ky = r - t * (DSGD_IU)kh, ox = t - u * (DSGD_IU)ow, oy = u % (DSGD_IU)oh, i = u / (DSGD_IU)oh;\n" \
+    "    DSGD_IU q0 = (DSGD_IU)get_global_id(1 - rd), qs = (DSGD_IU)get_global_size(1 - rd), run = (DSGD_IU)kw * (DSGD_IU)c;\n" \
+    "    if (r >= items) return;\n"                                                                            \
+    "    DSGD_IS iy = (DSGD_IS)(oy * (DSGD_IU)s + ky) - p, wc = (DSGD_IS)w * c;\n"                             \
+    "    DSGD_IS e0 = ((DSGD_IS)(ox * (DSGD_IU)s) - p) * c;\n"                                                 \
+    "    __global float *d = col + coff + r * run;\n"                                                          \
+    "    if (iy < 0 || iy >= h) {\n"                                                                           \
+    "        DSGD_RUN(q, q0, qs, run, d[q] = 0.0f;)\n"                                            \
+    "        return;\n"                                                                                        \
+    "    }\n"                                                                                                  \
+    "    __global const float *src = x + xoff + (DSGD_IU)(((DSGD_IS)i * h + iy) * wc);\n"                      \
+    "    DSGD_RUN(q, q0, qs, run, { DSGD_IS e = e0 + (DSGD_IS)q; d[q] = e >= 0 && e < wc ? src[e] : 0.0f; })\n"                                                                                                  \
+    "}\n"                                                                                                      \
+    "\n"                                                                                                       \
+    "/* dx at pixel g = (i, iy, ix), channel by channel in place: from 0.0f,\n"                                \
+    "   the col entries im2col copied from it, (ky, kx) ascending (oy, then\n"                                 \
+    "   ox, descending) */\n"                                                                                  \
+    "__kernel void DSGD_IMG(dsgd_col2im)(__global const float *col, ulong coff, __global float *dx,\n"         \
+    "                                    ulong dxoff, DSGD_WIN) {\n"                                           \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(rd), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
+    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h;\n"                                                   \
+    "    DSGD_IU c0 = (DSGD_IU)get_global_id(1 - rd), cs = (DSGD_IU)get_global_size(1 - rd), cc = (DSGD_IU)c;\n"         \
+    "    DSGD_IU k = (DSGD_IU)kh * (DSGD_IU)kw * cc;\n"                                                        \
+    "    DSGD_IS ty = (DSGD_IS)iy + p, tx = (DSGD_IS)ix + p;\n"                                                \
+    "    DSGD_IS oy0 = ty - kh + 1 <= 0 ? 0 : (ty - kh + s) / s, oy1 = min((DSGD_IS)oh - 1, ty / s);\n"       \
+    "    DSGD_IS ox0 = tx - kw + 1 <= 0 ? 0 : (tx - kw + s) / s, ox1 = min((DSGD_IS)ow - 1, tx / s);\n"       \
+    "    if (g >= items) return;\n"                                                                            \
+    "    __global float *d = dx + dxoff + g * cc;\n"                                                           \
+    "    DSGD_RUN(ch, c0, cs, cc, d[ch] = 0.0f;)\n"                                             \
+    "    for (DSGD_IS oy = oy1; oy >= oy0; --oy)\n"                                                            \
+    "        for (DSGD_IS ox = ox1; ox >= ox0; --ox) {\n"                                                      \
+    "            __global const float *src = col + coff + (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * k\n"   \
+    "                                        + (DSGD_IU)(((ty - oy * s) * kw + tx - ox * s) * c);\n"          \
+    "            DSGD_RUN(ch, c0, cs, cc, d[ch] = d[ch] + src[ch];)\n"                          \
+    "        }\n"                                                                                              \
+    "}\n"
+
+#define DSGD_CL__IMG_SRC_B                                                                                     \
+    "/* y = max-pool(x) at pixel g = (i, oy, ox): per channel the window's\n"                                  \
+    "   first maximum, or its first NaN */\n"                                                                  \
+    "__kernel void DSGD_IMG(dsgd_maxpool_fwd)(__global const float *x, ulong xoff, __global float *y,\n"      \
+    "                                         ulong yoff, DSGD_WIN) {\n"                                       \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(rd), t = g / (DSGD_IU)ow, ox = g - t * (DSGD_IU)ow;\n"              \
+    "    DSGD_IU oy = t % (DSGD_IU)oh, i = t / (DSGD_IU)oh;\n"                                                 \
+    "    DSGD_IU c0 = (DSGD_IU)get_global_id(1 - rd), cs = (DSGD_IU)get_global_size(1 - rd), cc = (DSGD_IU)c;\n"         \
+    "    if (g >= items) return;\n"                                                                            \
+    "    __global const float *b = x + xoff\n"                                                                 \
+    "        + ((i * (DSGD_IU)h + oy * (DSGD_IU)s) * (DSGD_IU)w + ox * (DSGD_IU)s) * cc;\n"                    \
+    "    for (DSGD_IU ch = c0; ch < cc; ch += cs) {\n"                                                         \
+    "        float m = b[ch];\n"                                                                               \
+    "        for (int ky = 0; ky < kh; ++ky)\n"                                                                \
+    "            for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"                                            \
+    "                float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * cc + ch];\n"                       \
+    "                if (v > m || (isnan(v) && !isnan(m))) m = v;\n"                                           \
+    "            }\n"                                                                                          \
+    "        y[yoff + g * cc + ch] = m;\n"                                                                     \
+    "    }\n"                                                                                                  \
+    "}\n"                                                                                                      \
+    "\n"                                                                                                       \
+    "/* max-pool's dx at pixel g = (i, iy, ix): per channel the sum, from 0.0f\n"                              \
+    "   and windows (oy, ox) ascending, of the dy of every window whose first\n"                               \
+    "   element equal to y (the first NaN for a NaN y) it is */\n"                                            \
+    "__kernel void DSGD_IMG(dsgd_maxpool_bwd)(__global const float *x, ulong xoff, __global const float *y,\n" \
+    "                                         ulong yoff, __global const float *dy, ulong dyoff,\n"            \
+    "                                         __global float *dx, ulong dxoff, DSGD_WIN) {\n"                  \
+    "    DSGD_IU g = (DSGD_IU)get_global_id(rd), t = g / (DSGD_IU)w, ix = g - t * (DSGD_IU)w;\n"                \
+    "    DSGD_IU iy = t % (DSGD_IU)h, i = t / (DSGD_IU)h;\n"                                                   \
+    "    DSGD_IU c0 = (DSGD_IU)get_global_id(1 - rd), cs = (DSGD_IU)get_global_size(1 - rd), cc = (DSGD_IU)c;\n"         \
+    "    DSGD_IS sy = (DSGD_IS)iy, sx = (DSGD_IS)ix;\n"                                                        \
+    "    DSGD_IS oy0 = sy - kh + 1 <= 0 ? 0 : (sy - kh + s) / s, oy1 = min((DSGD_IS)oh - 1, sy / s);\n"       \
+    "    DSGD_IS ox0 = sx - kw + 1 <= 0 ? 0 : (sx - kw + s) / s, ox1 = min((DSGD_IS)ow - 1, sx / s);\n"       \
+    "    if (g >= items) return;\n"                                                                            \
+    "    for (DSGD_IU ch = c0; ch < cc; ch += cs) {\n"                                                         \
+    "        float acc = 0.0f;\n"                                                                              \
+    "        for (DSGD_IS oy = oy0; oy <= oy1; ++oy)\n"                                                        \
+    "            for (DSGD_IS ox = ox0; ox <= ox1; ++ox) {\n"                                                  \
+    "                DSGD_IU o = (DSGD_IU)(((DSGD_IS)i * oh + oy) * ow + ox) * cc + ch;\n"                     \
+    "                __global const float *b = x + xoff + ch\n"                                                \
+    "                    + (DSGD_IU)((((DSGD_IS)i * h + oy * s) * w + ox * s) * c);\n"                        \
+    "                float want = y[yoff + o];\n"                                                              \
+    "                int want_nan = isnan(want), found = 0, mine = 0;\n"                                       \
+    "                for (int ky = 0; ky < kh && !found; ++ky)\n"                                              \
+    "                    for (int kx = 0; kx < kw; ++kx) {\n"                                                  \
+    "                        float v = b[((DSGD_IU)ky * (DSGD_IU)w + (DSGD_IU)kx) * cc];\n"                    \
+    "                        if (want_nan ? isnan(v) : v == want) {\n"                                         \
+    "                            mine = ky == sy - oy * s && kx == sx - ox * s;\n"                             \
+    "                            found = 1;\n"                                                                 \
+    "                            break;\n"                                                                     \
+    "                        }\n"                                                                              \
+    "                    }\n"                                                                                  \
+    "                if (mine) acc = acc + dy[dyoff + o];\n"                                                   \
+    "            }\n"                                                                                          \
+    "        dx[dxoff + g * cc + ch] = acc;\n"                                                                 \
+    "    }\n"                                                                                                  \
+    "}\n"
+
 static const char *const dsgd_cl__source[] = {
     "#pragma OPENCL FP_CONTRACT OFF\n"
+    "#define DSGD_BIAS_ROWS " DSGD_CL__STR(DSGD_CL__BIAS_ROWS) "u\n"
     "#ifdef DSGD_CL_FP64\n"
     "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
     "typedef double acc_t;\n"
@@ -20071,15 +20214,29 @@ static const char *const dsgd_cl__source[] = {
     "    }\n"
     "}\n"
     "\n"
-    "/* db(n) = column sums of dy(m,n): one work-item per column, rows in order */\n"
-    "__kernel void dsgd_bias_backward(__global float *db, ulong dboff, __global const float *dy,\n"
-    "                                 ulong dyoff, uint m, uint n) {\n"
+    "/* bias_backward in the blocked order of DSGD_BIAS_ROWS-row blocks (the\n"
+    "   CPU backend's: see DSGD_CL__BIAS_ROWS). Work-item (j, blk) sums column\n"
+    "   j of block blk from 0.0f in row order into part(blk, j); neighbours in\n"
+    "   j read neighbouring floats. With one block part is db itself. */\n"
+    "__kernel void dsgd_bias_partial(__global float *part, ulong poff, __global const float *dy,\n"
+    "                                ulong dyoff, uint m, uint n) {\n"
+    "    uint j = get_global_id(0), blk = get_global_id(1);\n"
+    "    uint lo = blk * DSGD_BIAS_ROWS, hi = min(m, lo + DSGD_BIAS_ROWS);\n"
+    "    if (j >= n || (blk > 0 && lo >= m)) return;\n"
+    "    __global const float *p = dy + dyoff + (ulong)lo * n + j;\n"
+    "    float s = 0.0f;\n"
+    "    for (uint i = lo; i < hi; ++i, p += n) s = s + *p;\n"
+    "    part[poff + (ulong)blk * n + j] = s;\n"
+    "}\n"
+    "\n"
+    "/* db(j) = the block partials of column j summed from 0.0f in block order */\n"
+    "__kernel void dsgd_bias_reduce(__global float *db, ulong dboff, __global const float *part,\n"
+    "                               uint blocks, uint n) {\n"
     "    uint j = get_global_id(0);\n"
-    "    if (j < n) {\n"
-    "        float s = 0.0f;\n"
-    "        for (uint i = 0; i < m; ++i) s = s + dy[dyoff + (ulong)i * n + j];\n"
-    "        db[dboff + j] = s;\n"
-    "    }\n"
+    "    if (j >= n) return;\n"
+    "    float s = 0.0f;\n"
+    "    for (uint k = 0; k < blocks; ++k) s = s + part[(ulong)k * n + j];\n"
+    "    db[dboff + j] = s;\n"
     "}\n",
 
     "/* Softmax cross-entropy, one work-item per sample. rows[2i] = the sample's\n"
@@ -20251,102 +20408,33 @@ static const char *const dsgd_cl__source[] = {
     "    DSGD_8(DSGD_PUT)\n"
     "}\n",
 
-    "/* NHWC images (IMAGES in backend.h). One work-item per run of the\n"
-    "   output: a row (i, oy, ox, ky) of kw c floats of col, or the c channels\n"
-    "   of one pixel (i, y, x) of dx or y, done in a loop. (One work-item per\n"
-    "   float costs PoCL ~30x more in index arithmetic than the copy itself.)\n"
-    "   The arithmetic is the CPU backend's: copies, compares and float adds\n"
-    "   from 0.0f in the documented order. Every kernel takes the window as\n"
-    "   h w c kh kw s p oh ow, then the number of work-items. */\n"
-    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items\n"
-    "/* col's row (i, oy, ox, ky): the kw c floats of image row iy from column\n"
-    "   ox s - p on, 0 outside the image */\n"
-    "__kernel void dsgd_im2col(__global const float *x, ulong xoff, __global float *col, ulong coff,\n"
-    "                          DSGD_WIN) {\n"
-    "    ulong r = get_global_id(0), run = (ulong)kw * c, t = r / kh / ow;\n"
-    "    if (r >= items) return;\n"
-    "    long ky = r % kh, ox = r / kh % ow, oy = t % oh, i = t / oh, wc = (long)w * c;\n"
-    "    long iy = oy * s - p + ky, at = (ox * s - p) * c;\n"
-    "    __global float *d = col + coff + r * run;\n"
-    "    if (iy < 0 || iy >= h) {\n"
-    "        for (long q = 0; q < (long)run; ++q) d[q] = 0.0f;\n"
-    "        return;\n"
-    "    }\n"
-    "    __global const float *src = x + xoff + (i * h + iy) * wc;\n"
-    "    for (long q = 0; q < (long)run; ++q) d[q] = at + q >= 0 && at + q < wc ? src[at + q] : 0.0f;\n"
-    "}\n"
-    "\n"
-    "/* dx = col2im(col) at pixel (i, iy, ix): each channel sums, from 0.0f\n"
-    "   and (ky, kx) ascending (oy, then ox, descending), the col entries\n"
-    "   im2col copied from it, in place in dx (c floats in a row) */\n"
-    "__kernel void dsgd_col2im(__global const float *col, ulong coff, __global float *dx, ulong dxoff,\n"
-    "                          DSGD_WIN) {\n"
-    "    ulong g = get_global_id(0), k = (ulong)kh * kw * c, t = g / w;\n"
-    "    if (g >= items) return;\n"
-    "    long ix = g % w, iy = t % h, i = t / h, ty = iy + p, tx = ix + p;\n"
-    "    long oy0 = ty - kh + 1 <= 0 ? 0 : (ty - kh + s) / s, oy1 = min((long)oh - 1, ty / s);\n"
-    "    long ox0 = tx - kw + 1 <= 0 ? 0 : (tx - kw + s) / s, ox1 = min((long)ow - 1, tx / s);\n"
-    "    __global float *d = dx + dxoff + g * c;\n"
-    "    for (long ch = 0; ch < c; ++ch) d[ch] = 0.0f;\n"
-    "    for (long oy = oy1; oy >= oy0; --oy)\n"
-    "        for (long ox = ox1; ox >= ox0; --ox) {\n"
-    "            __global const float *src = col + coff + ((i * oh + oy) * ow + ox) * k + ((ty - oy * s) * kw + tx - ox * s) * c;\n"
-    "            for (long ch = 0; ch < c; ++ch) d[ch] = d[ch] + src[ch];\n"
-    "        }\n"
-    "}\n",
-
-    "/* y = max-pool(x) at pixel (i, oy, ox): per channel the window's first\n"
-    "   maximum, or its first NaN */\n"
-    "__kernel void dsgd_maxpool_fwd(__global const float *x, ulong xoff, __global float *y, ulong yoff,\n"
-    "                               DSGD_WIN) {\n"
-    "    ulong g = get_global_id(0), t = g / ow;\n"
-    "    if (g >= items) return;\n"
-    "    long ox = g % ow, oy = t % oh, i = t / oh;\n"
-    "    __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c;\n"
-    "    for (long ch = 0; ch < c; ++ch) {\n"
-    "        float m = b[ch];\n"
-    "        for (int ky = 0; ky < kh; ++ky)\n"
-    "            for (int kx = ky == 0 ? 1 : 0; kx < kw; ++kx) {\n"
-    "                float v = b[((long)ky * w + kx) * c + ch];\n"
-    "                if (v > m || (isnan(v) && !isnan(m))) m = v;\n"
-    "            }\n"
-    "        y[yoff + g * c + ch] = m;\n"
-    "    }\n"
-    "}\n"
-    "\n"
-    "/* max-pool's dx at pixel (i, iy, ix): per channel the sum, from 0.0f and\n"
-    "   windows (oy, ox) ascending, of the dy of every window whose first\n"
-    "   element equal to y (the first NaN for a NaN y) it is */\n"
-    "__kernel void dsgd_maxpool_bwd(__global const float *x, ulong xoff, __global const float *y, ulong yoff,\n"
-    "                               __global const float *dy, ulong dyoff, __global float *dx, ulong dxoff,\n"
-    "                               DSGD_WIN) {\n"
-    "    ulong g = get_global_id(0), t = g / w;\n"
-    "    if (g >= items) return;\n"
-    "    long ix = g % w, iy = t % h, i = t / h;\n"
-    "    long oy0 = iy - kh + 1 <= 0 ? 0 : (iy - kh + s) / s, oy1 = min((long)oh - 1, iy / s);\n"
-    "    long ox0 = ix - kw + 1 <= 0 ? 0 : (ix - kw + s) / s, ox1 = min((long)ow - 1, ix / s);\n"
-    "    for (long ch = 0; ch < c; ++ch) {\n"
-    "        float acc = 0.0f;\n"
-    "        for (long oy = oy0; oy <= oy1; ++oy)\n"
-    "            for (long ox = ox0; ox <= ox1; ++ox) {\n"
-    "                ulong o = ((i * oh + oy) * ow + ox) * c + ch;\n"
-    "                __global const float *b = x + xoff + ((i * h + oy * s) * w + ox * s) * c + ch;\n"
-    "                float want = y[yoff + o];\n"
-    "                int want_nan = isnan(want), found = 0, mine = 0;\n"
-    "                for (int ky = 0; ky < kh && !found; ++ky)\n"
-    "                    for (int kx = 0; kx < kw; ++kx) {\n"
-    "                        float v = b[((long)ky * w + kx) * c];\n"
-    "                        if (want_nan ? isnan(v) : v == want) {\n"
-    "                            mine = ky == iy - oy * s && kx == ix - ox * s;\n"
-    "                            found = 1;\n"
-    "                            break;\n"
-    "                        }\n"
-    "                    }\n"
-    "                if (mine) acc = acc + dy[dyoff + o];\n"
-    "            }\n"
-    "        dx[dxoff + g * c + ch] = acc;\n"
-    "    }\n"
-    "}\n",
+    "/* NHWC images (IMAGES in backend.h), on a two-dimensional range.\n"
+    "   Dimension rd counts col's rows (i, oy, ox, ky) or the output's\n"
+    "   pixels; a row's work-items (dimension 1 - rd, global size qs) share\n"
+    "   its consecutive floats (col's kw c, or the pixel's c channels) as q,\n"
+    "   q + qs, ...: on a GPU rd is 1, qs covers the run and neighbouring\n"
+    "   work-items touch neighbouring addresses; on a CPU rd is 0 and qs 1,\n"
+    "   one work-item does a row in a loop and PoCL vectorises across rows\n"
+    "   (one work-item per float costs it several times more in index\n"
+    "   arithmetic than the copy). The arithmetic is the CPU backend's:\n"
+    "   copies, compares and float adds from 0.0f in the documented order.\n"
+    "   Each kernel is built twice: with 32-bit index arithmetic (name _32:\n"
+    "   DSGD_IU uint, DSGD_IS int), used when every index of the call fits\n"
+    "   in an int, and with 64-bit (_64). Every kernel takes the window as h\n"
+    "   w c kh kw s p oh ow, then the number of rows or pixels, then rd. */\n"
+    "#define DSGD_WIN int h, int w, int c, int kh, int kw, int s, int p, int oh, int ow, ulong items, int rd\n"
+    "/* for (q = q0; q < n; q += qs) BODY, spelled with stride 1 when qs is 1\n"
+    "   (the CPU's shape) so that the compiler sees a plain loop */\n"
+    "#define DSGD_RUN(q, q0, qs, n, BODY) \\\n"
+    "    if (qs == 1) { for (DSGD_IU q = 0; q < n; ++q) BODY } \\\n"
+    "    else { for (DSGD_IU q = q0; q < n; q += qs) BODY }\n",
+    "#define DSGD_IU uint\n#define DSGD_IS int\n#define DSGD_IMG(f) f##_32\n",
+    DSGD_CL__IMG_SRC_A,
+    DSGD_CL__IMG_SRC_B,
+    "#undef DSGD_IU\n#undef DSGD_IS\n#undef DSGD_IMG\n"
+    "#define DSGD_IU ulong\n#define DSGD_IS long\n#define DSGD_IMG(f) f##_64\n",
+    DSGD_CL__IMG_SRC_A,
+    DSGD_CL__IMG_SRC_B,
 
     "/* A thin C = A^T B (A (k, m), B (k, n), m n small, k long: a weight\n"
     "   gradient over many rows), split along k: work-group g sums rows\n"
@@ -20388,7 +20476,8 @@ enum {
     DSGD_CL__K_AXPY,
     DSGD_CL__K_BIAS_ACT,
     DSGD_CL__K_ACT_BWD,
-    DSGD_CL__K_BIAS_BWD,
+    DSGD_CL__K_BIAS_PART,
+    DSGD_CL__K_BIAS_RED,
     DSGD_CL__K_XENT,
     DSGD_CL__K_MSE,
     DSGD_CL__K_LOSS_REDUCE,
@@ -20400,6 +20489,10 @@ enum {
     DSGD_CL__K_COL2IM,
     DSGD_CL__K_POOL_FWD,
     DSGD_CL__K_POOL_BWD,
+    DSGD_CL__K_IM2COL_64, /* the image kernels with 64-bit indices, in the same order */
+    DSGD_CL__K_COL2IM_64,
+    DSGD_CL__K_POOL_FWD_64,
+    DSGD_CL__K_POOL_BWD_64,
     DSGD_CL__K_GEMM_TN_PART,
     DSGD_CL__K_GEMM_TN_SUM,
     DSGD_CL__K_COUNT
@@ -20408,14 +20501,16 @@ enum {
 /* Kernel function names, and the operation names used in error messages. */
 static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_scale",     "dsgd_axpy",     "dsgd_bias_act",    "dsgd_act_backward",
-    "dsgd_bias_backward", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
+    "dsgd_bias_partial", "dsgd_bias_reduce", "dsgd_xent_rows", "dsgd_mse_rows", "dsgd_loss_reduce",
     "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
-    "dsgd_im2col", "dsgd_col2im", "dsgd_maxpool_fwd", "dsgd_maxpool_bwd",
+    "dsgd_im2col_32", "dsgd_col2im_32", "dsgd_maxpool_fwd_32", "dsgd_maxpool_bwd_32",
+    "dsgd_im2col_64", "dsgd_col2im_64", "dsgd_maxpool_fwd_64", "dsgd_maxpool_bwd_64",
     "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
-    "bias_backward", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
+    "bias_backward", "bias_backward(reduce)", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
     "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
+    "im2col", "col2im", "maxpool_forward", "maxpool_backward",
     "im2col", "col2im", "maxpool_forward", "maxpool_backward",
     "gemm(split k)", "gemm(split k, sum)"};
 
@@ -21641,9 +21736,21 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
                      device is refused
        device_name   "NAME (device I of its context)"
        im2col, col2im, maxpool_forward, maxpool_backward
-                     our kernels, one work-item per row of col or per
-                     output pixel (col2im and maxpool_backward gather their
-                     sums in the documented order): the CPU backend's bits
+                     our kernels: on a GPU (any device but a CPU) one
+                     work-item per float of the output, neighbouring
+                     work-items on neighbouring floats; on a CPU one per
+                     row of col or pixel of the output, its floats in a
+                     loop (col2im and maxpool_backward gather their sums in
+                     the documented order): the CPU backend's bits; 32-bit
+                     index arithmetic when every range of the call holds at
+                     most 2^31 - 1 floats, else 64-bit. Test hooks, read
+                     when the backend is made: DSGD_CL_IMAGE_INDEX_BITS=64
+                     forces 64-bit, DSGD_CL_IMAGE_SPREAD=1 or 0 the GPU or
+                     the CPU shape
+       bias_backward our kernels: one work-item per (block of
+                     DSGD_CL__BIAS_ROWS rows, column), then one per column
+                     sums the blocks (PRECISION in kernels.h), the partials
+                     in the scratch buffer
      So a strategy over OpenCL backends of one context on one device (see
      BACKENDS in distsgd.h) takes, with gradient_path AUTO, the DEVICE path
      when some backend's buffers are the device's own (a discrete GPU, or
@@ -21874,9 +21981,14 @@ typedef struct dsgd_cl__backend {
     cl_command_queue queue;
     cl_kernel kernels[DSGD_CL__K_COUNT];
     size_t local; /* work-group size of the element-wise kernels */
+    size_t local_max1; /* the device's most work-items in dimension 1 */
+    size_t img32_max;  /* image calls whose ranges all hold at most this many
+                          floats use the kernels with 32-bit indices */
+    int img_spread;    /* image kernels: a row's floats over work-items (1,
+                          not on CPUs) or one work-item's loop (0) */
     size_t reduce_local; /* power-of-two work-group size of the reductions */
     size_t acc_size;     /* sizeof(acc_t) in the kernels */
-    cl_mem scratch;      /* loss rows, norm partials */
+    cl_mem scratch;      /* loss rows, norm and bias_backward partials */
     size_t scratch_bytes;
     cl_mem status; /* small int / ulong results */
     cl_mem gemm_temp; /* CLBlast's temporary buffer for transposed/padded operands */
@@ -21980,6 +22092,35 @@ static dsgd_result dsgd_cl__run(dsgd_cl__backend *b, int k, size_t items, size_t
     cl_int err;
     if (items == 0) return DSGD_OK;
     err = clEnqueueNDRangeKernel(b->queue, b->kernels[k], 1, NULL, &global, &local, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueNDRangeKernel", dsgd_cl__kernel_op[k]);
+    return DSGD_OK;
+}
+
+/* Enqueues kernel k over a (run, rows) range whose dimension 0 walks
+   consecutive floats: work-groups of lx x ly work-items, lx the power of
+   two at or above run but at most wide (at most b->local) and ly =
+   b->local / lx, so that a work-group's work-items touch neighbouring
+   addresses (and PoCL, which compiles a kernel once per work-group size,
+   sees few sizes); with lx below run the kernel loops over the rest. wide
+   1 transposes the range: (rows, 1), a row per work-item (the image
+   kernels' CPU shape, rd 0). */
+static dsgd_result dsgd_cl__run2(dsgd_cl__backend *b, int k, size_t run, size_t rows, size_t wide) {
+    size_t global[2], local[2];
+    cl_int err;
+    if (run == 0 || rows == 0) return DSGD_OK;
+    if (wide == 1) { /* transposed: rows along dimension 0, one work-item each */
+        local[0] = b->local;
+        global[0] = (rows + local[0] - 1) / local[0] * local[0];
+        local[1] = global[1] = 1;
+    } else {
+        local[0] = 1;
+        while (local[0] < run && local[0] * 2 <= wide && local[0] * 2 <= b->local) local[0] *= 2;
+        local[1] = b->local / local[0];
+        if (local[1] > b->local_max1) local[1] = b->local_max1;
+        global[0] = (run + local[0] - 1) / local[0] * local[0];
+        global[1] = (rows + local[1] - 1) / local[1] * local[1];
+    }
+    err = clEnqueueNDRangeKernel(b->queue, b->kernels[k], 2, NULL, global, local, 0, NULL, NULL);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueNDRangeKernel", dsgd_cl__kernel_op[k]);
     return DSGD_OK;
 }
@@ -22445,10 +22586,15 @@ static dsgd_result dsgd_cl__act_backward(void *impl, dsgd_activation act, dsgd_r
     return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_ACT_BWD, n, b->local);
 }
 
+/* db = column sums of dy in the blocked order (kernels.h): with one block
+   of DSGD_CL__BIAS_ROWS rows (m at most that) the partials kernel writes db
+   itself; else it writes the blocks' partials to the scratch buffer and a
+   second kernel sums them per column in block order. */
 static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, int m, int n) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
-    cl_ulong dboff = db.off, dyoff = dy.off;
-    cl_uint mm = (cl_uint)m, nn = (cl_uint)n;
+    cl_ulong dboff = db.off, dyoff = dy.off, poff;
+    cl_uint mm = (cl_uint)m, nn = (cl_uint)n, blocks;
+    cl_mem part;
     dsgd_result r;
     if (m < 0 || n < 0)
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl bias_backward: m=%d n=%d", m, n);
@@ -22456,9 +22602,23 @@ static dsgd_result dsgd_cl__bias_backward(void *impl, dsgd_ref db, dsgd_ref dy, 
         !dsgd_cl__span(b, dy, (size_t)m * (size_t)n, "bias_backward dy"))
         return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0) return DSGD_OK;
-    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_BWD, 6, DSGD_CL__A(dsgd_cl__buf(db)->mem), DSGD_CL__A(dboff),
+    blocks = m <= DSGD_CL__BIAS_ROWS ? 1 : (mm + DSGD_CL__BIAS_ROWS - 1) / DSGD_CL__BIAS_ROWS;
+    if (blocks == 1) {
+        part = dsgd_cl__buf(db)->mem;
+        poff = dboff;
+    } else {
+        r = dsgd_cl__ensure_scratch(b, (size_t)blocks * (size_t)n * sizeof(float));
+        if (r != DSGD_OK) return r;
+        part = b->scratch;
+        poff = 0;
+    }
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_PART, 6, DSGD_CL__A(part), DSGD_CL__A(poff),
                       DSGD_CL__A(dsgd_cl__buf(dy)->mem), DSGD_CL__A(dyoff), DSGD_CL__A(mm), DSGD_CL__A(nn));
-    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_BWD, (size_t)n, b->local);
+    if (r == DSGD_OK) r = dsgd_cl__run2(b, DSGD_CL__K_BIAS_PART, (size_t)n, (size_t)blocks, b->local);
+    if (r != DSGD_OK || blocks == 1) return r;
+    r = dsgd_cl__args(b, DSGD_CL__K_BIAS_RED, 5, DSGD_CL__A(dsgd_cl__buf(db)->mem), DSGD_CL__A(dboff),
+                      DSGD_CL__A(b->scratch), DSGD_CL__A(blocks), DSGD_CL__A(nn));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_BIAS_RED, (size_t)n, b->local);
 }
 
 static dsgd_result dsgd_cl__loss(void *impl, dsgd_loss loss, int m, int c, dsgd_ref pred, dsgd_ref target,
@@ -22685,9 +22845,9 @@ static dsgd_result dsgd_cl__sum_across(void *impl, const dsgd_ref *refs, int n, 
 
 /* >>images ------------------------------------------------------------------ */
 /* im2col, col2im and max-pool (IMAGES in backend.h): one work-item per
-   row of col or per pixel of the output, gathers where the CPU backend
-   scatters within a row, the same sums in the same order (the kernels'
-   comment in kernels.h). */
+   float of the output or per row of them (BACKENDS), gathers where the
+   CPU backend scatters within a row, the same sums in the same order (the
+   kernels' comment in kernels.h). */
 
 /* 1 when [a.off, a.off + na) and [b.off, b.off + nb) of one buffer share a
    float: a kernel reading what another work-item writes would race. */
@@ -22702,9 +22862,9 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
                                 dsgd_ref dy, dsgd_ref out) {
     const char *name = dsgd_cl__kernel_op[k];
     dsgd__window_dims d;
-    cl_int win[9];
+    cl_int win[9], rd = b->img_spread ? 1 : 0;
     cl_ulong items, off[4];
-    size_t nin, nout;
+    size_t nin, nout, run;
     const dsgd_ref *refs[4];
     int nref = 0, i;
     dsgd_result r;
@@ -22742,9 +22902,14 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     win[6] = wd->pad;
     win[7] = d.oh;
     win[8] = d.ow;
-    /* work-items (IMAGES kernels in kernels.h): col's rows (i, oy, ox, ky),
-       else the output's pixels */
-    items = k == DSGD_CL__K_IM2COL ? (cl_ulong)d.rows * (cl_ulong)wd->kh : (cl_ulong)(nout / (size_t)wd->c);
+    /* the range (IMAGES kernels in kernels.h): dimension 0 along col's rows
+       of kw c floats or the c channels of a pixel; dimension 1 over col's
+       rows (i, oy, ox, ky), else the output's pixels */
+    run = k == DSGD_CL__K_IM2COL ? (size_t)wd->kw * (size_t)wd->c : (size_t)wd->c;
+    items = run ? (cl_ulong)(nout / run) : 0;
+    /* 32-bit indices when every range (whence every index) fits in an int */
+    if (nin > b->img32_max || nout > b->img32_max || (k == DSGD_CL__K_POOL_BWD && d.y > b->img32_max))
+        k += DSGD_CL__K_IM2COL_64 - DSGD_CL__K_IM2COL;
     for (i = 0, r = DSGD_OK; i < nref && r == DSGD_OK; ++i) {
         off[i] = refs[i]->off;
         r = dsgd_cl__arg(b, k, 2 * i, sizeof(cl_mem), &dsgd_cl__buf(*refs[i])->mem);
@@ -22752,7 +22917,8 @@ static dsgd_result dsgd_cl__img(dsgd_cl__backend *b, int k, const dsgd_window *w
     }
     for (i = 0; i < 9 && r == DSGD_OK; ++i) r = dsgd_cl__arg(b, k, 2 * nref + i, sizeof(cl_int), &win[i]);
     if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 9, sizeof(cl_ulong), &items);
-    return r != DSGD_OK ? r : dsgd_cl__run(b, k, (size_t)items, b->local);
+    if (r == DSGD_OK) r = dsgd_cl__arg(b, k, 2 * nref + 10, sizeof(cl_int), &rd);
+    return r != DSGD_OK ? r : dsgd_cl__run2(b, k, run, (size_t)items, b->img_spread ? b->local : 1);
 }
 
 static dsgd_result dsgd_cl__im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
@@ -22889,15 +23055,27 @@ static dsgd_result dsgd_cl__make_kernels(dsgd_ctx *ctx, dsgd_cl__backend *b) {
         if (err != CL_SUCCESS) return dsgd_cl__fail(ctx, err, "clGetKernelWorkGroupInfo", dsgd_cl__kernel_fn[k]);
         if (wg < kmax) kmax = wg;
     }
-    /* Our launches are one-dimensional: the device's limits (work-group and
-       first dimension; a driver may report a kernel limit above them, or
-       POCL_MAX_WORK_GROUP_SIZE lowers them) cap the kernels' answers. */
+    /* Work-groups are one-dimensional but for the image and bias_backward
+       kernels' (lx, ly), whose lx ly is at most b->local: the device's limits
+       (work-group and first dimension; a driver may report a kernel limit
+       above them, or POCL_MAX_WORK_GROUP_SIZE lowers them) cap the kernels'
+       answers. */
     if (info->max_work_group_size && info->max_work_group_size < kmax) kmax = info->max_work_group_size;
     if (info->max_work_item_sizes[0] && info->max_work_item_sizes[0] < kmax) kmax = info->max_work_item_sizes[0];
     /* One work-group size for every element-wise kernel keeps the number of
        compiled variants (PoCL compiles one per size) small. */
     b->local = kmax < 256 ? kmax : 256;
     if (b->local < 1) b->local = 1;
+    /* The image and bias_backward kernels' two-dimensional ranges. */
+    b->local_max1 = info->max_work_item_sizes[1] ? info->max_work_item_sizes[1] : 1;
+    {
+        /* DSGD_CL_IMAGE_INDEX_BITS=64 forces the 64-bit image kernels (for
+           the tests: no test buffer is large enough to need them); */
+        const char *bits = getenv("DSGD_CL_IMAGE_INDEX_BITS"), *spread = getenv("DSGD_CL_IMAGE_SPREAD");
+        b->img32_max = bits && strcmp(bits, "64") == 0 ? 0 : 0x7fffffff;
+        /* the same for DSGD_CL_IMAGE_SPREAD=1 or 0, which sets img_spread */
+        b->img_spread = spread && *spread ? strcmp(spread, "0") != 0 : info->type != DSGD_CL_DEVICE_CPU;
+    }
     /* Reductions: the largest power of two that fits, at most 256, and whose
        local arrays fit in local memory. */
     b->reduce_local = 1;
