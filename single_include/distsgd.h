@@ -22284,6 +22284,17 @@ static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer 
     if (count > (size_t)-1 / sizeof(float))
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY,
                                   "opencl buffer_create: %lu floats overflow size_t", (unsigned long)count);
+    {
+        /* Refused here rather than by the runtime: NVIDIA's creates such a
+           buffer and fails at its first use (the zero fill below). */
+        uint64_t largest = dsgd_cl_context_device_info(b->cl, b->dev)->max_alloc_bytes;
+        if (largest && (uint64_t)bytes > largest)
+            return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY,
+                                      "clCreateBuffer(%lu floats): CL_INVALID_BUFFER_SIZE (-61): %.4g GiB, over the "
+                                      "device's largest buffer (CL_DEVICE_MAX_MEM_ALLOC_SIZE, %.4g GiB)",
+                                      (unsigned long)count, (double)bytes / 1073741824.0,
+                                      (double)largest / 1073741824.0);
+    }
     buf = (dsgd_cl__buffer *)DSGD_MALLOC(sizeof(*buf));
     if (!buf) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_OUT_OF_MEMORY, "opencl buffer_create");
     buf->mem = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE | b->alloc_flags, bytes, NULL, &err);
