@@ -538,8 +538,8 @@ static void test_gemm(void **state) {
 }
 
 /* Thin TN GEMMs over a long k (a convolution's weight gradient), on a
-   backend made with DSGD_CL_GEMM_SPLIT_K=1 (split along k: parts of 256
-   rows and a short last one, added in order; the default on GPUs) and =0
+   backend made with DSGD_CL_GEMM_SPLIT_K=1 (split along k: parts of 64
+   rows or more and a short last one, added in order; the default on GPUs) and =0
    (CLBlast): both within the bound, a NaN C with beta 0 overwritten. */
 static void test_gemm_split_k(void **state) {
     static const gcase cases[] = {

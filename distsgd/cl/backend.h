@@ -69,7 +69,7 @@
      k >= 2048 and >= 16 max(m, n): a convolution's weight gradient, k =
      batch x output pixels), which gives CLBlast one tile of C or a few to
      run the whole k through, is split along k by our kernels instead: at
-     most 256 parts of at least 256 rows that run in parallel, each summed
+     most 256 parts of at least 64 rows that run in parallel, each summed
      in row order, then added in part order (fixed for a given shape: same
      inputs, same bits). On an H200 the CNN's 9x16x50176 took 0.035 ms split
      and 1.0 ms in CLBlast; on PoCL, CLBlast is as fast or faster. Test
@@ -766,7 +766,7 @@ static dsgd_result dsgd_cl__scale_matrix(dsgd_cl__backend *b, dsgd_ref c, int m,
 /* A thin TN GEMM over a long k (a weight gradient over many rows, such as
    a convolution's over batch x pixels) gives CLBlast one tile of C or a few
    to run the whole k through; such GEMMs are split along k instead, into
-   parts of at least 256 rows (at most 256 parts) that run in parallel and
+   parts of at least 64 rows (at most 256 parts) that run in parallel and
    are then added in order (GEMM in the header comment). */
 static int dsgd_cl__split_k(int ta, int tb, int m, int n, int k) {
     return ta && !tb && (size_t)m * (size_t)n <= 8192 && k >= 2048 && k >= 16 * (m > n ? m : n);
@@ -774,13 +774,13 @@ static int dsgd_cl__split_k(int ta, int tb, int m, int n, int k) {
 
 static dsgd_result dsgd_cl__gemm_split_k(dsgd_cl__backend *b, int m, int n, int k, float alpha, dsgd_ref ra,
                                          int lda, dsgd_ref rb, int ldb, float beta, dsgd_ref rc, int ldc) {
-    size_t chunk = ((size_t)k + 255) / 256;
+    size_t chunk = ((size_t)k + 255) / 256; /* at most 256 parts, of at least 64 rows */
     cl_uint mm = (cl_uint)m, nn = (cl_uint)n, kk = (cl_uint)k, kc, parts, la = (cl_uint)lda, lb = (cl_uint)ldb,
             lc = (cl_uint)ldc;
     cl_ulong aoff = ra.off, boff = rb.off, coff = rc.off;
     cl_float al = alpha, be = beta;
     dsgd_result r;
-    if (chunk < 256) chunk = 256;
+    if (chunk < 64) chunk = 64;
     kc = (cl_uint)chunk;
     parts = (cl_uint)(((size_t)k + chunk - 1) / chunk);
     if ((r = dsgd_cl__ensure_scratch(b, (size_t)parts * (size_t)m * (size_t)n * sizeof(float))) != DSGD_OK) return r;
