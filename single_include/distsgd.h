@@ -20819,6 +20819,9 @@ struct dsgd_cl_context {
     int fp64;
     dsgd_cl_queues queues;                          /* resolved */
     cl_command_queue dev_queue[DSGD_CL_MAX_DEVICES]; /* PER_DEVICE: shared */
+    unsigned long mem_released; /* buffers released so far (atomic): a
+                                   backend's cached kernel arguments may
+                                   name a handle the runtime reuses */
 };
 
 /* >>program ----------------------------------------------------------------- */
@@ -21209,6 +21212,12 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i) {
    under PER_BACKEND: each backend then opens its own). */
 static cl_program dsgd_cl__context_program(const dsgd_cl_context *c) { return c->program; }
 static cl_command_queue dsgd_cl__context_shared_queue(const dsgd_cl_context *c, int i) { return c->dev_queue[i]; }
+/* Releases a buffer that a kernel argument may name, and counts it. */
+static void dsgd_cl__context_release_mem(dsgd_cl_context *c, cl_mem mem) {
+    DSGD__FETCH_ADD(&c->mem_released, 1UL);
+    clReleaseMemObject(mem);
+}
+static unsigned long dsgd_cl__context_mem_released(dsgd_cl_context *c) { return DSGD__LOAD_ACQ(&c->mem_released); }
 
 /* >>gemm parameters --------------------------------------------------------- */
 
@@ -21971,6 +21980,15 @@ typedef struct dsgd_cl__class_check {
     int m, c;
 } dsgd_cl__class_check;
 
+/* A kernel argument as last set (ARGUMENTS): kind 0 unknown, 1 a value of
+   size bytes (at most 8), 2 local memory of size bytes. */
+typedef struct dsgd_cl__arg_val {
+    size_t size;
+    int kind;
+    unsigned char v[8];
+} dsgd_cl__arg_val;
+
+#define DSGD_CL__ARGS_CACHED 32
 #define DSGD_CL__STAGED_MAX 32
 #define DSGD_CL__CHECKS_MAX 4
 #define DSGD_CL__STAGE_MIN ((size_t)1 << 20)
@@ -22002,6 +22020,10 @@ typedef struct dsgd_cl__backend {
        tests: on GPU runtimes that migrate a buffer whole between devices, two
        devices writing one buffer may lose writes; nothing here does it). */
     unsigned long foreign_writes;
+    /* Each kernel's arguments as last set, valid while the context's
+       released-buffer count is args_gen (a released handle may come back). */
+    dsgd_cl__arg_val args[DSGD_CL__K_COUNT][DSGD_CL__ARGS_CACHED];
+    unsigned long args_gen;
     /* Times the host waited for the device (dsgd_cl_backend_host_waits). */
     unsigned long host_waits;
     /* write's staging ring (STAGING): a pinned buffer mapped for good, the
@@ -22065,9 +22087,26 @@ static int dsgd_cl__out(dsgd_cl__backend *b, dsgd_ref r, size_t n, const char *o
 #define DSGD_CL__A(x) sizeof(x), (const void *)&(x)
 #define DSGD_CL__LOCAL(bytes) (size_t)(bytes), (const void *)NULL
 
-/* Sets argument i of kernel k. */
+/* Sets argument i of kernel k, unless it holds that value already: the
+   backend's kernel objects are its own, so an argument keeps its value
+   from one launch to the next, and most do not change between steps. */
 static dsgd_result dsgd_cl__arg(dsgd_cl__backend *b, int k, int i, size_t size, const void *ptr) {
-    cl_int err = clSetKernelArg(b->kernels[k], (cl_uint)i, size, ptr);
+    dsgd_cl__arg_val *a = i < DSGD_CL__ARGS_CACHED ? &b->args[k][i] : NULL;
+    unsigned long gen = dsgd_cl__context_mem_released(b->cl);
+    cl_int err;
+    if (gen != b->args_gen) {
+        memset(b->args, 0, sizeof(b->args));
+        b->args_gen = gen;
+    }
+    if (a && a->size == size &&
+        (ptr ? a->kind == 1 && size <= sizeof(a->v) && memcmp(a->v, ptr, size) == 0 : a->kind == 2))
+        return DSGD_OK;
+    err = clSetKernelArg(b->kernels[k], (cl_uint)i, size, ptr);
+    if (a) {
+        a->kind = err != CL_SUCCESS || (ptr && size > sizeof(a->v)) ? 0 : ptr ? 1 : 2;
+        a->size = size;
+        if (a->kind == 1) memcpy(a->v, ptr, size);
+    }
     if (err != CL_SUCCESS) {
         char what[96];
         snprintf(what, sizeof(what), "%s, argument %d", dsgd_cl__kernel_op[k], i);
@@ -22133,7 +22172,7 @@ static dsgd_result dsgd_cl__ensure_scratch(dsgd_cl__backend *b, size_t bytes) {
     cl_int err;
     if (bytes <= b->scratch_bytes) return DSGD_OK;
     if (bytes < 4096) bytes = 4096;
-    if (b->scratch) clReleaseMemObject(b->scratch); /* freed once queued work is done */
+    if (b->scratch) dsgd_cl__context_release_mem(b->cl, b->scratch); /* freed once queued work is done */
     b->scratch = NULL;
     b->scratch_bytes = 0;
     b->scratch = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, bytes, NULL, &err);
@@ -22329,7 +22368,7 @@ static void dsgd_cl__buffer_destroy(void *impl, dsgd_buffer *buffer) {
     dsgd_cl__buffer *buf = (dsgd_cl__buffer *)(void *)buffer;
     DSGD__UNUSED(impl);
     if (!buf) return;
-    clReleaseMemObject(buf->mem);
+    dsgd_cl__context_release_mem((dsgd_cl_context *)buf->cl, buf->mem); /* counts in the context */
     buf->magic = 0;
     DSGD_FREE(buf);
 }

@@ -301,6 +301,9 @@ struct dsgd_cl_context {
     int fp64;
     dsgd_cl_queues queues;                          /* resolved */
     cl_command_queue dev_queue[DSGD_CL_MAX_DEVICES]; /* PER_DEVICE: shared */
+    unsigned long mem_released; /* buffers released so far (atomic): a
+                                   backend's cached kernel arguments may
+                                   name a handle the runtime reuses */
 };
 
 /* >>program ----------------------------------------------------------------- */
@@ -691,6 +694,12 @@ DSGD_API cl_device_id dsgd_cl_context_device(const dsgd_cl_context *c, int i) {
    under PER_BACKEND: each backend then opens its own). */
 static cl_program dsgd_cl__context_program(const dsgd_cl_context *c) { return c->program; }
 static cl_command_queue dsgd_cl__context_shared_queue(const dsgd_cl_context *c, int i) { return c->dev_queue[i]; }
+/* Releases a buffer that a kernel argument may name, and counts it. */
+static void dsgd_cl__context_release_mem(dsgd_cl_context *c, cl_mem mem) {
+    DSGD__FETCH_ADD(&c->mem_released, 1UL);
+    clReleaseMemObject(mem);
+}
+static unsigned long dsgd_cl__context_mem_released(dsgd_cl_context *c) { return DSGD__LOAD_ACQ(&c->mem_released); }
 
 /* >>gemm parameters --------------------------------------------------------- */
 
