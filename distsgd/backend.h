@@ -179,6 +179,9 @@ typedef struct dsgd_opt_update {
     float bias_correction1; /* ADAM, ADAMW: 1 - beta1^t */
     float bias_correction2; /* ADAM, ADAMW: 1 - beta2^t */
     float grad_scale;    /* every gradient is multiplied by this first (clipping) */
+    dsgd_ref gate;       /* buf set: the update is made only where gate[0] is 0
+                            (a step's non-finite flag, kept on the device:
+                            nonfinite_flag); else nothing changes */
 } dsgd_opt_update;
 
 /* The shape of a window sliding over a batch of NHWC images (IMAGES above):
@@ -342,6 +345,18 @@ typedef struct dsgd_backend_i {
     dsgd_result (*mark)(void *impl, void **out);
     dsgd_result (*wait_marks)(void *impl, void *const *marks, int n);
     void (*release_mark)(void *impl, void *mark);
+
+    /* optional, all three or none (and the three above): a step's
+       non-finite verdict kept on the device, so that a step need not wait
+       for it (THE VERDICT ON THE DEVICE in strategy.h). nonfinite_flag
+       enqueues flag[0] = 1.0f when x(n) holds a NaN or an infinity, else
+       0.0f; read_marked enqueues a read of count floats into dst (which
+       must stay valid until then) and gives a mark that is done when dst
+       holds them; wait_mark makes the host wait for a mark (at once when it
+       is done; the mark is still released with release_mark). */
+    dsgd_result (*nonfinite_flag)(void *impl, dsgd_ref x, size_t n, dsgd_ref flag);
+    dsgd_result (*read_marked)(void *impl, dsgd_ref src, float *dst, size_t count, void **mark);
+    dsgd_result (*wait_mark)(void *impl, void *mark);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording

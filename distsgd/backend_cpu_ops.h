@@ -321,6 +321,11 @@ static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update 
         (m2 && (dsgd__cpu_overlap(rp, n, rm2, n) || dsgd__cpu_overlap(rg, n, rm2, n) || dsgd__cpu_overlap(rm1, n, rm2, n))))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "cpu optimizer_update: param, grad and state ranges overlap");
+    if (u->gate.buf) { /* a step's non-finite flag: skipped when set */
+        const float *gate = dsgd__cpu_span(cpu, u->gate, 1, "optimizer_update gate");
+        if (!gate) return DSGD_ERR_INVALID_ARGUMENT;
+        if (*gate != 0.0f) return DSGD_OK;
+    }
     j.u = u;
     j.x = p;
     j.y = g;

@@ -147,6 +147,7 @@ typedef struct dsgd__opt_state {
     const dsgd_backend_i *be; /* must outlive the state */
     size_t n;
     dsgd_buffer *slot[2];     /* dsgd__opt_kind_slots(d.kind) of them, the others NULL */
+    dsgd_ref gate;            /* dsgd_opt_update.gate of its updates (buf NULL: none) */
 } dsgd__opt_state;
 
 static void dsgd__opt_state_free(dsgd__opt_state *st) {
@@ -279,6 +280,7 @@ static dsgd_opt_update dsgd__opt_update_at(const dsgd_optimizer_desc *d, int64_t
 static dsgd_result dsgd__opt_state_update(const dsgd__opt_state *st, int64_t t, dsgd_ref params, dsgd_ref grads,
                                           float grad_scale) {
     dsgd_opt_update u = dsgd__opt_update_at(&st->d, t, grad_scale);
+    u.gate = st->gate;
     return st->be->optimizer_update(st->be->impl, &u, params, grads, dsgd__ref(st->slot[0], 0),
                                     dsgd__ref(st->slot[1], 0), st->n);
 }
@@ -354,6 +356,18 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
 }
 
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->run.t : 0; }
+
+/* For a strategy that keeps the step's non-finite verdict on the device
+   (strategy.h): a step whose update is made only where gate[0] is 0, and
+   the step count taken back once the verdict says it was not made. */
+static dsgd_result dsgd__optimizer_step_gated(dsgd_optimizer *o, dsgd_ref gate) {
+    dsgd_result r;
+    o->run.st.gate = gate;
+    r = dsgd_optimizer_step(o);
+    o->run.st.gate = dsgd__ref(NULL, 0);
+    return r;
+}
+static void dsgd__optimizer_unstep(dsgd_optimizer *o) { --o->run.t; }
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->run.last_norm : 0.0; }
 DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
     return o ? dsgd_lr_at(&o->run.st.d.schedule, o->run.st.d.lr, o->run.t) : 0.0f;

@@ -29,6 +29,36 @@
      replicas returns DSGD_ERR_STATE naming the step and the first error
      (dsgd_strategy_failed) until you destroy it and create a new one.
 
+   THE VERDICT ON THE DEVICE
+
+     Where every replica's backend can keep a step's non-finite verdict on
+     its device (nonfinite_flag, read_marked, wait_mark: the OpenCL
+     backend), the replicas are one_device's or mirrored's in this process
+     (one replica, or the DEVICE gradient path with marks) and nothing is
+     clipped (the clipping norm is the host's), a synchronous step does not
+     wait for its verdict: each replica writes its gradient's flag on the
+     device, the DEVICE path sums the flags with the gradients, the update
+     is made only where the sum is 0 (dsgd_opt_update.gate), and the flag
+     comes back to the host without waiting, to be taken at the next step
+     before its update (on a GPU it is in by then), or at the next other
+     call that dispatches to the replicas. The weights, the optimizer's
+     state, the step count and the learning rate are exactly those of the
+     verdict taken before the update (the tests compare the two bit for
+     bit across a non-finite step). What moves is when the host learns it:
+       - dsgd_step_info: passing info makes the step wait for its own
+         verdict, so skipped and the error are reported by that step as
+         elsewhere; with info NULL the step waits for nothing;
+       - under DSGD_NONFINITE_ERROR with info NULL, the error is returned
+         by the next call ("taken at the next step"), which then updates
+         nothing: the weights are those from before the non-finite step;
+       - until the verdict is taken, the optimizer's step count
+         (dsgd_optimizer_steps of a replica's optimizer) counts the
+         step, and it is taken back if the verdict says skipped.
+     A steady-state step on OpenCL then makes no call that waits for the
+     device (dsgd_cl_backend_host_waits counts them) unless the device is
+     behind the host, as PoCL's CPU device is: then the host waits for the
+     last step's verdict while the device works on this one.
+
    MULTI-WORKER
 
      DSGD_STRATEGY_MULTI_WORKER_MIRRORED runs this process's num_replicas
@@ -216,7 +246,9 @@ typedef struct dsgd_strategy_desc {
     dsgd_strategy_ps_desc ps;       /* PARAMETER_SERVER only (ignored by the others) */
 } dsgd_strategy_desc;
 
-/* What one training step did. */
+/* What one training step did. Asking for it costs a wait for the step's
+   verdict where the verdict stays on the device (THE VERDICT ON THE
+   DEVICE above). */
 typedef struct dsgd_step_info {
     int64_t step;      /* optimizer steps applied before this one */
     int count;         /* samples in the global batch */
@@ -509,6 +541,13 @@ struct dsgd_replica {
     float lr;
     int global;         /* the global batch of the last step */
     int local;          /* index in the strategy's reps (rank - first) */
+    /* THE VERDICT ON THE DEVICE (s->defer): this step's non-finite flag,
+       the last step's read back into vhost, done at vmark (NULL: none
+       pending) */
+    dsgd_buffer *vflag;
+    float vhost;
+    void *vmark;
+    int64_t t_step;     /* optimizer steps before this step's update */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -563,6 +602,7 @@ typedef struct dsgd__step_args {
     int count;
     dsgd_batch_fn fn;  /* non-NULL: each replica's batch comes from fn (x, y, count unused) */
     void *fn_user;
+    int verdict;       /* s->defer: wait for this step's verdict (the caller asked for info) */
 } dsgd__step_args;
 
 struct dsgd_strategy {
@@ -585,6 +625,8 @@ struct dsgd_strategy {
     dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
     void **marks;            /* DEVICE with marks: each replica's "gradient
                                 done" (0..n-1) and "sum done" (n..2n-1) */
+    int defer;               /* the non-finite verdict stays on the device */
+    dsgd_ref *flag_refs;     /* defer, n > 1: every replica's vflag */
     int metric_var[2]; /* first of the three metric variables of each slot */
     void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
     /* failed: a failure may have left the replicas different, or stopped the
@@ -619,6 +661,31 @@ static void dsgd__strategy_abort(dsgd_strategy *s, int local) {
     t->abort(t->impl);
 }
 
+/* THE VERDICT ON THE DEVICE: takes replica r's pending verdict, if any
+   (waiting for it when it is not in yet): a flag set means the update of
+   that step was not made on the device; its optimizer step is taken back,
+   *skipped (may be NULL) set, and under DSGD_NONFINITE_ERROR it is
+   DSGD_ERR_NON_FINITE, recorded and clean (every replica holds the same
+   summed flag, so all of them stop). `when` says when it was taken. */
+static dsgd_result dsgd__replica_settle(dsgd_replica *r, int *skipped, const char *when) {
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_result res;
+    if (skipped) *skipped = 0;
+    if (!r->vmark) return DSGD_OK;
+    res = be->wait_mark(be->impl, r->vmark);
+    be->release_mark(be->impl, r->vmark);
+    r->vmark = NULL;
+    if (res != DSGD_OK || r->vhost == 0.0f) return res;
+    dsgd__optimizer_unstep(r->opt);
+    if (skipped) *skipped = 1;
+    if (r->s->d.nonfinite != DSGD_NONFINITE_ERROR) return DSGD_OK;
+    r->clean_fail = 1;
+    return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_NON_FINITE,
+                              "step %lld: non-finite gradient (the replicas' verdict, kept on the device, taken %s); "
+                              "nothing was updated; every replica stops",
+                              (long long)dsgd_optimizer_steps(r->opt), when);
+}
+
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
    failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
@@ -630,7 +697,9 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     r->own_error = 1;
     r->comm_failed = 0;
     r->clean_fail = 0;
-    res = fn(r, user);
+    /* a verdict still pending is taken before any other job */
+    res = r->vmark && fn != s->ops->step ? dsgd__replica_settle(r, NULL, "at the next call") : DSGD_OK;
+    if (res == DSGD_OK) res = fn(r, user);
     if (res == DSGD_OK) {
         r->msg[0] = '\0';
         return res;
@@ -1174,9 +1243,11 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
 static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, dsgd_step_info *info, const char *what) {
     dsgd_result res;
     int i;
+    a->verdict = info != NULL;
     if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
     res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
     if (info) {
+        if (s->defer && s->n > 0) info->step = s->reps[0].t_step; /* a pending verdict taken in the step */
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;

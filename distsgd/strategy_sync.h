@@ -16,6 +16,12 @@
                     or on the devices (dsgd_gradient_path)
        5 update     the optimizer step, the same on every replica
 
+     With the verdict on the device (THE VERDICT ON THE DEVICE in
+     strategy.h), phase 1 writes a flag on the device instead of counting
+     on the host, phase 2 agrees on failures only, phase 4 sums the flags
+     with the gradients, phase 5 is gated by the sum, and the last step's
+     verdict is taken between phases 1 and 2.
+
      From phase 2 on every replica does the same, so a failure agreed on in
      phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
      not clean: the others may have updated, or wait for this replica in the
@@ -67,6 +73,7 @@ static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, in
     else
         res = r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, p);
     if (res != DSGD_OK) return res;
+    if (r->s->defer) return r->m.be.nonfinite_flag(r->m.be.impl, dsgd_model_grads(m), p, dsgd__ref(r->vflag, 0));
     return r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, bad);
 }
 
@@ -174,6 +181,8 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
     if ((res = dsgd__step_device_after(r, ready)) != DSGD_OK) return res;
     dsgd_block_range(p, s->n, r->rank, &lo, &len);
     if (len > 0) res = be->sum_across(be->impl, s->grad_refs, s->n, lo, lo + len);
+    if (res == DSGD_OK && s->flag_refs && r->local == 0) /* the verdict: every replica's flag */
+        res = be->sum_across(be->impl, s->flag_refs, s->n, 0, 1);
     if (res == DSGD_OK) res = dsgd__step_device_done(r, summed ? &summed[r->rank] : NULL);
     if (res != DSGD_OK) return res;
     if ((res = dsgd_barrier(r->comm, 0.0)) != DSGD_OK) {
@@ -243,15 +252,27 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_strategy *s = r->s;
     dsgd_batch b;
     size_t bad = 0;
-    dsgd_result res;
+    dsgd_result res, vr;
     r->lr = dsgd_optimizer_lr(r->opt);
+    r->t_step = dsgd_optimizer_steps(r->opt);
+    r->skipped = 0;
     res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
+    if (s->defer) { /* the last step's verdict, in by now on a GPU */
+        if ((vr = dsgd__replica_settle(r, NULL, "at the next step")) != DSGD_OK) return res != DSGD_OK ? res : vr;
+        r->lr = dsgd_optimizer_lr(r->opt);
+        r->t_step = dsgd_optimizer_steps(r->opt);
+    }
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
     if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
     if (res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
-    if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);         /* 5 */
+    if (res != DSGD_OK) return res;
+    if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
+    /* 5, gated by the verdict on the device; read back without waiting */
+    if ((res = dsgd__optimizer_step_gated(r->opt, dsgd__ref(r->vflag, 0))) != DSGD_OK) return res;
+    res = r->m.be.read_marked(r->m.be.impl, dsgd__ref(r->vflag, 0), &r->vhost, 1, &r->vmark);
+    if (res == DSGD_OK && a->verdict) res = dsgd__replica_settle(r, &r->skipped, "at the end of its step");
     return res;
 }
 
@@ -269,12 +290,52 @@ static const char *dsgd__replica_device(const dsgd_strategy *s, int i) {
     return name ? name : be->name ? be->name : "a backend";
 }
 
+/* THE VERDICT ON THE DEVICE, where every replica's backend can keep it
+   there (nonfinite_flag, read_marked, wait_mark, release_mark), all of them
+   in this process, and one replica or the DEVICE path with marks, and no
+   clipping (its norm is the host's): each replica gets a one-float flag. */
+static dsgd_result dsgd__sync_defer_setup(dsgd_strategy *s) {
+    int i, ok = s->n >= 1 && s->world == s->n && (s->n == 1 || s->marks) && s->d.optimizer.clip_norm <= 0.0f;
+    dsgd_result res;
+    for (i = 0; i < s->n && ok; ++i) {
+        const dsgd_backend_i *be = &s->reps[i].m.be;
+        ok = be->nonfinite_flag && be->read_marked && be->wait_mark && be->release_mark;
+    }
+    if (!ok) return DSGD_OK;
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        if ((res = r->m.be.buffer_create(r->m.be.impl, 1, &r->vflag)) != DSGD_OK) return res;
+    }
+    if (s->n > 1) {
+        s->flag_refs = (dsgd_ref *)dsgd__alloc(s->ctx, sizeof(dsgd_ref) * (size_t)s->n, "dsgd_strategy_create");
+        if (!s->flag_refs) return DSGD_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < s->n; ++i) s->flag_refs[i] = dsgd__ref(s->reps[i].vflag, 0);
+    }
+    s->defer = 1;
+    return DSGD_OK;
+}
+
+/* Undoes dsgd__sync_defer_setup (a verdict still pending is dropped). */
+static void dsgd__sync_defer_teardown(dsgd_strategy *s) {
+    int i;
+    for (i = 0; s->reps && i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        if (r->vmark) r->m.be.release_mark(r->m.be.impl, r->vmark);
+        if (r->vflag) r->m.be.buffer_destroy(r->m.be.impl, r->vflag);
+        r->vmark = NULL;
+        r->vflag = NULL;
+    }
+    DSGD_FREE(s->flag_refs);
+    s->flag_refs = NULL;
+    s->defer = 0;
+}
+
 /* Mirrored's setup resolves desc.gradient_path: DEVICE needs every
    replica's backend to have sum_across and to reach every other replica's
    buffers (OpenCL: one context, one device); AUTO also wants some
    replica's buffers outside host-shared memory. One replica has nothing to
    exchange: HOST. */
-static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
+static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
     int i, j, ok = 1;
     const char *why = "";
     char what[DSGD__MSG_MAX];
@@ -322,9 +383,15 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     return DSGD_OK;
 }
 
+static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
+    dsgd_result res = dsgd__mirrored_path(s);
+    return res != DSGD_OK ? res : dsgd__sync_defer_setup(s);
+}
+
 /* The marks still held (after the backends' queues are done with them). */
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     int i;
+    dsgd__sync_defer_teardown(s);
     for (i = 0; s->marks && i < 2 * s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
         if (s->marks[i]) be->release_mark(be->impl, s->marks[i]);
@@ -346,7 +413,8 @@ static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_d
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL, NULL, NULL, NULL,
+    "one_device", dsgd__one_device_check, dsgd__sync_defer_setup, dsgd__sync_step, dsgd__sync_defer_teardown, NULL, 0,
+    NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
     "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,

@@ -872,6 +872,9 @@ typedef struct dsgd_opt_update {
     float bias_correction1; /* ADAM, ADAMW: 1 - beta1^t */
     float bias_correction2; /* ADAM, ADAMW: 1 - beta2^t */
     float grad_scale;    /* every gradient is multiplied by this first (clipping) */
+    dsgd_ref gate;       /* buf set: the update is made only where gate[0] is 0
+                            (a step's non-finite flag, kept on the device:
+                            nonfinite_flag); else nothing changes */
 } dsgd_opt_update;
 
 /* The shape of a window sliding over a batch of NHWC images (IMAGES above):
@@ -1035,6 +1038,18 @@ typedef struct dsgd_backend_i {
     dsgd_result (*mark)(void *impl, void **out);
     dsgd_result (*wait_marks)(void *impl, void *const *marks, int n);
     void (*release_mark)(void *impl, void *mark);
+
+    /* optional, all three or none (and the three above): a step's
+       non-finite verdict kept on the device, so that a step need not wait
+       for it (THE VERDICT ON THE DEVICE in strategy.h). nonfinite_flag
+       enqueues flag[0] = 1.0f when x(n) holds a NaN or an infinity, else
+       0.0f; read_marked enqueues a read of count floats into dst (which
+       must stay valid until then) and gives a mark that is done when dst
+       holds them; wait_mark makes the host wait for a mark (at once when it
+       is done; the mark is still released with release_mark). */
+    dsgd_result (*nonfinite_flag)(void *impl, dsgd_ref x, size_t n, dsgd_ref flag);
+    dsgd_result (*read_marked)(void *impl, dsgd_ref src, float *dst, size_t count, void **mark);
+    dsgd_result (*wait_mark)(void *impl, void *mark);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -2660,6 +2675,11 @@ static dsgd_result dsgd__cpu_optimizer_update(void *impl, const dsgd_opt_update 
         (m2 && (dsgd__cpu_overlap(rp, n, rm2, n) || dsgd__cpu_overlap(rg, n, rm2, n) || dsgd__cpu_overlap(rm1, n, rm2, n))))
         return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "cpu optimizer_update: param, grad and state ranges overlap");
+    if (u->gate.buf) { /* a step's non-finite flag: skipped when set */
+        const float *gate = dsgd__cpu_span(cpu, u->gate, 1, "optimizer_update gate");
+        if (!gate) return DSGD_ERR_INVALID_ARGUMENT;
+        if (*gate != 0.0f) return DSGD_OK;
+    }
     j.u = u;
     j.x = p;
     j.y = g;
@@ -4550,6 +4570,7 @@ typedef struct dsgd__opt_state {
     const dsgd_backend_i *be; /* must outlive the state */
     size_t n;
     dsgd_buffer *slot[2];     /* dsgd__opt_kind_slots(d.kind) of them, the others NULL */
+    dsgd_ref gate;            /* dsgd_opt_update.gate of its updates (buf NULL: none) */
 } dsgd__opt_state;
 
 static void dsgd__opt_state_free(dsgd__opt_state *st) {
@@ -4682,6 +4703,7 @@ static dsgd_opt_update dsgd__opt_update_at(const dsgd_optimizer_desc *d, int64_t
 static dsgd_result dsgd__opt_state_update(const dsgd__opt_state *st, int64_t t, dsgd_ref params, dsgd_ref grads,
                                           float grad_scale) {
     dsgd_opt_update u = dsgd__opt_update_at(&st->d, t, grad_scale);
+    u.gate = st->gate;
     return st->be->optimizer_update(st->be->impl, &u, params, grads, dsgd__ref(st->slot[0], 0),
                                     dsgd__ref(st->slot[1], 0), st->n);
 }
@@ -4757,6 +4779,18 @@ DSGD_API dsgd_result dsgd_optimizer_step(dsgd_optimizer *o) {
 }
 
 DSGD_API int64_t dsgd_optimizer_steps(const dsgd_optimizer *o) { return o ? o->run.t : 0; }
+
+/* For a strategy that keeps the step's non-finite verdict on the device
+   (strategy.h): a step whose update is made only where gate[0] is 0, and
+   the step count taken back once the verdict says it was not made. */
+static dsgd_result dsgd__optimizer_step_gated(dsgd_optimizer *o, dsgd_ref gate) {
+    dsgd_result r;
+    o->run.st.gate = gate;
+    r = dsgd_optimizer_step(o);
+    o->run.st.gate = dsgd__ref(NULL, 0);
+    return r;
+}
+static void dsgd__optimizer_unstep(dsgd_optimizer *o) { --o->run.t; }
 DSGD_API double dsgd_optimizer_last_grad_norm(const dsgd_optimizer *o) { return o ? o->run.last_norm : 0.0; }
 DSGD_API float dsgd_optimizer_lr(const dsgd_optimizer *o) {
     return o ? dsgd_lr_at(&o->run.st.d.schedule, o->run.st.d.lr, o->run.t) : 0.0f;
@@ -15852,6 +15886,36 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c) {
      replicas returns DSGD_ERR_STATE naming the step and the first error
      (dsgd_strategy_failed) until you destroy it and create a new one.
 
+   THE VERDICT ON THE DEVICE
+
+     Where every replica's backend can keep a step's non-finite verdict on
+     its device (nonfinite_flag, read_marked, wait_mark: the OpenCL
+     backend), the replicas are one_device's or mirrored's in this process
+     (one replica, or the DEVICE gradient path with marks) and nothing is
+     clipped (the clipping norm is the host's), a synchronous step does not
+     wait for its verdict: each replica writes its gradient's flag on the
+     device, the DEVICE path sums the flags with the gradients, the update
+     is made only where the sum is 0 (dsgd_opt_update.gate), and the flag
+     comes back to the host without waiting, to be taken at the next step
+     before its update (on a GPU it is in by then), or at the next other
+     call that dispatches to the replicas. The weights, the optimizer's
+     state, the step count and the learning rate are exactly those of the
+     verdict taken before the update (the tests compare the two bit for
+     bit across a non-finite step). What moves is when the host learns it:
+       - dsgd_step_info: passing info makes the step wait for its own
+         verdict, so skipped and the error are reported by that step as
+         elsewhere; with info NULL the step waits for nothing;
+       - under DSGD_NONFINITE_ERROR with info NULL, the error is returned
+         by the next call ("taken at the next step"), which then updates
+         nothing: the weights are those from before the non-finite step;
+       - until the verdict is taken, the optimizer's step count
+         (dsgd_optimizer_steps of a replica's optimizer) counts the
+         step, and it is taken back if the verdict says skipped.
+     A steady-state step on OpenCL then makes no call that waits for the
+     device (dsgd_cl_backend_host_waits counts them) unless the device is
+     behind the host, as PoCL's CPU device is: then the host waits for the
+     last step's verdict while the device works on this one.
+
    MULTI-WORKER
 
      DSGD_STRATEGY_MULTI_WORKER_MIRRORED runs this process's num_replicas
@@ -16039,7 +16103,9 @@ typedef struct dsgd_strategy_desc {
     dsgd_strategy_ps_desc ps;       /* PARAMETER_SERVER only (ignored by the others) */
 } dsgd_strategy_desc;
 
-/* What one training step did. */
+/* What one training step did. Asking for it costs a wait for the step's
+   verdict where the verdict stays on the device (THE VERDICT ON THE
+   DEVICE above). */
 typedef struct dsgd_step_info {
     int64_t step;      /* optimizer steps applied before this one */
     int count;         /* samples in the global batch */
@@ -16332,6 +16398,13 @@ struct dsgd_replica {
     float lr;
     int global;         /* the global batch of the last step */
     int local;          /* index in the strategy's reps (rank - first) */
+    /* THE VERDICT ON THE DEVICE (s->defer): this step's non-finite flag,
+       the last step's read back into vhost, done at vmark (NULL: none
+       pending) */
+    dsgd_buffer *vflag;
+    float vhost;
+    void *vmark;
+    int64_t t_step;     /* optimizer steps before this step's update */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -16386,6 +16459,7 @@ typedef struct dsgd__step_args {
     int count;
     dsgd_batch_fn fn;  /* non-NULL: each replica's batch comes from fn (x, y, count unused) */
     void *fn_user;
+    int verdict;       /* s->defer: wait for this step's verdict (the caller asked for info) */
 } dsgd__step_args;
 
 struct dsgd_strategy {
@@ -16408,6 +16482,8 @@ struct dsgd_strategy {
     dsgd_ref *grad_refs;     /* DEVICE: every replica's gradient buffer */
     void **marks;            /* DEVICE with marks: each replica's "gradient
                                 done" (0..n-1) and "sum done" (n..2n-1) */
+    int defer;               /* the non-finite verdict stays on the device */
+    dsgd_ref *flag_refs;     /* defer, n > 1: every replica's vflag */
     int metric_var[2]; /* first of the three metric variables of each slot */
     void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
     /* failed: a failure may have left the replicas different, or stopped the
@@ -16442,6 +16518,31 @@ static void dsgd__strategy_abort(dsgd_strategy *s, int local) {
     t->abort(t->impl);
 }
 
+/* THE VERDICT ON THE DEVICE: takes replica r's pending verdict, if any
+   (waiting for it when it is not in yet): a flag set means the update of
+   that step was not made on the device; its optimizer step is taken back,
+   *skipped (may be NULL) set, and under DSGD_NONFINITE_ERROR it is
+   DSGD_ERR_NON_FINITE, recorded and clean (every replica holds the same
+   summed flag, so all of them stop). `when` says when it was taken. */
+static dsgd_result dsgd__replica_settle(dsgd_replica *r, int *skipped, const char *when) {
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_result res;
+    if (skipped) *skipped = 0;
+    if (!r->vmark) return DSGD_OK;
+    res = be->wait_mark(be->impl, r->vmark);
+    be->release_mark(be->impl, r->vmark);
+    r->vmark = NULL;
+    if (res != DSGD_OK || r->vhost == 0.0f) return res;
+    dsgd__optimizer_unstep(r->opt);
+    if (skipped) *skipped = 1;
+    if (r->s->d.nonfinite != DSGD_NONFINITE_ERROR) return DSGD_OK;
+    r->clean_fail = 1;
+    return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_NON_FINITE,
+                              "step %lld: non-finite gradient (the replicas' verdict, kept on the device, taken %s); "
+                              "nothing was updated; every replica stops",
+                              (long long)dsgd_optimizer_steps(r->opt), when);
+}
+
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
    failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
@@ -16453,7 +16554,9 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     r->own_error = 1;
     r->comm_failed = 0;
     r->clean_fail = 0;
-    res = fn(r, user);
+    /* a verdict still pending is taken before any other job */
+    res = r->vmark && fn != s->ops->step ? dsgd__replica_settle(r, NULL, "at the next call") : DSGD_OK;
+    if (res == DSGD_OK) res = fn(r, user);
     if (res == DSGD_OK) {
         r->msg[0] = '\0';
         return res;
@@ -16997,9 +17100,11 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
 static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, dsgd_step_info *info, const char *what) {
     dsgd_result res;
     int i;
+    a->verdict = info != NULL;
     if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
     res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
     if (info) {
+        if (s->defer && s->n > 0) info->step = s->reps[0].t_step; /* a pending verdict taken in the step */
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;
@@ -17486,6 +17591,12 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
                     or on the devices (dsgd_gradient_path)
        5 update     the optimizer step, the same on every replica
 
+     With the verdict on the device (THE VERDICT ON THE DEVICE in
+     strategy.h), phase 1 writes a flag on the device instead of counting
+     on the host, phase 2 agrees on failures only, phase 4 sums the flags
+     with the gradients, phase 5 is gated by the sum, and the last step's
+     verdict is taken between phases 1 and 2.
+
      From phase 2 on every replica does the same, so a failure agreed on in
      phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
      not clean: the others may have updated, or wait for this replica in the
@@ -17537,6 +17648,7 @@ static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, in
     else
         res = r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, p);
     if (res != DSGD_OK) return res;
+    if (r->s->defer) return r->m.be.nonfinite_flag(r->m.be.impl, dsgd_model_grads(m), p, dsgd__ref(r->vflag, 0));
     return r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, bad);
 }
 
@@ -17644,6 +17756,8 @@ static dsgd_result dsgd__step_exchange_device(dsgd_replica *r, size_t p) {
     if ((res = dsgd__step_device_after(r, ready)) != DSGD_OK) return res;
     dsgd_block_range(p, s->n, r->rank, &lo, &len);
     if (len > 0) res = be->sum_across(be->impl, s->grad_refs, s->n, lo, lo + len);
+    if (res == DSGD_OK && s->flag_refs && r->local == 0) /* the verdict: every replica's flag */
+        res = be->sum_across(be->impl, s->flag_refs, s->n, 0, 1);
     if (res == DSGD_OK) res = dsgd__step_device_done(r, summed ? &summed[r->rank] : NULL);
     if (res != DSGD_OK) return res;
     if ((res = dsgd_barrier(r->comm, 0.0)) != DSGD_OK) {
@@ -17713,15 +17827,27 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_strategy *s = r->s;
     dsgd_batch b;
     size_t bad = 0;
-    dsgd_result res;
+    dsgd_result res, vr;
     r->lr = dsgd_optimizer_lr(r->opt);
+    r->t_step = dsgd_optimizer_steps(r->opt);
+    r->skipped = 0;
     res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
+    if (s->defer) { /* the last step's verdict, in by now on a GPU */
+        if ((vr = dsgd__replica_settle(r, NULL, "at the next step")) != DSGD_OK) return res != DSGD_OK ? res : vr;
+        r->lr = dsgd_optimizer_lr(r->opt);
+        r->t_step = dsgd_optimizer_steps(r->opt);
+    }
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
     if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
     if (res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
-    if (res == DSGD_OK) res = dsgd_optimizer_step(r->opt);         /* 5 */
+    if (res != DSGD_OK) return res;
+    if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
+    /* 5, gated by the verdict on the device; read back without waiting */
+    if ((res = dsgd__optimizer_step_gated(r->opt, dsgd__ref(r->vflag, 0))) != DSGD_OK) return res;
+    res = r->m.be.read_marked(r->m.be.impl, dsgd__ref(r->vflag, 0), &r->vhost, 1, &r->vmark);
+    if (res == DSGD_OK && a->verdict) res = dsgd__replica_settle(r, &r->skipped, "at the end of its step");
     return res;
 }
 
@@ -17739,12 +17865,52 @@ static const char *dsgd__replica_device(const dsgd_strategy *s, int i) {
     return name ? name : be->name ? be->name : "a backend";
 }
 
+/* THE VERDICT ON THE DEVICE, where every replica's backend can keep it
+   there (nonfinite_flag, read_marked, wait_mark, release_mark), all of them
+   in this process, and one replica or the DEVICE path with marks, and no
+   clipping (its norm is the host's): each replica gets a one-float flag. */
+static dsgd_result dsgd__sync_defer_setup(dsgd_strategy *s) {
+    int i, ok = s->n >= 1 && s->world == s->n && (s->n == 1 || s->marks) && s->d.optimizer.clip_norm <= 0.0f;
+    dsgd_result res;
+    for (i = 0; i < s->n && ok; ++i) {
+        const dsgd_backend_i *be = &s->reps[i].m.be;
+        ok = be->nonfinite_flag && be->read_marked && be->wait_mark && be->release_mark;
+    }
+    if (!ok) return DSGD_OK;
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        if ((res = r->m.be.buffer_create(r->m.be.impl, 1, &r->vflag)) != DSGD_OK) return res;
+    }
+    if (s->n > 1) {
+        s->flag_refs = (dsgd_ref *)dsgd__alloc(s->ctx, sizeof(dsgd_ref) * (size_t)s->n, "dsgd_strategy_create");
+        if (!s->flag_refs) return DSGD_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < s->n; ++i) s->flag_refs[i] = dsgd__ref(s->reps[i].vflag, 0);
+    }
+    s->defer = 1;
+    return DSGD_OK;
+}
+
+/* Undoes dsgd__sync_defer_setup (a verdict still pending is dropped). */
+static void dsgd__sync_defer_teardown(dsgd_strategy *s) {
+    int i;
+    for (i = 0; s->reps && i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        if (r->vmark) r->m.be.release_mark(r->m.be.impl, r->vmark);
+        if (r->vflag) r->m.be.buffer_destroy(r->m.be.impl, r->vflag);
+        r->vmark = NULL;
+        r->vflag = NULL;
+    }
+    DSGD_FREE(s->flag_refs);
+    s->flag_refs = NULL;
+    s->defer = 0;
+}
+
 /* Mirrored's setup resolves desc.gradient_path: DEVICE needs every
    replica's backend to have sum_across and to reach every other replica's
    buffers (OpenCL: one context, one device); AUTO also wants some
    replica's buffers outside host-shared memory. One replica has nothing to
    exchange: HOST. */
-static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
+static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
     int i, j, ok = 1;
     const char *why = "";
     char what[DSGD__MSG_MAX];
@@ -17792,9 +17958,15 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     return DSGD_OK;
 }
 
+static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
+    dsgd_result res = dsgd__mirrored_path(s);
+    return res != DSGD_OK ? res : dsgd__sync_defer_setup(s);
+}
+
 /* The marks still held (after the backends' queues are done with them). */
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     int i;
+    dsgd__sync_defer_teardown(s);
     for (i = 0; s->marks && i < 2 * s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
         if (s->marks[i]) be->release_mark(be->impl, s->marks[i]);
@@ -17816,7 +17988,8 @@ static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_d
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, NULL, dsgd__sync_step, NULL, NULL, 0, NULL, NULL, NULL, NULL,
+    "one_device", dsgd__one_device_check, dsgd__sync_defer_setup, dsgd__sync_step, dsgd__sync_defer_teardown, NULL, 0,
+    NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
     "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
@@ -20331,9 +20504,10 @@ static const char *const dsgd_cl__source[] = {
     "                              ulong goff, __global float *m1, ulong m1off,\n"
     "                              __global float *m2, ulong m2off, ulong n, int kind,\n"
     "                              float lr, float mu, int nesterov, float b1, float b2,\n"
-    "                              float eps, float wd, float bc1, float bc2, float gs) {\n"
+    "                              float eps, float wd, float bc1, float bc2, float gs,\n"
+    "                              __global const float *gate, ulong gateoff, int gated) {\n"
     "    ulong i = get_global_id(0);\n"
-    "    if (i >= n) return;\n"
+    "    if (i >= n || (gated && gate[gateoff] != 0.0f)) return;\n"
     "    float pi = p[poff + i];\n"
     "    if (kind == 0) {\n"
     "        float gi = g[goff + i] * gs + wd * pi;\n"
@@ -20436,6 +20610,22 @@ static const char *const dsgd_cl__source[] = {
     DSGD_CL__IMG_SRC_A,
     DSGD_CL__IMG_SRC_B,
 
+    "/* flag[0] = 1 when x(n) holds a NaN or an infinity, else 0: one\n"
+    "   work-group (power-of-two size) looks at a stride each and ORs. */\n"
+    "__kernel void dsgd_nonfinite_flag(__global const float *x, ulong off, ulong n,\n"
+    "                                  __global float *flag, ulong foff, __local int *bad) {\n"
+    "    uint lid = get_local_id(0), L = get_local_size(0);\n"
+    "    int b = 0;\n"
+    "    for (ulong i = lid; i < n; i += L) b |= !isfinite(x[off + i]);\n"
+    "    bad[lid] = b;\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (uint s = L / 2; s > 0; s >>= 1) {\n"
+    "        if (lid < s) bad[lid] |= bad[lid + s];\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "    if (lid == 0) flag[foff] = bad[0] ? 1.0f : 0.0f;\n"
+    "}\n"
+    "\n"
     "/* A thin C = A^T B (A (k, m), B (k, n), m n small, k long: a weight\n"
     "   gradient over many rows), split along k: work-group g sums rows\n"
     "   [g kc, min(k, g kc + kc)) in row order, from 0, into part[g] (m, n),\n"
@@ -20495,6 +20685,7 @@ enum {
     DSGD_CL__K_POOL_BWD_64,
     DSGD_CL__K_GEMM_TN_PART,
     DSGD_CL__K_GEMM_TN_SUM,
+    DSGD_CL__K_NONFINITE,
     DSGD_CL__K_COUNT
 };
 
@@ -20505,14 +20696,14 @@ static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
     "dsgd_im2col_32", "dsgd_col2im_32", "dsgd_maxpool_fwd_32", "dsgd_maxpool_bwd_32",
     "dsgd_im2col_64", "dsgd_col2im_64", "dsgd_maxpool_fwd_64", "dsgd_maxpool_bwd_64",
-    "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum"};
+    "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum", "dsgd_nonfinite_flag"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
     "bias_backward", "bias_backward(reduce)", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
     "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
     "im2col", "col2im", "maxpool_forward", "maxpool_backward",
     "im2col", "col2im", "maxpool_forward", "maxpool_backward",
-    "gemm(split k)", "gemm(split k, sum)"};
+    "gemm(split k)", "gemm(split k, sum)", "nonfinite_flag"};
 
 #endif /* DSGD_CL__PART_KERNELS_IMPL */
 /* ---------------------------------------- distsgd/cl/context.h */
@@ -21728,6 +21919,10 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
                      clEnqueueMarkerWithWaitList, clEnqueueBarrierWithWaitList
                      and clReleaseEvent: the DEVICE gradient path orders the
                      replicas' queues with them instead of finishing them
+       nonfinite_flag, read_marked, wait_mark
+                     one work-group ORs isfinite over x into a float flag; a
+                     read without waiting, its event the mark; the event
+                     awaited (counted only when not done yet)
        host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
                      so that mapping copies nothing: by default on devices
                      with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
@@ -21798,9 +21993,10 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
      64 MiB, which is made blocking instead. Each wait counts in
      dsgd_cl_backend_host_waits, as does every call that needs the device's
      answer: finish, read, map and norm_check. A training step on one device
-     therefore waits once, for norm_check's non-finite count, which the
-     replicas agree on before the update (the HOST gradient path adds its
-     map). The test suite asserts these counts.
+     therefore waits for nothing when the device keeps up: the step's
+     non-finite verdict stays on the device too (THE VERDICT ON THE DEVICE
+     in distsgd.h); on the HOST gradient path it waits for norm_check's
+     count and its map. The test suite asserts these counts.
 
    CLASS CHECKS
 
@@ -21911,12 +22107,14 @@ DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
 DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b);
 /* How many times b has made the host wait for its device: every finish,
    read, map and norm_check (each needs the device's answer), a write too
-   large to stage (over 64 MiB), a staged write or class check that had to
-   be waited for, and the two blocking maps of its pinned buffers at
-   creation and when the staging ring grows (see STAGING). A training step
-   on one device waits once, for norm_check's non-finite count; the DEVICE
-   gradient path adds no waits (events order the replicas' queues). 0 when
-   b is NULL or not OpenCL.
+   large to stage (over 64 MiB), a staged write, class check or marked
+   read (wait_mark) that was not done yet, and the two blocking maps of its
+   pinned buffers at creation and when the staging ring grows (see
+   STAGING). A steady-state training step on one device or on the DEVICE
+   gradient path waits for nothing when the device keeps up (the step's
+   non-finite verdict stays on the device: THE VERDICT ON THE DEVICE in
+   distsgd.h); the HOST path waits twice per replica (the non-finite count,
+   the map). 0 when b is NULL or not OpenCL.
    Errors: none. Thread safety: b's thread. */
 DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b);
 
@@ -22733,7 +22931,9 @@ static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *
     cl_ulong poff = p.off, goff = g.off, m1off = m1.off, m2off = m2.off, nn = n;
     cl_int kind, nesterov;
     cl_float lr, mu, b1, b2, eps, wd, bc1, bc2, gs;
-    cl_mem m1mem = NULL, m2mem = NULL;
+    cl_mem m1mem = NULL, m2mem = NULL, gmem;
+    cl_ulong gateoff = u ? u->gate.off : 0;
+    cl_int gated = u && u->gate.buf != NULL;
     dsgd_result r;
     if (!u) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: bad arguments");
     if (!dsgd_cl__out(b, p, n, "optimizer_update param") || !dsgd_cl__span(b, g, n, "optimizer_update grad"))
@@ -22750,7 +22950,9 @@ static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *
         if (!dsgd_cl__out(b, m2, n, "optimizer_update state m2")) return DSGD_ERR_INVALID_ARGUMENT;
         m2mem = dsgd_cl__buf(m2)->mem;
     }
+    if (gated && !dsgd_cl__span(b, u->gate, 1, "optimizer_update gate")) return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0) return DSGD_OK;
+    gmem = gated ? dsgd_cl__buf(u->gate)->mem : dsgd_cl__buf(p)->mem; /* not NULL: see args8 */
     kind = (cl_int)u->kind;
     nesterov = u->nesterov != 0;
     lr = u->lr;
@@ -22762,11 +22964,12 @@ static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *
     bc1 = u->bias_correction1;
     bc2 = u->bias_correction2;
     gs = u->grad_scale;
-    r = dsgd_cl__args(b, DSGD_CL__K_OPT, 20, DSGD_CL__A(dsgd_cl__buf(p)->mem), DSGD_CL__A(poff),
+    r = dsgd_cl__args(b, DSGD_CL__K_OPT, 23, DSGD_CL__A(dsgd_cl__buf(p)->mem), DSGD_CL__A(poff),
                       DSGD_CL__A(dsgd_cl__buf(g)->mem), DSGD_CL__A(goff), DSGD_CL__A(m1mem), DSGD_CL__A(m1off),
                       DSGD_CL__A(m2mem), DSGD_CL__A(m2off), DSGD_CL__A(nn), DSGD_CL__A(kind), DSGD_CL__A(lr),
                       DSGD_CL__A(mu), DSGD_CL__A(nesterov), DSGD_CL__A(b1), DSGD_CL__A(b2), DSGD_CL__A(eps),
-                      DSGD_CL__A(wd), DSGD_CL__A(bc1), DSGD_CL__A(bc2), DSGD_CL__A(gs));
+                      DSGD_CL__A(wd), DSGD_CL__A(bc1), DSGD_CL__A(bc2), DSGD_CL__A(gs), DSGD_CL__A(gmem),
+                      DSGD_CL__A(gateoff), DSGD_CL__A(gated));
     return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_OPT, n, b->local);
 }
 
@@ -23037,6 +23240,44 @@ static void dsgd_cl__release_mark(void *impl, void *mark) {
     if (mark) clReleaseEvent((cl_event)mark);
 }
 
+/* nonfinite_flag, read_marked, wait_mark: the verdict kept on the device. */
+static dsgd_result dsgd_cl__nonfinite_flag(void *impl, dsgd_ref x, size_t n, dsgd_ref flag) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong off = x.off, nn = n, foff = flag.off;
+    size_t L = b->reduce_local;
+    dsgd_result r;
+    if (!dsgd_cl__span(b, x, n, "nonfinite_flag x") || !dsgd_cl__out(b, flag, 1, "nonfinite_flag flag"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    r = dsgd_cl__args(b, DSGD_CL__K_NONFINITE, 6, DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(off), DSGD_CL__A(nn),
+                      DSGD_CL__A(dsgd_cl__buf(flag)->mem), DSGD_CL__A(foff), DSGD_CL__LOCAL(L * sizeof(cl_int)));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_NONFINITE, L, L);
+}
+
+static dsgd_result dsgd_cl__read_marked(void *impl, dsgd_ref src, float *dst, size_t count, void **mark) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_event ev = NULL;
+    cl_int err;
+    if (!mark) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl read_marked: mark is NULL");
+    *mark = NULL;
+    if (!dsgd_cl__span(b, src, count, "read_marked")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dst || count == 0)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl read_marked: dst NULL or count 0");
+    err = clEnqueueReadBuffer(b->queue, dsgd_cl__buf(src)->mem, CL_FALSE, src.off * sizeof(float),
+                              count * sizeof(float), dst, 0, NULL, &ev);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "read_marked");
+    *mark = (void *)ev;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__wait_mark(void *impl, void *mark) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err;
+    if (!mark) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl wait_mark: mark is NULL");
+    err = dsgd_cl__await(b, (cl_event)mark);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clWaitForEvents", "wait_mark");
+    return DSGD_OK;
+}
+
 static dsgd_result dsgd_cl__finish(void *impl) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     cl_int err = clFinish(b->queue);
@@ -23194,6 +23435,9 @@ static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->mark = dsgd_cl__mark;
     out->wait_marks = dsgd_cl__wait_marks;
     out->release_mark = dsgd_cl__release_mark;
+    out->nonfinite_flag = dsgd_cl__nonfinite_flag;
+    out->read_marked = dsgd_cl__read_marked;
+    out->wait_mark = dsgd_cl__wait_mark;
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,

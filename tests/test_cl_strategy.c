@@ -82,6 +82,7 @@ static struct {
     dsgd_allreduce_algo algorithm; /* of the strategies strat_make makes */
     int host_visible;              /* cl_factory's dsgd_cl_backend_desc.host_visible */
     int one_device;                /* cl_factory puts every replica on device 0 */
+    dsgd_nonfinite_policy nonfinite; /* of the strategies strat_make makes */
     unsigned long long fp_config;  /* CL_DEVICE_SINGLE_FP_CONFIG, the AND over
                                       the context's devices */
 } G;
@@ -189,6 +190,7 @@ static dsgd_strategy *strat_make(dsgd_strategy_kind kind, int n, int max_batch, 
     d.timeout_s = 60.0; /* first use may compile kernels */
     d.gradient_path = path;
     d.algorithm = G.algorithm;
+    d.nonfinite = G.nonfinite;
     if (opencl) {
         d.backend_factory = cl_factory;
         d.backend_user_data = G.cl;
@@ -333,6 +335,15 @@ static void test_contract_momentum_n4_host(void **state) {
 }
 
 /* Buffers outside host-shared memory (as on a discrete GPU): AUTO is DEVICE. */
+/* One replica: the non-finite verdict stays on the device (ONE_DEVICE's
+   and MIRRORED N = 1's step waits for nothing); Adam's bias corrections
+   follow the step count, which the verdict may take back. */
+static void test_contract_adam_n1(void **state) {
+    (void)state;
+    NEED_CL();
+    contract(1, DSGD_OPT_ADAM, 1e-4, DSGD_GRADIENTS_AUTO);
+}
+
 static void test_contract_adam_n2(void **state) {
     (void)state;
     NEED_CL();
@@ -421,7 +432,10 @@ static void test_paths_bitwise_equal(void **state) {
 /* The times the host waited for a device (dsgd_cl_backend_host_waits,
    summed over the replicas' backends) in `steps` training steps of `kind`
    with n replicas, after 3 steps of warm-up (the staging ring's first use,
-   CLBlast's kernels). */
+   CLBlast's kernels). Between steps the test lets the devices catch up
+   (clFinish on each backend's queue, behind the backends' backs), so that
+   what is counted is what a step waits for of its own accord, not the
+   backpressure of a device slower than the host (PoCL's). */
 static unsigned long waits_in_steps(dsgd_strategy_kind kind, int n, dsgd_gradient_path path, int steps) {
     enum { GB = MAXN * B };
     static float x[GB * IN], y[GB];
@@ -439,6 +453,9 @@ static unsigned long waits_in_steps(dsgd_strategy_kind kind, int n, dsgd_gradien
         tu_fill(&rng, x, (size_t)((n ? n : 1) * B) * IN, -1.0f, 1.0f);
         for (i = 0; i < (n ? n : 1) * B; ++i) y[i] = (float)tu_below(&rng, OUT);
         TU_OK(G.ctx, dsgd_strategy_train_step(s, x, y, (n ? n : 1) * B, NULL));
+        for (r = 0; r < (n ? n : 1); ++r)
+            assert_int_equal(clFinish(dsgd_cl_backend_queue(dsgd_model_backend(dsgd_strategy_model(s, r)))),
+                             CL_SUCCESS);
     }
     for (r = 0; r < (n ? n : 1); ++r)
         after += dsgd_cl_backend_host_waits(dsgd_model_backend(dsgd_strategy_model(s, r)));
@@ -446,11 +463,13 @@ static unsigned long waits_in_steps(dsgd_strategy_kind kind, int n, dsgd_gradien
     return after - before;
 }
 
-/* A steady-state step waits once per replica, for norm_check's non-finite
-   count (the replicas agree on it before the update): the inputs are
-   staged without waiting, the loss's class check is read back without
-   waiting, and on the DEVICE path marks order the replicas' queues (no
-   finish). The HOST path adds its map of the gradient. */
+/* A steady-state step waits for nothing on one device and on the DEVICE
+   path: the inputs are staged, the loss's class check and the step's
+   non-finite verdict are read back without waiting (the verdict gates the
+   update on the device and is taken at the next step), and marks order
+   the replicas' queues. The HOST path waits twice per replica: for
+   norm_check's non-finite count, which the replicas agree on over the
+   transport, and for its map of the gradient. */
 static void test_host_waits_per_step(void **state) {
     unsigned long one, dev2, dev3, host2;
     (void)state;
@@ -461,11 +480,86 @@ static void test_host_waits_per_step(void **state) {
     host2 = waits_in_steps(DSGD_STRATEGY_MIRRORED, 2, DSGD_GRADIENTS_HOST, 10);
     fprintf(stderr, "test_cl_strategy: host waits in 10 steps: one_device %lu, mirrored DEVICE N=2 %lu, N=3 %lu, "
                     "HOST N=2 %lu\n", one, dev2, dev3, host2);
-    assert_int_equal(one, 10);
-    assert_int_equal(dev2, 2 * 10);
-    assert_int_equal(dev3, 3 * 10);
+    assert_int_equal(one, 0);
+    assert_int_equal(dev2, 0);
+    assert_int_equal(dev3, 0);
     assert_int_equal(host2, 2 * 2 * 10);
     tu_watchdog(0);
+}
+
+/* THE VERDICT ON THE DEVICE: MIRRORED N = 2 on the DEVICE path (the
+   verdict kept on the device, taken at the next step or, when info is
+   asked for, at the end of its own) against the HOST path (agreed on the
+   host before the update), both summing in the DIRECT order, over 6 steps
+   whose third has a NaN input: under SKIP the same weights after every
+   step (bit for bit where the device promises it), the same skipped flag
+   where info is asked for, the same step counts; under ERROR the DEVICE
+   path reports the third step's verdict at the fourth step (its info was
+   not asked for) and the HOST path at the third, with the same weights. */
+static void verdict_run(dsgd_nonfinite_policy policy) {
+    enum { N = 2, GB = N * B, STEPS6 = 6 };
+    static float x[GB * IN], y[GB];
+    float pd[NPARAMS], ph[NPARAMS];
+    tu_rng rng = tu_rng_make(91u + (unsigned)policy);
+    dsgd_strategy *dev, *host;
+    int step, i;
+    const int exact = fp_bit_exact(G.fp_config, FP_ARITH);
+    G.algorithm = DSGD_ALLREDUCE_DIRECT;
+    G.nonfinite = policy;
+    G.one_device = 1;
+    dev = strat_make(DSGD_STRATEGY_MIRRORED, N, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_DEVICE);
+    G.one_device = 0;
+    host = strat_make(DSGD_STRATEGY_MIRRORED, N, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_HOST);
+    for (step = 1; step <= STEPS6; ++step) {
+        dsgd_step_info id, ih;
+        dsgd_result rd, rh;
+        tu_fill(&rng, x, (size_t)GB * IN, -1.0f, 1.0f);
+        for (i = 0; i < GB; ++i) y[i] = (float)tu_below(&rng, OUT);
+        if (step == 3) x[5 * IN + 7] = NAN; /* replica 0's shard */
+        memset(&id, 0, sizeof id);
+        rd = dsgd_strategy_train_step(dev, x, y, GB, step == 3 ? NULL : &id);
+        if (policy == DSGD_NONFINITE_ERROR && step == 4) { /* the third step's verdict */
+            assert_int_equal(rd, DSGD_ERR_NON_FINITE);
+            if (!strstr(dsgd_ctx_last_error(G.ctx), "kept on the device, taken at the next step"))
+                fail_msg("the late verdict's message: %s", dsgd_ctx_last_error(G.ctx));
+            get_params(dev, 1, pd); /* as after the second step, like the host path's */
+            assert_true(exact ? memcmp(pd, ph, sizeof pd) == 0 : tu_rel_err(pd, ph, NPARAMS) <= PATHS_TOL);
+            break;
+        }
+        rh = dsgd_strategy_train_step(host, x, y, GB, &ih);
+        if (policy == DSGD_NONFINITE_ERROR && step == 3) {
+            assert_int_equal(rh, DSGD_ERR_NON_FINITE);
+            assert_int_equal(rd, DSGD_OK); /* its verdict comes with the next step */
+            get_params(host, 1, ph);
+            continue;
+        }
+        TU_OK(G.ctx, rd);
+        TU_OK(G.ctx, rh);
+        assert_int_equal(ih.skipped, step == 3);
+        if (step != 3) {
+            assert_int_equal(id.skipped, 0);
+            assert_true(id.step == ih.step); /* the third step taken back at the fourth */
+            assert_true(id.step == step - 1 - (step > 3));
+            assert_true(id.lr == ih.lr);
+        }
+        get_params(dev, N - 1, pd);
+        get_params(host, N - 1, ph);
+        if (exact ? memcmp(pd, ph, sizeof pd) != 0 : !(tu_rel_err(pd, ph, NPARAMS) <= PATHS_TOL))
+            fail_msg("policy %d step %d: the verdict on the device and on the host give different weights (max rel "
+                     "%.3g)", (int)policy, step, tu_rel_err(pd, ph, NPARAMS));
+    }
+    dsgd_strategy_destroy(dev);
+    dsgd_strategy_destroy(host);
+    G.algorithm = DSGD_ALLREDUCE_AUTO;
+    G.nonfinite = DSGD_NONFINITE_SKIP;
+    tu_watchdog(0);
+}
+
+static void test_verdict_on_device(void **state) {
+    (void)state;
+    NEED_CL();
+    verdict_run(DSGD_NONFINITE_SKIP);
+    verdict_run(DSGD_NONFINITE_ERROR);
 }
 
 /* ---------------------------------------------------------------- image layers */
@@ -575,12 +669,14 @@ int main(void) {
         cmocka_unit_test(test_cnn_mirrored_cl),
         cmocka_unit_test(test_contract_momentum_n2),
         cmocka_unit_test(test_contract_momentum_n4),
+        cmocka_unit_test(test_contract_adam_n1),
         cmocka_unit_test(test_contract_adam_n2),
         cmocka_unit_test(test_contract_adam_n4),
         cmocka_unit_test(test_contract_momentum_n4_host),
         cmocka_unit_test(test_contract_momentum_n9),
         cmocka_unit_test(test_paths_bitwise_equal),
         cmocka_unit_test(test_host_waits_per_step),
+        cmocka_unit_test(test_verdict_on_device),
         cmocka_unit_test(test_central_storage_momentum_n3),
         cmocka_unit_test(test_central_storage_adam_n2_mapped),
     };

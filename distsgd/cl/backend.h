@@ -17,6 +17,10 @@
                      clEnqueueMarkerWithWaitList, clEnqueueBarrierWithWaitList
                      and clReleaseEvent: the DEVICE gradient path orders the
                      replicas' queues with them instead of finishing them
+       nonfinite_flag, read_marked, wait_mark
+                     one work-group ORs isfinite over x into a float flag; a
+                     read without waiting, its event the mark; the event
+                     awaited (counted only when not done yet)
        host_shared   1 when the backend's buffers are CL_MEM_ALLOC_HOST_PTR,
                      so that mapping copies nothing: by default on devices
                      with CL_DEVICE_HOST_UNIFIED_MEMORY (CPUs, integrated
@@ -87,9 +91,10 @@
      64 MiB, which is made blocking instead. Each wait counts in
      dsgd_cl_backend_host_waits, as does every call that needs the device's
      answer: finish, read, map and norm_check. A training step on one device
-     therefore waits once, for norm_check's non-finite count, which the
-     replicas agree on before the update (the HOST gradient path adds its
-     map). The test suite asserts these counts.
+     therefore waits for nothing when the device keeps up: the step's
+     non-finite verdict stays on the device too (THE VERDICT ON THE DEVICE
+     in distsgd.h); on the HOST gradient path it waits for norm_check's
+     count and its map. The test suite asserts these counts.
 
    CLASS CHECKS
 
@@ -200,12 +205,14 @@ DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf);
 DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b);
 /* How many times b has made the host wait for its device: every finish,
    read, map and norm_check (each needs the device's answer), a write too
-   large to stage (over 64 MiB), a staged write or class check that had to
-   be waited for, and the two blocking maps of its pinned buffers at
-   creation and when the staging ring grows (see STAGING). A training step
-   on one device waits once, for norm_check's non-finite count; the DEVICE
-   gradient path adds no waits (events order the replicas' queues). 0 when
-   b is NULL or not OpenCL.
+   large to stage (over 64 MiB), a staged write, class check or marked
+   read (wait_mark) that was not done yet, and the two blocking maps of its
+   pinned buffers at creation and when the staging ring grows (see
+   STAGING). A steady-state training step on one device or on the DEVICE
+   gradient path waits for nothing when the device keeps up (the step's
+   non-finite verdict stays on the device: THE VERDICT ON THE DEVICE in
+   distsgd.h); the HOST path waits twice per replica (the non-finite count,
+   the map). 0 when b is NULL or not OpenCL.
    Errors: none. Thread safety: b's thread. */
 DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b);
 
@@ -1022,7 +1029,9 @@ static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *
     cl_ulong poff = p.off, goff = g.off, m1off = m1.off, m2off = m2.off, nn = n;
     cl_int kind, nesterov;
     cl_float lr, mu, b1, b2, eps, wd, bc1, bc2, gs;
-    cl_mem m1mem = NULL, m2mem = NULL;
+    cl_mem m1mem = NULL, m2mem = NULL, gmem;
+    cl_ulong gateoff = u ? u->gate.off : 0;
+    cl_int gated = u && u->gate.buf != NULL;
     dsgd_result r;
     if (!u) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl optimizer_update: bad arguments");
     if (!dsgd_cl__out(b, p, n, "optimizer_update param") || !dsgd_cl__span(b, g, n, "optimizer_update grad"))
@@ -1039,7 +1048,9 @@ static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *
         if (!dsgd_cl__out(b, m2, n, "optimizer_update state m2")) return DSGD_ERR_INVALID_ARGUMENT;
         m2mem = dsgd_cl__buf(m2)->mem;
     }
+    if (gated && !dsgd_cl__span(b, u->gate, 1, "optimizer_update gate")) return DSGD_ERR_INVALID_ARGUMENT;
     if (n == 0) return DSGD_OK;
+    gmem = gated ? dsgd_cl__buf(u->gate)->mem : dsgd_cl__buf(p)->mem; /* not NULL: see args8 */
     kind = (cl_int)u->kind;
     nesterov = u->nesterov != 0;
     lr = u->lr;
@@ -1051,11 +1062,12 @@ static dsgd_result dsgd_cl__optimizer_update(void *impl, const dsgd_opt_update *
     bc1 = u->bias_correction1;
     bc2 = u->bias_correction2;
     gs = u->grad_scale;
-    r = dsgd_cl__args(b, DSGD_CL__K_OPT, 20, DSGD_CL__A(dsgd_cl__buf(p)->mem), DSGD_CL__A(poff),
+    r = dsgd_cl__args(b, DSGD_CL__K_OPT, 23, DSGD_CL__A(dsgd_cl__buf(p)->mem), DSGD_CL__A(poff),
                       DSGD_CL__A(dsgd_cl__buf(g)->mem), DSGD_CL__A(goff), DSGD_CL__A(m1mem), DSGD_CL__A(m1off),
                       DSGD_CL__A(m2mem), DSGD_CL__A(m2off), DSGD_CL__A(nn), DSGD_CL__A(kind), DSGD_CL__A(lr),
                       DSGD_CL__A(mu), DSGD_CL__A(nesterov), DSGD_CL__A(b1), DSGD_CL__A(b2), DSGD_CL__A(eps),
-                      DSGD_CL__A(wd), DSGD_CL__A(bc1), DSGD_CL__A(bc2), DSGD_CL__A(gs));
+                      DSGD_CL__A(wd), DSGD_CL__A(bc1), DSGD_CL__A(bc2), DSGD_CL__A(gs), DSGD_CL__A(gmem),
+                      DSGD_CL__A(gateoff), DSGD_CL__A(gated));
     return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_OPT, n, b->local);
 }
 
@@ -1326,6 +1338,44 @@ static void dsgd_cl__release_mark(void *impl, void *mark) {
     if (mark) clReleaseEvent((cl_event)mark);
 }
 
+/* nonfinite_flag, read_marked, wait_mark: the verdict kept on the device. */
+static dsgd_result dsgd_cl__nonfinite_flag(void *impl, dsgd_ref x, size_t n, dsgd_ref flag) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_ulong off = x.off, nn = n, foff = flag.off;
+    size_t L = b->reduce_local;
+    dsgd_result r;
+    if (!dsgd_cl__span(b, x, n, "nonfinite_flag x") || !dsgd_cl__out(b, flag, 1, "nonfinite_flag flag"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    r = dsgd_cl__args(b, DSGD_CL__K_NONFINITE, 6, DSGD_CL__A(dsgd_cl__buf(x)->mem), DSGD_CL__A(off), DSGD_CL__A(nn),
+                      DSGD_CL__A(dsgd_cl__buf(flag)->mem), DSGD_CL__A(foff), DSGD_CL__LOCAL(L * sizeof(cl_int)));
+    return r != DSGD_OK ? r : dsgd_cl__run(b, DSGD_CL__K_NONFINITE, L, L);
+}
+
+static dsgd_result dsgd_cl__read_marked(void *impl, dsgd_ref src, float *dst, size_t count, void **mark) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_event ev = NULL;
+    cl_int err;
+    if (!mark) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl read_marked: mark is NULL");
+    *mark = NULL;
+    if (!dsgd_cl__span(b, src, count, "read_marked")) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!dst || count == 0)
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl read_marked: dst NULL or count 0");
+    err = clEnqueueReadBuffer(b->queue, dsgd_cl__buf(src)->mem, CL_FALSE, src.off * sizeof(float),
+                              count * sizeof(float), dst, 0, NULL, &ev);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "read_marked");
+    *mark = (void *)ev;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd_cl__wait_mark(void *impl, void *mark) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err;
+    if (!mark) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl wait_mark: mark is NULL");
+    err = dsgd_cl__await(b, (cl_event)mark);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clWaitForEvents", "wait_mark");
+    return DSGD_OK;
+}
+
 static dsgd_result dsgd_cl__finish(void *impl) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     cl_int err = clFinish(b->queue);
@@ -1483,6 +1533,9 @@ static void dsgd_cl__fill_interface(dsgd_backend_i *out, dsgd_cl__backend *b) {
     out->mark = dsgd_cl__mark;
     out->wait_marks = dsgd_cl__wait_marks;
     out->release_mark = dsgd_cl__release_mark;
+    out->nonfinite_flag = dsgd_cl__nonfinite_flag;
+    out->read_marked = dsgd_cl__read_marked;
+    out->wait_mark = dsgd_cl__wait_mark;
 }
 
 DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, const dsgd_cl_backend_desc *desc,

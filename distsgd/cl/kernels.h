@@ -327,9 +327,10 @@ static const char *const dsgd_cl__source[] = {
     "                              ulong goff, __global float *m1, ulong m1off,\n"
     "                              __global float *m2, ulong m2off, ulong n, int kind,\n"
     "                              float lr, float mu, int nesterov, float b1, float b2,\n"
-    "                              float eps, float wd, float bc1, float bc2, float gs) {\n"
+    "                              float eps, float wd, float bc1, float bc2, float gs,\n"
+    "                              __global const float *gate, ulong gateoff, int gated) {\n"
     "    ulong i = get_global_id(0);\n"
-    "    if (i >= n) return;\n"
+    "    if (i >= n || (gated && gate[gateoff] != 0.0f)) return;\n"
     "    float pi = p[poff + i];\n"
     "    if (kind == 0) {\n"
     "        float gi = g[goff + i] * gs + wd * pi;\n"
@@ -432,6 +433,22 @@ static const char *const dsgd_cl__source[] = {
     DSGD_CL__IMG_SRC_A,
     DSGD_CL__IMG_SRC_B,
 
+    "/* flag[0] = 1 when x(n) holds a NaN or an infinity, else 0: one\n"
+    "   work-group (power-of-two size) looks at a stride each and ORs. */\n"
+    "__kernel void dsgd_nonfinite_flag(__global const float *x, ulong off, ulong n,\n"
+    "                                  __global float *flag, ulong foff, __local int *bad) {\n"
+    "    uint lid = get_local_id(0), L = get_local_size(0);\n"
+    "    int b = 0;\n"
+    "    for (ulong i = lid; i < n; i += L) b |= !isfinite(x[off + i]);\n"
+    "    bad[lid] = b;\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (uint s = L / 2; s > 0; s >>= 1) {\n"
+    "        if (lid < s) bad[lid] |= bad[lid + s];\n"
+    "        barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "    if (lid == 0) flag[foff] = bad[0] ? 1.0f : 0.0f;\n"
+    "}\n"
+    "\n"
     "/* A thin C = A^T B (A (k, m), B (k, n), m n small, k long: a weight\n"
     "   gradient over many rows), split along k: work-group g sums rows\n"
     "   [g kc, min(k, g kc + kc)) in row order, from 0, into part[g] (m, n),\n"
@@ -491,6 +508,7 @@ enum {
     DSGD_CL__K_POOL_BWD_64,
     DSGD_CL__K_GEMM_TN_PART,
     DSGD_CL__K_GEMM_TN_SUM,
+    DSGD_CL__K_NONFINITE,
     DSGD_CL__K_COUNT
 };
 
@@ -501,13 +519,13 @@ static const char *const dsgd_cl__kernel_fn[DSGD_CL__K_COUNT] = {
     "dsgd_opt_update", "dsgd_norm_partial", "dsgd_sum8", "dsgd_copy8",
     "dsgd_im2col_32", "dsgd_col2im_32", "dsgd_maxpool_fwd_32", "dsgd_maxpool_bwd_32",
     "dsgd_im2col_64", "dsgd_col2im_64", "dsgd_maxpool_fwd_64", "dsgd_maxpool_bwd_64",
-    "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum"};
+    "dsgd_gemm_tn_part", "dsgd_gemm_tn_sum", "dsgd_nonfinite_flag"};
 static const char *const dsgd_cl__kernel_op[DSGD_CL__K_COUNT] = {
     "scale",        "axpy",          "bias_act_forward", "act_backward",
     "bias_backward", "bias_backward(reduce)", "loss(softmax_xent)", "loss(mse)", "loss(reduce)",
     "optimizer_update", "norm_check", "sum_across", "sum_across(copy)",
     "im2col", "col2im", "maxpool_forward", "maxpool_backward",
     "im2col", "col2im", "maxpool_forward", "maxpool_backward",
-    "gemm(split k)", "gemm(split k, sum)"};
+    "gemm(split k)", "gemm(split k, sum)", "nonfinite_flag"};
 
 #endif /* DSGD_CL__PART_KERNELS_IMPL */
