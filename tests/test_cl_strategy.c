@@ -249,7 +249,7 @@ static void contract_kind(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind op
             shared &= be->host_shared(be->impl);
         }
         assert_int_equal(shared, G.host_visible >= 0 && dsgd_cl_context_device_info(G.cl, 0)->unified_memory);
-        path = shared || (n > 1 && devices > 1) ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE;
+        path = shared || n == 1 || devices > 1 ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE;
     }
     assert_int_equal(dsgd_strategy_gradient_path(ms), path);
     ref = strat_make(DSGD_STRATEGY_ONE_DEVICE, 0, n * B, opt, 0, DSGD_GRADIENTS_AUTO);

@@ -484,13 +484,23 @@ static dsgd_result dsgd_cl__ensure_scratch(dsgd_cl__backend *b, size_t bytes) {
    same way, into pinned slots, and are looked at later. */
 
 /* CL_SUCCESS once ev's command is complete: at once when it is (nothing
-   counted), else after clWaitForEvents (one host wait); a failed command
-   gives its error. */
+   counted), else one host wait: the event's status polled for up to
+   DSGD_CL__SPIN_S (a short wait sleeps in clWaitForEvents for longer than
+   it lasts on some GPU drivers), then clWaitForEvents (on PoCL the device
+   is the host's own cores: a longer spin would take one from it). A failed
+   command gives its error. */
+#define DSGD_CL__SPIN_S 100e-6
 static cl_int dsgd_cl__await(dsgd_cl__backend *b, cl_event ev) {
     cl_int st = CL_QUEUED, err = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, NULL);
+    double until;
     if (err != CL_SUCCESS) return err;
+    if (st <= CL_COMPLETE) return st < 0 ? st : CL_SUCCESS;
+    b->host_waits++;
+    clFlush(b->queue);
+    for (until = dsgd_now() + DSGD_CL__SPIN_S; st > CL_COMPLETE && dsgd_now() < until;)
+        if ((err = clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, NULL)) != CL_SUCCESS)
+            return err;
     if (st > CL_COMPLETE) {
-        b->host_waits++;
         err = clWaitForEvents(1, &ev);
         if (clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, NULL) != CL_SUCCESS) st = err;
     }
@@ -1310,6 +1320,9 @@ static dsgd_result dsgd_cl__mark(void *impl, void **out) {
     if (!out) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl mark: out is NULL");
     *out = NULL;
     err = clEnqueueMarkerWithWaitList(b->queue, 0, NULL, &ev);
+    /* another queue waiting for the mark needs this one flushed (OpenCL
+       1.2, 5.13), and the device starts on what is queued */
+    if (err == CL_SUCCESS) err = clFlush(b->queue);
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueMarkerWithWaitList", "mark");
     *out = (void *)ev;
     return DSGD_OK;
@@ -1362,6 +1375,7 @@ static dsgd_result dsgd_cl__read_marked(void *impl, dsgd_ref src, float *dst, si
         return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "opencl read_marked: dst NULL or count 0");
     err = clEnqueueReadBuffer(b->queue, dsgd_cl__buf(src)->mem, CL_FALSE, src.off * sizeof(float),
                               count * sizeof(float), dst, 0, NULL, &ev);
+    if (err == CL_SUCCESS && (err = clFlush(b->queue)) != CL_SUCCESS) clReleaseEvent(ev); /* submitted now: in by the next step */
     if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueReadBuffer", "read_marked");
     *mark = (void *)ev;
     return DSGD_OK;
