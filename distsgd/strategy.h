@@ -53,7 +53,10 @@
          nothing: the weights are those from before the non-finite step;
        - until the verdict is taken, the optimizer's step count
          (dsgd_optimizer_steps of a replica's optimizer) counts the
-         step, and it is taken back if the verdict says skipped.
+         step, and it is taken back if the verdict says skipped;
+         dsgd_strategy_save takes every pending verdict first (the step
+         count it saves is the verdict's), dsgd_strategy_restore drops
+         them (what it restores replaces what they would change).
      A steady-state step on OpenCL then makes no call that waits for the
      device (dsgd_cl_backend_host_waits counts them) unless the device is
      behind the host, as PoCL's CPU device is: then the host waits for the
@@ -686,6 +689,21 @@ static dsgd_result dsgd__replica_settle(dsgd_replica *r, int *skipped, const cha
                               (long long)dsgd_optimizer_steps(r->opt), when);
 }
 
+/* A job: drops replica r's pending verdict (a restore replaces what it
+   would change). */
+static dsgd_result dsgd__replica_drop_verdict(dsgd_replica *r, void *user) {
+    DSGD__UNUSED(user);
+    if (r->vmark) r->m.be.release_mark(r->m.be.impl, r->vmark);
+    r->vmark = NULL;
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__replica_noop(dsgd_replica *r, void *user) {
+    DSGD__UNUSED(r);
+    DSGD__UNUSED(user);
+    return DSGD_OK;
+}
+
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
    failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
@@ -697,8 +715,11 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     r->own_error = 1;
     r->comm_failed = 0;
     r->clean_fail = 0;
-    /* a verdict still pending is taken before any other job */
-    res = r->vmark && fn != s->ops->step ? dsgd__replica_settle(r, NULL, "at the next call") : DSGD_OK;
+    /* a verdict still pending is taken before any other job (but the one
+       that drops it) */
+    res = r->vmark && fn != s->ops->step && fn != dsgd__replica_drop_verdict
+              ? dsgd__replica_settle(r, NULL, "at the next call")
+              : DSGD_OK;
     if (res == DSGD_OK) res = fn(r, user);
     if (res == DSGD_OK) {
         r->msg[0] = '\0';
@@ -1237,6 +1258,17 @@ static dsgd_result dsgd__strategy_check_batch(dsgd_strategy *s, const float *x, 
                                   "%s: global batch of %d outside 1..%lld (replicas x max_batch)", what, count,
                                   (long long)s->shard_count * max_batch);
     return DSGD_OK;
+}
+
+/* THE VERDICT ON THE DEVICE before a call that reads or replaces the
+   replicas' state from this thread (a checkpoint): every pending verdict
+   taken (drop 0: a job that does nothing, taken before it) or dropped
+   (drop 1). */
+static dsgd_result dsgd__strategy_verdicts(dsgd_strategy *s, int drop, const char *what) {
+    int i, pending = 0;
+    for (i = 0; i < s->n; ++i) pending |= s->reps[i].vmark != NULL;
+    if (!pending) return DSGD_OK;
+    return dsgd__strategy_dispatch(s, drop ? dsgd__replica_drop_verdict : dsgd__replica_noop, NULL, what);
 }
 
 /* One training step over a (checked) dsgd__step_args. */

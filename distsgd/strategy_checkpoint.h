@@ -300,6 +300,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_ck_usable(s, what)) != DSGD_OK) return r;
+    if ((r = dsgd__strategy_verdicts(s, 0, what)) != DSGD_OK) return r; /* the step count it saves */
     r = dsgd__ck_check_args(s->ctx, what, path, extra);
     if (s->ops->save) { /* the kind's own state first; maybe no file here */
         int writes = 1;
@@ -482,6 +483,7 @@ DSGD_API dsgd_result dsgd_strategy_restore(dsgd_strategy *s, const char *path, c
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__strategy_ck_usable(s, what)) != DSGD_OK) return r;
+    if ((r = dsgd__strategy_verdicts(s, 1, what)) != DSGD_OK) return r; /* what it restores replaces them */
     memset(&f, 0, sizeof(f));
     r = dsgd__ck_check_args(s->ctx, what, path, extra);
     if (s->n == 0) /* no replica here: the kind's own state only */
