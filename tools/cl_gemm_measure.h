@@ -34,24 +34,38 @@ typedef struct gemm_shape {
     int m, n, k;
 } gemm_shape;
 
-/* The GEMMs of one training step of the 784-512-512-10 MLP at batch 256, plus
-   the first layer's input gradient (256x784x512 NT): forward NN, weight
-   gradient TN, input gradient NT per layer. Copies up to cap shapes into out
-   (out may be NULL) and returns how many there are (9). */
-static inline int mlp_gemm_shapes(gemm_shape *out, int cap) {
-    /* trans_a, trans_b, m, n, k */
-    static const int s[9][5] = {{0, 0, 256, 512, 784}, {1, 0, 784, 512, 256}, {0, 1, 256, 784, 512},
-                                {0, 0, 256, 512, 512}, {1, 0, 512, 512, 256}, {0, 1, 256, 512, 512},
-                                {0, 0, 256, 10, 512},  {1, 0, 512, 10, 256},  {0, 1, 256, 512, 10}};
-    int i;
-    for (i = 0; out && i < 9 && i < cap; ++i) {
-        out[i].trans_a = s[i][0];
-        out[i].trans_b = s[i][1];
-        out[i].m = s[i][2];
-        out[i].n = s[i][3];
-        out[i].k = s[i][4];
+/* The GEMMs of one training step of a dense MLP with layer sizes dims[0] ..
+   dims[nd - 1] at batch `batch`, as the model runs them, per layer (in, out):
+   forward NN batch x out x in, weight gradient TN in x out x batch, input
+   gradient NT batch x in x out (the first layer's too, which the model
+   skips: a tuning objective that also covers it). Copies up to cap shapes
+   into out (out may be NULL) and returns how many there are, 3 (nd - 1);
+   -1 when nd < 2 or a size is below 1. */
+static inline int gemm_mlp_shapes(const int *dims, int nd, int batch, gemm_shape *out, int cap) {
+    int l, n = 0, j;
+    if (nd < 2 || batch < 1) return -1;
+    for (l = 0; l < nd; ++l)
+        if (dims[l] < 1) return -1;
+    for (l = 0; l + 1 < nd; ++l) {
+        const int in = dims[l], o = dims[l + 1];
+        const int s[3][5] = {{0, 0, batch, o, in}, {1, 0, in, o, batch}, {0, 1, batch, in, o}};
+        for (j = 0; j < 3; ++j, ++n) {
+            if (!out || n >= cap) continue;
+            out[n].trans_a = s[j][0];
+            out[n].trans_b = s[j][1];
+            out[n].m = s[j][2];
+            out[n].n = s[j][3];
+            out[n].k = s[j][4];
+        }
     }
-    return 9;
+    return n;
+}
+
+/* The 784-512-512-10 MLP at batch 256 (gemm_mlp_shapes): the benches' and
+   cl_tune's default, 9 shapes. */
+static inline int mlp_gemm_shapes(gemm_shape *out, int cap) {
+    static const int dims[4] = {784, 512, 512, 10};
+    return gemm_mlp_shapes(dims, 4, 256, out, cap);
 }
 
 /* Parses a shape list "NN:256x512x784,TN:784x512x256" (transposes, then

@@ -46,6 +46,9 @@
        --out PATH        cache file or directory (default: where the backend
                          looks for this device)
        --shapes LIST     e.g. NN:256x512x784,TN:784x512x256,NT:256x784x512
+       --mlp DIMS        the GEMMs of a dense model with these layer sizes,
+                         e.g. 784,256,128,10 (the demo's), at --batch B
+                         (default 256; a replica's batch); instead of --shapes
        --max-candidates  screen at most N candidates
        --dry-run         search and report, write nothing
    Build: make tools (build/tools/cl_tune). Run it by its path: it starts
@@ -490,13 +493,14 @@ static void print_row(const char *label, const gemm_shape *s, int ns, const resu
 
 static void usage(void) {
     fprintf(stderr, "usage: cl_tune [--device SPEC] [--time SECONDS] [--repeats N] [--out PATH]\n"
-                    "               [--shapes NN:256x512x784,...] [--max-candidates N] [--dry-run]\n");
+                    "               [--shapes NN:256x512x784,... | --mlp 784,256,128,10 [--batch B]]\n"
+                    "               [--max-candidates N] [--dry-run]\n");
 }
 
 int main(int argc, char **argv) {
-    const char *device = NULL, *out = NULL, *shapes_arg = NULL, *self = argv[0];
+    const char *device = NULL, *out = NULL, *shapes_arg = NULL, *mlp_arg = NULL, *self = argv[0];
     double budget = 180, start = dsgd_now();
-    int repeats = 5, dry = 0, maxc = MAX_CANDIDATES, ns, nc, i, c, nf = 0, best_f = -1;
+    int repeats = 5, dry = 0, maxc = MAX_CANDIDATES, ns, nc, i, c, nf = 0, best_f = -1, batch = 256;
     gemm_shape shapes[MAX_SHAPES];
     char shapes_s[2048], path[1100], label[256], note[3072];
     cand cands[MAX_CANDIDATES], fin_c[MAX_FINALISTS + 1], win, stock_c;
@@ -526,6 +530,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--repeats")) repeats = atoi(v);
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--shapes")) shapes_arg = v;
+        else if (!strcmp(a, "--mlp")) mlp_arg = v;
+        else if (!strcmp(a, "--batch")) batch = atoi(v);
         else if (!strcmp(a, "--max-candidates")) maxc = atoi(v);
         else {
             usage();
@@ -537,7 +543,23 @@ int main(int argc, char **argv) {
         usage();
         return 1;
     }
-    if (shapes_arg) {
+    if (mlp_arg) {
+        int dims[MAX_SHAPES], nd = 0;
+        const char *p = mlp_arg;
+        char *end;
+        while (*p && nd < MAX_SHAPES) {
+            long d = strtol(p, &end, 10);
+            if (end == p || d < 1 || d > 65536 || (*end && *end != ',')) break;
+            dims[nd++] = (int)d;
+            p = *end ? end + 1 : end;
+        }
+        ns = *p || shapes_arg ? -1 : gemm_mlp_shapes(dims, nd, batch, shapes, MAX_SHAPES);
+        if (ns < 1 || ns > MAX_SHAPES || batch > 65536) {
+            fprintf(stderr, "cl_tune: bad --mlp '%s' or --batch %d (want e.g. --mlp 784,256,128,10 --batch 64, "
+                            "at most %d layers, not with --shapes)\n", mlp_arg, batch, MAX_SHAPES / 3);
+            return 1;
+        }
+    } else if (shapes_arg) {
         ns = gemm_parse_shapes(shapes_arg, shapes, MAX_SHAPES);
         if (ns < 1) {
             fprintf(stderr, "cl_tune: bad --shapes '%s' (want e.g. NN:256x512x784,TN:784x512x256)\n", shapes_arg);
