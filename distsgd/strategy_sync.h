@@ -246,6 +246,12 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     return res == DSGD_OK ? done : res;
 }
 
+/* The learning rate and step count this step's update will use (info). */
+static void dsgd__step_note(dsgd_replica *r) {
+    r->lr = dsgd_optimizer_lr(r->opt);
+    r->t_step = dsgd_optimizer_steps(r->opt);
+}
+
 /* One replica's part of a synchronous training step: the five phases. */
 static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     const dsgd__step_args *a = (const dsgd__step_args *)user;
@@ -253,15 +259,13 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_batch b;
     size_t bad = 0;
     dsgd_result res, vr;
-    r->lr = dsgd_optimizer_lr(r->opt);
-    r->t_step = dsgd_optimizer_steps(r->opt);
+    dsgd__step_note(r);
     r->skipped = 0;
     res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     if (s->defer) { /* the last step's verdict, in by now on a GPU */
         if ((vr = dsgd__replica_settle(r, NULL, "at the next step")) != DSGD_OK) return res != DSGD_OK ? res : vr;
-        r->lr = dsgd_optimizer_lr(r->opt);
-        r->t_step = dsgd_optimizer_steps(r->opt);
+        dsgd__step_note(r); /* its count taken back if it was skipped */
     }
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;

@@ -40,14 +40,9 @@
    linked against the library built once per variant). */
 #include "harness.h"
 #include "../distsgd_cl.h"
+#include "cl_mlp.h"
 
-enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, STEPS = 20, MAXN = 4 };
-
-static const dsgd_layer_desc LAYERS[3] = {
-    {16, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-    {8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
-    {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-};
+enum { MAXN = 4 };
 
 /* ---------------------------------------------------------------- fixture */
 
@@ -212,11 +207,7 @@ static dsgd_strategy_desc mirrored_desc(int n, dsgd_gradient_path path) {
     memset(&d, 0, sizeof d);
     d.kind = DSGD_STRATEGY_MIRRORED;
     d.num_replicas = n;
-    d.model.input_dim = IN;
-    d.model.layers = LAYERS;
-    d.model.num_layers = 3;
-    d.model.max_batch = B;
-    d.model.seed = 20240611u;
+    cl_mlp_model(&d.model, B);
     d.optimizer.kind = DSGD_OPT_MOMENTUM;
     d.optimizer.lr = 0.05f;
     d.optimizer.momentum = 0.9f;

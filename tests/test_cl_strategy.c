@@ -59,18 +59,11 @@
 #include "harness.h"
 #include "../distsgd_cl.h"
 #include "cl_fp.h"
+#include "cl_mlp.h"
 
 #include <signal.h>
 
-enum { IN = 20, OUT = 5, NPARAMS = 20 * 16 + 16 + 16 * 8 + 8 + 8 * 5 + 5, B = 8, STEPS = 20, MAXN = 9 };
-
-static const dsgd_layer_desc LAYERS[3] = {
-    {16, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-    {8, DSGD_ACT_TANH, DSGD_INIT_AUTO},
-    {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-};
-
-#define MODEL_SEED 20240611u
+enum { MAXN = 9 };
 
 /* ---------------------------------------------------------------- fixture */
 
@@ -181,11 +174,7 @@ static dsgd_strategy *strat_make(dsgd_strategy_kind kind, int n, int max_batch, 
     memset(&d, 0, sizeof d);
     d.kind = kind;
     d.num_replicas = n;
-    d.model.input_dim = IN;
-    d.model.layers = LAYERS;
-    d.model.num_layers = 3;
-    d.model.max_batch = max_batch;
-    d.model.seed = MODEL_SEED;
+    cl_mlp_model(&d.model, max_batch);
     d.optimizer = opt_desc(opt);
     d.timeout_s = 60.0; /* first use may compile kernels */
     d.gradient_path = path;
@@ -442,22 +431,22 @@ static unsigned long waits_in_steps(dsgd_strategy_kind kind, int n, dsgd_gradien
     tu_rng rng = tu_rng_make(55u + (unsigned)n);
     unsigned long before = 0, after = 0;
     dsgd_strategy *s;
-    int step, i, r;
+    int step, i, r, reps = n ? n : 1; /* ONE_DEVICE: n 0, one replica */
     G.one_device = 1;
     s = strat_make(kind, n, B, DSGD_OPT_MOMENTUM, 1, path);
     G.one_device = 0;
     for (step = 0; step < 3 + steps; ++step) {
         if (step == 3)
-            for (r = 0; r < (n ? n : 1); ++r)
+            for (r = 0; r < reps; ++r)
                 before += dsgd_cl_backend_host_waits(dsgd_model_backend(dsgd_strategy_model(s, r)));
-        tu_fill(&rng, x, (size_t)((n ? n : 1) * B) * IN, -1.0f, 1.0f);
-        for (i = 0; i < (n ? n : 1) * B; ++i) y[i] = (float)tu_below(&rng, OUT);
-        TU_OK(G.ctx, dsgd_strategy_train_step(s, x, y, (n ? n : 1) * B, NULL));
-        for (r = 0; r < (n ? n : 1); ++r)
+        tu_fill(&rng, x, (size_t)(reps * B) * IN, -1.0f, 1.0f);
+        for (i = 0; i < reps * B; ++i) y[i] = (float)tu_below(&rng, OUT);
+        TU_OK(G.ctx, dsgd_strategy_train_step(s, x, y, reps * B, NULL));
+        for (r = 0; r < reps; ++r)
             assert_int_equal(clFinish(dsgd_cl_backend_queue(dsgd_model_backend(dsgd_strategy_model(s, r)))),
                              CL_SUCCESS);
     }
-    for (r = 0; r < (n ? n : 1); ++r)
+    for (r = 0; r < reps; ++r)
         after += dsgd_cl_backend_host_waits(dsgd_model_backend(dsgd_strategy_model(s, r)));
     dsgd_strategy_destroy(s);
     return after - before;
