@@ -21024,13 +21024,18 @@ DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
 #include <sys/stat.h>
 #include <sys/types.h>
 
-/* CLBlast 1.5 is not safe when several threads make their first calls at once
-   (its routine database is built and freed concurrently: a use-after-free
-   seen under ASan with one replica thread per backend). Every CLBlast call
-   of this file is therefore made under one process-wide lock, the only
-   global state of distsgd. The calls only enqueue work, so the lock is held
-   briefly, except during CLBlast's first compile of a routine. */
-static pthread_mutex_t dsgd_cl__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
+/* CLBlast 1.5 is not safe when several threads make their first calls at once:
+   a call that compiles a routine or builds its parameter database stores it
+   in CLBlast's caches, and concurrent stores free what another thread still
+   uses (a use-after-free seen under ASan with one replica thread per
+   backend; fixed in CLBlast after 1.5.3). Calls that find everything cached
+   store nothing. So a backend makes a GEMM shape's first call, and every
+   call after a parameter override, under this lock held exclusively (the
+   overrides take it exclusively too and bump the epoch); once a shape has
+   run on a backend, its calls take the lock shared, and replica threads
+   never wait for one another. The only global state of distsgd. */
+static pthread_rwlock_t dsgd_cl__clblast_lock = PTHREAD_RWLOCK_INITIALIZER;
+static unsigned long dsgd_cl__clblast_epoch; /* parameter overrides so far (under the lock) */
 
 /* Allocation (DSGD_MALLOC, DSGD_FREE), DSGD__UNUSED and the file helpers
    are the core's (distsgd/base.h, distsgd/internal.h). */
@@ -21600,17 +21605,19 @@ DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c
                                   "dsgd_cl_apply_gemm_params: the parameters do not fit %s: %s",
                                   c->info[device].device_name, why);
     if (p->xgemm_set) {
-        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_wrlock(&dsgd_cl__clblast_lock);
+        dsgd_cl__clblast_epoch++;
         st = CLBlastOverrideParameters(c->devices[device], "Xgemm", CLBlastPrecisionSingle, DSGD_CL_XGEMM_NPARAMS,
                                        (const char **)dsgd_cl__xgemm_names, p->xgemm);
-        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "Xgemm");
     }
     if (p->direct_set) {
-        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_wrlock(&dsgd_cl__clblast_lock);
+        dsgd_cl__clblast_epoch++;
         st = CLBlastOverrideParameters(c->devices[device], "XgemmDirect", CLBlastPrecisionSingle,
                                        DSGD_CL_DIRECT_NPARAMS, (const char **)dsgd_cl__direct_names, p->direct);
-        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "XgemmDirect");
     }
     if (p->min_indirect_set) {
@@ -21618,9 +21625,10 @@ DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c
         size_t v[1];
         name[0] = "XGEMM_MIN_INDIRECT_SIZE";
         v[0] = p->min_indirect;
-        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_wrlock(&dsgd_cl__clblast_lock);
+        dsgd_cl__clblast_epoch++;
         st = CLBlastOverrideParameters(c->devices[device], "GemmRoutine", CLBlastPrecisionSingle, 1, name, v);
-        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "GemmRoutine");
     }
     if (p->xgemm_set || p->direct_set || p->min_indirect_set) c->tuned[device] = 1;
@@ -22008,7 +22016,12 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
      temporary buffer, which CLBlast would create and free on every call.
      Each backend keeps one instead (CLBlastSgemmWithTempBuffer), grown to
      the largest size a call has needed (CLBlastSGemmTempBufferSize); its
-     in-order queue keeps two GEMMs from using it at once.
+     in-order queue keeps two GEMMs from using it at once. CLBlast's calls
+     share one process-wide lock, taken exclusively only by a shape's first
+     call on a backend (which may compile and cache a routine) and shared
+     after that, so replicas on their own threads enqueue their GEMMs
+     without waiting for each other (dsgd_cl_backend_gemm_exclusive counts
+     the exclusive calls).
      On devices other than CPUs, a thin A^T B over a long k (m n <= 8192,
      k >= 2048 and >= 16 max(m, n): a convolution's weight gradient, k =
      batch x output pixels), which gives CLBlast one tile of C or a few to
@@ -22155,6 +22168,14 @@ DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b);
    the map). 0 when b is NULL or not OpenCL.
    Errors: none. Thread safety: b's thread. */
 DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b);
+/* How many of b's GEMMs called CLBlast under its process-wide lock held
+   exclusively: a shape's first call on b, and its first after a parameter
+   override (dsgd_cl_apply_gemm_params, which a tuning cache found at
+   context creation goes through too). Every
+   other CLBlast call takes the lock shared, so in steady state the
+   replicas' threads never wait for one another there (GEMM).
+   Errors: none. Thread safety: b's thread. */
+DSGD_API unsigned long dsgd_cl_backend_gemm_exclusive(const dsgd_backend_i *b);
 
 #define DSGD_CL_MAP_READ 1  /* the host reads the mapped floats */
 #define DSGD_CL_MAP_WRITE 2 /* the host writes them (READ|WRITE for both) */
@@ -22230,6 +22251,12 @@ typedef struct dsgd_cl__arg_val {
 #define DSGD_CL__STAGE_MIN ((size_t)1 << 20)
 #define DSGD_CL__STAGE_LARGEST ((size_t)64 << 20) /* larger writes block */
 
+/* A GEMM's shape, as CLBlast is first called for it (GEMM). */
+#define DSGD_CL__WARM_MAX 64
+typedef struct {
+    int ta, tb, m, n, k;
+} dsgd_cl__shape;
+
 typedef struct dsgd_cl__backend {
     dsgd_ctx *ctx;
     dsgd_cl_context *cl;
@@ -22251,6 +22278,12 @@ typedef struct dsgd_cl__backend {
     cl_mem status; /* small int / ulong results */
     cl_mem gemm_temp; /* CLBlast's temporary buffer for transposed/padded operands */
     size_t gemm_temp_bytes;
+    /* GEMM shapes run on this backend since parameter override warm_epoch:
+       their CLBlast calls take the lock shared (context.h); and how many
+       calls took it exclusively (dsgd_cl_backend_gemm_exclusive). */
+    dsgd_cl__shape warm[DSGD_CL__WARM_MAX];
+    int nwarm;
+    unsigned long warm_epoch, gemm_exclusive;
     cl_mem_flags alloc_flags;
     /* Operations that wrote a buffer made on another device (a check for the
        tests: on GPU runtimes that migrate a buffer whole between devices, two
@@ -22755,6 +22788,35 @@ static dsgd_result dsgd_cl__scale_matrix(dsgd_cl__backend *b, dsgd_ref c, int m,
    to run the whole k through; such GEMMs are split along k instead, into
    parts of at least 64 rows (at most 256 parts) that run in parallel and
    are then added in order (GEMM in the header comment). */
+/* Whether b has run this GEMM shape since the last parameter override;
+   called under the CLBlast lock (which guards the epoch). */
+static int dsgd_cl__gemm_warm(const dsgd_cl__backend *b, int ta, int tb, int m, int n, int k) {
+    int i;
+    if (b->warm_epoch != dsgd_cl__clblast_epoch) return 0;
+    for (i = 0; i < b->nwarm; ++i) {
+        const dsgd_cl__shape *w = &b->warm[i];
+        if (w->ta == ta && w->tb == tb && w->m == m && w->n == n && w->k == k) return 1;
+    }
+    return 0;
+}
+
+/* Notes a shape whose first call succeeded (under the exclusive lock). Past
+   DSGD_CL__WARM_MAX shapes, a new one keeps taking the lock exclusively. */
+static void dsgd_cl__gemm_remember(dsgd_cl__backend *b, int ta, int tb, int m, int n, int k) {
+    dsgd_cl__shape *w;
+    if (b->warm_epoch != dsgd_cl__clblast_epoch) {
+        b->nwarm = 0;
+        b->warm_epoch = dsgd_cl__clblast_epoch;
+    }
+    if (b->nwarm == DSGD_CL__WARM_MAX) return;
+    w = &b->warm[b->nwarm++];
+    w->ta = ta;
+    w->tb = tb;
+    w->m = m;
+    w->n = n;
+    w->k = k;
+}
+
 static int dsgd_cl__split_k(int ta, int tb, int m, int n, int k) {
     return ta && !tb && (size_t)m * (size_t)n <= 8192 && k >= 2048 && k >= 16 * (m > n ? m : n);
 }
@@ -22792,6 +22854,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
     size_t temp_bytes = 0;
     const char *call = "CLBlastSgemm";
     CLBlastStatusCode st;
+    int exclusive;
     char what[96];
     if (m < 0 || n < 0 || k < 0 || lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
         ldc < (n > 1 ? n : 1))
@@ -22809,7 +22872,13 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
        buffer; left to itself it creates and frees one per call. The backend
        keeps one, grown when a call needs more (the in-order queue keeps
        consecutive GEMMs from overlapping in it). */
-    pthread_mutex_lock(&dsgd_cl__clblast_lock);
+    pthread_rwlock_rdlock(&dsgd_cl__clblast_lock);
+    exclusive = !dsgd_cl__gemm_warm(b, ta, tb, m, n, k);
+    if (exclusive) { /* the shape's first call here: CLBlast may store to its caches */
+        pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_wrlock(&dsgd_cl__clblast_lock);
+        b->gemm_exclusive++;
+    }
     st = CLBlastSGemmTempBufferSize(CLBlastLayoutRowMajor, tra, trb, (size_t)m, (size_t)n, (size_t)k, ra.off,
                                     (size_t)lda, rb.off, (size_t)ldb, rc.off, (size_t)ldc, &b->queue, &temp_bytes);
     if (st == CLBlastSuccess && temp_bytes > b->gemm_temp_bytes) {
@@ -22818,7 +22887,7 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
         b->gemm_temp_bytes = 0;
         b->gemm_temp = clCreateBuffer(dsgd_cl_context_handle(b->cl), CL_MEM_READ_WRITE, temp_bytes, NULL, &err);
         if (err != CL_SUCCESS) {
-            pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+            pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
             b->gemm_temp = NULL;
             return dsgd_cl__fail(b->ctx, err, "clCreateBuffer", "gemm temporary buffer");
         }
@@ -22835,7 +22904,8 @@ static dsgd_result dsgd_cl__gemm(void *impl, int ta, int tb, int m, int n, int k
                                          dsgd_cl__buf(ra)->mem, ra.off, (size_t)lda, dsgd_cl__buf(rb)->mem, rb.off,
                                          (size_t)ldb, beta, dsgd_cl__buf(rc)->mem, rc.off, (size_t)ldc, &b->queue,
                                          NULL);
-    pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+    if (exclusive && st == CLBlastSuccess) dsgd_cl__gemm_remember(b, ta, tb, m, n, k);
+    pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
     if (st != CLBlastSuccess) {
         snprintf(what, sizeof(what), "%s%s %dx%dx%d", ta ? "T" : "N", tb ? "T" : "N", m, n, k);
         return dsgd_cl__fail(b->ctx, (int)st, call, what);
@@ -23553,6 +23623,10 @@ DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b) {
 
 DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b) {
     return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->host_waits : 0;
+}
+
+DSGD_API unsigned long dsgd_cl_backend_gemm_exclusive(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->gemm_exclusive : 0;
 }
 
 DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {

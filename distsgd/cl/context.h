@@ -277,13 +277,18 @@ DSGD_API dsgd_result dsgd_cl_save_gemm_params(dsgd_ctx *ctx, const dsgd_cl_conte
 #include <sys/stat.h>
 #include <sys/types.h>
 
-/* CLBlast 1.5 is not safe when several threads make their first calls at once
-   (its routine database is built and freed concurrently: a use-after-free
-   seen under ASan with one replica thread per backend). Every CLBlast call
-   of this file is therefore made under one process-wide lock, the only
-   global state of distsgd. The calls only enqueue work, so the lock is held
-   briefly, except during CLBlast's first compile of a routine. */
-static pthread_mutex_t dsgd_cl__clblast_lock = PTHREAD_MUTEX_INITIALIZER;
+/* CLBlast 1.5 is not safe when several threads make their first calls at once:
+   a call that compiles a routine or builds its parameter database stores it
+   in CLBlast's caches, and concurrent stores free what another thread still
+   uses (a use-after-free seen under ASan with one replica thread per
+   backend; fixed in CLBlast after 1.5.3). Calls that find everything cached
+   store nothing. So a backend makes a GEMM shape's first call, and every
+   call after a parameter override, under this lock held exclusively (the
+   overrides take it exclusively too and bump the epoch); once a shape has
+   run on a backend, its calls take the lock shared, and replica threads
+   never wait for one another. The only global state of distsgd. */
+static pthread_rwlock_t dsgd_cl__clblast_lock = PTHREAD_RWLOCK_INITIALIZER;
+static unsigned long dsgd_cl__clblast_epoch; /* parameter overrides so far (under the lock) */
 
 /* Allocation (DSGD_MALLOC, DSGD_FREE), DSGD__UNUSED and the file helpers
    are the core's (distsgd/base.h, distsgd/internal.h). */
@@ -853,17 +858,19 @@ DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c
                                   "dsgd_cl_apply_gemm_params: the parameters do not fit %s: %s",
                                   c->info[device].device_name, why);
     if (p->xgemm_set) {
-        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_wrlock(&dsgd_cl__clblast_lock);
+        dsgd_cl__clblast_epoch++;
         st = CLBlastOverrideParameters(c->devices[device], "Xgemm", CLBlastPrecisionSingle, DSGD_CL_XGEMM_NPARAMS,
                                        (const char **)dsgd_cl__xgemm_names, p->xgemm);
-        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "Xgemm");
     }
     if (p->direct_set) {
-        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_wrlock(&dsgd_cl__clblast_lock);
+        dsgd_cl__clblast_epoch++;
         st = CLBlastOverrideParameters(c->devices[device], "XgemmDirect", CLBlastPrecisionSingle,
                                        DSGD_CL_DIRECT_NPARAMS, (const char **)dsgd_cl__direct_names, p->direct);
-        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "XgemmDirect");
     }
     if (p->min_indirect_set) {
@@ -871,9 +878,10 @@ DSGD_API dsgd_result dsgd_cl_apply_gemm_params(dsgd_ctx *ctx, dsgd_cl_context *c
         size_t v[1];
         name[0] = "XGEMM_MIN_INDIRECT_SIZE";
         v[0] = p->min_indirect;
-        pthread_mutex_lock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_wrlock(&dsgd_cl__clblast_lock);
+        dsgd_cl__clblast_epoch++;
         st = CLBlastOverrideParameters(c->devices[device], "GemmRoutine", CLBlastPrecisionSingle, 1, name, v);
-        pthread_mutex_unlock(&dsgd_cl__clblast_lock);
+        pthread_rwlock_unlock(&dsgd_cl__clblast_lock);
         if (st != CLBlastSuccess) return dsgd_cl__fail(ctx, (int)st, "CLBlastOverrideParameters", "GemmRoutine");
     }
     if (p->xgemm_set || p->direct_set || p->min_indirect_set) c->tuned[device] = 1;
