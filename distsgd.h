@@ -145,6 +145,7 @@
 #include "distsgd/tf_config.h"        /* TF_CONFIG: the cluster and this task, parsed with TF's rules */
 #include "distsgd/strategy.h"         /* strategies, replicas, the common step machinery */
 #include "distsgd/strategy_vars.h"    /* a strategy's distributed variables and metrics */
+#include "distsgd/strategy_overlap.h" /* the synchronous exchange beside backward: gradient-ready buckets */
 #include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored, multi_worker_mirrored */
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */
 #include "distsgd/strategy_ps.h"      /* parameter servers as a kind: the replicas are the workers */

@@ -401,6 +401,10 @@ DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
 DSGD_API int dsgd_comm_rank(const dsgd_comm *c) { return c ? c->rank : -1; }
 DSGD_API int dsgd_comm_size(const dsgd_comm *c) { return c ? c->size : 0; }
 DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *c) { return c ? c->ctx : NULL; }
+
+/* Records c's errors on ctx from now on (a strategy's communication thread
+   uses c with a context of its own while the replica's thread computes). */
+static void dsgd__comm_set_ctx(dsgd_comm *c, dsgd_ctx *ctx) { c->ctx = ctx; }
 DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *c) { return c ? c->seq : 0; }
 DSGD_API int dsgd_comm_broken(const dsgd_comm *c) { return c ? c->broken : 0; }
 

@@ -340,6 +340,22 @@ DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
                                                   float grad_scale);
 DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *batch,
                                                         float grad_scale);
+/* GRADIENT READINESS. While compute_gradients runs, a model may say that a
+   variable's gradient is final, so that a strategy that overlaps its
+   exchange with backward (dsgd_strategy_desc.overlap) can start
+   all-reducing the buckets that hold it while backward goes on. The
+   built-in network says so layer by layer as its backward pass goes down:
+   a layer's kernel and bias once their gradients are written, before the
+   layer's input gradient. A custom model may call it from its
+   compute_gradients, at most once per variable and call (later calls for
+   the same variable do nothing); a variable it never names is final when
+   compute_gradients returns. After the call the model must not write that
+   variable's gradient again in this call. Outside such a strategy it does
+   nothing. Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded;
+   variable out of range), and what the strategy's preparation of a bucket
+   returns (backend errors): return it from compute_gradients.
+   Thread safety: the model's thread, inside compute_gradients. */
+DSGD_API dsgd_result dsgd_model_variable_ready(dsgd_model *m, int variable);
 /* Forward pass only; the loss and accuracy accumulate in the EVAL slot. y may
    be NULL (no metrics; use dsgd_model_read_output for predictions).
    dsgd_model_evaluate takes a dsgd_batch.
@@ -393,7 +409,17 @@ struct dsgd_model {
     dsgd_buffer *stats;    /* [train loss, train correct, eval loss, eval correct] */
     double count[2];       /* samples per slot */
     double host[2][2];     /* per slot: loss and correct that custom functions added */
+    /* who hears of dsgd_model_variable_ready (a strategy's overlap), and
+       what it passes back; NULL: nobody */
+    dsgd_result (*on_ready)(void *user, int variable);
+    void *on_ready_user;
 };
+
+/* Sets (fn NULL: clears) the listener of dsgd_model_variable_ready. */
+static void dsgd__model_listen(dsgd_model *m, dsgd_result (*fn)(void *user, int variable), void *user) {
+    m->on_ready = fn;
+    m->on_ready_user = user;
+}
 
 static dsgd_ref dsgd__ref(dsgd_buffer *buf, size_t off) {
     dsgd_ref r;
@@ -824,7 +850,8 @@ static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__den
      dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
                        unless dx.buf is NULL (layer 0)
    Max-pool: dx = maxpool_backward(x, y, dy). */
-static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
+static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
+    const dsgd_backend_i *be = &m->be;
     dsgd_ref a = L->x;
     dsgd_result r;
     if (L->kind == DSGD__POOL)
@@ -840,6 +867,8 @@ static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, d
     r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
     if (r != DSGD_OK) return r;
     r = be->bias_backward(be->impl, L->db, dy, L->rows, L->out);
+    if (r == DSGD_OK && var >= 0 && (r = dsgd_model_variable_ready(m, var)) == DSGD_OK) /* kernel and bias: final */
+        r = dsgd_model_variable_ready(m, var + 1);
     if (r != DSGD_OK || !dx.buf) return r;
     if (L->kind != DSGD__CONV)
         return be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, dx, L->in);
@@ -870,7 +899,7 @@ static dsgd_result dsgd__net_backward(dsgd__net *net, int M) {
         dsgd__dense L = dsgd__layer_view(net, l, M);
         dsgd_ref dy = dsgd__ref(net->delta, cur * net->delta_half);
         dsgd_ref dx = dsgd__ref(l > 0 ? net->delta : NULL, (1 - cur) * net->delta_half);
-        if ((r = dsgd__dense_backward(&net->m->be, dx, dy, &L)) != DSGD_OK) return r;
+        if ((r = dsgd__dense_backward(net->m, net->var[l], dx, dy, &L)) != DSGD_OK) return r;
         cur = 1 - cur;
     }
     return DSGD_OK;
@@ -1204,6 +1233,14 @@ DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *b, fl
     r = dsgd__model_fn_result(m, m->fn.compute_gradients(m->state, m, b, grad_scale, &mt), "compute_gradients");
     if (r == DSGD_OK) dsgd__model_add_metrics(m, DSGD_METRICS_TRAIN, &mt, b->count);
     return r;
+}
+
+DSGD_API dsgd_result dsgd_model_variable_ready(dsgd_model *m, int variable) {
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if (variable < 0 || variable >= m->num_vars)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_model_variable_ready: variable %d of a model with %d", variable, m->num_vars);
+    return m->on_ready ? m->on_ready(m->on_ready_user, variable) : DSGD_OK;
 }
 
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x, const float *y, int count,

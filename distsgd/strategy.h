@@ -247,6 +247,17 @@ typedef struct dsgd_strategy_desc {
                                        transport's, from MPI_Comm_split_type),
                                        else one node */
     dsgd_strategy_ps_desc ps;       /* PARAMETER_SERVER only (ignored by the others) */
+    int overlap;                    /* MIRRORED, MULTI_WORKER_MIRRORED, HOST path:
+                                       non-zero all-reduces each bucket of
+                                       bucket_bytes on a communication thread
+                                       of the replica's as soon as backward has
+                                       finished its variables, while backward
+                                       goes on (OVERLAP in strategy_overlap.h;
+                                       the CPU backend; elsewhere the exchange
+                                       runs after backward). The same weights,
+                                       bit for bit, as without. Refused over a
+                                       transport with its own clock (simnet).
+                                       0: after backward */
 } dsgd_strategy_desc;
 
 /* What one training step did. Asking for it costs a wait for the step's
@@ -257,6 +268,14 @@ typedef struct dsgd_step_info {
     int count;         /* samples in the global batch */
     int skipped;       /* 1 when the update was skipped (non-finite gradient) */
     float lr;          /* learning rate the step used */
+    double exchange_s; /* seconds replica 0's gradient all-reduces took (on
+                          its communication thread with overlap); 0: none */
+    double exposed_s;  /* the seconds replica 0 waited for the exchange
+                          after its backward pass: exchange_s without
+                          overlap; with it exchange_s - exposed_s was
+                          hidden behind backward (exposed_s exceeds
+                          exchange_s by the hand-offs to the thread where
+                          there is little to hide) */
 } dsgd_step_info;
 
 typedef struct dsgd_strategy dsgd_strategy;
@@ -524,6 +543,9 @@ typedef struct dsgd__dvar {
     float *copies; /* num_replicas * count: replica r's copy at r * count */
 } dsgd__dvar;
 
+/* A replica's exchange beside its backward (strategy_overlap.h). */
+typedef struct dsgd__overlap dsgd__overlap;
+
 struct dsgd_replica {
     dsgd_strategy *s;
     int rank;
@@ -551,6 +573,8 @@ struct dsgd_replica {
     float vhost;
     void *vmark;
     int64_t t_step;     /* optimizer steps before this step's update */
+    dsgd__overlap *ov;  /* desc.overlap where it runs, else NULL */
+    double exchange_s, exposed_s; /* the last step's (dsgd_step_info) */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -1283,6 +1307,8 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;
+        info->exchange_s = s->reps[0].exchange_s;
+        info->exposed_s = s->reps[0].exposed_s;
         for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
     }
     return res;

@@ -152,7 +152,8 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
+    if (!s->all_mean) /* 3 */
+        res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
     if (res == DSGD_OK && r->m.be.finish) res = r->m.be.finish(r->m.be.impl);
     if (res != DSGD_OK) return res;
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;

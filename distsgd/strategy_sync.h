@@ -22,6 +22,10 @@
      with the gradients, phase 5 is gated by the sum, and the last step's
      verdict is taken between phases 1 and 2.
 
+     With desc.overlap, phases 3 and 4 run bucket by bucket during phase 1,
+     on a communication thread, before phase 2 (OVERLAP in
+     strategy_overlap.h); the weights are the same bits.
+
      From phase 2 on every replica does the same, so a failure agreed on in
      phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
      not clean: the others may have updated, or wait for this replica in the
@@ -83,8 +87,15 @@ static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, in
 static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b, size_t *bad) {
     dsgd_result res = dsgd__step_batch(r, a, b, &r->global);                 /* 0 */
     *bad = 0;
-    if (res == DSGD_OK && r->global > 0) res = dsgd__step_gradients(r, b, r->global, bad); /* 1 */
-    return res;
+    if (res != DSGD_OK || r->global <= 0) return res;
+    if (!r->ov) return dsgd__step_gradients(r, b, r->global, bad);          /* 1 */
+    /* 1, 3 and 4 with OVERLAP: buckets counted, scaled and exchanged as
+       backward finishes them; every replica exchanges them all */
+    dsgd__overlap_begin(r, r->global, (size_t)b->count);
+    res = b->count > 0 ? dsgd_model_gradients(r->m.model, b, r->s->all_mean ? 1.0f / (float)r->global : 1.0f)
+                       : r->m.be.fill(r->m.be.impl, dsgd_model_grads(r->m.model), 0.0f,
+                                      dsgd_model_num_params(r->m.model));
+    return dsgd__overlap_end(r, res, bad);
 }
 
 /* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,
@@ -120,29 +131,6 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
         *skip = 1;
     }
     return DSGD_OK;
-}
-
-/* Phase 3: scales each variable's gradient slice, computed for the SUM of
-   the replica's losses, to what its aggregation adds up: MEAN 1/global
-   count, SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0
-   and 0 on the others. */
-static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local) {
-    const dsgd_backend_i *be = &r->m.be;
-    dsgd_ref g = dsgd_model_grads(r->m.model);
-    int i, nv = dsgd_model_num_variables(r->m.model);
-    dsgd_result res = DSGD_OK;
-    for (i = 0; i < nv && res == DSGD_OK; ++i) {
-        const dsgd_variable *v = dsgd_model_variable(r->m.model, i);
-        dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
-        float f;
-        switch (r->s->param_agg[i]) {
-        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
-        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
-        default: f = 1.0f / (float)global; break;
-        }
-        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, v->count) : be->scale(be->impl, slice, f, v->count);
-    }
-    return res;
 }
 
 /* Replica r's queue is done up to here for the others: its mark in
@@ -235,12 +223,18 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
-    if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
+    double t = dsgd_now();
+    if (s->path == DSGD_GRADIENTS_DEVICE) {
+        res = dsgd__step_exchange_device(r, p);
+        r->exchange_s = r->exposed_s = dsgd_now() - t;
+        return res;
+    }
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
     for (o = 0; o < p && res == DSGD_OK; o += bucket)
         res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    r->exchange_s = r->exposed_s = dsgd_now() - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
     return res == DSGD_OK ? done : res;
@@ -261,7 +255,8 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_result res, vr;
     dsgd__step_note(r);
     r->skipped = 0;
-    res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
+    r->exchange_s = r->exposed_s = 0.0;
+    res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 (3, 4 with overlap) */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     if (s->defer) { /* the last step's verdict, in by now on a GPU */
         if ((vr = dsgd__replica_settle(r, NULL, "at the next step")) != DSGD_OK) return res != DSGD_OK ? res : vr;
@@ -269,8 +264,9 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     }
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
-    if (res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
+    if (!r->ov && !s->all_mean) /* 3 */
+        res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
+    if (!r->ov && res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
     if (res != DSGD_OK) return res;
     if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
     /* 5, gated by the verdict on the device; read back without waiting */
@@ -389,12 +385,14 @@ static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
 
 static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     dsgd_result res = dsgd__mirrored_path(s);
-    return res != DSGD_OK ? res : dsgd__sync_defer_setup(s);
+    if (res == DSGD_OK) res = dsgd__sync_defer_setup(s);
+    return res != DSGD_OK ? res : dsgd__overlap_setup(s);
 }
 
 /* The marks still held (after the backends' queues are done with them). */
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     int i;
+    dsgd__overlap_teardown(s);
     dsgd__sync_defer_teardown(s);
     for (i = 0; s->marks && i < 2 * s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
@@ -424,7 +422,8 @@ static const dsgd__strategy_ops dsgd__mirrored_ops = {
     "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
-    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL, NULL, NULL, NULL,
+    "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__overlap_setup, dsgd__sync_step, dsgd__overlap_teardown,
+    NULL, 1, NULL, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */

@@ -3451,6 +3451,22 @@ DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x,
                                                   float grad_scale);
 DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *batch,
                                                         float grad_scale);
+/* GRADIENT READINESS. While compute_gradients runs, a model may say that a
+   variable's gradient is final, so that a strategy that overlaps its
+   exchange with backward (dsgd_strategy_desc.overlap) can start
+   all-reducing the buckets that hold it while backward goes on. The
+   built-in network says so layer by layer as its backward pass goes down:
+   a layer's kernel and bias once their gradients are written, before the
+   layer's input gradient. A custom model may call it from its
+   compute_gradients, at most once per variable and call (later calls for
+   the same variable do nothing); a variable it never names is final when
+   compute_gradients returns. After the call the model must not write that
+   variable's gradient again in this call. Outside such a strategy it does
+   nothing. Errors: DSGD_ERR_INVALID_ARGUMENT (m NULL, nothing recorded;
+   variable out of range), and what the strategy's preparation of a bucket
+   returns (backend errors): return it from compute_gradients.
+   Thread safety: the model's thread, inside compute_gradients. */
+DSGD_API dsgd_result dsgd_model_variable_ready(dsgd_model *m, int variable);
 /* Forward pass only; the loss and accuracy accumulate in the EVAL slot. y may
    be NULL (no metrics; use dsgd_model_read_output for predictions).
    dsgd_model_evaluate takes a dsgd_batch.
@@ -3504,7 +3520,17 @@ struct dsgd_model {
     dsgd_buffer *stats;    /* [train loss, train correct, eval loss, eval correct] */
     double count[2];       /* samples per slot */
     double host[2][2];     /* per slot: loss and correct that custom functions added */
+    /* who hears of dsgd_model_variable_ready (a strategy's overlap), and
+       what it passes back; NULL: nobody */
+    dsgd_result (*on_ready)(void *user, int variable);
+    void *on_ready_user;
 };
+
+/* Sets (fn NULL: clears) the listener of dsgd_model_variable_ready. */
+static void dsgd__model_listen(dsgd_model *m, dsgd_result (*fn)(void *user, int variable), void *user) {
+    m->on_ready = fn;
+    m->on_ready_user = user;
+}
 
 static dsgd_ref dsgd__ref(dsgd_buffer *buf, size_t off) {
     dsgd_ref r;
@@ -3935,7 +3961,8 @@ static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__den
      dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
                        unless dx.buf is NULL (layer 0)
    Max-pool: dx = maxpool_backward(x, y, dy). */
-static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
+static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
+    const dsgd_backend_i *be = &m->be;
     dsgd_ref a = L->x;
     dsgd_result r;
     if (L->kind == DSGD__POOL)
@@ -3951,6 +3978,8 @@ static dsgd_result dsgd__dense_backward(const dsgd_backend_i *be, dsgd_ref dx, d
     r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
     if (r != DSGD_OK) return r;
     r = be->bias_backward(be->impl, L->db, dy, L->rows, L->out);
+    if (r == DSGD_OK && var >= 0 && (r = dsgd_model_variable_ready(m, var)) == DSGD_OK) /* kernel and bias: final */
+        r = dsgd_model_variable_ready(m, var + 1);
     if (r != DSGD_OK || !dx.buf) return r;
     if (L->kind != DSGD__CONV)
         return be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, dx, L->in);
@@ -3981,7 +4010,7 @@ static dsgd_result dsgd__net_backward(dsgd__net *net, int M) {
         dsgd__dense L = dsgd__layer_view(net, l, M);
         dsgd_ref dy = dsgd__ref(net->delta, cur * net->delta_half);
         dsgd_ref dx = dsgd__ref(l > 0 ? net->delta : NULL, (1 - cur) * net->delta_half);
-        if ((r = dsgd__dense_backward(&net->m->be, dx, dy, &L)) != DSGD_OK) return r;
+        if ((r = dsgd__dense_backward(net->m, net->var[l], dx, dy, &L)) != DSGD_OK) return r;
         cur = 1 - cur;
     }
     return DSGD_OK;
@@ -4315,6 +4344,14 @@ DSGD_API dsgd_result dsgd_model_gradients(dsgd_model *m, const dsgd_batch *b, fl
     r = dsgd__model_fn_result(m, m->fn.compute_gradients(m->state, m, b, grad_scale, &mt), "compute_gradients");
     if (r == DSGD_OK) dsgd__model_add_metrics(m, DSGD_METRICS_TRAIN, &mt, b->count);
     return r;
+}
+
+DSGD_API dsgd_result dsgd_model_variable_ready(dsgd_model *m, int variable) {
+    if (!m) return DSGD_ERR_INVALID_ARGUMENT;
+    if (variable < 0 || variable >= m->num_vars)
+        return dsgd_ctx_set_error(m->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_model_variable_ready: variable %d of a model with %d", variable, m->num_vars);
+    return m->on_ready ? m->on_ready(m->on_ready_user, variable) : DSGD_OK;
 }
 
 DSGD_API dsgd_result dsgd_model_compute_gradients(dsgd_model *m, const float *x, const float *y, int count,
@@ -9614,6 +9651,10 @@ DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
 DSGD_API int dsgd_comm_rank(const dsgd_comm *c) { return c ? c->rank : -1; }
 DSGD_API int dsgd_comm_size(const dsgd_comm *c) { return c ? c->size : 0; }
 DSGD_API dsgd_ctx *dsgd_comm_ctx(const dsgd_comm *c) { return c ? c->ctx : NULL; }
+
+/* Records c's errors on ctx from now on (a strategy's communication thread
+   uses c with a context of its own while the replica's thread computes). */
+static void dsgd__comm_set_ctx(dsgd_comm *c, dsgd_ctx *ctx) { c->ctx = ctx; }
 DSGD_API uint64_t dsgd_comm_seq(const dsgd_comm *c) { return c ? c->seq : 0; }
 DSGD_API int dsgd_comm_broken(const dsgd_comm *c) { return c ? c->broken : 0; }
 
@@ -16104,6 +16145,17 @@ typedef struct dsgd_strategy_desc {
                                        transport's, from MPI_Comm_split_type),
                                        else one node */
     dsgd_strategy_ps_desc ps;       /* PARAMETER_SERVER only (ignored by the others) */
+    int overlap;                    /* MIRRORED, MULTI_WORKER_MIRRORED, HOST path:
+                                       non-zero all-reduces each bucket of
+                                       bucket_bytes on a communication thread
+                                       of the replica's as soon as backward has
+                                       finished its variables, while backward
+                                       goes on (OVERLAP in strategy_overlap.h;
+                                       the CPU backend; elsewhere the exchange
+                                       runs after backward). The same weights,
+                                       bit for bit, as without. Refused over a
+                                       transport with its own clock (simnet).
+                                       0: after backward */
 } dsgd_strategy_desc;
 
 /* What one training step did. Asking for it costs a wait for the step's
@@ -16114,6 +16166,14 @@ typedef struct dsgd_step_info {
     int count;         /* samples in the global batch */
     int skipped;       /* 1 when the update was skipped (non-finite gradient) */
     float lr;          /* learning rate the step used */
+    double exchange_s; /* seconds replica 0's gradient all-reduces took (on
+                          its communication thread with overlap); 0: none */
+    double exposed_s;  /* the seconds replica 0 waited for the exchange
+                          after its backward pass: exchange_s without
+                          overlap; with it exchange_s - exposed_s was
+                          hidden behind backward (exposed_s exceeds
+                          exchange_s by the hand-offs to the thread where
+                          there is little to hide) */
 } dsgd_step_info;
 
 typedef struct dsgd_strategy dsgd_strategy;
@@ -16381,6 +16441,9 @@ typedef struct dsgd__dvar {
     float *copies; /* num_replicas * count: replica r's copy at r * count */
 } dsgd__dvar;
 
+/* A replica's exchange beside its backward (strategy_overlap.h). */
+typedef struct dsgd__overlap dsgd__overlap;
+
 struct dsgd_replica {
     dsgd_strategy *s;
     int rank;
@@ -16408,6 +16471,8 @@ struct dsgd_replica {
     float vhost;
     void *vmark;
     int64_t t_step;     /* optimizer steps before this step's update */
+    dsgd__overlap *ov;  /* desc.overlap where it runs, else NULL */
+    double exchange_s, exposed_s; /* the last step's (dsgd_step_info) */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -17140,6 +17205,8 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
         info->lr = s->reps[0].lr;
+        info->exchange_s = s->reps[0].exchange_s;
+        info->exposed_s = s->reps[0].exposed_s;
         for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
     }
     return res;
@@ -17604,6 +17671,335 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
 }
 
 #endif /* DSGD__PART_STRATEGY_VARS_IMPL */
+/* ---------------------------------------- distsgd/strategy_overlap.h */
+/* distsgd/strategy_overlap.h - the synchronous exchange overlapped with backward: gradient-ready buckets
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   OVERLAP
+
+     With dsgd_strategy_desc.overlap set, each replica of a synchronous
+     strategy all-reduces its gradient's buckets on a communication thread
+     of its own while its backward pass goes on, as PyTorch DDP's Reducer
+     and Horovod's tensor fusion do. The buckets are those of the exchange
+     without overlap (desc.bucket_bytes, cut from the start of the flat
+     gradient; 0: one bucket), and each is all-reduced by the same call, so
+     the weights are the same bits with overlap on and off.
+
+     A bucket is ready when every variable it holds is final
+     (dsgd_model_variable_ready: the built-in network reports each layer as
+     backward goes down, the last layer first). Buckets go to the thread in
+     one fixed order, the last first, the same on every replica: bucket k
+     goes once it and every bucket after it are ready. Before a bucket
+     goes, the replica's own thread counts its non-finite values and scales
+     its variables to their aggregation, which the step without overlap
+     does for the whole buffer (THE SYNCHRONOUS STEP, phases 1 and 3). When
+     backward returns, the variables it never reported are final and the
+     buckets left go; the replica waits for its thread, then the replicas
+     agree (phase 2) and update (phase 5). Every replica exchanges every
+     bucket even when its own backward failed, so that no other waits for
+     it; the agreement then stops them all with nothing updated, as clean
+     as without overlap. A non-finite gradient makes the exchanged sum
+     non-finite; the step is skipped as before (the gradient buffer then
+     holds that sum).
+
+     Where: MIRRORED and MULTI_WORKER_MIRRORED with more than one replica
+     in sync, on the HOST path, when every replica's gradient buffer has a
+     host pointer (the CPU backend). Elsewhere the exchange runs after
+     backward, as without overlap (an OpenCL replica maps its gradient,
+     which waits for its queued work anyway). dsgd_strategy_create refuses
+     it over a transport with a clock of its own (the simulated cluster):
+     a rank's thread and its communication thread would both run there,
+     which the simulation cannot schedule.
+
+     The step's info says how long the exchange took (exchange_s) and how
+     much of that the step waited for after backward (exposed_s); the rest
+     was hidden behind backward. The cost: one thread per replica, asleep
+     between buckets.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_OVERLAP_IMPL)
+#define DSGD__PART_STRATEGY_OVERLAP_IMPL
+
+/* >>strategy_overlap -------------------------------------------------------- */
+
+/* Phase 3 on the floats [lo, hi) of replica r's gradient: each variable's
+   slice there, computed for the SUM of the replica's losses, scaled to what
+   its aggregation adds up: MEAN 1/global count, SUM 1/local count,
+   ONLY_FIRST_REPLICA 1/local count on replica 0 and 0 on the others. */
+static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local, size_t lo, size_t hi) {
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_ref g = dsgd_model_grads(r->m.model);
+    int i, nv = dsgd_model_num_variables(r->m.model);
+    dsgd_result res = DSGD_OK;
+    for (i = 0; i < nv && res == DSGD_OK; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(r->m.model, i);
+        size_t a = DSGD__MAX(v->offset, lo), b = DSGD__MIN(v->offset + v->count, hi);
+        dsgd_ref slice = dsgd__ref(g.buf, g.off + a);
+        float f;
+        if (a >= b) continue;
+        switch (r->s->param_agg[i]) {
+        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
+        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
+        default: f = 1.0f / (float)global; break;
+        }
+        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, b - a) : be->scale(be->impl, slice, f, b - a);
+    }
+    return res;
+}
+
+struct dsgd__overlap {
+    dsgd_replica *r;
+    dsgd_ctx *ctx;         /* the errors of the thread's collectives */
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    float *host;           /* the gradient in host memory */
+    size_t p, bucket;      /* floats in the gradient and in a bucket */
+    int nb;                /* buckets */
+    int *need;             /* per bucket: the variables it holds */
+    int *left;             /* per bucket: those not final yet (this step) */
+    unsigned char *final;  /* per variable: final (this step) */
+    int next;              /* the next bucket to go, nb - 1 down to 0; -1: all gone */
+    int prep;              /* count and scale a bucket before it goes (not
+                              after a failure of this replica's) */
+    dsgd_result prep_res;  /* the first failure of that */
+    int global;            /* the step's counts, for the aggregation */
+    size_t local, bad;     /* bad: non-finite values in the buckets gone */
+    /* under mu: buckets given to the thread and all-reduced, its first
+       failure this step, seconds it spent in collectives, stop */
+    int issued, done, stop;
+    dsgd_result res;
+    double busy;
+};
+
+/* The communication thread: all-reduces the buckets given to it, in the
+   order given; after a failure it only counts them done (the transport's
+   state is unknown, and the step fails). */
+static void *dsgd__overlap_main(void *arg) {
+    dsgd__overlap *ov = (dsgd__overlap *)arg;
+    const dsgd_strategy *s = ov->r->s;
+    pthread_mutex_lock(&ov->mu);
+    for (;;) {
+        size_t lo;
+        int ok;
+        double t;
+        dsgd_result res = DSGD_OK;
+        while (!ov->stop && ov->done == ov->issued) pthread_cond_wait(&ov->cv, &ov->mu);
+        if (ov->stop) break;
+        lo = (size_t)(ov->nb - 1 - ov->done) * ov->bucket;
+        ok = ov->res == DSGD_OK;
+        pthread_mutex_unlock(&ov->mu);
+        t = dsgd_now();
+        if (ok)
+            res = dsgd_allreduce(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), DSGD_REDUCE_SUM,
+                                 s->d.algorithm, 0.0);
+        t = dsgd_now() - t;
+        pthread_mutex_lock(&ov->mu);
+        ov->busy += t;
+        if (res != DSGD_OK && ov->res == DSGD_OK) ov->res = res;
+        ov->done++;
+        pthread_cond_broadcast(&ov->cv);
+    }
+    pthread_mutex_unlock(&ov->mu);
+    return NULL;
+}
+
+/* Gives the thread every bucket that may go now (bucket next, once it and
+   those after it are ready), each counted and scaled first while prep is
+   set. A failure there clears prep and is returned (and kept), but the
+   bucket still goes: the other replicas wait for it. */
+static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
+    dsgd_replica *r = ov->r;
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_result res = DSGD_OK;
+    while (ov->next >= 0 && ov->left[ov->next] == 0) {
+        size_t lo = (size_t)ov->next * ov->bucket, hi = DSGD__MIN(lo + ov->bucket, ov->p), bad = 0;
+        if (ov->prep) {
+            dsgd_ref g = dsgd_model_grads(r->m.model);
+            if (be->finish) res = be->finish(be->impl);
+            if (res == DSGD_OK) res = be->norm_check(be->impl, dsgd__ref(g.buf, g.off + lo), hi - lo, NULL, &bad);
+            ov->bad += bad;
+            if (res == DSGD_OK && !r->s->all_mean) res = dsgd__step_aggregate(r, ov->global, ov->local, lo, hi);
+            if (res != DSGD_OK) {
+                ov->prep = 0;
+                ov->prep_res = res;
+            }
+        }
+        pthread_mutex_lock(&ov->mu);
+        ov->issued++;
+        pthread_cond_broadcast(&ov->cv);
+        pthread_mutex_unlock(&ov->mu);
+        ov->next--;
+    }
+    return res;
+}
+
+/* Variable v is final: its buckets need it no more. */
+static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
+    const dsgd_variable *var = dsgd_model_variable(ov->r->m.model, v);
+    size_t k;
+    if (ov->final[v] || var->count == 0) return;
+    ov->final[v] = 1;
+    for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->left[k]--;
+}
+
+/* The model's listener (dsgd_model_variable_ready). */
+static dsgd_result dsgd__overlap_ready(void *user, int variable) {
+    dsgd__overlap *ov = (dsgd__overlap *)user;
+    dsgd__overlap_final(ov, variable);
+    return dsgd__overlap_issue(ov);
+}
+
+/* Before replica r's backward: every bucket waits for its variables, and
+   the model reports to the overlap. */
+static void dsgd__overlap_begin(dsgd_replica *r, int global, size_t local) {
+    dsgd__overlap *ov = r->ov;
+    int nv = dsgd_model_num_variables(r->m.model);
+    memcpy(ov->left, ov->need, sizeof(int) * (size_t)ov->nb);
+    memset(ov->final, 0, (size_t)nv);
+    ov->next = ov->nb - 1;
+    ov->prep = 1;
+    ov->prep_res = DSGD_OK;
+    ov->global = global;
+    ov->local = local;
+    ov->bad = 0;
+    pthread_mutex_lock(&ov->mu);
+    ov->issued = ov->done = 0;
+    ov->res = DSGD_OK;
+    ov->busy = 0.0;
+    pthread_mutex_unlock(&ov->mu);
+    dsgd_ctx_clear_error(ov->ctx);
+    dsgd__comm_set_ctx(r->comm, ov->ctx);
+    dsgd__model_listen(r->m.model, dsgd__overlap_ready, ov);
+}
+
+/* After replica r's backward (own: its result): the buckets left go, and
+   the replica waits for its thread. *bad: the non-finite values counted.
+   Returns own's failure, else the preparation's, else the exchange's (the
+   exchange's message copied to the replica's context, comm_failed set). */
+static dsgd_result dsgd__overlap_end(dsgd_replica *r, dsgd_result own, size_t *bad) {
+    dsgd__overlap *ov = r->ov;
+    int v, nv = dsgd_model_num_variables(r->m.model);
+    dsgd_result res;
+    double t;
+    dsgd__model_listen(r->m.model, NULL, NULL);
+    if (own != DSGD_OK) ov->prep = 0;
+    for (v = 0; v < nv; ++v) dsgd__overlap_final(ov, v);
+    dsgd__overlap_issue(ov); /* its failure is in prep_res */
+    t = dsgd_now();
+    pthread_mutex_lock(&ov->mu);
+    while (ov->done < ov->issued) pthread_cond_wait(&ov->cv, &ov->mu);
+    res = ov->res;
+    r->exchange_s = ov->busy;
+    pthread_mutex_unlock(&ov->mu);
+    r->exposed_s = dsgd_now() - t;
+    dsgd__comm_set_ctx(r->comm, r->m.ctx);
+    *bad = ov->bad;
+    if (res != DSGD_OK) {
+        r->comm_failed = 1;
+        if (own == DSGD_OK) return dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(ov->ctx));
+    }
+    return own != DSGD_OK ? own : ov->prep_res;
+}
+
+/* Stops and frees replica r's overlap (NULL: nothing). */
+static void dsgd__overlap_destroy(dsgd_replica *r) {
+    dsgd__overlap *ov = r->ov;
+    if (!ov) return;
+    if (ov->started) {
+        pthread_mutex_lock(&ov->mu);
+        ov->stop = 1;
+        pthread_cond_broadcast(&ov->cv);
+        pthread_mutex_unlock(&ov->mu);
+        pthread_join(ov->thread, NULL);
+        pthread_cond_destroy(&ov->cv);
+        pthread_mutex_destroy(&ov->mu);
+    }
+    dsgd_ctx_destroy(ov->ctx);
+    DSGD_FREE(ov->need);
+    DSGD_FREE(ov->left);
+    DSGD_FREE(ov->final);
+    DSGD_FREE(ov);
+    r->ov = NULL;
+}
+
+/* Replica r's overlap: its buckets, what each holds, its context and thread. */
+static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float *host) {
+    dsgd_model *m = r->m.model;
+    int v, nv = dsgd_model_num_variables(m);
+    size_t k;
+    dsgd_ctx_desc cd;
+    dsgd__overlap *ov = (dsgd__overlap *)dsgd__alloc(s->ctx, sizeof(*ov), "dsgd_strategy_create");
+    if (!ov) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(ov, 0, sizeof(*ov));
+    r->ov = ov;
+    ov->r = r;
+    ov->host = host;
+    ov->p = dsgd_model_num_params(m);
+    ov->bucket = s->d.bucket_bytes / sizeof(float);
+    if (ov->bucket == 0 || ov->bucket > ov->p) ov->bucket = ov->p;
+    ov->nb = (int)((ov->p + ov->bucket - 1) / ov->bucket);
+    ov->need = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
+    ov->left = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
+    ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");
+    if (!ov->need || !ov->left || !ov->final) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(ov->need, 0, sizeof(int) * (size_t)ov->nb);
+    for (v = 0; v < nv; ++v) {
+        const dsgd_variable *var = dsgd_model_variable(m, v);
+        if (var->count == 0) continue;
+        for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->need[k]++;
+    }
+    memset(&cd, 0, sizeof(cd)); /* no label, no logger: a failure is told through the replica's context */
+    if (dsgd_ctx_create(&cd, &ov->ctx) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_strategy_create: no context for the exchange");
+    if (pthread_mutex_init(&ov->mu, NULL) != 0) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "dsgd_strategy_create: pthread_mutex_init failed");
+    if (pthread_cond_init(&ov->cv, NULL) != 0) {
+        pthread_mutex_destroy(&ov->mu);
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "dsgd_strategy_create: pthread_cond_init failed");
+    }
+    if (pthread_create(&ov->thread, NULL, dsgd__overlap_main, ov) != 0) {
+        pthread_cond_destroy(&ov->cv);
+        pthread_mutex_destroy(&ov->mu);
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "dsgd_strategy_create: cannot start replica %d's exchange thread",
+                                  r->rank);
+    }
+    ov->started = 1;
+    return DSGD_OK;
+}
+
+/* The synchronous kinds' setup of desc.overlap: refused over a transport
+   with its own clock; otherwise a thread per replica where the exchange
+   can run beside backward (OVERLAP above), none elsewhere. */
+static dsgd_result dsgd__overlap_setup(dsgd_strategy *s) {
+    int i;
+    dsgd_result res = DSGD_OK;
+    if (!s->d.overlap || s->world < 2 || s->path != DSGD_GRADIENTS_HOST) return DSGD_OK;
+    for (i = 0; i < s->n; ++i)
+        if (s->reps[i].ep.now)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
+                                      "dsgd_strategy_create: overlap over transport '%s', which keeps its own clock "
+                                      "(a simulated cluster cannot run a replica's exchange beside its backward)",
+                                      s->reps[i].ep.name ? s->reps[i].ep.name : "?");
+    for (i = 0; i < s->n; ++i) {
+        const dsgd_backend_i *be = &s->reps[i].m.be;
+        if (!be->buffer_host_ptr || !be->buffer_host_ptr(be->impl, dsgd_model_grads(s->reps[i].m.model).buf))
+            return DSGD_OK; /* the exchange runs after backward */
+    }
+    for (i = 0; i < s->n && res == DSGD_OK; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_ref g = dsgd_model_grads(r->m.model);
+        res = dsgd__overlap_create(s, r, r->m.be.buffer_host_ptr(r->m.be.impl, g.buf) + g.off);
+    }
+    return res;
+}
+
+/* Undoes dsgd__overlap_setup. */
+static void dsgd__overlap_teardown(dsgd_strategy *s) {
+    int i;
+    for (i = 0; s->reps && i < s->n; ++i) dsgd__overlap_destroy(&s->reps[i]);
+}
+
+#endif /* DSGD__PART_STRATEGY_OVERLAP_IMPL */
 /* ---------------------------------------- distsgd/strategy_sync.h */
 /* distsgd/strategy_sync.h - the synchronous kinds: one_device and mirrored
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -17628,6 +18024,10 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      on the host, phase 2 agrees on failures only, phase 4 sums the flags
      with the gradients, phase 5 is gated by the sum, and the last step's
      verdict is taken between phases 1 and 2.
+
+     With desc.overlap, phases 3 and 4 run bucket by bucket during phase 1,
+     on a communication thread, before phase 2 (OVERLAP in
+     strategy_overlap.h); the weights are the same bits.
 
      From phase 2 on every replica does the same, so a failure agreed on in
      phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
@@ -17690,8 +18090,15 @@ static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, in
 static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a, dsgd_batch *b, size_t *bad) {
     dsgd_result res = dsgd__step_batch(r, a, b, &r->global);                 /* 0 */
     *bad = 0;
-    if (res == DSGD_OK && r->global > 0) res = dsgd__step_gradients(r, b, r->global, bad); /* 1 */
-    return res;
+    if (res != DSGD_OK || r->global <= 0) return res;
+    if (!r->ov) return dsgd__step_gradients(r, b, r->global, bad);          /* 1 */
+    /* 1, 3 and 4 with OVERLAP: buckets counted, scaled and exchanged as
+       backward finishes them; every replica exchanges them all */
+    dsgd__overlap_begin(r, r->global, (size_t)b->count);
+    res = b->count > 0 ? dsgd_model_gradients(r->m.model, b, r->s->all_mean ? 1.0f / (float)r->global : 1.0f)
+                       : r->m.be.fill(r->m.be.impl, dsgd_model_grads(r->m.model), 0.0f,
+                                      dsgd_model_num_params(r->m.model));
+    return dsgd__overlap_end(r, res, bad);
 }
 
 /* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,
@@ -17727,29 +18134,6 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
         *skip = 1;
     }
     return DSGD_OK;
-}
-
-/* Phase 3: scales each variable's gradient slice, computed for the SUM of
-   the replica's losses, to what its aggregation adds up: MEAN 1/global
-   count, SUM 1/local count, ONLY_FIRST_REPLICA 1/local count on replica 0
-   and 0 on the others. */
-static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local) {
-    const dsgd_backend_i *be = &r->m.be;
-    dsgd_ref g = dsgd_model_grads(r->m.model);
-    int i, nv = dsgd_model_num_variables(r->m.model);
-    dsgd_result res = DSGD_OK;
-    for (i = 0; i < nv && res == DSGD_OK; ++i) {
-        const dsgd_variable *v = dsgd_model_variable(r->m.model, i);
-        dsgd_ref slice = dsgd__ref(g.buf, g.off + v->offset);
-        float f;
-        switch (r->s->param_agg[i]) {
-        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
-        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
-        default: f = 1.0f / (float)global; break;
-        }
-        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, v->count) : be->scale(be->impl, slice, f, v->count);
-    }
-    return res;
 }
 
 /* Replica r's queue is done up to here for the others: its mark in
@@ -17842,12 +18226,18 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
-    if (s->path == DSGD_GRADIENTS_DEVICE) return dsgd__step_exchange_device(r, p);
+    double t = dsgd_now();
+    if (s->path == DSGD_GRADIENTS_DEVICE) {
+        res = dsgd__step_exchange_device(r, p);
+        r->exchange_s = r->exposed_s = dsgd_now() - t;
+        return res;
+    }
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
     for (o = 0; o < p && res == DSGD_OK; o += bucket)
         res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    r->exchange_s = r->exposed_s = dsgd_now() - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
     return res == DSGD_OK ? done : res;
@@ -17868,7 +18258,8 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     dsgd_result res, vr;
     dsgd__step_note(r);
     r->skipped = 0;
-    res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 */
+    r->exchange_s = r->exposed_s = 0.0;
+    res = dsgd__step_compute(r, a, &b, &bad);           /* 0, 1 (3, 4 with overlap) */
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     if (s->defer) { /* the last step's verdict, in by now on a GPU */
         if ((vr = dsgd__replica_settle(r, NULL, "at the next step")) != DSGD_OK) return res != DSGD_OK ? res : vr;
@@ -17876,8 +18267,9 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     }
     res = dsgd__step_agree(r, res, bad, &r->skipped);   /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
-    if (res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
+    if (!r->ov && !s->all_mean) /* 3 */
+        res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
+    if (!r->ov && res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
     if (res != DSGD_OK) return res;
     if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
     /* 5, gated by the verdict on the device; read back without waiting */
@@ -17996,12 +18388,14 @@ static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
 
 static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     dsgd_result res = dsgd__mirrored_path(s);
-    return res != DSGD_OK ? res : dsgd__sync_defer_setup(s);
+    if (res == DSGD_OK) res = dsgd__sync_defer_setup(s);
+    return res != DSGD_OK ? res : dsgd__overlap_setup(s);
 }
 
 /* The marks still held (after the backends' queues are done with them). */
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     int i;
+    dsgd__overlap_teardown(s);
     dsgd__sync_defer_teardown(s);
     for (i = 0; s->marks && i < 2 * s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
@@ -18031,7 +18425,8 @@ static const dsgd__strategy_ops dsgd__mirrored_ops = {
     "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
-    "multi_worker_mirrored", dsgd__multi_worker_check, NULL, dsgd__sync_step, NULL, NULL, 1, NULL, NULL, NULL, NULL,
+    "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__overlap_setup, dsgd__sync_step, dsgd__overlap_teardown,
+    NULL, 1, NULL, NULL, NULL, NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */
@@ -18190,7 +18585,8 @@ static dsgd_result dsgd__central_step(dsgd_replica *r, void *user) {
     if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
     res = dsgd__step_agree(r, res, bad, &r->skipped);                /* 2 */
     if (res != DSGD_OK || r->skipped) return res;
-    if (!s->all_mean) res = dsgd__step_aggregate(r, r->global, (size_t)b.count); /* 3 */
+    if (!s->all_mean) /* 3 */
+        res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
     if (res == DSGD_OK && r->m.be.finish) res = r->m.be.finish(r->m.be.impl);
     if (res != DSGD_OK) return res;
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;

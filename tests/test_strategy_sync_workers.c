@@ -58,6 +58,8 @@ static float g_x[STEPS][W * MAXB * IN], g_y[STEPS][W * MAXB];
 static int count_of(int step) { return 22 + 3 * step; }
 
 static int g_ranks_per_node; /* base_desc's ranks_per_node */
+static size_t g_bucket_bytes; /* base_desc's bucket_bytes */
+static int g_overlap;         /* base_desc's overlap, for the workers (not the reference) */
 
 static void make_data(void) {
     tu_rng r = tu_rng_make(99);
@@ -85,6 +87,8 @@ static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n, dsgd_allredu
     d.timeout_s = 20.0;
     d.cpu_threads = 1;
     d.ranks_per_node = g_ranks_per_node;
+    d.bucket_bytes = g_bucket_bytes;
+    d.overlap = kind == DSGD_STRATEGY_MULTI_WORKER_MIRRORED && g_overlap;
     return d;
 }
 
@@ -266,6 +270,27 @@ static void test_bitwise_like_mirrored(void **state) {
     check_bitwise(DSGD_ALLREDUCE_HIERARCHICAL, two_two, 2, 0);
     check_bitwise(DSGD_ALLREDUCE_AUTO, one_three, 2, 0);
     g_ranks_per_node = 0;
+    tu_watchdog(0);
+}
+
+/* Overlap (the exchange beside backward) across workers: every algorithm
+   at three bucket sizes, 2 workers x 2 replicas, and 1 + 3 with the batch
+   fn, give the bits of the 4-replica MIRRORED run without overlap. */
+static void test_overlap_like_mirrored(void **state) {
+    static const int two_two[2] = {2, 2}, one_three[2] = {1, 3};
+    static const size_t buckets[3] = {0, 64, 200};
+    int a, k;
+    (void)state;
+    arm();
+    g_overlap = 1;
+    for (k = 0; k < 3; ++k) {
+        g_bucket_bytes = buckets[k];
+        printf("    overlap, bucket_bytes %zu:\n", buckets[k]);
+        for (a = 0; a < DSGD_ALLREDUCE_COUNT; ++a) check_bitwise((dsgd_allreduce_algo)a, two_two, 2, 0);
+        check_bitwise(DSGD_ALLREDUCE_RING, one_three, 2, 1);
+    }
+    g_overlap = 0;
+    g_bucket_bytes = 0;
     tu_watchdog(0);
 }
 
@@ -508,6 +533,7 @@ static int setup(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bitwise_like_mirrored),
+        cmocka_unit_test(test_overlap_like_mirrored),
         cmocka_unit_test(test_chief_weights),
         cmocka_unit_test(test_description_mismatch),
         cmocka_unit_test(test_agreed_failure),

@@ -1,0 +1,328 @@
+/* distsgd/strategy_overlap.h - the synchronous exchange overlapped with backward: gradient-ready buckets
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   OVERLAP
+
+     With dsgd_strategy_desc.overlap set, each replica of a synchronous
+     strategy all-reduces its gradient's buckets on a communication thread
+     of its own while its backward pass goes on, as PyTorch DDP's Reducer
+     and Horovod's tensor fusion do. The buckets are those of the exchange
+     without overlap (desc.bucket_bytes, cut from the start of the flat
+     gradient; 0: one bucket), and each is all-reduced by the same call, so
+     the weights are the same bits with overlap on and off.
+
+     A bucket is ready when every variable it holds is final
+     (dsgd_model_variable_ready: the built-in network reports each layer as
+     backward goes down, the last layer first). Buckets go to the thread in
+     one fixed order, the last first, the same on every replica: bucket k
+     goes once it and every bucket after it are ready. Before a bucket
+     goes, the replica's own thread counts its non-finite values and scales
+     its variables to their aggregation, which the step without overlap
+     does for the whole buffer (THE SYNCHRONOUS STEP, phases 1 and 3). When
+     backward returns, the variables it never reported are final and the
+     buckets left go; the replica waits for its thread, then the replicas
+     agree (phase 2) and update (phase 5). Every replica exchanges every
+     bucket even when its own backward failed, so that no other waits for
+     it; the agreement then stops them all with nothing updated, as clean
+     as without overlap. A non-finite gradient makes the exchanged sum
+     non-finite; the step is skipped as before (the gradient buffer then
+     holds that sum).
+
+     Where: MIRRORED and MULTI_WORKER_MIRRORED with more than one replica
+     in sync, on the HOST path, when every replica's gradient buffer has a
+     host pointer (the CPU backend). Elsewhere the exchange runs after
+     backward, as without overlap (an OpenCL replica maps its gradient,
+     which waits for its queued work anyway). dsgd_strategy_create refuses
+     it over a transport with a clock of its own (the simulated cluster):
+     a rank's thread and its communication thread would both run there,
+     which the simulation cannot schedule.
+
+     The step's info says how long the exchange took (exchange_s) and how
+     much of that the step waited for after backward (exposed_s); the rest
+     was hidden behind backward. The cost: one thread per replica, asleep
+     between buckets.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_OVERLAP_IMPL)
+#define DSGD__PART_STRATEGY_OVERLAP_IMPL
+
+/* >>strategy_overlap -------------------------------------------------------- */
+
+/* Phase 3 on the floats [lo, hi) of replica r's gradient: each variable's
+   slice there, computed for the SUM of the replica's losses, scaled to what
+   its aggregation adds up: MEAN 1/global count, SUM 1/local count,
+   ONLY_FIRST_REPLICA 1/local count on replica 0 and 0 on the others. */
+static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t local, size_t lo, size_t hi) {
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_ref g = dsgd_model_grads(r->m.model);
+    int i, nv = dsgd_model_num_variables(r->m.model);
+    dsgd_result res = DSGD_OK;
+    for (i = 0; i < nv && res == DSGD_OK; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(r->m.model, i);
+        size_t a = DSGD__MAX(v->offset, lo), b = DSGD__MIN(v->offset + v->count, hi);
+        dsgd_ref slice = dsgd__ref(g.buf, g.off + a);
+        float f;
+        if (a >= b) continue;
+        switch (r->s->param_agg[i]) {
+        case DSGD_AGG_SUM: f = local ? 1.0f / (float)local : 0.0f; break;
+        case DSGD_AGG_ONLY_FIRST_REPLICA: f = (r->rank == 0 && local) ? 1.0f / (float)local : 0.0f; break;
+        default: f = 1.0f / (float)global; break;
+        }
+        res = f == 0.0f ? be->fill(be->impl, slice, 0.0f, b - a) : be->scale(be->impl, slice, f, b - a);
+    }
+    return res;
+}
+
+struct dsgd__overlap {
+    dsgd_replica *r;
+    dsgd_ctx *ctx;         /* the errors of the thread's collectives */
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    float *host;           /* the gradient in host memory */
+    size_t p, bucket;      /* floats in the gradient and in a bucket */
+    int nb;                /* buckets */
+    int *need;             /* per bucket: the variables it holds */
+    int *left;             /* per bucket: those not final yet (this step) */
+    unsigned char *final;  /* per variable: final (this step) */
+    int next;              /* the next bucket to go, nb - 1 down to 0; -1: all gone */
+    int prep;              /* count and scale a bucket before it goes (not
+                              after a failure of this replica's) */
+    dsgd_result prep_res;  /* the first failure of that */
+    int global;            /* the step's counts, for the aggregation */
+    size_t local, bad;     /* bad: non-finite values in the buckets gone */
+    /* under mu: buckets given to the thread and all-reduced, its first
+       failure this step, seconds it spent in collectives, stop */
+    int issued, done, stop;
+    dsgd_result res;
+    double busy;
+};
+
+/* The communication thread: all-reduces the buckets given to it, in the
+   order given; after a failure it only counts them done (the transport's
+   state is unknown, and the step fails). */
+static void *dsgd__overlap_main(void *arg) {
+    dsgd__overlap *ov = (dsgd__overlap *)arg;
+    const dsgd_strategy *s = ov->r->s;
+    pthread_mutex_lock(&ov->mu);
+    for (;;) {
+        size_t lo;
+        int ok;
+        double t;
+        dsgd_result res = DSGD_OK;
+        while (!ov->stop && ov->done == ov->issued) pthread_cond_wait(&ov->cv, &ov->mu);
+        if (ov->stop) break;
+        lo = (size_t)(ov->nb - 1 - ov->done) * ov->bucket;
+        ok = ov->res == DSGD_OK;
+        pthread_mutex_unlock(&ov->mu);
+        t = dsgd_now();
+        if (ok)
+            res = dsgd_allreduce(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), DSGD_REDUCE_SUM,
+                                 s->d.algorithm, 0.0);
+        t = dsgd_now() - t;
+        pthread_mutex_lock(&ov->mu);
+        ov->busy += t;
+        if (res != DSGD_OK && ov->res == DSGD_OK) ov->res = res;
+        ov->done++;
+        pthread_cond_broadcast(&ov->cv);
+    }
+    pthread_mutex_unlock(&ov->mu);
+    return NULL;
+}
+
+/* Gives the thread every bucket that may go now (bucket next, once it and
+   those after it are ready), each counted and scaled first while prep is
+   set. A failure there clears prep and is returned (and kept), but the
+   bucket still goes: the other replicas wait for it. */
+static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
+    dsgd_replica *r = ov->r;
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd_result res = DSGD_OK;
+    while (ov->next >= 0 && ov->left[ov->next] == 0) {
+        size_t lo = (size_t)ov->next * ov->bucket, hi = DSGD__MIN(lo + ov->bucket, ov->p), bad = 0;
+        if (ov->prep) {
+            dsgd_ref g = dsgd_model_grads(r->m.model);
+            if (be->finish) res = be->finish(be->impl);
+            if (res == DSGD_OK) res = be->norm_check(be->impl, dsgd__ref(g.buf, g.off + lo), hi - lo, NULL, &bad);
+            ov->bad += bad;
+            if (res == DSGD_OK && !r->s->all_mean) res = dsgd__step_aggregate(r, ov->global, ov->local, lo, hi);
+            if (res != DSGD_OK) {
+                ov->prep = 0;
+                ov->prep_res = res;
+            }
+        }
+        pthread_mutex_lock(&ov->mu);
+        ov->issued++;
+        pthread_cond_broadcast(&ov->cv);
+        pthread_mutex_unlock(&ov->mu);
+        ov->next--;
+    }
+    return res;
+}
+
+/* Variable v is final: its buckets need it no more. */
+static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
+    const dsgd_variable *var = dsgd_model_variable(ov->r->m.model, v);
+    size_t k;
+    if (ov->final[v] || var->count == 0) return;
+    ov->final[v] = 1;
+    for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->left[k]--;
+}
+
+/* The model's listener (dsgd_model_variable_ready). */
+static dsgd_result dsgd__overlap_ready(void *user, int variable) {
+    dsgd__overlap *ov = (dsgd__overlap *)user;
+    dsgd__overlap_final(ov, variable);
+    return dsgd__overlap_issue(ov);
+}
+
+/* Before replica r's backward: every bucket waits for its variables, and
+   the model reports to the overlap. */
+static void dsgd__overlap_begin(dsgd_replica *r, int global, size_t local) {
+    dsgd__overlap *ov = r->ov;
+    int nv = dsgd_model_num_variables(r->m.model);
+    memcpy(ov->left, ov->need, sizeof(int) * (size_t)ov->nb);
+    memset(ov->final, 0, (size_t)nv);
+    ov->next = ov->nb - 1;
+    ov->prep = 1;
+    ov->prep_res = DSGD_OK;
+    ov->global = global;
+    ov->local = local;
+    ov->bad = 0;
+    pthread_mutex_lock(&ov->mu);
+    ov->issued = ov->done = 0;
+    ov->res = DSGD_OK;
+    ov->busy = 0.0;
+    pthread_mutex_unlock(&ov->mu);
+    dsgd_ctx_clear_error(ov->ctx);
+    dsgd__comm_set_ctx(r->comm, ov->ctx);
+    dsgd__model_listen(r->m.model, dsgd__overlap_ready, ov);
+}
+
+/* After replica r's backward (own: its result): the buckets left go, and
+   the replica waits for its thread. *bad: the non-finite values counted.
+   Returns own's failure, else the preparation's, else the exchange's (the
+   exchange's message copied to the replica's context, comm_failed set). */
+static dsgd_result dsgd__overlap_end(dsgd_replica *r, dsgd_result own, size_t *bad) {
+    dsgd__overlap *ov = r->ov;
+    int v, nv = dsgd_model_num_variables(r->m.model);
+    dsgd_result res;
+    double t;
+    dsgd__model_listen(r->m.model, NULL, NULL);
+    if (own != DSGD_OK) ov->prep = 0;
+    for (v = 0; v < nv; ++v) dsgd__overlap_final(ov, v);
+    dsgd__overlap_issue(ov); /* its failure is in prep_res */
+    t = dsgd_now();
+    pthread_mutex_lock(&ov->mu);
+    while (ov->done < ov->issued) pthread_cond_wait(&ov->cv, &ov->mu);
+    res = ov->res;
+    r->exchange_s = ov->busy;
+    pthread_mutex_unlock(&ov->mu);
+    r->exposed_s = dsgd_now() - t;
+    dsgd__comm_set_ctx(r->comm, r->m.ctx);
+    *bad = ov->bad;
+    if (res != DSGD_OK) {
+        r->comm_failed = 1;
+        if (own == DSGD_OK) return dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(ov->ctx));
+    }
+    return own != DSGD_OK ? own : ov->prep_res;
+}
+
+/* Stops and frees replica r's overlap (NULL: nothing). */
+static void dsgd__overlap_destroy(dsgd_replica *r) {
+    dsgd__overlap *ov = r->ov;
+    if (!ov) return;
+    if (ov->started) {
+        pthread_mutex_lock(&ov->mu);
+        ov->stop = 1;
+        pthread_cond_broadcast(&ov->cv);
+        pthread_mutex_unlock(&ov->mu);
+        pthread_join(ov->thread, NULL);
+        pthread_cond_destroy(&ov->cv);
+        pthread_mutex_destroy(&ov->mu);
+    }
+    dsgd_ctx_destroy(ov->ctx);
+    DSGD_FREE(ov->need);
+    DSGD_FREE(ov->left);
+    DSGD_FREE(ov->final);
+    DSGD_FREE(ov);
+    r->ov = NULL;
+}
+
+/* Replica r's overlap: its buckets, what each holds, its context and thread. */
+static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float *host) {
+    dsgd_model *m = r->m.model;
+    int v, nv = dsgd_model_num_variables(m);
+    size_t k;
+    dsgd_ctx_desc cd;
+    dsgd__overlap *ov = (dsgd__overlap *)dsgd__alloc(s->ctx, sizeof(*ov), "dsgd_strategy_create");
+    if (!ov) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(ov, 0, sizeof(*ov));
+    r->ov = ov;
+    ov->r = r;
+    ov->host = host;
+    ov->p = dsgd_model_num_params(m);
+    ov->bucket = s->d.bucket_bytes / sizeof(float);
+    if (ov->bucket == 0 || ov->bucket > ov->p) ov->bucket = ov->p;
+    ov->nb = (int)((ov->p + ov->bucket - 1) / ov->bucket);
+    ov->need = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
+    ov->left = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
+    ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");
+    if (!ov->need || !ov->left || !ov->final) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(ov->need, 0, sizeof(int) * (size_t)ov->nb);
+    for (v = 0; v < nv; ++v) {
+        const dsgd_variable *var = dsgd_model_variable(m, v);
+        if (var->count == 0) continue;
+        for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->need[k]++;
+    }
+    memset(&cd, 0, sizeof(cd)); /* no label, no logger: a failure is told through the replica's context */
+    if (dsgd_ctx_create(&cd, &ov->ctx) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_strategy_create: no context for the exchange");
+    if (pthread_mutex_init(&ov->mu, NULL) != 0) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "dsgd_strategy_create: pthread_mutex_init failed");
+    if (pthread_cond_init(&ov->cv, NULL) != 0) {
+        pthread_mutex_destroy(&ov->mu);
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "dsgd_strategy_create: pthread_cond_init failed");
+    }
+    if (pthread_create(&ov->thread, NULL, dsgd__overlap_main, ov) != 0) {
+        pthread_cond_destroy(&ov->cv);
+        pthread_mutex_destroy(&ov->mu);
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "dsgd_strategy_create: cannot start replica %d's exchange thread",
+                                  r->rank);
+    }
+    ov->started = 1;
+    return DSGD_OK;
+}
+
+/* The synchronous kinds' setup of desc.overlap: refused over a transport
+   with its own clock; otherwise a thread per replica where the exchange
+   can run beside backward (OVERLAP above), none elsewhere. */
+static dsgd_result dsgd__overlap_setup(dsgd_strategy *s) {
+    int i;
+    dsgd_result res = DSGD_OK;
+    if (!s->d.overlap || s->world < 2 || s->path != DSGD_GRADIENTS_HOST) return DSGD_OK;
+    for (i = 0; i < s->n; ++i)
+        if (s->reps[i].ep.now)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
+                                      "dsgd_strategy_create: overlap over transport '%s', which keeps its own clock "
+                                      "(a simulated cluster cannot run a replica's exchange beside its backward)",
+                                      s->reps[i].ep.name ? s->reps[i].ep.name : "?");
+    for (i = 0; i < s->n; ++i) {
+        const dsgd_backend_i *be = &s->reps[i].m.be;
+        if (!be->buffer_host_ptr || !be->buffer_host_ptr(be->impl, dsgd_model_grads(s->reps[i].m.model).buf))
+            return DSGD_OK; /* the exchange runs after backward */
+    }
+    for (i = 0; i < s->n && res == DSGD_OK; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_ref g = dsgd_model_grads(r->m.model);
+        res = dsgd__overlap_create(s, r, r->m.be.buffer_host_ptr(r->m.be.impl, g.buf) + g.off);
+    }
+    return res;
+}
+
+/* Undoes dsgd__overlap_setup. */
+static void dsgd__overlap_teardown(dsgd_strategy *s) {
+    int i;
+    for (i = 0; s->reps && i < s->n; ++i) dsgd__overlap_destroy(&s->reps[i]);
+}
+
+#endif /* DSGD__PART_STRATEGY_OVERLAP_IMPL */
