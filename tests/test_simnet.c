@@ -65,6 +65,7 @@ typedef struct run {
     body_fn body;
     void *user;
     int comm_L; /* the communicators' ranks_per_node */
+    int use_run; /* run_go: dsgd_simnet_run instead of a thread per rank */
     /* per rank, filled by the bodies */
     dsgd_result res[MAXN];
     double t0[MAXN], t1[MAXN];
@@ -77,24 +78,35 @@ typedef struct rank_arg {
     int rank;
 } rank_arg;
 
+static void rank_body(run *r, int rank);
+
 static void *rank_main(void *p) {
     rank_arg *a = (rank_arg *)p;
-    run *r = a->r;
+    rank_body(a->r, a->rank);
+    return NULL;
+}
+
+static void rank_fn(dsgd_simnet *hub, int rank, const dsgd_transport_i *ep, void *user) {
+    (void)hub;
+    (void)ep;
+    rank_body((run *)user, rank);
+}
+
+static void rank_body(run *r, int rank) {
     dsgd_comm *c = NULL;
     dsgd_comm_desc cd;
     memset(&cd, 0, sizeof(cd));
     cd.timeout_s = 1e6;
     cd.piece_bytes = (size_t)1 << 30; /* one piece: the costs below count no pipelining */
     cd.ranks_per_node = r->comm_L;
-    if (dsgd_comm_create(r->ctx[a->rank], &r->ep[a->rank], &cd, &c) != DSGD_OK) {
-        r->res[a->rank] = DSGD_ERR_STATE;
-        snprintf(r->msg[a->rank], sizeof(r->msg[0]), "comm_create failed");
+    if (dsgd_comm_create(r->ctx[rank], &r->ep[rank], &cd, &c) != DSGD_OK) {
+        r->res[rank] = DSGD_ERR_STATE;
+        snprintf(r->msg[rank], sizeof(r->msg[0]), "comm_create failed");
     } else {
-        r->body(r, a->rank, c, &r->ep[a->rank]);
+        r->body(r, rank, c, &r->ep[rank]);
     }
     dsgd_comm_destroy(c);
-    if (r->hub) dsgd_simnet_leave(r->hub, a->rank);
-    return NULL;
+    if (r->hub) dsgd_simnet_leave(r->hub, rank);
 }
 
 /* desc NULL: a loopback hub instead. */
@@ -125,6 +137,11 @@ static void run_go(run *r, body_fn body, void *user) {
     int i;
     r->body = body;
     r->user = user;
+    if (r->use_run) {
+        if (dsgd_simnet_run(r->hub, rank_fn, r) != DSGD_OK)
+            fail_msg("dsgd_simnet_run: %s", dsgd_ctx_last_error(r->main_ctx));
+        return;
+    }
     for (i = 0; i < r->n; ++i) {
         args[i].r = r;
         args[i].rank = i;
@@ -816,6 +833,10 @@ static void body_det(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) 
     record(r, rank, res);
 }
 
+/* det_once through dsgd_simnet_run; with a trace written to det_trace */
+static int det_use_run;
+static FILE *det_trace;
+
 static void det_once(det_out *o, double jitter, int park) {
     dsgd_simnet_desc d;
     run r;
@@ -830,8 +851,11 @@ static void det_once(det_out *o, double jitter, int park) {
     d.compute.seed = 42;
     d.test_jitter_s = jitter;
     d.park_between_calls = park;
+    d.trace = det_trace != NULL;
     run_init(&r, DET_N, &d);
+    r.use_run = det_use_run;
     run_go(&r, body_det, o);
+    if (det_trace) assert_int_equal(dsgd_simnet_write_trace(r.hub, det_trace), DSGD_OK);
     for (i = 0; i < DET_N; ++i)
         if (r.res[i] != DSGD_OK) print_error("rank %d: %s\n", i, r.msg[i]);
     for (i = 0; i < DET_N; ++i)
@@ -860,6 +884,214 @@ static void test_determinism(void **state) {
         for (i = 0; i < DET_N; ++i)
             if (o.end[i] != first.end[i]) fail_msg("run %d rank %d ends at %.17g s, first run %.17g s", k, i, o.end[i], first.end[i]);
         assert_true(o.sum0 == first.sum0);
+    }
+    tu_watchdog(0);
+}
+
+/* ---------------------------------------------------------------- dsgd_simnet_run */
+
+/* The file's bytes (malloc'd), rewound first. */
+static char *file_bytes(FILE *f, long *len) {
+    char *b;
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    *len = ftell(f);
+    rewind(f);
+    b = (char *)malloc((size_t)*len + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)*len, f), (size_t)*len);
+    return b;
+}
+
+/* The hub running the ranks itself gives what a thread per rank gives: the
+   same probe order, virtual times, sums and trace bytes. */
+static void test_run_same_as_threads(void **state) {
+    static det_out a, b;
+    FILE *fa = tmpfile(), *fb = tmpfile();
+    char *ba, *bb;
+    long la, lb;
+    int i;
+    (void)state;
+    tu_watchdog(120);
+    assert_non_null(fa);
+    assert_non_null(fb);
+    det_trace = fa;
+    det_once(&a, 0, 0);
+    det_use_run = 1;
+    det_trace = fb;
+    det_once(&b, 0, 0);
+    det_use_run = 0;
+    det_trace = NULL;
+    for (i = 0; i < DET_TRACE; ++i)
+        if (a.src[i] != b.src[i] || a.t[i] != b.t[i])
+            fail_msg("message %d: threads: %d at %.17g s, run: %d at %.17g s", i, a.src[i], a.t[i], b.src[i], b.t[i]);
+    for (i = 0; i < DET_N; ++i) assert_true(a.end[i] == b.end[i]);
+    assert_true(a.sum0 == b.sum0);
+    assert_int_equal(b.overlap, 0);
+    ba = file_bytes(fa, &la);
+    bb = file_bytes(fb, &lb);
+    assert_true(la > 1000);
+    assert_true(la == lb && memcmp(ba, bb, (size_t)la) == 0);
+    print_message("dsgd_simnet_run (%s) = a thread per rank: %ld trace bytes\n", dsgd_simnet_run_mode(), la);
+    free(ba);
+    free(bb);
+    fclose(fa);
+    fclose(fb);
+    tu_watchdog(0);
+}
+
+typedef struct shift_run {
+    int steps;
+    int failed; /* one rank runs at a time */
+} shift_run;
+
+/* Each step: compute, then a sendrecv to the right from the left. */
+static void shift_fn(dsgd_simnet *hub, int rank, const dsgd_transport_i *ep, void *user) {
+    shift_run *s = (shift_run *)user;
+    float out[16], in[16];
+    dsgd_result res = DSGD_OK;
+    int k, failed;
+    memset(out, 0, sizeof(out));
+    for (k = 0; k < s->steps && res == DSGD_OK; ++k) {
+        res = dsgd_simnet_compute(hub, rank, k);
+        if (res == DSGD_OK)
+            res = ep->sendrecv(ep->impl, (rank + 1) % ep->size, (uint64_t)k, out, sizeof(out),
+                               (rank + ep->size - 1) % ep->size, (uint64_t)k, in, sizeof(in), 1e6, &failed);
+    }
+    if (res != DSGD_OK) s->failed = 1;
+}
+
+/* 16384 ranks (fibers; 512 with threads): every clock ends at steps x
+   (compute + alpha). */
+static void test_run_many_ranks(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_simnet *hub = NULL;
+    dsgd_simnet_desc d;
+    dsgd_simnet_stats st;
+    shift_run s;
+    int n = strcmp(dsgd_simnet_run_mode(), "threads") ? 16384 : 512, i;
+    double t0 = dsgd_now(), want;
+    (void)state;
+    tu_watchdog(120);
+    memset(&d, 0, sizeof(d));
+    memset(&s, 0, sizeof(s));
+    d.ranks = n;
+    d.alpha_s = 5e-6;
+    d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    d.compute.mean_s = 1e-3;
+    d.fiber_stack_bytes = 64 * 1024;
+    s.steps = 5;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    TU_OK(ctx, dsgd_simnet_create(ctx, &d, &hub));
+    TU_OK(ctx, dsgd_simnet_run(hub, shift_fn, &s));
+    assert_int_equal(s.failed, 0);
+    want = s.steps * (1e-3 + 5e-6);
+    for (i = 0; i < n; ++i)
+        if (fabs(dsgd_simnet_time(hub, i) - want) > 1e-12) fail_msg("rank %d ends at %.17g s", i, dsgd_simnet_time(hub, i));
+    dsgd_simnet_get_stats(hub, &st);
+    assert_true(st.messages == (uint64_t)n * (uint64_t)s.steps && st.computes == st.messages);
+    print_message("%d ranks (%s): %llu events in %.2f s\n", n, dsgd_simnet_run_mode(),
+                  (unsigned long long)(st.messages + st.computes), dsgd_now() - t0);
+    /* run once, on a hub whose ranks never called */
+    assert_int_equal(dsgd_simnet_run(hub, shift_fn, &s), DSGD_ERR_STATE);
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+static void park_fn(dsgd_simnet *hub, int rank, const dsgd_transport_i *ep, void *user) {
+    (void)ep;
+    ((dsgd_result *)user)[rank] = dsgd_simnet_park(hub, rank);
+}
+
+static void test_run_errors(void **state) {
+    dsgd_ctx *ctx;
+    dsgd_simnet *hub = NULL;
+    dsgd_simnet_desc d;
+    dsgd_result res[2] = {DSGD_OK, DSGD_OK};
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.ranks = 2;
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    assert_int_equal(dsgd_simnet_run(NULL, park_fn, res), DSGD_ERR_INVALID_ARGUMENT);
+    TU_OK(ctx, dsgd_simnet_create(ctx, &d, &hub));
+    assert_int_equal(dsgd_simnet_run(hub, NULL, res), DSGD_ERR_INVALID_ARGUMENT);
+    TU_OK(ctx, dsgd_simnet_run(hub, park_fn, res));
+    /* a fiber cannot park (it would stop every rank); a thread may */
+    assert_int_equal(res[0], strcmp(dsgd_simnet_run_mode(), "threads") ? DSGD_ERR_UNSUPPORTED : DSGD_OK);
+    dsgd_simnet_destroy(hub);
+    d.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &d, &hub));
+    assert_int_equal(dsgd_simnet_run(hub, park_fn, res), DSGD_ERR_UNSUPPORTED);
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- a stall inside a compute */
+
+/* Rank 0 advances 1 s from 0, rank 1 computes a step of 1 s, each with a
+   0.3 s STALL at 0.5 s: both end at 1.3 s. Rank 2 computes a step of 1 s
+   with a 0.2 s STALL at that step and a 0.3 s STALL at 0.1 s, inside the
+   first: frozen until 0.4 s, then 1 s of compute. Threads and run agree. */
+static void body_stall_inside(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    (void)c;
+    r->res[rank] = rank == 0 ? dsgd_simnet_advance(r->hub, 0, 1.0) : dsgd_simnet_compute(r->hub, rank, 0);
+    r->t1[rank] = now_of(t);
+}
+
+static void test_stall_inside_compute(void **state) {
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f[4];
+    FILE *tr;
+    char *b;
+    long len;
+    run r;
+    int i, k;
+    (void)state;
+    tu_watchdog(60);
+    memset(&d, 0, sizeof(d));
+    memset(f, 0, sizeof(f));
+    d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    d.compute.mean_s = 1.0;
+    d.trace = 1;
+    for (i = 0; i < 2; ++i) {
+        f[i].kind = DSGD_SIMNET_FAULT_STALL;
+        f[i].rank = i;
+        f[i].step = -1;
+        f[i].time = 0.5;
+        f[i].seconds = 0.3;
+    }
+    f[2].kind = DSGD_SIMNET_FAULT_STALL;
+    f[2].rank = 2;
+    f[2].step = 0;
+    f[2].seconds = 0.2;
+    f[3].kind = DSGD_SIMNET_FAULT_STALL;
+    f[3].rank = 2;
+    f[3].step = -1;
+    f[3].time = 0.1;
+    f[3].seconds = 0.3;
+    d.faults = f;
+    d.num_faults = 4;
+    for (k = 0; k < 2; ++k) {
+        run_init(&r, 3, &d);
+        r.use_run = k;
+        run_go(&r, body_stall_inside, NULL);
+        for (i = 0; i < 3; ++i) assert_int_equal(r.res[i], DSGD_OK);
+        assert_true(fabs(r.t1[0] - 1.3) <= 1e-12);
+        assert_true(fabs(r.t1[1] - 1.3) <= 1e-12);
+        assert_true(fabs(r.t1[2] - 1.4) <= 1e-12);
+        /* rank 0's row: compute 0..0.5, stall 0.5..0.8, compute 0.8..1.3 */
+        tr = tmpfile();
+        assert_non_null(tr);
+        assert_int_equal(dsgd_simnet_write_trace(r.hub, tr), DSGD_OK);
+        b = file_bytes(tr, &len);
+        b[len] = '\0';
+        if (!strstr(b, "\"tid\":0,\"name\":\"compute\",\"cat\":\"simnet\",\"ts\":0.000,\"dur\":500000.000") ||
+            !strstr(b, "\"tid\":0,\"name\":\"stall\",\"cat\":\"simnet\",\"ts\":500000.000,\"dur\":300000.000") ||
+            !strstr(b, "\"tid\":0,\"name\":\"compute\",\"cat\":\"simnet\",\"ts\":800000.000,\"dur\":500000.000"))
+            fail_msg("trace: %s", b);
+        free(b);
+        fclose(tr);
+        run_free(&r);
     }
     tu_watchdog(0);
 }
@@ -1217,9 +1449,9 @@ static void test_stall_and_slow(void **state) {
     assert_int_equal(r.res[0], DSGD_OK);
     assert_true(r.t1[0] == 9.0);
     assert_true(r.t1[1] == 10.0);
-    /* 3 s of compute end at 3 s > 2.5 s: the rank is frozen until 4 s, then
-       computes its last step */
-    assert_true(r.t1[2] == 5.0);
+    /* the stall falls inside step 2 (2 s to 3 s): computes to 2.5 s, frozen
+       until 4 s, the half step left ends at 4.5 s, the last at 5.5 s */
+    assert_true(r.t1[2] == 5.5);
     run_free(&r);
     tu_watchdog(0);
 }
@@ -2350,6 +2582,10 @@ int main(void) {
         cmocka_unit_test(test_deadlines_fire),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_stall_and_slow),
+        cmocka_unit_test(test_stall_inside_compute),
+        cmocka_unit_test(test_run_errors),
+        cmocka_unit_test(test_run_same_as_threads),
+        cmocka_unit_test(test_run_many_ranks),
         cmocka_unit_test(test_kill),
         cmocka_unit_test(test_kill_by_time),
         cmocka_unit_test(test_drop_and_delay),
