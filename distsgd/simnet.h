@@ -4,15 +4,15 @@
    SIMNET
 
      A discrete-event simulation of a cluster behind the transport interface.
-     As with the loopback, each rank is a thread of yours and the arithmetic
-     is real (real gradients, real reductions, the same bits as the
-     loopback); only time is modelled. Every rank has a virtual clock, and
-     the endpoint's `now` returns it, so a communicator's deadlines are
-     virtual too.
+     As with the loopback, each rank is a thread of yours (or a fiber that
+     the hub runs: dsgd_simnet_run, below) and the arithmetic is real (real
+     gradients, real reductions, the same bits as the loopback); only time
+     is modelled. Every rank has a virtual clock, and the endpoint's `now`
+     returns it, so a communicator's deadlines are virtual too.
 
-     Scheduling. Exactly one rank thread runs at a time (parked ranks
-     aside, below): the one with the smallest (virtual time, rank) among
-     those that can proceed. A rank
+     Scheduling. Exactly one rank runs at a time (parked ranks aside,
+     below): the one with the smallest (virtual time, rank) among those
+     that can proceed, kept in a heap (a hand-off costs O(log ranks)). A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
      sendrecv_reduce, probe, dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
@@ -20,11 +20,28 @@
      everything the ranks compute between calls therefore happen in one
      order, which depends only on the configuration and the seeds, never on
      the OS scheduler (50 runs with threads sleeping at random give the same
-     order). The hand-off is a condition variable per rank:
-     only the rank whose turn it is wakes. A rank's first call waits for its
+     order). With a thread per rank the hand-off is a condition variable
+     per rank: only the rank whose turn it is wakes (a futex wake and a
+     context switch, some microseconds). A rank's first call waits for its
      turn at virtual time 0, in rank order. When every rank waits and no
      message is in flight, the earliest deadline fires: time jumps to it, so
      a simulation never waits in real time for a deadline.
+
+     Ranks as fibers (dsgd_simnet_run(hub, fn, user)): the hub calls fn for
+     every rank itself, each on a stack of its own (desc.fiber_stack_bytes,
+     256 KiB by default), all on the calling thread, and returns when every
+     fn has returned. The hand-off is then a switch of stacks without a
+     system call, a few million events a second, and 16,384 ranks fit in
+     memory; the schedule, and so every time, CSV and trace, is the one a
+     thread per rank gives. fn must wait only through the hub: no parking,
+     so strategies (their replica pools wait outside the hub) keep their
+     threads, while the parameter-server engine and the collectives run as
+     they are. The switch is a few instructions of assembly on x86-64 with
+     GCC 8+ or clang, ucontext (which also saves the signal mask, with a
+     system call) on other glibc targets; elsewhere, under AddressSanitizer
+     and ThreadSanitizer (which would have to be told of every switch), and
+     with DSGD_SIMNET_NO_FIBERS defined, run starts a thread per rank
+     instead, with the same results (dsgd_simnet_run_mode says which).
 
      The model (per message of b bytes from s to d; per reduction of k floats):
        - links cost alpha + b * beta: the send occupies the sender's NIC for
@@ -51,7 +68,10 @@
          clock by a sample of the compute model (constant; per-rank time
          factors; exponential or shifted exponential; transient stragglers,
          slow by a factor with probability p on a step) that depends only on
-         (seed, rank, step); dsgd_simnet_advance adds a given time.
+         (seed, rank, step); dsgd_simnet_advance adds a given time. A STALL
+         by time that falls inside either freezes the compute: it resumes
+         after the stall, so advance(1.0) from 0 with a 0.3 s stall at 0.5
+         ends at 1.3.
        - faults (dsgd_simnet_fault), by rank and compute step or virtual
          time: KILL (the rank's calls fail with DSGD_ERR_ABORTED from then on;
          messages it sent before still arrive; a peer waiting for it gets
@@ -114,8 +134,10 @@
      bounds a long run's trace to its first virtual seconds.
 
      Thread safety: each endpoint (and the hub's functions that take a rank)
-     is used by that rank's thread; dsgd_simnet_abort, _aborted, _time and
-     _get_stats from any thread.
+     is used by that rank's thread (or fiber); dsgd_simnet_abort, _aborted,
+     _time and _get_stats from any thread. Messages live in one FIFO list
+     per pair of ranks that ever talked (a hash table), so memory grows with
+     the pairs used, not with ranks squared.
 */
 #ifndef DSGD__PART_SIMNET_DECL
 #define DSGD__PART_SIMNET_DECL

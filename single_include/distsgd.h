@@ -7854,15 +7854,15 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
    SIMNET
 
      A discrete-event simulation of a cluster behind the transport interface.
-     As with the loopback, each rank is a thread of yours and the arithmetic
-     is real (real gradients, real reductions, the same bits as the
-     loopback); only time is modelled. Every rank has a virtual clock, and
-     the endpoint's `now` returns it, so a communicator's deadlines are
-     virtual too.
+     As with the loopback, each rank is a thread of yours (or a fiber that
+     the hub runs: dsgd_simnet_run, below) and the arithmetic is real (real
+     gradients, real reductions, the same bits as the loopback); only time
+     is modelled. Every rank has a virtual clock, and the endpoint's `now`
+     returns it, so a communicator's deadlines are virtual too.
 
-     Scheduling. Exactly one rank thread runs at a time (parked ranks
-     aside, below): the one with the smallest (virtual time, rank) among
-     those that can proceed. A rank
+     Scheduling. Exactly one rank runs at a time (parked ranks aside,
+     below): the one with the smallest (virtual time, rank) among those
+     that can proceed, kept in a heap (a hand-off costs O(log ranks)). A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
      sendrecv_reduce, probe, dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
@@ -7870,11 +7870,28 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      everything the ranks compute between calls therefore happen in one
      order, which depends only on the configuration and the seeds, never on
      the OS scheduler (50 runs with threads sleeping at random give the same
-     order). The hand-off is a condition variable per rank:
-     only the rank whose turn it is wakes. A rank's first call waits for its
+     order). With a thread per rank the hand-off is a condition variable
+     per rank: only the rank whose turn it is wakes (a futex wake and a
+     context switch, some microseconds). A rank's first call waits for its
      turn at virtual time 0, in rank order. When every rank waits and no
      message is in flight, the earliest deadline fires: time jumps to it, so
      a simulation never waits in real time for a deadline.
+
+     Ranks as fibers (dsgd_simnet_run(hub, fn, user)): the hub calls fn for
+     every rank itself, each on a stack of its own (desc.fiber_stack_bytes,
+     256 KiB by default), all on the calling thread, and returns when every
+     fn has returned. The hand-off is then a switch of stacks without a
+     system call, a few million events a second, and 16,384 ranks fit in
+     memory; the schedule, and so every time, CSV and trace, is the one a
+     thread per rank gives. fn must wait only through the hub: no parking,
+     so strategies (their replica pools wait outside the hub) keep their
+     threads, while the parameter-server engine and the collectives run as
+     they are. The switch is a few instructions of assembly on x86-64 with
+     GCC 8+ or clang, ucontext (which also saves the signal mask, with a
+     system call) on other glibc targets; elsewhere, under AddressSanitizer
+     and ThreadSanitizer (which would have to be told of every switch), and
+     with DSGD_SIMNET_NO_FIBERS defined, run starts a thread per rank
+     instead, with the same results (dsgd_simnet_run_mode says which).
 
      The model (per message of b bytes from s to d; per reduction of k floats):
        - links cost alpha + b * beta: the send occupies the sender's NIC for
@@ -7901,7 +7918,10 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
          clock by a sample of the compute model (constant; per-rank time
          factors; exponential or shifted exponential; transient stragglers,
          slow by a factor with probability p on a step) that depends only on
-         (seed, rank, step); dsgd_simnet_advance adds a given time.
+         (seed, rank, step); dsgd_simnet_advance adds a given time. A STALL
+         by time that falls inside either freezes the compute: it resumes
+         after the stall, so advance(1.0) from 0 with a 0.3 s stall at 0.5
+         ends at 1.3.
        - faults (dsgd_simnet_fault), by rank and compute step or virtual
          time: KILL (the rank's calls fail with DSGD_ERR_ABORTED from then on;
          messages it sent before still arrive; a peer waiting for it gets
@@ -7964,8 +7984,10 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      bounds a long run's trace to its first virtual seconds.
 
      Thread safety: each endpoint (and the hub's functions that take a rank)
-     is used by that rank's thread; dsgd_simnet_abort, _aborted, _time and
-     _get_stats from any thread.
+     is used by that rank's thread (or fiber); dsgd_simnet_abort, _aborted,
+     _time and _get_stats from any thread. Messages live in one FIFO list
+     per pair of ranks that ever talked (a hash table), so memory grows with
+     the pairs used, not with ranks squared.
 */
 #ifndef DSGD__PART_SIMNET_DECL
 #define DSGD__PART_SIMNET_DECL
@@ -8026,7 +8048,7 @@ typedef struct dsgd_simnet_fault {
 } dsgd_simnet_fault;
 
 typedef struct dsgd_simnet_desc {
-    int ranks;                  /* 1..4096 */
+    int ranks;                  /* 1..65536 */
     double alpha_s;             /* latency of a message (between nodes, or everywhere when ranks_per_node is 0) */
     double beta_s_per_byte;     /* its time per byte */
     double gamma_s_per_float;   /* sendrecv_reduce's time per float reduced */
@@ -8054,6 +8076,10 @@ typedef struct dsgd_simnet_desc {
        seconds (or yield) at random before and after each hand-off, to show
        that the result does not depend on the OS scheduler. 0 in real use. */
     double test_jitter_s;
+    /* dsgd_simnet_run with fibers: each rank's stack in bytes (0: 256 KiB;
+       at least 16 KiB); with threads, each thread's stack (0: the system's
+       default) */
+    size_t fiber_stack_bytes;
 } dsgd_simnet_desc;
 
 /* Counters since creation (events = messages + computes). */
@@ -8071,7 +8097,7 @@ typedef struct dsgd_simnet_stats {
    compute time, no faults. ctx receives the errors of create and must
    outlive the hub.
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx, desc or out NULL, nothing recorded
-   when ctx is; ranks outside 1..4096; a negative or non-finite cost; a bad
+   when ctx is; ranks outside 1..65536; a negative or non-finite cost; a bad
    compute model or fault, named with its index), DSGD_ERR_OUT_OF_MEMORY,
    DSGD_ERR_SYSTEM (a pthread mutex or condition variable).
    Thread safety: the context's thread. */
@@ -8159,6 +8185,37 @@ DSGD_API dsgd_result dsgd_simnet_write_trace(dsgd_simnet *hub, FILE *out);
    Thread safety: one thread, once no rank uses the hub (join them first). */
 DSGD_API void dsgd_simnet_destroy(dsgd_simnet *hub);
 
+/* One rank's program for dsgd_simnet_run: ep is the rank's endpoint (as
+   dsgd_simnet_endpoint fills it), user the pointer given to run. Returning
+   leaves the simulation (dsgd_simnet_leave). */
+typedef void (*dsgd_simnet_rank_fn)(dsgd_simnet *hub, int rank, const dsgd_transport_i *ep, void *user);
+/* Runs fn for every rank of a fresh hub and returns when all have
+   returned: the hub runs the ranks itself, as fibers on the calling thread
+   where the build has them (see dsgd_simnet_run_mode), so handing the turn
+   to the next rank is a switch of stacks, not a wake-up of a thread. The
+   schedule, and so every result and trace, is the same as with a thread of
+   yours per rank. fn must wait only through the hub (its endpoint and the
+   dsgd_simnet_* calls): it must not park, and it must not wait for another
+   rank by other means (a lock another rank holds across a call, a
+   condition variable), which would stop every rank. Stacks are
+   desc.fiber_stack_bytes each; a rank that needs more overflows it.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub or fn NULL; nothing recorded when
+   hub is), DSGD_ERR_UNSUPPORTED (park_between_calls), DSGD_ERR_STATE (a rank
+   has already called the hub, or run was called before),
+   DSGD_ERR_OUT_OF_MEMORY (the stacks), DSGD_ERR_SYSTEM (a thread could not
+   start: the hub is aborted and the started ranks end). The ranks' own
+   errors are theirs (their endpoints' error_message).
+   Thread safety: one thread (the hub's ctx's), once. */
+DSGD_API dsgd_result dsgd_simnet_run(dsgd_simnet *hub, dsgd_simnet_rank_fn fn, void *user);
+/* How dsgd_simnet_run runs the ranks in this build: "fibers" (a stack
+   switch of a few instructions), "fibers (ucontext)" (swapcontext, which
+   also saves the signal mask with a system call), or "threads" (one per
+   rank, where neither is available and under AddressSanitizer and
+   ThreadSanitizer, which do not follow switched stacks here). The results
+   are the same; only the speed differs.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_simnet_run_mode(void);
+
 #ifdef __cplusplus
 }
 #endif
@@ -8173,10 +8230,41 @@ DSGD_API void dsgd_simnet_destroy(dsgd_simnet *hub);
    rank entering the hub records what it waits for (a time, a transfer, a
    probe), computes its key (the virtual time at which that is due, capped
    by its deadline and its death), passes the turn to the rank with the
-   smallest (key, rank) and sleeps on its own condition variable until the
-   turn comes back. Keys are cached and recomputed when a message is posted
-   to the rank, so a hand-off is one O(ranks) scan. Messages are copied at
-   send into a per-pair FIFO list with their arrival time. */
+   smallest (key, rank) and waits until the turn comes back: on its own
+   condition variable (a thread of the user's), or by switching to the
+   stack of the rank whose turn it is (dsgd_simnet_run's fibers, which hold
+   the mutex across the switch: one thread runs them all). The ranks that
+   can run (arriving, or waiting with a key) sit in a binary heap ordered
+   by (key, rank); keys are recomputed when a message is posted to the
+   rank, so a hand-off is O(log ranks). Messages are copied at send into a
+   per-pair FIFO list with their arrival time; the pairs that ever carried
+   a message live in a hash table, and each rank lists the pairs that hold
+   messages for it (what a probe looks at). */
+
+/* dsgd_simnet_run's fibers: 1, a stack switch in assembly (x86-64, GCC 8+
+   or clang); 2, ucontext (glibc); 0, a thread per rank. The sanitizers get
+   threads: ASan and TSan would need to be told of every switch. */
+#if !defined(DSGD_SIMNET_NO_FIBERS) && !defined(DSGD__SN_FIBERS)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DSGD__SN_FIBERS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define DSGD__SN_FIBERS 0
+#endif
+#endif
+#if !defined(DSGD__SN_FIBERS) && defined(__x86_64__) && !defined(__ILP32__) && \
+    (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 8))
+#define DSGD__SN_FIBERS 1
+#elif !defined(DSGD__SN_FIBERS) && defined(__GLIBC__)
+#define DSGD__SN_FIBERS 2
+#endif
+#endif
+#ifndef DSGD__SN_FIBERS
+#define DSGD__SN_FIBERS 0
+#endif
+#if DSGD__SN_FIBERS == 2
+#include <ucontext.h>
+#endif
 
 #define DSGD__SN_INF HUGE_VAL
 
@@ -8199,6 +8287,9 @@ typedef struct dsgd__sn_pair {
     dsgd__sn_msg *head, *tail;
     double last_arrival;
     long dropped;
+    uint64_t key; /* src * ranks + dst */
+    int dst;
+    int inpos;    /* its place in dst's list of pairs with messages, -1: none */
 } dsgd__sn_pair;
 
 typedef struct dsgd__sn_fault {
@@ -8241,6 +8332,9 @@ typedef struct dsgd__sn_ep {
     double slow;       /* SLOW factor in force */
     uint64_t progress; /* atomic */
     uint64_t jitter;   /* test hook's generator (owner thread only) */
+    int hpos;          /* its place in the hub's heap, -1: not there */
+    int *in;           /* the pairs (indices) that hold messages for this rank */
+    int nin, capin;
     pthread_cond_t cv;
     dsgd__sn_span *spans; /* desc.trace: this rank's, in call order */
     size_t nspans, capspans;
@@ -8256,7 +8350,18 @@ struct dsgd_simnet {
     int parked;  /* ranks PARKED */
     int aborted; /* atomic */
     dsgd__sn_ep *ep;
-    dsgd__sn_pair *pair; /* pair[src * n + dst] */
+    int *heap;   /* the ranks that can run (ARRIVING, WAITING), by (key, rank) */
+    int nheap;
+    dsgd__sn_pair *pairs; /* every pair that carried a message, by index */
+    size_t npairs, cappairs;
+    size_t *map;          /* open addressing: pair index + 1, 0 empty */
+    size_t mapcap;        /* a power of 2, or 0 */
+    int used;             /* a rank called the hub */
+    int ran;              /* dsgd_simnet_run was called */
+    struct dsgd__sn_fiber *fib; /* during run with fibers: n + 1, the last the caller's */
+    int fibers_done;
+    dsgd_simnet_rank_fn fn;
+    void *user;
     dsgd__sn_fault *faults;
     double *rank_factor;
     dsgd_simnet_stats stats;
@@ -8265,13 +8370,137 @@ struct dsgd_simnet {
 
 static int dsgd__sn_finite_nonneg(double x) { return x >= 0 && x < DSGD__SN_INF; }
 
+/* >>simnet ready heap ------------------------------------------------------ */
+
+static int dsgd__sn_before(const dsgd__sn_ep *a, const dsgd__sn_ep *b) {
+    return a->key < b->key || (a->key == b->key && a->rank < b->rank);
+}
+
+static void dsgd__sn_heap_set(dsgd_simnet *h, int i, int rank) {
+    h->heap[i] = rank;
+    h->ep[rank].hpos = i;
+}
+
+static void dsgd__sn_heap_up(dsgd_simnet *h, int i) {
+    int x = h->heap[i];
+    while (i > 0) {
+        int parent = (i - 1) / 2;
+        if (!dsgd__sn_before(&h->ep[x], &h->ep[h->heap[parent]])) break;
+        dsgd__sn_heap_set(h, i, h->heap[parent]);
+        i = parent;
+    }
+    dsgd__sn_heap_set(h, i, x);
+}
+
+static void dsgd__sn_heap_down(dsgd_simnet *h, int i) {
+    int x = h->heap[i];
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= h->nheap) break;
+        if (c + 1 < h->nheap && dsgd__sn_before(&h->ep[h->heap[c + 1]], &h->ep[h->heap[c]])) ++c;
+        if (!dsgd__sn_before(&h->ep[h->heap[c]], &h->ep[x])) break;
+        dsgd__sn_heap_set(h, i, h->heap[c]);
+        i = c;
+    }
+    dsgd__sn_heap_set(h, i, x);
+}
+
+/* Puts e in the heap of ranks that can run when it is ARRIVING (key: its
+   clock) or WAITING (key: when its wait ends), at its key; takes it out
+   otherwise. Called (mutex held) after every change of e's state or key. */
+static void dsgd__sn_sched(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    int ready = e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_WAITING, i, last;
+    if (e->state == DSGD__SN_ARRIVING) e->key = e->t;
+    if (e->hpos < 0) {
+        if (!ready) return;
+        i = h->nheap++;
+        dsgd__sn_heap_set(h, i, e->rank);
+        dsgd__sn_heap_up(h, i);
+    } else if (!ready) {
+        i = e->hpos;
+        e->hpos = -1;
+        last = h->heap[--h->nheap];
+        if (last != e->rank) {
+            dsgd__sn_heap_set(h, i, last);
+            dsgd__sn_heap_up(h, i);
+            dsgd__sn_heap_down(h, h->ep[last].hpos);
+        }
+    } else {
+        dsgd__sn_heap_up(h, e->hpos);
+        dsgd__sn_heap_down(h, e->hpos);
+    }
+}
+
+/* >>simnet pairs ----------------------------------------------------------- */
+
+static size_t dsgd__sn_slot(uint64_t k, size_t mask) {
+    k ^= k >> 31;
+    k *= 0x9E3779B97F4A7C15ull;
+    k ^= k >> 29;
+    return (size_t)k & mask;
+}
+
+/* The pair src -> dst, or NULL when it never carried a message. */
+static dsgd__sn_pair *dsgd__sn_pair_find(const dsgd_simnet *h, int src, int dst) {
+    uint64_t k = (uint64_t)src * (uint64_t)h->n + (uint64_t)dst;
+    size_t i, mask = h->mapcap - 1;
+    if (!h->mapcap) return NULL;
+    for (i = dsgd__sn_slot(k, mask); h->map[i]; i = (i + 1) & mask)
+        if (h->pairs[h->map[i] - 1].key == k) return &h->pairs[h->map[i] - 1];
+    return NULL;
+}
+
+/* The first message from src waiting for dst, or NULL. */
+static const dsgd__sn_msg *dsgd__sn_head(const dsgd_simnet *h, int src, int dst) {
+    const dsgd__sn_pair *p = dsgd__sn_pair_find(h, src, dst);
+    return p ? p->head : NULL;
+}
+
+/* The pair src -> dst, made on first use (NULL: out of memory). Pointers
+   to pairs are valid until the next call. */
+static dsgd__sn_pair *dsgd__sn_pair_get(dsgd_simnet *h, int src, int dst) {
+    dsgd__sn_pair *p = dsgd__sn_pair_find(h, src, dst);
+    size_t i;
+    if (p) return p;
+    if (h->npairs == h->cappairs) {
+        size_t cap = h->cappairs ? 2 * h->cappairs : 64;
+        dsgd__sn_pair *grown = (dsgd__sn_pair *)DSGD_REALLOC(h->pairs, cap * sizeof(*grown));
+        if (!grown) return NULL;
+        h->pairs = grown;
+        h->cappairs = cap;
+    }
+    if (2 * (h->npairs + 1) > h->mapcap) { /* at most half full */
+        size_t cap = h->mapcap ? 2 * h->mapcap : 256, mask = cap - 1;
+        size_t *map = (size_t *)DSGD_MALLOC(cap * sizeof(*map));
+        if (!map) return NULL;
+        memset(map, 0, cap * sizeof(*map));
+        for (i = 0; i < h->npairs; ++i) {
+            size_t j = dsgd__sn_slot(h->pairs[i].key, mask);
+            while (map[j]) j = (j + 1) & mask;
+            map[j] = i + 1;
+        }
+        DSGD_FREE(h->map);
+        h->map = map;
+        h->mapcap = cap;
+    }
+    p = &h->pairs[h->npairs];
+    memset(p, 0, sizeof(*p));
+    p->key = (uint64_t)src * (uint64_t)h->n + (uint64_t)dst;
+    p->dst = dst;
+    p->inpos = -1;
+    for (i = dsgd__sn_slot(p->key, h->mapcap - 1); h->map[i]; i = (i + 1) & (h->mapcap - 1)) {}
+    h->map[i] = ++h->npairs;
+    return p;
+}
+
 /* Validates desc; records the first problem. */
 static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
     const char *w = "dsgd_simnet_create";
     const dsgd_simnet_compute_desc *c = &d->compute;
     int i;
-    if (d->ranks < 1 || d->ranks > 4096)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d ranks (need 1..4096)", w, d->ranks);
+    if (d->ranks < 1 || d->ranks > 65536)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d ranks (need 1..65536)", w, d->ranks);
     if (!dsgd__sn_finite_nonneg(d->alpha_s) || !dsgd__sn_finite_nonneg(d->beta_s_per_byte) ||
         !dsgd__sn_finite_nonneg(d->gamma_s_per_float) || !dsgd__sn_finite_nonneg(d->intra_alpha_s) ||
         !dsgd__sn_finite_nonneg(d->intra_beta_s_per_byte) || !dsgd__sn_finite_nonneg(d->test_jitter_s))
@@ -8329,7 +8558,6 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
 DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *desc, dsgd_simnet **out) {
     const char *w = "dsgd_simnet_create";
     dsgd_simnet *h;
-    size_t npairs;
     int i, inited = 0;
     dsgd_result r;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", w);
@@ -8343,21 +8571,19 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     h->ctx = ctx;
     h->d = *desc;
     h->n = desc->ranks;
-    npairs = (size_t)h->n * (size_t)h->n;
     h->ep = (dsgd__sn_ep *)dsgd__alloc(ctx, sizeof(dsgd__sn_ep) * (size_t)h->n, w);
-    h->pair = (dsgd__sn_pair *)dsgd__alloc(ctx, sizeof(dsgd__sn_pair) * npairs, w);
+    h->heap = (int *)dsgd__alloc(ctx, sizeof(int) * (size_t)h->n, w);
     h->faults = (dsgd__sn_fault *)dsgd__alloc(ctx, sizeof(dsgd__sn_fault) * (size_t)(desc->num_faults + 1), w);
     h->rank_factor = (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)h->n, w);
-    if (!h->ep || !h->pair || !h->faults || !h->rank_factor) {
+    if (!h->ep || !h->heap || !h->faults || !h->rank_factor) {
         DSGD_FREE(h->ep);
-        DSGD_FREE(h->pair);
+        DSGD_FREE(h->heap);
         DSGD_FREE(h->faults);
         DSGD_FREE(h->rank_factor);
         DSGD_FREE(h);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
     memset(h->ep, 0, sizeof(dsgd__sn_ep) * (size_t)h->n);
-    memset(h->pair, 0, sizeof(dsgd__sn_pair) * npairs);
     for (i = 0; i < desc->num_faults; ++i) {
         h->faults[i].f = desc->faults[i];
         h->faults[i].left = desc->faults[i].count > 0 ? desc->faults[i].count : 1;
@@ -8378,6 +8604,7 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
             e->step = -1;
             e->slow = 1.0;
             e->src = -1;
+            e->hpos = -1;
             e->jitter = (uint64_t)(dsgd_now() * 1e9) ^ ((uint64_t)i * 0x9E3779B97F4A7C15ull);
             for (k = 0; k < desc->num_faults; ++k) {
                 const dsgd_simnet_fault *f = &desc->faults[k];
@@ -8394,13 +8621,14 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     }
     if (inited < h->n) {
         DSGD_FREE(h->ep);
-        DSGD_FREE(h->pair);
+        DSGD_FREE(h->heap);
         DSGD_FREE(h->faults);
         DSGD_FREE(h->rank_factor);
         DSGD_FREE(h);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot create a pthread mutex or condition", w);
     }
     /* every rank arrives at time 0, rank 0 first; parked, they come when they call */
+    for (i = 0; i < h->n; ++i) dsgd__sn_sched(&h->ep[i]);
     h->turn = desc->park_between_calls ? -1 : 0;
     h->parked = desc->park_between_calls ? h->n : 0;
     *out = h;
@@ -8408,12 +8636,11 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
 }
 
 DSGD_API void dsgd_simnet_destroy(dsgd_simnet *h) {
-    size_t i, npairs;
+    size_t i;
     int k;
     if (!h) return;
-    npairs = (size_t)h->n * (size_t)h->n;
-    for (i = 0; i < npairs; ++i) {
-        dsgd__sn_msg *m = h->pair[i].head;
+    for (i = 0; i < h->npairs; ++i) {
+        dsgd__sn_msg *m = h->pairs[i].head;
         while (m) {
             dsgd__sn_msg *next = m->next;
             DSGD_FREE(m);
@@ -8423,10 +8650,13 @@ DSGD_API void dsgd_simnet_destroy(dsgd_simnet *h) {
     for (k = 0; k < h->n; ++k) {
         pthread_cond_destroy(&h->ep[k].cv);
         DSGD_FREE(h->ep[k].spans);
+        DSGD_FREE(h->ep[k].in);
     }
     pthread_mutex_destroy(&h->mu);
     DSGD_FREE(h->ep);
-    DSGD_FREE(h->pair);
+    DSGD_FREE(h->heap);
+    DSGD_FREE(h->pairs);
+    DSGD_FREE(h->map);
     DSGD_FREE(h->faults);
     DSGD_FREE(h->rank_factor);
     DSGD_FREE(h);
@@ -8437,7 +8667,8 @@ DSGD_API void dsgd_simnet_abort(dsgd_simnet *h) {
     if (!h) return;
     pthread_mutex_lock(&h->mu);
     DSGD__STORE_SC(&h->aborted, 1);
-    for (i = 0; i < h->n; ++i) pthread_cond_signal(&h->ep[i].cv);
+    if (!h->fib)
+        for (i = 0; i < h->n; ++i) pthread_cond_signal(&h->ep[i].cv);
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -8488,6 +8719,96 @@ DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *h, int rank, long st
     return x;
 }
 
+/* >>simnet fibers ---------------------------------------------------------- */
+
+/* One rank of dsgd_simnet_run (or the caller of run, the last). */
+typedef struct dsgd__sn_fiber {
+    void *sp; /* asm: the stack pointer saved at the switch away */
+#if DSGD__SN_FIBERS == 2
+    ucontext_t uc;
+#endif
+    unsigned char *stack; /* its lowest 8 bytes hold a canary */
+    int done;
+} dsgd__sn_fiber;
+
+#define DSGD__SN_CANARY 0x5AFE57ACC0FFEE11ull
+#define DSGD__SN_STACK_DEFAULT ((size_t)256 * 1024)
+#define DSGD__SN_STACK_MIN ((size_t)16 * 1024)
+
+#if DSGD__SN_FIBERS == 1
+/* Saves the callee-saved registers (and the SSE and x87 control words) on
+   the current stack and its pointer in *save, then loads `to` and returns
+   into whatever was saved there (System V x86-64 ABI: rbx, rbp, r12-r15,
+   MXCSR and the x87 control word survive a call). */
+__attribute__((naked, noinline)) static void dsgd__sn_swap(void **save __attribute__((unused)),
+                                                            void *to __attribute__((unused))) {
+    __asm__("pushq %rbp\n\t"
+            "pushq %rbx\n\t"
+            "pushq %r12\n\t"
+            "pushq %r13\n\t"
+            "pushq %r14\n\t"
+            "pushq %r15\n\t"
+            "subq $8, %rsp\n\t"
+            "stmxcsr (%rsp)\n\t"
+            "fnstcw 4(%rsp)\n\t"
+            "movq %rsp, (%rdi)\n\t"
+            "movq %rsi, %rsp\n\t"
+            "ldmxcsr (%rsp)\n\t"
+            "fldcw 4(%rsp)\n\t"
+            "addq $8, %rsp\n\t"
+            "popq %r15\n\t"
+            "popq %r14\n\t"
+            "popq %r13\n\t"
+            "popq %r12\n\t"
+            "popq %rbx\n\t"
+            "popq %rbp\n\t"
+            "ret\n\t");
+}
+
+/* A new fiber's first return lands here: entry(arg) from r13(r12), which
+   never returns. */
+__attribute__((naked, noinline)) static void dsgd__sn_boot(void) {
+    __asm__("movq %r12, %rdi\n\t"
+            "callq *%r13\n\t"
+            "ud2\n\t");
+}
+
+/* A stack that dsgd__sn_swap can switch to: it returns into boot with
+   entry and arg in r13 and r12, and the stack aligned as after a call. */
+static void *dsgd__sn_stack_init(unsigned char *stack, size_t size, void (*entry)(void *), void *arg) {
+    uint64_t *sp = (uint64_t *)(void *)(((uintptr_t)(stack + size)) & ~(uintptr_t)15);
+    uint32_t ctl[2] = {0, 0};
+    __asm__ volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(ctl[0]), "=m"(ctl[1]));
+    *--sp = 0;
+    *--sp = 0;
+    *--sp = (uint64_t)(uintptr_t)dsgd__sn_boot; /* after its ret, rsp is 16-aligned */
+    *--sp = 0;                                  /* rbp */
+    *--sp = 0;                                  /* rbx */
+    *--sp = (uint64_t)(uintptr_t)arg;           /* r12 */
+    *--sp = (uint64_t)(uintptr_t)entry;         /* r13 */
+    *--sp = 0;                                  /* r14 */
+    *--sp = 0;                                  /* r15 */
+    *--sp = (uint64_t)ctl[0] | ((uint64_t)(ctl[1] & 0xFFFFu) << 32);
+    return sp;
+}
+#endif
+
+#if DSGD__SN_FIBERS
+/* Switches from fiber `from` to fiber `to` (-1: the caller of run); the
+   mutex stays held, and the fiber switched to carries on with it. */
+static void dsgd__sn_switch(dsgd_simnet *h, int from, int to) {
+    dsgd__sn_fiber *f = &h->fib[from < 0 ? h->n : from], *t = &h->fib[to < 0 ? h->n : to];
+    if (f == t) return;
+    /* a rank that overflowed its stack (desc.fiber_stack_bytes) wrote over it */
+    DSGD_ASSERT(!f->stack || *(const uint64_t *)(const void *)f->stack == DSGD__SN_CANARY);
+#if DSGD__SN_FIBERS == 1
+    dsgd__sn_swap(&f->sp, t->sp);
+#else
+    swapcontext(&f->uc, &t->uc);
+#endif
+}
+#endif
+
 /* >>simnet scheduler ------------------------------------------------------- */
 
 /* The test hook: a random real-time pause (a yield or a sleep). */
@@ -8518,15 +8839,15 @@ static double dsgd__sn_event(const dsgd__sn_ep *e) {
         const dsgd__sn_msg *m;
         ev = e->until;
         if (e->src < 0) return ev;
-        m = h->pair[(size_t)e->src * (size_t)h->n + (size_t)e->rank].head;
+        m = dsgd__sn_head(h, e->src, e->rank);
         if (!m) return DSGD__SN_INF;
         return DSGD__MAX(ev, DSGD__MAX(e->t_call, m->arrival) + (double)e->reduce_k * h->d.gamma_s_per_float);
     }
     default: /* probe: the earliest arrival */
         ev = DSGD__SN_INF;
-        for (k = 0; k < h->n; ++k) {
-            const dsgd__sn_msg *m = h->pair[(size_t)k * (size_t)h->n + (size_t)e->rank].head;
-            if (m && m->arrival < ev) ev = m->arrival;
+        for (k = 0; k < e->nin; ++k) {
+            const dsgd__sn_msg *m = h->pairs[e->in[k]].head;
+            if (m->arrival < ev) ev = m->arrival;
         }
         return ev < DSGD__SN_INF ? DSGD__MAX(ev, e->t_call) : ev;
     }
@@ -8553,7 +8874,7 @@ static int dsgd__sn_safe(const dsgd__sn_ep *e) {
     if (h->parked == 0 || e->state != DSGD__SN_WAITING || e->wait == DSGD__SN_W_TIME || e->key == e->kill_time)
         return 1;
     if (e->wait == DSGD__SN_W_XFER &&
-        (e->src < 0 || h->pair[(size_t)e->src * (size_t)h->n + (size_t)e->rank].head))
+        (e->src < 0 || dsgd__sn_head(h, e->src, e->rank)))
         return 1;
     if (h->d.ranks_per_node > 0 && h->d.intra_alpha_s < alpha_min) alpha_min = h->d.intra_alpha_s;
     for (k = 0; k < h->n; ++k) {
@@ -8570,30 +8891,24 @@ static int dsgd__sn_safe(const dsgd__sn_ep *e) {
    leaving or dying), or by a parked rank returning to a hub where nobody
    has the turn. */
 static void dsgd__sn_pass(dsgd_simnet *h) {
-    double best_key = DSGD__SN_INF;
-    int best = -1, k, me = h->turn;
-    for (k = 0; k < h->n; ++k) {
-        const dsgd__sn_ep *e = &h->ep[k];
-        double key;
-        if (e->state == DSGD__SN_ARRIVING) key = e->t;
-        else if (e->state == DSGD__SN_WAITING) key = e->key;
-        else continue;
-        if (best < 0 || key < best_key) {
-            best = k;
-            best_key = key;
-        }
-    }
+    int best = h->nheap > 0 ? h->heap[0] : -1, me = h->turn;
     if (best >= 0 && !dsgd__sn_safe(&h->ep[best])) best = -1;
     h->turn = best;
     if (best >= 0 && best != me) {
         h->stats.handoffs++;
-        pthread_cond_signal(&h->ep[best].cv);
+        if (!h->fib) pthread_cond_signal(&h->ep[best].cv);
     }
 }
 
 /* Waits (mutex held) until it is e's turn or the hub is aborted. */
 static void dsgd__sn_wait_turn(dsgd__sn_ep *e) {
     dsgd_simnet *h = e->hub;
+#if DSGD__SN_FIBERS
+    if (h->fib) {
+        while (h->turn != e->rank && !DSGD__LOAD_RLX(&h->aborted)) dsgd__sn_switch(h, e->rank, h->turn);
+        return;
+    }
+#endif
     while (h->turn != e->rank && !DSGD__LOAD_RLX(&h->aborted)) pthread_cond_wait(&e->cv, &h->mu);
 }
 
@@ -8753,6 +9068,7 @@ static void dsgd__sn_stalls(dsgd__sn_ep *e) {
 static dsgd_result dsgd__sn_die(dsgd__sn_ep *e, double at) {
     if (at > e->t) e->t = at;
     e->state = DSGD__SN_DEAD;
+    dsgd__sn_sched(e);
     e->kill_time = e->t;
     dsgd__sn_span_add(e, DSGD__SN_SP_KILLED, e->t, e->t, -1, 0, 0);
     dsgd__sn_pass(e->hub);
@@ -8766,9 +9082,11 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
     dsgd_result r;
     dsgd__sn_jitter(e);
     pthread_mutex_lock(&h->mu);
+    h->used = 1;
     if (e->state == DSGD__SN_PARKED) {
         /* back at its clock, as a rank arriving */
         e->state = DSGD__SN_ARRIVING;
+        dsgd__sn_sched(e);
         h->parked--;
         if (h->turn < 0) dsgd__sn_pass(h);
     }
@@ -8776,6 +9094,7 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
         dsgd__sn_wait_turn(e);
         if (!DSGD__LOAD_RLX(&h->aborted)) {
             e->state = DSGD__SN_RUNNING;
+            dsgd__sn_sched(e);
             dsgd__sn_jitter(e);
         }
     }
@@ -8809,13 +9128,18 @@ static dsgd_result dsgd__sn_block(dsgd__sn_ep *e) {
     double ev;
     e->state = DSGD__SN_WAITING;
     e->key = dsgd__sn_key(e);
+    dsgd__sn_sched(e);
     dsgd__sn_pass(h);
     dsgd__sn_wait_turn(e);
     if (DSGD__LOAD_RLX(&h->aborted)) {
-        if (e->state == DSGD__SN_WAITING) e->state = DSGD__SN_RUNNING;
+        if (e->state == DSGD__SN_WAITING) {
+            e->state = DSGD__SN_RUNNING;
+            dsgd__sn_sched(e);
+        }
         return dsgd__sn_fail(e, DSGD_ERR_ABORTED, "the hub was aborted");
     }
     e->state = DSGD__SN_RUNNING;
+    dsgd__sn_sched(e);
     dsgd__sn_jitter(e);
     ev = dsgd__sn_event(e);
     if (e->kill_time < DSGD__SN_INF && e->kill_time <= ev && e->kill_time <= e->deadline)
@@ -8836,6 +9160,7 @@ static dsgd_result dsgd__sn_block(dsgd__sn_ep *e) {
 static void dsgd__sn_park(dsgd__sn_ep *e) {
     dsgd_simnet *h = e->hub;
     e->state = DSGD__SN_PARKED;
+    dsgd__sn_sched(e);
     h->parked++;
     if (h->turn == e->rank) dsgd__sn_pass(h);
 }
@@ -8885,7 +9210,7 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
                                  double deadline, double *done) {
     dsgd_simnet *h = e->hub;
     dsgd__sn_ep *d = &h->ep[dst];
-    dsgd__sn_pair *p = &h->pair[(size_t)e->rank * (size_t)h->n + (size_t)dst];
+    dsgd__sn_pair *p;
     double alpha, beta, start, occupy, *tx, *rx = NULL;
     dsgd__sn_fault *f;
     dsgd__sn_msg *m;
@@ -8899,6 +9224,15 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
     *done = start + occupy;
     if (*done > deadline)
         return dsgd__sn_fail(e, DSGD_ERR_TIMEOUT, "the deadline passed before the message to rank %d could leave", dst);
+    if (!(p = dsgd__sn_pair_get(h, e->rank, dst)))
+        return dsgd__sn_fail(e, DSGD_ERR_OUT_OF_MEMORY, "cannot record the pair to rank %d", dst);
+    if (!p->head && d->nin == d->capin) { /* room in dst's list of pairs with messages */
+        int cap = d->capin ? 2 * d->capin : 4;
+        int *grown = (int *)DSGD_REALLOC(d->in, (size_t)cap * sizeof(int));
+        if (!grown) return dsgd__sn_fail(e, DSGD_ERR_OUT_OF_MEMORY, "cannot list a message for rank %d", dst);
+        d->in = grown;
+        d->capin = cap;
+    }
     m = (dsgd__sn_msg *)DSGD_MALLOC(DSGD__SN_HDR + bytes);
     if (!m) return dsgd__sn_fail(e, DSGD_ERR_OUT_OF_MEMORY, "cannot buffer %zu bytes for rank %d", bytes, dst);
     *tx = *done;
@@ -8924,10 +9258,18 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
     p->last_arrival = m->arrival;
     m->first = m->arrival - occupy;
     if (bytes) memcpy(DSGD__SN_PAYLOAD(m), buf, bytes);
-    if (p->tail) p->tail->next = m;
-    else p->head = m;
+    if (p->tail) {
+        p->tail->next = m;
+    } else {
+        p->head = m;
+        p->inpos = d->nin;
+        d->in[d->nin++] = (int)(p - h->pairs);
+    }
     p->tail = m;
-    if (d->state == DSGD__SN_WAITING) d->key = dsgd__sn_key(d);
+    if (d->state == DSGD__SN_WAITING) {
+        d->key = dsgd__sn_key(d);
+        dsgd__sn_sched(d);
+    }
     return DSGD_OK;
 }
 
@@ -8935,9 +9277,10 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
 static const char *dsgd__sn_why(const dsgd__sn_ep *e, int src, char *buf, size_t cap) {
     const dsgd_simnet *h = e->hub;
     const dsgd__sn_ep *p = &h->ep[src];
+    const dsgd__sn_pair *pr = dsgd__sn_pair_find(h, src, e->rank);
     buf[0] = '\0';
     if (p->state == DSGD__SN_DEAD) snprintf(buf, cap, " (rank %d was killed at %.9g s)", src, p->kill_time);
-    else if (h->pair[(size_t)src * (size_t)h->n + (size_t)e->rank].dropped)
+    else if (pr && pr->dropped)
         snprintf(buf, cap, " (a message from rank %d was dropped)", src);
     else if (p->state == DSGD__SN_LEFT) snprintf(buf, cap, " (rank %d left the simulation)", src);
     return buf;
@@ -8979,8 +9322,8 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
     e->deadline = deadline;
     r = dsgd__sn_block(e);
     if (r == DSGD_OK && src >= 0) {
-        dsgd__sn_pair *p = &h->pair[(size_t)src * (size_t)h->n + (size_t)e->rank];
-        dsgd__sn_msg *m = p->head;
+        dsgd__sn_pair *p = dsgd__sn_pair_find(h, src, e->rank);
+        dsgd__sn_msg *m = p ? p->head : NULL;
         DSGD_ASSERT(m != NULL);
         dsgd__sn_span_xfer(e, dst, sbytes, done, src, m, e->reduce_k, h->stats.dropped != dropped_before, 0);
         if (m->tag != rtag || m->bytes != rbytes) {
@@ -8989,7 +9332,13 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
                               (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes);
         } else {
             p->head = m->next;
-            if (!p->head) p->tail = NULL;
+            if (!p->head) { /* off this rank's list of pairs with messages */
+                int last = e->in[--e->nin];
+                p->tail = NULL;
+                e->in[p->inpos] = last;
+                h->pairs[last].inpos = p->inpos;
+                p->inpos = -1;
+            }
             if (op < 0) {
                 if (rbytes) memcpy(rbuf, DSGD__SN_PAYLOAD(m), rbytes);
             } else {
@@ -9081,16 +9430,17 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
     r = dsgd__sn_block(e);
     if (r == DSGD_OK) {
         double best_arrival = DSGD__SN_INF;
-        for (k = 0; k < h->n; ++k) {
-            const dsgd__sn_msg *m = h->pair[(size_t)k * (size_t)h->n + (size_t)e->rank].head;
-            if (m && m->arrival < best_arrival) {
-                best_arrival = m->arrival;
-                best = k;
+        for (k = 0; k < e->nin; ++k) { /* the earliest, ties by the lower rank */
+            const dsgd__sn_pair *p = &h->pairs[e->in[k]];
+            int from = (int)(p->key / (uint64_t)h->n);
+            if (p->head->arrival < best_arrival || (p->head->arrival == best_arrival && from < best)) {
+                best_arrival = p->head->arrival;
+                best = from;
             }
         }
         DSGD_ASSERT(best >= 0);
         {
-            const dsgd__sn_msg *m = h->pair[(size_t)best * (size_t)h->n + (size_t)e->rank].head;
+            const dsgd__sn_msg *m = dsgd__sn_head(h, best, e->rank);
             double r0 = DSGD__MAX(e->t_call, m->first);
             *src = best;
             *tag = m->tag;
@@ -9105,20 +9455,50 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
     return dsgd__sn_exit(e, r);
 }
 
+/* The earliest STALL by time of e, not applied yet, that begins before
+   `end` (ties: the first given); NULL: none. */
+static dsgd__sn_fault *dsgd__sn_next_stall(dsgd__sn_ep *e, double end) {
+    dsgd_simnet *h = e->hub;
+    dsgd__sn_fault *best = NULL;
+    int i;
+    for (i = 0; i < h->d.num_faults; ++i) {
+        dsgd__sn_fault *f = &h->faults[i];
+        if (f->f.kind == DSGD_SIMNET_FAULT_STALL && f->f.rank == e->rank && f->f.step < 0 && !f->applied &&
+            f->f.time < end && (!best || f->f.time < best->f.time))
+            best = f;
+    }
+    return best;
+}
+
 /* A wait of `stall` + `seconds` of compute (kill and stall faults apply);
-   step: the compute step + 1, 0 for an advance (the timeline's args). */
+   step: the compute step + 1, 0 for an advance (the timeline's args). A
+   STALL by time that begins inside freezes the rank from then on: during
+   the compute, what is left of it resumes after the stall; during a stall,
+   the freeze lasts until the later of the two ends. */
 static dsgd_result dsgd__sn_charge(dsgd__sn_ep *e, double stall, double seconds, uint64_t step) {
     dsgd_result r;
-    double t_stall;
+    double t0, t_stall, left = seconds;
+    dsgd__sn_fault *f;
     e->hub->stats.computes++;
-    e->t_call = e->t;
-    e->wait = DSGD__SN_W_TIME;
-    e->until = e->t + stall + seconds;
-    e->deadline = DSGD__SN_INF;
-    r = dsgd__sn_block(e);
-    t_stall = DSGD__MIN(e->t, e->t_call + stall);
-    dsgd__sn_span_add(e, DSGD__SN_SP_STALL, e->t_call, t_stall, -1, 0, 0);
-    dsgd__sn_span_add(e, DSGD__SN_SP_COMPUTE, t_stall, e->t, -1, step, 0);
+    for (;;) {
+        t0 = e->t;
+        while ((f = dsgd__sn_next_stall(e, t0 + stall + left)) != NULL && f->f.time < t0 + stall) {
+            f->applied = 1; /* inside the freeze */
+            if (f->f.time + f->f.seconds > t0 + stall) stall = f->f.time + f->f.seconds - t0;
+        }
+        e->t_call = t0;
+        e->wait = DSGD__SN_W_TIME;
+        e->until = f ? f->f.time : t0 + stall + left; /* a stall inside the compute: up to it */
+        e->deadline = DSGD__SN_INF;
+        r = dsgd__sn_block(e);
+        t_stall = DSGD__MIN(e->t, t0 + stall);
+        dsgd__sn_span_add(e, DSGD__SN_SP_STALL, t0, t_stall, -1, 0, 0);
+        dsgd__sn_span_add(e, DSGD__SN_SP_COMPUTE, t_stall, e->t, -1, step, 0);
+        if (r != DSGD_OK || !f) break;
+        left -= e->t - t_stall;
+        stall = 0;
+        dsgd__sn_stalls(e); /* f, from e->t: the rest of the compute follows */
+    }
     return dsgd__sn_exit(e, r);
 }
 
@@ -9168,17 +9548,167 @@ DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double second
     return dsgd__sn_charge(e, 0, seconds, 0);
 }
 
-DSGD_API void dsgd_simnet_leave(dsgd_simnet *h, int rank) {
-    dsgd__sn_ep *e;
-    if (!h || rank < 0 || rank >= h->n) return;
-    e = &h->ep[rank];
-    pthread_mutex_lock(&h->mu);
+/* dsgd_simnet_leave with the mutex held. */
+static void dsgd__sn_leave(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
     if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED) {
         if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
-        if (h->turn == rank || h->turn < 0) dsgd__sn_pass(h);
+        dsgd__sn_sched(e);
+        if (h->turn == e->rank || h->turn < 0) dsgd__sn_pass(h);
     }
+}
+
+DSGD_API void dsgd_simnet_leave(dsgd_simnet *h, int rank) {
+    if (!h || rank < 0 || rank >= h->n) return;
+    pthread_mutex_lock(&h->mu);
+    dsgd__sn_leave(&h->ep[rank]);
     pthread_mutex_unlock(&h->mu);
+}
+
+DSGD_API const char *dsgd_simnet_run_mode(void) {
+    return DSGD__SN_FIBERS == 1 ? "fibers" : DSGD__SN_FIBERS == 2 ? "fibers (ucontext)" : "threads";
+}
+
+/* A rank of dsgd_simnet_run: its program, then leave; resumed with the
+   mutex held (as a fiber), and ends by switching away for good. */
+static void dsgd__sn_rank_main(void *arg) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)arg;
+    dsgd_simnet *h = e->hub;
+    dsgd_transport_i ep;
+    if (h->fib) pthread_mutex_unlock(&h->mu);
+    dsgd_simnet_endpoint(h, e->rank, &ep);
+    h->fn(h, e->rank, &ep, h->user);
+    pthread_mutex_lock(&h->mu);
+    dsgd__sn_leave(e);
+#if DSGD__SN_FIBERS
+    if (h->fib) {
+        h->fib[e->rank].done = 1;
+        h->fibers_done++;
+        /* the rank whose turn it is, or the caller of run (which also
+           finishes the ranks of an aborted hub) */
+        dsgd__sn_switch(h, e->rank, DSGD__LOAD_RLX(&h->aborted) ? -1 : h->turn);
+        DSGD_ASSERT(0); /* a finished fiber is never resumed */
+    }
+#endif
+    pthread_mutex_unlock(&h->mu);
+}
+
+#if !DSGD__SN_FIBERS
+static void *dsgd__sn_rank_thread(void *arg) {
+    dsgd__sn_rank_main(arg);
+    return NULL;
+}
+#endif
+
+#if DSGD__SN_FIBERS == 2
+static void dsgd__sn_rank_uc(unsigned hi, unsigned lo) {
+    dsgd__sn_rank_main((void *)(uintptr_t)(((uint64_t)hi << 32) | (uint64_t)lo));
+}
+#endif
+
+#if !DSGD__SN_FIBERS
+/* run with a thread per rank. */
+static dsgd_result dsgd__sn_run_threads(dsgd_simnet *h) {
+    pthread_t *th = (pthread_t *)dsgd__alloc(h->ctx, sizeof(pthread_t) * (size_t)h->n, "dsgd_simnet_run");
+    pthread_attr_t attr;
+    int i, started = 0, attr_ok;
+    if (!th) return DSGD_ERR_OUT_OF_MEMORY;
+    attr_ok = pthread_attr_init(&attr) == 0;
+    if (attr_ok && h->d.fiber_stack_bytes) pthread_attr_setstacksize(&attr, h->d.fiber_stack_bytes);
+    for (i = 0; i < h->n; ++i, ++started)
+        if (pthread_create(&th[i], attr_ok ? &attr : NULL, dsgd__sn_rank_thread, &h->ep[i]) != 0) break;
+    if (attr_ok) pthread_attr_destroy(&attr);
+    if (started < h->n) dsgd_simnet_abort(h); /* the started ones end */
+    for (i = 0; i < started; ++i) pthread_join(th[i], NULL);
+    DSGD_FREE(th);
+    if (started < h->n)
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_SYSTEM, "dsgd_simnet_run: cannot start the thread of rank %d of %d",
+                                  started, h->n);
+    return DSGD_OK;
+}
+#endif
+
+#if DSGD__SN_FIBERS
+/* Makes fiber i ready to start rank i on its stack; non-zero when it failed. */
+static int dsgd__sn_fiber_init(dsgd_simnet *h, dsgd__sn_fiber *f, int i, size_t size) {
+    *(uint64_t *)(void *)f->stack = DSGD__SN_CANARY;
+#if DSGD__SN_FIBERS == 1
+    f->sp = dsgd__sn_stack_init(f->stack, size, dsgd__sn_rank_main, &h->ep[i]);
+    return 0;
+#else
+    if (getcontext(&f->uc) != 0) return 1;
+    f->uc.uc_stack.ss_sp = f->stack;
+    f->uc.uc_stack.ss_size = size;
+    f->uc.uc_link = NULL;
+    makecontext(&f->uc, (void (*)(void))dsgd__sn_rank_uc, 2, (unsigned)((uint64_t)(uintptr_t)&h->ep[i] >> 32),
+                (unsigned)(uintptr_t)&h->ep[i]);
+    return 0;
+#endif
+}
+
+/* run with fibers on this thread. */
+static dsgd_result dsgd__sn_run_fibers(dsgd_simnet *h) {
+    const char *w = "dsgd_simnet_run";
+    size_t size = h->d.fiber_stack_bytes ? h->d.fiber_stack_bytes : DSGD__SN_STACK_DEFAULT;
+    dsgd__sn_fiber *fib;
+    dsgd_result r = DSGD_OK;
+    int i, next = 0;
+    if (size < DSGD__SN_STACK_MIN) size = DSGD__SN_STACK_MIN;
+    size = (size + 15) & ~(size_t)15;
+    fib = (dsgd__sn_fiber *)dsgd__alloc(h->ctx, sizeof(dsgd__sn_fiber) * ((size_t)h->n + 1), w);
+    if (!fib) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(fib, 0, sizeof(dsgd__sn_fiber) * ((size_t)h->n + 1));
+    for (i = 0; i < h->n; ++i) {
+        if (!(fib[i].stack = (unsigned char *)DSGD_MALLOC(size)) || dsgd__sn_fiber_init(h, &fib[i], i, size)) break;
+    }
+    if (i < h->n) {
+        r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: cannot make the stack of rank %d (%zu bytes)",
+                               w, i, size);
+    } else {
+        pthread_mutex_lock(&h->mu);
+        h->fib = fib;
+        while (h->fibers_done < h->n) {
+            int to = h->turn;
+            if (to < 0 || DSGD__LOAD_RLX(&h->aborted)) {
+                /* aborted: every rank left runs to its end, in rank order */
+                if (!DSGD__LOAD_RLX(&h->aborted)) { /* nobody can run: cannot happen without parking */
+                    DSGD__STORE_SC(&h->aborted, 1);
+                    r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: no rank can run", w);
+                }
+                while (fib[next].done) ++next;
+                to = next;
+            }
+            dsgd__sn_switch(h, -1, to);
+        }
+        h->fib = NULL;
+        pthread_mutex_unlock(&h->mu);
+    }
+    for (i = 0; i < h->n; ++i) DSGD_FREE(fib[i].stack);
+    DSGD_FREE(fib);
+    return r;
+}
+#endif
+
+DSGD_API dsgd_result dsgd_simnet_run(dsgd_simnet *h, dsgd_simnet_rank_fn fn, void *user) {
+    const char *w = "dsgd_simnet_run";
+    int bad;
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!fn) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: fn is NULL", w);
+    if (h->d.park_between_calls)
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_UNSUPPORTED, "%s: the ranks cannot park between calls", w);
+    pthread_mutex_lock(&h->mu);
+    bad = h->used || h->ran;
+    h->ran = 1;
+    pthread_mutex_unlock(&h->mu);
+    if (bad) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: the ranks have run already", w);
+    h->fn = fn;
+    h->user = user;
+#if DSGD__SN_FIBERS
+    return dsgd__sn_run_fibers(h);
+#else
+    return dsgd__sn_run_threads(h);
+#endif
 }
 
 DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
@@ -9188,6 +9718,10 @@ DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
     e = &h->ep[rank];
     if (h->d.half_duplex || h->d.serialize_receives) {
         snprintf(e->err, sizeof(e->err), "simnet rank %d: cannot park with half_duplex or serialize_receives", rank);
+        return DSGD_ERR_UNSUPPORTED;
+    }
+    if (h->fib) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: cannot park a fiber of dsgd_simnet_run", rank);
         return DSGD_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&h->mu);
