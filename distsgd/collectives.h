@@ -311,6 +311,8 @@ struct dsgd_comm {
     unsigned char *fold; /* the agreement's messages over sendrecv_upto: out, then in */
     const float *ring_pre; /* the ring's first step, received with the agreement (NULL: none) */
     int no_agree;       /* benchmarks only: skip the agreement */
+    int ring_pieces;    /* benchmarks only: the ring's pieces one after another on
+                           any transport (see dsgd__ring_piece) */
     void **peers;       /* size pointers, for the shared-memory hooks */
 };
 
@@ -896,17 +898,35 @@ typedef struct dsgd__ring_view {
     int n, r, base, stride;
 } dsgd__ring_view;
 
+/* Floats per message of a ring of n over count floats. Across address
+   spaces every message pays the network's latency (alpha), so a step
+   moves its whole block in one message, which the transport pipelines
+   (MPI's fragments, TCP's window; simnet charges alpha + bytes * beta
+   once): alpha once per step, not once per piece and step. Ranks in one
+   address space (share without share_window: the loopback) have no
+   latency to save, and there pieces of P floats, each through the whole
+   ring before the next, keep the piece a rank has just reduced in cache
+   for the next rank (at 64 MiB on 4 threads 1.4x faster than whole
+   blocks; at 4 MiB 2.5x slower, but AUTO runs DIRECT there). */
+static size_t dsgd__ring_piece(const dsgd_comm *c, size_t count, int n) {
+    size_t maxlen = count / (size_t)n + (count % (size_t)n != 0);
+    int one_space = c->t.share && c->t.unshare && !c->t.share_window;
+    if ((c->ring_pieces || one_space) && c->piece < maxlen) return c->piece;
+    return maxlen ? maxlen : 1;
+}
+
 /* Ring over blocks: phases bit 1 = reduce-scatter (member r ends owning
-   block r), bit 2 = all-gather. Each block is cut into pieces of P floats,
-   and piece j of every block goes through both phases before piece j + 1,
-   so a step's data is still in cache for the next. Pieces never change
-   which rank reduces an element or in what order, so the bits do not
-   depend on P. Empty pieces (short blocks) are skipped by both sides. */
+   block r), bit 2 = all-gather. Each block is cut into pieces of
+   dsgd__ring_piece floats (most often one piece, the whole block), and piece j of
+   every block goes through both phases before piece j + 1. Pieces never
+   change which rank reduces an element or in what order, so the bits do
+   not depend on their size. Empty pieces (short blocks) are skipped by
+   both sides. */
 static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *buf, size_t count, dsgd_reduce_op op,
                                  int phases) {
     int n = v->n, r = v->r, k;
     int next = v->base + ((r + 1) % n) * v->stride, prev = v->base + ((r + n - 1) % n) * v->stride;
-    size_t P = c->piece, maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
+    size_t P = dsgd__ring_piece(c, count, n), maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
     dsgd_result res = DSGD_OK;
     npieces = (maxlen + P - 1) / P;
     c->view_n = n;
@@ -979,8 +999,8 @@ static dsgd_result dsgd__ring_agreed(dsgd_comm *c, float *buf, size_t count, dsg
     }
     sb = phases & 1 ? (r - 1 + n) % n : r;
     rb = phases & 1 ? (r - 2 + 2 * n) % n : (r - 1 + n) % n;
-    dsgd__piece(count, n, sb, 0, c->piece, &so, &sl);
-    dsgd__piece(count, n, rb, 0, c->piece, &ro, &rl);
+    dsgd__piece(count, n, sb, 0, dsgd__ring_piece(c, count, n), &so, &sl);
+    dsgd__piece(count, n, rb, 0, dsgd__ring_piece(c, count, n), &ro, &rl);
     if (sl > DSGD__FOLD_MAX || rl > DSGD__FOLD_MAX) {
         res = dsgd__coll_agree(c);
         return res != DSGD_OK ? res : dsgd__ring(c, buf, count, op, phases);
