@@ -11,7 +11,13 @@
                      (named in the row), with its agreement (ceil(log2 N)
                      rounds of 144-byte messages first, except DIRECT, whose
                      fingerprints ride in the windows)
-     ring            dsgd_allreduce(RING) over MPI point-to-point messages
+     ring            dsgd_allreduce(RING) over MPI point-to-point messages: one
+                     message per ring step (see distsgd/collectives.h)
+     ring_pieces     the same ring with the schedule it had before: the
+                     blocks cut into pieces (piece_bytes, 256 KiB), each piece
+                     through the whole ring before the next, one latency per
+                     piece and step (the communicator's benchmark-only
+                     ring_pieces; the same bits)
      direct          dsgd_allreduce(DIRECT) through the MPI-3 shared-memory
                      windows (every rank on one node)
    The methods take turns within each batch, so drift hits them alike.
@@ -62,8 +68,8 @@ int main(void) {
 #define MAX_BATCHES 31
 #define TIMEOUT_S 120.0
 
-enum { M_MPI, M_HOOK, M_AUTO, M_RING, M_DIRECT, M_COUNT };
-static const char *const METHOD_NAME[M_COUNT] = {"MPI_Allreduce", "hook", "auto", "ring", "direct"};
+enum { M_MPI, M_HOOK, M_AUTO, M_RING, M_RING_PIECES, M_DIRECT, M_COUNT };
+static const char *const METHOD_NAME[M_COUNT] = {"MPI_Allreduce", "hook", "auto", "ring", "ring_pieces", "direct"};
 
 static double now(void) { return MPI_Wtime(); }
 
@@ -122,8 +128,8 @@ static void fail(dsgd_ctx *ctx, const char *what) {
 }
 
 /* iters calls of method m; returns the seconds this rank spent per call. */
-static double run_method(int m, dsgd_transport_i *t, dsgd_comm *comm, dsgd_ctx *ctx, float *buf, size_t count,
-                         int iters) {
+static double run_method(int m, dsgd_transport_i *t, dsgd_comm *comm, dsgd_comm *comm_pieces, dsgd_ctx *ctx,
+                         float *buf, size_t count, int iters) {
     double t0;
     int it;
     MPI_Barrier(MPI_COMM_WORLD);
@@ -135,6 +141,9 @@ static double run_method(int m, dsgd_transport_i *t, dsgd_comm *comm, dsgd_ctx *
         case M_HOOK: r = t->allreduce(t->impl, buf, count, DSGD_REDUCE_SUM, dsgd_now() + TIMEOUT_S); break;
         case M_AUTO: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S); break;
         case M_RING: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, TIMEOUT_S); break;
+        case M_RING_PIECES:
+            r = dsgd_allreduce(comm_pieces, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, TIMEOUT_S);
+            break;
         default: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT, TIMEOUT_S); break;
         }
         if (r != DSGD_OK) fail(ctx, METHOD_NAME[m]);
@@ -150,7 +159,7 @@ int main(int argc, char **argv) {
     float *buf;
     dsgd_ctx *ctx = NULL;
     dsgd_transport_i t;
-    dsgd_comm *comm = NULL;
+    dsgd_comm *comm = NULL, *comm_pieces = NULL;
     dsgd_mpi_desc md;
     memset(&md, 0, sizeof(md));
     for (i = 1; i + 1 < argc; ++i)
@@ -161,6 +170,10 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     if (dsgd_mpi_transport_create(ctx, &md, &t) != DSGD_OK) fail(ctx, "dsgd_mpi_transport_create");
     if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) fail(ctx, "dsgd_comm_create");
+    /* a second communicator over the same endpoint (their collectives never
+       overlap), with the ring's old schedule */
+    if (dsgd_comm_create(ctx, &t, NULL, &comm_pieces) != DSGD_OK) fail(ctx, "dsgd_comm_create");
+    comm_pieces->ring_pieces = 1; /* benchmarks only */
     if (t.share_window) t.share_window(t.impl, &wbytes);
     if (ncpu < 1) ncpu = 1;
     for (k = 0; k < 8; ++k) sizes[k] = (size_t)4096 << (2 * k);
@@ -206,7 +219,7 @@ int main(int argc, char **argv) {
             for (m = 0; m < M_COUNT; ++m) {
                 double tm, tmax;
                 if (m == M_DIRECT && !t.share) continue;
-                tm = run_method(m, &t, comm, ctx, buf, count, iters);
+                tm = run_method(m, &t, comm, comm_pieces, ctx, buf, count, iters);
                 MPI_Allreduce(&tm, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
                 if (b >= 0) per_batch[m][b] = tmax;
             }
@@ -241,6 +254,7 @@ int main(int argc, char **argv) {
     }
     free(buf);
     dsgd_comm_destroy(comm);
+    dsgd_comm_destroy(comm_pieces);
     t.destroy(t.impl);
     dsgd_ctx_destroy(ctx);
     MPI_Finalize();
