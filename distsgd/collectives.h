@@ -39,6 +39,37 @@
      alone. Ranks that call different all-reduce algorithms, one of them
      DIRECT, do not meet in the agreement: they time out instead.
 
+     Cost, in the alpha-beta-gamma model (alpha: a message's latency, beta:
+     seconds per byte, gamma: seconds per float reduced; n floats on N
+     ranks, c = ceil(n / N) floats the largest block):
+       agreement A       ceil(log2 N) (alpha + 144 beta) as rounds of its
+                         own (DIRECT: 0, it rides the shared memory)
+       ring all-reduce   A + 2(N-1)(alpha + 4 c beta) + (N-1) c gamma
+       reduce-scatter    A + (N-1)(alpha + c (4 beta + gamma))
+       all-gather        A + (N-1)(alpha + 4 c beta)
+       hierarchical      A + (L-1)(alpha_in + c_L (4 beta_in + gamma))
+                         + 2(M-1)(alpha + 4 c_LM beta) + (M-1) c_LM gamma
+                         + (L-1)(alpha_in + 4 c_L beta_in)
+       broadcast         A + ceil(log2 N)(alpha + 4 n beta): the root sends
+                         the buffer to each of its ceil(log2 N) children
+                         (segments of 4 pieces flow on down the tree
+                         meanwhile, so the root's link is the limit)
+     with L ranks per node, M nodes, c_L = ceil(n / L), c_LM = ceil(c_L / M),
+     alpha_in and beta_in the links inside a node. A ring step is one
+     message of a whole block, so alpha is paid once per step and there is
+     no pipeline fill: the transport carries the message's bytes back to
+     back (MPI in its own fragments, TCP in its window; simnet charges
+     alpha + bytes * beta, and these formulas are its times exactly). The
+     step's reduction follows its message (the (N-1) c gamma term, not
+     overlapped); over a transport without sendrecv_reduce (MPI) it needs c
+     floats of scratch, as MPI's own ring does. Over sendrecv_upto the
+     agreement's rounds carry 8 bytes more each, and the ring's first step
+     when N = 2 or N is not a power of two and c <= 4096: one alpha less.
+     Ranks in one address space (the loopback) run the ring in pieces of
+     piece_bytes instead, each through the whole ring before the next, so
+     that a piece is still in cache when the next rank reduces it: there
+     the memory, not alpha, is the limit.
+
      Determinism: each algorithm reduces every element in a fixed order that
      depends only on (algorithm, N, count), not on timing or the piece size,
      so the same inputs give the same bits every run. Every rank ends with
@@ -80,11 +111,13 @@ typedef enum dsgd_allreduce_algo {
          N a power of two and
          S <= 1 MiB              HALVING_DOUBLING: log2 N rounds, each moving
                                  half as much as the last
-         otherwise               RING: bandwidth-optimal, pipelined in pieces */
+         otherwise               RING: bandwidth-optimal, one latency per
+                                 step (see COLLECTIVES, Cost) */
     DSGD_ALLREDUCE_AUTO = 0,
     /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
-       sending 2(N-1)/N of the buffer. Element e in block b (dsgd_block_range)
-       is summed in ring order starting from rank b+1 and ending at rank b. */
+       sending 2(N-1)/N of the buffer, a step one message (see COLLECTIVES,
+       Cost). Element e in block b (dsgd_block_range) is summed in ring
+       order starting from rank b+1 and ending at rank b. */
     DSGD_ALLREDUCE_RING,
     /* Rabenseifner's recursive halving (reduce-scatter) then recursive
        doubling (all-gather): 2 log2 N steps. For N not a power of two, with
@@ -143,7 +176,12 @@ typedef struct dsgd_comm_desc {
     double timeout_s;   /* default deadline of each collective in seconds; 0:
                            DSGD_DEFAULT_TIMEOUT_S; at most 1e7 */
     size_t piece_bytes; /* large buffers are processed in pieces of this size so
-                           that a step's working set stays in cache; 0:
+                           that a step's working set stays in cache
+                           (halving-doubling, recursive doubling,
+                           reduce-broadcast, the broadcast tree, and the
+                           ring where the ranks share an address space;
+                           across address spaces a ring step is one
+                           message: see COLLECTIVES, Cost); 0:
                            DSGD_DEFAULT_PIECE_BYTES (256 KiB);
                            clamped to 256 B..1 GiB. Must be equal on all ranks
                            (checked: DSGD_ERR_DESYNC otherwise); the results do

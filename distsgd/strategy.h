@@ -210,7 +210,7 @@ typedef struct dsgd_strategy_desc {
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
                                        buffer) */
-    size_t piece_bytes;             /* every replica's communicator pipelines its
+    size_t piece_bytes;             /* every replica's communicator processes its
                                        collectives in pieces of this many bytes
                                        (dsgd_comm_desc.piece_bytes): 0: the default,
                                        256 KiB; any other value is clamped to

@@ -9823,6 +9823,37 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      alone. Ranks that call different all-reduce algorithms, one of them
      DIRECT, do not meet in the agreement: they time out instead.
 
+     Cost, in the alpha-beta-gamma model (alpha: a message's latency, beta:
+     seconds per byte, gamma: seconds per float reduced; n floats on N
+     ranks, c = ceil(n / N) floats the largest block):
+       agreement A       ceil(log2 N) (alpha + 144 beta) as rounds of its
+                         own (DIRECT: 0, it rides the shared memory)
+       ring all-reduce   A + 2(N-1)(alpha + 4 c beta) + (N-1) c gamma
+       reduce-scatter    A + (N-1)(alpha + c (4 beta + gamma))
+       all-gather        A + (N-1)(alpha + 4 c beta)
+       hierarchical      A + (L-1)(alpha_in + c_L (4 beta_in + gamma))
+                         + 2(M-1)(alpha + 4 c_LM beta) + (M-1) c_LM gamma
+                         + (L-1)(alpha_in + 4 c_L beta_in)
+       broadcast         A + ceil(log2 N)(alpha + 4 n beta): the root sends
+                         the buffer to each of its ceil(log2 N) children
+                         (segments of 4 pieces flow on down the tree
+                         meanwhile, so the root's link is the limit)
+     with L ranks per node, M nodes, c_L = ceil(n / L), c_LM = ceil(c_L / M),
+     alpha_in and beta_in the links inside a node. A ring step is one
+     message of a whole block, so alpha is paid once per step and there is
+     no pipeline fill: the transport carries the message's bytes back to
+     back (MPI in its own fragments, TCP in its window; simnet charges
+     alpha + bytes * beta, and these formulas are its times exactly). The
+     step's reduction follows its message (the (N-1) c gamma term, not
+     overlapped); over a transport without sendrecv_reduce (MPI) it needs c
+     floats of scratch, as MPI's own ring does. Over sendrecv_upto the
+     agreement's rounds carry 8 bytes more each, and the ring's first step
+     when N = 2 or N is not a power of two and c <= 4096: one alpha less.
+     Ranks in one address space (the loopback) run the ring in pieces of
+     piece_bytes instead, each through the whole ring before the next, so
+     that a piece is still in cache when the next rank reduces it: there
+     the memory, not alpha, is the limit.
+
      Determinism: each algorithm reduces every element in a fixed order that
      depends only on (algorithm, N, count), not on timing or the piece size,
      so the same inputs give the same bits every run. Every rank ends with
@@ -9864,11 +9895,13 @@ typedef enum dsgd_allreduce_algo {
          N a power of two and
          S <= 1 MiB              HALVING_DOUBLING: log2 N rounds, each moving
                                  half as much as the last
-         otherwise               RING: bandwidth-optimal, pipelined in pieces */
+         otherwise               RING: bandwidth-optimal, one latency per
+                                 step (see COLLECTIVES, Cost) */
     DSGD_ALLREDUCE_AUTO = 0,
     /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
-       sending 2(N-1)/N of the buffer. Element e in block b (dsgd_block_range)
-       is summed in ring order starting from rank b+1 and ending at rank b. */
+       sending 2(N-1)/N of the buffer, a step one message (see COLLECTIVES,
+       Cost). Element e in block b (dsgd_block_range) is summed in ring
+       order starting from rank b+1 and ending at rank b. */
     DSGD_ALLREDUCE_RING,
     /* Rabenseifner's recursive halving (reduce-scatter) then recursive
        doubling (all-gather): 2 log2 N steps. For N not a power of two, with
@@ -9927,7 +9960,12 @@ typedef struct dsgd_comm_desc {
     double timeout_s;   /* default deadline of each collective in seconds; 0:
                            DSGD_DEFAULT_TIMEOUT_S; at most 1e7 */
     size_t piece_bytes; /* large buffers are processed in pieces of this size so
-                           that a step's working set stays in cache; 0:
+                           that a step's working set stays in cache
+                           (halving-doubling, recursive doubling,
+                           reduce-broadcast, the broadcast tree, and the
+                           ring where the ranks share an address space;
+                           across address spaces a ring step is one
+                           message: see COLLECTIVES, Cost); 0:
                            DSGD_DEFAULT_PIECE_BYTES (256 KiB);
                            clamped to 256 B..1 GiB. Must be equal on all ranks
                            (checked: DSGD_ERR_DESYNC otherwise); the results do
@@ -10095,6 +10133,8 @@ struct dsgd_comm {
     unsigned char *fold; /* the agreement's messages over sendrecv_upto: out, then in */
     const float *ring_pre; /* the ring's first step, received with the agreement (NULL: none) */
     int no_agree;       /* benchmarks only: skip the agreement */
+    int ring_pieces;    /* benchmarks only: the ring's pieces one after another on
+                           any transport (see dsgd__ring_piece) */
     void **peers;       /* size pointers, for the shared-memory hooks */
 };
 
@@ -10680,17 +10720,35 @@ typedef struct dsgd__ring_view {
     int n, r, base, stride;
 } dsgd__ring_view;
 
+/* Floats per message of a ring of n over count floats. Across address
+   spaces every message pays the network's latency (alpha), so a step
+   moves its whole block in one message, which the transport pipelines
+   (MPI's fragments, TCP's window; simnet charges alpha + bytes * beta
+   once): alpha once per step, not once per piece and step. Ranks in one
+   address space (share without share_window: the loopback) have no
+   latency to save, and there pieces of P floats, each through the whole
+   ring before the next, keep the piece a rank has just reduced in cache
+   for the next rank (at 64 MiB on 4 threads 1.4x faster than whole
+   blocks; at 4 MiB 2.5x slower, but AUTO runs DIRECT there). */
+static size_t dsgd__ring_piece(const dsgd_comm *c, size_t count, int n) {
+    size_t maxlen = count / (size_t)n + (count % (size_t)n != 0);
+    int one_space = c->t.share && c->t.unshare && !c->t.share_window;
+    if ((c->ring_pieces || one_space) && c->piece < maxlen) return c->piece;
+    return maxlen ? maxlen : 1;
+}
+
 /* Ring over blocks: phases bit 1 = reduce-scatter (member r ends owning
-   block r), bit 2 = all-gather. Each block is cut into pieces of P floats,
-   and piece j of every block goes through both phases before piece j + 1,
-   so a step's data is still in cache for the next. Pieces never change
-   which rank reduces an element or in what order, so the bits do not
-   depend on P. Empty pieces (short blocks) are skipped by both sides. */
+   block r), bit 2 = all-gather. Each block is cut into pieces of
+   dsgd__ring_piece floats (most often one piece, the whole block), and piece j of
+   every block goes through both phases before piece j + 1. Pieces never
+   change which rank reduces an element or in what order, so the bits do
+   not depend on their size. Empty pieces (short blocks) are skipped by
+   both sides. */
 static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *buf, size_t count, dsgd_reduce_op op,
                                  int phases) {
     int n = v->n, r = v->r, k;
     int next = v->base + ((r + 1) % n) * v->stride, prev = v->base + ((r + n - 1) % n) * v->stride;
-    size_t P = c->piece, maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
+    size_t P = dsgd__ring_piece(c, count, n), maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
     dsgd_result res = DSGD_OK;
     npieces = (maxlen + P - 1) / P;
     c->view_n = n;
@@ -10763,8 +10821,8 @@ static dsgd_result dsgd__ring_agreed(dsgd_comm *c, float *buf, size_t count, dsg
     }
     sb = phases & 1 ? (r - 1 + n) % n : r;
     rb = phases & 1 ? (r - 2 + 2 * n) % n : (r - 1 + n) % n;
-    dsgd__piece(count, n, sb, 0, c->piece, &so, &sl);
-    dsgd__piece(count, n, rb, 0, c->piece, &ro, &rl);
+    dsgd__piece(count, n, sb, 0, dsgd__ring_piece(c, count, n), &so, &sl);
+    dsgd__piece(count, n, rb, 0, dsgd__ring_piece(c, count, n), &ro, &rl);
     if (sl > DSGD__FOLD_MAX || rl > DSGD__FOLD_MAX) {
         res = dsgd__coll_agree(c);
         return res != DSGD_OK ? res : dsgd__ring(c, buf, count, op, phases);
@@ -16642,7 +16700,7 @@ typedef struct dsgd_strategy_desc {
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
                                        buffer) */
-    size_t piece_bytes;             /* every replica's communicator pipelines its
+    size_t piece_bytes;             /* every replica's communicator processes its
                                        collectives in pieces of this many bytes
                                        (dsgd_comm_desc.piece_bytes): 0: the default,
                                        256 KiB; any other value is clamped to
