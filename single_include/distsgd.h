@@ -9843,7 +9843,8 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      message of a whole block, so alpha is paid once per step and there is
      no pipeline fill: the transport carries the message's bytes back to
      back (MPI in its own fragments, TCP in its window; simnet charges
-     alpha + bytes * beta, and these formulas are its times exactly). The
+     alpha + bytes * beta, and gives the ring's and the hierarchical
+     all-reduce's times above exactly where N divides n). The
      step's reduction follows its message (the (N-1) c gamma term, not
      overlapped); over a transport without sendrecv_reduce (MPI) it needs c
      floats of scratch, as MPI's own ring does. Over sendrecv_upto the
