@@ -2017,10 +2017,49 @@ static void dsgd__pack_t(const float *src, size_t ld, int rows, int cols, int st
             d[0] = s0[p], d[1] = s1[p], d[2] = s2[p], d[3] = s3[p];
         }
     }
+    if (r + 2 <= rows) { /* two rows (a 6-row strip's last): pairs of floats */
+        const float *s0 = src + (size_t)r * ld, *s1 = s0 + ld;
+        for (p = 0; p + 4 <= cols; p += 4) {
+            __m128 x0 = _mm_loadu_ps(s0 + p), x1 = _mm_loadu_ps(s1 + p);
+            __m128 lo = _mm_unpacklo_ps(x0, x1), hi = _mm_unpackhi_ps(x0, x1);
+            float *d = dst + (size_t)p * stride + r;
+            _mm_storel_pi((__m64 *)d, lo);
+            _mm_storeh_pi((__m64 *)(d + stride), lo);
+            _mm_storel_pi((__m64 *)(d + 2 * (size_t)stride), hi);
+            _mm_storeh_pi((__m64 *)(d + 3 * (size_t)stride), hi);
+        }
+        for (; p < cols; ++p) {
+            float *d = dst + (size_t)p * stride + r;
+            d[0] = s0[p], d[1] = s1[p];
+        }
+        r += 2;
+    }
 #endif
     for (; r < rows; ++r) {
         const float *s = src + (size_t)r * ld;
         for (p = 0; p < cols; ++p) dst[(size_t)p * stride + r] = s[p];
+    }
+}
+
+/* dst[p * w_ + j] = src[p * ld + j] for p < rows, j < w, and 0 for
+   w <= j < w_: the straight copy of packing, where a column of the packed
+   strip is contiguous in the source too. The strip widths of the kernels
+   get a copy of constant size (inlined, instead of a memcpy call or a
+   loop per row of 24 to 128 bytes). */
+static void dsgd__pack_n(const float *src, size_t ld, int rows, int w, int w_, float *DSGD__RESTRICT dst) {
+    int p, j;
+#define DSGD__PACK_W(W)                                                                  \
+    case W:                                                                              \
+        for (p = 0; p < rows; ++p) memcpy(dst + (size_t)p * (W), src + (size_t)p * ld, (W) * sizeof(float)); \
+        return
+    if (w == w_) switch (w_) {
+        DSGD__PACK_W(6); DSGD__PACK_W(8); DSGD__PACK_W(12); DSGD__PACK_W(16); DSGD__PACK_W(32);
+        default: break;
+        }
+#undef DSGD__PACK_W
+    for (p = 0; p < rows; ++p) {
+        memcpy(dst + (size_t)p * w_, src + (size_t)p * ld, (size_t)w * sizeof(float));
+        for (j = w; j < w_; ++j) dst[(size_t)p * w_ + j] = 0.0f;
     }
 }
 
@@ -2031,11 +2070,7 @@ static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0
     for (ib = 0; ib < mc; ib += mr_) {
         int mr = DSGD__MIN(mr_, mc - ib);
         if (ta) { /* a column of op(A) is contiguous: read along it */
-            for (p = 0; p < kc; ++p) {
-                const float *src = a + (size_t)(p0 + p) * lda + i0 + ib;
-                for (i = 0; i < mr; ++i) ap[(size_t)p * mr_ + i] = src[i];
-                for (; i < mr_; ++i) ap[(size_t)p * mr_ + i] = 0.0f;
-            }
+            dsgd__pack_n(a + (size_t)p0 * lda + i0 + ib, (size_t)lda, kc, mr, mr_, ap);
         } else { /* a row is contiguous: read along it, write with stride mr_ */
             dsgd__pack_t(a + (size_t)(i0 + ib) * lda + p0, (size_t)lda, mr, kc, mr_, ap);
             for (i = mr; i < mr_; ++i)
@@ -2056,11 +2091,7 @@ static void dsgd__pack_b(int tb, const float *b, int ldb, int p0, int kc, int j0
             for (j = nr; j < nr_; ++j)
                 for (p = 0; p < kc; ++p) bp[(size_t)p * nr_ + j] = 0.0f;
         } else {
-            for (p = 0; p < kc; ++p) {
-                const float *src = b + (size_t)(p0 + p) * ldb + j0 + jb;
-                memcpy(bp + (size_t)p * nr_, src, (size_t)nr * sizeof(float));
-                for (j = nr; j < nr_; ++j) bp[(size_t)p * nr_ + j] = 0.0f;
-            }
+            dsgd__pack_n(b + (size_t)p0 * ldb + j0 + jb, (size_t)ldb, kc, nr, nr_, bp);
         }
         bp += (size_t)kc * nr_;
     }
