@@ -208,7 +208,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-bins test-build test-run check-header check-docs check-refs check-parts \
+.PHONY: build-combos tune bench-mpi bench-overlap-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-bins test-build test-run check-header check-docs check-refs check-parts \
     demo demo-run sync-vs-async sync-vs-async-run sim sim-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -413,6 +413,15 @@ bench-mpi: $(BUILD)/bench/allreduce
 	@echo "==== distsgd loopback all-reduce"
 	$(BENCH_ENV) $(BUILD)/bench/allreduce -n $(shell echo $(MPI_NP) | tr ' ' ,) $(ARGS)
 
+# A training step over MPI with the gradient exchange after backward and
+# beside it (dsgd_strategy_desc.overlap), in one run: the CNN, np 4, TCP
+# between the ranks (bench/overlap_mpi.c; ARGS="--mlp" for the MLP).
+bench-overlap-mpi:
+	@sh tools/deps.sh mpi
+	@mkdir -p $(BUILD)/mpi
+	$(MPICC) -std=c99 -O3 -march=native -I. bench/overlap_mpi.c -o $(BUILD)/mpi/overlap_mpi -lm -lpthread
+	$(MPIRUN) -np 4 --mca btl tcp,self $(BUILD)/mpi/overlap_mpi $(ARGS)
+
 # The optional dependencies switched off in turn, each build from scratch in
 # its own directory, so code that compiles only when OpenBLAS, OpenCL or MPI
 # is present fails here. A variable given on the command line overrides the
@@ -436,7 +445,9 @@ build-combos:
 	@if command -v $(firstword $(MPICC)) >/dev/null 2>&1; then \
 	    mkdir -p build/combo/mpi && \
 	    echo "$(MPICC) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi" && \
-	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi $(LDLIBS); \
+	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi $(LDLIBS) && \
+	    echo "$(MPICC) $(CFLAGS) bench/overlap_mpi.c -o build/combo/mpi/overlap_mpi" && \
+	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/overlap_mpi.c -o build/combo/mpi/overlap_mpi $(LDLIBS); \
 	else \
 	    echo "build-combos: $(firstword $(MPICC)) not found, MPI build skipped (tools/deps.sh mpi installs OpenMPI)"; \
 	fi
