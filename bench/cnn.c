@@ -42,10 +42,14 @@
    thread count once, so T is one per process).
 
    Run: build/bench/cnn [--threads T] [--rounds R] [--steps S]
-        [--mlp-rounds R] [--mlp-steps S]   (bench/cnn.sh runs it beside
-   PyTorch). POCL_CACHE_DIR must name a writable directory. The last lines
-   are machine-readable:
-     RESULT cnn backend=NAME threads=T ms_per_step=.. samples_per_s=.. gflops=..
+        [--mlp-rounds R] [--mlp-steps S] [--cpu-only]   (bench/cnn.sh runs
+   it beside PyTorch, and again with DSGD_CPU_ISA=avx2 --cpu-only on an
+   AVX-512 machine). --cpu-only: the CPU backend's rows alone (no OpenCL,
+   no interface overhead). POCL_CACHE_DIR must name a writable directory.
+   The first line names the CPU and the CPU backend's kernels
+   (dsgd_cpu_isa; DSGD_CPU_ISA forces them). The last lines are
+   machine-readable:
+     RESULT cnn backend=NAME threads=T ms_per_step=.. samples_per_s=.. gflops=.. time_vs_cpu=.. isa=..
      RESULT mlp_overhead threads=T builtin_ms=.. custom_ms=.. ratio=.. noise_lo=.. noise_hi=.. within_noise=.. */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
@@ -636,7 +640,8 @@ typedef struct variant {
 int main(int argc, char **argv) {
     enum { MAXV = 2 };
     int rounds = 7, steps = 10, mlp_rounds = 31, mlp_steps = 20, threads = 0, a, r, k, s, nv = 0, icl = -1;
-    int prof_steps = 10;
+    int prof_steps = 10, cpu_only = 0;
+    char cpu_model[128];
     variant v[MAXV];
     dsgd_ctx *ctx;
     dsgd_cl_context *cl = NULL;
@@ -647,8 +652,13 @@ int main(int argc, char **argv) {
     size_t i, in = (size_t)g_shape[0] * g_shape[1] * g_shape[2];
     double flops, conv_flops;
 
-    for (a = 1; a < argc; a += 2) { /* --flag value pairs */
+    for (a = 1; a < argc; a += 2) { /* --flag value pairs, and --cpu-only */
         int *dst = NULL;
+        if (!strcmp(argv[a], "--cpu-only")) {
+            cpu_only = 1;
+            --a;
+            continue;
+        }
         if (!strcmp(argv[a], "--threads")) dst = &threads;
         else if (!strcmp(argv[a], "--rounds")) dst = &rounds;
         else if (!strcmp(argv[a], "--steps")) dst = &steps;
@@ -658,11 +668,14 @@ int main(int argc, char **argv) {
     }
     if (a < argc) {
         fprintf(stderr, "usage: cnn [--threads T] [--rounds R] [--steps S] [--mlp-rounds R] [--mlp-steps S] "
-                        "(each >= 1)\n");
+                        "(each >= 1) [--cpu-only]\n");
         return 1;
     }
     if (rounds < 3) rounds = 3;
     if (mlp_rounds < 3) mlp_rounds = 3;
+    bench_cpu_model(cpu_model, sizeof cpu_model);
+    printf("cpu: %s; CPU backend kernels: %s%s\n", cpu_model, dsgd_cpu_isa(),
+           getenv("DSGD_CPU_ISA") ? " (DSGD_CPU_ISA)" : "");
     if ((threads = bench_pocl_threads("cnn", threads)) < 1) return 1;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
     x = (float *)xmalloc(sizeof(float) * BATCH * in);
@@ -678,7 +691,10 @@ int main(int argc, char **argv) {
     if (dsgd_cpu_backend_create_desc(ctx, &bd, &v[nv].be) != DSGD_OK) die(ctx, "cpu backend");
     ++nv;
     memset(&ccd, 0, sizeof ccd); /* tuning AUTO: the device's cache file if valid */
-    if (dsgd_cl_context_create(ctx, &ccd, &cl) != DSGD_OK || dsgd_cl_backend_create(ctx, cl, NULL, &v[nv].be) != DSGD_OK) {
+    if (cpu_only) {
+        printf("OpenCL: not run (--cpu-only)\n");
+    } else if (dsgd_cl_context_create(ctx, &ccd, &cl) != DSGD_OK ||
+               dsgd_cl_backend_create(ctx, cl, NULL, &v[nv].be) != DSGD_OK) {
         printf("OpenCL: no device (%s): the OpenCL rows are skipped\n", dsgd_ctx_last_error(ctx));
         memset(&v[nv], 0, sizeof v[nv]);
     } else {
@@ -742,13 +758,15 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
 
-    mlp_overhead(ctx, threads, mlp_rounds, mlp_steps);
+    if (!cpu_only) mlp_overhead(ctx, threads, mlp_rounds, mlp_steps);
 
     printf("\n");
     for (k = 0; k < nv; ++k)
-        printf("RESULT cnn backend=%s threads=%d ms_per_step=%.4f samples_per_s=%.1f gflops=%.3f time_vs_cpu=%.4f\n",
-               v[k].name, threads, 1e3 * v[k].med, BATCH / v[k].med, flops / v[k].med * 1e-9, v[k].med / v[0].med);
-    if (icl < 0) printf("RESULT cnn backend=opencl skipped=1\n");
+        printf("RESULT cnn backend=%s threads=%d ms_per_step=%.4f samples_per_s=%.1f gflops=%.3f time_vs_cpu=%.4f "
+               "isa=%s\n",
+               v[k].name, threads, 1e3 * v[k].med, BATCH / v[k].med, flops / v[k].med * 1e-9, v[k].med / v[0].med,
+               k == icl ? "-" : dsgd_cpu_isa());
+    if (icl < 0 && !cpu_only) printf("RESULT cnn backend=opencl skipped=1\n");
 
     for (k = 0; k < nv; ++k) {
         dsgd_optimizer_destroy(v[k].opt);

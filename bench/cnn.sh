@@ -16,6 +16,10 @@
 #                    POCL_MAX_PTHREAD_COUNT) and PyTorch's many-thread setting
 #   ROUNDS=7 STEPS=10   timed rounds and steps per round, both programs
 #   MLP_ROUNDS=31 MLP_STEPS=20   the interface-overhead part of bench/cnn
+#   FORCE_ISAS     CPU kernels to run bench/cnn's CPU rows with again
+#                  (DSGD_CPU_ISA); default avx2 on an AVX-512 CPU, else none
+#                  (bench/cpu_info.sh). The first line names the CPU and
+#                  the kernels.
 #   PEERS_SKIP_TORCH=1, PEERS_VENV, PEERS_TORCH, PEERS_TORCH_INDEX,
 #   PYTHON: as for bench/peers.sh
 # No package index is built in: PyTorch is installed as pip is configured
@@ -45,12 +49,20 @@ for v in CORES ROUNDS STEPS MLP_ROUNDS MLP_STEPS; do
     case ${!v} in '' | *[!0-9]* | 0) die "$v must be a positive integer, not '${!v}'" ;; esac
 done
 mkdir -p "$OUT" build/pocl-cache
+. bench/cpu_info.sh
+FORCED=$(cpu_forced_isas)
+echo "bench-cnn: CPU $(cpu_model); CPU backend kernels $(cpu_native_isa)${FORCED:+, and forced to $FORCED (DSGD_CPU_ISA)}"
 
 echo "== distsgd: build/bench/cnn"
 make --no-print-directory build/bench/cnn
 load_start=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
 POCL_CACHE_DIR=${POCL_CACHE_DIR:-$PWD/build/pocl-cache} build/bench/cnn --threads "$CORES" --rounds "$ROUNDS" \
     --steps "$STEPS" --mlp-rounds "$MLP_ROUNDS" --mlp-steps "$MLP_STEPS" | tee "$OUT/distsgd.log"
+for isa in $FORCED; do
+    echo "== distsgd: build/bench/cnn --cpu-only with DSGD_CPU_ISA=$isa"
+    DSGD_CPU_ISA=$isa POCL_CACHE_DIR=${POCL_CACHE_DIR:-$PWD/build/pocl-cache} build/bench/cnn --threads "$CORES" \
+        --rounds "$ROUNDS" --steps "$STEPS" --cpu-only | tee "$OUT/distsgd-$isa.log"
+done
 
 # install_torch, torch_setup: shared with bench/peers.sh
 . bench/torch_install.sh
@@ -66,21 +78,27 @@ if [ "$torch_ok" = 1 ]; then
 fi
 load_end=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
 
-"$PYTHON" - "$OUT/distsgd.log" "$torch_line" "$CORES" "$load_start" "$load_end" "$torch_ok" <<'EOF'
+forced_logs=()
+for isa in $FORCED; do forced_logs+=("$OUT/distsgd-$isa.log"); done
+"$PYTHON" - "$OUT/distsgd.log" "$torch_line" "$CORES" "$load_start" "$load_end" "$torch_ok" "${forced_logs[@]}" <<'EOF'
 import sys
 log, torch_line, cores, load0, load1, torch_ok = sys.argv[1:7]
 kv = lambda line: dict(f.split("=", 1) for f in line.split()[2:] if "=" in f)
 rows, mlp = [], None
-for line in open(log):
-    if line.startswith("RESULT cnn "):
-        d = kv(line)
-        if d.get("skipped") == "1":
-            rows.append(("distsgd OpenCL (PoCL)", "-", None))
-        else:
-            name = "distsgd CPU backend" if d["backend"] == "cpu" else "distsgd OpenCL (PoCL)"
-            rows.append((name, d["threads"], float(d["ms_per_step"])))
-    elif line.startswith("RESULT mlp_overhead "):
-        mlp = kv(line)
+for path in [log] + sys.argv[7:]:
+    forced = path != log
+    for line in open(path):
+        if line.startswith("RESULT cnn "):
+            d = kv(line)
+            if d.get("skipped") == "1":
+                rows.append(("distsgd OpenCL (PoCL)", "-", None))
+            elif d["backend"] == "cpu":
+                rows.append(("distsgd CPU backend (%s%s)" % (d.get("isa", "?"), ", forced" if forced else ""),
+                             d["threads"], float(d["ms_per_step"])))
+            else:
+                rows.append(("distsgd OpenCL (PoCL)", d["threads"], float(d["ms_per_step"])))
+        elif line.startswith("RESULT mlp_overhead ") and not forced:
+            mlp = kv(line)
 if torch_line:
     t = kv(torch_line)
     for th in sorted({int(k[1:-3]) for k in t if k.startswith("t") and k.endswith("_ms")}):
@@ -90,7 +108,8 @@ else:
 cpu = next((ms for name, _, ms in rows if name.startswith("distsgd CPU")), None)
 print()
 print("CNN step (28x28x1, conv3x3x16-pool-conv3x3x32-pool-dense128-dense10), batch 64, N = 1, SGD momentum;")
-print("medians; OPENBLAS_NUM_THREADS=1; distsgd on %s threads (CPU backend threads, POCL_MAX_PTHREAD_COUNT)" % cores)
+print("medians; OPENBLAS_NUM_THREADS=1; distsgd on %s threads (CPU backend threads, POCL_MAX_PTHREAD_COUNT);"
+      " 'time / distsgd CPU' against the first CPU row (the kernels picked by default)" % cores)
 print()
 out = [("", "threads", "ms/step", "samples/s", "time / distsgd CPU")]
 for name, th, ms in rows:

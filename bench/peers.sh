@@ -32,6 +32,11 @@
 #   PEERS_TORCH_INDEX=URL         a pip index to install PyTorch from, tried
 #                                 first (none by default: see below)
 #   PEERS_SKIP_TORCH=1            run distsgd alone
+#   FORCE_ISAS     CPU kernels to run distsgd with again (DSGD_CPU_ISA);
+#                  default avx2 on an AVX-512 CPU, else none
+#                  (bench/cpu_info.sh). The first line names the CPU and
+#                  the kernels; the table adds a pair of columns per forced
+#                  ISA.
 #   PYTHON=python3                the Python that makes the virtual environment
 #   RUN_TIMEOUT=900               seconds one training run may take
 #
@@ -85,6 +90,9 @@ for m in $MODELS; do
 done
 
 mkdir -p "$OUT"
+. bench/cpu_info.sh
+FORCED=$(cpu_forced_isas)
+echo "bench-peers: CPU $(cpu_model); CPU backend kernels $(cpu_native_isa)${FORCED:+, and forced to $FORCED (DSGD_CPU_ISA)}"
 
 # ---------------------------------------------------------------- distsgd
 
@@ -113,21 +121,22 @@ torch_settings() {
     if [ "$t" -gt 1 ]; then echo "$n $t"; fi
 }
 
-run_dsgd() { # round model N
-    local r=$1 m=$2 n=$3 log
-    log="$OUT/r$1-dsgd-${2/,/x}-n$3.log"
-    if timeout "$RUN_TIMEOUT" build/examples/mirrored_mlp --data "$DATA" --replicas "$n" --batch $((GLOBAL / n)) \
-        --hidden "$m" --epochs "$DSGD_EPOCHS" >"$log" 2>&1; then
+run_dsgd() { # round model N [isa: forced with DSGD_CPU_ISA; none: the default kernels]
+    local r=$1 m=$2 n=$3 isa=${4:-} log impl=distsgd
+    log="$OUT/r$1-dsgd-${2/,/x}-n$3${isa:+-$isa}.log"
+    [ -z "$isa" ] || impl="distsgd-$isa"
+    if env ${isa:+DSGD_CPU_ISA=$isa} timeout "$RUN_TIMEOUT" build/examples/mirrored_mlp --data "$DATA" \
+        --replicas "$n" --batch $((GLOBAL / n)) --hidden "$m" --epochs "$DSGD_EPOCHS" >"$log" 2>&1; then
         # samples/s over the whole run: the harmonic mean of the epochs' rates
         # (equal sample counts); the test accuracy of the last epoch
-        awk -v r="$r" -v m="$m" -v n="$n" '
+        awk -v r="$r" -v m="$m" -v n="$n" -v impl="$impl" '
             / samples\/s / { for (i = 1; i < NF; ++i) if ($(i + 1) == "samples/s") { inv += 1 / $i; k++ } }
             /^final test accuracy / { acc = $4 }
-            END { if (k && acc != "") printf "%s\tdistsgd\t%s\t%s\t1\t0\t%.1f\t%s\n", r, m, n, k / inv, acc;
-                  else exit 1 }' "$log" >>"$results" || echo "  distsgd N=$n $m: no result in $log" >&2
-        tail -n 1 "$log" | sed 's/^/  distsgd: /'
+            END { if (k && acc != "") printf "%s\t%s\t%s\t%s\t1\t0\t%.1f\t%s\n", r, impl, m, n, k / inv, acc;
+                  else exit 1 }' "$log" >>"$results" || echo "  $impl N=$n $m: no result in $log" >&2
+        tail -n 1 "$log" | sed "s/^/  $impl: /"
     else
-        echo "  distsgd N=$n $m FAILED (exit $?): see $log" >&2
+        echo "  $impl N=$n $m FAILED (exit $?): see $log" >&2
     fi
 }
 
@@ -159,6 +168,7 @@ for ((r = 1; r <= ROUNDS; ++r)); do
         for n in $REPLICAS; do
             echo "-- round $r/$ROUNDS, model 784-${m/,/-}-10, N=$n"
             run_dsgd "$r" "$m" "$n"
+            for isa in $FORCED; do run_dsgd "$r" "$m" "$n" "$isa"; done
             if [ "$torch_ok" = 1 ]; then
                 while read -r p t; do run_torch "$r" "$m" "$n" "$p" "$t"; done < <(torch_settings "$n")
             fi
@@ -177,9 +187,10 @@ if [ "$torch_ok" = 1 ] && [ -d "$STUBS" ]; then
 fi
 load_end=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
 "$PYTHON" - "$results" "$ROUNDS" "$DSGD_EPOCHS" "$EPOCHS" "$CORES" "$torch_ok" "$torch_version" "$load_start" \
-    "$load_end" <<'EOF'
+    "$load_end" "$(cpu_model)" "$(cpu_native_isa)" $FORCED <<'EOF'
 import statistics, sys
-path, rounds, dsgd_epochs, torch_epochs, cores, torch_ok, torch_version, load0, load1 = sys.argv[1:10]
+path, rounds, dsgd_epochs, torch_epochs, cores, torch_ok, torch_version, load0, load1, cpu, native = sys.argv[1:12]
+forced = sys.argv[12:]
 rows = [line.rstrip("\n").split("\t") for line in open(path)][1:]
 runs = {}  # (impl, model, N, procs, threads) -> [(samples/s, acc)]
 for r, impl, model, n, procs, threads, sps, acc in rows:
@@ -189,6 +200,8 @@ keys = sorted({(k[1], k[2]) for k in med}, key=lambda k: ([int(x) for x in k[0].
 
 print()
 print("distsgd beside PyTorch (CPU): Fashion-MNIST, global batch 256, SGD+Nesterov, lr 0.1 with warmup + cosine;")
+print("CPU %s; distsgd's CPU kernels %s%s" % (cpu, native,
+      "".join("; also forced to %s (DSGD_CPU_ISA), the '%s' columns" % (i, i) for i in forced)))
 print("medians of %s round(s); distsgd %s epoch(s) per run, PyTorch %s; OPENBLAS_NUM_THREADS=1, %s cores"
       % (rounds, dsgd_epochs, torch_epochs, cores))
 print("threads: distsgd = N replicas with mirrored_mlp's default threads each; PyTorch 'PxT' = P processes"
@@ -196,18 +209,23 @@ print("threads: distsgd = N replicas with mirrored_mlp's default threads each; P
       % ("; " + torch_version if torch_version else ""))
 print()
 hdr = ("model", "N", "distsgd samples/s", "PyTorch samples/s", "best PxT", "distsgd/PyTorch", "distsgd acc", "PyTorch acc")
+hdr += tuple(c for i in forced for c in ("%s samples/s" % i, "%s/PyTorch" % i))
 out = [hdr]
 for model, n in keys:
     d = med.get(("distsgd", model, n, 1, 0))
     tk = [(v, k) for k, v in med.items() if k[0] == "torch" and k[1] == model and k[2] == n]
     best = max(tk, key=lambda x: x[0][0]) if tk else None
-    out.append(("784-%s-10" % model.replace(",", "-"), str(n),
-                "%.0f" % d[0] if d else "-",
-                "%.0f" % best[0][0] if best else "-",
-                "%dx%d" % (best[1][3], best[1][4]) if best else "-",
-                "%.2f" % (d[0] / best[0][0]) if d and best else "-",
-                "%.4f" % d[1] if d else "-",
-                "%.4f" % best[0][1] if best else "-"))
+    row = ("784-%s-10" % model.replace(",", "-"), str(n),
+           "%.0f" % d[0] if d else "-",
+           "%.0f" % best[0][0] if best else "-",
+           "%dx%d" % (best[1][3], best[1][4]) if best else "-",
+           "%.2f" % (d[0] / best[0][0]) if d and best else "-",
+           "%.4f" % d[1] if d else "-",
+           "%.4f" % best[0][1] if best else "-")
+    for i in forced:
+        f = med.get(("distsgd-" + i, model, n, 1, 0))
+        row += ("%.0f" % f[0] if f else "-", "%.2f" % (f[0] / best[0][0]) if f and best else "-")
+    out.append(row)
 w = [max(len(r[i]) for r in out) for i in range(len(hdr))]
 for i, r in enumerate(out):
     print("  ".join(c.rjust(w[j]) if j else c.ljust(w[j]) for j, c in enumerate(r)))
