@@ -117,8 +117,8 @@ static void *dsgd__overlap_main(void *arg) {
         pthread_mutex_unlock(&ov->mu);
         t = dsgd_now();
         if (ok)
-            res = dsgd_allreduce(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), DSGD_REDUCE_SUM,
-                                 s->d.algorithm, 0.0);
+            res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), lo,
+                                    DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
         t = dsgd_now() - t;
         pthread_mutex_lock(&ov->mu);
         ov->busy += t;

@@ -233,7 +233,7 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
     for (o = 0; o < p && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+        res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
     r->exchange_s = r->exposed_s = dsgd_now() - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);

@@ -151,6 +151,8 @@ typedef struct job {
     int *counter;         /* J_BARRIER_COUNT: shared */
     const struct job *alt; /* rank alt_rank runs this job instead (NULL: none) */
     int alt_rank;
+    size_t bucket, upto;   /* J_ALLREDUCE: buckets of this many floats up to element upto, then one
+                              bucket of the rest, each with dsgd_allreduce_at (0: one plain call) */
 } job;
 
 typedef struct worker {
@@ -182,6 +184,14 @@ static void *worker_main(void *arg) {
     }
     switch (jb->kind) {
     case J_ALLREDUCE:
+        if (jb->bucket) {
+            size_t o, len, count = jb->count[w->rank];
+            for (o = 0; o < count && w->res == DSGD_OK; o += len) {
+                len = o < jb->upto ? (jb->bucket < jb->upto - o ? jb->bucket : jb->upto - o) : count - o;
+                w->res = dsgd_allreduce_at(c, w->buf + o, len, o, jb->op, jb->algo, jb->timeout);
+            }
+            break;
+        }
         w->res = dsgd_allreduce(c, w->buf, jb->count[w->rank], jb->op, jb->algo, jb->timeout);
         break;
     case J_REDUCE_SCATTER:
@@ -470,18 +480,21 @@ static void test_reduce_scatter(void **state) {
                     assert_int_equal(len, count / (size_t)n + ((size_t)r < count % (size_t)n));
                     if (verify(bufs[r], &rf, op, n, off, off + len, what)) fail();
                 }
-                if (count == big) {
-                    float **ar = alloc_bufs(n, count);
-                    check_allreduce(&g, ar, &rf, seed, count, op, DSGD_ALLREDUCE_RING);
+                if (count == big) { /* the bits of the ring's order (tests/coll_ref.h) */
+                    float **in = alloc_bufs(n, count), *want = (float *)malloc((count + 1) * sizeof(float));
+                    assert_non_null(want);
+                    for (r = 0; r < n; ++r) fill_inputs(in[r], seed, r, count);
+                    ref_exact(want, (const float *const *)in, n, count, 0, op, REF_REDUCE_SCATTER, 0);
                     for (r = 0; r < n; ++r) {
                         size_t off, len;
                         dsgd_block_range(count, n, r, &off, &len);
-                        if (len && memcmp(ar[0] + off, bufs[r] + off, len * sizeof(float)) != 0) {
-                            print_error("%s: rank %d's block differs from the ring all-reduce\n", what, r);
+                        if (len && memcmp(want + off, bufs[r] + off, len * sizeof(float)) != 0) {
+                            print_error("%s: rank %d's block differs from the ring's order\n", what, r);
                             fail();
                         }
                     }
-                    free_bufs(ar, n);
+                    free(want);
+                    free_bufs(in, n);
                 }
             }
             ref_free(&rf);
@@ -1368,14 +1381,15 @@ static void test_fold(void **state) {
             for (up = 0; up < 2; ++up) {
                 int n = cases[i].n;
                 counting ks[MAXN];
-                float **a = alloc_bufs(n, 1000);
+                /* 4000 floats: four chunks of the all-reduce's map, a block per rank at N <= 4 */
+                float **a = alloc_bufs(n, 4000);
                 group g;
                 job jb;
                 worker w[MAXN];
                 group_init(&g, n, NULL, 0);
                 wrap_counting(&g, ks, up);
                 const char *name = cases[i].bcast ? "broadcast" : dsgd_allreduce_algo_name(cases[i].algo);
-                job_init(&jb, cases[i].bcast ? J_BROADCAST : J_ALLREDUCE, 1000);
+                job_init(&jb, cases[i].bcast ? J_BROADCAST : J_ALLREDUCE, 4000);
                 jb.op = DSGD_REDUCE_SUM;
                 jb.algo = cases[i].algo;
                 jb.root = 1;
@@ -1388,19 +1402,112 @@ static void test_fold(void **state) {
                     if (want >= 0 && ks[r].calls != want)
                         fail_msg("N=%d %s, %s: rank %d made %d transfers, expected %d", n, name,
                                  up ? "sendrecv_upto" : "no sendrecv_upto", r, ks[r].calls, want);
-                    if (cases[i].bcast && memcmp(a[r], a[1], 1000 * sizeof(float)) != 0)
+                    if (cases[i].bcast && memcmp(a[r], a[1], 4000 * sizeof(float)) != 0)
                         fail_msg("N=%d broadcast: rank %d does not hold rank 1's data", n, r);
                 }
                 if (up && cases[i].plain >= 0)
-                    printf("    N=%d %s, 1000 floats: %d transfers per rank with the fold, %d without\n", n, name,
+                    printf("    N=%d %s, 4000 floats: %d transfers per rank with the fold, %d without\n", n, name,
                            cases[i].folded, cases[i].plain);
                 else if (up)
-                    printf("    N=%d %s, 1000 floats: %d transfers per rank with the fold (its agreement's "
+                    printf("    N=%d %s, 4000 floats: %d transfers per rank with the fold (its agreement's "
                            "rounds)\n", n, name, cases[i].folded);
                 free_bufs(a, n);
                 group_free(&g);
             }
     }
+}
+
+/* The same bits at every bucket size: a 10,000-float vector all-reduced in
+   one call and cut into buckets of 1 (its first 300 elements), 7 (its
+   first 2,100), 100, 1000 and 4099 floats, each bucket with
+   dsgd_allreduce_at at its offset, give bitwise-equal results, for every
+   algorithm at N = 2..5 and 8 (HIERARCHICAL with 2 ranks per node at even
+   N), SUM and MAX (inputs with +0 and -0, whose MAX depends on the
+   operand order); at N = 3 also over plain send/recv. The ring's and the
+   hierarchical all-reduce's bits are those of the serial reference of
+   their order (tests/coll_ref.h). */
+static void test_allreduce_buckets(void **state) {
+    static const int NS[] = {2, 3, 4, 5, 8};
+    static const size_t BUCKETS[][2] = {{1, 300}, {7, 2100}, {100, 10000}, {1000, 10000}, {4099, 10000}};
+    static const dsgd_allreduce_algo ALG[] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
+                                              DSGD_ALLREDUCE_REDUCE_BROADCAST, DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
+                                              DSGD_ALLREDUCE_DIRECT, DSGD_ALLREDUCE_HIERARCHICAL};
+    const size_t count = 10000;
+    int ni, variant;
+    (void)state;
+    tu_watchdog(600);
+    for (ni = 0; ni < (int)(sizeof(NS) / sizeof(NS[0])); ++ni)
+        for (variant = 0; variant < 2; ++variant) {
+            int n = NS[ni], ai, oi, r;
+            group g;
+            dsgd_comm_desc d;
+            float **in = alloc_bufs(n, count), **whole = alloc_bufs(n, count), **cut = alloc_bufs(n, count);
+            float *want = (float *)malloc(count * sizeof(float));
+            if (variant && n != 3) continue;
+            assert_non_null(want);
+            memset(&d, 0, sizeof(d));
+            d.ranks_per_node = n % 2 == 0 && n > 2 ? 2 : 0;
+            group_init(&g, n, &d, variant);
+            for (oi = 0; oi < 2; ++oi) {
+                dsgd_reduce_op op = oi ? DSGD_REDUCE_MAX : DSGD_REDUCE_SUM;
+                size_t i;
+                for (r = 0; r < n; ++r) {
+                    fill_inputs(in[r], 700 + (uint64_t)n, r, count);
+                    if (op == DSGD_REDUCE_MAX) /* signed zeros: rank r's element i is -0 or +0 on a hash */
+                        for (i = 0; i < count; i += 3) in[r][i] = ((i * 2654435761u + (size_t)r * 40503u) >> 7) & 1 ? 0.0f : -0.0f;
+                }
+                for (ai = 0; ai < (int)(sizeof(ALG) / sizeof(ALG[0])); ++ai) {
+                    dsgd_allreduce_algo algo = ALG[ai];
+                    job jb;
+                    worker w[MAXN];
+                    char what[160];
+                    int bi;
+                    if (variant && algo == DSGD_ALLREDUCE_DIRECT) continue; /* needs share */
+                    snprintf(what, sizeof(what), "buckets N=%d%s %s %s", n, variant ? " (send/recv)" : "",
+                             dsgd_allreduce_algo_name(algo), dsgd_reduce_op_name(op));
+                    for (r = 0; r < n; ++r) memcpy(whole[r], in[r], count * sizeof(float));
+                    job_init(&jb, J_ALLREDUCE, count);
+                    jb.op = op;
+                    jb.algo = algo;
+                    jb.timeout = 60;
+                    run_job(&g, &jb, whole, w);
+                    assert_all_ok(&g, w, what);
+                    assert_ranks_identical(&g, whole, count, what);
+                    if (algo == DSGD_ALLREDUCE_RING || algo == DSGD_ALLREDUCE_HIERARCHICAL) {
+                        ref_exact(want, (const float *const *)in, n, count, 0, op,
+                                  algo == DSGD_ALLREDUCE_RING ? REF_RING : REF_HIERARCHICAL,
+                                  d.ranks_per_node ? d.ranks_per_node : n);
+                        for (i = 0; i < count && memcmp(&want[i], &whole[0][i], sizeof(float)) == 0; ++i) {}
+                        if (i < count) {
+                            print_error("%s: element %zu = %.9g, the order's reference gives %.9g\n", what, i,
+                                        (double)whole[0][i], (double)want[i]);
+                            fail();
+                        }
+                    }
+                    for (bi = 0; bi < (int)(sizeof(BUCKETS) / sizeof(BUCKETS[0])); ++bi) {
+                        for (r = 0; r < n; ++r) memcpy(cut[r], in[r], count * sizeof(float));
+                        jb.bucket = BUCKETS[bi][0];
+                        jb.upto = BUCKETS[bi][1];
+                        run_job(&g, &jb, cut, w);
+                        assert_all_ok(&g, w, what);
+                        for (r = 0; r < n; ++r) {
+                            for (i = 0; i < count && memcmp(&cut[r][i], &whole[0][i], sizeof(float)) == 0; ++i) {}
+                            if (i < count) {
+                                print_error("%s: buckets of %zu: rank %d element %zu = %.9g, one call gives %.9g\n",
+                                            what, BUCKETS[bi][0], r, i, (double)cut[r][i], (double)whole[0][i]);
+                                fail();
+                            }
+                        }
+                    }
+                }
+            }
+            group_free(&g);
+            free(want);
+            free_bufs(in, n);
+            free_bufs(whole, n);
+            free_bufs(cut, n);
+        }
+    tu_watchdog(0);
 }
 
 /* AUTO's documented choices. */
@@ -1610,6 +1717,7 @@ int main(void) {
         cmocka_unit_test(test_allreduce_deterministic),
         cmocka_unit_test(test_hierarchical),
         cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_allreduce_buckets),
         cmocka_unit_test(test_allgather),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_barrier),
