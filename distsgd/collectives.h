@@ -41,7 +41,10 @@
 
      Cost, in the alpha-beta-gamma model (alpha: a message's latency, beta:
      seconds per byte, gamma: seconds per float reduced; n floats on N
-     ranks, c = ceil(n / N) floats the largest block):
+     ranks, c = ceil(n / N) floats the largest block; for the ring and
+     hierarchical all-reduce, whose blocks are chunk-cyclic, c is the
+     largest block of the map, within two chunks of ceil(n / N),
+     and ceil(n / N) when N chunks divide n):
        agreement A       ceil(log2 N) (alpha + 144 beta) as rounds of its
                          own (DIRECT: 0, it rides the shared memory)
        ring all-reduce   A + 2(N-1)(alpha + 4 c beta) + (N-1) c gamma
@@ -72,8 +75,17 @@
      the memory, not alpha, is the limit.
 
      Determinism: each algorithm reduces every element in a fixed order that
-     depends only on (algorithm, N, count), not on timing or the piece size,
-     so the same inputs give the same bits every run. Every rank ends with
+     depends only on the algorithm, N and the element's index in the whole
+     vector (dsgd_allreduce_at's first + i; ring and hierarchical: through
+     DSGD_ALLREDUCE_CHUNK), not on timing, the piece size, or how the vector
+     is cut into buckets, so the same inputs give the same bits every run
+     and at every bucket size (the strategies pass each bucket's offset, so
+     their weights depend neither on bucket_bytes nor on overlap). DIRECT
+     (rank order 0..N-1), recursive doubling (the lower group's value
+     first) and reduce-broadcast (a rank's own value, then its children's)
+     never depended on the position; halving-doubling reduces the lower
+     group's value first in every step, whichever rank owns the element.
+     The native hook's order is the transport's. Every rank ends with
      bitwise identical buffers: each element is reduced by one rank and its
      bits are copied to the others, except in recursive doubling, where both
      partners of a step compute the same operation on the same operands in
@@ -117,8 +129,14 @@ typedef enum dsgd_allreduce_algo {
     DSGD_ALLREDUCE_AUTO = 0,
     /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
        sending 2(N-1)/N of the buffer, a step one message (see COLLECTIVES,
-       Cost). Element e in block b (dsgd_block_range) is summed in ring
-       order starting from rank b+1 and ending at rank b. */
+       Cost). Element g of the vector (dsgd_allreduce_at's first + i) is in
+       block b = (g / DSGD_ALLREDUCE_CHUNK) mod N and is summed in ring
+       order starting from rank b+1 and ending at rank b, each rank
+       reducing the partial result it receives into its own value. The
+       blocks of a buffer are balanced within one chunk (below N chunks,
+       some are empty); the buffer is laid out in block order in scratch
+       memory (count floats, reused) and back, two copies, unless its
+       chunks already lie in that order. */
     DSGD_ALLREDUCE_RING,
     /* Rabenseifner's recursive halving (reduce-scatter) then recursive
        doubling (all-gather): 2 log2 N steps. For N not a power of two, with
@@ -150,7 +168,9 @@ typedef enum dsgd_allreduce_algo {
        of local rank l, then a ring all-gather inside each node. Inside a
        node each rank moves 2(L-1)/L of the buffer; across nodes 2(M-1)/(M L)
        (Jeaugey, NCCL; Sergeev and Del Balso, Horovod). MEAN divides by N
-       once, at the end of the sum. With one node (L unset or N) or one rank
+       once, at the end of the sum. Element g's block b (as RING's) goes to
+       local rank b mod L and, across the nodes, to node b / L, so its
+       order too depends on g alone. With one node (L unset or N) or one rank
        per node it is RING, bit for bit. */
     DSGD_ALLREDUCE_HIERARCHICAL
 } dsgd_allreduce_algo;
@@ -173,7 +193,7 @@ DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, s
    g of the vector (g = first + i for buf[i] of dsgd_allreduce_at) belongs to
    block (g / DSGD_ALLREDUCE_CHUNK) mod N, wherever the vector is cut, so
    its reduction order (which rank's value comes first) depends on g, N and
-   the algorithm alone; the blocks of any bucket are balanced within one
+   the algorithm alone; the blocks of any bucket are balanced within about one
    chunk (4 KiB). */
 #define DSGD_ALLREDUCE_CHUNK 1024
 

@@ -209,7 +209,10 @@ typedef struct dsgd_strategy_desc {
                                        default AUTO */
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
-                                       buffer) */
+                                       buffer). Each bucket goes through
+                                       dsgd_allreduce_at at its offset, so the
+                                       weights do not depend on it, for every
+                                       algorithm (only the speed does) */
     size_t piece_bytes;             /* every replica's communicator processes its
                                        collectives in pieces of this many bytes
                                        (dsgd_comm_desc.piece_bytes): 0: the default,
@@ -255,7 +258,9 @@ typedef struct dsgd_strategy_desc {
                                        goes on (OVERLAP in strategy_overlap.h;
                                        the CPU backend; elsewhere the exchange
                                        runs after backward). The same weights,
-                                       bit for bit, as without. Refused over a
+                                       bit for bit, as without, at any
+                                       bucket_bytes, piece_bytes and
+                                       cpu_threads. Refused over a
                                        transport with its own clock (simnet).
                                        0: after backward */
 } dsgd_strategy_desc;

@@ -8,8 +8,11 @@
      of its own while its backward pass goes on, as PyTorch DDP's Reducer
      and Horovod's tensor fusion do. The buckets are those of the exchange
      without overlap (desc.bucket_bytes, cut from the start of the flat
-     gradient; 0: one bucket), and each is all-reduced by the same call, so
-     the weights are the same bits with overlap on and off.
+     gradient; 0: one bucket), and each is all-reduced by the same call
+     (dsgd_allreduce_at at the bucket's offset), so the weights are the
+     same bits with overlap on and off, and at every bucket size, piece
+     size and thread count: an element's reduction order depends on its
+     index in the whole gradient, not on its bucket.
 
      A bucket is ready when every variable it holds is final
      (dsgd_model_variable_ready: the built-in network reports each layer as

@@ -9856,7 +9856,10 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
 
      Cost, in the alpha-beta-gamma model (alpha: a message's latency, beta:
      seconds per byte, gamma: seconds per float reduced; n floats on N
-     ranks, c = ceil(n / N) floats the largest block):
+     ranks, c = ceil(n / N) floats the largest block; for the ring and
+     hierarchical all-reduce, whose blocks are chunk-cyclic, c is the
+     largest block of the map, within two chunks of ceil(n / N),
+     and ceil(n / N) when N chunks divide n):
        agreement A       ceil(log2 N) (alpha + 144 beta) as rounds of its
                          own (DIRECT: 0, it rides the shared memory)
        ring all-reduce   A + 2(N-1)(alpha + 4 c beta) + (N-1) c gamma
@@ -9887,8 +9890,17 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      the memory, not alpha, is the limit.
 
      Determinism: each algorithm reduces every element in a fixed order that
-     depends only on (algorithm, N, count), not on timing or the piece size,
-     so the same inputs give the same bits every run. Every rank ends with
+     depends only on the algorithm, N and the element's index in the whole
+     vector (dsgd_allreduce_at's first + i; ring and hierarchical: through
+     DSGD_ALLREDUCE_CHUNK), not on timing, the piece size, or how the vector
+     is cut into buckets, so the same inputs give the same bits every run
+     and at every bucket size (the strategies pass each bucket's offset, so
+     their weights depend neither on bucket_bytes nor on overlap). DIRECT
+     (rank order 0..N-1), recursive doubling (the lower group's value
+     first) and reduce-broadcast (a rank's own value, then its children's)
+     never depended on the position; halving-doubling reduces the lower
+     group's value first in every step, whichever rank owns the element.
+     The native hook's order is the transport's. Every rank ends with
      bitwise identical buffers: each element is reduced by one rank and its
      bits are copied to the others, except in recursive doubling, where both
      partners of a step compute the same operation on the same operands in
@@ -9932,8 +9944,14 @@ typedef enum dsgd_allreduce_algo {
     DSGD_ALLREDUCE_AUTO = 0,
     /* reduce-scatter then all-gather around the ring, 2(N-1) steps, each rank
        sending 2(N-1)/N of the buffer, a step one message (see COLLECTIVES,
-       Cost). Element e in block b (dsgd_block_range) is summed in ring
-       order starting from rank b+1 and ending at rank b. */
+       Cost). Element g of the vector (dsgd_allreduce_at's first + i) is in
+       block b = (g / DSGD_ALLREDUCE_CHUNK) mod N and is summed in ring
+       order starting from rank b+1 and ending at rank b, each rank
+       reducing the partial result it receives into its own value. The
+       blocks of a buffer are balanced within one chunk (below N chunks,
+       some are empty); the buffer is laid out in block order in scratch
+       memory (count floats, reused) and back, two copies, unless its
+       chunks already lie in that order. */
     DSGD_ALLREDUCE_RING,
     /* Rabenseifner's recursive halving (reduce-scatter) then recursive
        doubling (all-gather): 2 log2 N steps. For N not a power of two, with
@@ -9965,7 +9983,9 @@ typedef enum dsgd_allreduce_algo {
        of local rank l, then a ring all-gather inside each node. Inside a
        node each rank moves 2(L-1)/L of the buffer; across nodes 2(M-1)/(M L)
        (Jeaugey, NCCL; Sergeev and Del Balso, Horovod). MEAN divides by N
-       once, at the end of the sum. With one node (L unset or N) or one rank
+       once, at the end of the sum. Element g's block b (as RING's) goes to
+       local rank b mod L and, across the nodes, to node b / L, so its
+       order too depends on g alone. With one node (L unset or N) or one rank
        per node it is RING, bit for bit. */
     DSGD_ALLREDUCE_HIERARCHICAL
 } dsgd_allreduce_algo;
@@ -9983,6 +10003,14 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo);
    Errors: none (n < 1 or index outside [0, n): both are set to 0).
    Thread safety: any thread. */
 DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len);
+
+/* The global element map of the ring and hierarchical all-reduce: element
+   g of the vector (g = first + i for buf[i] of dsgd_allreduce_at) belongs to
+   block (g / DSGD_ALLREDUCE_CHUNK) mod N, wherever the vector is cut, so
+   its reduction order (which rank's value comes first) depends on g, N and
+   the algorithm alone; the blocks of any bucket are balanced within about one
+   chunk (4 KiB). */
+#define DSGD_ALLREDUCE_CHUNK 1024
 
 /* The defaults of dsgd_comm_desc (and of the strategies' communicators). */
 #define DSGD_DEFAULT_TIMEOUT_S 30.0
@@ -10080,6 +10108,18 @@ DSGD_API dsgd_allreduce_algo dsgd_allreduce_choose(const dsgd_comm *comm, size_t
 DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *comm, float *buf, size_t count,
                                     dsgd_reduce_op op, dsgd_allreduce_algo algo,
                                     double timeout_s);
+/* dsgd_allreduce of buf[0..count) where buf is part of a larger vector
+   that the caller all-reduces in pieces (buckets), buf[0] being its
+   element `first`: every element gets the bits it gets when the whole
+   vector is all-reduced in one call, whatever the cut (an element's
+   reduction order depends on its index in the whole vector, see
+   DSGD_ALLREDUCE_CHUNK). dsgd_allreduce is this with first 0. Every rank
+   passes the same first (checked: DSGD_ERR_DESYNC otherwise).
+   Errors: as dsgd_allreduce (first + count overflowing size_t:
+   DSGD_ERR_INVALID_ARGUMENT).
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_allreduce_at(dsgd_comm *comm, float *buf, size_t count, size_t first,
+                                       dsgd_reduce_op op, dsgd_allreduce_algo algo, double timeout_s);
 /* Reduce-scatter in place (ring): on return this rank's block of buf (see
    dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
    for that block; the rest of buf is unspecified.
@@ -10168,6 +10208,11 @@ struct dsgd_comm {
     int ring_pieces;    /* benchmarks only: the ring's pieces one after another on
                            any transport (see dsgd__ring_piece) */
     void **peers;       /* size pointers, for the shared-memory hooks */
+    size_t first;       /* the all-reduce in progress: the index of buf[0] in the
+                           caller's whole vector (see >>map) */
+    float *pack;        /* the buffer in the map's block order (see >>map) */
+    size_t pack_cap;    /* floats */
+    size_t *lay;        /* 4 * size + 4: the map's block sizes, places and offsets */
 };
 
 DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len) {
@@ -10225,7 +10270,10 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     if (!c) return DSGD_ERR_OUT_OF_MEMORY;
     memset(c, 0, sizeof(*c));
     c->peers = (void **)dsgd__alloc(ctx, sizeof(void *) * (size_t)t->size, "dsgd_comm_create");
-    if (!c->peers) {
+    c->lay = c->peers ? (size_t *)dsgd__alloc(ctx, sizeof(size_t) * (4 * (size_t)t->size + 4), "dsgd_comm_create")
+                      : NULL;
+    if (!c->lay) {
+        DSGD_FREE(c->peers);
         DSGD_FREE(c);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
@@ -10251,6 +10299,8 @@ DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
     DSGD_FREE(c->scratch);
     DSGD_FREE(c->fold);
     DSGD_FREE(c->peers);
+    DSGD_FREE(c->pack);
+    DSGD_FREE(c->lay);
     DSGD_FREE(c);
 }
 
@@ -10477,7 +10527,9 @@ static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
     fp[DSGD__FP_KIND] = (uint64_t)c->kind;
     fp[DSGD__FP_COUNT] = (uint64_t)c->count;
     fp[DSGD__FP_OP] = (uint64_t)(int64_t)c->op;
-    fp[DSGD__FP_ROOT] = (uint64_t)(int64_t)c->root;
+    /* an all-reduce has no root: the field carries its first element (see
+       >>map), which every rank must agree on as well */
+    fp[DSGD__FP_ROOT] = c->kind == DSGD__K_ALLREDUCE ? (uint64_t)c->first : (uint64_t)(int64_t)c->root;
     fp[DSGD__FP_ALGO] = (uint64_t)(int64_t)c->algo;
     fp[DSGD__FP_PIECE] = (uint64_t)c->piece;
     fp[DSGD__FP_NODE] = (uint64_t)c->node_ranks;
@@ -10538,9 +10590,11 @@ static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64
     used += k > 0 && (size_t)k < cap ? (size_t)k : 0;
     for (i = 0; i < DSGD__FP_N; ++i) {
         char v[32];
+        int at = i == DSGD__FP_ROOT && fp[DSGD__FP_KIND] == DSGD__K_ALLREDUCE; /* the root field holds first */
         if (fp[i] == other[i]) continue;
         k = snprintf(dst + used, cap - used, "%s%s%s%s", first ? " " : ", ",
-                     i >= DSGD__FP_COUNT && first ? "passed " : "", label[i], dsgd__fp_field(i, fp[i], v, sizeof(v)));
+                     i >= DSGD__FP_COUNT && first ? "passed " : "", at ? "first element " : label[i],
+                     at ? dsgd__fp_field(DSGD__FP_COUNT, fp[i], v, sizeof(v)) : dsgd__fp_field(i, fp[i], v, sizeof(v)));
         used += k > 0 && (size_t)k < cap - used ? (size_t)k : 0;
         first = 0;
         if (i <= DSGD__FP_KIND) break; /* another collective: its other fields mean nothing here */
@@ -10737,12 +10791,33 @@ static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
     return c->t.sendrecv_upto ? dsgd__coll_agree_carry(c, NULL) : dsgd__coll_agree_plain(c);
 }
 
-/* Piece j of block b (count elements in n blocks, pieces of P floats). */
-static void dsgd__piece(size_t count, int n, int b, size_t j, size_t P, size_t *off, size_t *len) {
-    size_t bo, bl, lo;
-    dsgd_block_range(count, n, b, &bo, &bl);
+/* Block b of count elements in n blocks: bo[b] .. bo[b + 1] when bo (the
+   map's blocks, see >>map), else dsgd_block_range's. */
+static void dsgd__block_at(size_t count, int n, const size_t *bo, int b, size_t *off, size_t *len) {
+    if (bo) {
+        *off = bo[b];
+        *len = bo[b + 1] - bo[b];
+    } else
+        dsgd_block_range(count, n, b, off, len);
+}
+
+/* The largest block (see dsgd__block_at). */
+static size_t dsgd__block_max(size_t count, int n, const size_t *bo) {
+    size_t mx = 0;
+    int b;
+    if (!bo) return count / (size_t)n + (count % (size_t)n != 0);
+    for (b = 0; b < n; ++b)
+        if (bo[b + 1] - bo[b] > mx) mx = bo[b + 1] - bo[b];
+    return mx;
+}
+
+/* Piece j of block b (count elements in n blocks as dsgd__block_at, pieces
+   of P floats). */
+static void dsgd__piece(size_t count, int n, const size_t *bo, int b, size_t j, size_t P, size_t *off, size_t *len) {
+    size_t bo_, bl, lo;
+    dsgd__block_at(count, n, bo, b, &bo_, &bl);
     lo = j * P;
-    *off = bo + (lo < bl ? lo : bl);
+    *off = bo_ + (lo < bl ? lo : bl);
     *len = lo < bl ? DSGD__MIN(P, bl - lo) : 0;
 }
 
@@ -10762,11 +10837,115 @@ typedef struct dsgd__ring_view {
    ring before the next, keep the piece a rank has just reduced in cache
    for the next rank (at 64 MiB on 4 threads 1.4x faster than whole
    blocks; at 4 MiB 2.5x slower, but AUTO runs DIRECT there). */
-static size_t dsgd__ring_piece(const dsgd_comm *c, size_t count, int n) {
-    size_t maxlen = count / (size_t)n + (count % (size_t)n != 0);
+static size_t dsgd__ring_piece(const dsgd_comm *c, size_t maxlen) {
     int one_space = c->t.share && c->t.unshare && !c->t.share_window;
     if ((c->ring_pieces || one_space) && c->piece < maxlen) return c->piece;
     return maxlen ? maxlen : 1;
+}
+
+/* >>map -------------------------------------------------------------------- */
+/* The global element map: an all-reduce of buf[0..count) that is part of a
+   larger vector (dsgd_allreduce_at's first: the index of buf[0] in it)
+   gives element g of that vector (g = first + i) to virtual block
+   v(g) = (g / DSGD_ALLREDUCE_CHUNK) mod N, chunk-cyclic. The ring sums
+   virtual block v, wherever its elements lie in the bucket, as it sums
+   block v (from rank v + 1 round to rank v), and the hierarchical
+   all-reduce gives it to local rank v mod L and, across the nodes, to node
+   v / L, so an element's reduction order depends on g alone, not on how
+   the vector is cut into buckets, and every block of a bucket is within one
+   chunk of count / N. The algorithms run on the bucket packed in the
+   blocks' order (into the comm's pack buffer, count floats, grown and
+   reused, never shrunk), then unpacked; a bucket whose chunks already lie
+   in that order (one chunk, or the first N chunks from a multiple of N) is
+   used in place. */
+
+/* Virtual block v's place in the packed order: v = l + L m goes to
+   l * M + m (L = n, M = 1: v itself). */
+static int dsgd__map_slot(int v, int L, int M) { return (v % L) * M + v / L; }
+
+/* Fills sz[0..n) (virtual block v's elements in [first, first + count))
+   and pos[0..n) (where block v starts in the packed order); returns 1 when
+   packing is the identity (the chunks' slots increase along the bucket). */
+static int dsgd__map_layout(size_t first, size_t count, int n, int L, size_t *sz, size_t *pos) {
+    const size_t C = DSGD_ALLREDUCE_CHUNK;
+    size_t g = first, end = first + count, acc = 0;
+    int v, s, M = n / L, last = -1, ident = 1;
+    for (v = 0; v < n; ++v) sz[v] = 0;
+    while (g < end) {
+        size_t k = g / C, e = DSGD__MIN((k + 1) * C, end);
+        v = (int)(k % (size_t)n);
+        s = dsgd__map_slot(v, L, M);
+        if (s <= last) ident = 0;
+        last = s;
+        sz[v] += e - g;
+        g = e;
+    }
+    for (s = 0; s < n; ++s) {
+        v = (s / M) + L * (s % M);
+        pos[v] = acc;
+        acc += sz[v];
+    }
+    return ident;
+}
+
+/* Copies between buf (the bucket) and packed (blocks in slot order, block
+   v from pos[v]); to_packed 1: buf to packed; cur: n cursors. */
+static void dsgd__map_copy(float *buf, float *packed, size_t first, size_t count, int n, const size_t *pos,
+                           size_t *cur, int to_packed) {
+    const size_t C = DSGD_ALLREDUCE_CHUNK;
+    size_t g = first, end = first + count;
+    int v;
+    for (v = 0; v < n; ++v) cur[v] = pos[v];
+    while (g < end) {
+        size_t k = g / C, e = DSGD__MIN((k + 1) * C, end);
+        v = (int)(k % (size_t)n);
+        if (to_packed)
+            memcpy(packed + cur[v], buf + (g - first), (e - g) * sizeof(float));
+        else
+            memcpy(buf + (g - first), packed + cur[v], (e - g) * sizeof(float));
+        cur[v] += e - g;
+        g = e;
+    }
+}
+
+/* The all-reduce in progress (c->first, count floats) laid out for L local
+   ranks of M = size / L nodes: *x is buf itself or the packed copy (in the
+   comm's pack buffer), and c->lay holds sz (size), pos (size), the
+   cursors (size), then the offsets of the L node blocks (L + 1) in *x.
+   Reads buf only. */
+static dsgd_result dsgd__map_pack(dsgd_comm *c, float *buf, size_t count, int L, float **x) {
+    int n = c->size, l;
+    size_t *sz = c->lay, *pos = sz + n, *cur = pos + n, *bo = cur + n;
+    int ident = dsgd__map_layout(c->first, count, n, L, sz, pos);
+    for (l = 0; l < L; ++l) bo[l] = pos[l];
+    bo[L] = count;
+    *x = buf;
+    if (ident) return DSGD_OK;
+    if (count > c->pack_cap) {
+        float *p = (float *)DSGD_REALLOC(c->pack, count * sizeof(float));
+        if (!p) {
+            char name[96];
+            dsgd__coll_name(c, name, sizeof(name));
+            c->broken = 1;
+            c->broken_seq = c->seq;
+            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY,
+                                      "%s: rank %d cannot allocate %zu floats to lay out the blocks", name, c->rank,
+                                      count);
+        }
+        c->pack = p;
+        c->pack_cap = count;
+    }
+    dsgd__map_copy(buf, c->pack, c->first, count, n, pos, cur, 1);
+    *x = c->pack;
+    return DSGD_OK;
+}
+
+/* The results back from the packed copy x into buf (nothing when x is
+   buf). */
+static void dsgd__map_unpack(dsgd_comm *c, float *buf, size_t count, const float *x) {
+    int n = c->size;
+    if (x == buf) return;
+    dsgd__map_copy(buf, c->pack, c->first, count, n, c->lay + n, c->lay + 2 * n, 0);
 }
 
 /* Ring over blocks: phases bit 1 = reduce-scatter (member r ends owning
@@ -10776,11 +10955,11 @@ static size_t dsgd__ring_piece(const dsgd_comm *c, size_t count, int n) {
    change which rank reduces an element or in what order, so the bits do
    not depend on their size. Empty pieces (short blocks) are skipped by
    both sides. */
-static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *buf, size_t count, dsgd_reduce_op op,
-                                 int phases) {
+static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *buf, size_t count, const size_t *bo,
+                                 dsgd_reduce_op op, int phases) {
     int n = v->n, r = v->r, k;
     int next = v->base + ((r + 1) % n) * v->stride, prev = v->base + ((r + n - 1) % n) * v->stride;
-    size_t P = dsgd__ring_piece(c, count, n), maxlen = count / (size_t)n + (count % (size_t)n != 0), npieces, j;
+    size_t maxlen = dsgd__block_max(count, n, bo), P = dsgd__ring_piece(c, maxlen), npieces, j;
     dsgd_result res = DSGD_OK;
     npieces = (maxlen + P - 1) / P;
     c->view_n = n;
@@ -10790,8 +10969,8 @@ static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *
         if (phases & 1) {
             for (k = 0; k < n - 1; ++k) {
                 int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
-                dsgd__piece(count, n, sb, j, P, &so, &sl);
-                dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
+                dsgd__piece(count, n, bo, rb, j, P, &ro, &rl);
                 if (c->ring_pre) { /* this step rode the agreement (see >>fold) */
                     dsgd__reduce_into(buf + ro, c->ring_pre, rl, op, 0);
                     c->ring_pre = NULL;
@@ -10802,15 +10981,15 @@ static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *
                 if (res != DSGD_OK) break;
             }
             if (res == DSGD_OK && op == DSGD_REDUCE_MEAN) {
-                dsgd__piece(count, n, r, j, P, &ro, &rl);
+                dsgd__piece(count, n, bo, r, j, P, &ro, &rl);
                 dsgd__divide(buf + ro, rl, n);
             }
         }
         if (res == DSGD_OK && (phases & 2)) {
             for (k = 0; k < n - 1; ++k) {
                 int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
-                dsgd__piece(count, n, sb, j, P, &so, &sl);
-                dsgd__piece(count, n, rb, j, P, &ro, &rl);
+                dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
+                dsgd__piece(count, n, bo, rb, j, P, &ro, &rl);
                 if (c->ring_pre) { /* an all-gather's first step rode the agreement */
                     if (rl) memcpy(buf + ro, c->ring_pre, rl * sizeof(float));
                     c->ring_pre = NULL;
@@ -10826,14 +11005,15 @@ static dsgd_result dsgd__ring_in(dsgd_comm *c, const dsgd__ring_view *v, float *
     return res;
 }
 
-/* The ring of the whole group. */
-static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+/* The ring of the whole group (bo: as dsgd__ring_in). */
+static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, const size_t *bo, dsgd_reduce_op op,
+                              int phases) {
     dsgd__ring_view v;
     v.n = c->size;
     v.r = c->rank;
     v.base = 0;
     v.stride = 1;
-    return dsgd__ring_in(c, &v, buf, count, op, phases);
+    return dsgd__ring_in(c, &v, buf, count, bo, op, phases);
 }
 
 /* The agreement, then the ring of the whole group (phases as dsgd__ring_in).
@@ -10841,23 +11021,25 @@ static dsgd_result dsgd__ring(dsgd_comm *c, float *buf, size_t count, dsgd_reduc
    its previous one (N = 2, or N not a power of two: see >>fold), it carries
    the ring's first step of piece 0, which ring_in then takes from
    ring_pre. */
-static dsgd_result dsgd__ring_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int phases) {
+static dsgd_result dsgd__ring_agreed(dsgd_comm *c, float *buf, size_t count, const size_t *bo, dsgd_reduce_op op,
+                                     int phases) {
     int n = c->size, r = c->rank, sb, rb;
-    size_t so, sl, ro, rl;
+    size_t so, sl, ro, rl, P;
     dsgd__carry cr;
     dsgd_result res;
-    if (c->no_agree) return count ? dsgd__ring(c, buf, count, op, phases) : DSGD_OK;
+    if (c->no_agree) return count ? dsgd__ring(c, buf, count, bo, op, phases) : DSGD_OK;
     if (!c->t.sendrecv_upto || count == 0 || (n > 2 && dsgd__agree_butterfly(c))) {
         res = dsgd__coll_agree(c);
-        return res != DSGD_OK || count == 0 ? res : dsgd__ring(c, buf, count, op, phases);
+        return res != DSGD_OK || count == 0 ? res : dsgd__ring(c, buf, count, bo, op, phases);
     }
     sb = phases & 1 ? (r - 1 + n) % n : r;
     rb = phases & 1 ? (r - 2 + 2 * n) % n : (r - 1 + n) % n;
-    dsgd__piece(count, n, sb, 0, dsgd__ring_piece(c, count, n), &so, &sl);
-    dsgd__piece(count, n, rb, 0, dsgd__ring_piece(c, count, n), &ro, &rl);
+    P = dsgd__ring_piece(c, dsgd__block_max(count, n, bo));
+    dsgd__piece(count, n, bo, sb, 0, P, &so, &sl);
+    dsgd__piece(count, n, bo, rb, 0, P, &ro, &rl);
     if (sl > DSGD__FOLD_MAX || rl > DSGD__FOLD_MAX) {
         res = dsgd__coll_agree(c);
-        return res != DSGD_OK ? res : dsgd__ring(c, buf, count, op, phases);
+        return res != DSGD_OK ? res : dsgd__ring(c, buf, count, bo, op, phases);
     }
     memset(&cr, 0, sizeof(cr));
     cr.rounds = 1;
@@ -10866,7 +11048,7 @@ static dsgd_result dsgd__ring_agreed(dsgd_comm *c, float *buf, size_t count, dsg
     cr.nin = rl;
     if ((res = dsgd__coll_agree_carry(c, &cr)) != DSGD_OK) return res;
     c->ring_pre = cr.got;
-    res = dsgd__ring(c, buf, count, op, phases);
+    res = dsgd__ring(c, buf, count, bo, op, phases);
     c->ring_pre = NULL;
     return res;
 }
@@ -10928,8 +11110,17 @@ static dsgd_result dsgd__halving_doubling(dsgd_comm *c, float *buf, size_t count
                 kn = dsgd__block_off(len, p, khi) - ko;
                 so = dsgd__block_off(len, p, slo);
                 sn = dsgd__block_off(len, p, shi) - so;
-                res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, step), sn ? partner : -1, x + so, sn,
-                                 kn ? partner : -1, x + ko, kn, (int)op);
+                if ((q & d) && kn && (op == DSGD_REDUCE_MAX || op == DSGD_REDUCE_MIN)) {
+                    /* this rank holds the upper group's value: op(lower, upper), as every element gets,
+                       whichever rank owns it (MAX and MIN of +0 and -0 depend on the operand order;
+                       addition does not) */
+                    if ((res = dsgd__scratch(c, kn)) != DSGD_OK) return res;
+                    res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, step), sn ? partner : -1, x + so, sn, partner,
+                                     c->scratch, kn, -1);
+                    if (res == DSGD_OK) dsgd__reduce_into(x + ko, c->scratch, kn, op, 1);
+                } else
+                    res = dsgd__xchg(c, dsgd__tag(c, j, DSGD__PH_RS, step), sn ? partner : -1, x + so, sn,
+                                     kn ? partner : -1, x + ko, kn, (int)op);
                 if (res != DSGD_OK) return res;
                 blo = klo;
                 bhi = khi;
@@ -11198,8 +11389,20 @@ static dsgd_result dsgd__native(dsgd_comm *c, float *buf, size_t count, dsgd_red
     return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
 }
 
+/* The ring all-reduce on the map's blocks (see >>map); agreed: with the
+   agreement first (see dsgd__ring_agreed). */
+static dsgd_result dsgd__ring_mapped(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op, int agreed) {
+    float *x = buf;
+    const size_t *bo = c->lay + 3 * (size_t)c->size;
+    dsgd_result res;
+    if (count && (res = dsgd__map_pack(c, buf, count, c->size, &x)) != DSGD_OK) return res;
+    res = agreed ? dsgd__ring_agreed(c, x, count, bo, op, 3) : dsgd__ring(c, x, count, bo, op, 3);
+    if (res == DSGD_OK && count) dsgd__map_unpack(c, buf, count, x);
+    return res;
+}
+
 static dsgd_result dsgd__ring_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
-    return dsgd__ring(c, buf, count, op, 3);
+    return dsgd__ring_mapped(c, buf, count, op, 0);
 }
 
 /* Two levels (see DSGD_ALLREDUCE_HIERARCHICAL): with L ranks per node and M
@@ -11208,12 +11411,14 @@ static dsgd_result dsgd__ring_allreduce(dsgd_comm *c, float *buf, size_t count, 
    of the two rings never share a pair of ranks (1 < L < N), so their tags
    may repeat. */
 static dsgd_result dsgd__hierarchical(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
-    int L = c->node_ranks, M = c->size / L;
+    int L = c->node_ranks, M = c->size / L, n = c->size, m;
     dsgd_reduce_op sum = op == DSGD_REDUCE_MEAN ? DSGD_REDUCE_SUM : op;
     dsgd__ring_view node, across;
-    size_t off = 0, len = 0;
+    size_t off = 0, len = 0, *pos = c->lay + n, *bo = c->lay + 3 * (size_t)n, *bm = bo + L + 1;
+    float *x = buf;
     dsgd_result res;
-    if (L <= 1 || M <= 1) return dsgd__ring(c, buf, count, op, 3);
+    if (L <= 1 || M <= 1) return dsgd__ring_mapped(c, buf, count, op, 0);
+    if ((res = dsgd__map_pack(c, buf, count, L, &x)) != DSGD_OK) return res;
     node.n = L;
     node.r = c->rank % L;
     node.base = c->rank - node.r;
@@ -11222,15 +11427,21 @@ static dsgd_result dsgd__hierarchical(dsgd_comm *c, float *buf, size_t count, ds
     across.r = c->rank / L;
     across.base = node.r;
     across.stride = L;
-    if ((res = dsgd__ring_in(c, &node, buf, count, sum, 1)) != DSGD_OK) return res;
-    dsgd_block_range(count, L, node.r, &off, &len);
-    if (len > 0 && (res = dsgd__ring_in(c, &across, buf + off, len, sum, 3)) != DSGD_OK) return res;
-    if (op == DSGD_REDUCE_MEAN) dsgd__divide(buf + off, len, c->size);
-    return dsgd__ring_in(c, &node, buf, count, sum, 2);
+    /* node block l holds virtual blocks l + L m, m = 0..M-1, in m order */
+    off = bo[node.r];
+    len = bo[node.r + 1] - off;
+    for (m = 0; m < M; ++m) bm[m] = pos[node.r + L * m] - off;
+    bm[M] = len;
+    if ((res = dsgd__ring_in(c, &node, x, count, bo, sum, 1)) != DSGD_OK) return res;
+    if (len > 0 && (res = dsgd__ring_in(c, &across, x + off, len, bm, sum, 3)) != DSGD_OK) return res;
+    if (op == DSGD_REDUCE_MEAN) dsgd__divide(x + off, len, c->size);
+    if ((res = dsgd__ring_in(c, &node, x, count, bo, sum, 2)) != DSGD_OK) return res;
+    dsgd__map_unpack(c, buf, count, x);
+    return DSGD_OK;
 }
 
 static dsgd_result dsgd__ring_allreduce_agreed(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
-    return dsgd__ring_agreed(c, buf, count, op, 3);
+    return dsgd__ring_mapped(c, buf, count, op, 1);
 }
 
 /* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
@@ -11257,15 +11468,19 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
     return (int)algo >= 0 && (int)algo < (int)DSGD_ALLREDUCE_COUNT ? dsgd__allreduce_algos[algo].name : "unknown";
 }
 
-DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
-                                    dsgd_allreduce_algo algo, double timeout_s) {
+DSGD_API dsgd_result dsgd_allreduce_at(dsgd_comm *c, float *buf, size_t count, size_t first, dsgd_reduce_op op,
+                                       dsgd_allreduce_algo algo, double timeout_s) {
     dsgd_result res;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
     if (res != DSGD_OK) return res;
     if ((int)algo < 0 || (int)algo >= (int)DSGD_ALLREDUCE_COUNT)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_allreduce: unknown algorithm %d", (int)algo);
+    if (first > SIZE_MAX - count)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_allreduce: first %zu + count %zu overflows", first, count);
     if (algo == DSGD_ALLREDUCE_AUTO) algo = dsgd_allreduce_choose(c, count);
+    c->first = first;
     dsgd__coll_begin(c, DSGD__K_ALLREDUCE, algo == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name(algo),
                      (int)algo, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK; /* MEAN over one rank divides by 1: nothing to do */
@@ -11277,6 +11492,11 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd
     return dsgd__allreduce_algos[algo].run(c, buf, count, op);
 }
 
+DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
+                                    dsgd_allreduce_algo algo, double timeout_s) {
+    return dsgd_allreduce_at(c, buf, count, 0, op, algo, timeout_s);
+}
+
 DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
                                          double timeout_s) {
     dsgd_result res;
@@ -11285,7 +11505,7 @@ DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count,
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_REDUCE_SCATTER, "ring", -1, (int)op, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    return dsgd__ring_agreed(c, buf, count, op, 1);
+    return dsgd__ring_agreed(c, buf, count, NULL, op, 1);
 }
 
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, double timeout_s) {
@@ -11295,7 +11515,7 @@ DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, doub
     if (res != DSGD_OK) return res;
     dsgd__coll_begin(c, DSGD__K_ALLGATHER, "ring", -1, -1, -1, count, timeout_s);
     if (c->size == 1) return DSGD_OK;
-    return dsgd__ring_agreed(c, buf, count, DSGD_REDUCE_SUM, 2);
+    return dsgd__ring_agreed(c, buf, count, NULL, DSGD_REDUCE_SUM, 2);
 }
 
 /* The agreement, then the broadcast; up to DSGD__FOLD_MAX floats the
@@ -16731,7 +16951,10 @@ typedef struct dsgd_strategy_desc {
                                        default AUTO */
     size_t bucket_bytes;            /* HOST path: all-reduce the gradient in buckets of
                                        this many bytes; 0: one bucket (the whole flat
-                                       buffer) */
+                                       buffer). Each bucket goes through
+                                       dsgd_allreduce_at at its offset, so the
+                                       weights do not depend on it, for every
+                                       algorithm (only the speed does) */
     size_t piece_bytes;             /* every replica's communicator processes its
                                        collectives in pieces of this many bytes
                                        (dsgd_comm_desc.piece_bytes): 0: the default,
@@ -16777,7 +17000,9 @@ typedef struct dsgd_strategy_desc {
                                        goes on (OVERLAP in strategy_overlap.h;
                                        the CPU backend; elsewhere the exchange
                                        runs after backward). The same weights,
-                                       bit for bit, as without. Refused over a
+                                       bit for bit, as without, at any
+                                       bucket_bytes, piece_bytes and
+                                       cpu_threads. Refused over a
                                        transport with its own clock (simnet).
                                        0: after backward */
 } dsgd_strategy_desc;
@@ -18306,8 +18531,11 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      of its own while its backward pass goes on, as PyTorch DDP's Reducer
      and Horovod's tensor fusion do. The buckets are those of the exchange
      without overlap (desc.bucket_bytes, cut from the start of the flat
-     gradient; 0: one bucket), and each is all-reduced by the same call, so
-     the weights are the same bits with overlap on and off.
+     gradient; 0: one bucket), and each is all-reduced by the same call
+     (dsgd_allreduce_at at the bucket's offset), so the weights are the
+     same bits with overlap on and off, and at every bucket size, piece
+     size and thread count: an element's reduction order depends on its
+     index in the whole gradient, not on its bucket.
 
      A bucket is ready when every variable it holds is final
      (dsgd_model_variable_ready: the built-in network reports each layer as
@@ -18415,8 +18643,8 @@ static void *dsgd__overlap_main(void *arg) {
         pthread_mutex_unlock(&ov->mu);
         t = dsgd_now();
         if (ok)
-            res = dsgd_allreduce(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), DSGD_REDUCE_SUM,
-                                 s->d.algorithm, 0.0);
+            res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), lo,
+                                    DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
         t = dsgd_now() - t;
         pthread_mutex_lock(&ov->mu);
         ov->busy += t;
@@ -18860,7 +19088,7 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
     for (o = 0; o < p && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce(r->comm, host + o, DSGD__MIN(bucket, p - o), DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+        res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
     r->exchange_s = r->exposed_s = dsgd_now() - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);

@@ -261,7 +261,30 @@ static size_t blk_off(size_t count, int n, int b) {
     size_t q = count / (size_t)n, rem = count % (size_t)n, i = (size_t)b;
     return i * q + (i < rem ? i : rem);
 }
-static size_t blk_len(size_t count, int n, int b) { return blk_off(count, n, b + 1) - blk_off(count, n, b); }
+
+/* The all-reduce's map (collectives.h): element g of a vector of count
+   floats is in block (g / DSGD_ALLREDUCE_CHUNK) mod n; block v's size. */
+static size_t map_len(size_t count, int n, int v) {
+    size_t g, len = 0;
+    for (g = (size_t)v * DSGD_ALLREDUCE_CHUNK; g < count; g += (size_t)n * DSGD_ALLREDUCE_CHUNK)
+        len += count - g < DSGD_ALLREDUCE_CHUNK ? count - g : DSGD_ALLREDUCE_CHUNK;
+    return len;
+}
+/* The largest block of the map. */
+static size_t map_max(size_t count, int n) {
+    size_t mx = 0;
+    int v;
+    for (v = 0; v < n; ++v)
+        if (map_len(count, n, v) > mx) mx = map_len(count, n, v);
+    return mx;
+}
+/* Hierarchical, L ranks per node: node block l holds map blocks l + L m. */
+static size_t node_len(size_t count, int n, int L, int l) {
+    size_t len = 0;
+    int m;
+    for (m = 0; m < n / L; ++m) len += map_len(count, n, l + L * m);
+    return len;
+}
 
 static void exp_agree(const model *m, int n, double *T) {
     int dst[MAXN], src[MAXN], r, d;
@@ -283,8 +306,8 @@ static void exp_ring(const model *m, int n, size_t count, double *T) {
         for (r = 0; r < n; ++r) {
             dst[r] = (r + 1) % n;
             src[r] = (r + n - 1) % n;
-            sf[r] = blk_len(count, n, ((r - k - 1) % n + n) % n);
-            rf[r] = blk_len(count, n, ((r - k - 2) % n + n) % n);
+            sf[r] = map_len(count, n, ((r - k - 1) % n + n) % n);
+            rf[r] = map_len(count, n, ((r - k - 2) % n + n) % n);
         }
         step_all(m, n, T, dst, sf, src, rf, 1);
     }
@@ -292,8 +315,8 @@ static void exp_ring(const model *m, int n, size_t count, double *T) {
         for (r = 0; r < n; ++r) {
             dst[r] = (r + 1) % n;
             src[r] = (r + n - 1) % n;
-            sf[r] = blk_len(count, n, ((r - k) % n + n) % n);
-            rf[r] = blk_len(count, n, ((r - k - 1) % n + n) % n);
+            sf[r] = map_len(count, n, ((r - k) % n + n) % n);
+            rf[r] = map_len(count, n, ((r - k - 1) % n + n) % n);
         }
         step_all(m, n, T, dst, sf, src, rf, 0);
     }
@@ -431,8 +454,8 @@ static void exp_hierarchical(const model *m, int n, size_t count, int L, double 
             int l = r % L, base = r - l;
             dst[r] = base + (l + 1) % L;
             src[r] = base + (l + L - 1) % L;
-            sf[r] = blk_len(count, L, ((l - k - 1) % L + L) % L);
-            rf[r] = blk_len(count, L, ((l - k - 2) % L + L) % L);
+            sf[r] = node_len(count, n, L, ((l - k - 1) % L + L) % L);
+            rf[r] = node_len(count, n, L, ((l - k - 2) % L + L) % L);
         }
         step_all(m, n, T, dst, sf, src, rf, 1);
     }
@@ -440,11 +463,10 @@ static void exp_hierarchical(const model *m, int n, size_t count, int L, double 
         int ag = k >= M - 1, kk = ag ? k - (M - 1) : k;
         for (r = 0; r < n; ++r) {
             int l = r % L, q = r / L;
-            size_t len = blk_len(count, L, l);
             dst[r] = l + ((q + 1) % M) * L;
             src[r] = l + ((q + M - 1) % M) * L;
-            sf[r] = blk_len(len, M, ((q - kk - 1 + ag) % M + M) % M);
-            rf[r] = blk_len(len, M, ((q - kk - 2 + ag) % M + M) % M);
+            sf[r] = map_len(count, n, l + L * (((q - kk - 1 + ag) % M + M) % M));
+            rf[r] = map_len(count, n, l + L * (((q - kk - 2 + ag) % M + M) % M));
         }
         step_all(m, n, T, dst, sf, src, rf, !ag);
     }
@@ -453,8 +475,8 @@ static void exp_hierarchical(const model *m, int n, size_t count, int L, double 
             int l = r % L, base = r - l;
             dst[r] = base + (l + 1) % L;
             src[r] = base + (l + L - 1) % L;
-            sf[r] = blk_len(count, L, ((l - k) % L + L) % L);
-            rf[r] = blk_len(count, L, ((l - k - 1) % L + L) % L);
+            sf[r] = node_len(count, n, L, ((l - k) % L + L) % L);
+            rf[r] = node_len(count, n, L, ((l - k - 1) % L + L) % L);
         }
         step_all(m, n, T, dst, sf, src, rf, 0);
     }
@@ -489,9 +511,10 @@ static double closed_form(const model *m, int p, size_t n, dsgd_allreduce_algo a
     int lg = ceil_log2(p), k;
     double t = 0;
     switch (algo) {
-    case DSGD_ALLREDUCE_RING: /* 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, with ceil(n/p)-float blocks */
+    case DSGD_ALLREDUCE_RING: /* 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, with c-float blocks, c the
+                                 map's largest (ceil(n/p) when p chunks divide n) */
     {
-        double c = (double)((n + (size_t)p - 1) / (size_t)p);
+        double c = (double)map_max(n, p);
         return agree + 2.0 * (p - 1) * a + 2.0 * (p - 1) * c * b4 + (p - 1) * c * g;
     }
     case DSGD_ALLREDUCE_HALVING_DOUBLING: /* p a power of two dividing n: 2 log2 p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma */
@@ -670,7 +693,7 @@ static void test_ring_textbook(void **state) {
     tu_watchdog(120);
     for (ci = 0; ci < (TU_TSAN ? 1 : 2); ++ci) {
         size_t n = counts[ci];
-        double block = (double)((n + (size_t)p - 1) / (size_t)p);
+        double block = (double)map_max(n, (int)p); /* the map's largest block: ceil(n/p) + 0.1% at 4M floats */
         double agree = ceil_log2(p) * (alpha + (double)AGREE_BYTES * beta), fill = 0;
         double want = 2.0 * (p - 1) * (alpha + block * 4.0 * beta) + fill + agree, got;
         dsgd_simnet_desc d;
@@ -748,7 +771,7 @@ static void test_hierarchical_costs(void **state) {
             counts[0] = 7;
             counts[1] = 1009;
             counts[2] = 10007;
-            counts[3] = (size_t)p * 2000;
+            counts[3] = (size_t)p * 2 * DSGD_ALLREDUCE_CHUNK; /* p chunks divide it: equal blocks */
             flatL.L = L; /* the step calculation's node layout; the network stays uniform (ai = a) */
             flatL.ai = flat.a;
             flatL.bi = flat.b;
@@ -759,7 +782,7 @@ static void test_hierarchical_costs(void **state) {
                 if (!REL_OK(got, want)) fail_msg("L=%d M=%d count=%zu: simulated %.15g s, expected %.15g s", L, M, n, got, want);
                 ++checked;
                 if (n >= (size_t)p) assert_true(got < simulate(&two, p, n, DSGD_ALLREDUCE_RING));
-                if (n % (size_t)p == 0) {
+                if (n % ((size_t)p * DSGD_ALLREDUCE_CHUNK) == 0) { /* the map's blocks all equal */
                     double N = (double)n, a = flat.a, b4 = 4 * flat.b, g = flat.g, cf;
                     got = simulate_L(&flat, p, n, DSGD_ALLREDUCE_HIERARCHICAL, L);
                     cf = ceil_log2(p) * (a + (double)AGREE_BYTES * flat.b) + (L - 1) * (a + N / L * (b4 + g)) +
