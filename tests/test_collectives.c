@@ -1441,9 +1441,12 @@ static void test_allreduce_buckets(void **state) {
             int n = NS[ni], ai, oi, r;
             group g;
             dsgd_comm_desc d;
-            float **in = alloc_bufs(n, count), **whole = alloc_bufs(n, count), **cut = alloc_bufs(n, count);
-            float *want = (float *)malloc(count * sizeof(float));
+            float **in, **whole, **cut, *want;
             if (variant && n != 3) continue;
+            in = alloc_bufs(n, count);
+            whole = alloc_bufs(n, count);
+            cut = alloc_bufs(n, count);
+            want = (float *)malloc(count * sizeof(float));
             assert_non_null(want);
             memset(&d, 0, sizeof(d));
             d.ranks_per_node = n % 2 == 0 && n > 2 ? 2 : 0;
