@@ -99,6 +99,28 @@
              step ahead of the others: workers that stop once the global
              step reaches a target T leave every server at version T, with
              any number of servers.
+             Late workers, two ways (dsgd_ps_desc.backup_cancel):
+               0 (TF's protocol) a late worker finishes its stale gradient,
+                 pushes it (dropped) and only then pulls the new step;
+               1 (cancelling) when a server applies a step it sends CANCEL
+                 to every worker it did not accept a push of that step
+                 from and whose pull does not wait; a worker computing
+                 through dsgd_ps_worker_compute_for abandons its gradient
+                 there and pulls the new step at once (dsgd_ps_worker_run
+                 skips the push).
+             With i.i.d. Exp(mu) compute, free links and free applies
+             (P = N + b workers, H_k the harmonic numbers), the cancelling
+             step is the N-th order statistic of P fresh Exp(mu):
+               E[T] = (H_P - H_b) / mu
+             (Renyi). TF's protocol starts every step with the N accepted
+             workers fresh and the b others still inside a stale
+             gradient, whose remainder is again Exp(mu) (memoryless), so
+             T is the N-th smallest of N Exp(mu) and b Erlang(2, mu):
+               E[T] = integral_0^inf P(fewer than N done by t) dt,
+               P(.) = sum_{i+j<N} C(N,i) F1^i (1-F1)^(N-i) C(b,j) F2^j (1-F2)^(b-j),
+               F1 = 1 - e^(-mu t), F2 = 1 - e^(-mu t) (1 + mu t);
+             at P = 8 that is 12.5%, 26% and 63% above (H_P - H_b)/mu for
+             b = 1, 2 and 4 (equal at b = 0).
      In SSP, SYNC and BACKUP a worker must pull before each push
      (DSGD_ERR_STATE otherwise). In SSP and SYNC every worker must push as
      many times as the others: a clock that misses a finished worker's
@@ -139,6 +161,9 @@
                until it has the means of every step the first reply
                announced.
        DONE    worker -> server: seq = the worker's number of pushes
+       CANCEL  server -> worker (BACKUP with backup_cancel): seq 0,
+               version = the server's new version (the step it applied +
+               1), no floats; a worker not computing drops it
      Exactly once: per worker a server keeps the next push seq it expects
      and the status of the last one. A seq below it is a duplicate (a
      resend, or a copy the network made): acknowledged again (with the last
@@ -218,6 +243,10 @@ typedef struct dsgd_ps_desc {
                               step); other policies: must be 0 */
     dsgd_ps_apply apply;   /* default ON_SERVERS; ON_WORKERS needs SSP, SYNC
                               or BACKUP */
+    int backup_cancel;     /* BACKUP: 0, TF's protocol (late workers finish
+                              and push their stale gradient); non-zero, late
+                              workers are sent CANCEL and abandon it (see
+                              UPDATE POLICIES); other policies: must be 0 */
     /* What the servers (ON_WORKERS: the workers) apply (dsgd_optimizer_create's rules and defaults).
        clip_norm must be 0: a server holds only its shards, so the global
        norm of a gradient across servers is not defined here. */
@@ -239,7 +268,8 @@ typedef enum dsgd_ps_msg {
     DSGD_PS_MSG_ACK = 2,
     DSGD_PS_MSG_PULL = 3,
     DSGD_PS_MSG_PARAMS = 4,
-    DSGD_PS_MSG_DONE = 5
+    DSGD_PS_MSG_DONE = 5,
+    DSGD_PS_MSG_CANCEL = 6
 } dsgd_ps_msg;
 /* The header that starts every message, in the sender's byte order. */
 typedef struct dsgd_ps_header {
@@ -472,6 +502,10 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: backup_workers %d (BACKUP: 0 <= b < num_workers = %d; other policies: 0)", fn,
                                   d->backup_workers, d->num_workers);
+    if (d->backup_cancel && !pol->backups)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: backup_cancel is for BACKUP, not %s", fn,
+                                  pol->name);
+    d->backup_cancel = d->backup_cancel != 0;
     if ((int)d->apply < 0 || (int)d->apply >= (int)DSGD_PS_APPLY_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown apply %d", fn, (int)d->apply);
     if (!dsgd__ps_apply_of(d)->servers_hold && !pol->clocked)

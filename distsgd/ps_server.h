@@ -25,6 +25,8 @@ typedef struct dsgd_ps_server_stats {
     int64_t pulls_answered;
     int64_t pulls_deferred;   /* answered later, when the version was reached */
     int64_t pulls_repeated;   /* resent pulls (replacing or dropped) */
+    int64_t cancels_sent;     /* BACKUP with backup_cancel: CANCELs sent to
+                                 late workers */
     double staleness_mean;    /* over the applied pushes; 0 when none */
     int64_t staleness_max;
     int staleness_bins;
@@ -119,6 +121,7 @@ typedef struct dsgd__ps_peer {
     int64_t pull_from;   /* ON_WORKERS: the step whose mean the pending pull wants */
     int64_t have;        /* ON_WORKERS: means the worker has fetched */
     double last_heard;
+    int64_t accepted;    /* BACKUP with backup_cancel: the last step a push of it went into, -1 */
 } dsgd__ps_peer;
 
 struct dsgd_ps_server {
@@ -148,7 +151,7 @@ struct dsgd_ps_server {
     size_t agg_len, agg_cap;
     int64_t agg_base;
     dsgd__ps_peer *peer;
-    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max;
+    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max, cancels;
     double stal_sum;
     int64_t *hist;
 };
@@ -294,18 +297,37 @@ static dsgd_result dsgd__ps_release_pulls(dsgd_ps_server *s) {
     return DSGD_OK;
 }
 
+/* BACKUP with backup_cancel, once step `step` was applied: CANCEL to every
+   unfinished worker whose push did not go into it and whose pull does not
+   wait (it computes for that step, or will push a stale gradient). */
+static dsgd_result dsgd__ps_cancel_late(dsgd_ps_server *s, int64_t step) {
+    dsgd_result r;
+    int w;
+    for (w = 0; w < s->W; ++w) {
+        dsgd__ps_peer *pe = &s->peer[w];
+        dsgd_ps_header h;
+        if (pe->done || pe->pull_pending || pe->accepted == step) continue;
+        h = dsgd__ps_hdr(DSGD_PS_MSG_CANCEL, w, 0, s->version, 0, 0, 0);
+        if ((r = dsgd__ps_send(s, w, DSGD_PS_MSG_CANCEL, 0, &h, sizeof h)) != DSGD_OK) return r;
+        s->cancels++;
+    }
+    return DSGD_OK;
+}
+
 /* Clock modes: applies every complete clock, in order. The sum runs in
    worker rank order whatever the arrival order. */
 static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
     dsgd_result r;
     for (;;) {
         int k = (int)(s->version % s->ring), w, cnt = 0;
+        int64_t step = s->version;
         float *sum = s->grad_h + DSGD__PS_H;
         if (s->slot_count[k] < s->needed) return DSGD_OK;
         for (w = 0; w < s->W; ++w) {
             dsgd_buffer **b = &s->slot[(size_t)k * s->W + w];
             const float *g;
             if (!*b) continue;
+            s->peer[w].accepted = step;
             g = s->be.buffer_host_ptr(s->be.impl, *b) + DSGD__PS_H;
             if (cnt++ == 0) {
                 if (s->n) memcpy(sum, g, s->n * sizeof(float));
@@ -320,6 +342,7 @@ static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
         s->slot_count[k] = 0;
         s->applied += cnt;
         if ((r = dsgd__ps_server_act[s->d.apply].close_clock(s)) != DSGD_OK) return r;
+        if (s->d.backup_cancel && (r = dsgd__ps_cancel_late(s, step)) != DSGD_OK) return r;
         if ((r = dsgd__ps_release_pulls(s)) != DSGD_OK) return r;
     }
 }
@@ -619,6 +642,7 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     dsgd_ps_desc d;
     dsgd_result r;
     size_t slots = 0;
+    int i;
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     *out = NULL;
@@ -679,6 +703,7 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
         return r;
     }
     memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
+    for (i = 0; i < s->W; ++i) s->peer[i].accepted = -1;
     memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
     s->params_h = s->params ? s->be.buffer_host_ptr(s->be.impl, s->params) : NULL;
     s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
@@ -700,6 +725,7 @@ DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_s
     out->pulls_answered = s->pulls;
     out->pulls_deferred = s->deferred;
     out->pulls_repeated = s->repeated;
+    out->cancels_sent = s->cancels;
     out->staleness_mean = s->applied ? s->stal_sum / (double)s->applied : 0.0;
     out->staleness_max = s->stal_max;
     out->staleness_bins = s->d.staleness_bins;

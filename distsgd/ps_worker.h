@@ -15,6 +15,10 @@
                 after_pull(step, global)   optional: evaluate, log, stop
                 the stop rule              the policy's (ps.h's table)
                 grad(step, params, grads)  your gradient of the whole buffer
+                                           (BACKUP with backup_cancel: when
+                                           it called dsgd_ps_worker_compute_for
+                                           and a CANCEL cut that short, the
+                                           loop pulls again, without a push)
                 push                       grads, each server its slice
                 after_push(step)           optional
        then:    finish                     unless no_finish
@@ -51,6 +55,8 @@ typedef struct dsgd_ps_worker_stats {
     int64_t pull_resends;
     int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
     int64_t stale_replies;  /* replies to older requests, ignored */
+    int64_t gradients_cancelled; /* BACKUP with backup_cancel: computes a
+                                    CANCEL cut short (dsgd_ps_worker_compute_for) */
 } dsgd_ps_worker_stats;
 
 /* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
@@ -92,6 +98,26 @@ DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
    SYNC or BACKUP.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads);
+/* Spends `seconds` of the transport's clock (simnet's virtual one; real
+   time on the others) as the compute of the gradient the worker is about
+   to push: a wait on the transport (probe with a deadline) that takes the
+   messages coming in meanwhile. With BACKUP and backup_cancel, a CANCEL
+   for a step newer than the one the worker pulled ends it early: the
+   gradient is abandoned (*cancelled = 1), the next push is refused until
+   a pull, which waits for that newer step on every server, and
+   dsgd_ps_worker_run, when its gradient fn called this, skips the push
+   and pulls again. Otherwise *cancelled = 0 (cancelled may be NULL) and
+   the wait lasts `seconds`: TF's late worker finishes its stale gradient.
+   Call it from the gradient fn, on simnet in place of
+   dsgd_simnet_compute(hub, rank, attempt) with
+   dsgd_simnet_compute_time(hub, rank, attempt), counting attempts, so
+   that a restart draws a fresh time.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; seconds
+   negative or not finite), DSGD_ERR_STATE (after finish or a failure),
+   DSGD_ERR_DESYNC (a message from a non-server rank, or too large),
+   transport errors (the worker is then unusable).
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_compute_for(dsgd_ps_worker *w, double seconds, int *cancelled);
 /* Apply ON_WORKERS: sets the worker's own copy of the parameters (the
    whole flat buffer, the same on every worker; only the floats of shards
    are kept). Call it once, before the first pull.
@@ -242,6 +268,10 @@ struct dsgd_ps_worker {
     uint64_t push_seq0, pull_seq0; /* at create or restore: a save or restore
                                       needs no pull or push since */
     int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
+    /* BACKUP with backup_cancel: the version a CANCEL announced (the next
+       pull waits for it), the gradient abandoned, and how often */
+    int64_t cancel_version, cancels;
+    int abandoned;
     /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
        layout), the mean received ([header | n[s]]) and the optimizer's
        slots; latest: the server's version the first reply of a pull
@@ -473,6 +503,7 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
         for (s = 0; s < w->P; ++s) {
             dsgd_ps_header *h = &w->pull_hdr[s];
             int64_t need = w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            if (wait != DSGD__PS_PULL_FINAL && w->cancel_version > need) need = w->cancel_version;
             *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
             if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
                 return dsgd__ps_worker_fail(w, r);
@@ -486,6 +517,7 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
     if (!w->holds && full_params) dsgd__ps_worker_copy_out(w, full_params);
     w->pulls++;
     w->pulled = 1;
+    w->abandoned = 0;
     return DSGD_OK;
 }
 
@@ -532,6 +564,50 @@ DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_gr
     w->push_seq++;
     w->pulled = 0;
     return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_compute_for(dsgd_ps_worker *w, double seconds, int *cancelled) {
+    static const char *const fn = "dsgd_ps_worker_compute_for";
+    double end;
+    dsgd_result r;
+    if (cancelled) *cancelled = 0;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!(seconds >= 0.0 && seconds < HUGE_VAL))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: seconds %g (need finite, >= 0)", fn,
+                                  w->index, seconds);
+    end = dsgd__ps_now(&w->t) + seconds;
+    for (;;) {
+        int src = -1;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        dsgd_ps_header h;
+        r = w->t.probe(w->t.impl, end, &src, &tag, &bytes);
+        if (r == DSGD_ERR_TIMEOUT) return DSGD_OK; /* computed for the whole time */
+        if (r != DSGD_OK)
+            return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: waiting failed: %s%s%s", fn, w->index,
+                                                              dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
+                                                              dsgd__ps_terr(&w->t)));
+        if (src < 0 || src >= w->P || bytes > w->scratch_bytes)
+            return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                                              "%s: worker %d: an unexpected message of %zu bytes from rank %d",
+                                                              fn, w->index, bytes, src));
+        r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, end);
+        if (r != DSGD_OK)
+            return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s",
+                                                              fn, w->index, src, dsgd_result_string(r)));
+        if (w->d.backup_cancel && DSGD_PS_TAG_TYPE(tag) == DSGD_PS_MSG_CANCEL && bytes == DSGD__PS_HBYTES &&
+            w->pulled && (h = dsgd__ps_hdr_get(w->scratch)).version > dsgd__ps_worker_global(w)) {
+            /* the step it computes for was applied without it: abandon */
+            w->cancel_version = DSGD__MAX(w->cancel_version, h.version);
+            w->pulled = 0;
+            w->abandoned = 1;
+            w->cancels++;
+            if (cancelled) *cancelled = 1;
+            return DSGD_OK;
+        }
+        w->stale++; /* an older reply, or a CANCEL of a step already read */
+    }
 }
 
 DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params) {
@@ -713,6 +789,7 @@ DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_s
     out->pull_resends = w->pull_resends;
     out->pushes_dropped = w->pushes_dropped;
     out->stale_replies = w->stale;
+    out->gradients_cancelled = w->cancels;
 }
 
 DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
@@ -797,8 +874,10 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
         /* the stop rule: the policy's (ps.h), TF's order: after the pull */
         if (stop || (w->pol->stop_on_global ? global : step) >= d->steps) break;
         dsgd_ctx_clear_error(w->ctx);
+        w->abandoned = 0;
         if ((r = dsgd__ps_worker_callback(w, d->grad(d->user, step, params, grads), "the gradient fn", step)) != DSGD_OK)
             break;
+        if (w->abandoned) continue; /* a CANCEL cut its compute short: pull the new step */
         if ((r = dsgd_ps_worker_push(w, grads)) != DSGD_OK) break;
         if (d->after_push) {
             dsgd_ctx_clear_error(w->ctx);

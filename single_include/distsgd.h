@@ -12251,6 +12251,28 @@ static dsgd_result dsgd__group_endpoints(dsgd_ctx *ctx, const dsgd_transport_i *
              step ahead of the others: workers that stop once the global
              step reaches a target T leave every server at version T, with
              any number of servers.
+             Late workers, two ways (dsgd_ps_desc.backup_cancel):
+               0 (TF's protocol) a late worker finishes its stale gradient,
+                 pushes it (dropped) and only then pulls the new step;
+               1 (cancelling) when a server applies a step it sends CANCEL
+                 to every worker it did not accept a push of that step
+                 from and whose pull does not wait; a worker computing
+                 through dsgd_ps_worker_compute_for abandons its gradient
+                 there and pulls the new step at once (dsgd_ps_worker_run
+                 skips the push).
+             With i.i.d. Exp(mu) compute, free links and free applies
+             (P = N + b workers, H_k the harmonic numbers), the cancelling
+             step is the N-th order statistic of P fresh Exp(mu):
+               E[T] = (H_P - H_b) / mu
+             (Renyi). TF's protocol starts every step with the N accepted
+             workers fresh and the b others still inside a stale
+             gradient, whose remainder is again Exp(mu) (memoryless), so
+             T is the N-th smallest of N Exp(mu) and b Erlang(2, mu):
+               E[T] = integral_0^inf P(fewer than N done by t) dt,
+               P(.) = sum_{i+j<N} C(N,i) F1^i (1-F1)^(N-i) C(b,j) F2^j (1-F2)^(b-j),
+               F1 = 1 - e^(-mu t), F2 = 1 - e^(-mu t) (1 + mu t);
+             at P = 8 that is 12.5%, 26% and 63% above (H_P - H_b)/mu for
+             b = 1, 2 and 4 (equal at b = 0).
      In SSP, SYNC and BACKUP a worker must pull before each push
      (DSGD_ERR_STATE otherwise). In SSP and SYNC every worker must push as
      many times as the others: a clock that misses a finished worker's
@@ -12291,6 +12313,9 @@ static dsgd_result dsgd__group_endpoints(dsgd_ctx *ctx, const dsgd_transport_i *
                until it has the means of every step the first reply
                announced.
        DONE    worker -> server: seq = the worker's number of pushes
+       CANCEL  server -> worker (BACKUP with backup_cancel): seq 0,
+               version = the server's new version (the step it applied +
+               1), no floats; a worker not computing drops it
      Exactly once: per worker a server keeps the next push seq it expects
      and the status of the last one. A seq below it is a duplicate (a
      resend, or a copy the network made): acknowledged again (with the last
@@ -12370,6 +12395,10 @@ typedef struct dsgd_ps_desc {
                               step); other policies: must be 0 */
     dsgd_ps_apply apply;   /* default ON_SERVERS; ON_WORKERS needs SSP, SYNC
                               or BACKUP */
+    int backup_cancel;     /* BACKUP: 0, TF's protocol (late workers finish
+                              and push their stale gradient); non-zero, late
+                              workers are sent CANCEL and abandon it (see
+                              UPDATE POLICIES); other policies: must be 0 */
     /* What the servers (ON_WORKERS: the workers) apply (dsgd_optimizer_create's rules and defaults).
        clip_norm must be 0: a server holds only its shards, so the global
        norm of a gradient across servers is not defined here. */
@@ -12391,7 +12420,8 @@ typedef enum dsgd_ps_msg {
     DSGD_PS_MSG_ACK = 2,
     DSGD_PS_MSG_PULL = 3,
     DSGD_PS_MSG_PARAMS = 4,
-    DSGD_PS_MSG_DONE = 5
+    DSGD_PS_MSG_DONE = 5,
+    DSGD_PS_MSG_CANCEL = 6
 } dsgd_ps_msg;
 /* The header that starts every message, in the sender's byte order. */
 typedef struct dsgd_ps_header {
@@ -12624,6 +12654,10 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: backup_workers %d (BACKUP: 0 <= b < num_workers = %d; other policies: 0)", fn,
                                   d->backup_workers, d->num_workers);
+    if (d->backup_cancel && !pol->backups)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: backup_cancel is for BACKUP, not %s", fn,
+                                  pol->name);
+    d->backup_cancel = d->backup_cancel != 0;
     if ((int)d->apply < 0 || (int)d->apply >= (int)DSGD_PS_APPLY_COUNT)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown apply %d", fn, (int)d->apply);
     if (!dsgd__ps_apply_of(d)->servers_hold && !pol->clocked)
@@ -13119,6 +13153,8 @@ typedef struct dsgd_ps_server_stats {
     int64_t pulls_answered;
     int64_t pulls_deferred;   /* answered later, when the version was reached */
     int64_t pulls_repeated;   /* resent pulls (replacing or dropped) */
+    int64_t cancels_sent;     /* BACKUP with backup_cancel: CANCELs sent to
+                                 late workers */
     double staleness_mean;    /* over the applied pushes; 0 when none */
     int64_t staleness_max;
     int staleness_bins;
@@ -13213,6 +13249,7 @@ typedef struct dsgd__ps_peer {
     int64_t pull_from;   /* ON_WORKERS: the step whose mean the pending pull wants */
     int64_t have;        /* ON_WORKERS: means the worker has fetched */
     double last_heard;
+    int64_t accepted;    /* BACKUP with backup_cancel: the last step a push of it went into, -1 */
 } dsgd__ps_peer;
 
 struct dsgd_ps_server {
@@ -13242,7 +13279,7 @@ struct dsgd_ps_server {
     size_t agg_len, agg_cap;
     int64_t agg_base;
     dsgd__ps_peer *peer;
-    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max;
+    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max, cancels;
     double stal_sum;
     int64_t *hist;
 };
@@ -13388,18 +13425,37 @@ static dsgd_result dsgd__ps_release_pulls(dsgd_ps_server *s) {
     return DSGD_OK;
 }
 
+/* BACKUP with backup_cancel, once step `step` was applied: CANCEL to every
+   unfinished worker whose push did not go into it and whose pull does not
+   wait (it computes for that step, or will push a stale gradient). */
+static dsgd_result dsgd__ps_cancel_late(dsgd_ps_server *s, int64_t step) {
+    dsgd_result r;
+    int w;
+    for (w = 0; w < s->W; ++w) {
+        dsgd__ps_peer *pe = &s->peer[w];
+        dsgd_ps_header h;
+        if (pe->done || pe->pull_pending || pe->accepted == step) continue;
+        h = dsgd__ps_hdr(DSGD_PS_MSG_CANCEL, w, 0, s->version, 0, 0, 0);
+        if ((r = dsgd__ps_send(s, w, DSGD_PS_MSG_CANCEL, 0, &h, sizeof h)) != DSGD_OK) return r;
+        s->cancels++;
+    }
+    return DSGD_OK;
+}
+
 /* Clock modes: applies every complete clock, in order. The sum runs in
    worker rank order whatever the arrival order. */
 static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
     dsgd_result r;
     for (;;) {
         int k = (int)(s->version % s->ring), w, cnt = 0;
+        int64_t step = s->version;
         float *sum = s->grad_h + DSGD__PS_H;
         if (s->slot_count[k] < s->needed) return DSGD_OK;
         for (w = 0; w < s->W; ++w) {
             dsgd_buffer **b = &s->slot[(size_t)k * s->W + w];
             const float *g;
             if (!*b) continue;
+            s->peer[w].accepted = step;
             g = s->be.buffer_host_ptr(s->be.impl, *b) + DSGD__PS_H;
             if (cnt++ == 0) {
                 if (s->n) memcpy(sum, g, s->n * sizeof(float));
@@ -13414,6 +13470,7 @@ static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
         s->slot_count[k] = 0;
         s->applied += cnt;
         if ((r = dsgd__ps_server_act[s->d.apply].close_clock(s)) != DSGD_OK) return r;
+        if (s->d.backup_cancel && (r = dsgd__ps_cancel_late(s, step)) != DSGD_OK) return r;
         if ((r = dsgd__ps_release_pulls(s)) != DSGD_OK) return r;
     }
 }
@@ -13713,6 +13770,7 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     dsgd_ps_desc d;
     dsgd_result r;
     size_t slots = 0;
+    int i;
     if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
     if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     *out = NULL;
@@ -13773,6 +13831,7 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
         return r;
     }
     memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
+    for (i = 0; i < s->W; ++i) s->peer[i].accepted = -1;
     memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
     s->params_h = s->params ? s->be.buffer_host_ptr(s->be.impl, s->params) : NULL;
     s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
@@ -13794,6 +13853,7 @@ DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_s
     out->pulls_answered = s->pulls;
     out->pulls_deferred = s->deferred;
     out->pulls_repeated = s->repeated;
+    out->cancels_sent = s->cancels;
     out->staleness_mean = s->applied ? s->stal_sum / (double)s->applied : 0.0;
     out->staleness_max = s->stal_max;
     out->staleness_bins = s->d.staleness_bins;
@@ -14080,6 +14140,10 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
                 after_pull(step, global)   optional: evaluate, log, stop
                 the stop rule              the policy's (ps.h's table)
                 grad(step, params, grads)  your gradient of the whole buffer
+                                           (BACKUP with backup_cancel: when
+                                           it called dsgd_ps_worker_compute_for
+                                           and a CANCEL cut that short, the
+                                           loop pulls again, without a push)
                 push                       grads, each server its slice
                 after_push(step)           optional
        then:    finish                     unless no_finish
@@ -14116,6 +14180,8 @@ typedef struct dsgd_ps_worker_stats {
     int64_t pull_resends;
     int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
     int64_t stale_replies;  /* replies to older requests, ignored */
+    int64_t gradients_cancelled; /* BACKUP with backup_cancel: computes a
+                                    CANCEL cut short (dsgd_ps_worker_compute_for) */
 } dsgd_ps_worker_stats;
 
 /* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
@@ -14157,6 +14223,26 @@ DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
    SYNC or BACKUP.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_grads);
+/* Spends `seconds` of the transport's clock (simnet's virtual one; real
+   time on the others) as the compute of the gradient the worker is about
+   to push: a wait on the transport (probe with a deadline) that takes the
+   messages coming in meanwhile. With BACKUP and backup_cancel, a CANCEL
+   for a step newer than the one the worker pulled ends it early: the
+   gradient is abandoned (*cancelled = 1), the next push is refused until
+   a pull, which waits for that newer step on every server, and
+   dsgd_ps_worker_run, when its gradient fn called this, skips the push
+   and pulls again. Otherwise *cancelled = 0 (cancelled may be NULL) and
+   the wait lasts `seconds`: TF's late worker finishes its stale gradient.
+   Call it from the gradient fn, on simnet in place of
+   dsgd_simnet_compute(hub, rank, attempt) with
+   dsgd_simnet_compute_time(hub, rank, attempt), counting attempts, so
+   that a restart draws a fresh time.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; seconds
+   negative or not finite), DSGD_ERR_STATE (after finish or a failure),
+   DSGD_ERR_DESYNC (a message from a non-server rank, or too large),
+   transport errors (the worker is then unusable).
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_compute_for(dsgd_ps_worker *w, double seconds, int *cancelled);
 /* Apply ON_WORKERS: sets the worker's own copy of the parameters (the
    whole flat buffer, the same on every worker; only the floats of shards
    are kept). Call it once, before the first pull.
@@ -14307,6 +14393,10 @@ struct dsgd_ps_worker {
     uint64_t push_seq0, pull_seq0; /* at create or restore: a save or restore
                                       needs no pull or push since */
     int64_t pulls, push_resends, pull_resends, pushes_dropped, stale;
+    /* BACKUP with backup_cancel: the version a CANCEL announced (the next
+       pull waits for it), the gradient abandoned, and how often */
+    int64_t cancel_version, cancels;
+    int abandoned;
     /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
        layout), the mean received ([header | n[s]]) and the optimizer's
        slots; latest: the server's version the first reply of a pull
@@ -14538,6 +14628,7 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
         for (s = 0; s < w->P; ++s) {
             dsgd_ps_header *h = &w->pull_hdr[s];
             int64_t need = w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            if (wait != DSGD__PS_PULL_FINAL && w->cancel_version > need) need = w->cancel_version;
             *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
             if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
                 return dsgd__ps_worker_fail(w, r);
@@ -14551,6 +14642,7 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
     if (!w->holds && full_params) dsgd__ps_worker_copy_out(w, full_params);
     w->pulls++;
     w->pulled = 1;
+    w->abandoned = 0;
     return DSGD_OK;
 }
 
@@ -14597,6 +14689,50 @@ DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_gr
     w->push_seq++;
     w->pulled = 0;
     return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_compute_for(dsgd_ps_worker *w, double seconds, int *cancelled) {
+    static const char *const fn = "dsgd_ps_worker_compute_for";
+    double end;
+    dsgd_result r;
+    if (cancelled) *cancelled = 0;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    if (!(seconds >= 0.0 && seconds < HUGE_VAL))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: seconds %g (need finite, >= 0)", fn,
+                                  w->index, seconds);
+    end = dsgd__ps_now(&w->t) + seconds;
+    for (;;) {
+        int src = -1;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        dsgd_ps_header h;
+        r = w->t.probe(w->t.impl, end, &src, &tag, &bytes);
+        if (r == DSGD_ERR_TIMEOUT) return DSGD_OK; /* computed for the whole time */
+        if (r != DSGD_OK)
+            return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: waiting failed: %s%s%s", fn, w->index,
+                                                              dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
+                                                              dsgd__ps_terr(&w->t)));
+        if (src < 0 || src >= w->P || bytes > w->scratch_bytes)
+            return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                                              "%s: worker %d: an unexpected message of %zu bytes from rank %d",
+                                                              fn, w->index, bytes, src));
+        r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, end);
+        if (r != DSGD_OK)
+            return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s",
+                                                              fn, w->index, src, dsgd_result_string(r)));
+        if (w->d.backup_cancel && DSGD_PS_TAG_TYPE(tag) == DSGD_PS_MSG_CANCEL && bytes == DSGD__PS_HBYTES &&
+            w->pulled && (h = dsgd__ps_hdr_get(w->scratch)).version > dsgd__ps_worker_global(w)) {
+            /* the step it computes for was applied without it: abandon */
+            w->cancel_version = DSGD__MAX(w->cancel_version, h.version);
+            w->pulled = 0;
+            w->abandoned = 1;
+            w->cancels++;
+            if (cancelled) *cancelled = 1;
+            return DSGD_OK;
+        }
+        w->stale++; /* an older reply, or a CANCEL of a step already read */
+    }
 }
 
 DSGD_API dsgd_result dsgd_ps_worker_set_params(dsgd_ps_worker *w, const float *full_params) {
@@ -14778,6 +14914,7 @@ DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_s
     out->pull_resends = w->pull_resends;
     out->pushes_dropped = w->pushes_dropped;
     out->stale_replies = w->stale;
+    out->gradients_cancelled = w->cancels;
 }
 
 DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
@@ -14862,8 +14999,10 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
         /* the stop rule: the policy's (ps.h), TF's order: after the pull */
         if (stop || (w->pol->stop_on_global ? global : step) >= d->steps) break;
         dsgd_ctx_clear_error(w->ctx);
+        w->abandoned = 0;
         if ((r = dsgd__ps_worker_callback(w, d->grad(d->user, step, params, grads), "the gradient fn", step)) != DSGD_OK)
             break;
+        if (w->abandoned) continue; /* a CANCEL cut its compute short: pull the new step */
         if ((r = dsgd_ps_worker_push(w, grads)) != DSGD_OK) break;
         if (d->after_push) {
             dsgd_ctx_clear_error(w->ctx);

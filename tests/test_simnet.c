@@ -2408,6 +2408,180 @@ static void test_backup_servers_stop(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- backups both ways */
+/* BACKUP N + b (ps.h on simnet, fibers), P = 8 workers and one server,
+   free links, i.i.d. Exp(mu) compute through dsgd_ps_worker_compute_for
+   (a fresh draw per attempt). Cancelling (backup_cancel): every step
+   starts with all P workers fresh, so its time is the N-th order statistic
+   of P Exp(mu), mean (H_P - H_b)/mu, variance sum_{i=b+1..P} 1/(i mu)^2
+   (Renyi). TF's protocol: the N accepted start fresh, the b others first
+   finish a stale gradient whose remainder is Exp(mu) again (memoryless),
+   so a step is the N-th smallest of N Exp(mu) and b Erlang(2, mu) (the
+   first step: all fresh); its moments are integrals of P(T > t), computed
+   here. The mean step (the time the global step reaches `steps`, over
+   steps) matches each within 3 standard errors, for b = 0, 1, 2, 4. */
+#define BKC_P 8
+
+typedef struct bkc_job {
+    dsgd_shard_map *map;
+    dsgd_ps_desc pd;
+    int64_t steps;
+    double t_global; /* the earliest time a worker read global step `steps` */
+    int64_t cancelled, cancels_sent;
+} bkc_job;
+
+typedef struct bkc_worker {
+    run *r;
+    int rank;
+    bkc_job *jb;
+    dsgd_ps_worker *w;
+    long attempt;
+} bkc_worker;
+
+static dsgd_result bkc_grad(void *user, int64_t step, const float *p, float *g) {
+    bkc_worker *bw = (bkc_worker *)user;
+    (void)step;
+    g[0] = p[0];
+    return dsgd_ps_worker_compute_for(bw->w, dsgd_simnet_compute_time(bw->r->hub, bw->rank, bw->attempt++), NULL);
+}
+
+static dsgd_result bkc_after_pull(void *user, int64_t step, int64_t global, const float *params, int *stop) {
+    bkc_worker *bw = (bkc_worker *)user;
+    double t = now_of(&bw->r->ep[bw->rank]);
+    (void)step, (void)params, (void)stop;
+    if (global >= bw->jb->steps && (bw->jb->t_global == 0.0 || t < bw->jb->t_global)) bw->jb->t_global = t;
+    return DSGD_OK;
+}
+
+static void body_bkc(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    bkc_job *jb = (bkc_job *)r->user;
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        float init[1] = {0};
+        dsgd_ps_server *s = NULL;
+        dsgd_ps_server_stats st;
+        res = dsgd_ps_server_create(r->ctx[0], t, &jb->pd, jb->map, init, &s);
+        if (res == DSGD_OK) res = dsgd_ps_server_serve(s);
+        dsgd_ps_server_get_stats(s, &st);
+        jb->cancels_sent = st.cancels_sent;
+        dsgd_ps_server_destroy(s);
+    } else {
+        bkc_worker bw;
+        dsgd_ps_run_desc rd;
+        dsgd_ps_worker_stats ws;
+        memset(&bw, 0, sizeof(bw));
+        bw.r = r;
+        bw.rank = rank;
+        bw.jb = jb;
+        memset(&rd, 0, sizeof(rd));
+        rd.steps = jb->steps;
+        rd.grad = bkc_grad;
+        rd.after_pull = bkc_after_pull;
+        rd.user = &bw;
+        res = dsgd_ps_worker_create(r->ctx[rank], t, &jb->pd, jb->map, &bw.w);
+        if (res == DSGD_OK) res = dsgd_ps_worker_run(bw.w, &rd);
+        dsgd_ps_worker_get_stats(bw.w, &ws);
+        jb->cancelled += ws.gradients_cancelled;
+        dsgd_ps_worker_destroy(bw.w);
+    }
+    record(r, rank, res);
+}
+
+/* E[T] and E[T^2] of the N-th smallest of N Exp(mu) and b Erlang(2, mu):
+   the integrals of P(T > t) and 2 t P(T > t) (Simpson, to 60 means). */
+static void bkc_tf_moments(int N, int b, double mu, double *m1, double *m2) {
+    const int steps = 60000;
+    const double h = 60.0 / mu / steps;
+    int k, i, j;
+    *m1 = *m2 = 0;
+    for (k = 0; k <= steps; ++k) {
+        double t = k * h, e = exp(-mu * t), F1 = 1 - e, F2 = 1 - e * (1 + mu * t), S = 0;
+        double wgt = (k == 0 || k == steps) ? 1 : (k % 2 ? 4 : 2);
+        for (i = 0; i < N; ++i) {
+            double ci = 1;
+            int q;
+            for (q = 0; q < i; ++q) ci = ci * (N - q) / (q + 1);
+            for (j = 0; i + j < N && j <= b; ++j) {
+                double cj = 1;
+                for (q = 0; q < j; ++q) cj = cj * (b - q) / (q + 1);
+                S += ci * pow(F1, i) * pow(1 - F1, N - i) * cj * pow(F2, j) * pow(1 - F2, b - j);
+            }
+        }
+        *m1 += wgt * S;
+        *m2 += wgt * 2 * t * S;
+    }
+    *m1 *= h / 3;
+    *m2 *= h / 3;
+}
+
+static void test_backup_both_ways(void **state) {
+    static const int backups[4] = {0, 1, 2, 4};
+    const double mu = 4.0;
+    int cancel, bi, i;
+    double t0 = dsgd_now();
+    (void)state;
+    tu_watchdog(300);
+    for (cancel = 1; cancel >= 0; --cancel) {
+        for (bi = 0; bi < 4; ++bi) {
+            static bkc_job jb;
+            dsgd_simnet_desc d;
+            dsgd_variable v;
+            run r;
+            int b = backups[bi], N = BKC_P - b;
+            double Hp = 0, Hb = 0, var = 0, want, mean, se, m1, m2;
+            memset(&jb, 0, sizeof(jb));
+            memset(&d, 0, sizeof(d));
+            d.compute.kind = DSGD_SIMNET_COMPUTE_EXPONENTIAL;
+            d.compute.mean_s = 1.0 / mu;
+            d.compute.seed = 2016 + (uint64_t)(10 * b + cancel);
+            run_init(&r, BKC_P + 1, &d);
+            r.use_run = 1;
+            memset(&v, 0, sizeof(v));
+            snprintf(v.name, sizeof(v.name), "v");
+            v.count = 1;
+            v.rank = 1;
+            v.shape[0] = 1;
+            assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb.map), DSGD_OK);
+            jb.steps = TU_TSAN ? 300 : TU_ASAN ? 800 : 4000;
+            jb.pd.num_servers = 1;
+            jb.pd.num_workers = BKC_P;
+            jb.pd.policy = DSGD_PS_BACKUP;
+            jb.pd.backup_workers = b;
+            jb.pd.backup_cancel = cancel;
+            jb.pd.optimizer.kind = DSGD_OPT_SGD;
+            jb.pd.optimizer.lr = 0.01f;
+            jb.pd.timeout_s = 1e6; /* virtual */
+            jb.pd.retry_s = 1e5;   /* no resends: they would only add events */
+            run_go(&r, body_bkc, &jb);
+            for (i = 0; i <= BKC_P; ++i)
+                if (r.res[i] != DSGD_OK) fail_msg("cancel %d b=%d rank %d: %s", cancel, b, i, r.msg[i]);
+            for (i = 1; i <= BKC_P; ++i) Hp += 1.0 / i;
+            for (i = 1; i <= b; ++i) Hb += 1.0 / i;
+            for (i = b + 1; i <= BKC_P; ++i) var += 1.0 / ((i * mu) * (i * mu));
+            want = (Hp - Hb) / mu;
+            if (!cancel) { /* the first step all fresh, then the stationary ones */
+                bkc_tf_moments(N, b, mu, &m1, &m2);
+                want = (want + (double)(jb.steps - 1) * m1) / (double)jb.steps;
+                var = m2 - m1 * m1;
+            }
+            mean = jb.t_global / (double)jb.steps;
+            se = sqrt(var / (double)jb.steps);
+            print_message("BACKUP %d+%d %s: mean step %.6f s, want %.6f s (order statistic %.6f), 3 se %.2g; "
+                          "%lld CANCELs, %lld gradients abandoned\n", N, b, cancel ? "cancelling" : "TF's protocol",
+                          mean, want, (Hp - Hb) / mu, 3 * se, (long long)jb.cancels_sent, (long long)jb.cancelled);
+            if (fabs(mean - want) > 3 * se)
+                fail_msg("%s b=%d: mean %.6g, want %.6g +- %.3g", cancel ? "cancelling" : "TF", b, mean, want, 3 * se);
+            if (cancel && b > 0) assert_true(jb.cancelled > 0);
+            if (!cancel || b == 0) assert_true(jb.cancelled == 0 && jb.cancels_sent == 0);
+            dsgd_shard_map_destroy(jb.map);
+            run_free(&r);
+        }
+    }
+    print_message("backups both ways: %.2f s real time\n", dsgd_now() - t0);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- outputs */
 /* The experiments' outputs (examples/sim_common.h: CSV rows; simnet's
    timeline: the Chrome trace) are the same bytes over 50 runs (25 with
@@ -2708,6 +2882,7 @@ int main(void) {
         cmocka_unit_test(test_ps_async),
         cmocka_unit_test(test_backup_straggler),
         cmocka_unit_test(test_backup_servers_stop),
+        cmocka_unit_test(test_backup_both_ways),
         cmocka_unit_test(test_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
