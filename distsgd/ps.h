@@ -182,6 +182,15 @@
      DONE is sent once, after every push was acknowledged, and not
      acknowledged: the server is gone once every worker said it.
 
+   SIMULATED COSTS
+
+     Every optimizer update the engine applies (a server's, or a
+     summation-only worker's of a mean) is followed by the transport's
+     charge_apply with the floats updated, when it has one: over simnet an
+     update of k floats then costs k * apply_s_per_float of virtual time
+     (by default the reduction's gamma), so a server's apply is part of
+     its step, as on a cluster. Real transports have none.
+
    DEADLINES
 
      Every wait has one (timeout_s). A worker's pull or push fails with

@@ -168,11 +168,15 @@ static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
     s->hist[st < s->d.staleness_bins - 1 ? st : s->d.staleness_bins - 1]++;
 }
 
-/* One optimizer update of the server's floats with the gradient in grad. */
+/* One optimizer update of the server's floats with the gradient in grad,
+   charged to a simulated clock (the transport's charge_apply). */
 static dsgd_result dsgd__ps_apply(dsgd_ps_server *s) {
     dsgd_result r = dsgd__opt_state_update(&s->opt, s->version, dsgd__ref(s->params, DSGD__PS_H),
                                            dsgd__ref(s->grad, DSGD__PS_H), 1.0f);
     if (r == DSGD_OK) s->version++;
+    if (r == DSGD_OK && s->t.charge_apply && (r = s->t.charge_apply(s->t.impl, s->n)) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "dsgd_ps_server_serve: server %d: charging an update failed: %s%s%s",
+                                  s->index, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t), dsgd__ps_terr(&s->t));
     return r;
 }
 

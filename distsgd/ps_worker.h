@@ -310,6 +310,9 @@ static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, 
     r = dsgd__opt_state_update(&w->opt[src], v, dsgd__ref(w->own[src], 0), dsgd__ref(w->sum[src], DSGD__PS_H), 1.0f);
     if (r != DSGD_OK) return r;
     w->version[src] = v + 1;
+    if (w->t.charge_apply && (r = w->t.charge_apply(w->t.impl, w->n[src])) != DSGD_OK) /* a simulated clock */
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: charging an update failed: %s%s%s", fn, w->index,
+                                  dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
     return DSGD_OK;
 }
 

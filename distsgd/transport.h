@@ -182,6 +182,13 @@ typedef struct dsgd_transport_i {
        send). NULL: nothing to do. The parameter-server strategy calls it
        for the ranks it runs. */
     void (*leave)(void *impl);
+    /* optional: this rank has just applied an optimizer update to `floats`
+       floats (a parameter server applying a push, a summation-only worker
+       applying a mean), work a simulated clock must charge: simnet
+       advances the rank's clock by floats times its apply cost. NULL:
+       nothing to do (the real time was spent). The parameter-server
+       engine calls it after every update it applies. */
+    dsgd_result (*charge_apply)(void *impl, size_t floats);
 } dsgd_transport_i;
 
 #ifdef __cplusplus

@@ -6950,6 +6950,13 @@ typedef struct dsgd_transport_i {
        send). NULL: nothing to do. The parameter-server strategy calls it
        for the ranks it runs. */
     void (*leave)(void *impl);
+    /* optional: this rank has just applied an optimizer update to `floats`
+       floats (a parameter server applying a push, a summation-only worker
+       applying a mean), work a simulated clock must charge: simnet
+       advances the rank's clock by floats times its apply cost. NULL:
+       nothing to do (the real time was spent). The parameter-server
+       engine calls it after every update it applies. */
+    dsgd_result (*charge_apply)(void *impl, size_t floats);
 } dsgd_transport_i;
 
 #ifdef __cplusplus
@@ -7937,6 +7944,14 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
          q / L talk over intra_alpha / intra_beta, the others over alpha /
          beta (give the communicators the same L in
          dsgd_comm_desc.ranks_per_node for DSGD_ALLREDUCE_HIERARCHICAL);
+       - an optimizer update of k floats that the parameter-server engine
+         applies (the endpoint's charge_apply) costs k * apply_s_per_float,
+         by default the reduction's gamma (a negative value: free), so a
+         server that applies every push is a bottleneck as on a cluster;
+       - o, the CPU overhead of a message (LogP's o, overhead_s, 0 by
+         default): the sender spends it before its NIC takes the message,
+         the receiver after the message is in, so a message of b bytes
+         from an idle link costs o + b * beta + alpha + o end to end;
        - sendrecv_reduce of k floats costs k * gamma after the message is in
          (the collectives' ring, halving-doubling, fold and reduce-to-one
          reduce through it); reductions a collective does on its own memory
@@ -8078,6 +8093,9 @@ typedef struct dsgd_simnet_fault {
     long count;     /* DROP, DELAY: how many messages (0: 1) */
 } dsgd_simnet_fault;
 
+/* dsgd_simnet_desc.apply_s_per_float: an update costs nothing. */
+#define DSGD_SIMNET_FREE (-1.0)
+
 typedef struct dsgd_simnet_desc {
     int ranks;                  /* 1..65536 */
     double alpha_s;             /* latency of a message (between nodes, or everywhere when ranks_per_node is 0) */
@@ -8086,6 +8104,12 @@ typedef struct dsgd_simnet_desc {
     int ranks_per_node;         /* 0: one level; L > 0: ranks r / L share a node */
     double intra_alpha_s;       /* within a node (ranks_per_node > 0) */
     double intra_beta_s_per_byte;
+    /* the parameter-server engine's optimizer update, per float updated
+       (charge_apply); 0: gamma_s_per_float; DSGD_SIMNET_FREE (< 0): free */
+    double apply_s_per_float;
+    /* LogP's o: CPU seconds a rank spends on each message it sends and on
+       each it receives (0: none) */
+    double overhead_s;
     int half_duplex;            /* non-zero: a rank sends or receives, not both at once */
     int serialize_receives;     /* non-zero: a receiving NIC takes one message at a time */
     dsgd_simnet_compute_desc compute;
@@ -8534,11 +8558,14 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d ranks (need 1..65536)", w, d->ranks);
     if (!dsgd__sn_finite_nonneg(d->alpha_s) || !dsgd__sn_finite_nonneg(d->beta_s_per_byte) ||
         !dsgd__sn_finite_nonneg(d->gamma_s_per_float) || !dsgd__sn_finite_nonneg(d->intra_alpha_s) ||
-        !dsgd__sn_finite_nonneg(d->intra_beta_s_per_byte) || !dsgd__sn_finite_nonneg(d->test_jitter_s))
+        !dsgd__sn_finite_nonneg(d->intra_beta_s_per_byte) || !dsgd__sn_finite_nonneg(d->test_jitter_s) ||
+        !dsgd__sn_finite_nonneg(d->overhead_s) || !(d->apply_s_per_float < DSGD__SN_INF) ||
+        d->apply_s_per_float != d->apply_s_per_float)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: costs must be finite and >= 0 (alpha %g, beta %g, gamma %g, intra alpha %g, "
-                                  "intra beta %g, jitter %g)", w, d->alpha_s, d->beta_s_per_byte,
-                                  d->gamma_s_per_float, d->intra_alpha_s, d->intra_beta_s_per_byte, d->test_jitter_s);
+                                  "intra beta %g, overhead %g, jitter %g; apply %g finite)", w, d->alpha_s,
+                                  d->beta_s_per_byte, d->gamma_s_per_float, d->intra_alpha_s, d->intra_beta_s_per_byte,
+                                  d->overhead_s, d->test_jitter_s, d->apply_s_per_float);
     if (d->park_between_calls && (d->half_duplex || d->serialize_receives))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: park_between_calls cannot be combined with half_duplex or serialize_receives "
@@ -8621,6 +8648,9 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
         h->faults[i].applied = 0;
     }
     h->d.faults = NULL; /* the copy above is the hub's */
+    /* the one place the cost defaults are filled */
+    if (h->d.apply_s_per_float == 0) h->d.apply_s_per_float = h->d.gamma_s_per_float;
+    else if (h->d.apply_s_per_float < 0) h->d.apply_s_per_float = 0;
     for (i = 0; i < h->n; ++i) h->rank_factor[i] = desc->compute.rank_factor ? desc->compute.rank_factor[i] : 1.0;
     h->d.compute.rank_factor = h->rank_factor;
     if (pthread_mutex_init(&h->mu, NULL) == 0) {
@@ -8872,7 +8902,8 @@ static double dsgd__sn_event(const dsgd__sn_ep *e) {
         if (e->src < 0) return ev;
         m = dsgd__sn_head(h, e->src, e->rank);
         if (!m) return DSGD__SN_INF;
-        return DSGD__MAX(ev, DSGD__MAX(e->t_call, m->arrival) + (double)e->reduce_k * h->d.gamma_s_per_float);
+        return DSGD__MAX(ev, DSGD__MAX(e->t_call, m->arrival) + h->d.overhead_s +
+                                 (double)e->reduce_k * h->d.gamma_s_per_float);
     }
     default: /* probe: the earliest arrival */
         ev = DSGD__SN_INF;
@@ -9249,7 +9280,7 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
     tx = &e->tx_free;
     if (h->d.half_duplex) rx = &d->tx_free;
     else if (h->d.serialize_receives) rx = &d->rx_free;
-    start = DSGD__MAX(e->t, *tx);
+    start = DSGD__MAX(e->t + h->d.overhead_s, *tx); /* o: the CPU hands the message to the NIC */
     if (rx && *rx > start) start = *rx;
     occupy = (double)bytes * beta;
     *done = start + occupy;
@@ -9782,6 +9813,15 @@ static uint64_t dsgd__sn_peer_progress(void *impl, int peer) {
     return DSGD__LOAD_ACQ(&e->hub->ep[peer].progress);
 }
 
+static dsgd_result dsgd__sn_charge_apply(void *impl, size_t floats) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    double x = (double)floats * e->hub->d.apply_s_per_float;
+    dsgd_result r;
+    if (!(x > 0)) return DSGD_OK; /* free: no hand-off */
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    return dsgd__sn_charge(e, 0, x, 0);
+}
+
 DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transport_i *out) {
     if (!h) return DSGD_ERR_INVALID_ARGUMENT;
     if (!out) return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_simnet_endpoint: out is NULL");
@@ -9808,6 +9848,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->peer_progress = dsgd__sn_peer_progress;
     out->probe = dsgd__sn_probe;
     out->leave = dsgd__sn_leave_ep;
+    out->charge_apply = dsgd__sn_charge_apply;
     return DSGD_OK;
 }
 
@@ -12334,6 +12375,15 @@ static dsgd_result dsgd__group_endpoints(dsgd_ctx *ctx, const dsgd_transport_i *
      DONE is sent once, after every push was acknowledged, and not
      acknowledged: the server is gone once every worker said it.
 
+   SIMULATED COSTS
+
+     Every optimizer update the engine applies (a server's, or a
+     summation-only worker's of a mean) is followed by the transport's
+     charge_apply with the floats updated, when it has one: over simnet an
+     update of k floats then costs k * apply_s_per_float of virtual time
+     (by default the reduction's gamma), so a server's apply is part of
+     its step, as on a cluster. Real transports have none.
+
    DEADLINES
 
      Every wait has one (timeout_s). A worker's pull or push fails with
@@ -13296,11 +13346,15 @@ static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
     s->hist[st < s->d.staleness_bins - 1 ? st : s->d.staleness_bins - 1]++;
 }
 
-/* One optimizer update of the server's floats with the gradient in grad. */
+/* One optimizer update of the server's floats with the gradient in grad,
+   charged to a simulated clock (the transport's charge_apply). */
 static dsgd_result dsgd__ps_apply(dsgd_ps_server *s) {
     dsgd_result r = dsgd__opt_state_update(&s->opt, s->version, dsgd__ref(s->params, DSGD__PS_H),
                                            dsgd__ref(s->grad, DSGD__PS_H), 1.0f);
     if (r == DSGD_OK) s->version++;
+    if (r == DSGD_OK && s->t.charge_apply && (r = s->t.charge_apply(s->t.impl, s->n)) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, r, "dsgd_ps_server_serve: server %d: charging an update failed: %s%s%s",
+                                  s->index, dsgd_result_string(r), dsgd__ps_terr_sep(&s->t), dsgd__ps_terr(&s->t));
     return r;
 }
 
@@ -14435,6 +14489,9 @@ static dsgd_result dsgd__ps_worker_take_mean(dsgd_ps_worker *w, const char *fn, 
     r = dsgd__opt_state_update(&w->opt[src], v, dsgd__ref(w->own[src], 0), dsgd__ref(w->sum[src], DSGD__PS_H), 1.0f);
     if (r != DSGD_OK) return r;
     w->version[src] = v + 1;
+    if (w->t.charge_apply && (r = w->t.charge_apply(w->t.impl, w->n[src])) != DSGD_OK) /* a simulated clock */
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: charging an update failed: %s%s%s", fn, w->index,
+                                  dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
     return DSGD_OK;
 }
 

@@ -2408,6 +2408,144 @@ static void test_backup_servers_stop(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- honest costs */
+/* The server's apply: ASYNC, one server and one worker, free links,
+   constant compute c, n floats. Each push is applied on arrival and
+   costs n * a on the server before its ACK, so the worker's K-th push is
+   acknowledged at K (c + n a), with a = apply_s_per_float, by default the
+   reduction's gamma, and 0 with DSGD_SIMNET_FREE. */
+#define AP_NF 1000
+#define AP_K 10
+
+typedef struct ap_job {
+    dsgd_shard_map *map;
+    dsgd_ps_desc pd;
+    double t_push, t_server;
+} ap_job;
+
+static void body_apply(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    ap_job *jb = (ap_job *)r->user;
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        static float init[AP_NF];
+        dsgd_ps_server *s = NULL;
+        res = dsgd_ps_server_create(r->ctx[0], t, &jb->pd, jb->map, init, &s);
+        if (res == DSGD_OK) res = dsgd_ps_server_serve(s);
+        jb->t_server = now_of(t);
+        dsgd_ps_server_destroy(s);
+    } else {
+        sim_worker sw;
+        res = sim_worker_run(r, rank, t, &jb->pd, jb->map, AP_NF, AP_K, &sw);
+        jb->t_push = sw.t_push;
+    }
+    record(r, rank, res);
+}
+
+static double apply_once(double gamma, double apply, double c) {
+    static ap_job jb;
+    dsgd_simnet_desc d;
+    dsgd_variable v;
+    run r;
+    int i;
+    memset(&jb, 0, sizeof(jb));
+    memset(&d, 0, sizeof(d));
+    d.gamma_s_per_float = gamma;
+    d.apply_s_per_float = apply;
+    d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    d.compute.mean_s = c;
+    run_init(&r, 2, &d);
+    memset(&v, 0, sizeof(v));
+    snprintf(v.name, sizeof(v.name), "v");
+    v.count = AP_NF;
+    v.rank = 1;
+    v.shape[0] = AP_NF;
+    assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb.map), DSGD_OK);
+    jb.pd.num_servers = 1;
+    jb.pd.num_workers = 1;
+    jb.pd.policy = DSGD_PS_ASYNC;
+    jb.pd.optimizer.kind = DSGD_OPT_SGD;
+    jb.pd.optimizer.lr = 0.01f;
+    jb.pd.timeout_s = 1e6;
+    jb.pd.retry_s = 1e5;
+    run_go(&r, body_apply, &jb);
+    for (i = 0; i < 2; ++i)
+        if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+    dsgd_shard_map_destroy(jb.map);
+    run_free(&r);
+    return jb.t_push;
+}
+
+static void test_apply_cost(void **state) {
+    const double c = 0.01, g = 1e-7, a = 1e-6;
+    double t_default, t_set, t_free;
+    (void)state;
+    tu_watchdog(60);
+    t_default = apply_once(g, 0, c);
+    t_set = apply_once(g, a, c);
+    t_free = apply_once(g, DSGD_SIMNET_FREE, c);
+    print_message("apply: default %.9f (want %.9f), set %.9f (want %.9f), free %.9f (want %.9f)\n", t_default,
+                  AP_K * (c + AP_NF * g), t_set, AP_K * (c + AP_NF * a), t_free, AP_K * c);
+    assert_true(fabs(t_default - AP_K * (c + AP_NF * g)) < 1e-9);
+    assert_true(fabs(t_set - AP_K * (c + AP_NF * a)) < 1e-9);
+    assert_true(fabs(t_free - AP_K * c) < 1e-9);
+    tu_watchdog(0);
+}
+
+/* LogP's o: a ping-pong of B bytes costs o + B beta + alpha + o each way
+   (the sender's o before its NIC, the receiver's after the message is in),
+   and the sender's send returns once its message has left: o + B beta. */
+typedef struct ov_out {
+    double t_send, t_pong, t_ping;
+} ov_out;
+
+static void body_overhead(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    ov_out *o = (ov_out *)r->user;
+    static const char a[1000] = {0};
+    char buf[1000];
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        res = t->send(t->impl, 1, 1, a, sizeof(a), 10);
+        o->t_send = now_of(t);
+        if (res == DSGD_OK) res = t->recv(t->impl, 1, 2, buf, sizeof(buf), 10);
+        o->t_pong = now_of(t);
+    } else {
+        res = t->recv(t->impl, 0, 1, buf, sizeof(buf), 10);
+        o->t_ping = now_of(t);
+        if (res == DSGD_OK) res = t->send(t->impl, 0, 2, a, sizeof(a), 10);
+    }
+    r->res[rank] = res;
+}
+
+static void test_message_overhead(void **state) {
+    const double alpha = 1e-3, beta = 1e-6, B = 1000;
+    int k;
+    (void)state;
+    tu_watchdog(60);
+    for (k = 0; k < 2; ++k) {
+        double ov = k ? 2e-4 : 0;
+        dsgd_simnet_desc d;
+        ov_out o;
+        run r;
+        memset(&d, 0, sizeof(d));
+        memset(&o, 0, sizeof(o));
+        d.alpha_s = alpha;
+        d.beta_s_per_byte = beta;
+        d.overhead_s = ov;
+        run_init(&r, 2, &d);
+        run_go(&r, body_overhead, &o);
+        assert_int_equal(r.res[0], DSGD_OK);
+        assert_int_equal(r.res[1], DSGD_OK);
+        print_message("overhead %g: send %.9f ping %.9f pong %.9f\n", ov, o.t_send, o.t_ping, o.t_pong);
+        assert_true(fabs(o.t_send - (ov + B * beta)) < 1e-9);
+        assert_true(fabs(o.t_ping - (2 * ov + B * beta + alpha)) < 1e-9);
+        assert_true(fabs(o.t_pong - 2 * (2 * ov + B * beta + alpha)) < 1e-9);
+        run_free(&r);
+    }
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- backups both ways */
 /* BACKUP N + b (ps.h on simnet, fibers), P = 8 workers and one server,
    free links, i.i.d. Exp(mu) compute through dsgd_ps_worker_compute_for
@@ -2883,6 +3021,8 @@ int main(void) {
         cmocka_unit_test(test_backup_straggler),
         cmocka_unit_test(test_backup_servers_stop),
         cmocka_unit_test(test_backup_both_ways),
+        cmocka_unit_test(test_apply_cost),
+        cmocka_unit_test(test_message_overhead),
         cmocka_unit_test(test_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
