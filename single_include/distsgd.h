@@ -7902,7 +7902,8 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      below): the one with the smallest (virtual time, rank) among those
      that can proceed, kept in a heap (a hand-off costs O(log ranks)). A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
-     sendrecv_reduce, probe, dsgd_simnet_compute, dsgd_simnet_advance) and
+     sendrecv_reduce, probe, a charge_apply that costs time,
+     dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
      calls takes no virtual time. Receives from any source (probe) and
      everything the ranks compute between calls therefore happen in one
