@@ -511,7 +511,8 @@ typedef struct dsgd__net {
     size_t *act_off;
     dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
     size_t delta_half;
-    dsgd_buffer *col;      /* im2col of the largest conv layer, (max_batch oh ow, k k c) */
+    dsgd_buffer *col;      /* every conv layer's im2col, (max_batch oh ow, k k c) each */
+    size_t *col_off;       /* per layer: its im2col's offset in col (0 for the others) */
     dsgd_buffer *targets;  /* (max_batch, target_dim) */
     int last_count;        /* batch size of the last forward pass */
     dsgd_model *m;
@@ -685,12 +686,15 @@ static void dsgd__net_destroy(void *state) {
     DSGD_FREE(net->var);
     DSGD_FREE(net->dims);
     DSGD_FREE(net->act_off);
+    DSGD_FREE(net->col_off);
     DSGD_FREE(net);
 }
 
 /* The buffers of the layout: every layer's activations (max_batch,
-   dims[l]) in acts, the two delta halves, the largest conv layer's im2col,
-   the targets. */
+   dims[l]) in acts, the two delta halves, every conv layer's im2col (the
+   forward pass's, which the backward pass reads again for the weight
+   gradient, then overwrites with the input gradient's columns), the
+   targets. */
 static dsgd_result dsgd__net_buffers(dsgd__net *net) {
     dsgd_model *m = net->m;
     size_t act_total = 0, col = 0, mb = (size_t)m->max_batch;
@@ -703,7 +707,8 @@ static dsgd_result dsgd__net_buffers(dsgd__net *net) {
     }
     for (l = 0; l < net->num_layers; ++l) {
         const dsgd__layer *y = &net->layers[l];
-        if (y->kind == DSGD__CONV) col = DSGD__MAX(col, mb * y->oh * y->ow * y->kernel * y->kernel * y->c);
+        net->col_off[l] = col;
+        if (y->kind == DSGD__CONV) col += mb * y->oh * y->ow * y->kernel * y->kernel * y->c;
     }
     net->delta_half = mb * max_dim;
     if ((r = dsgd__model_buffer(m, act_total, &net->acts)) != DSGD_OK ||
@@ -731,7 +736,8 @@ static dsgd_result dsgd__net_create(void *user_data, dsgd_model *m, void **state
     net->var = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)L, what);
     net->dims = (int *)dsgd__alloc(m->ctx, sizeof(int) * (size_t)(L + 1), what);
     net->act_off = (size_t *)dsgd__alloc(m->ctx, sizeof(size_t) * (size_t)(L + 1), what);
-    if (!net->layers || !net->var || !net->dims || !net->act_off) {
+    net->col_off = (size_t *)dsgd__alloc(m->ctx, sizeof(size_t) * (size_t)(L + 1), what);
+    if (!net->layers || !net->var || !net->dims || !net->act_off || !net->col_off) {
         dsgd__net_destroy(net);
         return dsgd_ctx_set_error(m->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
     }
@@ -796,7 +802,7 @@ typedef struct dsgd__dense {
     dsgd_ref W, b;   /* params: kernel, bias */
     dsgd_ref dW, db; /* grads, at the same offsets */
     dsgd_ref x, y;   /* acts: input (M, dims[l]), output (M, dims[l + 1]) */
-    dsgd_ref col;    /* conv: the im2col scratch */
+    dsgd_ref col;    /* conv: its im2col, then the input gradient's columns */
 } dsgd__dense;
 
 static dsgd__dense dsgd__layer_view(const dsgd__net *net, int l, int M) {
@@ -808,7 +814,7 @@ static dsgd__dense dsgd__layer_view(const dsgd__net *net, int l, int M) {
     L.act = y->activation;
     L.x = dsgd__ref(net->acts, net->act_off[l]);
     L.y = dsgd__ref(net->acts, net->act_off[l + 1]);
-    L.col = dsgd__ref(net->col, 0);
+    L.col = dsgd__ref(net->col, net->col_off[l]);
     L.wd.n = M; L.wd.h = y->h; L.wd.w = y->w; L.wd.c = y->c;
     L.wd.kh = L.wd.kw = y->kernel;
     L.wd.stride = y->stride;
@@ -844,8 +850,8 @@ static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__den
 
 /* Given dy, the gradient of the loss with respect to y:
      dy (rows, out) *= act'(y)             in place (nothing for NONE)
-     dW (in, out)    = a^T (in, rows) · dy  a = x (dense) or im2col(x) (conv,
-                                            made again: one scratch serves all)
+     dW (in, out)    = a^T (in, rows) · dy  a = x (dense) or im2col(x) (conv:
+                                            the forward pass's, kept per layer)
      db (out)        = column sums of dy
      dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
                        unless dx.buf is NULL (layer 0)
@@ -860,10 +866,7 @@ static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsg
         r = be->act_backward(be->impl, L->act, dy, L->y, (size_t)L->rows * L->out);
         if (r != DSGD_OK) return r;
     }
-    if (L->kind == DSGD__CONV) {
-        if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
-        a = L->col;
-    }
+    if (L->kind == DSGD__CONV) a = L->col; /* built by the forward pass just before */
     r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
     if (r != DSGD_OK) return r;
     r = be->bias_backward(be->impl, L->db, dy, L->rows, L->out);
