@@ -90,7 +90,8 @@
      the portable kernels (what other architectures get).
      Results are bitwise reproducible for a given kernel. The GEMM sums every
      entry of C in one order, fixed by its KC blocking and not by the tile
-     size: so the two FMA kernels agree bit for bit with each other, and the
+     size or by which of its paths (blocked, or thin for a narrow C) runs:
+     so the two FMA kernels agree bit for bit with each other, and the
      portable kernel at any width with any other build of it, but FMA and
      non-FMA kernels may differ in the last bits (one rounding per
      multiply-add instead of two). The element-wise loops give the same bits
@@ -108,7 +109,11 @@
      online cores / replicas of them, see dsgd_strategy_desc.cpu_threads).
      The GEMM packs each panel of B once, the threads together, then each
      thread computes its block of C's rows (whole tiles) from it; a C
-     narrower than one tile is cut into independent blocks instead. Every
+     narrower than one tile is cut into independent blocks instead, and a
+     thin one (the avx2 and avx512 kernels: at most 32 columns, B not
+     transposed, and k at most 16 or m at most 256, as convolutions make
+     them) into whole tiles of rows, each thread over every block of k
+     with B read where it lies, unpacked, and no barrier. Every
      entry of C is summed as one thread sums it (block of k by block of k,
      in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the

@@ -309,9 +309,20 @@ static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t
 /* T(MR x NR) = Ap(MR, kc) Bp(kc, NR), then out(MR x NR, rows ldo apart) =
    T (add 0), or out += alpha T (add 1) rounded as dsgd__gemm_add (in
    backend_cpu_gemm.h) rounds (a product, then a sum; no contraction), with
-   the tile still in registers. */
+   the tile still in registers; add 2: out = 0.0f + alpha T, the same sum
+   over an out that beta = 0 zeroed, without reading it. */
 typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                float *DSGD__RESTRICT out, size_t ldo, float alpha, int add);
+
+/* The thin GEMM's kernel (backend_cpu_gemm.h): T(MR x n) = Ap(MR, kc) B(kc,
+   n), n <= the kernel's thin_n, with Ap packed as for the micro-kernel and
+   B read where it lies (rows ldb apart, no packing); then the first `rows`
+   rows of c (ldc apart) become c + alpha T (load 1) or 0.0f + alpha T (load
+   0: what c would be after beta = 0), rounded as the micro-kernel rounds.
+   Each entry of T is the micro-kernel's sum, in the same order, so the bits
+   are the blocked GEMM's. */
+typedef void (*dsgd__thin_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb,
+                              int n, int rows, float *DSGD__RESTRICT c, size_t ldc, float alpha, int load);
 
 /* One entry of the kernel table. The element-wise members take ranges the
    backend operation has checked; different arrays must not overlap. */
@@ -320,6 +331,8 @@ typedef struct dsgd__cpu_kernel {
     int (*supported)(void); /* 1 when this CPU (and OS) runs it */
     int mr, nr;             /* GEMM tile rows and columns (packing strips) */
     dsgd__micro_fn micro;
+    dsgd__thin_fn thin;     /* NULL: no thin GEMM (the blocked one does all) */
+    int thin_n;             /* the widest C it takes */
     void (*scale)(float *x, float alpha, size_t n);
     void (*axpy)(float *y, float alpha, const float *x, size_t n);
     void (*bias_act)(dsgd_activation act, float *y, const float *bias, int m, int n);
@@ -589,7 +602,7 @@ DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD_
 #define DSGD__OUT_V(q, v)                                                                 \
     do {                                                                                 \
         if (add) {                                                                       \
-            DSGD__V8_LOAD(o, q);                                                         \
+            if (add == 1) DSGD__V8_LOAD(o, q); else o = z;                               \
             o += (v) * alpha;                                                            \
             DSGD__V8_STORE(q, o);                                                        \
         } else {                                                                         \
@@ -621,7 +634,7 @@ DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD_
         for (j = 0; j < DSGD__PNR; ++j) {
             float t = acc[i * DSGD__PNR + j];
             if (add)
-                out[i * ldo + j] += t * alpha;
+                out[i * ldo + j] = (add == 1 ? out[i * ldo + j] : 0.0f) + t * alpha;
             else
                 out[i * ldo + j] = t;
         }
@@ -666,7 +679,8 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__micro
         bp += 16;
     }
 #define DSGD__OUT8(q, v) \
-    _mm256_storeu_ps(q, add ? _mm256_add_ps(_mm256_loadu_ps(q), _mm256_mul_ps(v, va)) : (v))
+    _mm256_storeu_ps(q, add ? _mm256_add_ps(add == 1 ? _mm256_loadu_ps(q) : _mm256_setzero_ps(), \
+                                            _mm256_mul_ps(v, va)) : (v))
 #define DSGD__ROW8(i) DSGD__OUT8(out + i * ldo, c##i##0); DSGD__OUT8(out + i * ldo + 8, c##i##1)
     DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
 #undef DSGD__ROW8
@@ -699,8 +713,102 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_
         bp += 32;
     }
 #define DSGD__OUT16(q, v) \
-    _mm512_storeu_ps(q, add ? _mm512_add_ps(_mm512_loadu_ps(q), _mm512_mul_ps(v, va)) : (v))
+    _mm512_storeu_ps(q, add ? _mm512_add_ps(add == 1 ? _mm512_loadu_ps(q) : _mm512_setzero_ps(), \
+                                            _mm512_mul_ps(v, va)) : (v))
 #define DSGD__ROW16(i) DSGD__OUT16(out + i * ldo, c0[i]); DSGD__OUT16(out + i * ldo + 16, c1[i])
+    DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+    DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+#undef DSGD__OUT16
+}
+
+/* The thin kernels: the micro-kernels' loops with B loaded unpacked, its
+   columns past n masked off (read as 0.0f, never touched), and C's rows
+   past `rows` left alone. */
+__attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_avx2(
+    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
+    float *DSGD__RESTRICT c, size_t ldc, float alpha, int load) {
+    DSGD__NO_CONTRACT
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i k0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane),
+                  k1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), lane);
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, a, b0, b1, va = _mm256_set1_ps(alpha);
+    int p;
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    for (p = 0; p < kc; ++p) {
+        if (n >= 16) { /* AMD's masked moves are slow: plain ones where the row is whole */
+            b0 = _mm256_loadu_ps(b);
+            b1 = _mm256_loadu_ps(b + 8);
+        } else {
+            b0 = _mm256_maskload_ps(b, k0);
+            b1 = _mm256_maskload_ps(b + 8, k1);
+        }
+#define DSGD__ROW8(i) \
+    a = _mm256_broadcast_ss(ap + i); \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0); \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1)
+        DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+#undef DSGD__ROW8
+        ap += 6;
+        b += ldb;
+    }
+#define DSGD__OUT8(q, v, k)                                                                                  \
+    do {                                                                                                     \
+        const __m256 t_ = _mm256_mul_ps(v, va);                                                              \
+        if (n >= 16)                                                                                         \
+            _mm256_storeu_ps(q, _mm256_add_ps(load ? _mm256_loadu_ps(q) : _mm256_setzero_ps(), t_));         \
+        else                                                                                                 \
+            _mm256_maskstore_ps(q, k, _mm256_add_ps(load ? _mm256_maskload_ps(q, k) : _mm256_setzero_ps(), t_)); \
+    } while (0)
+#define DSGD__ROW8(i) \
+    if (i < rows) { DSGD__OUT8(c + i * ldc, c##i##0, k0); DSGD__OUT8(c + i * ldc + 8, c##i##1, k1); }
+    DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+#undef DSGD__ROW8
+#undef DSGD__OUT8
+}
+
+__attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_avx512(
+    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
+    float *DSGD__RESTRICT c, size_t ldc, float alpha, int load) {
+    DSGD__NO_CONTRACT
+    const __mmask16 k0 = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u),
+                    k1 = (__mmask16)(n >= 32 ? 0xffffu : n <= 16 ? 0u : (1u << (n - 16)) - 1u);
+    __m512 c0[12], c1[12], a, b0, b1, va = _mm512_set1_ps(alpha);
+    int p;
+#define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
+    DSGD__ZERO16(0); DSGD__ZERO16(1); DSGD__ZERO16(2); DSGD__ZERO16(3); DSGD__ZERO16(4); DSGD__ZERO16(5);
+    DSGD__ZERO16(6); DSGD__ZERO16(7); DSGD__ZERO16(8); DSGD__ZERO16(9); DSGD__ZERO16(10); DSGD__ZERO16(11);
+#undef DSGD__ZERO16
+    if (k1) { /* two vectors wide */
+        for (p = 0; p < kc; ++p) {
+            b0 = _mm512_maskz_loadu_ps(k0, b);
+            b1 = _mm512_maskz_loadu_ps(k1, b + 16);
+#define DSGD__ROW16(i) \
+    a = _mm512_set1_ps(ap[i]); \
+    c0[i] = _mm512_fmadd_ps(a, b0, c0[i]); \
+    c1[i] = _mm512_fmadd_ps(a, b1, c1[i])
+            DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+            DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+            ap += 12;
+            b += ldb;
+        }
+    } else { /* one: the second's accumulators stay 0 and are not stored */
+        for (p = 0; p < kc; ++p) {
+            b0 = _mm512_maskz_loadu_ps(k0, b);
+#define DSGD__ROW16(i) c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b0, c0[i])
+            DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+            DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+            ap += 12;
+            b += ldb;
+        }
+    }
+#define DSGD__OUT16(q, v, k) \
+    _mm512_mask_storeu_ps(q, k, _mm512_add_ps(load ? _mm512_maskz_loadu_ps(k, q) : _mm512_setzero_ps(), \
+                                              _mm512_mul_ps(v, va)))
+#define DSGD__ROW16(i) \
+    if (i < rows) { DSGD__OUT16(c + i * ldc, c0[i], k0); if (k1) DSGD__OUT16(c + i * ldc + 16, c1[i], k1); }
     DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
     DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
 #undef DSGD__ROW16
@@ -714,19 +822,20 @@ DSGD__ELEMENTWISE(avx512, __attribute__((target("avx512f"))))
 #endif
 
 /* The kernels, widest first: the first one supported is the default. */
-#define DSGD__KERNEL(NAME, SUFFIX, SUPPORTED, MR, NR)                                   \
+#define DSGD__KERNEL(NAME, SUFFIX, SUPPORTED, MR, NR, THIN, THIN_N)                     \
     {/* .name = */ NAME, /* .supported = */ SUPPORTED, /* .mr = */ MR, /* .nr = */ NR,  \
-     /* .micro = */ dsgd__micro_##SUFFIX, /* .scale = */ dsgd__scale_##SUFFIX,          \
+     /* .micro = */ dsgd__micro_##SUFFIX, /* .thin = */ THIN, /* .thin_n = */ THIN_N,   \
+     /* .scale = */ dsgd__scale_##SUFFIX,                                               \
      /* .axpy = */ dsgd__axpy_##SUFFIX, /* .bias_act = */ dsgd__bias_act_##SUFFIX,      \
      /* .act_backward = */ dsgd__act_backward_##SUFFIX,                                 \
      /* .bias_backward = */ dsgd__bias_backward_##SUFFIX,                               \
      /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX}
 static const dsgd__cpu_kernel dsgd__cpu_kernels[] = {
 #if DSGD__X86_DISPATCH
-    DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32),
-    DSGD__KERNEL("avx2", avx2, dsgd__isa_avx2, 6, 16),
+    DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32, dsgd__thin_avx512, 32),
+    DSGD__KERNEL("avx2", avx2, dsgd__isa_avx2, 6, 16, dsgd__thin_avx2, 16),
 #endif
-    DSGD__KERNEL("portable", portable, dsgd__isa_always, DSGD__PMR, DSGD__PNR),
+    DSGD__KERNEL("portable", portable, dsgd__isa_always, DSGD__PMR, DSGD__PNR, NULL, 0),
 };
 #undef DSGD__KERNEL
 

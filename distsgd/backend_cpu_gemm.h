@@ -200,10 +200,12 @@ DSGD__NO_CONTRACT_FN static void dsgd__gemm_add_t(float *c, int ldc, int mr, int
 
 /* Rows [r0, r1) and panel columns [c0, c1) of one (jc, pc) block: C (or,
    with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B), from B's
-   packed panel and A packed here into ap, MC rows at a time. */
+   packed panel and A packed here into ap, MC rows at a time. With `zero`
+   (the first block of k, beta = 0) C has not been zeroed: each tile is
+   0.0f + alpha T as if it had, without the pass that would zero it. */
 static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const float *panel, int ta, const float *a,
                              int lda, int pc, int kc, int r0, int r1, int jc, int c0, int c1, float alpha, float *c,
-                             int ldc, int trans_c) {
+                             int ldc, int trans_c, int zero) {
     const int kmr = kern->mr, knr = kern->nr;
     float acc[DSGD__MR_MAX * DSGD__NR_MAX];
     int ic, ir, jr;
@@ -215,24 +217,28 @@ static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const floa
                 int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, c1 - jr);
                 const float *at = ap + (size_t)ir * kc, *bt = panel + (size_t)jr * kc;
                 if (!trans_c && mr == kmr && nr == knr) { /* a whole tile: added in registers */
-                    kern->micro(kc, at, bt, c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, 1);
+                    kern->micro(kc, at, bt, c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, zero ? 2 : 1);
                     continue;
                 }
                 kern->micro(kc, at, bt, acc, (size_t)knr, 0.0f, 0);
-                if (trans_c)
+                if (trans_c) {
+                    if (zero) dsgd__gemm_beta(nr, mr, 0.0f, c + (size_t)(jc + jr) * ldc + ic + ir, ldc);
                     dsgd__gemm_add_t(c + (size_t)(jc + jr) * ldc + ic + ir, ldc, mr, nr, alpha, acc, knr);
-                else
+                } else {
+                    if (zero) dsgd__gemm_beta(mr, nr, 0.0f, c + (size_t)(ic + ir) * ldc + jc + jr, ldc);
                     dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, acc, knr);
+                }
             }
         }
     }
 }
 
-/* C(m, n) (or, with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B):
-   the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
+/* C(m, n) (or, with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B),
+   or with `zero` = alpha op(A) op(B) over a C that beta = 0 would have
+   zeroed: the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
 static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb, float *c, int ldc,
-                               int trans_c) {
+                               int trans_c, int zero) {
     float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
     int jc, pc;
     for (jc = 0; jc < n; jc += DSGD__NC) {
@@ -240,7 +246,8 @@ static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta
         for (pc = 0; pc < k; pc += DSGD__KC) {
             int kc = DSGD__MIN(DSGD__KC, k - pc);
             dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, kern->nr, bp);
-            dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c);
+            dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c,
+                             zero && pc == 0);
         }
     }
 }
@@ -255,13 +262,13 @@ static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta,
                               float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
                               int ldc) {
 #define DSGD__UP(x, t) (((size_t)(x) + (size_t)(t) - 1) / (size_t)(t) * (size_t)(t))
-    const int kmr = kern->mr, knr = kern->nr;
-    dsgd__gemm_beta(m, n, beta, c, ldc);
+    const int kmr = kern->mr, knr = kern->nr, zero = beta == 0.0f && k > 0 && alpha != 0.0f;
+    if (!zero) dsgd__gemm_beta(m, n, beta, c, ldc); /* else the first block of k writes C */
     if (k == 0 || alpha == 0.0f) return;
     if (n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
-        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1);
+        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1, zero);
     else
-        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0);
+        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0, zero);
 #undef DSGD__UP
 }
 
@@ -352,9 +359,10 @@ static void dsgd__gemm_par_compute(void *arg, int task, int slot) {
     const int r0 = (task / g->col_tasks) * g->row_step, r1 = DSGD__MIN(g->m, r0 + g->row_step);
     const int c0 = (task % g->col_tasks) * g->col_step, c1 = DSGD__MIN(g->nc, c0 + g->col_step);
     if (r0 >= r1 || c0 >= c1) return;
-    if (g->pc == 0) dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
+    if (g->pc == 0 && g->beta != 0.0f)
+        dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
     dsgd__gemm_macro(g->kern, g->pack[slot], g->panel, g->ta, g->a, g->lda, g->pc, g->kc, r0, r1, g->jc, c0, c1,
-                     g->alpha, g->c, g->ldc, 0);
+                     g->alpha, g->c, g->ldc, 0, g->pc == 0 && g->beta == 0.0f);
 }
 
 static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
@@ -383,6 +391,69 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
             dsgd__cpu_run(cpu, dsgd__gemm_par_compute, &g, row_tasks * g.col_tasks);
         }
     }
+}
+
+/* The thin GEMM: C at most DSGD__THIN_N wide, B not transposed, and either
+   k small (a convolution over few channels: im2col (rows, k k c) by W
+   (k k c, out)) or m small (a convolution's weight gradient, im2col^T
+   (k k c, rows) by dy (rows, out), whose k is the batch's pixels). There
+   the blocked GEMM's tiles would be mostly padding, or its packing of B a
+   pass of its own, or its two barriers per block of k most of the time.
+   This one reads B where it lies, in strips of the kernel's thin_n
+   columns; packs A a tile of rows and a block of k at a time (into the
+   slot's scratch, in cache) and keeps the tile in registers. The threads
+   take whole tiles of rows, each over every block of k, with no barrier
+   between blocks. Every entry is summed as the blocked GEMM sums it (block
+   of k by block of k, each from 0.0f, its products in order, then alpha
+   times it added to beta C), so the bits are the same as the blocked
+   GEMM's, whichever of the two runs. */
+#define DSGD__THIN_N 32  /* C at most this wide */
+#define DSGD__THIN_K 16  /* "k small": at most this */
+#define DSGD__THIN_M 256 /* "m small": at most this */
+
+static int dsgd__gemm_thin_fits(const dsgd__cpu_kernel *kern, int tb, int m, int n, int k) {
+    return kern->thin && !tb && n <= DSGD__THIN_N && k > 0 && (k <= DSGD__THIN_K || m <= DSGD__THIN_M);
+}
+
+typedef struct dsgd__thin_job {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    int ta, m, n, k, lda, ldb, ldc, step; /* step: rows per task, whole tiles */
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} dsgd__thin_job;
+
+static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
+    const dsgd__thin_job *j = (const dsgd__thin_job *)arg;
+    const int mr = j->kern->mr, tn = j->kern->thin_n, r0 = task * j->step, r1 = DSGD__MIN(j->m, r0 + j->step);
+    float *ap = j->pack[slot];
+    int i, pc, j0;
+    if (j->beta != 0.0f) dsgd__gemm_beta(r1 - r0, j->n, j->beta, j->c + (size_t)r0 * j->ldc, j->ldc);
+    for (pc = 0; pc < j->k; pc += DSGD__KC) { /* B's block stays in cache across the tiles */
+        const int kc = DSGD__MIN(DSGD__KC, j->k - pc), load = j->beta != 0.0f || pc > 0;
+        for (i = r0; i < r1; i += mr) {
+            const int rows = DSGD__MIN(mr, r1 - i);
+            dsgd__pack_a(j->ta, j->a, j->lda, i, rows, pc, kc, mr, ap);
+            for (j0 = 0; j0 < j->n; j0 += tn)
+                j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), rows,
+                              j->c + (size_t)i * j->ldc + j0, (size_t)j->ldc, j->alpha, load);
+        }
+    }
+}
+
+static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int k, float alpha, const float *a,
+                            int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dsgd__thin_job j;
+    const int mr = cpu->kern->mr, tiles = (m + mr - 1) / mr;
+    int tasks = split ? DSGD__MIN(cpu->pool.n, tiles) : 1;
+    j.kern = cpu->kern;
+    j.pack = cpu->pack;
+    j.ta = ta, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
+    j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+    j.step = (tiles + tasks - 1) / tasks * mr;
+    tasks = (m + j.step - 1) / j.step;
+    dsgd__cpu_run(cpu, dsgd__gemm_thin_task, &j, tasks);
 }
 
 /* The packing scratch of thread slots 0..slots-1, allocated before any
@@ -435,7 +506,9 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
         const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
         dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
         if (r != DSGD_OK) return r;
-        if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
+        if (alpha != 0.0f && dsgd__gemm_thin_fits(cpu->kern, tb, m, n, k))
+            dsgd__gemm_thin(cpu, split, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        else if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
             dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         else
             dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -783,7 +783,8 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      the portable kernels (what other architectures get).
      Results are bitwise reproducible for a given kernel. The GEMM sums every
      entry of C in one order, fixed by its KC blocking and not by the tile
-     size: so the two FMA kernels agree bit for bit with each other, and the
+     size or by which of its paths (blocked, or thin for a narrow C) runs:
+     so the two FMA kernels agree bit for bit with each other, and the
      portable kernel at any width with any other build of it, but FMA and
      non-FMA kernels may differ in the last bits (one rounding per
      multiply-add instead of two). The element-wise loops give the same bits
@@ -801,7 +802,11 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      online cores / replicas of them, see dsgd_strategy_desc.cpu_threads).
      The GEMM packs each panel of B once, the threads together, then each
      thread computes its block of C's rows (whole tiles) from it; a C
-     narrower than one tile is cut into independent blocks instead. Every
+     narrower than one tile is cut into independent blocks instead, and a
+     thin one (the avx2 and avx512 kernels: at most 32 columns, B not
+     transposed, and k at most 16 or m at most 256, as convolutions make
+     them) into whole tiles of rows, each thread over every block of k
+     with B read where it lies, unpacked, and no barrier. Every
      entry of C is summed as one thread sums it (block of k by block of k,
      in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the
@@ -1496,9 +1501,20 @@ static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t
 /* T(MR x NR) = Ap(MR, kc) Bp(kc, NR), then out(MR x NR, rows ldo apart) =
    T (add 0), or out += alpha T (add 1) rounded as dsgd__gemm_add (in
    backend_cpu_gemm.h) rounds (a product, then a sum; no contraction), with
-   the tile still in registers. */
+   the tile still in registers; add 2: out = 0.0f + alpha T, the same sum
+   over an out that beta = 0 zeroed, without reading it. */
 typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT bp,
                                float *DSGD__RESTRICT out, size_t ldo, float alpha, int add);
+
+/* The thin GEMM's kernel (backend_cpu_gemm.h): T(MR x n) = Ap(MR, kc) B(kc,
+   n), n <= the kernel's thin_n, with Ap packed as for the micro-kernel and
+   B read where it lies (rows ldb apart, no packing); then the first `rows`
+   rows of c (ldc apart) become c + alpha T (load 1) or 0.0f + alpha T (load
+   0: what c would be after beta = 0), rounded as the micro-kernel rounds.
+   Each entry of T is the micro-kernel's sum, in the same order, so the bits
+   are the blocked GEMM's. */
+typedef void (*dsgd__thin_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb,
+                              int n, int rows, float *DSGD__RESTRICT c, size_t ldc, float alpha, int load);
 
 /* One entry of the kernel table. The element-wise members take ranges the
    backend operation has checked; different arrays must not overlap. */
@@ -1507,6 +1523,8 @@ typedef struct dsgd__cpu_kernel {
     int (*supported)(void); /* 1 when this CPU (and OS) runs it */
     int mr, nr;             /* GEMM tile rows and columns (packing strips) */
     dsgd__micro_fn micro;
+    dsgd__thin_fn thin;     /* NULL: no thin GEMM (the blocked one does all) */
+    int thin_n;             /* the widest C it takes */
     void (*scale)(float *x, float alpha, size_t n);
     void (*axpy)(float *y, float alpha, const float *x, size_t n);
     void (*bias_act)(dsgd_activation act, float *y, const float *bias, int m, int n);
@@ -1776,7 +1794,7 @@ DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD_
 #define DSGD__OUT_V(q, v)                                                                 \
     do {                                                                                 \
         if (add) {                                                                       \
-            DSGD__V8_LOAD(o, q);                                                         \
+            if (add == 1) DSGD__V8_LOAD(o, q); else o = z;                               \
             o += (v) * alpha;                                                            \
             DSGD__V8_STORE(q, o);                                                        \
         } else {                                                                         \
@@ -1808,7 +1826,7 @@ DSGD__NO_CONTRACT_FN static void dsgd__micro_portable(int kc, const float *DSGD_
         for (j = 0; j < DSGD__PNR; ++j) {
             float t = acc[i * DSGD__PNR + j];
             if (add)
-                out[i * ldo + j] += t * alpha;
+                out[i * ldo + j] = (add == 1 ? out[i * ldo + j] : 0.0f) + t * alpha;
             else
                 out[i * ldo + j] = t;
         }
@@ -1853,7 +1871,8 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__micro
         bp += 16;
     }
 #define DSGD__OUT8(q, v) \
-    _mm256_storeu_ps(q, add ? _mm256_add_ps(_mm256_loadu_ps(q), _mm256_mul_ps(v, va)) : (v))
+    _mm256_storeu_ps(q, add ? _mm256_add_ps(add == 1 ? _mm256_loadu_ps(q) : _mm256_setzero_ps(), \
+                                            _mm256_mul_ps(v, va)) : (v))
 #define DSGD__ROW8(i) DSGD__OUT8(out + i * ldo, c##i##0); DSGD__OUT8(out + i * ldo + 8, c##i##1)
     DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
 #undef DSGD__ROW8
@@ -1886,8 +1905,102 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_
         bp += 32;
     }
 #define DSGD__OUT16(q, v) \
-    _mm512_storeu_ps(q, add ? _mm512_add_ps(_mm512_loadu_ps(q), _mm512_mul_ps(v, va)) : (v))
+    _mm512_storeu_ps(q, add ? _mm512_add_ps(add == 1 ? _mm512_loadu_ps(q) : _mm512_setzero_ps(), \
+                                            _mm512_mul_ps(v, va)) : (v))
 #define DSGD__ROW16(i) DSGD__OUT16(out + i * ldo, c0[i]); DSGD__OUT16(out + i * ldo + 16, c1[i])
+    DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+    DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+#undef DSGD__OUT16
+}
+
+/* The thin kernels: the micro-kernels' loops with B loaded unpacked, its
+   columns past n masked off (read as 0.0f, never touched), and C's rows
+   past `rows` left alone. */
+__attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_avx2(
+    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
+    float *DSGD__RESTRICT c, size_t ldc, float alpha, int load) {
+    DSGD__NO_CONTRACT
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i k0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane),
+                  k1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 8), lane);
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, a, b0, b1, va = _mm256_set1_ps(alpha);
+    int p;
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    for (p = 0; p < kc; ++p) {
+        if (n >= 16) { /* AMD's masked moves are slow: plain ones where the row is whole */
+            b0 = _mm256_loadu_ps(b);
+            b1 = _mm256_loadu_ps(b + 8);
+        } else {
+            b0 = _mm256_maskload_ps(b, k0);
+            b1 = _mm256_maskload_ps(b + 8, k1);
+        }
+#define DSGD__ROW8(i) \
+    a = _mm256_broadcast_ss(ap + i); \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0); \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1)
+        DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+#undef DSGD__ROW8
+        ap += 6;
+        b += ldb;
+    }
+#define DSGD__OUT8(q, v, k)                                                                                  \
+    do {                                                                                                     \
+        const __m256 t_ = _mm256_mul_ps(v, va);                                                              \
+        if (n >= 16)                                                                                         \
+            _mm256_storeu_ps(q, _mm256_add_ps(load ? _mm256_loadu_ps(q) : _mm256_setzero_ps(), t_));         \
+        else                                                                                                 \
+            _mm256_maskstore_ps(q, k, _mm256_add_ps(load ? _mm256_maskload_ps(q, k) : _mm256_setzero_ps(), t_)); \
+    } while (0)
+#define DSGD__ROW8(i) \
+    if (i < rows) { DSGD__OUT8(c + i * ldc, c##i##0, k0); DSGD__OUT8(c + i * ldc + 8, c##i##1, k1); }
+    DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+#undef DSGD__ROW8
+#undef DSGD__OUT8
+}
+
+__attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_avx512(
+    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
+    float *DSGD__RESTRICT c, size_t ldc, float alpha, int load) {
+    DSGD__NO_CONTRACT
+    const __mmask16 k0 = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u),
+                    k1 = (__mmask16)(n >= 32 ? 0xffffu : n <= 16 ? 0u : (1u << (n - 16)) - 1u);
+    __m512 c0[12], c1[12], a, b0, b1, va = _mm512_set1_ps(alpha);
+    int p;
+#define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
+    DSGD__ZERO16(0); DSGD__ZERO16(1); DSGD__ZERO16(2); DSGD__ZERO16(3); DSGD__ZERO16(4); DSGD__ZERO16(5);
+    DSGD__ZERO16(6); DSGD__ZERO16(7); DSGD__ZERO16(8); DSGD__ZERO16(9); DSGD__ZERO16(10); DSGD__ZERO16(11);
+#undef DSGD__ZERO16
+    if (k1) { /* two vectors wide */
+        for (p = 0; p < kc; ++p) {
+            b0 = _mm512_maskz_loadu_ps(k0, b);
+            b1 = _mm512_maskz_loadu_ps(k1, b + 16);
+#define DSGD__ROW16(i) \
+    a = _mm512_set1_ps(ap[i]); \
+    c0[i] = _mm512_fmadd_ps(a, b0, c0[i]); \
+    c1[i] = _mm512_fmadd_ps(a, b1, c1[i])
+            DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+            DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+            ap += 12;
+            b += ldb;
+        }
+    } else { /* one: the second's accumulators stay 0 and are not stored */
+        for (p = 0; p < kc; ++p) {
+            b0 = _mm512_maskz_loadu_ps(k0, b);
+#define DSGD__ROW16(i) c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b0, c0[i])
+            DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
+            DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+#undef DSGD__ROW16
+            ap += 12;
+            b += ldb;
+        }
+    }
+#define DSGD__OUT16(q, v, k) \
+    _mm512_mask_storeu_ps(q, k, _mm512_add_ps(load ? _mm512_maskz_loadu_ps(k, q) : _mm512_setzero_ps(), \
+                                              _mm512_mul_ps(v, va)))
+#define DSGD__ROW16(i) \
+    if (i < rows) { DSGD__OUT16(c + i * ldc, c0[i], k0); if (k1) DSGD__OUT16(c + i * ldc + 16, c1[i], k1); }
     DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
     DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
 #undef DSGD__ROW16
@@ -1901,19 +2014,20 @@ DSGD__ELEMENTWISE(avx512, __attribute__((target("avx512f"))))
 #endif
 
 /* The kernels, widest first: the first one supported is the default. */
-#define DSGD__KERNEL(NAME, SUFFIX, SUPPORTED, MR, NR)                                   \
+#define DSGD__KERNEL(NAME, SUFFIX, SUPPORTED, MR, NR, THIN, THIN_N)                     \
     {/* .name = */ NAME, /* .supported = */ SUPPORTED, /* .mr = */ MR, /* .nr = */ NR,  \
-     /* .micro = */ dsgd__micro_##SUFFIX, /* .scale = */ dsgd__scale_##SUFFIX,          \
+     /* .micro = */ dsgd__micro_##SUFFIX, /* .thin = */ THIN, /* .thin_n = */ THIN_N,   \
+     /* .scale = */ dsgd__scale_##SUFFIX,                                               \
      /* .axpy = */ dsgd__axpy_##SUFFIX, /* .bias_act = */ dsgd__bias_act_##SUFFIX,      \
      /* .act_backward = */ dsgd__act_backward_##SUFFIX,                                 \
      /* .bias_backward = */ dsgd__bias_backward_##SUFFIX,                               \
      /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX}
 static const dsgd__cpu_kernel dsgd__cpu_kernels[] = {
 #if DSGD__X86_DISPATCH
-    DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32),
-    DSGD__KERNEL("avx2", avx2, dsgd__isa_avx2, 6, 16),
+    DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32, dsgd__thin_avx512, 32),
+    DSGD__KERNEL("avx2", avx2, dsgd__isa_avx2, 6, 16, dsgd__thin_avx2, 16),
 #endif
-    DSGD__KERNEL("portable", portable, dsgd__isa_always, DSGD__PMR, DSGD__PNR),
+    DSGD__KERNEL("portable", portable, dsgd__isa_always, DSGD__PMR, DSGD__PNR, NULL, 0),
 };
 #undef DSGD__KERNEL
 
@@ -2137,10 +2251,12 @@ DSGD__NO_CONTRACT_FN static void dsgd__gemm_add_t(float *c, int ldc, int mr, int
 
 /* Rows [r0, r1) and panel columns [c0, c1) of one (jc, pc) block: C (or,
    with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B), from B's
-   packed panel and A packed here into ap, MC rows at a time. */
+   packed panel and A packed here into ap, MC rows at a time. With `zero`
+   (the first block of k, beta = 0) C has not been zeroed: each tile is
+   0.0f + alpha T as if it had, without the pass that would zero it. */
 static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const float *panel, int ta, const float *a,
                              int lda, int pc, int kc, int r0, int r1, int jc, int c0, int c1, float alpha, float *c,
-                             int ldc, int trans_c) {
+                             int ldc, int trans_c, int zero) {
     const int kmr = kern->mr, knr = kern->nr;
     float acc[DSGD__MR_MAX * DSGD__NR_MAX];
     int ic, ir, jr;
@@ -2152,24 +2268,28 @@ static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const floa
                 int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, c1 - jr);
                 const float *at = ap + (size_t)ir * kc, *bt = panel + (size_t)jr * kc;
                 if (!trans_c && mr == kmr && nr == knr) { /* a whole tile: added in registers */
-                    kern->micro(kc, at, bt, c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, 1);
+                    kern->micro(kc, at, bt, c + (size_t)(ic + ir) * ldc + jc + jr, (size_t)ldc, alpha, zero ? 2 : 1);
                     continue;
                 }
                 kern->micro(kc, at, bt, acc, (size_t)knr, 0.0f, 0);
-                if (trans_c)
+                if (trans_c) {
+                    if (zero) dsgd__gemm_beta(nr, mr, 0.0f, c + (size_t)(jc + jr) * ldc + ic + ir, ldc);
                     dsgd__gemm_add_t(c + (size_t)(jc + jr) * ldc + ic + ir, ldc, mr, nr, alpha, acc, knr);
-                else
+                } else {
+                    if (zero) dsgd__gemm_beta(mr, nr, 0.0f, c + (size_t)(ic + ir) * ldc + jc + jr, ldc);
                     dsgd__gemm_add(c + (size_t)(ic + ir) * ldc + jc + jr, ldc, mr, nr, alpha, acc, knr);
+                }
             }
         }
     }
 }
 
-/* C(m, n) (or, with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B):
-   the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
+/* C(m, n) (or, with trans_c, C^T stored as C(n, m)) += alpha op(A) op(B),
+   or with `zero` = alpha op(A) op(B) over a C that beta = 0 would have
+   zeroed: the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
 static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb, float *c, int ldc,
-                               int trans_c) {
+                               int trans_c, int zero) {
     float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
     int jc, pc;
     for (jc = 0; jc < n; jc += DSGD__NC) {
@@ -2177,7 +2297,8 @@ static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta
         for (pc = 0; pc < k; pc += DSGD__KC) {
             int kc = DSGD__MIN(DSGD__KC, k - pc);
             dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, kern->nr, bp);
-            dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c);
+            dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c,
+                             zero && pc == 0);
         }
     }
 }
@@ -2192,13 +2313,13 @@ static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta,
                               float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
                               int ldc) {
 #define DSGD__UP(x, t) (((size_t)(x) + (size_t)(t) - 1) / (size_t)(t) * (size_t)(t))
-    const int kmr = kern->mr, knr = kern->nr;
-    dsgd__gemm_beta(m, n, beta, c, ldc);
+    const int kmr = kern->mr, knr = kern->nr, zero = beta == 0.0f && k > 0 && alpha != 0.0f;
+    if (!zero) dsgd__gemm_beta(m, n, beta, c, ldc); /* else the first block of k writes C */
     if (k == 0 || alpha == 0.0f) return;
     if (n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
-        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1);
+        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1, zero);
     else
-        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0);
+        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0, zero);
 #undef DSGD__UP
 }
 
@@ -2289,9 +2410,10 @@ static void dsgd__gemm_par_compute(void *arg, int task, int slot) {
     const int r0 = (task / g->col_tasks) * g->row_step, r1 = DSGD__MIN(g->m, r0 + g->row_step);
     const int c0 = (task % g->col_tasks) * g->col_step, c1 = DSGD__MIN(g->nc, c0 + g->col_step);
     if (r0 >= r1 || c0 >= c1) return;
-    if (g->pc == 0) dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
+    if (g->pc == 0 && g->beta != 0.0f)
+        dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
     dsgd__gemm_macro(g->kern, g->pack[slot], g->panel, g->ta, g->a, g->lda, g->pc, g->kc, r0, r1, g->jc, c0, c1,
-                     g->alpha, g->c, g->ldc, 0);
+                     g->alpha, g->c, g->ldc, 0, g->pc == 0 && g->beta == 0.0f);
 }
 
 static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
@@ -2320,6 +2442,69 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
             dsgd__cpu_run(cpu, dsgd__gemm_par_compute, &g, row_tasks * g.col_tasks);
         }
     }
+}
+
+/* The thin GEMM: C at most DSGD__THIN_N wide, B not transposed, and either
+   k small (a convolution over few channels: im2col (rows, k k c) by W
+   (k k c, out)) or m small (a convolution's weight gradient, im2col^T
+   (k k c, rows) by dy (rows, out), whose k is the batch's pixels). There
+   the blocked GEMM's tiles would be mostly padding, or its packing of B a
+   pass of its own, or its two barriers per block of k most of the time.
+   This one reads B where it lies, in strips of the kernel's thin_n
+   columns; packs A a tile of rows and a block of k at a time (into the
+   slot's scratch, in cache) and keeps the tile in registers. The threads
+   take whole tiles of rows, each over every block of k, with no barrier
+   between blocks. Every entry is summed as the blocked GEMM sums it (block
+   of k by block of k, each from 0.0f, its products in order, then alpha
+   times it added to beta C), so the bits are the same as the blocked
+   GEMM's, whichever of the two runs. */
+#define DSGD__THIN_N 32  /* C at most this wide */
+#define DSGD__THIN_K 16  /* "k small": at most this */
+#define DSGD__THIN_M 256 /* "m small": at most this */
+
+static int dsgd__gemm_thin_fits(const dsgd__cpu_kernel *kern, int tb, int m, int n, int k) {
+    return kern->thin && !tb && n <= DSGD__THIN_N && k > 0 && (k <= DSGD__THIN_K || m <= DSGD__THIN_M);
+}
+
+typedef struct dsgd__thin_job {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    int ta, m, n, k, lda, ldb, ldc, step; /* step: rows per task, whole tiles */
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} dsgd__thin_job;
+
+static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
+    const dsgd__thin_job *j = (const dsgd__thin_job *)arg;
+    const int mr = j->kern->mr, tn = j->kern->thin_n, r0 = task * j->step, r1 = DSGD__MIN(j->m, r0 + j->step);
+    float *ap = j->pack[slot];
+    int i, pc, j0;
+    if (j->beta != 0.0f) dsgd__gemm_beta(r1 - r0, j->n, j->beta, j->c + (size_t)r0 * j->ldc, j->ldc);
+    for (pc = 0; pc < j->k; pc += DSGD__KC) { /* B's block stays in cache across the tiles */
+        const int kc = DSGD__MIN(DSGD__KC, j->k - pc), load = j->beta != 0.0f || pc > 0;
+        for (i = r0; i < r1; i += mr) {
+            const int rows = DSGD__MIN(mr, r1 - i);
+            dsgd__pack_a(j->ta, j->a, j->lda, i, rows, pc, kc, mr, ap);
+            for (j0 = 0; j0 < j->n; j0 += tn)
+                j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), rows,
+                              j->c + (size_t)i * j->ldc + j0, (size_t)j->ldc, j->alpha, load);
+        }
+    }
+}
+
+static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int k, float alpha, const float *a,
+                            int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    dsgd__thin_job j;
+    const int mr = cpu->kern->mr, tiles = (m + mr - 1) / mr;
+    int tasks = split ? DSGD__MIN(cpu->pool.n, tiles) : 1;
+    j.kern = cpu->kern;
+    j.pack = cpu->pack;
+    j.ta = ta, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
+    j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+    j.step = (tiles + tasks - 1) / tasks * mr;
+    tasks = (m + j.step - 1) / j.step;
+    dsgd__cpu_run(cpu, dsgd__gemm_thin_task, &j, tasks);
 }
 
 /* The packing scratch of thread slots 0..slots-1, allocated before any
@@ -2372,7 +2557,9 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
         const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
         dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
         if (r != DSGD_OK) return r;
-        if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
+        if (alpha != 0.0f && dsgd__gemm_thin_fits(cpu->kern, tb, m, n, k))
+            dsgd__gemm_thin(cpu, split, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        else if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
             dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         else
             dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -7,7 +7,9 @@
      CPU lacks, an unknown name, "" and no variable give the widest supported
      one; the widest agrees with the flags of /proc/cpuinfo where there is one;
    - against a double-precision GEMM, m, n, k in {1, 5, 17, 64, 131} (and
-     k = 300, two KC blocks), all four transposes, padded leading dimensions,
+     k = 300, two KC blocks), and the thin GEMM's shapes (a convolution over
+     few channels: C narrow, k small or m one tile; beta 0 too), all four
+     transposes, padded leading dimensions,
      alpha = 0.75, beta = -0.5 over a random C: |C - ref| <= (k + 2) eps
      (|alpha| sum |a||b| + |beta c|) per element (eps = FLT_EPSILON, twice
      the rounding bound of a length-k dot product);
@@ -227,11 +229,64 @@ DSGD__NO_CONTRACT_FN static float emulate(const problem *p, int i, int j, int fu
 static const int dims[] = {1, 5, 17, 64, 131};
 #define NDIMS ((int)(sizeof dims / sizeof dims[0]))
 
+/* The thin GEMM's shapes (C at most 32 wide and k <= 16, or m <= 256;
+   backend_cpu_gemm.h), as convolutions make them: im2col (rows, 9) by W
+   (9, out) and im2col^T (k k c, rows) by dy (rows, out), with n one
+   vector, two, and part of one, a row tile whole or cut, k in one KC block
+   and three; and just past each limit (k = 17, m = 257, n = 33). */
+static const int thin_shapes[][3] = {{200, 16, 9}, {9, 16, 600},   {50, 32, 9},   {12, 20, 300},
+                                     {13, 7, 16},  {6, 16, 700},   {300, 24, 1},  {40, 16, 17},
+                                     {144, 32, 600}, {250, 29, 300}, {257, 16, 40}, {20, 33, 300}};
+#define NTHIN ((int)(sizeof thin_shapes / sizeof thin_shapes[0]))
+
+/* Runs p on be twice and checks every entry: near the double reference,
+   the bits of the emulated order, the same bits run to run. Returns the
+   entries checked. */
+static long check_problem(dsgd_ctx *ctx, dsgd_backend_i *be, const char *name, int fused, const problem *pp) {
+    const problem *p = pp;
+    int m = p->m, n = p->n, k = p->k, i, j, q;
+    size_t nc = (size_t)m * p->ldc;
+    float *got = (float *)malloc(nc * sizeof(float)), *again = (float *)malloc(nc * sizeof(float));
+    long checked = 0;
+    assert_non_null(got);
+    assert_non_null(again);
+    run_gemm(ctx, be, p, got);
+    run_gemm(ctx, be, p, again);
+    assert_memory_equal(got, again, nc * sizeof(float)); /* run to run */
+    for (i = 0; i < m; ++i)
+        for (j = 0; j < n; ++j) {
+            double ref = 0, mag = 0, c0 = p->beta == 0.0f ? 0.0 : p->c0[(size_t)i * p->ldc + j];
+            float g = got[(size_t)i * p->ldc + j], e = emulate(p, i, j, fused);
+            for (q = 0; q < k; ++q) {
+                double x = (double)av(p, i, q) * bv(p, q, j);
+                ref += x;
+                mag += fabs(x);
+            }
+            ref = p->alpha * ref + p->beta * c0;
+            mag = fabs(p->alpha) * mag + fabs(p->beta * c0);
+            if (!(fabs(g - ref) <= (k + 2) * FLT_EPSILON * mag))
+                fail_msg("%s %dx%dx%d ta=%d tb=%d beta=%g C[%d,%d] = %.9g, reference %.9g", name, m, n, k, p->ta,
+                         p->tb, (double)p->beta, i, j, (double)g, ref);
+            if (ORDER_CHECKED && memcmp(&g, &e, sizeof g))
+                fail_msg("%s %dx%dx%d ta=%d tb=%d beta=%g C[%d,%d] = %.9g, not the bits of its order (%.9g)", name,
+                         m, n, k, p->ta, p->tb, (double)p->beta, i, j, (double)g, (double)e);
+            ++checked;
+        }
+    for (i = 0; i < m; ++i) /* the padding of C's rows untouched */
+        for (j = n; j < p->ldc; ++j)
+            if (memcmp(&got[(size_t)i * p->ldc + j], &p->c0[(size_t)i * p->ldc + j], sizeof(float)))
+                fail_msg("%s %dx%dx%d ta=%d tb=%d wrote C's padding at [%d,%d]", name, m, n, k, p->ta, p->tb, i, j);
+    free(got);
+    free(again);
+    return checked;
+}
+
 /* Every supported kernel, every shape and transpose: near the double
-   reference, equal to the emulation of its order, equal to itself. */
+   reference, equal to the emulation of its order, equal to itself; the
+   thin shapes with beta 0 as well. */
 static void test_kernels_gemm(void **state) {
     dsgd_ctx *ctx = NULL;
-    int ki, mi, ni, kk, t, ran = 0;
+    int ki, mi, ni, kk, t, si, ran = 0;
     (void)state;
     TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
     for (ki = 0; ki < NKERNELS; ++ki) {
@@ -246,43 +301,22 @@ static void test_kernels_gemm(void **state) {
             for (ni = 0; ni < NDIMS; ++ni)
                 for (kk = 0; kk <= NDIMS; ++kk)
                     for (t = 0; t < 4; ++t) {
-                        int m = dims[mi], n = dims[ni], k = kk < NDIMS ? dims[kk] : 300, i, j, q;
+                        int m = dims[mi], n = dims[ni], k = kk < NDIMS ? dims[kk] : 300;
                         problem p;
-                        float *got, *again;
-                        size_t nc = (size_t)m * (n + 1);
                         if (k == 300 && (m > 17 || n > 17)) continue; /* two KC blocks: a few shapes */
                         problem_init(&p, m, n, k, t & 1, t >> 1, 77u + (uint64_t)(m * 1000003 + n * 1009 + k * 7 + t));
-                        got = (float *)malloc(nc * sizeof(float));
-                        again = (float *)malloc(nc * sizeof(float));
-                        assert_non_null(got);
-                        assert_non_null(again);
-                        run_gemm(ctx, &be, &p, got);
-                        run_gemm(ctx, &be, &p, again);
-                        assert_memory_equal(got, again, nc * sizeof(float)); /* run to run */
-                        for (i = 0; i < m; ++i)
-                            for (j = 0; j < n; ++j) {
-                                double ref = 0, mag = 0, c0 = p.c0[(size_t)i * p.ldc + j];
-                                float g = got[(size_t)i * p.ldc + j], e = emulate(&p, i, j, fused);
-                                for (q = 0; q < k; ++q) {
-                                    double x = (double)av(&p, i, q) * bv(&p, q, j);
-                                    ref += x;
-                                    mag += fabs(x);
-                                }
-                                ref = p.alpha * ref + p.beta * c0;
-                                mag = fabs(p.alpha) * mag + fabs(p.beta * c0);
-                                if (!(fabs(g - ref) <= (k + 2) * FLT_EPSILON * mag))
-                                    fail_msg("%s %dx%dx%d ta=%d tb=%d C[%d,%d] = %.9g, reference %.9g",
-                                             kern->name, m, n, k, p.ta, p.tb, i, j, (double)g, ref);
-                                if (ORDER_CHECKED && memcmp(&g, &e, sizeof g))
-                                    fail_msg("%s %dx%dx%d ta=%d tb=%d C[%d,%d] = %.9g, not the bits of "
-                                             "its order (%.9g)", kern->name, m, n, k, p.ta, p.tb, i, j,
-                                             (double)g, (double)e);
-                                ++checked;
-                            }
-                        free(got);
-                        free(again);
+                        checked += check_problem(ctx, &be, kern->name, fused, &p);
                         problem_free(&p);
                     }
+        for (si = 0; si < NTHIN; ++si)
+            for (t = 0; t < 8; ++t) {
+                const int *sh = thin_shapes[si];
+                problem p;
+                problem_init(&p, sh[0], sh[1], sh[2], t & 1, (t >> 1) & 1, 991u + (uint64_t)(si * 8 + t));
+                if (t >> 2) p.beta = 0.0f;
+                checked += check_problem(ctx, &be, kern->name, fused, &p);
+                problem_free(&p);
+            }
         be.destroy(be.impl);
         print_message("kernel %-8s %ld entries: reference and bitwise order checks passed\n",
                       kern->name, checked);

@@ -3,7 +3,7 @@
 
    - GEMM: every kernel this machine runs, shapes below and above the split
      threshold (cut along rows and along columns, edge tiles, one KC block
-     and several, k = 0), all four transposes, padded leading dimensions,
+     and several, k = 0; the thin GEMM's), all four transposes, padded leading dimensions,
      beta 0 and -0.5: 2, 3 and 7 threads give the bits of 1 thread, and 1
      thread is within the rounding bound of a double-precision product;
    - every element-wise operation (fill, scale, axpy, bias_act_forward and
@@ -113,9 +113,13 @@ static void test_gemm_threads(void **state) {
     /* above 2^17 multiply-adds the GEMM is cut: 256x256x784 (rows, the MLP's
        first layer), 784x256x64 (rows), 40x700x300 (columns, two KC blocks),
        5x5000x40 (columns of a short C), 600x1x300 (one column), 131x131x0
-       (beta only); below it 17x33x64 and 64x10x128 */
+       (beta only), the thin GEMM's 3001x16x9 and 2000x32x9 (tiles of rows,
+       a cut one last), 9x16x5000 (one tile, twenty KC blocks) and
+       144x32x3000 (tiles of rows over twelve blocks), a convolution's;
+       below it 17x33x64 and 64x10x128 */
     static const shape shapes[] = {{256, 256, 784}, {784, 256, 64}, {40, 700, 300}, {5, 5000, 40},
-                                   {600, 1, 300},   {131, 131, 0},  {17, 33, 64},   {64, 10, 128}};
+                                   {600, 1, 300},   {131, 131, 0},  {3001, 16, 9},  {2000, 32, 9},
+                                   {9, 16, 5000},   {144, 32, 3000}, {17, 33, 64},  {64, 10, 128}};
     dsgd_ctx *ctx = NULL;
     tu_rng rng = tu_rng_make(11);
     int ki, si, t, ti, bi, kernels = 0;
