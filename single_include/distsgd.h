@@ -3004,6 +3004,41 @@ static void dsgd__img_im2col(const dsgd__img_job *j, size_t lo, size_t hi) {
     }
 }
 
+/* The same rows for a window 3 wide over one channel (a first layer over
+   gray pixels), where a window row is 3 floats and a memcpy call per row
+   would cost more than its copy: per run of ox in one output row and per
+   ky, each ox's 3 pixels, zeros outside the image. */
+static void dsgd__img_im2col_c1w3(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const int kh = wd->kh, kw = 3, w = wd->w, s = wd->stride, pad = wd->pad, ow = j->d.ow, oh = j->d.oh;
+    const size_t k = j->d.k;
+    size_t r = lo;
+    while (r < hi) {
+        const size_t row = r / (size_t)ow, i = row / (size_t)oh; /* (i, oy) */
+        const int ox0 = (int)(r % (size_t)ow), oy = (int)(row % (size_t)oh),
+                  ox1 = hi - r < (size_t)(ow - ox0) ? ox0 + (int)(hi - r) : ow;
+        int ky, ox, kx;
+        for (ky = 0; ky < kh; ++ky) {
+            const int iy = oy * s - pad + ky;
+            const float *src = j->x + (i * (size_t)wd->h + (size_t)(iy < 0 ? 0 : iy)) * (size_t)w;
+            float *d = j->out + r * k + (size_t)ky * (size_t)kw;
+            for (ox = ox0; ox < ox1; ++ox, d += k) {
+                const int ix0 = ox * s - pad;
+                if (iy < 0 || iy >= wd->h) {
+                    for (kx = 0; kx < kw; ++kx) d[kx] = 0.0f;
+                } else if (ix0 >= 0 && ix0 + 3 <= w) { /* inside */
+                    d[0] = src[ix0];
+                    d[1] = src[ix0 + 1];
+                    d[2] = src[ix0 + 2];
+                } else {
+                    for (kx = 0; kx < kw; ++kx) d[kx] = ix0 + kx >= 0 && ix0 + kx < w ? src[ix0 + kx] : 0.0f;
+                }
+            }
+        }
+        r += (size_t)(ox1 - ox0);
+    }
+}
+
 /* dx rows (i, iy) in [lo, hi): zero the row, then for ky ascending (the
    output row oy that reads row iy with it), the output columns ox
    descending, so that every element receives its kx in ascending order:
@@ -3149,7 +3184,12 @@ static void dsgd__img_task(void *arg, int task, int slot) {
     size_t lo = (size_t)task * j->step, hi = j->items - lo < j->step ? j->items : lo + j->step;
     DSGD__UNUSED(slot);
     switch (j->op) {
-    case DSGD__IMG_IM2COL: dsgd__img_im2col(j, lo, hi); break;
+    case DSGD__IMG_IM2COL:
+        if (j->wd.c == 1 && j->wd.kw == 3)
+            dsgd__img_im2col_c1w3(j, lo, hi);
+        else
+            dsgd__img_im2col(j, lo, hi);
+        break;
     case DSGD__IMG_COL2IM: dsgd__img_col2im(j, lo, hi); break;
     case DSGD__IMG_POOL_FWD: dsgd__img_pool_fwd(j, lo, hi); break;
     default: dsgd__img_pool_bwd(j, lo, hi); break;

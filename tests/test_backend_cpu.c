@@ -1563,8 +1563,10 @@ static void test_conv_layer_fd(void **state) {
     }
 }
 
-/* The four operations at sizes the pool cuts (batch 8 of 28 x 28 x 8, and
-   an image of 121 x 97 x 3 alone, cut inside the image) give the same bits
+/* The four operations at sizes the pool cuts (batch 8 of 28 x 28 x 8, an
+   image of 121 x 97 x 3 alone, cut inside the image, and one channel with a
+   3-wide window, im2col's own path: 28 x 28 x 1 and 121 x 97 x 1 at stride
+   2, pad 2) give the same bits
    with 1 and 4 threads and with the portable kernels (DSGD_CPU_ISA=
    portable); im2col and max-pool equal the naive loops there too, and
    col2im keeps the adjoint identity. */
@@ -1602,11 +1604,13 @@ static void test_image_ops_threads(void **state) {
     fx *f = (fx *)*state;
     static const int shapes[][8] = {/* n h w c kh kw stride pad; pool kh kw stride */
                                     {8, 28, 28, 8, 3, 3, 1, 1},
-                                    {1, 121, 97, 3, 5, 2, 2, 2}};
-    static const int pools[][3] = {{2, 2, 2}, {3, 2, 1}};
+                                    {1, 121, 97, 3, 5, 2, 2, 2},
+                                    {8, 28, 28, 1, 3, 3, 1, 1},
+                                    {1, 121, 97, 1, 4, 3, 2, 2}};
+    static const int pools[][3] = {{2, 2, 2}, {3, 2, 1}, {2, 2, 2}, {3, 3, 2}};
     tu_rng rng = tu_rng_make(1405);
     int t, v;
-    for (t = 0; t < 2; ++t) {
+    for (t = 0; t < (int)(sizeof shapes / sizeof shapes[0]); ++t) {
         const int *q = shapes[t];
         img_shape s, ps;
         size_t total;
