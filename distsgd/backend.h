@@ -113,9 +113,10 @@
      thin one (the avx2 and avx512 kernels: at most 32 columns, B not
      transposed, and k at most 16 or m at most 256, as convolutions make
      them) into whole tiles of rows, each thread over every block of k
-     with B read where it lies, unpacked, and no barrier. Every
-     entry of C is summed as one thread sums it (block of k by block of k,
-     in order). The element-wise operations (write, read, fill, scale, axpy,
+     with B read where it lies, unpacked, and no barrier; a thin C one tile
+     high into blocks of k, whose sums the caller then adds to C in order.
+     Every entry of C is summed as one thread sums it (block of k by block
+     of k, in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the
      finiteness check) cut their elements (bias_backward its columns, each
      summed in its blocked order by one thread); im2col

@@ -318,7 +318,8 @@ typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap, const flo
    n), n <= the kernel's thin_n, with Ap packed as for the micro-kernel and
    B read where it lies (rows ldb apart, no packing); then the first `rows`
    rows of c (ldc apart) become c + alpha T (load 1) or 0.0f + alpha T (load
-   0: what c would be after beta = 0), rounded as the micro-kernel rounds.
+   0: what c would be after beta = 0), rounded as the micro-kernel rounds,
+   or T itself (load 2).
    Each entry of T is the micro-kernel's sum, in the same order, so the bits
    are the blocked GEMM's. */
 typedef void (*dsgd__thin_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb,
@@ -755,7 +756,11 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_
 #define DSGD__OUT8(q, v, k)                                                                                  \
     do {                                                                                                     \
         const __m256 t_ = _mm256_mul_ps(v, va);                                                              \
-        if (n >= 16)                                                                                         \
+        if (load == 2 && n >= 16)                                                                            \
+            _mm256_storeu_ps(q, v);                                                                          \
+        else if (load == 2)                                                                                  \
+            _mm256_maskstore_ps(q, k, v);                                                                    \
+        else if (n >= 16)                                                                                    \
             _mm256_storeu_ps(q, _mm256_add_ps(load ? _mm256_loadu_ps(q) : _mm256_setzero_ps(), t_));         \
         else                                                                                                 \
             _mm256_maskstore_ps(q, k, _mm256_add_ps(load ? _mm256_maskload_ps(q, k) : _mm256_setzero_ps(), t_)); \
@@ -805,8 +810,8 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_a
         }
     }
 #define DSGD__OUT16(q, v, k) \
-    _mm512_mask_storeu_ps(q, k, _mm512_add_ps(load ? _mm512_maskz_loadu_ps(k, q) : _mm512_setzero_ps(), \
-                                              _mm512_mul_ps(v, va)))
+    _mm512_mask_storeu_ps(q, k, load == 2 ? (v) : _mm512_add_ps(load ? _mm512_maskz_loadu_ps(k, q) : _mm512_setzero_ps(), \
+                                                                _mm512_mul_ps(v, va)))
 #define DSGD__ROW16(i) \
     if (i < rows) { DSGD__OUT16(c + i * ldc, c0[i], k0); if (k1) DSGD__OUT16(c + i * ldc + 16, c1[i], k1); }
     DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);

@@ -806,9 +806,10 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      thin one (the avx2 and avx512 kernels: at most 32 columns, B not
      transposed, and k at most 16 or m at most 256, as convolutions make
      them) into whole tiles of rows, each thread over every block of k
-     with B read where it lies, unpacked, and no barrier. Every
-     entry of C is summed as one thread sums it (block of k by block of k,
-     in order). The element-wise operations (write, read, fill, scale, axpy,
+     with B read where it lies, unpacked, and no barrier; a thin C one tile
+     high into blocks of k, whose sums the caller then adds to C in order.
+     Every entry of C is summed as one thread sums it (block of k by block
+     of k, in order). The element-wise operations (write, read, fill, scale, axpy,
      bias and activation, their backward, the optimizer update, the
      finiteness check) cut their elements (bias_backward its columns, each
      summed in its blocked order by one thread); im2col
@@ -1510,7 +1511,8 @@ typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap, const flo
    n), n <= the kernel's thin_n, with Ap packed as for the micro-kernel and
    B read where it lies (rows ldb apart, no packing); then the first `rows`
    rows of c (ldc apart) become c + alpha T (load 1) or 0.0f + alpha T (load
-   0: what c would be after beta = 0), rounded as the micro-kernel rounds.
+   0: what c would be after beta = 0), rounded as the micro-kernel rounds,
+   or T itself (load 2).
    Each entry of T is the micro-kernel's sum, in the same order, so the bits
    are the blocked GEMM's. */
 typedef void (*dsgd__thin_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb,
@@ -1947,7 +1949,11 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_
 #define DSGD__OUT8(q, v, k)                                                                                  \
     do {                                                                                                     \
         const __m256 t_ = _mm256_mul_ps(v, va);                                                              \
-        if (n >= 16)                                                                                         \
+        if (load == 2 && n >= 16)                                                                            \
+            _mm256_storeu_ps(q, v);                                                                          \
+        else if (load == 2)                                                                                  \
+            _mm256_maskstore_ps(q, k, v);                                                                    \
+        else if (n >= 16)                                                                                    \
             _mm256_storeu_ps(q, _mm256_add_ps(load ? _mm256_loadu_ps(q) : _mm256_setzero_ps(), t_));         \
         else                                                                                                 \
             _mm256_maskstore_ps(q, k, _mm256_add_ps(load ? _mm256_maskload_ps(q, k) : _mm256_setzero_ps(), t_)); \
@@ -1997,8 +2003,8 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_a
         }
     }
 #define DSGD__OUT16(q, v, k) \
-    _mm512_mask_storeu_ps(q, k, _mm512_add_ps(load ? _mm512_maskz_loadu_ps(k, q) : _mm512_setzero_ps(), \
-                                              _mm512_mul_ps(v, va)))
+    _mm512_mask_storeu_ps(q, k, load == 2 ? (v) : _mm512_add_ps(load ? _mm512_maskz_loadu_ps(k, q) : _mm512_setzero_ps(), \
+                                                                _mm512_mul_ps(v, va)))
 #define DSGD__ROW16(i) \
     if (i < rows) { DSGD__OUT16(c + i * ldc, c0[i], k0); if (k1) DSGD__OUT16(c + i * ldc + 16, c1[i], k1); }
     DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
@@ -2454,10 +2460,13 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
    columns; packs A a tile of rows and a block of k at a time (into the
    slot's scratch, in cache) and keeps the tile in registers. The threads
    take whole tiles of rows, each over every block of k, with no barrier
-   between blocks. Every entry is summed as the blocked GEMM sums it (block
-   of k by block of k, each from 0.0f, its products in order, then alpha
-   times it added to beta C), so the bits are the same as the blocked
-   GEMM's, whichever of the two runs. */
+   between blocks; or, where there are fewer tiles than threads (m one
+   tile, many blocks of k: a first layer's weight gradient), whole blocks
+   of k, each block's T stored apart, and the caller adds them to C in
+   block order. Every entry is summed as the blocked GEMM sums it (block of
+   k by block of k, each from 0.0f, its products in order, then alpha times
+   it added to beta C), so the bits are the same as the blocked GEMM's,
+   whichever of the two runs, and on any number of threads. */
 #define DSGD__THIN_N 32  /* C at most this wide */
 #define DSGD__THIN_K 16  /* "k small": at most this */
 #define DSGD__THIN_M 256 /* "m small": at most this */
@@ -2473,13 +2482,32 @@ typedef struct dsgd__thin_job {
     float alpha, beta;
     const float *a, *b;
     float *c;
+    float *blocks; /* by blocks of k: each block's T (m x n, rows n apart), in order */
+    int bstep;     /* and the blocks per task */
 } dsgd__thin_job;
+
+/* Blocks [task bstep, ..) of k of a one-tile C: their T, stored apart. */
+static void dsgd__gemm_thin_blocks(const dsgd__thin_job *j, int task, float *ap) {
+    const int tn = j->kern->thin_n, nb = (j->k + DSGD__KC - 1) / DSGD__KC;
+    int blk, j0;
+    for (blk = task * j->bstep; blk < nb && blk < (task + 1) * j->bstep; ++blk) {
+        const int pc = blk * DSGD__KC, kc = DSGD__MIN(DSGD__KC, j->k - pc);
+        dsgd__pack_a(j->ta, j->a, j->lda, 0, j->m, pc, kc, j->kern->mr, ap);
+        for (j0 = 0; j0 < j->n; j0 += tn)
+            j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), j->m,
+                          j->blocks + (size_t)blk * j->m * j->n + j0, (size_t)j->n, 1.0f, 2);
+    }
+}
 
 static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
     const dsgd__thin_job *j = (const dsgd__thin_job *)arg;
     const int mr = j->kern->mr, tn = j->kern->thin_n, r0 = task * j->step, r1 = DSGD__MIN(j->m, r0 + j->step);
     float *ap = j->pack[slot];
     int i, pc, j0;
+    if (j->blocks) {
+        dsgd__gemm_thin_blocks(j, task, ap);
+        return;
+    }
     if (j->beta != 0.0f) dsgd__gemm_beta(r1 - r0, j->n, j->beta, j->c + (size_t)r0 * j->ldc, j->ldc);
     for (pc = 0; pc < j->k; pc += DSGD__KC) { /* B's block stays in cache across the tiles */
         const int kc = DSGD__MIN(DSGD__KC, j->k - pc), load = j->beta != 0.0f || pc > 0;
@@ -2502,8 +2530,25 @@ static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int
     j.pack = cpu->pack;
     j.ta = ta, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
     j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+    j.blocks = NULL;
+    j.bstep = 0;
     j.step = (tiles + tasks - 1) / tasks * mr;
     tasks = (m + j.step - 1) / j.step;
+    if (split && tiles == 1 && cpu->pool.n > 1) { /* one tile: the threads take blocks of k */
+        const int nb = (k + DSGD__KC - 1) / DSGD__KC;
+        if (nb > 1 && (size_t)nb * (size_t)m * (size_t)n <= (size_t)DSGD__KC * DSGD__NC) {
+            int blk;
+            j.blocks = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC; /* slot 0's B area: the thin GEMM packs no B */
+            tasks = DSGD__MIN(cpu->pool.n, nb);
+            j.bstep = (nb + tasks - 1) / tasks;
+            tasks = (nb + j.bstep - 1) / j.bstep;
+            dsgd__cpu_run(cpu, dsgd__gemm_thin_task, &j, tasks);
+            dsgd__gemm_beta(m, n, beta, c, ldc);
+            for (blk = 0; blk < nb; ++blk) /* C += alpha T, block after block: the one-thread order */
+                dsgd__gemm_add(c, ldc, m, n, alpha, j.blocks + (size_t)blk * m * n, n);
+            return;
+        }
+    }
     dsgd__cpu_run(cpu, dsgd__gemm_thin_task, &j, tasks);
 }
 

@@ -114,7 +114,8 @@ static void test_gemm_threads(void **state) {
        first layer), 784x256x64 (rows), 40x700x300 (columns, two KC blocks),
        5x5000x40 (columns of a short C), 600x1x300 (one column), 131x131x0
        (beta only), the thin GEMM's 3001x16x9 and 2000x32x9 (tiles of rows,
-       a cut one last), 9x16x5000 (one tile, twenty KC blocks) and
+       a cut one last), 9x16x5000 (one tile, twenty KC blocks: the
+       threads take blocks of k, added in order by the caller) and
        144x32x3000 (tiles of rows over twelve blocks), a convolution's;
        below it 17x33x64 and 64x10x128 */
     static const shape shapes[] = {{256, 256, 784}, {784, 256, 64}, {40, 700, 300}, {5, 5000, 40},
