@@ -1851,6 +1851,21 @@ static int dsgd__isa_avx512(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
+/* The kernels' shared steps: M applied to rows 0..5 or 0..11; one row's
+   multiply-add of a broadcast element of A into its two accumulators
+   (avx2: c<i>0, c<i>1; avx512: c0[i], c1[i]); zeroing. */
+#define DSGD__ROWS6(M) M(0); M(1); M(2); M(3); M(4); M(5)
+#define DSGD__ROWS12(M) DSGD__ROWS6(M); M(6); M(7); M(8); M(9); M(10); M(11)
+#define DSGD__FMA8(i) \
+    a = _mm256_broadcast_ss(ap + i); \
+    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0); \
+    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1)
+#define DSGD__FMA16(i) \
+    a = _mm512_set1_ps(ap[i]); \
+    c0[i] = _mm512_fmadd_ps(a, b0, c0[i]); \
+    c1[i] = _mm512_fmadd_ps(a, b1, c1[i])
+#define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
+
 /* A 6 x 16 tile: twelve 8-wide accumulators, acc += a * b fused; the output
    step adds without contraction (DSGD__NO_CONTRACT_FN), as dsgd__gemm_add. */
 __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_avx2(
@@ -1863,12 +1878,7 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__micro
     for (p = 0; p < kc; ++p) {
         b0 = _mm256_loadu_ps(bp);
         b1 = _mm256_loadu_ps(bp + 8);
-#define DSGD__ROW8(i) \
-    a = _mm256_broadcast_ss(ap + i); \
-    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0); \
-    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1)
-        DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
-#undef DSGD__ROW8
+        DSGD__ROWS6(DSGD__FMA8);
         ap += 6;
         bp += 16;
     }
@@ -1876,7 +1886,7 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__micro
     _mm256_storeu_ps(q, add ? _mm256_add_ps(add == 1 ? _mm256_loadu_ps(q) : _mm256_setzero_ps(), \
                                             _mm256_mul_ps(v, va)) : (v))
 #define DSGD__ROW8(i) DSGD__OUT8(out + i * ldo, c##i##0); DSGD__OUT8(out + i * ldo + 8, c##i##1)
-    DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+    DSGD__ROWS6(DSGD__ROW8);
 #undef DSGD__ROW8
 #undef DSGD__OUT8
 }
@@ -1889,20 +1899,11 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_
     DSGD__NO_CONTRACT
     __m512 c0[12], c1[12], a, b0, b1, va = _mm512_set1_ps(alpha);
     int p;
-#define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
-    DSGD__ZERO16(0); DSGD__ZERO16(1); DSGD__ZERO16(2); DSGD__ZERO16(3); DSGD__ZERO16(4); DSGD__ZERO16(5);
-    DSGD__ZERO16(6); DSGD__ZERO16(7); DSGD__ZERO16(8); DSGD__ZERO16(9); DSGD__ZERO16(10); DSGD__ZERO16(11);
-#undef DSGD__ZERO16
+    DSGD__ROWS12(DSGD__ZERO16);
     for (p = 0; p < kc; ++p) {
         b0 = _mm512_loadu_ps(bp);
         b1 = _mm512_loadu_ps(bp + 16);
-#define DSGD__ROW16(i) \
-    a = _mm512_set1_ps(ap[i]); \
-    c0[i] = _mm512_fmadd_ps(a, b0, c0[i]); \
-    c1[i] = _mm512_fmadd_ps(a, b1, c1[i])
-        DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
-        DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
-#undef DSGD__ROW16
+        DSGD__ROWS12(DSGD__FMA16);
         ap += 12;
         bp += 32;
     }
@@ -1910,8 +1911,7 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_
     _mm512_storeu_ps(q, add ? _mm512_add_ps(add == 1 ? _mm512_loadu_ps(q) : _mm512_setzero_ps(), \
                                             _mm512_mul_ps(v, va)) : (v))
 #define DSGD__ROW16(i) DSGD__OUT16(out + i * ldo, c0[i]); DSGD__OUT16(out + i * ldo + 16, c1[i])
-    DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
-    DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+    DSGD__ROWS12(DSGD__ROW16);
 #undef DSGD__ROW16
 #undef DSGD__OUT16
 }
@@ -1937,12 +1937,7 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_
             b0 = _mm256_maskload_ps(b, k0);
             b1 = _mm256_maskload_ps(b + 8, k1);
         }
-#define DSGD__ROW8(i) \
-    a = _mm256_broadcast_ss(ap + i); \
-    c##i##0 = _mm256_fmadd_ps(a, b0, c##i##0); \
-    c##i##1 = _mm256_fmadd_ps(a, b1, c##i##1)
-        DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
-#undef DSGD__ROW8
+        DSGD__ROWS6(DSGD__FMA8);
         ap += 6;
         b += ldb;
     }
@@ -1960,7 +1955,7 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_
     } while (0)
 #define DSGD__ROW8(i) \
     if (i < rows) { DSGD__OUT8(c + i * ldc, c##i##0, k0); DSGD__OUT8(c + i * ldc + 8, c##i##1, k1); }
-    DSGD__ROW8(0); DSGD__ROW8(1); DSGD__ROW8(2); DSGD__ROW8(3); DSGD__ROW8(4); DSGD__ROW8(5);
+    DSGD__ROWS6(DSGD__ROW8);
 #undef DSGD__ROW8
 #undef DSGD__OUT8
 }
@@ -1973,21 +1968,12 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_a
                     k1 = (__mmask16)(n >= 32 ? 0xffffu : n <= 16 ? 0u : (1u << (n - 16)) - 1u);
     __m512 c0[12], c1[12], a, b0, b1, va = _mm512_set1_ps(alpha);
     int p;
-#define DSGD__ZERO16(i) c0[i] = c1[i] = _mm512_setzero_ps()
-    DSGD__ZERO16(0); DSGD__ZERO16(1); DSGD__ZERO16(2); DSGD__ZERO16(3); DSGD__ZERO16(4); DSGD__ZERO16(5);
-    DSGD__ZERO16(6); DSGD__ZERO16(7); DSGD__ZERO16(8); DSGD__ZERO16(9); DSGD__ZERO16(10); DSGD__ZERO16(11);
-#undef DSGD__ZERO16
+    DSGD__ROWS12(DSGD__ZERO16);
     if (k1) { /* two vectors wide */
         for (p = 0; p < kc; ++p) {
             b0 = _mm512_maskz_loadu_ps(k0, b);
             b1 = _mm512_maskz_loadu_ps(k1, b + 16);
-#define DSGD__ROW16(i) \
-    a = _mm512_set1_ps(ap[i]); \
-    c0[i] = _mm512_fmadd_ps(a, b0, c0[i]); \
-    c1[i] = _mm512_fmadd_ps(a, b1, c1[i])
-            DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
-            DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
-#undef DSGD__ROW16
+            DSGD__ROWS12(DSGD__FMA16);
             ap += 12;
             b += ldb;
         }
@@ -1995,8 +1981,7 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_a
         for (p = 0; p < kc; ++p) {
             b0 = _mm512_maskz_loadu_ps(k0, b);
 #define DSGD__ROW16(i) c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b0, c0[i])
-            DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
-            DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+            DSGD__ROWS12(DSGD__ROW16);
 #undef DSGD__ROW16
             ap += 12;
             b += ldb;
@@ -2007,11 +1992,16 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_a
                                                                 _mm512_mul_ps(v, va)))
 #define DSGD__ROW16(i) \
     if (i < rows) { DSGD__OUT16(c + i * ldc, c0[i], k0); if (k1) DSGD__OUT16(c + i * ldc + 16, c1[i], k1); }
-    DSGD__ROW16(0); DSGD__ROW16(1); DSGD__ROW16(2); DSGD__ROW16(3); DSGD__ROW16(4); DSGD__ROW16(5);
-    DSGD__ROW16(6); DSGD__ROW16(7); DSGD__ROW16(8); DSGD__ROW16(9); DSGD__ROW16(10); DSGD__ROW16(11);
+    DSGD__ROWS12(DSGD__ROW16);
 #undef DSGD__ROW16
 #undef DSGD__OUT16
 }
+
+#undef DSGD__ROWS6
+#undef DSGD__ROWS12
+#undef DSGD__FMA8
+#undef DSGD__FMA16
+#undef DSGD__ZERO16
 
 DSGD__ELEMENTWISE(avx2, __attribute__((target("avx2,fma"))))
 DSGD__ELEMENTWISE(avx512, __attribute__((target("avx512f"))))
