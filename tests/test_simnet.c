@@ -2163,9 +2163,21 @@ static void body_psa(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) 
     record(r, rank, res);
 }
 
+/* A shard map of one variable "v" of nf floats on one server. */
+static dsgd_shard_map *one_var_map(run *r, size_t nf) {
+    dsgd_variable v;
+    dsgd_shard_map *map = NULL;
+    memset(&v, 0, sizeof(v));
+    snprintf(v.name, sizeof(v.name), "v");
+    v.count = nf;
+    v.rank = 1;
+    v.shape[0] = (int)nf;
+    assert_int_equal(dsgd_shard_map_create(r->main_ctx, &v, 1, 1, NULL, &map), DSGD_OK);
+    return map;
+}
+
 static void psa_once(psa_job *jb, double mu, double jitter) {
     dsgd_simnet_desc d;
-    dsgd_variable v;
     run r;
     int i;
     memset(&d, 0, sizeof(d));
@@ -2174,12 +2186,7 @@ static void psa_once(psa_job *jb, double mu, double jitter) {
     d.compute.seed = 4242;
     d.test_jitter_s = jitter;
     run_init(&r, PSA_W + 1, &d);
-    memset(&v, 0, sizeof(v));
-    snprintf(v.name, sizeof(v.name), "v");
-    v.count = PSA_NF;
-    v.rank = 1;
-    v.shape[0] = PSA_NF;
-    assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb->map), DSGD_OK);
+    jb->map = one_var_map(&r, PSA_NF);
     memset(&jb->pd, 0, sizeof(jb->pd));
     jb->pd.num_servers = 1;
     jb->pd.num_workers = PSA_W;
@@ -2273,7 +2280,6 @@ static void test_backup_straggler(void **state) {
     static const double factor[5] = {1, 1, 1, 1, 10};
     static bk_job jb;
     dsgd_simnet_desc d;
-    dsgd_variable v;
     run r;
     int i;
     (void)state;
@@ -2284,12 +2290,7 @@ static void test_backup_straggler(void **state) {
     d.compute.mean_s = 0.01;
     d.compute.rank_factor = factor;
     run_init(&r, 5, &d);
-    memset(&v, 0, sizeof(v));
-    snprintf(v.name, sizeof(v.name), "v");
-    v.count = PSA_NF;
-    v.rank = 1;
-    v.shape[0] = PSA_NF;
-    assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb.map), DSGD_OK);
+    jb.map = one_var_map(&r, PSA_NF);
     jb.pd.num_servers = 1;
     jb.pd.num_workers = 4;
     jb.pd.policy = DSGD_PS_BACKUP;
@@ -2445,7 +2446,6 @@ static void body_apply(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t
 static double apply_once(double gamma, double apply, double c) {
     static ap_job jb;
     dsgd_simnet_desc d;
-    dsgd_variable v;
     run r;
     int i;
     memset(&jb, 0, sizeof(jb));
@@ -2455,12 +2455,7 @@ static double apply_once(double gamma, double apply, double c) {
     d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
     d.compute.mean_s = c;
     run_init(&r, 2, &d);
-    memset(&v, 0, sizeof(v));
-    snprintf(v.name, sizeof(v.name), "v");
-    v.count = AP_NF;
-    v.rank = 1;
-    v.shape[0] = AP_NF;
-    assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb.map), DSGD_OK);
+    jb.map = one_var_map(&r, AP_NF);
     jb.pd.num_servers = 1;
     jb.pd.num_workers = 1;
     jb.pd.policy = DSGD_PS_ASYNC;
@@ -2664,7 +2659,6 @@ static void test_backup_both_ways(void **state) {
         for (bi = 0; bi < 4; ++bi) {
             static bkc_job jb;
             dsgd_simnet_desc d;
-            dsgd_variable v;
             run r;
             int b = backups[bi], N = BKC_P - b;
             double Hp = 0, Hb = 0, var = 0, want, mean, se, m1, m2;
@@ -2675,12 +2669,7 @@ static void test_backup_both_ways(void **state) {
             d.compute.seed = 2016 + (uint64_t)(10 * b + cancel);
             run_init(&r, BKC_P + 1, &d);
             r.use_run = 1;
-            memset(&v, 0, sizeof(v));
-            snprintf(v.name, sizeof(v.name), "v");
-            v.count = 1;
-            v.rank = 1;
-            v.shape[0] = 1;
-            assert_int_equal(dsgd_shard_map_create(r.main_ctx, &v, 1, 1, NULL, &jb.map), DSGD_OK);
+            jb.map = one_var_map(&r, 1);
             jb.steps = TU_TSAN ? 300 : TU_ASAN ? 800 : 4000;
             jb.pd.num_servers = 1;
             jb.pd.num_workers = BKC_P;
