@@ -13,6 +13,8 @@
      within 1e-6 relative of the reference's;
    - the same through dsgd_strategy_train_step_fn (each replica fetching its
      own shard): the same bits;
+   - both again with the exchange beside backward (overlap) in 25-float
+     buckets: the same bits;
    - uneven inputs: replica g has 5 + 3g samples, handed 4 at a time; the
      step with no sample anywhere returns info.count 0 on every process;
    - the synchronous contract across processes: K x P replicas x B equal
@@ -83,6 +85,11 @@ static void make_data(void) {
     }
 }
 
+/* desc's exchange beside backward and its buckets (for the multi-worker
+   strategies; the reference keeps one bucket, after backward) */
+static int g_overlap;
+static size_t g_bucket_bytes;
+
 static dsgd_strategy_desc desc(dsgd_strategy_kind kind, int n, const dsgd_transport_i *eps) {
     dsgd_strategy_desc d;
     memset(&d, 0, sizeof(d));
@@ -100,6 +107,10 @@ static dsgd_strategy_desc desc(dsgd_strategy_kind kind, int n, const dsgd_transp
     d.optimizer.momentum = 0.9f;
     d.timeout_s = 60.0;
     d.cpu_threads = 1;
+    if (kind == DSGD_STRATEGY_MULTI_WORKER_MIRRORED) {
+        d.overlap = g_overlap;
+        d.bucket_bytes = g_bucket_bytes;
+    }
     return d;
 }
 
@@ -405,6 +416,12 @@ int main(int argc, char **argv) {
     reference(ctx, w, ref, &rmt);
     train_and_compare(ctx, eps, k, w, ref, &rmt, 0);
     train_and_compare(ctx, eps, k, w, ref, &rmt, 1);
+    g_overlap = 1; /* the exchange beside backward, in 25-float buckets: the same bits */
+    g_bucket_bytes = 100;
+    train_and_compare(ctx, eps, k, w, ref, &rmt, 0);
+    train_and_compare(ctx, eps, k, w, ref, &rmt, 1);
+    g_overlap = 0;
+    g_bucket_bytes = 0;
     join(ctx, eps, k, w);
     contract(ctx, eps, k, w);
     hierarchical(ctx, eps, k, w);
