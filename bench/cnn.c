@@ -61,24 +61,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_models.h"
 #include "bench_util.h"
 #include "../tools/cl_gemm_measure.h"
 
 #define BATCH 64
-
-static const dsgd_image_layer_desc g_image[4] = {
-    {DSGD_IMAGE_CONV2D, 16, 3, 1, 1, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-    {DSGD_IMAGE_MAXPOOL, 0, 2, 0, 0, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-    {DSGD_IMAGE_CONV2D, 32, 3, 1, 1, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-    {DSGD_IMAGE_MAXPOOL, 0, 2, 0, 0, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-};
-static const int g_shape[3] = {28, 28, 1};
-static const dsgd_layer_desc g_cnn_dense[2] = {{128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                               {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-static const dsgd_layer_desc g_mlp[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                         {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                         {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-#define MLP_IN 784
 
 static void die(dsgd_ctx *ctx, const char *what) {
     fprintf(stderr, "cnn: %s: %s\n", what, dsgd_ctx_last_error(ctx));

@@ -51,7 +51,7 @@ done
 mkdir -p "$OUT" build/pocl-cache
 . bench/cpu_info.sh
 FORCED=$(cpu_forced_isas)
-echo "bench-cnn: CPU $(cpu_model); CPU backend kernels $(cpu_native_isa)${FORCED:+, and forced to $FORCED (DSGD_CPU_ISA)}"
+cpu_banner bench-cnn "$FORCED"
 
 echo "== distsgd: build/bench/cnn"
 make --no-print-directory build/bench/cnn

@@ -7,6 +7,8 @@
 #                   (dsgd_cpu_isa without DSGD_CPU_ISA), from the CPU's
 #                   flags: avx512 (avx512f), avx2 (avx2 and fma), else
 #                   portable; the runs print what they used
+#   cpu_banner NAME FORCED   the first line of bench NAME's output: the CPU,
+#                   the default kernels and the forced ones
 #   cpu_forced_isas the kernels the benches also run with DSGD_CPU_ISA:
 #                   avx2 on an AVX-512 CPU, so that one machine shows both;
 #                   FORCE_ISAS overrides ("" for none)
@@ -30,4 +32,8 @@ cpu_forced_isas() {
     if [ -n "${FORCE_ISAS+set}" ]; then echo "$FORCE_ISAS"
     elif [ "$(cpu_native_isa)" = avx512 ]; then echo avx2
     fi
+}
+
+cpu_banner() {
+    echo "$1: CPU $(cpu_model); CPU backend kernels $(cpu_native_isa)${2:+, and forced to $2 (DSGD_CPU_ISA)}"
 }

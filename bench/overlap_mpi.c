@@ -49,19 +49,10 @@ int main(void) {
 #include <stdlib.h>
 #include <string.h>
 
-static const dsgd_image_layer_desc g_image[4] = {
-    {DSGD_IMAGE_CONV2D, 16, 3, 1, 1, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-    {DSGD_IMAGE_MAXPOOL, 0, 2, 0, 0, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-    {DSGD_IMAGE_CONV2D, 32, 3, 1, 1, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-    {DSGD_IMAGE_MAXPOOL, 0, 2, 0, 0, DSGD_ACT_NONE, DSGD_INIT_AUTO},
-};
-static const dsgd_layer_desc g_cnn_dense[2] = {{128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                               {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
-static const dsgd_layer_desc g_mlp[3] = {{256, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                         {128, DSGD_ACT_RELU, DSGD_INIT_AUTO},
-                                         {10, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+#include "bench_models.h"
+#include "bench_util.h"
 
-enum { IN = 784, MAX_ROUNDS = 64 };
+enum { MAX_ROUNDS = 64 };
 
 typedef struct options {
     int mlp, batch, threads, steps, rounds, warmup;
@@ -72,16 +63,6 @@ typedef struct options {
 static void die(dsgd_ctx *ctx, int rank, const char *what) {
     fprintf(stderr, "overlap_mpi rank %d: %s: %s\n", rank, what, ctx ? dsgd_ctx_last_error(ctx) : "");
     dsgd_mpi_abort(1);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int parse(int argc, char **argv, options *o) {
@@ -130,15 +111,15 @@ static dsgd_strategy_desc desc_of(const options *o, const dsgd_transport_i *ep, 
     d.model.max_batch = o->batch;
     d.model.seed = 11;
     if (o->mlp) {
-        d.model.input_dim = IN;
+        d.model.input_dim = MLP_IN;
         d.model.layers = g_mlp;
         d.model.num_layers = 3;
     } else {
         d.model.image_layers = g_image;
         d.model.num_image_layers = 4;
-        d.model.input_shape[0] = 28;
-        d.model.input_shape[1] = 28;
-        d.model.input_shape[2] = 1;
+        d.model.input_shape[0] = g_shape[0];
+        d.model.input_shape[1] = g_shape[1];
+        d.model.input_shape[2] = g_shape[2];
         d.model.layers = g_cnn_dense;
         d.model.num_layers = 2;
     }
@@ -166,10 +147,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (dsgd_mpi_transport_create(ctx, NULL, &ep) != DSGD_OK) die(ctx, rank, "dsgd_mpi_transport_create");
-    x = (float *)malloc(sizeof(float) * (size_t)IN * (size_t)o.batch * (size_t)np);
+    x = (float *)malloc(sizeof(float) * (size_t)MLP_IN * (size_t)o.batch * (size_t)np);
     y = (float *)malloc(sizeof(float) * (size_t)o.batch * (size_t)np);
     if (!x || !y) die(NULL, rank, "out of memory");
-    for (i = 0; i < IN * o.batch * np; ++i) x[i] = (float)dsgd_rng_uniform(&rng);
+    for (i = 0; i < MLP_IN * o.batch * np; ++i) x[i] = (float)dsgd_rng_uniform(&rng);
     for (i = 0; i < o.batch * np; ++i) y[i] = (float)(int)(10.0 * dsgd_rng_uniform(&rng));
     for (round = 0; round < o.rounds; ++round) {
         for (mode = 0; mode < 2; ++mode) {
@@ -202,8 +183,8 @@ int main(int argc, char **argv) {
     if (memcmp(w[0], w[1], sizeof(float) * nparams) != 0) die(NULL, rank, "overlap on and off trained different bits");
     if (rank == 0) {
         double n = (double)o.rounds * o.steps;
-        med[0] = median(ms[0], o.rounds);
-        med[1] = median(ms[1], o.rounds);
+        med[0] = bench_median(ms[0], o.rounds);
+        med[1] = bench_median(ms[1], o.rounds);
         printf("overlap_mpi: %d processes, %s (%zu parameters), batch %d per replica, buckets of %zu bytes, %s, "
                "%d thread(s) each; medians of %d rounds of %d steps; the same bits with and without overlap\n",
                np, o.mlp ? "mlp 784-256-128-10" : "cnn", nparams, o.batch, o.bucket,

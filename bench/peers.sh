@@ -92,7 +92,7 @@ done
 mkdir -p "$OUT"
 . bench/cpu_info.sh
 FORCED=$(cpu_forced_isas)
-echo "bench-peers: CPU $(cpu_model); CPU backend kernels $(cpu_native_isa)${FORCED:+, and forced to $FORCED (DSGD_CPU_ISA)}"
+cpu_banner bench-peers "$FORCED"
 
 # ---------------------------------------------------------------- distsgd
 

@@ -163,13 +163,19 @@ static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
     return res;
 }
 
-/* Variable v is final: its buckets need it no more. */
-static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
+/* count[k] += delta for every bucket k that holds some of variable v. */
+static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int delta) {
     const dsgd_variable *var = dsgd_model_variable(ov->r->m.model, v);
     size_t k;
-    if (ov->final[v] || var->count == 0) return;
+    if (var->count == 0) return;
+    for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) count[k] += delta;
+}
+
+/* Variable v is final: its buckets need it no more. */
+static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
+    if (ov->final[v]) return;
     ov->final[v] = 1;
-    for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->left[k]--;
+    dsgd__overlap_count(ov, v, ov->left, -1);
 }
 
 /* The model's listener (dsgd_model_variable_ready). */
@@ -256,7 +262,6 @@ static void dsgd__overlap_destroy(dsgd_replica *r) {
 static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float *host) {
     dsgd_model *m = r->m.model;
     int v, nv = dsgd_model_num_variables(m);
-    size_t k;
     dsgd_ctx_desc cd;
     dsgd__overlap *ov = (dsgd__overlap *)dsgd__alloc(s->ctx, sizeof(*ov), "dsgd_strategy_create");
     if (!ov) return DSGD_ERR_OUT_OF_MEMORY;
@@ -273,11 +278,7 @@ static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float
     ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");
     if (!ov->need || !ov->left || !ov->final) return DSGD_ERR_OUT_OF_MEMORY;
     memset(ov->need, 0, sizeof(int) * (size_t)ov->nb);
-    for (v = 0; v < nv; ++v) {
-        const dsgd_variable *var = dsgd_model_variable(m, v);
-        if (var->count == 0) continue;
-        for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->need[k]++;
-    }
+    for (v = 0; v < nv; ++v) dsgd__overlap_count(ov, v, ov->need, 1);
     memset(&cd, 0, sizeof(cd)); /* no label, no logger: a failure is told through the replica's context */
     if (dsgd_ctx_create(&cd, &ov->ctx) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_strategy_create: no context for the exchange");

@@ -66,16 +66,20 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     return res;
 }
 
-/* Phase 1: the gradient of replica r's batch b -> the model's gradient
-   buffer (zero for an empty batch); *bad counts its non-finite values. */
+/* The gradient of replica r's batch b -> the model's gradient buffer (zero
+   for an empty batch). */
+static dsgd_result dsgd__step_backward(dsgd_replica *r, const dsgd_batch *b, int global) {
+    dsgd_model *m = r->m.model;
+    if (b->count > 0) return dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
+    return r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, dsgd_model_num_params(m));
+}
+
+/* Phase 1: dsgd__step_backward; *bad counts the gradient's non-finite
+   values (or the verdict's flag is written on the device). */
 static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, int global, size_t *bad) {
     dsgd_model *m = r->m.model;
     size_t p = dsgd_model_num_params(m);
-    dsgd_result res;
-    if (b->count > 0)
-        res = dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
-    else
-        res = r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, p);
+    dsgd_result res = dsgd__step_backward(r, b, global);
     if (res != DSGD_OK) return res;
     if (r->s->defer) return r->m.be.nonfinite_flag(r->m.be.impl, dsgd_model_grads(m), p, dsgd__ref(r->vflag, 0));
     return r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, bad);
@@ -92,10 +96,7 @@ static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a,
     /* 1, 3 and 4 with OVERLAP: buckets counted, scaled and exchanged as
        backward finishes them; every replica exchanges them all */
     dsgd__overlap_begin(r, r->global, (size_t)b->count);
-    res = b->count > 0 ? dsgd_model_gradients(r->m.model, b, r->s->all_mean ? 1.0f / (float)r->global : 1.0f)
-                       : r->m.be.fill(r->m.be.impl, dsgd_model_grads(r->m.model), 0.0f,
-                                      dsgd_model_num_params(r->m.model));
-    return dsgd__overlap_end(r, res, bad);
+    return dsgd__overlap_end(r, dsgd__step_backward(r, b, r->global), bad);
 }
 
 /* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,

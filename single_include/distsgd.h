@@ -19148,13 +19148,19 @@ static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
     return res;
 }
 
-/* Variable v is final: its buckets need it no more. */
-static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
+/* count[k] += delta for every bucket k that holds some of variable v. */
+static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int delta) {
     const dsgd_variable *var = dsgd_model_variable(ov->r->m.model, v);
     size_t k;
-    if (ov->final[v] || var->count == 0) return;
+    if (var->count == 0) return;
+    for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) count[k] += delta;
+}
+
+/* Variable v is final: its buckets need it no more. */
+static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
+    if (ov->final[v]) return;
     ov->final[v] = 1;
-    for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->left[k]--;
+    dsgd__overlap_count(ov, v, ov->left, -1);
 }
 
 /* The model's listener (dsgd_model_variable_ready). */
@@ -19241,7 +19247,6 @@ static void dsgd__overlap_destroy(dsgd_replica *r) {
 static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float *host) {
     dsgd_model *m = r->m.model;
     int v, nv = dsgd_model_num_variables(m);
-    size_t k;
     dsgd_ctx_desc cd;
     dsgd__overlap *ov = (dsgd__overlap *)dsgd__alloc(s->ctx, sizeof(*ov), "dsgd_strategy_create");
     if (!ov) return DSGD_ERR_OUT_OF_MEMORY;
@@ -19258,11 +19263,7 @@ static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float
     ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");
     if (!ov->need || !ov->left || !ov->final) return DSGD_ERR_OUT_OF_MEMORY;
     memset(ov->need, 0, sizeof(int) * (size_t)ov->nb);
-    for (v = 0; v < nv; ++v) {
-        const dsgd_variable *var = dsgd_model_variable(m, v);
-        if (var->count == 0) continue;
-        for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) ov->need[k]++;
-    }
+    for (v = 0; v < nv; ++v) dsgd__overlap_count(ov, v, ov->need, 1);
     memset(&cd, 0, sizeof(cd)); /* no label, no logger: a failure is told through the replica's context */
     if (dsgd_ctx_create(&cd, &ov->ctx) != DSGD_OK)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_strategy_create: no context for the exchange");
@@ -19383,16 +19384,20 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     return res;
 }
 
-/* Phase 1: the gradient of replica r's batch b -> the model's gradient
-   buffer (zero for an empty batch); *bad counts its non-finite values. */
+/* The gradient of replica r's batch b -> the model's gradient buffer (zero
+   for an empty batch). */
+static dsgd_result dsgd__step_backward(dsgd_replica *r, const dsgd_batch *b, int global) {
+    dsgd_model *m = r->m.model;
+    if (b->count > 0) return dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
+    return r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, dsgd_model_num_params(m));
+}
+
+/* Phase 1: dsgd__step_backward; *bad counts the gradient's non-finite
+   values (or the verdict's flag is written on the device). */
 static dsgd_result dsgd__step_gradients(dsgd_replica *r, const dsgd_batch *b, int global, size_t *bad) {
     dsgd_model *m = r->m.model;
     size_t p = dsgd_model_num_params(m);
-    dsgd_result res;
-    if (b->count > 0)
-        res = dsgd_model_gradients(m, b, r->s->all_mean ? 1.0f / (float)global : 1.0f);
-    else
-        res = r->m.be.fill(r->m.be.impl, dsgd_model_grads(m), 0.0f, p);
+    dsgd_result res = dsgd__step_backward(r, b, global);
     if (res != DSGD_OK) return res;
     if (r->s->defer) return r->m.be.nonfinite_flag(r->m.be.impl, dsgd_model_grads(m), p, dsgd__ref(r->vflag, 0));
     return r->m.be.norm_check(r->m.be.impl, dsgd_model_grads(m), p, NULL, bad);
@@ -19409,10 +19414,7 @@ static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a,
     /* 1, 3 and 4 with OVERLAP: buckets counted, scaled and exchanged as
        backward finishes them; every replica exchanges them all */
     dsgd__overlap_begin(r, r->global, (size_t)b->count);
-    res = b->count > 0 ? dsgd_model_gradients(r->m.model, b, r->s->all_mean ? 1.0f / (float)r->global : 1.0f)
-                       : r->m.be.fill(r->m.be.impl, dsgd_model_grads(r->m.model), 0.0f,
-                                      dsgd_model_num_params(r->m.model));
-    return dsgd__overlap_end(r, res, bad);
+    return dsgd__overlap_end(r, dsgd__step_backward(r, b, r->global), bad);
 }
 
 /* Phase 2: every replica learns one verdict from the MAX of a flag: 0 go,
