@@ -35,8 +35,9 @@
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
 #   make test-consumers   pkg-config and CMake consumers of an install
 #   make build-combos     a build with each optional dependency switched off
-#                         (OpenCL: all; OpenBLAS, both: the benches, its only
-#                         users) and the MPI bench with mpicc,
+#                         (OpenCL: examples, tests, tools; OpenBLAS, both:
+#                         the benches, its only users) and the MPI benches
+#                         with mpicc,
 #                         each in its own build/combo/ directory (CI runs it)
 #   make clean
 #
@@ -375,7 +376,7 @@ bench-cnn:
 # only) and what it finds worth keeping (build/fuzz/corpus/NAME), with
 # fuzz/NAME.dict when there is one. A crash, a sanitizer report, a leak or a
 # result a target does not allow stops it and fails the target; libFuzzer
-# writes the input to build/fuzz/. CI runs FUZZ_SECONDS=10.
+# writes the input to build/fuzz/. CI runs FUZZ_SECONDS=5.
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS = -std=c99 -Wall -Wextra -Wpedantic -Werror -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
@@ -432,7 +433,8 @@ bench-overlap-mpi:
 # compile at -O0 without -g (5x faster here; `make all` is the -O2 build
 # whose optimiser-dependent warnings count): they check what each
 # configuration compiles, with every warning an error. Only what a switch
-# changes is rebuilt: without OpenCL, everything (its sources drop out);
+# changes is rebuilt: without OpenCL, the examples, tests and tools (its
+# sources drop out; the benches without it are the third combo's);
 # without OpenBLAS, the benches, its only users (examples use it only with
 # BLAS=openblas, which needs it), alone and without OpenCL too.
 NO_BLAS = OPENBLAS_CFLAGS= OPENBLAS_LIBS=
@@ -440,7 +442,7 @@ NO_CL = CL_OK=
 COMBO_FLAGS = CFLAGS="$(filter-out -O% -g,$(CFLAGS)) -O0" BENCH_CFLAGS='$$(CFLAGS)'
 build-combos:
 	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas $(NO_BLAS) $(COMBO_FLAGS) bench-build
-	$(MAKE) --no-print-directory BUILD=build/combo/no-opencl $(NO_CL) $(COMBO_FLAGS) all
+	$(MAKE) --no-print-directory BUILD=build/combo/no-opencl $(NO_CL) $(COMBO_FLAGS) examples tests tools
 	$(MAKE) --no-print-directory BUILD=build/combo/no-openblas-no-opencl $(NO_BLAS) $(NO_CL) $(COMBO_FLAGS) bench-build
 	@if command -v $(firstword $(MPICC)) >/dev/null 2>&1; then \
 	    mkdir -p build/combo/mpi && \
