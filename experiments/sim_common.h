@@ -9,7 +9,8 @@
        outside the hub); each replica's batch comes from a dsgd_batch_fn
        that first charges the step's compute (dsgd_simnet_compute); or
      - parameter servers (distsgd/ps.h) in any policy: rank 0 serves, ranks
-       1..W are workers, one thread each (no parking needed); a worker runs
+       1..W are workers, run by the hub (dsgd_simnet_run: fibers on one
+       thread, no parking, so P in the hundreds is quick); a worker runs
        the engine's loop (dsgd_ps_worker_run): pulls, computes its
        gradient, charges the compute, pushes.
    Every worker draws its batches from the training set with its own
@@ -290,7 +291,6 @@ typedef struct sim_ps {
     const sim_run_desc *d;
     const sim_data *data;
     dsgd_simnet *hub;
-    dsgd_transport_i *ep;
     dsgd_ctx **ctx;
     dsgd_shard_map *map;
     dsgd_ps_desc pd;
@@ -301,11 +301,6 @@ typedef struct sim_ps {
     char (*msg)[256];
     dsgd_ps_server_stats st;
 } sim_ps;
-
-typedef struct sim_ps_arg {
-    sim_ps *ps;
-    int rank;
-} sim_ps_arg;
 
 /* A worker of the run: what its loop's callbacks (dsgd_ps_worker_run) use. */
 typedef struct sim_ps_worker {
@@ -373,19 +368,18 @@ static dsgd_result sim_ps_pushed(void *user, int64_t k) {
     return DSGD_OK;
 }
 
-/* One rank's thread. Exactly one rank thread runs at a time (the hub's
-   turn; no parking here), so the shared counters in rows need no lock and
-   their order is the simulation's. A worker runs the engine's loop
-   (dsgd_ps_worker_run: pull, stop rule, compute, push) with the callbacks
-   above. */
-static void *sim_ps_rank(void *p) {
-    sim_ps_arg *a = (sim_ps_arg *)p;
-    sim_ps *ps = a->ps;
+/* One rank's program, run by the hub (dsgd_simnet_run: fibers on one
+   thread where the build has them, else a thread per rank). Exactly one
+   rank runs at a time (the hub's turn; no parking here), so the shared
+   counters in rows need no lock and their order is the simulation's. A
+   worker runs the engine's loop (dsgd_ps_worker_run: pull, stop rule,
+   compute, push) with the callbacks above. */
+static void sim_ps_rank(dsgd_simnet *hub, int rank, const dsgd_transport_i *t, void *user) {
+    sim_ps *ps = (sim_ps *)user;
     const sim_run_desc *d = ps->d;
-    int rank = a->rank;
     dsgd_ctx *ctx = ps->ctx[rank];
-    const dsgd_transport_i *t = &ps->ep[rank];
     dsgd_result res;
+    (void)hub;
     if (rank == 0) {
         dsgd_ps_server *s = NULL;
         res = dsgd_ps_server_create(ctx, t, &ps->pd, ps->map, ps->init, &s);
@@ -435,35 +429,28 @@ static void *sim_ps_rank(void *p) {
         snprintf(ps->msg[rank], sizeof(ps->msg[rank]), "%.250s", dsgd_ctx_last_error(ctx));
         dsgd_simnet_abort(ps->hub);
     }
-    dsgd_simnet_leave(ps->hub, rank);
-    return NULL;
 }
 
 static int sim_run_ps(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data *data, dsgd_simnet *hub, sim_rows *rows,
                       sim_result *out) {
     int n = d->workers + 1, i, rc = -1;
     sim_ps ps;
-    sim_ps_arg *args = (sim_ps_arg *)calloc((size_t)n, sizeof(*args));
-    pthread_t *th = (pthread_t *)calloc((size_t)n, sizeof(*th));
     dsgd_model_desc md;
     dsgd_model *m0 = NULL;
     float *init = NULL;
     memset(&ps, 0, sizeof(ps));
     if (d->steps <= 0 && d->max_time_s <= 0) {
         fprintf(stderr, "%s: a parameter-server run needs steps > 0 or max_time_s > 0\n", d->name);
-        free(args);
-        free(th);
         return -1;
     }
     ps.d = d;
     ps.data = data;
     ps.hub = hub;
     ps.rows = rows;
-    ps.ep = (dsgd_transport_i *)calloc((size_t)n, sizeof(*ps.ep));
     ps.ctx = (dsgd_ctx **)calloc((size_t)n, sizeof(*ps.ctx));
     ps.res = (dsgd_result *)calloc((size_t)n, sizeof(*ps.res));
     ps.msg = (char(*)[256])calloc((size_t)n, 256);
-    if (!args || !th || !ps.ep || !ps.ctx || !ps.res || !ps.msg) goto done;
+    if (!ps.ctx || !ps.res || !ps.msg) goto done;
     /* the initial weights: the workers' model's, by seed */
     memset(&md, 0, sizeof(md));
     md.input_dim = data->train.dim;
@@ -487,20 +474,12 @@ static int sim_run_ps(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data *data
     ps.pd.timeout_s = 1e6; /* virtual: nothing times out */
     ps.pd.retry_s = 1e5;   /* no resends: the virtual network loses nothing */
     ps.pd.staleness_bins = 64;
-    for (i = 0; i < n; ++i) {
-        if (dsgd_ctx_create(NULL, &ps.ctx[i]) != DSGD_OK || dsgd_simnet_endpoint(hub, i, &ps.ep[i]) != DSGD_OK)
-            goto done;
+    for (i = 0; i < n; ++i)
+        if (dsgd_ctx_create(NULL, &ps.ctx[i]) != DSGD_OK) goto done;
+    if (dsgd_simnet_run(hub, sim_ps_rank, &ps) != DSGD_OK) {
+        fprintf(stderr, "%s: %s\n", d->name, dsgd_ctx_last_error(ctx));
+        goto done;
     }
-    for (i = 0; i < n; ++i) {
-        args[i].ps = &ps;
-        args[i].rank = i;
-        if (pthread_create(&th[i], NULL, sim_ps_rank, &args[i]) != 0) {
-            dsgd_simnet_abort(hub);
-            while (i-- > 0) pthread_join(th[i], NULL);
-            goto done;
-        }
-    }
-    for (i = 0; i < n; ++i) pthread_join(th[i], NULL);
     rc = 0;
     for (i = 0; i < n; ++i)
         if (ps.res[i] != DSGD_OK && rc == 0) {
@@ -514,12 +493,9 @@ done:
     dsgd_shard_map_destroy(ps.map);
     dsgd_model_destroy(m0);
     free(init);
-    free(ps.ep);
     free(ps.ctx);
     free(ps.res);
     free(ps.msg);
-    free(args);
-    free(th);
     return rc;
 }
 
