@@ -57,6 +57,10 @@ typedef struct sim_run_desc {
     dsgd_ps_policy policy;  /* SIM_PS */
     int staleness;          /* SSP's bound (other policies: 0) */
     int backups;            /* BACKUP's b (other policies: 0) */
+    int backup_cancel;      /* BACKUP: late workers abandon their gradient
+                               and restart on the new step (the compute is
+                               charged through dsgd_ps_worker_compute_for,
+                               one fresh draw per attempt); 0: TF's protocol */
     int workers;            /* replicas, or PS workers (N + b) */
     int batch;              /* per worker */
     const dsgd_layer_desc *layers;
@@ -172,7 +176,7 @@ typedef struct sim_rows {
     int stop; /* the target was reached and stop_at_target */
 } sim_rows;
 
-static void sim_csv_header(FILE *f) {
+SIM_MAYBE_UNUSED static void sim_csv_header(FILE *f) {
     if (f) fprintf(f, "run,step,time_s,loss,accuracy,staleness,dropped\n");
 }
 
@@ -311,6 +315,7 @@ typedef struct sim_ps_worker {
     size_t np;
     float *x, *y;
     int64_t prev_v; /* the version read at the previous pull */
+    long attempts;  /* backup_cancel: computes begun (each draws its time) */
 } sim_ps_worker;
 
 /* After each pull: the staleness counters, the pulled weights into the
@@ -353,8 +358,10 @@ static dsgd_result sim_ps_grad(void *user, int64_t k, const float *params, float
     sim_draw(&sw->ps->data->train, d->seed, sw->rank, (long)k, d->batch, sw->x, sw->y);
     res = dsgd_model_compute_gradients(sw->m, sw->x, sw->y, d->batch, 1.0f / (float)d->batch);
     if (res == DSGD_OK) res = dsgd_model_get_grads(sw->m, grads, sw->np);
-    if (res == DSGD_OK) res = dsgd_simnet_compute(sw->ps->hub, sw->rank, (long)k);
-    return res;
+    if (res != DSGD_OK) return res;
+    if (d->backup_cancel) /* a CANCEL may cut it short: the loop then pulls again */
+        return dsgd_ps_worker_compute_for(sw->w, dsgd_simnet_compute_time(sw->ps->hub, sw->rank, sw->attempts++), NULL);
+    return dsgd_simnet_compute(sw->ps->hub, sw->rank, (long)k);
 }
 
 /* After each push: BACKUP's dropped gradients. */
@@ -470,6 +477,7 @@ static int sim_run_ps(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data *data
     ps.pd.policy = d->policy;
     ps.pd.staleness = d->staleness;
     ps.pd.backup_workers = d->backups;
+    ps.pd.backup_cancel = d->backup_cancel;
     ps.pd.optimizer = d->optimizer;
     ps.pd.timeout_s = 1e6; /* virtual: nothing times out */
     ps.pd.retry_s = 1e5;   /* no resends: the virtual network loses nothing */

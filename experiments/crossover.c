@@ -1,0 +1,530 @@
+/* crossover.c - when does synchronous training beat asynchronous? A sweep
+   on the simulated cluster (distsgd/simnet.h) over the update policy, the
+   number of workers P, the stragglers' severity and the network, with
+   several seeds per point and each policy's learning rate tuned by a small
+   grid on seeds of its own.
+
+   The task is the one where staleness costs accuracy: the digits MLP
+   (64-64-10, 8 samples per worker and gradient) trained to 92% test
+   accuracy, a target async reaches late when P workers make each gradient
+   P - 1 updates stale. Policies (parameter-server engine, one server):
+     sync b    BACKUP with P = N + b: a step applies the first N gradients
+               (b = 0: plain synchronous), late workers finishing their stale
+               gradient first (TF's SyncReplicasOptimizer)
+     cancel b  the same, late workers abandoning it and restarting at once
+               (dsgd_ps_desc.backup_cancel)
+     async     every gradient applied on arrival
+     ssp 4     stale synchronous parallel, bound 4
+   Compute per worker and step: 10 ms + Exp(mean m), m = 2.5 ms (light),
+   10 ms (heavy), or 1 ms with 5% of steps 4x slower (tail: a tight
+   distribution with a few stragglers in every step, as on a shared
+   cluster). Networks:
+   fast (alpha 50 us, 10 GB/s) and slow (alpha 1 ms, 100 MB/s; the server
+   sends its 19 KB of weights to each worker through one NIC).
+
+   Learning rates: sync and cancel use SGD with momentum 0.9 at
+   lr = g x 0.1 x N / 16 (the linear scaling rule), async and SSP plain SGD
+   at lr = g x 0.05, g from {0.5, 1, 2}, the best g chosen by the mean time
+   to target over the tuning seeds (100 + k), then measured on the
+   evaluation seeds (1..K). A run that does not reach the target by 3000
+   updates (async: 60 virtual seconds) counts as not reached; a point is
+   reported only where every evaluation seed reached it. Means come with
+   95% confidence intervals (Student's t over the seeds).
+
+   Writes, in --out (default build/sim):
+     crossover_runs.csv     every evaluation run: net,severity,P,policy,k,
+                            lr,seed,time_to_target,updates,reached
+     crossover_summary.csv  every point: its tuned lr, mean, CI, seeds
+     crossover_table.md     "when sync beats async", one row per network,
+                            severity and P
+     crossover_backups.png  time to target against b at P = 100, both
+                            protocols, with error bars (gnuplot)
+     crossover_p.png        time to target against P, best sync and async
+     crossover_cdf.png      the step-time CDF at P = 100, b = 0 and b = 4
+   The same seeds give the same bytes.
+
+   Run:  make sim      (with the other experiments)
+   or:   ./build/experiments/crossover [--data PATH] [--out DIR] [--seeds K]
+                                      [--tune-seeds K] [--quick] */
+#define _POSIX_C_SOURCE 200809L
+#define DISTSGD_IMPLEMENTATION
+#include "../distsgd.h"
+#include "sim_common.h"
+
+#define BATCH 8
+#define TARGET 0.92
+#define MAX_SEEDS 16
+#define MAX_STEPS 3000
+#define NB100 7
+
+static const dsgd_layer_desc LAYERS[2] = {{.units = 64, .activation = DSGD_ACT_RELU}, {.units = 10}};
+
+typedef enum pol { POL_SYNC, POL_CANCEL, POL_ASYNC, POL_SSP } pol;
+static const char *const POL_NAME[4] = {"sync", "cancel", "async", "ssp"};
+
+typedef struct net_desc {
+    const char *name;
+    double alpha, beta;
+} net_desc;
+static const net_desc NETS[2] = {{"fast", 50e-6, 1e-10}, {"slow", 1e-3, 1e-8}};
+
+typedef struct sev_desc {
+    const char *name;
+    double mean, p, factor;
+} sev_desc;
+static const sev_desc SEVS[3] = {{"light", 0.0025, 0, 0}, {"heavy", 0.010, 0, 0}, {"tail", 0.001, 0.05, 4.0}};
+
+static const double GRID[3] = {0.5, 1.0, 2.0};
+
+/* A point of the sweep and what was measured there. */
+typedef struct point {
+    int net, sev, P, k; /* k: b (sync, cancel), s (ssp), 0 (async) */
+    pol policy;
+    double lr, mean, ci, t[MAX_SEEDS];
+    int reached; /* evaluation seeds that reached the target */
+} point;
+
+typedef struct sweep {
+    sim_data data;
+    int seeds, tune_seeds, jobs;
+    FILE *runs;
+    long nruns;
+    double t0;
+} sweep;
+
+/* Student's t at 97.5% for df degrees of freedom (df 1..15). */
+static double t975(int df) {
+    static const double t[16] = {0, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,
+                                 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131};
+    return df >= 1 && df <= 15 ? t[df] : 1.96;
+}
+
+static double lr_of(const point *p, double g) {
+    if (p->policy == POL_SYNC || p->policy == POL_CANCEL) return g * 0.1 * (double)(p->P - p->k) / 16.0;
+    return g * 0.05;
+}
+
+/* One run of point p at learning rate lr and seed; its time to target, or
+   -1. rows (optional) gets the run's CSV rows. */
+static double run_one(sweep *sw, const point *p, double lr, uint64_t seed, FILE *rows, long *updates) {
+    sim_run_desc d;
+    sim_result r;
+    char name[64];
+    memset(&d, 0, sizeof(d));
+    snprintf(name, sizeof(name), "%s-%s-P%d-%s%d-s%llu", NETS[p->net].name, SEVS[p->sev].name, p->P,
+             POL_NAME[p->policy], p->k, (unsigned long long)seed);
+    d.name = name;
+    d.kind = SIM_PS;
+    d.workers = p->P;
+    d.batch = BATCH;
+    d.layers = LAYERS;
+    d.num_layers = 2;
+    d.target = TARGET;
+    d.stop_at_target = p->policy != POL_SSP; /* SSP stops on its clocks: run to the end */
+    d.net.alpha_s = NETS[p->net].alpha;
+    d.net.beta_s_per_byte = NETS[p->net].beta;
+    d.net.gamma_s_per_float = 1e-10;
+    d.net.compute.kind = DSGD_SIMNET_COMPUTE_SHIFTED_EXPONENTIAL;
+    d.net.compute.shift_s = 0.010;
+    d.net.compute.mean_s = SEVS[p->sev].mean;
+    d.net.compute.straggler_p = SEVS[p->sev].p;
+    d.net.compute.straggler_factor = SEVS[p->sev].factor;
+    d.net.compute.seed = seed;
+    d.csv = rows;
+    d.seed = seed;
+    d.optimizer.lr = (float)lr;
+    switch (p->policy) {
+    case POL_SYNC:
+    case POL_CANCEL:
+        d.policy = DSGD_PS_BACKUP;
+        d.backups = p->k;
+        d.backup_cancel = p->policy == POL_CANCEL;
+        d.optimizer.kind = DSGD_OPT_MOMENTUM;
+        d.optimizer.momentum = 0.9f;
+        d.steps = MAX_STEPS;
+        d.eval_every = 1;
+        break;
+    case POL_ASYNC:
+        d.policy = DSGD_PS_ASYNC;
+        d.optimizer.kind = DSGD_OPT_SGD;
+        d.max_time_s = 60;
+        d.eval_every = p->P;
+        break;
+    case POL_SSP:
+        d.policy = DSGD_PS_SSP;
+        d.staleness = p->k;
+        d.optimizer.kind = DSGD_OPT_SGD;
+        d.steps = MAX_STEPS / 8; /* pushes per worker */
+        d.eval_every = p->P;
+        break;
+    }
+    if (sim_run(&d, &sw->data, &r) != 0) return -2;
+    *updates = r.steps_to_target;
+    return r.time_to_target;
+}
+
+/* One run of a batch that mean_over spreads over threads. */
+typedef struct job {
+    sweep *sw;
+    const point *p;
+    double lr, t;
+    uint64_t seed;
+    long updates;
+} job;
+
+typedef struct jobs {
+    job *j;
+    int n, next;
+    pthread_mutex_t mu;
+} jobs;
+
+static void *job_thread(void *arg) {
+    jobs *q = (jobs *)arg;
+    for (;;) {
+        job *j;
+        pthread_mutex_lock(&q->mu);
+        j = q->next < q->n ? &q->j[q->next++] : NULL;
+        pthread_mutex_unlock(&q->mu);
+        if (!j) return NULL;
+        j->t = run_one(j->sw, j->p, j->lr, j->seed, NULL, &j->updates);
+    }
+}
+
+/* Mean of the times over k seeds from first (unreached: +inf), the runs
+   spread over sw->jobs threads (each run is a function of its seed, so the
+   result does not depend on which thread ran it). -2 when a run failed. */
+static double mean_over(sweep *sw, const point *p, double lr, uint64_t first, int k, double *t, int *reached) {
+    job js[MAX_SEEDS];
+    jobs q;
+    pthread_t th[MAX_SEEDS];
+    double sum = 0;
+    int i, started = 0;
+    memset(&q, 0, sizeof(q));
+    q.j = js;
+    q.n = k;
+    pthread_mutex_init(&q.mu, NULL);
+    for (i = 0; i < k; ++i) {
+        js[i].sw = sw;
+        js[i].p = p;
+        js[i].lr = lr;
+        js[i].seed = first + (uint64_t)i;
+        js[i].updates = -1;
+    }
+    for (i = 1; i < sw->jobs && i < k; ++i)
+        if (pthread_create(&th[started], NULL, job_thread, &q) == 0) ++started;
+    job_thread(&q);
+    for (i = 0; i < started; ++i) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&q.mu);
+    sw->nruns += k;
+    *reached = 0;
+    for (i = 0; i < k; ++i) {
+        double x = js[i].t;
+        if (x < -1.5) return -2;
+        if (t) t[i] = x;
+        if (x >= 0) {
+            sum += x;
+            ++*reached;
+        }
+        if (t && sw->runs)
+            fprintf(sw->runs, "%s,%s,%d,%s,%d,%.6g,%llu,%.6f,%ld,%d\n", NETS[p->net].name, SEVS[p->sev].name, p->P,
+                    POL_NAME[p->policy], p->k, lr, (unsigned long long)js[i].seed, x, js[i].updates, x >= 0);
+    }
+    return *reached == k ? sum / k : HUGE_VAL;
+}
+
+/* Tunes p's learning rate on the tuning seeds, then measures it. 0, or -1
+   on a failed run. */
+static int measure(sweep *sw, point *p) {
+    double best = HUGE_VAL, sd = 0;
+    int g, i, reached;
+    p->lr = lr_of(p, GRID[1]);
+    for (g = 0; g < 3; ++g) {
+        double m = mean_over(sw, p, lr_of(p, GRID[g]), 100, sw->tune_seeds, NULL, &reached);
+        if (m < -1.5) return -1;
+        if (m < best) {
+            best = m;
+            p->lr = lr_of(p, GRID[g]);
+        }
+    }
+    p->mean = mean_over(sw, p, p->lr, 1, sw->seeds, p->t, &p->reached);
+    if (p->mean < -1.5) return -1;
+    p->ci = HUGE_VAL;
+    if (p->reached == sw->seeds && sw->seeds > 1) {
+        for (i = 0; i < sw->seeds; ++i) sd += (p->t[i] - p->mean) * (p->t[i] - p->mean);
+        sd = sqrt(sd / (sw->seeds - 1));
+        p->ci = t975(sw->seeds - 1) * sd / sqrt((double)sw->seeds);
+    }
+    return 0;
+}
+
+static point make_point(int net, int sev, int P, pol policy, int k) {
+    point p;
+    memset(&p, 0, sizeof(p));
+    p.net = net;
+    p.sev = sev;
+    p.P = P;
+    p.policy = policy;
+    p.k = k;
+    return p;
+}
+
+static void summary_row(FILE *f, const point *p) {
+    fprintf(f, "%s,%s,%d,%s,%d,%.6g,%.6f,%.6f,%d\n", NETS[p->net].name, SEVS[p->sev].name, p->P, POL_NAME[p->policy],
+            p->k, p->lr, p->reached == 0 ? -1.0 : p->mean, isfinite(p->ci) ? p->ci : -1.0, p->reached);
+    fflush(f);
+}
+
+static void print_point(const sweep *sw, const point *p) {
+    if (p->reached == sw->seeds)
+        printf("  %-5s %-6s P=%-4d %-6s %-3d lr %-7.4g %8.3f s +- %.3f\n", NETS[p->net].name, SEVS[p->sev].name, p->P,
+               POL_NAME[p->policy], p->k, p->lr, p->mean, p->ci);
+    else
+        printf("  %-5s %-6s P=%-4d %-6s %-3d lr %-7.4g not reached (%d of %d seeds)\n", NETS[p->net].name,
+               SEVS[p->sev].name, p->P, POL_NAME[p->policy], p->k, p->lr, p->reached, sw->seeds);
+    fflush(stdout);
+}
+
+/* Step times (differences of time_s between consecutive versions) of the
+   rows in f (one run's CSV, eval_every 1), into t; returns how many. */
+static int step_times(FILE *f, double *t, int cap) {
+    char line[256];
+    double prev = -1;
+    int n = 0;
+    rewind(f);
+    while (fgets(line, sizeof(line), f) && n < cap) {
+        char *c = strchr(line, ',');
+        double x;
+        if (!c || !(c = strchr(c + 1, ','))) continue;
+        x = strtod(c + 1, NULL);
+        if (prev >= 0) t[n++] = x - prev;
+        prev = x;
+    }
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+    const char *data_path = "examples/data/digits.csv", *out = "build/sim";
+    static const int PS_FULL[4] = {16, 32, 64, 128}, PS_QUICK[2] = {16, 64};
+    static const int BS[6] = {0, 1, 2, 4, 8, 16}, BS100[NB100] = {0, 1, 2, 4, 8, 16, 32};
+    int quick = 0, a, n, s, i, j, nP, failed = 0;
+    const int *PS_;
+    char path[1024];
+    FILE *sum = NULL, *table = NULL, *cdf = NULL;
+    sweep sw;
+    dsgd_ctx *ctx;
+    point best_sync[2][3][4], async_pt[2][3][4], bpts[2][NB100], apt100, ssp100;
+
+    memset(&sw, 0, sizeof(sw));
+    sw.seeds = 5;
+    sw.tune_seeds = 2;
+    sw.jobs = 2;
+    for (a = 1; a < argc; ++a) {
+        if (!strcmp(argv[a], "--data") && a + 1 < argc) data_path = argv[++a];
+        else if (!strcmp(argv[a], "--out") && a + 1 < argc) out = argv[++a];
+        else if (!strcmp(argv[a], "--seeds") && a + 1 < argc) sw.seeds = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--tune-seeds") && a + 1 < argc) sw.tune_seeds = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--jobs") && a + 1 < argc) sw.jobs = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--quick")) quick = 1;
+        else {
+            fprintf(stderr, "usage: %s [--data PATH] [--out DIR] [--seeds K] [--tune-seeds K] [--jobs J] [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (sw.seeds < 2 || sw.seeds > MAX_SEEDS || sw.tune_seeds < 1 || sw.tune_seeds > MAX_SEEDS || sw.jobs < 1 ||
+        sw.jobs > MAX_SEEDS) {
+        fprintf(stderr, "--seeds: 2..%d, --tune-seeds: 1..%d, --jobs: 1..%d\n", MAX_SEEDS, MAX_SEEDS, MAX_SEEDS);
+        return 2;
+    }
+    PS_ = quick ? PS_QUICK : PS_FULL;
+    nP = quick ? 2 : 4;
+    if (sim_mkdir(out) != 0) return 1;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    if (sim_load_digits(ctx, data_path, 1, &sw.data) != 0) {
+        fprintf(stderr, "error: %s\n", dsgd_ctx_last_error(ctx));
+        return 1;
+    }
+    snprintf(path, sizeof(path), "%s/crossover_runs.csv", out);
+    sw.runs = fopen(path, "w");
+    snprintf(path, sizeof(path), "%s/crossover_summary.csv", out);
+    sum = fopen(path, "w");
+    if (!sw.runs || !sum) {
+        fprintf(stderr, "error: cannot write in %s\n", out);
+        return 1;
+    }
+    fprintf(sw.runs, "net,severity,P,policy,k,lr,seed,time_to_target,updates,reached\n");
+    fprintf(sum, "net,severity,P,policy,k,lr,mean_s,ci95_s,seeds_reached\n");
+    sw.t0 = dsgd_now();
+    printf("virtual seconds to %.0f%% test accuracy (digits MLP), mean +- 95%% CI of %d seeds, lr tuned on %d\n",
+           100 * TARGET, sw.seeds, sw.tune_seeds);
+
+    /* 1. Chen et al.'s shape: P = 100 workers, fast network, tail
+       stragglers (a few slow workers in every step, as on a shared
+       cluster); time to target against b, both protocols; async and SSP
+       beside them */
+    printf("P = 100, fast network, tail stragglers: time to target against b\n");
+    for (j = 0; j < NB100 && !failed; ++j) {
+        int pol2;
+        for (pol2 = 0; pol2 < 2 && !failed; ++pol2) {
+            bpts[pol2][j] = make_point(0, 2, 100, pol2 ? POL_CANCEL : POL_SYNC, BS100[j]);
+            if (measure(&sw, &bpts[pol2][j]) != 0) failed = 1;
+            summary_row(sum, &bpts[pol2][j]);
+            print_point(&sw, &bpts[pol2][j]);
+        }
+    }
+    apt100 = make_point(0, 2, 100, POL_ASYNC, 0);
+    if (!failed && measure(&sw, &apt100) != 0) failed = 1;
+    summary_row(sum, &apt100);
+    print_point(&sw, &apt100);
+    ssp100 = make_point(0, 2, 100, POL_SSP, 4);
+    if (!failed && measure(&sw, &ssp100) != 0) failed = 1;
+    summary_row(sum, &ssp100);
+    print_point(&sw, &ssp100);
+
+    /* 2. the step-time CDF there (one seed): b = 0 against b = 4, TF's
+       protocol and cancelling */
+    if (!failed) {
+        static double st[3][MAX_STEPS];
+        int cnt[3], c;
+        snprintf(path, sizeof(path), "%s/crossover_cdf.csv", out);
+        cdf = fopen(path, "w");
+        for (c = 0; c < 3 && cdf; ++c) {
+            point q = make_point(0, 2, 100, c == 2 ? POL_CANCEL : POL_SYNC, c ? 4 : 0);
+            FILE *rows = tmpfile();
+            long upd;
+            q.lr = lr_of(&q, 1.0);
+            if (!rows || run_one(&sw, &q, q.lr, 1, rows, &upd) < -1.5) failed = 1;
+            sw.nruns++;
+            cnt[c] = rows ? step_times(rows, st[c], MAX_STEPS) : 0;
+            qsort(st[c], (size_t)cnt[c], sizeof(double), cmp_double);
+            if (rows) fclose(rows);
+        }
+        if (cdf) {
+            fprintf(cdf, "fraction,b0_s,b4_tf_s,b4_cancel_s\n");
+            for (i = 1; i <= 100; ++i) {
+                fprintf(cdf, "%.2f", i / 100.0);
+                for (c = 0; c < 3; ++c) {
+                    int at = cnt[c] ? (int)((double)i / 100.0 * cnt[c]) - 1 : 0;
+                    fprintf(cdf, ",%.6f", cnt[c] ? st[c][at < 0 ? 0 : at] : 0.0);
+                }
+                fprintf(cdf, "\n");
+            }
+            fclose(cdf);
+        }
+    }
+
+    /* 3. the crossover: async against sync at its best b (cancelling), per
+       network, severity and P */
+    printf("the crossover: sync at its best b (cancelling) against async\n");
+    for (n = 0; n < 2 && !failed; ++n)
+        for (s = 0; s < 3 && !failed; ++s)
+            for (i = 0; i < nP && !failed; ++i) {
+                int P = PS_[i];
+                point *bs = &best_sync[n][s][i];
+                *bs = make_point(n, s, P, POL_CANCEL, 0);
+                bs->mean = HUGE_VAL;
+                for (j = 0; j < 6 && BS[j] <= P / 8; ++j) {
+                    point q = make_point(n, s, P, POL_CANCEL, BS[j]);
+                    if (measure(&sw, &q) != 0) failed = 1;
+                    summary_row(sum, &q);
+                    if (q.mean < bs->mean || j == 0) *bs = q;
+                }
+                async_pt[n][s][i] = make_point(n, s, P, POL_ASYNC, 0);
+                if (measure(&sw, &async_pt[n][s][i]) != 0) failed = 1;
+                summary_row(sum, &async_pt[n][s][i]);
+                print_point(&sw, bs);
+                print_point(&sw, &async_pt[n][s][i]);
+            }
+
+    /* 4. the table */
+    snprintf(path, sizeof(path), "%s/crossover_table.md", out);
+    table = fopen(path, "w");
+    if (table && !failed) {
+        fprintf(table, "| network | stragglers | P | sync, best b | async | async / sync | faster |\n");
+        fprintf(table, "|---|---|---|---|---|---|---|\n");
+        for (n = 0; n < 2; ++n)
+            for (s = 0; s < 3; ++s)
+                for (i = 0; i < nP; ++i) {
+                    const point *y = &best_sync[n][s][i], *x = &async_pt[n][s][i];
+                    char ys[64], xs[64];
+                    const char *who;
+                    if (y->reached == sw.seeds) snprintf(ys, sizeof(ys), "%.2f +- %.2f s (b = %d)", y->mean, y->ci, y->k);
+                    else snprintf(ys, sizeof(ys), "not reached");
+                    if (x->reached == sw.seeds) snprintf(xs, sizeof(xs), "%.2f +- %.2f s", x->mean, x->ci);
+                    else snprintf(xs, sizeof(xs), "not reached");
+                    if (y->reached != sw.seeds && x->reached != sw.seeds) who = "neither";
+                    else if (x->reached != sw.seeds || y->mean + y->ci < x->mean - x->ci) who = "**sync**";
+                    else if (y->reached != sw.seeds || x->mean + x->ci < y->mean - y->ci) who = "**async**";
+                    else who = y->mean < x->mean ? "sync (CIs overlap)" : "async (CIs overlap)";
+                    fprintf(table, "| %s | %s | %d | %s | %s | %.2f | %s |\n", NETS[n].name, SEVS[s].name, PS_[i], ys, xs,
+                            y->reached == sw.seeds && x->reached == sw.seeds ? x->mean / y->mean : 0.0, who);
+                }
+        fclose(table);
+        printf("wrote %s\n", path);
+    }
+
+    /* 5. the figures */
+    if (!failed && sim_have_gnuplot()) {
+        char script[8192], sp[1024], cp[1024];
+        snprintf(sp, sizeof(sp), "%s/crossover_summary.csv", out);
+        snprintf(cp, sizeof(cp), "%s/crossover_cdf.csv", out);
+        fflush(sum);
+        snprintf(script, sizeof(script),
+                 "set terminal pngcairo size 800,500 noenhanced\nset datafile separator ','\nset grid\n"
+                 "set output '%s/crossover_backups.png'\nset key top right\n"
+                 "set title 'P = 100 workers = N + b, tail stragglers, fast network: mean and 95%% CI of %d seeds'\n"
+                 "set xlabel 'backup workers b'\nset ylabel 'virtual seconds to %.0f%% test accuracy'\n"
+                 "set yrange [0:*]\nset xrange [-1:33]\nf='%s'\n"
+                 "sel(pol)=(strcol(1) eq 'fast' && strcol(2) eq 'tail' && $3 == 100 && strcol(4) eq pol && $9 == %d)\n"
+                 "plot f every ::1 using (sel('sync') ? $5 : NaN):7:8 with yerrorlines lw 2 pt 7 title 'TF protocol (late workers finish)', "
+                 "f every ::1 using (sel('cancel') ? $5 : NaN):7:8 with yerrorlines lw 2 pt 5 title 'late workers cancelled', "
+                 "%g with lines dt 2 lw 2 title 'async%s', %g with lines dt 3 lw 2 title 'SSP, s = 4%s'\n"
+                 "set output '%s/crossover_cdf.png'\nset key bottom right\nset autoscale\nset yrange [0:1]\n"
+                 "set title 'step time at P = 100, tail stragglers (one seed)'\n"
+                 "set xlabel 'virtual seconds per step'\nset ylabel 'fraction of steps'\n"
+                 "plot '%s' every ::1 using 2:1 with lines lw 2 title 'b = 0', "
+                 "'' every ::1 using 3:1 with lines lw 2 title 'b = 4, TF protocol', "
+                 "'' every ::1 using 4:1 with lines lw 2 title 'b = 4, cancelled'\n",
+                 out, sw.seeds, 100 * TARGET, sp, sw.seeds, apt100.reached == sw.seeds ? apt100.mean : -1.0,
+                 apt100.reached == sw.seeds ? "" : " (not reached)", ssp100.reached == sw.seeds ? ssp100.mean : -1.0,
+                 ssp100.reached == sw.seeds ? "" : " (not reached)", out, cp);
+        if (sim_gnuplot(script) != 0) printf("gnuplot failed: no PNG\n");
+        snprintf(script, sizeof(script),
+                 "set terminal pngcairo size 1000,700 noenhanced\nset datafile separator ','\nset grid\n"
+                 "set output '%s/crossover_p.png'\nset multiplot layout 2,3 title "
+                 "'virtual seconds to %.0f%% (mean, 95%% CI of %d seeds): sync at its best b (o), async (x)'\n"
+                 "set logscale x 2\nset xrange [12:160]\nset yrange [0:*]\nset key off\nf='%s'\n"
+                 "do for [nn in 'fast slow'] { do for [ss in 'light heavy tail'] {\n"
+                 "  set title nn.' network, '.ss.' stragglers'\n"
+                 "  plot f every ::1 using ((strcol(1) eq nn && strcol(2) eq ss && strcol(4) eq 'async' && $9 == %d) ? $3 : NaN):7:8 "
+                 "with yerrorlines lw 2 pt 2 lc 2, "
+                 "'%s/crossover_best.csv' every ::1 using ((strcol(1) eq nn && strcol(2) eq ss) ? $3 : NaN):5:6 "
+                 "with yerrorlines lw 2 pt 7 lc 1\n} }\nunset multiplot\n",
+                 out, 100 * TARGET, sw.seeds, sp, sw.seeds, out);
+        snprintf(path, sizeof(path), "%s/crossover_best.csv", out);
+        if ((table = fopen(path, "w")) != NULL) {
+            fprintf(table, "net,severity,P,b,mean_s,ci95_s\n");
+            for (n = 0; n < 2; ++n)
+                for (s = 0; s < 3; ++s)
+                    for (i = 0; i < nP; ++i)
+                        if (best_sync[n][s][i].reached == sw.seeds)
+                            fprintf(table, "%s,%s,%d,%d,%.6f,%.6f\n", NETS[n].name, SEVS[s].name, PS_[i],
+                                    best_sync[n][s][i].k, best_sync[n][s][i].mean, best_sync[n][s][i].ci);
+            fclose(table);
+            if (sim_gnuplot(script) != 0) printf("gnuplot failed: no PNG\n");
+        }
+        printf("wrote %s/crossover_backups.png, crossover_cdf.png, crossover_p.png\n", out);
+    } else if (!failed) {
+        printf("gnuplot not found: no PNG (apt-get install gnuplot-nox)\n");
+    }
+    printf("%ld runs in %.1f s\n", sw.nruns, dsgd_now() - sw.t0);
+    fclose(sw.runs);
+    fclose(sum);
+    sim_data_free(&sw.data);
+    dsgd_ctx_destroy(ctx);
+    return failed;
+}
