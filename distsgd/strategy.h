@@ -107,7 +107,9 @@
      of their own below it (strategy_sync.h: one_device and mirrored, whose
      step is gradients, agree, aggregate, exchange, update;
      strategy_central.h: central storage, whose step sums the gradients
-     into one host copy and updates it once), and strategy_kinds.h, the
+     into one host copy and updates it once; strategy_local.h: local SGD,
+     whose replicas step alone and average every H steps), and
+     strategy_kinds.h, the
      last, holds the table of kinds that dsgd_strategy_create picks from.
 */
 #ifndef DSGD__PART_STRATEGY_DECL
@@ -130,13 +132,18 @@ typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_MULTI_WORKER_MIRRORED = 3, /* mirrored across processes: this
                                      process's N replicas are ranks of a larger
                                      group (see MULTI-WORKER below) */
-    DSGD_STRATEGY_PARAMETER_SERVER = 4 /* the N replicas are the workers of
+    DSGD_STRATEGY_PARAMETER_SERVER = 4, /* the N replicas are the workers of
                                      desc.ps parameter servers, which hold the
                                      variables and apply the updates (see
                                      PARAMETER SERVERS AS A STRATEGY in
                                      strategy_ps.h) */
+    DSGD_STRATEGY_LOCAL = 5       /* local SGD, post-local SGD, DiLoCo: the
+                                     replicas train alone and average every
+                                     desc.local.period steps, in one process
+                                     or across workers (see LOCAL SGD in
+                                     strategy_local.h) */
 } dsgd_strategy_kind;
-#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_PARAMETER_SERVER + 1)
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_LOCAL + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -197,6 +204,37 @@ typedef struct dsgd_strategy_ps_desc {
     double retry_s;               /* a worker resends after this; 0:
                                      DSGD_PS_DEFAULT_RETRY_S */
 } dsgd_strategy_ps_desc;
+
+/* DSGD_STRATEGY_LOCAL's outer step: what a round's averaged pseudo-gradient
+   (the mean over replicas of the round's start minus each replica's
+   weights) does to the round's start (LOCAL SGD in strategy_local.h). */
+typedef enum dsgd_outer_kind {
+    DSGD_OUTER_AVERAGE = 0, /* model averaging (local SGD): the round's start
+                               minus the mean pseudo-gradient, the replicas'
+                               mean weights within one rounding */
+    DSGD_OUTER_NESTEROV,    /* DiLoCo (Douillard et al. 2023): SGD with
+                               Nesterov momentum on the round's start, the
+                               optimizer MOMENTUM's rule with nesterov */
+    DSGD_OUTER_SGD          /* the start minus outer_lr times the mean
+                               pseudo-gradient: NESTEROV with momentum 0
+                               (which a zero field cannot ask for), a
+                               server learning rate as in FedOpt */
+} dsgd_outer_kind;
+#define DSGD_OUTER_COUNT (DSGD_OUTER_SGD + 1)
+
+/* DSGD_STRATEGY_LOCAL's rounds (zero fields: the defaults). */
+typedef struct dsgd_strategy_local_desc {
+    int period;            /* H: local steps between two averagings, >= 1;
+                              0: 8 */
+    int64_t warmup_steps;  /* synchronous (MIRRORED) steps first, post-local
+                              SGD (Lin et al. 2020); default 0 */
+    dsgd_outer_kind outer; /* default AVERAGE */
+    float outer_lr;        /* NESTEROV, SGD: > 0; 0: 0.7 for NESTEROV (DiLoCo),
+                              1 for SGD; AVERAGE ignores it */
+    float outer_momentum;  /* NESTEROV: in [0, 1); 0: 0.9; the others
+                              ignore it */
+    /* The pseudo-gradient travels as float32 (4 bytes a parameter). */
+} dsgd_strategy_local_desc;
 
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
@@ -263,6 +301,7 @@ typedef struct dsgd_strategy_desc {
                                        cpu_threads. Refused over a
                                        transport with its own clock (simnet).
                                        0: after backward */
+    dsgd_strategy_local_desc local; /* LOCAL only (ignored by the others) */
 } dsgd_strategy_desc;
 
 /* What one training step did. Asking for it costs a wait for the step's
@@ -281,6 +320,9 @@ typedef struct dsgd_step_info {
                           hidden behind backward (exposed_s exceeds
                           exchange_s by the hand-offs to the thread where
                           there is little to hide) */
+    int averaged;      /* LOCAL: 1 when the step ended a round and the
+                          replicas averaged (exchange_s is then the
+                          averaging's all-reduce); else 0 */
 } dsgd_step_info;
 
 typedef struct dsgd_strategy dsgd_strategy;
@@ -327,7 +369,7 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
 /* "one_device", "mirrored", "central_storage", "multi_worker_mirrored",
-   "parameter_server"; "unknown" for other values.
+   "parameter_server", "local"; "unknown" for other values.
    Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
@@ -580,6 +622,7 @@ struct dsgd_replica {
     int64_t t_step;     /* optimizer steps before this step's update */
     dsgd__overlap *ov;  /* desc.overlap where it runs, else NULL */
     double exchange_s, exposed_s; /* the last step's (dsgd_step_info) */
+    int averaged;       /* LOCAL: the last step averaged (dsgd_step_info) */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -661,6 +704,14 @@ struct dsgd_strategy {
     dsgd_ref *flag_refs;     /* defer, n > 1: every replica's vflag */
     int metric_var[2]; /* first of the three metric variables of each slot */
     void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
+    /* the kind's own sections inside the checkpoint's file
+       (strategy_checkpoint.h), set by its setup; NULL: none. ck_put: with
+       w NULL on every process first (across workers a collective that
+       brings what the chief writes), then with w where the file is
+       written. ck_take: phase 0 checks f, touching nothing; 1 writes it
+       into the replicas, after the common state */
+    dsgd_result (*ck_put)(dsgd_strategy *s, dsgd__ck_writer *w);
+    dsgd_result (*ck_take)(dsgd_strategy *s, const dsgd__ck_file *f, int phase);
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -1143,6 +1194,10 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     DSGD__FP(h, s->d.kind); DSGD__FP(h, s->d.algorithm); DSGD__FP(h, s->d.bucket_bytes);
     DSGD__FP(h, s->d.piece_bytes);
     DSGD__FP(h, s->d.ranks_per_node);
+    if (s->d.kind == DSGD_STRATEGY_LOCAL) { /* its rounds, defaults applied */
+        DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
+        DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
+    }
     return h;
 }
 
@@ -1314,6 +1369,7 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
         info->lr = s->reps[0].lr;
         info->exchange_s = s->reps[0].exchange_s;
         info->exposed_s = s->reps[0].exposed_s;
+        info->averaged = s->reps[0].averaged;
         for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
     }
     return res;

@@ -15,6 +15,10 @@
      ranks' files and so needs a checkpoint of the same servers, workers
      and policy (A CHECKPOINT in strategy_ps.h).
 
+     A kind may add sections of its own (LOCAL: "local", every replica's
+     state, which differs mid-round; see its part), which its restore
+     checks with the rest before anything is written.
+
      At the same replica count the restore is exact: training on gives the
      bits of a run never interrupted. At another count (4 -> 2, say) the
      parameters and the optimizer's state are still exact (every replica
@@ -265,6 +269,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         return r;
     }
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
+    if (r == DSGD_OK && s->ck_put) r = s->ck_put(s, NULL); /* the kind's own, brought to the chief */
     if (r == DSGD_OK && s->first == 0) {
         dsgd__ck_vars v = dsgd__strategy_state(s);
         dsgd__ck_writer w;
@@ -282,6 +287,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         }
         dsgd__ckw_end(&w);
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
+        if (s->ck_put) s->ck_put(s, &w);
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
             dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(v.ctx));
@@ -308,6 +314,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     }
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
+    if (s->ck_put && (r = s->ck_put(s, NULL)) != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     v = dsgd__strategy_state(s);
     dsgd__ckw_init(&w, s->ctx, what,
@@ -315,6 +322,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd__ck_put_state(&w, s, &v);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
+    if (s->ck_put) s->ck_put(s, &w);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
         dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(v.ctx));
@@ -459,6 +467,7 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
                                             what);
         models = dsgd__strategy_models(s, what);
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
+        if (r == DSGD_OK && s->ck_take) r = s->ck_take(s, f, 0); /* the kind's own sections, checked */
     }
     if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
     if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 0, st.opt.t); /* the kind's own: checked, staged */
@@ -469,7 +478,9 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
             dsgd__ck_apply_extra(f, extra, &st.pos);
-            if (s->ops->restore) r = s->ops->restore(s, path, 1, -1);
+            if (s->ck_take && (r = s->ck_take(s, f, 1)) != DSGD_OK)
+                dsgd__strategy_fail(s, st.opt.t, what, dsgd_ctx_last_error(s->ctx));
+            if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 1, -1);
         }
     }
     DSGD_FREE(found);

@@ -3,7 +3,7 @@
 
    The kinds' parts come above this one (strategy_sync.h: one_device,
    mirrored and multi_worker_mirrored; strategy_central.h: central_storage;
-   strategy_ps.h: parameter_server); a new kind is a part above this one and a line in
+   strategy_ps.h: parameter_server; strategy_local.h: local); a new kind is a part above this one and a line in
    dsgd__strategy_kinds. dsgd_strategy_create and dsgd_strategy_kind_name are
    declared, with the rest of the strategy's interface, in strategy.h.
 */
@@ -19,6 +19,7 @@ static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT]
     &dsgd__central_storage_ops, /* DSGD_STRATEGY_CENTRAL_STORAGE */
     &dsgd__multi_worker_ops, /* DSGD_STRATEGY_MULTI_WORKER_MIRRORED */
     &dsgd__parameter_server_ops, /* DSGD_STRATEGY_PARAMETER_SERVER */
+    &dsgd__local_ops,            /* DSGD_STRATEGY_LOCAL */
 };
 
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {

@@ -1,0 +1,599 @@
+/* test_strategy_local.c - DSGD_STRATEGY_LOCAL (distsgd/strategy_local.h):
+   local SGD, post-local SGD and DiLoCo.
+
+   The model is a small MLP, 6 -> 8 tanh -> 3 (softmax cross-entropy).
+
+   What is asserted:
+   - period 1, plain SGD inside, outer AVERAGE, 4 replicas: after 20 steps
+     the weights are within the synchronous contract's tolerance (1e-5
+     relative, as test_strategy_sync holds mirrored to one_device) of a
+     4-replica MIRRORED strategy's; every step averaged (info) and left the
+     replicas identical.
+   - warmup_steps 6 (post-local SGD), momentum inside: the first 6 steps
+     give a MIRRORED strategy's very bits on every replica (uneven global
+     batches); then the replicas differ mid-round and are identical again
+     after the round's last step, the only step that reports averaged.
+   - Outer SGD with outer_lr 1 (NESTEROV with momentum 0) gives AVERAGE's
+     weights within one rounding per element (in fact the same bits).
+   - A serial reference: three models and AdamW optimizers of their own,
+     stepped by hand on their shards, the pseudo-gradients summed in rank
+     order (the DIRECT algorithm's order), divided by 3, and the outer
+     Nesterov step written out (v = mu v + d; theta0 -= lr (d + mu v)),
+     two rounds of 3 steps: every replica's weights within 1 ulp of it
+     (and for AVERAGE too).
+   - Resume: 25 steps, save (mid-round: period 8), destroy, create,
+     restore, 25 more steps equal 50 uninterrupted on every replica, bit
+     for bit, for AVERAGE (momentum inside, warmup 3) and NESTEROV (AdamW
+     inside); a checkpoint saved mid-round is refused at another replica
+     count (DSGD_ERR_SHAPE, saying why), one saved at a round's boundary
+     is taken there (the saved weights everywhere).
+   - 2 workers x 2 replicas over one loopback hub (one strategy per
+     worker, each on its own thread) train the bits of one 4-replica
+     LOCAL strategy (NESTEROV, warmup 2, period 3).
+   - Over simnet endpoints (park_between_calls) 4 replicas train the bits
+     of the strategy's own loopback, and virtual time moved.
+   - A label out of range on one replica mid-round fails the step on every
+     replica cleanly (the strategy stays usable, no weight moved); a NaN
+     input skips the step on every replica (info.skipped).
+   - eval_batch evaluates each replica with its own weights on its shard:
+     the EVAL metrics equal the sum of each replica's model evaluated alone.
+   - Bad descs (negative period or warmup, outer_lr <= 0 or not finite for
+     NESTEROV, momentum outside [0, 1), an unknown outer kind, gradient
+     path DEVICE, overlap): DSGD_ERR_INVALID_ARGUMENT with a message that
+     names the field.
+
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
+
+#include <pthread.h>
+
+enum { IN = 6, HID = 8, OUT = 3, NP = IN * HID + HID + HID * OUT + OUT, B = 5, MAXN = 4, STEPS = 50 };
+
+static const dsgd_layer_desc LAYERS[2] = {{HID, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+
+static float g_x[STEPS][MAXN * B * IN], g_y[STEPS][MAXN * B];
+
+static void make_data(void) {
+    tu_rng r = tu_rng_make(2023);
+    int s, i;
+    for (s = 0; s < STEPS; ++s) {
+        tu_fill(&r, g_x[s], (size_t)MAXN * B * IN, -1.0f, 1.0f);
+        for (i = 0; i < MAXN * B; ++i) g_y[s][i] = (float)tu_below(&r, OUT);
+    }
+}
+
+/* Uneven global batches (some replicas take one sample more). */
+static int uneven(int step, int n) { return n * B - (step % 3); }
+
+static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind opt) {
+    dsgd_strategy_desc d;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.num_replicas = n;
+    d.model.input_dim = IN;
+    d.model.layers = LAYERS;
+    d.model.num_layers = 2;
+    d.model.max_batch = B;
+    d.model.seed = 11;
+    d.optimizer.kind = opt;
+    d.optimizer.lr = opt == DSGD_OPT_ADAMW || opt == DSGD_OPT_ADAM ? 0.01f : 0.1f;
+    d.optimizer.weight_decay = opt == DSGD_OPT_ADAMW ? 0.01f : 0.0f;
+    d.timeout_s = 30.0;
+    d.cpu_threads = 1;
+    return d;
+}
+
+static dsgd_strategy_desc local_desc(int n, dsgd_optimizer_kind opt, int period, int64_t warmup, dsgd_outer_kind outer) {
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_LOCAL, n, opt);
+    d.local.period = period;
+    d.local.warmup_steps = warmup;
+    d.local.outer = outer;
+    return d;
+}
+
+static void get_all(dsgd_ctx *ctx, dsgd_strategy *s, float (*out)[NP]) {
+    int r;
+    for (r = 0; r < dsgd_strategy_num_replicas(s); ++r) TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, r), out[r], NP));
+}
+
+/* Trains steps [from, to) on s with the global batch count(step). */
+static void train(dsgd_ctx *ctx, dsgd_strategy *s, int from, int to, int (*count)(int, int)) {
+    int step, n = dsgd_strategy_num_replicas_in_sync(s);
+    for (step = from; step < to; ++step) TU_OK(ctx, dsgd_strategy_train_step(s, g_x[step], g_y[step], count(step, n), NULL));
+}
+
+static int even(int step, int n) {
+    (void)step;
+    return n * B;
+}
+
+/* ULPs between two finite floats of the same sign (or both near 0). */
+static long ulps(float a, float b) {
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4);
+    memcpy(&ib, &b, 4);
+    if (ia < 0) ia = INT32_MIN - ia;
+    if (ib < 0) ib = INT32_MIN - ib;
+    return labs((long)ia - (long)ib);
+}
+
+static long max_ulps(const float *a, const float *b, size_t n) {
+    long m = 0;
+    size_t i;
+    for (i = 0; i < n; ++i)
+        if (ulps(a[i], b[i]) > m) m = ulps(a[i], b[i]);
+    return m;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_period1_like_mirrored(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc dm = base_desc(DSGD_STRATEGY_MIRRORED, 4, DSGD_OPT_SGD);
+    dsgd_strategy_desc dl = local_desc(4, DSGD_OPT_SGD, 1, 0, DSGD_OUTER_AVERAGE);
+    dsgd_strategy *m = NULL, *l = NULL;
+    float pm[MAXN][NP], pl[MAXN][NP], p0[NP];
+    double err;
+    int step;
+    (void)state;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &dm, &m));
+    TU_OK(ctx, dsgd_strategy_create(ctx, &dl, &l));
+    TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(l, 0), p0, NP));
+    for (step = 0; step < 20; ++step) {
+        dsgd_step_info info;
+        TU_OK(ctx, dsgd_strategy_train_step(m, g_x[step], g_y[step], 4 * B, NULL));
+        TU_OK(ctx, dsgd_strategy_train_step(l, g_x[step], g_y[step], 4 * B, &info));
+        assert_int_equal(info.averaged, 1);
+        assert_int_equal(info.step, step);
+        tu_assert_replicas_identical(ctx, l);
+    }
+    get_all(ctx, m, pm);
+    get_all(ctx, l, pl);
+    err = tu_rel_err(pl[0], pm[0], NP);
+    assert_true(err <= 1e-5);
+    assert_true(tu_rel_err(pl[0], p0, NP) > 1e-2); /* it trained */
+    print_message("    period 1, SGD, AVERAGE x4 vs mirrored x4 after 20 steps: rel err %.3g\n", err);
+    dsgd_strategy_destroy(m);
+    dsgd_strategy_destroy(l);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_warmup_is_mirrored(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc dm = base_desc(DSGD_STRATEGY_MIRRORED, 3, DSGD_OPT_MOMENTUM);
+    dsgd_strategy_desc dl = local_desc(3, DSGD_OPT_MOMENTUM, 4, 6, DSGD_OUTER_AVERAGE);
+    dsgd_strategy *m = NULL, *l = NULL;
+    float pm[MAXN][NP], pl[MAXN][NP];
+    int step, r;
+    (void)state;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &dm, &m));
+    TU_OK(ctx, dsgd_strategy_create(ctx, &dl, &l));
+    for (step = 0; step < 10; ++step) {
+        dsgd_step_info info;
+        TU_OK(ctx, dsgd_strategy_train_step(l, g_x[step], g_y[step], uneven(step, 3), &info));
+        assert_int_equal(info.averaged, step == 9); /* t - 6 = 3 = period - 1 */
+        if (step < 6) {
+            TU_OK(ctx, dsgd_strategy_train_step(m, g_x[step], g_y[step], uneven(step, 3), NULL));
+            get_all(ctx, m, pm);
+            get_all(ctx, l, pl);
+            for (r = 0; r < 3; ++r) assert_memory_equal(pl[r], pm[0], sizeof(pm[0]));
+        }
+        if (step == 7) {
+            get_all(ctx, l, pl);
+            assert_true(memcmp(pl[0], pl[1], sizeof(pl[0])) != 0); /* mid-round: alone */
+        }
+    }
+    tu_assert_replicas_identical(ctx, l);
+    print_message("    warmup 6 of local x3 = mirrored x3 bit for bit; one averaging at step 9\n");
+    dsgd_strategy_destroy(m);
+    dsgd_strategy_destroy(l);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void run_local(const dsgd_strategy_desc *d, int steps, float (*out)[NP]) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy *s = NULL;
+    TU_OK(ctx, dsgd_strategy_create(ctx, d, &s));
+    train(ctx, s, 0, steps, uneven);
+    get_all(ctx, s, out);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_outer_sgd_is_average(void **state) {
+    dsgd_strategy_desc da = local_desc(3, DSGD_OPT_MOMENTUM, 4, 0, DSGD_OUTER_AVERAGE);
+    dsgd_strategy_desc ds = local_desc(3, DSGD_OPT_MOMENTUM, 4, 0, DSGD_OUTER_SGD);
+    float pa[MAXN][NP], ps[MAXN][NP];
+    long u;
+    (void)state;
+    ds.local.outer_lr = 1.0f;
+    run_local(&da, 12, pa);
+    run_local(&ds, 12, ps);
+    u = max_ulps(pa[0], ps[0], NP);
+    assert_true(u <= 1);
+    print_message("    outer SGD lr 1 vs AVERAGE: at most %ld ulp apart%s\n", u,
+                  memcmp(pa[0], ps[0], sizeof(pa[0])) ? "" : " (the same bits)");
+}
+
+/* The serial reference: W models with their own optimizers, stepped on
+   their shards; at each round's end the pseudo-gradients summed in rank
+   order, divided by W, and the outer step by hand. */
+static void serial_reference(int w, int period, int rounds, dsgd_outer_kind outer, float lr, float mu,
+                             float (*out)[NP]) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_ONE_DEVICE, 1, DSGD_OPT_ADAMW);
+    dsgd_model *m[MAXN];
+    dsgd_optimizer *o[MAXN];
+    float theta0[NP], v[NP], delta[NP], th[NP];
+    int r, step, k;
+    size_t i;
+    memset(v, 0, sizeof(v));
+    for (r = 0; r < w; ++r) {
+        TU_OK(ctx, dsgd_model_create(ctx, &d.model, &m[r]));
+        TU_OK(ctx, dsgd_optimizer_create(m[r], &d.optimizer, &o[r]));
+    }
+    TU_OK(ctx, dsgd_model_get_params(m[0], theta0, NP));
+    for (step = 0; step < period * rounds; ++step) {
+        int count = uneven(step, w);
+        for (r = 0; r < w; ++r) {
+            size_t off = 0, len = 0;
+            dsgd_batch b;
+            dsgd_block_range((size_t)count, w, r, &off, &len);
+            memset(&b, 0, sizeof(b));
+            b.x = g_x[step] + off * IN;
+            b.y = g_y[step] + off;
+            b.count = (int)len;
+            TU_OK(ctx, dsgd_model_gradients(m[r], &b, 1.0f / (float)len));
+            TU_OK(ctx, dsgd_optimizer_step(o[r]));
+        }
+        if (step % period != period - 1) continue;
+        memset(delta, 0, sizeof(delta));
+        for (r = 0; r < w; ++r) { /* rank order */
+            TU_OK(ctx, dsgd_model_get_params(m[r], th, NP));
+            for (i = 0; i < NP; ++i) {
+                float dr = theta0[i] - th[i];
+                delta[i] = r == 0 ? dr : delta[i] + dr;
+            }
+        }
+        for (i = 0; i < NP; ++i) {
+            volatile float dm = delta[i] / (float)w, vi, step_i;
+            if (outer == DSGD_OUTER_AVERAGE) {
+                theta0[i] = theta0[i] - dm;
+                continue;
+            }
+            vi = mu * v[i];
+            vi = vi + dm;
+            v[i] = vi;
+            step_i = mu * vi;
+            step_i = dm + step_i;
+            step_i = lr * step_i;
+            theta0[i] = theta0[i] - step_i;
+        }
+        for (r = 0; r < w; ++r) TU_OK(ctx, dsgd_model_set_params(m[r], theta0, NP));
+    }
+    for (r = 0; r < w; ++r) {
+        TU_OK(ctx, dsgd_model_get_params(m[r], out[r], NP));
+        dsgd_optimizer_destroy(o[r]);
+        dsgd_model_destroy(m[r]);
+    }
+    (void)k;
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_serial_reference(void **state) {
+    static const dsgd_outer_kind kinds[2] = {DSGD_OUTER_NESTEROV, DSGD_OUTER_AVERAGE};
+    float want[MAXN][NP], got[MAXN][NP], p0[NP];
+    int k, r;
+    (void)state;
+    for (k = 0; k < 2; ++k) {
+        dsgd_strategy_desc d = local_desc(3, DSGD_OPT_ADAMW, 3, 0, kinds[k]);
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy *s = NULL;
+        long u = 0;
+        d.algorithm = DSGD_ALLREDUCE_DIRECT; /* the rank-order sum */
+        serial_reference(3, 3, 2, kinds[k], 0.7f, 0.9f, want);
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, 0), p0, NP));
+        train(ctx, s, 0, 6, uneven);
+        get_all(ctx, s, got);
+        for (r = 0; r < 3; ++r) {
+            long ur = max_ulps(got[r], want[r], NP);
+            if (ur > 1) fail_msg("%s: replica %d is %ld ulp from the serial reference", kinds[k] ? "NESTEROV" : "AVERAGE", r, ur);
+            if (ur > u) u = ur;
+        }
+        assert_true(tu_rel_err(got[0], p0, NP) > 1e-3);
+        print_message("    %s, AdamW inside, 3 replicas, 2 rounds of 3: within %ld ulp of the serial reference\n",
+                      kinds[k] ? "NESTEROV" : "AVERAGE", u);
+        dsgd_strategy_destroy(s);
+        dsgd_ctx_destroy(ctx);
+    }
+}
+
+/* 50 steps, or 25 + save + a new strategy + restore + 25. */
+static void resume_case(dsgd_strategy_desc d, const char *name) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy *s = NULL;
+    float want[MAXN][NP], got[MAXN][NP];
+    char dir[64], path[128];
+    int r, n = d.num_replicas;
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/local.ckpt", dir);
+    run_local(&d, STEPS, want);
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    train(ctx, s, 0, 25, uneven);
+    TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+    dsgd_strategy_destroy(s);
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+    train(ctx, s, 25, STEPS, uneven);
+    get_all(ctx, s, got);
+    for (r = 0; r < n; ++r)
+        if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
+            fail_msg("%s: replica %d after the resume differs (rel err %.3g)", name, r, tu_rel_err(got[r], want[r], NP));
+    assert_true(memcmp(want[0], want[1], sizeof(want[0])) != 0); /* mid-round at 50: they differ */
+    dsgd_strategy_destroy(s);
+    /* mid-round into another replica count: refused, saying why */
+    d.num_replicas = 2;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_strategy_restore(s, path, NULL));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "middle of a round"));
+    assert_int_equal(dsgd_strategy_failed(s), 0);
+    dsgd_strategy_destroy(s);
+    print_message("    %s: 25 + save/restore + 25 = 50 uninterrupted, every replica bit for bit\n", name);
+    tu_rmdir_files(dir);
+    rmdir(dir);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_resume(void **state) {
+    dsgd_strategy_desc a = local_desc(3, DSGD_OPT_MOMENTUM, 8, 3, DSGD_OUTER_AVERAGE);
+    dsgd_strategy_desc n = local_desc(3, DSGD_OPT_ADAMW, 8, 0, DSGD_OUTER_NESTEROV);
+    (void)state;
+    tu_watchdog(120);
+    resume_case(a, "AVERAGE, momentum inside, warmup 3");
+    resume_case(n, "NESTEROV, AdamW inside");
+    tu_watchdog(0);
+}
+
+/* Saved at a round's boundary (t = 16, period 8): another count takes it. */
+static void test_restore_at_boundary(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = local_desc(3, DSGD_OPT_ADAMW, 8, 0, DSGD_OUTER_NESTEROV);
+    dsgd_strategy *s = NULL;
+    float saved[MAXN][NP], got[MAXN][NP];
+    char dir[64], path[128];
+    (void)state;
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof path, "%s/local.ckpt", dir);
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    train(ctx, s, 0, 16, uneven);
+    TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+    get_all(ctx, s, saved);
+    dsgd_strategy_destroy(s);
+    d.num_replicas = 2;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+    get_all(ctx, s, got);
+    assert_memory_equal(got[0], saved[0], sizeof(got[0]));
+    assert_memory_equal(got[1], saved[0], sizeof(got[0]));
+    train(ctx, s, 16, 20, uneven);
+    dsgd_strategy_destroy(s);
+    tu_rmdir_files(dir);
+    rmdir(dir);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- workers */
+
+typedef struct worker {
+    dsgd_transport_i *eps;
+    dsgd_strategy_desc d;
+    dsgd_result res;
+    char msg[512];
+    float params[MAXN][NP];
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = (worker *)arg;
+    dsgd_ctx *ctx = NULL;
+    dsgd_strategy *s = NULL;
+    int step, r;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return NULL;
+    w->d.endpoints = w->eps;
+    w->res = dsgd_strategy_create(ctx, &w->d, &s);
+    for (step = 0; step < 10 && w->res == DSGD_OK; ++step)
+        w->res = dsgd_strategy_train_step(s, g_x[step], g_y[step], uneven(step, 4), NULL);
+    snprintf(w->msg, sizeof(w->msg), "%s", dsgd_ctx_last_error(ctx));
+    for (r = 0; s && r < dsgd_strategy_num_replicas(s); ++r)
+        dsgd_model_get_params(dsgd_strategy_model(s, r), w->params[r], NP);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    return NULL;
+}
+
+static void test_two_workers(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = local_desc(4, DSGD_OPT_ADAMW, 3, 2, DSGD_OUTER_NESTEROV);
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[4];
+    float want[MAXN][NP];
+    worker ws[2];
+    pthread_t th[2];
+    int i, r;
+    (void)state;
+    tu_watchdog(120);
+    d.algorithm = DSGD_ALLREDUCE_RING;
+    run_local(&d, 10, want);
+    TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    memset(ws, 0, sizeof(ws));
+    for (i = 0; i < 2; ++i) {
+        ws[i].d = d;
+        ws[i].d.num_replicas = 2;
+        ws[i].eps = eps + 2 * i;
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &ws[i]), 0);
+    }
+    for (i = 0; i < 2; ++i) pthread_join(th[i], NULL);
+    for (i = 0; i < 2; ++i) {
+        if (ws[i].res != DSGD_OK) fail_msg("worker %d: %s", i, ws[i].msg);
+        for (r = 0; r < 2; ++r)
+            if (memcmp(ws[i].params[r], want[2 * i + r], sizeof(want[0])) != 0)
+                fail_msg("worker %d replica %d differs from local x4 (rel err %.3g)", i, r,
+                         tu_rel_err(ws[i].params[r], want[2 * i + r], NP));
+    }
+    print_message("    2 workers x 2 replicas over one hub = local x4, every replica bit for bit\n");
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+static void test_simnet(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = local_desc(4, DSGD_OPT_MOMENTUM, 3, 1, DSGD_OUTER_NESTEROV);
+    dsgd_simnet_desc sd;
+    dsgd_simnet *hub = NULL;
+    dsgd_transport_i eps[4];
+    dsgd_strategy *s = NULL;
+    float want[MAXN][NP], got[MAXN][NP];
+    int i;
+    (void)state;
+    tu_watchdog(120);
+    d.algorithm = DSGD_ALLREDUCE_RING;
+    run_local(&d, 10, want);
+    memset(&sd, 0, sizeof(sd));
+    sd.ranks = 4;
+    sd.alpha_s = 20e-6;
+    sd.beta_s_per_byte = 1e-9;
+    sd.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    d.endpoints = eps;
+    d.timeout_s = 1e6;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    train(ctx, s, 0, 10, uneven);
+    get_all(ctx, s, got);
+    for (i = 0; i < 4; ++i) assert_memory_equal(got[i], want[i], sizeof(got[i]));
+    dsgd_strategy_destroy(s);
+    for (i = 0; i < 4; ++i) assert_true(dsgd_simnet_time(hub, i) > 0.0);
+    print_message("    over simnet (4 replicas, %.3f ms virtual) = its own loopback's bits\n", 1e3 * dsgd_simnet_time(hub, 0));
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+static void test_failures(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = local_desc(3, DSGD_OPT_MOMENTUM, 4, 0, DSGD_OUTER_AVERAGE);
+    dsgd_strategy *s = NULL;
+    float before[MAXN][NP], after[MAXN][NP], y[MAXN * B], x[MAXN * B * IN];
+    dsgd_step_info info;
+    int r;
+    (void)state;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    train(ctx, s, 0, 2, even);
+    get_all(ctx, s, before);
+    memcpy(y, g_y[2], sizeof(y));
+    y[2 * B] = 99.0f; /* replica 2's first sample */
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, g_x[2], y, 3 * B, NULL));
+    assert_int_equal(dsgd_strategy_failed(s), 0);
+    get_all(ctx, s, after);
+    for (r = 0; r < 3; ++r) assert_memory_equal(after[r], before[r], sizeof(after[r]));
+    memcpy(x, g_x[2], sizeof(x));
+    x[B * IN] = NAN; /* replica 1's first sample */
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, g_y[2], 3 * B, &info));
+    assert_int_equal(info.skipped, 1);
+    get_all(ctx, s, after);
+    for (r = 0; r < 3; ++r) assert_memory_equal(after[r], before[r], sizeof(after[r]));
+    TU_OK(ctx, dsgd_strategy_train_step(s, g_x[2], g_y[2], 3 * B, &info));
+    assert_int_equal(info.skipped, 0);
+    assert_int_equal(info.step, 2);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_eval_per_replica(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = local_desc(3, DSGD_OPT_MOMENTUM, 4, 0, DSGD_OUTER_AVERAGE);
+    dsgd_strategy *s = NULL;
+    dsgd_model *m = NULL;
+    dsgd_metrics got, one;
+    float params[NP];
+    double loss = 0.0, correct = 0.0;
+    int r;
+    (void)state;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_OK(ctx, dsgd_model_create(ctx, &d.model, &m));
+    train(ctx, s, 0, 2, even); /* mid-round: the replicas differ */
+    TU_OK(ctx, dsgd_strategy_eval_batch(s, g_x[9], g_y[9], 3 * B));
+    TU_OK(ctx, dsgd_strategy_take_metrics(s, DSGD_METRICS_EVAL, &got));
+    for (r = 0; r < 3; ++r) {
+        dsgd_batch b;
+        memset(&b, 0, sizeof(b));
+        b.x = g_x[9] + (size_t)r * B * IN;
+        b.y = g_y[9] + (size_t)r * B;
+        b.count = B;
+        TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, r), params, NP));
+        TU_OK(ctx, dsgd_model_set_params(m, params, NP));
+        TU_OK(ctx, dsgd_model_evaluate(m, &b));
+        TU_OK(ctx, dsgd_model_take_metrics(m, DSGD_METRICS_EVAL, &one));
+        loss += one.loss_sum;
+        correct += one.correct;
+    }
+    TU_NEAR(got.count, 3 * B, 0.0);
+    TU_NEAR(got.correct, correct, 0.0);
+    TU_NEAR(got.loss_sum, loss, 1e-6 * loss);
+    dsgd_model_destroy(m);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void expect_refused(dsgd_strategy_desc d, const char *needle) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy *s = NULL;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_null(s);
+    if (!strstr(dsgd_ctx_last_error(ctx), needle)) fail_msg("'%s' lacks '%s'", dsgd_ctx_last_error(ctx), needle);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_bad_descs(void **state) {
+    dsgd_strategy_desc d = local_desc(2, DSGD_OPT_SGD, 4, 0, DSGD_OUTER_NESTEROV), e;
+    (void)state;
+    e = d, e.local.period = -1, expect_refused(e, "local.period");
+    e = d, e.local.warmup_steps = -2, expect_refused(e, "local.warmup_steps");
+    e = d, e.local.outer_lr = -0.5f, expect_refused(e, "local.outer_lr");
+    e = d, e.local.outer_lr = INFINITY, expect_refused(e, "local.outer_lr");
+    e = d, e.local.outer_lr = NAN, expect_refused(e, "local.outer_lr");
+    e = d, e.local.outer = DSGD_OUTER_SGD, e.local.outer_lr = -1.0f, expect_refused(e, "local.outer_lr");
+    e = d, e.local.outer_momentum = 1.0f, expect_refused(e, "local.outer_momentum");
+    e = d, e.local.outer_momentum = -0.1f, expect_refused(e, "local.outer_momentum");
+    e = d, e.local.outer = (dsgd_outer_kind)7, expect_refused(e, "local.outer");
+    e = d, e.gradient_path = DSGD_GRADIENTS_DEVICE, expect_refused(e, "HOST path");
+    e = d, e.overlap = 1, expect_refused(e, "overlap");
+    assert_string_equal(dsgd_strategy_kind_name(DSGD_STRATEGY_LOCAL), "local");
+}
+
+static int setup(void **state) {
+    (void)state;
+    make_data();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_period1_like_mirrored),
+        cmocka_unit_test(test_warmup_is_mirrored),
+        cmocka_unit_test(test_outer_sgd_is_average),
+        cmocka_unit_test(test_serial_reference),
+        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_restore_at_boundary),
+        cmocka_unit_test(test_two_workers),
+        cmocka_unit_test(test_simnet),
+        cmocka_unit_test(test_failures),
+        cmocka_unit_test(test_eval_per_replica),
+        cmocka_unit_test(test_bad_descs),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
