@@ -17423,7 +17423,9 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c) {
      of their own below it (strategy_sync.h: one_device and mirrored, whose
      step is gradients, agree, aggregate, exchange, update;
      strategy_central.h: central storage, whose step sums the gradients
-     into one host copy and updates it once), and strategy_kinds.h, the
+     into one host copy and updates it once; strategy_local.h: local SGD,
+     whose replicas step alone and average every H steps), and
+     strategy_kinds.h, the
      last, holds the table of kinds that dsgd_strategy_create picks from.
 */
 #ifndef DSGD__PART_STRATEGY_DECL
@@ -17446,13 +17448,18 @@ typedef enum dsgd_strategy_kind {
     DSGD_STRATEGY_MULTI_WORKER_MIRRORED = 3, /* mirrored across processes: this
                                      process's N replicas are ranks of a larger
                                      group (see MULTI-WORKER below) */
-    DSGD_STRATEGY_PARAMETER_SERVER = 4 /* the N replicas are the workers of
+    DSGD_STRATEGY_PARAMETER_SERVER = 4, /* the N replicas are the workers of
                                      desc.ps parameter servers, which hold the
                                      variables and apply the updates (see
                                      PARAMETER SERVERS AS A STRATEGY in
                                      strategy_ps.h) */
+    DSGD_STRATEGY_LOCAL = 5       /* local SGD, post-local SGD, DiLoCo: the
+                                     replicas train alone and average every
+                                     desc.local.period steps, in one process
+                                     or across workers (see LOCAL SGD in
+                                     strategy_local.h) */
 } dsgd_strategy_kind;
-#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_PARAMETER_SERVER + 1)
+#define DSGD_STRATEGY_COUNT (DSGD_STRATEGY_LOCAL + 1)
 
 /* What a training step does when a gradient holds NaN or infinity on any
    replica. Every replica checks its own gradient before the exchange and
@@ -17513,6 +17520,37 @@ typedef struct dsgd_strategy_ps_desc {
     double retry_s;               /* a worker resends after this; 0:
                                      DSGD_PS_DEFAULT_RETRY_S */
 } dsgd_strategy_ps_desc;
+
+/* DSGD_STRATEGY_LOCAL's outer step: what a round's averaged pseudo-gradient
+   (the mean over replicas of the round's start minus each replica's
+   weights) does to the round's start (LOCAL SGD in strategy_local.h). */
+typedef enum dsgd_outer_kind {
+    DSGD_OUTER_AVERAGE = 0, /* model averaging (local SGD): the round's start
+                               minus the mean pseudo-gradient, the replicas'
+                               mean weights within one rounding */
+    DSGD_OUTER_NESTEROV,    /* DiLoCo (Douillard et al. 2023): SGD with
+                               Nesterov momentum on the round's start, the
+                               optimizer MOMENTUM's rule with nesterov */
+    DSGD_OUTER_SGD          /* the start minus outer_lr times the mean
+                               pseudo-gradient: NESTEROV with momentum 0
+                               (which a zero field cannot ask for), a
+                               server learning rate as in FedOpt */
+} dsgd_outer_kind;
+#define DSGD_OUTER_COUNT (DSGD_OUTER_SGD + 1)
+
+/* DSGD_STRATEGY_LOCAL's rounds (zero fields: the defaults). */
+typedef struct dsgd_strategy_local_desc {
+    int period;            /* H: local steps between two averagings, >= 1;
+                              0: 8 */
+    int64_t warmup_steps;  /* synchronous (MIRRORED) steps first, post-local
+                              SGD (Lin et al. 2020); default 0 */
+    dsgd_outer_kind outer; /* default AVERAGE */
+    float outer_lr;        /* NESTEROV, SGD: > 0; 0: 0.7 for NESTEROV (DiLoCo),
+                              1 for SGD; AVERAGE ignores it */
+    float outer_momentum;  /* NESTEROV: in [0, 1); 0: 0.9; the others
+                              ignore it */
+    /* The pseudo-gradient travels as float32 (4 bytes a parameter). */
+} dsgd_strategy_local_desc;
 
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
@@ -17579,6 +17617,7 @@ typedef struct dsgd_strategy_desc {
                                        cpu_threads. Refused over a
                                        transport with its own clock (simnet).
                                        0: after backward */
+    dsgd_strategy_local_desc local; /* LOCAL only (ignored by the others) */
 } dsgd_strategy_desc;
 
 /* What one training step did. Asking for it costs a wait for the step's
@@ -17597,6 +17636,9 @@ typedef struct dsgd_step_info {
                           hidden behind backward (exposed_s exceeds
                           exchange_s by the hand-offs to the thread where
                           there is little to hide) */
+    int averaged;      /* LOCAL: 1 when the step ended a round and the
+                          replicas averaged (exchange_s is then the
+                          averaging's all-reduce); else 0 */
 } dsgd_step_info;
 
 typedef struct dsgd_strategy dsgd_strategy;
@@ -17643,7 +17685,7 @@ DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
 /* "one_device", "mirrored", "central_storage", "multi_worker_mirrored",
-   "parameter_server"; "unknown" for other values.
+   "parameter_server", "local"; "unknown" for other values.
    Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind);
@@ -17896,6 +17938,7 @@ struct dsgd_replica {
     int64_t t_step;     /* optimizer steps before this step's update */
     dsgd__overlap *ov;  /* desc.overlap where it runs, else NULL */
     double exchange_s, exposed_s; /* the last step's (dsgd_step_info) */
+    int averaged;       /* LOCAL: the last step averaged (dsgd_step_info) */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -17977,6 +18020,14 @@ struct dsgd_strategy {
     dsgd_ref *flag_refs;     /* defer, n > 1: every replica's vflag */
     int metric_var[2]; /* first of the three metric variables of each slot */
     void *kind_data;   /* the kind's own state: its setup creates it, its teardown frees it */
+    /* the kind's own sections inside the checkpoint's file
+       (strategy_checkpoint.h), set by its setup; NULL: none. ck_put: with
+       w NULL on every process first (across workers a collective that
+       brings what the chief writes), then with w where the file is
+       written. ck_take: phase 0 checks f, touching nothing; 1 writes it
+       into the replicas, after the common state */
+    dsgd_result (*ck_put)(dsgd_strategy *s, dsgd__ck_writer *w);
+    dsgd_result (*ck_take)(dsgd_strategy *s, const dsgd__ck_file *f, int phase);
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -18459,6 +18510,10 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     DSGD__FP(h, s->d.kind); DSGD__FP(h, s->d.algorithm); DSGD__FP(h, s->d.bucket_bytes);
     DSGD__FP(h, s->d.piece_bytes);
     DSGD__FP(h, s->d.ranks_per_node);
+    if (s->d.kind == DSGD_STRATEGY_LOCAL) { /* its rounds, defaults applied */
+        DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
+        DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
+    }
     return h;
 }
 
@@ -18630,6 +18685,7 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
         info->lr = s->reps[0].lr;
         info->exchange_s = s->reps[0].exchange_s;
         info->exposed_s = s->reps[0].exposed_s;
+        info->averaged = s->reps[0].averaged;
         for (i = 1; i < s->n; ++i) DSGD_ASSERT(res != DSGD_OK || s->reps[i].skipped == info->skipped);
     }
     return res;
@@ -20774,13 +20830,516 @@ static const dsgd__strategy_ops dsgd__parameter_server_ops = {
 };
 
 #endif /* DSGD__PART_STRATEGY_PS_IMPL */
+/* ---------------------------------------- distsgd/strategy_local.h */
+/* distsgd/strategy_local.h - local SGD, post-local SGD and DiLoCo: replicas that train alone and average
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   LOCAL SGD (DSGD_STRATEGY_LOCAL)
+
+     Mirrored replicas that exchange their weights every H steps instead of
+     their gradients every step: local SGD (Stich 2019; Lin et al. 2020),
+     post-local SGD (Lin et al. 2020: synchronous steps first) and DiLoCo
+     (Douillard et al. 2023: an outer Nesterov step on the averaged change,
+     with AdamW inside). desc.local (dsgd_strategy_local_desc) holds the
+     period H (default 8), the warmup_steps, the outer kind (AVERAGE,
+     NESTEROV, SGD), outer_lr and outer_momentum.
+
+     Steps, counted by the optimizer (dsgd_step_info.step, t):
+       - t < warmup_steps: exactly MIRRORED's step (the same code: the
+         gradient of the global batch, all-reduced, one update everywhere:
+         the very bits of a MIRRORED strategy of as many replicas);
+       - afterwards, rounds of H steps. At a round's first step each
+         replica keeps its weights as the round's start theta0 (equal on
+         every replica). Each step, replica g takes its shard
+         dsgd_block_range(count, W, g) of the global batch, as mirrored
+         does, and updates its own weights with its own optimizer
+         (desc.optimizer: its own state, e.g. DiLoCo's inner AdamW) from
+         the mean gradient of its shard alone: no gradient is exchanged.
+         The only per-step communication is the agreement of the
+         synchronous step (one float, a MAX all-reduce; with a batch fn
+         also the count, one float), so that a failure or a non-finite
+         gradient on one replica stops or skips every replica alike, as in
+         strategy.h's failure rules: an agreed failure changes nothing, a
+         skipped step is skipped everywhere, and the replicas' step counts
+         (so their rounds) never part;
+       - after a round's last update (t - warmup_steps = k H - 1), the
+         replicas average: the pseudo-gradient delta = theta0 - theta is
+         all-reduced (SUM, in float32, with desc.algorithm in buckets of
+         bucket_bytes, as the gradient is: every algorithm sums in a fixed
+         order) and divided by W, then the outer step makes the new theta0:
+           AVERAGE   theta0 - mean(delta): the replicas' mean weights,
+                     within one rounding (computed this way so that every
+                     outer kind exchanges the same thing);
+           NESTEROV  the MOMENTUM optimizer's Nesterov rule (optim.h's,
+                     backend optimizer_update): v = mu v + mean(delta);
+                     theta0 -= outer_lr (mean(delta) + mu v);
+           SGD       the SGD optimizer's rule: theta0 -= outer_lr mean(delta)
+                     (NESTEROV with mu 0, bit for bit; with outer_lr 1
+                     AVERAGE's bits);
+         every replica takes it (theta = theta0) and keeps its inner
+         optimizer's state (DiLoCo's choice). dsgd_step_info.averaged says
+         the step averaged, and exchange_s how long the all-reduce took.
+     With H = 1 and SGD inside, a step is mirrored's up to rounding (each
+     replica's update of its mean shard gradient, averaged).
+
+     Between averagings the replicas differ: dsgd_strategy_model(s, r)
+     gives replica r's own weights; dsgd_strategy_eval_batch evaluates
+     each replica with its own weights on its shard (the metrics sum them
+     all); evaluate one model (the mean is a round's start, and the
+     replicas equal it right after a round's last step) for one model's
+     numbers. Model variables are not distributed variables (those of
+     dsgd_strategy_create_variable behave as under MIRRORED).
+     dsgd_strategy_set_aggregation applies to the warmup steps; a local
+     step uses its shard's mean gradient, and the averaging the mean over
+     replicas, whatever the aggregation.
+
+     Multi-worker: as MULTI_WORKER_MIRRORED, the kind takes desc.endpoints
+     spanning processes (a loopback hub's, the MPI add-on's, simnet's with
+     park_between_calls), replica g being global rank g of W; every worker
+     calls every step; without endpoints the replicas share a loopback of
+     the strategy's own. The gradients take the HOST path (gradient_path
+     DEVICE and overlap are refused).
+
+     Checkpoints (dsgd_strategy_save): the common sections hold replica
+     0's weights and inner optimizer (what another kind restores), and a
+     section "local" every replica's weights, inner optimizer state and
+     last clipped norm (they differ mid-round), the round's start, the
+     outer momentum and the step within the round; across workers the
+     save all-gathers every replica's (W x (1 + slots) x parameters
+     floats on every replica: mind the memory). A restore at the same
+     replica count, period and warmup is exact mid-round (training on
+     gives the bits of a run never interrupted). At another count, period
+     or warmup it is refused (DSGD_ERR_SHAPE) unless the file was saved at
+     a round's boundary (or in the warmup): then every replica takes the
+     saved weights and replica 0's inner optimizer state. Another outer
+     kind is refused. A checkpoint without a "local" section (another
+     kind's) restores the common state into every replica, the weights
+     then being the round's start.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_LOCAL_IMPL)
+#define DSGD__PART_STRATEGY_LOCAL_IMPL
+
+/* >>strategy_local ---------------------------------------------------------- */
+
+/* A replica's round: its start theta0 and pseudo-gradient on its backend,
+   and the outer optimizer over theta0 (no slot for AVERAGE and SGD). */
+typedef struct dsgd__local_rep {
+    dsgd_buffer *start, *delta;
+    dsgd__opt_state outer;
+    int have_outer;
+} dsgd__local_rep;
+
+typedef struct dsgd__local {
+    dsgd__local_rep *reps; /* [n] */
+    int inner_slots, outer_slots;
+    /* a save across workers: every replica's record (ck_put with w NULL) */
+    float *gathered;
+    size_t rec; /* floats per record: weights, inner slots, last norm (2) */
+    /* a restore: the checked section (phase 0 for phase 1) */
+    const dsgd__ck_section *sec;
+    uint32_t saved_world;
+    int exact;
+    const unsigned char *start, *oslot, *records; /* in the file's image */
+} dsgd__local;
+
+#define DSGD__LOCAL_DEFAULT_PERIOD 8
+
+static dsgd_result dsgd__local_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    const char *what = "dsgd_strategy_create";
+    const dsgd_strategy_local_desc *l = &d->local;
+    if (d->gradient_path == DSGD_GRADIENTS_DEVICE || d->overlap)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: local exchanges on the HOST path, after backward (gradient_path DEVICE and "
+                                  "overlap are for mirrored)", what);
+    if (l->period < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: local.period %d: the steps between averagings must be >= 1 (0: %d)", what,
+                                  l->period, DSGD__LOCAL_DEFAULT_PERIOD);
+    if (l->warmup_steps < 0)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: local.warmup_steps %lld is negative", what,
+                                  (long long)l->warmup_steps);
+    if ((int)l->outer < 0 || (int)l->outer >= (int)DSGD_OUTER_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown local.outer %d", what, (int)l->outer);
+    if (l->outer != DSGD_OUTER_AVERAGE && !(l->outer_lr >= 0.0f && isfinite(l->outer_lr)))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: local.outer_lr %g: the outer learning rate must be > 0 and finite (0: the "
+                                  "default)", what, (double)l->outer_lr);
+    if (l->outer == DSGD_OUTER_NESTEROV && !(l->outer_momentum >= 0.0f && l->outer_momentum < 1.0f))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: local.outer_momentum %g must lie in [0, 1) (0: 0.9; no momentum: outer SGD)",
+                                  what, (double)l->outer_momentum);
+    return DSGD_OK;
+}
+
+/* The local desc's defaults, in one place (the desc's comments list them). */
+static void dsgd__local_defaults(dsgd_strategy_local_desc *l) {
+    if (l->period == 0) l->period = DSGD__LOCAL_DEFAULT_PERIOD;
+    if (l->outer_lr == 0.0f) l->outer_lr = l->outer == DSGD_OUTER_NESTEROV ? 0.7f : 1.0f;
+    if (l->outer_momentum == 0.0f && l->outer == DSGD_OUTER_NESTEROV) l->outer_momentum = 0.9f;
+    if (l->outer != DSGD_OUTER_NESTEROV) l->outer_momentum = 0.0f;
+    if (l->outer == DSGD_OUTER_AVERAGE) l->outer_lr = 0.0f;
+}
+
+/* Without endpoints a loopback of the strategy's own; with them, the group
+   across workers (the common rule of a multi-worker kind). */
+static dsgd_result dsgd__local_layout(dsgd_strategy *s) {
+    return s->d.endpoints ? dsgd__strategy_transport(s) : dsgd__strategy_endpoints(s, NULL);
+}
+
+static void dsgd__local_teardown(dsgd_strategy *s) {
+    dsgd__local *L = (dsgd__local *)s->kind_data;
+    int i;
+    if (!L) return;
+    for (i = 0; L->reps && i < s->n; ++i) {
+        const dsgd_backend_i *be = &s->reps[i].m.be;
+        dsgd__local_rep *lr = &L->reps[i];
+        if (lr->have_outer) dsgd__opt_state_free(&lr->outer);
+        if (lr->start) be->buffer_destroy(be->impl, lr->start);
+        if (lr->delta) be->buffer_destroy(be->impl, lr->delta);
+    }
+    DSGD_FREE(L->reps);
+    DSGD_FREE(L->gathered);
+    DSGD_FREE(L);
+    s->kind_data = NULL;
+}
+
+static dsgd_result dsgd__local_ck_put(dsgd_strategy *s, dsgd__ck_writer *w);
+static dsgd_result dsgd__local_ck_take(dsgd_strategy *s, const dsgd__ck_file *f, int phase);
+
+/* Each replica's round buffers and outer optimizer on its backend. */
+static dsgd_result dsgd__local_setup(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    dsgd__local *L = (dsgd__local *)dsgd__alloc(s->ctx, sizeof(*L), what);
+    dsgd_optimizer_desc od;
+    dsgd_result res = DSGD_OK;
+    int i;
+    if (!L) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(L, 0, sizeof(*L));
+    s->kind_data = L;
+    dsgd__local_defaults(&s->d.local);
+    s->ck_put = dsgd__local_ck_put;
+    s->ck_take = dsgd__local_ck_take;
+    if (s->n == 0) return DSGD_OK;
+    L->reps = (dsgd__local_rep *)dsgd__alloc(s->ctx, sizeof(dsgd__local_rep) * (size_t)s->n, what);
+    if (!L->reps) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(L->reps, 0, sizeof(dsgd__local_rep) * (size_t)s->n);
+    memset(&od, 0, sizeof(od)); /* the outer optimizer: no schedule, no decay, no clipping */
+    od.kind = s->d.local.outer == DSGD_OUTER_NESTEROV ? DSGD_OPT_MOMENTUM : DSGD_OPT_SGD;
+    od.lr = s->d.local.outer_lr;
+    od.momentum = s->d.local.outer_momentum;
+    od.nesterov = 1;
+    L->inner_slots = dsgd_optimizer_num_slots(s->reps[0].opt);
+    L->outer_slots = dsgd__opt_kind_slots(od.kind);
+    for (i = 0; i < s->n && res == DSGD_OK; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        const dsgd_backend_i *be = &r->m.be;
+        dsgd__local_rep *lr = &L->reps[i];
+        size_t p = dsgd_model_num_params(r->m.model);
+        if ((res = be->buffer_create(be->impl, p ? p : 1, &lr->start)) == DSGD_OK &&
+            (res = be->buffer_create(be->impl, p ? p : 1, &lr->delta)) == DSGD_OK &&
+            (res = be->copy(be->impl, dsgd__ref(lr->start, 0), dsgd_model_params(r->m.model), p)) == DSGD_OK &&
+            s->d.local.outer != DSGD_OUTER_AVERAGE) {
+            lr->have_outer = 1;
+            res = dsgd__opt_state_init(&lr->outer, be, &od, p);
+        }
+        if (res != DSGD_OK && dsgd_ctx_last_result(r->m.ctx) != DSGD_OK)
+            dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->m.ctx));
+    }
+    return res;
+}
+
+/* t's place in its round (t >= warmup_steps): 0 the round's first step,
+   H - 1 its last. */
+static int64_t dsgd__local_pos(const dsgd_strategy *s, int64_t t) {
+    return (t - s->d.local.warmup_steps) % s->d.local.period;
+}
+
+/* Replica r's pseudo-gradient in host memory (its buffer's host pointer,
+   or staged: *staged set), or NULL on failure (recorded). */
+static float *dsgd__local_host(dsgd_replica *r, dsgd_ref d, size_t p, int *staged, dsgd_result *res) {
+    const dsgd_backend_i *be = &r->m.be;
+    float *host = be->buffer_host_ptr ? be->buffer_host_ptr(be->impl, d.buf) : NULL;
+    *staged = 0;
+    *res = DSGD_OK;
+    if (host) {
+        if (be->finish && (*res = be->finish(be->impl)) != DSGD_OK) return NULL;
+        return host + d.off;
+    }
+    if (!(host = dsgd__replica_stage(r, p))) {
+        *res = DSGD_ERR_OUT_OF_MEMORY;
+        return NULL;
+    }
+    *staged = 1;
+    if ((*res = be->read(be->impl, d, host, p)) != DSGD_OK) return NULL;
+    return host;
+}
+
+/* The averaging after a round's last update: delta = theta0 - theta,
+   all-reduced (SUM) and divided by W, the outer step on theta0 (round
+   `round`, 0-based), theta = theta0. */
+static dsgd_result dsgd__local_average(dsgd_replica *r, int64_t round) {
+    dsgd_strategy *s = r->s;
+    dsgd__local_rep *lr = &((dsgd__local *)s->kind_data)->reps[r->local];
+    const dsgd_backend_i *be = &r->m.be;
+    size_t p = dsgd_model_num_params(r->m.model), o, bucket, i;
+    dsgd_ref start = dsgd__ref(lr->start, 0), delta = dsgd__ref(lr->delta, 0), params = dsgd_model_params(r->m.model);
+    float *host, w = (float)s->world;
+    int staged;
+    double t0;
+    dsgd_result res = be->copy(be->impl, delta, start, p);
+    if (res == DSGD_OK) res = be->axpy(be->impl, delta, -1.0f, params, p); /* theta0 - theta */
+    if (res != DSGD_OK) return res;
+    if (!(host = dsgd__local_host(r, delta, p, &staged, &res))) return res;
+    t0 = dsgd_now();
+    bucket = s->d.bucket_bytes / sizeof(float);
+    if (bucket == 0 || bucket > p) bucket = p;
+    /* (a narrower wire format for the pseudo-gradient would go here) */
+    for (o = 0; o < p && s->world > 1 && res == DSGD_OK; o += bucket)
+        res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    r->exchange_s = r->exposed_s = dsgd_now() - t0;
+    if (res != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    for (i = 0; i < p; ++i) host[i] /= w; /* the mean */
+    if (staged && (res = be->write(be->impl, delta, host, p)) != DSGD_OK) return res;
+    if (s->d.local.outer == DSGD_OUTER_AVERAGE) res = be->axpy(be->impl, start, -1.0f, delta, p);
+    else res = dsgd__opt_state_update(&lr->outer, round, start, delta, 1.0f);
+    if (res == DSGD_OK) res = be->copy(be->impl, params, start, p);
+    if (res == DSGD_OK) r->averaged = 1;
+    return res;
+}
+
+/* One replica's part of a step: the warmup's synchronous step, or a local
+   step (batch, its own gradient, the agreement, its own update) ending
+   with the averaging at a round's last step. */
+static dsgd_result dsgd__local_step(dsgd_replica *r, void *user) {
+    const dsgd__step_args *a = (const dsgd__step_args *)user;
+    dsgd_strategy *s = r->s;
+    dsgd__local_rep *lr = &((dsgd__local *)s->kind_data)->reps[r->local];
+    dsgd_model *m = r->m.model;
+    const dsgd_backend_i *be = &r->m.be;
+    size_t p = dsgd_model_num_params(m), bad = 0;
+    int64_t t = dsgd_optimizer_steps(r->opt), pos;
+    dsgd_batch b;
+    dsgd_result res;
+    r->averaged = 0;
+    if (t < s->d.local.warmup_steps) return dsgd__sync_step(r, user); /* post-local SGD: mirrored's step */
+    dsgd__step_note(r);
+    r->skipped = 0;
+    r->exchange_s = r->exposed_s = 0.0;
+    res = dsgd__step_batch(r, a, &b, &r->global);                          /* 0 */
+    if (r->comm_failed || (res == DSGD_OK && r->global == 0)) return res;
+    if (res == DSGD_OK) { /* 1: its shard's mean gradient, alone */
+        res = b.count > 0 ? dsgd_model_gradients(m, &b, 1.0f / (float)b.count)
+                          : be->fill(be->impl, dsgd_model_grads(m), 0.0f, p);
+        if (res == DSGD_OK) res = be->norm_check(be->impl, dsgd_model_grads(m), p, NULL, &bad);
+    }
+    res = dsgd__step_agree(r, res, bad, &r->skipped);                      /* 2 */
+    if (res != DSGD_OK || r->skipped) return res;
+    pos = dsgd__local_pos(s, t);
+    if (pos == 0 && (res = be->copy(be->impl, dsgd__ref(lr->start, 0), dsgd_model_params(m), p)) != DSGD_OK)
+        return res;                                                        /* the round's start */
+    if ((res = dsgd_optimizer_step(r->opt)) != DSGD_OK) return res;        /* its own update */
+    if (pos == s->d.local.period - 1) res = dsgd__local_average(r, (t - s->d.local.warmup_steps) / s->d.local.period);
+    return res;
+}
+
+/* ---- the checkpoint's section "local":
+     u32 W, outer kind, period; u64 warmup_steps, t; u32 the step within
+     the round, inner slots, outer slots; u64 parameters p;
+     p floats the round's start, outer slots x p floats the outer state;
+     W records of (1 + inner slots) x p floats (weights, slots);
+     W f64, each replica's last clipped norm */
+
+/* The floats of one replica's record as the save all-gathers it: the
+   section's, then its last clipped norm (a double's bytes in two floats). */
+static size_t dsgd__local_rec(const dsgd_strategy *s, size_t p) {
+    return (size_t)(1 + ((dsgd__local *)s->kind_data)->inner_slots) * p + 2;
+}
+
+/* Replica r packs its record into rec. */
+static dsgd_result dsgd__local_pack(dsgd_replica *r, float *rec, size_t p) {
+    const dsgd_backend_i *be = &r->m.be;
+    dsgd__opt_run *o = dsgd__optimizer_run(r->opt);
+    int k, slots = dsgd__opt_state_slots(&o->st);
+    dsgd_result res = be->read(be->impl, dsgd_model_params(r->m.model), rec, p);
+    for (k = 0; k < slots && res == DSGD_OK; ++k) res = be->read(be->impl, dsgd__ref(o->st.slot[k], 0), rec + (size_t)(1 + k) * p, p);
+    memcpy(rec + (size_t)(1 + slots) * p, &o->last_norm, sizeof(double));
+    return res;
+}
+
+/* Across workers: every replica packs its record and all-gathers the
+   world's; local replica 0 keeps them (on the chief, for ck_put). */
+static dsgd_result dsgd__local_gather_job(dsgd_replica *r, void *user) {
+    dsgd_strategy *s = r->s;
+    dsgd__local *L = (dsgd__local *)s->kind_data;
+    size_t n = L->rec * (size_t)s->world;
+    float *buf = dsgd__replica_stage(r, n);
+    dsgd_result res;
+    (void)user;
+    r->clean_fail = 1; /* nothing changes */
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    if ((res = dsgd__local_pack(r, buf + (size_t)r->rank * L->rec, dsgd_model_num_params(r->m.model))) != DSGD_OK)
+        return res;
+    if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0) memcpy(L->gathered, buf, sizeof(float) * n);
+    return DSGD_OK;
+}
+
+static dsgd_result dsgd__local_ck_put(dsgd_strategy *s, dsgd__ck_writer *w) {
+    dsgd__local *L = (dsgd__local *)s->kind_data;
+    dsgd_replica *r0 = &s->reps[0];
+    const dsgd_backend_i *be = &r0->m.be;
+    size_t p = dsgd_model_num_params(r0->m.model), bytes;
+    int64_t t = dsgd_optimizer_steps(r0->opt);
+    int g, k;
+    if (!w) { /* every process: across workers, bring every replica's record */
+        DSGD_FREE(L->gathered);
+        L->gathered = NULL;
+        if (s->world == s->n) return DSGD_OK;
+        L->rec = dsgd__local_rec(s, p);
+        if (dsgd__mul_overflows(L->rec, (size_t)s->world * sizeof(float), &bytes))
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_strategy_save: the replicas' state is too large");
+        if (!(L->gathered = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_save"))) return DSGD_ERR_OUT_OF_MEMORY;
+        return dsgd__strategy_dispatch(s, dsgd__local_gather_job, NULL, "dsgd_strategy_save");
+    }
+    dsgd__ckw_begin(w, "local");
+    dsgd__ckw_u32(w, (uint32_t)s->world);
+    dsgd__ckw_u32(w, (uint32_t)s->d.local.outer);
+    dsgd__ckw_u32(w, (uint32_t)s->d.local.period);
+    dsgd__ckw_u64(w, (uint64_t)s->d.local.warmup_steps);
+    dsgd__ckw_u64(w, (uint64_t)t);
+    dsgd__ckw_u32(w, (uint32_t)(t < s->d.local.warmup_steps ? 0 : dsgd__local_pos(s, t)));
+    dsgd__ckw_u32(w, (uint32_t)L->inner_slots);
+    dsgd__ckw_u32(w, (uint32_t)L->outer_slots);
+    dsgd__ckw_u64(w, (uint64_t)p);
+    dsgd__ckw_read(w, be, dsgd__ref(L->reps[0].start, 0), p);
+    for (k = 0; k < L->outer_slots; ++k) dsgd__ckw_read(w, be, dsgd__ref(L->reps[0].outer.slot[k], 0), p);
+    for (g = 0; g < s->world; ++g) {
+        if (L->gathered) {
+            dsgd__ckw_floats(w, L->gathered + (size_t)g * L->rec, L->rec - 2);
+        } else {
+            dsgd_replica *r = &s->reps[g];
+            dsgd__opt_run *o = dsgd__optimizer_run(r->opt);
+            dsgd__ckw_read(w, &r->m.be, dsgd_model_params(r->m.model), p);
+            for (k = 0; k < L->inner_slots; ++k) dsgd__ckw_read(w, &r->m.be, dsgd__ref(o->st.slot[k], 0), p);
+        }
+    }
+    for (g = 0; g < s->world; ++g) { /* the norms, after the floats */
+        double norm;
+        if (L->gathered) memcpy(&norm, L->gathered + (size_t)g * L->rec + L->rec - 2, sizeof(double));
+        else norm = dsgd_optimizer_last_grad_norm(s->reps[g].opt);
+        dsgd__ckw_f64(w, norm);
+    }
+    dsgd__ckw_end(w);
+    DSGD_FREE(L->gathered);
+    L->gathered = NULL;
+    return DSGD_OK;
+}
+
+/* The record of global replica g in the checked section: its weights. */
+static const unsigned char *dsgd__local_record(const dsgd__local *L, uint32_t g, size_t p) {
+    return L->records + (size_t)g * (size_t)(1 + L->inner_slots) * p * sizeof(float);
+}
+
+static dsgd_result dsgd__local_ck_take(dsgd_strategy *s, const dsgd__ck_file *f, int phase) {
+    dsgd__local *L = (dsgd__local *)s->kind_data;
+    size_t p = dsgd_model_num_params(s->reps[0].m.model);
+    int i, k;
+    if (phase == 0) {
+        const dsgd__ck_section *sec = dsgd__ck_find(f, "local");
+        dsgd__ck_cur c;
+        uint32_t world, outer, period, pos, inner, oslots;
+        uint64_t warmup, t, np, recs;
+        L->sec = sec;
+        if (!sec) return DSGD_OK; /* another kind's: the common state everywhere */
+        c = dsgd__ck_cursor(sec);
+        world = dsgd__ckr_u32(&c);
+        outer = dsgd__ckr_u32(&c);
+        period = dsgd__ckr_u32(&c);
+        warmup = dsgd__ckr_u64(&c);
+        t = dsgd__ckr_u64(&c);
+        pos = dsgd__ckr_u32(&c);
+        inner = dsgd__ckr_u32(&c);
+        oslots = dsgd__ckr_u32(&c);
+        np = dsgd__ckr_u64(&c);
+        recs = (uint64_t)(1 + inner) * np;
+        if (c.bad || world == 0 || world > DSGD_MAX_REPLICAS || inner > 2 || oslots > 1 || period == 0 ||
+            np != (uint64_t)p || (uint64_t)c.left != (uint64_t)(1 + oslots) * p * sizeof(float) + world * (recs * sizeof(float) + 8))
+            return dsgd__ck_bad_section(f, sec, "fields of the wrong size");
+        (void)t;
+        if (outer != (uint32_t)s->d.local.outer || oslots != (uint32_t)L->outer_slots || inner != (uint32_t)L->inner_slots)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: the checkpoint's local strategy has outer kind %u (%u outer, %u inner "
+                                      "optimizer slots); this one %d (%d, %d)",
+                                      f->what, f->path, (unsigned)outer, (unsigned)oslots, (unsigned)inner,
+                                      (int)s->d.local.outer, L->outer_slots, L->inner_slots);
+        L->exact = world == (uint32_t)s->world && period == (uint32_t)s->d.local.period &&
+                   warmup == (uint64_t)s->d.local.warmup_steps;
+        if (!L->exact && pos != 0)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_SHAPE,
+                                      "%s: %s: saved in the middle of a round (step %u of %u) with %u replicas and "
+                                      "warmup %llu; this strategy has %d replicas, period %d and warmup %lld: restore "
+                                      "mid-round with the same, or save at a round's boundary",
+                                      f->what, f->path, (unsigned)pos, (unsigned)period, (unsigned)world,
+                                      (unsigned long long)warmup, s->world, s->d.local.period,
+                                      (long long)s->d.local.warmup_steps);
+        L->saved_world = world;
+        L->start = c.p;
+        L->oslot = c.p + p * sizeof(float);
+        L->records = c.p + (size_t)(1 + oslots) * p * sizeof(float);
+        return DSGD_OK;
+    }
+    if (phase != 1) return DSGD_OK;
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        const dsgd_backend_i *be = &r->m.be;
+        dsgd__local_rep *lr = &L->reps[i];
+        dsgd__ck_vars v = dsgd__ck_vars_of(r->m.model, r->opt);
+        dsgd_result res;
+        if (!L->sec) { /* the restored weights start the round */
+            res = be->copy(be->impl, dsgd__ref(lr->start, 0), dsgd_model_params(r->m.model), p);
+            for (k = 0; k < L->outer_slots && res == DSGD_OK; ++k)
+                res = be->fill(be->impl, dsgd__ref(lr->outer.slot[k], 0), 0.0f, p);
+        } else {
+            res = dsgd__ck_write_buffer(&v, f->what, dsgd__ref(lr->start, 0), L->start, p);
+            for (k = 0; k < L->outer_slots && res == DSGD_OK; ++k)
+                res = dsgd__ck_write_buffer(&v, f->what, dsgd__ref(lr->outer.slot[k], 0), L->oslot, p);
+            if (L->exact) {
+                const unsigned char *rec = dsgd__local_record(L, (uint32_t)r->rank, p);
+                uint64_t u = dsgd__ck_get64(dsgd__local_record(L, L->saved_world, p) + (size_t)r->rank * 8);
+                double norm;
+                memcpy(&norm, &u, 8);
+                if (res == DSGD_OK) res = dsgd__ck_write_buffer(&v, f->what, v.params, rec, p);
+                for (k = 0; k < L->inner_slots && res == DSGD_OK; ++k)
+                    res = dsgd__ck_write_buffer(&v, f->what, dsgd__ref(v.opt->st.slot[k], 0),
+                                                rec + (size_t)(1 + k) * p * sizeof(float), p);
+                dsgd__optimizer_set_last_grad_norm(r->opt, norm);
+            }
+        }
+        if (res != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "replica %d: %s", i, dsgd_ctx_last_error(r->m.ctx));
+    }
+    return DSGD_OK;
+}
+
+static const dsgd__strategy_ops dsgd__local_ops = {
+    "local", dsgd__local_check, dsgd__local_setup, dsgd__local_step, dsgd__local_teardown, NULL, 1,
+    dsgd__local_layout, NULL, NULL, NULL,
+};
+
+#endif /* DSGD__PART_STRATEGY_LOCAL_IMPL */
 /* ---------------------------------------- distsgd/strategy_kinds.h */
 /* distsgd/strategy_kinds.h - the table of strategy kinds, and dsgd_strategy_create
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
    The kinds' parts come above this one (strategy_sync.h: one_device,
    mirrored and multi_worker_mirrored; strategy_central.h: central_storage;
-   strategy_ps.h: parameter_server); a new kind is a part above this one and a line in
+   strategy_ps.h: parameter_server; strategy_local.h: local); a new kind is a part above this one and a line in
    dsgd__strategy_kinds. dsgd_strategy_create and dsgd_strategy_kind_name are
    declared, with the rest of the strategy's interface, in strategy.h.
 */
@@ -20796,6 +21355,7 @@ static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT]
     &dsgd__central_storage_ops, /* DSGD_STRATEGY_CENTRAL_STORAGE */
     &dsgd__multi_worker_ops, /* DSGD_STRATEGY_MULTI_WORKER_MIRRORED */
     &dsgd__parameter_server_ops, /* DSGD_STRATEGY_PARAMETER_SERVER */
+    &dsgd__local_ops,            /* DSGD_STRATEGY_LOCAL */
 };
 
 DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
@@ -20826,6 +21386,10 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
      into a parameter-server strategy, which also restores each of its
      ranks' files and so needs a checkpoint of the same servers, workers
      and policy (A CHECKPOINT in strategy_ps.h).
+
+     A kind may add sections of its own (LOCAL: "local", every replica's
+     state, which differs mid-round; see its part), which its restore
+     checks with the rest before anything is written.
 
      At the same replica count the restore is exact: training on gives the
      bits of a run never interrupted. At another count (4 -> 2, say) the
@@ -21077,6 +21641,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         return r;
     }
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
+    if (r == DSGD_OK && s->ck_put) r = s->ck_put(s, NULL); /* the kind's own, brought to the chief */
     if (r == DSGD_OK && s->first == 0) {
         dsgd__ck_vars v = dsgd__strategy_state(s);
         dsgd__ck_writer w;
@@ -21094,6 +21659,7 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         }
         dsgd__ckw_end(&w);
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
+        if (s->ck_put) s->ck_put(s, &w);
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
             dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(v.ctx));
@@ -21120,6 +21686,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     }
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
+    if (s->ck_put && (r = s->ck_put(s, NULL)) != DSGD_OK) return r;
     if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
     v = dsgd__strategy_state(s);
     dsgd__ckw_init(&w, s->ctx, what,
@@ -21127,6 +21694,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     dsgd__ck_put_state(&w, s, &v);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
+    if (s->ck_put) s->ck_put(s, &w);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
         dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(v.ctx));
@@ -21271,6 +21839,7 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
                                             what);
         models = dsgd__strategy_models(s, what);
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
+        if (r == DSGD_OK && s->ck_take) r = s->ck_take(s, f, 0); /* the kind's own sections, checked */
     }
     if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
     if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 0, st.opt.t); /* the kind's own: checked, staged */
@@ -21281,7 +21850,9 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
         } else {
             for (i = 0; i < s->num_vars; ++i) dsgd__ck_apply_variable(s, &s->vars[i], &found[i]);
             dsgd__ck_apply_extra(f, extra, &st.pos);
-            if (s->ops->restore) r = s->ops->restore(s, path, 1, -1);
+            if (s->ck_take && (r = s->ck_take(s, f, 1)) != DSGD_OK)
+                dsgd__strategy_fail(s, st.opt.t, what, dsgd_ctx_last_error(s->ctx));
+            if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 1, -1);
         }
     }
     DSGD_FREE(found);
