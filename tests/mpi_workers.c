@@ -29,6 +29,10 @@
      so does a one-process MIRRORED strategy of K x P replicas restoring
      the same file (its metrics within 1e-6: it sums them in another
      order);
+   - DSGD_STRATEGY_LOCAL (NESTEROV, warmup 1, period 3): every replica
+     holds the bits of its global rank in a one-process LOCAL strategy of
+     K x P replicas, also after a checkpoint saved mid-round at step 5 and
+     restored by a new multi-worker strategy;
    - a process describing another optimizer (process 1's learning rate)
      makes creation fail on every process with DSGD_ERR_INVALID_ARGUMENT
      naming rank K, its first rank.
@@ -377,6 +381,62 @@ static void checkpoint(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k, int w,
     }
 }
 
+/* DSGD_STRATEGY_LOCAL across processes (NESTEROV outside, momentum
+   inside, warmup 1, period 3): every local replica g holds the weights of
+   replica g of a one-process LOCAL strategy of w replicas over a loopback
+   hub, bit for bit; and through a checkpoint saved mid-round at step 5
+   (every process calls, the chief writes) and restored by a new
+   multi-worker strategy, the same bits at step 8. */
+static void local_sgd(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k, int w) {
+    static float refs[MAXW][NP];
+    dsgd_strategy_desc d = desc(DSGD_STRATEGY_LOCAL, w, NULL);
+    dsgd_strategy *s = NULL;
+    char dir[64] = "/tmp/dsgd_mpi_local_XXXXXX", path[96];
+    float p[NP];
+    int r, pass;
+    d.local.period = 3;
+    d.local.warmup_steps = 1;
+    d.local.outer = DSGD_OUTER_NESTEROV;
+    if (dsgd_strategy_create(ctx, &d, &s) != DSGD_OK) {
+        CHECK(0, "local reference: %s", dsgd_ctx_last_error(ctx));
+        return;
+    }
+    train_steps(ctx, s, 0, STEPS, w, "local reference");
+    for (r = 0; r < w; ++r) dsgd_model_get_params(dsgd_strategy_model(s, r), refs[r], NP);
+    dsgd_strategy_destroy(s);
+    if (g_rank == 0 && !mkdtemp(dir)) dir[0] = '\0';
+    MPI_Bcast(dir, (int)sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD);
+    snprintf(path, sizeof(path), "%s/local.ckpt", dir);
+    d.num_replicas = k;
+    d.endpoints = eps;
+    for (pass = 0; pass < 2 && dir[0]; ++pass) {
+        if (dsgd_strategy_create(ctx, &d, &s) != DSGD_OK) {
+            CHECK(0, "local create: %s", dsgd_ctx_last_error(ctx));
+            return;
+        }
+        if (pass == 0) {
+            train_steps(ctx, s, 0, 5, w, "local");
+            CHECK(dsgd_strategy_save(s, path, NULL) == DSGD_OK, "local save: %s", dsgd_ctx_last_error(ctx));
+        } else {
+            CHECK(dsgd_strategy_restore(s, path, NULL) == DSGD_OK, "local restore: %s", dsgd_ctx_last_error(ctx));
+        }
+        train_steps(ctx, s, 5, STEPS, w, pass ? "local restored" : "local");
+        for (r = 0; r < k; ++r) {
+            dsgd_model_get_params(dsgd_strategy_model(s, r), p, NP);
+            CHECK(!memcmp(p, refs[g_rank * k + r], sizeof(p)), "local%s: replica %d (global %d) differs from the "
+                  "one-process run", pass ? " restored" : "", r, g_rank * k + r);
+        }
+        dsgd_strategy_destroy(s);
+    }
+    CHECK(dir[0] != '\0', "local: mkdtemp failed");
+    if (g_rank == 0) printf("mpi_workers: local (NESTEROV, period 3) across processes: checked against the one-process run\n");
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0 && dir[0]) {
+        remove(path);
+        rmdir(dir);
+    }
+}
+
 static void mismatch(dsgd_ctx *ctx, const dsgd_transport_i *eps, int k) {
     dsgd_strategy_desc d = desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, k, eps);
     dsgd_strategy *s = NULL;
@@ -426,6 +486,7 @@ int main(int argc, char **argv) {
     contract(ctx, eps, k, w);
     hierarchical(ctx, eps, k, w);
     checkpoint(ctx, eps, k, w, ref);
+    local_sgd(ctx, eps, k, w);
     if (procs > 1) mismatch(ctx, eps, k);
     for (i = 0; i < k; ++i) eps[i].destroy(eps[i].impl);
     sums[0] = g_pass;
