@@ -7,7 +7,7 @@
    live in one flat buffer, optimizers, datasets, replicas that all-reduce
    their gradients over a transport, per-variable aggregation, and strategies
    (one_device, mirrored, multi-worker mirrored, central storage, parameter
-   servers). It depends on libc, libm and POSIX threads only.
+   servers, local SGD). It depends on libc, libm and POSIX threads only.
 
    USING IT
 
