@@ -302,6 +302,13 @@ typedef struct dsgd_strategy_desc {
                                        transport with its own clock (simnet).
                                        0: after backward */
     dsgd_strategy_local_desc local; /* LOCAL only (ignored by the others) */
+    const dsgd_comm_hook *comm_hook; /* MIRRORED, MULTI_WORKER_MIRRORED, HOST
+                                       path: your code exchanges each bucket
+                                       instead of the SUM all-reduce, on
+                                       every replica (COMM HOOKS in
+                                       comm_hook.h; the buckets then hold
+                                       whole variables); the table is copied.
+                                       NULL: the all-reduce */
 } dsgd_strategy_desc;
 
 /* What one training step did. Asking for it costs a wait for the step's
@@ -344,7 +351,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers (OpenCL replicas on
    two devices; the message names both), or with
-   CENTRAL_STORAGE),
+   CENTRAL_STORAGE; a bad comm_hook, or one with gradient_path DEVICE,
+   CENTRAL_STORAGE or PARAMETER_SERVER), errors of the comm hook's create,
    DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.
    Thread safety: the context's thread, which then drives the strategy:
@@ -592,6 +600,8 @@ typedef struct dsgd__dvar {
 
 /* A replica's exchange beside its backward (strategy_overlap.h). */
 typedef struct dsgd__overlap dsgd__overlap;
+/* desc.comm_hook's copy, its buckets and states (strategy_overlap.h). */
+typedef struct dsgd__hook dsgd__hook;
 
 struct dsgd_replica {
     dsgd_strategy *s;
@@ -712,6 +722,7 @@ struct dsgd_strategy {
        into the replicas, after the common state */
     dsgd_result (*ck_put)(dsgd_strategy *s, dsgd__ck_writer *w);
     dsgd_result (*ck_take)(dsgd_strategy *s, const dsgd__ck_file *f, int phase);
+    dsgd__hook *hook;  /* desc.comm_hook's (the synchronous kinds' setup); NULL: none */
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -981,6 +992,13 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
     if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
                                   d->cpu_threads, DSGD_CPU_MAX_THREADS);
+    if (d->comm_hook && ((d->kind != DSGD_STRATEGY_ONE_DEVICE && d->kind != DSGD_STRATEGY_MIRRORED &&
+                          d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: a comm hook exchanges the gradient of mirrored and multi_worker_mirrored on the "
+                                  "HOST path, not %s", what,
+                                  d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
+    if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 
@@ -1165,7 +1183,8 @@ static uint64_t dsgd__fp(uint64_t h, const void *p, size_t n) {
 
 /* A hash of what every worker must agree on: the model's variables and
    their aggregations, the optimizer and the strategy's options (field by
-   field: no padding, no pointers). Not the seed: the chief's weights win. */
+   field: no padding, no pointers), the comm hook's name ("" for none:
+   names are never empty). Not the seed: the chief's weights win. */
 static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     const dsgd_model *m = s->reps[0].m.model;
     const dsgd_optimizer_desc *o = &s->d.optimizer;
@@ -1198,6 +1217,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
         DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
         DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
     }
+    h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
     return h;
 }
 

@@ -163,11 +163,176 @@ static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s, c
     dsgd__ckw_end(w);
 }
 
+/* ---- a comm hook's state: the "hook" section (COMM HOOKS in comm_hook.h) */
+
+/* This process's replicas' hook states, saved (on the strategy's thread,
+   before anything is written). */
+typedef struct dsgd__ck_hook_out {
+    size_t *bytes;       /* local replica i's */
+    unsigned char *data; /* theirs, one after another */
+    size_t total;
+} dsgd__ck_hook_out;
+
+static void dsgd__ck_hook_out_free(dsgd__ck_hook_out *ho) {
+    DSGD_FREE(ho->bytes);
+    DSGD_FREE(ho->data);
+    memset(ho, 0, sizeof(*ho));
+}
+
+/* Saves every local replica's state into ho (all empty without a hook
+   that has state_bytes). A failure is recorded on the strategy's ctx. */
+static dsgd_result dsgd__ck_hook_save(dsgd_strategy *s, const char *what, dsgd__ck_hook_out *ho) {
+    const dsgd__hook *h = s->hook;
+    size_t at = 0;
+    int i;
+    memset(ho, 0, sizeof(*ho));
+    if (!h || !h->t.state_bytes) return DSGD_OK;
+    if (!(ho->bytes = (size_t *)dsgd__alloc(s->ctx, sizeof(size_t) * (size_t)s->n, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < s->n; ++i) {
+        ho->bytes[i] = h->t.state_bytes(h->state[i]);
+        if (ho->bytes[i] > SIZE_MAX / 2 - ho->total)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: comm hook '%s': states of over %zu bytes",
+                                      what, h->name, ho->total);
+        ho->total += ho->bytes[i];
+    }
+    if (!(ho->data = (unsigned char *)dsgd__alloc(s->ctx, ho->total ? ho->total : 1, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < s->n; ++i) {
+        dsgd_result r = ho->bytes[i] ? h->t.save(h->state[i], ho->data + at, ho->bytes[i]) : DSGD_OK;
+        if (r != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, r, "%s: comm hook '%s' could not save replica %d's state (%zu bytes): %s",
+                                      what, h->name, s->reps[i].rank, ho->bytes[i], dsgd_result_string(r));
+        at += ho->bytes[i];
+    }
+    return DSGD_OK;
+}
+
+/* "hook": the hook's name, the replica count (world), then each replica's
+   state in global rank order: u64 size, the bytes (data holds them one
+   after another). */
+static void dsgd__ck_put_hook(dsgd__ck_writer *w, const char *name, int world, const size_t *bytes,
+                              const unsigned char *data) {
+    unsigned char *p;
+    int g;
+    dsgd__ckw_begin(w, "hook");
+    dsgd__ckw_str(w, name);
+    dsgd__ckw_u32(w, (uint32_t)world);
+    for (g = 0; g < world; ++g) {
+        dsgd__ckw_u64(w, (uint64_t)bytes[g]);
+        if (bytes[g] && (p = dsgd__ckw_grow(w, bytes[g]))) memcpy(p, data, bytes[g]);
+        data += bytes[g];
+    }
+    dsgd__ckw_end(w);
+}
+
+/* A restore's hook states: each local replica's saved bytes, located in
+   the file, and the bytes it held before, to put back if the restore
+   stops after they were loaded. */
+typedef struct dsgd__ck_hook_in {
+    int load;                  /* the states are loaded (a hook with state) */
+    const unsigned char **src; /* local replica i's saved bytes (len[i]) */
+    size_t *len;
+    dsgd__ck_hook_out old;     /* their states before the load */
+    int loaded;                /* local replicas loaded so far */
+} dsgd__ck_hook_in;
+
+/* Checks the file's "hook" section against the strategy's hook (COMM
+   HOOKS in comm_hook.h: any difference is DSGD_ERR_INVALID_ARGUMENT saying
+   what differs) and locates each local replica's bytes. */
+static dsgd_result dsgd__ck_check_hook(const dsgd__ck_file *f, dsgd_strategy *s, dsgd__ck_hook_in *hi) {
+    const dsgd__ck_section *sec = dsgd__ck_find(f, "hook");
+    const dsgd__hook *h = s->hook;
+    char name[DSGD__HOOK_NAME_MAX + 1];
+    dsgd__ck_cur c;
+    uint32_t copies, g;
+    int i, stateful = 0;
+    for (i = 0; h && h->t.state_bytes && i < s->n; ++i) stateful |= h->t.state_bytes(h->state[i]) > 0;
+    if (!sec) {
+        if (stateful)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: %s: the checkpoint has no state of comm hook '%s' (no \"hook\" section: it "
+                                      "was saved without that hook), which keeps state", f->what, f->path, h->name);
+        return DSGD_OK;
+    }
+    c = dsgd__ck_cursor(sec);
+    dsgd__ckr_str(&c, name, sizeof(name));
+    copies = dsgd__ckr_u32(&c);
+    if (c.bad || copies == 0 || copies > DSGD__CK_MAX_RECORDS)
+        return dsgd__ck_bad_section(f, sec, "a hook name too long, or no replica count");
+    if (!h)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: the checkpoint holds the state of comm hook '%s'; the strategy has no comm "
+                                  "hook (dsgd_strategy_desc.comm_hook)", f->what, f->path, name);
+    if (strcmp(name, h->name) != 0)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: the checkpoint holds the state of comm hook '%s', the strategy's hook is '%s'",
+                                  f->what, f->path, name, h->name);
+    if (stateful && copies != (uint32_t)s->world)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: the checkpoint holds comm hook '%s''s state of %u replicas, the strategy has "
+                                  "%d in sync (a hook's state restores at the same replica count only)",
+                                  f->what, f->path, name, (unsigned)copies, s->world);
+    hi->src = (const unsigned char **)dsgd__alloc(s->ctx, sizeof(*hi->src) * (size_t)(s->n ? s->n : 1), f->what);
+    hi->len = (size_t *)dsgd__alloc(s->ctx, sizeof(size_t) * (size_t)(s->n ? s->n : 1), f->what);
+    if (!hi->src || !hi->len) return DSGD_ERR_OUT_OF_MEMORY;
+    for (g = 0; g < copies; ++g) {
+        uint64_t len = dsgd__ckr_u64(&c);
+        const unsigned char *p = len <= (uint64_t)c.left ? dsgd__ck_take(&c, (size_t)len) : NULL;
+        if (c.bad || (len && !p)) return dsgd__ck_bad_section(f, sec, "a replica's state cut short");
+        if ((int)g >= s->first && (int)g < s->first + s->n) {
+            hi->src[g - (uint32_t)s->first] = p;
+            hi->len[g - (uint32_t)s->first] = (size_t)len;
+        }
+    }
+    if (c.left != 0) return dsgd__ck_bad_section(f, sec, "bytes after the last replica's state");
+    hi->load = stateful;
+    return DSGD_OK;
+}
+
+/* Puts back the states loaded so far (the restore stopped). */
+static void dsgd__ck_hook_unload(dsgd_strategy *s, dsgd__ck_hook_in *hi) {
+    const dsgd__hook *h = s->hook;
+    size_t at = 0;
+    int i;
+    for (i = 0; i < hi->loaded; ++i) {
+        h->t.load(h->state[i], hi->old.data + at, hi->old.bytes[i]);
+        at += hi->old.bytes[i];
+    }
+    hi->loaded = 0;
+}
+
+/* Loads each local replica's saved bytes (keeping what it held in
+   hi->old); a load that fails puts back the ones done and fails. */
+static dsgd_result dsgd__ck_hook_load(dsgd_strategy *s, const char *what, const char *path, dsgd__ck_hook_in *hi) {
+    const dsgd__hook *h = s->hook;
+    dsgd_result r;
+    int i;
+    if (!hi->load) return DSGD_OK;
+    if ((r = dsgd__ck_hook_save(s, what, &hi->old)) != DSGD_OK) return r;
+    for (i = 0; i < s->n; ++i) {
+        if ((r = h->t.load(h->state[i], hi->src[i], hi->len[i])) != DSGD_OK) {
+            dsgd__ck_hook_unload(s, hi);
+            return dsgd_ctx_set_error(s->ctx, r, "%s: %s: comm hook '%s' could not load replica %d's state (%zu bytes): %s",
+                                      what, path, h->name, s->reps[i].rank, hi->len[i], dsgd_result_string(r));
+        }
+        hi->loaded = i + 1;
+    }
+    return DSGD_OK;
+}
+
+static void dsgd__ck_hook_in_free(dsgd__ck_hook_in *hi) {
+    DSGD_FREE(hi->src);
+    DSGD_FREE(hi->len);
+    dsgd__ck_hook_out_free(&hi->old);
+}
+
 /* ---- across workers: save and restore are collectives of every worker */
 
 /* One multi-worker save or restore's shared state. */
 typedef struct dsgd__ck_world {
-    size_t rec;   /* floats per replica record */
+    size_t rec;   /* floats per replica record (the hook's state last) */
+    const dsgd__ck_hook_out *ho; /* this worker's replicas' hook states */
+    size_t hook_off;  /* where a record's hook state starts, two bytes a float */
+    size_t *sizes;    /* every replica's hook state bytes (world; the sizes job) */
     float *all;   /* world records, gathered (save) */
     int code;     /* this worker's result, for a verdict */
     int bad_rank; /* the verdict: the first rank that failed (-1: none) */
@@ -192,11 +357,41 @@ static dsgd_result dsgd__ck_gather_job(dsgd_replica *r, void *user) {
         memcpy(mine + off, s->vars[i].copies + (size_t)r->local * s->vars[i].count, sizeof(float) * s->vars[i].count);
         off += s->vars[i].count;
     }
+    if (cw->hook_off) { /* its hook state, two bytes a float (exact integers) */
+        const unsigned char *b = cw->ho->data;
+        size_t k, len = cw->ho->bytes[r->local];
+        for (i = 0; i < r->local; ++i) b += cw->ho->bytes[i];
+        for (k = 0; k < cw->rec - cw->hook_off; ++k)
+            mine[cw->hook_off + k] = (float)((2 * k < len ? b[2 * k] : 0) | (2 * k + 1 < len ? b[2 * k + 1] << 8 : 0));
+    }
     if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
         r->comm_failed = 1;
         return res;
     }
     if (r->local == 0) memcpy(cw->all, buf, sizeof(float) * n);
+    return DSGD_OK;
+}
+
+/* Every replica all-gathers the size of its hook state (three 16-bit
+   pieces, exact as floats); local replica 0 keeps them in cw->sizes. */
+static dsgd_result dsgd__ck_hook_sizes_job(dsgd_replica *r, void *user) {
+    dsgd__ck_world *cw = (dsgd__ck_world *)user;
+    int world = r->s->world, g, k;
+    uint64_t mine = cw->ho->bytes ? (uint64_t)cw->ho->bytes[r->local] : 0;
+    float *buf = dsgd__replica_stage(r, 3 * (size_t)world);
+    dsgd_result res;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < 3; ++k) buf[3 * (size_t)r->rank + k] = (float)((mine >> (16 * k)) & 0xffff);
+    if ((res = dsgd_allgather(r->comm, buf, 3 * (size_t)world, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0)
+        for (g = 0; g < world; ++g) {
+            uint64_t v = 0;
+            for (k = 0; k < 3; ++k) v |= (uint64_t)buf[3 * (size_t)g + k] << (16 * k);
+            cw->sizes[g] = (size_t)v;
+        }
     return DSGD_OK;
 }
 
@@ -255,10 +450,31 @@ static size_t dsgd__ck_rec_floats(const dsgd_strategy *s) {
 static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra,
                                              const char *what, dsgd_result args) {
     dsgd__ck_world cw;
+    dsgd__ck_hook_out ho;
     dsgd_result r, mine = args;
-    size_t bytes = 0;
+    size_t bytes = 0, most = 0;
+    int g;
     memset(&cw, 0, sizeof(cw));
     cw.rec = dsgd__ck_rec_floats(s);
+    cw.ho = &ho;
+    memset(&ho, 0, sizeof(ho));
+    if (s->hook && s->hook->t.state_bytes) { /* the hook's states: saved here, their sizes all-gathered */
+        if (mine == DSGD_OK && (mine = dsgd__ck_hook_save(s, what, &ho)) != DSGD_OK) dsgd__ck_hook_out_free(&ho);
+        if (!(cw.sizes = (size_t *)dsgd__alloc(s->ctx, sizeof(size_t) * (size_t)s->world, what))) {
+            dsgd__ck_hook_out_free(&ho);
+            return DSGD_ERR_OUT_OF_MEMORY; /* the others time out in the collective, as for any local failure */
+        }
+        if ((r = dsgd__strategy_dispatch(s, dsgd__ck_hook_sizes_job, &cw, what)) != DSGD_OK) {
+            dsgd__ck_hook_out_free(&ho);
+            DSGD_FREE(cw.sizes);
+            return r;
+        }
+        for (g = 0; g < s->world; ++g) most = DSGD__MAX(most, cw.sizes[g]);
+        if (most > 0 && mine == DSGD_OK) {
+            cw.hook_off = cw.rec;
+            cw.rec += (most + 1) / 2;
+        }
+    }
     if (mine == DSGD_OK && dsgd__mul_overflows(cw.rec, (size_t)s->world * sizeof(float), &bytes))
         mine = dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: the variables are too large", what);
     else if (mine == DSGD_OK && !(cw.all = (float *)dsgd__alloc(s->ctx, bytes, what)))
@@ -266,6 +482,8 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
     /* one verdict on every worker's arguments and memory, before any data moves */
     if ((r = dsgd__ck_verdict(s, mine, what, path, "checking its arguments or allocating", "written")) != DSGD_OK) {
         DSGD_FREE(cw.all);
+        DSGD_FREE(cw.sizes);
+        dsgd__ck_hook_out_free(&ho);
         return r;
     }
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
@@ -288,12 +506,30 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         dsgd__ckw_end(&w);
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
         if (s->ck_put) s->ck_put(s, &w);
+        if (cw.hook_off) { /* every replica's hook state, back to bytes */
+            size_t total = 0, k, at = 0;
+            unsigned char *b;
+            for (g = 0; g < s->world; ++g) total += cw.sizes[g];
+            if ((b = (unsigned char *)dsgd__alloc(s->ctx, total ? total : 1, what)) != NULL) {
+                for (g = 0; g < s->world; ++g)
+                    for (k = 0; k < cw.sizes[g]; ++k) {
+                        unsigned v = (unsigned)cw.all[(size_t)g * cw.rec + cw.hook_off + k / 2];
+                        b[at++] = (unsigned char)(k % 2 ? v >> 8 : v & 0xff);
+                    }
+                dsgd__ck_put_hook(&w, s->hook->name, s->world, cw.sizes, b);
+                DSGD_FREE(b);
+            } else if (w.res == DSGD_OK) {
+                w.res = DSGD_ERR_OUT_OF_MEMORY;
+            }
+        }
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
             dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(v.ctx));
         mine = dsgd__ckw_commit(&w, path);
     }
     DSGD_FREE(cw.all);
+    DSGD_FREE(cw.sizes);
+    dsgd__ck_hook_out_free(&ho);
     if (r != DSGD_OK) return r;
     return dsgd__ck_verdict(s, mine, what, path, "writing the checkpoint", "written");
 }
@@ -302,6 +538,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     const char *what = "dsgd_strategy_save";
     dsgd__ck_vars v;
     dsgd_model **models;
+    dsgd__ck_hook_out ho;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
@@ -315,18 +552,28 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
     if (s->ck_put && (r = s->ck_put(s, NULL)) != DSGD_OK) return r;
-    if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    if ((r = dsgd__ck_hook_save(s, what, &ho)) != DSGD_OK) {
+        dsgd__ck_hook_out_free(&ho);
+        return r;
+    }
+    if (!(models = dsgd__strategy_models(s, what))) {
+        dsgd__ck_hook_out_free(&ho);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
     v = dsgd__strategy_state(s);
     dsgd__ckw_init(&w, s->ctx, what,
-                   dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st), extra ? extra->user_bytes : 0));
+                   dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st),
+                                   (extra ? extra->user_bytes : 0) + ho.total));
     dsgd__ck_put_state(&w, s, &v);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
     if (s->ck_put) s->ck_put(s, &w);
+    if (ho.total > 0) dsgd__ck_put_hook(&w, s->hook->name, s->n, ho.bytes, ho.data);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
         dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(v.ctx));
     DSGD_FREE(models);
+    dsgd__ck_hook_out_free(&ho);
     return dsgd__ckw_commit(&w, path);
 }
 
@@ -461,7 +708,9 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
+    dsgd__ck_hook_in hi;
     int i;
+    memset(&hi, 0, sizeof(hi));
     if (r == DSGD_OK && (r = dsgd__ck_check_state(f, s->reps[0].m.model, &v, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             what);
@@ -469,8 +718,11 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
         if (r == DSGD_OK && s->ck_take) r = s->ck_take(s, f, 0); /* the kind's own sections, checked */
     }
+    if (r == DSGD_OK && (r = dsgd__ck_check_hook(f, s, &hi)) == DSGD_OK) /* loaded now: a load may fail */
+        r = dsgd__ck_hook_load(s, what, path, &hi);
     if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
     if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 0, st.opt.t); /* the kind's own: checked, staged */
+    if (r != DSGD_OK) dsgd__ck_hook_unload(s, &hi); /* nothing touched */
     if (r == DSGD_OK) { /* everything checked (on every worker): now write */
         if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
             if (s->ops->restore) s->ops->restore(s, path, -1, -1);
@@ -485,6 +737,7 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     }
     DSGD_FREE(found);
     DSGD_FREE(models);
+    dsgd__ck_hook_in_free(&hi);
     return r;
 }
 

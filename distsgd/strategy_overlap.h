@@ -40,6 +40,14 @@
      a rank's thread and its communication thread would both run there,
      which the simulation cannot schedule.
 
+     With a comm hook (dsgd_strategy_desc.comm_hook, comm_hook.h) the
+     thread calls the hook's reduce for each bucket instead of the
+     all-reduce, and the buckets hold whole variables (a bucket ends with
+     the first variable that reaches bucket_bytes); so does the exchange
+     without overlap (strategy_sync.h, phase 4). The hook's copy, its
+     buckets (computed once, with each bucket's variables) and each
+     replica's state are made at creation, before the overlap.
+
      The step's info says how long the exchange took (exchange_s) and how
      much of that the step waited for after backward (exposed_s); the rest
      was hidden behind backward. The cost: one thread per replica, asleep
@@ -75,6 +83,112 @@ static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t loca
     return res;
 }
 
+/* >>strategy_hook ----------------------------------------------------------- */
+
+struct dsgd__hook {
+    dsgd_comm_hook t;             /* desc.comm_hook, copied (t.name is name) */
+    char name[DSGD__HOOK_NAME_MAX + 1];
+    dsgd__hook_plan plan;         /* the buckets: whole variables */
+    int nv;                       /* variables in the plan's order */
+    const dsgd_variable **vars;   /* local replica i's model's, at i * nv, in the plan's order */
+    void **state;                 /* local replica i's state */
+    int created;                  /* the states create made (destroy each) */
+};
+
+/* Undoes dsgd__hook_setup (also a partial one): every state destroyed. */
+static void dsgd__hook_teardown(dsgd_strategy *s) {
+    dsgd__hook *h = s->hook;
+    int i;
+    if (!h) return;
+    for (i = 0; i < h->created; ++i)
+        if (h->t.destroy) h->t.destroy(h->state[i]);
+    dsgd__hook_plan_free(&h->plan);
+    DSGD_FREE(h->vars);
+    DSGD_FREE(h->state);
+    DSGD_FREE(h);
+    s->hook = NULL;
+    s->d.comm_hook = NULL;
+}
+
+/* desc.comm_hook (checked at creation): its copy, the buckets, each local
+   replica's variables in their order and its state (create, replica by
+   replica; a failure names the replica). Nothing without a hook. */
+static dsgd_result dsgd__hook_setup(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    dsgd__hook *h;
+    dsgd_result res;
+    int i, j;
+    if (!s->d.comm_hook || s->n == 0) return DSGD_OK;
+    if (!(h = (dsgd__hook *)dsgd__alloc(s->ctx, sizeof(*h), what))) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(h, 0, sizeof(*h));
+    s->hook = h;
+    h->t = *s->d.comm_hook;
+    snprintf(h->name, sizeof(h->name), "%s", h->t.name);
+    h->t.name = h->name;
+    s->d.comm_hook = &h->t;
+    if ((res = dsgd__hook_plan_make(s->ctx, s->reps[0].m.model, s->d.bucket_bytes, &h->plan)) != DSGD_OK) return res;
+    h->nv = h->plan.first[h->plan.nb];
+    h->vars = (const dsgd_variable **)dsgd__alloc(s->ctx, sizeof(*h->vars) * (size_t)s->n * (size_t)(h->nv ? h->nv : 1), what);
+    h->state = (void **)dsgd__alloc(s->ctx, sizeof(void *) * (size_t)s->n, what);
+    if (!h->vars || !h->state) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < s->n; ++i) {
+        h->state[i] = NULL;
+        for (j = 0; j < h->nv; ++j)
+            h->vars[(size_t)i * h->nv + j] = dsgd_model_variable(s->reps[i].m.model, h->plan.order[j]);
+    }
+    for (i = 0; i < s->n && h->t.create; ++i) {
+        res = h->t.create(h->t.user, s->reps[i].rank, s->world, dsgd_model_num_params(s->reps[i].m.model),
+                          &h->state[i]);
+        if (res != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "%s: comm hook '%s' could not create replica %d's state: %s", what,
+                                      h->name, s->reps[i].rank, dsgd_result_string(res));
+        h->created = i + 1;
+    }
+    return DSGD_OK;
+}
+
+/* Bucket k of replica r's gradient (host: the whole of it in host memory)
+   through the hook: its reduce, on the calling thread (the replica's, or
+   its communication thread), with the errors on the communicator's
+   context; a failure without a message of its own gets one naming the
+   hook, the bucket and the step. */
+static dsgd_result dsgd__hook_reduce(dsgd_replica *r, float *host, int k) {
+    const dsgd_strategy *s = r->s;
+    const dsgd__hook *h = s->hook;
+    const dsgd__hook_plan *pl = &h->plan;
+    dsgd_ctx *ctx = dsgd_comm_ctx(r->comm);
+    dsgd_hook_bucket b;
+    dsgd_result res;
+    char detail[DSGD__MSG_MAX];
+    b.data = host + pl->lo[k];
+    b.count = pl->lo[k + 1] - pl->lo[k];
+    b.first = pl->lo[k];
+    b.index = k;
+    b.num_buckets = pl->nb;
+    b.vars = h->vars + (size_t)r->local * h->nv + pl->first[k];
+    b.num_vars = pl->first[k + 1] - pl->first[k];
+    b.step = r->t_step;
+    b.replica = r->rank;
+    b.num_replicas = s->world;
+    b.comm = r->comm;
+    b.algorithm = s->d.algorithm;
+    b.timeout_s = s->d.timeout_s;
+    dsgd_ctx_clear_error(ctx);
+    if ((res = h->t.reduce(h->state[r->local], &b)) == DSGD_OK) return DSGD_OK;
+    if (dsgd_ctx_last_result(ctx) == DSGD_OK) {
+        snprintf(detail, sizeof(detail), "%s", dsgd_result_string(res));
+    } else {
+        const char *d = dsgd_ctx_last_error(ctx), *label = dsgd_ctx_label(ctx);
+        size_t n = strlen(label);
+        if (n && !strncmp(d, label, n) && !strncmp(d + n, ": ", 2)) d += n + 2;
+        snprintf(detail, sizeof(detail), "%s", d);
+    }
+    return dsgd_ctx_set_error(ctx, res, "step %lld: comm hook '%s' failed on bucket %d of %d: %s",
+                              (long long)r->t_step, h->name, k, pl->nb, detail);
+}
+
+/* >>strategy_overlap (the exchange beside backward) ------------------------ */
+
 struct dsgd__overlap {
     dsgd_replica *r;
     dsgd_ctx *ctx;         /* the errors of the thread's collectives */
@@ -84,6 +198,8 @@ struct dsgd__overlap {
     pthread_cond_t cv;
     float *host;           /* the gradient in host memory */
     size_t p, bucket;      /* floats in the gradient and in a bucket */
+    const dsgd__hook_plan *plan; /* a comm hook's buckets (whole variables,
+                                    of their own bounds); NULL: `bucket` each */
     int nb;                /* buckets */
     int *need;             /* per bucket: the variables it holds */
     int *left;             /* per bucket: those not final yet (this step) */
@@ -101,27 +217,41 @@ struct dsgd__overlap {
     double busy;
 };
 
-/* The communication thread: all-reduces the buckets given to it, in the
-   order given; after a failure it only counts them done (the transport's
-   state is unknown, and the step fails). */
+/* Bucket k's floats, [*lo, *hi). */
+static void dsgd__overlap_range(const dsgd__overlap *ov, int k, size_t *lo, size_t *hi) {
+    if (ov->plan) {
+        *lo = ov->plan->lo[k];
+        *hi = ov->plan->lo[k + 1];
+        return;
+    }
+    *lo = (size_t)k * ov->bucket;
+    *hi = DSGD__MIN(*lo + ov->bucket, ov->p);
+}
+
+/* The communication thread: all-reduces the buckets given to it (or hands
+   them to the comm hook), in the order given; after a failure it only
+   counts them done (the transport's state is unknown, and the step
+   fails). */
 static void *dsgd__overlap_main(void *arg) {
     dsgd__overlap *ov = (dsgd__overlap *)arg;
     const dsgd_strategy *s = ov->r->s;
     pthread_mutex_lock(&ov->mu);
     for (;;) {
-        size_t lo;
-        int ok;
+        size_t lo, hi;
+        int ok, k;
         double t;
         dsgd_result res = DSGD_OK;
         while (!ov->stop && ov->done == ov->issued) pthread_cond_wait(&ov->cv, &ov->mu);
         if (ov->stop) break;
-        lo = (size_t)(ov->nb - 1 - ov->done) * ov->bucket;
+        k = ov->nb - 1 - ov->done;
+        dsgd__overlap_range(ov, k, &lo, &hi);
         ok = ov->res == DSGD_OK;
         pthread_mutex_unlock(&ov->mu);
         t = dsgd_now();
-        if (ok)
-            res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), lo,
-                                    DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+        if (ok && ov->plan)
+            res = dsgd__hook_reduce(ov->r, ov->host, k);
+        else if (ok)
+            res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, hi - lo, lo, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
         t = dsgd_now() - t;
         pthread_mutex_lock(&ov->mu);
         ov->busy += t;
@@ -142,7 +272,8 @@ static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
     const dsgd_backend_i *be = &r->m.be;
     dsgd_result res = DSGD_OK;
     while (ov->next >= 0 && ov->left[ov->next] == 0) {
-        size_t lo = (size_t)ov->next * ov->bucket, hi = DSGD__MIN(lo + ov->bucket, ov->p), bad = 0;
+        size_t lo, hi, bad = 0;
+        dsgd__overlap_range(ov, ov->next, &lo, &hi);
         if (ov->prep) {
             dsgd_ref g = dsgd_model_grads(r->m.model);
             if (be->finish) res = be->finish(be->impl);
@@ -168,6 +299,10 @@ static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int 
     const dsgd_variable *var = dsgd_model_variable(ov->r->m.model, v);
     size_t k;
     if (var->count == 0) return;
+    if (ov->plan) { /* a hook's bucket holds whole variables */
+        count[ov->plan->bucket_of[v]] += delta;
+        return;
+    }
     for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) count[k] += delta;
 }
 
@@ -273,6 +408,10 @@ static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float
     ov->bucket = s->d.bucket_bytes / sizeof(float);
     if (ov->bucket == 0 || ov->bucket > ov->p) ov->bucket = ov->p;
     ov->nb = (int)((ov->p + ov->bucket - 1) / ov->bucket);
+    if (s->hook) {
+        ov->plan = &s->hook->plan;
+        ov->nb = ov->plan->nb;
+    }
     ov->need = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->left = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");

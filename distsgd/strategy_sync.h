@@ -218,7 +218,8 @@ static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *ho
 /* Phase 4: all-reduces (SUM) the flat gradient buffer: on the devices
    (DEVICE path), or on the host in place when the backend exposes host
    memory or maps it, through a staging copy otherwise, in buckets of
-   desc.bucket_bytes. */
+   desc.bucket_bytes (with a comm hook: its buckets of whole variables,
+   each through the hook). */
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
@@ -233,8 +234,14 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
-    for (o = 0; o < p && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    if (s->hook) { /* the comm hook's buckets: whole variables */
+        int k;
+        for (k = 0; k < s->hook->plan.nb && res == DSGD_OK; ++k) res = dsgd__hook_reduce(r, host, k);
+    } else {
+        for (o = 0; o < p && res == DSGD_OK; o += bucket)
+            res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm,
+                                    0.0);
+    }
     r->exchange_s = r->exposed_s = dsgd_now() - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
@@ -362,6 +369,7 @@ static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
     if (!ok && s->d.gradient_path == DSGD_GRADIENTS_DEVICE)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_strategy_create: gradient_path DEVICE, but %s", why);
+    if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO && s->d.comm_hook) ok = 0; /* a hook sees host buckets */
     if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO) {
         int shared = 1;
         for (i = 0; i < s->n; ++i)
@@ -387,6 +395,7 @@ static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
 static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     dsgd_result res = dsgd__mirrored_path(s);
     if (res == DSGD_OK) res = dsgd__sync_defer_setup(s);
+    if (res == DSGD_OK) res = dsgd__hook_setup(s);
     return res != DSGD_OK ? res : dsgd__overlap_setup(s);
 }
 
@@ -394,6 +403,7 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     int i;
     dsgd__overlap_teardown(s);
+    dsgd__hook_teardown(s);
     dsgd__sync_defer_teardown(s);
     for (i = 0; s->marks && i < 2 * s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
@@ -415,15 +425,37 @@ static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_d
     return DSGD_OK;
 }
 
+/* one_device: the verdict on the device, and a comm hook's state (its
+   reduce is never called: nothing is exchanged). */
+static dsgd_result dsgd__one_device_setup(dsgd_strategy *s) {
+    dsgd_result res = dsgd__sync_defer_setup(s);
+    return res != DSGD_OK ? res : dsgd__hook_setup(s);
+}
+static void dsgd__one_device_teardown(dsgd_strategy *s) {
+    dsgd__hook_teardown(s);
+    dsgd__sync_defer_teardown(s);
+}
+
+/* multi_worker_mirrored: a comm hook's state and buckets, then the overlap. */
+static dsgd_result dsgd__multi_worker_setup(dsgd_strategy *s) {
+    dsgd_result res = dsgd__hook_setup(s);
+    return res != DSGD_OK ? res : dsgd__overlap_setup(s);
+}
+static void dsgd__multi_worker_teardown(dsgd_strategy *s) {
+    dsgd__overlap_teardown(s);
+    dsgd__hook_teardown(s);
+}
+
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, dsgd__sync_defer_setup, dsgd__sync_step, dsgd__sync_defer_teardown, NULL, 0,
+    "one_device", dsgd__one_device_check, dsgd__one_device_setup, dsgd__sync_step, dsgd__one_device_teardown, NULL, 0,
     NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
     "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
-    "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__overlap_setup, dsgd__sync_step, dsgd__overlap_teardown,
+    "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__multi_worker_setup, dsgd__sync_step,
+    dsgd__multi_worker_teardown,
     NULL, 1, NULL, NULL, NULL, NULL,
 };
 
