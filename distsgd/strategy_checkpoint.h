@@ -7,13 +7,17 @@
      layout, the parameters and the optimizer's state (the one copy every
      replica holds, or central storage's), every replica's metrics
      accumulators, the distributed variables with every replica's copy, the
-     kind and replica count, and the caller's extra (sampler, user bytes).
+     kind and replica count, a comm hook's state (every replica's, section
+     "hook": COMM HOOKS in comm_hook.h), and the caller's extra (sampler,
+     user bytes).
      dsgd_strategy_restore puts them into a strategy created with the same
      model and optimizer description (and the same variables, created
      before the restore); the kind and the replica count may differ, except
      into a parameter-server strategy, which also restores each of its
      ranks' files and so needs a checkpoint of the same servers, workers
-     and policy (A CHECKPOINT in strategy_ps.h).
+     and policy (A CHECKPOINT in strategy_ps.h), and but with a comm hook
+     that keeps state, whose state restores at the same replica count
+     only (each replica loads its own bytes).
 
      A kind may add sections of its own (LOCAL: "local", every replica's
      state, which differs mid-round; see its part), which its restore
@@ -39,7 +43,9 @@
      Save and restore are collectives: every worker calls them, with the
      same path. The replica count above is then the group's (W, every
      worker's replicas), and replica r is global rank r. Save all-gathers
-     every replica's metrics and variable copies; the chief (the worker
+     every replica's metrics, variable copies and comm hook state (its
+     bytes two a float, exact, after an all-gather of their sizes); the
+     chief (the worker
      holding rank 0) writes the one file, which is the file a one-process
      strategy of W replicas would write; every worker returns the chief's
      result. Restore reads the file on every worker (so every worker must
@@ -64,7 +70,8 @@ extern "C" {
    NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
    NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
-   replica's backend error; across workers also a collective's error
+   replica's backend error, a comm hook's save error (naming the hook and
+   the replica); across workers also a collective's error
    (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...), and another worker's error,
    named. path is then unchanged. DSGD_STRATEGY_PARAMETER_SERVER also
    writes each rank's file beside path (A CHECKPOINT in strategy_ps.h).
@@ -79,8 +86,12 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
-   the message names it); across workers also a collective's error and
-   another worker's error, named; after any of these nothing was touched.
+   the message names it), DSGD_ERR_INVALID_ARGUMENT for a comm hook that
+   does not match (another name; no "hook" section for a hook with
+   state; a section for a strategy without a hook; another replica count
+   for a hook with state) or whose load fails; across workers also a
+   collective's error and another worker's error, named; after any of
+   these nothing was touched.
    DSGD_STRATEGY_PARAMETER_SERVER also restores each rank's file (another
    kind's checkpoint has none: DSGD_ERR_IO names the missing file). A
    replica's backend failing while the checked state is written leaves

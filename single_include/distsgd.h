@@ -11964,19 +11964,53 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization sy) {
      bucket), so a hook sees each variable's gradient, with its name and
      shape, in one piece.
 
+     Which strategies: MIRRORED and MULTI_WORKER_MIRRORED, on the HOST
+     gradient path (AUTO resolves to it when a hook is given), with or
+     without desc.overlap, over any transport (the simulated cluster
+     too). ONE_DEVICE takes a hook too, but nothing is exchanged there, nor
+     with one replica in sync: reduce is never called (create, destroy and
+     the checkpoint still are). dsgd_strategy_create refuses a hook with
+     gradient_path DEVICE (the sum runs on the devices, where no host code
+     sees a bucket), CENTRAL_STORAGE and PARAMETER_SERVER
+     (DSGD_ERR_INVALID_ARGUMENT), and one whose name is not 1..31 bytes,
+     without reduce, or with state_bytes but no save or load. The
+     strategy copies the table (and the name); user and what it points to
+     must outlive the strategy. Every worker of a multi-worker strategy
+     must pass a hook of the same name (or none): the name is part of the
+     description their creation compares.
+
+     Errors. A hook that fails returns the error; it may record a message
+     first with dsgd_ctx_set_error(dsgd_comm_ctx(bucket->comm), ...) (the
+     collectives it calls record theirs there), else the strategy records
+     one naming the hook, the bucket and the step. The step then fails as
+     a failed exchange does: the strategy aborts its transport at once,
+     so the replicas waiting in a collective return, and has failed
+     (dsgd_strategy_failed).
+
      State. create makes one state per replica (error feedback is a
-     replica's own), destroy frees it. A hook with state_bytes saves it
-     into the strategy's checkpoint as a section of its own, named
-     "hook/<name>", with every replica's bytes in rank order, and load
-     reads its replica's bytes back, so that a run resumed from a
-     checkpoint continues as the uninterrupted run would (PyTorch's comm
-     hooks keep their state out of the checkpoint). Every member but name
-     and reduce may be NULL.
+     replica's own), destroy frees it; both run at dsgd_strategy_create
+     and dsgd_strategy_destroy (also of a creation that failed half-way).
+     A hook with state (state_bytes non-NULL, and some replica's state
+     of a non-zero size) saves it into the strategy's checkpoint as a
+     section of its own, "hook" (the hook's name, the replica count, then
+     every replica's bytes in global rank order: checkpoints.md), and
+     dsgd_strategy_restore loads each replica's own bytes back, so that a
+     run resumed from a checkpoint continues as the uninterrupted run
+     would (PyTorch's comm hooks keep their state out of the checkpoint).
+     A restore refuses, with DSGD_ERR_INVALID_ARGUMENT saying what
+     differs, a checkpoint of a hook of another name, one without the
+     section when the hook has state, one with the section into a
+     strategy without a hook, and one of another replica count when the
+     hook has state (a stateless hook restores at any count). A load
+     that fails fails the restore with nothing touched (the replicas
+     whose load succeeded get their old bytes back through load). Every
+     member but name and reduce may be NULL.
 
      Thread safety: reduce runs on the replica's thread (with
      dsgd_strategy_desc.overlap, on its communication thread), one call at
      a time per replica; different replicas call it at once with their own
-     states. user is shared by all of them.
+     states. create, state_bytes, save, load and destroy run on the
+     strategy's thread, between its calls. user is shared by all of them.
 
    BYTES
 
@@ -12019,9 +12053,10 @@ typedef struct dsgd_hook_bucket {
 
 /* A comm hook: a table of functions and the user pointer they share. */
 typedef struct dsgd_comm_hook {
-    const char *name;                  /* 1..31 bytes; names the checkpoint
-                                          section "hook/<name>" and appears in
-                                          messages */
+    const char *name;                  /* 1..31 bytes; saved with the state in
+                                          the checkpoint's "hook" section,
+                                          compared across workers and at a
+                                          restore, and named in messages */
     /* Makes replica `replica`'s state (of num_replicas in sync, for a
        gradient of num_params floats) in *state. NULL: the state is NULL. */
     dsgd_result (*create)(void *user, int replica, int num_replicas, size_t num_params, void **state);
@@ -12029,7 +12064,7 @@ typedef struct dsgd_comm_hook {
        step as a failed exchange does (the strategy fails). */
     dsgd_result (*reduce)(void *state, const dsgd_hook_bucket *bucket);
     /* The bytes save writes (the same every call for one state; 0 or NULL:
-       nothing is saved). */
+       nothing is saved; non-NULL needs save and load). */
     size_t (*state_bytes)(void *state);
     /* Writes exactly state_bytes(state) bytes to dst. */
     dsgd_result (*save)(void *state, void *dst, size_t bytes);
@@ -12045,6 +12080,88 @@ typedef struct dsgd_comm_hook {
 #endif
 
 #endif /* DSGD__PART_COMM_HOOK_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COMM_HOOK_IMPL)
+#define DSGD__PART_COMM_HOOK_IMPL
+
+/* >>comm_hook --------------------------------------------------------------- */
+
+/* The longest hook name, in bytes (without the NUL). */
+#define DSGD__HOOK_NAME_MAX 31
+
+/* The rules of a hook's table (COMM HOOKS above). */
+static dsgd_result dsgd__comm_hook_check(dsgd_ctx *ctx, const dsgd_comm_hook *h, const char *what) {
+    size_t n = 0;
+    while (h->name && n <= DSGD__HOOK_NAME_MAX && h->name[n]) ++n;
+    if (!h->name || n == 0 || n > DSGD__HOOK_NAME_MAX)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: comm_hook.name is %s (a name of 1..%d bytes)",
+                                  what, !h->name ? "NULL" : n == 0 ? "empty" : "too long", DSGD__HOOK_NAME_MAX);
+    if (!h->reduce)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: comm hook '%s' has no reduce (dsgd_comm_hook.reduce is required)", what, h->name);
+    if (h->state_bytes && (!h->save || !h->load))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: comm hook '%s' has state_bytes but no %s (a state it saves, it must load)", what,
+                                  h->name, h->save ? "load" : "save");
+    return DSGD_OK;
+}
+
+/* The buckets of a flat gradient under a hook: whole variables, cut at
+   the end of the first variable that reaches bucket_bytes (0: one
+   bucket); the last bucket ends at the gradient's end. */
+typedef struct dsgd__hook_plan {
+    int nb;         /* buckets */
+    size_t *lo;     /* nb + 1 bounds: bucket k is the floats [lo[k], lo[k + 1]) */
+    int *first;     /* nb + 1: bucket k holds the variables order[first[k] .. first[k + 1]) */
+    int *order;     /* the model's variables of one float or more, in offset order */
+    int *bucket_of; /* per model variable: its bucket (-1: it has no float) */
+} dsgd__hook_plan;
+
+static void dsgd__hook_plan_free(dsgd__hook_plan *pl) {
+    DSGD_FREE(pl->lo);
+    DSGD_FREE(pl->first);
+    DSGD_FREE(pl->order);
+    DSGD_FREE(pl->bucket_of);
+    memset(pl, 0, sizeof(*pl));
+}
+
+/* m's buckets of bucket_bytes into *pl (free with dsgd__hook_plan_free,
+   also after a failure). */
+static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t bucket_bytes, dsgd__hook_plan *pl) {
+    const char *what = "dsgd_strategy_create";
+    size_t p = dsgd_model_num_params(m), end = 0;
+    int i, used = 0, nv = dsgd_model_num_variables(m);
+    memset(pl, 0, sizeof(*pl));
+    pl->lo = (size_t *)dsgd__alloc(ctx, sizeof(size_t) * (size_t)(nv + 2), what);
+    pl->first = (int *)dsgd__alloc(ctx, sizeof(int) * (size_t)(nv + 2), what);
+    pl->order = (int *)dsgd__alloc(ctx, sizeof(int) * (size_t)(nv + 1), what);
+    pl->bucket_of = (int *)dsgd__alloc(ctx, sizeof(int) * (size_t)(nv + 1), what);
+    if (!pl->lo || !pl->first || !pl->order || !pl->bucket_of) return DSGD_ERR_OUT_OF_MEMORY;
+    pl->lo[0] = 0;
+    pl->first[0] = 0;
+    for (i = 0; i < nv; ++i) {
+        const dsgd_variable *v = dsgd_model_variable(m, i);
+        pl->bucket_of[i] = -1;
+        if (v->count == 0) continue;
+        if (v->offset < end || v->offset + v->count > p)
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: variable '%s' (floats %zu..%zu) is not after the one before it within "
+                                      "the %zu parameters: a comm hook's buckets need variables in offset order",
+                                      what, v->name, v->offset, v->offset + v->count, p);
+        end = v->offset + v->count;
+        pl->order[used++] = i;
+        pl->bucket_of[i] = pl->nb;
+        if (bucket_bytes && (end - pl->lo[pl->nb]) * sizeof(float) >= bucket_bytes && end < p) {
+            pl->lo[++pl->nb] = end;
+            pl->first[pl->nb] = used;
+        }
+    }
+    pl->lo[++pl->nb] = p;
+    pl->first[pl->nb] = used;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_COMM_HOOK_IMPL */
 /* ---------------------------------------- distsgd/sharding.h */
 /* distsgd/sharding.h - partitioners and the shard map: which server holds which rows of which variable
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -17618,6 +17735,13 @@ typedef struct dsgd_strategy_desc {
                                        transport with its own clock (simnet).
                                        0: after backward */
     dsgd_strategy_local_desc local; /* LOCAL only (ignored by the others) */
+    const dsgd_comm_hook *comm_hook; /* MIRRORED, MULTI_WORKER_MIRRORED, HOST
+                                       path: your code exchanges each bucket
+                                       instead of the SUM all-reduce, on
+                                       every replica (COMM HOOKS in
+                                       comm_hook.h; the buckets then hold
+                                       whole variables); the table is copied.
+                                       NULL: the all-reduce */
 } dsgd_strategy_desc;
 
 /* What one training step did. Asking for it costs a wait for the step's
@@ -17660,7 +17784,8 @@ typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
    optimizer desc; gradient_path DEVICE with several replicas when a backend
    lacks sum_across or cannot reach another's buffers (OpenCL replicas on
    two devices; the message names both), or with
-   CENTRAL_STORAGE),
+   CENTRAL_STORAGE; a bad comm_hook, or one with gradient_path DEVICE,
+   CENTRAL_STORAGE or PARAMETER_SERVER), errors of the comm hook's create,
    DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM (a pthread object or thread could
    not be created), backend errors and whatever backend_factory returns.
    Thread safety: the context's thread, which then drives the strategy:
@@ -17908,6 +18033,8 @@ typedef struct dsgd__dvar {
 
 /* A replica's exchange beside its backward (strategy_overlap.h). */
 typedef struct dsgd__overlap dsgd__overlap;
+/* desc.comm_hook's copy, its buckets and states (strategy_overlap.h). */
+typedef struct dsgd__hook dsgd__hook;
 
 struct dsgd_replica {
     dsgd_strategy *s;
@@ -18028,6 +18155,7 @@ struct dsgd_strategy {
        into the replicas, after the common state */
     dsgd_result (*ck_put)(dsgd_strategy *s, dsgd__ck_writer *w);
     dsgd_result (*ck_take)(dsgd_strategy *s, const dsgd__ck_file *f, int phase);
+    dsgd__hook *hook;  /* desc.comm_hook's (the synchronous kinds' setup); NULL: none */
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -18297,6 +18425,13 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
     if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
                                   d->cpu_threads, DSGD_CPU_MAX_THREADS);
+    if (d->comm_hook && ((d->kind != DSGD_STRATEGY_ONE_DEVICE && d->kind != DSGD_STRATEGY_MIRRORED &&
+                          d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: a comm hook exchanges the gradient of mirrored and multi_worker_mirrored on the "
+                                  "HOST path, not %s", what,
+                                  d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
+    if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 
@@ -18481,7 +18616,8 @@ static uint64_t dsgd__fp(uint64_t h, const void *p, size_t n) {
 
 /* A hash of what every worker must agree on: the model's variables and
    their aggregations, the optimizer and the strategy's options (field by
-   field: no padding, no pointers). Not the seed: the chief's weights win. */
+   field: no padding, no pointers), the comm hook's name ("" for none:
+   names are never empty). Not the seed: the chief's weights win. */
 static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     const dsgd_model *m = s->reps[0].m.model;
     const dsgd_optimizer_desc *o = &s->d.optimizer;
@@ -18514,6 +18650,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
         DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
         DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
     }
+    h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
     return h;
 }
 
@@ -19193,6 +19330,14 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      a rank's thread and its communication thread would both run there,
      which the simulation cannot schedule.
 
+     With a comm hook (dsgd_strategy_desc.comm_hook, comm_hook.h) the
+     thread calls the hook's reduce for each bucket instead of the
+     all-reduce, and the buckets hold whole variables (a bucket ends with
+     the first variable that reaches bucket_bytes); so does the exchange
+     without overlap (strategy_sync.h, phase 4). The hook's copy, its
+     buckets (computed once, with each bucket's variables) and each
+     replica's state are made at creation, before the overlap.
+
      The step's info says how long the exchange took (exchange_s) and how
      much of that the step waited for after backward (exposed_s); the rest
      was hidden behind backward. The cost: one thread per replica, asleep
@@ -19228,6 +19373,112 @@ static dsgd_result dsgd__step_aggregate(dsgd_replica *r, int global, size_t loca
     return res;
 }
 
+/* >>strategy_hook ----------------------------------------------------------- */
+
+struct dsgd__hook {
+    dsgd_comm_hook t;             /* desc.comm_hook, copied (t.name is name) */
+    char name[DSGD__HOOK_NAME_MAX + 1];
+    dsgd__hook_plan plan;         /* the buckets: whole variables */
+    int nv;                       /* variables in the plan's order */
+    const dsgd_variable **vars;   /* local replica i's model's, at i * nv, in the plan's order */
+    void **state;                 /* local replica i's state */
+    int created;                  /* the states create made (destroy each) */
+};
+
+/* Undoes dsgd__hook_setup (also a partial one): every state destroyed. */
+static void dsgd__hook_teardown(dsgd_strategy *s) {
+    dsgd__hook *h = s->hook;
+    int i;
+    if (!h) return;
+    for (i = 0; i < h->created; ++i)
+        if (h->t.destroy) h->t.destroy(h->state[i]);
+    dsgd__hook_plan_free(&h->plan);
+    DSGD_FREE(h->vars);
+    DSGD_FREE(h->state);
+    DSGD_FREE(h);
+    s->hook = NULL;
+    s->d.comm_hook = NULL;
+}
+
+/* desc.comm_hook (checked at creation): its copy, the buckets, each local
+   replica's variables in their order and its state (create, replica by
+   replica; a failure names the replica). Nothing without a hook. */
+static dsgd_result dsgd__hook_setup(dsgd_strategy *s) {
+    const char *what = "dsgd_strategy_create";
+    dsgd__hook *h;
+    dsgd_result res;
+    int i, j;
+    if (!s->d.comm_hook || s->n == 0) return DSGD_OK;
+    if (!(h = (dsgd__hook *)dsgd__alloc(s->ctx, sizeof(*h), what))) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(h, 0, sizeof(*h));
+    s->hook = h;
+    h->t = *s->d.comm_hook;
+    snprintf(h->name, sizeof(h->name), "%s", h->t.name);
+    h->t.name = h->name;
+    s->d.comm_hook = &h->t;
+    if ((res = dsgd__hook_plan_make(s->ctx, s->reps[0].m.model, s->d.bucket_bytes, &h->plan)) != DSGD_OK) return res;
+    h->nv = h->plan.first[h->plan.nb];
+    h->vars = (const dsgd_variable **)dsgd__alloc(s->ctx, sizeof(*h->vars) * (size_t)s->n * (size_t)(h->nv ? h->nv : 1), what);
+    h->state = (void **)dsgd__alloc(s->ctx, sizeof(void *) * (size_t)s->n, what);
+    if (!h->vars || !h->state) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < s->n; ++i) {
+        h->state[i] = NULL;
+        for (j = 0; j < h->nv; ++j)
+            h->vars[(size_t)i * h->nv + j] = dsgd_model_variable(s->reps[i].m.model, h->plan.order[j]);
+    }
+    for (i = 0; i < s->n && h->t.create; ++i) {
+        res = h->t.create(h->t.user, s->reps[i].rank, s->world, dsgd_model_num_params(s->reps[i].m.model),
+                          &h->state[i]);
+        if (res != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "%s: comm hook '%s' could not create replica %d's state: %s", what,
+                                      h->name, s->reps[i].rank, dsgd_result_string(res));
+        h->created = i + 1;
+    }
+    return DSGD_OK;
+}
+
+/* Bucket k of replica r's gradient (host: the whole of it in host memory)
+   through the hook: its reduce, on the calling thread (the replica's, or
+   its communication thread), with the errors on the communicator's
+   context; a failure without a message of its own gets one naming the
+   hook, the bucket and the step. */
+static dsgd_result dsgd__hook_reduce(dsgd_replica *r, float *host, int k) {
+    const dsgd_strategy *s = r->s;
+    const dsgd__hook *h = s->hook;
+    const dsgd__hook_plan *pl = &h->plan;
+    dsgd_ctx *ctx = dsgd_comm_ctx(r->comm);
+    dsgd_hook_bucket b;
+    dsgd_result res;
+    char detail[DSGD__MSG_MAX];
+    b.data = host + pl->lo[k];
+    b.count = pl->lo[k + 1] - pl->lo[k];
+    b.first = pl->lo[k];
+    b.index = k;
+    b.num_buckets = pl->nb;
+    b.vars = h->vars + (size_t)r->local * h->nv + pl->first[k];
+    b.num_vars = pl->first[k + 1] - pl->first[k];
+    b.step = r->t_step;
+    b.replica = r->rank;
+    b.num_replicas = s->world;
+    b.comm = r->comm;
+    b.algorithm = s->d.algorithm;
+    b.timeout_s = s->d.timeout_s;
+    dsgd_ctx_clear_error(ctx);
+    if ((res = h->t.reduce(h->state[r->local], &b)) == DSGD_OK) return DSGD_OK;
+    if (dsgd_ctx_last_result(ctx) == DSGD_OK) {
+        snprintf(detail, sizeof(detail), "%s", dsgd_result_string(res));
+    } else {
+        const char *d = dsgd_ctx_last_error(ctx), *label = dsgd_ctx_label(ctx);
+        size_t n = strlen(label);
+        if (n && !strncmp(d, label, n) && !strncmp(d + n, ": ", 2)) d += n + 2;
+        snprintf(detail, sizeof(detail), "%s", d);
+    }
+    return dsgd_ctx_set_error(ctx, res, "step %lld: comm hook '%s' failed on bucket %d of %d: %s",
+                              (long long)r->t_step, h->name, k, pl->nb, detail);
+}
+
+/* >>strategy_overlap (the exchange beside backward) ------------------------ */
+
 struct dsgd__overlap {
     dsgd_replica *r;
     dsgd_ctx *ctx;         /* the errors of the thread's collectives */
@@ -19237,6 +19488,8 @@ struct dsgd__overlap {
     pthread_cond_t cv;
     float *host;           /* the gradient in host memory */
     size_t p, bucket;      /* floats in the gradient and in a bucket */
+    const dsgd__hook_plan *plan; /* a comm hook's buckets (whole variables,
+                                    of their own bounds); NULL: `bucket` each */
     int nb;                /* buckets */
     int *need;             /* per bucket: the variables it holds */
     int *left;             /* per bucket: those not final yet (this step) */
@@ -19254,27 +19507,41 @@ struct dsgd__overlap {
     double busy;
 };
 
-/* The communication thread: all-reduces the buckets given to it, in the
-   order given; after a failure it only counts them done (the transport's
-   state is unknown, and the step fails). */
+/* Bucket k's floats, [*lo, *hi). */
+static void dsgd__overlap_range(const dsgd__overlap *ov, int k, size_t *lo, size_t *hi) {
+    if (ov->plan) {
+        *lo = ov->plan->lo[k];
+        *hi = ov->plan->lo[k + 1];
+        return;
+    }
+    *lo = (size_t)k * ov->bucket;
+    *hi = DSGD__MIN(*lo + ov->bucket, ov->p);
+}
+
+/* The communication thread: all-reduces the buckets given to it (or hands
+   them to the comm hook), in the order given; after a failure it only
+   counts them done (the transport's state is unknown, and the step
+   fails). */
 static void *dsgd__overlap_main(void *arg) {
     dsgd__overlap *ov = (dsgd__overlap *)arg;
     const dsgd_strategy *s = ov->r->s;
     pthread_mutex_lock(&ov->mu);
     for (;;) {
-        size_t lo;
-        int ok;
+        size_t lo, hi;
+        int ok, k;
         double t;
         dsgd_result res = DSGD_OK;
         while (!ov->stop && ov->done == ov->issued) pthread_cond_wait(&ov->cv, &ov->mu);
         if (ov->stop) break;
-        lo = (size_t)(ov->nb - 1 - ov->done) * ov->bucket;
+        k = ov->nb - 1 - ov->done;
+        dsgd__overlap_range(ov, k, &lo, &hi);
         ok = ov->res == DSGD_OK;
         pthread_mutex_unlock(&ov->mu);
         t = dsgd_now();
-        if (ok)
-            res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, DSGD__MIN(ov->bucket, ov->p - lo), lo,
-                                    DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+        if (ok && ov->plan)
+            res = dsgd__hook_reduce(ov->r, ov->host, k);
+        else if (ok)
+            res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, hi - lo, lo, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
         t = dsgd_now() - t;
         pthread_mutex_lock(&ov->mu);
         ov->busy += t;
@@ -19295,7 +19562,8 @@ static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
     const dsgd_backend_i *be = &r->m.be;
     dsgd_result res = DSGD_OK;
     while (ov->next >= 0 && ov->left[ov->next] == 0) {
-        size_t lo = (size_t)ov->next * ov->bucket, hi = DSGD__MIN(lo + ov->bucket, ov->p), bad = 0;
+        size_t lo, hi, bad = 0;
+        dsgd__overlap_range(ov, ov->next, &lo, &hi);
         if (ov->prep) {
             dsgd_ref g = dsgd_model_grads(r->m.model);
             if (be->finish) res = be->finish(be->impl);
@@ -19321,6 +19589,10 @@ static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int 
     const dsgd_variable *var = dsgd_model_variable(ov->r->m.model, v);
     size_t k;
     if (var->count == 0) return;
+    if (ov->plan) { /* a hook's bucket holds whole variables */
+        count[ov->plan->bucket_of[v]] += delta;
+        return;
+    }
     for (k = var->offset / ov->bucket; k <= (var->offset + var->count - 1) / ov->bucket; ++k) count[k] += delta;
 }
 
@@ -19426,6 +19698,10 @@ static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float
     ov->bucket = s->d.bucket_bytes / sizeof(float);
     if (ov->bucket == 0 || ov->bucket > ov->p) ov->bucket = ov->p;
     ov->nb = (int)((ov->p + ov->bucket - 1) / ov->bucket);
+    if (s->hook) {
+        ov->plan = &s->hook->plan;
+        ov->nb = ov->plan->nb;
+    }
     ov->need = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->left = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");
@@ -19704,7 +19980,8 @@ static dsgd_result dsgd__grads_on_host_done(dsgd_replica *r, size_t p, float *ho
 /* Phase 4: all-reduces (SUM) the flat gradient buffer: on the devices
    (DEVICE path), or on the host in place when the backend exposes host
    memory or maps it, through a staging copy otherwise, in buckets of
-   desc.bucket_bytes. */
+   desc.bucket_bytes (with a comm hook: its buckets of whole variables,
+   each through the hook). */
 static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
@@ -19719,8 +19996,14 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
-    for (o = 0; o < p && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    if (s->hook) { /* the comm hook's buckets: whole variables */
+        int k;
+        for (k = 0; k < s->hook->plan.nb && res == DSGD_OK; ++k) res = dsgd__hook_reduce(r, host, k);
+    } else {
+        for (o = 0; o < p && res == DSGD_OK; o += bucket)
+            res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm,
+                                    0.0);
+    }
     r->exchange_s = r->exposed_s = dsgd_now() - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
@@ -19848,6 +20131,7 @@ static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
     if (!ok && s->d.gradient_path == DSGD_GRADIENTS_DEVICE)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "dsgd_strategy_create: gradient_path DEVICE, but %s", why);
+    if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO && s->d.comm_hook) ok = 0; /* a hook sees host buckets */
     if (ok && s->d.gradient_path == DSGD_GRADIENTS_AUTO) {
         int shared = 1;
         for (i = 0; i < s->n; ++i)
@@ -19873,6 +20157,7 @@ static dsgd_result dsgd__mirrored_path(dsgd_strategy *s) {
 static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
     dsgd_result res = dsgd__mirrored_path(s);
     if (res == DSGD_OK) res = dsgd__sync_defer_setup(s);
+    if (res == DSGD_OK) res = dsgd__hook_setup(s);
     return res != DSGD_OK ? res : dsgd__overlap_setup(s);
 }
 
@@ -19880,6 +20165,7 @@ static dsgd_result dsgd__mirrored_setup(dsgd_strategy *s) {
 static void dsgd__mirrored_teardown(dsgd_strategy *s) {
     int i;
     dsgd__overlap_teardown(s);
+    dsgd__hook_teardown(s);
     dsgd__sync_defer_teardown(s);
     for (i = 0; s->marks && i < 2 * s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i % s->n].m.be;
@@ -19901,15 +20187,37 @@ static dsgd_result dsgd__multi_worker_check(dsgd_ctx *ctx, const dsgd_strategy_d
     return DSGD_OK;
 }
 
+/* one_device: the verdict on the device, and a comm hook's state (its
+   reduce is never called: nothing is exchanged). */
+static dsgd_result dsgd__one_device_setup(dsgd_strategy *s) {
+    dsgd_result res = dsgd__sync_defer_setup(s);
+    return res != DSGD_OK ? res : dsgd__hook_setup(s);
+}
+static void dsgd__one_device_teardown(dsgd_strategy *s) {
+    dsgd__hook_teardown(s);
+    dsgd__sync_defer_teardown(s);
+}
+
+/* multi_worker_mirrored: a comm hook's state and buckets, then the overlap. */
+static dsgd_result dsgd__multi_worker_setup(dsgd_strategy *s) {
+    dsgd_result res = dsgd__hook_setup(s);
+    return res != DSGD_OK ? res : dsgd__overlap_setup(s);
+}
+static void dsgd__multi_worker_teardown(dsgd_strategy *s) {
+    dsgd__overlap_teardown(s);
+    dsgd__hook_teardown(s);
+}
+
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, dsgd__sync_defer_setup, dsgd__sync_step, dsgd__sync_defer_teardown, NULL, 0,
+    "one_device", dsgd__one_device_check, dsgd__one_device_setup, dsgd__sync_step, dsgd__one_device_teardown, NULL, 0,
     NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
     "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
-    "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__overlap_setup, dsgd__sync_step, dsgd__overlap_teardown,
+    "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__multi_worker_setup, dsgd__sync_step,
+    dsgd__multi_worker_teardown,
     NULL, 1, NULL, NULL, NULL, NULL,
 };
 
@@ -21379,13 +21687,17 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
      layout, the parameters and the optimizer's state (the one copy every
      replica holds, or central storage's), every replica's metrics
      accumulators, the distributed variables with every replica's copy, the
-     kind and replica count, and the caller's extra (sampler, user bytes).
+     kind and replica count, a comm hook's state (every replica's, section
+     "hook": COMM HOOKS in comm_hook.h), and the caller's extra (sampler,
+     user bytes).
      dsgd_strategy_restore puts them into a strategy created with the same
      model and optimizer description (and the same variables, created
      before the restore); the kind and the replica count may differ, except
      into a parameter-server strategy, which also restores each of its
      ranks' files and so needs a checkpoint of the same servers, workers
-     and policy (A CHECKPOINT in strategy_ps.h).
+     and policy (A CHECKPOINT in strategy_ps.h), and but with a comm hook
+     that keeps state, whose state restores at the same replica count
+     only (each replica loads its own bytes).
 
      A kind may add sections of its own (LOCAL: "local", every replica's
      state, which differs mid-round; see its part), which its restore
@@ -21411,7 +21723,9 @@ DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_des
      Save and restore are collectives: every worker calls them, with the
      same path. The replica count above is then the group's (W, every
      worker's replicas), and replica r is global rank r. Save all-gathers
-     every replica's metrics and variable copies; the chief (the worker
+     every replica's metrics, variable copies and comm hook state (its
+     bytes two a float, exact, after an all-gather of their sizes); the
+     chief (the worker
      holding rank 0) writes the one file, which is the file a one-process
      strategy of W replicas would write; every worker returns the chief's
      result. Restore reads the file on every worker (so every worker must
@@ -21436,7 +21750,8 @@ extern "C" {
    NULL, nothing recorded; path NULL or empty; user_bytes > 0 with user
    NULL; a sampler not initialised), DSGD_ERR_STATE (the strategy has
    failed: its replicas may differ), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY, a
-   replica's backend error; across workers also a collective's error
+   replica's backend error, a comm hook's save error (naming the hook and
+   the replica); across workers also a collective's error
    (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...), and another worker's error,
    named. path is then unchanged. DSGD_STRATEGY_PARAMETER_SERVER also
    writes each rank's file beside path (A CHECKPOINT in strategy_ps.h).
@@ -21451,8 +21766,12 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
    DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (another model,
    optimizer kind, sampler, user size, or a distributed variable missing
    on either side or of another count, synchronization or aggregation:
-   the message names it); across workers also a collective's error and
-   another worker's error, named; after any of these nothing was touched.
+   the message names it), DSGD_ERR_INVALID_ARGUMENT for a comm hook that
+   does not match (another name; no "hook" section for a hook with
+   state; a section for a strategy without a hook; another replica count
+   for a hook with state) or whose load fails; across workers also a
+   collective's error and another worker's error, named; after any of
+   these nothing was touched.
    DSGD_STRATEGY_PARAMETER_SERVER also restores each rank's file (another
    kind's checkpoint has none: DSGD_ERR_IO names the missing file). A
    replica's backend failing while the checked state is written leaves
@@ -21535,11 +21854,176 @@ static void dsgd__ck_put_variables(dsgd__ck_writer *w, const dsgd_strategy *s, c
     dsgd__ckw_end(w);
 }
 
+/* ---- a comm hook's state: the "hook" section (COMM HOOKS in comm_hook.h) */
+
+/* This process's replicas' hook states, saved (on the strategy's thread,
+   before anything is written). */
+typedef struct dsgd__ck_hook_out {
+    size_t *bytes;       /* local replica i's */
+    unsigned char *data; /* theirs, one after another */
+    size_t total;
+} dsgd__ck_hook_out;
+
+static void dsgd__ck_hook_out_free(dsgd__ck_hook_out *ho) {
+    DSGD_FREE(ho->bytes);
+    DSGD_FREE(ho->data);
+    memset(ho, 0, sizeof(*ho));
+}
+
+/* Saves every local replica's state into ho (all empty without a hook
+   that has state_bytes). A failure is recorded on the strategy's ctx. */
+static dsgd_result dsgd__ck_hook_save(dsgd_strategy *s, const char *what, dsgd__ck_hook_out *ho) {
+    const dsgd__hook *h = s->hook;
+    size_t at = 0;
+    int i;
+    memset(ho, 0, sizeof(*ho));
+    if (!h || !h->t.state_bytes) return DSGD_OK;
+    if (!(ho->bytes = (size_t *)dsgd__alloc(s->ctx, sizeof(size_t) * (size_t)s->n, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < s->n; ++i) {
+        ho->bytes[i] = h->t.state_bytes(h->state[i]);
+        if (ho->bytes[i] > SIZE_MAX / 2 - ho->total)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: comm hook '%s': states of over %zu bytes",
+                                      what, h->name, ho->total);
+        ho->total += ho->bytes[i];
+    }
+    if (!(ho->data = (unsigned char *)dsgd__alloc(s->ctx, ho->total ? ho->total : 1, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < s->n; ++i) {
+        dsgd_result r = ho->bytes[i] ? h->t.save(h->state[i], ho->data + at, ho->bytes[i]) : DSGD_OK;
+        if (r != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, r, "%s: comm hook '%s' could not save replica %d's state (%zu bytes): %s",
+                                      what, h->name, s->reps[i].rank, ho->bytes[i], dsgd_result_string(r));
+        at += ho->bytes[i];
+    }
+    return DSGD_OK;
+}
+
+/* "hook": the hook's name, the replica count (world), then each replica's
+   state in global rank order: u64 size, the bytes (data holds them one
+   after another). */
+static void dsgd__ck_put_hook(dsgd__ck_writer *w, const char *name, int world, const size_t *bytes,
+                              const unsigned char *data) {
+    unsigned char *p;
+    int g;
+    dsgd__ckw_begin(w, "hook");
+    dsgd__ckw_str(w, name);
+    dsgd__ckw_u32(w, (uint32_t)world);
+    for (g = 0; g < world; ++g) {
+        dsgd__ckw_u64(w, (uint64_t)bytes[g]);
+        if (bytes[g] && (p = dsgd__ckw_grow(w, bytes[g]))) memcpy(p, data, bytes[g]);
+        data += bytes[g];
+    }
+    dsgd__ckw_end(w);
+}
+
+/* A restore's hook states: each local replica's saved bytes, located in
+   the file, and the bytes it held before, to put back if the restore
+   stops after they were loaded. */
+typedef struct dsgd__ck_hook_in {
+    int load;                  /* the states are loaded (a hook with state) */
+    const unsigned char **src; /* local replica i's saved bytes (len[i]) */
+    size_t *len;
+    dsgd__ck_hook_out old;     /* their states before the load */
+    int loaded;                /* local replicas loaded so far */
+} dsgd__ck_hook_in;
+
+/* Checks the file's "hook" section against the strategy's hook (COMM
+   HOOKS in comm_hook.h: any difference is DSGD_ERR_INVALID_ARGUMENT saying
+   what differs) and locates each local replica's bytes. */
+static dsgd_result dsgd__ck_check_hook(const dsgd__ck_file *f, dsgd_strategy *s, dsgd__ck_hook_in *hi) {
+    const dsgd__ck_section *sec = dsgd__ck_find(f, "hook");
+    const dsgd__hook *h = s->hook;
+    char name[DSGD__HOOK_NAME_MAX + 1];
+    dsgd__ck_cur c;
+    uint32_t copies, g;
+    int i, stateful = 0;
+    for (i = 0; h && h->t.state_bytes && i < s->n; ++i) stateful |= h->t.state_bytes(h->state[i]) > 0;
+    if (!sec) {
+        if (stateful)
+            return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: %s: the checkpoint has no state of comm hook '%s' (no \"hook\" section: it "
+                                      "was saved without that hook), which keeps state", f->what, f->path, h->name);
+        return DSGD_OK;
+    }
+    c = dsgd__ck_cursor(sec);
+    dsgd__ckr_str(&c, name, sizeof(name));
+    copies = dsgd__ckr_u32(&c);
+    if (c.bad || copies == 0 || copies > DSGD__CK_MAX_RECORDS)
+        return dsgd__ck_bad_section(f, sec, "a hook name too long, or no replica count");
+    if (!h)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: the checkpoint holds the state of comm hook '%s'; the strategy has no comm "
+                                  "hook (dsgd_strategy_desc.comm_hook)", f->what, f->path, name);
+    if (strcmp(name, h->name) != 0)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: the checkpoint holds the state of comm hook '%s', the strategy's hook is '%s'",
+                                  f->what, f->path, name, h->name);
+    if (stateful && copies != (uint32_t)s->world)
+        return dsgd_ctx_set_error(f->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: %s: the checkpoint holds comm hook '%s''s state of %u replicas, the strategy has "
+                                  "%d in sync (a hook's state restores at the same replica count only)",
+                                  f->what, f->path, name, (unsigned)copies, s->world);
+    hi->src = (const unsigned char **)dsgd__alloc(s->ctx, sizeof(*hi->src) * (size_t)(s->n ? s->n : 1), f->what);
+    hi->len = (size_t *)dsgd__alloc(s->ctx, sizeof(size_t) * (size_t)(s->n ? s->n : 1), f->what);
+    if (!hi->src || !hi->len) return DSGD_ERR_OUT_OF_MEMORY;
+    for (g = 0; g < copies; ++g) {
+        uint64_t len = dsgd__ckr_u64(&c);
+        const unsigned char *p = len <= (uint64_t)c.left ? dsgd__ck_take(&c, (size_t)len) : NULL;
+        if (c.bad || (len && !p)) return dsgd__ck_bad_section(f, sec, "a replica's state cut short");
+        if ((int)g >= s->first && (int)g < s->first + s->n) {
+            hi->src[g - (uint32_t)s->first] = p;
+            hi->len[g - (uint32_t)s->first] = (size_t)len;
+        }
+    }
+    if (c.left != 0) return dsgd__ck_bad_section(f, sec, "bytes after the last replica's state");
+    hi->load = stateful;
+    return DSGD_OK;
+}
+
+/* Puts back the states loaded so far (the restore stopped). */
+static void dsgd__ck_hook_unload(dsgd_strategy *s, dsgd__ck_hook_in *hi) {
+    const dsgd__hook *h = s->hook;
+    size_t at = 0;
+    int i;
+    for (i = 0; i < hi->loaded; ++i) {
+        h->t.load(h->state[i], hi->old.data + at, hi->old.bytes[i]);
+        at += hi->old.bytes[i];
+    }
+    hi->loaded = 0;
+}
+
+/* Loads each local replica's saved bytes (keeping what it held in
+   hi->old); a load that fails puts back the ones done and fails. */
+static dsgd_result dsgd__ck_hook_load(dsgd_strategy *s, const char *what, const char *path, dsgd__ck_hook_in *hi) {
+    const dsgd__hook *h = s->hook;
+    dsgd_result r;
+    int i;
+    if (!hi->load) return DSGD_OK;
+    if ((r = dsgd__ck_hook_save(s, what, &hi->old)) != DSGD_OK) return r;
+    for (i = 0; i < s->n; ++i) {
+        if ((r = h->t.load(h->state[i], hi->src[i], hi->len[i])) != DSGD_OK) {
+            dsgd__ck_hook_unload(s, hi);
+            return dsgd_ctx_set_error(s->ctx, r, "%s: %s: comm hook '%s' could not load replica %d's state (%zu bytes): %s",
+                                      what, path, h->name, s->reps[i].rank, hi->len[i], dsgd_result_string(r));
+        }
+        hi->loaded = i + 1;
+    }
+    return DSGD_OK;
+}
+
+static void dsgd__ck_hook_in_free(dsgd__ck_hook_in *hi) {
+    DSGD_FREE(hi->src);
+    DSGD_FREE(hi->len);
+    dsgd__ck_hook_out_free(&hi->old);
+}
+
 /* ---- across workers: save and restore are collectives of every worker */
 
 /* One multi-worker save or restore's shared state. */
 typedef struct dsgd__ck_world {
-    size_t rec;   /* floats per replica record */
+    size_t rec;   /* floats per replica record (the hook's state last) */
+    const dsgd__ck_hook_out *ho; /* this worker's replicas' hook states */
+    size_t hook_off;  /* where a record's hook state starts, two bytes a float */
+    size_t *sizes;    /* every replica's hook state bytes (world; the sizes job) */
     float *all;   /* world records, gathered (save) */
     int code;     /* this worker's result, for a verdict */
     int bad_rank; /* the verdict: the first rank that failed (-1: none) */
@@ -21564,11 +22048,41 @@ static dsgd_result dsgd__ck_gather_job(dsgd_replica *r, void *user) {
         memcpy(mine + off, s->vars[i].copies + (size_t)r->local * s->vars[i].count, sizeof(float) * s->vars[i].count);
         off += s->vars[i].count;
     }
+    if (cw->hook_off) { /* its hook state, two bytes a float (exact integers) */
+        const unsigned char *b = cw->ho->data;
+        size_t k, len = cw->ho->bytes[r->local];
+        for (i = 0; i < r->local; ++i) b += cw->ho->bytes[i];
+        for (k = 0; k < cw->rec - cw->hook_off; ++k)
+            mine[cw->hook_off + k] = (float)((2 * k < len ? b[2 * k] : 0) | (2 * k + 1 < len ? b[2 * k + 1] << 8 : 0));
+    }
     if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
         r->comm_failed = 1;
         return res;
     }
     if (r->local == 0) memcpy(cw->all, buf, sizeof(float) * n);
+    return DSGD_OK;
+}
+
+/* Every replica all-gathers the size of its hook state (three 16-bit
+   pieces, exact as floats); local replica 0 keeps them in cw->sizes. */
+static dsgd_result dsgd__ck_hook_sizes_job(dsgd_replica *r, void *user) {
+    dsgd__ck_world *cw = (dsgd__ck_world *)user;
+    int world = r->s->world, g, k;
+    uint64_t mine = cw->ho->bytes ? (uint64_t)cw->ho->bytes[r->local] : 0;
+    float *buf = dsgd__replica_stage(r, 3 * (size_t)world);
+    dsgd_result res;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    for (k = 0; k < 3; ++k) buf[3 * (size_t)r->rank + k] = (float)((mine >> (16 * k)) & 0xffff);
+    if ((res = dsgd_allgather(r->comm, buf, 3 * (size_t)world, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0)
+        for (g = 0; g < world; ++g) {
+            uint64_t v = 0;
+            for (k = 0; k < 3; ++k) v |= (uint64_t)buf[3 * (size_t)g + k] << (16 * k);
+            cw->sizes[g] = (size_t)v;
+        }
     return DSGD_OK;
 }
 
@@ -21627,10 +22141,31 @@ static size_t dsgd__ck_rec_floats(const dsgd_strategy *s) {
 static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path, const dsgd_checkpoint_extra *extra,
                                              const char *what, dsgd_result args) {
     dsgd__ck_world cw;
+    dsgd__ck_hook_out ho;
     dsgd_result r, mine = args;
-    size_t bytes = 0;
+    size_t bytes = 0, most = 0;
+    int g;
     memset(&cw, 0, sizeof(cw));
     cw.rec = dsgd__ck_rec_floats(s);
+    cw.ho = &ho;
+    memset(&ho, 0, sizeof(ho));
+    if (s->hook && s->hook->t.state_bytes) { /* the hook's states: saved here, their sizes all-gathered */
+        if (mine == DSGD_OK && (mine = dsgd__ck_hook_save(s, what, &ho)) != DSGD_OK) dsgd__ck_hook_out_free(&ho);
+        if (!(cw.sizes = (size_t *)dsgd__alloc(s->ctx, sizeof(size_t) * (size_t)s->world, what))) {
+            dsgd__ck_hook_out_free(&ho);
+            return DSGD_ERR_OUT_OF_MEMORY; /* the others time out in the collective, as for any local failure */
+        }
+        if ((r = dsgd__strategy_dispatch(s, dsgd__ck_hook_sizes_job, &cw, what)) != DSGD_OK) {
+            dsgd__ck_hook_out_free(&ho);
+            DSGD_FREE(cw.sizes);
+            return r;
+        }
+        for (g = 0; g < s->world; ++g) most = DSGD__MAX(most, cw.sizes[g]);
+        if (most > 0 && mine == DSGD_OK) {
+            cw.hook_off = cw.rec;
+            cw.rec += (most + 1) / 2;
+        }
+    }
     if (mine == DSGD_OK && dsgd__mul_overflows(cw.rec, (size_t)s->world * sizeof(float), &bytes))
         mine = dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: the variables are too large", what);
     else if (mine == DSGD_OK && !(cw.all = (float *)dsgd__alloc(s->ctx, bytes, what)))
@@ -21638,6 +22173,8 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
     /* one verdict on every worker's arguments and memory, before any data moves */
     if ((r = dsgd__ck_verdict(s, mine, what, path, "checking its arguments or allocating", "written")) != DSGD_OK) {
         DSGD_FREE(cw.all);
+        DSGD_FREE(cw.sizes);
+        dsgd__ck_hook_out_free(&ho);
         return r;
     }
     r = dsgd__strategy_dispatch(s, dsgd__ck_gather_job, &cw, what);
@@ -21660,12 +22197,30 @@ static dsgd_result dsgd__strategy_save_world(dsgd_strategy *s, const char *path,
         dsgd__ckw_end(&w);
         dsgd__ck_put_variables(&w, s, cw.all, cw.rec);
         if (s->ck_put) s->ck_put(s, &w);
+        if (cw.hook_off) { /* every replica's hook state, back to bytes */
+            size_t total = 0, k, at = 0;
+            unsigned char *b;
+            for (g = 0; g < s->world; ++g) total += cw.sizes[g];
+            if ((b = (unsigned char *)dsgd__alloc(s->ctx, total ? total : 1, what)) != NULL) {
+                for (g = 0; g < s->world; ++g)
+                    for (k = 0; k < cw.sizes[g]; ++k) {
+                        unsigned v = (unsigned)cw.all[(size_t)g * cw.rec + cw.hook_off + k / 2];
+                        b[at++] = (unsigned char)(k % 2 ? v >> 8 : v & 0xff);
+                    }
+                dsgd__ck_put_hook(&w, s->hook->name, s->world, cw.sizes, b);
+                DSGD_FREE(b);
+            } else if (w.res == DSGD_OK) {
+                w.res = DSGD_ERR_OUT_OF_MEMORY;
+            }
+        }
         dsgd__ck_put_extra(&w, extra);
         if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY)
             dsgd_ctx_set_error(s->ctx, w.res, "%s: reading the state: %s", what, dsgd_ctx_last_error(v.ctx));
         mine = dsgd__ckw_commit(&w, path);
     }
     DSGD_FREE(cw.all);
+    DSGD_FREE(cw.sizes);
+    dsgd__ck_hook_out_free(&ho);
     if (r != DSGD_OK) return r;
     return dsgd__ck_verdict(s, mine, what, path, "writing the checkpoint", "written");
 }
@@ -21674,6 +22229,7 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     const char *what = "dsgd_strategy_save";
     dsgd__ck_vars v;
     dsgd_model **models;
+    dsgd__ck_hook_out ho;
     dsgd__ck_writer w;
     dsgd_result r;
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
@@ -21687,18 +22243,28 @@ DSGD_API dsgd_result dsgd_strategy_save(dsgd_strategy *s, const char *path, cons
     if (s->world > s->n) return dsgd__strategy_save_world(s, path, extra, what, r);
     if (r != DSGD_OK) return r;
     if (s->ck_put && (r = s->ck_put(s, NULL)) != DSGD_OK) return r;
-    if (!(models = dsgd__strategy_models(s, what))) return DSGD_ERR_OUT_OF_MEMORY;
+    if ((r = dsgd__ck_hook_save(s, what, &ho)) != DSGD_OK) {
+        dsgd__ck_hook_out_free(&ho);
+        return r;
+    }
+    if (!(models = dsgd__strategy_models(s, what))) {
+        dsgd__ck_hook_out_free(&ho);
+        return DSGD_ERR_OUT_OF_MEMORY;
+    }
     v = dsgd__strategy_state(s);
     dsgd__ckw_init(&w, s->ctx, what,
-                   dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st), extra ? extra->user_bytes : 0));
+                   dsgd__ck_expect(s->reps[0].m.model, dsgd__opt_state_slots(&v.opt->st),
+                                   (extra ? extra->user_bytes : 0) + ho.total));
     dsgd__ck_put_state(&w, s, &v);
     dsgd__ck_put_metrics(&w, models, s->n);
     dsgd__ck_put_variables(&w, s, NULL, 0);
     if (s->ck_put) s->ck_put(s, &w);
+    if (ho.total > 0) dsgd__ck_put_hook(&w, s->hook->name, s->n, ho.bytes, ho.data);
     dsgd__ck_put_extra(&w, extra);
     if (w.res != DSGD_OK && w.res != DSGD_ERR_OUT_OF_MEMORY) /* a backend's error, on its replica's ctx */
         dsgd_ctx_set_error(s->ctx, w.res, "%s: reading a replica's state: %s", what, dsgd_ctx_last_error(v.ctx));
     DSGD_FREE(models);
+    dsgd__ck_hook_out_free(&ho);
     return dsgd__ckw_commit(&w, path);
 }
 
@@ -21833,7 +22399,9 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     dsgd_model **models = NULL;
     dsgd__ck_var *found = NULL;
     dsgd__ck_state st;
+    dsgd__ck_hook_in hi;
     int i;
+    memset(&hi, 0, sizeof(hi));
     if (r == DSGD_OK && (r = dsgd__ck_check_state(f, s->reps[0].m.model, &v, extra, &st)) == DSGD_OK) {
         found = (dsgd__ck_var *)dsgd__alloc(s->ctx, sizeof(dsgd__ck_var) * (size_t)(s->num_vars ? s->num_vars : 1),
                                             what);
@@ -21841,8 +22409,11 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
         r = found && models ? dsgd__ck_check_variables(f, s, found) : DSGD_ERR_OUT_OF_MEMORY;
         if (r == DSGD_OK && s->ck_take) r = s->ck_take(s, f, 0); /* the kind's own sections, checked */
     }
+    if (r == DSGD_OK && (r = dsgd__ck_check_hook(f, s, &hi)) == DSGD_OK) /* loaded now: a load may fail */
+        r = dsgd__ck_hook_load(s, what, path, &hi);
     if (s->world > s->n) r = dsgd__ck_verdict(s, r, what, path, "checking the checkpoint", "restored");
     if (r == DSGD_OK && s->ops->restore) r = s->ops->restore(s, path, 0, st.opt.t); /* the kind's own: checked, staged */
+    if (r != DSGD_OK) dsgd__ck_hook_unload(s, &hi); /* nothing touched */
     if (r == DSGD_OK) { /* everything checked (on every worker): now write */
         if ((r = dsgd__ck_apply_strategy(s, f, &st, models)) != DSGD_OK) {
             if (s->ops->restore) s->ops->restore(s, path, -1, -1);
@@ -21857,6 +22428,7 @@ static dsgd_result dsgd__strategy_restore_from(dsgd_strategy *s, const dsgd__ck_
     }
     DSGD_FREE(found);
     DSGD_FREE(models);
+    dsgd__ck_hook_in_free(&hi);
     return r;
 }
 

@@ -15,7 +15,8 @@
      hub, with and without overlap, against MIRRORED x 4 without a hook.
    - What the hook sees, recorded per replica and step, against the model's
      own variables: the buckets cut by the rule (computed here from the
-     variables), each holding whole variables in offset order with their
+     variables; bucket_bytes 0, 4, 100 and 480, which the first variable
+     reaches exactly), each holding whole variables in offset order with their
      names, offsets and shapes, the offsets and counts tiling the
      gradient, every bucket once per step (0 up without overlap, down with
      it), the step number, the replica's rank and the replica count.
@@ -143,7 +144,9 @@ static dsgd_result h_create(void *user, int replica, int num_replicas, size_t nu
     sl->num_replicas = num_replicas;
     sl->np = num_params;
     sl->residual = u->ef ? (float *)calloc(num_params, sizeof(float)) : NULL;
+    free(sl->seen); /* a strategy before this one's, on the same user */
     sl->seen = (seen *)calloc(1, sizeof(seen));
+    if (!sl->seen || (u->ef && !sl->residual)) return DSGD_ERR_OUT_OF_MEMORY;
     pthread_mutex_lock(&u->mu);
     u->creates++;
     pthread_mutex_unlock(&u->mu);
@@ -371,11 +374,11 @@ static dsgd_result vars_check_reduce(void *state, const dsgd_hook_bucket *b) {
 }
 
 static void test_hook_sees_variables(void **state) {
-    static const size_t buckets[3] = {0, 4, 100};
+    static const size_t buckets[4] = {0, 4, 100, 480}; /* 480: exactly the first variable */
     int k, ov, n;
     (void)state;
     tu_watchdog_for("the hook's view", 120);
-    for (k = 0; k < 3; ++k)
+    for (k = 0; k < 4; ++k)
         for (ov = 0; ov < 2; ++ov) {
             hook_user u;
             dsgd_comm_hook h;
@@ -886,8 +889,8 @@ static void test_failing_hook(void **state) {
             fail_msg("overlap %d: %s", ov, dsgd_ctx_last_error(ctx));
         assert_true(dsgd_strategy_failed(s));
         assert_true(t < 4.0); /* aborted, not the 8 s deadline */
-        TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_train_step(s, g_x[3], g_y[3], count_of(3, 3), NULL));
         printf("    overlap %d: the failing hook fails the step in %.3f s: %s\n", ov, t, dsgd_ctx_last_error(ctx));
+        TU_ERR(ctx, DSGD_ERR_STATE, dsgd_strategy_train_step(s, g_x[3], g_y[3], count_of(3, 3), NULL));
         dsgd_strategy_destroy(s);
         assert_int_equal(u.destroys, 3);
         dsgd_ctx_destroy(ctx);
