@@ -136,6 +136,7 @@
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
 #include "distsgd/variables.h"        /* aggregation and synchronization of distributed variables */
 #include "distsgd/comm_hook.h"        /* comm hooks: your own code exchanges a bucket of the gradient */
+#include "distsgd/compress.h"         /* gradient compressors with error feedback (top-k, sign, PowerSGD) as comm hooks */
 #include "distsgd/sharding.h"         /* partitioners and the shard map of the parameter servers */
 #include "distsgd/group.h"            /* rank groups: each member's context, backend, model, endpoint */
 #include "distsgd/ps.h"               /* the parameter servers' protocol: desc, header, the policy and placement tables */

@@ -1,0 +1,859 @@
+/* test_compress.c - the gradient compressors of distsgd/compress.h.
+
+   The hook is called directly, one pthread per replica over a loopback hub,
+   on hand-built buckets (a 16 x 12 matrix, a 12-vector, a 10 x 3 x 4 tensor):
+     - error feedback: with integer gradients, sum_t C_t + e_T = sum_t g_t
+       exactly, for top-k, sign and PowerSGD with one replica (C the
+       bucket the hook returns, e_T its saved residual), and with four for
+       top-k and sign, C each replica's own part from a serial reference;
+     - top-k and sign at four replicas equal, bit for bit, a serial
+       reference (each replica's part, summed in rank order);
+     - PowerSGD at four replicas: the bucket is the sum of the replicas'
+       parts (M - e) within 1e-5, the vector exactly;
+     - PowerSGD reproduces an exactly rank-r matrix (and a sum of rank-r
+       matrices sharing their column space) within 1e-5 in one step, and
+       with warm start converges to the best rank-1 error on a fixed matrix;
+     - dsgd_compress_bytes against the bytes a counting transport saw;
+     - bad descs refused with messages; save then load continues bit for
+       bit; all replicas hold the same bits.
+   Worker threads never assert; the main thread checks after joining.
+
+   Build: make test (compiled without the implementation, linked against
+   the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
+
+#define MAXN 4
+#define NV 3
+#define COUNT (192 + 12 + 120)
+
+/* ---------------------------------------------------------------- a counting transport */
+
+/* The loopback endpoint with only send, recv and sendrecv, counting the
+   bytes this rank hands over. */
+typedef struct counting {
+    dsgd_transport_i inner;
+    size_t sent;
+} counting;
+
+static dsgd_result cnt_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    counting *c = (counting *)impl;
+    c->sent += bytes;
+    return c->inner.send(c->inner.impl, dst, tag, buf, bytes, deadline);
+}
+
+static dsgd_result cnt_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    counting *c = (counting *)impl;
+    return c->inner.recv(c->inner.impl, src, tag, buf, bytes, deadline);
+}
+
+static dsgd_result cnt_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
+    counting *c = (counting *)impl;
+    if (dst >= 0) c->sent += sbytes;
+    return c->inner.sendrecv(c->inner.impl, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, deadline, failed_peer);
+}
+
+/* ---------------------------------------------------------------- groups */
+
+typedef struct group {
+    int n;
+    dsgd_ctx *main_ctx;
+    dsgd_loopback *hub;
+    dsgd_ctx *ctx[MAXN];
+    dsgd_comm *comm[MAXN];
+    dsgd_transport_i ep[MAXN];
+    counting cnt[MAXN];
+} group;
+
+static void group_init(group *g, int n, int counted) {
+    int r;
+    memset(g, 0, sizeof(*g));
+    g->n = n;
+    assert_int_equal(dsgd_ctx_create(NULL, &g->main_ctx), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(g->main_ctx, n, &g->hub), DSGD_OK);
+    for (r = 0; r < n; ++r) {
+        assert_int_equal(dsgd_ctx_create(NULL, &g->ctx[r]), DSGD_OK);
+        assert_int_equal(dsgd_loopback_endpoint(g->hub, r, &g->ep[r]), DSGD_OK);
+        if (counted) {
+            dsgd_transport_i t;
+            g->cnt[r].inner = g->ep[r];
+            memset(&t, 0, sizeof(t));
+            t.name = "counting";
+            t.impl = &g->cnt[r];
+            t.rank = r;
+            t.size = n;
+            t.send = cnt_send;
+            t.recv = cnt_recv;
+            t.sendrecv = cnt_sendrecv;
+            g->ep[r] = t;
+        }
+        assert_int_equal(dsgd_comm_create(g->ctx[r], &g->ep[r], NULL, &g->comm[r]), DSGD_OK);
+    }
+}
+
+static void group_free(group *g) {
+    int r;
+    for (r = 0; r < g->n; ++r) {
+        dsgd_comm_destroy(g->comm[r]);
+        dsgd_ctx_destroy(g->ctx[r]);
+    }
+    dsgd_loopback_destroy(g->hub);
+    dsgd_ctx_destroy(g->main_ctx);
+}
+
+/* ---------------------------------------------------------------- the model */
+
+static dsgd_variable g_vars[NV];
+static const dsgd_variable *g_vp[NV];
+
+static void make_var(int i, const char *name, size_t offset, int rank, int s0, int s1, int s2) {
+    dsgd_variable *v = &g_vars[i];
+    memset(v, 0, sizeof(*v));
+    snprintf(v->name, sizeof(v->name), "%s", name);
+    v->offset = offset;
+    v->rank = rank;
+    v->shape[0] = s0;
+    v->shape[1] = s1;
+    v->shape[2] = s2;
+    v->count = (size_t)s0 * (size_t)(rank > 1 ? s1 : 1) * (size_t)(rank > 2 ? s2 : 1);
+    v->aggregation = DSGD_AGG_SUM;
+    g_vp[i] = v;
+}
+
+static void model_init(void) {
+    make_var(0, "dense0/kernel", 0, 2, 16, 12, 0);
+    make_var(1, "dense0/bias", 192, 1, 12, 0, 0);
+    make_var(2, "conv0/kernel", 204, 3, 10, 3, 4);
+}
+
+/* ---------------------------------------------------------------- runs */
+
+typedef void (*grad_fn)(int rank, int step, float *g, size_t count);
+
+/* Integers in [-8, 8]; step 0 of kernel 0 carries a sign word that is a
+   signalling NaN's bits (0xFFBFFFFF: all negative but element 22), so the
+   all-gather must carry it bit for bit. */
+static void grad_int(int rank, int step, float *g, size_t count) {
+    tu_rng rng = tu_rng_make(1000u * (uint64_t)step + (uint64_t)rank + 7u);
+    size_t i;
+    for (i = 0; i < count; ++i) g[i] = (float)((int)tu_below(&rng, 17) - 8);
+    if (step == 0)
+        for (i = 0; i < 32; ++i) g[i] = i == 22 ? 8.0f : -8.0f;
+}
+
+typedef struct run {
+    const dsgd_compress_desc *desc;
+    int n, steps;
+    int counted;
+    dsgd_allreduce_algo algo;
+    grad_fn grad;
+    int64_t step0;                /* the first step's number */
+    const unsigned char *load[MAXN]; /* state to load first (NULL: none) */
+    size_t load_bytes[MAXN];
+    /* per replica, per step t: [t * COUNT, (t + 1) * COUNT) */
+    float *out[MAXN], *gin[MAXN], *res[MAXN]; /* res: residual after the step (0 without) */
+    unsigned char *saved[MAXN];   /* the state after the last step */
+    size_t saved_bytes[MAXN];
+    size_t sent[MAXN];            /* counted bytes of the steps */
+    dsgd_result rc[MAXN];
+    char msg[MAXN][512];
+    group *g;
+} run;
+
+typedef struct worker {
+    run *rn;
+    int rank;
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = (worker *)arg;
+    run *rn = w->rn;
+    int r = w->rank, t;
+    dsgd_comm_hook h = dsgd_compress_hook(rn->desc);
+    void *st = NULL;
+    float data[COUNT];
+    size_t sb;
+    dsgd_result res = h.create(h.user, r, rn->n, COUNT, &st);
+    if (res == DSGD_OK && rn->load[r]) res = h.load(st, rn->load[r], rn->load_bytes[r]);
+    sb = res == DSGD_OK ? h.state_bytes(st) : 0;
+    for (t = 0; t < rn->steps && res == DSGD_OK; ++t) {
+        dsgd_hook_bucket b;
+        size_t before = rn->counted ? rn->g->cnt[r].sent : 0;
+        rn->grad(r, (int)rn->step0 + t, data, COUNT);
+        memcpy(rn->gin[r] + (size_t)t * COUNT, data, sizeof(data));
+        memset(&b, 0, sizeof(b));
+        b.data = data;
+        b.count = COUNT;
+        b.first = 0;
+        b.index = 0;
+        b.num_buckets = 1;
+        b.vars = g_vp;
+        b.num_vars = NV;
+        b.step = rn->step0 + t;
+        b.replica = r;
+        b.num_replicas = rn->n;
+        b.comm = rn->g->comm[r];
+        b.algorithm = rn->algo;
+        res = h.reduce(st, &b);
+        if (rn->counted) rn->sent[r] += rn->g->cnt[r].sent - before;
+        memcpy(rn->out[r] + (size_t)t * COUNT, data, sizeof(data));
+        memset(rn->res[r] + (size_t)t * COUNT, 0, sizeof(data));
+        if (res == DSGD_OK && sb) {
+            unsigned char *buf = (unsigned char *)malloc(sb);
+            res = buf ? h.save(st, buf, sb) : DSGD_ERR_OUT_OF_MEMORY;
+            if (res == DSGD_OK && !rn->desc->no_error_feedback)
+                memcpy(rn->res[r] + (size_t)t * COUNT, buf + 24, sizeof(data));
+            free(buf);
+        }
+    }
+    if (res == DSGD_OK && sb) {
+        rn->saved[r] = (unsigned char *)malloc(sb);
+        rn->saved_bytes[r] = sb;
+        if (rn->saved[r]) res = h.save(st, rn->saved[r], sb);
+    }
+    rn->rc[r] = res;
+    if (res != DSGD_OK) snprintf(rn->msg[r], sizeof(rn->msg[r]), "%s", dsgd_ctx_last_error(rn->g->ctx[r]));
+    if (st) h.destroy(st);
+    return NULL;
+}
+
+static void run_init(run *rn, const dsgd_compress_desc *d, int n, int steps, grad_fn grad) {
+    int r;
+    memset(rn, 0, sizeof(*rn));
+    rn->desc = d;
+    rn->n = n;
+    rn->steps = steps;
+    rn->grad = grad;
+    rn->algo = DSGD_ALLREDUCE_AUTO;
+    for (r = 0; r < n; ++r) {
+        rn->out[r] = tu_floats((size_t)steps * COUNT);
+        rn->gin[r] = tu_floats((size_t)steps * COUNT);
+        rn->res[r] = tu_floats((size_t)steps * COUNT);
+    }
+}
+
+static void run_free(run *rn) {
+    int r;
+    for (r = 0; r < rn->n; ++r) {
+        free(rn->out[r]);
+        free(rn->gin[r]);
+        free(rn->res[r]);
+        free(rn->saved[r]);
+    }
+}
+
+static void run_go(run *rn) {
+    group g;
+    pthread_t th[MAXN];
+    worker w[MAXN];
+    int r;
+    group_init(&g, rn->n, rn->counted);
+    rn->g = &g;
+    for (r = 0; r < rn->n; ++r) {
+        w[r].rn = rn;
+        w[r].rank = r;
+        assert_int_equal(pthread_create(&th[r], NULL, worker_main, &w[r]), 0);
+    }
+    for (r = 0; r < rn->n; ++r) assert_int_equal(pthread_join(th[r], NULL), 0);
+    rn->g = NULL;
+    group_free(&g);
+    for (r = 0; r < rn->n; ++r)
+        if (rn->rc[r] != DSGD_OK) fail_msg("replica %d: %s: %s", r, dsgd_result_string(rn->rc[r]), rn->msg[r]);
+    for (r = 1; r < rn->n; ++r)
+        assert_memory_equal(rn->out[0], rn->out[r], (size_t)rn->steps * COUNT * sizeof(float));
+}
+
+/* ---------------------------------------------------------------- references */
+
+/* What the hook computes for M = g + e (the residual of the step before). */
+static void ref_m(const run *rn, int r, int t, float *M) {
+    size_t i;
+    for (i = 0; i < COUNT; ++i) M[i] = rn->gin[r][(size_t)t * COUNT + i] + (t ? rn->res[r][(size_t)(t - 1) * COUNT + i] : 0.0f);
+}
+
+static size_t ref_k(double ratio, size_t n) {
+    size_t k = (size_t)ceil(ratio * (double)n - 1e-9);
+    return k < 1 ? 1 : (k > n ? n : k);
+}
+
+static const float *g_cmp_m;
+static int cmp_mag(const void *a, const void *b) {
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    float x = fabsf(g_cmp_m[i]), y = fabsf(g_cmp_m[j]);
+    if (x != y) return x > y ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+/* This replica's top-k part: C (zero but the kept entries). */
+static void ref_topk(const dsgd_compress_desc *d, const float *M, float *C) {
+    size_t idx[COUNT], i, lo, hi;
+    int v;
+    memset(C, 0, COUNT * sizeof(float));
+    for (v = 0; v < (d->global ? 1 : NV); ++v) {
+        size_t k;
+        lo = d->global ? 0 : g_vars[v].offset;
+        hi = d->global ? COUNT : lo + g_vars[v].count;
+        for (i = lo; i < hi; ++i) idx[i - lo] = i;
+        g_cmp_m = M;
+        qsort(idx, hi - lo, sizeof(size_t), cmp_mag);
+        k = ref_k(d->ratio, hi - lo);
+        for (i = 0; i < k; ++i) C[idx[i]] = M[idx[i]];
+    }
+}
+
+/* 8 significant bits, to nearest, ties to even. */
+static float ref_round8(float x) {
+    int e;
+    if (x == 0.0f) return x;
+    frexpf(x, &e); /* x = f 2^e, 0.5 <= f < 1: the 8 bits end at 2^(e - 8) */
+    return ldexpf(nearbyintf(ldexpf(x, 8 - e)), e - 8);
+}
+
+static void ref_sign(const float *M, float *C) {
+    int v;
+    size_t i;
+    for (v = 0; v < NV; ++v) {
+        const dsgd_variable *var = &g_vars[v];
+        double l1 = 0.0;
+        float s;
+        for (i = 0; i < var->count; ++i) l1 += fabs((double)M[var->offset + i]);
+        s = ref_round8((float)(l1 / (double)var->count));
+        for (i = 0; i < var->count; ++i) C[var->offset + i] = signbit(M[var->offset + i]) ? -s : s;
+    }
+}
+
+/* sum_t C_t + e_T == sum_t g_t, exactly (in double, which holds these sums
+   exactly), C_t of replica r given per step in C (steps x COUNT). */
+static void check_identity(const run *rn, int r, const float *C, const char *what) {
+    size_t i;
+    int t;
+    for (i = 0; i < COUNT; ++i) {
+        double lhs = rn->res[r][(size_t)(rn->steps - 1) * COUNT + i], rhs = 0.0;
+        for (t = 0; t < rn->steps; ++t) {
+            lhs += C[(size_t)t * COUNT + i];
+            rhs += rn->gin[r][(size_t)t * COUNT + i];
+        }
+        if (lhs != rhs)
+            fail_msg("%s: replica %d element %zu: sum C + e_T = %.17g, sum g = %.17g", what, r, i, lhs, rhs);
+    }
+}
+
+/* ---------------------------------------------------------------- tests */
+
+#define STEPS 12
+
+static void ef_one_replica(dsgd_compress_kind kind, int global) {
+    dsgd_compress_desc d;
+    run rn;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.ratio = 0.1;
+    d.global = global;
+    run_init(&rn, &d, 1, STEPS, grad_int);
+    run_go(&rn);
+    check_identity(&rn, 0, rn.out[0], dsgd_compress_kind_name(kind));
+    run_free(&rn);
+}
+
+static void test_ef_identity_one_replica(void **state) {
+    (void)state;
+    ef_one_replica(DSGD_COMPRESS_TOPK, 0);
+    ef_one_replica(DSGD_COMPRESS_TOPK, 1);
+    ef_one_replica(DSGD_COMPRESS_SIGN, 0);
+    ef_one_replica(DSGD_COMPRESS_POWERSGD, 0);
+}
+
+/* Four replicas: each replica's part from the serial reference, e = M - C
+   bit for bit, the identity per replica, and the bucket = the parts summed
+   in rank order, bit for bit. */
+static void ef_four(dsgd_compress_kind kind, int global) {
+    dsgd_compress_desc d;
+    run rn;
+    float M[COUNT], sum[COUNT];
+    float *C[MAXN];
+    int r, t;
+    size_t i;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.ratio = 0.05;
+    d.global = global;
+    run_init(&rn, &d, 4, STEPS, grad_int);
+    run_go(&rn);
+    for (r = 0; r < 4; ++r) C[r] = tu_floats((size_t)STEPS * COUNT);
+    for (t = 0; t < STEPS; ++t) {
+        memset(sum, 0, sizeof(sum));
+        for (r = 0; r < 4; ++r) {
+            float *c = C[r] + (size_t)t * COUNT;
+            ref_m(&rn, r, t, M);
+            if (kind == DSGD_COMPRESS_TOPK) ref_topk(&d, M, c);
+            else ref_sign(M, c);
+            for (i = 0; i < COUNT; ++i) {
+                float e = M[i] - c[i];
+                if (memcmp(&e, &rn.res[r][(size_t)t * COUNT + i], 4) != 0)
+                    fail_msg("%s step %d replica %d element %zu: residual %g, M - C = %g", dsgd_compress_kind_name(kind),
+                             t, r, i, (double)rn.res[r][(size_t)t * COUNT + i], (double)e);
+                if (kind == DSGD_COMPRESS_TOPK ? c[i] != 0.0f : 1) sum[i] += c[i];
+            }
+        }
+        assert_memory_equal(sum, rn.out[0] + (size_t)t * COUNT, sizeof(sum));
+    }
+    for (r = 0; r < 4; ++r) {
+        check_identity(&rn, r, C[r], dsgd_compress_kind_name(kind));
+        free(C[r]);
+    }
+    run_free(&rn);
+}
+
+static void test_topk_sign_four_replicas(void **state) {
+    (void)state;
+    ef_four(DSGD_COMPRESS_TOPK, 0);
+    ef_four(DSGD_COMPRESS_TOPK, 1);
+    ef_four(DSGD_COMPRESS_SIGN, 0);
+}
+
+/* PowerSGD at four replicas: the bucket is the sum of the replicas' parts
+   C_r = M_r - e_r within 1e-5 of its largest entry; the vector is summed
+   exactly (integers) and keeps no residual. */
+static void test_powersgd_four_replicas(void **state) {
+    dsgd_compress_desc d;
+    run rn;
+    float M[COUNT], sum[COUNT];
+    int r, t;
+    size_t i;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_POWERSGD;
+    run_init(&rn, &d, 4, STEPS, grad_int);
+    run_go(&rn);
+    for (t = 0; t < STEPS; ++t) {
+        const float *out = rn.out[0] + (size_t)t * COUNT;
+        double mx = 0.0, md = 0.0;
+        memset(sum, 0, sizeof(sum));
+        for (r = 0; r < 4; ++r) {
+            ref_m(&rn, r, t, M);
+            for (i = 0; i < COUNT; ++i) sum[i] += M[i] - rn.res[r][(size_t)t * COUNT + i];
+            for (i = 192; i < 204; ++i) assert_true(rn.res[r][(size_t)t * COUNT + i] == 0.0f);
+        }
+        for (i = 192; i < 204; ++i) assert_true(out[i] == sum[i]);
+        for (i = 0; i < COUNT; ++i) {
+            if (fabs((double)out[i]) > mx) mx = fabs((double)out[i]);
+            if (fabs((double)out[i] - (double)sum[i]) > md) md = fabs((double)out[i] - (double)sum[i]);
+        }
+        if (!(md <= 1e-5 * mx)) fail_msg("step %d: |bucket - sum of parts| %g, largest entry %g", t, md, mx);
+    }
+    run_free(&rn);
+}
+
+/* M_r = A D_r B^T (rank 4; D_r diagonal, so the sum is rank 4 too) for the
+   two matrices; the vector random. */
+static float g_A[16 * 4], g_B[12 * 4], g_A2[10 * 4], g_B2[12 * 4];
+static int g_same; /* 1: D_r = I on every replica */
+
+static void grad_lowrank(int rank, int step, float *g, size_t count) {
+    size_t i, k;
+    int j;
+    tu_rng rng = tu_rng_make(77u + (uint64_t)rank);
+    (void)step;
+    for (i = 0; i < count; ++i) g[i] = tu_uniform(&rng, -1.0f, 1.0f);
+    for (i = 0; i < 16; ++i)
+        for (k = 0; k < 12; ++k) {
+            double s = 0.0;
+            for (j = 0; j < 4; ++j) s += (double)g_A[i * 4 + j] * (g_same ? 1.0 : 1.0 + rank + j) * g_B[k * 4 + j];
+            g[i * 12 + k] = (float)s;
+        }
+    for (i = 0; i < 10; ++i)
+        for (k = 0; k < 12; ++k) {
+            double s = 0.0;
+            for (j = 0; j < 4; ++j) s += (double)g_A2[i * 4 + j] * (g_same ? 1.0 : 2.0 - 0.25 * rank + j) * g_B2[k * 4 + j];
+            g[204 + i * 12 + k] = (float)s;
+        }
+}
+
+static void lowrank_case(int n, int same) {
+    dsgd_compress_desc d;
+    run rn;
+    float want[COUNT];
+    int r;
+    size_t i;
+    tu_rng rng = tu_rng_make(5);
+    tu_fill(&rng, g_A, 16 * 4, -1.0f, 1.0f);
+    tu_fill(&rng, g_B, 12 * 4, -1.0f, 1.0f);
+    tu_fill(&rng, g_A2, 10 * 4, -1.0f, 1.0f);
+    tu_fill(&rng, g_B2, 12 * 4, -1.0f, 1.0f);
+    g_same = same;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_POWERSGD;
+    d.rank = 4;
+    d.min_compression_rate = 1.0; /* 10 x 12 at rank 4: 1.36 */
+    d.no_warm_start = 1;
+    d.no_error_feedback = 1;
+    run_init(&rn, &d, n, 1, grad_lowrank);
+    run_go(&rn);
+    memset(want, 0, sizeof(want));
+    for (r = 0; r < n; ++r)
+        for (i = 0; i < COUNT; ++i) want[i] += rn.gin[r][i];
+    {
+        double e1 = tu_rel_err(rn.out[0], want, 192), e2 = tu_rel_err(rn.out[0] + 204, want + 204, 120);
+        if (!(e1 <= 1e-5 && e2 <= 1e-5)) fail_msg("N %d same %d: relative errors %g, %g", n, same, e1, e2);
+    }
+    for (i = 192; i < 204; ++i) assert_true(fabsf(rn.out[0][i] - want[i]) <= 1e-6f);
+    run_free(&rn);
+    /* The check can fail: rank 2 cannot hold a rank-4 matrix. */
+    d.rank = 2;
+    d.min_compression_rate = 1.0;
+    run_init(&rn, &d, n, 1, grad_lowrank);
+    run_go(&rn);
+    assert_true(tu_rel_err(rn.out[0], want, 192) > 1e-3);
+    run_free(&rn);
+}
+
+static void test_powersgd_low_rank(void **state) {
+    (void)state;
+    lowrank_case(1, 1);
+    lowrank_case(4, 1);
+    lowrank_case(4, 0);
+}
+
+/* Warm start is power iteration: on a fixed (full-rank) matrix at rank 1,
+   without error feedback, the error ||M - C||_F never grows from step to
+   step and reaches the best rank-1 error (sqrt(||M||^2 - s1^2), s1 from a
+   double-precision power iteration) within 1e-3; drawing Q afresh every
+   step stays further away. */
+static float g_fixed[COUNT];
+static void grad_fixed(int rank, int step, float *g, size_t count) {
+    (void)rank;
+    (void)step;
+    memcpy(g, g_fixed, count * sizeof(float));
+}
+
+static double rank1_err(const float *out, const float *M) {
+    double s = 0.0;
+    size_t i;
+    for (i = 0; i < 192; ++i) s += ((double)out[i] - M[i]) * ((double)out[i] - M[i]);
+    return sqrt(s);
+}
+
+static void test_powersgd_warm_start(void **state) {
+    dsgd_compress_desc d;
+    run warm, fresh;
+    double v[12], u[16], s1 = 0.0, fro = 0.0, best, prev = INFINITY;
+    int it, t;
+    size_t i, k;
+    tu_rng rng = tu_rng_make(11);
+    (void)state;
+    tu_fill(&rng, g_fixed, COUNT, -1.0f, 1.0f);
+    for (k = 0; k < 12; ++k) v[k] = 1.0;
+    for (it = 0; it < 2000; ++it) { /* v <- M^T M v, normalised */
+        double n2 = 0.0;
+        for (i = 0; i < 16; ++i) {
+            u[i] = 0.0;
+            for (k = 0; k < 12; ++k) u[i] += g_fixed[i * 12 + k] * v[k];
+        }
+        for (k = 0; k < 12; ++k) {
+            v[k] = 0.0;
+            for (i = 0; i < 16; ++i) v[k] += g_fixed[i * 12 + k] * u[i];
+            n2 += v[k] * v[k];
+        }
+        for (k = 0; k < 12; ++k) v[k] /= sqrt(n2);
+    }
+    for (i = 0; i < 16; ++i) {
+        double x = 0.0;
+        for (k = 0; k < 12; ++k) x += g_fixed[i * 12 + k] * v[k];
+        s1 += x * x;
+    }
+    for (i = 0; i < 192; ++i) fro += (double)g_fixed[i] * g_fixed[i];
+    best = sqrt(fro - s1);
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_POWERSGD;
+    d.rank = 1;
+    d.no_error_feedback = 1;
+    run_init(&warm, &d, 1, 30, grad_fixed);
+    run_go(&warm);
+    for (t = 0; t < 30; ++t) {
+        double e = rank1_err(warm.out[0] + (size_t)t * COUNT, g_fixed);
+        if (!(e <= prev * (1.0 + 1e-6))) fail_msg("step %d: error %g grew from %g", t, e, prev);
+        prev = e;
+    }
+    if (!(prev <= best * (1.0 + 1e-3))) fail_msg("warm start: error %g, the best rank-1 error %g", prev, best);
+    d.no_warm_start = 1;
+    run_init(&fresh, &d, 1, 30, grad_fixed);
+    run_go(&fresh);
+    assert_true(rank1_err(fresh.out[0] + 29 * COUNT, g_fixed) > best * 1.01);
+    run_free(&fresh);
+    run_free(&warm);
+}
+
+/* The bytes a counting transport saw: (N - 1) times the message for the
+   all-gathers, log2 N times for recursive doubling at N = 4, plus one
+   agreement (measured with a barrier) per collective. */
+typedef struct barg {
+    dsgd_comm *c;
+    dsgd_result rc;
+} barg;
+
+static void *barrier_main(void *arg) {
+    barg *a = (barg *)arg;
+    a->rc = dsgd_barrier(a->c, 0.0);
+    return NULL;
+}
+
+static size_t agreement_bytes(int n) {
+    group g;
+    pthread_t th[MAXN];
+    barg a[MAXN];
+    size_t got;
+    int r;
+    group_init(&g, n, 1);
+    for (r = 0; r < n; ++r) {
+        a[r].c = g.comm[r];
+        assert_int_equal(pthread_create(&th[r], NULL, barrier_main, &a[r]), 0);
+    }
+    for (r = 0; r < n; ++r) assert_int_equal(pthread_join(th[r], NULL), 0);
+    for (r = 0; r < n; ++r) assert_int_equal(a[r].rc, DSGD_OK);
+    got = g.cnt[0].sent;
+    for (r = 1; r < n; ++r) assert_int_equal(g.cnt[r].sent, got);
+    group_free(&g);
+    return got;
+}
+
+static void bytes_case(dsgd_compress_kind kind, int global, dsgd_allreduce_algo algo, size_t factor,
+                       int collectives, size_t want_message, size_t agree) {
+    dsgd_compress_desc d;
+    dsgd_hook_bucket b;
+    run rn;
+    size_t message;
+    int r;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.ratio = 0.1;
+    d.global = global;
+    memset(&b, 0, sizeof(b));
+    b.count = COUNT;
+    b.vars = g_vp;
+    b.num_vars = NV;
+    b.num_replicas = 4;
+    message = dsgd_compress_bytes(&d, &b);
+    assert_int_equal(message, want_message);
+    run_init(&rn, &d, 4, 1, grad_int);
+    rn.counted = 1;
+    rn.algo = algo;
+    run_go(&rn);
+    for (r = 0; r < 4; ++r)
+        if (rn.sent[r] != factor * message + (size_t)collectives * agree)
+            fail_msg("%s: replica %d sent %zu bytes; %zu x %zu + %d x %zu = %zu", dsgd_compress_kind_name(kind), r,
+                     rn.sent[r], factor, message, collectives, agree, factor * message + (size_t)collectives * agree);
+    run_free(&rn);
+}
+
+static void test_bytes(void **state) {
+    size_t agree = agreement_bytes(4);
+    (void)state;
+    assert_true(agree > 0);
+    /* top-k at 0.1: ceil(19.2) = 20, 2 (1.2 -> 2), 12: 34 pairs; global ceil(32.4) = 33 */
+    bytes_case(DSGD_COMPRESS_TOPK, 0, DSGD_ALLREDUCE_AUTO, 3, 1, 8 * (20 + 2 + 12), agree);
+    bytes_case(DSGD_COMPRESS_TOPK, 1, DSGD_ALLREDUCE_AUTO, 3, 1, 8 * 33, agree);
+    /* sign: (1 + 6) + (1 + 1) + (1 + 4) words */
+    bytes_case(DSGD_COMPRESS_SIGN, 0, DSGD_ALLREDUCE_AUTO, 3, 1, 4 * (7 + 2 + 5), agree);
+    /* PowerSGD rank 2: 2 (16 + 12) + 12 + 2 (10 + 12) floats; P, the bias, Q */
+    bytes_case(DSGD_COMPRESS_POWERSGD, 0, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 2, 3, 4 * (56 + 12 + 44), agree);
+    bytes_case(DSGD_COMPRESS_NONE, 0, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 2, 1, 4 * COUNT, agree);
+}
+
+/* ---------------------------------------------------------------- descs and state */
+
+static void bad_desc(const dsgd_compress_desc *d, const char *want) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_comm_hook h = dsgd_compress_hook(d);
+    void *st = (void *)&st;
+    assert_int_equal(dsgd_compress_check(ctx, d), DSGD_ERR_INVALID_ARGUMENT);
+    if (!strstr(dsgd_ctx_last_error(ctx), want)) fail_msg("message \"%s\" lacks \"%s\"", dsgd_ctx_last_error(ctx), want);
+    assert_int_equal(h.create(h.user, 0, 1, 10, &st), DSGD_ERR_INVALID_ARGUMENT);
+    assert_null(st);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_bad_desc(void **state) {
+    dsgd_compress_desc d;
+    dsgd_ctx *ctx = tu_ctx();
+    (void)state;
+    bad_desc(NULL, "desc is NULL");
+    memset(&d, 0, sizeof(d));
+    d.kind = (dsgd_compress_kind)9;
+    bad_desc(&d, "unknown kind 9");
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_TOPK;
+    d.ratio = 1.5;
+    bad_desc(&d, "ratio 1.5 is outside (0, 1]");
+    d.ratio = -0.1;
+    bad_desc(&d, "ratio -0.1");
+    d.ratio = NAN;
+    bad_desc(&d, "ratio nan");
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_POWERSGD;
+    d.rank = -1;
+    bad_desc(&d, "rank -1 is outside 1..1024");
+    d.rank = 1025;
+    bad_desc(&d, "rank 1025");
+    d.rank = 0;
+    d.start_iter = -3;
+    bad_desc(&d, "start_iter -3 is negative");
+    d.start_iter = 0;
+    d.min_compression_rate = -1.0;
+    bad_desc(&d, "min_compression_rate -1");
+    d.min_compression_rate = INFINITY;
+    bad_desc(&d, "min_compression_rate inf");
+    d.min_compression_rate = 0.0;
+    assert_int_equal(dsgd_compress_check(ctx, &d), DSGD_OK);
+    assert_int_equal(dsgd_compress_check(NULL, &d), DSGD_ERR_INVALID_ARGUMENT);
+    assert_string_equal(dsgd_compress_kind_name(DSGD_COMPRESS_SIGN), "sign");
+    assert_string_equal(dsgd_compress_kind_name((dsgd_compress_kind)-1), "unknown");
+    assert_string_equal(dsgd_compress_hook(&d).name, "compress_powersgd");
+    dsgd_ctx_destroy(ctx);
+}
+
+/* A bucket whose variables do not cover it, and one outside num_params. */
+static void test_bad_bucket(void **state) {
+    dsgd_compress_desc d;
+    group g;
+    dsgd_comm_hook h;
+    dsgd_hook_bucket b;
+    void *st = NULL;
+    float data[COUNT];
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_SIGN;
+    h = dsgd_compress_hook(&d);
+    group_init(&g, 1, 0);
+    assert_int_equal(h.create(h.user, 0, 1, COUNT, &st), DSGD_OK);
+    memset(data, 0, sizeof(data));
+    memset(&b, 0, sizeof(b));
+    b.data = data;
+    b.count = COUNT - 1;
+    b.vars = g_vp;
+    b.num_vars = NV;
+    b.num_replicas = 1;
+    b.comm = g.comm[0];
+    assert_int_equal(h.reduce(st, &b), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[0]), "conv0/kernel"));
+    b.count = COUNT;
+    b.first = 1;
+    assert_int_equal(h.reduce(st, &b), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[0]), "not inside the 324 parameters"));
+    b.first = 0;
+    b.num_replicas = 2;
+    assert_int_equal(h.reduce(st, &b), DSGD_ERR_INVALID_ARGUMENT);
+    b.num_replicas = 1;
+    assert_int_equal(h.reduce(st, &b), DSGD_OK);
+    /* a load of the wrong size or another kind's state */
+    {
+        size_t sb = h.state_bytes(st);
+        unsigned char *buf = (unsigned char *)tu_alloc(sb);
+        assert_int_equal(sb, 24 + 4 * COUNT);
+        assert_int_equal(h.save(st, buf, sb), DSGD_OK);
+        assert_int_equal(h.load(st, buf, sb - 1), DSGD_ERR_INVALID_ARGUMENT);
+        buf[8] ^= 3; /* the kind */
+        assert_int_equal(h.load(st, buf, sb), DSGD_ERR_INVALID_ARGUMENT);
+        free(buf);
+    }
+    h.destroy(st);
+    /* NONE keeps nothing */
+    d.kind = DSGD_COMPRESS_NONE;
+    assert_int_equal(h.create(h.user, 0, 1, COUNT, &st), DSGD_OK);
+    assert_int_equal(h.state_bytes(st), 0);
+    h.destroy(st);
+    group_free(&g);
+}
+
+/* Save after 5 steps, load into fresh states, run 7 more: the bits of the
+   uninterrupted 12-step run. */
+static void resume_case(dsgd_compress_kind kind, int n) {
+    dsgd_compress_desc d;
+    run full, first, rest;
+    int r;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.ratio = 0.1;
+    run_init(&full, &d, n, STEPS, grad_int);
+    run_go(&full);
+    run_init(&first, &d, n, 5, grad_int);
+    run_go(&first);
+    run_init(&rest, &d, n, STEPS - 5, grad_int);
+    rest.step0 = 5;
+    for (r = 0; r < n; ++r) {
+        assert_non_null(first.saved[r]);
+        rest.load[r] = first.saved[r];
+        rest.load_bytes[r] = first.saved_bytes[r];
+    }
+    run_go(&rest);
+    for (r = 0; r < n; ++r) {
+        assert_memory_equal(full.out[r] + 5 * COUNT, rest.out[r], (size_t)(STEPS - 5) * COUNT * sizeof(float));
+        assert_int_equal(full.saved_bytes[r], rest.saved_bytes[r]);
+        assert_memory_equal(full.saved[r], rest.saved[r], full.saved_bytes[r]);
+    }
+    /* and the same bits run after run */
+    run_free(&rest);
+    run_init(&rest, &d, n, STEPS, grad_int);
+    run_go(&rest);
+    for (r = 0; r < n; ++r) assert_memory_equal(full.out[r], rest.out[r], (size_t)STEPS * COUNT * sizeof(float));
+    run_free(&rest);
+    run_free(&first);
+    run_free(&full);
+}
+
+static void test_save_load_resume(void **state) {
+    (void)state;
+    resume_case(DSGD_COMPRESS_TOPK, 2);
+    resume_case(DSGD_COMPRESS_SIGN, 2);
+    resume_case(DSGD_COMPRESS_POWERSGD, 1);
+    resume_case(DSGD_COMPRESS_POWERSGD, 3);
+}
+
+/* Error feedback off: the residual stays zero and nothing is saved for
+   top-k; PowerSGD without warm start saves nothing either. Before
+   start_iter PowerSGD is the plain sum. */
+static void test_options(void **state) {
+    dsgd_compress_desc d;
+    run rn;
+    float want[COUNT];
+    int r;
+    size_t i;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_TOPK;
+    d.no_error_feedback = 1;
+    run_init(&rn, &d, 2, 2, grad_int);
+    run_go(&rn);
+    assert_null(rn.saved[0]);
+    run_free(&rn);
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_POWERSGD;
+    d.start_iter = 1;
+    run_init(&rn, &d, 2, 2, grad_int);
+    run_go(&rn);
+    memset(want, 0, sizeof(want));
+    for (r = 0; r < 2; ++r)
+        for (i = 0; i < COUNT; ++i) want[i] += rn.gin[r][i];
+    assert_memory_equal(want, rn.out[0], sizeof(want)); /* step 0: plain, exact on integers */
+    for (i = 0; i < COUNT; ++i) assert_true(rn.res[0][i] == 0.0f);
+    assert_false(memcmp(rn.res[0] + COUNT, rn.res[0], COUNT * sizeof(float)) == 0); /* step 1 compressed */
+    run_free(&rn);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ef_identity_one_replica),
+        cmocka_unit_test(test_topk_sign_four_replicas),
+        cmocka_unit_test(test_powersgd_four_replicas),
+        cmocka_unit_test(test_powersgd_low_rank),
+        cmocka_unit_test(test_powersgd_warm_start),
+        cmocka_unit_test(test_bytes),
+        cmocka_unit_test(test_bad_desc),
+        cmocka_unit_test(test_bad_bucket),
+        cmocka_unit_test(test_save_load_resume),
+        cmocka_unit_test(test_options),
+    };
+    model_init();
+    tu_watchdog(120);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
