@@ -126,6 +126,7 @@
 #include "distsgd/backend_cpu.h"      /* the CPU reference backend: its state, buffers, thread pool, kernels by ISA */
 #include "distsgd/backend_cpu_gemm.h" /* the CPU backend's cache-blocked GEMM, on one thread and on the pool */
 #include "distsgd/backend_cpu_ops.h"  /* the CPU backend's other operations and its table, dsgd_cpu_backend_create */
+#include "distsgd/half.h"             /* fp16 and bf16: conversions to and from fp32, by ISA */
 #include "distsgd/model.h"            /* models: the interface, the built-in network (dense, conv, pool), variables */
 #include "distsgd/optim.h"            /* optimizers, clipping, learning-rate schedules */
 #include "distsgd/data.h"             /* datasets, samplers, the IDX and CSV loaders */
