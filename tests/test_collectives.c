@@ -153,6 +153,7 @@ typedef struct job {
     int alt_rank;
     size_t bucket, upto;   /* J_ALLREDUCE: buckets of this many floats up to element upto, then one
                               bucket of the rest, each with dsgd_allreduce_at (0: one plain call) */
+    dsgd_wire wire;        /* J_ALLREDUCE: not F32: dsgd_allreduce_wire, also for the buckets */
 } job;
 
 typedef struct worker {
@@ -188,11 +189,15 @@ static void *worker_main(void *arg) {
             size_t o, len, count = jb->count[w->rank];
             for (o = 0; o < count && w->res == DSGD_OK; o += len) {
                 len = o < jb->upto ? (jb->bucket < jb->upto - o ? jb->bucket : jb->upto - o) : count - o;
-                w->res = dsgd_allreduce_at(c, w->buf + o, len, o, jb->op, jb->algo, jb->timeout);
+                w->res = jb->wire ? dsgd_allreduce_wire(c, w->buf + o, len, o, jb->op, jb->algo, jb->wire, jb->timeout)
+                                  : dsgd_allreduce_at(c, w->buf + o, len, o, jb->op, jb->algo, jb->timeout);
             }
             break;
         }
-        w->res = dsgd_allreduce(c, w->buf, jb->count[w->rank], jb->op, jb->algo, jb->timeout);
+        if (jb->wire)
+            w->res = dsgd_allreduce_wire(c, w->buf, jb->count[w->rank], 0, jb->op, jb->algo, jb->wire, jb->timeout);
+        else
+            w->res = dsgd_allreduce(c, w->buf, jb->count[w->rank], jb->op, jb->algo, jb->timeout);
         break;
     case J_REDUCE_SCATTER:
         w->res = dsgd_reduce_scatter(c, w->buf, jb->count[w->rank], jb->op, jb->timeout);
@@ -1708,6 +1713,394 @@ static void test_hierarchical(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- the half wire */
+
+/* The bound of dsgd_allreduce_wire's header for one element: A = sum |x_i|
+   over the n ranks, k the scale. */
+static double wire_bound(dsgd_wire wire, int n, double A, int k) {
+    double u = wire == DSGD_WIRE_F16 ? 0x1p-11 : 0x1p-8, eta = wire == DSGD_WIRE_F16 ? 0x1p-25 : 0x1p-134;
+    double c = pow(1.0 + u, n) * pow(1.0 + 0x1p-24, n - 1);
+    return (c - 1.0) * A + 2.0 * c * n * eta * ldexp(1.0, -k) + 0x1p-149;
+}
+
+/* Checks bufs[0..n) after a wire all-reduce of in[0..n): every rank the
+   same bits, every element within the bound of its exact (double) sum;
+   returns the largest error over the bound seen (<= 1). */
+static double check_wire(float *const *bufs, float *const *in, int n, size_t count, dsgd_wire wire,
+                         const char *what) {
+    double M = 0, worst = 0;
+    size_t i;
+    int r, k;
+    for (r = 0; r < n; ++r)
+        for (i = 0; i < count; ++i)
+            if (isfinite(in[r][i]) && fabs((double)in[r][i]) > M) M = fabs((double)in[r][i]);
+    k = dsgd_wire_scale((float)M, n);
+    for (r = 1; r < n; ++r)
+        if (count && memcmp(bufs[0], bufs[r], count * sizeof(float)) != 0)
+            fail_msg("%s: rank %d differs from rank 0", what, r);
+    for (i = 0; i < count; ++i) {
+        double S = 0, A = 0, b, err;
+        for (r = 0; r < n; ++r) {
+            S += (double)in[r][i];
+            A += fabs((double)in[r][i]);
+        }
+        b = wire_bound(wire, n, A, k);
+        err = fabs((double)bufs[0][i] - S);
+        if (!(err <= b))
+            fail_msg("%s: element %zu = %.9g, exact %.9g: error %.3g over the bound %.3g (N=%d, k=%d)", what, i,
+                     (double)bufs[0][i], S, err, b, n, k);
+        if (b > 0 && err / b > worst) worst = err / b;
+    }
+    return worst;
+}
+
+/* Random data at N = 2..8, both half wires, AUTO and RING, over the
+   loopback at the default piece size and at 256-byte pieces (the ring
+   in pieces), and over send/recv only: within the header's bound of the
+   exact sum, the same bits on every rank, the same bits whatever the
+   piece size and transport; the worst error relative to the bound is
+   printed (a bound that is far from tight would show). The loopback's
+   AUTO is DIRECT in fp32: with a wire it is the ring (the same bits as
+   RING). */
+static void test_wire_bound(void **state) {
+    const size_t count = TU_TSAN ? 3001 : 20011;
+    int n, wi, variant, r;
+    (void)state;
+    tu_watchdog(600);
+    for (n = 2; n <= MAXN; ++n) {
+        float **in, **out, **ref0;
+        if (TU_TSAN && n != 3 && n != 4) continue;
+        in = alloc_bufs(n, count);
+        out = alloc_bufs(n, count);
+        ref0 = alloc_bufs(n, count);
+        for (r = 0; r < n; ++r) fill_inputs(in[r], 900 + (uint64_t)n, r, count);
+        for (wi = 1; wi < (int)DSGD_WIRE_COUNT; ++wi) {
+            double worst = 0;
+            for (variant = 0; variant < 4; ++variant) {
+                dsgd_comm_desc d;
+                group g;
+                job jb;
+                worker w[MAXN];
+                char what[160];
+                memset(&d, 0, sizeof(d));
+                if (variant == 2) d.piece_bytes = 256;
+                group_init(&g, n, &d, variant == 3);
+                snprintf(what, sizeof(what), "wire %s N=%d %s", dsgd_wire_name((dsgd_wire)wi), n,
+                         variant == 0 ? "AUTO" : variant == 1 ? "RING" : variant == 2 ? "RING, 256-byte pieces"
+                                                                                     : "RING over send/recv");
+                for (r = 0; r < n; ++r) memcpy(out[r], in[r], count * sizeof(float));
+                job_init(&jb, J_ALLREDUCE, count);
+                jb.op = DSGD_REDUCE_SUM;
+                jb.algo = variant ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO;
+                jb.wire = (dsgd_wire)wi;
+                jb.timeout = 60;
+                run_job(&g, &jb, out, w);
+                assert_all_ok(&g, w, what);
+                worst = fmax(worst, check_wire(out, in, n, count, (dsgd_wire)wi, what));
+                if (variant == 0)
+                    for (r = 0; r < n; ++r) memcpy(ref0[r], out[r], count * sizeof(float));
+                else if (memcmp(ref0[0], out[0], count * sizeof(float)) != 0)
+                    fail_msg("%s: other bits than AUTO at the default piece size", what);
+                group_free(&g);
+            }
+            print_message("wire %s N=%d: worst error %.2f of the bound\n", dsgd_wire_name((dsgd_wire)wi), n, worst);
+        }
+        free_bufs(in, n);
+        free_bufs(out, n);
+        free_bufs(ref0, n);
+    }
+    tu_watchdog(0);
+}
+
+/* Cutting into buckets (dsgd_allreduce_wire's first) and the transport do
+   not change the bits where every bucket gets the same scale: inputs with
+   magnitudes in [1, 2) (every bucket's largest exponent is 0), of both
+   signs, so that partial sums cancel to small values; buckets of 1, 7, 100
+   and 4099 floats, at N = 3, 4, 5, and a ring of 256-byte pieces. */
+static void test_wire_buckets(void **state) {
+    static const int NS[] = {3, 4, 5};
+    static const size_t BUCKETS[][2] = {{1, 300}, {7, 2100}, {100, 10000}, {4099, 10000}};
+    const size_t count = 10000;
+    int ni, wi, bi, r, pieces;
+    (void)state;
+    tu_watchdog(600);
+    for (ni = 0; ni < 3; ++ni) {
+        int n = NS[ni];
+        float **in = alloc_bufs(n, count), **whole = alloc_bufs(n, count), **cut = alloc_bufs(n, count);
+        size_t i;
+        if (TU_TSAN && n != 3) {
+            free_bufs(in, n);
+            free_bufs(whole, n);
+            free_bufs(cut, n);
+            continue;
+        }
+        for (r = 0; r < n; ++r)
+            for (i = 0; i < count; ++i) {
+                float v = input_value(77, r, i);
+                in[r][i] = (v < 0 ? -1.0f : 1.0f) * (1.0f + (float)fmod(fabs((double)v) * 7.31, 1.0));
+            }
+        for (wi = 1; wi < (int)DSGD_WIRE_COUNT; ++wi)
+            for (pieces = 0; pieces < 2; ++pieces) {
+                dsgd_comm_desc d;
+                group g;
+                job jb;
+                worker w[MAXN];
+                char what[128];
+                memset(&d, 0, sizeof(d));
+                d.piece_bytes = pieces ? 256 : 0;
+                group_init(&g, n, &d, 0);
+                snprintf(what, sizeof(what), "wire %s buckets N=%d%s", dsgd_wire_name((dsgd_wire)wi), n,
+                         pieces ? " (256-byte pieces)" : "");
+                for (r = 0; r < n; ++r) memcpy(whole[r], in[r], count * sizeof(float));
+                job_init(&jb, J_ALLREDUCE, count);
+                jb.op = DSGD_REDUCE_SUM;
+                jb.algo = DSGD_ALLREDUCE_RING;
+                jb.wire = (dsgd_wire)wi;
+                jb.timeout = 60;
+                run_job(&g, &jb, whole, w);
+                assert_all_ok(&g, w, what);
+                check_wire(whole, in, n, count, (dsgd_wire)wi, what);
+                for (bi = 0; bi < 4; ++bi) {
+                    for (r = 0; r < n; ++r) memcpy(cut[r], in[r], count * sizeof(float));
+                    jb.bucket = BUCKETS[bi][0];
+                    jb.upto = BUCKETS[bi][1];
+                    run_job(&g, &jb, cut, w);
+                    assert_all_ok(&g, w, what);
+                    for (r = 0; r < n; ++r)
+                        for (i = 0; i < count; ++i)
+                            if (memcmp(&cut[r][i], &whole[0][i], sizeof(float)) != 0)
+                                fail_msg("%s: buckets of %zu: rank %d element %zu = %.9g, one call gives %.9g", what,
+                                         BUCKETS[bi][0], r, i, (double)cut[r][i], (double)whole[0][i]);
+                }
+                group_free(&g);
+            }
+        free_bufs(in, n);
+        free_bufs(whole, n);
+        free_bufs(cut, n);
+    }
+    tu_watchdog(0);
+}
+
+/* 6e4 and 1e-6 in one bucket on every rank (and their negatives, and a
+   zero) at N = 8: without the scale fp16 would overflow (8 x 6e4 > 65504)
+   and a plain fp16 would flush the small ones' sum; with it, no Inf, no
+   zero where the sum is not zero, within the bound, on both wires. */
+static void test_wire_extremes(void **state) {
+    const int n = 8;
+    const size_t count = 2048;
+    int wi, r;
+    (void)state;
+    tu_watchdog(120);
+    for (wi = 1; wi < (int)DSGD_WIRE_COUNT; ++wi) {
+        float **in = alloc_bufs(n, count), **out = alloc_bufs(n, count);
+        group g;
+        job jb;
+        worker w[MAXN];
+        size_t i;
+        char what[64];
+        snprintf(what, sizeof(what), "wire %s extremes", dsgd_wire_name((dsgd_wire)wi));
+        for (r = 0; r < n; ++r)
+            for (i = 0; i < count; ++i) {
+                static const float vals[5] = {6e4f, 1e-6f, -6e4f, -1e-6f, 0.0f};
+                in[r][i] = i < 5 ? vals[i] : vals[(i + (size_t)r) % 2] * (1.0f + (float)(i % 13) / 16.0f);
+                out[r][i] = in[r][i];
+            }
+        group_init(&g, n, NULL, 0);
+        job_init(&jb, J_ALLREDUCE, count);
+        jb.op = DSGD_REDUCE_SUM;
+        jb.wire = (dsgd_wire)wi;
+        jb.timeout = 60;
+        run_job(&g, &jb, out, w);
+        assert_all_ok(&g, w, what);
+        check_wire(out, in, n, count, (dsgd_wire)wi, what);
+        for (i = 0; i < count; ++i) {
+            double S = 0;
+            for (r = 0; r < n; ++r) S += (double)in[r][i];
+            if (isinf(out[0][i])) fail_msg("%s: element %zu is Inf (exact %.9g)", what, i, S);
+            if (S != 0 && out[0][i] == 0.0f) fail_msg("%s: element %zu is 0 (exact %.9g)", what, i, S);
+        }
+        print_message("%s: 8 x 6e4 -> %.9g, 8 x 1e-6 -> %.9g\n", what, (double)out[0][0], (double)out[0][1]);
+        group_free(&g);
+        free_bufs(in, n);
+        free_bufs(out, n);
+    }
+    tu_watchdog(0);
+}
+
+static int ceil_log2i(int n) {
+    int k = 0;
+    while ((1 << k) < n) ++k;
+    return k;
+}
+
+/* dsgd_comm_stats' bytes against the closed forms of its header, per
+   rank, for count = N x 2048 floats (every block 2048): the ring in fp32,
+   the ring on the f16 and bf16 wires (half the payload; bytes_uncompressed
+   the fp32 payload), DIRECT, over the loopback (the agreement's rounds
+   over sendrecv_upto: 152 bytes) and over send/recv only (144), at N = 2,
+   3, 4, 5, 8; the counts add up over calls and reset; compress_s is 0 in
+   fp32 and positive on a wire; comm_s positive; dsgd_comm_stats_add adds
+   every field. */
+static void test_wire_stats(void **state) {
+    static const int NS[] = {2, 3, 4, 5, 8};
+    int ni, minimal, r;
+    (void)state;
+    tu_watchdog(300);
+    for (ni = 0; ni < 5; ++ni)
+        for (minimal = 0; minimal < 2; ++minimal) {
+            int n = NS[ni], a;
+            size_t count = (size_t)n * 2048, payload4 = 2 * (size_t)(n - 1) * 4 * 2048;
+            uint64_t G = minimal ? 144 : 152, agree = (uint64_t)ceil_log2i(n) * G;
+            float **bufs = alloc_bufs(n, count);
+            group g;
+            if (TU_TSAN && n != 3 && n != 4) {
+                free_bufs(bufs, n);
+                continue;
+            }
+            group_init(&g, n, NULL, minimal);
+            for (a = 0; a < 4; ++a) { /* ring f32, ring f16, ring bf16, DIRECT */
+                job jb;
+                worker w[MAXN];
+                uint64_t want_sent, want_unc;
+                char what[96];
+                if (a == 3 && minimal) continue; /* DIRECT needs share */
+                snprintf(what, sizeof(what), "stats N=%d%s %s", n, minimal ? " (send/recv)" : "",
+                         a == 0 ? "ring" : a == 1 ? "ring f16" : a == 2 ? "ring bf16" : "direct");
+                for (r = 0; r < n; ++r) {
+                    fill_inputs(bufs[r], 5, r, count);
+                    dsgd_comm_reset_stats(g.comm[r]);
+                }
+                job_init(&jb, J_ALLREDUCE, count);
+                jb.op = DSGD_REDUCE_SUM;
+                jb.algo = a == 3 ? DSGD_ALLREDUCE_DIRECT : DSGD_ALLREDUCE_RING;
+                jb.wire = a == 1 ? DSGD_WIRE_F16 : a == 2 ? DSGD_WIRE_BF16 : DSGD_WIRE_F32;
+                jb.timeout = 60;
+                run_job(&g, &jb, bufs, w);
+                run_job(&g, &jb, bufs, w); /* twice: the counts add up */
+                assert_all_ok(&g, w, what);
+                if (a == 3) {
+                    want_sent = want_unc = (uint64_t)(n - 1) * 64 + payload4;
+                } else if (a == 0) {
+                    want_sent = want_unc = agree + payload4;
+                } else {
+                    want_sent = agree + payload4 / 2;
+                    want_unc = agree + payload4;
+                }
+                for (r = 0; r < n; ++r) {
+                    dsgd_comm_stats st;
+                    dsgd_comm_get_stats(g.comm[r], &st);
+                    if (st.bytes_sent != 2 * want_sent || st.bytes_uncompressed != 2 * want_unc)
+                        fail_msg("%s: rank %d sent %llu bytes (%llu as fp32), the closed form %llu (%llu)", what, r,
+                                 (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_uncompressed,
+                                 (unsigned long long)(2 * want_sent), (unsigned long long)(2 * want_unc));
+                    assert_true(st.comm_s > 0);
+                    if (a == 1 || a == 2) assert_true(st.compress_s > 0);
+                    else assert_true(st.compress_s == 0);
+                }
+            }
+            {
+                dsgd_comm_stats st, add = {100, 300, 0.25, 0.5};
+                dsgd_comm_reset_stats(g.comm[0]);
+                dsgd_comm_get_stats(g.comm[0], &st);
+                assert_true(st.bytes_sent == 0 && st.bytes_uncompressed == 0 && st.compress_s == 0 && st.comm_s == 0);
+                dsgd_comm_stats_add(g.comm[0], &add);
+                dsgd_comm_stats_add(g.comm[0], &add);
+                dsgd_comm_stats_add(g.comm[0], NULL);
+                dsgd_comm_get_stats(g.comm[0], &st);
+                assert_true(st.bytes_sent == 200 && st.bytes_uncompressed == 600 && st.compress_s == 0.5 &&
+                            st.comm_s == 1.0);
+                dsgd_comm_get_stats(NULL, &st);
+                assert_true(st.bytes_sent == 0 && st.comm_s == 0);
+                dsgd_comm_get_stats(g.comm[0], NULL);
+                dsgd_comm_reset_stats(NULL);
+                dsgd_comm_stats_add(NULL, &add);
+            }
+            group_free(&g);
+            free_bufs(bufs, n);
+        }
+    tu_watchdog(0);
+}
+
+/* A half wire's refusals (before the collective starts: dsgd_comm_seq
+   unchanged) and a disagreement on the wire (DSGD_ERR_DESYNC on every
+   rank, naming it, no buffer touched); one rank returns at once,
+   unchanged; dsgd_wire_name and dsgd_wire_scale. */
+static void test_wire_errors(void **state) {
+    group g;
+    job jb, alt;
+    worker w[MAXN];
+    float **bufs = alloc_bufs(3, 100), buf1[4] = {1.5f, 2.5f, -3.0f, 1e-9f}, keep[4];
+    dsgd_ctx *ctx;
+    dsgd_loopback *hub;
+    dsgd_transport_i ep;
+    dsgd_comm *c1;
+    int r;
+    size_t i;
+    (void)state;
+    tu_watchdog(60);
+    group_init(&g, 3, NULL, 0);
+    assert_int_equal(dsgd_allreduce_wire(g.comm[0], bufs[0], 100, 0, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_RING,
+                                         DSGD_WIRE_F16, 0), DSGD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[0]), "sums only"));
+    assert_int_equal(dsgd_allreduce_wire(g.comm[0], bufs[0], 100, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_DIRECT,
+                                         DSGD_WIRE_BF16, 0), DSGD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[0]), "runs on the ring"));
+    assert_int_equal(dsgd_allreduce_wire(g.comm[0], bufs[0], 100, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING,
+                                         (dsgd_wire)7, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allreduce_wire(g.comm[0], NULL, 100, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING,
+                                         DSGD_WIRE_F16, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_allreduce_wire(NULL, bufs[0], 100, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING,
+                                         DSGD_WIRE_F16, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_comm_seq(g.comm[0]), 0);
+    /* rank 2 on another wire */
+    for (r = 0; r < 3; ++r)
+        for (i = 0; i < 100; ++i) bufs[r][i] = (float)(r * 100 + (int)i);
+    job_init(&jb, J_ALLREDUCE, 100);
+    jb.op = DSGD_REDUCE_SUM;
+    jb.algo = DSGD_ALLREDUCE_RING;
+    jb.wire = DSGD_WIRE_F16;
+    jb.timeout = 10;
+    alt = jb;
+    alt.wire = DSGD_WIRE_BF16;
+    jb.alt = &alt;
+    jb.alt_rank = 2;
+    run_job(&g, &jb, bufs, w);
+    for (r = 0; r < 3; ++r) {
+        assert_int_equal(w[r].res, DSGD_ERR_DESYNC);
+        assert_non_null(strstr(w[r].msg, "bf16 wire"));
+        for (i = 0; i < 100; ++i) assert_true(bufs[r][i] == (float)(r * 100 + (int)i));
+    }
+    alt.wire = DSGD_WIRE_F32; /* fp32 against a wire: another algorithm, as the fingerprint says */
+    run_job(&g, &jb, bufs, w);
+    for (r = 0; r < 3; ++r) assert_int_equal(w[r].res, DSGD_ERR_DESYNC);
+    group_free(&g);
+    free_bufs(bufs, 3);
+    /* one rank */
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(ctx, 1, &hub), DSGD_OK);
+    assert_int_equal(dsgd_loopback_endpoint(hub, 0, &ep), DSGD_OK);
+    assert_int_equal(dsgd_comm_create(ctx, &ep, NULL, &c1), DSGD_OK);
+    memcpy(keep, buf1, sizeof(keep));
+    assert_int_equal(dsgd_allreduce_wire(c1, buf1, 4, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, DSGD_WIRE_F16, 0),
+                     DSGD_OK);
+    assert_memory_equal(buf1, keep, sizeof(keep));
+    assert_int_equal(dsgd_comm_seq(c1), 1);
+    dsgd_comm_destroy(c1);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    /* names and the scale */
+    assert_string_equal(dsgd_wire_name(DSGD_WIRE_F32), "f32");
+    assert_string_equal(dsgd_wire_name(DSGD_WIRE_F16), "f16");
+    assert_string_equal(dsgd_wire_name(DSGD_WIRE_BF16), "bf16");
+    assert_string_equal(dsgd_wire_name((dsgd_wire)9), "unknown");
+    assert_int_equal(dsgd_wire_scale(1.0f, 1), 14);     /* [1, 2): below 2^15 */
+    assert_int_equal(dsgd_wire_scale(1.99f, 8), 11);    /* 8 of them below 2^15 */
+    assert_int_equal(dsgd_wire_scale(6e4f, 8), -4);     /* 2^15 <= 6e4 < 2^16 */
+    assert_int_equal(dsgd_wire_scale(0.0f, 2), 126);    /* clamped */
+    assert_int_equal(dsgd_wire_scale(3e38f, 2), -114);
+    tu_watchdog(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_range),
@@ -1732,6 +2125,12 @@ int main(void) {
         cmocka_unit_test(test_late_rank),
         cmocka_unit_test(test_abort_wakes_waiters),
         cmocka_unit_test(test_timeout_missing_rank),
+        cmocka_unit_test(test_wire_errors),
+        cmocka_unit_test(test_wire_stats),
+        cmocka_unit_test(test_wire_extremes),
+        cmocka_unit_test(test_wire_buckets),
+        cmocka_unit_test(test_wire_bound),
     };
+    if (getenv("TMP_FILTER")) cmocka_set_test_filter(getenv("TMP_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
