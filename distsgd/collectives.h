@@ -15,7 +15,8 @@
 
      Agreement: before a collective moves any data, the ranks check that
      they all called the same one: the same collective (kind and sequence
-     number), count, op, root, algorithm, piece size and node layout
+     number), count, op, root, algorithm (with its wire, see
+     dsgd_allreduce_wire), piece size and node layout
      (ranks_per_node). If any rank differs,
      every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
      with a message naming two ranks and what they passed, e.g.
@@ -53,6 +54,9 @@
        hierarchical      A + (L-1)(alpha_in + c_L (4 beta_in + gamma))
                          + 2(M-1)(alpha + 4 c_LM beta) + (M-1) c_LM gamma
                          + (L-1)(alpha_in + 4 c_L beta_in)
+       ring, half wire   A + 2(N-1)(alpha + 2 c beta) + (N-1) c gamma
+                         (dsgd_allreduce_wire: half the bytes; the
+                         agreement never carries its first step)
        broadcast         A + ceil(log2 N)(alpha + 4 n beta): the root sends
                          the buffer to each of its ceil(log2 N) children
                          (segments of 4 pieces flow on down the tree
@@ -90,6 +94,11 @@
      bits are copied to the others, except in recursive doubling, where both
      partners of a step compute the same operation on the same operands in
      the same order. Different algorithms may differ in the last bits.
+     A half wire (dsgd_allreduce_wire) keeps the ring's order and adds a
+     rounding per step; its owner's rounded sum is what every rank takes.
+
+     Bytes: dsgd_comm_stats counts what each communicator handed to its
+     transport, and the seconds spent; its closed forms are beside it.
 */
 #ifndef DSGD__PART_COLLECTIVES_DECL
 #define DSGD__PART_COLLECTIVES_DECL

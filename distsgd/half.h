@@ -27,9 +27,9 @@
      bf16), else "portable" (plain C). DSGD_CPU_ISA names one of these (the
      CPU backend takes "avx512_bf16" as its widest); otherwise the widest
      one the CPU has at or below the CPU backend's choice. Every kernel
-     gives the same bits for every input (tests/test_half.c checks every
-     fp16 value and millions of fp32 values, edges included, against the
-     portable one).
+     gives the same bits for every input (the tests check every fp16 value
+     and millions of fp32 values, edges included, against the portable
+     one).
 */
 #ifndef DSGD__PART_HALF_DECL
 #define DSGD__PART_HALF_DECL

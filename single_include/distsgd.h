@@ -3401,6 +3401,330 @@ DSGD_API int dsgd_cpu_backend_threads(const dsgd_backend_i *be) {
 }
 
 #endif /* DSGD__PART_BACKEND_CPU_OPS_IMPL */
+/* ---------------------------------------- distsgd/half.h */
+/* distsgd/half.h - fp16 and bf16: conversions to and from fp32, by ISA
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   HALF FORMATS
+
+     Two 16-bit formats, held as uint16_t bit patterns:
+       fp16  IEEE 754 binary16: 1 sign, 5 exponent, 10 fraction bits; normal
+             magnitudes 2^-14 .. 65504, subnormals down to 2^-24; unit
+             roundoff u = 2^-11.
+       bf16  bfloat16, the top half of an fp32: 1 sign, 8 exponent, 7
+             fraction bits; fp32's range; u = 2^-8.
+     fp32 to either rounds to nearest, ties to even (RNE), as IEEE 754's
+     default: fp16 keeps subnormals (a magnitude below 2^-25 goes to a
+     signed zero, exactly 2^-25 too, the tie going to the even zero) and
+     sends 65520 and more to Inf; bf16 keeps fp32's subnormals, sends what
+     rounds above FLT_MAX to Inf. Inf stays Inf; a NaN stays a NaN, made
+     quiet (fp16: the sign, the quiet bit and the fraction's top 9 bits;
+     bf16: the top 16 bits with the quiet bit set). Back to fp32 is exact
+     (an fp16 NaN comes back quiet, its fraction in the top bits; a bf16
+     NaN comes back as it was).
+
+     Kernels by ISA, picked as the CPU backend picks its own (CPU KERNELS
+     in backend.h: the same detection, the same DSGD_CPU_ISA): on x86-64
+     with GCC or Clang, "avx512_bf16" (AVX-512F's fp16 conversions,
+     AVX512_BF16's vcvtneps2bf16 to bf16), "avx512" (AVX-512F; bf16 by
+     integer rounding), "avx2" (F16C for fp16, AVX2 integer rounding for
+     bf16), else "portable" (plain C). DSGD_CPU_ISA names one of these (the
+     CPU backend takes "avx512_bf16" as its widest); otherwise the widest
+     one the CPU has at or below the CPU backend's choice. Every kernel
+     gives the same bits for every input (the tests check every fp16 value
+     and millions of fp32 values, edges included, against the portable
+     one).
+*/
+#ifndef DSGD__PART_HALF_DECL
+#define DSGD__PART_HALF_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- half formats */
+
+/* dst[i] = src[i] rounded to fp16 (dsgd_f32_to_f16) or bf16
+   (dsgd_f32_to_bf16), or the 16-bit value src[i] as an fp32 (dsgd_f16_to_f32,
+   dsgd_bf16_to_f32); see HALF FORMATS for rounding, Inf and NaN. src and dst
+   may be NULL when n is 0 and must not overlap.
+   Errors: none. Thread safety: any thread (they read DSGD_CPU_ISA, so not
+   while another thread calls setenv). */
+DSGD_API void dsgd_f32_to_f16(const float *src, uint16_t *dst, size_t n);
+DSGD_API void dsgd_f16_to_f32(const uint16_t *src, float *dst, size_t n);
+DSGD_API void dsgd_f32_to_bf16(const float *src, uint16_t *dst, size_t n);
+DSGD_API void dsgd_bf16_to_f32(const uint16_t *src, float *dst, size_t n);
+
+/* The kernels the conversions use now (HALF FORMATS): "avx512_bf16",
+   "avx512", "avx2" or "portable". It honours DSGD_CPU_ISA.
+   Errors: none. Thread safety: as dsgd_f32_to_f16. */
+DSGD_API const char *dsgd_half_isa(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_HALF_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_HALF_IMPL)
+#define DSGD__PART_HALF_IMPL
+
+/* >>half portable ---------------------------------------------------------- */
+/* The reference: every other kernel gives these bits. */
+
+static uint16_t dsgd__f16_of(uint32_t x) {
+    uint32_t s = (x >> 16) & 0x8000u, a = x & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(s | 0x7E00u | ((a >> 13) & 0x3FFu)); /* NaN, quiet */
+    if (a >= 0x477FF000u) return (uint16_t)(s | 0x7C00u); /* 65520 and up (Inf too): Inf */
+    if (a >= 0x38800000u) {                                /* a normal fp16: rebias, round the 13 bits off */
+        uint32_t r = a - 0x38000000u;
+        r += 0xFFFu + ((r >> 13) & 1u);
+        return (uint16_t)(s | (r >> 13));
+    }
+    if (a < 0x33000000u) return (uint16_t)s; /* below 2^-25: zero */
+    {                                        /* a subnormal fp16: units of 2^-24 */
+        uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u, sh = 126u - e;
+        uint32_t q = m >> sh, rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+        q += rem > half || (rem == half && (q & 1u));
+        return (uint16_t)(s | q);
+    }
+}
+
+static uint32_t dsgd__f32_of_f16(uint16_t h) {
+    uint32_t s = ((uint32_t)h & 0x8000u) << 16, e = ((uint32_t)h >> 10) & 0x1Fu, m = (uint32_t)h & 0x3FFu;
+    if (e == 0x1Fu) return s | 0x7F800000u | (m ? 0x400000u | (m << 13) : 0u);
+    if (e) return s | ((e + 112u) << 23) | (m << 13);
+    if (!m) return s;
+    e = 113u; /* subnormal: normalise m * 2^-24 */
+    while (!(m & 0x400u)) {
+        m <<= 1;
+        --e;
+    }
+    return s | (e << 23) | ((m & 0x3FFu) << 13);
+}
+
+static uint16_t dsgd__bf16_of(uint32_t x) {
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN, quiet */
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+static void dsgd__to_f16_portable(const float *src, uint16_t *dst, size_t n) {
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        uint32_t x;
+        memcpy(&x, src + i, 4);
+        dst[i] = dsgd__f16_of(x);
+    }
+}
+static void dsgd__from_f16_portable(const uint16_t *src, float *dst, size_t n) {
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        uint32_t x = dsgd__f32_of_f16(src[i]);
+        memcpy(dst + i, &x, 4);
+    }
+}
+static void dsgd__to_bf16_portable(const float *src, uint16_t *dst, size_t n) {
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        uint32_t x;
+        memcpy(&x, src + i, 4);
+        dst[i] = dsgd__bf16_of(x);
+    }
+}
+static void dsgd__from_bf16_portable(const uint16_t *src, float *dst, size_t n) {
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        uint32_t x = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &x, 4);
+    }
+}
+
+/* >>half x86 --------------------------------------------------------------- */
+/* Whole vectors here, the tail by the portable loops (the same bits). The
+   hardware's fp16 conversions (F16C, AVX-512F) round to nearest even with
+   an immediate rounding mode, not MXCSR's, and quiet NaNs as the portable
+   code does. AVX512_BF16's conversion treats fp32 subnormals as zero: those
+   lanes (rare) are redone by integer rounding. */
+#if DSGD__X86_DISPATCH
+
+#include <cpuid.h>
+
+/* F16C: CPUID leaf 1, ECX bit 29 (Clang's __builtin_cpu_supports lacks
+   the name); AVX2 says the OS saves the registers. */
+static int dsgd__isa_f16c(void) {
+    unsigned a, b, c, d;
+    return dsgd__isa_avx2() && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
+}
+static int dsgd__isa_avx512_bf16(void) {
+    __builtin_cpu_init();
+    return dsgd__isa_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
+__attribute__((target("avx2,f16c"))) static void dsgd__to_f16_avx2(const float *src, uint16_t *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    dsgd__to_f16_portable(src + i, dst + i, n - i);
+}
+__attribute__((target("avx2,f16c"))) static void dsgd__from_f16_avx2(const uint16_t *src, float *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + i))));
+    dsgd__from_f16_portable(src + i, dst + i, n - i);
+}
+/* 8 lanes of dsgd__bf16_of, as 32-bit integers */
+__attribute__((target("avx2"))) static __m256i dsgd__bf16_avx2_8(__m256i x) {
+    const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7FFF);
+    __m256i a = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF));
+    __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(x, bias), _mm256_and_si256(_mm256_srli_epi32(x, 16), one));
+    __m256i q = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(_mm256_srli_epi32(r, 16), q, nan);
+}
+__attribute__((target("avx2"))) static void dsgd__to_bf16_avx2(const float *src, uint16_t *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i lo = dsgd__bf16_avx2_8(_mm256_loadu_si256((const __m256i *)(const void *)(src + i)));
+        __m256i hi = dsgd__bf16_avx2_8(_mm256_loadu_si256((const __m256i *)(const void *)(src + i + 8)));
+        /* packus works within 128-bit lanes: put the quarters back in order */
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8));
+    }
+    dsgd__to_bf16_portable(src + i, dst + i, n - i);
+}
+__attribute__((target("avx2"))) static void dsgd__from_bf16_avx2(const uint16_t *src, float *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + i)));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), _mm256_slli_epi32(w, 16));
+    }
+    dsgd__from_bf16_portable(src + i, dst + i, n - i);
+}
+
+/* every lane (the maskz forms: g++ -O2 warns about the plain ones'
+   undefined pass-through operand) */
+#define DSGD__ALL16 ((__mmask16)0xFFFF)
+__attribute__((target("avx512f"))) static void dsgd__to_f16_avx512(const float *src, uint16_t *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i),
+                            _mm512_maskz_cvtps_ph(DSGD__ALL16, _mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    dsgd__to_f16_portable(src + i, dst + i, n - i);
+}
+__attribute__((target("avx512f"))) static void dsgd__from_f16_avx512(const uint16_t *src, float *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_maskz_cvtph_ps(DSGD__ALL16, _mm256_loadu_si256((const __m256i *)(const void *)(src + i))));
+    dsgd__from_f16_portable(src + i, dst + i, n - i);
+}
+/* 16 lanes of dsgd__bf16_of, as 32-bit integers */
+__attribute__((target("avx512f"))) static __m512i dsgd__bf16_avx512_16(__m512i x) {
+    __m512i a = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000));
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)),
+                                 _mm512_and_si512(_mm512_maskz_srli_epi32(DSGD__ALL16, x, 16), _mm512_set1_epi32(1)));
+    return _mm512_mask_or_epi32(_mm512_maskz_srli_epi32(DSGD__ALL16, r, 16), nan, _mm512_maskz_srli_epi32(DSGD__ALL16, x, 16), _mm512_set1_epi32(0x40));
+}
+__attribute__((target("avx512f"))) static void dsgd__to_bf16_avx512(const float *src, uint16_t *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i),
+                            _mm512_maskz_cvtepi32_epi16(DSGD__ALL16, dsgd__bf16_avx512_16(_mm512_loadu_si512((const void *)(src + i)))));
+    dsgd__to_bf16_portable(src + i, dst + i, n - i);
+}
+__attribute__((target("avx512f"))) static void dsgd__from_bf16_avx512(const uint16_t *src, float *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i w = _mm512_maskz_cvtepu16_epi32(DSGD__ALL16, _mm256_loadu_si256((const __m256i *)(const void *)(src + i)));
+        _mm512_storeu_si512((void *)(dst + i), _mm512_maskz_slli_epi32(DSGD__ALL16, w, 16));
+    }
+    dsgd__from_bf16_portable(src + i, dst + i, n - i);
+}
+__attribute__((target("avx512f,avx512bf16"))) static void dsgd__to_bf16_avx512_bf16(const float *src, uint16_t *dst,
+                                                                                    size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(src + i);
+        __m256bh h = _mm512_cvtneps_pbh(v);
+        __m512i x = _mm512_castps_si512(v), a = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF));
+        /* subnormal lanes: exponent 0, fraction not 0 */
+        __mmask16 sub = _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(a, a), a, _mm512_set1_epi32(0x800000));
+        __m256i out;
+        memcpy(&out, &h, sizeof(out));
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), out);
+        if (sub) {
+            int k;
+            for (k = 0; k < 16; ++k)
+                if (sub >> k & 1) {
+                    uint32_t xb;
+                    memcpy(&xb, src + i + (size_t)k, 4);
+                    dst[i + (size_t)k] = dsgd__bf16_of(xb);
+                }
+        }
+    }
+    dsgd__to_bf16_portable(src + i, dst + i, n - i);
+}
+#endif /* DSGD__X86_DISPATCH */
+
+/* >>half kernels ----------------------------------------------------------- */
+/* The kernels, widest first; tier: the CPU backend's kernel they belong to
+   (DSGD_CPU_ISA above it rules them out). */
+typedef struct dsgd__half_kernel {
+    const char *name, *tier;
+    int (*supported)(void);
+    void (*to_f16)(const float *src, uint16_t *dst, size_t n);
+    void (*from_f16)(const uint16_t *src, float *dst, size_t n);
+    void (*to_bf16)(const float *src, uint16_t *dst, size_t n);
+    void (*from_bf16)(const uint16_t *src, float *dst, size_t n);
+} dsgd__half_kernel;
+
+static const dsgd__half_kernel dsgd__half_kernels[] = {
+#if DSGD__X86_DISPATCH
+    {"avx512_bf16", "avx512", dsgd__isa_avx512_bf16, dsgd__to_f16_avx512, dsgd__from_f16_avx512,
+     dsgd__to_bf16_avx512_bf16, dsgd__from_bf16_avx512},
+    {"avx512", "avx512", dsgd__isa_avx512, dsgd__to_f16_avx512, dsgd__from_f16_avx512, dsgd__to_bf16_avx512,
+     dsgd__from_bf16_avx512},
+    {"avx2", "avx2", dsgd__isa_f16c, dsgd__to_f16_avx2, dsgd__from_f16_avx2, dsgd__to_bf16_avx2,
+     dsgd__from_bf16_avx2},
+#endif
+    {"portable", "portable", dsgd__isa_always, dsgd__to_f16_portable, dsgd__from_f16_portable,
+     dsgd__to_bf16_portable, dsgd__from_bf16_portable},
+};
+
+/* The kernel named `want` when the CPU runs it; else the widest one the CPU
+   runs at or below the CPU backend's choice for `want`. */
+static const dsgd__half_kernel *dsgd__half_choose(const char *want) {
+    const size_t nk = sizeof(dsgd__half_kernels) / sizeof(dsgd__half_kernels[0]);
+    const char *tier;
+    size_t i;
+    int on = 0;
+    for (i = 0; want && i < nk; ++i)
+        if (!strcmp(want, dsgd__half_kernels[i].name) && dsgd__half_kernels[i].supported())
+            return &dsgd__half_kernels[i];
+    tier = dsgd__cpu_kernel_choose(want)->name;
+    for (i = 0; i < nk; ++i) {
+        if (!strcmp(tier, dsgd__half_kernels[i].tier)) on = 1;
+        if (on && dsgd__half_kernels[i].supported()) return &dsgd__half_kernels[i];
+    }
+    return &dsgd__half_kernels[nk - 1];
+}
+
+static const dsgd__half_kernel *dsgd__half_now(void) { return dsgd__half_choose(getenv("DSGD_CPU_ISA")); }
+
+DSGD_API void dsgd_f32_to_f16(const float *src, uint16_t *dst, size_t n) {
+    if (n) dsgd__half_now()->to_f16(src, dst, n);
+}
+DSGD_API void dsgd_f16_to_f32(const uint16_t *src, float *dst, size_t n) {
+    if (n) dsgd__half_now()->from_f16(src, dst, n);
+}
+DSGD_API void dsgd_f32_to_bf16(const float *src, uint16_t *dst, size_t n) {
+    if (n) dsgd__half_now()->to_bf16(src, dst, n);
+}
+DSGD_API void dsgd_bf16_to_f32(const uint16_t *src, float *dst, size_t n) {
+    if (n) dsgd__half_now()->from_bf16(src, dst, n);
+}
+DSGD_API const char *dsgd_half_isa(void) { return dsgd__half_now()->name; }
+
+#endif /* DSGD__PART_HALF_IMPL */
 /* ---------------------------------------- distsgd/model.h */
 /* distsgd/model.h - models: the interface, the built-in dense network, variables over flat buffers
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -10137,7 +10461,8 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
 
      Agreement: before a collective moves any data, the ranks check that
      they all called the same one: the same collective (kind and sequence
-     number), count, op, root, algorithm, piece size and node layout
+     number), count, op, root, algorithm (with its wire, see
+     dsgd_allreduce_wire), piece size and node layout
      (ranks_per_node). If any rank differs,
      every rank returns DSGD_ERR_DESYNC, at once rather than at the deadline,
      with a message naming two ranks and what they passed, e.g.
@@ -10175,6 +10500,9 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
        hierarchical      A + (L-1)(alpha_in + c_L (4 beta_in + gamma))
                          + 2(M-1)(alpha + 4 c_LM beta) + (M-1) c_LM gamma
                          + (L-1)(alpha_in + 4 c_L beta_in)
+       ring, half wire   A + 2(N-1)(alpha + 2 c beta) + (N-1) c gamma
+                         (dsgd_allreduce_wire: half the bytes; the
+                         agreement never carries its first step)
        broadcast         A + ceil(log2 N)(alpha + 4 n beta): the root sends
                          the buffer to each of its ceil(log2 N) children
                          (segments of 4 pieces flow on down the tree
@@ -10212,6 +10540,11 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
      bits are copied to the others, except in recursive doubling, where both
      partners of a step compute the same operation on the same operands in
      the same order. Different algorithms may differ in the last bits.
+     A half wire (dsgd_allreduce_wire) keeps the ring's order and adds a
+     rounding per step; its owner's rounded sum is what every rank takes.
+
+     Bytes: dsgd_comm_stats counts what each communicator handed to its
+     transport, and the seconds spent; its closed forms are beside it.
 */
 #ifndef DSGD__PART_COLLECTIVES_DECL
 #define DSGD__PART_COLLECTIVES_DECL
@@ -10427,6 +10760,116 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *comm, float *buf, size_t count,
    Thread safety: as dsgd_allreduce. */
 DSGD_API dsgd_result dsgd_allreduce_at(dsgd_comm *comm, float *buf, size_t count, size_t first,
                                        dsgd_reduce_op op, dsgd_allreduce_algo algo, double timeout_s);
+
+/* The format of an all-reduce's messages (dsgd_allreduce_wire). */
+typedef enum dsgd_wire {
+    DSGD_WIRE_F32 = 0, /* fp32: dsgd_allreduce_at itself */
+    DSGD_WIRE_F16,     /* IEEE binary16 (half.h) on the wire, fp32 sums */
+    DSGD_WIRE_BF16     /* bfloat16 on the wire, fp32 sums */
+} dsgd_wire;
+#define DSGD_WIRE_COUNT (DSGD_WIRE_BF16 + 1)
+
+/* "f32", "f16", "bf16"; "unknown" for other values. Never NULL.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_wire_name(dsgd_wire wire);
+
+/* dsgd_allreduce_at (the same first, the same bits-from-the-index rule)
+   with its messages in the format `wire`: gradient compression done in the
+   collective, as PyTorch's fp16_compress_hook and bf16_compress_hook, but
+   with every sum in fp32 and a shared power-of-two scale.
+   DSGD_WIRE_F32 is dsgd_allreduce_at, any op and algorithm. A half wire
+   (DSGD_WIRE_F16, DSGD_WIRE_BF16) takes op SUM and algo AUTO or RING, and
+   runs the ring on the map's blocks (DSGD_ALLREDUCE_CHUNK) on every
+   transport: DIRECT has no wire, so over the loopback, whose AUTO is
+   DIRECT in fp32, a half wire still runs the ring (in pieces of
+   piece_bytes there, with the same bits).
+   What each rank computes, with k = dsgd_wire_scale(M, N) for M the
+   largest finite |x| of the bucket over every rank (agreed in the
+   agreement's rounds: no message more): every input is scaled by 2^k
+   (exact); around the ring each step sends its fp32 partial sum rounded
+   to the wire (round to nearest even, half.h) and the receiver adds its
+   own fp32 value to it in fp32; the owner of a block rounds the final
+   sum to the wire once and every rank, the owner too, takes that value
+   back to fp32 and multiplies by 2^-k. So every rank holds the same bits,
+   which depend neither on piece_bytes nor on how the vector is cut into
+   buckets (first) as long as the buckets get the same k (a bucket's k
+   comes from its own largest magnitude; another k changes only elements
+   whose partial sums fall among the wire's subnormals, below 2^-14 after
+   scaling for fp16: fp16's and fp32's roundings are otherwise the same
+   at every scale). Neither overflow nor fp16's subnormals are a concern:
+   scaled, every input is below 2^(15 - ceil(log2 N)) and every partial
+   sum below 2^15 (1 + u)^N, under 65504 for N up to 1024.
+   Error bound, per element, with S the exact sum of the N inputs x_i and
+   A = sum |x_i|, u the wire's unit roundoff (fp16 2^-11, bf16 2^-8),
+   c = (1 + u)^N (1 + 2^-24)^(N-1), eta the wire's half smallest
+   subnormal (fp16 2^-25, bf16 2^-134):
+       |result - S| <= (c - 1) A + 2 c N eta 2^-k + 2^-149
+   (N roundings to the wire and N - 1 fp32 sums along the element's
+   chain; the absolute terms cover underflow, in the wire or, for k < 0,
+   in the scaling; they matter only for elements far below M). Inf and
+   NaN inputs give Inf or NaN.
+   Cost (see COLLECTIVES, Cost): A + 2(N-1)(alpha + 2 c beta) +
+   (N-1) c gamma, half the ring's bytes, plus the conversions (about 3 n
+   elements converted per rank); the agreement's rounds come first (the
+   ring's first step does not ride them, its scale is not known yet).
+   With one rank it returns at once, buf unchanged.
+   Errors: as dsgd_allreduce_at; DSGD_ERR_INVALID_ARGUMENT for an unknown
+   wire; DSGD_ERR_UNSUPPORTED (before the collective starts) for a half
+   wire with an op other than SUM or an algorithm other than AUTO and
+   RING. The ranks must pass the same wire (checked: DSGD_ERR_DESYNC).
+   Thread safety: as dsgd_allreduce. */
+DSGD_API dsgd_result dsgd_allreduce_wire(dsgd_comm *comm, float *buf, size_t count, size_t first,
+                                         dsgd_reduce_op op, dsgd_allreduce_algo algo, dsgd_wire wire,
+                                         double timeout_s);
+/* The scale exponent k of a half wire's all-reduce on n ranks whose
+   largest finite input magnitude is max_abs (dsgd_allreduce_wire): with
+   e = floor(log2 max_abs) (-127 for 0 and fp32 subnormals),
+   k = 14 - e - ceil(log2 n), clamped to [-126, 126], so every scaled
+   input is below 2^(15 - ceil(log2 n)) and an exact sum of n of them
+   below 2^15.
+   Errors: none. Thread safety: any thread. */
+DSGD_API int dsgd_wire_scale(float max_abs, int n);
+
+/* What a communicator has done since its creation or
+   dsgd_comm_reset_stats (BYTES in comm_hook.h for comm hooks). */
+typedef struct dsgd_comm_stats {
+    /* Bytes this rank handed to its transport: every send, sendrecv,
+       sendrecv_reduce and sendrecv_upto (the agreement's included: 144
+       bytes a round, or 152 plus the floats it carries over sendrecv_upto).
+       DIRECT, which sends nothing, counts the bytes it moves in the
+       other ranks' memory: their N-1 fingerprints (64 bytes each), then,
+       for its block of b floats, 2 (N-1) 4 b (read from each, written into
+       each), per window over share_window. The native hook counts the
+       4 count bytes it is handed. So, for count floats, N dividing count
+       and N chunks dividing count / N where it matters:
+         ring          ceil(log2 N) G + 2 (N-1)/N 4 count
+         half wire     ceil(log2 N) G + 2 (N-1)/N 2 count
+         DIRECT        (N-1) 64 + 2 (N-1)/N 4 count
+       with G = 144 (send/recv, sendrecv) or 152 (sendrecv_upto). */
+    uint64_t bytes_sent;
+    /* The same with every payload counted as fp32 (a half wire's twice):
+       bytes_sent / bytes_uncompressed is the compression on the wire. */
+    uint64_t bytes_uncompressed;
+    /* Seconds (dsgd_now, real time) converting to and from a wire,
+       scaling and scanning for the scale, and what dsgd_comm_stats_add
+       added. */
+    double compress_s;
+    /* Seconds inside the collectives, from entry to return, on the
+       communicator's clock (the transport's now: virtual seconds on
+       simnet), failed calls included. */
+    double comm_s;
+} dsgd_comm_stats;
+
+/* dsgd_comm_get_stats: *out = the counts (comm NULL: zeros; out NULL:
+   nothing). dsgd_comm_reset_stats: zeros them. dsgd_comm_stats_add: adds
+   each field of *extra (NULL: nothing): a comm hook that compresses by its
+   own means adds its seconds (compress_s) and credits bytes_uncompressed
+   with what its bucket's fp32 exchange would have cost beyond the bytes
+   the collectives it called counted.
+   Errors: none. Thread safety: the communicator's thread. */
+DSGD_API void dsgd_comm_get_stats(const dsgd_comm *comm, dsgd_comm_stats *out);
+DSGD_API void dsgd_comm_reset_stats(dsgd_comm *comm);
+DSGD_API void dsgd_comm_stats_add(dsgd_comm *comm, const dsgd_comm_stats *extra);
 /* Reduce-scatter in place (ring): on return this rank's block of buf (see
    dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
    for that block; the rest of buf is unspecified.
@@ -10520,6 +10963,13 @@ struct dsgd_comm {
     float *pack;        /* the buffer in the map's block order (see >>map) */
     size_t pack_cap;    /* floats */
     size_t *lay;        /* 4 * size + 4: the map's block sizes, places and offsets */
+    int wire;           /* the all-reduce in progress: its dsgd_wire (0 for every other) */
+    uint32_t xmax;      /* a half wire's exponent: this rank's largest before the
+                           agreement, every rank's after it (see >>wire) */
+    const dsgd__half_kernel *half; /* the conversions (half.h), chosen at creation */
+    uint16_t *wv;       /* a half wire's messages: the bucket in the wire's format */
+    size_t wv_cap;      /* elements */
+    dsgd_comm_stats st; /* what dsgd_comm_get_stats reports */
 };
 
 DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len) {
@@ -10597,6 +11047,7 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     else
         c->node_ranks = t->size;
     c->root = -1;
+    c->half = dsgd__half_choose(getenv("DSGD_CPU_ISA"));
     *out = c;
     return DSGD_OK;
 }
@@ -10608,6 +11059,7 @@ DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
     DSGD_FREE(c->peers);
     DSGD_FREE(c->pack);
     DSGD_FREE(c->lay);
+    DSGD_FREE(c->wv);
     DSGD_FREE(c);
 }
 
@@ -10692,6 +11144,8 @@ static void dsgd__coll_begin(dsgd_comm *c, int kind, const char *how, int algo, 
     c->op = op;
     c->root = root;
     c->count = count;
+    c->wire = DSGD_WIRE_F32;
+    c->xmax = 0;
     c->span = timeout_s > 0 ? timeout_s : c->timeout;
     if (c->span > DSGD__COMM_MAX_TIMEOUT) c->span = DSGD__COMM_MAX_TIMEOUT;
     c->deadline = dsgd__comm_now(c) + c->span;
@@ -10757,29 +11211,21 @@ static uint64_t dsgd__tag(const dsgd_comm *c, size_t piece, int phase, int step)
            (uint64_t)(step & 0x3FF);
 }
 
-/* One step: send scount floats of sbuf to dst and receive rcount floats from
-   src into rbuf (copied when op < 0, reduced into rbuf otherwise); dst or src
-   -1 skips that half. Both halves carry the same tag. Records the error. */
-static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *sbuf, size_t scount, int src,
-                              float *rbuf, size_t rcount, int op) {
+/* Counts sbytes handed to the transport (unc: the same payload as fp32). */
+static void dsgd__count(dsgd_comm *c, size_t sbytes, size_t unc) {
+    c->st.bytes_sent += sbytes;
+    c->st.bytes_uncompressed += unc;
+}
+
+/* As dsgd__xchg with op < 0, in bytes; unc: the message's bytes as fp32
+   (dsgd_comm_stats.bytes_uncompressed). */
+static dsgd_result dsgd__xchg_bytes(dsgd_comm *c, uint64_t tag, int dst, const void *sbuf, size_t sbytes, int src,
+                                    void *rbuf, size_t rbytes, size_t unc) {
     const dsgd_transport_i *t = &c->t;
-    size_t sbytes = scount * sizeof(float), rbytes = rcount * sizeof(float);
     int failed = -1, send_first;
     dsgd_result r;
     if (dst < 0 && src < 0) return DSGD_OK;
-    if (op >= 0 && src >= 0) {
-        if (t->sendrecv_reduce) {
-            r = t->sendrecv_reduce(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rcount, (dsgd_reduce_op)op,
-                                   c->deadline, &failed);
-            return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : src);
-        }
-        /* No zero-copy hook: receive into scratch, then reduce. */
-        r = dsgd__scratch(c, rcount);
-        if (r != DSGD_OK) return r;
-        r = dsgd__xchg(c, tag, dst, sbuf, scount, src, c->scratch, rcount, -1);
-        if (r == DSGD_OK) dsgd__reduce_into(rbuf, c->scratch, rcount, (dsgd_reduce_op)op, 0);
-        return r;
-    }
+    if (dst >= 0) dsgd__count(c, sbytes, unc);
     if (t->sendrecv) {
         r = t->sendrecv(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rbytes, c->deadline, &failed);
         return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : (src >= 0 ? src : dst));
@@ -10808,6 +11254,32 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
     return DSGD_OK;
 }
 
+/* One step: send scount floats of sbuf to dst and receive rcount floats from
+   src into rbuf (copied when op < 0, reduced into rbuf otherwise); dst or src
+   -1 skips that half. Both halves carry the same tag. Records the error. */
+static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *sbuf, size_t scount, int src,
+                              float *rbuf, size_t rcount, int op) {
+    const dsgd_transport_i *t = &c->t;
+    size_t sbytes = scount * sizeof(float);
+    int failed = -1;
+    dsgd_result r;
+    if (op >= 0 && src >= 0) {
+        if (t->sendrecv_reduce) {
+            if (dst >= 0) dsgd__count(c, sbytes, sbytes);
+            r = t->sendrecv_reduce(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rcount, (dsgd_reduce_op)op,
+                                   c->deadline, &failed);
+            return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : src);
+        }
+        /* No zero-copy hook: receive into scratch, then reduce. */
+        r = dsgd__scratch(c, rcount);
+        if (r != DSGD_OK) return r;
+        r = dsgd__xchg_bytes(c, tag, dst, sbuf, sbytes, src, c->scratch, rcount * sizeof(float), sbytes);
+        if (r == DSGD_OK) dsgd__reduce_into(rbuf, c->scratch, rcount, (dsgd_reduce_op)op, 0);
+        return r;
+    }
+    return dsgd__xchg_bytes(c, tag, dst, sbuf, sbytes, src, rbuf, rcount * sizeof(float), sbytes);
+}
+
 /* >>agreement -------------------------------------------------------------- */
 /* Before a collective moves any data, the ranks agree on what it is: every
    rank's fingerprint (the fields below) must be equal, or every rank returns
@@ -10826,7 +11298,10 @@ enum { DSGD__FP_SEQ, DSGD__FP_KIND, DSGD__FP_COUNT, DSGD__FP_OP, DSGD__FP_ROOT, 
 
 typedef struct dsgd__fp_range {
     uint64_t lo[DSGD__FP_N], hi[DSGD__FP_N]; /* smallest and largest fingerprint seen */
-    uint64_t lo_rank, hi_rank;               /* the lowest rank holding each */
+    uint32_t lo_rank, hi_rank;               /* the lowest rank holding each */
+    uint32_t xmax;                           /* the largest exponent field seen (a half wire's
+                                                scale, see >>wire; merged by MAX) */
+    uint32_t spare_;
 } dsgd__fp_range;
 
 static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
@@ -10837,7 +11312,8 @@ static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
     /* an all-reduce has no root: the field carries its first element (see
        >>map), which every rank must agree on as well */
     fp[DSGD__FP_ROOT] = c->kind == DSGD__K_ALLREDUCE ? (uint64_t)c->first : (uint64_t)(int64_t)c->root;
-    fp[DSGD__FP_ALGO] = (uint64_t)(int64_t)c->algo;
+    /* a half wire rides in the algorithm's field: ring + 256 * wire */
+    fp[DSGD__FP_ALGO] = (uint64_t)(int64_t)c->algo + ((uint64_t)c->wire << 8);
     fp[DSGD__FP_PIECE] = (uint64_t)c->piece;
     fp[DSGD__FP_NODE] = (uint64_t)c->node_ranks;
 }
@@ -10858,18 +11334,20 @@ static void dsgd__fp_merge(dsgd__fp_range *acc, const uint64_t *lo, uint64_t lo_
     int cl = dsgd__fp_cmp(lo, acc->lo), ch = dsgd__fp_cmp(hi, acc->hi);
     if (cl < 0 || (cl == 0 && lo_rank < acc->lo_rank)) {
         memcpy(acc->lo, lo, sizeof(acc->lo));
-        acc->lo_rank = lo_rank;
+        acc->lo_rank = (uint32_t)lo_rank;
     }
     if (ch > 0 || (ch == 0 && hi_rank < acc->hi_rank)) {
         memcpy(acc->hi, hi, sizeof(acc->hi));
-        acc->hi_rank = hi_rank;
+        acc->hi_rank = (uint32_t)hi_rank;
     }
 }
 
 static void dsgd__fp_init(const dsgd_comm *c, dsgd__fp_range *acc) {
     dsgd__fp_fill(c, acc->lo);
     memcpy(acc->hi, acc->lo, sizeof(acc->hi));
-    acc->lo_rank = acc->hi_rank = (uint64_t)c->rank;
+    acc->lo_rank = acc->hi_rank = (uint32_t)c->rank;
+    acc->xmax = c->xmax;
+    acc->spare_ = 0;
 }
 
 /* Field i of a fingerprint as text, after its label. */
@@ -10877,7 +11355,13 @@ static const char *dsgd__fp_field(int i, uint64_t v, char *buf, size_t cap) {
     switch (i) {
     case DSGD__FP_KIND: return dsgd__kind_name(v);
     case DSGD__FP_OP: return dsgd_reduce_op_name((dsgd_reduce_op)(int64_t)v);
-    case DSGD__FP_ALGO: return v == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name((dsgd_allreduce_algo)v);
+    case DSGD__FP_ALGO:
+        if (v >> 8 && v >> 8 < DSGD_WIRE_COUNT) { /* a half wire (see dsgd__fp_fill) */
+            snprintf(buf, cap, "%s on the %s wire", dsgd_allreduce_algo_name((dsgd_allreduce_algo)(v & 0xFF)),
+                     dsgd_wire_name((dsgd_wire)(v >> 8)));
+            return buf;
+        }
+        return v == DSGD_ALLREDUCE_AUTO ? "native" : dsgd_allreduce_algo_name((dsgd_allreduce_algo)v);
     case DSGD__FP_ROOT: snprintf(buf, cap, "%lld", (long long)(int64_t)v); return buf;
     case DSGD__FP_PIECE: v *= sizeof(float); break; /* kept in floats, shown in bytes */
     default: break;
@@ -10896,7 +11380,7 @@ static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64
     k = snprintf(dst, cap, "rank %llu", (unsigned long long)rank);
     used += k > 0 && (size_t)k < cap ? (size_t)k : 0;
     for (i = 0; i < DSGD__FP_N; ++i) {
-        char v[32];
+        char v[48];
         int at = i == DSGD__FP_ROOT && fp[DSGD__FP_KIND] == DSGD__K_ALLREDUCE; /* the root field holds first */
         if (fp[i] == other[i]) continue;
         k = snprintf(dst + used, cap - used, "%s%s%s%s", first ? " " : ", ",
@@ -10915,6 +11399,7 @@ static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64
    collective would pair them up wrongly). */
 static dsgd_result dsgd__fp_verdict(dsgd_comm *c, const dsgd__fp_range *acc) {
     char name[96], lo[192], hi[192];
+    c->xmax = acc->xmax; /* every rank's largest: the same on all after the last round */
     if (dsgd__fp_cmp(acc->lo, acc->hi) == 0) return DSGD_OK;
     dsgd__coll_name(c, name, sizeof(name));
     dsgd__fp_describe(hi, sizeof(hi), acc->hi_rank, acc->hi, acc->lo);
@@ -10942,6 +11427,7 @@ static dsgd_result dsgd__coll_agree_plain(dsgd_comm *c) {
                          (float *)(void *)&in, sizeof(in) / sizeof(float), -1);
         if (res != DSGD_OK) return res;
         dsgd__fp_merge(&acc, in.lo, in.lo_rank, in.hi, in.hi_rank);
+        if (in.xmax > acc.xmax) acc.xmax = in.xmax;
     }
     return dsgd__fp_verdict(c, &acc);
 }
@@ -11045,6 +11531,7 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
         head.nfloats = nout;
         memcpy(out, &head, H);
         if (nout) memcpy(out + H, from, nout * sizeof(float));
+        dsgd__count(c, H + nout * sizeof(float), H + nout * sizeof(float));
         res = t->sendrecv_upto(t->impl, dst, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), out,
                                H + nout * sizeof(float), src, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step),
                                in, DSGD__FOLD_MSG, &got, c->deadline, &failed);
@@ -11062,6 +11549,7 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
                                       name, c->rank, src, got);
         }
         dsgd__fp_merge(&acc, head.range.lo, head.range.lo_rank, head.range.hi, head.range.hi_rank);
+        if (head.range.xmax > acc.xmax) acc.xmax = head.range.xmax;
         if (!carries) continue;
         if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != nin) {
             tainted = 1; /* another collective: its payload means nothing here */
@@ -11613,10 +12101,12 @@ static dsgd_result dsgd__direct_windowed(dsgd_comm *c, float *buf, size_t count,
             }
             agreed = dsgd__fp_verdict(c, &acc);
         }
+        if (j == 0) dsgd__count(c, (size_t)(n - 1) * DSGD__FP_N * 8, (size_t)(n - 1) * DSGD__FP_N * 8);
         if (agreed == DSGD_OK && len > 0) {
             for (k = 0; k < n; ++k) c->peers[k] = (char *)c->peers[k] + DSGD__DIRECT_HEAD;
             dsgd_block_range(len, n, c->rank, &off, &blen);
             dsgd__direct_block(c->peers, n, off, blen, op);
+            dsgd__count(c, 2 * (size_t)(n - 1) * blen * sizeof(float), 2 * (size_t)(n - 1) * blen * sizeof(float));
         }
         r = t->unshare(t->impl, tag, c->deadline, &failed);
         if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
@@ -11653,10 +12143,12 @@ static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_red
         dsgd__fp_merge(&acc, p->fp, (uint64_t)k, p->fp, (uint64_t)k);
     }
     agreed = dsgd__fp_verdict(c, &acc);
+    dsgd__count(c, (size_t)(n - 1) * sizeof(pub.fp), (size_t)(n - 1) * sizeof(pub.fp));
     if (agreed == DSGD_OK && count > 0) {
         for (k = 0; k < n; ++k) c->peers[k] = ((const dsgd__direct_pub *)c->peers[k])->buf;
         dsgd_block_range(count, n, c->rank, &off, &len);
         dsgd__direct_block(c->peers, n, off, len, op);
+        dsgd__count(c, 2 * (size_t)(n - 1) * len * sizeof(float), 2 * (size_t)(n - 1) * len * sizeof(float));
     }
     r = t->unshare(t->impl, tag, c->deadline, &failed);
     return r == DSGD_OK ? agreed : dsgd__coll_fail(c, r, failed);
@@ -11692,7 +12184,9 @@ static dsgd_result dsgd__reduce_broadcast(dsgd_comm *c, float *buf, size_t count
 
 /* The transport's native collective (AUTO when the transport has one). */
 static dsgd_result dsgd__native(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op) {
-    dsgd_result res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
+    dsgd_result res;
+    dsgd__count(c, count * sizeof(float), count * sizeof(float));
+    res = c->t.allreduce(c->t.impl, buf, count, op, c->deadline);
     return res == DSGD_OK ? res : dsgd__coll_fail(c, res, -1);
 }
 
@@ -11775,10 +12269,188 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
     return (int)algo >= 0 && (int)algo < (int)DSGD_ALLREDUCE_COUNT ? dsgd__allreduce_algos[algo].name : "unknown";
 }
 
-DSGD_API dsgd_result dsgd_allreduce_at(dsgd_comm *c, float *buf, size_t count, size_t first, dsgd_reduce_op op,
-                                       dsgd_allreduce_algo algo, double timeout_s) {
+/* >>wire ------------------------------------------------------------------- */
+/* The all-reduce over a half wire (dsgd_allreduce_wire): the ring on the
+   map's blocks, its messages in fp16 or bf16 and its sums in fp32.
+   Before any message, every rank scales its bucket by the same 2^k: k from
+   the largest exponent field of every rank's finite elements (xmax, merged
+   by MAX in the agreement's rounds, which carry it in the fingerprint
+   range's spare bytes: no message or byte more) and N, so that every
+   partial sum stays below 2^15 (fp16's largest is 65504) and small values
+   rise away from fp16's subnormals. Reduce-scatter: each step sends the
+   fp32 partial rounded to the wire and the receiver adds its own fp32
+   value to the wire value made fp32 again. The owner rounds the final sum
+   to the wire once; the all-gather passes those 16-bit values on as they
+   are, and every rank, the owner too, takes them back to fp32 and undoes
+   2^k. */
+#define DSGD__WIRE_TOP 14 /* every scaled input below 2^(15 - ceil(log2 N)), every sum below 2^15 */
+
+DSGD_API const char *dsgd_wire_name(dsgd_wire wire) {
+    static const char *const names[DSGD_WIRE_COUNT] = {"f32", "f16", "bf16"};
+    return (int)wire >= 0 && (int)wire < (int)DSGD_WIRE_COUNT ? names[wire] : "unknown";
+}
+
+/* The largest exponent field (bits 23..30) among x's finite elements (0:
+   none, or zeros and subnormals only). */
+static uint32_t dsgd__exp_max(const float *x, size_t n) {
+    uint32_t m = 0;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        u &= 0x7F800000u;
+        u = u == 0x7F800000u ? 0u : u;
+        m = u > m ? u : m;
+    }
+    return m >> 23;
+}
+
+static int dsgd__wire_shift(uint32_t max_exponent_field, int n) {
+    int lg = 0, k;
+    while (lg < 31 && (1 << lg) < n) ++lg;
+    k = DSGD__WIRE_TOP - ((int)max_exponent_field - 127) - lg;
+    return k < -126 ? -126 : k > 126 ? 126 : k;
+}
+
+DSGD_API int dsgd_wire_scale(float max_abs, int n) {
+    return dsgd__wire_shift(dsgd__exp_max(&max_abs, 1), n);
+}
+
+/* x[0..n) *= 2^k, |k| <= 126 (a normal float, so exact unless a product
+   leaves fp32's normal range) */
+static void dsgd__scale_pow2(float *x, size_t n, int k) {
+    uint32_t u = (uint32_t)(k + 127) << 23;
+    float f;
+    size_t i;
+    memcpy(&f, &u, 4);
+    if (k == 0) return;
+    for (i = 0; i < n; ++i) x[i] *= f;
+}
+
+/* x to the wire (to 0) or back (to 1), timed into compress_s. */
+static void dsgd__wire_conv(dsgd_comm *c, float *x, uint16_t *w, size_t n, int back) {
+    double t0;
+    if (!n) return;
+    t0 = dsgd_now();
+    if (c->wire == DSGD_WIRE_F16) {
+        if (back) c->half->from_f16(w, x, n);
+        else c->half->to_f16(x, w, n);
+    } else {
+        if (back) c->half->from_bf16(w, x, n);
+        else c->half->to_bf16(x, w, n);
+    }
+    c->st.compress_s += dsgd_now() - t0;
+}
+
+/* The ring (as dsgd__ring_in over the whole group, phases 3, pieces as
+   dsgd__ring_piece) on x, packed and scaled, with its messages in c->wv;
+   on return c->wv[0..count) holds every block's final sum on the wire. */
+static dsgd_result dsgd__ring_wire(dsgd_comm *c, float *x, size_t count, const size_t *bo) {
+    int n = c->size, r = c->rank, k;
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    size_t maxlen = dsgd__block_max(count, n, bo), P = dsgd__ring_piece(c, maxlen), npieces, j;
+    uint16_t *w = c->wv;
+    dsgd_result res = DSGD_OK;
+    npieces = (maxlen + P - 1) / P;
+    if ((res = dsgd__scratch(c, DSGD__MIN(P, maxlen))) != DSGD_OK) return res;
+    c->view_n = n;
+    c->view_r = r;
+    for (j = 0; j < npieces && res == DSGD_OK; ++j) {
+        size_t so, sl, ro, rl;
+        for (k = 0; k < n - 1 && res == DSGD_OK; ++k) { /* reduce-scatter: fp32 sums of wire values */
+            int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
+            dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
+            dsgd__piece(count, n, bo, rb, j, P, &ro, &rl);
+            dsgd__wire_conv(c, x + so, w + so, sl, 0);
+            res = dsgd__xchg_bytes(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, w + so, sl * 2,
+                                   rl ? prev : -1, w + ro, rl * 2, sl * sizeof(float));
+            if (res != DSGD_OK || !rl) continue;
+            dsgd__wire_conv(c, c->scratch, w + ro, rl, 1);
+            dsgd__sum_into(x + ro, c->scratch, rl);
+        }
+        if (res != DSGD_OK) break;
+        dsgd__piece(count, n, bo, r, j, P, &ro, &rl);
+        dsgd__wire_conv(c, x + ro, w + ro, rl, 0); /* the owner's sum, rounded once */
+        for (k = 0; k < n - 1 && res == DSGD_OK; ++k) { /* all-gather: the wire values as they are */
+            int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
+            dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
+            dsgd__piece(count, n, bo, rb, j, P, &ro, &rl);
+            res = dsgd__xchg_bytes(c, dsgd__tag(c, j, DSGD__PH_AG, k), sl ? next : -1, w + so, sl * 2,
+                                   rl ? prev : -1, w + ro, rl * 2, sl * sizeof(float));
+        }
+    }
+    c->view_n = 0;
+    return res;
+}
+
+/* The half-wire all-reduce after dsgd__coll_begin: the agreement (carrying
+   xmax), then pack, scale, ring, back to fp32, unscale, unpack. */
+static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) {
+    const size_t *bo = c->lay + 3 * (size_t)c->size;
+    float *x = buf;
+    double t0 = dsgd_now();
     dsgd_result res;
-    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    int k;
+    c->xmax = dsgd__exp_max(buf, count);
+    c->st.compress_s += dsgd_now() - t0;
+    if ((res = dsgd__coll_agree(c)) != DSGD_OK || count == 0) return res;
+    if ((res = dsgd__map_pack(c, buf, count, c->size, &x)) != DSGD_OK) return res;
+    if (count > c->wv_cap) {
+        uint16_t *p = (uint16_t *)DSGD_REALLOC(c->wv, count * sizeof(uint16_t));
+        if (!p) {
+            char name[96];
+            dsgd__coll_name(c, name, sizeof(name));
+            c->broken = 1;
+            c->broken_seq = c->seq;
+            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu bytes for the wire",
+                                      name, c->rank, count * sizeof(uint16_t));
+        }
+        c->wv = p;
+        c->wv_cap = count;
+    }
+    k = dsgd__wire_shift(c->xmax, c->size);
+    t0 = dsgd_now();
+    dsgd__scale_pow2(x, count, k);
+    c->st.compress_s += dsgd_now() - t0;
+    if ((res = dsgd__ring_wire(c, x, count, bo)) != DSGD_OK) return res;
+    dsgd__wire_conv(c, x, c->wv, count, 1);
+    t0 = dsgd_now();
+    dsgd__scale_pow2(x, count, -k);
+    c->st.compress_s += dsgd_now() - t0;
+    dsgd__map_unpack(c, buf, count, x);
+    return DSGD_OK;
+}
+
+/* >>stats ------------------------------------------------------------------ */
+
+DSGD_API void dsgd_comm_get_stats(const dsgd_comm *c, dsgd_comm_stats *out) {
+    if (!out) return;
+    if (c) *out = c->st;
+    else memset(out, 0, sizeof(*out));
+}
+
+DSGD_API void dsgd_comm_reset_stats(dsgd_comm *c) {
+    if (c) memset(&c->st, 0, sizeof(c->st));
+}
+
+DSGD_API void dsgd_comm_stats_add(dsgd_comm *c, const dsgd_comm_stats *extra) {
+    if (!c || !extra) return;
+    c->st.bytes_sent += extra->bytes_sent;
+    c->st.bytes_uncompressed += extra->bytes_uncompressed;
+    c->st.compress_s += extra->compress_s;
+    c->st.comm_s += extra->comm_s;
+}
+
+/* The time of a collective from its start to its return, on the
+   communicator's clock, into comm_s. */
+static dsgd_result dsgd__coll_timed(dsgd_comm *c, double t0, dsgd_result res) {
+    c->st.comm_s += dsgd__comm_now(c) - t0;
+    return res;
+}
+
+static dsgd_result dsgd__allreduce_at(dsgd_comm *c, float *buf, size_t count, size_t first, dsgd_reduce_op op,
+                                     dsgd_allreduce_algo algo, double timeout_s) {
+    dsgd_result res;
     res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
     if (res != DSGD_OK) return res;
     if ((int)algo < 0 || (int)algo >= (int)DSGD_ALLREDUCE_COUNT)
@@ -11799,6 +12471,49 @@ DSGD_API dsgd_result dsgd_allreduce_at(dsgd_comm *c, float *buf, size_t count, s
     return dsgd__allreduce_algos[algo].run(c, buf, count, op);
 }
 
+DSGD_API dsgd_result dsgd_allreduce_at(dsgd_comm *c, float *buf, size_t count, size_t first, dsgd_reduce_op op,
+                                       dsgd_allreduce_algo algo, double timeout_s) {
+    double t0;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    t0 = dsgd__comm_now(c);
+    return dsgd__coll_timed(c, t0, dsgd__allreduce_at(c, buf, count, first, op, algo, timeout_s));
+}
+
+DSGD_API dsgd_result dsgd_allreduce_wire(dsgd_comm *c, float *buf, size_t count, size_t first, dsgd_reduce_op op,
+                                         dsgd_allreduce_algo algo, dsgd_wire wire, double timeout_s) {
+    dsgd_result res;
+    double t0;
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((int)wire < 0 || (int)wire >= (int)DSGD_WIRE_COUNT)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_allreduce_wire: unknown wire %d", (int)wire);
+    if (wire == DSGD_WIRE_F32) return dsgd_allreduce_at(c, buf, count, first, op, algo, timeout_s);
+    t0 = dsgd__comm_now(c);
+    res = dsgd__coll_check(c, "allreduce", buf, count, 1, op, timeout_s);
+    if (res != DSGD_OK) return dsgd__coll_timed(c, t0, res);
+    if ((int)algo < 0 || (int)algo >= (int)DSGD_ALLREDUCE_COUNT)
+        return dsgd__coll_timed(c, t0, dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                                          "dsgd_allreduce: unknown algorithm %d", (int)algo));
+    if (op != DSGD_REDUCE_SUM)
+        return dsgd__coll_timed(c, t0, dsgd_ctx_set_error(c->ctx, DSGD_ERR_UNSUPPORTED,
+                                                          "dsgd_allreduce_wire: the %s wire sums only (op %s)",
+                                                          dsgd_wire_name(wire), dsgd_reduce_op_name(op)));
+    if (algo != DSGD_ALLREDUCE_AUTO && algo != DSGD_ALLREDUCE_RING)
+        return dsgd__coll_timed(
+            c, t0, dsgd_ctx_set_error(c->ctx, DSGD_ERR_UNSUPPORTED,
+                                      "dsgd_allreduce_wire: the %s wire runs on the ring (AUTO or RING), not %s",
+                                      dsgd_wire_name(wire), dsgd_allreduce_algo_name(algo)));
+    if (first > SIZE_MAX - count)
+        return dsgd__coll_timed(c, t0, dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                                          "dsgd_allreduce: first %zu + count %zu overflows", first,
+                                                          count));
+    c->first = first;
+    dsgd__coll_begin(c, DSGD__K_ALLREDUCE, wire == DSGD_WIRE_F16 ? "ring, f16 wire" : "ring, bf16 wire",
+                     (int)DSGD_ALLREDUCE_RING, (int)op, -1, count, timeout_s);
+    c->wire = (int)wire;
+    if (c->size == 1) return dsgd__coll_timed(c, t0, DSGD_OK);
+    return dsgd__coll_timed(c, t0, dsgd__allreduce_wire(c, buf, count));
+}
+
 DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
                                     dsgd_allreduce_algo algo, double timeout_s) {
     return dsgd_allreduce_at(c, buf, count, 0, op, algo, timeout_s);
@@ -11807,22 +12522,26 @@ DSGD_API dsgd_result dsgd_allreduce(dsgd_comm *c, float *buf, size_t count, dsgd
 DSGD_API dsgd_result dsgd_reduce_scatter(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op,
                                          double timeout_s) {
     dsgd_result res;
+    double t0;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "reduce_scatter", buf, count, 1, op, timeout_s);
     if (res != DSGD_OK) return res;
+    t0 = dsgd__comm_now(c);
     dsgd__coll_begin(c, DSGD__K_REDUCE_SCATTER, "ring", -1, (int)op, -1, count, timeout_s);
-    if (c->size == 1) return DSGD_OK;
-    return dsgd__ring_agreed(c, buf, count, NULL, op, 1);
+    if (c->size == 1) return dsgd__coll_timed(c, t0, DSGD_OK);
+    return dsgd__coll_timed(c, t0, dsgd__ring_agreed(c, buf, count, NULL, op, 1));
 }
 
 DSGD_API dsgd_result dsgd_allgather(dsgd_comm *c, float *buf, size_t count, double timeout_s) {
     dsgd_result res;
+    double t0;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "allgather", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
+    t0 = dsgd__comm_now(c);
     dsgd__coll_begin(c, DSGD__K_ALLGATHER, "ring", -1, -1, -1, count, timeout_s);
-    if (c->size == 1) return DSGD_OK;
-    return dsgd__ring_agreed(c, buf, count, NULL, DSGD_REDUCE_SUM, 2);
+    if (c->size == 1) return dsgd__coll_timed(c, t0, DSGD_OK);
+    return dsgd__coll_timed(c, t0, dsgd__ring_agreed(c, buf, count, NULL, DSGD_REDUCE_SUM, 2));
 }
 
 /* The agreement, then the broadcast; up to DSGD__FOLD_MAX floats the
@@ -11857,28 +12576,32 @@ static dsgd_result dsgd__bcast_agreed(dsgd_comm *c, float *buf, size_t count, in
 
 DSGD_API dsgd_result dsgd_broadcast(dsgd_comm *c, float *buf, size_t count, int root, double timeout_s) {
     dsgd_result res;
+    double t0;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "broadcast", buf, count, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
     if (root < 0 || root >= c->size)
         return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_broadcast: root %d outside [0, %d)", root,
                                   c->size);
+    t0 = dsgd__comm_now(c);
     dsgd__coll_begin(c, DSGD__K_BROADCAST, NULL, -1, -1, root, count, timeout_s);
-    if (c->size == 1) return DSGD_OK;
-    return dsgd__bcast_agreed(c, buf, count, root);
+    if (c->size == 1) return dsgd__coll_timed(c, t0, DSGD_OK);
+    return dsgd__coll_timed(c, t0, dsgd__bcast_agreed(c, buf, count, root));
 }
 
 DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
     dsgd_result res;
+    double t0;
     if (!c) return DSGD_ERR_INVALID_ARGUMENT;
     res = dsgd__coll_check(c, "barrier", NULL, 0, 0, DSGD_REDUCE_SUM, timeout_s);
     if (res != DSGD_OK) return res;
+    t0 = dsgd__comm_now(c);
     dsgd__coll_begin(c, DSGD__K_BARRIER, NULL, -1, -1, -1, 0, timeout_s);
     /* The agreement is a dissemination barrier (Hensgen, Finkel and Manber
        1988): in round k rank r signals r + 2^k and waits for r - 2^k (or,
        the butterfly, exchanges with r XOR 2^k), so after the last round
        every rank has heard, through others, from all. */
-    return c->size == 1 ? DSGD_OK : dsgd__coll_agree(c);
+    return dsgd__coll_timed(c, t0, c->size == 1 ? DSGD_OK : dsgd__coll_agree(c));
 }
 
 #endif /* DSGD__PART_COLLECTIVES_IMPL */

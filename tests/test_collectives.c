@@ -2131,6 +2131,5 @@ int main(void) {
         cmocka_unit_test(test_wire_buckets),
         cmocka_unit_test(test_wire_bound),
     };
-    if (getenv("TMP_FILTER")) cmocka_set_test_filter(getenv("TMP_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
