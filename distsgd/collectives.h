@@ -1844,20 +1844,6 @@ DSGD_API const char *dsgd_wire_name(dsgd_wire wire) {
     return (int)wire >= 0 && (int)wire < (int)DSGD_WIRE_COUNT ? names[wire] : "unknown";
 }
 
-/* The largest exponent field (bits 23..30) among x's finite elements (0:
-   none, or zeros and subnormals only). */
-static uint32_t dsgd__exp_max(const float *x, size_t n) {
-    uint32_t m = 0;
-    size_t i;
-    for (i = 0; i < n; ++i) {
-        uint32_t u;
-        memcpy(&u, x + i, 4);
-        u &= 0x7F800000u;
-        u = u == 0x7F800000u ? 0u : u;
-        m = u > m ? u : m;
-    }
-    return m >> 23;
-}
 
 static int dsgd__wire_shift(uint32_t max_exponent_field, int n) {
     int lg = 0, k;
@@ -1867,7 +1853,7 @@ static int dsgd__wire_shift(uint32_t max_exponent_field, int n) {
 }
 
 DSGD_API int dsgd_wire_scale(float max_abs, int n) {
-    return dsgd__wire_shift(dsgd__exp_max(&max_abs, 1), n);
+    return dsgd__wire_shift(dsgd__exp_max_portable(&max_abs, 1), n);
 }
 
 /* x[0..n) *= 2^k, |k| <= 126 (a normal float, so exact unless a product
@@ -1875,10 +1861,11 @@ DSGD_API int dsgd_wire_scale(float max_abs, int n) {
 static void dsgd__scale_pow2(float *x, size_t n, int k) {
     uint32_t u = (uint32_t)(k + 127) << 23;
     float f;
-    size_t i;
     memcpy(&f, &u, 4);
     if (k == 0) return;
-    for (i = 0; i < n; ++i) x[i] *= f;
+#define DSGD__SCALE_ONE(i) x[i] *= f
+    DSGD__EACH(n, DSGD__SCALE_ONE);
+#undef DSGD__SCALE_ONE
 }
 
 /* x to the wire (to 0) or back (to 1), timed into compress_s. */
@@ -1945,7 +1932,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     double t0 = dsgd_now();
     dsgd_result res;
     int k;
-    c->xmax = dsgd__exp_max(buf, count);
+    c->xmax = c->half->exp_max(buf, count);
     c->st.compress_s += dsgd_now() - t0;
     if ((res = dsgd__coll_agree(c)) != DSGD_OK || count == 0) return res;
     if ((res = dsgd__map_pack(c, buf, count, c->size, &x)) != DSGD_OK) return res;

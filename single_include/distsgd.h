@@ -3539,6 +3539,21 @@ static void dsgd__from_bf16_portable(const uint16_t *src, float *dst, size_t n) 
     }
 }
 
+/* The largest exponent field (bits 23..30) among x's finite elements (0:
+   none, or zeros and subnormals only): what a half wire's scale is chosen
+   from (collectives.h, >>wire). */
+static uint32_t dsgd__exp_max_portable(const float *x, size_t n) {
+    uint32_t m = 0, u;
+    size_t i;
+    for (i = 0; i < n; ++i) {
+        memcpy(&u, x + i, 4);
+        u &= 0x7F800000u;
+        u = u == 0x7F800000u ? 0u : u;
+        m = u > m ? u : m;
+    }
+    return m >> 23;
+}
+
 /* >>half x86 --------------------------------------------------------------- */
 /* Whole vectors here, the tail by the portable loops (the same bits). The
    hardware's fp16 conversions (F16C, AVX-512F) round to nearest even with
@@ -3549,16 +3564,23 @@ static void dsgd__from_bf16_portable(const uint16_t *src, float *dst, size_t n) 
 
 #include <cpuid.h>
 
-/* F16C: CPUID leaf 1, ECX bit 29 (Clang's __builtin_cpu_supports lacks
-   the name); AVX2 says the OS saves the registers. */
+/* F16C: CPUID leaf 1, ECX bit 29; AVX512_BF16: leaf 7 subleaf 1, EAX bit
+   5 (read directly: not every compiler's __builtin_cpu_supports knows the
+   names). The CPU backend's checks (AVX2, AVX-512F) say the OS saves the
+   registers. */
 static int dsgd__isa_f16c(void) {
     unsigned a, b, c, d;
     return dsgd__isa_avx2() && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
 }
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
+#define DSGD__HALF_BF16_ISA 1 /* the compiler knows target("avx512bf16") */
 static int dsgd__isa_avx512_bf16(void) {
-    __builtin_cpu_init();
-    return dsgd__isa_avx512() && __builtin_cpu_supports("avx512bf16");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return dsgd__isa_avx512() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1u);
 }
+#else
+#define DSGD__HALF_BF16_ISA 0
+#endif
 
 __attribute__((target("avx2,f16c"))) static void dsgd__to_f16_avx2(const float *src, uint16_t *dst, size_t n) {
     size_t i = 0;
@@ -3590,6 +3612,21 @@ __attribute__((target("avx2"))) static void dsgd__to_bf16_avx2(const float *src,
         _mm256_storeu_si256((__m256i *)(void *)(dst + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8));
     }
     dsgd__to_bf16_portable(src + i, dst + i, n - i);
+}
+__attribute__((target("avx2"))) static uint32_t dsgd__exp_max_avx2(const float *x, size_t n) {
+    const __m256i ex = _mm256_set1_epi32(0x7F800000);
+    __m256i m = _mm256_setzero_si256();
+    uint32_t lanes[8], mx;
+    size_t i = 0;
+    int k;
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i)), ex);
+        m = _mm256_max_epu32(m, _mm256_andnot_si256(_mm256_cmpeq_epi32(u, ex), u)); /* Inf, NaN: 0 */
+    }
+    _mm256_storeu_si256((__m256i *)(void *)lanes, m);
+    mx = dsgd__exp_max_portable(x + i, n - i) << 23;
+    for (k = 0; k < 8; ++k) mx = lanes[k] > mx ? lanes[k] : mx;
+    return mx >> 23;
 }
 __attribute__((target("avx2"))) static void dsgd__from_bf16_avx2(const uint16_t *src, float *dst, size_t n) {
     size_t i = 0;
@@ -3631,6 +3668,21 @@ __attribute__((target("avx512f"))) static void dsgd__to_bf16_avx512(const float 
                             _mm512_maskz_cvtepi32_epi16(DSGD__ALL16, dsgd__bf16_avx512_16(_mm512_loadu_si512((const void *)(src + i)))));
     dsgd__to_bf16_portable(src + i, dst + i, n - i);
 }
+__attribute__((target("avx512f"))) static uint32_t dsgd__exp_max_avx512(const float *x, size_t n) {
+    const __m512i ex = _mm512_set1_epi32(0x7F800000);
+    __m512i m = _mm512_setzero_si512();
+    size_t i = 0;
+    uint32_t lanes[16], mx;
+    int k;
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_and_si512(_mm512_loadu_si512((const void *)(x + i)), ex);
+        m = _mm512_mask_max_epu32(m, _mm512_cmpneq_epu32_mask(u, ex), m, u); /* Inf, NaN: left out */
+    }
+    _mm512_storeu_si512((void *)lanes, m);
+    mx = dsgd__exp_max_portable(x + i, n - i) << 23;
+    for (k = 0; k < 16; ++k) mx = lanes[k] > mx ? lanes[k] : mx;
+    return mx >> 23;
+}
 __attribute__((target("avx512f"))) static void dsgd__from_bf16_avx512(const uint16_t *src, float *dst, size_t n) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -3639,6 +3691,7 @@ __attribute__((target("avx512f"))) static void dsgd__from_bf16_avx512(const uint
     }
     dsgd__from_bf16_portable(src + i, dst + i, n - i);
 }
+#if DSGD__HALF_BF16_ISA
 __attribute__((target("avx512f,avx512bf16"))) static void dsgd__to_bf16_avx512_bf16(const float *src, uint16_t *dst,
                                                                                     size_t n) {
     size_t i = 0;
@@ -3663,6 +3716,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void dsgd__to_bf16_avx512_b
     }
     dsgd__to_bf16_portable(src + i, dst + i, n - i);
 }
+#endif /* DSGD__HALF_BF16_ISA */
 #endif /* DSGD__X86_DISPATCH */
 
 /* >>half kernels ----------------------------------------------------------- */
@@ -3675,19 +3729,22 @@ typedef struct dsgd__half_kernel {
     void (*from_f16)(const uint16_t *src, float *dst, size_t n);
     void (*to_bf16)(const float *src, uint16_t *dst, size_t n);
     void (*from_bf16)(const uint16_t *src, float *dst, size_t n);
+    uint32_t (*exp_max)(const float *x, size_t n);
 } dsgd__half_kernel;
 
 static const dsgd__half_kernel dsgd__half_kernels[] = {
 #if DSGD__X86_DISPATCH
+#if DSGD__HALF_BF16_ISA
     {"avx512_bf16", "avx512", dsgd__isa_avx512_bf16, dsgd__to_f16_avx512, dsgd__from_f16_avx512,
-     dsgd__to_bf16_avx512_bf16, dsgd__from_bf16_avx512},
+     dsgd__to_bf16_avx512_bf16, dsgd__from_bf16_avx512, dsgd__exp_max_avx512},
+#endif
     {"avx512", "avx512", dsgd__isa_avx512, dsgd__to_f16_avx512, dsgd__from_f16_avx512, dsgd__to_bf16_avx512,
-     dsgd__from_bf16_avx512},
+     dsgd__from_bf16_avx512, dsgd__exp_max_avx512},
     {"avx2", "avx2", dsgd__isa_f16c, dsgd__to_f16_avx2, dsgd__from_f16_avx2, dsgd__to_bf16_avx2,
-     dsgd__from_bf16_avx2},
+     dsgd__from_bf16_avx2, dsgd__exp_max_avx2},
 #endif
     {"portable", "portable", dsgd__isa_always, dsgd__to_f16_portable, dsgd__from_f16_portable,
-     dsgd__to_bf16_portable, dsgd__from_bf16_portable},
+     dsgd__to_bf16_portable, dsgd__from_bf16_portable, dsgd__exp_max_portable},
 };
 
 /* The kernel named `want` when the CPU runs it; else the widest one the CPU
@@ -12290,20 +12347,6 @@ DSGD_API const char *dsgd_wire_name(dsgd_wire wire) {
     return (int)wire >= 0 && (int)wire < (int)DSGD_WIRE_COUNT ? names[wire] : "unknown";
 }
 
-/* The largest exponent field (bits 23..30) among x's finite elements (0:
-   none, or zeros and subnormals only). */
-static uint32_t dsgd__exp_max(const float *x, size_t n) {
-    uint32_t m = 0;
-    size_t i;
-    for (i = 0; i < n; ++i) {
-        uint32_t u;
-        memcpy(&u, x + i, 4);
-        u &= 0x7F800000u;
-        u = u == 0x7F800000u ? 0u : u;
-        m = u > m ? u : m;
-    }
-    return m >> 23;
-}
 
 static int dsgd__wire_shift(uint32_t max_exponent_field, int n) {
     int lg = 0, k;
@@ -12313,7 +12356,7 @@ static int dsgd__wire_shift(uint32_t max_exponent_field, int n) {
 }
 
 DSGD_API int dsgd_wire_scale(float max_abs, int n) {
-    return dsgd__wire_shift(dsgd__exp_max(&max_abs, 1), n);
+    return dsgd__wire_shift(dsgd__exp_max_portable(&max_abs, 1), n);
 }
 
 /* x[0..n) *= 2^k, |k| <= 126 (a normal float, so exact unless a product
@@ -12321,10 +12364,11 @@ DSGD_API int dsgd_wire_scale(float max_abs, int n) {
 static void dsgd__scale_pow2(float *x, size_t n, int k) {
     uint32_t u = (uint32_t)(k + 127) << 23;
     float f;
-    size_t i;
     memcpy(&f, &u, 4);
     if (k == 0) return;
-    for (i = 0; i < n; ++i) x[i] *= f;
+#define DSGD__SCALE_ONE(i) x[i] *= f
+    DSGD__EACH(n, DSGD__SCALE_ONE);
+#undef DSGD__SCALE_ONE
 }
 
 /* x to the wire (to 0) or back (to 1), timed into compress_s. */
@@ -12391,7 +12435,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     double t0 = dsgd_now();
     dsgd_result res;
     int k;
-    c->xmax = dsgd__exp_max(buf, count);
+    c->xmax = c->half->exp_max(buf, count);
     c->st.compress_s += dsgd_now() - t0;
     if ((res = dsgd__coll_agree(c)) != DSGD_OK || count == 0) return res;
     if ((res = dsgd__map_pack(c, buf, count, c->size, &x)) != DSGD_OK) return res;

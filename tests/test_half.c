@@ -14,6 +14,9 @@
      Inf, NaNs with assorted payloads (quiet and signalling), and 2^22
      random bit patterns;
    - round trips: half -> fp32 -> half is the identity for every non-NaN;
+   - the largest finite exponent field (what a half wire's scale comes
+     from), every kernel against a loop written here, over windows of the
+     fp16 sample (Inf and NaN skipped);
    - lengths 0..70 at offsets 0..3 (the vector loops' tails);
    - dsgd_half_isa follows DSGD_CPU_ISA (exact name, or the widest at or
      below the CPU backend's choice).
@@ -209,6 +212,19 @@ static void to_half_case(int is_bf) {
                 fail_msg("%s: %s of 0x%08x = 0x%04x, portable 0x%04x", K->name, is_bf ? "bf16" : "fp16",
                          (unsigned)f2u(s.x[i]), got[i], want[i]);
         print_message("fp32 -> %s: %s matches portable on %zu values\n", is_bf ? "bf16" : "fp16", K->name, s.n);
+        if (!is_bf) { /* the largest finite exponent (a wire's scale), over windows of the sample */
+            size_t o;
+            for (o = 0; o + 4096 <= s.n; o += 4093) {
+                size_t len = 1 + (o * 7919) % 4095;
+                uint32_t w = portable_k()->exp_max(s.x + o, len), g = K->exp_max(s.x + o, len), m = 0;
+                for (i = 0; i < len; ++i) {
+                    uint32_t e = f2u(s.x[o + i]) >> 23 & 0xFFu;
+                    if (e != 0xFFu && e > m) m = e;
+                }
+                if (w != m || g != m)
+                    fail_msg("%s: exp_max at %zu (+%zu) = %u, portable %u, want %u", K->name, o, len, g, w, m);
+            }
+        }
     }
     free(want);
     free(got);
