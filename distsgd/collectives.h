@@ -1934,6 +1934,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     int k;
     c->xmax = c->half->exp_max(buf, count);
     c->st.compress_s += dsgd_now() - t0;
+    /* the agreement runs even with no_agree (benchmarks): it carries the scale */
     if ((res = dsgd__coll_agree(c)) != DSGD_OK || count == 0) return res;
     if ((res = dsgd__map_pack(c, buf, count, c->size, &x)) != DSGD_OK) return res;
     if (count > c->wv_cap) {

@@ -75,6 +75,7 @@ typedef struct run {
     char msg[MAXN][1024];
     float *buf[MAXN];
     uint64_t bytes[MAXN]; /* dsgd_comm_stats.bytes_sent, where a body reads it */
+    double comm_s[MAXN];  /* dsgd_comm_stats.comm_s, likewise */
 } run;
 
 typedef struct rank_arg {
@@ -731,7 +732,8 @@ static void test_ring_textbook(void **state) {
    within 1e-9, for fp16 and bf16; the fp32 ring of the same count takes
    its own closed form; every rank holds the same bits, and the loopback
    (one piece, and pieces of the default size) gives the same bits. The
-   communicators count the bytes: ceil(log2 p) 144 + 2 (p-1) 2 c. */
+   communicators count the bytes: ceil(log2 p) 144 + 2 (p-1) 2 c, and
+   comm_s is the call's virtual time. */
 typedef struct wire_job {
     size_t count;
     dsgd_wire wire;
@@ -753,6 +755,7 @@ static void body_wire(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t)
     r->t1[rank] = now_of(t);
     dsgd_comm_get_stats(c, &st);
     r->bytes[rank] = st.bytes_sent;
+    r->comm_s[rank] = st.comm_s;
 }
 
 static void test_wire_ring_time(void **state) {
@@ -786,6 +789,9 @@ static void test_wire_ring_time(void **state) {
                              (unsigned long long)r.bytes[i], (unsigned long long)bytes);
                 if (memcmp(r.buf[i], r.buf[0], n * sizeof(float)) != 0)
                     fail_msg("p=%d %s: rank %d differs from rank 0", p, dsgd_wire_name(jb.wire), i);
+                if (!REL_OK(r.comm_s[i], r.t1[i] - r.t0[i])) /* comm_s is on the transport's (virtual) clock */
+                    fail_msg("p=%d rank %d: comm_s %.15g, the call took %.15g virtual s", p, i, r.comm_s[i],
+                             r.t1[i] - r.t0[i]);
             }
             got = max_t1(&r);
             if (!REL_OK(got, want))
