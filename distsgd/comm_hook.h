@@ -79,10 +79,15 @@
    BYTES
 
      dsgd_comm_stats (collectives.h) counts what a communicator handed to
-     its transport; a hook that compresses adds the seconds it spent and
-     the fp32 bytes its bucket stood for (dsgd_comm_stats_add), so that
-     bytes_sent against bytes_uncompressed is the compression on the
-     wire. A strategy's totals are dsgd_strategy_comm_stats's.
+     its transport, whoever called the collective, so a hook's own
+     collectives are counted as they go. A hook that spends time
+     compressing adds those seconds (dsgd_comm_stats_add, compress_s; the
+     built-in compressors do). bytes_uncompressed counts the payloads as
+     fp32, which differs from bytes_sent only for the half wires
+     (dsgd_allreduce_wire); for what another compressor saves, compare
+     bytes_sent with a run without the hook (a hook may credit
+     bytes_uncompressed with its own reference, dsgd_comm_stats_add). A
+     strategy's totals are dsgd_strategy_comm_stats's.
 */
 #ifndef DSGD__PART_COMM_HOOK_DECL
 #define DSGD__PART_COMM_HOOK_DECL

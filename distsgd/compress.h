@@ -21,11 +21,21 @@
 
      so that over T steps sum_t C_t + e_T = sum_t g_t: nothing is lost, only
      delayed (Seide et al. 2014, Karimireddy et al. 2019). no_error_feedback
-     keeps e at zero (the compressor alone, for comparison).
+     keeps e at zero (the compressor alone, for comparison). The seconds
+     a compressor spends outside its collectives go to the communicator's
+     compress_s (dsgd_comm_stats; the half wires count their own).
 
      DSGD_COMPRESS_NONE   the plain all-reduce (SUM) of the bucket, through
                           the hook: the baseline, bit for bit the strategy's
                           own exchange; no residual.
+     DSGD_COMPRESS_FP16, DSGD_COMPRESS_BF16
+                          the bucket on a half wire: dsgd_allreduce_wire
+                          (collectives.h: the ring, 2 bytes a float, sums
+                          in fp32 at every hop, one power-of-two scale
+                          agreed by all, so no overflow and no flush to
+                          zero; its error bound is there), the bucket's
+                          algorithm if it is RING, else AUTO (the ring);
+                          no residual: the rounding is not fed back.
      DSGD_COMPRESS_TOPK   keeps the k entries of largest |M| (ties: the lower
                           index; NaN counts as the largest), per variable
                           (k = ceil(ratio * count) of each) or over the
@@ -117,6 +127,7 @@
      bucket of count floats in variables v of n_v floats (matrices n_v x
      m_v, r_v = min(r, n_v, m_v)):
        NONE       4 count                              (all-reduced)
+       FP16, BF16 2 count                              (all-reduced)
        TOPK       8 K, K = sum of k_v (per variable) or k (global) (gathered)
        SIGN       4 sum_v (1 + ceil(n_v / 32))          (gathered)
        POWERSGD   4 (sum over compressed v of r_v (n_v + m_v)
@@ -155,9 +166,11 @@ typedef enum dsgd_compress_kind {
     DSGD_COMPRESS_NONE = 0,    /* the plain all-reduce, through the hook */
     DSGD_COMPRESS_TOPK = 1,    /* top-k sparsification */
     DSGD_COMPRESS_SIGN = 2,    /* scaled sign, one bit per float */
-    DSGD_COMPRESS_POWERSGD = 3 /* low-rank (PowerSGD) */
+    DSGD_COMPRESS_POWERSGD = 3, /* low-rank (PowerSGD) */
+    DSGD_COMPRESS_FP16 = 4,     /* fp16 on the wire, fp32 sums (dsgd_allreduce_wire) */
+    DSGD_COMPRESS_BF16 = 5      /* bfloat16 on the wire, fp32 sums (dsgd_allreduce_wire) */
 } dsgd_compress_kind;
-#define DSGD_COMPRESS_KIND_COUNT (DSGD_COMPRESS_POWERSGD + 1)
+#define DSGD_COMPRESS_KIND_COUNT (DSGD_COMPRESS_BF16 + 1)
 
 /* The defaults of dsgd_compress_desc (COMPRESSION above says why). */
 #define DSGD_COMPRESS_DEFAULT_RATIO 0.01
@@ -183,7 +196,8 @@ typedef struct dsgd_compress_desc {
     uint64_t seed;               /* POWERSGD: Q's draws; 0: DSGD_COMPRESS_DEFAULT_SEED */
 } dsgd_compress_desc;
 
-/* "none", "topk", "sign", "powersgd"; "unknown" for other values. Never NULL.
+/* "none", "topk", "sign", "powersgd", "fp16", "bf16"; "unknown" for other
+   values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_compress_kind_name(dsgd_compress_kind kind);
 
@@ -228,7 +242,7 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
 /* >>compress_desc ---------------------------------------------------------- */
 
 DSGD_API const char *dsgd_compress_kind_name(dsgd_compress_kind kind) {
-    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {"none", "topk", "sign", "powersgd"};
+    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {"none", "topk", "sign", "powersgd", "fp16", "bf16"};
     return (int)kind >= 0 && (int)kind < (int)DSGD_COMPRESS_KIND_COUNT ? names[kind] : "unknown";
 }
 
@@ -268,7 +282,8 @@ static dsgd_result dsgd__compress_fill(const dsgd_compress_desc *d, dsgd_compres
     if (out->seed == 0) out->seed = DSGD_COMPRESS_DEFAULT_SEED;
     out->global = out->global != 0;
     out->no_warm_start = out->no_warm_start != 0;
-    out->no_error_feedback = out->no_error_feedback != 0 || out->kind == DSGD_COMPRESS_NONE;
+    out->no_error_feedback = out->no_error_feedback != 0 || out->kind == DSGD_COMPRESS_NONE ||
+                             out->kind == DSGD_COMPRESS_FP16 || out->kind == DSGD_COMPRESS_BF16;
     return DSGD_OK;
 }
 
@@ -392,6 +407,8 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
             floats += pm.r ? (size_t)pm.r * (pm.n + pm.m) : b->vars[i]->count;
         }
         break;
+    case DSGD_COMPRESS_FP16:
+    case DSGD_COMPRESS_BF16: return b->count * 2;
     default: floats = b->count; break;
     }
     return floats * sizeof(float);
@@ -417,6 +434,7 @@ typedef struct dsgd__compress {
     size_t acc_cap;
     dsgd__pmat *mats;
     int mats_cap;
+    double coll_s; /* real seconds inside collectives, this reduce so far */
 } dsgd__compress;
 
 static void dsgd__compress_destroy(void *state) {
@@ -515,6 +533,27 @@ static dsgd_result dsgd__compress_load(void *state, const void *src, size_t byte
     }
     if (s->qmem) memcpy(s->qmem, p, arr);
     return DSGD_OK;
+}
+
+/* The collectives a compressor calls, timed (real seconds into s->coll_s,
+   so that the rest of reduce is its compression time). */
+static dsgd_result dsgd__cz_allgather(dsgd__compress *s, const dsgd_hook_bucket *b, float *buf, size_t count) {
+    double t = dsgd_now();
+    dsgd_result r = dsgd_allgather(b->comm, buf, count, b->timeout_s);
+    s->coll_s += dsgd_now() - t;
+    return r;
+}
+
+static dsgd_result dsgd__cz_allreduce(dsgd__compress *s, const dsgd_hook_bucket *b, float *buf, size_t count,
+                                      size_t first) {
+    double t = dsgd_now();
+    dsgd_result r = dsgd_allreduce_at(b->comm, buf, count, first, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+    s->coll_s += dsgd_now() - t;
+    return r;
+}
+
+static dsgd_result dsgd__plain(dsgd__compress *s, const dsgd_hook_bucket *b, size_t off, size_t len) {
+    return dsgd__cz_allreduce(s, b, b->data + off, len, b->first + off);
 }
 
 /* Scratch of n floats / keys / doubles, grown on demand. */
@@ -652,7 +691,7 @@ static dsgd_result dsgd__topk_reduce(dsgd__compress *s, const dsgd_hook_bucket *
         memcpy(s->res + b->first, b->data, b->count * sizeof(float));
         for (j = 0; j < K; ++j) s->res[b->first + dsgd__fbits(msg[j])] = 0.0f;
     }
-    res = dsgd_allgather(b->comm, all, total, b->timeout_s);
+    res = dsgd__cz_allgather(s, b, all, total);
     if (res != DSGD_OK) return res;
     memset(b->data, 0, b->count * sizeof(float));
     for (r = 0; r < n; ++r) {
@@ -714,7 +753,7 @@ static dsgd_result dsgd__sign_reduce(dsgd__compress *s, const dsgd_hook_bucket *
             for (j = 0; j < len; ++j) s->res[b->first + off + j] = m[j] - (dsgd__fbits(m[j]) >> 31 ? -sc : sc);
         at += 1 + (len + 31) / 32;
     }
-    res = dsgd_allgather(b->comm, all, total, b->timeout_s);
+    res = dsgd__cz_allgather(s, b, all, total);
     if (res != DSGD_OK) return res;
     memset(b->data, 0, b->count * sizeof(float));
     for (r = 0; r < n; ++r) {
@@ -774,10 +813,6 @@ static float dsgd__to_grid(float c, int g) {
     return ldexpf(rintf(ldexpf(c, -g)), g);
 }
 
-static dsgd_result dsgd__plain(const dsgd_hook_bucket *b, size_t off, size_t len) {
-    return dsgd_allreduce_at(b->comm, b->data + off, len, b->first + off, DSGD_REDUCE_SUM, b->algorithm,
-                             b->timeout_s);
-}
 
 static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_bucket *b, dsgd_ctx *ctx) {
     size_t Lp = 0, Lq = 0, maxm = 0, po, qo, i, k, run_off = 0, run_len = 0;
@@ -800,7 +835,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
             Lp += pm->n * (size_t)pm->r;
             Lq += pm->m * (size_t)pm->r;
             if (pm->m > maxm) maxm = pm->m;
-            if (run_len && (res = dsgd__plain(b, run_off, run_len)) != DSGD_OK) return res;
+            if (run_len && (res = dsgd__plain(s, b, run_off, run_len)) != DSGD_OK) return res;
             run_len = 0;
             continue;
         }
@@ -808,7 +843,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         if (!run_len) run_off = pm->off;
         run_len += b->vars[v]->count;
     }
-    if (run_len && (res = dsgd__plain(b, run_off, run_len)) != DSGD_OK) return res;
+    if (run_len && (res = dsgd__plain(s, b, run_off, run_len)) != DSGD_OK) return res;
     if (!any) return DSGD_OK;
     if (!(P = dsgd__cbuf(s, ctx, Lp + Lq)) || !(acc = dsgd__cacc(s, ctx, maxm * (size_t)s->d.rank)))
         return DSGD_ERR_OUT_OF_MEMORY;
@@ -838,7 +873,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         po += pm->n * (size_t)pm->r;
         qo += qn;
     }
-    res = dsgd_allreduce(b->comm, P, Lp, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+    res = dsgd__cz_allreduce(s, b, P, Lp, 0);
     if (res != DSGD_OK) return res;
     /* Orthonormal P; this replica's Q = M^T P and C = P Q^T. */
     for (v = 0, po = 0, qo = 0; v < nm; ++v) {
@@ -878,7 +913,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         po += pm->n * (size_t)pm->r;
         qo += kr;
     }
-    res = dsgd_allreduce(b->comm, Q, Lq, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+    res = dsgd__cz_allreduce(s, b, Q, Lq, 0);
     if (res != DSGD_OK) return res;
     for (v = 0, po = 0, qo = 0; v < nm; ++v) {
         const dsgd__pmat *pm = &s->mats[v];
@@ -893,7 +928,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
 
 /* >>compress_hook ---------------------------------------------------------- */
 
-static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b) {
+static dsgd_result dsgd__compress_reduce_in(void *state, const dsgd_hook_bucket *b) {
     dsgd__compress *s = (dsgd__compress *)state;
     dsgd_ctx *ctx;
     char msg[384];
@@ -915,22 +950,44 @@ static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b)
     if (dsgd__bucket_bad(b, msg, sizeof(msg)))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_compress (%s): bucket %d: %s", name, b->index,
                                   msg);
+    if (s->d.kind == DSGD_COMPRESS_FP16 || s->d.kind == DSGD_COMPRESS_BF16) /* the comm counts its own time */
+        return dsgd_allreduce_wire(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM,
+                                   b->algorithm == DSGD_ALLREDUCE_RING ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO,
+                                   s->d.kind == DSGD_COMPRESS_FP16 ? DSGD_WIRE_F16 : DSGD_WIRE_BF16, b->timeout_s);
     if (s->d.kind == DSGD_COMPRESS_NONE || (s->d.kind == DSGD_COMPRESS_POWERSGD && b->step < s->d.start_iter))
-        return dsgd__plain(b, 0, b->count);
+        return dsgd__plain(s, b, 0, b->count);
     if (s->res)
         for (i = 0; i < b->count; ++i) b->data[i] += s->res[b->first + i]; /* M = g + e */
     switch (s->d.kind) {
     case DSGD_COMPRESS_TOPK: return dsgd__topk_reduce(s, b, ctx);
     case DSGD_COMPRESS_SIGN: return dsgd__sign_reduce(s, b, ctx);
     default:
-        if (b->num_vars == 0) return dsgd__plain(b, 0, b->count);
+        if (b->num_vars == 0) return dsgd__plain(s, b, 0, b->count);
         return dsgd__powersgd_reduce(s, b, ctx);
     }
 }
 
+/* The hook's reduce: the compressor, with its time outside the
+   collectives added to the communicator's compress_s (dsgd_comm_stats_add;
+   the half wires count their own). */
+static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b) {
+    dsgd__compress *s = (dsgd__compress *)state;
+    dsgd_comm_stats add;
+    double t = dsgd_now();
+    dsgd_result r;
+    if (s) s->coll_s = 0.0;
+    r = dsgd__compress_reduce_in(state, b);
+    if (s && b && b->comm && s->d.kind != DSGD_COMPRESS_FP16 && s->d.kind != DSGD_COMPRESS_BF16) {
+        memset(&add, 0, sizeof(add));
+        add.compress_s = DSGD__MAX(0.0, dsgd_now() - t - s->coll_s);
+        dsgd_comm_stats_add(b->comm, &add);
+    }
+    return r;
+}
+
 DSGD_API dsgd_comm_hook dsgd_compress_hook(const dsgd_compress_desc *desc) {
-    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {"compress_none", "compress_topk", "compress_sign",
-                                                                "compress_powersgd"};
+    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {
+        "compress_none", "compress_topk", "compress_sign", "compress_powersgd", "compress_fp16", "compress_bf16"};
     dsgd_comm_hook h;
     memset(&h, 0, sizeof(h));
     h.name = desc && (int)desc->kind >= 0 && (int)desc->kind < (int)DSGD_COMPRESS_KIND_COUNT ? names[desc->kind]

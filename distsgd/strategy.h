@@ -233,7 +233,10 @@ typedef struct dsgd_strategy_local_desc {
                               1 for SGD; AVERAGE ignores it */
     float outer_momentum;  /* NESTEROV: in [0, 1); 0: 0.9; the others
                               ignore it */
-    /* The pseudo-gradient travels as float32 (4 bytes a parameter). */
+    dsgd_wire wire;        /* the pseudo-gradient's wire: F32 (default, 4
+                              bytes a parameter), F16 or BF16 (2 bytes, sums
+                              in fp32 at every hop: dsgd_allreduce_wire, the
+                              ring) */
 } dsgd_strategy_local_desc;
 
 typedef struct dsgd_strategy_desc {
@@ -373,6 +376,21 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
 DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s);
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
+/* What this process's replicas' communicators did since the strategy was
+   created: the sum over its replicas of dsgd_comm_stats (collectives.h):
+   bytes handed to the transport (agreements included), the same counted
+   as fp32 (a half wire's payload twice), and the seconds converting,
+   compressing (comm hooks, compress.h) and inside collectives, added over
+   the replicas. Every exchange of the synchronous kinds and of LOCAL goes
+   through them (the gradients, the agreements, a hook's own collectives,
+   the metrics and the checkpoints' gathers); the parameter servers do not
+   (their engine, ps.h, counts its own), nor does a single replica, which
+   has no communicator: zeros. Divide by steps and replicas for a
+   replica's bytes per step; compare bytes_sent with a run without a hook
+   for what a compressor saves.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s or out NULL; nothing recorded).
+   Thread safety: the strategy's thread, between calls. */
+DSGD_API dsgd_result dsgd_strategy_comm_stats(const dsgd_strategy *s, dsgd_comm_stats *out);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
@@ -1216,6 +1234,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     if (s->d.kind == DSGD_STRATEGY_LOCAL) { /* its rounds, defaults applied */
         DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
         DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
+        DSGD__FP(h, s->d.local.wire);
     }
     h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
     return h;
@@ -1297,6 +1316,22 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
 
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s) { return s ? s->n : 0; }
 DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s) { return s ? s->world : 0; }
+DSGD_API dsgd_result dsgd_strategy_comm_stats(const dsgd_strategy *s, dsgd_comm_stats *out) {
+    int i;
+    if (!s || !out) return DSGD_ERR_INVALID_ARGUMENT;
+    memset(out, 0, sizeof(*out));
+    for (i = 0; s->reps && i < s->n; ++i) {
+        dsgd_comm_stats c;
+        if (!s->reps[i].comm) continue;
+        dsgd_comm_get_stats(s->reps[i].comm, &c);
+        out->bytes_sent += c.bytes_sent;
+        out->bytes_uncompressed += c.bytes_uncompressed;
+        out->compress_s += c.compress_s;
+        out->comm_s += c.comm_s;
+    }
+    return DSGD_OK;
+}
+
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s) {
     return s ? s->path : DSGD_GRADIENTS_HOST;
 }

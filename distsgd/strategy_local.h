@@ -33,7 +33,9 @@
          replicas average: the pseudo-gradient delta = theta0 - theta is
          all-reduced (SUM, in float32, with desc.algorithm in buckets of
          bucket_bytes, as the gradient is: every algorithm sums in a fixed
-         order) and divided by W, then the outer step makes the new theta0:
+         order; with local.wire F16 or BF16 the ring carries it in 2 bytes
+         a parameter, summed in fp32 at every hop: dsgd_allreduce_wire) and
+         divided by W, then the outer step makes the new theta0:
            AVERAGE   theta0 - mean(delta): the replicas' mean weights,
                      within one rounding (computed this way so that every
                      outer kind exchanges the same thing);
@@ -135,6 +137,12 @@ static dsgd_result dsgd__local_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: local.outer_momentum %g must lie in [0, 1) (0: 0.9; no momentum: outer SGD)",
                                   what, (double)l->outer_momentum);
+    if ((int)l->wire < 0 || (int)l->wire >= (int)DSGD_WIRE_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown local.wire %d", what, (int)l->wire);
+    if (l->wire != DSGD_WIRE_F32 && d->algorithm != DSGD_ALLREDUCE_AUTO && d->algorithm != DSGD_ALLREDUCE_RING)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: local.wire %s runs the ring; algorithm %s cannot carry it (AUTO or RING)", what,
+                                  dsgd_wire_name(l->wire), dsgd_allreduce_algo_name(d->algorithm));
     return DSGD_OK;
 }
 
@@ -260,9 +268,9 @@ static dsgd_result dsgd__local_average(dsgd_replica *r, int64_t round) {
     t0 = dsgd_now();
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
-    /* (a narrower wire format for the pseudo-gradient would go here) */
-    for (o = 0; o < p && s->world > 1 && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    for (o = 0; o < p && s->world > 1 && res == DSGD_OK; o += bucket) /* F32: dsgd_allreduce_at itself */
+        res = dsgd_allreduce_wire(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm,
+                                  s->d.local.wire, 0.0);
     r->exchange_s = r->exposed_s = dsgd_now() - t0;
     if (res != DSGD_OK) {
         r->comm_failed = 1;

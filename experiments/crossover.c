@@ -23,11 +23,12 @@
    sends its 19 KB of weights to each worker through one NIC).
 
    Learning rates: sync and cancel use SGD with momentum 0.9 at
-   lr = g x 0.1 x N / 16 (the linear scaling rule), async and SSP plain SGD
-   at lr = g x 0.05, g from {0.5, 1, 2}, the best g chosen by the mean time
-   to target over the tuning seeds (100 + k), then measured on the
-   evaluation seeds (1..K). A run that does not reach the target by 3000
-   updates (async: 60 virtual seconds) counts as not reached; a point is
+   lr = g x 0.1 x N / 16 (the linear scaling rule), g from {0.5, 1, 2};
+   async and SSP plain SGD at lr = g x 0.05, g from {2, 1, 1/2, 1/4, 1/8};
+   the best g chosen by the mean time to target over the tuning seeds
+   (100 + k), then measured on the evaluation seeds (1..K). A run that
+   does not reach the target by 3000 updates (async: 10 virtual seconds,
+   10 to 40 times what sync takes here) counts as not reached; a point is
    reported only where every evaluation seed reached it. Means come with
    95% confidence intervals (Student's t over the seeds).
 
@@ -56,6 +57,7 @@
 #define MAX_SEEDS 16
 #define MAX_STEPS 3000
 #define NB100 7
+#define MAX_ASYNC_S 10.0 /* virtual seconds: 10 to 40 times sync's times here */
 
 static const dsgd_layer_desc LAYERS[2] = {{.units = 64, .activation = DSGD_ACT_RELU}, {.units = 10}};
 
@@ -74,7 +76,13 @@ typedef struct sev_desc {
 } sev_desc;
 static const sev_desc SEVS[3] = {{"light", 0.0025, 0, 0}, {"heavy", 0.010, 0, 0}, {"tail", 0.001, 0.05, 4.0}};
 
-static const double GRID[3] = {0.5, 1.0, 2.0};
+/* The learning-rate grids: sync and cancel scale the linear-scaling rate,
+   async and SSP the single-gradient rate 0.05, down to 1/8 of it (a
+   gradient P - 1 updates stale wants a smaller step). */
+static const double GRID_SYNC[3] = {0.5, 1.0, 2.0};
+static const double GRID_ASYNC[5] = {2.0, 1.0, 0.5, 0.25, 0.125};
+
+static int is_sync(pol p) { return p == POL_SYNC || p == POL_CANCEL; }
 
 /* A point of the sweep and what was measured there. */
 typedef struct point {
@@ -100,7 +108,7 @@ static double t975(int df) {
 }
 
 static double lr_of(const point *p, double g) {
-    if (p->policy == POL_SYNC || p->policy == POL_CANCEL) return g * 0.1 * (double)(p->P - p->k) / 16.0;
+    if (is_sync(p->policy)) return g * 0.1 * (double)(p->P - p->k) / 16.0;
     return g * 0.05;
 }
 
@@ -147,7 +155,7 @@ static double run_one(sweep *sw, const point *p, double lr, uint64_t seed, FILE 
     case POL_ASYNC:
         d.policy = DSGD_PS_ASYNC;
         d.optimizer.kind = DSGD_OPT_SGD;
-        d.max_time_s = 60;
+        d.max_time_s = MAX_ASYNC_S;
         d.eval_every = p->P;
         break;
     case POL_SSP:
@@ -235,15 +243,16 @@ static double mean_over(sweep *sw, const point *p, double lr, uint64_t first, in
 /* Tunes p's learning rate on the tuning seeds, then measures it. 0, or -1
    on a failed run. */
 static int measure(sweep *sw, point *p) {
+    const double *grid = is_sync(p->policy) ? GRID_SYNC : GRID_ASYNC;
+    int ng = is_sync(p->policy) ? 3 : 5, g, i, reached;
     double best = HUGE_VAL, sd = 0;
-    int g, i, reached;
-    p->lr = lr_of(p, GRID[1]);
-    for (g = 0; g < 3; ++g) {
-        double m = mean_over(sw, p, lr_of(p, GRID[g]), 100, sw->tune_seeds, NULL, &reached);
+    p->lr = lr_of(p, 1.0);
+    for (g = 0; g < ng; ++g) {
+        double m = mean_over(sw, p, lr_of(p, grid[g]), 100, sw->tune_seeds, NULL, &reached);
         if (m < -1.5) return -1;
         if (m < best) {
             best = m;
-            p->lr = lr_of(p, GRID[g]);
+            p->lr = lr_of(p, grid[g]);
         }
     }
     p->mean = mean_over(sw, p, p->lr, 1, sw->seeds, p->t, &p->reached);

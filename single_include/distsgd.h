@@ -12783,10 +12783,15 @@ DSGD_API const char *dsgd_synchronization_name(dsgd_synchronization sy) {
    BYTES
 
      dsgd_comm_stats (collectives.h) counts what a communicator handed to
-     its transport; a hook that compresses adds the seconds it spent and
-     the fp32 bytes its bucket stood for (dsgd_comm_stats_add), so that
-     bytes_sent against bytes_uncompressed is the compression on the
-     wire. A strategy's totals are dsgd_strategy_comm_stats's.
+     its transport, whoever called the collective, so a hook's own
+     collectives are counted as they go. A hook that spends time
+     compressing adds those seconds (dsgd_comm_stats_add, compress_s; the
+     built-in compressors do). bytes_uncompressed counts the payloads as
+     fp32, which differs from bytes_sent only for the half wires
+     (dsgd_allreduce_wire); for what another compressor saves, compare
+     bytes_sent with a run without the hook (a hook may credit
+     bytes_uncompressed with its own reference, dsgd_comm_stats_add). A
+     strategy's totals are dsgd_strategy_comm_stats's.
 */
 #ifndef DSGD__PART_COMM_HOOK_DECL
 #define DSGD__PART_COMM_HOOK_DECL
@@ -12954,11 +12959,21 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
 
      so that over T steps sum_t C_t + e_T = sum_t g_t: nothing is lost, only
      delayed (Seide et al. 2014, Karimireddy et al. 2019). no_error_feedback
-     keeps e at zero (the compressor alone, for comparison).
+     keeps e at zero (the compressor alone, for comparison). The seconds
+     a compressor spends outside its collectives go to the communicator's
+     compress_s (dsgd_comm_stats; the half wires count their own).
 
      DSGD_COMPRESS_NONE   the plain all-reduce (SUM) of the bucket, through
                           the hook: the baseline, bit for bit the strategy's
                           own exchange; no residual.
+     DSGD_COMPRESS_FP16, DSGD_COMPRESS_BF16
+                          the bucket on a half wire: dsgd_allreduce_wire
+                          (collectives.h: the ring, 2 bytes a float, sums
+                          in fp32 at every hop, one power-of-two scale
+                          agreed by all, so no overflow and no flush to
+                          zero; its error bound is there), the bucket's
+                          algorithm if it is RING, else AUTO (the ring);
+                          no residual: the rounding is not fed back.
      DSGD_COMPRESS_TOPK   keeps the k entries of largest |M| (ties: the lower
                           index; NaN counts as the largest), per variable
                           (k = ceil(ratio * count) of each) or over the
@@ -13050,6 +13065,7 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
      bucket of count floats in variables v of n_v floats (matrices n_v x
      m_v, r_v = min(r, n_v, m_v)):
        NONE       4 count                              (all-reduced)
+       FP16, BF16 2 count                              (all-reduced)
        TOPK       8 K, K = sum of k_v (per variable) or k (global) (gathered)
        SIGN       4 sum_v (1 + ceil(n_v / 32))          (gathered)
        POWERSGD   4 (sum over compressed v of r_v (n_v + m_v)
@@ -13088,9 +13104,11 @@ typedef enum dsgd_compress_kind {
     DSGD_COMPRESS_NONE = 0,    /* the plain all-reduce, through the hook */
     DSGD_COMPRESS_TOPK = 1,    /* top-k sparsification */
     DSGD_COMPRESS_SIGN = 2,    /* scaled sign, one bit per float */
-    DSGD_COMPRESS_POWERSGD = 3 /* low-rank (PowerSGD) */
+    DSGD_COMPRESS_POWERSGD = 3, /* low-rank (PowerSGD) */
+    DSGD_COMPRESS_FP16 = 4,     /* fp16 on the wire, fp32 sums (dsgd_allreduce_wire) */
+    DSGD_COMPRESS_BF16 = 5      /* bfloat16 on the wire, fp32 sums (dsgd_allreduce_wire) */
 } dsgd_compress_kind;
-#define DSGD_COMPRESS_KIND_COUNT (DSGD_COMPRESS_POWERSGD + 1)
+#define DSGD_COMPRESS_KIND_COUNT (DSGD_COMPRESS_BF16 + 1)
 
 /* The defaults of dsgd_compress_desc (COMPRESSION above says why). */
 #define DSGD_COMPRESS_DEFAULT_RATIO 0.01
@@ -13116,7 +13134,8 @@ typedef struct dsgd_compress_desc {
     uint64_t seed;               /* POWERSGD: Q's draws; 0: DSGD_COMPRESS_DEFAULT_SEED */
 } dsgd_compress_desc;
 
-/* "none", "topk", "sign", "powersgd"; "unknown" for other values. Never NULL.
+/* "none", "topk", "sign", "powersgd", "fp16", "bf16"; "unknown" for other
+   values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_compress_kind_name(dsgd_compress_kind kind);
 
@@ -13161,7 +13180,7 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
 /* >>compress_desc ---------------------------------------------------------- */
 
 DSGD_API const char *dsgd_compress_kind_name(dsgd_compress_kind kind) {
-    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {"none", "topk", "sign", "powersgd"};
+    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {"none", "topk", "sign", "powersgd", "fp16", "bf16"};
     return (int)kind >= 0 && (int)kind < (int)DSGD_COMPRESS_KIND_COUNT ? names[kind] : "unknown";
 }
 
@@ -13201,7 +13220,8 @@ static dsgd_result dsgd__compress_fill(const dsgd_compress_desc *d, dsgd_compres
     if (out->seed == 0) out->seed = DSGD_COMPRESS_DEFAULT_SEED;
     out->global = out->global != 0;
     out->no_warm_start = out->no_warm_start != 0;
-    out->no_error_feedback = out->no_error_feedback != 0 || out->kind == DSGD_COMPRESS_NONE;
+    out->no_error_feedback = out->no_error_feedback != 0 || out->kind == DSGD_COMPRESS_NONE ||
+                             out->kind == DSGD_COMPRESS_FP16 || out->kind == DSGD_COMPRESS_BF16;
     return DSGD_OK;
 }
 
@@ -13325,6 +13345,8 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
             floats += pm.r ? (size_t)pm.r * (pm.n + pm.m) : b->vars[i]->count;
         }
         break;
+    case DSGD_COMPRESS_FP16:
+    case DSGD_COMPRESS_BF16: return b->count * 2;
     default: floats = b->count; break;
     }
     return floats * sizeof(float);
@@ -13350,6 +13372,7 @@ typedef struct dsgd__compress {
     size_t acc_cap;
     dsgd__pmat *mats;
     int mats_cap;
+    double coll_s; /* real seconds inside collectives, this reduce so far */
 } dsgd__compress;
 
 static void dsgd__compress_destroy(void *state) {
@@ -13448,6 +13471,27 @@ static dsgd_result dsgd__compress_load(void *state, const void *src, size_t byte
     }
     if (s->qmem) memcpy(s->qmem, p, arr);
     return DSGD_OK;
+}
+
+/* The collectives a compressor calls, timed (real seconds into s->coll_s,
+   so that the rest of reduce is its compression time). */
+static dsgd_result dsgd__cz_allgather(dsgd__compress *s, const dsgd_hook_bucket *b, float *buf, size_t count) {
+    double t = dsgd_now();
+    dsgd_result r = dsgd_allgather(b->comm, buf, count, b->timeout_s);
+    s->coll_s += dsgd_now() - t;
+    return r;
+}
+
+static dsgd_result dsgd__cz_allreduce(dsgd__compress *s, const dsgd_hook_bucket *b, float *buf, size_t count,
+                                      size_t first) {
+    double t = dsgd_now();
+    dsgd_result r = dsgd_allreduce_at(b->comm, buf, count, first, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+    s->coll_s += dsgd_now() - t;
+    return r;
+}
+
+static dsgd_result dsgd__plain(dsgd__compress *s, const dsgd_hook_bucket *b, size_t off, size_t len) {
+    return dsgd__cz_allreduce(s, b, b->data + off, len, b->first + off);
 }
 
 /* Scratch of n floats / keys / doubles, grown on demand. */
@@ -13585,7 +13629,7 @@ static dsgd_result dsgd__topk_reduce(dsgd__compress *s, const dsgd_hook_bucket *
         memcpy(s->res + b->first, b->data, b->count * sizeof(float));
         for (j = 0; j < K; ++j) s->res[b->first + dsgd__fbits(msg[j])] = 0.0f;
     }
-    res = dsgd_allgather(b->comm, all, total, b->timeout_s);
+    res = dsgd__cz_allgather(s, b, all, total);
     if (res != DSGD_OK) return res;
     memset(b->data, 0, b->count * sizeof(float));
     for (r = 0; r < n; ++r) {
@@ -13647,7 +13691,7 @@ static dsgd_result dsgd__sign_reduce(dsgd__compress *s, const dsgd_hook_bucket *
             for (j = 0; j < len; ++j) s->res[b->first + off + j] = m[j] - (dsgd__fbits(m[j]) >> 31 ? -sc : sc);
         at += 1 + (len + 31) / 32;
     }
-    res = dsgd_allgather(b->comm, all, total, b->timeout_s);
+    res = dsgd__cz_allgather(s, b, all, total);
     if (res != DSGD_OK) return res;
     memset(b->data, 0, b->count * sizeof(float));
     for (r = 0; r < n; ++r) {
@@ -13707,10 +13751,6 @@ static float dsgd__to_grid(float c, int g) {
     return ldexpf(rintf(ldexpf(c, -g)), g);
 }
 
-static dsgd_result dsgd__plain(const dsgd_hook_bucket *b, size_t off, size_t len) {
-    return dsgd_allreduce_at(b->comm, b->data + off, len, b->first + off, DSGD_REDUCE_SUM, b->algorithm,
-                             b->timeout_s);
-}
 
 static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_bucket *b, dsgd_ctx *ctx) {
     size_t Lp = 0, Lq = 0, maxm = 0, po, qo, i, k, run_off = 0, run_len = 0;
@@ -13733,7 +13773,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
             Lp += pm->n * (size_t)pm->r;
             Lq += pm->m * (size_t)pm->r;
             if (pm->m > maxm) maxm = pm->m;
-            if (run_len && (res = dsgd__plain(b, run_off, run_len)) != DSGD_OK) return res;
+            if (run_len && (res = dsgd__plain(s, b, run_off, run_len)) != DSGD_OK) return res;
             run_len = 0;
             continue;
         }
@@ -13741,7 +13781,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         if (!run_len) run_off = pm->off;
         run_len += b->vars[v]->count;
     }
-    if (run_len && (res = dsgd__plain(b, run_off, run_len)) != DSGD_OK) return res;
+    if (run_len && (res = dsgd__plain(s, b, run_off, run_len)) != DSGD_OK) return res;
     if (!any) return DSGD_OK;
     if (!(P = dsgd__cbuf(s, ctx, Lp + Lq)) || !(acc = dsgd__cacc(s, ctx, maxm * (size_t)s->d.rank)))
         return DSGD_ERR_OUT_OF_MEMORY;
@@ -13771,7 +13811,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         po += pm->n * (size_t)pm->r;
         qo += qn;
     }
-    res = dsgd_allreduce(b->comm, P, Lp, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+    res = dsgd__cz_allreduce(s, b, P, Lp, 0);
     if (res != DSGD_OK) return res;
     /* Orthonormal P; this replica's Q = M^T P and C = P Q^T. */
     for (v = 0, po = 0, qo = 0; v < nm; ++v) {
@@ -13811,7 +13851,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         po += pm->n * (size_t)pm->r;
         qo += kr;
     }
-    res = dsgd_allreduce(b->comm, Q, Lq, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+    res = dsgd__cz_allreduce(s, b, Q, Lq, 0);
     if (res != DSGD_OK) return res;
     for (v = 0, po = 0, qo = 0; v < nm; ++v) {
         const dsgd__pmat *pm = &s->mats[v];
@@ -13826,7 +13866,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
 
 /* >>compress_hook ---------------------------------------------------------- */
 
-static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b) {
+static dsgd_result dsgd__compress_reduce_in(void *state, const dsgd_hook_bucket *b) {
     dsgd__compress *s = (dsgd__compress *)state;
     dsgd_ctx *ctx;
     char msg[384];
@@ -13848,22 +13888,44 @@ static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b)
     if (dsgd__bucket_bad(b, msg, sizeof(msg)))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_compress (%s): bucket %d: %s", name, b->index,
                                   msg);
+    if (s->d.kind == DSGD_COMPRESS_FP16 || s->d.kind == DSGD_COMPRESS_BF16) /* the comm counts its own time */
+        return dsgd_allreduce_wire(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM,
+                                   b->algorithm == DSGD_ALLREDUCE_RING ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO,
+                                   s->d.kind == DSGD_COMPRESS_FP16 ? DSGD_WIRE_F16 : DSGD_WIRE_BF16, b->timeout_s);
     if (s->d.kind == DSGD_COMPRESS_NONE || (s->d.kind == DSGD_COMPRESS_POWERSGD && b->step < s->d.start_iter))
-        return dsgd__plain(b, 0, b->count);
+        return dsgd__plain(s, b, 0, b->count);
     if (s->res)
         for (i = 0; i < b->count; ++i) b->data[i] += s->res[b->first + i]; /* M = g + e */
     switch (s->d.kind) {
     case DSGD_COMPRESS_TOPK: return dsgd__topk_reduce(s, b, ctx);
     case DSGD_COMPRESS_SIGN: return dsgd__sign_reduce(s, b, ctx);
     default:
-        if (b->num_vars == 0) return dsgd__plain(b, 0, b->count);
+        if (b->num_vars == 0) return dsgd__plain(s, b, 0, b->count);
         return dsgd__powersgd_reduce(s, b, ctx);
     }
 }
 
+/* The hook's reduce: the compressor, with its time outside the
+   collectives added to the communicator's compress_s (dsgd_comm_stats_add;
+   the half wires count their own). */
+static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b) {
+    dsgd__compress *s = (dsgd__compress *)state;
+    dsgd_comm_stats add;
+    double t = dsgd_now();
+    dsgd_result r;
+    if (s) s->coll_s = 0.0;
+    r = dsgd__compress_reduce_in(state, b);
+    if (s && b && b->comm && s->d.kind != DSGD_COMPRESS_FP16 && s->d.kind != DSGD_COMPRESS_BF16) {
+        memset(&add, 0, sizeof(add));
+        add.compress_s = DSGD__MAX(0.0, dsgd_now() - t - s->coll_s);
+        dsgd_comm_stats_add(b->comm, &add);
+    }
+    return r;
+}
+
 DSGD_API dsgd_comm_hook dsgd_compress_hook(const dsgd_compress_desc *desc) {
-    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {"compress_none", "compress_topk", "compress_sign",
-                                                                "compress_powersgd"};
+    static const char *const names[DSGD_COMPRESS_KIND_COUNT] = {
+        "compress_none", "compress_topk", "compress_sign", "compress_powersgd", "compress_fp16", "compress_bf16"};
     dsgd_comm_hook h;
     memset(&h, 0, sizeof(h));
     h.name = desc && (int)desc->kind >= 0 && (int)desc->kind < (int)DSGD_COMPRESS_KIND_COUNT ? names[desc->kind]
@@ -19383,7 +19445,10 @@ typedef struct dsgd_strategy_local_desc {
                               1 for SGD; AVERAGE ignores it */
     float outer_momentum;  /* NESTEROV: in [0, 1); 0: 0.9; the others
                               ignore it */
-    /* The pseudo-gradient travels as float32 (4 bytes a parameter). */
+    dsgd_wire wire;        /* the pseudo-gradient's wire: F32 (default, 4
+                              bytes a parameter), F16 or BF16 (2 bytes, sums
+                              in fp32 at every hop: dsgd_allreduce_wire, the
+                              ring) */
 } dsgd_strategy_local_desc;
 
 typedef struct dsgd_strategy_desc {
@@ -19523,6 +19588,21 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
 DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s);
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
+/* What this process's replicas' communicators did since the strategy was
+   created: the sum over its replicas of dsgd_comm_stats (collectives.h):
+   bytes handed to the transport (agreements included), the same counted
+   as fp32 (a half wire's payload twice), and the seconds converting,
+   compressing (comm hooks, compress.h) and inside collectives, added over
+   the replicas. Every exchange of the synchronous kinds and of LOCAL goes
+   through them (the gradients, the agreements, a hook's own collectives,
+   the metrics and the checkpoints' gathers); the parameter servers do not
+   (their engine, ps.h, counts its own), nor does a single replica, which
+   has no communicator: zeros. Divide by steps and replicas for a
+   replica's bytes per step; compare bytes_sent with a run without a hook
+   for what a compressor saves.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s or out NULL; nothing recorded).
+   Thread safety: the strategy's thread, between calls. */
+DSGD_API dsgd_result dsgd_strategy_comm_stats(const dsgd_strategy *s, dsgd_comm_stats *out);
 /* "auto", "host", "device"; "unknown" for other values. Never NULL.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_gradient_path_name(dsgd_gradient_path p);
@@ -20366,6 +20446,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     if (s->d.kind == DSGD_STRATEGY_LOCAL) { /* its rounds, defaults applied */
         DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
         DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
+        DSGD__FP(h, s->d.local.wire);
     }
     h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
     return h;
@@ -20447,6 +20528,22 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
 
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s) { return s ? s->n : 0; }
 DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s) { return s ? s->world : 0; }
+DSGD_API dsgd_result dsgd_strategy_comm_stats(const dsgd_strategy *s, dsgd_comm_stats *out) {
+    int i;
+    if (!s || !out) return DSGD_ERR_INVALID_ARGUMENT;
+    memset(out, 0, sizeof(*out));
+    for (i = 0; s->reps && i < s->n; ++i) {
+        dsgd_comm_stats c;
+        if (!s->reps[i].comm) continue;
+        dsgd_comm_get_stats(s->reps[i].comm, &c);
+        out->bytes_sent += c.bytes_sent;
+        out->bytes_uncompressed += c.bytes_uncompressed;
+        out->compress_s += c.compress_s;
+        out->comm_s += c.comm_s;
+    }
+    return DSGD_OK;
+}
+
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s) {
     return s ? s->path : DSGD_GRADIENTS_HOST;
 }
@@ -22891,7 +22988,9 @@ static const dsgd__strategy_ops dsgd__parameter_server_ops = {
          replicas average: the pseudo-gradient delta = theta0 - theta is
          all-reduced (SUM, in float32, with desc.algorithm in buckets of
          bucket_bytes, as the gradient is: every algorithm sums in a fixed
-         order) and divided by W, then the outer step makes the new theta0:
+         order; with local.wire F16 or BF16 the ring carries it in 2 bytes
+         a parameter, summed in fp32 at every hop: dsgd_allreduce_wire) and
+         divided by W, then the outer step makes the new theta0:
            AVERAGE   theta0 - mean(delta): the replicas' mean weights,
                      within one rounding (computed this way so that every
                      outer kind exchanges the same thing);
@@ -22993,6 +23092,12 @@ static dsgd_result dsgd__local_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: local.outer_momentum %g must lie in [0, 1) (0: 0.9; no momentum: outer SGD)",
                                   what, (double)l->outer_momentum);
+    if ((int)l->wire < 0 || (int)l->wire >= (int)DSGD_WIRE_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown local.wire %d", what, (int)l->wire);
+    if (l->wire != DSGD_WIRE_F32 && d->algorithm != DSGD_ALLREDUCE_AUTO && d->algorithm != DSGD_ALLREDUCE_RING)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: local.wire %s runs the ring; algorithm %s cannot carry it (AUTO or RING)", what,
+                                  dsgd_wire_name(l->wire), dsgd_allreduce_algo_name(d->algorithm));
     return DSGD_OK;
 }
 
@@ -23118,9 +23223,9 @@ static dsgd_result dsgd__local_average(dsgd_replica *r, int64_t round) {
     t0 = dsgd_now();
     bucket = s->d.bucket_bytes / sizeof(float);
     if (bucket == 0 || bucket > p) bucket = p;
-    /* (a narrower wire format for the pseudo-gradient would go here) */
-    for (o = 0; o < p && s->world > 1 && res == DSGD_OK; o += bucket)
-        res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
+    for (o = 0; o < p && s->world > 1 && res == DSGD_OK; o += bucket) /* F32: dsgd_allreduce_at itself */
+        res = dsgd_allreduce_wire(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm,
+                                  s->d.local.wire, 0.0);
     r->exchange_s = r->exposed_s = dsgd_now() - t0;
     if (res != DSGD_OK) {
         r->comm_failed = 1;

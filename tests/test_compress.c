@@ -840,6 +840,88 @@ static void test_options(void **state) {
     run_free(&rn);
 }
 
+/* ---------------------------------------------------------------- fp16 and bf16 */
+
+/* The half wires through the hook: the bits of dsgd_allreduce_wire on the
+   same inputs (the hook adds nothing), no residual saved, and each value
+   within the wire's bound of the exact sum (collectives.h). */
+/* Gradients that neither wire holds exactly: uniform in (-1, 1) times a
+   power of two that varies by element (2^-6 .. 2^6). */
+static void grad_real(int rank, int step, float *g, size_t count) {
+    tu_rng rng = tu_rng_make(5000u * (uint64_t)step + (uint64_t)rank + 11u);
+    size_t i;
+    for (i = 0; i < count; ++i) g[i] = ldexpf((float)(2.0 * tu_unit(&rng) - 1.0), (int)(i % 13) - 6);
+}
+
+typedef struct wire_arg {
+    group *g;
+    int rank, steps;
+    dsgd_wire wire;
+    float *out; /* [steps][COUNT] */
+    dsgd_result rc;
+} wire_arg;
+
+static void *wire_main(void *p) {
+    wire_arg *a = (wire_arg *)p;
+    int t;
+    for (t = 0; t < a->steps && a->rc == DSGD_OK; ++t) {
+        float *x = a->out + (size_t)t * COUNT;
+        grad_real(a->rank, t, x, COUNT);
+        a->rc = dsgd_allreduce_wire(a->g->comm[a->rank], x, COUNT, 0, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, a->wire,
+                                    0.0);
+    }
+    return NULL;
+}
+
+static void test_half_wires(void **state) {
+    static const dsgd_compress_kind kinds[2] = {DSGD_COMPRESS_FP16, DSGD_COMPRESS_BF16};
+    static const dsgd_wire wires[2] = {DSGD_WIRE_F16, DSGD_WIRE_BF16};
+    static const double unit[2] = {1.0 / 2048, 1.0 / 256};
+    int k, r, t, n = 4, steps = 3;
+    size_t i;
+    (void)state;
+    for (k = 0; k < 2; ++k) {
+        dsgd_compress_desc d;
+        run rn;
+        group g;
+        pthread_t th[MAXN];
+        wire_arg a[MAXN];
+        memset(&d, 0, sizeof(d));
+        d.kind = kinds[k];
+        assert_string_equal(dsgd_compress_kind_name(kinds[k]), k ? "bf16" : "fp16");
+        run_init(&rn, &d, n, steps, grad_real);
+        run_go(&rn);
+        assert_null(rn.saved[0]); /* no residual: nothing to save */
+        group_init(&g, n, 0);
+        for (r = 0; r < n; ++r) {
+            memset(&a[r], 0, sizeof(a[r]));
+            a[r].g = &g;
+            a[r].rank = r;
+            a[r].steps = steps;
+            a[r].wire = wires[k];
+            a[r].out = tu_floats((size_t)steps * COUNT);
+            assert_int_equal(pthread_create(&th[r], NULL, wire_main, &a[r]), 0);
+        }
+        for (r = 0; r < n; ++r) assert_int_equal(pthread_join(th[r], NULL), 0);
+        for (r = 0; r < n; ++r) assert_int_equal(a[r].rc, DSGD_OK);
+        assert_memory_equal(rn.out[0], a[0].out, (size_t)steps * COUNT * sizeof(float));
+        for (t = 0; t < steps; ++t)
+            for (i = 0; i < COUNT; ++i) { /* N roundings of u each, generously (no underflow here) */
+                double exact = 0, mag = 0;
+                for (r = 0; r < n; ++r) {
+                    exact += rn.gin[r][(size_t)t * COUNT + i];
+                    mag += fabs(rn.gin[r][(size_t)t * COUNT + i]);
+                }
+                if (fabs(rn.out[0][(size_t)t * COUNT + i] - exact) > 2.0 * n * unit[k] * mag)
+                    fail_msg("%s step %d [%zu]: %g, exact %g", k ? "bf16" : "fp16", t, i,
+                             (double)rn.out[0][(size_t)t * COUNT + i], exact);
+            }
+        for (r = 0; r < n; ++r) free(a[r].out);
+        group_free(&g);
+        run_free(&rn);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ef_identity_one_replica),
@@ -852,6 +934,7 @@ int main(void) {
         cmocka_unit_test(test_bad_bucket),
         cmocka_unit_test(test_save_load_resume),
         cmocka_unit_test(test_options),
+        cmocka_unit_test(test_half_wires),
     };
     model_init();
     tu_watchdog(120);

@@ -549,6 +549,73 @@ static void test_eval_per_replica(void **state) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* The pseudo-gradient on a half wire: the ring carries 2 bytes a
+   parameter where fp32 carries 4, so with everything else equal (the
+   same steps, agreements and algorithm) the replicas' bytes differ by
+   exactly averagings x 2 (N - 1) x 2 x NP (each of the N blocks goes
+   round the ring N - 1 times in each half, whatever the blocks' sizes);
+   dsgd_strategy_comm_stats is the sum of the replicas' communicators
+   (read here through dsgd_replica_comm), and the weights stay within the
+   wire's rounding of fp32's. */
+typedef struct stats_sum {
+    dsgd_comm_stats sum;
+    pthread_mutex_t mu;
+} stats_sum;
+
+static dsgd_result add_stats(dsgd_replica *r, void *user) {
+    stats_sum *ss = (stats_sum *)user;
+    dsgd_comm_stats c;
+    dsgd_comm_get_stats(dsgd_replica_comm(r), &c);
+    pthread_mutex_lock(&ss->mu);
+    ss->sum.bytes_sent += c.bytes_sent;
+    ss->sum.bytes_uncompressed += c.bytes_uncompressed;
+    pthread_mutex_unlock(&ss->mu);
+    return DSGD_OK;
+}
+
+static void test_wire(void **state) {
+    static const dsgd_wire wires[3] = {DSGD_WIRE_F32, DSGD_WIRE_F16, DSGD_WIRE_BF16};
+    const int n = 4, steps = 12, period = 4;
+    float p[3][MAXN][NP];
+    dsgd_comm_stats st[3];
+    int k;
+    size_t i;
+    (void)state;
+    for (k = 0; k < 3; ++k) {
+        dsgd_strategy_desc d = local_desc(n, DSGD_OPT_SGD, period, 0, DSGD_OUTER_AVERAGE);
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy *s = NULL;
+        stats_sum ss;
+        d.algorithm = DSGD_ALLREDUCE_RING;
+        d.local.wire = wires[k];
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        train(ctx, s, 0, steps, even);
+        get_all(ctx, s, p[k]);
+        TU_OK(ctx, dsgd_strategy_comm_stats(s, &st[k]));
+        memset(&ss, 0, sizeof(ss));
+        pthread_mutex_init(&ss.mu, NULL);
+        TU_OK(ctx, dsgd_strategy_run(s, add_stats, &ss));
+        pthread_mutex_destroy(&ss.mu);
+        assert_true(ss.sum.bytes_sent == st[k].bytes_sent && ss.sum.bytes_uncompressed == st[k].bytes_uncompressed);
+        dsgd_strategy_destroy(s);
+        dsgd_ctx_destroy(ctx);
+    }
+    assert_true(st[0].bytes_sent == st[0].bytes_uncompressed);
+    for (k = 1; k < 3; ++k) {
+        uint64_t half = (uint64_t)(steps / period) * 2u * (uint64_t)(n - 1) * 2u * NP;
+        print_message("    %s: %llu bytes sent, fp32 %llu (%llu less)\n", dsgd_wire_name(wires[k]),
+                      (unsigned long long)st[k].bytes_sent, (unsigned long long)st[0].bytes_sent,
+                      (unsigned long long)(st[0].bytes_sent - st[k].bytes_sent));
+        assert_true(st[0].bytes_sent - st[k].bytes_sent == half);
+        assert_true(st[k].bytes_uncompressed - st[k].bytes_sent == half);
+        assert_true(memcmp(p[0][0], p[k][0], sizeof(p[0][0])) != 0); /* the wire did round */
+        for (i = 0; i < NP; ++i)
+            if (fabsf(p[k][0][i] - p[0][0][i]) > 0.02f * (fabsf(p[0][0][i]) + 0.1f))
+                fail_msg("%s [%zu]: %g, fp32 %g", dsgd_wire_name(wires[k]), i, (double)p[k][0][i], (double)p[0][0][i]);
+        assert_memory_equal(p[k][0], p[k][n - 1], sizeof(p[k][0])); /* averaged: one model */
+    }
+}
+
 static void expect_refused(dsgd_strategy_desc d, const char *needle) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy *s = NULL;
@@ -572,6 +639,8 @@ static void test_bad_descs(void **state) {
     e = d, e.local.outer = (dsgd_outer_kind)7, expect_refused(e, "local.outer");
     e = d, e.gradient_path = DSGD_GRADIENTS_DEVICE, expect_refused(e, "HOST path");
     e = d, e.overlap = 1, expect_refused(e, "overlap");
+    e = d, e.local.wire = (dsgd_wire)9, expect_refused(e, "local.wire");
+    e = d, e.local.wire = DSGD_WIRE_F16, e.algorithm = DSGD_ALLREDUCE_HALVING_DOUBLING, expect_refused(e, "RING");
     assert_string_equal(dsgd_strategy_kind_name(DSGD_STRATEGY_LOCAL), "local");
 }
 
@@ -593,6 +662,7 @@ int main(void) {
         cmocka_unit_test(test_simnet),
         cmocka_unit_test(test_failures),
         cmocka_unit_test(test_eval_per_replica),
+        cmocka_unit_test(test_wire),
         cmocka_unit_test(test_bad_descs),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
