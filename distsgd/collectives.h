@@ -424,6 +424,15 @@ typedef struct dsgd_comm_stats {
 DSGD_API void dsgd_comm_get_stats(const dsgd_comm *comm, dsgd_comm_stats *out);
 DSGD_API void dsgd_comm_reset_stats(dsgd_comm *comm);
 DSGD_API void dsgd_comm_stats_add(dsgd_comm *comm, const dsgd_comm_stats *extra);
+/* Tells the transport that this rank has just converted or compressed
+   `floats` floats for the wire, for a simulated clock to charge (the
+   transport's charge_codec: simnet's codec_s_per_float each); elsewhere
+   nothing (the real time was spent). The half wires call it for their
+   conversions; a comm hook that compresses calls it for its bucket.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (comm NULL, nothing recorded), the
+   transport's (simnet: DSGD_ERR_ABORTED once the hub is aborted).
+   Thread safety: the communicator's thread. */
+DSGD_API dsgd_result dsgd_comm_charge_codec(dsgd_comm *comm, size_t floats);
 /* Reduce-scatter in place (ring): on return this rank's block of buf (see
    dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
    for that block; the rest of buf is unspecified.
@@ -1868,10 +1877,11 @@ static void dsgd__scale_pow2(float *x, size_t n, int k) {
 #undef DSGD__SCALE_ONE
 }
 
-/* x to the wire (to 0) or back (to 1), timed into compress_s. */
-static void dsgd__wire_conv(dsgd_comm *c, float *x, uint16_t *w, size_t n, int back) {
+/* x to the wire (to 0) or back (to 1), timed into compress_s and charged
+   to a simulated clock (the transport's charge_codec). */
+static dsgd_result dsgd__wire_conv(dsgd_comm *c, float *x, uint16_t *w, size_t n, int back) {
     double t0;
-    if (!n) return;
+    if (!n) return DSGD_OK;
     t0 = dsgd_now();
     if (c->wire == DSGD_WIRE_F16) {
         if (back) c->half->from_f16(w, x, n);
@@ -1881,6 +1891,7 @@ static void dsgd__wire_conv(dsgd_comm *c, float *x, uint16_t *w, size_t n, int b
         else c->half->to_bf16(x, w, n);
     }
     c->st.compress_s += dsgd_now() - t0;
+    return c->t.charge_codec ? c->t.charge_codec(c->t.impl, n) : DSGD_OK;
 }
 
 /* The ring (as dsgd__ring_in over the whole group, phases 3, pieces as
@@ -1902,16 +1913,16 @@ static dsgd_result dsgd__ring_wire(dsgd_comm *c, float *x, size_t count, const s
             int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
             dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
             dsgd__piece(count, n, bo, rb, j, P, &ro, &rl);
-            dsgd__wire_conv(c, x + so, w + so, sl, 0);
+            if ((res = dsgd__wire_conv(c, x + so, w + so, sl, 0)) != DSGD_OK) break;
             res = dsgd__xchg_bytes(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, w + so, sl * 2,
                                    rl ? prev : -1, w + ro, rl * 2, sl * sizeof(float));
             if (res != DSGD_OK || !rl) continue;
-            dsgd__wire_conv(c, c->scratch, w + ro, rl, 1);
+            if ((res = dsgd__wire_conv(c, c->scratch, w + ro, rl, 1)) != DSGD_OK) break;
             dsgd__sum_into(x + ro, c->scratch, rl);
         }
         if (res != DSGD_OK) break;
         dsgd__piece(count, n, bo, r, j, P, &ro, &rl);
-        dsgd__wire_conv(c, x + ro, w + ro, rl, 0); /* the owner's sum, rounded once */
+        if ((res = dsgd__wire_conv(c, x + ro, w + ro, rl, 0)) != DSGD_OK) break; /* the owner's sum, rounded once */
         for (k = 0; k < n - 1 && res == DSGD_OK; ++k) { /* all-gather: the wire values as they are */
             int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
             dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
@@ -1955,7 +1966,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     dsgd__scale_pow2(x, count, k);
     c->st.compress_s += dsgd_now() - t0;
     if ((res = dsgd__ring_wire(c, x, count, bo)) != DSGD_OK) return res;
-    dsgd__wire_conv(c, x, c->wv, count, 1);
+    if ((res = dsgd__wire_conv(c, x, c->wv, count, 1)) != DSGD_OK) return res;
     t0 = dsgd_now();
     dsgd__scale_pow2(x, count, -k);
     c->st.compress_s += dsgd_now() - t0;
@@ -1981,6 +1992,11 @@ DSGD_API void dsgd_comm_stats_add(dsgd_comm *c, const dsgd_comm_stats *extra) {
     c->st.bytes_uncompressed += extra->bytes_uncompressed;
     c->st.compress_s += extra->compress_s;
     c->st.comm_s += extra->comm_s;
+}
+
+DSGD_API dsgd_result dsgd_comm_charge_codec(dsgd_comm *c, size_t floats) {
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    return c->t.charge_codec && floats ? c->t.charge_codec(c->t.impl, floats) : DSGD_OK;
 }
 
 /* The time of a collective from its start to its return, on the

@@ -23,7 +23,11 @@
      delayed (Seide et al. 2014, Karimireddy et al. 2019). no_error_feedback
      keeps e at zero (the compressor alone, for comparison). The seconds
      a compressor spends outside its collectives go to the communicator's
-     compress_s (dsgd_comm_stats; the half wires count their own).
+     compress_s (dsgd_comm_stats; the half wires count their own), and on
+     a simulated clock each bucket costs 2 count floats of codec time
+     (dsgd_comm_charge_codec: compressed once, decompressed once; simnet's
+     codec_s_per_float, which a real top-k or PowerSGD exceeds many times:
+     set it from compress_s).
 
      DSGD_COMPRESS_NONE   the plain all-reduce (SUM) of the bucket, through
                           the hook: the baseline, bit for bit the strategy's
@@ -977,10 +981,13 @@ static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b)
     dsgd_result r;
     if (s) s->coll_s = 0.0;
     r = dsgd__compress_reduce_in(state, b);
-    if (s && b && b->comm && s->d.kind != DSGD_COMPRESS_FP16 && s->d.kind != DSGD_COMPRESS_BF16) {
+    if (s && b && b->comm && s->d.kind != DSGD_COMPRESS_FP16 && s->d.kind != DSGD_COMPRESS_BF16 &&
+        s->d.kind != DSGD_COMPRESS_NONE && !(s->d.kind == DSGD_COMPRESS_POWERSGD && b->step < s->d.start_iter)) {
         memset(&add, 0, sizeof(add));
         add.compress_s = DSGD__MAX(0.0, dsgd_now() - t - s->coll_s);
         dsgd_comm_stats_add(b->comm, &add);
+        /* a simulated clock: the bucket compressed and decompressed */
+        if (r == DSGD_OK) r = dsgd_comm_charge_codec(b->comm, 2 * b->count);
     }
     return r;
 }

@@ -14,7 +14,7 @@
      below): the one with the smallest (virtual time, rank) among those
      that can proceed, kept in a heap (a hand-off costs O(log ranks)). A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
-     sendrecv_reduce, probe, a charge_apply that costs time,
+     sendrecv_reduce, probe, a charge_apply and a charge_codec that cost time,
      dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
      calls takes no virtual time. Receives from any source (probe) and
@@ -61,6 +61,11 @@
          applies (the endpoint's charge_apply) costs k * apply_s_per_float,
          by default the reduction's gamma (a negative value: free), so a
          server that applies every push is a bottleneck as on a cluster;
+       - converting or compressing k floats for the wire (the endpoint's
+         charge_codec: a half wire's piece as it is sent and again as it
+         is received, a compressor's bucket once each way) costs k *
+         codec_s_per_float, by default DSGD_SIMNET_DEFAULT_CODEC_S (F16C's
+         conversion, measured);
        - o, the CPU overhead of a message (LogP's o, overhead_s, 0 by
          default): the sender spends it before its NIC takes the message,
          the receiver after the message is in, so a message of b bytes
@@ -206,8 +211,15 @@ typedef struct dsgd_simnet_fault {
     long count;     /* DROP, DELAY: how many messages (0: 1) */
 } dsgd_simnet_fault;
 
-/* dsgd_simnet_desc.apply_s_per_float: an update costs nothing. */
+/* dsgd_simnet_desc.apply_s_per_float, codec_s_per_float: free. */
 #define DSGD_SIMNET_FREE (-1.0)
+/* dsgd_simnet_desc.codec_s_per_float's default: converting 4M floats to
+   fp16 and back took about 2 ms on an AMD EPYC (Zen 4) with F16C and
+   AVX-512 (half.h), 0.25 ns a float each way. A top-k or PowerSGD
+   compressor costs tens of times more per float (compress.h's
+   compress_s says how much on your machine): set codec_s_per_float to
+   model one. */
+#define DSGD_SIMNET_DEFAULT_CODEC_S 2.5e-10
 
 typedef struct dsgd_simnet_desc {
     int ranks;                  /* 1..65536 */
@@ -220,6 +232,12 @@ typedef struct dsgd_simnet_desc {
     /* the parameter-server engine's optimizer update, per float updated
        (charge_apply); 0: gamma_s_per_float; DSGD_SIMNET_FREE (< 0): free */
     double apply_s_per_float;
+    /* converting or compressing a float for the wire (charge_codec: a half
+       wire's pieces as they are sent and received, a compressor's bucket
+       once compressed and once decompressed); 0:
+       DSGD_SIMNET_DEFAULT_CODEC_S (F16C's conversion, measured);
+       DSGD_SIMNET_FREE (< 0): free */
+    double codec_s_per_float;
     /* LogP's o: CPU seconds a rank spends on each message it sends and on
        each it receives (0: none) */
     double overhead_s;
@@ -673,12 +691,14 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
         !dsgd__sn_finite_nonneg(d->gamma_s_per_float) || !dsgd__sn_finite_nonneg(d->intra_alpha_s) ||
         !dsgd__sn_finite_nonneg(d->intra_beta_s_per_byte) || !dsgd__sn_finite_nonneg(d->test_jitter_s) ||
         !dsgd__sn_finite_nonneg(d->overhead_s) || !(d->apply_s_per_float < DSGD__SN_INF) ||
-        d->apply_s_per_float != d->apply_s_per_float)
+        d->apply_s_per_float != d->apply_s_per_float || !(d->codec_s_per_float < DSGD__SN_INF) ||
+        d->codec_s_per_float != d->codec_s_per_float)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: costs must be finite and >= 0 (alpha %g, beta %g, gamma %g, intra alpha %g, "
-                                  "intra beta %g, overhead %g, jitter %g; apply %g finite)", w, d->alpha_s,
-                                  d->beta_s_per_byte, d->gamma_s_per_float, d->intra_alpha_s, d->intra_beta_s_per_byte,
-                                  d->overhead_s, d->test_jitter_s, d->apply_s_per_float);
+                                  "intra beta %g, overhead %g, jitter %g; apply %g and codec %g finite)", w,
+                                  d->alpha_s, d->beta_s_per_byte, d->gamma_s_per_float, d->intra_alpha_s,
+                                  d->intra_beta_s_per_byte, d->overhead_s, d->test_jitter_s, d->apply_s_per_float,
+                                  d->codec_s_per_float);
     if (d->park_between_calls && (d->half_duplex || d->serialize_receives))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: park_between_calls cannot be combined with half_duplex or serialize_receives "
@@ -764,6 +784,8 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     /* the one place the cost defaults are filled */
     if (h->d.apply_s_per_float == 0) h->d.apply_s_per_float = h->d.gamma_s_per_float;
     else if (h->d.apply_s_per_float < 0) h->d.apply_s_per_float = 0;
+    if (h->d.codec_s_per_float == 0) h->d.codec_s_per_float = DSGD_SIMNET_DEFAULT_CODEC_S;
+    else if (h->d.codec_s_per_float < 0) h->d.codec_s_per_float = 0;
     for (i = 0; i < h->n; ++i) h->rank_factor[i] = desc->compute.rank_factor ? desc->compute.rank_factor[i] : 1.0;
     h->d.compute.rank_factor = h->rank_factor;
     if (pthread_mutex_init(&h->mu, NULL) == 0) {
@@ -1926,13 +1948,23 @@ static uint64_t dsgd__sn_peer_progress(void *impl, int peer) {
     return DSGD__LOAD_ACQ(&e->hub->ep[peer].progress);
 }
 
-static dsgd_result dsgd__sn_charge_apply(void *impl, size_t floats) {
-    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
-    double x = (double)floats * e->hub->d.apply_s_per_float;
+/* floats times a cost per float on the rank's clock (0: no hand-off). */
+static dsgd_result dsgd__sn_charge_floats(dsgd__sn_ep *e, size_t floats, double per_float) {
+    double x = (double)floats * per_float;
     dsgd_result r;
     if (!(x > 0)) return DSGD_OK; /* free: no hand-off */
     if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
     return dsgd__sn_charge(e, 0, x, 0);
+}
+
+static dsgd_result dsgd__sn_charge_apply(void *impl, size_t floats) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    return dsgd__sn_charge_floats(e, floats, e->hub->d.apply_s_per_float);
+}
+
+static dsgd_result dsgd__sn_charge_codec(void *impl, size_t floats) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    return dsgd__sn_charge_floats(e, floats, e->hub->d.codec_s_per_float);
 }
 
 DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transport_i *out) {
@@ -1962,6 +1994,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->probe = dsgd__sn_probe;
     out->leave = dsgd__sn_leave_ep;
     out->charge_apply = dsgd__sn_charge_apply;
+    out->charge_codec = dsgd__sn_charge_codec;
     return DSGD_OK;
 }
 

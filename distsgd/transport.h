@@ -189,6 +189,13 @@ typedef struct dsgd_transport_i {
        nothing to do (the real time was spent). The parameter-server
        engine calls it after every update it applies. */
     dsgd_result (*charge_apply)(void *impl, size_t floats);
+    /* optional: this rank has just converted or compressed `floats` floats
+       for the wire (a half wire's piece before it is sent or after it is
+       received, a comm hook's compressor on its bucket), work a simulated
+       clock must charge: simnet advances the rank's clock by floats times
+       its codec cost. NULL: nothing to do (the real time was spent). Called
+       through dsgd_comm_charge_codec (collectives.h). */
+    dsgd_result (*charge_codec)(void *impl, size_t floats);
 } dsgd_transport_i;
 
 #ifdef __cplusplus

@@ -7603,6 +7603,13 @@ typedef struct dsgd_transport_i {
        nothing to do (the real time was spent). The parameter-server
        engine calls it after every update it applies. */
     dsgd_result (*charge_apply)(void *impl, size_t floats);
+    /* optional: this rank has just converted or compressed `floats` floats
+       for the wire (a half wire's piece before it is sent or after it is
+       received, a comm hook's compressor on its bucket), work a simulated
+       clock must charge: simnet advances the rank's clock by floats times
+       its codec cost. NULL: nothing to do (the real time was spent). Called
+       through dsgd_comm_charge_codec (collectives.h). */
+    dsgd_result (*charge_codec)(void *impl, size_t floats);
 } dsgd_transport_i;
 
 #ifdef __cplusplus
@@ -8548,7 +8555,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      below): the one with the smallest (virtual time, rank) among those
      that can proceed, kept in a heap (a hand-off costs O(log ranks)). A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
-     sendrecv_reduce, probe, a charge_apply that costs time,
+     sendrecv_reduce, probe, a charge_apply and a charge_codec that cost time,
      dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
      calls takes no virtual time. Receives from any source (probe) and
@@ -8595,6 +8602,11 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
          applies (the endpoint's charge_apply) costs k * apply_s_per_float,
          by default the reduction's gamma (a negative value: free), so a
          server that applies every push is a bottleneck as on a cluster;
+       - converting or compressing k floats for the wire (the endpoint's
+         charge_codec: a half wire's piece as it is sent and again as it
+         is received, a compressor's bucket once each way) costs k *
+         codec_s_per_float, by default DSGD_SIMNET_DEFAULT_CODEC_S (F16C's
+         conversion, measured);
        - o, the CPU overhead of a message (LogP's o, overhead_s, 0 by
          default): the sender spends it before its NIC takes the message,
          the receiver after the message is in, so a message of b bytes
@@ -8740,8 +8752,15 @@ typedef struct dsgd_simnet_fault {
     long count;     /* DROP, DELAY: how many messages (0: 1) */
 } dsgd_simnet_fault;
 
-/* dsgd_simnet_desc.apply_s_per_float: an update costs nothing. */
+/* dsgd_simnet_desc.apply_s_per_float, codec_s_per_float: free. */
 #define DSGD_SIMNET_FREE (-1.0)
+/* dsgd_simnet_desc.codec_s_per_float's default: converting 4M floats to
+   fp16 and back took about 2 ms on an AMD EPYC (Zen 4) with F16C and
+   AVX-512 (half.h), 0.25 ns a float each way. A top-k or PowerSGD
+   compressor costs tens of times more per float (compress.h's
+   compress_s says how much on your machine): set codec_s_per_float to
+   model one. */
+#define DSGD_SIMNET_DEFAULT_CODEC_S 2.5e-10
 
 typedef struct dsgd_simnet_desc {
     int ranks;                  /* 1..65536 */
@@ -8754,6 +8773,12 @@ typedef struct dsgd_simnet_desc {
     /* the parameter-server engine's optimizer update, per float updated
        (charge_apply); 0: gamma_s_per_float; DSGD_SIMNET_FREE (< 0): free */
     double apply_s_per_float;
+    /* converting or compressing a float for the wire (charge_codec: a half
+       wire's pieces as they are sent and received, a compressor's bucket
+       once compressed and once decompressed); 0:
+       DSGD_SIMNET_DEFAULT_CODEC_S (F16C's conversion, measured);
+       DSGD_SIMNET_FREE (< 0): free */
+    double codec_s_per_float;
     /* LogP's o: CPU seconds a rank spends on each message it sends and on
        each it receives (0: none) */
     double overhead_s;
@@ -9207,12 +9232,14 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
         !dsgd__sn_finite_nonneg(d->gamma_s_per_float) || !dsgd__sn_finite_nonneg(d->intra_alpha_s) ||
         !dsgd__sn_finite_nonneg(d->intra_beta_s_per_byte) || !dsgd__sn_finite_nonneg(d->test_jitter_s) ||
         !dsgd__sn_finite_nonneg(d->overhead_s) || !(d->apply_s_per_float < DSGD__SN_INF) ||
-        d->apply_s_per_float != d->apply_s_per_float)
+        d->apply_s_per_float != d->apply_s_per_float || !(d->codec_s_per_float < DSGD__SN_INF) ||
+        d->codec_s_per_float != d->codec_s_per_float)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: costs must be finite and >= 0 (alpha %g, beta %g, gamma %g, intra alpha %g, "
-                                  "intra beta %g, overhead %g, jitter %g; apply %g finite)", w, d->alpha_s,
-                                  d->beta_s_per_byte, d->gamma_s_per_float, d->intra_alpha_s, d->intra_beta_s_per_byte,
-                                  d->overhead_s, d->test_jitter_s, d->apply_s_per_float);
+                                  "intra beta %g, overhead %g, jitter %g; apply %g and codec %g finite)", w,
+                                  d->alpha_s, d->beta_s_per_byte, d->gamma_s_per_float, d->intra_alpha_s,
+                                  d->intra_beta_s_per_byte, d->overhead_s, d->test_jitter_s, d->apply_s_per_float,
+                                  d->codec_s_per_float);
     if (d->park_between_calls && (d->half_duplex || d->serialize_receives))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: park_between_calls cannot be combined with half_duplex or serialize_receives "
@@ -9298,6 +9325,8 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     /* the one place the cost defaults are filled */
     if (h->d.apply_s_per_float == 0) h->d.apply_s_per_float = h->d.gamma_s_per_float;
     else if (h->d.apply_s_per_float < 0) h->d.apply_s_per_float = 0;
+    if (h->d.codec_s_per_float == 0) h->d.codec_s_per_float = DSGD_SIMNET_DEFAULT_CODEC_S;
+    else if (h->d.codec_s_per_float < 0) h->d.codec_s_per_float = 0;
     for (i = 0; i < h->n; ++i) h->rank_factor[i] = desc->compute.rank_factor ? desc->compute.rank_factor[i] : 1.0;
     h->d.compute.rank_factor = h->rank_factor;
     if (pthread_mutex_init(&h->mu, NULL) == 0) {
@@ -10460,13 +10489,23 @@ static uint64_t dsgd__sn_peer_progress(void *impl, int peer) {
     return DSGD__LOAD_ACQ(&e->hub->ep[peer].progress);
 }
 
-static dsgd_result dsgd__sn_charge_apply(void *impl, size_t floats) {
-    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
-    double x = (double)floats * e->hub->d.apply_s_per_float;
+/* floats times a cost per float on the rank's clock (0: no hand-off). */
+static dsgd_result dsgd__sn_charge_floats(dsgd__sn_ep *e, size_t floats, double per_float) {
+    double x = (double)floats * per_float;
     dsgd_result r;
     if (!(x > 0)) return DSGD_OK; /* free: no hand-off */
     if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
     return dsgd__sn_charge(e, 0, x, 0);
+}
+
+static dsgd_result dsgd__sn_charge_apply(void *impl, size_t floats) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    return dsgd__sn_charge_floats(e, floats, e->hub->d.apply_s_per_float);
+}
+
+static dsgd_result dsgd__sn_charge_codec(void *impl, size_t floats) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    return dsgd__sn_charge_floats(e, floats, e->hub->d.codec_s_per_float);
 }
 
 DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transport_i *out) {
@@ -10496,6 +10535,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->probe = dsgd__sn_probe;
     out->leave = dsgd__sn_leave_ep;
     out->charge_apply = dsgd__sn_charge_apply;
+    out->charge_codec = dsgd__sn_charge_codec;
     return DSGD_OK;
 }
 
@@ -10927,6 +10967,15 @@ typedef struct dsgd_comm_stats {
 DSGD_API void dsgd_comm_get_stats(const dsgd_comm *comm, dsgd_comm_stats *out);
 DSGD_API void dsgd_comm_reset_stats(dsgd_comm *comm);
 DSGD_API void dsgd_comm_stats_add(dsgd_comm *comm, const dsgd_comm_stats *extra);
+/* Tells the transport that this rank has just converted or compressed
+   `floats` floats for the wire, for a simulated clock to charge (the
+   transport's charge_codec: simnet's codec_s_per_float each); elsewhere
+   nothing (the real time was spent). The half wires call it for their
+   conversions; a comm hook that compresses calls it for its bucket.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (comm NULL, nothing recorded), the
+   transport's (simnet: DSGD_ERR_ABORTED once the hub is aborted).
+   Thread safety: the communicator's thread. */
+DSGD_API dsgd_result dsgd_comm_charge_codec(dsgd_comm *comm, size_t floats);
 /* Reduce-scatter in place (ring): on return this rank's block of buf (see
    dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
    for that block; the rest of buf is unspecified.
@@ -12371,10 +12420,11 @@ static void dsgd__scale_pow2(float *x, size_t n, int k) {
 #undef DSGD__SCALE_ONE
 }
 
-/* x to the wire (to 0) or back (to 1), timed into compress_s. */
-static void dsgd__wire_conv(dsgd_comm *c, float *x, uint16_t *w, size_t n, int back) {
+/* x to the wire (to 0) or back (to 1), timed into compress_s and charged
+   to a simulated clock (the transport's charge_codec). */
+static dsgd_result dsgd__wire_conv(dsgd_comm *c, float *x, uint16_t *w, size_t n, int back) {
     double t0;
-    if (!n) return;
+    if (!n) return DSGD_OK;
     t0 = dsgd_now();
     if (c->wire == DSGD_WIRE_F16) {
         if (back) c->half->from_f16(w, x, n);
@@ -12384,6 +12434,7 @@ static void dsgd__wire_conv(dsgd_comm *c, float *x, uint16_t *w, size_t n, int b
         else c->half->to_bf16(x, w, n);
     }
     c->st.compress_s += dsgd_now() - t0;
+    return c->t.charge_codec ? c->t.charge_codec(c->t.impl, n) : DSGD_OK;
 }
 
 /* The ring (as dsgd__ring_in over the whole group, phases 3, pieces as
@@ -12405,16 +12456,16 @@ static dsgd_result dsgd__ring_wire(dsgd_comm *c, float *x, size_t count, const s
             int sb = ((r - k - 1) % n + n) % n, rb = ((r - k - 2) % n + n) % n;
             dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
             dsgd__piece(count, n, bo, rb, j, P, &ro, &rl);
-            dsgd__wire_conv(c, x + so, w + so, sl, 0);
+            if ((res = dsgd__wire_conv(c, x + so, w + so, sl, 0)) != DSGD_OK) break;
             res = dsgd__xchg_bytes(c, dsgd__tag(c, j, DSGD__PH_RS, k), sl ? next : -1, w + so, sl * 2,
                                    rl ? prev : -1, w + ro, rl * 2, sl * sizeof(float));
             if (res != DSGD_OK || !rl) continue;
-            dsgd__wire_conv(c, c->scratch, w + ro, rl, 1);
+            if ((res = dsgd__wire_conv(c, c->scratch, w + ro, rl, 1)) != DSGD_OK) break;
             dsgd__sum_into(x + ro, c->scratch, rl);
         }
         if (res != DSGD_OK) break;
         dsgd__piece(count, n, bo, r, j, P, &ro, &rl);
-        dsgd__wire_conv(c, x + ro, w + ro, rl, 0); /* the owner's sum, rounded once */
+        if ((res = dsgd__wire_conv(c, x + ro, w + ro, rl, 0)) != DSGD_OK) break; /* the owner's sum, rounded once */
         for (k = 0; k < n - 1 && res == DSGD_OK; ++k) { /* all-gather: the wire values as they are */
             int sb = ((r - k) % n + n) % n, rb = ((r - k - 1) % n + n) % n;
             dsgd__piece(count, n, bo, sb, j, P, &so, &sl);
@@ -12458,7 +12509,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     dsgd__scale_pow2(x, count, k);
     c->st.compress_s += dsgd_now() - t0;
     if ((res = dsgd__ring_wire(c, x, count, bo)) != DSGD_OK) return res;
-    dsgd__wire_conv(c, x, c->wv, count, 1);
+    if ((res = dsgd__wire_conv(c, x, c->wv, count, 1)) != DSGD_OK) return res;
     t0 = dsgd_now();
     dsgd__scale_pow2(x, count, -k);
     c->st.compress_s += dsgd_now() - t0;
@@ -12484,6 +12535,11 @@ DSGD_API void dsgd_comm_stats_add(dsgd_comm *c, const dsgd_comm_stats *extra) {
     c->st.bytes_uncompressed += extra->bytes_uncompressed;
     c->st.compress_s += extra->compress_s;
     c->st.comm_s += extra->comm_s;
+}
+
+DSGD_API dsgd_result dsgd_comm_charge_codec(dsgd_comm *c, size_t floats) {
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    return c->t.charge_codec && floats ? c->t.charge_codec(c->t.impl, floats) : DSGD_OK;
 }
 
 /* The time of a collective from its start to its return, on the
@@ -12961,7 +13017,11 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
      delayed (Seide et al. 2014, Karimireddy et al. 2019). no_error_feedback
      keeps e at zero (the compressor alone, for comparison). The seconds
      a compressor spends outside its collectives go to the communicator's
-     compress_s (dsgd_comm_stats; the half wires count their own).
+     compress_s (dsgd_comm_stats; the half wires count their own), and on
+     a simulated clock each bucket costs 2 count floats of codec time
+     (dsgd_comm_charge_codec: compressed once, decompressed once; simnet's
+     codec_s_per_float, which a real top-k or PowerSGD exceeds many times:
+     set it from compress_s).
 
      DSGD_COMPRESS_NONE   the plain all-reduce (SUM) of the bucket, through
                           the hook: the baseline, bit for bit the strategy's
@@ -13915,10 +13975,13 @@ static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b)
     dsgd_result r;
     if (s) s->coll_s = 0.0;
     r = dsgd__compress_reduce_in(state, b);
-    if (s && b && b->comm && s->d.kind != DSGD_COMPRESS_FP16 && s->d.kind != DSGD_COMPRESS_BF16) {
+    if (s && b && b->comm && s->d.kind != DSGD_COMPRESS_FP16 && s->d.kind != DSGD_COMPRESS_BF16 &&
+        s->d.kind != DSGD_COMPRESS_NONE && !(s->d.kind == DSGD_COMPRESS_POWERSGD && b->step < s->d.start_iter)) {
         memset(&add, 0, sizeof(add));
         add.compress_s = DSGD__MAX(0.0, dsgd_now() - t - s->coll_s);
         dsgd_comm_stats_add(b->comm, &add);
+        /* a simulated clock: the bucket compressed and decompressed */
+        if (r == DSGD_OK) r = dsgd_comm_charge_codec(b->comm, 2 * b->count);
     }
     return r;
 }
