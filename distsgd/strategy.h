@@ -28,6 +28,9 @@
      different, so the strategy fails: every later call that uses the
      replicas returns DSGD_ERR_STATE naming the step and the first error
      (dsgd_strategy_failed) until you destroy it and create a new one.
+     Elastic (desc.elastic, strategy_elastic.h): mirrored and multi-worker
+     mirrored instead shrink past a replica whose own code failed before
+     the update and retry the step over the survivors.
 
    THE VERDICT ON THE DEVICE
 
@@ -239,6 +242,25 @@ typedef struct dsgd_strategy_local_desc {
                               ring) */
 } dsgd_strategy_local_desc;
 
+/* Called on the strategy's thread after the group shrank from old_world
+   to new_world replicas, before the step is retried; survivors[i] is the
+   rank (before the shrink) of the replica that is now rank i. The
+   strategy may be read (dsgd_strategy_num_replicas_in_sync, its models),
+   not driven, from it. */
+typedef struct dsgd_strategy dsgd_strategy;
+typedef void (*dsgd_resize_fn)(void *user, int old_world, int new_world, const int *survivors, dsgd_strategy *s);
+
+/* Elastic synchronous training (ELASTIC in strategy_elastic.h). */
+typedef struct dsgd_strategy_elastic_desc {
+    int min_replicas;         /* 0: not elastic (a failure fails the
+                                 strategy); else 1..W: the fewest replicas
+                                 the group trains on */
+    double grace_s;           /* below min_replicas: how long to wait before
+                                 failing; 0: none */
+    dsgd_resize_fn on_resize; /* may be NULL */
+    void *user;               /* on_resize's */
+} dsgd_strategy_elastic_desc;
+
 typedef struct dsgd_strategy_desc {
     dsgd_strategy_kind kind;        /* default ONE_DEVICE */
     int num_replicas;               /* MIRRORED, CENTRAL_STORAGE: default 1;
@@ -312,6 +334,11 @@ typedef struct dsgd_strategy_desc {
                                        comm_hook.h; the buckets then hold
                                        whole variables); the table is copied.
                                        NULL: the all-reduce */
+    dsgd_strategy_elastic_desc elastic; /* MIRRORED, MULTI_WORKER_MIRRORED:
+                                       shrink past a failed replica instead
+                                       of failing (ELASTIC in
+                                       strategy_elastic.h); zero: not
+                                       elastic */
 } dsgd_strategy_desc;
 
 /* What one training step did. Asking for it costs a wait for the step's
@@ -333,9 +360,11 @@ typedef struct dsgd_step_info {
     int averaged;      /* LOCAL: 1 when the step ended a round and the
                           replicas averaged (exchange_s is then the
                           averaging's all-reduce); else 0 */
+    int world;         /* the replicas in sync that made the step */
+    int resized;       /* elastic: 1 when the group shrank in this call
+                          (the step was then made by the survivors) */
 } dsgd_step_info;
 
-typedef struct dsgd_strategy dsgd_strategy;
 /* A replica as seen from inside dsgd_strategy_run (replica context). */
 typedef struct dsgd_replica dsgd_replica;
 typedef dsgd_result (*dsgd_replica_fn)(dsgd_replica *replica, void *user_data);
@@ -372,7 +401,8 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s);
    dsgd_strategy_gradient_path: the path resolved at creation, HOST or DEVICE
    (HOST with one replica, where nothing is exchanged; s NULL: HOST).
    Errors: none. Thread safety: any thread while s lives (fixed at
-   creation). */
+   creation; an elastic shrink changes N and W on the strategy's thread,
+   inside a train step: read them there or from on_resize). */
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s);
 DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s);
 DSGD_API dsgd_gradient_path dsgd_strategy_gradient_path(const dsgd_strategy *s);
@@ -651,6 +681,8 @@ struct dsgd_replica {
     dsgd__overlap *ov;  /* desc.overlap where it runs, else NULL */
     double exchange_s, exposed_s; /* the last step's (dsgd_step_info) */
     int averaged;       /* LOCAL: the last step averaged (dsgd_step_info) */
+    int stop_by;        /* phase 2 agreed that this replica (rank) failed; -1: none */
+    void *sub;          /* elastic: the survivors' endpoint's state (strategy_elastic.h) */
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -741,6 +773,11 @@ struct dsgd_strategy {
     dsgd_result (*ck_put)(dsgd_strategy *s, dsgd__ck_writer *w);
     dsgd_result (*ck_take)(dsgd_strategy *s, const dsgd__ck_file *f, int phase);
     dsgd__hook *hook;  /* desc.comm_hook's (the synchronous kinds' setup); NULL: none */
+    /* elastic (strategy_elastic.h, set at creation): after a failed step,
+       non-zero when the group shrank and the step is to be retried; else
+       *res may be replaced */
+    int (*elastic)(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res);
+    int resized;       /* the group shrank in the current call */
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -824,6 +861,7 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     r->own_error = 1;
     r->comm_failed = 0;
     r->clean_fail = 0;
+    r->stop_by = -1;
     /* a verdict still pending is taken before any other job (but the one
        that drops it) */
     res = r->vmark && fn != s->ops->step && fn != dsgd__replica_drop_verdict
@@ -970,6 +1008,7 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     for (i = 0; s->reps && i < s->n; ++i) {
         dsgd_replica *r = &s->reps[i];
         dsgd_comm_destroy(r->comm);
+        DSGD_FREE(r->sub);
         dsgd_optimizer_destroy(r->opt);
         DSGD_FREE(r->stage);
         dsgd__member_destroy(&r->m);
@@ -1416,8 +1455,12 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
     int i;
     a->verdict = info != NULL;
     if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
-    res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
+    s->resized = 0;
+    do res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
+    while (res != DSGD_OK && s->elastic && s->elastic(s, a, what, &res));
     if (info) {
+        info->world = s->world;
+        info->resized = s->resized;
         if (s->defer && s->n > 0) info->step = s->reps[0].t_step; /* a pending verdict taken in the step */
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;

@@ -3,7 +3,8 @@
 
    The kinds' parts come above this one (strategy_sync.h: one_device,
    mirrored and multi_worker_mirrored; strategy_central.h: central_storage;
-   strategy_ps.h: parameter_server; strategy_local.h: local); a new kind is a part above this one and a line in
+   strategy_ps.h: parameter_server; strategy_local.h: local), and strategy_elastic.h (the shrink of the
+   synchronous kinds, armed here); a new kind is a part above this one and a line in
    dsgd__strategy_kinds. dsgd_strategy_create and dsgd_strategy_kind_name are
    declared, with the rest of the strategy's interface, in strategy.h.
 */
@@ -28,8 +29,15 @@ DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
 
 DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
     const dsgd__strategy_ops *ops = NULL;
+    dsgd_result res;
     if (desc && (int)desc->kind >= 0 && (int)desc->kind < (int)DSGD_STRATEGY_COUNT) ops = dsgd__strategy_kinds[desc->kind];
-    return dsgd__strategy_create(ctx, desc, ops, out);
+    if (desc && ops && (res = dsgd__elastic_check(ctx, desc)) != DSGD_OK) return res;
+    if ((res = dsgd__strategy_create(ctx, desc, ops, out)) != DSGD_OK) return res;
+    if ((res = dsgd__elastic_arm(*out)) != DSGD_OK) { /* ELASTIC in strategy_elastic.h */
+        dsgd_strategy_destroy(*out);
+        *out = NULL;
+    }
+    return res;
 }
 
 #endif /* DSGD__PART_STRATEGY_KINDS_IMPL */

@@ -116,6 +116,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     }
     if (flag >= 2.0f) {
         r->clean_fail = 1;
+        r->stop_by = (int)flag - 2;
         if (own != DSGD_OK) return own;
         r->own_error = 0;
         return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_ABORTED, "step %lld abandoned: replica %d failed",

@@ -1,0 +1,473 @@
+/* distsgd/strategy_elastic.h - elastic synchronous training: the group shrinks past a failed replica
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   ELASTIC
+
+     With dsgd_strategy_desc.elastic.min_replicas > 0 (MIRRORED and
+     MULTI_WORKER_MIRRORED), a training step on which a replica fails before
+     the update does not fail the strategy: the survivors agree who is alive
+     and at which step, drop the failed replicas, build a communicator over
+     the survivors only, call elastic.on_resize, and retry the step within
+     the same call, re-sharded over the survivors (replica g of W' takes
+     dsgd_block_range(count, W', g); MEAN divides by the global count, which
+     is the same batch's), from the weights they hold: no checkpoint, no
+     rollback. dsgd_step_info's world and resized report it. The survivors'
+     step is a W'-replica strategy's step: after 8 -> 7 at step k, the
+     weights are bitwise those of 8 replicas to step k, saved, restored into
+     7 and trained on (over a loopback of the strategy's own; over the
+     endpoints you gave, with the same explicit algorithm: AUTO may choose
+     another over the survivors' endpoints, which cannot share memory).
+
+     Which failures shrink: a replica's own failure in phase 0 or 1 of the
+     step (its batch function, its backend computing the gradient; see THE
+     SYNCHRONOUS STEP in strategy_sync.h), which phase 2 (the agreement)
+     makes known to every replica before anyone updates. Not:
+       - a failure about the batch rather than the replica (a class index
+         out of range, DSGD_ERR_INVALID_ARGUMENT; a non-finite gradient,
+         DSGD_ERR_NON_FINITE): the step fails on every replica as before and
+         the group stays whole, as it would fail on any replica count;
+       - a failure after the agreement (in the exchange, the update) or of a
+         collective (a timeout, a killed peer): the strategy fails as
+         without elastic. A replica that dies or stalls (a killed thread,
+         an MPI process that crashed) is not shrunk past yet. Over MPI a
+         crashed process ends the job in any case (MPI without ULFM cannot
+         continue a communicator that lost a process).
+     Nothing is half-applied: every replica updates only after phase 2 says
+     go, and a replica that failed says stop there instead, so either every
+     replica updates or none does; the shrink starts from the weights and
+     optimizer state of the last step, equal on every survivor.
+
+     The shrink, on the strategy's thread once the step returned everywhere:
+       1 agree  every replica (the failed ones too: their threads are fine,
+                their transport is intact) all-reduces (MAX) a vote per
+                rank (0 alive, 1 failed, 2 a failure about the batch) and
+                its step count; every worker of a multi-worker group learns
+                the same set of survivors, and a vote 2 anywhere ends the
+                shrink (the step fails as before)
+       2 fewer than min_replicas survive: wait grace_s (nothing can join a
+                group yet: the wait is where a replica would be let back
+                in), then fail the strategy with DSGD_ERR_ABORTED naming the
+                survivors and min_replicas
+       3 shrink the replicas' threads stop, the kind's per-replica state
+                (overlap threads, the device path's marks) is torn down,
+                the failed replicas are destroyed, the survivors renumbered
+                0..W'-1 in their old order, each distributed variable's
+                copies with them; a loopback of the strategy's own is
+                replaced by one of W' ranks, the endpoints you gave are
+                wrapped (rank i of the new group is the old rank
+                survivors[i] over the same transport); new communicators,
+                the kind's setup, the threads
+       4 resize on_resize(user, W, W', survivors, s) on the strategy's
+                thread
+       5 retry  the same step (the same x, y, count or batch function,
+                which is now told W' and the new ranks)
+     A worker whose replicas all failed fails (the others go on). The
+     retry fails with DSGD_ERR_INVALID_ARGUMENT, the strategy shrunk and
+     usable, when a sliced global batch exceeds W' x max_batch. The failed
+     attempt's losses stay in the survivors' TRAIN metrics (as a skipped
+     step's do); the failed replicas' metrics go with them. A survivor's
+     context keeps its label (its rank at creation); its messages name its
+     new rank. After a shrink the communicators take one node
+     (ranks_per_node 0).
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_ELASTIC_IMPL)
+#define DSGD__PART_STRATEGY_ELASTIC_IMPL
+
+#include <time.h>
+
+/* >>strategy_elastic -------------------------------------------------------- */
+
+/* ---- the survivors' endpoint over a given transport */
+
+/* Rank i of the survivors' group is rank map[i] of base's group. */
+typedef struct dsgd__sub_ep {
+    dsgd_transport_i base; /* the endpoint the strategy was given */
+    int size;
+    int *map;              /* size ranks, stored after the struct */
+} dsgd__sub_ep;
+
+/* A new rank -> base's rank (-1 stays -1: sendrecv's skipped half; out of
+   range: base's size, which base refuses). */
+static int dsgd__sub_out(const dsgd__sub_ep *e, int peer) {
+    if (peer == -1) return -1;
+    return peer >= 0 && peer < e->size ? e->map[peer] : e->base.size;
+}
+
+/* base's rank -> the new rank (-1 when it is not in the group). */
+static int dsgd__sub_in(const dsgd__sub_ep *e, int peer) {
+    int i;
+    for (i = 0; i < e->size; ++i)
+        if (e->map[i] == peer) return i;
+    return -1;
+}
+
+static dsgd_result dsgd__sub_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.send(e->base.impl, dsgd__sub_out(e, dst), tag, buf, bytes, deadline);
+}
+
+static dsgd_result dsgd__sub_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.recv(e->base.impl, dsgd__sub_out(e, src), tag, buf, bytes, deadline);
+}
+
+static dsgd_result dsgd__sub_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                      uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes, dsgd__sub_out(e, src),
+                                     rtag, rbuf, rbytes, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static dsgd_result dsgd__sub_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                             int src, uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op,
+                                             double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv_reduce(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
+                                            dsgd__sub_out(e, src), rtag, rbuf, rcount, op, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static dsgd_result dsgd__sub_sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                           int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
+                                           double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv_upto(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
+                                          dsgd__sub_out(e, src), rtag, rbuf, rcap, rbytes, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static void dsgd__sub_abort(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    e->base.abort(e->base.impl);
+}
+
+static double dsgd__sub_now(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.now(e->base.impl);
+}
+
+static const char *dsgd__sub_error_message(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.error_message(e->base.impl);
+}
+
+/* The endpoint of rank `rank` of e's group: the point-to-point members of
+   base, ranks mapped. Not the members that involve every rank of base's
+   group (share, a native allreduce, probe) nor the progress hooks (their
+   sequence numbers are the old communicator's). */
+static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out) {
+    const dsgd_transport_i *b = &e->base;
+    memset(out, 0, sizeof(*out));
+    out->name = b->name;
+    out->impl = e;
+    out->rank = rank;
+    out->size = e->size;
+    out->send = dsgd__sub_send;
+    out->recv = dsgd__sub_recv;
+    if (b->sendrecv) out->sendrecv = dsgd__sub_sendrecv;
+    if (b->sendrecv_reduce) out->sendrecv_reduce = dsgd__sub_sendrecv_reduce;
+    if (b->sendrecv_upto) out->sendrecv_upto = dsgd__sub_sendrecv_upto;
+    if (b->abort) out->abort = dsgd__sub_abort;
+    if (b->now) out->now = dsgd__sub_now;
+    if (b->error_message) out->error_message = dsgd__sub_error_message;
+}
+
+/* ---- the desc */
+
+static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    const dsgd_strategy_elastic_desc *e = &d->elastic;
+    const char *what = "dsgd_strategy_create";
+    if (e->min_replicas == 0) return DSGD_OK;
+    if (e->min_replicas < 0 || !(e->grace_s >= 0.0) || e->grace_s > 1e9)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic: min_replicas %d or grace_s %g out of "
+                                  "range (min_replicas >= 0, grace_s in 0..1e9)", what, e->min_replicas, e->grace_s);
+    if (d->kind != DSGD_STRATEGY_MIRRORED && d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic training shrinks mirrored and "
+                                  "multi_worker_mirrored strategies, not %s", what, dsgd_strategy_kind_name(d->kind));
+    if (d->comm_hook)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic with a comm hook (its per-replica "
+                                  "state cannot be re-sharded over the survivors)", what);
+    return DSGD_OK;
+}
+
+/* ---- the shrink */
+
+/* The argument of the agreement: each local replica's vote (0 alive, 1
+   failed, 2 failed on the batch), and replica 0's copy of the result
+   (world votes, the largest step, minus the smallest). */
+typedef struct dsgd__elastic_vote {
+    const float *votes;
+    float *out;
+} dsgd__elastic_vote;
+
+static dsgd_result dsgd__elastic_agree(dsgd_replica *r, void *user) {
+    dsgd__elastic_vote *v = (dsgd__elastic_vote *)user;
+    dsgd_strategy *s = r->s;
+    size_t n = (size_t)s->world + 2;
+    float *buf = dsgd__replica_stage(r, n);
+    float step = (float)dsgd_optimizer_steps(r->opt);
+    dsgd_result res;
+    r->clean_fail = 1;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(buf, 0, sizeof(float) * n);
+    buf[r->rank] = v->votes[r->local];
+    buf[s->world] = step;
+    buf[s->world + 1] = -step;
+    if (s->world > 1 && (res = dsgd_allreduce(r->comm, buf, n, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->local == 0) memcpy(v->out, buf, sizeof(float) * n);
+    return DSGD_OK;
+}
+
+/* Stops the replicas' threads (they wait for a job: the step returned). */
+static void dsgd__elastic_stop_threads(dsgd_strategy *s) {
+    int i;
+    pthread_mutex_lock(&s->mu);
+    s->shutdown = 1;
+    pthread_cond_broadcast(&s->cv_start);
+    pthread_mutex_unlock(&s->mu);
+    for (i = 0; i < s->n; ++i) {
+        if (s->reps[i].thread_started) pthread_join(s->reps[i].thread, NULL);
+        s->reps[i].thread_started = 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->shutdown = 0;
+    s->gen = 0; /* a new thread has seen generation 0 */
+    s->pending = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Step 3 of the shrink: keep[i] says whether local replica i survives;
+   survivors (world entries) are the old ranks of the new group's ranks. */
+static dsgd_result dsgd__elastic_shrink(dsgd_strategy *s, const int *keep, const int *survivors, int world) {
+    const char *what = "elastic shrink";
+    dsgd_result res = DSGD_OK;
+    int i, j, k, v;
+    dsgd__elastic_stop_threads(s);
+    if (s->ops->teardown) s->ops->teardown(s);
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_comm_destroy(r->comm);
+        r->comm = NULL;
+        if (keep[i]) continue;
+        dsgd_optimizer_destroy(r->opt);
+        DSGD_FREE(r->stage);
+        DSGD_FREE(r->sub);
+        dsgd__member_destroy(&r->m);
+    }
+    for (v = 0; v < s->num_vars; ++v) { /* the survivors' copies, in order */
+        dsgd__dvar *dv = &s->vars[v];
+        for (i = 0, j = 0; i < s->n; ++i)
+            if (keep[i]) {
+                if (i != j) memmove(dv->copies + (size_t)j * dv->count, dv->copies + (size_t)i * dv->count,
+                                    sizeof(float) * dv->count);
+                ++j;
+            }
+    }
+    for (i = 0, j = 0; i < s->n; ++i) {
+        if (!keep[i]) continue;
+        if (i != j) s->reps[j] = s->reps[i];
+        s->reps[j].local = j;
+        for (k = 0; k < world; ++k)
+            if (survivors[k] == s->reps[j].rank) s->reps[j].rank = k;
+        ++j;
+    }
+    s->n = j;
+    s->world = world;
+    s->first = s->reps[0].rank;
+    s->shard_count = world;
+    s->shard_first = s->first;
+    if (s->hub) { /* the strategy's own loopback: one of the survivors */
+        dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)s->n, what);
+        dsgd_loopback_destroy(s->hub);
+        s->hub = NULL;
+        res = eps ? dsgd__group_endpoints(s->ctx, NULL, s->n, &s->hub, eps) : DSGD_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < s->n && res == DSGD_OK; ++i) s->reps[i].ep = eps[i];
+        DSGD_FREE(eps);
+    } else if (world > 1) { /* the given endpoints, wrapped */
+        for (i = 0; i < s->n && res == DSGD_OK; ++i) {
+            dsgd_replica *r = &s->reps[i];
+            dsgd__sub_ep *old = (dsgd__sub_ep *)r->sub;
+            dsgd__sub_ep *e = (dsgd__sub_ep *)dsgd__alloc(s->ctx, sizeof(*e) + sizeof(int) * (size_t)world, what);
+            if (!e) {
+                res = DSGD_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            e->base = old ? old->base : r->ep;
+            e->size = world;
+            e->map = (int *)(void *)(e + 1);
+            for (k = 0; k < world; ++k) e->map[k] = old ? old->map[survivors[k]] : survivors[k];
+            DSGD_FREE(old);
+            r->sub = e;
+            dsgd__sub_endpoint(e, r->rank, &r->ep);
+        }
+    }
+    for (i = 0; i < s->n && res == DSGD_OK && world > 1; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_comm_desc cd;
+        memset(&cd, 0, sizeof(cd));
+        cd.timeout_s = s->d.timeout_s;
+        cd.piece_bytes = s->d.piece_bytes;
+        res = dsgd_comm_create(r->m.ctx, &r->ep, &cd, &r->comm);
+        if (res != DSGD_OK) dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->m.ctx));
+    }
+    if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
+    for (i = 1; i < s->n && res == DSGD_OK; ++i) {
+        if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0)
+            res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
+        else s->reps[i].thread_started = 1;
+    }
+    return res;
+}
+
+/* "3, 5, 6": the ranks k (of n) whose vote is `want`, into buf. */
+static void dsgd__elastic_ranks(const float *votes, int n, float want, char *buf, size_t cap) {
+    size_t len = 0;
+    int k;
+    buf[0] = '\0';
+    for (k = 0; k < n && len + 16 < cap; ++k)
+        if (votes[k] == want) len += (size_t)snprintf(buf + len, cap - len, "%s%d", len ? ", " : "", k);
+}
+
+static void dsgd__elastic_sleep(double seconds) {
+    struct timespec ts;
+    double until = dsgd_now() + seconds;
+    while (seconds > 0.0) {
+        double step = seconds < 0.05 ? seconds : 0.05;
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)(step * 1e9);
+        nanosleep(&ts, NULL);
+        seconds = until - dsgd_now();
+    }
+}
+
+/* After a failed step (s->elastic): shrinks and returns 1 (retry the step)
+   when replicas failed on their own before the update and at least
+   min_replicas survive; else 0, with *res the call's error. */
+static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res) {
+    const dsgd_strategy_elastic_desc *ed = &s->d.elastic;
+    int64_t step;
+    int i, k, n = s->n, w = s->world, alive = 0, go = 0;
+    dsgd_result ar;
+    char *saved, failed[256], alive_list[256];
+    float *votes, *agreed;
+    int *keep, *surv, *results;
+    dsgd__elastic_vote vote;
+    if (s->failed || n == 0 || s->reps[0].stop_by < 0) return 0; /* not agreed before the update */
+    step = dsgd_optimizer_steps(s->reps[0].opt);
+    /* the failed step's results and messages, kept for the report */
+    saved = (char *)dsgd__alloc(s->ctx, (size_t)(n + 1) * DSGD__MSG_MAX, what);
+    votes = (float *)dsgd__alloc(s->ctx, sizeof(float) * ((size_t)n + (size_t)w + 2), what);
+    keep = (int *)dsgd__alloc(s->ctx, sizeof(int) * (2 * (size_t)n + (size_t)w), what);
+    if (!saved || !votes || !keep) {
+        DSGD_FREE(saved);
+        DSGD_FREE(votes);
+        DSGD_FREE(keep);
+        dsgd__strategy_fail(s, step, what, "elastic: out of memory before the shrink");
+        *res = DSGD_ERR_OUT_OF_MEMORY;
+        return 0;
+    }
+    agreed = votes + n;
+    surv = keep + n;
+    results = surv + w;
+    snprintf(saved + (size_t)n * DSGD__MSG_MAX, DSGD__MSG_MAX, "%s", dsgd_ctx_last_error(s->ctx));
+    for (i = 0; i < n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        memcpy(saved + (size_t)i * DSGD__MSG_MAX, r->msg, DSGD__MSG_MAX);
+        results[i] = (int)r->result;
+        votes[i] = r->result == DSGD_OK || !r->own_error ? 0.0f
+                   : r->result == DSGD_ERR_INVALID_ARGUMENT || r->result == DSGD_ERR_NON_FINITE ? 2.0f : 1.0f;
+        keep[i] = 0;
+    }
+    vote.votes = votes;
+    vote.out = agreed;
+    ar = dsgd__strategy_dispatch(s, dsgd__elastic_agree, &vote, what);                   /* 1 */
+    if (ar != DSGD_OK) { /* a collective failed: the strategy has failed (dispatch) */
+        *res = ar;
+        goto done;
+    }
+    for (i = 0; i < n; ++i) { /* the failed step's report again */
+        memcpy(s->reps[i].msg, saved + (size_t)i * DSGD__MSG_MAX, DSGD__MSG_MAX);
+        s->reps[i].result = (dsgd_result)results[i];
+    }
+    dsgd_ctx_set_error(s->ctx, *res, "%s", saved + (size_t)n * DSGD__MSG_MAX);
+    for (k = 0; k < w; ++k) {
+        if (agreed[k] == 2.0f) goto done; /* about the batch: the group stays whole */
+        if (agreed[k] == 0.0f) surv[alive++] = k;
+    }
+    if (agreed[w] != -agreed[w + 1]) {
+        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: the replicas are at different steps "
+                                  "(%.0f to %.0f): cannot shrink", what, (double)-agreed[w + 1], (double)agreed[w]);
+        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        goto done;
+    }
+    if (alive == w) goto done;
+    dsgd__elastic_ranks(agreed, w, 1.0f, failed, sizeof(failed));
+    dsgd__elastic_ranks(agreed, w, 0.0f, alive_list, sizeof(alive_list));
+    if (alive < ed->min_replicas || alive == 0) {                                        /* 2 */
+        dsgd__elastic_sleep(ed->grace_s);
+        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld replica(s) %s failed; %d of %d "
+                                  "replicas survive (ranks %s), fewer than min_replicas %d, and none joined within "
+                                  "grace_s %g s (%s)", what, (long long)step, failed, alive, w,
+                                  alive ? alive_list : "none", ed->min_replicas, ed->grace_s,
+                                  saved + (size_t)n * DSGD__MSG_MAX);
+        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        goto done;
+    }
+    for (i = 0, k = 0; i < n; ++i) keep[i] = agreed[s->reps[i].rank] == 0.0f;
+    for (i = 0; i < n; ++i) k += keep[i];
+    if (k == 0) {
+        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld every replica of this worker "
+                                  "failed; the group goes on with ranks %s of the others (%s)", what, (long long)step,
+                                  alive_list, saved + (size_t)n * DSGD__MSG_MAX);
+        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        goto done;
+    }
+    dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
+                 (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
+    if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
+        char m[DSGD__MSG_MAX];
+        snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));
+        *res = dsgd_ctx_set_error(s->ctx, ar, "%s: elastic: the shrink to %d replicas failed: %s", what, alive, m);
+        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        goto done;
+    }
+    s->resized = 1;
+    if (ed->on_resize) ed->on_resize(ed->user, w, alive, surv, s);                       /* 4 */
+    if (!a->fn && (long long)a->count > (long long)alive * s->d.model.max_batch) {
+        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: shrunk to %d replicas after replica(s) %s failed, but the global batch of %d "
+                                  "exceeds %d x max_batch %d: the step was not retried (call again with a smaller "
+                                  "batch)", what, alive, failed, a->count, alive, s->d.model.max_batch);
+        goto done;
+    }
+    go = 1;                                                                              /* 5 */
+done:
+    DSGD_FREE(saved);
+    DSGD_FREE(votes);
+    DSGD_FREE(keep);
+    return go;
+}
+
+/* Arms a created strategy: min_replicas fits the group. */
+static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
+    int m = s->d.elastic.min_replicas;
+    if (m == 0) return DSGD_OK;
+    if (m > s->world)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_strategy_create: elastic min_replicas %d exceeds the %d replicas in sync", m,
+                                  s->world);
+    s->elastic = dsgd__elastic_step;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_STRATEGY_ELASTIC_IMPL */

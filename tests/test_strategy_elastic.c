@@ -1,0 +1,479 @@
+/* test_strategy_elastic.c - elastic synchronous training (strategy_elastic.h):
+   the group shrinks past a replica that failed before the update.
+
+   The model is a small MLP, 12 -> 10 tanh -> 4 (softmax cross-entropy),
+   trained with Adam (whose state and step count must carry over).
+
+   What is asserted:
+   - MIRRORED, 8 replicas over the strategy's own loopback: replica 5's
+     batch function fails at step 50; that call returns DSGD_OK having
+     shrunk to 7 (info.world 7, info.resized 1; on_resize called once with
+     8, 7 and the survivors 0,1,2,3,4,6,7), and after steps 50..59 every
+     survivor holds the very bits of the scripted run: 8 replicas to step
+     50, saved, restored into a 7-replica strategy, steps 50..59. Replica
+     3 and 6 failing together at step 4 with min_replicas 2 (8 -> 6) match
+     the same script with 6.
+   - MULTI_WORKER_MIRRORED, 2 workers x 2 replicas over one loopback hub
+     (RING): global replica 1 fails at step 5, both workers shrink (3
+     replicas in sync, 1 and 2 here, the survivors 0, 2, 3 renumbered
+     0, 1, 2) and train steps 5..9 to the bits of a
+     4-replica MIRRORED run saved at step 5 and restored into 3 replicas.
+   - A global dsgd_sampler loop over an epoch in which replica 2 fails:
+     every sample of the dataset is trained on exactly once (on_resize
+     forgets the failed attempt's shards).
+   - Below min_replicas (4 replicas, min 3, replicas 1 and 2 failing at
+     once): DSGD_ERR_ABORTED after grace_s (0.3 s, and well before the
+     collectives' deadline) naming the survivors 0 and 3 and min_replicas
+     3; the strategy has failed (DSGD_ERR_STATE next).
+   - A class index out of range (a failure about the batch) does not
+     shrink: DSGD_ERR_INVALID_ARGUMENT, the group stays whole and trains on.
+   - Misuse: elastic with central_storage, a negative min_replicas or
+     grace_s, min_replicas above the replicas: DSGD_ERR_INVALID_ARGUMENT.
+
+   Build: make test (this file is compiled without the implementation and
+   linked against the library built once per variant).
+   distsgd-test: tsan */
+#include "harness.h"
+
+#include <pthread.h>
+
+enum { IN = 12, OUT = 4, MAXB = 16, NP = IN * 10 + 10 + 10 * OUT + OUT, GB = 48, NS = 8 };
+
+static const dsgd_layer_desc LAYERS[2] = {{10, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+
+/* NS distinct global batches of GB samples; step t uses batch t % NS */
+static float g_x[NS][GB * IN], g_y[NS][GB];
+
+static int setup(void **state) {
+    tu_rng r = tu_rng_make(42);
+    int s, i;
+    (void)state;
+    for (s = 0; s < NS; ++s) {
+        tu_fill(&r, g_x[s], (size_t)GB * IN, -1.0f, 1.0f);
+        for (i = 0; i < GB; ++i) g_y[s][i] = (float)tu_below(&r, OUT);
+    }
+    return 0;
+}
+
+static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n) {
+    dsgd_strategy_desc d;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    d.num_replicas = n;
+    d.model.input_dim = IN;
+    d.model.layers = LAYERS;
+    d.model.num_layers = 2;
+    d.model.max_batch = MAXB;
+    d.model.seed = 7;
+    d.optimizer.kind = DSGD_OPT_ADAM;
+    d.optimizer.lr = 0.01f;
+    d.timeout_s = 20.0;
+    d.cpu_threads = 1;
+    return d;
+}
+
+/* The batch function: replica g of W takes dsgd_block_range(GB, W, g) of
+   step `step`'s global batch; replica fail_a or fail_b fails at fail_step
+   while the group has fail_world replicas. */
+typedef struct feed {
+    int step;
+    int fail_step, fail_world, fail_a, fail_b;
+    int label_step, label_replica; /* a class index 99 there (-1: none) */
+    float ybuf[GB];
+} feed;
+
+static dsgd_result feed_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    feed *f = (feed *)user;
+    size_t off = 0, len = 0;
+    const float *y = g_y[f->step % NS];
+    if (f->step == f->fail_step && num_replicas == f->fail_world && (replica == f->fail_a || replica == f->fail_b))
+        return DSGD_ERR_BACKEND;
+    dsgd_block_range(GB, num_replicas, replica, &off, &len);
+    if (f->step == f->label_step && replica == f->label_replica && len > 0) {
+        memcpy(f->ybuf + off, y + off, sizeof(float) * len);
+        f->ybuf[off] = 99.0f;
+        y = f->ybuf;
+    }
+    out->count = (int)len;
+    out->x = g_x[f->step % NS] + off * IN;
+    out->y = y + off;
+    return DSGD_OK;
+}
+
+static feed no_failure(void) {
+    feed f;
+    memset(&f, 0, sizeof(f));
+    f.fail_step = f.label_step = -1;
+    f.fail_a = f.fail_b = f.label_replica = -1;
+    return f;
+}
+
+typedef struct resize_log {
+    int calls, old_world, new_world, survivors[DSGD_MAX_REPLICAS];
+} resize_log;
+
+static void on_resize(void *user, int old_world, int new_world, const int *survivors, dsgd_strategy *s) {
+    resize_log *l = (resize_log *)user;
+    ++l->calls;
+    l->old_world = old_world;
+    l->new_world = new_world;
+    memcpy(l->survivors, survivors, sizeof(int) * (size_t)new_world);
+    (void)s;
+}
+
+static void params_of(dsgd_strategy *s, int replica, float *p) {
+    assert_int_equal(dsgd_model_get_params(dsgd_strategy_model(s, replica), p, NP), DSGD_OK);
+}
+
+/* The script: n replicas to step k, saved, restored into m, to step end. */
+static void scripted(dsgd_ctx *ctx, int n, int k, int m, int end, float *out) {
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, n);
+    dsgd_strategy *s;
+    feed f = no_failure();
+    char dir[64], path[128];
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof(path), "%s/ck", dir);
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (f.step = 0; f.step < k; ++f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL));
+    TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+    dsgd_strategy_destroy(s);
+    d.num_replicas = m;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+    for (; f.step < end; ++f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL));
+    params_of(s, 0, out);
+    dsgd_strategy_destroy(s);
+    tu_rmdir(dir);
+}
+
+/* n replicas, fail_a (and fail_b) fail at step k; end steps in all. */
+static void shrink_case(int n, int k, int fail_a, int fail_b, int min_replicas, int end) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, n);
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    resize_log log;
+    feed f = no_failure();
+    float want[NP], got[NP];
+    int i, j, m = n - 1 - (fail_b >= 0);
+    memset(&log, 0, sizeof(log));
+    d.elastic.min_replicas = min_replicas;
+    d.elastic.on_resize = on_resize;
+    d.elastic.user = &log;
+    f.fail_step = k;
+    f.fail_world = n;
+    f.fail_a = fail_a;
+    f.fail_b = fail_b;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (f.step = 0; f.step < end; ++f.step) {
+        memset(&info, 0, sizeof(info));
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, &info));
+        assert_int_equal(info.resized, f.step == k);
+        assert_int_equal(info.world, f.step < k ? n : m);
+        assert_int_equal(info.count, GB);
+        assert_int_equal(info.step, f.step);
+    }
+    assert_int_equal(log.calls, 1);
+    assert_int_equal(log.old_world, n);
+    assert_int_equal(log.new_world, m);
+    for (i = 0, j = 0; i < n; ++i) /* the survivors, in their old order */
+        if (i != fail_a && i != fail_b) assert_int_equal(log.survivors[j++], i);
+    assert_int_equal(j, m);
+    assert_int_equal(dsgd_strategy_num_replicas(s), m);
+    assert_int_equal(dsgd_strategy_num_replicas_in_sync(s), m);
+    assert_false(dsgd_strategy_failed(s));
+    tu_assert_replicas_identical(ctx, s);
+    params_of(s, 0, got);
+    dsgd_strategy_destroy(s);
+    scripted(ctx, n, k, m, end, want);
+    assert_memory_equal(got, want, sizeof(want));
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_shrink_8_to_7_bitwise(void **state) {
+    (void)state;
+    tu_watchdog(120);
+    shrink_case(8, 50, 5, -1, 4, 60);
+    tu_watchdog(0);
+}
+
+static void test_two_fail_at_once(void **state) {
+    (void)state;
+    tu_watchdog(60);
+    shrink_case(8, 4, 3, 6, 2, 8);
+    tu_watchdog(0);
+}
+
+/* ---------------------------------------------------------------- workers */
+
+enum { WK = 2, WN = 2, WSTEPS = 10, WFAIL = 5 };
+
+typedef struct worker {
+    dsgd_transport_i eps[WN];
+    int index;
+    feed f;
+    resize_log log;
+    dsgd_result res[WSTEPS];
+    int world[WSTEPS], resized[WSTEPS], n_after;
+    float params[WN][NP];
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = (worker *)arg;
+    dsgd_ctx *ctx = NULL;
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, WN);
+    dsgd_strategy *s = NULL;
+    int i;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return NULL;
+    d.endpoints = w->eps;
+    d.algorithm = DSGD_ALLREDUCE_RING;
+    d.elastic.min_replicas = 2;
+    d.elastic.on_resize = on_resize;
+    d.elastic.user = &w->log;
+    if (dsgd_strategy_create(ctx, &d, &s) == DSGD_OK) {
+        for (w->f.step = 0; w->f.step < WSTEPS; ++w->f.step) {
+            dsgd_step_info info;
+            memset(&info, 0, sizeof(info));
+            w->res[w->f.step] = dsgd_strategy_train_step_fn(s, feed_fn, &w->f, &info);
+            w->world[w->f.step] = info.world;
+            w->resized[w->f.step] = info.resized;
+        }
+        w->n_after = dsgd_strategy_num_replicas(s);
+        for (i = 0; i < w->n_after; ++i) dsgd_model_get_params(dsgd_strategy_model(s, i), w->params[i], NP);
+    } else {
+        w->res[0] = DSGD_ERR_STATE;
+    }
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    return NULL;
+}
+
+static void test_multi_worker_shrink(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_loopback *hub;
+    worker w[WK];
+    pthread_t th[WK];
+    float want[NP];
+    int i, k, r;
+    (void)state;
+    tu_watchdog(60);
+    TU_OK(ctx, dsgd_loopback_create(ctx, WK * WN, &hub));
+    memset(w, 0, sizeof(w));
+    for (i = 0; i < WK; ++i) {
+        w[i].index = i;
+        w[i].f = no_failure();
+        w[i].f.fail_step = WFAIL;
+        w[i].f.fail_world = WK * WN;
+        w[i].f.fail_a = 1;
+        for (r = 0; r < WN; ++r) TU_OK(ctx, dsgd_loopback_endpoint(hub, i * WN + r, &w[i].eps[r]));
+    }
+    for (i = 0; i < WK; ++i) assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    for (i = 0; i < WK; ++i) pthread_join(th[i], NULL);
+    {   /* the script over MIRRORED with RING */
+        dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, 4);
+        dsgd_strategy *s;
+        feed f = no_failure();
+        char dir[64], path[128];
+        tu_mkdtemp(dir);
+        snprintf(path, sizeof(path), "%s/ck", dir);
+        d.algorithm = DSGD_ALLREDUCE_RING;
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        for (f.step = 0; f.step < WFAIL; ++f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL));
+        TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+        dsgd_strategy_destroy(s);
+        d.num_replicas = 3;
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+        for (; f.step < WSTEPS; ++f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL));
+        params_of(s, 0, want);
+        dsgd_strategy_destroy(s);
+        tu_rmdir(dir);
+    }
+    for (i = 0; i < WK; ++i) {
+        for (k = 0; k < WSTEPS; ++k) {
+            if (w[i].res[k] != DSGD_OK) fail_msg("worker %d step %d: %s", i, k, dsgd_result_string(w[i].res[k]));
+            assert_int_equal(w[i].world[k], k < WFAIL ? 4 : 3);
+            assert_int_equal(w[i].resized[k], k == WFAIL);
+        }
+        assert_int_equal(w[i].log.calls, 1);
+        assert_int_equal(w[i].log.new_world, 3);
+        assert_int_equal(w[i].log.survivors[0], 0);
+        assert_int_equal(w[i].log.survivors[1], 2);
+        assert_int_equal(w[i].log.survivors[2], 3);
+        assert_int_equal(w[i].n_after, i == 0 ? 1 : 2);
+        for (r = 0; r < w[i].n_after; ++r) assert_memory_equal(w[i].params[r], want, sizeof(want));
+    }
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+/* ---------------------------------------------------------------- the sampler */
+
+enum { DS = 203, SB = 24 };
+
+typedef struct epoch_feed {
+    const size_t *idx;
+    int count, step, fail_step;
+    float x[SB * IN], y[SB];
+    int hits[DS]; /* this step's samples, by index */
+} epoch_feed;
+
+static dsgd_result epoch_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    epoch_feed *e = (epoch_feed *)user;
+    size_t off = 0, len = 0, i;
+    if (e->step == e->fail_step && num_replicas == 4 && replica == 2) return DSGD_ERR_SYSTEM;
+    dsgd_block_range((size_t)e->count, num_replicas, replica, &off, &len);
+    for (i = off; i < off + len; ++i) ++e->hits[e->idx[i]]; /* disjoint per replica */
+    out->count = (int)len;
+    out->x = e->x + off * IN;
+    out->y = e->y + off;
+    return DSGD_OK;
+}
+
+static void forget_attempt(void *user, int old_world, int new_world, const int *survivors, dsgd_strategy *s) {
+    epoch_feed *e = (epoch_feed *)user;
+    (void)old_world; (void)new_world; (void)survivors; (void)s;
+    memset(e->hits, 0, sizeof(e->hits)); /* the step is retried */
+}
+
+static void test_sampler_epoch(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, 4);
+    dsgd_strategy *s;
+    dsgd_sampler smp;
+    static epoch_feed e;
+    static float dx[DS * IN], dy[DS];
+    int total[DS], i, resized = 0;
+    size_t k, j;
+    tu_rng r = tu_rng_make(5);
+    (void)state;
+    tu_watchdog(60);
+    tu_fill(&r, dx, (size_t)DS * IN, -1.0f, 1.0f);
+    for (i = 0; i < DS; ++i) dy[i] = (float)tu_below(&r, OUT);
+    memset(&e, 0, sizeof(e));
+    memset(total, 0, sizeof(total));
+    e.fail_step = 3;
+    d.elastic.min_replicas = 2;
+    d.elastic.on_resize = forget_attempt;
+    d.elastic.user = &e;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_OK(ctx, dsgd_sampler_init(ctx, &smp, DS, SB, 11, 1, 0));
+    while ((k = dsgd_sampler_next(&smp, &e.idx)) > 0) {
+        dsgd_step_info info;
+        for (j = 0; j < k; ++j) {
+            memcpy(e.x + j * IN, dx + e.idx[j] * IN, sizeof(float) * IN);
+            e.y[j] = dy[e.idx[j]];
+        }
+        e.count = (int)k;
+        memset(e.hits, 0, sizeof(e.hits));
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, epoch_fn, &e, &info));
+        assert_int_equal(info.count, (int)k);
+        resized += info.resized;
+        for (i = 0; i < DS; ++i) total[i] += e.hits[i];
+        ++e.step;
+    }
+    assert_int_equal(resized, 1);
+    assert_int_equal(dsgd_strategy_num_replicas(s), 3);
+    for (i = 0; i < DS; ++i)
+        if (total[i] != 1) fail_msg("sample %d was trained on %d times in the epoch", i, total[i]);
+    dsgd_sampler_free(&smp);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+/* ---------------------------------------------------------------- the limits */
+
+static void test_below_min_replicas(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, 4);
+    dsgd_strategy *s;
+    feed f = no_failure();
+    double t0, dt;
+    const char *msg;
+    (void)state;
+    tu_watchdog(60);
+    d.elastic.min_replicas = 3;
+    d.elastic.grace_s = 0.3;
+    f.fail_step = 2;
+    f.fail_world = 4;
+    f.fail_a = 1;
+    f.fail_b = 2;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (f.step = 0; f.step < 2; ++f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL));
+    t0 = dsgd_now();
+    assert_int_equal(dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL), DSGD_ERR_ABORTED);
+    dt = dsgd_now() - t0;
+    msg = dsgd_ctx_last_error(ctx);
+    if (!strstr(msg, "min_replicas 3") || !strstr(msg, "ranks 0, 3") || !strstr(msg, "replica(s) 1, 2"))
+        fail_msg("message: %s", msg);
+    assert_true(dt >= 0.3);
+    assert_true(dt < 10.0);
+    assert_true(dsgd_strategy_failed(s));
+    ++f.step;
+    assert_int_equal(dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL), DSGD_ERR_STATE);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+static void test_batch_error_does_not_shrink(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, 4);
+    dsgd_strategy *s;
+    feed f = no_failure();
+    dsgd_step_info info;
+    (void)state;
+    tu_watchdog(60);
+    d.elastic.min_replicas = 1;
+    f.label_step = 1;
+    f.label_replica = 2;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL));
+    f.step = 1;
+    assert_int_equal(dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL), DSGD_ERR_INVALID_ARGUMENT);
+    assert_false(dsgd_strategy_failed(s));
+    assert_int_equal(dsgd_strategy_num_replicas(s), 4);
+    f.step = 2;
+    TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, &info));
+    assert_int_equal(info.world, 4);
+    assert_int_equal(info.resized, 0);
+    tu_assert_replicas_identical(ctx, s);
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+static void test_misuse(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_CENTRAL_STORAGE, 2);
+    dsgd_strategy *s = NULL;
+    (void)state;
+    d.elastic.min_replicas = 1;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d = base_desc(DSGD_STRATEGY_MIRRORED, 2);
+    d.elastic.min_replicas = -1;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d.elastic.min_replicas = 1;
+    d.elastic.grace_s = -1.0;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    d.elastic.grace_s = 0.0;
+    d.elastic.min_replicas = 3;
+    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_create(ctx, &d, &s));
+    assert_null(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shrink_8_to_7_bitwise),
+        cmocka_unit_test(test_two_fail_at_once),
+        cmocka_unit_test(test_multi_worker_shrink),
+        cmocka_unit_test(test_sampler_epoch),
+        cmocka_unit_test(test_below_min_replicas),
+        cmocka_unit_test(test_batch_error_does_not_shrink),
+        cmocka_unit_test(test_misuse),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
