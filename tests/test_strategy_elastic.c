@@ -12,7 +12,8 @@
      survivor holds the very bits of the scripted run: 8 replicas to step
      50, saved, restored into a 7-replica strategy, steps 50..59. Replica
      3 and 6 failing together at step 4 with min_replicas 2 (8 -> 6) match
-     the same script with 6.
+     the same script with 6; so do 2 -> 1 (replica 0 failing, no
+     communicator left) and 4 -> 3 with overlap (the scripts without).
    - MULTI_WORKER_MIRRORED, 2 workers x 2 replicas over one loopback hub
      (RING): global replica 1 fails at step 5, both workers shrink (3
      replicas in sync, 1 and 2 here, the survivors 0, 2, 3 renumbered
@@ -55,6 +56,9 @@ static int setup(void **state) {
     return 0;
 }
 
+static int g_overlap; /* the elastic runs' overlap (not the scripts') */
+static int g_count = GB; /* feed_fn's global batch, <= GB */
+
 static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n) {
     dsgd_strategy_desc d;
     memset(&d, 0, sizeof(d));
@@ -88,7 +92,7 @@ static dsgd_result feed_fn(void *user, int replica, int num_replicas, dsgd_batch
     const float *y = g_y[f->step % NS];
     if (f->step == f->fail_step && num_replicas == f->fail_world && (replica == f->fail_a || replica == f->fail_b))
         return DSGD_ERR_BACKEND;
-    dsgd_block_range(GB, num_replicas, replica, &off, &len);
+    dsgd_block_range((size_t)g_count, num_replicas, replica, &off, &len);
     if (f->step == f->label_step && replica == f->label_replica && len > 0) {
         memcpy(f->ybuf + off, y + off, sizeof(float) * len);
         f->ybuf[off] = 99.0f;
@@ -158,6 +162,8 @@ static void shrink_case(int n, int k, int fail_a, int fail_b, int min_replicas, 
     int i, j, m = n - 1 - (fail_b >= 0);
     memset(&log, 0, sizeof(log));
     d.elastic.min_replicas = min_replicas;
+    d.overlap = g_overlap;
+    d.bucket_bytes = g_overlap ? 256 : 0;
     d.elastic.on_resize = on_resize;
     d.elastic.user = &log;
     f.fail_step = k;
@@ -170,7 +176,7 @@ static void shrink_case(int n, int k, int fail_a, int fail_b, int min_replicas, 
         TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, &info));
         assert_int_equal(info.resized, f.step == k);
         assert_int_equal(info.world, f.step < k ? n : m);
-        assert_int_equal(info.count, GB);
+        assert_int_equal(info.count, g_count);
         assert_int_equal(info.step, f.step);
     }
     assert_int_equal(log.calls, 1);
@@ -201,6 +207,21 @@ static void test_two_fail_at_once(void **state) {
     (void)state;
     tu_watchdog(60);
     shrink_case(8, 4, 3, 6, 2, 8);
+    tu_watchdog(0);
+}
+
+/* Replica 0 (the one on the strategy's thread) fails: 2 -> 1, no
+   communicator left; and 4 -> 3 with the exchange beside backward
+   (overlap's threads torn down and made again). */
+static void test_small_groups(void **state) {
+    (void)state;
+    tu_watchdog(60);
+    g_count = 16; /* one replica's max_batch */
+    shrink_case(2, 2, 0, -1, 1, 5);
+    g_count = GB;
+    g_overlap = 1;
+    shrink_case(4, 3, 1, -1, 2, 7);
+    g_overlap = 0;
     tu_watchdog(0);
 }
 
@@ -469,6 +490,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shrink_8_to_7_bitwise),
         cmocka_unit_test(test_two_fail_at_once),
+        cmocka_unit_test(test_small_groups),
         cmocka_unit_test(test_multi_worker_shrink),
         cmocka_unit_test(test_sampler_epoch),
         cmocka_unit_test(test_below_min_replicas),
