@@ -1276,6 +1276,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
         DSGD__FP(h, s->d.local.wire);
     }
     h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
+    if (s->d.elastic.min_replicas) DSGD__FP(h, s->d.elastic.min_replicas); /* every worker decides alike */
     return h;
 }
 

@@ -61,7 +61,9 @@
                 thread
        5 retry  the same step (the same x, y, count or batch function,
                 which is now told W' and the new ranks)
-     A worker whose replicas all failed fails (the others go on). The
+     Every worker must pass the same min_replicas (creation checks it
+     with the rest of the description), so that all decide alike. A
+     worker whose replicas all failed fails (the others go on). The
      retry fails with DSGD_ERR_INVALID_ARGUMENT, the strategy shrunk and
      usable, when a sliced global batch exceeds W' x max_batch. The failed
      attempt's losses stay in the survivors' TRAIN metrics (as a skipped

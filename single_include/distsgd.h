@@ -20551,6 +20551,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
         DSGD__FP(h, s->d.local.wire);
     }
     h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
+    if (s->d.elastic.min_replicas) DSGD__FP(h, s->d.elastic.min_replicas); /* every worker decides alike */
     return h;
 }
 
@@ -23634,7 +23635,9 @@ static const dsgd__strategy_ops dsgd__local_ops = {
                 thread
        5 retry  the same step (the same x, y, count or batch function,
                 which is now told W' and the new ranks)
-     A worker whose replicas all failed fails (the others go on). The
+     Every worker must pass the same min_replicas (creation checks it
+     with the rest of the description), so that all decide alike. A
+     worker whose replicas all failed fails (the others go on). The
      retry fails with DSGD_ERR_INVALID_ARGUMENT, the strategy shrunk and
      usable, when a sliced global batch exceeds W' x max_batch. The failed
      attempt's losses stay in the survivors' TRAIN metrics (as a skipped
