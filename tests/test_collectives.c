@@ -2101,6 +2101,183 @@ static void test_wire_errors(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- waits */
+/* Who made whom wait (dsgd_comm_get_waits), over simnet's virtual clock:
+   rank s enters each collective X = 0.25 s after the others
+   (dsgd_simnet_advance). With free links every rank j != s has waited
+   exactly X for s and 0 for everyone else, whatever the collective's
+   pattern (the agreement passes the lateness on through its messengers),
+   and s waited for nobody. With costly links the other waits stay within
+   the collective's own time T0 (the same collective without the
+   straggler, every rank's longest), and the wait on s within T0 of X. */
+
+#define WT_KINDS 9
+static const char *const WT_NAMES[WT_KINDS] = {"ring",      "recursive doubling", "halving-doubling",
+                                              "reduce-broadcast", "barrier", "broadcast", "allgather",
+                                              "reduce-scatter", "auto (1 float)"};
+
+typedef struct wt_run {
+    int n, late, kind;
+    double late_s;
+    double waits[MAXN][MAXN];
+    double took[MAXN]; /* the collective's virtual time on each rank */
+    dsgd_result res[MAXN];
+    char msg[MAXN][256];
+} wt_run;
+
+static void wt_rank(dsgd_simnet *hub, int rank, const dsgd_transport_i *ep, void *user) {
+    static const dsgd_allreduce_algo algo[4] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
+                                                DSGD_ALLREDUCE_HALVING_DOUBLING, DSGD_ALLREDUCE_REDUCE_BROADCAST};
+    wt_run *w = (wt_run *)user;
+    dsgd_ctx *ctx = NULL;
+    dsgd_comm *c = NULL;
+    float buf[1000];
+    size_t count = 1000;
+    double t0;
+    dsgd_result r = dsgd_ctx_create(NULL, &ctx);
+    int i;
+    for (i = 0; i < 1000; ++i) buf[i] = (float)(rank + i);
+    if (r == DSGD_OK) r = dsgd_comm_create(ctx, ep, NULL, &c);
+    if (r == DSGD_OK && rank == w->late) r = dsgd_simnet_advance(hub, rank, w->late_s);
+    t0 = ep->now(ep->impl);
+    if (r == DSGD_OK) {
+        if (w->kind < 4) r = dsgd_allreduce(c, buf, count, DSGD_REDUCE_SUM, algo[w->kind], 0.0);
+        else if (w->kind == 4) r = dsgd_barrier(c, 0.0);
+        else if (w->kind == 5) r = dsgd_broadcast(c, buf, count, 1 % w->n, 0.0);
+        else if (w->kind == 6) r = dsgd_allgather(c, buf, count, 0.0);
+        else if (w->kind == 7) r = dsgd_reduce_scatter(c, buf, count, DSGD_REDUCE_SUM, 0.0);
+        else r = dsgd_allreduce(c, buf, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
+    }
+    w->took[rank] = ep->now(ep->impl) - t0;
+    if (r == DSGD_OK) r = dsgd_comm_get_waits(c, w->waits[rank], MAXN);
+    w->res[rank] = r;
+    snprintf(w->msg[rank], sizeof(w->msg[rank]), "%s", r == DSGD_OK ? "" : dsgd_ctx_last_error(ctx));
+    dsgd_comm_destroy(c);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void wt_go(wt_run *w, int n, int late, int kind, double late_s, int costly) {
+    dsgd_ctx *ctx;
+    dsgd_simnet *hub;
+    dsgd_simnet_desc d;
+    int r;
+    memset(w, 0, sizeof(*w));
+    w->n = n;
+    w->late = late;
+    w->kind = kind;
+    w->late_s = late_s;
+    memset(&d, 0, sizeof(d));
+    d.ranks = n;
+    if (costly) {
+        d.alpha_s = 1e-4;
+        d.beta_s_per_byte = 1e-9;
+        d.gamma_s_per_float = 1e-10;
+    }
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    TU_OK(ctx, dsgd_simnet_create(ctx, &d, &hub));
+    TU_OK(ctx, dsgd_simnet_run(hub, wt_rank, w));
+    for (r = 0; r < n; ++r)
+        if (w->res[r] != DSGD_OK) fail_msg("%s N=%d: rank %d: %s", WT_NAMES[kind], n, r, w->msg[r]);
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_waits_simnet(void **state) {
+    static const int Ns[5] = {2, 3, 4, 5, 8};
+    const double X = 0.25;
+    int ni, kind, costly;
+    (void)state;
+    tu_watchdog(120);
+    for (costly = 0; costly < 2; ++costly) {
+        for (ni = 0; ni < 5; ++ni) {
+            int n = Ns[ni], li;
+            for (kind = 0; kind < WT_KINDS; ++kind) {
+                wt_run base, w;
+                double t0 = 0;
+                int j, k;
+                if (kind == 2 && (n & (n - 1))) continue; /* halving-doubling folds first; any N works, but keep it short */
+                wt_go(&base, n, -1, kind, 0.0, costly);
+                for (j = 0; j < n; ++j) t0 = base.took[j] > t0 ? base.took[j] : t0;
+                if (!costly) assert_true(t0 == 0.0); /* free links: the collective takes no time */
+                for (li = 0; li < 3; ++li) {
+                    int late = li == 0 ? 0 : li == 1 ? n - 1 : n / 2;
+                    wt_go(&w, n, late, kind, X, costly);
+                    for (j = 0; j < n; ++j) {
+                        double others = 0;
+                        assert_true(w.waits[j][j] == 0.0);
+                        for (k = 0; k < n; ++k)
+                            if (k != late && k != j) others += w.waits[j][k];
+                        if (j == late) {
+                            others += 0; /* the straggler waited for nobody but message times */
+                            if (others > t0 + 1e-12)
+                                fail_msg("%s N=%d late %d: the straggler waited %.9g s (T0 %.9g)", WT_NAMES[kind], n,
+                                         late, others, t0);
+                            continue;
+                        }
+                        if (fabs(w.waits[j][late] - X) > t0 + 1e-9)
+                            fail_msg("%s N=%d late %d%s: rank %d waited %.12g s for it, want %.12g (+- %.3g)",
+                                     WT_NAMES[kind], n, late, costly ? " (costly links)" : "", j, w.waits[j][late], X,
+                                     t0);
+                        if (others > t0 + 1e-12)
+                            fail_msg("%s N=%d late %d%s: rank %d waited %.9g s for the others (T0 %.9g)",
+                                     WT_NAMES[kind], n, late, costly ? " (costly links)" : "", j, others, t0);
+                    }
+                }
+            }
+        }
+    }
+    tu_watchdog(0);
+}
+
+/* The same in real time over the loopback (DIRECT, the ring and the
+   barrier over sendrecv_upto): rank 2 sleeps 60 ms before the collective;
+   every other rank's largest wait is on it and at least 40 ms. Then
+   dsgd_comm_reset_stats zeros the waits, and bad arguments are refused. */
+static void test_waits_loopback(void **state) {
+    static const dsgd_allreduce_algo algos[3] = {DSGD_ALLREDUCE_DIRECT, DSGD_ALLREDUCE_RING,
+                                                 DSGD_ALLREDUCE_RECURSIVE_DOUBLING};
+    size_t count = 5000;
+    int ai, r, k;
+    double waits[MAXN];
+    (void)state;
+    tu_watchdog(60);
+    for (ai = 0; ai < 4; ++ai) {
+        group g;
+        job jb;
+        worker w[MAXN];
+        float **bufs = alloc_bufs(4, count);
+        group_init(&g, 4, NULL, 0);
+        job_init(&jb, ai < 3 ? J_ALLREDUCE : J_BARRIER, count);
+        jb.algo = ai < 3 ? algos[ai] : DSGD_ALLREDUCE_AUTO;
+        jb.late_rank = 2;
+        jb.late_s = 0.06;
+        for (r = 0; r < 4; ++r) fill_inputs(bufs[r], 5, r, count);
+        run_job(&g, &jb, bufs, w);
+        assert_all_ok(&g, w, "late rank");
+        for (r = 0; r < 4; ++r) {
+            int most = -1;
+            assert_int_equal(dsgd_comm_get_waits(g.comm[r], waits, MAXN), DSGD_OK);
+            assert_true(waits[r] == 0.0);
+            for (k = 0; k < 4; ++k)
+                if (k != r && (most < 0 || waits[k] > waits[most])) most = k;
+            if (r == 2) continue;
+            if (most != 2 || waits[2] < 0.04)
+                fail_msg("%s: rank %d waited %.4f s for rank 2 (most for rank %d, %.4f s)",
+                         ai < 3 ? dsgd_allreduce_algo_name(algos[ai]) : "barrier", r, waits[2], most, waits[most]);
+        }
+        dsgd_comm_reset_stats(g.comm[0]);
+        assert_int_equal(dsgd_comm_get_waits(g.comm[0], waits, 4), DSGD_OK);
+        for (k = 0; k < 4; ++k) assert_true(waits[k] == 0.0);
+        assert_int_equal(dsgd_comm_get_waits(NULL, waits, 4), DSGD_ERR_INVALID_ARGUMENT);
+        assert_int_equal(dsgd_comm_get_waits(g.comm[0], NULL, 4), DSGD_ERR_INVALID_ARGUMENT);
+        assert_int_equal(dsgd_comm_get_waits(g.comm[0], waits, 3), DSGD_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[0]), "dsgd_comm_get_waits"));
+        free_bufs(bufs, 4);
+        group_free(&g);
+    }
+    tu_watchdog(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_range),
@@ -2130,6 +2307,8 @@ int main(void) {
         cmocka_unit_test(test_wire_extremes),
         cmocka_unit_test(test_wire_buckets),
         cmocka_unit_test(test_wire_bound),
+        cmocka_unit_test(test_waits_simnet),
+        cmocka_unit_test(test_waits_loopback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
