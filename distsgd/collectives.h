@@ -1013,7 +1013,8 @@ static void dsgd__agree_note(dsgd_comm *c, int who, double part) {
 static void dsgd__agree_charge(dsgd_comm *c, int src, uint32_t xc, float late, double dt) {
     uint32_t cause = xc >> 8;
     int k = cause < (uint32_t)c->size && cause != (uint32_t)c->rank ? (int)cause : src;
-    double a = late > 0.0f && late < 1e30f ? DSGD__MIN((double)late, dt) : 0.0, b;
+    /* late travels as a float: its rounding (2^-24 relative) is not the sender's; 2^-22 */
+    double a = late > 0.0f && late < 1e30f ? DSGD__MIN((double)late * (1.0 + 2.384185791015625e-7), dt) : 0.0, b;
     if (!(dt > 0.0) || src < 0 || src >= c->size || src == c->rank) return;
     if (!(a > 0.0)) a = 0.0;
     b = dt - a;

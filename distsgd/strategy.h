@@ -593,6 +593,48 @@ DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, voi
 DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
 DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
 
+/* Who made the others wait, over the training steps since the last report
+   (dsgd_strategy_wait_report). */
+typedef struct dsgd_wait_report {
+    int64_t steps;   /* training steps in the window: since the last report, or
+                        the strategy's creation */
+    double step_s;   /* their mean time, seconds: the longest of the replicas'
+                        step times summed over the window, / steps (the
+                        communicators' clock: virtual seconds on simnet) */
+    int worst;       /* the rank whose fraction (below) is the largest; -1
+                        when nobody waited (one replica, no step) */
+    double worst_fraction; /* its fraction */
+} dsgd_wait_report;
+
+/* Straggler attribution: for every rank k in sync, the fraction of the
+   step the OTHER ranks spent waiting for k,
+       fraction[k] = mean over ranks j != k of  wait_j(k) / time_j
+   where wait_j(k) is what rank j's communicator charged to k during the
+   window's training steps (dsgd_comm_get_waits: a straggler's lateness is
+   charged to it, not to the ranks that relayed it) and time_j the time of
+   those steps on j's clock. The window is the training steps since the
+   last call (or creation): only their collectives and time count, not
+   eval, take_metrics, dsgd_strategy_run or this call's own exchange; the
+   call starts the next window. So "rank 3 made the others wait 41% of
+   the step" is worst = 3, worst_fraction = 0.41: a synchronous step lasts
+   as long as its slowest replica, and this says which one and how much
+   of everyone else's time it cost. Ties go to the lower rank. fraction
+   may be NULL; else n >= dsgd_strategy_num_replicas_in_sync(s) doubles,
+   global ranks. Multi-worker (W > N): each worker knows only its own
+   replicas' waits, so the call all-gathers every replica's row (W + 1
+   numbers, as pairs of floats: about 1e-14 relative) over the group: it
+   is a collective, which every worker must call at the same point,
+   between the same steps, and all get the same report. Strategies whose
+   replicas exchange nothing through their communicators (one replica,
+   parameter servers) report zeros and worst -1.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL;
+   fraction with n below the ranks in sync), DSGD_ERR_STATE (the strategy
+   has failed), DSGD_ERR_OUT_OF_MEMORY, and across workers the
+   all-gather's errors (which fail the strategy, as a failed collective
+   does).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_wait_report(dsgd_strategy *s, dsgd_wait_report *out, double *fraction, int n);
+
 /* Replica context getters (r NULL: -1, 0 or NULL):
      dsgd_replica_id     the replica's rank, 0..N-1 (multi-worker: its
                          global rank, 0..W-1)
@@ -683,6 +725,12 @@ struct dsgd_replica {
     int averaged;       /* LOCAL: the last step averaged (dsgd_step_info) */
     int stop_by;        /* phase 2 agreed that this replica (rank) failed; -1: none */
     void *sub;          /* elastic: the survivors' endpoint's state (strategy_elastic.h) */
+    /* dsgd_strategy_wait_report's window (with a communicator): its
+       waits per global rank at the step's start (W), the window's sum
+       (W) and scratch (W); the steps' summed time and count */
+    double *wait_at, *wait_sum, *wait_now;
+    double wait_time, wait_t0;
+    int64_t wait_steps;
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -850,6 +898,23 @@ static dsgd_result dsgd__replica_noop(dsgd_replica *r, void *user) {
     return DSGD_OK;
 }
 
+/* dsgd_strategy_wait_report's accounting around a training step: the
+   communicator's waits and clock at its start, and what the step added. */
+static void dsgd__replica_wait_begin(dsgd_replica *r) {
+    if (!r->wait_at) return;
+    dsgd_comm_get_waits(r->comm, r->wait_at, r->s->world);
+    r->wait_t0 = dsgd__comm_now(r->comm);
+}
+static void dsgd__replica_wait_end(dsgd_replica *r) {
+    int k;
+    if (!r->wait_at) return;
+    r->wait_time += dsgd__comm_now(r->comm) - r->wait_t0;
+    r->wait_steps++;
+    dsgd_comm_get_waits(r->comm, r->wait_now, r->s->world);
+    for (k = 0; k < r->s->world; ++k) /* a reset inside the step (dsgd_comm_reset_stats) restarts from 0 */
+        r->wait_sum[k] += r->wait_now[k] >= r->wait_at[k] ? r->wait_now[k] - r->wait_at[k] : r->wait_now[k];
+}
+
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
    failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
@@ -867,7 +932,9 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     res = r->vmark && fn != s->ops->step && fn != dsgd__replica_drop_verdict
               ? dsgd__replica_settle(r, NULL, "at the next call")
               : DSGD_OK;
+    if (fn == s->ops->step) dsgd__replica_wait_begin(r);
     if (res == DSGD_OK) res = fn(r, user);
+    if (fn == s->ops->step) dsgd__replica_wait_end(r);
     if (res == DSGD_OK) {
         r->msg[0] = '\0';
         return res;
@@ -1009,6 +1076,7 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
         dsgd_replica *r = &s->reps[i];
         dsgd_comm_destroy(r->comm);
         DSGD_FREE(r->sub);
+        DSGD_FREE(r->wait_at);
         dsgd_optimizer_destroy(r->opt);
         DSGD_FREE(r->stage);
         dsgd__member_destroy(&r->m);
@@ -1167,6 +1235,16 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
         cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
         cdesc.ranks_per_node = s->d.ranks_per_node;
         res = dsgd_comm_create(r->m.ctx, &r->ep, &cdesc, &r->comm);
+        if (res == DSGD_OK) { /* dsgd_strategy_wait_report's window: three rows of W */
+            r->wait_at = (double *)dsgd__alloc(r->m.ctx, sizeof(double) * 3 * (size_t)s->world,
+                                               "dsgd_strategy_create");
+            if (!r->wait_at) res = DSGD_ERR_OUT_OF_MEMORY;
+            else {
+                memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)s->world);
+                r->wait_sum = r->wait_at + s->world;
+                r->wait_now = r->wait_sum + s->world;
+            }
+        }
     }
     if (res != DSGD_OK && dsgd_ctx_last_result(r->m.ctx) != DSGD_OK)
         dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->m.ctx));
@@ -1588,6 +1666,92 @@ DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int re
     if (!s || replica < 0 || replica >= s->n) return DSGD_ERR_INVALID_ARGUMENT;
     if (message) *message = s->reps[replica].msg;
     return s->reps[replica].result;
+}
+
+/* >>waits ------------------------------------------------------------------ */
+
+/* A job across workers: every replica's row of the window (its steps'
+   time, then its waits per global rank: W + 1 numbers, each as a float
+   and the float of its remainder) all-gathered into its staging buffer. */
+static dsgd_result dsgd__wait_gather(dsgd_replica *r, void *user) {
+    int W = r->s->world, k;
+    size_t row = 2 * ((size_t)W + 1), n = row * (size_t)W;
+    float *buf = dsgd__replica_stage(r, n), *mine;
+    dsgd_result res;
+    DSGD__UNUSED(user);
+    r->clean_fail = 1;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    mine = buf + row * (size_t)r->rank;
+    for (k = 0; k <= W; ++k) {
+        double x = k == 0 ? r->wait_time : r->wait_sum[k - 1];
+        mine[2 * k] = (float)x;
+        mine[2 * k + 1] = (float)(x - (double)mine[2 * k]);
+    }
+    if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
+        r->clean_fail = 0;
+        r->comm_failed = 1;
+    }
+    return res;
+}
+
+DSGD_API dsgd_result dsgd_strategy_wait_report(dsgd_strategy *s, dsgd_wait_report *out, double *fraction, int n) {
+    const char *what = "dsgd_strategy_wait_report";
+    double *rows, longest = 0.0; /* rows: W rows of W + 1 (time, then waits per rank) */
+    int W, i, j, k;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_usable(s, what)) != DSGD_OK) return res;
+    if (!out) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
+    W = s->world;
+    if (fraction && n < W)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: fraction has room for %d ranks, and %d are in sync", what, n, W);
+    memset(out, 0, sizeof(*out));
+    out->worst = -1;
+    if (fraction) memset(fraction, 0, sizeof(double) * (size_t)W);
+    if (!s->reps[0].wait_at) return DSGD_OK; /* no communicator: nobody waits */
+    rows = (double *)dsgd__alloc(s->ctx, sizeof(double) * (size_t)W * ((size_t)W + 1), what);
+    if (!rows) return DSGD_ERR_OUT_OF_MEMORY;
+    if (W > s->n) { /* across workers: every replica's row, from all of them */
+        size_t row = 2 * ((size_t)W + 1);
+        if ((res = dsgd__strategy_dispatch(s, dsgd__wait_gather, NULL, what)) != DSGD_OK) {
+            DSGD_FREE(rows);
+            return res;
+        }
+        for (j = 0; j < W; ++j)
+            for (k = 0; k <= W; ++k)
+                rows[(size_t)j * (W + 1) + k] = (double)s->reps[0].stage[row * j + 2 * k] +
+                                                (double)s->reps[0].stage[row * j + 2 * k + 1];
+    } else {
+        for (j = 0; j < W; ++j) {
+            rows[(size_t)j * (W + 1)] = s->reps[j].wait_time;
+            memcpy(rows + (size_t)j * (W + 1) + 1, s->reps[j].wait_sum, sizeof(double) * (size_t)W);
+        }
+    }
+    out->steps = s->reps[0].wait_steps;
+    for (j = 0; j < W; ++j) longest = DSGD__MAX(longest, rows[(size_t)j * (W + 1)]);
+    out->step_s = out->steps > 0 ? longest / (double)out->steps : 0.0;
+    for (k = 0; k < W; ++k) {
+        double f = 0.0;
+        for (j = 0; j < W; ++j) {
+            double t = rows[(size_t)j * (W + 1)];
+            if (j != k && t > 0.0) f += rows[(size_t)j * (W + 1) + 1 + k] / t;
+        }
+        f = W > 1 ? f / (double)(W - 1) : 0.0;
+        if (fraction) fraction[k] = f;
+        if (f > 0.0 && (out->worst < 0 || f > out->worst_fraction)) {
+            out->worst = k;
+            out->worst_fraction = f;
+        }
+    }
+    DSGD_FREE(rows);
+    for (i = 0; i < s->n; ++i) { /* the next window starts at the next step */
+        dsgd_replica *r = &s->reps[i];
+        memset(r->wait_sum, 0, sizeof(double) * (size_t)W);
+        r->wait_time = 0.0;
+        r->wait_steps = 0;
+    }
+    return DSGD_OK;
 }
 
 /* >>distributed variables -------------------------------------------------- */

@@ -1650,6 +1650,152 @@ static int watch_teardown(void **state) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- who made the others wait */
+/* dsgd_strategy_wait_report. Over simnet (virtual time, free links, parked
+   replicas): 4 mirrored replicas whose batch fn charges the compute model
+   (CONSTANT 10 ms, rank_factor 3 for rank 3), so every step lasts 30 ms
+   and ranks 0..2 wait 20 ms for rank 3 in its first collective: rank 3
+   made the others wait exactly 2/3 of the step, the others 0. A SLOW
+   fault (x 2 on rank 3 from step 5) makes the next window's steps 60 ms,
+   of which the others wait 50 ms: 5/6. Over the loopback (real time) a
+   replica that sleeps 25 ms in its batch fn is named, loosely. */
+typedef struct wr_data {
+    dsgd_simnet *hub;
+    int step;
+    int sleeper;   /* loopback: this replica sleeps (-1: none) */
+    const float *x, *y;
+    int per;       /* samples per replica */
+} wr_data;
+
+static dsgd_result wr_batch(void *user, int replica, int n, dsgd_batch *out) {
+    wr_data *w = (wr_data *)user;
+    (void)n;
+    out->x = w->x + (size_t)replica * (size_t)w->per * IN;
+    out->y = w->y + (size_t)replica * (size_t)w->per;
+    out->count = w->per;
+    if (w->hub) return dsgd_simnet_compute(w->hub, replica, w->step);
+    if (replica == w->sleeper) {
+        struct timespec ts = {0, 25000000L};
+        nanosleep(&ts, NULL);
+    }
+    return DSGD_OK;
+}
+
+static void wr_steps(dsgd_ctx *ctx, dsgd_strategy *s, wr_data *w, int from, int to) {
+    for (w->step = from; w->step < to; ++w->step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, wr_batch, w, NULL));
+}
+
+static void test_wait_report_simnet(void **state) {
+    static const double factor[4] = {1, 1, 1, 3};
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_desc sd;
+    dsgd_simnet_fault slow;
+    dsgd_simnet *hub;
+    dsgd_transport_i ep[4];
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, 4, 4, DSGD_OPT_SGD);
+    dsgd_strategy *s;
+    dsgd_wait_report rep;
+    double frac[4];
+    float x[16 * IN], y[16];
+    tu_rng rng = tu_rng_make(31);
+    wr_data w;
+    int i;
+    (void)state;
+    make_batch(&rng, x, y, 16);
+    memset(&sd, 0, sizeof(sd));
+    sd.ranks = 4;
+    sd.park_between_calls = 1;
+    sd.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    sd.compute.mean_s = 0.01;
+    sd.compute.rank_factor = factor;
+    memset(&slow, 0, sizeof(slow));
+    slow.kind = DSGD_SIMNET_FAULT_SLOW;
+    slow.rank = 3;
+    slow.step = 5;
+    slow.factor = 2.0;
+    sd.faults = &slow;
+    sd.num_faults = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &ep[i]));
+    d.endpoints = ep;
+    d.gradient_path = DSGD_GRADIENTS_HOST;
+    s = strat_make(ctx, &d);
+    memset(&w, 0, sizeof(w));
+    w.hub = hub;
+    w.sleeper = -1;
+    w.x = x;
+    w.y = y;
+    w.per = 4;
+    wr_steps(ctx, s, &w, 0, 5);
+    TU_OK(ctx, dsgd_strategy_wait_report(s, &rep, frac, 4));
+    print_message("    simnet: rank %d made the others wait %.6f of the step (%.6f s, %lld steps); fractions %.3g %.3g %.3g %.3g\n",
+                  rep.worst, rep.worst_fraction, rep.step_s, (long long)rep.steps, frac[0], frac[1], frac[2], frac[3]);
+    assert_int_equal(rep.steps, 5);
+    assert_int_equal(rep.worst, 3);
+    TU_NEAR(rep.step_s, 0.03, 1e-12);
+    TU_NEAR(frac[3], 2.0 / 3.0, 1e-9);
+    assert_true(rep.worst_fraction == frac[3]);
+    for (i = 0; i < 3; ++i) TU_NEAR(frac[i], 0.0, 1e-12);
+    /* the next window: rank 3 slowed x2 from step 5 (60 ms) */
+    wr_steps(ctx, s, &w, 5, 8);
+    TU_OK(ctx, dsgd_strategy_wait_report(s, &rep, frac, 4));
+    assert_int_equal(rep.steps, 3);
+    assert_int_equal(rep.worst, 3);
+    TU_NEAR(rep.step_s, 0.06, 1e-12);
+    TU_NEAR(frac[3], 5.0 / 6.0, 1e-9);
+    for (i = 0; i < 3; ++i) TU_NEAR(frac[i], 0.0, 1e-12);
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_wait_report_loopback(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = strat_desc(DSGD_STRATEGY_MIRRORED, 3, 4, DSGD_OPT_SGD);
+    dsgd_strategy *s = strat_make(ctx, &d), *one;
+    dsgd_wait_report rep;
+    double frac[3];
+    float x[12 * IN], y[12];
+    tu_rng rng = tu_rng_make(32);
+    wr_data w;
+    (void)state;
+    make_batch(&rng, x, y, 12);
+    memset(&w, 0, sizeof(w));
+    w.sleeper = 2;
+    w.x = x;
+    w.y = y;
+    w.per = 4;
+    TU_OK(ctx, dsgd_strategy_train_step(s, x, y, 12, NULL)); /* before the window: reported with it */
+    TU_OK(ctx, dsgd_strategy_wait_report(s, &rep, NULL, 0)); /* opens a fresh window */
+    wr_steps(ctx, s, &w, 0, 4);
+    TU_OK(ctx, dsgd_strategy_wait_report(s, &rep, frac, 3));
+    print_message("    loopback: rank %d made the others wait %.3f of the step (%.4f s); fractions %.3f %.3f %.3f\n",
+                  rep.worst, rep.worst_fraction, rep.step_s, frac[0], frac[1], frac[2]);
+    assert_int_equal(rep.steps, 4);
+    assert_int_equal(rep.worst, 2);
+    assert_true(rep.step_s >= 0.025);
+    assert_true(frac[2] > 0.3 && frac[2] < 1.0);
+    /* an empty window, then bad arguments */
+    TU_OK(ctx, dsgd_strategy_wait_report(s, &rep, frac, 3));
+    assert_int_equal(rep.steps, 0);
+    assert_int_equal(rep.worst, -1);
+    assert_true(frac[0] == 0.0 && frac[2] == 0.0);
+    assert_int_equal(dsgd_strategy_wait_report(NULL, &rep, NULL, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_wait_report(s, NULL, NULL, 0), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_wait_report(s, &rep, frac, 2), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "dsgd_strategy_wait_report"));
+    dsgd_strategy_destroy(s);
+    /* one replica: nobody to wait for */
+    d = strat_desc(DSGD_STRATEGY_ONE_DEVICE, 1, 12, DSGD_OPT_SGD);
+    one = strat_make(ctx, &d);
+    TU_OK(ctx, dsgd_strategy_train_step(one, x, y, 12, NULL));
+    TU_OK(ctx, dsgd_strategy_wait_report(one, &rep, frac, 1));
+    assert_int_equal(rep.worst, -1);
+    assert_true(frac[0] == 0.0);
+    dsgd_strategy_destroy(one);
+    dsgd_ctx_destroy(ctx);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, watch_setup, watch_teardown)
 
 int main(void) {
@@ -1673,6 +1819,8 @@ int main(void) {
         T(test_failed_run_fails_strategy),
         T(test_absent_replica_times_out),
         T(test_bad_arguments),
+        T(test_wait_report_simnet),
+        T(test_wait_report_loopback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -113,11 +113,18 @@ typedef struct worker {
     dsgd_result restore_res, save_res;
     char restore_msg[1024], save_msg[1024];
     float restored[NP], saved[NP]; /* replica 0's weights after the restore, at the save */
+    /* dsgd_strategy_wait_report after the steps (report 1), global rank
+       slow + 1 sleeping in the batch fn (0: none) */
+    int report, slow;
+    dsgd_result report_res;
+    dsgd_wait_report rep;
+    double frac[W];
 } worker;
 
 /* Each replica's own shard (dsgd_batch_fn), from its global rank. */
 typedef struct fn_data {
     int step;
+    int slow; /* global rank + 1 that sleeps 20 ms (0: none) */
 } fn_data;
 
 static dsgd_result shard_fn(void *user, int replica, int n, dsgd_batch *out) {
@@ -127,6 +134,10 @@ static dsgd_result shard_fn(void *user, int replica, int n, dsgd_batch *out) {
     out->x = g_x[f->step] + off * IN;
     out->y = g_y[f->step] + off;
     out->count = (int)len;
+    if (replica + 1 == f->slow) {
+        struct timespec ts = {0, 20000000L};
+        nanosleep(&ts, NULL);
+    }
     return DSGD_OK;
 }
 
@@ -162,12 +173,14 @@ static void *worker_main(void *arg) {
         if (w->use_fn) {
             fn_data f;
             f.step = step;
+            f.slow = w->slow;
             w->step_res[step] = dsgd_strategy_train_step_fn(s, shard_fn, &f, NULL);
         } else {
             w->step_res[step] = dsgd_strategy_train_step(s, g_x[step], y, count_of(step), NULL);
         }
     }
     if (w->save_path && w->save_at == w->last_step) worker_save(w, s, ctx);
+    if (w->report) w->report_res = dsgd_strategy_wait_report(s, &w->rep, w->frac, W);
     w->metrics_res = dsgd_strategy_take_metrics(s, DSGD_METRICS_TRAIN, &w->train);
     for (r = 0; r < dsgd_strategy_num_replicas(s); ++r)
         dsgd_model_get_params(dsgd_strategy_model(s, r), w->params[r], NP);
@@ -256,6 +269,35 @@ static void check_bitwise(dsgd_allreduce_algo algo, const int *split, int nw, in
 }
 
 /* ---------------------------------------------------------------- tests */
+
+/* dsgd_strategy_wait_report across workers (2 x 2, global rank 3 sleeping
+   20 ms in its batch fn): a collective after which both workers hold the
+   same report, bit for bit, naming rank 3, though worker 0 holds none of
+   its waits. */
+static void test_wait_report_across_workers(void **state) {
+    static const int split[2] = {2, 2};
+    worker ws[2];
+    int i;
+    (void)state;
+    arm();
+    init_workers(ws, 2, DSGD_ALLREDUCE_AUTO, 1);
+    for (i = 0; i < 2; ++i) {
+        ws[i].report = 1;
+        ws[i].slow = 4;
+    }
+    run_workers(ws, split, 2);
+    for (i = 0; i < 2; ++i) {
+        if (ws[i].create_res != DSGD_OK) fail_msg("worker %d: %s", i, ws[i].create_msg);
+        assert_int_equal(ws[i].report_res, DSGD_OK);
+        assert_int_equal(ws[i].rep.steps, STEPS);
+        assert_int_equal(ws[i].rep.worst, 3);
+        assert_true(ws[i].frac[3] > 0.3 && ws[i].frac[3] < 1.0);
+    }
+    assert_memory_equal(ws[0].frac, ws[1].frac, sizeof(ws[0].frac));
+    assert_memory_equal(&ws[0].rep, &ws[1].rep, sizeof(ws[0].rep));
+    printf("    2 workers x 2: rank %d made the others wait %.3f of the step (%.4f s)\n", ws[0].rep.worst,
+           ws[0].rep.worst_fraction, ws[0].rep.step_s);
+}
 
 static void test_bitwise_like_mirrored(void **state) {
     static const int two_two[2] = {2, 2}, one_three[2] = {1, 3}, ones[4] = {1, 1, 1, 1};
@@ -533,6 +575,7 @@ static int setup(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bitwise_like_mirrored),
+        cmocka_unit_test(test_wait_report_across_workers),
         cmocka_unit_test(test_overlap_like_mirrored),
         cmocka_unit_test(test_chief_weights),
         cmocka_unit_test(test_description_mismatch),
