@@ -26,6 +26,13 @@
      on a communication thread, before phase 2 (OVERLAP in
      strategy_overlap.h); the weights are the same bits.
 
+     The step waits for its slowest replica in its first collective
+     (phase 0's count with a dsgd_batch_fn, else phase 2's flag), so that
+     is where the others' waits are charged to it (the communicators'
+     dsgd_comm_get_waits); dsgd_strategy_wait_report (strategy.h) says,
+     over the steps since its last call, which replica made the others
+     wait and for what fraction of the step.
+
      From phase 2 on every replica does the same, so a failure agreed on in
      phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
      not clean: the others may have updated, or wait for this replica in the

@@ -15,7 +15,10 @@
            [--seed S] [--backend cpu|opencl] [--device SPEC]
            [--gradients auto|host|device] [--hidden H1,H2] [--threads T]
            [--strategy mirrored|ps] [--servers P] [--policy async|ssp|sync|backup]
-           [--staleness S] [--backups B]
+           [--staleness S] [--backups B] [--waits K]
+   --waits K prints, every K synchronous steps, which replica made the
+   others wait most (dsgd_strategy_wait_report), e.g.
+       waits: rank 3 made the others wait 41% of the step (12.3 ms a step)
    --strategy ps makes the replicas workers of P parameter servers (default
    2; DSGD_STRATEGY_PARAMETER_SERVER): one field of the strategy's desc, the
    training loop unchanged; --policy says how the servers apply the pushes
@@ -104,7 +107,7 @@ static int parse_hidden(const char *s, dsgd_layer_desc *layers) {
 
 typedef struct options {
     const char *dir, *backend, *device, *strategy;
-    int replicas, batch, epochs, threads, servers, staleness, backups;
+    int replicas, batch, epochs, threads, servers, staleness, backups, waits;
     dsgd_ps_policy policy;
     float base_lr;
     uint64_t seed;
@@ -136,6 +139,7 @@ static int parse_args(int argc, char **argv, options *o, dsgd_layer_desc *layers
         else if (!strcmp(argv[a], "--policy") && a + 1 < argc && parse_policy(argv[a + 1], &o->policy)) ++a;
         else if ((v = ex_flag(argc, argv, &a, "--staleness"))) o->staleness = atoi(v);
         else if ((v = ex_flag(argc, argv, &a, "--backups"))) o->backups = atoi(v);
+        else if ((v = ex_flag(argc, argv, &a, "--waits"))) o->waits = atoi(v);
         else if ((v = ex_flag(argc, argv, &a, "--hidden"))) {
             if (!parse_hidden(v, layers)) {
                 fprintf(stderr, "%s: --hidden takes two positive integers H1,H2 (e.g. 256,128), not \"%s\"\n",
@@ -147,7 +151,7 @@ static int parse_args(int argc, char **argv, options *o, dsgd_layer_desc *layers
                                      "[--epochs E] [--lr BASE_LR] [--seed S] [--backend cpu|opencl] [--device SPEC] "
                                      "[--gradients auto|host|device] [--hidden H1,H2] [--threads T] "
                                      "[--strategy mirrored|ps] [--servers P] [--policy async|ssp|sync|backup] "
-                                     "[--staleness S] [--backups B]");
+                                     "[--staleness S] [--backups B] [--waits K]");
     }
     if (o->replicas < 1 || o->batch < 1 || o->epochs < 1) {
         fprintf(stderr, "replicas, batch and epochs must be >= 1\n");
@@ -199,11 +203,24 @@ static void print_setup(const options *o, const dsgd_strategy_desc *sd, dsgd_str
                device_path ? "unused" : dsgd_allreduce_algo_name(o->algo));
 }
 
+/* --waits K: every K steps, who made the others wait most since the last
+   report (the fraction of the step the other replicas spent waiting for it). */
+static int report_waits(dsgd_strategy *strategy, int every, int64_t *steps) {
+    dsgd_wait_report w;
+    if (every <= 0 || ++*steps % every) return 1;
+    if (dsgd_strategy_wait_report(strategy, &w, NULL, 0) != DSGD_OK) return 0;
+    if (w.worst >= 0)
+        printf("waits: rank %d made the others wait %.0f%% of the step (%.1f ms a step)\n", w.worst,
+               100.0 * w.worst_fraction, 1e3 * w.step_s);
+    return 1;
+}
+
 /* One epoch of global batches, each sharded across the replicas; counts the
    steps skipped for non-finite gradients into *skipped. sync: a
-   synchronous kind, whose steps each apply one update or skip it. */
+   synchronous kind, whose steps each apply one update or skip it; waits:
+   --waits, steps counted in *steps. */
 static int train_epoch(dsgd_strategy *strategy, dsgd_sampler *sampler, const dsgd_dataset *train, float *xb,
-                       float *yb, int sync, int *skipped) {
+                       float *yb, int sync, int *skipped, int waits, int64_t *steps) {
     size_t b, nb = dsgd_sampler_num_batches(sampler);
     int64_t first = 0;
     for (b = 0; b < nb; ++b) {
@@ -217,6 +234,7 @@ static int train_epoch(dsgd_strategy *strategy, dsgd_sampler *sampler, const dsg
         int ask = !sync || b == 0 || b + 1 == nb;
         dsgd_dataset_gather(train, idx, n, xb, yb);
         if (dsgd_strategy_train_step(strategy, xb, yb, (int)n, ask ? &info : NULL) != DSGD_OK) return 0;
+        if (sync && !report_waits(strategy, waits, steps)) return 0;
         if (!sync) *skipped += info.skipped;
         else if (b == 0) first = info.step;
         if (sync && b + 1 == nb) *skipped += (int)((int64_t)nb - (info.step + !info.skipped - first));
@@ -251,6 +269,7 @@ int main(int argc, char **argv) {
     dsgd_sampler sampler;
     float *xb, *yb;
     double t_start;
+    int64_t steps = 0;
     int e, global, status = parse_args(argc, argv, &o, layers), ps, async;
 
     if (status) return status;
@@ -290,7 +309,7 @@ int main(int argc, char **argv) {
         dsgd_metrics tr, te;
         int skipped = 0;
         dsgd_sampler_set_epoch(&sampler, (uint64_t)e);
-        if (!train_epoch(strategy, &sampler, &train, xb, yb, !ps, &skipped)) return ex_fail(ctx);
+        if (!train_epoch(strategy, &sampler, &train, xb, yb, !ps, &skipped, o.waits, &steps)) return ex_fail(ctx);
         dt = dsgd_now() - t0;
         if (!evaluate(strategy, &test, (size_t)o.replicas * (size_t)sd.model.max_batch, &tr, &te)) return ex_fail(ctx);
         eta = (dsgd_now() - t_start) / (e + 1) * (o.epochs - e - 1);

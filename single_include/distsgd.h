@@ -10642,6 +10642,12 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
 
      Bytes: dsgd_comm_stats counts what each communicator handed to its
      transport, and the seconds spent; its closed forms are beside it.
+
+     Waits: dsgd_comm_get_waits says, per peer, how long this rank was
+     blocked waiting for it, on the communicator's clock; the agreement
+     passes a straggler's lateness on through its rounds, so a rank that
+     comes X late is charged X by every other rank, not the messengers
+     between them (see there).
 */
 #ifndef DSGD__PART_COLLECTIVES_DECL
 #define DSGD__PART_COLLECTIVES_DECL
@@ -10958,7 +10964,8 @@ typedef struct dsgd_comm_stats {
 } dsgd_comm_stats;
 
 /* dsgd_comm_get_stats: *out = the counts (comm NULL: zeros; out NULL:
-   nothing). dsgd_comm_reset_stats: zeros them. dsgd_comm_stats_add: adds
+   nothing). dsgd_comm_reset_stats: zeros them, and the waits
+   (dsgd_comm_get_waits). dsgd_comm_stats_add: adds
    each field of *extra (NULL: nothing): a comm hook that compresses by its
    own means adds its seconds (compress_s) and credits bytes_uncompressed
    with what its bucket's fp32 exchange would have cost beyond the bytes
@@ -10976,6 +10983,37 @@ DSGD_API void dsgd_comm_stats_add(dsgd_comm *comm, const dsgd_comm_stats *extra)
    transport's (simnet: DSGD_ERR_ABORTED once the hub is aborted).
    Thread safety: the communicator's thread. */
 DSGD_API dsgd_result dsgd_comm_charge_codec(dsgd_comm *comm, size_t floats);
+/* Who made this rank wait: per_peer[k] = the seconds this rank spent
+   blocked in its collectives waiting for rank k, since its creation or
+   dsgd_comm_reset_stats, on the communicator's clock (the transport's
+   now: virtual seconds on simnet); per_peer[rank] = 0. A straggler that
+   enters a collective X seconds after the others shows as X (plus the
+   messages' own times) on each of the others' entries for it, and no
+   more than message times elsewhere. How a wait is charged:
+     - message passing: each blocking transport call (send, recv,
+       sendrecv, sendrecv_reduce, sendrecv_upto) is timed and charged to
+       the peer it received from (to the peer it sent to when it only
+       sends), so a wait includes the message's own transfer (alpha +
+       bytes beta) and, over sendrecv_reduce, the reduction of what
+       arrived;
+     - the agreement's rounds (every collective's first, see
+       COLLECTIVES) pass lateness on: its messages name the rank the
+       sender's lateness traces to, and a round's wait is charged to that
+       rank, not to the messenger; after the agreement, every message's
+       wait is charged to its sender;
+     - DIRECT: the wait in share (until every rank has published) is
+       charged to the rank that entered the collective last (each rank
+       publishes when it entered, on the clock of the process or node);
+       the wait in unshare (until the others are done with this rank's
+       buffer: the blocks' imbalance, not anyone's lateness) is not
+       charged, and nor is the native hook's (its peers are the
+       transport's business).
+   Cost: one or two clock reads per blocking call (one per DIRECT
+   all-reduce), measured in the noise of a one-float loopback all-reduce.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (comm NULL, nothing recorded;
+   per_peer NULL or n below the size: recorded on the comm's ctx).
+   Thread safety: the communicator's thread. */
+DSGD_API dsgd_result dsgd_comm_get_waits(const dsgd_comm *comm, double *per_peer, int n);
 /* Reduce-scatter in place (ring): on return this rank's block of buf (see
    dsgd_block_range(count, size, rank, ...)) holds op over all ranks' inputs
    for that block; the rest of buf is unspecified.
@@ -11076,6 +11114,14 @@ struct dsgd_comm {
     uint16_t *wv;       /* a half wire's messages: the bucket in the wire's format */
     size_t wv_cap;      /* elements */
     dsgd_comm_stats st; /* what dsgd_comm_get_stats reports */
+    /* >>waits: seconds blocked, charged per peer (size doubles; see
+       dsgd_comm_get_waits) */
+    double *waits;
+    double entered;     /* the collective in progress: when it began (its deadline's clock read) */
+    int cause;          /* the agreement in progress: the rank this rank's lateness traces to */
+    double late;        /* and by how much (see dsgd__agree_charge) */
+    int hold;           /* 1: dsgd__xchg_bytes leaves its wait in held for the agreement to charge */
+    double held;
 };
 
 DSGD_API void dsgd_block_range(size_t count, int n, int index, size_t *offset, size_t *len) {
@@ -11135,7 +11181,9 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     c->peers = (void **)dsgd__alloc(ctx, sizeof(void *) * (size_t)t->size, "dsgd_comm_create");
     c->lay = c->peers ? (size_t *)dsgd__alloc(ctx, sizeof(size_t) * (4 * (size_t)t->size + 4), "dsgd_comm_create")
                       : NULL;
-    if (!c->lay) {
+    c->waits = c->lay ? (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)t->size, "dsgd_comm_create") : NULL;
+    if (!c->waits) {
+        DSGD_FREE(c->lay);
         DSGD_FREE(c->peers);
         DSGD_FREE(c);
         return DSGD_ERR_OUT_OF_MEMORY;
@@ -11153,6 +11201,7 @@ DSGD_API dsgd_result dsgd_comm_create(dsgd_ctx *ctx, const dsgd_transport_i *t,
     else
         c->node_ranks = t->size;
     c->root = -1;
+    memset(c->waits, 0, sizeof(double) * (size_t)t->size);
     c->half = dsgd__half_choose(getenv("DSGD_CPU_ISA"));
     *out = c;
     return DSGD_OK;
@@ -11166,6 +11215,7 @@ DSGD_API void dsgd_comm_destroy(dsgd_comm *c) {
     DSGD_FREE(c->pack);
     DSGD_FREE(c->lay);
     DSGD_FREE(c->wv);
+    DSGD_FREE(c->waits);
     DSGD_FREE(c);
 }
 
@@ -11254,7 +11304,8 @@ static void dsgd__coll_begin(dsgd_comm *c, int kind, const char *how, int algo, 
     c->xmax = 0;
     c->span = timeout_s > 0 ? timeout_s : c->timeout;
     if (c->span > DSGD__COMM_MAX_TIMEOUT) c->span = DSGD__COMM_MAX_TIMEOUT;
-    c->deadline = dsgd__comm_now(c) + c->span;
+    c->entered = dsgd__comm_now(c);
+    c->deadline = c->entered + c->span;
     if (c->t.set_progress) c->t.set_progress(c->t.impl, c->seq);
 }
 
@@ -11323,17 +11374,30 @@ static void dsgd__count(dsgd_comm *c, size_t sbytes, size_t unc) {
     c->st.bytes_uncompressed += unc;
 }
 
+/* >>waits: a blocking call that began at t0 ends now; its time is charged
+   to peer (see dsgd_comm_get_waits), or, during the agreement's rounds
+   (c->hold), left in c->held for the round to charge to the rank the
+   message's lateness traces to. One clock read. */
+static void dsgd__waited(dsgd_comm *c, int peer, double t0) {
+    double dt = dsgd__comm_now(c) - t0;
+    if (c->hold) c->held += dt;
+    else if (peer >= 0 && peer < c->size && peer != c->rank) c->waits[peer] += dt;
+}
+
 /* As dsgd__xchg with op < 0, in bytes; unc: the message's bytes as fp32
    (dsgd_comm_stats.bytes_uncompressed). */
 static dsgd_result dsgd__xchg_bytes(dsgd_comm *c, uint64_t tag, int dst, const void *sbuf, size_t sbytes, int src,
                                     void *rbuf, size_t rbytes, size_t unc) {
     const dsgd_transport_i *t = &c->t;
     int failed = -1, send_first;
+    double t0;
     dsgd_result r;
     if (dst < 0 && src < 0) return DSGD_OK;
     if (dst >= 0) dsgd__count(c, sbytes, unc);
     if (t->sendrecv) {
+        t0 = dsgd__comm_now(c);
         r = t->sendrecv(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rbytes, c->deadline, &failed);
+        dsgd__waited(c, failed >= 0 ? failed : (src >= 0 ? src : dst), t0);
         return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : (src >= 0 ? src : dst));
     }
     /* Only send and recv: order them so that the pairs and shifts used here
@@ -11346,15 +11410,21 @@ static dsgd_result dsgd__xchg_bytes(dsgd_comm *c, uint64_t tag, int dst, const v
     else if (c->view_n) send_first = c->view_r == 0; /* a ring's shift by one: its first member */
     else send_first = c->rank < (dst - c->rank + c->size) % c->size;
     if (send_first) {
+        t0 = dsgd__comm_now(c);
         r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
+        dsgd__waited(c, dst, t0);
         if (r != DSGD_OK) return dsgd__coll_fail(c, r, dst);
     }
     if (src >= 0) {
+        t0 = dsgd__comm_now(c);
         r = t->recv(t->impl, src, tag, rbuf, rbytes, c->deadline);
+        dsgd__waited(c, src, t0);
         if (r != DSGD_OK) return dsgd__coll_fail(c, r, src);
     }
     if (!send_first && dst >= 0) {
+        t0 = dsgd__comm_now(c);
         r = t->send(t->impl, dst, tag, sbuf, sbytes, c->deadline);
+        dsgd__waited(c, dst, t0);
         if (r != DSGD_OK) return dsgd__coll_fail(c, r, dst);
     }
     return DSGD_OK;
@@ -11371,9 +11441,12 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
     dsgd_result r;
     if (op >= 0 && src >= 0) {
         if (t->sendrecv_reduce) {
+            double t0;
             if (dst >= 0) dsgd__count(c, sbytes, sbytes);
+            t0 = dsgd__comm_now(c);
             r = t->sendrecv_reduce(t->impl, dst, tag, sbuf, sbytes, src, tag, rbuf, rcount, (dsgd_reduce_op)op,
                                    c->deadline, &failed);
+            dsgd__waited(c, failed >= 0 ? failed : src, t0);
             return r == DSGD_OK ? r : dsgd__coll_fail(c, r, failed >= 0 ? failed : src);
         }
         /* No zero-copy hook: receive into scratch, then reduce. */
@@ -11405,10 +11478,13 @@ enum { DSGD__FP_SEQ, DSGD__FP_KIND, DSGD__FP_COUNT, DSGD__FP_OP, DSGD__FP_ROOT, 
 typedef struct dsgd__fp_range {
     uint64_t lo[DSGD__FP_N], hi[DSGD__FP_N]; /* smallest and largest fingerprint seen */
     uint32_t lo_rank, hi_rank;               /* the lowest rank holding each */
-    uint32_t xmax;                           /* the largest exponent field seen (a half wire's
-                                                scale, see >>wire; merged by MAX) */
-    uint32_t spare_;
+    /* low 8 bits: the largest exponent field seen (a half wire's scale,
+       see >>wire; merged by MAX); the rest: the rank the sender's
+       lateness traces to (see >>waits; not merged) */
+    uint32_t xc;
+    float late; /* how late the sender is for that rank, in seconds (>>waits) */
 } dsgd__fp_range;
+#define DSGD__XMAX(xc) ((xc) & 0xFFu)
 
 static void dsgd__fp_fill(const dsgd_comm *c, uint64_t *fp) {
     fp[DSGD__FP_SEQ] = c->seq;
@@ -11452,8 +11528,48 @@ static void dsgd__fp_init(const dsgd_comm *c, dsgd__fp_range *acc) {
     dsgd__fp_fill(c, acc->lo);
     memcpy(acc->hi, acc->lo, sizeof(acc->hi));
     acc->lo_rank = acc->hi_rank = (uint32_t)c->rank;
-    acc->xmax = c->xmax;
-    acc->spare_ = 0;
+    acc->xc = (c->xmax & 0xFFu) | ((uint32_t)c->rank << 8);
+    acc->late = 0.0f;
+}
+
+/* >>waits in the agreement. Its rounds pass every rank's lateness on: a
+   rank that waits X for the straggler in round 0 sends its round 1 late by
+   X, and whoever waits for that message waits for the straggler, not for
+   the messenger. So each message says for whom its sender is late and by
+   how much (dsgd__fp_range: the cause in xc's high bits, late): the
+   receiver charges up to `late` of its wait to that rank and the rest to
+   the sender (its own lateness, or the message's time), and carries on
+   the larger of the two parts (summed while the cause stays the same).
+   A straggler waits for no message (they are all in when it comes), so
+   it carries itself with 0 and every wait for it is charged to it. */
+static void dsgd__agree_start(dsgd_comm *c) {
+    c->cause = c->rank;
+    c->late = 0.0;
+}
+static void dsgd__agree_note(dsgd_comm *c, int who, double part) {
+    if (who == c->cause) c->late += part;
+    else if (part > c->late) {
+        c->cause = who;
+        c->late = part;
+    }
+}
+static void dsgd__agree_charge(dsgd_comm *c, int src, uint32_t xc, float late, double dt) {
+    uint32_t cause = xc >> 8;
+    int k = cause < (uint32_t)c->size && cause != (uint32_t)c->rank ? (int)cause : src;
+    /* late travels as a float: its rounding (2^-24 relative) is not the sender's; 2^-22 */
+    double a = late > 0.0f && late < 1e30f ? DSGD__MIN((double)late * (1.0 + 2.384185791015625e-7), dt) : 0.0, b;
+    if (!(dt > 0.0) || src < 0 || src >= c->size || src == c->rank) return;
+    if (!(a > 0.0)) a = 0.0;
+    b = dt - a;
+    c->waits[k] += a;
+    c->waits[src] += b;
+    if (a >= b) dsgd__agree_note(c, k, a);
+    else dsgd__agree_note(c, src, b);
+}
+/* What this rank's next message says (see dsgd__agree_charge). */
+static void dsgd__agree_mark(const dsgd_comm *c, dsgd__fp_range *acc) {
+    acc->xc = DSGD__XMAX(acc->xc) | ((uint32_t)c->cause << 8);
+    acc->late = (float)c->late;
 }
 
 /* Field i of a fingerprint as text, after its label. */
@@ -11505,7 +11621,7 @@ static void dsgd__fp_describe(char *dst, size_t cap, uint64_t rank, const uint64
    collective would pair them up wrongly). */
 static dsgd_result dsgd__fp_verdict(dsgd_comm *c, const dsgd__fp_range *acc) {
     char name[96], lo[192], hi[192];
-    c->xmax = acc->xmax; /* every rank's largest: the same on all after the last round */
+    c->xmax = DSGD__XMAX(acc->xc); /* every rank's largest: the same on all after the last round */
     if (dsgd__fp_cmp(acc->lo, acc->hi) == 0) return DSGD_OK;
     dsgd__coll_name(c, name, sizeof(name));
     dsgd__fp_describe(hi, sizeof(hi), acc->hi_rank, acc->hi, acc->lo);
@@ -11526,14 +11642,21 @@ static dsgd_result dsgd__coll_agree_plain(dsgd_comm *c) {
     int n = c->size, r = c->rank, d, step;
     dsgd_result res;
     dsgd__fp_init(c, &acc);
+    dsgd__agree_start(c);
     for (d = 1, step = 0; d < n; d <<= 1, ++step) {
+        dsgd__agree_mark(c, &acc);
+        c->hold = 1;
+        c->held = 0.0;
         /* 144 bytes of integers, carried as 36 floats and only ever copied */
         res = dsgd__xchg(c, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), (r + d) % n,
                          (const float *)(const void *)&acc, sizeof(acc) / sizeof(float), (r - d + n) % n,
                          (float *)(void *)&in, sizeof(in) / sizeof(float), -1);
+        c->hold = 0;
+        if (res == DSGD_OK) dsgd__agree_charge(c, (r - d + n) % n, in.xc, in.late, c->held);
+        else dsgd__agree_charge(c, (r - d + n) % n, (uint32_t)c->rank << 8, 0.0f, c->held);
         if (res != DSGD_OK) return res;
         dsgd__fp_merge(&acc, in.lo, in.lo_rank, in.hi, in.hi_rank);
-        if (in.xmax > acc.xmax) acc.xmax = in.xmax;
+        if (DSGD__XMAX(in.xc) > DSGD__XMAX(acc.xc)) acc.xc = (acc.xc & ~0xFFu) | DSGD__XMAX(in.xc);
     }
     return dsgd__fp_verdict(c, &acc);
 }
@@ -11621,8 +11744,10 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
                                   c->rank, 3 * DSGD__FOLD_MSG);
     }
     dsgd__fp_init(c, &acc);
+    dsgd__agree_start(c);
     for (d = 1, step = 0; d < n; d <<= 1, ++step) {
         int dst = bfly ? r ^ d : (r + d) % n, src = bfly ? r ^ d : (r - d + n) % n, failed = -1;
+        double t0;
         int carries = cr && step < cr->rounds;
         unsigned char *out = c->fold, *in = c->fold + (step ? 2 : 1) * DSGD__FOLD_MSG;
         const float *payload = (const float *)(const void *)(in + H), *from;
@@ -11633,16 +11758,23 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
         }
         from = cr && cr->bcast ? (cr->vr ? cr->acc : cr->base) : cr && cr->reduce ? (step ? cr->acc : cr->base)
                                                                                 : cr ? cr->out : NULL;
+        dsgd__agree_mark(c, &acc);
         head.range = acc;
         head.nfloats = nout;
         memcpy(out, &head, H);
         if (nout) memcpy(out + H, from, nout * sizeof(float));
         dsgd__count(c, H + nout * sizeof(float), H + nout * sizeof(float));
+        t0 = dsgd__comm_now(c);
         res = t->sendrecv_upto(t->impl, dst, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step), out,
                                H + nout * sizeof(float), src, dsgd__tag(c, DSGD__AGREE_PIECE, DSGD__PH_FOLD, step),
                                in, DSGD__FOLD_MSG, &got, c->deadline, &failed);
+        if (res == DSGD_OK && got >= H) memcpy(&head, in, H);
+        if (res == DSGD_OK && got >= H)
+            dsgd__agree_charge(c, src, head.range.xc, head.range.late, dsgd__comm_now(c) - t0);
+        else
+            dsgd__agree_charge(c, failed >= 0 && failed != r ? failed : src, (uint32_t)r << 8, 0.0f,
+                               dsgd__comm_now(c) - t0);
         if (res != DSGD_OK) return dsgd__coll_fail(c, res, failed >= 0 ? failed : src);
-        if (got >= H) memcpy(&head, in, H);
         if (got < H || head.nfloats > DSGD__FOLD_MAX || got != H + head.nfloats * sizeof(float)) {
             char name[96];
             dsgd__coll_name(c, name, sizeof(name));
@@ -11655,7 +11787,8 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
                                       name, c->rank, src, got);
         }
         dsgd__fp_merge(&acc, head.range.lo, head.range.lo_rank, head.range.hi, head.range.hi_rank);
-        if (head.range.xmax > acc.xmax) acc.xmax = head.range.xmax;
+        if (DSGD__XMAX(head.range.xc) > DSGD__XMAX(acc.xc))
+            acc.xc = (acc.xc & ~0xFFu) | DSGD__XMAX(head.range.xc);
         if (!carries) continue;
         if (tainted || dsgd__fp_cmp(acc.lo, acc.hi) != 0 || head.nfloats != nin) {
             tainted = 1; /* another collective: its payload means nothing here */
@@ -12140,15 +12273,36 @@ static dsgd_result dsgd__bcast_seg(dsgd_comm *c, float *x, size_t len, size_t j,
    rank r touches block r of any buffer, so the ranks never wait for each
    other between share and unshare. */
 #define DSGD__DIRECT_TILE 2048
-/* the fingerprint at the head of a window (share_window), before the data */
-#define DSGD__DIRECT_HEAD 64
+/* the head of a window (share_window), before the data: the fingerprint
+   (64 bytes), then when the rank entered (a double) */
+#define DSGD__DIRECT_HEAD 128
 
 /* What each rank publishes: its buffer and its fingerprint, checked by
-   every rank before any buffer is touched. */
+   every rank before any buffer is touched, and when it entered the
+   collective (see >>waits). */
 typedef struct dsgd__direct_pub {
     float *buf;
     uint64_t fp[DSGD__FP_N];
+    double entered;
 } dsgd__direct_pub;
+
+/* >>waits in DIRECT: share returned now, having waited for every rank to
+   publish; the wait since this rank entered is charged to the rank that
+   entered last (entered[k] at byte offset `at` of peers[k]: the ranks'
+   clocks are one, the process's or the node's). One clock read. */
+static void dsgd__direct_waited(dsgd_comm *c, size_t at) {
+    int k, last = -1;
+    double tk, latest = 0.0;
+    for (k = 0; k < c->size; ++k) {
+        if (k == c->rank) continue;
+        memcpy(&tk, (const char *)c->peers[k] + at, sizeof(tk));
+        if (last < 0 || tk > latest) {
+            last = k;
+            latest = tk;
+        }
+    }
+    if (last >= 0) c->waits[last] += dsgd__comm_now(c) - c->entered;
+}
 
 /* Elements [off, off + len) of the n buffers p[0..n-1]: each reduced in
    rank order 0..n-1 (MEAN: then divided by n), the result written into
@@ -12193,6 +12347,7 @@ static dsgd_result dsgd__direct_windowed(dsgd_comm *c, float *buf, size_t count,
     }
     cap = (wbytes - DSGD__DIRECT_HEAD) / sizeof(float);
     dsgd__fp_fill(c, (uint64_t *)(void *)win);
+    memcpy(win + DSGD__FP_N * sizeof(uint64_t), &c->entered, sizeof(c->entered));
     do {
         uint64_t tag = dsgd__tag(c, j, DSGD__PH_FOLD, 0);
         len = DSGD__MIN(cap, count - base);
@@ -12200,6 +12355,7 @@ static dsgd_result dsgd__direct_windowed(dsgd_comm *c, float *buf, size_t count,
         r = t->share(t->impl, tag, win, c->peers, c->deadline, &failed);
         if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
         if (j == 0) {
+            dsgd__direct_waited(c, DSGD__FP_N * sizeof(uint64_t));
             dsgd__fp_init(c, &acc);
             for (k = 0; k < n; ++k) {
                 const uint64_t *fp = (const uint64_t *)c->peers[k];
@@ -12241,8 +12397,10 @@ static dsgd_result dsgd__direct(dsgd_comm *c, float *buf, size_t count, dsgd_red
     if (t->share_window) return dsgd__direct_windowed(c, buf, count, op);
     pub.buf = buf;
     dsgd__fp_fill(c, pub.fp);
+    pub.entered = c->entered;
     r = t->share(t->impl, tag, &pub, c->peers, c->deadline, &failed);
     if (r != DSGD_OK) return dsgd__coll_fail(c, r, failed);
+    dsgd__direct_waited(c, offsetof(dsgd__direct_pub, entered));
     dsgd__fp_init(c, &acc);
     for (k = 0; k < n; ++k) {
         const dsgd__direct_pub *p = (const dsgd__direct_pub *)c->peers[k];
@@ -12526,7 +12684,19 @@ DSGD_API void dsgd_comm_get_stats(const dsgd_comm *c, dsgd_comm_stats *out) {
 }
 
 DSGD_API void dsgd_comm_reset_stats(dsgd_comm *c) {
-    if (c) memset(&c->st, 0, sizeof(c->st));
+    if (!c) return;
+    memset(&c->st, 0, sizeof(c->st));
+    memset(c->waits, 0, sizeof(double) * (size_t)c->size);
+}
+
+DSGD_API dsgd_result dsgd_comm_get_waits(const dsgd_comm *c, double *per_peer, int n) {
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!per_peer || n < c->size)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_comm_get_waits: per_peer %s with n %d (need room for the size, %d)",
+                                  per_peer ? "given" : "NULL", n, c->size);
+    memcpy(per_peer, c->waits, sizeof(double) * (size_t)c->size);
+    return DSGD_OK;
 }
 
 DSGD_API void dsgd_comm_stats_add(dsgd_comm *c, const dsgd_comm_stats *extra) {
@@ -19868,6 +20038,48 @@ DSGD_API dsgd_result dsgd_strategy_run(dsgd_strategy *s, dsgd_replica_fn fn, voi
 DSGD_API int dsgd_strategy_failed(const dsgd_strategy *s);
 DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int replica, const char **message);
 
+/* Who made the others wait, over the training steps since the last report
+   (dsgd_strategy_wait_report). */
+typedef struct dsgd_wait_report {
+    int64_t steps;   /* training steps in the window: since the last report, or
+                        the strategy's creation */
+    double step_s;   /* their mean time, seconds: the longest of the replicas'
+                        step times summed over the window, / steps (the
+                        communicators' clock: virtual seconds on simnet) */
+    int worst;       /* the rank whose fraction (below) is the largest; -1
+                        when nobody waited (one replica, no step) */
+    double worst_fraction; /* its fraction */
+} dsgd_wait_report;
+
+/* Straggler attribution: for every rank k in sync, the fraction of the
+   step the OTHER ranks spent waiting for k,
+       fraction[k] = mean over ranks j != k of  wait_j(k) / time_j
+   where wait_j(k) is what rank j's communicator charged to k during the
+   window's training steps (dsgd_comm_get_waits: a straggler's lateness is
+   charged to it, not to the ranks that relayed it) and time_j the time of
+   those steps on j's clock. The window is the training steps since the
+   last call (or creation): only their collectives and time count, not
+   eval, take_metrics, dsgd_strategy_run or this call's own exchange; the
+   call starts the next window. So "rank 3 made the others wait 41% of
+   the step" is worst = 3, worst_fraction = 0.41: a synchronous step lasts
+   as long as its slowest replica, and this says which one and how much
+   of everyone else's time it cost. Ties go to the lower rank. fraction
+   may be NULL; else n >= dsgd_strategy_num_replicas_in_sync(s) doubles,
+   global ranks. Multi-worker (W > N): each worker knows only its own
+   replicas' waits, so the call all-gathers every replica's row (W + 1
+   numbers, as pairs of floats: about 1e-14 relative) over the group: it
+   is a collective, which every worker must call at the same point,
+   between the same steps, and all get the same report. Strategies whose
+   replicas exchange nothing through their communicators (one replica,
+   parameter servers) report zeros and worst -1.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL;
+   fraction with n below the ranks in sync), DSGD_ERR_STATE (the strategy
+   has failed), DSGD_ERR_OUT_OF_MEMORY, and across workers the
+   all-gather's errors (which fail the strategy, as a failed collective
+   does).
+   Thread safety: the strategy's thread. */
+DSGD_API dsgd_result dsgd_strategy_wait_report(dsgd_strategy *s, dsgd_wait_report *out, double *fraction, int n);
+
 /* Replica context getters (r NULL: -1, 0 or NULL):
      dsgd_replica_id     the replica's rank, 0..N-1 (multi-worker: its
                          global rank, 0..W-1)
@@ -19958,6 +20170,12 @@ struct dsgd_replica {
     int averaged;       /* LOCAL: the last step averaged (dsgd_step_info) */
     int stop_by;        /* phase 2 agreed that this replica (rank) failed; -1: none */
     void *sub;          /* elastic: the survivors' endpoint's state (strategy_elastic.h) */
+    /* dsgd_strategy_wait_report's window (with a communicator): its
+       waits per global rank at the step's start (W), the window's sum
+       (W) and scratch (W); the steps' summed time and count */
+    double *wait_at, *wait_sum, *wait_now;
+    double wait_time, wait_t0;
+    int64_t wait_steps;
 };
 
 /* A strategy kind is a table of these operations; dsgd_strategy_create
@@ -20125,6 +20343,23 @@ static dsgd_result dsgd__replica_noop(dsgd_replica *r, void *user) {
     return DSGD_OK;
 }
 
+/* dsgd_strategy_wait_report's accounting around a training step: the
+   communicator's waits and clock at its start, and what the step added. */
+static void dsgd__replica_wait_begin(dsgd_replica *r) {
+    if (!r->wait_at) return;
+    dsgd_comm_get_waits(r->comm, r->wait_at, r->s->world);
+    r->wait_t0 = dsgd__comm_now(r->comm);
+}
+static void dsgd__replica_wait_end(dsgd_replica *r) {
+    int k;
+    if (!r->wait_at) return;
+    r->wait_time += dsgd__comm_now(r->comm) - r->wait_t0;
+    r->wait_steps++;
+    dsgd_comm_get_waits(r->comm, r->wait_now, r->s->world);
+    for (k = 0; k < r->s->world; ++k) /* a reset inside the step (dsgd_comm_reset_stats) restarts from 0 */
+        r->wait_sum[k] += r->wait_now[k] >= r->wait_at[k] ? r->wait_now[k] - r->wait_at[k] : r->wait_now[k];
+}
+
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
    failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
@@ -20142,7 +20377,9 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     res = r->vmark && fn != s->ops->step && fn != dsgd__replica_drop_verdict
               ? dsgd__replica_settle(r, NULL, "at the next call")
               : DSGD_OK;
+    if (fn == s->ops->step) dsgd__replica_wait_begin(r);
     if (res == DSGD_OK) res = fn(r, user);
+    if (fn == s->ops->step) dsgd__replica_wait_end(r);
     if (res == DSGD_OK) {
         r->msg[0] = '\0';
         return res;
@@ -20284,6 +20521,7 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
         dsgd_replica *r = &s->reps[i];
         dsgd_comm_destroy(r->comm);
         DSGD_FREE(r->sub);
+        DSGD_FREE(r->wait_at);
         dsgd_optimizer_destroy(r->opt);
         DSGD_FREE(r->stage);
         dsgd__member_destroy(&r->m);
@@ -20442,6 +20680,16 @@ static dsgd_result dsgd__replica_create(dsgd_strategy *s, int i) {
         cdesc.piece_bytes = s->d.piece_bytes; /* the communicator clamps it, equally on every replica */
         cdesc.ranks_per_node = s->d.ranks_per_node;
         res = dsgd_comm_create(r->m.ctx, &r->ep, &cdesc, &r->comm);
+        if (res == DSGD_OK) { /* dsgd_strategy_wait_report's window: three rows of W */
+            r->wait_at = (double *)dsgd__alloc(r->m.ctx, sizeof(double) * 3 * (size_t)s->world,
+                                               "dsgd_strategy_create");
+            if (!r->wait_at) res = DSGD_ERR_OUT_OF_MEMORY;
+            else {
+                memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)s->world);
+                r->wait_sum = r->wait_at + s->world;
+                r->wait_now = r->wait_sum + s->world;
+            }
+        }
     }
     if (res != DSGD_OK && dsgd_ctx_last_result(r->m.ctx) != DSGD_OK)
         dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->m.ctx));
@@ -20863,6 +21111,92 @@ DSGD_API dsgd_result dsgd_strategy_replica_result(const dsgd_strategy *s, int re
     if (!s || replica < 0 || replica >= s->n) return DSGD_ERR_INVALID_ARGUMENT;
     if (message) *message = s->reps[replica].msg;
     return s->reps[replica].result;
+}
+
+/* >>waits ------------------------------------------------------------------ */
+
+/* A job across workers: every replica's row of the window (its steps'
+   time, then its waits per global rank: W + 1 numbers, each as a float
+   and the float of its remainder) all-gathered into its staging buffer. */
+static dsgd_result dsgd__wait_gather(dsgd_replica *r, void *user) {
+    int W = r->s->world, k;
+    size_t row = 2 * ((size_t)W + 1), n = row * (size_t)W;
+    float *buf = dsgd__replica_stage(r, n), *mine;
+    dsgd_result res;
+    DSGD__UNUSED(user);
+    r->clean_fail = 1;
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    mine = buf + row * (size_t)r->rank;
+    for (k = 0; k <= W; ++k) {
+        double x = k == 0 ? r->wait_time : r->wait_sum[k - 1];
+        mine[2 * k] = (float)x;
+        mine[2 * k + 1] = (float)(x - (double)mine[2 * k]);
+    }
+    if ((res = dsgd_allgather(r->comm, buf, n, 0.0)) != DSGD_OK) {
+        r->clean_fail = 0;
+        r->comm_failed = 1;
+    }
+    return res;
+}
+
+DSGD_API dsgd_result dsgd_strategy_wait_report(dsgd_strategy *s, dsgd_wait_report *out, double *fraction, int n) {
+    const char *what = "dsgd_strategy_wait_report";
+    double *rows, longest = 0.0; /* rows: W rows of W + 1 (time, then waits per rank) */
+    int W, i, j, k;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_usable(s, what)) != DSGD_OK) return res;
+    if (!out) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", what);
+    W = s->world;
+    if (fraction && n < W)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: fraction has room for %d ranks, and %d are in sync", what, n, W);
+    memset(out, 0, sizeof(*out));
+    out->worst = -1;
+    if (fraction) memset(fraction, 0, sizeof(double) * (size_t)W);
+    if (!s->reps[0].wait_at) return DSGD_OK; /* no communicator: nobody waits */
+    rows = (double *)dsgd__alloc(s->ctx, sizeof(double) * (size_t)W * ((size_t)W + 1), what);
+    if (!rows) return DSGD_ERR_OUT_OF_MEMORY;
+    if (W > s->n) { /* across workers: every replica's row, from all of them */
+        size_t row = 2 * ((size_t)W + 1);
+        if ((res = dsgd__strategy_dispatch(s, dsgd__wait_gather, NULL, what)) != DSGD_OK) {
+            DSGD_FREE(rows);
+            return res;
+        }
+        for (j = 0; j < W; ++j)
+            for (k = 0; k <= W; ++k)
+                rows[(size_t)j * (W + 1) + k] = (double)s->reps[0].stage[row * j + 2 * k] +
+                                                (double)s->reps[0].stage[row * j + 2 * k + 1];
+    } else {
+        for (j = 0; j < W; ++j) {
+            rows[(size_t)j * (W + 1)] = s->reps[j].wait_time;
+            memcpy(rows + (size_t)j * (W + 1) + 1, s->reps[j].wait_sum, sizeof(double) * (size_t)W);
+        }
+    }
+    out->steps = s->reps[0].wait_steps;
+    for (j = 0; j < W; ++j) longest = DSGD__MAX(longest, rows[(size_t)j * (W + 1)]);
+    out->step_s = out->steps > 0 ? longest / (double)out->steps : 0.0;
+    for (k = 0; k < W; ++k) {
+        double f = 0.0;
+        for (j = 0; j < W; ++j) {
+            double t = rows[(size_t)j * (W + 1)];
+            if (j != k && t > 0.0) f += rows[(size_t)j * (W + 1) + 1 + k] / t;
+        }
+        f = W > 1 ? f / (double)(W - 1) : 0.0;
+        if (fraction) fraction[k] = f;
+        if (f > 0.0 && (out->worst < 0 || f > out->worst_fraction)) {
+            out->worst = k;
+            out->worst_fraction = f;
+        }
+    }
+    DSGD_FREE(rows);
+    for (i = 0; i < s->n; ++i) { /* the next window starts at the next step */
+        dsgd_replica *r = &s->reps[i];
+        memset(r->wait_sum, 0, sizeof(double) * (size_t)W);
+        r->wait_time = 0.0;
+        r->wait_steps = 0;
+    }
+    return DSGD_OK;
 }
 
 /* >>distributed variables -------------------------------------------------- */
@@ -21708,6 +22042,13 @@ static void dsgd__overlap_teardown(dsgd_strategy *s) {
      With desc.overlap, phases 3 and 4 run bucket by bucket during phase 1,
      on a communication thread, before phase 2 (OVERLAP in
      strategy_overlap.h); the weights are the same bits.
+
+     The step waits for its slowest replica in its first collective
+     (phase 0's count with a dsgd_batch_fn, else phase 2's flag), so that
+     is where the others' waits are charged to it (the communicators'
+     dsgd_comm_get_waits); dsgd_strategy_wait_report (strategy.h) says,
+     over the steps since its last call, which replica made the others
+     wait and for what fraction of the step.
 
      From phase 2 on every replica does the same, so a failure agreed on in
      phase 2 leaves them all as they were (clean); a failure in phases 3-5 is
