@@ -898,16 +898,27 @@ static dsgd_result dsgd__replica_noop(dsgd_replica *r, void *user) {
     return DSGD_OK;
 }
 
+/* Frees what replica r owns (its thread is joined, the kind torn down). */
+static void dsgd__replica_destroy(dsgd_replica *r) {
+    dsgd_comm_destroy(r->comm);
+    r->comm = NULL;
+    DSGD_FREE(r->sub);
+    DSGD_FREE(r->wait_at);
+    dsgd_optimizer_destroy(r->opt);
+    DSGD_FREE(r->stage);
+    dsgd__member_destroy(&r->m);
+}
+
 /* dsgd_strategy_wait_report's accounting around a training step: the
    communicator's waits and clock at its start, and what the step added. */
 static void dsgd__replica_wait_begin(dsgd_replica *r) {
-    if (!r->wait_at) return;
+    if (!r->wait_at || !r->comm) return; /* no communicator (an elastic group shrunk to one): nobody waits */
     dsgd_comm_get_waits(r->comm, r->wait_at, r->s->world);
     r->wait_t0 = dsgd__comm_now(r->comm);
 }
 static void dsgd__replica_wait_end(dsgd_replica *r) {
     int k;
-    if (!r->wait_at) return;
+    if (!r->wait_at || !r->comm) return;
     r->wait_time += dsgd__comm_now(r->comm) - r->wait_t0;
     r->wait_steps++;
     dsgd_comm_get_waits(r->comm, r->wait_now, r->s->world);
@@ -1072,15 +1083,7 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     for (i = 0; s->reps && i < s->n; ++i)
         if (s->reps[i].thread_started) pthread_join(s->reps[i].thread, NULL);
     if (s->ops && s->ops->teardown) s->ops->teardown(s);
-    for (i = 0; s->reps && i < s->n; ++i) {
-        dsgd_replica *r = &s->reps[i];
-        dsgd_comm_destroy(r->comm);
-        DSGD_FREE(r->sub);
-        DSGD_FREE(r->wait_at);
-        dsgd_optimizer_destroy(r->opt);
-        DSGD_FREE(r->stage);
-        dsgd__member_destroy(&r->m);
-    }
+    for (i = 0; s->reps && i < s->n; ++i) dsgd__replica_destroy(&s->reps[i]);
     if (s->hub) dsgd_loopback_destroy(s->hub);
     if (s->sync_ready) {
         pthread_mutex_destroy(&s->mu);
@@ -1709,7 +1712,7 @@ DSGD_API dsgd_result dsgd_strategy_wait_report(dsgd_strategy *s, dsgd_wait_repor
     memset(out, 0, sizeof(*out));
     out->worst = -1;
     if (fraction) memset(fraction, 0, sizeof(double) * (size_t)W);
-    if (!s->reps[0].wait_at) return DSGD_OK; /* no communicator: nobody waits */
+    if (!s->reps[0].wait_at || !s->reps[0].comm) return DSGD_OK; /* no communicator: nobody waits */
     rows = (double *)dsgd__alloc(s->ctx, sizeof(double) * (size_t)W * ((size_t)W + 1), what);
     if (!rows) return DSGD_ERR_OUT_OF_MEMORY;
     if (W > s->n) { /* across workers: every replica's row, from all of them */

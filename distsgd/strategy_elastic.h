@@ -258,13 +258,12 @@ static dsgd_result dsgd__elastic_shrink(dsgd_strategy *s, const int *keep, const
     if (s->ops->teardown) s->ops->teardown(s);
     for (i = 0; i < s->n; ++i) {
         dsgd_replica *r = &s->reps[i];
-        dsgd_comm_destroy(r->comm);
-        r->comm = NULL;
-        if (keep[i]) continue;
-        dsgd_optimizer_destroy(r->opt);
-        DSGD_FREE(r->stage);
-        DSGD_FREE(r->sub);
-        dsgd__member_destroy(&r->m);
+        if (keep[i]) { /* its communicator is remade over the survivors */
+            dsgd_comm_destroy(r->comm);
+            r->comm = NULL;
+        } else {
+            dsgd__replica_destroy(r);
+        }
     }
     for (v = 0; v < s->num_vars; ++v) { /* the survivors' copies, in order */
         dsgd__dvar *dv = &s->vars[v];
@@ -444,6 +443,12 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         goto done;
     }
     s->resized = 1;
+    for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
+        dsgd_replica *r = &s->reps[i];
+        if (r->wait_at) memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)alive);
+        r->wait_time = 0.0;
+        r->wait_steps = 0;
+    }
     if (ed->on_resize) ed->on_resize(ed->user, w, alive, surv, s);                       /* 4 */
     if (!a->fn && (long long)a->count > (long long)alive * s->d.model.max_batch) {
         *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
