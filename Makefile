@@ -13,8 +13,10 @@
 #                   (BLAS=openblas: its GEMM is OpenBLAS's, on OPENBLAS_NUM_THREADS, default 1)
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
 #   make sim        the same, then the simulated-cluster experiments (simnet):
-#                   sync vs async, backup workers, linear scaling; CSV, Chrome
-#                   traces and (with gnuplot) PNGs in build/sim
+#                   sync vs async, backup workers, linear scaling, and the
+#                   sweep of when sync beats async (experiments/crossover.c,
+#                   the longest: minutes); CSV, Chrome traces and (with
+#                   gnuplot) PNGs in build/sim
 #   make demo-mpi [MPI_DEMO_NP=2] [MPI_DEMO_LOCAL=1]   multi-worker training of
 #                   the demo MLP under mpirun (tools/mpi.mk; installs OpenMPI)
 #   make bench      build and run bench/*
@@ -338,6 +340,7 @@ sim-run: $(SIM_EXAMPLES) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	$(BUILD)/experiments/sync_vs_async_sim --out build/sim
 	$(BUILD)/experiments/backup_workers --out build/sim
 	$(BUILD)/experiments/linear_scaling --out build/sim --data $(FMNIST_DIR)
+	$(BUILD)/experiments/crossover --out build/sim
 
 # make test: simnet's all-reduce times against SimGrid's SMPI
 # (tests/simnet_smpi.sh); it reports itself skipped where smpicc is missing

@@ -46,7 +46,10 @@
 
    Run:  make sim      (with the other experiments)
    or:   ./build/experiments/crossover [--data PATH] [--out DIR] [--seeds K]
-                                      [--tune-seeds K] [--quick] */
+                                      [--tune-seeds K] [--jobs J] [--quick]
+                                      [--smoke]
+   --quick: P = 16 and 64 only; --smoke: a few seconds (P = 16, one network,
+   one straggler model, 2 seeds, no figures), for the build's checks. */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
@@ -320,7 +323,8 @@ int main(int argc, char **argv) {
     const char *data_path = "examples/data/digits.csv", *out = "build/sim";
     static const int PS_FULL[4] = {16, 32, 64, 128}, PS_QUICK[2] = {16, 64};
     static const int BS[6] = {0, 1, 2, 4, 8, 16}, BS100[NB100] = {0, 1, 2, 4, 8, 16, 32};
-    int quick = 0, a, n, s, i, j, nP, failed = 0;
+    int quick = 0, smoke = 0, a, n, s, i, j, nP, failed = 0;
+    int P100 = 100, nb100 = NB100, nnet = 2, sev_lo = 0, sev_hi = 3;
     const int *PS_;
     char path[1024];
     FILE *sum = NULL, *table = NULL, *cdf = NULL;
@@ -339,8 +343,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--tune-seeds") && a + 1 < argc) sw.tune_seeds = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--jobs") && a + 1 < argc) sw.jobs = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--quick")) quick = 1;
+        else if (!strcmp(argv[a], "--smoke")) smoke = 1;
         else {
-            fprintf(stderr, "usage: %s [--data PATH] [--out DIR] [--seeds K] [--tune-seeds K] [--jobs J] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--data PATH] [--out DIR] [--seeds K] [--tune-seeds K] [--jobs J] [--quick] [--smoke]\n", argv[0]);
             return 2;
         }
     }
@@ -349,8 +354,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--seeds: 2..%d, --tune-seeds: 1..%d, --jobs: 1..%d\n", MAX_SEEDS, MAX_SEEDS, MAX_SEEDS);
         return 2;
     }
-    PS_ = quick ? PS_QUICK : PS_FULL;
-    nP = quick ? 2 : 4;
+    PS_ = quick || smoke ? PS_QUICK : PS_FULL;
+    nP = smoke ? 1 : quick ? 2 : 4;
+    if (smoke) { /* a few seconds: P = 16, the fast network, heavy stragglers, b <= 2, no figures */
+        P100 = 16, nb100 = 3, nnet = 1, sev_lo = 1, sev_hi = 2;
+        sw.seeds = 2, sw.tune_seeds = 1;
+    }
     if (sim_mkdir(out) != 0) return 1;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
     if (sim_load_digits(ctx, data_path, 1, &sw.data) != 0) {
@@ -375,21 +384,21 @@ int main(int argc, char **argv) {
        stragglers (a few slow workers in every step, as on a shared
        cluster); time to target against b, both protocols; async and SSP
        beside them */
-    printf("P = 100, fast network, tail stragglers: time to target against b\n");
-    for (j = 0; j < NB100 && !failed; ++j) {
+    printf("P = %d, fast network, tail stragglers: time to target against b\n", P100);
+    for (j = 0; j < nb100 && !failed; ++j) {
         int pol2;
         for (pol2 = 0; pol2 < 2 && !failed; ++pol2) {
-            bpts[pol2][j] = make_point(0, 2, 100, pol2 ? POL_CANCEL : POL_SYNC, BS100[j]);
+            bpts[pol2][j] = make_point(0, 2, P100, pol2 ? POL_CANCEL : POL_SYNC, BS100[j]);
             if (measure(&sw, &bpts[pol2][j]) != 0) failed = 1;
             summary_row(sum, &bpts[pol2][j]);
             print_point(&sw, &bpts[pol2][j]);
         }
     }
-    apt100 = make_point(0, 2, 100, POL_ASYNC, 0);
+    apt100 = make_point(0, 2, P100, POL_ASYNC, 0);
     if (!failed && measure(&sw, &apt100) != 0) failed = 1;
     summary_row(sum, &apt100);
     print_point(&sw, &apt100);
-    ssp100 = make_point(0, 2, 100, POL_SSP, 4);
+    ssp100 = make_point(0, 2, P100, POL_SSP, 4);
     if (!failed && measure(&sw, &ssp100) != 0) failed = 1;
     summary_row(sum, &ssp100);
     print_point(&sw, &ssp100);
@@ -402,7 +411,7 @@ int main(int argc, char **argv) {
         snprintf(path, sizeof(path), "%s/crossover_cdf.csv", out);
         cdf = fopen(path, "w");
         for (c = 0; c < 3 && cdf; ++c) {
-            point q = make_point(0, 2, 100, c == 2 ? POL_CANCEL : POL_SYNC, c ? 4 : 0);
+            point q = make_point(0, 2, P100, c == 2 ? POL_CANCEL : POL_SYNC, c ? 2 + 2 * !smoke : 0);
             FILE *rows = tmpfile();
             long upd;
             q.lr = lr_of(&q, 1.0);
@@ -429,8 +438,8 @@ int main(int argc, char **argv) {
     /* 3. the crossover: async against sync at its best b (cancelling), per
        network, severity and P */
     printf("the crossover: sync at its best b (cancelling) against async\n");
-    for (n = 0; n < 2 && !failed; ++n)
-        for (s = 0; s < 3 && !failed; ++s)
+    for (n = 0; n < nnet && !failed; ++n)
+        for (s = sev_lo; s < sev_hi && !failed; ++s)
             for (i = 0; i < nP && !failed; ++i) {
                 int P = PS_[i];
                 point *bs = &best_sync[n][s][i];
@@ -455,8 +464,8 @@ int main(int argc, char **argv) {
     if (table && !failed) {
         fprintf(table, "| network | stragglers | P | sync, best b | async | async / sync | faster |\n");
         fprintf(table, "|---|---|---|---|---|---|---|\n");
-        for (n = 0; n < 2; ++n)
-            for (s = 0; s < 3; ++s)
+        for (n = 0; n < nnet; ++n)
+            for (s = sev_lo; s < sev_hi; ++s)
                 for (i = 0; i < nP; ++i) {
                     const point *y = &best_sync[n][s][i], *x = &async_pt[n][s][i];
                     char ys[64], xs[64];
@@ -477,7 +486,7 @@ int main(int argc, char **argv) {
     }
 
     /* 5. the figures */
-    if (!failed && sim_have_gnuplot()) {
+    if (!failed && !smoke && sim_have_gnuplot()) {
         char script[8192], sp[1024], cp[1024];
         snprintf(sp, sizeof(sp), "%s/crossover_summary.csv", out);
         snprintf(cp, sizeof(cp), "%s/crossover_cdf.csv", out);
@@ -527,7 +536,7 @@ int main(int argc, char **argv) {
             if (sim_gnuplot(script) != 0) printf("gnuplot failed: no PNG\n");
         }
         printf("wrote %s/crossover_backups.png, crossover_cdf.png, crossover_p.png\n", out);
-    } else if (!failed) {
+    } else if (!failed && !smoke) {
         printf("gnuplot not found: no PNG (apt-get install gnuplot-nox)\n");
     }
     printf("%ld runs in %.1f s\n", sw.nruns, dsgd_now() - sw.t0);

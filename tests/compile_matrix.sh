@@ -420,6 +420,8 @@ SRC
         sync_vs_async_sim) args=(--out "$TMP/sim.$ex") ;; # simnet: the same bits every run
         backup_workers) args=(--out "$TMP/sim.$ex" --seeds 1) ;;
         linear_scaling) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim.$ex" --epochs 1 --warmup-epochs 1) ;;
+        crossover) args=(--out "$TMP/sim.$ex" --smoke) ;;
+        gradient_compression) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --only topk --no-times) ;;
         esac
         if grep -q '^#include "\.\./distsgd_mpi\.h"' "$src"; then
             echo "skip  $src on single_include/distsgd.h (an MPI program: make test-mpi runs it under mpirun)"
