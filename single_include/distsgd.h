@@ -13256,8 +13256,8 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
      Defaults (zero in the desc). ratio 0.01 (1% kept). rank 2: Vogels et
      al. match full-precision SGD's accuracy with rank 2 on ResNet-18 /
      CIFAR-10, where rank 1 loses some; PyTorch defaults to 1, the
-     cheapest. start_iter 0: compress from the first step, as the paper
-     does (error feedback and warm start make that work); PyTorch defaults
+     cheapest. start_iter 0 (top-k, sign and PowerSGD alike): compress
+     from the first step, as the PowerSGD paper does (error feedback and warm start make that work); PyTorch defaults
      to 1000 and suggests about 10% of training, which in this library's
      runs of a few hundred steps would mean never compressing: set it for
      a plain warm-up. min_compression_rate 2 (PyTorch's). seed: a fixed
@@ -13300,7 +13300,7 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
        SIGN       4 sum_v (1 + ceil(n_v / 32))          (gathered)
        POWERSGD   4 (sum over compressed v of r_v (n_v + m_v)
                      + the floats of the others)       (all-reduced)
-                  (4 count before start_iter)
+       TOPK, SIGN, POWERSGD: 4 count before start_iter
      On the wire, per replica (collectives.h, COLLECTIVES, Cost): a
      gathered message goes round the ring all-gather, (N - 1) times its
      bytes; all-reduced floats cost what the bucket's algorithm costs, e.g.
@@ -13353,9 +13353,11 @@ typedef struct dsgd_compress_desc {
                                     its count); 1: ceil(ratio * count) over
                                     the whole bucket */
     int rank;                    /* POWERSGD: r, 1..1024; 0: 2 */
-    int64_t start_iter;          /* POWERSGD: buckets of steps before it are
-                                    all-reduced plainly; >= 0; 0: compress
-                                    from the first step */
+    int64_t start_iter;          /* TOPK, SIGN, POWERSGD: buckets of steps
+                                    before it are all-reduced plainly (a
+                                    dense warm-up, as Deep Gradient
+                                    Compression's); >= 0; 0: compress from
+                                    the first step */
     double min_compression_rate; /* POWERSGD: a matrix is compressed when n m /
                                     (r (n + m)) reaches it; finite, >= 0;
                                     0: 2 */
@@ -13541,6 +13543,12 @@ static void dsgd__segment(const dsgd_hook_bucket *b, int whole, int i, size_t *o
     }
 }
 
+/* Before start_iter the error-feedback compressors all-reduce plainly. */
+static int dsgd__compress_warming(const dsgd_compress_desc *d, const dsgd_hook_bucket *b) {
+    return (d->kind == DSGD_COMPRESS_TOPK || d->kind == DSGD_COMPRESS_SIGN || d->kind == DSGD_COMPRESS_POWERSGD) &&
+           b->step < d->start_iter;
+}
+
 static int dsgd__num_segments(const dsgd_hook_bucket *b, int whole) {
     return whole || b->num_vars == 0 ? 1 : b->num_vars;
 }
@@ -13552,6 +13560,7 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
     int i, ns;
     if (!b || dsgd__compress_fill(desc, &d, msg, sizeof(msg)) != DSGD_OK || dsgd__bucket_bad(b, msg, sizeof(msg)))
         return 0;
+    if (dsgd__compress_warming(&d, b)) return b->count * sizeof(float);
     switch (d.kind) {
     case DSGD_COMPRESS_TOPK:
         ns = dsgd__num_segments(b, d.global);
@@ -13568,7 +13577,7 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
         }
         break;
     case DSGD_COMPRESS_POWERSGD:
-        if (b->step < d.start_iter || b->num_vars == 0) return b->count * sizeof(float);
+        if (b->num_vars == 0) return b->count * sizeof(float);
         for (i = 0; i < b->num_vars; ++i) {
             dsgd__pmat pm;
             dsgd__pmat_of(&d, b->vars[i], 0, &pm);
@@ -14122,8 +14131,7 @@ static dsgd_result dsgd__compress_reduce_in(void *state, const dsgd_hook_bucket 
         return dsgd_allreduce_wire(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM,
                                    b->algorithm == DSGD_ALLREDUCE_RING ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO,
                                    s->d.kind == DSGD_COMPRESS_FP16 ? DSGD_WIRE_F16 : DSGD_WIRE_BF16, b->timeout_s);
-    if (s->d.kind == DSGD_COMPRESS_NONE || (s->d.kind == DSGD_COMPRESS_POWERSGD && b->step < s->d.start_iter))
-        return dsgd__plain(s, b, 0, b->count);
+    if (s->d.kind == DSGD_COMPRESS_NONE || dsgd__compress_warming(&s->d, b)) return dsgd__plain(s, b, 0, b->count);
     if (s->res)
         for (i = 0; i < b->count; ++i) b->data[i] += s->res[b->first + i]; /* M = g + e */
     switch (s->d.kind) {
@@ -14146,7 +14154,7 @@ static dsgd_result dsgd__compress_reduce(void *state, const dsgd_hook_bucket *b)
     if (s) s->coll_s = 0.0;
     r = dsgd__compress_reduce_in(state, b);
     if (s && b && b->comm && s->d.kind != DSGD_COMPRESS_FP16 && s->d.kind != DSGD_COMPRESS_BF16 &&
-        s->d.kind != DSGD_COMPRESS_NONE && !(s->d.kind == DSGD_COMPRESS_POWERSGD && b->step < s->d.start_iter)) {
+        s->d.kind != DSGD_COMPRESS_NONE && !dsgd__compress_warming(&s->d, b)) {
         memset(&add, 0, sizeof(add));
         add.compress_s = DSGD__MAX(0.0, dsgd_now() - t - s->coll_s);
         dsgd_comm_stats_add(b->comm, &add);

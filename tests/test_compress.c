@@ -838,6 +838,20 @@ static void test_options(void **state) {
     for (i = 0; i < COUNT; ++i) assert_true(rn.res[0][i] == 0.0f);
     assert_false(memcmp(rn.res[0] + COUNT, rn.res[0], COUNT * sizeof(float)) == 0); /* step 1 compressed */
     run_free(&rn);
+    /* start_iter is a dense warm-up for top-k and sign too */
+    for (r = 0; r < 2; ++r) {
+        memset(&d, 0, sizeof(d));
+        d.kind = r ? DSGD_COMPRESS_SIGN : DSGD_COMPRESS_TOPK;
+        d.start_iter = 1;
+        run_init(&rn, &d, 2, 2, grad_int);
+        run_go(&rn);
+        memset(want, 0, sizeof(want));
+        for (i = 0; i < COUNT; ++i) want[i] = rn.gin[0][i] + rn.gin[1][i];
+        assert_memory_equal(want, rn.out[0], sizeof(want)); /* step 0: plain */
+        for (i = 0; i < COUNT; ++i) assert_true(rn.res[0][i] == 0.0f);
+        assert_false(memcmp(rn.res[0] + COUNT, rn.res[0], COUNT * sizeof(float)) == 0); /* step 1 compressed */
+        run_free(&rn);
+    }
 }
 
 /* ---------------------------------------------------------------- fp16 and bf16 */
