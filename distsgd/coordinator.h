@@ -783,20 +783,23 @@ DSGD_API dsgd_result dsgd_cluster_kill_worker(dsgd_cluster *c, int w) {
 }
 
 /* Stops the worker threads (after the queue drained) and waits for the
-   servers; aborts the transport first when something failed. */
+   servers; aborts the transport first when a server failed or a worker
+   could not say goodbye (its engine failed: the servers would wait for
+   it). A killed worker's thread still says goodbye, so the servers end
+   cleanly: aborting then would race with their last replies. */
 static void dsgd__cluster_stop(dsgd_cluster *c) {
     int i, failed;
     pthread_mutex_lock(&c->mu);
     c->stopping = 1;
-    failed = c->server_failed != 0 || c->alive < c->W;
+    failed = c->server_failed != 0;
     pthread_cond_broadcast(&c->cv_work);
     pthread_mutex_unlock(&c->mu);
     for (i = 0; i < c->W; ++i)
         if (c->workers[i].started) {
             pthread_join(c->workers[i].thread, NULL);
             c->workers[i].started = 0;
-            failed |= dsgd_ps_worker_failed(c->workers[i].psw) && !DSGD__LOAD_ACQ(&c->workers[i].killed);
         }
+    for (i = 0; i < c->W; ++i) failed |= dsgd_ps_worker_failed(c->workers[i].psw);
     if (failed) dsgd__cluster_abort(c);
     for (i = 0; i < c->P; ++i)
         if (c->servers[i].started) {
