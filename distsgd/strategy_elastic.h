@@ -155,14 +155,26 @@ static double dsgd__sub_now(void *impl) {
     return e->base.now(e->base.impl);
 }
 
+static dsgd_result dsgd__sub_charge_apply(void *impl, size_t floats) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.charge_apply(e->base.impl, floats);
+}
+
+static dsgd_result dsgd__sub_charge_codec(void *impl, size_t floats) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.charge_codec(e->base.impl, floats);
+}
+
 static const char *dsgd__sub_error_message(void *impl) {
     dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
     return e->base.error_message(e->base.impl);
 }
 
 /* The endpoint of rank `rank` of e's group: the point-to-point members of
-   base, ranks mapped. Not the members that involve every rank of base's
-   group (share, a native allreduce, probe) nor the progress hooks (their
+   base, ranks mapped, and those of this rank alone (its clock, the costs
+   it charges to it: charge_apply, charge_codec). Not the members that
+   involve every rank of base's group (share, a native allreduce, probe)
+   nor the progress hooks (their
    sequence numbers are the old communicator's). */
 static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out) {
     const dsgd_transport_i *b = &e->base;
@@ -178,6 +190,8 @@ static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out)
     if (b->sendrecv_upto) out->sendrecv_upto = dsgd__sub_sendrecv_upto;
     if (b->abort) out->abort = dsgd__sub_abort;
     if (b->now) out->now = dsgd__sub_now;
+    if (b->charge_apply) out->charge_apply = dsgd__sub_charge_apply;
+    if (b->charge_codec) out->charge_codec = dsgd__sub_charge_codec;
     if (b->error_message) out->error_message = dsgd__sub_error_message;
 }
 
