@@ -45,8 +45,10 @@
 #
 # Layout: examples/NAME.c -> build/examples/NAME and experiments/NAME.c ->
 # build/experiments/NAME (programs a user would write: one translation unit
-# with the implementation); bench/NAME.c -> build/bench/NAME, tools/NAME.c ->
-# build/tools/NAME (developer programs). The tests, tests/test_PART.c, are
+# with the implementation; built, like the benches, tools and fuzzers, with
+# the implementation compiled once per variant and linked, see Programs
+# below); bench/NAME.c -> build/bench/NAME, tools/NAME.c -> build/tools/NAME
+# (developer programs). The tests, tests/test_PART.c, are
 # compiled without the implementation and linked against the library built
 # once per variant: build/lib/distsgd.o (and distsgd_cl.o) -> build/tests/,
 # build/asan/lib -> build/asan/tests/, build/tsan/lib -> build/tsan/tests/
@@ -389,9 +391,8 @@ FUZZERS := $(patsubst fuzz/%.c,build/fuzz/%,$(BUILD_FUZZ_SRCS))
 fuzz: $(FUZZERS) cl-note
 	bash tools/fuzz.sh $(FUZZ_SECONDS) $(FUZZERS)
 
-build/fuzz/%: fuzz/%.c $(HEADERS) fuzz/fuzz_util.h
-	@mkdir -p $(@D)
-	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) $(call cl_cflags,$<) $< -o $@ $(call cl_libs,$<) -lm -lpthread
+# (Built by the program rules below: the implementation compiled once, in
+# build/fuzzlib/, with the fuzzer's instrumentation but not its main.)
 
 # Tunes CLBlast's GEMM for the chosen OpenCL device (DSGD_CL_DEVICE) and
 # writes the per-device cache the backend applies at start-up; make tune
@@ -472,19 +473,8 @@ define newline
 
 
 endef
-
-# Programs a user would write: one translation unit with the implementation.
-$(BUILD)/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h)
-	$(blas_check)$(call program,$(CC),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS),$(EXAMPLE_BLAS_LIBS))
-
-$(BUILD)/experiments/%: experiments/%.c $(HEADERS) $(wildcard experiments/*.h examples/*.h)
-	$(blas_check)$(call program,$(CC),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS),$(EXAMPLE_BLAS_LIBS))
-
-$(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.h)
-	$(call program,$(CC),$(BENCH_CFLAGS) $(OPENBLAS_CFLAGS),$(OPENBLAS_LIBS))
-
-$(BUILD)/tools/%: tools/%.c $(HEADERS) $(wildcard tools/*.h)
-	$(call program,$(CC),$(CFLAGS))
+comma := ,
+hash := \#
 
 # An LD_PRELOAD library that counts a program's blocking OpenCL calls and
 # launches (tools/preload/cl_calls.c; GNU C, not part of the checks).
@@ -495,8 +485,12 @@ $(BUILD)/tools/cl_calls.so: tools/preload/cl_calls.c
 # The library, compiled once per build variant: the core's implementation
 # (distsgd.o) and the OpenCL add-on's (distsgd_cl.o) in objects of their own,
 # which every test of that variant links, as a user's second file does.
-LIB_VARIANTS := lib asan/lib tsan/lib
-lib_flags = $(if $(findstring tsan/,$(1)),$(SAN_CFLAGS) $(TSAN_FLAGS),$(if $(findstring asan/,$(1)),$(SAN_CFLAGS) $(ASAN_FLAGS),$(CFLAGS)))
+# The programs (examples, experiments, tools: build/lib; benches:
+# build/benchlib, at the benches' -O3 -march=native with OpenBLAS) link the
+# same way, each variant's objects compiled once.
+LIB_VARIANTS := lib asan/lib tsan/lib benchlib
+lib_flags = $(if $(findstring tsan/,$(1)),$(SAN_CFLAGS) $(TSAN_FLAGS),$(if $(findstring asan/,$(1)),$(SAN_CFLAGS) $(ASAN_FLAGS),$(if \
+    $(findstring benchlib/,$(1)),$(BENCH_CFLAGS) $(OPENBLAS_CFLAGS),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS))))
 lib_cc = $(if $(findstring tsan/,$(1)),$(TSAN_CC),$(CC))
 impl_defs = $(if $(findstring _cl,$(1)),-DDISTSGD_CL_IMPLEMENTATION $(CL_CFLAGS),-DDISTSGD_IMPLEMENTATION)
 define lib_rules
@@ -521,6 +515,47 @@ $(BUILD)/asan/tests/%: tests/%.c $(TEST_DEPS) $$(call test_objs,tests/$$*.c,$(BU
 
 $(BUILD)/tsan/tests/%: tests/%.c $(TEST_DEPS) $$(call test_objs,tests/$$*.c,$(BUILD)/tsan/lib)
 	$(call program,$(TSAN_CC),$(SAN_CFLAGS) $(TSAN_FLAGS),$(TSAN_FLAGS) -lcmocka)
+
+# Programs: examples/NAME.c and experiments/NAME.c (written as a user would,
+# one translation unit with the implementation), bench/NAME.c, tools/NAME.c
+# and fuzz/fuzz_NAME.c. Each is compiled without its #defines of the
+# implementation macros (build/gen/: blank lines in their place, a #line
+# naming the source, so messages point into it) and linked with its
+# variant's library objects, so the implementation is compiled once per
+# variant, not once per program. A program that calls the library's private
+# functions (dsgd__, dsgd_cl__), includes distsgd_mpi.h or says "distsgd-program:
+# own-implementation" (it reads a private struct) compiles as it is, with
+# the implementation inside.
+own_impl = $(if $(shell grep -lE 'dsgd_(cl_)?_|distsgd_mpi\.h|distsgd-program: own-implementation' $(1) 2>/dev/null),yes)
+prog_objs = $(if $(call own_impl,$(1)),,$(2)/distsgd.o $(if $(call is_cl,$(1)),$(2)/distsgd_cl.o))
+# $(call linked_program,COMPILER,FLAGS,LIBS): as program, from the source
+# with the implementation macros blanked, unless it keeps its own.
+linked_program = @mkdir -p $(@D) build/gen/$(dir $<)$(newline)$(if $(call own_impl,$<),$(call program,$(1),$(2),$(3)),@{ \
+    printf '$(hash)line 1 "%s"\n' $<; sed -E 's/^$(hash)define DISTSGD_(CL_)?IMPLEMENTATION([[:space:]].*)?$$//' $<; } >build/gen/$<$(newline)$(1) \
+    $(CPPFLAGS) $(2) -I$(dir $<) $(call cl_cflags,$<) build/gen/$< $(filter %.o,$^) -o $@ $(LDFLAGS) $(3) \
+    $(call cl_libs,$<) $(LDLIBS))
+
+$(BUILD)/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h) $$(call prog_objs,examples/$$*.c,$(BUILD)/lib)
+	$(blas_check)$(call linked_program,$(CC),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS),$(EXAMPLE_BLAS_LIBS))
+
+$(BUILD)/experiments/%: experiments/%.c $(HEADERS) $(wildcard experiments/*.h examples/*.h) \
+    $$(call prog_objs,experiments/$$*.c,$(BUILD)/lib)
+	$(blas_check)$(call linked_program,$(CC),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS),$(EXAMPLE_BLAS_LIBS))
+
+$(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.h) \
+    $$(call prog_objs,bench/$$*.c,$(BUILD)/benchlib)
+	$(call linked_program,$(CC),$(BENCH_CFLAGS) $(OPENBLAS_CFLAGS),$(OPENBLAS_LIBS))
+
+$(BUILD)/tools/%: tools/%.c $(HEADERS) $(wildcard tools/*.h) $$(call prog_objs,tools/$$*.c,$(BUILD)/lib)
+	$(call linked_program,$(CC),$(CFLAGS))
+
+build/fuzz/%: fuzz/%.c $(HEADERS) fuzz/fuzz_util.h $$(call prog_objs,fuzz/$$*.c,build/fuzzlib)
+	$(call linked_program,$(FUZZ_CC),$(FUZZ_FLAGS),)
+
+build/fuzzlib/%.o: %.h $(HEADERS)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CPPFLAGS) $(subst fuzzer$(comma),fuzzer-no-link$(comma),$(FUZZ_FLAGS)) $(call impl_defs,$*) -x c -c $< -o $@
+.SECONDARY: build/fuzzlib/distsgd.o build/fuzzlib/distsgd_cl.o
 
 $(SOAK): tests/soak.c $(HEADERS) $(BUILD)/tsan/lib/distsgd.o
 	$(call program,$(TSAN_CC),$(SAN_CFLAGS) $(TSAN_FLAGS),$(TSAN_FLAGS))

@@ -41,6 +41,7 @@
    The machine is assumed otherwise idle: on a shared one, run it more than
    once and compare medians. */
 #define _GNU_SOURCE /* pthread_setaffinity_np */
+/* distsgd-program: own-implementation (it sets a private field of dsgd_comm) */
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
 

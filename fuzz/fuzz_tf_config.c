@@ -12,6 +12,8 @@
 
 #include "fuzz_util.h"
 
+#include <string.h>
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void check_config(dsgd_ctx *ctx, const dsgd_cluster_config *c, size_t size) {
