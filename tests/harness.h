@@ -259,6 +259,22 @@ TU_FN void tu_write_file(const char *dir, const char *name, const void *data, si
     if (fclose(f) != 0) fail_msg("cannot close %s", out);
 }
 
+/* Reads the whole file at path into a malloc'd buffer (free it); its size
+   in *len. Fails the test when it cannot. */
+TU_FN unsigned char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf;
+    long n = -1;
+    if (!f) fail_msg("cannot open %s", path);
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) fail_msg("cannot size %s", path);
+    buf = (unsigned char *)tu_alloc((size_t)n + 1);
+    if (n && fread(buf, 1, (size_t)n, f) != (size_t)n) fail_msg("cannot read %s", path);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
 /* Removes every plain file in dir, then dir itself (the tests create no
    subdirectories). */
 TU_FN void tu_rmdir(const char *dir) {

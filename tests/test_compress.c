@@ -17,6 +17,16 @@
      - bad descs refused with messages; save then load continues bit for
        bit; all replicas hold the same bits.
    Worker threads never assert; the main thread checks after joining.
+   Through a MIRRORED strategy (a 12 -> 10 tanh -> 4 MLP, momentum, 2 and 4
+   replicas): 250 steps, dsgd_strategy_save, destroy, a fresh strategy of
+   the same desc, dsgd_strategy_restore, 250 more give the weights of 500
+   uninterrupted steps on every replica bit for bit, and the checkpoints
+   saved at step 500 (weights, optimizer slots and step, every replica's
+   residual and Q memories) byte for byte: no hook, fp16, bf16, top-k
+   (per variable; global), sign, PowerSGD rank 2 with warm start, all with
+   error feedback, and start_iter 100 and 300 (the dense warm-up ends
+   before the cut, after it). Each hook trains other bits than no hook,
+   and a stateful hook's checkpoint is larger than no hook's.
 
    Build: make test (compiled without the implementation, linked against
    the library built once per variant).
@@ -936,6 +946,151 @@ static void test_half_wires(void **state) {
     }
 }
 
+/* ---------------------------------------------------------------- resume through a strategy */
+
+/* A MIRRORED strategy trains a 12 -> 10 tanh -> 4 MLP (174 floats; at rank
+   2 PowerSGD compresses the 12 x 10 kernel and reduces the rest plainly)
+   with momentum, the hook on its gradient, on uneven global batches. */
+enum {
+    RS_IN = 12, RS_HID = 10, RS_OUT = 4, RS_NP = RS_IN * RS_HID + RS_HID + RS_HID * RS_OUT + RS_OUT, RS_B = 6,
+    RS_STEPS = 500, RS_CUT = 250
+};
+
+static const dsgd_layer_desc RS_LAYERS[2] = {{RS_HID, DSGD_ACT_TANH, DSGD_INIT_AUTO},
+                                             {RS_OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+static float g_rx[RS_STEPS][MAXN * RS_B * RS_IN], g_ry[RS_STEPS][MAXN * RS_B];
+
+static void rs_data(void) {
+    tu_rng r = tu_rng_make(4242);
+    int t, i;
+    for (t = 0; t < RS_STEPS; ++t) {
+        tu_fill(&r, g_rx[t], (size_t)MAXN * RS_B * RS_IN, -1.0f, 1.0f);
+        for (i = 0; i < MAXN * RS_B; ++i) g_ry[t][i] = (float)tu_below(&r, RS_OUT);
+    }
+}
+
+static int rs_count(int n, int step) { return step % 3 ? n * RS_B - step % 5 : n * RS_B; }
+
+/* One row: a compressor (or none: no hook at all, the baseline) at n
+   replicas. */
+typedef struct rs_case {
+    const char *name;
+    int n;
+    int hook;                 /* 0: no comm hook */
+    int stateful;             /* the hook saves a state (a residual, Q memories) */
+    dsgd_compress_desc cd;
+} rs_case;
+
+/* Creates c's strategy, restores `restore` (NULL: none), trains steps
+   [from, to), saves to `save` (NULL: none); every replica's weights out. */
+static void rs_run(const rs_case *c, int from, int to, const char *restore, const char *save, float (*params)[RS_NP]) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy *s = NULL;
+    dsgd_strategy_desc d;
+    dsgd_comm_hook h = dsgd_compress_hook(&c->cd);
+    int t, r;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_STRATEGY_MIRRORED;
+    d.num_replicas = c->n;
+    d.algorithm = DSGD_ALLREDUCE_RING;
+    d.model.input_dim = RS_IN;
+    d.model.layers = RS_LAYERS;
+    d.model.num_layers = 2;
+    d.model.max_batch = RS_B;
+    d.model.seed = 9;
+    d.optimizer.kind = DSGD_OPT_MOMENTUM;
+    d.optimizer.lr = 0.05f;
+    d.optimizer.momentum = 0.9f;
+    d.timeout_s = 30.0;
+    d.cpu_threads = 1;
+    d.comm_hook = c->hook ? &h : NULL;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    if (restore) TU_OK(ctx, dsgd_strategy_restore(s, restore, NULL));
+    for (t = from; t < to; ++t) TU_OK(ctx, dsgd_strategy_train_step(s, g_rx[t], g_ry[t], rs_count(c->n, t), NULL));
+    if (save) TU_OK(ctx, dsgd_strategy_save(s, save, NULL));
+    for (r = 0; r < c->n; ++r) TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, r), params[r], RS_NP));
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* 500 steps, or 250 + save + destroy + a fresh strategy + restore + 250:
+   every replica's weights bit for bit, and the two checkpoints saved at
+   step 500 (weights, optimizer slots and step, every replica's hook state,
+   metrics) byte for byte. Returns replica 0's 500-step weights in want0
+   and the size of the checkpoint at the cut. */
+static size_t rs_case_check(const rs_case *c, const char *dir, float *want0) {
+    static float want[MAXN][RS_NP], got[MAXN][RS_NP], mid[MAXN][RS_NP];
+    char full[128], cut[128], resumed[128];
+    unsigned char *a, *b;
+    size_t la, lb, lc;
+    int r;
+    snprintf(full, sizeof(full), "%s/full.ckpt", dir);
+    snprintf(cut, sizeof(cut), "%s/cut.ckpt", dir);
+    snprintf(resumed, sizeof(resumed), "%s/resumed.ckpt", dir);
+    rs_run(c, 0, RS_STEPS, NULL, full, want);
+    rs_run(c, 0, RS_CUT, NULL, cut, mid);
+    rs_run(c, RS_CUT, RS_STEPS, cut, resumed, got);
+    for (r = 0; r < c->n; ++r)
+        if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
+            fail_msg("%s: replica %d: %d + %d steps through a checkpoint differ from %d (rel err %.3g)", c->name, r,
+                     RS_CUT, RS_STEPS - RS_CUT, RS_STEPS, tu_rel_err(got[r], want[r], RS_NP));
+    a = tu_read_file(full, &la);
+    b = tu_read_file(resumed, &lb);
+    if (la != lb || memcmp(a, b, la) != 0)
+        fail_msg("%s: the state at step %d differs after the resume (checkpoints of %zu and %zu bytes)", c->name,
+                 RS_STEPS, la, lb);
+    free(a);
+    free(b);
+    free(tu_read_file(cut, &lc));
+    memcpy(want0, want[0], sizeof(want[0]));
+    return lc;
+}
+
+static void test_strategy_resume(void **state) {
+    /* start_iter 100 crosses the dense warm-up's end before the cut, 300 after it */
+    static const rs_case cases[] = {
+        {"no hook", 2, 0, 0, {.kind = DSGD_COMPRESS_NONE}},
+        {"no hook, N 4", 4, 0, 0, {.kind = DSGD_COMPRESS_NONE}},
+        {"fp16", 4, 1, 0, {.kind = DSGD_COMPRESS_FP16}},
+        {"bf16", 2, 1, 0, {.kind = DSGD_COMPRESS_BF16}},
+        {"top-k 5% EF", 2, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05}},
+        {"top-k 5% EF global, N 4", 4, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .global = 1}},
+        {"top-k 5% EF, start_iter 100", 2, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 100}},
+        {"top-k 5% EF, start_iter 300", 2, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 300}},
+        {"sign EF", 2, 1, 1, {.kind = DSGD_COMPRESS_SIGN}},
+        {"sign EF, start_iter 300, N 4", 4, 1, 1, {.kind = DSGD_COMPRESS_SIGN, .start_iter = 300}},
+        {"PowerSGD rank 2 EF warm", 2, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2}},
+        {"PowerSGD rank 2 EF warm, N 4", 4, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2}},
+        {"PowerSGD rank 2 EF warm, start_iter 100", 2, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2, .start_iter = 100}},
+        {"PowerSGD rank 2 EF warm, start_iter 300", 2, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2, .start_iter = 300}},
+    };
+    float base[2][RS_NP], w[RS_NP];
+    size_t base_cut[2] = {0, 0}, k;
+    char dir[64];
+    (void)state;
+    tu_watchdog_for("resume through a strategy", 600);
+    tu_mkdtemp(dir);
+    rs_data();
+    for (k = 0; k < sizeof(cases) / sizeof(cases[0]); ++k) {
+        const rs_case *c = &cases[k];
+        int bi = c->n == 4;
+        size_t lc = rs_case_check(c, dir, w);
+        if (!c->hook) {
+            memcpy(base[bi], w, sizeof(w));
+            base_cut[bi] = lc;
+        } else if (memcmp(w, base[bi], sizeof(w)) == 0 && base_cut[bi]) {
+            fail_msg("%s: trained the bits of no hook: it compressed nothing", c->name);
+        }
+        if (c->stateful && base_cut[bi] && lc <= base_cut[bi])
+            fail_msg("%s: the checkpoint at the cut holds no hook state (%zu bytes, %zu without a hook)", c->name,
+                     lc, base_cut[bi]);
+        printf("    %-44s N %d: %d + save/restore + %d = %d steps, weights and checkpoint bit for bit\n", c->name,
+               c->n, RS_CUT, RS_STEPS - RS_CUT, RS_STEPS);
+    }
+    tu_rmdir_files(dir);
+    tu_watchdog(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ef_identity_one_replica),
@@ -949,6 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_save_load_resume),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_half_wires),
+        cmocka_unit_test(test_strategy_resume),
     };
     model_init();
     tu_watchdog(120);

@@ -21,12 +21,18 @@
      Nesterov step written out (v = mu v + d; theta0 -= lr (d + mu v)),
      two rounds of 3 steps: every replica's weights within 1 ulp of it
      (and for AVERAGE too).
-   - Resume: 25 steps, save (mid-round: period 8), destroy, create,
-     restore, 25 more steps equal 50 uninterrupted on every replica, bit
-     for bit, for AVERAGE (momentum inside, warmup 3) and NESTEROV (AdamW
-     inside); a checkpoint saved mid-round is refused at another replica
-     count (DSGD_ERR_SHAPE, saying why), one saved at a round's boundary
-     is taken there (the saved weights everywhere).
+   - Resume, one table of descs: 250 steps, save, destroy, a fresh
+     strategy, restore, 250 more steps equal 500 uninterrupted on every
+     replica, bit for bit, and the checkpoints saved at step 500 (every
+     replica's weights and inner optimizer state, the round's start, the
+     outer momentum) byte for byte: local SGD (AVERAGE, momentum inside,
+     H 8, warmup 20; warmup 300, the cut in the warmup), DiLoCo (NESTEROV,
+     AdamW inside, H 50: the cut at a round's end; H 50 warmup 10 and H 7:
+     inside a round), outer SGD (H 6), and the fp16 and bf16 wires; the
+     replicas differ at the cut exactly when it is inside a round, and such
+     a checkpoint is refused at another replica count (DSGD_ERR_SHAPE,
+     saying why); one saved at a round's boundary is taken there (the
+     saved weights everywhere).
    - 2 workers x 2 replicas over one loopback hub (one strategy per
      worker, each on its own thread) train the bits of one 4-replica
      LOCAL strategy (NESTEROV, warmup 2, period 3).
@@ -49,16 +55,16 @@
 
 #include <pthread.h>
 
-enum { IN = 6, HID = 8, OUT = 3, NP = IN * HID + HID + HID * OUT + OUT, B = 5, MAXN = 4, STEPS = 50 };
+enum { IN = 6, HID = 8, OUT = 3, NP = IN * HID + HID + HID * OUT + OUT, B = 5, MAXN = 4, STEPS = 50, LONG = 500, CUT = 250 };
 
 static const dsgd_layer_desc LAYERS[2] = {{HID, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
 
-static float g_x[STEPS][MAXN * B * IN], g_y[STEPS][MAXN * B];
+static float g_x[LONG][MAXN * B * IN], g_y[LONG][MAXN * B];
 
 static void make_data(void) {
     tu_rng r = tu_rng_make(2023);
     int s, i;
-    for (s = 0; s < STEPS; ++s) {
+    for (s = 0; s < LONG; ++s) {
         tu_fill(&r, g_x[s], (size_t)MAXN * B * IN, -1.0f, 1.0f);
         for (i = 0; i < MAXN * B; ++i) g_y[s][i] = (float)tu_below(&r, OUT);
     }
@@ -311,49 +317,109 @@ static void test_serial_reference(void **state) {
     }
 }
 
-/* 50 steps, or 25 + save + a new strategy + restore + 25. */
-static void resume_case(dsgd_strategy_desc d, const char *name) {
+/* One resume row: a desc, whose cut (CUT) may fall in the warmup, at a
+   round's boundary or inside a round. */
+typedef struct resume_row {
+    const char *name;
+    int n, period;
+    int64_t warmup;
+    dsgd_optimizer_kind inner;
+    dsgd_outer_kind outer;
+    dsgd_wire wire;
+} resume_row;
+
+static dsgd_strategy_desc row_desc(const resume_row *c) {
+    dsgd_strategy_desc d = local_desc(c->n, c->inner, c->period, c->warmup, c->outer);
+    d.algorithm = DSGD_ALLREDUCE_RING; /* the half wires' algorithm; the workers' too */
+    d.local.wire = c->wire;
+    return d;
+}
+
+/* Creates d's strategy, restores `restore` (NULL: none), trains steps
+   [from, to), saves to `save` (NULL: none); every replica's weights out. */
+static void resume_run(const dsgd_strategy_desc *d, int from, int to, const char *restore, const char *save,
+                       float (*out)[NP]) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy *s = NULL;
-    float want[MAXN][NP], got[MAXN][NP];
-    char dir[64], path[128];
-    int r, n = d.num_replicas;
-    tu_mkdtemp(dir);
-    snprintf(path, sizeof path, "%s/local.ckpt", dir);
-    run_local(&d, STEPS, want);
-    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
-    train(ctx, s, 0, 25, uneven);
-    TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+    TU_OK(ctx, dsgd_strategy_create(ctx, d, &s));
+    if (restore) TU_OK(ctx, dsgd_strategy_restore(s, restore, NULL));
+    train(ctx, s, from, to, uneven);
+    if (save) TU_OK(ctx, dsgd_strategy_save(s, save, NULL));
+    get_all(ctx, s, out);
     dsgd_strategy_destroy(s);
-    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
-    TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
-    train(ctx, s, 25, STEPS, uneven);
-    get_all(ctx, s, got);
-    for (r = 0; r < n; ++r)
-        if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
-            fail_msg("%s: replica %d after the resume differs (rel err %.3g)", name, r, tu_rel_err(got[r], want[r], NP));
-    assert_true(memcmp(want[0], want[1], sizeof(want[0])) != 0); /* mid-round at 50: they differ */
-    dsgd_strategy_destroy(s);
-    /* mid-round into another replica count: refused, saying why */
-    d.num_replicas = 2;
-    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
-    TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_strategy_restore(s, path, NULL));
-    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "middle of a round"));
-    assert_int_equal(dsgd_strategy_failed(s), 0);
-    dsgd_strategy_destroy(s);
-    print_message("    %s: 25 + save/restore + 25 = 50 uninterrupted, every replica bit for bit\n", name);
-    tu_rmdir_files(dir);
-    rmdir(dir);
     dsgd_ctx_destroy(ctx);
 }
 
+/* Fails unless the checkpoints at a and b hold the same bytes. */
+static void same_files(const char *a, const char *b, const char *what) {
+    size_t la, lb;
+    unsigned char *fa = tu_read_file(a, &la), *fb = tu_read_file(b, &lb);
+    if (la != lb || memcmp(fa, fb, la) != 0)
+        fail_msg("%s: the state at step %d differs after the resume (checkpoints of %zu and %zu bytes)", what, LONG,
+                 la, lb);
+    free(fa);
+    free(fb);
+}
+
+/* LONG steps, or CUT + save + destroy + a fresh strategy + restore + the
+   rest: every replica's weights bit for bit, and the checkpoints saved at
+   the end (every replica's weights, inner optimizer state and last norm,
+   the round's start, the outer momentum, the step) byte for byte. A cut
+   inside a round is refused at another replica count. */
+static void resume_case(const resume_row *c, const char *dir) {
+    static float want[MAXN][NP], got[MAXN][NP], mid[MAXN][NP];
+    dsgd_strategy_desc d = row_desc(c);
+    char full[128], cut[128], resumed[128];
+    int r, n = c->n, inside = CUT >= c->warmup && (CUT - c->warmup) % c->period != 0;
+    snprintf(full, sizeof full, "%s/full.ckpt", dir);
+    snprintf(cut, sizeof cut, "%s/cut.ckpt", dir);
+    snprintf(resumed, sizeof resumed, "%s/resumed.ckpt", dir);
+    resume_run(&d, 0, LONG, NULL, full, want);
+    resume_run(&d, 0, CUT, NULL, cut, mid);
+    resume_run(&d, CUT, LONG, cut, resumed, got);
+    for (r = 0; r < n; ++r)
+        if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
+            fail_msg("%s: replica %d after the resume differs (rel err %.3g)", c->name, r,
+                     tu_rel_err(got[r], want[r], NP));
+    same_files(full, resumed, c->name);
+    /* inside a round the replicas differ: each one's own state was needed */
+    if (inside != (memcmp(mid[0], mid[n - 1], sizeof(mid[0])) != 0))
+        fail_msg("%s: at the cut the replicas %s, yet the cut is %s a round", c->name, inside ? "agree" : "differ",
+                 inside ? "inside" : "not inside");
+    if (inside) { /* into another replica count: refused, saying why */
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy *s = NULL;
+        d.num_replicas = n == 2 ? 3 : 2;
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        TU_ERR(ctx, DSGD_ERR_SHAPE, dsgd_strategy_restore(s, cut, NULL));
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "middle of a round"));
+        assert_int_equal(dsgd_strategy_failed(s), 0);
+        dsgd_strategy_destroy(s);
+        dsgd_ctx_destroy(ctx);
+    }
+    print_message("    %-46s x%d: %d + save/restore + %d = %d (cut %s), bit for bit\n", c->name, n, CUT, LONG - CUT,
+                  LONG, c->warmup > CUT ? "in the warmup" : inside ? "inside a round" : "at a round's end");
+}
+
 static void test_resume(void **state) {
-    dsgd_strategy_desc a = local_desc(3, DSGD_OPT_MOMENTUM, 8, 3, DSGD_OUTER_AVERAGE);
-    dsgd_strategy_desc n = local_desc(3, DSGD_OPT_ADAMW, 8, 0, DSGD_OUTER_NESTEROV);
+    static const resume_row rows[] = {
+        {"local SGD: AVERAGE, momentum, H 8, warmup 20", 4, 8, 20, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE, DSGD_WIRE_F32},
+        {"local SGD: AVERAGE, momentum, H 8, warmup 300", 3, 8, 300, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE,
+         DSGD_WIRE_F32},
+        {"DiLoCo: NESTEROV, AdamW, H 50", 4, 50, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32},
+        {"DiLoCo: NESTEROV, AdamW, H 50, warmup 10", 4, 50, 10, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32},
+        {"DiLoCo: NESTEROV, AdamW, H 7", 3, 7, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32},
+        {"outer SGD, momentum, H 6, warmup 5", 2, 6, 5, DSGD_OPT_MOMENTUM, DSGD_OUTER_SGD, DSGD_WIRE_F32},
+        {"DiLoCo, H 7, fp16 wire", 4, 7, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F16},
+        {"local SGD, H 8, warmup 20, bf16 wire", 4, 8, 20, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE, DSGD_WIRE_BF16},
+    };
+    char dir[64];
+    size_t k;
     (void)state;
-    tu_watchdog(120);
-    resume_case(a, "AVERAGE, momentum inside, warmup 3");
-    resume_case(n, "NESTEROV, AdamW inside");
+    tu_watchdog_for("LOCAL's resume", 600);
+    tu_mkdtemp(dir);
+    for (k = 0; k < sizeof(rows) / sizeof(rows[0]); ++k) resume_case(&rows[k], dir);
+    tu_rmdir_files(dir);
     tu_watchdog(0);
 }
 
