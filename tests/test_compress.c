@@ -978,20 +978,31 @@ typedef struct rs_case {
     int n;
     int hook;                 /* 0: no comm hook */
     int stateful;             /* the hook saves a state (a residual, Q memories) */
+    int workers;              /* 1 (n 4): the cut and the resumed run as 2
+                                 workers x 2 replicas (the chief saves),
+                                 against MIRRORED x 4 and an uninterrupted
+                                 2 x 2's checkpoint */
     dsgd_compress_desc cd;
 } rs_case;
 
-/* Creates c's strategy, restores `restore` (NULL: none), trains steps
-   [from, to), saves to `save` (NULL: none); every replica's weights out. */
-static void rs_run(const rs_case *c, int from, int to, const char *restore, const char *save, float (*params)[RS_NP]) {
-    dsgd_ctx *ctx = tu_ctx();
+/* Creates c's strategy (MIRRORED of c->n replicas; with eps a
+   MULTI_WORKER_MIRRORED worker of 2 over eps[0..1]), restores `restore`
+   (NULL: none), trains steps [from, to), saves to `save` (NULL: none);
+   every replica's weights out. Asserts nothing (workers call it): the
+   first error's message in msg. */
+static dsgd_result rs_strategy(const rs_case *c, dsgd_transport_i *eps, int from, int to, const char *restore,
+                               const char *save, float (*params)[RS_NP], char *msg, size_t cap) {
+    dsgd_ctx *ctx = NULL;
     dsgd_strategy *s = NULL;
     dsgd_strategy_desc d;
     dsgd_comm_hook h = dsgd_compress_hook(&c->cd);
+    dsgd_result res;
     int t, r;
+    if ((res = dsgd_ctx_create(NULL, &ctx)) != DSGD_OK) return res;
     memset(&d, 0, sizeof(d));
-    d.kind = DSGD_STRATEGY_MIRRORED;
-    d.num_replicas = c->n;
+    d.kind = eps ? DSGD_STRATEGY_MULTI_WORKER_MIRRORED : DSGD_STRATEGY_MIRRORED;
+    d.num_replicas = eps ? 2 : c->n;
+    d.endpoints = eps;
     d.algorithm = DSGD_ALLREDUCE_RING;
     d.model.input_dim = RS_IN;
     d.model.layers = RS_LAYERS;
@@ -1004,13 +1015,70 @@ static void rs_run(const rs_case *c, int from, int to, const char *restore, cons
     d.timeout_s = 30.0;
     d.cpu_threads = 1;
     d.comm_hook = c->hook ? &h : NULL;
-    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
-    if (restore) TU_OK(ctx, dsgd_strategy_restore(s, restore, NULL));
-    for (t = from; t < to; ++t) TU_OK(ctx, dsgd_strategy_train_step(s, g_rx[t], g_ry[t], rs_count(c->n, t), NULL));
-    if (save) TU_OK(ctx, dsgd_strategy_save(s, save, NULL));
-    for (r = 0; r < c->n; ++r) TU_OK(ctx, dsgd_model_get_params(dsgd_strategy_model(s, r), params[r], RS_NP));
+    res = dsgd_strategy_create(ctx, &d, &s);
+    if (res == DSGD_OK && restore) res = dsgd_strategy_restore(s, restore, NULL);
+    for (t = from; t < to && res == DSGD_OK; ++t)
+        res = dsgd_strategy_train_step(s, g_rx[t], g_ry[t], rs_count(c->n, t), NULL);
+    if (res == DSGD_OK && save) res = dsgd_strategy_save(s, save, NULL);
+    for (r = 0; res == DSGD_OK && r < dsgd_strategy_num_replicas(s); ++r)
+        res = dsgd_model_get_params(dsgd_strategy_model(s, r), params[r], RS_NP);
+    if (res != DSGD_OK) snprintf(msg, cap, "%s", dsgd_ctx_last_error(ctx));
     dsgd_strategy_destroy(s);
     dsgd_ctx_destroy(ctx);
+    return res;
+}
+
+static void rs_run(const rs_case *c, int from, int to, const char *restore, const char *save, float (*params)[RS_NP]) {
+    char msg[512] = "";
+    dsgd_result res = rs_strategy(c, NULL, from, to, restore, save, params, msg, sizeof(msg));
+    if (res != DSGD_OK) fail_msg("%s: %s: %s", c->name, dsgd_result_string(res), msg);
+}
+
+/* 2 workers x 2 replicas over one loopback hub, each on a thread: c (n 4)
+   trained over [from, to) as rs_run does; worker i's replicas into
+   params[2 i], params[2 i + 1]. */
+typedef struct rs_worker {
+    const rs_case *c;
+    dsgd_transport_i *eps;
+    int from, to;
+    const char *restore, *save;
+    float (*params)[RS_NP];
+    dsgd_result res;
+    char msg[512];
+} rs_worker;
+
+static void *rs_worker_main(void *arg) {
+    rs_worker *w = (rs_worker *)arg;
+    w->res = rs_strategy(w->c, w->eps, w->from, w->to, w->restore, w->save, w->params, w->msg, sizeof(w->msg));
+    return NULL;
+}
+
+static void rs_workers(const rs_case *c, int from, int to, const char *restore, const char *save,
+                       float (*params)[RS_NP]) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[4];
+    pthread_t th[2];
+    rs_worker w[2];
+    int i;
+    TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    for (i = 0; i < 2; ++i) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].c = c;
+        w[i].eps = eps + 2 * i;
+        w[i].from = from;
+        w[i].to = to;
+        w[i].restore = restore;
+        w[i].save = save;
+        w[i].params = params + 2 * i;
+        assert_int_equal(pthread_create(&th[i], NULL, rs_worker_main, &w[i]), 0);
+    }
+    for (i = 0; i < 2; ++i) assert_int_equal(pthread_join(th[i], NULL), 0);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    for (i = 0; i < 2; ++i)
+        if (w[i].res != DSGD_OK) fail_msg("%s, worker %d: %s: %s", c->name, i, dsgd_result_string(w[i].res), w[i].msg);
 }
 
 /* 500 steps, or 250 + save + destroy + a fresh strategy + restore + 250:
@@ -1027,9 +1095,18 @@ static size_t rs_case_check(const rs_case *c, const char *dir, float *want0) {
     snprintf(full, sizeof(full), "%s/full.ckpt", dir);
     snprintf(cut, sizeof(cut), "%s/cut.ckpt", dir);
     snprintf(resumed, sizeof(resumed), "%s/resumed.ckpt", dir);
-    rs_run(c, 0, RS_STEPS, NULL, full, want);
-    rs_run(c, 0, RS_CUT, NULL, cut, mid);
-    rs_run(c, RS_CUT, RS_STEPS, cut, resumed, got);
+    if (c->workers) {
+        rs_run(c, 0, RS_STEPS, NULL, NULL, want);
+        rs_workers(c, 0, RS_STEPS, NULL, full, mid);
+        for (r = 0; r < c->n; ++r)
+            if (memcmp(mid[r], want[r], sizeof(mid[r])) != 0) fail_msg("%s: 2 x 2 differs from MIRRORED x 4", c->name);
+        rs_workers(c, 0, RS_CUT, NULL, cut, mid);
+        rs_workers(c, RS_CUT, RS_STEPS, cut, resumed, got);
+    } else {
+        rs_run(c, 0, RS_STEPS, NULL, full, want);
+        rs_run(c, 0, RS_CUT, NULL, cut, mid);
+        rs_run(c, RS_CUT, RS_STEPS, cut, resumed, got);
+    }
     for (r = 0; r < c->n; ++r)
         if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
             fail_msg("%s: replica %d: %d + %d steps through a checkpoint differ from %d (rel err %.3g)", c->name, r,
@@ -1049,20 +1126,25 @@ static size_t rs_case_check(const rs_case *c, const char *dir, float *want0) {
 static void test_strategy_resume(void **state) {
     /* start_iter 100 crosses the dense warm-up's end before the cut, 300 after it */
     static const rs_case cases[] = {
-        {"no hook", 2, 0, 0, {.kind = DSGD_COMPRESS_NONE}},
-        {"no hook, N 4", 4, 0, 0, {.kind = DSGD_COMPRESS_NONE}},
-        {"fp16", 4, 1, 0, {.kind = DSGD_COMPRESS_FP16}},
-        {"bf16", 2, 1, 0, {.kind = DSGD_COMPRESS_BF16}},
-        {"top-k 5% EF", 2, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05}},
-        {"top-k 5% EF global, N 4", 4, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .global = 1}},
-        {"top-k 5% EF, start_iter 100", 2, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 100}},
-        {"top-k 5% EF, start_iter 300", 2, 1, 1, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 300}},
-        {"sign EF", 2, 1, 1, {.kind = DSGD_COMPRESS_SIGN}},
-        {"sign EF, start_iter 300, N 4", 4, 1, 1, {.kind = DSGD_COMPRESS_SIGN, .start_iter = 300}},
-        {"PowerSGD rank 2 EF warm", 2, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2}},
-        {"PowerSGD rank 2 EF warm, N 4", 4, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2}},
-        {"PowerSGD rank 2 EF warm, start_iter 100", 2, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2, .start_iter = 100}},
-        {"PowerSGD rank 2 EF warm, start_iter 300", 2, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2, .start_iter = 300}},
+        {"no hook", 2, 0, 0, 0, {.kind = DSGD_COMPRESS_NONE}},
+        {"no hook, N 4", 4, 0, 0, 0, {.kind = DSGD_COMPRESS_NONE}},
+        {"fp16", 4, 1, 0, 0, {.kind = DSGD_COMPRESS_FP16}},
+        {"bf16", 2, 1, 0, 0, {.kind = DSGD_COMPRESS_BF16}},
+        {"top-k 5% EF", 2, 1, 1, 0, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05}},
+        {"top-k 5% EF global, N 4", 4, 1, 1, 0, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .global = 1}},
+        {"top-k 5% EF, start_iter 100", 2, 1, 1, 0, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 100}},
+        {"top-k 5% EF, start_iter 300", 2, 1, 1, 0, {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 300}},
+        {"sign EF", 2, 1, 1, 0, {.kind = DSGD_COMPRESS_SIGN}},
+        {"sign EF, start_iter 300, N 4", 4, 1, 1, 0, {.kind = DSGD_COMPRESS_SIGN, .start_iter = 300}},
+        {"PowerSGD rank 2 EF warm", 2, 1, 1, 0, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2}},
+        {"PowerSGD rank 2 EF warm, N 4", 4, 1, 1, 0, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2}},
+        {"PowerSGD rank 2 EF warm, start_iter 100", 2, 1, 1, 0,
+         {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2, .start_iter = 100}},
+        {"PowerSGD rank 2 EF warm, start_iter 300", 2, 1, 1, 0,
+         {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2, .start_iter = 300}},
+        {"PowerSGD rank 2 EF warm, 2 workers x 2", 4, 1, 1, 1, {.kind = DSGD_COMPRESS_POWERSGD, .rank = 2}},
+        {"top-k 5% EF, start_iter 100, 2 workers x 2", 4, 1, 1, 1,
+         {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 100}},
     };
     float base[2][RS_NP], w[RS_NP];
     size_t base_cut[2] = {0, 0}, k;

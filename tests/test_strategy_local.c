@@ -456,6 +456,8 @@ static void test_restore_at_boundary(void **state) {
 typedef struct worker {
     dsgd_transport_i *eps;
     dsgd_strategy_desc d;
+    int start, stop;              /* the steps [start, stop) */
+    const char *restore, *save;   /* before them, after them (NULL: none) */
     dsgd_result res;
     char msg[512];
     float params[MAXN][NP];
@@ -469,8 +471,10 @@ static void *worker_main(void *arg) {
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return NULL;
     w->d.endpoints = w->eps;
     w->res = dsgd_strategy_create(ctx, &w->d, &s);
-    for (step = 0; step < 10 && w->res == DSGD_OK; ++step)
+    if (w->res == DSGD_OK && w->restore) w->res = dsgd_strategy_restore(s, w->restore, NULL);
+    for (step = w->start; step < w->stop && w->res == DSGD_OK; ++step)
         w->res = dsgd_strategy_train_step(s, g_x[step], g_y[step], uneven(step, 4), NULL);
+    if (w->res == DSGD_OK && w->save) w->res = dsgd_strategy_save(s, w->save, NULL);
     snprintf(w->msg, sizeof(w->msg), "%s", dsgd_ctx_last_error(ctx));
     for (r = 0; s && r < dsgd_strategy_num_replicas(s); ++r)
         dsgd_model_get_params(dsgd_strategy_model(s, r), w->params[r], NP);
@@ -479,39 +483,84 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static void test_two_workers(void **state) {
+/* Two workers of two replicas over one hub, each worker's strategy on a
+   thread of its own, training w->start .. w->stop of d. */
+static void run_workers(const dsgd_strategy_desc *d, worker *ws) {
     dsgd_ctx *ctx = tu_ctx();
-    dsgd_strategy_desc d = local_desc(4, DSGD_OPT_ADAMW, 3, 2, DSGD_OUTER_NESTEROV);
     dsgd_loopback *hub = NULL;
     dsgd_transport_i eps[4];
-    float want[MAXN][NP];
-    worker ws[2];
     pthread_t th[2];
-    int i, r;
-    (void)state;
-    tu_watchdog(120);
-    d.algorithm = DSGD_ALLREDUCE_RING;
-    run_local(&d, 10, want);
+    int i;
     TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
     for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
-    memset(ws, 0, sizeof(ws));
     for (i = 0; i < 2; ++i) {
-        ws[i].d = d;
+        ws[i].d = *d;
         ws[i].d.num_replicas = 2;
         ws[i].eps = eps + 2 * i;
         assert_int_equal(pthread_create(&th[i], NULL, worker_main, &ws[i]), 0);
     }
     for (i = 0; i < 2; ++i) pthread_join(th[i], NULL);
-    for (i = 0; i < 2; ++i) {
-        if (ws[i].res != DSGD_OK) fail_msg("worker %d: %s", i, ws[i].msg);
-        for (r = 0; r < 2; ++r)
-            if (memcmp(ws[i].params[r], want[2 * i + r], sizeof(want[0])) != 0)
-                fail_msg("worker %d replica %d differs from local x4 (rel err %.3g)", i, r,
-                         tu_rel_err(ws[i].params[r], want[2 * i + r], NP));
-    }
-    print_message("    2 workers x 2 replicas over one hub = local x4, every replica bit for bit\n");
     dsgd_loopback_destroy(hub);
     dsgd_ctx_destroy(ctx);
+}
+
+/* Every worker's replicas hold the bits of want (a LOCAL x4's). */
+static void check_workers(const worker *ws, float (*want)[NP], const char *what) {
+    int i, r;
+    for (i = 0; i < 2; ++i) {
+        if (ws[i].res != DSGD_OK) fail_msg("%s: worker %d: %s", what, i, ws[i].msg);
+        for (r = 0; r < 2; ++r)
+            if (memcmp(ws[i].params[r], want[2 * i + r], sizeof(want[0])) != 0)
+                fail_msg("%s: worker %d replica %d differs from local x4 (rel err %.3g)", what, i, r,
+                         tu_rel_err(ws[i].params[r], want[2 * i + r], NP));
+    }
+}
+
+static void set_steps(worker *ws, int start, int stop, const char *restore, const char *save) {
+    int i;
+    memset(ws, 0, 2 * sizeof(worker));
+    for (i = 0; i < 2; ++i) {
+        ws[i].start = start;
+        ws[i].stop = stop;
+        ws[i].restore = restore;
+        ws[i].save = save;
+    }
+}
+
+static void test_two_workers(void **state) {
+    static float want[MAXN][NP];
+    dsgd_strategy_desc d = local_desc(4, DSGD_OPT_ADAMW, 3, 2, DSGD_OUTER_NESTEROV);
+    worker ws[2];
+    char dir[64], full[128], cut[128], resumed[128];
+    int i;
+    (void)state;
+    tu_watchdog(300);
+    d.algorithm = DSGD_ALLREDUCE_RING;
+    run_local(&d, 10, want);
+    set_steps(ws, 0, 10, NULL, NULL);
+    run_workers(&d, ws);
+    check_workers(ws, want, "10 steps");
+    print_message("    2 workers x 2 replicas over one hub = local x4, every replica bit for bit\n");
+    /* resumed across workers: DiLoCo, H 7, cut inside a round; the chief's
+       checkpoint is the one-process strategy's, byte for byte */
+    d.local.period = 7;
+    d.local.warmup_steps = 0;
+    tu_mkdtemp(dir);
+    snprintf(full, sizeof full, "%s/full.ckpt", dir);
+    snprintf(cut, sizeof cut, "%s/cut.ckpt", dir);
+    snprintf(resumed, sizeof resumed, "%s/resumed.ckpt", dir);
+    resume_run(&d, 0, LONG, NULL, full, want);
+    set_steps(ws, 0, CUT, NULL, cut);
+    run_workers(&d, ws);
+    for (i = 0; i < 2; ++i)
+        if (ws[i].res != DSGD_OK) fail_msg("the save across workers: worker %d: %s", i, ws[i].msg);
+    set_steps(ws, CUT, LONG, cut, resumed);
+    run_workers(&d, ws);
+    check_workers(ws, want, "resumed across workers");
+    same_files(full, resumed, "resumed across workers");
+    print_message("    2 x 2, DiLoCo H 7: %d + save/restore across workers + %d = local x4's %d, checkpoint too\n", CUT,
+                  LONG - CUT, LONG);
+    tu_rmdir_files(dir);
     tu_watchdog(0);
 }
 
