@@ -15,11 +15,15 @@
 #   make sim        the same, then the simulated-cluster experiments (simnet):
 #                   sync vs async, backup workers, linear scaling, and the
 #                   sweep of when sync beats async (experiments/crossover.c,
-#                   the longest: minutes); CSV, Chrome traces and (with
-#                   gnuplot) PNGs in build/sim
+#                   the longest: minutes), and the break-even bandwidth of
+#                   gradient compression (experiments/breakeven.c); CSV,
+#                   Chrome traces and (with gnuplot) PNGs in build/sim
 #   make demo-mpi [MPI_DEMO_NP=2] [MPI_DEMO_LOCAL=1]   multi-worker training of
 #                   the demo MLP under mpirun (tools/mpi.mk; installs OpenMPI)
 #   make bench      build and run bench/*
+#   make bench-breakeven-mpi   does gradient compression pay on this link?
+#                   bench/breakeven_mpi.c at np 2 over TCP, the loopback as
+#                   it is and throttled by tc, against simnet's break-even
 #   make bench-peers   distsgd beside PyTorch (bench/peers.sh; installs PyTorch)
 #   make bench-cnn   the CNN's step time, CPU vs OpenCL vs PyTorch, and the model
 #                   interface's overhead (bench/cnn.sh; installs PyTorch)
@@ -213,7 +217,7 @@ BENCH_ENV = POCL_CACHE_DIR=$${POCL_CACHE_DIR:-$(CURDIR)/build/pocl-cache} \
 
 # ---------------------------------------------------------------- targets
 
-.PHONY: build-combos tune bench-mpi bench-overlap-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-bins test-build test-run check-header check-docs check-refs check-parts \
+.PHONY: build-combos tune bench-mpi bench-overlap-mpi bench-breakeven-mpi bench-peers bench-cnn fuzz soak all examples tests bench-build tools test test-bins test-build test-run check-header check-docs check-refs check-parts \
     demo demo-run sync-vs-async sync-vs-async-run sim sim-run bench bench-run clean cl-note
 
 all: examples tests bench-build tools
@@ -333,7 +337,7 @@ sync-vs-async-run: $(BUILD)/examples/sync_vs_async $(addprefix $(FMNIST_DIR)/,$(
 # The simulated-cluster experiments (experiments/, on sim_common.h): each
 # writes CSV and Chrome traces to build/sim, and a PNG when gnuplot is
 # installed (tools/deps.sh demo installs gnuplot-nox). About a minute on 2 cores.
-SIM_EXAMPLES := $(addprefix $(BUILD)/experiments/,sync_vs_async_sim backup_workers linear_scaling)
+SIM_EXAMPLES := $(addprefix $(BUILD)/experiments/,sync_vs_async_sim backup_workers linear_scaling crossover breakeven)
 sim:
 	sh tools/deps.sh demo
 	@$(MAKE) --no-print-directory sim-run
@@ -343,6 +347,7 @@ sim-run: $(SIM_EXAMPLES) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	$(BUILD)/experiments/backup_workers --out build/sim
 	$(BUILD)/experiments/linear_scaling --out build/sim --data $(FMNIST_DIR)
 	$(BUILD)/experiments/crossover --out build/sim
+	$(BUILD)/experiments/breakeven --out build/sim
 
 # make test: simnet's all-reduce times against SimGrid's SMPI
 # (tests/simnet_smpi.sh); it reports itself skipped where smpicc is missing
@@ -427,6 +432,16 @@ bench-overlap-mpi:
 	$(MPICC) -std=c99 -O3 -march=native -I. bench/overlap_mpi.c -o $(BUILD)/mpi/overlap_mpi -lm -lpthread
 	$(MPIRUN) -np 4 --mca btl tcp,self $(BUILD)/mpi/overlap_mpi $(ARGS)
 
+# Does gradient compression pay on this link? bench/breakeven_mpi.c at np 2
+# over TCP, the loopback as it is and throttled by tc (bench/breakeven_mpi.sh:
+# root, removes its qdisc on exit; ARGS go to the bench), against simnet's
+# break-even (experiments/breakeven.h).
+bench-breakeven-mpi:
+	@sh tools/deps.sh mpi
+	@mkdir -p $(BUILD)/mpi
+	$(MPICC) -std=c99 -O3 -march=native -I. bench/breakeven_mpi.c -o $(BUILD)/mpi/breakeven_mpi -lm -lpthread
+	BUILD=$(BUILD) MPIRUN="$(MPIRUN)" ARGS="$(ARGS)" sh bench/breakeven_mpi.sh
+
 # The optional dependencies switched off in turn, each build from scratch in
 # its own directory, so code that compiles only when OpenBLAS, OpenCL or MPI
 # is present fails here. A variable given on the command line overrides the
@@ -453,7 +468,9 @@ build-combos:
 	    echo "$(MPICC) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi" && \
 	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/allreduce_mpi.c -o build/combo/mpi/allreduce_mpi $(LDLIBS) && \
 	    echo "$(MPICC) $(CFLAGS) bench/overlap_mpi.c -o build/combo/mpi/overlap_mpi" && \
-	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/overlap_mpi.c -o build/combo/mpi/overlap_mpi $(LDLIBS); \
+	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/overlap_mpi.c -o build/combo/mpi/overlap_mpi $(LDLIBS) && \
+	    echo "$(MPICC) $(CFLAGS) bench/breakeven_mpi.c -o build/combo/mpi/breakeven_mpi" && \
+	    $(MPICC) $(CPPFLAGS) $(CFLAGS) bench/breakeven_mpi.c -o build/combo/mpi/breakeven_mpi $(LDLIBS); \
 	else \
 	    echo "build-combos: $(firstword $(MPICC)) not found, MPI build skipped (tools/deps.sh mpi installs OpenMPI)"; \
 	fi
@@ -542,7 +559,7 @@ $(BUILD)/experiments/%: experiments/%.c $(HEADERS) $(wildcard experiments/*.h ex
     $$(call prog_objs,experiments/$$*.c,$(BUILD)/lib)
 	$(blas_check)$(call linked_program,$(CC),$(CFLAGS) $(EXAMPLE_BLAS_CFLAGS),$(EXAMPLE_BLAS_LIBS))
 
-$(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.h) \
+$(BUILD)/bench/%: bench/%.c $(HEADERS) $(wildcard bench/*.h) $(wildcard tools/*.h) $(wildcard experiments/*.h) \
     $$(call prog_objs,bench/$$*.c,$(BUILD)/benchlib)
 	$(call linked_program,$(CC),$(BENCH_CFLAGS) $(OPENBLAS_CFLAGS),$(OPENBLAS_LIBS))
 

@@ -421,6 +421,7 @@ SRC
         backup_workers) args=(--out "$TMP/sim.$ex" --seeds 1) ;;
         linear_scaling) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim.$ex" --epochs 1 --warmup-epochs 1) ;;
         crossover) args=(--out "$TMP/sim.$ex" --smoke) ;;
+        breakeven) args=(--out "$TMP/sim.$ex" --smoke) ;; # charged codec costs: the same bits every run
         gradient_compression) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --only topk --no-times) ;;
         esac
         if grep -q '^#include "\.\./distsgd_mpi\.h"' "$src"; then
