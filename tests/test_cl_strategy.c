@@ -42,6 +42,11 @@
      promises and which mode that check uses. Every other comparison with
      the CPU here is already a tolerance, and the replicas of one strategy
      run the same kernels on the same device, so they stay bit for bit.
+   - Comm hooks on OpenCL replicas (N = 3, buffers outside host-shared
+     memory): AUTO takes the HOST path, a plain all-reduce hook gives the
+     HOST path's bits and bytes, fp16 on the wire keeps the replicas
+     identical within 1e-2 of fp32 and saves exactly 2 bytes a float of the
+     ring's payload; DEVICE with a hook is refused.
    - Image layers (conv2d, max-pool): a CNN's gradient on OpenCL equals the
      CPU's within 1e-5 relative, and MIRRORED N = 2 on OpenCL trains it as
      ONE_DEVICE on the CPU does, within 1e-4 after 10 steps.
@@ -416,6 +421,124 @@ static void test_paths_bitwise_equal(void **state) {
     paths_bitwise(9);
 }
 
+/* ---------------------------------------------------------------- comm hooks */
+
+/* A hook that does the plain all-reduce: the strategy's own exchange. */
+static dsgd_result plain_reduce(void *state, const dsgd_hook_bucket *b) {
+    (void)state;
+    return dsgd_allreduce_at(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+}
+
+/* STEPS steps of MIRRORED with n OpenCL replicas (buffers outside
+   host-shared memory, as on a discrete GPU), AUTO path, with `hook` (NULL:
+   none); replica 0's weights into w, the strategy's comm stats into *cs;
+   the replicas checked identical after every step. */
+static void hook_run(int n, const dsgd_comm_hook *hook, float *w, dsgd_comm_stats *cs) {
+    enum { GB = MAXN * B };
+    static float x[GB * IN], y[GB];
+    tu_rng rng = tu_rng_make(91u);
+    dsgd_strategy_desc d;
+    dsgd_strategy *s = NULL;
+    int step, i;
+    memset(&d, 0, sizeof d);
+    d.kind = DSGD_STRATEGY_MIRRORED;
+    d.num_replicas = n;
+    cl_mlp_model(&d.model, B);
+    d.optimizer = opt_desc(DSGD_OPT_MOMENTUM);
+    d.timeout_s = 60.0;
+    d.algorithm = DSGD_ALLREDUCE_RING; /* messages, so the transport counts the wire */
+    d.comm_hook = hook;
+    d.backend_factory = cl_factory;
+    d.backend_user_data = G.cl;
+    G.host_visible = -1;
+    TU_OK(G.ctx, dsgd_strategy_create(G.ctx, &d, &s));
+    /* AUTO takes the DEVICE path for such buffers, unless a hook needs host buckets */
+    assert_int_equal(dsgd_strategy_gradient_path(s), hook ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE);
+    for (step = 1; step <= STEPS; ++step) {
+        tu_fill(&rng, x, (size_t)(n * B) * IN, -1.0f, 1.0f);
+        for (i = 0; i < n * B; ++i) y[i] = (float)tu_below(&rng, OUT);
+        TU_OK(G.ctx, dsgd_strategy_train_step(s, x, y, n * B, NULL));
+        assert_replicas_identical(s, n, step);
+    }
+    get_params(s, 0, w);
+    TU_OK(G.ctx, dsgd_strategy_comm_stats(s, cs));
+    dsgd_strategy_destroy(s);
+    G.host_visible = 0;
+}
+
+/* Comm hooks on OpenCL replicas: AUTO takes the HOST path (a hook sees
+   host buckets) where it would take DEVICE; a hook doing the plain
+   all-reduce gives the bits and the bytes of the HOST path without a hook;
+   fp16 on the wire keeps the replicas identical, stays within 1e-2 of fp32
+   after STEPS steps, and sends the same messages with half the payload:
+   its uncompressed count equals fp32's bytes, and it saves 2 bytes on each
+   of the ring's 2 (n-1) NPARAMS floats a step (all replicas together); an
+   explicit DEVICE path with a hook is refused. */
+static void test_comm_hooks_on_opencl(void **state) {
+    const int n = 3;
+    float w_host[NPARAMS], w_plain[NPARAMS], w_half[NPARAMS], p0[NPARAMS];
+    dsgd_comm_stats c_host, c_plain, c_half;
+    dsgd_comm_hook plain;
+    dsgd_compress_desc cd;
+    dsgd_comm_hook half;
+    dsgd_strategy *s = NULL;
+    (void)state;
+    NEED_CL();
+    memset(&plain, 0, sizeof plain);
+    plain.name = "plain";
+    plain.reduce = plain_reduce;
+    memset(&cd, 0, sizeof cd);
+    cd.kind = DSGD_COMPRESS_FP16;
+    half = dsgd_compress_hook(&cd);
+    G.algorithm = DSGD_ALLREDUCE_RING;
+    {
+        dsgd_strategy *h = strat_make(DSGD_STRATEGY_MIRRORED, n, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_HOST);
+        enum { GB = MAXN * B };
+        static float x[GB * IN], y[GB];
+        tu_rng rng = tu_rng_make(91u);
+        int step, i;
+        get_params(h, 0, p0);
+        for (step = 1; step <= STEPS; ++step) {
+            tu_fill(&rng, x, (size_t)(n * B) * IN, -1.0f, 1.0f);
+            for (i = 0; i < n * B; ++i) y[i] = (float)tu_below(&rng, OUT);
+            TU_OK(G.ctx, dsgd_strategy_train_step(h, x, y, n * B, NULL));
+        }
+        get_params(h, 0, w_host);
+        TU_OK(G.ctx, dsgd_strategy_comm_stats(h, &c_host));
+        dsgd_strategy_destroy(h);
+    }
+    G.algorithm = DSGD_ALLREDUCE_AUTO;
+    hook_run(n, &plain, w_plain, &c_plain);
+    if (memcmp(w_host, w_plain, sizeof w_host) != 0)
+        fail_msg("a plain all-reduce hook differs from the HOST path without one (max rel %.3g)",
+                 tu_rel_err(w_plain, w_host, NPARAMS));
+    assert_true(c_plain.bytes_sent == c_host.bytes_sent);
+    hook_run(n, &half, w_half, &c_half);
+    assert_true(tu_rel_err(w_host, p0, NPARAMS) > 1e-3); /* it trained */
+    if (!(tu_rel_err(w_half, w_host, NPARAMS) <= 1e-2))
+        fail_msg("fp16 wire: %.3g from fp32 after %d steps", tu_rel_err(w_half, w_host, NPARAMS), STEPS);
+    if (c_half.bytes_uncompressed != c_host.bytes_sent ||
+        c_half.bytes_uncompressed - c_half.bytes_sent != (uint64_t)(2 * 2 * (n - 1)) * NPARAMS * STEPS)
+        fail_msg("fp16 wire: %llu bytes sent, %llu uncompressed; fp32: %llu", (unsigned long long)c_half.bytes_sent,
+                 (unsigned long long)c_half.bytes_uncompressed, (unsigned long long)c_host.bytes_sent);
+    {
+        dsgd_strategy_desc d;
+        memset(&d, 0, sizeof d);
+        d.kind = DSGD_STRATEGY_MIRRORED;
+        d.num_replicas = 2;
+        cl_mlp_model(&d.model, B);
+        d.optimizer = opt_desc(DSGD_OPT_MOMENTUM);
+        d.gradient_path = DSGD_GRADIENTS_DEVICE;
+        d.comm_hook = &half;
+        d.backend_factory = cl_factory;
+        d.backend_user_data = G.cl;
+        assert_int_equal(dsgd_strategy_create(G.ctx, &d, &s), DSGD_ERR_INVALID_ARGUMENT);
+        assert_null(s);
+        assert_non_null(strstr(dsgd_ctx_last_error(G.ctx), "DEVICE"));
+    }
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- host waits */
 
 /* The times the host waited for a device (dsgd_cl_backend_host_waits,
@@ -695,6 +818,7 @@ int main(void) {
         cmocka_unit_test(test_contract_momentum_n9),
         cmocka_unit_test(test_paths_bitwise_equal),
         cmocka_unit_test(test_host_waits_per_step),
+        cmocka_unit_test(test_comm_hooks_on_opencl),
         cmocka_unit_test(test_verdict_on_device),
         cmocka_unit_test(test_central_storage_momentum_n3),
         cmocka_unit_test(test_central_storage_adam_n2_mapped),
