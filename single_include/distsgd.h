@@ -8896,6 +8896,14 @@ DSGD_API double dsgd_simnet_time(dsgd_simnet *hub, int rank);
 /* Fills *out with the hub's counters (nothing when either is NULL).
    Errors: none. Thread safety: any thread. */
 DSGD_API void dsgd_simnet_get_stats(dsgd_simnet *hub, dsgd_simnet_stats *out);
+/* The payload bytes rank has sent since creation (dropped messages
+   included): its share of dsgd_simnet_stats.bytes, so the ranks' counts sum
+   to it. Read between a rank's calls (or by the rank itself), it counts
+   every message sent so far, whoever sent them: a strategy's
+   communicators, a parameter-server worker, a user's own calls.
+   hub NULL or rank out of range: 0.
+   Errors: none. Thread safety: any thread. */
+DSGD_API uint64_t dsgd_simnet_bytes_sent(dsgd_simnet *hub, int rank);
 /* Writes the timeline recorded since creation (desc.trace) to out as a
    Chrome trace (JSON object format, "traceEvents": metadata naming each
    rank's row, then complete events "X" rank by rank in call order, ts and
@@ -9057,6 +9065,7 @@ typedef struct dsgd__sn_ep {
     double tx_free, rx_free; /* the NIC */
     long step;         /* the last compute step, -1 */
     double slow;       /* SLOW factor in force */
+    uint64_t sent;     /* payload bytes sent (dsgd_simnet_bytes_sent) */
     uint64_t progress; /* atomic */
     uint64_t jitter;   /* test hook's generator (owner thread only) */
     int hpos;          /* its place in the hub's heap, -1: not there */
@@ -9429,6 +9438,15 @@ DSGD_API void dsgd_simnet_get_stats(dsgd_simnet *h, dsgd_simnet_stats *out) {
     for (i = 0; i < h->n; ++i)
         if (h->ep[i].t > out->max_time) out->max_time = h->ep[i].t;
     pthread_mutex_unlock(&h->mu);
+}
+
+DSGD_API uint64_t dsgd_simnet_bytes_sent(dsgd_simnet *h, int rank) {
+    uint64_t b;
+    if (!h || rank < 0 || rank >= h->n) return 0;
+    pthread_mutex_lock(&h->mu);
+    b = h->ep[rank].sent;
+    pthread_mutex_unlock(&h->mu);
+    return b;
 }
 
 /* >>simnet compute model --------------------------------------------------- */
@@ -9977,6 +9995,7 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
     if (rx) *rx = *done;
     h->stats.messages++;
     h->stats.bytes += bytes;
+    e->sent += bytes;
     if ((f = dsgd__sn_msg_fault(e, dst, DSGD_SIMNET_FAULT_DROP)) != NULL) {
         f->left--;
         p->dropped++;

@@ -797,6 +797,10 @@ static void test_wire_ring_time(void **state) {
                 if (r.bytes[i] != bytes)
                     fail_msg("p=%d %s rank %d: %llu bytes sent, the closed form %llu", p, dsgd_wire_name(jb.wire), i,
                              (unsigned long long)r.bytes[i], (unsigned long long)bytes);
+                if (dsgd_simnet_bytes_sent(r.hub, i) != bytes) /* the hub's own count agrees */
+                    fail_msg("p=%d %s rank %d: the hub counts %llu bytes sent, the closed form %llu", p,
+                             dsgd_wire_name(jb.wire), i, (unsigned long long)dsgd_simnet_bytes_sent(r.hub, i),
+                             (unsigned long long)bytes);
                 if (memcmp(r.buf[i], r.buf[0], n * sizeof(float)) != 0)
                     fail_msg("p=%d %s: rank %d differs from rank 0", p, dsgd_wire_name(jb.wire), i);
                 if (!REL_OK(r.comm_s[i], r.t1[i] - r.t0[i])) /* comm_s is on the transport's (virtual) clock */
@@ -1199,6 +1203,18 @@ static void test_run_many_ranks(void **state) {
         if (fabs(dsgd_simnet_time(hub, i) - want) > 1e-12) fail_msg("rank %d ends at %.17g s", i, dsgd_simnet_time(hub, i));
     dsgd_simnet_get_stats(hub, &st);
     assert_true(st.messages == (uint64_t)n * (uint64_t)s.steps && st.computes == st.messages);
+    { /* the ranks' byte counts sum to the hub's; out of range: 0 */
+        uint64_t sum = 0;
+        for (i = 0; i < n; ++i) {
+            if (dsgd_simnet_bytes_sent(hub, i) != (uint64_t)s.steps * 16 * sizeof(float))
+                fail_msg("rank %d sent %llu bytes, not %d x 64", i, (unsigned long long)dsgd_simnet_bytes_sent(hub, i),
+                         s.steps);
+            sum += dsgd_simnet_bytes_sent(hub, i);
+        }
+        assert_true(sum == st.bytes && st.bytes > 0);
+        assert_true(dsgd_simnet_bytes_sent(hub, n) == 0 && dsgd_simnet_bytes_sent(hub, -1) == 0 &&
+                    dsgd_simnet_bytes_sent(NULL, 0) == 0);
+    }
     print_message("%d ranks (%s): %llu events in %.2f s\n", n, dsgd_simnet_run_mode(),
                   (unsigned long long)(st.messages + st.computes), dsgd_now() - t0);
     /* run once, on a hub whose ranks never called */
