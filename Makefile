@@ -13,11 +13,13 @@
 #                   (BLAS=openblas: its GEMM is OpenBLAS's, on OPENBLAS_NUM_THREADS, default 1)
 #   make sync-vs-async   the same, then the sync-vs-async table at 4 workers
 #   make sim        the same, then the simulated-cluster experiments (simnet):
-#                   sync vs async, backup workers, linear scaling, and the
+#                   sync vs async, backup workers, linear scaling, the
 #                   sweep of when sync beats async (experiments/crossover.c,
-#                   the longest: minutes), and the break-even bandwidth of
-#                   gradient compression (experiments/breakeven.c); CSV,
-#                   Chrome traces and (with gnuplot) PNGs in build/sim
+#                   the longest: minutes), the break-even bandwidth of
+#                   gradient compression (experiments/breakeven.c), and every
+#                   communication policy on a fast and a slow network
+#                   (experiments/comm_policies.c); CSV, Chrome traces and
+#                   (with gnuplot) PNGs in build/sim
 #   make demo-mpi [MPI_DEMO_NP=2] [MPI_DEMO_LOCAL=1]   multi-worker training of
 #                   the demo MLP under mpirun (tools/mpi.mk; installs OpenMPI)
 #   make bench      build and run bench/*
@@ -337,7 +339,7 @@ sync-vs-async-run: $(BUILD)/examples/sync_vs_async $(addprefix $(FMNIST_DIR)/,$(
 # The simulated-cluster experiments (experiments/, on sim_common.h): each
 # writes CSV and Chrome traces to build/sim, and a PNG when gnuplot is
 # installed (tools/deps.sh demo installs gnuplot-nox). About a minute on 2 cores.
-SIM_EXAMPLES := $(addprefix $(BUILD)/experiments/,sync_vs_async_sim backup_workers linear_scaling crossover breakeven)
+SIM_EXAMPLES := $(addprefix $(BUILD)/experiments/,sync_vs_async_sim backup_workers linear_scaling crossover breakeven comm_policies)
 sim:
 	sh tools/deps.sh demo
 	@$(MAKE) --no-print-directory sim-run
@@ -348,6 +350,7 @@ sim-run: $(SIM_EXAMPLES) $(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES))
 	$(BUILD)/experiments/linear_scaling --out build/sim --data $(FMNIST_DIR)
 	$(BUILD)/experiments/crossover --out build/sim
 	$(BUILD)/experiments/breakeven --out build/sim
+	$(BUILD)/experiments/comm_policies --out build/sim --data $(FMNIST_DIR)
 
 # make test: simnet's all-reduce times against SimGrid's SMPI
 # (tests/simnet_smpi.sh); it reports itself skipped where smpicc is missing

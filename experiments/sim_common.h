@@ -4,7 +4,8 @@
    on a virtual clock, written as CSV rows, plus a gnuplot call.
 
    A run is either
-     - mirrored: dsgd_strategy MIRRORED over the hub's endpoints (hub made
+     - mirrored: dsgd_strategy MIRRORED (or LOCAL, with local_sgd; with a
+       comm hook, comm_hook) over the hub's endpoints (hub made
        with park_between_calls, as the replica threads wait for each step
        outside the hub); each replica's batch comes from a dsgd_batch_fn
        that first charges the step's compute (dsgd_simnet_compute); or
@@ -27,7 +28,10 @@
    workers applied between its previous pull and this one (for ASYNC the
    staleness of the gradient it pushed in between; 0 for mirrored and
    SYNC); dropped: gradients dropped as stale since the previous row
-   (BACKUP's backups). stop_at_target works for mirrored, ASYNC and
+   (BACKUP's backups). With csv_bytes a last column, bytes_per_worker:
+   the payload bytes the workers have sent so far (the hub's count,
+   dsgd_simnet_bytes_sent), over the workers (PS: the workers' sends
+   only, not the server's). stop_at_target works for mirrored, ASYNC and
    BACKUP (SYNC and SSP need every worker to push equally often: the run
    fails). Include this file in one translation unit that defines
    DISTSGD_IMPLEMENTATION first. */
@@ -54,6 +58,11 @@ typedef enum sim_kind { SIM_MIRRORED = 0, SIM_PS = 1 } sim_kind;
 typedef struct sim_run_desc {
     const char *name;       /* the CSV's run column */
     sim_kind kind;
+    /* SIM_MIRRORED: non-zero trains DSGD_STRATEGY_LOCAL with `local` (the
+       rows' weights are replica 0's: evaluate at multiples of the period) */
+    int local_sgd;
+    dsgd_strategy_local_desc local;
+    const dsgd_comm_hook *comm_hook; /* SIM_MIRRORED: the strategy's hook (NULL: none) */
     dsgd_ps_policy policy;  /* SIM_PS */
     int staleness;          /* SSP's bound (other policies: 0) */
     int backups;            /* BACKUP's b (other policies: 0) */
@@ -77,6 +86,9 @@ typedef struct sim_run_desc {
     int stop_at_target;     /* non-zero: stop once test accuracy >= target */
     double target;          /* test accuracy whose first time is reported */
     dsgd_simnet_desc net;   /* links and compute model; ranks, parking set here */
+    int csv_bytes;          /* non-zero: the rows end with bytes_per_worker */
+    int ps_draw_as_replica; /* SIM_PS: worker rank w draws the batches of
+                               mirrored replica w - 1 (0: of rank w) */
     FILE *csv;              /* rows go here (NULL: none) */
     const char *trace_path; /* non-NULL: a Chrome trace of the run's first trace_until_s */
     double trace_until_s;
@@ -86,6 +98,8 @@ typedef struct sim_run_desc {
 typedef struct sim_result {
     double time_to_target; /* virtual seconds; -1: not reached */
     long steps_to_target;
+    double bytes_to_target; /* bytes sent per worker by the row that reached it */
+    double final_bytes;     /* ... by the last row */
     double final_time, final_accuracy, final_loss;
     long updates;
     double staleness_mean; /* PS: the servers' (exact); mirrored 0 */
@@ -180,22 +194,40 @@ SIM_MAYBE_UNUSED static void sim_csv_header(FILE *f) {
     if (f) fprintf(f, "run,step,time_s,loss,accuracy,staleness,dropped\n");
 }
 
-static void sim_row(sim_rows *r, long step, double t, double loss, double acc) {
+/* With sim_run_desc.csv_bytes. */
+SIM_MAYBE_UNUSED static void sim_csv_header_bytes(FILE *f) {
+    if (f) fprintf(f, "run,step,time_s,loss,accuracy,staleness,dropped,bytes_per_worker\n");
+}
+
+/* The mean over ranks first .. first + n - 1 of the bytes each has sent. */
+static double sim_bytes_per_rank(dsgd_simnet *hub, int first, int n) {
+    uint64_t sum = 0;
+    int i;
+    for (i = first; i < first + n; ++i) sum += dsgd_simnet_bytes_sent(hub, i);
+    return (double)sum / (double)n;
+}
+
+static void sim_row(sim_rows *r, long step, double t, double loss, double acc, double bytes) {
     const sim_run_desc *d = r->d;
-    if (d->csv)
-        fprintf(d->csv, "%s,%ld,%.9g,%.6f,%.6f,%.4f,%ld\n", d->name, step, t, loss, acc,
+    if (d->csv) {
+        fprintf(d->csv, "%s,%ld,%.9g,%.6f,%.6f,%.4f,%ld", d->name, step, t, loss, acc,
                 r->pulls ? r->stale_sum / (double)r->pulls : 0.0, r->dropped);
+        if (d->csv_bytes) fprintf(d->csv, ",%.0f", bytes);
+        fprintf(d->csv, "\n");
+    }
     r->pulls = 0;
     r->stale_sum = 0;
     r->dropped = 0;
     if (acc >= d->target && r->res->time_to_target < 0) {
         r->res->time_to_target = t;
         r->res->steps_to_target = step;
+        r->res->bytes_to_target = bytes;
         if (d->stop_at_target) r->stop = 1;
     }
     r->res->final_time = t;
     r->res->final_accuracy = acc;
     r->res->final_loss = loss;
+    r->res->final_bytes = bytes;
     r->res->updates = step;
 }
 
@@ -249,7 +281,9 @@ static int sim_run_mirrored(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data
     md.max_batch = d->batch < 256 ? 256 : d->batch;
     md.seed = d->seed;
     memset(&sd, 0, sizeof(sd));
-    sd.kind = DSGD_STRATEGY_MIRRORED;
+    sd.kind = d->local_sgd ? DSGD_STRATEGY_LOCAL : DSGD_STRATEGY_MIRRORED;
+    sd.local = d->local;
+    sd.comm_hook = d->comm_hook;
     sd.num_replicas = d->workers;
     sd.model = md;
     sd.model.max_batch = d->batch;
@@ -274,7 +308,7 @@ static int sim_run_mirrored(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data
                 dsgd_model_set_params(eval, params, np) != DSGD_OK)
                 goto done;
             sim_evaluate(eval, &data->test, &loss, &acc);
-            sim_row(rows, m.step + 1, dsgd_simnet_time(hub, 0), loss, acc);
+            sim_row(rows, m.step + 1, dsgd_simnet_time(hub, 0), loss, acc, sim_bytes_per_rank(hub, 0, d->workers));
         }
     }
     rc = 0;
@@ -336,7 +370,8 @@ static dsgd_result sim_ps_pulled(void *user, int64_t k, int64_t v, const float *
     if (sw->rank == 1 && (v >= ps->rows->next_eval || (d->steps > 0 && v >= d->steps))) {
         double loss, acc;
         sim_evaluate(sw->m, &ps->data->test, &loss, &acc);
-        sim_row(ps->rows, (long)v, dsgd_simnet_time(ps->hub, sw->rank), loss, acc);
+        sim_row(ps->rows, (long)v, dsgd_simnet_time(ps->hub, sw->rank), loss, acc,
+                sim_bytes_per_rank(ps->hub, 1, d->workers));
         while (ps->rows->next_eval <= v) ps->rows->next_eval += d->eval_every;
         if (ps->rows->stop && !ps->stop_version) ps->stop_version = (int)v + 1;
     }
@@ -355,7 +390,8 @@ static dsgd_result sim_ps_grad(void *user, int64_t k, const float *params, float
     const sim_run_desc *d = sw->ps->d;
     dsgd_result res;
     (void)params;
-    sim_draw(&sw->ps->data->train, d->seed, sw->rank, (long)k, d->batch, sw->x, sw->y);
+    sim_draw(&sw->ps->data->train, d->seed, d->ps_draw_as_replica ? sw->rank - 1 : sw->rank, (long)k, d->batch,
+             sw->x, sw->y);
     res = dsgd_model_compute_gradients(sw->m, sw->x, sw->y, d->batch, 1.0f / (float)d->batch);
     if (res == DSGD_OK) res = dsgd_model_get_grads(sw->m, grads, sw->np);
     if (res != DSGD_OK) return res;

@@ -422,6 +422,7 @@ SRC
         linear_scaling) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim.$ex" --epochs 1 --warmup-epochs 1) ;;
         crossover) args=(--out "$TMP/sim.$ex" --smoke) ;;
         breakeven) args=(--out "$TMP/sim.$ex" --smoke) ;; # charged codec costs: the same bits every run
+        comm_policies) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim.$ex" --smoke --jobs 1) ;;
         gradient_compression) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --only topk --no-times) ;;
         esac
         if grep -q '^#include "\.\./distsgd_mpi\.h"' "$src"; then
