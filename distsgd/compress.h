@@ -89,6 +89,39 @@
                           start_iter the whole bucket is all-reduced plainly
                           and e is left alone.
 
+     Momentum correction (top-k; Lin et al. 2018, Deep Gradient
+     Compression). With momentum m > 0 the hook keeps, per parameter, the
+     momentum u besides the residual v, and for every bucket:
+
+         u = m u + g
+         a = u, or g + m u with nesterov   (the optimizer's MOMENTUM rule)
+         M = v + a;  C = top-k of M;  v = M - C
+         u = 0 where C was sent            (momentum factor masking)
+
+     so that sum_t C_t + v_T = sum_t a_t, and the replicas sum their C as
+     above. The hook then sends the momentum step itself, not the
+     gradient: the strategy's optimizer must be DSGD_OPT_SGD (no momentum
+     of its own), which applies the summed sparse step with its learning
+     rate (its schedule, weight decay and clip_norm act on that step).
+     Keeping the optimizer's momentum would apply momentum twice; the
+     hook cannot see the optimizer, so this is the caller's part. Why (Lin
+     et al.): with error feedback alone the optimizer's momentum acts on
+     the sparse sums, so an entry's gradients, delayed in e, reach the
+     velocity late and in bursts; accumulating momentum steps instead of
+     gradients keeps sum_t a_t what dense momentum SGD would have applied,
+     and the masking stops a sent entry's old velocity from pushing on.
+     Before start_iter the hook all-reduces a (the optimizer's momentum
+     step, so the dense warm-up is momentum SGD) and leaves v alone.
+
+     Sparsity warm-up (top-k, Deep Gradient Compression's). With
+     warmup_steps W > 0 the W steps from start_iter keep more than ratio:
+     they are split into S stages, S the number of the fractions 1/4,
+     1/16, 1/64, ... above ratio (3 for 0.01; 4 for 0.001: 75%, 93.75%,
+     98.4375%, 99.6% sparse), stage j (the steps start_iter + [floor(j W /
+     S), floor((j + 1) W / S))) keeping 4^-(j + 1) of each variable (k as
+     for ratio), then ratio. An alternative to a dense warm-up that never
+     sends the whole gradient.
+
      Defaults (zero in the desc). ratio 0.01 (1% kept). rank 2: Vogels et
      al. match full-precision SGD's accuracy with rank 2 on ResNet-18 /
      CIFAR-10, where rank 1 loses some; PyTorch defaults to 1, the
@@ -132,7 +165,8 @@
      m_v, r_v = min(r, n_v, m_v)):
        NONE       4 count                              (all-reduced)
        FP16, BF16 2 count                              (all-reduced)
-       TOPK       8 K, K = sum of k_v (per variable) or k (global) (gathered)
+       TOPK       8 K, K = sum of k_v (per variable) or k (global) (gathered),
+                  k at the step's fraction during a sparsity warm-up
        SIGN       4 sum_v (1 + ceil(n_v / 32))          (gathered)
        POWERSGD   4 (sum over compressed v of r_v (n_v + m_v)
                      + the floats of the others)       (all-reduced)
@@ -150,8 +184,9 @@
    STATE
 
      Saved (state_bytes, save, load) as 24 bytes of header (tag, kind, rank,
-     parameter count) then the residual (when error feedback is on) and
-     PowerSGD's Q memories (with warm start): one float per parameter each,
+     parameter count) then the residual (when error feedback is on),
+     PowerSGD's Q memories (with warm start) and top-k's momentum u (with
+     momentum correction): one float per parameter each,
      the Q of a variable at offset o kept at o (r' m <= n m floats). A run
      resumed from them continues bit for bit. Nothing is saved for NONE,
      nor when neither applies. Native byte order, as the floats of the rest
@@ -200,6 +235,16 @@ typedef struct dsgd_compress_desc {
     int no_warm_start;           /* POWERSGD: 1 draws Q afresh every step */
     int no_error_feedback;       /* 1: no residual (the compressor alone) */
     uint64_t seed;               /* POWERSGD: Q's draws; 0: DSGD_COMPRESS_DEFAULT_SEED */
+    float momentum;              /* TOPK: momentum correction (Deep Gradient
+                                    Compression; COMPRESSION, Momentum
+                                    correction): the hook keeps the velocity
+                                    and the strategy's optimizer must be
+                                    DSGD_OPT_SGD; in [0, 1); needs error
+                                    feedback; 0: off */
+    int nesterov;                /* TOPK with momentum: Nesterov's variant */
+    int64_t warmup_steps;        /* TOPK: sparsity warm-up over this many
+                                    steps from start_iter (COMPRESSION,
+                                    Sparsity warm-up); >= 0; 0: off */
 } dsgd_compress_desc;
 
 /* "none", "topk", "sign", "powersgd", "fp16", "bf16"; "unknown" for other
@@ -213,7 +258,9 @@ DSGD_API const char *dsgd_compress_kind_name(dsgd_compress_kind kind);
    Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL: nothing recorded; desc
    NULL; an unknown kind; ratio outside (0, 1] or not a number; rank
    outside 0..1024; start_iter negative; min_compression_rate negative or
-   not finite), recorded on ctx.
+   not finite; momentum outside [0, 1), or above 0 but kind not TOPK or
+   no error feedback; warmup_steps negative, or above 0 but kind not
+   TOPK), recorded on ctx.
    Thread safety: the context's thread. */
 DSGD_API dsgd_result dsgd_compress_check(dsgd_ctx *ctx, const dsgd_compress_desc *desc);
 
@@ -281,6 +328,20 @@ static dsgd_result dsgd__compress_fill(const dsgd_compress_desc *d, dsgd_compres
                  d->min_compression_rate, DSGD_COMPRESS_DEFAULT_MIN_RATE);
         return DSGD_ERR_INVALID_ARGUMENT;
     }
+    if (!(d->momentum >= 0.0f && d->momentum < 1.0f)) {
+        snprintf(msg, cap, "dsgd_compress: momentum %g is outside [0, 1)", (double)d->momentum);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if (d->momentum > 0.0f && (d->kind != DSGD_COMPRESS_TOPK || d->no_error_feedback)) {
+        snprintf(msg, cap, "dsgd_compress: momentum correction (momentum %g) needs kind topk with error feedback",
+                 (double)d->momentum);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if (d->warmup_steps < 0 || (d->warmup_steps > 0 && d->kind != DSGD_COMPRESS_TOPK)) {
+        snprintf(msg, cap, "dsgd_compress: warmup_steps %lld is %s", (long long)d->warmup_steps,
+                 d->warmup_steps < 0 ? "negative" : "for kind topk only");
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
     *out = *d;
     if (out->ratio == 0.0) out->ratio = DSGD_COMPRESS_DEFAULT_RATIO;
     if (out->rank == 0) out->rank = DSGD_COMPRESS_DEFAULT_RANK;
@@ -288,6 +349,7 @@ static dsgd_result dsgd__compress_fill(const dsgd_compress_desc *d, dsgd_compres
     if (out->seed == 0) out->seed = DSGD_COMPRESS_DEFAULT_SEED;
     out->global = out->global != 0;
     out->no_warm_start = out->no_warm_start != 0;
+    out->nesterov = out->nesterov != 0 && out->momentum > 0.0f;
     out->no_error_feedback = out->no_error_feedback != 0 || out->kind == DSGD_COMPRESS_NONE ||
                              out->kind == DSGD_COMPRESS_FP16 || out->kind == DSGD_COMPRESS_BF16;
     return DSGD_OK;
@@ -312,6 +374,25 @@ static size_t dsgd__topk_k(double ratio, size_t n) {
     k = fabs(x - near) <= 1e-9 * (x > 1.0 ? x : 1.0) ? near : ceil(x);
     if (k < 1.0) k = 1.0;
     return k >= (double)n ? n : (size_t)k;
+}
+
+/* Top-k's kept fraction at step: ratio, but during the sparsity warm-up
+   (warmup_steps from start_iter) stage j of S keeps 4^-(j + 1), S the
+   number of those fractions above ratio, stage j the steps t - start_iter
+   in [floor(j W / S), floor((j + 1) W / S)) of the W = warmup_steps. */
+static double dsgd__topk_ratio_at(const dsgd_compress_desc *d, int64_t step) {
+    int64_t t = step - d->start_iter, W = d->warmup_steps, S = 0, j;
+    double f = 0.25;
+    if (W <= 0 || step < d->start_iter || t >= W) return d->ratio;
+    while (f > d->ratio) { /* at most ~540 stages: ratio > 0 is a double */
+        ++S;
+        f *= 0.25;
+    }
+    if (S == 0) return d->ratio;
+    /* floor(j W / S) <= t, without overflow: W = q S + rem */
+    for (j = S - 1; j > 0; --j)
+        if ((W / S) * j + (W % S) * j / S <= t) break;
+    return ldexp(1.0, -2 * (int)(j + 1));
 }
 
 /* A variable as PowerSGD sees it: rows n, columns m, rank r (0: reduced
@@ -402,7 +483,7 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
         ns = dsgd__num_segments(b, d.global);
         for (i = 0; i < ns; ++i) {
             dsgd__segment(b, d.global, i, &off, &n);
-            floats += 2 * dsgd__topk_k(d.ratio, n);
+            floats += 2 * dsgd__topk_k(dsgd__topk_ratio_at(&d, b->step), n);
         }
         break;
     case DSGD_COMPRESS_SIGN:
@@ -438,6 +519,7 @@ typedef struct dsgd__compress {
     size_t num_params;
     float *res;  /* (num_params) the residual; NULL without error feedback */
     float *qmem; /* (num_params) PowerSGD's Q memories; NULL without warm start */
+    float *mom;  /* (num_params) top-k's momentum u (momentum correction); else NULL */
     /* scratch, grown on demand (not saved) */
     float *buf;
     size_t buf_cap;
@@ -455,6 +537,7 @@ static void dsgd__compress_destroy(void *state) {
     if (!s) return;
     DSGD_FREE(s->res);
     DSGD_FREE(s->qmem);
+    DSGD_FREE(s->mom);
     DSGD_FREE(s->buf);
     DSGD_FREE(s->keys);
     DSGD_FREE(s->acc);
@@ -488,8 +571,13 @@ static dsgd_result dsgd__compress_create(void *user, int replica, int num_replic
         s->qmem = (float *)DSGD_MALLOC(bytes ? bytes : 1);
         if (s->qmem) memset(s->qmem, 0, bytes);
     }
+    if (s->d.momentum > 0.0f) {
+        s->mom = (float *)DSGD_MALLOC(bytes ? bytes : 1);
+        if (s->mom) memset(s->mom, 0, bytes);
+    }
     if ((!s->d.no_error_feedback && !s->res) ||
-        (s->d.kind == DSGD_COMPRESS_POWERSGD && !s->d.no_warm_start && !s->qmem)) {
+        (s->d.kind == DSGD_COMPRESS_POWERSGD && !s->d.no_warm_start && !s->qmem) ||
+        (s->d.momentum > 0.0f && !s->mom)) {
         dsgd__compress_destroy(s);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
@@ -501,13 +589,14 @@ static size_t dsgd__compress_state_bytes(void *state) {
     dsgd__compress *s = (dsgd__compress *)state;
     size_t arrays;
     if (!s) return 0;
-    arrays = (s->res ? 1u : 0u) + (s->qmem ? 1u : 0u);
+    arrays = (s->res ? 1u : 0u) + (s->qmem ? 1u : 0u) + (s->mom ? 1u : 0u);
     return arrays ? DSGD__COMPRESS_HEADER + arrays * s->num_params * sizeof(float) : 0;
 }
 
 static void dsgd__compress_header(const dsgd__compress *s, unsigned char *h) {
     uint64_t tag = DSGD__COMPRESS_TAG, np = (uint64_t)s->num_params;
-    uint32_t kind = (uint32_t)s->d.kind | (s->res ? 0x100u : 0u) | (s->qmem ? 0x200u : 0u), rank = (uint32_t)s->d.rank;
+    uint32_t kind = (uint32_t)s->d.kind | (s->res ? 0x100u : 0u) | (s->qmem ? 0x200u : 0u) | (s->mom ? 0x400u : 0u);
+    uint32_t rank = (uint32_t)s->d.rank;
     memcpy(h, &tag, 8);
     memcpy(h + 8, &kind, 4);
     memcpy(h + 12, &rank, 4);
@@ -526,7 +615,11 @@ static dsgd_result dsgd__compress_save(void *state, void *dst, size_t bytes) {
         memcpy(p, s->res, arr);
         p += arr;
     }
-    if (s->qmem) memcpy(p, s->qmem, arr);
+    if (s->qmem) {
+        memcpy(p, s->qmem, arr);
+        p += arr;
+    }
+    if (s->mom) memcpy(p, s->mom, arr);
     return DSGD_OK;
 }
 
@@ -544,7 +637,11 @@ static dsgd_result dsgd__compress_load(void *state, const void *src, size_t byte
         memcpy(s->res, p, arr);
         p += arr;
     }
-    if (s->qmem) memcpy(s->qmem, p, arr);
+    if (s->qmem) {
+        memcpy(s->qmem, p, arr);
+        p += arr;
+    }
+    if (s->mom) memcpy(s->mom, p, arr);
     return DSGD_OK;
 }
 
@@ -669,6 +766,7 @@ static int dsgd__cmp_u64(const void *a, const void *b) {
 static dsgd_result dsgd__topk_reduce(dsgd__compress *s, const dsgd_hook_bucket *b, dsgd_ctx *ctx) {
     int ns = dsgd__num_segments(b, s->d.global), i, r, n = b->num_replicas;
     size_t K = 0, at = 0, j, off, len, total;
+    double ratio = dsgd__topk_ratio_at(&s->d, b->step);
     float *msg, *all;
     uint64_t *keys;
     dsgd_result res;
@@ -678,7 +776,7 @@ static dsgd_result dsgd__topk_reduce(dsgd__compress *s, const dsgd_hook_bucket *
                                   b->index, b->count);
     for (i = 0; i < ns; ++i) {
         dsgd__segment(b, s->d.global, i, &off, &len);
-        K += dsgd__topk_k(s->d.ratio, len);
+        K += dsgd__topk_k(ratio, len);
     }
     if (2 * K > SIZE_MAX / (size_t)n / sizeof(float))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_compress (topk): message too large");
@@ -689,7 +787,7 @@ static dsgd_result dsgd__topk_reduce(dsgd__compress *s, const dsgd_hook_bucket *
     for (i = 0; i < ns; ++i) {
         size_t k;
         dsgd__segment(b, s->d.global, i, &off, &len);
-        k = dsgd__topk_k(s->d.ratio, len);
+        k = dsgd__topk_k(ratio, len);
         for (j = 0; j < len; ++j) keys[j] = dsgd__topk_key(b->data[off + j], off + j);
         dsgd__select_top(keys, len, k);
         for (j = 0; j < k; ++j) keys[j] = 0xFFFFFFFFu - (uint32_t)(keys[j] & 0xFFFFFFFFu);
@@ -704,6 +802,8 @@ static dsgd_result dsgd__topk_reduce(dsgd__compress *s, const dsgd_hook_bucket *
         memcpy(s->res + b->first, b->data, b->count * sizeof(float));
         for (j = 0; j < K; ++j) s->res[b->first + dsgd__fbits(msg[j])] = 0.0f;
     }
+    if (s->mom) /* momentum factor masking */
+        for (j = 0; j < K; ++j) s->mom[b->first + dsgd__fbits(msg[j])] = 0.0f;
     res = dsgd__cz_allgather(s, b, all, total);
     if (res != DSGD_OK) return res;
     memset(b->data, 0, b->count * sizeof(float));
@@ -967,6 +1067,18 @@ static dsgd_result dsgd__compress_reduce_in(void *state, const dsgd_hook_bucket 
         return dsgd_allreduce_wire(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM,
                                    b->algorithm == DSGD_ALLREDUCE_RING ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO,
                                    s->d.kind == DSGD_COMPRESS_FP16 ? DSGD_WIRE_F16 : DSGD_WIRE_BF16, b->timeout_s);
+    if (s->mom) { /* momentum correction: u = m u + g, then a = u (or g + m u) */
+        float mu = s->d.momentum, *u = s->mom + b->first, *v = s->res + b->first;
+        int warm = dsgd__compress_warming(&s->d, b);
+        for (i = 0; i < b->count; ++i) {
+            float g = b->data[i];
+            u[i] = mu * u[i] + g;
+            g = s->d.nesterov ? g + mu * u[i] : u[i];
+            b->data[i] = warm ? g : v[i] + g; /* dense: the optimizer's momentum step; else M = v + a */
+        }
+        if (warm) return dsgd__plain(s, b, 0, b->count);
+        return dsgd__topk_reduce(s, b, ctx);
+    }
     if (s->d.kind == DSGD_COMPRESS_NONE || dsgd__compress_warming(&s->d, b)) return dsgd__plain(s, b, 0, b->count);
     if (s->res)
         for (i = 0; i < b->count; ++i) b->data[i] += s->res[b->first + i]; /* M = g + e */

@@ -39,7 +39,7 @@
 typedef struct method {
     const char *name;
     int hook; /* 0: no hook (the all-reduce) */
-    dsgd_compress_desc cd;
+    dsgd_compress_desc cd; /* with momentum correction the optimizer is plain SGD */
 } method;
 
 /* One run: accuracy into *acc, the comm stats into *cs; 1 when it ran. */
@@ -61,6 +61,7 @@ static int run(dsgd_ctx *ctx, const method *m, const dsgd_dataset *train, const 
     };
     dsgd_strategy *s = NULL;
     dsgd_sampler smp;
+    if (m->cd.momentum > 0.0f) sd.optimizer.kind = DSGD_OPT_SGD; /* the hook keeps the momentum */
     dsgd_metrics te;
     float *xb = (float *)malloc(sizeof(float) * (size_t)global * train->dim), *yb = (float *)malloc(sizeof(float) * (size_t)global);
     size_t k, i;
@@ -98,7 +99,7 @@ int main(int argc, char **argv) {
     dsgd_ctx *ctx;
     dsgd_dataset train, test;
     double base = -1, base_bytes = 0;
-    method ms[9];
+    method ms[12];
     memset(ms, 0, sizeof(ms));
     ms[0].name = "fp32";
     ms[1].name = "fp16", ms[1].hook = 1, ms[1].cd.kind = DSGD_COMPRESS_FP16;
@@ -108,6 +109,12 @@ int main(int argc, char **argv) {
     ms[5].name = "sign", ms[5].hook = 1, ms[5].cd.kind = DSGD_COMPRESS_SIGN;
     ms[6].name = "powersgd", ms[6].hook = 1, ms[6].cd.kind = DSGD_COMPRESS_POWERSGD;
     ms[7].name = "topk-warm", ms[7].hook = 1, ms[7].cd.kind = DSGD_COMPRESS_TOPK; /* start_iter: below */
+    /* Deep Gradient Compression: momentum correction (the hook's momentum,
+       the optimizer plain SGD), sparsity warm-up over the first epoch, both */
+    ms[8].name = "topk-mc", ms[8].hook = 1, ms[8].cd.kind = DSGD_COMPRESS_TOPK;
+    ms[8].cd.momentum = 0.9f, ms[8].cd.nesterov = 1;
+    ms[9].name = "topk-sw", ms[9].hook = 1, ms[9].cd.kind = DSGD_COMPRESS_TOPK; /* warmup_steps: below */
+    ms[10] = ms[8], ms[10].name = "topk-dgc";
     for (a = 1; a < argc; ++a) {
         if ((v = ex_flag(argc, argv, &a, "--data"))) dir = v;
         else if ((v = ex_flag(argc, argv, &a, "--epochs"))) epochs = atoi(v);
@@ -124,7 +131,8 @@ int main(int argc, char **argv) {
     printf("%-10s %9s %8s %16s %12s %11s\n", "method", "accuracy", "vs fp32", "bytes/step sent", "fewer than",
            times ? "compress s" : "");
     ms[7].cd.start_iter = (int64_t)(train.n / (size_t)(32 * replicas)); /* one epoch dense */
-    for (i = 0; i < 8; ++i) {
+    ms[9].cd.warmup_steps = ms[10].cd.warmup_steps = ms[7].cd.start_iter; /* one epoch of rising sparsity */
+    for (i = 0; i < 11; ++i) {
         double acc = 0;
         long steps = 0;
         dsgd_comm_stats cs;
@@ -148,6 +156,6 @@ int main(int argc, char **argv) {
     dsgd_dataset_free(&train);
     dsgd_dataset_free(&test);
     dsgd_ctx_destroy(ctx);
-    if (!ran) return ex_usage(argv[0], "--only fp32|fp16|bf16|topk|topk-noef|sign|powersgd|topk-warm");
+    if (!ran) return ex_usage(argv[0], "--only fp32|fp16|bf16|topk|topk-noef|sign|powersgd|topk-warm|topk-mc|topk-sw|topk-dgc");
     return 0;
 }

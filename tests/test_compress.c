@@ -15,7 +15,12 @@
        with warm start converges to the best rank-1 error on a fixed matrix;
      - dsgd_compress_bytes against the bytes a counting transport saw;
      - bad descs refused with messages; save then load continues bit for
-       bit; all replicas hold the same bits.
+       bit; all replicas hold the same bits;
+     - Deep Gradient Compression's settings for top-k: momentum correction
+       in closed form (m = 1/2, a constant gradient: what is sent, u_T and
+       v_T) and against a serial reference bit for bit at two replicas
+       (sum_t C_t + v_T = sum_t a_t exactly), the sparsity warm-up's exact
+       k at every step, their bad descs, and a resume bit for bit.
    Worker threads never assert; the main thread checks after joining.
    Through a MIRRORED strategy (a 12 -> 10 tanh -> 4 MLP, momentum, 2 and 4
    replicas): 250 steps, dsgd_strategy_save, destroy, a fresh strategy of
@@ -1173,6 +1178,291 @@ static void test_strategy_resume(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- Deep Gradient Compression */
+
+/* The first entry of each variable 1000 (times rank + 1), the others
+   small integers 1..3 with a sign, the same every step. */
+static void grad_dgc(int rank, int step, float *g, size_t count) {
+    size_t i;
+    int v;
+    (void)step;
+    for (i = 0; i < count; ++i) g[i] = (float)((int)(i % 3) + 1) * (i % 2 ? -1.0f : 1.0f) * (float)(rank + 1);
+    for (v = 0; v < NV; ++v) g[g_vars[v].offset] = 1000.0f * (float)(rank + 1);
+}
+
+/* Momentum correction in closed form, m = 1/2, k = 1 per variable: the
+   first entry of each variable (the largest) is sent every step, so its
+   u and v are zeroed (factor masking) and it sends a_t = g (heavy ball)
+   or g + m g (Nesterov); every other entry is never sent: u_T = g (2 -
+   2^(1 - T)), and v_T = sum_t a_t = g (2T - 2 + 2^(1 - T)) (heavy ball)
+   or T g + m g (2T - 2 + 2^(1 - T)) (Nesterov). Before start_iter (2)
+   the hook all-reduces the optimizer's momentum step (u, or g + m u) and
+   leaves v at zero. */
+static void test_dgc_momentum_closed_form(void **state) {
+    int nesterov, n, r, t, v;
+    size_t i;
+    (void)state;
+    for (nesterov = 0; nesterov < 2; ++nesterov)
+        for (n = 1; n <= 2; ++n) {
+            dsgd_compress_desc d;
+            run rn;
+            const int T = 8, warm = 2;
+            memset(&d, 0, sizeof(d));
+            d.kind = DSGD_COMPRESS_TOPK;
+            d.ratio = 0.005; /* ceil(0.96), ceil(0.06), ceil(0.6): 1 each */
+            d.momentum = 0.5f;
+            d.nesterov = nesterov;
+            d.start_iter = warm;
+            run_init(&rn, &d, n, warm + T, grad_dgc);
+            run_go(&rn);
+            for (r = 0; r < n; ++r) assert_int_equal(rn.saved_bytes[r], 24 + 2 * COUNT * sizeof(float));
+            /* the dense steps: the sum over the replicas of u_t (or g + m u_t), u_1 = g, u_2 = 1.5 g */
+            for (t = 0; t < warm; ++t)
+                for (i = 0; i < COUNT; ++i) {
+                    double want = 0.0, u = t ? 1.5 : 1.0;
+                    for (r = 0; r < n; ++r) want += rn.gin[r][i] * (nesterov ? 1.0 + 0.5 * u : u);
+                    if ((double)rn.out[0][(size_t)t * COUNT + i] != want)
+                        fail_msg("nesterov %d N %d dense step %d [%zu]: %g, want %g", nesterov, n, t, i,
+                                 (double)rn.out[0][(size_t)t * COUNT + i], want);
+                    assert_true(rn.res[0][(size_t)t * COUNT + i] == 0.0f);
+                }
+            /* the sparse steps: the first entries only, u and v zeroed there */
+            for (t = warm; t < warm + T; ++t)
+                for (i = 0; i < COUNT; ++i) {
+                    int first = 0;
+                    double want = 0.0;
+                    for (v = 0; v < NV; ++v) first |= i == g_vars[v].offset;
+                    /* u entering the first sparse step is 1.75 g (three steps of u = u / 2 + g) */
+                    if (first)
+                        for (r = 0; r < n; ++r)
+                            want += rn.gin[r][i] * (t == warm ? (nesterov ? 1.0 + 0.5 * 1.75 : 1.75)
+                                                              : (nesterov ? 1.5 : 1.0));
+                    if ((double)rn.out[0][(size_t)t * COUNT + i] != want)
+                        fail_msg("nesterov %d N %d step %d [%zu]: %g, want %g", nesterov, n, t, i,
+                                 (double)rn.out[0][(size_t)t * COUNT + i], want);
+                }
+            for (r = 0; r < n; ++r) {
+                const float *vT = (const float *)(rn.saved[r] + 24), *uT = vT + COUNT;
+                for (i = 0; i < COUNT; ++i) {
+                    /* never sent: u_s = g (2 - 2^(1 - s)) after s steps in all, and v sums
+                       a_s over the sparse steps s = warm + 1 .. warm + T */
+                    double g = rn.gin[r][i], tail = ldexp(1.0, 1 - warm) - ldexp(1.0, 1 - warm - T);
+                    double uw = g * (2.0 - ldexp(1.0, 1 - warm - T)), vw = g * (2.0 * T - tail);
+                    int first = 0;
+                    for (v = 0; v < NV; ++v) first |= i == g_vars[v].offset;
+                    if (nesterov) vw = T * g + 0.5 * vw;
+                    if (first) uw = vw = 0.0; /* sent: masked */
+                    if ((double)uT[i] != uw || (double)vT[i] != vw)
+                        fail_msg("nesterov %d N %d replica %d [%zu]: u %g v %g, want %g %g", nesterov, n, r, i,
+                                 (double)uT[i], (double)vT[i], uw, vw);
+                }
+            }
+            run_free(&rn);
+        }
+}
+
+/* Momentum correction at two replicas on random integers (m = 1/2, which
+   keeps them exact), Nesterov and not, per variable and global: each
+   replica's u, v and part C from a serial reference (u = m u + g, a = u
+   or g + m u, M = v + a, C = top-k of M, v = M - C, u zeroed where C
+   sent), the bucket the parts summed in rank order, bit for bit, and
+   sum_t C_t + v_T = sum_t a_t exactly. */
+static void test_dgc_momentum_reference(void **state) {
+    int nesterov, global, r, t;
+    size_t i;
+    (void)state;
+    for (nesterov = 0; nesterov < 2; ++nesterov)
+        for (global = 0; global < 2; ++global) {
+            dsgd_compress_desc d;
+            run rn;
+            float u[MAXN][COUNT], v[MAXN][COUNT], M[COUNT], C[COUNT], sum[COUNT];
+            double sa[MAXN][COUNT], sc[MAXN][COUNT];
+            memset(&d, 0, sizeof(d));
+            d.kind = DSGD_COMPRESS_TOPK;
+            d.ratio = 0.05;
+            d.global = global;
+            d.momentum = 0.5f;
+            d.nesterov = nesterov;
+            run_init(&rn, &d, 2, STEPS, grad_int);
+            run_go(&rn);
+            memset(u, 0, sizeof(u));
+            memset(v, 0, sizeof(v));
+            memset(sa, 0, sizeof(sa));
+            memset(sc, 0, sizeof(sc));
+            for (t = 0; t < STEPS; ++t) {
+                memset(sum, 0, sizeof(sum));
+                for (r = 0; r < 2; ++r) {
+                    for (i = 0; i < COUNT; ++i) {
+                        float g = rn.gin[r][(size_t)t * COUNT + i], a;
+                        u[r][i] = 0.5f * u[r][i] + g;
+                        a = nesterov ? g + 0.5f * u[r][i] : u[r][i];
+                        sa[r][i] += a;
+                        M[i] = v[r][i] + a;
+                    }
+                    ref_topk(&d, M, C);
+                    for (i = 0; i < COUNT; ++i) {
+                        v[r][i] = M[i] - C[i];
+                        if (C[i] != 0.0f) {
+                            v[r][i] = 0.0f;
+                            u[r][i] = 0.0f;
+                            sum[i] += C[i];
+                        }
+                        sc[r][i] += C[i];
+                    }
+                    if (memcmp(v[r], rn.res[r] + (size_t)t * COUNT, sizeof(v[r])) != 0)
+                        fail_msg("nesterov %d global %d step %d replica %d: the residual v differs", nesterov,
+                                 global, t, r);
+                }
+                assert_memory_equal(sum, rn.out[0] + (size_t)t * COUNT, sizeof(sum));
+            }
+            for (r = 0; r < 2; ++r) {
+                assert_memory_equal(u[r], rn.saved[r] + 24 + COUNT * sizeof(float), sizeof(u[r]));
+                for (i = 0; i < COUNT; ++i)
+                    if (sc[r][i] + (double)v[r][i] != sa[r][i])
+                        fail_msg("replica %d [%zu]: sum C + v_T = %.17g, sum a = %.17g", r, i,
+                                 sc[r][i] + (double)v[r][i], sa[r][i]);
+            }
+            run_free(&rn);
+        }
+}
+
+/* Positive integers 1..8: M = g + e never has a zero, so top-k sends
+   exactly k nonzeros per variable. */
+static void grad_pos(int rank, int step, float *g, size_t count) {
+    tu_rng rng = tu_rng_make(3000u * (uint64_t)step + (uint64_t)rank + 5u);
+    size_t i;
+    for (i = 0; i < count; ++i) g[i] = (float)(1 + (int)tu_below(&rng, 8));
+}
+
+/* The sparsity warm-up: ratio 0.01, start_iter 2, warmup_steps 10, so S =
+   3 stages (1/4, 1/16, 1/64 are above 0.01) over the steps 2..11, at 2 + [0,
+   3), [3, 6), [6, 10), then 0.01; dense before 2. Each step sends exactly
+   k = ceil(f n) entries of each variable (counted in the bucket at one
+   replica) and dsgd_compress_bytes says 8 K. With ratio 0.001 over one
+   variable of 100000 floats the stages keep 25000, 6250, 1563, 391 (DGC's
+   75%, 93.75%, 98.4375%, 99.6% sparsity), then 100. */
+static void test_dgc_sparsity_warmup(void **state) {
+    static const double frac[16] = {1, 1, 0.25, 0.25, 0.25, 0.0625, 0.0625, 0.0625,
+                                    1.0 / 64, 1.0 / 64, 1.0 / 64, 1.0 / 64, 0.01, 0.01, 0.01, 0.01};
+    dsgd_compress_desc d;
+    dsgd_hook_bucket b;
+    dsgd_variable big;
+    const dsgd_variable *bp = &big;
+    run rn;
+    int t, v;
+    size_t i;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_TOPK;
+    d.ratio = 0.01;
+    d.start_iter = 2;
+    d.warmup_steps = 10;
+    run_init(&rn, &d, 1, 16, grad_pos);
+    run_go(&rn);
+    memset(&b, 0, sizeof(b));
+    b.count = COUNT;
+    b.vars = g_vp;
+    b.num_vars = NV;
+    b.num_replicas = 1;
+    for (t = 0; t < 16; ++t) {
+        size_t K = 0;
+        for (v = 0; v < NV; ++v) {
+            size_t k = t < 2 ? g_vars[v].count : ref_k(frac[t], g_vars[v].count), nz = 0;
+            for (i = 0; i < g_vars[v].count; ++i) nz += rn.out[0][(size_t)t * COUNT + g_vars[v].offset + i] != 0.0f;
+            if (nz != k) fail_msg("step %d %s: %zu entries sent, want %zu", t, g_vars[v].name, nz, k);
+            K += k;
+        }
+        b.step = t;
+        assert_int_equal(dsgd_compress_bytes(&d, &b), t < 2 ? 4 * COUNT : 8 * K);
+    }
+    run_free(&rn);
+    /* DGC's own schedule */
+    memset(&big, 0, sizeof(big));
+    snprintf(big.name, sizeof(big.name), "big");
+    big.rank = 1;
+    big.shape[0] = 100000;
+    big.count = 100000;
+    b.count = 100000;
+    b.vars = &bp;
+    b.num_vars = 1;
+    d.ratio = 0.001;
+    d.start_iter = 0;
+    d.warmup_steps = 400; /* S = 4: 100 steps a stage */
+    {
+        static const size_t want[6] = {25000, 6250, 1563, 391, 100, 100};
+        for (t = 0; t < 6; ++t) {
+            b.step = 100 * t + (t % 2 ? 99 : 0); /* a stage's first step or last */
+            assert_int_equal(dsgd_compress_bytes(&d, &b), 8 * want[t]);
+        }
+    }
+    /* warmup_steps not a multiple of S: stage j starts at floor(j W / S), W = 10, S = 4: 0, 2, 5, 7 */
+    d.warmup_steps = 10;
+    {
+        static const size_t want[11] = {25000, 25000, 6250, 6250, 6250, 1563, 1563, 391, 391, 391, 100};
+        for (t = 0; t < 11; ++t) {
+            b.step = t;
+            assert_int_equal(dsgd_compress_bytes(&d, &b), 8 * want[t]);
+        }
+    }
+}
+
+/* The new settings refused where they do not apply; a momentum-corrected
+   run saved after 5 steps and resumed continues bit for bit. */
+static void test_dgc_desc_and_resume(void **state) {
+    dsgd_compress_desc d;
+    run full, first, rest;
+    int r;
+    (void)state;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_TOPK;
+    d.momentum = 1.0f;
+    bad_desc(&d, "momentum 1 is outside [0, 1)");
+    d.momentum = -0.5f;
+    bad_desc(&d, "momentum -0.5");
+    d.momentum = NAN;
+    bad_desc(&d, "momentum nan");
+    d.momentum = 0.9f;
+    d.no_error_feedback = 1;
+    bad_desc(&d, "needs kind topk with error feedback");
+    d.no_error_feedback = 0;
+    d.kind = DSGD_COMPRESS_SIGN;
+    bad_desc(&d, "needs kind topk with error feedback");
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_TOPK;
+    d.warmup_steps = -1;
+    bad_desc(&d, "warmup_steps -1 is negative");
+    d.kind = DSGD_COMPRESS_POWERSGD;
+    d.warmup_steps = 5;
+    bad_desc(&d, "warmup_steps 5 is for kind topk only");
+    /* resume */
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_TOPK;
+    d.ratio = 0.1;
+    d.momentum = 0.9f;
+    d.nesterov = 1;
+    d.start_iter = 1;
+    d.warmup_steps = 6;
+    run_init(&full, &d, 2, STEPS, grad_int);
+    run_go(&full);
+    run_init(&first, &d, 2, 5, grad_int);
+    run_go(&first);
+    run_init(&rest, &d, 2, STEPS - 5, grad_int);
+    rest.step0 = 5;
+    for (r = 0; r < 2; ++r) {
+        assert_int_equal(first.saved_bytes[r], 24 + 2 * COUNT * sizeof(float));
+        rest.load[r] = first.saved[r];
+        rest.load_bytes[r] = first.saved_bytes[r];
+    }
+    run_go(&rest);
+    for (r = 0; r < 2; ++r) {
+        assert_memory_equal(full.out[r] + 5 * COUNT, rest.out[r], (size_t)(STEPS - 5) * COUNT * sizeof(float));
+        assert_memory_equal(full.saved[r], rest.saved[r], full.saved_bytes[r]);
+    }
+    run_free(&rest);
+    run_free(&first);
+    run_free(&full);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ef_identity_one_replica),
@@ -1187,6 +1477,10 @@ int main(void) {
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_half_wires),
         cmocka_unit_test(test_strategy_resume),
+        cmocka_unit_test(test_dgc_momentum_closed_form),
+        cmocka_unit_test(test_dgc_momentum_reference),
+        cmocka_unit_test(test_dgc_sparsity_warmup),
+        cmocka_unit_test(test_dgc_desc_and_resume),
     };
     model_init();
     tu_watchdog(120);
