@@ -14092,27 +14092,97 @@ static void dsgd__orthonormalize(float *P, size_t n, int r) {
     }
 }
 
-/* A (n x r) times B^T (B m x r) into out (n x m), sums in double. */
-static void dsgd__outer(const float *A, const float *B, size_t n, size_t m, int r, float *out) {
+/* The products below sum each entry in double, in index order (the same
+   bits whatever the loop order): they walk M by rows, once, and keep the
+   r sums of a row (or the m r of M^T P) in a scratch of doubles, so the
+   inner loops run over contiguous memory. */
+
+/* P (n x r) = M (n x m) Q (m x r); acc: r doubles. */
+static void dsgd__mul_mq(const float *M, const float *Q, size_t n, size_t m, int r, float *P, double *acc) {
     size_t i, k;
     int j;
-    for (i = 0; i < n; ++i)
-        for (k = 0; k < m; ++k) {
-            double sum = 0.0;
-            for (j = 0; j < r; ++j) sum += (double)A[i * r + j] * (double)B[k * r + j];
-            out[i * m + k] = (float)sum;
-        }
+    for (i = 0; i < n; ++i) {
+        const float *row = M + i * m;
+        for (j = 0; j < r; ++j) acc[j] = 0.0;
+        if (r == 2) { /* the default rank, unrolled */
+            double a0 = 0.0, a1 = 0.0;
+            for (k = 0; k < m; ++k) {
+                double x = (double)row[k];
+                a0 += x * (double)Q[2 * k];
+                a1 += x * (double)Q[2 * k + 1];
+            }
+            acc[0] = a0;
+            acc[1] = a1;
+        } else
+            for (k = 0; k < m; ++k) {
+                double x = (double)row[k];
+                const float *q = Q + k * (size_t)r;
+                for (j = 0; j < r; ++j) acc[j] += x * (double)q[j];
+            }
+        for (j = 0; j < r; ++j) P[i * (size_t)r + j] = (float)acc[j];
+    }
 }
 
-/* c rounded to a multiple of 2^g (to nearest, ties to even). */
-static float dsgd__to_grid(float c, int g) {
-    return ldexpf(rintf(ldexpf(c, -g)), g);
+/* Q (m x r) = M^T P (M n x m, P n x r); acc: m r doubles. */
+static void dsgd__mul_mtp(const float *M, const float *P, size_t n, size_t m, int r, float *Q, double *acc) {
+    size_t i, k, kr = m * (size_t)r;
+    int j;
+    for (k = 0; k < kr; ++k) acc[k] = 0.0;
+    for (i = 0; i < n; ++i) {
+        const float *row = M + i * m, *p = P + i * (size_t)r;
+        if (r == 2) {
+            double p0 = (double)p[0], p1 = (double)p[1];
+            for (k = 0; k < m; ++k) {
+                double x = (double)row[k];
+                acc[2 * k] += x * p0;
+                acc[2 * k + 1] += x * p1;
+            }
+        } else
+            for (k = 0; k < m; ++k) {
+                double x = (double)row[k], *a = acc + k * (size_t)r;
+                for (j = 0; j < r; ++j) a[j] += x * (double)p[j];
+            }
+    }
+    for (k = 0; k < kr; ++k) Q[k] = (float)acc[k];
+}
+
+/* Row i of A B^T (A n x r, B m x r) into out (m floats). */
+static void dsgd__outer_row(const float *A, const float *B, size_t i, size_t m, int r, float *out) {
+    const float *a = A + i * (size_t)r;
+    size_t k;
+    int j;
+    if (r == 2) {
+        double a0 = (double)a[0], a1 = (double)a[1];
+        for (k = 0; k < m; ++k) /* from 0.0, as the general loop: -0.0 products sum to +0.0 */
+            out[k] = (float)((0.0 + a0 * (double)B[2 * k]) + a1 * (double)B[2 * k + 1]);
+        return;
+    }
+    for (k = 0; k < m; ++k) {
+        double sum = 0.0;
+        for (j = 0; j < r; ++j) sum += (double)a[j] * (double)B[k * (size_t)r + j];
+        out[k] = (float)sum;
+    }
+}
+
+/* A (n x r) times B^T (B m x r) into out (n x m), sums in double. */
+static void dsgd__outer(const float *A, const float *B, size_t n, size_t m, int r, float *out) {
+    size_t i;
+    for (i = 0; i < n; ++i) dsgd__outer_row(A, B, i, m, r, out + i * m);
+}
+
+/* c rounded to a multiple of 2^g (to nearest, ties to even), up = 2^-g and
+   down = 2^g: for FLT_MIN_EXP <= g <= FLT_MAX_EXP - 21 both are normal
+   powers of two, so c up is ldexpf(c, -g) (one correct rounding, should
+   it underflow) and the product by down is exact: ldexpf's bits, without
+   its calls (which cost more than PowerSGD's products). */
+static float dsgd__to_grid(float c, float up, float down) {
+    return rintf(c * up) * down;
 }
 
 
 static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_bucket *b, dsgd_ctx *ctx) {
     size_t Lp = 0, Lq = 0, maxm = 0, po, qo, i, k, run_off = 0, run_len = 0;
-    int v, nm = b->num_vars, any = 0, j;
+    int v, nm = b->num_vars, any = 0;
     float *P, *Q;
     double *acc;
     dsgd_result res;
@@ -14141,7 +14211,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
     }
     if (run_len && (res = dsgd__plain(s, b, run_off, run_len)) != DSGD_OK) return res;
     if (!any) return DSGD_OK;
-    if (!(P = dsgd__cbuf(s, ctx, Lp + Lq)) || !(acc = dsgd__cacc(s, ctx, maxm * (size_t)s->d.rank)))
+    if (!(P = dsgd__cbuf(s, ctx, Lp + Lq)) || !(acc = dsgd__cacc(s, ctx, maxm * (size_t)s->d.rank + maxm)))
         return DSGD_ERR_OUT_OF_MEMORY;
     Q = P + Lp;
     /* Q: the memory, or a draw; P = M Q. */
@@ -14160,12 +14230,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
             uint64_t st = dsgd__seed_mix(dsgd__seed_mix(s->d.seed, (uint64_t)(b->first + pm->off)), (uint64_t)b->step);
             for (i = 0; i < qn; ++i) Q[qo + i] = (float)(2.0 * dsgd_rng_uniform(&st) - 1.0);
         }
-        for (i = 0; i < pm->n; ++i)
-            for (j = 0; j < pm->r; ++j) {
-                double sum = 0.0;
-                for (k = 0; k < pm->m; ++k) sum += (double)M[i * pm->m + k] * (double)Q[qo + k * pm->r + j];
-                P[po + i * pm->r + j] = (float)sum;
-            }
+        dsgd__mul_mq(M, Q + qo, pm->n, pm->m, pm->r, P + po, acc);
         po += pm->n * (size_t)pm->r;
         qo += qn;
     }
@@ -14180,13 +14245,7 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         int ex = 0, grid;
         if (!pm->r) continue;
         dsgd__orthonormalize(Pv, pm->n, pm->r);
-        for (k = 0; k < kr; ++k) acc[k] = 0.0;
-        for (i = 0; i < pm->n; ++i)
-            for (k = 0; k < pm->m; ++k) {
-                double x = (double)M[i * pm->m + k];
-                for (j = 0; j < pm->r; ++j) acc[k * pm->r + j] += x * (double)Pv[i * pm->r + j];
-            }
-        for (k = 0; k < kr; ++k) Qv[k] = (float)acc[k];
+        dsgd__mul_mtp(M, Pv, pm->n, pm->m, pm->r, Qv, acc);
         for (i = 0; i < pm->n * pm->m; ++i) {
             float a = fabsf(M[i]);
             if (!(a <= mx)) mx = a; /* NaN wins */
@@ -14194,17 +14253,18 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         frexpf(mx, &ex);
         grid = ex - 21; /* 2^(E - 20), E = ex - 1 */
         if (s->res || b->num_replicas == 1) {
-            float *e = s->res ? s->res + b->first + pm->off : NULL;
-            for (i = 0; i < pm->n; ++i)
-                for (k = 0; k < pm->m; ++k) {
-                    double sum = 0.0;
-                    float c;
-                    for (j = 0; j < pm->r; ++j) sum += (double)Pv[i * pm->r + j] * (double)Qv[k * pm->r + j];
-                    c = (float)sum;
-                    if (mx > 0.0f && mx <= FLT_MAX && grid >= FLT_MIN_EXP) c = dsgd__to_grid(c, grid);
-                    if (e) e[i * pm->m + k] = M[i * pm->m + k] - c;
-                    if (b->num_replicas == 1) M[i * pm->m + k] = c; /* the sum over one replica */
-                }
+            float *e = s->res ? s->res + b->first + pm->off : NULL, *c = (float *)(acc + kr);
+            int round = mx > 0.0f && mx <= FLT_MAX && grid >= FLT_MIN_EXP; /* grid <= 107: ex <= 128 */
+            float up = round ? ldexpf(1.0f, -grid) : 1.0f, down = round ? ldexpf(1.0f, grid) : 1.0f;
+            for (i = 0; i < pm->n; ++i) {
+                float *Mi = M + i * pm->m;
+                dsgd__outer_row(Pv, Qv, i, pm->m, pm->r, c);
+                if (round)
+                    for (k = 0; k < pm->m; ++k) c[k] = dsgd__to_grid(c[k], up, down);
+                if (e)
+                    for (k = 0; k < pm->m; ++k) e[i * pm->m + k] = Mi[k] - c[k];
+                if (b->num_replicas == 1) memcpy(Mi, c, pm->m * sizeof(float)); /* the sum over one replica */
+            }
         }
         po += pm->n * (size_t)pm->r;
         qo += kr;
