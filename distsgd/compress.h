@@ -118,8 +118,8 @@
      they are split into S stages, S the number of the fractions 1/4,
      1/16, 1/64, ... above ratio (3 for 0.01; 4 for 0.001: 75%, 93.75%,
      98.4375%, 99.6% sparse), stage j (the steps start_iter + [floor(j W /
-     S), floor((j + 1) W / S))) keeping 4^-(j + 1) of each variable (k as
-     for ratio), then ratio. An alternative to a dense warm-up that never
+     S), floor((j + 1) W / S))) keeping 4^-(j + 1) (k as for ratio: of
+     each variable, or of the bucket with global), then ratio. An alternative to a dense warm-up that never
      sends the whole gradient.
 
      Defaults (zero in the desc). ratio 0.01 (1% kept). rank 2: Vogels et

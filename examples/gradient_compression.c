@@ -13,6 +13,11 @@
                   without it (topk-noef) for comparison, and after a first
                   epoch all-reduced densely (topk-warm: start_iter, Deep
                   Gradient Compression's warm-up)
+     topk-mc, topk-sw, topk-dgc
+                  top-k 1% with Deep Gradient Compression's momentum
+                  correction (the hook keeps the Nesterov momentum, the
+                  optimizer is plain SGD), its sparsity warm-up over the
+                  first epoch (1/4, 1/16, 1/64 kept, then 1%), both
      sign         one bit a float and a scale per variable, error feedback
      powersgd     rank 2, error feedback, warm start
    and prints each one's test accuracy, the bytes a replica sent per step
