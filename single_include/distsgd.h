@@ -8977,20 +8977,14 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
    messages for it (what a probe looks at). */
 
 /* dsgd_simnet_run's fibers: 1, a stack switch in assembly (x86-64, GCC 8+
-   or clang); 2, ucontext (glibc); 0, a thread per rank. The sanitizers get
-   threads: ASan and TSan would need to be told of every switch. */
+   or clang); 2, ucontext (glibc); 0, a thread per rank. Under
+   AddressSanitizer and ThreadSanitizer every switch is announced to them
+   (DSGD__SN_ASAN, DSGD__SN_TSAN; dsgd__sn_switch), so they follow the
+   fibers as they follow threads. */
 #if !defined(DSGD_SIMNET_NO_FIBERS) && !defined(DSGD__SN_FIBERS)
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define DSGD__SN_FIBERS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define DSGD__SN_FIBERS 0
-#endif
-#endif
-#if !defined(DSGD__SN_FIBERS) && defined(__x86_64__) && !defined(__ILP32__) && \
-    (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 8))
+#if defined(__x86_64__) && !defined(__ILP32__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 8))
 #define DSGD__SN_FIBERS 1
-#elif !defined(DSGD__SN_FIBERS) && defined(__GLIBC__)
+#elif defined(__GLIBC__)
 #define DSGD__SN_FIBERS 2
 #endif
 #endif
@@ -8999,6 +8993,26 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 #endif
 #if DSGD__SN_FIBERS == 2
 #include <ucontext.h>
+#endif
+#if DSGD__SN_FIBERS && defined(__SANITIZE_ADDRESS__)
+#define DSGD__SN_ASAN 1
+#elif DSGD__SN_FIBERS && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSGD__SN_ASAN 1
+#endif
+#endif
+#if DSGD__SN_FIBERS && defined(__SANITIZE_THREAD__)
+#define DSGD__SN_TSAN 1
+#elif DSGD__SN_FIBERS && defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define DSGD__SN_TSAN 1
+#endif
+#endif
+#ifdef DSGD__SN_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef DSGD__SN_TSAN
+#include <sanitizer/tsan_interface.h>
 #endif
 
 #define DSGD__SN_INF HUGE_VAL
@@ -9484,6 +9498,13 @@ typedef struct dsgd__sn_fiber {
 #endif
     unsigned char *stack; /* its lowest 8 bytes hold a canary */
     int done;
+#ifdef DSGD__SN_ASAN
+    const void *asan_bottom; /* its stack (the caller's: told by the first switch) */
+    size_t asan_size;
+#endif
+#ifdef DSGD__SN_TSAN
+    void *tsan; /* its TSan fiber (the caller's: its thread) */
+#endif
 } dsgd__sn_fiber;
 
 #define DSGD__SN_CANARY 0x5AFE57ACC0FFEE11ull
@@ -9550,17 +9571,59 @@ static void *dsgd__sn_stack_init(unsigned char *stack, size_t size, void (*entry
 
 #if DSGD__SN_FIBERS
 /* Switches from fiber `from` to fiber `to` (-1: the caller of run); the
-   mutex stays held, and the fiber switched to carries on with it. */
+   mutex stays held, and the fiber switched to carries on with it. ASan is
+   told the stack switched to before, and that the switch is over after
+   (a finished rank's fake frames, NULL, go); TSan which fiber runs next,
+   with a happens-before edge from this one. TSan's fibers own mutexes as
+   threads do (one unlocked by another fiber than its locker is a bad
+   unlock, whatever the switch's flags), so under TSan the mutex is let go
+   before the switch and taken again after it: `to` was chosen under it,
+   and what another thread may do in between (abort) every fiber rechecks. */
 static void dsgd__sn_switch(dsgd_simnet *h, int from, int to) {
     dsgd__sn_fiber *f = &h->fib[from < 0 ? h->n : from], *t = &h->fib[to < 0 ? h->n : to];
+#ifdef DSGD__SN_ASAN
+    void *fake = NULL;
+#endif
     if (f == t) return;
     /* a rank that overflowed its stack (desc.fiber_stack_bytes) wrote over it */
     DSGD_ASSERT(!f->stack || *(const uint64_t *)(const void *)f->stack == DSGD__SN_CANARY);
+#ifdef DSGD__SN_TSAN
+    pthread_mutex_unlock(&h->mu);
+    __tsan_switch_to_fiber(t->tsan, 0);
+#endif
+#ifdef DSGD__SN_ASAN
+    __sanitizer_start_switch_fiber(f->done ? NULL : &fake, t->asan_bottom, t->asan_size);
+#endif
 #if DSGD__SN_FIBERS == 1
     dsgd__sn_swap(&f->sp, t->sp);
 #else
     swapcontext(&f->uc, &t->uc);
 #endif
+#ifdef DSGD__SN_ASAN
+    __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#endif
+#ifdef DSGD__SN_TSAN
+    pthread_mutex_lock(&h->mu);
+#endif
+}
+
+/* A rank's fiber, entered for the first time: ASan's switch ends here (and
+   names the caller of run's stack, which the first switch leaves); under
+   TSan it takes the mutex that the switch let go. */
+static void dsgd__sn_fiber_begin(dsgd_simnet *h) {
+#ifdef DSGD__SN_TSAN
+    pthread_mutex_lock(&h->mu);
+#endif
+#ifdef DSGD__SN_ASAN
+    const void *bottom = NULL;
+    size_t size = 0;
+    __sanitizer_finish_switch_fiber(NULL, &bottom, &size);
+    if (!h->fib[h->n].asan_bottom) {
+        h->fib[h->n].asan_bottom = bottom;
+        h->fib[h->n].asan_size = size;
+    }
+#endif
+    (void)h;
 }
 #endif
 
@@ -10333,6 +10396,9 @@ static void dsgd__sn_rank_main(void *arg) {
     dsgd__sn_ep *e = (dsgd__sn_ep *)arg;
     dsgd_simnet *h = e->hub;
     dsgd_transport_i ep;
+#if DSGD__SN_FIBERS
+    if (h->fib) dsgd__sn_fiber_begin(h);
+#endif
     if (h->fib) pthread_mutex_unlock(&h->mu);
     dsgd_simnet_endpoint(h, e->rank, &ep);
     h->fn(h, e->rank, &ep, h->user);
@@ -10390,6 +10456,13 @@ static dsgd_result dsgd__sn_run_threads(dsgd_simnet *h) {
 /* Makes fiber i ready to start rank i on its stack; non-zero when it failed. */
 static int dsgd__sn_fiber_init(dsgd_simnet *h, dsgd__sn_fiber *f, int i, size_t size) {
     *(uint64_t *)(void *)f->stack = DSGD__SN_CANARY;
+#ifdef DSGD__SN_ASAN
+    f->asan_bottom = f->stack;
+    f->asan_size = size;
+#endif
+#ifdef DSGD__SN_TSAN
+    if (!(f->tsan = __tsan_create_fiber(0))) return 1;
+#endif
 #if DSGD__SN_FIBERS == 1
     f->sp = dsgd__sn_stack_init(f->stack, size, dsgd__sn_rank_main, &h->ep[i]);
     return 0;
@@ -10423,6 +10496,9 @@ static dsgd_result dsgd__sn_run_fibers(dsgd_simnet *h) {
         r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: cannot make the stack of rank %d (%zu bytes)",
                                w, i, size);
     } else {
+#ifdef DSGD__SN_TSAN
+        fib[h->n].tsan = __tsan_get_current_fiber();
+#endif
         pthread_mutex_lock(&h->mu);
         h->fib = fib;
         while (h->fibers_done < h->n) {
@@ -10441,7 +10517,12 @@ static dsgd_result dsgd__sn_run_fibers(dsgd_simnet *h) {
         h->fib = NULL;
         pthread_mutex_unlock(&h->mu);
     }
-    for (i = 0; i < h->n; ++i) DSGD_FREE(fib[i].stack);
+    for (i = 0; i < h->n; ++i) {
+#ifdef DSGD__SN_TSAN
+        if (fib[i].tsan) __tsan_destroy_fiber(fib[i].tsan);
+#endif
+        DSGD_FREE(fib[i].stack);
+    }
     DSGD_FREE(fib);
     return r;
 }
