@@ -39,9 +39,10 @@
      threads, while the parameter-server engine and the collectives run as
      they are. The switch is a few instructions of assembly on x86-64 with
      GCC 8+ or clang, ucontext (which also saves the signal mask, with a
-     system call) on other glibc targets; elsewhere, under AddressSanitizer
-     and ThreadSanitizer (which would have to be told of every switch), and
-     with DSGD_SIMNET_NO_FIBERS defined, run starts a thread per rank
+     system call) on other glibc targets, and AddressSanitizer and
+     ThreadSanitizer are told of every switch (under TSan, whose limit of
+     about 8,000 threads counts fibers, keep to fewer ranks); elsewhere,
+     and with DSGD_SIMNET_NO_FIBERS defined, run starts a thread per rank
      instead, with the same results (dsgd_simnet_run_mode says which).
 
      The model (per message of b bytes from s to d; per reduction of k floats):
@@ -404,9 +405,9 @@ DSGD_API dsgd_result dsgd_simnet_run(dsgd_simnet *hub, dsgd_simnet_rank_fn fn, v
 /* How dsgd_simnet_run runs the ranks in this build: "fibers" (a stack
    switch of a few instructions), "fibers (ucontext)" (swapcontext, which
    also saves the signal mask with a system call), or "threads" (one per
-   rank, where neither is available and under AddressSanitizer and
-   ThreadSanitizer, which do not follow switched stacks here). The results
-   are the same; only the speed differs.
+   rank, where neither is available or with DSGD_SIMNET_NO_FIBERS). Under
+   AddressSanitizer and ThreadSanitizer the fibers stay (each switch is
+   announced to them). The results are the same; only the speed differs.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_simnet_run_mode(void);
 
@@ -1070,9 +1071,6 @@ static void dsgd__sn_switch(dsgd_simnet *h, int from, int to) {
    names the caller of run's stack, which the first switch leaves); under
    TSan it takes the mutex that the switch let go. */
 static void dsgd__sn_fiber_begin(dsgd_simnet *h) {
-#ifdef DSGD__SN_TSAN
-    pthread_mutex_lock(&h->mu);
-#endif
 #ifdef DSGD__SN_ASAN
     const void *bottom = NULL;
     size_t size = 0;
@@ -1081,6 +1079,9 @@ static void dsgd__sn_fiber_begin(dsgd_simnet *h) {
         h->fib[h->n].asan_bottom = bottom;
         h->fib[h->n].asan_size = size;
     }
+#endif
+#ifdef DSGD__SN_TSAN
+    pthread_mutex_lock(&h->mu);
 #endif
     (void)h;
 }
