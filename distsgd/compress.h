@@ -8,7 +8,8 @@
 
          dsgd_compress_desc cd = {0};
          cd.kind = DSGD_COMPRESS_POWERSGD;          (rank 2 by default)
-         sd.comm_hook = dsgd_compress_hook(&cd);    (a strategy desc sd)
+         dsgd_comm_hook h = dsgd_compress_hook(&cd);
+         sd.comm_hook = &h;   (a strategy desc sd; create copies the table)
 
      Each replica keeps a residual e (error feedback, one float per
      parameter, saved with the checkpoint). For every bucket, with g this
