@@ -117,10 +117,6 @@ static const char *const POL_COLOR[POL_COUNT] = {"#000000", "#7f7f7f", "#1f77b4"
                                                  "#d62728", "#2ca02c", "#17becf", "#9467bd", "#ff7f0e"};
 static const int POL_DASH[POL_COUNT] = {1, 1, 1, 1, 2, 2, 1, 1, 1, 1};
 
-typedef struct net_desc {
-    const char *name;
-    double alpha, beta;
-} net_desc;
 static const net_desc NETS[2] = {{"fast", 5e-6, 1e-10}, {"slow", 50e-6, 8e-9}};
 
 /* One run: its desc, the hook's storage, its rows and what it measured. */

@@ -67,10 +67,6 @@ static const dsgd_layer_desc LAYERS[2] = {{.units = 64, .activation = DSGD_ACT_R
 typedef enum pol { POL_SYNC, POL_CANCEL, POL_ASYNC, POL_SSP } pol;
 static const char *const POL_NAME[4] = {"sync", "cancel", "async", "ssp"};
 
-typedef struct net_desc {
-    const char *name;
-    double alpha, beta;
-} net_desc;
 static const net_desc NETS[2] = {{"fast", 50e-6, 1e-10}, {"slow", 1e-3, 1e-8}};
 
 typedef struct sev_desc {

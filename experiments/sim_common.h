@@ -55,6 +55,13 @@
 
 typedef enum sim_kind { SIM_MIRRORED = 0, SIM_PS = 1 } sim_kind;
 
+/* A named network for an experiment's table: alpha (s a message) and beta
+   (s a byte) of every link. */
+typedef struct net_desc {
+    const char *name;
+    double alpha, beta;
+} net_desc;
+
 typedef struct sim_run_desc {
     const char *name;       /* the CSV's run column */
     sim_kind kind;
