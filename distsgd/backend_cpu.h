@@ -341,6 +341,10 @@ typedef struct dsgd__cpu_kernel {
     void (*bias_backward)(float *db, const float *dy, int m, int n, int ld); /* dy's rows ld apart */
     void (*update)(const dsgd_opt_update *u, float *p, const float *g, float *m1, float *m2, size_t n);
     int (*nonfinite)(const float *x, size_t n); /* 1 when an element is NaN or infinite */
+    /* max-pool's gradient over a row of windows that do not overlap
+       (dsgd__pool_back_body) */
+    void (*pool_back)(float *dx, const float *x, const float *y, const float *dy, size_t c, size_t rowlen, int ow,
+                      int kh, int kw, int stride, int r0, int r1);
 } dsgd__cpu_kernel;
 
 /* ---- element-wise bodies */
@@ -524,6 +528,64 @@ DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
     return any != 0;
 }
 
+/* Max-pool's gradient over one row of windows that do not overlap (stride
+   >= kh and >= kw; backend_cpu_ops.h calls it): x and dx point at the
+   first element of the band's first row (rows rowlen floats apart, c
+   channels a pixel, window ox starting stride pixels after ox - 1), y and
+   dy at the output row's first element. Every window element in rows
+   [r0, r1) of the band becomes 0.0f + dy where it is the window's first
+   (ky, kx) element equal to y (both NaN for a NaN y), else 0.0f + 0.0f:
+   the bits of dx zeroed and then added to, as the windows do not overlap
+   and no element takes two dy. Nothing else is written. Channels go
+   DSGD__POOL_BLOCK at a time, with no branch on the data. */
+#define DSGD__POOL_BLOCK 64
+DSGD__INLINE void dsgd__pool_back_body(float *DSGD__RESTRICT dx, const float *DSGD__RESTRICT x,
+                                       const float *DSGD__RESTRICT y, const float *DSGD__RESTRICT dy, size_t c,
+                                       size_t rowlen, int ow, int kh, int kw, int stride, int r0, int r1) {
+    int ox;
+    for (ox = 0; ox < ow; ++ox) {
+        const size_t base = (size_t)ox * (size_t)stride * c, o = (size_t)ox * c;
+        size_t c0;
+        for (c0 = 0; c0 < c; c0 += DSGD__POOL_BLOCK) {
+            const size_t cn = c - c0 < DSGD__POOL_BLOCK ? c - c0 : DSGD__POOL_BLOCK;
+            const float *DSGD__RESTRICT yv = y + o + c0, *DSGD__RESTRICT gv = dy + o + c0;
+            int open[DSGD__POOL_BLOCK], ky, kx;
+            size_t ch;
+            for (ch = 0; ch < cn; ++ch) open[ch] = 1;
+            for (ky = 0; ky < kh; ++ky) {
+                const int mine = ky >= r0 && ky < r1;
+                for (kx = 0; kx < kw; ++kx) {
+                    const size_t e = base + (size_t)ky * rowlen + (size_t)kx * c + c0;
+                    const float *DSGD__RESTRICT xv = x + e;
+                    float *DSGD__RESTRICT d = dx + e;
+                    /* x == y is false for a NaN y, which matches through
+                       the second term only */
+#define DSGD__HIT(i) (open[i] & ((xv[i] == yv[i]) | ((yv[i] != yv[i]) & (xv[i] != xv[i]))))
+#define DSGD__PB_SET(i)                                                                  \
+    do {                                                                                 \
+        const int h_ = DSGD__HIT(i);                                                     \
+        uint32_t u_;                                                                     \
+        float g_;                                                                        \
+        memcpy(&u_, gv + (i), sizeof(u_));                                               \
+        u_ &= 0u - (uint32_t)h_; /* dy's bits or +0.0f's: a mask, not a branch */        \
+        memcpy(&g_, &u_, sizeof(g_));                                                    \
+        open[i] &= ~h_;                                                                  \
+        d[i] = 0.0f + g_;                                                                \
+    } while (0)
+#define DSGD__PB_SKIP(i) open[i] &= ~DSGD__HIT(i)
+                    if (mine)
+                        DSGD__EACH(cn, DSGD__PB_SET);
+                    else
+                        DSGD__EACH(cn, DSGD__PB_SKIP);
+#undef DSGD__PB_SKIP
+#undef DSGD__PB_SET
+#undef DSGD__HIT
+                }
+            }
+        }
+    }
+}
+
 /* The element-wise members for one target: SUFFIX names them, ATTR is its
    target attribute (empty for the baseline). */
 #define DSGD__ELEMENTWISE(SUFFIX, ATTR)                                                                        \
@@ -551,6 +613,12 @@ DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
     }                                                                                                          \
     ATTR static int dsgd__nonfinite_##SUFFIX(const float *x, size_t n) {                                       \
         return dsgd__nonfinite_body(x, n);                                                                     \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__pool_back_##SUFFIX(float *dx, const float *x, const float *y,   \
+                                                                  const float *dy, size_t c, size_t rowlen,    \
+                                                                  int ow, int kh, int kw, int stride, int r0,  \
+                                                                  int r1) {                                    \
+        dsgd__pool_back_body(dx, x, y, dy, c, rowlen, ow, kh, kw, stride, r0, r1);                             \
     }
 
 /* ---- portable: the compiler's vectors, no FMA */
@@ -824,7 +892,8 @@ DSGD__ELEMENTWISE(avx512, __attribute__((target("avx512f"))))
      /* .axpy = */ dsgd__axpy_##SUFFIX, /* .bias_act = */ dsgd__bias_act_##SUFFIX,      \
      /* .act_backward = */ dsgd__act_backward_##SUFFIX,                                 \
      /* .bias_backward = */ dsgd__bias_backward_##SUFFIX,                               \
-     /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX}
+     /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX, \
+     /* .pool_back = */ dsgd__pool_back_##SUFFIX}
 static const dsgd__cpu_kernel dsgd__cpu_kernels[] = {
 #if DSGD__X86_DISPATCH
     DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32, dsgd__thin_avx512, 32),

@@ -380,6 +380,7 @@ typedef struct dsgd__img_job {
     const float *y;  /* POOL_BWD: y */
     const float *dy; /* POOL_BWD: dy */
     float *out;      /* col, dx or y */
+    const dsgd__cpu_kernel *kern; /* POOL_BWD: the backend's kernels */
     size_t items, step; /* rows of the output (see above), per task */
 } dsgd__img_job;
 
@@ -535,8 +536,6 @@ static void dsgd__img_pool_fwd(const dsgd__img_job *j, size_t lo, size_t hi) {
    one of them, (oy, ox) ascending, finds per channel its first element
    equal to y (or the first NaN for a NaN y) and, when that element lies in
    [lo, hi), adds the window's dy to it. */
-#define DSGD__POOL_BLOCK 64 /* maxpool_backward's channels at a time */
-
 /* One element of a window in maxpool_backward, for n channels: those still
    open whose x equals y (both NaN for a NaN y) close, and take their dy
    when `mine` (the element is in the task's rows). Without branches, so
@@ -571,10 +570,41 @@ DSGD__INLINE void dsgd__img_pool_take(int *DSGD__RESTRICT open, float *DSGD__RES
 #undef DSGD__TAKE
 }
 
+/* The same rows when no two windows overlap (stride >= kh and >= kw, the
+   usual 2x2 stride 2): every element takes at most one window's dy, so
+   each window row is written once by the kernel's pool_back, which needs
+   no zeroed dx to add to; the rows are zeroed first only where some
+   element lies in no window (stride > kh or kw, or rows and columns past
+   the last window). */
+static void dsgd__img_pool_bwd_apart(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, rowlen = (size_t)wd->w * c, H = (size_t)wd->h;
+    const int s = wd->stride, oh = j->d.oh, ow = j->d.ow;
+    size_t r = lo;
+    if (s != wd->kh || s != wd->kw || oh * s != wd->h || ow * s != wd->w)
+        memset(j->out + lo * rowlen, 0, (hi - lo) * rowlen * sizeof(float));
+    while (r < hi) { /* one image's band of rows [a, b) at a time */
+        const size_t i = r / H;
+        const int a = (int)(r % H), b = (int)((i + 1) * H < hi ? H : hi - i * H);
+        int oy, oy_end = (b - 1) / s + 1;
+        if (oy_end > oh) oy_end = oh;
+        for (oy = a / s; oy < oy_end; ++oy) { /* the windows whose rows meet [a, b) */
+            const int top = oy * s, r0 = a > top ? a - top : 0, r1 = b - top < wd->kh ? b - top : wd->kh;
+            const size_t at = (i * H + (size_t)top) * rowlen, o = (i * (size_t)oh + (size_t)oy) * (size_t)ow * c;
+            if (r0 < r1) j->kern->pool_back(j->out + at, j->x + at, j->y + o, j->dy + o, c, rowlen, ow, wd->kh, wd->kw, s, r0, r1);
+        }
+        r = (i + 1) * H;
+    }
+}
+
 static void dsgd__img_pool_bwd(const dsgd__img_job *j, size_t lo, size_t hi) {
     const dsgd_window *wd = &j->wd;
     const size_t c = (size_t)wd->c, rowlen = (size_t)wd->w * c, H = (size_t)wd->h;
     size_t r = lo;
+    if (wd->stride >= wd->kh && wd->stride >= wd->kw) {
+        dsgd__img_pool_bwd_apart(j, lo, hi);
+        return;
+    }
     memset(j->out + lo * rowlen, 0, (hi - lo) * rowlen * sizeof(float));
     while (r < hi) { /* one image's band of rows [a, b) at a time */
         const size_t i = r / H;
@@ -650,6 +680,7 @@ static dsgd_result dsgd__cpu_img_begin(dsgd__cpu *cpu, dsgd__img_job *j, int op,
     char what[48];
     memset(j, 0, sizeof(*j));
     j->op = op;
+    j->kern = cpu->kern;
     if (dsgd__window_check(cpu->ctx, "cpu", name, wd, pool, &j->d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     j->wd = *wd;
     nin = op == DSGD__IMG_COL2IM ? j->d.col : j->d.x;

@@ -1534,6 +1534,10 @@ typedef struct dsgd__cpu_kernel {
     void (*bias_backward)(float *db, const float *dy, int m, int n, int ld); /* dy's rows ld apart */
     void (*update)(const dsgd_opt_update *u, float *p, const float *g, float *m1, float *m2, size_t n);
     int (*nonfinite)(const float *x, size_t n); /* 1 when an element is NaN or infinite */
+    /* max-pool's gradient over a row of windows that do not overlap
+       (dsgd__pool_back_body) */
+    void (*pool_back)(float *dx, const float *x, const float *y, const float *dy, size_t c, size_t rowlen, int ow,
+                      int kh, int kw, int stride, int r0, int r1);
 } dsgd__cpu_kernel;
 
 /* ---- element-wise bodies */
@@ -1717,6 +1721,64 @@ DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
     return any != 0;
 }
 
+/* Max-pool's gradient over one row of windows that do not overlap (stride
+   >= kh and >= kw; backend_cpu_ops.h calls it): x and dx point at the
+   first element of the band's first row (rows rowlen floats apart, c
+   channels a pixel, window ox starting stride pixels after ox - 1), y and
+   dy at the output row's first element. Every window element in rows
+   [r0, r1) of the band becomes 0.0f + dy where it is the window's first
+   (ky, kx) element equal to y (both NaN for a NaN y), else 0.0f + 0.0f:
+   the bits of dx zeroed and then added to, as the windows do not overlap
+   and no element takes two dy. Nothing else is written. Channels go
+   DSGD__POOL_BLOCK at a time, with no branch on the data. */
+#define DSGD__POOL_BLOCK 64
+DSGD__INLINE void dsgd__pool_back_body(float *DSGD__RESTRICT dx, const float *DSGD__RESTRICT x,
+                                       const float *DSGD__RESTRICT y, const float *DSGD__RESTRICT dy, size_t c,
+                                       size_t rowlen, int ow, int kh, int kw, int stride, int r0, int r1) {
+    int ox;
+    for (ox = 0; ox < ow; ++ox) {
+        const size_t base = (size_t)ox * (size_t)stride * c, o = (size_t)ox * c;
+        size_t c0;
+        for (c0 = 0; c0 < c; c0 += DSGD__POOL_BLOCK) {
+            const size_t cn = c - c0 < DSGD__POOL_BLOCK ? c - c0 : DSGD__POOL_BLOCK;
+            const float *DSGD__RESTRICT yv = y + o + c0, *DSGD__RESTRICT gv = dy + o + c0;
+            int open[DSGD__POOL_BLOCK], ky, kx;
+            size_t ch;
+            for (ch = 0; ch < cn; ++ch) open[ch] = 1;
+            for (ky = 0; ky < kh; ++ky) {
+                const int mine = ky >= r0 && ky < r1;
+                for (kx = 0; kx < kw; ++kx) {
+                    const size_t e = base + (size_t)ky * rowlen + (size_t)kx * c + c0;
+                    const float *DSGD__RESTRICT xv = x + e;
+                    float *DSGD__RESTRICT d = dx + e;
+                    /* x == y is false for a NaN y, which matches through
+                       the second term only */
+#define DSGD__HIT(i) (open[i] & ((xv[i] == yv[i]) | ((yv[i] != yv[i]) & (xv[i] != xv[i]))))
+#define DSGD__PB_SET(i)                                                                  \
+    do {                                                                                 \
+        const int h_ = DSGD__HIT(i);                                                     \
+        uint32_t u_;                                                                     \
+        float g_;                                                                        \
+        memcpy(&u_, gv + (i), sizeof(u_));                                               \
+        u_ &= 0u - (uint32_t)h_; /* dy's bits or +0.0f's: a mask, not a branch */        \
+        memcpy(&g_, &u_, sizeof(g_));                                                    \
+        open[i] &= ~h_;                                                                  \
+        d[i] = 0.0f + g_;                                                                \
+    } while (0)
+#define DSGD__PB_SKIP(i) open[i] &= ~DSGD__HIT(i)
+                    if (mine)
+                        DSGD__EACH(cn, DSGD__PB_SET);
+                    else
+                        DSGD__EACH(cn, DSGD__PB_SKIP);
+#undef DSGD__PB_SKIP
+#undef DSGD__PB_SET
+#undef DSGD__HIT
+                }
+            }
+        }
+    }
+}
+
 /* The element-wise members for one target: SUFFIX names them, ATTR is its
    target attribute (empty for the baseline). */
 #define DSGD__ELEMENTWISE(SUFFIX, ATTR)                                                                        \
@@ -1744,6 +1806,12 @@ DSGD__INLINE int dsgd__nonfinite_body(const float *DSGD__RESTRICT x, size_t n) {
     }                                                                                                          \
     ATTR static int dsgd__nonfinite_##SUFFIX(const float *x, size_t n) {                                       \
         return dsgd__nonfinite_body(x, n);                                                                     \
+    }                                                                                                          \
+    ATTR DSGD__NO_CONTRACT_FN static void dsgd__pool_back_##SUFFIX(float *dx, const float *x, const float *y,   \
+                                                                  const float *dy, size_t c, size_t rowlen,    \
+                                                                  int ow, int kh, int kw, int stride, int r0,  \
+                                                                  int r1) {                                    \
+        dsgd__pool_back_body(dx, x, y, dy, c, rowlen, ow, kh, kw, stride, r0, r1);                             \
     }
 
 /* ---- portable: the compiler's vectors, no FMA */
@@ -2017,7 +2085,8 @@ DSGD__ELEMENTWISE(avx512, __attribute__((target("avx512f"))))
      /* .axpy = */ dsgd__axpy_##SUFFIX, /* .bias_act = */ dsgd__bias_act_##SUFFIX,      \
      /* .act_backward = */ dsgd__act_backward_##SUFFIX,                                 \
      /* .bias_backward = */ dsgd__bias_backward_##SUFFIX,                               \
-     /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX}
+     /* .update = */ dsgd__update_##SUFFIX, /* .nonfinite = */ dsgd__nonfinite_##SUFFIX, \
+     /* .pool_back = */ dsgd__pool_back_##SUFFIX}
 static const dsgd__cpu_kernel dsgd__cpu_kernels[] = {
 #if DSGD__X86_DISPATCH
     DSGD__KERNEL("avx512", avx512, dsgd__isa_avx512, 12, 32, dsgd__thin_avx512, 32),
@@ -2987,6 +3056,7 @@ typedef struct dsgd__img_job {
     const float *y;  /* POOL_BWD: y */
     const float *dy; /* POOL_BWD: dy */
     float *out;      /* col, dx or y */
+    const dsgd__cpu_kernel *kern; /* POOL_BWD: the backend's kernels */
     size_t items, step; /* rows of the output (see above), per task */
 } dsgd__img_job;
 
@@ -3142,8 +3212,6 @@ static void dsgd__img_pool_fwd(const dsgd__img_job *j, size_t lo, size_t hi) {
    one of them, (oy, ox) ascending, finds per channel its first element
    equal to y (or the first NaN for a NaN y) and, when that element lies in
    [lo, hi), adds the window's dy to it. */
-#define DSGD__POOL_BLOCK 64 /* maxpool_backward's channels at a time */
-
 /* One element of a window in maxpool_backward, for n channels: those still
    open whose x equals y (both NaN for a NaN y) close, and take their dy
    when `mine` (the element is in the task's rows). Without branches, so
@@ -3178,10 +3246,41 @@ DSGD__INLINE void dsgd__img_pool_take(int *DSGD__RESTRICT open, float *DSGD__RES
 #undef DSGD__TAKE
 }
 
+/* The same rows when no two windows overlap (stride >= kh and >= kw, the
+   usual 2x2 stride 2): every element takes at most one window's dy, so
+   each window row is written once by the kernel's pool_back, which needs
+   no zeroed dx to add to; the rows are zeroed first only where some
+   element lies in no window (stride > kh or kw, or rows and columns past
+   the last window). */
+static void dsgd__img_pool_bwd_apart(const dsgd__img_job *j, size_t lo, size_t hi) {
+    const dsgd_window *wd = &j->wd;
+    const size_t c = (size_t)wd->c, rowlen = (size_t)wd->w * c, H = (size_t)wd->h;
+    const int s = wd->stride, oh = j->d.oh, ow = j->d.ow;
+    size_t r = lo;
+    if (s != wd->kh || s != wd->kw || oh * s != wd->h || ow * s != wd->w)
+        memset(j->out + lo * rowlen, 0, (hi - lo) * rowlen * sizeof(float));
+    while (r < hi) { /* one image's band of rows [a, b) at a time */
+        const size_t i = r / H;
+        const int a = (int)(r % H), b = (int)((i + 1) * H < hi ? H : hi - i * H);
+        int oy, oy_end = (b - 1) / s + 1;
+        if (oy_end > oh) oy_end = oh;
+        for (oy = a / s; oy < oy_end; ++oy) { /* the windows whose rows meet [a, b) */
+            const int top = oy * s, r0 = a > top ? a - top : 0, r1 = b - top < wd->kh ? b - top : wd->kh;
+            const size_t at = (i * H + (size_t)top) * rowlen, o = (i * (size_t)oh + (size_t)oy) * (size_t)ow * c;
+            if (r0 < r1) j->kern->pool_back(j->out + at, j->x + at, j->y + o, j->dy + o, c, rowlen, ow, wd->kh, wd->kw, s, r0, r1);
+        }
+        r = (i + 1) * H;
+    }
+}
+
 static void dsgd__img_pool_bwd(const dsgd__img_job *j, size_t lo, size_t hi) {
     const dsgd_window *wd = &j->wd;
     const size_t c = (size_t)wd->c, rowlen = (size_t)wd->w * c, H = (size_t)wd->h;
     size_t r = lo;
+    if (wd->stride >= wd->kh && wd->stride >= wd->kw) {
+        dsgd__img_pool_bwd_apart(j, lo, hi);
+        return;
+    }
     memset(j->out + lo * rowlen, 0, (hi - lo) * rowlen * sizeof(float));
     while (r < hi) { /* one image's band of rows [a, b) at a time */
         const size_t i = r / H;
@@ -3257,6 +3356,7 @@ static dsgd_result dsgd__cpu_img_begin(dsgd__cpu *cpu, dsgd__img_job *j, int op,
     char what[48];
     memset(j, 0, sizeof(*j));
     j->op = op;
+    j->kern = cpu->kern;
     if (dsgd__window_check(cpu->ctx, "cpu", name, wd, pool, &j->d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     j->wd = *wd;
     nin = op == DSGD__IMG_COL2IM ? j->d.col : j->d.x;

@@ -22,6 +22,9 @@
      act_backward for each activation, bias_backward, optimizer_update for
      each kind, norm_check) bit for bit against its scalar formula written
      out here, at sizes around the kernels' 16-element blocks;
+   - maxpool_backward (its windows-apart path is a kernel) bit for bit
+     against its definition, on 1 and 3 threads: windows apart and
+     overlapping, with gaps, channels 1 to 131, ties, signed zeros, NaN;
    - overlapping ranges refused (the kernels' arrays are restrict).
    The kernels that ran are printed. The emulations, like the kernels, are
    kept from contracting a * b + c into FMA (DSGD__NO_CONTRACT), so this
@@ -574,6 +577,134 @@ DSGD__NO_CONTRACT_FN static void test_kernels_elementwise(void **state) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* maxpool_backward from its definition (backend.h): dx = 0.0f, then every
+   window, (oy, ox) ascending, adds its dy to its first (ky, kx) element
+   equal to y (the first NaN for a NaN y). */
+static void ref_pool_back(const dsgd_window *wd, const float *x, const float *y, const float *dy, float *dx) {
+    const int oh = (wd->h - wd->kh) / wd->stride + 1, ow = (wd->w - wd->kw) / wd->stride + 1;
+    int i, oy, ox, ch, ky, kx, done;
+    size_t e;
+    for (e = 0; e < (size_t)wd->n * wd->h * wd->w * wd->c; ++e) dx[e] = 0.0f;
+    for (i = 0, e = 0; i < wd->n; ++i)
+        for (oy = 0; oy < oh; ++oy)
+            for (ox = 0; ox < ow; ++ox)
+                for (ch = 0; ch < wd->c; ++ch, ++e)
+                    for (ky = 0, done = 0; ky < wd->kh && !done; ++ky)
+                        for (kx = 0; kx < wd->kw && !done; ++kx) {
+                            size_t at = (((size_t)i * wd->h + (size_t)(oy * wd->stride + ky)) * wd->w +
+                                         (size_t)(ox * wd->stride + kx)) * wd->c + (size_t)ch;
+                            if (isnan(y[e]) ? isnan(x[at]) : x[at] == y[e]) {
+                                dx[at] += dy[e];
+                                done = 1;
+                            }
+                        }
+}
+
+/* One maxpool_backward case on backend be: x from a few values (ties,
+   signed zeros, and NaN where nan), y from maxpool_forward, dy random with
+   some -0.0f; dx bit for bit against ref_pool_back. Returns the floats
+   checked. */
+static size_t pool_back_case(dsgd_ctx *ctx, dsgd_backend_i *be, const dsgd_window *wd, int nan, tu_rng *rng) {
+    static const float vals[6] = {-1.0f, -0.0f, 0.0f, 0.5f, 1.0f, 2.0f};
+    const int oh = (wd->h - wd->kh) / wd->stride + 1, ow = (wd->w - wd->kw) / wd->stride + 1;
+    const size_t nx = (size_t)wd->n * wd->h * wd->w * wd->c, ny = (size_t)wd->n * oh * ow * wd->c;
+    float *x = tu_floats(nx), *y = tu_floats(ny), *dy = tu_floats(ny), *dx = tu_floats(nx), *want = tu_floats(nx);
+    dsgd_buffer *bx, *by, *bdy, *bdx;
+    size_t e;
+    for (e = 0; e < nx; ++e) x[e] = nan && tu_below(rng, 13) == 0 ? NAN : vals[tu_below(rng, 6)];
+    for (e = 0; e < ny; ++e) dy[e] = tu_below(rng, 9) == 0 ? -0.0f : tu_uniform(rng, -1.0f, 1.0f);
+    for (e = 0; e < nx; ++e) dx[e] = 99.0f; /* dx is overwritten, whatever it held */
+    bx = mkbuf(ctx, be, x, nx);
+    by = mkbuf(ctx, be, dy, ny); /* overwritten by maxpool_forward */
+    bdy = mkbuf(ctx, be, dy, ny);
+    bdx = mkbuf(ctx, be, dx, nx);
+    TU_OK(ctx, be->maxpool_forward(be->impl, wd, whole(bx), whole(by)));
+    TU_OK(ctx, be->read(be->impl, whole(by), y, ny));
+    TU_OK(ctx, be->maxpool_backward(be->impl, wd, whole(bx), whole(by), whole(bdy), whole(bdx)));
+    TU_OK(ctx, be->read(be->impl, whole(bdx), dx, nx));
+    ref_pool_back(wd, x, y, dy, want);
+    for (e = 0; e < nx; ++e)
+        if (memcmp(&dx[e], &want[e], sizeof(float)) != 0)
+            fail_msg("%s maxpool_backward n=%d h=%d w=%d c=%d k=%dx%d stride=%d nan=%d: dx[%zu] = %a, want %a",
+                     dsgd_cpu_backend_isa(be), wd->n, wd->h, wd->w, wd->c, wd->kh, wd->kw, wd->stride, nan, e,
+                     (double)dx[e], (double)want[e]);
+    be->buffer_destroy(be->impl, bx);
+    be->buffer_destroy(be->impl, by);
+    be->buffer_destroy(be->impl, bdy);
+    be->buffer_destroy(be->impl, bdx);
+    free(x);
+    free(y);
+    free(dy);
+    free(dx);
+    free(want);
+    return nx;
+}
+
+/* maxpool_backward under every supported kernel, on 1 and 3 threads,
+   against its definition: windows apart (the kernels' pool_back: 2x2
+   stride 2, 3x3 stride 3, gaps between windows and past the last) and
+   overlapping (stride < the window), channels 1 to 131 (pool_back takes
+   64 at a time), heights and widths odd and even, ties and NaN; the large
+   shapes are cut across the threads inside a band of windows. */
+static void test_kernels_maxpool_backward(void **state) {
+    static const int win[][3] = {{2, 2, 2}, {3, 3, 3}, {2, 2, 3}, {1, 2, 3}, {1, 1, 1}, {3, 2, 3}, {3, 3, 2}, {2, 2, 1}};
+    static const int chans[] = {1, 3, 16, 17, 32, 64, 70, 131};
+    static const int big[][4] = {{1, 27, 29, 70}, {2, 28, 28, 16}, {1, 41, 33, 32}}; /* n h w c */
+    dsgd_ctx *ctx = NULL;
+    int ki, t, ran = 0;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    for (ki = 0; ki < NKERNELS; ++ki) {
+        const dsgd__cpu_kernel *kern = &dsgd__cpu_kernels[ki];
+        if (!kern->supported()) continue;
+        for (t = 1; t <= 3; t += 2) {
+            dsgd_cpu_backend_desc bd;
+            dsgd_backend_i be;
+            tu_rng rng = tu_rng_make(4242u + (uint64_t)ki * 10u + (uint64_t)t);
+            size_t checked = 0;
+            int k, w;
+            memset(&bd, 0, sizeof bd);
+            bd.threads = t;
+            assert_int_equal(setenv("DSGD_CPU_ISA", kern->name, 1), 0);
+            TU_OK(ctx, dsgd_cpu_backend_create_desc(ctx, &bd, &be));
+            assert_string_equal(dsgd_cpu_backend_isa(&be), kern->name);
+            for (k = 0; k < 60; ++k) { /* random small shapes */
+                dsgd_window wd;
+                const int *wi = win[tu_below(&rng, sizeof win / sizeof win[0])];
+                memset(&wd, 0, sizeof wd);
+                wd.n = 1 + (int)tu_below(&rng, 3);
+                wd.kh = wi[0];
+                wd.kw = wi[1];
+                wd.stride = wi[2];
+                wd.h = wd.kh + (int)tu_below(&rng, 10);
+                wd.w = wd.kw + (int)tu_below(&rng, 10);
+                wd.c = chans[tu_below(&rng, sizeof chans / sizeof chans[0])];
+                checked += pool_back_case(ctx, &be, &wd, k & 1, &rng);
+            }
+            for (k = 0; k < (int)(sizeof big / sizeof big[0]); ++k)
+                for (w = 0; w < (int)(sizeof win / sizeof win[0]); ++w) {
+                    dsgd_window wd;
+                    memset(&wd, 0, sizeof wd);
+                    wd.n = big[k][0];
+                    wd.h = big[k][1];
+                    wd.w = big[k][2];
+                    wd.c = big[k][3];
+                    wd.kh = win[w][0];
+                    wd.kw = win[w][1];
+                    wd.stride = win[w][2];
+                    checked += pool_back_case(ctx, &be, &wd, w & 1, &rng);
+                }
+            be.destroy(be.impl);
+            print_message("kernel %-8s threads %d: maxpool_backward, %zu floats bit for bit\n", kern->name, t,
+                          checked);
+            ++ran;
+        }
+    }
+    assert_true(ran >= 2);
+    unsetenv("DSGD_CPU_ISA");
+    dsgd_ctx_destroy(ctx);
+}
+
 /* The element-wise kernels take restrict arrays: overlapping ranges are
    refused (y += alpha y is allowed). */
 static void test_overlap_refused(void **state) {
@@ -618,6 +749,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_gemm),
         cmocka_unit_test(test_fma_kernels_agree),
         cmocka_unit_test(test_kernels_elementwise),
+        cmocka_unit_test(test_kernels_maxpool_backward),
         cmocka_unit_test(test_overlap_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
