@@ -75,7 +75,8 @@
 
      The CPU backend runs its GEMM micro-kernel and its hot element-wise
      loops (scale, axpy, bias and activation, their backward, the optimizer
-     update, the finiteness check) from one set of kernels chosen when the
+     update, the finiteness check, max-pool's gradient where windows do not
+     overlap) from one set of kernels chosen when the
      backend is created, so that a generic build (plain -O2 on x86-64, as the
      examples and tests build) still uses the widest vectors the machine has.
      On x86-64 with GCC or Clang: "avx512" (AVX-512F, 16 floats wide, 12 x 32

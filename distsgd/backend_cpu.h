@@ -264,7 +264,8 @@ static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t
 }
 
 /* >>kernels ---------------------------------------------------------------- */
-/* One ISA's kernels: the GEMM micro-kernel and the hot element-wise loops,
+/* One ISA's kernels: the GEMM micro-kernel and the hot element-wise loops
+   (max-pool's gradient over windows apart among them),
    chosen together when the backend is created (CPU KERNELS in backend.h):
    "avx512" (AVX-512F), "avx2" (AVX2 and FMA) or "portable" (the compiler's
    baseline target). The element-wise loops are one C source each, inlined

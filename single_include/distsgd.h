@@ -768,7 +768,8 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
 
      The CPU backend runs its GEMM micro-kernel and its hot element-wise
      loops (scale, axpy, bias and activation, their backward, the optimizer
-     update, the finiteness check) from one set of kernels chosen when the
+     update, the finiteness check, max-pool's gradient where windows do not
+     overlap) from one set of kernels chosen when the
      backend is created, so that a generic build (plain -O2 on x86-64, as the
      examples and tests build) still uses the widest vectors the machine has.
      On x86-64 with GCC or Clang: "avx512" (AVX-512F, 16 floats wide, 12 x 32
@@ -1457,7 +1458,8 @@ static dsgd_result dsgd__cpu_copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t
 }
 
 /* >>kernels ---------------------------------------------------------------- */
-/* One ISA's kernels: the GEMM micro-kernel and the hot element-wise loops,
+/* One ISA's kernels: the GEMM micro-kernel and the hot element-wise loops
+   (max-pool's gradient over windows apart among them),
    chosen together when the backend is created (CPU KERNELS in backend.h):
    "avx512" (AVX-512F), "avx2" (AVX2 and FMA) or "portable" (the compiler's
    baseline target). The element-wise loops are one C source each, inlined
