@@ -135,9 +135,7 @@ typedef struct job {
 
 typedef struct jobs {
     job *j;
-    int n, next;
     const sim_data *data;
-    pthread_mutex_t mu;
 } jobs;
 
 /* Fills j's desc for its policy and network. */
@@ -230,17 +228,11 @@ static void make_job(job *j, int net, pol p, uint64_t seed, double target, long 
     }
 }
 
-static void *job_thread(void *arg) {
-    jobs *q = (jobs *)arg;
-    for (;;) {
-        job *j;
-        pthread_mutex_lock(&q->mu);
-        j = q->next < q->n ? &q->j[q->next++] : NULL;
-        pthread_mutex_unlock(&q->mu);
-        if (!j) return NULL;
-        j->d.csv = j->rows;
-        j->rc = j->rows ? sim_run(&j->d, q->data, &j->r) : -1;
-    }
+static void job_run(void *user, int i) {
+    jobs *q = (jobs *)user;
+    job *j = &q->j[i];
+    j->d.csv = j->rows;
+    j->rc = j->rows ? sim_run(&j->d, q->data, &j->r) : -1;
 }
 
 /* Copies the rows of f to out. */
@@ -308,7 +300,7 @@ static void plot_lines(char *s, size_t cap, const char *net, int col, const int 
 
 int main(int argc, char **argv) {
     const char *data_dir = NULL, *out = "build/sim", *only = NULL;
-    int quick = 0, smoke = 0, njobs = 2, a, i, n, p, failed = 0, started = 0;
+    int quick = 0, smoke = 0, njobs = 2, a, i, n, p, failed = 0;
     uint64_t seed = 1;
     double target = 0.85;
     long max_samples = MAX_SAMPLES;
@@ -319,7 +311,6 @@ int main(int argc, char **argv) {
     static job js[2 * POL_COUNT * MAX_SEEDS];
     point pts[2][POL_COUNT];
     jobs q;
-    pthread_t th[16];
     int pols[POL_COUNT], npol = 0, seeds = 3, k;
     double t0;
 
@@ -386,17 +377,10 @@ int main(int argc, char **argv) {
                 js[n].rows = tmpfile();
                 ++n;
             }
-    memset(&q, 0, sizeof(q));
     q.j = js;
-    q.n = n;
     q.data = &data;
-    pthread_mutex_init(&q.mu, NULL);
     t0 = dsgd_now();
-    for (i = 1; i < njobs && i < n; ++i)
-        if (pthread_create(&th[started], NULL, job_thread, &q) == 0) ++started;
-    job_thread(&q);
-    for (i = 0; i < started; ++i) pthread_join(th[i], NULL);
-    pthread_mutex_destroy(&q.mu);
+    sim_parallel(n, njobs, job_run, &q);
 
     sim_csv_header_bytes(runs);
     fprintf(seedf, "net,policy,seed,time_to_target_s,samples_to_target,bytes_per_worker_to_target,final_time_s,"

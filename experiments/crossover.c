@@ -179,22 +179,9 @@ typedef struct job {
     long updates;
 } job;
 
-typedef struct jobs {
-    job *j;
-    int n, next;
-    pthread_mutex_t mu;
-} jobs;
-
-static void *job_thread(void *arg) {
-    jobs *q = (jobs *)arg;
-    for (;;) {
-        job *j;
-        pthread_mutex_lock(&q->mu);
-        j = q->next < q->n ? &q->j[q->next++] : NULL;
-        pthread_mutex_unlock(&q->mu);
-        if (!j) return NULL;
-        j->t = run_one(j->sw, j->p, j->lr, j->seed, NULL, &j->updates);
-    }
+static void job_run(void *user, int i) {
+    job *j = (job *)user + i;
+    j->t = run_one(j->sw, j->p, j->lr, j->seed, NULL, &j->updates);
 }
 
 /* Mean of the times over k seeds from first (unreached: +inf), the runs
@@ -202,14 +189,8 @@ static void *job_thread(void *arg) {
    result does not depend on which thread ran it). -2 when a run failed. */
 static double mean_over(sweep *sw, const point *p, double lr, uint64_t first, int k, double *t, int *reached) {
     job js[MAX_SEEDS];
-    jobs q;
-    pthread_t th[MAX_SEEDS];
     double sum = 0;
-    int i, started = 0;
-    memset(&q, 0, sizeof(q));
-    q.j = js;
-    q.n = k;
-    pthread_mutex_init(&q.mu, NULL);
+    int i;
     for (i = 0; i < k; ++i) {
         js[i].sw = sw;
         js[i].p = p;
@@ -217,11 +198,7 @@ static double mean_over(sweep *sw, const point *p, double lr, uint64_t first, in
         js[i].seed = first + (uint64_t)i;
         js[i].updates = -1;
     }
-    for (i = 1; i < sw->jobs && i < k; ++i)
-        if (pthread_create(&th[started], NULL, job_thread, &q) == 0) ++started;
-    job_thread(&q);
-    for (i = 0; i < started; ++i) pthread_join(th[i], NULL);
-    pthread_mutex_destroy(&q.mu);
+    sim_parallel(k, sw->jobs, job_run, js);
     sw->nruns += k;
     *reached = 0;
     for (i = 0; i < k; ++i) {

@@ -53,6 +53,46 @@
 #define SIM_MAYBE_UNUSED
 #endif
 
+/* sim_parallel(n, threads, fn, user): fn(user, i) for i = 0 .. n - 1, on up
+   to `threads` threads (the caller's among them), each i taken once from a
+   shared counter. The experiments' runs are functions of their own
+   descs, so what they compute does not depend on which thread ran them. */
+typedef struct sim_pool {
+    int n, next;
+    void (*fn)(void *user, int i);
+    void *user;
+    pthread_mutex_t mu;
+} sim_pool;
+
+SIM_MAYBE_UNUSED static void *sim_pool_thread(void *arg) {
+    sim_pool *q = (sim_pool *)arg;
+    for (;;) {
+        int i;
+        pthread_mutex_lock(&q->mu);
+        i = q->next < q->n ? q->next++ : -1;
+        pthread_mutex_unlock(&q->mu);
+        if (i < 0) return NULL;
+        q->fn(q->user, i);
+    }
+}
+
+SIM_MAYBE_UNUSED static void sim_parallel(int n, int threads, void (*fn)(void *user, int i), void *user) {
+    enum { SIM_MAX_THREADS = 64 };
+    pthread_t th[SIM_MAX_THREADS];
+    sim_pool q;
+    int i, started = 0;
+    q.n = n;
+    q.next = 0;
+    q.fn = fn;
+    q.user = user;
+    pthread_mutex_init(&q.mu, NULL);
+    for (i = 1; i < threads && i < n && started < SIM_MAX_THREADS; ++i)
+        if (pthread_create(&th[started], NULL, sim_pool_thread, &q) == 0) ++started;
+    sim_pool_thread(&q);
+    for (i = 0; i < started; ++i) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&q.mu);
+}
+
 typedef enum sim_kind { SIM_MIRRORED = 0, SIM_PS = 1 } sim_kind;
 
 /* A named network for an experiment's table: alpha (s a message) and beta
