@@ -539,7 +539,7 @@ $(BUILD)/tsan/tests/%: tests/%.c $(TEST_DEPS) $$(call test_objs,tests/$$*.c,$(BU
 # Programs: examples/NAME.c and experiments/NAME.c (written as a user would,
 # one translation unit with the implementation), bench/NAME.c, tools/NAME.c
 # and fuzz/fuzz_NAME.c. Each is compiled without its #defines of the
-# implementation macros (build/gen/: blank lines in their place, a #line
+# implementation macros ($(BUILD)/gen/: blank lines in their place, a #line
 # naming the source, so messages point into it) and linked with its
 # variant's library objects, so the implementation is compiled once per
 # variant, not once per program. A program that calls the library's private
@@ -550,9 +550,9 @@ own_impl = $(if $(shell grep -lE 'dsgd_(cl_)?_|distsgd_mpi\.h|distsgd-program: o
 prog_objs = $(if $(call own_impl,$(1)),,$(2)/distsgd.o $(if $(call is_cl,$(1)),$(2)/distsgd_cl.o))
 # $(call linked_program,COMPILER,FLAGS,LIBS): as program, from the source
 # with the implementation macros blanked, unless it keeps its own.
-linked_program = @mkdir -p $(@D) build/gen/$(dir $<)$(newline)$(if $(call own_impl,$<),$(call program,$(1),$(2),$(3)),@{ \
-    printf '$(hash)line 1 "%s"\n' $<; sed -E 's/^$(hash)define DISTSGD_(CL_)?IMPLEMENTATION([[:space:]].*)?$$//' $<; } >build/gen/$<$(newline)$(1) \
-    $(CPPFLAGS) $(2) -I$(dir $<) $(call cl_cflags,$<) build/gen/$< $(filter %.o,$^) -o $@ $(LDFLAGS) $(3) \
+linked_program = @mkdir -p $(@D) $(BUILD)/gen/$(dir $<)$(newline)$(if $(call own_impl,$<),$(call program,$(1),$(2),$(3)),@{ \
+    printf '$(hash)line 1 "%s"\n' $<; sed -E 's/^$(hash)define DISTSGD_(CL_)?IMPLEMENTATION([[:space:]].*)?$$//' $<; } >$(BUILD)/gen/$<$(newline)$(1) \
+    $(CPPFLAGS) $(2) -I$(dir $<) $(call cl_cflags,$<) $(BUILD)/gen/$< $(filter %.o,$^) -o $@ $(LDFLAGS) $(3) \
     $(call cl_libs,$<) $(LDLIBS))
 
 $(BUILD)/examples/%: examples/%.c $(HEADERS) $(wildcard examples/*.h) $$(call prog_objs,examples/$$*.c,$(BUILD)/lib)
