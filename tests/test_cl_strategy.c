@@ -429,17 +429,10 @@ static dsgd_result plain_reduce(void *state, const dsgd_hook_bucket *b) {
     return dsgd_allreduce_at(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
 }
 
-/* STEPS steps of MIRRORED with n OpenCL replicas (buffers outside
-   host-shared memory, as on a discrete GPU), AUTO path, with `hook` (NULL:
-   none); replica 0's weights into w, the strategy's comm stats into *cs;
-   the replicas checked identical after every step. */
-static void hook_run(int n, const dsgd_comm_hook *hook, float *w, dsgd_comm_stats *cs) {
-    enum { GB = MAXN * B };
-    static float x[GB * IN], y[GB];
-    tu_rng rng = tu_rng_make(91u);
+/* MIRRORED with n OpenCL replicas whose buffers are outside host-shared
+   memory (as on a discrete GPU), the ring, `hook` (NULL: none) and `path`. */
+static dsgd_strategy_desc hook_desc(int n, const dsgd_comm_hook *hook, dsgd_gradient_path path) {
     dsgd_strategy_desc d;
-    dsgd_strategy *s = NULL;
-    int step, i;
     memset(&d, 0, sizeof d);
     d.kind = DSGD_STRATEGY_MIRRORED;
     d.num_replicas = n;
@@ -447,13 +440,30 @@ static void hook_run(int n, const dsgd_comm_hook *hook, float *w, dsgd_comm_stat
     d.optimizer = opt_desc(DSGD_OPT_MOMENTUM);
     d.timeout_s = 60.0;
     d.algorithm = DSGD_ALLREDUCE_RING; /* messages, so the transport counts the wire */
+    d.gradient_path = path;
     d.comm_hook = hook;
     d.backend_factory = cl_factory;
     d.backend_user_data = G.cl;
+    return d;
+}
+
+/* STEPS steps of hook_desc(n, hook, path), the path taken asserted (AUTO:
+   DEVICE for such buffers, unless a hook needs host buckets); replica 0's
+   weights into w (the initial ones into w0 when not NULL), the strategy's
+   comm stats into *cs; the replicas checked identical after every step. */
+static void hook_run(int n, const dsgd_comm_hook *hook, dsgd_gradient_path path, float *w0, float *w,
+                     dsgd_comm_stats *cs) {
+    enum { GB = MAXN * B };
+    static float x[GB * IN], y[GB];
+    tu_rng rng = tu_rng_make(91u);
+    dsgd_strategy_desc d = hook_desc(n, hook, path);
+    dsgd_strategy *s = NULL;
+    int step, i;
     G.host_visible = -1;
     TU_OK(G.ctx, dsgd_strategy_create(G.ctx, &d, &s));
-    /* AUTO takes the DEVICE path for such buffers, unless a hook needs host buckets */
-    assert_int_equal(dsgd_strategy_gradient_path(s), hook ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE);
+    assert_int_equal(dsgd_strategy_gradient_path(s),
+                     path != DSGD_GRADIENTS_AUTO ? path : hook ? DSGD_GRADIENTS_HOST : DSGD_GRADIENTS_DEVICE);
+    if (w0) get_params(s, 0, w0);
     for (step = 1; step <= STEPS; ++step) {
         tu_fill(&rng, x, (size_t)(n * B) * IN, -1.0f, 1.0f);
         for (i = 0; i < n * B; ++i) y[i] = (float)tu_below(&rng, OUT);
@@ -478,9 +488,9 @@ static void test_comm_hooks_on_opencl(void **state) {
     const int n = 3;
     float w_host[NPARAMS], w_plain[NPARAMS], w_half[NPARAMS], p0[NPARAMS];
     dsgd_comm_stats c_host, c_plain, c_half;
-    dsgd_comm_hook plain;
+    dsgd_comm_hook plain, half;
     dsgd_compress_desc cd;
-    dsgd_comm_hook half;
+    dsgd_strategy_desc d;
     dsgd_strategy *s = NULL;
     (void)state;
     NEED_CL();
@@ -490,30 +500,13 @@ static void test_comm_hooks_on_opencl(void **state) {
     memset(&cd, 0, sizeof cd);
     cd.kind = DSGD_COMPRESS_FP16;
     half = dsgd_compress_hook(&cd);
-    G.algorithm = DSGD_ALLREDUCE_RING;
-    {
-        dsgd_strategy *h = strat_make(DSGD_STRATEGY_MIRRORED, n, B, DSGD_OPT_MOMENTUM, 1, DSGD_GRADIENTS_HOST);
-        enum { GB = MAXN * B };
-        static float x[GB * IN], y[GB];
-        tu_rng rng = tu_rng_make(91u);
-        int step, i;
-        get_params(h, 0, p0);
-        for (step = 1; step <= STEPS; ++step) {
-            tu_fill(&rng, x, (size_t)(n * B) * IN, -1.0f, 1.0f);
-            for (i = 0; i < n * B; ++i) y[i] = (float)tu_below(&rng, OUT);
-            TU_OK(G.ctx, dsgd_strategy_train_step(h, x, y, n * B, NULL));
-        }
-        get_params(h, 0, w_host);
-        TU_OK(G.ctx, dsgd_strategy_comm_stats(h, &c_host));
-        dsgd_strategy_destroy(h);
-    }
-    G.algorithm = DSGD_ALLREDUCE_AUTO;
-    hook_run(n, &plain, w_plain, &c_plain);
+    hook_run(n, NULL, DSGD_GRADIENTS_HOST, p0, w_host, &c_host);
+    hook_run(n, &plain, DSGD_GRADIENTS_AUTO, NULL, w_plain, &c_plain);
     if (memcmp(w_host, w_plain, sizeof w_host) != 0)
         fail_msg("a plain all-reduce hook differs from the HOST path without one (max rel %.3g)",
                  tu_rel_err(w_plain, w_host, NPARAMS));
     assert_true(c_plain.bytes_sent == c_host.bytes_sent);
-    hook_run(n, &half, w_half, &c_half);
+    hook_run(n, &half, DSGD_GRADIENTS_AUTO, NULL, w_half, &c_half);
     assert_true(tu_rel_err(w_host, p0, NPARAMS) > 1e-3); /* it trained */
     if (!(tu_rel_err(w_half, w_host, NPARAMS) <= 1e-2))
         fail_msg("fp16 wire: %.3g from fp32 after %d steps", tu_rel_err(w_half, w_host, NPARAMS), STEPS);
@@ -521,21 +514,10 @@ static void test_comm_hooks_on_opencl(void **state) {
         c_half.bytes_uncompressed - c_half.bytes_sent != (uint64_t)(2 * 2 * (n - 1)) * NPARAMS * STEPS)
         fail_msg("fp16 wire: %llu bytes sent, %llu uncompressed; fp32: %llu", (unsigned long long)c_half.bytes_sent,
                  (unsigned long long)c_half.bytes_uncompressed, (unsigned long long)c_host.bytes_sent);
-    {
-        dsgd_strategy_desc d;
-        memset(&d, 0, sizeof d);
-        d.kind = DSGD_STRATEGY_MIRRORED;
-        d.num_replicas = 2;
-        cl_mlp_model(&d.model, B);
-        d.optimizer = opt_desc(DSGD_OPT_MOMENTUM);
-        d.gradient_path = DSGD_GRADIENTS_DEVICE;
-        d.comm_hook = &half;
-        d.backend_factory = cl_factory;
-        d.backend_user_data = G.cl;
-        assert_int_equal(dsgd_strategy_create(G.ctx, &d, &s), DSGD_ERR_INVALID_ARGUMENT);
-        assert_null(s);
-        assert_non_null(strstr(dsgd_ctx_last_error(G.ctx), "DEVICE"));
-    }
+    d = hook_desc(2, &half, DSGD_GRADIENTS_DEVICE);
+    assert_int_equal(dsgd_strategy_create(G.ctx, &d, &s), DSGD_ERR_INVALID_ARGUMENT);
+    assert_null(s);
+    assert_non_null(strstr(dsgd_ctx_last_error(G.ctx), "DEVICE"));
     tu_watchdog(0);
 }
 
