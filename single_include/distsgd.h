@@ -8692,11 +8692,24 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
        - links cost alpha + b * beta: the send occupies the sender's NIC for
          b * beta from the moment the NIC is free (sends of one rank go out
          one after another, and send returns when its message has left), and
-         the message arrives alpha later. Receivers take any number of
-         messages at once unless serialize_receives is set (then a receiving
-         NIC takes one at a time, booked first come first served in
-         simulation order). half_duplex: a rank's NIC carries one message at
-         a time in either direction (same booking);
+         the message arrives alpha after it has left, its first byte b *
+         beta before that. A receiving NIC takes the bytes of one message at
+         a time too, in the order the rank takes its messages (its receives,
+         and a probe's choice): a message whose bytes came while the NIC
+         took another waits in the network and comes in after it, so it is
+         taken at max(first byte, NIC free) + b * beta. The sender's NIC is
+         not held back, and a rank that receives in arrival order keeps its
+         link busy without a gap, so incast (k messages of b bytes to one
+         rank at once) costs alpha + k * b * beta, and a rank that takes a
+         later message first pays for the earlier one behind it (on two
+         levels the node's link and the network's are separate, one
+         message at a time on each). Each rank's link is so serialised in
+         both directions, and the order depends only on what the rank does
+         (parking changes nothing); parallel_receives lets a NIC take any
+         number of messages at once instead (each at its arrival), and
+         half_duplex makes a rank's NIC carry one message at
+         a time in either direction (booked when the message is sent, in
+         simulation order, on the receiver's NIC too);
        - two levels: with ranks_per_node = L > 0, ranks r and q with r / L ==
          q / L talk over intra_alpha / intra_beta, the others over alpha /
          beta (give the communicators the same L in
@@ -8718,7 +8731,8 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
          (the collectives' ring, halving-doubling, fold and reduce-to-one
          reduce through it); reductions a collective does on its own memory
          (recursive doubling, the division of MEAN) cost nothing;
-       - a receive completes at max(the time it was called, arrival) (+ k *
+       - a receive completes at max(the time it was called, the time its
+         NIC has taken the message) (+ k *
          gamma); sendrecv when both halves are done. Messages between one
          pair arrive in the order they were sent (a delayed message holds
          back later ones);
@@ -8886,15 +8900,16 @@ typedef struct dsgd_simnet_desc {
        each it receives (0: none) */
     double overhead_s;
     int half_duplex;            /* non-zero: a rank sends or receives, not both at once */
-    int serialize_receives;     /* non-zero: a receiving NIC takes one message at a time */
+    /* non-zero: a receiving NIC takes any number of messages at once (each
+       at its arrival); 0: one at a time, in the order the rank takes them */
+    int parallel_receives;
     dsgd_simnet_compute_desc compute;
     const dsgd_simnet_fault *faults; /* copied */
     int num_faults;
     /* non-zero: every rank is parked (see dsgd_simnet_park) whenever it
        returns from the hub, so rank threads run concurrently between calls
        and code that also synchronises its threads by other means (the
-       strategies' replica pools) runs unchanged. Not with half_duplex or
-       serialize_receives. */
+       strategies' replica pools) runs unchanged. Not with half_duplex. */
     int park_between_calls;
     /* non-zero: record every rank's timeline for dsgd_simnet_write_trace
        (32 bytes a span, up to 4 spans a call) */
@@ -8978,8 +8993,8 @@ DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
    message already queued) goes on. So the result is the same whenever p returns.
    A parked rank's thread runs concurrently with the others.
    Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, rank out of range),
-   DSGD_ERR_UNSUPPORTED (half_duplex or serialize_receives: their bookings
-   depend on the order of sends), DSGD_ERR_STATE (the rank left),
+   DSGD_ERR_UNSUPPORTED (half_duplex: its bookings depend on the order of
+   the sends), DSGD_ERR_STATE (the rank left),
    DSGD_ERR_ABORTED (killed, or the hub aborted).
    Thread safety: rank's thread. */
 DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *hub, int rank);
@@ -9179,7 +9194,8 @@ typedef struct dsgd__sn_ep {
     size_t reduce_k;   /* W_XFER: floats reduced on receipt (gamma), 0: a copy */
     double deadline;
     double kill_time;  /* KILL by time, or INF */
-    double tx_free, rx_free; /* the NIC */
+    double tx_free;    /* the NIC, sending */
+    double rx_free[2]; /* receiving: [1] within the node (ranks_per_node), [0] the rest */
     long step;         /* the last compute step, -1 */
     double slow;       /* SLOW factor in force */
     uint64_t sent;     /* payload bytes sent (dsgd_simnet_bytes_sent) */
@@ -9366,10 +9382,10 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
                                   d->alpha_s, d->beta_s_per_byte, d->gamma_s_per_float, d->intra_alpha_s,
                                   d->intra_beta_s_per_byte, d->overhead_s, d->test_jitter_s, d->apply_s_per_float,
                                   d->codec_s_per_float);
-    if (d->park_between_calls && (d->half_duplex || d->serialize_receives))
+    if (d->park_between_calls && d->half_duplex)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: park_between_calls cannot be combined with half_duplex or serialize_receives "
-                                  "(their bookings depend on the order of the sends)", w);
+                                  "%s: park_between_calls cannot be combined with half_duplex "
+                                  "(its bookings depend on the order of the sends)", w);
     if (d->ranks_per_node < 0)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: ranks_per_node %d < 0", w, d->ranks_per_node);
     if (!dsgd__sn_finite_nonneg(d->trace_until_s))
@@ -9749,6 +9765,23 @@ static void dsgd__sn_jitter(dsgd__sn_ep *e) {
     }
 }
 
+/* When e's NIC has taken m, the next message e takes: the NIC takes one
+   message at a time, in the order e takes them (unless parallel_receives;
+   half_duplex books at the send). *in: when its bytes begin to come in. */
+/* Which of e's receiving links a message from src comes in over. */
+static int dsgd__sn_lane(const dsgd__sn_ep *e, int src) {
+    int L = e->hub->d.ranks_per_node;
+    return L > 0 && src / L == e->rank / L;
+}
+
+static double dsgd__sn_taken(const dsgd__sn_ep *e, const dsgd__sn_msg *m, int src, double *in) {
+    const dsgd_simnet *h = e->hub;
+    double b = m->first, f = e->rx_free[dsgd__sn_lane(e, src)];
+    if (!h->d.parallel_receives && !h->d.half_duplex && f > b) b = f;
+    if (in) *in = b;
+    return b == m->first ? m->arrival : b + (m->arrival - m->first);
+}
+
 /* When e's wait is over, ignoring the deadline (INF: not known yet). */
 static double dsgd__sn_event(const dsgd__sn_ep *e) {
     const dsgd_simnet *h = e->hub;
@@ -9762,14 +9795,15 @@ static double dsgd__sn_event(const dsgd__sn_ep *e) {
         if (e->src < 0) return ev;
         m = dsgd__sn_head(h, e->src, e->rank);
         if (!m) return DSGD__SN_INF;
-        return DSGD__MAX(ev, DSGD__MAX(e->t_call, m->arrival) + h->d.overhead_s +
+        return DSGD__MAX(ev, DSGD__MAX(e->t_call, dsgd__sn_taken(e, m, e->src, NULL)) + h->d.overhead_s +
                                  (double)e->reduce_k * h->d.gamma_s_per_float);
     }
-    default: /* probe: the earliest arrival */
+    default: /* probe: the earliest the NIC could take */
         ev = DSGD__SN_INF;
         for (k = 0; k < e->nin; ++k) {
-            const dsgd__sn_msg *m = h->pairs[e->in[k]].head;
-            if (m->arrival < ev) ev = m->arrival;
+            const dsgd__sn_pair *p = &h->pairs[e->in[k]];
+            double a = dsgd__sn_taken(e, p->head, (int)(p->key / (uint64_t)h->n), NULL);
+            if (a < ev) ev = a;
         }
         return ev < DSGD__SN_INF ? DSGD__MAX(ev, e->t_call) : ev;
     }
@@ -9883,21 +9917,22 @@ static void dsgd__sn_span_add(dsgd__sn_ep *e, int kind, double t0, double t1, in
    message it waited for; the call ends at e->t. */
 static void dsgd__sn_span_xfer(dsgd__sn_ep *e, int dst, size_t sbytes, double done, int src, const dsgd__sn_msg *m,
                                size_t reduce_k, int dropped, int failed) {
-    double cur = e->t_call, r0;
+    double cur = e->t_call, r0, in;
     if (!e->hub->d.trace) return;
     if (dst >= 0 && done > cur) {
         dsgd__sn_span_add(e, DSGD__SN_SP_SEND, cur, done, dst, sbytes, dropped ? DSGD__SN_DROPPED_BIT : 0);
         cur = done;
     }
     if (m) {
-        r0 = DSGD__MAX(e->t_call, m->first);
+        double taken = dsgd__sn_taken(e, m, src, &in);
+        r0 = DSGD__MAX(e->t_call, in);
         if (r0 > cur) {
             dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, cur, r0, src, 0, 0);
             cur = r0;
         }
-        if (m->arrival > cur) {
-            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, cur, m->arrival, src, m->bytes, 0);
-            cur = m->arrival;
+        if (taken > cur) {
+            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, cur, taken, src, m->bytes, 0);
+            cur = taken;
         }
         if (reduce_k && e->t > cur) dsgd__sn_span_add(e, DSGD__SN_SP_REDUCE, cur, e->t, src, reduce_k, 0);
     } else if (e->t > cur) {
@@ -10139,7 +10174,6 @@ static dsgd_result dsgd__sn_post(dsgd__sn_ep *e, int dst, uint64_t tag, const vo
     dsgd__sn_link(h, e->rank, dst, &alpha, &beta);
     tx = &e->tx_free;
     if (h->d.half_duplex) rx = &d->tx_free;
-    else if (h->d.serialize_receives) rx = &d->rx_free;
     start = DSGD__MAX(e->t + h->d.overhead_s, *tx); /* o: the CPU hands the message to the NIC */
     if (rx && *rx > start) start = *rx;
     occupy = (double)bytes * beta;
@@ -10262,6 +10296,7 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
                 h->pairs[last].inpos = p->inpos;
                 p->inpos = -1;
             }
+            e->rx_free[dsgd__sn_lane(e, src)] = dsgd__sn_taken(e, m, src, NULL);
             if (op < 0) {
                 if (rbytes) memcpy(rbuf, DSGD__SN_PAYLOAD(m), rbytes);
             } else {
@@ -10352,24 +10387,25 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
     e->deadline = deadline;
     r = dsgd__sn_block(e);
     if (r == DSGD_OK) {
-        double best_arrival = DSGD__SN_INF;
+        double best_taken = DSGD__SN_INF;
         for (k = 0; k < e->nin; ++k) { /* the earliest, ties by the lower rank */
             const dsgd__sn_pair *p = &h->pairs[e->in[k]];
             int from = (int)(p->key / (uint64_t)h->n);
-            if (p->head->arrival < best_arrival || (p->head->arrival == best_arrival && from < best)) {
-                best_arrival = p->head->arrival;
+            double a = dsgd__sn_taken(e, p->head, from, NULL);
+            if (a < best_taken || (a == best_taken && from < best)) {
+                best_taken = a;
                 best = from;
             }
         }
         DSGD_ASSERT(best >= 0);
         {
             const dsgd__sn_msg *m = dsgd__sn_head(h, best, e->rank);
-            double r0 = DSGD__MAX(e->t_call, m->first);
+            double in, taken = dsgd__sn_taken(e, m, best, &in), r0 = DSGD__MAX(e->t_call, in);
             *src = best;
             *tag = m->tag;
             *bytes = m->bytes;
             dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, DSGD__SN_ANY, 0, 0);
-            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, m->arrival, best, m->bytes, 0);
+            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, best, m->bytes, 0);
         }
     } else {
         dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, DSGD__SN_ANY, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);
@@ -10657,8 +10693,8 @@ DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
     dsgd_result r = DSGD_OK;
     if (dsgd__sn_rank_check(h, rank) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     e = &h->ep[rank];
-    if (h->d.half_duplex || h->d.serialize_receives) {
-        snprintf(e->err, sizeof(e->err), "simnet rank %d: cannot park with half_duplex or serialize_receives", rank);
+    if (h->d.half_duplex) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: cannot park with half_duplex", rank);
         return DSGD_ERR_UNSUPPORTED;
     }
     if (h->fib) {

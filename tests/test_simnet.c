@@ -1458,6 +1458,112 @@ static void test_nic_and_duplex(void **state) {
     tu_watchdog(0);
 }
 
+/* The receiving NIC: ranks 1..3 send B bytes each to rank 0, which takes
+   them one at a time in the order it receives them. Modes: 0 all send at
+   0, rank 0 receives 1, 2, 3; 1 rank i sends at (i - 1) 10 ms and rank 0
+   receives 3, 2, 1; 2 all send at 0, rank 0 probes for each. t[k] is rank
+   0's clock after its k-th receive, src[k] whom it took. */
+#define RX_B 1000
+typedef struct rx_out {
+    int mode;
+    double t[3], sent[4];
+    int src[3];
+} rx_out;
+
+static void body_rx(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    rx_out *o = (rx_out *)r->user;
+    static const char a[RX_B] = {0};
+    char buf[RX_B];
+    dsgd_result res = DSGD_OK;
+    int k;
+    (void)c;
+    if (rank == 0) {
+        for (k = 0; k < 3 && res == DSGD_OK; ++k) {
+            int src = o->mode == 1 ? 3 - k : k + 1;
+            if (o->mode == 2) {
+                uint64_t tag;
+                size_t bytes;
+                res = t->probe(t->impl, 10, &src, &tag, &bytes);
+            }
+            if (res == DSGD_OK) res = t->recv(t->impl, src, 1, buf, sizeof(buf), 10);
+            o->src[k] = src;
+            o->t[k] = now_of(t);
+        }
+    } else {
+        if (o->mode == 1) res = dsgd_simnet_advance(r->hub, rank, (rank - 1) * 10e-3);
+        if (res == DSGD_OK) res = t->send(t->impl, 0, 1, a, sizeof(a), 10);
+        o->sent[rank] = now_of(t);
+    }
+    record(r, rank, res);
+}
+
+static void rx_case(rx_out *o, int mode, int parallel, int park, double jitter, int L) {
+    dsgd_simnet_desc d;
+    run r;
+    int i;
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = 1e-3;
+    d.beta_s_per_byte = 1e-6; /* RX_B bytes: 1 ms on the wire */
+    d.parallel_receives = parallel;
+    d.park_between_calls = park;
+    d.test_jitter_s = jitter;
+    d.ranks_per_node = L;
+    d.intra_alpha_s = 1e-4;
+    d.intra_beta_s_per_byte = 2e-6;
+    memset(o, 0, sizeof(*o));
+    o->mode = mode;
+    run_init(&r, 4, &d);
+    run_go(&r, body_rx, o);
+    for (i = 0; i < 4; ++i)
+        if (r.res[i] != DSGD_OK) fail_msg("rank %d: %s", i, r.msg[i]);
+    run_free(&r);
+}
+
+static void test_receive_nic(void **state) {
+    rx_out o, p;
+    const double a = 1e-3, occ = 1e-3;
+    int k, runs = TU_TSAN ? 3 : 10;
+    (void)state;
+    tu_watchdog(120);
+    /* incast: three messages in at once take alpha + k occ; the senders'
+       NICs are not held back */
+    rx_case(&o, 0, 0, 0, 0, 0);
+    for (k = 0; k < 3; ++k) {
+        if (!REL_OK(o.t[k], a + (k + 1) * occ))
+            fail_msg("incast: receive %d done at %.15g s, want %.15g s", k, o.t[k], a + (k + 1) * occ);
+        assert_true(REL_OK(o.sent[k + 1], occ));
+    }
+    /* taken in the order received, not the order of arrival: 3 (in at
+       20 + 1 + 1 ms), then 2 and 1 behind it, though in long before */
+    rx_case(&o, 1, 0, 0, 0, 0);
+    assert_true(REL_OK(o.t[0], 20e-3 + a + occ));
+    assert_true(REL_OK(o.t[1], 20e-3 + a + 2 * occ) && REL_OK(o.t[2], 20e-3 + a + 3 * occ));
+    /* a probe chooses what the NIC takes first: ties by the lower rank */
+    rx_case(&o, 2, 0, 0, 0, 0);
+    for (k = 0; k < 3; ++k) assert_true(o.src[k] == k + 1 && REL_OK(o.t[k], a + (k + 1) * occ));
+    /* parallel_receives: each message at its arrival */
+    rx_case(&o, 0, 1, 0, 0, 0);
+    for (k = 0; k < 3; ++k) assert_true(REL_OK(o.t[k], a + occ));
+    rx_case(&o, 1, 1, 0, 0, 0);
+    assert_true(REL_OK(o.t[0], 20e-3 + a + occ) && REL_OK(o.t[1], 20e-3 + a + occ) && REL_OK(o.t[2], 20e-3 + a + occ));
+    /* two levels (2 ranks a node): rank 1's message comes over the node's
+       link (0.1 ms + 2 ms), 2's and 3's over the network's, one at a time,
+       at 2 and 3 ms: the links do not wait for each other (one link would
+       take them at 3.1 and 4.1 ms) */
+    rx_case(&o, 0, 0, 0, 0, 2);
+    assert_true(REL_OK(o.t[0], 1e-4 + 2e-3));
+    assert_true(REL_OK(o.t[1], 1e-4 + 2e-3) && REL_OK(o.t[2], a + 2 * occ));
+    /* parked between calls, with the threads jittered: the same times and
+       choices, whatever order the threads come back in */
+    for (k = 0; k < runs; ++k) {
+        int mode = k % 3, i;
+        rx_case(&o, mode, 0, 0, 0, 0);
+        rx_case(&p, mode, 0, 1, 50e-6, 0);
+        for (i = 0; i < 3; ++i) assert_true(p.t[i] == o.t[i] && p.src[i] == o.src[i]);
+    }
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- faults */
 
 static void body_kill(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
@@ -3115,6 +3221,7 @@ int main(void) {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_probe_order),
         cmocka_unit_test(test_nic_and_duplex),
+        cmocka_unit_test(test_receive_nic),
         cmocka_unit_test(test_deadlines_fire),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_stall_and_slow),
