@@ -725,6 +725,14 @@ struct dsgd_replica {
     int averaged;       /* LOCAL: the last step averaged (dsgd_step_info) */
     int stop_by;        /* phase 2 agreed that this replica (rank) failed; -1: none */
     void *sub;          /* elastic: the survivors' endpoint's state (strategy_elastic.h) */
+    /* elastic's settle (SETTLE in strategy_elastic.h), under s->mu: where
+       this step's job is (DSGD__EL_*), when it entered its last collective
+       (its clock), that collective's result, and whether it was one of
+       phases 0 and 2, before the update */
+    int el_phase;
+    double el_entered;
+    dsgd_result el_cr;
+    int el_fail;
     /* dsgd_strategy_wait_report's window (with a communicator): its
        waits per global rank at the step's start (W), the window's sum
        (W) and scratch (W); the steps' summed time and count */
@@ -826,6 +834,11 @@ struct dsgd_strategy {
        *res may be replaced */
     int (*elastic)(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res);
     int resized;       /* the group shrank in the current call */
+    /* elastic over the endpoints you gave, every replica in this process
+       (strategy_elastic.h, set at creation): replica r, whose collective of
+       phase 0 or 2 failed with res, settles instead of aborting the
+       transport; returns res or the settle's error. NULL: none */
+    dsgd_result (*el_settle)(dsgd_replica *r, dsgd_result res);
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -926,6 +939,44 @@ static void dsgd__replica_wait_end(dsgd_replica *r) {
         r->wait_sum[k] += r->wait_now[k] >= r->wait_at[k] ? r->wait_now[k] - r->wait_at[k] : r->wait_now[k];
 }
 
+/* ELASTIC's settle (strategy_elastic.h): where a replica's step is, for
+   the others' settle (el_phase, under s->mu). */
+enum { DSGD__EL_BUSY = 0, DSGD__EL_IN_COLL, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
+
+/* Replica r enters (on 1) or has left (on 0, with the collective's result
+   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0).
+   Only where the strategy settles (s->el_settle). */
+static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr) {
+    dsgd_strategy *s = r->s;
+    if (!s->el_settle || !r->comm) return;
+    pthread_mutex_lock(&s->mu);
+    r->el_phase = on ? DSGD__EL_IN_COLL : DSGD__EL_BUSY;
+    if (on) r->el_entered = dsgd__comm_now(r->comm);
+    if (!on && cr != DSGD_OK) {
+        r->el_cr = cr;
+        r->el_fail = pre;
+    }
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Non-zero when replica r's failure was settled (it left the transport as
+   the survivors need it: no abort, no failed strategy). */
+static int dsgd__replica_settled(const dsgd_replica *r) {
+    return r->s->el_settle && (r->el_phase == DSGD__EL_SETTLED || r->el_phase == DSGD__EL_GONE);
+}
+
+/* Replica r's job is over, unless it settled: the others' settle need not
+   wait for it. */
+static void dsgd__replica_el_done(dsgd_replica *r) {
+    dsgd_strategy *s = r->s;
+    if (!s->el_settle) return;
+    pthread_mutex_lock(&s->mu);
+    if (r->el_phase < DSGD__EL_DONE) r->el_phase = DSGD__EL_DONE;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
    failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
@@ -947,11 +998,14 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     if (res == DSGD_OK) res = fn(r, user);
     if (fn == s->ops->step) dsgd__replica_wait_end(r);
     if (res == DSGD_OK) {
+        dsgd__replica_el_done(r);
         r->msg[0] = '\0';
         return res;
     }
     if (dsgd_comm_broken(r->comm)) r->comm_failed = 1; /* also a collective called by a user's fn */
-    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->local);
+    if (s->el_settle && fn == s->ops->step && r->el_fail) res = s->el_settle(r, res);
+    dsgd__replica_el_done(r);
+    if ((!r->clean_fail || r->comm_failed) && !dsgd__replica_settled(r)) dsgd__strategy_abort(s, r->local);
     pthread_mutex_lock(&s->mu);
     by = s->abort_by;
     pthread_mutex_unlock(&s->mu);
@@ -987,7 +1041,7 @@ static void *dsgd__replica_main(void *arg) {
         res = dsgd__replica_job(r, fn, user);
         pthread_mutex_lock(&s->mu);
         r->result = res;
-        if (--s->pending == 0) pthread_cond_signal(&s->cv_done);
+        if (--s->pending == 0) pthread_cond_broadcast(&s->cv_done); /* a settle may wait on it too */
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -1030,6 +1084,15 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
     int i, pick = -1, clean = 1;
     int64_t step = dsgd_optimizer_steps(s->reps[0].opt);
     dsgd_result r0;
+    if (s->el_settle) { /* this job's reports only (SETTLE in strategy_elastic.h) */
+        pthread_mutex_lock(&s->mu);
+        for (i = 0; i < s->n; ++i) {
+            s->reps[i].el_phase = DSGD__EL_BUSY;
+            s->reps[i].el_fail = 0;
+            s->reps[i].el_cr = DSGD_OK;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
     if (s->n > 1) {
         pthread_mutex_lock(&s->mu);
         s->job = fn;
@@ -1051,7 +1114,9 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
             pick = i;
     if (pick < 0) return DSGD_OK;
     for (i = 0; i < s->n; ++i)
-        if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed)) clean = 0;
+        if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed) &&
+            !dsgd__replica_settled(&s->reps[i]))
+            clean = 0;
     if (!clean) dsgd__strategy_fail(s, step, what, s->reps[pick].msg);
     return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", s->reps[pick].msg);
 }

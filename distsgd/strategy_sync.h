@@ -48,6 +48,17 @@
 
 /* >>strategy_sync ----------------------------------------------------------- */
 
+/* The all-reduce of one float of phases 0 and 2, announced to elastic's
+   settle (strategy.h's dsgd__replica_el_coll; a replica whose own batch
+   failed is not announced as waiting in it: it may be gone). */
+static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int announce) {
+    dsgd_result cr;
+    if (announce) dsgd__replica_el_coll(r, 1, 1, DSGD_OK);
+    cr = dsgd_allreduce(r->comm, v, 1, op, DSGD_ALLREDUCE_AUTO, 0.0);
+    dsgd__replica_el_coll(r, 0, 1, cr);
+    return cr;
+}
+
 /* Phase 0: replica r's batch and the global count (*global). A sliced batch:
    its dsgd_block_range shard, and the caller's count. A dsgd_batch_fn's:
    what fn gives this replica, and the SUM all-reduce of every replica's
@@ -65,7 +76,7 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     }
     res = dsgd__replica_fn_batch(r, a, b);
     total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
-    if (r->s->world > 1 && (cr = dsgd_allreduce(r->comm, &total, 1, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.0)) != DSGD_OK) {
+    if (r->s->world > 1 && (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_OK)) != DSGD_OK) {
         r->comm_failed = 1;
         return cr;
     }
@@ -115,7 +126,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
     if (s->world > 1) {
-        dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
+        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 1);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
             return cr;
@@ -282,7 +293,11 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     if (res != DSGD_OK || r->skipped) return res;
     if (!r->ov && !s->all_mean) /* 3 */
         res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
-    if (!r->ov && res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
+    if (!r->ov && res == DSGD_OK && s->world > 1) { /* 4 */
+        dsgd__replica_el_coll(r, 1, 0, DSGD_OK);
+        res = dsgd__step_exchange(r);
+        dsgd__replica_el_coll(r, 0, 0, res);
+    }
     if (res != DSGD_OK) return res;
     if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
     /* 5, gated by the verdict on the device; read back without waiting */

@@ -57,6 +57,7 @@ static int setup(void **state) {
 }
 
 static int g_overlap; /* the elastic runs' overlap (not the scripts') */
+static dsgd_allreduce_algo g_algo; /* every run's (AUTO but over simnet) */
 static int g_count = GB; /* feed_fn's global batch, <= GB */
 
 static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n) {
@@ -73,6 +74,7 @@ static dsgd_strategy_desc base_desc(dsgd_strategy_kind kind, int n) {
     d.optimizer.lr = 0.01f;
     d.timeout_s = 20.0;
     d.cpu_threads = 1;
+    d.algorithm = g_algo;
     return d;
 }
 
@@ -404,6 +406,142 @@ static void test_sampler_epoch(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- simnet */
+
+/* The simulated cluster: 8 ranks, compute SN_C s a step, deadline SN_T
+   (virtual seconds). */
+#define SN_C 0.01
+#define SN_T 0.5
+
+static dsgd_simnet *sn_hub(dsgd_ctx *ctx, int ranks, const dsgd_simnet_fault *faults, int nf) {
+    dsgd_simnet_desc sd;
+    dsgd_simnet *hub;
+    memset(&sd, 0, sizeof(sd));
+    sd.ranks = ranks;
+    sd.alpha_s = 1e-5;
+    sd.beta_s_per_byte = 1e-9;
+    sd.park_between_calls = 1;
+    sd.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    sd.compute.mean_s = SN_C;
+    sd.faults = faults;
+    sd.num_faults = nf;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    return hub;
+}
+
+/* The batch function over simnet: the step's compute charged to the
+   replica's rank of the hub (rank_of follows the shrinks), then feed_fn. */
+typedef struct sn_feed {
+    dsgd_simnet *hub;
+    feed f;
+    int rank_of[DSGD_MAX_REPLICAS];
+    resize_log log;
+} sn_feed;
+
+static dsgd_result sn_feed_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    sn_feed *sf = (sn_feed *)user;
+    dsgd_result r = dsgd_simnet_compute(sf->hub, sf->rank_of[replica], sf->f.step);
+    return r != DSGD_OK ? r : feed_fn(&sf->f, replica, num_replicas, out);
+}
+
+static void sn_resize(void *user, int old_world, int new_world, const int *survivors, dsgd_strategy *s) {
+    sn_feed *sf = (sn_feed *)user;
+    int map[DSGD_MAX_REPLICAS], i;
+    for (i = 0; i < new_world; ++i) map[i] = sf->rank_of[survivors[i]];
+    memcpy(sf->rank_of, map, sizeof(int) * (size_t)new_world);
+    on_resize(&sf->log, old_world, new_world, survivors, s);
+}
+
+/* The latest clock of the replicas' ranks (every rank parked between
+   steps). */
+static double sn_time(const sn_feed *sf, int n) {
+    double t = 0.0;
+    int i;
+    for (i = 0; i < n; ++i)
+        if (dsgd_simnet_time(sf->hub, sf->rank_of[i]) > t) t = dsgd_simnet_time(sf->hub, sf->rank_of[i]);
+    return t;
+}
+
+/* MIRRORED over a simnet hub of n ranks with the faults; min_replicas m;
+   steps 0..end-1, the strategy kept in *out (sf->hub in *hub). */
+static dsgd_strategy *sn_strategy(dsgd_ctx *ctx, int n, int m, sn_feed *sf, const dsgd_simnet_fault *faults, int nf) {
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, n);
+    dsgd_transport_i ep[DSGD_MAX_REPLICAS];
+    dsgd_strategy *s;
+    int i;
+    memset(sf, 0, sizeof(*sf));
+    sf->f = no_failure();
+    sf->hub = sn_hub(ctx, n, faults, nf);
+    for (i = 0; i < n; ++i) {
+        TU_OK(ctx, dsgd_simnet_endpoint(sf->hub, i, &ep[i]));
+        sf->rank_of[i] = i;
+    }
+    d.endpoints = ep;
+    d.gradient_path = DSGD_GRADIENTS_HOST;
+    d.timeout_s = SN_T;
+    d.elastic.min_replicas = m;
+    d.elastic.on_resize = sn_resize;
+    d.elastic.user = sf;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    return s;
+}
+
+/* The issue's case: rank 5 of 8 killed at step SK (its compute); the
+   survivors time out in the step's first collective, settle, shrink to 7
+   and retry the step, losing one deadline and the spoiled attempt's
+   compute; the weights are those of 8 replicas to SK, saved, restored into
+   7 (the same RING). */
+enum { SK = 50, SEND = 60 };
+
+static void test_simnet_kill_8_to_7(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_fault kill;
+    static sn_feed sf;
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    float want[NP], got[NP];
+    double t0, dt[SEND];
+    int i, j;
+    (void)state;
+    tu_watchdog(120);
+    g_algo = DSGD_ALLREDUCE_RING;
+    memset(&kill, 0, sizeof(kill));
+    kill.kind = DSGD_SIMNET_FAULT_KILL;
+    kill.rank = 5;
+    kill.step = SK;
+    s = sn_strategy(ctx, 8, 4, &sf, &kill, 1);
+    for (sf.f.step = 0; sf.f.step < SEND; ++sf.f.step) {
+        t0 = sn_time(&sf, dsgd_strategy_num_replicas(s));
+        memset(&info, 0, sizeof(info));
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info));
+        dt[sf.f.step] = sn_time(&sf, dsgd_strategy_num_replicas(s)) - t0;
+        assert_int_equal(info.resized, sf.f.step == SK);
+        assert_int_equal(info.world, sf.f.step < SK ? 8 : 7);
+        assert_int_equal(info.step, sf.f.step);
+    }
+    print_message("    simnet: a step takes %.6f s (8 replicas), %.6f s (7); the failed one %.6f s (deadline %.2f s)\n",
+                  dt[SK - 1], dt[SK + 1], dt[SK], SN_T);
+    /* within one deadline: the failed step is a 7-replica step, the
+       spoiled attempt's compute and at most one timeout_s (and the
+       settle's few messages) more */
+    assert_true(dt[SK] - dt[SK + 1] - SN_C >= SN_T);
+    assert_true(dt[SK] - dt[SK + 1] - SN_C <= SN_T + 1e-3);
+    assert_int_equal(sf.log.calls, 1);
+    assert_int_equal(sf.log.new_world, 7);
+    for (i = 0, j = 0; i < 8; ++i)
+        if (i != 5) assert_int_equal(sf.log.survivors[j++], i);
+    assert_false(dsgd_strategy_failed(s));
+    tu_assert_replicas_identical(ctx, s);
+    params_of(s, 0, got);
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(sf.hub);
+    scripted(ctx, 8, SK, 7, SEND, want);
+    assert_memory_equal(got, want, sizeof(want));
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- the limits */
 
 static void test_below_min_replicas(void **state) {
@@ -493,6 +631,7 @@ int main(void) {
         cmocka_unit_test(test_small_groups),
         cmocka_unit_test(test_multi_worker_shrink),
         cmocka_unit_test(test_sampler_epoch),
+        cmocka_unit_test(test_simnet_kill_8_to_7),
         cmocka_unit_test(test_below_min_replicas),
         cmocka_unit_test(test_batch_error_does_not_shrink),
         cmocka_unit_test(test_misuse),
