@@ -19,9 +19,19 @@
      replicas in sync, 1 and 2 here, the survivors 0, 2, 3 renumbered
      0, 1, 2) and train steps 5..9 to the bits of a
      4-replica MIRRORED run saved at step 5 and restored into 3 replicas.
-   - A global dsgd_sampler loop over an epoch in which replica 2 fails:
-     every sample of the dataset is trained on exactly once (on_resize
-     forgets the failed attempt's shards).
+   - A global dsgd_sampler loop over an epoch in which replica 2 fails
+     (its batch function; over simnet, its rank killed): every sample of
+     the dataset is trained on exactly once (on_resize forgets the failed
+     attempt's shards).
+   - Over simnet (MIRRORED over the hub's endpoints, RING): rank 5 of 8
+     killed at step 50 (min_replicas 4); the survivors time out in the
+     step's first collective, settle, shrink to 7 and retry: the failed
+     step takes a 7-replica step, the spoiled attempt's compute and one
+     deadline (to 1 ms) more in virtual time, and the weights after step
+     59 are the bits of the script (8 to 50, saved, restored into 7,
+     RING). A stall of 1.5 deadlines at step 4 (4 replicas) drops the
+     stalled replica (warning naming it, 4 -> 3); one of 10 deadlines
+     fails the step naming it, without a hang.
    - Below min_replicas (4 replicas, min 3, replicas 1 and 2 failing at
      once): DSGD_ERR_ABORTED after grace_s (0.3 s, and well before the
      collectives' deadline) naming the survivors 0 and 3 and min_replicas
@@ -333,6 +343,9 @@ static void test_multi_worker_shrink(void **state) {
 
 /* ---------------------------------------------------------------- the sampler */
 
+static dsgd_simnet *sn_hub(dsgd_ctx *ctx, int ranks, const dsgd_simnet_fault *faults, int nf);
+#define SN_T 0.5
+
 enum { DS = 203, SB = 24 };
 
 typedef struct epoch_feed {
@@ -340,11 +353,15 @@ typedef struct epoch_feed {
     int count, step, fail_step;
     float x[SB * IN], y[SB];
     int hits[DS]; /* this step's samples, by index */
+    dsgd_simnet *hub; /* over simnet: each step's compute, charged to */
+    int rank_of[4];   /* replica -> rank */
 } epoch_feed;
 
 static dsgd_result epoch_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
     epoch_feed *e = (epoch_feed *)user;
     size_t off = 0, len = 0, i;
+    dsgd_result r = e->hub ? dsgd_simnet_compute(e->hub, e->rank_of[replica], e->step) : DSGD_OK;
+    if (r != DSGD_OK) return r;
     if (e->step == e->fail_step && num_replicas == 4 && replica == 2) return DSGD_ERR_SYSTEM;
     dsgd_block_range((size_t)e->count, num_replicas, replica, &off, &len);
     for (i = off; i < off + len; ++i) ++e->hits[e->idx[i]]; /* disjoint per replica */
@@ -356,27 +373,43 @@ static dsgd_result epoch_fn(void *user, int replica, int num_replicas, dsgd_batc
 
 static void forget_attempt(void *user, int old_world, int new_world, const int *survivors, dsgd_strategy *s) {
     epoch_feed *e = (epoch_feed *)user;
-    (void)old_world; (void)new_world; (void)survivors; (void)s;
+    int i;
+    (void)old_world; (void)s;
+    for (i = 0; i < new_world; ++i) e->rank_of[i] = e->rank_of[survivors[i]];
     memset(e->hits, 0, sizeof(e->hits)); /* the step is retried */
 }
 
-static void test_sampler_epoch(void **state) {
+/* Replica 2 of 4 fails at step 3 of the epoch: its batch function
+   (simnet 0), or its rank is killed (simnet 1). */
+static void sampler_epoch(int simnet) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, 4);
     dsgd_strategy *s;
     dsgd_sampler smp;
+    dsgd_simnet_fault kill;
+    dsgd_transport_i ep[4];
     static epoch_feed e;
     static float dx[DS * IN], dy[DS];
     int total[DS], i, resized = 0;
     size_t k, j;
     tu_rng r = tu_rng_make(5);
-    (void)state;
-    tu_watchdog(60);
     tu_fill(&r, dx, (size_t)DS * IN, -1.0f, 1.0f);
     for (i = 0; i < DS; ++i) dy[i] = (float)tu_below(&r, OUT);
     memset(&e, 0, sizeof(e));
     memset(total, 0, sizeof(total));
-    e.fail_step = 3;
+    for (i = 0; i < 4; ++i) e.rank_of[i] = i;
+    e.fail_step = simnet ? -1 : 3;
+    if (simnet) {
+        memset(&kill, 0, sizeof(kill));
+        kill.kind = DSGD_SIMNET_FAULT_KILL;
+        kill.rank = 2;
+        kill.step = 3;
+        e.hub = sn_hub(ctx, 4, &kill, 1);
+        for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(e.hub, i, &ep[i]));
+        d.endpoints = ep;
+        d.gradient_path = DSGD_GRADIENTS_HOST;
+        d.timeout_s = SN_T;
+    }
     d.elastic.min_replicas = 2;
     d.elastic.on_resize = forget_attempt;
     d.elastic.user = &e;
@@ -402,16 +435,23 @@ static void test_sampler_epoch(void **state) {
         if (total[i] != 1) fail_msg("sample %d was trained on %d times in the epoch", i, total[i]);
     dsgd_sampler_free(&smp);
     dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(e.hub);
     dsgd_ctx_destroy(ctx);
+}
+
+static void test_sampler_epoch(void **state) {
+    (void)state;
+    tu_watchdog(60);
+    sampler_epoch(0);
+    sampler_epoch(1);
     tu_watchdog(0);
 }
 
 /* ---------------------------------------------------------------- simnet */
 
-/* The simulated cluster: 8 ranks, compute SN_C s a step, deadline SN_T
-   (virtual seconds). */
+/* The simulated cluster: compute SN_C s a step, deadline SN_T (virtual
+   seconds). */
 #define SN_C 0.01
-#define SN_T 0.5
 
 static dsgd_simnet *sn_hub(dsgd_ctx *ctx, int ranks, const dsgd_simnet_fault *faults, int nf) {
     dsgd_simnet_desc sd;
@@ -542,6 +582,83 @@ static void test_simnet_kill_8_to_7(void **state) {
     tu_watchdog(0);
 }
 
+/* The WARN lines the strategy logs (from any replica's thread). */
+typedef struct warn_log {
+    pthread_mutex_t mu;
+    char text[1024];
+} warn_log;
+
+static void log_warn(void *user, dsgd_log_level level, const char *message) {
+    warn_log *w = (warn_log *)user;
+    if (level != DSGD_LOG_WARN) return;
+    pthread_mutex_lock(&w->mu);
+    snprintf(w->text + strlen(w->text), sizeof(w->text) - strlen(w->text), "%s\n", message);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Rank 3 of 4 stalls at step 4 for `stall` virtual seconds: 1.5 deadlines
+   is a failure (it entered the step's first collective when the others
+   had given up on it): the others drop it and go on (4 -> 3, named in the
+   warning); 10 deadlines is longer than the settle waits for it: the step
+   fails naming it (no hang), the strategy has failed. */
+static void stall_case(double stall) {
+    static warn_log w;
+    dsgd_ctx_desc cd;
+    dsgd_ctx *ctx;
+    dsgd_simnet_fault f;
+    static sn_feed sf;
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    int shrink = stall < 2.0 * SN_T;
+    memset(&w, 0, sizeof(w));
+    assert_int_equal(pthread_mutex_init(&w.mu, NULL), 0);
+    memset(&cd, 0, sizeof(cd));
+    cd.logger.func = log_warn;
+    cd.logger.user_data = &w;
+    assert_int_equal(dsgd_ctx_create(&cd, &ctx), DSGD_OK);
+    memset(&f, 0, sizeof(f));
+    f.kind = DSGD_SIMNET_FAULT_STALL;
+    f.rank = 3;
+    f.step = 4;
+    f.seconds = stall;
+    s = sn_strategy(ctx, 4, 2, &sf, &f, 1);
+    for (sf.f.step = 0; sf.f.step < 4; ++sf.f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, NULL));
+    if (shrink) {
+        for (; sf.f.step < 8; ++sf.f.step) {
+            TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info));
+            assert_int_equal(info.resized, sf.f.step == 4);
+            assert_int_equal(info.world, 3);
+        }
+        assert_int_equal(sf.log.calls, 1);
+        assert_int_equal(sf.log.survivors[0], 0);
+        assert_int_equal(sf.log.survivors[1], 1);
+        assert_int_equal(sf.log.survivors[2], 2);
+        if (!strstr(w.text, "replica(s) 3 failed") || !strstr(w.text, "4 -> 3")) fail_msg("warnings: %s", w.text);
+        print_message("    a stall of %g s: %s", stall, w.text);
+        tu_assert_replicas_identical(ctx, s);
+    } else {
+        const char *msg;
+        assert_int_not_equal(dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, NULL), DSGD_OK);
+        msg = dsgd_ctx_last_error(ctx);
+        if (!strstr(msg, "from replica(s) 3 within")) fail_msg("message: %s", msg);
+        print_message("    a stall of %g s: %s\n", stall, msg);
+        assert_true(dsgd_strategy_failed(s));
+        assert_int_equal(sf.log.calls, 0);
+    }
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(sf.hub);
+    dsgd_ctx_destroy(ctx);
+    pthread_mutex_destroy(&w.mu);
+}
+
+static void test_simnet_stall(void **state) {
+    (void)state;
+    tu_watchdog(60);
+    stall_case(1.5 * SN_T);
+    stall_case(10.0 * SN_T);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- the limits */
 
 static void test_below_min_replicas(void **state) {
@@ -632,6 +749,7 @@ int main(void) {
         cmocka_unit_test(test_multi_worker_shrink),
         cmocka_unit_test(test_sampler_epoch),
         cmocka_unit_test(test_simnet_kill_8_to_7),
+        cmocka_unit_test(test_simnet_stall),
         cmocka_unit_test(test_below_min_replicas),
         cmocka_unit_test(test_batch_error_does_not_shrink),
         cmocka_unit_test(test_misuse),
