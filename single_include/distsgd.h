@@ -20593,6 +20593,14 @@ struct dsgd_replica {
     int averaged;       /* LOCAL: the last step averaged (dsgd_step_info) */
     int stop_by;        /* phase 2 agreed that this replica (rank) failed; -1: none */
     void *sub;          /* elastic: the survivors' endpoint's state (strategy_elastic.h) */
+    /* elastic's settle (SETTLE in strategy_elastic.h), under s->mu: where
+       this step's job is (DSGD__EL_*), when it entered its last collective
+       (its clock), that collective's result, and whether it was one of
+       phases 0 and 2, before the update */
+    int el_phase;
+    double el_entered;
+    dsgd_result el_cr;
+    int el_fail;
     /* dsgd_strategy_wait_report's window (with a communicator): its
        waits per global rank at the step's start (W), the window's sum
        (W) and scratch (W); the steps' summed time and count */
@@ -20694,6 +20702,11 @@ struct dsgd_strategy {
        *res may be replaced */
     int (*elastic)(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res);
     int resized;       /* the group shrank in the current call */
+    /* elastic over the endpoints you gave, every replica in this process
+       (strategy_elastic.h, set at creation): replica r, whose collective of
+       phase 0 or 2 failed with res, settles instead of aborting the
+       transport; returns res or the settle's error. NULL: none */
+    dsgd_result (*el_settle)(dsgd_replica *r, dsgd_result res);
     /* failed: a failure may have left the replicas different, or stopped the
        transport; every call but the getters and destroy refuses (the one
        check: dsgd__strategy_usable) */
@@ -20794,6 +20807,44 @@ static void dsgd__replica_wait_end(dsgd_replica *r) {
         r->wait_sum[k] += r->wait_now[k] >= r->wait_at[k] ? r->wait_now[k] - r->wait_at[k] : r->wait_now[k];
 }
 
+/* ELASTIC's settle (strategy_elastic.h): where a replica's step is, for
+   the others' settle (el_phase, under s->mu). */
+enum { DSGD__EL_BUSY = 0, DSGD__EL_IN_COLL, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
+
+/* Replica r enters (on 1) or has left (on 0, with the collective's result
+   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0).
+   Only where the strategy settles (s->el_settle). */
+static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr) {
+    dsgd_strategy *s = r->s;
+    if (!s->el_settle || !r->comm) return;
+    pthread_mutex_lock(&s->mu);
+    r->el_phase = on ? DSGD__EL_IN_COLL : DSGD__EL_BUSY;
+    if (on) r->el_entered = dsgd__comm_now(r->comm);
+    if (!on && cr != DSGD_OK) {
+        r->el_cr = cr;
+        r->el_fail = pre;
+    }
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Non-zero when replica r's failure was settled (it left the transport as
+   the survivors need it: no abort, no failed strategy). */
+static int dsgd__replica_settled(const dsgd_replica *r) {
+    return r->s->el_settle && (r->el_phase == DSGD__EL_SETTLED || r->el_phase == DSGD__EL_GONE);
+}
+
+/* Replica r's job is over, unless it settled: the others' settle need not
+   wait for it. */
+static void dsgd__replica_el_done(dsgd_replica *r) {
+    dsgd_strategy *s = r->s;
+    if (!s->el_settle) return;
+    pthread_mutex_lock(&s->mu);
+    if (r->el_phase < DSGD__EL_DONE) r->el_phase = DSGD__EL_DONE;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* Runs fn as replica r (on r's thread) and classifies its failure. A
    failure the job did not mark clean aborts the transport at once, so that the
    replicas waiting for r in a collective return now instead of at their
@@ -20815,11 +20866,14 @@ static dsgd_result dsgd__replica_job(dsgd_replica *r, dsgd_replica_fn fn, void *
     if (res == DSGD_OK) res = fn(r, user);
     if (fn == s->ops->step) dsgd__replica_wait_end(r);
     if (res == DSGD_OK) {
+        dsgd__replica_el_done(r);
         r->msg[0] = '\0';
         return res;
     }
     if (dsgd_comm_broken(r->comm)) r->comm_failed = 1; /* also a collective called by a user's fn */
-    if (!r->clean_fail || r->comm_failed) dsgd__strategy_abort(s, r->local);
+    if (s->el_settle && fn == s->ops->step && r->el_fail) res = s->el_settle(r, res);
+    dsgd__replica_el_done(r);
+    if ((!r->clean_fail || r->comm_failed) && !dsgd__replica_settled(r)) dsgd__strategy_abort(s, r->local);
     pthread_mutex_lock(&s->mu);
     by = s->abort_by;
     pthread_mutex_unlock(&s->mu);
@@ -20855,7 +20909,7 @@ static void *dsgd__replica_main(void *arg) {
         res = dsgd__replica_job(r, fn, user);
         pthread_mutex_lock(&s->mu);
         r->result = res;
-        if (--s->pending == 0) pthread_cond_signal(&s->cv_done);
+        if (--s->pending == 0) pthread_cond_broadcast(&s->cv_done); /* a settle may wait on it too */
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -20898,6 +20952,15 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
     int i, pick = -1, clean = 1;
     int64_t step = dsgd_optimizer_steps(s->reps[0].opt);
     dsgd_result r0;
+    if (s->el_settle) { /* this job's reports only (SETTLE in strategy_elastic.h) */
+        pthread_mutex_lock(&s->mu);
+        for (i = 0; i < s->n; ++i) {
+            s->reps[i].el_phase = DSGD__EL_BUSY;
+            s->reps[i].el_fail = 0;
+            s->reps[i].el_cr = DSGD_OK;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
     if (s->n > 1) {
         pthread_mutex_lock(&s->mu);
         s->job = fn;
@@ -20919,7 +20982,9 @@ static dsgd_result dsgd__strategy_dispatch(dsgd_strategy *s, dsgd_replica_fn fn,
             pick = i;
     if (pick < 0) return DSGD_OK;
     for (i = 0; i < s->n; ++i)
-        if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed)) clean = 0;
+        if (s->reps[i].result != DSGD_OK && (!s->reps[i].clean_fail || s->reps[i].comm_failed) &&
+            !dsgd__replica_settled(&s->reps[i]))
+            clean = 0;
     if (!clean) dsgd__strategy_fail(s, step, what, s->reps[pick].msg);
     return dsgd_ctx_set_error(s->ctx, s->reps[pick].result, "%s", s->reps[pick].msg);
 }
@@ -22491,6 +22556,17 @@ static void dsgd__overlap_teardown(dsgd_strategy *s) {
 
 /* >>strategy_sync ----------------------------------------------------------- */
 
+/* The all-reduce of one float of phases 0 and 2, announced to elastic's
+   settle (strategy.h's dsgd__replica_el_coll; a replica whose own batch
+   failed is not announced as waiting in it: it may be gone). */
+static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int announce) {
+    dsgd_result cr;
+    if (announce) dsgd__replica_el_coll(r, 1, 1, DSGD_OK);
+    cr = dsgd_allreduce(r->comm, v, 1, op, DSGD_ALLREDUCE_AUTO, 0.0);
+    dsgd__replica_el_coll(r, 0, 1, cr);
+    return cr;
+}
+
 /* Phase 0: replica r's batch and the global count (*global). A sliced batch:
    its dsgd_block_range shard, and the caller's count. A dsgd_batch_fn's:
    what fn gives this replica, and the SUM all-reduce of every replica's
@@ -22508,7 +22584,7 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     }
     res = dsgd__replica_fn_batch(r, a, b);
     total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
-    if (r->s->world > 1 && (cr = dsgd_allreduce(r->comm, &total, 1, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, 0.0)) != DSGD_OK) {
+    if (r->s->world > 1 && (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_OK)) != DSGD_OK) {
         r->comm_failed = 1;
         return cr;
     }
@@ -22558,7 +22634,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
     if (s->world > 1) {
-        dsgd_result cr = dsgd_allreduce(r->comm, &flag, 1, DSGD_REDUCE_MAX, DSGD_ALLREDUCE_AUTO, 0.0);
+        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 1);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
             return cr;
@@ -22725,7 +22801,11 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     if (res != DSGD_OK || r->skipped) return res;
     if (!r->ov && !s->all_mean) /* 3 */
         res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
-    if (!r->ov && res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
+    if (!r->ov && res == DSGD_OK && s->world > 1) { /* 4 */
+        dsgd__replica_el_coll(r, 1, 0, DSGD_OK);
+        res = dsgd__step_exchange(r);
+        dsgd__replica_el_coll(r, 0, 0, res);
+    }
     if (res != DSGD_OK) return res;
     if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
     /* 5, gated by the verdict on the device; read back without waiting */
@@ -24536,6 +24616,129 @@ static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out)
     if (b->error_message) out->error_message = dsgd__sub_error_message;
 }
 
+/* ---- the settle (SETTLE above) */
+
+/* The tags of the settle's marks and ends: no collective's (its sequence
+   number would have to reach 2^32 - 1). */
+#define DSGD__EL_MARK (~(uint64_t)0)
+#define DSGD__EL_END (~(uint64_t)0 - 1)
+
+/* The transport under replica r's endpoint (the one given, also after a
+   shrink), and its ranks from and to the group's. */
+static const dsgd_transport_i *dsgd__el_base(const dsgd_replica *r) {
+    return r->sub ? &((const dsgd__sub_ep *)r->sub)->base : &r->ep;
+}
+static int dsgd__el_out(const dsgd_replica *r, int k) { return r->sub ? ((const dsgd__sub_ep *)r->sub)->map[k] : k; }
+static int dsgd__el_in(const dsgd_replica *r, int q) { return r->sub ? dsgd__sub_in((const dsgd__sub_ep *)r->sub, q) : q; }
+
+/* The replicas (local indices) that replica r still waits to hear from:
+   "1, 4" into buf (may be NULL); under s->mu. */
+static int dsgd__el_missing(const dsgd_replica *r, const unsigned char *have, char *buf, size_t cap) {
+    const dsgd_strategy *s = r->s;
+    size_t len = 0;
+    int k, m = 0;
+    if (buf) buf[0] = '\0';
+    for (k = 0; k < s->n; ++k) {
+        if (k == r->local || have[k] || s->reps[k].el_phase == DSGD__EL_GONE) continue;
+        if (buf && len + 16 < cap) len += (size_t)snprintf(buf + len, cap - len, "%s%d", m ? ", " : "", k);
+        ++m;
+    }
+    return m;
+}
+
+/* s->el_settle: replica r's collective of phase 0 or 2 failed with the
+   transport intact as far as this replica knows (no abort). Gone (its
+   transport stopped under it: killed) it stops here; else it waits until
+   no other replica is busy outside a collective (so that every replica
+   that is gone has said so), sends every replica not gone a mark, and
+   takes every message that comes in (the failed collective's leftovers)
+   until each of them has sent its mark: after it, nothing of theirs is
+   left between them and this replica (one pair's messages arrive in
+   order). Then it sends each an end and receives theirs, by name: no
+   replica leaves the settle while another may still wait for any message
+   (over simnet a rank that has left its last call parks, and a receive
+   from any source waits for parked ranks). Waits at most timeout_s for
+   each message. Returns res (settled) or the settle's error (the caller
+   aborts the transport). */
+static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
+    dsgd_strategy *s = r->s;
+    const dsgd_transport_i *t = dsgd__el_base(r);
+    double span = s->d.timeout_s, deadline;
+    float mark = (float)r->rank;
+    unsigned char have[DSGD_MAX_REPLICAS], end[DSGD_MAX_REPLICAS];
+    char who[192];
+    int k, gone, peer = -1;
+    dsgd_result e = DSGD_OK;
+    memset(have, 0, sizeof(have));
+    pthread_mutex_lock(&s->mu);
+    gone = r->el_cr == DSGD_ERR_ABORTED && s->abort_by < 0;
+    r->el_phase = gone ? DSGD__EL_GONE : DSGD__EL_SETTLING;
+    pthread_cond_broadcast(&s->cv_done);
+    for (k = 0; !gone && k < s->n; ++k) /* the gate */
+        while (k != r->local && s->reps[k].el_phase == DSGD__EL_BUSY) pthread_cond_wait(&s->cv_done, &s->mu);
+    for (k = 0; k < s->n; ++k) have[k] = s->reps[k].el_phase == DSGD__EL_GONE || k == r->local;
+    pthread_mutex_unlock(&s->mu);
+    if (gone) return res;
+    deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
+    for (k = 0; k < s->n && e == DSGD_OK; ++k)
+        if (!have[k]) e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_MARK, &mark, sizeof(mark), deadline);
+    memset(have, 0, sizeof(have));
+    memset(end, 0, sizeof(end));
+    for (;;) {
+        int src = -1, m;
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        float *buf;
+        pthread_mutex_lock(&s->mu);
+        m = dsgd__el_missing(r, have, who, sizeof(who));
+        pthread_mutex_unlock(&s->mu);
+        if (m == 0 || e != DSGD_OK) break;
+        if ((e = t->probe(t->impl, deadline, &src, &tag, &bytes)) != DSGD_OK) break;
+        if (!(buf = dsgd__replica_stage(r, bytes / sizeof(float) + 1))) {
+            e = DSGD_ERR_OUT_OF_MEMORY;
+            break;
+        }
+        if ((e = t->recv(t->impl, src, tag, buf, bytes, deadline)) != DSGD_OK) {
+            peer = src;
+            break;
+        }
+        if ((tag == DSGD__EL_MARK || tag == DSGD__EL_END) && (k = dsgd__el_in(r, src)) >= 0 && k < s->n)
+            (tag == DSGD__EL_MARK ? have : end)[k] = 1;
+        deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
+    }
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the ends: to those not gone, who sent their mark */
+        if (k != r->local && have[k]) e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline);
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) {
+        if (k == r->local || !have[k] || end[k]) continue;
+        deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
+        if ((e = t->recv(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline)) != DSGD_OK) {
+            peer = k;
+            snprintf(who, sizeof(who), "%d", k);
+        }
+    }
+    if (e != DSGD_OK) {
+        const char *d = t->error_message ? t->error_message(t->impl) : "";
+        return dsgd_ctx_set_error(r->m.ctx, e, "elastic: after its collective failed (%s), replica %d heard nothing "
+                                  "from replica(s) %s within %g s (late or gone: the step cannot be settled)%s%s%s",
+                                  dsgd_result_string(res), r->rank, who, span, peer >= 0 ? "; " : "",
+                                  peer >= 0 ? "the transport: " : "", peer >= 0 && d ? d : "");
+    }
+    pthread_mutex_lock(&s->mu);
+    r->el_phase = DSGD__EL_SETTLED;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+    return res;
+}
+
+/* A job: a replica the shrink drops that is still in the group leaves
+   the transport (simnet: so that nobody waits for what it might send). */
+static dsgd_result dsgd__elastic_leave(dsgd_replica *r, void *user) {
+    const int *keep = (const int *)user;
+    const dsgd_transport_i *t = dsgd__el_base(r);
+    if (!keep[r->local] && t->leave) t->leave(t->impl);
+    return DSGD_OK;
+}
+
 /* ---- the desc */
 
 static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
@@ -24718,7 +24921,10 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     float *votes, *agreed;
     int *keep, *surv, *results;
     dsgd__elastic_vote vote;
-    if (s->failed || n == 0 || s->reps[0].stop_by < 0) return 0; /* not agreed before the update */
+    int settled = 0;
+    double first = HUGE_VAL;
+    for (i = 0; i < n; ++i) settled |= dsgd__replica_settled(&s->reps[i]);
+    if (s->failed || n == 0 || (!settled && s->reps[0].stop_by < 0)) return 0; /* not agreed before the update */
     step = dsgd_optimizer_steps(s->reps[0].opt);
     /* the failed step's results and messages, kept for the report */
     saved = (char *)dsgd__alloc(s->ctx, (size_t)(n + 1) * DSGD__MSG_MAX, what);
@@ -24736,20 +24942,40 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     surv = keep + n;
     results = surv + w;
     snprintf(saved + (size_t)n * DSGD__MSG_MAX, DSGD__MSG_MAX, "%s", dsgd_ctx_last_error(s->ctx));
+    for (i = 0; i < n; ++i) { /* the earliest deadline of a settled replica's failed collective */
+        const dsgd_replica *r = &s->reps[i];
+        if (r->el_phase == DSGD__EL_SETTLED && r->el_entered + s->d.timeout_s < first)
+            first = r->el_entered + s->d.timeout_s;
+    }
     for (i = 0; i < n; ++i) {
         dsgd_replica *r = &s->reps[i];
         memcpy(saved + (size_t)i * DSGD__MSG_MAX, r->msg, DSGD__MSG_MAX);
         results[i] = (int)r->result;
         votes[i] = r->result == DSGD_OK || !r->own_error ? 0.0f
                    : r->result == DSGD_ERR_INVALID_ARGUMENT || r->result == DSGD_ERR_NON_FINITE ? 2.0f : 1.0f;
+        if (settled && r->el_phase == DSGD__EL_GONE) votes[i] = 1.0f;
+        /* late: it entered the collective when another had given up on it */
+        if (settled && r->el_phase == DSGD__EL_SETTLED) votes[i] = r->el_entered >= first ? 1.0f : 0.0f;
+        if (settled && r->result == DSGD_OK) {
+            *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: replica %d finished the step while the "
+                                      "collectives of others failed: cannot shrink", what, r->rank);
+            dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+            goto done;
+        }
         keep[i] = 0;
     }
-    vote.votes = votes;
-    vote.out = agreed;
-    ar = dsgd__strategy_dispatch(s, dsgd__elastic_agree, &vote, what);                   /* 1 */
-    if (ar != DSGD_OK) { /* a collective failed: the strategy has failed (dispatch) */
-        *res = ar;
-        goto done;
+    if (settled) { /* 1, in this process: every replica's vote is here; the communicators failed */
+        for (k = 0; k < w; ++k) agreed[k] = votes[k];
+        agreed[w] = (float)step;
+        agreed[w + 1] = -(float)step;
+    } else {
+        vote.votes = votes;
+        vote.out = agreed;
+        ar = dsgd__strategy_dispatch(s, dsgd__elastic_agree, &vote, what);               /* 1 */
+        if (ar != DSGD_OK) { /* a collective failed: the strategy has failed (dispatch) */
+            *res = ar;
+            goto done;
+        }
     }
     for (i = 0; i < n; ++i) { /* the failed step's report again */
         memcpy(s->reps[i].msg, saved + (size_t)i * DSGD__MSG_MAX, DSGD__MSG_MAX);
@@ -24766,10 +24992,16 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
         goto done;
     }
+    if (alive == w && settled) { /* every replica in time and none gone, but the communicators failed */
+        dsgd__strategy_abort(s, 0);
+        dsgd__strategy_fail(s, step, what, saved + (size_t)n * DSGD__MSG_MAX);
+        goto done;
+    }
     if (alive == w) goto done;
     dsgd__elastic_ranks(agreed, w, 1.0f, failed, sizeof(failed));
     dsgd__elastic_ranks(agreed, w, 0.0f, alive_list, sizeof(alive_list));
     if (alive < ed->min_replicas || alive == 0) {                                        /* 2 */
+        if (settled) dsgd__strategy_abort(s, 0); /* whoever is still in the transport returns */
         dsgd__elastic_sleep(ed->grace_s);
         *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld replica(s) %s failed; %d of %d "
                                   "replicas survive (ranks %s), fewer than min_replicas %d, and none joined within "
@@ -24790,6 +25022,7 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     }
     dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
                  (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
+    if (settled) (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, keep, what); /* the late ones leave */
     if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
         char m[DSGD__MSG_MAX];
         snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));
@@ -24829,6 +25062,11 @@ static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
                                   "dsgd_strategy_create: elastic min_replicas %d exceeds the %d replicas in sync", m,
                                   s->world);
     s->elastic = dsgd__elastic_step;
+    if (!s->hub && s->n > 1 && s->world == s->n) { /* SETTLE: the endpoints you gave, every replica here */
+        int i, ok = 1;
+        for (i = 0; i < s->n; ++i) ok &= s->reps[i].ep.send && s->reps[i].ep.recv && s->reps[i].ep.probe;
+        if (ok) s->el_settle = dsgd__elastic_settle;
+    }
     return DSGD_OK;
 }
 
