@@ -30,7 +30,10 @@
      (dsgd_strategy_failed) until you destroy it and create a new one.
      Elastic (desc.elastic, strategy_elastic.h): mirrored and multi-worker
      mirrored instead shrink past a replica whose own code failed before
-     the update and retry the step over the survivors.
+     the update and retry the step over the survivors; over endpoints you
+     give, with every replica in this process, also past one that is gone
+     (killed) or late in the step's first collectives, without aborting
+     the transport.
 
    THE VERDICT ON THE DEVICE
 

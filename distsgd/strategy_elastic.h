@@ -1,4 +1,4 @@
-/* distsgd/strategy_elastic.h - elastic synchronous training: the group shrinks past a failed replica
+/* distsgd/strategy_elastic.h - elastic synchronous training: the group shrinks past a failed, dead or late replica
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
    ELASTIC
@@ -18,28 +18,55 @@
      endpoints you gave, with the same explicit algorithm: AUTO may choose
      another over the survivors' endpoints, which cannot share memory).
 
-     Which failures shrink: a replica's own failure in phase 0 or 1 of the
-     step (its batch function, its backend computing the gradient; see THE
-     SYNCHRONOUS STEP in strategy_sync.h), which phase 2 (the agreement)
-     makes known to every replica before anyone updates. Not:
+     Which failures shrink:
+       - a replica's own failure in phase 0 or 1 of the step (its batch
+         function, its backend computing the gradient; see THE
+         SYNCHRONOUS STEP in strategy_sync.h), which phase 2 (the
+         agreement) makes known to every replica before anyone updates;
+       - over the endpoints you gave (desc.endpoints), every replica of
+         the group in this process (a transport with send, recv and
+         probe: simnet, the loopback): a replica whose collective of phase 0
+         or 2 fails (before any update) because a replica is gone (its
+         transport stopped under it: a simnet KILL fault) or late (it
+         entered the collective when another had already given up on
+         it: a simnet STALL longer than the deadline, a replica that
+         stalls past timeout_s). The others return at their deadline
+         (the transport is not aborted) and settle (SETTLE below); the
+         gone and the late are dropped. Over simnet the survivors go on
+         one deadline after they entered the collective: a kill at step
+         k costs the spoiled attempt, one timeout_s and the settle's few
+         messages, and the weights are those of the scripted run.
+     Not:
        - a failure about the batch rather than the replica (a class index
          out of range, DSGD_ERR_INVALID_ARGUMENT; a non-finite gradient,
          DSGD_ERR_NON_FINITE): the step fails on every replica as before and
          the group stays whole, as it would fail on any replica count;
-       - a failure after the agreement (in the exchange, the update) or of a
-         collective (a timeout, a killed peer): the strategy fails as
-         without elastic. A replica that dies or stalls (a killed thread,
-         an MPI process that crashed) is not shrunk past yet. Over MPI a
-         crashed process ends the job in any case (MPI without ULFM cannot
-         continue a communicator that lost a process).
+       - a failure after the agreement (in the exchange, the update), or
+         in a collective where nobody is gone or late (a dropped message):
+         the strategy fails as without elastic;
+       - a failed collective across processes (MULTI_WORKER_MIRRORED over
+         several workers): the survivors would have to agree on who is
+         gone over a group that lost a member, which the settle does not
+         attempt (in one process the strategy's thread sees every
+         replica's result); the transport is aborted and the strategy
+         fails, as without elastic. So does a failed collective over a
+         loopback of the strategy's own (nothing there is killed; a
+         replica past its deadline aborts it as before). Over MPI a crashed
+         process ends the job in any case (MPI without ULFM cannot
+         continue a communicator that lost a process);
+       - a replica killed inside a collective (a simnet KILL by time) may
+         race with the others' settle: the step then fails naming it (no
+         hang), and so does a replica late by more than about two
+         deadlines (the settle waits timeout_s for each message).
      Nothing is half-applied: every replica updates only after phase 2 says
      go, and a replica that failed says stop there instead, so either every
      replica updates or none does; the shrink starts from the weights and
      optimizer state of the last step, equal on every survivor.
 
      The shrink, on the strategy's thread once the step returned everywhere:
-       1 agree  every replica (the failed ones too: their threads are fine,
-                their transport is intact) all-reduces (MAX) a vote per
+       1 agree  after a settle: from the replicas' reports (all here).
+                Else every replica (the failed ones too: their threads are
+                fine, their transport is intact) all-reduces (MAX) a vote per
                 rank (0 alive, 1 failed, 2 a failure about the batch) and
                 its step count; every worker of a multi-worker group learns
                 the same set of survivors, and a vote 2 anywhere ends the
@@ -61,6 +88,36 @@
                 thread
        5 retry  the same step (the same x, y, count or batch function,
                 which is now told W' and the new ranks)
+     SETTLE (the endpoints you gave, every replica here; a collective of
+     phase 0 or 2 failed), on each replica's thread inside the step:
+       gone     its transport stopped under it (DSGD_ERR_ABORTED, nobody in
+                this strategy aborted it): it says so and stops
+       gate     it waits until no other replica is busy outside a
+                collective, so that every replica that is gone has said so
+       drain    it sends every replica not gone a mark, then takes every
+                message that comes in (probe, then recv: the failed
+                collective's leftovers, from anyone) until each has sent
+                its mark; one pair's messages arrive in the order they
+                were sent, so after a replica's mark nothing it sent
+                before is left to be received
+       end      it sends an end to each and receives theirs by name, so
+                that nobody leaves while another still waits for any
+                message (a simnet rank parks when it leaves its last call,
+                and a receive from any source waits for parked ranks)
+     A settle that hears nothing for timeout_s fails (the transport is
+     aborted, the strategy fails, the message names the replicas it
+     waited for). Then, on the strategy's thread: the gone, and the late
+     (entered their collective at or after the earliest deadline of one
+     that settled), are dropped; the late leave the transport (its
+     leave member: simnet then waits for them no more); shrink and retry
+     as below, over new communicators. Why a drain and not an epoch in
+     the tags: a transport checks the tag of the message at the head of
+     a pair's queue, so a leftover there fails the next collective with
+     DSGD_ERR_DESYNC whatever its tag, and nothing but probe can take a
+     message whose tag and size the receiver does not know; the drain
+     needs no new member of the transport interface and no change to
+     simnet, and it leaves nothing in flight between survivors.
+
      Every worker must pass the same min_replicas (creation checks it
      with the rest of the description), so that all decide alike. A
      worker whose replicas all failed fails (the others go on). The
