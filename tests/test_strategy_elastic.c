@@ -31,7 +31,11 @@
      59 are the bits of the script (8 to 50, saved, restored into 7,
      RING). A stall of 1.5 deadlines at step 4 (4 replicas) drops the
      stalled replica (warning naming it, 4 -> 3); one of 10 deadlines
-     fails the step naming it, without a hang.
+     fails the step naming it, without a hang. Two shrinks over one hub
+     (rank 0, replica 0 on the strategy's thread, killed at step 3; ranks
+     3 and 6 at once at step 7): 8 -> 7 -> 5 with the bits of the script
+     8 -> 7 -> 5. Below min_replicas (4 of 4, one killed):
+     DSGD_ERR_ABORTED naming it and the survivors.
    - Below min_replicas (4 replicas, min 3, replicas 1 and 2 failing at
      once): DSGD_ERR_ABORTED after grace_s (0.3 s, and well before the
      collectives' deadline) naming the survivors 0 and 3 and min_replicas
@@ -659,6 +663,104 @@ static void test_simnet_stall(void **state) {
     tu_watchdog(0);
 }
 
+/* The script of several shrinks: worlds[0] replicas to step at[0], saved,
+   restored into worlds[1], to at[1], ..., worlds[stages - 1] to end. */
+static void scripted_chain(dsgd_ctx *ctx, const int *worlds, const int *at, int stages, int end, float *out) {
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, worlds[0]);
+    dsgd_strategy *s;
+    feed f = no_failure();
+    char dir[64], path[128];
+    int k;
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof(path), "%s/ck", dir);
+    f.step = 0;
+    for (k = 0; k < stages; ++k) {
+        int stop = k + 1 < stages ? at[k] : end;
+        d.num_replicas = worlds[k];
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        if (k > 0) TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+        for (; f.step < stop; ++f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, NULL));
+        if (k + 1 < stages) TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+        else params_of(s, 0, out);
+        dsgd_strategy_destroy(s);
+    }
+    tu_rmdir(dir);
+}
+
+/* Two shrinks over one hub: rank 0 (replica 0, on the strategy's thread)
+   killed at step 3, ranks 3 and 6 at once at step 7 (then replicas 2 and
+   5 of 7: the settle maps the survivors' ranks to the hub's): 8 -> 7 -> 5,
+   the bits of the script 8 -> 7 -> 5. */
+static void test_simnet_two_shrinks(void **state) {
+    static const int worlds[3] = {8, 7, 5}, at[2] = {3, 7};
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_fault kill[3];
+    static sn_feed sf;
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    float want[NP], got[NP];
+    int i;
+    (void)state;
+    tu_watchdog(60);
+    g_algo = DSGD_ALLREDUCE_RING;
+    memset(kill, 0, sizeof(kill));
+    for (i = 0; i < 3; ++i) {
+        kill[i].kind = DSGD_SIMNET_FAULT_KILL;
+        kill[i].rank = i == 0 ? 0 : i == 1 ? 3 : 6;
+        kill[i].step = i == 0 ? 3 : 7;
+    }
+    s = sn_strategy(ctx, 8, 4, &sf, kill, 3);
+    for (sf.f.step = 0; sf.f.step < 10; ++sf.f.step) {
+        memset(&info, 0, sizeof(info));
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info));
+        assert_int_equal(info.resized, sf.f.step == 3 || sf.f.step == 7);
+        assert_int_equal(info.world, sf.f.step < 3 ? 8 : sf.f.step < 7 ? 7 : 5);
+    }
+    assert_int_equal(sf.log.calls, 2);
+    assert_int_equal(sf.log.new_world, 5);
+    /* the second shrink's survivors, as replicas of 7: 0 1 3 4 6 (hub ranks 1 2 4 5 7) */
+    assert_int_equal(sf.log.survivors[2], 3);
+    assert_int_equal(sf.log.survivors[4], 6);
+    for (i = 0; i < 5; ++i) assert_int_equal(sf.rank_of[i], i < 2 ? i + 1 : i == 2 ? 4 : i == 3 ? 5 : 7);
+    tu_assert_replicas_identical(ctx, s);
+    params_of(s, 0, got);
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(sf.hub);
+    scripted_chain(ctx, worlds, at, 3, 10, want);
+    assert_memory_equal(got, want, sizeof(want));
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+/* Below min_replicas over simnet: 4 replicas, min 4, rank 1 killed at
+   step 2: DSGD_ERR_ABORTED naming it and the survivors, the strategy
+   failed. */
+static void test_simnet_below_min(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_fault kill;
+    static sn_feed sf;
+    dsgd_strategy *s;
+    const char *msg;
+    (void)state;
+    tu_watchdog(60);
+    memset(&kill, 0, sizeof(kill));
+    kill.kind = DSGD_SIMNET_FAULT_KILL;
+    kill.rank = 1;
+    kill.step = 2;
+    s = sn_strategy(ctx, 4, 4, &sf, &kill, 1);
+    for (sf.f.step = 0; sf.f.step < 2; ++sf.f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, NULL));
+    assert_int_equal(dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, NULL), DSGD_ERR_ABORTED);
+    msg = dsgd_ctx_last_error(ctx);
+    if (!strstr(msg, "replica(s) 1 failed") || !strstr(msg, "ranks 0, 2, 3") || !strstr(msg, "min_replicas 4"))
+        fail_msg("message: %s", msg);
+    assert_true(dsgd_strategy_failed(s));
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(sf.hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- the limits */
 
 static void test_below_min_replicas(void **state) {
@@ -750,6 +852,8 @@ int main(void) {
         cmocka_unit_test(test_sampler_epoch),
         cmocka_unit_test(test_simnet_kill_8_to_7),
         cmocka_unit_test(test_simnet_stall),
+        cmocka_unit_test(test_simnet_two_shrinks),
+        cmocka_unit_test(test_simnet_below_min),
         cmocka_unit_test(test_below_min_replicas),
         cmocka_unit_test(test_batch_error_does_not_shrink),
         cmocka_unit_test(test_misuse),
