@@ -943,23 +943,29 @@ static void dsgd__replica_wait_end(dsgd_replica *r) {
 }
 
 /* ELASTIC's settle (strategy_elastic.h): where a replica's step is, for
-   the others' settle (el_phase, under s->mu). */
-enum { DSGD__EL_BUSY = 0, DSGD__EL_IN_COLL, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
+   the others' settle (el_phase, under s->mu): busy (anywhere, the
+   transport included), suspect (its batch function returned
+   DSGD_ERR_ABORTED: it may be gone, and will say so at once), done,
+   settling, settled, gone. */
+enum { DSGD__EL_BUSY = 0, DSGD__EL_SUSPECT, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
 
 /* Replica r enters (on 1) or has left (on 0, with the collective's result
-   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0).
-   Only where the strategy settles (s->el_settle). */
-static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr) {
+   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0);
+   suspect (with on 1): its batch function returned DSGD_ERR_ABORTED. Only
+   where the strategy settles (s->el_settle). */
+static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr, int suspect) {
     dsgd_strategy *s = r->s;
     if (!s->el_settle || !r->comm) return;
     pthread_mutex_lock(&s->mu);
-    r->el_phase = on ? DSGD__EL_IN_COLL : DSGD__EL_BUSY;
     if (on) r->el_entered = dsgd__comm_now(r->comm);
+    if (on && suspect) {
+        r->el_phase = DSGD__EL_SUSPECT;
+        pthread_cond_broadcast(&s->cv_done);
+    }
     if (!on && cr != DSGD_OK) {
         r->el_cr = cr;
         r->el_fail = pre;
     }
-    pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
 }
 

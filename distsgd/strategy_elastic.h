@@ -92,8 +92,12 @@
      phase 0 or 2 failed), on each replica's thread inside the step:
        gone     its transport stopped under it (DSGD_ERR_ABORTED, nobody in
                 this strategy aborted it): it says so and stops
-       gate     it waits until no other replica is busy outside a
-                collective, so that every replica that is gone has said so
+       gate     it waits until no other replica is suspect (its batch
+                function returned DSGD_ERR_ABORTED, as simnet's compute
+                does on a killed rank), so that such a replica has said
+                whether it is gone; it waits for no other (they may need
+                the transport, and a simnet rank waiting here is parked,
+                holding back the others' deadlines)
        drain    it sends every replica not gone a mark, then takes every
                 message that comes in (probe, then recv: the failed
                 collective's leftovers, from anyone) until each has sent
@@ -285,12 +289,16 @@ static int dsgd__el_missing(const dsgd_replica *r, const unsigned char *have, ch
 /* s->el_settle: replica r's collective of phase 0 or 2 failed with the
    transport intact as far as this replica knows (no abort). Gone (its
    transport stopped under it: killed) it stops here; else it waits until
-   no other replica is busy outside a collective (so that every replica
-   that is gone has said so), sends every replica not gone a mark, and
+   no other replica is suspect (its batch function returned
+   DSGD_ERR_ABORTED: it says at once whether it is gone; it waits for
+   nothing else, which could need the transport: a simnet rank parked
+   here would hold back the others' deadlines), sends every replica not
+   gone a mark, and
    takes every message that comes in (the failed collective's leftovers)
    until each of them has sent its mark: after it, nothing of theirs is
    left between them and this replica (one pair's messages arrive in
-   order). Then it sends each an end and receives theirs, by name: no
+   order; one that goes meanwhile is no longer waited for). Then it
+   sends each an end and receives theirs, by name: no
    replica leaves the settle while another may still wait for any message
    (over simnet a rank that has left its last call parks, and a receive
    from any source waits for parked ranks). Waits at most timeout_s for
@@ -310,8 +318,8 @@ static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
     gone = r->el_cr == DSGD_ERR_ABORTED && s->abort_by < 0;
     r->el_phase = gone ? DSGD__EL_GONE : DSGD__EL_SETTLING;
     pthread_cond_broadcast(&s->cv_done);
-    for (k = 0; !gone && k < s->n; ++k) /* the gate */
-        while (k != r->local && s->reps[k].el_phase == DSGD__EL_BUSY) pthread_cond_wait(&s->cv_done, &s->mu);
+    for (k = 0; !gone && k < s->n; ++k) /* the gate: a replica that may be gone says so at once */
+        while (k != r->local && s->reps[k].el_phase == DSGD__EL_SUSPECT) pthread_cond_wait(&s->cv_done, &s->mu);
     for (k = 0; k < s->n; ++k) have[k] = s->reps[k].el_phase == DSGD__EL_GONE || k == r->local;
     pthread_mutex_unlock(&s->mu);
     if (gone) return res;
@@ -329,7 +337,12 @@ static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
         m = dsgd__el_missing(r, have, who, sizeof(who));
         pthread_mutex_unlock(&s->mu);
         if (m == 0 || e != DSGD_OK) break;
-        if ((e = t->probe(t->impl, deadline, &src, &tag, &bytes)) != DSGD_OK) break;
+        if ((e = t->probe(t->impl, deadline, &src, &tag, &bytes)) != DSGD_OK) {
+            pthread_mutex_lock(&s->mu); /* the missing may have said meanwhile that they are gone */
+            if (e == DSGD_ERR_TIMEOUT && dsgd__el_missing(r, have, NULL, 0) == 0) e = DSGD_OK;
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
         if (!(buf = dsgd__replica_stage(r, bytes / sizeof(float) + 1))) {
             e = DSGD_ERR_OUT_OF_MEMORY;
             break;

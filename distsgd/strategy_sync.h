@@ -48,14 +48,15 @@
 
 /* >>strategy_sync ----------------------------------------------------------- */
 
-/* The all-reduce of one float of phases 0 and 2, announced to elastic's
-   settle (strategy.h's dsgd__replica_el_coll; a replica whose own batch
-   failed is not announced as waiting in it: it may be gone). */
-static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int announce) {
+/* The all-reduce of one float of phases 0 and 2, told to elastic's settle
+   (strategy.h's dsgd__replica_el_coll); suspect: the replica's batch
+   function returned DSGD_ERR_ABORTED, so it may be gone (a simnet rank
+   killed at its compute), and the others' settle waits until it says so. */
+static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int suspect) {
     dsgd_result cr;
-    if (announce) dsgd__replica_el_coll(r, 1, 1, DSGD_OK);
+    dsgd__replica_el_coll(r, 1, 1, DSGD_OK, suspect);
     cr = dsgd_allreduce(r->comm, v, 1, op, DSGD_ALLREDUCE_AUTO, 0.0);
-    dsgd__replica_el_coll(r, 0, 1, cr);
+    dsgd__replica_el_coll(r, 0, 1, cr, 0);
     return cr;
 }
 
@@ -76,7 +77,8 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     }
     res = dsgd__replica_fn_batch(r, a, b);
     total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
-    if (r->s->world > 1 && (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_OK)) != DSGD_OK) {
+    if (r->s->world > 1 &&
+        (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_ERR_ABORTED)) != DSGD_OK) {
         r->comm_failed = 1;
         return cr;
     }
@@ -126,7 +128,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
     if (s->world > 1) {
-        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 1);
+        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 0);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
             return cr;
@@ -293,11 +295,7 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     if (res != DSGD_OK || r->skipped) return res;
     if (!r->ov && !s->all_mean) /* 3 */
         res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
-    if (!r->ov && res == DSGD_OK && s->world > 1) { /* 4 */
-        dsgd__replica_el_coll(r, 1, 0, DSGD_OK);
-        res = dsgd__step_exchange(r);
-        dsgd__replica_el_coll(r, 0, 0, res);
-    }
+    if (!r->ov && res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
     if (res != DSGD_OK) return res;
     if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
     /* 5, gated by the verdict on the device; read back without waiting */

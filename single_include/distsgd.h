@@ -20811,23 +20811,29 @@ static void dsgd__replica_wait_end(dsgd_replica *r) {
 }
 
 /* ELASTIC's settle (strategy_elastic.h): where a replica's step is, for
-   the others' settle (el_phase, under s->mu). */
-enum { DSGD__EL_BUSY = 0, DSGD__EL_IN_COLL, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
+   the others' settle (el_phase, under s->mu): busy (anywhere, the
+   transport included), suspect (its batch function returned
+   DSGD_ERR_ABORTED: it may be gone, and will say so at once), done,
+   settling, settled, gone. */
+enum { DSGD__EL_BUSY = 0, DSGD__EL_SUSPECT, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
 
 /* Replica r enters (on 1) or has left (on 0, with the collective's result
-   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0).
-   Only where the strategy settles (s->el_settle). */
-static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr) {
+   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0);
+   suspect (with on 1): its batch function returned DSGD_ERR_ABORTED. Only
+   where the strategy settles (s->el_settle). */
+static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr, int suspect) {
     dsgd_strategy *s = r->s;
     if (!s->el_settle || !r->comm) return;
     pthread_mutex_lock(&s->mu);
-    r->el_phase = on ? DSGD__EL_IN_COLL : DSGD__EL_BUSY;
     if (on) r->el_entered = dsgd__comm_now(r->comm);
+    if (on && suspect) {
+        r->el_phase = DSGD__EL_SUSPECT;
+        pthread_cond_broadcast(&s->cv_done);
+    }
     if (!on && cr != DSGD_OK) {
         r->el_cr = cr;
         r->el_fail = pre;
     }
-    pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -22559,14 +22565,15 @@ static void dsgd__overlap_teardown(dsgd_strategy *s) {
 
 /* >>strategy_sync ----------------------------------------------------------- */
 
-/* The all-reduce of one float of phases 0 and 2, announced to elastic's
-   settle (strategy.h's dsgd__replica_el_coll; a replica whose own batch
-   failed is not announced as waiting in it: it may be gone). */
-static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int announce) {
+/* The all-reduce of one float of phases 0 and 2, told to elastic's settle
+   (strategy.h's dsgd__replica_el_coll); suspect: the replica's batch
+   function returned DSGD_ERR_ABORTED, so it may be gone (a simnet rank
+   killed at its compute), and the others' settle waits until it says so. */
+static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int suspect) {
     dsgd_result cr;
-    if (announce) dsgd__replica_el_coll(r, 1, 1, DSGD_OK);
+    dsgd__replica_el_coll(r, 1, 1, DSGD_OK, suspect);
     cr = dsgd_allreduce(r->comm, v, 1, op, DSGD_ALLREDUCE_AUTO, 0.0);
-    dsgd__replica_el_coll(r, 0, 1, cr);
+    dsgd__replica_el_coll(r, 0, 1, cr, 0);
     return cr;
 }
 
@@ -22587,7 +22594,8 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     }
     res = dsgd__replica_fn_batch(r, a, b);
     total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
-    if (r->s->world > 1 && (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_OK)) != DSGD_OK) {
+    if (r->s->world > 1 &&
+        (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_ERR_ABORTED)) != DSGD_OK) {
         r->comm_failed = 1;
         return cr;
     }
@@ -22637,7 +22645,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
     if (s->world > 1) {
-        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 1);
+        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 0);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
             return cr;
@@ -22804,11 +22812,7 @@ static dsgd_result dsgd__sync_step(dsgd_replica *r, void *user) {
     if (res != DSGD_OK || r->skipped) return res;
     if (!r->ov && !s->all_mean) /* 3 */
         res = dsgd__step_aggregate(r, r->global, (size_t)b.count, 0, dsgd_model_num_params(r->m.model));
-    if (!r->ov && res == DSGD_OK && s->world > 1) { /* 4 */
-        dsgd__replica_el_coll(r, 1, 0, DSGD_OK);
-        res = dsgd__step_exchange(r);
-        dsgd__replica_el_coll(r, 0, 0, res);
-    }
+    if (!r->ov && res == DSGD_OK && s->world > 1) res = dsgd__step_exchange(r); /* 4 */
     if (res != DSGD_OK) return res;
     if (!s->defer) return dsgd_optimizer_step(r->opt);            /* 5 */
     /* 5, gated by the verdict on the device; read back without waiting */
@@ -24516,8 +24520,12 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      phase 0 or 2 failed), on each replica's thread inside the step:
        gone     its transport stopped under it (DSGD_ERR_ABORTED, nobody in
                 this strategy aborted it): it says so and stops
-       gate     it waits until no other replica is busy outside a
-                collective, so that every replica that is gone has said so
+       gate     it waits until no other replica is suspect (its batch
+                function returned DSGD_ERR_ABORTED, as simnet's compute
+                does on a killed rank), so that such a replica has said
+                whether it is gone; it waits for no other (they may need
+                the transport, and a simnet rank waiting here is parked,
+                holding back the others' deadlines)
        drain    it sends every replica not gone a mark, then takes every
                 message that comes in (probe, then recv: the failed
                 collective's leftovers, from anyone) until each has sent
@@ -24709,12 +24717,16 @@ static int dsgd__el_missing(const dsgd_replica *r, const unsigned char *have, ch
 /* s->el_settle: replica r's collective of phase 0 or 2 failed with the
    transport intact as far as this replica knows (no abort). Gone (its
    transport stopped under it: killed) it stops here; else it waits until
-   no other replica is busy outside a collective (so that every replica
-   that is gone has said so), sends every replica not gone a mark, and
+   no other replica is suspect (its batch function returned
+   DSGD_ERR_ABORTED: it says at once whether it is gone; it waits for
+   nothing else, which could need the transport: a simnet rank parked
+   here would hold back the others' deadlines), sends every replica not
+   gone a mark, and
    takes every message that comes in (the failed collective's leftovers)
    until each of them has sent its mark: after it, nothing of theirs is
    left between them and this replica (one pair's messages arrive in
-   order). Then it sends each an end and receives theirs, by name: no
+   order; one that goes meanwhile is no longer waited for). Then it
+   sends each an end and receives theirs, by name: no
    replica leaves the settle while another may still wait for any message
    (over simnet a rank that has left its last call parks, and a receive
    from any source waits for parked ranks). Waits at most timeout_s for
@@ -24734,8 +24746,8 @@ static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
     gone = r->el_cr == DSGD_ERR_ABORTED && s->abort_by < 0;
     r->el_phase = gone ? DSGD__EL_GONE : DSGD__EL_SETTLING;
     pthread_cond_broadcast(&s->cv_done);
-    for (k = 0; !gone && k < s->n; ++k) /* the gate */
-        while (k != r->local && s->reps[k].el_phase == DSGD__EL_BUSY) pthread_cond_wait(&s->cv_done, &s->mu);
+    for (k = 0; !gone && k < s->n; ++k) /* the gate: a replica that may be gone says so at once */
+        while (k != r->local && s->reps[k].el_phase == DSGD__EL_SUSPECT) pthread_cond_wait(&s->cv_done, &s->mu);
     for (k = 0; k < s->n; ++k) have[k] = s->reps[k].el_phase == DSGD__EL_GONE || k == r->local;
     pthread_mutex_unlock(&s->mu);
     if (gone) return res;
@@ -24753,7 +24765,12 @@ static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
         m = dsgd__el_missing(r, have, who, sizeof(who));
         pthread_mutex_unlock(&s->mu);
         if (m == 0 || e != DSGD_OK) break;
-        if ((e = t->probe(t->impl, deadline, &src, &tag, &bytes)) != DSGD_OK) break;
+        if ((e = t->probe(t->impl, deadline, &src, &tag, &bytes)) != DSGD_OK) {
+            pthread_mutex_lock(&s->mu); /* the missing may have said meanwhile that they are gone */
+            if (e == DSGD_ERR_TIMEOUT && dsgd__el_missing(r, have, NULL, 0) == 0) e = DSGD_OK;
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
         if (!(buf = dsgd__replica_stage(r, bytes / sizeof(float) + 1))) {
             e = DSGD_ERR_OUT_OF_MEMORY;
             break;

@@ -23,7 +23,8 @@
      (its batch function; over simnet, its rank killed): every sample of
      the dataset is trained on exactly once (on_resize forgets the failed
      attempt's shards).
-   - Over simnet (MIRRORED over the hub's endpoints, RING): rank 5 of 8
+   - Over simnet (MIRRORED over the hub's endpoints, RING, threads
+     jittered at every hand-off): rank 5 of 8
      killed at step 50 (min_replicas 4); the survivors time out in the
      step's first collective, settle, shrink to 7 and retry: the failed
      step takes a 7-replica step, the spoiled attempt's compute and one
@@ -31,7 +32,8 @@
      59 are the bits of the script (8 to 50, saved, restored into 7,
      RING). A stall of 1.5 deadlines at step 4 (4 replicas) drops the
      stalled replica (warning naming it, 4 -> 3); one of 10 deadlines
-     fails the step naming it, without a hang. Two shrinks over one hub
+     fails the step naming it, without a hang (links of 0 latency, so
+     that the replicas' deadlines coincide). Two shrinks over one hub
      (rank 0, replica 0 on the strategy's thread, killed at step 3; ranks
      3 and 6 at once at step 7): 8 -> 7 -> 5 with the bits of the script
      8 -> 7 -> 5. Below min_replicas (4 of 4, one killed):
@@ -348,6 +350,8 @@ static void test_multi_worker_shrink(void **state) {
 /* ---------------------------------------------------------------- the sampler */
 
 static dsgd_simnet *sn_hub(dsgd_ctx *ctx, int ranks, const dsgd_simnet_fault *faults, int nf);
+static double g_alpha = 1e-5; /* the hubs' latency */
+static double g_jitter;       /* their test_jitter_s */
 #define SN_T 0.5
 
 enum { DS = 203, SB = 24 };
@@ -462,7 +466,8 @@ static dsgd_simnet *sn_hub(dsgd_ctx *ctx, int ranks, const dsgd_simnet_fault *fa
     dsgd_simnet *hub;
     memset(&sd, 0, sizeof(sd));
     sd.ranks = ranks;
-    sd.alpha_s = 1e-5;
+    sd.alpha_s = g_alpha;
+    sd.test_jitter_s = g_jitter;
     sd.beta_s_per_byte = 1e-9;
     sd.park_between_calls = 1;
     sd.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
@@ -549,11 +554,13 @@ static void test_simnet_kill_8_to_7(void **state) {
     (void)state;
     tu_watchdog(120);
     g_algo = DSGD_ALLREDUCE_RING;
+    g_jitter = 2e-5; /* threads sleeping at random around each hand-off: the same times and bits */
     memset(&kill, 0, sizeof(kill));
     kill.kind = DSGD_SIMNET_FAULT_KILL;
     kill.rank = 5;
     kill.step = SK;
     s = sn_strategy(ctx, 8, 4, &sf, &kill, 1);
+    g_jitter = 0.0;
     for (sf.f.step = 0; sf.f.step < SEND; ++sf.f.step) {
         t0 = sn_time(&sf, dsgd_strategy_num_replicas(s));
         memset(&info, 0, sizeof(info));
@@ -658,8 +665,10 @@ static void stall_case(double stall) {
 static void test_simnet_stall(void **state) {
     (void)state;
     tu_watchdog(60);
+    g_alpha = 0.0; /* equal deadlines: a settle parked in the wrong place would hold the others back */
     stall_case(1.5 * SN_T);
     stall_case(10.0 * SN_T);
+    g_alpha = 1e-5;
     tu_watchdog(0);
 }
 
