@@ -24503,7 +24503,10 @@ static const dsgd__strategy_ops dsgd__local_ops = {
                 group yet: the wait is where a replica would be let back
                 in), then fail the strategy with DSGD_ERR_ABORTED naming the
                 survivors and min_replicas
-       3 shrink the replicas' threads stop, the kind's per-replica state
+       3 shrink over the endpoints you gave, each dropped replica leaves
+                the transport (its leave member, on its thread: simnet
+                then waits for it no more); the replicas' threads stop,
+                the kind's per-replica state
                 (overlap threads, the device path's marks) is torn down,
                 the failed replicas are destroyed, the survivors renumbered
                 0..W'-1 in their old order, each distributed variable's
@@ -24540,8 +24543,7 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      aborted, the strategy fails, the message names the replicas it
      waited for). Then, on the strategy's thread: the gone, and the late
      (entered their collective at or after the earliest deadline of one
-     that settled), are dropped; the late leave the transport (its
-     leave member: simnet then waits for them no more); shrink and retry
+     that settled), are dropped; shrink and retry
      as below, over new communicators. Why a drain and not an epoch in
      the tags: a transport checks the tag of the message at the head of
      a pair's queue, so a leftover there fails the next collective with
@@ -24807,8 +24809,10 @@ static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
     return res;
 }
 
-/* A job: a replica the shrink drops that is still in the group leaves
-   the transport (simnet: so that nobody waits for what it might send). */
+/* A job: a replica the shrink drops leaves the transport you gave (its
+   leave member; simnet: so that nobody waits for what it might send: a
+   parked rank holds back the others' deadlines and receives from any
+   source for good). */
 static dsgd_result dsgd__elastic_leave(dsgd_replica *r, void *user) {
     const int *keep = (const int *)user;
     const dsgd_transport_i *t = dsgd__el_base(r);
@@ -25099,7 +25103,7 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     }
     dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
                  (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
-    if (settled) (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, keep, what); /* the late ones leave */
+    if (!s->hub) (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, keep, what); /* the dropped leave */
     if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
         char m[DSGD__MSG_MAX];
         snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));

@@ -36,7 +36,9 @@
      that the replicas' deadlines coincide). Two shrinks over one hub
      (rank 0, replica 0 on the strategy's thread, killed at step 3; ranks
      3 and 6 at once at step 7): 8 -> 7 -> 5 with the bits of the script
-     8 -> 7 -> 5. Below min_replicas (4 of 4, one killed):
+     8 -> 7 -> 5. A batch function's failure (4 -> 3, the dropped
+     replica's rank leaves the hub), then a kill (3 -> 2). Below
+     min_replicas (4 of 4, one killed):
      DSGD_ERR_ABORTED naming it and the survivors.
    - Below min_replicas (4 replicas, min 3, replicas 1 and 2 failing at
      once): DSGD_ERR_ABORTED after grace_s (0.3 s, and well before the
@@ -742,6 +744,42 @@ static void test_simnet_two_shrinks(void **state) {
     tu_watchdog(0);
 }
 
+/* Over simnet, replica 1's batch function fails at step 2 (4 -> 3: the
+   agreed shrink; its rank, alive, leaves the hub, or its parked rank
+   would hold back every later deadline), then rank 3 is killed at step 5
+   (3 -> 2: the settle, whose deadlines fire). */
+static void test_simnet_fn_failure_then_kill(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_fault kill;
+    static sn_feed sf;
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    (void)state;
+    tu_watchdog(60);
+    memset(&kill, 0, sizeof(kill));
+    kill.kind = DSGD_SIMNET_FAULT_KILL;
+    kill.rank = 3;
+    kill.step = 5;
+    g_count = 32; /* 2 x max_batch */
+    s = sn_strategy(ctx, 4, 2, &sf, &kill, 1);
+    sf.f.fail_step = 2;
+    sf.f.fail_world = 4;
+    sf.f.fail_a = 1;
+    for (sf.f.step = 0; sf.f.step < 8; ++sf.f.step) {
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info));
+        assert_int_equal(info.world, sf.f.step < 2 ? 4 : sf.f.step < 5 ? 3 : 2);
+        assert_int_equal(info.resized, sf.f.step == 2 || sf.f.step == 5);
+    }
+    assert_int_equal(sf.rank_of[0], 0);
+    assert_int_equal(sf.rank_of[1], 2);
+    tu_assert_replicas_identical(ctx, s);
+    g_count = GB;
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(sf.hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 /* Below min_replicas over simnet: 4 replicas, min 4, rank 1 killed at
    step 2: DSGD_ERR_ABORTED naming it and the survivors, the strategy
    failed. */
@@ -862,6 +900,7 @@ int main(void) {
         cmocka_unit_test(test_simnet_kill_8_to_7),
         cmocka_unit_test(test_simnet_stall),
         cmocka_unit_test(test_simnet_two_shrinks),
+        cmocka_unit_test(test_simnet_fn_failure_then_kill),
         cmocka_unit_test(test_simnet_below_min),
         cmocka_unit_test(test_below_min_replicas),
         cmocka_unit_test(test_batch_error_does_not_shrink),
