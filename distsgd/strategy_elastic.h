@@ -57,7 +57,8 @@
        - a replica killed inside a collective (a simnet KILL by time) may
          race with the others' settle: the step then fails naming it (no
          hang), and so does a replica late by more than about two
-         deadlines (the settle waits timeout_s for each message).
+         deadlines (the settle waits twice timeout_s for each message:
+         a late replica sees its own collective fail by its deadline).
      Nothing is half-applied: every replica updates only after phase 2 says
      go, and a replica that failed says stop there instead, so either every
      replica updates or none does; the shrink starts from the weights and
@@ -111,7 +112,7 @@
                 that nobody leaves while another still waits for any
                 message (a simnet rank parks when it leaves its last call,
                 and a receive from any source waits for parked ranks)
-     A settle that hears nothing for timeout_s fails (the transport is
+     A settle that hears nothing for twice timeout_s fails (the transport is
      aborted, the strategy fails, the message names the replicas it
      waited for). Then, on the strategy's thread: the gone, and the late
      (entered their collective at or after the earliest deadline of one
@@ -303,13 +304,14 @@ static int dsgd__el_missing(const dsgd_replica *r, const unsigned char *have, ch
    sends each an end and receives theirs, by name: no
    replica leaves the settle while another may still wait for any message
    (over simnet a rank that has left its last call parks, and a receive
-   from any source waits for parked ranks). Waits at most timeout_s for
-   each message. Returns res (settled) or the settle's error (the caller
+   from any source waits for parked ranks). Waits at most twice
+   timeout_s for each message (a late replica learns that the others gave
+   up by its own deadline at the latest). Returns res (settled) or the settle's error (the caller
    aborts the transport). */
 static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
     dsgd_strategy *s = r->s;
     const dsgd_transport_i *t = dsgd__el_base(r);
-    double span = s->d.timeout_s, deadline;
+    double span = 2.0 * s->d.timeout_s, deadline; /* a late replica sees its collective fail by its deadline */
     float mark = (float)r->rank;
     unsigned char have[DSGD_MAX_REPLICAS], end[DSGD_MAX_REPLICAS];
     char who[192];

@@ -37,7 +37,9 @@
      (rank 0, replica 0 on the strategy's thread, killed at step 3; ranks
      3 and 6 at once at step 7): 8 -> 7 -> 5 with the bits of the script
      8 -> 7 -> 5. A batch function's failure (4 -> 3, the dropped
-     replica's rank leaves the hub), then a kill (3 -> 2). Below
+     replica's rank leaves the hub), then a kill (3 -> 2). Over a
+     loopback hub you give (real time, deadline 0.2 s), a batch function
+     sleeping 0.3 s: its replica is dropped as late (4 -> 3). Below
      min_replicas (4 of 4, one killed):
      DSGD_ERR_ABORTED naming it and the survivors.
    - Below min_replicas (4 replicas, min 3, replicas 1 and 2 failing at
@@ -55,6 +57,7 @@
 #include "harness.h"
 
 #include <pthread.h>
+#include <time.h>
 
 enum { IN = 12, OUT = 4, MAXB = 16, NP = IN * 10 + 10 + 10 * OUT + OUT, GB = 48, NS = 8 };
 
@@ -780,6 +783,63 @@ static void test_simnet_fn_failure_then_kill(void **state) {
     tu_watchdog(0);
 }
 
+/* The same over a loopback hub you give (real time): replica 2's batch
+   function sleeps 0.3 s at step 3 with a deadline of 0.2 s; the others
+   time out, settle and drop it as late (4 -> 3), and train on. */
+typedef struct sleepy {
+    feed f;
+    int sleeper, sleep_step;
+} sleepy;
+
+static dsgd_result sleepy_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    sleepy *z = (sleepy *)user;
+    if (z->f.step == z->sleep_step && num_replicas == 4 && replica == z->sleeper) {
+        struct timespec ts = {0, 300000000L};
+        nanosleep(&ts, NULL);
+    }
+    return feed_fn(&z->f, replica, num_replicas, out);
+}
+
+static void test_loopback_late(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, 4);
+    dsgd_loopback *hub;
+    dsgd_transport_i ep[4];
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    resize_log log;
+    sleepy z;
+    int i;
+    (void)state;
+    tu_watchdog(60);
+    TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &ep[i]));
+    memset(&log, 0, sizeof(log));
+    memset(&z, 0, sizeof(z));
+    z.f = no_failure();
+    z.sleeper = 2;
+    z.sleep_step = 3;
+    d.endpoints = ep;
+    d.algorithm = DSGD_ALLREDUCE_RING;
+    d.timeout_s = 0.2;
+    d.elastic.min_replicas = 2;
+    d.elastic.on_resize = on_resize;
+    d.elastic.user = &log;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (z.f.step = 0; z.f.step < 6; ++z.f.step) {
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, sleepy_fn, &z, &info));
+        assert_int_equal(info.world, z.f.step < 3 ? 4 : 3);
+        assert_int_equal(info.resized, z.f.step == 3);
+    }
+    assert_int_equal(log.calls, 1);
+    assert_int_equal(log.survivors[2], 3);
+    tu_assert_replicas_identical(ctx, s);
+    dsgd_strategy_destroy(s);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 /* Below min_replicas over simnet: 4 replicas, min 4, rank 1 killed at
    step 2: DSGD_ERR_ABORTED naming it and the survivors, the strategy
    failed. */
@@ -902,6 +962,7 @@ int main(void) {
         cmocka_unit_test(test_simnet_two_shrinks),
         cmocka_unit_test(test_simnet_fn_failure_then_kill),
         cmocka_unit_test(test_simnet_below_min),
+        cmocka_unit_test(test_loopback_late),
         cmocka_unit_test(test_below_min_replicas),
         cmocka_unit_test(test_batch_error_does_not_shrink),
         cmocka_unit_test(test_misuse),
