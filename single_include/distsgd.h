@@ -24544,8 +24544,12 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      aborted, the strategy fails, the message names the replicas it
      waited for). Then, on the strategy's thread: the gone, and the late
      (entered their collective at or after the earliest deadline of one
-     that settled), are dropped; shrink and retry
-     as below, over new communicators. Why a drain and not an epoch in
+     that settled), are dropped, and the group shrinks and retries as
+     above (3-5), over new communicators; a replica that finished the
+     step while others settled (it would have updated) fails the
+     strategy instead, and so does a settle that finds nobody gone or
+     late (the communicators failed: a dropped message). Why a drain and
+     not an epoch in
      the tags: a transport checks the tag of the message at the head of
      a pair's queue, so a leftover there fails the next collective with
      DSGD_ERR_DESYNC whatever its tag, and nothing but probe can take a
