@@ -153,7 +153,7 @@
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */
 #include "distsgd/strategy_ps.h"      /* parameter servers as a kind: the replicas are the workers */
 #include "distsgd/strategy_local.h"   /* local SGD, post-local SGD, DiLoCo: replicas that average every H steps */
-#include "distsgd/strategy_elastic.h" /* elastic synchronous training: the group shrinks past a failed replica */
+#include "distsgd/strategy_elastic.h" /* elastic synchronous training: the group shrinks past a failed, dead or late replica */
 #include "distsgd/strategy_kinds.h"   /* the table of kinds; dsgd_strategy_create */
 #include "distsgd/strategy_checkpoint.h" /* a strategy's checkpoint: replicas, variables, metrics */
 

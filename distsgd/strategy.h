@@ -981,8 +981,8 @@ static void dsgd__replica_el_done(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
     if (!s->el_settle) return;
     pthread_mutex_lock(&s->mu);
+    if (r->el_phase == DSGD__EL_SUSPECT) pthread_cond_broadcast(&s->cv_done); /* a gate may wait for it */
     if (r->el_phase < DSGD__EL_DONE) r->el_phase = DSGD__EL_DONE;
-    pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
 }
 
