@@ -139,14 +139,14 @@ static double cnn_gemm_flops(int B, double *conv_out) {
 
 /* ---------------------------------------------------------------- profile: a backend's operations timed */
 
-enum { OP_GEMM, OP_IM2COL, OP_COL2IM, OP_POOL_F, OP_POOL_B, OP_BIAS_ACT, OP_ACT_B, OP_BIAS_B, OP_LOSS, OP_OPT,
-       OP_WRITE, OP_COUNT };
-static const char *const g_op_names[OP_COUNT] = {"gemm", "im2col", "col2im", "maxpool_forward", "maxpool_backward",
-                                                 "bias_act_forward", "act_backward", "bias_backward", "loss",
-                                                 "optimizer_update", "write (upload)"};
+enum { OP_GEMM, OP_CONV_GEMM, OP_IM2COL, OP_COL2IM, OP_POOL_F, OP_POOL_B, OP_BIAS_ACT, OP_ACT_B, OP_BIAS_B, OP_LOSS,
+       OP_OPT, OP_WRITE, OP_COUNT };
+static const char *const g_op_names[OP_COUNT] = {"gemm", "conv_gemm", "im2col", "col2im", "maxpool_forward",
+                                                 "maxpool_backward", "bias_act_forward", "act_backward",
+                                                 "bias_backward", "loss", "optimizer_update", "write (upload)"};
 
 typedef struct gemm_rec {
-    int ta, tb, m, n, k;
+    int ta, tb, m, n, k; /* tb -1: conv_gemm (A = im2col(x)) */
     double t;
     long calls;
 } gemm_rec;
@@ -168,12 +168,8 @@ static double prof_end(int op, double t0, dsgd_result *r) {
     return dt;
 }
 
-static dsgd_result p_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha, dsgd_ref a, int lda, dsgd_ref b,
-                          int ldb, float beta, dsgd_ref c, int ldc) {
-    double t0 = dsgd_now(), dt;
-    dsgd_result r = g_orig.gemm(impl, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+static void gemm_record(int ta, int tb, int m, int n, int k, double dt) {
     int i;
-    dt = prof_end(OP_GEMM, t0, &r);
     for (i = 0; i < g_ngemm; ++i)
         if (g_gemms[i].ta == ta && g_gemms[i].tb == tb && g_gemms[i].m == m && g_gemms[i].n == n && g_gemms[i].k == k)
             break;
@@ -190,6 +186,21 @@ static dsgd_result p_gemm(void *impl, int ta, int tb, int m, int n, int k, float
         g_gemms[i].t += dt;
         g_gemms[i].calls++;
     }
+}
+static dsgd_result p_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha, dsgd_ref a, int lda, dsgd_ref b,
+                          int ldb, float beta, dsgd_ref c, int ldc) {
+    double t0 = dsgd_now();
+    dsgd_result r = g_orig.gemm(impl, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_record(ta, tb, m, n, k, prof_end(OP_GEMM, t0, &r));
+    return r;
+}
+static dsgd_result p_conv_gemm(void *impl, const dsgd_window *wd, int ta, int n, float alpha, dsgd_ref x, dsgd_ref b,
+                               int ldb, float beta, dsgd_ref c, int ldc) {
+    double t0 = dsgd_now();
+    dsgd_result r = g_orig.conv_gemm(impl, wd, ta, n, alpha, x, b, ldb, beta, c, ldc);
+    const int rows = wd->n * ((wd->h + 2 * wd->pad - wd->kh) / wd->stride + 1) *
+                     ((wd->w + 2 * wd->pad - wd->kw) / wd->stride + 1), kk = wd->kh * wd->kw * wd->c;
+    gemm_record(ta, -1, ta ? kk : rows, n, ta ? rows : kk, prof_end(OP_CONV_GEMM, t0, &r));
     return r;
 }
 static dsgd_result p_im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
@@ -263,6 +274,7 @@ static dsgd_backend_i prof_wrap(const dsgd_backend_i *be, int sync) {
     g_sync = sync;
     p.destroy = NULL; /* the original is destroyed by its owner */
     p.gemm = p_gemm;
+    if (be->conv_gemm) p.conv_gemm = p_conv_gemm;
     p.im2col = p_im2col;
     p.col2im = p_col2im;
     p.maxpool_forward = p_pool_f;
@@ -321,8 +333,8 @@ static void profile(dsgd_ctx *ctx, const char *name, const dsgd_backend_i *be, i
     for (i = 0; i < g_ngemm; ++i) {
         const gemm_rec *g = &g_gemms[i];
         double ms = 1e3 * g->t / steps, fl = 2.0 * g->m * g->n * (double)g->k * (double)g->calls / steps;
-        printf("    %s%s m=%-6d n=%-4d k=%-6d %8.3f ms/step %7.1f GFLOP/s\n", g->ta ? "T" : "N", g->tb ? "T" : "N", g->m,
-               g->n, g->k, ms, fl / (ms * 1e-3) * 1e-9);
+        printf("    %s%s m=%-6d n=%-4d k=%-6d %8.3f ms/step %7.1f GFLOP/s%s\n", g->ta ? "T" : "N", g->tb > 0 ? "T" : "N",
+               g->m, g->n, g->k, ms, fl / (ms * 1e-3) * 1e-9, g->tb < 0 ? "  (conv_gemm: A = im2col)" : "");
     }
     dsgd_optimizer_destroy(o);
     dsgd_model_destroy(m);

@@ -364,6 +364,17 @@ typedef struct dsgd_backend_i {
     dsgd_result (*nonfinite_flag)(void *impl, dsgd_ref x, size_t n, dsgd_ref flag);
     dsgd_result (*read_marked)(void *impl, dsgd_ref src, float *dst, size_t count, void **mark);
     dsgd_result (*wait_mark)(void *impl, void *mark);
+
+    /* optional (NULL: a model runs im2col into a buffer of its own, then
+       gemm): a GEMM whose A is im2col(x) without it being built,
+         ta 0: C (n oh ow, n_) = beta C + alpha col (n oh ow, kh kw c) B (kh kw c, n_)
+         ta 1: C (kh kw c, n_) = beta C + alpha col^T (kh kw c, n oh ow) B (n oh ow, n_)
+       with col = im2col(wd, x); B not transposed, rows ldb apart. The bits
+       are those of im2col followed by gemm(ta, 0, ...) on this backend (a
+       convolution's forward product and its weight gradient, see IMAGES).
+       The checks are those of im2col and gemm; C may not overlap x or B. */
+    dsgd_result (*conv_gemm)(void *impl, const dsgd_window *wd, int ta, int n_, float alpha, dsgd_ref x,
+                             dsgd_ref b, int ldb, float beta, dsgd_ref c, int ldc);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -379,7 +390,8 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    Its buffers are host memory (buffer_host_ptr is set) and every operation
    is done when it returns, so finish, map, unmap, host_shared, can_access
    and sum_across are NULL (a strategy on it takes the HOST gradient path);
-   im2col, col2im, maxpool_forward and maxpool_backward are set.
+   im2col, col2im, maxpool_forward and maxpool_backward are set, and
+   conv_gemm unless built with DSGD_USE_CBLAS.
    Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread; the backend is then used by one
    thread at a time. */

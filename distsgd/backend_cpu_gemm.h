@@ -126,10 +126,104 @@ static void dsgd__pack_n(const float *src, size_t ld, int rows, int w, int w_, f
     }
 }
 
-/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
+/* An A that is im2col(x), read where the packing needs it instead of built
+   (conv_gemm): the window, the image, and op(A)'s first row (a task's
+   offset: col rows, the pixels, for ta 0; col columns for ta 1). */
+typedef struct dsgd__img_src {
+    dsgd_window wd;
+    const float *x;
+    int oh, ow;
+    size_t row0;
+} dsgd__img_src;
+
+/* The scratch of a thread slot's packing area where im2col blocks go:
+   past its A and B areas, DSGD__KC x DSGD__THIN_M floats. */
+#define DSGD__THIN_M 256 /* the thin GEMM's "m small": at most this */
+#define DSGD__IMG_TMP(pack) ((pack) + (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC)
+#define DSGD__IMG_TMP_FLOATS ((size_t)DSGD__KC * DSGD__THIN_M)
+
+/* dst[r ld + e] = col(p0 + r, e0 + e) for r < np, e < ne, col = im2col(x)
+   as the im2col operation writes it: per pixel and ky, the part in
+   [e0, e0 + ne) of its kw c entries, which are zeros, one contiguous run of
+   x (the kx inside the image), zeros. */
+static void dsgd__img_block(const dsgd__img_src *s, size_t p0, int np, size_t e0, int ne, float *DSGD__RESTRICT dst,
+                            size_t ld) {
+    const dsgd_window *wd = &s->wd;
+    const size_t c = (size_t)wd->c, run = (size_t)wd->kw * c, e1 = e0 + (size_t)ne;
+    const int ky0 = (int)(e0 / run), ky1 = (int)((e1 + run - 1) / run);
+    size_t i = p0 / ((size_t)s->ow * (size_t)s->oh);
+    int ox = (int)(p0 % (size_t)s->ow), oy = (int)(p0 / (size_t)s->ow % (size_t)s->oh), r, ky;
+    if (c == 1 && wd->kw == 3 && e0 == 0 && e1 == (size_t)wd->kh * 3) {
+        /* whole rows of a window 3 wide over one channel (a first layer
+           over gray pixels), where a row of the window is 3 floats and a
+           memcpy call per row would cost more than its copy: per ky and run
+           of ox in one output row, each ox's 3 pixels, zeros outside */
+        const int w = wd->w, st = wd->stride, pad = wd->pad;
+        for (r = 0; r < np;) {
+            const int ox1 = DSGD__MIN(s->ow, ox + (np - r));
+            int o, kx;
+            for (ky = 0; ky < wd->kh; ++ky) {
+                const int iy = oy * st - pad + ky;
+                const float *src = s->x + (i * (size_t)wd->h + (size_t)(iy < 0 ? 0 : iy)) * (size_t)w;
+                float *d = dst + (size_t)r * ld + (size_t)ky * 3;
+                for (o = ox; o < ox1; ++o, d += ld) {
+                    const int ix0 = o * st - pad;
+                    if (iy < 0 || iy >= wd->h) {
+                        d[0] = d[1] = d[2] = 0.0f;
+                    } else if (ix0 >= 0 && ix0 + 3 <= w) {
+                        d[0] = src[ix0];
+                        d[1] = src[ix0 + 1];
+                        d[2] = src[ix0 + 2];
+                    } else {
+                        for (kx = 0; kx < 3; ++kx) d[kx] = ix0 + kx >= 0 && ix0 + kx < w ? src[ix0 + kx] : 0.0f;
+                    }
+                }
+            }
+            r += ox1 - ox;
+            ox = 0;
+            if (++oy == s->oh) oy = 0, ++i;
+        }
+        return;
+    }
+    for (r = 0; r < np; ++r, dst += ld) {
+        const int iy0 = oy * wd->stride - wd->pad, ix0 = ox * wd->stride - wd->pad;
+        const int kx0 = ix0 < 0 ? DSGD__MIN(-ix0, wd->kw) : 0, kx1 = DSGD__MIN(wd->w - ix0, wd->kw);
+        for (ky = ky0; ky < ky1; ++ky) {
+            const int iy = iy0 + ky;
+            const size_t base = (size_t)ky * run, lo = DSGD__MAX(base, e0), hi = DSGD__MIN(base + run, e1);
+            size_t in0 = base + (size_t)kx0 * c, in1 = kx1 > kx0 ? base + (size_t)kx1 * c : in0;
+            float *d = dst + (lo - e0);
+            if (iy < 0 || iy >= wd->h) in0 = in1 = hi;
+            in0 = DSGD__MIN(DSGD__MAX(in0, lo), hi);
+            in1 = DSGD__MIN(DSGD__MAX(in1, in0), hi);
+            if (in0 > lo) memset(d, 0, (in0 - lo) * sizeof(float));
+            if (in1 > in0) /* x[i, iy, ix0 + kx, ch] for entry base + kx c + ch */
+                memcpy(d + (in0 - lo),
+                       s->x + ((i * (size_t)wd->h + (size_t)iy) * (size_t)wd->w + (size_t)(ix0 + (int)((in0 - base) / c))) * c +
+                           (in0 - base) % c,
+                       (in1 - in0) * sizeof(float));
+            if (hi > in1) memset(d + (in1 - lo), 0, (hi - in1) * sizeof(float));
+        }
+        if (++ox == s->ow) {
+            ox = 0;
+            if (++oy == s->oh) oy = 0, ++i;
+        }
+    }
+}
+
+/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. With
+   img, A is im2col(img's x): the block is first built in tmp (mc kc floats
+   at most DSGD__IMG_TMP_FLOATS), then packed from there as from A. */
 static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
-                         float *DSGD__RESTRICT ap) {
+                         float *DSGD__RESTRICT ap, const dsgd__img_src *img, float *tmp) {
     int ib, i, p;
+    if (img) {
+        if (ta)
+            dsgd__img_block(img, (size_t)p0, kc, img->row0 + (size_t)i0, mc, tmp, (size_t)mc);
+        else
+            dsgd__img_block(img, img->row0 + (size_t)i0, mc, (size_t)p0, kc, tmp, (size_t)kc);
+        a = tmp, lda = ta ? mc : kc, i0 = p0 = 0;
+    }
     for (ib = 0; ib < mc; ib += mr_) {
         int mr = DSGD__MIN(mr_, mc - ib);
         if (ta) { /* a column of op(A) is contiguous: read along it */
@@ -205,13 +299,13 @@ DSGD__NO_CONTRACT_FN static void dsgd__gemm_add_t(float *c, int ldc, int mr, int
    0.0f + alpha T as if it had, without the pass that would zero it. */
 static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const float *panel, int ta, const float *a,
                              int lda, int pc, int kc, int r0, int r1, int jc, int c0, int c1, float alpha, float *c,
-                             int ldc, int trans_c, int zero) {
+                             int ldc, int trans_c, int zero, const dsgd__img_src *img) {
     const int kmr = kern->mr, knr = kern->nr;
     float acc[DSGD__MR_MAX * DSGD__NR_MAX];
     int ic, ir, jr;
     for (ic = r0; ic < r1; ic += DSGD__MC) {
         int mc = DSGD__MIN(DSGD__MC, r1 - ic);
-        dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, ap);
+        dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, ap, img, DSGD__IMG_TMP(ap));
         for (jr = c0; jr < c1; jr += knr) {
             for (ir = 0; ir < mc; ir += kmr) {
                 int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, c1 - jr);
@@ -238,7 +332,7 @@ static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const floa
    zeroed: the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
 static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb, float *c, int ldc,
-                               int trans_c, int zero) {
+                               int trans_c, int zero, const dsgd__img_src *img) {
     float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
     int jc, pc;
     for (jc = 0; jc < n; jc += DSGD__NC) {
@@ -247,7 +341,7 @@ static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta
             int kc = DSGD__MIN(DSGD__KC, k - pc);
             dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, kern->nr, bp);
             dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c,
-                             zero && pc == 0);
+                             zero && pc == 0, img);
         }
     }
 }
@@ -257,18 +351,18 @@ static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta
    32-wide tiles), it computes C^T =
    op(B)^T op(A)^T instead, with the long side across the tile's width: each
    entry is still the same products (a b = b a) summed in the same order,
-   so the bits do not change. */
+   so the bits do not change. (Not with img, an A that only pack_a reads.) */
 static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
                               float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                              int ldc) {
+                              int ldc, const dsgd__img_src *img) {
 #define DSGD__UP(x, t) (((size_t)(x) + (size_t)(t) - 1) / (size_t)(t) * (size_t)(t))
     const int kmr = kern->mr, knr = kern->nr, zero = beta == 0.0f && k > 0 && alpha != 0.0f;
     if (!zero) dsgd__gemm_beta(m, n, beta, c, ldc); /* else the first block of k writes C */
     if (k == 0 || alpha == 0.0f) return;
-    if (n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
-        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1, zero);
+    if (!img && n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
+        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1, zero, NULL);
     else
-        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0, zero);
+        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0, zero, img);
 #undef DSGD__UP
 }
 
@@ -284,6 +378,7 @@ typedef struct dsgd__gemm_job {
     float alpha, beta;
     const float *a, *b;
     float *c;
+    const dsgd__img_src *img; /* A is im2col (conv_gemm), else NULL */
 } dsgd__gemm_job;
 
 static void dsgd__gemm_task(void *arg, int task, int slot) {
@@ -291,27 +386,32 @@ static void dsgd__gemm_task(void *arg, int task, int slot) {
     const float *a = j->a, *b = j->b;
     size_t lo = (size_t)task * (size_t)j->step;
     int len = DSGD__MIN(j->step, (j->rows ? j->m : j->n) - (int)lo);
+    dsgd__img_src img;
+    if (j->img) img = *j->img;
     if (j->rows) { /* rows lo.. of C: rows of op(A) */
         if (a) a += j->ta ? lo : lo * (size_t)j->lda;
+        img.row0 = j->img ? j->img->row0 + lo : 0;
         dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, len, j->n, j->k, j->alpha, a, j->lda, b, j->ldb,
-                          j->beta, j->c + lo * (size_t)j->ldc, j->ldc);
+                          j->beta, j->c + lo * (size_t)j->ldc, j->ldc, j->img ? &img : NULL);
     } else { /* columns lo.. of C: columns of op(B) */
         if (b) b += j->tb ? lo * (size_t)j->ldb : lo;
         dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, j->m, len, j->k, j->alpha, a, j->lda, b, j->ldb,
-                          j->beta, j->c + lo, j->ldc);
+                          j->beta, j->c + lo, j->ldc, j->img);
     }
 }
 
 /* C = beta C + alpha op(A) op(B) as independent blocks, one per thread
    (split) or one in all, in whole tiles along C's longer side. */
 static void dsgd__gemm_blocks(dsgd__cpu *cpu, int split, int ta, int tb, int m, int n, int k, float alpha,
-                              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+                              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                              const dsgd__img_src *img) {
     dsgd__gemm_job j;
     int tasks = 1, dim, tile, units;
     j.kern = cpu->kern;
     j.pack = cpu->pack;
     j.ta = ta, j.tb = tb, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
     j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+    j.img = img;
     j.rows = m >= n;
     dim = j.rows ? m : n;
     j.step = dim;
@@ -344,6 +444,7 @@ typedef struct dsgd__gemm_par {
     int jc, nc, pc, kc;                  /* the current block */
     int strips, strip_step;              /* phase 1: NR strips of the panel, per task */
     int row_step, col_step, col_tasks;   /* phase 2: the grid of C's blocks */
+    const dsgd__img_src *img;            /* A is im2col (conv_gemm), else NULL */
 } dsgd__gemm_par;
 
 static void dsgd__gemm_par_pack(void *arg, int task, int slot) {
@@ -362,11 +463,12 @@ static void dsgd__gemm_par_compute(void *arg, int task, int slot) {
     if (g->pc == 0 && g->beta != 0.0f)
         dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
     dsgd__gemm_macro(g->kern, g->pack[slot], g->panel, g->ta, g->a, g->lda, g->pc, g->kc, r0, r1, g->jc, c0, c1,
-                     g->alpha, g->c, g->ldc, 0, g->pc == 0 && g->beta == 0.0f);
+                     g->alpha, g->c, g->ldc, 0, g->pc == 0 && g->beta == 0.0f, g->img);
 }
 
 static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
-                               int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+                               int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                               const dsgd__img_src *img) {
     dsgd__gemm_par g;
     const int T = cpu->pool.n, kmr = cpu->kern->mr, knr = cpu->kern->nr;
     int row_tiles = (m + kmr - 1) / kmr, row_tasks = DSGD__MIN(T, row_tiles), ptasks;
@@ -376,6 +478,7 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
     g.panel = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC;
     g.ta = ta, g.tb = tb, g.m = m, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
     g.alpha = alpha, g.beta = beta, g.a = a, g.b = b, g.c = c;
+    g.img = img;
     g.row_step = (row_tiles + row_tasks - 1) / row_tasks * kmr;
     for (g.jc = 0; g.jc < n; g.jc += DSGD__NC) {
         g.nc = DSGD__MIN(DSGD__NC, n - g.jc);
@@ -412,7 +515,6 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
    whichever of the two runs, and on any number of threads. */
 #define DSGD__THIN_N 32  /* C at most this wide */
 #define DSGD__THIN_K 16  /* "k small": at most this */
-#define DSGD__THIN_M 256 /* "m small": at most this */
 
 static int dsgd__gemm_thin_fits(const dsgd__cpu_kernel *kern, int tb, int m, int n, int k) {
     return kern->thin && !tb && n <= DSGD__THIN_N && k > 0 && (k <= DSGD__THIN_K || m <= DSGD__THIN_M);
@@ -427,6 +529,7 @@ typedef struct dsgd__thin_job {
     float *c;
     float *blocks; /* by blocks of k: each block's T (m x n, rows n apart), in order */
     int bstep;     /* and the blocks per task */
+    const dsgd__img_src *img; /* A is im2col (conv_gemm), else NULL */
 } dsgd__thin_job;
 
 /* Blocks [task bstep, ..) of k of a one-tile C: their T, stored apart. */
@@ -435,7 +538,7 @@ static void dsgd__gemm_thin_blocks(const dsgd__thin_job *j, int task, float *ap)
     int blk, j0;
     for (blk = task * j->bstep; blk < nb && blk < (task + 1) * j->bstep; ++blk) {
         const int pc = blk * DSGD__KC, kc = DSGD__MIN(DSGD__KC, j->k - pc);
-        dsgd__pack_a(j->ta, j->a, j->lda, 0, j->m, pc, kc, j->kern->mr, ap);
+        dsgd__pack_a(j->ta, j->a, j->lda, 0, j->m, pc, kc, j->kern->mr, ap, j->img, DSGD__IMG_TMP(ap));
         for (j0 = 0; j0 < j->n; j0 += tn)
             j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), j->m,
                           j->blocks + (size_t)blk * j->m * j->n + j0, (size_t)j->n, 1.0f, 2);
@@ -454,9 +557,26 @@ static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
     if (j->beta != 0.0f) dsgd__gemm_beta(r1 - r0, j->n, j->beta, j->c + (size_t)r0 * j->ldc, j->ldc);
     for (pc = 0; pc < j->k; pc += DSGD__KC) { /* B's block stays in cache across the tiles */
         const int kc = DSGD__MIN(DSGD__KC, j->k - pc), load = j->beta != 0.0f || pc > 0;
+        /* with img: im2col's rows (ta 0) or columns (ta 1) [i0, i0 + ch)
+           of this block of k built in tmp at once, the tiles packed from it */
+        const int ch = (int)(DSGD__IMG_TMP_FLOATS / (size_t)kc) / mr * mr;
+        float *tmp = DSGD__IMG_TMP(ap);
+        int i0 = r0, next = r0, cn = 0;
         for (i = r0; i < r1; i += mr) {
             const int rows = DSGD__MIN(mr, r1 - i);
-            dsgd__pack_a(j->ta, j->a, j->lda, i, rows, pc, kc, mr, ap);
+            if (j->img && i == next) {
+                i0 = i, cn = DSGD__MIN(ch, r1 - i), next = i + cn;
+                if (j->ta && j->img->wd.kw * j->img->wd.c < 16 && j->m <= ch)
+                    i0 = 0, cn = j->m, next = r1; /* whole col rows: short runs cost more cut */
+                if (j->ta)
+                    dsgd__img_block(j->img, (size_t)pc, kc, j->img->row0 + (size_t)i0, cn, tmp, (size_t)cn);
+                else
+                    dsgd__img_block(j->img, j->img->row0 + (size_t)i0, cn, (size_t)pc, kc, tmp, (size_t)kc);
+            }
+            if (j->img)
+                dsgd__pack_a(j->ta, tmp, j->ta ? cn : kc, i - i0, rows, 0, kc, mr, ap, NULL, NULL);
+            else
+                dsgd__pack_a(j->ta, j->a, j->lda, i, rows, pc, kc, mr, ap, NULL, NULL);
             for (j0 = 0; j0 < j->n; j0 += tn)
                 j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), rows,
                               j->c + (size_t)i * j->ldc + j0, (size_t)j->ldc, j->alpha, load);
@@ -465,7 +585,8 @@ static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
 }
 
 static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int k, float alpha, const float *a,
-                            int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+                            int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                            const dsgd__img_src *img) {
     dsgd__thin_job j;
     const int mr = cpu->kern->mr, tiles = (m + mr - 1) / mr;
     int tasks = split ? DSGD__MIN(cpu->pool.n, tiles) : 1;
@@ -475,6 +596,7 @@ static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int
     j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
     j.blocks = NULL;
     j.bstep = 0;
+    j.img = img;
     j.step = (tiles + tasks - 1) / tasks * mr;
     tasks = (m + j.step - 1) / j.step;
     if (split && tiles == 1 && cpu->pool.n > 1) { /* one tile: the threads take blocks of k */
@@ -496,9 +618,10 @@ static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int
 }
 
 /* The packing scratch of thread slots 0..slots-1, allocated before any
-   task runs: MC x KC + KC x NC floats each. */
+   task runs: MC x KC + KC x NC floats each, and the im2col blocks of
+   conv_gemm (KC x THIN_M floats, 256 KB). */
 static dsgd_result dsgd__cpu_pack_reserve(dsgd__cpu *cpu, int slots) {
-    size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
+    size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC + DSGD__IMG_TMP_FLOATS;
     int i;
     for (i = 0; i < slots; ++i)
         if (!cpu->pack[i] && !(cpu->pack[i] = (float *)DSGD_MALLOC(need * sizeof(float))))
@@ -506,10 +629,63 @@ static dsgd_result dsgd__cpu_pack_reserve(dsgd__cpu *cpu, int slots) {
     return DSGD_OK;
 }
 
-#endif /* !DSGD_USE_CBLAS */
-
 /* GEMMs of fewer multiply-adds than this run on one thread. */
 #define DSGD__CPU_GEMM_GRAIN 131072.0
+
+/* The GEMM of checked ranges, C (m, n) = beta C + alpha op(A) op(B), with
+   A im2col(img's x) when img is set (a NULL then), on the paths that fit:
+   thin, the threads' shared panels, or independent blocks. */
+static dsgd_result dsgd__cpu_gemm_run(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                                      int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                                      const dsgd__img_src *img) {
+    const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
+    dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
+    if (r != DSGD_OK) return r;
+    if (alpha != 0.0f && dsgd__gemm_thin_fits(cpu->kern, tb, m, n, k))
+        dsgd__gemm_thin(cpu, split, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, img);
+    else if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
+        dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, img);
+    else
+        dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, img);
+    return DSGD_OK;
+}
+
+/* conv_gemm (backend.h): the GEMM above with A = im2col(x), each block of
+   it built where the packing reads it (in the slot's scratch, in cache), so
+   the packed panels hold what they would have held after im2col: the same
+   bits. */
+static dsgd_result dsgd__cpu_conv_gemm(void *impl, const dsgd_window *wd, int ta, int n, float alpha, dsgd_ref rx,
+                                       dsgd_ref rb, int ldb, float beta, dsgd_ref rc, int ldc) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__window_dims d;
+    dsgd__img_src img;
+    const float *b;
+    float *c;
+    size_t m, k;
+    if (dsgd__window_check(cpu->ctx, "cpu", "conv_gemm", wd, 0, &d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    m = ta ? d.k : d.rows;
+    k = ta ? d.rows : d.k;
+    if ((ta != 0 && ta != 1) || n < 0 || ldb < DSGD__MAX(1, n) || ldc < DSGD__MAX(1, n) || m > INT_MAX ||
+        k > INT_MAX)
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "cpu conv_gemm: bad sizes ta=%d m=%zu n=%d k=%zu ldb=%d ldc=%d", ta, m, n, k, ldb,
+                                  ldc);
+    if (n == 0) return DSGD_OK;
+    memset(&img, 0, sizeof(img));
+    img.wd = *wd;
+    img.oh = d.oh, img.ow = d.ow;
+    if (!(img.x = dsgd__cpu_span(cpu, rx, d.x, "conv_gemm x")) ||
+        !(b = dsgd__cpu_span(cpu, rb, (k - 1) * (size_t)ldb + (size_t)n, "conv_gemm B")) ||
+        !(c = dsgd__cpu_span(cpu, rc, (m - 1) * (size_t)ldc + (size_t)n, "conv_gemm C")))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__cpu_overlap(rc, (m - 1) * (size_t)ldc + (size_t)n, rx, d.x) ||
+        dsgd__cpu_overlap(rc, (m - 1) * (size_t)ldc + (size_t)n, rb, (k - 1) * (size_t)ldb + (size_t)n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu conv_gemm: C overlaps x or B");
+    return dsgd__cpu_gemm_run(cpu, ta, 0, (int)m, n, (int)k, alpha, NULL, ta ? (int)m : (int)k, b, ldb, beta, c, ldc,
+                              &img);
+}
+
+#endif /* !DSGD_USE_CBLAS */
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                   dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta,
@@ -539,20 +715,7 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
                     lda, b, ldb, 1.0f, c, ldc);
     return DSGD_OK;
 #else
-    {
-        /* GEMMs big enough for the threads: the shared-panel GEMM, or
-           independent blocks where C is narrower than a tile */
-        const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
-        dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
-        if (r != DSGD_OK) return r;
-        if (alpha != 0.0f && dsgd__gemm_thin_fits(cpu->kern, tb, m, n, k))
-            dsgd__gemm_thin(cpu, split, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        else if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
-            dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        else
-            dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    }
-    return DSGD_OK;
+    return dsgd__cpu_gemm_run(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
 #endif
 }
 

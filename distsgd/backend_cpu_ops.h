@@ -811,6 +811,9 @@ DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_
     out->col2im = dsgd__cpu_col2im;
     out->maxpool_forward = dsgd__cpu_maxpool_forward;
     out->maxpool_backward = dsgd__cpu_maxpool_backward;
+#ifndef DSGD_USE_CBLAS
+    out->conv_gemm = dsgd__cpu_conv_gemm;
+#endif
     return DSGD_OK;
 }
 

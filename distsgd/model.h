@@ -511,7 +511,8 @@ typedef struct dsgd__net {
     size_t *act_off;
     dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
     size_t delta_half;
-    dsgd_buffer *col;      /* every conv layer's im2col, (max_batch oh ow, k k c) each */
+    dsgd_buffer *col;      /* every conv layer's im2col, (max_batch oh ow, k k c) each; with the
+                              backend's conv_gemm, one scratch for the input gradients' columns */
     size_t *col_off;       /* per layer: its im2col's offset in col (0 for the others) */
     dsgd_buffer *targets;  /* (max_batch, target_dim) */
     int last_count;        /* batch size of the last forward pass */
@@ -694,7 +695,10 @@ static void dsgd__net_destroy(void *state) {
    dims[l]) in acts, the two delta halves, every conv layer's im2col (the
    forward pass's, which the backward pass reads again for the weight
    gradient, then overwrites with the input gradient's columns), the
-   targets. */
+   targets. A backend with conv_gemm reads im2col where its GEMM needs it,
+   so col is only the input gradients' columns: one scratch, as large as
+   the largest of them, shared by the conv layers but the first (which has
+   no input gradient). */
 static dsgd_result dsgd__net_buffers(dsgd__net *net) {
     dsgd_model *m = net->m;
     size_t act_total = 0, col = 0, mb = (size_t)m->max_batch;
@@ -707,8 +711,14 @@ static dsgd_result dsgd__net_buffers(dsgd__net *net) {
     }
     for (l = 0; l < net->num_layers; ++l) {
         const dsgd__layer *y = &net->layers[l];
-        net->col_off[l] = col;
-        if (y->kind == DSGD__CONV) col += mb * y->oh * y->ow * y->kernel * y->kernel * y->c;
+        const size_t n = y->kind == DSGD__CONV ? mb * y->oh * y->ow * y->kernel * y->kernel * y->c : 0;
+        if (m->be.conv_gemm) {
+            net->col_off[l] = 0;
+            if (l > 0) col = DSGD__MAX(col, n);
+        } else {
+            net->col_off[l] = col;
+            col += n;
+        }
     }
     net->delta_half = mb * max_dim;
     if ((r = dsgd__model_buffer(m, act_total, &net->acts)) != DSGD_OK ||
@@ -833,17 +843,22 @@ static dsgd__dense dsgd__layer_view(const dsgd__net *net, int l, int M) {
 }
 
 /* Dense: y (M, out) = act(x (M, in) · W (in, out) + b (out)).
-   Conv: the same with im2col(x) (M oh ow, k k c) for x. Max-pool: y =
+   Conv: the same with im2col(x) (M oh ow, k k c) for x (built in col, or
+   read in place by the backend's conv_gemm: the same bits). Max-pool: y =
    maxpool(x). */
 static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__dense *L) {
     dsgd_ref a = L->x;
     dsgd_result r;
     if (L->kind == DSGD__POOL) return be->maxpool_forward(be->impl, &L->wd, L->x, L->y);
-    if (L->kind == DSGD__CONV) {
-        if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
-        a = L->col;
+    if (L->kind == DSGD__CONV && be->conv_gemm) { /* im2col(x) read in place */
+        r = be->conv_gemm(be->impl, &L->wd, 0, L->out, 1.0f, L->x, L->W, L->out, 0.0f, L->y, L->out);
+    } else {
+        if (L->kind == DSGD__CONV) {
+            if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
+            a = L->col;
+        }
+        r = be->gemm(be->impl, 0, 0, L->rows, L->out, L->in, 1.0f, a, L->in, L->W, L->out, 0.0f, L->y, L->out);
     }
-    r = be->gemm(be->impl, 0, 0, L->rows, L->out, L->in, 1.0f, a, L->in, L->W, L->out, 0.0f, L->y, L->out);
     if (r != DSGD_OK) return r;
     return be->bias_act_forward(be->impl, L->act, L->y, L->b, L->rows, L->out);           /* y = act(y + b) */
 }
@@ -851,7 +866,8 @@ static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__den
 /* Given dy, the gradient of the loss with respect to y:
      dy (rows, out) *= act'(y)             in place (nothing for NONE)
      dW (in, out)    = a^T (in, rows) · dy  a = x (dense) or im2col(x) (conv:
-                                            the forward pass's, kept per layer)
+                                            the forward pass's, kept per layer;
+                                            with conv_gemm, read in place)
      db (out)        = column sums of dy
      dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
                        unless dx.buf is NULL (layer 0)
@@ -867,7 +883,10 @@ static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsg
         if (r != DSGD_OK) return r;
     }
     if (L->kind == DSGD__CONV) a = L->col; /* built by the forward pass just before */
-    r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
+    if (L->kind == DSGD__CONV && be->conv_gemm) /* im2col(x) read in place */
+        r = be->conv_gemm(be->impl, &L->wd, 1, L->out, 1.0f, L->x, dy, L->out, 0.0f, L->dW, L->out);
+    else
+        r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
     if (r != DSGD_OK) return r;
     r = be->bias_backward(be->impl, L->db, dy, L->rows, L->out);
     if (r == DSGD_OK && var >= 0 && (r = dsgd_model_variable_ready(m, var)) == DSGD_OK) /* kernel and bias: final */

@@ -6,6 +6,10 @@
      and several, k = 0; the thin GEMM's), all four transposes, padded leading dimensions,
      beta 0 and -0.5: 2, 3 and 7 threads give the bits of 1 thread, and 1
      thread is within the rounding bound of a double-precision product;
+   - conv_gemm (a GEMM whose A is im2col(x), never built): every kernel,
+     the CNN's two convolutions, a strided padded window, 40 channels, 5 to
+     40 outputs, both products (ta 0 and 1), beta 0 and -0.5: at 1, 2, 3 and
+     7 threads the bits of im2col followed by gemm; bad calls refused;
    - every element-wise operation (fill, scale, axpy, bias_act_forward and
      act_backward for each activation, bias_backward, optimizer_update for
      each kind, norm_check's finiteness and sum of squares), at sizes around
@@ -179,6 +183,127 @@ static void test_gemm_threads(void **state) {
     unsetenv("DSGD_CPU_ISA");
     print_message("%d kernels, %ld entries of C equal at 2, 3 and 7 threads\n", kernels, checked);
     assert_true(kernels >= 1);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------- conv_gemm */
+
+/* conv_gemm's C (rows ldc apart, m of them) on a backend of `threads`
+   threads, or with `via_col` im2col into a buffer and then gemm (what
+   conv_gemm must equal bit for bit). */
+static float *conv_gemm_on(dsgd_ctx *ctx, const char *isa, int threads, int via_col, const dsgd_window *wd, int ta,
+                           int n, float beta, const float *x, size_t nx, const float *b, int ldb, const float *c0,
+                           int ldc, int *m_out) {
+    dsgd_backend_i be;
+    dsgd_ref rx, rb, rc, rcol;
+    const int oh = (wd->h + 2 * wd->pad - wd->kh) / wd->stride + 1, ow = (wd->w + 2 * wd->pad - wd->kw) / wd->stride + 1;
+    const int rows = wd->n * oh * ow, kk = wd->kh * wd->kw * wd->c, m = ta ? kk : rows, k = ta ? rows : kk;
+    size_t nc = (size_t)m * ldc;
+    float *out = (float *)malloc(nc * sizeof(float));
+    assert_non_null(out);
+    assert_int_equal(setenv("DSGD_CPU_ISA", isa, 1), 0);
+    backend_make(ctx, threads, &be);
+    assert_string_equal(dsgd_cpu_backend_isa(&be), isa);
+    assert_non_null(be.conv_gemm);
+    rx = buf_of(ctx, &be, x, nx);
+    rb = buf_of(ctx, &be, b, (size_t)k * ldb);
+    rc = buf_of(ctx, &be, c0, nc);
+    if (via_col) {
+        rcol.buf = NULL;
+        rcol.off = 0;
+        TU_OK(ctx, be.buffer_create(be.impl, (size_t)rows * kk, &rcol.buf));
+        TU_OK(ctx, be.im2col(be.impl, wd, rx, rcol));
+        TU_OK(ctx, be.gemm(be.impl, ta, 0, m, n, k, 0.75f, rcol, kk, rb, ldb, beta, rc, ldc));
+        buf_free(&be, rcol);
+    } else {
+        TU_OK(ctx, be.conv_gemm(be.impl, wd, ta, n, 0.75f, rx, rb, ldb, beta, rc, ldc));
+    }
+    TU_OK(ctx, be.read(be.impl, rc, out, nc));
+    buf_free(&be, rx);
+    buf_free(&be, rb);
+    buf_free(&be, rc);
+    be.destroy(be.impl);
+    *m_out = m;
+    return out;
+}
+
+static void test_conv_gemm_threads(void **state) {
+    /* the CNN's two convolutions (1 channel: the thin GEMM both ways, one
+       tile of 9 rows for the weight gradient; 16 channels: the threads'
+       GEMM forward, thin rows for the weight gradient), a window neither
+       square nor unit-strided with padding past the image, and 40 channels
+       (k 360: two KC blocks forward, a weight gradient of 360 rows on the
+       blocked GEMM), each with 16, 32, 5 and 40 outputs */
+    static const dsgd_window wins[] = {{4, 28, 28, 1, 3, 3, 1, 1}, {3, 14, 14, 16, 3, 3, 1, 1},
+                                       {2, 9, 7, 3, 4, 3, 2, 2},   {2, 6, 6, 40, 3, 3, 1, 0}};
+    static const int outs[] = {16, 32, 5, 40};
+    dsgd_ctx *ctx = NULL;
+    tu_rng rng = tu_rng_make(23);
+    int ki, wi, oi, ta, bi, ti, kernels = 0;
+    long checked = 0;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    for (ki = 0; ki < NKERNELS; ++ki) {
+        const char *isa = g_isas[ki];
+        if (!isa_runs(ctx, isa)) continue;
+        ++kernels;
+        for (wi = 0; wi < (int)(sizeof wins / sizeof wins[0]); ++wi)
+            for (oi = 0; oi < (int)(sizeof outs / sizeof outs[0]); ++oi)
+                for (ta = 0; ta < 2; ++ta)
+                    for (bi = 0; bi < 2; ++bi) {
+                        const dsgd_window *wd = &wins[wi];
+                        const int n = outs[oi], ldb = n + 1, ldc = n + 2;
+                        const int rows = wd->n * ((wd->h + 2 * wd->pad - wd->kh) / wd->stride + 1) *
+                                         ((wd->w + 2 * wd->pad - wd->kw) / wd->stride + 1);
+                        const int kk = wd->kh * wd->kw * wd->c, m = ta ? kk : rows, k = ta ? rows : kk;
+                        const size_t nx = (size_t)wd->n * wd->h * wd->w * wd->c;
+                        float beta = bi ? -0.5f : 0.0f;
+                        float *x = rand_floats(&rng, nx), *b = rand_floats(&rng, (size_t)k * ldb);
+                        float *c0 = rand_floats(&rng, (size_t)m * ldc), *want, *got;
+                        int mm, i;
+                        want = conv_gemm_on(ctx, isa, 1, 1, wd, ta, n, beta, x, nx, b, ldb, c0, ldc, &mm);
+                        for (ti = 0; ti < NTHREADS; ++ti) {
+                            got = conv_gemm_on(ctx, isa, g_threads[ti], 0, wd, ta, n, beta, x, nx, b, ldb, c0, ldc,
+                                               &mm);
+                            for (i = 0; i < m * ldc; ++i)
+                                if (memcmp(&got[i], &want[i], sizeof(float)))
+                                    fail_msg("%s window %d n=%d ta=%d beta=%g, %d threads: C[%d,%d] = %.9g, im2col + "
+                                             "gemm %.9g", isa, wi, n, ta, (double)beta, g_threads[ti], i / ldc,
+                                             i % ldc, (double)got[i], (double)want[i]);
+                            checked += (long)m * ldc;
+                            free(got);
+                        }
+                        free(want);
+                        free(x);
+                        free(b);
+                        free(c0);
+                    }
+    }
+    unsetenv("DSGD_CPU_ISA");
+    print_message("%d kernels, %ld entries of C equal to im2col + gemm at 1, 2, 3 and 7 threads\n", kernels, checked);
+    assert_true(kernels >= 1);
+    { /* refused with nothing written: a bad window, ta 2, C over x, B too short */
+        dsgd_backend_i be;
+        dsgd_window wd = {1, 4, 4, 1, 3, 3, 1, 0}, bad = wd;
+        float xs[16] = {0}, sevens[4] = {7.0f, 7.0f, 7.0f, 7.0f}, got = 0.0f;
+        dsgd_ref rx, rb, rc;
+        backend_make(ctx, 2, &be);
+        rx = buf_of(ctx, &be, xs, 16);
+        rb = buf_of(ctx, &be, xs, 9);
+        rc = buf_of(ctx, &be, sevens, 4);
+        bad.kh = 5;
+        assert_int_equal(be.conv_gemm(be.impl, &bad, 0, 1, 1.0f, rx, rb, 1, 0.0f, rc, 1), DSGD_ERR_INVALID_ARGUMENT);
+        assert_int_equal(be.conv_gemm(be.impl, &wd, 2, 1, 1.0f, rx, rb, 1, 0.0f, rc, 1), DSGD_ERR_INVALID_ARGUMENT);
+        assert_int_equal(be.conv_gemm(be.impl, &wd, 0, 1, 1.0f, rx, rb, 1, 0.0f, rx, 1), DSGD_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "overlaps"));
+        assert_int_equal(be.conv_gemm(be.impl, &wd, 0, 2, 1.0f, rx, rb, 2, 0.0f, rc, 2), DSGD_ERR_INVALID_ARGUMENT);
+        TU_OK(ctx, be.read(be.impl, rc, &got, 1));
+        assert_true(got == 7.0f);
+        buf_free(&be, rx);
+        buf_free(&be, rb);
+        buf_free(&be, rc);
+        be.destroy(be.impl);
+    }
     dsgd_ctx_destroy(ctx);
 }
 
@@ -527,6 +652,7 @@ static void test_bad_threads(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_threads),
+        cmocka_unit_test(test_conv_gemm_threads),
         cmocka_unit_test(test_elementwise_threads),
         cmocka_unit_test(test_bias_backward_order),
         cmocka_unit_test(test_training_threads),
