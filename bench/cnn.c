@@ -139,9 +139,9 @@ static double cnn_gemm_flops(int B, double *conv_out) {
 
 /* ---------------------------------------------------------------- profile: a backend's operations timed */
 
-enum { OP_GEMM, OP_CONV_GEMM, OP_IM2COL, OP_COL2IM, OP_POOL_F, OP_POOL_B, OP_BIAS_ACT, OP_ACT_B, OP_BIAS_B, OP_LOSS,
+enum { OP_GEMM, OP_CONV_GEMM, OP_CONV_DX, OP_IM2COL, OP_COL2IM, OP_POOL_F, OP_POOL_B, OP_BIAS_ACT, OP_ACT_B, OP_BIAS_B, OP_LOSS,
        OP_OPT, OP_WRITE, OP_COUNT };
-static const char *const g_op_names[OP_COUNT] = {"gemm", "conv_gemm", "im2col", "col2im", "maxpool_forward",
+static const char *const g_op_names[OP_COUNT] = {"gemm", "conv_gemm", "conv_backward_x", "im2col", "col2im", "maxpool_forward",
                                                  "maxpool_backward", "bias_act_forward", "act_backward",
                                                  "bias_backward", "loss", "optimizer_update", "write (upload)"};
 
@@ -201,6 +201,12 @@ static dsgd_result p_conv_gemm(void *impl, const dsgd_window *wd, int ta, int n,
     const int rows = wd->n * ((wd->h + 2 * wd->pad - wd->kh) / wd->stride + 1) *
                      ((wd->w + 2 * wd->pad - wd->kw) / wd->stride + 1), kk = wd->kh * wd->kw * wd->c;
     gemm_record(ta, -1, ta ? kk : rows, n, ta ? rows : kk, prof_end(OP_CONV_GEMM, t0, &r));
+    return r;
+}
+static dsgd_result p_conv_dx(void *impl, const dsgd_window *wd, int f, dsgd_ref dy, dsgd_ref w, dsgd_ref dx) {
+    double t0 = dsgd_now();
+    dsgd_result r = g_orig.conv_backward_x(impl, wd, f, dy, w, dx);
+    prof_end(OP_CONV_DX, t0, &r);
     return r;
 }
 static dsgd_result p_im2col(void *impl, const dsgd_window *wd, dsgd_ref x, dsgd_ref col) {
@@ -275,6 +281,7 @@ static dsgd_backend_i prof_wrap(const dsgd_backend_i *be, int sync) {
     p.destroy = NULL; /* the original is destroyed by its owner */
     p.gemm = p_gemm;
     if (be->conv_gemm) p.conv_gemm = p_conv_gemm;
+    if (be->conv_backward_x) p.conv_backward_x = p_conv_dx;
     p.im2col = p_im2col;
     p.col2im = p_col2im;
     p.maxpool_forward = p_pool_f;

@@ -375,6 +375,14 @@ typedef struct dsgd_backend_i {
        The checks are those of im2col and gemm; C may not overlap x or B. */
     dsgd_result (*conv_gemm)(void *impl, const dsgd_window *wd, int ta, int n_, float alpha, dsgd_ref x,
                              dsgd_ref b, int ldb, float beta, dsgd_ref c, int ldc);
+    /* optional (NULL: a model runs gemm into a buffer, then col2im): a
+       convolution's input gradient dx = col2im(dy W^T) without the columns
+       being built: dy (n oh ow, f), W (kh kw c, f), dx (n, h, w, c)
+       overwritten. The bits are those of gemm(0, 1, n oh ow, kh kw c, f,
+       1.0f, dy, f, W, f, 0.0f, col, kh kw c) then col2im(col, dx) on this
+       backend. The checks are those of col2im and gemm; dx may not overlap
+       dy or W. */
+    dsgd_result (*conv_backward_x)(void *impl, const dsgd_window *wd, int f, dsgd_ref dy, dsgd_ref w, dsgd_ref dx);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -391,7 +399,8 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    is done when it returns, so finish, map, unmap, host_shared, can_access
    and sum_across are NULL (a strategy on it takes the HOST gradient path);
    im2col, col2im, maxpool_forward and maxpool_backward are set, and
-   conv_gemm unless built with DSGD_USE_CBLAS.
+   conv_gemm unless built with DSGD_USE_CBLAS, and conv_backward_x too
+   unless the kernels are the portable ones.
    Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread; the backend is then used by one
    thread at a time. */

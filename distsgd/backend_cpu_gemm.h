@@ -685,6 +685,151 @@ static dsgd_result dsgd__cpu_conv_gemm(void *impl, const dsgd_window *wd, int ta
                               &img);
 }
 
+/* conv_backward_x (backend.h): dx = col2im(dy W^T) without the columns.
+   Each task owns whole tiles of MR rows of dx (pixels (i, iy, ix)); per
+   tile and (ky, kx) ascending, the tile's rows of dy W_(ky,kx)^T, with the
+   dy row each pixel takes from that (ky, kx) (zeros where none), are the
+   thin kernel's T, added to the tile (the first one written over 0.0f):
+   the col entry that gemm would have stored, then the sum col2im makes
+   from 0.0f in (ky, kx) order, the same roundings. A col entry is
+   0.0f + T, where adding T itself differs only for T = -0, and a sum that
+   starts at 0.0f is never -0, so +0 and -0 add alike; a pixel with no dy
+   for some (ky, kx) adds zeros, which change no sum for the same reason.
+   With f past one block of k (DSGD__KC), each col entry is summed block
+   by block in a small tile first, as gemm sums it, then added. Wt is W
+   transposed per (ky, kx): Wt[(ky kw + kx) f + p][ch] = W[(ky kw + kx) c +
+   ch][p], so B is read where it lies, c wide. */
+typedef struct dsgd__dx_job {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    dsgd_window wd;
+    int oh, ow, f, step; /* step: dx rows per task, whole tiles */
+    size_t rows;         /* n h w */
+    const float *dy, *wt;
+    float *dx;
+} dsgd__dx_job;
+
+static void dsgd__dx_task(void *arg, int task, int slot) {
+    const dsgd__dx_job *j = (const dsgd__dx_job *)arg;
+    const dsgd_window *wd = &j->wd;
+    const int mr = j->kern->mr, tn = j->kern->thin_n, f = j->f, c = wd->c, s = wd->stride;
+    const size_t r0 = (size_t)task * (size_t)j->step, r1 = DSGD__MIN(j->rows, r0 + (size_t)j->step);
+    float *ap = j->pack[slot], *tmp = DSGD__IMG_TMP(ap);
+    float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+    const float *src[DSGD__MR_MAX];
+    int iys[DSGD__MR_MAX], ixs[DSGD__MR_MAX];
+    size_t imgs[DSGD__MR_MAX], t0;
+    for (t0 = r0; t0 < r1; t0 += (size_t)mr) {
+        const int rows = (int)DSGD__MIN((size_t)mr, r1 - t0);
+        float *out = j->dx + t0 * (size_t)c;
+        int q, ky, kx, first = 1, pc, j0;
+        for (q = 0; q < rows; ++q) { /* the tile's pixels */
+            const size_t p = t0 + (size_t)q;
+            imgs[q] = p / ((size_t)wd->h * (size_t)wd->w);
+            iys[q] = (int)(p / (size_t)wd->w % (size_t)wd->h);
+            ixs[q] = (int)(p % (size_t)wd->w);
+        }
+        for (ky = 0; ky < wd->kh; ++ky)
+            for (kx = 0; kx < wd->kw; ++kx) {
+                const float *wt = j->wt + (size_t)(ky * wd->kw + kx) * (size_t)f * (size_t)c;
+                int any = 0, even = 1; /* even: the rows f apart in dy, packed from where they lie */
+                for (q = 0; q < rows; ++q) { /* the dy row of output (oy, ox) that reads it at (ky, kx) */
+                    int ny = iys[q] + wd->pad - ky, nx = ixs[q] + wd->pad - kx;
+                    src[q] = NULL;
+                    if (s > 1) {
+                        if (ny < 0 || nx < 0 || ny % s || nx % s) continue;
+                        ny /= s, nx /= s;
+                    }
+                    if (ny < 0 || nx < 0 || ny >= j->oh || nx >= j->ow) continue;
+                    src[q] = j->dy + ((imgs[q] * (size_t)j->oh + (size_t)ny) * (size_t)j->ow + (size_t)nx) * (size_t)f;
+                    any = 1;
+                }
+                if (!any) continue;
+                for (q = 1; q < rows && even; ++q) even = src[q - 1] && src[q] == src[q - 1] + f;
+                even = even && src[0];
+                for (j0 = 0; j0 < c; j0 += tn) {
+                    const int n = DSGD__MIN(tn, c - j0);
+                    for (pc = 0; pc < f; pc += DSGD__KC) {
+                        const int kc = DSGD__MIN(DSGD__KC, f - pc);
+                        if (even && (j0 == 0 || f > DSGD__KC)) {
+                            dsgd__pack_a(0, src[0], f, 0, rows, pc, kc, mr, ap, NULL, NULL);
+                        } else if (j0 == 0 || f > DSGD__KC) { /* A's rows: packed once per (ky, kx) when one block */
+                            for (q = 0; q < rows; ++q)
+                                if (src[q])
+                                    memcpy(tmp + (size_t)q * kc, src[q] + pc, (size_t)kc * sizeof(float));
+                                else
+                                    memset(tmp + (size_t)q * kc, 0, (size_t)kc * sizeof(float));
+                            dsgd__pack_a(0, tmp, kc, 0, rows, 0, kc, mr, ap, NULL, NULL);
+                        }
+                        if (f <= DSGD__KC) /* the col entry is 0.0f + T: T added straight */
+                            j->kern->thin(kc, ap, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n, rows,
+                                          out + j0, (size_t)c, 1.0f, !first);
+                        else
+                            j->kern->thin(kc, ap, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n, rows, acc,
+                                          (size_t)tn, 1.0f, pc > 0);
+                    }
+                    if (f > DSGD__KC) {
+                        if (first) dsgd__gemm_beta(rows, n, 0.0f, out + j0, c);
+                        dsgd__gemm_add(out + j0, c, rows, n, 1.0f, acc, tn);
+                    }
+                }
+                first = 0;
+            }
+        if (first) dsgd__gemm_beta(rows, c, 0.0f, out, c); /* no dy reaches these pixels */
+    }
+}
+
+static dsgd_result dsgd__cpu_conv_backward_x(void *impl, const dsgd_window *wd, int f, dsgd_ref rdy, dsgd_ref rw,
+                                             dsgd_ref rdx) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__window_dims d;
+    dsgd__dx_job j;
+    float *wt;
+    const float *w;
+    size_t nw, kk, p, ch, tiles, tasks = 1;
+    int own = 0;
+    dsgd_result r;
+    if (dsgd__window_check(cpu->ctx, "cpu", "conv_backward_x", wd, 0, &d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    if (f < 1 || !cpu->kern->thin)
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu conv_backward_x: f=%d (>= 1)%s", f,
+                                  cpu->kern->thin ? "" : ", or kernels without a thin GEMM");
+    memset(&j, 0, sizeof(j));
+    nw = d.k * (size_t)f;
+    if (!(j.dy = dsgd__cpu_span(cpu, rdy, d.rows * (size_t)f, "conv_backward_x dy")) ||
+        !(w = dsgd__cpu_span(cpu, rw, nw, "conv_backward_x W")) ||
+        !(j.dx = dsgd__cpu_span(cpu, rdx, d.x, "conv_backward_x dx")))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__cpu_overlap(rdx, d.x, rdy, d.rows * (size_t)f) || dsgd__cpu_overlap(rdx, d.x, rw, nw))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu conv_backward_x: dx overlaps dy or W");
+    j.kern = cpu->kern;
+    j.pack = cpu->pack;
+    j.wd = *wd;
+    j.oh = d.oh, j.ow = d.ow, j.f = f;
+    j.rows = (size_t)wd->n * (size_t)wd->h * (size_t)wd->w;
+    tiles = (j.rows + (size_t)cpu->kern->mr - 1) / (size_t)cpu->kern->mr;
+    if (cpu->pool.n > 1 && (double)d.rows * (double)d.k * f >= DSGD__CPU_GEMM_GRAIN)
+        tasks = DSGD__MIN((size_t)cpu->pool.n, tiles);
+    if ((r = dsgd__cpu_pack_reserve(cpu, tasks > 1 ? cpu->pool.n : 1)) != DSGD_OK) return r;
+    /* Wt in slot 0's B area (no task packs B here), or apart when W is larger */
+    if (nw <= (size_t)DSGD__KC * DSGD__NC) {
+        wt = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC;
+    } else {
+        if (!(wt = (float *)DSGD_MALLOC(nw * sizeof(float))))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu conv_backward_x: W transposed");
+        own = 1;
+    }
+    for (kk = 0; kk < (size_t)wd->kh * (size_t)wd->kw; ++kk)
+        for (ch = 0; ch < (size_t)wd->c; ++ch)
+            for (p = 0; p < (size_t)f; ++p)
+                wt[(kk * (size_t)f + p) * (size_t)wd->c + ch] = w[(kk * (size_t)wd->c + ch) * (size_t)f + p];
+    j.wt = wt;
+    j.step = (int)((tiles + tasks - 1) / tasks) * cpu->kern->mr;
+    tasks = (j.rows + (size_t)j.step - 1) / (size_t)j.step;
+    dsgd__cpu_run(cpu, dsgd__dx_task, &j, (int)tasks);
+    if (own) DSGD_FREE(wt);
+    return DSGD_OK;
+}
+
 #endif /* !DSGD_USE_CBLAS */
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,

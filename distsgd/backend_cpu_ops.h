@@ -813,6 +813,7 @@ DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_
     out->maxpool_backward = dsgd__cpu_maxpool_backward;
 #ifndef DSGD_USE_CBLAS
     out->conv_gemm = dsgd__cpu_conv_gemm;
+    if (cpu->kern->thin) out->conv_backward_x = dsgd__cpu_conv_backward_x;
 #endif
     return DSGD_OK;
 }

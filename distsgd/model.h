@@ -698,7 +698,7 @@ static void dsgd__net_destroy(void *state) {
    targets. A backend with conv_gemm reads im2col where its GEMM needs it,
    so col is only the input gradients' columns: one scratch, as large as
    the largest of them, shared by the conv layers but the first (which has
-   no input gradient). */
+   no input gradient); none at all when it has conv_backward_x too. */
 static dsgd_result dsgd__net_buffers(dsgd__net *net) {
     dsgd_model *m = net->m;
     size_t act_total = 0, col = 0, mb = (size_t)m->max_batch;
@@ -714,7 +714,7 @@ static dsgd_result dsgd__net_buffers(dsgd__net *net) {
         const size_t n = y->kind == DSGD__CONV ? mb * y->oh * y->ow * y->kernel * y->kernel * y->c : 0;
         if (m->be.conv_gemm) {
             net->col_off[l] = 0;
-            if (l > 0) col = DSGD__MAX(col, n);
+            if (l > 0 && !m->be.conv_backward_x) col = DSGD__MAX(col, n);
         } else {
             net->col_off[l] = col;
             col += n;
@@ -869,7 +869,8 @@ static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__den
                                             the forward pass's, kept per layer;
                                             with conv_gemm, read in place)
      db (out)        = column sums of dy
-     dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
+     dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im,
+                                            or the backend's conv_backward_x)
                        unless dx.buf is NULL (layer 0)
    Max-pool: dx = maxpool_backward(x, y, dy). */
 static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
@@ -894,6 +895,8 @@ static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsg
     if (r != DSGD_OK || !dx.buf) return r;
     if (L->kind != DSGD__CONV)
         return be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, dx, L->in);
+    if (be->conv_backward_x) /* col2im(dy W^T) without the columns */
+        return be->conv_backward_x(be->impl, &L->wd, L->out, dy, L->W, dx);
     r = be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, L->col, L->in);
     if (r != DSGD_OK) return r;
     return be->col2im(be->impl, &L->wd, L->col, dx);

@@ -10,6 +10,10 @@
      the CNN's two convolutions, a strided padded window, 40 channels, 5 to
      40 outputs, both products (ta 0 and 1), beta 0 and -0.5: at 1, 2, 3 and
      7 threads the bits of im2col followed by gemm; bad calls refused;
+   - conv_backward_x (col2im(dy W^T), the columns never built): every kernel
+     with a thin GEMM, unit and larger strides, 1 to 40 channels, 7 to 300
+     filters (two blocks of k), dy with zeros, -0 and NaN: at 1, 2, 3 and 7
+     threads the bits of gemm followed by col2im; bad calls refused;
    - every element-wise operation (fill, scale, axpy, bias_act_forward and
      act_backward for each activation, bias_backward, optimizer_update for
      each kind, norm_check's finiteness and sum of squares), at sizes around
@@ -302,6 +306,121 @@ static void test_conv_gemm_threads(void **state) {
         buf_free(&be, rx);
         buf_free(&be, rb);
         buf_free(&be, rc);
+        be.destroy(be.impl);
+    }
+    dsgd_ctx_destroy(ctx);
+}
+
+/* conv_backward_x's dx on a backend of `threads` threads, or with
+   `via_col` gemm into a buffer and then col2im (what it must equal bit for
+   bit). */
+static float *conv_dx_on(dsgd_ctx *ctx, const char *isa, int threads, int via_col, const dsgd_window *wd, int f,
+                         const float *dy, size_t ndy, const float *w, size_t nw, size_t nx) {
+    dsgd_backend_i be;
+    dsgd_ref rdy, rw, rdx, rcol;
+    const int kk = wd->kh * wd->kw * wd->c, rows = (int)(ndy / (size_t)f);
+    float *out = (float *)malloc(nx * sizeof(float)), *junk = (float *)malloc(nx * sizeof(float));
+    size_t i;
+    assert_non_null(out);
+    assert_non_null(junk);
+    for (i = 0; i < nx; ++i) junk[i] = NAN; /* dx is overwritten: nothing of it may be read */
+    assert_int_equal(setenv("DSGD_CPU_ISA", isa, 1), 0);
+    backend_make(ctx, threads, &be);
+    assert_string_equal(dsgd_cpu_backend_isa(&be), isa);
+    rdy = buf_of(ctx, &be, dy, ndy);
+    rw = buf_of(ctx, &be, w, nw);
+    rdx = buf_of(ctx, &be, junk, nx);
+    if (via_col) {
+        rcol.buf = NULL;
+        rcol.off = 0;
+        TU_OK(ctx, be.buffer_create(be.impl, (size_t)rows * kk, &rcol.buf));
+        TU_OK(ctx, be.gemm(be.impl, 0, 1, rows, kk, f, 1.0f, rdy, f, rw, f, 0.0f, rcol, kk));
+        TU_OK(ctx, be.col2im(be.impl, wd, rcol, rdx));
+        buf_free(&be, rcol);
+    } else {
+        assert_non_null(be.conv_backward_x);
+        TU_OK(ctx, be.conv_backward_x(be.impl, wd, f, rdy, rw, rdx));
+    }
+    TU_OK(ctx, be.read(be.impl, rdx, out, nx));
+    buf_free(&be, rdy);
+    buf_free(&be, rw);
+    buf_free(&be, rdx);
+    be.destroy(be.impl);
+    free(junk);
+    return out;
+}
+
+static void test_conv_backward_x_threads(void **state) {
+    /* the CNN's second convolution (16 channels, 32 filters), stride 2 with
+       padding (pixels no window reaches, and pixels some (ky, kx) miss), 40
+       channels (two strips of the avx2 thin kernel), 300 filters (two KC
+       blocks per col entry), and 1 channel; dy with zeros, -0 and a NaN */
+    static const dsgd_window wins[] = {{3, 14, 14, 16, 3, 3, 1, 1}, {2, 9, 7, 3, 2, 3, 3, 1},
+                                       {2, 6, 6, 40, 3, 3, 1, 1},   {2, 5, 5, 5, 3, 3, 1, 1},
+                                       {2, 8, 8, 1, 3, 3, 1, 1}};
+    static const int filters[] = {32, 7, 16, 300, 16};
+    dsgd_ctx *ctx = NULL;
+    tu_rng rng = tu_rng_make(29);
+    int ki, wi, ti, kernels = 0;
+    long checked = 0;
+    (void)state;
+    TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
+    for (ki = 0; ki < NKERNELS; ++ki) {
+        const char *isa = g_isas[ki];
+        if (!isa_runs(ctx, isa) || !strcmp(isa, "portable")) continue; /* portable: no thin kernel, no op */
+        ++kernels;
+        for (wi = 0; wi < (int)(sizeof wins / sizeof wins[0]); ++wi) {
+            const dsgd_window *wd = &wins[wi];
+            const int f = filters[wi], kk = wd->kh * wd->kw * wd->c;
+            const int rows = wd->n * ((wd->h + 2 * wd->pad - wd->kh) / wd->stride + 1) *
+                             ((wd->w + 2 * wd->pad - wd->kw) / wd->stride + 1);
+            const size_t ndy = (size_t)rows * f, nw = (size_t)kk * f, nx = (size_t)wd->n * wd->h * wd->w * wd->c;
+            float *dy = rand_floats(&rng, ndy), *w = rand_floats(&rng, nw), *want, *got;
+            size_t i;
+            for (i = 0; i < ndy; i += 11) dy[i] = i % 2 ? -0.0f : 0.0f;
+            if (wi == 1) dy[5] = NAN;
+            want = conv_dx_on(ctx, isa, 1, 1, wd, f, dy, ndy, w, nw, nx);
+            for (ti = 0; ti < NTHREADS; ++ti) {
+                got = conv_dx_on(ctx, isa, g_threads[ti], 0, wd, f, dy, ndy, w, nw, nx);
+                for (i = 0; i < nx; ++i)
+                    if (memcmp(&got[i], &want[i], sizeof(float)))
+                        fail_msg("%s window %d f=%d, %d threads: dx[%zu] = %.9g, gemm + col2im %.9g", isa, wi, f,
+                                 g_threads[ti], i, (double)got[i], (double)want[i]);
+                checked += (long)nx;
+                free(got);
+            }
+            free(want);
+            free(dy);
+            free(w);
+        }
+    }
+    unsetenv("DSGD_CPU_ISA");
+    print_message("%d kernels, %ld elements of dx equal to gemm + col2im at 1, 2, 3 and 7 threads\n", kernels,
+                  checked);
+    { /* the portable kernels have no thin GEMM, so no conv_backward_x */
+        dsgd_backend_i be;
+        assert_int_equal(setenv("DSGD_CPU_ISA", "portable", 1), 0);
+        TU_OK(ctx, dsgd_cpu_backend_create(ctx, &be));
+        unsetenv("DSGD_CPU_ISA");
+        if (!strcmp(dsgd_cpu_backend_isa(&be), "portable")) assert_null(be.conv_backward_x);
+        be.destroy(be.impl);
+    }
+    if (kernels) { /* refused with nothing written: f 0, dx over dy */
+        dsgd_backend_i be;
+        dsgd_window wd = {1, 4, 4, 1, 3, 3, 1, 1};
+        float buf[64], got = 0.0f;
+        dsgd_ref r;
+        memset(buf, 0, sizeof buf);
+        buf[0] = 7.0f;
+        TU_OK(ctx, dsgd_cpu_backend_create(ctx, &be));
+        r = buf_of(ctx, &be, buf, 64);
+        assert_int_equal(be.conv_backward_x(be.impl, &wd, 0, r, r, ref_at(r.buf, 40)), DSGD_ERR_INVALID_ARGUMENT);
+        assert_int_equal(be.conv_backward_x(be.impl, &wd, 1, r, ref_at(r.buf, 16), ref_at(r.buf, 8)),
+                         DSGD_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(dsgd_ctx_last_error(ctx), "overlaps"));
+        TU_OK(ctx, be.read(be.impl, r, &got, 1));
+        assert_true(got == 7.0f);
+        buf_free(&be, r);
         be.destroy(be.impl);
     }
     dsgd_ctx_destroy(ctx);
@@ -653,6 +772,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_threads),
         cmocka_unit_test(test_conv_gemm_threads),
+        cmocka_unit_test(test_conv_backward_x_threads),
         cmocka_unit_test(test_elementwise_threads),
         cmocka_unit_test(test_bias_backward_order),
         cmocka_unit_test(test_training_threads),
