@@ -64,7 +64,9 @@
      and y (n oh ow, oc) is already the NHWC image (n, oh, ow, oc), so a
      following layer (or a flatten, which is then nothing) reads it as is.
      Its gradient: dW = col^T dy and db = bias_backward(dy) (gemm, bias
-     backward), dx = col2im(dy W^T). The operations check their shapes and
+     backward), dx = col2im(dy W^T). A backend may also offer conv_gemm and
+     conv_backward_x, the same products with the same bits without col
+     being built (the CPU backend does). The operations check their shapes and
      ranges: a dimension <= 0, stride < 1, pad < 0, a window larger than the
      padded input, pad != 0 for max-pool, sizes that overflow (a count past
      SIZE_MAX, a padded side past INT_MAX), ranges past a buffer's end and
@@ -123,7 +125,8 @@
      summed in its blocked order by one thread); im2col
      and maxpool_forward cut their output rows, col2im and maxpool_backward
      the rows of dx (each row gathers its own sums, in the documented order,
-     whatever the cut). No operation
+     whatever the cut); conv_gemm cuts as the GEMM does, and
+     conv_backward_x the rows of dx in whole tiles. No operation
      sums across a cut, so every thread count gives the same bits. Small operations (GEMMs
      under 2^17 multiply-adds, element-wise and image ones under 32768 floats), the
      loss, the norm with its sum of squares and copy (a memmove) run on the

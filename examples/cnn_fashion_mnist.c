@@ -4,7 +4,8 @@
        conv 3x3 pad 1 x16 relu, max-pool 2   (28x28 -> 14x14)
        conv 3x3 pad 1 x32 relu, max-pool 2   (14x14 -> 7x7)
        dense 128 relu, dense 10              (the flatten is nothing)
-   Each convolution is im2col + the backend's GEMM. The replicas shard each
+   Each convolution is im2col + the backend's GEMM (the CPU backend's GEMM
+   builds im2col block by block as it packs it). The replicas shard each
    global batch, all-reduce the flat gradient and apply the same update
    (SGD + Nesterov, linear scaling with warmup, cosine decay), as in
    mirrored_mlp.c. After the CNN it trains the demo's MLP (784-256-128-10)

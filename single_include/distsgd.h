@@ -757,7 +757,9 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      and y (n oh ow, oc) is already the NHWC image (n, oh, ow, oc), so a
      following layer (or a flatten, which is then nothing) reads it as is.
      Its gradient: dW = col^T dy and db = bias_backward(dy) (gemm, bias
-     backward), dx = col2im(dy W^T). The operations check their shapes and
+     backward), dx = col2im(dy W^T). A backend may also offer conv_gemm and
+     conv_backward_x, the same products with the same bits without col
+     being built (the CPU backend does). The operations check their shapes and
      ranges: a dimension <= 0, stride < 1, pad < 0, a window larger than the
      padded input, pad != 0 for max-pool, sizes that overflow (a count past
      SIZE_MAX, a padded side past INT_MAX), ranges past a buffer's end and
@@ -816,7 +818,8 @@ DSGD__PRIVATE char *dsgd__read_file(dsgd_ctx *ctx, const char *path, size_t *len
      summed in its blocked order by one thread); im2col
      and maxpool_forward cut their output rows, col2im and maxpool_backward
      the rows of dx (each row gathers its own sums, in the documented order,
-     whatever the cut). No operation
+     whatever the cut); conv_gemm cuts as the GEMM does, and
+     conv_backward_x the rows of dx in whole tiles. No operation
      sums across a cut, so every thread count gives the same bits. Small operations (GEMMs
      under 2^17 multiply-adds, element-wise and image ones under 32768 floats), the
      loss, the norm with its sum of squares and copy (a memmove) run on the
@@ -1057,6 +1060,25 @@ typedef struct dsgd_backend_i {
     dsgd_result (*nonfinite_flag)(void *impl, dsgd_ref x, size_t n, dsgd_ref flag);
     dsgd_result (*read_marked)(void *impl, dsgd_ref src, float *dst, size_t count, void **mark);
     dsgd_result (*wait_mark)(void *impl, void *mark);
+
+    /* optional (NULL: a model runs im2col into a buffer of its own, then
+       gemm): a GEMM whose A is im2col(x) without it being built,
+         ta 0: C (n oh ow, n_) = beta C + alpha col (n oh ow, kh kw c) B (kh kw c, n_)
+         ta 1: C (kh kw c, n_) = beta C + alpha col^T (kh kw c, n oh ow) B (n oh ow, n_)
+       with col = im2col(wd, x); B not transposed, rows ldb apart. The bits
+       are those of im2col followed by gemm(ta, 0, ...) on this backend (a
+       convolution's forward product and its weight gradient, see IMAGES).
+       The checks are those of im2col and gemm; C may not overlap x or B. */
+    dsgd_result (*conv_gemm)(void *impl, const dsgd_window *wd, int ta, int n_, float alpha, dsgd_ref x,
+                             dsgd_ref b, int ldb, float beta, dsgd_ref c, int ldc);
+    /* optional (NULL: a model runs gemm into a buffer, then col2im): a
+       convolution's input gradient dx = col2im(dy W^T) without the columns
+       being built: dy (n oh ow, f), W (kh kw c, f), dx (n, h, w, c)
+       overwritten. The bits are those of gemm(0, 1, n oh ow, kh kw c, f,
+       1.0f, dy, f, W, f, 0.0f, col, kh kw c) then col2im(col, dx) on this
+       backend. The checks are those of col2im and gemm; dx may not overlap
+       dy or W. */
+    dsgd_result (*conv_backward_x)(void *impl, const dsgd_window *wd, int f, dsgd_ref dy, dsgd_ref w, dsgd_ref dx);
 } dsgd_backend_i;
 
 /* Creates the backend of replica (or worker) `replica` in *out, recording
@@ -1072,7 +1094,9 @@ typedef dsgd_result (*dsgd_backend_factory)(void *user_data, dsgd_ctx *ctx, int 
    Its buffers are host memory (buffer_host_ptr is set) and every operation
    is done when it returns, so finish, map, unmap, host_shared, can_access
    and sum_across are NULL (a strategy on it takes the HOST gradient path);
-   im2col, col2im, maxpool_forward and maxpool_backward are set.
+   im2col, col2im, maxpool_forward and maxpool_backward are set, and
+   conv_gemm unless built with DSGD_USE_CBLAS, and conv_backward_x too
+   unless the kernels are the portable ones.
    Errors: DSGD_ERR_INVALID_ARGUMENT (out NULL), DSGD_ERR_OUT_OF_MEMORY.
    Thread safety: the context's thread; the backend is then used by one
    thread at a time. */
@@ -2244,10 +2268,104 @@ static void dsgd__pack_n(const float *src, size_t ld, int rows, int w, int w_, f
     }
 }
 
-/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. */
+/* An A that is im2col(x), read where the packing needs it instead of built
+   (conv_gemm): the window, the image, and op(A)'s first row (a task's
+   offset: col rows, the pixels, for ta 0; col columns for ta 1). */
+typedef struct dsgd__img_src {
+    dsgd_window wd;
+    const float *x;
+    int oh, ow;
+    size_t row0;
+} dsgd__img_src;
+
+/* The scratch of a thread slot's packing area where im2col blocks go:
+   past its A and B areas, DSGD__KC x DSGD__THIN_M floats. */
+#define DSGD__THIN_M 256 /* the thin GEMM's "m small": at most this */
+#define DSGD__IMG_TMP(pack) ((pack) + (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC)
+#define DSGD__IMG_TMP_FLOATS ((size_t)DSGD__KC * DSGD__THIN_M)
+
+/* dst[r ld + e] = col(p0 + r, e0 + e) for r < np, e < ne, col = im2col(x)
+   as the im2col operation writes it: per pixel and ky, the part in
+   [e0, e0 + ne) of its kw c entries, which are zeros, one contiguous run of
+   x (the kx inside the image), zeros. */
+static void dsgd__img_block(const dsgd__img_src *s, size_t p0, int np, size_t e0, int ne, float *DSGD__RESTRICT dst,
+                            size_t ld) {
+    const dsgd_window *wd = &s->wd;
+    const size_t c = (size_t)wd->c, run = (size_t)wd->kw * c, e1 = e0 + (size_t)ne;
+    const int ky0 = (int)(e0 / run), ky1 = (int)((e1 + run - 1) / run);
+    size_t i = p0 / ((size_t)s->ow * (size_t)s->oh);
+    int ox = (int)(p0 % (size_t)s->ow), oy = (int)(p0 / (size_t)s->ow % (size_t)s->oh), r, ky;
+    if (c == 1 && wd->kw == 3 && e0 == 0 && e1 == (size_t)wd->kh * 3) {
+        /* whole rows of a window 3 wide over one channel (a first layer
+           over gray pixels), where a row of the window is 3 floats and a
+           memcpy call per row would cost more than its copy: per ky and run
+           of ox in one output row, each ox's 3 pixels, zeros outside */
+        const int w = wd->w, st = wd->stride, pad = wd->pad;
+        for (r = 0; r < np;) {
+            const int ox1 = DSGD__MIN(s->ow, ox + (np - r));
+            int o, kx;
+            for (ky = 0; ky < wd->kh; ++ky) {
+                const int iy = oy * st - pad + ky;
+                const float *src = s->x + (i * (size_t)wd->h + (size_t)(iy < 0 ? 0 : iy)) * (size_t)w;
+                float *d = dst + (size_t)r * ld + (size_t)ky * 3;
+                for (o = ox; o < ox1; ++o, d += ld) {
+                    const int ix0 = o * st - pad;
+                    if (iy < 0 || iy >= wd->h) {
+                        d[0] = d[1] = d[2] = 0.0f;
+                    } else if (ix0 >= 0 && ix0 + 3 <= w) {
+                        d[0] = src[ix0];
+                        d[1] = src[ix0 + 1];
+                        d[2] = src[ix0 + 2];
+                    } else {
+                        for (kx = 0; kx < 3; ++kx) d[kx] = ix0 + kx >= 0 && ix0 + kx < w ? src[ix0 + kx] : 0.0f;
+                    }
+                }
+            }
+            r += ox1 - ox;
+            ox = 0;
+            if (++oy == s->oh) oy = 0, ++i;
+        }
+        return;
+    }
+    for (r = 0; r < np; ++r, dst += ld) {
+        const int iy0 = oy * wd->stride - wd->pad, ix0 = ox * wd->stride - wd->pad;
+        const int kx0 = ix0 < 0 ? DSGD__MIN(-ix0, wd->kw) : 0, kx1 = DSGD__MIN(wd->w - ix0, wd->kw);
+        for (ky = ky0; ky < ky1; ++ky) {
+            const int iy = iy0 + ky;
+            const size_t base = (size_t)ky * run, lo = DSGD__MAX(base, e0), hi = DSGD__MIN(base + run, e1);
+            size_t in0 = base + (size_t)kx0 * c, in1 = kx1 > kx0 ? base + (size_t)kx1 * c : in0;
+            float *d = dst + (lo - e0);
+            if (iy < 0 || iy >= wd->h) in0 = in1 = hi;
+            in0 = DSGD__MIN(DSGD__MAX(in0, lo), hi);
+            in1 = DSGD__MIN(DSGD__MAX(in1, in0), hi);
+            if (in0 > lo) memset(d, 0, (in0 - lo) * sizeof(float));
+            if (in1 > in0) /* x[i, iy, ix0 + kx, ch] for entry base + kx c + ch */
+                memcpy(d + (in0 - lo),
+                       s->x + ((i * (size_t)wd->h + (size_t)iy) * (size_t)wd->w + (size_t)(ix0 + (int)((in0 - base) / c))) * c +
+                           (in0 - base) % c,
+                       (in1 - in0) * sizeof(float));
+            if (hi > in1) memset(d + (in1 - lo), 0, (hi - in1) * sizeof(float));
+        }
+        if (++ox == s->ow) {
+            ox = 0;
+            if (++oy == s->oh) oy = 0, ++i;
+        }
+    }
+}
+
+/* Packs the mc x kc block of op(A) at (i0, p0) into mr_-row strips. With
+   img, A is im2col(img's x): the block is first built in tmp (mc kc floats
+   at most DSGD__IMG_TMP_FLOATS), then packed from there as from A. */
 static void dsgd__pack_a(int ta, const float *a, int lda, int i0, int mc, int p0, int kc, int mr_,
-                         float *DSGD__RESTRICT ap) {
+                         float *DSGD__RESTRICT ap, const dsgd__img_src *img, float *tmp) {
     int ib, i, p;
+    if (img) {
+        if (ta)
+            dsgd__img_block(img, (size_t)p0, kc, img->row0 + (size_t)i0, mc, tmp, (size_t)mc);
+        else
+            dsgd__img_block(img, img->row0 + (size_t)i0, mc, (size_t)p0, kc, tmp, (size_t)kc);
+        a = tmp, lda = ta ? mc : kc, i0 = p0 = 0;
+    }
     for (ib = 0; ib < mc; ib += mr_) {
         int mr = DSGD__MIN(mr_, mc - ib);
         if (ta) { /* a column of op(A) is contiguous: read along it */
@@ -2323,13 +2441,13 @@ DSGD__NO_CONTRACT_FN static void dsgd__gemm_add_t(float *c, int ldc, int mr, int
    0.0f + alpha T as if it had, without the pass that would zero it. */
 static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const float *panel, int ta, const float *a,
                              int lda, int pc, int kc, int r0, int r1, int jc, int c0, int c1, float alpha, float *c,
-                             int ldc, int trans_c, int zero) {
+                             int ldc, int trans_c, int zero, const dsgd__img_src *img) {
     const int kmr = kern->mr, knr = kern->nr;
     float acc[DSGD__MR_MAX * DSGD__NR_MAX];
     int ic, ir, jr;
     for (ic = r0; ic < r1; ic += DSGD__MC) {
         int mc = DSGD__MIN(DSGD__MC, r1 - ic);
-        dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, ap);
+        dsgd__pack_a(ta, a, lda, ic, mc, pc, kc, kmr, ap, img, DSGD__IMG_TMP(ap));
         for (jr = c0; jr < c1; jr += knr) {
             for (ir = 0; ir < mc; ir += kmr) {
                 int mr = DSGD__MIN(kmr, mc - ir), nr = DSGD__MIN(knr, c1 - jr);
@@ -2356,7 +2474,7 @@ static void dsgd__gemm_macro(const dsgd__cpu_kernel *kern, float *ap, const floa
    zeroed: the blocked loops above, with `pack` (MC x KC + KC x NC floats). */
 static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb, float *c, int ldc,
-                               int trans_c, int zero) {
+                               int trans_c, int zero, const dsgd__img_src *img) {
     float *bp = pack + (size_t)DSGD__MC * DSGD__KC;
     int jc, pc;
     for (jc = 0; jc < n; jc += DSGD__NC) {
@@ -2365,7 +2483,7 @@ static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta
             int kc = DSGD__MIN(DSGD__KC, k - pc);
             dsgd__pack_b(tb, b, ldb, pc, kc, jc, nc, kern->nr, bp);
             dsgd__gemm_macro(kern, pack, bp, ta, a, lda, pc, kc, 0, m, jc, 0, nc, alpha, c, ldc, trans_c,
-                             zero && pc == 0);
+                             zero && pc == 0, img);
         }
     }
 }
@@ -2375,18 +2493,18 @@ static void dsgd__gemm_blocked(const dsgd__cpu_kernel *kern, float *pack, int ta
    32-wide tiles), it computes C^T =
    op(B)^T op(A)^T instead, with the long side across the tile's width: each
    entry is still the same products (a b = b a) summed in the same order,
-   so the bits do not change. */
+   so the bits do not change. (Not with img, an A that only pack_a reads.) */
 static void dsgd__gemm_serial(const dsgd__cpu_kernel *kern, float *pack, int ta, int tb, int m, int n, int k,
                               float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                              int ldc) {
+                              int ldc, const dsgd__img_src *img) {
 #define DSGD__UP(x, t) (((size_t)(x) + (size_t)(t) - 1) / (size_t)(t) * (size_t)(t))
     const int kmr = kern->mr, knr = kern->nr, zero = beta == 0.0f && k > 0 && alpha != 0.0f;
     if (!zero) dsgd__gemm_beta(m, n, beta, c, ldc); /* else the first block of k writes C */
     if (k == 0 || alpha == 0.0f) return;
-    if (n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
-        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1, zero);
+    if (!img && n < knr && DSGD__UP(n, kmr) * DSGD__UP(m, knr) < DSGD__UP(m, kmr) * DSGD__UP(n, knr))
+        dsgd__gemm_blocked(kern, pack, !tb, !ta, n, m, k, alpha, b, ldb, a, lda, c, ldc, 1, zero, NULL);
     else
-        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0, zero);
+        dsgd__gemm_blocked(kern, pack, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, 0, zero, img);
 #undef DSGD__UP
 }
 
@@ -2402,6 +2520,7 @@ typedef struct dsgd__gemm_job {
     float alpha, beta;
     const float *a, *b;
     float *c;
+    const dsgd__img_src *img; /* A is im2col (conv_gemm), else NULL */
 } dsgd__gemm_job;
 
 static void dsgd__gemm_task(void *arg, int task, int slot) {
@@ -2409,27 +2528,32 @@ static void dsgd__gemm_task(void *arg, int task, int slot) {
     const float *a = j->a, *b = j->b;
     size_t lo = (size_t)task * (size_t)j->step;
     int len = DSGD__MIN(j->step, (j->rows ? j->m : j->n) - (int)lo);
+    dsgd__img_src img;
+    if (j->img) img = *j->img;
     if (j->rows) { /* rows lo.. of C: rows of op(A) */
         if (a) a += j->ta ? lo : lo * (size_t)j->lda;
+        img.row0 = j->img ? j->img->row0 + lo : 0;
         dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, len, j->n, j->k, j->alpha, a, j->lda, b, j->ldb,
-                          j->beta, j->c + lo * (size_t)j->ldc, j->ldc);
+                          j->beta, j->c + lo * (size_t)j->ldc, j->ldc, j->img ? &img : NULL);
     } else { /* columns lo.. of C: columns of op(B) */
         if (b) b += j->tb ? lo * (size_t)j->ldb : lo;
         dsgd__gemm_serial(j->kern, j->pack[slot], j->ta, j->tb, j->m, len, j->k, j->alpha, a, j->lda, b, j->ldb,
-                          j->beta, j->c + lo, j->ldc);
+                          j->beta, j->c + lo, j->ldc, j->img);
     }
 }
 
 /* C = beta C + alpha op(A) op(B) as independent blocks, one per thread
    (split) or one in all, in whole tiles along C's longer side. */
 static void dsgd__gemm_blocks(dsgd__cpu *cpu, int split, int ta, int tb, int m, int n, int k, float alpha,
-                              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+                              const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                              const dsgd__img_src *img) {
     dsgd__gemm_job j;
     int tasks = 1, dim, tile, units;
     j.kern = cpu->kern;
     j.pack = cpu->pack;
     j.ta = ta, j.tb = tb, j.m = m, j.n = n, j.k = k, j.lda = lda, j.ldb = ldb, j.ldc = ldc;
     j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
+    j.img = img;
     j.rows = m >= n;
     dim = j.rows ? m : n;
     j.step = dim;
@@ -2462,6 +2586,7 @@ typedef struct dsgd__gemm_par {
     int jc, nc, pc, kc;                  /* the current block */
     int strips, strip_step;              /* phase 1: NR strips of the panel, per task */
     int row_step, col_step, col_tasks;   /* phase 2: the grid of C's blocks */
+    const dsgd__img_src *img;            /* A is im2col (conv_gemm), else NULL */
 } dsgd__gemm_par;
 
 static void dsgd__gemm_par_pack(void *arg, int task, int slot) {
@@ -2480,11 +2605,12 @@ static void dsgd__gemm_par_compute(void *arg, int task, int slot) {
     if (g->pc == 0 && g->beta != 0.0f)
         dsgd__gemm_beta(r1 - r0, c1 - c0, g->beta, g->c + (size_t)r0 * g->ldc + g->jc + c0, g->ldc);
     dsgd__gemm_macro(g->kern, g->pack[slot], g->panel, g->ta, g->a, g->lda, g->pc, g->kc, r0, r1, g->jc, c0, c1,
-                     g->alpha, g->c, g->ldc, 0, g->pc == 0 && g->beta == 0.0f);
+                     g->alpha, g->c, g->ldc, 0, g->pc == 0 && g->beta == 0.0f, g->img);
 }
 
 static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
-                               int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+                               int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                               const dsgd__img_src *img) {
     dsgd__gemm_par g;
     const int T = cpu->pool.n, kmr = cpu->kern->mr, knr = cpu->kern->nr;
     int row_tiles = (m + kmr - 1) / kmr, row_tasks = DSGD__MIN(T, row_tiles), ptasks;
@@ -2494,6 +2620,7 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
     g.panel = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC;
     g.ta = ta, g.tb = tb, g.m = m, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
     g.alpha = alpha, g.beta = beta, g.a = a, g.b = b, g.c = c;
+    g.img = img;
     g.row_step = (row_tiles + row_tasks - 1) / row_tasks * kmr;
     for (g.jc = 0; g.jc < n; g.jc += DSGD__NC) {
         g.nc = DSGD__MIN(DSGD__NC, n - g.jc);
@@ -2530,7 +2657,6 @@ static void dsgd__gemm_threads(dsgd__cpu *cpu, int ta, int tb, int m, int n, int
    whichever of the two runs, and on any number of threads. */
 #define DSGD__THIN_N 32  /* C at most this wide */
 #define DSGD__THIN_K 16  /* "k small": at most this */
-#define DSGD__THIN_M 256 /* "m small": at most this */
 
 static int dsgd__gemm_thin_fits(const dsgd__cpu_kernel *kern, int tb, int m, int n, int k) {
     return kern->thin && !tb && n <= DSGD__THIN_N && k > 0 && (k <= DSGD__THIN_K || m <= DSGD__THIN_M);
@@ -2545,6 +2671,7 @@ typedef struct dsgd__thin_job {
     float *c;
     float *blocks; /* by blocks of k: each block's T (m x n, rows n apart), in order */
     int bstep;     /* and the blocks per task */
+    const dsgd__img_src *img; /* A is im2col (conv_gemm), else NULL */
 } dsgd__thin_job;
 
 /* Blocks [task bstep, ..) of k of a one-tile C: their T, stored apart. */
@@ -2553,7 +2680,7 @@ static void dsgd__gemm_thin_blocks(const dsgd__thin_job *j, int task, float *ap)
     int blk, j0;
     for (blk = task * j->bstep; blk < nb && blk < (task + 1) * j->bstep; ++blk) {
         const int pc = blk * DSGD__KC, kc = DSGD__MIN(DSGD__KC, j->k - pc);
-        dsgd__pack_a(j->ta, j->a, j->lda, 0, j->m, pc, kc, j->kern->mr, ap);
+        dsgd__pack_a(j->ta, j->a, j->lda, 0, j->m, pc, kc, j->kern->mr, ap, j->img, DSGD__IMG_TMP(ap));
         for (j0 = 0; j0 < j->n; j0 += tn)
             j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), j->m,
                           j->blocks + (size_t)blk * j->m * j->n + j0, (size_t)j->n, 1.0f, 2);
@@ -2572,9 +2699,26 @@ static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
     if (j->beta != 0.0f) dsgd__gemm_beta(r1 - r0, j->n, j->beta, j->c + (size_t)r0 * j->ldc, j->ldc);
     for (pc = 0; pc < j->k; pc += DSGD__KC) { /* B's block stays in cache across the tiles */
         const int kc = DSGD__MIN(DSGD__KC, j->k - pc), load = j->beta != 0.0f || pc > 0;
+        /* with img: im2col's rows (ta 0) or columns (ta 1) [i0, i0 + ch)
+           of this block of k built in tmp at once, the tiles packed from it */
+        const int ch = (int)(DSGD__IMG_TMP_FLOATS / (size_t)kc) / mr * mr;
+        float *tmp = DSGD__IMG_TMP(ap);
+        int i0 = r0, next = r0, cn = 0;
         for (i = r0; i < r1; i += mr) {
             const int rows = DSGD__MIN(mr, r1 - i);
-            dsgd__pack_a(j->ta, j->a, j->lda, i, rows, pc, kc, mr, ap);
+            if (j->img && i == next) {
+                i0 = i, cn = DSGD__MIN(ch, r1 - i), next = i + cn;
+                if (j->ta && j->img->wd.kw * j->img->wd.c < 16 && j->m <= ch)
+                    i0 = 0, cn = j->m, next = r1; /* whole col rows: short runs cost more cut */
+                if (j->ta)
+                    dsgd__img_block(j->img, (size_t)pc, kc, j->img->row0 + (size_t)i0, cn, tmp, (size_t)cn);
+                else
+                    dsgd__img_block(j->img, j->img->row0 + (size_t)i0, cn, (size_t)pc, kc, tmp, (size_t)kc);
+            }
+            if (j->img)
+                dsgd__pack_a(j->ta, tmp, j->ta ? cn : kc, i - i0, rows, 0, kc, mr, ap, NULL, NULL);
+            else
+                dsgd__pack_a(j->ta, j->a, j->lda, i, rows, pc, kc, mr, ap, NULL, NULL);
             for (j0 = 0; j0 < j->n; j0 += tn)
                 j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), rows,
                               j->c + (size_t)i * j->ldc + j0, (size_t)j->ldc, j->alpha, load);
@@ -2583,7 +2727,8 @@ static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
 }
 
 static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int k, float alpha, const float *a,
-                            int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+                            int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                            const dsgd__img_src *img) {
     dsgd__thin_job j;
     const int mr = cpu->kern->mr, tiles = (m + mr - 1) / mr;
     int tasks = split ? DSGD__MIN(cpu->pool.n, tiles) : 1;
@@ -2593,6 +2738,7 @@ static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int
     j.alpha = alpha, j.beta = beta, j.a = a, j.b = b, j.c = c;
     j.blocks = NULL;
     j.bstep = 0;
+    j.img = img;
     j.step = (tiles + tasks - 1) / tasks * mr;
     tasks = (m + j.step - 1) / j.step;
     if (split && tiles == 1 && cpu->pool.n > 1) { /* one tile: the threads take blocks of k */
@@ -2614,9 +2760,10 @@ static void dsgd__gemm_thin(dsgd__cpu *cpu, int split, int ta, int m, int n, int
 }
 
 /* The packing scratch of thread slots 0..slots-1, allocated before any
-   task runs: MC x KC + KC x NC floats each. */
+   task runs: MC x KC + KC x NC floats each, and the im2col blocks of
+   conv_gemm (KC x THIN_M floats, 256 KB). */
 static dsgd_result dsgd__cpu_pack_reserve(dsgd__cpu *cpu, int slots) {
-    size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC;
+    size_t need = (size_t)DSGD__MC * DSGD__KC + (size_t)DSGD__KC * DSGD__NC + DSGD__IMG_TMP_FLOATS;
     int i;
     for (i = 0; i < slots; ++i)
         if (!cpu->pack[i] && !(cpu->pack[i] = (float *)DSGD_MALLOC(need * sizeof(float))))
@@ -2624,10 +2771,208 @@ static dsgd_result dsgd__cpu_pack_reserve(dsgd__cpu *cpu, int slots) {
     return DSGD_OK;
 }
 
-#endif /* !DSGD_USE_CBLAS */
-
 /* GEMMs of fewer multiply-adds than this run on one thread. */
 #define DSGD__CPU_GEMM_GRAIN 131072.0
+
+/* The GEMM of checked ranges, C (m, n) = beta C + alpha op(A) op(B), with
+   A im2col(img's x) when img is set (a NULL then), on the paths that fit:
+   thin, the threads' shared panels, or independent blocks. */
+static dsgd_result dsgd__cpu_gemm_run(dsgd__cpu *cpu, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                                      int lda, const float *b, int ldb, float beta, float *c, int ldc,
+                                      const dsgd__img_src *img) {
+    const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
+    dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
+    if (r != DSGD_OK) return r;
+    if (alpha != 0.0f && dsgd__gemm_thin_fits(cpu->kern, tb, m, n, k))
+        dsgd__gemm_thin(cpu, split, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, img);
+    else if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
+        dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, img);
+    else
+        dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, img);
+    return DSGD_OK;
+}
+
+/* conv_gemm (backend.h): the GEMM above with A = im2col(x), each block of
+   it built where the packing reads it (in the slot's scratch, in cache), so
+   the packed panels hold what they would have held after im2col: the same
+   bits. */
+static dsgd_result dsgd__cpu_conv_gemm(void *impl, const dsgd_window *wd, int ta, int n, float alpha, dsgd_ref rx,
+                                       dsgd_ref rb, int ldb, float beta, dsgd_ref rc, int ldc) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__window_dims d;
+    dsgd__img_src img;
+    const float *b;
+    float *c;
+    size_t m, k;
+    if (dsgd__window_check(cpu->ctx, "cpu", "conv_gemm", wd, 0, &d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    m = ta ? d.k : d.rows;
+    k = ta ? d.rows : d.k;
+    if ((ta != 0 && ta != 1) || n < 0 || ldb < DSGD__MAX(1, n) || ldc < DSGD__MAX(1, n) || m > INT_MAX ||
+        k > INT_MAX)
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "cpu conv_gemm: bad sizes ta=%d m=%zu n=%d k=%zu ldb=%d ldc=%d", ta, m, n, k, ldb,
+                                  ldc);
+    if (n == 0) return DSGD_OK;
+    memset(&img, 0, sizeof(img));
+    img.wd = *wd;
+    img.oh = d.oh, img.ow = d.ow;
+    if (!(img.x = dsgd__cpu_span(cpu, rx, d.x, "conv_gemm x")) ||
+        !(b = dsgd__cpu_span(cpu, rb, (k - 1) * (size_t)ldb + (size_t)n, "conv_gemm B")) ||
+        !(c = dsgd__cpu_span(cpu, rc, (m - 1) * (size_t)ldc + (size_t)n, "conv_gemm C")))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__cpu_overlap(rc, (m - 1) * (size_t)ldc + (size_t)n, rx, d.x) ||
+        dsgd__cpu_overlap(rc, (m - 1) * (size_t)ldc + (size_t)n, rb, (k - 1) * (size_t)ldb + (size_t)n))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu conv_gemm: C overlaps x or B");
+    return dsgd__cpu_gemm_run(cpu, ta, 0, (int)m, n, (int)k, alpha, NULL, ta ? (int)m : (int)k, b, ldb, beta, c, ldc,
+                              &img);
+}
+
+/* conv_backward_x (backend.h): dx = col2im(dy W^T) without the columns.
+   Each task owns whole tiles of MR rows of dx (pixels (i, iy, ix)); per
+   tile and (ky, kx) ascending, the tile's rows of dy W_(ky,kx)^T, with the
+   dy row each pixel takes from that (ky, kx) (zeros where none), are the
+   thin kernel's T, added to the tile (the first one written over 0.0f):
+   the col entry that gemm would have stored, then the sum col2im makes
+   from 0.0f in (ky, kx) order, the same roundings. A col entry is
+   0.0f + T, where adding T itself differs only for T = -0, and a sum that
+   starts at 0.0f is never -0, so +0 and -0 add alike; a pixel with no dy
+   for some (ky, kx) adds zeros, which change no sum for the same reason.
+   With f past one block of k (DSGD__KC), each col entry is summed block
+   by block in a small tile first, as gemm sums it, then added. Wt is W
+   transposed per (ky, kx): Wt[(ky kw + kx) f + p][ch] = W[(ky kw + kx) c +
+   ch][p], so B is read where it lies, c wide. */
+typedef struct dsgd__dx_job {
+    const dsgd__cpu_kernel *kern;
+    float *const *pack;
+    dsgd_window wd;
+    int oh, ow, f, step; /* step: dx rows per task, whole tiles */
+    size_t rows;         /* n h w */
+    const float *dy, *wt;
+    float *dx;
+} dsgd__dx_job;
+
+static void dsgd__dx_task(void *arg, int task, int slot) {
+    const dsgd__dx_job *j = (const dsgd__dx_job *)arg;
+    const dsgd_window *wd = &j->wd;
+    const int mr = j->kern->mr, tn = j->kern->thin_n, f = j->f, c = wd->c, s = wd->stride;
+    const size_t r0 = (size_t)task * (size_t)j->step, r1 = DSGD__MIN(j->rows, r0 + (size_t)j->step);
+    float *ap = j->pack[slot], *tmp = DSGD__IMG_TMP(ap);
+    float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+    const float *src[DSGD__MR_MAX];
+    int iys[DSGD__MR_MAX], ixs[DSGD__MR_MAX];
+    size_t imgs[DSGD__MR_MAX], t0;
+    for (t0 = r0; t0 < r1; t0 += (size_t)mr) {
+        const int rows = (int)DSGD__MIN((size_t)mr, r1 - t0);
+        float *out = j->dx + t0 * (size_t)c;
+        int q, ky, kx, first = 1, pc, j0;
+        for (q = 0; q < rows; ++q) { /* the tile's pixels */
+            const size_t p = t0 + (size_t)q;
+            imgs[q] = p / ((size_t)wd->h * (size_t)wd->w);
+            iys[q] = (int)(p / (size_t)wd->w % (size_t)wd->h);
+            ixs[q] = (int)(p % (size_t)wd->w);
+        }
+        for (ky = 0; ky < wd->kh; ++ky)
+            for (kx = 0; kx < wd->kw; ++kx) {
+                const float *wt = j->wt + (size_t)(ky * wd->kw + kx) * (size_t)f * (size_t)c;
+                int any = 0, even = 1; /* even: the rows f apart in dy, packed from where they lie */
+                for (q = 0; q < rows; ++q) { /* the dy row of output (oy, ox) that reads it at (ky, kx) */
+                    int ny = iys[q] + wd->pad - ky, nx = ixs[q] + wd->pad - kx;
+                    src[q] = NULL;
+                    if (s > 1) {
+                        if (ny < 0 || nx < 0 || ny % s || nx % s) continue;
+                        ny /= s, nx /= s;
+                    }
+                    if (ny < 0 || nx < 0 || ny >= j->oh || nx >= j->ow) continue;
+                    src[q] = j->dy + ((imgs[q] * (size_t)j->oh + (size_t)ny) * (size_t)j->ow + (size_t)nx) * (size_t)f;
+                    any = 1;
+                }
+                if (!any) continue;
+                for (q = 1; q < rows && even; ++q) even = src[q - 1] && src[q] == src[q - 1] + f;
+                even = even && src[0];
+                for (j0 = 0; j0 < c; j0 += tn) {
+                    const int n = DSGD__MIN(tn, c - j0);
+                    for (pc = 0; pc < f; pc += DSGD__KC) {
+                        const int kc = DSGD__MIN(DSGD__KC, f - pc);
+                        if (even && (j0 == 0 || f > DSGD__KC)) {
+                            dsgd__pack_a(0, src[0], f, 0, rows, pc, kc, mr, ap, NULL, NULL);
+                        } else if (j0 == 0 || f > DSGD__KC) { /* A's rows: packed once per (ky, kx) when one block */
+                            for (q = 0; q < rows; ++q)
+                                if (src[q])
+                                    memcpy(tmp + (size_t)q * kc, src[q] + pc, (size_t)kc * sizeof(float));
+                                else
+                                    memset(tmp + (size_t)q * kc, 0, (size_t)kc * sizeof(float));
+                            dsgd__pack_a(0, tmp, kc, 0, rows, 0, kc, mr, ap, NULL, NULL);
+                        }
+                        if (f <= DSGD__KC) /* the col entry is 0.0f + T: T added straight */
+                            j->kern->thin(kc, ap, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n, rows,
+                                          out + j0, (size_t)c, 1.0f, !first);
+                        else
+                            j->kern->thin(kc, ap, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n, rows, acc,
+                                          (size_t)tn, 1.0f, pc > 0);
+                    }
+                    if (f > DSGD__KC) {
+                        if (first) dsgd__gemm_beta(rows, n, 0.0f, out + j0, c);
+                        dsgd__gemm_add(out + j0, c, rows, n, 1.0f, acc, tn);
+                    }
+                }
+                first = 0;
+            }
+        if (first) dsgd__gemm_beta(rows, c, 0.0f, out, c); /* no dy reaches these pixels */
+    }
+}
+
+static dsgd_result dsgd__cpu_conv_backward_x(void *impl, const dsgd_window *wd, int f, dsgd_ref rdy, dsgd_ref rw,
+                                             dsgd_ref rdx) {
+    dsgd__cpu *cpu = (dsgd__cpu *)impl;
+    dsgd__window_dims d;
+    dsgd__dx_job j;
+    float *wt;
+    const float *w;
+    size_t nw, kk, p, ch, tiles, tasks = 1;
+    int own = 0;
+    dsgd_result r;
+    if (dsgd__window_check(cpu->ctx, "cpu", "conv_backward_x", wd, 0, &d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    if (f < 1 || !cpu->kern->thin)
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu conv_backward_x: f=%d (>= 1)%s", f,
+                                  cpu->kern->thin ? "" : ", or kernels without a thin GEMM");
+    memset(&j, 0, sizeof(j));
+    nw = d.k * (size_t)f;
+    if (!(j.dy = dsgd__cpu_span(cpu, rdy, d.rows * (size_t)f, "conv_backward_x dy")) ||
+        !(w = dsgd__cpu_span(cpu, rw, nw, "conv_backward_x W")) ||
+        !(j.dx = dsgd__cpu_span(cpu, rdx, d.x, "conv_backward_x dx")))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__cpu_overlap(rdx, d.x, rdy, d.rows * (size_t)f) || dsgd__cpu_overlap(rdx, d.x, rw, nw))
+        return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_INVALID_ARGUMENT, "cpu conv_backward_x: dx overlaps dy or W");
+    j.kern = cpu->kern;
+    j.pack = cpu->pack;
+    j.wd = *wd;
+    j.oh = d.oh, j.ow = d.ow, j.f = f;
+    j.rows = (size_t)wd->n * (size_t)wd->h * (size_t)wd->w;
+    tiles = (j.rows + (size_t)cpu->kern->mr - 1) / (size_t)cpu->kern->mr;
+    if (cpu->pool.n > 1 && (double)d.rows * (double)d.k * f >= DSGD__CPU_GEMM_GRAIN)
+        tasks = DSGD__MIN((size_t)cpu->pool.n, tiles);
+    if ((r = dsgd__cpu_pack_reserve(cpu, tasks > 1 ? cpu->pool.n : 1)) != DSGD_OK) return r;
+    /* Wt in slot 0's B area (no task packs B here), or apart when W is larger */
+    if (nw <= (size_t)DSGD__KC * DSGD__NC) {
+        wt = cpu->pack[0] + (size_t)DSGD__MC * DSGD__KC;
+    } else {
+        if (!(wt = (float *)DSGD_MALLOC(nw * sizeof(float))))
+            return dsgd_ctx_set_error(cpu->ctx, DSGD_ERR_OUT_OF_MEMORY, "cpu conv_backward_x: W transposed");
+        own = 1;
+    }
+    for (kk = 0; kk < (size_t)wd->kh * (size_t)wd->kw; ++kk)
+        for (ch = 0; ch < (size_t)wd->c; ++ch)
+            for (p = 0; p < (size_t)f; ++p)
+                wt[(kk * (size_t)f + p) * (size_t)wd->c + ch] = w[(kk * (size_t)wd->c + ch) * (size_t)f + p];
+    j.wt = wt;
+    j.step = (int)((tiles + tasks - 1) / tasks) * cpu->kern->mr;
+    tasks = (j.rows + (size_t)j.step - 1) / (size_t)j.step;
+    dsgd__cpu_run(cpu, dsgd__dx_task, &j, (int)tasks);
+    if (own) DSGD_FREE(wt);
+    return DSGD_OK;
+}
+
+#endif /* !DSGD_USE_CBLAS */
 
 static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int k, float alpha,
                                   dsgd_ref ra, int lda, dsgd_ref rb, int ldb, float beta,
@@ -2657,20 +3002,7 @@ static dsgd_result dsgd__cpu_gemm(void *impl, int ta, int tb, int m, int n, int 
                     lda, b, ldb, 1.0f, c, ldc);
     return DSGD_OK;
 #else
-    {
-        /* GEMMs big enough for the threads: the shared-panel GEMM, or
-           independent blocks where C is narrower than a tile */
-        const int split = cpu->pool.n > 1 && (double)m * n * DSGD__MAX(k, 1) >= DSGD__CPU_GEMM_GRAIN;
-        dsgd_result r = dsgd__cpu_pack_reserve(cpu, split ? cpu->pool.n : 1);
-        if (r != DSGD_OK) return r;
-        if (alpha != 0.0f && dsgd__gemm_thin_fits(cpu->kern, tb, m, n, k))
-            dsgd__gemm_thin(cpu, split, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        else if (split && k > 0 && alpha != 0.0f && n >= cpu->kern->nr)
-            dsgd__gemm_threads(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        else
-            dsgd__gemm_blocks(cpu, split, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    }
-    return DSGD_OK;
+    return dsgd__cpu_gemm_run(cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
 #endif
 }
 
@@ -3489,6 +3821,10 @@ DSGD_API dsgd_result dsgd_cpu_backend_create_desc(dsgd_ctx *ctx, const dsgd_cpu_
     out->col2im = dsgd__cpu_col2im;
     out->maxpool_forward = dsgd__cpu_maxpool_forward;
     out->maxpool_backward = dsgd__cpu_maxpool_backward;
+#ifndef DSGD_USE_CBLAS
+    out->conv_gemm = dsgd__cpu_conv_gemm;
+    if (cpu->kern->thin) out->conv_backward_x = dsgd__cpu_conv_backward_x;
+#endif
     return DSGD_OK;
 }
 
@@ -4398,7 +4734,8 @@ typedef struct dsgd__net {
     size_t *act_off;
     dsgd_buffer *delta;    /* two (max_batch, max dim) halves, used in turn */
     size_t delta_half;
-    dsgd_buffer *col;      /* every conv layer's im2col, (max_batch oh ow, k k c) each */
+    dsgd_buffer *col;      /* every conv layer's im2col, (max_batch oh ow, k k c) each; with the
+                              backend's conv_gemm, one scratch for the input gradients' columns */
     size_t *col_off;       /* per layer: its im2col's offset in col (0 for the others) */
     dsgd_buffer *targets;  /* (max_batch, target_dim) */
     int last_count;        /* batch size of the last forward pass */
@@ -4581,7 +4918,10 @@ static void dsgd__net_destroy(void *state) {
    dims[l]) in acts, the two delta halves, every conv layer's im2col (the
    forward pass's, which the backward pass reads again for the weight
    gradient, then overwrites with the input gradient's columns), the
-   targets. */
+   targets. A backend with conv_gemm reads im2col where its GEMM needs it,
+   so col is only the input gradients' columns: one scratch, as large as
+   the largest of them, shared by the conv layers but the first (which has
+   no input gradient); none at all when it has conv_backward_x too. */
 static dsgd_result dsgd__net_buffers(dsgd__net *net) {
     dsgd_model *m = net->m;
     size_t act_total = 0, col = 0, mb = (size_t)m->max_batch;
@@ -4594,8 +4934,14 @@ static dsgd_result dsgd__net_buffers(dsgd__net *net) {
     }
     for (l = 0; l < net->num_layers; ++l) {
         const dsgd__layer *y = &net->layers[l];
-        net->col_off[l] = col;
-        if (y->kind == DSGD__CONV) col += mb * y->oh * y->ow * y->kernel * y->kernel * y->c;
+        const size_t n = y->kind == DSGD__CONV ? mb * y->oh * y->ow * y->kernel * y->kernel * y->c : 0;
+        if (m->be.conv_gemm) {
+            net->col_off[l] = 0;
+            if (l > 0 && !m->be.conv_backward_x) col = DSGD__MAX(col, n);
+        } else {
+            net->col_off[l] = col;
+            col += n;
+        }
     }
     net->delta_half = mb * max_dim;
     if ((r = dsgd__model_buffer(m, act_total, &net->acts)) != DSGD_OK ||
@@ -4720,17 +5066,22 @@ static dsgd__dense dsgd__layer_view(const dsgd__net *net, int l, int M) {
 }
 
 /* Dense: y (M, out) = act(x (M, in) · W (in, out) + b (out)).
-   Conv: the same with im2col(x) (M oh ow, k k c) for x. Max-pool: y =
+   Conv: the same with im2col(x) (M oh ow, k k c) for x (built in col, or
+   read in place by the backend's conv_gemm: the same bits). Max-pool: y =
    maxpool(x). */
 static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__dense *L) {
     dsgd_ref a = L->x;
     dsgd_result r;
     if (L->kind == DSGD__POOL) return be->maxpool_forward(be->impl, &L->wd, L->x, L->y);
-    if (L->kind == DSGD__CONV) {
-        if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
-        a = L->col;
+    if (L->kind == DSGD__CONV && be->conv_gemm) { /* im2col(x) read in place */
+        r = be->conv_gemm(be->impl, &L->wd, 0, L->out, 1.0f, L->x, L->W, L->out, 0.0f, L->y, L->out);
+    } else {
+        if (L->kind == DSGD__CONV) {
+            if ((r = be->im2col(be->impl, &L->wd, L->x, L->col)) != DSGD_OK) return r;
+            a = L->col;
+        }
+        r = be->gemm(be->impl, 0, 0, L->rows, L->out, L->in, 1.0f, a, L->in, L->W, L->out, 0.0f, L->y, L->out);
     }
-    r = be->gemm(be->impl, 0, 0, L->rows, L->out, L->in, 1.0f, a, L->in, L->W, L->out, 0.0f, L->y, L->out);
     if (r != DSGD_OK) return r;
     return be->bias_act_forward(be->impl, L->act, L->y, L->b, L->rows, L->out);           /* y = act(y + b) */
 }
@@ -4738,9 +5089,11 @@ static dsgd_result dsgd__dense_forward(const dsgd_backend_i *be, const dsgd__den
 /* Given dy, the gradient of the loss with respect to y:
      dy (rows, out) *= act'(y)             in place (nothing for NONE)
      dW (in, out)    = a^T (in, rows) · dy  a = x (dense) or im2col(x) (conv:
-                                            the forward pass's, kept per layer)
+                                            the forward pass's, kept per layer;
+                                            with conv_gemm, read in place)
      db (out)        = column sums of dy
-     dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im)
+     dx              = dy · W^T (rows, in)  (conv: into the scratch, then col2im,
+                                            or the backend's conv_backward_x)
                        unless dx.buf is NULL (layer 0)
    Max-pool: dx = maxpool_backward(x, y, dy). */
 static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsgd_ref dy, const dsgd__dense *L) {
@@ -4754,7 +5107,10 @@ static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsg
         if (r != DSGD_OK) return r;
     }
     if (L->kind == DSGD__CONV) a = L->col; /* built by the forward pass just before */
-    r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
+    if (L->kind == DSGD__CONV && be->conv_gemm) /* im2col(x) read in place */
+        r = be->conv_gemm(be->impl, &L->wd, 1, L->out, 1.0f, L->x, dy, L->out, 0.0f, L->dW, L->out);
+    else
+        r = be->gemm(be->impl, 1, 0, L->in, L->out, L->rows, 1.0f, a, L->in, dy, L->out, 0.0f, L->dW, L->out);
     if (r != DSGD_OK) return r;
     r = be->bias_backward(be->impl, L->db, dy, L->rows, L->out);
     if (r == DSGD_OK && var >= 0 && (r = dsgd_model_variable_ready(m, var)) == DSGD_OK) /* kernel and bias: final */
@@ -4762,6 +5118,8 @@ static dsgd_result dsgd__dense_backward(dsgd_model *m, int var, dsgd_ref dx, dsg
     if (r != DSGD_OK || !dx.buf) return r;
     if (L->kind != DSGD__CONV)
         return be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, dx, L->in);
+    if (be->conv_backward_x) /* col2im(dy W^T) without the columns */
+        return be->conv_backward_x(be->impl, &L->wd, L->out, dy, L->W, dx);
     r = be->gemm(be->impl, 0, 1, L->rows, L->in, L->out, 1.0f, dy, L->out, L->W, L->out, 0.0f, L->col, L->in);
     if (r != DSGD_OK) return r;
     return be->col2im(be->impl, &L->wd, L->col, dx);
