@@ -9,11 +9,13 @@
    - conv_gemm (a GEMM whose A is im2col(x), never built): every kernel,
      the CNN's two convolutions, a strided padded window, 40 channels, 5 to
      40 outputs, both products (ta 0 and 1), beta 0 and -0.5: at 1, 2, 3 and
-     7 threads the bits of im2col followed by gemm; bad calls refused;
+     7 threads (TSan: 16 and 5 outputs, 1 and 3 threads) the bits of im2col
+     followed by gemm; bad calls refused;
    - conv_backward_x (col2im(dy W^T), the columns never built): every kernel
      with a thin GEMM, unit and larger strides, 1 to 40 channels, 7 to 300
      filters (two blocks of k), dy with zeros, -0 and NaN: at 1, 2, 3 and 7
-     threads the bits of gemm followed by col2im; bad calls refused;
+     threads (TSan: 1 and 3) the bits of gemm followed by col2im; bad calls
+     refused;
    - every element-wise operation (fill, scale, axpy, bias_act_forward and
      act_backward for each activation, bias_backward, optimizer_update for
      each kind, norm_check's finiteness and sum of squares), at sizes around
@@ -252,7 +254,7 @@ static void test_conv_gemm_threads(void **state) {
         if (!isa_runs(ctx, isa)) continue;
         ++kernels;
         for (wi = 0; wi < (int)(sizeof wins / sizeof wins[0]); ++wi)
-            for (oi = 0; oi < (int)(sizeof outs / sizeof outs[0]); ++oi)
+            for (oi = 0; oi < (int)(sizeof outs / sizeof outs[0]); oi += TU_TSAN ? 2 : 1) /* TSan: 16 and 5 */
                 for (ta = 0; ta < 2; ++ta)
                     for (bi = 0; bi < 2; ++bi) {
                         const dsgd_window *wd = &wins[wi];
@@ -266,7 +268,7 @@ static void test_conv_gemm_threads(void **state) {
                         float *c0 = rand_floats(&rng, (size_t)m * ldc), *want, *got;
                         int mm, i;
                         want = conv_gemm_on(ctx, isa, 1, 1, wd, ta, n, beta, x, nx, b, ldb, c0, ldc, &mm);
-                        for (ti = 0; ti < NTHREADS; ++ti) {
+                        for (ti = 0; ti < NTHREADS; ti += TU_TSAN ? 2 : 1) { /* TSan: 1 and 3 threads */
                             got = conv_gemm_on(ctx, isa, g_threads[ti], 0, wd, ta, n, beta, x, nx, b, ldb, c0, ldc,
                                                &mm);
                             for (i = 0; i < m * ldc; ++i)
@@ -380,7 +382,7 @@ static void test_conv_backward_x_threads(void **state) {
             for (i = 0; i < ndy; i += 11) dy[i] = i % 2 ? -0.0f : 0.0f;
             if (wi == 1) dy[5] = NAN;
             want = conv_dx_on(ctx, isa, 1, 1, wd, f, dy, ndy, w, nw, nx);
-            for (ti = 0; ti < NTHREADS; ++ti) {
+            for (ti = 0; ti < NTHREADS; ti += TU_TSAN ? 2 : 1) { /* TSan: 1 and 3 threads */
                 got = conv_dx_on(ctx, isa, g_threads[ti], 0, wd, f, dy, ndy, w, nw, nx);
                 for (i = 0; i < nx; ++i)
                     if (memcmp(&got[i], &want[i], sizeof(float)))
