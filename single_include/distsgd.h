@@ -2845,8 +2845,8 @@ typedef struct dsgd__dx_job {
     const dsgd__cpu_kernel *kern;
     float *const *pack;
     dsgd_window wd;
-    int oh, ow, f, step; /* step: dx rows per task, whole tiles */
-    size_t rows;         /* n h w */
+    int oh, ow, f;
+    size_t rows, step; /* n h w; dx rows per task, whole tiles */
     const float *dy, *wt;
     float *dx;
 } dsgd__dx_job;
@@ -2855,7 +2855,7 @@ static void dsgd__dx_task(void *arg, int task, int slot) {
     const dsgd__dx_job *j = (const dsgd__dx_job *)arg;
     const dsgd_window *wd = &j->wd;
     const int mr = j->kern->mr, tn = j->kern->thin_n, f = j->f, c = wd->c, s = wd->stride;
-    const size_t r0 = (size_t)task * (size_t)j->step, r1 = DSGD__MIN(j->rows, r0 + (size_t)j->step);
+    const size_t r0 = (size_t)task * j->step, r1 = DSGD__MIN(j->rows, r0 + j->step);
     float *ap = j->pack[slot], *tmp = DSGD__IMG_TMP(ap);
     float acc[DSGD__MR_MAX * DSGD__NR_MAX];
     const float *src[DSGD__MR_MAX];
@@ -2965,8 +2965,8 @@ static dsgd_result dsgd__cpu_conv_backward_x(void *impl, const dsgd_window *wd, 
             for (p = 0; p < (size_t)f; ++p)
                 wt[(kk * (size_t)f + p) * (size_t)wd->c + ch] = w[(kk * (size_t)wd->c + ch) * (size_t)f + p];
     j.wt = wt;
-    j.step = (int)((tiles + tasks - 1) / tasks) * cpu->kern->mr;
-    tasks = (j.rows + (size_t)j.step - 1) / (size_t)j.step;
+    j.step = (tiles + tasks - 1) / tasks * (size_t)cpu->kern->mr;
+    tasks = (j.rows + j.step - 1) / j.step;
     dsgd__cpu_run(cpu, dsgd__dx_task, &j, (int)tasks);
     if (own) DSGD_FREE(wt);
     return DSGD_OK;
