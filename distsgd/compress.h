@@ -740,18 +740,25 @@ static void dsgd__swap64(uint64_t *a, uint64_t *b) {
 }
 
 /* Moves the k largest of keys[0..n) to the front (in no order):
-   quickselect with a median-of-three pivot; keys are distinct. */
+   quickselect with a median-of-three pivot; keys are distinct, so the k
+   keys moved there do not depend on the partitioning's order. The
+   partition is Lomuto's without a branch on the comparison (every key is
+   swapped with the boundary's, which moves on when the key is above the
+   pivot): gradients' magnitudes make that branch a coin flip. */
 static void dsgd__select_top(uint64_t *keys, size_t n, size_t k) {
     size_t lo = 0, hi = n; /* the k-th largest is in [lo, hi) */
     while (hi - lo > 1 && k > lo && k < hi) {
-        size_t mid = lo + (hi - lo) / 2, i, store;
+        size_t mid = lo + (hi - lo) / 2, i, store, at;
         uint64_t a = keys[lo], b = keys[mid], c = keys[hi - 1], pivot;
-        pivot = a < b ? (b < c ? b : (a < c ? c : a)) : (a < c ? a : (b < c ? c : b));
-        for (i = lo; i < hi; ++i)
-            if (keys[i] == pivot) break;
-        dsgd__swap64(&keys[i], &keys[hi - 1]);
-        for (store = lo, i = lo; i < hi - 1; ++i)
-            if (keys[i] > pivot) dsgd__swap64(&keys[i], &keys[store++]);
+        at = a < b ? (b < c ? mid : (a < c ? hi - 1 : lo)) : (a < c ? lo : (b < c ? hi - 1 : mid));
+        pivot = keys[at];
+        dsgd__swap64(&keys[at], &keys[hi - 1]);
+        for (store = lo, i = lo; i < hi - 1; ++i) {
+            uint64_t x = keys[i];
+            keys[i] = keys[store];
+            keys[store] = x;
+            store += x > pivot;
+        }
         dsgd__swap64(&keys[store], &keys[hi - 1]); /* keys[store] = pivot: store + 1 keys >= pivot before it */
         if (store + 1 == k) return;
         if (store + 1 < k) lo = store + 1;
