@@ -42,7 +42,13 @@
                             protocols, with error bars (gnuplot)
      crossover_p.png        time to target against P, best sync and async
      crossover_cdf.png      the step-time CDF at P = 100, b = 0 and b = 4
-   The same seeds give the same bytes.
+   The same seeds give the same bytes, whatever --jobs. Every point's runs
+   go together over --jobs threads (default 2), the larger P first, grid
+   value by grid value; a tuning run stops as soon as it can no longer
+   beat its point's best mean so far (which leaves the choice as it
+   would be), and a run stops at its target, computing no further (an
+   SSP run stops its workers at one clock): 1,735 runs in about 2.5 CPU
+   minutes (8.3 before).
 
    Run:  make sim      (with the other experiments)
    or:   ./build/experiments/crossover [--data PATH] [--out DIR] [--seeds K]
@@ -112,8 +118,11 @@ static double lr_of(const point *p, double g) {
 }
 
 /* One run of point p at learning rate lr and seed; its time to target, or
-   -1. rows (optional) gets the run's CSV rows. */
-static double run_one(sweep *sw, const point *p, double lr, uint64_t seed, FILE *rows, long *updates) {
+   -1. rows (optional) gets the run's CSV rows; without rows only the time
+   to target is computed (sim_run_desc.target_only), and give_up_s > 0
+   ends the run there (-1) when it has not reached the target by then. */
+static double run_one(sweep *sw, const point *p, double lr, uint64_t seed, FILE *rows, double give_up_s,
+                      long *updates) {
     sim_run_desc d;
     sim_result r;
     char name[64];
@@ -138,6 +147,8 @@ static double run_one(sweep *sw, const point *p, double lr, uint64_t seed, FILE 
     d.net.compute.straggler_factor = SEVS[p->sev].factor;
     d.net.compute.seed = seed;
     d.csv = rows;
+    d.target_only = rows == NULL;
+    d.give_up_s = give_up_s;
     d.seed = seed;
     d.optimizer.lr = (float)lr;
     switch (p->policy) {
@@ -170,76 +181,147 @@ static double run_one(sweep *sw, const point *p, double lr, uint64_t seed, FILE 
     return r.time_to_target;
 }
 
-/* One run of a batch that mean_over spreads over threads. */
+/* One run of the sweep: a point's learning rate and seed. */
 typedef struct job {
     sweep *sw;
     const point *p;
-    double lr, t;
+    double lr, give_up_s, t;
     uint64_t seed;
     long updates;
 } job;
 
 static void job_run(void *user, int i) {
-    job *j = (job *)user + i;
-    j->t = run_one(j->sw, j->p, j->lr, j->seed, NULL, &j->updates);
+    job *j = ((job **)user)[i];
+    j->t = run_one(j->sw, j->p, j->lr, j->seed, NULL, j->give_up_s, &j->updates);
 }
 
-/* Mean of the times over k seeds from first (unreached: +inf), the runs
-   spread over sw->jobs threads (each run is a function of its seed, so the
-   result does not depend on which thread ran it). -2 when a run failed. */
-static double mean_over(sweep *sw, const point *p, double lr, uint64_t first, int k, double *t, int *reached) {
-    job js[MAX_SEEDS];
+/* Larger P first (the longer runs), then in the given order: the last
+   runs on the threads are the short ones. */
+static int cmp_job(const void *a, const void *b) {
+    const job *x = *(job *const *)a, *y = *(job *const *)b;
+    if (x->p->P != y->p->P) return y->p->P - x->p->P;
+    return (x > y) - (x < y);
+}
+
+/* Runs the n jobs over sw->jobs threads (each run is a function of its
+   desc, so nothing depends on which thread ran it). -1 when a run failed. */
+static int run_jobs(sweep *sw, job *js, int n) {
+    job **order = (job **)malloc(sizeof(job *) * (size_t)(n > 0 ? n : 1));
+    int i;
+    if (!order) return -1;
+    for (i = 0; i < n; ++i) order[i] = &js[i];
+    qsort(order, (size_t)n, sizeof(job *), cmp_job);
+    sim_parallel(n, sw->jobs, job_run, order);
+    free(order);
+    sw->nruns += n;
+    for (i = 0; i < n; ++i)
+        if (js[i].t < -1.5) return -1;
+    return 0;
+}
+
+/* The mean of k times (unreached, -1: +inf) and how many reached. */
+static double mean_of(const job *js, int k, int *reached) {
     double sum = 0;
     int i;
-    for (i = 0; i < k; ++i) {
-        js[i].sw = sw;
-        js[i].p = p;
-        js[i].lr = lr;
-        js[i].seed = first + (uint64_t)i;
-        js[i].updates = -1;
-    }
-    sim_parallel(k, sw->jobs, job_run, js);
-    sw->nruns += k;
     *reached = 0;
-    for (i = 0; i < k; ++i) {
-        double x = js[i].t;
-        if (x < -1.5) return -2;
-        if (t) t[i] = x;
-        if (x >= 0) {
-            sum += x;
+    for (i = 0; i < k; ++i)
+        if (js[i].t >= 0) {
+            sum += js[i].t;
             ++*reached;
         }
-        if (t && sw->runs)
-            fprintf(sw->runs, "%s,%s,%d,%s,%d,%.6g,%llu,%.6f,%ld,%d\n", NETS[p->net].name, SEVS[p->sev].name, p->P,
-                    POL_NAME[p->policy], p->k, lr, (unsigned long long)js[i].seed, x, js[i].updates, x >= 0);
-    }
     return *reached == k ? sum / k : HUGE_VAL;
 }
 
-/* Tunes p's learning rate on the tuning seeds, then measures it. 0, or -1
-   on a failed run. */
-static int measure(sweep *sw, point *p) {
-    const double *grid = is_sync(p->policy) ? GRID_SYNC : GRID_ASYNC;
-    int ng = is_sync(p->policy) ? 3 : 5, g, i, reached;
-    double best = HUGE_VAL, sd = 0;
-    p->lr = lr_of(p, 1.0);
-    for (g = 0; g < ng; ++g) {
-        double m = mean_over(sw, p, lr_of(p, grid[g]), 100, sw->tune_seeds, NULL, &reached);
-        if (m < -1.5) return -1;
-        if (m < best) {
-            best = m;
-            p->lr = lr_of(p, grid[g]);
+/* Tunes each point's learning rate on the tuning seeds (100 + i), then
+   measures it on the evaluation seeds (1 + i): the points' runs together,
+   grid value by grid value, so that the threads stay busy. A point's best
+   grid value is the first of the lowest mean time over the tuning seeds;
+   a later value's run can only beat it with a time below tune_seeds x the
+   best mean so far, so it gives up there (sim_run_desc.give_up_s), which
+   leaves the choice as it would be. The evaluation runs' rows go to
+   sw->runs, point by point in order. 0, or -1 on a failed run. */
+static int measure_all(sweep *sw, point *pts, int npts) {
+    int kt = sw->tune_seeds, ks = sw->seeds, most = kt > ks ? kt : ks, g, i, s, n, reached;
+    job *js = (job *)calloc((size_t)npts * (size_t)most, sizeof(job));
+    double *best = (double *)malloc(sizeof(double) * (size_t)(npts > 0 ? npts : 1));
+    if (!js || !best) {
+        free(js);
+        free(best);
+        return -1;
+    }
+    for (i = 0; i < npts; ++i) {
+        best[i] = HUGE_VAL;
+        pts[i].lr = lr_of(&pts[i], 1.0);
+    }
+    for (g = 0; g < 5; ++g) {
+        n = 0;
+        for (i = 0; i < npts; ++i) {
+            const point *p = &pts[i];
+            const double *grid = is_sync(p->policy) ? GRID_SYNC : GRID_ASYNC;
+            if (g >= (is_sync(p->policy) ? 3 : 5)) continue;
+            for (s = 0; s < kt; ++s, ++n) {
+                job *j = &js[n];
+                j->sw = sw;
+                j->p = p;
+                j->lr = lr_of(p, grid[g]);
+                j->seed = 100 + (uint64_t)s;
+                j->give_up_s = isfinite(best[i]) ? best[i] * kt * (1 + 1e-9) : 0;
+                j->updates = -1;
+            }
+        }
+        if (n == 0) break;
+        if (run_jobs(sw, js, n) != 0) goto fail;
+        n = 0;
+        for (i = 0; i < npts; ++i) {
+            double m;
+            if (g >= (is_sync(pts[i].policy) ? 3 : 5)) continue;
+            m = mean_of(&js[n], kt, &reached);
+            if (m < best[i]) {
+                best[i] = m;
+                pts[i].lr = js[n].lr;
+            }
+            n += kt;
         }
     }
-    p->mean = mean_over(sw, p, p->lr, 1, sw->seeds, p->t, &p->reached);
-    if (p->mean < -1.5) return -1;
-    p->ci = HUGE_VAL;
-    if (p->reached == sw->seeds && sw->seeds > 1) {
-        for (i = 0; i < sw->seeds; ++i) sd += (p->t[i] - p->mean) * (p->t[i] - p->mean);
-        sd = sqrt(sd / (sw->seeds - 1));
-        p->ci = t975(sw->seeds - 1) * sd / sqrt((double)sw->seeds);
+    n = 0;
+    for (i = 0; i < npts; ++i)
+        for (s = 0; s < ks; ++s, ++n) {
+            job *j = &js[n];
+            memset(j, 0, sizeof(*j));
+            j->sw = sw;
+            j->p = &pts[i];
+            j->lr = pts[i].lr;
+            j->seed = 1 + (uint64_t)s;
+            j->updates = -1;
+        }
+    if (run_jobs(sw, js, n) != 0) goto fail;
+    for (i = 0; i < npts; ++i) {
+        point *p = &pts[i];
+        const job *pj = &js[i * ks];
+        double sd = 0;
+        p->mean = mean_of(pj, ks, &p->reached);
+        for (s = 0; s < ks; ++s) {
+            double x = pj[s].t;
+            p->t[s] = x;
+            if (sw->runs)
+                fprintf(sw->runs, "%s,%s,%d,%s,%d,%.6g,%llu,%.6f,%ld,%d\n", NETS[p->net].name, SEVS[p->sev].name,
+                        p->P, POL_NAME[p->policy], p->k, p->lr, (unsigned long long)pj[s].seed, x, pj[s].updates,
+                        x >= 0);
+        }
+        p->ci = HUGE_VAL;
+        if (p->reached == ks && ks > 1) {
+            for (s = 0; s < ks; ++s) sd += (p->t[s] - p->mean) * (p->t[s] - p->mean);
+            sd = sqrt(sd / (ks - 1));
+            p->ci = t975(ks - 1) * sd / sqrt((double)ks);
+        }
     }
+    free(js);
+    free(best);
     return 0;
+fail:
+    free(js);
+    free(best);
+    return -1;
 }
 
 static point make_point(int net, int sev, int P, pol policy, int k) {
@@ -296,7 +378,7 @@ int main(int argc, char **argv) {
     const char *data_path = "examples/data/digits.csv", *out = "build/sim";
     static const int PS_FULL[4] = {16, 32, 64, 128}, PS_QUICK[2] = {16, 64};
     static const int BS[6] = {0, 1, 2, 4, 8, 16}, BS100[NB100] = {0, 1, 2, 4, 8, 16, 32};
-    int quick = 0, smoke = 0, a, n, s, i, j, nP, failed = 0;
+    int quick = 0, smoke = 0, a, n, s, i, j, nP, failed = 0, npts, at;
     int P100 = 100, nb100 = NB100, nnet = 2, sev_lo = 0, sev_hi = 3;
     const int *PS_;
     char path[1024];
@@ -304,6 +386,7 @@ int main(int argc, char **argv) {
     sweep sw;
     dsgd_ctx *ctx;
     point best_sync[2][3][4], async_pt[2][3][4], bpts[2][NB100], apt100, ssp100;
+    static point pts[2 * NB100 + 2 + 2 * 3 * 4 * 7];
 
     memset(&sw, 0, sizeof(sw));
     sw.seeds = 5;
@@ -353,28 +436,51 @@ int main(int argc, char **argv) {
     printf("virtual seconds to %.0f%% test accuracy (digits MLP), mean +- 95%% CI of %d seeds, lr tuned on %d\n",
            100 * TARGET, sw.seeds, sw.tune_seeds);
 
+    /* The points of sections 1 and 3, measured together (measure_all),
+       then reported in this order. */
     /* 1. Chen et al.'s shape: P = 100 workers, fast network, tail
        stragglers (a few slow workers in every step, as on a shared
        cluster); time to target against b, both protocols; async and SSP
        beside them */
+    npts = 0;
+    for (j = 0; j < nb100; ++j) {
+        pts[npts++] = make_point(0, 2, P100, POL_SYNC, BS100[j]);
+        pts[npts++] = make_point(0, 2, P100, POL_CANCEL, BS100[j]);
+    }
+    pts[npts++] = make_point(0, 2, P100, POL_ASYNC, 0);
+    pts[npts++] = make_point(0, 2, P100, POL_SSP, 4);
+    /* 3. the crossover: async against sync at its best b (cancelling), per
+       network, severity and P */
+    for (n = 0; n < nnet; ++n)
+        for (s = sev_lo; s < sev_hi; ++s)
+            for (i = 0; i < nP; ++i) {
+                int P = PS_[i];
+                for (j = 0; j < 6 && BS[j] <= P / 8; ++j) pts[npts++] = make_point(n, s, P, POL_CANCEL, BS[j]);
+                pts[npts++] = make_point(n, s, P, POL_ASYNC, 0);
+            }
+    if (measure_all(&sw, pts, npts) != 0) {
+        fprintf(stderr, "error: a run failed\n");
+        failed = 1;
+    }
+
     printf("P = %d, fast network, tail stragglers: time to target against b\n", P100);
+    at = 0;
     for (j = 0; j < nb100 && !failed; ++j) {
         int pol2;
-        for (pol2 = 0; pol2 < 2 && !failed; ++pol2) {
-            bpts[pol2][j] = make_point(0, 2, P100, pol2 ? POL_CANCEL : POL_SYNC, BS100[j]);
-            if (measure(&sw, &bpts[pol2][j]) != 0) failed = 1;
+        for (pol2 = 0; pol2 < 2; ++pol2) {
+            bpts[pol2][j] = pts[at++];
             summary_row(sum, &bpts[pol2][j]);
             print_point(&sw, &bpts[pol2][j]);
         }
     }
-    apt100 = make_point(0, 2, P100, POL_ASYNC, 0);
-    if (!failed && measure(&sw, &apt100) != 0) failed = 1;
-    summary_row(sum, &apt100);
-    print_point(&sw, &apt100);
-    ssp100 = make_point(0, 2, P100, POL_SSP, 4);
-    if (!failed && measure(&sw, &ssp100) != 0) failed = 1;
-    summary_row(sum, &ssp100);
-    print_point(&sw, &ssp100);
+    if (!failed) {
+        apt100 = pts[at++];
+        summary_row(sum, &apt100);
+        print_point(&sw, &apt100);
+        ssp100 = pts[at++];
+        summary_row(sum, &ssp100);
+        print_point(&sw, &ssp100);
+    }
 
     /* 2. the step-time CDF there (one seed): b = 0 against b = 4, TF's
        protocol and cancelling */
@@ -388,7 +494,7 @@ int main(int argc, char **argv) {
             FILE *rows = tmpfile();
             long upd;
             q.lr = lr_of(&q, 1.0);
-            if (!rows || run_one(&sw, &q, q.lr, 1, rows, &upd) < -1.5) failed = 1;
+            if (!rows || run_one(&sw, &q, q.lr, 1, rows, 0, &upd) < -1.5) failed = 1;
             sw.nruns++;
             cnt[c] = rows ? step_times(rows, st[c], MAX_STEPS) : 0;
             qsort(st[c], (size_t)cnt[c], sizeof(double), cmp_double);
@@ -399,8 +505,8 @@ int main(int argc, char **argv) {
             for (i = 1; i <= 100; ++i) {
                 fprintf(cdf, "%.2f", i / 100.0);
                 for (c = 0; c < 3; ++c) {
-                    int at = cnt[c] ? (int)((double)i / 100.0 * cnt[c]) - 1 : 0;
-                    fprintf(cdf, ",%.6f", cnt[c] ? st[c][at < 0 ? 0 : at] : 0.0);
+                    int at2 = cnt[c] ? (int)((double)i / 100.0 * cnt[c]) - 1 : 0;
+                    fprintf(cdf, ",%.6f", cnt[c] ? st[c][at2 < 0 ? 0 : at2] : 0.0);
                 }
                 fprintf(cdf, "\n");
             }
@@ -408,24 +514,21 @@ int main(int argc, char **argv) {
         }
     }
 
-    /* 3. the crossover: async against sync at its best b (cancelling), per
-       network, severity and P */
+    /* 3. (measured above) */
     printf("the crossover: sync at its best b (cancelling) against async\n");
     for (n = 0; n < nnet && !failed; ++n)
-        for (s = sev_lo; s < sev_hi && !failed; ++s)
-            for (i = 0; i < nP && !failed; ++i) {
+        for (s = sev_lo; s < sev_hi; ++s)
+            for (i = 0; i < nP; ++i) {
                 int P = PS_[i];
                 point *bs = &best_sync[n][s][i];
                 *bs = make_point(n, s, P, POL_CANCEL, 0);
                 bs->mean = HUGE_VAL;
                 for (j = 0; j < 6 && BS[j] <= P / 8; ++j) {
-                    point q = make_point(n, s, P, POL_CANCEL, BS[j]);
-                    if (measure(&sw, &q) != 0) failed = 1;
-                    summary_row(sum, &q);
-                    if (q.mean < bs->mean || j == 0) *bs = q;
+                    const point *q = &pts[at++];
+                    summary_row(sum, q);
+                    if (q->mean < bs->mean || j == 0) *bs = *q;
                 }
-                async_pt[n][s][i] = make_point(n, s, P, POL_ASYNC, 0);
-                if (measure(&sw, &async_pt[n][s][i]) != 0) failed = 1;
+                async_pt[n][s][i] = pts[at++];
                 summary_row(sum, &async_pt[n][s][i]);
                 print_point(&sw, bs);
                 print_point(&sw, &async_pt[n][s][i]);

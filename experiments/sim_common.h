@@ -13,7 +13,8 @@
        1..W are workers, run by the hub (dsgd_simnet_run: fibers on one
        thread, no parking, so P in the hundreds is quick); a worker runs
        the engine's loop (dsgd_ps_worker_run): pulls, computes its
-       gradient, charges the compute, pushes.
+       gradient (on the run's one model, which the workers share: one rank
+       runs at a time), charges the compute, pushes.
    Every worker draws its batches from the training set with its own
    generator (seed, rank, step), so a run is a function of its desc: the
    same seed gives the same CSV bytes and the same trace.
@@ -33,8 +34,10 @@
    dsgd_simnet_bytes_sent), over the workers (PS: the workers' sends
    only, not the server's). stop_at_target works for mirrored, ASYNC and
    BACKUP (SYNC and SSP need every worker to push equally often: the run
-   fails). Include this file in one translation unit that defines
-   DISTSGD_IMPLEMENTATION first. */
+   fails). A caller that wants only the target's first time (a sweep)
+   sets target_only: the run then does no work past it. Include this
+   file in one translation unit that defines DISTSGD_IMPLEMENTATION
+   first. */
 #ifndef SIM_COMMON_H
 #define SIM_COMMON_H
 
@@ -132,6 +135,21 @@ typedef struct sim_run_desc {
     int eval_every;         /* updates between rows */
     int stop_at_target;     /* non-zero: stop once test accuracy >= target */
     double target;          /* test accuracy whose first time is reported */
+    /* non-zero (csv NULL): only the target's first time is wanted
+       (time_to_target, steps_to_target, bytes_to_target). Once the target
+       is reached, or give_up_s passed, a run that stops at the target
+       stops; a parameter-server one that cannot (SSP, SYNC) stops every
+       worker at one push count, one past the most any has made (as a run
+       of that many steps would), a BACKUP one without stop_at_target goes
+       on without evaluating or computing gradients (its workers push zeros
+       and charge their compute times as before); the other fields of
+       sim_result then hold the last row evaluated. */
+    int target_only;
+    /* > 0, with target_only: a row at this virtual time or later that is
+       below the target ends the search (the run counts as not reaching
+       it): a caller comparing the time to target against a bound needs
+       no more */
+    double give_up_s;
     dsgd_simnet_desc net;   /* links and compute model; ranks, parking set here */
     int csv_bytes;          /* non-zero: the rows end with bytes_per_worker */
     int ps_draw_as_replica; /* SIM_PS: worker rank w draws the batches of
@@ -234,7 +252,8 @@ typedef struct sim_rows {
     long pulls;
     double stale_sum;
     long dropped, dropped_total;
-    int stop; /* the target was reached and stop_at_target */
+    int stop; /* the target was reached (or given up) and stop_at_target */
+    int done; /* target_only: the target was reached or given up */
 } sim_rows;
 
 SIM_MAYBE_UNUSED static void sim_csv_header(FILE *f) {
@@ -269,6 +288,10 @@ static void sim_row(sim_rows *r, long step, double t, double loss, double acc, d
         r->res->time_to_target = t;
         r->res->steps_to_target = step;
         r->res->bytes_to_target = bytes;
+        if (d->stop_at_target) r->stop = 1;
+    }
+    if (d->target_only && (r->res->time_to_target >= 0 || (d->give_up_s > 0 && t >= d->give_up_s))) {
+        r->done = 1;
         if (d->stop_at_target) r->stop = 1;
     }
     r->res->final_time = t;
@@ -348,7 +371,7 @@ static int sim_run_mirrored(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data
     if (!params) goto done;
     for (m.step = 0; m.step < d->steps && !rows->stop; ++m.step) {
         if (dsgd_strategy_train_step_fn(st, sim_mirror_batch, &m, NULL) != DSGD_OK) goto done;
-        if ((m.step + 1) % d->eval_every == 0 || m.step + 1 == d->steps) {
+        if (!rows->done && ((m.step + 1) % d->eval_every == 0 || m.step + 1 == d->steps)) {
             double loss, acc;
             size_t np = dsgd_model_num_params(eval);
             if (dsgd_model_get_params(dsgd_strategy_model(st, 0), params, np) != DSGD_OK ||
@@ -380,8 +403,11 @@ typedef struct sim_ps {
     dsgd_shard_map *map;
     dsgd_ps_desc pd;
     const float *init;
+    dsgd_model *model; /* the workers' model, shared (see sim_ps_rank) */
     sim_rows *rows;
     int stop_version; /* a worker saw the target: everyone stops at this version (0: none) */
+    int64_t most_pushes; /* the most pushes a worker had made at a pull */
+    int64_t stop_pushes; /* target_only, done, no stop_at_target: every worker stops after this many (0: none) */
     dsgd_result *res;
     char (*msg)[256];
     dsgd_ps_server_stats st;
@@ -392,15 +418,22 @@ typedef struct sim_ps_worker {
     sim_ps *ps;
     int rank;
     dsgd_ps_worker *w;
-    dsgd_model *m;
+    dsgd_model *m; /* the run's shared model (sim_ps.model) */
     size_t np;
     float *x, *y;
     int64_t prev_v; /* the version read at the previous pull */
     long attempts;  /* backup_cancel: computes begun (each draws its time) */
 } sim_ps_worker;
 
-/* After each pull: the staleness counters, the pulled weights into the
-   model, rank 1's rows, and when to stop early (see sim_run_desc.steps; the
+/* A model error on the run's ctx, also recorded on the worker's (whose
+   message the run reports). */
+static dsgd_result sim_ps_model_error(sim_ps_worker *sw, dsgd_result res) {
+    dsgd_ctx_set_error(sw->ps->ctx[sw->rank], res, "%s", dsgd_ctx_last_error(dsgd_model_ctx(sw->m)));
+    return res;
+}
+
+/* After each pull: the staleness counters, rank 1's rows (the pulled
+   weights into the model first), and when to stop early (see sim_run_desc.steps; the
    rule of dsgd_ps_worker_run stops at `steps` pushes, or under BACKUP at
    version `steps`). With one server the version is the global step. */
 static dsgd_result sim_ps_pulled(void *user, int64_t k, int64_t v, const float *params, int *stop) {
@@ -413,35 +446,47 @@ static dsgd_result sim_ps_pulled(void *user, int64_t k, int64_t v, const float *
         ps->rows->stale_sum += (double)(v - sw->prev_v - 1 > 0 ? v - sw->prev_v - 1 : 0);
     }
     sw->prev_v = v;
-    if ((res = dsgd_model_set_params(sw->m, params, sw->np)) != DSGD_OK) return res;
-    if (sw->rank == 1 && (v >= ps->rows->next_eval || (d->steps > 0 && v >= d->steps))) {
+    if (k > ps->most_pushes) ps->most_pushes = k;
+    if (sw->rank == 1 && !ps->rows->done && (v >= ps->rows->next_eval || (d->steps > 0 && v >= d->steps))) {
         double loss, acc;
+        if ((res = dsgd_model_set_params(sw->m, params, sw->np)) != DSGD_OK) return sim_ps_model_error(sw, res);
         sim_evaluate(sw->m, &ps->data->test, &loss, &acc);
         sim_row(ps->rows, (long)v, dsgd_simnet_time(ps->hub, sw->rank), loss, acc,
                 sim_bytes_per_rank(ps->hub, 1, d->workers));
         while (ps->rows->next_eval <= v) ps->rows->next_eval += d->eval_every;
         if (ps->rows->stop && !ps->stop_version) ps->stop_version = (int)v + 1;
+        /* target_only and done, in a run that cannot stop at the target
+           (SSP, SYNC): nothing more is wanted, so every worker stops at
+           one push count, one past the most any has made, as a run with
+           that many steps would */
+        if (ps->rows->done && !d->stop_at_target && !dsgd_ps_policy_stops_on_global(d->policy) && !ps->stop_pushes)
+            ps->stop_pushes = ps->most_pushes + 1;
     }
     /* the time limit; the updates; once a worker saw the target, at once,
        or, where the workers stop on the global step, at the next one */
     *stop = (d->max_time_s > 0 && dsgd_simnet_time(ps->hub, sw->rank) >= d->max_time_s) ||
             (d->steps > 0 && v >= d->steps) ||
-            (ps->stop_version && (!dsgd_ps_policy_stops_on_global(d->policy) || v >= ps->stop_version));
+            (ps->stop_version && (!dsgd_ps_policy_stops_on_global(d->policy) || v >= ps->stop_version)) ||
+            (ps->stop_pushes && k >= ps->stop_pushes);
     return DSGD_OK;
 }
 
-/* The gradient of batch k (the model holds the pulled weights), then the
-   step's compute time on the virtual clock. */
+/* The gradient of batch k at the pulled weights (params, into the shared
+   model first), then the step's compute time on the virtual clock. */
 static dsgd_result sim_ps_grad(void *user, int64_t k, const float *params, float *grads) {
     sim_ps_worker *sw = (sim_ps_worker *)user;
     const sim_run_desc *d = sw->ps->d;
-    dsgd_result res;
-    (void)params;
-    sim_draw(&sw->ps->data->train, d->seed, d->ps_draw_as_replica ? sw->rank - 1 : sw->rank, (long)k, d->batch,
-             sw->x, sw->y);
-    res = dsgd_model_compute_gradients(sw->m, sw->x, sw->y, d->batch, 1.0f / (float)d->batch);
-    if (res == DSGD_OK) res = dsgd_model_get_grads(sw->m, grads, sw->np);
-    if (res != DSGD_OK) return res;
+    dsgd_result res = DSGD_OK;
+    if (sw->ps->rows->done) { /* target_only: nothing more is wanted of the values */
+        memset(grads, 0, sizeof(float) * sw->np);
+    } else {
+        sim_draw(&sw->ps->data->train, d->seed, d->ps_draw_as_replica ? sw->rank - 1 : sw->rank, (long)k, d->batch,
+                 sw->x, sw->y);
+        res = dsgd_model_set_params(sw->m, params, sw->np);
+        if (res == DSGD_OK) res = dsgd_model_compute_gradients(sw->m, sw->x, sw->y, d->batch, 1.0f / (float)d->batch);
+        if (res == DSGD_OK) res = dsgd_model_get_grads(sw->m, grads, sw->np);
+        if (res != DSGD_OK) return sim_ps_model_error(sw, res);
+    }
     if (d->backup_cancel) /* a CANCEL may cut it short: the loop then pulls again */
         return dsgd_ps_worker_compute_for(sw->w, dsgd_simnet_compute_time(sw->ps->hub, sw->rank, sw->attempts++), NULL);
     return dsgd_simnet_compute(sw->ps->hub, sw->rank, (long)k);
@@ -463,7 +508,12 @@ static dsgd_result sim_ps_pushed(void *user, int64_t k) {
    rank runs at a time (the hub's turn; no parking here), so the shared
    counters in rows need no lock and their order is the simulation's. A
    worker runs the engine's loop (dsgd_ps_worker_run: pull, stop rule,
-   compute, push) with the callbacks above. */
+   compute, push) with the callbacks above. The workers share one model
+   (the run's, sim_ps.model): a worker sets the pulled weights, computes and
+   reads its gradient within one turn, before its compute charge hands the
+   turn on, and the model keeps nothing else between steps (the servers
+   hold the optimizer), so its results are those of a model per worker,
+   without P models' memory and initialisation. */
 static void sim_ps_rank(dsgd_simnet *hub, int rank, const dsgd_transport_i *t, void *user) {
     sim_ps *ps = (sim_ps *)user;
     const sim_run_desc *d = ps->d;
@@ -481,20 +531,13 @@ static void sim_ps_rank(dsgd_simnet *hub, int rank, const dsgd_transport_i *t, v
         dsgd_ps_server_destroy(s);
     } else {
         sim_ps_worker sw;
-        dsgd_model_desc md;
         dsgd_ps_run_desc run;
         const dsgd_dataset *tr = &ps->data->train;
         memset(&sw, 0, sizeof(sw));
         sw.ps = ps;
         sw.rank = rank;
-        memset(&md, 0, sizeof(md));
-        md.input_dim = tr->dim;
-        md.layers = d->layers;
-        md.num_layers = d->num_layers;
-        md.max_batch = d->batch < 256 ? 256 : d->batch;
-        md.seed = d->seed;
-        res = dsgd_model_create(ctx, &md, &sw.m);
-        if (res == DSGD_OK) res = dsgd_ps_worker_create(ctx, t, &ps->pd, ps->map, &sw.w);
+        sw.m = ps->model;
+        res = dsgd_ps_worker_create(ctx, t, &ps->pd, ps->map, &sw.w);
         if (res == DSGD_OK) {
             sw.np = dsgd_model_num_params(sw.m);
             sw.x = (float *)malloc(sizeof(float) * (size_t)d->batch * (size_t)tr->dim);
@@ -510,7 +553,6 @@ static void sim_ps_rank(dsgd_simnet *hub, int rank, const dsgd_transport_i *t, v
         run.after_push = sim_ps_pushed;
         if (res == DSGD_OK) res = dsgd_ps_worker_run(sw.w, &run);
         dsgd_ps_worker_destroy(sw.w);
-        dsgd_model_destroy(sw.m);
         free(sw.x);
         free(sw.y);
     }
@@ -541,17 +583,18 @@ static int sim_run_ps(dsgd_ctx *ctx, const sim_run_desc *d, const sim_data *data
     ps.res = (dsgd_result *)calloc((size_t)n, sizeof(*ps.res));
     ps.msg = (char(*)[256])calloc((size_t)n, 256);
     if (!ps.ctx || !ps.res || !ps.msg) goto done;
-    /* the initial weights: the workers' model's, by seed */
+    /* the workers' model; its weights (by seed) are the initial ones */
     memset(&md, 0, sizeof(md));
     md.input_dim = data->train.dim;
     md.layers = d->layers;
     md.num_layers = d->num_layers;
-    md.max_batch = 1;
+    md.max_batch = d->batch < 256 ? 256 : d->batch;
     md.seed = d->seed;
     if (dsgd_model_create(ctx, &md, &m0) != DSGD_OK) goto done;
     init = (float *)malloc(sizeof(float) * dsgd_model_num_params(m0));
     if (!init || dsgd_model_get_params(m0, init, dsgd_model_num_params(m0)) != DSGD_OK) goto done;
     ps.init = init;
+    ps.model = m0;
     if (dsgd_shard_map_create(ctx, dsgd_model_variable(m0, 0), dsgd_model_num_variables(m0), 1, NULL, &ps.map) !=
         DSGD_OK)
         goto done;
@@ -604,6 +647,10 @@ static int sim_run(const sim_run_desc *d, const sim_data *data, sim_result *out)
     memset(out, 0, sizeof(*out));
     out->time_to_target = -1;
     out->steps_to_target = -1;
+    if (d->target_only && d->csv) {
+        fprintf(stderr, "%s: target_only writes no rows (csv must be NULL)\n", d->name);
+        return -1;
+    }
     memset(&rows, 0, sizeof(rows));
     rows.d = d;
     rows.res = out;
