@@ -17,7 +17,8 @@
 
    Why Fashion-MNIST: 60000 training images are 7 steps an epoch at batch
    8192 (the vendored digits have 1437, fewer than one such batch); a
-   64-unit hidden layer keeps the 12 runs near 40 s on 2 cores.
+   64-unit hidden layer keeps the 12 runs near 50 CPU seconds (two at a
+   time, --jobs).
 
    Writes build/sim/linear_scaling.csv (a row per epoch: run,step,time_s,
    loss,accuracy,staleness,dropped; run = warmup-8192 and so on),
@@ -27,7 +28,8 @@
 
    Run:  make sim      (prepares Fashion-MNIST as make demo does)
    or:   ./build/experiments/linear_scaling [--data DIR] [--out DIR] [--epochs E]
-           [--warmup-epochs W] [--lr LR at batch 256] [--seed S] */
+           [--warmup-epochs W] [--lr LR at batch 256] [--seed S] [--jobs J]
+   --jobs: runs at a time (default 2; the CSVs do not depend on it). */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
@@ -38,16 +40,48 @@
 
 static const dsgd_layer_desc LAYERS[2] = {{.units = 64, .activation = DSGD_ACT_RELU}, {.units = 10}};
 
+/* One run: its desc, its rows (a temporary file, appended to the CSV in
+   the runs' order) and what it measured. */
+typedef struct job {
+    char name[64];
+    sim_run_desc d;
+    FILE *rows;
+    sim_result r;
+    int rc;
+} job;
+
+typedef struct jobs {
+    job *j;
+    const sim_data *data;
+} jobs;
+
+static void job_run(void *user, int i) {
+    jobs *q = (jobs *)user;
+    job *j = &q->j[i];
+    j->d.csv = j->rows;
+    j->rc = j->rows ? sim_run(&j->d, q->data, &j->r) : -1;
+}
+
+/* Copies the rows of f to out. */
+static void append(FILE *out, FILE *f) {
+    char buf[4096];
+    size_t k;
+    rewind(f);
+    while ((k = fread(buf, 1, sizeof(buf), f)) > 0) fwrite(buf, 1, k, out);
+}
+
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist", *out = "build/sim";
-    int epochs = 8, warmup_epochs = 2, a, bi, v, failed = 0;
+    int epochs = 8, warmup_epochs = 2, njobs = 2, a, bi, v, failed = 0;
     float base_lr = 0.05f;
     uint64_t seed = 1;
     dsgd_ctx *ctx;
     sim_data data;
-    char csv_path[1024], sum_path[1024], name[64];
+    char csv_path[1024], sum_path[1024];
     FILE *csv, *sum;
     double acc[NB][2], vt[NB][2], wall_all = 0;
+    job js[NB * 2];
+    jobs q;
 
     for (a = 1; a < argc; ++a) {
         if (!strcmp(argv[a], "--data") && a + 1 < argc) dir = argv[++a];
@@ -56,13 +90,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--seed") && a + 1 < argc) seed = strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--lr") && a + 1 < argc) base_lr = (float)atof(argv[++a]);
         else if (!strcmp(argv[a], "--warmup-epochs") && a + 1 < argc) warmup_epochs = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--jobs") && a + 1 < argc) njobs = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--data DIR] [--out DIR] [--epochs E] [--warmup-epochs W] [--lr LR] [--seed S]\n",
+            fprintf(stderr,
+                    "usage: %s [--data DIR] [--out DIR] [--epochs E] [--warmup-epochs W] [--lr LR] [--seed S] [--jobs J]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (epochs < 1) return 2;
+    if (epochs < 1 || njobs < 1 || njobs > 16) return 2;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
     if (sim_load_fashion(ctx, dir, &data) != 0) {
         fprintf(stderr, "error: %s (make demo prepares build/data/fashion-mnist)\n", dsgd_ctx_last_error(ctx));
@@ -82,45 +118,61 @@ int main(int argc, char **argv) {
     printf("%d workers, Fashion-MNIST MLP 784-64-10, %d epochs, lr %g x batch / 256, momentum 0.9, warmup %d epochs\n",
            WORKERS, epochs, base_lr, warmup_epochs);
     printf("%6s %8s %7s %14s %14s %10s\n", "batch", "lr", "steps", "acc warmup", "acc no warmup", "virtual s");
-    for (bi = 0; bi < NB && !failed; ++bi) {
+    /* the 12 runs, two at a time (--jobs): each is a function of its desc,
+       its rows go to a file of its own, appended below in the runs' order,
+       so the CSV is the same whatever the threads */
+    memset(js, 0, sizeof(js));
+    for (bi = 0; bi < NB; ++bi) {
         int G = 256 << bi, per = G / WORKERS;
         long steps_per_epoch = (long)(data.train.n / (size_t)G);
-        double wall = 0;
-        for (v = 0; v < 2 && !failed; ++v) {
-            sim_run_desc d;
-            sim_result r;
-            memset(&d, 0, sizeof(d));
-            snprintf(name, sizeof(name), "%s-%d", v == 0 ? "warmup" : "no-warmup", G);
-            d.name = name;
-            d.kind = SIM_MIRRORED;
-            d.workers = WORKERS;
-            d.batch = per;
-            d.layers = LAYERS;
-            d.num_layers = 2;
-            d.optimizer.kind = DSGD_OPT_MOMENTUM;
-            d.optimizer.momentum = 0.9f;
-            d.optimizer.lr = dsgd_linear_scaled_lr(base_lr, G, 256);
-            if (v == 0) d.optimizer.schedule.warmup_steps = steps_per_epoch * warmup_epochs;
-            d.steps = steps_per_epoch * epochs;
-            d.eval_every = (int)steps_per_epoch;
-            d.target = 2; /* not used */
-            d.net.alpha_s = 50e-6;
-            d.net.beta_s_per_byte = 1e-9;
-            d.net.gamma_s_per_float = 1e-10;
-            d.net.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
-            d.net.compute.mean_s = 20e-6 * per;
-            d.net.compute.seed = seed;
-            d.csv = csv;
-            d.seed = seed;
-            if (sim_run(&d, &data, &r) != 0) {
-                failed = 1;
-                break;
-            }
-            acc[bi][v] = r.final_accuracy;
-            vt[bi][v] = r.final_time;
-            wall += r.wall_s;
+        for (v = 0; v < 2; ++v) {
+            job *j = &js[bi * 2 + v];
+            sim_run_desc *d = &j->d;
+            snprintf(j->name, sizeof(j->name), "%s-%d", v == 0 ? "warmup" : "no-warmup", G);
+            d->name = j->name;
+            d->kind = SIM_MIRRORED;
+            d->workers = WORKERS;
+            d->batch = per;
+            d->layers = LAYERS;
+            d->num_layers = 2;
+            d->optimizer.kind = DSGD_OPT_MOMENTUM;
+            d->optimizer.momentum = 0.9f;
+            d->optimizer.lr = dsgd_linear_scaled_lr(base_lr, G, 256);
+            if (v == 0) d->optimizer.schedule.warmup_steps = steps_per_epoch * warmup_epochs;
+            d->steps = steps_per_epoch * epochs;
+            d->eval_every = (int)steps_per_epoch;
+            d->target = 2; /* not used */
+            d->net.alpha_s = 50e-6;
+            d->net.beta_s_per_byte = 1e-9;
+            d->net.gamma_s_per_float = 1e-10;
+            d->net.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+            d->net.compute.mean_s = 20e-6 * per;
+            d->net.compute.seed = seed;
+            d->seed = seed;
+            j->rows = tmpfile();
         }
-        if (failed) break;
+    }
+    q.j = js;
+    q.data = &data;
+    sim_parallel(NB * 2, njobs, job_run, &q);
+    for (bi = 0; bi < NB * 2; ++bi) {
+        if (js[bi].rc != 0) {
+            if (!js[bi].rows) fprintf(stderr, "%s: no temporary file\n", js[bi].name);
+            failed = 1;
+            break;
+        }
+        append(csv, js[bi].rows);
+    }
+    for (bi = 0; bi < NB && !failed; ++bi) {
+        int G = 256 << bi;
+        long steps_per_epoch = (long)(data.train.n / (size_t)G);
+        double wall = 0;
+        for (v = 0; v < 2; ++v) {
+            const sim_result *r = &js[bi * 2 + v].r;
+            acc[bi][v] = r->final_accuracy;
+            vt[bi][v] = r->final_time;
+            wall += r->wall_s;
+        }
         printf("%6d %8.3f %7ld %14.4f %14.4f %10.3f\n", G, dsgd_linear_scaled_lr(base_lr, G, 256),
                steps_per_epoch * epochs, acc[bi][0], acc[bi][1], vt[bi][0]);
         wall_all += wall;
@@ -128,6 +180,8 @@ int main(int argc, char **argv) {
                 vt[bi][0]);
         fflush(stdout);
     }
+    for (bi = 0; bi < NB * 2; ++bi)
+        if (js[bi].rows) fclose(js[bi].rows);
     fclose(csv);
     fclose(sum);
     sim_data_free(&data);
