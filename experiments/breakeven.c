@@ -79,6 +79,7 @@ int main(int argc, char **argv) {
     int a, m, w, smoke = 0, measured = 0, only = 0, failed = 0, nw;
     int workers[2] = {2, 8};
     be_desc d;
+    static be_cache cache;
     char path[1024], buf[64];
     FILE *csv;
     double t0 = dsgd_now();
@@ -87,6 +88,7 @@ int main(int argc, char **argv) {
     d.compute_s = 0.010;
     d.gamma_s_per_float = 1e-10;
     for (m = 0; m < BE_METHODS; ++m) d.codec_step_s[m] = -1;
+    d.cache = &cache;
     for (a = 1; a < argc; ++a) {
         const char *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (!strcmp(argv[a], "--out") && v) out = argv[++a];
