@@ -22,6 +22,8 @@
      --codec-step-s NAME=S[,NAME=S...]   the same with seconds you measured
                     (names as in the table)
      --workers N    only N [2 and 8]
+     --jobs J       methods searched at a time [2]; the output does not
+                    depend on it (fp32's runs are shared: be_desc.cache)
    Prints the table, writes breakeven.csv to --out [build/sim]. --smoke: N
    = 2, fp16, top-k and PowerSGD r2 only (the build's checks: the same
    output every run). Charged
@@ -30,18 +32,19 @@
    Run:  make sim    (with the other experiments)
    or:   ./build/experiments/breakeven [--out DIR] [--alpha S] [--compute-s S]
            [--gamma S] [--codec-s S] [--codec measured] [--codec-step-s LIST]
-           [--workers N] [--smoke] */
+           [--workers N] [--jobs J] [--smoke] */
 #define _POSIX_C_SOURCE 200809L
 #define DISTSGD_IMPLEMENTATION
 #include "../distsgd.h"
 #include "breakeven.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #define USAGE                                                                                                          \
     "[--out DIR] [--alpha S] [--compute-s S] [--gamma S] [--codec-s S] [--codec measured] "                            \
-    "[--codec-step-s NAME=S,...] [--workers N] [--smoke]"
+    "[--codec-step-s NAME=S,...] [--workers N] [--jobs J] [--smoke]"
 
 /* Parses NAME=S[,NAME=S...] into d->codec_step_s; 0, or -1. */
 static int parse_step_s(const char *list, be_desc *d) {
@@ -57,6 +60,54 @@ static int parse_step_s(const char *list, be_desc *d) {
         if (!(d->codec_step_s[m] >= 0)) return -1;
     }
     return 0;
+}
+
+/* One method's row at one N: what a thread of run_methods fills. */
+typedef struct method_job {
+    const be_desc *d;
+    const double *bw; /* the two bandwidths of the ratios */
+    int m, rc;
+    be_result r;
+    be_run base, x[2];
+} method_job;
+
+typedef struct method_pool {
+    method_job *j;
+    int n, next;
+    pthread_mutex_t mu;
+} method_pool;
+
+static void *method_thread(void *arg) {
+    method_pool *q = (method_pool *)arg;
+    for (;;) {
+        method_job *j;
+        int i, k;
+        pthread_mutex_lock(&q->mu);
+        i = q->next < q->n ? q->next++ : -1;
+        pthread_mutex_unlock(&q->mu);
+        if (i < 0) return NULL;
+        j = &q->j[i];
+        j->rc = be_breakeven(j->d, j->m, &j->r) != 0 || be_simulate(j->d, 0, 0.0, DSGD_SIMNET_FREE, 3, &j->base) != 0;
+        for (k = 0; k < 2 && !j->rc; ++k) j->rc = be_simulate(j->d, j->m, 1.0 / j->bw[k], j->r.gamma_c, 3, &j->x[k]) != 0;
+    }
+}
+
+/* The n methods' rows, on up to `threads` threads (the caller's among
+   them): each row is a function of d and its method, and the cache is
+   frozen meanwhile (filled before with fp32's common runs). */
+static void run_methods(method_job *js, int n, int threads) {
+    pthread_t th[8];
+    method_pool q;
+    int i, started = 0;
+    q.j = js;
+    q.n = n;
+    q.next = 0;
+    pthread_mutex_init(&q.mu, NULL);
+    for (i = 1; i < threads && i < n && started < 8; ++i)
+        if (pthread_create(&th[started], NULL, method_thread, &q) == 0) ++started;
+    method_thread(&q);
+    for (i = 0; i < started; ++i) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&q.mu);
 }
 
 /* Each compressor's real seconds per replica and step here. */
@@ -76,7 +127,7 @@ static int measure_codecs(const be_desc *d, be_desc *out) {
 
 int main(int argc, char **argv) {
     const char *out = "build/sim";
-    int a, m, w, smoke = 0, measured = 0, only = 0, failed = 0, nw;
+    int a, m, w, smoke = 0, measured = 0, only = 0, failed = 0, nw, njobs = 2;
     int workers[2] = {2, 8};
     be_desc d;
     static be_cache cache;
@@ -104,6 +155,7 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(argv[a], "--workers") && v) only = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--jobs") && v) njobs = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--smoke")) smoke = 1;
         else {
             fprintf(stderr, "usage: %s %s\n", argv[0], USAGE);
@@ -111,8 +163,8 @@ int main(int argc, char **argv) {
         }
     }
     if (!(d.alpha_s >= 0) || !(d.compute_s >= 0) || !(d.gamma_s_per_float >= 0) || !(d.codec_s_per_float >= 0) ||
-        (only && (only < 2 || only > 64))) {
-        fprintf(stderr, "--alpha, --compute-s, --gamma, --codec-s: >= 0; --workers: 2..64\n");
+        (only && (only < 2 || only > 64)) || njobs < 1 || njobs > 8) {
+        fprintf(stderr, "--alpha, --compute-s, --gamma, --codec-s: >= 0; --workers: 2..64; --jobs: 1..8\n");
         return 2;
     }
     nw = 2;
@@ -150,30 +202,47 @@ int main(int argc, char **argv) {
                1e3 * fp32[1]);
         printf("%-10s %12s %8s %9s %11s %11s %20s %9s %9s\n", "method", "bytes/step", "fewer", "codec", "codec ms",
                "extra ms", "break-even", "x@1Gb", "x@10Gb");
-        for (m = 1; m < BE_METHODS; ++m) {
-            be_result r;
-            if (smoke && m != 1 && m != 3 && m != 6) continue; /* fp16, top-k, PowerSGD r2 */
-            double ratio[2], fewer;
-            be_run base;
-            if (be_breakeven(&d, m, &r) != 0 || be_simulate(&d, 0, 0.0, DSGD_SIMNET_FREE, 3, &base) != 0) {
-                failed = 1;
-                break;
+        {
+            method_job js[BE_METHODS];
+            be_run common;
+            int nj = 0, i;
+            /* fp32 where every method's search starts (0, its ends), then
+               the methods' rows over the threads, printed in order */
+            if (be_simulate(&d, 0, 0.0, DSGD_SIMNET_FREE, 3, &common) != 0 ||
+                be_simulate(&d, 0, BE_BETA_LO, DSGD_SIMNET_FREE, 3, &common) != 0 ||
+                be_simulate(&d, 0, BE_BETA_HI, DSGD_SIMNET_FREE, 3, &common) != 0)
+                return 1;
+            for (m = 1; m < BE_METHODS; ++m) {
+                if (smoke && m != 1 && m != 3 && m != 6) continue; /* fp16, top-k, PowerSGD r2 */
+                memset(&js[nj], 0, sizeof(js[nj]));
+                js[nj].d = &d;
+                js[nj].bw = bw;
+                js[nj].m = m;
+                ++nj;
             }
-            for (k = 0; k < 2; ++k) {
-                be_run x;
-                if (be_simulate(&d, m, 1.0 / bw[k], r.gamma_c, 3, &x) != 0) return 1;
-                ratio[k] = x.step_s / fp32[k];
+            cache.frozen = 1;
+            run_methods(js, nj, njobs);
+            cache.frozen = 0;
+            for (i = 0; i < nj; ++i) {
+                const be_result *r = &js[i].r;
+                double ratio[2], fewer;
+                m = js[i].m;
+                if (js[i].rc != 0) {
+                    failed = 1;
+                    break;
+                }
+                for (k = 0; k < 2; ++k) ratio[k] = js[i].x[k].step_s / fp32[k];
+                fewer = js[i].base.bytes_sent / r->bytes_sent;
+                printf("%-10s %12.0f %7.1fx %9s %11.3f %11.3f %20s %9.3f %9.3f\n", BE_METHOD[m].name, r->bytes_sent,
+                       fewer, d.codec_step_s[m] >= 0 ? "measured" : "charged", 1e3 * r->codec_s, 1e3 * r->overhead_s,
+                       be_format(r->beta, buf, sizeof(buf)), ratio[0], ratio[1]);
+                fprintf(csv, "%d,%s,%.0f,%s,%.0f,%.6g,%.6g,%.6g,%.6g,%.6f,%.6f,%.6g,%.6g,%.6g\n", d.workers,
+                        BE_METHOD[m].name, r->bytes_sent, d.codec_step_s[m] >= 0 ? "measured" : "charged", r->floats,
+                        r->gamma_c > 0 ? r->gamma_c : 0.0, r->codec_s, r->overhead_s,
+                        r->beta == 0 ? 0.0 : isinf(r->beta) ? -1.0 : 1.0 / r->beta, ratio[0], ratio[1], d.alpha_s,
+                        d.compute_s, d.gamma_s_per_float);
+                fflush(stdout);
             }
-            fewer = base.bytes_sent / r.bytes_sent;
-            printf("%-10s %12.0f %7.1fx %9s %11.3f %11.3f %20s %9.3f %9.3f\n", BE_METHOD[m].name, r.bytes_sent, fewer,
-                   d.codec_step_s[m] >= 0 ? "measured" : "charged", 1e3 * r.codec_s, 1e3 * r.overhead_s,
-                   be_format(r.beta, buf, sizeof(buf)), ratio[0], ratio[1]);
-            fprintf(csv, "%d,%s,%.0f,%s,%.0f,%.6g,%.6g,%.6g,%.6g,%.6f,%.6f,%.6g,%.6g,%.6g\n", d.workers,
-                    BE_METHOD[m].name, r.bytes_sent, d.codec_step_s[m] >= 0 ? "measured" : "charged", r.floats,
-                    r.gamma_c > 0 ? r.gamma_c : 0.0, r.codec_s, r.overhead_s,
-                    r.beta == 0 ? 0.0 : isinf(r.beta) ? -1.0 : 1.0 / r.beta, ratio[0], ratio[1], d.alpha_s,
-                    d.compute_s, d.gamma_s_per_float);
-            fflush(stdout);
         }
     }
     fclose(csv);

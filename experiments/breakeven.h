@@ -110,10 +110,11 @@ typedef struct be_run {
 /* fp32's runs, by their inputs: every method's break-even compares
    against fp32 at the same bandwidths (0, the ends of the search), and
    fp32's run (no hook, no codec charge, virtual time) is a function of its
-   inputs, so each is run once. Zero it before use. */
+   inputs, so each is run once. Zero it before use; frozen, it is only
+   read (threads may share it then). */
 #define BE_CACHE_RUNS 256
 typedef struct be_cache {
-    int n;
+    int n, frozen;
     struct {
         int workers, real_batch, steps;
         double alpha_s, gamma_s_per_float, compute_s, beta;
@@ -135,7 +136,7 @@ static int be_cache_find(const be_desc *d, double beta, int steps) {
 
 static void be_cache_add(const be_desc *d, double beta, int steps, const be_run *run) {
     be_cache *c = d->cache;
-    if (!c || c->n >= BE_CACHE_RUNS) return;
+    if (!c || c->frozen || c->n >= BE_CACHE_RUNS) return;
     c->e[c->n].workers = d->workers;
     c->e[c->n].real_batch = d->real_batch;
     c->e[c->n].steps = steps;
