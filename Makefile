@@ -15,7 +15,7 @@
 #   make sim        the same, then the simulated-cluster experiments (simnet):
 #                   sync vs async, backup workers, linear scaling, the
 #                   sweep of when sync beats async (experiments/crossover.c,
-#                   the longest: minutes), the break-even bandwidth of
+#                   minutes), the break-even bandwidth of
 #                   gradient compression (experiments/breakeven.c), and every
 #                   communication policy on a fast and a slow network
 #                   (experiments/comm_policies.c); CSV, Chrome traces and
@@ -338,7 +338,11 @@ sync-vs-async-run: $(BUILD)/examples/sync_vs_async $(addprefix $(FMNIST_DIR)/,$(
 
 # The simulated-cluster experiments (experiments/, on sim_common.h): each
 # writes CSV and Chrome traces to build/sim, and a PNG when gnuplot is
-# installed (tools/deps.sh demo installs gnuplot-nox). About a minute on 2 cores.
+# installed (tools/deps.sh demo installs gnuplot-nox). About 7 CPU minutes
+# (comm_policies 3, crossover 2.5, linear_scaling 1, breakeven 0.5), two
+# runs at a time where a program has several (--jobs), so roughly 4 minutes
+# of wall time on 2 idle cores (11 before the runs stopped once their
+# result was known).
 SIM_EXAMPLES := $(addprefix $(BUILD)/experiments/,sync_vs_async_sim backup_workers linear_scaling crossover breakeven comm_policies)
 sim:
 	sh tools/deps.sh demo
