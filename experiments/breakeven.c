@@ -88,7 +88,8 @@ static void *method_thread(void *arg) {
         if (i < 0) return NULL;
         j = &q->j[i];
         j->rc = be_breakeven(j->d, j->m, &j->r) != 0 || be_simulate(j->d, 0, 0.0, DSGD_SIMNET_FREE, 3, &j->base) != 0;
-        for (k = 0; k < 2 && !j->rc; ++k) j->rc = be_simulate(j->d, j->m, 1.0 / j->bw[k], j->r.gamma_c, 3, &j->x[k]) != 0;
+        for (k = 0; k < 2 && !j->rc; ++k)
+            j->rc = be_simulate(j->d, j->m, 1.0 / j->bw[k], j->r.gamma_c, 3, &j->x[k]) != 0;
     }
 }
 

@@ -93,7 +93,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--jobs") && a + 1 < argc) njobs = atoi(argv[++a]);
         else {
             fprintf(stderr,
-                    "usage: %s [--data DIR] [--out DIR] [--epochs E] [--warmup-epochs W] [--lr LR] [--seed S] [--jobs J]\n",
+                    "usage: %s [--data DIR] [--out DIR] [--epochs E] [--warmup-epochs W] [--lr LR] [--seed S] "
+                    "[--jobs J]\n",
                     argv[0]);
             return 2;
         }

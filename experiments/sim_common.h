@@ -433,9 +433,10 @@ static dsgd_result sim_ps_model_error(sim_ps_worker *sw, dsgd_result res) {
 }
 
 /* After each pull: the staleness counters, rank 1's rows (the pulled
-   weights into the model first), and when to stop early (see sim_run_desc.steps; the
-   rule of dsgd_ps_worker_run stops at `steps` pushes, or under BACKUP at
-   version `steps`). With one server the version is the global step. */
+   weights into the model first), and when to stop early (see
+   sim_run_desc.steps; the rule of dsgd_ps_worker_run stops at `steps`
+   pushes, or under BACKUP at version `steps`). With one server the
+   version is the global step. */
 static dsgd_result sim_ps_pulled(void *user, int64_t k, int64_t v, const float *params, int *stop) {
     sim_ps_worker *sw = (sim_ps_worker *)user;
     sim_ps *ps = sw->ps;
