@@ -84,10 +84,15 @@ static const sev_desc SEVS[3] = {{"light", 0.0025, 0, 0}, {"heavy", 0.010, 0, 0}
 /* The learning-rate grids: sync and cancel scale the linear-scaling rate,
    async and SSP the single-gradient rate 0.05, down to 1/8 of it (a
    gradient P - 1 updates stale wants a smaller step). */
-static const double GRID_SYNC[3] = {0.5, 1.0, 2.0};
-static const double GRID_ASYNC[5] = {2.0, 1.0, 0.5, 0.25, 0.125};
+#define NG_SYNC 3
+#define NG_ASYNC 5 /* the larger */
+static const double GRID_SYNC[NG_SYNC] = {0.5, 1.0, 2.0};
+static const double GRID_ASYNC[NG_ASYNC] = {2.0, 1.0, 0.5, 0.25, 0.125};
 
 static int is_sync(pol p) { return p == POL_SYNC || p == POL_CANCEL; }
+
+/* The size of policy p's learning-rate grid. */
+static int grid_size(pol p) { return is_sync(p) ? NG_SYNC : NG_ASYNC; }
 
 /* A point of the sweep and what was measured there. */
 typedef struct point {
@@ -253,12 +258,12 @@ static int measure_all(sweep *sw, point *pts, int npts) {
         best[i] = HUGE_VAL;
         pts[i].lr = lr_of(&pts[i], 1.0);
     }
-    for (g = 0; g < 5; ++g) {
+    for (g = 0; g < NG_ASYNC; ++g) {
         n = 0;
         for (i = 0; i < npts; ++i) {
             const point *p = &pts[i];
             const double *grid = is_sync(p->policy) ? GRID_SYNC : GRID_ASYNC;
-            if (g >= (is_sync(p->policy) ? 3 : 5)) continue;
+            if (g >= grid_size(p->policy)) continue;
             for (s = 0; s < kt; ++s, ++n) {
                 job *j = &js[n];
                 j->sw = sw;
@@ -274,7 +279,7 @@ static int measure_all(sweep *sw, point *pts, int npts) {
         n = 0;
         for (i = 0; i < npts; ++i) {
             double m;
-            if (g >= (is_sync(pts[i].policy) ? 3 : 5)) continue;
+            if (g >= grid_size(pts[i].policy)) continue;
             m = mean_of(&js[n], kt, &reached);
             if (m < best[i]) {
                 best[i] = m;
