@@ -338,11 +338,11 @@ sync-vs-async-run: $(BUILD)/examples/sync_vs_async $(addprefix $(FMNIST_DIR)/,$(
 
 # The simulated-cluster experiments (experiments/, on sim_common.h): each
 # writes CSV and Chrome traces to build/sim, and a PNG when gnuplot is
-# installed (tools/deps.sh demo installs gnuplot-nox). About 7 CPU minutes
-# (comm_policies 3, crossover 2.5, linear_scaling 1, breakeven 0.5), two
-# runs at a time where a program has several (--jobs), so roughly 4 minutes
-# of wall time on 2 idle cores (11 before the runs stopped once their
-# result was known).
+# installed (tools/deps.sh demo installs gnuplot-nox). About 6.5 CPU
+# minutes (comm_policies 3, crossover 2, linear_scaling 1, breakeven 0.5),
+# two runs at a time where a program has several (--jobs), so roughly 4
+# minutes of wall time on 2 idle cores (11 before the runs stopped once
+# their result was known).
 SIM_EXAMPLES := $(addprefix $(BUILD)/experiments/,sync_vs_async_sim backup_workers linear_scaling crossover breakeven comm_policies)
 sim:
 	sh tools/deps.sh demo
