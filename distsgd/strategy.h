@@ -1251,6 +1251,153 @@ static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s, const dsgd_transpo
     return r;
 }
 
+/* ---- a sub-group's endpoint over a given transport (elastic: the
+   survivors, the grown group, a group with spare ranks; strategy_elastic.h) */
+
+/* Rank i of the survivors' group is rank map[i] of base's group. */
+typedef struct dsgd__sub_ep {
+    dsgd_transport_i base; /* the endpoint the strategy was given */
+    int size;
+    int *map;              /* size ranks, stored after the struct */
+} dsgd__sub_ep;
+
+/* A new rank -> base's rank (-1 stays -1: sendrecv's skipped half; out of
+   range: base's size, which base refuses). */
+static int dsgd__sub_out(const dsgd__sub_ep *e, int peer) {
+    if (peer == -1) return -1;
+    return peer >= 0 && peer < e->size ? e->map[peer] : e->base.size;
+}
+
+/* base's rank -> the new rank (-1 when it is not in the group). */
+static int dsgd__sub_in(const dsgd__sub_ep *e, int peer) {
+    int i;
+    for (i = 0; i < e->size; ++i)
+        if (e->map[i] == peer) return i;
+    return -1;
+}
+
+static dsgd_result dsgd__sub_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.send(e->base.impl, dsgd__sub_out(e, dst), tag, buf, bytes, deadline);
+}
+
+static dsgd_result dsgd__sub_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.recv(e->base.impl, dsgd__sub_out(e, src), tag, buf, bytes, deadline);
+}
+
+static dsgd_result dsgd__sub_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                      uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes, dsgd__sub_out(e, src),
+                                     rtag, rbuf, rbytes, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static dsgd_result dsgd__sub_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                             int src, uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op,
+                                             double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv_reduce(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
+                                            dsgd__sub_out(e, src), rtag, rbuf, rcount, op, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static dsgd_result dsgd__sub_sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                           int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
+                                           double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv_upto(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
+                                          dsgd__sub_out(e, src), rtag, rbuf, rcap, rbytes, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static void dsgd__sub_abort(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    e->base.abort(e->base.impl);
+}
+
+static double dsgd__sub_now(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.now(e->base.impl);
+}
+
+static dsgd_result dsgd__sub_charge_apply(void *impl, size_t floats) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.charge_apply(e->base.impl, floats);
+}
+
+static dsgd_result dsgd__sub_charge_codec(void *impl, size_t floats) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.charge_codec(e->base.impl, floats);
+}
+
+static const char *dsgd__sub_error_message(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.error_message(e->base.impl);
+}
+
+/* The endpoint of rank `rank` of e's group: the point-to-point members of
+   base, ranks mapped, and those of this rank alone (its clock, the costs
+   it charges to it: charge_apply, charge_codec). Not the members that
+   involve every rank of base's group (share, a native allreduce, probe)
+   nor the progress hooks (their
+   sequence numbers are the old communicator's). */
+static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out) {
+    const dsgd_transport_i *b = &e->base;
+    memset(out, 0, sizeof(*out));
+    out->name = b->name;
+    out->impl = e;
+    out->rank = rank;
+    out->size = e->size;
+    out->send = dsgd__sub_send;
+    out->recv = dsgd__sub_recv;
+    if (b->sendrecv) out->sendrecv = dsgd__sub_sendrecv;
+    if (b->sendrecv_reduce) out->sendrecv_reduce = dsgd__sub_sendrecv_reduce;
+    if (b->sendrecv_upto) out->sendrecv_upto = dsgd__sub_sendrecv_upto;
+    if (b->abort) out->abort = dsgd__sub_abort;
+    if (b->now) out->now = dsgd__sub_now;
+    if (b->charge_apply) out->charge_apply = dsgd__sub_charge_apply;
+    if (b->charge_codec) out->charge_codec = dsgd__sub_charge_codec;
+    if (b->error_message) out->error_message = dsgd__sub_error_message;
+}
+
+/* Elastic mirrored over ranks 0..n-1 of a larger group (the others are
+   spares that dsgd_strategy_grow may admit): each replica's endpoint is a
+   sub-group's of n ranks over the one given (ELASTIC in
+   strategy_elastic.h). */
+static dsgd_result dsgd__strategy_spares(dsgd_strategy *s, const dsgd_transport_i *ep) {
+    const char *what = "dsgd_strategy_create";
+    int i, k, n = s->n;
+    dsgd_result r;
+    for (i = 0; i < n; ++i)
+        if (ep[i].rank != i || ep[i].size != s->world || !ep[i].send || !ep[i].recv)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what, i,
+                                      ep[i].rank, ep[i].size, ep[i].send && ep[i].recv ? "" : " without send or recv",
+                                      i, i, s->world);
+    s->world = n;
+    if ((r = dsgd__strategy_endpoints(s, ep)) != DSGD_OK) return r;
+    for (i = 0; i < n; ++i) {
+        dsgd_replica *rep = &s->reps[i];
+        dsgd__sub_ep *e = (dsgd__sub_ep *)dsgd__alloc(s->ctx, sizeof(*e) + sizeof(int) * (size_t)n, what);
+        if (!e) return DSGD_ERR_OUT_OF_MEMORY;
+        e->base = rep->ep;
+        e->size = n;
+        e->map = (int *)(void *)(e + 1);
+        for (k = 0; k < n; ++k) e->map[k] = k;
+        rep->sub = e;
+        dsgd__sub_endpoint(e, i, &rep->ep);
+    }
+    return DSGD_OK;
+}
+
 /* The transport: the desc's endpoints, checked (contiguous ranks first ..
    first + n - 1 of one size W; W = n unless the kind is multi-worker), or,
    for N > 1, a loopback of the strategy's own. */
@@ -1267,6 +1414,8 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
     }
     s->first = ep[0].rank;
     s->world = ep[0].size;
+    if (!s->ops->multi_worker && s->d.elastic.min_replicas > 0 && s->first == 0 && s->world > n)
+        return dsgd__strategy_spares(s, ep);
     if (!s->ops->multi_worker && (s->first != 0 || s->world != n))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: endpoints[0] is rank %d of %d; %s with %d replicas needs ranks 0..%d of %d "

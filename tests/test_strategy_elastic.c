@@ -868,6 +868,65 @@ static void test_simnet_below_min(void **state) {
     tu_watchdog(0);
 }
 
+/* ------------------------------------------------------------------ grow */
+
+/* A plain grow over a loopback hub of 6 ranks you give: 4 replicas over
+   ranks 0..3 to step 5, then ranks 4 and 5 admitted (the state by
+   broadcast from rank 0), 6 replicas to step 10: the bits of 4 to step 5,
+   saved, restored into 6 (the same RING). on_resize: 4 -> 6, survivors
+   0 1 2 3 -1 -1. */
+static void test_grow_loopback_4_to_6(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d;
+    dsgd_loopback *hub;
+    dsgd_transport_i ep[6];
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    resize_log log;
+    feed f = no_failure();
+    float want[NP], got[NP];
+    int i;
+    (void)state;
+    tu_watchdog(60);
+    g_algo = DSGD_ALLREDUCE_RING;
+    d = base_desc(DSGD_STRATEGY_MIRRORED, 4);
+    TU_OK(ctx, dsgd_loopback_create(ctx, 6, &hub));
+    for (i = 0; i < 6; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &ep[i]));
+    memset(&log, 0, sizeof(log));
+    d.endpoints = ep;
+    d.elastic.min_replicas = 2;
+    d.elastic.on_resize = on_resize;
+    d.elastic.user = &log;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (f.step = 0; f.step < 10; ++f.step) {
+        if (f.step == 5) {
+            TU_OK(ctx, dsgd_strategy_grow(s, ep + 4, 2));
+            assert_int_equal(dsgd_strategy_num_replicas_in_sync(s), 6);
+            tu_assert_replicas_identical(ctx, s);
+        }
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, &info));
+        assert_int_equal(info.world, f.step < 5 ? 4 : 6);
+        assert_int_equal(info.step, f.step);
+    }
+    assert_int_equal(log.calls, 1);
+    assert_int_equal(log.old_world, 4);
+    assert_int_equal(log.new_world, 6);
+    for (i = 0; i < 6; ++i) assert_int_equal(log.survivors[i], i < 4 ? i : -1);
+    /* misuse: a rank in use, NULL joiners over endpoints you gave */
+    assert_int_equal(dsgd_strategy_grow(s, ep + 1, 1), DSGD_ERR_INVALID_ARGUMENT);
+    assert_int_equal(dsgd_strategy_grow(s, NULL, 1), DSGD_ERR_INVALID_ARGUMENT);
+    assert_false(dsgd_strategy_failed(s));
+    tu_assert_replicas_identical(ctx, s);
+    params_of(s, 0, got);
+    dsgd_strategy_destroy(s);
+    dsgd_loopback_destroy(hub);
+    scripted(ctx, 4, 5, 6, 10, want);
+    assert_memory_equal(got, want, sizeof(want));
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- the limits */
 
 static void test_below_min_replicas(void **state) {
@@ -965,6 +1024,7 @@ int main(void) {
         cmocka_unit_test(test_loopback_late),
         cmocka_unit_test(test_below_min_replicas),
         cmocka_unit_test(test_batch_error_does_not_shrink),
+        cmocka_unit_test(test_grow_loopback_4_to_6),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
