@@ -21484,6 +21484,153 @@ static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s, const dsgd_transpo
     return r;
 }
 
+/* ---- a sub-group's endpoint over a given transport (elastic: the
+   survivors, the grown group, a group with spare ranks; strategy_elastic.h) */
+
+/* Rank i of the survivors' group is rank map[i] of base's group. */
+typedef struct dsgd__sub_ep {
+    dsgd_transport_i base; /* the endpoint the strategy was given */
+    int size;
+    int *map;              /* size ranks, stored after the struct */
+} dsgd__sub_ep;
+
+/* A new rank -> base's rank (-1 stays -1: sendrecv's skipped half; out of
+   range: base's size, which base refuses). */
+static int dsgd__sub_out(const dsgd__sub_ep *e, int peer) {
+    if (peer == -1) return -1;
+    return peer >= 0 && peer < e->size ? e->map[peer] : e->base.size;
+}
+
+/* base's rank -> the new rank (-1 when it is not in the group). */
+static int dsgd__sub_in(const dsgd__sub_ep *e, int peer) {
+    int i;
+    for (i = 0; i < e->size; ++i)
+        if (e->map[i] == peer) return i;
+    return -1;
+}
+
+static dsgd_result dsgd__sub_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.send(e->base.impl, dsgd__sub_out(e, dst), tag, buf, bytes, deadline);
+}
+
+static dsgd_result dsgd__sub_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.recv(e->base.impl, dsgd__sub_out(e, src), tag, buf, bytes, deadline);
+}
+
+static dsgd_result dsgd__sub_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                      uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes, dsgd__sub_out(e, src),
+                                     rtag, rbuf, rbytes, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static dsgd_result dsgd__sub_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                             int src, uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op,
+                                             double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv_reduce(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
+                                            dsgd__sub_out(e, src), rtag, rbuf, rcount, op, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static dsgd_result dsgd__sub_sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
+                                           int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
+                                           double deadline, int *failed_peer) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    int fp = -1;
+    dsgd_result r = e->base.sendrecv_upto(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
+                                          dsgd__sub_out(e, src), rtag, rbuf, rcap, rbytes, deadline, &fp);
+    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
+    return r;
+}
+
+static void dsgd__sub_abort(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    e->base.abort(e->base.impl);
+}
+
+static double dsgd__sub_now(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.now(e->base.impl);
+}
+
+static dsgd_result dsgd__sub_charge_apply(void *impl, size_t floats) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.charge_apply(e->base.impl, floats);
+}
+
+static dsgd_result dsgd__sub_charge_codec(void *impl, size_t floats) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.charge_codec(e->base.impl, floats);
+}
+
+static const char *dsgd__sub_error_message(void *impl) {
+    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
+    return e->base.error_message(e->base.impl);
+}
+
+/* The endpoint of rank `rank` of e's group: the point-to-point members of
+   base, ranks mapped, and those of this rank alone (its clock, the costs
+   it charges to it: charge_apply, charge_codec). Not the members that
+   involve every rank of base's group (share, a native allreduce, probe)
+   nor the progress hooks (their
+   sequence numbers are the old communicator's). */
+static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out) {
+    const dsgd_transport_i *b = &e->base;
+    memset(out, 0, sizeof(*out));
+    out->name = b->name;
+    out->impl = e;
+    out->rank = rank;
+    out->size = e->size;
+    out->send = dsgd__sub_send;
+    out->recv = dsgd__sub_recv;
+    if (b->sendrecv) out->sendrecv = dsgd__sub_sendrecv;
+    if (b->sendrecv_reduce) out->sendrecv_reduce = dsgd__sub_sendrecv_reduce;
+    if (b->sendrecv_upto) out->sendrecv_upto = dsgd__sub_sendrecv_upto;
+    if (b->abort) out->abort = dsgd__sub_abort;
+    if (b->now) out->now = dsgd__sub_now;
+    if (b->charge_apply) out->charge_apply = dsgd__sub_charge_apply;
+    if (b->charge_codec) out->charge_codec = dsgd__sub_charge_codec;
+    if (b->error_message) out->error_message = dsgd__sub_error_message;
+}
+
+/* Elastic mirrored over ranks 0..n-1 of a larger group (the others are
+   spares that dsgd_strategy_grow may admit): each replica's endpoint is a
+   sub-group's of n ranks over the one given (ELASTIC in
+   strategy_elastic.h). */
+static dsgd_result dsgd__strategy_spares(dsgd_strategy *s, const dsgd_transport_i *ep) {
+    const char *what = "dsgd_strategy_create";
+    int i, k, n = s->n;
+    dsgd_result r;
+    for (i = 0; i < n; ++i)
+        if (ep[i].rank != i || ep[i].size != s->world || !ep[i].send || !ep[i].recv)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what, i,
+                                      ep[i].rank, ep[i].size, ep[i].send && ep[i].recv ? "" : " without send or recv",
+                                      i, i, s->world);
+    s->world = n;
+    if ((r = dsgd__strategy_endpoints(s, ep)) != DSGD_OK) return r;
+    for (i = 0; i < n; ++i) {
+        dsgd_replica *rep = &s->reps[i];
+        dsgd__sub_ep *e = (dsgd__sub_ep *)dsgd__alloc(s->ctx, sizeof(*e) + sizeof(int) * (size_t)n, what);
+        if (!e) return DSGD_ERR_OUT_OF_MEMORY;
+        e->base = rep->ep;
+        e->size = n;
+        e->map = (int *)(void *)(e + 1);
+        for (k = 0; k < n; ++k) e->map[k] = k;
+        rep->sub = e;
+        dsgd__sub_endpoint(e, i, &rep->ep);
+    }
+    return DSGD_OK;
+}
+
 /* The transport: the desc's endpoints, checked (contiguous ranks first ..
    first + n - 1 of one size W; W = n unless the kind is multi-worker), or,
    for N > 1, a loopback of the strategy's own. */
@@ -21500,6 +21647,8 @@ static dsgd_result dsgd__strategy_transport(dsgd_strategy *s) {
     }
     s->first = ep[0].rank;
     s->world = ep[0].size;
+    if (!s->ops->multi_worker && s->d.elastic.min_replicas > 0 && s->first == 0 && s->world > n)
+        return dsgd__strategy_spares(s, ep);
     if (!s->ops->multi_worker && (s->first != 0 || s->world != n))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: endpoints[0] is rank %d of %d; %s with %d replicas needs ranks 0..%d of %d "
@@ -24933,128 +25082,50 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      new rank. After a shrink the communicators take one node
      (ranks_per_node 0).
 */
+#ifndef DSGD__PART_STRATEGY_ELASTIC_DECL
+#define DSGD__PART_STRATEGY_ELASTIC_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Admits count replicas into an elastic mirrored strategy between steps
+   (GROW above): joiners are their endpoints, of the group the strategy
+   was created over (desc.endpoints: ranks of that group that are in no
+   replica's use, the spares), or NULL over the strategy's own loopback
+   (it is replaced by one of W + count ranks). The group's replicas keep
+   their ranks 0..W-1, joiner j becomes rank W + j; every replica gets a
+   new communicator over the W + count ranks, the joiners receive the
+   weights, the optimizer state and step count by broadcast from rank 0,
+   and on_resize(user, W, W + count, survivors, s) is called with
+   survivors[i] = i for the old ranks and -1 for the joiners.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; the
+   strategy not elastic, multi-worker, or not mirrored; count outside
+   1..DSGD_MAX_REPLICAS - W; joiners NULL over endpoints you gave or given
+   over the strategy's own loopback; a joiner without send or recv, of
+   another group's size, or whose rank is out of range, taken by a
+   replica or by another joiner); nothing is changed then.
+   DSGD_ERR_STATE (the strategy has failed). After the replicas' threads
+   stopped: DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM, a backend's errors
+   and the broadcast's (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...): the
+   strategy has then failed.
+   Thread safety: the strategy's thread, outside a step and
+   dsgd_strategy_run; each joiner's endpoint is then used only from its
+   replica's thread (it must not be in use elsewhere). */
+DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i *joiners, int count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_STRATEGY_ELASTIC_DECL */
+
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_ELASTIC_IMPL)
 #define DSGD__PART_STRATEGY_ELASTIC_IMPL
 
 #include <time.h>
 
 /* >>strategy_elastic -------------------------------------------------------- */
-
-/* ---- the survivors' endpoint over a given transport */
-
-/* Rank i of the survivors' group is rank map[i] of base's group. */
-typedef struct dsgd__sub_ep {
-    dsgd_transport_i base; /* the endpoint the strategy was given */
-    int size;
-    int *map;              /* size ranks, stored after the struct */
-} dsgd__sub_ep;
-
-/* A new rank -> base's rank (-1 stays -1: sendrecv's skipped half; out of
-   range: base's size, which base refuses). */
-static int dsgd__sub_out(const dsgd__sub_ep *e, int peer) {
-    if (peer == -1) return -1;
-    return peer >= 0 && peer < e->size ? e->map[peer] : e->base.size;
-}
-
-/* base's rank -> the new rank (-1 when it is not in the group). */
-static int dsgd__sub_in(const dsgd__sub_ep *e, int peer) {
-    int i;
-    for (i = 0; i < e->size; ++i)
-        if (e->map[i] == peer) return i;
-    return -1;
-}
-
-static dsgd_result dsgd__sub_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    return e->base.send(e->base.impl, dsgd__sub_out(e, dst), tag, buf, bytes, deadline);
-}
-
-static dsgd_result dsgd__sub_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    return e->base.recv(e->base.impl, dsgd__sub_out(e, src), tag, buf, bytes, deadline);
-}
-
-static dsgd_result dsgd__sub_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
-                                      uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    int fp = -1;
-    dsgd_result r = e->base.sendrecv(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes, dsgd__sub_out(e, src),
-                                     rtag, rbuf, rbytes, deadline, &fp);
-    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
-    return r;
-}
-
-static dsgd_result dsgd__sub_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
-                                             int src, uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op,
-                                             double deadline, int *failed_peer) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    int fp = -1;
-    dsgd_result r = e->base.sendrecv_reduce(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
-                                            dsgd__sub_out(e, src), rtag, rbuf, rcount, op, deadline, &fp);
-    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
-    return r;
-}
-
-static dsgd_result dsgd__sub_sendrecv_upto(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes,
-                                           int src, uint64_t rtag, void *rbuf, size_t rcap, size_t *rbytes,
-                                           double deadline, int *failed_peer) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    int fp = -1;
-    dsgd_result r = e->base.sendrecv_upto(e->base.impl, dsgd__sub_out(e, dst), stag, sbuf, sbytes,
-                                          dsgd__sub_out(e, src), rtag, rbuf, rcap, rbytes, deadline, &fp);
-    if (failed_peer) *failed_peer = dsgd__sub_in(e, fp);
-    return r;
-}
-
-static void dsgd__sub_abort(void *impl) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    e->base.abort(e->base.impl);
-}
-
-static double dsgd__sub_now(void *impl) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    return e->base.now(e->base.impl);
-}
-
-static dsgd_result dsgd__sub_charge_apply(void *impl, size_t floats) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    return e->base.charge_apply(e->base.impl, floats);
-}
-
-static dsgd_result dsgd__sub_charge_codec(void *impl, size_t floats) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    return e->base.charge_codec(e->base.impl, floats);
-}
-
-static const char *dsgd__sub_error_message(void *impl) {
-    dsgd__sub_ep *e = (dsgd__sub_ep *)impl;
-    return e->base.error_message(e->base.impl);
-}
-
-/* The endpoint of rank `rank` of e's group: the point-to-point members of
-   base, ranks mapped, and those of this rank alone (its clock, the costs
-   it charges to it: charge_apply, charge_codec). Not the members that
-   involve every rank of base's group (share, a native allreduce, probe)
-   nor the progress hooks (their
-   sequence numbers are the old communicator's). */
-static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out) {
-    const dsgd_transport_i *b = &e->base;
-    memset(out, 0, sizeof(*out));
-    out->name = b->name;
-    out->impl = e;
-    out->rank = rank;
-    out->size = e->size;
-    out->send = dsgd__sub_send;
-    out->recv = dsgd__sub_recv;
-    if (b->sendrecv) out->sendrecv = dsgd__sub_sendrecv;
-    if (b->sendrecv_reduce) out->sendrecv_reduce = dsgd__sub_sendrecv_reduce;
-    if (b->sendrecv_upto) out->sendrecv_upto = dsgd__sub_sendrecv_upto;
-    if (b->abort) out->abort = dsgd__sub_abort;
-    if (b->now) out->now = dsgd__sub_now;
-    if (b->charge_apply) out->charge_apply = dsgd__sub_charge_apply;
-    if (b->charge_codec) out->charge_codec = dsgd__sub_charge_codec;
-    if (b->error_message) out->error_message = dsgd__sub_error_message;
-}
 
 /* ---- the settle (SETTLE above) */
 
@@ -25304,7 +25375,7 @@ static dsgd_result dsgd__elastic_shrink(dsgd_strategy *s, const int *keep, const
         res = eps ? dsgd__group_endpoints(s->ctx, NULL, s->n, &s->hub, eps) : DSGD_ERR_OUT_OF_MEMORY;
         for (i = 0; i < s->n && res == DSGD_OK; ++i) s->reps[i].ep = eps[i];
         DSGD_FREE(eps);
-    } else if (world > 1) { /* the given endpoints, wrapped */
+    } else { /* the given endpoints, wrapped (also for one: a grow maps its rank) */
         for (i = 0; i < s->n && res == DSGD_OK; ++i) {
             dsgd_replica *r = &s->reps[i];
             dsgd__sub_ep *old = (dsgd__sub_ep *)r->sub;
@@ -25505,6 +25576,190 @@ done:
     return go;
 }
 
+/* ---- the grow (GROW above) */
+
+/* A job: rank 0's parameters, optimizer slots and step count (four 16-bit
+   pieces, exact as floats) to every replica by broadcast. */
+static dsgd_result dsgd__elastic_admit(dsgd_replica *r, void *user) {
+    const dsgd_backend_i *be = &r->m.be;
+    size_t p = dsgd_model_num_params(r->m.model);
+    int ns = dsgd_optimizer_num_slots(r->opt), k;
+    size_t n = p * (size_t)(1 + ns) + 4;
+    float *buf = dsgd__replica_stage(r, n);
+    uint64_t t = 0;
+    dsgd_result res = DSGD_OK;
+    DSGD__UNUSED(user);
+    if (!buf) return DSGD_ERR_OUT_OF_MEMORY;
+    if (r->rank == 0) {
+        t = (uint64_t)dsgd_optimizer_steps(r->opt);
+        res = dsgd_model_get_params(r->m.model, buf, p);
+        for (k = 0; k < ns && res == DSGD_OK; ++k) res = dsgd_optimizer_read_slot(r->opt, k, 0, p, buf + p * (size_t)(1 + k));
+        for (k = 0; k < 4; ++k) buf[n - 4 + (size_t)k] = (float)((t >> (16 * k)) & 0xffff);
+        if (res != DSGD_OK) return res;
+    }
+    if ((res = dsgd_broadcast(r->comm, buf, n, 0, 0.0)) != DSGD_OK) {
+        r->comm_failed = 1;
+        return res;
+    }
+    if (r->rank == 0) return DSGD_OK;
+    res = dsgd_model_set_params(r->m.model, buf, p);
+    for (k = 0; k < ns && res == DSGD_OK; ++k)
+        res = be->write(be->impl, dsgd__optimizer_slot_ref(r->opt, k), buf + p * (size_t)(1 + k), p);
+    for (k = 0, t = 0; k < 4; ++k) t |= (uint64_t)buf[n - 4 + (size_t)k] << (16 * k);
+    dsgd__optimizer_set_steps(r->opt, (int64_t)t);
+    return res;
+}
+
+/* A replica's communicator over its (new) endpoint and its wait window. */
+static dsgd_result dsgd__elastic_comm(dsgd_strategy *s, dsgd_replica *r) {
+    dsgd_comm_desc cd;
+    dsgd_result res;
+    memset(&cd, 0, sizeof(cd));
+    cd.timeout_s = s->d.timeout_s;
+    cd.piece_bytes = s->d.piece_bytes;
+    if ((res = dsgd_comm_create(r->m.ctx, &r->ep, &cd, &r->comm)) != DSGD_OK)
+        return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(r->m.ctx));
+    DSGD_FREE(r->wait_at);
+    r->wait_at = (double *)dsgd__alloc(s->ctx, sizeof(double) * 3 * (size_t)s->world, "dsgd_strategy_grow");
+    if (!r->wait_at) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)s->world);
+    r->wait_sum = r->wait_at + s->world;
+    r->wait_now = r->wait_sum + s->world;
+    r->wait_time = 0.0;
+    r->wait_steps = 0;
+    return DSGD_OK;
+}
+
+/* The regroup, once the threads stopped: the slots, the variables'
+   copies, the endpoints (basemap: the new group's ranks in the given
+   transport), the joiners' replicas, the communicators, the kind, the
+   threads, the state. */
+static dsgd_result dsgd__elastic_grow(dsgd_strategy *s, const dsgd_transport_i *joiners, int count, const int *basemap) {
+    const char *what = "dsgd_strategy_grow";
+    int w = s->n, nw = w + count, i, v, rpn = s->d.ranks_per_node;
+    dsgd_result res = DSGD_OK;
+    dsgd_replica *reps = (dsgd_replica *)DSGD_REALLOC(s->reps, sizeof(dsgd_replica) * (size_t)nw);
+    if (!reps) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+    s->reps = reps;
+    memset(reps + w, 0, sizeof(dsgd_replica) * (size_t)count);
+    for (i = 0; i < w; ++i) {
+        dsgd_comm_destroy(reps[i].comm);
+        reps[i].comm = NULL;
+    }
+    for (v = 0; v < s->num_vars; ++v) { /* a joiner's copies: replica 0's (ON_READ: its own, 0) */
+        dsgd__dvar *dv = &s->vars[v];
+        float *c = (float *)DSGD_REALLOC(dv->copies, sizeof(float) * dv->count * (size_t)nw);
+        if (!c) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+        dv->copies = c;
+        for (i = w; i < nw; ++i) {
+            if (dv->sync == DSGD_SYNC_ON_READ) memset(c + (size_t)i * dv->count, 0, sizeof(float) * dv->count);
+            else memcpy(c + (size_t)i * dv->count, c, sizeof(float) * dv->count);
+        }
+    }
+    s->n = s->world = s->shard_count = nw;
+    s->first = s->shard_first = 0;
+    if (!joiners) { /* the strategy's own loopback: one of nw ranks */
+        dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)nw, what);
+        if (s->hub) dsgd_loopback_destroy(s->hub);
+        s->hub = NULL;
+        res = eps ? dsgd__group_endpoints(s->ctx, NULL, nw, &s->hub, eps) : DSGD_ERR_OUT_OF_MEMORY;
+        for (i = 0; i < nw && res == DSGD_OK; ++i) reps[i].ep = eps[i];
+        DSGD_FREE(eps);
+    } else {
+        for (i = 0; i < nw && res == DSGD_OK; ++i) {
+            dsgd_replica *r = &reps[i];
+            dsgd__sub_ep *old = (dsgd__sub_ep *)r->sub;
+            dsgd__sub_ep *e = (dsgd__sub_ep *)dsgd__alloc(s->ctx, sizeof(*e) + sizeof(int) * (size_t)nw, what);
+            if (!e) {
+                res = DSGD_ERR_OUT_OF_MEMORY;
+                break;
+            }
+            e->base = i >= w ? joiners[i - w] : old ? old->base : r->ep;
+            e->size = nw;
+            e->map = (int *)(void *)(e + 1);
+            memcpy(e->map, basemap, sizeof(int) * (size_t)nw);
+            DSGD_FREE(old);
+            r->sub = e;
+            dsgd__sub_endpoint(e, i, &r->ep);
+        }
+    }
+    s->d.ranks_per_node = 0; /* after a resize the communicators take one node */
+    for (i = w; i < nw && res == DSGD_OK; ++i) {
+        dsgd_transport_i ep = reps[i].ep;
+        void *sub = reps[i].sub;
+        res = dsgd__replica_create(s, i);
+        reps[i].ep = ep;
+        reps[i].sub = sub;
+        reps[i].stop_by = -1;
+    }
+    s->d.ranks_per_node = rpn;
+    for (i = 0; i < w && res == DSGD_OK; ++i) res = dsgd__elastic_comm(s, &reps[i]);
+    if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
+    for (i = 1; i < nw && res == DSGD_OK; ++i) {
+        if (pthread_create(&reps[i].thread, NULL, dsgd__replica_main, &reps[i]) != 0)
+            res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
+        else reps[i].thread_started = 1;
+    }
+    if (res == DSGD_OK) res = dsgd__strategy_dispatch(s, dsgd__elastic_admit, NULL, what);
+    return res;
+}
+
+DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i *joiners, int count) {
+    const char *what = "dsgd_strategy_grow";
+    int basemap[DSGD_MAX_REPLICAS], surv[DSGD_MAX_REPLICAS];
+    int w, i, j, size = 0, given;
+    int64_t step;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
+    w = s->world;
+    if (!s->elastic || s->d.kind != DSGD_STRATEGY_MIRRORED || s->n != w || w < 1)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: grows an elastic mirrored strategy "
+                                  "(desc.elastic.min_replicas > 0), not %s%s", what, s->ops->name,
+                                  s->elastic ? "" : " without elastic");
+    if (count < 1 || count > DSGD_MAX_REPLICAS - w)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d joiners (1..%d for a group of %d)", what,
+                                  count, DSGD_MAX_REPLICAS - w, w);
+    given = s->d.endpoints != NULL; /* the desc's pointer, as a flag only */
+    if (given != (joiners != NULL))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %s", what,
+                                  given ? "joiners is NULL, but the strategy runs over endpoints you gave: pass the "
+                                          "joiners' endpoints of that group"
+                                        : "the strategy runs over a loopback of its own: pass joiners NULL");
+    for (i = 0; i < w; ++i) { /* the group's ranks in the transport you gave */
+        const dsgd_replica *r = &s->reps[i];
+        const dsgd__sub_ep *e = (const dsgd__sub_ep *)r->sub;
+        basemap[i] = e ? e->map[r->rank] : r->ep.rank;
+        size = e ? e->base.size : r->ep.size;
+    }
+    for (j = 0; given && j < count; ++j) {
+        const dsgd_transport_i *t = &joiners[j];
+        int taken = 0;
+        for (i = 0; i < w + j; ++i) taken |= basemap[i] == t->rank;
+        if (!t->send || !t->recv || t->size != size || t->rank < 0 || t->rank >= size || taken)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: joiners[%d] is rank %d of %d%s; it needs a rank of the group of %d that no "
+                                      "replica or other joiner has", what, j, t->rank, t->size,
+                                      t->send && t->recv ? "" : " without send or recv", size);
+        basemap[w + j] = t->rank;
+    }
+    step = dsgd_optimizer_steps(s->reps[0].opt);
+    dsgd_ctx_log(s->ctx, DSGD_LOG_INFO, "%s: step %lld: growing %d -> %d replicas", what, (long long)step, w,
+                 w + count);
+    dsgd__elastic_stop_threads(s);
+    if (s->ops->teardown) s->ops->teardown(s);
+    if ((res = dsgd__elastic_grow(s, joiners, count, basemap)) != DSGD_OK) {
+        char m[DSGD__MSG_MAX];
+        snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));
+        res = dsgd_ctx_set_error(s->ctx, res, "%s: elastic: the grow %d -> %d failed: %s", what, w, w + count, m);
+        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        return res;
+    }
+    for (i = 0; i < w + count; ++i) surv[i] = i < w ? i : -1;
+    if (s->d.elastic.on_resize) s->d.elastic.on_resize(s->d.elastic.user, w, w + count, surv, s);
+    return DSGD_OK;
+}
+
 /* Arms a created strategy: min_replicas fits the group. */
 static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
     int m = s->d.elastic.min_replicas;
@@ -25516,7 +25771,7 @@ static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
     s->elastic = dsgd__elastic_step;
     if (!s->hub && s->n > 1 && s->world == s->n) { /* SETTLE: the endpoints you gave, every replica here */
         int i, ok = 1;
-        for (i = 0; i < s->n; ++i) ok &= s->reps[i].ep.send && s->reps[i].ep.recv && s->reps[i].ep.probe;
+        for (i = 0; i < s->n; ++i) ok &= dsgd__el_base(&s->reps[i])->probe != NULL;
         if (ok) s->el_settle = dsgd__elastic_settle;
     }
     return DSGD_OK;
