@@ -139,6 +139,31 @@
      context keeps its label (its rank at creation); its messages name its
      new rank. After a shrink the communicators take one node
      (ranks_per_node 0).
+
+   GROW
+
+     dsgd_strategy_grow(s, joiners, count), between steps, admits count
+     replicas into an elastic MIRRORED strategy whose replicas are all in
+     this process: the threads stop, the kind is torn down, the joiners'
+     replicas are created (ranks W..W+count-1), every replica gets a new
+     communicator (a new loopback of the strategy's own; over the
+     endpoints you gave, the group's ranks then the joiners' over that one
+     transport), the kind is set up again, and the joiners receive rank
+     0's weights, optimizer slots and step count by a broadcast over the
+     new communicators (charged as on a cluster, over simnet too; the path
+     a joiner in another process would take). Distributed variables are
+     copied in the process (replica 0's copy; 0 for ON_READ). The sampler
+     needs nothing: the next step re-shards over W + count. on_resize is
+     called with survivors[i] = i for the old ranks and -1 for the
+     joiners. After 4 -> 6 at step k the weights are bitwise those of 4
+     replicas to step k, saved, restored into 6 and trained on.
+     Spares: an elastic mirrored strategy may be created over ranks
+     0..N-1 of a larger group (desc.endpoints of the group's first N
+     ranks); the others are spares for a later grow. Over simnet a spare
+     must not wait parked while the group trains (a parked rank holds back
+     the deadlines after its clock, so a settle after a kill would wait
+     for it), and a killed rank cannot come back; a rejoin over simnet
+     after a kill is not tested yet.
 */
 #ifndef DSGD__PART_STRATEGY_ELASTIC_DECL
 #define DSGD__PART_STRATEGY_ELASTIC_DECL

@@ -9127,7 +9127,11 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      not depend on when it returns. With park_between_calls every rank parks
      whenever it returns from the hub: rank threads then run concurrently
      between calls, and the virtual times and probe orders are still those
-     of the one-at-a-time schedule.
+     of the one-at-a-time schedule. There a rank killed in a call counts as
+     parked at its kill time until its thread calls again or leaves, so
+     that whatever its thread does on learning of its death (the call
+     returns DSGD_ERR_ABORTED) happens before a wait of another rank on it
+     can time out.
      A rank that is done for good calls dsgd_simnet_leave (from its thread;
      a rank that never called may be left from any thread); until then the
      others may wait for it.
@@ -9552,6 +9556,8 @@ typedef struct dsgd__sn_ep {
     size_t reduce_k;   /* W_XFER: floats reduced on receipt (gamma), 0: a copy */
     double deadline;
     double kill_time;  /* KILL by time, or INF */
+    int dead_held;     /* killed in a call under park_between_calls: counted
+                          parked until its thread calls again or leaves */
     double tx_free;    /* the NIC, sending */
     double rx_free[2]; /* receiving: [1] within the node (ranks_per_node), [0] the rest */
     long step;         /* the last compute step, -1 */
@@ -10193,7 +10199,7 @@ static int dsgd__sn_safe(const dsgd__sn_ep *e) {
     if (h->d.ranks_per_node > 0 && h->d.intra_alpha_s < alpha_min) alpha_min = h->d.intra_alpha_s;
     for (k = 0; k < h->n; ++k) {
         const dsgd__sn_ep *p = &h->ep[k];
-        if (p->state == DSGD__SN_PARKED && !(p->t + alpha_min > e->key)) return 0;
+        if ((p->state == DSGD__SN_PARKED || p->dead_held) && !(p->t + alpha_min > e->key)) return 0;
     }
     return 1;
 }
@@ -10385,9 +10391,22 @@ static dsgd_result dsgd__sn_die(dsgd__sn_ep *e, double at) {
     e->state = DSGD__SN_DEAD;
     dsgd__sn_sched(e);
     e->kill_time = e->t;
+    if (e->hub->d.park_between_calls && !e->dead_held) { /* held until its thread has heard */
+        e->dead_held = 1;
+        e->hub->parked++;
+    }
     dsgd__sn_span_add(e, DSGD__SN_SP_KILLED, e->t, e->t, -1, 0, 0);
     dsgd__sn_pass(e->hub);
     return dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed (fault injection)");
+}
+
+/* A killed rank held as parked (dead_held) is let go: its thread called
+   again or left, so it knows. */
+static void dsgd__sn_unhold(dsgd__sn_ep *e) {
+    if (!e->dead_held) return;
+    e->dead_held = 0;
+    e->hub->parked--;
+    if (e->hub->turn < 0) dsgd__sn_pass(e->hub);
 }
 
 /* Entering the hub: locks the mutex and waits for the turn. Returns DSGD_OK
@@ -10398,6 +10417,7 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
     dsgd__sn_jitter(e);
     pthread_mutex_lock(&h->mu);
     h->used = 1;
+    dsgd__sn_unhold(e);
     if (e->state == DSGD__SN_PARKED) {
         /* back at its clock, as a rank arriving */
         e->state = DSGD__SN_ARRIVING;
@@ -10868,6 +10888,7 @@ DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double second
 /* dsgd_simnet_leave with the mutex held. */
 static void dsgd__sn_leave(dsgd__sn_ep *e) {
     dsgd_simnet *h = e->hub;
+    dsgd__sn_unhold(e);
     if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED) {
         if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
@@ -25081,6 +25102,31 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      context keeps its label (its rank at creation); its messages name its
      new rank. After a shrink the communicators take one node
      (ranks_per_node 0).
+
+   GROW
+
+     dsgd_strategy_grow(s, joiners, count), between steps, admits count
+     replicas into an elastic MIRRORED strategy whose replicas are all in
+     this process: the threads stop, the kind is torn down, the joiners'
+     replicas are created (ranks W..W+count-1), every replica gets a new
+     communicator (a new loopback of the strategy's own; over the
+     endpoints you gave, the group's ranks then the joiners' over that one
+     transport), the kind is set up again, and the joiners receive rank
+     0's weights, optimizer slots and step count by a broadcast over the
+     new communicators (charged as on a cluster, over simnet too; the path
+     a joiner in another process would take). Distributed variables are
+     copied in the process (replica 0's copy; 0 for ON_READ). The sampler
+     needs nothing: the next step re-shards over W + count. on_resize is
+     called with survivors[i] = i for the old ranks and -1 for the
+     joiners. After 4 -> 6 at step k the weights are bitwise those of 4
+     replicas to step k, saved, restored into 6 and trained on.
+     Spares: an elastic mirrored strategy may be created over ranks
+     0..N-1 of a larger group (desc.endpoints of the group's first N
+     ranks); the others are spares for a later grow. Over simnet a spare
+     must not wait parked while the group trains (a parked rank holds back
+     the deadlines after its clock, so a settle after a kill would wait
+     for it), and a killed rank cannot come back; a rejoin over simnet
+     after a kill is not tested yet.
 */
 #ifndef DSGD__PART_STRATEGY_ELASTIC_DECL
 #define DSGD__PART_STRATEGY_ELASTIC_DECL

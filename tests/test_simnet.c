@@ -1620,6 +1620,60 @@ static void test_kill(void **state) {
     tu_watchdog(0);
 }
 
+/* Parked between calls, a rank killed in its compute holds back the
+   others' deadlines until its thread calls again: what the thread does
+   on learning of its death (here, after 20 ms of real time, it sets a
+   flag) comes before rank 0's wait on it times out. */
+typedef struct held_job {
+    int told; /* atomic: the killed rank's thread has heard */
+    int seen; /* rank 0 saw it when its wait timed out */
+} held_job;
+
+static void body_held(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    held_job *jb = (held_job *)r->user;
+    float v = 0.0f;
+    dsgd_result res;
+    (void)c;
+    if (rank == 1) {
+        struct timespec ts = {0, 20000000};
+        res = dsgd_simnet_compute(r->hub, 1, 0);
+        nanosleep(&ts, NULL);
+        __atomic_store_n(&jb->told, 1, __ATOMIC_SEQ_CST);
+    } else {
+        res = t->recv(t->impl, 1, 7, &v, sizeof(v), 0.5);
+        jb->seen = __atomic_load_n(&jb->told, __ATOMIC_SEQ_CST);
+    }
+    record(r, rank, res);
+}
+
+static void test_killed_rank_held(void **state) {
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f;
+    held_job jb;
+    run r;
+    (void)state;
+    tu_watchdog(60);
+    memset(&d, 0, sizeof(d));
+    memset(&f, 0, sizeof(f));
+    d.alpha_s = 0; /* no latency: nothing else holds the deadline back */
+    d.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
+    d.compute.mean_s = 0.01;
+    d.park_between_calls = 1;
+    f.kind = DSGD_SIMNET_FAULT_KILL;
+    f.rank = 1;
+    f.step = 0;
+    d.faults = &f;
+    d.num_faults = 1;
+    memset(&jb, 0, sizeof(jb));
+    run_init(&r, 2, &d);
+    run_go(&r, body_held, &jb);
+    assert_int_equal(r.res[1], DSGD_ERR_ABORTED);
+    assert_int_equal(r.res[0], DSGD_ERR_TIMEOUT);
+    assert_int_equal(jb.seen, 1);
+    run_free(&r);
+    tu_watchdog(0);
+}
+
 static void body_kill_time(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
     dsgd_result res;
     r->t0[rank] = now_of(t);
@@ -3230,6 +3284,7 @@ int main(void) {
         cmocka_unit_test(test_run_same_as_threads),
         cmocka_unit_test(test_run_many_ranks),
         cmocka_unit_test(test_kill),
+        cmocka_unit_test(test_killed_rank_held),
         cmocka_unit_test(test_kill_by_time),
         cmocka_unit_test(test_drop_and_delay),
         cmocka_unit_test(test_compute_models),
