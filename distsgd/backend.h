@@ -126,7 +126,7 @@
      and maxpool_forward cut their output rows, col2im and maxpool_backward
      the rows of dx (each row gathers its own sums, in the documented order,
      whatever the cut); conv_gemm cuts as the GEMM does, and
-     conv_backward_x the rows of dx in whole tiles. No operation
+     conv_backward_x the rows of dx in whole tiles or whole images. No operation
      sums across a cut, so every thread count gives the same bits. Small operations (GEMMs
      under 2^17 multiply-adds, element-wise and image ones under 32768 floats), the
      loss, the norm with its sum of squares and copy (a memmove) run on the

@@ -316,15 +316,17 @@ typedef void (*dsgd__micro_fn)(int kc, const float *DSGD__RESTRICT ap, const flo
                                float *DSGD__RESTRICT out, size_t ldo, float alpha, int add);
 
 /* The thin GEMM's kernel (backend_cpu_gemm.h): T(MR x n) = Ap(MR, kc) B(kc,
-   n), n <= the kernel's thin_n, with Ap packed as for the micro-kernel and
+   n), n <= the kernel's thin_n, with Ap packed as for the micro-kernel
+   (MR entries of a column, for rows 0..MR-1, then the next column lda
+   floats on: lda = MR when packed, more where A is read where it lies) and
    B read where it lies (rows ldb apart, no packing); then the first `rows`
    rows of c (ldc apart) become c + alpha T (load 1) or 0.0f + alpha T (load
    0: what c would be after beta = 0), rounded as the micro-kernel rounds,
    or T itself (load 2).
    Each entry of T is the micro-kernel's sum, in the same order, so the bits
    are the blocked GEMM's. */
-typedef void (*dsgd__thin_fn)(int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb,
-                              int n, int rows, float *DSGD__RESTRICT c, size_t ldc, float alpha, int load);
+typedef void (*dsgd__thin_fn)(int kc, const float *DSGD__RESTRICT ap, size_t lda, const float *DSGD__RESTRICT b,
+                              size_t ldb, int n, int rows, float *DSGD__RESTRICT c, size_t ldc, float alpha, int load);
 
 /* One entry of the kernel table. The element-wise members take ranges the
    backend operation has checked; different arrays must not overlap. */
@@ -796,7 +798,7 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__micro_
    columns past n masked off (read as 0.0f, never touched), and C's rows
    past `rows` left alone. */
 __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_avx2(
-    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
+    int kc, const float *DSGD__RESTRICT ap, size_t lda, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
     float *DSGD__RESTRICT c, size_t ldc, float alpha, int load) {
     DSGD__NO_CONTRACT
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -814,7 +816,7 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_
             b1 = _mm256_maskload_ps(b + 8, k1);
         }
         DSGD__ROWS6(DSGD__FMA8);
-        ap += 6;
+        ap += lda;
         b += ldb;
     }
 #define DSGD__OUT8(q, v, k)                                                                                  \
@@ -837,7 +839,7 @@ __attribute__((target("avx2,fma"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_
 }
 
 __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_avx512(
-    int kc, const float *DSGD__RESTRICT ap, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
+    int kc, const float *DSGD__RESTRICT ap, size_t lda, const float *DSGD__RESTRICT b, size_t ldb, int n, int rows,
     float *DSGD__RESTRICT c, size_t ldc, float alpha, int load) {
     DSGD__NO_CONTRACT
     const __mmask16 k0 = (__mmask16)(n >= 16 ? 0xffffu : (1u << n) - 1u),
@@ -850,7 +852,7 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_a
             b0 = _mm512_maskz_loadu_ps(k0, b);
             b1 = _mm512_maskz_loadu_ps(k1, b + 16);
             DSGD__ROWS12(DSGD__FMA16);
-            ap += 12;
+            ap += lda;
             b += ldb;
         }
     } else { /* one: the second's accumulators stay 0 and are not stored */
@@ -859,7 +861,7 @@ __attribute__((target("avx512f"))) DSGD__NO_CONTRACT_FN static void dsgd__thin_a
 #define DSGD__ROW16(i) c0[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b0, c0[i])
             DSGD__ROWS12(DSGD__ROW16);
 #undef DSGD__ROW16
-            ap += 12;
+            ap += lda;
             b += ldb;
         }
     }

@@ -540,8 +540,9 @@ static void dsgd__gemm_thin_blocks(const dsgd__thin_job *j, int task, float *ap)
         const int pc = blk * DSGD__KC, kc = DSGD__MIN(DSGD__KC, j->k - pc);
         dsgd__pack_a(j->ta, j->a, j->lda, 0, j->m, pc, kc, j->kern->mr, ap, j->img, DSGD__IMG_TMP(ap));
         for (j0 = 0; j0 < j->n; j0 += tn)
-            j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), j->m,
-                          j->blocks + (size_t)blk * j->m * j->n + j0, (size_t)j->n, 1.0f, 2);
+            j->kern->thin(kc, ap, (size_t)j->kern->mr, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb,
+                          DSGD__MIN(tn, j->n - j0), j->m, j->blocks + (size_t)blk * j->m * j->n + j0, (size_t)j->n,
+                          1.0f, 2);
     }
 }
 
@@ -578,8 +579,9 @@ static void dsgd__gemm_thin_task(void *arg, int task, int slot) {
             else
                 dsgd__pack_a(j->ta, j->a, j->lda, i, rows, pc, kc, mr, ap, NULL, NULL);
             for (j0 = 0; j0 < j->n; j0 += tn)
-                j->kern->thin(kc, ap, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb, DSGD__MIN(tn, j->n - j0), rows,
-                              j->c + (size_t)i * j->ldc + j0, (size_t)j->ldc, j->alpha, load);
+                j->kern->thin(kc, ap, (size_t)mr, j->b + (size_t)pc * j->ldb + j0, (size_t)j->ldb,
+                              DSGD__MIN(tn, j->n - j0), rows, j->c + (size_t)i * j->ldc + j0, (size_t)j->ldc, j->alpha,
+                              load);
         }
     }
 }
@@ -698,16 +700,69 @@ static dsgd_result dsgd__cpu_conv_gemm(void *impl, const dsgd_window *wd, int ta
    With f past one block of k (DSGD__KC), each col entry is summed block
    by block in a small tile first, as gemm sums it, then added. Wt is W
    transposed per (ky, kx): Wt[(ky kw + kx) f + p][ch] = W[(ky kw + kx) c +
-   ch][p], so B is read where it lies, c wide. */
+   ch][p], so B is read where it lies, c wide. With stride 1 a direct path
+   (below) reads A where it lies too; this one, by tiles, takes the rest. */
 typedef struct dsgd__dx_job {
     const dsgd__cpu_kernel *kern;
     float *const *pack;
     dsgd_window wd;
     int oh, ow, f;
-    size_t rows, step; /* n h w; dx rows per task, whole tiles */
+    size_t rows, step; /* n h w; dx rows per task, whole tiles (direct: images per task) */
     const float *dy, *wt;
     float *dx;
+    int xp, l, t0; /* direct: dy planes' row pitch, left and top borders */
+    size_t plane;  /* direct: floats per plane */
 } dsgd__dx_job;
+
+/* The direct path (stride 1, f at most one block of k, an image's dy
+   fitting the slot's scratch): per image, dy is laid out as f planes,
+   dyt[p][(oy + t0) xp + l + ox] = dy[i, oy, ox, p], zeros around. dx pixel
+   (iy, ix) is then v = iy xp + ix, and the dy row it takes at (ky, kx),
+   (oy, ox) = (iy + pad - ky, ix + pad - kx), lies at v + (pad - ky + t0) xp
+   + (pad - kx + l) in every plane, or a zero of the border where there is
+   none. So MR consecutive v are a strip of the planes that the thin kernel
+   reads as its packed A where it lies (lda: the plane), with nothing
+   packed; the tile's T per (ky, kx) is the same sum as above, in a small
+   tile first, 0.0f + T then + T in (ky, kx) order, and the pixels of the
+   tile (v whose ix < w) are copied to dx. Where no dy reaches, T is the
+   sum of zeros times W, +0 for a finite W, which changes no sum (see
+   above); the v past a row's w are computed and dropped. */
+static void dsgd__dx_direct_task(void *arg, int task, int slot) {
+    const dsgd__dx_job *j = (const dsgd__dx_job *)arg;
+    const dsgd_window *wd = &j->wd;
+    const int mr = j->kern->mr, tn = j->kern->thin_n, f = j->f, c = wd->c, xp = j->xp, w = wd->w;
+    const size_t i0 = (size_t)task * j->step, i1 = DSGD__MIN((size_t)wd->n, i0 + j->step), plane = j->plane;
+    const size_t vend = (size_t)(wd->h - 1) * (size_t)xp + (size_t)w; /* past the last pixel */
+    float *dyt = DSGD__IMG_TMP(j->pack[slot]);
+    float acc[DSGD__MR_MAX * DSGD__NR_MAX];
+    size_t i, v0;
+    int oy, ky, kx, j0, q;
+    memset(dyt, 0, (size_t)f * plane * sizeof(float)); /* the borders; each image writes the rest */
+    for (i = i0; i < i1; ++i) {
+        for (oy = 0; oy < j->oh; ++oy)
+            dsgd__pack_t(j->dy + (i * (size_t)j->oh + (size_t)oy) * (size_t)j->ow * (size_t)f, (size_t)f, j->ow, f,
+                         (int)plane, dyt + (size_t)(oy + j->t0) * (size_t)xp + (size_t)j->l);
+        for (v0 = 0; v0 < vend; v0 += (size_t)mr) {
+            const int rows = (int)DSGD__MIN((size_t)mr, vend - v0);
+            for (j0 = 0; j0 < c; j0 += tn) {
+                const int n = DSGD__MIN(tn, c - j0);
+                for (ky = 0; ky < wd->kh; ++ky)
+                    for (kx = 0; kx < wd->kw; ++kx)
+                        j->kern->thin(f,
+                                      dyt + v0 + (size_t)(wd->pad - ky + j->t0) * (size_t)xp +
+                                          (size_t)(wd->pad - kx + j->l),
+                                      plane, j->wt + (size_t)(ky * wd->kw + kx) * (size_t)f * (size_t)c + (size_t)j0,
+                                      (size_t)c, n, rows, acc, (size_t)tn, 1.0f, ky > 0 || kx > 0);
+                for (q = 0; q < rows; ++q) {
+                    const size_t v = v0 + (size_t)q, ix = v % (size_t)xp;
+                    if (ix < (size_t)w)
+                        memcpy(j->dx + ((i * (size_t)wd->h + v / (size_t)xp) * (size_t)w + ix) * (size_t)c + (size_t)j0,
+                               acc + (size_t)q * (size_t)tn, (size_t)n * sizeof(float));
+                }
+            }
+        }
+    }
+}
 
 static void dsgd__dx_task(void *arg, int task, int slot) {
     const dsgd__dx_job *j = (const dsgd__dx_job *)arg;
@@ -762,11 +817,11 @@ static void dsgd__dx_task(void *arg, int task, int slot) {
                             dsgd__pack_a(0, tmp, kc, 0, rows, 0, kc, mr, ap, NULL, NULL);
                         }
                         if (f <= DSGD__KC) /* the col entry is 0.0f + T: T added straight */
-                            j->kern->thin(kc, ap, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n, rows,
-                                          out + j0, (size_t)c, 1.0f, !first);
+                            j->kern->thin(kc, ap, (size_t)mr, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n,
+                                          rows, out + j0, (size_t)c, 1.0f, !first);
                         else
-                            j->kern->thin(kc, ap, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n, rows, acc,
-                                          (size_t)tn, 1.0f, pc > 0);
+                            j->kern->thin(kc, ap, (size_t)mr, wt + (size_t)pc * (size_t)c + (size_t)j0, (size_t)c, n,
+                                          rows, acc, (size_t)tn, 1.0f, pc > 0);
                     }
                     if (f > DSGD__KC) {
                         if (first) dsgd__gemm_beta(rows, n, 0.0f, out + j0, c);
@@ -787,7 +842,7 @@ static dsgd_result dsgd__cpu_conv_backward_x(void *impl, const dsgd_window *wd, 
     float *wt;
     const float *w;
     size_t nw, kk, p, ch, tiles, tasks = 1;
-    int own = 0;
+    int own = 0, direct = 0;
     dsgd_result r;
     if (dsgd__window_check(cpu->ctx, "cpu", "conv_backward_x", wd, 0, &d) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     if (f < 1 || !cpu->kern->thin)
@@ -809,6 +864,18 @@ static dsgd_result dsgd__cpu_conv_backward_x(void *impl, const dsgd_window *wd, 
     tiles = (j.rows + (size_t)cpu->kern->mr - 1) / (size_t)cpu->kern->mr;
     if (cpu->pool.n > 1 && (double)d.rows * (double)d.k * f >= DSGD__CPU_GEMM_GRAIN)
         tasks = DSGD__MIN((size_t)cpu->pool.n, tiles);
+    if (wd->stride == 1 && f <= DSGD__KC && (size_t)wd->n >= tasks) { /* the direct path, if dy's planes fit */
+        const int kh = wd->kh, kw = wd->kw, pad = wd->pad;
+        size_t vend, reach;
+        j.l = DSGD__MAX(0, kw - 1 - pad);
+        j.t0 = DSGD__MAX(0, kh - 1 - pad);
+        j.xp = j.l + DSGD__MAX(d.ow, wd->w + pad);
+        /* the furthest float a tile reads: its last v's dy at (0, 0) */
+        vend = (size_t)(wd->h - 1) * (size_t)j.xp + (size_t)wd->w;
+        reach = vend + (size_t)cpu->kern->mr - 1 + (size_t)(pad + j.t0) * (size_t)j.xp + (size_t)(pad + j.l);
+        j.plane = DSGD__MAX(reach, (size_t)(j.t0 + d.oh) * (size_t)j.xp);
+        direct = j.plane * (size_t)f <= DSGD__IMG_TMP_FLOATS;
+    }
     if ((r = dsgd__cpu_pack_reserve(cpu, tasks > 1 ? cpu->pool.n : 1)) != DSGD_OK) return r;
     /* Wt in slot 0's B area (no task packs B here), or apart when W is larger */
     if (nw <= (size_t)DSGD__KC * DSGD__NC) {
@@ -822,10 +889,18 @@ static dsgd_result dsgd__cpu_conv_backward_x(void *impl, const dsgd_window *wd, 
         for (ch = 0; ch < (size_t)wd->c; ++ch)
             for (p = 0; p < (size_t)f; ++p)
                 wt[(kk * (size_t)f + p) * (size_t)wd->c + ch] = w[(kk * (size_t)wd->c + ch) * (size_t)f + p];
+    for (p = 0; direct && p < nw; ++p) /* the direct path's border zeros times W are +0 only for a finite W */
+        if (!isfinite(w[p])) direct = 0;
     j.wt = wt;
-    j.step = (tiles + tasks - 1) / tasks * (size_t)cpu->kern->mr;
-    tasks = (j.rows + j.step - 1) / j.step;
-    dsgd__cpu_run(cpu, dsgd__dx_task, &j, (int)tasks);
+    if (direct) {
+        j.step = ((size_t)wd->n + tasks - 1) / tasks;
+        tasks = ((size_t)wd->n + j.step - 1) / j.step;
+        dsgd__cpu_run(cpu, dsgd__dx_direct_task, &j, (int)tasks);
+    } else {
+        j.step = (tiles + tasks - 1) / tasks * (size_t)cpu->kern->mr;
+        tasks = (j.rows + j.step - 1) / j.step;
+        dsgd__cpu_run(cpu, dsgd__dx_task, &j, (int)tasks);
+    }
     if (own) DSGD_FREE(wt);
     return DSGD_OK;
 }

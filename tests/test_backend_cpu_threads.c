@@ -13,7 +13,9 @@
      followed by gemm; bad calls refused;
    - conv_backward_x (col2im(dy W^T), the columns never built): every kernel
      with a thin GEMM, unit and larger strides, 1 to 40 channels, 7 to 300
-     filters (two blocks of k), dy with zeros, -0 and NaN: at 1, 2, 3 and 7
+     filters (two blocks of k), by tiles and by dy's planes (the direct
+     path: padding 0 to 2, 2 x 3 windows, one image), dy with zeros, -0 and
+     NaN: at 1, 2, 3 and 7
      threads (TSan: 1 and 3) the bits of gemm followed by col2im; bad calls
      refused;
    - every element-wise operation (fill, scale, axpy, bias_act_forward and
@@ -356,11 +358,18 @@ static void test_conv_backward_x_threads(void **state) {
     /* the CNN's second convolution (16 channels, 32 filters), stride 2 with
        padding (pixels no window reaches, and pixels some (ky, kx) miss), 40
        channels (two strips of the avx2 thin kernel), 300 filters (two KC
-       blocks per col entry), and 1 channel; dy with zeros, -0 and a NaN */
+       blocks per col entry), and 1 channel; dy with zeros, -0 and a NaN.
+       Stride 1 with at most 256 filters takes the direct path (dy's planes
+       read as the thin kernel's A) where there are at least as many images
+       as tasks: the first window there at 1 to 3 threads and by tiles at 7;
+       a 2 x 3 window without padding over a 7 x 9 image, a padding of 2
+       (outputs past the image, no left or top border) with a NaN, and one
+       image (by tiles past one thread) */
     static const dsgd_window wins[] = {{3, 14, 14, 16, 3, 3, 1, 1}, {2, 9, 7, 3, 2, 3, 3, 1},
                                        {2, 6, 6, 40, 3, 3, 1, 1},   {2, 5, 5, 5, 3, 3, 1, 1},
-                                       {2, 8, 8, 1, 3, 3, 1, 1}};
-    static const int filters[] = {32, 7, 16, 300, 16};
+                                       {2, 8, 8, 1, 3, 3, 1, 1},    {3, 7, 9, 5, 2, 3, 1, 0},
+                                       {2, 5, 6, 3, 3, 3, 1, 2},    {1, 11, 13, 20, 3, 3, 1, 1}};
+    static const int filters[] = {32, 7, 16, 300, 16, 9, 20, 33};
     dsgd_ctx *ctx = NULL;
     tu_rng rng = tu_rng_make(29);
     int ki, wi, ti, kernels = 0;
@@ -380,7 +389,7 @@ static void test_conv_backward_x_threads(void **state) {
             float *dy = rand_floats(&rng, ndy), *w = rand_floats(&rng, nw), *want, *got;
             size_t i;
             for (i = 0; i < ndy; i += 11) dy[i] = i % 2 ? -0.0f : 0.0f;
-            if (wi == 1) dy[5] = NAN;
+            if (wi == 1 || wi == 6) dy[5] = NAN;
             want = conv_dx_on(ctx, isa, 1, 1, wd, f, dy, ndy, w, nw, nx);
             for (ti = 0; ti < NTHREADS; ti += TU_TSAN ? 2 : 1) { /* TSan: 1 and 3 threads */
                 got = conv_dx_on(ctx, isa, g_threads[ti], 0, wd, f, dy, ndy, w, nw, nx);
