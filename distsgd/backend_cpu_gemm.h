@@ -716,17 +716,20 @@ typedef struct dsgd__dx_job {
 
 /* The direct path (stride 1, f at most one block of k, an image's dy
    fitting the slot's scratch): per image, dy is laid out as f planes,
-   dyt[p][(oy + t0) xp + l + ox] = dy[i, oy, ox, p], zeros around. dx pixel
-   (iy, ix) is then v = iy xp + ix, and the dy row it takes at (ky, kx),
-   (oy, ox) = (iy + pad - ky, ix + pad - kx), lies at v + (pad - ky + t0) xp
-   + (pad - kx + l) in every plane, or a zero of the border where there is
-   none. So MR consecutive v are a strip of the planes that the thin kernel
-   reads as its packed A where it lies (lda: the plane), with nothing
-   packed; the tile's T per (ky, kx) is the same sum as above, in a small
-   tile first, 0.0f + T then + T in (ky, kx) order, and the pixels of the
-   tile (v whose ix < w) are copied to dx. Where no dy reaches, T is the
-   sum of zeros times W, +0 for a finite W, which changes no sum (see
-   above); the v past a row's w are computed and dropped. */
+   dyt[p][(oy + t0) xp + l + ox] = dy[i, oy, ox, p], zeros elsewhere. dx
+   pixel (iy, ix) is then v = iy xp + ix, and the dy row it takes at
+   (ky, kx), (oy, ox) = (iy + pad - ky, ix + pad - kx), lies at v + (pad -
+   ky + t0) xp + (pad - kx + l) in every plane, or where there is none at a
+   zero: the top rows and left columns (t0, l) take oy, ox < 0, and with
+   xp >= w + pad an ox >= ow lands past its row's dy and before the next
+   row's (the right border is the next row's left). So MR consecutive v
+   are a strip of the planes that the thin kernel reads as its packed A
+   where it lies (lda: the plane), with nothing packed; the tile's T per
+   (ky, kx) is the same sum as above, in a small tile first, 0.0f + T then
+   + T in (ky, kx) order, and the pixels of the tile (v whose ix < w) are
+   copied to dx. Where no dy reaches, T is the sum of zeros times W, +0 for
+   a finite W, which changes no sum (see above); the v past a row's w are
+   computed and dropped. */
 static void dsgd__dx_direct_task(void *arg, int task, int slot) {
     const dsgd__dx_job *j = (const dsgd__dx_job *)arg;
     const dsgd_window *wd = &j->wd;
@@ -869,11 +872,11 @@ static dsgd_result dsgd__cpu_conv_backward_x(void *impl, const dsgd_window *wd, 
         size_t vend, reach;
         j.l = DSGD__MAX(0, kw - 1 - pad);
         j.t0 = DSGD__MAX(0, kh - 1 - pad);
-        j.xp = j.l + DSGD__MAX(d.ow, wd->w + pad);
+        j.xp = DSGD__MAX(j.l + d.ow, wd->w + pad); /* a row's right border is the next one's left */
         /* the furthest float a tile reads: its last v's dy at (0, 0) */
         vend = (size_t)(wd->h - 1) * (size_t)j.xp + (size_t)wd->w;
         reach = vend + (size_t)cpu->kern->mr - 1 + (size_t)(pad + j.t0) * (size_t)j.xp + (size_t)(pad + j.l);
-        j.plane = DSGD__MAX(reach, (size_t)(j.t0 + d.oh) * (size_t)j.xp);
+        j.plane = DSGD__MAX(reach, ((size_t)j.t0 + (size_t)d.oh) * (size_t)j.xp);
         direct = j.plane * (size_t)f <= DSGD__IMG_TMP_FLOATS;
     }
     if ((r = dsgd__cpu_pack_reserve(cpu, tasks > 1 ? cpu->pool.n : 1)) != DSGD_OK) return r;
