@@ -241,14 +241,6 @@ static void job_run(void *user, int i) {
     j->rc = j->rows ? sim_run(&j->d, q->data, &j->r) : -1;
 }
 
-/* Copies the rows of f to out. */
-static void append(FILE *out, FILE *f) {
-    char buf[4096];
-    size_t k;
-    rewind(f);
-    while ((k = fread(buf, 1, sizeof(buf), f)) > 0) fwrite(buf, 1, k, out);
-}
-
 static void fmt_bytes(char *s, size_t n, double b) {
     if (b >= 1e9) snprintf(s, n, "%.2f GB", b / 1e9);
     else if (b >= 1e6) snprintf(s, n, "%.1f MB", b / 1e6);
@@ -407,7 +399,7 @@ int main(int argc, char **argv) {
         int reached = j->r.time_to_target >= 0;
         if (j->rc != 0) failed = 1;
         if (j->rows) {
-            append(runs, j->rows);
+            sim_append(runs, j->rows);
             fclose(j->rows);
         }
         fprintf(seedf, "%s,%s,%llu,%.6f,%ld,%.0f,%.6f,%.6f,%.0f,%d\n", NETS[j->net].name, POL_NAME[j->policy],

@@ -62,14 +62,6 @@ static void job_run(void *user, int i) {
     j->rc = j->rows ? sim_run(&j->d, q->data, &j->r) : -1;
 }
 
-/* Copies the rows of f to out. */
-static void append(FILE *out, FILE *f) {
-    char buf[4096];
-    size_t k;
-    rewind(f);
-    while ((k = fread(buf, 1, sizeof(buf), f)) > 0) fwrite(buf, 1, k, out);
-}
-
 int main(int argc, char **argv) {
     const char *dir = "build/data/fashion-mnist", *out = "build/sim";
     int epochs = 8, warmup_epochs = 2, njobs = 2, a, bi, v, failed = 0;
@@ -162,7 +154,7 @@ int main(int argc, char **argv) {
             failed = 1;
             break;
         }
-        append(csv, js[bi].rows);
+        sim_append(csv, js[bi].rows);
     }
     for (bi = 0; bi < NB && !failed; ++bi) {
         int G = 256 << bi;

@@ -56,6 +56,15 @@
 #define SIM_MAYBE_UNUSED
 #endif
 
+/* Copies what f holds (a run's rows, written to a temporary file while
+   runs go in parallel) to the end of out, from f's start. */
+SIM_MAYBE_UNUSED static void sim_append(FILE *out, FILE *f) {
+    char buf[4096];
+    size_t k;
+    rewind(f);
+    while ((k = fread(buf, 1, sizeof(buf), f)) > 0) fwrite(buf, 1, k, out);
+}
+
 /* sim_parallel(n, threads, fn, user): fn(user, i) for i = 0 .. n - 1, on up
    to `threads` threads (the caller's among them), each i taken once from a
    shared counter. The experiments' runs are functions of their own
