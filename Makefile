@@ -300,11 +300,12 @@ $(BUILD)/run/%.res: $(BUILD)/% FORCE
 	@$(TEST_ENV) bash tools/run_tests.sh --one $< $@
 
 # make starts prerequisites in the order given: the longest first (the TSan
-# runs; the plain OpenCL runs, which the sanitizers' wait for; the simnet and
-# collectives tests), then the compile matrix (a minute, its cases in
+# runs; the simnet and collectives tests, whose threads hand off often and
+# slow down most when the machine is busy; the plain OpenCL runs, which the
+# sanitizers' wait for), then the compile matrix (a minute, its cases in
 # parallel), then the rest.
-FIRST_RUNS = $(call run_res,$(TSAN_TESTS) $(filter $(addprefix %/,$(basename $(notdir $(CL_SRCS)))),$(TESTS)) \
-    $(filter %/test_simnet %/test_collectives,$(ASAN_TESTS) $(TESTS)))
+FIRST_RUNS = $(call run_res,$(TSAN_TESTS) $(filter %/test_simnet %/test_collectives,$(TESTS) $(ASAN_TESTS)) \
+    $(filter $(addprefix %/,$(basename $(notdir $(CL_SRCS)))),$(TESTS)))
 test-run: $(FIRST_RUNS) compile-matrix $(RUN_RESULTS) $(CHECKS)
 	@$(if $(strip $(TESTS) $(ASAN_TESTS) $(TSAN_TESTS)),,echo "no tests found in tests/test_*.c" >&2; exit 1)
 	@$(TEST_ENV) $(if $(TEST_START),TEST_START=$(TEST_START)) bash tools/run_tests.sh --report \
