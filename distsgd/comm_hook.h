@@ -142,6 +142,11 @@ typedef struct dsgd_comm_hook {
     dsgd_result (*load)(void *state, const void *src, size_t bytes);
     void (*destroy)(void *state);
     void *user;
+    int owns_momentum; /* 1: the hook applies momentum itself and sends the
+                          momentum step (dsgd_compress_hook with momentum
+                          correction sets it): the strategy refuses an
+                          optimizer other than DSGD_OPT_SGD, which would
+                          apply momentum twice. 0: the gradient is sent */
 } dsgd_comm_hook;
 
 #ifdef __cplusplus

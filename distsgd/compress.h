@@ -104,8 +104,9 @@
      gradient: the strategy's optimizer must be DSGD_OPT_SGD (no momentum
      of its own), which applies the summed sparse step with its learning
      rate (its schedule, weight decay and clip_norm act on that step).
-     Keeping the optimizer's momentum would apply momentum twice; the
-     hook cannot see the optimizer, so this is the caller's part. Why (Lin
+     Keeping the optimizer's momentum would apply momentum twice, so the
+     hook says it owns the momentum (dsgd_comm_hook.owns_momentum) and
+     dsgd_strategy_create refuses any other optimizer. Why (Lin
      et al.): with error feedback alone the optimizer's momentum acts on
      the sparse sums, so an entry's gradients, delayed in e, reach the
      velocity late and in bursts; accumulating momentum steps instead of
@@ -1194,6 +1195,7 @@ DSGD_API dsgd_comm_hook dsgd_compress_hook(const dsgd_compress_desc *desc) {
     h.load = dsgd__compress_load;
     h.destroy = dsgd__compress_destroy;
     h.user = (void *)desc;
+    h.owns_momentum = desc && desc->momentum > 0.0f;
     return h;
 }
 

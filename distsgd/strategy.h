@@ -1201,6 +1201,15 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
                                   "HOST path, not %s", what,
                                   d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
     if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    if (d->comm_hook && d->comm_hook->owns_momentum && d->optimizer.kind != DSGD_OPT_SGD)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: comm hook '%s' applies momentum itself (momentum correction), so the optimizer "
+                                  "must be DSGD_OPT_SGD, not %s: its momentum would be applied on top",
+                                  what, d->comm_hook->name,
+                                  d->optimizer.kind == DSGD_OPT_MOMENTUM ? "DSGD_OPT_MOMENTUM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAM   ? "DSGD_OPT_ADAM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAMW  ? "DSGD_OPT_ADAMW"
+                                                                         : "an unknown kind");
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 

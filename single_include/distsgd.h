@@ -13770,6 +13770,11 @@ typedef struct dsgd_comm_hook {
     dsgd_result (*load)(void *state, const void *src, size_t bytes);
     void (*destroy)(void *state);
     void *user;
+    int owns_momentum; /* 1: the hook applies momentum itself and sends the
+                          momentum step (dsgd_compress_hook with momentum
+                          correction sets it): the strategy refuses an
+                          optimizer other than DSGD_OPT_SGD, which would
+                          apply momentum twice. 0: the gradient is sent */
 } dsgd_comm_hook;
 
 #ifdef __cplusplus
@@ -13966,8 +13971,9 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
      gradient: the strategy's optimizer must be DSGD_OPT_SGD (no momentum
      of its own), which applies the summed sparse step with its learning
      rate (its schedule, weight decay and clip_norm act on that step).
-     Keeping the optimizer's momentum would apply momentum twice; the
-     hook cannot see the optimizer, so this is the caller's part. Why (Lin
+     Keeping the optimizer's momentum would apply momentum twice, so the
+     hook says it owns the momentum (dsgd_comm_hook.owns_momentum) and
+     dsgd_strategy_create refuses any other optimizer. Why (Lin
      et al.): with error feedback alone the optimizer's momentum acts on
      the sparse sums, so an entry's gradients, delayed in e, reach the
      velocity late and in bursts; accumulating momentum steps instead of
@@ -15056,6 +15062,7 @@ DSGD_API dsgd_comm_hook dsgd_compress_hook(const dsgd_compress_desc *desc) {
     h.load = dsgd__compress_load;
     h.destroy = dsgd__compress_destroy;
     h.user = (void *)desc;
+    h.owns_momentum = desc && desc->momentum > 0.0f;
     return h;
 }
 
@@ -21535,6 +21542,15 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
                                   "HOST path, not %s", what,
                                   d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
     if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    if (d->comm_hook && d->comm_hook->owns_momentum && d->optimizer.kind != DSGD_OPT_SGD)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: comm hook '%s' applies momentum itself (momentum correction), so the optimizer "
+                                  "must be DSGD_OPT_SGD, not %s: its momentum would be applied on top",
+                                  what, d->comm_hook->name,
+                                  d->optimizer.kind == DSGD_OPT_MOMENTUM ? "DSGD_OPT_MOMENTUM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAM   ? "DSGD_OPT_ADAM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAMW  ? "DSGD_OPT_ADAMW"
+                                                                         : "an unknown kind");
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 

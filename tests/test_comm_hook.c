@@ -728,6 +728,20 @@ static void test_bad_hooks(void **state) {
     d = base_desc(DSGD_STRATEGY_PARAMETER_SERVER, 2);
     d.comm_hook = &h;
     expect_create_fails(&d, "HOST path, not parameter_server");
+    /* a hook that applies momentum itself takes plain SGD only */
+    d = base_desc(DSGD_STRATEGY_MIRRORED, 2);
+    d.comm_hook = &h;
+    h.owns_momentum = 1;
+    d.optimizer.kind = DSGD_OPT_MOMENTUM;
+    expect_create_fails(&d, "comm hook 'ef' applies momentum itself (momentum correction), so the optimizer must be "
+                            "DSGD_OPT_SGD, not DSGD_OPT_MOMENTUM");
+    d.optimizer.kind = DSGD_OPT_ADAMW;
+    expect_create_fails(&d, "must be DSGD_OPT_SGD, not DSGD_OPT_ADAMW");
+    d.optimizer.kind = DSGD_OPT_SGD;
+    ctx = tu_ctx();
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
     user_free(&u);
     /* create fails on replica 2: the states made are destroyed */
     user_init(&u, 1);

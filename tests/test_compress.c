@@ -1434,6 +1434,13 @@ static void test_dgc_desc_and_resume(void **state) {
     d.kind = DSGD_COMPRESS_POWERSGD;
     d.warmup_steps = 5;
     bad_desc(&d, "warmup_steps 5 is for kind topk only");
+    /* the hook says it applies momentum (the strategy then takes plain
+       SGD only) exactly when momentum correction is on */
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_TOPK;
+    assert_int_equal(dsgd_compress_hook(&d).owns_momentum, 0);
+    d.momentum = 0.9f;
+    assert_int_equal(dsgd_compress_hook(&d).owns_momentum, 1);
     /* resume */
     memset(&d, 0, sizeof(d));
     d.kind = DSGD_COMPRESS_TOPK;
