@@ -133,7 +133,11 @@
      can time out.
      A rank that is done for good calls dsgd_simnet_leave (from its thread;
      a rank that never called may be left from any thread); until then the
-     others may wait for it.
+     others may wait for it. A rank that is to join later (a spare for an
+     elastic strategy's grow) is set aside before its first call
+     (dsgd_simnet_spare): it holds back nothing, and dsgd_simnet_admit lets
+     it in at a virtual time you give (the group's clock), from where it
+     runs as the others do.
 
      Running distributed training over it (charge each step's compute with
      dsgd_simnet_compute(hub, rank, step) on the rank's thread; without
@@ -359,6 +363,30 @@ DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
    DSGD_ERR_ABORTED (killed, or the hub aborted).
    Thread safety: rank's thread. */
 DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *hub, int rank);
+/* Sets rank aside as a spare: a rank that is not part of the run until
+   it is admitted, such as one that an elastic strategy lets join later
+   (dsgd_strategy_grow). A spare holds nothing back: no deadline and no
+   probe of another rank waits for it (a rank parked at its first clock
+   would hold back every one after it), and its calls fail with
+   DSGD_ERR_STATE until dsgd_simnet_admit. Call it before the rank's first
+   call (a rank that never called, parked or arriving at time 0).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; rank out
+   of range), DSGD_ERR_STATE (the rank called the hub or parked, left, is a
+   spare already, or runs under dsgd_simnet_run).
+   Thread safety: the thread of the hub's ctx; the ranks may run meanwhile. */
+DSGD_API dsgd_result dsgd_simnet_spare(dsgd_simnet *hub, int rank);
+/* Admits a spare at virtual time `at`: its clock becomes the later of its
+   own and at, and from then on it is a rank like the others: parked there
+   until its first call (park_between_calls), else arriving there (it
+   takes its turn at that time). For the results to depend only on the
+   configuration and the seeds, admit it while no clock of the group moves
+   (between a strategy's steps, every replica parked) at the group's
+   latest clock (the largest dsgd_simnet_time of its ranks): it then
+   starts where the group is, and its deadlines are the group's.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; rank out
+   of range; at negative or not finite), DSGD_ERR_STATE (not a spare).
+   Thread safety: the thread of the hub's ctx; the ranks may run meanwhile. */
+DSGD_API dsgd_result dsgd_simnet_admit(dsgd_simnet *hub, int rank, double at);
 /* Marks the hub aborted: every waiting and later call returns
    DSGD_ERR_ABORTED at once (the endpoints' abort member does the same); the
    ranks then run freely, so the virtual times after an abort mean nothing.
@@ -496,7 +524,8 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 
 #define DSGD__SN_INF HUGE_VAL
 
-enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD };
+enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD,
+       DSGD__SN_SPARE /* set aside (dsgd_simnet_spare): holds nothing back until admitted */ };
 enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
 
 typedef struct dsgd__sn_msg {
@@ -557,6 +586,7 @@ typedef struct dsgd__sn_ep {
     double kill_time;  /* KILL by time, or INF */
     int dead_held;     /* killed in a call under park_between_calls: counted
                           parked until its thread calls again or leaves */
+    int called;        /* its thread has called the hub (or parked) */
     double tx_free;    /* the NIC, sending */
     double rx_free[2]; /* receiving: [1] within the node (ranks_per_node), [0] the rest */
     long step;         /* the last compute step, -1 */
@@ -1416,6 +1446,7 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
     dsgd__sn_jitter(e);
     pthread_mutex_lock(&h->mu);
     h->used = 1;
+    e->called = 1;
     dsgd__sn_unhold(e);
     if (e->state == DSGD__SN_PARKED) {
         /* back at its clock, as a rank arriving */
@@ -1438,6 +1469,8 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
         r = dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed at %.9g s (fault injection)", e->kill_time);
     } else if (e->state == DSGD__SN_LEFT) {
         r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank left the simulation");
+    } else if (e->state == DSGD__SN_SPARE) {
+        r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank is a spare: dsgd_simnet_admit it first");
     } else {
         DSGD_ASSERT(e->state == DSGD__SN_RUNNING && h->turn == e->rank);
         dsgd__sn_stalls(e);
@@ -1888,7 +1921,8 @@ DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double second
 static void dsgd__sn_leave(dsgd__sn_ep *e) {
     dsgd_simnet *h = e->hub;
     dsgd__sn_unhold(e);
-    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED) {
+    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED ||
+        e->state == DSGD__SN_SPARE) {
         if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
         dsgd__sn_sched(e);
@@ -2080,10 +2114,62 @@ DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
         return DSGD_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&h->mu);
+    e->called = 1;
     if ((e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING) && !DSGD__LOAD_RLX(&h->aborted))
         dsgd__sn_park(e);
-    else if (e->state == DSGD__SN_LEFT) r = DSGD_ERR_STATE;
+    else if (e->state == DSGD__SN_LEFT || e->state == DSGD__SN_SPARE) r = DSGD_ERR_STATE;
     else if (e->state == DSGD__SN_DEAD || DSGD__LOAD_RLX(&h->aborted)) r = DSGD_ERR_ABORTED;
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_simnet_spare(dsgd_simnet *h, int rank) {
+    const char *w = "dsgd_simnet_spare";
+    dsgd__sn_ep *e;
+    dsgd_result r = DSGD_OK;
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (rank < 0 || rank >= h->n)
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d outside [0, %d)", w, rank, h->n);
+    e = &h->ep[rank];
+    pthread_mutex_lock(&h->mu);
+    if (e->called || h->ran || (e->state != DSGD__SN_PARKED && e->state != DSGD__SN_ARRIVING)) {
+        r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: rank %d %s", w, rank,
+                               e->state == DSGD__SN_SPARE ? "is a spare already"
+                               : e->state == DSGD__SN_LEFT ? "left the simulation"
+                               : h->ran ? "runs under dsgd_simnet_run" : "has called the hub already");
+    } else {
+        if (e->state == DSGD__SN_PARKED) h->parked--;
+        e->state = DSGD__SN_SPARE;
+        dsgd__sn_sched(e); /* out of the heap (ARRIVING) */
+        if (h->turn == rank || h->turn < 0) dsgd__sn_pass(h); /* nobody waits for it now */
+    }
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_simnet_admit(dsgd_simnet *h, int rank, double at) {
+    const char *w = "dsgd_simnet_admit";
+    dsgd__sn_ep *e;
+    dsgd_result r = DSGD_OK;
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (rank < 0 || rank >= h->n || !dsgd__sn_finite_nonneg(at))
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d of %d at %g s (need a rank of the "
+                                  "hub and a finite time >= 0)", w, rank, h->n, at);
+    e = &h->ep[rank];
+    pthread_mutex_lock(&h->mu);
+    if (e->state != DSGD__SN_SPARE) {
+        r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: rank %d is not a spare (dsgd_simnet_spare)", w, rank);
+    } else {
+        if (at > e->t) e->t = at;
+        if (h->d.park_between_calls) { /* parked at its clock until its first call */
+            e->state = DSGD__SN_PARKED;
+            h->parked++;
+        } else { /* arriving at its clock: it takes its turn then */
+            e->state = DSGD__SN_ARRIVING;
+            dsgd__sn_sched(e);
+            if (h->turn < 0) dsgd__sn_pass(h);
+        }
+    }
     pthread_mutex_unlock(&h->mu);
     return r;
 }

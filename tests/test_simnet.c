@@ -3201,6 +3201,119 @@ static void test_outputs(void **state) {
 
 /* ---------------------------------------------------------------- arguments */
 
+/* A spare (dsgd_simnet_spare) holds back no deadline. Ranks 0 and 1 of 3
+   park between calls; rank 0 waits for rank 1 with a deadline at 1 s,
+   rank 1 computes 2 s and leaves. With rank 2 only parked (its thread
+   never came) the deadline waits for it in real time, until it leaves;
+   set aside as a spare it fires at once, at exactly 1 s. Then rank 2 is
+   admitted at the group's clock (2 s) and trades a message with rank 0:
+   its first call starts at 2 s, so rank 0's reply comes at 2 s + alpha. */
+typedef struct spare_run {
+    dsgd_simnet *hub;
+    dsgd_transport_i ep[3];
+    pthread_barrier_t bar; /* rank 0 and the main thread: rank 2 admitted */
+    int done0;             /* atomic: rank 0's wait ended */
+    dsgd_result res[3], first2;
+    double t[3], t2_before;
+} spare_run;
+
+static void *spare_rank(void *arg) {
+    spare_run *z = (spare_run *)((void **)arg)[0];
+    int rank = (int)(intptr_t)((void **)arg)[1];
+    const dsgd_transport_i *t = &z->ep[rank];
+    char b = 0;
+    if (rank == 0) {
+        z->res[0] = t->recv(t->impl, 1, 1, &b, 1, 1.0);
+        z->t[0] = t->now(t->impl);
+        __atomic_store_n(&z->done0, 1, __ATOMIC_SEQ_CST);
+        pthread_barrier_wait(&z->bar);
+        if (z->first2 != DSGD_OK) return NULL; /* the control: no rank 2 */
+        if (t->send(t->impl, 2, 2, &b, 1, t->now(t->impl) + 10.0) == DSGD_OK)
+            z->res[0] = t->recv(t->impl, 2, 3, &b, 1, t->now(t->impl) + 10.0);
+        z->t[2] = t->now(t->impl);
+        t->leave(t->impl);
+    } else if (rank == 1) {
+        z->res[1] = dsgd_simnet_advance(z->hub, 1, 2.0);
+        z->t[1] = t->now(t->impl);
+        t->leave(t->impl);
+    } else {
+        z->t2_before = t->now(t->impl);
+        z->res[2] = t->recv(t->impl, 0, 2, &b, 1, t->now(t->impl) + 10.0);
+        if (z->res[2] == DSGD_OK) z->res[2] = t->send(t->impl, 0, 3, &b, 1, t->now(t->impl) + 10.0);
+        t->leave(t->impl);
+    }
+    return NULL;
+}
+
+static void spare_once(int spare) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_desc d;
+    static spare_run z;
+    pthread_t th[3];
+    void *args[3][2];
+    char b = 0;
+    int i;
+    memset(&d, 0, sizeof(d));
+    memset(&z, 0, sizeof(z));
+    d.ranks = 3;
+    d.alpha_s = 1e-3;
+    d.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &d, &z.hub));
+    for (i = 0; i < 3; ++i) {
+        TU_OK(ctx, dsgd_simnet_endpoint(z.hub, i, &z.ep[i]));
+        args[i][0] = &z;
+        args[i][1] = (void *)(intptr_t)i;
+    }
+    assert_int_equal(pthread_barrier_init(&z.bar, NULL, 2), 0);
+    z.first2 = spare ? DSGD_OK : DSGD_ERR_STATE;
+    if (spare) {
+        TU_OK(ctx, dsgd_simnet_spare(z.hub, 2));
+        TU_ERR(ctx, DSGD_ERR_STATE, dsgd_simnet_spare(z.hub, 2));
+        /* a spare's calls fail until it is admitted */
+        assert_int_equal(z.ep[2].send(z.ep[2].impl, 0, 9, &b, 1, 1.0), DSGD_ERR_STATE);
+    }
+    for (i = 0; i < 2; ++i) assert_int_equal(pthread_create(&th[i], NULL, spare_rank, args[i]), 0);
+    if (!spare) { /* rank 2, parked at 0 s, holds rank 0's deadline back until it leaves */
+        struct timespec ts = {0, 300000000L};
+        nanosleep(&ts, NULL);
+        assert_int_equal(__atomic_load_n(&z.done0, __ATOMIC_SEQ_CST), 0);
+        dsgd_simnet_leave(z.hub, 2);
+    }
+    pthread_join(th[1], NULL);
+    pthread_barrier_wait(&z.bar); /* rank 0's wait has ended: both parked or gone */
+    assert_int_equal(z.res[1], DSGD_OK);
+    assert_true(z.t[0] == 1.0);
+    assert_true(z.t[1] == 2.0);
+    if (spare) {
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_simnet_admit(z.hub, 2, -1.0));
+        TU_ERR(ctx, DSGD_ERR_STATE, dsgd_simnet_admit(z.hub, 0, 2.0));
+        TU_OK(ctx, dsgd_simnet_admit(z.hub, 2, dsgd_simnet_time(z.hub, 1)));
+        TU_ERR(ctx, DSGD_ERR_STATE, dsgd_simnet_spare(z.hub, 2));
+        assert_int_equal(pthread_create(&th[2], NULL, spare_rank, args[2]), 0);
+        pthread_join(th[2], NULL);
+    }
+    pthread_join(th[0], NULL);
+    if (spare) {
+        assert_int_equal(z.res[0], DSGD_OK);
+        assert_int_equal(z.res[2], DSGD_OK);
+        assert_true(z.t2_before == 2.0);
+        assert_true(z.t[2] == 2.0 + 1e-3); /* rank 2 replied at 2 s */
+    } else {
+        assert_int_equal(z.res[0], DSGD_ERR_TIMEOUT);
+    }
+    pthread_barrier_destroy(&z.bar);
+    dsgd_simnet_destroy(z.hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_spare(void **state) {
+    (void)state;
+    tu_watchdog(60);
+    spare_once(0);
+    spare_once(1);
+    tu_watchdog(0);
+}
+
 static void test_bad_arguments(void **state) {
     dsgd_ctx *ctx;
     dsgd_simnet *h = NULL;
@@ -3301,6 +3414,7 @@ int main(void) {
         cmocka_unit_test(test_park_between_calls),
         cmocka_unit_test(test_park_pool),
         cmocka_unit_test(test_park_transitive),
+        cmocka_unit_test(test_spare),
         cmocka_unit_test(test_mirrored_strategy),
         cmocka_unit_test(test_order_statistics),
         cmocka_unit_test(test_ps_async),

@@ -927,6 +927,180 @@ static void test_grow_loopback_4_to_6(void **state) {
     tu_watchdog(0);
 }
 
+/* ------------------------------------------------------- rejoin after a kill */
+
+/* The issue's rejoin over simnet: 8 replicas over ranks 0..7 of a hub of
+   9, rank 8 a spare (dsgd_simnet_spare: it holds back no deadline, so the
+   settle after the kill goes on without it); rank 1 killed at step
+   RJ_KILL (8 -> 7), rank 8 admitted at the group's clock and grown in at
+   step RJ_GROW (7 -> 8), to RJ_END. The data: epochs of a dsgd_sampler
+   over DS samples (SB a step, the last step of an epoch partial), the same
+   schedule in every run. Asserted: every epoch's samples, counted over the
+   replicas' shards of the steps that were made, are the dataset exactly
+   once; the weights are the bits of the script 8 to RJ_KILL, saved,
+   restored into 7, to RJ_GROW, saved, restored into 8, to RJ_END. */
+enum { RJ_KILL = 50, RJ_GROW = 100, RJ_END = 150 };
+
+static float g_rj_x[RJ_END][SB * IN], g_rj_y[RJ_END][SB];
+static size_t g_rj_idx[RJ_END][SB];
+static int g_rj_count[RJ_END], g_rj_last[RJ_END]; /* a step's samples; 1 on an epoch's last step */
+
+static void rj_schedule(dsgd_ctx *ctx) {
+    static float dx[DS * IN], dy[DS];
+    dsgd_sampler smp;
+    const size_t *idx;
+    tu_rng r = tu_rng_make(5);
+    int t = 0, i;
+    size_t b, k, nb;
+    tu_fill(&r, dx, (size_t)DS * IN, -1.0f, 1.0f);
+    for (i = 0; i < DS; ++i) dy[i] = (float)tu_below(&r, OUT);
+    TU_OK(ctx, dsgd_sampler_init(ctx, &smp, DS, SB, 11, 1, 0));
+    nb = dsgd_sampler_num_batches(&smp);
+    for (; t < RJ_END; dsgd_sampler_set_epoch(&smp, smp.epoch + 1))
+        for (b = 0; b < nb && t < RJ_END; ++b, ++t) {
+            g_rj_count[t] = (int)dsgd_sampler_batch(&smp, b, &idx);
+            g_rj_last[t] = b + 1 == nb;
+            for (k = 0; k < (size_t)g_rj_count[t]; ++k) {
+                g_rj_idx[t][k] = idx[k];
+                memcpy(g_rj_x[t] + k * IN, dx + idx[k] * IN, sizeof(float) * IN);
+                g_rj_y[t][k] = dy[idx[k]];
+            }
+        }
+    dsgd_sampler_free(&smp);
+}
+
+typedef struct rj_feed {
+    dsgd_simnet *hub; /* NULL: the script */
+    int step, spare;  /* the next spare rank to grow in */
+    int rank_of[DSGD_MAX_REPLICAS];
+    int hits[DS];     /* this step's samples, by index */
+    resize_log log;
+} rj_feed;
+
+static dsgd_result rj_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    rj_feed *f = (rj_feed *)user;
+    size_t off = 0, len = 0, i;
+    dsgd_result r = f->hub ? dsgd_simnet_compute(f->hub, f->rank_of[replica], f->step) : DSGD_OK;
+    if (r != DSGD_OK) return r;
+    dsgd_block_range((size_t)g_rj_count[f->step], num_replicas, replica, &off, &len);
+    for (i = off; i < off + len; ++i) ++f->hits[g_rj_idx[f->step][i]]; /* disjoint per replica */
+    out->count = (int)len;
+    out->x = g_rj_x[f->step] + off * IN;
+    out->y = g_rj_y[f->step] + off;
+    return DSGD_OK;
+}
+
+/* Survivors keep their ranks; a joiner (-1) takes the next spare. The
+   step is made again (shrink) or not yet (grow): its count starts over. */
+static void rj_resize(void *user, int old_world, int new_world, const int *survivors, dsgd_strategy *s) {
+    rj_feed *f = (rj_feed *)user;
+    int map[DSGD_MAX_REPLICAS], i;
+    for (i = 0; i < new_world; ++i) map[i] = survivors[i] >= 0 ? f->rank_of[survivors[i]] : f->spare++;
+    memcpy(f->rank_of, map, sizeof(int) * (size_t)new_world);
+    memset(f->hits, 0, sizeof(f->hits));
+    on_resize(&f->log, old_world, new_world, survivors, s);
+}
+
+/* The script: worlds[k] replicas from at[k - 1] to at[k] (own loopback,
+   RING), saved and restored between stages. */
+static void rj_script(dsgd_ctx *ctx, const int *worlds, const int *at, int stages, float *out) {
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, worlds[0]);
+    dsgd_strategy *s;
+    static rj_feed f;
+    char dir[64], path[128];
+    int k;
+    memset(&f, 0, sizeof(f));
+    tu_mkdtemp(dir);
+    snprintf(path, sizeof(path), "%s/ck", dir);
+    for (k = 0; k < stages; ++k) {
+        d.num_replicas = worlds[k];
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        if (k > 0) TU_OK(ctx, dsgd_strategy_restore(s, path, NULL));
+        for (; f.step < at[k]; ++f.step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, rj_fn, &f, NULL));
+        if (k + 1 < stages) TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
+        else params_of(s, 0, out);
+        dsgd_strategy_destroy(s);
+    }
+    tu_rmdir(dir);
+}
+
+static void test_simnet_kill_then_rejoin(void **state) {
+    static const int worlds[3] = {8, 7, 8}, at[3] = {RJ_KILL, RJ_GROW, RJ_END};
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d;
+    dsgd_simnet_fault kill;
+    dsgd_transport_i ep[9];
+    static rj_feed f;
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    float want[NP], got[NP];
+    int total[DS], i, epochs = 0;
+    double t_admit = 0.0;
+    (void)state;
+    tu_watchdog(120);
+    rj_schedule(ctx);
+    g_algo = DSGD_ALLREDUCE_RING;
+    memset(&kill, 0, sizeof(kill));
+    kill.kind = DSGD_SIMNET_FAULT_KILL;
+    kill.rank = 1;
+    kill.step = RJ_KILL;
+    memset(&f, 0, sizeof(f));
+    f.hub = sn_hub(ctx, 9, &kill, 1);
+    TU_OK(ctx, dsgd_simnet_spare(f.hub, 8)); /* before anything runs */
+    for (i = 0; i < 9; ++i) TU_OK(ctx, dsgd_simnet_endpoint(f.hub, i, &ep[i]));
+    for (i = 0; i < 8; ++i) f.rank_of[i] = i;
+    f.spare = 8;
+    d = base_desc(DSGD_STRATEGY_MIRRORED, 8);
+    d.endpoints = ep;
+    d.gradient_path = DSGD_GRADIENTS_HOST;
+    d.timeout_s = SN_T;
+    d.elastic.min_replicas = 4;
+    d.elastic.on_resize = rj_resize;
+    d.elastic.user = &f;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    memset(total, 0, sizeof(total));
+    for (f.step = 0; f.step < RJ_END; ++f.step) {
+        int n = dsgd_strategy_num_replicas(s);
+        if (f.step == RJ_GROW) { /* rank 8 joins where the group is */
+            for (i = 0; i < n; ++i)
+                if (dsgd_simnet_time(f.hub, f.rank_of[i]) > t_admit) t_admit = dsgd_simnet_time(f.hub, f.rank_of[i]);
+            TU_OK(ctx, dsgd_simnet_admit(f.hub, 8, t_admit));
+            TU_OK(ctx, dsgd_strategy_grow(s, &ep[8], 1));
+            assert_int_equal(dsgd_strategy_num_replicas_in_sync(s), 8);
+            tu_assert_replicas_identical(ctx, s);
+        }
+        memset(f.hits, 0, sizeof(f.hits));
+        memset(&info, 0, sizeof(info));
+        TU_OK(ctx, dsgd_strategy_train_step_fn(s, rj_fn, &f, &info));
+        assert_int_equal(info.count, g_rj_count[f.step]);
+        assert_int_equal(info.world, f.step < RJ_KILL ? 8 : f.step < RJ_GROW ? 7 : 8);
+        assert_int_equal(info.resized, f.step == RJ_KILL);
+        for (i = 0; i < DS; ++i) total[i] += f.hits[i];
+        if (g_rj_last[f.step]) { /* the epoch is over: each sample once */
+            for (i = 0; i < DS; ++i)
+                if (total[i] != 1) fail_msg("epoch %d: sample %d was trained on %d times", epochs, i, total[i]);
+            memset(total, 0, sizeof(total));
+            ++epochs;
+        }
+    }
+    print_message("    rejoin: rank 8 admitted at %.6f s virtual; %d whole epochs counted\n", t_admit, epochs);
+    assert_true(epochs >= 16);
+    assert_int_equal(f.log.calls, 2);
+    assert_int_equal(f.log.old_world, 7);
+    assert_int_equal(f.log.new_world, 8);
+    for (i = 0; i < 8; ++i) assert_int_equal(f.rank_of[i], i == 7 ? 8 : i < 1 ? i : i + 1);
+    assert_false(dsgd_strategy_failed(s));
+    tu_assert_replicas_identical(ctx, s);
+    params_of(s, 0, got);
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(f.hub);
+    rj_script(ctx, worlds, at, 3, want);
+    assert_memory_equal(got, want, sizeof(want));
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- the limits */
 
 static void test_below_min_replicas(void **state) {
@@ -1025,6 +1199,7 @@ int main(void) {
         cmocka_unit_test(test_below_min_replicas),
         cmocka_unit_test(test_batch_error_does_not_shrink),
         cmocka_unit_test(test_grow_loopback_4_to_6),
+        cmocka_unit_test(test_simnet_kill_then_rejoin),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
