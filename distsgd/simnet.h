@@ -1695,8 +1695,9 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
         dsgd__sn_span_xfer(e, dst, sbytes, done, src, m, e->reduce_k, h->stats.dropped != dropped_before, 0);
         if (m->tag != rtag || m->bytes != rbytes) {
             r = dsgd__sn_fail(e, DSGD_ERR_DESYNC,
-                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes", src,
-                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes);
+                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes%s", src,
+                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes,
+                              dsgd__sn_why(e, src, why, sizeof(why)));
         } else {
             p->head = m->next;
             if (!p->head) { /* off this rank's list of pairs with messages */

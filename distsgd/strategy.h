@@ -347,6 +347,14 @@ typedef struct dsgd_strategy_desc {
 /* What one training step did. Asking for it costs a wait for the step's
    verdict where the verdict stays on the device (THE VERDICT ON THE
    DEVICE above). */
+/* Why elastic training dropped a replica (dsgd_step_info.dropped_why;
+   see strategy_elastic.h). */
+typedef enum dsgd_drop_reason {
+    DSGD_DROP_FAILED = 1, /* it failed before the update (its batch function, its backend) */
+    DSGD_DROP_GONE,       /* its transport stopped under it (a simnet KILL: its rank is dead) */
+    DSGD_DROP_LATE        /* it entered the step's collective after another had given up on it (a stall) */
+} dsgd_drop_reason;
+
 typedef struct dsgd_step_info {
     int64_t step;      /* optimizer steps applied before this one */
     int count;         /* samples in the global batch */
@@ -366,6 +374,12 @@ typedef struct dsgd_step_info {
     int world;         /* the replicas in sync that made the step */
     int resized;       /* elastic: 1 when the group shrank in this call
                           (the step was then made by the survivors) */
+    int dropped;       /* elastic: the replicas dropped in this call (0: none) */
+    /* the first `dropped` entries: each one's rank in the group as the
+       call began (the global rank across workers), in rank order per
+       shrink, and why it was dropped */
+    int dropped_rank[DSGD_MAX_REPLICAS];
+    dsgd_drop_reason dropped_why[DSGD_MAX_REPLICAS];
 } dsgd_step_info;
 
 /* A replica as seen from inside dsgd_strategy_run (replica context). */
@@ -837,6 +851,10 @@ struct dsgd_strategy {
        *res may be replaced */
     int (*elastic)(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res);
     int resized;       /* the group shrank in the current call */
+    /* the replicas dropped in the current call (dsgd_step_info.dropped);
+       call_rank: each rank's rank as the call began (valid once resized) */
+    int dropped, drop_rank[DSGD_MAX_REPLICAS], call_rank[DSGD_MAX_REPLICAS];
+    unsigned char drop_why[DSGD_MAX_REPLICAS];
     /* elastic over the endpoints you gave, every replica in this process
        (strategy_elastic.h, set at creation): replica r, whose collective of
        phase 0 or 2 failed with res, settles instead of aborting the
@@ -1770,11 +1788,17 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
     a->verdict = info != NULL;
     if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
     s->resized = 0;
+    s->dropped = 0;
     do res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
     while (res != DSGD_OK && s->elastic && s->elastic(s, a, what, &res));
     if (info) {
         info->world = s->world;
         info->resized = s->resized;
+        info->dropped = s->dropped;
+        for (i = 0; i < s->dropped; ++i) {
+            info->dropped_rank[i] = s->drop_rank[i];
+            info->dropped_why[i] = (dsgd_drop_reason)s->drop_why[i];
+        }
         if (s->defer && s->n > 0) info->step = s->reps[0].t_step; /* a pending verdict taken in the step */
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;

@@ -196,6 +196,10 @@ extern "C" {
    dsgd_strategy_run; each joiner's endpoint is then used only from its
    replica's thread (it must not be in use elsewhere). */
 DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i *joiners, int count);
+/* "failed", "gone" or "late" (dsgd_step_info.dropped_why); "unknown" for
+   any other value.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_drop_reason_name(dsgd_drop_reason why);
 
 #ifdef __cplusplus
 }
@@ -524,6 +528,7 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     int i, k, n = s->n, w = s->world, alive = 0, go = 0;
     dsgd_result ar;
     char *saved, failed[256], alive_list[256];
+    unsigned char why[DSGD_MAX_REPLICAS];
     float *votes, *agreed;
     int *keep, *surv, *results;
     dsgd__elastic_vote vote;
@@ -599,8 +604,18 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         goto done;
     }
     if (alive == w && settled) { /* every replica in time and none gone, but the communicators failed */
+        char m[DSGD__MSG_MAX];
+        int len = snprintf(m, sizeof(m), "%s", saved + (size_t)n * DSGD__MSG_MAX), add;
+        for (i = 0; i < n && len >= 0 && len < (int)sizeof(m); ++i) { /* why (simnet names a dropped message) */
+            const dsgd_transport_i *t = dsgd__el_base(&s->reps[i]);
+            const char *d = results[i] != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
+            if (!d || !*d || strstr(m, d)) continue;
+            add = snprintf(m + len, sizeof(m) - (size_t)len, "; replica %d's transport: %s", s->reps[i].rank, d);
+            len = add < 0 ? -1 : len + add;
+        }
         dsgd__strategy_abort(s, 0);
-        dsgd__strategy_fail(s, step, what, saved + (size_t)n * DSGD__MSG_MAX);
+        *res = dsgd_ctx_set_error(s->ctx, *res, "%s", m);
+        dsgd__strategy_fail(s, step, what, m);
         goto done;
     }
     if (alive == w) goto done;
@@ -628,6 +643,12 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     }
     dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
                  (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
+    for (k = 0; k < w; ++k) why[k] = DSGD_DROP_FAILED; /* a replica of another worker: its own failure */
+    for (i = 0; i < n && settled; ++i) {
+        const dsgd_replica *r = &s->reps[i];
+        if (r->el_phase == DSGD__EL_GONE) why[r->rank] = DSGD_DROP_GONE;
+        else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= first) why[r->rank] = DSGD_DROP_LATE;
+    }
     if (!s->hub) (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, keep, what); /* the dropped leave */
     if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
         char m[DSGD__MSG_MAX];
@@ -636,6 +657,14 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
         goto done;
     }
+    if (!s->resized) /* the first shrink of this call: the ranks are those it began with */
+        for (k = 0; k < w; ++k) s->call_rank[k] = k;
+    for (k = 0; k < w; ++k) /* dsgd_step_info.dropped: in the call's numbering */
+        if (agreed[k] != 0.0f) {
+            s->drop_rank[s->dropped] = s->call_rank[k];
+            s->drop_why[s->dropped++] = (unsigned char)why[k];
+        }
+    for (k = 0; k < alive; ++k) s->call_rank[k] = s->call_rank[surv[k]];
     s->resized = 1;
     for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
         dsgd_replica *r = &s->reps[i];
@@ -841,6 +870,15 @@ DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i
     for (i = 0; i < w + count; ++i) surv[i] = i < w ? i : -1;
     if (s->d.elastic.on_resize) s->d.elastic.on_resize(s->d.elastic.user, w, w + count, surv, s);
     return DSGD_OK;
+}
+
+DSGD_API const char *dsgd_drop_reason_name(dsgd_drop_reason why) {
+    switch (why) {
+    case DSGD_DROP_FAILED: return "failed";
+    case DSGD_DROP_GONE: return "gone";
+    case DSGD_DROP_LATE: return "late";
+    default: return "unknown";
+    }
 }
 
 /* Arms a created strategy: min_replicas fits the group. */

@@ -199,6 +199,12 @@ static void shrink_case(int n, int k, int fail_a, int fail_b, int min_replicas, 
         TU_OK(ctx, dsgd_strategy_train_step_fn(s, feed_fn, &f, &info));
         assert_int_equal(info.resized, f.step == k);
         assert_int_equal(info.world, f.step < k ? n : m);
+        assert_int_equal(info.dropped, f.step == k ? n - m : 0);
+        if (f.step == k) { /* their batch functions failed: in rank order */
+            assert_int_equal(info.dropped_rank[0], fail_b >= 0 && fail_b < fail_a ? fail_b : fail_a);
+            assert_int_equal(info.dropped_why[0], DSGD_DROP_FAILED);
+            if (fail_b >= 0) assert_int_equal(info.dropped_rank[1], fail_b > fail_a ? fail_b : fail_a);
+        }
         assert_int_equal(info.count, g_count);
         assert_int_equal(info.step, f.step);
     }
@@ -574,6 +580,11 @@ static void test_simnet_kill_8_to_7(void **state) {
         assert_int_equal(info.resized, sf.f.step == SK);
         assert_int_equal(info.world, sf.f.step < SK ? 8 : 7);
         assert_int_equal(info.step, sf.f.step);
+        assert_int_equal(info.dropped, sf.f.step == SK);
+        if (sf.f.step == SK) { /* its rank was killed: gone */
+            assert_int_equal(info.dropped_rank[0], 5);
+            assert_int_equal(info.dropped_why[0], DSGD_DROP_GONE);
+        }
     }
     print_message("    simnet: a step takes %.6f s (8 replicas), %.6f s (7); the failed one %.6f s (deadline %.2f s)\n",
                   dt[SK - 1], dt[SK + 1], dt[SK], SN_T);
@@ -644,6 +655,12 @@ static void stall_case(double stall) {
             TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info));
             assert_int_equal(info.resized, sf.f.step == 4);
             assert_int_equal(info.world, 3);
+            assert_int_equal(info.dropped, sf.f.step == 4);
+            if (sf.f.step == 4) { /* entered after the others gave up on it: late */
+                assert_int_equal(info.dropped_rank[0], 3);
+                assert_int_equal(info.dropped_why[0], DSGD_DROP_LATE);
+                assert_string_equal(dsgd_drop_reason_name(info.dropped_why[0]), "late");
+            }
         }
         assert_int_equal(sf.log.calls, 1);
         assert_int_equal(sf.log.survivors[0], 0);
@@ -729,6 +746,12 @@ static void test_simnet_two_shrinks(void **state) {
         TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info));
         assert_int_equal(info.resized, sf.f.step == 3 || sf.f.step == 7);
         assert_int_equal(info.world, sf.f.step < 3 ? 8 : sf.f.step < 7 ? 7 : 5);
+        assert_int_equal(info.dropped, sf.f.step == 3 ? 1 : sf.f.step == 7 ? 2 : 0);
+        if (sf.f.step == 7) { /* hub ranks 3 and 6: replicas 2 and 5 of the 7 the step began with */
+            assert_int_equal(info.dropped_rank[0], 2);
+            assert_int_equal(info.dropped_rank[1], 5);
+            assert_int_equal(info.dropped_why[1], DSGD_DROP_GONE);
+        }
     }
     assert_int_equal(sf.log.calls, 2);
     assert_int_equal(sf.log.new_world, 5);
@@ -1101,6 +1124,166 @@ static void test_simnet_kill_then_rejoin(void **state) {
     tu_watchdog(0);
 }
 
+/* ------------------------------------------------------- fault schedules */
+
+/* Seeded fault schedules over simnet (MIRRORED over the hub's endpoints,
+   elastic, min_replicas 2): each seed draws 3..6 replicas, RING or AUTO,
+   and 1..3 faults at distinct steps 1..FS_STEPS - 1 on random ranks:
+   KILL; STALL of 0.2 deadlines (harmless), 1.5 (late: dropped) or 10
+   (longer than the settle waits: the step fails); SLOW by 1.5..4 (at most
+   once per rank: compute stays far below the deadline); DROP of the next
+   message a rank sends. A model of the contract says what each step must
+   do: a KILL drops the rank's replica (gone), a late STALL drops it
+   (late), each below min_replicas fails the step with DSGD_ERR_ABORTED
+   naming it; a long STALL fails the step naming the stalled replica; a
+   DROP fails the step naming the rank whose message was lost; a fault on
+   a rank no longer in the group does nothing. Asserted every step: the
+   result, info.world, info.resized and info.dropped (each dropped
+   replica's rank as the step began and dsgd_drop_reason), or the error's
+   message; no hang (a watchdog per schedule). DSGD_FAULT_SCHEDULES=N runs
+   N schedules instead of FS_DEFAULT (the soak: 1000 under TSan);
+   DSGD_FAULT_FIRST=K starts at seed K. */
+enum { FS_STEPS = 10, FS_DEFAULT = 40 };
+
+typedef struct fs_cfg {
+    int n, nf;
+    dsgd_allreduce_algo algo;
+    dsgd_simnet_fault f[3];
+} fs_cfg;
+
+static void fs_draw(unsigned seed, fs_cfg *c) {
+    tu_rng r = tu_rng_make(1000u + seed);
+    int used[FS_STEPS], slowed[8], i, k;
+    static const double stalls[3] = {0.2, 1.5, 10.0};
+    memset(c, 0, sizeof(*c));
+    memset(used, 0, sizeof(used));
+    memset(slowed, 0, sizeof(slowed));
+    c->n = 3 + (int)tu_below(&r, 4);
+    c->algo = tu_below(&r, 2) ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO;
+    c->nf = 1 + (int)tu_below(&r, 3);
+    for (i = 0; i < c->nf; ++i) {
+        dsgd_simnet_fault *f = &c->f[i];
+        do f->step = 1 + (long)tu_below(&r, FS_STEPS - 1);
+        while (used[f->step]);
+        used[f->step] = 1;
+        f->rank = (int)tu_below(&r, (unsigned)c->n);
+        f->peer = -1;
+        k = (int)tu_below(&r, 4);
+        if (k == 2 && slowed[f->rank]) k = 0;
+        f->kind = k == 0 ? DSGD_SIMNET_FAULT_KILL : k == 1 ? DSGD_SIMNET_FAULT_STALL
+                  : k == 2 ? DSGD_SIMNET_FAULT_SLOW : DSGD_SIMNET_FAULT_DROP;
+        if (k == 1) f->seconds = stalls[tu_below(&r, 3)] * SN_T;
+        if (k == 2) {
+            f->factor = (double)tu_uniform(&r, 1.5f, 4.0f);
+            slowed[f->rank] = 1;
+        }
+        f->count = 1;
+    }
+}
+
+static void fs_describe(const fs_cfg *c, char *buf, size_t cap) {
+    static const char *const kinds[] = {"", "kill", "stall", "slow", "drop", "delay"};
+    int i, k = snprintf(buf, cap, "%d replicas, %s:", c->n, c->algo == DSGD_ALLREDUCE_RING ? "ring" : "auto");
+    for (i = 0; i < c->nf && k > 0 && (size_t)k < cap; ++i)
+        k += snprintf(buf + k, cap - (size_t)k, " %s rank %d step %ld (%g s, x%g)", kinds[c->f[i].kind], c->f[i].rank,
+                      c->f[i].step, c->f[i].seconds, c->f[i].factor);
+}
+
+/* One schedule: fails the test naming the seed and its faults. */
+static void fs_run(unsigned seed, int *shrinks, int *failures) {
+    dsgd_ctx *ctx = tu_ctx();
+    fs_cfg c;
+    static sn_feed sf;
+    dsgd_strategy *s;
+    static dsgd_step_info info;
+    char desc[256], what[320], hang[100];
+    int members[8], nm, step, i, j;
+    fs_draw(seed, &c);
+    fs_describe(&c, desc, sizeof(desc));
+    snprintf(what, sizeof(what), "fault schedule seed %u: %s", seed, desc);
+    snprintf(hang, sizeof(hang), "fault schedule seed %u (DSGD_FAULT_FIRST=%u DSGD_FAULT_SCHEDULES=1)", seed, seed);
+    tu_watchdog_for(hang, 30);
+    g_algo = c.algo;
+    g_count = 32; /* 2 x max_batch: the group may shrink to min_replicas 2 */
+    s = sn_strategy(ctx, c.n, 2, &sf, c.f, c.nf);
+    for (nm = 0; nm < c.n; ++nm) members[nm] = nm;
+    for (step = 0; step < FS_STEPS; ++step) {
+        int drop[8], why[8], nd = 0, fail = 0, culprit = -1, kind = 0;
+        dsgd_result res;
+        for (i = 0; i < c.nf; ++i) { /* the model: what this step's faults do to the group */
+            const dsgd_simnet_fault *f = &c.f[i];
+            int at = -1;
+            for (j = 0; j < nm; ++j)
+                if (members[j] == f->rank) at = j;
+            if (f->step != step || at < 0) continue;
+            if (f->kind == DSGD_SIMNET_FAULT_KILL || (f->kind == DSGD_SIMNET_FAULT_STALL && f->seconds > SN_T &&
+                                                      f->seconds < 2.0 * SN_T)) {
+                drop[nd] = at;
+                why[nd++] = f->kind == DSGD_SIMNET_FAULT_KILL ? DSGD_DROP_GONE : DSGD_DROP_LATE;
+            } else if (f->kind == DSGD_SIMNET_FAULT_STALL && f->seconds > SN_T) {
+                fail = 1, culprit = at, kind = 's';
+            } else if (f->kind == DSGD_SIMNET_FAULT_DROP && nm > 1) {
+                fail = 1, culprit = f->rank, kind = 'd';
+            }
+        }
+        if (nd > 0 && nm - nd < 2) fail = 1, culprit = drop[0], kind = 'm';
+        sf.f.step = step;
+        memset(&info, 0, sizeof(info));
+        res = dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info);
+        if (fail) {
+            const char *msg = dsgd_ctx_last_error(ctx);
+            char want[64];
+            if (res == DSGD_OK) fail_msg("%s: step %d succeeded, want a failure", what, step);
+            if (kind == 's') snprintf(want, sizeof(want), "from replica(s) %d within", culprit);
+            else if (kind == 'm') snprintf(want, sizeof(want), "replica(s) %d", culprit);
+            else snprintf(want, sizeof(want), "a message from rank %d was dropped", culprit);
+            if (!strstr(msg, want)) fail_msg("%s: step %d: want \"%s\" in: %s", what, step, want, msg);
+            if (kind == 'm' && res != DSGD_ERR_ABORTED) fail_msg("%s: step %d: %s", what, step, dsgd_result_string(res));
+            assert_true(dsgd_strategy_failed(s));
+            ++*failures;
+            break;
+        }
+        if (res != DSGD_OK) fail_msg("%s: step %d: %s: %s", what, step, dsgd_result_string(res), dsgd_ctx_last_error(ctx));
+        if (info.world != nm - nd || info.resized != (nd > 0) || info.dropped != nd)
+            fail_msg("%s: step %d: world %d resized %d dropped %d, want %d %d %d", what, step, info.world,
+                     info.resized, info.dropped, nm - nd, nd > 0, nd);
+        for (i = 0; i < nd; ++i) { /* the model lists them in the order of the faults; the step in rank order */
+            int found = 0;
+            for (j = 0; j < nd; ++j)
+                found |= info.dropped_rank[j] == drop[i] && (int)info.dropped_why[j] == why[i];
+            if (!found) fail_msg("%s: step %d: replica %d (%s) is not in the step's dropped list", what, step, drop[i],
+                                 dsgd_drop_reason_name((dsgd_drop_reason)why[i]));
+        }
+        for (i = 0, j = 0; i < nm; ++i) { /* the survivors keep their order */
+            int gone = 0, k;
+            for (k = 0; k < nd; ++k) gone |= drop[k] == i;
+            if (!gone) members[j++] = members[i];
+        }
+        nm = j;
+        *shrinks += nd > 0;
+        for (i = 0; i < nm; ++i) assert_int_equal(sf.rank_of[i], members[i]);
+    }
+    if (!dsgd_strategy_failed(s)) tu_assert_replicas_identical(ctx, s);
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(sf.hub);
+    g_count = GB;
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_simnet_fault_schedules(void **state) {
+    const char *env = getenv("DSGD_FAULT_SCHEDULES"), *first_env = getenv("DSGD_FAULT_FIRST");
+    unsigned n = env ? (unsigned)strtoul(env, NULL, 10) : FS_DEFAULT;
+    unsigned first = first_env ? (unsigned)strtoul(first_env, NULL, 10) : 1, k;
+    int shrinks = 0, failures = 0;
+    double t0 = dsgd_now();
+    (void)state;
+    for (k = first; k < first + n; ++k) fs_run(k, &shrinks, &failures);
+    tu_watchdog(0);
+    print_message("    %u fault schedules (seeds %u..%u): %d shrinks, %d steps failed as the model says, %.1f s\n", n,
+                  first, first + n - 1, shrinks, failures, dsgd_now() - t0);
+}
+
 /* ---------------------------------------------------------------- the limits */
 
 static void test_below_min_replicas(void **state) {
@@ -1200,6 +1383,7 @@ int main(void) {
         cmocka_unit_test(test_batch_error_does_not_shrink),
         cmocka_unit_test(test_grow_loopback_4_to_6),
         cmocka_unit_test(test_simnet_kill_then_rejoin),
+        cmocka_unit_test(test_simnet_fault_schedules),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
