@@ -17,6 +17,10 @@
      7 and trained on (over a loopback of the strategy's own; over the
      endpoints you gave, with the same explicit algorithm: AUTO may choose
      another over the survivors' endpoints, which cannot share memory).
+     dsgd_step_info.dropped counts the replicas dropped in the call, and
+     dropped_rank[i], dropped_why[i] name each: its rank as the call began
+     (global across workers) and why: DSGD_DROP_FAILED (its own failure),
+     DSGD_DROP_GONE (its transport stopped: killed), DSGD_DROP_LATE.
 
      Which failures shrink:
        - a replica's own failure in phase 0 or 1 of the step (its batch
@@ -43,7 +47,9 @@
          the group stays whole, as it would fail on any replica count;
        - a failure after the agreement (in the exchange, the update), or
          in a collective where nobody is gone or late (a dropped message):
-         the strategy fails as without elastic;
+         the strategy fails as without elastic (after a settle the
+         message adds each failing replica's transport message: simnet
+         names the rank whose message was lost);
        - a failed collective across processes (MULTI_WORKER_MIRRORED over
          several workers): the survivors would have to agree on who is
          gone over a group that lost a member, which the settle does not
@@ -162,8 +168,12 @@
      ranks); the others are spares for a later grow. Over simnet a spare
      must not wait parked while the group trains (a parked rank holds back
      the deadlines after its clock, so a settle after a kill would wait
-     for it), and a killed rank cannot come back; a rejoin over simnet
-     after a kill is not tested yet.
+     for it): set it aside first (dsgd_simnet_spare) and admit it at the
+     group's latest clock, between steps, before the grow
+     (dsgd_simnet_admit). A killed rank cannot come back, a spare takes
+     its place: 8 -> 7 by a kill at step 50, a spare grown in at step 100
+     (7 -> 8) gives the bits of 8 to step 50, saved, restored into 7, to
+     step 100, saved, restored into 8 and trained on.
 */
 #ifndef DSGD__PART_STRATEGY_ELASTIC_DECL
 #define DSGD__PART_STRATEGY_ELASTIC_DECL

@@ -23,6 +23,10 @@
    - order statistics: with iid Exp(mu) compute on P workers, the time to the
      (P - b)-th gradient has mean (H_P - H_b) / mu within 3 standard errors,
      P in {8, 16}, b in {0, 1, 2, 4}, 20000 steps (2000 under TSan);
+   - spares: a rank parked at time 0 holds back a 1 s deadline of
+     another (in real time, until it leaves); set aside with
+     dsgd_simnet_spare it holds back nothing, and admitted at 2 s its
+     first call starts there;
    - scheduling: probe picks the earliest arrival (ties: lower rank), NIC
      serialisation, half duplex, deadlines fire in virtual time when every
      rank waits, a wait with no deadline and nothing in flight is reported

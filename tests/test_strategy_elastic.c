@@ -42,6 +42,21 @@
      sleeping 0.3 s: its replica is dropped as late (4 -> 3). Below
      min_replicas (4 of 4, one killed):
      DSGD_ERR_ABORTED naming it and the survivors.
+   - dsgd_step_info.dropped names each dropped replica (its rank as the
+     step began) and why: failed (its batch function), gone (killed),
+     late (stalled past the deadline).
+   - Rejoin over simnet: rank 1 of 8 killed at step 50 (8 -> 7), spare
+     rank 8 (dsgd_simnet_spare: the settle does not wait for it) admitted
+     at the group's clock and grown in at step 100 (7 -> 8), to step 150:
+     each sampler epoch (9 steps over 203 samples) trains every sample
+     once, and the weights are the bits of 8 to step 50, saved, restored
+     into 7, to step 100, saved, restored into 8, to step 150.
+   - Seeded fault schedules over simnet (kill, stall, slow, drop; 40 by
+     default, DSGD_FAULT_SCHEDULES=N and DSGD_FAULT_FIRST=K for the soak):
+     every step against a model of the contract (result, world, the
+     dropped list and reasons, or the failure's message naming the
+     replica or the rank whose message was dropped), a watchdog per
+     schedule.
    - Below min_replicas (4 replicas, min 3, replicas 1 and 2 failing at
      once): DSGD_ERR_ABORTED after grace_s (0.3 s, and well before the
      collectives' deadline) naming the survivors 0 and 3 and min_replicas
