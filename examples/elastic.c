@@ -11,7 +11,8 @@
    retry the step from the weights they hold: no checkpoint, no rollback.
 
    It prints one line per step around the change (step, replicas in sync,
-   the step's mean loss, the virtual clock), the test accuracy at the end
+   the step's mean loss, the virtual clock; the dropped replica and why,
+   from dsgd_step_info.dropped), the test accuracy at the end
    and the wait report (dsgd_strategy_wait_report) since the shrink:
    replica 2's rank computes 1.5 times slower, and the others wait for it.
 
@@ -130,6 +131,7 @@ int main(int argc, char **argv) {
         const size_t *idx = NULL;
         dsgd_step_info info;
         dsgd_metrics tr;
+        int i;
         dsgd_sampler_set_epoch(&sampler, (uint64_t)((size_t)r.step / nb));
         r.count = (int)dsgd_sampler_batch(&sampler, (size_t)r.step % nb, &idx);
         dsgd_dataset_gather(&train, idx, (size_t)r.count, r.x, r.y);
@@ -139,6 +141,8 @@ int main(int argc, char **argv) {
         if (r.step >= kill_step - 3 && r.step <= kill_step + 3)
             printf("step %3ld  replicas %d  loss %.4f  virtual time %.4f s%s\n", r.step, info.world,
                    tr.loss_sum / tr.count, clock_of(&r, info.world), info.resized ? "  (shrunk)" : "");
+        for (i = 0; i < info.dropped; ++i) /* who was dropped, and why */
+            printf("          dropped replica %d (%s)\n", info.dropped_rank[i], dsgd_drop_reason_name(info.dropped_why[i]));
     }
 
     if (!ex_evaluate(dsgd_strategy_model(s, 0), &test, BATCH, &te) ||
