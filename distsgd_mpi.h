@@ -92,3 +92,4 @@
 #include "distsgd/mpi/transport.h"            /* the MPI transport: its interface, messages, deadlines, probe */
 #include "distsgd/mpi/transport_collective.h" /* its collective side: the native all-reduce, shared memory, nodes, creation */
 #include "distsgd/mpi/ps.h"                   /* parameter servers over MPI: this process's role (TF_CONFIG or a rank layout), the engine's rank order */
+#include "distsgd/mpi/elastic.h"              /* elastic multi-worker training: a planned leave (MPI_Comm_split), a grow (MPI_Comm_spawn), ULFM where there is one */

@@ -174,6 +174,27 @@
      its place: 8 -> 7 by a kill at step 50, a spare grown in at step 100
      (7 -> 8) gives the bits of 8 to step 50, saved, restored into 7, to
      step 100, saved, restored into 8 and trained on.
+
+   REGROUP (across processes)
+
+     dsgd_strategy_regroup(s, endpoints, old_ranks), between steps, moves
+     a multi-worker mirrored strategy onto a new group of W' ranks: the
+     endpoints of another communicator, made by the program (the MPI
+     add-on's planned leave splits its communicator, its grow merges the
+     spawned processes in; see distsgd/mpi/elastic.h). Every worker of the
+     new group calls it with the same old_ranks (old_ranks[g]: new rank
+     g's rank in the old group, -1 for a joiner); a joiner calls it on a
+     strategy it created alone (a group of its own, one rank per
+     replica). The threads stop, the kind is torn down, each replica takes
+     its new endpoint and a new communicator, the kind is set up again,
+     and rank 0's weights, optimizer slots and step count are broadcast to
+     every replica (as the grow's), so the group goes on with the weights
+     of the last step; the next step re-shards over W'. Distributed
+     variables keep each worker's copies (a joiner's are its own
+     creation's); on_resize(user, W, W', old_ranks, s) is called, W the
+     group's size before. After 3 -> 2 at step k the weights are bitwise
+     those of 3 replicas to step k, saved, restored into 2 and trained on
+     (the same explicit algorithm); so after 2 -> 3.
 */
 #ifndef DSGD__PART_STRATEGY_ELASTIC_DECL
 #define DSGD__PART_STRATEGY_ELASTIC_DECL
@@ -210,6 +231,30 @@ DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i
    any other value.
    Errors: none. Thread safety: any thread. */
 DSGD_API const char *dsgd_drop_reason_name(dsgd_drop_reason why);
+
+/* Moves a multi-worker mirrored strategy onto a new group between steps
+   (REGROUP above): endpoints are this worker's num_replicas endpoints of
+   the new group (contiguous ranks of one size W', as at creation), and
+   old_ranks (W' entries, the same on every worker) gives each new rank's
+   rank in the old group, or -1 for a joiner; old_ranks[0] must not be -1
+   (rank 0 broadcasts the state). A collective over the new group: every
+   worker in it calls it; a worker that left calls nothing (it destroys
+   its strategy). The replicas receive rank 0's weights, optimizer slots
+   and step count; on_resize, when set, is called with old_ranks.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; endpoints
+   or old_ranks NULL; the strategy not multi_worker_mirrored; an endpoint
+   without send or recv, not contiguous or of another size; old_ranks[0]
+   -1, an entry below -1, a rank twice, or this worker's replica at its
+   new rank given an old rank not its own); nothing is changed then.
+   DSGD_ERR_STATE (the strategy has failed). After the replicas' threads
+   stopped: DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM and the broadcast's
+   errors (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...): the strategy has
+   then failed.
+   Thread safety: the strategy's thread, outside a step and
+   dsgd_strategy_run; the endpoints are then used only from the
+   replicas' threads (the old ones are no longer used: destroy them
+   after). */
+DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transport_i *endpoints, const int *old_ranks);
 
 #ifdef __cplusplus
 }
@@ -905,6 +950,97 @@ static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
         for (i = 0; i < s->n; ++i) ok &= dsgd__el_base(&s->reps[i])->probe != NULL;
         if (ok) s->el_settle = dsgd__elastic_settle;
     }
+    return DSGD_OK;
+}
+
+/* ---- the regroup (REGROUP above) */
+
+/* Once the threads stopped: the new endpoints, communicators, the kind,
+   the threads, rank 0's state by broadcast. */
+static dsgd_result dsgd__elastic_rebind(dsgd_strategy *s, const dsgd_transport_i *eps) {
+    const char *what = "dsgd_strategy_regroup";
+    int i, nw = eps[0].size;
+    dsgd_result res = DSGD_OK;
+    s->world = s->shard_count = nw;
+    s->first = s->shard_first = eps[0].rank;
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_comm_destroy(r->comm);
+        r->comm = NULL;
+        DSGD_FREE(r->sub);
+        r->sub = NULL;
+        r->ep = eps[i];
+        r->rank = s->first + i;
+        DSGD_FREE(r->wait_at);
+        r->wait_at = r->wait_sum = r->wait_now = NULL;
+        r->wait_time = 0.0;
+        r->wait_steps = 0;
+    }
+    for (i = 0; i < s->n && res == DSGD_OK && nw > 1; ++i) res = dsgd__elastic_comm(s, &s->reps[i]);
+    if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
+    for (i = 1; i < s->n && res == DSGD_OK; ++i) {
+        if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0)
+            res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
+        else s->reps[i].thread_started = 1;
+    }
+    if (res == DSGD_OK && nw > 1) res = dsgd__strategy_dispatch(s, dsgd__elastic_admit, NULL, what);
+    return res;
+}
+
+DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transport_i *endpoints, const int *old_ranks) {
+    const char *what = "dsgd_strategy_regroup";
+    unsigned char seen[DSGD_MAX_REPLICAS];
+    int w, nw, first, i;
+    int64_t step;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
+    if (!endpoints || !old_ranks)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: endpoints or old_ranks is NULL", what);
+    if (s->d.kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: regroups a multi_worker_mirrored "
+                                  "strategy, not %s", what, s->ops->name);
+    w = s->world;
+    nw = endpoints[0].size;
+    first = endpoints[0].rank;
+    if (nw < s->n || nw > DSGD_MAX_REPLICAS || first < 0 || first > nw - s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: endpoints[0] is rank %d of %d, which "
+                                  "leaves no room for %d replicas (at most %d in all)", what, first, nw, s->n,
+                                  DSGD_MAX_REPLICAS);
+    for (i = 0; i < s->n; ++i) {
+        const dsgd_transport_i *t = &endpoints[i];
+        int old = old_ranks[first + i];
+        if (t->rank != first + i || t->size != nw || !t->send || !t->recv)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what, i,
+                                      t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
+                                      first + i, nw);
+        if (old != -1 && old != s->reps[i].rank)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: old_ranks[%d] is %d, but replica %d "
+                                      "(new rank %d) was rank %d", what, first + i, old, i, first + i,
+                                      s->reps[i].rank);
+    }
+    memset(seen, 0, sizeof(seen));
+    for (i = 0; i < nw; ++i) {
+        int old = old_ranks[i];
+        if (old < -1 || old >= DSGD_MAX_REPLICAS || (old >= 0 && seen[old]) || (i == 0 && old < 0))
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: old_ranks[%d] is %d (an old rank "
+                                      "0..%d once each, or -1 for a joiner; rank 0 not a joiner)", what, i, old,
+                                      DSGD_MAX_REPLICAS - 1);
+        if (old >= 0) seen[old] = 1;
+    }
+    step = dsgd_optimizer_steps(s->reps[0].opt);
+    dsgd_ctx_log(s->ctx, DSGD_LOG_INFO, "%s: step %lld: regrouping %d -> %d replicas", what, (long long)step, w, nw);
+    dsgd__elastic_stop_threads(s);
+    if (s->ops->teardown) s->ops->teardown(s);
+    if ((res = dsgd__elastic_rebind(s, endpoints)) != DSGD_OK) {
+        char m[DSGD__MSG_MAX];
+        snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));
+        res = dsgd_ctx_set_error(s->ctx, res, "%s: elastic: the regroup %d -> %d failed: %s", what, w, nw, m);
+        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        return res;
+    }
+    if (s->d.elastic.on_resize) s->d.elastic.on_resize(s->d.elastic.user, w, nw, old_ranks, s);
     return DSGD_OK;
 }
 

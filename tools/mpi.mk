@@ -55,7 +55,7 @@ MPI_H_FOUND := $(shell printf '\043include <mpi.h>\n' | $(CC) $(MPI_CFLAGS) -E -
 
 MPI_BUILD = $(BUILD)/mpi
 MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces $(MPI_BUILD)/mpi_workers \
-    $(MPI_BUILD)/mpi_ps $(MPI_BUILD)/mpi_strategy_ps $(MPI_BUILD)/ps_mpi
+    $(MPI_BUILD)/mpi_ps $(MPI_BUILD)/mpi_strategy_ps $(MPI_BUILD)/ps_mpi $(MPI_BUILD)/mpi_elastic
 # multi_worker_mlp --verify (bitwise equal to the one-process run) when
 # Fashion-MNIST is installed (tools/deps.sh test installs it)
 MPI_FMNIST := $(if $(wildcard $(FMNIST_SRC)/train-images-idx3-ubyte.gz),$(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES)))
@@ -117,6 +117,8 @@ $(MPI_BUILD)/mpi_workers_mpich: tests/mpi_workers.c $(HEADERS) $(MPI_CORE) $(MPI
 $(MPI_BUILD)/mpi_ps: tests/mpi_ps.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
 	$(call mpi_program,$(MPICC))
 $(MPI_BUILD)/mpi_strategy_ps: tests/mpi_strategy_ps.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
+	$(call mpi_program,$(MPICC))
+$(MPI_BUILD)/mpi_elastic: tests/mpi_elastic.c $(HEADERS) $(MPI_CORE) $(MPI_BUILD)/lib/distsgd_mpi.o
 	$(call mpi_program,$(MPICC))
 
 # make test: tools/run_tests.sh runs MPI_TEST_RUNS (the Makefile's
