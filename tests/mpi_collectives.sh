@@ -19,6 +19,11 @@
 #       with --local 2 at np = 3;
 #   tests/mpi_workers.c (multi-worker mirrored training), when built, at
 #       np:K = 2:1 2:2 3:2 4:1 (K replicas per process);
+#   tests/mpi_elastic.c (elastic training over MPI), when built: a planned
+#       leave at np = 3 (3 -> 2), a grow by MPI_Comm_spawn at np = 2
+#       (2 -> 3), and a crash at np = 3 relaunched at np = 2 from its
+#       checkpoint by tools/elastic_launch.sh (the launcher under the
+#       watchdog); each bit for bit against a reference of its own;
 #   examples/multi_worker_mlp.c --verify at np = 2 (one epoch; weights
 #       bitwise equal to the one-process run), when built and Fashion-MNIST
 #       is in $DSGD_FMNIST_DIR (default build/data/fashion-mnist);
@@ -159,6 +164,18 @@ if [ -x "$workers" ]; then
     for pk in 2:1 2:2 3:2 4:1; do
         run "mpi_workers np=${pk%%:*} --local ${pk##*:}" -np "${pk%%:*}" "$workers" --local "${pk##*:}"
     done
+fi
+
+# Elastic training over MPI (tests/mpi_elastic.c): leave, grow, a crash relaunched.
+elastic=$build/mpi_elastic
+if [ -x "$elastic" ]; then
+    run "mpi_elastic np=3 --leave" -np 3 "$elastic" --leave
+    run "mpi_elastic np=2 --grow" -np 2 "$elastic" --grow
+    edir=$(mktemp -d "${TMPDIR:-/tmp}/mpi_elastic.XXXXXX")
+    # shellcheck disable=SC2034 # run_with's launcher, by name
+    relaunch=(sh tools/elastic_launch.sh -n 3 -m 2 -r 1 -l "${mpirun[*]}")
+    run_with relaunch "mpi_elastic elastic_launch np=3 crash -> np=2" "$elastic" --launch "$edir/ckpt"
+    rm -rf "$edir"
 fi
 
 # Parameter servers across processes (tests/mpi_ps.c, 2 servers + 2 workers).
