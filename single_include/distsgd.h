@@ -9214,11 +9214,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      can time out.
      A rank that is done for good calls dsgd_simnet_leave (from its thread;
      a rank that never called may be left from any thread); until then the
-     others may wait for it. A rank that is to join later (a spare for an
-     elastic strategy's grow) is set aside before its first call
-     (dsgd_simnet_spare): it holds back nothing, and dsgd_simnet_admit lets
-     it in at a virtual time you give (the group's clock), from where it
-     runs as the others do.
+     others may wait for it.
 
      Running distributed training over it (charge each step's compute with
      dsgd_simnet_compute(hub, rank, step) on the rank's thread; without
@@ -9444,30 +9440,6 @@ DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
    DSGD_ERR_ABORTED (killed, or the hub aborted).
    Thread safety: rank's thread. */
 DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *hub, int rank);
-/* Sets rank aside as a spare: a rank that is not part of the run until
-   it is admitted, such as one that an elastic strategy lets join later
-   (dsgd_strategy_grow). A spare holds nothing back: no deadline and no
-   probe of another rank waits for it (a rank parked at its first clock
-   would hold back every one after it), and its calls fail with
-   DSGD_ERR_STATE until dsgd_simnet_admit. Call it before the rank's first
-   call (a rank that never called, parked or arriving at time 0).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; rank out
-   of range), DSGD_ERR_STATE (the rank called the hub or parked, left, is a
-   spare already, or runs under dsgd_simnet_run).
-   Thread safety: the thread of the hub's ctx; the ranks may run meanwhile. */
-DSGD_API dsgd_result dsgd_simnet_spare(dsgd_simnet *hub, int rank);
-/* Admits a spare at virtual time `at`: its clock becomes the later of its
-   own and at, and from then on it is a rank like the others: parked there
-   until its first call (park_between_calls), else arriving there (it
-   takes its turn at that time). For the results to depend only on the
-   configuration and the seeds, admit it while no clock of the group moves
-   (between a strategy's steps, every replica parked) at the group's
-   latest clock (the largest dsgd_simnet_time of its ranks): it then
-   starts where the group is, and its deadlines are the group's.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; rank out
-   of range; at negative or not finite), DSGD_ERR_STATE (not a spare).
-   Thread safety: the thread of the hub's ctx; the ranks may run meanwhile. */
-DSGD_API dsgd_result dsgd_simnet_admit(dsgd_simnet *hub, int rank, double at);
 /* Marks the hub aborted: every waiting and later call returns
    DSGD_ERR_ABORTED at once (the endpoints' abort member does the same); the
    ranks then run freely, so the virtual times after an abort mean nothing.
@@ -9605,8 +9577,7 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 
 #define DSGD__SN_INF HUGE_VAL
 
-enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD,
-       DSGD__SN_SPARE /* set aside (dsgd_simnet_spare): holds nothing back until admitted */ };
+enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD };
 enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
 
 typedef struct dsgd__sn_msg {
@@ -9667,7 +9638,6 @@ typedef struct dsgd__sn_ep {
     double kill_time;  /* KILL by time, or INF */
     int dead_held;     /* killed in a call under park_between_calls: counted
                           parked until its thread calls again or leaves */
-    int called;        /* its thread has called the hub (or parked) */
     double tx_free;    /* the NIC, sending */
     double rx_free[2]; /* receiving: [1] within the node (ranks_per_node), [0] the rest */
     long step;         /* the last compute step, -1 */
@@ -10527,7 +10497,6 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
     dsgd__sn_jitter(e);
     pthread_mutex_lock(&h->mu);
     h->used = 1;
-    e->called = 1;
     dsgd__sn_unhold(e);
     if (e->state == DSGD__SN_PARKED) {
         /* back at its clock, as a rank arriving */
@@ -10550,8 +10519,6 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
         r = dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed at %.9g s (fault injection)", e->kill_time);
     } else if (e->state == DSGD__SN_LEFT) {
         r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank left the simulation");
-    } else if (e->state == DSGD__SN_SPARE) {
-        r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank is a spare: dsgd_simnet_admit it first");
     } else {
         DSGD_ASSERT(e->state == DSGD__SN_RUNNING && h->turn == e->rank);
         dsgd__sn_stalls(e);
@@ -10776,9 +10743,8 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
         dsgd__sn_span_xfer(e, dst, sbytes, done, src, m, e->reduce_k, h->stats.dropped != dropped_before, 0);
         if (m->tag != rtag || m->bytes != rbytes) {
             r = dsgd__sn_fail(e, DSGD_ERR_DESYNC,
-                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes%s", src,
-                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes,
-                              dsgd__sn_why(e, src, why, sizeof(why)));
+                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes", src,
+                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes);
         } else {
             p->head = m->next;
             if (!p->head) { /* off this rank's list of pairs with messages */
@@ -11003,8 +10969,7 @@ DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double second
 static void dsgd__sn_leave(dsgd__sn_ep *e) {
     dsgd_simnet *h = e->hub;
     dsgd__sn_unhold(e);
-    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED ||
-        e->state == DSGD__SN_SPARE) {
+    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED) {
         if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
         dsgd__sn_sched(e);
@@ -11196,62 +11161,10 @@ DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
         return DSGD_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&h->mu);
-    e->called = 1;
     if ((e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING) && !DSGD__LOAD_RLX(&h->aborted))
         dsgd__sn_park(e);
-    else if (e->state == DSGD__SN_LEFT || e->state == DSGD__SN_SPARE) r = DSGD_ERR_STATE;
+    else if (e->state == DSGD__SN_LEFT) r = DSGD_ERR_STATE;
     else if (e->state == DSGD__SN_DEAD || DSGD__LOAD_RLX(&h->aborted)) r = DSGD_ERR_ABORTED;
-    pthread_mutex_unlock(&h->mu);
-    return r;
-}
-
-DSGD_API dsgd_result dsgd_simnet_spare(dsgd_simnet *h, int rank) {
-    const char *w = "dsgd_simnet_spare";
-    dsgd__sn_ep *e;
-    dsgd_result r = DSGD_OK;
-    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
-    if (rank < 0 || rank >= h->n)
-        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d outside [0, %d)", w, rank, h->n);
-    e = &h->ep[rank];
-    pthread_mutex_lock(&h->mu);
-    if (e->called || h->ran || (e->state != DSGD__SN_PARKED && e->state != DSGD__SN_ARRIVING)) {
-        r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: rank %d %s", w, rank,
-                               e->state == DSGD__SN_SPARE ? "is a spare already"
-                               : e->state == DSGD__SN_LEFT ? "left the simulation"
-                               : h->ran ? "runs under dsgd_simnet_run" : "has called the hub already");
-    } else {
-        if (e->state == DSGD__SN_PARKED) h->parked--;
-        e->state = DSGD__SN_SPARE;
-        dsgd__sn_sched(e); /* out of the heap (ARRIVING) */
-        if (h->turn == rank || h->turn < 0) dsgd__sn_pass(h); /* nobody waits for it now */
-    }
-    pthread_mutex_unlock(&h->mu);
-    return r;
-}
-
-DSGD_API dsgd_result dsgd_simnet_admit(dsgd_simnet *h, int rank, double at) {
-    const char *w = "dsgd_simnet_admit";
-    dsgd__sn_ep *e;
-    dsgd_result r = DSGD_OK;
-    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
-    if (rank < 0 || rank >= h->n || !dsgd__sn_finite_nonneg(at))
-        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d of %d at %g s (need a rank of the "
-                                  "hub and a finite time >= 0)", w, rank, h->n, at);
-    e = &h->ep[rank];
-    pthread_mutex_lock(&h->mu);
-    if (e->state != DSGD__SN_SPARE) {
-        r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: rank %d is not a spare (dsgd_simnet_spare)", w, rank);
-    } else {
-        if (at > e->t) e->t = at;
-        if (h->d.park_between_calls) { /* parked at its clock until its first call */
-            e->state = DSGD__SN_PARKED;
-            h->parked++;
-        } else { /* arriving at its clock: it takes its turn then */
-            e->state = DSGD__SN_ARRIVING;
-            dsgd__sn_sched(e);
-            if (h->turn < 0) dsgd__sn_pass(h);
-        }
-    }
     pthread_mutex_unlock(&h->mu);
     return r;
 }
@@ -13857,11 +13770,6 @@ typedef struct dsgd_comm_hook {
     dsgd_result (*load)(void *state, const void *src, size_t bytes);
     void (*destroy)(void *state);
     void *user;
-    int owns_momentum; /* 1: the hook applies momentum itself and sends the
-                          momentum step (dsgd_compress_hook with momentum
-                          correction sets it): the strategy refuses an
-                          optimizer other than DSGD_OPT_SGD, which would
-                          apply momentum twice. 0: the gradient is sent */
 } dsgd_comm_hook;
 
 #ifdef __cplusplus
@@ -14058,9 +13966,8 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
      gradient: the strategy's optimizer must be DSGD_OPT_SGD (no momentum
      of its own), which applies the summed sparse step with its learning
      rate (its schedule, weight decay and clip_norm act on that step).
-     Keeping the optimizer's momentum would apply momentum twice, so the
-     hook says it owns the momentum (dsgd_comm_hook.owns_momentum) and
-     dsgd_strategy_create refuses any other optimizer. Why (Lin
+     Keeping the optimizer's momentum would apply momentum twice; the
+     hook cannot see the optimizer, so this is the caller's part. Why (Lin
      et al.): with error feedback alone the optimizer's momentum acts on
      the sparse sums, so an entry's gradients, delayed in e, reach the
      velocity late and in bursts; accumulating momentum steps instead of
@@ -15149,7 +15056,6 @@ DSGD_API dsgd_comm_hook dsgd_compress_hook(const dsgd_compress_desc *desc) {
     h.load = dsgd__compress_load;
     h.destroy = dsgd__compress_destroy;
     h.user = (void *)desc;
-    h.owns_momentum = desc && desc->momentum > 0.0f;
     return h;
 }
 
@@ -20775,14 +20681,6 @@ typedef struct dsgd_strategy_desc {
 /* What one training step did. Asking for it costs a wait for the step's
    verdict where the verdict stays on the device (THE VERDICT ON THE
    DEVICE above). */
-/* Why elastic training dropped a replica (dsgd_step_info.dropped_why;
-   see strategy_elastic.h). */
-typedef enum dsgd_drop_reason {
-    DSGD_DROP_FAILED = 1, /* it failed before the update (its batch function, its backend) */
-    DSGD_DROP_GONE,       /* its transport stopped under it (a simnet KILL: its rank is dead) */
-    DSGD_DROP_LATE        /* it entered the step's collective after another had given up on it (a stall) */
-} dsgd_drop_reason;
-
 typedef struct dsgd_step_info {
     int64_t step;      /* optimizer steps applied before this one */
     int count;         /* samples in the global batch */
@@ -20802,12 +20700,6 @@ typedef struct dsgd_step_info {
     int world;         /* the replicas in sync that made the step */
     int resized;       /* elastic: 1 when the group shrank in this call
                           (the step was then made by the survivors) */
-    int dropped;       /* elastic: the replicas dropped in this call (0: none) */
-    /* the first `dropped` entries: each one's rank in the group as the
-       call began (the global rank across workers), in rank order per
-       shrink, and why it was dropped */
-    int dropped_rank[DSGD_MAX_REPLICAS];
-    dsgd_drop_reason dropped_why[DSGD_MAX_REPLICAS];
 } dsgd_step_info;
 
 /* A replica as seen from inside dsgd_strategy_run (replica context). */
@@ -21279,10 +21171,6 @@ struct dsgd_strategy {
        *res may be replaced */
     int (*elastic)(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res);
     int resized;       /* the group shrank in the current call */
-    /* the replicas dropped in the current call (dsgd_step_info.dropped);
-       call_rank: each rank's rank as the call began (valid once resized) */
-    int dropped, drop_rank[DSGD_MAX_REPLICAS], call_rank[DSGD_MAX_REPLICAS];
-    unsigned char drop_why[DSGD_MAX_REPLICAS];
     /* elastic over the endpoints you gave, every replica in this process
        (strategy_elastic.h, set at creation): replica r, whose collective of
        phase 0 or 2 failed with res, settles instead of aborting the
@@ -21647,15 +21535,6 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
                                   "HOST path, not %s", what,
                                   d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
     if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    if (d->comm_hook && d->comm_hook->owns_momentum && d->optimizer.kind != DSGD_OPT_SGD)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: comm hook '%s' applies momentum itself (momentum correction), so the optimizer "
-                                  "must be DSGD_OPT_SGD, not %s: its momentum would be applied on top",
-                                  what, d->comm_hook->name,
-                                  d->optimizer.kind == DSGD_OPT_MOMENTUM ? "DSGD_OPT_MOMENTUM"
-                                  : d->optimizer.kind == DSGD_OPT_ADAM   ? "DSGD_OPT_ADAM"
-                                  : d->optimizer.kind == DSGD_OPT_ADAMW  ? "DSGD_OPT_ADAMW"
-                                                                         : "an unknown kind");
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 
@@ -22216,17 +22095,11 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
     a->verdict = info != NULL;
     if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
     s->resized = 0;
-    s->dropped = 0;
     do res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
     while (res != DSGD_OK && s->elastic && s->elastic(s, a, what, &res));
     if (info) {
         info->world = s->world;
         info->resized = s->resized;
-        info->dropped = s->dropped;
-        for (i = 0; i < s->dropped; ++i) {
-            info->dropped_rank[i] = s->drop_rank[i];
-            info->dropped_why[i] = (dsgd_drop_reason)s->drop_why[i];
-        }
         if (s->defer && s->n > 0) info->step = s->reps[0].t_step; /* a pending verdict taken in the step */
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
@@ -25187,10 +25060,6 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      7 and trained on (over a loopback of the strategy's own; over the
      endpoints you gave, with the same explicit algorithm: AUTO may choose
      another over the survivors' endpoints, which cannot share memory).
-     dsgd_step_info.dropped counts the replicas dropped in the call, and
-     dropped_rank[i], dropped_why[i] name each: its rank as the call began
-     (global across workers) and why: DSGD_DROP_FAILED (its own failure),
-     DSGD_DROP_GONE (its transport stopped: killed), DSGD_DROP_LATE.
 
      Which failures shrink:
        - a replica's own failure in phase 0 or 1 of the step (its batch
@@ -25217,9 +25086,7 @@ static const dsgd__strategy_ops dsgd__local_ops = {
          the group stays whole, as it would fail on any replica count;
        - a failure after the agreement (in the exchange, the update), or
          in a collective where nobody is gone or late (a dropped message):
-         the strategy fails as without elastic (after a settle the
-         message adds each failing replica's transport message: simnet
-         names the rank whose message was lost);
+         the strategy fails as without elastic;
        - a failed collective across processes (MULTI_WORKER_MIRRORED over
          several workers): the survivors would have to agree on who is
          gone over a group that lost a member, which the settle does not
@@ -25338,12 +25205,29 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      ranks); the others are spares for a later grow. Over simnet a spare
      must not wait parked while the group trains (a parked rank holds back
      the deadlines after its clock, so a settle after a kill would wait
-     for it): set it aside first (dsgd_simnet_spare) and admit it at the
-     group's latest clock, between steps, before the grow
-     (dsgd_simnet_admit). A killed rank cannot come back, a spare takes
-     its place: 8 -> 7 by a kill at step 50, a spare grown in at step 100
-     (7 -> 8) gives the bits of 8 to step 50, saved, restored into 7, to
-     step 100, saved, restored into 8 and trained on.
+     for it), and a killed rank cannot come back; a rejoin over simnet
+     after a kill is not tested yet.
+
+   REGROUP (across processes)
+
+     dsgd_strategy_regroup(s, endpoints, old_ranks), between steps, moves
+     a multi-worker mirrored strategy onto a new group of W' ranks: the
+     endpoints of another communicator, made by the program (the MPI
+     add-on's planned leave splits its communicator, its grow merges the
+     spawned processes in; see distsgd/mpi/elastic.h). Every worker of the
+     new group calls it with the same old_ranks (old_ranks[g]: new rank
+     g's rank in the old group, -1 for a joiner); a joiner calls it on a
+     strategy it created alone (a group of its own, one rank per
+     replica). The threads stop, the kind is torn down, each replica takes
+     its new endpoint and a new communicator, the kind is set up again,
+     and rank 0's weights, optimizer slots and step count are broadcast to
+     every replica (as the grow's), so the group goes on with the weights
+     of the last step; the next step re-shards over W'. Distributed
+     variables keep each worker's copies (a joiner's are its own
+     creation's); on_resize(user, W, W', old_ranks, s) is called, W the
+     group's size before. After 3 -> 2 at step k the weights are bitwise
+     those of 3 replicas to step k, saved, restored into 2 and trained on
+     (the same explicit algorithm); so after 2 -> 3.
 */
 #ifndef DSGD__PART_STRATEGY_ELASTIC_DECL
 #define DSGD__PART_STRATEGY_ELASTIC_DECL
@@ -25376,10 +25260,30 @@ extern "C" {
    dsgd_strategy_run; each joiner's endpoint is then used only from its
    replica's thread (it must not be in use elsewhere). */
 DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i *joiners, int count);
-/* "failed", "gone" or "late" (dsgd_step_info.dropped_why); "unknown" for
-   any other value.
-   Errors: none. Thread safety: any thread. */
-DSGD_API const char *dsgd_drop_reason_name(dsgd_drop_reason why);
+
+/* Moves a multi-worker mirrored strategy onto a new group between steps
+   (REGROUP above): endpoints are this worker's num_replicas endpoints of
+   the new group (contiguous ranks of one size W', as at creation), and
+   old_ranks (W' entries, the same on every worker) gives each new rank's
+   rank in the old group, or -1 for a joiner; old_ranks[0] must not be -1
+   (rank 0 broadcasts the state). A collective over the new group: every
+   worker in it calls it; a worker that left calls nothing (it destroys
+   its strategy). The replicas receive rank 0's weights, optimizer slots
+   and step count; on_resize, when set, is called with old_ranks.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; endpoints
+   or old_ranks NULL; the strategy not multi_worker_mirrored; an endpoint
+   without send or recv, not contiguous or of another size; old_ranks[0]
+   -1, an entry below -1, a rank twice, or this worker's replica at its
+   new rank given an old rank not its own); nothing is changed then.
+   DSGD_ERR_STATE (the strategy has failed). After the replicas' threads
+   stopped: DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_SYSTEM and the broadcast's
+   errors (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...): the strategy has
+   then failed.
+   Thread safety: the strategy's thread, outside a step and
+   dsgd_strategy_run; the endpoints are then used only from the
+   replicas' threads (the old ones are no longer used: destroy them
+   after). */
+DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transport_i *endpoints, const int *old_ranks);
 
 #ifdef __cplusplus
 }
@@ -25708,7 +25612,6 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     int i, k, n = s->n, w = s->world, alive = 0, go = 0;
     dsgd_result ar;
     char *saved, failed[256], alive_list[256];
-    unsigned char why[DSGD_MAX_REPLICAS];
     float *votes, *agreed;
     int *keep, *surv, *results;
     dsgd__elastic_vote vote;
@@ -25784,18 +25687,8 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         goto done;
     }
     if (alive == w && settled) { /* every replica in time and none gone, but the communicators failed */
-        char m[DSGD__MSG_MAX];
-        int len = snprintf(m, sizeof(m), "%s", saved + (size_t)n * DSGD__MSG_MAX), add;
-        for (i = 0; i < n && len >= 0 && len < (int)sizeof(m); ++i) { /* why (simnet names a dropped message) */
-            const dsgd_transport_i *t = dsgd__el_base(&s->reps[i]);
-            const char *d = results[i] != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
-            if (!d || !*d || strstr(m, d)) continue;
-            add = snprintf(m + len, sizeof(m) - (size_t)len, "; replica %d's transport: %s", s->reps[i].rank, d);
-            len = add < 0 ? -1 : len + add;
-        }
         dsgd__strategy_abort(s, 0);
-        *res = dsgd_ctx_set_error(s->ctx, *res, "%s", m);
-        dsgd__strategy_fail(s, step, what, m);
+        dsgd__strategy_fail(s, step, what, saved + (size_t)n * DSGD__MSG_MAX);
         goto done;
     }
     if (alive == w) goto done;
@@ -25823,12 +25716,6 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     }
     dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
                  (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
-    for (k = 0; k < w; ++k) why[k] = DSGD_DROP_FAILED; /* a replica of another worker: its own failure */
-    for (i = 0; i < n && settled; ++i) {
-        const dsgd_replica *r = &s->reps[i];
-        if (r->el_phase == DSGD__EL_GONE) why[r->rank] = DSGD_DROP_GONE;
-        else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= first) why[r->rank] = DSGD_DROP_LATE;
-    }
     if (!s->hub) (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, keep, what); /* the dropped leave */
     if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
         char m[DSGD__MSG_MAX];
@@ -25837,14 +25724,6 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
         goto done;
     }
-    if (!s->resized) /* the first shrink of this call: the ranks are those it began with */
-        for (k = 0; k < w; ++k) s->call_rank[k] = k;
-    for (k = 0; k < w; ++k) /* dsgd_step_info.dropped: in the call's numbering */
-        if (agreed[k] != 0.0f) {
-            s->drop_rank[s->dropped] = s->call_rank[k];
-            s->drop_why[s->dropped++] = (unsigned char)why[k];
-        }
-    for (k = 0; k < alive; ++k) s->call_rank[k] = s->call_rank[surv[k]];
     s->resized = 1;
     for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
         dsgd_replica *r = &s->reps[i];
@@ -26052,15 +25931,6 @@ DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i
     return DSGD_OK;
 }
 
-DSGD_API const char *dsgd_drop_reason_name(dsgd_drop_reason why) {
-    switch (why) {
-    case DSGD_DROP_FAILED: return "failed";
-    case DSGD_DROP_GONE: return "gone";
-    case DSGD_DROP_LATE: return "late";
-    default: return "unknown";
-    }
-}
-
 /* Arms a created strategy: min_replicas fits the group. */
 static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
     int m = s->d.elastic.min_replicas;
@@ -26075,6 +25945,97 @@ static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
         for (i = 0; i < s->n; ++i) ok &= dsgd__el_base(&s->reps[i])->probe != NULL;
         if (ok) s->el_settle = dsgd__elastic_settle;
     }
+    return DSGD_OK;
+}
+
+/* ---- the regroup (REGROUP above) */
+
+/* Once the threads stopped: the new endpoints, communicators, the kind,
+   the threads, rank 0's state by broadcast. */
+static dsgd_result dsgd__elastic_rebind(dsgd_strategy *s, const dsgd_transport_i *eps) {
+    const char *what = "dsgd_strategy_regroup";
+    int i, nw = eps[0].size;
+    dsgd_result res = DSGD_OK;
+    s->world = s->shard_count = nw;
+    s->first = s->shard_first = eps[0].rank;
+    for (i = 0; i < s->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        dsgd_comm_destroy(r->comm);
+        r->comm = NULL;
+        DSGD_FREE(r->sub);
+        r->sub = NULL;
+        r->ep = eps[i];
+        r->rank = s->first + i;
+        DSGD_FREE(r->wait_at);
+        r->wait_at = r->wait_sum = r->wait_now = NULL;
+        r->wait_time = 0.0;
+        r->wait_steps = 0;
+    }
+    for (i = 0; i < s->n && res == DSGD_OK && nw > 1; ++i) res = dsgd__elastic_comm(s, &s->reps[i]);
+    if (res == DSGD_OK && s->ops->setup) res = s->ops->setup(s);
+    for (i = 1; i < s->n && res == DSGD_OK; ++i) {
+        if (pthread_create(&s->reps[i].thread, NULL, dsgd__replica_main, &s->reps[i]) != 0)
+            res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_SYSTEM, "%s: cannot start replica %d's thread", what, i);
+        else s->reps[i].thread_started = 1;
+    }
+    if (res == DSGD_OK && nw > 1) res = dsgd__strategy_dispatch(s, dsgd__elastic_admit, NULL, what);
+    return res;
+}
+
+DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transport_i *endpoints, const int *old_ranks) {
+    const char *what = "dsgd_strategy_regroup";
+    unsigned char seen[DSGD_MAX_REPLICAS];
+    int w, nw, first, i;
+    int64_t step;
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
+    if (!endpoints || !old_ranks)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: endpoints or old_ranks is NULL", what);
+    if (s->d.kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: regroups a multi_worker_mirrored "
+                                  "strategy, not %s", what, s->ops->name);
+    w = s->world;
+    nw = endpoints[0].size;
+    first = endpoints[0].rank;
+    if (nw < s->n || nw > DSGD_MAX_REPLICAS || first < 0 || first > nw - s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: endpoints[0] is rank %d of %d, which "
+                                  "leaves no room for %d replicas (at most %d in all)", what, first, nw, s->n,
+                                  DSGD_MAX_REPLICAS);
+    for (i = 0; i < s->n; ++i) {
+        const dsgd_transport_i *t = &endpoints[i];
+        int old = old_ranks[first + i];
+        if (t->rank != first + i || t->size != nw || !t->send || !t->recv)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                      "%s: endpoints[%d] is rank %d of %d%s; replica %d needs rank %d of %d", what, i,
+                                      t->rank, t->size, t->send && t->recv ? "" : " without send or recv", i,
+                                      first + i, nw);
+        if (old != -1 && old != s->reps[i].rank)
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: old_ranks[%d] is %d, but replica %d "
+                                      "(new rank %d) was rank %d", what, first + i, old, i, first + i,
+                                      s->reps[i].rank);
+    }
+    memset(seen, 0, sizeof(seen));
+    for (i = 0; i < nw; ++i) {
+        int old = old_ranks[i];
+        if (old < -1 || old >= DSGD_MAX_REPLICAS || (old >= 0 && seen[old]) || (i == 0 && old < 0))
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: old_ranks[%d] is %d (an old rank "
+                                      "0..%d once each, or -1 for a joiner; rank 0 not a joiner)", what, i, old,
+                                      DSGD_MAX_REPLICAS - 1);
+        if (old >= 0) seen[old] = 1;
+    }
+    step = dsgd_optimizer_steps(s->reps[0].opt);
+    dsgd_ctx_log(s->ctx, DSGD_LOG_INFO, "%s: step %lld: regrouping %d -> %d replicas", what, (long long)step, w, nw);
+    dsgd__elastic_stop_threads(s);
+    if (s->ops->teardown) s->ops->teardown(s);
+    if ((res = dsgd__elastic_rebind(s, endpoints)) != DSGD_OK) {
+        char m[DSGD__MSG_MAX];
+        snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));
+        res = dsgd_ctx_set_error(s->ctx, res, "%s: elastic: the regroup %d -> %d failed: %s", what, w, nw, m);
+        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        return res;
+    }
+    if (s->d.elastic.on_resize) s->d.elastic.on_resize(s->d.elastic.user, w, nw, old_ranks, s);
     return DSGD_OK;
 }
 
@@ -31359,7 +31320,10 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      it).
      The transport does not use ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink),
      so the surviving ranks of a failed job do not go on; Debian 12's
-     OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
+     OpenMPI 4.1 and MPICH 4.0 do not provide it usably. Elastic training
+     over MPI (distsgd/mpi/elastic.h) changes the group between steps
+     instead: a planned leave, a grow by spawn, a relaunch after a crash,
+     and a ULFM shrink where the MPI has one.
 
      A share or unshare that fails (its deadline, an abort, a peer that
      withdrew) withdraws this rank's window for good: it marks it in its
@@ -33283,4 +33247,505 @@ DSGD_API void dsgd_mpi_ps_role_free(dsgd_mpi_ps_role *role) {
 }
 
 #endif /* DSGD_MPI__PART_PS_IMPL */
+/* ---------------------------------------- distsgd/mpi/elastic.h */
+/* distsgd/mpi/elastic.h - elastic multi-worker training over MPI: a planned leave, a grow by spawn
+   Part of distsgd's MPI add-on (see ../../distsgd_mpi.h, which includes the parts in order).
+
+   ELASTIC TRAINING OVER MPI
+
+     A dsgd_mpi_elastic holds this process's place in a group that may
+     change between steps: a communicator of its own (a duplicate of
+     dsgd_mpi_desc.comm, MPI_COMM_WORLD by default) and one MPI endpoint
+     over it, which a DSGD_STRATEGY_MULTI_WORKER_MIRRORED strategy with one
+     replica per process takes as desc.endpoints. Between steps the group
+     can change in two ways, each a collective over the current group that
+     ends with dsgd_strategy_regroup (REGROUP in distsgd/strategy_elastic.h):
+     the survivors or the grown group go on with rank 0's weights,
+     optimizer slots and step count, and the next step re-shards the
+     global batch over the new size.
+
+     A planned leave (a preemption notice). Every process calls
+     dsgd_mpi_elastic_step at each step boundary with leave = 1 on a
+     process that is to go (typically a flag its SIGTERM handler set:
+     a volatile sig_atomic_t, the only thing a handler may write). The
+     processes all-gather their flags (one small MPI_Iallgather, polled
+     against timeout_s: a process that never comes is DSGD_ERR_TIMEOUT
+     naming nobody in particular, never a hang); when nobody leaves that
+     is all the call costs. Else MPI_Comm_split drops the leavers (the
+     survivors keep their order), the survivors make an endpoint over the
+     new communicator, regroup their strategies (on_resize is called) and
+     destroy the old endpoint; a leaver gets *left = 1 and its strategy
+     untouched: it destroys the strategy, then the dsgd_mpi_elastic (whose
+     old endpoint the survivors free with it: MPI_Win_free of the
+     shared-memory window is collective), then ends with MPI_Finalize.
+     OpenMPI's MPI_Finalize waits for the job's other processes (a fence),
+     so a leaver's process lingers until the job ends, having done no work
+     and holding no transfer since its leave; its GPU and data are free.
+     When every process leaves, all get *left = 1.
+
+     A grow by spawn. dsgd_mpi_elastic_spawn, called by every process of
+     the group, starts count new processes (MPI_Comm_spawn of a command,
+     root rank 0), merges them in after the group (MPI_Intercomm_merge:
+     the group keeps ranks 0..W-1, the joiners take W..W+count-1), makes
+     an endpoint over the merged communicator and regroups. A spawned
+     process (MPI_Comm_get_parent is not MPI_COMM_NULL) calls
+     dsgd_mpi_elastic_join with the same strategy description instead of
+     creating a strategy: it creates one over a group of its own, joins
+     the merge and regroups with the others, so it receives the weights,
+     the optimizer state and the step count by broadcast from rank 0.
+     Both calls take a state buffer of the same size on every process,
+     broadcast from rank 0 after the regroup: the program's own position
+     (its sampler's epoch and batch, its schedule), so the joiner starts
+     where the group is.
+
+     Not done: several replicas per process (dsgd_mpi_transport_create_local),
+     and a deadline on MPI_Comm_split, MPI_Comm_spawn and
+     MPI_Intercomm_merge, which MPI does not give (once every process
+     agreed to change the group they are all there). The joiner's
+     description is not compared with the group's (creation's check runs
+     over its own group); a joiner with another model fails the broadcast
+     (its size differs).
+
+   A CRASH
+
+     MPI without ULFM cannot go on after a process died: OpenMPI ends the
+     job. A launcher relaunches the job at one process fewer (as torchrun
+     does; the repository's elastic_launch.sh is one), and the program
+     resumes from its last checkpoint (dsgd_strategy_save and
+     dsgd_strategy_restore move between group sizes). With ULFM (an MPI
+     whose <mpi.h> or <mpi-ext.h> defines MPIX_ERR_PROC_FAILED, such as
+     OpenMPI 5 built with it, or MPICH with ULFM enabled),
+     dsgd_mpi_elastic_recover shrinks the communicator past the dead
+     processes (MPIX_Comm_revoke, MPIX_Comm_shrink) and gives the survivors
+     a new endpoint; the strategy whose step failed has failed, so the
+     program creates a new one over it and restores its last checkpoint.
+     This path is compiled only with such an MPI and has not been run
+     (Debian 12's OpenMPI 4.1 and MPICH 4.0 do not provide ULFM); without
+     it dsgd_mpi_elastic_recover returns DSGD_ERR_UNSUPPORTED.
+
+     Sketch (one replica per process; error handling left out):
+
+         static volatile sig_atomic_t leave_now;
+         static void on_term(int sig) { (void)sig; leave_now = 1; }
+         ...
+         signal(SIGTERM, on_term);
+         if (spawned) dsgd_mpi_elastic_join(ctx, NULL, &sd, &pos, sizeof(pos), &el, &s);
+         else {
+             dsgd_mpi_elastic_create(ctx, NULL, &el);
+             sd.endpoints = dsgd_mpi_elastic_endpoint(el);
+             dsgd_strategy_create(ctx, &sd, &s);
+         }
+         for (; pos.step < steps; ++pos.step) {
+             dsgd_mpi_elastic_step(el, s, leave_now, &left);
+             if (left) break;
+             dsgd_strategy_train_step(s, x, y, count, NULL);   the global batch
+         }
+         dsgd_strategy_destroy(s);
+         dsgd_mpi_elastic_destroy(el);
+         MPI_Finalize();
+*/
+#ifndef DSGD_MPI__PART_ELASTIC_DECL
+#define DSGD_MPI__PART_ELASTIC_DECL
+
+/* OpenMPI declares its extensions (ULFM's MPIX_ calls, where built with
+   them) in <mpi-ext.h>; MPICH in <mpi.h>. */
+#if defined(OPEN_MPI) && defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- elastic */
+
+typedef struct dsgd_mpi_elastic dsgd_mpi_elastic;
+
+/* Creates this process's place in an elastic group over desc->comm (desc
+   may be NULL: MPI_COMM_WORLD): a duplicate of comm and an endpoint over
+   it (dsgd_mpi_transport_create with the rest of desc). Collective over
+   comm. timeout_s bounds the flag exchange of dsgd_mpi_elastic_step (0:
+   60 s).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; out NULL;
+   timeout_s negative or not finite), DSGD_ERR_SYSTEM (MPI_Comm_dup
+   failed), dsgd_mpi_transport_create's errors, DSGD_ERR_OUT_OF_MEMORY.
+   On failure *out is NULL.
+   Thread safety: a thread allowed to call MPI; the object is then used
+   by one thread at a time (the strategy's). */
+DSGD_API dsgd_result dsgd_mpi_elastic_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, double timeout_s,
+                                             dsgd_mpi_elastic **out);
+
+/* Frees the endpoint (collective over the group it was made for, as an
+   endpoint's destroy: the leavers of a step call it too) and the
+   communicator. Destroy the strategy over the endpoint first. NULL is
+   ignored.
+   Thread safety: as dsgd_mpi_elastic_create. */
+DSGD_API void dsgd_mpi_elastic_destroy(dsgd_mpi_elastic *el);
+
+/* The current endpoint (desc.endpoints of a strategy with one replica),
+   valid until the next call that changes the group; NULL for NULL.
+   Errors: none.
+   Thread safety: the thread that uses el. */
+DSGD_API const dsgd_transport_i *dsgd_mpi_elastic_endpoint(const dsgd_mpi_elastic *el);
+
+/* The current group's communicator (not the endpoint's duplicate), for
+   the program's own collectives; MPI_COMM_NULL for NULL.
+   Errors: none.
+   Thread safety: the thread that uses el. */
+DSGD_API MPI_Comm dsgd_mpi_elastic_comm(const dsgd_mpi_elastic *el);
+
+/* At a step boundary, every process of the group: leave = 1 on a process
+   that goes (see ELASTIC TRAINING OVER MPI). *left receives 1 on a
+   process that left (its strategy untouched: destroy it, then el), 0 on
+   the others, whose strategy s (multi_worker_mirrored over
+   dsgd_mpi_elastic_endpoint(el)) was regrouped when anyone left.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (el NULL, nothing recorded; s or
+   left NULL), DSGD_ERR_TIMEOUT (a process did not come within
+   timeout_s: end the job, dsgd_mpi_abort), DSGD_ERR_SYSTEM (an MPI call
+   failed), dsgd_mpi_transport_create's and dsgd_strategy_regroup's
+   errors (the group then has no usable strategy: end the job). The
+   messages go to el's context.
+   Thread safety: the strategy's thread, outside a step. */
+DSGD_API dsgd_result dsgd_mpi_elastic_step(dsgd_mpi_elastic *el, dsgd_strategy *s, int leave, int *left);
+
+/* Grows the group by count processes running command with argv (as
+   MPI_Comm_spawn: argv NULL-terminated, may be NULL; the command is
+   looked up as mpirun would), merged in after the group; the strategy is
+   regrouped and state (bytes, may be 0) broadcast from rank 0. Every
+   process of the group calls it with the same arguments; each spawned
+   process calls dsgd_mpi_elastic_join.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (el NULL, nothing recorded; s or
+   command NULL; count < 1 or the group would exceed DSGD_MAX_REPLICAS;
+   state NULL with bytes > 0; bytes above INT_MAX), DSGD_ERR_SYSTEM
+   (MPI_Comm_spawn failed or could not start every process: the message
+   has MPI's error; nothing changed), then dsgd_mpi_transport_create's,
+   dsgd_strategy_regroup's and the broadcast's (DSGD_ERR_SYSTEM): end the
+   job.
+   Thread safety: the strategy's thread, outside a step. */
+DSGD_API dsgd_result dsgd_mpi_elastic_spawn(dsgd_mpi_elastic *el, dsgd_strategy *s, const char *command, char **argv,
+                                            int count, void *state, size_t bytes);
+
+/* In a process started by dsgd_mpi_elastic_spawn: joins the group (the
+   merge, a strategy of desc created over a group of its own, its
+   regroup with the others) and receives state (bytes, the size the
+   group passes). desc is the group's description (num_replicas 1; its
+   endpoints are ignored); mdesc as for dsgd_mpi_elastic_create (its comm
+   ignored). *el and *s receive the group and the strategy.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (ctx NULL, nothing recorded; desc,
+   el or s NULL; state NULL with bytes > 0), DSGD_ERR_STATE (this process
+   was not spawned: MPI_Comm_get_parent gives MPI_COMM_NULL), then
+   dsgd_strategy_create's, dsgd_mpi_transport_create's,
+   dsgd_strategy_regroup's and the broadcast's. On failure *el and *s
+   are NULL.
+   Thread safety: a thread allowed to call MPI. */
+DSGD_API dsgd_result dsgd_mpi_elastic_join(dsgd_ctx *ctx, const dsgd_mpi_desc *mdesc, const dsgd_strategy_desc *desc,
+                                           void *state, size_t bytes, dsgd_mpi_elastic **el, dsgd_strategy **s);
+
+/* After a step failed because a process died (ULFM only, see A CRASH):
+   every surviving process calls it; the communicator is shrunk past the
+   dead, a new endpoint made over it (dsgd_mpi_elastic_endpoint), and
+   old_ranks (DSGD_MAX_REPLICAS entries, may be NULL) receives each new
+   rank's old rank. The old endpoint is left to the end of the job. The
+   program then creates a new strategy over the endpoint and restores its
+   checkpoint.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (el NULL, nothing recorded),
+   DSGD_ERR_UNSUPPORTED (this MPI has no ULFM: a crashed process ends the
+   job; relaunch it), DSGD_ERR_SYSTEM (an MPIX call
+   failed), dsgd_mpi_transport_create's.
+   Thread safety: as dsgd_mpi_elastic_step. */
+DSGD_API dsgd_result dsgd_mpi_elastic_recover(dsgd_mpi_elastic *el, int *old_ranks);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD_MPI__PART_ELASTIC_DECL */
+
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_ELASTIC_IMPL)
+#define DSGD_MPI__PART_ELASTIC_IMPL
+
+#include <limits.h>
+
+/* >>mpi elastic ------------------------------------------------------------ */
+
+struct dsgd_mpi_elastic {
+    dsgd_ctx *ctx;
+    dsgd_mpi_desc md;    /* the endpoints' settings (comm set per endpoint) */
+    double timeout_s;
+    MPI_Comm comm;       /* the group (ours) */
+    dsgd_transport_i ep; /* over comm */
+    int has_ep;
+};
+
+static dsgd_result dsgd_mpi__el_error(dsgd_mpi_elastic *el, const char *what, const char *call, int rc) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    text[0] = '\0';
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof(text), "error %d", rc);
+    return dsgd_ctx_set_error(el->ctx, DSGD_ERR_SYSTEM, "%s: %s failed: %s", what, call, text);
+}
+
+/* The endpoint over comm (el->ep), with the desc's settings. */
+static dsgd_result dsgd_mpi__el_endpoint(dsgd_mpi_elastic *el, MPI_Comm comm, dsgd_transport_i *out) {
+    dsgd_mpi_desc md = el->md;
+    md.comm = comm;
+    return dsgd_mpi_transport_create(el->ctx, &md, out);
+}
+
+/* Takes a new communicator and endpoint: the old endpoint is destroyed
+   (collective over the old group, whose leavers destroy theirs in
+   dsgd_mpi_elastic_destroy) and the old communicator freed. */
+static void dsgd_mpi__el_swap(dsgd_mpi_elastic *el, MPI_Comm comm, const dsgd_transport_i *ep) {
+    if (el->has_ep) el->ep.destroy(el->ep.impl);
+    if (el->comm != MPI_COMM_NULL) MPI_Comm_free(&el->comm);
+    el->comm = comm;
+    el->ep = *ep;
+    el->has_ep = 1;
+}
+
+DSGD_API dsgd_result dsgd_mpi_elastic_create(dsgd_ctx *ctx, const dsgd_mpi_desc *desc, double timeout_s,
+                                             dsgd_mpi_elastic **out) {
+    const char *what = "dsgd_mpi_elastic_create";
+    dsgd_mpi_elastic *el;
+    dsgd_transport_i ep;
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rc;
+    dsgd_result res;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (out) *out = NULL;
+    if (!out || !(timeout_s >= 0.0) || timeout_s > 1e9)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL or timeout_s %g out of range "
+                                  "(0..1e9)", what, out ? timeout_s : 0.0);
+    el = (dsgd_mpi_elastic *)dsgd__alloc(ctx, sizeof(*el), what);
+    if (!el) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(el, 0, sizeof(*el));
+    el->ctx = ctx;
+    if (desc) el->md = *desc;
+    el->timeout_s = timeout_s > 0.0 ? timeout_s : 60.0;
+    el->comm = MPI_COMM_NULL;
+    rc = MPI_Comm_dup(desc && desc->comm != MPI_COMM_NULL && desc->comm != 0 ? desc->comm : MPI_COMM_WORLD, &comm);
+    if (rc != MPI_SUCCESS) {
+        res = dsgd_mpi__el_error(el, what, "MPI_Comm_dup", rc);
+        DSGD_FREE(el);
+        return res;
+    }
+    if ((res = dsgd_mpi__el_endpoint(el, comm, &ep)) != DSGD_OK) {
+        MPI_Comm_free(&comm);
+        DSGD_FREE(el);
+        return res;
+    }
+    dsgd_mpi__el_swap(el, comm, &ep);
+    *out = el;
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_mpi_elastic_destroy(dsgd_mpi_elastic *el) {
+    if (!el) return;
+    if (el->has_ep) el->ep.destroy(el->ep.impl);
+    if (el->comm != MPI_COMM_NULL) MPI_Comm_free(&el->comm);
+    DSGD_FREE(el);
+}
+
+DSGD_API const dsgd_transport_i *dsgd_mpi_elastic_endpoint(const dsgd_mpi_elastic *el) {
+    return el && el->has_ep ? &el->ep : NULL;
+}
+
+DSGD_API MPI_Comm dsgd_mpi_elastic_comm(const dsgd_mpi_elastic *el) { return el ? el->comm : MPI_COMM_NULL; }
+
+/* All-gathers one int per process on el->comm, polled against timeout_s. */
+static dsgd_result dsgd_mpi__el_gather(dsgd_mpi_elastic *el, const char *what, int mine, int *all) {
+    MPI_Request req;
+    double deadline = dsgd_now() + el->timeout_s;
+    int rc, done = 0, polls = 0;
+    rc = MPI_Iallgather(&mine, 1, MPI_INT, all, 1, MPI_INT, el->comm, &req);
+    if (rc != MPI_SUCCESS) return dsgd_mpi__el_error(el, what, "MPI_Iallgather", rc);
+    for (;;) {
+        if ((rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS)
+            return dsgd_mpi__el_error(el, what, "MPI_Test", rc);
+        if (done) return DSGD_OK;
+        if (dsgd_now() >= deadline)
+            return dsgd_ctx_set_error(el->ctx, DSGD_ERR_TIMEOUT, "%s: not every process of the group came to the "
+                                      "step boundary within %g s (the all-gather of the leave flags is pending: "
+                                      "end the job, dsgd_mpi_abort)", what, el->timeout_s);
+        if (++polls > 64) sched_yield();
+    }
+}
+
+DSGD_API dsgd_result dsgd_mpi_elastic_step(dsgd_mpi_elastic *el, dsgd_strategy *s, int leave, int *left) {
+    const char *what = "dsgd_mpi_elastic_step";
+    int flags[DSGD_MAX_REPLICAS], old_ranks[DSGD_MAX_REPLICAS];
+    int size = 0, rank = 0, i, w = 0, rc;
+    MPI_Comm comm = MPI_COMM_NULL;
+    dsgd_transport_i ep;
+    dsgd_result res;
+    if (!el) return DSGD_ERR_INVALID_ARGUMENT;
+    if (left) *left = 0;
+    if (!s || !left) return dsgd_ctx_set_error(el->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: s or left is NULL", what);
+    MPI_Comm_size(el->comm, &size);
+    MPI_Comm_rank(el->comm, &rank);
+    if (size > DSGD_MAX_REPLICAS)
+        return dsgd_ctx_set_error(el->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a group of %d processes (at most %d)",
+                                  what, size, DSGD_MAX_REPLICAS);
+    if ((res = dsgd_mpi__el_gather(el, what, leave ? 1 : 0, flags)) != DSGD_OK) return res;
+    for (i = 0; i < size; ++i)
+        if (!flags[i]) old_ranks[w++] = i;
+    if (w == size) return DSGD_OK; /* nobody leaves: the common case, one all-gather */
+    *left = leave ? 1 : 0;
+    if (w == 0) return DSGD_OK; /* everybody leaves */
+    rc = MPI_Comm_split(el->comm, leave ? MPI_UNDEFINED : 0, rank, &comm);
+    if (rc != MPI_SUCCESS) return dsgd_mpi__el_error(el, what, "MPI_Comm_split", rc);
+    if (leave) return DSGD_OK; /* comm is MPI_COMM_NULL; the old endpoint goes with el */
+    dsgd_ctx_log(el->ctx, DSGD_LOG_INFO, "%s: %d of %d processes leave; the group goes on with %d", what, size - w,
+                 size, w);
+    if ((res = dsgd_mpi__el_endpoint(el, comm, &ep)) != DSGD_OK) {
+        MPI_Comm_free(&comm);
+        return res;
+    }
+    res = dsgd_strategy_regroup(s, &ep, old_ranks);
+    dsgd_mpi__el_swap(el, comm, &ep); /* the strategy uses ep now (or has failed) */
+    return res;
+}
+
+/* After the merge (comm, this process's rank in it): the endpoint, the
+   regroup, the swap, the state's broadcast. */
+static dsgd_result dsgd_mpi__el_regroup(dsgd_mpi_elastic *el, dsgd_strategy *s, MPI_Comm comm, const int *old_ranks,
+                                        void *state, size_t bytes, const char *what) {
+    dsgd_transport_i ep;
+    dsgd_result res;
+    int rc;
+    if ((res = dsgd_mpi__el_endpoint(el, comm, &ep)) != DSGD_OK) {
+        MPI_Comm_free(&comm);
+        return res;
+    }
+    res = dsgd_strategy_regroup(s, &ep, old_ranks);
+    dsgd_mpi__el_swap(el, comm, &ep);
+    if (res != DSGD_OK) return res;
+    if (bytes > 0 && (rc = MPI_Bcast(state, (int)bytes, MPI_BYTE, 0, el->comm)) != MPI_SUCCESS)
+        return dsgd_mpi__el_error(el, what, "MPI_Bcast of the state", rc);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_mpi_elastic_spawn(dsgd_mpi_elastic *el, dsgd_strategy *s, const char *command, char **argv,
+                                            int count, void *state, size_t bytes) {
+    const char *what = "dsgd_mpi_elastic_spawn";
+    int old_ranks[DSGD_MAX_REPLICAS], errs[DSGD_MAX_REPLICAS];
+    int size = 0, i, rc, started = 0;
+    MPI_Comm inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    if (!el) return DSGD_ERR_INVALID_ARGUMENT;
+    MPI_Comm_size(el->comm, &size);
+    if (!s || !command || count < 1 || count > DSGD_MAX_REPLICAS - size || (!state && bytes > 0) ||
+        bytes > (size_t)INT_MAX)
+        return dsgd_ctx_set_error(el->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: s or command NULL, count %d outside "
+                                  "1..%d (a group of %d), or state NULL with %zu bytes (at most INT_MAX)", what,
+                                  count, DSGD_MAX_REPLICAS - size, size, bytes);
+    for (i = 0; i < count; ++i) errs[i] = MPI_SUCCESS;
+    rc = MPI_Comm_spawn(command, argv ? argv : MPI_ARGV_NULL, count, MPI_INFO_NULL, 0, el->comm, &inter, errs);
+    if (rc != MPI_SUCCESS) return dsgd_mpi__el_error(el, what, "MPI_Comm_spawn", rc);
+    for (i = 0; i < count; ++i) started += errs[i] == MPI_SUCCESS;
+    if (started != count) {
+        MPI_Comm_free(&inter);
+        return dsgd_ctx_set_error(el->ctx, DSGD_ERR_SYSTEM, "%s: MPI_Comm_spawn started %d of %d processes of %s",
+                                  what, started, count, command);
+    }
+    rc = MPI_Intercomm_merge(inter, 0, &merged); /* the group first, in its order */
+    MPI_Comm_free(&inter);
+    if (rc != MPI_SUCCESS) return dsgd_mpi__el_error(el, what, "MPI_Intercomm_merge", rc);
+    for (i = 0; i < size + count; ++i) old_ranks[i] = i < size ? i : -1;
+    dsgd_ctx_log(el->ctx, DSGD_LOG_INFO, "%s: %d processes join; the group goes on with %d", what, count,
+                 size + count);
+    return dsgd_mpi__el_regroup(el, s, merged, old_ranks, state, bytes, what);
+}
+
+DSGD_API dsgd_result dsgd_mpi_elastic_join(dsgd_ctx *ctx, const dsgd_mpi_desc *mdesc, const dsgd_strategy_desc *desc,
+                                           void *state, size_t bytes, dsgd_mpi_elastic **el, dsgd_strategy **s) {
+    const char *what = "dsgd_mpi_elastic_join";
+    int old_ranks[DSGD_MAX_REPLICAS];
+    int size = 0, rsize = 0, i, rc;
+    MPI_Comm parent = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    dsgd_mpi_elastic *e = NULL;
+    dsgd_strategy *st = NULL;
+    dsgd_strategy_desc d;
+    dsgd_mpi_desc md;
+    dsgd_result res;
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if (el) *el = NULL;
+    if (s) *s = NULL;
+    if (!desc || !el || !s || (!state && bytes > 0) || bytes > (size_t)INT_MAX)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: desc, el or s NULL, or state NULL with %zu "
+                                  "bytes (at most INT_MAX)", what, bytes);
+    if ((rc = MPI_Comm_get_parent(&parent)) != MPI_SUCCESS || parent == MPI_COMM_NULL)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_STATE, "%s: this process was not started by "
+                                  "dsgd_mpi_elastic_spawn (it has no parent communicator)", what);
+    MPI_Comm_remote_size(parent, &rsize);
+    /* alone first: its own group of one, so that creation's collectives need nobody */
+    if (mdesc) md = *mdesc;
+    else memset(&md, 0, sizeof(md));
+    md.comm = MPI_COMM_SELF;
+    if ((res = dsgd_mpi_elastic_create(ctx, &md, 0.0, &e)) != DSGD_OK) return res;
+    d = *desc;
+    d.endpoints = dsgd_mpi_elastic_endpoint(e);
+    if ((res = dsgd_strategy_create(ctx, &d, &st)) != DSGD_OK) {
+        dsgd_mpi_elastic_destroy(e);
+        return res;
+    }
+    if ((rc = MPI_Intercomm_merge(parent, 1, &merged)) != MPI_SUCCESS) {
+        res = dsgd_mpi__el_error(e, what, "MPI_Intercomm_merge", rc);
+        dsgd_strategy_destroy(st);
+        dsgd_mpi_elastic_destroy(e);
+        return res;
+    }
+    MPI_Comm_size(merged, &size);
+    for (i = 0; i < size && i < DSGD_MAX_REPLICAS; ++i) old_ranks[i] = i < rsize ? i : -1;
+    if ((res = dsgd_mpi__el_regroup(e, st, merged, old_ranks, state, bytes, what)) != DSGD_OK) {
+        dsgd_strategy_destroy(st);
+        dsgd_mpi_elastic_destroy(e);
+        return res;
+    }
+    *el = e;
+    *s = st;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_mpi_elastic_recover(dsgd_mpi_elastic *el, int *old_ranks) {
+    const char *what = "dsgd_mpi_elastic_recover";
+#if defined(MPIX_ERR_PROC_FAILED)
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Group was, now;
+    dsgd_transport_i ep;
+    dsgd_result res;
+    int i, n = 0, rc, ranks[DSGD_MAX_REPLICAS];
+    if (!el) return DSGD_ERR_INVALID_ARGUMENT;
+    MPIX_Comm_revoke(el->comm); /* everyone still inside a call on it returns */
+    if ((rc = MPIX_Comm_shrink(el->comm, &comm)) != MPI_SUCCESS) return dsgd_mpi__el_error(el, what, "MPIX_Comm_shrink", rc);
+    MPI_Comm_size(comm, &n);
+    if (old_ranks && n <= DSGD_MAX_REPLICAS) {
+        MPI_Comm_group(el->comm, &was);
+        MPI_Comm_group(comm, &now);
+        for (i = 0; i < n; ++i) ranks[i] = i;
+        MPI_Group_translate_ranks(now, n, ranks, was, old_ranks);
+        MPI_Group_free(&was);
+        MPI_Group_free(&now);
+    }
+    if ((res = dsgd_mpi__el_endpoint(el, comm, &ep)) != DSGD_OK) {
+        MPI_Comm_free(&comm);
+        return res;
+    }
+    /* the old endpoint and communicator stay to the end of the job: their
+       collectives (the window's free) would wait for the dead */
+    el->comm = comm;
+    el->ep = ep;
+    el->has_ep = 1;
+    return DSGD_OK;
+#else
+    if (!el) return DSGD_ERR_INVALID_ARGUMENT;
+    (void)old_ranks;
+    return dsgd_ctx_set_error(el->ctx, DSGD_ERR_UNSUPPORTED, "%s: this MPI has no ULFM (MPIX_Comm_shrink; "
+                              "<mpi.h> does not define MPIX_ERR_PROC_FAILED): a crashed process ends the job; "
+                              "relaunch it at fewer processes from the last checkpoint", what);
+#endif
+}
+
+#endif /* DSGD_MPI__PART_ELASTIC_IMPL */
 #endif /* DISTSGD_WITH_MPI */

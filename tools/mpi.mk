@@ -21,7 +21,9 @@
 #                     and multi-worker training) under $(MPICH_RUN);
 #                     each run's checks, then "N passed, N failed" counting runs;
 #                     and tests/mpi_workers.c (multi-worker mirrored across
-#                     processes against an in-process loopback run), and
+#                     processes against an in-process loopback run),
+#                     tests/mpi_elastic.c (a leave 3 -> 2, a grow 2 -> 3 by
+#                     spawn, a crash relaunched by tools/elastic_launch.sh), and
 #                     examples/multi_worker_mlp.c --verify at np 2 when
 #                     Fashion-MNIST is installed
 #   make test         runs the same script among the test binaries (a test per

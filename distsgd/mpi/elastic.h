@@ -59,11 +59,12 @@
    A CRASH
 
      MPI without ULFM cannot go on after a process died: OpenMPI ends the
-     job. tools/elastic_launch.sh relaunches the job at one process fewer
-     (as torchrun does), and the program resumes from its last checkpoint
-     (dsgd_strategy_save / dsgd_strategy_restore move between layouts).
-     With ULFM (an MPI whose <mpi.h> defines MPIX_ERR_PROC_FAILED, such as
-     OpenMPI 5 built with it, or MPICH with --enable-ulfm),
+     job. A launcher relaunches the job at one process fewer (as torchrun
+     does; the repository's elastic_launch.sh is one), and the program
+     resumes from its last checkpoint (dsgd_strategy_save and
+     dsgd_strategy_restore move between group sizes). With ULFM (an MPI
+     whose <mpi.h> or <mpi-ext.h> defines MPIX_ERR_PROC_FAILED, such as
+     OpenMPI 5 built with it, or MPICH with ULFM enabled),
      dsgd_mpi_elastic_recover shrinks the communicator past the dead
      processes (MPIX_Comm_revoke, MPIX_Comm_shrink) and gives the survivors
      a new endpoint; the strategy whose step failed has failed, so the
@@ -134,11 +135,15 @@ DSGD_API dsgd_result dsgd_mpi_elastic_create(dsgd_ctx *ctx, const dsgd_mpi_desc 
 DSGD_API void dsgd_mpi_elastic_destroy(dsgd_mpi_elastic *el);
 
 /* The current endpoint (desc.endpoints of a strategy with one replica),
-   valid until the next call that changes the group; NULL for NULL. */
+   valid until the next call that changes the group; NULL for NULL.
+   Errors: none.
+   Thread safety: the thread that uses el. */
 DSGD_API const dsgd_transport_i *dsgd_mpi_elastic_endpoint(const dsgd_mpi_elastic *el);
 
 /* The current group's communicator (not the endpoint's duplicate), for
-   the program's own collectives; MPI_COMM_NULL for NULL. */
+   the program's own collectives; MPI_COMM_NULL for NULL.
+   Errors: none.
+   Thread safety: the thread that uses el. */
 DSGD_API MPI_Comm dsgd_mpi_elastic_comm(const dsgd_mpi_elastic *el);
 
 /* At a step boundary, every process of the group: leave = 1 on a process
@@ -197,7 +202,7 @@ DSGD_API dsgd_result dsgd_mpi_elastic_join(dsgd_ctx *ctx, const dsgd_mpi_desc *m
    checkpoint.
    Errors: DSGD_ERR_INVALID_ARGUMENT (el NULL, nothing recorded),
    DSGD_ERR_UNSUPPORTED (this MPI has no ULFM: a crashed process ends the
-   job; relaunch, tools/elastic_launch.sh), DSGD_ERR_SYSTEM (an MPIX call
+   job; relaunch it), DSGD_ERR_SYSTEM (an MPIX call
    failed), dsgd_mpi_transport_create's.
    Thread safety: as dsgd_mpi_elastic_step. */
 DSGD_API dsgd_result dsgd_mpi_elastic_recover(dsgd_mpi_elastic *el, int *old_ranks);

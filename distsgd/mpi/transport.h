@@ -167,7 +167,10 @@
      it).
      The transport does not use ULFM (MPIX_Comm_revoke, MPIX_Comm_shrink),
      so the surviving ranks of a failed job do not go on; Debian 12's
-     OpenMPI 4.1 and MPICH 4.0 do not provide it usably.
+     OpenMPI 4.1 and MPICH 4.0 do not provide it usably. Elastic training
+     over MPI (distsgd/mpi/elastic.h) changes the group between steps
+     instead: a planned leave, a grow by spawn, a relaunch after a crash,
+     and a ULFM shrink where the MPI has one.
 
      A share or unshare that fails (its deadline, an abort, a peer that
      withdrew) withdraws this rank's window for good: it marks it in its
