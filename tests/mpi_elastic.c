@@ -11,6 +11,9 @@
                handler sets a flag that it passes to dsgd_mpi_elastic_step;
                it leaves (left = 1 at step 3), the others go on as 2;
                on_resize is called once, (3, 2, {0, 1}); reference 3 -> 2
+               (before it, bad calls of dsgd_strategy_regroup and the
+               dsgd_mpi_elastic_* functions fail with the right code and
+               change nothing; recover is DSGD_ERR_UNSUPPORTED without ULFM)
      --grow    (np 2) before step 3 the group spawns one more process of
                this program (dsgd_mpi_elastic_spawn), which joins
                (dsgd_mpi_elastic_join) and receives the step to start at as
@@ -170,6 +173,50 @@ static void summary(MPI_Comm comm, const char *what) {
     if (r == 0) printf("mpi_elastic: %s: %d checks\n%d passed, %d failed\n", what, all[0] + all[1], all[0], all[1]);
 }
 
+/* Bad calls change nothing (the training after them is checked bit for
+   bit): every error here is found before the group is touched. */
+static void misuse(dsgd_ctx *ctx, dsgd_mpi_elastic *el, dsgd_strategy *s) {
+    const dsgd_transport_i *ep = dsgd_mpi_elastic_endpoint(el);
+    dsgd_strategy_desc d = desc(DSGD_STRATEGY_MIRRORED, 2, NULL, NULL);
+    dsgd_strategy *m = NULL, *none = NULL;
+    dsgd_mpi_elastic *none_el = NULL;
+    int ranks[MAXW] = {0, 1, 2, 3}, left = 0;
+    dsgd_result res;
+    CHECK(dsgd_strategy_regroup(NULL, ep, ranks) == DSGD_ERR_INVALID_ARGUMENT, "regroup(NULL)");
+    CHECK(dsgd_strategy_regroup(s, NULL, ranks) == DSGD_ERR_INVALID_ARGUMENT, "regroup without endpoints");
+    ranks[0] = -1;
+    res = dsgd_strategy_regroup(s, ep, ranks);
+    CHECK(res == DSGD_ERR_INVALID_ARGUMENT && strstr(dsgd_ctx_last_error(ctx), "old_ranks[0] is -1"),
+          "regroup with a joiner at rank 0: %s (%s)", dsgd_result_string(res), dsgd_ctx_last_error(ctx));
+    ranks[0] = 0;
+    ranks[1] = 0;
+    CHECK(dsgd_strategy_regroup(s, ep, ranks) == DSGD_ERR_INVALID_ARGUMENT, "regroup with a rank twice");
+    ranks[1] = 1;
+    if (g_rank > 0) {
+        ranks[g_rank] = g_rank - 1; /* its own old rank given wrong */
+        res = dsgd_strategy_regroup(s, ep, ranks);
+        CHECK(res == DSGD_ERR_INVALID_ARGUMENT && strstr(dsgd_ctx_last_error(ctx), "was rank"),
+              "regroup with a wrong old rank: %s (%s)", dsgd_result_string(res), dsgd_ctx_last_error(ctx));
+        ranks[g_rank] = g_rank;
+    }
+    if (dsgd_strategy_create(ctx, &d, &m) == DSGD_OK) {
+        CHECK(dsgd_strategy_regroup(m, ep, ranks) == DSGD_ERR_INVALID_ARGUMENT, "regroup of a mirrored strategy");
+        dsgd_strategy_destroy(m);
+    }
+    CHECK(dsgd_mpi_elastic_step(el, NULL, 0, &left) == DSGD_ERR_INVALID_ARGUMENT, "step without a strategy");
+    CHECK(dsgd_mpi_elastic_spawn(el, s, "x", NULL, 0, NULL, 0) == DSGD_ERR_INVALID_ARGUMENT, "spawn of 0");
+    d = desc(DSGD_STRATEGY_MULTI_WORKER_MIRRORED, 1, NULL, NULL);
+    res = dsgd_mpi_elastic_join(ctx, NULL, &d, NULL, 0, &none_el, &none);
+    CHECK(res == DSGD_ERR_STATE && !none_el && !none, "join in a process nobody spawned: %s",
+          dsgd_result_string(res));
+#if defined(MPIX_ERR_PROC_FAILED)
+    (void)ep;
+#else
+    CHECK(dsgd_mpi_elastic_recover(el, NULL) == DSGD_ERR_UNSUPPORTED, "recover without ULFM: %s",
+          dsgd_ctx_last_error(ctx));
+#endif
+}
+
 static void on_term(int sig) {
     (void)sig;
     g_leave = 1;
@@ -196,6 +243,7 @@ static int leave_mode(dsgd_ctx *ctx, int procs) {
         fprintf(stderr, "mpi_elastic: %s\n", dsgd_ctx_last_error(ctx));
         dsgd_mpi_abort(1);
     }
+    misuse(ctx, el, s);
     for (step = 0; step < STEPS; ++step) {
         if (leaver && step == AT) raise(SIGTERM); /* the preemption notice */
         if (dsgd_mpi_elastic_step(el, s, g_leave, &left) != DSGD_OK) {
