@@ -269,6 +269,16 @@ typedef struct dsgd_simnet_desc {
        at its arrival); 0: one at a time, in the order the rank takes them */
     int parallel_receives;
     dsgd_simnet_compute_desc compute;
+    /* The backward pass layer by layer, for the synchronous strategies'
+       step over the hub (TWO LANES above): backward_s[v] is the compute,
+       in seconds, that a rank's backward spends before its model reports
+       variable v final (dsgd_model_variable_ready; the forward pass counts
+       in the first variable reported), num_backward_s of them (copied,
+       finite, >= 0; a variable beyond them costs 0). NULL: the step's
+       backward takes no virtual time (charge compute in the batch
+       function, with dsgd_simnet_compute or _advance) */
+    const double *backward_s;
+    int num_backward_s;
     const dsgd_simnet_fault *faults; /* copied */
     int num_faults;
     /* non-zero: every rank is parked (see dsgd_simnet_park) whenever it
@@ -626,6 +636,7 @@ struct dsgd_simnet {
     void *user;
     dsgd__sn_fault *faults;
     double *rank_factor;
+    double *backward_s; /* desc.backward_s, copied (one more, never read, so that 0 allocates) */
     dsgd_simnet_stats stats;
     int trace_oom; /* a span could not be recorded */
 };
@@ -796,6 +807,13 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
         if (!(c->rank_factor[i] > 0 && c->rank_factor[i] < DSGD__SN_INF))
             return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank_factor[%d] = %g (need > 0)", w, i,
                                       c->rank_factor[i]);
+    if (d->num_backward_s < 0 || (d->num_backward_s > 0 && !d->backward_s))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d backward_s at %p", w, d->num_backward_s,
+                                  (const void *)d->backward_s);
+    for (i = 0; i < d->num_backward_s; ++i)
+        if (!dsgd__sn_finite_nonneg(d->backward_s[i]))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: backward_s[%d] = %g (need finite, >= 0)", w,
+                                      i, d->backward_s[i]);
     if (d->num_faults < 0 || (d->num_faults > 0 && !d->faults))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d faults at %p", w, d->num_faults,
                                   (const void *)d->faults);
@@ -842,11 +860,13 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     h->heap = (int *)dsgd__alloc(ctx, sizeof(int) * (size_t)h->n, w);
     h->faults = (dsgd__sn_fault *)dsgd__alloc(ctx, sizeof(dsgd__sn_fault) * (size_t)(desc->num_faults + 1), w);
     h->rank_factor = (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)h->n, w);
-    if (!h->ep || !h->heap || !h->faults || !h->rank_factor) {
+    h->backward_s = (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)(desc->num_backward_s + 1), w);
+    if (!h->ep || !h->heap || !h->faults || !h->rank_factor || !h->backward_s) {
         DSGD_FREE(h->ep);
         DSGD_FREE(h->heap);
         DSGD_FREE(h->faults);
         DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h->backward_s);
         DSGD_FREE(h);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
@@ -864,6 +884,8 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     else if (h->d.codec_s_per_float < 0) h->d.codec_s_per_float = 0;
     for (i = 0; i < h->n; ++i) h->rank_factor[i] = desc->compute.rank_factor ? desc->compute.rank_factor[i] : 1.0;
     h->d.compute.rank_factor = h->rank_factor;
+    for (i = 0; i < desc->num_backward_s; ++i) h->backward_s[i] = desc->backward_s[i];
+    h->d.backward_s = h->backward_s;
     if (pthread_mutex_init(&h->mu, NULL) == 0) {
         for (i = 0; i < h->n; ++i) {
             dsgd__sn_ep *e = &h->ep[i];
@@ -896,6 +918,7 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
         DSGD_FREE(h->heap);
         DSGD_FREE(h->faults);
         DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h->backward_s);
         DSGD_FREE(h);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot create a pthread mutex or condition", w);
     }
@@ -931,6 +954,7 @@ DSGD_API void dsgd_simnet_destroy(dsgd_simnet *h) {
     DSGD_FREE(h->map);
     DSGD_FREE(h->faults);
     DSGD_FREE(h->rank_factor);
+    DSGD_FREE(h->backward_s);
     DSGD_FREE(h);
 }
 
@@ -2241,6 +2265,24 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->charge_apply = dsgd__sn_charge_apply;
     out->charge_codec = dsgd__sn_charge_codec;
     return DSGD_OK;
+}
+
+/* >>simnet lanes (for the strategies' step: TWO LANES above) --------------- */
+
+/* The hub behind t and its rank there (*rank), when t is one of the hub's
+   endpoints as dsgd_simnet_endpoint filled it; NULL otherwise. */
+DSGD__PRIVATE dsgd_simnet *dsgd__simnet_of(const dsgd_transport_i *t, int *rank) {
+    const dsgd__sn_ep *e;
+    if (!t || t->now != dsgd__sn_now || !t->impl) return NULL;
+    e = (const dsgd__sn_ep *)t->impl;
+    *rank = e->rank;
+    return e->hub;
+}
+
+/* desc.backward_s[v]: the compute before the model reports variable v
+   final (0 beyond the values given). */
+DSGD__PRIVATE double dsgd__simnet_backward_s(const dsgd_simnet *h, int v) {
+    return v >= 0 && v < h->d.num_backward_s ? h->backward_s[v] : 0.0;
 }
 
 #endif /* DSGD__PART_SIMNET_IMPL */

@@ -215,7 +215,49 @@ struct dsgd__overlap {
     int issued, done, stop;
     dsgd_result res;
     double busy;
+    /* Over simnet (TWO LANES above; else hub NULL): the rank; the compute
+       lane's clock (the replica's thread); per bucket, that clock when the
+       bucket went (written before it is given to the thread) */
+    dsgd_simnet *hub;
+    int sn_rank;
+    double lane;
+    double *ready;
 };
+
+/* The simnet hub under replica r's endpoint (the one given, also when
+   elastic wraps it) and r's rank there; NULL over any other transport. */
+static dsgd_simnet *dsgd__replica_simnet(const dsgd_replica *r, int *rank) {
+    const dsgd_transport_i *t = r->sub ? &((const dsgd__sub_ep *)r->sub)->base : &r->ep;
+    return dsgd__simnet_of(t, rank);
+}
+
+/* The clock replica r's exchange is timed on (dsgd_step_info): its
+   transport's (simnet: the rank's virtual clock), else the real one. */
+static double dsgd__replica_now(const dsgd_replica *r) { return r->ep.now ? r->ep.now(r->ep.impl) : dsgd_now(); }
+static double dsgd__overlap_now(const dsgd__overlap *ov) { return dsgd__replica_now(ov->r); }
+
+/* Over simnet, the failure of a lane's advance (the rank was killed, the
+   hub aborted) on ctx, with the hub's word on it. */
+static dsgd_result dsgd__overlap_lane_fail(const dsgd_replica *r, dsgd_ctx *ctx, dsgd_result res, const char *lane) {
+    const char *why = r->ep.error_message ? r->ep.error_message(r->ep.impl) : "";
+    return dsgd_ctx_set_error(ctx, res, "step %lld: replica %d's %s lane could not advance on the simulated clock: %s",
+                              (long long)r->t_step, r->rank, lane, why && *why ? why : dsgd_result_string(res));
+}
+
+/* Without overlap, over simnet: the step's backward charged after it, in
+   one piece (every variable's desc.backward_s, TWO LANES above); own, the
+   backward's result, unless the charge fails first. Nothing elsewhere. */
+static dsgd_result dsgd__step_charge_backward(dsgd_replica *r, dsgd_result own) {
+    int rank, v, nv = dsgd_model_num_variables(r->m.model);
+    dsgd_simnet *hub = dsgd__replica_simnet(r, &rank);
+    double t = 0.0;
+    dsgd_result res;
+    if (!hub) return own;
+    for (v = 0; v < nv; ++v) t += dsgd__simnet_backward_s(hub, v);
+    if (t <= 0.0 || (res = dsgd_simnet_advance(hub, rank, t)) == DSGD_OK) return own;
+    r->comm_failed = 1;
+    return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, res, "compute");
+}
 
 /* Bucket k's floats, [*lo, *hi). */
 static void dsgd__overlap_range(const dsgd__overlap *ov, int k, size_t *lo, size_t *hi) {
@@ -247,12 +289,19 @@ static void *dsgd__overlap_main(void *arg) {
         dsgd__overlap_range(ov, k, &lo, &hi);
         ok = ov->res == DSGD_OK;
         pthread_mutex_unlock(&ov->mu);
-        t = dsgd_now();
+        if (ok && ov->hub) { /* the communication lane waits for the bucket's ready time */
+            double wait = ov->ready[k] - dsgd__overlap_now(ov);
+            if (wait > 0.0 && (res = dsgd_simnet_advance(ov->hub, ov->sn_rank, wait)) != DSGD_OK) {
+                dsgd__overlap_lane_fail(ov->r, ov->ctx, res, "communication");
+                ok = 0;
+            }
+        }
+        t = dsgd__overlap_now(ov);
         if (ok && ov->plan)
             res = dsgd__hook_reduce(ov->r, ov->host, k);
         else if (ok)
             res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, hi - lo, lo, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
-        t = dsgd_now() - t;
+        t = dsgd__overlap_now(ov) - t;
         pthread_mutex_lock(&ov->mu);
         ov->busy += t;
         if (res != DSGD_OK && ov->res == DSGD_OK) ov->res = res;
@@ -285,6 +334,7 @@ static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
                 ov->prep_res = res;
             }
         }
+        if (ov->hub) ov->ready[ov->next] = ov->lane;
         pthread_mutex_lock(&ov->mu);
         ov->issued++;
         pthread_cond_broadcast(&ov->cv);
@@ -310,6 +360,7 @@ static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int 
 static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
     if (ov->final[v]) return;
     ov->final[v] = 1;
+    if (ov->hub) ov->lane += dsgd__simnet_backward_s(ov->hub, v); /* the compute lane reaches v's report */
     dsgd__overlap_count(ov, v, ov->left, -1);
 }
 
@@ -328,6 +379,7 @@ static void dsgd__overlap_begin(dsgd_replica *r, int global, size_t local) {
     memcpy(ov->left, ov->need, sizeof(int) * (size_t)ov->nb);
     memset(ov->final, 0, (size_t)nv);
     ov->next = ov->nb - 1;
+    if (ov->hub) ov->lane = dsgd__overlap_now(ov);
     ov->prep = 1;
     ov->prep_res = DSGD_OK;
     ov->global = global;
@@ -365,6 +417,16 @@ static dsgd_result dsgd__overlap_end(dsgd_replica *r, dsgd_result own, size_t *b
     r->exposed_s = dsgd_now() - t;
     dsgd__comm_set_ctx(r->comm, r->m.ctx);
     *bad = ov->bad;
+    if (ov->hub) { /* the step goes on when both lanes are done */
+        double comm_end = dsgd__overlap_now(ov);
+        dsgd_result ar;
+        r->exposed_s = DSGD__MAX(0.0, comm_end - ov->lane);
+        if (res == DSGD_OK && ov->lane > comm_end &&
+            (ar = dsgd_simnet_advance(ov->hub, ov->sn_rank, ov->lane - comm_end)) != DSGD_OK) {
+            r->comm_failed = 1;
+            return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, ar, "compute");
+        }
+    }
     if (res != DSGD_OK) {
         r->comm_failed = 1;
         if (own == DSGD_OK) return dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(ov->ctx));
@@ -389,6 +451,7 @@ static void dsgd__overlap_destroy(dsgd_replica *r) {
     DSGD_FREE(ov->need);
     DSGD_FREE(ov->left);
     DSGD_FREE(ov->final);
+    DSGD_FREE(ov->ready);
     DSGD_FREE(ov);
     r->ov = NULL;
 }
@@ -415,7 +478,9 @@ static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float
     ov->need = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->left = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");
-    if (!ov->need || !ov->left || !ov->final) return DSGD_ERR_OUT_OF_MEMORY;
+    ov->ready = (double *)dsgd__alloc(s->ctx, sizeof(double) * (size_t)ov->nb, "dsgd_strategy_create");
+    if (!ov->need || !ov->left || !ov->final || !ov->ready) return DSGD_ERR_OUT_OF_MEMORY;
+    ov->hub = dsgd__replica_simnet(r, &ov->sn_rank);
     memset(ov->need, 0, sizeof(int) * (size_t)ov->nb);
     for (v = 0; v < nv; ++v) dsgd__overlap_count(ov, v, ov->need, 1);
     memset(&cd, 0, sizeof(cd)); /* no label, no logger: a failure is told through the replica's context */
@@ -443,12 +508,14 @@ static dsgd_result dsgd__overlap_setup(dsgd_strategy *s) {
     int i;
     dsgd_result res = DSGD_OK;
     if (!s->d.overlap || s->world < 2 || s->path != DSGD_GRADIENTS_HOST) return DSGD_OK;
-    for (i = 0; i < s->n; ++i)
-        if (s->reps[i].ep.now)
+    for (i = 0; i < s->n; ++i) {
+        int rank;
+        if (s->reps[i].ep.now && !dsgd__replica_simnet(&s->reps[i], &rank))
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
                                       "dsgd_strategy_create: overlap over transport '%s', which keeps its own clock "
-                                      "(a simulated cluster cannot run a replica's exchange beside its backward)",
+                                      "(only simnet's clock can be run as two lanes, compute and communication)",
                                       s->reps[i].ep.name ? s->reps[i].ep.name : "?");
+    }
     for (i = 0; i < s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i].m.be;
         if (!be->buffer_host_ptr || !be->buffer_host_ptr(be->impl, dsgd_model_grads(s->reps[i].m.model).buf))

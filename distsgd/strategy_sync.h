@@ -112,7 +112,8 @@ static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a,
     dsgd_result res = dsgd__step_batch(r, a, b, &r->global);                 /* 0 */
     *bad = 0;
     if (res != DSGD_OK || r->global <= 0) return res;
-    if (!r->ov) return dsgd__step_gradients(r, b, r->global, bad);          /* 1 */
+    if (!r->ov) /* 1 (over simnet its backward_s charged after it) */
+        return dsgd__step_charge_backward(r, dsgd__step_gradients(r, b, r->global, bad));
     /* 1, 3 and 4 with OVERLAP: buckets counted, scaled and exchanged as
        backward finishes them; every replica exchanges them all */
     dsgd__overlap_begin(r, r->global, (size_t)b->count);
@@ -246,10 +247,10 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
-    double t = dsgd_now();
+    double t = dsgd__replica_now(r); /* simnet: virtual seconds */
     if (s->path == DSGD_GRADIENTS_DEVICE) {
         res = dsgd__step_exchange_device(r, p);
-        r->exchange_s = r->exposed_s = dsgd_now() - t;
+        r->exchange_s = r->exposed_s = dsgd__replica_now(r) - t;
         return res;
     }
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
@@ -263,7 +264,7 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
             res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm,
                                     0.0);
     }
-    r->exchange_s = r->exposed_s = dsgd_now() - t;
+    r->exchange_s = r->exposed_s = dsgd__replica_now(r) - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
     return res == DSGD_OK ? done : res;

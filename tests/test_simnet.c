@@ -3359,6 +3359,15 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(dsgd_ctx_last_error(ctx), "trace_until_s"));
     d.trace_until_s = 0;
+    d.num_backward_s = 2; /* backward_s NULL */
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "backward_s"));
+    d.backward_s = bad_factor; /* 1, -1 */
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "backward_s[1]"));
+    d.num_backward_s = -1;
+    assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_ERR_INVALID_ARGUMENT);
+    d.num_backward_s = 1; /* 1 s for variable 0: valid */
     assert_null(h);
     assert_int_equal(dsgd_simnet_create(ctx, &d, &h), DSGD_OK);
     assert_int_equal(dsgd_simnet_write_trace(h, stdout), DSGD_ERR_STATE); /* created without trace */
