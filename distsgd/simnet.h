@@ -149,6 +149,23 @@
        - the parameter-server engine (ps.h): one server or worker per rank
          thread, each calling serve or pull/push/finish, then leave; it needs
          no parking.
+
+     Two lanes (desc.backward_s; a synchronous strategy's step). A rank of
+     a strategy with dsgd_strategy_desc.overlap computes and communicates
+     at once: its compute lane charges backward variable by variable,
+     backward_s[v] before the model reports variable v final, and its
+     communication lane, the rank's clock, all-reduces each bucket of the
+     gradient from max(the bucket's ready time on the compute lane, the
+     end of the bucket before); the step goes on when both lanes are done.
+     So with C the compute lane's end and E the communication lane's, the
+     gradient is in at max(C, E) and exposed_s = max(0, E - C) (TWO LANES
+     in strategy_overlap.h has the whole formula). The replica's thread
+     keeps the compute lane without entering the hub; the strategy's
+     communication thread makes the rank's calls meanwhile (it moves the
+     clock to a bucket's ready time with dsgd_simnet_advance), one thread
+     at a time: the times are the same whichever runs when. Without
+     overlap the step charges the same backward in one piece. Other code
+     never reads backward_s.
      The cluster coordinator (coordinator.h) does not run over simnet: its
      idle workers wait for closures outside the hub and, parked at an early
      clock, would hold back the later probes and deadlines of the others for
@@ -171,7 +188,9 @@
      bounds a long run's trace to its first virtual seconds.
 
      Thread safety: each endpoint (and the hub's functions that take a rank)
-     is used by that rank's thread (or fiber); dsgd_simnet_abort, _aborted,
+     is used by that rank's thread (or fiber), or by one thread at a time
+     where the rank's threads hand it over with a lock of their own (a
+     strategy's communication thread, Two lanes); dsgd_simnet_abort, _aborted,
      _time and _get_stats from any thread. Messages live in one FIFO list
      per pair of ranks that ever talked (a hash table), so memory grows with
      the pairs used, not with ranks squared.
@@ -270,7 +289,7 @@ typedef struct dsgd_simnet_desc {
     int parallel_receives;
     dsgd_simnet_compute_desc compute;
     /* The backward pass layer by layer, for the synchronous strategies'
-       step over the hub (TWO LANES above): backward_s[v] is the compute,
+       step over the hub (Two lanes, above): backward_s[v] is the compute,
        in seconds, that a rank's backward spends before its model reports
        variable v final (dsgd_model_variable_ready; the forward pass counts
        in the first variable reported), num_backward_s of them (copied,
@@ -2267,7 +2286,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     return DSGD_OK;
 }
 
-/* >>simnet lanes (for the strategies' step: TWO LANES above) --------------- */
+/* >>simnet lanes (the strategies' step: Two lanes, above) ------------------ */
 
 /* The hub behind t and its rank there (*rank), when t is one of the hub's
    endpoints as dsgd_simnet_endpoint filled it; NULL otherwise. */

@@ -326,9 +326,12 @@ typedef struct dsgd_strategy_desc {
                                        runs after backward). The same weights,
                                        bit for bit, as without, at any
                                        bucket_bytes, piece_bytes and
-                                       cpu_threads. Refused over a
-                                       transport with its own clock (simnet).
-                                       0: after backward */
+                                       cpu_threads. Over simnet each rank
+                                       runs a compute and a communication
+                                       lane on the virtual clock (TWO LANES
+                                       in strategy_overlap.h); refused over
+                                       another transport with its own
+                                       clock. 0: after backward */
     dsgd_strategy_local_desc local; /* LOCAL only (ignored by the others) */
     const dsgd_comm_hook *comm_hook; /* MIRRORED, MULTI_WORKER_MIRRORED, HOST
                                        path: your code exchanges each bucket
@@ -361,7 +364,9 @@ typedef struct dsgd_step_info {
     int skipped;       /* 1 when the update was skipped (non-finite gradient) */
     float lr;          /* learning rate the step used */
     double exchange_s; /* seconds replica 0's gradient all-reduces took (on
-                          its communication thread with overlap); 0: none */
+                          its communication thread with overlap); 0: none.
+                          Mirrored and multi-worker over simnet: virtual
+                          seconds (TWO LANES in strategy_overlap.h) */
     double exposed_s;  /* the seconds replica 0 waited for the exchange
                           after its backward pass: exchange_s without
                           overlap; with it exchange_s - exposed_s was

@@ -36,9 +36,8 @@
      host pointer (the CPU backend). Elsewhere the exchange runs after
      backward, as without overlap (an OpenCL replica maps its gradient,
      which waits for its queued work anyway). dsgd_strategy_create refuses
-     it over a transport with a clock of its own (the simulated cluster):
-     a rank's thread and its communication thread would both run there,
-     which the simulation cannot schedule.
+     it over a transport with a clock of its own other than simnet's
+     (TWO LANES, below).
 
      With a comm hook (dsgd_strategy_desc.comm_hook, comm_hook.h) the
      thread calls the hook's reduce for each bucket instead of the
@@ -52,6 +51,49 @@
      much of that the step waited for after backward (exposed_s); the rest
      was hidden behind backward. The cost: one thread per replica, asleep
      between buckets.
+
+   TWO LANES (over simnet)
+
+     Over the simulated cluster (the endpoints of a dsgd_simnet hub) each
+     rank runs two lanes on the virtual clock: a compute lane and a
+     communication lane. Backward charges its compute variable by variable
+     (dsgd_simnet_desc.backward_s[v]: the compute before the model reports
+     variable v final), so with the step's gradient computation starting
+     at T0 on the rank's clock and the variables reported in the order
+     v_1, v_2, ... (the built-in network: the last layer first, kernel then
+     bias), variable v_j is final at
+         R(v_j) = T0 + c(v_1) + ... + c(v_j)          (c = backward_s)
+     and the compute lane ends at C = T0 + the sum of every c. Bucket k is
+     ready at r_k, the latest R of the variables it holds, and goes at
+     G_k = max(r_k, G_k+1) (the last bucket first, as above). The
+     communication lane runs the buckets' all-reduces one after another:
+         S_nb-1 = G_nb-1,   S_k = max(G_k, E_k+1),   E_k = S_k + A_k
+     where A_k is bucket k's all-reduce as simnet times it (its messages'
+     alpha + bytes * beta on the rank's NIC, as any collective's). Phase 1
+     ends at max(C, E_0); the agreement (phase 2) and the update follow.
+     The step's info then says exchange_s = the sum of A_k and exposed_s =
+     max(0, E_0 - C), virtual seconds: exchange_s - exposed_s was hidden
+     behind backward. Without overlap the step charges the same compute in
+     one piece after backward (C), then agrees and exchanges: C + agreement
+     + the sum of A_k. The model assumes the compute and the communication
+     of a rank do not slow each other (separate engines, as a GPU's
+     compute and its NIC's DMA), and every variable's report is its only
+     compute mark (nothing after the last report is charged).
+
+     How: the rank's clock is its communication lane. The replica's thread
+     keeps the compute lane itself (a number it advances by c(v) as
+     backward reports v, without entering the hub) and stamps each bucket
+     it hands to the communication thread with its ready time; that
+     thread advances the rank's clock to the stamp when it is behind
+     (dsgd_simnet_advance), then all-reduces the bucket. After backward
+     the replica's thread waits for it and advances the clock to C if the
+     compute lane ended last. The hub is created with park_between_calls
+     (a strategy needs it anyway), so only one of the two threads uses the
+     rank at a time and the virtual times, like the bits, do not depend on
+     how the OS schedules them. Faults act on the rank's calls, those of
+     its communication lane (a KILL or STALL while it waits for a bucket
+     hits it there); a trace shows the communication lane (its waits for
+     buckets as compute).
 */
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_OVERLAP_IMPL)
 #define DSGD__PART_STRATEGY_OVERLAP_IMPL

@@ -9226,6 +9226,23 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
        - the parameter-server engine (ps.h): one server or worker per rank
          thread, each calling serve or pull/push/finish, then leave; it needs
          no parking.
+
+     Two lanes (desc.backward_s; a synchronous strategy's step). A rank of
+     a strategy with dsgd_strategy_desc.overlap computes and communicates
+     at once: its compute lane charges backward variable by variable,
+     backward_s[v] before the model reports variable v final, and its
+     communication lane, the rank's clock, all-reduces each bucket of the
+     gradient from max(the bucket's ready time on the compute lane, the
+     end of the bucket before); the step goes on when both lanes are done.
+     So with C the compute lane's end and E the communication lane's, the
+     gradient is in at max(C, E) and exposed_s = max(0, E - C) (TWO LANES
+     in strategy_overlap.h has the whole formula). The replica's thread
+     keeps the compute lane without entering the hub; the strategy's
+     communication thread makes the rank's calls meanwhile (it moves the
+     clock to a bucket's ready time with dsgd_simnet_advance), one thread
+     at a time: the times are the same whichever runs when. Without
+     overlap the step charges the same backward in one piece. Other code
+     never reads backward_s.
      The cluster coordinator (coordinator.h) does not run over simnet: its
      idle workers wait for closures outside the hub and, parked at an early
      clock, would hold back the later probes and deadlines of the others for
@@ -9248,7 +9265,9 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      bounds a long run's trace to its first virtual seconds.
 
      Thread safety: each endpoint (and the hub's functions that take a rank)
-     is used by that rank's thread (or fiber); dsgd_simnet_abort, _aborted,
+     is used by that rank's thread (or fiber), or by one thread at a time
+     where the rank's threads hand it over with a lock of their own (a
+     strategy's communication thread, Two lanes); dsgd_simnet_abort, _aborted,
      _time and _get_stats from any thread. Messages live in one FIFO list
      per pair of ranks that ever talked (a hash table), so memory grows with
      the pairs used, not with ranks squared.
@@ -9346,6 +9365,16 @@ typedef struct dsgd_simnet_desc {
        at its arrival); 0: one at a time, in the order the rank takes them */
     int parallel_receives;
     dsgd_simnet_compute_desc compute;
+    /* The backward pass layer by layer, for the synchronous strategies'
+       step over the hub (Two lanes, above): backward_s[v] is the compute,
+       in seconds, that a rank's backward spends before its model reports
+       variable v final (dsgd_model_variable_ready; the forward pass counts
+       in the first variable reported), num_backward_s of them (copied,
+       finite, >= 0; a variable beyond them costs 0). NULL: the step's
+       backward takes no virtual time (charge compute in the batch
+       function, with dsgd_simnet_compute or _advance) */
+    const double *backward_s;
+    int num_backward_s;
     const dsgd_simnet_fault *faults; /* copied */
     int num_faults;
     /* non-zero: every rank is parked (see dsgd_simnet_park) whenever it
@@ -9677,6 +9706,7 @@ struct dsgd_simnet {
     void *user;
     dsgd__sn_fault *faults;
     double *rank_factor;
+    double *backward_s; /* desc.backward_s, copied (one more, never read, so that 0 allocates) */
     dsgd_simnet_stats stats;
     int trace_oom; /* a span could not be recorded */
 };
@@ -9847,6 +9877,13 @@ static dsgd_result dsgd__sn_check(dsgd_ctx *ctx, const dsgd_simnet_desc *d) {
         if (!(c->rank_factor[i] > 0 && c->rank_factor[i] < DSGD__SN_INF))
             return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank_factor[%d] = %g (need > 0)", w, i,
                                       c->rank_factor[i]);
+    if (d->num_backward_s < 0 || (d->num_backward_s > 0 && !d->backward_s))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d backward_s at %p", w, d->num_backward_s,
+                                  (const void *)d->backward_s);
+    for (i = 0; i < d->num_backward_s; ++i)
+        if (!dsgd__sn_finite_nonneg(d->backward_s[i]))
+            return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: backward_s[%d] = %g (need finite, >= 0)", w,
+                                      i, d->backward_s[i]);
     if (d->num_faults < 0 || (d->num_faults > 0 && !d->faults))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d faults at %p", w, d->num_faults,
                                   (const void *)d->faults);
@@ -9893,11 +9930,13 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     h->heap = (int *)dsgd__alloc(ctx, sizeof(int) * (size_t)h->n, w);
     h->faults = (dsgd__sn_fault *)dsgd__alloc(ctx, sizeof(dsgd__sn_fault) * (size_t)(desc->num_faults + 1), w);
     h->rank_factor = (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)h->n, w);
-    if (!h->ep || !h->heap || !h->faults || !h->rank_factor) {
+    h->backward_s = (double *)dsgd__alloc(ctx, sizeof(double) * (size_t)(desc->num_backward_s + 1), w);
+    if (!h->ep || !h->heap || !h->faults || !h->rank_factor || !h->backward_s) {
         DSGD_FREE(h->ep);
         DSGD_FREE(h->heap);
         DSGD_FREE(h->faults);
         DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h->backward_s);
         DSGD_FREE(h);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
@@ -9915,6 +9954,8 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
     else if (h->d.codec_s_per_float < 0) h->d.codec_s_per_float = 0;
     for (i = 0; i < h->n; ++i) h->rank_factor[i] = desc->compute.rank_factor ? desc->compute.rank_factor[i] : 1.0;
     h->d.compute.rank_factor = h->rank_factor;
+    for (i = 0; i < desc->num_backward_s; ++i) h->backward_s[i] = desc->backward_s[i];
+    h->d.backward_s = h->backward_s;
     if (pthread_mutex_init(&h->mu, NULL) == 0) {
         for (i = 0; i < h->n; ++i) {
             dsgd__sn_ep *e = &h->ep[i];
@@ -9947,6 +9988,7 @@ DSGD_API dsgd_result dsgd_simnet_create(dsgd_ctx *ctx, const dsgd_simnet_desc *d
         DSGD_FREE(h->heap);
         DSGD_FREE(h->faults);
         DSGD_FREE(h->rank_factor);
+        DSGD_FREE(h->backward_s);
         DSGD_FREE(h);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: cannot create a pthread mutex or condition", w);
     }
@@ -9982,6 +10024,7 @@ DSGD_API void dsgd_simnet_destroy(dsgd_simnet *h) {
     DSGD_FREE(h->map);
     DSGD_FREE(h->faults);
     DSGD_FREE(h->rank_factor);
+    DSGD_FREE(h->backward_s);
     DSGD_FREE(h);
 }
 
@@ -11235,6 +11278,24 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->charge_apply = dsgd__sn_charge_apply;
     out->charge_codec = dsgd__sn_charge_codec;
     return DSGD_OK;
+}
+
+/* >>simnet lanes (the strategies' step: Two lanes, above) ------------------ */
+
+/* The hub behind t and its rank there (*rank), when t is one of the hub's
+   endpoints as dsgd_simnet_endpoint filled it; NULL otherwise. */
+DSGD__PRIVATE dsgd_simnet *dsgd__simnet_of(const dsgd_transport_i *t, int *rank) {
+    const dsgd__sn_ep *e;
+    if (!t || t->now != dsgd__sn_now || !t->impl) return NULL;
+    e = (const dsgd__sn_ep *)t->impl;
+    *rank = e->rank;
+    return e->hub;
+}
+
+/* desc.backward_s[v]: the compute before the model reports variable v
+   final (0 beyond the values given). */
+DSGD__PRIVATE double dsgd__simnet_backward_s(const dsgd_simnet *h, int v) {
+    return v >= 0 && v < h->d.num_backward_s ? h->backward_s[v] : 0.0;
 }
 
 #endif /* DSGD__PART_SIMNET_IMPL */
@@ -20660,9 +20721,12 @@ typedef struct dsgd_strategy_desc {
                                        runs after backward). The same weights,
                                        bit for bit, as without, at any
                                        bucket_bytes, piece_bytes and
-                                       cpu_threads. Refused over a
-                                       transport with its own clock (simnet).
-                                       0: after backward */
+                                       cpu_threads. Over simnet each rank
+                                       runs a compute and a communication
+                                       lane on the virtual clock (TWO LANES
+                                       in strategy_overlap.h); refused over
+                                       another transport with its own
+                                       clock. 0: after backward */
     dsgd_strategy_local_desc local; /* LOCAL only (ignored by the others) */
     const dsgd_comm_hook *comm_hook; /* MIRRORED, MULTI_WORKER_MIRRORED, HOST
                                        path: your code exchanges each bucket
@@ -20687,7 +20751,9 @@ typedef struct dsgd_step_info {
     int skipped;       /* 1 when the update was skipped (non-finite gradient) */
     float lr;          /* learning rate the step used */
     double exchange_s; /* seconds replica 0's gradient all-reduces took (on
-                          its communication thread with overlap); 0: none */
+                          its communication thread with overlap); 0: none.
+                          Mirrored and multi-worker over simnet: virtual
+                          seconds (TWO LANES in strategy_overlap.h) */
     double exposed_s;  /* the seconds replica 0 waited for the exchange
                           after its backward pass: exchange_s without
                           overlap; with it exchange_s - exposed_s was
@@ -22696,9 +22762,8 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      host pointer (the CPU backend). Elsewhere the exchange runs after
      backward, as without overlap (an OpenCL replica maps its gradient,
      which waits for its queued work anyway). dsgd_strategy_create refuses
-     it over a transport with a clock of its own (the simulated cluster):
-     a rank's thread and its communication thread would both run there,
-     which the simulation cannot schedule.
+     it over a transport with a clock of its own other than simnet's
+     (TWO LANES, below).
 
      With a comm hook (dsgd_strategy_desc.comm_hook, comm_hook.h) the
      thread calls the hook's reduce for each bucket instead of the
@@ -22712,6 +22777,49 @@ DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_s
      much of that the step waited for after backward (exposed_s); the rest
      was hidden behind backward. The cost: one thread per replica, asleep
      between buckets.
+
+   TWO LANES (over simnet)
+
+     Over the simulated cluster (the endpoints of a dsgd_simnet hub) each
+     rank runs two lanes on the virtual clock: a compute lane and a
+     communication lane. Backward charges its compute variable by variable
+     (dsgd_simnet_desc.backward_s[v]: the compute before the model reports
+     variable v final), so with the step's gradient computation starting
+     at T0 on the rank's clock and the variables reported in the order
+     v_1, v_2, ... (the built-in network: the last layer first, kernel then
+     bias), variable v_j is final at
+         R(v_j) = T0 + c(v_1) + ... + c(v_j)          (c = backward_s)
+     and the compute lane ends at C = T0 + the sum of every c. Bucket k is
+     ready at r_k, the latest R of the variables it holds, and goes at
+     G_k = max(r_k, G_k+1) (the last bucket first, as above). The
+     communication lane runs the buckets' all-reduces one after another:
+         S_nb-1 = G_nb-1,   S_k = max(G_k, E_k+1),   E_k = S_k + A_k
+     where A_k is bucket k's all-reduce as simnet times it (its messages'
+     alpha + bytes * beta on the rank's NIC, as any collective's). Phase 1
+     ends at max(C, E_0); the agreement (phase 2) and the update follow.
+     The step's info then says exchange_s = the sum of A_k and exposed_s =
+     max(0, E_0 - C), virtual seconds: exchange_s - exposed_s was hidden
+     behind backward. Without overlap the step charges the same compute in
+     one piece after backward (C), then agrees and exchanges: C + agreement
+     + the sum of A_k. The model assumes the compute and the communication
+     of a rank do not slow each other (separate engines, as a GPU's
+     compute and its NIC's DMA), and every variable's report is its only
+     compute mark (nothing after the last report is charged).
+
+     How: the rank's clock is its communication lane. The replica's thread
+     keeps the compute lane itself (a number it advances by c(v) as
+     backward reports v, without entering the hub) and stamps each bucket
+     it hands to the communication thread with its ready time; that
+     thread advances the rank's clock to the stamp when it is behind
+     (dsgd_simnet_advance), then all-reduces the bucket. After backward
+     the replica's thread waits for it and advances the clock to C if the
+     compute lane ended last. The hub is created with park_between_calls
+     (a strategy needs it anyway), so only one of the two threads uses the
+     rank at a time and the virtual times, like the bits, do not depend on
+     how the OS schedules them. Faults act on the rank's calls, those of
+     its communication lane (a KILL or STALL while it waits for a bucket
+     hits it there); a trace shows the communication lane (its waits for
+     buckets as compute).
 */
 #if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_OVERLAP_IMPL)
 #define DSGD__PART_STRATEGY_OVERLAP_IMPL
@@ -22875,7 +22983,49 @@ struct dsgd__overlap {
     int issued, done, stop;
     dsgd_result res;
     double busy;
+    /* Over simnet (TWO LANES above; else hub NULL): the rank; the compute
+       lane's clock (the replica's thread); per bucket, that clock when the
+       bucket went (written before it is given to the thread) */
+    dsgd_simnet *hub;
+    int sn_rank;
+    double lane;
+    double *ready;
 };
+
+/* The simnet hub under replica r's endpoint (the one given, also when
+   elastic wraps it) and r's rank there; NULL over any other transport. */
+static dsgd_simnet *dsgd__replica_simnet(const dsgd_replica *r, int *rank) {
+    const dsgd_transport_i *t = r->sub ? &((const dsgd__sub_ep *)r->sub)->base : &r->ep;
+    return dsgd__simnet_of(t, rank);
+}
+
+/* The clock replica r's exchange is timed on (dsgd_step_info): its
+   transport's (simnet: the rank's virtual clock), else the real one. */
+static double dsgd__replica_now(const dsgd_replica *r) { return r->ep.now ? r->ep.now(r->ep.impl) : dsgd_now(); }
+static double dsgd__overlap_now(const dsgd__overlap *ov) { return dsgd__replica_now(ov->r); }
+
+/* Over simnet, the failure of a lane's advance (the rank was killed, the
+   hub aborted) on ctx, with the hub's word on it. */
+static dsgd_result dsgd__overlap_lane_fail(const dsgd_replica *r, dsgd_ctx *ctx, dsgd_result res, const char *lane) {
+    const char *why = r->ep.error_message ? r->ep.error_message(r->ep.impl) : "";
+    return dsgd_ctx_set_error(ctx, res, "step %lld: replica %d's %s lane could not advance on the simulated clock: %s",
+                              (long long)r->t_step, r->rank, lane, why && *why ? why : dsgd_result_string(res));
+}
+
+/* Without overlap, over simnet: the step's backward charged after it, in
+   one piece (every variable's desc.backward_s, TWO LANES above); own, the
+   backward's result, unless the charge fails first. Nothing elsewhere. */
+static dsgd_result dsgd__step_charge_backward(dsgd_replica *r, dsgd_result own) {
+    int rank, v, nv = dsgd_model_num_variables(r->m.model);
+    dsgd_simnet *hub = dsgd__replica_simnet(r, &rank);
+    double t = 0.0;
+    dsgd_result res;
+    if (!hub) return own;
+    for (v = 0; v < nv; ++v) t += dsgd__simnet_backward_s(hub, v);
+    if (t <= 0.0 || (res = dsgd_simnet_advance(hub, rank, t)) == DSGD_OK) return own;
+    r->comm_failed = 1;
+    return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, res, "compute");
+}
 
 /* Bucket k's floats, [*lo, *hi). */
 static void dsgd__overlap_range(const dsgd__overlap *ov, int k, size_t *lo, size_t *hi) {
@@ -22907,12 +23057,19 @@ static void *dsgd__overlap_main(void *arg) {
         dsgd__overlap_range(ov, k, &lo, &hi);
         ok = ov->res == DSGD_OK;
         pthread_mutex_unlock(&ov->mu);
-        t = dsgd_now();
+        if (ok && ov->hub) { /* the communication lane waits for the bucket's ready time */
+            double wait = ov->ready[k] - dsgd__overlap_now(ov);
+            if (wait > 0.0 && (res = dsgd_simnet_advance(ov->hub, ov->sn_rank, wait)) != DSGD_OK) {
+                dsgd__overlap_lane_fail(ov->r, ov->ctx, res, "communication");
+                ok = 0;
+            }
+        }
+        t = dsgd__overlap_now(ov);
         if (ok && ov->plan)
             res = dsgd__hook_reduce(ov->r, ov->host, k);
         else if (ok)
             res = dsgd_allreduce_at(ov->r->comm, ov->host + lo, hi - lo, lo, DSGD_REDUCE_SUM, s->d.algorithm, 0.0);
-        t = dsgd_now() - t;
+        t = dsgd__overlap_now(ov) - t;
         pthread_mutex_lock(&ov->mu);
         ov->busy += t;
         if (res != DSGD_OK && ov->res == DSGD_OK) ov->res = res;
@@ -22945,6 +23102,7 @@ static dsgd_result dsgd__overlap_issue(dsgd__overlap *ov) {
                 ov->prep_res = res;
             }
         }
+        if (ov->hub) ov->ready[ov->next] = ov->lane;
         pthread_mutex_lock(&ov->mu);
         ov->issued++;
         pthread_cond_broadcast(&ov->cv);
@@ -22970,6 +23128,7 @@ static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int 
 static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
     if (ov->final[v]) return;
     ov->final[v] = 1;
+    if (ov->hub) ov->lane += dsgd__simnet_backward_s(ov->hub, v); /* the compute lane reaches v's report */
     dsgd__overlap_count(ov, v, ov->left, -1);
 }
 
@@ -22988,6 +23147,7 @@ static void dsgd__overlap_begin(dsgd_replica *r, int global, size_t local) {
     memcpy(ov->left, ov->need, sizeof(int) * (size_t)ov->nb);
     memset(ov->final, 0, (size_t)nv);
     ov->next = ov->nb - 1;
+    if (ov->hub) ov->lane = dsgd__overlap_now(ov);
     ov->prep = 1;
     ov->prep_res = DSGD_OK;
     ov->global = global;
@@ -23025,6 +23185,16 @@ static dsgd_result dsgd__overlap_end(dsgd_replica *r, dsgd_result own, size_t *b
     r->exposed_s = dsgd_now() - t;
     dsgd__comm_set_ctx(r->comm, r->m.ctx);
     *bad = ov->bad;
+    if (ov->hub) { /* the step goes on when both lanes are done */
+        double comm_end = dsgd__overlap_now(ov);
+        dsgd_result ar;
+        r->exposed_s = DSGD__MAX(0.0, comm_end - ov->lane);
+        if (res == DSGD_OK && ov->lane > comm_end &&
+            (ar = dsgd_simnet_advance(ov->hub, ov->sn_rank, ov->lane - comm_end)) != DSGD_OK) {
+            r->comm_failed = 1;
+            return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, ar, "compute");
+        }
+    }
     if (res != DSGD_OK) {
         r->comm_failed = 1;
         if (own == DSGD_OK) return dsgd_ctx_set_error(r->m.ctx, res, "%s", dsgd_ctx_last_error(ov->ctx));
@@ -23049,6 +23219,7 @@ static void dsgd__overlap_destroy(dsgd_replica *r) {
     DSGD_FREE(ov->need);
     DSGD_FREE(ov->left);
     DSGD_FREE(ov->final);
+    DSGD_FREE(ov->ready);
     DSGD_FREE(ov);
     r->ov = NULL;
 }
@@ -23075,7 +23246,9 @@ static dsgd_result dsgd__overlap_create(dsgd_strategy *s, dsgd_replica *r, float
     ov->need = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->left = (int *)dsgd__alloc(s->ctx, sizeof(int) * (size_t)ov->nb, "dsgd_strategy_create");
     ov->final = (unsigned char *)dsgd__alloc(s->ctx, (size_t)nv, "dsgd_strategy_create");
-    if (!ov->need || !ov->left || !ov->final) return DSGD_ERR_OUT_OF_MEMORY;
+    ov->ready = (double *)dsgd__alloc(s->ctx, sizeof(double) * (size_t)ov->nb, "dsgd_strategy_create");
+    if (!ov->need || !ov->left || !ov->final || !ov->ready) return DSGD_ERR_OUT_OF_MEMORY;
+    ov->hub = dsgd__replica_simnet(r, &ov->sn_rank);
     memset(ov->need, 0, sizeof(int) * (size_t)ov->nb);
     for (v = 0; v < nv; ++v) dsgd__overlap_count(ov, v, ov->need, 1);
     memset(&cd, 0, sizeof(cd)); /* no label, no logger: a failure is told through the replica's context */
@@ -23103,12 +23276,14 @@ static dsgd_result dsgd__overlap_setup(dsgd_strategy *s) {
     int i;
     dsgd_result res = DSGD_OK;
     if (!s->d.overlap || s->world < 2 || s->path != DSGD_GRADIENTS_HOST) return DSGD_OK;
-    for (i = 0; i < s->n; ++i)
-        if (s->reps[i].ep.now)
+    for (i = 0; i < s->n; ++i) {
+        int rank;
+        if (s->reps[i].ep.now && !dsgd__replica_simnet(&s->reps[i], &rank))
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
                                       "dsgd_strategy_create: overlap over transport '%s', which keeps its own clock "
-                                      "(a simulated cluster cannot run a replica's exchange beside its backward)",
+                                      "(only simnet's clock can be run as two lanes, compute and communication)",
                                       s->reps[i].ep.name ? s->reps[i].ep.name : "?");
+    }
     for (i = 0; i < s->n; ++i) {
         const dsgd_backend_i *be = &s->reps[i].m.be;
         if (!be->buffer_host_ptr || !be->buffer_host_ptr(be->impl, dsgd_model_grads(s->reps[i].m.model).buf))
@@ -23244,7 +23419,8 @@ static dsgd_result dsgd__step_compute(dsgd_replica *r, const dsgd__step_args *a,
     dsgd_result res = dsgd__step_batch(r, a, b, &r->global);                 /* 0 */
     *bad = 0;
     if (res != DSGD_OK || r->global <= 0) return res;
-    if (!r->ov) return dsgd__step_gradients(r, b, r->global, bad);          /* 1 */
+    if (!r->ov) /* 1 (over simnet its backward_s charged after it) */
+        return dsgd__step_charge_backward(r, dsgd__step_gradients(r, b, r->global, bad));
     /* 1, 3 and 4 with OVERLAP: buckets counted, scaled and exchanged as
        backward finishes them; every replica exchanges them all */
     dsgd__overlap_begin(r, r->global, (size_t)b->count);
@@ -23378,10 +23554,10 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
     size_t p = dsgd_model_num_params(r->m.model), o, bucket;
     float *host, *mapped;
     dsgd_result res = DSGD_OK, done;
-    double t = dsgd_now();
+    double t = dsgd__replica_now(r); /* simnet: virtual seconds */
     if (s->path == DSGD_GRADIENTS_DEVICE) {
         res = dsgd__step_exchange_device(r, p);
-        r->exchange_s = r->exposed_s = dsgd_now() - t;
+        r->exchange_s = r->exposed_s = dsgd__replica_now(r) - t;
         return res;
     }
     if (!(host = dsgd__grads_on_host(r, p, &mapped, &res))) return res;
@@ -23395,7 +23571,7 @@ static dsgd_result dsgd__step_exchange(dsgd_replica *r) {
             res = dsgd_allreduce_at(r->comm, host + o, DSGD__MIN(bucket, p - o), o, DSGD_REDUCE_SUM, s->d.algorithm,
                                     0.0);
     }
-    r->exchange_s = r->exposed_s = dsgd_now() - t;
+    r->exchange_s = r->exposed_s = dsgd__replica_now(r) - t;
     if (res != DSGD_OK) r->comm_failed = 1;
     done = dsgd__grads_on_host_done(r, p, host, mapped, res == DSGD_OK);
     return res == DSGD_OK ? done : res;

@@ -30,8 +30,20 @@
      replica (weights unchanged, the same as without overlap).
    - The step info: exchange_s > 0 and exposed_s >= 0, both finite; without
      overlap exposed_s == exchange_s.
-   - Over a transport with its own clock (simnet) overlap is refused with
-     DSGD_ERR_UNSUPPORTED and a message that says why.
+   - Over simnet, two lanes per rank (TWO LANES in strategy_overlap.h):
+     N = 4, recursive doubling, 20 us and 1 GB/s links, the MLP
+     20 -> 64 -> 64 -> 64 -> 5 with backward_s 50, 300, 500, 200 us from
+     the last layer to the first, at one bucket, 4 KiB and 1000 B: every
+     rank's step, with overlap and without, takes the closed form's
+     virtual time (computed here from the model's variables: the
+     buckets' ready times, the communication lane's max(ready, free),
+     recursive doubling's alpha-beta cost, phase 2's one-float agreement)
+     within 1e-9 s, and the step info's exchange_s, exposed_s and hidden
+     seconds are the closed form's; both train a loopback run's bits. The
+     rank threads sleep at random around each hand-off (test_jitter_s).
+   - Over a transport with a clock of its own that is not simnet's,
+     overlap is refused with DSGD_ERR_UNSUPPORTED and a message that says
+     why.
 
    Build: make test (this file is compiled without the implementation and
    linked against the library built once per variant).
@@ -571,6 +583,7 @@ static dsgd_strategy *make_sim(dsgd_ctx *ctx, size_t bucket_bytes, int overlap, 
     sd.backward_s = c;
     sd.num_backward_s = SN_VARS;
     sd.park_between_calls = 1;
+    sd.test_jitter_s = 50e-6; /* rank threads sleep at random around each hand-off: the times must not change */
     TU_OK(ctx, dsgd_simnet_create(ctx, &sd, hub));
     for (i = 0; i < SN_N; ++i) TU_OK(ctx, dsgd_simnet_endpoint(*hub, i, &eps[i]));
     d.endpoints = eps;
@@ -583,7 +596,9 @@ static dsgd_strategy *make_sim(dsgd_ctx *ctx, size_t bucket_bytes, int overlap, 
    exchange (off), within 1e-9 s; the step info's exchange_s, exposed_s
    and hidden communication (exchange_s - exposed_s) are the closed form's;
    and both train the bits of a loopback run without overlap, on every
-   replica after every step. */
+   replica after every step. The hubs' threads sleep at random around each
+   hand-off (test_jitter_s), so the replica's thread and its communication
+   thread interleave differently run to run. */
 static void test_simnet_two_lanes(void **state) {
     static const size_t buckets[3] = {0, 4096, 1000};
     double c[SN_VARS], hidden_total = 0, exposed_total = 0;
