@@ -41,6 +41,10 @@
      within 1e-9 s, and the step info's exchange_s, exposed_s and hidden
      seconds are the closed form's; both train a loopback run's bits. The
      rank threads sleep at random around each hand-off (test_jitter_s).
+   - A rank killed during its backward (simnet KILL by time, in an
+     all-reduce or in its communication lane's wait): the step fails on
+     every replica without hanging, the strategy is failed, the killed
+     replica's result is DSGD_ERR_ABORTED and says it was killed.
    - Over a transport with a clock of its own that is not simnet's,
      overlap is refused with DSGD_ERR_UNSUPPORTED and a message that says
      why.
@@ -668,6 +672,64 @@ static void test_simnet_two_lanes(void **state) {
     tu_watchdog(0);
 }
 
+/* A rank killed inside its backward at time `when` (a simnet KILL): the
+   step fails instead of hanging, the strategy is failed, and the killed
+   replica's result is DSGD_ERR_ABORTED with a message that has `says`. */
+static void killed_in_backward(double when, const char *says) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_desc sd;
+    dsgd_simnet_fault f;
+    dsgd_simnet *hub = NULL;
+    dsgd_transport_i eps[SN_N];
+    dsgd_strategy_desc d = deep_desc(4096, 1);
+    dsgd_strategy *s;
+    double c[SN_VARS];
+    const char *msg = NULL;
+    int i;
+    backward_costs(c);
+    memset(&sd, 0, sizeof(sd));
+    memset(&f, 0, sizeof(f));
+    f.kind = DSGD_SIMNET_FAULT_KILL;
+    f.rank = 2;
+    f.step = -1;
+    f.time = when;
+    sd.ranks = SN_N;
+    sd.alpha_s = SN_ALPHA;
+    sd.beta_s_per_byte = SN_BETA;
+    sd.backward_s = c;
+    sd.num_backward_s = SN_VARS;
+    sd.faults = &f;
+    sd.num_faults = 1;
+    sd.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    for (i = 0; i < SN_N; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    d.endpoints = eps;
+    d.timeout_s = 1.0; /* virtual */
+    s = make(ctx, &d);
+    assert_int_not_equal(dsgd_strategy_train_step(s, g_x[0], g_y[0], SN_N * B, NULL), DSGD_OK);
+    assert_true(dsgd_strategy_failed(s));
+    assert_int_equal(dsgd_strategy_replica_result(s, 2, &msg), DSGD_ERR_ABORTED);
+    if (!strstr(msg, says)) fail_msg("killed at %g s: replica 2's message: %s", when, msg);
+    print_message("    killed at %g us: %s\n", 1e6 * when, msg);
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* At 4 KiB the communication lane all-reduces layer 2's four buckets from
+   350 to about 702 us, then waits for layer 1's at 850 us: a kill at
+   400 us hits an all-reduce, one at 780 us the lane's wait where the
+   peers have reached it in real time (simnet decides a death without
+   waiting for parked ranks, so the killed rank may still be in an
+   earlier all-reduce: which call fails is not asserted). */
+static void test_simnet_killed_in_backward(void **state) {
+    (void)state;
+    tu_watchdog(60);
+    killed_in_backward(400e-6, "killed");
+    killed_in_backward(780e-6, "killed");
+    tu_watchdog(0);
+}
+
 /* ---------------------------------------------------------------- refused */
 
 /* A transport with a clock of its own that is not simnet's (simnet's
@@ -743,6 +805,7 @@ int main(void) {
         cmocka_unit_test(test_failure_in_backward),
         cmocka_unit_test(test_nonfinite_skips),
         cmocka_unit_test(test_simnet_two_lanes),
+        cmocka_unit_test(test_simnet_killed_in_backward),
         cmocka_unit_test(test_other_clock_refused),
     };
     return cmocka_run_group_tests_name("overlap", tests, setup, NULL);
