@@ -33,7 +33,9 @@
    - Over simnet, two lanes per rank (TWO LANES in strategy_overlap.h):
      N = 4, recursive doubling, 20 us and 1 GB/s links, the MLP
      20 -> 64 -> 64 -> 64 -> 5 with backward_s 50, 300, 500, 200 us from
-     the last layer to the first, at one bucket, 4 KiB and 1000 B: every
+     the last layer to the first, at one bucket, 4 KiB and 1000 B, and
+     with a comm hook that all-reduces its buckets of whole variables at
+     4 KiB: every
      rank's step, with overlap and without, takes the closed form's
      virtual time (computed here from the model's variables: the
      buckets' ready times, the communication lane's max(ready, free),
@@ -539,20 +541,18 @@ typedef struct lanes {
    reported up to v; bucket k is ready at the latest R(v) of the variables
    it holds and goes once it and every later bucket are ready (G_k =
    max(ready_k, G_k+1)); the communication lane starts it at max(G_k, the
-   end of the bucket before), and it takes rd_cost of its floats. */
-static lanes two_lanes(const dsgd_model *m, const double *c, size_t bucket_bytes) {
-    size_t p = dsgd_model_num_params(m), bucket = bucket_bytes / sizeof(float);
+   end of the bucket before), and it takes rd_cost of its floats. Bucket k
+   is [bo[k], bo[k + 1]), nb buckets. */
+static lanes two_lanes(const dsgd_model *m, const double *c, const size_t *bo, int nb) {
     double R[SN_VARS], t = 0, go = 0, free_at = 0;
     lanes o;
-    int l, v, k, nb;
+    int l, v, k;
     memset(&o, 0, sizeof(o));
-    if (bucket == 0 || bucket > p) bucket = p;
-    nb = (int)((p + bucket - 1) / bucket);
     for (l = SN_LAYERS - 1; l >= 0; --l)
         for (v = 2 * l; v <= 2 * l + 1; ++v) R[v] = t += c[v];
     o.compute = t;
     for (k = nb - 1; k >= 0; --k) {
-        size_t lo = (size_t)k * bucket, hi = lo + bucket < p ? lo + bucket : p;
+        size_t lo = bo[k], hi = bo[k + 1];
         double ready = 0, start;
         for (v = 0; v < SN_VARS; ++v) {
             const dsgd_variable *var = dsgd_model_variable(m, v);
@@ -569,11 +569,45 @@ static lanes two_lanes(const dsgd_model *m, const double *c, size_t bucket_bytes
     return o;
 }
 
+/* The buckets of bucket_bytes into bo (nb + 1 bounds; returns nb): cut
+   every bucket_bytes from the start (0: one bucket), or, with a comm
+   hook, after the first variable (in offset order) that brings the
+   bucket to bucket_bytes, as COMM HOOKS in comm_hook.h says. */
+static int buckets_of(const dsgd_model *m, size_t bucket_bytes, int hook, size_t *bo) {
+    size_t p = dsgd_model_num_params(m), bucket = bucket_bytes / sizeof(float);
+    int nb = 0, v;
+    bo[0] = 0;
+    if (hook) {
+        for (v = 0; v < SN_VARS; ++v) {
+            const dsgd_variable *var = dsgd_model_variable(m, v);
+            size_t end = var->offset + var->count;
+            if (bucket_bytes && (end - bo[nb]) * sizeof(float) >= bucket_bytes && end < p) bo[++nb] = end;
+        }
+        bo[++nb] = p;
+        return nb;
+    }
+    if (bucket == 0 || bucket > p) bucket = p;
+    while (bo[nb] < p) {
+        bo[nb + 1] = bo[nb] + bucket < p ? bo[nb] + bucket : p;
+        ++nb;
+    }
+    return nb;
+}
+
+/* A comm hook that all-reduces its bucket as the strategy would: the
+   same bits and, over simnet, the same time. */
+static dsgd_result plain_reduce(void *state, const dsgd_hook_bucket *b) {
+    (void)state;
+    return dsgd_allreduce_at(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
+}
+
+static const dsgd_comm_hook PLAIN_HOOK = {"plain", NULL, plain_reduce, NULL, NULL, NULL, NULL, NULL};
+
 #define NEAR(got, want) (fabs((got) - (want)) <= 1e-9)
 
 /* A mirrored strategy over a fresh hub of SN_N ranks charging backward
    layer by layer (*hub, eps: the caller's, destroyed after the strategy). */
-static dsgd_strategy *make_sim(dsgd_ctx *ctx, size_t bucket_bytes, int overlap, dsgd_simnet **hub,
+static dsgd_strategy *make_sim(dsgd_ctx *ctx, size_t bucket_bytes, int hook, int overlap, dsgd_simnet **hub,
                                dsgd_transport_i *eps) {
     dsgd_simnet_desc sd;
     dsgd_strategy_desc d = deep_desc(bucket_bytes, overlap);
@@ -591,11 +625,13 @@ static dsgd_strategy *make_sim(dsgd_ctx *ctx, size_t bucket_bytes, int overlap, 
     TU_OK(ctx, dsgd_simnet_create(ctx, &sd, hub));
     for (i = 0; i < SN_N; ++i) TU_OK(ctx, dsgd_simnet_endpoint(*hub, i, &eps[i]));
     d.endpoints = eps;
+    if (hook) d.comm_hook = &PLAIN_HOOK;
     return make(ctx, &d);
 }
 
 /* Over simnet, at three bucket sizes (one bucket; 4 KiB, ten buckets;
-   1000 B), SN_STEPS steps with overlap on and off: every rank's step takes
+   1000 B) and with a comm hook at 4 KiB (four buckets of whole
+   variables), SN_STEPS steps with overlap on and off: every rank's step takes
    the two-lane closed form's time (on) and backward + agreement +
    exchange (off), within 1e-9 s; the step info's exchange_s, exposed_s
    and hidden communication (exchange_s - exposed_s) are the closed form's;
@@ -604,26 +640,29 @@ static dsgd_strategy *make_sim(dsgd_ctx *ctx, size_t bucket_bytes, int overlap, 
    hand-off (test_jitter_s), so the replica's thread and its communication
    thread interleave differently run to run. */
 static void test_simnet_two_lanes(void **state) {
-    static const size_t buckets[3] = {0, 4096, 1000};
+    static const size_t buckets[4] = {0, 4096, 1000, 4096};
+    static const int hooked[4] = {0, 0, 0, 1};
     double c[SN_VARS], hidden_total = 0, exposed_total = 0;
-    int b, step, k, r, checked = 0;
+    int b, step, k, r, nb, checked = 0;
     (void)state;
     tu_watchdog(240);
     backward_costs(c);
-    for (b = 0; b < 3; ++b) {
+    for (b = 0; b < 4; ++b) {
         dsgd_ctx *ctx = tu_ctx();
         dsgd_simnet *hub[2] = {NULL, NULL};
         dsgd_transport_i eps[2][SN_N];
         dsgd_strategy *s[3];
         dsgd_strategy_desc ld = deep_desc(buckets[b], 0);
-        size_t np;
+        size_t np, bo[64];
         lanes want;
-        char what[128];
-        s[0] = make(ctx, &ld); /* the loopback, without overlap: the reference bits */
-        s[1] = make_sim(ctx, buckets[b], 1, &hub[0], eps[0]);
-        s[2] = make_sim(ctx, buckets[b], 0, &hub[1], eps[1]);
+        char what[160], cfg[64];
+        snprintf(cfg, sizeof cfg, "bucket %zu B%s", buckets[b], hooked[b] ? " (comm hook)" : "");
+        s[0] = make(ctx, &ld); /* the loopback, without overlap nor hook: the reference bits */
+        s[1] = make_sim(ctx, buckets[b], hooked[b], 1, &hub[0], eps[0]);
+        s[2] = make_sim(ctx, buckets[b], hooked[b], 0, &hub[1], eps[1]);
         np = dsgd_model_num_params(dsgd_strategy_model(s[0], 0));
-        want = two_lanes(dsgd_strategy_model(s[1], 0), c, buckets[b]);
+        nb = buckets_of(dsgd_strategy_model(s[1], 0), buckets[b], hooked[b], bo);
+        want = two_lanes(dsgd_strategy_model(s[1], 0), c, bo, nb);
         for (step = 0; step < SN_STEPS; ++step) {
             for (k = 0; k < 3; ++k) {
                 dsgd_step_info in;
@@ -634,16 +673,16 @@ static void test_simnet_two_lanes(void **state) {
                 for (r = 0; h && r < SN_N; ++r) {
                     double got = dsgd_simnet_time(h, r) - t0[r], w = k == 1 ? want.step : want.step_off;
                     if (!NEAR(got, w))
-                        fail_msg("bucket %zu B, overlap %s, step %d, rank %d: the step took %.12g s, the closed form "
-                                 "%.12g s", buckets[b], k == 1 ? "on" : "off", step, r, got, w);
+                        fail_msg("%s, overlap %s, step %d, rank %d: the step took %.12g s, the closed form %.12g s",
+                                 cfg, k == 1 ? "on" : "off", step, r, got, w);
                     ++checked;
                 }
                 if (!h) continue;
                 if (!NEAR(in.exchange_s, want.exchange) ||
                     !NEAR(in.exposed_s, k == 1 ? want.exposed : want.exchange) ||
                     !NEAR(in.exchange_s - in.exposed_s, k == 1 ? want.exchange - want.exposed : 0.0))
-                    fail_msg("bucket %zu B, overlap %s, step %d: exchange %.12g s, exposed %.12g s; the closed form "
-                             "%.12g and %.12g s", buckets[b], k == 1 ? "on" : "off", step, in.exchange_s,
+                    fail_msg("%s, overlap %s, step %d: exchange %.12g s, exposed %.12g s; the closed form "
+                             "%.12g and %.12g s", cfg, k == 1 ? "on" : "off", step, in.exchange_s,
                              in.exposed_s, want.exchange, k == 1 ? want.exposed : want.exchange);
                 if (k == 1) {
                     hidden_total += in.exchange_s - in.exposed_s;
@@ -651,16 +690,16 @@ static void test_simnet_two_lanes(void **state) {
                 }
             }
             for (k = 1; k < 3; ++k) {
-                snprintf(what, sizeof what, "simnet, bucket %zu B, overlap %s, against the loopback without overlap",
-                         buckets[b], k == 1 ? "on" : "off");
+                snprintf(what, sizeof what, "simnet, %s, overlap %s, against the loopback without overlap", cfg,
+                         k == 1 ? "on" : "off");
                 same_weights(ctx, s[k], s[0], np, what, step);
             }
         }
         /* the closed form has both kinds of bucket where there are several:
            some communication hidden, some not */
         if (buckets[b]) assert_true(want.exposed > 0.0 && want.exchange - want.exposed > 0.0);
-        print_message("    bucket %zu B: step %.1f us with overlap (backward %.1f, exchange %.1f, of which %.1f "
-                      "exposed), %.1f us without\n", buckets[b], 1e6 * want.step, 1e6 * want.compute,
+        print_message("    %s, %d buckets: step %.1f us with overlap (backward %.1f, exchange %.1f, of which %.1f "
+                      "exposed), %.1f us without\n", cfg, nb, 1e6 * want.step, 1e6 * want.compute,
                       1e6 * want.exchange, 1e6 * want.exposed, 1e6 * want.step_off);
         for (k = 0; k < 3; ++k) dsgd_strategy_destroy(s[k]);
         dsgd_simnet_destroy(hub[0]);
