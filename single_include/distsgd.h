@@ -9214,7 +9214,11 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      can time out.
      A rank that is done for good calls dsgd_simnet_leave (from its thread;
      a rank that never called may be left from any thread); until then the
-     others may wait for it.
+     others may wait for it. A rank that is to join later (a spare for an
+     elastic strategy's grow) is set aside before its first call
+     (dsgd_simnet_spare): it holds back nothing, and dsgd_simnet_admit lets
+     it in at a virtual time you give (the group's clock), from where it
+     runs as the others do.
 
      Running distributed training over it (charge each step's compute with
      dsgd_simnet_compute(hub, rank, step) on the rank's thread; without
@@ -9469,6 +9473,30 @@ DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
    DSGD_ERR_ABORTED (killed, or the hub aborted).
    Thread safety: rank's thread. */
 DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *hub, int rank);
+/* Sets rank aside as a spare: a rank that is not part of the run until
+   it is admitted, such as one that an elastic strategy lets join later
+   (dsgd_strategy_grow). A spare holds nothing back: no deadline and no
+   probe of another rank waits for it (a rank parked at its first clock
+   would hold back every one after it), and its calls fail with
+   DSGD_ERR_STATE until dsgd_simnet_admit. Call it before the rank's first
+   call (a rank that never called, parked or arriving at time 0).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; rank out
+   of range), DSGD_ERR_STATE (the rank called the hub or parked, left, is a
+   spare already, or runs under dsgd_simnet_run).
+   Thread safety: the thread of the hub's ctx; the ranks may run meanwhile. */
+DSGD_API dsgd_result dsgd_simnet_spare(dsgd_simnet *hub, int rank);
+/* Admits a spare at virtual time `at`: its clock becomes the later of its
+   own and at, and from then on it is a rank like the others: parked there
+   until its first call (park_between_calls), else arriving there (it
+   takes its turn at that time). For the results to depend only on the
+   configuration and the seeds, admit it while no clock of the group moves
+   (between a strategy's steps, every replica parked) at the group's
+   latest clock (the largest dsgd_simnet_time of its ranks): it then
+   starts where the group is, and its deadlines are the group's.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, nothing recorded; rank out
+   of range; at negative or not finite), DSGD_ERR_STATE (not a spare).
+   Thread safety: the thread of the hub's ctx; the ranks may run meanwhile. */
+DSGD_API dsgd_result dsgd_simnet_admit(dsgd_simnet *hub, int rank, double at);
 /* Marks the hub aborted: every waiting and later call returns
    DSGD_ERR_ABORTED at once (the endpoints' abort member does the same); the
    ranks then run freely, so the virtual times after an abort mean nothing.
@@ -9606,7 +9634,8 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 
 #define DSGD__SN_INF HUGE_VAL
 
-enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD };
+enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD,
+       DSGD__SN_SPARE /* set aside (dsgd_simnet_spare): holds nothing back until admitted */ };
 enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
 
 typedef struct dsgd__sn_msg {
@@ -9667,6 +9696,7 @@ typedef struct dsgd__sn_ep {
     double kill_time;  /* KILL by time, or INF */
     int dead_held;     /* killed in a call under park_between_calls: counted
                           parked until its thread calls again or leaves */
+    int called;        /* its thread has called the hub (or parked) */
     double tx_free;    /* the NIC, sending */
     double rx_free[2]; /* receiving: [1] within the node (ranks_per_node), [0] the rest */
     long step;         /* the last compute step, -1 */
@@ -10540,6 +10570,7 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
     dsgd__sn_jitter(e);
     pthread_mutex_lock(&h->mu);
     h->used = 1;
+    e->called = 1;
     dsgd__sn_unhold(e);
     if (e->state == DSGD__SN_PARKED) {
         /* back at its clock, as a rank arriving */
@@ -10562,6 +10593,8 @@ static dsgd_result dsgd__sn_enter(dsgd__sn_ep *e) {
         r = dsgd__sn_fail(e, DSGD_ERR_ABORTED, "this rank was killed at %.9g s (fault injection)", e->kill_time);
     } else if (e->state == DSGD__SN_LEFT) {
         r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank left the simulation");
+    } else if (e->state == DSGD__SN_SPARE) {
+        r = dsgd__sn_fail(e, DSGD_ERR_STATE, "this rank is a spare: dsgd_simnet_admit it first");
     } else {
         DSGD_ASSERT(e->state == DSGD__SN_RUNNING && h->turn == e->rank);
         dsgd__sn_stalls(e);
@@ -10786,8 +10819,9 @@ static dsgd_result dsgd__sn_xfer(dsgd__sn_ep *e, int dst, uint64_t stag, const v
         dsgd__sn_span_xfer(e, dst, sbytes, done, src, m, e->reduce_k, h->stats.dropped != dropped_before, 0);
         if (m->tag != rtag || m->bytes != rbytes) {
             r = dsgd__sn_fail(e, DSGD_ERR_DESYNC,
-                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes", src,
-                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes);
+                              "rank %d sent tag %#llx of %zu bytes; this rank expected tag %#llx of %zu bytes%s", src,
+                              (unsigned long long)m->tag, m->bytes, (unsigned long long)rtag, rbytes,
+                              dsgd__sn_why(e, src, why, sizeof(why)));
         } else {
             p->head = m->next;
             if (!p->head) { /* off this rank's list of pairs with messages */
@@ -11012,7 +11046,8 @@ DSGD_API dsgd_result dsgd_simnet_advance(dsgd_simnet *h, int rank, double second
 static void dsgd__sn_leave(dsgd__sn_ep *e) {
     dsgd_simnet *h = e->hub;
     dsgd__sn_unhold(e);
-    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED) {
+    if (e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING || e->state == DSGD__SN_PARKED ||
+        e->state == DSGD__SN_SPARE) {
         if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
         dsgd__sn_sched(e);
@@ -11204,10 +11239,62 @@ DSGD_API dsgd_result dsgd_simnet_park(dsgd_simnet *h, int rank) {
         return DSGD_ERR_UNSUPPORTED;
     }
     pthread_mutex_lock(&h->mu);
+    e->called = 1;
     if ((e->state == DSGD__SN_RUNNING || e->state == DSGD__SN_ARRIVING) && !DSGD__LOAD_RLX(&h->aborted))
         dsgd__sn_park(e);
-    else if (e->state == DSGD__SN_LEFT) r = DSGD_ERR_STATE;
+    else if (e->state == DSGD__SN_LEFT || e->state == DSGD__SN_SPARE) r = DSGD_ERR_STATE;
     else if (e->state == DSGD__SN_DEAD || DSGD__LOAD_RLX(&h->aborted)) r = DSGD_ERR_ABORTED;
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_simnet_spare(dsgd_simnet *h, int rank) {
+    const char *w = "dsgd_simnet_spare";
+    dsgd__sn_ep *e;
+    dsgd_result r = DSGD_OK;
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (rank < 0 || rank >= h->n)
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d outside [0, %d)", w, rank, h->n);
+    e = &h->ep[rank];
+    pthread_mutex_lock(&h->mu);
+    if (e->called || h->ran || (e->state != DSGD__SN_PARKED && e->state != DSGD__SN_ARRIVING)) {
+        r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: rank %d %s", w, rank,
+                               e->state == DSGD__SN_SPARE ? "is a spare already"
+                               : e->state == DSGD__SN_LEFT ? "left the simulation"
+                               : h->ran ? "runs under dsgd_simnet_run" : "has called the hub already");
+    } else {
+        if (e->state == DSGD__SN_PARKED) h->parked--;
+        e->state = DSGD__SN_SPARE;
+        dsgd__sn_sched(e); /* out of the heap (ARRIVING) */
+        if (h->turn == rank || h->turn < 0) dsgd__sn_pass(h); /* nobody waits for it now */
+    }
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+DSGD_API dsgd_result dsgd_simnet_admit(dsgd_simnet *h, int rank, double at) {
+    const char *w = "dsgd_simnet_admit";
+    dsgd__sn_ep *e;
+    dsgd_result r = DSGD_OK;
+    if (!h) return DSGD_ERR_INVALID_ARGUMENT;
+    if (rank < 0 || rank >= h->n || !dsgd__sn_finite_nonneg(at))
+        return dsgd_ctx_set_error(h->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: rank %d of %d at %g s (need a rank of the "
+                                  "hub and a finite time >= 0)", w, rank, h->n, at);
+    e = &h->ep[rank];
+    pthread_mutex_lock(&h->mu);
+    if (e->state != DSGD__SN_SPARE) {
+        r = dsgd_ctx_set_error(h->ctx, DSGD_ERR_STATE, "%s: rank %d is not a spare (dsgd_simnet_spare)", w, rank);
+    } else {
+        if (at > e->t) e->t = at;
+        if (h->d.park_between_calls) { /* parked at its clock until its first call */
+            e->state = DSGD__SN_PARKED;
+            h->parked++;
+        } else { /* arriving at its clock: it takes its turn then */
+            e->state = DSGD__SN_ARRIVING;
+            dsgd__sn_sched(e);
+            if (h->turn < 0) dsgd__sn_pass(h);
+        }
+    }
     pthread_mutex_unlock(&h->mu);
     return r;
 }
@@ -13831,6 +13918,11 @@ typedef struct dsgd_comm_hook {
     dsgd_result (*load)(void *state, const void *src, size_t bytes);
     void (*destroy)(void *state);
     void *user;
+    int owns_momentum; /* 1: the hook applies momentum itself and sends the
+                          momentum step (dsgd_compress_hook with momentum
+                          correction sets it): the strategy refuses an
+                          optimizer other than DSGD_OPT_SGD, which would
+                          apply momentum twice. 0: the gradient is sent */
 } dsgd_comm_hook;
 
 #ifdef __cplusplus
@@ -14027,8 +14119,9 @@ static dsgd_result dsgd__hook_plan_make(dsgd_ctx *ctx, dsgd_model *m, size_t buc
      gradient: the strategy's optimizer must be DSGD_OPT_SGD (no momentum
      of its own), which applies the summed sparse step with its learning
      rate (its schedule, weight decay and clip_norm act on that step).
-     Keeping the optimizer's momentum would apply momentum twice; the
-     hook cannot see the optimizer, so this is the caller's part. Why (Lin
+     Keeping the optimizer's momentum would apply momentum twice, so the
+     hook says it owns the momentum (dsgd_comm_hook.owns_momentum) and
+     dsgd_strategy_create refuses any other optimizer. Why (Lin
      et al.): with error feedback alone the optimizer's momentum acts on
      the sparse sums, so an entry's gradients, delayed in e, reach the
      velocity late and in bursts; accumulating momentum steps instead of
@@ -15117,6 +15210,7 @@ DSGD_API dsgd_comm_hook dsgd_compress_hook(const dsgd_compress_desc *desc) {
     h.load = dsgd__compress_load;
     h.destroy = dsgd__compress_destroy;
     h.user = (void *)desc;
+    h.owns_momentum = desc && desc->momentum > 0.0f;
     return h;
 }
 
@@ -20745,6 +20839,14 @@ typedef struct dsgd_strategy_desc {
 /* What one training step did. Asking for it costs a wait for the step's
    verdict where the verdict stays on the device (THE VERDICT ON THE
    DEVICE above). */
+/* Why elastic training dropped a replica (dsgd_step_info.dropped_why;
+   see strategy_elastic.h). */
+typedef enum dsgd_drop_reason {
+    DSGD_DROP_FAILED = 1, /* it failed before the update (its batch function, its backend) */
+    DSGD_DROP_GONE,       /* its transport stopped under it (a simnet KILL: its rank is dead) */
+    DSGD_DROP_LATE        /* it entered the step's collective after another had given up on it (a stall) */
+} dsgd_drop_reason;
+
 typedef struct dsgd_step_info {
     int64_t step;      /* optimizer steps applied before this one */
     int count;         /* samples in the global batch */
@@ -20766,6 +20868,12 @@ typedef struct dsgd_step_info {
     int world;         /* the replicas in sync that made the step */
     int resized;       /* elastic: 1 when the group shrank in this call
                           (the step was then made by the survivors) */
+    int dropped;       /* elastic: the replicas dropped in this call (0: none) */
+    /* the first `dropped` entries: each one's rank in the group as the
+       call began (the global rank across workers), in rank order per
+       shrink, and why it was dropped */
+    int dropped_rank[DSGD_MAX_REPLICAS];
+    dsgd_drop_reason dropped_why[DSGD_MAX_REPLICAS];
 } dsgd_step_info;
 
 /* A replica as seen from inside dsgd_strategy_run (replica context). */
@@ -21237,6 +21345,10 @@ struct dsgd_strategy {
        *res may be replaced */
     int (*elastic)(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res);
     int resized;       /* the group shrank in the current call */
+    /* the replicas dropped in the current call (dsgd_step_info.dropped);
+       call_rank: each rank's rank as the call began (valid once resized) */
+    int dropped, drop_rank[DSGD_MAX_REPLICAS], call_rank[DSGD_MAX_REPLICAS];
+    unsigned char drop_why[DSGD_MAX_REPLICAS];
     /* elastic over the endpoints you gave, every replica in this process
        (strategy_elastic.h, set at creation): replica r, whose collective of
        phase 0 or 2 failed with res, settles instead of aborting the
@@ -21601,6 +21713,15 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
                                   "HOST path, not %s", what,
                                   d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
     if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    if (d->comm_hook && d->comm_hook->owns_momentum && d->optimizer.kind != DSGD_OPT_SGD)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: comm hook '%s' applies momentum itself (momentum correction), so the optimizer "
+                                  "must be DSGD_OPT_SGD, not %s: its momentum would be applied on top",
+                                  what, d->comm_hook->name,
+                                  d->optimizer.kind == DSGD_OPT_MOMENTUM ? "DSGD_OPT_MOMENTUM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAM   ? "DSGD_OPT_ADAM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAMW  ? "DSGD_OPT_ADAMW"
+                                                                         : "an unknown kind");
     return ops->check ? ops->check(ctx, d) : DSGD_OK;
 }
 
@@ -22161,11 +22282,17 @@ static dsgd_result dsgd__strategy_train(dsgd_strategy *s, dsgd__step_args *a, ds
     a->verdict = info != NULL;
     if (info) info->step = dsgd_optimizer_steps(s->reps[0].opt);
     s->resized = 0;
+    s->dropped = 0;
     do res = dsgd__strategy_dispatch(s, s->ops->step, a, what);
     while (res != DSGD_OK && s->elastic && s->elastic(s, a, what, &res));
     if (info) {
         info->world = s->world;
         info->resized = s->resized;
+        info->dropped = s->dropped;
+        for (i = 0; i < s->dropped; ++i) {
+            info->dropped_rank[i] = s->drop_rank[i];
+            info->dropped_why[i] = (dsgd_drop_reason)s->drop_why[i];
+        }
         if (s->defer && s->n > 0) info->step = s->reps[0].t_step; /* a pending verdict taken in the step */
         info->count = s->reps[0].global;
         info->skipped = s->reps[0].skipped;
@@ -25236,6 +25363,10 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      7 and trained on (over a loopback of the strategy's own; over the
      endpoints you gave, with the same explicit algorithm: AUTO may choose
      another over the survivors' endpoints, which cannot share memory).
+     dsgd_step_info.dropped counts the replicas dropped in the call, and
+     dropped_rank[i], dropped_why[i] name each: its rank as the call began
+     (global across workers) and why: DSGD_DROP_FAILED (its own failure),
+     DSGD_DROP_GONE (its transport stopped: killed), DSGD_DROP_LATE.
 
      Which failures shrink:
        - a replica's own failure in phase 0 or 1 of the step (its batch
@@ -25262,7 +25393,9 @@ static const dsgd__strategy_ops dsgd__local_ops = {
          the group stays whole, as it would fail on any replica count;
        - a failure after the agreement (in the exchange, the update), or
          in a collective where nobody is gone or late (a dropped message):
-         the strategy fails as without elastic;
+         the strategy fails as without elastic (after a settle the
+         message adds each failing replica's transport message: simnet
+         names the rank whose message was lost);
        - a failed collective across processes (MULTI_WORKER_MIRRORED over
          several workers): the survivors would have to agree on who is
          gone over a group that lost a member, which the settle does not
@@ -25381,8 +25514,12 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      ranks); the others are spares for a later grow. Over simnet a spare
      must not wait parked while the group trains (a parked rank holds back
      the deadlines after its clock, so a settle after a kill would wait
-     for it), and a killed rank cannot come back; a rejoin over simnet
-     after a kill is not tested yet.
+     for it): set it aside first (dsgd_simnet_spare) and admit it at the
+     group's latest clock, between steps, before the grow
+     (dsgd_simnet_admit). A killed rank cannot come back, a spare takes
+     its place: 8 -> 7 by a kill at step 50, a spare grown in at step 100
+     (7 -> 8) gives the bits of 8 to step 50, saved, restored into 7, to
+     step 100, saved, restored into 8 and trained on.
 
    REGROUP (across processes)
 
@@ -25436,6 +25573,10 @@ extern "C" {
    dsgd_strategy_run; each joiner's endpoint is then used only from its
    replica's thread (it must not be in use elsewhere). */
 DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i *joiners, int count);
+/* "failed", "gone" or "late" (dsgd_step_info.dropped_why); "unknown" for
+   any other value.
+   Errors: none. Thread safety: any thread. */
+DSGD_API const char *dsgd_drop_reason_name(dsgd_drop_reason why);
 
 /* Moves a multi-worker mirrored strategy onto a new group between steps
    (REGROUP above): endpoints are this worker's num_replicas endpoints of
@@ -25788,6 +25929,7 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     int i, k, n = s->n, w = s->world, alive = 0, go = 0;
     dsgd_result ar;
     char *saved, failed[256], alive_list[256];
+    unsigned char why[DSGD_MAX_REPLICAS];
     float *votes, *agreed;
     int *keep, *surv, *results;
     dsgd__elastic_vote vote;
@@ -25863,8 +26005,18 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         goto done;
     }
     if (alive == w && settled) { /* every replica in time and none gone, but the communicators failed */
+        char m[DSGD__MSG_MAX];
+        int len = snprintf(m, sizeof(m), "%s", saved + (size_t)n * DSGD__MSG_MAX), add;
+        for (i = 0; i < n && len >= 0 && len < (int)sizeof(m); ++i) { /* why (simnet names a dropped message) */
+            const dsgd_transport_i *t = dsgd__el_base(&s->reps[i]);
+            const char *d = results[i] != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
+            if (!d || !*d || strstr(m, d)) continue;
+            add = snprintf(m + len, sizeof(m) - (size_t)len, "; replica %d's transport: %s", s->reps[i].rank, d);
+            len = add < 0 ? -1 : len + add;
+        }
         dsgd__strategy_abort(s, 0);
-        dsgd__strategy_fail(s, step, what, saved + (size_t)n * DSGD__MSG_MAX);
+        *res = dsgd_ctx_set_error(s->ctx, *res, "%s", m);
+        dsgd__strategy_fail(s, step, what, m);
         goto done;
     }
     if (alive == w) goto done;
@@ -25892,6 +26044,12 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
     }
     dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
                  (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
+    for (k = 0; k < w; ++k) why[k] = DSGD_DROP_FAILED; /* a replica of another worker: its own failure */
+    for (i = 0; i < n && settled; ++i) {
+        const dsgd_replica *r = &s->reps[i];
+        if (r->el_phase == DSGD__EL_GONE) why[r->rank] = DSGD_DROP_GONE;
+        else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= first) why[r->rank] = DSGD_DROP_LATE;
+    }
     if (!s->hub) (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, keep, what); /* the dropped leave */
     if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
         char m[DSGD__MSG_MAX];
@@ -25900,6 +26058,14 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
         goto done;
     }
+    if (!s->resized) /* the first shrink of this call: the ranks are those it began with */
+        for (k = 0; k < w; ++k) s->call_rank[k] = k;
+    for (k = 0; k < w; ++k) /* dsgd_step_info.dropped: in the call's numbering */
+        if (agreed[k] != 0.0f) {
+            s->drop_rank[s->dropped] = s->call_rank[k];
+            s->drop_why[s->dropped++] = (unsigned char)why[k];
+        }
+    for (k = 0; k < alive; ++k) s->call_rank[k] = s->call_rank[surv[k]];
     s->resized = 1;
     for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
         dsgd_replica *r = &s->reps[i];
@@ -26105,6 +26271,15 @@ DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i
     for (i = 0; i < w + count; ++i) surv[i] = i < w ? i : -1;
     if (s->d.elastic.on_resize) s->d.elastic.on_resize(s->d.elastic.user, w, w + count, surv, s);
     return DSGD_OK;
+}
+
+DSGD_API const char *dsgd_drop_reason_name(dsgd_drop_reason why) {
+    switch (why) {
+    case DSGD_DROP_FAILED: return "failed";
+    case DSGD_DROP_GONE: return "gone";
+    case DSGD_DROP_LATE: return "late";
+    default: return "unknown";
+    }
 }
 
 /* Arms a created strategy: min_replicas fits the group. */
