@@ -417,7 +417,7 @@ SRC
         sync_vs_async) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --rows mirrored,sync) ;; # the rows with fixed bits
         cnn_fashion_mnist) data=$FMNIST args=(--data "$FMNIST" --epochs 1 --subset 3000 --no-mlp) ;;
         custom_model) args=(--strategy mirrored) ;; # asynchronous servers have no fixed bits
-        elastic) args=(--steps 24 --kill-step 12) ;; # simnet: the same bits and virtual times every run
+        elastic) args=(--steps 24 --kill-step 8 --grow-step 16) ;; # simnet: the same bits and virtual times every run
         sync_vs_async_sim) args=(--out "$TMP/sim.$ex") ;; # simnet: the same bits every run
         backup_workers) args=(--out "$TMP/sim.$ex" --seeds 1) ;;
         linear_scaling) data=$FMNIST args=(--data "$FMNIST" --out "$TMP/sim.$ex" --epochs 1 --warmup-epochs 1) ;;
