@@ -164,6 +164,13 @@
        CANCEL  server -> worker (BACKUP with backup_cancel): seq 0,
                version = the server's new version (the step it applied +
                1), no floats; a worker not computing drops it
+       JOIN    late worker -> server (see MEMBERSHIP): seq = the round
+               (0 prepare, 1 commit), version = -1 (prepare) or the clock
+               it joins at (commit)
+       JOINED  server -> worker: seq = that round, version = the server's
+               version (prepare: the clock it counts the worker from),
+               status DSGD_PS_ADMITTED once committed, step = the clock
+               the server counts the worker from
      Exactly once: per worker a server keeps the next push seq it expects
      and the status of the last one. A seq below it is a duplicate (a
      resend, or a copy the network made): acknowledged again (with the last
@@ -190,6 +197,74 @@
      update of k floats then costs k * apply_s_per_float of virtual time
      (by default the reduction's gamma), so a server's apply is part of
      its step, as on a cluster. Real transports have none.
+
+   MEMBERSHIP: WORKERS THAT JOIN MID-RUN
+
+     dsgd_ps_desc.initial_workers = W0 < W makes workers 0..W0-1 the
+     members a server counts from the start and W0..W-1 late workers: a
+     server neither waits for nor times out a late worker until it joins,
+     and its first pull joins (dsgd_ps_worker_join does it explicitly). A
+     late worker that will not come calls dsgd_ps_worker_finish instead.
+     The join is two rounds of JOIN / JOINED with every server, so that
+     every server counts the worker from the same clock b:
+       prepare  JOIN with version -1. Server s makes the worker a member
+                at once, counted from its current version v_s: a clocked
+                server (SSP, SYNC, BACKUP) applies no clock >= v_s without
+                it; from now on the server also times it out. JOINED
+                answers v_s.
+       commit   JOIN with version b = max_s v_s. Every server takes b as
+                the worker's first clock (none can have applied clock b:
+                each stopped at v_s <= b), so clocks v_s..b-1 go on without
+                it. JOINED answers admitted (status DSGD_PS_ADMITTED).
+     The worker's clock is then b + its pushes: its k-th push belongs to
+     clock b + k (SSP, SYNC), the run's stop rule counts from b, and its
+     first pull waits for version >= b on every server (clocked
+     policies; ASYNC pulls at once), so it starts from the weights every
+     server had reached when it joined. From clock b on, SSP and SYNC
+     count it among the gradients a clock needs and BACKUP among the
+     workers (N = members - b); ASYNC simply serves it. A SYNC run's
+     weights are so those of a run that averages, at each clock, the
+     members' gradients of that clock. A server's stats count the
+     admissions (dsgd_ps_server_stats.joins) and, per worker, the clock it
+     joined at and its gradients (dsgd_ps_server_get_peer_stats).
+     Late workers need apply ON_SERVERS (a summation-only worker would
+     need every mean since step 0) and more initial workers than backups
+     under BACKUP; a server with late workers cannot be saved or restored
+     (DSGD_ERR_UNSUPPORTED). Once every member has finished, a server
+     waits timeout_s more for late workers that neither joined nor
+     finished, then fails naming them. A lost worker is not replaced by a
+     joiner: SSP, SYNC and BACKUP still count it (see DEADLINES).
+
+   A LOST SERVER
+
+     A server holds the only copy of its shards and of their optimizer
+     state; nothing replicates them, so a run cannot go on without it.
+     What each role sees when a server dies (its process ends, its
+     thread's serve fails, simnet KILLs it):
+       a worker    its next pull or push (or the one it is in) fails with
+                   DSGD_ERR_TIMEOUT within timeout_s of its request,
+                   "dsgd_ps_worker_pull: worker w: no parameters from
+                   server s within T s (pull n)" (push: "no
+                   acknowledgement"); a send the transport cannot deliver
+                   (a large message waiting for its receiver) fails the
+                   same way within timeout_s, naming the server. The
+                   worker is then unusable (dsgd_ps_worker_failed).
+                   A worker computing a gradient learns of it only at its
+                   next request, so within compute + timeout_s.
+       the others  the remaining servers, whose workers stopped, fail with
+                   DSGD_ERR_TIMEOUT naming the workers timeout_s after
+                   they last heard from them (or at once after the
+                   transport's abort). No rank hangs.
+       a strategy  (DSGD_STRATEGY_PARAMETER_SERVER) the step in flight
+                   fails with the worker's error and the strategy fails:
+                   its message names the server; it aborts the transport
+                   so every rank of the process stops.
+     To resume, restart from the last checkpoint: every server's and
+     worker's files (dsgd_ps_server_save, _worker_save, or
+     dsgd_strategy_save) restored into new ranks, as CHECKPOINTS in
+     ps_checkpoint.h says. The updates since that checkpoint are lost; a
+     checkpoint holds every server's state, so it is taken at a point
+     where the engine is at rest.
 
    DEADLINES
 
@@ -268,6 +343,9 @@ typedef struct dsgd_ps_desc {
     int staleness_bins;    /* histogram bins 0..bins-1, the last one counts
                               staleness >= bins - 1; 0:
                               DSGD_PS_DEFAULT_STALENESS_BINS */
+    int initial_workers;   /* W0, 1..W: workers 0..W0-1 are members from
+                              the start, W0..W-1 join mid-run (see
+                              MEMBERSHIP); 0: W, every worker */
 } dsgd_ps_desc;
 
 /* The wire protocol (see WIRE PROTOCOL above), for transports and tests
@@ -278,7 +356,9 @@ typedef enum dsgd_ps_msg {
     DSGD_PS_MSG_PULL = 3,
     DSGD_PS_MSG_PARAMS = 4,
     DSGD_PS_MSG_DONE = 5,
-    DSGD_PS_MSG_CANCEL = 6
+    DSGD_PS_MSG_CANCEL = 6,
+    DSGD_PS_MSG_JOIN = 7,
+    DSGD_PS_MSG_JOINED = 8
 } dsgd_ps_msg;
 /* The header that starts every message, in the sender's byte order. */
 typedef struct dsgd_ps_header {
@@ -287,11 +367,12 @@ typedef struct dsgd_ps_header {
     uint64_t seq;    /* the push or pull it is or answers */
     int64_t version; /* see WIRE PROTOCOL, per type */
     uint64_t count;  /* floats that follow */
-    uint64_t status; /* ACK: 0 or DSGD_PS_DROPPED */
+    uint64_t status; /* ACK: 0 or DSGD_PS_DROPPED; JOINED: 0 or DSGD_PS_ADMITTED */
     int64_t step;    /* summation only: PULL the mean wanted, PARAMS the mean sent (-1: none) */
 } dsgd_ps_header;
 #define DSGD_PS_HEADER_WORDS 7 /* sizeof(dsgd_ps_header) / 8 */
 #define DSGD_PS_DROPPED 1      /* ACK status: the push was stale and dropped */
+#define DSGD_PS_ADMITTED 1     /* JOINED status: the join is committed */
 #define DSGD_PS_SEQ_MASK 0x00FFFFFFFFFFFFFFull
 #define DSGD_PS_TAG(type, seq) (((uint64_t)(type) << 56) | ((uint64_t)(seq) & DSGD_PS_SEQ_MASK))
 #define DSGD_PS_TAG_TYPE(tag) ((int)((uint64_t)(tag) >> 56))
@@ -339,9 +420,10 @@ typedef struct dsgd__ps_policy_row {
     int clocked;
     int max_staleness; /* the bound s may be 0..this (others: 0) */
     int backups;       /* backup workers allowed (0 <= b < W; else 0) */
-    /* clocks a server buffers at once, and the gradients that complete one */
+    /* clocks a server buffers at once, and the gradients that complete one
+       when `members` workers count for it (MEMBERSHIP) */
     int (*ring)(const dsgd_ps_desc *d);
-    int (*needed)(const dsgd_ps_desc *d);
+    int (*needed)(const dsgd_ps_desc *d, int members);
     /* the clock a push belongs to, from its push number and its tag; a
        push for an applied clock is dropped when drops_stale, else it is
        DSGD_ERR_DESYNC */
@@ -365,9 +447,9 @@ typedef struct dsgd__ps_policy_row {
 static int dsgd__ps_ring_none(const dsgd_ps_desc *d) { (void)d; return 0; }
 static int dsgd__ps_ring_window(const dsgd_ps_desc *d) { return d->staleness + 1; }
 static int dsgd__ps_ring_one(const dsgd_ps_desc *d) { (void)d; return 1; }
-static int dsgd__ps_needed_one(const dsgd_ps_desc *d) { (void)d; return 1; }
-static int dsgd__ps_needed_all(const dsgd_ps_desc *d) { return d->num_workers; }
-static int dsgd__ps_needed_first(const dsgd_ps_desc *d) { return d->num_workers - d->backup_workers; }
+static int dsgd__ps_needed_one(const dsgd_ps_desc *d, int members) { (void)d, (void)members; return 1; }
+static int dsgd__ps_needed_all(const dsgd_ps_desc *d, int members) { (void)d; return members; }
+static int dsgd__ps_needed_first(const dsgd_ps_desc *d, int members) { return members - d->backup_workers; }
 static int64_t dsgd__ps_step_by_seq(uint64_t seq, int64_t tag) { (void)tag; return (int64_t)seq; }
 static int64_t dsgd__ps_step_by_tag(uint64_t seq, int64_t tag) { (void)seq; return tag; }
 static int64_t dsgd__ps_needs_nothing(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final) {
@@ -524,6 +606,19 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
                                   dsgd__ps_apply_of(d)->name, pol->name);
     d->optimizer = dsgd__optimizer_defaults(&in->optimizer);
     if ((r = dsgd__optimizer_desc_check(ctx, &d->optimizer, fn)) != DSGD_OK) return r;
+    if (d->initial_workers == 0) d->initial_workers = d->num_workers;
+    if (d->initial_workers < 1 || d->initial_workers > d->num_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: initial_workers %d (1..num_workers = %d; 0: all)",
+                                  fn, d->initial_workers, d->num_workers);
+    if (d->initial_workers < d->num_workers && !dsgd__ps_apply_of(d)->servers_hold)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: late workers (initial_workers %d < %d) need apply ON_SERVERS: a summation-only "
+                                  "worker that joins would need every mean since step 0", fn, d->initial_workers,
+                                  d->num_workers);
+    if (d->initial_workers <= d->backup_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: initial_workers %d must exceed backup_workers %d (a step needs members - backups "
+                                  ">= 1 gradients)", fn, d->initial_workers, d->backup_workers);
     if (d->optimizer.clip_norm > 0.0f)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: clip_norm %g is not supported: each server holds only its shards, so the global "

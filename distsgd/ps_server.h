@@ -27,12 +27,26 @@ typedef struct dsgd_ps_server_stats {
     int64_t pulls_repeated;   /* resent pulls (replacing or dropped) */
     int64_t cancels_sent;     /* BACKUP with backup_cancel: CANCELs sent to
                                  late workers */
+    int64_t joins;            /* late workers admitted (MEMBERSHIP in ps.h) */
     double staleness_mean;    /* over the applied pushes; 0 when none */
     int64_t staleness_max;
     int staleness_bins;
     const int64_t *staleness_hist; /* [staleness_bins], sums to pushes_applied;
                                       points into the server */
 } dsgd_ps_server_stats;
+
+/* What a server knows of one worker (dsgd_ps_server_get_peer_stats). */
+typedef struct dsgd_ps_peer_stats {
+    int member;          /* 1: the server counts it (from the start, or it
+                            joined or is joining); 0: a late worker that
+                            has not joined */
+    int64_t joined_at;   /* the clock it is counted from: 0 for a member
+                            from the start, a late worker's join clock
+                            (MEMBERSHIP in ps.h), -1 not joined */
+    int64_t pushes;      /* its new pushes (not duplicates) */
+    int64_t applied;     /* of them, the gradients that went into an update */
+    int finished;        /* it called dsgd_ps_worker_finish */
+} dsgd_ps_peer_stats;
 
 /* Creates server t->rank (0 <= rank < P) of desc over endpoint t (copied;
    it must outlive the server) with the shards `map` places on it (map must
@@ -71,6 +85,13 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s);
 /* Fills *out with the server's counters (zeros for s or out NULL).
    Errors: none. Thread safety: the server's thread. */
 DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out);
+/* Fills *out with what server s knows of worker `worker` (0 <= worker <
+   W): pushes counts from the run's start (a restore brings them back),
+   applied since create or restore.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL or
+   worker out of range, *out zeroed where out is not NULL).
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_get_peer_stats(const dsgd_ps_server *s, int worker, dsgd_ps_peer_stats *out);
 /* Writes the server's parameters into their ranges of full (a buffer of the
    whole flat size); every other float of full is left as it is.
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; full NULL),
@@ -82,7 +103,8 @@ DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *
    ps_checkpoint.h and checkpoint.h): before serve, or after serve returned DSGD_OK.
    Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve
-   failed: the state may be half-updated), DSGD_ERR_IO,
+   failed: the state may be half-updated), DSGD_ERR_UNSUPPORTED (late
+   workers: initial_workers < W, see MEMBERSHIP in ps.h), DSGD_ERR_IO,
    DSGD_ERR_OUT_OF_MEMORY, backend errors. path is then unchanged.
    Thread safety: the server's thread, outside serve. */
 DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path);
@@ -92,7 +114,8 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path);
    numbers.
    Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve was
-   called), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged file),
+   called), DSGD_ERR_UNSUPPORTED (late workers), DSGD_ERR_IO,
+   DSGD_ERR_FORMAT (a damaged file),
    DSGD_ERR_SHAPE (a worker's checkpoint, another server's, or one of
    another desc, optimizer kind or shard map: the message names the
    difference), DSGD_ERR_OUT_OF_MEMORY; after any of these s is untouched.
@@ -122,6 +145,13 @@ typedef struct dsgd__ps_peer {
     int64_t have;        /* ON_WORKERS: means the worker has fetched */
     double last_heard;
     int64_t accepted;    /* BACKUP with backup_cancel: the last step a push of it went into, -1 */
+    /* MEMBERSHIP (ps.h): member, counted from clock base on (a late
+       worker from its prepare on); committed, its join's commit came
+       (join_round: the last round taken); applied, its gradients in
+       updates */
+    int member, committed;
+    uint64_t join_round;
+    int64_t base, applied;
 } dsgd__ps_peer;
 
 struct dsgd_ps_server {
@@ -132,7 +162,6 @@ struct dsgd_ps_server {
     int index, P, W;
     const dsgd__ps_policy_row *pol;
     int ring;   /* clocks buffered at once (the policy's ring) */
-    int needed; /* gradients per clock (the policy's needed) */
     size_t n;   /* floats this server holds */
     dsgd_backend_i be;
     int have_be, state, done_count;
@@ -151,7 +180,8 @@ struct dsgd_ps_server {
     size_t agg_len, agg_cap;
     int64_t agg_base;
     dsgd__ps_peer *peer;
-    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max, cancels;
+    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max, cancels, joins;
+    int late_wait; /* every member finished: the late workers that never joined now have timeout_s */
     double stal_sum;
     int64_t *hist;
 };
@@ -159,6 +189,14 @@ struct dsgd_ps_server {
 static dsgd_result dsgd__ps_server_fail(dsgd_ps_server *s, dsgd_result r) {
     s->state = DSGD__PS_FAILED;
     return r;
+}
+
+/* The gradients that complete clock c: the policy's need with the members
+   counted for c (those from the start and late ones from their clock). */
+static int dsgd__ps_needed_at(const dsgd_ps_server *s, int64_t c) {
+    int w, m = 0;
+    for (w = 0; w < s->W; ++w) m += s->peer[w].member && s->peer[w].base <= c;
+    return s->pol->needed(&s->d, m);
 }
 
 static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
@@ -310,7 +348,7 @@ static dsgd_result dsgd__ps_cancel_late(dsgd_ps_server *s, int64_t step) {
     for (w = 0; w < s->W; ++w) {
         dsgd__ps_peer *pe = &s->peer[w];
         dsgd_ps_header h;
-        if (pe->done || pe->pull_pending || pe->accepted == step) continue;
+        if (!pe->member || pe->done || pe->pull_pending || pe->accepted == step) continue;
         h = dsgd__ps_hdr(DSGD_PS_MSG_CANCEL, w, 0, s->version, 0, 0, 0);
         if ((r = dsgd__ps_send(s, w, DSGD_PS_MSG_CANCEL, 0, &h, sizeof h)) != DSGD_OK) return r;
         s->cancels++;
@@ -326,12 +364,13 @@ static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
         int k = (int)(s->version % s->ring), w, cnt = 0;
         int64_t step = s->version;
         float *sum = s->grad_h + DSGD__PS_H;
-        if (s->slot_count[k] < s->needed) return DSGD_OK;
+        if (s->slot_count[k] < dsgd__ps_needed_at(s, step)) return DSGD_OK;
         for (w = 0; w < s->W; ++w) {
             dsgd_buffer **b = &s->slot[(size_t)k * s->W + w];
             const float *g;
             if (!*b) continue;
             s->peer[w].accepted = step;
+            s->peer[w].applied++;
             g = s->be.buffer_host_ptr(s->be.impl, *b) + DSGD__PS_H;
             if (cnt++ == 0) {
                 if (s->n) memcpy(sum, g, s->n * sizeof(float));
@@ -379,6 +418,9 @@ static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size
     if (bytes != want)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d has %zu bytes, not %zu",
                                   fn, s->index, (unsigned long long)seq, w, bytes, want);
+    if (!pe->member)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d, which has not joined",
+                                  fn, s->index, (unsigned long long)seq, w);
     if (seq > pe->next_seq)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d, but push %llu is next",
                                   fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->next_seq);
@@ -415,13 +457,15 @@ static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size
     if (!s->pol->clocked) {
         dsgd__ps_staleness(s, s->version - vcomp);
         s->applied++;
+        pe->applied++;
         if ((r = dsgd__ps_apply(s)) != DSGD_OK) return r;
         pe->last_status = 0;
         if ((r = dsgd__ps_ack(s, w, seq, 0)) != DSGD_OK) return r;
         return dsgd__ps_release_pulls(s);
     }
-    /* clocked: the push's clock (its seq, or its tag), its slot */
-    step = s->pol->step_of(seq, vcomp);
+    /* clocked: the push's clock (its seq from the clock it joined at, or
+       its tag), its slot */
+    step = s->pol->step_of((uint64_t)pe->base + seq, vcomp);
     if (s->pol->drops_stale && step < s->version) {
         status = DSGD_PS_DROPPED;
         s->dropped++;
@@ -452,18 +496,23 @@ static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size
    go on is never stopped. */
 static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
     static const char *const fn = "dsgd_ps_server_serve";
-    int k, w, waiter = -1, missing = -1, can = 0;
+    int k, w, waiter = -1, missing = -1, can = 0, members = 0, needed;
     if (!s->pol->clocked) return DSGD_OK;
     k = (int)(s->version % s->ring);
+    /* a late worker that has not joined changes nothing: joining adds one
+       to the gradients needed and one to the workers able to push */
     for (w = 0; w < s->W; ++w) {
         const dsgd__ps_peer *pe = &s->peer[w];
         int in_step = s->slot[(size_t)k * s->W + w] != NULL;
+        if (!pe->member || pe->base > s->version) continue;
+        members++;
         if (pe->pull_pending && waiter < 0) waiter = w;
         if (pe->done && !in_step && missing < 0) missing = w;
         if (!pe->done && !pe->pull_pending && !in_step) can++;
     }
-    if (waiter < 0 || s->slot_count[k] + can >= s->needed) return DSGD_OK;
-    if (missing >= 0 && s->needed == s->W)
+    needed = s->pol->needed(&s->d, members);
+    if (waiter < 0 || s->slot_count[k] + can >= needed) return DSGD_OK;
+    if (missing >= 0 && needed == members)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
                                   "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld needs "
                                   "a push of worker %d, which finished after %llu pushes (%s)", fn, s->index, waiter,
@@ -473,7 +522,7 @@ static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
                               "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld has %d "
                               "of %d gradients and %d worker%s can still push (the others finished or wait); %s", fn,
                               s->index, waiter, (long long)s->peer[waiter].pull_min, (long long)s->version,
-                              s->slot_count[k], s->needed, can, can == 1 ? "" : "s", s->pol->stuck_hint);
+                              s->slot_count[k], needed, can, can == 1 ? "" : "s", s->pol->stuck_hint);
 }
 
 /* Takes worker w's message of a header alone (a PULL or a DONE, `what`)
@@ -501,6 +550,9 @@ static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size
     dsgd_ps_header h;
     dsgd_result r;
     if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_PULL, "a pull", &h)) != DSGD_OK) return r;
+    if (!pe->member)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull %llu of worker %d, which has not joined",
+                                  fn, s->index, (unsigned long long)seq, w);
     if (seq < pe->pull_next) { /* a resend: the deferred pull stays, an answered one is not answered again */
         s->repeated++;
         return DSGD_OK;
@@ -539,6 +591,59 @@ static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size
     return dsgd__ps_check_stuck(s);
 }
 
+/* Whether serve waits for worker w now, and times it out: an unfinished
+   member, or a late worker that never joined once no member is left. */
+static int dsgd__ps_awaited(const dsgd_ps_server *s, int w) {
+    return !s->peer[w].done && (s->peer[w].member || s->late_wait);
+}
+
+/* A late worker's JOIN (MEMBERSHIP in ps.h): round 0 (prepare) makes it
+   a member counted from the server's version, round 1 (commit) moves that
+   to the clock it joins at on every server. A resent round is answered
+   again, an older one dropped. */
+static dsgd_result dsgd__ps_on_join(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd__ps_peer *pe = &s->peer[w];
+    uint64_t seq = DSGD_PS_TAG_SEQ(tag), status = 0;
+    int committing = 0;
+    dsgd_ps_header h;
+    dsgd_result r;
+    if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_JOIN, "a JOIN", &h)) != DSGD_OK) return r;
+    if (w < s->d.initial_workers || seq > 1 || pe->done)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d sent JOIN round %llu, but %s", fn,
+                                  s->index, w, (unsigned long long)seq,
+                                  w < s->d.initial_workers ? "it is a member from the start (initial_workers)"
+                                  : pe->done ? "it has finished" : "a join has rounds 0 and 1");
+    if (seq < pe->join_round) return DSGD_OK; /* a resent prepare after the commit */
+    if (seq == 0) {
+        if (!pe->member) { /* counted from now: no clock from here on goes without it */
+            pe->member = 1;
+            pe->base = s->version;
+        }
+    } else {
+        if (!pe->member || h.version < pe->base || (pe->committed && h.version != pe->base))
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                      "%s: server %d: worker %d commits its join at clock %lld, but %s %lld", fn,
+                                      s->index, w, (long long)h.version,
+                                      !pe->member ? "it never prepared; version" : pe->committed
+                                                                                   ? "it committed at"
+                                                                                   : "this server counts it from",
+                                      (long long)(pe->member ? pe->base : s->version));
+        committing = !pe->committed;
+        pe->committed = 1;
+        pe->base = h.version;
+        status = DSGD_PS_ADMITTED;
+    }
+    pe->join_round = seq;
+    h = dsgd__ps_hdr(DSGD_PS_MSG_JOINED, w, seq, s->version, 0, status, pe->base);
+    if ((r = dsgd__ps_send(s, w, DSGD_PS_MSG_JOINED, seq, &h, sizeof h)) != DSGD_OK) return r;
+    if (!committing) return DSGD_OK;
+    s->joins++;
+    /* the clocks before its own may now complete without it */
+    if (s->pol->clocked && (r = dsgd__ps_apply_clocks(s)) != DSGD_OK) return r;
+    return dsgd__ps_check_stuck(s);
+}
+
 DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
     static const char *const fn = "dsgd_ps_server_serve";
     dsgd_result r = DSGD_OK;
@@ -552,11 +657,20 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
     for (w = 0; w < s->W; ++w) s->peer[w].last_heard = start;
     while (s->done_count < s->W) {
         double deadline = 0.0, now;
-        int src = -1, first = 1, type;
+        int src = -1, first = 1, type, left = 0;
         uint64_t tag = 0;
         size_t bytes = 0;
+        /* members are timed out; late workers that never joined only once
+           every member has finished, timeout_s from then */
+        for (w = 0; w < s->W; ++w) left += s->peer[w].member && !s->peer[w].done;
+        if (!left && !s->late_wait) {
+            double t0 = dsgd__ps_now(&s->t);
+            s->late_wait = 1;
+            for (w = 0; w < s->W; ++w)
+                if (!s->peer[w].member) s->peer[w].last_heard = t0;
+        }
         for (w = 0; w < s->W; ++w)
-            if (!s->peer[w].done && (first || s->peer[w].last_heard + s->d.timeout_s < deadline)) {
+            if (dsgd__ps_awaited(s, w) && (first || s->peer[w].last_heard + s->d.timeout_s < deadline)) {
                 deadline = s->peer[w].last_heard + s->d.timeout_s;
                 first = 0;
             }
@@ -568,8 +682,9 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
             int late = 0;
             names[0] = '\0';
             for (w = 0; w < s->W; ++w)
-                if (!s->peer[w].done && now >= s->peer[w].last_heard + s->d.timeout_s) {
-                    int k = snprintf(names + used, sizeof names - used, "%s%d (rank %d)", late ? ", " : "", w, s->P + w);
+                if (dsgd__ps_awaited(s, w) && now >= s->peer[w].last_heard + s->d.timeout_s) {
+                    int k = snprintf(names + used, sizeof names - used, "%s%d (rank %d%s)", late ? ", " : "", w, s->P + w,
+                                     s->peer[w].member ? "" : ", a late worker that never joined");
                     if (k > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)k);
                     late++;
                 }
@@ -597,6 +712,8 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
             r = dsgd__ps_on_pull(s, w, tag, bytes);
         } else if (type == DSGD_PS_MSG_DONE) {
             r = dsgd__ps_on_done(s, w, tag, bytes);
+        } else if (type == DSGD_PS_MSG_JOIN) {
+            r = dsgd__ps_on_join(s, w, tag, bytes);
         } else {
             r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d sent a message of type %d", fn,
                                    s->index, w, type);
@@ -669,7 +786,6 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     s->n = dsgd_shard_map_server_floats(map, s->index);
     s->pol = dsgd__ps_policy(&d);
     s->ring = s->pol->ring(&d);
-    s->needed = s->pol->needed(&d);
     s->holds = dsgd__ps_apply_of(&d)->servers_hold;
     r = DSGD_OK;
     if (s->n > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1)
@@ -707,7 +823,11 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
         return r;
     }
     memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
-    for (i = 0; i < s->W; ++i) s->peer[i].accepted = -1;
+    for (i = 0; i < s->W; ++i) {
+        s->peer[i].accepted = -1;
+        s->peer[i].member = i < d.initial_workers;
+        s->peer[i].base = s->peer[i].member ? 0 : -1;
+    }
     memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
     s->params_h = s->params ? s->be.buffer_host_ptr(s->be.impl, s->params) : NULL;
     s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
@@ -730,10 +850,28 @@ DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_s
     out->pulls_deferred = s->deferred;
     out->pulls_repeated = s->repeated;
     out->cancels_sent = s->cancels;
+    out->joins = s->joins;
     out->staleness_mean = s->applied ? s->stal_sum / (double)s->applied : 0.0;
     out->staleness_max = s->stal_max;
     out->staleness_bins = s->d.staleness_bins;
     out->staleness_hist = s->hist;
+}
+
+DSGD_API dsgd_result dsgd_ps_server_get_peer_stats(const dsgd_ps_server *s, int worker, dsgd_ps_peer_stats *out) {
+    const dsgd__ps_peer *pe;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (out) memset(out, 0, sizeof *out);
+    if (!out || worker < 0 || worker >= s->W)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_ps_server_get_peer_stats: server %d: %s (worker %d of %d)", s->index,
+                                  out ? "no such worker" : "out is NULL", worker, s->W);
+    pe = &s->peer[worker];
+    out->member = pe->member;
+    out->joined_at = pe->member ? pe->base : -1;
+    out->pushes = (int64_t)pe->next_seq;
+    out->applied = pe->applied;
+    out->finished = pe->done;
+    return DSGD_OK;
 }
 
 DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full) {
@@ -785,6 +923,13 @@ static dsgd__ps_server_shape dsgd__ps_server_shape_of(const dsgd_ps_server *s) {
     return sh;
 }
 
+/* A checkpoint does not hold the membership (MEMBERSHIP in ps.h). */
+static dsgd_result dsgd__ps_server_no_late_ck(dsgd_ps_server *s, const char *what) {
+    return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
+                              "%s: a run with late workers (initial_workers %d < %d) cannot be saved or restored: "
+                              "a checkpoint does not hold who joined at which clock", what, s->d.initial_workers, s->W);
+}
+
 DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
     char what[64];
     dsgd__ck_writer w;
@@ -799,6 +944,7 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                                   "%s: serve failed, so its state may be half-updated (save before serve or after it "
                                   "returned DSGD_OK)", what);
+    if (s->d.initial_workers < s->W) return dsgd__ps_server_no_late_ck(s, what);
     for (k = 0; k < s->W && !s->holds; ++k)
         if (s->peer[k].have < s->agg_base)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
@@ -896,6 +1042,7 @@ static void dsgd__ps_server_apply_ck(dsgd_ps_server *s, const dsgd__ps_ck_server
         dsgd__ps_peer *pe = &s->peer[k];
         const unsigned char *p = st->peers + (size_t)k * DSGD__PS_CK_PEER;
         memset(pe, 0, sizeof *pe);
+        pe->member = 1; /* a run with late workers has no checkpoints */
         pe->next_seq = dsgd__ck_get64(p);
         pe->last_status = dsgd__ck_get64(p + 8);
         pe->pull_next = dsgd__ck_get64(p + 16);
@@ -979,6 +1126,7 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
     if (s->state != DSGD__PS_CREATED)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: restore into a server before serve (this one %s)", what,
                                   s->state == DSGD__PS_FAILED ? "failed" : "has served");
+    if (s->d.initial_workers < s->W) return dsgd__ps_server_no_late_ck(s, what);
     memset(&st, 0, sizeof st);
     shape = dsgd__ps_server_shape_of(s);
     if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__ps_check_server(&f, &shape, &st);

@@ -24,7 +24,9 @@
        then:    finish                     unless no_finish
 
      step is the worker's clock: its pushes so far (those before a restore
-     too), so the number its next push gets. The stop rule compares one
+     too), so the number its next push gets; a late worker's counts from
+     the clock it joined at (MEMBERSHIP in ps.h), so it stops at the same
+     target as the others. The stop rule compares one
      count with the target, dsgd_ps_run_desc.steps:
        BACKUP            the global step (dsgd_ps_worker_global_step): every
                          worker stops at the same step, as TF's do, and
@@ -52,11 +54,14 @@ typedef struct dsgd_ps_worker_stats {
     int64_t clock;          /* pushes completed */
     int64_t pulls;          /* pulls completed */
     int64_t push_resends;   /* push messages sent again (to one server each) */
-    int64_t pull_resends;
+    int64_t pull_resends;   /* pull and JOIN messages sent again */
     int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
     int64_t stale_replies;  /* replies to older requests, ignored */
     int64_t gradients_cancelled; /* BACKUP with backup_cancel: computes a
                                     CANCEL cut short (dsgd_ps_worker_compute_for) */
+    int64_t joined_at;      /* the clock it joined at: 0 for a member from
+                               the start, -1 for a late worker not joined
+                               yet (MEMBERSHIP in ps.h) */
 } dsgd_ps_worker_stats;
 
 /* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
@@ -78,7 +83,9 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
    behind), applies each with the desc's optimizer to the worker's own copy
    (dsgd_ps_worker_set_params first, DSGD_ERR_STATE otherwise), and fills
    full_params with that copy; the version is then the number of means
-   applied.
+   applied. A late worker's first pull joins first (dsgd_ps_worker_join)
+   and waits, under SSP, SYNC and BACKUP, for version >= the clock it
+   joined at.
    Errors (recorded on the worker's ctx, "dsgd_ps_worker_pull: worker w:
    ..."): DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
    NULL), DSGD_ERR_STATE (after finish or a failure), DSGD_ERR_TIMEOUT (the
@@ -87,6 +94,17 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
    errors. After a failure the worker is unusable.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
+/* A late worker (index >= initial_workers) joins the run: the two rounds
+   of MEMBERSHIP in ps.h with every server, after which every server counts
+   it from one clock b (dsgd_ps_worker_get_stats: joined_at), its clock is
+   b + its pushes, and its next pull waits for version >= b on every server
+   (clocked policies). Its first pull or push joins by itself; a member
+   from the start, or a worker that joined, returns DSGD_OK at once.
+   Errors: as dsgd_ps_worker_pull ("dsgd_ps_worker_join"; DSGD_ERR_TIMEOUT
+   names the servers that did not answer, DSGD_ERR_DESYNC a server that
+   answered out of protocol). After a failure the worker is unusable.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_join(dsgd_ps_worker *w);
 /* Sends each server its slice of full_grads (the whole flat gradient) with
    (worker, push seq, the version computed on: BACKUP the global step)
    and waits until every server
@@ -148,8 +166,9 @@ DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w);
    Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (a failed
    worker, or one between its first pull and finish: the servers, serving,
-   cannot be saved with it), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY. path is
-   then unchanged.
+   cannot be saved with it), DSGD_ERR_UNSUPPORTED (late workers:
+   initial_workers < W, see MEMBERSHIP in ps.h), DSGD_ERR_IO,
+   DSGD_ERR_OUT_OF_MEMORY. path is then unchanged.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
 /* Restores what dsgd_ps_worker_save wrote into w, a worker created with the
@@ -158,8 +177,8 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
    and goes on from its saved sequence numbers and versions.
    Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (w pulled,
-   pushed, finished or failed), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged
-   file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
+   pushed, finished or failed), DSGD_ERR_UNSUPPORTED (late workers),
+   DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
    of another desc, optimizer kind or shard map: the message names the
    difference); after any of these w is untouched.
    Thread safety: the worker's thread. */
@@ -272,6 +291,13 @@ struct dsgd_ps_worker {
        pull waits for it), the gradient abandoned, and how often */
     int64_t cancel_version, cancels;
     int abandoned;
+    /* MEMBERSHIP (ps.h): a late worker (index >= initial_workers), joined
+       once its commit was admitted; base, the clock it joined at (0 for a
+       member from the start); join_at and admitted [P], each server's
+       JOINED: the clock it counts the worker from, and the commit's status */
+    int late, joined;
+    int64_t base, *join_at;
+    int *admitted;
     /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
        layout), the mean received ([header | n[s]]) and the optimizer's
        slots; latest: the server's version the first reply of a pull
@@ -377,8 +403,13 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                     }
                 return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
                                           "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
-                                          type == DSGD_PS_MSG_ACK ? "acknowledgement" : "parameters", k > 1 ? "s" : "",
-                                          names, w->d.timeout_s, type == DSGD_PS_MSG_ACK ? "push" : "pull",
+                                          type == DSGD_PS_MSG_ACK      ? "acknowledgement"
+                                          : type == DSGD_PS_MSG_PARAMS ? "parameters"
+                                                                       : "answer to its JOIN",
+                                          k > 1 ? "s" : "", names, w->d.timeout_s,
+                                          type == DSGD_PS_MSG_ACK      ? "push"
+                                          : type == DSGD_PS_MSG_PARAMS ? "pull"
+                                                                       : "join round",
                                           (unsigned long long)seq);
             }
             for (s = 0; s < w->P; ++s) {
@@ -391,10 +422,10 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                     mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
                     mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
                     w->push_resends++;
-                } else {
+                } else { /* a pull's or a JOIN's header */
                     msg = &w->pull_hdr[s];
                     mbytes = DSGD__PS_HBYTES;
-                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PULL, seq);
+                    mtag = DSGD_PS_TAG(type == DSGD_PS_MSG_PARAMS ? DSGD_PS_MSG_PULL : DSGD_PS_MSG_JOIN, seq);
                     w->pull_resends++;
                 }
                 r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
@@ -443,6 +474,10 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
             if (type == DSGD_PS_MSG_ACK) {
                 w->dropped[src] = h.status == DSGD_PS_DROPPED;
                 w->pushes_dropped += w->dropped[src];
+            } else if (type == DSGD_PS_MSG_JOINED) {
+                w->version[src] = h.version;
+                w->join_at[src] = h.step;
+                w->admitted[src] = h.status == DSGD_PS_ADMITTED;
             } else if ((r = dsgd__ps_worker_takes[w->d.apply](w, fn, src, &h, full)) != DSGD_OK) {
                 return r;
             }
@@ -484,6 +519,49 @@ static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s
     return DSGD_OK;
 }
 
+/* MEMBERSHIP (ps.h): a late worker's two rounds of JOIN with every
+   server; nothing for a member or a worker that joined. Round 0 makes
+   each server count it from its version, round 1 commits the largest of
+   them as the clock every server counts it from. */
+static dsgd_result dsgd__ps_worker_join(dsgd_ps_worker *w, const char *fn) {
+    int64_t b = -1;
+    dsgd_result r;
+    int round, s;
+    if (!w->late || w->joined) return DSGD_OK;
+    for (round = 0; round < 2; ++round) {
+        for (s = 0; s < w->P; ++s) {
+            w->pull_hdr[s] = dsgd__ps_hdr(DSGD_PS_MSG_JOIN, w->index, (uint64_t)round, round ? b : -1, 0, 0, 0);
+            w->admitted[s] = 0;
+            r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_JOIN, round), &w->pull_hdr[s], DSGD__PS_HBYTES);
+            if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+        }
+        if ((r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_JOINED, (uint64_t)round, NULL)) != DSGD_OK)
+            return dsgd__ps_worker_fail(w, r);
+        for (s = 0; s < w->P; ++s) {
+            if (round == 0) {
+                b = DSGD__MAX(b, w->join_at[s]);
+            } else if (!w->admitted[s] || w->join_at[s] != b) {
+                return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                                                  "%s: worker %d: server %d answered its join at clock "
+                                                                  "%lld with clock %lld%s", fn, w->index, s,
+                                                                  (long long)b, (long long)w->join_at[s],
+                                                                  w->admitted[s] ? "" : ", not admitted"));
+            }
+        }
+    }
+    w->base = b;
+    w->joined = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_join(dsgd_ps_worker *w) {
+    static const char *const fn = "dsgd_ps_worker_join";
+    dsgd_result r;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    return dsgd__ps_worker_join(w, fn);
+}
+
 /* How long a pull waits: as the policy says, or as at the end of a worker
    (dsgd_ps_worker_finish: the clocks it pushed). */
 enum { DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
@@ -500,13 +578,16 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
                                   "%s: worker %d: apply %s needs dsgd_ps_worker_set_params before the first pull", fn,
                                   w->index, dsgd_ps_apply_name(w->d.apply));
+    if ((r = dsgd__ps_worker_join(w, fn)) != DSGD_OK) return r;
     /* ON_WORKERS: one round per mean behind the versions the first round announced */
     for (w->round = 0;; w->round++) {
         int behind = 0;
         for (s = 0; s < w->P; ++s) {
             dsgd_ps_header *h = &w->pull_hdr[s];
-            int64_t need = w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            int64_t need = w->pol->pull_needs(&w->d, (uint64_t)w->base + w->push_seq, w->last_step[s],
+                                              wait == DSGD__PS_PULL_FINAL);
             if (wait != DSGD__PS_PULL_FINAL && w->cancel_version > need) need = w->cancel_version;
+            if (w->pol->clocked && need < w->base) need = w->base; /* a late worker starts at its clock */
             *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
             if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
                 return dsgd__ps_worker_fail(w, r);
@@ -547,6 +628,7 @@ DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_gr
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
     if (!full_grads) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_grads is NULL", fn, w->index);
+    if ((r = dsgd__ps_worker_join(w, fn)) != DSGD_OK) return r;
     if (w->pol->clocked && !w->pulled)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s needs a pull before each push (push %llu)",
                                   fn, w->index, w->pol->name, (unsigned long long)w->push_seq);
@@ -673,6 +755,8 @@ DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
     DSGD_FREE(w->pending);
     DSGD_FREE(w->sent_at);
     DSGD_FREE(w->backoff);
+    DSGD_FREE(w->join_at);
+    DSGD_FREE(w->admitted);
     if (w->have_be) {
         dsgd_buffer **own[2];
         int k;
@@ -727,8 +811,11 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
     w->pending = (int *)dsgd__alloc(ctx, P * sizeof *w->pending, fn);
     w->sent_at = (double *)dsgd__alloc(ctx, P * sizeof *w->sent_at, fn);
     w->backoff = (double *)dsgd__alloc(ctx, P * sizeof *w->backoff, fn);
+    w->join_at = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->join_at, fn);
+    w->admitted = (int *)dsgd__alloc(ctx, P * sizeof *w->admitted, fn);
+    w->late = w->index >= d.initial_workers;
     if (!w->n || !w->buf || !w->pull_hdr || !w->version || !w->last_step || !w->dropped || !w->pending || !w->sent_at ||
-        !w->backoff) {
+        !w->backoff || !w->join_at || !w->admitted) {
         dsgd_ps_worker_destroy(w);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
@@ -793,6 +880,7 @@ DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_s
     out->pushes_dropped = w->pushes_dropped;
     out->stale_replies = w->stale;
     out->gradients_cancelled = w->cancels;
+    out->joined_at = w->late && !w->joined ? -1 : w->base;
 }
 
 DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
@@ -864,10 +952,12 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
     grads = d->grads ? d->grads : own + (d->params ? 0 : room);
     if (!d->params) memset(params, 0, n * sizeof(float));
     for (;;) {
-        /* the clock: the pushes so far, and the next push's number */
-        int64_t step = (int64_t)w->push_seq, global;
+        int64_t step, global;
         int stop = 0;
         if ((r = dsgd_ps_worker_pull(w, params)) != DSGD_OK) break;
+        /* the clock: the pushes so far (a late worker: from the clock it
+           joined at, known after its first pull), the next push's number */
+        step = w->base + (int64_t)w->push_seq;
         global = dsgd__ps_worker_global(w);
         if (d->after_pull) {
             dsgd_ctx_clear_error(w->ctx);
@@ -954,6 +1044,13 @@ static dsgd__ps_worker_shape dsgd__ps_worker_shape_of(const dsgd_ps_worker *w) {
     return sh;
 }
 
+/* A checkpoint does not hold the membership (MEMBERSHIP in ps.h). */
+static dsgd_result dsgd__ps_worker_no_late_ck(dsgd_ps_worker *w, const char *what) {
+    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_UNSUPPORTED,
+                              "%s: a run with late workers (initial_workers %d < %d) cannot be saved or restored: "
+                              "a checkpoint does not hold who joined at which clock", what, w->d.initial_workers, w->W);
+}
+
 DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     char what[64];
     dsgd__ck_writer wr;
@@ -964,6 +1061,7 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     if (dsgd__ck_check_args(w->ctx, what, path, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     if (w->state == DSGD__PS_FAILED)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: it has failed, so its state may be half-updated", what);
+    if (w->d.initial_workers < w->W) return dsgd__ps_worker_no_late_ck(w, what);
     if (w->state == DSGD__PS_CREATED && dsgd__ps_worker_moved(w))
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
                                   "%s: it is between its first pull and finish (at push %llu, pull %llu): the servers, "
@@ -1045,6 +1143,7 @@ DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path)
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_worker_restore: worker %d", w->index);
     if ((r = dsgd__ck_check_args(w->ctx, what, path, NULL)) != DSGD_OK) return r;
+    if (w->d.initial_workers < w->W) return dsgd__ps_worker_no_late_ck(w, what);
     if (w->state != DSGD__PS_CREATED || dsgd__ps_worker_moved(w))
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: restore into a worker before its first pull (this one %s)",
                                   what, w->state == DSGD__PS_FAILED ? "failed" : w->state == DSGD__PS_DONE ? "finished"
