@@ -74,7 +74,12 @@
      reports skipped = 1; the other workers' pushes still count), under
      ERROR the step fails; any failure of a replica stops the servers and
      the other workers at once (the transport is aborted) and fails the
-     strategy, since the others may have pushed. The gradients go through
+     strategy, since the others may have pushed. A lost server (its
+     process gone, or its thread's serve failed) fails the step in flight
+     within timeout_s with DSGD_ERR_TIMEOUT, the message naming the server
+     (the replica that found it is reported, not those the abort then
+     stopped), and fails the strategy; resume from the last checkpoint (A
+     CHECKPOINT below, and A LOST SERVER in ps.h). The gradients go through
      the host (gradient_path DEVICE is refused). Distributed variables and
      the metrics behave as under mirrored.
 
@@ -519,6 +524,9 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
         dsgd__optimizer_set_steps(r->opt, dsgd_ps_worker_global_step(w));
         return DSGD_OK;
     }
+    /* aborted because another replica failed first: that one's error (a
+       lost server's name) is the one the step reports */
+    if (res == DSGD_ERR_ABORTED && DSGD__LOAD_ACQ(&k->failed)) r->own_error = 0;
     dsgd__psk_abort(k); /* the servers and the other workers stop now, not at their deadline */
     return res;
 }

@@ -31,6 +31,9 @@
        for that clock (the members, and the joiner from its clock on), sum
        in worker order; ASYNC (integer gradients) the initial weights minus
        every pushed gradient. Bit for bit.
+   BACKUP with 1 backup over simnet: every server ends at the target
+   step, and applied 1 gradient a step before the join and 2 after (the
+   quorum members - backups), the rest counted as dropped.
    Refusals: initial_workers out of range, late workers with summation
    only or with no more members than backups, checkpoints of a run with
    late workers; a late worker that never joins and does not finish makes
@@ -434,6 +437,47 @@ static void join_case(dsgd_ps_policy policy, int sim, int skew) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* BACKUP 1 backup over simnet: the joiner enters the quorum at its clock:
+   a step takes the first members - 1 gradients, 1 before the join and 2
+   after. */
+static void test_join_backup(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    static jrun R;
+    int64_t sum_p, sum_a, sum_d;
+    int i, s, w;
+    (void)state;
+    tu_watchdog(60);
+    j_setup(&R, DSGD_PS_BACKUP, 1, ctx);
+    R.d.backup_workers = 1;
+    j_go(&R, ctx, NULL, 0);
+    for (i = 0; i < NP + NW; ++i)
+        if (R.res[i] != DSGD_OK) fail_msg("rank %d: %s: %s", i, dsgd_result_string(R.res[i]), R.msg[i]);
+    assert_int_equal(R.wst[W0].joined_at, K);
+    for (s = 0; s < NP; ++s) {
+        const dsgd_ps_server_stats *st = &R.st[s];
+        assert_int_equal(st->version, T);
+        assert_int_equal(st->joins, 1);
+        assert_int_equal(st->pushes_applied, (int64_t)K * (W0 - 1) + (int64_t)(T - K) * (NW - 1));
+        sum_p = sum_a = sum_d = 0;
+        for (w = 0; w < NW; ++w) {
+            assert_int_equal(R.peer[s][w].joined_at, w < W0 ? 0 : K);
+            assert_int_equal(R.peer[s][w].pushes, R.wst[w].clock);
+            sum_p += R.peer[s][w].pushes;
+            sum_a += R.peer[s][w].applied;
+            sum_d += R.wst[w].pushes_dropped;
+        }
+        assert_int_equal(st->pushes_received, sum_p);
+        assert_int_equal(st->pushes_applied, sum_a);
+        assert_int_equal(st->stale_dropped * NP, sum_d); /* each drop is one (push, server) slice */
+        assert_int_equal(st->pushes_received, st->pushes_applied + st->stale_dropped);
+    }
+    print_message("BACKUP 2 + 1 over simnet: worker 2 joined at step %d; %lld gradients applied (1 a step before, 2 "
+                  "after), %lld dropped\n", K, (long long)R.st[0].pushes_applied, (long long)R.st[0].stale_dropped);
+    j_free(&R);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 static void test_join_loopback(void **state) {
     (void)state;
     tu_watchdog(120);
@@ -660,6 +704,7 @@ int main(void) {
         cmocka_unit_test(test_join_refusals),
         cmocka_unit_test(test_join_loopback),
         cmocka_unit_test(test_join_simnet),
+        cmocka_unit_test(test_join_backup),
         cmocka_unit_test(test_join_absent),
         cmocka_unit_test(test_lost_server),
     };

@@ -41,6 +41,10 @@
      At N = 1 (deterministic under every policy), every policy x placement
      x 1 or 2 servers (Adam), saved at step 6 and restored into a new
      strategy, ends with the bits of the run never saved.
+   - A lost server (its process gone: nobody holds its rank of the
+     endpoints' hub): the step fails with DSGD_ERR_TIMEOUT naming the
+     server within timeout_s, the strategy is failed, and neither the next
+     step nor destroy waits for the server.
    - Errors: DEVICE gradients, endpoints without probe and 0 servers are refused at
      creation; clip_norm is refused (the engine's rule); a save where no
      file can be made is DSGD_ERR_IO before anything stops; a variable aggregating SUM fails the step and the
@@ -632,6 +636,47 @@ static void test_errors(void **state) {
     tu_watchdog(0);
 }
 
+/* A lost server: the strategy's two replicas are the workers of a group
+   whose server's process is gone (nobody holds rank 0 of the hub). The
+   step fails with DSGD_ERR_TIMEOUT naming server 0 within timeout_s (+ 2 s
+   of slack), the strategy is failed, and neither the next step nor
+   destroy waits for the server. */
+static void test_lost_server(void **state) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[3];
+    dsgd_strategy_desc d;
+    dsgd_strategy *s = NULL;
+    float x[2 * B * IN], y[2 * B];
+    tu_rng rng = tu_rng_make(17);
+    double t0, dt;
+    int i;
+    (void)state;
+    tu_watchdog(60);
+    TU_OK(ctx, dsgd_loopback_create(ctx, 3, &hub));
+    for (i = 0; i < 3; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
+    d.ps.num_servers = 1;
+    d.timeout_s = 0.5;
+    d.endpoints = &eps[1];
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    make_batch(&rng, x, y, 2 * B);
+    t0 = dsgd_now();
+    TU_ERR(ctx, DSGD_ERR_TIMEOUT, dsgd_strategy_train_step(s, x, y, 2 * B, NULL));
+    dt = dsgd_now() - t0;
+    print_message("lost server: the step failed after %.3f s (timeout_s 0.5): \"%s\"\n", dt, dsgd_ctx_last_error(ctx));
+    assert_non_null(strstr(dsgd_ctx_last_error(ctx), "server 0"));
+    assert_true(dt >= 0.5 - 0.05 && dt < 0.5 + 2.0);
+    assert_true(dsgd_strategy_failed(s));
+    t0 = dsgd_now();
+    assert_int_not_equal(dsgd_strategy_train_step(s, x, y, 2 * B, NULL), DSGD_OK);
+    dsgd_strategy_destroy(s);
+    assert_true(dsgd_now() - t0 < 0.5);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
@@ -641,6 +686,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_every_policy),
         cmocka_unit_test(test_endpoints_as_processes),
         cmocka_unit_test(test_simnet_same_bits),
+        cmocka_unit_test(test_lost_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
