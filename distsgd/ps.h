@@ -202,9 +202,10 @@
 
      dsgd_ps_desc.initial_workers = W0 < W makes workers 0..W0-1 the
      members a server counts from the start and W0..W-1 late workers: a
-     server neither waits for nor times out a late worker until it joins,
-     and its first pull joins (dsgd_ps_worker_join does it explicitly). A
-     late worker that will not come calls dsgd_ps_worker_finish instead.
+     server neither waits for nor times out a late worker until it joins.
+     A late worker's first pull or push joins (dsgd_ps_worker_join does it
+     explicitly; dsgd_ps_worker_run's first pull so joins); one that will
+     not come calls dsgd_ps_worker_finish instead.
      The join is two rounds of JOIN / JOINED with every server, so that
      every server counts the worker from the same clock b:
        prepare  JOIN with version -1. Server s makes the worker a member
@@ -264,7 +265,9 @@
      dsgd_strategy_save) restored into new ranks, as CHECKPOINTS in
      ps_checkpoint.h says. The updates since that checkpoint are lost; a
      checkpoint holds every server's state, so it is taken at a point
-     where the engine is at rest.
+     where the engine is at rest (and not in a run with late workers).
+     The engine neither replicates a server nor moves its shards to
+     another: a lost server ends the run.
 
    DEADLINES
 
@@ -272,7 +275,7 @@
      DSGD_ERR_TIMEOUT naming the servers that did not answer; a server's
      serve fails naming the workers it has heard nothing from (not even a
      resend) for timeout_s, so every worker must pull or push at least that
-     often. A failed rank does not stop the others: call the transport's
+     often (the members: a late worker from its join on, see MEMBERSHIP). A failed rank does not stop the others: call the transport's
      abort (dsgd_loopback_abort) to stop them at once.
 
    THE PARTS

@@ -15905,6 +15905,13 @@ static dsgd_result dsgd__group_endpoints(dsgd_ctx *ctx, const dsgd_transport_i *
        CANCEL  server -> worker (BACKUP with backup_cancel): seq 0,
                version = the server's new version (the step it applied +
                1), no floats; a worker not computing drops it
+       JOIN    late worker -> server (see MEMBERSHIP): seq = the round
+               (0 prepare, 1 commit), version = -1 (prepare) or the clock
+               it joins at (commit)
+       JOINED  server -> worker: seq = that round, version = the server's
+               version (prepare: the clock it counts the worker from),
+               status DSGD_PS_ADMITTED once committed, step = the clock
+               the server counts the worker from
      Exactly once: per worker a server keeps the next push seq it expects
      and the status of the last one. A seq below it is a duplicate (a
      resend, or a copy the network made): acknowledged again (with the last
@@ -15932,13 +15939,84 @@ static dsgd_result dsgd__group_endpoints(dsgd_ctx *ctx, const dsgd_transport_i *
      (by default the reduction's gamma), so a server's apply is part of
      its step, as on a cluster. Real transports have none.
 
+   MEMBERSHIP: WORKERS THAT JOIN MID-RUN
+
+     dsgd_ps_desc.initial_workers = W0 < W makes workers 0..W0-1 the
+     members a server counts from the start and W0..W-1 late workers: a
+     server neither waits for nor times out a late worker until it joins.
+     A late worker's first pull or push joins (dsgd_ps_worker_join does it
+     explicitly; dsgd_ps_worker_run's first pull so joins); one that will
+     not come calls dsgd_ps_worker_finish instead.
+     The join is two rounds of JOIN / JOINED with every server, so that
+     every server counts the worker from the same clock b:
+       prepare  JOIN with version -1. Server s makes the worker a member
+                at once, counted from its current version v_s: a clocked
+                server (SSP, SYNC, BACKUP) applies no clock >= v_s without
+                it; from now on the server also times it out. JOINED
+                answers v_s.
+       commit   JOIN with version b = max_s v_s. Every server takes b as
+                the worker's first clock (none can have applied clock b:
+                each stopped at v_s <= b), so clocks v_s..b-1 go on without
+                it. JOINED answers admitted (status DSGD_PS_ADMITTED).
+     The worker's clock is then b + its pushes: its k-th push belongs to
+     clock b + k (SSP, SYNC), the run's stop rule counts from b, and its
+     first pull waits for version >= b on every server (clocked
+     policies; ASYNC pulls at once), so it starts from the weights every
+     server had reached when it joined. From clock b on, SSP and SYNC
+     count it among the gradients a clock needs and BACKUP among the
+     workers (N = members - b); ASYNC simply serves it. A SYNC run's
+     weights are so those of a run that averages, at each clock, the
+     members' gradients of that clock. A server's stats count the
+     admissions (dsgd_ps_server_stats.joins) and, per worker, the clock it
+     joined at and its gradients (dsgd_ps_server_get_peer_stats).
+     Late workers need apply ON_SERVERS (a summation-only worker would
+     need every mean since step 0) and more initial workers than backups
+     under BACKUP; a server with late workers cannot be saved or restored
+     (DSGD_ERR_UNSUPPORTED). Once every member has finished, a server
+     waits timeout_s more for late workers that neither joined nor
+     finished, then fails naming them. A lost worker is not replaced by a
+     joiner: SSP, SYNC and BACKUP still count it (see DEADLINES).
+
+   A LOST SERVER
+
+     A server holds the only copy of its shards and of their optimizer
+     state; nothing replicates them, so a run cannot go on without it.
+     What each role sees when a server dies (its process ends, its
+     thread's serve fails, simnet KILLs it):
+       a worker    its next pull or push (or the one it is in) fails with
+                   DSGD_ERR_TIMEOUT within timeout_s of its request,
+                   "dsgd_ps_worker_pull: worker w: no parameters from
+                   server s within T s (pull n)" (push: "no
+                   acknowledgement"); a send the transport cannot deliver
+                   (a large message waiting for its receiver) fails the
+                   same way within timeout_s, naming the server. The
+                   worker is then unusable (dsgd_ps_worker_failed).
+                   A worker computing a gradient learns of it only at its
+                   next request, so within compute + timeout_s.
+       the others  the remaining servers, whose workers stopped, fail with
+                   DSGD_ERR_TIMEOUT naming the workers timeout_s after
+                   they last heard from them (or at once after the
+                   transport's abort). No rank hangs.
+       a strategy  (DSGD_STRATEGY_PARAMETER_SERVER) the step in flight
+                   fails with the worker's error and the strategy fails:
+                   its message names the server; it aborts the transport
+                   so every rank of the process stops.
+     To resume, restart from the last checkpoint: every server's and
+     worker's files (dsgd_ps_server_save, _worker_save, or
+     dsgd_strategy_save) restored into new ranks, as CHECKPOINTS in
+     ps_checkpoint.h says. The updates since that checkpoint are lost; a
+     checkpoint holds every server's state, so it is taken at a point
+     where the engine is at rest (and not in a run with late workers).
+     The engine neither replicates a server nor moves its shards to
+     another: a lost server ends the run.
+
    DEADLINES
 
      Every wait has one (timeout_s). A worker's pull or push fails with
      DSGD_ERR_TIMEOUT naming the servers that did not answer; a server's
      serve fails naming the workers it has heard nothing from (not even a
      resend) for timeout_s, so every worker must pull or push at least that
-     often. A failed rank does not stop the others: call the transport's
+     often (the members: a late worker from its join on, see MEMBERSHIP). A failed rank does not stop the others: call the transport's
      abort (dsgd_loopback_abort) to stop them at once.
 
    THE PARTS
@@ -16009,6 +16087,9 @@ typedef struct dsgd_ps_desc {
     int staleness_bins;    /* histogram bins 0..bins-1, the last one counts
                               staleness >= bins - 1; 0:
                               DSGD_PS_DEFAULT_STALENESS_BINS */
+    int initial_workers;   /* W0, 1..W: workers 0..W0-1 are members from
+                              the start, W0..W-1 join mid-run (see
+                              MEMBERSHIP); 0: W, every worker */
 } dsgd_ps_desc;
 
 /* The wire protocol (see WIRE PROTOCOL above), for transports and tests
@@ -16019,7 +16100,9 @@ typedef enum dsgd_ps_msg {
     DSGD_PS_MSG_PULL = 3,
     DSGD_PS_MSG_PARAMS = 4,
     DSGD_PS_MSG_DONE = 5,
-    DSGD_PS_MSG_CANCEL = 6
+    DSGD_PS_MSG_CANCEL = 6,
+    DSGD_PS_MSG_JOIN = 7,
+    DSGD_PS_MSG_JOINED = 8
 } dsgd_ps_msg;
 /* The header that starts every message, in the sender's byte order. */
 typedef struct dsgd_ps_header {
@@ -16028,11 +16111,12 @@ typedef struct dsgd_ps_header {
     uint64_t seq;    /* the push or pull it is or answers */
     int64_t version; /* see WIRE PROTOCOL, per type */
     uint64_t count;  /* floats that follow */
-    uint64_t status; /* ACK: 0 or DSGD_PS_DROPPED */
+    uint64_t status; /* ACK: 0 or DSGD_PS_DROPPED; JOINED: 0 or DSGD_PS_ADMITTED */
     int64_t step;    /* summation only: PULL the mean wanted, PARAMS the mean sent (-1: none) */
 } dsgd_ps_header;
 #define DSGD_PS_HEADER_WORDS 7 /* sizeof(dsgd_ps_header) / 8 */
 #define DSGD_PS_DROPPED 1      /* ACK status: the push was stale and dropped */
+#define DSGD_PS_ADMITTED 1     /* JOINED status: the join is committed */
 #define DSGD_PS_SEQ_MASK 0x00FFFFFFFFFFFFFFull
 #define DSGD_PS_TAG(type, seq) (((uint64_t)(type) << 56) | ((uint64_t)(seq) & DSGD_PS_SEQ_MASK))
 #define DSGD_PS_TAG_TYPE(tag) ((int)((uint64_t)(tag) >> 56))
@@ -16080,9 +16164,10 @@ typedef struct dsgd__ps_policy_row {
     int clocked;
     int max_staleness; /* the bound s may be 0..this (others: 0) */
     int backups;       /* backup workers allowed (0 <= b < W; else 0) */
-    /* clocks a server buffers at once, and the gradients that complete one */
+    /* clocks a server buffers at once, and the gradients that complete one
+       when `members` workers count for it (MEMBERSHIP) */
     int (*ring)(const dsgd_ps_desc *d);
-    int (*needed)(const dsgd_ps_desc *d);
+    int (*needed)(const dsgd_ps_desc *d, int members);
     /* the clock a push belongs to, from its push number and its tag; a
        push for an applied clock is dropped when drops_stale, else it is
        DSGD_ERR_DESYNC */
@@ -16106,9 +16191,9 @@ typedef struct dsgd__ps_policy_row {
 static int dsgd__ps_ring_none(const dsgd_ps_desc *d) { (void)d; return 0; }
 static int dsgd__ps_ring_window(const dsgd_ps_desc *d) { return d->staleness + 1; }
 static int dsgd__ps_ring_one(const dsgd_ps_desc *d) { (void)d; return 1; }
-static int dsgd__ps_needed_one(const dsgd_ps_desc *d) { (void)d; return 1; }
-static int dsgd__ps_needed_all(const dsgd_ps_desc *d) { return d->num_workers; }
-static int dsgd__ps_needed_first(const dsgd_ps_desc *d) { return d->num_workers - d->backup_workers; }
+static int dsgd__ps_needed_one(const dsgd_ps_desc *d, int members) { (void)d, (void)members; return 1; }
+static int dsgd__ps_needed_all(const dsgd_ps_desc *d, int members) { (void)d; return members; }
+static int dsgd__ps_needed_first(const dsgd_ps_desc *d, int members) { return members - d->backup_workers; }
 static int64_t dsgd__ps_step_by_seq(uint64_t seq, int64_t tag) { (void)tag; return (int64_t)seq; }
 static int64_t dsgd__ps_step_by_tag(uint64_t seq, int64_t tag) { (void)seq; return tag; }
 static int64_t dsgd__ps_needs_nothing(const dsgd_ps_desc *d, uint64_t pushes, int64_t last_tag, int final) {
@@ -16265,6 +16350,19 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
                                   dsgd__ps_apply_of(d)->name, pol->name);
     d->optimizer = dsgd__optimizer_defaults(&in->optimizer);
     if ((r = dsgd__optimizer_desc_check(ctx, &d->optimizer, fn)) != DSGD_OK) return r;
+    if (d->initial_workers == 0) d->initial_workers = d->num_workers;
+    if (d->initial_workers < 1 || d->initial_workers > d->num_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: initial_workers %d (1..num_workers = %d; 0: all)",
+                                  fn, d->initial_workers, d->num_workers);
+    if (d->initial_workers < d->num_workers && !dsgd__ps_apply_of(d)->servers_hold)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: late workers (initial_workers %d < %d) need apply ON_SERVERS: a summation-only "
+                                  "worker that joins would need every mean since step 0", fn, d->initial_workers,
+                                  d->num_workers);
+    if (d->initial_workers <= d->backup_workers)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: initial_workers %d must exceed backup_workers %d (a step needs members - backups "
+                                  ">= 1 gradients)", fn, d->initial_workers, d->backup_workers);
     if (d->optimizer.clip_norm > 0.0f)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: clip_norm %g is not supported: each server holds only its shards, so the global "
@@ -16753,12 +16851,26 @@ typedef struct dsgd_ps_server_stats {
     int64_t pulls_repeated;   /* resent pulls (replacing or dropped) */
     int64_t cancels_sent;     /* BACKUP with backup_cancel: CANCELs sent to
                                  late workers */
+    int64_t joins;            /* late workers admitted (MEMBERSHIP in ps.h) */
     double staleness_mean;    /* over the applied pushes; 0 when none */
     int64_t staleness_max;
     int staleness_bins;
     const int64_t *staleness_hist; /* [staleness_bins], sums to pushes_applied;
                                       points into the server */
 } dsgd_ps_server_stats;
+
+/* What a server knows of one worker (dsgd_ps_server_get_peer_stats). */
+typedef struct dsgd_ps_peer_stats {
+    int member;          /* 1: the server counts it (from the start, or it
+                            joined or is joining); 0: a late worker that
+                            has not joined */
+    int64_t joined_at;   /* the clock it is counted from: 0 for a member
+                            from the start, a late worker's join clock
+                            (MEMBERSHIP in ps.h), -1 not joined */
+    int64_t pushes;      /* its new pushes (not duplicates) */
+    int64_t applied;     /* of them, the gradients that went into an update */
+    int finished;        /* it called dsgd_ps_worker_finish */
+} dsgd_ps_peer_stats;
 
 /* Creates server t->rank (0 <= rank < P) of desc over endpoint t (copied;
    it must outlive the server) with the shards `map` places on it (map must
@@ -16797,6 +16909,13 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s);
 /* Fills *out with the server's counters (zeros for s or out NULL).
    Errors: none. Thread safety: the server's thread. */
 DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_stats *out);
+/* Fills *out with what server s knows of worker `worker` (0 <= worker <
+   W): pushes counts from the run's start (a restore brings them back),
+   applied since create or restore.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; out NULL or
+   worker out of range, *out zeroed where out is not NULL).
+   Thread safety: the server's thread. */
+DSGD_API dsgd_result dsgd_ps_server_get_peer_stats(const dsgd_ps_server *s, int worker, dsgd_ps_peer_stats *out);
 /* Writes the server's parameters into their ranges of full (a buffer of the
    whole flat size); every other float of full is left as it is.
    Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; full NULL),
@@ -16808,7 +16927,8 @@ DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *
    ps_checkpoint.h and checkpoint.h): before serve, or after serve returned DSGD_OK.
    Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve
-   failed: the state may be half-updated), DSGD_ERR_IO,
+   failed: the state may be half-updated), DSGD_ERR_UNSUPPORTED (late
+   workers: initial_workers < W, see MEMBERSHIP in ps.h), DSGD_ERR_IO,
    DSGD_ERR_OUT_OF_MEMORY, backend errors. path is then unchanged.
    Thread safety: the server's thread, outside serve. */
 DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path);
@@ -16818,7 +16938,8 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path);
    numbers.
    Errors (recorded on the server's ctx): DSGD_ERR_INVALID_ARGUMENT (s
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (serve was
-   called), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged file),
+   called), DSGD_ERR_UNSUPPORTED (late workers), DSGD_ERR_IO,
+   DSGD_ERR_FORMAT (a damaged file),
    DSGD_ERR_SHAPE (a worker's checkpoint, another server's, or one of
    another desc, optimizer kind or shard map: the message names the
    difference), DSGD_ERR_OUT_OF_MEMORY; after any of these s is untouched.
@@ -16848,6 +16969,13 @@ typedef struct dsgd__ps_peer {
     int64_t have;        /* ON_WORKERS: means the worker has fetched */
     double last_heard;
     int64_t accepted;    /* BACKUP with backup_cancel: the last step a push of it went into, -1 */
+    /* MEMBERSHIP (ps.h): member, counted from clock base on (a late
+       worker from its prepare on); committed, its join's commit came
+       (join_round: the last round taken); applied, its gradients in
+       updates */
+    int member, committed;
+    uint64_t join_round;
+    int64_t base, applied;
 } dsgd__ps_peer;
 
 struct dsgd_ps_server {
@@ -16858,7 +16986,6 @@ struct dsgd_ps_server {
     int index, P, W;
     const dsgd__ps_policy_row *pol;
     int ring;   /* clocks buffered at once (the policy's ring) */
-    int needed; /* gradients per clock (the policy's needed) */
     size_t n;   /* floats this server holds */
     dsgd_backend_i be;
     int have_be, state, done_count;
@@ -16877,7 +17004,8 @@ struct dsgd_ps_server {
     size_t agg_len, agg_cap;
     int64_t agg_base;
     dsgd__ps_peer *peer;
-    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max, cancels;
+    int64_t version, received, applied, duplicates, dropped, pulls, deferred, repeated, stal_max, cancels, joins;
+    int late_wait; /* every member finished: the late workers that never joined now have timeout_s */
     double stal_sum;
     int64_t *hist;
 };
@@ -16885,6 +17013,14 @@ struct dsgd_ps_server {
 static dsgd_result dsgd__ps_server_fail(dsgd_ps_server *s, dsgd_result r) {
     s->state = DSGD__PS_FAILED;
     return r;
+}
+
+/* The gradients that complete clock c: the policy's need with the members
+   counted for c (those from the start and late ones from their clock). */
+static int dsgd__ps_needed_at(const dsgd_ps_server *s, int64_t c) {
+    int w, m = 0;
+    for (w = 0; w < s->W; ++w) m += s->peer[w].member && s->peer[w].base <= c;
+    return s->pol->needed(&s->d, m);
 }
 
 static void dsgd__ps_staleness(dsgd_ps_server *s, int64_t st) {
@@ -17036,7 +17172,7 @@ static dsgd_result dsgd__ps_cancel_late(dsgd_ps_server *s, int64_t step) {
     for (w = 0; w < s->W; ++w) {
         dsgd__ps_peer *pe = &s->peer[w];
         dsgd_ps_header h;
-        if (pe->done || pe->pull_pending || pe->accepted == step) continue;
+        if (!pe->member || pe->done || pe->pull_pending || pe->accepted == step) continue;
         h = dsgd__ps_hdr(DSGD_PS_MSG_CANCEL, w, 0, s->version, 0, 0, 0);
         if ((r = dsgd__ps_send(s, w, DSGD_PS_MSG_CANCEL, 0, &h, sizeof h)) != DSGD_OK) return r;
         s->cancels++;
@@ -17052,12 +17188,13 @@ static dsgd_result dsgd__ps_apply_clocks(dsgd_ps_server *s) {
         int k = (int)(s->version % s->ring), w, cnt = 0;
         int64_t step = s->version;
         float *sum = s->grad_h + DSGD__PS_H;
-        if (s->slot_count[k] < s->needed) return DSGD_OK;
+        if (s->slot_count[k] < dsgd__ps_needed_at(s, step)) return DSGD_OK;
         for (w = 0; w < s->W; ++w) {
             dsgd_buffer **b = &s->slot[(size_t)k * s->W + w];
             const float *g;
             if (!*b) continue;
             s->peer[w].accepted = step;
+            s->peer[w].applied++;
             g = s->be.buffer_host_ptr(s->be.impl, *b) + DSGD__PS_H;
             if (cnt++ == 0) {
                 if (s->n) memcpy(sum, g, s->n * sizeof(float));
@@ -17105,6 +17242,9 @@ static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size
     if (bytes != want)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d has %zu bytes, not %zu",
                                   fn, s->index, (unsigned long long)seq, w, bytes, want);
+    if (!pe->member)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d, which has not joined",
+                                  fn, s->index, (unsigned long long)seq, w);
     if (seq > pe->next_seq)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: push %llu of worker %d, but push %llu is next",
                                   fn, s->index, (unsigned long long)seq, w, (unsigned long long)pe->next_seq);
@@ -17141,13 +17281,15 @@ static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size
     if (!s->pol->clocked) {
         dsgd__ps_staleness(s, s->version - vcomp);
         s->applied++;
+        pe->applied++;
         if ((r = dsgd__ps_apply(s)) != DSGD_OK) return r;
         pe->last_status = 0;
         if ((r = dsgd__ps_ack(s, w, seq, 0)) != DSGD_OK) return r;
         return dsgd__ps_release_pulls(s);
     }
-    /* clocked: the push's clock (its seq, or its tag), its slot */
-    step = s->pol->step_of(seq, vcomp);
+    /* clocked: the push's clock (its seq from the clock it joined at, or
+       its tag), its slot */
+    step = s->pol->step_of((uint64_t)pe->base + seq, vcomp);
     if (s->pol->drops_stale && step < s->version) {
         status = DSGD_PS_DROPPED;
         s->dropped++;
@@ -17178,18 +17320,23 @@ static dsgd_result dsgd__ps_on_push(dsgd_ps_server *s, int w, uint64_t tag, size
    go on is never stopped. */
 static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
     static const char *const fn = "dsgd_ps_server_serve";
-    int k, w, waiter = -1, missing = -1, can = 0;
+    int k, w, waiter = -1, missing = -1, can = 0, members = 0, needed;
     if (!s->pol->clocked) return DSGD_OK;
     k = (int)(s->version % s->ring);
+    /* a late worker that has not joined changes nothing: joining adds one
+       to the gradients needed and one to the workers able to push */
     for (w = 0; w < s->W; ++w) {
         const dsgd__ps_peer *pe = &s->peer[w];
         int in_step = s->slot[(size_t)k * s->W + w] != NULL;
+        if (!pe->member || pe->base > s->version) continue;
+        members++;
         if (pe->pull_pending && waiter < 0) waiter = w;
         if (pe->done && !in_step && missing < 0) missing = w;
         if (!pe->done && !pe->pull_pending && !in_step) can++;
     }
-    if (waiter < 0 || s->slot_count[k] + can >= s->needed) return DSGD_OK;
-    if (missing >= 0 && s->needed == s->W)
+    needed = s->pol->needed(&s->d, members);
+    if (waiter < 0 || s->slot_count[k] + can >= needed) return DSGD_OK;
+    if (missing >= 0 && needed == members)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
                                   "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld needs "
                                   "a push of worker %d, which finished after %llu pushes (%s)", fn, s->index, waiter,
@@ -17199,7 +17346,7 @@ static dsgd_result dsgd__ps_check_stuck(dsgd_ps_server *s) {
                               "%s: server %d: worker %d waits for version %lld, which can never come: clock %lld has %d "
                               "of %d gradients and %d worker%s can still push (the others finished or wait); %s", fn,
                               s->index, waiter, (long long)s->peer[waiter].pull_min, (long long)s->version,
-                              s->slot_count[k], s->needed, can, can == 1 ? "" : "s", s->pol->stuck_hint);
+                              s->slot_count[k], needed, can, can == 1 ? "" : "s", s->pol->stuck_hint);
 }
 
 /* Takes worker w's message of a header alone (a PULL or a DONE, `what`)
@@ -17227,6 +17374,9 @@ static dsgd_result dsgd__ps_on_pull(dsgd_ps_server *s, int w, uint64_t tag, size
     dsgd_ps_header h;
     dsgd_result r;
     if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_PULL, "a pull", &h)) != DSGD_OK) return r;
+    if (!pe->member)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: pull %llu of worker %d, which has not joined",
+                                  fn, s->index, (unsigned long long)seq, w);
     if (seq < pe->pull_next) { /* a resend: the deferred pull stays, an answered one is not answered again */
         s->repeated++;
         return DSGD_OK;
@@ -17265,6 +17415,59 @@ static dsgd_result dsgd__ps_on_done(dsgd_ps_server *s, int w, uint64_t tag, size
     return dsgd__ps_check_stuck(s);
 }
 
+/* Whether serve waits for worker w now, and times it out: an unfinished
+   member, or a late worker that never joined once no member is left. */
+static int dsgd__ps_awaited(const dsgd_ps_server *s, int w) {
+    return !s->peer[w].done && (s->peer[w].member || s->late_wait);
+}
+
+/* A late worker's JOIN (MEMBERSHIP in ps.h): round 0 (prepare) makes it
+   a member counted from the server's version, round 1 (commit) moves that
+   to the clock it joins at on every server. A resent round is answered
+   again, an older one dropped. */
+static dsgd_result dsgd__ps_on_join(dsgd_ps_server *s, int w, uint64_t tag, size_t bytes) {
+    static const char *const fn = "dsgd_ps_server_serve";
+    dsgd__ps_peer *pe = &s->peer[w];
+    uint64_t seq = DSGD_PS_TAG_SEQ(tag), status = 0;
+    int committing = 0;
+    dsgd_ps_header h;
+    dsgd_result r;
+    if ((r = dsgd__ps_take_hdr(s, w, tag, bytes, DSGD_PS_MSG_JOIN, "a JOIN", &h)) != DSGD_OK) return r;
+    if (w < s->d.initial_workers || seq > 1 || pe->done)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d sent JOIN round %llu, but %s", fn,
+                                  s->index, w, (unsigned long long)seq,
+                                  w < s->d.initial_workers ? "it is a member from the start (initial_workers)"
+                                  : pe->done ? "it has finished" : "a join has rounds 0 and 1");
+    if (seq < pe->join_round) return DSGD_OK; /* a resent prepare after the commit */
+    if (seq == 0) {
+        if (!pe->member) { /* counted from now: no clock from here on goes without it */
+            pe->member = 1;
+            pe->base = s->version;
+        }
+    } else {
+        if (!pe->member || h.version < pe->base || (pe->committed && h.version != pe->base))
+            return dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC,
+                                      "%s: server %d: worker %d commits its join at clock %lld, but %s %lld", fn,
+                                      s->index, w, (long long)h.version,
+                                      !pe->member ? "it never prepared; version" : pe->committed
+                                                                                   ? "it committed at"
+                                                                                   : "this server counts it from",
+                                      (long long)(pe->member ? pe->base : s->version));
+        committing = !pe->committed;
+        pe->committed = 1;
+        pe->base = h.version;
+        status = DSGD_PS_ADMITTED;
+    }
+    pe->join_round = seq;
+    h = dsgd__ps_hdr(DSGD_PS_MSG_JOINED, w, seq, s->version, 0, status, pe->base);
+    if ((r = dsgd__ps_send(s, w, DSGD_PS_MSG_JOINED, seq, &h, sizeof h)) != DSGD_OK) return r;
+    if (!committing) return DSGD_OK;
+    s->joins++;
+    /* the clocks before its own may now complete without it */
+    if (s->pol->clocked && (r = dsgd__ps_apply_clocks(s)) != DSGD_OK) return r;
+    return dsgd__ps_check_stuck(s);
+}
+
 DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
     static const char *const fn = "dsgd_ps_server_serve";
     dsgd_result r = DSGD_OK;
@@ -17278,11 +17481,20 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
     for (w = 0; w < s->W; ++w) s->peer[w].last_heard = start;
     while (s->done_count < s->W) {
         double deadline = 0.0, now;
-        int src = -1, first = 1, type;
+        int src = -1, first = 1, type, left = 0;
         uint64_t tag = 0;
         size_t bytes = 0;
+        /* members are timed out; late workers that never joined only once
+           every member has finished, timeout_s from then */
+        for (w = 0; w < s->W; ++w) left += s->peer[w].member && !s->peer[w].done;
+        if (!left && !s->late_wait) {
+            double t0 = dsgd__ps_now(&s->t);
+            s->late_wait = 1;
+            for (w = 0; w < s->W; ++w)
+                if (!s->peer[w].member) s->peer[w].last_heard = t0;
+        }
         for (w = 0; w < s->W; ++w)
-            if (!s->peer[w].done && (first || s->peer[w].last_heard + s->d.timeout_s < deadline)) {
+            if (dsgd__ps_awaited(s, w) && (first || s->peer[w].last_heard + s->d.timeout_s < deadline)) {
                 deadline = s->peer[w].last_heard + s->d.timeout_s;
                 first = 0;
             }
@@ -17294,8 +17506,9 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
             int late = 0;
             names[0] = '\0';
             for (w = 0; w < s->W; ++w)
-                if (!s->peer[w].done && now >= s->peer[w].last_heard + s->d.timeout_s) {
-                    int k = snprintf(names + used, sizeof names - used, "%s%d (rank %d)", late ? ", " : "", w, s->P + w);
+                if (dsgd__ps_awaited(s, w) && now >= s->peer[w].last_heard + s->d.timeout_s) {
+                    int k = snprintf(names + used, sizeof names - used, "%s%d (rank %d%s)", late ? ", " : "", w, s->P + w,
+                                     s->peer[w].member ? "" : ", a late worker that never joined");
                     if (k > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)k);
                     late++;
                 }
@@ -17323,6 +17536,8 @@ DSGD_API dsgd_result dsgd_ps_server_serve(dsgd_ps_server *s) {
             r = dsgd__ps_on_pull(s, w, tag, bytes);
         } else if (type == DSGD_PS_MSG_DONE) {
             r = dsgd__ps_on_done(s, w, tag, bytes);
+        } else if (type == DSGD_PS_MSG_JOIN) {
+            r = dsgd__ps_on_join(s, w, tag, bytes);
         } else {
             r = dsgd_ctx_set_error(s->ctx, DSGD_ERR_DESYNC, "%s: server %d: worker %d sent a message of type %d", fn,
                                    s->index, w, type);
@@ -17395,7 +17610,6 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
     s->n = dsgd_shard_map_server_floats(map, s->index);
     s->pol = dsgd__ps_policy(&d);
     s->ring = s->pol->ring(&d);
-    s->needed = s->pol->needed(&d);
     s->holds = dsgd__ps_apply_of(&d)->servers_hold;
     r = DSGD_OK;
     if (s->n > (SIZE_MAX / sizeof(float)) - DSGD__PS_H - 1)
@@ -17433,7 +17647,11 @@ DSGD_API dsgd_result dsgd_ps_server_create(dsgd_ctx *ctx, const dsgd_transport_i
         return r;
     }
     memset(s->peer, 0, (size_t)s->W * sizeof *s->peer);
-    for (i = 0; i < s->W; ++i) s->peer[i].accepted = -1;
+    for (i = 0; i < s->W; ++i) {
+        s->peer[i].accepted = -1;
+        s->peer[i].member = i < d.initial_workers;
+        s->peer[i].base = s->peer[i].member ? 0 : -1;
+    }
     memset(s->hist, 0, (size_t)d.staleness_bins * sizeof *s->hist);
     s->params_h = s->params ? s->be.buffer_host_ptr(s->be.impl, s->params) : NULL;
     s->grad_h = s->be.buffer_host_ptr(s->be.impl, s->grad);
@@ -17456,10 +17674,28 @@ DSGD_API void dsgd_ps_server_get_stats(const dsgd_ps_server *s, dsgd_ps_server_s
     out->pulls_deferred = s->deferred;
     out->pulls_repeated = s->repeated;
     out->cancels_sent = s->cancels;
+    out->joins = s->joins;
     out->staleness_mean = s->applied ? s->stal_sum / (double)s->applied : 0.0;
     out->staleness_max = s->stal_max;
     out->staleness_bins = s->d.staleness_bins;
     out->staleness_hist = s->hist;
+}
+
+DSGD_API dsgd_result dsgd_ps_server_get_peer_stats(const dsgd_ps_server *s, int worker, dsgd_ps_peer_stats *out) {
+    const dsgd__ps_peer *pe;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (out) memset(out, 0, sizeof *out);
+    if (!out || worker < 0 || worker >= s->W)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_ps_server_get_peer_stats: server %d: %s (worker %d of %d)", s->index,
+                                  out ? "no such worker" : "out is NULL", worker, s->W);
+    pe = &s->peer[worker];
+    out->member = pe->member;
+    out->joined_at = pe->member ? pe->base : -1;
+    out->pushes = (int64_t)pe->next_seq;
+    out->applied = pe->applied;
+    out->finished = pe->done;
+    return DSGD_OK;
 }
 
 DSGD_API dsgd_result dsgd_ps_server_read_params(const dsgd_ps_server *s, float *full) {
@@ -17511,6 +17747,13 @@ static dsgd__ps_server_shape dsgd__ps_server_shape_of(const dsgd_ps_server *s) {
     return sh;
 }
 
+/* A checkpoint does not hold the membership (MEMBERSHIP in ps.h). */
+static dsgd_result dsgd__ps_server_no_late_ck(dsgd_ps_server *s, const char *what) {
+    return dsgd_ctx_set_error(s->ctx, DSGD_ERR_UNSUPPORTED,
+                              "%s: a run with late workers (initial_workers %d < %d) cannot be saved or restored: "
+                              "a checkpoint does not hold who joined at which clock", what, s->d.initial_workers, s->W);
+}
+
 DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
     char what[64];
     dsgd__ck_writer w;
@@ -17525,6 +17768,7 @@ DSGD_API dsgd_result dsgd_ps_server_save(dsgd_ps_server *s, const char *path) {
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
                                   "%s: serve failed, so its state may be half-updated (save before serve or after it "
                                   "returned DSGD_OK)", what);
+    if (s->d.initial_workers < s->W) return dsgd__ps_server_no_late_ck(s, what);
     for (k = 0; k < s->W && !s->holds; ++k)
         if (s->peer[k].have < s->agg_base)
             return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE,
@@ -17622,6 +17866,7 @@ static void dsgd__ps_server_apply_ck(dsgd_ps_server *s, const dsgd__ps_ck_server
         dsgd__ps_peer *pe = &s->peer[k];
         const unsigned char *p = st->peers + (size_t)k * DSGD__PS_CK_PEER;
         memset(pe, 0, sizeof *pe);
+        pe->member = 1; /* a run with late workers has no checkpoints */
         pe->next_seq = dsgd__ck_get64(p);
         pe->last_status = dsgd__ck_get64(p + 8);
         pe->pull_next = dsgd__ck_get64(p + 16);
@@ -17705,6 +17950,7 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
     if (s->state != DSGD__PS_CREATED)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: restore into a server before serve (this one %s)", what,
                                   s->state == DSGD__PS_FAILED ? "failed" : "has served");
+    if (s->d.initial_workers < s->W) return dsgd__ps_server_no_late_ck(s, what);
     memset(&st, 0, sizeof st);
     shape = dsgd__ps_server_shape_of(s);
     if ((r = dsgd__ck_open(&f, s->ctx, what, path)) == DSGD_OK) r = dsgd__ps_check_server(&f, &shape, &st);
@@ -17751,7 +17997,9 @@ DSGD_API dsgd_result dsgd_ps_server_restore(dsgd_ps_server *s, const char *path)
        then:    finish                     unless no_finish
 
      step is the worker's clock: its pushes so far (those before a restore
-     too), so the number its next push gets. The stop rule compares one
+     too), so the number its next push gets; a late worker's counts from
+     the clock it joined at (MEMBERSHIP in ps.h), so it stops at the same
+     target as the others. The stop rule compares one
      count with the target, dsgd_ps_run_desc.steps:
        BACKUP            the global step (dsgd_ps_worker_global_step): every
                          worker stops at the same step, as TF's do, and
@@ -17779,11 +18027,14 @@ typedef struct dsgd_ps_worker_stats {
     int64_t clock;          /* pushes completed */
     int64_t pulls;          /* pulls completed */
     int64_t push_resends;   /* push messages sent again (to one server each) */
-    int64_t pull_resends;
+    int64_t pull_resends;   /* pull and JOIN messages sent again */
     int64_t pushes_dropped; /* (push, server) slices a BACKUP server dropped */
     int64_t stale_replies;  /* replies to older requests, ignored */
     int64_t gradients_cancelled; /* BACKUP with backup_cancel: computes a
                                     CANCEL cut short (dsgd_ps_worker_compute_for) */
+    int64_t joined_at;      /* the clock it joined at: 0 for a member from
+                               the start, -1 for a late worker not joined
+                               yet (MEMBERSHIP in ps.h) */
 } dsgd_ps_worker_stats;
 
 /* Creates worker t->rank - P (P <= rank < P + W) of desc over endpoint t
@@ -17805,7 +18056,9 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
    behind), applies each with the desc's optimizer to the worker's own copy
    (dsgd_ps_worker_set_params first, DSGD_ERR_STATE otherwise), and fills
    full_params with that copy; the version is then the number of means
-   applied.
+   applied. A late worker's first pull joins first (dsgd_ps_worker_join)
+   and waits, under SSP, SYNC and BACKUP, for version >= the clock it
+   joined at.
    Errors (recorded on the worker's ctx, "dsgd_ps_worker_pull: worker w:
    ..."): DSGD_ERR_INVALID_ARGUMENT (w NULL, nothing recorded; full_params
    NULL), DSGD_ERR_STATE (after finish or a failure), DSGD_ERR_TIMEOUT (the
@@ -17814,6 +18067,17 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
    errors. After a failure the worker is unusable.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_pull(dsgd_ps_worker *w, float *full_params);
+/* A late worker (index >= initial_workers) joins the run: the two rounds
+   of MEMBERSHIP in ps.h with every server, after which every server counts
+   it from one clock b (dsgd_ps_worker_get_stats: joined_at), its clock is
+   b + its pushes, and its next pull waits for version >= b on every server
+   (clocked policies). Its first pull or push joins by itself; a member
+   from the start, or a worker that joined, returns DSGD_OK at once.
+   Errors: as dsgd_ps_worker_pull ("dsgd_ps_worker_join"; DSGD_ERR_TIMEOUT
+   names the servers that did not answer, DSGD_ERR_DESYNC a server that
+   answered out of protocol). After a failure the worker is unusable.
+   Thread safety: the worker's thread. */
+DSGD_API dsgd_result dsgd_ps_worker_join(dsgd_ps_worker *w);
 /* Sends each server its slice of full_grads (the whole flat gradient) with
    (worker, push seq, the version computed on: BACKUP the global step)
    and waits until every server
@@ -17875,8 +18139,9 @@ DSGD_API dsgd_result dsgd_ps_worker_finish(dsgd_ps_worker *w);
    Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (a failed
    worker, or one between its first pull and finish: the servers, serving,
-   cannot be saved with it), DSGD_ERR_IO, DSGD_ERR_OUT_OF_MEMORY. path is
-   then unchanged.
+   cannot be saved with it), DSGD_ERR_UNSUPPORTED (late workers:
+   initial_workers < W, see MEMBERSHIP in ps.h), DSGD_ERR_IO,
+   DSGD_ERR_OUT_OF_MEMORY. path is then unchanged.
    Thread safety: the worker's thread. */
 DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
 /* Restores what dsgd_ps_worker_save wrote into w, a worker created with the
@@ -17885,8 +18150,8 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path);
    and goes on from its saved sequence numbers and versions.
    Errors (recorded on the worker's ctx): DSGD_ERR_INVALID_ARGUMENT (w
    NULL, nothing recorded; path NULL or empty), DSGD_ERR_STATE (w pulled,
-   pushed, finished or failed), DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged
-   file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
+   pushed, finished or failed), DSGD_ERR_UNSUPPORTED (late workers),
+   DSGD_ERR_IO, DSGD_ERR_FORMAT (a damaged file), DSGD_ERR_SHAPE (a server's checkpoint, another worker's, or one
    of another desc, optimizer kind or shard map: the message names the
    difference); after any of these w is untouched.
    Thread safety: the worker's thread. */
@@ -17999,6 +18264,13 @@ struct dsgd_ps_worker {
        pull waits for it), the gradient abandoned, and how often */
     int64_t cancel_version, cancels;
     int abandoned;
+    /* MEMBERSHIP (ps.h): a late worker (index >= initial_workers), joined
+       once its commit was admitted; base, the clock it joined at (0 for a
+       member from the start); join_at and admitted [P], each server's
+       JOINED: the clock it counts the worker from, and the commit's status */
+    int late, joined;
+    int64_t base, *join_at;
+    int *admitted;
     /* ON_WORKERS: per server, its ranges of the worker's copy (the server's
        layout), the mean received ([header | n[s]]) and the optimizer's
        slots; latest: the server's version the first reply of a pull
@@ -18104,8 +18376,13 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                     }
                 return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
                                           "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
-                                          type == DSGD_PS_MSG_ACK ? "acknowledgement" : "parameters", k > 1 ? "s" : "",
-                                          names, w->d.timeout_s, type == DSGD_PS_MSG_ACK ? "push" : "pull",
+                                          type == DSGD_PS_MSG_ACK      ? "acknowledgement"
+                                          : type == DSGD_PS_MSG_PARAMS ? "parameters"
+                                                                       : "answer to its JOIN",
+                                          k > 1 ? "s" : "", names, w->d.timeout_s,
+                                          type == DSGD_PS_MSG_ACK      ? "push"
+                                          : type == DSGD_PS_MSG_PARAMS ? "pull"
+                                                                       : "join round",
                                           (unsigned long long)seq);
             }
             for (s = 0; s < w->P; ++s) {
@@ -18118,10 +18395,10 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                     mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
                     mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
                     w->push_resends++;
-                } else {
+                } else { /* a pull's or a JOIN's header */
                     msg = &w->pull_hdr[s];
                     mbytes = DSGD__PS_HBYTES;
-                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PULL, seq);
+                    mtag = DSGD_PS_TAG(type == DSGD_PS_MSG_PARAMS ? DSGD_PS_MSG_PULL : DSGD_PS_MSG_JOIN, seq);
                     w->pull_resends++;
                 }
                 r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
@@ -18170,6 +18447,10 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
             if (type == DSGD_PS_MSG_ACK) {
                 w->dropped[src] = h.status == DSGD_PS_DROPPED;
                 w->pushes_dropped += w->dropped[src];
+            } else if (type == DSGD_PS_MSG_JOINED) {
+                w->version[src] = h.version;
+                w->join_at[src] = h.step;
+                w->admitted[src] = h.status == DSGD_PS_ADMITTED;
             } else if ((r = dsgd__ps_worker_takes[w->d.apply](w, fn, src, &h, full)) != DSGD_OK) {
                 return r;
             }
@@ -18211,6 +18492,49 @@ static dsgd_result dsgd__ps_worker_send(dsgd_ps_worker *w, const char *fn, int s
     return DSGD_OK;
 }
 
+/* MEMBERSHIP (ps.h): a late worker's two rounds of JOIN with every
+   server; nothing for a member or a worker that joined. Round 0 makes
+   each server count it from its version, round 1 commits the largest of
+   them as the clock every server counts it from. */
+static dsgd_result dsgd__ps_worker_join(dsgd_ps_worker *w, const char *fn) {
+    int64_t b = -1;
+    dsgd_result r;
+    int round, s;
+    if (!w->late || w->joined) return DSGD_OK;
+    for (round = 0; round < 2; ++round) {
+        for (s = 0; s < w->P; ++s) {
+            w->pull_hdr[s] = dsgd__ps_hdr(DSGD_PS_MSG_JOIN, w->index, (uint64_t)round, round ? b : -1, 0, 0, 0);
+            w->admitted[s] = 0;
+            r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_JOIN, round), &w->pull_hdr[s], DSGD__PS_HBYTES);
+            if (r != DSGD_OK) return dsgd__ps_worker_fail(w, r);
+        }
+        if ((r = dsgd__ps_worker_wait(w, fn, DSGD_PS_MSG_JOINED, (uint64_t)round, NULL)) != DSGD_OK)
+            return dsgd__ps_worker_fail(w, r);
+        for (s = 0; s < w->P; ++s) {
+            if (round == 0) {
+                b = DSGD__MAX(b, w->join_at[s]);
+            } else if (!w->admitted[s] || w->join_at[s] != b) {
+                return dsgd__ps_worker_fail(w, dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                                                  "%s: worker %d: server %d answered its join at clock "
+                                                                  "%lld with clock %lld%s", fn, w->index, s,
+                                                                  (long long)b, (long long)w->join_at[s],
+                                                                  w->admitted[s] ? "" : ", not admitted"));
+            }
+        }
+    }
+    w->base = b;
+    w->joined = 1;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_ps_worker_join(dsgd_ps_worker *w) {
+    static const char *const fn = "dsgd_ps_worker_join";
+    dsgd_result r;
+    if (!w) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
+    return dsgd__ps_worker_join(w, fn);
+}
+
 /* How long a pull waits: as the policy says, or as at the end of a worker
    (dsgd_ps_worker_finish: the clocks it pushed). */
 enum { DSGD__PS_PULL_POLICY = 1, DSGD__PS_PULL_FINAL = 2 };
@@ -18227,13 +18551,16 @@ static dsgd_result dsgd__ps_worker_pull(dsgd_ps_worker *w, float *full_params, c
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
                                   "%s: worker %d: apply %s needs dsgd_ps_worker_set_params before the first pull", fn,
                                   w->index, dsgd_ps_apply_name(w->d.apply));
+    if ((r = dsgd__ps_worker_join(w, fn)) != DSGD_OK) return r;
     /* ON_WORKERS: one round per mean behind the versions the first round announced */
     for (w->round = 0;; w->round++) {
         int behind = 0;
         for (s = 0; s < w->P; ++s) {
             dsgd_ps_header *h = &w->pull_hdr[s];
-            int64_t need = w->pol->pull_needs(&w->d, w->push_seq, w->last_step[s], wait == DSGD__PS_PULL_FINAL);
+            int64_t need = w->pol->pull_needs(&w->d, (uint64_t)w->base + w->push_seq, w->last_step[s],
+                                              wait == DSGD__PS_PULL_FINAL);
             if (wait != DSGD__PS_PULL_FINAL && w->cancel_version > need) need = w->cancel_version;
+            if (w->pol->clocked && need < w->base) need = w->base; /* a late worker starts at its clock */
             *h = dsgd__ps_hdr(DSGD_PS_MSG_PULL, w->index, w->pull_seq, need, 0, 0, w->holds ? 0 : w->version[s]);
             if ((r = dsgd__ps_worker_send(w, fn, s, DSGD_PS_TAG(DSGD_PS_MSG_PULL, w->pull_seq), h, DSGD__PS_HBYTES)) != DSGD_OK)
                 return dsgd__ps_worker_fail(w, r);
@@ -18274,6 +18601,7 @@ DSGD_API dsgd_result dsgd_ps_worker_push(dsgd_ps_worker *w, const float *full_gr
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     if ((r = dsgd__ps_worker_usable(w, fn)) != DSGD_OK) return r;
     if (!full_grads) return dsgd_ctx_set_error(w->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: worker %d: full_grads is NULL", fn, w->index);
+    if ((r = dsgd__ps_worker_join(w, fn)) != DSGD_OK) return r;
     if (w->pol->clocked && !w->pulled)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: worker %d: %s needs a pull before each push (push %llu)",
                                   fn, w->index, w->pol->name, (unsigned long long)w->push_seq);
@@ -18400,6 +18728,8 @@ DSGD_API void dsgd_ps_worker_destroy(dsgd_ps_worker *w) {
     DSGD_FREE(w->pending);
     DSGD_FREE(w->sent_at);
     DSGD_FREE(w->backoff);
+    DSGD_FREE(w->join_at);
+    DSGD_FREE(w->admitted);
     if (w->have_be) {
         dsgd_buffer **own[2];
         int k;
@@ -18454,8 +18784,11 @@ DSGD_API dsgd_result dsgd_ps_worker_create(dsgd_ctx *ctx, const dsgd_transport_i
     w->pending = (int *)dsgd__alloc(ctx, P * sizeof *w->pending, fn);
     w->sent_at = (double *)dsgd__alloc(ctx, P * sizeof *w->sent_at, fn);
     w->backoff = (double *)dsgd__alloc(ctx, P * sizeof *w->backoff, fn);
+    w->join_at = (int64_t *)dsgd__alloc(ctx, P * sizeof *w->join_at, fn);
+    w->admitted = (int *)dsgd__alloc(ctx, P * sizeof *w->admitted, fn);
+    w->late = w->index >= d.initial_workers;
     if (!w->n || !w->buf || !w->pull_hdr || !w->version || !w->last_step || !w->dropped || !w->pending || !w->sent_at ||
-        !w->backoff) {
+        !w->backoff || !w->join_at || !w->admitted) {
         dsgd_ps_worker_destroy(w);
         return DSGD_ERR_OUT_OF_MEMORY;
     }
@@ -18520,6 +18853,7 @@ DSGD_API void dsgd_ps_worker_get_stats(const dsgd_ps_worker *w, dsgd_ps_worker_s
     out->pushes_dropped = w->pushes_dropped;
     out->stale_replies = w->stale;
     out->gradients_cancelled = w->cancels;
+    out->joined_at = w->late && !w->joined ? -1 : w->base;
 }
 
 DSGD_API int64_t dsgd_ps_worker_version(const dsgd_ps_worker *w, int server) {
@@ -18591,10 +18925,12 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
     grads = d->grads ? d->grads : own + (d->params ? 0 : room);
     if (!d->params) memset(params, 0, n * sizeof(float));
     for (;;) {
-        /* the clock: the pushes so far, and the next push's number */
-        int64_t step = (int64_t)w->push_seq, global;
+        int64_t step, global;
         int stop = 0;
         if ((r = dsgd_ps_worker_pull(w, params)) != DSGD_OK) break;
+        /* the clock: the pushes so far (a late worker: from the clock it
+           joined at, known after its first pull), the next push's number */
+        step = w->base + (int64_t)w->push_seq;
         global = dsgd__ps_worker_global(w);
         if (d->after_pull) {
             dsgd_ctx_clear_error(w->ctx);
@@ -18681,6 +19017,13 @@ static dsgd__ps_worker_shape dsgd__ps_worker_shape_of(const dsgd_ps_worker *w) {
     return sh;
 }
 
+/* A checkpoint does not hold the membership (MEMBERSHIP in ps.h). */
+static dsgd_result dsgd__ps_worker_no_late_ck(dsgd_ps_worker *w, const char *what) {
+    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_UNSUPPORTED,
+                              "%s: a run with late workers (initial_workers %d < %d) cannot be saved or restored: "
+                              "a checkpoint does not hold who joined at which clock", what, w->d.initial_workers, w->W);
+}
+
 DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     char what[64];
     dsgd__ck_writer wr;
@@ -18691,6 +19034,7 @@ DSGD_API dsgd_result dsgd_ps_worker_save(dsgd_ps_worker *w, const char *path) {
     if (dsgd__ck_check_args(w->ctx, what, path, NULL) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
     if (w->state == DSGD__PS_FAILED)
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: it has failed, so its state may be half-updated", what);
+    if (w->d.initial_workers < w->W) return dsgd__ps_worker_no_late_ck(w, what);
     if (w->state == DSGD__PS_CREATED && dsgd__ps_worker_moved(w))
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE,
                                   "%s: it is between its first pull and finish (at push %llu, pull %llu): the servers, "
@@ -18772,6 +19116,7 @@ DSGD_API dsgd_result dsgd_ps_worker_restore(dsgd_ps_worker *w, const char *path)
     if (!w) return DSGD_ERR_INVALID_ARGUMENT;
     snprintf(what, sizeof what, "dsgd_ps_worker_restore: worker %d", w->index);
     if ((r = dsgd__ck_check_args(w->ctx, what, path, NULL)) != DSGD_OK) return r;
+    if (w->d.initial_workers < w->W) return dsgd__ps_worker_no_late_ck(w, what);
     if (w->state != DSGD__PS_CREATED || dsgd__ps_worker_moved(w))
         return dsgd_ctx_set_error(w->ctx, DSGD_ERR_STATE, "%s: restore into a worker before its first pull (this one %s)",
                                   what, w->state == DSGD__PS_FAILED ? "failed" : w->state == DSGD__PS_DONE ? "finished"
@@ -24182,7 +24527,12 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
      reports skipped = 1; the other workers' pushes still count), under
      ERROR the step fails; any failure of a replica stops the servers and
      the other workers at once (the transport is aborted) and fails the
-     strategy, since the others may have pushed. The gradients go through
+     strategy, since the others may have pushed. A lost server (its
+     process gone, or its thread's serve failed) fails the step in flight
+     within timeout_s with DSGD_ERR_TIMEOUT, the message naming the server
+     (the replica that found it is reported, not those the abort then
+     stopped), and fails the strategy; resume from the last checkpoint (A
+     CHECKPOINT below, and A LOST SERVER in ps.h). The gradients go through
      the host (gradient_path DEVICE is refused). Distributed variables and
      the metrics behave as under mirrored.
 
@@ -24627,6 +24977,9 @@ static dsgd_result dsgd__psk_step(dsgd_replica *r, void *user) {
         dsgd__optimizer_set_steps(r->opt, dsgd_ps_worker_global_step(w));
         return DSGD_OK;
     }
+    /* aborted because another replica failed first: that one's error (a
+       lost server's name) is the one the step reports */
+    if (res == DSGD_ERR_ABORTED && DSGD__LOAD_ACQ(&k->failed)) r->own_error = 0;
     dsgd__psk_abort(k); /* the servers and the other workers stop now, not at their deadline */
     return res;
 }
@@ -33358,6 +33711,17 @@ DSGD_API void dsgd_mpi_abort(int code) {
 
      The addresses in TF_CONFIG are not used: MPI has already connected
      the processes.
+
+     Late workers (dsgd_ps_desc.initial_workers, MEMBERSHIP in
+     distsgd/ps.h): every process of the job, a late worker's too, starts
+     with the job and calls dsgd_mpi_ps_role_create (it is collective); a
+     late worker then joins the engine whenever it is ready (after loading
+     its data, say), by its first pull. A process that starts after the
+     job (MPI's dynamic processes) cannot join. A lost server (A LOST
+     SERVER in distsgd/ps.h): the endpoint returns MPI errors as results,
+     but whether the other processes run on after one died is the
+     launcher's choice (mpirun commonly ends the whole job); where they do,
+     the workers fail with DSGD_ERR_TIMEOUT naming the server.
 */
 #ifndef DSGD_MPI__PART_PS_DECL
 #define DSGD_MPI__PART_PS_DECL

@@ -44,6 +44,17 @@
 
      The addresses in TF_CONFIG are not used: MPI has already connected
      the processes.
+
+     Late workers (dsgd_ps_desc.initial_workers, MEMBERSHIP in
+     distsgd/ps.h): every process of the job, a late worker's too, starts
+     with the job and calls dsgd_mpi_ps_role_create (it is collective); a
+     late worker then joins the engine whenever it is ready (after loading
+     its data, say), by its first pull. A process that starts after the
+     job (MPI's dynamic processes) cannot join. A lost server (A LOST
+     SERVER in distsgd/ps.h): the endpoint returns MPI errors as results,
+     but whether the other processes run on after one died is the
+     launcher's choice (mpirun commonly ends the whole job); where they do,
+     the workers fail with DSGD_ERR_TIMEOUT naming the server.
 */
 #ifndef DSGD_MPI__PART_PS_DECL
 #define DSGD_MPI__PART_PS_DECL
