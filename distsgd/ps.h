@@ -246,10 +246,13 @@
                    DSGD_ERR_TIMEOUT within timeout_s of its request,
                    "dsgd_ps_worker_pull: worker w: no parameters from
                    server s within T s (pull n)" (push: "no
-                   acknowledgement"); a send the transport cannot deliver
-                   (a large message waiting for its receiver) fails the
-                   same way within timeout_s, naming the server. The
-                   worker is then unusable (dsgd_ps_worker_failed).
+                   acknowledgement"; under SSP, SYNC and BACKUP a pull
+                   may also name live servers, whose clock can no longer
+                   complete); a send the transport cannot deliver
+                   (a large message waiting for its receiver, a full
+                   queue) fails the same way within timeout_s, naming
+                   the server. The worker is then unusable
+                   (dsgd_ps_worker_failed).
                    A worker computing a gradient learns of it only at its
                    next request, so within compute + timeout_s.
        the others  the remaining servers, whose workers stopped, fail with
