@@ -110,6 +110,10 @@ static dsgd_ps_desc ps_desc(dsgd_optimizer_kind kind, dsgd_ps_apply apply) {
     d.optimizer.schedule.total_steps = 2 * HALF;
     d.optimizer.schedule.final_lr = 0.001f;
     d.staleness_bins = BINS;
+    /* the runs compare their counts, duplicates included: a resend after
+       the default 50 ms of real time (a reply delayed on a busy machine,
+       under TSan) would be a duplicate only one run saw */
+    d.retry_s = 2.0;
     return d;
 }
 

@@ -3215,7 +3215,7 @@ static void test_outputs(void **state) {
 typedef struct spare_run {
     dsgd_simnet *hub;
     dsgd_transport_i ep[3];
-    pthread_barrier_t bar; /* rank 0 and the main thread: rank 2 admitted */
+    pthread_barrier_t bar; /* rank 0 and the main thread: rank 0's wait ended; rank 2 admitted */
     int done0;             /* atomic: rank 0's wait ended */
     dsgd_result res[3], first2;
     double t[3], t2_before;
@@ -3232,6 +3232,7 @@ static void *spare_rank(void *arg) {
         __atomic_store_n(&z->done0, 1, __ATOMIC_SEQ_CST);
         pthread_barrier_wait(&z->bar);
         if (z->first2 != DSGD_OK) return NULL; /* the control: no rank 2 */
+        pthread_barrier_wait(&z->bar); /* rank 2 admitted (else this recv's deadline could fire at once) */
         if (t->send(t->impl, 2, 2, &b, 1, t->now(t->impl) + 10.0) == DSGD_OK)
             z->res[0] = t->recv(t->impl, 2, 3, &b, 1, t->now(t->impl) + 10.0);
         z->t[2] = t->now(t->impl);
@@ -3293,6 +3294,7 @@ static void spare_once(int spare) {
         TU_ERR(ctx, DSGD_ERR_STATE, dsgd_simnet_admit(z.hub, 0, 2.0));
         TU_OK(ctx, dsgd_simnet_admit(z.hub, 2, dsgd_simnet_time(z.hub, 1)));
         TU_ERR(ctx, DSGD_ERR_STATE, dsgd_simnet_spare(z.hub, 2));
+        pthread_barrier_wait(&z.bar); /* rank 0 may go on */
         assert_int_equal(pthread_create(&th[2], NULL, spare_rank, args[2]), 0);
         pthread_join(th[2], NULL);
     }
