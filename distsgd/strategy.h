@@ -243,6 +243,14 @@ typedef struct dsgd_strategy_local_desc {
                               bytes a parameter), F16 or BF16 (2 bytes, sums
                               in fp32 at every hop: dsgd_allreduce_wire, the
                               ring) */
+    int agree_in_process;  /* non-zero: a local step's agreement stays in
+                              this process (its replicas agree in memory),
+                              so across workers nothing is exchanged
+                              between two averagings, and a failure or a
+                              non-finite gradient on one worker is that
+                              worker's (AGREEMENT IN PROCESS in
+                              strategy_local.h); 0: every local step
+                              agrees over the transport (default) */
 } dsgd_strategy_local_desc;
 
 /* Called on the strategy's thread after the group shrank from old_world
@@ -1609,7 +1617,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     if (s->d.kind == DSGD_STRATEGY_LOCAL) { /* its rounds, defaults applied */
         DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
         DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
-        DSGD__FP(h, s->d.local.wire);
+        DSGD__FP(h, s->d.local.wire); DSGD__FP(h, s->d.local.agree_in_process);
     }
     h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
     if (s->d.elastic.min_replicas) DSGD__FP(h, s->d.elastic.min_replicas); /* every worker decides alike */

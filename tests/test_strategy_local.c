@@ -461,6 +461,14 @@ typedef struct worker {
     dsgd_result res;
     char msg[512];
     float params[MAXN][NP];
+    /* a bad sample at bad_step in global replica 3's shard (its last):
+       bad_what 1 a NaN input, 2 a label out of range; 0 none */
+    int bad_step, bad_what;
+    dsgd_step_info info[STEPS]; /* steps < STEPS */
+    int fail_at;                /* the step that failed (-1: none) */
+    double fail_s;              /* how long it took */
+    int failed;                 /* dsgd_strategy_failed after it */
+    float bx[MAXN * B * IN], by[MAXN * B];
 } worker;
 
 static void *worker_main(void *arg) {
@@ -470,10 +478,28 @@ static void *worker_main(void *arg) {
     int step, r;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return NULL;
     w->d.endpoints = w->eps;
+    w->fail_at = -1;
     w->res = dsgd_strategy_create(ctx, &w->d, &s);
     if (w->res == DSGD_OK && w->restore) w->res = dsgd_strategy_restore(s, w->restore, NULL);
-    for (step = w->start; step < w->stop && w->res == DSGD_OK; ++step)
-        w->res = dsgd_strategy_train_step(s, g_x[step], g_y[step], uneven(step, 4), NULL);
+    for (step = w->start; step < w->stop && w->res == DSGD_OK; ++step) {
+        const float *px = g_x[step], *py = g_y[step];
+        int count = uneven(step, 4);
+        double t0 = dsgd_now();
+        if (w->bad_what && step == w->bad_step) {
+            memcpy(w->bx, g_x[step], sizeof(w->bx));
+            memcpy(w->by, g_y[step], sizeof(w->by));
+            if (w->bad_what == 1) w->bx[(count - 1) * IN] = NAN;
+            else w->by[count - 1] = 99.0f;
+            px = w->bx;
+            py = w->by;
+        }
+        w->res = dsgd_strategy_train_step(s, px, py, count, step < STEPS ? &w->info[step] : NULL);
+        if (w->res != DSGD_OK) {
+            w->fail_at = step;
+            w->fail_s = dsgd_now() - t0;
+            w->failed = dsgd_strategy_failed(s);
+        }
+    }
     if (w->res == DSGD_OK && w->save) w->res = dsgd_strategy_save(s, w->save, NULL);
     snprintf(w->msg, sizeof(w->msg), "%s", dsgd_ctx_last_error(ctx));
     for (r = 0; s && r < dsgd_strategy_num_replicas(s); ++r)
@@ -485,14 +511,9 @@ static void *worker_main(void *arg) {
 
 /* Two workers of two replicas over one hub, each worker's strategy on a
    thread of its own, training w->start .. w->stop of d. */
-static void run_workers(const dsgd_strategy_desc *d, worker *ws) {
-    dsgd_ctx *ctx = tu_ctx();
-    dsgd_loopback *hub = NULL;
-    dsgd_transport_i eps[4];
+static void run_workers_on(const dsgd_strategy_desc *d, worker *ws, dsgd_transport_i *eps) {
     pthread_t th[2];
     int i;
-    TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
-    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
     for (i = 0; i < 2; ++i) {
         ws[i].d = *d;
         ws[i].d.num_replicas = 2;
@@ -500,6 +521,16 @@ static void run_workers(const dsgd_strategy_desc *d, worker *ws) {
         assert_int_equal(pthread_create(&th[i], NULL, worker_main, &ws[i]), 0);
     }
     for (i = 0; i < 2; ++i) pthread_join(th[i], NULL);
+}
+
+static void run_workers(const dsgd_strategy_desc *d, worker *ws) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i eps[4];
+    int i;
+    TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+    run_workers_on(d, ws, eps);
     dsgd_loopback_destroy(hub);
     dsgd_ctx_destroy(ctx);
 }
@@ -598,33 +629,287 @@ static void test_simnet(void **state) {
     tu_watchdog(0);
 }
 
+/* ---------------------------------------------------------------- agreement in process */
+
+/* Plain SGD (AVERAGE), momentum after a warmup (AVERAGE), DiLoCo (AdamW
+   inside, NESTEROV). */
+static dsgd_strategy_desc quiet_row(int k, const char **name) {
+    static const char *names[3] = {"SGD, AVERAGE, H 4", "momentum, AVERAGE, H 5, warmup 3", "DiLoCo: AdamW, NESTEROV, H 8"};
+    *name = names[k];
+    if (k == 0) return local_desc(4, DSGD_OPT_SGD, 4, 0, DSGD_OUTER_AVERAGE);
+    if (k == 1) return local_desc(4, DSGD_OPT_MOMENTUM, 5, 3, DSGD_OUTER_AVERAGE);
+    return local_desc(4, DSGD_OPT_ADAMW, 8, 0, DSGD_OUTER_NESTEROV);
+}
+
+/* A batch fn: replica r's dsgd_block_range shard of the step's uneven
+   global batch, as the sliced call gives it. */
+static dsgd_result shard_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    int step = *(const int *)user;
+    size_t lo, len;
+    dsgd_block_range((size_t)uneven(step, num_replicas), num_replicas, replica, &lo, &len);
+    out->x = g_x[step] + lo * IN;
+    out->y = g_y[step] + lo;
+    out->count = (int)len;
+    return DSGD_OK;
+}
+
+/* With no failed or skipped step the agreement in process changes no bit:
+   in one process (sliced batches and a batch fn), and 2 workers x 2
+   replicas over one hub. */
+static void test_in_process_bits(void **state) {
+    static float want[MAXN][NP], got[MAXN][NP];
+    worker ws[2];
+    int k, r, step;
+    (void)state;
+    tu_watchdog(300);
+    for (k = 0; k < 3; ++k) {
+        const char *name;
+        dsgd_strategy_desc d = quiet_row(k, &name);
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_strategy *s = NULL;
+        run_local(&d, 26, want);
+        d.local.agree_in_process = 1;
+        run_local(&d, 26, got);
+        for (r = 0; r < 4; ++r)
+            if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
+                fail_msg("%s: replica %d with the agreement in process differs (rel err %.3g)", name, r,
+                         tu_rel_err(got[r], want[r], NP));
+        assert_true(memcmp(want[0], want[1], sizeof(want[0])) != 0); /* step 26 is inside a round */
+        set_steps(ws, 0, 26, NULL, NULL);
+        run_workers(&d, ws);
+        check_workers(ws, want, name);
+        /* a batch fn (its count summed in memory) */
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        for (step = 0; step < 26; ++step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, shard_fn, &step, NULL));
+        get_all(ctx, s, got);
+        for (r = 0; r < 4; ++r) assert_memory_equal(got[r], want[r], sizeof(got[r]));
+        dsgd_strategy_destroy(s);
+        dsgd_ctx_destroy(ctx);
+        print_message("    %s: agreement in process = over the transport, bit for bit (x4, batch fn, 2 x 2)\n", name);
+    }
+    tu_watchdog(0);
+}
+
+/* Over simnet (alpha 50 us, 1 ns a byte), 4 replicas of one process on
+   the hub's endpoints, H 8, 8 rounds: the messages and the virtual time
+   of each step (msgs[t], vt[t]), the weights. */
+static void simnet_rounds(int in_process, uint64_t *msgs, double *vt, float (*out)[NP]) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = local_desc(4, DSGD_OPT_MOMENTUM, 8, 0, DSGD_OUTER_AVERAGE);
+    dsgd_simnet_desc sd;
+    dsgd_simnet *hub = NULL;
+    dsgd_simnet_stats st;
+    dsgd_transport_i eps[4];
+    dsgd_strategy *s = NULL;
+    uint64_t before;
+    double t0;
+    int i, step;
+    memset(&sd, 0, sizeof(sd));
+    sd.ranks = 4;
+    sd.alpha_s = 50e-6;
+    sd.beta_s_per_byte = 1e-9;
+    sd.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    d.endpoints = eps;
+    d.timeout_s = 1e6;
+    d.local.agree_in_process = in_process;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    for (step = 0; step < 64; ++step) {
+        dsgd_simnet_get_stats(hub, &st);
+        before = st.messages;
+        t0 = dsgd_simnet_time(hub, 0);
+        TU_OK(ctx, dsgd_strategy_train_step(s, g_x[step], g_y[step], uneven(step, 4), NULL));
+        dsgd_simnet_get_stats(hub, &st);
+        msgs[step] = st.messages - before;
+        vt[step] = dsgd_simnet_time(hub, 0) - t0;
+    }
+    get_all(ctx, s, out);
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* 2 workers x 2 replicas over simnet (as simnet_rounds), `steps` steps:
+   the messages and virtual time in all (creation included). */
+static void simnet_workers(int in_process, int steps, uint64_t *msgs, double *vt, worker *ws) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy_desc d = local_desc(4, DSGD_OPT_MOMENTUM, 8, 0, DSGD_OUTER_AVERAGE);
+    dsgd_simnet_desc sd;
+    dsgd_simnet *hub = NULL;
+    dsgd_simnet_stats st;
+    dsgd_transport_i eps[4];
+    int i;
+    memset(&sd, 0, sizeof(sd));
+    sd.ranks = 4;
+    sd.alpha_s = 50e-6;
+    sd.beta_s_per_byte = 1e-9;
+    sd.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    d.timeout_s = 1e6;
+    d.local.agree_in_process = in_process;
+    set_steps(ws, 0, steps, NULL, NULL);
+    run_workers_on(&d, ws, eps);
+    for (i = 0; i < 2; ++i)
+        if (ws[i].res != DSGD_OK) fail_msg("over simnet: worker %d: %s", i, ws[i].msg);
+    dsgd_simnet_get_stats(hub, &st);
+    *msgs = st.messages;
+    *vt = dsgd_simnet_time(hub, 0);
+    dsgd_simnet_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* The traffic: 8 rounds of H 8 over simnet. With the agreement in
+   process a local step sends no message and takes no virtual time; a
+   round's last step sends the averaging's messages alone (the agreed
+   run's last step less one agreement); the same bits. Across workers
+   (2 x 2) the totals add up the same way. */
+static void test_in_process_traffic(void **state) {
+    static uint64_t m1[64], m0[64];
+    static double v1[64], v0[64];
+    static float p1[MAXN][NP], p0[MAXN][NP];
+    static worker ws[2];
+    uint64_t agree, sync, w1, w0, c1, c0;
+    double t1 = 0.0, t0 = 0.0, wt1, wt0, ct1, ct0;
+    int step, r;
+    (void)state;
+    tu_watchdog(300);
+    simnet_rounds(0, m1, v1, p1);
+    simnet_rounds(1, m0, v0, p0);
+    for (r = 0; r < 4; ++r) assert_memory_equal(p0[r], p1[r], sizeof(p0[r]));
+    agree = m1[0];
+    sync = m1[7] - agree;
+    assert_true(agree > 0 && sync > 0);
+    for (step = 0; step < 64; ++step) {
+        int last = step % 8 == 7;
+        t1 += v1[step];
+        t0 += v0[step];
+        if (m1[step] != (last ? agree + sync : agree))
+            fail_msg("agreed: step %d sent %llu messages, not %llu", step, (unsigned long long)m1[step],
+                     (unsigned long long)(last ? agree + sync : agree));
+        if (m0[step] != (last ? sync : 0))
+            fail_msg("in process: step %d sent %llu messages, not %llu", step, (unsigned long long)m0[step],
+                     (unsigned long long)(last ? sync : 0));
+        if (!last) assert_true(v0[step] == 0.0 && v1[step] > 0.0);
+    }
+    assert_true(t0 < t1);
+    print_message("    simnet x4 (alpha 50 us), 8 rounds of H 8: agreed %llu messages, %.3f ms virtual; in process "
+                  "%llu, %.3f ms (%.1f%%); %llu a step's agreement, %llu an averaging\n",
+                  (unsigned long long)(7 * 8 * agree + 8 * (agree + sync)), 1e3 * t1,
+                  (unsigned long long)(8 * sync), 1e3 * t0, 100.0 * t0 / t1, (unsigned long long)agree,
+                  (unsigned long long)sync);
+    /* across workers: 64 steps less creation's traffic (0 steps) */
+    simnet_workers(0, 0, &c1, &ct1, ws);
+    simnet_workers(1, 0, &c0, &ct0, ws);
+    simnet_workers(0, 64, &w1, &wt1, ws);
+    check_workers(ws, p1, "agreed over simnet, 2 x 2");
+    simnet_workers(1, 64, &w0, &wt0, ws);
+    check_workers(ws, p1, "in process over simnet, 2 x 2");
+    assert_true(c0 == c1);
+    if (w1 - c1 != 64 * agree + 8 * sync || w0 - c0 != 8 * sync)
+        fail_msg("2 x 2 over simnet: %llu and %llu messages in 64 steps, not %llu and %llu",
+                 (unsigned long long)(w1 - c1), (unsigned long long)(w0 - c0),
+                 (unsigned long long)(64 * agree + 8 * sync), (unsigned long long)(8 * sync));
+    assert_true(wt0 - ct0 < wt1 - ct1);
+    print_message("    simnet 2 workers x 2: 64 steps agreed %.3f ms virtual, in process %.3f ms (%.1f%%)\n",
+                  1e3 * (wt1 - ct1), 1e3 * (wt0 - ct0), 100.0 * (wt0 - ct0) / (wt1 - ct1));
+    tu_watchdog(0);
+}
+
+/* Across workers (2 x 2 over one hub, H 4, the agreement in process), a
+   bad sample at step 5 (a round's second step) in global replica 3's
+   shard (worker 1's): a NaN under SKIP is skipped by worker 1 alone, the
+   step counted everywhere, the rounds aligned, the averaging taken; a bad
+   label, or a NaN under ERROR, fails worker 1's step and its strategy, and
+   worker 0 learns it at the round's averaging (step 7) and fails there,
+   promptly, never hanging. */
+static void test_in_process_across_workers(void **state) {
+    static float want[MAXN][NP];
+    static worker ws[2], again[2];
+    dsgd_strategy_desc d = local_desc(4, DSGD_OPT_MOMENTUM, 4, 0, DSGD_OUTER_AVERAGE);
+    int i, step, k;
+    (void)state;
+    tu_watchdog(300);
+    d.local.agree_in_process = 1;
+    d.timeout_s = 2.0;
+    run_local(&d, 12, want);
+    for (k = 0; k < 2; ++k) {
+        worker *w = k ? again : ws;
+        set_steps(w, 0, 12, NULL, NULL);
+        w[1].bad_step = 5;
+        w[1].bad_what = 1;
+        run_workers(&d, w);
+        for (i = 0; i < 2; ++i) {
+            if (w[i].res != DSGD_OK) fail_msg("NaN under SKIP: worker %d: %s", i, w[i].msg);
+            for (step = 0; step < 12; ++step) {
+                assert_int_equal(w[i].info[step].step, step);           /* the counts never part */
+                assert_int_equal(w[i].info[step].averaged, step % 4 == 3); /* nor the rounds */
+                assert_int_equal(w[i].info[step].skipped, i == 1 && step == 5);
+            }
+        }
+    }
+    for (i = 0; i < 2; ++i) /* the same bits again, and one model after the average */
+        for (step = 0; step < 2; ++step) {
+            assert_memory_equal(ws[i].params[step], again[i].params[step], sizeof(want[0]));
+            assert_memory_equal(ws[i].params[step], ws[0].params[0], sizeof(want[0]));
+        }
+    assert_true(tu_rel_err(ws[0].params[0], want[0], NP) > 1e-6); /* worker 1's skip is in the average */
+    assert_true(tu_rel_err(ws[0].params[0], want[0], NP) < 1e-1);
+    print_message("    2 x 2, NaN on worker 1 at step 5 (SKIP): skipped there alone, counted, rounds aligned, "
+                  "rel err %.3g from the clean run\n", tu_rel_err(ws[0].params[0], want[0], NP));
+    for (k = 0; k < 2; ++k) {
+        d.nonfinite = k ? DSGD_NONFINITE_ERROR : DSGD_NONFINITE_SKIP;
+        set_steps(ws, 0, 12, NULL, NULL);
+        ws[1].bad_step = 5;
+        ws[1].bad_what = k ? 1 : 2;
+        run_workers(&d, ws);
+        if (ws[1].fail_at != 5 || ws[1].res != (k ? DSGD_ERR_NON_FINITE : DSGD_ERR_INVALID_ARGUMENT) || !ws[1].failed)
+            fail_msg("%s: worker 1 failed at %d (%s), strategy failed %d", k ? "NaN under ERROR" : "a bad label",
+                     ws[1].fail_at, ws[1].msg, ws[1].failed);
+        if (ws[0].fail_at != 7 || ws[0].res == DSGD_OK || !ws[0].failed || ws[0].fail_s > d.timeout_s + 0.5)
+            fail_msg("%s: worker 0 failed at %d after %.3f s (%s), strategy failed %d", k ? "NaN under ERROR" : "a bad label",
+                     ws[0].fail_at, ws[0].fail_s, ws[0].msg, ws[0].failed);
+        print_message("    2 x 2, %s on worker 1 at step 5: it fails there (%s); worker 0 at the averaging, step 7, "
+                      "in %.3f s (%s)\n", k ? "NaN under ERROR" : "a bad label", dsgd_result_string(ws[1].res),
+                      ws[0].fail_s, ws[0].msg);
+    }
+    tu_watchdog(0);
+}
+
+/* In one process the agreement is the same in memory (agree 1) as over
+   the transport (agree 0). */
 static void test_failures(void **state) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy_desc d = local_desc(3, DSGD_OPT_MOMENTUM, 4, 0, DSGD_OUTER_AVERAGE);
     dsgd_strategy *s = NULL;
     float before[MAXN][NP], after[MAXN][NP], y[MAXN * B], x[MAXN * B * IN];
     dsgd_step_info info;
-    int r;
+    int r, agree;
     (void)state;
-    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
-    train(ctx, s, 0, 2, even);
-    get_all(ctx, s, before);
-    memcpy(y, g_y[2], sizeof(y));
-    y[2 * B] = 99.0f; /* replica 2's first sample */
-    TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, g_x[2], y, 3 * B, NULL));
-    assert_int_equal(dsgd_strategy_failed(s), 0);
-    get_all(ctx, s, after);
-    for (r = 0; r < 3; ++r) assert_memory_equal(after[r], before[r], sizeof(after[r]));
-    memcpy(x, g_x[2], sizeof(x));
-    x[B * IN] = NAN; /* replica 1's first sample */
-    TU_OK(ctx, dsgd_strategy_train_step(s, x, g_y[2], 3 * B, &info));
-    assert_int_equal(info.skipped, 1);
-    get_all(ctx, s, after);
-    for (r = 0; r < 3; ++r) assert_memory_equal(after[r], before[r], sizeof(after[r]));
-    TU_OK(ctx, dsgd_strategy_train_step(s, g_x[2], g_y[2], 3 * B, &info));
-    assert_int_equal(info.skipped, 0);
-    assert_int_equal(info.step, 2);
-    dsgd_strategy_destroy(s);
+    for (agree = 0; agree < 2; ++agree) {
+        d.local.agree_in_process = agree;
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        train(ctx, s, 0, 2, even);
+        get_all(ctx, s, before);
+        memcpy(y, g_y[2], sizeof(y));
+        y[2 * B] = 99.0f; /* replica 2's first sample */
+        TU_ERR(ctx, DSGD_ERR_INVALID_ARGUMENT, dsgd_strategy_train_step(s, g_x[2], y, 3 * B, NULL));
+        assert_int_equal(dsgd_strategy_failed(s), 0);
+        get_all(ctx, s, after);
+        for (r = 0; r < 3; ++r) assert_memory_equal(after[r], before[r], sizeof(after[r]));
+        memcpy(x, g_x[2], sizeof(x));
+        x[B * IN] = NAN; /* replica 1's first sample */
+        TU_OK(ctx, dsgd_strategy_train_step(s, x, g_y[2], 3 * B, &info));
+        assert_int_equal(info.skipped, 1);
+        get_all(ctx, s, after);
+        for (r = 0; r < 3; ++r) assert_memory_equal(after[r], before[r], sizeof(after[r]));
+        TU_OK(ctx, dsgd_strategy_train_step(s, g_x[2], g_y[2], 3 * B, &info));
+        assert_int_equal(info.skipped, 0);
+        assert_int_equal(info.step, 2);
+        dsgd_strategy_destroy(s);
+        s = NULL;
+    }
     dsgd_ctx_destroy(ctx);
 }
 
@@ -775,6 +1060,9 @@ int main(void) {
         cmocka_unit_test(test_restore_at_boundary),
         cmocka_unit_test(test_two_workers),
         cmocka_unit_test(test_simnet),
+        cmocka_unit_test(test_in_process_bits),
+        cmocka_unit_test(test_in_process_traffic),
+        cmocka_unit_test(test_in_process_across_workers),
         cmocka_unit_test(test_failures),
         cmocka_unit_test(test_eval_per_replica),
         cmocka_unit_test(test_wire),
