@@ -40,7 +40,27 @@
      of the strategy's own loopback, and virtual time moved.
    - A label out of range on one replica mid-round fails the step on every
      replica cleanly (the strategy stays usable, no weight moved); a NaN
-     input skips the step on every replica (info.skipped).
+     input skips the step on every replica (info.skipped), or under ERROR
+     stops them all cleanly; the same with local.agree_in_process.
+   - agree_in_process, no failed or skipped step: the bits of the
+     agreement over the transport, every replica (plain SGD with AVERAGE,
+     momentum after a warmup, DiLoCo), in one process with sliced batches
+     and a batch fn, and 2 workers x 2 replicas over one hub.
+   - Traffic over simnet (alpha 50 us), 8 rounds of H 8, 4 replicas in
+     one process: agreed, every step sends the agreement's messages and a
+     round's last one the averaging's too; in process, a local step sends
+     none and takes no virtual time, a round's last one the averaging's
+     alone; same bits. 2 workers x 2 over simnet: 64 steps send 64
+     agreements + 8 averagings, and 8 averagings in process.
+   - agree_in_process across workers (2 x 2 over one hub, H 4), a bad
+     sample at step 5 in worker 1's shard: a NaN under SKIP is skipped on
+     worker 1 alone (info.skipped), every step counted on both (info.step,
+     info.averaged aligned), one model after the average, the same bits
+     twice; a bad label or a NaN under ERROR fails worker 1 at step 5
+     (strategy failed) and worker 0 at the averaging, step 7, at once (the
+     hub's abort), or over endpoints without abort with DSGD_ERR_TIMEOUT
+     naming rank 2 after timeout_s (0.5 s). Workers that differ in the
+     option fail creation (DSGD_ERR_INVALID_ARGUMENT).
    - eval_batch evaluates each replica with its own weights on its shard:
      the EVAL metrics equal the sum of each replica's model evaluated alone.
    - Bad descs (negative period or warmup, outer_lr <= 0 or not finite for
@@ -468,6 +488,7 @@ typedef struct worker {
     int fail_at;                /* the step that failed (-1: none) */
     double fail_s;              /* how long it took */
     int failed;                 /* dsgd_strategy_failed after it */
+    int flip_agree;             /* non-zero: the other local.agree_in_process */
     float bx[MAXN * B * IN], by[MAXN * B];
 } worker;
 
@@ -478,6 +499,7 @@ static void *worker_main(void *arg) {
     int step, r;
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return NULL;
     w->d.endpoints = w->eps;
+    if (w->flip_agree) w->d.local.agree_in_process = !w->d.local.agree_in_process;
     w->fail_at = -1;
     w->res = dsgd_strategy_create(ctx, &w->d, &s);
     if (w->res == DSGD_OK && w->restore) w->res = dsgd_strategy_restore(s, w->restore, NULL);
@@ -874,6 +896,41 @@ static void test_in_process_across_workers(void **state) {
                       "in %.3f s (%s)\n", k ? "NaN under ERROR" : "a bad label", dsgd_result_string(ws[1].res),
                       ws[0].fail_s, ws[0].msg);
     }
+    /* over endpoints whose abort reaches nobody (as MPI's): worker 0
+       fails at the averaging at its deadline, timeout_s, naming a rank
+       of worker 1 */
+    {
+        dsgd_ctx *ctx = tu_ctx();
+        dsgd_loopback *hub = NULL;
+        dsgd_transport_i eps[4];
+        TU_OK(ctx, dsgd_loopback_create(ctx, 4, &hub));
+        for (i = 0; i < 4; ++i) {
+            TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
+            eps[i].abort = NULL;
+        }
+        d.nonfinite = DSGD_NONFINITE_SKIP;
+        d.timeout_s = 0.5;
+        set_steps(ws, 0, 12, NULL, NULL);
+        ws[1].bad_step = 5;
+        ws[1].bad_what = 2;
+        run_workers_on(&d, ws, eps);
+        if (ws[1].fail_at != 5 || ws[1].res != DSGD_ERR_INVALID_ARGUMENT || !ws[1].failed)
+            fail_msg("no abort: worker 1 failed at %d (%s)", ws[1].fail_at, ws[1].msg);
+        if (ws[0].fail_at != 7 || ws[0].res != DSGD_ERR_TIMEOUT || !ws[0].failed || ws[0].fail_s < 0.4 ||
+            ws[0].fail_s > d.timeout_s + 0.5 || !strstr(ws[0].msg, "rank 2"))
+            fail_msg("no abort: worker 0 failed at %d after %.3f s (%s), strategy failed %d", ws[0].fail_at,
+                     ws[0].fail_s, ws[0].msg, ws[0].failed);
+        print_message("    no abort across workers: worker 0 fails at step 7 after %.3f s, timeout_s %.1f (%s)\n",
+                      ws[0].fail_s, d.timeout_s, ws[0].msg);
+        dsgd_loopback_destroy(hub);
+        dsgd_ctx_destroy(ctx);
+    }
+    /* the workers must agree on the option: creation fails on both */
+    set_steps(ws, 0, 1, NULL, NULL);
+    ws[1].flip_agree = 1;
+    run_workers(&d, ws);
+    for (i = 0; i < 2; ++i)
+        if (ws[i].res != DSGD_ERR_INVALID_ARGUMENT) fail_msg("agree_in_process differs: worker %d: %s", i, ws[i].msg);
     tu_watchdog(0);
 }
 
@@ -909,6 +966,20 @@ static void test_failures(void **state) {
         assert_int_equal(info.step, 2);
         dsgd_strategy_destroy(s);
         s = NULL;
+        /* under ERROR: every replica stops, nothing moved, still usable */
+        d.nonfinite = DSGD_NONFINITE_ERROR;
+        TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+        train(ctx, s, 0, 2, even);
+        get_all(ctx, s, before);
+        TU_ERR(ctx, DSGD_ERR_NON_FINITE, dsgd_strategy_train_step(s, x, g_y[2], 3 * B, NULL));
+        assert_int_equal(dsgd_strategy_failed(s), 0);
+        get_all(ctx, s, after);
+        for (r = 0; r < 3; ++r) assert_memory_equal(after[r], before[r], sizeof(after[r]));
+        TU_OK(ctx, dsgd_strategy_train_step(s, g_x[2], g_y[2], 3 * B, &info));
+        assert_int_equal(info.step, 2);
+        dsgd_strategy_destroy(s);
+        s = NULL;
+        d.nonfinite = DSGD_NONFINITE_SKIP;
     }
     dsgd_ctx_destroy(ctx);
 }
