@@ -25274,7 +25274,7 @@ static const dsgd__strategy_ops dsgd__parameter_server_ops = {
      Over a network the per-step agreement is a latency-bound all-reduce
      (about 2 log2 W message latencies) every step, which for a small
      model on a slow link is most of what local SGD saves: over simnet
-     (4 ranks, 50 us a message, 1 ns a byte; the test's 99-parameter
+     (4 ranks, 50 us a message, 1 ns a byte; a 99-parameter
      model, no compute charged) 8 rounds of H 8 take 14.5 ms of virtual
      time and 1152 messages with it, 1.66 ms and 128 messages without.
      With agree_in_process a local step's agreement is taken in memory by
