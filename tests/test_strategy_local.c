@@ -45,7 +45,7 @@
    - agree_in_process, no failed or skipped step: the bits of the
      agreement over the transport, every replica (plain SGD with AVERAGE,
      momentum after a warmup, DiLoCo), in one process with sliced batches
-     and a batch fn, and 2 workers x 2 replicas over one hub.
+     and a batch fn, and 2 workers x 2 replicas over one hub (both).
    - Traffic over simnet (alpha 50 us), 8 rounds of H 8, 4 replicas in
      one process: agreed, every step sends the agreement's messages and a
      round's last one the averaging's too; in process, a local step sends
@@ -471,6 +471,18 @@ static void test_restore_at_boundary(void **state) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* A batch fn: replica r's dsgd_block_range shard of the step's uneven
+   global batch, as the sliced call gives it. */
+static dsgd_result shard_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    int step = *(const int *)user;
+    size_t lo, len;
+    dsgd_block_range((size_t)uneven(step, num_replicas), num_replicas, replica, &lo, &len);
+    out->x = g_x[step] + lo * IN;
+    out->y = g_y[step] + lo;
+    out->count = (int)len;
+    return DSGD_OK;
+}
+
 /* ---------------------------------------------------------------- workers */
 
 typedef struct worker {
@@ -489,6 +501,7 @@ typedef struct worker {
     double fail_s;              /* how long it took */
     int failed;                 /* dsgd_strategy_failed after it */
     int flip_agree;             /* non-zero: the other local.agree_in_process */
+    int use_fn;                 /* non-zero: dsgd_strategy_train_step_fn with shard_fn */
     float bx[MAXN * B * IN], by[MAXN * B];
 } worker;
 
@@ -515,7 +528,8 @@ static void *worker_main(void *arg) {
             px = w->bx;
             py = w->by;
         }
-        w->res = dsgd_strategy_train_step(s, px, py, count, step < STEPS ? &w->info[step] : NULL);
+        if (w->use_fn) w->res = dsgd_strategy_train_step_fn(s, shard_fn, &step, step < STEPS ? &w->info[step] : NULL);
+        else w->res = dsgd_strategy_train_step(s, px, py, count, step < STEPS ? &w->info[step] : NULL);
         if (w->res != DSGD_OK) {
             w->fail_at = step;
             w->fail_s = dsgd_now() - t0;
@@ -663,18 +677,6 @@ static dsgd_strategy_desc quiet_row(int k, const char **name) {
     return local_desc(4, DSGD_OPT_ADAMW, 8, 0, DSGD_OUTER_NESTEROV);
 }
 
-/* A batch fn: replica r's dsgd_block_range shard of the step's uneven
-   global batch, as the sliced call gives it. */
-static dsgd_result shard_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
-    int step = *(const int *)user;
-    size_t lo, len;
-    dsgd_block_range((size_t)uneven(step, num_replicas), num_replicas, replica, &lo, &len);
-    out->x = g_x[step] + lo * IN;
-    out->y = g_y[step] + lo;
-    out->count = (int)len;
-    return DSGD_OK;
-}
-
 /* With no failed or skipped step the agreement in process changes no bit:
    in one process (sliced batches and a batch fn), and 2 workers x 2
    replicas over one hub. */
@@ -700,6 +702,10 @@ static void test_in_process_bits(void **state) {
         set_steps(ws, 0, 26, NULL, NULL);
         run_workers(&d, ws);
         check_workers(ws, want, name);
+        set_steps(ws, 0, 26, NULL, NULL); /* a batch fn across workers: its count still all-reduced */
+        ws[0].use_fn = ws[1].use_fn = 1;
+        run_workers(&d, ws);
+        check_workers(ws, want, name);
         /* a batch fn (its count summed in memory) */
         TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
         for (step = 0; step < 26; ++step) TU_OK(ctx, dsgd_strategy_train_step_fn(s, shard_fn, &step, NULL));
@@ -707,7 +713,7 @@ static void test_in_process_bits(void **state) {
         for (r = 0; r < 4; ++r) assert_memory_equal(got[r], want[r], sizeof(got[r]));
         dsgd_strategy_destroy(s);
         dsgd_ctx_destroy(ctx);
-        print_message("    %s: agreement in process = over the transport, bit for bit (x4, batch fn, 2 x 2)\n", name);
+        print_message("    %s: agreement in process = over the transport, bit for bit (x4, batch fn, 2 x 2 and with a batch fn)\n", name);
     }
     tu_watchdog(0);
 }
