@@ -7,6 +7,9 @@
      hook            the transport's native hook (t.allreduce: MPI_Allreduce
                      on the endpoint's helper thread, waited for against the
                      deadline; see distsgd/mpi/transport.h), called directly
+     hook_blocking   the same hook on an endpoint created with
+                     blocking_allreduce = 1 (and no_share): MPI_Allreduce on
+                     the calling thread, no deadline
      auto            dsgd_allreduce(AUTO): what dsgd_allreduce_choose picks
                      (named in the row), with its agreement (ceil(log2 N)
                      rounds of 144-byte messages first, except DIRECT, whose
@@ -27,7 +30,9 @@
      mpirun --allow-run-as-root --oversubscribe -np 2 build/mpi/allreduce_mpi
    Options: [-s 4K,64M] (sizes; default 4K, 16K, ..., 64M) [-q] (fewer
    batches) [-b B] (batches, the median is taken over them) [-w BYTES]
-   (dsgd_mpi_desc.share_bytes, the shared-memory window; default 1M).
+   (dsgd_mpi_desc.share_bytes, the shared-memory window; default 1M) [-m
+   mpi,hook,hook_blocking,...] (the methods to run, by row name; mpi is always
+   run: the ratios need it).
 
    time: median over batches of the slowest rank's time per all-reduce
    (back-to-back calls after a barrier); algbw = S / t; busbw = algbw *
@@ -68,8 +73,10 @@ int main(void) {
 #define MAX_BATCHES 31
 #define TIMEOUT_S 120.0
 
-enum { M_MPI, M_HOOK, M_AUTO, M_RING, M_RING_PIECES, M_DIRECT, M_COUNT };
-static const char *const METHOD_NAME[M_COUNT] = {"MPI_Allreduce", "hook", "auto", "ring", "ring_pieces", "direct"};
+enum { M_MPI, M_HOOK, M_HOOK_BLOCKING, M_AUTO, M_RING, M_RING_PIECES, M_DIRECT, M_COUNT };
+static const char *const METHOD_NAME[M_COUNT] = {"MPI_Allreduce", "hook", "hook_blocking", "auto",
+                                                 "ring", "ring_pieces", "direct"};
+static const char *const METHOD_KEY[M_COUNT] = {"mpi", "hook", "hook_blocking", "auto", "ring", "ring_pieces", "direct"};
 
 static double now(void) { return MPI_Wtime(); }
 
@@ -128,7 +135,7 @@ static void fail(dsgd_ctx *ctx, const char *what) {
 }
 
 /* iters calls of method m; returns the seconds this rank spent per call. */
-static double run_method(int m, dsgd_transport_i *t, dsgd_comm *comm, dsgd_comm *comm_pieces, dsgd_ctx *ctx,
+static double run_method(int m, dsgd_transport_i *t, dsgd_transport_i *tb, dsgd_comm *comm, dsgd_comm *comm_pieces, dsgd_ctx *ctx,
                          float *buf, size_t count, int iters) {
     double t0;
     int it;
@@ -139,6 +146,7 @@ static double run_method(int m, dsgd_transport_i *t, dsgd_comm *comm, dsgd_comm 
         switch (m) {
         case M_MPI: MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
         case M_HOOK: r = t->allreduce(t->impl, buf, count, DSGD_REDUCE_SUM, dsgd_now() + TIMEOUT_S); break;
+        case M_HOOK_BLOCKING: r = tb->allreduce(tb->impl, buf, count, DSGD_REDUCE_SUM, dsgd_now() + TIMEOUT_S); break;
         case M_AUTO: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S); break;
         case M_RING: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_RING, TIMEOUT_S); break;
         case M_RING_PIECES:
@@ -153,15 +161,19 @@ static double run_method(int m, dsgd_transport_i *t, dsgd_comm *comm, dsgd_comm 
 
 int main(int argc, char **argv) {
     size_t sizes[MAX_SIZES], maxbytes = 0, wbytes = 0;
-    int num_sizes = 8, quick = 0, batches = 0, rank, n, i, k, si, m, provided = 0;
+    int num_sizes = 8, quick = 0, batches = 0, rank, n, i, k, si, m, provided = 0, want[M_COUNT];
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     double copy_bw;
     float *buf;
     dsgd_ctx *ctx = NULL;
-    dsgd_transport_i t;
+    dsgd_transport_i t, tb;
     dsgd_comm *comm = NULL, *comm_pieces = NULL;
-    dsgd_mpi_desc md;
+    dsgd_mpi_desc md, mb;
     memset(&md, 0, sizeof(md));
+    memset(&mb, 0, sizeof(mb));
+    mb.no_share = 1;
+    mb.blocking_allreduce = 1;
+    for (m = 0; m < M_COUNT; ++m) want[m] = 1;
     for (i = 1; i + 1 < argc; ++i)
         if (!strcmp(argv[i], "-w")) md.share_bytes = parse_size(argv[i + 1]);
     if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
@@ -169,6 +181,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     if (dsgd_mpi_transport_create(ctx, &md, &t) != DSGD_OK) fail(ctx, "dsgd_mpi_transport_create");
+    if (dsgd_mpi_transport_create(ctx, &mb, &tb) != DSGD_OK) fail(ctx, "dsgd_mpi_transport_create (blocking)");
     if (dsgd_comm_create(ctx, &t, NULL, &comm) != DSGD_OK) fail(ctx, "dsgd_comm_create");
     /* a second communicator over the same endpoint (their collectives never
        overlap), with the ring's old schedule */
@@ -181,6 +194,18 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "-q")) quick = 1;
         else if (!strcmp(argv[i], "-b") && i + 1 < argc) batches = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-w") && i + 1 < argc) ++i; /* read above */
+        else if (!strcmp(argv[i], "-m") && i + 1 < argc) {
+            char *tok, *save = NULL;
+            for (m = 1; m < M_COUNT; ++m) want[m] = 0;
+            for (tok = strtok_r(argv[++i], ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                for (m = 0; m < M_COUNT && strcmp(tok, METHOD_KEY[m]) != 0; ++m) {}
+                if (m == M_COUNT) {
+                    if (rank == 0) fprintf(stderr, "allreduce_mpi: unknown method %s\n", tok);
+                    dsgd_mpi_abort(2);
+                }
+                want[m] = 1;
+            }
+        }
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             char *tok, *save = NULL;
             num_sizes = 0;
@@ -218,8 +243,8 @@ int main(int argc, char **argv) {
         for (b = -1; b < nb; ++b) { /* batch -1 warms up */
             for (m = 0; m < M_COUNT; ++m) {
                 double tm, tmax;
-                if (m == M_DIRECT && !t.share) continue;
-                tm = run_method(m, &t, comm, comm_pieces, ctx, buf, count, iters);
+                if (!want[m] || (m == M_DIRECT && !t.share)) continue;
+                tm = run_method(m, &t, &tb, comm, comm_pieces, ctx, buf, count, iters);
                 MPI_Allreduce(&tm, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
                 if (b >= 0) per_batch[m][b] = tmax;
             }
@@ -231,7 +256,7 @@ int main(int argc, char **argv) {
             for (m = 0; m < M_COUNT; ++m) {
                 char label[40];
                 double tt, algbw, busbw, vs;
-                if (m == M_DIRECT && !t.share) continue;
+                if (!want[m] || (m == M_DIRECT && !t.share)) continue;
                 med[m] = tt = bench_median(per_batch[m], nb);
                 algbw = (double)bytes / tt;
                 busbw = algbw * 2.0 * (n - 1) / n;
@@ -246,7 +271,7 @@ int main(int argc, char **argv) {
                        vs, 2.0 * n * (double)bytes / tt / copy_bw);
                 printf("RESULT allreduce_mpi n=%d bytes=%zu algo=%s time_us=%.3f algbw_GBps=%.4f busbw_GBps=%.4f "
                        "vs_mpi=%.4f frac_copy=%.4f\n",
-                       n, bytes, m == M_MPI ? "mpi" : METHOD_NAME[m], tt * 1e6, algbw / 1e9, busbw / 1e9, vs,
+                       n, bytes, METHOD_KEY[m], tt * 1e6, algbw / 1e9, busbw / 1e9, vs,
                        2.0 * n * (double)bytes / tt / copy_bw);
             }
             fflush(stdout);
@@ -256,6 +281,7 @@ int main(int argc, char **argv) {
     dsgd_comm_destroy(comm);
     dsgd_comm_destroy(comm_pieces);
     t.destroy(t.impl);
+    tb.destroy(tb.impl);
     dsgd_ctx_destroy(ctx);
     MPI_Finalize();
     return 0;

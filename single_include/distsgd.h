@@ -32178,13 +32178,18 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      runs MPI_Allreduce on a helper thread of the endpoint, started at its
      first use and stopped by destroy, while the caller waits on a
      condition variable until it is done, the deadline passes or the
-     endpoint is aborted (seen within 1 ms). From 1 MiB up it is within
-     5-15% of MPI_Allreduce called directly; a small one pays the two
-     thread wake-ups (about 15 us on a 2-CPU machine). Below
-     MPI_THREAD_MULTIPLE the helper's MPI calls could overlap the
-     program's, so the hook polls MPI_Iallreduce with MPI_Test instead.
-     MEAN sums, then divides by the size; MAX and MIN use operations that
-     propagate NaN and give the same bits in any order.
+     endpoint is aborted (seen within 1 ms). Each call pays two thread
+     wake-ups, 15-30 us on a 2-CPU machine: far behind MPI_Allreduce
+     called directly below 256 KiB (it takes 1-20 us there), within
+     10-20% of it at 1 MiB. Below MPI_THREAD_MULTIPLE the helper's MPI
+     calls could overlap the program's, so the hook polls MPI_Iallreduce
+     with MPI_Test instead. With dsgd_mpi_desc.blocking_allreduce = 1 the
+     hook calls MPI_Allreduce on the caller's thread, at any thread level:
+     MPI_Allreduce's time and bits, but no deadline and no abort: the call
+     returns when every rank has joined (a rank that never comes hangs
+     it, as MPI_Allreduce would). MEAN sums, then divides by the size; MAX
+     and MIN use operations that propagate NaN and give the same bits in
+     any order.
 
    WAITING AND DEADLINES
 
@@ -32260,8 +32265,8 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      call MPI at once) and refuses less with DSGD_ERR_UNSUPPORTED naming
      both levels, on every process when one provides less. dsgd_mpi_init
      asks MPI for MPI_THREAD_MULTIPLE; with it the native all-reduce runs
-     on a helper thread (see THE NATIVE ALL-REDUCE). abort only sets a flag
-     and calls no MPI function.
+     on a helper thread unless blocking_allreduce is set (see THE NATIVE
+     ALL-REDUCE). abort only sets a flag and calls no MPI function.
 
    THE PARTS
 
@@ -32338,6 +32343,10 @@ typedef struct dsgd_mpi_desc {
     int no_share;     /* 1: no shared-memory window even when every rank is on
                          one node (share/unshare NULL). Must be equal on every
                          rank (checked at creation) */
+    int blocking_allreduce; /* 1: the native all-reduce calls MPI_Allreduce on
+                               the caller's thread, with no deadline and no
+                               abort (see THE NATIVE ALL-REDUCE); 0: on a
+                               helper thread, against the deadline */
 } dsgd_mpi_desc;
 
 /* Fills *out with this process's endpoint of the group desc->comm (desc
@@ -32471,6 +32480,7 @@ typedef struct dsgd_mpi__shared {
     size_t win_bytes;
     int gone; /* this rank withdrew its window after a failure */
     int provided; /* MPI's thread level */
+    int blocking; /* desc->blocking_allreduce: the native all-reduce on the caller's thread */
     int stale;    /* atomic: a transfer failed, messages may be left on comm (not freed) */
 } dsgd_mpi__shared;
 
@@ -33117,7 +33127,17 @@ static dsgd_result dsgd_mpi__probe(void *impl, double deadline, int *src, uint64
    as a pending MPI_Iallreduce would: the endpoint is failed. Below
    MPI_THREAD_MULTIPLE (the helper's MPI calls would break the level: the
    caller's thread may call MPI after a timeout) it polls MPI_Iallreduce
-   with MPI_Test, as before. */
+   with MPI_Test, as before.
+
+   Cost of the helper: two thread hand-offs per call (post, done), each a
+   futex wake and a scheduler wake-up: 15-30 us a call on a 2-CPU virtual
+   machine (a bare mutex + condition ping-pong between two threads there:
+   9-21 us a round trip; a raw futex one: 3-11 us), against
+   MPI_Allreduce's 1.3 us at 4 KiB and 18 us at 64 KiB on 2 ranks. No
+   hand-off keeps a deadline that MPI cannot give, and a busy wait needs
+   a spare CPU per rank. So with dsgd_mpi_desc.blocking_allreduce the hook
+   calls MPI_Allreduce on the caller's thread (any thread level): MPI's
+   time and bits, no deadline, no abort. */
 
 #ifdef __cplusplus
 extern "C" {
@@ -33298,11 +33318,17 @@ static dsgd_result dsgd_mpi__allreduce(void *impl, float *buf, size_t count, dsg
         snprintf(e->err, sizeof(e->err), "mpi rank %d: all-reduce of %zu floats from NULL", e->rank, count);
         return DSGD_ERR_INVALID_ARGUMENT;
     }
-    if (!e->helper && count > 0 && e->sh->provided == MPI_THREAD_MULTIPLE) e->helper = dsgd_mpi__helper_start(e);
+    if (!e->sh->blocking && !e->helper && count > 0 && e->sh->provided == MPI_THREAD_MULTIPLE)
+        e->helper = dsgd_mpi__helper_start(e);
     for (off = 0; off < count; off += per) {
         int len = (int)DSGD__MIN(per, count - off), flag = 0, rc = MPI_SUCCESS;
         MPI_Request req = MPI_REQUEST_NULL;
         dsgd_mpi__wait w;
+        if (e->sh->blocking) { /* blocking_allreduce: no deadline, no abort */
+            rc = MPI_Allreduce(MPI_IN_PLACE, buf + off, len, MPI_FLOAT, mop, e->comm);
+            if (rc != MPI_SUCCESS) return dsgd_mpi__mpi_error(e, "MPI_Allreduce", -1, rc);
+            continue;
+        }
         memset(&w, 0, sizeof(w));
         if (e->helper) {
             r = dsgd_mpi__helper_run(e, buf + off, len, mop, deadline, &rc);
@@ -33761,6 +33787,7 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
     sh->node = MPI_COMM_NULL;
     sh->win = MPI_WIN_NULL;
     sh->provided = provided;
+    sh->blocking = desc && desc->blocking_allreduce;
     sh->refs = 1; /* creation's own reference, dropped at the end */
     rc = MPI_Comm_dup(base, &sh->comm);
     if (rc != MPI_SUCCESS) {

@@ -12,8 +12,10 @@
      (none)       for this np: dsgd_allreduce with RING, HALVING_DOUBLING,
                   REDUCE_BROADCAST, RECURSIVE_DOUBLING, AUTO (on an
                   endpoint with no_share, so that it runs the transport's
-                  native hook, MPI_Allreduce on a helper thread) and
-                  DIRECT (over the MPI-3 shared-memory windows; AUTO's
+                  native hook, MPI_Allreduce on a helper thread; and again
+                  on an endpoint with blocking_allreduce, MPI_Allreduce on
+                  the calling thread, which must give the helper's bits)
+                  and DIRECT (over the MPI-3 shared-memory windows; AUTO's
                   pick on one node), reduce_scatter,
                   allgather, broadcast from every root and barrier, with
                   every op (SUM, MEAN, MAX, MIN) at counts {0, 1, N-1, N+1,
@@ -22,7 +24,7 @@
                   MAX, MIN and the data movers exact), the same bits on
                   every rank, and the same bits as over the loopback for
                   every explicit algorithm; NaN propagation of MAX and MIN
-                  (native hook included); the agreement over MPI (ranks
+                  (native hook included, both ways); the agreement over MPI (ranks
                   passing different counts all get DSGD_ERR_DESYNC and go
                   on); the transport itself: a tag or size mismatch gives
                   DSGD_ERR_DESYNC on the receiver at once, probe reports
@@ -40,6 +42,8 @@
                   level; the default (MPI_THREAD_SERIALIZED) is refused with
                   DSGD_ERR_UNSUPPORTED naming both levels; asking for
                   FUNNELED works; a bad level is DSGD_ERR_INVALID_ARGUMENT;
+                  blocking_allreduce on FUNNELED has the native hook, and
+                  its MEAN is exact;
                   two endpoints per process (dsgd_mpi_transport_create_local)
                   on FUNNELED are DSGD_ERR_UNSUPPORTED naming
                   MPI_THREAD_MULTIPLE.
@@ -389,8 +393,10 @@ static void one_case(dsgd_comm *comm, twin *tw, const job *j, float **in, const 
 }
 
 /* hook: a communicator over an endpoint without the window (no_share),
-   where AUTO runs the native hook; comm's AUTO goes through the windows. */
-static void test_collectives(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
+   where AUTO runs the native hook; blk: the same over an endpoint with
+   blocking_allreduce (MPI_Allreduce on the calling thread), whose results
+   must be the helper's bits; comm's AUTO goes through the windows. */
+static void test_collectives(dsgd_comm *comm, dsgd_comm *hook, dsgd_comm *blk, twin *tw) {
     size_t counts[5], count;
     int n = g_size, ci, a, o, k;
     counts[0] = 0;
@@ -403,7 +409,7 @@ static void test_collectives(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
               dsgd_allreduce_choose(comm, (size_t)16 << 20) == DSGD_ALLREDUCE_DIRECT,
           "np=%d: AUTO does not pick DIRECT on one node", n);
     for (ci = 0; ci < 5; ++ci) {
-        float *in[8], *buf;
+        float *in[8], *buf, *held;
         ref rf;
         job j;
         double t0 = dsgd_now();
@@ -418,7 +424,8 @@ static void test_collectives(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
             for (i = 0; i < count; ++i) in[k][i] = input_value(1234 + (uint64_t)ci, k, i);
         }
         buf = (float *)malloc((count + 1) * sizeof(float));
-        if (!buf) MPI_Abort(MPI_COMM_WORLD, 2);
+        held = (float *)malloc((count + 1) * sizeof(float));
+        if (!buf || !held) MPI_Abort(MPI_COMM_WORLD, 2);
         ref_compute(&rf, in, n, count);
         memset(&j, 0, sizeof(j));
         j.count = count;
@@ -428,6 +435,12 @@ static void test_collectives(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
                 j.algo = ALGOS[a];
                 j.op = OPS[o];
                 one_case(j.algo == DSGD_ALLREDUCE_AUTO ? hook : comm, tw, &j, in, &rf, buf);
+                if (j.algo != DSGD_ALLREDUCE_AUTO) continue;
+                memcpy(held, buf, count * sizeof(float));
+                one_case(blk, tw, &j, in, &rf, buf);
+                check(memcmp(held, buf, count * sizeof(float)) == 0,
+                      "np=%d blocking_allreduce %s count %zu: not the helper's bits", n, dsgd_reduce_op_name(j.op),
+                      count);
             }
         j.kind = J_REDUCE_SCATTER;
         for (o = 0; o < 4; ++o) {
@@ -450,13 +463,14 @@ static void test_collectives(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
         }
         ref_free(&rf);
         free(buf);
+        free(held);
         for (k = 0; k < n; ++k) free(in[k]);
     }
 }
 
 /* MAX and MIN propagate NaNs: rank k puts a NaN with payload k + 1 at
    element 3 + 5k, and rank 0 a second one at the last element. */
-static void test_nan(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
+static void test_nan(dsgd_comm *comm, dsgd_comm *hook, dsgd_comm *blk, twin *tw) {
     enum { COUNT = 41 };
     float *in[8], buf[COUNT];
     int n = g_size, k, a, o;
@@ -471,18 +485,19 @@ static void test_nan(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
         memcpy(&in[k][3 + 5 * k], &bits, sizeof(bits));
         if (k == 0) memcpy(&in[k][COUNT - 1], &bits, sizeof(bits));
     }
-    for (a = 0; a < NUM_ALGOS; ++a)
+    for (a = 0; a <= NUM_ALGOS; ++a) /* NUM_ALGOS: AUTO on blk */
         for (o = 2; o < 4; ++o) {
             job j;
             int ok = 1;
+            dsgd_comm *on = a == NUM_ALGOS ? blk : ALGOS[a] == DSGD_ALLREDUCE_AUTO ? hook : comm;
             memset(&j, 0, sizeof(j));
             j.kind = J_ALLREDUCE;
-            j.algo = ALGOS[a];
+            j.algo = a == NUM_ALGOS ? DSGD_ALLREDUCE_AUTO : ALGOS[a];
             j.op = OPS[o];
             j.count = COUNT;
             memcpy(buf, in[g_rank], sizeof(buf));
-            if (!check(run_job(j.algo == DSGD_ALLREDUCE_AUTO ? hook : comm, &j, buf) == DSGD_OK, "np=%d NaN %s %s: %s", n, dsgd_allreduce_algo_name(j.algo),
-                       dsgd_reduce_op_name(j.op), dsgd_ctx_last_error(dsgd_comm_ctx(comm))))
+            if (!check(run_job(on, &j, buf) == DSGD_OK, "np=%d NaN %s%s %s: %s", n, dsgd_allreduce_algo_name(j.algo),
+                       on == blk ? " (blocking)" : "", dsgd_reduce_op_name(j.op), dsgd_ctx_last_error(dsgd_comm_ctx(on))))
                 continue;
             for (i = 0; i < COUNT; ++i) {
                 int want_nan = i == COUNT - 1 || (i >= 3 && (i - 3) % 5 == 0 && (int)((i - 3) / 5) < n);
@@ -492,8 +507,8 @@ static void test_nan(dsgd_comm *comm, dsgd_comm *hook, twin *tw) {
                         want = o == 2 ? (in[k][i] > want ? in[k][i] : want) : (in[k][i] < want ? in[k][i] : want);
                 if (want_nan ? !isnan(buf[i]) : memcmp(&buf[i], &want, sizeof(float)) != 0) ok = 0;
             }
-            check(ok, "np=%d NaN %s %s: NaNs not propagated (or other elements wrong)", n,
-                  dsgd_allreduce_algo_name(j.algo), dsgd_reduce_op_name(j.op));
+            check(ok, "np=%d NaN %s%s %s: NaNs not propagated (or other elements wrong)", n,
+                  dsgd_allreduce_algo_name(j.algo), on == blk ? " (blocking)" : "", dsgd_reduce_op_name(j.op));
             check(same_on_all_ranks(buf, COUNT), "np=%d NaN %s %s: ranks differ in bits", n,
                   dsgd_allreduce_algo_name(j.algo), dsgd_reduce_op_name(j.op));
             if (j.algo != DSGD_ALLREDUCE_AUTO && check(twin_run(tw, &j, in), "np=%d NaN: loopback failed", n))
@@ -1147,9 +1162,9 @@ static int mode_share_deadline(dsgd_ctx *ctx) {
 /* ---------------------------------------------------------------- modes */
 
 static int mode_suite(dsgd_ctx *ctx) {
-    dsgd_transport_i t, th;
+    dsgd_transport_i t, th, tb;
     dsgd_mpi_desc d;
-    dsgd_comm *comm = NULL, *hook = NULL;
+    dsgd_comm *comm = NULL, *hook = NULL, *blk = NULL;
     twin tw;
     double t0 = dsgd_now();
     make_transport(ctx, &t);
@@ -1159,6 +1174,13 @@ static int mode_suite(dsgd_ctx *ctx) {
         printf("rank %d: the no_share endpoint: %s\n", g_rank, dsgd_ctx_last_error(ctx));
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
+    d.blocking_allreduce = 1;
+    if (dsgd_mpi_transport_create(ctx, &d, &tb) != DSGD_OK || dsgd_comm_create(ctx, &tb, NULL, &blk) != DSGD_OK) {
+        printf("rank %d: the blocking_allreduce endpoint: %s\n", g_rank, dsgd_ctx_last_error(ctx));
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    check(dsgd_allreduce_choose(blk, 1000) == DSGD_ALLREDUCE_AUTO,
+          "np=%d: AUTO on the blocking_allreduce endpoint is not the hook", g_size);
     check(dsgd_allreduce_choose(hook, 1000) == DSGD_ALLREDUCE_AUTO, "np=%d: AUTO without a window is not the hook",
           g_size);
     check(t.rank == g_rank && t.size == g_size && strcmp(t.name, "mpi") == 0, "the endpoint's rank and size");
@@ -1167,12 +1189,14 @@ static int mode_suite(dsgd_ctx *ctx) {
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     twin_init(&tw, g_size);
-    test_collectives(comm, hook, &tw);
-    test_nan(comm, hook, &tw);
+    test_collectives(comm, hook, blk, &tw);
+    test_nan(comm, hook, blk, &tw);
     test_agreement(comm);
     twin_free(&tw);
     dsgd_comm_destroy(hook);
     th.destroy(th.impl);
+    dsgd_comm_destroy(blk);
+    tb.destroy(tb.impl);
     dsgd_comm_destroy(comm);
     t.destroy(t.impl);
     test_mismatch(ctx);
@@ -1281,6 +1305,23 @@ static int mode_levels(dsgd_ctx *ctx, int *argc, char ***argv) {
                   x == (float)g_size,
               "levels: an all-reduce on FUNNELED: %s", dsgd_ctx_last_error(ctx));
         dsgd_comm_destroy(comm);
+        t.destroy(t.impl);
+    }
+    /* blocking_allreduce calls MPI_Allreduce on the caller's thread: the
+       native hook at any level (below MULTIPLE it is MPI_Iallreduce else) */
+    d.no_share = 1;
+    d.blocking_allreduce = 1;
+    r = dsgd_mpi_transport_create(ctx, &d, &t);
+    if (check(r == DSGD_OK && t.allreduce != NULL, "levels: blocking_allreduce on FUNNELED: %s: %s",
+              dsgd_result_string(r), dsgd_ctx_last_error(ctx))) {
+        float v[1001];
+        int k, ok = 1;
+        for (k = 0; k < 1001; ++k) v[k] = (float)(k + g_rank);
+        r = t.allreduce(t.impl, v, 1001, DSGD_REDUCE_MEAN, dsgd_now() + TIMEOUT_S);
+        /* the mean of k, k + 1, ..., k + size - 1: exact in float here */
+        for (k = 0; k < 1001; ++k) ok &= v[k] == (float)k + (float)(g_size - 1) / 2.0f;
+        check(r == DSGD_OK && ok, "levels: blocking_allreduce MEAN on FUNNELED: %s: %s", dsgd_result_string(r),
+              t.error_message(t.impl));
         t.destroy(t.impl);
     }
     return summary();

@@ -123,13 +123,18 @@
      runs MPI_Allreduce on a helper thread of the endpoint, started at its
      first use and stopped by destroy, while the caller waits on a
      condition variable until it is done, the deadline passes or the
-     endpoint is aborted (seen within 1 ms). From 1 MiB up it is within
-     5-15% of MPI_Allreduce called directly; a small one pays the two
-     thread wake-ups (about 15 us on a 2-CPU machine). Below
-     MPI_THREAD_MULTIPLE the helper's MPI calls could overlap the
-     program's, so the hook polls MPI_Iallreduce with MPI_Test instead.
-     MEAN sums, then divides by the size; MAX and MIN use operations that
-     propagate NaN and give the same bits in any order.
+     endpoint is aborted (seen within 1 ms). Each call pays two thread
+     wake-ups, 15-30 us on a 2-CPU machine: far behind MPI_Allreduce
+     called directly below 256 KiB (it takes 1-20 us there), within
+     10-20% of it at 1 MiB. Below MPI_THREAD_MULTIPLE the helper's MPI
+     calls could overlap the program's, so the hook polls MPI_Iallreduce
+     with MPI_Test instead. With dsgd_mpi_desc.blocking_allreduce = 1 the
+     hook calls MPI_Allreduce on the caller's thread, at any thread level:
+     MPI_Allreduce's time and bits, but no deadline and no abort: the call
+     returns when every rank has joined (a rank that never comes hangs
+     it, as MPI_Allreduce would). MEAN sums, then divides by the size; MAX
+     and MIN use operations that propagate NaN and give the same bits in
+     any order.
 
    WAITING AND DEADLINES
 
@@ -205,8 +210,8 @@
      call MPI at once) and refuses less with DSGD_ERR_UNSUPPORTED naming
      both levels, on every process when one provides less. dsgd_mpi_init
      asks MPI for MPI_THREAD_MULTIPLE; with it the native all-reduce runs
-     on a helper thread (see THE NATIVE ALL-REDUCE). abort only sets a flag
-     and calls no MPI function.
+     on a helper thread unless blocking_allreduce is set (see THE NATIVE
+     ALL-REDUCE). abort only sets a flag and calls no MPI function.
 
    THE PARTS
 
@@ -283,6 +288,10 @@ typedef struct dsgd_mpi_desc {
     int no_share;     /* 1: no shared-memory window even when every rank is on
                          one node (share/unshare NULL). Must be equal on every
                          rank (checked at creation) */
+    int blocking_allreduce; /* 1: the native all-reduce calls MPI_Allreduce on
+                               the caller's thread, with no deadline and no
+                               abort (see THE NATIVE ALL-REDUCE); 0: on a
+                               helper thread, against the deadline */
 } dsgd_mpi_desc;
 
 /* Fills *out with this process's endpoint of the group desc->comm (desc
@@ -416,6 +425,7 @@ typedef struct dsgd_mpi__shared {
     size_t win_bytes;
     int gone; /* this rank withdrew its window after a failure */
     int provided; /* MPI's thread level */
+    int blocking; /* desc->blocking_allreduce: the native all-reduce on the caller's thread */
     int stale;    /* atomic: a transfer failed, messages may be left on comm (not freed) */
 } dsgd_mpi__shared;
 
