@@ -23,7 +23,11 @@
                      ring_pieces; the same bits)
      direct          dsgd_allreduce(DIRECT) through the MPI-3 shared-memory
                      windows (every rank on one node)
-   The methods take turns within each batch, so drift hits them alike.
+     MPI_again       MPI_Allreduce once more: the noise control (its vs_mpi
+                     would be 1 on a quiet machine)
+   The methods take turns within each batch, each batch starting one method
+   later than the one before, so drift and the place in the turn hit them
+   alike.
 
    Build and run (see `make bench-mpi`):
      mpicc -std=c99 -O3 -march=native -I. bench/allreduce_mpi.c -o build/mpi/allreduce_mpi -lm -lpthread
@@ -73,10 +77,11 @@ int main(void) {
 #define MAX_BATCHES 31
 #define TIMEOUT_S 120.0
 
-enum { M_MPI, M_HOOK, M_HOOK_BLOCKING, M_AUTO, M_RING, M_RING_PIECES, M_DIRECT, M_COUNT };
+enum { M_MPI, M_HOOK, M_HOOK_BLOCKING, M_AUTO, M_RING, M_RING_PIECES, M_DIRECT, M_MPI_AGAIN, M_COUNT };
 static const char *const METHOD_NAME[M_COUNT] = {"MPI_Allreduce", "hook", "hook_blocking", "auto",
-                                                 "ring", "ring_pieces", "direct"};
-static const char *const METHOD_KEY[M_COUNT] = {"mpi", "hook", "hook_blocking", "auto", "ring", "ring_pieces", "direct"};
+                                                 "ring", "ring_pieces", "direct", "MPI_again"};
+static const char *const METHOD_KEY[M_COUNT] = {"mpi",  "hook",        "hook_blocking", "auto",
+                                                "ring", "ring_pieces", "direct",        "mpi_again"};
 
 static double now(void) { return MPI_Wtime(); }
 
@@ -144,7 +149,8 @@ static double run_method(int m, dsgd_transport_i *t, dsgd_transport_i *tb, dsgd_
     for (it = 0; it < iters; ++it) {
         dsgd_result r = DSGD_OK;
         switch (m) {
-        case M_MPI: MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+        case M_MPI:
+        case M_MPI_AGAIN: MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
         case M_HOOK: r = t->allreduce(t->impl, buf, count, DSGD_REDUCE_SUM, dsgd_now() + TIMEOUT_S); break;
         case M_HOOK_BLOCKING: r = tb->allreduce(tb->impl, buf, count, DSGD_REDUCE_SUM, dsgd_now() + TIMEOUT_S); break;
         case M_AUTO: r = dsgd_allreduce(comm, buf, count, DSGD_REDUCE_SUM, DSGD_ALLREDUCE_AUTO, TIMEOUT_S); break;
@@ -240,10 +246,13 @@ int main(int argc, char **argv) {
         size_t bytes = sizes[si], count = bytes / sizeof(float);
         int iters = iters_for(bytes), nb = batches > 0 ? batches : batches_for(bytes, quick), b;
         double per_batch[M_COUNT][MAX_BATCHES], med[M_COUNT];
+        int order[M_COUNT], nm = 0;
+        for (m = 0; m < M_COUNT; ++m)
+            if (want[m] && !(m == M_DIRECT && !t.share)) order[nm++] = m;
         for (b = -1; b < nb; ++b) { /* batch -1 warms up */
-            for (m = 0; m < M_COUNT; ++m) {
+            for (k = 0; k < nm; ++k) {
                 double tm, tmax;
-                if (!want[m] || (m == M_DIRECT && !t.share)) continue;
+                m = order[(k + b + 1) % nm];
                 tm = run_method(m, &t, &tb, comm, comm_pieces, ctx, buf, count, iters);
                 MPI_Allreduce(&tm, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
                 if (b >= 0) per_batch[m][b] = tmax;
