@@ -32180,8 +32180,8 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      condition variable until it is done, the deadline passes or the
      endpoint is aborted (seen within 1 ms). Each call pays two thread
      wake-ups, 15-30 us on a 2-CPU machine: far behind MPI_Allreduce
-     called directly below 256 KiB (it takes 1-20 us there), within
-     10-20% of it at 1 MiB. Below MPI_THREAD_MULTIPLE the helper's MPI
+     called directly below 256 KiB (it takes 1-20 us there), 0.8-0.95x
+     of it at 1 MiB. Below MPI_THREAD_MULTIPLE the helper's MPI
      calls could overlap the program's, so the hook polls MPI_Iallreduce
      with MPI_Test instead. With dsgd_mpi_desc.blocking_allreduce = 1 the
      hook calls MPI_Allreduce on the caller's thread, at any thread level:
