@@ -432,13 +432,16 @@ bench-mpi: $(BUILD)/bench/allreduce
 	$(BENCH_ENV) $(BUILD)/bench/allreduce -n $(shell echo $(MPI_NP) | tr ' ' ,) $(ARGS)
 
 # A training step over MPI with the gradient exchange after backward and
-# beside it (dsgd_strategy_desc.overlap), in one run: the CNN, np 4, TCP
-# between the ranks (bench/overlap_mpi.c; ARGS="--mlp" for the MLP).
+# beside it (dsgd_strategy_desc.overlap), in one run: the CNN at np 4 and 2,
+# TCP between the ranks over the loopback throttled by tc to LINKS per rank
+# (default 1gbit; "none": as it is), as between machines
+# (bench/overlap_mpi.sh: root, removes its qdisc on exit; ARGS go to the
+# bench, e.g. ARGS="--mlp" for the MLP; REPEATS, NPS as the script says).
 bench-overlap-mpi:
 	@sh tools/deps.sh mpi
 	@mkdir -p $(BUILD)/mpi
 	$(MPICC) -std=c99 -O3 -march=native -I. bench/overlap_mpi.c -o $(BUILD)/mpi/overlap_mpi -lm -lpthread
-	$(MPIRUN) -np 4 --mca btl tcp,self $(BUILD)/mpi/overlap_mpi $(ARGS)
+	BUILD=$(BUILD) MPIRUN="$(MPIRUN)" ARGS="$(ARGS)" sh bench/overlap_mpi.sh
 
 # Does gradient compression pay on this link? bench/breakeven_mpi.c at np 2
 # over TCP, the loopback as it is and throttled by tc (bench/breakeven_mpi.sh:

@@ -18,15 +18,20 @@
    Printed per mode: ms per step, the exchange's seconds per step
    (dsgd_step_info.exchange_s) and the part the step waited for after
    backward (exposed_s), averaged over the timed steps of every round on
-   rank 0; hidden = 1 - exposed / exchange; and the time with overlap over
-   the time without.
-     RESULT overlap_mpi n=4 model=cnn mode=on ms_per_step=... exchange_ms=... exposed_ms=... hidden=... vs_off=...
+   rank 0; hidden = 1 - exposed / exchange; the CPU time every process
+   used per step, summed over the processes (cpu_ms: with overlap this
+   shows where the CPU goes, as the ranks' polling and TCP's copies
+   count); and the time with overlap over the time without. --label TEXT
+   names the link (bench/overlap_mpi.sh passes the tc settings).
+     RESULT overlap_mpi label=... n=4 model=cnn mode=on ms_per_step=... exchange_ms=... exposed_ms=... hidden=... cpu_ms=... vs_off=...
 
    Build and run (make bench-overlap-mpi: np 4, TCP between the ranks):
      mpicc -std=c99 -O3 -march=native -I. bench/overlap_mpi.c -o build/mpi/overlap_mpi -lm -lpthread
      mpirun --allow-run-as-root --oversubscribe -np 4 --mca btl tcp,self build/mpi/overlap_mpi
    Options: [--mlp] [--batch B] (per replica, default 32) [--bucket BYTES]
-   [--algo ring|auto] [--threads T] [--steps S] [--rounds R] [--warmup W]. */
+   [--algo ring|auto] [--threads T] [--steps S] [--rounds R] [--warmup W]
+   [--label TEXT]. bench/overlap_mpi.sh runs it at np 4 and 2 over the
+   loopback throttled by tc, as a link between machines. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 
@@ -48,6 +53,8 @@ int main(void) {
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "bench_models.h"
 #include "bench_util.h"
@@ -58,7 +65,15 @@ typedef struct options {
     int mlp, batch, threads, steps, rounds, warmup;
     size_t bucket;
     dsgd_allreduce_algo algo;
+    const char *label;
 } options;
+
+/* This process's CPU seconds so far (every thread's). */
+static double cpu_now(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0.0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static void die(dsgd_ctx *ctx, int rank, const char *what) {
     fprintf(stderr, "overlap_mpi rank %d: %s: %s\n", rank, what, ctx ? dsgd_ctx_last_error(ctx) : "");
@@ -75,6 +90,7 @@ static int parse(int argc, char **argv, options *o) {
     o->warmup = 2;
     o->bucket = (size_t)256 * 1024;
     o->algo = DSGD_ALLREDUCE_RING;
+    o->label = "loopback";
     for (a = 1; a < argc; ++a) {
         const char *v = a + 1 < argc ? argv[a + 1] : NULL;
         if (!strcmp(argv[a], "--mlp")) o->mlp = 1;
@@ -83,6 +99,7 @@ static int parse(int argc, char **argv, options *o) {
         else if (!strcmp(argv[a], "--steps") && v) o->steps = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--rounds") && v) o->rounds = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--warmup") && v) o->warmup = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--label") && v) o->label = argv[++a];
         else if (!strcmp(argv[a], "--bucket") && v) o->bucket = (size_t)strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--algo") && v && (!strcmp(v, "ring") || !strcmp(v, "auto"))) {
             o->algo = !strcmp(v, "ring") ? DSGD_ALLREDUCE_RING : DSGD_ALLREDUCE_AUTO;
@@ -131,7 +148,8 @@ int main(int argc, char **argv) {
     dsgd_transport_i ep;
     options o;
     int rank = 0, np = 1, round, mode, step, i;
-    double ms[2][MAX_ROUNDS], exch[2] = {0, 0}, expo[2] = {0, 0}, med[2];
+    double ms[2][MAX_ROUNDS], exch[2] = {0, 0}, expo[2] = {0, 0}, cpu[2] = {0, 0}, med[2];
+    char cpu_model[128];
     float *x, *y, *w[2] = {NULL, NULL};
     size_t nparams = 0;
     uint64_t rng = 12345;
@@ -142,7 +160,8 @@ int main(int argc, char **argv) {
     if (!parse(argc, argv, &o)) {
         if (rank == 0)
             fprintf(stderr, "usage: mpirun -np P %s [--mlp] [--batch B] [--bucket BYTES] [--algo ring|auto] "
-                            "[--threads T] [--steps S] [--rounds R<=%d] [--warmup W]\n", argv[0], MAX_ROUNDS);
+                            "[--threads T] [--steps S] [--rounds R<=%d] [--warmup W] [--label TEXT]\n",
+                    argv[0], MAX_ROUNDS);
         MPI_Finalize();
         return 2;
     }
@@ -156,12 +175,13 @@ int main(int argc, char **argv) {
         for (mode = 0; mode < 2; ++mode) {
             dsgd_strategy_desc d = desc_of(&o, &ep, mode);
             dsgd_strategy *s = NULL;
-            double t, slowest;
+            double t, c, slowest, used;
             if (dsgd_strategy_create(ctx, &d, &s) != DSGD_OK) die(ctx, rank, "dsgd_strategy_create");
             for (step = 0; step < o.warmup; ++step)
                 if (dsgd_strategy_train_step(s, x, y, o.batch * np, NULL) != DSGD_OK) die(ctx, rank, "warm-up step");
             MPI_Barrier(MPI_COMM_WORLD);
             t = dsgd_now();
+            c = cpu_now();
             for (step = 0; step < o.steps; ++step) {
                 dsgd_step_info in;
                 if (dsgd_strategy_train_step(s, x, y, o.batch * np, &in) != DSGD_OK) die(ctx, rank, "step");
@@ -169,7 +189,10 @@ int main(int argc, char **argv) {
                 expo[mode] += in.exposed_s;
             }
             t = dsgd_now() - t;
+            c = cpu_now() - c;
             MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            MPI_Allreduce(&c, &used, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            cpu[mode] += used;
             ms[mode][round] = 1e3 * slowest / o.steps;
             if (round == o.rounds - 1) {
                 dsgd_model *m = dsgd_strategy_model(s, 0);
@@ -185,15 +208,19 @@ int main(int argc, char **argv) {
         double n = (double)o.rounds * o.steps;
         med[0] = bench_median(ms[0], o.rounds);
         med[1] = bench_median(ms[1], o.rounds);
+        bench_cpu_model(cpu_model, sizeof cpu_model);
+        printf("overlap_mpi: %s; cpu: %s, %d online, CPU backend kernels: %s\n", o.label, cpu_model,
+               (int)sysconf(_SC_NPROCESSORS_ONLN), dsgd_cpu_isa());
         printf("overlap_mpi: %d processes, %s (%zu parameters), batch %d per replica, buckets of %zu bytes, %s, "
                "%d thread(s) each; medians of %d rounds of %d steps; the same bits with and without overlap\n",
                np, o.mlp ? "mlp 784-256-128-10" : "cnn", nparams, o.batch, o.bucket,
                dsgd_allreduce_algo_name(o.algo), o.threads, o.rounds, o.steps);
         for (mode = 0; mode < 2; ++mode)
-            printf("RESULT overlap_mpi n=%d model=%s mode=%s ms_per_step=%.3f exchange_ms=%.3f exposed_ms=%.3f "
-                   "hidden=%.2f vs_off=%.3f\n",
-                   np, o.mlp ? "mlp" : "cnn", mode ? "on" : "off", med[mode], 1e3 * exch[mode] / n,
-                   1e3 * expo[mode] / n, exch[mode] > 0 ? 1.0 - expo[mode] / exch[mode] : 0.0, med[mode] / med[0]);
+            printf("RESULT overlap_mpi label=%s n=%d model=%s mode=%s ms_per_step=%.3f exchange_ms=%.3f "
+                   "exposed_ms=%.3f hidden=%.2f cpu_ms=%.2f vs_off=%.3f\n",
+                   o.label, np, o.mlp ? "mlp" : "cnn", mode ? "on" : "off", med[mode], 1e3 * exch[mode] / n,
+                   1e3 * expo[mode] / n, exch[mode] > 0 ? 1.0 - expo[mode] / exch[mode] : 0.0,
+                   1e3 * cpu[mode] / n, med[mode] / med[0]);
     }
     free(w[0]);
     free(w[1]);
