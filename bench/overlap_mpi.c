@@ -9,9 +9,9 @@
    in buckets of --bucket BYTES (default 256 KiB) with --algo ring (the
    default: the library's ring over MPI messages) or auto (the native
    MPI_Allreduce hook). Each round makes one strategy without overlap and one
-   with it, in turn, trains --warmup steps, then times --steps steps after
-   a barrier (the slowest process's time); the median over --rounds rounds
-   is reported. The two strategies train the same bits (the tests check
+   with it, in turn (off first in even rounds, on first in odd ones), trains
+   --warmup steps, then times --steps steps after a barrier (the slowest
+   process's time); the median over --rounds rounds is reported. The two strategies train the same bits (the tests check
    that; here the last weights are compared too, and a difference fails
    the run).
 
@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
     dsgd_ctx *ctx = NULL;
     dsgd_transport_i ep;
     options o;
-    int rank = 0, np = 1, round, mode, step, i;
+    int rank = 0, np = 1, round, mode, k, step, i;
     double ms[2][MAX_ROUNDS], exch[2] = {0, 0}, expo[2] = {0, 0}, cpu[2] = {0, 0}, med[2];
     char cpu_model[128];
     float *x, *y, *w[2] = {NULL, NULL};
@@ -172,7 +172,10 @@ int main(int argc, char **argv) {
     for (i = 0; i < MLP_IN * o.batch * np; ++i) x[i] = (float)dsgd_rng_uniform(&rng);
     for (i = 0; i < o.batch * np; ++i) y[i] = (float)(int)(10.0 * dsgd_rng_uniform(&rng));
     for (round = 0; round < o.rounds; ++round) {
-        for (mode = 0; mode < 2; ++mode) {
+        for (k = 0; k < 2; ++k) {
+            /* off then on in even rounds, on then off in odd ones, so
+               that neither always follows the other */
+            int mode = round % 2 ? 1 - k : k;
             dsgd_strategy_desc d = desc_of(&o, &ep, mode);
             dsgd_strategy *s = NULL;
             double t, c, slowest, used;
