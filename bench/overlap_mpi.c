@@ -21,9 +21,12 @@
    rank 0; hidden = 1 - exposed / exchange; the CPU time every process
    used per step, summed over the processes (cpu_ms: with overlap this
    shows where the CPU goes, as the ranks' polling and TCP's copies
-   count); and the time with overlap over the time without. --label TEXT
-   names the link (bench/overlap_mpi.sh passes the tc settings).
-     RESULT overlap_mpi label=... n=4 model=cnn mode=on ms_per_step=... exchange_ms=... exposed_ms=... hidden=... cpu_ms=... vs_off=...
+   count); the largest fraction of the step that the others waited for
+   one rank in the step's collectives (straggler: the mean over the
+   rounds of dsgd_strategy_wait_report's worst_fraction); and the time
+   with overlap over the time without. --label TEXT names the link
+   (bench/overlap_mpi.sh passes the tc settings).
+     RESULT overlap_mpi label=... n=4 model=cnn mode=on ms_per_step=... exchange_ms=... exposed_ms=... hidden=... cpu_ms=... straggler=... vs_off=...
 
    Build and run (make bench-overlap-mpi: np 4, TCP between the ranks):
      mpicc -std=c99 -O3 -march=native -I. bench/overlap_mpi.c -o build/mpi/overlap_mpi -lm -lpthread
@@ -148,7 +151,8 @@ int main(int argc, char **argv) {
     dsgd_transport_i ep;
     options o;
     int rank = 0, np = 1, round, mode, k, step, i;
-    double ms[2][MAX_ROUNDS], exch[2] = {0, 0}, expo[2] = {0, 0}, cpu[2] = {0, 0}, med[2];
+    double ms[2][MAX_ROUNDS], exch[2] = {0, 0}, expo[2] = {0, 0}, cpu[2] = {0, 0}, waited[2] = {0, 0}, med[2];
+    dsgd_wait_report wr;
     char cpu_model[128];
     float *x, *y, *w[2] = {NULL, NULL};
     size_t nparams = 0;
@@ -182,6 +186,8 @@ int main(int argc, char **argv) {
             if (dsgd_strategy_create(ctx, &d, &s) != DSGD_OK) die(ctx, rank, "dsgd_strategy_create");
             for (step = 0; step < o.warmup; ++step)
                 if (dsgd_strategy_train_step(s, x, y, o.batch * np, NULL) != DSGD_OK) die(ctx, rank, "warm-up step");
+            /* starts the straggler report's window (a collective) */
+            if (dsgd_strategy_wait_report(s, &wr, NULL, 0) != DSGD_OK) die(ctx, rank, "wait report");
             MPI_Barrier(MPI_COMM_WORLD);
             t = dsgd_now();
             c = cpu_now();
@@ -196,6 +202,8 @@ int main(int argc, char **argv) {
             MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
             MPI_Allreduce(&c, &used, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
             cpu[mode] += used;
+            if (dsgd_strategy_wait_report(s, &wr, NULL, 0) != DSGD_OK) die(ctx, rank, "wait report");
+            waited[mode] += wr.worst >= 0 ? wr.worst_fraction : 0.0;
             ms[mode][round] = 1e3 * slowest / o.steps;
             if (round == o.rounds - 1) {
                 dsgd_model *m = dsgd_strategy_model(s, 0);
@@ -220,10 +228,10 @@ int main(int argc, char **argv) {
                dsgd_allreduce_algo_name(o.algo), o.threads, o.rounds, o.steps);
         for (mode = 0; mode < 2; ++mode)
             printf("RESULT overlap_mpi label=%s n=%d model=%s mode=%s ms_per_step=%.3f exchange_ms=%.3f "
-                   "exposed_ms=%.3f hidden=%.2f cpu_ms=%.2f vs_off=%.3f\n",
+                   "exposed_ms=%.3f hidden=%.2f cpu_ms=%.2f straggler=%.2f vs_off=%.3f\n",
                    o.label, np, o.mlp ? "mlp" : "cnn", mode ? "on" : "off", med[mode], 1e3 * exch[mode] / n,
                    1e3 * expo[mode] / n, exch[mode] > 0 ? 1.0 - expo[mode] / exch[mode] : 0.0,
-                   1e3 * cpu[mode] / n, med[mode] / med[0]);
+                   1e3 * cpu[mode] / n, waited[mode] / o.rounds, med[mode] / med[0]);
     }
     free(w[0]);
     free(w[1]);
