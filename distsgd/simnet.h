@@ -105,7 +105,9 @@
          time: KILL (the rank's calls fail with DSGD_ERR_ABORTED from then on;
          messages it sent before still arrive; a peer waiting for it gets
          DSGD_ERR_TIMEOUT at exactly its deadline, and error_message names
-         the dead rank), STALL (the rank is frozen for some seconds), SLOW
+         the dead rank; a KILL by time at K kills the rank in whatever call
+         it is in at K, after every message that reaches it before K: the
+         call it dies in depends only on virtual times), STALL (the rank is frozen for some seconds), SLOW
          (its compute takes factor times longer), DROP (messages to a peer
          are lost: the receiver times out naming the sender), DELAY (they
          arrive later by exactly some seconds).
@@ -122,15 +124,23 @@
      Such a rank parks first (dsgd_simnet_park): it drops out of the
      scheduling until its next call, which brings it back at its clock, and
      while it is away the hub makes no decision that it could change (a
-     deadline or a probe that it could still beat waits for it). Results do
-     not depend on when it returns. With park_between_calls every rank parks
+     deadline, a death by time in a wait for a message, or a probe, that it
+     could still beat waits for it). Results do not depend on when it
+     returns. With park_between_calls every rank parks
      whenever it returns from the hub: rank threads then run concurrently
      between calls, and the virtual times and probe orders are still those
      of the one-at-a-time schedule. There a rank killed in a call counts as
      parked at its kill time until its thread calls again or leaves, so
      that whatever its thread does on learning of its death (the call
      returns DSGD_ERR_ABORTED) happens before a wait of another rank on it
-     can time out.
+     can time out: a thread that is done with the hub once it knows must
+     leave (dsgd_simnet_leave), or the others' deadlines (and deaths) past
+     its kill time wait for it for good. A death by time waits for the
+     parked ranks as a deadline at the kill time would, never longer than
+     the wait's own deadline; so a wait with no deadline (or a later one)
+     that only the death can end stays blocked while a rank is parked
+     before the kill time minus the smallest alpha: that rank's thread must
+     not wait, outside the hub, for the killed rank's thread.
      A rank that is done for good calls dsgd_simnet_leave (from its thread;
      a rank that never called may be left from any thread); until then the
      others may wait for it. A rank that is to join later (a spare for an
@@ -239,7 +249,8 @@ typedef enum dsgd_simnet_fault_kind {
 /* One fault. When: step >= 0: at dsgd_simnet_compute(hub, rank, step) (KILL,
    STALL: at the start of that step; SLOW: that step and later; DROP, DELAY:
    messages sent after the rank began that step); step < 0: at virtual time
-   `time` (KILL: the rank dies at that time, even inside a call; STALL: the
+   `time` (KILL: the rank dies at that time, even inside a call, after the
+   messages that reach it before then, whatever the threads' order; STALL: the
    rank is frozen from then for `seconds`; SLOW: compute that starts then or
    later; DROP, DELAY: messages sent at that time or later). */
 typedef struct dsgd_simnet_fault {
@@ -381,9 +392,10 @@ DSGD_API void dsgd_simnet_leave(dsgd_simnet *hub, int rank);
    thread before it waits for something the hub cannot see (another
    thread, a condition variable, input), so that the other ranks go on
    meanwhile. While a rank p is parked at clock t_p, the hub makes no
-   decision that p could change: a rank whose deadline would fire, or
-   whose probe would choose, at a time K >= t_p + the smallest alpha waits
-   (in real time) for p to return or leave; everything else (compute, a
+   decision that p could change: a rank whose deadline would fire, whose
+   KILL by time would kill it in a wait for a message, or whose probe would
+   choose, at a time K >= t_p + the smallest alpha waits (in real time) for
+   p to return or leave; everything else (compute, a death inside it, a
    message already queued) goes on. So the result is the same whenever p returns.
    A parked rank's thread runs concurrently with the others.
    Errors: DSGD_ERR_INVALID_ARGUMENT (hub NULL, rank out of range),
@@ -1252,18 +1264,20 @@ static double dsgd__sn_key(const dsgd__sn_ep *e) {
     return k;
 }
 
-/* Non-zero when no parked rank can change how e's wait ends. A compute, a
-   message already queued (a pair's messages arrive in order) and a death
-   are e's own. A deadline that fires, or the choice of a probe, at time K
-   could be changed by a message from any parked rank p, directly or
-   through ranks it unblocks, and such a message arrives no earlier than
-   t_p plus the smallest latency: so it needs every parked rank past
-   K - alpha_min. */
+/* Non-zero when no parked rank can change how e's wait ends. A compute
+   (a death inside it included) and a message already queued (a pair's
+   messages arrive in order) are e's own. A deadline that fires, a death
+   by time, or the choice of a probe, at time K could be changed by a
+   message from any parked rank p, directly or through ranks it unblocks
+   (it would end the wait before K), and such a message arrives no earlier
+   than t_p plus the smallest latency: so it needs every parked rank past
+   K - alpha_min. A death so waits no longer than the wait's deadline
+   would (K is at most the deadline). */
 static int dsgd__sn_safe(const dsgd__sn_ep *e) {
     const dsgd_simnet *h = e->hub;
     double alpha_min = h->d.alpha_s;
     int k;
-    if (h->parked == 0 || e->state != DSGD__SN_WAITING || e->wait == DSGD__SN_W_TIME || e->key == e->kill_time)
+    if (h->parked == 0 || e->state != DSGD__SN_WAITING || e->wait == DSGD__SN_W_TIME)
         return 1;
     if (e->wait == DSGD__SN_W_XFER &&
         (e->src < 0 || dsgd__sn_head(h, e->src, e->rank)))

@@ -1727,6 +1727,94 @@ static void test_kill_by_time(void **state) {
     tu_watchdog(0);
 }
 
+/* A death by time waits for the parked ranks as a deadline does: rank 1,
+   killed at 1 s, waits for a message that rank 0, parked at 0.5 s (between
+   its calls, park_between_calls), sends at 0.5 s and that arrives at
+   0.5 + 4 beta + alpha. The message comes first in every run (rank 1
+   receives it, or its probe names it), and the death fires in rank 1's
+   next wait, at exactly 1 s, whatever the threads' order in real time:
+   jittered threads, rank 1's thread often calling before rank 0's sends
+   (without the rule the death fired at once whenever it did). */
+typedef struct kp_out {
+    int probe; /* rank 1 probes first */
+    dsgd_result first, second;
+    double t_first, t_second;
+    int src;
+    uint64_t tag;
+    size_t bytes;
+    float v;
+    char msg[256];
+} kp_out;
+
+static void body_kill_parked(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    kp_out *o = (kp_out *)r->user;
+    float v = 42.0f;
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        res = dsgd_simnet_advance(r->hub, 0, 0.5);
+        if (res == DSGD_OK) res = t->send(t->impl, 1, 1, &v, sizeof(v), 10.0);
+        record(r, rank, res);
+        return;
+    }
+    res = dsgd_simnet_advance(r->hub, 1, 0.2);
+    o->src = -1;
+    if (res == DSGD_OK && o->probe) res = t->probe(t->impl, 10.0, &o->src, &o->tag, &o->bytes);
+    if (res == DSGD_OK) res = t->recv(t->impl, 0, 1, &o->v, sizeof(o->v), 10.0);
+    o->first = res;
+    o->t_first = now_of(t);
+    o->second = t->recv(t->impl, 0, 2, &v, sizeof(v), 10.0);
+    o->t_second = now_of(t);
+    snprintf(o->msg, sizeof(o->msg), "%s", t->error_message(t->impl));
+    r->res[1] = DSGD_OK;
+}
+
+static void test_kill_waits_for_parked(void **state) {
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f;
+    kp_out o;
+    run r;
+    int runs = TU_TSAN ? 10 : 40, k, probe;
+    double alpha = 1e-3, beta = 1e-9, want = (0.5 + 4 * beta) + alpha;
+    (void)state;
+    tu_watchdog(120);
+    memset(&d, 0, sizeof(d));
+    memset(&f, 0, sizeof(f));
+    d.alpha_s = alpha;
+    d.beta_s_per_byte = beta;
+    d.park_between_calls = 1;
+    d.test_jitter_s = 200e-6;
+    f.kind = DSGD_SIMNET_FAULT_KILL;
+    f.rank = 1;
+    f.step = -1;
+    f.time = 1.0;
+    d.faults = &f;
+    d.num_faults = 1;
+    for (probe = 0; probe < 2; ++probe) {
+        for (k = 0; k < runs; ++k) {
+            memset(&o, 0, sizeof(o));
+            o.probe = probe;
+            run_init(&r, 2, &d);
+            run_go(&r, body_kill_parked, &o);
+            if (r.res[0] != DSGD_OK) fail_msg("run %d: rank 0: %s (%s)", k, dsgd_result_string(r.res[0]), r.msg[0]);
+            if (o.first != DSGD_OK)
+                fail_msg("run %d (%s): rank 1's first wait: %s at %.17g s, want the message at %.17g s (%s)", k,
+                         probe ? "probe" : "recv", dsgd_result_string(o.first), o.t_first, want, o.msg);
+            assert_true(o.v == 42.0f);
+            assert_true(fabs(o.t_first - want) < 1e-12);
+            if (probe) {
+                assert_int_equal(o.src, 0);
+                assert_true(o.tag == 1 && o.bytes == sizeof(float));
+            }
+            assert_int_equal(o.second, DSGD_ERR_ABORTED);
+            assert_true(o.t_second == 1.0);
+            if (!strstr(o.msg, "killed")) fail_msg("run %d: rank 1's message: %s", k, o.msg);
+            run_free(&r);
+        }
+    }
+    tu_watchdog(0);
+}
+
 typedef struct drop_out {
     double t_ok, t_fail;
     dsgd_result r_ok, r_fail;
@@ -3417,6 +3505,7 @@ int main(void) {
         cmocka_unit_test(test_kill),
         cmocka_unit_test(test_killed_rank_held),
         cmocka_unit_test(test_kill_by_time),
+        cmocka_unit_test(test_kill_waits_for_parked),
         cmocka_unit_test(test_drop_and_delay),
         cmocka_unit_test(test_compute_models),
         cmocka_unit_test(test_allreduce_costs),
