@@ -26,7 +26,9 @@
      context switch, some microseconds). A rank's first call waits for its
      turn at virtual time 0, in rank order. When every rank waits and no
      message is in flight, the earliest deadline fires: time jumps to it, so
-     a simulation never waits in real time for a deadline.
+     a simulation never waits in real time for a deadline; a wait with no
+     deadline then fails (DSGD_ERR_TIMEOUT, "deadlock"), unless a rank is
+     parked (below): that rank may still send, so the wait is for it.
 
      Ranks as fibers (dsgd_simnet_run(hub, fn, user)): the hub calls fn for
      every rank itself, each on a stack of its own (desc.fiber_stack_bytes,

@@ -16,7 +16,10 @@
      probe order, and only one rank thread ever runs at a time;
    - faults: a killed rank makes every survivor fail at exactly its deadline
      naming it; a dropped message makes the receiver time out naming the
-     sender; a delay shifts the arrival by exactly the delay;
+     sender; a delay shifts the arrival by exactly the delay; a rank
+     killed by time takes first the message that a parked rank sends to
+     arrive before the kill, and dies at exactly the kill time in its next
+     wait, in every run with jittered threads;
    - compute models: exponential means, straggler frequencies, per-rank
      factors, shifted exponentials (3 standard errors), pure in (seed, rank,
      step);
@@ -30,7 +33,8 @@
    - scheduling: probe picks the earliest arrival (ties: lower rank), NIC
      serialisation, half duplex, deadlines fire in virtual time when every
      rank waits, a wait with no deadline and nothing in flight is reported
-     as a deadlock instead of hanging, abort, bad arguments.
+     as a deadlock instead of hanging (but waits for a parked rank), abort,
+     bad arguments.
    Worker threads never call cmocka's assertions; the main thread checks what
    they record after joining. A watchdog ends the program if anything hangs.
 
@@ -1815,6 +1819,47 @@ static void test_kill_waits_for_parked(void **state) {
     tu_watchdog(0);
 }
 
+/* A wait with no deadline for a rank that is parked (between its calls:
+   rank 0's thread sleeps 20 ms of real time between its advance and its
+   send) waits for it to come back instead of being reported as a deadlock:
+   the message comes in at 0.5 + beta + alpha. */
+static void body_nodeadline_parked(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    char b = 7;
+    dsgd_result res;
+    (void)c;
+    if (rank == 0) {
+        struct timespec ts = {0, 20000000};
+        res = dsgd_simnet_advance(r->hub, 0, 0.5);
+        nanosleep(&ts, NULL);
+        if (res == DSGD_OK) res = t->send(t->impl, 1, 1, &b, 1, HUGE_VAL);
+    } else {
+        b = 0;
+        res = t->recv(t->impl, 0, 1, &b, 1, HUGE_VAL);
+        if (res == DSGD_OK && b != 7) res = DSGD_ERR_DESYNC;
+    }
+    r->t1[rank] = now_of(t);
+    r->res[rank] = res;
+    snprintf(r->msg[rank], sizeof(r->msg[0]), "%s", t->error_message(t->impl));
+}
+
+static void test_no_deadline_waits_for_parked(void **state) {
+    dsgd_simnet_desc d;
+    run r;
+    (void)state;
+    tu_watchdog(60);
+    memset(&d, 0, sizeof(d));
+    d.alpha_s = 1e-3;
+    d.beta_s_per_byte = 1e-9;
+    d.park_between_calls = 1;
+    run_init(&r, 2, &d);
+    run_go(&r, body_nodeadline_parked, NULL);
+    if (r.res[1] != DSGD_OK) fail_msg("rank 1: %s (%s)", dsgd_result_string(r.res[1]), r.msg[1]);
+    assert_int_equal(r.res[0], DSGD_OK);
+    assert_true(fabs(r.t1[1] - ((0.5 + 1e-9) + 1e-3)) < 1e-12);
+    run_free(&r);
+    tu_watchdog(0);
+}
+
 typedef struct drop_out {
     double t_ok, t_fail;
     dsgd_result r_ok, r_fail;
@@ -3506,6 +3551,7 @@ int main(void) {
         cmocka_unit_test(test_killed_rank_held),
         cmocka_unit_test(test_kill_by_time),
         cmocka_unit_test(test_kill_waits_for_parked),
+        cmocka_unit_test(test_no_deadline_waits_for_parked),
         cmocka_unit_test(test_drop_and_delay),
         cmocka_unit_test(test_compute_models),
         cmocka_unit_test(test_allreduce_costs),
