@@ -25973,11 +25973,15 @@ static const dsgd__strategy_ops dsgd__local_ops = {
          replica past its deadline aborts it as before). Over MPI a crashed
          process ends the job in any case (MPI without ULFM cannot
          continue a communicator that lost a process);
-       - a replica killed inside a collective (a simnet KILL by time) may
-         race with the others' settle: the step then fails naming it (no
-         hang), and so does a replica late by more than about two
-         deadlines (the settle waits twice timeout_s for each message:
-         a late replica sees its own collective fail by its deadline).
+       - a replica killed inside a collective (a simnet KILL by time)
+         where the others have gone on past it (its exchange after the
+         agreement, or the next collective while it dies in the one
+         before): the step fails (no hang; the same way in every run,
+         since simnet kills it where the virtual times say; killed in a
+         collective of phase 0 or 2 it is dropped as gone), and so does
+         a replica late by more than about two deadlines (the settle
+         waits twice timeout_s for each message: a late replica sees its
+         own collective fail by its deadline).
      Nothing is half-applied: every replica updates only after phase 2 says
      go, and a replica that failed says stop there instead, so either every
      replica updates or none does; the shrink starts from the weights and
@@ -25997,7 +26001,8 @@ static const dsgd__strategy_ops dsgd__local_ops = {
                 survivors and min_replicas
        3 shrink over the endpoints you gave, each dropped replica leaves
                 the transport (its leave member, on its thread: simnet
-                then waits for it no more); the replicas' threads stop,
+                then waits for it no more; a gone one left in its
+                settle); the replicas' threads stop,
                 the kind's per-replica state
                 (overlap threads, the device path's marks) is torn down,
                 the failed replicas are destroyed, the survivors renumbered
@@ -26014,7 +26019,10 @@ static const dsgd__strategy_ops dsgd__local_ops = {
      SETTLE (the endpoints you gave, every replica here; a collective of
      phase 0 or 2 failed), on each replica's thread inside the step:
        gone     its transport stopped under it (DSGD_ERR_ABORTED, nobody in
-                this strategy aborted it): it says so and stops
+                this strategy aborted it): it says so, leaves the
+                transport (a simnet rank killed in a wait holds back the
+                others' deadlines until its thread calls again or
+                leaves) and stops
        gate     it waits until no other replica is suspect (its batch
                 function returned DSGD_ERR_ABORTED, as simnet's compute
                 does on a killed rank), so that such a replica has said
@@ -26214,7 +26222,8 @@ static int dsgd__el_missing(const dsgd_replica *r, const unsigned char *have, ch
 
 /* s->el_settle: replica r's collective of phase 0 or 2 failed with the
    transport intact as far as this replica knows (no abort). Gone (its
-   transport stopped under it: killed) it stops here; else it waits until
+   transport stopped under it: killed) it leaves the transport and stops
+   here; else it waits until
    no other replica is suspect (its batch function returned
    DSGD_ERR_ABORTED: it says at once whether it is gone; it waits for
    nothing else, which could need the transport: a simnet rank parked
@@ -26249,7 +26258,11 @@ static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
         while (k != r->local && s->reps[k].el_phase == DSGD__EL_SUSPECT) pthread_cond_wait(&s->cv_done, &s->mu);
     for (k = 0; k < s->n; ++k) have[k] = s->reps[k].el_phase == DSGD__EL_GONE || k == r->local;
     pthread_mutex_unlock(&s->mu);
-    if (gone) return res;
+    if (gone) { /* done with the transport: it leaves now (simnet: a rank killed in a wait holds back the
+                   others' deadlines until its thread calls again or leaves) */
+        if (!s->hub && t->leave) t->leave(t->impl);
+        return res;
+    }
     deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
     for (k = 0; k < s->n && e == DSGD_OK; ++k)
         if (!have[k]) e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_MARK, &mark, sizeof(mark), deadline);
@@ -26617,7 +26630,11 @@ static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const 
         if (r->el_phase == DSGD__EL_GONE) why[r->rank] = DSGD_DROP_GONE;
         else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= first) why[r->rank] = DSGD_DROP_LATE;
     }
-    if (!s->hub) (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, keep, what); /* the dropped leave */
+    if (!s->hub) { /* the dropped leave (the gone left in their settle) */
+        int stay[DSGD_MAX_REPLICAS];
+        for (i = 0; i < n; ++i) stay[i] = keep[i] || s->reps[i].el_phase == DSGD__EL_GONE;
+        (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, stay, what);
+    }
     if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
         char m[DSGD__MSG_MAX];
         snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));

@@ -45,6 +45,10 @@
    - dsgd_step_info.dropped names each dropped replica (its rank as the
      step began) and why: failed (its batch function), gone (killed),
      late (stalled past the deadline).
+   - Over simnet, rank 2 of 4 killed by time at 30 points through step
+     0's collectives (every 10 us), each twice with jittered threads: no
+     hang, the same outcome both times, replica 2 dropped as gone (4 -> 3)
+     or the step failed (killed in the exchange).
    - Rejoin over simnet: rank 1 of 8 killed at step 50 (8 -> 7), spare
      rank 8 (dsgd_simnet_spare: the settle does not wait for it) admitted
      at the group's clock and grown in at step 100 (7 -> 8), to step 150:
@@ -622,6 +626,85 @@ static void test_simnet_kill_8_to_7(void **state) {
     g_algo = DSGD_ALLREDUCE_AUTO;
     dsgd_ctx_destroy(ctx);
     tu_watchdog(0);
+}
+
+/* Rank 2 of 4 killed by time (a simnet KILL with step -1) at SN_C + k x
+   10 us, k = 0..29 (every 30 us under TSan): inside step 0's collectives,
+   in a wait for another rank. Each time twice, the threads jittered: no
+   hang (the gone replica leaves the transport in its settle, so the
+   others' deadlines are not held back by its death), the same outcome
+   both times (the step's result, world, dropped list, the failure's
+   message, and the group's clock after a step that succeeded: the death
+   falls where the virtual times say), and each outcome is a shrink to 3
+   dropping replica 2 as gone (in step 0, or in step 1 where the kill
+   comes after step 0's last wait) or a failed strategy (a kill in the
+   exchange, after the agreement); some kill shrinks. */
+static void kill_in_coll_once(double when, char *out, size_t cap) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_fault kill;
+    static sn_feed sf;
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    size_t len = 0;
+    int world = 4;
+    memset(&kill, 0, sizeof(kill));
+    kill.kind = DSGD_SIMNET_FAULT_KILL;
+    kill.rank = 2;
+    kill.step = -1;
+    kill.time = when;
+    g_algo = DSGD_ALLREDUCE_RING;
+    g_jitter = 2e-5;
+    s = sn_strategy(ctx, 4, 2, &sf, &kill, 1);
+    g_jitter = 0.0;
+    out[0] = '\0';
+    for (sf.f.step = 0; sf.f.step < 3 && len < cap; ++sf.f.step) {
+        dsgd_result r;
+        memset(&info, 0, sizeof(info));
+        r = dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info);
+        len += (size_t)snprintf(out + len, cap - len, "[%d %s w%d d%d", (int)sf.f.step, dsgd_result_string(r), info.world,
+                                info.dropped);
+        if (info.dropped == 1 && len < cap)
+            len += (size_t)snprintf(out + len, cap - len, " %d %s", info.dropped_rank[0],
+                                    dsgd_drop_reason_name(info.dropped_why[0]));
+        if (len < cap) /* the clock: a failure aborts the transport, which stops the others wherever they are */
+            len += r == DSGD_OK ? (size_t)snprintf(out + len, cap - len, " t %.9g]", sn_time(&sf, info.world))
+                                : (size_t)snprintf(out + len, cap - len, "]");
+        if (r != DSGD_OK) {
+            assert_true(dsgd_strategy_failed(s));
+            if (len < cap) len += (size_t)snprintf(out + len, cap - len, " %s", dsgd_ctx_last_error(ctx));
+            break;
+        }
+        if (info.dropped ? info.dropped != 1 || info.world != 3 || world != 4 || info.dropped_rank[0] != 2 ||
+                               info.dropped_why[0] != DSGD_DROP_GONE
+                         : info.world != world)
+            fail_msg("killed at %.9g s: want replica 2 dropped as gone once (4 -> 3): %s", when, out);
+        world = info.world;
+    }
+    dsgd_strategy_destroy(s);
+    dsgd_simnet_destroy(sf.hub);
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    dsgd_ctx_destroy(ctx);
+}
+
+static void test_simnet_killed_in_collective(void **state) {
+    static char a[2048], b[2048];
+    char hang[64];
+    int k, shrinks = 0, failures = 0;
+    (void)state;
+    for (k = 0; k < 30; k += TU_TSAN ? 3 : 1) {
+        double when = SN_C + k * 10e-6;
+        snprintf(hang, sizeof(hang), "rank 2 killed at %.9g s", when);
+        tu_watchdog_for(hang, 60);
+        kill_in_coll_once(when, a, sizeof(a));
+        kill_in_coll_once(when, b, sizeof(b));
+        if (strcmp(a, b)) fail_msg("killed at %.9g s, two runs:\n  %s\n  %s", when, a, b);
+        if (strstr(a, " 2 gone")) ++shrinks;
+        else ++failures;
+    }
+    tu_watchdog(0);
+    assert_true(shrinks > 0);
+    print_message("    rank 2 killed in step 0's collectives: %d times gone and dropped (4 -> 3), %d times the step "
+                  "failed, each the same twice\n", shrinks, failures);
 }
 
 /* The WARN lines the strategy logs (from any replica's thread). */
@@ -1389,6 +1472,7 @@ int main(void) {
         cmocka_unit_test(test_multi_worker_shrink),
         cmocka_unit_test(test_sampler_epoch),
         cmocka_unit_test(test_simnet_kill_8_to_7),
+        cmocka_unit_test(test_simnet_killed_in_collective),
         cmocka_unit_test(test_simnet_stall),
         cmocka_unit_test(test_simnet_two_shrinks),
         cmocka_unit_test(test_simnet_fn_failure_then_kill),
