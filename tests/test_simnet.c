@@ -1092,10 +1092,10 @@ static void det_once(det_out *o, double jitter, int park) {
 
 static void test_determinism(void **state) {
     static det_out first, o;
-    /* 20 jittered runs (6 under TSan): each hands the turn over about 800
+    /* 20 jittered runs (6 under the sanitizers): each hands the turn over about 800
        times with threads sleeping at random; test_outputs adds 50 more runs
        of a training job, half of them jittered */
-    int runs = TU_TSAN ? 6 : 20, k, i, distinct = 0;
+    int runs = TU_TSAN || TU_ASAN ? 6 : 20, k, i, distinct = 0;
     (void)state;
     tu_watchdog(300);
     det_once(&first, 0, 0);
@@ -1533,7 +1533,7 @@ static void rx_case(rx_out *o, int mode, int parallel, int park, double jitter, 
 static void test_receive_nic(void **state) {
     rx_out o, p;
     const double a = 1e-3, occ = 1e-3;
-    int k, runs = TU_TSAN ? 3 : 10;
+    int k, runs = TU_TSAN || TU_ASAN ? 3 : 10;
     (void)state;
     tu_watchdog(120);
     /* incast: three messages in at once take alpha + k occ; the senders'
@@ -1778,7 +1778,7 @@ static void test_kill_waits_for_parked(void **state) {
     dsgd_simnet_fault f;
     kp_out o;
     run r;
-    int runs = TU_TSAN ? 10 : 40, k, probe;
+    int runs = TU_TSAN || TU_ASAN ? 10 : 40, k, probe;
     double alpha = 1e-3, beta = 1e-9, want = (0.5 + 4 * beta) + alpha;
     (void)state;
     tu_watchdog(120);
@@ -2172,7 +2172,7 @@ static void test_compute_models(void **state) {
    the probe order and every virtual time equal the one-at-a-time run. */
 static void test_park_between_calls(void **state) {
     static det_out first, o;
-    int runs = TU_TSAN ? 5 : 20, k, i, overlapped = 0;
+    int runs = TU_TSAN || TU_ASAN ? 5 : 20, k, i, overlapped = 0;
     (void)state;
     tu_watchdog(300);
     det_once(&first, 0, 0);
@@ -2640,7 +2640,7 @@ static void test_ps_async(void **state) {
     int k;
     (void)state;
     tu_watchdog(300);
-    jb.steps = TU_TSAN ? 500 : 2500;
+    jb.steps = TU_TSAN || TU_ASAN ? 500 : 2500; /* the sanitizers: the same checks, wider error bars */
     psa_once(&jb, mu, 0);
     n = (double)jb.st.pushes_applied;
     assert_true(n == W * (double)jb.steps);
@@ -2653,8 +2653,10 @@ static void test_ps_async(void **state) {
         fail_msg("mean time between updates %.6g, want %.6g +- %.3g", gap, 1.0 / (W * mu), 3 * gap_se);
     if (fabs(jb.st.staleness_mean - (W - 1)) > 3 * st_se)
         fail_msg("mean staleness %.5g, want %g +- %.3g", jb.st.staleness_mean, W - 1, 3 * st_se);
-    /* the same run again, shorter, with and without threads sleeping at random */
-    jb.steps = 200;
+    /* the same run again, shorter, with and without threads sleeping at
+       random (60 steps under the sanitizers, where a thread per rank is
+       slow to wake on a busy machine) */
+    jb.steps = TU_TSAN || TU_ASAN ? 60 : 200;
     psa_once(&jb, mu, 0);
     for (k = 0; k < 2; ++k) {
         again.steps = jb.steps;
@@ -3295,7 +3297,7 @@ static void outputs_once(const sim_data *data, int mirrored, double jitter, out_
 static void test_outputs(void **state) {
     dsgd_ctx *ctx;
     sim_data data;
-    int mirrored, k, runs = TU_TSAN ? 10 : 50; /* the issue: 50 runs, half with threads sleeping at random */
+    int mirrored, k, runs = TU_TSAN || TU_ASAN ? 10 : 50; /* 50 runs (10 under the sanitizers), half with threads sleeping at random */
     (void)state;
     tu_watchdog(300);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
