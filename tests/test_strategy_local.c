@@ -631,10 +631,25 @@ static void test_two_workers(void **state) {
     tu_watchdog(0);
 }
 
+/* A hub of 4 ranks parked between calls (alpha, 1 GB/s), its endpoints
+   into eps. */
+static dsgd_simnet *simnet4(dsgd_ctx *ctx, double alpha_s, dsgd_transport_i *eps) {
+    dsgd_simnet_desc sd;
+    dsgd_simnet *hub = NULL;
+    int i;
+    memset(&sd, 0, sizeof(sd));
+    sd.ranks = 4;
+    sd.alpha_s = alpha_s;
+    sd.beta_s_per_byte = 1e-9;
+    sd.park_between_calls = 1;
+    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
+    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    return hub;
+}
+
 static void test_simnet(void **state) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy_desc d = local_desc(4, DSGD_OPT_MOMENTUM, 3, 1, DSGD_OUTER_NESTEROV);
-    dsgd_simnet_desc sd;
     dsgd_simnet *hub = NULL;
     dsgd_transport_i eps[4];
     dsgd_strategy *s = NULL;
@@ -644,13 +659,7 @@ static void test_simnet(void **state) {
     tu_watchdog(120);
     d.algorithm = DSGD_ALLREDUCE_RING;
     run_local(&d, 10, want);
-    memset(&sd, 0, sizeof(sd));
-    sd.ranks = 4;
-    sd.alpha_s = 20e-6;
-    sd.beta_s_per_byte = 1e-9;
-    sd.park_between_calls = 1;
-    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
-    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    hub = simnet4(ctx, 20e-6, eps);
     d.endpoints = eps;
     d.timeout_s = 1e6;
     TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
@@ -724,21 +733,14 @@ static void test_in_process_bits(void **state) {
 static void simnet_rounds(int in_process, uint64_t *msgs, double *vt, float (*out)[NP]) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy_desc d = local_desc(4, DSGD_OPT_MOMENTUM, 8, 0, DSGD_OUTER_AVERAGE);
-    dsgd_simnet_desc sd;
     dsgd_simnet *hub = NULL;
     dsgd_simnet_stats st;
     dsgd_transport_i eps[4];
     dsgd_strategy *s = NULL;
     uint64_t before;
     double t0;
-    int i, step;
-    memset(&sd, 0, sizeof(sd));
-    sd.ranks = 4;
-    sd.alpha_s = 50e-6;
-    sd.beta_s_per_byte = 1e-9;
-    sd.park_between_calls = 1;
-    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
-    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    int step;
+    hub = simnet4(ctx, 50e-6, eps);
     d.endpoints = eps;
     d.timeout_s = 1e6;
     d.local.agree_in_process = in_process;
@@ -763,18 +765,11 @@ static void simnet_rounds(int in_process, uint64_t *msgs, double *vt, float (*ou
 static void simnet_workers(int in_process, int steps, uint64_t *msgs, double *vt, worker *ws) {
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy_desc d = local_desc(4, DSGD_OPT_MOMENTUM, 8, 0, DSGD_OUTER_AVERAGE);
-    dsgd_simnet_desc sd;
     dsgd_simnet *hub = NULL;
     dsgd_simnet_stats st;
     dsgd_transport_i eps[4];
     int i;
-    memset(&sd, 0, sizeof(sd));
-    sd.ranks = 4;
-    sd.alpha_s = 50e-6;
-    sd.beta_s_per_byte = 1e-9;
-    sd.park_between_calls = 1;
-    TU_OK(ctx, dsgd_simnet_create(ctx, &sd, &hub));
-    for (i = 0; i < 4; ++i) TU_OK(ctx, dsgd_simnet_endpoint(hub, i, &eps[i]));
+    hub = simnet4(ctx, 50e-6, eps);
     d.timeout_s = 1e6;
     d.local.agree_in_process = in_process;
     set_steps(ws, 0, steps, NULL, NULL);
