@@ -32232,8 +32232,12 @@ static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float 
      error_message naming the rank waited for ("mpi rank 0: the deadline
      passed while waiting for rank 1"). A waiting rank polls; after 64
      fruitless polls it yields the CPU between polls (ranks may share
-     cores), and after 10 ms without progress it also sleeps 50 us between
-     polls.
+     cores). Once it has waited 400 us without progress, or sooner where
+     a yield took over 50 us (another thread wanted the CPU: other ranks,
+     or backward beside an overlapped exchange), it sleeps between polls
+     instead, an eighth of the time waited so far (50 us to 1 ms): a wait
+     then ends at most about an eighth later than its message came, and
+     leaves the CPU to other work meanwhile.
 
    AFTER A FAILURE
 
@@ -32490,7 +32494,10 @@ enum { DSGD_MPI__TAG_HEADER = 1, DSGD_MPI__TAG_PAYLOAD = 2 };
 #define DSGD_MPI__EAGER_PAYLOAD 1
 #endif
 #define DSGD_MPI__GRACE_S 0.01      /* how long a failed call waits for cancelled requests */
-#define DSGD_MPI__IDLE_SLEEP_S 0.01 /* polls without progress for this long also sleep */
+#define DSGD_MPI__YIELD_S 400e-6     /* fruitless polls yield for this long, then sleep */
+#define DSGD_MPI__YIELD_BUSY_S 50e-6 /* a yield this long: another thread wanted the CPU */
+#define DSGD_MPI__SLEEP_MIN_S 50e-6  /* a sleep between polls: an eighth of the time waited, */
+#define DSGD_MPI__SLEEP_MAX_S 1e-3   /* within these bounds */
 
 /* A request's state, as far as the endpoint knows. */
 enum { DSGD_MPI__IDLE = 0, DSGD_MPI__PENDING, DSGD_MPI__DONE, DSGD_MPI__CANCELLED };
@@ -32622,23 +32629,32 @@ static dsgd_result dsgd_mpi__mpi_error(dsgd_mpi__ep *e, const char *call, int pe
 /* Waiting between fruitless polls (see WAITING AND DEADLINES). */
 typedef struct dsgd_mpi__wait {
     int idle;          /* fruitless polls in a row */
+    int contended;     /* a yield gave the CPU away: sleep between polls */
     double idle_since; /* when the last progress was made */
 } dsgd_mpi__wait;
 
 static void dsgd_mpi__backoff(dsgd_mpi__wait *w, int progressed) {
+    double t0, waited;
+    struct timespec ts;
     if (progressed) {
         w->idle = 0;
         return;
     }
     if (w->idle++ == 0) w->idle_since = dsgd_now();
     if (w->idle < 64) return;
-    sched_yield();
-    if (dsgd_now() - w->idle_since > DSGD_MPI__IDLE_SLEEP_S) {
-        struct timespec ts;
-        ts.tv_sec = 0;
-        ts.tv_nsec = 50000;
-        nanosleep(&ts, NULL);
+    t0 = dsgd_now();
+    waited = t0 - w->idle_since;
+    if (!w->contended && waited < DSGD_MPI__YIELD_S) {
+        sched_yield();
+        w->contended = dsgd_now() - t0 > DSGD_MPI__YIELD_BUSY_S;
+        if (!w->contended) return;
     }
+    waited /= 8;
+    if (waited < DSGD_MPI__SLEEP_MIN_S) waited = DSGD_MPI__SLEEP_MIN_S;
+    if (waited > DSGD_MPI__SLEEP_MAX_S) waited = DSGD_MPI__SLEEP_MAX_S;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (long)(waited * 1e9);
+    nanosleep(&ts, NULL);
 }
 
 /* Tests a PENDING request: *st becomes DONE or CANCELLED when it has

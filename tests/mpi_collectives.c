@@ -30,7 +30,9 @@
                   DSGD_ERR_DESYNC on the receiver at once, probe reports
                   every message with its tag and size in order per source,
                   a header taken by probe stays for the next recv, timeouts
-                  of probe and recv leave the endpoint usable, abort (from
+                  of probe and recv leave the endpoint usable, a 40 ms
+                  wait for a late message takes under a fifth of it in
+                  CPU time, abort (from
                   another thread) ends a wait at once; the shared-memory
                   window: there on one node, absent with no_share (DIRECT is
                   DSGD_ERR_UNSUPPORTED), another share_bytes on one process
@@ -708,6 +710,31 @@ static void test_probe_and_waits(dsgd_ctx *ctx) {
         r = t.recv(t.impl, 0, 77, got, 16, dsgd_now() + 10);
         check(r == DSGD_OK && memcmp(got, out, 16) == 0, "recv after a timeout: %s: %s", dsgd_result_string(r),
               t.error_message(t.impl));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* a long wait leaves the CPU: rank 0 sends 40 ms late, and rank 1's
+       thread spends under a fifth of that on the CPU (it yields for 400
+       us, then sleeps between polls; polling for 10 ms before sleeping,
+       as it once did, is a quarter) */
+    if (g_rank == 0) {
+        struct timespec ts;
+        ts.tv_sec = 0;
+        ts.tv_nsec = 40000000;
+        nanosleep(&ts, NULL);
+        check(t.send(t.impl, 1, 80, out, 16, dsgd_now() + 10) == DSGD_OK, "late send");
+    }
+    if (g_rank == 1) {
+        struct timespec c0, c1;
+        double cpu;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+        t0 = dsgd_now();
+        r = t.recv(t.impl, 0, 80, got, 16, t0 + 10);
+        el = dsgd_now() - t0;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        cpu = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+        check(r == DSGD_OK && memcmp(got, out, 16) == 0 && cpu < 0.2 * el,
+              "a wait of %.1f ms for a late message: %s, %.2f ms of CPU (under a fifth expected)", el * 1e3,
+              dsgd_result_string(r), cpu * 1e3);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     /* abort from another thread ends a wait, and every later call */
