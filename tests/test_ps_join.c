@@ -700,7 +700,9 @@ static void lost_case(dsgd_ps_policy policy, int sim) {
         assert_true(dt <= to + (sim ? 1.0 + 1e-9 : 1.0));
         if (R.t_fail[i] > last) last = R.t_fail[i];
     }
-    if (R.res[0] != DSGD_ERR_TIMEOUT || !strstr(R.msg[0], "no message from workers"))
+    /* server 0 names the workers it heard nothing from: all three, or
+       fewer where one reached it once more before failing (under load) */
+    if (R.res[0] != DSGD_ERR_TIMEOUT || !strstr(R.msg[0], "no message from worker"))
         fail_msg("server 0: %s: %s", dsgd_result_string(R.res[0]), R.msg[0]);
     assert_true(R.t_fail[0] - last <= to + (sim ? 1e-9 : 1.0));
     print_message("lost server (%s over %s): workers fail %.3f s after the death (timeout_s %g): \"%s\"; server 0: "
