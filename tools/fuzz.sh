@@ -7,6 +7,8 @@
 # the target's own checks) stops that target with libFuzzer's report and the
 # input saved as build/fuzz/crash-*; the script then exits 1 after running
 # the rest. The last line is "fuzz: N targets, N findings".
+# FUZZ_JOBS targets run at once (default: the online CPUs; each fuzzer runs
+# one process on one thread); their reports are printed in the order given.
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
@@ -16,27 +18,51 @@ fi
 seconds=$1
 shift
 root=$(pwd)
-findings=0
-targets=0
-for bin in "$@"; do
-    name=$(basename "$bin")
+jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
+[ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# Target number i (its log and exit status in $tmp/i.log, $tmp/i.rc).
+run_target() { # i bin
+    local name args
+    name=$(basename "$2")
     name=${name#fuzz_}
-    targets=$((targets + 1))
     mkdir -p "$root/build/fuzz/corpus/$name"
     args=(-max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$root/build/fuzz/")
     [ -f "$root/fuzz/$name.dict" ] && args+=(-dict="$root/fuzz/$name.dict")
-    log=$(mktemp "${TMPDIR:-/tmp}/fuzz.XXXXXX")
+    "$root/$2" "${args[@]}" "$root/build/fuzz/corpus/$name" "$root/fuzz/corpus/$name" >"$tmp/$1.log" 2>&1
+    echo $? >"$tmp/$1.rc"
+}
+
+targets=0
+running=0
+for bin in "$@"; do
+    targets=$((targets + 1))
+    if [ "$running" -ge "$jobs" ]; then
+        wait -n
+        running=$((running - 1))
+    fi
+    run_target "$targets" "$bin" &
+    running=$((running + 1))
+done
+wait
+
+findings=0
+i=0
+for bin in "$@"; do
+    i=$((i + 1))
+    name=$(basename "$bin")
+    name=${name#fuzz_}
+    rc=$(cat "$tmp/$i.rc" 2>/dev/null || echo 1)
     echo "==== $name: $seconds s"
-    "$root/$bin" "${args[@]}" "$root/build/fuzz/corpus/$name" "$root/fuzz/corpus/$name" >"$log" 2>&1
-    rc=$?
-    if [ $rc -ne 0 ]; then
+    if [ "$rc" -ne 0 ]; then
         findings=$((findings + 1))
-        tail -n 60 "$log"
+        tail -n 60 "$tmp/$i.log"
         echo "FINDING in $name (exit $rc); the input is in build/fuzz/"
     else
-        grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$log"
+        grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' "$tmp/$i.log"
     fi
-    rm -f "$log"
 done
 echo "fuzz: $targets targets, $findings findings"
 [ $findings -eq 0 ]
