@@ -23,11 +23,17 @@ jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fuzz.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
+# A fuzzer's target name: build/fuzz/fuzz_NAME -> NAME.
+target_name() { # bin
+    local n
+    n=$(basename "$1")
+    echo "${n#fuzz_}"
+}
+
 # Target number i (its log and exit status in $tmp/i.log, $tmp/i.rc).
 run_target() { # i bin
     local name args
-    name=$(basename "$2")
-    name=${name#fuzz_}
+    name=$(target_name "$2")
     mkdir -p "$root/build/fuzz/corpus/$name"
     args=(-max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$root/build/fuzz/")
     [ -f "$root/fuzz/$name.dict" ] && args+=(-dict="$root/fuzz/$name.dict")
@@ -52,8 +58,7 @@ findings=0
 i=0
 for bin in "$@"; do
     i=$((i + 1))
-    name=$(basename "$bin")
-    name=${name#fuzz_}
+    name=$(target_name "$bin")
     rc=$(cat "$tmp/$i.rc" 2>/dev/null || echo 1)
     echo "==== $name: $seconds s"
     if [ "$rc" -ne 0 ]; then
