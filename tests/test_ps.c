@@ -1521,7 +1521,7 @@ static void test_sum_only_catch_up(void **state) {
     float init[16], final[16], wfinal[CU_W][16];
     int64_t calls = 0;
     size_t j;
-    int w, v, common = 0;
+    int w, v;
     (void)state;
     tu_watchdog(60);
     assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
@@ -1553,8 +1553,9 @@ static void test_sum_only_catch_up(void **state) {
     assert_true(R->st[0].pulls_answered >= calls + 2); /* the straggler fetched 3 means in one call */
     /* A step from v to v + 1 takes two fresh pushes made at v, so at least
        two workers read every version before the last, and every worker reads
-       the last; compare each copy with the first worker's that read it. Which
-       workers they are depends on the scheduling. */
+       the last (so at least CU_K + CU_W - 1 copies are compared); compare
+       each copy with the first worker's that read it. Which workers they are
+       depends on the scheduling. */
     for (v = 0; v <= CU_K; ++v) {
         int first = -1, readers = 0;
         for (w = 0; w < CU_W; ++w) {
@@ -1565,9 +1566,7 @@ static void test_sum_only_catch_up(void **state) {
                 fail_msg("version %d: worker %d's copy differs from worker %d's", v, w, first);
         }
         if (readers < (v < CU_K ? 2 : CU_W)) fail_msg("version %d was read by %d workers", v, readers);
-        common += readers - 1;
     }
-    assert_true(common >= CU_K + CU_W - 1);
     assert_true(D->seen[CU_W - 1][0] && !D->seen[CU_W - 1][1] && !D->seen[CU_W - 1][2]); /* skipped, not missed */
     for (w = 0; w < CU_W; ++w) assert_memory_equal(wfinal[w], final, sizeof final);
     assert_memory_equal(final, D->at[0][CU_K], sizeof final);
