@@ -37,7 +37,10 @@
      gradient_path DEVICE (the sum runs on the devices, where no host code
      sees a bucket), CENTRAL_STORAGE and PARAMETER_SERVER
      (DSGD_ERR_INVALID_ARGUMENT), and one whose name is not 1..31 bytes,
-     without reduce, or with state_bytes but no save or load. The
+     without reduce, or with state_bytes but no save or load; a hook with
+     a check member has it called on its user pointer first, and creation
+     fails with the check's error and message (a compressor's desc: "ratio
+     1.5 is outside (0, 1]"), before any state is made. The
      strategy copies the table (and the name); user and what it points to
      must outlive the strategy. Every worker of a multi-worker strategy
      must pass a hook of the same name (or none): the name is part of the
@@ -147,6 +150,12 @@ typedef struct dsgd_comm_hook {
                           correction sets it): the strategy refuses an
                           optimizer other than DSGD_OPT_SGD, which would
                           apply momentum twice. 0: the gradient is sent */
+    /* Optional: checks what user points to (the hook's configuration)
+       before any create, recording a message that names the field on ctx
+       (dsgd_ctx_set_error) when it returns an error; dsgd_strategy_create
+       then fails with that error and the message, after the hook's name.
+       dsgd_compress_hook sets it to dsgd_compress_check. */
+    dsgd_result (*check)(void *user, dsgd_ctx *ctx);
 } dsgd_comm_hook;
 
 #ifdef __cplusplus
@@ -177,6 +186,19 @@ static dsgd_result dsgd__comm_hook_check(dsgd_ctx *ctx, const dsgd_comm_hook *h,
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: comm hook '%s' has state_bytes but no %s (a state it saves, it must load)", what,
                                   h->name, h->save ? "load" : "save");
+    if (h->check) { /* the hook's own configuration, in its own words (without ctx's label again) */
+        char before[256], msg[256];
+        const char *m, *label = dsgd_ctx_label(ctx);
+        size_t ll = strlen(label);
+        dsgd_result r;
+        snprintf(before, sizeof(before), "%.255s", dsgd_ctx_last_error(ctx));
+        if ((r = h->check(h->user, ctx)) == DSGD_OK) return DSGD_OK;
+        m = dsgd_ctx_last_error(ctx);
+        if (ll && !strncmp(m, label, ll) && !strncmp(m + ll, ": ", 2)) m += ll + 2;
+        snprintf(msg, sizeof(msg), "%.255s", strncmp(dsgd_ctx_last_error(ctx), before, 255) ? m : "");
+        return dsgd_ctx_set_error(ctx, r, "%s: comm hook '%s': %s", what, h->name,
+                                  msg[0] ? msg : "its check failed without a message");
+    }
     return DSGD_OK;
 }
 

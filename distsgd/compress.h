@@ -60,13 +60,21 @@
                           rank-r PowerSGD (Vogels et al. 2019) for each
                           variable of rank >= 2, seen as a matrix M of n =
                           shape[0] rows and m = count / n columns, with r' =
-                          min(r, n, m), compressed when n m / (r' (n + m)) >=
-                          min_compression_rate (as PyTorch's PowerSGD hook):
+                          min(r, n, m), compressed when n >= 2, m >= 2 and
+                          n m / (r' (n + m)) >= min_compression_rate (as
+                          PyTorch's PowerSGD hook); a row or a column (n = 1
+                          or m = 1) never is, whatever the rate (below 1
+                          the formula would pass it): its P and Q hold n +
+                          m floats, more than its n m:
                             P = M Q                 (n x r'; Q m x r')
                             P = SUM of P over the replicas (one all-reduce
                                 for all the bucket's matrices)
                             P = orthonormal columns of P (modified
-                                Gram-Schmidt, sums in double; a zero column
+                                Gram-Schmidt, sums in double, a second pass
+                                over a column the projections left with
+                                under 1/32 of its norm, so that the columns
+                                of a matrix of rank below r' are orthogonal
+                                too and P Q^T reproduces it; a zero column
                                 stays zero): the same bits on every replica
                             Q = M^T P               (this replica's part)
                             C = P Q^T               (this replica's part:
@@ -172,6 +180,10 @@
        SIGN       4 sum_v (1 + ceil(n_v / 32))          (gathered)
        POWERSGD   4 (sum over compressed v of r_v (n_v + m_v)
                      + the floats of the others)       (all-reduced)
+                  (compressed: rank >= 2, n_v >= 2, m_v >= 2 and the
+                  rate reached: COMPRESSION above; a 1 x 8 and an 8 x 1
+                  at rank 1 and rate 0.5 are 4 (8 + 8) bytes, not the
+                  4 (9 + 9) of the formula)
        TOPK, SIGN, POWERSGD: 4 count before start_iter
      On the wire, per replica (collectives.h, COLLECTIVES, Cost): a
      gathered message goes round the ring all-gather, (N - 1) times its
@@ -898,21 +910,45 @@ static dsgd_result dsgd__sign_reduce(dsgd__compress *s, const dsgd_hook_bucket *
 
 /* >>compress_powersgd ------------------------------------------------------ */
 
-/* Modified Gram-Schmidt on the r columns of P (n x r, row-major): sums in
-   double, in index order; a column of norm 0 (or not finite) is left as
-   it is after the projections. */
+/* Column c of P (n x r, row-major) less its projections on columns 0..c-1
+   (one modified Gram-Schmidt pass, sums in double, in index order);
+   returns its norm after. */
+static double dsgd__mgs_pass(float *P, size_t n, int r, int c) {
+    double norm = 0.0;
+    size_t i;
+    int l;
+    for (l = 0; l < c; ++l) {
+        double dot = 0.0;
+        for (i = 0; i < n; ++i) dot += (double)P[i * r + l] * (double)P[i * r + c];
+        for (i = 0; i < n; ++i) P[i * r + c] = (float)((double)P[i * r + c] - dot * (double)P[i * r + l]);
+    }
+    for (i = 0; i < n; ++i) norm += (double)P[i * r + c] * (double)P[i * r + c];
+    return sqrt(norm);
+}
+
+/* Orthonormal columns of P (n x r, row-major): modified Gram-Schmidt,
+   with a second pass over a column whose norm fell below 1/32 of its
+   norm before the projections ("twice is enough": Daniel, Gragg, Kaufman
+   and Stewart's reorthogonalization, at a lower threshold). One pass
+   leaves a column about eps x (norm before / norm after) off orthogonal
+   (eps the float's 2^-24, its entries being rounded at the size they had
+   before): up to 32 eps without the second pass, which keeps the bits of
+   every P that loses less. A column almost in the span of the ones before
+   (P = M Q of a matrix of rank below r: what remains is that rounding)
+   would otherwise be that rounding normalised to unit length, carrying
+   the earlier directions again, and P (M^T P)^T would count them twice;
+   after the second pass it is orthogonal to them to float precision, and
+   the rank-r product reproduces a matrix of lower rank. A column of norm
+   0 (or not finite) is left as it is after the projections. */
 static void dsgd__orthonormalize(float *P, size_t n, int r) {
-    int c, l;
+    int c;
     size_t i;
     for (c = 0; c < r; ++c) {
-        double norm = 0.0;
-        for (l = 0; l < c; ++l) {
-            double dot = 0.0;
-            for (i = 0; i < n; ++i) dot += (double)P[i * r + l] * (double)P[i * r + c];
-            for (i = 0; i < n; ++i) P[i * r + c] = (float)((double)P[i * r + c] - dot * (double)P[i * r + l]);
-        }
-        for (i = 0; i < n; ++i) norm += (double)P[i * r + c] * (double)P[i * r + c];
-        norm = sqrt(norm);
+        double before = 0.0, norm;
+        if (c > 0)
+            for (i = 0; i < n; ++i) before += (double)P[i * r + c] * (double)P[i * r + c];
+        norm = dsgd__mgs_pass(P, n, r, c);
+        if (c > 0 && 1024.0 * norm * norm < before) norm = dsgd__mgs_pass(P, n, r, c);
         if (norm > 0.0 && norm <= DBL_MAX)
             for (i = 0; i < n; ++i) P[i * r + c] = (float)((double)P[i * r + c] / norm);
     }
@@ -1160,6 +1196,11 @@ static dsgd_result dsgd__compress_reduce_in(void *state, const dsgd_hook_bucket 
     }
 }
 
+/* The hook's check: the desc's rules (dsgd_compress_check). */
+static dsgd_result dsgd__compress_hook_check(void *user, dsgd_ctx *ctx) {
+    return dsgd_compress_check(ctx, (const dsgd_compress_desc *)user);
+}
+
 /* The hook's reduce: the compressor, with its time outside the
    collectives added to the communicator's compress_s (dsgd_comm_stats_add;
    the half wires count their own). */
@@ -1195,6 +1236,7 @@ DSGD_API dsgd_comm_hook dsgd_compress_hook(const dsgd_compress_desc *desc) {
     h.load = dsgd__compress_load;
     h.destroy = dsgd__compress_destroy;
     h.user = (void *)desc;
+    h.check = dsgd__compress_hook_check;
     h.owns_momentum = desc && desc->momentum > 0.0f;
     return h;
 }

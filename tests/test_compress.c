@@ -12,9 +12,15 @@
        parts (M - e) within 1e-5, the vector exactly;
      - PowerSGD reproduces an exactly rank-r matrix (and a sum of rank-r
        matrices sharing their column space) within 1e-5 in one step, and
+       a matrix of rank below r (rank 1 at r = 2, 3, 4; rank 2 at r = 3,
+       4; 1, 2 and 4 replicas; with and without warm start) within 1e-5
+       at every step, and
        with warm start converges to the best rank-1 error on a fixed matrix;
-     - dsgd_compress_bytes against the bytes a counting transport saw;
-     - bad descs refused with messages; save then load continues bit for
+     - dsgd_compress_bytes against the bytes a counting transport saw, and
+       PowerSGD's rows and columns (1 x m, n x 1) left plain at any rate;
+     - bad descs refused with messages, by dsgd_compress_check and by a
+       mirrored strategy given their hook (the same words, after the
+       hook's name); save then load continues bit for
        bit; all replicas hold the same bits;
      - Deep Gradient Compression's settings for top-k: momentum correction
        in closed form (m = 1/2, a constant gradient: what is sent, u_T and
@@ -530,6 +536,86 @@ static void test_powersgd_low_rank(void **state) {
     lowrank_case(4, 0);
 }
 
+/* Below the rank: each replica's matrices are A D_r,t B^T of rank g_rho
+   (D diagonal and positive, changing with the step), so their sum is of
+   rank g_rho too; at any rank r above it the best rank-r approximation is
+   the matrix itself, and the hook must return the sum within float
+   rounding, at every step, with and without warm start (with warm start
+   the Q memory of such a matrix carries columns orthogonal to its range).
+   Without the second Gram-Schmidt pass the columns past rho were the
+   projections' rounding, normalised to unit length but not orthogonal to
+   the others: 0.1-1.2 off. */
+static int g_rho;
+static double g_worst; /* the largest relative error seen */
+static float g_U[16 * 2], g_V[12 * 2], g_U2[10 * 2], g_V2[12 * 2];
+
+static void grad_rankdef(int rank, int step, float *g, size_t count) {
+    size_t i, k;
+    int j;
+    tu_rng rng = tu_rng_make(91u + (uint64_t)rank + 100u * (uint64_t)step);
+    for (i = 0; i < count; ++i) g[i] = tu_uniform(&rng, -1.0f, 1.0f);
+    for (i = 0; i < 16; ++i)
+        for (k = 0; k < 12; ++k) {
+            double s = 0.0;
+            for (j = 0; j < g_rho; ++j) s += (double)g_U[i * 2 + j] * (1.0 + 0.5 * rank + j + 0.25 * step) * g_V[k * 2 + j];
+            g[i * 12 + k] = (float)s;
+        }
+    for (i = 0; i < 10; ++i)
+        for (k = 0; k < 12; ++k) {
+            double s = 0.0;
+            for (j = 0; j < g_rho; ++j) s += (double)g_U2[i * 2 + j] * (3.0 - 0.5 * rank - j + 0.5 * step) * g_V2[k * 2 + j];
+            g[204 + i * 12 + k] = (float)s;
+        }
+}
+
+static void rankdef_case(int rho, int r, int n, int warm) {
+    dsgd_compress_desc d;
+    run rn;
+    int t, q;
+    size_t i;
+    g_rho = rho;
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_COMPRESS_POWERSGD;
+    d.rank = r;
+    d.min_compression_rate = 1.0; /* 10 x 12 at rank 4: 1.36 */
+    d.no_warm_start = !warm;
+    d.no_error_feedback = 1;
+    run_init(&rn, &d, n, 4, grad_rankdef);
+    run_go(&rn);
+    for (t = 0; t < 4; ++t) {
+        float want[COUNT];
+        const float *out = rn.out[0] + (size_t)t * COUNT;
+        double e1, e2;
+        memset(want, 0, sizeof(want));
+        for (q = 0; q < n; ++q)
+            for (i = 0; i < COUNT; ++i) want[i] += rn.gin[q][(size_t)t * COUNT + i];
+        e1 = tu_rel_err(out, want, 192);
+        e2 = tu_rel_err(out + 204, want + 204, 120);
+        g_worst = fmax(g_worst, fmax(e1, e2));
+        if (!(e1 <= 1e-5 && e2 <= 1e-5))
+            fail_msg("rank %d matrices at PowerSGD rank %d, N %d, warm %d, step %d: relative errors %g, %g", rho, r, n,
+                     warm, t, e1, e2);
+    }
+    run_free(&rn);
+}
+
+static void test_powersgd_below_rank(void **state) {
+    static const int cases[][2] = {{1, 2}, {1, 3}, {1, 4}, {2, 3}, {2, 4}}; /* {rho, r} */
+    static const int ns[] = {1, 2, 4};
+    size_t c, k;
+    int warm;
+    tu_rng rng = tu_rng_make(23);
+    (void)state;
+    tu_fill(&rng, g_U, 16 * 2, -1.0f, 1.0f);
+    tu_fill(&rng, g_V, 12 * 2, -1.0f, 1.0f);
+    tu_fill(&rng, g_U2, 10 * 2, -1.0f, 1.0f);
+    tu_fill(&rng, g_V2, 12 * 2, -1.0f, 1.0f);
+    for (c = 0; c < sizeof(cases) / sizeof(cases[0]); ++c)
+        for (k = 0; k < 3; ++k)
+            for (warm = 0; warm < 2; ++warm) rankdef_case(cases[c][0], cases[c][1], ns[k], warm);
+    print_message("PowerSGD below the matrices' rank: largest relative error %g (bound 1e-5)\n", g_worst);
+}
+
 /* Warm start is power iteration: on a fixed (full-rank) matrix at rank 1,
    without error feedback, the error ||M - C||_F never grows from step to
    step and reaches the best rank-1 error (sqrt(||M||^2 - s1^2), s1 from a
@@ -673,9 +759,63 @@ static void test_bytes(void **state) {
     /* PowerSGD rank 2: 2 (16 + 12) + 12 + 2 (10 + 12) floats; P, the bias, Q */
     bytes_case(DSGD_COMPRESS_POWERSGD, 0, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 2, 3, 4 * (56 + 12 + 44), agree);
     bytes_case(DSGD_COMPRESS_NONE, 0, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 2, 1, 4 * COUNT, agree);
+    {   /* a row (1 x 8) and a column (8 x 1) are never compressed, whatever min_compression_rate (8 / 9 here
+           reaches 0.5): rank 1 sends n + m floats for their n m; a 4 x 4 at rank 1 is: 4 (8 + 8 + (4 + 4)) */
+        dsgd_variable v[3];
+        const dsgd_variable *vp[3] = {&v[0], &v[1], &v[2]};
+        dsgd_compress_desc d;
+        dsgd_hook_bucket b;
+        int i;
+        memset(v, 0, sizeof(v));
+        for (i = 0; i < 3; ++i) {
+            v[i].rank = 2;
+            v[i].shape[0] = i == 0 ? 1 : i == 1 ? 8 : 4;
+            v[i].shape[1] = i == 0 ? 8 : i == 1 ? 1 : 4;
+            v[i].count = (size_t)v[i].shape[0] * (size_t)v[i].shape[1];
+            v[i].offset = (size_t)i * 8;
+        }
+        memset(&d, 0, sizeof(d));
+        d.kind = DSGD_COMPRESS_POWERSGD;
+        d.rank = 1;
+        d.min_compression_rate = 0.5;
+        memset(&b, 0, sizeof(b));
+        b.count = 32;
+        b.vars = vp;
+        b.num_vars = 3;
+        b.num_replicas = 4;
+        assert_int_equal(dsgd_compress_bytes(&d, &b), 4 * (8 + 8 + 8));
+    }
 }
 
 /* ---------------------------------------------------------------- descs and state */
+
+/* A mirrored strategy given the hook of a bad desc refuses it, and its
+   message says what dsgd_compress_check says, after the hook's name. */
+static void strategy_refuses(const dsgd_compress_desc *cd, const char *want) {
+    static const dsgd_layer_desc layers[1] = {{4, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_strategy *s = NULL;
+    dsgd_strategy_desc d;
+    dsgd_comm_hook h = dsgd_compress_hook(cd);
+    char head[64];
+    memset(&d, 0, sizeof(d));
+    d.kind = DSGD_STRATEGY_MIRRORED;
+    d.num_replicas = 2;
+    d.model.input_dim = 3;
+    d.model.layers = layers;
+    d.model.num_layers = 1;
+    d.model.max_batch = 2;
+    d.optimizer.kind = DSGD_OPT_SGD;
+    d.optimizer.lr = 0.1f;
+    d.cpu_threads = 1;
+    d.comm_hook = &h;
+    assert_int_equal(dsgd_strategy_create(ctx, &d, &s), DSGD_ERR_INVALID_ARGUMENT);
+    assert_null(s);
+    snprintf(head, sizeof(head), "dsgd_strategy_create: comm hook '%s': dsgd_compress: ", h.name);
+    if (!strstr(dsgd_ctx_last_error(ctx), head) || !strstr(dsgd_ctx_last_error(ctx), want))
+        fail_msg("strategy message \"%s\" lacks \"%s\" or \"%s\"", dsgd_ctx_last_error(ctx), head, want);
+    dsgd_ctx_destroy(ctx);
+}
 
 static void bad_desc(const dsgd_compress_desc *d, const char *want) {
     dsgd_ctx *ctx = tu_ctx();
@@ -686,6 +826,7 @@ static void bad_desc(const dsgd_compress_desc *d, const char *want) {
     assert_int_equal(h.create(h.user, 0, 1, 10, &st), DSGD_ERR_INVALID_ARGUMENT);
     assert_null(st);
     dsgd_ctx_destroy(ctx);
+    strategy_refuses(d, want);
 }
 
 static void test_bad_desc(void **state) {
@@ -1476,6 +1617,7 @@ int main(void) {
         cmocka_unit_test(test_topk_sign_four_replicas),
         cmocka_unit_test(test_powersgd_four_replicas),
         cmocka_unit_test(test_powersgd_low_rank),
+        cmocka_unit_test(test_powersgd_below_rank),
         cmocka_unit_test(test_powersgd_warm_start),
         cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_bad_desc),
