@@ -413,6 +413,7 @@ static double dsgd__topk_ratio_at(const dsgd_compress_desc *d, int64_t step) {
    plainly). */
 typedef struct dsgd__pmat {
     size_t off, n, m; /* off: in the bucket */
+    size_t po, qo;    /* where its P (n x r) and Q (m x r) start in the scratch */
     int r;
 } dsgd__pmat;
 
@@ -1042,27 +1043,32 @@ static float dsgd__to_grid(float c, float up, float down) {
 }
 
 
-static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_bucket *b, dsgd_ctx *ctx) {
-    size_t Lp = 0, Lq = 0, maxm = 0, po, qo, i, k, run_off = 0, run_len = 0;
-    int v, nm = b->num_vars, any = 0;
-    float *P, *Q;
-    double *acc;
+/* The bucket's matrices (s->mats): each variable classified, the plain
+   ones all-reduced (each run of neighbours in one call) with their
+   residual zeroed, the compressed ones given their P and Q offsets;
+   *lp, *lq: the floats of all P and all Q, *maxm: the widest m (0: none
+   compressed). */
+static dsgd_result dsgd__psgd_plan(dsgd__compress *s, const dsgd_hook_bucket *b, dsgd_ctx *ctx, size_t *lp,
+                                   size_t *lq, size_t *maxm) {
+    size_t run_off = 0, run_len = 0;
+    int v, nm = b->num_vars;
     dsgd_result res;
+    *lp = *lq = *maxm = 0;
     if (nm > s->mats_cap) {
         dsgd__pmat *p = (dsgd__pmat *)DSGD_REALLOC(s->mats, (size_t)nm * sizeof(dsgd__pmat));
         if (!p) return dsgd_ctx_set_error(ctx, DSGD_ERR_OUT_OF_MEMORY, "dsgd_compress: cannot allocate");
         s->mats = p;
         s->mats_cap = nm;
     }
-    /* The plain part first: each run of neighbours not compressed, in one call. */
     for (v = 0; v < nm; ++v) {
         dsgd__pmat *pm = &s->mats[v];
         dsgd__pmat_of(&s->d, b->vars[v], b->vars[v]->offset - b->first, pm);
         if (pm->r) {
-            any = 1;
-            Lp += pm->n * (size_t)pm->r;
-            Lq += pm->m * (size_t)pm->r;
-            if (pm->m > maxm) maxm = pm->m;
+            pm->po = *lp;
+            pm->qo = *lq;
+            *lp += pm->n * (size_t)pm->r;
+            *lq += pm->m * (size_t)pm->r;
+            if (pm->m > *maxm) *maxm = pm->m;
             if (run_len && (res = dsgd__plain(s, b, run_off, run_len)) != DSGD_OK) return res;
             run_len = 0;
             continue;
@@ -1071,75 +1077,83 @@ static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_buck
         if (!run_len) run_off = pm->off;
         run_len += b->vars[v]->count;
     }
-    if (run_len && (res = dsgd__plain(s, b, run_off, run_len)) != DSGD_OK) return res;
-    if (!any) return DSGD_OK;
+    return run_len ? dsgd__plain(s, b, run_off, run_len) : DSGD_OK;
+}
+
+/* Matrix pm's Q (its memory, or a seeded draw when it has none or it is
+   all zero), then P = M Q. */
+static void dsgd__psgd_start(const dsgd__compress *s, const dsgd_hook_bucket *b, const dsgd__pmat *pm, float *P,
+                             float *Q, double *acc) {
+    size_t i, qn = pm->m * (size_t)pm->r;
+    int fresh = 1;
+    if (s->qmem) {
+        const float *mem = s->qmem + b->first + pm->off;
+        for (i = 0; i < qn && fresh; ++i) fresh = mem[i] == 0.0f;
+        if (!fresh) memcpy(Q + pm->qo, mem, qn * sizeof(float));
+    }
+    if (fresh) {
+        uint64_t st = dsgd__seed_mix(dsgd__seed_mix(s->d.seed, (uint64_t)(b->first + pm->off)), (uint64_t)b->step);
+        for (i = 0; i < qn; ++i) Q[pm->qo + i] = (float)(2.0 * dsgd_rng_uniform(&st) - 1.0);
+    }
+    dsgd__mul_mq(b->data + pm->off, Q + pm->qo, pm->n, pm->m, pm->r, P + pm->po, acc);
+}
+
+/* Matrix pm after P was summed: P orthonormal, this replica's Q = M^T P
+   and C = P Q^T rounded to M's grid (2^(E - 20), E M's largest exponent),
+   the residual e = M - C and, with one replica, M = C (the sum over one). */
+static void dsgd__psgd_feedback(dsgd__compress *s, const dsgd_hook_bucket *b, const dsgd__pmat *pm, float *P,
+                                float *Q, double *acc) {
+    float *M = b->data + pm->off, *Pv = P + pm->po, *Qv = Q + pm->qo, mx = 0.0f, up, down, *e, *c;
+    size_t i, k, kr = pm->m * (size_t)pm->r;
+    int ex = 0, grid, round;
+    dsgd__orthonormalize(Pv, pm->n, pm->r);
+    dsgd__mul_mtp(M, Pv, pm->n, pm->m, pm->r, Qv, acc);
+    if (!s->res && b->num_replicas != 1) return;
+    for (i = 0; i < pm->n * pm->m; ++i) {
+        float a = fabsf(M[i]);
+        if (!(a <= mx)) mx = a; /* NaN wins */
+    }
+    frexpf(mx, &ex);
+    grid = ex - 21; /* 2^(E - 20), E = ex - 1 */
+    e = s->res ? s->res + b->first + pm->off : NULL;
+    c = (float *)(acc + kr);
+    round = mx > 0.0f && mx <= FLT_MAX && grid >= FLT_MIN_EXP; /* grid <= 107: ex <= 128 */
+    up = round ? ldexpf(1.0f, -grid) : 1.0f;
+    down = round ? ldexpf(1.0f, grid) : 1.0f;
+    for (i = 0; i < pm->n; ++i) {
+        float *Mi = M + i * pm->m;
+        dsgd__outer_row(Pv, Qv, i, pm->m, pm->r, c);
+        if (round)
+            for (k = 0; k < pm->m; ++k) c[k] = dsgd__to_grid(c[k], up, down);
+        if (e)
+            for (k = 0; k < pm->m; ++k) e[i * pm->m + k] = Mi[k] - c[k];
+        if (b->num_replicas == 1) memcpy(Mi, c, pm->m * sizeof(float)); /* the sum over one replica */
+    }
+}
+
+/* PowerSGD over the bucket (COMPRESSION above): plan, P = M Q, sum P,
+   feedback, sum Q, then M = P Q^T and the Q memory. */
+static dsgd_result dsgd__powersgd_reduce(dsgd__compress *s, const dsgd_hook_bucket *b, dsgd_ctx *ctx) {
+    size_t Lp, Lq, maxm;
+    int v, nm = b->num_vars;
+    float *P, *Q;
+    double *acc;
+    dsgd_result res;
+    if ((res = dsgd__psgd_plan(s, b, ctx, &Lp, &Lq, &maxm)) != DSGD_OK || !maxm) return res;
     if (!(P = dsgd__cbuf(s, ctx, Lp + Lq)) || !(acc = dsgd__cacc(s, ctx, maxm * (size_t)s->d.rank + maxm)))
         return DSGD_ERR_OUT_OF_MEMORY;
     Q = P + Lp;
-    /* Q: the memory, or a draw; P = M Q. */
-    for (v = 0, po = 0, qo = 0; v < nm; ++v) {
-        const dsgd__pmat *pm = &s->mats[v];
-        const float *M = b->data + pm->off;
-        size_t qn = pm->m * (size_t)pm->r;
-        int fresh = 1;
-        if (!pm->r) continue;
-        if (s->qmem) {
-            const float *mem = s->qmem + b->first + pm->off;
-            for (i = 0; i < qn && fresh; ++i) fresh = mem[i] == 0.0f;
-            if (!fresh) memcpy(Q + qo, mem, qn * sizeof(float));
-        }
-        if (fresh) {
-            uint64_t st = dsgd__seed_mix(dsgd__seed_mix(s->d.seed, (uint64_t)(b->first + pm->off)), (uint64_t)b->step);
-            for (i = 0; i < qn; ++i) Q[qo + i] = (float)(2.0 * dsgd_rng_uniform(&st) - 1.0);
-        }
-        dsgd__mul_mq(M, Q + qo, pm->n, pm->m, pm->r, P + po, acc);
-        po += pm->n * (size_t)pm->r;
-        qo += qn;
-    }
-    res = dsgd__cz_allreduce(s, b, P, Lp, 0);
-    if (res != DSGD_OK) return res;
-    /* Orthonormal P; this replica's Q = M^T P and C = P Q^T. */
-    for (v = 0, po = 0, qo = 0; v < nm; ++v) {
-        const dsgd__pmat *pm = &s->mats[v];
-        float *M = b->data + pm->off, *Pv = P + po, *Qv = Q + qo;
-        size_t kr = pm->m * (size_t)pm->r;
-        float mx = 0.0f;
-        int ex = 0, grid;
-        if (!pm->r) continue;
-        dsgd__orthonormalize(Pv, pm->n, pm->r);
-        dsgd__mul_mtp(M, Pv, pm->n, pm->m, pm->r, Qv, acc);
-        for (i = 0; i < pm->n * pm->m; ++i) {
-            float a = fabsf(M[i]);
-            if (!(a <= mx)) mx = a; /* NaN wins */
-        }
-        frexpf(mx, &ex);
-        grid = ex - 21; /* 2^(E - 20), E = ex - 1 */
-        if (s->res || b->num_replicas == 1) {
-            float *e = s->res ? s->res + b->first + pm->off : NULL, *c = (float *)(acc + kr);
-            int round = mx > 0.0f && mx <= FLT_MAX && grid >= FLT_MIN_EXP; /* grid <= 107: ex <= 128 */
-            float up = round ? ldexpf(1.0f, -grid) : 1.0f, down = round ? ldexpf(1.0f, grid) : 1.0f;
-            for (i = 0; i < pm->n; ++i) {
-                float *Mi = M + i * pm->m;
-                dsgd__outer_row(Pv, Qv, i, pm->m, pm->r, c);
-                if (round)
-                    for (k = 0; k < pm->m; ++k) c[k] = dsgd__to_grid(c[k], up, down);
-                if (e)
-                    for (k = 0; k < pm->m; ++k) e[i * pm->m + k] = Mi[k] - c[k];
-                if (b->num_replicas == 1) memcpy(Mi, c, pm->m * sizeof(float)); /* the sum over one replica */
-            }
-        }
-        po += pm->n * (size_t)pm->r;
-        qo += kr;
-    }
-    res = dsgd__cz_allreduce(s, b, Q, Lq, 0);
-    if (res != DSGD_OK) return res;
-    for (v = 0, po = 0, qo = 0; v < nm; ++v) {
+    for (v = 0; v < nm; ++v)
+        if (s->mats[v].r) dsgd__psgd_start(s, b, &s->mats[v], P, Q, acc);
+    if ((res = dsgd__cz_allreduce(s, b, P, Lp, 0)) != DSGD_OK) return res;
+    for (v = 0; v < nm; ++v)
+        if (s->mats[v].r) dsgd__psgd_feedback(s, b, &s->mats[v], P, Q, acc);
+    if ((res = dsgd__cz_allreduce(s, b, Q, Lq, 0)) != DSGD_OK) return res;
+    for (v = 0; v < nm; ++v) {
         const dsgd__pmat *pm = &s->mats[v];
         if (!pm->r) continue;
-        if (b->num_replicas > 1) dsgd__outer(P + po, Q + qo, pm->n, pm->m, pm->r, b->data + pm->off);
-        if (s->qmem) memcpy(s->qmem + b->first + pm->off, Q + qo, pm->m * (size_t)pm->r * sizeof(float));
-        po += pm->n * (size_t)pm->r;
-        qo += pm->m * (size_t)pm->r;
+        if (b->num_replicas > 1) dsgd__outer(P + pm->po, Q + pm->qo, pm->n, pm->m, pm->r, b->data + pm->off);
+        if (s->qmem) memcpy(s->qmem + b->first + pm->off, Q + pm->qo, pm->m * (size_t)pm->r * sizeof(float));
     }
     return DSGD_OK;
 }
