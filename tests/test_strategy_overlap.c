@@ -602,7 +602,7 @@ static dsgd_result plain_reduce(void *state, const dsgd_hook_bucket *b) {
     return dsgd_allreduce_at(b->comm, b->data, b->count, b->first, DSGD_REDUCE_SUM, b->algorithm, b->timeout_s);
 }
 
-static const dsgd_comm_hook PLAIN_HOOK = {"plain", NULL, plain_reduce, NULL, NULL, NULL, NULL, NULL, 0};
+static const dsgd_comm_hook PLAIN_HOOK = {.name = "plain", .reduce = plain_reduce};
 
 #define NEAR(got, want) (fabs((got) - (want)) <= 1e-9)
 
