@@ -101,3 +101,5 @@
 #include "distsgd/cl/kernels.h" /* our OpenCL C kernels: their source and their names */
 #include "distsgd/cl/context.h" /* the shared context: its devices and queues, our kernels built, GEMM parameters */
 #include "distsgd/cl/backend.h" /* the OpenCL backend: CLBlast GEMM and our kernels behind dsgd_backend_i */
+#include "distsgd/cl/backend_ops.h" /* the OpenCL backend's operations: copies, GEMM, activations, losses, images, marks */
+#include "distsgd/cl/backend_create.h" /* the OpenCL backend's queue, kernels and table: dsgd_cl_backend_create */

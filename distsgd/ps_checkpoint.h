@@ -240,13 +240,14 @@ static int dsgd__ps_ck_clock(dsgd__ck_cur *c, size_t n, uint32_t *row, uint32_t 
     return !c->bad;
 }
 
-static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_server_shape *s, dsgd__ps_ck_server *st) {
+/* The server's own section: its identity, histogram bins, map, floats,
+   version, counters and staleness histogram. */
+static dsgd_result dsgd__ps_check_server_head(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                              dsgd__ps_ck_server *st) {
     const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 1);
     dsgd__ps_ident got, want = dsgd__ps_ident_of(s->d, s->index);
-    size_t cells = s->cells, rec;
     uint64_t n, sum = 0;
-    uint32_t bins, nw, i;
-    int64_t prev = -1;
+    uint32_t bins, i;
     dsgd__ck_cur c;
     dsgd_result r;
     int k;
@@ -279,7 +280,16 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
     }
     if (i < bins || sum != (uint64_t)st->cnt[1])
         return dsgd__ck_bad_section(f, sec, "a staleness histogram that does not sum to the applied pushes");
-    /* the workers' exactly-once tables */
+    return DSGD_OK;
+}
+
+/* "ps_peers": the workers' exactly-once tables; notes the fewest means a
+   worker has fetched. */
+static dsgd_result dsgd__ps_check_server_peers(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                               dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    uint32_t nw, i;
+    dsgd__ck_cur c;
     if (!(sec = dsgd__ck_need(f, "ps_peers", "the workers' sequence tables"))) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(sec);
     nw = dsgd__ckr_u32(&c);
@@ -298,7 +308,17 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
             return dsgd__ck_bad_section(f, sec, "a sequence number, status or fetched count out of range");
         if (have < st->min_have) st->min_have = have;
     }
-    /* the gradients of clocks not yet applied, in slot order */
+    return DSGD_OK;
+}
+
+/* "ps_clocks": the gradients of clocks not yet applied, in slot order. */
+static dsgd_result dsgd__ps_check_server_clocks(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                                dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    size_t cells = s->cells, rec;
+    uint32_t i;
+    int64_t prev = -1;
+    dsgd__ck_cur c;
     if (!(sec = dsgd__ck_need(f, "ps_clocks", "the gradients of clocks not yet applied"))) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(sec);
     st->held = dsgd__ckr_u32(&c);
@@ -315,24 +335,40 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
             return dsgd__ck_bad_section(f, sec, "a clock record out of range or out of order");
         prev = (int64_t)row * s->W + worker;
     }
-    if (!s->holds) { /* the means kept: the last steps, every one a worker has not fetched */
-        if (!(sec = dsgd__ck_need(f, "ps_means", "the means the workers have not fetched"))) return DSGD_ERR_SHAPE;
-        c = dsgd__ck_cursor(sec);
-        st->nmeans = dsgd__ckr_u32(&c);
-        rec = 8 + s->n * sizeof(float);
-        if (c.bad || (int64_t)st->nmeans > st->version || c.left % rec != 0 || c.left / rec != st->nmeans)
-            return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per kept mean");
-        st->means = c.p;
-        for (i = 0; i < st->nmeans; ++i) {
-            if (dsgd__ckr_u64(&c) != (uint64_t)(st->version - st->nmeans + i))
-                return dsgd__ck_bad_section(f, sec, "means not of the last steps, in order");
-            (void)dsgd__ckr_floats(&c, (uint64_t)s->n);
-        }
-        if (st->min_have < st->version - (int64_t)st->nmeans)
-            return dsgd__ck_bad_section(f, sec, "a worker lacks a mean the server does not keep");
-        return DSGD_OK;
+    return DSGD_OK;
+}
+
+/* ON_WORKERS, "ps_means": the means kept: the last steps, every one a
+   worker has not fetched. */
+static dsgd_result dsgd__ps_check_server_means(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                               dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    size_t rec;
+    uint32_t i;
+    dsgd__ck_cur c;
+    if (!(sec = dsgd__ck_need(f, "ps_means", "the means the workers have not fetched"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    st->nmeans = dsgd__ckr_u32(&c);
+    rec = 8 + s->n * sizeof(float);
+    if (c.bad || (int64_t)st->nmeans > st->version || c.left % rec != 0 || c.left / rec != st->nmeans)
+        return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per kept mean");
+    st->means = c.p;
+    for (i = 0; i < st->nmeans; ++i) {
+        if (dsgd__ckr_u64(&c) != (uint64_t)(st->version - st->nmeans + i))
+            return dsgd__ck_bad_section(f, sec, "means not of the last steps, in order");
+        (void)dsgd__ckr_floats(&c, (uint64_t)s->n);
     }
-    /* ON_SERVERS: the parameters and the optimizer's slots */
+    if (st->min_have < st->version - (int64_t)st->nmeans)
+        return dsgd__ck_bad_section(f, sec, "a worker lacks a mean the server does not keep");
+    return DSGD_OK;
+}
+
+/* ON_SERVERS, "params" and "optimizer": the parameters and the optimizer's
+   slots. */
+static dsgd_result dsgd__ps_check_server_params(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                                dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    dsgd__ck_cur c;
     if (!(sec = dsgd__ck_need(f, "params", "the server's parameters"))) return DSGD_ERR_SHAPE;
     if (sec->size != s->n * sizeof(float)) return dsgd__ck_bad_section(f, sec, "not the server's float count");
     st->params = sec->data;
@@ -351,6 +387,17 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
     }
     st->slots = c.p;
     return DSGD_OK;
+}
+
+/* A server's checkpoint, section by section; ON_WORKERS keeps means where
+   ON_SERVERS keeps the parameters and the optimizer's slots. */
+static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_server_shape *s, dsgd__ps_ck_server *st) {
+    dsgd_result r;
+    if ((r = dsgd__ps_check_server_head(f, s, st)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_check_server_peers(f, s, st)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_check_server_clocks(f, s, st)) != DSGD_OK) return r;
+    if (!s->holds) return dsgd__ps_check_server_means(f, s, st);
+    return dsgd__ps_check_server_params(f, s, st);
 }
 
 /* What a worker's checkpoint must match: the worker's desc (defaults

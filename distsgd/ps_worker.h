@@ -368,10 +368,167 @@ static int64_t dsgd__ps_worker_global(const dsgd_ps_worker *w) {
     return g;
 }
 
+/* ACK: takes server src's acknowledgement of a push (dropped or applied). */
+static dsgd_result dsgd__ps_worker_take_ack(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                            float *full) {
+    (void)fn;
+    (void)full;
+    w->dropped[src] = h->status == DSGD_PS_DROPPED;
+    w->pushes_dropped += w->dropped[src];
+    return DSGD_OK;
+}
+
+/* JOINED: takes server src's answer to the worker's JOIN (MEMBERSHIP in
+   ps.h): its version, the clock it counts the worker from, the commit's
+   status. */
+static dsgd_result dsgd__ps_worker_take_joined(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                               float *full) {
+    (void)fn;
+    (void)full;
+    w->version[src] = h->version;
+    w->join_at[src] = h->step;
+    w->admitted[src] = h->status == DSGD_PS_ADMITTED;
+    return DSGD_OK;
+}
+
+/* What a wait waits for, a row per reply type: the reply's name in a
+   timeout's message, the request it answers (named there too), the type of
+   that request (a resend's tag), and how a reply is taken (NULL: as the
+   apply placement says, dsgd__ps_worker_takes). */
+typedef struct dsgd__ps_wait_row {
+    int reply;
+    const char *noun, *request;
+    int request_type;
+    dsgd__ps_worker_take take;
+} dsgd__ps_wait_row;
+
+static const dsgd__ps_wait_row dsgd__ps_wait_rows[] = {
+    {/* .reply = */ DSGD_PS_MSG_ACK, /* .noun = */ "acknowledgement", /* .request = */ "push",
+     /* .request_type = */ DSGD_PS_MSG_PUSH, /* .take = */ dsgd__ps_worker_take_ack},
+    {/* .reply = */ DSGD_PS_MSG_PARAMS, /* .noun = */ "parameters", /* .request = */ "pull",
+     /* .request_type = */ DSGD_PS_MSG_PULL, /* .take = */ NULL},
+    {/* .reply = */ DSGD_PS_MSG_JOINED, /* .noun = */ "answer to its JOIN", /* .request = */ "join round",
+     /* .request_type = */ DSGD_PS_MSG_JOIN, /* .take = */ dsgd__ps_worker_take_joined}};
+#define DSGD__PS_WAIT_ROWS ((int)(sizeof dsgd__ps_wait_rows / sizeof dsgd__ps_wait_rows[0]))
+
+/* type's row (ACK, PARAMS or JOINED: the last row for any other). */
+static const dsgd__ps_wait_row *dsgd__ps_wait_row_of(int type) {
+    int k = 0;
+    while (k < DSGD__PS_WAIT_ROWS - 1 && dsgd__ps_wait_rows[k].reply != type) k++;
+    return &dsgd__ps_wait_rows[k];
+}
+
+/* When the wait wakes: the earliest resend due, or the deadline. */
+static double dsgd__ps_worker_wake(const dsgd_ps_worker *w, double deadline) {
+    double wake = deadline;
+    int s;
+    for (s = 0; s < w->P; ++s)
+        if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
+    return wake;
+}
+
+/* The deadline passed: the timeout, naming the servers still silent. */
+static dsgd_result dsgd__ps_worker_timed_out(dsgd_ps_worker *w, const char *fn, const dsgd__ps_wait_row *row,
+                                             uint64_t seq) {
+    char names[256];
+    size_t used = 0;
+    int k = 0, s;
+    names[0] = '\0';
+    for (s = 0; s < w->P; ++s)
+        if (w->pending[s]) {
+            int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
+            if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
+        }
+    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT, "%s: worker %d: no %s from server%s %s within %g s (%s %llu)",
+                              fn, w->index, row->noun, k > 1 ? "s" : "", names, w->d.timeout_s, row->request,
+                              (unsigned long long)seq);
+}
+
+/* Resends the request to each silent server whose backoff has passed at
+   now, and doubles its backoff (up to max_backoff): a push's whole
+   message, or a pull's or a JOIN's header. */
+static dsgd_result dsgd__ps_worker_resend_due(dsgd_ps_worker *w, const char *fn, const dsgd__ps_wait_row *row,
+                                              uint64_t seq, double now, double deadline, double max_backoff) {
+    int s;
+    for (s = 0; s < w->P; ++s) {
+        const void *msg;
+        size_t mbytes;
+        dsgd_result r;
+        if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
+        if (row->reply == DSGD_PS_MSG_ACK) {
+            msg = w->buf[s];
+            mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
+            w->push_resends++;
+        } else { /* a pull's or a JOIN's header */
+            msg = &w->pull_hdr[s];
+            mbytes = DSGD__PS_HBYTES;
+            w->pull_resends++;
+        }
+        r = w->t.send(w->t.impl, s, DSGD_PS_TAG(row->request_type, seq), msg, mbytes, deadline);
+        if (r != DSGD_OK)
+            return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn, w->index,
+                                      s, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+        w->sent_at[s] = dsgd__ps_now(&w->t);
+        w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
+    }
+    return DSGD_OK;
+}
+
+/* Takes the expected reply of bytes from server src (tag): checks its
+   size, receives it, checks its header, then takes it as its row says. */
+static dsgd_result dsgd__ps_worker_take_reply(dsgd_ps_worker *w, const char *fn, const dsgd__ps_wait_row *row,
+                                              uint64_t seq, int src, uint64_t tag, size_t bytes, double deadline,
+                                              float *full) {
+    int type = row->reply;
+    unsigned char ack[DSGD__PS_HBYTES];
+    dsgd_ps_header h;
+    size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
+    void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)ack;
+    dsgd_result r;
+    if (type == DSGD_PS_MSG_PARAMS && !w->holds) { /* a mean, or nothing new */
+        dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
+        if (bytes == DSGD__PS_HBYTES) want = bytes;
+    }
+    if (bytes != want)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
+                                  w->index, src, bytes, want);
+    r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn, w->index,
+                                  src, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+    h = dsgd__ps_hdr_get(dst);
+    if (h.type != (uint64_t)type || h.worker != (uint64_t)w->index || DSGD_PS_TAG_SEQ(h.seq) != DSGD_PS_TAG_SEQ(seq) ||
+        (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h.count * sizeof(float) != bytes))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                  "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
+                                  "count %llu) that does not match its tag and size", fn, w->index, src,
+                                  (unsigned long long)h.type, (unsigned long long)h.worker, (unsigned long long)h.seq,
+                                  (unsigned long long)h.count);
+    return (row->take ? row->take : dsgd__ps_worker_takes[w->d.apply])(w, fn, src, &h, full);
+}
+
+/* A reply to an older request (or a copy) of bytes from server src (tag,
+   of type mtype): received into the scratch buffer and dropped. */
+static dsgd_result dsgd__ps_worker_drain(dsgd_ps_worker *w, const char *fn, int src, uint64_t tag, size_t bytes,
+                                         int mtype, double deadline) {
+    dsgd_result r;
+    if (bytes > w->scratch_bytes)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                  "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
+                                  w->index, src, bytes, mtype);
+    r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index, src,
+                                  dsgd_result_string(r));
+    w->stale++;
+    return DSGD_OK;
+}
+
 /* The wait for one reply from every server: probe, take the expected
    replies, drop stale ones, resend to silent servers with backoff. type is
-   ACK or PARAMS; full receives the parameters of PARAMS. */
+   ACK, PARAMS or JOINED; full receives the parameters of PARAMS. */
 static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int type, uint64_t seq, float *full) {
+    const dsgd__ps_wait_row *row = dsgd__ps_wait_row_of(type);
     double start = dsgd__ps_now(&w->t), deadline = start + w->d.timeout_s;
     double max_backoff = DSGD__MAX(w->d.retry_s, w->d.timeout_s / 8);
     int left = w->P, s;
@@ -382,60 +539,15 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
         w->backoff[s] = w->d.retry_s;
     }
     while (left > 0) {
-        double wake = deadline, now;
+        double now;
         int src = -1, mtype;
         uint64_t tag = 0;
         size_t bytes = 0;
-        for (s = 0; s < w->P; ++s)
-            if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
-        r = w->t.probe(w->t.impl, wake, &src, &tag, &bytes);
+        r = w->t.probe(w->t.impl, dsgd__ps_worker_wake(w, deadline), &src, &tag, &bytes);
         now = dsgd__ps_now(&w->t);
         if (r == DSGD_ERR_TIMEOUT) {
-            if (now >= deadline) {
-                char names[256];
-                size_t used = 0;
-                int k = 0;
-                names[0] = '\0';
-                for (s = 0; s < w->P; ++s)
-                    if (w->pending[s]) {
-                        int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
-                        if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
-                    }
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
-                                          "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
-                                          type == DSGD_PS_MSG_ACK      ? "acknowledgement"
-                                          : type == DSGD_PS_MSG_PARAMS ? "parameters"
-                                                                       : "answer to its JOIN",
-                                          k > 1 ? "s" : "", names, w->d.timeout_s,
-                                          type == DSGD_PS_MSG_ACK      ? "push"
-                                          : type == DSGD_PS_MSG_PARAMS ? "pull"
-                                                                       : "join round",
-                                          (unsigned long long)seq);
-            }
-            for (s = 0; s < w->P; ++s) {
-                const void *msg;
-                size_t mbytes;
-                uint64_t mtag;
-                if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
-                if (type == DSGD_PS_MSG_ACK) {
-                    msg = w->buf[s];
-                    mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
-                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
-                    w->push_resends++;
-                } else { /* a pull's or a JOIN's header */
-                    msg = &w->pull_hdr[s];
-                    mbytes = DSGD__PS_HBYTES;
-                    mtag = DSGD_PS_TAG(type == DSGD_PS_MSG_PARAMS ? DSGD_PS_MSG_PULL : DSGD_PS_MSG_JOIN, seq);
-                    w->pull_resends++;
-                }
-                r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
-                if (r != DSGD_OK)
-                    return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn,
-                                              w->index, s, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
-                                              dsgd__ps_terr(&w->t));
-                w->sent_at[s] = dsgd__ps_now(&w->t);
-                w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
-            }
+            if (now >= deadline) return dsgd__ps_worker_timed_out(w, fn, row, seq);
+            if ((r = dsgd__ps_worker_resend_due(w, fn, row, seq, now, deadline, max_backoff)) != DSGD_OK) return r;
             continue;
         }
         if (r != DSGD_OK)
@@ -446,53 +558,11 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                                       fn, w->index, src);
         mtype = DSGD_PS_TAG_TYPE(tag);
         if (mtype == type && DSGD_PS_TAG_SEQ(tag) == (seq & DSGD_PS_SEQ_MASK) && w->pending[src]) {
-            unsigned char ack[DSGD__PS_HBYTES];
-            dsgd_ps_header h;
-            size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
-            void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)ack;
-            if (type == DSGD_PS_MSG_PARAMS && !w->holds) { /* a mean, or nothing new */
-                dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
-                if (bytes == DSGD__PS_HBYTES) want = bytes;
-            }
-            if (bytes != want)
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
-                                          w->index, src, bytes, want);
-            r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
-            if (r != DSGD_OK)
-                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn,
-                                          w->index, src, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
-                                          dsgd__ps_terr(&w->t));
-            h = dsgd__ps_hdr_get(dst);
-            if (h.type != (uint64_t)type || h.worker != (uint64_t)w->index ||
-                DSGD_PS_TAG_SEQ(h.seq) != DSGD_PS_TAG_SEQ(seq) ||
-                (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h.count * sizeof(float) != bytes))
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
-                                          "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
-                                          "count %llu) that does not match its tag and size", fn, w->index, src,
-                                          (unsigned long long)h.type, (unsigned long long)h.worker,
-                                          (unsigned long long)h.seq, (unsigned long long)h.count);
-            if (type == DSGD_PS_MSG_ACK) {
-                w->dropped[src] = h.status == DSGD_PS_DROPPED;
-                w->pushes_dropped += w->dropped[src];
-            } else if (type == DSGD_PS_MSG_JOINED) {
-                w->version[src] = h.version;
-                w->join_at[src] = h.step;
-                w->admitted[src] = h.status == DSGD_PS_ADMITTED;
-            } else if ((r = dsgd__ps_worker_takes[w->d.apply](w, fn, src, &h, full)) != DSGD_OK) {
-                return r;
-            }
+            if ((r = dsgd__ps_worker_take_reply(w, fn, row, seq, src, tag, bytes, deadline, full)) != DSGD_OK) return r;
             w->pending[src] = 0;
             left--;
-        } else { /* a reply to an older request (or a copy): dropped */
-            if (bytes > w->scratch_bytes)
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
-                                          "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
-                                          w->index, src, bytes, mtype);
-            r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
-            if (r != DSGD_OK)
-                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index,
-                                          src, dsgd_result_string(r));
-            w->stale++;
+        } else if ((r = dsgd__ps_worker_drain(w, fn, src, tag, bytes, mtype, deadline)) != DSGD_OK) {
+            return r;
         }
     }
     return DSGD_OK;

@@ -16732,13 +16732,14 @@ static int dsgd__ps_ck_clock(dsgd__ck_cur *c, size_t n, uint32_t *row, uint32_t 
     return !c->bad;
 }
 
-static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_server_shape *s, dsgd__ps_ck_server *st) {
+/* The server's own section: its identity, histogram bins, map, floats,
+   version, counters and staleness histogram. */
+static dsgd_result dsgd__ps_check_server_head(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                              dsgd__ps_ck_server *st) {
     const dsgd__ck_section *sec = dsgd__ps_ck_role(f, 1);
     dsgd__ps_ident got, want = dsgd__ps_ident_of(s->d, s->index);
-    size_t cells = s->cells, rec;
     uint64_t n, sum = 0;
-    uint32_t bins, nw, i;
-    int64_t prev = -1;
+    uint32_t bins, i;
     dsgd__ck_cur c;
     dsgd_result r;
     int k;
@@ -16771,7 +16772,16 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
     }
     if (i < bins || sum != (uint64_t)st->cnt[1])
         return dsgd__ck_bad_section(f, sec, "a staleness histogram that does not sum to the applied pushes");
-    /* the workers' exactly-once tables */
+    return DSGD_OK;
+}
+
+/* "ps_peers": the workers' exactly-once tables; notes the fewest means a
+   worker has fetched. */
+static dsgd_result dsgd__ps_check_server_peers(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                               dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    uint32_t nw, i;
+    dsgd__ck_cur c;
     if (!(sec = dsgd__ck_need(f, "ps_peers", "the workers' sequence tables"))) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(sec);
     nw = dsgd__ckr_u32(&c);
@@ -16790,7 +16800,17 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
             return dsgd__ck_bad_section(f, sec, "a sequence number, status or fetched count out of range");
         if (have < st->min_have) st->min_have = have;
     }
-    /* the gradients of clocks not yet applied, in slot order */
+    return DSGD_OK;
+}
+
+/* "ps_clocks": the gradients of clocks not yet applied, in slot order. */
+static dsgd_result dsgd__ps_check_server_clocks(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                                dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    size_t cells = s->cells, rec;
+    uint32_t i;
+    int64_t prev = -1;
+    dsgd__ck_cur c;
     if (!(sec = dsgd__ck_need(f, "ps_clocks", "the gradients of clocks not yet applied"))) return DSGD_ERR_SHAPE;
     c = dsgd__ck_cursor(sec);
     st->held = dsgd__ckr_u32(&c);
@@ -16807,24 +16827,40 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
             return dsgd__ck_bad_section(f, sec, "a clock record out of range or out of order");
         prev = (int64_t)row * s->W + worker;
     }
-    if (!s->holds) { /* the means kept: the last steps, every one a worker has not fetched */
-        if (!(sec = dsgd__ck_need(f, "ps_means", "the means the workers have not fetched"))) return DSGD_ERR_SHAPE;
-        c = dsgd__ck_cursor(sec);
-        st->nmeans = dsgd__ckr_u32(&c);
-        rec = 8 + s->n * sizeof(float);
-        if (c.bad || (int64_t)st->nmeans > st->version || c.left % rec != 0 || c.left / rec != st->nmeans)
-            return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per kept mean");
-        st->means = c.p;
-        for (i = 0; i < st->nmeans; ++i) {
-            if (dsgd__ckr_u64(&c) != (uint64_t)(st->version - st->nmeans + i))
-                return dsgd__ck_bad_section(f, sec, "means not of the last steps, in order");
-            (void)dsgd__ckr_floats(&c, (uint64_t)s->n);
-        }
-        if (st->min_have < st->version - (int64_t)st->nmeans)
-            return dsgd__ck_bad_section(f, sec, "a worker lacks a mean the server does not keep");
-        return DSGD_OK;
+    return DSGD_OK;
+}
+
+/* ON_WORKERS, "ps_means": the means kept: the last steps, every one a
+   worker has not fetched. */
+static dsgd_result dsgd__ps_check_server_means(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                               dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    size_t rec;
+    uint32_t i;
+    dsgd__ck_cur c;
+    if (!(sec = dsgd__ck_need(f, "ps_means", "the means the workers have not fetched"))) return DSGD_ERR_SHAPE;
+    c = dsgd__ck_cursor(sec);
+    st->nmeans = dsgd__ckr_u32(&c);
+    rec = 8 + s->n * sizeof(float);
+    if (c.bad || (int64_t)st->nmeans > st->version || c.left % rec != 0 || c.left / rec != st->nmeans)
+        return dsgd__ck_bad_section(f, sec, "not a record of the server's floats per kept mean");
+    st->means = c.p;
+    for (i = 0; i < st->nmeans; ++i) {
+        if (dsgd__ckr_u64(&c) != (uint64_t)(st->version - st->nmeans + i))
+            return dsgd__ck_bad_section(f, sec, "means not of the last steps, in order");
+        (void)dsgd__ckr_floats(&c, (uint64_t)s->n);
     }
-    /* ON_SERVERS: the parameters and the optimizer's slots */
+    if (st->min_have < st->version - (int64_t)st->nmeans)
+        return dsgd__ck_bad_section(f, sec, "a worker lacks a mean the server does not keep");
+    return DSGD_OK;
+}
+
+/* ON_SERVERS, "params" and "optimizer": the parameters and the optimizer's
+   slots. */
+static dsgd_result dsgd__ps_check_server_params(const dsgd__ck_file *f, const dsgd__ps_server_shape *s,
+                                                dsgd__ps_ck_server *st) {
+    const dsgd__ck_section *sec;
+    dsgd__ck_cur c;
     if (!(sec = dsgd__ck_need(f, "params", "the server's parameters"))) return DSGD_ERR_SHAPE;
     if (sec->size != s->n * sizeof(float)) return dsgd__ck_bad_section(f, sec, "not the server's float count");
     st->params = sec->data;
@@ -16843,6 +16879,17 @@ static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_
     }
     st->slots = c.p;
     return DSGD_OK;
+}
+
+/* A server's checkpoint, section by section; ON_WORKERS keeps means where
+   ON_SERVERS keeps the parameters and the optimizer's slots. */
+static dsgd_result dsgd__ps_check_server(const dsgd__ck_file *f, const dsgd__ps_server_shape *s, dsgd__ps_ck_server *st) {
+    dsgd_result r;
+    if ((r = dsgd__ps_check_server_head(f, s, st)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_check_server_peers(f, s, st)) != DSGD_OK) return r;
+    if ((r = dsgd__ps_check_server_clocks(f, s, st)) != DSGD_OK) return r;
+    if (!s->holds) return dsgd__ps_check_server_means(f, s, st);
+    return dsgd__ps_check_server_params(f, s, st);
 }
 
 /* What a worker's checkpoint must match: the worker's desc (defaults
@@ -18438,10 +18485,167 @@ static int64_t dsgd__ps_worker_global(const dsgd_ps_worker *w) {
     return g;
 }
 
+/* ACK: takes server src's acknowledgement of a push (dropped or applied). */
+static dsgd_result dsgd__ps_worker_take_ack(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                            float *full) {
+    (void)fn;
+    (void)full;
+    w->dropped[src] = h->status == DSGD_PS_DROPPED;
+    w->pushes_dropped += w->dropped[src];
+    return DSGD_OK;
+}
+
+/* JOINED: takes server src's answer to the worker's JOIN (MEMBERSHIP in
+   ps.h): its version, the clock it counts the worker from, the commit's
+   status. */
+static dsgd_result dsgd__ps_worker_take_joined(dsgd_ps_worker *w, const char *fn, int src, const dsgd_ps_header *h,
+                                               float *full) {
+    (void)fn;
+    (void)full;
+    w->version[src] = h->version;
+    w->join_at[src] = h->step;
+    w->admitted[src] = h->status == DSGD_PS_ADMITTED;
+    return DSGD_OK;
+}
+
+/* What a wait waits for, a row per reply type: the reply's name in a
+   timeout's message, the request it answers (named there too), the type of
+   that request (a resend's tag), and how a reply is taken (NULL: as the
+   apply placement says, dsgd__ps_worker_takes). */
+typedef struct dsgd__ps_wait_row {
+    int reply;
+    const char *noun, *request;
+    int request_type;
+    dsgd__ps_worker_take take;
+} dsgd__ps_wait_row;
+
+static const dsgd__ps_wait_row dsgd__ps_wait_rows[] = {
+    {/* .reply = */ DSGD_PS_MSG_ACK, /* .noun = */ "acknowledgement", /* .request = */ "push",
+     /* .request_type = */ DSGD_PS_MSG_PUSH, /* .take = */ dsgd__ps_worker_take_ack},
+    {/* .reply = */ DSGD_PS_MSG_PARAMS, /* .noun = */ "parameters", /* .request = */ "pull",
+     /* .request_type = */ DSGD_PS_MSG_PULL, /* .take = */ NULL},
+    {/* .reply = */ DSGD_PS_MSG_JOINED, /* .noun = */ "answer to its JOIN", /* .request = */ "join round",
+     /* .request_type = */ DSGD_PS_MSG_JOIN, /* .take = */ dsgd__ps_worker_take_joined}};
+#define DSGD__PS_WAIT_ROWS ((int)(sizeof dsgd__ps_wait_rows / sizeof dsgd__ps_wait_rows[0]))
+
+/* type's row (ACK, PARAMS or JOINED: the last row for any other). */
+static const dsgd__ps_wait_row *dsgd__ps_wait_row_of(int type) {
+    int k = 0;
+    while (k < DSGD__PS_WAIT_ROWS - 1 && dsgd__ps_wait_rows[k].reply != type) k++;
+    return &dsgd__ps_wait_rows[k];
+}
+
+/* When the wait wakes: the earliest resend due, or the deadline. */
+static double dsgd__ps_worker_wake(const dsgd_ps_worker *w, double deadline) {
+    double wake = deadline;
+    int s;
+    for (s = 0; s < w->P; ++s)
+        if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
+    return wake;
+}
+
+/* The deadline passed: the timeout, naming the servers still silent. */
+static dsgd_result dsgd__ps_worker_timed_out(dsgd_ps_worker *w, const char *fn, const dsgd__ps_wait_row *row,
+                                             uint64_t seq) {
+    char names[256];
+    size_t used = 0;
+    int k = 0, s;
+    names[0] = '\0';
+    for (s = 0; s < w->P; ++s)
+        if (w->pending[s]) {
+            int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
+            if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
+        }
+    return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT, "%s: worker %d: no %s from server%s %s within %g s (%s %llu)",
+                              fn, w->index, row->noun, k > 1 ? "s" : "", names, w->d.timeout_s, row->request,
+                              (unsigned long long)seq);
+}
+
+/* Resends the request to each silent server whose backoff has passed at
+   now, and doubles its backoff (up to max_backoff): a push's whole
+   message, or a pull's or a JOIN's header. */
+static dsgd_result dsgd__ps_worker_resend_due(dsgd_ps_worker *w, const char *fn, const dsgd__ps_wait_row *row,
+                                              uint64_t seq, double now, double deadline, double max_backoff) {
+    int s;
+    for (s = 0; s < w->P; ++s) {
+        const void *msg;
+        size_t mbytes;
+        dsgd_result r;
+        if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
+        if (row->reply == DSGD_PS_MSG_ACK) {
+            msg = w->buf[s];
+            mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
+            w->push_resends++;
+        } else { /* a pull's or a JOIN's header */
+            msg = &w->pull_hdr[s];
+            mbytes = DSGD__PS_HBYTES;
+            w->pull_resends++;
+        }
+        r = w->t.send(w->t.impl, s, DSGD_PS_TAG(row->request_type, seq), msg, mbytes, deadline);
+        if (r != DSGD_OK)
+            return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn, w->index,
+                                      s, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+        w->sent_at[s] = dsgd__ps_now(&w->t);
+        w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
+    }
+    return DSGD_OK;
+}
+
+/* Takes the expected reply of bytes from server src (tag): checks its
+   size, receives it, checks its header, then takes it as its row says. */
+static dsgd_result dsgd__ps_worker_take_reply(dsgd_ps_worker *w, const char *fn, const dsgd__ps_wait_row *row,
+                                              uint64_t seq, int src, uint64_t tag, size_t bytes, double deadline,
+                                              float *full) {
+    int type = row->reply;
+    unsigned char ack[DSGD__PS_HBYTES];
+    dsgd_ps_header h;
+    size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
+    void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)ack;
+    dsgd_result r;
+    if (type == DSGD_PS_MSG_PARAMS && !w->holds) { /* a mean, or nothing new */
+        dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
+        if (bytes == DSGD__PS_HBYTES) want = bytes;
+    }
+    if (bytes != want)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
+                                  w->index, src, bytes, want);
+    r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn, w->index,
+                                  src, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t), dsgd__ps_terr(&w->t));
+    h = dsgd__ps_hdr_get(dst);
+    if (h.type != (uint64_t)type || h.worker != (uint64_t)w->index || DSGD_PS_TAG_SEQ(h.seq) != DSGD_PS_TAG_SEQ(seq) ||
+        (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h.count * sizeof(float) != bytes))
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                  "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
+                                  "count %llu) that does not match its tag and size", fn, w->index, src,
+                                  (unsigned long long)h.type, (unsigned long long)h.worker, (unsigned long long)h.seq,
+                                  (unsigned long long)h.count);
+    return (row->take ? row->take : dsgd__ps_worker_takes[w->d.apply])(w, fn, src, &h, full);
+}
+
+/* A reply to an older request (or a copy) of bytes from server src (tag,
+   of type mtype): received into the scratch buffer and dropped. */
+static dsgd_result dsgd__ps_worker_drain(dsgd_ps_worker *w, const char *fn, int src, uint64_t tag, size_t bytes,
+                                         int mtype, double deadline) {
+    dsgd_result r;
+    if (bytes > w->scratch_bytes)
+        return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
+                                  "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
+                                  w->index, src, bytes, mtype);
+    r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
+    if (r != DSGD_OK)
+        return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index, src,
+                                  dsgd_result_string(r));
+    w->stale++;
+    return DSGD_OK;
+}
+
 /* The wait for one reply from every server: probe, take the expected
    replies, drop stale ones, resend to silent servers with backoff. type is
-   ACK or PARAMS; full receives the parameters of PARAMS. */
+   ACK, PARAMS or JOINED; full receives the parameters of PARAMS. */
 static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int type, uint64_t seq, float *full) {
+    const dsgd__ps_wait_row *row = dsgd__ps_wait_row_of(type);
     double start = dsgd__ps_now(&w->t), deadline = start + w->d.timeout_s;
     double max_backoff = DSGD__MAX(w->d.retry_s, w->d.timeout_s / 8);
     int left = w->P, s;
@@ -18452,60 +18656,15 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
         w->backoff[s] = w->d.retry_s;
     }
     while (left > 0) {
-        double wake = deadline, now;
+        double now;
         int src = -1, mtype;
         uint64_t tag = 0;
         size_t bytes = 0;
-        for (s = 0; s < w->P; ++s)
-            if (w->pending[s] && w->sent_at[s] + w->backoff[s] < wake) wake = w->sent_at[s] + w->backoff[s];
-        r = w->t.probe(w->t.impl, wake, &src, &tag, &bytes);
+        r = w->t.probe(w->t.impl, dsgd__ps_worker_wake(w, deadline), &src, &tag, &bytes);
         now = dsgd__ps_now(&w->t);
         if (r == DSGD_ERR_TIMEOUT) {
-            if (now >= deadline) {
-                char names[256];
-                size_t used = 0;
-                int k = 0;
-                names[0] = '\0';
-                for (s = 0; s < w->P; ++s)
-                    if (w->pending[s]) {
-                        int m = snprintf(names + used, sizeof names - used, "%s%d", k++ ? ", " : "", s);
-                        if (m > 0) used = DSGD__MIN(sizeof names - 1, used + (size_t)m);
-                    }
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_TIMEOUT,
-                                          "%s: worker %d: no %s from server%s %s within %g s (%s %llu)", fn, w->index,
-                                          type == DSGD_PS_MSG_ACK      ? "acknowledgement"
-                                          : type == DSGD_PS_MSG_PARAMS ? "parameters"
-                                                                       : "answer to its JOIN",
-                                          k > 1 ? "s" : "", names, w->d.timeout_s,
-                                          type == DSGD_PS_MSG_ACK      ? "push"
-                                          : type == DSGD_PS_MSG_PARAMS ? "pull"
-                                                                       : "join round",
-                                          (unsigned long long)seq);
-            }
-            for (s = 0; s < w->P; ++s) {
-                const void *msg;
-                size_t mbytes;
-                uint64_t mtag;
-                if (!w->pending[s] || now < w->sent_at[s] + w->backoff[s]) continue;
-                if (type == DSGD_PS_MSG_ACK) {
-                    msg = w->buf[s];
-                    mbytes = DSGD__PS_HBYTES + w->n[s] * sizeof(float);
-                    mtag = DSGD_PS_TAG(DSGD_PS_MSG_PUSH, seq);
-                    w->push_resends++;
-                } else { /* a pull's or a JOIN's header */
-                    msg = &w->pull_hdr[s];
-                    mbytes = DSGD__PS_HBYTES;
-                    mtag = DSGD_PS_TAG(type == DSGD_PS_MSG_PARAMS ? DSGD_PS_MSG_PULL : DSGD_PS_MSG_JOIN, seq);
-                    w->pull_resends++;
-                }
-                r = w->t.send(w->t.impl, s, mtag, msg, mbytes, deadline);
-                if (r != DSGD_OK)
-                    return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: resending to server %d failed: %s%s%s", fn,
-                                              w->index, s, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
-                                              dsgd__ps_terr(&w->t));
-                w->sent_at[s] = dsgd__ps_now(&w->t);
-                w->backoff[s] = DSGD__MIN(2 * w->backoff[s], max_backoff);
-            }
+            if (now >= deadline) return dsgd__ps_worker_timed_out(w, fn, row, seq);
+            if ((r = dsgd__ps_worker_resend_due(w, fn, row, seq, now, deadline, max_backoff)) != DSGD_OK) return r;
             continue;
         }
         if (r != DSGD_OK)
@@ -18516,53 +18675,11 @@ static dsgd_result dsgd__ps_worker_wait(dsgd_ps_worker *w, const char *fn, int t
                                       fn, w->index, src);
         mtype = DSGD_PS_TAG_TYPE(tag);
         if (mtype == type && DSGD_PS_TAG_SEQ(tag) == (seq & DSGD_PS_SEQ_MASK) && w->pending[src]) {
-            unsigned char ack[DSGD__PS_HBYTES];
-            dsgd_ps_header h;
-            size_t want = DSGD__PS_HBYTES + (type == DSGD_PS_MSG_PARAMS ? w->n[src] * sizeof(float) : 0);
-            void *dst = type == DSGD_PS_MSG_PARAMS ? (void *)w->buf[src] : (void *)ack;
-            if (type == DSGD_PS_MSG_PARAMS && !w->holds) { /* a mean, or nothing new */
-                dst = w->be.buffer_host_ptr(w->be.impl, w->sum[src]);
-                if (bytes == DSGD__PS_HBYTES) want = bytes;
-            }
-            if (bytes != want)
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC, "%s: worker %d: server %d sent %zu bytes, not %zu", fn,
-                                          w->index, src, bytes, want);
-            r = w->t.recv(w->t.impl, src, tag, dst, bytes, deadline);
-            if (r != DSGD_OK)
-                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s%s%s", fn,
-                                          w->index, src, dsgd_result_string(r), dsgd__ps_terr_sep(&w->t),
-                                          dsgd__ps_terr(&w->t));
-            h = dsgd__ps_hdr_get(dst);
-            if (h.type != (uint64_t)type || h.worker != (uint64_t)w->index ||
-                DSGD_PS_TAG_SEQ(h.seq) != DSGD_PS_TAG_SEQ(seq) ||
-                (type == DSGD_PS_MSG_PARAMS && DSGD__PS_HBYTES + h.count * sizeof(float) != bytes))
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
-                                          "%s: worker %d: server %d sent a header (type %llu, worker %llu, seq %llu, "
-                                          "count %llu) that does not match its tag and size", fn, w->index, src,
-                                          (unsigned long long)h.type, (unsigned long long)h.worker,
-                                          (unsigned long long)h.seq, (unsigned long long)h.count);
-            if (type == DSGD_PS_MSG_ACK) {
-                w->dropped[src] = h.status == DSGD_PS_DROPPED;
-                w->pushes_dropped += w->dropped[src];
-            } else if (type == DSGD_PS_MSG_JOINED) {
-                w->version[src] = h.version;
-                w->join_at[src] = h.step;
-                w->admitted[src] = h.status == DSGD_PS_ADMITTED;
-            } else if ((r = dsgd__ps_worker_takes[w->d.apply](w, fn, src, &h, full)) != DSGD_OK) {
-                return r;
-            }
+            if ((r = dsgd__ps_worker_take_reply(w, fn, row, seq, src, tag, bytes, deadline, full)) != DSGD_OK) return r;
             w->pending[src] = 0;
             left--;
-        } else { /* a reply to an older request (or a copy): dropped */
-            if (bytes > w->scratch_bytes)
-                return dsgd_ctx_set_error(w->ctx, DSGD_ERR_DESYNC,
-                                          "%s: worker %d: server %d sent an unexpected message of %zu bytes (type %d)", fn,
-                                          w->index, src, bytes, mtype);
-            r = w->t.recv(w->t.impl, src, tag, w->scratch, bytes, deadline);
-            if (r != DSGD_OK)
-                return dsgd_ctx_set_error(w->ctx, r, "%s: worker %d: receiving from server %d failed: %s", fn, w->index,
-                                          src, dsgd_result_string(r));
-            w->stale++;
+        } else if ((r = dsgd__ps_worker_drain(w, fn, src, tag, bytes, mtype, deadline)) != DSGD_OK) {
+            return r;
         }
     }
     return DSGD_OK;
@@ -30336,6 +30453,17 @@ static void dsgd_cl__apply_cache(dsgd_ctx *ctx, dsgd_cl_context *c, int i, const
 /* distsgd/cl/backend.h - the OpenCL backend: CLBlast GEMM and our kernels behind dsgd_backend_i
    Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
 
+   The backend is three parts, in this order; this one declares its public
+   functions and documents it:
+     backend.h         (this one) the backend's state, range checks and
+                       kernel launches, the staging ring and class checks,
+                       finish and destroy, the buffers, the accessors and
+                       dsgd_cl_map/dsgd_cl_unmap
+     backend_ops.h     the operations (copies, GEMM, activations and losses,
+                       optimizer updates, sums, images, marks)
+     backend_create.h  the queue, the kernels, the table of operations:
+                       dsgd_cl_backend_create
+
    BACKENDS
 
      dsgd_cl_backend_create fills every member of dsgd_backend_i, the
@@ -30702,11 +30830,6 @@ typedef struct dsgd_cl__backend {
 #define DSGD_CL__STATUS_BYTES 4096
 #define DSGD_CL__NORM_MAX_GROUPS 64
 
-static void dsgd_cl__destroy(void *impl);
-static dsgd_result dsgd_cl__finish(void *impl);
-static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out);
-static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float *ptr);
-
 /* A dsgd_ref's buffer, or NULL when it is not one of b's. */
 static dsgd_cl__buffer *dsgd_cl__buf(dsgd_ref r) { return (dsgd_cl__buffer *)(void *)r.buf; }
 
@@ -30982,6 +31105,36 @@ static dsgd_result dsgd_cl__waited(dsgd_cl__backend *b) {
     return dsgd_cl__class_checks(b, 1);
 }
 
+static dsgd_result dsgd_cl__finish(void *impl) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    cl_int err = clFinish(b->queue);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clFinish", "finish");
+    return dsgd_cl__waited(b);
+}
+
+static void dsgd_cl__destroy(void *impl) {
+    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
+    int k;
+    if (!b) return;
+    if (b->queue) clFinish(b->queue);
+    dsgd_cl__stage_free(b);
+    while (b->checks_n > 0) {
+        clReleaseEvent(b->checks[b->checks_first].ev);
+        b->checks_first = (b->checks_first + 1) % DSGD_CL__CHECKS_MAX;
+        b->checks_n--;
+    }
+    if (b->checks_host) clEnqueueUnmapMemObject(b->queue, b->checks_mem, b->checks_host, 0, NULL, NULL);
+    if (b->checks_mem) clReleaseMemObject(b->checks_mem);
+    if (b->queue) clFinish(b->queue);
+    for (k = 0; k < DSGD_CL__K_COUNT; ++k)
+        if (b->kernels[k]) clReleaseKernel(b->kernels[k]);
+    if (b->scratch) clReleaseMemObject(b->scratch);
+    if (b->gemm_temp) clReleaseMemObject(b->gemm_temp);
+    if (b->status) clReleaseMemObject(b->status);
+    if (b->queue) clReleaseCommandQueue(b->queue);
+    DSGD_FREE(b);
+}
+
 static dsgd_result dsgd_cl__buffer_create(void *impl, size_t count, dsgd_buffer **out) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     dsgd_cl__buffer *buf;
@@ -31089,6 +31242,104 @@ static dsgd_result dsgd_cl__read(void *impl, dsgd_ref src, float *dst, size_t co
     return dsgd_cl__waited(b);
 }
 
+DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b) {
+    return b && b->impl && b->destroy == dsgd_cl__destroy;
+}
+
+DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->queue : NULL;
+}
+
+DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->device : NULL;
+}
+
+DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->cl : NULL;
+}
+
+DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->foreign_writes : 0;
+}
+
+DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->host_waits : 0;
+}
+
+DSGD_API unsigned long dsgd_cl_backend_gemm_exclusive(const dsgd_backend_i *b) {
+    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->gemm_exclusive : 0;
+}
+
+DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
+    const dsgd_cl__buffer *b = (const dsgd_cl__buffer *)(const void *)buf;
+    return b && b->magic == DSGD_CL__MAGIC ? b->mem : NULL;
+}
+
+static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out) {
+    cl_map_flags mf = 0;
+    cl_int err;
+    dsgd_result r;
+    void *p;
+    *out = NULL;
+    if (!(flags & (DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)) || (flags & ~(DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)))
+        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: flags %d", flags);
+    if (count == 0) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: count 0");
+    if (!((flags & DSGD_CL_MAP_WRITE) ? dsgd_cl__out : dsgd_cl__span)(b, ref, count, "map"))
+        return DSGD_ERR_INVALID_ARGUMENT;
+    if (flags & DSGD_CL_MAP_READ) mf |= CL_MAP_READ;
+    if (flags & DSGD_CL_MAP_WRITE) mf |= CL_MAP_WRITE;
+    p = clEnqueueMapBuffer(b->queue, dsgd_cl__buf(ref)->mem, CL_TRUE, mf, ref.off * sizeof(float),
+                           count * sizeof(float), 0, NULL, NULL, &err);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueMapBuffer", "dsgd_cl_map");
+    if ((r = dsgd_cl__waited(b)) != DSGD_OK) {
+        clEnqueueUnmapMemObject(b->queue, dsgd_cl__buf(ref)->mem, p, 0, NULL, NULL);
+        return r;
+    }
+    *out = (float *)p;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t count, int flags, float **out) {
+    if (out) *out = NULL;
+    if (!dsgd_cl_is_backend(be) || !out)
+        return DSGD_ERR_INVALID_ARGUMENT; /* no context to record on */
+    return dsgd_cl__map_impl((dsgd_cl__backend *)be->impl, ref, count, flags, out);
+}
+
+static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float *ptr) {
+    cl_int err;
+    if (!ptr || !dsgd_cl__span(b, ref, 0, "unmap")) {
+        if (!ptr) dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_unmap: NULL pointer");
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    err = clEnqueueUnmapMemObject(b->queue, dsgd_cl__buf(ref)->mem, ptr, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueUnmapMemObject", "dsgd_cl_unmap");
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *be, dsgd_ref ref, float *ptr) {
+    if (!dsgd_cl_is_backend(be)) return DSGD_ERR_INVALID_ARGUMENT;
+    return dsgd_cl__unmap_impl((dsgd_cl__backend *)be->impl, ref, ptr);
+}
+
+#endif /* DSGD_CL__PART_BACKEND_IMPL */
+/* ---------------------------------------- distsgd/cl/backend_ops.h */
+/* distsgd/cl/backend_ops.h - the OpenCL backend's operations: copies, GEMM, activations, losses, updates, images, marks
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
+
+   A part of backend.h, which holds what this one stands on and documents
+   BACKENDS, STAGING, CLASS CHECKS and BITS: the backend's state
+   (dsgd_cl__backend), its buffers, range checks and kernel launches, the
+   staging ring and the class checks. Here: the operations behind
+   dsgd_backend_i other than the buffers' (copy, fill, scale, axpy, the
+   GEMM with its split along k, activations and losses, optimizer updates,
+   norm_check, sum_across, the image operations, map, the marks), which
+   backend_create.h puts in the table.
+*/
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_BACKEND_OPS_IMPL)
+#define DSGD_CL__PART_BACKEND_OPS_IMPL
+
+/* >>operations -------------------------------------------------------------- */
 static dsgd_result dsgd_cl__copy(void *impl, dsgd_ref dst, dsgd_ref src, size_t count) {
     dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
     dsgd_cl__buffer *d, *s;
@@ -31787,35 +32038,18 @@ static dsgd_result dsgd_cl__wait_mark(void *impl, void *mark) {
     return DSGD_OK;
 }
 
-static dsgd_result dsgd_cl__finish(void *impl) {
-    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
-    cl_int err = clFinish(b->queue);
-    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clFinish", "finish");
-    return dsgd_cl__waited(b);
-}
+#endif /* DSGD_CL__PART_BACKEND_OPS_IMPL */
+/* ---------------------------------------- distsgd/cl/backend_create.h */
+/* distsgd/cl/backend_create.h - the OpenCL backend's creation: its queue, kernels and table, dsgd_cl_backend_create
+   Part of distsgd's OpenCL add-on (see ../../distsgd_cl.h, which includes the parts in order).
 
-static void dsgd_cl__destroy(void *impl) {
-    dsgd_cl__backend *b = (dsgd_cl__backend *)impl;
-    int k;
-    if (!b) return;
-    if (b->queue) clFinish(b->queue);
-    dsgd_cl__stage_free(b);
-    while (b->checks_n > 0) {
-        clReleaseEvent(b->checks[b->checks_first].ev);
-        b->checks_first = (b->checks_first + 1) % DSGD_CL__CHECKS_MAX;
-        b->checks_n--;
-    }
-    if (b->checks_host) clEnqueueUnmapMemObject(b->queue, b->checks_mem, b->checks_host, 0, NULL, NULL);
-    if (b->checks_mem) clReleaseMemObject(b->checks_mem);
-    if (b->queue) clFinish(b->queue);
-    for (k = 0; k < DSGD_CL__K_COUNT; ++k)
-        if (b->kernels[k]) clReleaseKernel(b->kernels[k]);
-    if (b->scratch) clReleaseMemObject(b->scratch);
-    if (b->gemm_temp) clReleaseMemObject(b->gemm_temp);
-    if (b->status) clReleaseMemObject(b->status);
-    if (b->queue) clReleaseCommandQueue(b->queue);
-    DSGD_FREE(b);
-}
+   A part of backend.h (the backend's state, buffers, staging, finish and
+   destroy) after backend_ops.h (the operations). Here: the phases of
+   dsgd_cl_backend_create (the queue, the kernels, the status buffer), the
+   table of operations it fills, and dsgd_cl_backend_create itself.
+*/
+#if defined(DISTSGD_CL_IMPLEMENTATION) && !defined(DSGD_CL__PART_BACKEND_CREATE_IMPL)
+#define DSGD_CL__PART_BACKEND_CREATE_IMPL
 
 /* >>backend creation -------------------------------------------------------- */
 /* dsgd_cl_backend_create's phases, in order. Each records its error on ctx
@@ -31988,87 +32222,7 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
     return DSGD_OK;
 }
 
-DSGD_API int dsgd_cl_is_backend(const dsgd_backend_i *b) {
-    return b && b->impl && b->destroy == dsgd_cl__destroy;
-}
-
-DSGD_API cl_command_queue dsgd_cl_backend_queue(const dsgd_backend_i *b) {
-    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->queue : NULL;
-}
-
-DSGD_API cl_device_id dsgd_cl_backend_device(const dsgd_backend_i *b) {
-    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->device : NULL;
-}
-
-DSGD_API dsgd_cl_context *dsgd_cl_backend_context(const dsgd_backend_i *b) {
-    return dsgd_cl_is_backend(b) ? ((dsgd_cl__backend *)b->impl)->cl : NULL;
-}
-
-DSGD_API unsigned long dsgd_cl_backend_foreign_writes(const dsgd_backend_i *b) {
-    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->foreign_writes : 0;
-}
-
-DSGD_API unsigned long dsgd_cl_backend_host_waits(const dsgd_backend_i *b) {
-    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->host_waits : 0;
-}
-
-DSGD_API unsigned long dsgd_cl_backend_gemm_exclusive(const dsgd_backend_i *b) {
-    return dsgd_cl_is_backend(b) ? ((const dsgd_cl__backend *)b->impl)->gemm_exclusive : 0;
-}
-
-DSGD_API cl_mem dsgd_cl_buffer_mem(const dsgd_buffer *buf) {
-    const dsgd_cl__buffer *b = (const dsgd_cl__buffer *)(const void *)buf;
-    return b && b->magic == DSGD_CL__MAGIC ? b->mem : NULL;
-}
-
-DSGD_API dsgd_result dsgd_cl_map(const dsgd_backend_i *be, dsgd_ref ref, size_t count, int flags, float **out) {
-    if (out) *out = NULL;
-    if (!dsgd_cl_is_backend(be) || !out)
-        return DSGD_ERR_INVALID_ARGUMENT; /* no context to record on */
-    return dsgd_cl__map_impl((dsgd_cl__backend *)be->impl, ref, count, flags, out);
-}
-
-static dsgd_result dsgd_cl__map_impl(dsgd_cl__backend *b, dsgd_ref ref, size_t count, int flags, float **out) {
-    cl_map_flags mf = 0;
-    cl_int err;
-    dsgd_result r;
-    void *p;
-    *out = NULL;
-    if (!(flags & (DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)) || (flags & ~(DSGD_CL_MAP_READ | DSGD_CL_MAP_WRITE)))
-        return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: flags %d", flags);
-    if (count == 0) return dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_map: count 0");
-    if (!((flags & DSGD_CL_MAP_WRITE) ? dsgd_cl__out : dsgd_cl__span)(b, ref, count, "map"))
-        return DSGD_ERR_INVALID_ARGUMENT;
-    if (flags & DSGD_CL_MAP_READ) mf |= CL_MAP_READ;
-    if (flags & DSGD_CL_MAP_WRITE) mf |= CL_MAP_WRITE;
-    p = clEnqueueMapBuffer(b->queue, dsgd_cl__buf(ref)->mem, CL_TRUE, mf, ref.off * sizeof(float),
-                           count * sizeof(float), 0, NULL, NULL, &err);
-    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueMapBuffer", "dsgd_cl_map");
-    if ((r = dsgd_cl__waited(b)) != DSGD_OK) {
-        clEnqueueUnmapMemObject(b->queue, dsgd_cl__buf(ref)->mem, p, 0, NULL, NULL);
-        return r;
-    }
-    *out = (float *)p;
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_cl_unmap(const dsgd_backend_i *be, dsgd_ref ref, float *ptr) {
-    if (!dsgd_cl_is_backend(be)) return DSGD_ERR_INVALID_ARGUMENT;
-    return dsgd_cl__unmap_impl((dsgd_cl__backend *)be->impl, ref, ptr);
-}
-
-static dsgd_result dsgd_cl__unmap_impl(dsgd_cl__backend *b, dsgd_ref ref, float *ptr) {
-    cl_int err;
-    if (!ptr || !dsgd_cl__span(b, ref, 0, "unmap")) {
-        if (!ptr) dsgd_ctx_set_error(b->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_cl_unmap: NULL pointer");
-        return DSGD_ERR_INVALID_ARGUMENT;
-    }
-    err = clEnqueueUnmapMemObject(b->queue, dsgd_cl__buf(ref)->mem, ptr, 0, NULL, NULL);
-    if (err != CL_SUCCESS) return dsgd_cl__fail(b->ctx, err, "clEnqueueUnmapMemObject", "dsgd_cl_unmap");
-    return DSGD_OK;
-}
-
-#endif /* DSGD_CL__PART_BACKEND_IMPL */
+#endif /* DSGD_CL__PART_BACKEND_CREATE_IMPL */
 #endif /* DISTSGD_WITH_OPENCL */
 
 /* ======== distsgd_mpi.h (only with DISTSGD_WITH_MPI) ======== */
@@ -33894,18 +34048,16 @@ static dsgd_result dsgd_mpi__check_desc(dsgd_ctx *ctx, const char *fn, const dsg
     return DSGD_OK;
 }
 
-static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, int count,
-                                    dsgd_transport_i *out) {
+/* The state the endpoints share, with creation's own reference: a
+   duplicate of base that returns its errors, this process's rank *proc
+   among *procs, the MAX and MIN ops. On failure nothing is left (*out
+   NULL). */
+static dsgd_result dsgd_mpi__shared_create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, MPI_Comm base,
+                                           int provided, dsgd_mpi__shared **out, int *proc, int *procs) {
     char text[MPI_MAX_ERROR_STRING + 32];
-    MPI_Comm base;
     dsgd_mpi__shared *sh;
-    dsgd_result r;
-    int provided, proc = 0, procs = 0, j, rc, share_lines, node_procs;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
-    if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
-    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd_mpi__check_desc(ctx, fn, desc, &base, &provided)) != DSGD_OK) return r;
-    share_lines = dsgd_mpi__share_lines(desc);
+    int rc;
+    *out = NULL;
     sh = (dsgd_mpi__shared *)dsgd__alloc(ctx, sizeof(*sh), fn);
     if (!sh) return DSGD_ERR_OUT_OF_MEMORY;
     memset(sh, 0, sizeof(*sh));
@@ -33924,8 +34076,8 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
     rc = MPI_Comm_set_errhandler(sh->comm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(sh->comm, &proc);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sh->comm, &procs);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(sh->comm, proc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sh->comm, procs);
     if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_max, 1, &sh->op_max);
     if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_min, 1, &sh->op_min);
     if (rc != MPI_SUCCESS) {
@@ -33933,64 +34085,108 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: setting up the duplicate communicator failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
-    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, provided, share_lines)) != DSGD_OK ||
+    *out = sh;
+    return DSGD_OK;
+}
+
+/* The processes agree (dsgd_mpi__agree), one endpoint per process makes
+   the window, and *node_procs is this node's count of processes; the
+   ranks must fit an int. On failure sh is released. */
+static dsgd_result dsgd_mpi__shared_agree(dsgd_ctx *ctx, const char *fn, dsgd_mpi__shared *sh, int count,
+                                          int share_lines, int proc, int procs, int *node_procs) {
+    dsgd_result r;
+    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, sh->provided, share_lines)) != DSGD_OK ||
         (count == 1 && share_lines > 0 &&
          (r = dsgd_mpi__window_create(ctx, fn, sh, (size_t)share_lines * 64, proc, procs)) != DSGD_OK)) {
         dsgd_mpi__release(sh);
         return r;
     }
-    node_procs = dsgd_mpi__node_layout(sh->comm, proc);
+    *node_procs = dsgd_mpi__node_layout(sh->comm, proc);
     if ((double)procs * count > 2147483647.0) {
         dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d processes x %d endpoints is more ranks than "
                                   "an int holds", fn, procs, count);
     }
+    return DSGD_OK;
+}
+
+/* Endpoint j of count on process proc of procs, holding a reference to
+   sh, with its stash; NULL when out of memory (what it had, freed). */
+static dsgd_mpi__ep *dsgd_mpi__ep_create(dsgd_ctx *ctx, const char *fn, dsgd_mpi__shared *sh, int count, int j,
+                                         int proc, int procs) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
+    if (e) {
+        memset(e, 0, sizeof(*e));
+        DSGD__FETCH_ADD(&sh->refs, 1);
+        e->sh = sh;
+        e->ctx = ctx;
+        e->comm = sh->comm;
+        e->count = count;
+        e->local = j;
+        e->rank = proc * count + j;
+        e->size = procs * count;
+        e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
+        e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
+    }
+    if (!e || !e->stash || !e->stashed) {
+        dsgd_mpi__destroy(e);
+        return NULL;
+    }
+    memset(e->stashed, 0, (size_t)e->size);
+    return e;
+}
+
+/* The transport interface of endpoint e, on a node of node_procs
+   processes. */
+static void dsgd_mpi__ep_interface(dsgd_transport_i *out, dsgd_mpi__ep *e, int node_procs) {
+    int shared = e->sh->win != MPI_WIN_NULL;
+    out->name = "mpi";
+    out->impl = e;
+    out->rank = e->rank;
+    out->size = e->size;
+    out->destroy = dsgd_mpi__destroy;
+    out->send = dsgd_mpi__send;
+    out->recv = dsgd_mpi__recv;
+    out->sendrecv = dsgd_mpi__sendrecv;
+    out->sendrecv_reduce = NULL;
+    out->sendrecv_upto = dsgd_mpi__sendrecv_upto;
+    /* the window is per process: one endpoint per process only */
+    out->share = shared ? dsgd_mpi__share : NULL;
+    out->unshare = shared ? dsgd_mpi__unshare : NULL;
+    out->share_window = shared ? dsgd_mpi__share_window : NULL;
+    /* MPI's all-reduce spans processes, not endpoints */
+    out->allreduce = e->count == 1 ? dsgd_mpi__allreduce : NULL;
+    out->abort = dsgd_mpi__abort_ep;
+    out->now = NULL;
+    out->error_message = dsgd_mpi__error_message;
+    out->set_progress = NULL;
+    out->peer_progress = NULL;
+    out->probe = dsgd_mpi__probe;
+    out->ranks_per_node = node_procs * e->count;
+}
+
+static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, int count,
+                                    dsgd_transport_i *out) {
+    MPI_Comm base;
+    dsgd_mpi__shared *sh;
+    dsgd_result r;
+    int provided, proc = 0, procs = 0, j, share_lines, node_procs = 0;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd_mpi__check_desc(ctx, fn, desc, &base, &provided)) != DSGD_OK) return r;
+    share_lines = dsgd_mpi__share_lines(desc);
+    if ((r = dsgd_mpi__shared_create(ctx, fn, desc, base, provided, &sh, &proc, &procs)) != DSGD_OK) return r;
+    if ((r = dsgd_mpi__shared_agree(ctx, fn, sh, count, share_lines, proc, procs, &node_procs)) != DSGD_OK) return r;
     for (j = 0; j < count; ++j) {
-        dsgd_mpi__ep *e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
-        if (e) {
-            memset(e, 0, sizeof(*e));
-            DSGD__FETCH_ADD(&sh->refs, 1);
-            e->sh = sh;
-            e->ctx = ctx;
-            e->comm = sh->comm;
-            e->count = count;
-            e->local = j;
-            e->rank = proc * count + j;
-            e->size = procs * count;
-            e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
-            e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
-        }
-        if (!e || !e->stash || !e->stashed) {
-            dsgd_mpi__destroy(e);
+        dsgd_mpi__ep *e = dsgd_mpi__ep_create(ctx, fn, sh, count, j, proc, procs);
+        if (!e) {
             while (j-- > 0) dsgd_mpi__destroy(out[j].impl);
             memset(out, 0, (size_t)count * sizeof(*out));
             dsgd_mpi__release(sh);
             return DSGD_ERR_OUT_OF_MEMORY;
         }
-        memset(e->stashed, 0, (size_t)e->size);
-        out[j].name = "mpi";
-        out[j].impl = e;
-        out[j].rank = e->rank;
-        out[j].size = e->size;
-        out[j].destroy = dsgd_mpi__destroy;
-        out[j].send = dsgd_mpi__send;
-        out[j].recv = dsgd_mpi__recv;
-        out[j].sendrecv = dsgd_mpi__sendrecv;
-        out[j].sendrecv_reduce = NULL;
-        out[j].sendrecv_upto = dsgd_mpi__sendrecv_upto;
-        /* the window is per process: one endpoint per process only */
-        out[j].share = sh->win != MPI_WIN_NULL ? dsgd_mpi__share : NULL;
-        out[j].unshare = sh->win != MPI_WIN_NULL ? dsgd_mpi__unshare : NULL;
-        out[j].share_window = sh->win != MPI_WIN_NULL ? dsgd_mpi__share_window : NULL;
-        /* MPI's all-reduce spans processes, not endpoints */
-        out[j].allreduce = count == 1 ? dsgd_mpi__allreduce : NULL;
-        out[j].abort = dsgd_mpi__abort_ep;
-        out[j].now = NULL;
-        out[j].error_message = dsgd_mpi__error_message;
-        out[j].set_progress = NULL;
-        out[j].peer_progress = NULL;
-        out[j].probe = dsgd_mpi__probe;
-        out[j].ranks_per_node = node_procs * count;
+        dsgd_mpi__ep_interface(&out[j], e, node_procs);
     }
     dsgd_mpi__release(sh); /* the endpoints hold it now */
     return DSGD_OK;

@@ -688,18 +688,16 @@ static dsgd_result dsgd_mpi__check_desc(dsgd_ctx *ctx, const char *fn, const dsg
     return DSGD_OK;
 }
 
-static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, int count,
-                                    dsgd_transport_i *out) {
+/* The state the endpoints share, with creation's own reference: a
+   duplicate of base that returns its errors, this process's rank *proc
+   among *procs, the MAX and MIN ops. On failure nothing is left (*out
+   NULL). */
+static dsgd_result dsgd_mpi__shared_create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, MPI_Comm base,
+                                           int provided, dsgd_mpi__shared **out, int *proc, int *procs) {
     char text[MPI_MAX_ERROR_STRING + 32];
-    MPI_Comm base;
     dsgd_mpi__shared *sh;
-    dsgd_result r;
-    int provided, proc = 0, procs = 0, j, rc, share_lines, node_procs;
-    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
-    if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
-    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((r = dsgd_mpi__check_desc(ctx, fn, desc, &base, &provided)) != DSGD_OK) return r;
-    share_lines = dsgd_mpi__share_lines(desc);
+    int rc;
+    *out = NULL;
     sh = (dsgd_mpi__shared *)dsgd__alloc(ctx, sizeof(*sh), fn);
     if (!sh) return DSGD_ERR_OUT_OF_MEMORY;
     memset(sh, 0, sizeof(*sh));
@@ -718,8 +716,8 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
     rc = MPI_Comm_set_errhandler(sh->comm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(sh->comm, &proc);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sh->comm, &procs);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(sh->comm, proc);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sh->comm, procs);
     if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_max, 1, &sh->op_max);
     if (rc == MPI_SUCCESS) rc = MPI_Op_create(dsgd_mpi__op_min, 1, &sh->op_min);
     if (rc != MPI_SUCCESS) {
@@ -727,64 +725,108 @@ static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mp
         return dsgd_ctx_set_error(ctx, DSGD_ERR_SYSTEM, "%s: setting up the duplicate communicator failed: %s", fn,
                                   dsgd_mpi__error_text(rc, text, sizeof(text)));
     }
-    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, provided, share_lines)) != DSGD_OK ||
+    *out = sh;
+    return DSGD_OK;
+}
+
+/* The processes agree (dsgd_mpi__agree), one endpoint per process makes
+   the window, and *node_procs is this node's count of processes; the
+   ranks must fit an int. On failure sh is released. */
+static dsgd_result dsgd_mpi__shared_agree(dsgd_ctx *ctx, const char *fn, dsgd_mpi__shared *sh, int count,
+                                          int share_lines, int proc, int procs, int *node_procs) {
+    dsgd_result r;
+    if ((r = dsgd_mpi__agree(ctx, fn, sh->comm, count, sh->provided, share_lines)) != DSGD_OK ||
         (count == 1 && share_lines > 0 &&
          (r = dsgd_mpi__window_create(ctx, fn, sh, (size_t)share_lines * 64, proc, procs)) != DSGD_OK)) {
         dsgd_mpi__release(sh);
         return r;
     }
-    node_procs = dsgd_mpi__node_layout(sh->comm, proc);
+    *node_procs = dsgd_mpi__node_layout(sh->comm, proc);
     if ((double)procs * count > 2147483647.0) {
         dsgd_mpi__release(sh);
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d processes x %d endpoints is more ranks than "
                                   "an int holds", fn, procs, count);
     }
+    return DSGD_OK;
+}
+
+/* Endpoint j of count on process proc of procs, holding a reference to
+   sh, with its stash; NULL when out of memory (what it had, freed). */
+static dsgd_mpi__ep *dsgd_mpi__ep_create(dsgd_ctx *ctx, const char *fn, dsgd_mpi__shared *sh, int count, int j,
+                                         int proc, int procs) {
+    dsgd_mpi__ep *e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
+    if (e) {
+        memset(e, 0, sizeof(*e));
+        DSGD__FETCH_ADD(&sh->refs, 1);
+        e->sh = sh;
+        e->ctx = ctx;
+        e->comm = sh->comm;
+        e->count = count;
+        e->local = j;
+        e->rank = proc * count + j;
+        e->size = procs * count;
+        e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
+        e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
+    }
+    if (!e || !e->stash || !e->stashed) {
+        dsgd_mpi__destroy(e);
+        return NULL;
+    }
+    memset(e->stashed, 0, (size_t)e->size);
+    return e;
+}
+
+/* The transport interface of endpoint e, on a node of node_procs
+   processes. */
+static void dsgd_mpi__ep_interface(dsgd_transport_i *out, dsgd_mpi__ep *e, int node_procs) {
+    int shared = e->sh->win != MPI_WIN_NULL;
+    out->name = "mpi";
+    out->impl = e;
+    out->rank = e->rank;
+    out->size = e->size;
+    out->destroy = dsgd_mpi__destroy;
+    out->send = dsgd_mpi__send;
+    out->recv = dsgd_mpi__recv;
+    out->sendrecv = dsgd_mpi__sendrecv;
+    out->sendrecv_reduce = NULL;
+    out->sendrecv_upto = dsgd_mpi__sendrecv_upto;
+    /* the window is per process: one endpoint per process only */
+    out->share = shared ? dsgd_mpi__share : NULL;
+    out->unshare = shared ? dsgd_mpi__unshare : NULL;
+    out->share_window = shared ? dsgd_mpi__share_window : NULL;
+    /* MPI's all-reduce spans processes, not endpoints */
+    out->allreduce = e->count == 1 ? dsgd_mpi__allreduce : NULL;
+    out->abort = dsgd_mpi__abort_ep;
+    out->now = NULL;
+    out->error_message = dsgd_mpi__error_message;
+    out->set_progress = NULL;
+    out->peer_progress = NULL;
+    out->probe = dsgd_mpi__probe;
+    out->ranks_per_node = node_procs * e->count;
+}
+
+static dsgd_result dsgd_mpi__create(dsgd_ctx *ctx, const char *fn, const dsgd_mpi_desc *desc, int count,
+                                    dsgd_transport_i *out) {
+    MPI_Comm base;
+    dsgd_mpi__shared *sh;
+    dsgd_result r;
+    int provided, proc = 0, procs = 0, j, share_lines, node_procs = 0;
+    if (!out) return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (count > 0) memset(out, 0, (size_t)count * sizeof(*out));
+    if (!ctx) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((r = dsgd_mpi__check_desc(ctx, fn, desc, &base, &provided)) != DSGD_OK) return r;
+    share_lines = dsgd_mpi__share_lines(desc);
+    if ((r = dsgd_mpi__shared_create(ctx, fn, desc, base, provided, &sh, &proc, &procs)) != DSGD_OK) return r;
+    if ((r = dsgd_mpi__shared_agree(ctx, fn, sh, count, share_lines, proc, procs, &node_procs)) != DSGD_OK) return r;
     for (j = 0; j < count; ++j) {
-        dsgd_mpi__ep *e = (dsgd_mpi__ep *)dsgd__alloc(ctx, sizeof(*e), fn);
-        if (e) {
-            memset(e, 0, sizeof(*e));
-            DSGD__FETCH_ADD(&sh->refs, 1);
-            e->sh = sh;
-            e->ctx = ctx;
-            e->comm = sh->comm;
-            e->count = count;
-            e->local = j;
-            e->rank = proc * count + j;
-            e->size = procs * count;
-            e->stash = (uint64_t *)dsgd__alloc(ctx, 2 * sizeof(uint64_t) * (size_t)e->size, fn);
-            e->stashed = (unsigned char *)dsgd__alloc(ctx, (size_t)e->size, fn);
-        }
-        if (!e || !e->stash || !e->stashed) {
-            dsgd_mpi__destroy(e);
+        dsgd_mpi__ep *e = dsgd_mpi__ep_create(ctx, fn, sh, count, j, proc, procs);
+        if (!e) {
             while (j-- > 0) dsgd_mpi__destroy(out[j].impl);
             memset(out, 0, (size_t)count * sizeof(*out));
             dsgd_mpi__release(sh);
             return DSGD_ERR_OUT_OF_MEMORY;
         }
-        memset(e->stashed, 0, (size_t)e->size);
-        out[j].name = "mpi";
-        out[j].impl = e;
-        out[j].rank = e->rank;
-        out[j].size = e->size;
-        out[j].destroy = dsgd_mpi__destroy;
-        out[j].send = dsgd_mpi__send;
-        out[j].recv = dsgd_mpi__recv;
-        out[j].sendrecv = dsgd_mpi__sendrecv;
-        out[j].sendrecv_reduce = NULL;
-        out[j].sendrecv_upto = dsgd_mpi__sendrecv_upto;
-        /* the window is per process: one endpoint per process only */
-        out[j].share = sh->win != MPI_WIN_NULL ? dsgd_mpi__share : NULL;
-        out[j].unshare = sh->win != MPI_WIN_NULL ? dsgd_mpi__unshare : NULL;
-        out[j].share_window = sh->win != MPI_WIN_NULL ? dsgd_mpi__share_window : NULL;
-        /* MPI's all-reduce spans processes, not endpoints */
-        out[j].allreduce = count == 1 ? dsgd_mpi__allreduce : NULL;
-        out[j].abort = dsgd_mpi__abort_ep;
-        out[j].now = NULL;
-        out[j].error_message = dsgd_mpi__error_message;
-        out[j].set_progress = NULL;
-        out[j].peer_progress = NULL;
-        out[j].probe = dsgd_mpi__probe;
-        out[j].ranks_per_node = node_procs * count;
+        dsgd_mpi__ep_interface(&out[j], e, node_procs);
     }
     dsgd_mpi__release(sh); /* the endpoints hold it now */
     return DSGD_OK;
