@@ -135,6 +135,8 @@
 #include "distsgd/loopback.h"         /* the loopback transport: ranks as threads */
 #include "distsgd/simnet.h"           /* the simnet transport: ranks as threads on a virtual clock */
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
+#include "distsgd/collectives_agree.h" /* the agreement: fingerprints, their rounds, the first exchanges they carry */
+#include "distsgd/collectives_algos.h" /* the all-reduce algorithms, the half wire, the collectives' entry points */
 #include "distsgd/variables.h"        /* aggregation and synchronization of distributed variables */
 #include "distsgd/comm_hook.h"        /* comm hooks: your own code exchanges a bucket of the gradient */
 #include "distsgd/compress.h"         /* gradient compressors with error feedback (top-k, sign, PowerSGD) as comm hooks */

@@ -137,7 +137,7 @@ static void dsgd__from_bf16_portable(const uint16_t *src, float *dst, size_t n) 
 
 /* The largest exponent field (bits 23..30) among x's finite elements (0:
    none, or zeros and subnormals only): what a half wire's scale is chosen
-   from (collectives.h, >>wire). */
+   from (collectives_algos.h, >>wire). */
 static uint32_t dsgd__exp_max_portable(const float *x, size_t n) {
     uint32_t m = 0, u;
     size_t i;

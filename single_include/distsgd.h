@@ -4059,7 +4059,7 @@ static void dsgd__from_bf16_portable(const uint16_t *src, float *dst, size_t n) 
 
 /* The largest exponent field (bits 23..30) among x's finite elements (0:
    none, or zeros and subnormals only): what a half wire's scale is chosen
-   from (collectives.h, >>wire). */
+   from (collectives_algos.h, >>wire). */
 static uint32_t dsgd__exp_max_portable(const float *x, size_t n) {
     uint32_t m = 0, u;
     size_t i;
@@ -11510,6 +11510,17 @@ DSGD__PRIVATE double dsgd__simnet_backward_s(const dsgd_simnet *h, int v) {
      passes a straggler's lateness on through its rounds, so a rank that
      comes X late is charged X by every other rank, not the messengers
      between them (see there).
+
+     The collectives are three parts, in this order; every public function
+     is declared here:
+       collectives.h        (this one) the communicator: creation, AUTO's
+                            choice, the checks, the exchanges, waits and
+                            stats, the names
+       collectives_agree.h  the agreement: the fingerprints and their
+                            rounds (>>agreement), the rounds that carry an
+                            algorithm's first exchanges (>>fold)
+       collectives_algos.h  the map (>>map), the algorithms and their
+                            table, the half wire (>>wire), the entry points
 */
 #ifndef DSGD__PART_COLLECTIVES_DECL
 #define DSGD__PART_COLLECTIVES_DECL
@@ -11926,6 +11937,19 @@ DSGD_API const char *dsgd_reduce_op_name(dsgd_reduce_op op) {
     return (int)op >= 0 && (int)op < (int)DSGD_REDUCE_COUNT ? names[op] : "unknown";
 }
 
+DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
+    /* in the order of dsgd_allreduce_algo and of the table of algorithms,
+       dsgd__allreduce_algos (collectives_algos.h) */
+    static const char *const names[DSGD_ALLREDUCE_COUNT] = {
+        "auto", "ring", "halving_doubling", "reduce_broadcast", "recursive_doubling", "direct", "hierarchical"};
+    return (int)algo >= 0 && (int)algo < (int)DSGD_ALLREDUCE_COUNT ? names[algo] : "unknown";
+}
+
+DSGD_API const char *dsgd_wire_name(dsgd_wire wire) {
+    static const char *const names[DSGD_WIRE_COUNT] = {"f32", "f16", "bf16"};
+    return (int)wire >= 0 && (int)wire < (int)DSGD_WIRE_COUNT ? names[wire] : "unknown";
+}
+
 
 /* >>collectives ------------------------------------------------------------ */
 
@@ -12321,6 +12345,65 @@ static dsgd_result dsgd__xchg(dsgd_comm *c, uint64_t tag, int dst, const float *
     return dsgd__xchg_bytes(c, tag, dst, sbuf, sbytes, src, rbuf, rcount * sizeof(float), sbytes);
 }
 
+/* >>stats ------------------------------------------------------------------ */
+
+DSGD_API void dsgd_comm_get_stats(const dsgd_comm *c, dsgd_comm_stats *out) {
+    if (!out) return;
+    if (c) *out = c->st;
+    else memset(out, 0, sizeof(*out));
+}
+
+DSGD_API void dsgd_comm_reset_stats(dsgd_comm *c) {
+    if (!c) return;
+    memset(&c->st, 0, sizeof(c->st));
+    memset(c->waits, 0, sizeof(double) * (size_t)c->size);
+}
+
+DSGD_API dsgd_result dsgd_comm_get_waits(const dsgd_comm *c, double *per_peer, int n) {
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!per_peer || n < c->size)
+        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "dsgd_comm_get_waits: per_peer %s with n %d (need room for the size, %d)",
+                                  per_peer ? "given" : "NULL", n, c->size);
+    memcpy(per_peer, c->waits, sizeof(double) * (size_t)c->size);
+    return DSGD_OK;
+}
+
+DSGD_API void dsgd_comm_stats_add(dsgd_comm *c, const dsgd_comm_stats *extra) {
+    if (!c || !extra) return;
+    c->st.bytes_sent += extra->bytes_sent;
+    c->st.bytes_uncompressed += extra->bytes_uncompressed;
+    c->st.compress_s += extra->compress_s;
+    c->st.comm_s += extra->comm_s;
+}
+
+DSGD_API dsgd_result dsgd_comm_charge_codec(dsgd_comm *c, size_t floats) {
+    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
+    return c->t.charge_codec && floats ? c->t.charge_codec(c->t.impl, floats) : DSGD_OK;
+}
+
+/* The time of a collective from its start to its return, on the
+   communicator's clock, into comm_s. */
+static dsgd_result dsgd__coll_timed(dsgd_comm *c, double t0, dsgd_result res) {
+    c->st.comm_s += dsgd__comm_now(c) - t0;
+    return res;
+}
+
+#endif /* DSGD__PART_COLLECTIVES_IMPL */
+/* ---------------------------------------- distsgd/collectives_agree.h */
+/* distsgd/collectives_agree.h - the agreement: fingerprints, their rounds, the first exchanges they carry
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of collectives.h (the communicator, its checks and exchanges;
+   Agreement in COLLECTIVES there says what the ranks agree on and what it
+   costs). Here: the fingerprint and the message-passing agreement over
+   send and recv (>>agreement), and the agreement over sendrecv_upto,
+   whose rounds carry an algorithm's first exchanges (>>fold), which
+   collectives_algos.h calls. This part declares nothing public.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COLLECTIVES_AGREE_IMPL)
+#define DSGD__PART_COLLECTIVES_AGREE_IMPL
+
 /* >>agreement -------------------------------------------------------------- */
 /* Before a collective moves any data, the ranks agree on what it is: every
    rank's fingerprint (the fields below) must be equal, or every rank returns
@@ -12686,6 +12769,23 @@ static dsgd_result dsgd__coll_agree_carry(dsgd_comm *c, dsgd__carry *cr) {
 static dsgd_result dsgd__coll_agree(dsgd_comm *c) {
     return c->t.sendrecv_upto ? dsgd__coll_agree_carry(c, NULL) : dsgd__coll_agree_plain(c);
 }
+
+#endif /* DSGD__PART_COLLECTIVES_AGREE_IMPL */
+/* ---------------------------------------- distsgd/collectives_algos.h */
+/* distsgd/collectives_algos.h - the all-reduce algorithms, the half wire and the collectives' entry points
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of collectives.h (the communicator, its checks and exchanges),
+   after collectives_agree.h (the agreement). Here: blocks and pieces, the
+   global element map (>>map), the ring, halving-doubling, recursive
+   doubling, the broadcast tree, DIRECT, reduce-broadcast, the native hook
+   and the hierarchical all-reduce; their table, dsgd__allreduce_algos; the
+   half wire (>>wire); then the collectives themselves, dsgd_allreduce to
+   dsgd_barrier, which collectives.h declares and documents (COLLECTIVES
+   there says what each costs and in what order it reduces).
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COLLECTIVES_ALGOS_IMPL)
+#define DSGD__PART_COLLECTIVES_ALGOS_IMPL
 
 /* Block b of count elements in n blocks: bo[b] .. bo[b + 1] when bo (the
    map's blocks, see >>map), else dsgd_block_range's. */
@@ -13371,29 +13471,25 @@ static dsgd_result dsgd__ring_allreduce_agreed(dsgd_comm *c, float *buf, size_t 
     return dsgd__ring_mapped(c, buf, count, op, 1);
 }
 
-/* The all-reduce algorithms by dsgd_allreduce_algo: name and code. A new
-   algorithm is an enumerator and one line here. agreed: the agreement and
-   the algorithm together (DIRECT checks the fingerprints through the
-   memory it shares, count 0 included; ring and recursive doubling carry
-   their first exchanges with the agreement: see >>fold); NULL: the
-   agreement (dsgd__coll_agree), then run. */
+/* The all-reduce algorithms by dsgd_allreduce_algo: their code (their
+   names are dsgd_allreduce_algo_name's, in collectives.h). A new algorithm
+   is an enumerator, its name there and one line here. agreed: the
+   agreement and the algorithm together (DIRECT checks the fingerprints
+   through the memory it shares, count 0 included; ring and recursive
+   doubling carry their first exchanges with the agreement: see >>fold in
+   collectives_agree.h); NULL: the agreement (dsgd__coll_agree), then run. */
 static const struct {
-    const char *name;
     dsgd_result (*run)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
     dsgd_result (*agreed)(dsgd_comm *c, float *buf, size_t count, dsgd_reduce_op op);
 } dsgd__allreduce_algos[DSGD_ALLREDUCE_COUNT] = {
-    /* AUTO, resolved to the native hook */ {"auto", dsgd__native, NULL},
-    /* RING */ {"ring", dsgd__ring_allreduce, dsgd__ring_allreduce_agreed},
-    /* HALVING_DOUBLING */ {"halving_doubling", dsgd__halving_doubling, NULL},
-    /* REDUCE_BROADCAST */ {"reduce_broadcast", dsgd__reduce_broadcast, NULL},
-    /* RECURSIVE_DOUBLING */ {"recursive_doubling", dsgd__recursive_doubling, dsgd__rd_agreed},
-    /* DIRECT */ {"direct", dsgd__direct, dsgd__direct},
-    /* HIERARCHICAL */ {"hierarchical", dsgd__hierarchical, NULL},
+    /* AUTO, resolved to the native hook */ {dsgd__native, NULL},
+    /* RING */ {dsgd__ring_allreduce, dsgd__ring_allreduce_agreed},
+    /* HALVING_DOUBLING */ {dsgd__halving_doubling, NULL},
+    /* REDUCE_BROADCAST */ {dsgd__reduce_broadcast, NULL},
+    /* RECURSIVE_DOUBLING */ {dsgd__recursive_doubling, dsgd__rd_agreed},
+    /* DIRECT */ {dsgd__direct, dsgd__direct},
+    /* HIERARCHICAL */ {dsgd__hierarchical, NULL},
 };
-
-DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
-    return (int)algo >= 0 && (int)algo < (int)DSGD_ALLREDUCE_COUNT ? dsgd__allreduce_algos[algo].name : "unknown";
-}
 
 /* >>wire ------------------------------------------------------------------- */
 /* The all-reduce over a half wire (dsgd_allreduce_wire): the ring on the
@@ -13410,12 +13506,6 @@ DSGD_API const char *dsgd_allreduce_algo_name(dsgd_allreduce_algo algo) {
    are, and every rank, the owner too, takes them back to fp32 and undoes
    2^k. */
 #define DSGD__WIRE_TOP 14 /* every scaled input below 2^(15 - ceil(log2 N)), every sum below 2^15 */
-
-DSGD_API const char *dsgd_wire_name(dsgd_wire wire) {
-    static const char *const names[DSGD_WIRE_COUNT] = {"f32", "f16", "bf16"};
-    return (int)wire >= 0 && (int)wire < (int)DSGD_WIRE_COUNT ? names[wire] : "unknown";
-}
-
 
 static int dsgd__wire_shift(uint32_t max_exponent_field, int n) {
     int lg = 0, k;
@@ -13537,49 +13627,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     return DSGD_OK;
 }
 
-/* >>stats ------------------------------------------------------------------ */
-
-DSGD_API void dsgd_comm_get_stats(const dsgd_comm *c, dsgd_comm_stats *out) {
-    if (!out) return;
-    if (c) *out = c->st;
-    else memset(out, 0, sizeof(*out));
-}
-
-DSGD_API void dsgd_comm_reset_stats(dsgd_comm *c) {
-    if (!c) return;
-    memset(&c->st, 0, sizeof(c->st));
-    memset(c->waits, 0, sizeof(double) * (size_t)c->size);
-}
-
-DSGD_API dsgd_result dsgd_comm_get_waits(const dsgd_comm *c, double *per_peer, int n) {
-    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!per_peer || n < c->size)
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "dsgd_comm_get_waits: per_peer %s with n %d (need room for the size, %d)",
-                                  per_peer ? "given" : "NULL", n, c->size);
-    memcpy(per_peer, c->waits, sizeof(double) * (size_t)c->size);
-    return DSGD_OK;
-}
-
-DSGD_API void dsgd_comm_stats_add(dsgd_comm *c, const dsgd_comm_stats *extra) {
-    if (!c || !extra) return;
-    c->st.bytes_sent += extra->bytes_sent;
-    c->st.bytes_uncompressed += extra->bytes_uncompressed;
-    c->st.compress_s += extra->compress_s;
-    c->st.comm_s += extra->comm_s;
-}
-
-DSGD_API dsgd_result dsgd_comm_charge_codec(dsgd_comm *c, size_t floats) {
-    if (!c) return DSGD_ERR_INVALID_ARGUMENT;
-    return c->t.charge_codec && floats ? c->t.charge_codec(c->t.impl, floats) : DSGD_OK;
-}
-
-/* The time of a collective from its start to its return, on the
-   communicator's clock, into comm_s. */
-static dsgd_result dsgd__coll_timed(dsgd_comm *c, double t0, dsgd_result res) {
-    c->st.comm_s += dsgd__comm_now(c) - t0;
-    return res;
-}
+/* >>entry points ----------------------------------------------------------- */
 
 static dsgd_result dsgd__allreduce_at(dsgd_comm *c, float *buf, size_t count, size_t first, dsgd_reduce_op op,
                                      dsgd_allreduce_algo algo, double timeout_s) {
@@ -13737,7 +13785,7 @@ DSGD_API dsgd_result dsgd_barrier(dsgd_comm *c, double timeout_s) {
     return dsgd__coll_timed(c, t0, c->size == 1 ? DSGD_OK : dsgd__coll_agree(c));
 }
 
-#endif /* DSGD__PART_COLLECTIVES_IMPL */
+#endif /* DSGD__PART_COLLECTIVES_ALGOS_IMPL */
 /* ---------------------------------------- distsgd/variables.h */
 /* distsgd/variables.h - aggregation and synchronization of distributed variables
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -32411,7 +32459,7 @@ DSGD_API dsgd_result dsgd_cl_backend_create(dsgd_ctx *ctx, dsgd_cl_context *c, c
      (DSGD_MPI_SHARE_BYTES, 1 MiB, unless dsgd_mpi_desc says otherwise;
      equal on every rank, checked at creation): its size is fixed, so it
      never has to grow (which would be collective). The direct all-reduce
-     goes through it a piece at a time (distsgd/collectives.h): copy a
+     goes through it a piece at a time (distsgd/collectives_algos.h): copy a
      piece of the buffer in, share (MPI_Win_sync, then publish the tag in
      this rank's control word and poll the others'), reduce this rank's
      block of the piece in rank order 0..N-1 from every window into every

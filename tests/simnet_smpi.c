@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
             xchg(next, x + blk(n, p, sb), (blk(n, p, sb + 1) - blk(n, p, sb)) * 4, prev, x + blk(n, p, rb),
                  (blk(n, p, rb + 1) - blk(n, p, rb)) * 4);
         }
-    } else { /* p a power of two: halving, then doubling (collectives.h) */
+    } else { /* p a power of two: halving, then doubling (collectives_algos.h) */
         int lo = 0, hi = p;
         for (d = p / 2; d >= 1; d /= 2) {
             int mid = lo + d, klo, khi, slo, shi;

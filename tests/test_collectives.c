@@ -1275,7 +1275,7 @@ static void wrap_counting(group *g, counting *ks, int upto) {
     }
 }
 
-/* The agreement carries the first exchanges (see collectives.h >>fold):
+/* The agreement carries the first exchanges (see collectives_agree.h >>fold):
    - every collective that folds (ring and recursive doubling all-reduce,
      reduce-scatter, all-gather), at N = 2..5 and 8 (2, 3 and 8 under the
      sanitizers), counts 0, 1, N - 1,

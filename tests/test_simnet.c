@@ -274,7 +274,7 @@ static size_t blk_off(size_t count, int n, int b) {
     return i * q + (i < rem ? i : rem);
 }
 
-/* The all-reduce's map (collectives.h): element g of a vector of count
+/* The all-reduce's map (collectives_algos.h): element g of a vector of count
    floats is in block (g / DSGD_ALLREDUCE_CHUNK) mod n; block v's size. */
 static size_t map_len(size_t count, int n, int v) {
     size_t g, len = 0;

@@ -91,7 +91,7 @@
      (DSGD_MPI_SHARE_BYTES, 1 MiB, unless dsgd_mpi_desc says otherwise;
      equal on every rank, checked at creation): its size is fixed, so it
      never has to grow (which would be collective). The direct all-reduce
-     goes through it a piece at a time (distsgd/collectives.h): copy a
+     goes through it a piece at a time (distsgd/collectives_algos.h): copy a
      piece of the buffer in, share (MPI_Win_sync, then publish the tag in
      this rank's control word and poll the others'), reduce this rank's
      block of the piece in rank order 0..N-1 from every window into every
