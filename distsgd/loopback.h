@@ -9,7 +9,8 @@
      reduces) straight from the sender's memory while the sender waits. It
      also provides share/unshare, so AUTO all-reduces on it run
      DSGD_ALLREDUCE_DIRECT, and probe (receive from any source), which
-     reports the waiting sources round-robin. A waiting rank spins briefly
+     reports the waiting sources round-robin, and probe_from (one
+     source's; no rank here is ever gone). A waiting rank spins briefly
      (pausing, then yielding the CPU), then sleeps on a condition variable;
      see dsgd_loopback_set_spin.
 */
@@ -742,6 +743,38 @@ static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_
     return DSGD_OK;
 }
 
+/* src's messages alone (src in the tag argument of the wait). */
+static int dsgd__lb_from_waiting(dsgd__lb_ep *e, uint64_t src) {
+    const dsgd__lb_pair *in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
+    return DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head);
+}
+
+/* The endpoint's probe_from: nothing here is ever gone (no rank is
+   killed; an aborted hub fails every call). */
+static dsgd_result dsgd__lb_probe_from(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    const dsgd__lb_pair *in;
+    const dsgd__lb_slot *s;
+    dsgd_result r;
+    if (gone) *gone = 0;
+    if (!tag || !bytes || !gone || src < 0 || src >= e->hub->n || src == e->rank) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: probe_from needs tag, bytes, gone and another rank (%d)",
+                 e->rank, src);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    r = dsgd__lb_wait(e, dsgd__lb_from_waiting, (uint64_t)src, deadline);
+    if (r != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: %s while waiting for a message from rank %d", e->rank,
+                 r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted", src);
+        return r;
+    }
+    in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
+    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
+    *tag = s->tag; /* written before the tail that published it */
+    *bytes = s->bytes;
+    return DSGD_OK;
+}
+
 /* peer -1 (no transfer) or another rank of the hub. */
 static dsgd_result dsgd__lb_check(dsgd__lb_ep *e, int peer, int *failed_peer) {
     if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
@@ -843,6 +876,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->share = dsgd__lb_share;
     out->unshare = dsgd__lb_unshare;
     out->probe = dsgd__lb_probe;
+    out->probe_from = dsgd__lb_probe_from;
     return DSGD_OK;
 }
 

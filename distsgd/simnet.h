@@ -14,7 +14,7 @@
      below): the one with the smallest (virtual time, rank) among those
      that can proceed, kept in a heap (a hand-off costs O(log ranks)). A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
-     sendrecv_reduce, probe, a charge_apply and a charge_codec that cost time,
+     sendrecv_reduce, probe, probe_from, a charge_apply and a charge_codec that cost time,
      dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
      calls takes no virtual time. Receives from any source (probe) and
@@ -107,7 +107,11 @@
          time: KILL (the rank's calls fail with DSGD_ERR_ABORTED from then on;
          messages it sent before still arrive; a peer waiting for it gets
          DSGD_ERR_TIMEOUT at exactly its deadline, and error_message names
-         the dead rank; a KILL by time at K kills the rank in whatever call
+         the dead rank, but a peer's probe_from, which waits for the
+         rank's next message, learns of its death one link latency after
+         it, as it would of a message sent then, once the messages sent
+         before are taken (of a rank that left, likewise); a KILL by time
+         at K kills the rank in whatever call
          it is in at K, after every message that reaches it before K: the
          call it dies in depends only on virtual times), STALL (the rank is frozen for some seconds), SLOW
          (its compute takes factor times longer), DROP (messages to a peer
@@ -189,7 +193,8 @@
      microseconds), one row (tid) per rank. A call's time is cut into
      consecutive spans: "send" (its send half: the NIC's queue and the
      bytes going out), "wait" (until the awaited message begins to arrive,
-     or the deadline; a probe's wait for any message), "receive" (the bytes
+     or the deadline; a probe's wait for any message; a probe_from's for
+     its rank's message or death), "receive" (the bytes
      coming in), "reduce" (k * gamma); dsgd_simnet_compute is "compute"
      (after a "stall" for STALL faults), a kill an instant event "killed".
      When the send and the receive of a sendrecv overlap, the row shows the
@@ -569,7 +574,7 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 
 enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD,
        DSGD__SN_SPARE /* set aside (dsgd_simnet_spare): holds nothing back until admitted */ };
-enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
+enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE, DSGD__SN_W_FROM /* probe_from */ };
 
 typedef struct dsgd__sn_msg {
     struct dsgd__sn_msg *next;
@@ -1232,6 +1237,8 @@ static double dsgd__sn_taken(const dsgd__sn_ep *e, const dsgd__sn_msg *m, int sr
     return b == m->first ? m->arrival : b + (m->arrival - m->first);
 }
 
+static void dsgd__sn_link(const dsgd_simnet *h, int s, int d, double *alpha, double *beta);
+
 /* When e's wait is over, ignoring the deadline (INF: not known yet). */
 static double dsgd__sn_event(const dsgd__sn_ep *e) {
     const dsgd_simnet *h = e->hub;
@@ -1247,6 +1254,16 @@ static double dsgd__sn_event(const dsgd__sn_ep *e) {
         if (!m) return DSGD__SN_INF;
         return DSGD__MAX(ev, DSGD__MAX(e->t_call, dsgd__sn_taken(e, m, e->src, NULL)) + h->d.overhead_s +
                                  (double)e->reduce_k * h->d.gamma_s_per_float);
+    }
+    case DSGD__SN_W_FROM: { /* src's next message, or src gone (killed, left) with nothing left: known a
+                               latency later, as a message it sent then */
+        const dsgd__sn_msg *m = dsgd__sn_head(h, e->src, e->rank);
+        const dsgd__sn_ep *src = &h->ep[e->src];
+        double alpha, beta;
+        if (m) return DSGD__MAX(e->t_call, dsgd__sn_taken(e, m, e->src, NULL));
+        if (src->state != DSGD__SN_DEAD && src->state != DSGD__SN_LEFT) return DSGD__SN_INF;
+        dsgd__sn_link(h, e->src, e->rank, &alpha, &beta);
+        return DSGD__MAX(e->t_call, (src->state == DSGD__SN_DEAD ? src->kill_time : src->t) + alpha);
     }
     default: /* probe: the earliest the NIC could take */
         ev = DSGD__SN_INF;
@@ -1274,12 +1291,17 @@ static double dsgd__sn_key(const dsgd__sn_ep *e) {
    (it would end the wait before K), and such a message arrives no earlier
    than t_p plus the smallest latency: so it needs every parked rank past
    K - alpha_min. A death so waits no longer than the wait's deadline
-   would (K is at most the deadline). */
+   would (K is at most the deadline). A probe_from (W_FROM) that ends by
+   src's message or src gone is e's own too (its death is known a
+   latency later, as a message would be). */
 static int dsgd__sn_safe(const dsgd__sn_ep *e) {
     const dsgd_simnet *h = e->hub;
     double alpha_min = h->d.alpha_s;
     int k;
     if (h->parked == 0 || e->state != DSGD__SN_WAITING || e->wait == DSGD__SN_W_TIME)
+        return 1;
+    if (e->wait == DSGD__SN_W_FROM && (dsgd__sn_head(h, e->src, e->rank) || h->ep[e->src].state == DSGD__SN_DEAD ||
+                                        h->ep[e->src].state == DSGD__SN_LEFT))
         return 1;
     if (e->wait == DSGD__SN_W_XFER &&
         (e->src < 0 || dsgd__sn_head(h, e->src, e->rank)))
@@ -1473,12 +1495,27 @@ static void dsgd__sn_stalls(dsgd__sn_ep *e) {
     }
 }
 
+/* e is gone (killed, left): the ranks whose probe_from waits for it
+   learn it now. */
+static void dsgd__sn_gone(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    int k;
+    for (k = 0; k < h->n; ++k) {
+        dsgd__sn_ep *w = &h->ep[k];
+        if (w->state == DSGD__SN_WAITING && w->wait == DSGD__SN_W_FROM && w->src == e->rank) {
+            w->key = dsgd__sn_key(w);
+            dsgd__sn_sched(w);
+        }
+    }
+}
+
 /* The rank dies at time `at`: it gives up the turn for good. */
 static dsgd_result dsgd__sn_die(dsgd__sn_ep *e, double at) {
     if (at > e->t) e->t = at;
     e->state = DSGD__SN_DEAD;
     dsgd__sn_sched(e);
     e->kill_time = e->t;
+    dsgd__sn_gone(e);
     if (e->hub->d.park_between_calls && !e->dead_held) { /* held until its thread has heard */
         e->dead_held = 1;
         e->hub->parked++;
@@ -1884,6 +1921,45 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
     return dsgd__sn_exit(e, r);
 }
 
+/* The endpoint's probe_from: a probe of src's messages alone that also
+   ends when src is gone (killed, or left) with nothing left for e: at
+   the later of the call and its death (or leave) plus the link's
+   latency, *gone 1. */
+static dsgd_result dsgd__sn_probe_from(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    dsgd_simnet *h = e->hub;
+    const dsgd__sn_msg *m;
+    dsgd_result r;
+    char why[96];
+    if (gone) *gone = 0;
+    if (!tag || !bytes || !gone || src < 0 || src >= h->n || src == e->rank) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: probe_from needs tag, bytes, gone and another rank (%d)",
+                 e->rank, src);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    e->t_call = e->t;
+    e->wait = DSGD__SN_W_FROM;
+    e->src = src;
+    e->deadline = deadline;
+    r = dsgd__sn_block(e);
+    m = r == DSGD_OK ? dsgd__sn_head(h, src, e->rank) : NULL;
+    if (m) {
+        double in, taken = dsgd__sn_taken(e, m, src, &in), r0 = DSGD__MAX(e->t_call, in);
+        *tag = m->tag;
+        *bytes = m->bytes;
+        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, src, 0, 0);
+        dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, src, m->bytes, 0);
+    } else {
+        *gone = r == DSGD_OK;
+        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, src, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);
+        if (r == DSGD_ERR_TIMEOUT)
+            dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from rank %d%s", src,
+                          dsgd__sn_why(e, src, why, sizeof(why)));
+    }
+    return dsgd__sn_exit(e, r);
+}
+
 /* The earliest STALL by time of e, not applied yet, that begins before
    `end` (ties: the first given); NULL: none. */
 static dsgd__sn_fault *dsgd__sn_next_stall(dsgd__sn_ep *e, double end) {
@@ -1986,6 +2062,7 @@ static void dsgd__sn_leave(dsgd__sn_ep *e) {
         if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
         dsgd__sn_sched(e);
+        dsgd__sn_gone(e);
         if (h->turn == e->rank || h->turn < 0) dsgd__sn_pass(h);
     }
 }
@@ -2299,6 +2376,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->leave = dsgd__sn_leave_ep;
     out->charge_apply = dsgd__sn_charge_apply;
     out->charge_codec = dsgd__sn_charge_codec;
+    out->probe_from = dsgd__sn_probe_from;
     return DSGD_OK;
 }
 

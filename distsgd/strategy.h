@@ -973,26 +973,20 @@ static void dsgd__replica_wait_end(dsgd_replica *r) {
         r->wait_sum[k] += r->wait_now[k] >= r->wait_at[k] ? r->wait_now[k] - r->wait_at[k] : r->wait_now[k];
 }
 
-/* ELASTIC's settle (strategy_elastic.h): where a replica's step is, for
-   the others' settle (el_phase, under s->mu): busy (anywhere, the
-   transport included), suspect (its batch function returned
-   DSGD_ERR_ABORTED: it may be gone, and will say so at once), done,
-   settling, settled, gone. */
-enum { DSGD__EL_BUSY = 0, DSGD__EL_SUSPECT, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
+/* ELASTIC's settle (strategy_elastic.h): where a replica's step is
+   (el_phase, under s->mu; the shrink reads it once the step returned
+   everywhere): busy (anywhere, the transport included), done, settling,
+   settled, gone. */
+enum { DSGD__EL_BUSY = 0, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
 
 /* Replica r enters (on 1) or has left (on 0, with the collective's result
-   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0);
-   suspect (with on 1): its batch function returned DSGD_ERR_ABORTED. Only
-   where the strategy settles (s->el_settle). */
-static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr, int suspect) {
+   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0).
+   Only where the strategy settles (s->el_settle). */
+static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr) {
     dsgd_strategy *s = r->s;
     if (!s->el_settle || !r->comm) return;
     pthread_mutex_lock(&s->mu);
     if (on) r->el_entered = dsgd__comm_now(r->comm);
-    if (on && suspect) {
-        r->el_phase = DSGD__EL_SUSPECT;
-        pthread_cond_broadcast(&s->cv_done);
-    }
     if (!on && cr != DSGD_OK) {
         r->el_cr = cr;
         r->el_fail = pre;
@@ -1006,13 +1000,11 @@ static int dsgd__replica_settled(const dsgd_replica *r) {
     return r->s->el_settle && (r->el_phase == DSGD__EL_SETTLED || r->el_phase == DSGD__EL_GONE);
 }
 
-/* Replica r's job is over, unless it settled: the others' settle need not
-   wait for it. */
+/* Replica r's job is over, unless it settled. */
 static void dsgd__replica_el_done(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
     if (!s->el_settle) return;
     pthread_mutex_lock(&s->mu);
-    if (r->el_phase == DSGD__EL_SUSPECT) pthread_cond_broadcast(&s->cv_done); /* a gate may wait for it */
     if (r->el_phase < DSGD__EL_DONE) r->el_phase = DSGD__EL_DONE;
     pthread_mutex_unlock(&s->mu);
 }
@@ -1081,7 +1073,7 @@ static void *dsgd__replica_main(void *arg) {
         res = dsgd__replica_job(r, fn, user);
         pthread_mutex_lock(&s->mu);
         r->result = res;
-        if (--s->pending == 0) pthread_cond_broadcast(&s->cv_done); /* a settle may wait on it too */
+        if (--s->pending == 0) pthread_cond_broadcast(&s->cv_done);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

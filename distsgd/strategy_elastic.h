@@ -29,7 +29,7 @@
          agreement) makes known to every replica before anyone updates;
        - over the endpoints you gave (desc.endpoints), every replica of
          the group in this process (a transport with send, recv and
-         probe: simnet, the loopback): a replica whose collective of phase 0
+         probe_from: simnet, the loopback): a replica whose collective of phase 0
          or 2 fails (before any update) because a replica is gone (its
          transport stopped under it: a simnet KILL fault) or late (it
          entered the collective when another had already given up on
@@ -39,7 +39,10 @@
          gone and the late are dropped. Over simnet the survivors go on
          one deadline after they entered the collective: a kill at step
          k costs the spoiled attempt, one timeout_s and the settle's few
-         messages, and the weights are those of the scripted run.
+         messages, and the weights are those of the scripted run. A
+         replica killed while the others settle, or in its own settle,
+         is dropped as gone in the same shrink (the others learn of its
+         death one link latency after it: SETTLE below).
      Not:
        - a failure about the batch rather than the replica (a class index
          out of range, DSGD_ERR_INVALID_ARGUMENT; a non-finite gradient,
@@ -65,7 +68,8 @@
          agreement, or the next collective while it dies in the one
          before): the step fails (no hang; the same way in every run,
          since simnet kills it where the virtual times say; killed in a
-         collective of phase 0 or 2 it is dropped as gone), and so does
+         collective of phase 0 or 2, or in the settle after one, it is
+         dropped as gone), and so does
          a replica late by more than about two deadlines (the settle
          waits twice timeout_s for each message: a late replica sees its
          own collective fail by its deadline).
@@ -109,39 +113,41 @@
                 this strategy aborted it): it says so, leaves the
                 transport (a simnet rank killed in a wait holds back the
                 others' deadlines until its thread calls again or
-                leaves) and stops
-       gate     it waits until no other replica is suspect (its batch
-                function returned DSGD_ERR_ABORTED, as simnet's compute
-                does on a killed rank), so that such a replica has said
-                whether it is gone; it waits for no other (they may need
-                the transport, and a simnet rank waiting here is parked,
-                holding back the others' deadlines)
-       drain    it sends every replica not gone a mark, then takes every
-                message that comes in (probe, then recv: the failed
-                collective's leftovers, from anyone) until each has sent
-                its mark; one pair's messages arrive in the order they
-                were sent, so after a replica's mark nothing it sent
-                before is left to be received
-       end      it sends an end to each and receives theirs by name, so
-                that nobody leaves while another still waits for any
-                message (a simnet rank parks when it leaves its last call,
-                and a receive from any source waits for parked ranks)
-     A settle that hears nothing for twice timeout_s fails (the transport is
-     aborted, the strategy fails, the message names the replicas it
-     waited for). Then, on the strategy's thread: the gone, and the late
+                leaves) and stops; so does a replica killed later, in
+                its settle (whichever call of it fails so)
+       drain    it sends every other replica a mark, then takes each
+                one's messages in turn (probe_from, then recv: the
+                failed collective's leftovers) up to its mark; one pair's
+                messages arrive in the order they were sent, so after a
+                replica's mark nothing it sent before is left to be
+                received
+       end      it sends an end to each whose mark came and takes each
+                one's end, so that nobody leaves while another still
+                waits for its mark (a simnet rank parks when it leaves
+                its last call, and a deadline waits for parked ranks)
+     Who is gone the transport says: probe_from also ends when the
+     replica waited for is gone with nothing of its left to take (a
+     mark goes to a gone one too, which costs its bytes and nothing
+     else), so a replica killed before the settle, during the others'
+     or in its own is waited for no longer. Over simnet a death is known
+     one link latency after it, as a message sent then would be: who
+     counts as gone, and from when, follows the virtual times alone,
+     never which thread got there first, so the clocks and the trace are
+     the same in every run. A settle that hears nothing for twice
+     timeout_s fails (the transport is aborted, the strategy fails, the
+     message names the replica it waited for). Then, on the strategy's thread: the gone, and the late
      (entered their collective at or after the earliest deadline of one
      that settled), are dropped, and the group shrinks and retries as
      above (3-5), over new communicators; a replica that finished the
      step while others settled (it would have updated) fails the
      strategy instead, and so does a settle that finds nobody gone or
      late (the communicators failed: a dropped message). Why a drain and
-     not an epoch in
-     the tags: a transport checks the tag of the message at the head of
-     a pair's queue, so a leftover there fails the next collective with
-     DSGD_ERR_DESYNC whatever its tag, and nothing but probe can take a
-     message whose tag and size the receiver does not know; the drain
-     needs no new member of the transport interface and no change to
-     simnet, and it leaves nothing in flight between survivors.
+     not an epoch in the tags: a transport checks the tag of the message
+     at the head of a pair's queue, so a leftover there fails the next
+     collective with DSGD_ERR_DESYNC whatever its tag, and nothing but a
+     probe can take a message whose tag and size the receiver does not
+     know; the drain leaves nothing in flight to a survivor, not even
+     from the gone.
 
      Every worker must pass the same min_replicas (creation checks it
      with the rest of the description), so that all decide alike. A
@@ -285,123 +291,110 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
 #define DSGD__EL_END (~(uint64_t)0 - 1)
 
 /* The transport under replica r's endpoint (the one given, also after a
-   shrink), and its ranks from and to the group's. */
+   shrink), and its rank of the group's rank k. */
 static const dsgd_transport_i *dsgd__el_base(const dsgd_replica *r) {
     return r->sub ? &((const dsgd__sub_ep *)r->sub)->base : &r->ep;
 }
 static int dsgd__el_out(const dsgd_replica *r, int k) { return r->sub ? ((const dsgd__sub_ep *)r->sub)->map[k] : k; }
-static int dsgd__el_in(const dsgd_replica *r, int q) { return r->sub ? dsgd__sub_in((const dsgd__sub_ep *)r->sub, q) : q; }
 
-/* The replicas (local indices) that replica r still waits to hear from:
-   "1, 4" into buf (may be NULL); under s->mu. */
-static int dsgd__el_missing(const dsgd_replica *r, const unsigned char *have, char *buf, size_t cap) {
-    const dsgd_strategy *s = r->s;
-    size_t len = 0;
-    int k, m = 0;
-    if (buf) buf[0] = '\0';
-    for (k = 0; k < s->n; ++k) {
-        if (k == r->local || have[k] || s->reps[k].el_phase == DSGD__EL_GONE) continue;
-        if (buf && len + 16 < cap) len += (size_t)snprintf(buf + len, cap - len, "%s%d", m ? ", " : "", k);
-        ++m;
+/* Replica r takes replica k's messages (probe_from, then recv: the failed
+   collective's leftovers) up to the one tagged want (a mark or an end;
+   *got 1), or until k is gone with nothing left from it (*got 0: killed,
+   as the transport says: over simnet at the virtual time of its death,
+   whatever the threads' order). Each wait ends at *deadline at the
+   latest, span after the last message. */
+static dsgd_result dsgd__el_take(dsgd_replica *r, const dsgd_transport_i *t, int k, uint64_t want, double *deadline,
+                                 int *got) {
+    dsgd_strategy *s = r->s;
+    for (;;) {
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        int gone = 0;
+        float *buf;
+        dsgd_result e = t->probe_from(t->impl, dsgd__el_out(r, k), *deadline, &tag, &bytes, &gone);
+        *got = 0;
+        if (e != DSGD_OK || gone) return e;
+        if (!(buf = dsgd__replica_stage(r, bytes / sizeof(float) + 1))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((e = t->recv(t->impl, dsgd__el_out(r, k), tag, buf, bytes, *deadline)) != DSGD_OK) return e;
+        *deadline = (t->now ? t->now(t->impl) : dsgd_now()) + 2.0 * s->d.timeout_s;
+        if (tag == want) {
+            *got = 1;
+            return DSGD_OK;
+        }
     }
-    return m;
+}
+
+/* Replica r is gone when e is DSGD_ERR_ABORTED and nobody in this
+   strategy aborted the transport (it was killed): it says so and leaves
+   the transport (simnet: a rank killed in a wait holds back the others'
+   deadlines until its thread calls again or leaves). Non-zero then. */
+static int dsgd__el_depart(dsgd_replica *r, const dsgd_transport_i *t, dsgd_result e) {
+    dsgd_strategy *s = r->s;
+    int gone;
+    pthread_mutex_lock(&s->mu);
+    gone = e == DSGD_ERR_ABORTED && s->abort_by < 0;
+    if (gone) r->el_phase = DSGD__EL_GONE;
+    pthread_mutex_unlock(&s->mu);
+    if (gone && !s->hub && t->leave) t->leave(t->impl);
+    return gone;
 }
 
 /* s->el_settle: replica r's collective of phase 0 or 2 failed with the
    transport intact as far as this replica knows (no abort). Gone (its
    transport stopped under it: killed) it leaves the transport and stops
-   here; else it waits until
-   no other replica is suspect (its batch function returned
-   DSGD_ERR_ABORTED: it says at once whether it is gone; it waits for
-   nothing else, which could need the transport: a simnet rank parked
-   here would hold back the others' deadlines), sends every replica not
-   gone a mark, and
-   takes every message that comes in (the failed collective's leftovers)
-   until each of them has sent its mark: after it, nothing of theirs is
-   left between them and this replica (one pair's messages arrive in
-   order; one that goes meanwhile is no longer waited for). Then it
-   sends each an end and receives theirs, by name: no
-   replica leaves the settle while another may still wait for any message
-   (over simnet a rank that has left its last call parks, and a receive
-   from any source waits for parked ranks). Waits at most twice
-   timeout_s for each message (a late replica learns that the others gave
-   up by its own deadline at the latest). Returns res (settled) or the settle's error (the caller
-   aborts the transport). */
+   here. Else it sends every other replica a mark and takes each one's
+   messages (the failed collective's leftovers) up to its mark, or until
+   it is gone: after a mark nothing of its sender is left between them
+   (one pair's messages arrive in order). Then it sends an end to each
+   whose mark came and takes each one's end, or learns that it is gone:
+   no replica leaves the settle while another may still wait for its
+   mark (over simnet a rank that has left its last call parks, and a
+   deadline waits for parked ranks). Who is gone the transport says
+   (probe_from), in the order of the events, so a replica killed during
+   the settle, in its own too, is no longer waited for from its death
+   on. Waits at most twice timeout_s for each message (a late replica
+   learns that the others gave up by its own deadline at the latest).
+   Returns res (settled), DSGD_ERR_ABORTED (killed in the settle: gone,
+   which settles too) or the settle's error (the caller aborts the
+   transport). */
 static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
     dsgd_strategy *s = r->s;
     const dsgd_transport_i *t = dsgd__el_base(r);
     double span = 2.0 * s->d.timeout_s, deadline; /* a late replica sees its collective fail by its deadline */
     float mark = (float)r->rank;
-    unsigned char have[DSGD_MAX_REPLICAS], end[DSGD_MAX_REPLICAS];
-    char who[192];
-    int k, gone, peer = -1;
+    int have[DSGD_MAX_REPLICAS], k, got = 0, peer = -1;
     dsgd_result e = DSGD_OK;
-    memset(have, 0, sizeof(have));
+    const char *d;
+    if (dsgd__el_depart(r, t, r->el_cr)) return res;
     pthread_mutex_lock(&s->mu);
-    gone = r->el_cr == DSGD_ERR_ABORTED && s->abort_by < 0;
-    r->el_phase = gone ? DSGD__EL_GONE : DSGD__EL_SETTLING;
-    pthread_cond_broadcast(&s->cv_done);
-    for (k = 0; !gone && k < s->n; ++k) /* the gate: a replica that may be gone says so at once */
-        while (k != r->local && s->reps[k].el_phase == DSGD__EL_SUSPECT) pthread_cond_wait(&s->cv_done, &s->mu);
-    for (k = 0; k < s->n; ++k) have[k] = s->reps[k].el_phase == DSGD__EL_GONE || k == r->local;
+    r->el_phase = DSGD__EL_SETTLING;
     pthread_mutex_unlock(&s->mu);
-    if (gone) { /* done with the transport: it leaves now (simnet: a rank killed in a wait holds back the
-                   others' deadlines until its thread calls again or leaves) */
-        if (!s->hub && t->leave) t->leave(t->impl);
-        return res;
-    }
     deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
-    for (k = 0; k < s->n && e == DSGD_OK; ++k)
-        if (!have[k]) e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_MARK, &mark, sizeof(mark), deadline);
-    memset(have, 0, sizeof(have));
-    memset(end, 0, sizeof(end));
-    for (;;) {
-        int src = -1, m;
-        uint64_t tag = 0;
-        size_t bytes = 0;
-        float *buf;
-        pthread_mutex_lock(&s->mu);
-        m = dsgd__el_missing(r, have, who, sizeof(who));
-        pthread_mutex_unlock(&s->mu);
-        if (m == 0 || e != DSGD_OK) break;
-        if ((e = t->probe(t->impl, deadline, &src, &tag, &bytes)) != DSGD_OK) {
-            pthread_mutex_lock(&s->mu); /* the missing may have said meanwhile that they are gone */
-            if (e == DSGD_ERR_TIMEOUT && dsgd__el_missing(r, have, NULL, 0) == 0) e = DSGD_OK;
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        if (!(buf = dsgd__replica_stage(r, bytes / sizeof(float) + 1))) {
-            e = DSGD_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        if ((e = t->recv(t->impl, src, tag, buf, bytes, deadline)) != DSGD_OK) {
-            peer = src;
-            break;
-        }
-        if ((tag == DSGD__EL_MARK || tag == DSGD__EL_END) && (k = dsgd__el_in(r, src)) >= 0 && k < s->n)
-            (tag == DSGD__EL_MARK ? have : end)[k] = 1;
-        deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
-    }
-    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the ends: to those not gone, who sent their mark */
-        if (k != r->local && have[k]) e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline);
-    for (k = 0; k < s->n && e == DSGD_OK; ++k) {
-        if (k == r->local || !have[k] || end[k]) continue;
-        deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
-        if ((e = t->recv(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline)) != DSGD_OK) {
+    for (k = 0; k < s->n; ++k) have[k] = 0;
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the marks (to a gone one too: it is the transport's to say) */
+        if (k != r->local &&
+            (e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_MARK, &mark, sizeof(mark), deadline)) != DSGD_OK)
             peer = k;
-            snprintf(who, sizeof(who), "%d", k);
-        }
-    }
-    if (e != DSGD_OK) {
-        const char *d = t->error_message ? t->error_message(t->impl) : "";
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the drain */
+        if (k != r->local && (e = dsgd__el_take(r, t, k, DSGD__EL_MARK, &deadline, &have[k])) != DSGD_OK) peer = k;
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the ends */
+        if (have[k] &&
+            (e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline)) != DSGD_OK)
+            peer = k;
+    for (k = 0; k < s->n && e == DSGD_OK; ++k)
+        if (have[k] && (e = dsgd__el_take(r, t, k, DSGD__EL_END, &deadline, &got)) != DSGD_OK) peer = k;
+    d = e != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
+    if (e != DSGD_OK && dsgd__el_depart(r, t, e)) /* killed in the settle: gone, as before it */
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_ABORTED, "elastic: its transport stopped in the settle after "
+                                  "its collective failed (%s): gone%s%s", dsgd_result_string(res), d && *d ? "; " : "",
+                                  d ? d : "");
+    if (e != DSGD_OK)
         return dsgd_ctx_set_error(r->m.ctx, e, "elastic: after its collective failed (%s), replica %d heard nothing "
-                                  "from replica(s) %s within %g s (late or gone: the step cannot be settled)%s%s%s",
-                                  dsgd_result_string(res), r->rank, who, span, peer >= 0 ? "; " : "",
-                                  peer >= 0 ? "the transport: " : "", peer >= 0 && d ? d : "");
-    }
+                                  "from replica(s) %d within %g s (late or gone: the step cannot be settled)%s%s",
+                                  dsgd_result_string(res), r->rank, peer, span, d && *d ? "; the transport: " : "",
+                                  d ? d : "");
     pthread_mutex_lock(&s->mu);
     r->el_phase = DSGD__EL_SETTLED;
-    pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
     return res;
 }
@@ -964,7 +957,7 @@ static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
     s->elastic = dsgd__elastic_step;
     if (!s->hub && s->n > 1 && s->world == s->n) { /* SETTLE: the endpoints you gave, every replica here */
         int i, ok = 1;
-        for (i = 0; i < s->n; ++i) ok &= dsgd__el_base(&s->reps[i])->probe != NULL;
+        for (i = 0; i < s->n; ++i) ok &= dsgd__el_base(&s->reps[i])->probe_from != NULL;
         if (ok) s->el_settle = dsgd__elastic_settle;
     }
     return DSGD_OK;

@@ -49,14 +49,12 @@
 /* >>strategy_sync ----------------------------------------------------------- */
 
 /* The all-reduce of one float of phases 0 and 2, told to elastic's settle
-   (strategy.h's dsgd__replica_el_coll); suspect: the replica's batch
-   function returned DSGD_ERR_ABORTED, so it may be gone (a simnet rank
-   killed at its compute), and the others' settle waits until it says so. */
-static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int suspect) {
+   (strategy.h's dsgd__replica_el_coll). */
+static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op) {
     dsgd_result cr;
-    dsgd__replica_el_coll(r, 1, 1, DSGD_OK, suspect);
+    dsgd__replica_el_coll(r, 1, 1, DSGD_OK);
     cr = dsgd_allreduce(r->comm, v, 1, op, DSGD_ALLREDUCE_AUTO, 0.0);
-    dsgd__replica_el_coll(r, 0, 1, cr, 0);
+    dsgd__replica_el_coll(r, 0, 1, cr);
     return cr;
 }
 
@@ -77,8 +75,7 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     }
     res = dsgd__replica_fn_batch(r, a, b);
     total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
-    if (r->s->world > 1 &&
-        (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_ERR_ABORTED)) != DSGD_OK) {
+    if (r->s->world > 1 && (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM)) != DSGD_OK) {
         r->comm_failed = 1;
         return cr;
     }
@@ -129,7 +126,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
     if (s->world > 1) {
-        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 0);
+        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
             return cr;

@@ -12,7 +12,8 @@
      directly, or processes on one node each other's windows of shared
      memory, with share_window), replaces the library's algorithm (a native allreduce, as MPI
      would provide), receives from any source (probe, for a rank that serves
-     many peers, such as a parameter server), supplies a clock (a simulated-clock transport) or
+     many peers, such as a parameter server) or from one until it is gone
+     (probe_from, for an elastic strategy's settle), supplies a clock (a simulated-clock transport) or
      improves error messages (error_message, set_progress/peer_progress). A
      new transport fills what it can and leaves the rest NULL; the
      collectives do not change. A strategy's step sends its gradients over
@@ -196,6 +197,19 @@ typedef struct dsgd_transport_i {
        its codec cost. NULL: nothing to do (the real time was spent). Called
        through dsgd_comm_charge_codec (collectives.h). */
     dsgd_result (*charge_codec)(void *impl, size_t floats);
+    /* optional: as probe, for the messages from src alone, and it also
+       ends when src is gone with nothing it sent left for this rank
+       (simnet: src was killed, or left; known at the later of the call
+       and that time plus the link's latency, as a message it sent then
+       would be): DSGD_OK with *gone 1 (else *gone 0). The messages a gone
+       src sent before are reported first. So a rank waits for a peer's
+       message or its death, whichever comes first, and the answer
+       depends only on what the peer did (over a simulated clock, on the
+       virtual times), not on which thread got there first. On failure
+       (DSGD_ERR_TIMEOUT; DSGD_ERR_ABORTED: this rank's transport
+       stopped) *gone is 0. An elastic strategy's settle needs it (the
+       loopback has it, and never reports a rank gone). */
+    dsgd_result (*probe_from)(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone);
 } dsgd_transport_i;
 
 #ifdef __cplusplus

@@ -7966,7 +7966,8 @@ DSGD_API dsgd_result dsgd_checkpoint_verify(dsgd_ctx *ctx, const char *path) {
      directly, or processes on one node each other's windows of shared
      memory, with share_window), replaces the library's algorithm (a native allreduce, as MPI
      would provide), receives from any source (probe, for a rank that serves
-     many peers, such as a parameter server), supplies a clock (a simulated-clock transport) or
+     many peers, such as a parameter server) or from one until it is gone
+     (probe_from, for an elastic strategy's settle), supplies a clock (a simulated-clock transport) or
      improves error messages (error_message, set_progress/peer_progress). A
      new transport fills what it can and leaves the rest NULL; the
      collectives do not change. A strategy's step sends its gradients over
@@ -8150,6 +8151,19 @@ typedef struct dsgd_transport_i {
        its codec cost. NULL: nothing to do (the real time was spent). Called
        through dsgd_comm_charge_codec (collectives.h). */
     dsgd_result (*charge_codec)(void *impl, size_t floats);
+    /* optional: as probe, for the messages from src alone, and it also
+       ends when src is gone with nothing it sent left for this rank
+       (simnet: src was killed, or left; known at the later of the call
+       and that time plus the link's latency, as a message it sent then
+       would be): DSGD_OK with *gone 1 (else *gone 0). The messages a gone
+       src sent before are reported first. So a rank waits for a peer's
+       message or its death, whichever comes first, and the answer
+       depends only on what the peer did (over a simulated clock, on the
+       virtual times), not on which thread got there first. On failure
+       (DSGD_ERR_TIMEOUT; DSGD_ERR_ABORTED: this rank's transport
+       stopped) *gone is 0. An elastic strategy's settle needs it (the
+       loopback has it, and never reports a rank gone). */
+    dsgd_result (*probe_from)(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone);
 } dsgd_transport_i;
 
 #ifdef __cplusplus
@@ -8240,7 +8254,8 @@ static void dsgd__divide(float *d, size_t n, int by) {
      reduces) straight from the sender's memory while the sender waits. It
      also provides share/unshare, so AUTO all-reduces on it run
      DSGD_ALLREDUCE_DIRECT, and probe (receive from any source), which
-     reports the waiting sources round-robin. A waiting rank spins briefly
+     reports the waiting sources round-robin, and probe_from (one
+     source's; no rank here is ever gone). A waiting rank spins briefly
      (pausing, then yielding the CPU), then sleeps on a condition variable;
      see dsgd_loopback_set_spin.
 */
@@ -8973,6 +8988,38 @@ static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_
     return DSGD_OK;
 }
 
+/* src's messages alone (src in the tag argument of the wait). */
+static int dsgd__lb_from_waiting(dsgd__lb_ep *e, uint64_t src) {
+    const dsgd__lb_pair *in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
+    return DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head);
+}
+
+/* The endpoint's probe_from: nothing here is ever gone (no rank is
+   killed; an aborted hub fails every call). */
+static dsgd_result dsgd__lb_probe_from(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone) {
+    dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
+    const dsgd__lb_pair *in;
+    const dsgd__lb_slot *s;
+    dsgd_result r;
+    if (gone) *gone = 0;
+    if (!tag || !bytes || !gone || src < 0 || src >= e->hub->n || src == e->rank) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: probe_from needs tag, bytes, gone and another rank (%d)",
+                 e->rank, src);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    r = dsgd__lb_wait(e, dsgd__lb_from_waiting, (uint64_t)src, deadline);
+    if (r != DSGD_OK) {
+        snprintf(e->err, sizeof(e->err), "loopback rank %d: %s while waiting for a message from rank %d", e->rank,
+                 r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted", src);
+        return r;
+    }
+    in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
+    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
+    *tag = s->tag; /* written before the tail that published it */
+    *bytes = s->bytes;
+    return DSGD_OK;
+}
+
 /* peer -1 (no transfer) or another rank of the hub. */
 static dsgd_result dsgd__lb_check(dsgd__lb_ep *e, int peer, int *failed_peer) {
     if (peer < -1 || peer >= e->hub->n || peer == e->rank) {
@@ -9074,6 +9121,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
     out->share = dsgd__lb_share;
     out->unshare = dsgd__lb_unshare;
     out->probe = dsgd__lb_probe;
+    out->probe_from = dsgd__lb_probe_from;
     return DSGD_OK;
 }
 
@@ -9095,7 +9143,7 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      below): the one with the smallest (virtual time, rank) among those
      that can proceed, kept in a heap (a hand-off costs O(log ranks)). A rank
      gives up its turn whenever it enters the hub (send, recv, sendrecv,
-     sendrecv_reduce, probe, a charge_apply and a charge_codec that cost time,
+     sendrecv_reduce, probe, probe_from, a charge_apply and a charge_codec that cost time,
      dsgd_simnet_compute, dsgd_simnet_advance) and
      gets it back when what it waits for is due; what it does between two
      calls takes no virtual time. Receives from any source (probe) and
@@ -9188,7 +9236,11 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
          time: KILL (the rank's calls fail with DSGD_ERR_ABORTED from then on;
          messages it sent before still arrive; a peer waiting for it gets
          DSGD_ERR_TIMEOUT at exactly its deadline, and error_message names
-         the dead rank; a KILL by time at K kills the rank in whatever call
+         the dead rank, but a peer's probe_from, which waits for the
+         rank's next message, learns of its death one link latency after
+         it, as it would of a message sent then, once the messages sent
+         before are taken (of a rank that left, likewise); a KILL by time
+         at K kills the rank in whatever call
          it is in at K, after every message that reaches it before K: the
          call it dies in depends only on virtual times), STALL (the rank is frozen for some seconds), SLOW
          (its compute takes factor times longer), DROP (messages to a peer
@@ -9270,7 +9322,8 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      microseconds), one row (tid) per rank. A call's time is cut into
      consecutive spans: "send" (its send half: the NIC's queue and the
      bytes going out), "wait" (until the awaited message begins to arrive,
-     or the deadline; a probe's wait for any message), "receive" (the bytes
+     or the deadline; a probe's wait for any message; a probe_from's for
+     its rank's message or death), "receive" (the bytes
      coming in), "reduce" (k * gamma); dsgd_simnet_compute is "compute"
      (after a "stall" for STALL faults), a kill an instant event "killed".
      When the send and the receive of a sendrecv overlap, the row shows the
@@ -9650,7 +9703,7 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 
 enum { DSGD__SN_ARRIVING = 0, DSGD__SN_RUNNING, DSGD__SN_WAITING, DSGD__SN_PARKED, DSGD__SN_LEFT, DSGD__SN_DEAD,
        DSGD__SN_SPARE /* set aside (dsgd_simnet_spare): holds nothing back until admitted */ };
-enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE };
+enum { DSGD__SN_W_TIME = 0, DSGD__SN_W_XFER, DSGD__SN_W_PROBE, DSGD__SN_W_FROM /* probe_from */ };
 
 typedef struct dsgd__sn_msg {
     struct dsgd__sn_msg *next;
@@ -10313,6 +10366,8 @@ static double dsgd__sn_taken(const dsgd__sn_ep *e, const dsgd__sn_msg *m, int sr
     return b == m->first ? m->arrival : b + (m->arrival - m->first);
 }
 
+static void dsgd__sn_link(const dsgd_simnet *h, int s, int d, double *alpha, double *beta);
+
 /* When e's wait is over, ignoring the deadline (INF: not known yet). */
 static double dsgd__sn_event(const dsgd__sn_ep *e) {
     const dsgd_simnet *h = e->hub;
@@ -10328,6 +10383,16 @@ static double dsgd__sn_event(const dsgd__sn_ep *e) {
         if (!m) return DSGD__SN_INF;
         return DSGD__MAX(ev, DSGD__MAX(e->t_call, dsgd__sn_taken(e, m, e->src, NULL)) + h->d.overhead_s +
                                  (double)e->reduce_k * h->d.gamma_s_per_float);
+    }
+    case DSGD__SN_W_FROM: { /* src's next message, or src gone (killed, left) with nothing left: known a
+                               latency later, as a message it sent then */
+        const dsgd__sn_msg *m = dsgd__sn_head(h, e->src, e->rank);
+        const dsgd__sn_ep *src = &h->ep[e->src];
+        double alpha, beta;
+        if (m) return DSGD__MAX(e->t_call, dsgd__sn_taken(e, m, e->src, NULL));
+        if (src->state != DSGD__SN_DEAD && src->state != DSGD__SN_LEFT) return DSGD__SN_INF;
+        dsgd__sn_link(h, e->src, e->rank, &alpha, &beta);
+        return DSGD__MAX(e->t_call, (src->state == DSGD__SN_DEAD ? src->kill_time : src->t) + alpha);
     }
     default: /* probe: the earliest the NIC could take */
         ev = DSGD__SN_INF;
@@ -10355,12 +10420,17 @@ static double dsgd__sn_key(const dsgd__sn_ep *e) {
    (it would end the wait before K), and such a message arrives no earlier
    than t_p plus the smallest latency: so it needs every parked rank past
    K - alpha_min. A death so waits no longer than the wait's deadline
-   would (K is at most the deadline). */
+   would (K is at most the deadline). A probe_from (W_FROM) that ends by
+   src's message or src gone is e's own too (its death is known a
+   latency later, as a message would be). */
 static int dsgd__sn_safe(const dsgd__sn_ep *e) {
     const dsgd_simnet *h = e->hub;
     double alpha_min = h->d.alpha_s;
     int k;
     if (h->parked == 0 || e->state != DSGD__SN_WAITING || e->wait == DSGD__SN_W_TIME)
+        return 1;
+    if (e->wait == DSGD__SN_W_FROM && (dsgd__sn_head(h, e->src, e->rank) || h->ep[e->src].state == DSGD__SN_DEAD ||
+                                        h->ep[e->src].state == DSGD__SN_LEFT))
         return 1;
     if (e->wait == DSGD__SN_W_XFER &&
         (e->src < 0 || dsgd__sn_head(h, e->src, e->rank)))
@@ -10554,12 +10624,27 @@ static void dsgd__sn_stalls(dsgd__sn_ep *e) {
     }
 }
 
+/* e is gone (killed, left): the ranks whose probe_from waits for it
+   learn it now. */
+static void dsgd__sn_gone(dsgd__sn_ep *e) {
+    dsgd_simnet *h = e->hub;
+    int k;
+    for (k = 0; k < h->n; ++k) {
+        dsgd__sn_ep *w = &h->ep[k];
+        if (w->state == DSGD__SN_WAITING && w->wait == DSGD__SN_W_FROM && w->src == e->rank) {
+            w->key = dsgd__sn_key(w);
+            dsgd__sn_sched(w);
+        }
+    }
+}
+
 /* The rank dies at time `at`: it gives up the turn for good. */
 static dsgd_result dsgd__sn_die(dsgd__sn_ep *e, double at) {
     if (at > e->t) e->t = at;
     e->state = DSGD__SN_DEAD;
     dsgd__sn_sched(e);
     e->kill_time = e->t;
+    dsgd__sn_gone(e);
     if (e->hub->d.park_between_calls && !e->dead_held) { /* held until its thread has heard */
         e->dead_held = 1;
         e->hub->parked++;
@@ -10965,6 +11050,45 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
     return dsgd__sn_exit(e, r);
 }
 
+/* The endpoint's probe_from: a probe of src's messages alone that also
+   ends when src is gone (killed, or left) with nothing left for e: at
+   the later of the call and its death (or leave) plus the link's
+   latency, *gone 1. */
+static dsgd_result dsgd__sn_probe_from(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone) {
+    dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
+    dsgd_simnet *h = e->hub;
+    const dsgd__sn_msg *m;
+    dsgd_result r;
+    char why[96];
+    if (gone) *gone = 0;
+    if (!tag || !bytes || !gone || src < 0 || src >= h->n || src == e->rank) {
+        snprintf(e->err, sizeof(e->err), "simnet rank %d: probe_from needs tag, bytes, gone and another rank (%d)",
+                 e->rank, src);
+        return DSGD_ERR_INVALID_ARGUMENT;
+    }
+    if ((r = dsgd__sn_enter(e)) != DSGD_OK) return r;
+    e->t_call = e->t;
+    e->wait = DSGD__SN_W_FROM;
+    e->src = src;
+    e->deadline = deadline;
+    r = dsgd__sn_block(e);
+    m = r == DSGD_OK ? dsgd__sn_head(h, src, e->rank) : NULL;
+    if (m) {
+        double in, taken = dsgd__sn_taken(e, m, src, &in), r0 = DSGD__MAX(e->t_call, in);
+        *tag = m->tag;
+        *bytes = m->bytes;
+        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, src, 0, 0);
+        dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, src, m->bytes, 0);
+    } else {
+        *gone = r == DSGD_OK;
+        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, src, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);
+        if (r == DSGD_ERR_TIMEOUT)
+            dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from rank %d%s", src,
+                          dsgd__sn_why(e, src, why, sizeof(why)));
+    }
+    return dsgd__sn_exit(e, r);
+}
+
 /* The earliest STALL by time of e, not applied yet, that begins before
    `end` (ties: the first given); NULL: none. */
 static dsgd__sn_fault *dsgd__sn_next_stall(dsgd__sn_ep *e, double end) {
@@ -11067,6 +11191,7 @@ static void dsgd__sn_leave(dsgd__sn_ep *e) {
         if (e->state == DSGD__SN_PARKED) h->parked--;
         e->state = DSGD__SN_LEFT;
         dsgd__sn_sched(e);
+        dsgd__sn_gone(e);
         if (h->turn == e->rank || h->turn < 0) dsgd__sn_pass(h);
     }
 }
@@ -11380,6 +11505,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     out->leave = dsgd__sn_leave_ep;
     out->charge_apply = dsgd__sn_charge_apply;
     out->charge_codec = dsgd__sn_charge_codec;
+    out->probe_from = dsgd__sn_probe_from;
     return DSGD_OK;
 }
 
@@ -22069,26 +22195,20 @@ static void dsgd__replica_wait_end(dsgd_replica *r) {
         r->wait_sum[k] += r->wait_now[k] >= r->wait_at[k] ? r->wait_now[k] - r->wait_at[k] : r->wait_now[k];
 }
 
-/* ELASTIC's settle (strategy_elastic.h): where a replica's step is, for
-   the others' settle (el_phase, under s->mu): busy (anywhere, the
-   transport included), suspect (its batch function returned
-   DSGD_ERR_ABORTED: it may be gone, and will say so at once), done,
-   settling, settled, gone. */
-enum { DSGD__EL_BUSY = 0, DSGD__EL_SUSPECT, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
+/* ELASTIC's settle (strategy_elastic.h): where a replica's step is
+   (el_phase, under s->mu; the shrink reads it once the step returned
+   everywhere): busy (anywhere, the transport included), done, settling,
+   settled, gone. */
+enum { DSGD__EL_BUSY = 0, DSGD__EL_DONE, DSGD__EL_SETTLING, DSGD__EL_SETTLED, DSGD__EL_GONE };
 
 /* Replica r enters (on 1) or has left (on 0, with the collective's result
-   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0);
-   suspect (with on 1): its batch function returned DSGD_ERR_ABORTED. Only
-   where the strategy settles (s->el_settle). */
-static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr, int suspect) {
+   cr) a collective of the step: phase 0 or 2 (pre 1), or another (pre 0).
+   Only where the strategy settles (s->el_settle). */
+static void dsgd__replica_el_coll(dsgd_replica *r, int on, int pre, dsgd_result cr) {
     dsgd_strategy *s = r->s;
     if (!s->el_settle || !r->comm) return;
     pthread_mutex_lock(&s->mu);
     if (on) r->el_entered = dsgd__comm_now(r->comm);
-    if (on && suspect) {
-        r->el_phase = DSGD__EL_SUSPECT;
-        pthread_cond_broadcast(&s->cv_done);
-    }
     if (!on && cr != DSGD_OK) {
         r->el_cr = cr;
         r->el_fail = pre;
@@ -22102,13 +22222,11 @@ static int dsgd__replica_settled(const dsgd_replica *r) {
     return r->s->el_settle && (r->el_phase == DSGD__EL_SETTLED || r->el_phase == DSGD__EL_GONE);
 }
 
-/* Replica r's job is over, unless it settled: the others' settle need not
-   wait for it. */
+/* Replica r's job is over, unless it settled. */
 static void dsgd__replica_el_done(dsgd_replica *r) {
     dsgd_strategy *s = r->s;
     if (!s->el_settle) return;
     pthread_mutex_lock(&s->mu);
-    if (r->el_phase == DSGD__EL_SUSPECT) pthread_cond_broadcast(&s->cv_done); /* a gate may wait for it */
     if (r->el_phase < DSGD__EL_DONE) r->el_phase = DSGD__EL_DONE;
     pthread_mutex_unlock(&s->mu);
 }
@@ -22177,7 +22295,7 @@ static void *dsgd__replica_main(void *arg) {
         res = dsgd__replica_job(r, fn, user);
         pthread_mutex_lock(&s->mu);
         r->result = res;
-        if (--s->pending == 0) pthread_cond_broadcast(&s->cv_done); /* a settle may wait on it too */
+        if (--s->pending == 0) pthread_cond_broadcast(&s->cv_done);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -24098,14 +24216,12 @@ static void dsgd__overlap_teardown(dsgd_strategy *s) {
 /* >>strategy_sync ----------------------------------------------------------- */
 
 /* The all-reduce of one float of phases 0 and 2, told to elastic's settle
-   (strategy.h's dsgd__replica_el_coll); suspect: the replica's batch
-   function returned DSGD_ERR_ABORTED, so it may be gone (a simnet rank
-   killed at its compute), and the others' settle waits until it says so. */
-static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op, int suspect) {
+   (strategy.h's dsgd__replica_el_coll). */
+static dsgd_result dsgd__step_allreduce(dsgd_replica *r, float *v, dsgd_reduce_op op) {
     dsgd_result cr;
-    dsgd__replica_el_coll(r, 1, 1, DSGD_OK, suspect);
+    dsgd__replica_el_coll(r, 1, 1, DSGD_OK);
     cr = dsgd_allreduce(r->comm, v, 1, op, DSGD_ALLREDUCE_AUTO, 0.0);
-    dsgd__replica_el_coll(r, 0, 1, cr, 0);
+    dsgd__replica_el_coll(r, 0, 1, cr);
     return cr;
 }
 
@@ -24126,8 +24242,7 @@ static dsgd_result dsgd__step_batch(dsgd_replica *r, const dsgd__step_args *a, d
     }
     res = dsgd__replica_fn_batch(r, a, b);
     total = res == DSGD_OK ? (float)b->count : -1099511627776.0f;
-    if (r->s->world > 1 &&
-        (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM, res == DSGD_ERR_ABORTED)) != DSGD_OK) {
+    if (r->s->world > 1 && (cr = dsgd__step_allreduce(r, &total, DSGD_REDUCE_SUM)) != DSGD_OK) {
         r->comm_failed = 1;
         return cr;
     }
@@ -24178,7 +24293,7 @@ static dsgd_result dsgd__step_agree(dsgd_replica *r, dsgd_result own, size_t bad
     float flag = own != DSGD_OK ? (float)(2 + r->rank) : (bad ? 1.0f : 0.0f);
     *skip = 0;
     if (s->world > 1) {
-        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX, 0);
+        dsgd_result cr = dsgd__step_allreduce(r, &flag, DSGD_REDUCE_MAX);
         if (cr != DSGD_OK) {
             r->comm_failed = 1;
             return cr;
@@ -26185,7 +26300,7 @@ static const dsgd__strategy_ops dsgd__local_ops = {
          agreement) makes known to every replica before anyone updates;
        - over the endpoints you gave (desc.endpoints), every replica of
          the group in this process (a transport with send, recv and
-         probe: simnet, the loopback): a replica whose collective of phase 0
+         probe_from: simnet, the loopback): a replica whose collective of phase 0
          or 2 fails (before any update) because a replica is gone (its
          transport stopped under it: a simnet KILL fault) or late (it
          entered the collective when another had already given up on
@@ -26195,7 +26310,10 @@ static const dsgd__strategy_ops dsgd__local_ops = {
          gone and the late are dropped. Over simnet the survivors go on
          one deadline after they entered the collective: a kill at step
          k costs the spoiled attempt, one timeout_s and the settle's few
-         messages, and the weights are those of the scripted run.
+         messages, and the weights are those of the scripted run. A
+         replica killed while the others settle, or in its own settle,
+         is dropped as gone in the same shrink (the others learn of its
+         death one link latency after it: SETTLE below).
      Not:
        - a failure about the batch rather than the replica (a class index
          out of range, DSGD_ERR_INVALID_ARGUMENT; a non-finite gradient,
@@ -26221,7 +26339,8 @@ static const dsgd__strategy_ops dsgd__local_ops = {
          agreement, or the next collective while it dies in the one
          before): the step fails (no hang; the same way in every run,
          since simnet kills it where the virtual times say; killed in a
-         collective of phase 0 or 2 it is dropped as gone), and so does
+         collective of phase 0 or 2, or in the settle after one, it is
+         dropped as gone), and so does
          a replica late by more than about two deadlines (the settle
          waits twice timeout_s for each message: a late replica sees its
          own collective fail by its deadline).
@@ -26265,39 +26384,41 @@ static const dsgd__strategy_ops dsgd__local_ops = {
                 this strategy aborted it): it says so, leaves the
                 transport (a simnet rank killed in a wait holds back the
                 others' deadlines until its thread calls again or
-                leaves) and stops
-       gate     it waits until no other replica is suspect (its batch
-                function returned DSGD_ERR_ABORTED, as simnet's compute
-                does on a killed rank), so that such a replica has said
-                whether it is gone; it waits for no other (they may need
-                the transport, and a simnet rank waiting here is parked,
-                holding back the others' deadlines)
-       drain    it sends every replica not gone a mark, then takes every
-                message that comes in (probe, then recv: the failed
-                collective's leftovers, from anyone) until each has sent
-                its mark; one pair's messages arrive in the order they
-                were sent, so after a replica's mark nothing it sent
-                before is left to be received
-       end      it sends an end to each and receives theirs by name, so
-                that nobody leaves while another still waits for any
-                message (a simnet rank parks when it leaves its last call,
-                and a receive from any source waits for parked ranks)
-     A settle that hears nothing for twice timeout_s fails (the transport is
-     aborted, the strategy fails, the message names the replicas it
-     waited for). Then, on the strategy's thread: the gone, and the late
+                leaves) and stops; so does a replica killed later, in
+                its settle (whichever call of it fails so)
+       drain    it sends every other replica a mark, then takes each
+                one's messages in turn (probe_from, then recv: the
+                failed collective's leftovers) up to its mark; one pair's
+                messages arrive in the order they were sent, so after a
+                replica's mark nothing it sent before is left to be
+                received
+       end      it sends an end to each whose mark came and takes each
+                one's end, so that nobody leaves while another still
+                waits for its mark (a simnet rank parks when it leaves
+                its last call, and a deadline waits for parked ranks)
+     Who is gone the transport says: probe_from also ends when the
+     replica waited for is gone with nothing of its left to take (a
+     mark goes to a gone one too, which costs its bytes and nothing
+     else), so a replica killed before the settle, during the others'
+     or in its own is waited for no longer. Over simnet a death is known
+     one link latency after it, as a message sent then would be: who
+     counts as gone, and from when, follows the virtual times alone,
+     never which thread got there first, so the clocks and the trace are
+     the same in every run. A settle that hears nothing for twice
+     timeout_s fails (the transport is aborted, the strategy fails, the
+     message names the replica it waited for). Then, on the strategy's thread: the gone, and the late
      (entered their collective at or after the earliest deadline of one
      that settled), are dropped, and the group shrinks and retries as
      above (3-5), over new communicators; a replica that finished the
      step while others settled (it would have updated) fails the
      strategy instead, and so does a settle that finds nobody gone or
      late (the communicators failed: a dropped message). Why a drain and
-     not an epoch in
-     the tags: a transport checks the tag of the message at the head of
-     a pair's queue, so a leftover there fails the next collective with
-     DSGD_ERR_DESYNC whatever its tag, and nothing but probe can take a
-     message whose tag and size the receiver does not know; the drain
-     needs no new member of the transport interface and no change to
-     simnet, and it leaves nothing in flight between survivors.
+     not an epoch in the tags: a transport checks the tag of the message
+     at the head of a pair's queue, so a leftover there fails the next
+     collective with DSGD_ERR_DESYNC whatever its tag, and nothing but a
+     probe can take a message whose tag and size the receiver does not
+     know; the drain leaves nothing in flight to a survivor, not even
+     from the gone.
 
      Every worker must pass the same min_replicas (creation checks it
      with the rest of the description), so that all decide alike. A
@@ -26441,123 +26562,110 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
 #define DSGD__EL_END (~(uint64_t)0 - 1)
 
 /* The transport under replica r's endpoint (the one given, also after a
-   shrink), and its ranks from and to the group's. */
+   shrink), and its rank of the group's rank k. */
 static const dsgd_transport_i *dsgd__el_base(const dsgd_replica *r) {
     return r->sub ? &((const dsgd__sub_ep *)r->sub)->base : &r->ep;
 }
 static int dsgd__el_out(const dsgd_replica *r, int k) { return r->sub ? ((const dsgd__sub_ep *)r->sub)->map[k] : k; }
-static int dsgd__el_in(const dsgd_replica *r, int q) { return r->sub ? dsgd__sub_in((const dsgd__sub_ep *)r->sub, q) : q; }
 
-/* The replicas (local indices) that replica r still waits to hear from:
-   "1, 4" into buf (may be NULL); under s->mu. */
-static int dsgd__el_missing(const dsgd_replica *r, const unsigned char *have, char *buf, size_t cap) {
-    const dsgd_strategy *s = r->s;
-    size_t len = 0;
-    int k, m = 0;
-    if (buf) buf[0] = '\0';
-    for (k = 0; k < s->n; ++k) {
-        if (k == r->local || have[k] || s->reps[k].el_phase == DSGD__EL_GONE) continue;
-        if (buf && len + 16 < cap) len += (size_t)snprintf(buf + len, cap - len, "%s%d", m ? ", " : "", k);
-        ++m;
+/* Replica r takes replica k's messages (probe_from, then recv: the failed
+   collective's leftovers) up to the one tagged want (a mark or an end;
+   *got 1), or until k is gone with nothing left from it (*got 0: killed,
+   as the transport says: over simnet at the virtual time of its death,
+   whatever the threads' order). Each wait ends at *deadline at the
+   latest, span after the last message. */
+static dsgd_result dsgd__el_take(dsgd_replica *r, const dsgd_transport_i *t, int k, uint64_t want, double *deadline,
+                                 int *got) {
+    dsgd_strategy *s = r->s;
+    for (;;) {
+        uint64_t tag = 0;
+        size_t bytes = 0;
+        int gone = 0;
+        float *buf;
+        dsgd_result e = t->probe_from(t->impl, dsgd__el_out(r, k), *deadline, &tag, &bytes, &gone);
+        *got = 0;
+        if (e != DSGD_OK || gone) return e;
+        if (!(buf = dsgd__replica_stage(r, bytes / sizeof(float) + 1))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((e = t->recv(t->impl, dsgd__el_out(r, k), tag, buf, bytes, *deadline)) != DSGD_OK) return e;
+        *deadline = (t->now ? t->now(t->impl) : dsgd_now()) + 2.0 * s->d.timeout_s;
+        if (tag == want) {
+            *got = 1;
+            return DSGD_OK;
+        }
     }
-    return m;
+}
+
+/* Replica r is gone when e is DSGD_ERR_ABORTED and nobody in this
+   strategy aborted the transport (it was killed): it says so and leaves
+   the transport (simnet: a rank killed in a wait holds back the others'
+   deadlines until its thread calls again or leaves). Non-zero then. */
+static int dsgd__el_depart(dsgd_replica *r, const dsgd_transport_i *t, dsgd_result e) {
+    dsgd_strategy *s = r->s;
+    int gone;
+    pthread_mutex_lock(&s->mu);
+    gone = e == DSGD_ERR_ABORTED && s->abort_by < 0;
+    if (gone) r->el_phase = DSGD__EL_GONE;
+    pthread_mutex_unlock(&s->mu);
+    if (gone && !s->hub && t->leave) t->leave(t->impl);
+    return gone;
 }
 
 /* s->el_settle: replica r's collective of phase 0 or 2 failed with the
    transport intact as far as this replica knows (no abort). Gone (its
    transport stopped under it: killed) it leaves the transport and stops
-   here; else it waits until
-   no other replica is suspect (its batch function returned
-   DSGD_ERR_ABORTED: it says at once whether it is gone; it waits for
-   nothing else, which could need the transport: a simnet rank parked
-   here would hold back the others' deadlines), sends every replica not
-   gone a mark, and
-   takes every message that comes in (the failed collective's leftovers)
-   until each of them has sent its mark: after it, nothing of theirs is
-   left between them and this replica (one pair's messages arrive in
-   order; one that goes meanwhile is no longer waited for). Then it
-   sends each an end and receives theirs, by name: no
-   replica leaves the settle while another may still wait for any message
-   (over simnet a rank that has left its last call parks, and a receive
-   from any source waits for parked ranks). Waits at most twice
-   timeout_s for each message (a late replica learns that the others gave
-   up by its own deadline at the latest). Returns res (settled) or the settle's error (the caller
-   aborts the transport). */
+   here. Else it sends every other replica a mark and takes each one's
+   messages (the failed collective's leftovers) up to its mark, or until
+   it is gone: after a mark nothing of its sender is left between them
+   (one pair's messages arrive in order). Then it sends an end to each
+   whose mark came and takes each one's end, or learns that it is gone:
+   no replica leaves the settle while another may still wait for its
+   mark (over simnet a rank that has left its last call parks, and a
+   deadline waits for parked ranks). Who is gone the transport says
+   (probe_from), in the order of the events, so a replica killed during
+   the settle, in its own too, is no longer waited for from its death
+   on. Waits at most twice timeout_s for each message (a late replica
+   learns that the others gave up by its own deadline at the latest).
+   Returns res (settled), DSGD_ERR_ABORTED (killed in the settle: gone,
+   which settles too) or the settle's error (the caller aborts the
+   transport). */
 static dsgd_result dsgd__elastic_settle(dsgd_replica *r, dsgd_result res) {
     dsgd_strategy *s = r->s;
     const dsgd_transport_i *t = dsgd__el_base(r);
     double span = 2.0 * s->d.timeout_s, deadline; /* a late replica sees its collective fail by its deadline */
     float mark = (float)r->rank;
-    unsigned char have[DSGD_MAX_REPLICAS], end[DSGD_MAX_REPLICAS];
-    char who[192];
-    int k, gone, peer = -1;
+    int have[DSGD_MAX_REPLICAS], k, got = 0, peer = -1;
     dsgd_result e = DSGD_OK;
-    memset(have, 0, sizeof(have));
+    const char *d;
+    if (dsgd__el_depart(r, t, r->el_cr)) return res;
     pthread_mutex_lock(&s->mu);
-    gone = r->el_cr == DSGD_ERR_ABORTED && s->abort_by < 0;
-    r->el_phase = gone ? DSGD__EL_GONE : DSGD__EL_SETTLING;
-    pthread_cond_broadcast(&s->cv_done);
-    for (k = 0; !gone && k < s->n; ++k) /* the gate: a replica that may be gone says so at once */
-        while (k != r->local && s->reps[k].el_phase == DSGD__EL_SUSPECT) pthread_cond_wait(&s->cv_done, &s->mu);
-    for (k = 0; k < s->n; ++k) have[k] = s->reps[k].el_phase == DSGD__EL_GONE || k == r->local;
+    r->el_phase = DSGD__EL_SETTLING;
     pthread_mutex_unlock(&s->mu);
-    if (gone) { /* done with the transport: it leaves now (simnet: a rank killed in a wait holds back the
-                   others' deadlines until its thread calls again or leaves) */
-        if (!s->hub && t->leave) t->leave(t->impl);
-        return res;
-    }
     deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
-    for (k = 0; k < s->n && e == DSGD_OK; ++k)
-        if (!have[k]) e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_MARK, &mark, sizeof(mark), deadline);
-    memset(have, 0, sizeof(have));
-    memset(end, 0, sizeof(end));
-    for (;;) {
-        int src = -1, m;
-        uint64_t tag = 0;
-        size_t bytes = 0;
-        float *buf;
-        pthread_mutex_lock(&s->mu);
-        m = dsgd__el_missing(r, have, who, sizeof(who));
-        pthread_mutex_unlock(&s->mu);
-        if (m == 0 || e != DSGD_OK) break;
-        if ((e = t->probe(t->impl, deadline, &src, &tag, &bytes)) != DSGD_OK) {
-            pthread_mutex_lock(&s->mu); /* the missing may have said meanwhile that they are gone */
-            if (e == DSGD_ERR_TIMEOUT && dsgd__el_missing(r, have, NULL, 0) == 0) e = DSGD_OK;
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        if (!(buf = dsgd__replica_stage(r, bytes / sizeof(float) + 1))) {
-            e = DSGD_ERR_OUT_OF_MEMORY;
-            break;
-        }
-        if ((e = t->recv(t->impl, src, tag, buf, bytes, deadline)) != DSGD_OK) {
-            peer = src;
-            break;
-        }
-        if ((tag == DSGD__EL_MARK || tag == DSGD__EL_END) && (k = dsgd__el_in(r, src)) >= 0 && k < s->n)
-            (tag == DSGD__EL_MARK ? have : end)[k] = 1;
-        deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
-    }
-    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the ends: to those not gone, who sent their mark */
-        if (k != r->local && have[k]) e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline);
-    for (k = 0; k < s->n && e == DSGD_OK; ++k) {
-        if (k == r->local || !have[k] || end[k]) continue;
-        deadline = (t->now ? t->now(t->impl) : dsgd_now()) + span;
-        if ((e = t->recv(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline)) != DSGD_OK) {
+    for (k = 0; k < s->n; ++k) have[k] = 0;
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the marks (to a gone one too: it is the transport's to say) */
+        if (k != r->local &&
+            (e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_MARK, &mark, sizeof(mark), deadline)) != DSGD_OK)
             peer = k;
-            snprintf(who, sizeof(who), "%d", k);
-        }
-    }
-    if (e != DSGD_OK) {
-        const char *d = t->error_message ? t->error_message(t->impl) : "";
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the drain */
+        if (k != r->local && (e = dsgd__el_take(r, t, k, DSGD__EL_MARK, &deadline, &have[k])) != DSGD_OK) peer = k;
+    for (k = 0; k < s->n && e == DSGD_OK; ++k) /* the ends */
+        if (have[k] &&
+            (e = t->send(t->impl, dsgd__el_out(r, k), DSGD__EL_END, &mark, sizeof(mark), deadline)) != DSGD_OK)
+            peer = k;
+    for (k = 0; k < s->n && e == DSGD_OK; ++k)
+        if (have[k] && (e = dsgd__el_take(r, t, k, DSGD__EL_END, &deadline, &got)) != DSGD_OK) peer = k;
+    d = e != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
+    if (e != DSGD_OK && dsgd__el_depart(r, t, e)) /* killed in the settle: gone, as before it */
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_ABORTED, "elastic: its transport stopped in the settle after "
+                                  "its collective failed (%s): gone%s%s", dsgd_result_string(res), d && *d ? "; " : "",
+                                  d ? d : "");
+    if (e != DSGD_OK)
         return dsgd_ctx_set_error(r->m.ctx, e, "elastic: after its collective failed (%s), replica %d heard nothing "
-                                  "from replica(s) %s within %g s (late or gone: the step cannot be settled)%s%s%s",
-                                  dsgd_result_string(res), r->rank, who, span, peer >= 0 ? "; " : "",
-                                  peer >= 0 ? "the transport: " : "", peer >= 0 && d ? d : "");
-    }
+                                  "from replica(s) %d within %g s (late or gone: the step cannot be settled)%s%s",
+                                  dsgd_result_string(res), r->rank, peer, span, d && *d ? "; the transport: " : "",
+                                  d ? d : "");
     pthread_mutex_lock(&s->mu);
     r->el_phase = DSGD__EL_SETTLED;
-    pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
     return res;
 }
@@ -27120,7 +27228,7 @@ static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
     s->elastic = dsgd__elastic_step;
     if (!s->hub && s->n > 1 && s->world == s->n) { /* SETTLE: the endpoints you gave, every replica here */
         int i, ok = 1;
-        for (i = 0; i < s->n; ++i) ok &= dsgd__el_base(&s->reps[i])->probe != NULL;
+        for (i = 0; i < s->n; ++i) ok &= dsgd__el_base(&s->reps[i])->probe_from != NULL;
         if (ok) s->el_settle = dsgd__elastic_settle;
     }
     return DSGD_OK;

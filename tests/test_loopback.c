@@ -4,7 +4,9 @@
    - probe (receive from any source): every message arrives once, in order
      per source, at its size, across the eager and rendezvous paths; with
      every inbox full the reports go round-robin; a prober with no sender
-     times out at its deadline and an abort wakes it.
+     times out at its deadline and an abort wakes it;
+   - probe_from (one source's messages): that source's, in order, never
+     another's; never gone; a timeout at its deadline.
    The collectives over the loopback (every algorithm, mismatches, late and
    missing ranks, aborts) are tested in test_collectives.c.
 
@@ -135,9 +137,52 @@ static void test_probe_any_source(void **state) {
     tu_watchdog(0);
 }
 
+/* probe_from (one source's messages): rank 2 sends rank 0 two floats
+   (tags 7, 8) and rank 1 one (tag 9), all queued before rank 0 asks;
+   probe_from(2) reports rank 2's first (tag 7, 4 bytes), never rank
+   1's, and again after it is received, its second; nothing here is ever
+   gone. With nothing from rank 1 left it times out at its deadline; its
+   own rank as src is DSGD_ERR_INVALID_ARGUMENT. */
+static void test_probe_from(void **state) {
+    dsgd_ctx *ctx = NULL;
+    dsgd_loopback *hub = NULL;
+    dsgd_transport_i t[3];
+    float v = 1.0f;
+    uint64_t tag = 0;
+    size_t bytes = 0;
+    int i, gone = 5;
+    double t_start;
+    (void)state;
+    tu_watchdog(60);
+    assert_int_equal(dsgd_ctx_create(NULL, &ctx), DSGD_OK);
+    assert_int_equal(dsgd_loopback_create(ctx, 3, &hub), DSGD_OK);
+    for (i = 0; i < 3; ++i) assert_int_equal(dsgd_loopback_endpoint(hub, i, &t[i]), DSGD_OK);
+    assert_non_null(t[0].probe_from);
+    assert_int_equal(t[1].send(t[1].impl, 0, 9, &v, sizeof(v), dsgd_now() + 5), DSGD_OK);
+    assert_int_equal(t[2].send(t[2].impl, 0, 7, &v, sizeof(v), dsgd_now() + 5), DSGD_OK);
+    assert_int_equal(t[2].send(t[2].impl, 0, 8, &v, sizeof(v), dsgd_now() + 5), DSGD_OK);
+    for (i = 7; i <= 8; ++i) {
+        assert_int_equal(t[0].probe_from(t[0].impl, 2, dsgd_now() + 5, &tag, &bytes, &gone), DSGD_OK);
+        assert_true(tag == (uint64_t)i && bytes == sizeof(v) && gone == 0);
+        assert_int_equal(t[0].recv(t[0].impl, 2, tag, &v, bytes, dsgd_now() + 5), DSGD_OK);
+    }
+    assert_int_equal(t[0].probe_from(t[0].impl, 1, dsgd_now() + 5, &tag, &bytes, &gone), DSGD_OK);
+    assert_true(tag == 9 && gone == 0);
+    assert_int_equal(t[0].recv(t[0].impl, 1, 9, &v, sizeof(v), dsgd_now() + 5), DSGD_OK);
+    t_start = dsgd_now();
+    assert_int_equal(t[0].probe_from(t[0].impl, 1, t_start + 0.1, &tag, &bytes, &gone), DSGD_ERR_TIMEOUT);
+    assert_true(dsgd_now() - t_start >= 0.1 && gone == 0);
+    assert_non_null(strstr(t[0].error_message(t[0].impl), "deadline passed while waiting for a message from rank 1"));
+    assert_int_equal(t[0].probe_from(t[0].impl, 0, t_start + 1, &tag, &bytes, &gone), DSGD_ERR_INVALID_ARGUMENT);
+    dsgd_loopback_destroy(hub);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_probe_any_source),
+        cmocka_unit_test(test_probe_from),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,9 @@
      killed by time takes first the message that a parked rank sends to
      arrive before the kill, and dies at exactly the kill time in its next
      wait, in every run with jittered threads;
+   - probe_from: one source's message, or that source killed or left,
+     learned a latency after (a parked rank's death at its compute waited
+     for), the same in every run with jittered threads;
    - compute models: exponential means, straggler frequencies, per-rank
      factors, shifted exponentials (3 standard errors), pure in (seed, rank,
      step);
@@ -1903,6 +1906,100 @@ static void drop_case(const dsgd_simnet_fault *f, drop_out *o) {
     run_free(&r);
 }
 
+/* probe_from: one source's next message, or that source gone, learned a
+   latency after its death (or its leave), as a message it sent then would
+   be. Four ranks, parked between calls, threads jittered: rank 0 sends
+   rank 2 a float at 0.1 s and is killed by time at 0.3 s in a wait; rank
+   1 is killed at its compute of step 0, at 0.4 s, its thread calling it
+   5 ms of real time after parking there; rank 3 leaves at 1 s. Rank 2
+   takes rank 0's message at 0.1 + 4 beta + alpha, then learns rank 0
+   gone at 0.3 + alpha, rank 1 gone at 0.4 + alpha (the death of a parked
+   rank: waited for, not missed), times out on rank 3 at 0.5 s, and
+   learns rank 3 gone at 1 + alpha; the same in every run. Its own rank
+   as src is DSGD_ERR_INVALID_ARGUMENT. */
+typedef struct pf_out {
+    dsgd_result res[6];
+    double t[6];
+    int gone[6];
+    uint64_t tag;
+    size_t bytes;
+} pf_out;
+
+static void body_probe_from(run *r, int rank, dsgd_comm *c, const dsgd_transport_i *t) {
+    pf_out *o = (pf_out *)r->user;
+    struct timespec ts = {0, 5000000};
+    float v = 3.0f;
+    uint64_t tag;
+    size_t bytes;
+    dsgd_result res = DSGD_OK;
+    (void)c;
+    if (rank == 0) {
+        if ((res = dsgd_simnet_advance(r->hub, 0, 0.1)) == DSGD_OK) res = t->send(t->impl, 2, 5, &v, sizeof(v), 10.0);
+        if (res == DSGD_OK) res = t->recv(t->impl, 1, 1, &v, sizeof(v), 10.0); /* killed at 0.3 s in it */
+    } else if (rank == 1) {
+        res = dsgd_simnet_advance(r->hub, 1, 0.4);
+        nanosleep(&ts, NULL);
+        if (res == DSGD_OK) res = dsgd_simnet_compute(r->hub, 1, 0); /* killed at its start */
+    } else if (rank == 3) {
+        res = dsgd_simnet_advance(r->hub, 3, 1.0);
+    } else {
+        static const int src[6] = {0, 0, 1, 3, 3, 2};
+        static const double deadline[6] = {10.0, 10.0, 10.0, 0.5, 10.0, 10.0};
+        int k;
+        for (k = 0; k < 6; ++k) {
+            o->res[k] = t->probe_from(t->impl, src[k], deadline[k], k ? &tag : &o->tag, k ? &bytes : &o->bytes,
+                                      &o->gone[k]);
+            o->t[k] = now_of(t);
+            if (k == 0 && o->res[0] == DSGD_OK) o->res[0] = t->recv(t->impl, 0, 5, &v, sizeof(v), 10.0);
+        }
+    }
+    r->res[rank] = res;
+}
+
+static void test_probe_from(void **state) {
+    dsgd_simnet_desc d;
+    dsgd_simnet_fault f[2];
+    pf_out o;
+    run r;
+    int runs = TU_TSAN ? 3 : 10, k, i;
+    double alpha = 1e-3, beta = 1e-9;
+    const double want[6] = {0.1 + 4 * beta + alpha, 0.3 + alpha, 0.4 + alpha, 0.5, 1.0 + alpha, 1.0 + alpha};
+    const dsgd_result want_res[6] = {DSGD_OK, DSGD_OK, DSGD_OK, DSGD_ERR_TIMEOUT, DSGD_OK, DSGD_ERR_INVALID_ARGUMENT};
+    const int want_gone[6] = {0, 1, 1, 0, 1, 0};
+    (void)state;
+    tu_watchdog(60);
+    memset(&d, 0, sizeof(d));
+    memset(f, 0, sizeof(f));
+    d.alpha_s = alpha;
+    d.beta_s_per_byte = beta;
+    d.park_between_calls = 1;
+    d.test_jitter_s = 200e-6;
+    f[0].kind = f[1].kind = DSGD_SIMNET_FAULT_KILL;
+    f[0].rank = 0;
+    f[0].step = -1;
+    f[0].time = 0.3;
+    f[1].rank = 1;
+    f[1].step = 0;
+    d.faults = f;
+    d.num_faults = 2;
+    for (k = 0; k < runs; ++k) {
+        memset(&o, 0, sizeof(o));
+        run_init(&r, 4, &d);
+        run_go(&r, body_probe_from, &o);
+        assert_int_equal(r.res[0], DSGD_ERR_ABORTED);
+        assert_int_equal(r.res[1], DSGD_ERR_ABORTED);
+        assert_int_equal(r.res[3], DSGD_OK);
+        assert_true(o.tag == 5 && o.bytes == sizeof(float));
+        for (i = 0; i < 6; ++i)
+            if (o.res[i] != want_res[i] || o.gone[i] != want_gone[i] || (i < 5 && fabs(o.t[i] - want[i]) > 1e-12))
+                fail_msg("run %d, probe_from %d: %s, gone %d, at %.17g s; want %s, gone %d, at %.17g s", k, i,
+                         dsgd_result_string(o.res[i]), o.gone[i], o.t[i], dsgd_result_string(want_res[i]),
+                         want_gone[i], want[i]);
+        run_free(&r);
+    }
+    tu_watchdog(0);
+}
+
 static void test_drop_and_delay(void **state) {
     dsgd_simnet_fault f;
     drop_out base, o;
@@ -3554,6 +3651,7 @@ int main(void) {
         cmocka_unit_test(test_kill_by_time),
         cmocka_unit_test(test_kill_waits_for_parked),
         cmocka_unit_test(test_no_deadline_waits_for_parked),
+        cmocka_unit_test(test_probe_from),
         cmocka_unit_test(test_drop_and_delay),
         cmocka_unit_test(test_compute_models),
         cmocka_unit_test(test_allreduce_costs),

@@ -49,6 +49,18 @@
      0's collectives (every 10 us), each twice with jittered threads: no
      hang, the same outcome both times, replica 2 dropped as gone (4 -> 3)
      or the step failed (killed in the exchange).
+   - A death in the settle, by virtual time: 5 replicas over simnet, rank
+     1 killed at its compute of step 3 and rank 3 killed by time 2.4 us
+     before its deadline (while ranks 0 and 2 settle, rank 2 within one
+     latency of the death) or 5 us after it (in its own settle). The
+     endpoints are wrapped to force the threads into both orders (rank 3's
+     thread says it is gone before, or after, the others start their
+     settle), then run with jittered threads: the dropped list (1 and 3
+     gone, 5 -> 3 in one shrink), every rank's clock, the trace bytes and
+     the weights are the same in every run, and the weights are the
+     script's (5 to step 3, saved, restored into 3). With min_replicas 4
+     the death in the settle fails the step with DSGD_ERR_ABORTED naming
+     replicas 1 and 3.
    - Rejoin over simnet: rank 1 of 8 killed at step 50 (8 -> 7), spare
      rank 8 (dsgd_simnet_spare: the settle does not wait for it) admitted
      at the group's clock and grown in at step 100 (7 -> 8), to step 150:
@@ -382,6 +394,7 @@ static void test_multi_worker_shrink(void **state) {
 static dsgd_simnet *sn_hub(dsgd_ctx *ctx, int ranks, const dsgd_simnet_fault *faults, int nf);
 static double g_alpha = 1e-5; /* the hubs' latency */
 static double g_jitter;       /* their test_jitter_s */
+static int g_trace;           /* their trace */
 #define SN_T 0.5
 
 enum { DS = 203, SB = 24 };
@@ -498,6 +511,7 @@ static dsgd_simnet *sn_hub(dsgd_ctx *ctx, int ranks, const dsgd_simnet_fault *fa
     sd.ranks = ranks;
     sd.alpha_s = g_alpha;
     sd.test_jitter_s = g_jitter;
+    sd.trace = g_trace;
     sd.beta_s_per_byte = 1e-9;
     sd.park_between_calls = 1;
     sd.compute.kind = DSGD_SIMNET_COMPUTE_CONSTANT;
@@ -705,6 +719,369 @@ static void test_simnet_killed_in_collective(void **state) {
     assert_true(shrinks > 0);
     print_message("    rank 2 killed in step 0's collectives: %d times gone and dropped (4 -> 3), %d times the step "
                   "failed, each the same twice\n", shrinks, failures);
+}
+
+/* A death in the settle, decided by virtual time. Five replicas over
+   simnet (RING, trace on): rank 1 killed at its compute of step 3, rank 3
+   killed by time in that step 2.4 us before or 5 us after its own
+   deadline (its clock after that compute, from a run without the second
+   kill, plus SN_T). At -2.4 us rank 3 dies in its collective after ranks
+   0 and 2 timed out and while they settle (rank 2 within one latency of
+   the death, and rank 4, whose collective fails on rank 2's mark, after
+   it: whether rank 3's thread has said that it is gone when they start
+   their settle was a race of the threads); at +5 us it dies in its own
+   settle. The replicas' endpoints are wrapped (ds_ep) to force the
+   threads' order: DS_GONE_FIRST holds each rank whose collective fails
+   within one latency of the death (or later) until rank 3's thread has
+   left the transport; DS_GONE_LAST holds rank 3's thread, once a call
+   of its failed with DSGD_ERR_ABORTED (killed), until ranks 0, 2 and 4
+   have each called again after their collective failed. Each run
+   asserts that it forced the order it was told. */
+enum { DS_N = 5, DS_STEP = 3, DS_END = 6, DS_VICTIM = 3 };
+enum { DS_FREE = 0, DS_GONE_FIRST, DS_GONE_LAST };
+
+typedef struct ds_hub ds_hub;
+typedef struct ds_ep {
+    dsgd_transport_i base; /* the simnet endpoint */
+    ds_hub *hub;
+    int rank;
+} ds_ep;
+struct ds_hub {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int mode;
+    double from;              /* DS_GONE_FIRST: a failure at or after this clock waits */
+    int left;                 /* the victim's thread left the transport */
+    int killed;               /* a call of the victim's failed with DSGD_ERR_ABORTED */
+    int failed[DS_N], after[DS_N];
+    int held, forced;         /* waits begun, and ended by their condition (not by the 5 s cap) */
+    ds_ep ep[DS_N];
+};
+
+/* Waits (mu held) until done(h), at most 5 s of real time. */
+static void ds_hold(ds_hub *h, int (*done)(const ds_hub *)) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 5;
+    ++h->held;
+    while (!done(h))
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &until) != 0) return;
+    ++h->forced;
+}
+static int ds_victim_left(const ds_hub *h) { return h->left; }
+static int ds_others_went_on(const ds_hub *h) { return h->after[0] && h->after[2] && h->after[4]; }
+
+static void ds_before(ds_ep *e) {
+    ds_hub *h = e->hub;
+    pthread_mutex_lock(&h->mu);
+    if (h->failed[e->rank] && !h->after[e->rank]) {
+        h->after[e->rank] = 1;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+static dsgd_result ds_after(ds_ep *e, dsgd_result r) {
+    ds_hub *h = e->hub;
+    double t = e->base.now(e->base.impl);
+    if (r == DSGD_OK) return r;
+    pthread_mutex_lock(&h->mu);
+    if (!h->failed[e->rank]) {
+        h->failed[e->rank] = 1;
+        if (h->mode == DS_GONE_FIRST && e->rank != DS_VICTIM && t >= h->from) ds_hold(h, ds_victim_left);
+    }
+    if (e->rank == DS_VICTIM && r == DSGD_ERR_ABORTED && !h->killed) {
+        h->killed = 1;
+        if (h->mode == DS_GONE_LAST) ds_hold(h, ds_others_went_on);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+#define DS_SELF ((ds_ep *)impl)
+#define DS_B (DS_SELF->base)
+static dsgd_result ds_send(void *impl, int dst, uint64_t tag, const void *buf, size_t bytes, double deadline) {
+    ds_before(DS_SELF);
+    return ds_after(DS_SELF, DS_B.send(DS_B.impl, dst, tag, buf, bytes, deadline));
+}
+static dsgd_result ds_recv(void *impl, int src, uint64_t tag, void *buf, size_t bytes, double deadline) {
+    ds_before(DS_SELF);
+    return ds_after(DS_SELF, DS_B.recv(DS_B.impl, src, tag, buf, bytes, deadline));
+}
+static dsgd_result ds_sendrecv(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                               uint64_t rtag, void *rbuf, size_t rbytes, double deadline, int *failed_peer) {
+    ds_before(DS_SELF);
+    return ds_after(DS_SELF, DS_B.sendrecv(DS_B.impl, dst, stag, sbuf, sbytes, src, rtag, rbuf, rbytes, deadline,
+                                           failed_peer));
+}
+static dsgd_result ds_sendrecv_reduce(void *impl, int dst, uint64_t stag, const void *sbuf, size_t sbytes, int src,
+                                      uint64_t rtag, float *rbuf, size_t rcount, dsgd_reduce_op op, double deadline,
+                                      int *failed_peer) {
+    ds_before(DS_SELF);
+    return ds_after(DS_SELF, DS_B.sendrecv_reduce(DS_B.impl, dst, stag, sbuf, sbytes, src, rtag, rbuf, rcount, op,
+                                                  deadline, failed_peer));
+}
+static dsgd_result ds_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
+    ds_before(DS_SELF);
+    return ds_after(DS_SELF, DS_B.probe(DS_B.impl, deadline, src, tag, bytes));
+}
+static dsgd_result ds_probe_from(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone) {
+    ds_before(DS_SELF);
+    return ds_after(DS_SELF, DS_B.probe_from(DS_B.impl, src, deadline, tag, bytes, gone));
+}
+static void ds_leave(void *impl) {
+    ds_hub *h = DS_SELF->hub;
+    ds_before(DS_SELF);
+    DS_B.leave(DS_B.impl);
+    pthread_mutex_lock(&h->mu);
+    if (DS_SELF->rank == DS_VICTIM) h->left = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+static void ds_abort(void *impl) { DS_B.abort(DS_B.impl); }
+static double ds_now(void *impl) { return DS_B.now(DS_B.impl); }
+static const char *ds_error_message(void *impl) { return DS_B.error_message(DS_B.impl); }
+static void ds_set_progress(void *impl, uint64_t seq) { DS_B.set_progress(DS_B.impl, seq); }
+static uint64_t ds_peer_progress(void *impl, int peer) { return DS_B.peer_progress(DS_B.impl, peer); }
+static dsgd_result ds_charge_apply(void *impl, size_t floats) { return DS_B.charge_apply(DS_B.impl, floats); }
+static dsgd_result ds_charge_codec(void *impl, size_t floats) { return DS_B.charge_codec(DS_B.impl, floats); }
+
+/* e's endpoint as the strategy sees it: every member of simnet's, through e. */
+static void ds_endpoint(ds_ep *e, dsgd_transport_i *out) {
+    const dsgd_transport_i *b = &e->base;
+    memset(out, 0, sizeof(*out));
+    out->name = "forced";
+    out->impl = e;
+    out->rank = b->rank;
+    out->size = b->size;
+    out->send = ds_send;
+    out->recv = ds_recv;
+    out->sendrecv = b->sendrecv ? ds_sendrecv : NULL;
+    out->sendrecv_reduce = b->sendrecv_reduce ? ds_sendrecv_reduce : NULL;
+    out->probe = b->probe ? ds_probe : NULL;
+    out->probe_from = b->probe_from ? ds_probe_from : NULL;
+    out->leave = b->leave ? ds_leave : NULL;
+    out->abort = b->abort ? ds_abort : NULL;
+    out->now = b->now ? ds_now : NULL;
+    out->error_message = b->error_message ? ds_error_message : NULL;
+    out->set_progress = b->set_progress ? ds_set_progress : NULL;
+    out->peer_progress = b->peer_progress ? ds_peer_progress : NULL;
+    out->charge_apply = b->charge_apply ? ds_charge_apply : NULL;
+    out->charge_codec = b->charge_codec ? ds_charge_codec : NULL;
+}
+
+/* The batch function: sn_feed_fn, and the victim's clock after its first
+   compute of DS_STEP (it enters the step's first collective then). */
+static double g_ds_entered = -1.0;
+static dsgd_result ds_feed_fn(void *user, int replica, int num_replicas, dsgd_batch *out) {
+    sn_feed *sf = (sn_feed *)user;
+    int rank = sf->rank_of[replica];
+    dsgd_result r = dsgd_simnet_compute(sf->hub, rank, sf->f.step);
+    if (r != DSGD_OK) return r;
+    if (rank == DS_VICTIM && sf->f.step == DS_STEP && g_ds_entered < 0) g_ds_entered = dsgd_simnet_time(sf->hub, rank);
+    return feed_fn(&sf->f, replica, num_replicas, out);
+}
+
+/* One run: steps 0..DS_END-1, rank 3 killed at `when` (< 0: not), min_replicas
+   m. Fills out (the dropped list, each rank's final clock, the weights;
+   for a failed step its message) and *trace (the trace's bytes, malloc'd). */
+typedef struct ds_run {
+    char text[1024];
+    float w[NP];
+    double t0; /* rank 0's final clock */
+    int forced, held;
+} ds_run;
+
+static void ds_once(double when, int mode, int m, ds_run *out, char **trace, size_t *trace_len) {
+    dsgd_ctx *ctx = tu_ctx();
+    dsgd_simnet_fault f[2];
+    static sn_feed sf;
+    static ds_hub h;
+    dsgd_strategy_desc d = base_desc(DSGD_STRATEGY_MIRRORED, DS_N);
+    dsgd_transport_i ep[DS_N];
+    dsgd_strategy *s;
+    dsgd_step_info info;
+    size_t len = 0;
+    FILE *fp;
+    int i, k;
+    memset(f, 0, sizeof(f));
+    f[0].kind = f[1].kind = DSGD_SIMNET_FAULT_KILL;
+    f[0].rank = 1;
+    f[0].step = DS_STEP;
+    f[1].rank = DS_VICTIM;
+    f[1].step = -1;
+    f[1].time = when;
+    memset(&h, 0, sizeof(h));
+    pthread_mutex_init(&h.mu, NULL);
+    pthread_cond_init(&h.cv, NULL);
+    h.mode = mode;
+    h.from = when - g_alpha;
+    memset(&sf, 0, sizeof(sf));
+    sf.f = no_failure();
+    g_trace = 1;
+    sf.hub = sn_hub(ctx, DS_N, f, when < 0 ? 1 : 2);
+    g_trace = 0;
+    for (i = 0; i < DS_N; ++i) {
+        TU_OK(ctx, dsgd_simnet_endpoint(sf.hub, i, &h.ep[i].base));
+        h.ep[i].hub = &h;
+        h.ep[i].rank = i;
+        ds_endpoint(&h.ep[i], &ep[i]);
+        sf.rank_of[i] = i;
+    }
+    d.endpoints = ep;
+    d.gradient_path = DSGD_GRADIENTS_HOST;
+    d.timeout_s = SN_T;
+    d.algorithm = DSGD_ALLREDUCE_RING;
+    d.elastic.min_replicas = m;
+    d.elastic.on_resize = sn_resize;
+    d.elastic.user = &sf;
+    TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
+    out->text[0] = '\0';
+    for (sf.f.step = 0; sf.f.step < DS_END; ++sf.f.step) {
+        dsgd_result r;
+        memset(&info, 0, sizeof(info));
+        r = dsgd_strategy_train_step_fn(s, ds_feed_fn, &sf, &info);
+        for (k = 0; k < info.dropped && len < sizeof(out->text); ++k)
+            len += (size_t)snprintf(out->text + len, sizeof(out->text) - len, "step %d: %d %s (world %d); ",
+                                    (int)sf.f.step, info.dropped_rank[k], dsgd_drop_reason_name(info.dropped_why[k]),
+                                    info.world);
+        if (r != DSGD_OK) {
+            if (len < sizeof(out->text))
+                len += (size_t)snprintf(out->text + len, sizeof(out->text) - len, "step %d: %s: %s", (int)sf.f.step,
+                                        dsgd_result_string(r), dsgd_ctx_last_error(ctx));
+            break;
+        }
+    }
+    for (i = 0; i < DS_N && len < sizeof(out->text); ++i) /* the clocks: every rank's, the dead ones' too */
+        len += (size_t)snprintf(out->text + len, sizeof(out->text) - len, "%s%.9f", i ? " " : "| clocks ",
+                                dsgd_simnet_time(sf.hub, i));
+    out->t0 = dsgd_simnet_time(sf.hub, 0);
+    memset(out->w, 0, sizeof(out->w));
+    if (!dsgd_strategy_failed(s)) {
+        tu_assert_replicas_identical(ctx, s);
+        params_of(s, 0, out->w);
+    }
+    dsgd_strategy_destroy(s);
+    *trace = NULL;
+    *trace_len = 0;
+    assert_non_null(fp = open_memstream(trace, trace_len));
+    TU_OK(ctx, dsgd_simnet_write_trace(sf.hub, fp));
+    fclose(fp);
+    dsgd_simnet_destroy(sf.hub);
+    out->forced = h.forced;
+    out->held = h.held;
+    pthread_cond_destroy(&h.cv);
+    pthread_mutex_destroy(&h.mu);
+    dsgd_ctx_destroy(ctx);
+}
+
+/* The victim's deadline in step DS_STEP: its clock entering the step's
+   first collective (a run without its kill) plus SN_T; *t0: rank 0's
+   final clock in that run. */
+static double ds_deadline(double *t0) {
+    static ds_run r;
+    char *trace;
+    size_t len;
+    g_ds_entered = -1.0;
+    ds_once(-1.0, DS_FREE, 2, &r, &trace, &len);
+    free(trace);
+    *t0 = r.t0;
+    return g_ds_entered + SN_T;
+}
+
+/* The second death costs no deadline: rank 0 ends within 0.1 ms of the run
+   where only rank 1 dies (5 -> 4). */
+static void ds_no_extra_deadline(const ds_run *r, double t0) {
+    if (!(r->t0 <= t0 + 1e-4))
+        fail_msg("rank 0 ends at %.9f s, %.6f s after the run without the second death (%.9f s)", r->t0, r->t0 - t0,
+                 t0);
+}
+
+/* Runs (the two forced orders, then jittered threads), each compared with
+   the first (into *first): the dropped list (or the failure), every
+   rank's clock, the trace's bytes and the weights. */
+static void ds_compare(double when, int m, int jittered, ds_run *first) {
+    static ds_run r;
+    static const int modes[2] = {DS_GONE_FIRST, DS_GONE_LAST};
+    char *t0 = NULL, *t = NULL;
+    size_t n0 = 0, n = 0;
+    int i;
+    for (i = 0; i < 2 + jittered; ++i) {
+        ds_run *cur = i == 0 ? first : &r;
+        g_jitter = i < 2 ? 0.0 : 2e-5;
+        ds_once(when, i < 2 ? modes[i] : DS_FREE, m, cur, i == 0 ? &t0 : &t, i == 0 ? &n0 : &n);
+        g_jitter = 0.0;
+        if (i < 2 && (cur->held == 0 || cur->forced != cur->held))
+            fail_msg("killed at %.9g s, %s: the order was not forced (%d of %d holds ended by their condition)", when,
+                     i == 0 ? "gone first" : "gone last", cur->forced, cur->held);
+        if (i == 0) continue;
+        if (strcmp(first->text, r.text))
+            fail_msg("killed at %.9g s, run %d (%s) differs from the first (gone first):\n  %s\n  %s", when, i,
+                     i == 1 ? "gone last" : "jittered", first->text, r.text);
+        if (n != n0 || memcmp(t, t0, n)) fail_msg("killed at %.9g s: run %d's trace differs from the first's", when, i);
+        assert_memory_equal(r.w, first->w, sizeof(r.w));
+        free(t);
+        t = NULL;
+    }
+    free(t0);
+}
+
+static void test_simnet_death_in_settle_by_virtual_time(void **state) {
+    static ds_run first;
+    static float want[NP];
+    dsgd_ctx *ctx = tu_ctx();
+    double d3, t0;
+    (void)state;
+    tu_watchdog(120);
+    d3 = ds_deadline(&t0);
+    ds_compare(d3 - 2.4e-6, 2, TU_TSAN ? 2 : 8, &first);
+    ds_no_extra_deadline(&first, t0);
+    print_message("    rank 3 killed 2.4 us before its deadline, threads forced both ways and jittered: %s\n", first.text);
+    if (!strstr(first.text, "step 3: 1 gone (world 3); step 3: 3 gone (world 3); "))
+        fail_msg("want replicas 1 and 3 dropped as gone at step 3: %s", first.text);
+    g_algo = DSGD_ALLREDUCE_RING; /* the script: 5 replicas to step 3, saved, restored into 3 */
+    scripted(ctx, DS_N, DS_STEP, 3, DS_END, want);
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    assert_memory_equal(first.w, want, sizeof(want));
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
+}
+
+/* Rank 3 killed by time 5 us after its own deadline, in its settle: the
+   step shrinks past it (5 -> 3, both dropped as gone), the same in every
+   run; with min_replicas 4 the step fails with DSGD_ERR_ABORTED naming
+   replicas 1 and 3. */
+static void test_simnet_death_in_own_settle(void **state) {
+    static ds_run first, failed;
+    static float want[NP];
+    dsgd_ctx *ctx = tu_ctx();
+    char *trace;
+    size_t len;
+    double d3, t0;
+    (void)state;
+    tu_watchdog(120);
+    d3 = ds_deadline(&t0);
+    ds_once(d3 + 5e-6, DS_FREE, 2, &first, &trace, &len);
+    free(trace);
+    if (!strstr(first.text, "step 3: 1 gone (world 3); step 3: 3 gone (world 3); "))
+        fail_msg("want replicas 1 and 3 dropped as gone at step 3: %s", first.text);
+    ds_no_extra_deadline(&first, t0);
+    ds_compare(d3 + 5e-6, 2, TU_TSAN ? 1 : 4, &first);
+    print_message("    rank 3 killed 5 us after its deadline, in its settle: %s\n", first.text);
+    if (!strstr(first.text, "step 3: 1 gone (world 3); step 3: 3 gone (world 3); "))
+        fail_msg("want replicas 1 and 3 dropped as gone at step 3: %s", first.text);
+    g_algo = DSGD_ALLREDUCE_RING;
+    scripted(ctx, DS_N, DS_STEP, 3, DS_END, want);
+    g_algo = DSGD_ALLREDUCE_AUTO;
+    assert_memory_equal(first.w, want, sizeof(want));
+    ds_once(d3 + 5e-6, DS_FREE, 4, &failed, &trace, &len); /* below min_replicas */
+    free(trace);
+    if (!strstr(failed.text, "step 3: the group was aborted: "))
+        fail_msg("want DSGD_ERR_ABORTED at step 3: %s", failed.text);
+    if (!strstr(failed.text, "replica(s) 1, 3 failed; 3 of 5 replicas survive"))
+        fail_msg("want the failure to name replicas 1 and 3: %s", failed.text);
+    dsgd_ctx_destroy(ctx);
+    tu_watchdog(0);
 }
 
 /* The WARN lines the strategy logs (from any replica's thread). */
@@ -1473,6 +1850,8 @@ int main(void) {
         cmocka_unit_test(test_sampler_epoch),
         cmocka_unit_test(test_simnet_kill_8_to_7),
         cmocka_unit_test(test_simnet_killed_in_collective),
+        cmocka_unit_test(test_simnet_death_in_settle_by_virtual_time),
+        cmocka_unit_test(test_simnet_death_in_own_settle),
         cmocka_unit_test(test_simnet_stall),
         cmocka_unit_test(test_simnet_two_shrinks),
         cmocka_unit_test(test_simnet_fn_failure_then_kill),
