@@ -145,15 +145,7 @@ static dsgd_result dsgd__map_pack(dsgd_comm *c, float *buf, size_t count, int L,
     if (ident) return DSGD_OK;
     if (count > c->pack_cap) {
         float *p = (float *)DSGD_REALLOC(c->pack, count * sizeof(float));
-        if (!p) {
-            char name[96];
-            dsgd__coll_name(c, name, sizeof(name));
-            c->broken = 1;
-            c->broken_seq = c->seq;
-            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY,
-                                      "%s: rank %d cannot allocate %zu floats to lay out the blocks", name, c->rank,
-                                      count);
-        }
+        if (!p) return dsgd__coll_nomem(c, count, "floats to lay out the blocks");
         c->pack = p;
         c->pack_cap = count;
     }
@@ -829,14 +821,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     if ((res = dsgd__map_pack(c, buf, count, c->size, &x)) != DSGD_OK) return res;
     if (count > c->wv_cap) {
         uint16_t *p = (uint16_t *)DSGD_REALLOC(c->wv, count * sizeof(uint16_t));
-        if (!p) {
-            char name[96];
-            dsgd__coll_name(c, name, sizeof(name));
-            c->broken = 1;
-            c->broken_seq = c->seq;
-            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu bytes for the wire",
-                                      name, c->rank, count * sizeof(uint16_t));
-        }
+        if (!p) return dsgd__coll_nomem(c, count * sizeof(uint16_t), "bytes for the wire");
         c->wv = p;
         c->wv_cap = count;
     }

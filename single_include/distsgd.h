@@ -12358,18 +12358,23 @@ static dsgd_result dsgd__coll_fail(dsgd_comm *c, dsgd_result r, int peer) {
                               detail, late);
 }
 
+/* A collective could not grow a buffer of n (units, what: "floats of
+   scratch"): the communicator is broken (its peers are mid-collective) and
+   the error names it. */
+static dsgd_result dsgd__coll_nomem(dsgd_comm *c, size_t n, const char *what) {
+    char name[96];
+    dsgd__coll_name(c, name, sizeof(name));
+    c->broken = 1;
+    c->broken_seq = c->seq;
+    return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu %s", name, c->rank, n,
+                              what);
+}
+
 static dsgd_result dsgd__scratch(dsgd_comm *c, size_t count) {
     float *p;
     if (count <= c->scratch_cap) return DSGD_OK;
     p = (float *)DSGD_REALLOC(c->scratch, count * sizeof(float));
-    if (!p) {
-        char name[96];
-        dsgd__coll_name(c, name, sizeof(name));
-        c->broken = 1;
-        c->broken_seq = c->seq;
-        return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu floats of scratch",
-                                  name, c->rank, count);
-    }
+    if (!p) return dsgd__coll_nomem(c, count, "floats of scratch");
     c->scratch = p;
     c->scratch_cap = count;
     return DSGD_OK;
@@ -13045,15 +13050,7 @@ static dsgd_result dsgd__map_pack(dsgd_comm *c, float *buf, size_t count, int L,
     if (ident) return DSGD_OK;
     if (count > c->pack_cap) {
         float *p = (float *)DSGD_REALLOC(c->pack, count * sizeof(float));
-        if (!p) {
-            char name[96];
-            dsgd__coll_name(c, name, sizeof(name));
-            c->broken = 1;
-            c->broken_seq = c->seq;
-            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY,
-                                      "%s: rank %d cannot allocate %zu floats to lay out the blocks", name, c->rank,
-                                      count);
-        }
+        if (!p) return dsgd__coll_nomem(c, count, "floats to lay out the blocks");
         c->pack = p;
         c->pack_cap = count;
     }
@@ -13729,14 +13726,7 @@ static dsgd_result dsgd__allreduce_wire(dsgd_comm *c, float *buf, size_t count) 
     if ((res = dsgd__map_pack(c, buf, count, c->size, &x)) != DSGD_OK) return res;
     if (count > c->wv_cap) {
         uint16_t *p = (uint16_t *)DSGD_REALLOC(c->wv, count * sizeof(uint16_t));
-        if (!p) {
-            char name[96];
-            dsgd__coll_name(c, name, sizeof(name));
-            c->broken = 1;
-            c->broken_seq = c->seq;
-            return dsgd_ctx_set_error(c->ctx, DSGD_ERR_OUT_OF_MEMORY, "%s: rank %d cannot allocate %zu bytes for the wire",
-                                      name, c->rank, count * sizeof(uint16_t));
-        }
+        if (!p) return dsgd__coll_nomem(c, count * sizeof(uint16_t), "bytes for the wire");
         c->wv = p;
         c->wv_cap = count;
     }
