@@ -134,6 +134,8 @@
 #include "distsgd/transport.h"        /* the transport interface, reduce ops and kernels */
 #include "distsgd/loopback.h"         /* the loopback transport: ranks as threads */
 #include "distsgd/simnet.h"           /* the simnet transport: ranks as threads on a virtual clock */
+#include "distsgd/simnet_sched.h"     /* the simnet scheduler: fibers, turns, the timeline, entering and leaving */
+#include "distsgd/simnet_endpoint.h"  /* the simnet endpoint: transfers, its operations, run, park/spare/admit, lanes */
 #include "distsgd/collectives.h"      /* communicators, the agreement, all-reduce and the rest */
 #include "distsgd/collectives_agree.h" /* the agreement: fingerprints, their rounds, the first exchanges they carry */
 #include "distsgd/collectives_algos.h" /* the all-reduce algorithms, the half wire, the collectives' entry points */
@@ -150,6 +152,8 @@
 #include "distsgd/tf_config.h"        /* TF_CONFIG: the cluster and this task, parsed with TF's rules */
 #include "distsgd/strategy.h"         /* strategies, replicas, the common step machinery */
 #include "distsgd/strategy_vars.h"    /* a strategy's distributed variables and metrics */
+#include "distsgd/strategy_create.h"  /* a strategy's creation, in phases: desc, transport, replicas, metrics, workers */
+#include "distsgd/strategy_run.h"     /* getters, train and eval steps, dsgd_strategy_run, the wait report */
 #include "distsgd/strategy_overlap.h" /* the synchronous exchange beside backward: gradient-ready buckets */
 #include "distsgd/strategy_sync.h"    /* the synchronous kinds: one_device, mirrored, multi_worker_mirrored */
 #include "distsgd/strategy_central.h" /* central storage: the variables once, on the host */

@@ -580,176 +580,267 @@ static void dsgd__elastic_sleep(double seconds) {
     }
 }
 
+/* One shrink of dsgd__elastic_step ("The shrink" in ELASTIC above: the
+   numbers in the margin are its phases), which its helpers share. */
+typedef struct dsgd__elastic_round {
+    dsgd_strategy *s;
+    const char *what;
+    dsgd_result *res;       /* the call's result */
+    int64_t step;           /* the failed step */
+    int n, w;               /* this process's replicas; the group's */
+    int settled;            /* a replica settled: every vote is here, the communicators failed */
+    double first;           /* the earliest deadline of a settled replica's failed collective */
+    char *saved;            /* the failed step's messages, kept for the report (n) */
+    char *last;             /* then the call's error message */
+    int *results;           /* the failed step's results (n) */
+    float *votes;           /* this process's replicas' votes (n) */
+    float *agreed;          /* the group's votes, then the step and -step (w + 2) */
+    int *keep;              /* which of this process's replicas stay (n) */
+    int *surv;              /* the survivors' ranks in the old group (alive of w) */
+    int alive;
+    char failed[256], alive_list[256];    /* "3, 5, 6": the failed ranks; the survivors' */
+    unsigned char why[DSGD_MAX_REPLICAS]; /* each dropped rank's dsgd_drop_reason */
+} dsgd__elastic_round;
+
+/* Each replica's vote (0 alive, 1 failed, 2 a failure about the batch),
+   its failed step's result and message kept for the report. 0 (the
+   strategy failed) when a replica finished the step while the collectives
+   of others failed. */
+static int dsgd__elastic_votes(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    int i;
+    snprintf(e->last, DSGD__MSG_MAX, "%s", dsgd_ctx_last_error(s->ctx));
+    for (i = 0; i < e->n; ++i) { /* the earliest deadline of a settled replica's failed collective */
+        const dsgd_replica *r = &s->reps[i];
+        if (r->el_phase == DSGD__EL_SETTLED && r->el_entered + s->d.timeout_s < e->first)
+            e->first = r->el_entered + s->d.timeout_s;
+    }
+    for (i = 0; i < e->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        memcpy(e->saved + (size_t)i * DSGD__MSG_MAX, r->msg, DSGD__MSG_MAX);
+        e->results[i] = (int)r->result;
+        e->votes[i] = r->result == DSGD_OK || !r->own_error ? 0.0f
+                      : r->result == DSGD_ERR_INVALID_ARGUMENT || r->result == DSGD_ERR_NON_FINITE ? 2.0f : 1.0f;
+        if (e->settled && r->el_phase == DSGD__EL_GONE) e->votes[i] = 1.0f;
+        /* late: it entered the collective when another had given up on it */
+        if (e->settled && r->el_phase == DSGD__EL_SETTLED) e->votes[i] = r->el_entered >= e->first ? 1.0f : 0.0f;
+        if (e->settled && r->result == DSGD_OK) {
+            *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: replica %d finished the step while "
+                                         "the collectives of others failed: cannot shrink", e->what, r->rank);
+            dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+            return 0;
+        }
+        e->keep[i] = 0;
+    }
+    return 1;
+}
+
+/* The group's votes, the step and -step (MAX gives the lowest step too),
+   into e->agreed: in memory after a settle, else by a job; then the
+   failed step's report again. 0 when the job failed (the strategy has
+   failed: dispatch). */
+static int dsgd__elastic_tally(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    dsgd__elastic_vote vote;
+    dsgd_result ar;
+    int i, k;
+    if (e->settled) { /* 1, in this process: every replica's vote is here; the communicators failed */
+        for (k = 0; k < e->w; ++k) e->agreed[k] = e->votes[k];
+        e->agreed[e->w] = (float)e->step;
+        e->agreed[e->w + 1] = -(float)e->step;
+    } else {
+        vote.votes = e->votes;
+        vote.out = e->agreed;
+        ar = dsgd__strategy_dispatch(s, dsgd__elastic_agree, &vote, e->what);            /* 1 */
+        if (ar != DSGD_OK) { /* a collective failed: the strategy has failed (dispatch) */
+            *e->res = ar;
+            return 0;
+        }
+    }
+    for (i = 0; i < e->n; ++i) { /* the failed step's report again */
+        memcpy(s->reps[i].msg, e->saved + (size_t)i * DSGD__MSG_MAX, DSGD__MSG_MAX);
+        s->reps[i].result = (dsgd_result)e->results[i];
+    }
+    dsgd_ctx_set_error(s->ctx, *e->res, "%s", e->last);
+    return 1;
+}
+
+/* Every replica was in time and none is gone, but the communicators
+   failed: the strategy fails with the call's message and, after it, what
+   each failed replica's transport says (simnet names a dropped message). */
+static void dsgd__elastic_whole_failed(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    char m[DSGD__MSG_MAX];
+    int i, len = snprintf(m, sizeof(m), "%s", e->last), add;
+    for (i = 0; i < e->n && len >= 0 && len < (int)sizeof(m); ++i) {
+        const dsgd_transport_i *t = dsgd__el_base(&s->reps[i]);
+        const char *d = e->results[i] != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
+        if (!d || !*d || strstr(m, d)) continue;
+        add = snprintf(m + len, sizeof(m) - (size_t)len, "; replica %d's transport: %s", s->reps[i].rank, d);
+        len = add < 0 ? -1 : len + add;
+    }
+    dsgd__strategy_abort(s, 0);
+    *e->res = dsgd_ctx_set_error(s->ctx, *e->res, "%s", m);
+    dsgd__strategy_fail(s, e->step, e->what, m);
+}
+
+/* What the agreed votes say: 1, shrink to e->alive survivors (e->surv,
+   e->keep, the rank lists); or 0, the group stays whole (a failure about
+   the batch, or every replica alive) or the strategy fails (*e->res). */
+static int dsgd__elastic_verdict(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    const dsgd_strategy_elastic_desc *ed = &s->d.elastic;
+    const float *agreed = e->agreed;
+    int i, k, w = e->w;
+    for (k = 0; k < w; ++k) {
+        if (agreed[k] == 2.0f) return 0; /* about the batch: the group stays whole */
+        if (agreed[k] == 0.0f) e->surv[e->alive++] = k;
+    }
+    if (agreed[w] != -agreed[w + 1]) {
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: the replicas are at different steps "
+                                     "(%.0f to %.0f): cannot shrink", e->what, (double)-agreed[w + 1],
+                                     (double)agreed[w]);
+        dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+        return 0;
+    }
+    if (e->alive == w && e->settled) { /* every replica in time and none gone, but the communicators failed */
+        dsgd__elastic_whole_failed(e);
+        return 0;
+    }
+    if (e->alive == w) return 0;
+    dsgd__elastic_ranks(agreed, w, 1.0f, e->failed, sizeof(e->failed));
+    dsgd__elastic_ranks(agreed, w, 0.0f, e->alive_list, sizeof(e->alive_list));
+    if (e->alive < ed->min_replicas || e->alive == 0) {                                 /* 2 */
+        if (e->settled) dsgd__strategy_abort(s, 0); /* whoever is still in the transport returns */
+        dsgd__elastic_sleep(ed->grace_s);
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld replica(s) %s failed; %d "
+                                     "of %d replicas survive (ranks %s), fewer than min_replicas %d, and none "
+                                     "joined within grace_s %g s (%s)", e->what, (long long)e->step, e->failed,
+                                     e->alive, w, e->alive ? e->alive_list : "none", ed->min_replicas,
+                                     ed->grace_s, e->last);
+        dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+        return 0;
+    }
+    for (i = 0, k = 0; i < e->n; ++i) e->keep[i] = agreed[s->reps[i].rank] == 0.0f;
+    for (i = 0; i < e->n; ++i) k += e->keep[i];
+    if (k == 0) {
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld every replica of this "
+                                     "worker failed; the group goes on with ranks %s of the others (%s)", e->what,
+                                     (long long)e->step, e->alive_list, e->last);
+        dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+        return 0;
+    }
+    return 1;
+}
+
+/* Why each dropped rank was dropped, read before the shrink renumbers the
+   replicas. */
+static void dsgd__elastic_reasons(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    int i, k;
+    for (k = 0; k < e->w; ++k) e->why[k] = DSGD_DROP_FAILED; /* a replica of another worker: its own failure */
+    for (i = 0; i < e->n && e->settled; ++i) {
+        const dsgd_replica *r = &s->reps[i];
+        if (r->el_phase == DSGD__EL_GONE) e->why[r->rank] = DSGD_DROP_GONE;
+        else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= e->first) e->why[r->rank] = DSGD_DROP_LATE;
+    }
+}
+
+/* After the shrink: the dropped ranks and their reasons, in the call's
+   numbering (dsgd_step_info.dropped), and the survivors' numbering. */
+static void dsgd__elastic_drops(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    int i, k, w = e->w;
+    if (!s->resized) /* the first shrink of this call: the ranks are those it began with */
+        for (k = 0; k < w; ++k) s->call_rank[k] = k;
+    for (k = 0; k < w; ++k) /* dsgd_step_info.dropped: in the call's numbering */
+        if (e->agreed[k] != 0.0f) {
+            s->drop_rank[s->dropped] = s->call_rank[k];
+            s->drop_why[s->dropped++] = (unsigned char)e->why[k];
+        }
+    for (k = 0; k < e->alive; ++k) s->call_rank[k] = s->call_rank[e->surv[k]];
+    s->resized = 1;
+    for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
+        dsgd_replica *r = &s->reps[i];
+        if (r->wait_at) memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)e->alive);
+        r->wait_time = 0.0;
+        r->wait_steps = 0;
+    }
+}
+
+/* Whether the step's global batch fits the survivors (a batch function's
+   does); else *e->res says that the step was not retried. */
+static int dsgd__elastic_retry_fits(dsgd__elastic_round *e, const dsgd__step_args *a) {
+    dsgd_strategy *s = e->s;
+    if (!a->fn && (long long)a->count > (long long)e->alive * s->d.model.max_batch) {
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                     "%s: shrunk to %d replicas after replica(s) %s failed, but the global batch of "
+                                     "%d exceeds %d x max_batch %d: the step was not retried (call again with a "
+                                     "smaller batch)", e->what, e->alive, e->failed, a->count, e->alive,
+                                     s->d.model.max_batch);
+        return 0;
+    }
+    return 1;
+}
+
 /* After a failed step (s->elastic): shrinks and returns 1 (retry the step)
    when replicas failed on their own before the update and at least
    min_replicas survive; else 0, with *res the call's error. */
 static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res) {
     const dsgd_strategy_elastic_desc *ed = &s->d.elastic;
-    int64_t step;
-    int i, k, n = s->n, w = s->world, alive = 0, go = 0;
+    dsgd__elastic_round e;
     dsgd_result ar;
-    char *saved, failed[256], alive_list[256];
-    unsigned char why[DSGD_MAX_REPLICAS];
-    float *votes, *agreed;
-    int *keep, *surv, *results;
-    dsgd__elastic_vote vote;
-    int settled = 0;
-    double first = HUGE_VAL;
-    for (i = 0; i < n; ++i) settled |= dsgd__replica_settled(&s->reps[i]);
-    if (s->failed || n == 0 || (!settled && s->reps[0].stop_by < 0)) return 0; /* not agreed before the update */
-    step = dsgd_optimizer_steps(s->reps[0].opt);
+    int i, n = s->n, w = s->world, go = 0;
+    memset(&e, 0, sizeof(e));
+    e.s = s;
+    e.what = what;
+    e.res = res;
+    e.n = n;
+    e.w = w;
+    e.first = HUGE_VAL;
+    for (i = 0; i < n; ++i) e.settled |= dsgd__replica_settled(&s->reps[i]);
+    if (s->failed || n == 0 || (!e.settled && s->reps[0].stop_by < 0)) return 0; /* not agreed before the update */
+    e.step = dsgd_optimizer_steps(s->reps[0].opt);
     /* the failed step's results and messages, kept for the report */
-    saved = (char *)dsgd__alloc(s->ctx, (size_t)(n + 1) * DSGD__MSG_MAX, what);
-    votes = (float *)dsgd__alloc(s->ctx, sizeof(float) * ((size_t)n + (size_t)w + 2), what);
-    keep = (int *)dsgd__alloc(s->ctx, sizeof(int) * (2 * (size_t)n + (size_t)w), what);
-    if (!saved || !votes || !keep) {
-        DSGD_FREE(saved);
-        DSGD_FREE(votes);
-        DSGD_FREE(keep);
-        dsgd__strategy_fail(s, step, what, "elastic: out of memory before the shrink");
+    e.saved = (char *)dsgd__alloc(s->ctx, (size_t)(n + 1) * DSGD__MSG_MAX, what);
+    e.votes = (float *)dsgd__alloc(s->ctx, sizeof(float) * ((size_t)n + (size_t)w + 2), what);
+    e.keep = (int *)dsgd__alloc(s->ctx, sizeof(int) * (2 * (size_t)n + (size_t)w), what);
+    if (!e.saved || !e.votes || !e.keep) {
+        DSGD_FREE(e.saved);
+        DSGD_FREE(e.votes);
+        DSGD_FREE(e.keep);
+        dsgd__strategy_fail(s, e.step, what, "elastic: out of memory before the shrink");
         *res = DSGD_ERR_OUT_OF_MEMORY;
         return 0;
     }
-    agreed = votes + n;
-    surv = keep + n;
-    results = surv + w;
-    snprintf(saved + (size_t)n * DSGD__MSG_MAX, DSGD__MSG_MAX, "%s", dsgd_ctx_last_error(s->ctx));
-    for (i = 0; i < n; ++i) { /* the earliest deadline of a settled replica's failed collective */
-        const dsgd_replica *r = &s->reps[i];
-        if (r->el_phase == DSGD__EL_SETTLED && r->el_entered + s->d.timeout_s < first)
-            first = r->el_entered + s->d.timeout_s;
-    }
-    for (i = 0; i < n; ++i) {
-        dsgd_replica *r = &s->reps[i];
-        memcpy(saved + (size_t)i * DSGD__MSG_MAX, r->msg, DSGD__MSG_MAX);
-        results[i] = (int)r->result;
-        votes[i] = r->result == DSGD_OK || !r->own_error ? 0.0f
-                   : r->result == DSGD_ERR_INVALID_ARGUMENT || r->result == DSGD_ERR_NON_FINITE ? 2.0f : 1.0f;
-        if (settled && r->el_phase == DSGD__EL_GONE) votes[i] = 1.0f;
-        /* late: it entered the collective when another had given up on it */
-        if (settled && r->el_phase == DSGD__EL_SETTLED) votes[i] = r->el_entered >= first ? 1.0f : 0.0f;
-        if (settled && r->result == DSGD_OK) {
-            *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: replica %d finished the step while the "
-                                      "collectives of others failed: cannot shrink", what, r->rank);
-            dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-            goto done;
-        }
-        keep[i] = 0;
-    }
-    if (settled) { /* 1, in this process: every replica's vote is here; the communicators failed */
-        for (k = 0; k < w; ++k) agreed[k] = votes[k];
-        agreed[w] = (float)step;
-        agreed[w + 1] = -(float)step;
-    } else {
-        vote.votes = votes;
-        vote.out = agreed;
-        ar = dsgd__strategy_dispatch(s, dsgd__elastic_agree, &vote, what);               /* 1 */
-        if (ar != DSGD_OK) { /* a collective failed: the strategy has failed (dispatch) */
-            *res = ar;
-            goto done;
-        }
-    }
-    for (i = 0; i < n; ++i) { /* the failed step's report again */
-        memcpy(s->reps[i].msg, saved + (size_t)i * DSGD__MSG_MAX, DSGD__MSG_MAX);
-        s->reps[i].result = (dsgd_result)results[i];
-    }
-    dsgd_ctx_set_error(s->ctx, *res, "%s", saved + (size_t)n * DSGD__MSG_MAX);
-    for (k = 0; k < w; ++k) {
-        if (agreed[k] == 2.0f) goto done; /* about the batch: the group stays whole */
-        if (agreed[k] == 0.0f) surv[alive++] = k;
-    }
-    if (agreed[w] != -agreed[w + 1]) {
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: the replicas are at different steps "
-                                  "(%.0f to %.0f): cannot shrink", what, (double)-agreed[w + 1], (double)agreed[w]);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-        goto done;
-    }
-    if (alive == w && settled) { /* every replica in time and none gone, but the communicators failed */
-        char m[DSGD__MSG_MAX];
-        int len = snprintf(m, sizeof(m), "%s", saved + (size_t)n * DSGD__MSG_MAX), add;
-        for (i = 0; i < n && len >= 0 && len < (int)sizeof(m); ++i) { /* why (simnet names a dropped message) */
-            const dsgd_transport_i *t = dsgd__el_base(&s->reps[i]);
-            const char *d = results[i] != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
-            if (!d || !*d || strstr(m, d)) continue;
-            add = snprintf(m + len, sizeof(m) - (size_t)len, "; replica %d's transport: %s", s->reps[i].rank, d);
-            len = add < 0 ? -1 : len + add;
-        }
-        dsgd__strategy_abort(s, 0);
-        *res = dsgd_ctx_set_error(s->ctx, *res, "%s", m);
-        dsgd__strategy_fail(s, step, what, m);
-        goto done;
-    }
-    if (alive == w) goto done;
-    dsgd__elastic_ranks(agreed, w, 1.0f, failed, sizeof(failed));
-    dsgd__elastic_ranks(agreed, w, 0.0f, alive_list, sizeof(alive_list));
-    if (alive < ed->min_replicas || alive == 0) {                                        /* 2 */
-        if (settled) dsgd__strategy_abort(s, 0); /* whoever is still in the transport returns */
-        dsgd__elastic_sleep(ed->grace_s);
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld replica(s) %s failed; %d of %d "
-                                  "replicas survive (ranks %s), fewer than min_replicas %d, and none joined within "
-                                  "grace_s %g s (%s)", what, (long long)step, failed, alive, w,
-                                  alive ? alive_list : "none", ed->min_replicas, ed->grace_s,
-                                  saved + (size_t)n * DSGD__MSG_MAX);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-        goto done;
-    }
-    for (i = 0, k = 0; i < n; ++i) keep[i] = agreed[s->reps[i].rank] == 0.0f;
-    for (i = 0; i < n; ++i) k += keep[i];
-    if (k == 0) {
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld every replica of this worker "
-                                  "failed; the group goes on with ranks %s of the others (%s)", what, (long long)step,
-                                  alive_list, saved + (size_t)n * DSGD__MSG_MAX);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-        goto done;
-    }
+    e.last = e.saved + (size_t)n * DSGD__MSG_MAX;
+    e.agreed = e.votes + n;
+    e.surv = e.keep + n;
+    e.results = e.surv + w;
+    if (!dsgd__elastic_votes(&e) || !dsgd__elastic_tally(&e) || !dsgd__elastic_verdict(&e)) goto done; /* 1, 2 */
     dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
-                 (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
-    for (k = 0; k < w; ++k) why[k] = DSGD_DROP_FAILED; /* a replica of another worker: its own failure */
-    for (i = 0; i < n && settled; ++i) {
-        const dsgd_replica *r = &s->reps[i];
-        if (r->el_phase == DSGD__EL_GONE) why[r->rank] = DSGD_DROP_GONE;
-        else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= first) why[r->rank] = DSGD_DROP_LATE;
-    }
+                 (long long)e.step, e.failed, e.last, w, e.alive);
+    dsgd__elastic_reasons(&e);
     if (!s->hub) { /* the dropped leave (the gone left in their settle) */
         int stay[DSGD_MAX_REPLICAS];
-        for (i = 0; i < n; ++i) stay[i] = keep[i] || s->reps[i].el_phase == DSGD__EL_GONE;
+        for (i = 0; i < n; ++i) stay[i] = e.keep[i] || s->reps[i].el_phase == DSGD__EL_GONE;
         (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, stay, what);
     }
-    if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
+    if ((ar = dsgd__elastic_shrink(s, e.keep, e.surv, e.alive)) != DSGD_OK) {           /* 3 */
         char m[DSGD__MSG_MAX];
         snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));
-        *res = dsgd_ctx_set_error(s->ctx, ar, "%s: elastic: the shrink to %d replicas failed: %s", what, alive, m);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        *res = dsgd_ctx_set_error(s->ctx, ar, "%s: elastic: the shrink to %d replicas failed: %s", what, e.alive, m);
+        dsgd__strategy_fail(s, e.step, what, dsgd_ctx_last_error(s->ctx));
         goto done;
     }
-    if (!s->resized) /* the first shrink of this call: the ranks are those it began with */
-        for (k = 0; k < w; ++k) s->call_rank[k] = k;
-    for (k = 0; k < w; ++k) /* dsgd_step_info.dropped: in the call's numbering */
-        if (agreed[k] != 0.0f) {
-            s->drop_rank[s->dropped] = s->call_rank[k];
-            s->drop_why[s->dropped++] = (unsigned char)why[k];
-        }
-    for (k = 0; k < alive; ++k) s->call_rank[k] = s->call_rank[surv[k]];
-    s->resized = 1;
-    for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
-        dsgd_replica *r = &s->reps[i];
-        if (r->wait_at) memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)alive);
-        r->wait_time = 0.0;
-        r->wait_steps = 0;
-    }
-    if (ed->on_resize) ed->on_resize(ed->user, w, alive, surv, s);                       /* 4 */
-    if (!a->fn && (long long)a->count > (long long)alive * s->d.model.max_batch) {
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: shrunk to %d replicas after replica(s) %s failed, but the global batch of %d "
-                                  "exceeds %d x max_batch %d: the step was not retried (call again with a smaller "
-                                  "batch)", what, alive, failed, a->count, alive, s->d.model.max_batch);
-        goto done;
-    }
+    dsgd__elastic_drops(&e);
+    if (ed->on_resize) ed->on_resize(ed->user, w, e.alive, e.surv, s);                   /* 4 */
+    if (!dsgd__elastic_retry_fits(&e, a)) goto done;
     go = 1;                                                                              /* 5 */
 done:
-    DSGD_FREE(saved);
-    DSGD_FREE(votes);
-    DSGD_FREE(keep);
+    DSGD_FREE(e.saved);
+    DSGD_FREE(e.votes);
+    DSGD_FREE(e.keep);
     return go;
 }
 

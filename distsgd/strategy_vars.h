@@ -105,6 +105,36 @@ DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *nam
 
 /* >>strategy_vars ----------------------------------------------------------- */
 
+/* Appends a variable to the strategy's table: dsgd_strategy_create_variable
+   after its checks, and the metrics at creation (strategy_create.h). */
+static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
+    dsgd__dvar *v;
+    size_t bytes, i;
+    int r;
+    if (s->num_vars == s->cap_vars) {
+        int cap = s->cap_vars ? 2 * s->cap_vars : 16;
+        dsgd__dvar *nv = (dsgd__dvar *)DSGD_REALLOC(s->vars, sizeof(dsgd__dvar) * (size_t)cap);
+        if (!nv) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot grow the variable table");
+        s->vars = nv;
+        s->cap_vars = cap;
+    }
+    if (dsgd__mul_overflows(d->count, (size_t)s->n * sizeof(float), &bytes))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s': %zu floats overflow", d->name, d->count);
+    v = &s->vars[s->num_vars];
+    memset(v, 0, sizeof(*v));
+    v->copies = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_create_variable");
+    if (!v->copies) return DSGD_ERR_OUT_OF_MEMORY;
+    snprintf(v->name, sizeof(v->name), "%s", d->name);
+    v->count = d->count;
+    v->sync = d->synchronization == DSGD_SYNC_ON_READ ? DSGD_SYNC_ON_READ : DSGD_SYNC_ON_WRITE;
+    v->agg = d->aggregation;
+    v->trainable = d->trainable;
+    for (r = 0; r < s->n; ++r)
+        for (i = 0; i < d->count; ++i) v->copies[(size_t)r * d->count + i] = d->initial_value ? d->initial_value[i] : 0.0f;
+    *id = s->num_vars++;
+    return DSGD_OK;
+}
+
 DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
     const char *what = "dsgd_strategy_create_variable";
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;

@@ -9340,6 +9340,15 @@ DSGD_API dsgd_result dsgd_loopback_endpoint(dsgd_loopback *hub, int rank, dsgd_t
      _time and _get_stats from any thread. Messages live in one FIFO list
      per pair of ranks that ever talked (a hash table), so memory grows with
      the pairs used, not with ranks squared.
+
+     The simnet is three parts, in this order; every public function is
+     declared here:
+       simnet.h           (this one) the hub's state, the ready heap, the
+                          pairs, creation, the getters, the compute model
+       simnet_sched.h     the fibers, the scheduler, the timeline, stalls,
+                          entering and leaving the hub
+       simnet_endpoint.h  the transfers, the endpoint's operations and its
+                          table, run, park, spare and admit, the lanes
 */
 #ifndef DSGD__PART_SIMNET_DECL
 #define DSGD__PART_SIMNET_DECL
@@ -10191,6 +10200,22 @@ DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *h, int rank, long st
     return x;
 }
 
+#endif /* DSGD__PART_SIMNET_IMPL */
+/* ---------------------------------------- distsgd/simnet_sched.h */
+/* distsgd/simnet_sched.h - the simnet hub's scheduler: fibers, turns, the timeline, entering and leaving
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of simnet.h (the simnet transport; SIMNET there says how it
+   schedules and what it models). Here: dsgd_simnet_run's fibers and their
+   stack switch (>>simnet fibers); when a rank's wait ends, its key and the
+   hand-off of the turn (>>simnet scheduler); the spans and
+   dsgd_simnet_write_trace (>>simnet timeline); stalls, deaths, and a
+   rank's way into and out of the hub, dsgd__sn_enter, _block and _exit,
+   which simnet_endpoint.h calls. This part declares nothing public.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_SCHED_IMPL)
+#define DSGD__PART_SIMNET_SCHED_IMPL
+
 /* >>simnet fibers ---------------------------------------------------------- */
 
 /* One rank of dsgd_simnet_run (or the caller of run, the last). */
@@ -10366,7 +10391,16 @@ static double dsgd__sn_taken(const dsgd__sn_ep *e, const dsgd__sn_msg *m, int sr
     return b == m->first ? m->arrival : b + (m->arrival - m->first);
 }
 
-static void dsgd__sn_link(const dsgd_simnet *h, int s, int d, double *alpha, double *beta);
+static void dsgd__sn_link(const dsgd_simnet *h, int s, int d, double *alpha, double *beta) {
+    int L = h->d.ranks_per_node;
+    if (L > 0 && s / L == d / L) {
+        *alpha = h->d.intra_alpha_s;
+        *beta = h->d.intra_beta_s_per_byte;
+    } else {
+        *alpha = h->d.alpha_s;
+        *beta = h->d.beta_s_per_byte;
+    }
+}
 
 /* When e's wait is over, ignoring the deadline (INF: not known yet). */
 static double dsgd__sn_event(const dsgd__sn_ep *e) {
@@ -10768,18 +10802,23 @@ static dsgd_result dsgd__sn_exit(dsgd__sn_ep *e, dsgd_result r) {
     return r;
 }
 
-/* >>simnet transfers ------------------------------------------------------- */
+#endif /* DSGD__PART_SIMNET_SCHED_IMPL */
+/* ---------------------------------------- distsgd/simnet_endpoint.h */
+/* distsgd/simnet_endpoint.h - the simnet endpoint: transfers, the transport's operations, run, the lanes
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
 
-static void dsgd__sn_link(const dsgd_simnet *h, int s, int d, double *alpha, double *beta) {
-    int L = h->d.ranks_per_node;
-    if (L > 0 && s / L == d / L) {
-        *alpha = h->d.intra_alpha_s;
-        *beta = h->d.intra_beta_s_per_byte;
-    } else {
-        *alpha = h->d.alpha_s;
-        *beta = h->d.beta_s_per_byte;
-    }
-}
+   A part of simnet.h (the simnet transport), after simnet_sched.h (the
+   scheduler). Here: the link model and faults, posting a message and a
+   rank's transfer (>>simnet transfers); the endpoint's operations, the
+   charged compute, leave, dsgd_simnet_run (threads or fibers), park, spare
+   and admit, and the table dsgd_simnet_endpoint fills; the strategies'
+   lanes (>>simnet lanes). simnet.h declares and documents the public
+   functions. This part declares nothing public.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_ENDPOINT_IMPL)
+#define DSGD__PART_SIMNET_ENDPOINT_IMPL
+
+/* >>simnet transfers ------------------------------------------------------- */
 
 /* The DROP or DELAY fault that hits a message from e to dst now, if any. */
 static dsgd__sn_fault *dsgd__sn_msg_fault(dsgd__sn_ep *e, int dst, int kind) {
@@ -11509,7 +11548,7 @@ DSGD_API dsgd_result dsgd_simnet_endpoint(dsgd_simnet *h, int rank, dsgd_transpo
     return DSGD_OK;
 }
 
-/* >>simnet lanes (the strategies' step: Two lanes, above) ------------------ */
+/* >>simnet lanes (the strategies' step: Two lanes in simnet.h) ------------- */
 
 /* The hub behind t and its rank there (*rank), when t is one of the hub's
    endpoints as dsgd_simnet_endpoint filled it; NULL otherwise. */
@@ -11527,7 +11566,8 @@ DSGD__PRIVATE double dsgd__simnet_backward_s(const dsgd_simnet *h, int v) {
     return v >= 0 && v < h->d.num_backward_s ? h->backward_s[v] : 0.0;
 }
 
-#endif /* DSGD__PART_SIMNET_IMPL */
+
+#endif /* DSGD__PART_SIMNET_ENDPOINT_IMPL */
 /* ---------------------------------------- distsgd/collectives.h */
 /* distsgd/collectives.h - communicators, the agreement, all-reduce and the rest
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -21321,7 +21361,10 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c) {
      up, one replica's part of a step, tear down: dsgd__strategy_ops). This
      part holds what every kind shares: the replicas and their threads, the
      transport, failure handling, and the table of variables (their
-     functions and the metrics' are strategy_vars.h's). The kinds are parts
+     functions and the metrics' are strategy_vars.h's); its own parts
+     strategy_create.h (creation, in phases) and strategy_run.h (the
+     getters, the steps, dsgd_strategy_run, the wait report) define most
+     of the functions it declares. The kinds are parts
      of their own below it (strategy_sync.h: one_device and mirrored, whose
      step is gradients, agree, aggregate, exchange, update;
      strategy_central.h: central storage, whose step sums the gradients
@@ -22406,95 +22449,6 @@ DSGD_API void dsgd_strategy_destroy(dsgd_strategy *s) {
     DSGD_FREE(s);
 }
 
-/* ---- creation, in phases */
-
-/* The desc's common rules, then the kind's (ops->check; ops NULL: an
-   unknown kind). */
-static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d, const dsgd__strategy_ops *ops) {
-    const char *what = "dsgd_strategy_create";
-    if (!ops)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)d->kind);
-    if (d->num_replicas < 0 || d->num_replicas > DSGD_MAX_REPLICAS)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d replicas (%s takes 0..%d)", what,
-                                  d->num_replicas, ops->name, DSGD_MAX_REPLICAS);
-    if (d->nonfinite != DSGD_NONFINITE_SKIP && d->nonfinite != DSGD_NONFINITE_ERROR)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
-                                  (int)d->nonfinite);
-    if (!(d->timeout_s >= 0.0) || (int)d->algorithm < 0 || (int)d->algorithm >= (int)DSGD_ALLREDUCE_COUNT)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: bad timeout %g or algorithm %d", what,
-                                  d->timeout_s, (int)d->algorithm);
-    if ((int)d->gradient_path < 0 || (int)d->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
-                                  (int)d->gradient_path);
-    if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
-                                  d->cpu_threads, DSGD_CPU_MAX_THREADS);
-    if (d->comm_hook && ((d->kind != DSGD_STRATEGY_ONE_DEVICE && d->kind != DSGD_STRATEGY_MIRRORED &&
-                          d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: a comm hook exchanges the gradient of mirrored and multi_worker_mirrored on the "
-                                  "HOST path, not %s", what,
-                                  d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
-    if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
-    if (d->comm_hook && d->comm_hook->owns_momentum && d->optimizer.kind != DSGD_OPT_SGD)
-        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: comm hook '%s' applies momentum itself (momentum correction), so the optimizer "
-                                  "must be DSGD_OPT_SGD, not %s: its momentum would be applied on top",
-                                  what, d->comm_hook->name,
-                                  d->optimizer.kind == DSGD_OPT_MOMENTUM ? "DSGD_OPT_MOMENTUM"
-                                  : d->optimizer.kind == DSGD_OPT_ADAM   ? "DSGD_OPT_ADAM"
-                                  : d->optimizer.kind == DSGD_OPT_ADAMW  ? "DSGD_OPT_ADAMW"
-                                                                         : "an unknown kind");
-    return ops->check ? ops->check(ctx, d) : DSGD_OK;
-}
-
-/* The desc's defaults, in one place (the desc's comments list them). */
-static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
-    if (d->num_replicas == 0) d->num_replicas = 1;
-    if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
-    if (d->model.max_batch == 0) d->model.max_batch = DSGD_DEFAULT_MAX_BATCH; /* the model's default, per replica */
-    d->model.backend = NULL; /* each replica's comes from backend_factory */
-    d->cpu_threads = dsgd__group_cpu_threads(d->cpu_threads, d->num_replicas);
-}
-
-/* The strategy and its N replica slots, nothing created yet. */
-static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, const dsgd__strategy_ops *ops,
-                                        dsgd_strategy **out) {
-    const char *what = "dsgd_strategy_create";
-    dsgd_strategy *s = (dsgd_strategy *)dsgd__alloc(ctx, sizeof(*s), what);
-    if (!s) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(s, 0, sizeof(*s));
-    s->ctx = ctx;
-    s->d = *desc;
-    dsgd__strategy_defaults(&s->d);
-    s->ops = ops;
-    s->n = s->d.num_replicas;
-    s->world = s->n;
-    s->path = DSGD_GRADIENTS_HOST;
-    s->all_mean = 1;
-    s->abort_by = -1;
-    *out = s;
-    s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * (size_t)s->n, what);
-    if (!s->reps) return DSGD_ERR_OUT_OF_MEMORY;
-    memset(s->reps, 0, sizeof(dsgd_replica) * (size_t)s->n);
-    return DSGD_OK;
-}
-
-/* Each replica's endpoint: given's (the desc's), or, with given NULL, one
-   of a loopback of the strategy's own (none with one replica), as the
-   rank group makes them. */
-static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s, const dsgd_transport_i *given) {
-    dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)s->n,
-                                                            "dsgd_strategy_create");
-    dsgd_result r;
-    int i;
-    if (!eps) return DSGD_ERR_OUT_OF_MEMORY;
-    r = dsgd__group_endpoints(s->ctx, given, s->n, &s->hub, eps);
-    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = eps[i];
-    DSGD_FREE(eps);
-    return r;
-}
-
 /* ---- a sub-group's endpoint over a given transport (elastic: the
    survivors, the grown group, a group with spare ranks; strategy_elastic.h) */
 
@@ -22610,6 +22564,456 @@ static void dsgd__sub_endpoint(dsgd__sub_ep *e, int rank, dsgd_transport_i *out)
     if (b->charge_apply) out->charge_apply = dsgd__sub_charge_apply;
     if (b->charge_codec) out->charge_codec = dsgd__sub_charge_codec;
     if (b->error_message) out->error_message = dsgd__sub_error_message;
+}
+
+#endif /* DSGD__PART_STRATEGY_IMPL */
+/* ---------------------------------------- distsgd/strategy_vars.h */
+/* distsgd/strategy_vars.h - a strategy's distributed variables and metrics: tf.VariableAggregation / tf.VariableSynchronization
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   DISTRIBUTED VARIABLES
+
+     A strategy (strategy.h) holds, besides its replicas' models, variables
+     of your own with one copy per replica, created in cross-replica
+     context and written in replica context (inside dsgd_strategy_run) with
+     tf.distribute's semantics: ON_WRITE variables are combined by their
+     aggregation on every write and stay one value; ON_READ variables keep
+     a copy per replica, combined when read across replicas. The metrics
+     (dsgd_strategy_take_metrics) are six of them. This part holds their
+     interface and its implementation; the table of copies lives with the
+     strategy, which creates the metrics' at creation.
+*/
+#ifndef DSGD__PART_STRATEGY_VARS_DECL
+#define DSGD__PART_STRATEGY_VARS_DECL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- distributed variables */
+
+/* Creates a variable with one copy per replica (cross-replica context).
+   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
+   tf.distribute rejects it under a strategy); ON_READ with trainable set
+   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
+   aggregation NONE (tf.distribute fails when such a variable is read across
+   replicas; here it fails at creation); unknown enum values. *id receives
+   the handle.
+   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
+   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
+   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
+   would not be found again); a name in use; count 0),
+   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
+   strategy has failed, see dsgd_strategy_failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
+                                                   int *id);
+/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
+     ON_WRITE: a collective every replica must call; the replicas' values are
+               combined by the aggregation (SUM: sum; MEAN: mean;
+               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
+               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
+               on every replica. This rejection is ours: TF 2.21 accepts
+               such a write and each replica updates only its own copy, so
+               the copies silently differ (older TF raised an error).
+     ON_READ:  writes this replica's copy only; no communication.
+   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
+   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
+   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
+   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...).
+   Thread safety: the replica's thread, inside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
+/* As dsgd_replica_assign, with the copy incremented by the combined delta
+   (ON_WRITE) or by the replica's own delta (ON_READ).
+   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
+/* Copies this replica's copy to out (count floats).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
+   id; out NULL). Thread safety: the replica's thread, inside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
+/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
+   variables give replica 0's copy (all copies are equal); ON_READ variables
+   give the SUM or MEAN of the copies in rank order (added in double), or
+   replica 0's copy for ONLY_FIRST_REPLICA.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
+   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
+/* What replica `replica` holds, without aggregation.
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
+   failed). Thread safety: the strategy's thread, outside
+   dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
+/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
+   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
+   variables get value / N in every copy, so that a read gives value back
+   (as tf.distribute does).
+   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
+   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
+   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
+/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
+   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
+   "metrics/train/count" and the same under "metrics/eval/"; between two
+   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
+   there (the models' own accumulators are added in by the take).
+   Errors: none. Thread safety: the strategy's thread, or any replica's
+   inside dsgd_strategy_run (no variable is created then). */
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSGD__PART_STRATEGY_VARS_DECL */
+
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_VARS_IMPL)
+#define DSGD__PART_STRATEGY_VARS_IMPL
+
+/* >>strategy_vars ----------------------------------------------------------- */
+
+/* Appends a variable to the strategy's table: dsgd_strategy_create_variable
+   after its checks, and the metrics at creation (strategy_create.h). */
+static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
+    dsgd__dvar *v;
+    size_t bytes, i;
+    int r;
+    if (s->num_vars == s->cap_vars) {
+        int cap = s->cap_vars ? 2 * s->cap_vars : 16;
+        dsgd__dvar *nv = (dsgd__dvar *)DSGD_REALLOC(s->vars, sizeof(dsgd__dvar) * (size_t)cap);
+        if (!nv) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot grow the variable table");
+        s->vars = nv;
+        s->cap_vars = cap;
+    }
+    if (dsgd__mul_overflows(d->count, (size_t)s->n * sizeof(float), &bytes))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s': %zu floats overflow", d->name, d->count);
+    v = &s->vars[s->num_vars];
+    memset(v, 0, sizeof(*v));
+    v->copies = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_create_variable");
+    if (!v->copies) return DSGD_ERR_OUT_OF_MEMORY;
+    snprintf(v->name, sizeof(v->name), "%s", d->name);
+    v->count = d->count;
+    v->sync = d->synchronization == DSGD_SYNC_ON_READ ? DSGD_SYNC_ON_READ : DSGD_SYNC_ON_WRITE;
+    v->agg = d->aggregation;
+    v->trainable = d->trainable;
+    for (r = 0; r < s->n; ++r)
+        for (i = 0; i < d->count; ++i) v->copies[(size_t)r * d->count + i] = d->initial_value ? d->initial_value[i] : 0.0f;
+    *id = s->num_vars++;
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
+    const char *what = "dsgd_strategy_create_variable";
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
+    if (!d || !id || !d->name || !d->name[0] || d->count == 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: NULL desc or id, empty name or zero count", what);
+    if (strlen(d->name) > DSGD_MAX_VARIABLE_NAME)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: the name '%.40s...' has %zu bytes; at most %d (DSGD_MAX_VARIABLE_NAME)", what,
+                                  d->name, strlen(d->name), DSGD_MAX_VARIABLE_NAME);
+    if (dsgd_strategy_find_variable(s, d->name) >= 0)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
+    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization >= (int)DSGD_SYNC_COUNT)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: '%s': unknown aggregation %d or synchronization %d",
+                                  what, d->name, (int)d->aggregation, (int)d->synchronization);
+    if (d->synchronization == DSGD_SYNC_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': synchronization NONE is not supported under a distribution strategy", what, d->name);
+    if (d->synchronization == DSGD_SYNC_ON_READ && d->trainable)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': ON_READ synchronization is only for non-trainable variables", what, d->name);
+    if (d->synchronization == DSGD_SYNC_ON_READ && d->aggregation == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s': an ON_READ variable needs an aggregation (SUM, MEAN or ONLY_FIRST_REPLICA) "
+                                  "to be read across replicas", what, d->name);
+    return dsgd__dvar_add(s, d, id);
+}
+
+DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name) {
+    int i;
+    if (!s || !name) return -1;
+    for (i = 0; i < s->num_vars; ++i)
+        if (!strcmp(s->vars[i].name, name)) return i;
+    return -1;
+}
+
+static dsgd__dvar *dsgd__dvar_get(dsgd_strategy *s, dsgd_ctx *ctx, int id, const void *buf, const char *what) {
+    if (id < 0 || id >= s->num_vars || !buf) {
+        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: no variable %d, or NULL buffer", what, id);
+        return NULL;
+    }
+    return &s->vars[id];
+}
+
+/* Combines the replicas' `value`s of an ON_WRITE variable into out (replica context). */
+static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const float *value, float *out, const char *what) {
+    dsgd_result res = DSGD_OK;
+    if (v->agg == DSGD_AGG_NONE)
+        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
+                                  "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
+    memcpy(out, value, sizeof(float) * v->count);
+    if (r->s->world == 1) return DSGD_OK;
+    if (v->agg == DSGD_AGG_ONLY_FIRST_REPLICA)
+        res = dsgd_broadcast(r->comm, out, v->count, 0, 0.0);
+    else
+        res = dsgd_allreduce(r->comm, out, v->count, v->agg == DSGD_AGG_SUM ? DSGD_REDUCE_SUM : DSGD_REDUCE_MEAN,
+                             DSGD_ALLREDUCE_AUTO, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *value, int add, const char *what) {
+    dsgd__dvar *v;
+    float *local, *tmp;
+    size_t i;
+    dsgd_result res;
+    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
+    local = v->copies + (size_t)r->local * v->count;
+    if (v->sync == DSGD_SYNC_ON_READ) {
+        tmp = (float *)value;
+    } else {
+        if (!(tmp = dsgd__replica_stage(r, v->count))) return DSGD_ERR_OUT_OF_MEMORY;
+        if ((res = dsgd__dvar_combine(r, v, value, tmp, what)) != DSGD_OK) return res;
+    }
+    for (i = 0; i < v->count; ++i) local[i] = add ? local[i] + tmp[i] : tmp[i];
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value) {
+    return dsgd__replica_write(r, id, value, 0, "dsgd_replica_assign");
+}
+
+DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta) {
+    return dsgd__replica_write(r, id, delta, 1, "dsgd_replica_assign_add");
+}
+
+DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
+    dsgd__dvar *v;
+    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
+    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
+    memcpy(out, v->copies + (size_t)r->local * v->count, sizeof(float) * v->count);
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out) {
+    dsgd__dvar *v;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_read_local") != DSGD_OK) return DSGD_ERR_STATE;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_local"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (replica < 0 || replica >= s->n)
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_read_local: no replica %d", replica);
+    memcpy(out, v->copies + (size_t)replica * v->count, sizeof(float) * v->count);
+    return DSGD_OK;
+}
+
+/* The cross-replica SUM (or MEAN) of an ON_READ variable across workers:
+   every local replica all-reduces its copy over the group (a collective of
+   all W replicas, so every worker calls it), in float. */
+typedef struct dsgd__world_sum {
+    dsgd__dvar *v;
+    float *buf; /* n copies */
+} dsgd__world_sum;
+
+static dsgd_result dsgd__world_sum_job(dsgd_replica *r, void *user) {
+    dsgd__world_sum *w = (dsgd__world_sum *)user;
+    float *mine = w->buf + (size_t)r->local * w->v->count;
+    dsgd_result res;
+    memcpy(mine, w->v->copies + (size_t)r->local * w->v->count, sizeof(float) * w->v->count);
+    res = dsgd_allreduce(r->comm, mine, w->v->count, w->v->agg == DSGD_AGG_MEAN ? DSGD_REDUCE_MEAN : DSGD_REDUCE_SUM,
+                         DSGD_ALLREDUCE_AUTO, 0.0);
+    if (res != DSGD_OK) r->comm_failed = 1;
+    return res;
+}
+
+static dsgd_result dsgd__dvar_world_sum(dsgd_strategy *s, dsgd__dvar *v, float *out) {
+    dsgd__world_sum w;
+    dsgd_result res;
+    size_t bytes;
+    if (dsgd__mul_overflows(v->count, (size_t)s->n * sizeof(float), &bytes))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s' is too large", v->name);
+    w.v = v;
+    if (!(w.buf = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_read_variable"))) return DSGD_ERR_OUT_OF_MEMORY;
+    res = dsgd__strategy_dispatch(s, dsgd__world_sum_job, &w, "dsgd_strategy_read_variable");
+    if (res == DSGD_OK) memcpy(out, w.buf, sizeof(float) * v->count);
+    DSGD_FREE(w.buf);
+    return res;
+}
+
+DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out) {
+    dsgd__dvar *v;
+    size_t i;
+    int r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_read_variable") != DSGD_OK) return DSGD_ERR_STATE;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
+    if (v->sync == DSGD_SYNC_ON_WRITE || v->agg == DSGD_AGG_ONLY_FIRST_REPLICA) {
+        memcpy(out, v->copies, sizeof(float) * v->count);
+        return DSGD_OK;
+    }
+    if (s->world > s->n) return dsgd__dvar_world_sum(s, v, out);
+    for (i = 0; i < v->count; ++i) {
+        double acc = 0.0; /* rank order, in double */
+        for (r = 0; r < s->n; ++r) acc += v->copies[(size_t)r * v->count + i];
+        out[i] = (float)(v->agg == DSGD_AGG_MEAN ? acc / s->n : acc);
+    }
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value) {
+    dsgd__dvar *v;
+    size_t i;
+    int r;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if (dsgd__strategy_usable(s, "dsgd_strategy_assign_variable") != DSGD_OK) return DSGD_ERR_STATE;
+    if (!(v = dsgd__dvar_get(s, s->ctx, id, value, "dsgd_strategy_assign_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
+    for (r = 0; r < s->n; ++r)
+        for (i = 0; i < v->count; ++i)
+            v->copies[(size_t)r * v->count + i] =
+                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->world : value[i];
+    return DSGD_OK;
+}
+
+DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot, dsgd_metrics *out) {
+    int r, k;
+    float vals[3];
+    dsgd_result res;
+    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
+    if ((res = dsgd__strategy_usable(s, "dsgd_strategy_take_metrics")) != DSGD_OK) return res;
+    if (!out || (slot != DSGD_METRICS_TRAIN && slot != DSGD_METRICS_EVAL))
+        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_take_metrics: bad slot or NULL out");
+    /* move each replica's device-side accumulators into its local copies */
+    for (r = 0; r < s->n; ++r) {
+        dsgd_metrics m;
+        if ((res = dsgd_model_take_metrics(s->reps[r].m.model, slot, &m)) != DSGD_OK)
+            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].m.ctx));
+        vals[0] = (float)m.loss_sum;
+        vals[1] = (float)m.correct;
+        vals[2] = (float)m.count;
+        for (k = 0; k < 3; ++k) s->vars[s->metric_var[slot] + k].copies[r] += vals[k];
+    }
+    /* the cross-replica read (SUM; across workers a collective), then reset */
+    for (k = 0; k < 3; ++k)
+        if ((res = dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k])) != DSGD_OK) return res;
+    out->loss_sum = vals[0];
+    out->correct = vals[1];
+    out->count = vals[2];
+    for (k = 0; k < 3; ++k)
+        for (r = 0; r < s->n; ++r) s->vars[s->metric_var[slot] + k].copies[r] = 0.0f;
+    return DSGD_OK;
+}
+
+#endif /* DSGD__PART_STRATEGY_VARS_IMPL */
+/* ---------------------------------------- distsgd/strategy_create.h */
+/* distsgd/strategy_create.h - a strategy's creation, in phases
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of strategy.h (the replicas, their threads and failures). Here:
+   dsgd__strategy_create, which dsgd_strategy_create (strategy_kinds.h)
+   calls with a kind's table, and its phases: the desc's checks and
+   defaults, the transport and each replica's endpoint, each replica's
+   context, backend, model, optimizer and communicator, the variables'
+   aggregations, the metrics, the worker pool, and across workers the
+   fingerprint and the chief's weights (MULTI-WORKER in strategy.h). This
+   part declares nothing public.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_CREATE_IMPL)
+#define DSGD__PART_STRATEGY_CREATE_IMPL
+
+/* >>strategy_create --------------------------------------------------------- */
+
+/* ---- creation, in phases */
+
+/* The desc's common rules, then the kind's (ops->check; ops NULL: an
+   unknown kind). */
+static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d, const dsgd__strategy_ops *ops) {
+    const char *what = "dsgd_strategy_create";
+    if (!ops)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown strategy kind %d", what, (int)d->kind);
+    if (d->num_replicas < 0 || d->num_replicas > DSGD_MAX_REPLICAS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d replicas (%s takes 0..%d)", what,
+                                  d->num_replicas, ops->name, DSGD_MAX_REPLICAS);
+    if (d->nonfinite != DSGD_NONFINITE_SKIP && d->nonfinite != DSGD_NONFINITE_ERROR)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown non-finite policy %d", what,
+                                  (int)d->nonfinite);
+    if (!(d->timeout_s >= 0.0) || (int)d->algorithm < 0 || (int)d->algorithm >= (int)DSGD_ALLREDUCE_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: bad timeout %g or algorithm %d", what,
+                                  d->timeout_s, (int)d->algorithm);
+    if ((int)d->gradient_path < 0 || (int)d->gradient_path >= (int)DSGD_GRADIENTS_COUNT)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: unknown gradient path %d", what,
+                                  (int)d->gradient_path);
+    if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
+                                  d->cpu_threads, DSGD_CPU_MAX_THREADS);
+    if (d->comm_hook && ((d->kind != DSGD_STRATEGY_ONE_DEVICE && d->kind != DSGD_STRATEGY_MIRRORED &&
+                          d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: a comm hook exchanges the gradient of mirrored and multi_worker_mirrored on the "
+                                  "HOST path, not %s", what,
+                                  d->gradient_path == DSGD_GRADIENTS_DEVICE ? "with gradient_path DEVICE" : ops->name);
+    if (d->comm_hook && dsgd__comm_hook_check(ctx, d->comm_hook, what) != DSGD_OK) return DSGD_ERR_INVALID_ARGUMENT;
+    if (d->comm_hook && d->comm_hook->owns_momentum && d->optimizer.kind != DSGD_OPT_SGD)
+        return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                  "%s: comm hook '%s' applies momentum itself (momentum correction), so the optimizer "
+                                  "must be DSGD_OPT_SGD, not %s: its momentum would be applied on top",
+                                  what, d->comm_hook->name,
+                                  d->optimizer.kind == DSGD_OPT_MOMENTUM ? "DSGD_OPT_MOMENTUM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAM   ? "DSGD_OPT_ADAM"
+                                  : d->optimizer.kind == DSGD_OPT_ADAMW  ? "DSGD_OPT_ADAMW"
+                                                                         : "an unknown kind");
+    return ops->check ? ops->check(ctx, d) : DSGD_OK;
+}
+
+/* The desc's defaults, in one place (the desc's comments list them). */
+static void dsgd__strategy_defaults(dsgd_strategy_desc *d) {
+    if (d->num_replicas == 0) d->num_replicas = 1;
+    if (d->timeout_s == 0.0) d->timeout_s = DSGD_DEFAULT_TIMEOUT_S;
+    if (d->model.max_batch == 0) d->model.max_batch = DSGD_DEFAULT_MAX_BATCH; /* the model's default, per replica */
+    d->model.backend = NULL; /* each replica's comes from backend_factory */
+    d->cpu_threads = dsgd__group_cpu_threads(d->cpu_threads, d->num_replicas);
+}
+
+/* The strategy and its N replica slots, nothing created yet. */
+static dsgd_result dsgd__strategy_alloc(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, const dsgd__strategy_ops *ops,
+                                        dsgd_strategy **out) {
+    const char *what = "dsgd_strategy_create";
+    dsgd_strategy *s = (dsgd_strategy *)dsgd__alloc(ctx, sizeof(*s), what);
+    if (!s) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s, 0, sizeof(*s));
+    s->ctx = ctx;
+    s->d = *desc;
+    dsgd__strategy_defaults(&s->d);
+    s->ops = ops;
+    s->n = s->d.num_replicas;
+    s->world = s->n;
+    s->path = DSGD_GRADIENTS_HOST;
+    s->all_mean = 1;
+    s->abort_by = -1;
+    *out = s;
+    s->reps = (dsgd_replica *)dsgd__alloc(ctx, sizeof(dsgd_replica) * (size_t)s->n, what);
+    if (!s->reps) return DSGD_ERR_OUT_OF_MEMORY;
+    memset(s->reps, 0, sizeof(dsgd_replica) * (size_t)s->n);
+    return DSGD_OK;
+}
+
+/* Each replica's endpoint: given's (the desc's), or, with given NULL, one
+   of a loopback of the strategy's own (none with one replica), as the
+   rank group makes them. */
+static dsgd_result dsgd__strategy_endpoints(dsgd_strategy *s, const dsgd_transport_i *given) {
+    dsgd_transport_i *eps = (dsgd_transport_i *)dsgd__alloc(s->ctx, sizeof(dsgd_transport_i) * (size_t)s->n,
+                                                            "dsgd_strategy_create");
+    dsgd_result r;
+    int i;
+    if (!eps) return DSGD_ERR_OUT_OF_MEMORY;
+    r = dsgd__group_endpoints(s->ctx, given, s->n, &s->hub, eps);
+    for (i = 0; i < s->n && r == DSGD_OK; ++i) s->reps[i].ep = eps[i];
+    DSGD_FREE(eps);
+    return r;
 }
 
 /* Elastic mirrored over ranks 0..n-1 of a larger group (the others are
@@ -22733,8 +23137,6 @@ static dsgd_result dsgd__strategy_param_agg(dsgd_strategy *s) {
     for (i = 0; i < nv; ++i) s->all_mean &= s->param_agg[i] == DSGD_AGG_MEAN;
     return DSGD_OK;
 }
-
-static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id);
 
 /* The metrics: ON_READ SUM variables, three per slot. */
 static dsgd_result dsgd__strategy_metrics(dsgd_strategy *s) {
@@ -22901,6 +23303,23 @@ static dsgd_result dsgd__strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc
     *out = s;
     return DSGD_OK;
 }
+
+#endif /* DSGD__PART_STRATEGY_CREATE_IMPL */
+/* ---------------------------------------- distsgd/strategy_run.h */
+/* distsgd/strategy_run.h - a strategy's getters, training, evaluation, run and wait report
+   Part of distsgd (see ../distsgd.h, which includes the parts in order).
+
+   A part of strategy.h (the replicas, their threads and failures; the
+   declarations of what this part defines). Here: the getters, the calls
+   that dispatch a step, an evaluation or your function to the replicas
+   (train_step and eval_batch, their _fn forms, run), the failure getters,
+   and dsgd_strategy_wait_report (>>waits). This part declares nothing
+   public.
+*/
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_RUN_IMPL)
+#define DSGD__PART_STRATEGY_RUN_IMPL
+
+/* >>strategy_run ------------------------------------------------------------ */
 
 DSGD_API int dsgd_strategy_num_replicas(const dsgd_strategy *s) { return s ? s->n : 0; }
 DSGD_API int dsgd_strategy_num_replicas_in_sync(const dsgd_strategy *s) { return s ? s->world : 0; }
@@ -23230,349 +23649,7 @@ DSGD_API dsgd_result dsgd_strategy_wait_report(dsgd_strategy *s, dsgd_wait_repor
     return DSGD_OK;
 }
 
-/* >>distributed variables -------------------------------------------------- */
-
-static dsgd_result dsgd__dvar_add(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
-    dsgd__dvar *v;
-    size_t bytes, i;
-    int r;
-    if (s->num_vars == s->cap_vars) {
-        int cap = s->cap_vars ? 2 * s->cap_vars : 16;
-        dsgd__dvar *nv = (dsgd__dvar *)DSGD_REALLOC(s->vars, sizeof(dsgd__dvar) * (size_t)cap);
-        if (!nv) return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "cannot grow the variable table");
-        s->vars = nv;
-        s->cap_vars = cap;
-    }
-    if (dsgd__mul_overflows(d->count, (size_t)s->n * sizeof(float), &bytes))
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s': %zu floats overflow", d->name, d->count);
-    v = &s->vars[s->num_vars];
-    memset(v, 0, sizeof(*v));
-    v->copies = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_create_variable");
-    if (!v->copies) return DSGD_ERR_OUT_OF_MEMORY;
-    snprintf(v->name, sizeof(v->name), "%s", d->name);
-    v->count = d->count;
-    v->sync = d->synchronization == DSGD_SYNC_ON_READ ? DSGD_SYNC_ON_READ : DSGD_SYNC_ON_WRITE;
-    v->agg = d->aggregation;
-    v->trainable = d->trainable;
-    for (r = 0; r < s->n; ++r)
-        for (i = 0; i < d->count; ++i) v->copies[(size_t)r * d->count + i] = d->initial_value ? d->initial_value[i] : 0.0f;
-    *id = s->num_vars++;
-    return DSGD_OK;
-}
-
-#endif /* DSGD__PART_STRATEGY_IMPL */
-/* ---------------------------------------- distsgd/strategy_vars.h */
-/* distsgd/strategy_vars.h - a strategy's distributed variables and metrics: tf.VariableAggregation / tf.VariableSynchronization
-   Part of distsgd (see ../distsgd.h, which includes the parts in order).
-
-   DISTRIBUTED VARIABLES
-
-     A strategy (strategy.h) holds, besides its replicas' models, variables
-     of your own with one copy per replica, created in cross-replica
-     context and written in replica context (inside dsgd_strategy_run) with
-     tf.distribute's semantics: ON_WRITE variables are combined by their
-     aggregation on every write and stay one value; ON_READ variables keep
-     a copy per replica, combined when read across replicas. The metrics
-     (dsgd_strategy_take_metrics) are six of them. This part holds their
-     interface and its implementation; the table of copies lives with the
-     strategy, which creates the metrics' at creation.
-*/
-#ifndef DSGD__PART_STRATEGY_VARS_DECL
-#define DSGD__PART_STRATEGY_VARS_DECL
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/* ---------------------------------------------------------------- distributed variables */
-
-/* Creates a variable with one copy per replica (cross-replica context).
-   Rejected with DSGD_ERR_INVALID_ARGUMENT: synchronization NONE (as
-   tf.distribute rejects it under a strategy); ON_READ with trainable set
-   (Keras 2's add_weight rejects it; tf.Variable accepts it); ON_READ with
-   aggregation NONE (tf.distribute fails when such a variable is read across
-   replicas; here it fails at creation); unknown enum values. *id receives
-   the handle.
-   Errors (recorded on the strategy's ctx): DSGD_ERR_INVALID_ARGUMENT (the
-   cases above; s NULL, nothing recorded; desc or id NULL; an empty name; a
-   name longer than DSGD_MAX_VARIABLE_NAME bytes (never cut: a cut name
-   would not be found again); a name in use; count 0),
-   DSGD_ERR_OUT_OF_MEMORY, DSGD_ERR_STATE (the
-   strategy has failed, see dsgd_strategy_failed).
-   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *desc,
-                                                   int *id);
-/* Replica context (inside dsgd_strategy_run). Writes `value` (count floats):
-     ON_WRITE: a collective every replica must call; the replicas' values are
-               combined by the aggregation (SUM: sum; MEAN: mean;
-               ONLY_FIRST_REPLICA: replica 0's) and every copy receives the
-               result, as in tf.distribute. NONE: DSGD_ERR_INVALID_ARGUMENT
-               on every replica. This rejection is ours: TF 2.21 accepts
-               such a write and each replica updates only its own copy, so
-               the copies silently differ (older TF raised an error).
-     ON_READ:  writes this replica's copy only; no communication.
-   Errors (recorded on the replica's ctx): DSGD_ERR_INVALID_ARGUMENT (r NULL,
-   nothing recorded; no variable id; value NULL; ON_WRITE with aggregation
-   NONE), DSGD_ERR_OUT_OF_MEMORY, and for ON_WRITE with N > 1 the errors of
-   dsgd_allreduce or dsgd_broadcast (DSGD_ERR_TIMEOUT, DSGD_ERR_ABORTED, ...).
-   Thread safety: the replica's thread, inside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value);
-/* As dsgd_replica_assign, with the copy incremented by the combined delta
-   (ON_WRITE) or by the replica's own delta (ON_READ).
-   Errors: as dsgd_replica_assign. Thread safety: as dsgd_replica_assign. */
-DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta);
-/* Copies this replica's copy to out (count floats).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (r NULL, nothing recorded; no variable
-   id; out NULL). Thread safety: the replica's thread, inside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out);
-/* Cross-replica read (strategy.reduce semantics for ON_READ): ON_WRITE
-   variables give replica 0's copy (all copies are equal); ON_READ variables
-   give the SUM or MEAN of the copies in rank order (added in double), or
-   replica 0's copy for ONLY_FIRST_REPLICA.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL), DSGD_ERR_STATE (the strategy has failed, see
-   dsgd_strategy_failed). Thread safety: the strategy's thread, outside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out);
-/* What replica `replica` holds, without aggregation.
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; out NULL; replica outside [0, N)), DSGD_ERR_STATE (the strategy has
-   failed). Thread safety: the strategy's thread, outside
-   dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out);
-/* Cross-replica write: ON_WRITE variables and ON_READ MEAN or
-   ONLY_FIRST_REPLICA variables get `value` in every copy; ON_READ SUM
-   variables get value / N in every copy, so that a read gives value back
-   (as tf.distribute does).
-   Errors: DSGD_ERR_INVALID_ARGUMENT (s NULL, nothing recorded; no variable
-   id; value NULL), DSGD_ERR_STATE (the strategy has failed).
-   Thread safety: the strategy's thread, outside dsgd_strategy_run. */
-DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value);
-/* Finds a variable by name (-1 if none, or s or name NULL). The metrics are
-   the ON_READ SUM variables "metrics/train/loss_sum", "metrics/train/correct",
-   "metrics/train/count" and the same under "metrics/eval/"; between two
-   dsgd_strategy_take_metrics they hold only what dsgd_replica_assign_add put
-   there (the models' own accumulators are added in by the take).
-   Errors: none. Thread safety: the strategy's thread, or any replica's
-   inside dsgd_strategy_run (no variable is created then). */
-DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name);
-
-#ifdef __cplusplus
-}
-#endif
-
-#endif /* DSGD__PART_STRATEGY_VARS_DECL */
-
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_VARS_IMPL)
-#define DSGD__PART_STRATEGY_VARS_IMPL
-
-/* >>strategy_vars ----------------------------------------------------------- */
-
-DSGD_API dsgd_result dsgd_strategy_create_variable(dsgd_strategy *s, const dsgd_dvar_desc *d, int *id) {
-    const char *what = "dsgd_strategy_create_variable";
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
-    if (!d || !id || !d->name || !d->name[0] || d->count == 0)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: NULL desc or id, empty name or zero count", what);
-    if (strlen(d->name) > DSGD_MAX_VARIABLE_NAME)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: the name '%.40s...' has %zu bytes; at most %d (DSGD_MAX_VARIABLE_NAME)", what,
-                                  d->name, strlen(d->name), DSGD_MAX_VARIABLE_NAME);
-    if (dsgd_strategy_find_variable(s, d->name) >= 0)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: a variable named '%s' exists", what, d->name);
-    if (!dsgd__agg_valid(d->aggregation) || (int)d->synchronization < 0 || (int)d->synchronization >= (int)DSGD_SYNC_COUNT)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: '%s': unknown aggregation %d or synchronization %d",
-                                  what, d->name, (int)d->aggregation, (int)d->synchronization);
-    if (d->synchronization == DSGD_SYNC_NONE)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: '%s': synchronization NONE is not supported under a distribution strategy", what, d->name);
-    if (d->synchronization == DSGD_SYNC_ON_READ && d->trainable)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: '%s': ON_READ synchronization is only for non-trainable variables", what, d->name);
-    if (d->synchronization == DSGD_SYNC_ON_READ && d->aggregation == DSGD_AGG_NONE)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: '%s': an ON_READ variable needs an aggregation (SUM, MEAN or ONLY_FIRST_REPLICA) "
-                                  "to be read across replicas", what, d->name);
-    return dsgd__dvar_add(s, d, id);
-}
-
-DSGD_API int dsgd_strategy_find_variable(const dsgd_strategy *s, const char *name) {
-    int i;
-    if (!s || !name) return -1;
-    for (i = 0; i < s->num_vars; ++i)
-        if (!strcmp(s->vars[i].name, name)) return i;
-    return -1;
-}
-
-static dsgd__dvar *dsgd__dvar_get(dsgd_strategy *s, dsgd_ctx *ctx, int id, const void *buf, const char *what) {
-    if (id < 0 || id >= s->num_vars || !buf) {
-        dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: no variable %d, or NULL buffer", what, id);
-        return NULL;
-    }
-    return &s->vars[id];
-}
-
-/* Combines the replicas' `value`s of an ON_WRITE variable into out (replica context). */
-static dsgd_result dsgd__dvar_combine(dsgd_replica *r, dsgd__dvar *v, const float *value, float *out, const char *what) {
-    dsgd_result res = DSGD_OK;
-    if (v->agg == DSGD_AGG_NONE)
-        return dsgd_ctx_set_error(r->m.ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: '%s' is a mirrored (ON_WRITE) variable with aggregation NONE; updating it in "
-                                  "replica context needs SUM, MEAN or ONLY_FIRST_REPLICA", what, v->name);
-    memcpy(out, value, sizeof(float) * v->count);
-    if (r->s->world == 1) return DSGD_OK;
-    if (v->agg == DSGD_AGG_ONLY_FIRST_REPLICA)
-        res = dsgd_broadcast(r->comm, out, v->count, 0, 0.0);
-    else
-        res = dsgd_allreduce(r->comm, out, v->count, v->agg == DSGD_AGG_SUM ? DSGD_REDUCE_SUM : DSGD_REDUCE_MEAN,
-                             DSGD_ALLREDUCE_AUTO, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    return res;
-}
-
-static dsgd_result dsgd__replica_write(dsgd_replica *r, int id, const float *value, int add, const char *what) {
-    dsgd__dvar *v;
-    float *local, *tmp;
-    size_t i;
-    dsgd_result res;
-    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, value, what))) return DSGD_ERR_INVALID_ARGUMENT;
-    local = v->copies + (size_t)r->local * v->count;
-    if (v->sync == DSGD_SYNC_ON_READ) {
-        tmp = (float *)value;
-    } else {
-        if (!(tmp = dsgd__replica_stage(r, v->count))) return DSGD_ERR_OUT_OF_MEMORY;
-        if ((res = dsgd__dvar_combine(r, v, value, tmp, what)) != DSGD_OK) return res;
-    }
-    for (i = 0; i < v->count; ++i) local[i] = add ? local[i] + tmp[i] : tmp[i];
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_replica_assign(dsgd_replica *r, int id, const float *value) {
-    return dsgd__replica_write(r, id, value, 0, "dsgd_replica_assign");
-}
-
-DSGD_API dsgd_result dsgd_replica_assign_add(dsgd_replica *r, int id, const float *delta) {
-    return dsgd__replica_write(r, id, delta, 1, "dsgd_replica_assign_add");
-}
-
-DSGD_API dsgd_result dsgd_replica_read(dsgd_replica *r, int id, float *out) {
-    dsgd__dvar *v;
-    if (!r) return DSGD_ERR_INVALID_ARGUMENT;
-    if (!(v = dsgd__dvar_get(r->s, r->m.ctx, id, out, "dsgd_replica_read"))) return DSGD_ERR_INVALID_ARGUMENT;
-    memcpy(out, v->copies + (size_t)r->local * v->count, sizeof(float) * v->count);
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_strategy_read_local(dsgd_strategy *s, int id, int replica, float *out) {
-    dsgd__dvar *v;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if (dsgd__strategy_usable(s, "dsgd_strategy_read_local") != DSGD_OK) return DSGD_ERR_STATE;
-    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_local"))) return DSGD_ERR_INVALID_ARGUMENT;
-    if (replica < 0 || replica >= s->n)
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_read_local: no replica %d", replica);
-    memcpy(out, v->copies + (size_t)replica * v->count, sizeof(float) * v->count);
-    return DSGD_OK;
-}
-
-/* The cross-replica SUM (or MEAN) of an ON_READ variable across workers:
-   every local replica all-reduces its copy over the group (a collective of
-   all W replicas, so every worker calls it), in float. */
-typedef struct dsgd__world_sum {
-    dsgd__dvar *v;
-    float *buf; /* n copies */
-} dsgd__world_sum;
-
-static dsgd_result dsgd__world_sum_job(dsgd_replica *r, void *user) {
-    dsgd__world_sum *w = (dsgd__world_sum *)user;
-    float *mine = w->buf + (size_t)r->local * w->v->count;
-    dsgd_result res;
-    memcpy(mine, w->v->copies + (size_t)r->local * w->v->count, sizeof(float) * w->v->count);
-    res = dsgd_allreduce(r->comm, mine, w->v->count, w->v->agg == DSGD_AGG_MEAN ? DSGD_REDUCE_MEAN : DSGD_REDUCE_SUM,
-                         DSGD_ALLREDUCE_AUTO, 0.0);
-    if (res != DSGD_OK) r->comm_failed = 1;
-    return res;
-}
-
-static dsgd_result dsgd__dvar_world_sum(dsgd_strategy *s, dsgd__dvar *v, float *out) {
-    dsgd__world_sum w;
-    dsgd_result res;
-    size_t bytes;
-    if (dsgd__mul_overflows(v->count, (size_t)s->n * sizeof(float), &bytes))
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_OUT_OF_MEMORY, "variable '%s' is too large", v->name);
-    w.v = v;
-    if (!(w.buf = (float *)dsgd__alloc(s->ctx, bytes, "dsgd_strategy_read_variable"))) return DSGD_ERR_OUT_OF_MEMORY;
-    res = dsgd__strategy_dispatch(s, dsgd__world_sum_job, &w, "dsgd_strategy_read_variable");
-    if (res == DSGD_OK) memcpy(out, w.buf, sizeof(float) * v->count);
-    DSGD_FREE(w.buf);
-    return res;
-}
-
-DSGD_API dsgd_result dsgd_strategy_read_variable(dsgd_strategy *s, int id, float *out) {
-    dsgd__dvar *v;
-    size_t i;
-    int r;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if (dsgd__strategy_usable(s, "dsgd_strategy_read_variable") != DSGD_OK) return DSGD_ERR_STATE;
-    if (!(v = dsgd__dvar_get(s, s->ctx, id, out, "dsgd_strategy_read_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
-    if (v->sync == DSGD_SYNC_ON_WRITE || v->agg == DSGD_AGG_ONLY_FIRST_REPLICA) {
-        memcpy(out, v->copies, sizeof(float) * v->count);
-        return DSGD_OK;
-    }
-    if (s->world > s->n) return dsgd__dvar_world_sum(s, v, out);
-    for (i = 0; i < v->count; ++i) {
-        double acc = 0.0; /* rank order, in double */
-        for (r = 0; r < s->n; ++r) acc += v->copies[(size_t)r * v->count + i];
-        out[i] = (float)(v->agg == DSGD_AGG_MEAN ? acc / s->n : acc);
-    }
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_strategy_assign_variable(dsgd_strategy *s, int id, const float *value) {
-    dsgd__dvar *v;
-    size_t i;
-    int r;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if (dsgd__strategy_usable(s, "dsgd_strategy_assign_variable") != DSGD_OK) return DSGD_ERR_STATE;
-    if (!(v = dsgd__dvar_get(s, s->ctx, id, value, "dsgd_strategy_assign_variable"))) return DSGD_ERR_INVALID_ARGUMENT;
-    for (r = 0; r < s->n; ++r)
-        for (i = 0; i < v->count; ++i)
-            v->copies[(size_t)r * v->count + i] =
-                (v->sync == DSGD_SYNC_ON_READ && v->agg == DSGD_AGG_SUM) ? value[i] / (float)s->world : value[i];
-    return DSGD_OK;
-}
-
-DSGD_API dsgd_result dsgd_strategy_take_metrics(dsgd_strategy *s, dsgd_metrics_slot slot, dsgd_metrics *out) {
-    int r, k;
-    float vals[3];
-    dsgd_result res;
-    if (!s) return DSGD_ERR_INVALID_ARGUMENT;
-    if ((res = dsgd__strategy_usable(s, "dsgd_strategy_take_metrics")) != DSGD_OK) return res;
-    if (!out || (slot != DSGD_METRICS_TRAIN && slot != DSGD_METRICS_EVAL))
-        return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "dsgd_strategy_take_metrics: bad slot or NULL out");
-    /* move each replica's device-side accumulators into its local copies */
-    for (r = 0; r < s->n; ++r) {
-        dsgd_metrics m;
-        if ((res = dsgd_model_take_metrics(s->reps[r].m.model, slot, &m)) != DSGD_OK)
-            return dsgd_ctx_set_error(s->ctx, res, "%s", dsgd_ctx_last_error(s->reps[r].m.ctx));
-        vals[0] = (float)m.loss_sum;
-        vals[1] = (float)m.correct;
-        vals[2] = (float)m.count;
-        for (k = 0; k < 3; ++k) s->vars[s->metric_var[slot] + k].copies[r] += vals[k];
-    }
-    /* the cross-replica read (SUM; across workers a collective), then reset */
-    for (k = 0; k < 3; ++k)
-        if ((res = dsgd_strategy_read_variable(s, s->metric_var[slot] + k, &vals[k])) != DSGD_OK) return res;
-    out->loss_sum = vals[0];
-    out->correct = vals[1];
-    out->count = vals[2];
-    for (k = 0; k < 3; ++k)
-        for (r = 0; r < s->n; ++r) s->vars[s->metric_var[slot] + k].copies[r] = 0.0f;
-    return DSGD_OK;
-}
-
-#endif /* DSGD__PART_STRATEGY_VARS_IMPL */
+#endif /* DSGD__PART_STRATEGY_RUN_IMPL */
 /* ---------------------------------------- distsgd/strategy_overlap.h */
 /* distsgd/strategy_overlap.h - the synchronous exchange overlapped with backward: gradient-ready buckets
    Part of distsgd (see ../distsgd.h, which includes the parts in order).
@@ -26841,176 +26918,267 @@ static void dsgd__elastic_sleep(double seconds) {
     }
 }
 
+/* One shrink of dsgd__elastic_step ("The shrink" in ELASTIC above: the
+   numbers in the margin are its phases), which its helpers share. */
+typedef struct dsgd__elastic_round {
+    dsgd_strategy *s;
+    const char *what;
+    dsgd_result *res;       /* the call's result */
+    int64_t step;           /* the failed step */
+    int n, w;               /* this process's replicas; the group's */
+    int settled;            /* a replica settled: every vote is here, the communicators failed */
+    double first;           /* the earliest deadline of a settled replica's failed collective */
+    char *saved;            /* the failed step's messages, kept for the report (n) */
+    char *last;             /* then the call's error message */
+    int *results;           /* the failed step's results (n) */
+    float *votes;           /* this process's replicas' votes (n) */
+    float *agreed;          /* the group's votes, then the step and -step (w + 2) */
+    int *keep;              /* which of this process's replicas stay (n) */
+    int *surv;              /* the survivors' ranks in the old group (alive of w) */
+    int alive;
+    char failed[256], alive_list[256];    /* "3, 5, 6": the failed ranks; the survivors' */
+    unsigned char why[DSGD_MAX_REPLICAS]; /* each dropped rank's dsgd_drop_reason */
+} dsgd__elastic_round;
+
+/* Each replica's vote (0 alive, 1 failed, 2 a failure about the batch),
+   its failed step's result and message kept for the report. 0 (the
+   strategy failed) when a replica finished the step while the collectives
+   of others failed. */
+static int dsgd__elastic_votes(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    int i;
+    snprintf(e->last, DSGD__MSG_MAX, "%s", dsgd_ctx_last_error(s->ctx));
+    for (i = 0; i < e->n; ++i) { /* the earliest deadline of a settled replica's failed collective */
+        const dsgd_replica *r = &s->reps[i];
+        if (r->el_phase == DSGD__EL_SETTLED && r->el_entered + s->d.timeout_s < e->first)
+            e->first = r->el_entered + s->d.timeout_s;
+    }
+    for (i = 0; i < e->n; ++i) {
+        dsgd_replica *r = &s->reps[i];
+        memcpy(e->saved + (size_t)i * DSGD__MSG_MAX, r->msg, DSGD__MSG_MAX);
+        e->results[i] = (int)r->result;
+        e->votes[i] = r->result == DSGD_OK || !r->own_error ? 0.0f
+                      : r->result == DSGD_ERR_INVALID_ARGUMENT || r->result == DSGD_ERR_NON_FINITE ? 2.0f : 1.0f;
+        if (e->settled && r->el_phase == DSGD__EL_GONE) e->votes[i] = 1.0f;
+        /* late: it entered the collective when another had given up on it */
+        if (e->settled && r->el_phase == DSGD__EL_SETTLED) e->votes[i] = r->el_entered >= e->first ? 1.0f : 0.0f;
+        if (e->settled && r->result == DSGD_OK) {
+            *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: replica %d finished the step while "
+                                         "the collectives of others failed: cannot shrink", e->what, r->rank);
+            dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+            return 0;
+        }
+        e->keep[i] = 0;
+    }
+    return 1;
+}
+
+/* The group's votes, the step and -step (MAX gives the lowest step too),
+   into e->agreed: in memory after a settle, else by a job; then the
+   failed step's report again. 0 when the job failed (the strategy has
+   failed: dispatch). */
+static int dsgd__elastic_tally(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    dsgd__elastic_vote vote;
+    dsgd_result ar;
+    int i, k;
+    if (e->settled) { /* 1, in this process: every replica's vote is here; the communicators failed */
+        for (k = 0; k < e->w; ++k) e->agreed[k] = e->votes[k];
+        e->agreed[e->w] = (float)e->step;
+        e->agreed[e->w + 1] = -(float)e->step;
+    } else {
+        vote.votes = e->votes;
+        vote.out = e->agreed;
+        ar = dsgd__strategy_dispatch(s, dsgd__elastic_agree, &vote, e->what);            /* 1 */
+        if (ar != DSGD_OK) { /* a collective failed: the strategy has failed (dispatch) */
+            *e->res = ar;
+            return 0;
+        }
+    }
+    for (i = 0; i < e->n; ++i) { /* the failed step's report again */
+        memcpy(s->reps[i].msg, e->saved + (size_t)i * DSGD__MSG_MAX, DSGD__MSG_MAX);
+        s->reps[i].result = (dsgd_result)e->results[i];
+    }
+    dsgd_ctx_set_error(s->ctx, *e->res, "%s", e->last);
+    return 1;
+}
+
+/* Every replica was in time and none is gone, but the communicators
+   failed: the strategy fails with the call's message and, after it, what
+   each failed replica's transport says (simnet names a dropped message). */
+static void dsgd__elastic_whole_failed(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    char m[DSGD__MSG_MAX];
+    int i, len = snprintf(m, sizeof(m), "%s", e->last), add;
+    for (i = 0; i < e->n && len >= 0 && len < (int)sizeof(m); ++i) {
+        const dsgd_transport_i *t = dsgd__el_base(&s->reps[i]);
+        const char *d = e->results[i] != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
+        if (!d || !*d || strstr(m, d)) continue;
+        add = snprintf(m + len, sizeof(m) - (size_t)len, "; replica %d's transport: %s", s->reps[i].rank, d);
+        len = add < 0 ? -1 : len + add;
+    }
+    dsgd__strategy_abort(s, 0);
+    *e->res = dsgd_ctx_set_error(s->ctx, *e->res, "%s", m);
+    dsgd__strategy_fail(s, e->step, e->what, m);
+}
+
+/* What the agreed votes say: 1, shrink to e->alive survivors (e->surv,
+   e->keep, the rank lists); or 0, the group stays whole (a failure about
+   the batch, or every replica alive) or the strategy fails (*e->res). */
+static int dsgd__elastic_verdict(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    const dsgd_strategy_elastic_desc *ed = &s->d.elastic;
+    const float *agreed = e->agreed;
+    int i, k, w = e->w;
+    for (k = 0; k < w; ++k) {
+        if (agreed[k] == 2.0f) return 0; /* about the batch: the group stays whole */
+        if (agreed[k] == 0.0f) e->surv[e->alive++] = k;
+    }
+    if (agreed[w] != -agreed[w + 1]) {
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: the replicas are at different steps "
+                                     "(%.0f to %.0f): cannot shrink", e->what, (double)-agreed[w + 1],
+                                     (double)agreed[w]);
+        dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+        return 0;
+    }
+    if (e->alive == w && e->settled) { /* every replica in time and none gone, but the communicators failed */
+        dsgd__elastic_whole_failed(e);
+        return 0;
+    }
+    if (e->alive == w) return 0;
+    dsgd__elastic_ranks(agreed, w, 1.0f, e->failed, sizeof(e->failed));
+    dsgd__elastic_ranks(agreed, w, 0.0f, e->alive_list, sizeof(e->alive_list));
+    if (e->alive < ed->min_replicas || e->alive == 0) {                                 /* 2 */
+        if (e->settled) dsgd__strategy_abort(s, 0); /* whoever is still in the transport returns */
+        dsgd__elastic_sleep(ed->grace_s);
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld replica(s) %s failed; %d "
+                                     "of %d replicas survive (ranks %s), fewer than min_replicas %d, and none "
+                                     "joined within grace_s %g s (%s)", e->what, (long long)e->step, e->failed,
+                                     e->alive, w, e->alive ? e->alive_list : "none", ed->min_replicas,
+                                     ed->grace_s, e->last);
+        dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+        return 0;
+    }
+    for (i = 0, k = 0; i < e->n; ++i) e->keep[i] = agreed[s->reps[i].rank] == 0.0f;
+    for (i = 0; i < e->n; ++i) k += e->keep[i];
+    if (k == 0) {
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld every replica of this "
+                                     "worker failed; the group goes on with ranks %s of the others (%s)", e->what,
+                                     (long long)e->step, e->alive_list, e->last);
+        dsgd__strategy_fail(s, e->step, e->what, dsgd_ctx_last_error(s->ctx));
+        return 0;
+    }
+    return 1;
+}
+
+/* Why each dropped rank was dropped, read before the shrink renumbers the
+   replicas. */
+static void dsgd__elastic_reasons(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    int i, k;
+    for (k = 0; k < e->w; ++k) e->why[k] = DSGD_DROP_FAILED; /* a replica of another worker: its own failure */
+    for (i = 0; i < e->n && e->settled; ++i) {
+        const dsgd_replica *r = &s->reps[i];
+        if (r->el_phase == DSGD__EL_GONE) e->why[r->rank] = DSGD_DROP_GONE;
+        else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= e->first) e->why[r->rank] = DSGD_DROP_LATE;
+    }
+}
+
+/* After the shrink: the dropped ranks and their reasons, in the call's
+   numbering (dsgd_step_info.dropped), and the survivors' numbering. */
+static void dsgd__elastic_drops(dsgd__elastic_round *e) {
+    dsgd_strategy *s = e->s;
+    int i, k, w = e->w;
+    if (!s->resized) /* the first shrink of this call: the ranks are those it began with */
+        for (k = 0; k < w; ++k) s->call_rank[k] = k;
+    for (k = 0; k < w; ++k) /* dsgd_step_info.dropped: in the call's numbering */
+        if (e->agreed[k] != 0.0f) {
+            s->drop_rank[s->dropped] = s->call_rank[k];
+            s->drop_why[s->dropped++] = (unsigned char)e->why[k];
+        }
+    for (k = 0; k < e->alive; ++k) s->call_rank[k] = s->call_rank[e->surv[k]];
+    s->resized = 1;
+    for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
+        dsgd_replica *r = &s->reps[i];
+        if (r->wait_at) memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)e->alive);
+        r->wait_time = 0.0;
+        r->wait_steps = 0;
+    }
+}
+
+/* Whether the step's global batch fits the survivors (a batch function's
+   does); else *e->res says that the step was not retried. */
+static int dsgd__elastic_retry_fits(dsgd__elastic_round *e, const dsgd__step_args *a) {
+    dsgd_strategy *s = e->s;
+    if (!a->fn && (long long)a->count > (long long)e->alive * s->d.model.max_batch) {
+        *e->res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
+                                     "%s: shrunk to %d replicas after replica(s) %s failed, but the global batch of "
+                                     "%d exceeds %d x max_batch %d: the step was not retried (call again with a "
+                                     "smaller batch)", e->what, e->alive, e->failed, a->count, e->alive,
+                                     s->d.model.max_batch);
+        return 0;
+    }
+    return 1;
+}
+
 /* After a failed step (s->elastic): shrinks and returns 1 (retry the step)
    when replicas failed on their own before the update and at least
    min_replicas survive; else 0, with *res the call's error. */
 static int dsgd__elastic_step(dsgd_strategy *s, const dsgd__step_args *a, const char *what, dsgd_result *res) {
     const dsgd_strategy_elastic_desc *ed = &s->d.elastic;
-    int64_t step;
-    int i, k, n = s->n, w = s->world, alive = 0, go = 0;
+    dsgd__elastic_round e;
     dsgd_result ar;
-    char *saved, failed[256], alive_list[256];
-    unsigned char why[DSGD_MAX_REPLICAS];
-    float *votes, *agreed;
-    int *keep, *surv, *results;
-    dsgd__elastic_vote vote;
-    int settled = 0;
-    double first = HUGE_VAL;
-    for (i = 0; i < n; ++i) settled |= dsgd__replica_settled(&s->reps[i]);
-    if (s->failed || n == 0 || (!settled && s->reps[0].stop_by < 0)) return 0; /* not agreed before the update */
-    step = dsgd_optimizer_steps(s->reps[0].opt);
+    int i, n = s->n, w = s->world, go = 0;
+    memset(&e, 0, sizeof(e));
+    e.s = s;
+    e.what = what;
+    e.res = res;
+    e.n = n;
+    e.w = w;
+    e.first = HUGE_VAL;
+    for (i = 0; i < n; ++i) e.settled |= dsgd__replica_settled(&s->reps[i]);
+    if (s->failed || n == 0 || (!e.settled && s->reps[0].stop_by < 0)) return 0; /* not agreed before the update */
+    e.step = dsgd_optimizer_steps(s->reps[0].opt);
     /* the failed step's results and messages, kept for the report */
-    saved = (char *)dsgd__alloc(s->ctx, (size_t)(n + 1) * DSGD__MSG_MAX, what);
-    votes = (float *)dsgd__alloc(s->ctx, sizeof(float) * ((size_t)n + (size_t)w + 2), what);
-    keep = (int *)dsgd__alloc(s->ctx, sizeof(int) * (2 * (size_t)n + (size_t)w), what);
-    if (!saved || !votes || !keep) {
-        DSGD_FREE(saved);
-        DSGD_FREE(votes);
-        DSGD_FREE(keep);
-        dsgd__strategy_fail(s, step, what, "elastic: out of memory before the shrink");
+    e.saved = (char *)dsgd__alloc(s->ctx, (size_t)(n + 1) * DSGD__MSG_MAX, what);
+    e.votes = (float *)dsgd__alloc(s->ctx, sizeof(float) * ((size_t)n + (size_t)w + 2), what);
+    e.keep = (int *)dsgd__alloc(s->ctx, sizeof(int) * (2 * (size_t)n + (size_t)w), what);
+    if (!e.saved || !e.votes || !e.keep) {
+        DSGD_FREE(e.saved);
+        DSGD_FREE(e.votes);
+        DSGD_FREE(e.keep);
+        dsgd__strategy_fail(s, e.step, what, "elastic: out of memory before the shrink");
         *res = DSGD_ERR_OUT_OF_MEMORY;
         return 0;
     }
-    agreed = votes + n;
-    surv = keep + n;
-    results = surv + w;
-    snprintf(saved + (size_t)n * DSGD__MSG_MAX, DSGD__MSG_MAX, "%s", dsgd_ctx_last_error(s->ctx));
-    for (i = 0; i < n; ++i) { /* the earliest deadline of a settled replica's failed collective */
-        const dsgd_replica *r = &s->reps[i];
-        if (r->el_phase == DSGD__EL_SETTLED && r->el_entered + s->d.timeout_s < first)
-            first = r->el_entered + s->d.timeout_s;
-    }
-    for (i = 0; i < n; ++i) {
-        dsgd_replica *r = &s->reps[i];
-        memcpy(saved + (size_t)i * DSGD__MSG_MAX, r->msg, DSGD__MSG_MAX);
-        results[i] = (int)r->result;
-        votes[i] = r->result == DSGD_OK || !r->own_error ? 0.0f
-                   : r->result == DSGD_ERR_INVALID_ARGUMENT || r->result == DSGD_ERR_NON_FINITE ? 2.0f : 1.0f;
-        if (settled && r->el_phase == DSGD__EL_GONE) votes[i] = 1.0f;
-        /* late: it entered the collective when another had given up on it */
-        if (settled && r->el_phase == DSGD__EL_SETTLED) votes[i] = r->el_entered >= first ? 1.0f : 0.0f;
-        if (settled && r->result == DSGD_OK) {
-            *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: replica %d finished the step while the "
-                                      "collectives of others failed: cannot shrink", what, r->rank);
-            dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-            goto done;
-        }
-        keep[i] = 0;
-    }
-    if (settled) { /* 1, in this process: every replica's vote is here; the communicators failed */
-        for (k = 0; k < w; ++k) agreed[k] = votes[k];
-        agreed[w] = (float)step;
-        agreed[w + 1] = -(float)step;
-    } else {
-        vote.votes = votes;
-        vote.out = agreed;
-        ar = dsgd__strategy_dispatch(s, dsgd__elastic_agree, &vote, what);               /* 1 */
-        if (ar != DSGD_OK) { /* a collective failed: the strategy has failed (dispatch) */
-            *res = ar;
-            goto done;
-        }
-    }
-    for (i = 0; i < n; ++i) { /* the failed step's report again */
-        memcpy(s->reps[i].msg, saved + (size_t)i * DSGD__MSG_MAX, DSGD__MSG_MAX);
-        s->reps[i].result = (dsgd_result)results[i];
-    }
-    dsgd_ctx_set_error(s->ctx, *res, "%s", saved + (size_t)n * DSGD__MSG_MAX);
-    for (k = 0; k < w; ++k) {
-        if (agreed[k] == 2.0f) goto done; /* about the batch: the group stays whole */
-        if (agreed[k] == 0.0f) surv[alive++] = k;
-    }
-    if (agreed[w] != -agreed[w + 1]) {
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_STATE, "%s: elastic: the replicas are at different steps "
-                                  "(%.0f to %.0f): cannot shrink", what, (double)-agreed[w + 1], (double)agreed[w]);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-        goto done;
-    }
-    if (alive == w && settled) { /* every replica in time and none gone, but the communicators failed */
-        char m[DSGD__MSG_MAX];
-        int len = snprintf(m, sizeof(m), "%s", saved + (size_t)n * DSGD__MSG_MAX), add;
-        for (i = 0; i < n && len >= 0 && len < (int)sizeof(m); ++i) { /* why (simnet names a dropped message) */
-            const dsgd_transport_i *t = dsgd__el_base(&s->reps[i]);
-            const char *d = results[i] != DSGD_OK && t->error_message ? t->error_message(t->impl) : NULL;
-            if (!d || !*d || strstr(m, d)) continue;
-            add = snprintf(m + len, sizeof(m) - (size_t)len, "; replica %d's transport: %s", s->reps[i].rank, d);
-            len = add < 0 ? -1 : len + add;
-        }
-        dsgd__strategy_abort(s, 0);
-        *res = dsgd_ctx_set_error(s->ctx, *res, "%s", m);
-        dsgd__strategy_fail(s, step, what, m);
-        goto done;
-    }
-    if (alive == w) goto done;
-    dsgd__elastic_ranks(agreed, w, 1.0f, failed, sizeof(failed));
-    dsgd__elastic_ranks(agreed, w, 0.0f, alive_list, sizeof(alive_list));
-    if (alive < ed->min_replicas || alive == 0) {                                        /* 2 */
-        if (settled) dsgd__strategy_abort(s, 0); /* whoever is still in the transport returns */
-        dsgd__elastic_sleep(ed->grace_s);
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld replica(s) %s failed; %d of %d "
-                                  "replicas survive (ranks %s), fewer than min_replicas %d, and none joined within "
-                                  "grace_s %g s (%s)", what, (long long)step, failed, alive, w,
-                                  alive ? alive_list : "none", ed->min_replicas, ed->grace_s,
-                                  saved + (size_t)n * DSGD__MSG_MAX);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-        goto done;
-    }
-    for (i = 0, k = 0; i < n; ++i) keep[i] = agreed[s->reps[i].rank] == 0.0f;
-    for (i = 0; i < n; ++i) k += keep[i];
-    if (k == 0) {
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_ABORTED, "%s: elastic: at step %lld every replica of this worker "
-                                  "failed; the group goes on with ranks %s of the others (%s)", what, (long long)step,
-                                  alive_list, saved + (size_t)n * DSGD__MSG_MAX);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
-        goto done;
-    }
+    e.last = e.saved + (size_t)n * DSGD__MSG_MAX;
+    e.agreed = e.votes + n;
+    e.surv = e.keep + n;
+    e.results = e.surv + w;
+    if (!dsgd__elastic_votes(&e) || !dsgd__elastic_tally(&e) || !dsgd__elastic_verdict(&e)) goto done; /* 1, 2 */
     dsgd_ctx_log(s->ctx, DSGD_LOG_WARN, "%s: step %lld: replica(s) %s failed (%s); shrinking %d -> %d replicas", what,
-                 (long long)step, failed, saved + (size_t)n * DSGD__MSG_MAX, w, alive);
-    for (k = 0; k < w; ++k) why[k] = DSGD_DROP_FAILED; /* a replica of another worker: its own failure */
-    for (i = 0; i < n && settled; ++i) {
-        const dsgd_replica *r = &s->reps[i];
-        if (r->el_phase == DSGD__EL_GONE) why[r->rank] = DSGD_DROP_GONE;
-        else if (r->el_phase == DSGD__EL_SETTLED && r->el_entered >= first) why[r->rank] = DSGD_DROP_LATE;
-    }
+                 (long long)e.step, e.failed, e.last, w, e.alive);
+    dsgd__elastic_reasons(&e);
     if (!s->hub) { /* the dropped leave (the gone left in their settle) */
         int stay[DSGD_MAX_REPLICAS];
-        for (i = 0; i < n; ++i) stay[i] = keep[i] || s->reps[i].el_phase == DSGD__EL_GONE;
+        for (i = 0; i < n; ++i) stay[i] = e.keep[i] || s->reps[i].el_phase == DSGD__EL_GONE;
         (void)dsgd__strategy_dispatch(s, dsgd__elastic_leave, stay, what);
     }
-    if ((ar = dsgd__elastic_shrink(s, keep, surv, alive)) != DSGD_OK) {                 /* 3 */
+    if ((ar = dsgd__elastic_shrink(s, e.keep, e.surv, e.alive)) != DSGD_OK) {           /* 3 */
         char m[DSGD__MSG_MAX];
         snprintf(m, sizeof(m), "%s", dsgd_ctx_last_error(s->ctx));
-        *res = dsgd_ctx_set_error(s->ctx, ar, "%s: elastic: the shrink to %d replicas failed: %s", what, alive, m);
-        dsgd__strategy_fail(s, step, what, dsgd_ctx_last_error(s->ctx));
+        *res = dsgd_ctx_set_error(s->ctx, ar, "%s: elastic: the shrink to %d replicas failed: %s", what, e.alive, m);
+        dsgd__strategy_fail(s, e.step, what, dsgd_ctx_last_error(s->ctx));
         goto done;
     }
-    if (!s->resized) /* the first shrink of this call: the ranks are those it began with */
-        for (k = 0; k < w; ++k) s->call_rank[k] = k;
-    for (k = 0; k < w; ++k) /* dsgd_step_info.dropped: in the call's numbering */
-        if (agreed[k] != 0.0f) {
-            s->drop_rank[s->dropped] = s->call_rank[k];
-            s->drop_why[s->dropped++] = (unsigned char)why[k];
-        }
-    for (k = 0; k < alive; ++k) s->call_rank[k] = s->call_rank[surv[k]];
-    s->resized = 1;
-    for (i = 0; i < s->n; ++i) { /* dsgd_strategy_wait_report's window restarts: the ranks were renumbered */
-        dsgd_replica *r = &s->reps[i];
-        if (r->wait_at) memset(r->wait_at, 0, sizeof(double) * 3 * (size_t)alive);
-        r->wait_time = 0.0;
-        r->wait_steps = 0;
-    }
-    if (ed->on_resize) ed->on_resize(ed->user, w, alive, surv, s);                       /* 4 */
-    if (!a->fn && (long long)a->count > (long long)alive * s->d.model.max_batch) {
-        *res = dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT,
-                                  "%s: shrunk to %d replicas after replica(s) %s failed, but the global batch of %d "
-                                  "exceeds %d x max_batch %d: the step was not retried (call again with a smaller "
-                                  "batch)", what, alive, failed, a->count, alive, s->d.model.max_batch);
-        goto done;
-    }
+    dsgd__elastic_drops(&e);
+    if (ed->on_resize) ed->on_resize(ed->user, w, e.alive, e.surv, s);                   /* 4 */
+    if (!dsgd__elastic_retry_fits(&e, a)) goto done;
     go = 1;                                                                              /* 5 */
 done:
-    DSGD_FREE(saved);
-    DSGD_FREE(votes);
-    DSGD_FREE(keep);
+    DSGD_FREE(e.saved);
+    DSGD_FREE(e.votes);
+    DSGD_FREE(e.keep);
     return go;
 }
 
