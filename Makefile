@@ -37,7 +37,8 @@
 #                   users vendor; no package index's address anywhere
 #   make check-parts every part of distsgd/ compiles with only the parts above
 #                   it, as C99 and C++11 (tools/check_parts.py): no layer calls up;
-#                   no part uses another part's private struct fields (clang)
+#                   no part uses another part's private struct fields (clang);
+#                   no part over 1,500 lines, no function over 100
 #   make compile-matrix   C99/C11/C++11/C++17, DISTSGD_STATIC, two TUs, examples
 #                         on the single include
 #   make install / uninstall [PREFIX=/usr/local] [DESTDIR=]   headers + .pc
@@ -270,7 +271,8 @@ check-refs:
 
 # Every part compiles with only the parts above it in its map (no layer calls
 # up), as C99 and as C++11; and no part uses a field of another part's
-# private struct (clang's AST; skipped without clang).
+# private struct (clang's AST; skipped without clang); no part over 1,500
+# lines and no function in one over 100.
 check-parts:
 	$(PYTHON) tools/check_parts.py $(CC) $(CXX)
 

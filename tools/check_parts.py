@@ -32,8 +32,15 @@ neither is checked; nor is code the default configuration leaves out (an
 #ifdef). clang is $CLANG, default clang; without it this check is skipped,
 with a note.
 
+A part is read in one sitting: no part (a file the maps include, the
+add-ons' parts too, whether or not their libraries are found) is over
+MAX_PART_LINES lines, and no function in one is over MAX_FUNC_LINES, counted
+from the first line of its definition to its closing brace (found by brace
+depth, with comments, strings and character literals blanked out).
+
 Prints one line a part, one line the private-field check (or one a use it
-found), and exits 1 if anything failed.
+found), one line the sizes (or one a part or function over its limit), and
+exits 1 if anything failed.
 """
 import concurrent.futures
 import os
@@ -46,6 +53,82 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INCLUDE = re.compile(r'^#include "(distsgd/[A-Za-z0-9_/]+\.h)"')
 WARN = ["-Wall", "-Wextra", "-Wpedantic", "-Werror", "-Wno-unused-function", "-fsyntax-only"]
+
+
+MAX_PART_LINES = 1500
+MAX_FUNC_LINES = 100
+
+
+def blank_comments(src):
+    """src with its comments, strings and character literals as spaces
+    (newlines kept, so that line numbers stay)."""
+    out, i, n = [], 0, len(src)
+    while i < n:
+        if src.startswith("/*", i):
+            j = src.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+        elif src.startswith("//", i):
+            j = src.find("\n", i)
+            j = n if j < 0 else j
+        elif src[i] in "\"'":
+            j = i + 1
+            while j < n and src[j] != src[i] and src[j] != "\n":
+                j += 2 if src[j] == "\\" else 1
+            j = min(j + 1, n)
+        else:
+            out.append(src[i])
+            i += 1
+            continue
+        out.append("".join(c if c == "\n" else " " for c in src[i:j]))
+        i = j
+    return "".join(out)
+
+
+HEADER = re.compile(r"^[A-Za-z_].*\(")
+PREPROC = re.compile(r"^\s*#")
+
+
+def long_functions(path, limit):
+    """(first line, length, name) of each function definition in path over
+    limit lines: a definition starts at a line at column 0 that opens a
+    parameter list and ends at the brace that closes the body it opens."""
+    with open(path, encoding="utf-8") as f:
+        lines = blank_comments(f.read()).split("\n")
+    found, depth, header, start = [], 0, None, None
+    for no, line in enumerate(lines, 1):
+        if PREPROC.match(line):
+            continue
+        if depth == 0 and HEADER.match(line):
+            header = no
+        for k, c in enumerate(line):
+            if c == "{":
+                if depth == 0 and header is not None and line[:k].rstrip().endswith(")"):
+                    start = header
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0 and start is not None:
+                    if no - start + 1 > limit:
+                        name = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(", lines[start - 1])
+                        found.append((start, no - start + 1, name.group(1) if name else "?"))
+                    start = header = None
+        if depth == 0 and line.rstrip().endswith(";"):
+            header = None
+    return found
+
+
+def size_problems(parts):
+    """Lines, one per part or function over its limit."""
+    bad = []
+    for part in parts:
+        path = os.path.join(ROOT, part)
+        with open(path, encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > MAX_PART_LINES:
+            bad.append("%s: %d lines (at most %d: split it along a seam)" % (part, n, MAX_PART_LINES))
+        for start, length, name in long_functions(path, MAX_FUNC_LINES):
+            bad.append("%s:%d: %s is %d lines (at most %d)" % (part, start, name, length, MAX_FUNC_LINES))
+    return bad
 
 
 def parts_of(map_name):
@@ -258,11 +341,21 @@ def main():
         for where, line, struct, field, owner in uses:
             print("FAIL  %s:%d: %s of struct %s, private to %s (use an accessor)" % (where, line, field, struct, owner))
         bad_uses = len(uses)
+    every = [p for m in ("distsgd.h", "distsgd_cl.h", "distsgd_mpi.h") if os.path.exists(os.path.join(ROOT, m))
+             for p in parts_of(m)]
+    sizes = size_problems(every)
+    for line in sizes:
+        print("FAIL  " + line)
+    if not sizes:
+        print("ok    %d parts of at most %d lines, functions of at most %d" % (len(every), MAX_PART_LINES,
+                                                                          MAX_FUNC_LINES))
     if failed:
         print("check_parts: %d part(s) use something from a part below them" % failed)
     if bad_uses:
         print("check_parts: %d use(s) of another part's private struct fields" % bad_uses)
-    return 1 if failed or bad_uses else 0
+    if sizes:
+        print("check_parts: %d part(s) or function(s) over their size" % len(sizes))
+    return 1 if failed or bad_uses or sizes else 0
 
 
 if __name__ == "__main__":
