@@ -697,14 +697,25 @@ static dsgd_result dsgd__lb_unshare(void *impl, uint64_t tag, double deadline, i
 
 /* The first source, from e->probe_next on (round-robin), with a message
    waiting for e; -1 if none. SC loads of the senders' tails. */
+/* Non-zero when rank k has a message waiting for e. */
+static int dsgd__lb_has(const dsgd__lb_ep *e, int k) {
+    const dsgd__lb_pair *in = &e->hub->pair[(size_t)k * (size_t)e->hub->n + (size_t)e->rank];
+    return DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head);
+}
+
+/* The tag and size of the first message from rank k waiting for e. */
+static void dsgd__lb_peek(const dsgd__lb_ep *e, int k, uint64_t *tag, size_t *bytes) {
+    const dsgd__lb_pair *in = &e->hub->pair[(size_t)k * (size_t)e->hub->n + (size_t)e->rank];
+    const dsgd__lb_slot *s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
+    *tag = s->tag; /* written before the tail that published it */
+    *bytes = s->bytes;
+}
+
 static int dsgd__lb_waiting_source(dsgd__lb_ep *e) {
-    dsgd_loopback *hub = e->hub;
-    size_t n = (size_t)hub->n, me = (size_t)e->rank;
     int i;
-    for (i = 0; i < hub->n; ++i) {
-        int k = (e->probe_next + i) % hub->n;
-        const dsgd__lb_pair *in = &hub->pair[(size_t)k * n + me];
-        if (k != e->rank && DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head)) return k;
+    for (i = 0; i < e->hub->n; ++i) {
+        int k = (e->probe_next + i) % e->hub->n;
+        if (k != e->rank && dsgd__lb_has(e, k)) return k;
     }
     return -1;
 }
@@ -716,9 +727,6 @@ static int dsgd__lb_any_waiting(dsgd__lb_ep *e, uint64_t tag) {
 
 static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
-    dsgd_loopback *hub = e->hub;
-    const dsgd__lb_pair *in;
-    const dsgd__lb_slot *s;
     dsgd_result r;
     int k;
     if (src) *src = -1;
@@ -734,27 +742,19 @@ static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_
     }
     k = dsgd__lb_waiting_source(e);
     DSGD_ASSERT(k >= 0); /* only this rank consumes its inboxes */
-    in = &hub->pair[(size_t)k * (size_t)hub->n + (size_t)e->rank];
-    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
-    *tag = s->tag; /* written before the tail that published it */
-    *bytes = s->bytes;
+    dsgd__lb_peek(e, k, tag, bytes);
     *src = k;
-    e->probe_next = (k + 1) % hub->n;
+    e->probe_next = (k + 1) % e->hub->n;
     return DSGD_OK;
 }
 
 /* src's messages alone (src in the tag argument of the wait). */
-static int dsgd__lb_from_waiting(dsgd__lb_ep *e, uint64_t src) {
-    const dsgd__lb_pair *in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
-    return DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head);
-}
+static int dsgd__lb_from_waiting(dsgd__lb_ep *e, uint64_t src) { return dsgd__lb_has(e, (int)src); }
 
 /* The endpoint's probe_from: nothing here is ever gone (no rank is
    killed; an aborted hub fails every call). */
 static dsgd_result dsgd__lb_probe_from(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone) {
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
-    const dsgd__lb_pair *in;
-    const dsgd__lb_slot *s;
     dsgd_result r;
     if (gone) *gone = 0;
     if (!tag || !bytes || !gone || src < 0 || src >= e->hub->n || src == e->rank) {
@@ -768,10 +768,7 @@ static dsgd_result dsgd__lb_probe_from(void *impl, int src, double deadline, uin
                  r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted", src);
         return r;
     }
-    in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
-    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
-    *tag = s->tag; /* written before the tail that published it */
-    *bytes = s->bytes;
+    dsgd__lb_peek(e, src, tag, bytes);
     return DSGD_OK;
 }
 

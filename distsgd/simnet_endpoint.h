@@ -239,6 +239,18 @@ static dsgd_result dsgd__sn_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
                          failed_peer);
 }
 
+/* A probe found m from src: its tag and size, and the call's spans (the
+   wait until it began to arrive, then its bytes coming in); wait_peer is
+   the span's peer (src, or DSGD__SN_ANY). */
+static void dsgd__sn_probe_found(dsgd__sn_ep *e, const dsgd__sn_msg *m, int src, int wait_peer, uint64_t *tag,
+                                 size_t *bytes) {
+    double in, taken = dsgd__sn_taken(e, m, src, &in), r0 = DSGD__MAX(e->t_call, in);
+    *tag = m->tag;
+    *bytes = m->bytes;
+    dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, wait_peer, 0, 0);
+    dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, src, m->bytes, 0);
+}
+
 /* Receive from any source: the earliest arrival, ties by the lower rank. */
 static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
     dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
@@ -267,15 +279,8 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
             }
         }
         DSGD_ASSERT(best >= 0);
-        {
-            const dsgd__sn_msg *m = dsgd__sn_head(h, best, e->rank);
-            double in, taken = dsgd__sn_taken(e, m, best, &in), r0 = DSGD__MAX(e->t_call, in);
-            *src = best;
-            *tag = m->tag;
-            *bytes = m->bytes;
-            dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, DSGD__SN_ANY, 0, 0);
-            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, best, m->bytes, 0);
-        }
+        *src = best;
+        dsgd__sn_probe_found(e, dsgd__sn_head(h, best, e->rank), best, DSGD__SN_ANY, tag, bytes);
     } else {
         dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, DSGD__SN_ANY, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);
         if (r == DSGD_ERR_TIMEOUT) dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from any rank");
@@ -307,11 +312,7 @@ static dsgd_result dsgd__sn_probe_from(void *impl, int src, double deadline, uin
     r = dsgd__sn_block(e);
     m = r == DSGD_OK ? dsgd__sn_head(h, src, e->rank) : NULL;
     if (m) {
-        double in, taken = dsgd__sn_taken(e, m, src, &in), r0 = DSGD__MAX(e->t_call, in);
-        *tag = m->tag;
-        *bytes = m->bytes;
-        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, src, 0, 0);
-        dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, src, m->bytes, 0);
+        dsgd__sn_probe_found(e, m, src, src, tag, bytes);
     } else {
         *gone = r == DSGD_OK;
         dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, src, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);

@@ -8942,14 +8942,25 @@ static dsgd_result dsgd__lb_unshare(void *impl, uint64_t tag, double deadline, i
 
 /* The first source, from e->probe_next on (round-robin), with a message
    waiting for e; -1 if none. SC loads of the senders' tails. */
+/* Non-zero when rank k has a message waiting for e. */
+static int dsgd__lb_has(const dsgd__lb_ep *e, int k) {
+    const dsgd__lb_pair *in = &e->hub->pair[(size_t)k * (size_t)e->hub->n + (size_t)e->rank];
+    return DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head);
+}
+
+/* The tag and size of the first message from rank k waiting for e. */
+static void dsgd__lb_peek(const dsgd__lb_ep *e, int k, uint64_t *tag, size_t *bytes) {
+    const dsgd__lb_pair *in = &e->hub->pair[(size_t)k * (size_t)e->hub->n + (size_t)e->rank];
+    const dsgd__lb_slot *s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
+    *tag = s->tag; /* written before the tail that published it */
+    *bytes = s->bytes;
+}
+
 static int dsgd__lb_waiting_source(dsgd__lb_ep *e) {
-    dsgd_loopback *hub = e->hub;
-    size_t n = (size_t)hub->n, me = (size_t)e->rank;
     int i;
-    for (i = 0; i < hub->n; ++i) {
-        int k = (e->probe_next + i) % hub->n;
-        const dsgd__lb_pair *in = &hub->pair[(size_t)k * n + me];
-        if (k != e->rank && DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head)) return k;
+    for (i = 0; i < e->hub->n; ++i) {
+        int k = (e->probe_next + i) % e->hub->n;
+        if (k != e->rank && dsgd__lb_has(e, k)) return k;
     }
     return -1;
 }
@@ -8961,9 +8972,6 @@ static int dsgd__lb_any_waiting(dsgd__lb_ep *e, uint64_t tag) {
 
 static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
-    dsgd_loopback *hub = e->hub;
-    const dsgd__lb_pair *in;
-    const dsgd__lb_slot *s;
     dsgd_result r;
     int k;
     if (src) *src = -1;
@@ -8979,27 +8987,19 @@ static dsgd_result dsgd__lb_probe(void *impl, double deadline, int *src, uint64_
     }
     k = dsgd__lb_waiting_source(e);
     DSGD_ASSERT(k >= 0); /* only this rank consumes its inboxes */
-    in = &hub->pair[(size_t)k * (size_t)hub->n + (size_t)e->rank];
-    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
-    *tag = s->tag; /* written before the tail that published it */
-    *bytes = s->bytes;
+    dsgd__lb_peek(e, k, tag, bytes);
     *src = k;
-    e->probe_next = (k + 1) % hub->n;
+    e->probe_next = (k + 1) % e->hub->n;
     return DSGD_OK;
 }
 
 /* src's messages alone (src in the tag argument of the wait). */
-static int dsgd__lb_from_waiting(dsgd__lb_ep *e, uint64_t src) {
-    const dsgd__lb_pair *in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
-    return DSGD__LOAD_SC(&in->tail) > DSGD__LOAD_RLX(&in->head);
-}
+static int dsgd__lb_from_waiting(dsgd__lb_ep *e, uint64_t src) { return dsgd__lb_has(e, (int)src); }
 
 /* The endpoint's probe_from: nothing here is ever gone (no rank is
    killed; an aborted hub fails every call). */
 static dsgd_result dsgd__lb_probe_from(void *impl, int src, double deadline, uint64_t *tag, size_t *bytes, int *gone) {
     dsgd__lb_ep *e = (dsgd__lb_ep *)impl;
-    const dsgd__lb_pair *in;
-    const dsgd__lb_slot *s;
     dsgd_result r;
     if (gone) *gone = 0;
     if (!tag || !bytes || !gone || src < 0 || src >= e->hub->n || src == e->rank) {
@@ -9013,10 +9013,7 @@ static dsgd_result dsgd__lb_probe_from(void *impl, int src, double deadline, uin
                  r == DSGD_ERR_TIMEOUT ? "the deadline passed" : "the hub was aborted", src);
         return r;
     }
-    in = &e->hub->pair[(size_t)src * (size_t)e->hub->n + (size_t)e->rank];
-    s = &in->slot[DSGD__LOAD_RLX(&in->head) % DSGD__LB_QUEUE];
-    *tag = s->tag; /* written before the tail that published it */
-    *bytes = s->bytes;
+    dsgd__lb_peek(e, src, tag, bytes);
     return DSGD_OK;
 }
 
@@ -11045,6 +11042,18 @@ static dsgd_result dsgd__sn_sendrecv_reduce(void *impl, int dst, uint64_t stag, 
                          failed_peer);
 }
 
+/* A probe found m from src: its tag and size, and the call's spans (the
+   wait until it began to arrive, then its bytes coming in); wait_peer is
+   the span's peer (src, or DSGD__SN_ANY). */
+static void dsgd__sn_probe_found(dsgd__sn_ep *e, const dsgd__sn_msg *m, int src, int wait_peer, uint64_t *tag,
+                                 size_t *bytes) {
+    double in, taken = dsgd__sn_taken(e, m, src, &in), r0 = DSGD__MAX(e->t_call, in);
+    *tag = m->tag;
+    *bytes = m->bytes;
+    dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, wait_peer, 0, 0);
+    dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, src, m->bytes, 0);
+}
+
 /* Receive from any source: the earliest arrival, ties by the lower rank. */
 static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_t *tag, size_t *bytes) {
     dsgd__sn_ep *e = (dsgd__sn_ep *)impl;
@@ -11073,15 +11082,8 @@ static dsgd_result dsgd__sn_probe(void *impl, double deadline, int *src, uint64_
             }
         }
         DSGD_ASSERT(best >= 0);
-        {
-            const dsgd__sn_msg *m = dsgd__sn_head(h, best, e->rank);
-            double in, taken = dsgd__sn_taken(e, m, best, &in), r0 = DSGD__MAX(e->t_call, in);
-            *src = best;
-            *tag = m->tag;
-            *bytes = m->bytes;
-            dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, DSGD__SN_ANY, 0, 0);
-            dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, best, m->bytes, 0);
-        }
+        *src = best;
+        dsgd__sn_probe_found(e, dsgd__sn_head(h, best, e->rank), best, DSGD__SN_ANY, tag, bytes);
     } else {
         dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, DSGD__SN_ANY, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);
         if (r == DSGD_ERR_TIMEOUT) dsgd__sn_fail(e, r, "the deadline passed while waiting for a message from any rank");
@@ -11113,11 +11115,7 @@ static dsgd_result dsgd__sn_probe_from(void *impl, int src, double deadline, uin
     r = dsgd__sn_block(e);
     m = r == DSGD_OK ? dsgd__sn_head(h, src, e->rank) : NULL;
     if (m) {
-        double in, taken = dsgd__sn_taken(e, m, src, &in), r0 = DSGD__MAX(e->t_call, in);
-        *tag = m->tag;
-        *bytes = m->bytes;
-        dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, r0, src, 0, 0);
-        dsgd__sn_span_add(e, DSGD__SN_SP_RECEIVE, r0, taken, src, m->bytes, 0);
+        dsgd__sn_probe_found(e, m, src, src, tag, bytes);
     } else {
         *gone = r == DSGD_OK;
         dsgd__sn_span_add(e, DSGD__SN_SP_WAIT, e->t_call, e->t, src, 0, r != DSGD_OK ? DSGD__SN_TIMEOUT_BIT : 0);
