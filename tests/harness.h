@@ -78,6 +78,22 @@
 #define TU_ASAN 0
 #endif
 
+/* tu_full(): 1 when DSGD_TEST_FULL=1 is in the environment (make test-full
+   sets it), else 0 (make test). make test runs each distinct case once: a
+   sweep's corners and the points where its behaviour changes, a statistic
+   at a sample that still fails on a wrong mean. make test-full adds the
+   repetitions: every point of a sweep, more seeds, the full samples.
+   TU_PICK(full, quick) is the count for this tier. */
+TU_FN int tu_full(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSGD_TEST_FULL");
+        v = e && e[0] == '1' && e[1] == '\0';
+    }
+    return v;
+}
+#define TU_PICK(full, quick) (tu_full() ? (full) : (quick))
+
 /* ---------------------------------------------------------------- watchdog */
 
 /* A hung test must fail the run, not block it: tu_watchdog(s) arms SIGALRM

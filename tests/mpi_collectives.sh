@@ -1,60 +1,88 @@
 #!/usr/bin/env bash
 # tests/mpi_collectives.sh - runs tests/mpi_collectives.c under mpirun (make test-mpi).
 #
-#   for np in $DSGD_MPI_NP (default 2 3 4): the suite, each run under a
-#       watchdog (timeout), its summary line counted;
+# Two tiers. With DSGD_TEST_FULL=1 (make test-full, make test-mpi) every run
+# below; otherwise (make test) the quick tier: each program and feature
+# once, at the smallest np that exercises it. The runs, [full] marking those
+# of the full tier alone:
+#
+#   the suite at each np of $DSGD_MPI_NP (default 2 3 4; quick 2 3: np = 3
+#       is the first where a ring has a middle rank), each run under a
+#       watchdog (timeout), its summary line counted; the quick tier gives
+#       it DSGD_TEST_LARGE=300007 (the full tier's large count is 1000003):
+#       still past the default 1 MiB shared-memory window, so DIRECT goes
+#       through it in pieces, and past the collectives' 256 KiB pieces;
 #   np = 2 --levels: thread levels and MPI initialised by the program;
 #   --local K (several endpoints per process, dsgd_mpi_transport_create_local)
-#       for each "np:K" of $DSGD_MPI_LOCAL (default 2:2 3:2 2:3);
-#   np = 2, 3, 4 --share-deadline: DIRECT over the shared-memory windows;
-#       the last rank sleeps past all-reduce #5's deadline: the others time
-#       out naming it, it gets DSGD_ERR_ABORTED at once when it arrives
-#       (checked by the program, under its alarm and the timeout here);
+#       for each "np:K" of $DSGD_MPI_LOCAL (default 2:2 3:2 2:3; quick:
+#       its first, 2:2);
+#   --share-deadline at np = 3 ([full] also np = 2 and 4): DIRECT over the
+#       shared-memory windows; the last rank sleeps past all-reduce #5's
+#       deadline: the others time out naming it, it gets DSGD_ERR_ABORTED
+#       at once when it arrives (checked by the program, under its alarm
+#       and the timeout here);
 #   np = 2 --deadline: rank 0's all-reduce #5 must time out naming rank 1
 #       within the deadline + 100 ms (checked by the program), after which it
 #       calls dsgd_mpi_abort: the job must end with a non-zero status within
 #       5 s of that call (checked here: 3 checks);
 #   the small-pieces build (DSGD_MPI_MAX_MESSAGE=4096, so payloads and native
-#       all-reduces go in many MPI messages), when it exists, at np = 3, and
-#       with --local 2 at np = 3;
+#       all-reduces go in many MPI messages, and DSGD_MPI_SHARE_BYTES=4096,
+#       so DIRECT goes through the windows in many pieces), when it exists,
+#       at np = 3 (quick: DSGD_TEST_LARGE=100003, a hundred pieces a
+#       message), and [full] with --local 2 at np = 3;
 #   tests/mpi_workers.c (multi-worker mirrored training), when built, at
-#       np:K = 2:1 2:2 3:2 4:1 (K replicas per process);
+#       np:K = 2:2 ([full] also 2:1 3:2 4:1; K replicas per process);
 #   tests/mpi_elastic.c (elastic training over MPI), when built: a planned
 #       leave at np = 3 (3 -> 2), a grow by MPI_Comm_spawn at np = 2
 #       (2 -> 3), and a crash at np = 3 relaunched at np = 2 from its
 #       checkpoint by tools/elastic_launch.sh (the launcher under the
 #       watchdog); each bit for bit against a reference of its own;
-#   examples/multi_worker_mlp.c --verify at np = 2 (one epoch; weights
-#       bitwise equal to the one-process run), when built and Fashion-MNIST
-#       is in $DSGD_FMNIST_DIR (default build/data/fashion-mnist);
 #   tests/mpi_ps.c (parameter servers across processes), when built, at
 #       np = 4; tests/mpi_strategy_ps.c (the parameter-server strategy over
-#       MPI equals its own loopback, bit for bit) at np = 4; then examples/ps_mpi.c, when built, at np = 4 with a malformed
-#       TF_CONFIG and with a cluster of 5 tasks: the job must end non-zero
+#       MPI equals its own loopback, bit for bit) at np = 4; then
+#       examples/ps_mpi.c, when built, at np = 4 with a cluster of 5 tasks
+#       and [full] with a malformed TF_CONFIG: the job must end non-zero
 #       (not by the watchdog), every process printing the same error (3
 #       checks each);
-#   the MPICH builds (mpi_collectives_mpich, mpi_workers_mpich), when they
-#       exist: the suite, --local 2 and multi-worker training at np = 2
+#   [full] examples/multi_worker_mlp.c --verify at np = 2 (one epoch;
+#       weights bitwise equal to the one-process run), when built and
+#       Fashion-MNIST is in $DSGD_FMNIST_DIR (default
+#       build/data/fashion-mnist): a real training run, seconds of it;
+#       the quick tier's mpi_workers makes the same bitwise comparison;
+#   [full] the MPICH builds (mpi_collectives_mpich, mpi_workers_mpich), when
+#       they exist: the suite, --local 2 and multi-worker training at np = 2
 #       under $DSGD_MPICH_RUN (default mpirun.mpich; MPICH busy-polls, so 2
 #       ranks).
-# Prints each run's output and the number of its checks that passed and
-# failed, the checks' total, and last "N passed, N failed" counting runs (a
-# run passes when all its checks did and it ended as it should): the line
-# tools/run_tests.sh counts this script by, a test per run, as cmocka's
-# tests count functions, not assertions. Exit 1 when a run failed.
+# Prints each run's output, the number of its checks that passed and
+# failed and its seconds, the checks' total, and last "N passed, N failed"
+# counting runs (a run passes when all its checks did and it ended as it
+# should): the line tools/run_tests.sh counts this script by, a test per
+# run, as cmocka's tests count functions, not assertions. Exit 1 when a run
+# failed.
 #
-# Environment: DSGD_MPI_BUILD (default build/mpi: mpi_collectives and
-# mpi_collectives_pieces), DSGD_MPIRUN (default "mpirun --allow-run-as-root
-# --oversubscribe"), DSGD_MPI_NP, DSGD_MPI_LOCAL, DSGD_MPICH_RUN,
-# DSGD_MPI_TIMEOUT (seconds per run, default 300).
+# Environment: DSGD_TEST_FULL (1: the full tier), DSGD_MPI_BUILD (default
+# build/mpi: mpi_collectives and mpi_collectives_pieces), DSGD_MPIRUN
+# (default "mpirun --allow-run-as-root --oversubscribe"), DSGD_MPI_NP,
+# DSGD_MPI_LOCAL, DSGD_MPICH_RUN, DSGD_MPI_TIMEOUT (seconds per run,
+# default 300), DSGD_TEST_LARGE (the suite's large count, in both tiers).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 build=${DSGD_MPI_BUILD:-build/mpi}
 read -r -a mpirun <<<"${DSGD_MPIRUN:-mpirun --allow-run-as-root --oversubscribe}"
-nps=${DSGD_MPI_NP:-2 3 4}
-locals=${DSGD_MPI_LOCAL:-2:2 3:2 2:3}
+full=0
+[ "${DSGD_TEST_FULL:-}" = 1 ] && full=1
+if [ "$full" -eq 1 ]; then
+    nps=${DSGD_MPI_NP:-2 3 4}
+    locals=${DSGD_MPI_LOCAL:-2:2 3:2 2:3}
+else
+    nps=${DSGD_MPI_NP:-2 3}
+    read -r locals _ <<<"${DSGD_MPI_LOCAL:-2:2}"
+    # the suite's large count (tests/mpi_collectives.c reads it), unless given
+    large=${DSGD_TEST_LARGE:-300007}
+    large_pieces=${DSGD_TEST_LARGE:-100003}
+fi
 read -r -a mpichrun <<<"${DSGD_MPICH_RUN:-mpirun.mpich}"
 limit=${DSGD_MPI_TIMEOUT:-300}
 bin=$build/mpi_collectives
@@ -83,6 +111,14 @@ if [ ! -x "$bin" ]; then
 fi
 
 now() { date +%s.%N; }
+# since T: the seconds from T to now, to a tenth
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+began=$(now)
+if [ "$full" -eq 1 ]; then
+    echo "mpi_collectives.sh: the full tier (DSGD_TEST_FULL=1): every run"
+else
+    echo "mpi_collectives.sh: the quick tier: each program and feature once (DSGD_TEST_FULL=1 runs them all)"
+fi
 
 # run NAME ARGS...: one mpirun, streamed and logged; its own summary line is
 # counted, and a non-zero exit without a reported failure counts as one.
@@ -111,18 +147,24 @@ run_with() {
         echo "mpi_collectives.sh: $name: no summary line, counted as 1 failed"
     fi
     tally "$name" "$p" "$f"
-    echo "---- $name: $p checks passed, $f failed, exit $rc, $(awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s"
+    echo "---- $name: $p checks passed, $f failed, exit $rc, $(since "$start") s"
 }
 
 for np in $nps; do
-    run "np=$np" -np "$np" "$bin"
+    if [ "$full" -eq 1 ]; then
+        run "np=$np" -np "$np" "$bin"
+    else
+        DSGD_TEST_LARGE=$large run "np=$np" -np "$np" "$bin"
+    fi
 done
 run "np=2 --levels" -np 2 "$bin" --levels
 for pk in $locals; do
     run "np=${pk%%:*} --local ${pk##*:}" -np "${pk%%:*}" "$bin" --local "${pk##*:}"
 done
 # DIRECT over the shared-memory windows with a rank that never arrives.
-for np in 2 3 4; do
+share_nps=3
+[ "$full" -eq 1 ] && share_nps="2 3 4"
+for np in $share_nps; do
     run "np=$np --share-deadline" -np "$np" "$bin" --share-deadline
 done
 
@@ -161,7 +203,9 @@ echo "---- np=2 --deadline: $p checks passed, $f failed, exit $rc, $(awk -v a="$
 
 # Multi-worker mirrored across processes (tests/mpi_workers.c), np:K as --local.
 if [ -x "$workers" ]; then
-    for pk in 2:1 2:2 3:2 4:1; do
+    worker_pks=2:2
+    [ "$full" -eq 1 ] && worker_pks="2:1 2:2 3:2 4:1"
+    for pk in $worker_pks; do
         run "mpi_workers np=${pk%%:*} --local ${pk##*:}" -np "${pk%%:*}" "$workers" --local "${pk##*:}"
     done
 fi
@@ -204,10 +248,10 @@ ps_fail() {
     if [ "$(grep '^ps_mpi (process [0-3]): ' "$log" | grep -c -F "$3")" -eq 4 ]; then p=$((p + 1)); else
         f=$((f + 1)); echo "mpi_collectives.sh: $name: not every process's message holds \"$3\""; fi
     tally "$name" "$p" "$f"
-    echo "---- $name: $p checks passed, $f failed, exit $rc, $(awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s"
+    echo "---- $name: $p checks passed, $f failed, exit $rc, $(since "$start") s"
 }
 if [ -x "$psdemo" ]; then
-    ps_fail "ps_mpi np=4 malformed TF_CONFIG" '{"cluster": {"ps": ["a:1"]' "malformed JSON"
+    [ "$full" -eq 1 ] && ps_fail "ps_mpi np=4 malformed TF_CONFIG" '{"cluster": {"ps": ["a:1"]' "malformed JSON"
     ps_fail "ps_mpi np=4 TF_CONFIG of 5 tasks" \
         '{"cluster": {"worker": ["a:1", "b:1", "c:1"], "ps": ["d:1", "e:1"]}, "task": {"type": "worker", "index": 0}}' \
         "= 5 tasks, but the job has 4 processes"
@@ -217,29 +261,38 @@ fi
 # run's, bit for bit (--verify), when it was built and the data are there.
 mlp=$build/multi_worker_mlp
 fmnist=${DSGD_FMNIST_DIR:-build/data/fashion-mnist}
-if [ -x "$mlp" ] && [ -f "$fmnist/train-images-idx3-ubyte" ]; then
+if [ "$full" -eq 0 ]; then
+    echo "==== multi_worker_mlp np=2 --verify: skipped (the full tier's)"
+elif [ -x "$mlp" ] && [ -f "$fmnist/train-images-idx3-ubyte" ]; then
     echo "==== multi_worker_mlp np=2 --verify"
+    start=$(now)
     timeout --kill-after=10 "$limit" "${mpirun[@]}" -np 2 "$mlp" --data "$fmnist" --epochs 1 --verify 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 0 ] && grep -q '^verify: weights bitwise equal' "$log"; then tally mlp 1 0; else
         echo "mpi_collectives.sh: multi_worker_mlp --verify: exit $rc, no 'weights bitwise equal' line"; tally mlp 0 1; fi
+    echo "---- multi_worker_mlp np=2 --verify: exit $rc, $(since "$start") s"
 else
     echo "==== multi_worker_mlp np=2 --verify: skipped ($mlp or $fmnist/train-images-idx3-ubyte missing)"
 fi
 
-if [ -x "$pieces" ]; then
+if [ -x "$pieces" ] && [ "$full" -eq 1 ]; then
     run "np=3 DSGD_MPI_MAX_MESSAGE=4096" -np 3 "$pieces"
     run "np=3 --local 2 DSGD_MPI_MAX_MESSAGE=4096" -np 3 "$pieces" --local 2
+elif [ -x "$pieces" ]; then
+    DSGD_TEST_LARGE=$large_pieces run "np=3 DSGD_MPI_MAX_MESSAGE=4096" -np 3 "$pieces"
 fi
 
-if [ -x "$mpich" ]; then
+# MPICH busy-polls (two ranks take both cores for seconds): the full tier's.
+if [ "$full" -eq 0 ]; then
+    echo "==== MPICH: skipped (the full tier's)"
+elif [ -x "$mpich" ]; then
     run_with mpichrun "MPICH np=2" -np 2 "$mpich"
     run_with mpichrun "MPICH np=2 --local 2" -np 2 "$mpich" --local 2
 fi
-if [ -x "$build/mpi_workers_mpich" ]; then
+if [ "$full" -eq 1 ] && [ -x "$build/mpi_workers_mpich" ]; then
     run_with mpichrun "MPICH mpi_workers np=2" -np 2 "$build/mpi_workers_mpich"
 fi
 
-echo "mpi_collectives.sh: $passed checks passed, $failed failed, in $((runs_passed + runs_failed)) runs"
+echo "mpi_collectives.sh: $passed checks passed, $failed failed, in $((runs_passed + runs_failed)) runs, $(since "$began") s"
 echo "$runs_passed passed, $runs_failed failed"
 [ "$runs_failed" -eq 0 ]

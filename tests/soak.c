@@ -63,9 +63,11 @@
    when a seed failed.
 
    Usage: build/tsan/soak [--seeds N] [--first K] [--bound S] [--batch B]
-            N seeds from K (default 50 from 1: the short run of make test,
-            which tools/run_tests.sh counts as N tests), S seconds each at
-            most (default 30), B seeds per child process (default 50)
+            N seeds from K (default from 1: 16, the short run of make test,
+            or 50 with DSGD_TEST_FULL=1 in the environment, make
+            test-full's; tools/run_tests.sh counts them as N tests), S
+            seconds each at most (default 30), B seeds per child process
+            (default 50)
           build/tsan/soak --seed K     one seed in this process, verbosely
 
    Build: make soak SOAK_SEEDS=N (default 1000), or make build/tsan/soak
@@ -847,8 +849,16 @@ static void alarm_fire(int sig) {
 
 static void usage(void) {
     fprintf(stderr, "usage: soak [--seeds N] [--first K] [--bound S] [--batch B]\n"
-                    "       soak --seed K   (one seed, in this process, verbosely)\n");
+                    "       soak --seed K   (one seed, in this process, verbosely)\n"
+                    "  N defaults to 16, or to 50 with DSGD_TEST_FULL=1 in the environment\n");
     exit(2);
+}
+
+/* make test-full sets DSGD_TEST_FULL=1 (tests/harness.h's tu_full): its
+   default run is 50 seeds, make test's 16. */
+static int test_full(void) {
+    const char *e = getenv("DSGD_TEST_FULL");
+    return e && e[0] == '1' && e[1] == '\0';
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {
@@ -863,7 +873,7 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 }
 
 int main(int argc, char **argv) {
-    double seeds = 50, first = 1, bound = 30, batch = 50, one = -1;
+    double seeds = test_full() ? 50 : 16, first = 1, bound = 30, batch = 50, one = -1;
     int i, pass = 0, fail = 0;
     for (i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

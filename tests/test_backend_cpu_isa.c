@@ -31,6 +31,8 @@
    holds with -march=native and GNU modes too.
    With DSGD_USE_CBLAS the GEMM's order is OpenBLAS's: only its accuracy is
    checked.
+   That is make test-full; make test (the quick tier) runs each GEMM shape
+   in fewer transposes and max-pool over fewer shapes (see each test).
 
    Build: make test (this file compiles the implementation itself: it reads
    the CPU backend's private kernel table).
@@ -307,6 +309,9 @@ static void test_kernels_gemm(void **state) {
                         int m = dims[mi], n = dims[ni], k = kk < NDIMS ? dims[kk] : 300;
                         problem p;
                         if (k == 300 && (m > 17 || n > 17)) continue; /* two KC blocks: a few shapes */
+                        /* the quick tier: each (m, n, k) in one transpose, in turns (each
+                           size meets every transpose); make test-full runs all four */
+                        if (!tu_full() && t != (mi + ni + kk) % 4) continue;
                         problem_init(&p, m, n, k, t & 1, t >> 1, 77u + (uint64_t)(m * 1000003 + n * 1009 + k * 7 + t));
                         checked += check_problem(ctx, &be, kern->name, fused, &p);
                         problem_free(&p);
@@ -315,6 +320,11 @@ static void test_kernels_gemm(void **state) {
             for (t = 0; t < 8; ++t) {
                 const int *sh = thin_shapes[si];
                 problem p;
+                /* the quick tier: each shape in two of the four with B not transposed
+                   (the thin GEMM's), A transposed in one of them and beta 0 in one:
+                   (ta 1, beta -0.5) and (ta 0, beta 0), or (ta 0, beta -0.5) and
+                   (ta 1, beta 0), in turns; make test-full runs all eight */
+                if (!tu_full() && ((t & 2) || ((t & 1) ^ (t >> 2)) != !(si & 1))) continue;
                 problem_init(&p, sh[0], sh[1], sh[2], t & 1, (t >> 1) & 1, 991u + (uint64_t)(si * 8 + t));
                 if (t >> 2) p.beta = 0.0f;
                 checked += check_problem(ctx, &be, kern->name, fused, &p);
@@ -668,7 +678,9 @@ static void test_kernels_maxpool_backward(void **state) {
             assert_int_equal(setenv("DSGD_CPU_ISA", kern->name, 1), 0);
             TU_OK(ctx, dsgd_cpu_backend_create_desc(ctx, &bd, &be));
             assert_string_equal(dsgd_cpu_backend_isa(&be), kern->name);
-            for (k = 0; k < 60; ++k) { /* random small shapes */
+            /* the quick tier: 20 random small shapes and each large one in half the
+               windows (in turns); make test-full: 60 and every window */
+            for (k = 0; k < TU_PICK(60, 20); ++k) { /* random small shapes */
                 dsgd_window wd;
                 const int *wi = win[tu_below(&rng, sizeof win / sizeof win[0])];
                 memset(&wd, 0, sizeof wd);
@@ -684,6 +696,7 @@ static void test_kernels_maxpool_backward(void **state) {
             for (k = 0; k < (int)(sizeof big / sizeof big[0]); ++k)
                 for (w = 0; w < (int)(sizeof win / sizeof win[0]); ++w) {
                     dsgd_window wd;
+                    if (!tu_full() && (w + k) % 2) continue;
                     memset(&wd, 0, sizeof wd);
                     wd.n = big[k][0];
                     wd.h = big[k][1];

@@ -32,6 +32,10 @@
    - bad thread counts are refused with a message; backends with a pool that
      are created and destroyed at once, or after one operation, stop cleanly.
    Runs under TSan too (make test), which checks the pool's handoffs.
+   That is make test-full. make test (the quick tier) keeps every kernel,
+   path and thread count but fewer combinations of each sweep (each test
+   says which), and under TSan, where the other builds have checked the
+   bits, one thread count against 1 where a sweep has several.
 
    Build: make test (this file is compiled without the implementation and
    linked against the library built once per variant).
@@ -121,6 +125,23 @@ static float *gemm_on(dsgd_ctx *ctx, const char *isa, int threads, const shape *
     return out;
 }
 
+/* Whether the quick tier (make test) runs shape si in transpose t and beta
+   bi: the shapes of more than 10^7 multiply-adds in one of the eight
+   combinations, the others in all four transposes with beta 0 and -0.5
+   taking turns. Under TSan (beta -0.5 only), where a run costs mostly the
+   pool's start and the other builds check the bits: one transpose per
+   shape, in turns that still reach every path (the threads' GEMM by rows
+   and by columns over two KC blocks, the thin one by tiles and by blocks
+   of k, the independent blocks), and none of the large shapes. make
+   test-full runs every combination. */
+static int gemm_quick_keeps(int si, const shape *s, int t, int bi) {
+    const int big = (double)s->m * s->n * s->k > 1e7;
+    if (tu_full()) return 1;
+    if (TU_TSAN) return !big && t == (si + 1) % 4;
+    if (big) return t == si % 4 && bi == (si & 1);
+    return bi == ((t + si) & 1);
+}
+
 static void test_gemm_threads(void **state) {
     /* above 2^17 multiply-adds the GEMM is cut: 256x256x784 (rows, the MLP's
        first layer), 784x256x64 (rows), 40x700x300 (columns, two KC blocks),
@@ -149,12 +170,15 @@ static void test_gemm_threads(void **state) {
                     const shape *s = &shapes[si];
                     int ta = t & 1, tb = t >> 1, i, j, q;
                     int lda = (ta ? s->m : s->k) + 3, ldb = (tb ? s->k : s->n) + 1, ldc = s->n + 2;
-                    float beta = bi ? -0.5f : 0.0f;
-                    float *a = rand_floats(&rng, (size_t)(ta ? s->k : s->m) * lda);
-                    float *b = rand_floats(&rng, (size_t)(tb ? s->n : s->k) * ldb);
-                    float *c0 = rand_floats(&rng, (size_t)s->m * ldc);
-                    float *one = gemm_on(ctx, isa, 1, s, ta, tb, beta, a, lda, b, ldb, c0, ldc);
-                    if (t == 0 || si < 3) /* the one-thread result against double, on a few */
+                    float beta = bi ? -0.5f : 0.0f, *a, *b, *c0, *one;
+                    if (!gemm_quick_keeps(si, s, t, bi)) continue;
+                    a = rand_floats(&rng, (size_t)(ta ? s->k : s->m) * lda);
+                    b = rand_floats(&rng, (size_t)(tb ? s->n : s->k) * ldb);
+                    c0 = rand_floats(&rng, (size_t)s->m * ldc);
+                    one = gemm_on(ctx, isa, 1, s, ta, tb, beta, a, lda, b, ldb, c0, ldc);
+                    /* the one-thread result against double: on a few in make test-full, on
+                       every one the quick tier keeps */
+                    if (t == 0 || si < 3 || !tu_full())
                         for (i = 0; i < s->m; i += 7)
                             for (j = 0; j < s->n; j += 5) {
                                 double ref = 0, mag = 0, x;
@@ -265,10 +289,18 @@ static void test_conv_gemm_threads(void **state) {
                                          ((wd->w + 2 * wd->pad - wd->kw) / wd->stride + 1);
                         const int kk = wd->kh * wd->kw * wd->c, m = ta ? kk : rows, k = ta ? rows : kk;
                         const size_t nx = (size_t)wd->n * wd->h * wd->w * wd->c;
-                        float beta = bi ? -0.5f : 0.0f;
-                        float *x = rand_floats(&rng, nx), *b = rand_floats(&rng, (size_t)k * ldb);
-                        float *c0 = rand_floats(&rng, (size_t)m * ldc), *want, *got;
+                        float beta = bi ? -0.5f : 0.0f, *x, *b, *c0, *want, *got;
                         int mm, i;
+                        /* the quick tier: each window with a thin and a wider C (16 and 40
+                           outputs, or 32 and 5; TSan: 16 or 5, in turns), beta 0 and -0.5
+                           taking turns; make test-full runs every combination */
+                        if (!tu_full() && (bi != ((wi + oi + ta) & 1) ||
+                                           (TU_TSAN ? oi != 2 * (wi % 2)
+                                                    : (oi == 0 || oi == 3) != (wi % 2 == 0))))
+                            continue;
+                        x = rand_floats(&rng, nx);
+                        b = rand_floats(&rng, (size_t)k * ldb);
+                        c0 = rand_floats(&rng, (size_t)m * ldc);
                         want = conv_gemm_on(ctx, isa, 1, 1, wd, ta, n, beta, x, nx, b, ldb, c0, ldc, &mm);
                         for (ti = 0; ti < NTHREADS; ti += TU_TSAN ? 2 : 1) { /* TSan: 1 and 3 threads */
                             got = conv_gemm_on(ctx, isa, g_threads[ti], 0, wd, ta, n, beta, x, nx, b, ldb, c0, ldc,
@@ -534,17 +566,27 @@ static size_t elementwise_on(dsgd_ctx *ctx, int threads, size_t n, int rows, uin
 
 static void test_elementwise_threads(void **state) {
     /* 32768 floats is where an operation starts to split; 300 x 257 and
-       40 x 2500 matrices split by rows (bias_act) and columns (bias_backward) */
-    static const struct { size_t n; int rows; } sizes[] = {{1, 3},     {17, 5},     {32767, 1}, {32768, 2},
-                                                          {32769, 1}, {100003, 1}, {257, 300}, {2500, 40}};
+       40 x 2500 matrices split by rows (bias_act) and columns (bias_backward).
+       The quick tier (make test) leaves out 32769 (100003 splits unevenly
+       too). Under TSan, where the other builds have checked the bits and the
+       pool's handoffs are the point, it compares 1 thread with one other
+       count, tsan_quick, and leaves out the sizes marked 0: 32767 (one
+       thread at any count) and 100003 (the matrices split into as many
+       tasks). make test-full runs every size at every count. */
+    static const struct { size_t n; int rows, tsan_quick; } sizes[] = {
+        {1, 3, 7},      {17, 5, 2},      {32767, 1, 0},  {32768, 2, 2},
+        {32769, 1, 0},  {100003, 1, 0},  {257, 300, 3},  {2500, 40, 7}};
     dsgd_ctx *ctx = NULL;
     int si, ti;
     (void)state;
     TU_OK(NULL, dsgd_ctx_create(NULL, &ctx));
     for (si = 0; si < (int)(sizeof sizes / sizeof sizes[0]); ++si) {
         float *one, *got;
-        size_t n1 = elementwise_on(ctx, 1, sizes[si].n, sizes[si].rows, 5 + (uint64_t)si, &one), n2, i;
+        size_t n1, n2, i;
+        if (!tu_full() && (sizes[si].n == 32769 || (TU_TSAN && !sizes[si].tsan_quick))) continue;
+        n1 = elementwise_on(ctx, 1, sizes[si].n, sizes[si].rows, 5 + (uint64_t)si, &one);
         for (ti = 1; ti < NTHREADS; ++ti) {
+            if (!tu_full() && TU_TSAN && g_threads[ti] != sizes[si].tsan_quick) continue;
             n2 = elementwise_on(ctx, g_threads[ti], sizes[si].n, sizes[si].rows, 5 + (uint64_t)si, &got);
             assert_int_equal(n1, n2);
             for (i = 0; i < n1; ++i)
@@ -592,7 +634,9 @@ static void test_bias_backward_order(void **state) {
                   *got = rand_floats(&rng, (size_t)n);
             int j;
             bias_backward_ref(dy, m, n, want);
-            for (ti = 0; ti < NTHREADS; ++ti) {
+            /* the quick tier under TSan: 1 and 3 threads (the other builds check
+               the bits at every count); make test-full: 1, 2, 3 and 7 */
+            for (ti = 0; ti < NTHREADS; ti += TU_TSAN && !tu_full() ? 2 : 1) {
                 dsgd_backend_i be;
                 dsgd_ref rdy, rdb;
                 assert_int_equal(setenv("DSGD_CPU_ISA", g_isas[ki], 1), 0);
@@ -667,29 +711,35 @@ static float *train(dsgd_strategy_kind kind, int n, int threads, dsgd_optimizer_
 static void test_training_threads(void **state) {
     static const struct { int n, threads; } runs[] = {{1, 2}, {1, 3}, {1, 2}}; /* the last: run to run */
     dsgd_optimizer_kind opts[2] = {DSGD_OPT_MOMENTUM, DSGD_OPT_ADAM};
+    /* the quick tier: 2 steps (the second uses the optimizer's slots), and
+       run to run with momentum only; under TSan, which looks for races (the
+       other builds check the bits), 1 step of Adam. make test-full: 6 steps
+       of both, every run. */
+    const int steps = TU_PICK(6, TU_TSAN ? 1 : 2);
     int o, r, seen;
     (void)state;
-    for (o = 0; o < 2; ++o) {
+    for (o = TU_TSAN && !tu_full() ? 1 : 0; o < 2; ++o) {
         size_t np, np2;
-        float *one = train(DSGD_STRATEGY_MIRRORED, 1, 1, opts[o], 6, &np, &seen), *got, *two;
+        float *one = train(DSGD_STRATEGY_MIRRORED, 1, 1, opts[o], steps, &np, &seen), *got, *two;
         assert_int_equal(seen, 1);
         for (r = 0; r < (int)(sizeof runs / sizeof runs[0]); ++r) {
-            got = train(DSGD_STRATEGY_MIRRORED, runs[r].n, runs[r].threads, opts[o], 6, &np2, &seen);
+            if (!tu_full() && o == 1 && r == 2) continue;
+            got = train(DSGD_STRATEGY_MIRRORED, runs[r].n, runs[r].threads, opts[o], steps, &np2, &seen);
             assert_int_equal(seen, runs[r].threads);
             assert_int_equal(np, np2);
             assert_memory_equal(one, got, np * sizeof(float));
             free(got);
         }
         /* N = 2: 3 threads each (oversubscribed here, still the same bits) against 1 */
-        two = train(DSGD_STRATEGY_MIRRORED, 2, 1, opts[o], 6, &np2, &seen);
-        got = train(DSGD_STRATEGY_MIRRORED, 2, 3, opts[o], 6, &np2, &seen);
+        two = train(DSGD_STRATEGY_MIRRORED, 2, 1, opts[o], steps, &np2, &seen);
+        got = train(DSGD_STRATEGY_MIRRORED, 2, 3, opts[o], steps, &np2, &seen);
         assert_int_equal(seen, 3);
         assert_memory_equal(two, got, np * sizeof(float));
         free(got);
         /* and central storage at 2 threads */
-        got = train(DSGD_STRATEGY_CENTRAL_STORAGE, 2, 2, opts[o], 6, &np2, &seen);
+        got = train(DSGD_STRATEGY_CENTRAL_STORAGE, 2, 2, opts[o], steps, &np2, &seen);
         free(two);
-        two = train(DSGD_STRATEGY_CENTRAL_STORAGE, 2, 1, opts[o], 6, &np2, &seen);
+        two = train(DSGD_STRATEGY_CENTRAL_STORAGE, 2, 1, opts[o], steps, &np2, &seen);
         assert_memory_equal(two, got, np * sizeof(float));
         free(got);
         free(two);
@@ -698,12 +748,13 @@ static void test_training_threads(void **state) {
 }
 
 /* The synchronous contract with threads on: mirrored N = 2 x B at 2 threads
-   each against one_device at 2B and 3 threads. */
+   each against one_device at 2B and 3 threads, 5 steps (2 in the quick
+   tier). */
 static void test_contract_threads(void **state) {
     size_t np, i;
     int seen;
-    float *mir = train(DSGD_STRATEGY_MIRRORED, 2, 2, DSGD_OPT_MOMENTUM, 5, &np, &seen);
-    float *one = train(DSGD_STRATEGY_ONE_DEVICE, 1, 3, DSGD_OPT_MOMENTUM, 5, &np, &seen);
+    float *mir = train(DSGD_STRATEGY_MIRRORED, 2, 2, DSGD_OPT_MOMENTUM, TU_PICK(5, 2), &np, &seen);
+    float *one = train(DSGD_STRATEGY_ONE_DEVICE, 1, 3, DSGD_OPT_MOMENTUM, TU_PICK(5, 2), &np, &seen);
     double worst = 0, d;
     (void)state;
     for (i = 0; i < np; ++i) {

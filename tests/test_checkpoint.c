@@ -40,6 +40,10 @@
      naming it.
    - CRC32C: the standard check values, and the SSE4.2 path equal to the
      table at every length and alignment up to 300 bytes.
+   That is make test-full. make test (the quick tier) cuts the resumes at
+   step 28 of 56 (inside the warm-up), kills 20 saves spread over the
+   save's duration, and flips and cuts the small checkpoint at the points
+   corruption_points picks (every kind of byte, every boundary).
 
    Build: make test (this file is compiled without the implementation and
    linked against the library built once per variant). */
@@ -264,26 +268,29 @@ static void child_train_and_save(dsgd_strategy_kind kind, int n, dsgd_optimizer_
 }
 
 static void resume_case(dsgd_strategy_kind kind, int n, dsgd_optimizer_kind opt) {
+    /* the cut: step 100 of 200 (the quick tier: 28 of 56, inside the
+       warm-up; both after an epoch's first batch) */
+    const int first = TU_PICK(100, 28);
     char path[256];
     run a, b;
     dsgd_checkpoint_extra x;
     static outcome want, got;
     path_of(path, "resume.ckpt");
-    child_train_and_save(kind, n, opt, 100, path);
+    child_train_and_save(kind, n, opt, first, path);
     /* the uninterrupted run */
     run_make(&a, kind, n, opt);
-    run_train(&a, 200);
+    run_train(&a, 2 * first);
     run_outcome(&a, &want);
     /* the resumed run */
     run_make(&b, kind, n, opt);
     x = run_extra(&b);
     TU_OK(b.ctx, dsgd_strategy_restore(b.s, path, &x));
-    assert_int_equal(b.u.steps, 100);
-    run_train(&b, 100);
+    assert_int_equal(b.u.steps, first);
+    run_train(&b, first);
     run_outcome(&b, &got);
     expect_same(&got, &want);
-    assert_int_equal(b.u.steps, 200);
-    assert_true(a.epochs_checked >= 10 && b.epochs_checked >= 5);
+    assert_int_equal(b.u.steps, 2 * first);
+    assert_true(a.epochs_checked >= TU_PICK(10, 6) && b.epochs_checked >= TU_PICK(5, 3));
     run_free(&a);
     run_free(&b);
 }
@@ -460,6 +467,10 @@ static void test_crash_consistency(void **state) {
     float *p;
     size_t np;
     double t0, save_s;
+    /* the quick tier: 20 kills, the i-th at a random point of the i-th
+       twentieth of the window, so they still reach every stage of the save
+       (and past it); make test-full: 200 at random points of the window */
+    const int kills = TU_PICK(200, 20);
     int i, olds = 0, news = 0;
     tu_rng rng = tu_rng_make(5);
     (void)state;
@@ -480,10 +491,10 @@ static void test_crash_consistency(void **state) {
     new_img = slurp(newer, &new_len);
     p[0] -= 1.0f;
     TU_OK(s.ctx, dsgd_model_set_params(s.m, p, np));
-    for (i = 0; i < 200; ++i) {
+    for (i = 0; i < kills; ++i) {
         pid_t pid;
         int status;
-        double delay = tu_unit(&rng) * save_s * 1.5;
+        double u = tu_unit(&rng), delay = (tu_full() ? u : (i + u) / kills) * save_s * 1.5;
         struct timespec ts;
         fflush(NULL);
         pid = fork();
@@ -509,8 +520,8 @@ static void test_crash_consistency(void **state) {
         TU_OK(s.ctx, dsgd_checkpoint_verify(s.ctx, path));
         TU_OK(s.ctx, dsgd_model_save(s.m, s.opt, path, NULL)); /* the old one again */
     }
-    print_message("crash consistency: save takes %.2f ms (%zu bytes); 200 kills: %d old, %d new\n", save_s * 1e3,
-                  new_len, olds, news);
+    print_message("crash consistency: save takes %.2f ms (%zu bytes); %d kills: %d old, %d new\n", save_s * 1e3,
+                  new_len, kills, olds, news);
     assert_int_equal(count_prefixed(g_dir, "crash.ckpt."), 0); /* the killed saves' temporaries went */
     free(old_img);
     free(new_img);
@@ -643,16 +654,56 @@ static void snap(single *s, dsgd_sampler *smp, const unsigned char *user, snapsh
     memcpy(out->user, user, 8);
 }
 
+/* The quick tier's share of test_corruption, from the file's layout
+   (CHECKPOINTS in distsgd/checkpoint.h: a 32-byte header, then sections of
+   a 16-byte name, a u64 size, the bytes and a u32 CRC32C). flips[b] is the
+   mask of the bits of byte b flipped: every bit of the two low bytes of
+   each section's size (sizes a little off and past the file), one bit
+   (in turns) of each remaining byte of the header, the names, the sizes
+   and the CRCs, and one bit of every eighth byte of the sections' contents.
+   cuts[c] is 1 where a truncation to c bytes is kept: inside the header,
+   at each section's start (whole sections, the next one missing), inside
+   its name, at and inside its size, at its bytes' start and middle, at and
+   inside its CRC, and one byte short of the end. make test-full flips
+   every bit and cuts at every byte. */
+static void corruption_points(const unsigned char *img, size_t len, unsigned char *flips, unsigned char *cuts) {
+    size_t at = 32, i;
+    memset(flips, 0, len);
+    memset(cuts, 0, len);
+    assert_true(len > 32);
+    for (i = 0; i < 32; ++i) {
+        flips[i] = (unsigned char)(1u << (i % 8));
+        cuts[i] = 1;
+    }
+    while (at < len) {
+        uint64_t size = 0;
+        int k;
+        assert_true(len - at >= 16 + 8 + 4);
+        for (k = 7; k >= 0; --k) size = size << 8 | img[at + 16 + (size_t)k];
+        assert_true(size <= len - at - 16 - 8 - 4);
+        for (i = at; i < at + 24 + size + 4; ++i)
+            if (i < at + 24 || i >= at + 24 + size) flips[i] = (unsigned char)(1u << (i % 8));
+            else if ((i - at - 24) % 8 == 0) flips[i] = (unsigned char)(1u << ((i - at - 24) / 8 % 8));
+        flips[at + 16] = flips[at + 17] = 0xFF;
+        cuts[at] = cuts[at + 1] = cuts[at + 16] = cuts[at + 20] = 1;
+        cuts[at + 24] = cuts[at + 24 + size / 2] = cuts[at + 24 + size] = cuts[at + 24 + size + 2] = 1;
+        at += 24 + size + 4;
+    }
+    assert_true(at == len); /* the sections end where the file does */
+    cuts[len - 1] = 1;
+}
+
 static void test_corruption(void **state) {
     char path[256], bad[256];
     unsigned char *img, *copy, user[8] = {1, 2, 3, 4, 5, 6, 7, 8}, mine[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    unsigned char *flips, *cuts;
     size_t len, bit, cut;
     single s, t;
     dsgd_sampler smp, smp2;
     dsgd_checkpoint_extra x, y;
     snapshot before, after;
     const size_t *idx;
-    int formats = 0;
+    int formats = 0, cuts_done = 0;
     (void)state;
     single_make(&s, tiny, 2, 3, DSGD_OPT_ADAM);
     TU_OK(s.ctx, dsgd_sampler_init(s.ctx, &smp, 50, 8, 3, 1, 0));
@@ -671,6 +722,9 @@ static void test_corruption(void **state) {
     TU_OK(s.ctx, dsgd_model_save(s.m, s.opt, path, &x));
     img = slurp(path, &len);
     copy = (unsigned char *)tu_alloc(len);
+    flips = (unsigned char *)tu_alloc(len);
+    cuts = (unsigned char *)tu_alloc(len);
+    corruption_points(img, len, flips, cuts);
     /* the target: another state, which no failed restore may change */
     single_make(&t, tiny, 2, 3, DSGD_OPT_ADAM);
     TU_OK(t.ctx, dsgd_sampler_init(t.ctx, &smp2, 50, 8, 3, 1, 0));
@@ -680,6 +734,7 @@ static void test_corruption(void **state) {
     snap(&t, &smp2, mine, &before);
     for (bit = 0; bit < len * 8; ++bit) {
         FILE *f;
+        if (!tu_full() && !(flips[bit / 8] >> (bit % 8) & 1)) continue;
         memcpy(copy, img, len);
         copy[bit / 8] ^= (unsigned char)(1u << (bit % 8));
         f = fopen(bad, "wb");
@@ -690,17 +745,20 @@ static void test_corruption(void **state) {
         formats++;
     }
     for (cut = 0; cut < len; ++cut) {
-        FILE *f = fopen(bad, "wb");
+        FILE *f;
+        if (!tu_full() && !cuts[cut]) continue;
+        f = fopen(bad, "wb");
         assert_non_null(f);
         if (cut) assert_int_equal(fwrite(img, 1, cut, f), cut);
         fclose(f);
         TU_ERR(t.ctx, DSGD_ERR_FORMAT, dsgd_model_restore(t.m, t.opt, bad, &y));
         TU_ERR(t.ctx, DSGD_ERR_FORMAT, dsgd_checkpoint_verify(t.ctx, bad));
+        cuts_done++;
     }
     snap(&t, &smp2, mine, &after);
     assert_memory_equal(&after, &before, sizeof(before));
-    print_message("%zu-byte checkpoint: %d bit flips and %zu truncations rejected, nothing touched\n", len, formats,
-                  len);
+    print_message("%zu-byte checkpoint: %d bit flips and %d truncations rejected, nothing touched\n", len, formats,
+                  cuts_done);
     /* the intact file restores everything */
     TU_OK(t.ctx, dsgd_model_restore(t.m, t.opt, path, &y));
     assert_memory_equal(mine, user, 8);
@@ -709,6 +767,8 @@ static void test_corruption(void **state) {
     assert_int_equal(dsgd_optimizer_steps(t.opt), 1);
     free(img);
     free(copy);
+    free(flips);
+    free(cuts);
     dsgd_sampler_free(&smp);
     dsgd_sampler_free(&smp2);
     single_free(&s);

@@ -39,6 +39,10 @@
    applied). The valid-cache test runs last: CLBlast's parameter overrides are
    process-wide, and it compiles CLBlast's GEMM once more for them.
 
+   That is make test-full; make test (the quick tier) runs every fifth
+   shape of the image grid (and the larger layers) in the two forced launch
+   shapes, the whole grid in the device's own.
+
    Cold start: our kernels and one set of CLBlast GEMM kernels (plus one for
    the tuned parameters) are compiled; PoCL caches them in POCL_CACHE_DIR
    (the Makefile sets build/pocl-cache), so later runs take seconds.
@@ -825,12 +829,14 @@ static void img_grid_with(const char *bits, const char *spread, int full) {
 
 /* Both launch shapes (a row's floats over work-items, the GPU's; one
    work-item's loop, the CPU's), whichever the device would choose: the
-   whole grid in each. */
+   whole grid in each (the quick tier: every fifth shape of it and the
+   larger layers, as test_image_ops_64bit_index; test_image_ops runs the
+   whole grid in the device's own shape). */
 static void test_image_ops_both_shapes(void **state) {
     (void)state;
     NEED_CL();
-    img_grid_with("32", "1", 1);
-    img_grid_with("32", "0", 1);
+    img_grid_with("32", "1", tu_full());
+    img_grid_with("32", "0", tu_full());
 }
 
 /* The image kernels with 64-bit indices (the 32-bit ones serve every

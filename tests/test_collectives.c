@@ -16,8 +16,16 @@
    results that the main thread checks after joining. A watchdog (alarm)
    ends the program if a test hangs.
 
+   make test runs each distinct case once (tests/harness.h's tu_full): the
+   reduce ops take turns over the counts and algorithms instead of running
+   at all of them, the sweeps keep their corners, the large count is
+   100003, and the deadline tests run their cases side by side; make
+   test-full (DSGD_TEST_FULL=1) runs everything. Each thinned loop says
+   what it keeps.
+
    Environment: DSGD_TEST_LARGE=<count> replaces the large count (default
-   1000003, 100003 under ThreadSanitizer, which is ~10x slower).
+   1000003 in make test-full, 100003 in make test and under ThreadSanitizer,
+   which is ~10x slower).
 
    Build: make test (this file is compiled without the implementation and
    linked against the library built once per variant).
@@ -43,11 +51,20 @@ static const dsgd_allreduce_algo ALGOS[NUM_ALGOS] = {
     DSGD_ALLREDUCE_REDUCE_BROADCAST, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, DSGD_ALLREDUCE_DIRECT};
 static const dsgd_reduce_op OPS[4] = {DSGD_REDUCE_SUM, DSGD_REDUCE_MEAN, DSGD_REDUCE_MAX, DSGD_REDUCE_MIN};
 
+/* The large count. make test takes ThreadSanitizer's 100003 in every
+   build: blocks still over the loopback's 64 KiB eager limit at N = 3 and
+   5 (rendezvous messages), and many 16 KiB pieces where a test asks for
+   them. */
 static size_t large_count(void) {
     const char *e = getenv("DSGD_TEST_LARGE");
     if (e && atol(e) > 0) return (size_t)atol(e);
-    return TU_TSAN ? 100003 : 1000003;
+    return TU_TSAN ? 100003 : TU_PICK(1000003, 100003);
 }
+
+/* Whether reduce-scatter, all-gather and broadcast take the large count at
+   N ranks: always, but under ThreadSanitizer in make test only at N = 2, 3
+   and 4 (its cost grows with N; the small counts still run at every N). */
+static int large_at(int n) { return tu_full() || !TU_TSAN || (n >= 2 && n <= 4); }
 
 /* ---------------------------------------------------------------- inputs */
 
@@ -219,9 +236,9 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-/* Runs jb on every rank of g, rank r on bufs[r], one thread per rank. */
-static void run_job(group *g, const job *jb, float **bufs, worker *w) {
-    pthread_t th[MAXN];
+/* Starts jb on every rank of g, rank r on bufs[r], one thread per rank
+   (th[r]); join_job waits for them. */
+static void start_job(group *g, const job *jb, float **bufs, worker *w, pthread_t *th) {
     int r;
     for (r = 0; r < g->n; ++r) {
         memset(&w[r], 0, sizeof(w[r]));
@@ -231,7 +248,18 @@ static void run_job(group *g, const job *jb, float **bufs, worker *w) {
         w[r].buf = bufs ? bufs[r] : NULL;
         assert_int_equal(pthread_create(&th[r], NULL, worker_main, &w[r]), 0);
     }
+}
+
+static void join_job(group *g, pthread_t *th) {
+    int r;
     for (r = 0; r < g->n; ++r) assert_int_equal(pthread_join(th[r], NULL), 0);
+}
+
+/* Runs jb on every rank of g, rank r on bufs[r], one thread per rank. */
+static void run_job(group *g, const job *jb, float **bufs, worker *w) {
+    pthread_t th[MAXN];
+    start_job(g, jb, bufs, w, th);
+    join_job(g, th);
 }
 
 static void job_init(job *jb, int kind, size_t count) {
@@ -259,6 +287,15 @@ static void assert_ranks_identical(group *g, float **bufs, size_t count, const c
             fail();
         }
     }
+}
+
+/* The first i < count where a[i] and b[i] differ in their bits, or count
+   (one memcmp of the whole first: the sanitizers intercept every call). */
+static size_t first_diff(const float *a, const float *b, size_t count) {
+    size_t i;
+    if (!count || memcmp(a, b, count * sizeof(float)) == 0) return count;
+    for (i = 0; i < count && memcmp(&a[i], &b[i], sizeof(float)) == 0; ++i) {}
+    return i;
 }
 
 static float **alloc_bufs(int n, size_t count) {
@@ -318,7 +355,7 @@ static void test_allreduce_small(void **state) {
     for (n = 1; n <= MAXN; ++n) {
         group g;
         size_t counts[8];
-        int nc, ci, oi, ai;
+        int nc, ci, oi, ai, calls = 0;
         group_init(&g, n, NULL, 0);
         small_counts(n, counts, &nc);
         for (ci = 0; ci < nc; ++ci) {
@@ -327,12 +364,19 @@ static void test_allreduce_small(void **state) {
             uint64_t seed = 100 + (uint64_t)n * 10 + (uint64_t)ci;
             ref_compute(&rf, seed, n, counts[ci]);
             for (oi = 0; oi < 4; ++oi)
-                for (ai = 0; ai < NUM_ALGOS; ++ai) check_allreduce(&g, bufs, &rf, seed, counts[ci], OPS[oi], ALGOS[ai]);
+                for (ai = 0; ai < NUM_ALGOS; ++ai) {
+                    /* make test: one op per algorithm and count, turning with
+                       both, so that each N still has every op with every
+                       algorithm and at every count; make test-full runs all */
+                    if (!tu_full() && oi != (ai + ci) % 4) continue;
+                    check_allreduce(&g, bufs, &rf, seed, counts[ci], OPS[oi], ALGOS[ai]);
+                    ++calls;
+                }
             ref_free(&rf);
             free_bufs(bufs, n);
         }
         /* every rank counted the same collectives */
-        for (oi = 0; oi < n; ++oi) assert_int_equal(dsgd_comm_seq(g.comm[oi]), (uint64_t)(nc * 4 * NUM_ALGOS));
+        for (oi = 0; oi < n; ++oi) assert_int_equal(dsgd_comm_seq(g.comm[oi]), (uint64_t)calls);
         group_free(&g);
     }
     tu_watchdog(0);
@@ -350,10 +394,16 @@ static void test_allreduce_large(void **state) {
         group g;
         dsgd_comm_desc desc;
         ref rf;
-        float **bufs = alloc_bufs(n, count);
+        float **bufs;
         uint64_t seed = 7000 + (uint64_t)n;
         int ai;
         dsgd_reduce_op other = OPS[1 + n % 3];
+        /* make test: N = 2, 3, 4, 5 and 8 (even and odd, their pieces and
+           every op; N = 1 returns at once, test_single_rank has it); under
+           TSan N = 2 (16 KiB pieces, MIN) and 3 (rendezvous messages, MEAN);
+           make test-full every N */
+        if (!tu_full() && (n == 1 || (TU_TSAN ? n > 3 : n == 6 || n == 7))) continue;
+        bufs = alloc_bufs(n, count);
         memset(&desc, 0, sizeof(desc));
         desc.piece_bytes = n % 2 ? 0 : 16 * 1024;
         group_init(&g, n, &desc, 0);
@@ -374,11 +424,15 @@ static void test_allreduce_large(void **state) {
    the same bits as the loopback's own paths. */
 static void test_allreduce_deterministic(void **state) {
     static const int ns[3] = {3, 4, 5};
-    size_t count = TU_TSAN ? 50003 : 300007;
+    /* make test: 100003 (at N = 3 a block is one 256 KiB piece against 33
+       of 4 KiB, still a rendezvous message); make test-full 300007 */
+    size_t count = TU_TSAN ? 50003 : TU_PICK(300007, 100003);
     int ni;
     (void)state;
     tu_watchdog(300);
-    for (ni = 0; ni < 3; ++ni) {
+    /* make test: N = 3 and 4 (odd and even), under TSan N = 3; make
+       test-full adds 5 (and 4 under TSan) */
+    for (ni = 0; ni < TU_PICK(3, TU_TSAN ? 1 : 2); ++ni) {
         int n = ns[ni], ai, oi, r;
         group big, small, minimal;
         dsgd_comm_desc dsmall;
@@ -395,6 +449,7 @@ static void test_allreduce_deterministic(void **state) {
             for (oi = 0; oi < 2; ++oi) {
                 dsgd_reduce_op op = OPS[oi];
                 char what[96];
+                if (!tu_full() && oi != ai % 2) continue; /* make test: SUM or MEAN, turning with the algorithm */
                 snprintf(what, sizeof(what), "N=%d %s %s", n, dsgd_allreduce_algo_name(ALGOS[ai]),
                          dsgd_reduce_op_name(op));
                 check_allreduce(&big, a, &rf, seed, count, op, ALGOS[ai]);
@@ -460,7 +515,7 @@ static void test_reduce_scatter(void **state) {
         int nc, ci, oi, r;
         group_init(&g, n, NULL, 0);
         small_counts(n, counts, &nc);
-        counts[nc++] = big;
+        if (large_at(n)) counts[nc++] = big;
         for (ci = 0; ci < nc; ++ci) {
             size_t count = counts[ci];
             ref rf;
@@ -473,6 +528,9 @@ static void test_reduce_scatter(void **state) {
                 char what[96];
                 dsgd_reduce_op op = OPS[oi];
                 if (count == big && oi > 1) break; /* SUM and MEAN at the large count */
+                /* make test: one op per count, turning with the count and N (every op at
+                   every N), and SUM or MEAN at the large count; make test-full runs all */
+                if (!tu_full() && oi != (count == big ? n % 2 : (ci + n) % 4)) continue;
                 snprintf(what, sizeof(what), "reduce_scatter N=%d count=%zu op=%s", n, count, dsgd_reduce_op_name(op));
                 for (r = 0; r < n; ++r) fill_inputs(bufs[r], seed, r, count);
                 job_init(&jb, J_REDUCE_SCATTER, count);
@@ -521,7 +579,7 @@ static void test_allgather(void **state) {
         int nc, ci, r;
         group_init(&g, n, NULL, 0);
         small_counts(n, counts, &nc);
-        counts[nc++] = large_count();
+        if (large_at(n)) counts[nc++] = large_count();
         for (ci = 0; ci < nc; ++ci) {
             size_t count = counts[ci], i;
             float **bufs = alloc_bufs(n, count);
@@ -570,14 +628,17 @@ static void test_broadcast(void **state) {
         int nc, ci, r, root;
         group_init(&g, n, NULL, 0);
         small_counts(n, counts, &nc);
-        counts[nc++] = large_count();
+        if (large_at(n)) counts[nc++] = large_count();
         for (ci = 0; ci < nc; ++ci) {
             size_t count = counts[ci], i;
             float **bufs = alloc_bufs(n, count);
-            for (root = ci == nc - 1 ? n - 1 : 0; root < n; ++root) {
+            for (root = ci == nc - 1 && large_at(n) ? n - 1 : 0; root < n; ++root) {
                 job jb;
                 worker w[MAXN];
                 char what[96];
+                /* make test: the first, a middle and the last root; make
+                   test-full every root */
+                if (!tu_full() && root != 0 && root != n / 2 && root != n - 1) continue;
                 snprintf(what, sizeof(what), "broadcast N=%d count=%zu root=%d", n, count, root);
                 for (r = 0; r < n; ++r)
                     for (i = 0; i < count; ++i) bufs[r][i] = r == root ? input_value(77, root, i) : -1.0f;
@@ -660,35 +721,60 @@ static void test_nan_propagates(void **state) {
     tu_watchdog(0);
 }
 
-/* A rank that never calls: every other rank returns DSGD_ERR_TIMEOUT within
-   the deadline plus a margin, with a message naming the missing rank and the
-   collective's sequence number; the communicator is unusable afterwards. */
-static void timeout_case(int n, int skip, int kind, dsgd_allreduce_algo algo, size_t count, int minimal) {
+/* A job in flight on a group of its own: what a deadline test starts, then
+   joins and checks. make test starts all of a test's cases side by side
+   (each on its own hub with its own deadline, so none waits for another)
+   and checks them when they are done; make test-full runs them one after
+   another. */
+typedef struct inflight {
+    int n, skip, kind, minimal;
+    dsgd_allreduce_algo algo;
+    size_t count;
     group g;
     job jb;
     worker w[MAXN];
-    float **bufs = alloc_bufs(n, count);
-    char want_rank[32];
-    int r;
-    group_init(&g, n, NULL, minimal);
+    pthread_t th[MAXN];
+    float **bufs;
+} inflight;
+
+/* Cases in flight at once: all of them in make test, one in make test-full. */
+static int inflight_batch(int cases) { return TU_PICK(1, cases); }
+
+/* A rank that never calls: every other rank returns DSGD_ERR_TIMEOUT within
+   the deadline plus a margin, with a message naming the missing rank and the
+   collective's sequence number; the communicator is unusable afterwards.
+   timeout_start runs collective #1 and starts #2 without f->skip;
+   timeout_check waits for it and checks. */
+static void timeout_start(inflight *f) {
+    int n = f->n, r;
+    f->bufs = alloc_bufs(n, f->count);
+    group_init(&f->g, n, NULL, f->minimal);
     /* collective #1 succeeds, so the failing one is #2 */
-    job_init(&jb, J_BARRIER, 0);
-    run_job(&g, &jb, NULL, w);
-    assert_all_ok(&g, w, "barrier before the timeout");
-    job_init(&jb, kind, count);
-    jb.algo = algo;
-    jb.op = DSGD_REDUCE_SUM;
-    jb.timeout = 0.3;
-    jb.skip_rank = skip;
-    for (r = 0; r < n; ++r) fill_inputs(bufs[r], 3, r, count);
-    run_job(&g, &jb, bufs, w);
+    job_init(&f->jb, J_BARRIER, 0);
+    run_job(&f->g, &f->jb, NULL, f->w);
+    assert_all_ok(&f->g, f->w, "barrier before the timeout");
+    job_init(&f->jb, f->kind, f->count);
+    f->jb.algo = f->algo;
+    f->jb.op = DSGD_REDUCE_SUM;
+    f->jb.timeout = 0.3;
+    f->jb.skip_rank = f->skip;
+    for (r = 0; r < n; ++r) fill_inputs(f->bufs[r], 3, r, f->count);
+    start_job(&f->g, &f->jb, f->bufs, f->w, f->th);
+}
+
+static void timeout_check(inflight *f) {
+    int n = f->n, skip = f->skip, minimal = f->minimal, r;
+    worker *w = f->w;
+    group *g = &f->g;
+    char want_rank[32];
+    join_job(g, f->th);
     snprintf(want_rank, sizeof(want_rank), "rank %d", skip);
     for (r = 0; r < n; ++r) {
         if (r == skip) continue;
         if (w[r].res != DSGD_ERR_TIMEOUT || w[r].elapsed >= 2.0 || (!minimal && !strstr(w[r].msg, want_rank)) ||
             !strstr(w[r].msg, "#2") || !strstr(w[r].msg, "timed out"))
-            print_error("timeout N=%d skip=%d kind=%d algo=%s: rank %d res %d after %.3f s: '%s'\n", n, skip, kind,
-                        dsgd_allreduce_algo_name(algo), r, (int)w[r].res, w[r].elapsed, w[r].msg);
+            print_error("timeout N=%d skip=%d kind=%d algo=%s: rank %d res %d after %.3f s: '%s'\n", n, skip, f->kind,
+                        dsgd_allreduce_algo_name(f->algo), r, (int)w[r].res, w[r].elapsed, w[r].msg);
         assert_int_equal(w[r].res, DSGD_ERR_TIMEOUT);
         assert_true(w[r].elapsed >= 0.29);
         assert_true(w[r].elapsed < 2.0);
@@ -697,77 +783,114 @@ static void timeout_case(int n, int skip, int kind, dsgd_allreduce_algo algo, si
         /* the loopback names the missing rank even to ranks that waited for
            another one; a send/recv-only transport names the rank waited for */
         if (!minimal) assert_non_null(strstr(w[r].msg, want_rank));
-        assert_int_equal(dsgd_comm_seq(g.comm[r]), 2);
-        assert_true(dsgd_comm_broken(g.comm[r]));
+        assert_int_equal(dsgd_comm_seq(g->comm[r]), 2);
+        assert_true(dsgd_comm_broken(g->comm[r]));
         /* unusable afterwards, and says so */
-        assert_int_equal(dsgd_barrier(g.comm[r], 0.1), DSGD_ERR_STATE);
-        assert_non_null(strstr(dsgd_ctx_last_error(g.ctx[r]), "#2"));
+        assert_int_equal(dsgd_barrier(g->comm[r], 0.1), DSGD_ERR_STATE);
+        assert_non_null(strstr(dsgd_ctx_last_error(g->ctx[r]), "#2"));
     }
-    free_bufs(bufs, n);
-    group_free(&g);
+    free_bufs(f->bufs, n);
+    group_free(g);
+}
+
+static void timeout_set(inflight *f, int n, int skip, int kind, dsgd_allreduce_algo algo, size_t count, int minimal) {
+    f->n = n;
+    f->skip = skip;
+    f->kind = kind;
+    f->algo = algo;
+    f->count = count;
+    f->minimal = minimal;
 }
 
 static void test_timeout_missing_rank(void **state) {
+    enum { CASES = 2 * NUM_ALGOS + 9 };
     size_t large = TU_TSAN ? 100003 : 300007;
-    int ai;
+    inflight *f = (inflight *)calloc(CASES, sizeof(inflight));
+    int ai, i, k, batch = inflight_batch(CASES);
     (void)state;
+    assert_non_null(f);
     tu_watchdog(120);
     for (ai = 0; ai < NUM_ALGOS; ++ai) {
-        timeout_case(4, 3, J_ALLREDUCE, ALGOS[ai], 1000, 0);
-        timeout_case(5, 0, J_ALLREDUCE, ALGOS[ai], 1000, 0);
+        timeout_set(&f[2 * ai], 4, 3, J_ALLREDUCE, ALGOS[ai], 1000, 0);
+        timeout_set(&f[2 * ai + 1], 5, 0, J_ALLREDUCE, ALGOS[ai], 1000, 0);
     }
+    i = 2 * NUM_ALGOS;
     /* rendezvous messages posted when the deadline passes are withdrawn */
-    timeout_case(4, 3, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 0);
-    timeout_case(3, 1, J_ALLREDUCE, DSGD_ALLREDUCE_HALVING_DOUBLING, large, 0);
-    timeout_case(2, 1, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 0);
-    timeout_case(4, 2, J_REDUCE_SCATTER, DSGD_ALLREDUCE_AUTO, 1000, 0);
-    timeout_case(4, 2, J_ALLGATHER, DSGD_ALLREDUCE_AUTO, 1000, 0);
-    timeout_case(4, 0, J_BROADCAST, DSGD_ALLREDUCE_AUTO, 1000, 0);
-    timeout_case(6, 4, J_BARRIER, DSGD_ALLREDUCE_AUTO, 0, 0);
+    timeout_set(&f[i++], 4, 3, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 0);
+    timeout_set(&f[i++], 3, 1, J_ALLREDUCE, DSGD_ALLREDUCE_HALVING_DOUBLING, large, 0);
+    timeout_set(&f[i++], 2, 1, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 0);
+    timeout_set(&f[i++], 4, 2, J_REDUCE_SCATTER, DSGD_ALLREDUCE_AUTO, 1000, 0);
+    timeout_set(&f[i++], 4, 2, J_ALLGATHER, DSGD_ALLREDUCE_AUTO, 1000, 0);
+    timeout_set(&f[i++], 4, 0, J_BROADCAST, DSGD_ALLREDUCE_AUTO, 1000, 0);
+    timeout_set(&f[i++], 6, 4, J_BARRIER, DSGD_ALLREDUCE_AUTO, 0, 0);
     /* through the send/recv-only path */
-    timeout_case(4, 3, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 1);
-    timeout_case(2, 0, J_ALLREDUCE, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 1000, 1);
+    timeout_set(&f[i++], 4, 3, J_ALLREDUCE, DSGD_ALLREDUCE_RING, large, 1);
+    timeout_set(&f[i++], 2, 0, J_ALLREDUCE, DSGD_ALLREDUCE_RECURSIVE_DOUBLING, 1000, 1);
+    assert_int_equal(i, CASES);
+    for (i = 0; i < CASES; i += batch) {
+        for (k = i; k < i + batch && k < CASES; ++k) timeout_start(&f[k]);
+        for (k = i; k < i + batch && k < CASES; ++k) timeout_check(&f[k]);
+    }
+    free(f);
     tu_watchdog(0);
 }
 
 /* A rank that arrives after the others gave up: everyone times out and, for
-   DIRECT, nobody's buffer is touched (a withdrawn buffer is never written). */
-static void test_late_rank(void **state) {
-    size_t count = 50000, i;
-    int ai, r;
-    (void)state;
-    tu_watchdog(60);
-    for (ai = 1; ai < NUM_ALGOS; ++ai) {
-        group g;
-        job jb;
-        worker w[MAXN];
-        float **bufs = alloc_bufs(3, count);
-        group_init(&g, 3, NULL, 0);
-        job_init(&jb, J_ALLREDUCE, count);
-        jb.algo = ALGOS[ai];
-        jb.timeout = 0.2;
-        jb.late_rank = 2;
-        jb.late_s = 0.5;
-        for (r = 0; r < 3; ++r) fill_inputs(bufs[r], 11, r, count);
-        run_job(&g, &jb, bufs, w);
-        for (r = 0; r < 3; ++r) {
-            /* the punctual ranks time out; the late one times out too, or
-               finds a message its sender withdrew when it gave up */
-            int ok = r < 2 ? w[r].res == DSGD_ERR_TIMEOUT
-                           : (w[r].res == DSGD_ERR_TIMEOUT || w[r].res == DSGD_ERR_ABORTED);
-            if (!ok)
-                print_error("late %s: rank %d res %d '%s'\n", dsgd_allreduce_algo_name(ALGOS[ai]), r, (int)w[r].res,
-                            w[r].msg);
-            assert_true(ok);
-            assert_true(w[r].elapsed < 2.0);
-            assert_non_null(strstr(w[r].msg, "allreduce #1"));
-        }
-        if (ALGOS[ai] == DSGD_ALLREDUCE_DIRECT)
-            for (r = 0; r < 3; ++r)
-                for (i = 0; i < count; ++i) assert_true(bufs[r][i] == input_value(11, r, i));
-        free_bufs(bufs, 3);
-        group_free(&g);
+   DIRECT, nobody's buffer is touched (a withdrawn buffer is never written).
+   late_start starts the collective with rank 2 late; late_check waits for
+   it and checks. */
+#define LATE_COUNT 50000
+
+static void late_start(inflight *f) {
+    int r;
+    f->n = 3;
+    f->bufs = alloc_bufs(3, LATE_COUNT);
+    group_init(&f->g, 3, NULL, 0);
+    job_init(&f->jb, J_ALLREDUCE, LATE_COUNT);
+    f->jb.algo = f->algo;
+    f->jb.timeout = 0.2;
+    f->jb.late_rank = 2;
+    f->jb.late_s = 0.5;
+    for (r = 0; r < 3; ++r) fill_inputs(f->bufs[r], 11, r, LATE_COUNT);
+    start_job(&f->g, &f->jb, f->bufs, f->w, f->th);
+}
+
+static void late_check(inflight *f) {
+    worker *w = f->w;
+    size_t i;
+    int r;
+    join_job(&f->g, f->th);
+    for (r = 0; r < 3; ++r) {
+        /* the punctual ranks time out; the late one times out too, or
+           finds a message its sender withdrew when it gave up */
+        int ok = r < 2 ? w[r].res == DSGD_ERR_TIMEOUT : (w[r].res == DSGD_ERR_TIMEOUT || w[r].res == DSGD_ERR_ABORTED);
+        if (!ok)
+            print_error("late %s: rank %d res %d '%s'\n", dsgd_allreduce_algo_name(f->algo), r, (int)w[r].res,
+                        w[r].msg);
+        assert_true(ok);
+        assert_true(w[r].elapsed < 2.0);
+        assert_non_null(strstr(w[r].msg, "allreduce #1"));
     }
+    if (f->algo == DSGD_ALLREDUCE_DIRECT)
+        for (r = 0; r < 3; ++r)
+            for (i = 0; i < LATE_COUNT; ++i) assert_true(f->bufs[r][i] == input_value(11, r, i));
+    free_bufs(f->bufs, 3);
+    group_free(&f->g);
+}
+
+static void test_late_rank(void **state) {
+    enum { CASES = NUM_ALGOS - 1 };
+    inflight *f = (inflight *)calloc(CASES, sizeof(inflight));
+    int i, k, batch = inflight_batch(CASES);
+    (void)state;
+    assert_non_null(f);
+    tu_watchdog(60);
+    for (i = 0; i < CASES; ++i) f[i].algo = ALGOS[i + 1]; /* every algorithm but AUTO */
+    for (i = 0; i < CASES; i += batch) {
+        for (k = i; k < i + batch && k < CASES; ++k) late_start(&f[k]);
+        for (k = i; k < i + batch && k < CASES; ++k) late_check(&f[k]);
+    }
+    free(f);
     tu_watchdog(0);
 }
 
@@ -837,7 +960,11 @@ static void test_mismatched_counts(void **state) {
             for (di = 0; di < 5; ++di) {
                 job jb, alt;
                 char w1[64], w2[64];
-                int kind = ki < NUM_ALGOS ? J_ALLREDUCE : J_REDUCE_SCATTER + (ki - NUM_ALGOS);
+                int kind;
+                /* make test: one N per kind and delta, turning with both (every
+                   pair of the three still meets); make test-full runs all */
+                if (!tu_full() && n != 2 + (ki + di) % 3) continue;
+                kind = ki < NUM_ALGOS ? J_ALLREDUCE : J_REDUCE_SCATTER + (ki - NUM_ALGOS);
                 job_init(&jb, kind, 1000);
                 jb.algo = ki < NUM_ALGOS ? ALGOS[ki] : DSGD_ALLREDUCE_AUTO;
                 jb.op = DSGD_REDUCE_SUM;
@@ -980,9 +1107,11 @@ static void abort_case(dsgd_allreduce_algo algo, int through_endpoint) {
 static void test_abort_wakes_waiters(void **state) {
     (void)state;
     tu_watchdog(60);
+    /* make test: each algorithm and each way to abort once (the ring through
+       the hub, DIRECT through the endpoint); make test-full every pair */
     abort_case(DSGD_ALLREDUCE_RING, 0);
-    abort_case(DSGD_ALLREDUCE_DIRECT, 0);
-    abort_case(DSGD_ALLREDUCE_RING, 1);
+    if (tu_full()) abort_case(DSGD_ALLREDUCE_DIRECT, 0);
+    if (tu_full()) abort_case(DSGD_ALLREDUCE_RING, 1);
     abort_case(DSGD_ALLREDUCE_DIRECT, 1);
     tu_watchdog(0);
 }
@@ -1309,6 +1438,7 @@ static void test_fold(void **state) {
         /* under the sanitizers (slower many times) N = 2, 3 and 8: folded
            and not, odd and a power of two */
         if ((TU_TSAN || TU_ASAN) && (n == 4 || n == 5)) continue;
+        if (TU_TSAN && !tu_full() && n == 8) continue; /* make test under TSan: N = 2 and 3 */
         counts[0] = 0;
         counts[1] = 1;
         counts[2] = (size_t)n - 1;
@@ -1323,6 +1453,10 @@ static void test_fold(void **state) {
             for (ci = 0; ci < 8; ++ci)
                 for (oi = 0; oi < (kinds[ki] == J_ALLGATHER ? 1 : 4); ++oi) {
                     size_t count = counts[ci];
+                    /* make test: one op per count, turning with the count and
+                       the collective (each still meets every op); make
+                       test-full runs every op at every count */
+                    if (!tu_full() && kinds[ki] != J_ALLGATHER && oi != (ci + ki) % 4) continue;
                     float **a = alloc_bufs(n, count), **b = alloc_bufs(n, count);
                     job jb;
                     worker w[MAXN];
@@ -1439,6 +1573,10 @@ static void test_fold(void **state) {
 static void test_allreduce_buckets(void **state) {
     static const int NS[] = {2, 3, 4, 5, 8};
     static const size_t BUCKETS[][2] = {{1, 300}, {7, 2100}, {100, 10000}, {1000, 10000}, {4099, 10000}};
+    /* make test: the same bucket sizes, 8 of each of the small ones (then
+       the rest in one); make test-full 300 of 1 and of 7 and 100 of 100 */
+    static const size_t QUICK_BUCKETS[][2] = {{1, 8}, {7, 56}, {100, 800}, {1000, 10000}, {4099, 10000}};
+    const size_t(*buckets)[2] = tu_full() ? BUCKETS : QUICK_BUCKETS;
     static const dsgd_allreduce_algo ALG[] = {DSGD_ALLREDUCE_RING, DSGD_ALLREDUCE_HALVING_DOUBLING,
                                               DSGD_ALLREDUCE_REDUCE_BROADCAST, DSGD_ALLREDUCE_RECURSIVE_DOUBLING,
                                               DSGD_ALLREDUCE_DIRECT, DSGD_ALLREDUCE_HIERARCHICAL};
@@ -1491,7 +1629,7 @@ static void test_allreduce_buckets(void **state) {
                         ref_exact(want, (const float *const *)in, n, count, 0, op,
                                   algo == DSGD_ALLREDUCE_RING ? REF_RING : REF_HIERARCHICAL,
                                   d.ranks_per_node ? d.ranks_per_node : n);
-                        for (i = 0; i < count && memcmp(&want[i], &whole[0][i], sizeof(float)) == 0; ++i) {}
+                        i = first_diff(want, whole[0], count);
                         if (i < count) {
                             print_error("%s: element %zu = %.9g, the order's reference gives %.9g\n", what, i,
                                         (double)whole[0][i], (double)want[i]);
@@ -1500,15 +1638,15 @@ static void test_allreduce_buckets(void **state) {
                     }
                     for (bi = 0; bi < (int)(sizeof(BUCKETS) / sizeof(BUCKETS[0])); ++bi) {
                         for (r = 0; r < n; ++r) memcpy(cut[r], in[r], count * sizeof(float));
-                        jb.bucket = BUCKETS[bi][0];
-                        jb.upto = BUCKETS[bi][1];
+                        jb.bucket = buckets[bi][0];
+                        jb.upto = buckets[bi][1];
                         run_job(&g, &jb, cut, w);
                         assert_all_ok(&g, w, what);
                         for (r = 0; r < n; ++r) {
-                            for (i = 0; i < count && memcmp(&cut[r][i], &whole[0][i], sizeof(float)) == 0; ++i) {}
+                            i = first_diff(cut[r], whole[0], count);
                             if (i < count) {
                                 print_error("%s: buckets of %zu: rank %d element %zu = %.9g, one call gives %.9g\n",
-                                            what, BUCKETS[bi][0], r, i, (double)cut[r][i], (double)whole[0][i]);
+                                            what, buckets[bi][0], r, i, (double)cut[r][i], (double)whole[0][i]);
                                 fail();
                             }
                         }
@@ -1638,6 +1776,10 @@ static void test_hierarchical(void **state) {
         int n = layouts[li][0], L = layouts[li][1];
         group g, ring;
         dsgd_comm_desc d;
+        /* make test under TSan: the layouts at N = 4 and 6 (two and three
+           nodes, 256-byte pieces, send/recv only, one level); make
+           test-full also the two at N = 8 */
+        if (TU_TSAN && !tu_full() && n == 8) continue;
         memset(&d, 0, sizeof(d));
         d.ranks_per_node = L;
         d.piece_bytes = li % 2 ? 256 : 0; /* many pieces for some */
@@ -1654,11 +1796,18 @@ static void test_hierarchical(void **state) {
         counts[4] = 1000;
         counts[5] = 100003;
         for (ci = 0; ci < 6; ++ci) {
+            /* make test: 100003 only at the default piece size (rendezvous
+               messages); at 256-byte pieces 1000 already makes many pieces */
+            if (!tu_full() && ci == 5 && d.piece_bytes) continue;
             ref rf;
             float **bufs = alloc_bufs(n, counts[ci]), **rb = alloc_bufs(n, counts[ci]);
             uint64_t seed = 900 + (uint64_t)li * 10 + (uint64_t)ci;
             ref_compute(&rf, seed, n, counts[ci]);
             for (oi = 0; oi < 4; ++oi) {
+                /* make test: one op per count, turning with the count and
+                   the layout (each layout meets every op); make test-full
+                   runs every op at every count */
+                if (!tu_full() && oi != (ci + li) % 4) continue;
                 check_allreduce(&g, bufs, &rf, seed, counts[ci], OPS[oi], DSGD_ALLREDUCE_HIERARCHICAL);
                 if (L == 1 || L == n) { /* one level: the ring's bits */
                     check_allreduce(&ring, rb, &rf, seed, counts[ci], OPS[oi], DSGD_ALLREDUCE_RING);
@@ -1774,6 +1923,7 @@ static void test_wire_bound(void **state) {
     for (n = 2; n <= MAXN; ++n) {
         float **in, **out, **ref0;
         if (TU_TSAN && n != 3 && n != 4) continue;
+        if (!tu_full() && (n == 6 || n == 7)) continue; /* make test: N = 2 to 5 and 8 */
         in = alloc_bufs(n, count);
         out = alloc_bufs(n, count);
         ref0 = alloc_bufs(n, count);
@@ -1824,6 +1974,10 @@ static void test_wire_bound(void **state) {
 static void test_wire_buckets(void **state) {
     static const int NS[] = {3, 4, 5};
     static const size_t BUCKETS[][2] = {{1, 300}, {7, 2100}, {100, 10000}, {4099, 10000}};
+    /* make test: the same bucket sizes, 8 of each of the small ones (then
+       the rest in one); make test-full 300 of 1 and of 7 and 100 of 100 */
+    static const size_t QUICK_BUCKETS[][2] = {{1, 8}, {7, 56}, {100, 800}, {4099, 10000}};
+    const size_t(*buckets)[2] = tu_full() ? BUCKETS : QUICK_BUCKETS;
     const size_t count = 10000;
     int ni, wi, bi, r, pieces;
     (void)state;
@@ -1866,15 +2020,14 @@ static void test_wire_buckets(void **state) {
                 check_wire(whole, in, n, count, (dsgd_wire)wi, what);
                 for (bi = 0; bi < 4; ++bi) {
                     for (r = 0; r < n; ++r) memcpy(cut[r], in[r], count * sizeof(float));
-                    jb.bucket = BUCKETS[bi][0];
-                    jb.upto = BUCKETS[bi][1];
+                    jb.bucket = buckets[bi][0];
+                    jb.upto = buckets[bi][1];
                     run_job(&g, &jb, cut, w);
                     assert_all_ok(&g, w, what);
                     for (r = 0; r < n; ++r)
-                        for (i = 0; i < count; ++i)
-                            if (memcmp(&cut[r][i], &whole[0][i], sizeof(float)) != 0)
-                                fail_msg("%s: buckets of %zu: rank %d element %zu = %.9g, one call gives %.9g", what,
-                                         BUCKETS[bi][0], r, i, (double)cut[r][i], (double)whole[0][i]);
+                        if ((i = first_diff(cut[r], whole[0], count)) < count)
+                            fail_msg("%s: buckets of %zu: rank %d element %zu = %.9g, one call gives %.9g", what,
+                                     buckets[bi][0], r, i, (double)cut[r][i], (double)whole[0][i]);
                 }
                 group_free(&g);
             }
@@ -2195,6 +2348,8 @@ static void test_waits_simnet(void **state) {
     for (costly = 0; costly < 2; ++costly) {
         for (ni = 0; ni < 5; ++ni) {
             int n = Ns[ni], li;
+            /* make test under TSan: N = 2, 3 and 4; make test-full also 5 and 8 */
+            if (TU_TSAN && !tu_full() && n > 4) continue;
             for (kind = 0; kind < WT_KINDS; ++kind) {
                 wt_run base, w;
                 double t0 = 0;

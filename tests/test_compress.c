@@ -37,7 +37,9 @@
    (per variable; global), sign, PowerSGD rank 2 with warm start, all with
    error feedback, and start_iter 100 and 300 (the dense warm-up ends
    before the cut, after it). Each hook trains other bits than no hook,
-   and a stateful hook's checkpoint is larger than no hook's.
+   and a stateful hook's checkpoint is larger than no hook's. That is make
+   test-full; make test (the quick tier) trains 25 + 25 of 50 steps, with
+   start_iter 10 and 30.
 
    Build: make test (compiled without the implementation, linked against
    the library built once per variant).
@@ -1227,12 +1229,12 @@ static void rs_workers(const rs_case *c, int from, int to, const char *restore, 
         if (w[i].res != DSGD_OK) fail_msg("%s, worker %d: %s: %s", c->name, i, dsgd_result_string(w[i].res), w[i].msg);
 }
 
-/* 500 steps, or 250 + save + destroy + a fresh strategy + restore + 250:
-   every replica's weights bit for bit, and the two checkpoints saved at
-   step 500 (weights, optimizer slots and step, every replica's hook state,
-   metrics) byte for byte. Returns replica 0's 500-step weights in want0
-   and the size of the checkpoint at the cut. */
-static size_t rs_case_check(const rs_case *c, const char *dir, float *want0) {
+/* `steps` steps (RS_STEPS, 500), or `cut_at` (250) + save + destroy + a fresh
+   strategy + restore + the rest: every replica's weights bit for bit, and
+   the two checkpoints saved at the end (weights, optimizer slots and step,
+   every replica's hook state, metrics) byte for byte. Returns replica 0's
+   final weights in want0 and the size of the checkpoint at the cut. */
+static size_t rs_case_check(const rs_case *c, const char *dir, int steps, int cut_at, float *want0) {
     static float want[MAXN][RS_NP], got[MAXN][RS_NP], mid[MAXN][RS_NP];
     char full[128], cut[128], resumed[128];
     unsigned char *a, *b;
@@ -1242,26 +1244,26 @@ static size_t rs_case_check(const rs_case *c, const char *dir, float *want0) {
     snprintf(cut, sizeof(cut), "%s/cut.ckpt", dir);
     snprintf(resumed, sizeof(resumed), "%s/resumed.ckpt", dir);
     if (c->workers) {
-        rs_run(c, 0, RS_STEPS, NULL, NULL, want);
-        rs_workers(c, 0, RS_STEPS, NULL, full, mid);
+        rs_run(c, 0, steps, NULL, NULL, want);
+        rs_workers(c, 0, steps, NULL, full, mid);
         for (r = 0; r < c->n; ++r)
             if (memcmp(mid[r], want[r], sizeof(mid[r])) != 0) fail_msg("%s: 2 x 2 differs from MIRRORED x 4", c->name);
-        rs_workers(c, 0, RS_CUT, NULL, cut, mid);
-        rs_workers(c, RS_CUT, RS_STEPS, cut, resumed, got);
+        rs_workers(c, 0, cut_at, NULL, cut, mid);
+        rs_workers(c, cut_at, steps, cut, resumed, got);
     } else {
-        rs_run(c, 0, RS_STEPS, NULL, full, want);
-        rs_run(c, 0, RS_CUT, NULL, cut, mid);
-        rs_run(c, RS_CUT, RS_STEPS, cut, resumed, got);
+        rs_run(c, 0, steps, NULL, full, want);
+        rs_run(c, 0, cut_at, NULL, cut, mid);
+        rs_run(c, cut_at, steps, cut, resumed, got);
     }
     for (r = 0; r < c->n; ++r)
         if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
             fail_msg("%s: replica %d: %d + %d steps through a checkpoint differ from %d (rel err %.3g)", c->name, r,
-                     RS_CUT, RS_STEPS - RS_CUT, RS_STEPS, tu_rel_err(got[r], want[r], RS_NP));
+                     cut_at, steps - cut_at, steps, tu_rel_err(got[r], want[r], RS_NP));
     a = tu_read_file(full, &la);
     b = tu_read_file(resumed, &lb);
     if (la != lb || memcmp(a, b, la) != 0)
         fail_msg("%s: the state at step %d differs after the resume (checkpoints of %zu and %zu bytes)", c->name,
-                 RS_STEPS, la, lb);
+                 steps, la, lb);
     free(a);
     free(b);
     free(tu_read_file(cut, &lc));
@@ -1292,6 +1294,9 @@ static void test_strategy_resume(void **state) {
         {"top-k 5% EF, start_iter 100, 2 workers x 2", 4, 1, 1, 1,
          {.kind = DSGD_COMPRESS_TOPK, .ratio = 0.05, .start_iter = 100}},
     };
+    /* the quick tier: 50 steps cut at 25, start_iter scaled to 10 and 30
+       (still before the cut and after it); make test-full: 500 cut at 250 */
+    const int steps = TU_PICK(RS_STEPS, 50), cut_at = TU_PICK(RS_CUT, 25);
     float base[2][RS_NP], w[RS_NP];
     size_t base_cut[2] = {0, 0}, k;
     char dir[64];
@@ -1300,9 +1305,12 @@ static void test_strategy_resume(void **state) {
     tu_mkdtemp(dir);
     rs_data();
     for (k = 0; k < sizeof(cases) / sizeof(cases[0]); ++k) {
-        const rs_case *c = &cases[k];
+        rs_case scaled = cases[k];
+        const rs_case *c = &scaled;
         int bi = c->n == 4;
-        size_t lc = rs_case_check(c, dir, w);
+        size_t lc;
+        scaled.cd.start_iter = cases[k].cd.start_iter * steps / RS_STEPS;
+        lc = rs_case_check(c, dir, steps, cut_at, w);
         if (!c->hook) {
             memcpy(base[bi], w, sizeof(w));
             base_cut[bi] = lc;
@@ -1313,7 +1321,9 @@ static void test_strategy_resume(void **state) {
             fail_msg("%s: the checkpoint at the cut holds no hook state (%zu bytes, %zu without a hook)", c->name,
                      lc, base_cut[bi]);
         printf("    %-44s N %d: %d + save/restore + %d = %d steps, weights and checkpoint bit for bit\n", c->name,
-               c->n, RS_CUT, RS_STEPS - RS_CUT, RS_STEPS);
+               c->n, cut_at, steps - cut_at, steps);
+        if (scaled.cd.start_iter != cases[k].cd.start_iter)
+            printf("    %-44s (start_iter %lld in this tier)\n", "", (long long)scaled.cd.start_iter);
     }
     tu_rmdir_files(dir);
     tu_watchdog(0);

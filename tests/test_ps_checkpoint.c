@@ -10,7 +10,8 @@
    a step count restored wrong moves the parameters.
 
    What is asserted, and how it is measured:
-   - Resume: a child process runs 100 steps (pull, gradient, push), the
+   - Resume: a child process runs 100 steps (40 under make test, with a
+     schedule over 80; pull, gradient, push), the
      workers finish, and every rank saves its own file; this process creates
      a new hub, new servers and workers, restores each from its file and
      runs 100 more steps. The final parameters equal those of 200 steps
@@ -24,7 +25,8 @@
      pushed it before the save) is saved with its server and applied with
      the other's after the restore: the bits of both pushing at once.
    - Corruption: every single-byte change of a server's file (and of a
-     worker's) is DSGD_ERR_FORMAT, as is a truncation, and the server (its
+     worker's; make test: the first 64 bytes, the last 16 and every 5th
+     between) is DSGD_ERR_FORMAT, as is a truncation, and the server (its
      parameters, counters and histogram) or worker is what the good file
      restored before.
    - Mismatches, DSGD_ERR_SHAPE with the message naming the difference: a
@@ -57,7 +59,9 @@
 #define OUT 4
 #define NPARAMS 180
 #define BATCH 8
-#define HALF 100
+/* The steps before the save (as many after): 100 under make test-full,
+   40 in the quick tier (the cut past the 30 steps of warmup either way) */
+#define HALF TU_PICK(100, 40)
 #define BINS 16
 #define MSG 1024
 
@@ -403,9 +407,9 @@ static void resume_case(dsgd_optimizer_kind kind, dsgd_ps_apply apply, session *
     expect_session_ok(&b);
     expect_same_run(&b, &a);
     assert_true(memcmp(a.final, F.init, sizeof a.final) != 0); /* it trained */
-    print_message("%s, apply %s: 100 + 100 steps restored from 4 files = 200 steps, bit for bit\n",
+    print_message("%s, apply %s: %d + %d steps restored from 4 files = %d steps, bit for bit\n",
                   kind == DSGD_OPT_ADAM ? "Adam" : "momentum",
-                  apply == DSGD_PS_APPLY_ON_SERVERS ? "ON_SERVERS" : "ON_WORKERS");
+                  apply == DSGD_PS_APPLY_ON_SERVERS ? "ON_SERVERS" : "ON_WORKERS", HALF, HALF, 2 * HALF);
     if (want) *want = a;
     fixture_free(&F);
 }
@@ -555,11 +559,13 @@ static dsgd_result lone_restore(lone *L, const char *path) {
 }
 
 /* Every single-byte change and a few truncations of rank's file are
-   DSGD_ERR_FORMAT, and leave what the good file restored. */
+   DSGD_ERR_FORMAT, and leave what the good file restored. The quick tier
+   changes the first 64 bytes, the last 16 and every 5th between; make
+   test-full every byte. */
 static void corrupt_case(const fixture *F, const dsgd_ps_desc *d, int rank, const char *prefix) {
     char good[256], bad[256];
     unsigned char *img;
-    size_t len, i, cut[3];
+    size_t len, i, cut[3], changed = 0;
     lone L;
     snapshot before, after;
     int k;
@@ -573,6 +579,8 @@ static void corrupt_case(const fixture *F, const dsgd_ps_desc *d, int rank, cons
     else assert_int_equal(before.ws.clock, 10);
     for (i = 0; i < len; ++i) {
         unsigned char keep = img[i];
+        if (!tu_full() && i >= 64 && i + 16 < len && i % 5 != 0) continue;
+        ++changed;
         img[i] ^= (unsigned char)(1u << (i % 8)); /* one bit of each byte in turn */
         spit(bad, img, len);
         img[i] = keep;
@@ -590,7 +598,7 @@ static void corrupt_case(const fixture *F, const dsgd_ps_desc *d, int rank, cons
     snap(&L, &after);
     assert_memory_equal(&after, &before, sizeof before);
     print_message("%s %d: %zu single-byte changes and 3 truncations of its %zu-byte file: DSGD_ERR_FORMAT, "
-                  "untouched\n", rank < P ? "server" : "worker", rank < P ? rank : rank - P, len, len);
+                  "untouched\n", rank < P ? "server" : "worker", rank < P ? rank : rank - P, changed, len);
     lone_free(&L);
     free(img);
 }
@@ -704,7 +712,7 @@ static void test_states(void **state) {
     (void)state;
     fixture_make(&F);
     d.num_workers = 1;
-    d.timeout_s = 0.2;
+    d.timeout_s = TU_PICK(0.2, 0.05); /* nothing can come: how long it waits for nobody */
     snprintf(path, sizeof path, "%s/state", g_dir);
     snprintf(path2, sizeof path2, "%s/state2", g_dir);
     memset(g, 0, sizeof g);

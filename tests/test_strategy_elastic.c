@@ -6,9 +6,10 @@
 
    What is asserted:
    - MIRRORED, 8 replicas over the strategy's own loopback: replica 5's
-     batch function fails at step 50; that call returns DSGD_OK having
-     shrunk to 7 (info.world 7, info.resized 1; on_resize called once with
-     8, 7 and the survivors 0,1,2,3,4,6,7), and after steps 50..59 every
+     batch function fails at step 50 (make test: 5 of 8); that call
+     returns DSGD_OK having shrunk to 7 (info.world 7, info.resized 1;
+     on_resize called once with 8, 7 and the survivors 0,1,2,3,4,6,7),
+     and after steps 50..59 every
      survivor holds the very bits of the scripted run: 8 replicas to step
      50, saved, restored into a 7-replica strategy, steps 50..59. Replica
      3 and 6 failing together at step 4 with min_replicas 2 (8 -> 6) match
@@ -24,9 +25,9 @@
      the dataset is trained on exactly once (on_resize forgets the failed
      attempt's shards).
    - Over simnet (MIRRORED over the hub's endpoints, RING, threads
-     jittered at every hand-off): rank 5 of 8
-     killed at step 50 (min_replicas 4); the survivors time out in the
-     step's first collective, settle, shrink to 7 and retry: the failed
+     jittered at every hand-off): rank 5 of 8 killed at step 50 (make
+     test: 5 of 8; min_replicas 4); the survivors time out in the step's
+     first collective, settle, shrink to 7 and retry: the failed
      step takes a 7-replica step, the spoiled attempt's compute and one
      deadline (to 1 ms) more in virtual time, and the weights after step
      59 are the bits of the script (8 to 50, saved, restored into 7,
@@ -46,7 +47,8 @@
      step began) and why: failed (its batch function), gone (killed),
      late (stalled past the deadline).
    - Over simnet, rank 2 of 4 killed by time at 30 points through step
-     0's collectives (every 10 us), each twice with jittered threads: no
+     0's collectives (every 10 us; make test: one point of each outcome),
+     each twice with jittered threads: no
      hang, the same outcome both times, replica 2 dropped as gone (4 -> 3)
      or the step failed (killed in the exchange).
    - A death in the settle, by virtual time: 5 replicas over simnet, rank
@@ -63,12 +65,14 @@
      replicas 1 and 3.
    - Rejoin over simnet: rank 1 of 8 killed at step 50 (8 -> 7), spare
      rank 8 (dsgd_simnet_spare: the settle does not wait for it) admitted
-     at the group's clock and grown in at step 100 (7 -> 8), to step 150:
+     at the group's clock and grown in at step 100 (7 -> 8), to step 150
+     (make test: 14, 28 and 45):
      each sampler epoch (9 steps over 203 samples) trains every sample
      once, and the weights are the bits of 8 to step 50, saved, restored
      into 7, to step 100, saved, restored into 8, to step 150.
-   - Seeded fault schedules over simnet (kill, stall, slow, drop; 40 by
-     default, DSGD_FAULT_SCHEDULES=N and DSGD_FAULT_FIRST=K for the soak):
+   - Seeded fault schedules over simnet (kill, stall, slow, drop; 40 under
+     make test-full, 12 under make test, DSGD_FAULT_SCHEDULES=N and
+     DSGD_FAULT_FIRST=K for the soak):
      every step against a model of the contract (result, world, the
      dropped list and reasons, or the failure's message naming the
      replica or the rank whose message was dropped), a watchdog per
@@ -259,7 +263,9 @@ static void shrink_case(int n, int k, int fail_a, int fail_b, int min_replicas, 
 static void test_shrink_8_to_7_bitwise(void **state) {
     (void)state;
     tu_watchdog(120);
-    shrink_case(8, 50, 5, -1, 4, 60);
+    /* the quick tier fails at step 5 of 8 (Adam's state and step count
+       carried over all the same); make test-full at step 50 of 60 */
+    shrink_case(8, TU_PICK(50, 5), 5, -1, 4, TU_PICK(60, 8));
     tu_watchdog(0);
 }
 
@@ -583,7 +589,8 @@ static dsgd_strategy *sn_strategy(dsgd_ctx *ctx, int n, int m, sn_feed *sf, cons
    survivors time out in the step's first collective, settle, shrink to 7
    and retry the step, losing one deadline and the spoiled attempt's
    compute; the weights are those of 8 replicas to SK, saved, restored into
-   7 (the same RING). */
+   7 (the same RING). The quick tier kills at step 5 of 8 (a step before
+   and after the kill to time, the same path); make test-full at 50 of 60. */
 enum { SK = 50, SEND = 60 };
 
 static void test_simnet_kill_8_to_7(void **state) {
@@ -594,6 +601,7 @@ static void test_simnet_kill_8_to_7(void **state) {
     dsgd_step_info info;
     float want[NP], got[NP];
     double t0, dt[SEND];
+    const int sk = TU_PICK(SK, 5), send = TU_PICK(SEND, 8);
     int i, j;
     (void)state;
     tu_watchdog(120);
@@ -602,30 +610,30 @@ static void test_simnet_kill_8_to_7(void **state) {
     memset(&kill, 0, sizeof(kill));
     kill.kind = DSGD_SIMNET_FAULT_KILL;
     kill.rank = 5;
-    kill.step = SK;
+    kill.step = sk;
     s = sn_strategy(ctx, 8, 4, &sf, &kill, 1);
     g_jitter = 0.0;
-    for (sf.f.step = 0; sf.f.step < SEND; ++sf.f.step) {
+    for (sf.f.step = 0; sf.f.step < send; ++sf.f.step) {
         t0 = sn_time(&sf, dsgd_strategy_num_replicas(s));
         memset(&info, 0, sizeof(info));
         TU_OK(ctx, dsgd_strategy_train_step_fn(s, sn_feed_fn, &sf, &info));
         dt[sf.f.step] = sn_time(&sf, dsgd_strategy_num_replicas(s)) - t0;
-        assert_int_equal(info.resized, sf.f.step == SK);
-        assert_int_equal(info.world, sf.f.step < SK ? 8 : 7);
+        assert_int_equal(info.resized, sf.f.step == sk);
+        assert_int_equal(info.world, sf.f.step < sk ? 8 : 7);
         assert_int_equal(info.step, sf.f.step);
-        assert_int_equal(info.dropped, sf.f.step == SK);
-        if (sf.f.step == SK) { /* its rank was killed: gone */
+        assert_int_equal(info.dropped, sf.f.step == sk);
+        if (sf.f.step == sk) { /* its rank was killed: gone */
             assert_int_equal(info.dropped_rank[0], 5);
             assert_int_equal(info.dropped_why[0], DSGD_DROP_GONE);
         }
     }
     print_message("    simnet: a step takes %.6f s (8 replicas), %.6f s (7); the failed one %.6f s (deadline %.2f s)\n",
-                  dt[SK - 1], dt[SK + 1], dt[SK], SN_T);
+                  dt[sk - 1], dt[sk + 1], dt[sk], SN_T);
     /* within one deadline: the failed step is a 7-replica step, the
        spoiled attempt's compute and at most one timeout_s (and the
        settle's few messages) more */
-    assert_true(dt[SK] - dt[SK + 1] - SN_C >= SN_T);
-    assert_true(dt[SK] - dt[SK + 1] - SN_C <= SN_T + 1e-3);
+    assert_true(dt[sk] - dt[sk + 1] - SN_C >= SN_T);
+    assert_true(dt[sk] - dt[sk + 1] - SN_C <= SN_T + 1e-3);
     assert_int_equal(sf.log.calls, 1);
     assert_int_equal(sf.log.new_world, 7);
     for (i = 0, j = 0; i < 8; ++i)
@@ -635,7 +643,7 @@ static void test_simnet_kill_8_to_7(void **state) {
     params_of(s, 0, got);
     dsgd_strategy_destroy(s);
     dsgd_simnet_destroy(sf.hub);
-    scripted(ctx, 8, SK, 7, SEND, want);
+    scripted(ctx, 8, sk, 7, send, want);
     assert_memory_equal(got, want, sizeof(want));
     g_algo = DSGD_ALLREDUCE_AUTO;
     dsgd_ctx_destroy(ctx);
@@ -700,12 +708,23 @@ static void kill_in_coll_once(double when, char *out, size_t cap) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* The quick tier's points: one of each outcome the sweep gives (replica 2
+   gone in step 0 at k 0..2 and, later in the ring, 3..6; the step failed
+   as ranks disagree at 7, on a deadline at 8, killed in the exchange at
+   9..15; gone in step 1 from 16 on); under TSan, where make test-full
+   runs every third point, those of them it runs. make test-full runs
+   every point. */
+static const int KC_QUICK[] = {0, 3, 7, 8, 9, 16, 29}, KC_QUICK_TSAN[] = {0, 3, 9, 18};
+
 static void test_simnet_killed_in_collective(void **state) {
     static char a[2048], b[2048];
     char hang[64];
-    int k, shrinks = 0, failures = 0;
+    const int *quick = TU_TSAN ? KC_QUICK_TSAN : KC_QUICK;
+    const int nquick = TU_TSAN ? (int)(sizeof(KC_QUICK_TSAN) / sizeof(int)) : (int)(sizeof(KC_QUICK) / sizeof(int));
+    int i, shrinks = 0, failures = 0;
     (void)state;
-    for (k = 0; k < 30; k += TU_TSAN ? 3 : 1) {
+    for (i = 0; i < TU_PICK(TU_TSAN ? 10 : 30, nquick); ++i) {
+        int k = tu_full() ? i * (TU_TSAN ? 3 : 1) : quick[i];
         double when = SN_C + k * 10e-6;
         snprintf(hang, sizeof(hang), "rank 2 killed at %.9g s", when);
         tu_watchdog_for(hang, 60);
@@ -1034,7 +1053,8 @@ static void test_simnet_death_in_settle_by_virtual_time(void **state) {
     (void)state;
     tu_watchdog(120);
     d3 = ds_deadline(&t0);
-    ds_compare(d3 - 2.4e-6, 2, TU_TSAN ? 2 : 8, &first);
+    /* jittered runs: the quick tier 2 (TSan 1), make test-full 8 (TSan 2) */
+    ds_compare(d3 - 2.4e-6, 2, TU_PICK(TU_TSAN ? 2 : 8, TU_TSAN ? 1 : 2), &first);
     ds_no_extra_deadline(&first, t0);
     print_message("    rank 3 killed 2.4 us before its deadline, threads forced both ways and jittered: %s\n", first.text);
     if (!strstr(first.text, "step 3: 1 gone (world 3); step 3: 3 gone (world 3); "))
@@ -1066,7 +1086,7 @@ static void test_simnet_death_in_own_settle(void **state) {
     if (!strstr(first.text, "step 3: 1 gone (world 3); step 3: 3 gone (world 3); "))
         fail_msg("want replicas 1 and 3 dropped as gone at step 3: %s", first.text);
     ds_no_extra_deadline(&first, t0);
-    ds_compare(d3 + 5e-6, 2, TU_TSAN ? 1 : 4, &first);
+    ds_compare(d3 + 5e-6, 2, TU_PICK(TU_TSAN ? 1 : 4, 1), &first); /* jittered runs; make test-full 4 */
     print_message("    rank 3 killed 5 us after its deadline, in its settle: %s\n", first.text);
     if (!strstr(first.text, "step 3: 1 gone (world 3); step 3: 3 gone (world 3); "))
         fail_msg("want replicas 1 and 3 dropped as gone at step 3: %s", first.text);
@@ -1436,14 +1456,16 @@ static void test_grow_loopback_4_to_6(void **state) {
    schedule in every run. Asserted: every epoch's samples, counted over the
    replicas' shards of the steps that were made, are the dataset exactly
    once; the weights are the bits of the script 8 to RJ_KILL, saved,
-   restored into 7, to RJ_GROW, saved, restored into 8, to RJ_END. */
+   restored into 7, to RJ_GROW, saved, restored into 8, to RJ_END. The
+   quick tier kills at step 14 and grows at 28 (both inside an epoch, as
+   50 and 100 are), to 45: 5 epochs; make test-full to 150, 16 epochs. */
 enum { RJ_KILL = 50, RJ_GROW = 100, RJ_END = 150 };
 
 static float g_rj_x[RJ_END][SB * IN], g_rj_y[RJ_END][SB];
 static size_t g_rj_idx[RJ_END][SB];
 static int g_rj_count[RJ_END], g_rj_last[RJ_END]; /* a step's samples; 1 on an epoch's last step */
 
-static void rj_schedule(dsgd_ctx *ctx) {
+static void rj_schedule(dsgd_ctx *ctx, int end) {
     static float dx[DS * IN], dy[DS];
     dsgd_sampler smp;
     const size_t *idx;
@@ -1454,8 +1476,8 @@ static void rj_schedule(dsgd_ctx *ctx) {
     for (i = 0; i < DS; ++i) dy[i] = (float)tu_below(&r, OUT);
     TU_OK(ctx, dsgd_sampler_init(ctx, &smp, DS, SB, 11, 1, 0));
     nb = dsgd_sampler_num_batches(&smp);
-    for (; t < RJ_END; dsgd_sampler_set_epoch(&smp, smp.epoch + 1))
-        for (b = 0; b < nb && t < RJ_END; ++b, ++t) {
+    for (; t < end; dsgd_sampler_set_epoch(&smp, smp.epoch + 1))
+        for (b = 0; b < nb && t < end; ++b, ++t) {
             g_rj_count[t] = (int)dsgd_sampler_batch(&smp, b, &idx);
             g_rj_last[t] = b + 1 == nb;
             for (k = 0; k < (size_t)g_rj_count[t]; ++k) {
@@ -1523,7 +1545,9 @@ static void rj_script(dsgd_ctx *ctx, const int *worlds, const int *at, int stage
 }
 
 static void test_simnet_kill_then_rejoin(void **state) {
-    static const int worlds[3] = {8, 7, 8}, at[3] = {RJ_KILL, RJ_GROW, RJ_END};
+    static const int worlds[3] = {8, 7, 8};
+    const int at[3] = {TU_PICK(RJ_KILL, 14), TU_PICK(RJ_GROW, 28), TU_PICK(RJ_END, 45)};
+    const int rj_kill = at[0], rj_grow = at[1], rj_end = at[2];
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy_desc d;
     dsgd_simnet_fault kill;
@@ -1536,12 +1560,12 @@ static void test_simnet_kill_then_rejoin(void **state) {
     double t_admit = 0.0;
     (void)state;
     tu_watchdog(120);
-    rj_schedule(ctx);
+    rj_schedule(ctx, rj_end);
     g_algo = DSGD_ALLREDUCE_RING;
     memset(&kill, 0, sizeof(kill));
     kill.kind = DSGD_SIMNET_FAULT_KILL;
     kill.rank = 1;
-    kill.step = RJ_KILL;
+    kill.step = rj_kill;
     memset(&f, 0, sizeof(f));
     f.hub = sn_hub(ctx, 9, &kill, 1);
     TU_OK(ctx, dsgd_simnet_spare(f.hub, 8)); /* before anything runs */
@@ -1557,9 +1581,9 @@ static void test_simnet_kill_then_rejoin(void **state) {
     d.elastic.user = &f;
     TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
     memset(total, 0, sizeof(total));
-    for (f.step = 0; f.step < RJ_END; ++f.step) {
+    for (f.step = 0; f.step < rj_end; ++f.step) {
         int n = dsgd_strategy_num_replicas(s);
-        if (f.step == RJ_GROW) { /* rank 8 joins where the group is */
+        if (f.step == rj_grow) { /* rank 8 joins where the group is */
             for (i = 0; i < n; ++i)
                 if (dsgd_simnet_time(f.hub, f.rank_of[i]) > t_admit) t_admit = dsgd_simnet_time(f.hub, f.rank_of[i]);
             TU_OK(ctx, dsgd_simnet_admit(f.hub, 8, t_admit));
@@ -1571,8 +1595,8 @@ static void test_simnet_kill_then_rejoin(void **state) {
         memset(&info, 0, sizeof(info));
         TU_OK(ctx, dsgd_strategy_train_step_fn(s, rj_fn, &f, &info));
         assert_int_equal(info.count, g_rj_count[f.step]);
-        assert_int_equal(info.world, f.step < RJ_KILL ? 8 : f.step < RJ_GROW ? 7 : 8);
-        assert_int_equal(info.resized, f.step == RJ_KILL);
+        assert_int_equal(info.world, f.step < rj_kill ? 8 : f.step < rj_grow ? 7 : 8);
+        assert_int_equal(info.resized, f.step == rj_kill);
         for (i = 0; i < DS; ++i) total[i] += f.hits[i];
         if (g_rj_last[f.step]) { /* the epoch is over: each sample once */
             for (i = 0; i < DS; ++i)
@@ -1582,7 +1606,7 @@ static void test_simnet_kill_then_rejoin(void **state) {
         }
     }
     print_message("    rejoin: rank 8 admitted at %.6f s virtual; %d whole epochs counted\n", t_admit, epochs);
-    assert_true(epochs >= 16);
+    assert_true(epochs >= TU_PICK(16, 5));
     assert_int_equal(f.log.calls, 2);
     assert_int_equal(f.log.old_world, 7);
     assert_int_equal(f.log.new_world, 8);
@@ -1616,9 +1640,11 @@ static void test_simnet_kill_then_rejoin(void **state) {
    result, info.world, info.resized and info.dropped (each dropped
    replica's rank as the step began and dsgd_drop_reason), or the error's
    message; no hang (a watchdog per schedule). DSGD_FAULT_SCHEDULES=N runs
-   N schedules instead of FS_DEFAULT (the soak: 1000 under TSan);
-   DSGD_FAULT_FIRST=K starts at seed K. */
-enum { FS_STEPS = 10, FS_DEFAULT = 40 };
+   N schedules instead of FS_DEFAULT (make test-full; the soak: 1000 under
+   TSan), or FS_QUICK in the quick tier (seeds 1..12 draw every kind of
+   fault, 3 to 6 replicas, RING and AUTO); DSGD_FAULT_FIRST=K starts at
+   seed K. */
+enum { FS_STEPS = 10, FS_DEFAULT = 40, FS_QUICK = 12 };
 
 typedef struct fs_cfg {
     int n, nf;
@@ -1748,7 +1774,7 @@ static void fs_run(unsigned seed, int *shrinks, int *failures) {
 
 static void test_simnet_fault_schedules(void **state) {
     const char *env = getenv("DSGD_FAULT_SCHEDULES"), *first_env = getenv("DSGD_FAULT_FIRST");
-    unsigned n = env ? (unsigned)strtoul(env, NULL, 10) : FS_DEFAULT;
+    unsigned n = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)TU_PICK(FS_DEFAULT, FS_QUICK);
     unsigned first = first_env ? (unsigned)strtoul(first_env, NULL, 10) : 1, k;
     int shrinks = 0, failures = 0;
     double t0 = dsgd_now();

@@ -22,7 +22,8 @@
      two rounds of 3 steps: every replica's weights within 1 ulp of it
      (and for AVERAGE too).
    - Resume, one table of descs: 250 steps, save, destroy, a fresh
-     strategy, restore, 250 more steps equal 500 uninterrupted on every
+     strategy, restore, 250 more steps (make test: 50 and 50, the long
+     warmup 75) equal 500 uninterrupted on every
      replica, bit for bit, and the checkpoints saved at step 500 (every
      replica's weights and inner optimizer state, the round's start, the
      outer momentum) byte for byte: local SGD (AVERAGE, momentum inside,
@@ -76,6 +77,13 @@
 #include <pthread.h>
 
 enum { IN = 6, HID = 8, OUT = 3, NP = IN * HID + HID + HID * OUT + OUT, B = 5, MAXN = 4, STEPS = 50, LONG = 500, CUT = 250 };
+
+/* The resumes' length and cut: LONG and CUT under make test-full; 100 and
+   50 in the quick tier, where each row's cut falls where it does at 250
+   (in the warmup, at a round's end, inside a round) and a round or more
+   follows it. */
+#define RESUME_LONG TU_PICK(LONG, 100)
+#define RESUME_CUT TU_PICK(CUT, 50)
 
 static const dsgd_layer_desc LAYERS[2] = {{HID, DSGD_ACT_TANH, DSGD_INIT_AUTO}, {OUT, DSGD_ACT_NONE, DSGD_INIT_AUTO}};
 
@@ -337,8 +345,8 @@ static void test_serial_reference(void **state) {
     }
 }
 
-/* One resume row: a desc, whose cut (CUT) may fall in the warmup, at a
-   round's boundary or inside a round. */
+/* One resume row: a desc, whose cut (RESUME_CUT) may fall in the warmup,
+   at a round's boundary or inside a round. */
 typedef struct resume_row {
     const char *name;
     int n, period;
@@ -346,10 +354,15 @@ typedef struct resume_row {
     dsgd_optimizer_kind inner;
     dsgd_outer_kind outer;
     dsgd_wire wire;
+    int64_t warmup_quick; /* the quick tier's warmup where it differs (0: warmup) */
 } resume_row;
 
+static int64_t row_warmup(const resume_row *c) {
+    return tu_full() || !c->warmup_quick ? c->warmup : c->warmup_quick;
+}
+
 static dsgd_strategy_desc row_desc(const resume_row *c) {
-    dsgd_strategy_desc d = local_desc(c->n, c->inner, c->period, c->warmup, c->outer);
+    dsgd_strategy_desc d = local_desc(c->n, c->inner, c->period, row_warmup(c), c->outer);
     d.algorithm = DSGD_ALLREDUCE_RING; /* the half wires' algorithm; the workers' too */
     d.local.wire = c->wire;
     return d;
@@ -375,28 +388,31 @@ static void same_files(const char *a, const char *b, const char *what) {
     size_t la, lb;
     unsigned char *fa = tu_read_file(a, &la), *fb = tu_read_file(b, &lb);
     if (la != lb || memcmp(fa, fb, la) != 0)
-        fail_msg("%s: the state at step %d differs after the resume (checkpoints of %zu and %zu bytes)", what, LONG,
-                 la, lb);
+        fail_msg("%s: the state at step %d differs after the resume (checkpoints of %zu and %zu bytes)", what,
+                 RESUME_LONG, la, lb);
     free(fa);
     free(fb);
 }
 
-/* LONG steps, or CUT + save + destroy + a fresh strategy + restore + the
-   rest: every replica's weights bit for bit, and the checkpoints saved at
-   the end (every replica's weights, inner optimizer state and last norm,
-   the round's start, the outer momentum, the step) byte for byte. A cut
-   inside a round is refused at another replica count. */
+/* RESUME_LONG steps, or RESUME_CUT + save + destroy + a fresh strategy +
+   restore + the rest: every replica's weights bit for bit, and the
+   checkpoints saved at the end (every replica's weights, inner optimizer
+   state and last norm, the round's start, the outer momentum, the step)
+   byte for byte. A cut inside a round is refused at another replica
+   count. */
 static void resume_case(const resume_row *c, const char *dir) {
     static float want[MAXN][NP], got[MAXN][NP], mid[MAXN][NP];
     dsgd_strategy_desc d = row_desc(c);
     char full[128], cut[128], resumed[128];
-    int r, n = c->n, inside = CUT >= c->warmup && (CUT - c->warmup) % c->period != 0;
+    const int cut_at = RESUME_CUT, long_at = RESUME_LONG;
+    const int64_t warmup = row_warmup(c);
+    int r, n = c->n, inside = cut_at >= warmup && (cut_at - warmup) % c->period != 0;
     snprintf(full, sizeof full, "%s/full.ckpt", dir);
     snprintf(cut, sizeof cut, "%s/cut.ckpt", dir);
     snprintf(resumed, sizeof resumed, "%s/resumed.ckpt", dir);
-    resume_run(&d, 0, LONG, NULL, full, want);
-    resume_run(&d, 0, CUT, NULL, cut, mid);
-    resume_run(&d, CUT, LONG, cut, resumed, got);
+    resume_run(&d, 0, long_at, NULL, full, want);
+    resume_run(&d, 0, cut_at, NULL, cut, mid);
+    resume_run(&d, cut_at, long_at, cut, resumed, got);
     for (r = 0; r < n; ++r)
         if (memcmp(got[r], want[r], sizeof(got[r])) != 0)
             fail_msg("%s: replica %d after the resume differs (rel err %.3g)", c->name, r,
@@ -417,21 +433,23 @@ static void resume_case(const resume_row *c, const char *dir) {
         dsgd_strategy_destroy(s);
         dsgd_ctx_destroy(ctx);
     }
-    print_message("    %-46s x%d: %d + save/restore + %d = %d (cut %s), bit for bit\n", c->name, n, CUT, LONG - CUT,
-                  LONG, c->warmup > CUT ? "in the warmup" : inside ? "inside a round" : "at a round's end");
+    print_message("    %-46s x%d: %d + save/restore + %d = %d (cut %s), bit for bit\n", c->name, n, cut_at,
+                  long_at - cut_at, long_at, warmup > cut_at ? "in the warmup" : inside ? "inside a round" : "at a round's end");
 }
 
 static void test_resume(void **state) {
     static const resume_row rows[] = {
-        {"local SGD: AVERAGE, momentum, H 8, warmup 20", 4, 8, 20, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE, DSGD_WIRE_F32},
-        {"local SGD: AVERAGE, momentum, H 8, warmup 300", 3, 8, 300, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE,
-         DSGD_WIRE_F32},
-        {"DiLoCo: NESTEROV, AdamW, H 50", 4, 50, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32},
-        {"DiLoCo: NESTEROV, AdamW, H 50, warmup 10", 4, 50, 10, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32},
-        {"DiLoCo: NESTEROV, AdamW, H 7", 3, 7, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32},
-        {"outer SGD, momentum, H 6, warmup 5", 2, 6, 5, DSGD_OPT_MOMENTUM, DSGD_OUTER_SGD, DSGD_WIRE_F32},
-        {"DiLoCo, H 7, fp16 wire", 4, 7, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F16},
-        {"local SGD, H 8, warmup 20, bf16 wire", 4, 8, 20, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE, DSGD_WIRE_BF16},
+        {"local SGD: AVERAGE, momentum, H 8, warmup 20", 4, 8, 20, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE, DSGD_WIRE_F32,
+         0},
+        {"local SGD: AVERAGE, momentum, H 8, long warmup", 3, 8, 300, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE,
+         DSGD_WIRE_F32, 75},
+        {"DiLoCo: NESTEROV, AdamW, H 50", 4, 50, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32, 0},
+        {"DiLoCo: NESTEROV, AdamW, H 50, warmup 10", 4, 50, 10, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32, 0},
+        {"DiLoCo: NESTEROV, AdamW, H 7", 3, 7, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F32, 0},
+        {"outer SGD, momentum, H 6, warmup 5", 2, 6, 5, DSGD_OPT_MOMENTUM, DSGD_OUTER_SGD, DSGD_WIRE_F32, 0},
+        {"DiLoCo, H 7, fp16 wire", 4, 7, 0, DSGD_OPT_ADAMW, DSGD_OUTER_NESTEROV, DSGD_WIRE_F16, 0},
+        {"local SGD, H 8, warmup 20, bf16 wire", 4, 8, 20, DSGD_OPT_MOMENTUM, DSGD_OUTER_AVERAGE, DSGD_WIRE_BF16,
+         0},
     };
     char dir[64];
     size_t k;
@@ -616,17 +634,17 @@ static void test_two_workers(void **state) {
     snprintf(full, sizeof full, "%s/full.ckpt", dir);
     snprintf(cut, sizeof cut, "%s/cut.ckpt", dir);
     snprintf(resumed, sizeof resumed, "%s/resumed.ckpt", dir);
-    resume_run(&d, 0, LONG, NULL, full, want);
-    set_steps(ws, 0, CUT, NULL, cut);
+    resume_run(&d, 0, RESUME_LONG, NULL, full, want);
+    set_steps(ws, 0, RESUME_CUT, NULL, cut);
     run_workers(&d, ws);
     for (i = 0; i < 2; ++i)
         if (ws[i].res != DSGD_OK) fail_msg("the save across workers: worker %d: %s", i, ws[i].msg);
-    set_steps(ws, CUT, LONG, cut, resumed);
+    set_steps(ws, RESUME_CUT, RESUME_LONG, cut, resumed);
     run_workers(&d, ws);
     check_workers(ws, want, "resumed across workers");
     same_files(full, resumed, "resumed across workers");
-    print_message("    2 x 2, DiLoCo H 7: %d + save/restore across workers + %d = local x4's %d, checkpoint too\n", CUT,
-                  LONG - CUT, LONG);
+    print_message("    2 x 2, DiLoCo H 7: %d + save/restore across workers + %d = local x4's %d, checkpoint too\n",
+                  RESUME_CUT, RESUME_LONG - RESUME_CUT, RESUME_LONG);
     tu_rmdir_files(dir);
     tu_watchdog(0);
 }

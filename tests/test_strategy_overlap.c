@@ -3,7 +3,8 @@
 
    What is asserted, and how it is measured:
    - The same bits: MIRRORED at N = 2, 3, 4, for every all-reduce
-     algorithm, at three bucket sizes (one bucket; 256 B, which cuts
+     algorithm (make test: every algorithm at N = 3, RING at 2 and 4),
+     at three bucket sizes (one bucket; 256 B, which cuts
      variables; 1000 B), with momentum, uneven global batches and mixed
      aggregations (a SUM and an ONLY_FIRST_REPLICA variable, so that buckets
      are scaled in pieces), the six runs (three bucket sizes, overlap on and
@@ -133,9 +134,10 @@ static void info_sane(const dsgd_step_info *in, int overlap) {
 /* ---------------------------------------------------------------- the same bits */
 
 /* Six runs of one algorithm at N: bucket sizes 0 (one bucket), 256 and
-   1000 B, each with overlap off and on; after every step every replica of
-   every run holds the weights of the first run's replica 0. */
-static void check_bits(int n, dsgd_allreduce_algo algo, double *secs) {
+   1000 B, each with overlap off and on; after every step (of `steps`)
+   every replica of every run holds the weights of the first run's
+   replica 0. */
+static void check_bits(int n, dsgd_allreduce_algo algo, int steps, double *secs) {
     static const size_t buckets[3] = {0, 256, 1000};
     dsgd_ctx *ctx = tu_ctx();
     dsgd_strategy *s[6];
@@ -147,7 +149,7 @@ static void check_bits(int n, dsgd_allreduce_algo algo, double *secs) {
         TU_OK(ctx, dsgd_strategy_set_aggregation(s[k], "dense1/kernel", DSGD_AGG_SUM, DSGD_SYNC_AUTO));
         TU_OK(ctx, dsgd_strategy_set_aggregation(s[k], "dense2/bias", DSGD_AGG_ONLY_FIRST_REPLICA, DSGD_SYNC_AUTO));
     }
-    for (step = 0; step < STEPS; ++step) {
+    for (step = 0; step < steps; ++step) {
         for (k = 0; k < 6; ++k) {
             dsgd_step_info in;
             TU_OK(ctx, dsgd_strategy_train_step(s[k], g_x[step], g_y[step], count_of(n, step), &in));
@@ -167,16 +169,24 @@ static void check_bits(int n, dsgd_allreduce_algo algo, double *secs) {
     dsgd_ctx_destroy(ctx);
 }
 
+/* The quick tier runs every algorithm at N = 3 (the folds of the
+   power-of-two algorithms, uneven ring blocks) and RING at N = 2 and 4,
+   3 steps each (both batch sizes, momentum carried); make test-full every
+   algorithm at N = 2, 3 and 4, STEPS steps each. */
 static void test_same_bits(void **state) {
-    int n, a, cases = 0;
+    int n, a, cases = 0, steps = TU_PICK(STEPS, 3);
     double secs[2] = {0.0, 0.0};
     (void)state;
     tu_watchdog(300);
     for (n = 2; n <= MAXN; ++n)
-        for (a = 0; a < DSGD_ALLREDUCE_COUNT; ++a, ++cases) check_bits(n, (dsgd_allreduce_algo)a, secs);
-    print_message("    %d cases (N 2..4 x every algorithm, %d steps each): bucket sizes 0, 256 and 1000 B, overlap "
+        for (a = 0; a < DSGD_ALLREDUCE_COUNT; ++a) {
+            if (!tu_full() && n != 3 && a != DSGD_ALLREDUCE_RING) continue;
+            check_bits(n, (dsgd_allreduce_algo)a, steps, secs);
+            ++cases;
+        }
+    print_message("    %d cases (N x algorithm, %d steps each): bucket sizes 0, 256 and 1000 B, overlap "
                   "on and off, all bit for bit; with overlap %.1f ms of exchange, %.1f ms waited for after "
-                  "backward\n", cases, STEPS, 1e3 * secs[0], 1e3 * secs[1]);
+                  "backward\n", cases, steps, 1e3 * secs[0], 1e3 * secs[1]);
     tu_watchdog(0);
 }
 
@@ -389,7 +399,7 @@ static void test_exchange_during_backward(void **state) {
     (void)state;
     tu_watchdog(120);
     two_run(2, 1, 1, 10.0, on, &saw_on);
-    two_run(2, 0, 1, 0.2, off, &saw_off);
+    two_run(2, 0, 1, TU_PICK(0.2, 0.05), off, &saw_off); /* the quick tier waits 50 ms a step for a send */
     two_run(2, 1, 0, 0.0, silent, &saw_silent);
     print_message("    sends seen inside backward, 2 replicas x 3 steps: %d with overlap, %d without\n", saw_on, saw_off);
     assert_int_equal(saw_on, 2 * 3);
@@ -645,6 +655,7 @@ static void test_simnet_two_lanes(void **state) {
     static const int hooked[4] = {0, 0, 0, 1};
     double c[SN_VARS], hidden_total = 0, exposed_total = 0;
     int b, step, k, r, nb, checked = 0;
+    const int steps = TU_PICK(SN_STEPS, 2); /* the quick tier: both batch sizes; make test-full 4 steps */
     (void)state;
     tu_watchdog(240);
     backward_costs(c);
@@ -664,7 +675,7 @@ static void test_simnet_two_lanes(void **state) {
         np = dsgd_model_num_params(dsgd_strategy_model(s[0], 0));
         nb = buckets_of(dsgd_strategy_model(s[1], 0), buckets[b], hooked[b], bo);
         want = two_lanes(dsgd_strategy_model(s[1], 0), c, bo, nb);
-        for (step = 0; step < SN_STEPS; ++step) {
+        for (step = 0; step < steps; ++step) {
             for (k = 0; k < 3; ++k) {
                 dsgd_step_info in;
                 double t0[SN_N];
@@ -763,12 +774,13 @@ static void killed_in_backward(double when, const char *where) {
    400 us hits the first all-reduce, one at 780 us the lane's advance to
    layer 1's ready time. A rank killed by time dies at that time in the
    same call in every run (simnet first takes what reaches it before the
-   kill), so the call is asserted, in 3 runs each. */
+   kill), so the call is asserted, in 3 runs each (make test-full; 1 in
+   the quick tier). */
 static void test_simnet_killed_in_backward(void **state) {
     int k;
     (void)state;
     tu_watchdog(60);
-    for (k = 0; k < 3; ++k) {
+    for (k = 0; k < TU_PICK(3, 1); ++k) {
         killed_in_backward(400e-6, "dsgd_allreduce #1 ");
         killed_in_backward(780e-6, "communication lane could not advance");
     }

@@ -376,11 +376,13 @@ static double eval_loss(dsgd_ctx *ctx, dsgd_strategy *s, const float *x, const f
 
 static void test_every_policy_trains(void **state) {
     static const dsgd_ps_policy policies[4] = {DSGD_PS_ASYNC, DSGD_PS_SSP, DSGD_PS_SYNC, DSGD_PS_BACKUP};
-    enum { N = 3, TRAIN = 200 };
+    enum { N = 3 };
     float x[N * B * IN], y[N * B], ex[N * B * IN], ey[N * B];
     dsgd_ctx *ctx = tu_ctx();
     char dir[64], path[128];
     int p, step;
+    const int train = TU_PICK(200, 120); /* make test-full 200; 120 halve the loss even when ASYNC runs on a busy
+                                            machine (at 60 it once stopped at 0.80 of the start, on the bound) */
     (void)state;
     tu_watchdog(240);
     tu_mkdtemp(dir);
@@ -395,9 +397,9 @@ static void test_every_policy_trains(void **state) {
         assert_string_equal(dsgd_strategy_kind_name(d.kind), "parameter_server");
         make_task(&rng, ex, ey, N * B);
         before = eval_loss(ctx, s, ex, ey, N * B);
-        for (step = 0; step < TRAIN; ++step) {
+        for (step = 0; step < train; ++step) {
             dsgd_step_info info;
-            if (step == TRAIN / 2 && policies[p] != DSGD_PS_ASYNC) { /* halfway: saved, restored into a new strategy */
+            if (step == train / 2 && policies[p] != DSGD_PS_ASYNC) { /* halfway: saved, restored into a new strategy */
                 double saved, restored;
                 saved = eval_loss(ctx, s, ex, ey, N * B);
                 TU_OK(ctx, dsgd_strategy_save(s, path, NULL));
@@ -422,7 +424,7 @@ static void test_every_policy_trains(void **state) {
         }
         after = eval_loss(ctx, s, ex, ey, N * B);
         print_message("%s: evaluation loss %.4f -> %.4f after %d steps\n", dsgd_ps_policy_name(policies[p]), before,
-                      after, TRAIN);
+                      after, train);
         if (!(after < 0.8 * before)) fail_msg("%s did not train: %.4f -> %.4f", dsgd_ps_policy_name(policies[p]),
                                               before, after);
         dsgd_strategy_destroy(s);
@@ -537,7 +539,9 @@ static void test_checkpoint(void **state) {
 /* Every policy and placement at N = 1 (one worker: no arrival order, so
    every policy is deterministic) and 1 or 2 servers: a run saved at step
    STEPS / 2 and restored into a new strategy ends with the bits of the run
-   never saved. */
+   never saved. The quick tier takes one server count per policy and
+   placement, in turn (both counts for each policy but ASYNC, and in all);
+   make test-full both for each. */
 static void test_checkpoint_every_policy(void **state) {
     static const dsgd_ps_policy policies[4] = {DSGD_PS_ASYNC, DSGD_PS_SSP, DSGD_PS_SYNC, DSGD_PS_BACKUP};
     float *xs = tu_floats((size_t)STEPS * B * IN), ys[STEPS * B], want[NPARAMS], got[NPARAMS];
@@ -556,6 +560,7 @@ static void test_checkpoint_every_policy(void **state) {
                 dsgd_strategy_desc d = ps_desc(1, policies[p], apply ? DSGD_PS_APPLY_ON_WORKERS : DSGD_PS_APPLY_ON_SERVERS,
                                                DSGD_OPT_ADAM);
                 if (policies[p] == DSGD_PS_ASYNC && apply) continue; /* summation only needs a clock */
+                if (!tu_full() && servers != 1 + (p + apply) % 2) continue;
                 d.ps.num_servers = servers;
                 d.ps.backup_workers = 0;
                 for (save = 0; save < 2; ++save) {
@@ -649,6 +654,7 @@ static void test_lost_server(void **state) {
     dsgd_strategy *s = NULL;
     float x[2 * B * IN], y[2 * B];
     tu_rng rng = tu_rng_make(17);
+    const double timeout = TU_PICK(0.5, 0.2);
     double t0, dt;
     int i;
     (void)state;
@@ -657,16 +663,17 @@ static void test_lost_server(void **state) {
     for (i = 0; i < 3; ++i) TU_OK(ctx, dsgd_loopback_endpoint(hub, i, &eps[i]));
     d = ps_desc(2, DSGD_PS_SYNC, DSGD_PS_APPLY_ON_SERVERS, DSGD_OPT_SGD);
     d.ps.num_servers = 1;
-    d.timeout_s = 0.5;
+    d.timeout_s = timeout; /* nothing can come: how long the workers wait for nobody */
     d.endpoints = &eps[1];
     TU_OK(ctx, dsgd_strategy_create(ctx, &d, &s));
     make_batch(&rng, x, y, 2 * B);
     t0 = dsgd_now();
     TU_ERR(ctx, DSGD_ERR_TIMEOUT, dsgd_strategy_train_step(s, x, y, 2 * B, NULL));
     dt = dsgd_now() - t0;
-    print_message("lost server: the step failed after %.3f s (timeout_s 0.5): \"%s\"\n", dt, dsgd_ctx_last_error(ctx));
+    print_message("lost server: the step failed after %.3f s (timeout_s %g): \"%s\"\n", dt, timeout,
+                  dsgd_ctx_last_error(ctx));
     assert_non_null(strstr(dsgd_ctx_last_error(ctx), "server 0"));
-    assert_true(dt >= 0.5 - 0.05 && dt < 0.5 + 2.0);
+    assert_true(dt >= timeout - 0.05 && dt < timeout + 2.0);
     assert_true(dsgd_strategy_failed(s));
     t0 = dsgd_now();
     assert_int_not_equal(dsgd_strategy_train_step(s, x, y, 2 * B, NULL), DSGD_OK);

@@ -2,6 +2,7 @@
 """check_parts.py - every part compiles with only the parts above it.
 
 Usage: python3 tools/check_parts.py [CC [CXX]]   (run from anywhere; default cc, c++)
+       python3 tools/check_parts.py --sizes    (the sizes alone: no compiler)
 
 Reads the parts, in order, from the #include lines of the maps (distsgd.h,
 then distsgd_cl.h when pkg-config finds OpenCL and CLBlast, then distsgd_mpi.h
@@ -271,7 +272,24 @@ def private_uses(clang, defines, parts, extra, tmp):
     return sorted(uses)
 
 
+def check_sizes():
+    """Prints the size problems (or one ok line); returns their number."""
+    every = [p for m in ("distsgd.h", "distsgd_cl.h", "distsgd_mpi.h") if os.path.exists(os.path.join(ROOT, m))
+             for p in parts_of(m)]
+    sizes = size_problems(every)
+    for line in sizes:
+        print("FAIL  " + line)
+    if not sizes:
+        print("ok    %d parts of at most %d lines, functions of at most %d" % (len(every), MAX_PART_LINES,
+                                                                          MAX_FUNC_LINES))
+    else:
+        print("check_parts: %d part(s) or function(s) over their size" % len(sizes))
+    return len(sizes)
+
+
 def main():
+    if sys.argv[1:] == ["--sizes"]:
+        return 1 if check_sizes() else 0
     cc = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CC", "cc")
     cxx = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("CXX", "c++")
     langs = [("C99", [cc, "-std=c99", "-x", "c"]), ("C++11", [cxx, "-std=c++11", "-x", "c++"])]
@@ -341,20 +359,11 @@ def main():
         for where, line, struct, field, owner in uses:
             print("FAIL  %s:%d: %s of struct %s, private to %s (use an accessor)" % (where, line, field, struct, owner))
         bad_uses = len(uses)
-    every = [p for m in ("distsgd.h", "distsgd_cl.h", "distsgd_mpi.h") if os.path.exists(os.path.join(ROOT, m))
-             for p in parts_of(m)]
-    sizes = size_problems(every)
-    for line in sizes:
-        print("FAIL  " + line)
-    if not sizes:
-        print("ok    %d parts of at most %d lines, functions of at most %d" % (len(every), MAX_PART_LINES,
-                                                                          MAX_FUNC_LINES))
+    sizes = check_sizes()
     if failed:
         print("check_parts: %d part(s) use something from a part below them" % failed)
     if bad_uses:
         print("check_parts: %d use(s) of another part's private struct fields" % bad_uses)
-    if sizes:
-        print("check_parts: %d part(s) or function(s) over their size" % len(sizes))
     return 1 if failed or bad_uses or sizes else 0
 
 

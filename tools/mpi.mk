@@ -25,10 +25,15 @@
 #                     tests/mpi_elastic.c (a leave 3 -> 2, a grow 2 -> 3 by
 #                     spawn, a crash relaunched by tools/elastic_launch.sh), and
 #                     examples/multi_worker_mlp.c --verify at np 2 when
-#                     Fashion-MNIST is installed
+#                     Fashion-MNIST is installed: the script's full tier
+#                     (TEST_FULL=1, which it passes on as DSGD_TEST_FULL=1)
 #   make test         runs the same script among the test binaries (a test per
 #                     run in the summary) when $(MPICC) is found, else says it
-#                     skipped the MPI tests
+#                     skipped the MPI tests: its quick tier (each program and
+#                     feature once, the suite at np = 2 3, --local at 2:2, no
+#                     MPICH, no multi_worker_mlp; the script's header lists
+#                     the runs), and builds only what that runs; make
+#                     test-full (TEST_FULL=1) the full tier, as make test-mpi
 #   make demo-mpi     examples/multi_worker_mlp.c under mpirun (see below)
 #   make demo-ps-mpi  examples/ps_mpi.c under mpirun: parameter servers
 #                     across processes (see below); tests/mpi_ps.c and
@@ -59,32 +64,37 @@ MPI_BUILD = $(BUILD)/mpi
 MPI_TEST_BINS = $(MPI_BUILD)/mpi_collectives $(MPI_BUILD)/mpi_collectives_pieces $(MPI_BUILD)/mpi_workers \
     $(MPI_BUILD)/mpi_ps $(MPI_BUILD)/mpi_strategy_ps $(MPI_BUILD)/ps_mpi $(MPI_BUILD)/mpi_elastic
 # multi_worker_mlp --verify (bitwise equal to the one-process run) when
-# Fashion-MNIST is installed (tools/deps.sh test installs it)
+# Fashion-MNIST is installed (tools/deps.sh test installs it); the full
+# tier alone runs it, so make test builds neither it nor the data
 MPI_FMNIST := $(if $(wildcard $(FMNIST_SRC)/train-images-idx3-ubyte.gz),$(addprefix $(FMNIST_DIR)/,$(FMNIST_FILES)))
-MPI_TEST_BINS += $(if $(MPI_FMNIST),$(MPI_BUILD)/multi_worker_mlp $(MPI_FMNIST))
-MPI_TEST_NP ?= 2 3 4
-MPI_TEST_LOCAL ?= 2:2 3:2 2:3
+MPI_TEST_BINS += $(if $(TEST_FULL),$(if $(MPI_FMNIST),$(MPI_BUILD)/multi_worker_mlp $(MPI_FMNIST)))
+# the suite's np and np:K lists: make test's quick tier takes np = 2 and 3
+# (the first np where a ring has a middle rank) and one --local case
+MPI_TEST_NP ?= $(if $(TEST_FULL),2 3 4,2 3)
+MPI_TEST_LOCAL ?= $(if $(TEST_FULL),2:2 3:2 2:3,2:2)
 MPI_TEST_ENV = DSGD_MPI_BUILD=$(MPI_BUILD) DSGD_MPIRUN="$(MPIRUN)" DSGD_MPI_NP="$(MPI_TEST_NP)" \
     DSGD_MPI_LOCAL="$(MPI_TEST_LOCAL)" DSGD_MPICH_RUN="$(MPICH_RUN)"
 
 # MPICH beside OpenMPI (Debian's mpich package names its wrappers *.mpich):
-# optional, used when present.
+# optional, used when present, by the full tier alone (MPICH busy-polls), so
+# make test does not compile it.
 MPICH_CC ?= mpicc.mpich
 MPICH_RUN ?= mpirun.mpich
 MPICH_FOUND := $(shell command -v $(firstword $(MPICH_CC)) >/dev/null 2>&1 && echo yes)
 ifeq ($(MPICH_FOUND),yes)
-MPI_TEST_BINS += $(MPI_BUILD)/mpi_collectives_mpich $(MPI_BUILD)/mpi_workers_mpich
+MPI_TEST_BINS += $(if $(TEST_FULL),$(MPI_BUILD)/mpi_collectives_mpich $(MPI_BUILD)/mpi_workers_mpich)
 endif
 
 .PHONY: test-mpi test-mpi-run mpi-note mpi-header-note
 
-# The package check first, then a second make that finds what it installed.
+# The package check first, then a second make that finds what it installed;
+# make test-mpi runs the full tier, make test-mpi-run the tier of TEST_FULL.
 test-mpi:
 	sh tools/deps.sh mpi
-	@$(MAKE) --no-print-directory test-mpi-run
+	@$(MAKE) --no-print-directory test-mpi-run TEST_FULL=1
 
 test-mpi-run: $(MPI_TEST_BINS)
-	$(MPI_TEST_ENV) bash tests/mpi_collectives.sh
+	$(MPI_TEST_ENV) $(if $(TEST_FULL),DSGD_TEST_FULL=1) bash tests/mpi_collectives.sh
 
 # The MPI tests are compiled without the implementation and linked against
 # the core's object of the plain variant ($(BUILD)/lib/distsgd.o) and the
@@ -147,7 +157,9 @@ mpi-header-note:
 ifeq ($(MPI_H_FOUND),yes)
 MPI_HEADER_CHECKS := $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,$(BUILD)/check/distsgd_mpi.$c.$s.ok)) \
     $(foreach c,$(CHECK_CXX),$(BUILD)/check/distsgd_mpi.$c.c++11.ok)
-check-header: $(MPI_HEADER_CHECKS)
+MPI_HEADER_CHECKS_QUICK := $(BUILD)/check/distsgd_mpi.$(firstword $(CHECK_CC)).c99.ok \
+    $(BUILD)/check/distsgd_mpi.$(lastword $(CHECK_CXX)).c++11.ok
+check-header: $(if $(TEST_FULL),$(MPI_HEADER_CHECKS),$(MPI_HEADER_CHECKS_QUICK))
 else
 check-header: mpi-header-note
 endif
