@@ -2409,7 +2409,7 @@ static void test_waits_loopback(void **state) {
         job_init(&jb, ai < 3 ? J_ALLREDUCE : J_BARRIER, count);
         jb.algo = ai < 3 ? algos[ai] : DSGD_ALLREDUCE_AUTO;
         jb.late_rank = 2;
-        jb.late_s = 0.06;
+        jb.late_s = 0.2; /* far above a busy machine's stalls: at 0.06 s, rank 0 once stalled as long */
         for (r = 0; r < 4; ++r) fill_inputs(bufs[r], 5, r, count);
         run_job(&g, &jb, bufs, w);
         assert_all_ok(&g, w, "late rank");
@@ -2420,7 +2420,7 @@ static void test_waits_loopback(void **state) {
             for (k = 0; k < 4; ++k)
                 if (k != r && (most < 0 || waits[k] > waits[most])) most = k;
             if (r == 2) continue;
-            if (most != 2 || waits[2] < 0.04)
+            if (most != 2 || waits[2] < 0.15)
                 fail_msg("%s: rank %d waited %.4f s for rank 2 (most for rank %d, %.4f s)",
                          ai < 3 ? dsgd_allreduce_algo_name(algos[ai]) : "barrier", r, waits[2], most, waits[most]);
         }
