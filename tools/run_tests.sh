@@ -191,7 +191,7 @@ for b in "${failed_bins[@]+"${failed_bins[@]}"}"; do
 done
 if [ -n "${TEST_START:-}" ]; then
     wall=$(($(date +%s) - TEST_START))
-    echo "wall time: $((wall / 60)) min $((wall % 60)) s (make test, from its start)"
+    echo "wall time: $((wall / 60)) min $((wall % 60)) s (from the start of the make target)"
 fi
 summary="$total_pass passed, $total_fail failed"
 if [ "$total_skip" -gt 0 ]; then
