@@ -4,8 +4,9 @@
 #   make amalgamate           regenerate single_include/distsgd.h
 #   make check-amalgamation   fail if single_include/distsgd.h is stale
 #   make compile-matrix       tests/compile_matrix.sh: gcc/clang C99/C11,
-#                             g++/clang++ C++11/C++17, DISTSGD_STATIC, two TUs,
-#                             repo headers and the single include; every
+#                             g++/clang++ C++11/C++17, DISTSGD_STATIC, two TUs
+#                             on the single include (the repo headers:
+#                             DISTSGD_STATIC and two TUs, gcc and g++); every
 #                             example built on the single include alone
 #                             prints what it prints on the repo headers
 
