@@ -220,9 +220,10 @@ CHECK_HEADERS := $(filter-out $(if $(CL_OK),,%_cl.h) %_mpi.h,$(MAP_HEADERS))
 HEADER_CHECKS := $(foreach h,$(CHECK_HEADERS),\
     $(foreach c,$(CHECK_CC),$(foreach s,c99 c11,$(BUILD)/check/$(basename $h).$c.$s.ok)) \
     $(foreach c,$(CHECK_CXX),$(BUILD)/check/$(basename $h).$c.c++11.ok))
-# make test's share: each header as C99 (gcc) and C++11 (clang++), at -O0.
-HEADER_CHECKS_QUICK := $(foreach h,$(CHECK_HEADERS),$(BUILD)/check/$(basename $h).$(firstword $(CHECK_CC)).c99.ok \
-    $(BUILD)/check/$(basename $h).$(lastword $(CHECK_CXX)).c++11.ok)
+# make test's share: each header (its name without .h: $(1)) as C99 with
+# the first C compiler and C++11 with the last C++ one (gcc, clang++), -O0.
+quick_checks = $(BUILD)/check/$(1).$(firstword $(CHECK_CC)).c99.ok $(BUILD)/check/$(1).$(lastword $(CHECK_CXX)).c++11.ok
+HEADER_CHECKS_QUICK := $(foreach h,$(CHECK_HEADERS),$(call quick_checks,$(basename $h)))
 
 # Environment of test and bench runs.
 TEST_ENV = POCL_CACHE_DIR=$(CURDIR)/build/pocl-cache POCL_MAX_PTHREAD_COUNT=2 \
@@ -272,10 +273,9 @@ test:
 # matrix, the compile matrix, check-parts' compiles, the packaging
 # consumers, the whole MPI suite (OpenMPI and MPICH) and the SMPI
 # comparison. .ci/run runs it.
+# (TEST_FULL=1 on make's command line reaches test's sub-makes too.)
 test-full:
-	sh tools/deps.sh test
-	@$(MAKE) --no-print-directory $(TEST_J) test-prep TEST_FULL=1
-	@$(MAKE) --no-print-directory -j$(TEST_RUN_JOBS) test-run TEST_FULL=1 TEST_PREPARED=1 TEST_START=$(shell date +%s)
+	@$(MAKE) --no-print-directory test TEST_FULL=1
 
 # The TSan binaries first: their runs are the longest.
 test-bins: $(TSAN_TESTS) $(SOAK) $(ASAN_TESTS) $(TESTS) cl-note
