@@ -23,6 +23,32 @@
      (and -lpthread). Define DISTSGD_STATIC before the include to make every
      function static to that translation unit.
 
+   LEAVING PARTS OUT
+
+     Define any of these before the include, in the file that defines
+     DISTSGD_IMPLEMENTATION (and in the one that defines
+     DISTSGD_MPI_IMPLEMENTATION), to leave a part's implementation out of
+     the build; they change no declaration, so other files need not:
+
+         DSGD_NO_SIMNET      the simulated cluster (simnet*.h)
+         DSGD_NO_PS          parameter servers: the servers, workers, the
+                             coordinator, sharding and the parameter_server
+                             kind (ps*.h, coordinator.h, sharding.h,
+                             strategy_ps.h), and distsgd_mpi.h's part for them
+         DSGD_NO_COMPRESS    the gradient compressors (compress.h)
+         DSGD_NO_ELASTIC     elastic training (strategy_elastic.h), and
+                             distsgd_mpi.h's part for it
+         DSGD_NO_LOCAL       the local kind: local SGD, DiLoCo (strategy_local.h)
+         DSGD_NO_TF_CONFIG   the TF_CONFIG parser (tf_config.h); the parameter
+                             servers read it, so it needs DSGD_NO_PS (#error
+                             otherwise)
+
+     The declarations stay, so a program that calls a function of a part
+     left out fails to link, naming it; dsgd_strategy_create refuses a kind
+     or a desc.elastic left out with DSGD_ERR_UNSUPPORTED and says which
+     define did it. With all of them the implementation compiles in about
+     two thirds of the time (docs/building.md has the figures).
+
    A COMPLETE PROGRAM (C99; it learns XOR)
 
          #define DISTSGD_IMPLEMENTATION

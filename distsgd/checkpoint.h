@@ -452,7 +452,7 @@ static char *dsgd__ck_temp_template(dsgd_ctx *ctx, const char *what, const char 
    beside path, tried with a temporary of the name dsgd__write_atomic uses
    (so a later save removes one a kill left behind), then removed: for a
    save that must know before it stops anything. */
-static dsgd_result dsgd__ck_can_create(dsgd_ctx *ctx, const char *what, const char *path) {
+DSGD__PRIVATE dsgd_result dsgd__ck_can_create(dsgd_ctx *ctx, const char *what, const char *path) {
     char *tmp = dsgd__ck_temp_template(ctx, what, path);
     dsgd_result r = DSGD_OK;
     int fd;

@@ -303,7 +303,7 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
 
 #endif /* DSGD__PART_COMPRESS_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COMPRESS_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_COMPRESS) && !defined(DSGD__PART_COMPRESS_IMPL)
 #define DSGD__PART_COMPRESS_IMPL
 
 /* >>compress_desc ---------------------------------------------------------- */

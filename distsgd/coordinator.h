@@ -254,7 +254,7 @@ DSGD_API dsgd_result dsgd_cluster_worker_pull(dsgd_cluster_worker *w, float *ful
 
 #endif /* DSGD__PART_COORDINATOR_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COORDINATOR_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_COORDINATOR_IMPL)
 #define DSGD__PART_COORDINATOR_IMPL
 
 enum { DSGD__CL_QUEUED = 0, DSGD__CL_RUNNING = 1, DSGD__CL_DONE = 2 };

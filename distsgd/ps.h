@@ -406,7 +406,10 @@ typedef struct dsgd_ps_worker dsgd_ps_worker;
 
 #endif /* DSGD__PART_PS_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && defined(DSGD_NO_TF_CONFIG) && !defined(DSGD_NO_PS)
+#error "distsgd: the parameter servers read TF_CONFIG (tf_config.h): define DSGD_NO_PS as well, or not DSGD_NO_TF_CONFIG"
+#endif
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_IMPL)
 #define DSGD__PART_PS_IMPL
 
 /* The header occupies the first DSGD__PS_H floats of every buffer that goes

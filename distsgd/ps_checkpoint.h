@@ -38,7 +38,7 @@
      worker's save and restore (ps_server.h, ps_worker.h) write and apply
      them.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_CHECKPOINT_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_CHECKPOINT_IMPL)
 #define DSGD__PART_PS_CHECKPOINT_IMPL
 
 /* >>ps checkpoints --------------------------------------------------------- */

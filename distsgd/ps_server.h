@@ -131,7 +131,7 @@ DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s);
 
 #endif /* DSGD__PART_PS_SERVER_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_SERVER_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_SERVER_IMPL)
 #define DSGD__PART_PS_SERVER_IMPL
 
 typedef struct dsgd__ps_peer {

@@ -265,7 +265,7 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
 
 #endif /* DSGD__PART_PS_WORKER_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_WORKER_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_WORKER_IMPL)
 #define DSGD__PART_PS_WORKER_IMPL
 
 struct dsgd_ps_worker {

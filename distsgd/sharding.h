@@ -134,7 +134,7 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
 
 #endif /* DSGD__PART_SHARDING_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SHARDING_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_SHARDING_IMPL)
 #define DSGD__PART_SHARDING_IMPL
 
 struct dsgd_shard_map {

@@ -521,7 +521,7 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 
 #endif /* DSGD__PART_SIMNET_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_SIMNET) && !defined(DSGD__PART_SIMNET_IMPL)
 #define DSGD__PART_SIMNET_IMPL
 
 /* >>simnet ----------------------------------------------------------------- */

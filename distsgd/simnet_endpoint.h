@@ -9,7 +9,7 @@
    lanes (>>simnet lanes). simnet.h declares and documents the public
    functions. This part declares nothing public.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_ENDPOINT_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_SIMNET) && !defined(DSGD__PART_SIMNET_ENDPOINT_IMPL)
 #define DSGD__PART_SIMNET_ENDPOINT_IMPL
 
 /* >>simnet transfers ------------------------------------------------------- */

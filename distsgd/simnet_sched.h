@@ -9,7 +9,7 @@
    rank's way into and out of the hub, dsgd__sn_enter, _block and _exit,
    which simnet_endpoint.h calls. This part declares nothing public.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_SCHED_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_SIMNET) && !defined(DSGD__PART_SIMNET_SCHED_IMPL)
 #define DSGD__PART_SIMNET_SCHED_IMPL
 
 /* >>simnet fibers ---------------------------------------------------------- */

@@ -818,7 +818,21 @@ typedef struct dsgd__strategy_ops {
        writes only the kind's own state. */
     dsgd_result (*save)(dsgd_strategy *s, const char *path, int *writes);
     dsgd_result (*restore)(dsgd_strategy *s, const char *path, int phase, int64_t step);
+    /* what the kind allows (DSGD__KIND_*): a feature asks the row, never
+       the kind */
+    unsigned caps;
+    /* the kind's own options folded into the fingerprint the workers
+       agree on (dsgd__strategy_fingerprint), defaults applied; may be NULL */
+    uint64_t (*fingerprint)(const dsgd_strategy *s, uint64_t h);
 } dsgd__strategy_ops;
+
+/* dsgd__strategy_ops.caps */
+enum {
+    DSGD__KIND_HOOKS = 1,   /* a comm hook exchanges its gradient (on the HOST path) */
+    DSGD__KIND_ELASTIC = 2, /* desc.elastic: the group shrinks past a failed replica */
+    DSGD__KIND_GROW = 4,    /* dsgd_strategy_grow admits joiners into this process's group */
+    DSGD__KIND_REGROUP = 8  /* dsgd_strategy_regroup takes a new group of processes */
+};
 
 /* The argument of a kind's step: the global batch. */
 typedef struct dsgd__step_args {

@@ -182,7 +182,8 @@ static dsgd__ck_vars dsgd__central_state(dsgd_strategy *s) {
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
-    dsgd__central_state, 0, NULL, NULL, NULL, NULL,
+    /* .state = */ dsgd__central_state, /* .multi_worker = */ 0, /* .layout = */ NULL, /* .stop = */ NULL,
+    /* .save = */ NULL, /* .restore = */ NULL, /* .caps = */ 0, /* .fingerprint = */ NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */

@@ -38,8 +38,7 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
     if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
                                   d->cpu_threads, DSGD_CPU_MAX_THREADS);
-    if (d->comm_hook && ((d->kind != DSGD_STRATEGY_ONE_DEVICE && d->kind != DSGD_STRATEGY_MIRRORED &&
-                          d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
+    if (d->comm_hook && (!(ops->caps & DSGD__KIND_HOOKS) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: a comm hook exchanges the gradient of mirrored and multi_worker_mirrored on the "
                                   "HOST path, not %s", what,
@@ -308,11 +307,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     DSGD__FP(h, s->d.kind); DSGD__FP(h, s->d.algorithm); DSGD__FP(h, s->d.bucket_bytes);
     DSGD__FP(h, s->d.piece_bytes);
     DSGD__FP(h, s->d.ranks_per_node);
-    if (s->d.kind == DSGD_STRATEGY_LOCAL) { /* its rounds, defaults applied */
-        DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
-        DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
-        DSGD__FP(h, s->d.local.wire); DSGD__FP(h, s->d.local.agree_in_process);
-    }
+    if (s->ops->fingerprint) h = s->ops->fingerprint(s, h); /* the kind's own options */
     h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
     if (s->d.elastic.min_replicas) DSGD__FP(h, s->d.elastic.min_replicas); /* every worker decides alike */
     return h;

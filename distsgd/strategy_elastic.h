@@ -276,7 +276,7 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
 
 #endif /* DSGD__PART_STRATEGY_ELASTIC_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_ELASTIC_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_ELASTIC) && !defined(DSGD__PART_STRATEGY_ELASTIC_IMPL)
 #define DSGD__PART_STRATEGY_ELASTIC_IMPL
 
 #include <time.h>
@@ -412,16 +412,16 @@ static dsgd_result dsgd__elastic_leave(dsgd_replica *r, void *user) {
 
 /* ---- the desc */
 
-static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d, const dsgd__strategy_ops *ops) {
     const dsgd_strategy_elastic_desc *e = &d->elastic;
     const char *what = "dsgd_strategy_create";
     if (e->min_replicas == 0) return DSGD_OK;
     if (e->min_replicas < 0 || !(e->grace_s >= 0.0) || e->grace_s > 1e9)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic: min_replicas %d or grace_s %g out of "
                                   "range (min_replicas >= 0, grace_s in 0..1e9)", what, e->min_replicas, e->grace_s);
-    if (d->kind != DSGD_STRATEGY_MIRRORED && d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED)
+    if (!(ops->caps & DSGD__KIND_ELASTIC))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic training shrinks mirrored and "
-                                  "multi_worker_mirrored strategies, not %s", what, dsgd_strategy_kind_name(d->kind));
+                                  "multi_worker_mirrored strategies, not %s", what, ops->name);
     if (d->comm_hook)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic with a comm hook (its per-replica "
                                   "state cannot be re-sharded over the survivors)", what);
@@ -981,7 +981,7 @@ DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
     w = s->world;
-    if (!s->elastic || s->d.kind != DSGD_STRATEGY_MIRRORED || s->n != w || w < 1)
+    if (!s->elastic || !(s->ops->caps & DSGD__KIND_GROW) || s->n != w || w < 1)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: grows an elastic mirrored strategy "
                                   "(desc.elastic.min_replicas > 0), not %s%s", what, s->ops->name,
                                   s->elastic ? "" : " without elastic");
@@ -1098,7 +1098,7 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
     if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
     if (!endpoints || !old_ranks)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: endpoints or old_ranks is NULL", what);
-    if (s->d.kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED)
+    if (!(s->ops->caps & DSGD__KIND_REGROUP))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: regroups a multi_worker_mirrored "
                                   "strategy, not %s", what, s->ops->name);
     w = s->world;

@@ -13,6 +13,36 @@
 
 /* >>strategy_kinds ---------------------------------------------------------- */
 
+/* A kind left out of the build (DSGD_NO_PS, DSGD_NO_LOCAL): its row keeps
+   its name and refuses it at creation. */
+#if defined(DSGD_NO_PS) || defined(DSGD_NO_LOCAL)
+static dsgd_result dsgd__kind_left_out(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED, "dsgd_strategy_create: the %s kind was left out of this "
+                              "build (DSGD_NO_%s is defined)", dsgd_strategy_kind_name(d->kind),
+                              d->kind == DSGD_STRATEGY_LOCAL ? "LOCAL" : "PS");
+}
+#endif
+#ifdef DSGD_NO_PS
+static const dsgd__strategy_ops dsgd__parameter_server_ops = {"parameter_server", dsgd__kind_left_out, NULL, NULL,
+                                                             NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL};
+#endif
+#ifdef DSGD_NO_LOCAL
+static const dsgd__strategy_ops dsgd__local_ops = {"local", dsgd__kind_left_out, NULL, NULL, NULL, NULL, 1, NULL,
+                                                  NULL, NULL, NULL, 0, NULL};
+#endif
+#ifdef DSGD_NO_ELASTIC /* strategy_elastic.h left out: a desc that asks for it is refused */
+static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d, const dsgd__strategy_ops *ops) {
+    DSGD__UNUSED(ops);
+    if (d->elastic.min_replicas == 0) return DSGD_OK;
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED, "dsgd_strategy_create: elastic training was left out of "
+                              "this build (DSGD_NO_ELASTIC is defined)");
+}
+static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
+    DSGD__UNUSED(s);
+    return DSGD_OK;
+}
+#endif
+
 /* The kinds, indexed by dsgd_strategy_kind. */
 static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT] = {
     &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
@@ -30,8 +60,9 @@ DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
 DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
     const dsgd__strategy_ops *ops = NULL;
     dsgd_result res;
+    if (out) *out = NULL; /* also when a check below refuses the desc */
     if (desc && (int)desc->kind >= 0 && (int)desc->kind < (int)DSGD_STRATEGY_COUNT) ops = dsgd__strategy_kinds[desc->kind];
-    if (desc && ops && (res = dsgd__elastic_check(ctx, desc)) != DSGD_OK) return res;
+    if (desc && ops && (res = dsgd__elastic_check(ctx, desc, ops)) != DSGD_OK) return res;
     if ((res = dsgd__strategy_create(ctx, desc, ops, out)) != DSGD_OK) return res;
     if ((res = dsgd__elastic_arm(*out)) != DSGD_OK) { /* ELASTIC in strategy_elastic.h */
         dsgd_strategy_destroy(*out);

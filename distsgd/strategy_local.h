@@ -129,7 +129,7 @@
      kind's) restores the common state into every replica, the weights
      then being the round's start.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_LOCAL_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_LOCAL) && !defined(DSGD__PART_STRATEGY_LOCAL_IMPL)
 #define DSGD__PART_STRATEGY_LOCAL_IMPL
 
 /* >>strategy_local ---------------------------------------------------------- */
@@ -689,9 +689,18 @@ static dsgd_result dsgd__local_ck_take(dsgd_strategy *s, const dsgd__ck_file *f,
     return DSGD_OK;
 }
 
+/* The rounds, defaults applied, in the fingerprint the workers agree on. */
+static uint64_t dsgd__local_fingerprint(const dsgd_strategy *s, uint64_t h) {
+    DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
+    DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
+    DSGD__FP(h, s->d.local.wire); DSGD__FP(h, s->d.local.agree_in_process);
+    return h;
+}
+
 static const dsgd__strategy_ops dsgd__local_ops = {
-    "local", dsgd__local_check, dsgd__local_setup, dsgd__local_step, dsgd__local_teardown, NULL, 1,
-    dsgd__local_layout, NULL, NULL, NULL,
+    "local", dsgd__local_check, dsgd__local_setup, dsgd__local_step, dsgd__local_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 1, /* .layout = */ dsgd__local_layout, /* .stop = */ NULL,
+    /* .save = */ NULL, /* .restore = */ NULL, /* .caps = */ 0, /* .fingerprint = */ dsgd__local_fingerprint,
 };
 
 #endif /* DSGD__PART_STRATEGY_LOCAL_IMPL */

@@ -267,11 +267,34 @@ struct dsgd__overlap {
 };
 
 /* The simnet hub under replica r's endpoint (the one given, also when
-   elastic wraps it) and r's rank there; NULL over any other transport. */
+   elastic wraps it) and r's rank there; NULL over any other transport.
+   The lane clock's two calls: variable v's backward seconds, and a rank's
+   advance. Without simnet (DSGD_NO_SIMNET) no endpoint has a hub. */
+#ifndef DSGD_NO_SIMNET
 static dsgd_simnet *dsgd__replica_simnet(const dsgd_replica *r, int *rank) {
     const dsgd_transport_i *t = r->sub ? &((const dsgd__sub_ep *)r->sub)->base : &r->ep;
     return dsgd__simnet_of(t, rank);
 }
+static double dsgd__lane_backward_s(dsgd_simnet *hub, int v) { return dsgd__simnet_backward_s(hub, v); }
+static dsgd_result dsgd__lane_advance(dsgd_simnet *hub, int rank, double s) { return dsgd_simnet_advance(hub, rank, s); }
+#else
+static dsgd_simnet *dsgd__replica_simnet(const dsgd_replica *r, int *rank) {
+    DSGD__UNUSED(r);
+    *rank = 0;
+    return NULL;
+}
+static double dsgd__lane_backward_s(dsgd_simnet *hub, int v) {
+    DSGD__UNUSED(hub);
+    DSGD__UNUSED(v);
+    return 0.0;
+}
+static dsgd_result dsgd__lane_advance(dsgd_simnet *hub, int rank, double s) {
+    DSGD__UNUSED(hub);
+    DSGD__UNUSED(rank);
+    DSGD__UNUSED(s);
+    return DSGD_ERR_UNSUPPORTED;
+}
+#endif
 
 /* The clock replica r's exchange is timed on (dsgd_step_info): its
    transport's (simnet: the rank's virtual clock), else the real one. */
@@ -295,8 +318,8 @@ static dsgd_result dsgd__step_charge_backward(dsgd_replica *r, dsgd_result own) 
     double t = 0.0;
     dsgd_result res;
     if (!hub) return own;
-    for (v = 0; v < nv; ++v) t += dsgd__simnet_backward_s(hub, v);
-    if (t <= 0.0 || (res = dsgd_simnet_advance(hub, rank, t)) == DSGD_OK) return own;
+    for (v = 0; v < nv; ++v) t += dsgd__lane_backward_s(hub, v);
+    if (t <= 0.0 || (res = dsgd__lane_advance(hub, rank, t)) == DSGD_OK) return own;
     r->comm_failed = 1;
     return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, res, "compute");
 }
@@ -333,7 +356,7 @@ static void *dsgd__overlap_main(void *arg) {
         pthread_mutex_unlock(&ov->mu);
         if (ok && ov->hub) { /* the communication lane waits for the bucket's ready time */
             double wait = ov->ready[k] - dsgd__overlap_now(ov);
-            if (wait > 0.0 && (res = dsgd_simnet_advance(ov->hub, ov->sn_rank, wait)) != DSGD_OK) {
+            if (wait > 0.0 && (res = dsgd__lane_advance(ov->hub, ov->sn_rank, wait)) != DSGD_OK) {
                 dsgd__overlap_lane_fail(ov->r, ov->ctx, res, "communication");
                 ok = 0;
             }
@@ -402,7 +425,7 @@ static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int 
 static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
     if (ov->final[v]) return;
     ov->final[v] = 1;
-    if (ov->hub) ov->lane += dsgd__simnet_backward_s(ov->hub, v); /* the compute lane reaches v's report */
+    if (ov->hub) ov->lane += dsgd__lane_backward_s(ov->hub, v); /* the compute lane reaches v's report */
     dsgd__overlap_count(ov, v, ov->left, -1);
 }
 
@@ -464,7 +487,7 @@ static dsgd_result dsgd__overlap_end(dsgd_replica *r, dsgd_result own, size_t *b
         dsgd_result ar;
         r->exposed_s = DSGD__MAX(0.0, comm_end - ov->lane);
         if (res == DSGD_OK && ov->lane > comm_end &&
-            (ar = dsgd_simnet_advance(ov->hub, ov->sn_rank, ov->lane - comm_end)) != DSGD_OK) {
+            (ar = dsgd__lane_advance(ov->hub, ov->sn_rank, ov->lane - comm_end)) != DSGD_OK) {
             r->comm_failed = 1;
             return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, ar, "compute");
         }

@@ -126,7 +126,7 @@
      This part declares nothing public but its desc (in strategy.h); the
      kind is chosen with DSGD_STRATEGY_PARAMETER_SERVER.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_PS_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_STRATEGY_PS_IMPL)
 #define DSGD__PART_STRATEGY_PS_IMPL
 
 /* >>strategy_ps ------------------------------------------------------------- */
@@ -727,8 +727,9 @@ static dsgd_result dsgd__psk_restore(dsgd_strategy *s, const char *path, int pha
 }
 
 static const dsgd__strategy_ops dsgd__parameter_server_ops = {
-    "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown, NULL, 0,
-    dsgd__psk_layout, dsgd__psk_stop, dsgd__psk_save, dsgd__psk_restore,
+    "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 0, /* .layout = */ dsgd__psk_layout, /* .stop = */ dsgd__psk_stop,
+    /* .save = */ dsgd__psk_save, /* .restore = */ dsgd__psk_restore, /* .caps = */ 0, /* .fingerprint = */ NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_PS_IMPL */

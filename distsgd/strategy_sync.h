@@ -466,16 +466,22 @@ static void dsgd__multi_worker_teardown(dsgd_strategy *s) {
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, dsgd__one_device_setup, dsgd__sync_step, dsgd__one_device_teardown, NULL, 0,
-    NULL, NULL, NULL, NULL,
+    "one_device", dsgd__one_device_check, dsgd__one_device_setup, dsgd__sync_step, dsgd__one_device_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 0, /* .layout = */ NULL, /* .stop = */ NULL, /* .save = */ NULL,
+    /* .restore = */ NULL, /* .caps = */ DSGD__KIND_HOOKS, /* .fingerprint = */ NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 0, /* .layout = */ NULL, /* .stop = */ NULL, /* .save = */ NULL,
+    /* .restore = */ NULL, /* .caps = */ DSGD__KIND_HOOKS | DSGD__KIND_ELASTIC | DSGD__KIND_GROW,
+    /* .fingerprint = */ NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
     "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__multi_worker_setup, dsgd__sync_step,
     dsgd__multi_worker_teardown,
-    NULL, 1, NULL, NULL, NULL, NULL,
+    /* .state = */ NULL, /* .multi_worker = */ 1, /* .layout = */ NULL, /* .stop = */ NULL, /* .save = */ NULL,
+    /* .restore = */ NULL, /* .caps = */ DSGD__KIND_HOOKS | DSGD__KIND_ELASTIC | DSGD__KIND_REGROUP,
+    /* .fingerprint = */ NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */

@@ -120,7 +120,7 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c);
 
 #endif /* DSGD__PART_TF_CONFIG_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_TF_CONFIG_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_TF_CONFIG) && !defined(DSGD__PART_TF_CONFIG_IMPL)
 #define DSGD__PART_TF_CONFIG_IMPL
 
 /* >>tf_config */

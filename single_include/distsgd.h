@@ -34,6 +34,32 @@
      (and -lpthread). Define DISTSGD_STATIC before the include to make every
      function static to that translation unit.
 
+   LEAVING PARTS OUT
+
+     Define any of these before the include, in the file that defines
+     DISTSGD_IMPLEMENTATION (and in the one that defines
+     DISTSGD_MPI_IMPLEMENTATION), to leave a part's implementation out of
+     the build; they change no declaration, so other files need not:
+
+         DSGD_NO_SIMNET      the simulated cluster (simnet*.h)
+         DSGD_NO_PS          parameter servers: the servers, workers, the
+                             coordinator, sharding and the parameter_server
+                             kind (ps*.h, coordinator.h, sharding.h,
+                             strategy_ps.h), and distsgd_mpi.h's part for them
+         DSGD_NO_COMPRESS    the gradient compressors (compress.h)
+         DSGD_NO_ELASTIC     elastic training (strategy_elastic.h), and
+                             distsgd_mpi.h's part for it
+         DSGD_NO_LOCAL       the local kind: local SGD, DiLoCo (strategy_local.h)
+         DSGD_NO_TF_CONFIG   the TF_CONFIG parser (tf_config.h); the parameter
+                             servers read it, so it needs DSGD_NO_PS (#error
+                             otherwise)
+
+     The declarations stay, so a program that calls a function of a part
+     left out fails to link, naming it; dsgd_strategy_create refuses a kind
+     or a desc.elastic left out with DSGD_ERR_UNSUPPORTED and says which
+     define did it. With all of them the implementation compiles in about
+     two thirds of the time (docs/building.md has the figures).
+
    A COMPLETE PROGRAM (C99; it learns XOR)
 
          #define DISTSGD_IMPLEMENTATION
@@ -7224,7 +7250,7 @@ static char *dsgd__ck_temp_template(dsgd_ctx *ctx, const char *what, const char 
    beside path, tried with a temporary of the name dsgd__write_atomic uses
    (so a later save removes one a kill left behind), then removed: for a
    save that must know before it stops anything. */
-static dsgd_result dsgd__ck_can_create(dsgd_ctx *ctx, const char *what, const char *path) {
+DSGD__PRIVATE dsgd_result dsgd__ck_can_create(dsgd_ctx *ctx, const char *what, const char *path) {
     char *tmp = dsgd__ck_temp_template(ctx, what, path);
     dsgd_result r = DSGD_OK;
     int fd;
@@ -9647,7 +9673,7 @@ DSGD_API const char *dsgd_simnet_run_mode(void);
 
 #endif /* DSGD__PART_SIMNET_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_SIMNET) && !defined(DSGD__PART_SIMNET_IMPL)
 #define DSGD__PART_SIMNET_IMPL
 
 /* >>simnet ----------------------------------------------------------------- */
@@ -10210,7 +10236,7 @@ DSGD_API double dsgd_simnet_compute_time(const dsgd_simnet *h, int rank, long st
    rank's way into and out of the hub, dsgd__sn_enter, _block and _exit,
    which simnet_endpoint.h calls. This part declares nothing public.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_SCHED_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_SIMNET) && !defined(DSGD__PART_SIMNET_SCHED_IMPL)
 #define DSGD__PART_SIMNET_SCHED_IMPL
 
 /* >>simnet fibers ---------------------------------------------------------- */
@@ -10812,7 +10838,7 @@ static dsgd_result dsgd__sn_exit(dsgd__sn_ep *e, dsgd_result r) {
    lanes (>>simnet lanes). simnet.h declares and documents the public
    functions. This part declares nothing public.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SIMNET_ENDPOINT_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_SIMNET) && !defined(DSGD__PART_SIMNET_ENDPOINT_IMPL)
 #define DSGD__PART_SIMNET_ENDPOINT_IMPL
 
 /* >>simnet transfers ------------------------------------------------------- */
@@ -14558,7 +14584,7 @@ DSGD_API size_t dsgd_compress_bytes(const dsgd_compress_desc *desc, const dsgd_h
 
 #endif /* DSGD__PART_COMPRESS_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COMPRESS_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_COMPRESS) && !defined(DSGD__PART_COMPRESS_IMPL)
 #define DSGD__PART_COMPRESS_IMPL
 
 /* >>compress_desc ---------------------------------------------------------- */
@@ -15648,7 +15674,7 @@ DSGD_API const dsgd_shard *dsgd_shard_map_variable_shards(const dsgd_shard_map *
 
 #endif /* DSGD__PART_SHARDING_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_SHARDING_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_SHARDING_IMPL)
 #define DSGD__PART_SHARDING_IMPL
 
 struct dsgd_shard_map {
@@ -16443,7 +16469,10 @@ typedef struct dsgd_ps_worker dsgd_ps_worker;
 
 #endif /* DSGD__PART_PS_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && defined(DSGD_NO_TF_CONFIG) && !defined(DSGD_NO_PS)
+#error "distsgd: the parameter servers read TF_CONFIG (tf_config.h): define DSGD_NO_PS as well, or not DSGD_NO_TF_CONFIG"
+#endif
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_IMPL)
 #define DSGD__PART_PS_IMPL
 
 /* The header occupies the first DSGD__PS_H floats of every buffer that goes
@@ -16732,7 +16761,7 @@ static dsgd_result dsgd__ps_setup(dsgd_ctx *ctx, const dsgd_transport_i *t, cons
      worker's save and restore (ps_server.h, ps_worker.h) write and apply
      them.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_CHECKPOINT_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_CHECKPOINT_IMPL)
 #define DSGD__PART_PS_CHECKPOINT_IMPL
 
 /* >>ps checkpoints --------------------------------------------------------- */
@@ -17301,7 +17330,7 @@ DSGD_API void dsgd_ps_server_destroy(dsgd_ps_server *s);
 
 #endif /* DSGD__PART_PS_SERVER_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_SERVER_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_SERVER_IMPL)
 #define DSGD__PART_PS_SERVER_IMPL
 
 typedef struct dsgd__ps_peer {
@@ -18584,7 +18613,7 @@ DSGD_API dsgd_result dsgd_ps_worker_run(dsgd_ps_worker *w, const dsgd_ps_run_des
 
 #endif /* DSGD__PART_PS_WORKER_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_PS_WORKER_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_PS_WORKER_IMPL)
 #define DSGD__PART_PS_WORKER_IMPL
 
 struct dsgd_ps_worker {
@@ -19803,7 +19832,7 @@ DSGD_API dsgd_result dsgd_cluster_worker_pull(dsgd_cluster_worker *w, float *ful
 
 #endif /* DSGD__PART_COORDINATOR_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_COORDINATOR_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_COORDINATOR_IMPL)
 #define DSGD__PART_COORDINATOR_IMPL
 
 enum { DSGD__CL_QUEUED = 0, DSGD__CL_RUNNING = 1, DSGD__CL_DONE = 2 };
@@ -20688,7 +20717,7 @@ DSGD_API void dsgd_cluster_config_free(dsgd_cluster_config *c);
 
 #endif /* DSGD__PART_TF_CONFIG_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_TF_CONFIG_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_TF_CONFIG) && !defined(DSGD__PART_TF_CONFIG_IMPL)
 #define DSGD__PART_TF_CONFIG_IMPL
 
 /* >>tf_config */
@@ -22068,7 +22097,21 @@ typedef struct dsgd__strategy_ops {
        writes only the kind's own state. */
     dsgd_result (*save)(dsgd_strategy *s, const char *path, int *writes);
     dsgd_result (*restore)(dsgd_strategy *s, const char *path, int phase, int64_t step);
+    /* what the kind allows (DSGD__KIND_*): a feature asks the row, never
+       the kind */
+    unsigned caps;
+    /* the kind's own options folded into the fingerprint the workers
+       agree on (dsgd__strategy_fingerprint), defaults applied; may be NULL */
+    uint64_t (*fingerprint)(const dsgd_strategy *s, uint64_t h);
 } dsgd__strategy_ops;
+
+/* dsgd__strategy_ops.caps */
+enum {
+    DSGD__KIND_HOOKS = 1,   /* a comm hook exchanges its gradient (on the HOST path) */
+    DSGD__KIND_ELASTIC = 2, /* desc.elastic: the group shrinks past a failed replica */
+    DSGD__KIND_GROW = 4,    /* dsgd_strategy_grow admits joiners into this process's group */
+    DSGD__KIND_REGROUP = 8  /* dsgd_strategy_regroup takes a new group of processes */
+};
 
 /* The argument of a kind's step: the global batch. */
 typedef struct dsgd__step_args {
@@ -22948,8 +22991,7 @@ static dsgd_result dsgd__strategy_check(dsgd_ctx *ctx, const dsgd_strategy_desc 
     if (d->cpu_threads < 0 || d->cpu_threads > DSGD_CPU_MAX_THREADS)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: %d CPU threads per replica (0..%d)", what,
                                   d->cpu_threads, DSGD_CPU_MAX_THREADS);
-    if (d->comm_hook && ((d->kind != DSGD_STRATEGY_ONE_DEVICE && d->kind != DSGD_STRATEGY_MIRRORED &&
-                          d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
+    if (d->comm_hook && (!(ops->caps & DSGD__KIND_HOOKS) || d->gradient_path == DSGD_GRADIENTS_DEVICE))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT,
                                   "%s: a comm hook exchanges the gradient of mirrored and multi_worker_mirrored on the "
                                   "HOST path, not %s", what,
@@ -23218,11 +23260,7 @@ static uint64_t dsgd__strategy_fingerprint(const dsgd_strategy *s) {
     DSGD__FP(h, s->d.kind); DSGD__FP(h, s->d.algorithm); DSGD__FP(h, s->d.bucket_bytes);
     DSGD__FP(h, s->d.piece_bytes);
     DSGD__FP(h, s->d.ranks_per_node);
-    if (s->d.kind == DSGD_STRATEGY_LOCAL) { /* its rounds, defaults applied */
-        DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
-        DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
-        DSGD__FP(h, s->d.local.wire); DSGD__FP(h, s->d.local.agree_in_process);
-    }
+    if (s->ops->fingerprint) h = s->ops->fingerprint(s, h); /* the kind's own options */
     h = s->d.comm_hook ? dsgd__fp(h, s->d.comm_hook->name, strlen(s->d.comm_hook->name) + 1) : dsgd__fp(h, "", 1);
     if (s->d.elastic.min_replicas) DSGD__FP(h, s->d.elastic.min_replicas); /* every worker decides alike */
     return h;
@@ -23918,11 +23956,34 @@ struct dsgd__overlap {
 };
 
 /* The simnet hub under replica r's endpoint (the one given, also when
-   elastic wraps it) and r's rank there; NULL over any other transport. */
+   elastic wraps it) and r's rank there; NULL over any other transport.
+   The lane clock's two calls: variable v's backward seconds, and a rank's
+   advance. Without simnet (DSGD_NO_SIMNET) no endpoint has a hub. */
+#ifndef DSGD_NO_SIMNET
 static dsgd_simnet *dsgd__replica_simnet(const dsgd_replica *r, int *rank) {
     const dsgd_transport_i *t = r->sub ? &((const dsgd__sub_ep *)r->sub)->base : &r->ep;
     return dsgd__simnet_of(t, rank);
 }
+static double dsgd__lane_backward_s(dsgd_simnet *hub, int v) { return dsgd__simnet_backward_s(hub, v); }
+static dsgd_result dsgd__lane_advance(dsgd_simnet *hub, int rank, double s) { return dsgd_simnet_advance(hub, rank, s); }
+#else
+static dsgd_simnet *dsgd__replica_simnet(const dsgd_replica *r, int *rank) {
+    DSGD__UNUSED(r);
+    *rank = 0;
+    return NULL;
+}
+static double dsgd__lane_backward_s(dsgd_simnet *hub, int v) {
+    DSGD__UNUSED(hub);
+    DSGD__UNUSED(v);
+    return 0.0;
+}
+static dsgd_result dsgd__lane_advance(dsgd_simnet *hub, int rank, double s) {
+    DSGD__UNUSED(hub);
+    DSGD__UNUSED(rank);
+    DSGD__UNUSED(s);
+    return DSGD_ERR_UNSUPPORTED;
+}
+#endif
 
 /* The clock replica r's exchange is timed on (dsgd_step_info): its
    transport's (simnet: the rank's virtual clock), else the real one. */
@@ -23946,8 +24007,8 @@ static dsgd_result dsgd__step_charge_backward(dsgd_replica *r, dsgd_result own) 
     double t = 0.0;
     dsgd_result res;
     if (!hub) return own;
-    for (v = 0; v < nv; ++v) t += dsgd__simnet_backward_s(hub, v);
-    if (t <= 0.0 || (res = dsgd_simnet_advance(hub, rank, t)) == DSGD_OK) return own;
+    for (v = 0; v < nv; ++v) t += dsgd__lane_backward_s(hub, v);
+    if (t <= 0.0 || (res = dsgd__lane_advance(hub, rank, t)) == DSGD_OK) return own;
     r->comm_failed = 1;
     return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, res, "compute");
 }
@@ -23984,7 +24045,7 @@ static void *dsgd__overlap_main(void *arg) {
         pthread_mutex_unlock(&ov->mu);
         if (ok && ov->hub) { /* the communication lane waits for the bucket's ready time */
             double wait = ov->ready[k] - dsgd__overlap_now(ov);
-            if (wait > 0.0 && (res = dsgd_simnet_advance(ov->hub, ov->sn_rank, wait)) != DSGD_OK) {
+            if (wait > 0.0 && (res = dsgd__lane_advance(ov->hub, ov->sn_rank, wait)) != DSGD_OK) {
                 dsgd__overlap_lane_fail(ov->r, ov->ctx, res, "communication");
                 ok = 0;
             }
@@ -24053,7 +24114,7 @@ static void dsgd__overlap_count(const dsgd__overlap *ov, int v, int *count, int 
 static void dsgd__overlap_final(dsgd__overlap *ov, int v) {
     if (ov->final[v]) return;
     ov->final[v] = 1;
-    if (ov->hub) ov->lane += dsgd__simnet_backward_s(ov->hub, v); /* the compute lane reaches v's report */
+    if (ov->hub) ov->lane += dsgd__lane_backward_s(ov->hub, v); /* the compute lane reaches v's report */
     dsgd__overlap_count(ov, v, ov->left, -1);
 }
 
@@ -24115,7 +24176,7 @@ static dsgd_result dsgd__overlap_end(dsgd_replica *r, dsgd_result own, size_t *b
         dsgd_result ar;
         r->exposed_s = DSGD__MAX(0.0, comm_end - ov->lane);
         if (res == DSGD_OK && ov->lane > comm_end &&
-            (ar = dsgd_simnet_advance(ov->hub, ov->sn_rank, ov->lane - comm_end)) != DSGD_OK) {
+            (ar = dsgd__lane_advance(ov->hub, ov->sn_rank, ov->lane - comm_end)) != DSGD_OK) {
             r->comm_failed = 1;
             return own != DSGD_OK ? own : dsgd__overlap_lane_fail(r, r->m.ctx, ar, "compute");
         }
@@ -24698,16 +24759,22 @@ static void dsgd__multi_worker_teardown(dsgd_strategy *s) {
 }
 
 static const dsgd__strategy_ops dsgd__one_device_ops = {
-    "one_device", dsgd__one_device_check, dsgd__one_device_setup, dsgd__sync_step, dsgd__one_device_teardown, NULL, 0,
-    NULL, NULL, NULL, NULL,
+    "one_device", dsgd__one_device_check, dsgd__one_device_setup, dsgd__sync_step, dsgd__one_device_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 0, /* .layout = */ NULL, /* .stop = */ NULL, /* .save = */ NULL,
+    /* .restore = */ NULL, /* .caps = */ DSGD__KIND_HOOKS, /* .fingerprint = */ NULL,
 };
 static const dsgd__strategy_ops dsgd__mirrored_ops = {
-    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown, NULL, 0, NULL, NULL, NULL, NULL,
+    "mirrored", NULL, dsgd__mirrored_setup, dsgd__sync_step, dsgd__mirrored_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 0, /* .layout = */ NULL, /* .stop = */ NULL, /* .save = */ NULL,
+    /* .restore = */ NULL, /* .caps = */ DSGD__KIND_HOOKS | DSGD__KIND_ELASTIC | DSGD__KIND_GROW,
+    /* .fingerprint = */ NULL,
 };
 static const dsgd__strategy_ops dsgd__multi_worker_ops = {
     "multi_worker_mirrored", dsgd__multi_worker_check, dsgd__multi_worker_setup, dsgd__sync_step,
     dsgd__multi_worker_teardown,
-    NULL, 1, NULL, NULL, NULL, NULL,
+    /* .state = */ NULL, /* .multi_worker = */ 1, /* .layout = */ NULL, /* .stop = */ NULL, /* .save = */ NULL,
+    /* .restore = */ NULL, /* .caps = */ DSGD__KIND_HOOKS | DSGD__KIND_ELASTIC | DSGD__KIND_REGROUP,
+    /* .fingerprint = */ NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_SYNC_IMPL */
@@ -24896,7 +24963,8 @@ static dsgd__ck_vars dsgd__central_state(dsgd_strategy *s) {
 
 static const dsgd__strategy_ops dsgd__central_storage_ops = {
     "central_storage", dsgd__central_check, dsgd__central_setup, dsgd__central_step, dsgd__central_teardown,
-    dsgd__central_state, 0, NULL, NULL, NULL, NULL,
+    /* .state = */ dsgd__central_state, /* .multi_worker = */ 0, /* .layout = */ NULL, /* .stop = */ NULL,
+    /* .save = */ NULL, /* .restore = */ NULL, /* .caps = */ 0, /* .fingerprint = */ NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_CENTRAL_IMPL */
@@ -25029,7 +25097,7 @@ static const dsgd__strategy_ops dsgd__central_storage_ops = {
      This part declares nothing public but its desc (in strategy.h); the
      kind is chosen with DSGD_STRATEGY_PARAMETER_SERVER.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_PS_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD__PART_STRATEGY_PS_IMPL)
 #define DSGD__PART_STRATEGY_PS_IMPL
 
 /* >>strategy_ps ------------------------------------------------------------- */
@@ -25630,8 +25698,9 @@ static dsgd_result dsgd__psk_restore(dsgd_strategy *s, const char *path, int pha
 }
 
 static const dsgd__strategy_ops dsgd__parameter_server_ops = {
-    "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown, NULL, 0,
-    dsgd__psk_layout, dsgd__psk_stop, dsgd__psk_save, dsgd__psk_restore,
+    "parameter_server", dsgd__psk_check, dsgd__psk_setup, dsgd__psk_step, dsgd__psk_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 0, /* .layout = */ dsgd__psk_layout, /* .stop = */ dsgd__psk_stop,
+    /* .save = */ dsgd__psk_save, /* .restore = */ dsgd__psk_restore, /* .caps = */ 0, /* .fingerprint = */ NULL,
 };
 
 #endif /* DSGD__PART_STRATEGY_PS_IMPL */
@@ -25767,7 +25836,7 @@ static const dsgd__strategy_ops dsgd__parameter_server_ops = {
      kind's) restores the common state into every replica, the weights
      then being the round's start.
 */
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_LOCAL_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_LOCAL) && !defined(DSGD__PART_STRATEGY_LOCAL_IMPL)
 #define DSGD__PART_STRATEGY_LOCAL_IMPL
 
 /* >>strategy_local ---------------------------------------------------------- */
@@ -26327,9 +26396,18 @@ static dsgd_result dsgd__local_ck_take(dsgd_strategy *s, const dsgd__ck_file *f,
     return DSGD_OK;
 }
 
+/* The rounds, defaults applied, in the fingerprint the workers agree on. */
+static uint64_t dsgd__local_fingerprint(const dsgd_strategy *s, uint64_t h) {
+    DSGD__FP(h, s->d.local.period); DSGD__FP(h, s->d.local.warmup_steps); DSGD__FP(h, s->d.local.outer);
+    DSGD__FP(h, s->d.local.outer_lr); DSGD__FP(h, s->d.local.outer_momentum);
+    DSGD__FP(h, s->d.local.wire); DSGD__FP(h, s->d.local.agree_in_process);
+    return h;
+}
+
 static const dsgd__strategy_ops dsgd__local_ops = {
-    "local", dsgd__local_check, dsgd__local_setup, dsgd__local_step, dsgd__local_teardown, NULL, 1,
-    dsgd__local_layout, NULL, NULL, NULL,
+    "local", dsgd__local_check, dsgd__local_setup, dsgd__local_step, dsgd__local_teardown,
+    /* .state = */ NULL, /* .multi_worker = */ 1, /* .layout = */ dsgd__local_layout, /* .stop = */ NULL,
+    /* .save = */ NULL, /* .restore = */ NULL, /* .caps = */ 0, /* .fingerprint = */ dsgd__local_fingerprint,
 };
 
 #endif /* DSGD__PART_STRATEGY_LOCAL_IMPL */
@@ -26612,7 +26690,7 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
 
 #endif /* DSGD__PART_STRATEGY_ELASTIC_DECL */
 
-#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD__PART_STRATEGY_ELASTIC_IMPL)
+#if defined(DISTSGD_IMPLEMENTATION) && !defined(DSGD_NO_ELASTIC) && !defined(DSGD__PART_STRATEGY_ELASTIC_IMPL)
 #define DSGD__PART_STRATEGY_ELASTIC_IMPL
 
 #include <time.h>
@@ -26748,16 +26826,16 @@ static dsgd_result dsgd__elastic_leave(dsgd_replica *r, void *user) {
 
 /* ---- the desc */
 
-static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d, const dsgd__strategy_ops *ops) {
     const dsgd_strategy_elastic_desc *e = &d->elastic;
     const char *what = "dsgd_strategy_create";
     if (e->min_replicas == 0) return DSGD_OK;
     if (e->min_replicas < 0 || !(e->grace_s >= 0.0) || e->grace_s > 1e9)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic: min_replicas %d or grace_s %g out of "
                                   "range (min_replicas >= 0, grace_s in 0..1e9)", what, e->min_replicas, e->grace_s);
-    if (d->kind != DSGD_STRATEGY_MIRRORED && d->kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED)
+    if (!(ops->caps & DSGD__KIND_ELASTIC))
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic training shrinks mirrored and "
-                                  "multi_worker_mirrored strategies, not %s", what, dsgd_strategy_kind_name(d->kind));
+                                  "multi_worker_mirrored strategies, not %s", what, ops->name);
     if (d->comm_hook)
         return dsgd_ctx_set_error(ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: elastic with a comm hook (its per-replica "
                                   "state cannot be re-sharded over the survivors)", what);
@@ -27317,7 +27395,7 @@ DSGD_API dsgd_result dsgd_strategy_grow(dsgd_strategy *s, const dsgd_transport_i
     if (!s) return DSGD_ERR_INVALID_ARGUMENT;
     if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
     w = s->world;
-    if (!s->elastic || s->d.kind != DSGD_STRATEGY_MIRRORED || s->n != w || w < 1)
+    if (!s->elastic || !(s->ops->caps & DSGD__KIND_GROW) || s->n != w || w < 1)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: grows an elastic mirrored strategy "
                                   "(desc.elastic.min_replicas > 0), not %s%s", what, s->ops->name,
                                   s->elastic ? "" : " without elastic");
@@ -27434,7 +27512,7 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
     if (dsgd__strategy_usable(s, what) != DSGD_OK) return DSGD_ERR_STATE;
     if (!endpoints || !old_ranks)
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: endpoints or old_ranks is NULL", what);
-    if (s->d.kind != DSGD_STRATEGY_MULTI_WORKER_MIRRORED)
+    if (!(s->ops->caps & DSGD__KIND_REGROUP))
         return dsgd_ctx_set_error(s->ctx, DSGD_ERR_INVALID_ARGUMENT, "%s: regroups a multi_worker_mirrored "
                                   "strategy, not %s", what, s->ops->name);
     w = s->world;
@@ -27498,6 +27576,36 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
 
 /* >>strategy_kinds ---------------------------------------------------------- */
 
+/* A kind left out of the build (DSGD_NO_PS, DSGD_NO_LOCAL): its row keeps
+   its name and refuses it at creation. */
+#if defined(DSGD_NO_PS) || defined(DSGD_NO_LOCAL)
+static dsgd_result dsgd__kind_left_out(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED, "dsgd_strategy_create: the %s kind was left out of this "
+                              "build (DSGD_NO_%s is defined)", dsgd_strategy_kind_name(d->kind),
+                              d->kind == DSGD_STRATEGY_LOCAL ? "LOCAL" : "PS");
+}
+#endif
+#ifdef DSGD_NO_PS
+static const dsgd__strategy_ops dsgd__parameter_server_ops = {"parameter_server", dsgd__kind_left_out, NULL, NULL,
+                                                             NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL};
+#endif
+#ifdef DSGD_NO_LOCAL
+static const dsgd__strategy_ops dsgd__local_ops = {"local", dsgd__kind_left_out, NULL, NULL, NULL, NULL, 1, NULL,
+                                                  NULL, NULL, NULL, 0, NULL};
+#endif
+#ifdef DSGD_NO_ELASTIC /* strategy_elastic.h left out: a desc that asks for it is refused */
+static dsgd_result dsgd__elastic_check(dsgd_ctx *ctx, const dsgd_strategy_desc *d, const dsgd__strategy_ops *ops) {
+    DSGD__UNUSED(ops);
+    if (d->elastic.min_replicas == 0) return DSGD_OK;
+    return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED, "dsgd_strategy_create: elastic training was left out of "
+                              "this build (DSGD_NO_ELASTIC is defined)");
+}
+static dsgd_result dsgd__elastic_arm(dsgd_strategy *s) {
+    DSGD__UNUSED(s);
+    return DSGD_OK;
+}
+#endif
+
 /* The kinds, indexed by dsgd_strategy_kind. */
 static const dsgd__strategy_ops *const dsgd__strategy_kinds[DSGD_STRATEGY_COUNT] = {
     &dsgd__one_device_ops, /* DSGD_STRATEGY_ONE_DEVICE */
@@ -27515,8 +27623,9 @@ DSGD_API const char *dsgd_strategy_kind_name(dsgd_strategy_kind kind) {
 DSGD_API dsgd_result dsgd_strategy_create(dsgd_ctx *ctx, const dsgd_strategy_desc *desc, dsgd_strategy **out) {
     const dsgd__strategy_ops *ops = NULL;
     dsgd_result res;
+    if (out) *out = NULL; /* also when a check below refuses the desc */
     if (desc && (int)desc->kind >= 0 && (int)desc->kind < (int)DSGD_STRATEGY_COUNT) ops = dsgd__strategy_kinds[desc->kind];
-    if (desc && ops && (res = dsgd__elastic_check(ctx, desc)) != DSGD_OK) return res;
+    if (desc && ops && (res = dsgd__elastic_check(ctx, desc, ops)) != DSGD_OK) return res;
     if ((res = dsgd__strategy_create(ctx, desc, ops, out)) != DSGD_OK) return res;
     if ((res = dsgd__elastic_arm(*out)) != DSGD_OK) { /* ELASTIC in strategy_elastic.h */
         dsgd_strategy_destroy(*out);
@@ -34640,7 +34749,7 @@ DSGD_API void dsgd_mpi_ps_role_free(dsgd_mpi_ps_role *role);
 
 #endif /* DSGD_MPI__PART_PS_DECL */
 
-#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_PS_IMPL)
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD_MPI__PART_PS_IMPL)
 #define DSGD_MPI__PART_PS_IMPL
 
 /* >>mpi ps roles ----------------------------------------------------------- */
@@ -35038,7 +35147,7 @@ DSGD_API dsgd_result dsgd_mpi_elastic_recover(dsgd_mpi_elastic *el, int *old_ran
 
 #endif /* DSGD_MPI__PART_ELASTIC_DECL */
 
-#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_ELASTIC_IMPL)
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_NO_ELASTIC) && !defined(DSGD_MPI__PART_ELASTIC_IMPL)
 #define DSGD_MPI__PART_ELASTIC_IMPL
 
 #include <limits.h>

@@ -23,6 +23,13 @@
 #   line, when pkg-config has no OpenCL/clblast or its data is missing.
 #   With DSGD_CPU_NO_DISPATCH (portable CPU kernels only, the aarch64 path):
 #   the single include as C and C++, and tests/test_backend_cpu_isa.c as C.
+#   The opt-outs (distsgd.h's LEAVING PARTS OUT): the single include's
+#   implementation with each DSGD_NO_* alone (DSGD_NO_TF_CONFIG with
+#   DSGD_NO_PS) compiles (-c) as C99 (gcc), with all six as C++11 (g++);
+#   DSGD_NO_TF_CONFIG alone is refused by its #error; with all six,
+#   tests/consumer/main.c (as C99 and C++20) and a program that prints the
+#   bits of parameters trained by two mirrored replicas print what they print
+#   without, and the MPI add-on's implementation compiles and links (C99).
 # The cases that compile, link and run a small program do it at -O0 (the
 # warning gate for the optimiser's warnings is the -O2 build of make all and
 # make test's library objects). Cases run MATRIX_JOBS at a time (default:
@@ -454,6 +461,123 @@ SRC
         fi
         run_case "$name: same output" "$TMP/log" same_output "$dir" "$ex" ${args[@]+"${args[@]}"}
     done
+
+    # The opt-outs (LEAVING PARTS OUT in distsgd.h), started after the
+    # examples so that they run beside their tail. The implementation
+    # compiles (-c) without a warning; DSGD_NO_TF_CONFIG needs DSGD_NO_PS
+    # (alone it is refused).
+    NO_ALL="-DDSGD_NO_SIMNET -DDSGD_NO_PS -DDSGD_NO_COMPRESS -DDSGD_NO_ELASTIC -DDSGD_NO_LOCAL -DDSGD_NO_TF_CONFIG"
+    printf '#define DISTSGD_IMPLEMENTATION\n#include "%s"\n' "$SI" >"$TMP/optout.c"
+    cp "$TMP/optout.c" "$TMP/optout.cpp"
+    # consumer_same: tests/consumer/main.c (the README's program) with all six
+    # as C99 and as C++20 (designated initializers) prints what it prints as
+    # C99 without them: the version and "accuracy 1.00".
+    consumer_same() {
+        local o="$TMP/consumer" f
+        cp "$ROOT/tests/consumer/main.c" "$o.c" && cp "$o.c" "$o.cpp" || return 1
+        # shellcheck disable=SC2086
+        gcc -std=c99 $WARN -O0 -I"$ROOT/single_include" "$o.c" -o "$o.ref" $LIBS || return 1
+        # shellcheck disable=SC2086
+        gcc -std=c99 $WARN -O0 -I"$ROOT/single_include" $NO_ALL "$o.c" -o "$o.c99" $LIBS || return 1
+        # shellcheck disable=SC2086
+        g++ -std=c++20 $WARN -O0 -I"$ROOT/single_include" $NO_ALL "$o.cpp" -o "$o.cxx20" $LIBS || return 1
+        "$o.ref" >"$o.ref.txt" || return 1
+        grep -qx 'accuracy 1.00' "$o.ref.txt" || { cat "$o.ref.txt"; return 1; }
+        for f in c99 cxx20; do
+            "$o.$f" >"$o.$f.txt" || return 1
+            diff "$o.ref.txt" "$o.$f.txt" || return 1
+        done
+    }
+    # same_bits: two replicas of a mirrored strategy train on XOR; the
+    # program prints a CRC-32C of the parameters and each one's bits, the
+    # same with all six opt-outs as without (both gcc -std=c99 -O0).
+    cat >"$TMP/bits.c" <<SRC
+#define DISTSGD_IMPLEMENTATION
+#include "$SI"
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    float x[8] = {0, 0, 0, 1, 1, 0, 1, 1}, y[4] = {0, 1, 1, 0}, p[2][42];
+    dsgd_layer_desc layers[2];
+    dsgd_strategy_desc sd;
+    dsgd_ctx *ctx = NULL;
+    dsgd_strategy *s = NULL;
+    dsgd_step_info info;
+    uint32_t bits;
+    int step, r, i, ok;
+    memset(layers, 0, sizeof layers);
+    memset(&sd, 0, sizeof sd);
+    layers[0].units = 8; layers[0].activation = DSGD_ACT_TANH;
+    layers[1].units = 2; layers[1].activation = DSGD_ACT_NONE;
+    sd.kind = DSGD_STRATEGY_MIRRORED; sd.num_replicas = 2;
+    sd.model.input_dim = 2; sd.model.layers = layers; sd.model.num_layers = 2;
+    sd.model.max_batch = 4; sd.model.seed = 7;
+    sd.optimizer.kind = DSGD_OPT_ADAM; sd.optimizer.lr = 0.05f;
+    if (dsgd_ctx_create(NULL, &ctx) != DSGD_OK) return 1;
+    ok = dsgd_strategy_create(ctx, &sd, &s) == DSGD_OK;
+    for (step = 0; ok && step < 50; ++step) ok = dsgd_strategy_train_step(s, x, y, 4, &info) == DSGD_OK;
+    for (r = 0; ok && r < 2; ++r) /* mirrored: both replicas hold the same bits */
+        ok = dsgd_model_num_params(dsgd_strategy_model(s, r)) == 42 &&
+             dsgd_model_get_params(dsgd_strategy_model(s, r), p[r], 42) == DSGD_OK;
+    ok = ok && memcmp(p[0], p[1], sizeof p[0]) == 0;
+    if (ok) {
+        printf("crc32c %08lx\n", (unsigned long)dsgd_crc32c(0, p[0], sizeof p[0]));
+        for (i = 0; i < 42; ++i) {
+            memcpy(&bits, &p[0][i], sizeof bits);
+            printf("%2d %08lx\n", i, (unsigned long)bits);
+        }
+    } else fprintf(stderr, "same_bits: %s\n", dsgd_ctx_last_error(ctx));
+    dsgd_strategy_destroy(s);
+    dsgd_ctx_destroy(ctx);
+    return ok ? 0 : 1;
+}
+SRC
+    same_bits() {
+        local o="$TMP/bits"
+        # shellcheck disable=SC2086
+        gcc -std=c99 $WARN -O0 "$o.c" -o "$o.ref" $LIBS || return 1
+        # shellcheck disable=SC2086
+        gcc -std=c99 $WARN -O0 $NO_ALL "$o.c" -o "$o.no" $LIBS || return 1
+        "$o.ref" >"$o.ref.txt" && "$o.no" >"$o.no.txt" || return 1
+        grep -q '^crc32c ' "$o.ref.txt" || { cat "$o.ref.txt"; return 1; }
+        diff "$o.ref.txt" "$o.no.txt"
+    }
+    # refused: DSGD_NO_TF_CONFIG without DSGD_NO_PS stops at the #error that
+    # names DSGD_NO_PS, as C and as C++ (-Wfatal-errors: at the first error).
+    refused() {
+        local c
+        for c in "gcc -std=c99 $TMP/optout.c" "g++ -std=c++11 $TMP/optout.cpp"; do
+            # shellcheck disable=SC2086
+            if $c $WARN -O0 -Wfatal-errors -DDSGD_NO_TF_CONFIG -c -o "$TMP/refused.o" >"$TMP/refused.txt" 2>&1; then
+                echo "${c%% *}: compiled; DSGD_NO_TF_CONFIG without DSGD_NO_PS must be refused"
+                return 1
+            fi
+            grep -q 'DSGD_NO_PS' "$TMP/refused.txt" || { cat "$TMP/refused.txt"; return 1; }
+        done
+    }
+    run_case "tests/consumer/main.c on single_include/distsgd.h with all six opt-outs, gcc -std=c99 and g++ -std=c++20: same output as without" \
+        "$TMP/log" consumer_same
+    run_case "mirrored XOR parameters on single_include/distsgd.h with all six opt-outs, gcc -std=c99: same bits as without" \
+        "$TMP/log" same_bits
+    if [ -n "$HAVE_MPI" ]; then
+        # shellcheck disable=SC2086
+        run_case "single_include/distsgd.h gcc -std=c99 DISTSGD_WITH_MPI with all six opt-outs" "$TMP/log" \
+            gcc -std=c99 $WARN -O0 $MPI_CFLAGS $NO_ALL "$TMP/mpi.c" -o "$TMP/mpi_optout" $MPI_LIBS $LIBS
+    fi
+    # Each alone as C99; all six as C++11 (the C99 build of all six is
+    # consumer_same's and same_bits').
+    k=0
+    for no in "-DDSGD_NO_SIMNET" "-DDSGD_NO_PS" "-DDSGD_NO_COMPRESS" "-DDSGD_NO_ELASTIC" "-DDSGD_NO_LOCAL" \
+        "-DDSGD_NO_PS -DDSGD_NO_TF_CONFIG"; do
+        # shellcheck disable=SC2086
+        run_case "single_include/distsgd.h gcc -std=c99 -c ${no//-D/}" "$TMP/log" \
+            gcc -std=c99 $WARN -O0 $no -c "$TMP/optout.c" -o "$TMP/optout.$k.o"
+        k=$((k + 1))
+    done
+    # shellcheck disable=SC2086
+    run_case "single_include/distsgd.h g++ -std=c++11 -c with all six opt-outs" "$TMP/log" \
+        g++ -std=c++11 $WARN -O0 $NO_ALL -c "$TMP/optout.cpp" -o "$TMP/optout.cxx.o"
+    run_case "single_include/distsgd.h DSGD_NO_TF_CONFIG without DSGD_NO_PS: refused by its #error" "$TMP/log" refused
 fi
 
 finish_cases

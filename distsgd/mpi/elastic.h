@@ -213,7 +213,7 @@ DSGD_API dsgd_result dsgd_mpi_elastic_recover(dsgd_mpi_elastic *el, int *old_ran
 
 #endif /* DSGD_MPI__PART_ELASTIC_DECL */
 
-#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_ELASTIC_IMPL)
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_NO_ELASTIC) && !defined(DSGD_MPI__PART_ELASTIC_IMPL)
 #define DSGD_MPI__PART_ELASTIC_IMPL
 
 #include <limits.h>

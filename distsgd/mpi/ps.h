@@ -113,7 +113,7 @@ DSGD_API void dsgd_mpi_ps_role_free(dsgd_mpi_ps_role *role);
 
 #endif /* DSGD_MPI__PART_PS_DECL */
 
-#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_MPI__PART_PS_IMPL)
+#if defined(DISTSGD_MPI_IMPLEMENTATION) && !defined(DSGD_NO_PS) && !defined(DSGD_MPI__PART_PS_IMPL)
 #define DSGD_MPI__PART_PS_IMPL
 
 /* >>mpi ps roles ----------------------------------------------------------- */
