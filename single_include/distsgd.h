@@ -27577,20 +27577,27 @@ DSGD_API dsgd_result dsgd_strategy_regroup(dsgd_strategy *s, const dsgd_transpor
 /* >>strategy_kinds ---------------------------------------------------------- */
 
 /* A kind left out of the build (DSGD_NO_PS, DSGD_NO_LOCAL): its row keeps
-   its name and refuses it at creation. */
+   its name, and its check refuses it, naming the define. */
 #if defined(DSGD_NO_PS) || defined(DSGD_NO_LOCAL)
-static dsgd_result dsgd__kind_left_out(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+static dsgd_result dsgd__kind_left_out(dsgd_ctx *ctx, const char *kind, const char *define) {
     return dsgd_ctx_set_error(ctx, DSGD_ERR_UNSUPPORTED, "dsgd_strategy_create: the %s kind was left out of this "
-                              "build (DSGD_NO_%s is defined)", dsgd_strategy_kind_name(d->kind),
-                              d->kind == DSGD_STRATEGY_LOCAL ? "LOCAL" : "PS");
+                              "build (%s is defined)", kind, define);
 }
 #endif
 #ifdef DSGD_NO_PS
-static const dsgd__strategy_ops dsgd__parameter_server_ops = {"parameter_server", dsgd__kind_left_out, NULL, NULL,
+static dsgd_result dsgd__psk_left_out(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    DSGD__UNUSED(d);
+    return dsgd__kind_left_out(ctx, "parameter_server", "DSGD_NO_PS");
+}
+static const dsgd__strategy_ops dsgd__parameter_server_ops = {"parameter_server", dsgd__psk_left_out, NULL, NULL,
                                                              NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL};
 #endif
 #ifdef DSGD_NO_LOCAL
-static const dsgd__strategy_ops dsgd__local_ops = {"local", dsgd__kind_left_out, NULL, NULL, NULL, NULL, 1, NULL,
+static dsgd_result dsgd__local_left_out(dsgd_ctx *ctx, const dsgd_strategy_desc *d) {
+    DSGD__UNUSED(d);
+    return dsgd__kind_left_out(ctx, "local", "DSGD_NO_LOCAL");
+}
+static const dsgd__strategy_ops dsgd__local_ops = {"local", dsgd__local_left_out, NULL, NULL, NULL, NULL, 1, NULL,
                                                   NULL, NULL, NULL, 0, NULL};
 #endif
 #ifdef DSGD_NO_ELASTIC /* strategy_elastic.h left out: a desc that asks for it is refused */
